@@ -1,0 +1,3 @@
+from gpuq.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,194 @@
+"""The per-job supervisor: a small process that owns one job from start to finish.
+
+The worker claims a job, then starts `python -m gpuq.supervisor` and hands it the claim's
+descriptor. The supervisor moves the job to running/, starts it in its own session, waits for
+it, writes the real exit code, and moves it on. It lives in its own session too, so the worker can
+die, be stopped or lose its terminal without the job losing its result (this is how nq and conmon
+keep exit codes). While it lives, its flock on the claim lock tells everyone the job is supervised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from gpuq import jobs, procs
+from gpuq.spool import Claim, JobRef, Spool
+
+KILLED_BY_USER = "kill"
+
+
+def job_environment(spool: Spool, job: dict[str, Any], slot: Optional[str]) -> dict[str, str]:
+    """The environment of `gpuq add`'s shell (or the worker's, for hand-dropped jobs), the
+    job's venv first on PATH, the job's own --env, and gpuq's variables."""
+    env = dict(job["shell_env"] if job.get("shell_env") is not None else os.environ)
+    venv = job.get("venv")
+    if venv:
+        env["VIRTUAL_ENV"] = venv
+        env["PATH"] = f"{venv}/bin" + (os.pathsep + env["PATH"] if env.get("PATH") else "")
+        env.pop("PYTHONHOME", None)
+    env.update(job.get("env") or {})
+    env["GPUQ_JOB_ID"] = str(job["id"])
+    env["GPUQ_HOME"] = str(spool.home)
+    env["GPUQ_PROGRESS_FILE"] = str(spool.progress_path(job["id"]))
+    if slot is not None:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = slot
+    return env
+
+
+def _log_line(log_fd: int, text: str) -> None:
+    os.write(log_fd, f"=== gpuq: {text}\n".encode())
+
+
+def open_log(spool: Spool, job_id: int) -> int:
+    return os.open(spool.log_path(job_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+
+
+def start(spool: Spool, claim: Claim, slot: Optional[str]) -> int:
+    """Run the claimed job to the end; returns the job's exit code (or -1 if it did not run)."""
+    ref = spool.find(claim.job_id, ("pending",))
+    if ref is None:  # cancelled or already run by someone else since the worker looked
+        claim.release()
+        return -1
+    try:
+        job = spool.load(ref)
+    except (FileNotFoundError, jobs.InvalidJob):
+        claim.release()
+        return -1
+    me = procs.identity(os.getpid())
+    attempt = job.get("attempts", 0) + 1
+    ref, job = spool.transition(
+        ref,
+        job,
+        "running",
+        started_at=jobs.now_iso(),
+        finished_at=None,
+        pid=None,
+        exit_code=None,
+        signal=None,
+        slot=slot,
+        attempts=attempt,
+        supervisor=me,
+        boot_id=me["boot_id"],
+        host=os.uname().nodename,
+        note=None,
+        log=str(spool.log_path(job["id"])),
+    )
+    log_fd = open_log(spool, job["id"])
+    _log_line(log_fd, f"job #{job['id']} {job['name']} (attempt {attempt})")
+    _log_line(log_fd, f"cmd: {shlex.join(job['cmd'])}")
+    _log_line(log_fd, f"cwd: {job['cwd']}" + (f"  CUDA_VISIBLE_DEVICES={slot}" if slot is not None else ""))
+    _log_line(log_fd, f"started: {job['started_at']}")
+    try:
+        child = subprocess.Popen(
+            job["cmd"],
+            cwd=job["cwd"],
+            env=job_environment(spool, job, slot),
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        reason = f"could not start: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+        _log_line(log_fd, reason)
+        return finish(spool, claim, ref, job, exit_code=127, sig=None, note=reason, log_fd=log_fd, retry=False)
+    ident = procs.identity(child.pid)
+    job = spool.rewrite(ref, job, pid=child.pid, pid_create_time=ident["create_time"])
+    _forward_termination_to(child.pid)
+    returncode = child.wait()
+    sig = -returncode if returncode < 0 else None
+    exit_code = 128 + sig if sig else returncode
+    return finish(spool, claim, ref, job, exit_code=exit_code, sig=sig, note=None, log_fd=log_fd, retry=True)
+
+
+def _forward_termination_to(pgid: int) -> None:
+    """If someone stops the supervisor itself, stop its job the same way instead of orphaning it."""
+
+    def forward(signum: int, _frame: Any) -> None:
+        procs.signal_group(pgid, signal.SIGTERM)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+
+
+def destination(job: dict[str, Any], exit_code: int, request: Optional[str], retry: bool) -> tuple[str, Optional[str]]:
+    """Where a finished attempt goes, and the note that says why."""
+    if request == KILLED_BY_USER:
+        return "cancelled", "killed by user (gpuq kill)"
+    if request == "preempt":
+        return "preempted", "preempted (gpuq preempt)"
+    if exit_code == 0:
+        return "done", None
+    if retry and job.get("attempts", 1) <= job.get("retries", 0):
+        return "pending", f"attempt {job['attempts']} failed with exit {exit_code}; retrying"
+    return "failed", None
+
+
+def finish(
+    spool: Spool,
+    claim: Claim,
+    ref: JobRef,
+    job: dict[str, Any],
+    *,
+    exit_code: int,
+    sig: Optional[int],
+    note: Optional[str],
+    log_fd: int,
+    retry: bool,
+) -> int:
+    finished = jobs.now_iso()
+    state, why = destination(job, exit_code, spool.take_request(job["id"]), retry)
+    sig_name = signal.Signals(sig).name if sig else None
+    attempt = {
+        "attempt": job.get("attempts"),
+        "started_at": job.get("started_at"),
+        "finished_at": finished,
+        "exit_code": exit_code,
+        "signal": sig_name,
+        "outcome": state,
+    }
+    elapsed = time.time() - (jobs.parse_iso(job.get("started_at")) or time.time())
+    _log_line(
+        log_fd, f"exit {exit_code}{f' ({sig_name})' if sig_name else ''} at {finished} after {elapsed:.1f}s -> {state}"
+    )
+    os.close(log_fd)
+    changes: dict[str, Any] = {
+        "finished_at": finished,
+        "exit_code": exit_code,
+        "signal": sig_name,
+        "note": note or why,
+        "history": job.get("history", []) + [attempt],
+    }
+    if state == "pending":
+        changes.update(started_at=None, finished_at=None, pid=None, supervisor=None, slot=None)
+    spool.transition(ref, job, state, **changes)
+    claim.release()
+    return exit_code
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpuq-supervisor", description="internal: supervises one job")
+    parser.add_argument("--home", required=True)
+    parser.add_argument("--job", type=int, required=True)
+    parser.add_argument("--lock-fd", type=int, required=True)
+    parser.add_argument("--slot", default=None)
+    args = parser.parse_args(argv)
+    os.umask(0o077)
+    spool = Spool(Path(args.home))
+    claim = Claim(args.job, args.lock_fd, spool.lock_path(args.job))
+    start(spool, claim, args.slot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
