@@ -1,0 +1,138 @@
+"""Shared test helpers: a temporary GPUQ_HOME, the real CLI in a subprocess, real workers,
+and bounded waits on conditions (never a fixed sleep that hopes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+STATES = ("pending", "running", "done", "failed", "preempted", "interrupted", "cancelled")
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> Any:
+    """Poll `cond` until it returns something truthy; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Env:
+    """A temporary spool plus helpers that drive gpuq the way a user does."""
+
+    def __init__(self, home: Path, work: Path):
+        self.home = home
+        self.work = work
+        self.env = dict(os.environ, GPUQ_HOME=str(home), GPUQ_INTAKE_QUIET="0.3", PYTHONUNBUFFERED="1")
+        self.workers: list[subprocess.Popen] = []
+
+    # -- CLI --
+    def gpuq(self, *args: str, cwd: Optional[Path] = None, check: bool = True, timeout: float = 60,
+             input: Optional[str] = None, env: Optional[dict] = None) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpuq", *args], cwd=cwd or self.work, env=env or self.env, input=input,
+            capture_output=True, text=True, timeout=timeout,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"gpuq {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def add(self, *args: str, cwd: Optional[Path] = None) -> int:
+        return int(self.gpuq("add", "-q", *args, cwd=cwd).stdout.strip())
+
+    def status_json(self) -> list[dict]:
+        return json.loads(self.gpuq("status", "--json", "-a").stdout)
+
+    # -- spool inspection (plain `ls`, as a user would) --
+    def files(self, state: str) -> list[str]:
+        try:
+            return sorted(n for n in os.listdir(self.home / state) if not n.startswith("."))
+        except FileNotFoundError:
+            return []
+
+    def state_of(self, job_id: int) -> Optional[str]:
+        prefix = f"{job_id:06d}-"
+        found = [s for s in STATES if any(n.startswith(prefix) for n in self.files(s))]
+        assert len(found) <= 1, f"job {job_id} is in several states: {found}"
+        return found[0] if found else None
+
+    def job(self, job_id: int) -> dict:
+        for state in STATES:
+            for name in self.files(state):
+                if name.startswith(f"{job_id:06d}-"):
+                    try:
+                        return dict(json.loads((self.home / state / name).read_text()), state=state)
+                    except FileNotFoundError:
+                        return self.job(job_id)
+        raise AssertionError(f"no job {job_id}")
+
+    def wait_state(self, job_id: int, state: str, timeout: float = 15) -> dict:
+        wait_for(lambda: self.state_of(job_id) == state, timeout, what=f"job {job_id} to be {state}")
+        return self.job(job_id)
+
+    def log(self, job_id: int) -> str:
+        path = self.home / "logs" / f"{job_id:06d}.log"
+        return path.read_text() if path.exists() else ""
+
+    # -- workers --
+    def start_worker(self, *args: str) -> subprocess.Popen:
+        out = open(self.work / f"worker-{len(self.workers)}.out", "wb")
+        proc = subprocess.Popen([sys.executable, "-m", "gpuq", "run", *args], cwd=self.work, env=self.env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.workers.append(proc)
+        return proc
+
+    def worker_output(self, index: int = 0) -> str:
+        return (self.work / f"worker-{index}.out").read_text()
+
+    def script(self, name: str, body: str, where: Optional[Path] = None) -> Path:
+        path = (where or self.work) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body)
+        return path
+
+    def cleanup(self) -> None:
+        for proc in self.workers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        # kill every job still running in this spool so tests never leak processes
+        for name in self.files("running"):
+            try:
+                data = json.loads((self.home / "running" / name).read_text())
+            except (OSError, ValueError):
+                continue
+            for pid in (data.get("pid"), (data.get("supervisor") or {}).get("pid")):
+                if pid:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+
+
+@pytest.fixture
+def gq(tmp_path: Path) -> Any:
+    work = tmp_path / "work"
+    work.mkdir()
+    env = Env(tmp_path / "spool", work)
+    try:
+        yield env
+    finally:
+        env.cleanup()
