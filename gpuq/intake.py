@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuq import enqueue, jobs
+from gpuq import enqueue, jobs, security
 from gpuq.spool import JOB_NAME_RE, PLAIN_NAME_RE, Spool
+
+MAX_DROPPED_NAME = 200
 
 
 def quiet_seconds() -> float:
@@ -24,12 +26,30 @@ def quiet_seconds() -> float:
         return 5.0
 
 
-def open_for_writing(path: Path) -> bool:
-    """True if some process of ours holds `path` open for writing (Linux /proc; False elsewhere)."""
+class Writers:
+    """Which files of one directory some process holds open for writing (Linux /proc; none
+    elsewhere). /proc is scanned at most once per intake pass, and only if a file needs it: a scan
+    reads every descriptor of every process, so one per file made a burst of broken files slow."""
+
+    MAX_AGE = 0.25  # seconds a scan is trusted: a writer may open a file after we looked
+
+    def __init__(self, directory: Path):
+        self.directory = os.path.realpath(directory)  # /proc shows resolved paths
+        self._paths: set[str] = set()
+        self._scanned_at: Optional[float] = None
+
+    def __contains__(self, path: object) -> bool:
+        if self._scanned_at is None or time.monotonic() - self._scanned_at > self.MAX_AGE:
+            self._paths = _scan_writers(self.directory + os.sep)
+            self._scanned_at = time.monotonic()
+        return os.path.join(self.directory, os.path.basename(str(path))) in self._paths
+
+
+def _scan_writers(prefix: str) -> set[str]:
     proc = Path("/proc")
+    found: set[str] = set()
     if not (proc / "self" / "fd").is_dir():
-        return False
-    target = str(path)
+        return found
     for pid_dir in proc.iterdir():
         if not pid_dir.name.isdigit():
             continue
@@ -39,51 +59,81 @@ def open_for_writing(path: Path) -> bool:
             continue
         for fd in fds:
             try:
-                if os.readlink(pid_dir / "fd" / fd) != target:
+                target = os.readlink(pid_dir / "fd" / fd)
+                if not target.startswith(prefix) or target in found:
                     continue
                 flags = (pid_dir / "fdinfo" / fd).read_text().split("flags:")[1].split()[0]
             except (OSError, IndexError):
                 continue
             if int(flags, 8) & (os.O_WRONLY | os.O_RDWR):
-                return True
-    return False
+                found.add(target)
+    return found
 
 
-def still_being_written(path: Path, now: float) -> bool:
+def open_for_writing(path: Path) -> bool:
+    """True if some process holds `path` open for writing (one /proc scan; see Writers)."""
+    return path in Writers(path.parent)
+
+
+def still_being_written(path: Path, now: float, writers: Optional[Writers] = None) -> bool:
     try:
         mtime = os.stat(path, follow_symlinks=False).st_mtime
     except FileNotFoundError:
         return False
-    return now - mtime < quiet_seconds() or open_for_writing(path)
+    if now - mtime < quiet_seconds():
+        return True
+    return path in (writers if writers is not None else Writers(path.parent))
 
 
 def take_in_all(spool: Spool, now: Optional[float] = None) -> list[tuple[str, str]]:
-    """Process every dropped file; returns (file name, outcome) pairs for the log."""
+    """Process every dropped file; returns (printable file name, outcome) pairs for the log."""
+    return take_in_some(spool, now)[0]
+
+
+def take_in_some(
+    spool: Spool, now: Optional[float] = None, budget: Optional[float] = None
+) -> tuple[list[tuple[str, str]], bool]:
+    """Process dropped files for at most `budget` seconds (None: all of them), so that a burst of
+    thousands of files cannot hold up the jobs already queued. Returns the (printable file name,
+    outcome) pairs for the log, and True if files were left for the next pass."""
     now = time.time() if now is None else now
+    stop_at = None if budget is None else time.monotonic() + budget
+    writers = Writers(spool.state_dir("pending"))
     outcomes = []
     for job_id, hidden in spool.intake_leftovers():
-        outcomes.append((hidden, _resume_intake(spool, job_id, hidden)))
+        outcomes.append((security.display(hidden), _resume_intake(spool, job_id, hidden)))
     for name in spool.dropped_files():
-        outcome = take_in(spool, name, now)
+        if stop_at is not None and time.monotonic() > stop_at:
+            return outcomes, True
+        outcome = take_in(spool, name, now, writers)
         if outcome != "waiting":
-            outcomes.append((name, outcome))
-    return outcomes
+            outcomes.append((security.display(name), outcome))
+    return outcomes, False
 
 
-def take_in(spool: Spool, name: str, now: float) -> str:
+def take_in(spool: Spool, name: str, now: float, writers: Optional[Writers] = None) -> str:
     """'job #N', 'rejected: reason', 'waiting' (incomplete) or 'gone'."""
     path = spool.state_dir("pending") / name
     if not PLAIN_NAME_RE.match(name):
         if name.endswith(".json"):
             return _reject(spool, name, "file name must be letters, digits, '.', '_' or '-' and end in .json")
         return "waiting"  # not a job file at all (editor backups, notes): left alone
+    if len(name) > MAX_DROPPED_NAME:  # the hidden intake name adds a prefix; keep it under 255 bytes
+        return _reject(spool, name, f"file name is longer than {MAX_DROPPED_NAME} characters")
     try:
-        fields = _read_dropped(spool, name)
+        try:
+            fields = _read_dropped(spool, name)
+        except jobs.InvalidJob as exc:
+            if not _is_incomplete(exc):
+                raise
+            if still_being_written(path, now, writers):
+                return "waiting"
+            # Its writer may have finished between our read and our look at /proc: the file is
+            # closed now, so this second read sees its final content.
+            fields = _read_dropped(spool, name)
     except FileNotFoundError:
         return "gone"
     except jobs.InvalidJob as exc:
-        if _is_incomplete(exc) and still_being_written(path, now):
-            return "waiting"
         return _reject(spool, name, str(exc))
     job_id = spool.allocate_id()
     try:
@@ -134,9 +184,12 @@ class _Rejected(Exception):
 
 def _publish_claimed(spool: Spool, job_id: int, original: str, fields: dict[str, Any]) -> None:
     cwd = Path(fields.get("cwd") or Path.home())
-    if not cwd.is_dir():
-        raise _Rejected(f"cwd does not exist: {cwd}")
-    venv = enqueue.find_venv(cwd)
+    try:
+        if not cwd.is_dir():
+            raise _Rejected(f"cwd does not exist: {cwd}")
+        venv = enqueue.find_venv(cwd)
+    except OSError as exc:  # not ours to read, name too long...: the file's problem, not the worker's
+        raise _Rejected(f"cwd cannot be used: {exc.strerror}: {cwd}") from None
     job = jobs.new_job(
         job_id=job_id,
         name=fields.get("name") or enqueue.default_name(cwd, fields["cmd"]),

@@ -11,6 +11,7 @@ spool_layout.md is the contract this module implements. In short:
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -21,12 +22,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Optional
 
-from gpuq import fsutil, jobs
+from gpuq import fsutil, jobs, security
 
 STATES = ("pending", "running", "done", "failed", "preempted", "interrupted", "cancelled")
 FINISHED = ("done", "failed", "cancelled")
 REJECTED = "rejected"
-INTERNAL = ("tmp", "locks", "logs", "workers", "control", "progress")
+INTERNAL = ("tmp", "locks", "logs", "workers", "control", "progress", "cache")
 JOB_NAME_RE = re.compile(r"^(\d{6,})-[A-Za-z0-9._-]*\.json$")
 PLAIN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.json$")
 INTAKE_RE = re.compile(r"^\.intake-(\d{6,})-(.+)$")
@@ -36,6 +37,18 @@ STALE_TMP_SECONDS = 600.0
 
 class SpoolError(Exception):
     """Something in the spool prevents the operation; the message is meant for the user."""
+
+
+class SpoolFull(SpoolError, OSError):
+    """A write failed for lack of space (disk, quota, file-size limit); the partial file is gone.
+    Also an OSError, so code that handles write errors keeps handling this one."""
+
+    def __init__(self, home: Path, exc: OSError):
+        self.message = f"cannot write to the spool {home}: {exc.strerror}; free some space and try again"
+        super().__init__(exc.errno, exc.strerror)
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class JobRef(NamedTuple):
@@ -88,14 +101,20 @@ class Spool:
 
     # ---- layout -------------------------------------------------------------------------------
     def ensure(self) -> Spool:
-        """Create the tree (mode 0700) on first use."""
+        """Create the tree (mode 0700) on first use, and refuse a tree that others could write
+        into: whoever can drop a file in pending/ runs commands as us (see security.py)."""
         os.umask(0o077)
         for sub in ("",) + STATES + (REJECTED,) + INTERNAL:
             path = self.home / sub
             try:
-                path.mkdir(mode=0o700, parents=(sub == ""), exist_ok=True)
+                if sub == "":
+                    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.mkdir(path, 0o700)
             except FileExistsError:
-                raise SpoolError(f"{path} exists and is not a directory") from None
+                pass  # checked below, whatever it turns out to be
+            problem = security.directory_problem(path, is_home=(sub == ""))
+            if problem:
+                raise SpoolError(problem)
         return self
 
     def state_dir(self, state: str) -> Path:
@@ -124,8 +143,8 @@ class Spool:
 
     def refs(self, states: tuple[str, ...] = STATES) -> Iterator[JobRef]:
         for state in states:
-            for name in self.names(state):
-                yield JobRef(int(JOB_NAME_RE.match(name).group(1)), state, name)
+            for name in self.names(state):  # names() matched JOB_NAME_RE: the id ends at the first "-"
+                yield JobRef(int(name[: name.index("-")]), state, name)
 
     def index(self) -> dict[int, list[JobRef]]:
         """id -> every copy of that job in the tree (more than one only after a crash mid-move)."""
@@ -158,23 +177,21 @@ class Spool:
         """
         path = self.home / state / name
         try:
+            # O_NONBLOCK: a FIFO dropped here must not hang the worker in open()
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError as exc:
-            if exc.errno == 40 or os.path.islink(path):  # ELOOP: a symlink, never followed
-                raise jobs.InvalidJob("is a symbolic link") from None
+        except FileNotFoundError:
             raise
+        except OSError as exc:
+            reason = security.open_error_reason(exc)
+            if reason is None and os.path.islink(path):  # a platform with another errno for links
+                reason = security.open_error_reason(OSError(errno.ELOOP, "link"))
+            if reason is None:
+                raise  # not about the file (out of descriptors...): it stays for the next look
+            raise jobs.InvalidJob(reason) from None
         try:
-            st = os.fstat(fd)
-            if not _is_regular(st.st_mode):
-                raise jobs.InvalidJob("is not a regular file")
-            if st.st_uid != os.geteuid():
-                raise jobs.InvalidJob(f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
-            if st.st_nlink != 1:
-                raise jobs.InvalidJob(f"has {st.st_nlink} hard links; a job file must have exactly one")
-            if st.st_mode & 0o022:
-                raise jobs.InvalidJob("is writable by group or others")
-            if st.st_size > MAX_JOB_BYTES:
-                raise jobs.InvalidJob(f"is {st.st_size} bytes; the limit is {MAX_JOB_BYTES}")
+            problem = security.job_file_problem(os.fstat(fd), MAX_JOB_BYTES)
+            if problem:
+                raise jobs.InvalidJob(problem)
             chunks, total = [], 0
             while total <= MAX_JOB_BYTES:
                 chunk = os.read(fd, 65536)
@@ -210,7 +227,12 @@ class Spool:
 
     def _write_tmp(self, data: bytes, kind: str = "job") -> Path:
         path = self._tmp_path(kind)
-        fsutil.write_new_file(path, data)
+        try:
+            fsutil.write_new_file(path, data)  # removes its partial file on any error
+        except OSError as exc:
+            if exc.errno in security.FULL_ERRNOS:
+                raise SpoolFull(self.home, exc) from None
+            raise
         return path
 
     def _place(self, job: dict[str, Any], state: str) -> JobRef:
@@ -264,6 +286,21 @@ class Spool:
         finally:
             os.close(fd)
 
+    @contextmanager
+    def intake_turn(self) -> Iterator[bool]:
+        """True for the one process taking in dropped files right now (others skip their turn),
+        so several workers do not race for the same file and waste ids on it."""
+        fd = os.open(self.home / "intake.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            yield fsutil.try_flock(fd)
+        finally:
+            os.close(fd)
+
+    def adopt_lock(self) -> Any:
+        """Held by `gpuq adopt` from "is this process tracked yet?" to publishing it, so two
+        adopters of one process cannot both create a job (the kernel drops it if we die)."""
+        return self._flocked("adopt.lock")
+
     def allocate_id(self) -> int:
         """The next job id: unique and increasing even with many concurrent callers."""
         with self._flocked("ids.lock"):
@@ -308,13 +345,14 @@ class Spool:
     def reject(self, name: str, reason: str, *, hidden_name: Optional[str] = None) -> str:
         """Move a file that is not a valid job from pending/ to rejected/, reason beside it."""
         source = self.home / "pending" / (hidden_name or name)
-        target = name
+        base = _short_name(name)  # room for ".N.reason" within the 255-byte name limit
+        target = base
         for n in range(1, 10000):
             try:
                 fsutil.rename_noreplace(source, self.home / REJECTED / target)
                 break
             except FileExistsError:
-                target = f"{name}.{n}"
+                target = f"{base}.{n}"
         tmp = self._write_tmp(f"{reason}\n".encode(), "reason")
         os.replace(tmp, self.home / REJECTED / f"{target}.reason")
         fsutil.fsync_dir(self.home / REJECTED)
@@ -389,6 +427,144 @@ class Spool:
     def request_ids(self) -> list[int]:
         return [int(n[:-5]) for n in os.listdir(self.home / "control") if n[:-5].isdigit()]
 
+    def peek_request(self, job_id: int) -> Optional[str]:
+        """The pending control request for a job, left in place (take_request consumes it)."""
+        try:
+            action = json.loads((self.home / "control" / f"{job_id:06d}.json").read_bytes()).get("action")
+        except (FileNotFoundError, ValueError, AttributeError):
+            return None
+        return action if isinstance(action, str) else None
+
+    # ---- reading what a job wrote (preemption: how far did it get?) ---------------------------
+    def log_tail_bytes(self, job_id: int, limit: int = 65536) -> bytes:
+        """The last `limit` bytes of a job's log (b"" if none); cost does not grow with the log."""
+        try:
+            fd = os.open(self.log_path(job_id), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return b""
+        try:
+            size = os.fstat(fd).st_size
+            return os.pread(fd, min(limit, size), max(0, size - limit))
+        finally:
+            os.close(fd)
+
+    def read_progress(self, job_id: int) -> Optional[tuple[dict[str, Any], float]]:
+        """(contents, mtime) of the progress file a job may write via GPUQ_PROGRESS_FILE."""
+        path = self.progress_path(job_id)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            data = json.loads(os.read(fd, 65536))
+            mtime = os.fstat(fd).st_mtime
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)
+        return (data, mtime) if isinstance(data, dict) else None
+
+    # ---- progress and ETA (see "Progress and ETA" in spool_layout.md) ------------------------
+    def job_log_tail(self, job: dict[str, Any], limit: int = 65536) -> tuple[bytes, float]:
+        """The last `limit` bytes of a job's log and the log's mtime ((b"", 0.0) if none). An
+        adopted job's log is the file it writes itself (its `log` field); others have ours."""
+        path = Path(job["log"]) if job.get("adopted") and job.get("log") else self.log_path(job["id"])
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return b"", 0.0
+        try:
+            st = os.fstat(fd)
+            if not _is_regular(st.st_mode):
+                return b"", 0.0
+            return os.pread(fd, min(limit, st.st_size), max(0, st.st_size - limit)), st.st_mtime
+        finally:
+            os.close(fd)
+
+    def samples_path(self, job_id: int) -> Path:
+        return self.home / "progress" / f"{job_id:06d}.samples.json"
+
+    def read_samples(self, job_id: int) -> dict[str, Any]:
+        """The progress samples recorded by earlier looks at a job ({} if none or unreadable)."""
+        try:
+            fd = os.open(self.samples_path(job_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return {}
+        try:
+            data = json.loads(os.read(fd, 1 << 20))
+        except (OSError, ValueError):
+            return {}
+        finally:
+            os.close(fd)
+        return data if isinstance(data, dict) else {}
+
+    def write_samples(self, job_id: int, samples: dict[str, Any]) -> None:
+        """Replace a job's samples file atomically. Two lookers at once may each drop the other's
+        newest sample; that costs a little precision, never a wrong value. Not fsynced: losing
+        samples in a power cut only delays the next ETA."""
+        path = self._tmp_path("samples")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, json.dumps(samples, separators=(",", ":")).encode())
+        finally:
+            os.close(fd)
+        os.replace(path, self.samples_path(job_id))
+
+    # ---- caches (derived data, always rebuildable: see "Caches" in spool_layout.md) ---------
+    def dir_signature(self, state: str) -> Optional[tuple[int, int, float]]:
+        """(inode, mtime_ns, mtime) of a state directory: it changes whenever a file is added,
+        removed or replaced there. None if it is missing."""
+        try:
+            st = os.stat(self.home / state, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_mtime
+
+    def file_signatures(self, state: str, names: list[str]) -> dict[str, tuple[int, int, int]]:
+        """name -> (inode, mtime_ns, size) of job files in `state`; vanished ones are left out."""
+        directory, out = os.fspath(self.home / state), {}
+        for name in names:
+            try:
+                st = os.stat(os.path.join(directory, name), follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            out[name] = (st.st_ino, st.st_mtime_ns, st.st_size)
+        return out
+
+    def read_cache(self, name: str) -> Optional[bytes]:
+        """A cache file (cache/NAME) if it is a regular file of ours, else None."""
+        try:
+            fd = os.open(self.home / "cache" / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not _is_regular(st.st_mode) or st.st_uid != os.geteuid():
+                return None
+            chunks = []
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+
+    def write_cache(self, name: str, data: bytes) -> None:
+        """Replace cache/NAME atomically. Not fsynced: a cache lost in a power cut is rebuilt."""
+        path = self._tmp_path("cache")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        os.replace(path, self.home / "cache" / name)
+
     # ---- housekeeping -------------------------------------------------------------------------
     def clean_tmp(self, now: Optional[float] = None) -> int:
         """Remove tmp files left by writers that died (or that are implausibly old)."""
@@ -413,7 +589,7 @@ class Spool:
         return removed
 
     def delete_log(self, job_id: int) -> None:
-        for path in (self.log_path(job_id), self.progress_path(job_id)):
+        for path in (self.log_path(job_id), self.progress_path(job_id), self.samples_path(job_id)):
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -496,8 +672,23 @@ class WorkerLease:
         self.fds = []
 
 
+def _short_name(name: str, limit: int = 200) -> str:
+    """`name`, or if its encoding is longer than `limit` bytes, a prefix of it plus a hash."""
+    raw = os.fsencode(name)
+    if len(raw) <= limit:
+        return name
+    import hashlib
+
+    return os.fsdecode(raw[: limit - 17]) + "~" + hashlib.sha1(raw).hexdigest()[:16]
+
+
 def _encode(job: dict[str, Any]) -> bytes:
-    return (json.dumps(job, indent=2, ensure_ascii=False) + "\n").encode()
+    try:
+        return (json.dumps(job, indent=2, ensure_ascii=False) + "\n").encode()
+    except UnicodeEncodeError:
+        # an argument or variable holding bytes that are not UTF-8 (kept by Python as \udcXX):
+        # \u escapes keep them exactly, in a file that is still valid UTF-8
+        return (json.dumps(job, indent=2, ensure_ascii=True) + "\n").encode()
 
 
 def _is_regular(mode: int) -> bool:
