@@ -1,0 +1,171 @@
+"""`gpuq adopt`: real processes started outside gpuq become running jobs; refusals are one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import wait_for
+
+from gpuq.spool import Spool
+from gpuq.worker import Worker
+
+# Runs until the file named in argv[2] appears (the test sets its pace), printing progress.
+OUTSIDE = """
+import os, sys, time
+print("argv:", sys.argv[1:], flush=True)
+step = 0
+while not os.path.exists(sys.argv[2]):
+    step = min(step + 1, 99)
+    print(f"Step {step}/100", flush=True)
+    time.sleep(0.1)
+"""
+
+
+def row_of(gq, job_id: int) -> dict:
+    return next(r for r in gq.status_json() if r["id"] == job_id)
+
+
+def wait_state(gq, job_id: int, state: str, timeout: float = 20) -> dict:
+    found = {}
+
+    def check():
+        found["row"] = row_of(gq, job_id)
+        return found["row"]["state"] == state
+
+    wait_for(check, timeout, interval=0.1, what=f"job {job_id} to be {state}")
+    return found["row"]
+
+
+@pytest.fixture
+def outside(gq):
+    """Start processes the way a user does by hand: not through gpuq; all killed at the end."""
+    procs: list[subprocess.Popen] = []
+
+    def start(*args: str, cwd=None, log=None, **kw) -> subprocess.Popen:
+        out = open(log, "wb") if log else subprocess.DEVNULL
+        proc = subprocess.Popen([sys.executable, *args], cwd=cwd or gq.work, stdout=out, stderr=out, **kw)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def test_adopt_a_real_process_and_a_job_after_it(gq, outside) -> None:
+    project = gq.work / "my project"
+    project.mkdir()
+    script = gq.script("train.py", OUTSIDE, where=project)
+    release = gq.work / "release"
+    log = project / "train.log"
+    proc = outside(str(script), "lr 0.1 with spaces", str(release), cwd=project, log=log)
+    wait_for(lambda: "Step 3/100" in log.read_text(), 10, what="the process to make progress")
+    before_adopt = time.time()
+
+    out = gq.gpuq("adopt", str(proc.pid), "--name", "by hand", "--log", str(log)).stdout
+    assert "adopted" in out
+    job_id = int(out.split("#")[1].split(":")[0])
+    job = json.loads(gq.gpuq("show", str(job_id)).stdout)
+    assert job["state"] == "running" and job["adopted"] is True
+    assert job["cmd"] == [sys.executable, str(script), "lr 0.1 with spaces", str(release)]
+    assert job["cwd"] == str(project)
+    assert job["pid"] == proc.pid and job["slot"] is None and job["log"] == str(log)
+    import psutil
+
+    from gpuq.jobs import parse_iso
+
+    assert parse_iso(job["started_at"]) == pytest.approx(psutil.Process(proc.pid).create_time(), abs=0.01)
+    assert parse_iso(job["started_at"]) < before_adopt - 0.2  # its real start, not the adoption
+
+    # progress from the log it writes, shown by status
+    row = wait_for(lambda: (r := row_of(gq, job_id))["progress"] and r, 10, what="progress of the adopted job")
+    assert row["progress_source"] == "log"
+
+    after = gq.add("--after", str(job_id), "-q", sys.executable, "-c", "print('eval ran')")
+    other = gq.add(sys.executable, "-c", "print('other ran')")
+    # While the adopted process runs, nothing starts: it occupies the worker's slot(s).
+    step = Worker(Spool(gq.home), say=lambda _text: None).step()
+    assert step.started == [] and step.busy
+    assert row_of(gq, after)["state"] == "pending" and row_of(gq, other)["state"] == "pending"
+
+    gq.start_worker("--watch")
+    release.touch()
+    proc.wait(10)
+    ended = wait_state(gq, job_id, "done")
+    assert ended["exit_code"] is None and "exit code cannot be known" in ended["note"]
+    wait_state(gq, after, "done")
+    wait_state(gq, other, "done")
+    assert "eval ran" in gq.log(after)
+
+
+def test_adopt_refusals(gq, outside) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    res = gq.gpuq("adopt", str(gone.pid), check=False)
+    assert res.returncode == 1 and "no such process" in res.stderr and res.stderr.count("\n") == 1
+
+    res = gq.gpuq("adopt", "not-a-pid", check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+
+    release = gq.work / "release"
+    proc = outside("-c", OUTSIDE, "x", str(release))
+    res = gq.gpuq("adopt", str(proc.pid), "--log", str(gq.work / "missing.log"), check=False)
+    assert res.returncode == 1 and "no such file" in res.stderr
+
+    gq.gpuq("adopt", str(proc.pid))
+    res = gq.gpuq("adopt", str(proc.pid), check=False)
+    assert res.returncode == 1 and "already tracked by gpuq: it is job #1" in res.stderr
+    assert len(gq.files("running")) == 1
+
+
+def test_adopt_refuses_another_users_process(gq, outside) -> None:
+    other = None
+    if os.geteuid() == 0:  # as root: a process that really runs as another user (nobody)
+        other = subprocess.Popen(["sleep", "60"], cwd="/", user=65534, group=65534, extra_groups=[])
+        pid = other.pid
+    else:
+        pid = 1  # init belongs to root
+    try:
+        res = gq.gpuq("adopt", str(pid), check=False)
+    finally:
+        if other is not None:
+            other.kill()
+            other.wait()
+    assert res.returncode == 1
+    assert "another user" in res.stderr or "cannot be read" in res.stderr
+    assert gq.files("running") == []
+
+
+def test_adopting_a_gpuq_job_or_its_supervisor_is_refused(gq) -> None:
+    gq.script("long.py", "import time\ntime.sleep(60)\n")
+    job_id = gq.add("long.py")
+    gq.start_worker()
+    job = wait_for(lambda: (j := gq.job(job_id)).get("pid") and j, 15, what="the job's pid")
+    for pid, why in ((job["pid"], f"it is job #{job_id}"), (job["supervisor"]["pid"], "supervisor of job")):
+        res = gq.gpuq("adopt", str(pid), check=False)
+        assert res.returncode == 1 and why in res.stderr, res.stderr
+    assert len(gq.files("running")) == 1
+
+
+def test_concurrent_adopts_of_one_process_make_one_job(gq, outside) -> None:
+    proc = outside("-c", "import time; time.sleep(60)")
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda _: gq.gpuq("adopt", str(proc.pid), check=False), range(6)))
+    assert sorted(r.returncode for r in results) == [0, 1, 1, 1, 1, 1]
+    assert len(gq.files("running")) == 1
+
+
+def test_adopted_process_that_ends_goes_to_done_with_unknown_exit(gq, outside) -> None:
+    proc = outside("-c", "import sys, time; time.sleep(0.5); sys.exit(3)")
+    job_id = int(gq.gpuq("adopt", str(proc.pid)).stdout.split("#")[1].split(":")[0])
+    proc.wait(10)  # reaped by its real parent (us): gpuq never sees the 3
+    row = wait_state(gq, job_id, "done")
+    assert row["exit_code"] is None and "cannot be known" in row["note"]

@@ -1,0 +1,346 @@
+"""Progress and ETA: from the progress file, from each log format, from checkpoints; the rate-based
+ETA of a resumed job; the stray 100%; the queue ETA of pending jobs. Real jobs run under a real
+worker; the parsers and the queue planner are also called directly as plain functions."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, wait_for
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuq import eta, progress
+from gpuq.scheduler import Wait
+from gpuq.spool import Spool
+
+PY = sys.executable
+
+
+def row_of(gq, job_id: int) -> dict:
+    return next(r for r in gq.status_json() if r["id"] == job_id)
+
+
+def wait_state(gq, job_id: int, state: str, timeout: float = 20) -> None:
+    """Like gq.wait_state, through `gpuq status --json`: conftest's file listing can catch a job
+    mid-move (two copies for an instant) and fail."""
+    wait_for(lambda: row_of(gq, job_id)["state"] == state, timeout, interval=0.1, what=f"job {job_id} {state}")
+
+
+def running_row(gq, job_id: int, cond=lambda r: True, timeout: float = 20) -> dict:
+    """Poll `gpuq status --json` (each look also records a progress sample) until `cond`."""
+    found = {}
+
+    def look():
+        row = row_of(gq, job_id)
+        assert row["state"] in ("pending", "running"), row
+        found["row"] = row
+        return row["state"] == "running" and cond(row)
+
+    wait_for(look, timeout, interval=0.1, what=f"job {job_id}: {found.get('row')}")
+    return found["row"]
+
+
+# ---- log formats, as plain functions -----------------------------------------------------------
+@pytest.mark.parametrize(
+    "text, step, total, kind",
+    [
+        ("loading\nStep 120/300 loss=2.1\n", 120, 300, "Step N/M"),
+        ("2026-12-01 10:00:01 INFO step: 7 of 50\n", 7, 50, "Step N/M"),
+        ("[12/40] loss 0.3\n", 12, 40, "[N/M]"),
+        ("Epoch 3/10 - loss 0.2\n", 3, 10, "Epoch N/M"),
+        ("Iteration 45 of 90\n", 45, 90, "Iteration N of M"),
+        ("progress: 37%\n", 37, 100, "N%"),
+        (" 20%|██        | 60/300 [00:12<00:37, 6.47it/s]", 60, 300, "tqdm"),
+        ("\r 10%|█ | 30/300 [00:05<00:45, 6.00it/s]\r 20%|██ | 60/300 [00:12<00:37, 6.47it/s]", 60, 300, "tqdm"),
+        ("{'loss': '3.91', 'grad_norm': '0.8', 'epoch': '0.48'}\n", 0.48, None, "HF log (epoch)"),
+    ],
+)
+def test_each_log_format_is_recognised(text: str, step: float, total, kind: str) -> None:
+    reading = progress.from_log_text(text, at=1000.0)
+    assert reading is not None, text
+    assert (reading.step, reading.total, reading.kind) == (step, total, kind)
+    assert reading.source == "log"
+
+
+def test_tqdm_rate_and_hf_epochs_from_argv() -> None:
+    bar = progress.from_log_text(" 5%|▌| 15/300 [00:05<01:35, 2.50s/it]", at=0.0)
+    assert bar.rate == pytest.approx(0.4)  # s/it turned into steps per second
+    epochs = progress.num_epochs(["--num_train_epochs=3"])
+    hf = progress.from_log_text("{'loss': '3.9', 'epoch': '1.5'}\n", 0.0, epochs=epochs)
+    assert hf.fraction == pytest.approx(0.5)
+    done = progress.from_log_text("{'train_runtime': '2.9', 'train_loss': '3.9', 'epoch': '2.5'}\n", 0.0)
+    assert done.finished and done.fraction == 1.0
+
+
+def test_a_stray_100_percent_does_not_finish_the_job() -> None:
+    log = (
+        "Step 40/100 loss=1.2\n"
+        "GPU utilisation 100%\n"  # no progress context: not progress at all
+        "sanity check 100% done\n"  # progress words, but this counter was never seen running
+        "Map: 100%|██████████| 1000/1000 [00:01<00:00, 900.00 examples/s]\n"  # a finished side bar
+    )
+    reading = progress.from_log_text(log, at=0.0)
+    assert (reading.kind, reading.step, reading.total) == ("Step N/M", 40, 100)
+    assert progress.from_log_text("accuracy on the test set: 100% done\n", at=0.0) is None
+    # a side bar that ran inside training (eval loop) does not end the job either
+    inner = (
+        " 20%|██ | 60/300 [00:12<00:37, 6.47it/s]\r"
+        "Eval:  50%|█ | 25/50 [00:01<00:01]\rEval: 100%|█| 50/50 [00:02<00:00]\n"
+    )
+    assert progress.from_log_text(inner, at=0.0).step == 60
+    # the job's own counter reaching its end is believed: it was seen below 100% first
+    assert progress.from_log_text("Step 99/100\nStep 100/100\n", at=0.0).fraction == 1.0
+
+
+def test_a_line_cut_mid_write_is_not_read_as_a_wrong_total() -> None:
+    assert progress.from_log_text("Step 11/300\nStep 12/3", at=0.0).step == 11
+
+
+# ---- rate-based ETA, as plain functions ----------------------------------------------------------
+def test_eta_comes_from_the_rate_not_from_elapsed_time() -> None:
+    # resumed at step 150 of 300; 10 steps per second since then
+    reading = progress.Reading(170.0, 300.0, "log", "Step N/M", at=1002.0)
+    est = eta.estimate(reading, [(1000.0, 150.0), (1002.0, 170.0)], now=1002.0)
+    assert est.eta_seconds == pytest.approx(13.0)
+    assert "10 steps/s over 2 samples" in est.method
+    single = eta.estimate(reading, [(1002.0, 170.0)], now=1002.0)
+    assert single.eta_seconds is None and "second sample" in single.method
+    stalled = eta.estimate(reading, [(1000.0, 150.0), (1002.0, 170.0)], now=1002.0 + 600)
+    assert stalled.eta_seconds is None and "stalled" in stalled.method
+
+
+def test_samples_restart_when_the_counter_goes_back() -> None:
+    points = eta.merge_points([[1.0, 50.0], [2.0, 60.0]], [(3.0, 5.0), (4.0, 9.0)], started=0.0)
+    assert points == [(3.0, 5.0), (4.0, 9.0)]
+
+
+# ---- real jobs ----------------------------------------------------------------------------------
+REPORTER = f"""
+import sys, time
+sys.path.insert(0, {str(REPO)!r})
+from gpuq.integrations import ProgressWriter
+w = ProgressWriter(min_interval=0)
+for step in range(0, 201):
+    w.update(step, 200)
+    time.sleep(0.05)
+"""
+
+
+def test_progress_file_reaches_status_json(gq) -> None:
+    gq.script("report.py", REPORTER)
+    job_id = gq.add("report.py")
+    gq.start_worker()
+    row = running_row(gq, job_id, lambda r: r["progress"] and r["eta_seconds"] is not None)
+    assert row["progress_source"] == "reported"
+    assert 0 < row["progress"] < 1
+    # 20 steps/s: the remaining steps at that rate (generous bounds for a loaded machine)
+    nominal = (1 - row["progress"]) * 200 / 20
+    assert 0.5 * nominal <= row["eta_seconds"] <= 3 * nominal + 1, row
+    table = gq.gpuq("status").stdout
+    assert "%" in table and "ETA" in table and "[" in table
+    assert f"#{job_id}" in gq.gpuq("eta", str(job_id)).stdout
+    assert "reported (progress file)" in gq.gpuq("eta", str(job_id)).stdout
+
+
+def test_tqdm_carriage_return_stream(gq) -> None:
+    gq.script(
+        "bar.py",
+        "import sys, time\n"
+        "for n in range(0, 401):\n"
+        "    sys.stderr.write(f'\\r{n * 100 // 400:3d}%|##  | {n}/400 [00:{n // 20:02d}<00:20, 20.00it/s]')\n"
+        "    sys.stderr.flush(); time.sleep(0.05)\n",
+    )
+    job_id = gq.add("bar.py")
+    gq.start_worker()
+    row = running_row(gq, job_id, lambda r: r["progress"] and r["progress"] > 0.02)
+    assert row["progress_source"] == "log" and "tqdm" in row["eta_method"]
+    assert row["eta_seconds"] is not None
+
+
+def test_progress_from_the_tail_of_a_log_over_100_mb(gq) -> None:
+    gq.script(
+        "big.py",
+        "import sys, time\n"
+        "chunk = (b'x' * 1023 + b'\\n') * 1024\n"
+        "for _ in range(105):\n"
+        "    sys.stdout.buffer.write(chunk)\n"
+        "print('Step 40/100', flush=True)\n"
+        "time.sleep(60)\n",
+    )
+    job_id = gq.add("big.py")
+    gq.start_worker()
+    row = running_row(gq, job_id, lambda r: r["progress"] is not None, timeout=60)
+    assert row["progress"] == pytest.approx(0.4)
+    log = gq.home / "logs" / f"{job_id:06d}.log"
+    assert log.stat().st_size > 100 * 1024 * 1024
+    spool, job = Spool(gq.home), gq.job(job_id)
+    small = dict(job, adopted=True, log=str(gq.script("small.log", "Step 40/100\n")))
+    cost = {}
+    for name, which in (("big", job), ("small", small)):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            reading, _extra = eta.observe(spool, which)
+        cost[name] = (time.perf_counter() - t0) / 20
+        assert reading.step == 40
+    # reading only the tail: the 100 MB log costs about what a one-line log costs (a whole read
+    # of 100 MB takes tens of milliseconds at best)
+    assert cost["big"] < 0.02, cost
+
+
+def test_resumed_job_gets_the_right_eta_from_its_first_samples(gq) -> None:
+    gq.script(
+        "resume.py",
+        "import time\n"
+        "for step in range(150, 301):\n"  # resumed from a checkpoint at step 150
+        "    print(f'Step {step}/300', flush=True)\n"
+        "    time.sleep(0.1)\n",
+    )
+    job_id = gq.add("resume.py")
+    gq.start_worker()
+    row = running_row(gq, job_id, lambda r: r["eta_seconds"] is not None and r["progress"] > 0.6)
+    step = row["progress"] * 300
+    nominal = (300 - step) / 10  # it runs 10 steps per second
+    started = json.loads(gq.gpuq("show", str(job_id)).stdout)["started_at"]
+    from gpuq.jobs import parse_iso
+
+    elapsed = time.time() - parse_iso(started)
+    naive = elapsed * (300 - step) / step  # "elapsed x remaining / done": far too optimistic
+    assert 0.5 * nominal <= row["eta_seconds"] <= 2.5 * nominal, (row, nominal)
+    assert naive < 0.5 * row["eta_seconds"], (naive, row)
+
+
+def test_stray_100_percent_in_a_running_jobs_log(gq) -> None:
+    gq.script(
+        "stray.py",
+        "import time\n"
+        "print('Step 40/100', flush=True)\n"
+        "print('Downloading: 100%|##########| shards', flush=True)\n"
+        "print('GPU memory 100%', flush=True)\n"
+        "time.sleep(60)\n",
+    )
+    job_id = gq.add("stray.py")
+    gq.start_worker()
+    row = running_row(gq, job_id, lambda r: r["progress"] is not None)
+    assert row["progress"] == pytest.approx(0.4)
+    assert row["eta_seconds"] != 0
+
+
+def make_checkpoint(out: Path, step: int, complete: bool = True, max_steps: int = 0) -> None:
+    ckpt = out / f"checkpoint-{step}"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"weights")
+    if complete:
+        (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": max_steps}))
+
+
+def test_progress_from_checkpoint_directories(gq) -> None:
+    out = gq.work / "runs" / "a"
+    make_checkpoint(out, 10)
+    make_checkpoint(out, 20)
+    make_checkpoint(out, 30, complete=False)  # cut short while saving: not a checkpoint
+    make_checkpoint(gq.work / "elsewhere", 90)  # not in the job's output dir: ignored
+    gq.script("ckpt.py", "import time\ntime.sleep(60)\n")
+    job_id = gq.add("ckpt.py", "--output_dir", "runs/a", "--max-steps=100")
+    gq.start_worker()
+    row = running_row(gq, job_id, lambda r: r["progress"] is not None)
+    assert row["progress_source"] == "checkpoint"
+    assert row["progress"] == pytest.approx(0.2)
+    assert "checkpoint-20" in row["eta_method"]
+
+
+def test_checkpoint_progress_uses_trainer_state_and_trl_completions() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp, "out")
+        make_checkpoint(out, 50, max_steps=200)
+        then = time.time() - 30
+        os.utime(out / "checkpoint-50" / "trainer_state.json", (then, then))
+        job = {"cmd": ["python", "train.py", "--output-dir", "out"], "cwd": tmp}
+        reading, points = progress.from_checkpoints(job)
+        assert (reading.step, reading.total, reading.source) == (50, 200, "checkpoint")
+        (out / "completions").mkdir()
+        for n, age in ((60, 20), (70, 10)):
+            path = out / "completions" / f"completions_{n:05d}.parquet"
+            path.write_bytes(b"PAR1")
+            os.utime(path, (time.time() - age, time.time() - age))
+        reading, points = progress.from_checkpoints(job)
+        assert (reading.step, reading.kind) == (70, "completions/completions_00070.parquet")
+        # files written over time: a rate (20 steps in 20 s) from a single look
+        assert eta.rate_of(points)[0] == pytest.approx(1.0, rel=0.05)
+
+
+# ---- queue ETA ----------------------------------------------------------------------------------
+def test_queue_plan_is_unknown_rather_than_a_guess() -> None:
+    run = {"id": 1, "slot": None}
+    a = {"id": 2, "cmd": ["a"], "cwd": "/w", "after": [], "after_any": []}
+    b = {"id": 3, "cmd": ["b"], "cwd": "/w", "after": [], "after_any": []}
+    blocked = {"id": 4, "cmd": ["a"], "cwd": "/w", "after": [9], "after_any": []}
+    durations = {eta.command_key(a): [30.0, 40.0, 50.0]}
+    plan = eta.plan_queue([(run, 100.0)], [(a, None), (b, None), (blocked, Wait("after #9", True))], [None], durations)
+    assert (plan[2].starts_in, plan[2].eta_seconds) == (100.0, 140.0)
+    assert (plan[3].starts_in, plan[3].eta_seconds) == (140.0, None)  # never ran before: unknown
+    assert plan[4].starts_in is None and "will not start" in plan[4].method
+    two_gpus = eta.plan_queue([(dict(run, slot="0"), 100.0)], [(b, None)], ["0", "1"], {})
+    assert two_gpus[3].starts_in == 0.0
+    assert eta.plan_queue([(run, None)], [(a, None)], [None], durations)[2].starts_in is None
+    assert "no worker" in eta.plan_queue([], [(a, None)], [], durations)[2].method
+
+
+def test_pending_job_behind_a_running_one_has_a_start_time(gq) -> None:
+    gq.script("short.py", "import time\ntime.sleep(1)\n")
+    first = gq.add("short.py")
+    gq.start_worker()
+    wait_state(gq, first, "done")
+    gq.script("long.py", REPORTER)
+    gq.start_worker("--watch")
+    running = gq.add("long.py")
+    wait_state(gq, running, "running")
+    waiting = gq.add("short.py")
+    never_ran = gq.add("--after", str(waiting), "long.py")
+
+    def planned():
+        rows = {r["id"]: r for r in gq.status_json()}
+        return rows[running]["eta_seconds"] is not None and rows[waiting]["starts_in_seconds"] is not None and rows
+
+    rows = wait_for(planned, 20, interval=0.1, what="a start time for the waiting job")
+    head, behind = rows[running], rows[waiting]
+    assert behind["state"] == "pending"
+    assert behind["starts_in_seconds"] == pytest.approx(head["eta_seconds"], abs=1.5)
+    # it ran once before in about a second: it should end about a second after it starts
+    assert 0.5 <= behind["eta_seconds"] - behind["starts_in_seconds"] <= 5
+    assert rows[never_ran]["eta_seconds"] is None and rows[never_ran]["starts_in_seconds"] is not None
+    text = gq.gpuq("eta").stdout
+    assert f"#{waiting}" in text and "starts in ~" in text and "median of 1 earlier run" in text
+    assert "starts ~" in gq.gpuq("status").stdout
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="Step Epoch[]/%|0123456789 \r\n{}':.epochtrain_runtime", max_size=300))
+def test_any_log_tail_gives_a_sane_reading_or_none(text: str) -> None:
+    reading = progress.from_log_text(text, at=0.0)
+    assert reading is None or reading.fraction is None or 0.0 <= reading.fraction <= 1.0
+    if reading is not None:
+        assert reading.text() and eta.estimate(reading, [(0.0, reading.step)], now=1.0).method
+
+
+def test_samples_taken_between_looks_give_a_rate_at_the_first_look(gq) -> None:
+    # what a worker's periodic step does with eta.sample_running: samples accumulate unseen
+    gq.script(
+        "steps.py",
+        "import time\nfor i in range(1000):\n    print(f'Step {i}/1000', flush=True)\n    time.sleep(0.05)\n",
+    )
+    job_id = gq.add("steps.py")
+    gq.start_worker()
+    spool = Spool(gq.home)
+    job = wait_for(lambda: (j := gq.job(job_id)).get("pid") and gq.log(job_id).count("Step ") > 2 and j, 15)
+    eta.sample_running(spool, [job], time.time())
+    wait_for(lambda: gq.log(job_id).count("Step ") > 30, 15, what="more steps")
+    row = row_of(gq, job_id)  # the first `gpuq status` of a user
+    assert row["eta_seconds"] is not None and "samples" in row["eta_method"], row
