@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from gpuq import __version__, enqueue, queue, render
+from gpuq import __version__, enqueue, jobs, queue, render, security
 from gpuq.spool import Spool, SpoolError, WorkerBusy
 
 USAGE_ERROR = 2
@@ -87,6 +87,22 @@ def build_parser() -> Parser:
         p.add_argument("--retries", type=int, default=0, metavar="N", help="run again up to N times if it fails")
         p.add_argument("--priority", type=int, default=0, metavar="N", help="higher starts first (default 0)")
         p.add_argument(
+            "--urgent",
+            action="store_true",
+            help="start next; if no slot is free, preempt the lowest-priority running job and resume it after",
+        )
+        p.add_argument(
+            "--preemptible",
+            action="store_true",
+            help="save a checkpoint when preempted (HF Trainer >= 5: adds --enable_jit_checkpoint true)",
+        )
+        p.add_argument("--ckpt-glob", metavar="GLOB", help="where its checkpoints are (default: HF checkpoint-N)")
+        p.add_argument(
+            "--resume-arg",
+            metavar="TEMPLATE",
+            help="how `gpuq resume` passes the checkpoint (default: '--resume_from_checkpoint {ckpt}')",
+        )
+        p.add_argument(
             "-e",
             "--env",
             type=_env_pair,
@@ -143,6 +159,18 @@ def build_parser() -> Parser:
         p.add_argument("ids", type=_positive_id, nargs="+", metavar="ID")
         p.set_defaults(func=func)
 
+    p = sub.add_parser("preempt", help="stop a running job so it can be resumed from its checkpoint")
+    p.add_argument("id", type=_positive_id, metavar="ID")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds to wait for it (default 60)")
+    p.add_argument("--force", action="store_true", help="SIGKILL whatever is left when the timeout is up")
+    p.set_defaults(func=cmd_preempt)
+
+    p = sub.add_parser("resume", help="queue a preempted job again, from its newest complete checkpoint")
+    p.add_argument("id", type=_positive_id, metavar="ID")
+    p.add_argument("--require-checkpoint", action="store_true", help="refuse when no checkpoint is found")
+    p.add_argument("--back", action="store_true", help="queue it in normal order instead of first in line")
+    p.set_defaults(func=cmd_resume)
+
     p = sub.add_parser("clear", help="remove finished jobs (keeps preempted and interrupted ones)")
     p.set_defaults(func=cmd_clear)
 
@@ -151,6 +179,22 @@ def build_parser() -> Parser:
     which.add_argument("--all", action="store_true", help="recover every interrupted job")
     which.add_argument("--jobs", type=_positive_id, nargs="+", metavar="ID", help="recover these jobs")
     p.set_defaults(func=cmd_recover)
+
+    p = sub.add_parser(
+        "adopt",
+        help="track a process started outside gpuq as a running job",
+        description="Take a running process of yours into the queue: nothing else starts while it runs, and "
+        "jobs can wait for it (--after). Its exit code cannot be known: when it ends it is recorded as done "
+        "with exit_code null, so `--after` on it starts whatever its result.",
+    )
+    p.add_argument("pid", type=_pid, metavar="PID")
+    p.add_argument("--name", help="job name (default: <cwd name>/<script stem>)")
+    p.add_argument("--log", metavar="FILE", help="the log file the process writes (for progress and ETA)")
+    p.set_defaults(func=cmd_adopt)
+
+    p = sub.add_parser("eta", help="progress and expected end of running jobs, expected start of pending ones")
+    p.add_argument("id", type=_positive_id, nargs="?", help="one job (default: every running and pending job)")
+    p.set_defaults(func=cmd_eta)
 
     p = sub.add_parser("demo", help="queue and run a small example chain in a throw-away spool (no GPU needed)")
     p.set_defaults(func=cmd_demo)
@@ -196,13 +240,20 @@ def spool() -> Spool:
 
 # ---- commands ---------------------------------------------------------------------------------
 def cmd_add(args: argparse.Namespace) -> int:
+    user_umask = jobs.current_umask()  # before Spool.ensure() sets gpuq's own 077
     cwd = Path(args.dir).expanduser().absolute() if args.dir else Path.cwd()
     if not cwd.is_dir():
         raise UsageError(f"gpuq add: directory not found: {cwd}")
     if args.retries < 0:
         raise UsageError("gpuq add: --retries must be 0 or more")
+    if args.name is not None:
+        try:
+            jobs.check_name(args.name)
+        except jobs.InvalidJob as exc:
+            raise UsageError(f"gpuq add: --name: {exc}") from None
     try:
         cmd, venv = enqueue.resolve_command(args.script, args.args, cwd, args.python)
+        cmd, options = _preempt_options(args, cmd, venv)  # before env is read: it may add to it
         ref, job = enqueue.enqueue(
             spool(),
             cmd=cmd,
@@ -215,6 +266,8 @@ def cmd_add(args: argparse.Namespace) -> int:
             after_any=[i for ids in args.after_any for i in ids],
             retries=args.retries,
             priority=args.priority,
+            options=options,
+            umask=user_umask,
         )
     except enqueue.EnqueueError as exc:
         raise UsageError(f"gpuq add: {exc}") from None
@@ -224,6 +277,27 @@ def cmd_add(args: argparse.Namespace) -> int:
     deps = job["after"] + job["after_any"]
     print(f"[+] Job #{job['id']}: {job['name']}" + (f"  after {', '.join(f'#{d}' for d in deps)}" if deps else ""))
     return 0
+
+
+def _preempt_options(args: argparse.Namespace, cmd: list[str], venv: Optional[str]) -> tuple[list[str], dict[str, Any]]:
+    """The command and job fields for --urgent/--preemptible/--ckpt-glob/--resume-arg
+    (--preemptible may add a flag to the command and GPUQ_PREEMPTIBLE=1 to args.env)."""
+    options: dict[str, Any] = {"urgent": args.urgent, "preemptible": args.preemptible, "ckpt_glob": args.ckpt_glob}
+    if args.resume_arg is not None:
+        from gpuq.preempt import check_resume_arg
+
+        problem = check_resume_arg(args.resume_arg)
+        if problem:
+            raise UsageError(f"gpuq add: {problem}")
+        options["resume_arg"] = args.resume_arg
+    if args.preemptible:
+        from gpuq.preempt import PREEMPTIBLE_ENV, make_preemptible
+
+        cmd, message = make_preemptible(cmd, venv)
+        args.env.append((PREEMPTIBLE_ENV, "1"))
+        if not args.quiet:
+            print(f"preemptible: {message}")
+    return cmd, options
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -256,7 +330,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    st = queue.status(spool(), show_all=args.all)
+    st = queue.status(spool(), show_all=args.all, summarize=None if args.json else render.finished_cells)
     if args.json:
         print(json.dumps([_json_row(r) for r in st.rows], indent=2))
         return 0
@@ -269,7 +343,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if st.hidden_finished:
         print(f"({st.hidden_finished} older finished job(s) hidden; `gpuq status -a` shows all)")
     for name in st.dropped:
-        print(f"pending/{name}: dropped file, not taken in yet (a worker takes it in)")
+        print(f"pending/{security.display(name)}: dropped file, not taken in yet (a worker takes it in)")
     return 0
 
 
@@ -295,13 +369,61 @@ def _json_row(row: queue.Row) -> dict[str, Any]:
             "slot",
             "log",
             "note",
+            "urgent",
+            "preemptible",
+            "checkpoint",
+            "resumed_from",
+            "resumed_from_step",
+            "preemptions",
         )
     }
     out["state"] = row.state
     out["waiting"] = row.wait.reason if row.wait else None
-    out["progress"] = None
-    out["eta_seconds"] = None
+    est = row.estimate
+    out["progress"] = round(est.fraction, 4) if est and est.fraction is not None else None
+    out["eta_seconds"] = round(est.eta_seconds, 1) if est and est.eta_seconds is not None else None
+    out["starts_in_seconds"] = round(est.starts_in, 1) if est and est.starts_in is not None else None
+    out["eta_method"] = est.method if est else None
+    out["progress_source"] = est.reading.source if est and est.reading else None
+    out["adopted"] = bool(job.get("adopted"))
     return out
+
+
+def _pid(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return int(text)
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    from gpuq import adopt
+
+    try:
+        ref, job = adopt.adopt(spool(), args.pid, name=args.name, log=args.log)
+    except adopt.AdoptError as exc:
+        print(f"gpuq adopt: {exc}", file=sys.stderr)
+        return 1
+    print(f"[+] Job #{job['id']}: {job['name']} adopted (pid {job['pid']}, started {job['started_at']})")
+    print(f"    log: {job['log']}" if job["log"] else "    no log: progress only from checkpoints (use --log FILE)")
+    return 0
+
+
+def cmd_eta(args: argparse.Namespace) -> int:
+    sp = spool()
+    if args.id is not None:
+        queue.get(sp, args.id)  # "no such job #N" as a one-line error
+    rows = [r for r in queue.status(sp).rows if r.estimate is not None]  # running and pending rows
+    if args.id is not None:
+        rows = [r for r in rows if r.job["id"] == args.id]
+        if not rows:
+            state = queue.get(sp, args.id)[0].state
+            print(f"#{args.id}: {state}; an ETA is given for running and pending jobs only")
+            return 0
+    if not rows:
+        print("no running or pending jobs")
+    for line in render.eta_lines(rows):
+        print(line)
+    return 0
 
 
 def cmd_log(args: argparse.Namespace) -> int:
@@ -320,6 +442,41 @@ def cmd_log(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     ref, job = queue.get(spool(), args.id)
     print(json.dumps(dict(job, state=ref.state, file=ref.name), indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_preempt(args: argparse.Namespace) -> int:
+    from gpuq import preempt
+
+    if args.timeout < 0:
+        raise UsageError("gpuq preempt: --timeout must be 0 or more")
+    outcome = preempt.preempt(spool(), args.id, args.timeout, args.force, say=print)
+    job = outcome.job
+    if outcome.state == "preempted":
+        print(f"[~] Job #{job['id']}: {job['name']} preempted (exit {job.get('exit_code')}): {job.get('note')}")
+        print(f"    `gpuq resume {job['id']}` continues it")
+        return 0
+    if outcome.left and outcome.state == "running" and job.get("pid") in outcome.left:
+        print(f"job #{job['id']} did not exit within {args.timeout:g}s; left running, unchanged (--force kills it)")
+    elif outcome.left:
+        print(
+            f"job #{job['id']}: its main process exited but {', '.join(map(str, outcome.left))} ignore SIGTERM; "
+            f"it keeps its slot until they are gone (`gpuq preempt {job['id']} --force` kills them)"
+        )
+    else:
+        print(f"job #{job['id']} ended on its own meanwhile: {outcome.state}")
+    return 1
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from gpuq import preempt
+
+    resumed = preempt.resume(spool(), args.id, args.require_checkpoint, front=not args.back)
+    job = resumed.job
+    if resumed.checkpoint is None:
+        print(f"no checkpoint found for job #{job['id']}: {job.get('note')}")
+    where = "in normal order" if args.back else "first in line"
+    print(f"[+] Job #{job['id']}: {job['name']} back in the queue ({where}): {job.get('note')}")
     return 0
 
 
@@ -349,7 +506,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
     report = queue.clear(spool())
     print(f"removed {len(report.removed)} finished job(s)")
     if report.kept_for_dependents:
-        print("kept (waiting jobs depend on them): " + ", ".join(f"#{i}" for i in report.kept_for_dependents))
+        print("kept (waiting jobs depend on them): " + ", ".join(f"#{i}" for i in sorted(report.kept_for_dependents)))
     return 0
 
 

@@ -65,6 +65,8 @@ def default_name(cwd: Path, cmd: list[str]) -> str:
 
 
 def check_dependencies(spool: Spool, ids: list[int]) -> None:
+    if not ids:
+        return  # listing every state costs ~0.1 s per 100,000 finished jobs: only when needed
     known = set(spool.index())
     missing = [i for i in ids if i not in known]
     if missing:
@@ -85,6 +87,8 @@ def enqueue(
     retries: int,
     priority: int = 0,
     source: str = "cli",
+    options: Optional[dict[str, Any]] = None,
+    umask: Optional[int] = None,
 ) -> tuple[JobRef, dict[str, Any]]:
     """Allocate an id and publish the job durably in pending/."""
     if not cwd.is_dir():
@@ -105,6 +109,8 @@ def enqueue(
         retries=retries,
         priority=priority,
         source=source,
+        options=options,
+        umask=umask,
     )
     return spool.publish(job), job
 

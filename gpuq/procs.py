@@ -92,37 +92,87 @@ def tree_processes(pid: int) -> list[Any]:
         return []
 
 
+# ---- process groups -------------------------------------------------------------------------------
+def group_members(pgid: int) -> list[Any]:
+    """Live (non-zombie) processes of process group `pgid`."""
+    if not pgid or not signal_group(pgid, 0):
+        return []  # nobody left in the group: the cheap, common answer
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return out
+
+
+def leftovers(pgid: int, snapshot: list[Any]) -> list[Any]:
+    """What still lives of a job: its group, plus descendants seen earlier that left the group
+    (psutil.Process remembers the start time, so a reused pid is not mistaken for them)."""
+    import psutil
+
+    alive = {p.pid: p for p in group_members(pgid)}
+    for proc in snapshot:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.setdefault(proc.pid, proc)
+        except psutil.Error:
+            continue
+    return list(alive.values())
+
+
+def wait_gone(pgid: int, snapshot: list[Any], timeout: float) -> list[Any]:
+    """Wait until nothing of the job is left or `timeout` passes; returns what is still alive."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = leftovers(pgid, snapshot)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)
+
+
+def terminate(pgid: int, snapshot: list[Any]) -> None:
+    """SIGTERM the job's group; a process that leads no group (adopted) is signalled itself."""
+    if not signal_group(pgid, signal.SIGTERM):
+        signal_each(snapshot[:1], "terminate")
+
+
+def kill_leftovers(pgid: int, snapshot: list[Any], timeout: float) -> list[Any]:
+    """SIGKILL every process still alive of the job (again while new ones appear) until none is
+    left or `timeout` passes; returns the survivors. Each kill goes through psutil, which checks
+    the start time, so a reused pid is never hit."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = leftovers(pgid, snapshot)
+        if not left or time.monotonic() >= deadline:
+            return left
+        signal_each(left, "kill")
+        time.sleep(0.05)
+
+
+def signal_each(processes: list[Any], method: str) -> None:
+    import psutil
+
+    for proc in processes:
+        try:
+            getattr(proc, method)()
+        except psutil.Error:
+            continue
+
+
 def terminate_tree(job: dict[str, Any], grace: float, force: bool = True) -> bool:
-    """SIGTERM the job's process group, wait up to `grace`, then (if `force`) SIGKILL the group
-    and every descendant that left it. Returns True once the job's process is gone."""
-    pid = job.get("pid")
-    if not job_alive(job):
+    """SIGTERM the job's process group, wait up to `grace` for all of it to go, then (if `force`)
+    SIGKILL whatever is left, escaped descendants included. True once nothing of the job lives."""
+    pgid = job.get("pid")
+    if not pgid:
         return True
-    snapshot = tree_processes(pid)
-    signal_group(pid, signal.SIGTERM)
-    if wait_gone(job, grace):
+    snapshot = tree_processes(pgid) if job_alive(job) else []
+    terminate(pgid, snapshot)
+    if not wait_gone(pgid, snapshot, grace):
         return True
     if not force:
         return False
-    kill_all(pid, snapshot)
-    return wait_gone(job, 10.0)
-
-
-def kill_all(pgid: int, snapshot: list[Any]) -> None:
-    import psutil
-
-    signal_group(pgid, signal.SIGKILL)
-    for proc in snapshot + tree_processes(pgid):
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-
-
-def wait_gone(job: dict[str, Any], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while job_alive(job):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    return not kill_leftovers(pgid, snapshot, 10.0)

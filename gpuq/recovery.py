@@ -81,10 +81,14 @@ def settle_unsupervised(spool: Spool, report: Report) -> None:
 def _ending_without_exit_code(spool: Spool, job: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     request = spool.take_request(job["id"])
     finished = jobs.now_iso()
+    extra: dict[str, Any] = {}
     if request == "kill":
         state, note = "cancelled", "killed by user (gpuq kill); exit code unknown, its supervisor was gone"
-    elif request == "preempt":
-        state, note = "preempted", "preempted (gpuq preempt); exit code unknown, its supervisor was gone"
+    elif request in ("preempt", "preempt-resume"):
+        from gpuq.preempt import preemption_record  # lazy: preempt imports queue, which imports us
+
+        extra = preemption_record(spool, job, None, request)
+        state, note = "preempted", extra.pop("note") + "; exit code unknown, its supervisor was gone"
     elif job.get("adopted"):
         state, note = "done", "adopted process ended; its exit code cannot be known"
     else:
@@ -102,6 +106,7 @@ def _ending_without_exit_code(spool: Spool, job: dict[str, Any]) -> tuple[str, d
         "exit_code": None,
         "note": note,
         "history": job.get("history", []) + [attempt],
+        **extra,
     }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
+from gpuq.jobs import parse_iso
 from gpuq.spool import FINISHED
 
 # States a dependency can sit in that only a person can change (recover, resume, retry).
@@ -27,22 +28,29 @@ class Snapshot:
     running: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _dependency_wait(job_id: int, dep: int, state: Optional[str], any_result: bool) -> Optional[Wait]:
+def _dependency_wait(
+    job_id: int, dep: int, state: Optional[str], any_result: bool, stuck: frozenset = frozenset()
+) -> Optional[Wait]:
     if state == "done" or (any_result and state in FINISHED):
         return None
+    if dep in stuck:
+        return Wait(f"after #{dep} (blocked itself)", True)
     if state is None:
         return Wait(f"after #{dep}: no such job", True)
     if state in ("failed", "cancelled"):
         return Wait(f"after #{dep} ({state}): will not start; `gpuq retry {dep}` or `gpuq cancel {job_id}`", True)
+    if state == "preempted":  # same id after resume: this job then waits for the continuation
+        return Wait(f"after #{dep} (preempted): runs after `gpuq resume {dep}` completes it", True)
     if state in NEEDS_USER:
-        return Wait(f"after #{dep} ({state})", True)
+        return Wait(f"after #{dep} ({state}): `gpuq recover --jobs {dep}` or `gpuq resume {dep}`", True)
     return Wait(f"after #{dep}" + (" (running)" if state == "running" else ""), False)
 
 
-def waiting_reason(job: dict[str, Any], states: dict[int, str]) -> Optional[Wait]:
-    """Why a pending job cannot start yet, or None if its dependencies allow it to."""
-    waits = [_dependency_wait(job["id"], d, states.get(d), False) for d in job.get("after", [])]
-    waits += [_dependency_wait(job["id"], d, states.get(d), True) for d in job.get("after_any", [])]
+def waiting_reason(job: dict[str, Any], states: dict[int, str], stuck: frozenset = frozenset()) -> Optional[Wait]:
+    """Why a pending job cannot start yet, or None if its dependencies allow it to. `stuck`
+    holds pending jobs known to be blocked for good, so that their dependents are too."""
+    waits = [_dependency_wait(job["id"], d, states.get(d), False, stuck) for d in job.get("after", [])]
+    waits += [_dependency_wait(job["id"], d, states.get(d), True, stuck) for d in job.get("after_any", [])]
     waits = [w for w in waits if w is not None]
     if not waits:
         return None
@@ -51,8 +59,37 @@ def waiting_reason(job: dict[str, Any], states: dict[int, str]) -> Optional[Wait
 
 
 def queue_order(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Higher priority first, then by id (the order of `ls pending/`)."""
-    return sorted(pending, key=lambda j: (-int(j.get("priority") or 0), j["id"]))
+    """Urgent jobs first, then resumed continuations (`queue_front`), then higher priority, then
+    by id (the order of `ls pending/`)."""
+    return sorted(
+        pending,
+        key=lambda j: (not j.get("urgent"), not j.get("queue_front"), -int(j.get("priority") or 0), j["id"]),
+    )
+
+
+def preemption_victims(
+    snapshot: Snapshot, free_slots: list[Optional[str]], slots: list[Optional[str]], preempting: set[int]
+) -> list[dict[str, Any]]:
+    """Running jobs to preempt so that ready urgent jobs can start: one for each such job that
+    neither a free slot nor a preemption already under way will serve. The lowest priority goes
+    first; among equals the one started last (it loses the least work). Urgent and adopted jobs,
+    jobs of other workers' slots and jobs without a process yet are never chosen."""
+    reasons = waiting_reasons(snapshot)
+    urgent = [j for j in snapshot.pending if j.get("urgent") and reasons.get(j["id"]) is None]
+    need = len(urgent) - len(free_slots) - len(preempting)
+    if need <= 0:
+        return []
+    candidates = [
+        j
+        for j in snapshot.running
+        if j["id"] not in preempting
+        and j.get("pid")
+        and not j.get("urgent")
+        and not j.get("adopted")
+        and (slots == [None] or j.get("slot") in slots)
+    ]
+    candidates.sort(key=lambda j: (int(j.get("priority") or 0), -(parse_iso(j.get("started_at")) or 0.0)))
+    return candidates[:need]
 
 
 def occupied_slots(running: list[dict[str, Any]], slots: list[Optional[str]]) -> set[Optional[str]]:
@@ -66,6 +103,18 @@ def occupied_slots(running: list[dict[str, Any]], slots: list[Optional[str]]) ->
     return taken & set(slots)
 
 
+def waiting_reasons(snapshot: Snapshot) -> dict[int, Optional[Wait]]:
+    """waiting_reason for every pending job, with blockage passed down dependency chains
+    (a job after a job that can never start can never start either)."""
+    stuck: frozenset = frozenset()
+    while True:
+        reasons = {j["id"]: waiting_reason(j, snapshot.states, stuck) for j in snapshot.pending}
+        now_stuck = frozenset(i for i, w in reasons.items() if w is not None and w.forever)
+        if now_stuck == stuck:
+            return reasons
+        stuck = now_stuck
+
+
 def plan(snapshot: Snapshot, free_slots: list[Optional[str]]) -> list[tuple[dict[str, Any], Optional[str]]]:
     """Which pending jobs to start now, one per free slot, in queue order."""
     ready = [j for j in queue_order(snapshot.pending) if waiting_reason(j, snapshot.states) is None]
@@ -74,4 +123,4 @@ def plan(snapshot: Snapshot, free_slots: list[Optional[str]]) -> list[tuple[dict
 
 def has_startable_future(snapshot: Snapshot) -> bool:
     """True while some pending job can still start without a person acting."""
-    return any(not (w := waiting_reason(j, snapshot.states)) or not w.forever for j in snapshot.pending)
+    return any(w is None or not w.forever for w in waiting_reasons(snapshot).values())

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuq import jobs, procs
-from gpuq.spool import Claim, JobRef, Spool
+from gpuq.spool import Claim, JobRef, Spool, boot_id
 
 KILLED_BY_USER = "kill"
+PREEMPT_ACTIONS = ("preempt", "preempt-resume")  # as gpuq.preempt, not imported: keeps start-up light
 
 
 def job_environment(spool: Spool, job: dict[str, Any], slot: Optional[str]) -> dict[str, str]:
@@ -45,7 +46,7 @@ def job_environment(spool: Spool, job: dict[str, Any], slot: Optional[str]) -> d
 
 
 def _log_line(log_fd: int, text: str) -> None:
-    os.write(log_fd, f"=== gpuq: {text}\n".encode())
+    os.write(log_fd, f"=== gpuq: {text}\n".encode("utf-8", "surrogateescape"))  # argv bytes as given
 
 
 def open_log(spool: Spool, job_id: int) -> int:
@@ -63,7 +64,8 @@ def start(spool: Spool, claim: Claim, slot: Optional[str]) -> int:
     except (FileNotFoundError, jobs.InvalidJob):
         claim.release()
         return -1
-    me = procs.identity(os.getpid())
+    # The supervisor's own identity needs psutil (an import of several ms): it is recorded with
+    # the job's pid after the job has started, so the job does not wait for it.
     attempt = job.get("attempts", 0) + 1
     ref, job = spool.transition(
         ref,
@@ -76,11 +78,12 @@ def start(spool: Spool, claim: Claim, slot: Optional[str]) -> int:
         signal=None,
         slot=slot,
         attempts=attempt,
-        supervisor=me,
-        boot_id=me["boot_id"],
+        supervisor=None,
+        boot_id=boot_id(),
         host=os.uname().nodename,
         note=None,
         log=str(spool.log_path(job["id"])),
+        queue_front=False,  # a resumed job is first in line once, not on every later retry
     )
     log_fd = open_log(spool, job["id"])
     _log_line(log_fd, f"job #{job['id']} {job['name']} (attempt {attempt})")
@@ -93,6 +96,8 @@ def start(spool: Spool, claim: Claim, slot: Optional[str]) -> int:
             cwd=job["cwd"],
             env=job_environment(spool, job, slot),
             stdin=subprocess.DEVNULL,
+            # gpuq itself runs with umask 077; the job's files get the mask of the shell that queued it
+            umask=job["umask"] if job.get("umask") is not None else jobs.DEFAULT_JOB_UMASK,
             stdout=log_fd,
             stderr=log_fd,
             start_new_session=True,
@@ -103,12 +108,22 @@ def start(spool: Spool, claim: Claim, slot: Optional[str]) -> int:
         _log_line(log_fd, reason)
         return finish(spool, claim, ref, job, exit_code=127, sig=None, note=reason, log_fd=log_fd, retry=False)
     ident = procs.identity(child.pid)
-    job = spool.rewrite(ref, job, pid=child.pid, pid_create_time=ident["create_time"])
+    me = procs.identity(os.getpid())
+    job = spool.rewrite(ref, job, pid=child.pid, pid_create_time=ident["create_time"], supervisor=me)
     _forward_termination_to(child.pid)
     returncode = child.wait()
+    _hold_while_preempted_group_lives(spool, job["id"], child.pid)
     sig = -returncode if returncode < 0 else None
     exit_code = 128 + sig if sig else returncode
     return finish(spool, claim, ref, job, exit_code=exit_code, sig=sig, note=None, log_fd=log_fd, retry=True)
+
+
+def _hold_while_preempted_group_lives(spool: Spool, job_id: int, pgid: int) -> None:
+    """Being preempted: the job stays in running/ (its slot taken) until its whole group is gone."""
+    if spool.peek_request(job_id) in PREEMPT_ACTIONS:
+        from gpuq.preempt import hold_until_gone
+
+        hold_until_gone(spool, job_id, pgid)
 
 
 def _forward_termination_to(pgid: int) -> None:
@@ -125,7 +140,7 @@ def destination(job: dict[str, Any], exit_code: int, request: Optional[str], ret
     """Where a finished attempt goes, and the note that says why."""
     if request == KILLED_BY_USER:
         return "cancelled", "killed by user (gpuq kill)"
-    if request == "preempt":
+    if request in PREEMPT_ACTIONS:
         return "preempted", "preempted (gpuq preempt)"
     if exit_code == 0:
         return "done", None
@@ -147,7 +162,8 @@ def finish(
     retry: bool,
 ) -> int:
     finished = jobs.now_iso()
-    state, why = destination(job, exit_code, spool.take_request(job["id"]), retry)
+    request = spool.take_request(job["id"])
+    state, why = destination(job, exit_code, request, retry)
     sig_name = signal.Signals(sig).name if sig else None
     attempt = {
         "attempt": job.get("attempts"),
@@ -171,6 +187,10 @@ def finish(
     }
     if state == "pending":
         changes.update(started_at=None, finished_at=None, pid=None, supervisor=None, slot=None)
+    if state == "preempted":
+        from gpuq.preempt import preemption_record
+
+        changes.update(preemption_record(spool, job, exit_code, request or "preempt"))
     spool.transition(ref, job, state, **changes)
     claim.release()
     return exit_code

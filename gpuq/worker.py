@@ -18,13 +18,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from gpuq import intake, jobs, recovery, scheduler
+from gpuq import intake, jobs, preempt, recovery, scheduler
 from gpuq.spool import STATES, Spool
 from gpuq.view import PendingCache, snapshot
 
 RESCAN_SECONDS = 5.0
+INTAKE_BUDGET_SECONDS = 0.25  # per step; a burst of dropped files is taken in over several steps
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
-SUPERVISOR_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuq.supervisor import main; sys.exit(main())"
+# The supervisor runs with `python -S` and gets the worker's import path instead: `site` (with
+# its .pth files) was the largest single cost between the worker's decision and the job's first
+# instruction. argv: N, N path entries, then the supervisor's own arguments.
+SUPERVISOR_BOOT = (
+    "import sys; n = int(sys.argv[1]); sys.path[:0] = sys.argv[2 : 2 + n]; del sys.argv[1 : 2 + n]; "
+    "from gpuq.supervisor import main; sys.exit(main())"
+)
+
+
+def supervisor_path() -> list[str]:
+    """This package's parent, then the worker's own import path (blank entries mean "the current
+    directory", which the supervisor must not search)."""
+    return [PACKAGE_PARENT] + [p for p in sys.path if p and p != PACKAGE_PARENT]
 
 
 class Waker:
@@ -72,6 +85,7 @@ class Worker:
         self.slots: list[Optional[str]] = list(gpus) if gpus else [None]
         self.say = say
         self.launching: dict[Optional[str], Launch] = {}
+        self.preemptions: dict[int, preempt.Preemption] = {}  # job id -> preempted for an urgent job
         self.cache = PendingCache()
         self.wake = Waker()
         self.stopping = False
@@ -86,26 +100,56 @@ class Worker:
         report = recovery.reconcile(self.spool, full=full)
         for job_id, state in report.settled:
             self.say(f"job #{job_id} had lost its process and supervisor: now {state}")
-        for name, outcome in intake.take_in_all(self.spool, now):
+        with self.spool.intake_turn() as mine:
+            outcomes, more = intake.take_in_some(self.spool, now, budget=INTAKE_BUDGET_SECONDS) if mine else ([], False)
+        for name, outcome in outcomes:
             self.say(f"{name}: {outcome}")
+        if more:
+            self.wake.set()  # come back at once for the rest, after starting what can start
+        for resumed in preempt.resume_auto(self.spool):
+            self.say(f"job #{resumed.job['id']} back in the queue (first in line): {resumed.job.get('note')}")
         snap, invalid = snapshot(self.spool, self.cache)
-        self._reject_invalid(invalid, now)
         self._forget_finished_launches(snap)
-        busy = scheduler.occupied_slots(snap.running, self.slots) | set(self.launching)
+        busy = scheduler.occupied_slots(snap.running, self.slots) | set(self.launching) | self._preempting(snap, now)
         free = [slot for slot in self.slots if slot not in busy]
         result = StepResult()
         if not self.stopping:
+            self._make_room_for_urgent(snap, free, now)
             for job, slot in scheduler.plan(snap, free):
                 if self._launch(job, slot):
                     result.started.append(job["id"])
-        result.busy = bool(self.launching) or bool(scheduler.occupied_slots(snap.running, self.slots))
-        result.startable_later = scheduler.has_startable_future(snap)
+        self._reject_invalid(invalid, now)  # after starting jobs: a pile of broken files must not delay them
+        occupied = scheduler.occupied_slots(snap.running, self.slots)
+        result.busy = bool(self.launching or self.preemptions or occupied)
+        result.startable_later = more or scheduler.has_startable_future(snap)
         return result
 
+    def _preempting(self, snap: scheduler.Snapshot, now: float) -> set[Optional[str]]:
+        """Slots of jobs this worker is preempting whose processes are not all gone yet (SIGKILL
+        once their grace is over): nothing else may start there before."""
+        for job_id, p in list(self.preemptions.items()):
+            if not preempt.enforce(p, snap.states.get(job_id), now):
+                del self.preemptions[job_id]
+        return {p.slot for p in self.preemptions.values()}
+
+    def _make_room_for_urgent(self, snap: scheduler.Snapshot, free: list[Optional[str]], now: float) -> None:
+        # a job of ours with a control request is already being killed or preempted by a person:
+        # its slot is about to free up, and it must not be turned into an auto-resumed victim
+        mine = {j["id"] for j in snap.running if self.slots == [None] or j.get("slot") in self.slots}
+        busy_ids = set(self.preemptions) | (mine & set(self.spool.request_ids()))
+        for victim in scheduler.preemption_victims(snap, free, self.slots, busy_ids):
+            self.preemptions[victim["id"]] = preempt.begin(self.spool, victim, now)
+            self.say(f"preempting job #{victim['id']} {victim['name']} to make room for an urgent job")
+
     def _reject_invalid(self, invalid: list, now: float) -> None:
+        writers = intake.Writers(self.spool.state_dir("pending"))  # one /proc scan for all of them
+        stop_at = time.monotonic() + INTAKE_BUDGET_SECONDS
         for ref, reason in invalid:
+            if time.monotonic() > stop_at:
+                self.wake.set()  # the rest in the next step, after starting what can start
+                return
             path = self.spool.state_dir(ref.state) / ref.name
-            if ref.state == "pending" and not intake.still_being_written(path, now):
+            if ref.state == "pending" and not intake.still_being_written(path, now, writers):
                 try:
                     self.spool.reject(ref.name, reason)
                     self.say(f"{ref.name}: rejected: {reason}")
@@ -125,11 +169,14 @@ class Worker:
             return False  # another worker (or a cancel) got there first
         try:
             log = os.open(self.spool.log_path(job["id"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            path = supervisor_path()
             cmd = [
                 sys.executable,
+                "-S",
                 "-c",
                 SUPERVISOR_BOOT,
-                PACKAGE_PARENT,
+                str(len(path)),
+                *path,
                 "--home",
                 str(self.spool.home),
                 "--job",
@@ -219,7 +266,8 @@ class Worker:
 
     def _say_why_done(self) -> None:
         snap, _ = snapshot(self.spool, self.cache)
-        blocked = [(j, scheduler.waiting_reason(j, snap.states)) for j in snap.pending]
+        reasons = scheduler.waiting_reasons(snap)
+        blocked = [(j, reasons[j["id"]]) for j in snap.pending]
         if blocked:
             self.say(f"nothing more can start; {len(blocked)} job(s) wait for something only you can change:")
             for job, wait in blocked:

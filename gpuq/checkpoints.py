@@ -1,0 +1,147 @@
+"""Finding a job's newest *complete* checkpoint, and reading training flags from its argv.
+
+Public API (small on purpose; progress/ETA code imports it too):
+
+- `latest_checkpoint(job) -> Optional[Checkpoint]`: the newest complete checkpoint of a job dict
+  (uses `cmd`, `cwd` and the optional `ckpt_glob` field), or None.
+- `output_dir(cmd, cwd) -> Optional[Path]`: the absolute `--output_dir` / `--output-dir` of an argv.
+- `max_steps(cmd) -> Optional[int]`: `--max_steps` / `--max-steps` of an argv.
+- `arg_value(cmd, names) -> Optional[str]`: the value of the last `--flag X` or `--flag=X` in an argv.
+
+Rules:
+- Hugging Face: `checkpoint-N` directories directly under the output dir. The Trainer writes
+  `trainer_state.json` last, so a directory without it was cut short (the process died while
+  saving) and is skipped; so is one that still holds HF 5's JIT-save sentinel
+  `checkpoint-is-incomplete.txt`. N is the global step.
+- `ckpt_glob` (per job, relative to the job's cwd unless absolute) names checkpoints of other
+  frameworks: Lightning's `*.ckpt`, `torch.save("model_epoch_5.pt")`, Accelerate's `step_N` dirs.
+  Newest is decided by the step number in the name when every match has one (`step=1200`,
+  `step_1200`, `checkpoint-1200`), else by the epoch number when every match has one, else by
+  modification time. Empty files and HF-style directories without trainer_state.json are skipped.
+
+Nothing here writes anything; it only lists directories the job itself writes.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from pathlib import Path
+from typing import Any, NamedTuple, Optional, Sequence
+
+HF_DIR_RE = re.compile(r"^checkpoint-(\d+)$")
+HF_COMPLETE_MARKER = "trainer_state.json"
+HF_INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # HF 5's JIT save removes it when done
+STEP_RE = re.compile(r"(?:step|checkpoint|iter|iteration|global_step)[=_-]?(\d+)", re.IGNORECASE)
+EPOCH_RE = re.compile(r"epoch[=_-]?(\d+)", re.IGNORECASE)
+OUTPUT_DIR_FLAGS = ("--output_dir", "--output-dir")
+MAX_STEPS_FLAGS = ("--max_steps", "--max-steps")
+
+
+class Checkpoint(NamedTuple):
+    path: str  # absolute
+    step: Optional[int]  # global step when the name tells it
+    epoch: Optional[int] = None
+
+
+def arg_value(cmd: Sequence[str], names: Sequence[str]) -> Optional[str]:
+    """The value of the last `NAME VALUE` or `NAME=VALUE` in `cmd` (argparse keeps the last)."""
+    value = None
+    for i, word in enumerate(cmd):
+        for name in names:
+            if word == name and i + 1 < len(cmd):
+                value = cmd[i + 1]
+            elif word.startswith(name + "="):
+                value = word[len(name) + 1 :]
+    return value
+
+
+def output_dir(cmd: Sequence[str], cwd: str) -> Optional[Path]:
+    """The job's output directory as an absolute path (relative values are relative to `cwd`)."""
+    value = arg_value(cmd, OUTPUT_DIR_FLAGS)
+    if not value:
+        return None
+    return Path(cwd, os.path.expanduser(value)).absolute()
+
+
+def max_steps(cmd: Sequence[str]) -> Optional[int]:
+    """`--max_steps N` from the argv; None when absent, not a number, or not positive (HF: -1 = unset)."""
+    value = arg_value(cmd, MAX_STEPS_FLAGS)
+    try:
+        steps = int(value) if value is not None else None
+    except ValueError:
+        return None
+    return steps if steps and steps > 0 else None
+
+
+def hf_checkpoints(out_dir: Path) -> list[Checkpoint]:
+    """Complete `checkpoint-N` directories under `out_dir`, oldest first."""
+    found = []
+    try:
+        entries = list(os.scandir(out_dir))
+    except OSError:
+        return []
+    for entry in entries:
+        m = HF_DIR_RE.match(entry.name)
+        if m and entry.is_dir() and _hf_complete(entry.path):
+            found.append(Checkpoint(os.path.abspath(entry.path), int(m.group(1))))
+    return sorted(found, key=lambda c: c.step or 0)
+
+
+def _hf_complete(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, HF_COMPLETE_MARKER)) and not os.path.exists(
+        os.path.join(path, HF_INCOMPLETE_MARKER)
+    )
+
+
+def _number(regex: re.Pattern, name: str) -> Optional[int]:
+    found = regex.findall(name)
+    return int(found[-1]) if found else None
+
+
+def _usable(path: str) -> bool:
+    """A glob match that can be a checkpoint: a non-empty file, or a directory that is not an
+    HF checkpoint cut short."""
+    try:
+        if os.path.isdir(path):
+            return not HF_DIR_RE.match(os.path.basename(path)) or _hf_complete(path)
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
+    """Usable matches of `pattern` (relative to `cwd`), oldest first by the rules above."""
+    full = os.path.join(cwd, os.path.expanduser(pattern))
+    paths = [os.path.abspath(p) for p in glob.glob(full, recursive=True) if _usable(p)]
+    found = [
+        Checkpoint(p, _number(STEP_RE, os.path.basename(p)), _number(EPOCH_RE, os.path.basename(p))) for p in paths
+    ]
+    if found and all(c.step is not None for c in found):
+        key: Any = lambda c: (c.step, _mtime(c.path))  # noqa: E731
+    elif found and all(c.epoch is not None for c in found):
+        key = lambda c: (c.epoch, _mtime(c.path))  # noqa: E731
+    else:
+        key = lambda c: _mtime(c.path)  # noqa: E731
+    return sorted(found, key=key)
+
+
+def latest_checkpoint(job: dict[str, Any]) -> Optional[Checkpoint]:
+    """The newest complete checkpoint of `job`: from its `ckpt_glob` if set, else from the HF
+    output dir in its argv. None when there is none (or nowhere to look)."""
+    cmd, cwd = job.get("cmd") or [], job.get("cwd") or "/"
+    pattern = job.get("ckpt_glob")
+    if pattern:
+        found = glob_checkpoints(pattern, cwd)
+    else:
+        out = output_dir(cmd, cwd)
+        found = hf_checkpoints(out) if out is not None else []
+    return found[-1] if found else None

@@ -1,0 +1,113 @@
+"""A stand-in for a training script, for the preemption tests (no ML libraries needed).
+
+It prints `Step N/M` once per step, writes a checkpoint every K steps the way HF Trainer does
+(`checkpoint-N/` with weights first and `trainer_state.json` last), and accepts
+`--resume_from_checkpoint DIR` (both `--flag X` and `--flag=X`), or `ckpt_path=FILE` with
+`--style epoch` (Lightning-like files `ckpts/model_epoch_N.pt`).
+
+Options: --output_dir D  --max_steps M  --save_steps K  --step_time S (its own pace)
+  --save_on_sigterm       on SIGTERM, save a checkpoint at the current step and exit 0
+  --ignore_sigterm        the main process ignores SIGTERM (only SIGKILL stops it)
+  --child_ignoring_sigterm  start a child in the same process group that ignores SIGTERM;
+                          its pid goes to D/child.pid
+  --style hf|epoch
+Each run appends its first and last step to D/runs.txt ("start END" lines) for the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def parse(argv: list[str]) -> dict:
+    opts = {"output_dir": "out", "max_steps": 100, "save_steps": 10, "step_time": 0.05, "style": "hf"}
+    flags = {"save_on_sigterm", "ignore_sigterm", "child_ignoring_sigterm"}
+    opts.update({f: False for f in flags})
+    opts["resume"] = None
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word.startswith("ckpt_path="):
+            opts["resume"] = word.split("=", 1)[1]
+        elif word.startswith("--resume_from_checkpoint"):
+            if "=" in word:
+                opts["resume"] = word.split("=", 1)[1]
+            else:
+                i += 1
+                opts["resume"] = argv[i]
+        elif word[2:] in flags:
+            opts[word[2:]] = True
+        elif word.startswith("--"):
+            key, _, value = word[2:].partition("=")
+            if not _:
+                i += 1
+                value = argv[i]
+            kind = type(opts.get(key, ""))
+            opts[key] = kind(value)
+        i += 1
+    return opts
+
+
+def save(opts: dict, step: int) -> None:
+    out = opts["output_dir"]
+    if opts["style"] == "epoch":
+        os.makedirs(os.path.join(out, "ckpts"), exist_ok=True)
+        path = os.path.join(out, "ckpts", f"model_epoch_{step}.pt")
+        with open(path + ".tmp", "w") as fh:
+            json.dump({"global_step": step}, fh)
+        os.replace(path + ".tmp", path)
+        return
+    path = os.path.join(out, f"checkpoint-{step}")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "model.safetensors"), "w") as fh:
+        fh.write("weights")
+    with open(os.path.join(path, "trainer_state.json"), "w") as fh:  # last: marks it complete
+        json.dump({"global_step": step}, fh)
+
+
+def start_step(opts: dict) -> int:
+    path = opts["resume"]
+    if not path:
+        return 0
+    state = os.path.join(path, "trainer_state.json") if os.path.isdir(path) else path
+    with open(state) as fh:
+        return int(json.load(fh)["global_step"])
+
+
+def main() -> int:
+    opts = parse(sys.argv[1:])
+    os.makedirs(opts["output_dir"], exist_ok=True)
+    stop = {"requested": False}
+    if opts["ignore_sigterm"]:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif opts["save_on_sigterm"]:
+        signal.signal(signal.SIGTERM, lambda *_: stop.update(requested=True))
+    if opts["child_ignoring_sigterm"]:
+        code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(300)"
+        child = subprocess.Popen([sys.executable, "-c", code])
+        with open(os.path.join(opts["output_dir"], "child.pid"), "w") as fh:
+            fh.write(str(child.pid))
+    first = start_step(opts)
+    print(f"Resumed from step {first}" if first else "Starting from scratch", flush=True)
+    step = first
+    for step in range(first + 1, opts["max_steps"] + 1):
+        time.sleep(opts["step_time"])
+        print(f"Step {step}/{opts['max_steps']}", flush=True)
+        if step % opts["save_steps"] == 0:
+            save(opts, step)
+        if stop["requested"]:
+            save(opts, step)
+            print(f"SIGTERM: saved checkpoint at step {step}", flush=True)
+            break
+    with open(os.path.join(opts["output_dir"], "runs.txt"), "a") as fh:
+        fh.write(f"{first} {step}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

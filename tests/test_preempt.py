@@ -1,0 +1,409 @@
+"""Preempt, resume and urgent jobs: pure functions first, then real workers running
+tests/fake_trainer.py (real processes, real checkpoint directories)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+
+from gpuq import checkpoints, jobs, preempt, scheduler
+
+FAKE = Path(__file__).with_name("fake_trainer.py")
+
+
+# ---- checkpoints ----------------------------------------------------------------------------
+def hf_ckpt(out: Path, step: int, complete: bool = True) -> Path:
+    path = out / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_text("w")
+    if complete:
+        (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return path
+
+
+def test_hf_checkpoints_newest_complete_by_step(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    hf_ckpt(out, 9)
+    hf_ckpt(out, 100)
+    hf_ckpt(out, 20)
+    hf_ckpt(out, 150, complete=False)  # died while saving
+    jit = hf_ckpt(out, 140)
+    (jit / "checkpoint-is-incomplete.txt").write_text("in progress")  # HF 5 JIT save cut short
+    (out / "checkpoint-200").write_text("a file, not a directory")
+    job = {"cmd": ["python", "train.py", "--output_dir", "out"], "cwd": str(tmp_path)}
+    found = checkpoints.latest_checkpoint(job)
+    assert found == checkpoints.Checkpoint(str(out / "checkpoint-100"), 100)
+    job["cmd"] = ["python", "train.py", "--output-dir=out"]
+    assert checkpoints.latest_checkpoint(job).step == 100
+    assert checkpoints.latest_checkpoint({"cmd": ["python", "train.py"], "cwd": str(tmp_path)}) is None
+
+
+def test_glob_checkpoints_by_step_then_epoch_then_mtime(tmp_path: Path) -> None:
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    for name in ("epoch=1-step=900.ckpt", "epoch=3-step=1200.ckpt", "epoch=10-step=300.ckpt"):
+        (d / name).write_text("x")
+    job = {"cmd": ["python", "t.py"], "cwd": str(tmp_path), "ckpt_glob": "ckpts/*.ckpt"}
+    assert checkpoints.latest_checkpoint(job).path.endswith("epoch=3-step=1200.ckpt")
+    assert checkpoints.latest_checkpoint(job).step == 1200
+    for n in (2, 10, 5):
+        (d / f"model_epoch_{n}.pt").write_text("x")
+    (d / "model_epoch_99.pt").write_text("")  # empty: cut short, skipped
+    job["ckpt_glob"] = "ckpts/model_epoch_*.pt"
+    assert checkpoints.latest_checkpoint(job) == checkpoints.Checkpoint(str(d / "model_epoch_10.pt"), None, 10)
+    (d / "last.ckpt").write_text("x")
+    (d / "best.ckpt").write_text("x")
+    os.utime(d / "best.ckpt", (time.time() - 100, time.time() - 100))
+    os.utime(d / "last.ckpt", (time.time() + 5, time.time() + 5))
+    job["ckpt_glob"] = str(d / "*.ckpt")  # absolute; some names have no number: newest by mtime
+    assert checkpoints.latest_checkpoint(job).path == str(d / "last.ckpt")
+
+
+def test_argv_helpers() -> None:
+    cmd = ["python", "t.py", "--max_steps", "300", "--output_dir=o", "--max-steps=400"]
+    assert checkpoints.max_steps(cmd) == 400  # the last one wins, as with argparse
+    assert checkpoints.max_steps(["t.py", "--max_steps", "-1"]) is None
+    assert checkpoints.max_steps(["t.py", "--max_steps", "x"]) is None
+    assert checkpoints.output_dir(cmd, "/w") == Path("/w/o")
+    assert checkpoints.output_dir(["t.py", "--output_dir", "/abs"], "/w") == Path("/abs")
+
+
+# ---- resume argv ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["py", "t.py", "--resume_from_checkpoint", "/old", "--lr", "1"],
+        ["py", "t.py", "--resume_from_checkpoint=/old", "--lr", "1"],
+        ["py", "t.py", "--resume_from_checkpoint=/a", "--lr", "1", "--resume_from_checkpoint", "/b"],
+        ["py", "t.py", "--lr", "1"],
+    ],
+)
+def test_resume_argv_replaces_both_forms(cmd: list[str]) -> None:
+    new = preempt.resume_argv(cmd, preempt.DEFAULT_RESUME_ARG, "/ck/checkpoint-5")
+    assert new == ["py", "t.py", "--lr", "1", "--resume_from_checkpoint", "/ck/checkpoint-5"]
+    assert preempt.resume_argv(new, preempt.DEFAULT_RESUME_ARG, "/ck/checkpoint-9").count("/ck/checkpoint-9") == 1
+
+
+def test_resume_argv_other_templates() -> None:
+    cmd = ["py", "t.py", "ckpt_path=/old.ckpt", "trainer.max_epochs=3"]
+    assert preempt.resume_argv(cmd, "ckpt_path={ckpt}", "/n.ckpt") == [
+        "py",
+        "t.py",
+        "trainer.max_epochs=3",
+        "ckpt_path=/n.ckpt",
+    ]
+    assert preempt.resume_argv(["py", "t.py", "--ckpt", "a"], "--ckpt={ckpt}", "b") == ["py", "t.py", "--ckpt=b"]
+    assert preempt.check_resume_arg("--ckpt") is not None
+    assert preempt.check_resume_arg("'unclosed {ckpt}") is not None
+    assert preempt.check_resume_arg("--ckpt {ckpt}") is None
+
+
+def test_last_step_in_log_formats() -> None:
+    assert preempt.last_step_in(b"Step 3/10\nStep 4/10\nloss 1\n") == 4
+    assert preempt.last_step_in(b"\r 40%|####  | 8/20 [00:01<00:02, 5it/s]\r 45%| 9/20 [00:02<00:02]") == 9
+    assert preempt.last_step_in(b"epoch 100%\nnothing here") is None
+    assert preempt.last_step_in(b"Step 12/10") is None  # not a progress figure
+
+
+# ---- scheduler --------------------------------------------------------------------------------
+def job(job_id: int, **fields: object) -> dict:
+    return dict(jobs.new_job(job_id=job_id, name=f"j{job_id}", cmd=["x"], cwd="/", log=""), **fields)
+
+
+def test_queue_order_urgent_then_resumed_then_priority() -> None:
+    pending = [job(1), job(2, priority=5), job(3, queue_front=True), job(4, urgent=True), job(5, priority=5)]
+    assert [j["id"] for j in scheduler.queue_order(pending)] == [4, 3, 2, 5, 1]
+
+
+def test_preemption_victims_lowest_priority_latest_started() -> None:
+    running = [
+        job(1, pid=11, priority=0, started_at="2026-01-01T10:00:00+00:00"),
+        job(2, pid=12, priority=0, started_at="2026-01-01T11:00:00+00:00"),
+        job(3, pid=13, priority=-1, started_at="2026-01-01T09:00:00+00:00"),
+        job(4, pid=14, urgent=True),
+    ]
+    snap = scheduler.Snapshot(states={j["id"]: "running" for j in running}, running=running)
+    snap.pending = [job(9, urgent=True)]
+    snap.states[9] = "pending"
+    assert [v["id"] for v in scheduler.preemption_victims(snap, [], [None], set())] == [3]
+    running[2]["priority"] = 1
+    assert [v["id"] for v in scheduler.preemption_victims(snap, [], [None], set())] == [2]
+    assert scheduler.preemption_victims(snap, [], [None], {2}) == []  # one is already being preempted
+    assert scheduler.preemption_victims(snap, [None], [None], set()) == []  # a slot is free
+    snap.pending = [job(9, urgent=True, after=[4])]  # not ready yet: preempt nothing
+    assert scheduler.preemption_victims(snap, [], [None], set()) == []
+
+
+def test_dependent_of_preempted_job_waits_with_a_reason() -> None:
+    wait = scheduler.waiting_reason(job(2, after=[1]), {1: "preempted", 2: "pending"})
+    assert wait is not None and "gpuq resume 1" in wait.reason
+    assert scheduler.waiting_reason(job(2, after=[1]), {1: "pending", 2: "pending"}).forever is False
+
+
+# ---- real workers -----------------------------------------------------------------------------
+def setup_trainer(gq) -> None:
+    shutil.copy(FAKE, gq.work / "fake_trainer.py")
+
+
+def add_trainer(gq, *args: str, gpuq_opts: tuple = ()) -> int:
+    return gq.add(*gpuq_opts, "-p", sys.executable, "fake_trainer.py", *args)
+
+
+def state_of(gq, job_id: int) -> object:
+    """The job's state, or None while it is between two states (a move writes the new file
+    before removing the old one, so a poll can see both for an instant)."""
+    found = [
+        s
+        for s in ("pending", "running", "done", "failed", "preempted", "interrupted", "cancelled")
+        if any(n.startswith(f"{job_id:06d}-") for n in gq.files(s))
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def wait_state(gq, job_id: int, state: str, timeout: float = 15) -> dict:
+    wait_for(lambda: state_of(gq, job_id) == state, timeout, what=f"job {job_id} to be {state}")
+    return gq.job(job_id)
+
+
+def last_step(gq, job_id: int) -> int:
+    """The last step the job's current attempt printed."""
+    steps = re.findall(r"Step (\d+)/", gq.log(job_id).rsplit("=== gpuq: job #", 1)[-1])
+    return int(steps[-1]) if steps else 0
+
+
+def runs(out: Path) -> list[tuple[int, int]]:
+    path = out / "runs.txt"
+    return [tuple(map(int, line.split())) for line in path.read_text().split("\n") if line] if path.exists() else []
+
+
+def alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.parametrize("graceful", [False, True])
+def test_preempt_records_checkpoint_and_lost_steps_then_resume_finishes(gq, graceful: bool) -> None:
+    setup_trainer(gq)
+    extra = ["--save_on_sigterm"] if graceful else []
+    # --retries: a preempted job is neither done (exit 0) nor failed and retried (exit 143)
+    jid = add_trainer(
+        gq, "--output_dir", "out", "--max_steps", "60", "--save_steps", "10", *extra, gpuq_opts=("--retries", "2")
+    )
+    gq.start_worker("--watch")
+    wait_for(lambda: last_step(gq, jid) >= 13, 20, what="step 13")
+    proc = gq.gpuq("preempt", str(jid))
+    job = wait_state(gq, jid, "preempted")
+    record = job["preemptions"][-1]
+    out = gq.work / "out"
+    if graceful:
+        assert job["exit_code"] == 0
+        assert record["lost_steps"] == 0 and record["checkpoint_step"] == record["last_step"] >= 13
+    else:
+        assert job["exit_code"] == 143 and job["signal"] == "SIGTERM"
+        # the newest complete one (a kill between printing step 20 and saving it leaves checkpoint-10)
+        assert record["checkpoint_step"] in ((record["last_step"] // 10) * 10, (record["last_step"] // 10) * 10 - 10)
+        assert record["lost_steps"] == record["last_step"] - record["checkpoint_step"]
+        assert f"lost {record['lost_steps']} steps" in proc.stdout
+    assert record["checkpoint"] == job["checkpoint"] == str(out / f"checkpoint-{record['checkpoint_step']}")
+    assert "waiting up to 60s" in proc.stdout and record["checkpoint"] in proc.stdout
+    assert not (gq.home / "control" / f"{jid:06d}.json").exists()
+
+    res = gq.gpuq("resume", str(jid))
+    assert record["checkpoint"] in res.stdout
+    job = wait_state(gq, jid, "done", timeout=30)
+    assert job["resumed_from"] == record["checkpoint"] and job["resumed_from_step"] == record["checkpoint_step"]
+    assert runs(out)[-1] == (record["checkpoint_step"], 60)  # started at the checkpoint, reached max_steps
+    row = next(r for r in gq.status_json() if r["id"] == jid)
+    assert row["resumed_from"] == record["checkpoint"] and row["preemptions"][-1]["lost_steps"] is not None
+
+
+def test_timeout_without_force_leaves_job_running_then_force_kills(gq) -> None:
+    setup_trainer(gq)
+    jid = add_trainer(gq, "--output_dir", "out", "--max_steps", "100000", "--ignore_sigterm")
+    gq.start_worker("--watch")
+    wait_for(lambda: last_step(gq, jid) >= 3, 20, what="step 3")
+    proc = gq.gpuq("preempt", str(jid), "--timeout", "1", check=False)
+    assert proc.returncode == 1 and "left running, unchanged" in proc.stdout
+    job = gq.job(jid)
+    assert job["state"] == "running" and alive(job["pid"])
+    assert not (gq.home / "control" / f"{jid:06d}.json").exists()  # the request was withdrawn
+    before = last_step(gq, jid)
+    wait_for(lambda: last_step(gq, jid) > before + 2, 10, what="training to go on")
+
+    proc = gq.gpuq("preempt", str(jid), "--timeout", "1", "--force")
+    assert "SIGKILL" in proc.stdout
+    job = wait_state(gq, jid, "preempted")
+    assert job["exit_code"] == 137 and not alive(job["pid"])
+
+
+def test_child_ignoring_sigterm_holds_the_slot_until_killed(gq) -> None:
+    setup_trainer(gq)
+    jid = add_trainer(gq, "--output_dir", "out", "--max_steps", "100000", "--child_ignoring_sigterm")
+    other = add_trainer(gq, "--output_dir", "out2", "--max_steps", "1")
+    gq.start_worker("--watch")
+    pidfile = gq.work / "out" / "child.pid"
+    wait_for(lambda: last_step(gq, jid) >= 3 and pidfile.exists(), 20, what="step 3 and the child")
+    child = int(pidfile.read_text())
+    try:
+        proc = gq.gpuq("preempt", str(jid), "--timeout", "1", check=False)
+        assert proc.returncode == 1 and str(child) in proc.stdout and "ignore SIGTERM" in proc.stdout
+        # The main process is gone, the child still holds "the GPU": nothing else may start.
+        assert alive(child) and state_of(gq, jid) == "running" and state_of(gq, other) == "pending"
+        gq.gpuq("preempt", str(jid), "--timeout", "1", "--force")
+        assert gq.job(jid)["state"] == "preempted" and not alive(child)
+        wait_state(gq, other, "done", timeout=20)
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_resume_replaces_flag_twice_and_never_duplicates(gq) -> None:
+    setup_trainer(gq)
+    start = hf_ckpt(gq.work / "out", 4)  # the job is added resuming from it, in the `=` form
+    jid = add_trainer(gq, "--output_dir", "out", "--max_steps", "100000", f"--resume_from_checkpoint={start}")
+    gq.start_worker("--watch")
+    for _round in range(2):
+        base = gq.job(jid)["resumed_from_step"] or 4
+        wait_for(lambda b=base: last_step(gq, jid) >= b + 12, 20, what="progress past the next save")
+        gq.gpuq("preempt", str(jid))
+        wait_state(gq, jid, "preempted")
+        gq.gpuq("resume", str(jid))
+        again = gq.gpuq("resume", str(jid), check=False)
+        assert again.returncode == 1 and "already" in again.stderr
+        cmd = gq.job(jid)["cmd"]
+        flags = [w for w in cmd if w.startswith("--resume_from_checkpoint")]
+        assert flags == ["--resume_from_checkpoint"], cmd
+        assert cmd[cmd.index("--resume_from_checkpoint") + 1] == gq.job(jid)["resumed_from"]
+        wait_for(lambda: state_of(gq, jid) == "running" and last_step(gq, jid) > 0, 20, what="running again")
+    ids = [r["id"] for r in gq.status_json()]
+    assert sorted(ids) == sorted(set(ids)) and len([i for i in ids if i == jid]) == 1
+    starts = [int(m) for m in re.findall(r"Resumed from step (\d+)", gq.log(jid))]
+    assert starts[0] == 4 and starts[1] >= 10 and starts[2] > starts[1]
+    killed = gq.gpuq("kill", str(jid), check=False)  # it would run 100000 steps
+    assert killed.returncode == 0, (killed.stderr, gq.job(jid), gq.log(jid)[-3000:], gq.worker_output())
+
+
+def test_dependent_of_preempted_job_runs_only_after_continuation(gq) -> None:
+    setup_trainer(gq)
+    a = add_trainer(gq, "--output_dir", "out", "--max_steps", "40", "--save_steps", "5")
+    b = gq.add("--after", str(a), "-p", sys.executable, "fake_trainer.py", "--output_dir", "b", "--max_steps", "1")
+    gq.start_worker("--watch")
+    wait_for(lambda: last_step(gq, a) >= 8, 20, what="step 8")
+    gq.gpuq("preempt", str(a))
+    wait_state(gq, a, "preempted")
+    row = next(r for r in gq.status_json() if r["id"] == b)
+    assert row["state"] == "pending" and f"gpuq resume {a}" in row["waiting"]
+    status = gq.gpuq("status").stdout
+    assert f"gpuq resume {a}" in status
+    gq.gpuq("resume", str(a))
+    done_b = wait_state(gq, b, "done", timeout=30)
+    done_a = gq.job(a)
+    assert done_a["state"] == "done" and runs(gq.work / "out")[-1][1] == 40
+    assert jobs.parse_iso(done_b["started_at"]) >= jobs.parse_iso(done_a["finished_at"])
+
+
+def test_urgent_job_preempts_runs_first_then_victim_resumes_ahead_of_queue(gq) -> None:
+    setup_trainer(gq)
+    low = add_trainer(
+        gq, "--output_dir", "low", "--max_steps", "60", "--save_on_sigterm", gpuq_opts=("--priority", "-1")
+    )
+    gq.start_worker("--watch")
+    wait_for(lambda: last_step(gq, low) >= 5, 20, what="the training to run")
+    later = add_trainer(gq, "--output_dir", "later", "--max_steps", "2", gpuq_opts=("--priority", "5"))
+    urgent = add_trainer(gq, "--output_dir", "urgent", "--max_steps", "3", gpuq_opts=("--urgent",))
+    wait_state(gq, urgent, "done", timeout=30)
+    wait_state(gq, later, "done", timeout=60)
+    low_job = wait_state(gq, low, "done", timeout=60)
+    record = low_job["preemptions"][-1]
+    assert record["by"] == "urgent job" and record["lost_steps"] == 0
+    first_run, second_run = runs(gq.work / "low")
+    assert second_run == (first_run[1], 60)  # resumed where the graceful save left it
+    # order: urgent before the resumed training, the resumed training before the rest of the queue
+    start = {j: jobs.parse_iso(gq.job(j)["started_at"]) for j in (low, later, urgent)}
+    assert jobs.parse_iso(gq.job(urgent)["finished_at"]) <= start[low] <= start[later]
+    assert f"preempting job #{low}" in gq.worker_output()
+
+
+def test_priorities_order_the_queue(gq) -> None:
+    setup_trainer(gq)
+    ids = [
+        add_trainer(gq, "--output_dir", f"o{p}", "--max_steps", "1", gpuq_opts=("--priority", str(p)))
+        for p in (0, 5, -2, 5, 1)
+    ]
+    status = gq.gpuq("status").stdout
+    assert "prio=5" in status and "prio=-2" in status
+    gq.start_worker()
+    for jid in ids:
+        wait_state(gq, jid, "done", timeout=30)
+    started = sorted(ids, key=lambda j: jobs.parse_iso(gq.job(j)["started_at"]))
+    assert started == [ids[1], ids[3], ids[4], ids[0], ids[2]]
+
+
+def test_no_checkpoint_and_require_checkpoint(gq) -> None:
+    setup_trainer(gq)
+    jid = add_trainer(gq, "--output_dir", "out", "--max_steps", "100000", "--save_steps", "100000")
+    gq.start_worker("--watch")
+    wait_for(lambda: last_step(gq, jid) >= 3, 20, what="step 3")
+    out = gq.gpuq("preempt", str(jid)).stdout
+    assert "no complete checkpoint found" in out
+    refused = gq.gpuq("resume", str(jid), "--require-checkpoint", check=False)
+    assert refused.returncode == 1 and "no complete checkpoint" in refused.stderr
+    assert state_of(gq, jid) == "preempted"
+    res = gq.gpuq("resume", str(jid))
+    assert "no checkpoint found" in res.stdout
+    wait_for(lambda: gq.log(jid).count("Starting from scratch") == 2, 20, what="a restart from scratch")
+    gq.gpuq("kill", str(jid))  # it would run 100000 steps
+
+
+def test_ckpt_glob_and_resume_arg(gq) -> None:
+    setup_trainer(gq)
+    jid = add_trainer(
+        gq,
+        "--output_dir",
+        "out",
+        "--style",
+        "epoch",
+        "--max_steps",
+        "30",
+        "--save_steps",
+        "4",
+        gpuq_opts=("--ckpt-glob", "out/ckpts/model_epoch_*.pt", "--resume-arg", "ckpt_path={ckpt}"),
+    )
+    gq.start_worker("--watch")
+    wait_for(lambda: last_step(gq, jid) >= 10, 20, what="step 10")
+    gq.gpuq("preempt", str(jid))
+    job = wait_state(gq, jid, "preempted")
+    ckpt = job["checkpoint"]
+    assert re.search(r"model_epoch_(\d+)\.pt$", ckpt)
+    gq.gpuq("resume", str(jid))
+    job = wait_state(gq, jid, "done", timeout=30)
+    assert f"ckpt_path={ckpt}" in job["cmd"]
+    assert runs(gq.work / "out")[-1] == (int(re.search(r"(\d+)\.pt$", ckpt).group(1)), 30)
+
+
+def test_bad_command_lines(gq) -> None:
+    setup_trainer(gq)
+    for args in (["preempt", "abc"], ["preempt", "1", "--timeout", "-1"], ["resume"]):
+        proc = gq.gpuq(*args, check=False)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+    proc = gq.gpuq("add", "--resume-arg=--ckpt", "fake_trainer.py", check=False)
+    assert proc.returncode == 2 and "{ckpt}" in proc.stderr and not gq.files("pending")
+    for args in (["preempt", "42"], ["resume", "42"]):
+        proc = gq.gpuq(*args, check=False)
+        assert proc.returncode == 1 and "no such job #42" in proc.stderr
+    jid = add_trainer(gq, "--max_steps", "1")
+    proc = gq.gpuq("preempt", str(jid), check=False)
+    assert proc.returncode == 1 and "pending, not running" in proc.stderr
