@@ -40,11 +40,23 @@ class Env:
         self.workers: list[subprocess.Popen] = []
 
     # -- CLI --
-    def gpuq(self, *args: str, cwd: Optional[Path] = None, check: bool = True, timeout: float = 60,
-             input: Optional[str] = None, env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    def gpuq(
+        self,
+        *args: str,
+        cwd: Optional[Path] = None,
+        check: bool = True,
+        timeout: float = 60,
+        input: Optional[str] = None,
+        env: Optional[dict] = None,
+    ) -> subprocess.CompletedProcess:
         proc = subprocess.run(
-            [sys.executable, "-m", "gpuq", *args], cwd=cwd or self.work, env=env or self.env, input=input,
-            capture_output=True, text=True, timeout=timeout,
+            [sys.executable, "-m", "gpuq", *args],
+            cwd=cwd or self.work,
+            env=env or self.env,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         if check and proc.returncode != 0:
             raise AssertionError(f"gpuq {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
@@ -64,10 +76,18 @@ class Env:
             return []
 
     def state_of(self, job_id: int) -> Optional[str]:
+        """The job's state. For the instant of a move (new state written, old not yet unlinked)
+        two copies exist; as in the spool's own rule, the copy with the higher rev is the state."""
         prefix = f"{job_id:06d}-"
-        found = [s for s in STATES if any(n.startswith(prefix) for n in self.files(s))]
-        assert len(found) <= 1, f"job {job_id} is in several states: {found}"
-        return found[0] if found else None
+        found = []
+        for state in STATES:
+            for name in self.files(state):
+                if name.startswith(prefix):
+                    try:
+                        found.append((json.loads((self.home / state / name).read_text())["rev"], state))
+                    except (OSError, ValueError, KeyError):
+                        continue  # moved on while we looked
+        return max(found)[1] if found else None
 
     def job(self, job_id: int) -> dict:
         for state in STATES:
@@ -90,8 +110,14 @@ class Env:
     # -- workers --
     def start_worker(self, *args: str) -> subprocess.Popen:
         out = open(self.work / f"worker-{len(self.workers)}.out", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "gpuq", "run", *args], cwd=self.work, env=self.env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuq", "run", *args],
+            cwd=self.work,
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.workers.append(proc)
         return proc
 

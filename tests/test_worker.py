@@ -1,0 +1,177 @@
+"""The worker: order, exit codes, logs, dependencies, retries, watch, daemon, exclusivity, --gpus."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from conftest import Env, wait_for
+
+STAMP = "import sys, time; open(sys.argv[1], 'a').write(f'{sys.argv[2]} {time.time()}\\n')\n"
+
+
+def test_jobs_run_one_after_another_with_exit_codes_and_logs(gq: Env) -> None:
+    gq.script("stamp.py", STAMP + "import time; time.sleep(0.3)\n")
+    gq.script("fail.py", "import sys; print('about to fail'); sys.exit(3)\n")
+    stamps = gq.work / "stamps"
+    a = gq.add("stamp.py", str(stamps), "a")
+    b = gq.add("fail.py")
+    c = gq.add("stamp.py", str(stamps), "c")
+    proc = gq.gpuq("run", timeout=60)
+    assert "queue empty" in proc.stdout
+    assert gq.state_of(a) == "done" and gq.state_of(c) == "done"
+    failed = gq.job(b)
+    assert failed["state"] == "failed" and failed["exit_code"] == 3
+    log = gq.log(b)
+    assert "cmd:" in log and "cwd:" in log and "started:" in log
+    assert "about to fail" in log and "exit 3" in log
+    times = [float(line.split()[1]) for line in stamps.read_text().splitlines()]
+    assert times == sorted(times) and times[1] - times[0] >= 0.3  # c started after a had finished
+
+
+def test_dependency_failure_blocks_dependents_and_after_any_runs(gq: Env) -> None:
+    gq.script("fail.py", "raise SystemExit(1)\n")
+    gq.script("ok.py", "print('ran')\n")
+    bad = gq.add("fail.py")
+    dependent = gq.add("--after", str(bad), "ok.py")
+    grand = gq.add("--after", str(dependent), "ok.py")
+    cleanup = gq.add("--after-any", str(bad), "ok.py")
+    proc = gq.gpuq("run", timeout=60)  # must exit, not hang on the blocked jobs
+    assert gq.state_of(bad) == "failed"
+    assert gq.state_of(cleanup) == "done"
+    assert gq.state_of(dependent) == "pending" and gq.state_of(grand) == "pending"
+    assert f"#{dependent}" in proc.stdout and "failed" in proc.stdout
+    rows = {r["id"]: r for r in gq.status_json()}
+    assert "failed" in rows[dependent]["waiting"] and "will not start" in rows[dependent]["waiting"]
+    assert rows[grand]["waiting"].startswith(f"after #{dependent}")
+    table = gq.gpuq("status").stdout
+    assert "blocked" in table and f"gpuq retry {bad}" in table
+    assert gq.log(dependent) == ""
+
+
+def test_dependency_success_chain(gq: Env) -> None:
+    gq.script("ok.py", STAMP)
+    stamps = gq.work / "s"
+    first = gq.add("ok.py", str(stamps), "first")
+    second = gq.add("--after", str(first), "ok.py", str(stamps), "second")
+    gq.gpuq("run", timeout=60)
+    assert gq.state_of(second) == "done"
+    assert [line.split()[0] for line in stamps.read_text().splitlines()] == ["first", "second"]
+
+
+def test_retries_run_again_until_success(gq: Env) -> None:
+    counter = gq.work / "count"
+    gq.script(
+        "flaky.py",
+        f"import pathlib, sys\np = pathlib.Path({str(counter)!r})\n"
+        "n = int(p.read_text()) + 1 if p.exists() else 1\np.write_text(str(n))\nsys.exit(0 if n >= 3 else 7)\n",
+    )
+    job_id = gq.add("--retries", "2", "flaky.py")
+    gq.gpuq("run", timeout=60)
+    job = gq.job(job_id)
+    assert job["state"] == "done" and job["attempts"] == 3
+    assert [h["exit_code"] for h in job["history"]] == [7, 7, 0]
+
+
+def test_retries_exhausted_ends_failed(gq: Env) -> None:
+    gq.script("bad.py", "raise SystemExit(5)\n")
+    job_id = gq.add("--retries", "1", "bad.py")
+    gq.gpuq("run", timeout=60)
+    job = gq.job(job_id)
+    assert job["state"] == "failed" and job["attempts"] == 2 and job["exit_code"] == 5
+
+
+def test_job_that_cannot_start_fails_with_reason_in_log(gq: Env) -> None:
+    (gq.home / "pending").mkdir(parents=True)
+    (gq.home / "pending" / "broken.json").write_text(json.dumps({"cmd": ["/no/such/interpreter", "x"]}))
+    gq.gpuq("run", timeout=60)
+    [name] = gq.files("failed")
+    job = json.loads((gq.home / "failed" / name).read_text())
+    assert job["exit_code"] == 127 and "could not start" in job["note"]
+    assert "could not start" in gq.log(job["id"]) and "/no/such/interpreter" in gq.log(job["id"])
+
+
+def test_watch_worker_starts_new_jobs_without_a_polling_delay(gq: Env) -> None:
+    gq.script("stamp.py", STAMP)
+    gq.start_worker("--watch")
+    wait_for(lambda: gq.gpuq("status").stdout.startswith("worker: running"), what="worker up")
+    stamps = gq.work / "stamps"
+    for n in range(3):
+        added = time.time()
+        gq.add("stamp.py", str(stamps), str(n))
+        wait_for(
+            lambda n=n: stamps.exists() and len(stamps.read_text().splitlines()) > n,
+            timeout=10,
+            what=f"job {n} to start",
+        )
+        started = float(stamps.read_text().splitlines()[n].split()[1])
+        # The periodic rescan is 5 s: starting well inside it shows the file event woke the worker.
+        assert started - added < 2.0, started - added
+
+
+def test_daemon_returns_at_once_and_stop_leaves_jobs_running(gq: Env) -> None:
+    gq.script("slow.py", "import time; time.sleep(60)\n")
+    # capture_output: if the daemon kept our stdout open, this call would not return
+    proc = gq.gpuq("run", "--daemon", timeout=30)
+    assert "worker started in the background: pid" in proc.stdout and "worker.log" in proc.stdout
+    job_id = gq.add("slow.py")
+    job = gq.wait_state(job_id, "running")
+    wait_for(lambda: gq.job(job_id).get("pid"), what="job pid")
+    out = gq.gpuq("stop").stdout
+    assert "stopped worker" in out and "keep running" in out and f"#{job_id}" in out
+    assert gq.gpuq("status").stdout.startswith("worker: none running")
+    assert gq.state_of(job_id) == "running"
+    os.kill(gq.job(job_id)["pid"], 0)  # still alive
+    gq.gpuq("kill", str(job_id))
+    assert gq.state_of(job_id) == "cancelled"
+    del job
+
+
+def test_second_worker_is_refused_naming_the_first(gq: Env) -> None:
+    first = gq.start_worker("--watch")
+    wait_for(lambda: gq.gpuq("status").stdout.startswith("worker: running"), what="worker up")
+    proc = gq.gpuq("run", check=False)
+    assert proc.returncode == 1
+    assert f"pid {first.pid}" in proc.stderr and "Traceback" not in proc.stderr
+    proc = gq.gpuq("run", "--gpus", "0", check=False)
+    assert proc.returncode == 1 and f"pid {first.pid}" in proc.stderr
+
+
+def test_gpu_workers_share_a_spool_without_running_a_job_twice(gq: Env) -> None:
+    log = gq.work / "starts"
+    gq.script(
+        "job.py",
+        "import os, sys, time\n"
+        f"fd = os.open({str(log)!r}, os.O_WRONLY | os.O_APPEND | os.O_CREAT)\n"
+        "os.write(fd, f\"{sys.argv[1]} {os.environ['CUDA_VISIBLE_DEVICES']}\\n\".encode())\n"
+        "time.sleep(0.1)\n",
+    )
+    ids = [gq.add("job.py", str(n)) for n in range(16)]
+    w0 = gq.start_worker("--gpus", "0")
+    w1 = gq.start_worker("--gpus", "1")
+    assert w0.wait(120) == 0 and w1.wait(120) == 0
+    lines = log.read_text().split()
+    starts, gpus = lines[0::2], lines[1::2]
+    assert sorted(map(int, starts)) == list(range(16))
+    assert set(gpus) == {"0", "1"}
+    assert all(gq.state_of(i) == "done" for i in ids)
+    assert gq.files("locks") == []
+
+
+def test_overlapping_gpu_sets_are_refused(gq: Env) -> None:
+    gq.start_worker("--watch", "--gpus", "0,1")
+    wait_for(lambda: "gpus: 0,1" in gq.gpuq("status").stdout, what="worker up")
+    proc = gq.gpuq("run", "--gpus", "1,2", check=False)
+    assert proc.returncode == 1 and "another worker" in proc.stderr
+    other = subprocess.run(
+        [sys.executable, "-m", "gpuq", "run", "--gpus", "2"],
+        cwd=gq.work,
+        env=gq.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert other.returncode == 0, other.stderr  # disjoint: allowed (and exits, queue empty)
