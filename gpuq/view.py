@@ -15,13 +15,31 @@ from gpuq.spool import FINISHED, STATES, JobRef, Spool
 
 class PendingCache:
     """Parsed pending/running files keyed by name and stat, so an idle worker with a thousand
-    blocked jobs does not re-parse them on every step."""
+    blocked jobs does not re-parse them on every step. While a directory keeps the signature it
+    had (already settled) at an earlier step, its files are not even stat()ed: see the comment
+    above SETTLED_SECONDS for why a directory signature covers the files in it."""
 
     def __init__(self) -> None:
         self._cache: dict[tuple[str, str], tuple[tuple[int, int, int], Any]] = {}
         self._dirs: dict[str, str] = {}  # state -> directory as a string: pathlib per file is slow
+        self._settled: dict[str, Optional[tuple[int, int]]] = {}
+        self._trusted: set[str] = set()
+
+    def begin(self, spool: Spool) -> None:
+        """Called before each listing: which directories are unchanged since the last one."""
+        now, self._trusted = time.time(), set()
+        for state in ("pending", "running"):
+            sig = spool.dir_signature(state)
+            key = (sig[0], sig[1]) if sig and now - sig[2] > SETTLED_SECONDS else None
+            if key is not None and self._settled.get(state) == key:
+                self._trusted.add(state)
+            self._settled[state] = key
 
     def load(self, spool: Spool, ref: JobRef) -> Any:
+        if ref.state in self._trusted:
+            hit = self._cache.get((ref.state, ref.name))
+            if hit and not isinstance(hit[1], jobs.InvalidJob):  # a broken file may still be written
+                return hit[1]
         directory = self._dirs.get(ref.state)
         if directory is None:
             directory = self._dirs[ref.state] = os.fspath(spool.state_dir(ref.state))
@@ -54,6 +72,7 @@ def snapshot(
     """The scheduler's view, plus canonical-looking pending files that are not valid jobs.
     `refs`: a listing of every state just taken, to spare listing a big done/ again."""
     cache = cache or PendingCache()
+    cache.begin(spool)
     states: dict[int, str] = {}
     snap = Snapshot(states=states)
     invalid: list[tuple[JobRef, str]] = []

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from gpuq import intake, jobs, preempt, recovery, scheduler
+from gpuq import eta, intake, jobs, preempt, recovery, scheduler
 from gpuq.spool import STATES, Spool
 from gpuq.view import PendingCache, snapshot
 
 RESCAN_SECONDS = 5.0
+ADOPTED_RESCAN_SECONDS = 1.0
 INTAKE_BUDGET_SECONDS = 0.25  # per step; a burst of dropped files is taken in over several steps
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 # The supervisor runs with `python -S` and gets the worker's import path instead: `site` (with
@@ -77,6 +78,7 @@ class StepResult:
     started: list[int] = field(default_factory=list)
     busy: bool = False  # a job runs (or is starting) in one of this worker's slots
     startable_later: bool = False  # some pending job may still start without a person acting
+    watch_closely: bool = False  # an adopted job runs: its end is only seen by looking
 
 
 class Worker:
@@ -122,6 +124,10 @@ class Worker:
         occupied = scheduler.occupied_slots(snap.running, self.slots)
         result.busy = bool(self.launching or self.preemptions or occupied)
         result.startable_later = more or scheduler.has_startable_future(snap)
+        # Nothing reports an adopted process's exit: look at it more often than RESCAN_SECONDS.
+        result.watch_closely = any(job.get("adopted") for job in snap.running)
+        if full:
+            eta.sample_running(self.spool, snap.running, now)  # so a first `gpuq status` has a rate
         return result
 
     def _preempting(self, snap: scheduler.Snapshot, now: float) -> set[Optional[str]]:
@@ -227,7 +233,7 @@ class Worker:
                 if not watch and not result.busy and not result.startable_later:
                     self._say_why_done()
                     break
-                self.wake.wait(RESCAN_SECONDS)
+                self.wake.wait(ADOPTED_RESCAN_SECONDS if result.watch_closely else RESCAN_SECONDS)
         except KeyboardInterrupt:
             pass
         finally:

@@ -165,7 +165,8 @@ def test_ids_stay_unique_under_eight_concurrent_adders(gq: Env) -> None:
 
 def test_job_files_get_the_umask_of_the_adding_shell(gq: Env) -> None:
     gq.script("make.py", "open('made.txt', 'w').write('x')\n")
-    code = "import os, sys, runpy; os.umask(0o002); sys.argv = ['gpuq', 'add', '-q', 'make.py']; runpy.run_module('gpuq')"
+    code = "import os, sys, runpy; os.umask(0o002); sys.argv = ['gpuq', 'add', '-q', 'make.py']; "
+    code += "runpy.run_module('gpuq')"
     subprocess.run([sys.executable, "-c", code], cwd=gq.work, env=gq.env, check=True, capture_output=True)
     gq.gpuq("run")
     assert stat.S_IMODE(os.stat(gq.work / "made.txt").st_mode) == 0o664  # not gpuq's own 0600

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""gpuq benchmark: `python bench/run.py` measures gpuq beside task-spooler and nq and writes
+bench/RESULTS.md. `--smoke` is the seconds-long version CI runs (tiny sizes, no peers).
+
+Run as root on Debian/Ubuntu and it installs the peers it compares against (`apt-get install
+task-spooler nq`); elsewhere a missing peer is skipped and the results say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import report  # noqa: E402
+import scenarios  # noqa: E402
+import systems  # noqa: E402
+from common import filesystem_of, machine_info  # noqa: E402
+
+FULL = {
+    "dispatch": 20,
+    "pairs": 10,
+    "jobs": 500,
+    "tp_rounds": 3,
+    "cli_sizes": [0, 1000, 10000],
+    "cli_reps": 15,
+    "idle_seconds": 60.0,
+    "pending": 1000,
+    "idle_pause": 5.0,
+    "log_bytes": 2**30,
+    "log_reps": 15,
+    "scale": 100000,
+    "scale_reps": 5,
+}
+SMOKE = {
+    "dispatch": 3,
+    "pairs": 2,
+    "jobs": 20,
+    "tp_rounds": 1,
+    "cli_sizes": [0, 50],
+    "cli_reps": 3,
+    "idle_seconds": 2.0,
+    "pending": 20,
+    "idle_pause": 1.0,
+    "log_bytes": 2**30,
+    "log_reps": 3,
+    "scale": 300,
+    "scale_reps": 2,
+}
+STEPS = ("dispatch", "back_to_back", "throughput", "cli", "idle", "log", "scale")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, no peers: seconds, for CI")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "RESULTS.md")
+    p.add_argument("--raw", type=Path, help="also write the raw samples as JSON here")
+    p.add_argument("--peers", default=None, help="comma-separated peers (default: tsp,nq; none with --smoke)")
+    p.add_argument("--no-install", action="store_true", help="never run apt-get; skip missing peers")
+    p.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps (default all: {','.join(STEPS)})")
+    p.add_argument("--idle-seconds", type=float, help="length of each idle-cost window")
+    p.add_argument("--keep", action="store_true", help="keep the temporary queues for inspection")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    sizes: dict[str, Any] = dict(SMOKE if args.smoke else FULL)
+    if args.idle_seconds:
+        sizes["idle_seconds"] = args.idle_seconds
+    peers = [p for p in (args.peers if args.peers is not None else ("" if args.smoke else "tsp,nq")).split(",") if p]
+    unknown = [p for p in peers if p not in systems.PEERS]
+    if unknown:
+        print(f"bench: unknown peer(s): {', '.join(unknown)} (known: {', '.join(systems.PEERS)})", file=sys.stderr)
+        return 2
+    steps = [s for s in args.only.split(",") if s]
+    if any(s not in STEPS for s in steps):
+        print(f"bench: --only takes {','.join(STEPS)}", file=sys.stderr)
+        return 2
+    skipped = systems.install_peers(peers, allow_install=not args.no_install)
+    peers = [p for p in peers if p not in skipped]
+    names = ["gpuq", *peers]
+    root = Path(tempfile.mkdtemp(prefix="gpuq-bench-"))
+    began = time.monotonic()
+    load_before = os.getloadavg()
+    systems.snapshot_gpuq(root)
+    results: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    try:
+        run_steps(steps, names, root, sizes, results, errors)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    meta = {
+        "smoke": args.smoke,
+        "skipped": skipped,
+        "errors": errors,
+        "facts": facts(names, root, time.monotonic() - began, argv, load_before),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report.render(results, meta, sizes))
+    if args.raw:
+        args.raw.write_text(json.dumps({"meta": meta, "sizes": sizes, "results": results}, indent=1, default=str))
+    print(f"bench: wrote {args.out} in {time.monotonic() - began:.0f}s")
+    return 1 if errors else 0
+
+
+def run_steps(
+    steps: list[str], names: list[str], root: Path, sizes: dict[str, Any], results: dict, errors: dict
+) -> None:
+    """Each step in turn; a failing step is reported and the others still run."""
+    cli_gpuq = systems.Gpuq(root / "cli-gpuq")  # grows from 0 to 10,000 and then to the scale size
+    plan: list[tuple[str, Callable[[], Any]]] = [
+        ("dispatch", lambda: _with_started(names, root / "dispatch", scenarios.dispatch, sizes["dispatch"])),
+        ("back_to_back", lambda: _with_started(names, root / "b2b", scenarios.back_to_back, sizes["pairs"])),
+        ("throughput", lambda: scenarios.throughput(systems.make, names, root, sizes["jobs"], sizes["tp_rounds"])),
+        ("cli", lambda: _cli(cli_gpuq, names[1:], root, sizes)),
+        ("idle", lambda: scenarios.idle_cost(systems.make, names, root, *_idle_sizes(sizes))),
+        ("log", lambda: scenarios.log_size(root, sizes["log_bytes"], sizes["log_reps"])),
+        ("scale", lambda: scenarios.scale(cli_gpuq, sizes["scale"], sizes["scale_reps"])),
+    ]
+    for name, step in plan:
+        if name not in steps:
+            continue
+        t0 = time.monotonic()
+        print(f"bench: {name}...", flush=True)
+        try:
+            results[name] = step()
+        except Exception as exc:  # one broken step must not hide the others' results
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        print(f"bench: {name} took {time.monotonic() - t0:.1f}s", flush=True)
+
+
+def _idle_sizes(sizes: dict[str, Any]) -> tuple[float, int, float]:
+    return sizes["idle_seconds"], sizes["pending"], sizes["idle_pause"]
+
+
+def _with_started(names: list[str], root: Path, measure: Callable[..., Any], samples: int) -> Any:
+    queues = [systems.make(name, root / name) for name in names]
+    try:
+        scenarios.started(queues)
+        systems.settle(1.0)
+        return measure(queues, root, samples)
+    finally:
+        for queue in queues:
+            queue.stop()
+
+
+def _cli(gpuq: systems.Gpuq, peers: list[str], root: Path, sizes: dict[str, Any]) -> Any:
+    queues = [systems.make(name, root / f"cli-{name}") for name in peers]
+    try:
+        return scenarios.cli_latency(gpuq, queues, sizes["cli_sizes"], sizes["cli_reps"])
+    finally:
+        for queue in queues:
+            queue.stop()
+
+
+def facts(names: list[str], root: Path, seconds: float, argv: list[str], load: tuple) -> dict[str, str]:
+    info = machine_info()
+    after = os.getloadavg()
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": info["machine"],
+        "os": info["os"],
+        "python": f"{info['python']} ({sys.executable})",
+        "filesystem of the queues": f"{filesystem_of(root)} ({root.parent})",
+        "versions": ", ".join(systems.version_of(n) for n in names),
+        "command": "python bench/run.py" + (" " + " ".join(argv) if argv else ""),
+        "wall time of the whole run": f"{seconds:.0f} s",
+        "load average (1 min) before / after the run": f"{load[0]:.2f} / {after[0]:.2f} (other work on the "
+        "machine shows up in every number)",
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,291 @@
+"""The queues under test, behind one small interface: gpuq, task-spooler (tsp) and nq.
+
+Each system lives in its own temporary directory (GPUQ_HOME, TS_SOCKET/TMPDIR, NQDIR), so the
+benchmark never touches a user's real queue. Processes are found and stopped by their pid only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from common import BenchError, alive, pids_with_env, timed_run, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+PEER_PACKAGES = {"tsp": "task-spooler", "nq": "nq"}
+SOURCE = {"parent": REPO}  # where the gpuq under test is imported from (see snapshot_gpuq)
+
+
+def snapshot_gpuq(root: Path) -> Path:
+    """Copy gpuq's package to `root` and compile its bytecode there, as an installed package has
+    it. The copy keeps edits made to the checkout during the run out of it, and compiling matters:
+    with PYTHONDONTWRITEBYTECODE set, every command would otherwise recompile gpuq from source."""
+    import compileall
+
+    target = root / "src"
+    shutil.copytree(REPO / "gpuq", target / "gpuq", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    if not compileall.compile_dir(str(target / "gpuq"), quiet=1):
+        raise BenchError(f"could not compile gpuq in {target}")
+    SOURCE["parent"] = target
+    sys.path.insert(0, str(target))
+    return target
+
+
+class System:
+    """A queue with a resident part (or none), a submit command and a list command."""
+
+    name = "?"
+    marker = ""  # environment variable whose value identifies this instance's processes
+    max_queued: Optional[int] = None  # the most jobs it can hold waiting, where it has a limit
+
+    def __init__(self, root: Path):
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.work = root / "work"
+        self.work.mkdir(exist_ok=True)
+        self.env = dict(os.environ)
+
+    # -- commands every system has --
+    def add_argv(self, cmd: list[str]) -> list[str]:
+        raise NotImplementedError
+
+    def list_argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def add(self, cmd: list[str]) -> str:
+        """Submit `cmd`; returns the system's job id."""
+        _elapsed, out = timed_run(self.add_argv(cmd), self.env, self.work)
+        return out.strip().splitlines()[-1].strip()
+
+    def start(self) -> None:
+        """Start the resident part (if any) and return once it is idle and ready."""
+
+    def wait_done(self, job_id: str, timeout: float = 60.0) -> None:
+        raise NotImplementedError
+
+    def wait_all_done(self, last_id: str, count: int, timeout: float = 600.0) -> None:
+        raise NotImplementedError
+
+    def queue_pids(self) -> list[int]:
+        """Every process of this queue instance except the jobs themselves (which run `sleep`)."""
+        return [p for p in pids_with_env(self.marker, self.env[self.marker]) if _comm(p) not in ("sleep", "bash")]
+
+    def stop(self) -> None:
+        """Kill everything this instance started (its processes carry our marker variable)."""
+        for pid in pids_with_env(self.marker, self.env[self.marker]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+class Gpuq(System):
+    name = "gpuq"
+    marker = "GPUQ_HOME"
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        from gpuq.spool import Spool
+
+        self.home = root / "spool"
+        self.spool = Spool(self.home).ensure()
+        self.env.update(GPUQ_HOME=str(self.home), PYTHONPATH=str(SOURCE["parent"]))
+        self.cli = [sys.executable, "-m", "gpuq"]
+        self.worker: Optional[subprocess.Popen] = None
+
+    def add_argv(self, cmd: list[str]) -> list[str]:
+        return [*self.cli, "add", "-q", *cmd]
+
+    def list_argv(self) -> list[str]:
+        return [*self.cli, "status"]
+
+    def start(self) -> None:
+        out = open(self.root / "worker.out", "ab")
+        self.worker = subprocess.Popen(
+            [*self.cli, "run", "--watch"],
+            cwd=self.work,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        out.close()
+        wait_for(lambda: self.spool.live_workers(), 30, "the gpuq worker to register")
+
+    def state(self, job_id: str) -> Optional[str]:
+        ref = self.spool.find(int(job_id))
+        return ref.state if ref else None
+
+    def wait_done(self, job_id: str, timeout: float = 60.0) -> None:
+        from gpuq.spool import FINISHED
+
+        wait_for(lambda: self.state(job_id) in FINISHED, timeout, f"gpuq job {job_id} to finish")
+
+    def wait_all_done(self, last_id: str, count: int, timeout: float = 600.0) -> None:
+        wait_for(lambda: len(self.spool.names("done")) >= count, timeout, f"{count} gpuq jobs to finish", 0.005)
+
+    def enqueue_many(self, cmd: list[str], count: int) -> str:
+        """Queue `count` jobs through gpuq's own library (what `gpuq add` calls), without paying
+        an interpreter start per job: the throughput and idle runs measure the worker, not add."""
+        from gpuq import enqueue
+
+        last = ""
+        for _ in range(count):
+            _ref, job = enqueue.enqueue(
+                self.spool,
+                cmd=cmd,
+                cwd=self.work,
+                name=None,
+                venv=None,
+                env={},
+                shell_env=dict(self.env),
+                after=[],
+                after_any=[],
+                retries=0,
+            )
+            last = str(job["id"])
+        return last
+
+    def queue_pids(self) -> list[int]:
+        return [self.worker.pid] if self.worker and alive(self.worker.pid) else []
+
+    def supervisor_only_pids(self) -> list[int]:
+        """The running jobs' supervisors (python processes of this spool other than the worker)."""
+        worker = self.worker.pid if self.worker else -1
+        return [p for p in pids_with_env(self.marker, str(self.home)) if _comm(p).startswith("python") and p != worker]
+
+    def stop(self) -> None:
+        if self.worker is not None and self.worker.poll() is None:
+            self.worker.send_signal(signal.SIGTERM)
+            try:
+                self.worker.wait(10)
+            except subprocess.TimeoutExpired:
+                self.worker.kill()
+                self.worker.wait()
+        super().stop()
+
+
+class Tsp(System):
+    name = "tsp"
+    marker = "TS_SOCKET"
+    # Every queued job is a client connected to the server, which accepts about 1,000 at once
+    # (measured: the 994th `tsp -B` was refused), whatever TS_MAXCONN says.
+    max_queued = 990
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        (root / "tmp").mkdir(exist_ok=True)
+        # A queue of 1,000 waiting jobs is 1,000 waiting client connections in task-spooler.
+        self.env.update(
+            TS_SOCKET=str(root / "socket"),
+            TMPDIR=str(root / "tmp"),
+            TS_SLOTS="1",
+            TS_MAXFINISHED="200000",
+            TS_MAXCONN="5000",
+        )
+
+    def add_argv(self, cmd: list[str]) -> list[str]:
+        return ["tsp", *cmd]
+
+    def list_argv(self) -> list[str]:
+        return ["tsp", "-l"]
+
+    def start(self) -> None:
+        timed_run(["tsp", "-l"], self.env, self.work)  # the first client starts the server
+        wait_for(self.queue_pids, 10, "the tsp server")
+
+    def wait_done(self, job_id: str, timeout: float = 60.0) -> None:
+        subprocess.run(["tsp", "-w", job_id], env=self.env, capture_output=True, timeout=timeout)
+
+    def wait_all_done(self, last_id: str, count: int, timeout: float = 600.0) -> None:
+        self.wait_done(last_id, timeout)  # one slot: jobs finish in order
+
+    def stop(self) -> None:
+        subprocess.run(["tsp", "-K"], env=self.env, capture_output=True, timeout=30)
+        super().stop()
+
+
+class Nq(System):
+    name = "nq"
+    marker = "NQDIR"
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        self.env["NQDIR"] = str(root / "q")
+
+    def add_argv(self, cmd: list[str]) -> list[str]:
+        return ["nq", *cmd]
+
+    def list_argv(self) -> list[str]:
+        return ["fq", "-nq"]  # the queued and running jobs' command lines, without following
+
+    def wait_done(self, job_id: str, timeout: float = 60.0) -> None:
+        subprocess.run(["nq", "-w", job_id], env=self.env, capture_output=True, timeout=timeout)
+
+    def wait_all_done(self, last_id: str, count: int, timeout: float = 600.0) -> None:
+        subprocess.run(["nq", "-w"], env=self.env, capture_output=True, timeout=timeout)
+
+
+# ---- versions and installation ----------------------------------------------------------------
+def version_of(system: str) -> str:
+    if system == "gpuq":
+        import gpuq
+
+        commit = subprocess.run(
+            ["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True
+        ).stdout.strip()
+        return f"gpuq {gpuq.__version__}" + (f" ({commit})" if commit else "")
+    package = PEER_PACKAGES[system]
+    if shutil.which("dpkg-query"):
+        out = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", package], capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout:
+            return f"{package} {out.stdout}"
+    return f"{system} (version unknown)"
+
+
+def install_peers(wanted: list[str], allow_install: bool) -> dict[str, str]:
+    """Make each wanted peer available; returns {peer: reason} for those that are not."""
+    missing = [p for p in wanted if shutil.which(p) is None]
+    if missing and allow_install and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=300)
+        for peer in missing:
+            subprocess.run(
+                ["apt-get", "install", "-y", "-qq", PEER_PACKAGES[peer]], env=env, capture_output=True, timeout=300
+            )
+    skipped = {}
+    for peer in wanted:
+        if shutil.which(peer) is None:
+            how = "apt-get install failed" if allow_install and os.geteuid() == 0 else "not root or no apt-get"
+            skipped[peer] = f"`{peer}` not found and could not be installed ({how})"
+    return skipped
+
+
+PEERS = {"tsp": Tsp, "nq": Nq}
+
+
+def make(name: str, root: Path) -> System:
+    return Gpuq(root) if name == "gpuq" else PEERS[name](root)
+
+
+def settle(seconds: float) -> None:
+    """Let the queues go idle before a timing window (pacing of the benchmark, not a wait for a
+    condition: there is no event that says "a process has become idle")."""
+    time.sleep(seconds)
+
+
+__all__ = ["BenchError", "System", "Gpuq", "Tsp", "Nq", "install_peers", "make", "version_of", "settle"]
