@@ -24,10 +24,12 @@ class Report:
 
 
 def reconcile(spool: Spool, full: bool = False) -> Report:
-    """Repair what crashes leave behind. `full` also clears stale claims and tmp files (the
-    worker does that; `gpuq status` only needs the cheap part)."""
+    """Repair what crashes leave behind. `full` also resolves duplicate copies and clears stale
+    claims and tmp files (the worker does that at start and every few seconds; `gpuq status`
+    only needs the cheap part)."""
     report = Report()
-    resolve_duplicates(spool, report)
+    if full:  # meanwhile view.snapshot ignores a stale pending copy and the supervisor re-checks
+        resolve_duplicates(spool, report)
     settle_unsupervised(spool, report)
     if full:
         clear_stale_claims(spool, report)

@@ -74,8 +74,10 @@ def preemption_victims(
     neither a free slot nor a preemption already under way will serve. The lowest priority goes
     first; among equals the one started last (it loses the least work). Urgent and adopted jobs,
     jobs of other workers' slots and jobs without a process yet are never chosen."""
-    reasons = waiting_reasons(snapshot)
-    urgent = [j for j in snapshot.pending if j.get("urgent") and reasons.get(j["id"]) is None]
+    urgent = [j for j in snapshot.pending if j.get("urgent")]  # few or none: filter before the costly part
+    if not urgent:
+        return []
+    urgent = [j for j in urgent if waiting_reason(j, snapshot.states) is None]
     need = len(urgent) - len(free_slots) - len(preempting)
     if need <= 0:
         return []
@@ -117,10 +119,19 @@ def waiting_reasons(snapshot: Snapshot) -> dict[int, Optional[Wait]]:
 
 def plan(snapshot: Snapshot, free_slots: list[Optional[str]]) -> list[tuple[dict[str, Any], Optional[str]]]:
     """Which pending jobs to start now, one per free slot, in queue order."""
-    ready = [j for j in queue_order(snapshot.pending) if waiting_reason(j, snapshot.states) is None]
-    return list(zip(ready, free_slots))
+    chosen: list[tuple[dict[str, Any], Optional[str]]] = []
+    if not free_slots:
+        return chosen
+    for job in queue_order(snapshot.pending):  # stops at the first few ready jobs: a long queue costs little
+        if waiting_reason(job, snapshot.states) is None:
+            chosen.append((job, free_slots[len(chosen)]))
+            if len(chosen) == len(free_slots):
+                break
+    return chosen
 
 
 def has_startable_future(snapshot: Snapshot) -> bool:
     """True while some pending job can still start without a person acting."""
+    if any(waiting_reason(j, snapshot.states) is None for j in snapshot.pending):
+        return True  # the common case, decided without following dependency chains
     return any(w is None or not w.forever for w in waiting_reasons(snapshot).values())

@@ -16,7 +16,6 @@ import fcntl
 import json
 import os
 import re
-import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -145,6 +144,37 @@ class Spool:
         for state in states:
             for name in self.names(state):  # names() matched JOB_NAME_RE: the id ends at the first "-"
                 yield JobRef(int(name[: name.index("-")]), state, name)
+
+    def newer_copy_elsewhere(self, ref: JobRef, job: dict[str, Any]) -> bool:
+        """Whether a crash mid-move left this job in another state too, with a higher rev (then
+        `ref` is the stale copy). Older copies found are removed. The caller holds the claim.
+        A job keeps its file name in every state, so this is a handful of exact-name lookups."""
+        newer = False
+        for state in STATES:
+            if state == ref.state or not os.path.lexists(self.home / state / ref.name):
+                continue
+            other = JobRef(ref.id, state, ref.name)
+            try:
+                other_rev = self.load(other)["rev"]
+            except (FileNotFoundError, jobs.InvalidJob):
+                continue
+            if other_rev > job["rev"]:
+                newer = True
+            else:
+                self.remove(other)
+        return newer
+
+    def signature(self) -> tuple[tuple[int, int], ...]:
+        """Changes whenever a job enters or leaves pending/ or running/, or a claim or request
+        appears or goes: a worker that sees the same signature has nothing new to schedule."""
+        out = []
+        for sub in ("pending", "running", "locks", "control"):
+            try:
+                st = os.stat(self.home / sub)
+            except FileNotFoundError:
+                st = None
+            out.append((st.st_ino, st.st_mtime_ns) if st else (0, 0))
+        return tuple(out)
 
     def index(self) -> dict[int, list[JobRef]]:
         """id -> every copy of that job in the tree (more than one only after a crash mid-move)."""
@@ -368,7 +398,7 @@ class Spool:
         tmp = self._tmp_path("claim")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "at": time.time()}).encode())
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "at": time.time()}).encode())
         try:
             fsutil.rename_noreplace(tmp, self.lock_path(job_id))
         except FileExistsError:

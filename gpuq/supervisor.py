@@ -60,6 +60,9 @@ def start(spool: Spool, claim: Claim, slot: Optional[str]) -> int:
         return -1
     try:
         job = spool.load(ref)
+        if spool.newer_copy_elsewhere(ref, job):  # a crash mid-move left this stale copy behind
+            spool.remove(ref)
+            raise FileNotFoundError(ref.name)
     except (FileNotFoundError, jobs.InvalidJob):
         claim.release()
         return -1

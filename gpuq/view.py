@@ -77,11 +77,15 @@ def snapshot(
     snap = Snapshot(states=states)
     invalid: list[tuple[JobRef, str]] = []
     present = set()
+    active = []
     for ref in spool.refs(STATES) if refs is None else refs:
         states[ref.id] = ref.state if ref.id not in states else _later(states[ref.id], ref.state)
-        if ref.state not in ("pending", "running"):
-            continue
+        if ref.state in ("pending", "running"):
+            active.append(ref)
+    for ref in active:
         present.add((ref.state, ref.name))
+        if ref.state == "pending" and states[ref.id] != "pending":
+            continue  # a stale copy left by a crash mid-move: never a candidate to start
         value = cache.load(spool, ref)
         if isinstance(value, jobs.InvalidJob):
             invalid.append((ref, str(value)))

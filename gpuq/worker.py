@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from gpuq import eta, intake, jobs, preempt, recovery, scheduler
-from gpuq.spool import STATES, Spool
+from gpuq.spool import Spool
 from gpuq.view import PendingCache, snapshot
 
 RESCAN_SECONDS = 5.0
 ADOPTED_RESCAN_SECONDS = 1.0
+FULL_STEP_SECONDS = 60.0  # a quiet worker still takes a full look this often
+SAMPLE_SECONDS = 30.0  # progress samples of running jobs, for their ETA
 INTAKE_BUDGET_SECONDS = 0.25  # per step; a burst of dropped files is taken in over several steps
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 # The supervisor runs with `python -S` and gets the worker's import path instead: `site` (with
@@ -63,8 +65,9 @@ class Waker:
         except BlockingIOError:
             pass
 
-    def wait(self, timeout: float) -> None:
-        select.select([self.read_fd], [], [], timeout)
+    def wait(self, timeout: float) -> bool:
+        """True if woken, False if the timeout passed."""
+        return bool(select.select([self.read_fd], [], [], timeout)[0])
 
 
 @dataclass
@@ -92,10 +95,48 @@ class Worker:
         self.wake = Waker()
         self.stopping = False
         self._last_full_reconcile = 0.0
+        self._last_sample = 0.0
+        self._quiet_since: Optional[tuple[Any, float, StepResult]] = None  # (signature, time, result)
 
     # ---- one step -----------------------------------------------------------------------------
-    def step(self, now: Optional[float] = None) -> StepResult:
+    def step(self, now: Optional[float] = None, woken: bool = True) -> StepResult:
+        """One scheduling step. A periodic look (`woken` False) at a spool whose pending/,
+        running/, locks/ and control/ have not changed only checks the running jobs' processes:
+        with a thousand blocked jobs, re-reading the queue every few seconds would cost more CPU
+        than an idle worker may."""
         now = time.time() if now is None else now
+        if not woken and self._nothing_changed(now):
+            return self._quiet_step(now)
+        result = self._full_step(now)
+        self._quiet_since = (self.spool.signature(), now, result)
+        return result
+
+    def _nothing_changed(self, now: float) -> bool:
+        if self._quiet_since is None or self.launching or self.preemptions:
+            return False
+        signature, since, _result = self._quiet_since
+        if now - since >= FULL_STEP_SECONDS or signature != self.spool.signature():
+            return False
+        return not self.spool.dropped_files()  # a dropped file waiting to be complete needs looks
+
+    def _quiet_step(self, now: float) -> StepResult:
+        report = recovery.Report()
+        recovery.settle_unsupervised(self.spool, report)
+        if report.settled:  # a job ended unseen: look at everything again
+            self._quiet_since = None
+            return self.step(now)
+        self._sample_progress(now, [])
+        return self._quiet_since[2]
+
+    def _sample_progress(self, now: float, running: list[dict[str, Any]]) -> None:
+        if now - self._last_sample < SAMPLE_SECONDS:
+            return
+        self._last_sample = now
+        if not running:
+            running = [job for _ref, job in self.spool.load_many("running")]
+        eta.sample_running(self.spool, running, now)  # so a first `gpuq status` has a rate
+
+    def _full_step(self, now: float) -> StepResult:
         full = now - self._last_full_reconcile >= RESCAN_SECONDS
         if full:
             self._last_full_reconcile = now
@@ -126,8 +167,8 @@ class Worker:
         result.startable_later = more or scheduler.has_startable_future(snap)
         # Nothing reports an adopted process's exit: look at it more often than RESCAN_SECONDS.
         result.watch_closely = any(job.get("adopted") for job in snap.running)
-        if full:
-            eta.sample_running(self.spool, snap.running, now)  # so a first `gpuq status` has a rate
+        if snap.running:
+            self._sample_progress(now, snap.running)
         return result
 
     def _preempting(self, snap: scheduler.Snapshot, now: float) -> set[Optional[str]]:
@@ -224,16 +265,18 @@ class Worker:
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGCHLD, lambda *_: self.wake.set())
+        # No wake-up on SIGCHLD: a supervisor's exit follows its job leaving running/, which
+        # already woke us; one that died early is noticed by the periodic look.
+        woken = True
         try:
             while not self.stopping:
                 observer = self._ensure_observer(observer)
                 self.wake.clear()
-                result = self.step()
+                result = self.step(woken=woken)
                 if not watch and not result.busy and not result.startable_later:
                     self._say_why_done()
                     break
-                self.wake.wait(ADOPTED_RESCAN_SECONDS if result.watch_closely else RESCAN_SECONDS)
+                woken = self.wake.wait(ADOPTED_RESCAN_SECONDS if result.watch_closely else RESCAN_SECONDS)
         except KeyboardInterrupt:
             pass
         finally:
@@ -257,10 +300,11 @@ class Worker:
 
         class Handler(FileSystemEventHandler):
             def on_any_event(self, event: Any) -> None:
-                wake.set()
+                if _worth_a_step(event):
+                    wake.set()
 
         new = Observer()
-        for state in STATES:
+        for state in WATCHED:
             new.schedule(Handler(), str(self.spool.state_dir(state)), recursive=False)
         try:
             new.start()
@@ -292,6 +336,26 @@ class Worker:
             self.say(f"worker stopped; still running under their supervisors: {names}. `gpuq kill ID` stops one.")
         else:
             self.say("worker stopped")
+
+
+# A job reaches any other state by leaving running/ or pending/, so these two directories say
+# everything the scheduler needs; events elsewhere would only cost steps.
+WATCHED = ("pending", "running")
+_IGNORED_EVENTS = ("modified", "opened", "closed_no_write")
+
+
+def _worth_a_step(event: Any) -> bool:
+    """Events that can change what may start: anything arriving in pending/ (a hand-written file
+    counts once it is closed), and a job leaving running/. A file rewritten in place inside
+    running/ (the supervisor recording a pid) frees nothing."""
+    if event.is_directory or event.event_type in _IGNORED_EVENTS:
+        return False
+    parent = os.path.basename(os.path.dirname(event.src_path))
+    if parent == "running":
+        return event.event_type in ("deleted", "moved")
+    # In pending/, a job leaving (a supervisor taking it, a cancel) starts nothing; the rare
+    # case where it matters (`--after-any` on a cancelled job) waits for the periodic look.
+    return event.event_type != "deleted"
 
 
 def describe_started(job: dict[str, Any]) -> str:

@@ -78,26 +78,24 @@ class Env:
     def state_of(self, job_id: int) -> Optional[str]:
         """The job's state. For the instant of a move (new state written, old not yet unlinked)
         two copies exist; as in the spool's own rule, the copy with the higher rev is the state."""
-        prefix = f"{job_id:06d}-"
-        found = []
-        for state in STATES:
-            for name in self.files(state):
-                if name.startswith(prefix):
-                    try:
-                        found.append((json.loads((self.home / state / name).read_text())["rev"], state))
-                    except (OSError, ValueError, KeyError):
-                        continue  # moved on while we looked
-        return max(found)[1] if found else None
+        try:
+            return self.job(job_id)["state"]
+        except AssertionError:
+            return None
 
     def job(self, job_id: int) -> dict:
+        """The job's file as JSON, with its state; during a move, the later copy (higher rev)."""
+        copies = []
         for state in STATES:
             for name in self.files(state):
                 if name.startswith(f"{job_id:06d}-"):
                     try:
-                        return dict(json.loads((self.home / state / name).read_text()), state=state)
-                    except FileNotFoundError:
-                        return self.job(job_id)
-        raise AssertionError(f"no job {job_id}")
+                        copies.append(dict(json.loads((self.home / state / name).read_text()), state=state))
+                    except (OSError, ValueError):
+                        continue  # moved on while we looked
+        if not copies:
+            raise AssertionError(f"no job {job_id}")
+        return max(copies, key=lambda job: job.get("rev", 0))
 
     def wait_state(self, job_id: int, state: str, timeout: float = 15) -> dict:
         wait_for(lambda: self.state_of(job_id) == state, timeout, what=f"job {job_id} to be {state}")
