@@ -175,3 +175,22 @@ def test_overlapping_gpu_sets_are_refused(gq: Env) -> None:
         timeout=30,
     )
     assert other.returncode == 0, other.stderr  # disjoint: allowed (and exits, queue empty)
+
+
+def test_stop_kill_jobs_stops_worker_and_jobs(gq: Env) -> None:
+    gq.script("slow.py", "import time; time.sleep(60)\n")
+    gq.gpuq("run", "--daemon", timeout=30)
+    job_id = gq.add("slow.py")
+    pid = wait_for(lambda: gq.job(job_id).get("pid"), what="job pid")
+    out = gq.gpuq("stop", "--kill-jobs", timeout=60).stdout
+    assert "stopped worker" in out and f"killed job #{job_id}" in out
+    assert gq.state_of(job_id) == "cancelled"
+    wait_for(lambda: _gone(pid), what="job process gone")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] == "Z"  # a zombie is gone for good
+    except FileNotFoundError:
+        return True
