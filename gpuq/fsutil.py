@@ -1,7 +1,7 @@
 """Low-level file primitives the spool is built from: fsync, no-clobber rename, flock probes.
 
-Kept apart from spool.py so that the spool reads as the protocol, not as system calls.
-Only spool.py imports this module.
+Kept apart from the gpuq.spool package so that the spool reads as the protocol, not as system calls.
+Only gpuq.spool imports this module.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Whoever can create a file in pending/ runs commands as the worker's user, so (like cron and at) gpuq
 trusts a spool directory only if it is a real directory, owned by the user, and writable by nobody
-else. Each check returns a message that says what is wrong and how to fix it; spool.py raises it.
+else. Each check returns a message that says what is wrong and how to fix it; gpuq.spool raises it.
 Nothing here changes files.
 """
 

@@ -1,12 +1,6 @@
-"""The spool directory: the only module that knows gpuq's paths and changes files under them.
+"""The spool's core: paths, reading, atomic writes and state moves, ids, dropped files.
 
-spool_layout.md is the contract this module implements. In short:
-- a job is one JSON file; the state directory it sits in is its state;
-- new files are written complete and fsynced in tmp/, then renamed into place without clobbering;
-- a state change writes the new version (rev + 1) into the target directory, then unlinks the old
-  one, so a crash in between leaves two copies and the higher rev wins (see recovery.py);
-- whoever changes a job's file holds the job's claim lock (locks/NNNNNN.lock), an O_EXCL file that
-  is flock()ed by its owner for as long as the claim lives, so a dead owner is seen by the kernel.
+See gpuq/spool/__init__.py for the protocol in short and spool_layout.md for the contract.
 """
 
 from __future__ import annotations
@@ -93,13 +87,15 @@ class Claim:
         self.fd = -1
 
 
-class Spool:
+class SpoolBase:
+    """Layout, listing, reading, atomic writes and moves, ids, hand-dropped files, housekeeping."""
+
     def __init__(self, home: Optional[Path] = None):
         self.home = Path(home) if home is not None else default_home()
         self._tmp_counter = 0
 
     # ---- layout -------------------------------------------------------------------------------
-    def ensure(self) -> Spool:
+    def ensure(self) -> SpoolBase:
         """Create the tree (mode 0700) on first use, and refuse a tree that others could write
         into: whoever can drop a file in pending/ runs commands as us (see security.py)."""
         os.umask(0o077)
@@ -388,213 +384,6 @@ class Spool:
         fsutil.fsync_dir(self.home / REJECTED)
         return target
 
-    # ---- claims -------------------------------------------------------------------------------
-    def claim(self, job_id: int) -> Optional[Claim]:
-        """Take the claim on a job, or None if someone else holds it.
-
-        The lock file is created hidden, flocked, then renamed into place without clobbering,
-        so a visible lock file is always already locked by a live owner or by nobody.
-        """
-        tmp = self._tmp_path("claim")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "at": time.time()}).encode())
-        try:
-            fsutil.rename_noreplace(tmp, self.lock_path(job_id))
-        except FileExistsError:
-            os.unlink(tmp)
-            os.close(fd)
-            return None
-        return Claim(job_id, fd, self.lock_path(job_id))
-
-    def claim_held(self, job_id: int) -> Optional[bool]:
-        """True if a live owner holds the job's claim, False if the lock is stale, None if absent."""
-        fd = fsutil.open_existing(self.lock_path(job_id))
-        if fd is None:
-            return None
-        try:
-            return not fsutil.try_flock(fd, exclusive=False)
-        finally:
-            os.close(fd)
-
-    def take_over_claim(self, job_id: int) -> Optional[Claim]:
-        """Own the job's claim: a fresh one if there is no lock, the stale one if its owner died.
-
-        Two processes doing this at once cannot both win: only one gets the flock, and the other
-        then finds the path gone or naming another inode.
-        """
-        fd = fsutil.open_existing(self.lock_path(job_id), os.O_RDWR)
-        if fd is None:
-            return self.claim(job_id)
-        if fsutil.try_flock(fd) and fsutil.same_inode(fd, self.lock_path(job_id)):
-            return Claim(job_id, fd, self.lock_path(job_id))
-        os.close(fd)
-        return None
-
-    def lock_ids(self) -> list[int]:
-        out = []
-        for name in os.listdir(self.home / "locks"):
-            if name.endswith(".lock") and name[:-5].isdigit():
-                out.append(int(name[:-5]))
-        return out
-
-    # ---- control requests (kill, preempt) -----------------------------------------------------
-    def request(self, job_id: int, action: str) -> None:
-        """Leave a note for the job's supervisor saying why its job is about to be signalled."""
-        tmp = self._write_tmp(json.dumps({"action": action, "at": time.time()}).encode(), "ctl")
-        os.replace(tmp, self.home / "control" / f"{job_id:06d}.json")
-        fsutil.fsync_dir(self.home / "control")
-
-    def take_request(self, job_id: int) -> Optional[str]:
-        path = self.home / "control" / f"{job_id:06d}.json"
-        try:
-            action = json.loads(path.read_bytes()).get("action")
-            os.unlink(path)
-        except (FileNotFoundError, ValueError, AttributeError):
-            return None
-        return action if isinstance(action, str) else None
-
-    def request_ids(self) -> list[int]:
-        return [int(n[:-5]) for n in os.listdir(self.home / "control") if n[:-5].isdigit()]
-
-    def peek_request(self, job_id: int) -> Optional[str]:
-        """The pending control request for a job, left in place (take_request consumes it)."""
-        try:
-            action = json.loads((self.home / "control" / f"{job_id:06d}.json").read_bytes()).get("action")
-        except (FileNotFoundError, ValueError, AttributeError):
-            return None
-        return action if isinstance(action, str) else None
-
-    # ---- reading what a job wrote (preemption: how far did it get?) ---------------------------
-    def log_tail_bytes(self, job_id: int, limit: int = 65536) -> bytes:
-        """The last `limit` bytes of a job's log (b"" if none); cost does not grow with the log."""
-        try:
-            fd = os.open(self.log_path(job_id), os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            return b""
-        try:
-            size = os.fstat(fd).st_size
-            return os.pread(fd, min(limit, size), max(0, size - limit))
-        finally:
-            os.close(fd)
-
-    def read_progress(self, job_id: int) -> Optional[tuple[dict[str, Any], float]]:
-        """(contents, mtime) of the progress file a job may write via GPUQ_PROGRESS_FILE."""
-        path = self.progress_path(job_id)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            return None
-        try:
-            data = json.loads(os.read(fd, 65536))
-            mtime = os.fstat(fd).st_mtime
-        except (OSError, ValueError):
-            return None
-        finally:
-            os.close(fd)
-        return (data, mtime) if isinstance(data, dict) else None
-
-    # ---- progress and ETA (see "Progress and ETA" in spool_layout.md) ------------------------
-    def job_log_tail(self, job: dict[str, Any], limit: int = 65536) -> tuple[bytes, float]:
-        """The last `limit` bytes of a job's log and the log's mtime ((b"", 0.0) if none). An
-        adopted job's log is the file it writes itself (its `log` field); others have ours."""
-        path = Path(job["log"]) if job.get("adopted") and job.get("log") else self.log_path(job["id"])
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            return b"", 0.0
-        try:
-            st = os.fstat(fd)
-            if not _is_regular(st.st_mode):
-                return b"", 0.0
-            return os.pread(fd, min(limit, st.st_size), max(0, st.st_size - limit)), st.st_mtime
-        finally:
-            os.close(fd)
-
-    def samples_path(self, job_id: int) -> Path:
-        return self.home / "progress" / f"{job_id:06d}.samples.json"
-
-    def read_samples(self, job_id: int) -> dict[str, Any]:
-        """The progress samples recorded by earlier looks at a job ({} if none or unreadable)."""
-        try:
-            fd = os.open(self.samples_path(job_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            return {}
-        try:
-            data = json.loads(os.read(fd, 1 << 20))
-        except (OSError, ValueError):
-            return {}
-        finally:
-            os.close(fd)
-        return data if isinstance(data, dict) else {}
-
-    def write_samples(self, job_id: int, samples: dict[str, Any]) -> None:
-        """Replace a job's samples file atomically. Two lookers at once may each drop the other's
-        newest sample; that costs a little precision, never a wrong value. Not fsynced: losing
-        samples in a power cut only delays the next ETA."""
-        path = self._tmp_path("samples")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            os.write(fd, json.dumps(samples, separators=(",", ":")).encode())
-        finally:
-            os.close(fd)
-        os.replace(path, self.samples_path(job_id))
-
-    # ---- caches (derived data, always rebuildable: see "Caches" in spool_layout.md) ---------
-    def dir_signature(self, state: str) -> Optional[tuple[int, int, float]]:
-        """(inode, mtime_ns, mtime) of a state directory: it changes whenever a file is added,
-        removed or replaced there. None if it is missing."""
-        try:
-            st = os.stat(self.home / state, follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-        return st.st_ino, st.st_mtime_ns, st.st_mtime
-
-    def file_signatures(self, state: str, names: list[str]) -> dict[str, tuple[int, int, int]]:
-        """name -> (inode, mtime_ns, size) of job files in `state`; vanished ones are left out."""
-        directory, out = os.fspath(self.home / state), {}
-        for name in names:
-            try:
-                st = os.stat(os.path.join(directory, name), follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            out[name] = (st.st_ino, st.st_mtime_ns, st.st_size)
-        return out
-
-    def read_cache(self, name: str) -> Optional[bytes]:
-        """A cache file (cache/NAME) if it is a regular file of ours, else None."""
-        try:
-            fd = os.open(self.home / "cache" / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-            if not _is_regular(st.st_mode) or st.st_uid != os.geteuid():
-                return None
-            chunks = []
-            while True:
-                chunk = os.read(fd, 1 << 20)
-                if not chunk:
-                    return b"".join(chunks)
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
-
-    def write_cache(self, name: str, data: bytes) -> None:
-        """Replace cache/NAME atomically. Not fsynced: a cache lost in a power cut is rebuilt."""
-        path = self._tmp_path("cache")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        except BaseException:
-            os.close(fd)
-            os.unlink(path)
-            raise
-        os.close(fd)
-        os.replace(path, self.home / "cache" / name)
-
     # ---- housekeeping -------------------------------------------------------------------------
     def clean_tmp(self, now: Optional[float] = None) -> int:
         """Remove tmp files left by writers that died (or that are implausibly old)."""
@@ -625,82 +414,6 @@ class Spool:
             except FileNotFoundError:
                 pass
 
-    # ---- workers ------------------------------------------------------------------------------
-    def register_worker(self, gpus: Optional[list[str]], info: dict[str, Any]) -> WorkerLease:
-        """Take the worker locks for `gpus` (None: the whole machine) or raise WorkerBusy.
-
-        A whole-machine worker holds workers/machine.lock exclusively; a --gpus worker holds it
-        shared plus workers/gpu-N.lock exclusively for each of its GPUs. The kernel drops the
-        locks when the worker dies, so a crashed worker never blocks the next one.
-        """
-        fds = []
-        try:
-            machine = os.open(self.home / "workers" / "machine.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            fds.append(machine)
-            if not fsutil.try_flock(machine, exclusive=gpus is None):
-                raise WorkerBusy(self.live_workers())
-            for gpu in gpus or []:
-                fd = os.open(self.home / "workers" / f"gpu-{gpu}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-                fds.append(fd)
-                if not fsutil.try_flock(fd):
-                    raise WorkerBusy([w for w in self.live_workers() if gpu in (w.get("gpus") or [gpu])])
-            tmp = self._tmp_path("worker")
-            info_fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            fds.append(info_fd)
-            fcntl.flock(info_fd, fcntl.LOCK_EX)
-            os.write(info_fd, json.dumps(info).encode())
-            info_path = self.home / "workers" / f"worker-{os.getpid()}.json"
-            os.replace(tmp, info_path)
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        return WorkerLease(fds, info_path)
-
-    def live_workers(self) -> list[dict[str, Any]]:
-        """Info of every worker alive now (its info file is flocked); stale files are removed."""
-        out = []
-        for name in sorted(os.listdir(self.home / "workers")):
-            if not (name.startswith("worker-") and name.endswith(".json")):
-                continue
-            path = self.home / "workers" / name
-            fd = fsutil.open_existing(path)
-            if fd is None:
-                continue
-            try:
-                if fsutil.try_flock(fd, exclusive=False):
-                    if fsutil.same_inode(fd, path):
-                        os.unlink(path)  # its worker died without cleaning up
-                    continue
-                try:
-                    out.append(json.loads(os.read(fd, 65536)))
-                except ValueError:
-                    continue
-            finally:
-                os.close(fd)
-        return out
-
-
-class WorkerBusy(SpoolError):
-    def __init__(self, holders: list[dict[str, Any]]):
-        self.holders = holders
-        who = ", ".join(f"pid {w.get('pid')} (gpus {','.join(w['gpus']) if w.get('gpus') else 'all'})" for w in holders)
-        super().__init__(f"another worker is running for this spool: {who or 'unknown pid'}")
-
-
-class WorkerLease:
-    def __init__(self, fds: list[int], info_path: Path):
-        self.fds, self.info_path = fds, info_path
-
-    def release(self) -> None:
-        try:
-            os.unlink(self.info_path)
-        except FileNotFoundError:
-            pass
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
-
 
 def _short_name(name: str, limit: int = 200) -> str:
     """`name`, or if its encoding is longer than `limit` bytes, a prefix of it plus a hash."""
@@ -719,9 +432,3 @@ def _encode(job: dict[str, Any]) -> bytes:
         # an argument or variable holding bytes that are not UTF-8 (kept by Python as \udcXX):
         # \u escapes keep them exactly, in a file that is still valid UTF-8
         return (json.dumps(job, indent=2, ensure_ascii=True) + "\n").encode()
-
-
-def _is_regular(mode: int) -> bool:
-    import stat
-
-    return stat.S_ISREG(mode)
