@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuq import jobs
-from gpuq.spool import STATES, JobRef, Spool
+from gpuq.spool import JobRef, Spool
 
 
 class EnqueueError(ValueError):
@@ -113,7 +113,3 @@ def enqueue(
         umask=umask,
     )
     return spool.publish(job), job
-
-
-def job_states() -> tuple[str, ...]:
-    return STATES

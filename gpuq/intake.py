@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuq import enqueue, jobs, security
-from gpuq.spool import JOB_NAME_RE, PLAIN_NAME_RE, Spool
+from gpuq.spool import PLAIN_NAME_RE, Spool
 
 MAX_DROPPED_NAME = 200
 
@@ -68,11 +68,6 @@ def _scan_writers(prefix: str) -> set[str]:
             if int(flags, 8) & (os.O_WRONLY | os.O_RDWR):
                 found.add(target)
     return found
-
-
-def open_for_writing(path: Path) -> bool:
-    """True if some process holds `path` open for writing (one /proc scan; see Writers)."""
-    return path in Writers(path.parent)
 
 
 def still_being_written(path: Path, now: float, writers: Optional[Writers] = None) -> bool:
@@ -232,7 +227,3 @@ def _reject(spool: Spool, name: str, reason: str, hidden: Optional[str] = None) 
     except FileNotFoundError:
         return "gone"
     return f"rejected: {reason}"
-
-
-def is_canonical(name: str) -> bool:
-    return bool(JOB_NAME_RE.match(name))

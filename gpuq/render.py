@@ -39,11 +39,6 @@ def width(text: str) -> int:
 _WIDTHS: dict[str, int] = {}
 
 
-def pad(text: str, cols: int, right: bool = False) -> str:
-    gap = " " * max(0, cols - width(text))
-    return gap + text if right else text + gap
-
-
 def duration(seconds: Optional[float]) -> str:
     if seconds is None or seconds < 0:
         return ""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from gpuq import eta, intake, jobs, preempt, recovery, scheduler
+from gpuq import eta, intake, preempt, recovery, scheduler
 from gpuq.spool import Spool
 from gpuq.view import PendingCache, snapshot
 
@@ -247,10 +247,6 @@ class Worker:
         self.say(f"starting job #{job['id']} {job['name']}{where}")
         return True
 
-    def reap(self) -> None:
-        for launch in self.launching.values():
-            launch.process.poll()
-
     # ---- the loop -----------------------------------------------------------------------------
     def serve(self, watch: bool) -> int:
         """Run until stopped (watch) or until nothing is left to do. Returns an exit code."""
@@ -356,7 +352,3 @@ def _worth_a_step(event: Any) -> bool:
     # In pending/, a job leaving (a supervisor taking it, a cancel) starts nothing; the rare
     # case where it matters (`--after-any` on a cancelled job) waits for the periodic look.
     return event.event_type != "deleted"
-
-
-def describe_started(job: dict[str, Any]) -> str:
-    return f"#{job['id']} {job['name']} {jobs.display_script(job['cmd'])}"
