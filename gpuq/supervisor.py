@@ -199,25 +199,61 @@ def finish(
 
 
 def parse_args(argv: list[str]) -> dict[str, str]:
-    """The worker's fixed arguments: --home H --job N --lock-fd F [--slot S]. Parsed by hand:
-    importing argparse cost a few ms at the start of every job."""
-    known = ("--home", "--job", "--lock-fd", "--slot")
+    """The worker's fixed arguments: --home H, then either --job N --lock-fd F [--slot S] or
+    --spare-fd F (a pre-started supervisor that waits for its job). Parsed by hand: importing
+    argparse cost a few ms at the start of every job."""
+    known = ("--home", "--job", "--lock-fd", "--slot", "--spare-fd")
     if len(argv) % 2 or any(flag not in known for flag in argv[::2]):
         raise SystemExit(f"gpuq-supervisor: internal use only; expected {' '.join(known)}, got {argv}")
     args = dict(zip(argv[::2], argv[1::2]))
-    missing = [flag for flag in known[:3] if flag not in args]
-    if missing or not args["--job"].isdigit() or not args["--lock-fd"].isdigit():
-        raise SystemExit(f"gpuq-supervisor: internal use only; bad or missing {' '.join(missing) or '--job/--lock-fd'}")
+    needed = ("--home", "--spare-fd") if "--spare-fd" in args else ("--home", "--job", "--lock-fd")
+    missing = [flag for flag in needed if flag not in args]
+    numbers = [args[f] for f in ("--job", "--lock-fd", "--spare-fd") if f in args]
+    if missing or not all(n.isdigit() for n in numbers):
+        raise SystemExit(f"gpuq-supervisor: internal use only; bad or missing {' '.join(missing) or 'number'}")
     return args
+
+
+def wait_for_assignment(spare_fd: int) -> Optional[tuple[int, int, Optional[str]]]:
+    """A spare supervisor, started ahead of time so that a job does not wait for an interpreter
+    to start, blocks here until the worker sends (job id, slot) with the claim's descriptor over
+    the socket. None if the worker closed the socket (it stopped or died) without a job."""
+    import json
+    import socket
+
+    import psutil  # noqa: F401  (loaded now, while nobody waits; the job's identity needs it)
+
+    sock = socket.socket(fileno=spare_fd)
+    try:
+        message, fds, _flags, _addr = socket.recv_fds(sock, 4096, 1)
+    except OSError:
+        return None
+    finally:
+        sock.close()
+    if not message or len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        return None
+    job = json.loads(message)
+    return int(job["id"]), fds[0], job.get("slot")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.umask(0o077)
-    job_id = int(args["--job"])
     spool = Spool(Path(args["--home"]))
-    claim = Claim(job_id, int(args["--lock-fd"]), spool.lock_path(job_id))
-    start(spool, claim, args.get("--slot"))
+    if "--spare-fd" in args:
+        assignment = wait_for_assignment(int(args["--spare-fd"]))
+        if assignment is None:
+            return 0
+        job_id, lock_fd, slot = assignment
+        log_fd = open_log(spool, job_id)  # our own errors go to the job's log, as for a fresh start
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+    else:
+        job_id, lock_fd, slot = int(args["--job"]), int(args["--lock-fd"]), args.get("--slot")
+    start(spool, Claim(job_id, lock_fd, spool.lock_path(job_id)), slot)
     return 0
 
 

@@ -77,6 +77,12 @@ class Launch:
 
 
 @dataclass
+class Spare:
+    process: subprocess.Popen
+    sock: Any  # our end of the socket pair; the spare waits for a job on the other
+
+
+@dataclass
 class StepResult:
     started: list[int] = field(default_factory=list)
     busy: bool = False  # a job runs (or is starting) in one of this worker's slots
@@ -90,6 +96,8 @@ class Worker:
         self.slots: list[Optional[str]] = list(gpus) if gpus else [None]
         self.say = say
         self.launching: dict[Optional[str], Launch] = {}
+        self.spare: Optional[Spare] = None
+        self.supervisors: list[subprocess.Popen] = []  # started by us, job under way
         self.preemptions: dict[int, preempt.Preemption] = {}  # job id -> preempted for an urgent job
         self.cache = PendingCache()
         self.wake = Waker()
@@ -169,6 +177,8 @@ class Worker:
         result.watch_closely = any(job.get("adopted") for job in snap.running)
         if snap.running:
             self._sample_progress(now, snap.running)
+        if not self.stopping and (result.busy or snap.pending):
+            self._keep_a_spare()
         return result
 
     def _preempting(self, snap: scheduler.Snapshot, now: float) -> set[Optional[str]]:
@@ -209,43 +219,105 @@ class Worker:
         for slot, launch in list(self.launching.items()):
             if launch.process.poll() is not None or snap.states.get(launch.job_id) != "pending":
                 del self.launching[slot]
+                self.supervisors.append(launch.process)
+        # reap supervisors that have exited, so none lingers as a zombie
+        self.supervisors = [p for p in self.supervisors if p.poll() is None]
 
     def _launch(self, job: dict[str, Any], slot: Optional[str]) -> bool:
         claim = self.spool.claim(job["id"])
         if claim is None:
             return False  # another worker (or a cancel) got there first
-        try:
-            log = os.open(self.spool.log_path(job["id"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            path = supervisor_path()
-            cmd = [
-                sys.executable,
-                "-S",
-                "-c",
-                SUPERVISOR_BOOT,
-                str(len(path)),
-                *path,
-                "--home",
-                str(self.spool.home),
-                "--job",
-                str(job["id"]),
-                "--lock-fd",
-                str(claim.fd),
-            ]
-            if slot is not None:
-                cmd += ["--slot", slot]
-            process = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(claim.fd,), start_new_session=True
-            )
-            os.close(log)
-        except OSError as exc:
-            claim.release()
-            self.say(f"job #{job['id']}: could not start its supervisor: {exc}")
-            return False
+        spare, self.spare = self.spare, None
+        process = self._hand_over(spare, job["id"], slot, claim.fd) if spare else None
+        if process is None:
+            try:
+                process = self._start_supervisor(job["id"], slot, claim.fd)
+            except OSError as exc:
+                claim.release()
+                self.say(f"job #{job['id']}: could not start its supervisor: {exc}")
+                return False
         claim.detach()  # the supervisor now holds the claim
         self.launching[slot] = Launch(job["id"], process)
         where = f" on GPU {slot}" if slot is not None else ""
         self.say(f"starting job #{job['id']} {job['name']}{where}")
         return True
+
+    def _supervisor_cmd(self, *args: str) -> list[str]:
+        path = supervisor_path()
+        return [
+            sys.executable,
+            "-S",
+            "-c",
+            SUPERVISOR_BOOT,
+            str(len(path)),
+            *path,
+            "--home",
+            str(self.spool.home),
+            *args,
+        ]
+
+    def _start_supervisor(self, job_id: int, slot: Optional[str], lock_fd: int) -> subprocess.Popen:
+        args = ["--job", str(job_id), "--lock-fd", str(lock_fd)] + (["--slot", slot] if slot is not None else [])
+        log = os.open(self.spool.log_path(job_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            return subprocess.Popen(
+                self._supervisor_cmd(*args),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(lock_fd,),
+                start_new_session=True,
+            )
+        finally:
+            os.close(log)
+
+    def _keep_a_spare(self) -> None:
+        """Start a supervisor ahead of time while jobs are queued or running, so the next job does
+        not wait for an interpreter to start (most of the gap between two jobs)."""
+        if self.spare is not None and self.spare.process.poll() is None:
+            return
+        import socket
+
+        mine, theirs = socket.socketpair()
+        log = os.open(self.spool.worker_log_path(), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            process = subprocess.Popen(
+                self._supervisor_cmd("--spare-fd", str(theirs.fileno())),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )
+        except OSError:
+            mine.close()
+            return  # jobs then start the slower way
+        finally:
+            theirs.close()
+            os.close(log)
+        self.spare = Spare(process, mine)
+
+    @staticmethod
+    def _hand_over(spare: Spare, job_id: int, slot: Optional[str], lock_fd: int) -> Optional[subprocess.Popen]:
+        """Give a job and its claim to the spare supervisor; None if the spare is gone."""
+        import json
+        import socket
+
+        try:
+            if spare.process.poll() is not None:
+                return None
+            socket.send_fds(spare.sock, [json.dumps({"id": job_id, "slot": slot}).encode()], [lock_fd])
+            return spare.process
+        except OSError:
+            return None
+        finally:
+            spare.sock.close()
+
+    def close_spare(self) -> None:
+        """The spare exits when its socket closes (also when the worker dies)."""
+        if self.spare is not None:
+            self.spare.sock.close()
+            self.spare = None
 
     # ---- the loop -----------------------------------------------------------------------------
     def serve(self, watch: bool) -> int:
@@ -276,6 +348,7 @@ class Worker:
         except KeyboardInterrupt:
             pass
         finally:
+            self.close_spare()
             if observer is not None:
                 observer.stop()
         if self.stopping:

@@ -194,3 +194,45 @@ def _gone(pid: int) -> bool:
             return fh.read().split(")")[-1].split()[0] == "Z"  # a zombie is gone for good
     except FileNotFoundError:
         return True
+
+
+def _spares(worker_pid: int) -> list:
+    import psutil
+
+    found = []
+    try:
+        children = psutil.Process(worker_pid).children()
+    except psutil.Error:
+        return []
+    for child in children:
+        try:
+            # a spare that got a job is that job's supervisor now: it has a child (or has ended)
+            if "--spare-fd" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE and not child.children():
+                found.append(child)
+        except psutil.Error:
+            continue  # exited meanwhile
+    return found
+
+
+def _one_spare(worker_pid: int) -> list:
+    """The spare, once a supervisor that just finished its job has left (both look idle)."""
+    found = _spares(worker_pid)
+    return found if len(found) == 1 else []
+
+
+def test_pre_started_supervisor_runs_jobs_and_its_loss_is_harmless(gq: Env) -> None:
+    gq.script("ok.py", "print('ran')\n")
+    gq.script("slow.py", "import time; time.sleep(60)\n")
+    worker = gq.start_worker("--watch")
+    gq.wait_state(gq.add("ok.py"), "done")
+    blocker = gq.add("slow.py")
+    gq.wait_state(blocker, "running")
+    [spare] = wait_for(lambda: _one_spare(worker.pid), what="a spare supervisor while a job runs")
+    spare.kill()  # a lost spare: the next job must start the ordinary way
+    spare.wait(10)
+    gq.gpuq("kill", str(blocker))
+    assert gq.wait_state(gq.add("ok.py"), "done")["exit_code"] == 0
+    [spare] = wait_for(lambda: _one_spare(worker.pid), what="a new spare")
+    worker.kill()  # the spare's socket closes with its worker: it leaves too
+    worker.wait()
+    spare.wait(10)
