@@ -37,7 +37,9 @@ def dispatch_section(data: dict[str, dict[str, list[float]]]) -> list[str]:
         "",
         "*queued -> start*: from the moment the add command returned (the job is in the queue) to the job's "
         "first instruction. *add invoked -> start* also counts the add command's own start-up. "
-        "nq has no resident process: `nq` forks the job itself, so its job may start before `nq` returns.",
+        "nq has no resident process: `nq` forks the job itself, so its job may start before `nq` returns."
+        " gpuq's worker, with a supervisor already waiting, can also start the job before `gpuq add` has"
+        " exited (the job is queued, fsynced, before the command finishes): single samples can be negative.",
         "",
         *_table(
             ["system", "median queued->start (ms)", "p95 (ms)", "median add invoked->start (ms)", "p95 (ms)", "jobs"],
