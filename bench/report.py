@@ -82,7 +82,7 @@ def cli_section(data: dict[int, dict[str, list[float]]]) -> list[str]:
         "",
         "`python -c pass` is the same interpreter gpuq runs on, so *above bare python* is what gpuq itself "
         "costs. gpuq's finished jobs are written as valid job files through its library (`jobs.new_job` + "
-        "`Spool.publish` into done/); the peers' finished jobs are real runs of `true`, so the peers are "
+        "`spool.jobs.publish` into done/); the peers' finished jobs are real runs of `true`, so the peers are "
         "measured with 0 and 1,000 finished jobs only. nq has no list command: `fq -nq` prints the queue.",
         "",
         *_table(["finished jobs", "command", "median (ms)", "gpuq above bare python (ms)", "runs"], rows),

@@ -114,34 +114,33 @@ def throughput(make: Callable[[str, Path], System], names: list[str], root: Path
 def fill_finished(gpuq: Gpuq, total: int, processes: int = 2) -> None:
     """Grow gpuq's done/ to `total` finished jobs by publishing valid job files through gpuq's
     own library (a run per job would take minutes and measure something else). Two processes
-    publish disjoint id ranges; each file is still written, fsynced and renamed by Spool.publish."""
+    publish disjoint id ranges; each file is still written, fsynced and renamed by spool.jobs.publish."""
     import multiprocessing
 
-    count = total - len(gpuq.spool.names("done"))
+    count = total - len(gpuq.spool.jobs.names("done"))
     if count <= 0:
         return
-    first = gpuq.spool.allocate_id()
+    first = gpuq.spool.ids.allocate(count)  # the whole range, reserved the way `gpuq add` takes one
     bounds = [first + count * n // processes for n in range(processes + 1)]
     ranges = [(str(gpuq.home), str(gpuq.work), lo, hi) for lo, hi in zip(bounds, bounds[1:])]
     with multiprocessing.get_context("fork").Pool(processes) as pool:
         pool.starmap(_publish_finished, ranges)
-    _advance_id_counter(gpuq, first + count)
 
 
 def _publish_finished(home: str, work: str, first: int, stop: int) -> None:
     from datetime import datetime, timedelta
 
-    from gpuq import jobs
+    from gpuq.core import schema
     from gpuq.spool import Spool
 
     spool = Spool(Path(home))
     for job_id in range(first, stop):
-        job = jobs.new_job(
+        job = schema.new_job(
             job_id=job_id,
             name=f"bench/train-{job_id}",
             cmd=[sys.executable, "train.py", "--lr", "3e-4", "--epochs", "3"],
             cwd=work,
-            log=str(spool.log_path(job_id)),
+            log=str(spool.layout.log_path(job_id)),
             shell_env=dict(os.environ),
         )
         end = datetime.now().astimezone()
@@ -149,15 +148,7 @@ def _publish_finished(home: str, work: str, first: int, stop: int) -> None:
         ended = end.isoformat(timespec="milliseconds")
         job.update(started_at=began, finished_at=ended, exit_code=0, attempts=1, rev=2)
         job["history"] = [{"attempt": 1, "started_at": began, "finished_at": ended, "exit_code": 0, "outcome": "done"}]
-        spool.publish(job, "done")
-
-
-def _advance_id_counter(gpuq: Gpuq, next_id: int) -> None:
-    """Leave gpuq's id counter where `count` calls of Spool.allocate_id would have left it (the
-    benchmark took the ids itself to publish in parallel). Written like gpuq writes it."""
-    tmp = gpuq.home / "tmp" / f".bench-next-id-{os.getpid()}"
-    tmp.write_text(f"{next_id}\n")
-    os.replace(tmp, gpuq.home / "next_id")
+        spool.jobs.publish(job, "done")
 
 
 def fill_peer(system: System, total: int, have: int) -> None:
@@ -209,9 +200,9 @@ def _gpuq_add_and_forget(gpuq: Gpuq) -> float:
     """Time one `gpuq add`, then remove the new pending job (no worker runs here), so that the
     queue the next sample sees has not grown."""
     elapsed, out = timed_run(gpuq.add_argv(["true"]), gpuq.env, gpuq.work)
-    ref = gpuq.spool.find(int(out.strip()), ("pending",))
+    ref = gpuq.spool.jobs.find(int(out.strip()), ("pending",))
     if ref is not None:
-        gpuq.spool.remove(ref)
+        gpuq.spool.jobs.remove(ref)
     return elapsed
 
 
@@ -315,7 +306,7 @@ def log_size(root: Path, big_bytes: int, reps: int) -> dict[str, list[float]]:
             ready = system.root / "log-ready"
             job_id = system.add(_progress_job(size, ready))
             wait_for(ready.exists, 60, "the job's log to be written")
-            out["sizes"].append(float(os.path.getsize(system.spool.log_path(int(job_id)))))
+            out["sizes"].append(float(os.path.getsize(system.spool.layout.log_path(int(job_id)))))
         for n in range(reps):
             for label, system in rotated([("1 KB", small), ("big", big)], n):
                 out[label].append(timed_run(system.list_argv(), system.env, system.work)[0])

@@ -124,24 +124,24 @@ class Gpuq(System):
             start_new_session=True,
         )
         out.close()
-        wait_for(lambda: self.spool.live_workers(), 30, "the gpuq worker to register")
+        wait_for(lambda: self.spool.workers.live(), 30, "the gpuq worker to register")
 
     def state(self, job_id: str) -> Optional[str]:
-        ref = self.spool.find(int(job_id))
+        ref = self.spool.jobs.find(int(job_id))
         return ref.state if ref else None
 
     def wait_done(self, job_id: str, timeout: float = 60.0) -> None:
-        from gpuq.spool import FINISHED
+        from gpuq.core.states import FINISHED
 
         wait_for(lambda: self.state(job_id) in FINISHED, timeout, f"gpuq job {job_id} to finish")
 
     def wait_all_done(self, last_id: str, count: int, timeout: float = 600.0) -> None:
-        wait_for(lambda: len(self.spool.names("done")) >= count, timeout, f"{count} gpuq jobs to finish", 0.005)
+        wait_for(lambda: len(self.spool.jobs.names("done")) >= count, timeout, f"{count} gpuq jobs to finish", 0.005)
 
     def enqueue_many(self, cmd: list[str], count: int) -> str:
         """Queue `count` jobs through gpuq's own library (what `gpuq add` calls), without paying
         an interpreter start per job: the throughput and idle runs measure the worker, not add."""
-        from gpuq import enqueue
+        from gpuq.engine import enqueue
 
         last = ""
         for _ in range(count):

@@ -77,7 +77,6 @@ def test_refusals_are_one_line_exit_2_and_write_nothing(gq: Env) -> None:
     cases = [
         ("missing.py",),
         ("--dir", "/nonexistent/dir", "train.py"),
-        ("--after", "99", "train.py"),
         ("no-such-command-xyz",),
         ("--after", "abc", "train.py"),
         ("--retries", "-1", "train.py"),
@@ -91,6 +90,11 @@ def test_refusals_are_one_line_exit_2_and_write_nothing(gq: Env) -> None:
         assert proc.stdout == ""
         assert len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+    assert gq.files("pending") == []
+    # a well-formed request for a job that does not exist is refused (exit 1), not a usage error
+    proc = gq.gpuq("add", "--after", "99", "train.py", check=False)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == "gpuq: --after: no such job #99\n"
     assert gq.files("pending") == []
 
 

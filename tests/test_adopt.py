@@ -13,7 +13,7 @@ import pytest
 from conftest import wait_for
 
 from gpuq.spool import Spool
-from gpuq.worker import Worker
+from gpuq.run.worker import Worker
 
 # Runs until the file named in argv[2] appears (the test sets its pace), printing progress.
 OUTSIDE = """
@@ -80,7 +80,7 @@ def test_adopt_a_real_process_and_a_job_after_it(gq, outside) -> None:
     assert job["pid"] == proc.pid and job["slot"] is None and job["log"] == str(log)
     import psutil
 
-    from gpuq.jobs import parse_iso
+    from gpuq.core.times import parse_iso
 
     assert parse_iso(job["started_at"]) == pytest.approx(psutil.Process(proc.pid).create_time(), abs=0.01)
     assert parse_iso(job["started_at"]) < before_adopt - 0.2  # its real start, not the adoption

@@ -114,7 +114,7 @@ def test_status_json_and_table(gq: Env) -> None:
     lines = gq.gpuq("status").stdout.splitlines()
     assert lines[0].startswith("worker: none running") and "1 pending job(s) will not start" in lines[0]
     header, _rule, *body = lines[1:]
-    from gpuq.render import width
+    from gpuq.cli.render import width
 
     info_col = width(header.split("Info")[0])
     for line in body:  # the Info column starts at the same terminal column on every row
@@ -219,3 +219,12 @@ def test_slowly_written_dropped_file_is_not_rejected(gq: Env) -> None:
         fh.write(text[10:])
     wait_for(out.exists, timeout=15, what="slow job to run")
     assert gq.files("rejected") == []
+
+
+def test_ids_are_never_given_out_twice_even_after_clear_and_a_lost_counter(gq: Env) -> None:
+    gq.script("t.py", "")
+    first = [gq.add("t.py") for _ in range(3)]
+    gq.gpuq("cancel", *map(str, first))
+    assert "removed 3 finished job(s)" in gq.gpuq("clear").stdout
+    (gq.home / "next_id").unlink()  # lost: the tree holds no job to rebuild it from
+    assert gq.add("t.py") == first[-1] + 1

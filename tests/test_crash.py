@@ -12,7 +12,7 @@ import time
 
 from conftest import Env, wait_for
 
-from gpuq import jobs
+from gpuq.core import schema, times
 from gpuq.spool import Spool
 
 
@@ -48,7 +48,7 @@ def test_exit_code_kept_when_worker_is_sigkilled_and_restart_waits(gq: Env) -> N
     done = gq.wait_state(first, "failed")
     assert done["exit_code"] == 3 and "exit 3" in gq.log(first)
     gq.wait_state(second, "done")
-    finished = jobs.parse_iso(done["finished_at"])
+    finished = times.parse_iso(done["finished_at"])
     assert float((gq.work / "second-started").read_text()) >= finished
 
 
@@ -99,14 +99,14 @@ def _gone(pid: int) -> bool:
 def _running_job_file(gq: Env, pid: int, create_time: float) -> int:
     """A running/ job as a dead supervisor would have left it, naming process `pid`."""
     spool = Spool(gq.home).ensure()
-    job_id = spool.allocate_id()
-    job = jobs.new_job(
-        job_id=job_id, name="ghost", cmd=["sleep", "1"], cwd=str(gq.work), log=str(spool.log_path(job_id))
+    job_id = spool.ids.allocate()
+    job = schema.new_job(
+        job_id=job_id, name="ghost", cmd=["sleep", "1"], cwd=str(gq.work), log=str(spool.layout.log_path(job_id))
     )
-    from gpuq.spool import boot_id
+    from gpuq.system.procs import boot_id
 
-    job.update(pid=pid, pid_create_time=create_time, boot_id=boot_id(), started_at=jobs.now_iso(), rev=1)
-    spool.publish(job, "running")
+    job.update(pid=pid, pid_create_time=create_time, boot_id=boot_id(), started_at=times.now_iso(), rev=1)
+    spool.jobs.publish(job, "running")
     return job_id
 
 
@@ -137,23 +137,23 @@ def test_reused_pid_is_not_taken_for_the_job(gq: Env) -> None:
 def test_other_boot_id_means_the_process_is_gone(gq: Env) -> None:
     spool = Spool(gq.home).ensure()
     job_id = _running_job_file(gq, os.getpid(), __import__("psutil").Process().create_time())
-    ref = spool.find(job_id)
-    job = spool.load(ref)
-    spool.rewrite(ref, job, boot_id="another-boot")
+    ref = spool.jobs.find(job_id)
+    job = spool.jobs.load(ref)
+    spool.jobs.rewrite(ref, job, boot_id="another-boot")
     assert {r["id"]: r for r in gq.status_json()}[job_id]["state"] == "interrupted"
 
 
 # ---- half-done transitions ----------------------------------------------------------------------
 def _queued(gq: Env, spool: Spool, starts) -> tuple:
-    job_id = spool.allocate_id()
-    job = jobs.new_job(
+    job_id = spool.ids.allocate()
+    job = schema.new_job(
         job_id=job_id,
         name="once",
         cmd=["sh", "-c", f"echo $GPUQ_JOB_ID >> {starts}"],
         cwd=str(gq.work),
-        log=str(spool.log_path(job_id)),
+        log=str(spool.layout.log_path(job_id)),
     )
-    return spool.publish(job), job
+    return spool.jobs.publish(job), job
 
 
 def test_job_in_two_states_keeps_the_later_one_and_runs_once(gq: Env) -> None:
@@ -174,10 +174,10 @@ def test_orphan_claim_is_broken_and_the_job_runs_once(gq: Env) -> None:
     spool = Spool(gq.home).ensure()
     starts = gq.work / "starts"
     ref, _job = _queued(gq, spool, starts)
-    code = f"from gpuq.spool import Spool; assert Spool({str(gq.home)!r}).claim({ref.id})"
+    code = f"from gpuq.spool import Spool; assert Spool({str(gq.home)!r}).claims.claim({ref.id})"
     subprocess.run([sys.executable, "-c", code], check=True)  # claimed, then died
     assert (gq.home / "locks" / f"{ref.id:06d}.lock").exists()
-    assert spool.claim_held(ref.id) is False
+    assert spool.claims.held(ref.id) is False
     gq.gpuq("run", timeout=60)
     assert starts.read_text().split() == [str(ref.id)]
     assert gq.files("locks") == []
@@ -187,7 +187,7 @@ def test_two_breakers_never_hold_a_claim_at_once(gq: Env) -> None:
     spool = Spool(gq.home).ensure()
     ref, _job = _queued(gq, spool, gq.work / "unused")
     subprocess.run(
-        [sys.executable, "-c", f"from gpuq.spool import Spool; Spool({str(gq.home)!r}).claim({ref.id})"], check=True
+        [sys.executable, "-c", f"from gpuq.spool import Spool; Spool({str(gq.home)!r}).claims.claim({ref.id})"], check=True
     )
     intervals = gq.work / "held"
     code = (
@@ -195,7 +195,7 @@ def test_two_breakers_never_hold_a_claim_at_once(gq: Env) -> None:
         "s = Spool(sys.argv[1]); start = float(sys.argv[3])\n"
         "while time.time() < start: pass\n"
         "for _ in range(20):\n"
-        "    c = s.take_over_claim(int(sys.argv[2]))\n"
+        "    c = s.claims.take_over(int(sys.argv[2]))\n"
         "    if c is None: continue\n"
         "    t0 = time.time(); time.sleep(0.005); t1 = time.time()\n"
         f"    fd = os.open({str(intervals)!r}, os.O_WRONLY | os.O_APPEND | os.O_CREAT)\n"
@@ -219,7 +219,7 @@ def test_stale_tmp_and_interrupted_intake_are_resolved(gq: Env) -> None:
     stale = gq.home / "tmp" / ".job-999999999-1-abcd"  # no such pid
     stale.write_text("{")
     starts = gq.work / "starts"
-    job_id = spool.allocate_id()
+    job_id = spool.ids.allocate()
     hidden = gq.home / "pending" / f".intake-{job_id:06d}-dropped.json"
     hidden.write_text(json.dumps({"cmd": ["sh", "-c", f"echo $GPUQ_JOB_ID >> {starts}"]}))
     os.chmod(hidden, 0o600)

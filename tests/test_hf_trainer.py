@@ -15,7 +15,7 @@ import sys
 import pytest
 from conftest import REPO, wait_for
 
-from gpuq import progress
+from gpuq.engine import progress
 from gpuq.spool import Spool
 
 STEPS = 120
@@ -95,7 +95,7 @@ def test_trainer_callback_progress_reaches_status_json(gq) -> None:
     assert "%" in gq.gpuq("status").stdout
 
     assert wait_end(gq, job_id) == "done", gq.log(job_id)[-3000:]
-    report, _mtime = Spool(gq.home).read_progress(job_id)
+    report, _mtime = Spool(gq.home).reports.read_progress(job_id)
     assert (report["step"], report["total"]) == (STEPS, STEPS)
     # the real Trainer log (tqdm \r bars and logged dicts) is understood too
     reading = progress.from_log_text(gq.log(job_id), at=0.0)
@@ -143,5 +143,5 @@ def test_lightning_callback_progress_reaches_status_json(gq) -> None:
     row = run_until_reported(gq, job_id)
     assert "steps/s" in row["eta_method"]
     assert wait_end(gq, job_id) == "done", gq.log(job_id)[-3000:]
-    report, _mtime = Spool(gq.home).read_progress(job_id)
+    report, _mtime = Spool(gq.home).reports.read_progress(job_id)
     assert report["step"] == report["total"] == 6 * 16  # 64 samples in batches of 4, 6 epochs

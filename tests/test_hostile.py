@@ -20,7 +20,8 @@ from typing import Any, Callable, Optional
 import pytest
 from conftest import wait_for
 
-from gpuq import intake, jobs
+from gpuq.core import schema
+from gpuq.engine import intake
 from gpuq.spool import MAX_JOB_BYTES, JobRef, Spool
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -89,7 +90,7 @@ def is_in(gq: Any, job_id: int, state: str) -> bool:
 
 
 def valid_job(job_id: int, **changes: Any) -> dict[str, Any]:
-    job = jobs.new_job(job_id=job_id, name="ok", cmd=["true"], cwd="/", log="/dev/null")
+    job = schema.new_job(job_id=job_id, name="ok", cmd=["true"], cwd="/", log="/dev/null")
     job.update(changes)
     return job
 
@@ -273,11 +274,11 @@ def test_canonical_job_file_is_checked_the_same_way(gq: Any, spool: Spool) -> No
     outside = gq.work / "job.json"
     outside.write_text(json.dumps(valid_job(77)))
     (gq.home / "pending" / "000077-x.json").symlink_to(outside)
-    with pytest.raises(jobs.InvalidJob, match="symbolic link"):
-        spool.load(JobRef(77, "pending", "000077-x.json"))
+    with pytest.raises(schema.InvalidJob, match="symbolic link"):
+        spool.jobs.load(JobRef(77, "pending", "000077-x.json"))
     drop(gq.home, "000078-x.json", json.dumps(valid_job(78)).encode(), mode=0o660)
-    with pytest.raises(jobs.InvalidJob, match="writable by group"):
-        spool.load(JobRef(78, "pending", "000078-x.json"))
+    with pytest.raises(schema.InvalidJob, match="writable by group"):
+        spool.jobs.load(JobRef(78, "pending", "000078-x.json"))
 
 
 # ---- values inside a job file never become paths ----------------------------------------------
@@ -338,8 +339,8 @@ def test_id_inside_a_canonical_file_must_match_its_name(gq: Any, spool: Spool) -
     before = victim_file.read_bytes()
     evil = write_canonical(gq.home, valid_job(victim, cmd=["false"]), name="000099-evil.json")  # says id 1
     os.utime(evil, (time.time() - 60, time.time() - 60))  # long finished: no quiet period to wait out
-    with pytest.raises(jobs.InvalidJob, match="file name says id 99 but the file says 1"):
-        spool.load(JobRef(99, "pending", "000099-evil.json"))
+    with pytest.raises(schema.InvalidJob, match="file name says id 99 but the file says 1"):
+        spool.jobs.load(JobRef(99, "pending", "000099-evil.json"))
     gq.gpuq("run")
     assert (gq.home / "rejected" / "000099-evil.json").exists()
     assert "file name says id 99" in reason(gq.home, "000099-evil.json")
@@ -441,8 +442,8 @@ CANONICAL_CASES = [
 def test_canonical_file_rejected_with_a_clear_reason(gq: Any, spool: Spool, change: dict, why: str) -> None:
     job = valid_job(7, **change)
     drop(gq.home, "000007-x.json", json.dumps(job).encode())
-    with pytest.raises(jobs.InvalidJob) as info:
-        spool.load(JobRef(7, "pending", "000007-x.json"))
+    with pytest.raises(schema.InvalidJob) as info:
+        spool.jobs.load(JobRef(7, "pending", "000007-x.json"))
     assert why in str(info.value)
 
 
@@ -450,8 +451,8 @@ def test_missing_field_is_named(gq: Any, spool: Spool) -> None:
     job = valid_job(7)
     del job["cmd"]
     drop(gq.home, "000007-x.json", json.dumps(job).encode())
-    with pytest.raises(jobs.InvalidJob, match="missing field 'cmd'"):
-        spool.load(JobRef(7, "pending", "000007-x.json"))
+    with pytest.raises(schema.InvalidJob, match="missing field 'cmd'"):
+        spool.jobs.load(JobRef(7, "pending", "000007-x.json"))
 
 
 # ---- resource exhaustion ----------------------------------------------------------------------
@@ -622,10 +623,10 @@ def test_many_files_being_written_cost_one_look_at_proc(gq: Any, spool: Spool, m
     )
     assert writer.stdout.readline().strip() == "written"
     began = time.monotonic()
-    outcomes = intake.take_in_all(spool, time.time() + 60)  # every quiet period is over
+    outcomes = intake.take_in_some(spool, time.time() + 60)[0]  # every quiet period is over
     took = time.monotonic() - began
     assert outcomes == [] and len(os.listdir(pending)) == count  # all waiting, none rejected
     assert 1 <= len(scans) <= 2 + took / intake.Writers.MAX_AGE, (len(scans), took)
     writer.communicate("go\n", timeout=30)
-    outcomes = intake.take_in_all(spool, time.time() + 60)
+    outcomes = intake.take_in_some(spool, time.time() + 60)[0]
     assert len(outcomes) == count and all(o.startswith("job #") for _n, o in outcomes)

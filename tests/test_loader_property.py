@@ -18,8 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuq import intake, jobs, render, scheduler, supervisor, view
-from gpuq.queue import Row
+from gpuq.cli import render
+from gpuq.core import schema
+from gpuq.engine import intake, scheduler, snapshot
+from gpuq.engine.status import Row
+from gpuq.run import supervisor
 from gpuq.spool import JobRef, Spool
 
 SETTINGS = settings(
@@ -39,11 +42,11 @@ class Loader:
         self.spool = Spool(home).ensure()
         os.umask(old)
         self.counter = itertools.count()
-        done = jobs.new_job(job_id=1, name="dep", cmd=["true"], cwd="/", log="/dev/null")
-        self.spool.publish(done, "done")  # so that `after: [1]` can be valid
+        done = schema.new_job(job_id=1, name="dep", cmd=["true"], cwd="/", log="/dev/null")
+        self.spool.jobs.publish(done, "done")  # so that `after: [1]` can be valid
 
     def _write(self, name: str, data: bytes) -> None:
-        fd = os.open(self.spool.state_dir("pending") / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(self.spool.layout.state_dir("pending") / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.write(fd, data)
         finally:
@@ -54,43 +57,43 @@ class Loader:
         name = f"drop{next(self.counter)}.json"
         self._write(name, data)
         outcome = intake.take_in(self.spool, name, time.time() + 60)  # its quiet period is long over
-        assert name not in os.listdir(self.spool.state_dir("pending")), outcome
-        assert not [n for n in os.listdir(self.spool.state_dir("pending")) if n.startswith(".")]
+        assert name not in os.listdir(self.spool.layout.state_dir("pending")), outcome
+        assert not [n for n in os.listdir(self.spool.layout.state_dir("pending")) if n.startswith(".")]
         if outcome.startswith("rejected: "):
             why = outcome[len("rejected: ") :]
             assert why.strip() and "\n" not in why
-            assert (self.spool.state_dir("rejected") / f"{name}.reason").read_text() == why + "\n"
+            assert (self.spool.layout.state_dir("rejected") / f"{name}.reason").read_text() == why + "\n"
             return outcome
         assert outcome.startswith("job #"), outcome
-        ref = self.spool.find(int(outcome[len("job #") :]), ("pending",))
+        ref = self.spool.jobs.find(int(outcome[len("job #") :]), ("pending",))
         assert ref is not None
-        job = self.spool.load(ref)
+        job = self.spool.jobs.load(ref)
         assert job["source"] == f"dropped:{name}"
         use_everywhere(self.spool, job)
-        self.spool.remove(ref)
+        self.spool.jobs.remove(ref)
         return outcome
 
     def canonical(self, data: bytes) -> str:
         """A file already named like a job: loads as a valid job, or InvalidJob with a reason."""
-        name = jobs.filename(CANONICAL_ID, "x")
+        name = schema.filename(CANONICAL_ID, "x")
         self._write(name, data)
         try:
             try:
-                job = self.spool.load(JobRef(CANONICAL_ID, "pending", name))
-            except jobs.InvalidJob as exc:
+                job = self.spool.jobs.load(JobRef(CANONICAL_ID, "pending", name))
+            except schema.InvalidJob as exc:
                 assert str(exc).strip() and "\n" not in str(exc)
-                snap, invalid = view.snapshot(self.spool)  # the worker sees it as invalid too
+                snap, invalid = snapshot.snapshot(self.spool)  # the worker sees it as invalid too
                 assert [ref.name for ref, _why in invalid] == [name] and snap.pending == []
                 return f"invalid: {exc}"
             use_everywhere(self.spool, job)
             return "valid"
         finally:
-            os.unlink(self.spool.state_dir("pending") / name)
+            os.unlink(self.spool.layout.state_dir("pending") / name)
 
 
 def use_everywhere(spool: Spool, job: dict[str, Any]) -> None:
     """Everything gpuq does with a job it has loaded; none of it may raise."""
-    snap, invalid = view.snapshot(spool)
+    snap, invalid = snapshot.snapshot(spool)
     assert invalid == [] and [j["id"] for j in snap.pending] == [job["id"]]
     scheduler.plan(snap, [None])
     scheduler.plan(snap, ["0", "1"])
@@ -101,7 +104,7 @@ def use_everywhere(spool: Spool, job: dict[str, Any]) -> None:
         render.info(job, state)
     env = supervisor.job_environment(spool, job, "0")
     assert all(isinstance(k, str) and isinstance(v, str) and "\0" not in k + v for k, v in env.items())
-    file_name = jobs.filename(job["id"], job["name"])
+    file_name = schema.filename(job["id"], job["name"])
     assert "/" not in file_name and file_name.startswith(f"{job['id']:06d}-")
     assert all(isinstance(word, str) and "\0" not in word for word in job["cmd"]) and job["cmd"][0]
 
@@ -133,7 +136,7 @@ values = tricky | json_values
 
 DROPPED_BASE = {"cmd": ["true"], "name": "n", "cwd": "/", "env": {"A": "b"}, "after": [1], "retries": 1, "priority": 2}
 DROPPED_KEYS = sorted(DROPPED_BASE) + ["after_any", "id", "log", "schema_version", "bogus"]
-CANONICAL_BASE = jobs.new_job(job_id=CANONICAL_ID, name="n", cmd=["true"], cwd="/", log="/dev/null", after=[1])
+CANONICAL_BASE = schema.new_job(job_id=CANONICAL_ID, name="n", cmd=["true"], cwd="/", log="/dev/null", after=[1])
 CANONICAL_KEYS = sorted(CANONICAL_BASE) + ["bogus"]
 
 

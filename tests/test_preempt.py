@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
-from gpuq import checkpoints, jobs, preempt, scheduler
+from gpuq.core import resume_arg, schema
+from gpuq.core.times import parse_iso
+from gpuq.engine import checkpoints, progress, scheduler
 
 FAKE = Path(__file__).with_name("fake_trainer.py")
 
@@ -88,35 +90,35 @@ def test_argv_helpers() -> None:
     ],
 )
 def test_resume_argv_replaces_both_forms(cmd: list[str]) -> None:
-    new = preempt.resume_argv(cmd, preempt.DEFAULT_RESUME_ARG, "/ck/checkpoint-5")
+    new = resume_arg.resume_argv(cmd, resume_arg.DEFAULT_RESUME_ARG, "/ck/checkpoint-5")
     assert new == ["py", "t.py", "--lr", "1", "--resume_from_checkpoint", "/ck/checkpoint-5"]
-    assert preempt.resume_argv(new, preempt.DEFAULT_RESUME_ARG, "/ck/checkpoint-9").count("/ck/checkpoint-9") == 1
+    assert resume_arg.resume_argv(new, resume_arg.DEFAULT_RESUME_ARG, "/ck/checkpoint-9").count("/ck/checkpoint-9") == 1
 
 
 def test_resume_argv_other_templates() -> None:
     cmd = ["py", "t.py", "ckpt_path=/old.ckpt", "trainer.max_epochs=3"]
-    assert preempt.resume_argv(cmd, "ckpt_path={ckpt}", "/n.ckpt") == [
+    assert resume_arg.resume_argv(cmd, "ckpt_path={ckpt}", "/n.ckpt") == [
         "py",
         "t.py",
         "trainer.max_epochs=3",
         "ckpt_path=/n.ckpt",
     ]
-    assert preempt.resume_argv(["py", "t.py", "--ckpt", "a"], "--ckpt={ckpt}", "b") == ["py", "t.py", "--ckpt=b"]
-    assert preempt.check_resume_arg("--ckpt") is not None
-    assert preempt.check_resume_arg("'unclosed {ckpt}") is not None
-    assert preempt.check_resume_arg("--ckpt {ckpt}") is None
+    assert resume_arg.resume_argv(["py", "t.py", "--ckpt", "a"], "--ckpt={ckpt}", "b") == ["py", "t.py", "--ckpt=b"]
+    assert resume_arg.check_resume_arg("--ckpt") is not None
+    assert resume_arg.check_resume_arg("'unclosed {ckpt}") is not None
+    assert resume_arg.check_resume_arg("--ckpt {ckpt}") is None
 
 
 def test_last_step_in_log_formats() -> None:
-    assert preempt.last_step_in(b"Step 3/10\nStep 4/10\nloss 1\n") == 4
-    assert preempt.last_step_in(b"\r 40%|####  | 8/20 [00:01<00:02, 5it/s]\r 45%| 9/20 [00:02<00:02]") == 9
-    assert preempt.last_step_in(b"epoch 100%\nnothing here") is None
-    assert preempt.last_step_in(b"Step 12/10") is None  # not a progress figure
+    assert progress.last_step(b"Step 3/10\nStep 4/10\nloss 1\n") == 4
+    assert progress.last_step(b"\r 40%|####  | 8/20 [00:01<00:02, 5it/s]\r 45%| 9/20 [00:02<00:02]") == 9
+    assert progress.last_step(b"epoch 100%\nnothing here") is None
+    assert progress.last_step(b"Step 12/10") is None  # not a progress figure
 
 
 # ---- scheduler --------------------------------------------------------------------------------
 def job(job_id: int, **fields: object) -> dict:
-    return dict(jobs.new_job(job_id=job_id, name=f"j{job_id}", cmd=["x"], cwd="/", log=""), **fields)
+    return dict(schema.new_job(job_id=job_id, name=f"j{job_id}", cmd=["x"], cwd="/", log=""), **fields)
 
 
 def test_queue_order_urgent_then_resumed_then_priority() -> None:
@@ -312,7 +314,7 @@ def test_dependent_of_preempted_job_runs_only_after_continuation(gq) -> None:
     done_b = wait_state(gq, b, "done", timeout=30)
     done_a = gq.job(a)
     assert done_a["state"] == "done" and runs(gq.work / "out")[-1][1] == 40
-    assert jobs.parse_iso(done_b["started_at"]) >= jobs.parse_iso(done_a["finished_at"])
+    assert parse_iso(done_b["started_at"]) >= parse_iso(done_a["finished_at"])
 
 
 def test_urgent_job_preempts_runs_first_then_victim_resumes_ahead_of_queue(gq) -> None:
@@ -332,8 +334,8 @@ def test_urgent_job_preempts_runs_first_then_victim_resumes_ahead_of_queue(gq) -
     first_run, second_run = runs(gq.work / "low")
     assert second_run == (first_run[1], 60)  # resumed where the graceful save left it
     # order: urgent before the resumed training, the resumed training before the rest of the queue
-    start = {j: jobs.parse_iso(gq.job(j)["started_at"]) for j in (low, later, urgent)}
-    assert jobs.parse_iso(gq.job(urgent)["finished_at"]) <= start[low] <= start[later]
+    start = {j: parse_iso(gq.job(j)["started_at"]) for j in (low, later, urgent)}
+    assert parse_iso(gq.job(urgent)["finished_at"]) <= start[low] <= start[later]
     assert f"preempting job #{low}" in gq.worker_output()
 
 
@@ -348,7 +350,7 @@ def test_priorities_order_the_queue(gq) -> None:
     gq.start_worker()
     for jid in ids:
         wait_state(gq, jid, "done", timeout=30)
-    started = sorted(ids, key=lambda j: jobs.parse_iso(gq.job(j)["started_at"]))
+    started = sorted(ids, key=lambda j: parse_iso(gq.job(j)["started_at"]))
     assert started == [ids[1], ids[3], ids[4], ids[0], ids[2]]
 
 

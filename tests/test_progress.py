@@ -15,8 +15,8 @@ from conftest import REPO, wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuq import eta, progress
-from gpuq.scheduler import Wait
+from gpuq.engine import eta, progress
+from gpuq.engine.scheduler import Wait
 from gpuq.spool import Spool
 
 PY = sys.executable
@@ -207,7 +207,7 @@ def test_resumed_job_gets_the_right_eta_from_its_first_samples(gq) -> None:
     step = row["progress"] * 300
     nominal = (300 - step) / 10  # it runs 10 steps per second
     started = json.loads(gq.gpuq("show", str(job_id)).stdout)["started_at"]
-    from gpuq.jobs import parse_iso
+    from gpuq.core.times import parse_iso
 
     elapsed = time.time() - parse_iso(started)
     naive = elapsed * (300 - step) / step  # "elapsed x remaining / done": far too optimistic

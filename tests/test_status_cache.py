@@ -1,4 +1,4 @@
-"""`gpuq status -a` reads finished jobs' rows from a cache in the spool (view.finished_summaries).
+"""`gpuq status -a` reads finished jobs' rows from a cache in the spool (engine/finished_rows.py).
 These tests change finished job files the ways gpuq does and check that the cache never shows
 a stale row."""
 
@@ -11,15 +11,15 @@ from typing import Any
 
 from conftest import Env
 
-from gpuq import jobs
+from gpuq.core import schema, times
 from gpuq.spool import Spool
 
 
 def _finish(spool: Spool, work: Path, state: str, exit_code: int, name: str) -> dict[str, Any]:
-    job_id = spool.allocate_id()
-    job = jobs.new_job(job_id=job_id, name=name, cmd=["python3", "train.py"], cwd=str(work), log="")
-    job.update(started_at=jobs.now_iso(), finished_at=jobs.now_iso(), exit_code=exit_code, rev=1)
-    spool.publish(job, state)
+    job_id = spool.ids.allocate()
+    job = schema.new_job(job_id=job_id, name=name, cmd=["python3", "train.py"], cwd=str(work), log="")
+    job.update(started_at=times.now_iso(), finished_at=times.now_iso(), exit_code=exit_code, rev=1)
+    spool.jobs.publish(job, state)
     return job
 
 
@@ -43,9 +43,9 @@ def test_cached_rows_are_the_rows_of_the_files(gq: Env) -> None:
 def test_a_rewritten_finished_file_is_shown_at_once(gq: Env) -> None:
     spool = _many(gq, 20)
     gq.gpuq("status", "-a")
-    ref = spool.find(5, ("done",))
+    ref = spool.jobs.find(5, ("done",))
     assert ref is not None
-    spool.rewrite(ref, spool.load(ref), name="renamed-after-cache", exit_code=0)  # a new file, same name
+    spool.jobs.rewrite(ref, spool.jobs.load(ref), name="renamed-after-cache", exit_code=0)  # a new file, same name
     assert "renamed-after-cache" in gq.gpuq("status", "-a").stdout
 
 
@@ -53,12 +53,12 @@ def test_a_trusted_directory_signature_still_sees_later_changes(gq: Env) -> None
     spool = _many(gq, 20)
     old = time.time() - 60
     for state in ("done", "failed"):
-        os.utime(spool.state_dir(state), (old, old))  # settled: the cache trusts the directory
+        os.utime(spool.layout.state_dir(state), (old, old))  # settled: the cache trusts the directory
     gq.gpuq("status", "-a")
     gq.gpuq("status", "-a")
-    ref = spool.find(7, ("done",))
+    ref = spool.jobs.find(7, ("done",))
     assert ref is not None
-    spool.transition(ref, spool.load(ref), "failed", exit_code=9)
+    spool.jobs.move(ref, spool.jobs.load(ref), "failed", {"exit_code": 9})
     _finish(spool, gq.work, "done", 0, "added-after-cache")
     out = gq.gpuq("status", "-a").stdout
     assert "added-after-cache" in out and "exit=9" in out
@@ -68,10 +68,10 @@ def test_a_trusted_directory_signature_still_sees_later_changes(gq: Env) -> None
 def test_a_damaged_cache_is_rebuilt(gq: Env) -> None:
     spool = _many(gq, 15)
     first = gq.gpuq("status", "-a").stdout
-    spool.write_cache("finished-rows", b"\x00not marshal at all")
+    spool.cache.write("finished-rows", b"\x00not marshal at all")
     proc = gq.gpuq("status", "-a")
     assert proc.stdout == first and proc.stderr == ""
-    spool.write_cache("finished-rows", b"")
+    spool.cache.write("finished-rows", b"")
     assert gq.gpuq("status", "-a").stdout == first
 
 

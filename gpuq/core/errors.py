@@ -7,11 +7,14 @@ request that cannot be carried out.
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class GpuqError(Exception):
     """Base of every error gpuq reports to a person."""
 
     exit_code = 1
+    prefix: Optional[str] = None  # who speaks, e.g. "gpuq add"; the CLI fills it in when None
 
 
 class UsageError(GpuqError):

@@ -1,48 +1,40 @@
-"""The spool directory: the only module that knows gpuq's paths and changes files under them.
+"""The spool directory: the only package that builds paths under $GPUQ_HOME or opens files there.
 
-spool_layout.md is the contract this module implements. In short:
-- a job is one JSON file; the state directory it sits in is its state;
-- new files are written complete and fsynced in tmp/, then renamed into place without clobbering;
+spool_layout.md is the contract it implements. In short:
+- a job is one JSON file; the state directory it sits in is its state (store.py);
+- new files are written complete in tmp/, then renamed into place (files.py);
 - a state change writes the new version (rev + 1) into the target directory, then unlinks the old
-  one, so a crash in between leaves two copies and the higher rev wins (see recovery.py);
-- whoever changes a job's file holds the job's claim lock (locks/NNNNNN.lock), an O_EXCL file that
-  is flock()ed by its owner for as long as the claim lives, so a dead owner is seen by the kernel.
+  one, so a crash in between leaves two copies and the higher rev wins (engine/recovery.py);
+- whoever changes a job's file holds the job's claim lock (claims.py).
+
+A Spool is composed of small parts, one module each, that share only the Layout (paths) and Files
+(atomic writes) below them: `spool.jobs` (job files), `spool.ids`, `spool.claims`,
+`spool.control` (requests to supervisors), `spool.workers` (registry), `spool.logs`,
+`spool.reports` (progress files and samples), `spool.cache`, `spool.dropbox` (hand-dropped files).
 """
 
 from __future__ import annotations
 
-from gpuq.spool.base import (
-    FINISHED,
-    INTAKE_RE,
-    INTERNAL,
-    JOB_NAME_RE,
-    MAX_JOB_BYTES,
-    PLAIN_NAME_RE,
-    REJECTED,
-    STALE_TMP_SECONDS,
-    STATES,
-    Claim,
-    JobRef,
-    SpoolBase,
-    SpoolError,
-    SpoolFull,
-    boot_id,
-    default_home,
-)
-from gpuq.spool.claims import ClaimsMixin
-from gpuq.spool.outputs import OutputsMixin
-from gpuq.spool.workers import WorkerBusy, WorkerLease, WorkersMixin
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Optional
+
+from gpuq.spool import mutex
+from gpuq.spool.cache import Caches
+from gpuq.spool.claims import Claim, Claims
+from gpuq.spool.control import ControlRequests
+from gpuq.spool.dropbox import Dropbox
+from gpuq.spool.errors import SpoolError, SpoolFull
+from gpuq.spool.files import Files
+from gpuq.spool.ids import IdCounter
+from gpuq.spool.layout import Layout, default_home
+from gpuq.spool.logs import Logs
+from gpuq.spool.reports import Reports
+from gpuq.spool.store import MAX_JOB_BYTES, JobRef, JobStore
+from gpuq.spool.workers import WorkerBusy, WorkerLease, WorkerRegistry
 
 __all__ = [
-    "FINISHED",
-    "INTAKE_RE",
-    "INTERNAL",
-    "JOB_NAME_RE",
     "MAX_JOB_BYTES",
-    "PLAIN_NAME_RE",
-    "REJECTED",
-    "STALE_TMP_SECONDS",
-    "STATES",
     "Claim",
     "JobRef",
     "Spool",
@@ -50,13 +42,38 @@ __all__ = [
     "SpoolFull",
     "WorkerBusy",
     "WorkerLease",
-    "boot_id",
     "default_home",
 ]
 
 
-class Spool(ClaimsMixin, OutputsMixin, WorkersMixin, SpoolBase):
-    """The spool at `home` (default: $GPUQ_HOME or ~/.gpuq). Its parts, one file each:
-    base.py (layout, reading, writes and moves, ids, dropped files), claims.py (claim locks and
-    control requests), outputs.py (what jobs wrote, progress samples, caches), workers.py (the
-    worker registry)."""
+class Spool:
+    """The spool at `home` (default: $GPUQ_HOME or ~/.gpuq)."""
+
+    def __init__(self, home: Optional[Path] = None):
+        self.layout = Layout(home)
+        self.home = self.layout.home
+        self.files = Files(self.layout)
+        self.jobs = JobStore(self.layout, self.files)
+        self.ids = IdCounter(self.layout, self.files, self.jobs)
+        self.claims = Claims(self.layout, self.files)
+        self.control = ControlRequests(self.layout, self.files)
+        self.workers = WorkerRegistry(self.layout, self.files)
+        self.logs = Logs(self.layout)
+        self.reports = Reports(self.layout, self.files)
+        self.cache = Caches(self.layout, self.files)
+        self.dropbox = Dropbox(self.layout, self.files)
+
+    def ensure(self) -> Spool:
+        """Create the tree on first use and refuse one that others could write into."""
+        self.layout.ensure()
+        return self
+
+    def adopt_lock(self) -> AbstractContextManager[None]:
+        """Held by `gpuq adopt` from "is this process tracked yet?" to publishing it, so two
+        adopters of one process cannot both create a job."""
+        return mutex.held(self.layout, "adopt")
+
+    def delete_outputs(self, job_id: int) -> None:
+        """A removed job's log, progress file and samples (`gpuq clear`)."""
+        self.logs.delete(job_id)
+        self.reports.delete(job_id)

@@ -1,4 +1,9 @@
-"""Claims (who may change a job) and control requests for running jobs' supervisors."""
+"""Claims: who may change a job. See spool_layout.md, section 5.
+
+A claim is the lock file locks/NNNNNN.lock, created hidden in tmp/, flocked, then renamed into
+place without clobbering, so a visible lock file is always locked by a live owner or by nobody.
+The kernel drops the flock when its owner dies: liveness is a question to the kernel, not a pid.
+"""
 
 from __future__ import annotations
 
@@ -6,35 +11,61 @@ import fcntl
 import json
 import os
 import time
+from pathlib import Path
 from typing import Optional
 
-from gpuq import fsutil
-from gpuq.spool.base import Claim
+from gpuq.spool.files import Files
+from gpuq.spool.layout import Layout
+from gpuq.system import fsutil
 
 
-class ClaimsMixin:
-    # ---- claims -------------------------------------------------------------------------------
+class Claim:
+    """An owned claim lock: the flock lives on `fd` until release() or process death."""
+
+    def __init__(self, job_id: int, fd: int, path: Path):
+        self.job_id, self.fd, self.path = job_id, fd, path
+
+    def release(self) -> None:
+        """Remove the lock file (it is still ours: nobody can create that name while it exists)."""
+        if self.fd < 0:
+            return
+        if fsutil.same_inode(self.fd, self.path):
+            os.unlink(self.path)
+        os.close(self.fd)
+        self.fd = -1
+
+    def detach(self) -> None:
+        """Forget the claim without removing it (another process now holds the descriptor)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+
+class Claims:
+    def __init__(self, layout: Layout, files: Files):
+        self.layout, self.files = layout, files
+
     def claim(self, job_id: int) -> Optional[Claim]:
-        """Take the claim on a job, or None if someone else holds it.
-
-        The lock file is created hidden, flocked, then renamed into place without clobbering,
-        so a visible lock file is always already locked by a live owner or by nobody.
-        """
-        tmp = self._tmp_path("claim")
+        """Take the claim on a job, or None if someone else holds it."""
+        tmp = self.files.tmp_path("claim")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "at": time.time()}).encode())
         try:
-            fsutil.rename_noreplace(tmp, self.lock_path(job_id))
+            fsutil.rename_noreplace(tmp, self.layout.lock_path(job_id))
         except FileExistsError:
             os.unlink(tmp)
             os.close(fd)
             return None
-        return Claim(job_id, fd, self.lock_path(job_id))
+        return Claim(job_id, fd, self.layout.lock_path(job_id))
 
-    def claim_held(self, job_id: int) -> Optional[bool]:
+    def adopt_descriptor(self, job_id: int, fd: int) -> Claim:
+        """The claim whose locked descriptor another process handed us (the worker to a supervisor)."""
+        return Claim(job_id, fd, self.layout.lock_path(job_id))
+
+    def held(self, job_id: int) -> Optional[bool]:
         """True if a live owner holds the job's claim, False if the lock is stale, None if absent."""
-        fd = fsutil.open_existing(self.lock_path(job_id))
+        fd = fsutil.open_existing(self.layout.lock_path(job_id))
         if fd is None:
             return None
         try:
@@ -42,50 +73,25 @@ class ClaimsMixin:
         finally:
             os.close(fd)
 
-    def take_over_claim(self, job_id: int) -> Optional[Claim]:
+    def take_over(self, job_id: int) -> Optional[Claim]:
         """Own the job's claim: a fresh one if there is no lock, the stale one if its owner died.
 
         Two processes doing this at once cannot both win: only one gets the flock, and the other
         then finds the path gone or naming another inode.
         """
-        fd = fsutil.open_existing(self.lock_path(job_id), os.O_RDWR)
+        path = self.layout.lock_path(job_id)
+        fd = fsutil.open_existing(path, os.O_RDWR)
         if fd is None:
             return self.claim(job_id)
-        if fsutil.try_flock(fd) and fsutil.same_inode(fd, self.lock_path(job_id)):
-            return Claim(job_id, fd, self.lock_path(job_id))
+        if fsutil.try_flock(fd) and fsutil.same_inode(fd, path):
+            return Claim(job_id, fd, path)
         os.close(fd)
         return None
 
-    def lock_ids(self) -> list[int]:
+    def ids(self) -> list[int]:
+        """Jobs that have a lock file now (held or stale)."""
         out = []
-        for name in os.listdir(self.home / "locks"):
+        for name in os.listdir(self.layout.internal_dir("locks")):
             if name.endswith(".lock") and name[:-5].isdigit():
                 out.append(int(name[:-5]))
         return out
-
-    # ---- control requests (kill, preempt) -----------------------------------------------------
-    def request(self, job_id: int, action: str) -> None:
-        """Leave a note for the job's supervisor saying why its job is about to be signalled."""
-        tmp = self._write_tmp(json.dumps({"action": action, "at": time.time()}).encode(), "ctl")
-        os.replace(tmp, self.home / "control" / f"{job_id:06d}.json")
-        fsutil.fsync_dir(self.home / "control")
-
-    def take_request(self, job_id: int) -> Optional[str]:
-        path = self.home / "control" / f"{job_id:06d}.json"
-        try:
-            action = json.loads(path.read_bytes()).get("action")
-            os.unlink(path)
-        except (FileNotFoundError, ValueError, AttributeError):
-            return None
-        return action if isinstance(action, str) else None
-
-    def request_ids(self) -> list[int]:
-        return [int(n[:-5]) for n in os.listdir(self.home / "control") if n[:-5].isdigit()]
-
-    def peek_request(self, job_id: int) -> Optional[str]:
-        """The pending control request for a job, left in place (take_request consumes it)."""
-        try:
-            action = json.loads((self.home / "control" / f"{job_id:06d}.json").read_bytes()).get("action")
-        except (FileNotFoundError, ValueError, AttributeError):
-            return None
-        return action if isinstance(action, str) else None

@@ -1,4 +1,10 @@
-"""The worker registry: which workers hold which GPUs, kept by flocks the kernel drops on death."""
+"""The worker registry: which workers hold which GPUs, kept by flocks the kernel drops on death.
+
+A whole-machine worker holds workers/machine.lock exclusively; a --gpus worker holds it shared plus
+workers/gpu-N.lock exclusively for each of its GPUs. Each live worker keeps
+workers/worker-PID.json flocked; a file whose flock is free belongs to a dead worker and is removed
+by the next reader (every `gpuq status`, and every worker as it starts).
+"""
 
 from __future__ import annotations
 
@@ -8,36 +14,62 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuq import fsutil
-from gpuq.spool.base import SpoolError
+from gpuq.spool.errors import SpoolError
+from gpuq.spool.files import Files
+from gpuq.spool.layout import Layout
+from gpuq.system import fsutil
 
 
-class WorkersMixin:
-    # ---- workers ------------------------------------------------------------------------------
-    def register_worker(self, gpus: Optional[list[str]], info: dict[str, Any]) -> WorkerLease:
-        """Take the worker locks for `gpus` (None: the whole machine) or raise WorkerBusy.
+class WorkerBusy(SpoolError):
+    def __init__(self, holders: list[dict[str, Any]]):
+        self.holders = holders
+        who = ", ".join(f"pid {w.get('pid')} (gpus {','.join(w['gpus']) if w.get('gpus') else 'all'})" for w in holders)
+        super().__init__(
+            f"another worker is running for this spool: {who or 'unknown pid'}; "
+            "stop it with `gpuq stop`, or give each worker its own --gpus"
+        )
 
-        A whole-machine worker holds workers/machine.lock exclusively; a --gpus worker holds it
-        shared plus workers/gpu-N.lock exclusively for each of its GPUs. The kernel drops the
-        locks when the worker dies, so a crashed worker never blocks the next one.
-        """
+
+class WorkerLease:
+    """The locks a running worker holds; release() gives them up (death does too)."""
+
+    def __init__(self, fds: list[int], info_path: Path):
+        self.fds, self.info_path = fds, info_path
+
+    def release(self) -> None:
+        try:
+            os.unlink(self.info_path)
+        except FileNotFoundError:
+            pass
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+class WorkerRegistry:
+    def __init__(self, layout: Layout, files: Files):
+        self.layout, self.files = layout, files
+
+    def register(self, gpus: Optional[list[str]], info: dict[str, Any]) -> WorkerLease:
+        """Take the worker locks for `gpus` (None: the whole machine) or raise WorkerBusy."""
+        self.live()  # removes the info files of workers that died: the new one starts clean
         fds = []
         try:
-            machine = os.open(self.home / "workers" / "machine.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            machine = self._open_lock("machine")
             fds.append(machine)
             if not fsutil.try_flock(machine, exclusive=gpus is None):
-                raise WorkerBusy(self.live_workers())
+                raise WorkerBusy(self.live())
             for gpu in gpus or []:
-                fd = os.open(self.home / "workers" / f"gpu-{gpu}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+                fd = self._open_lock(f"gpu-{gpu}")
                 fds.append(fd)
                 if not fsutil.try_flock(fd):
-                    raise WorkerBusy([w for w in self.live_workers() if gpu in (w.get("gpus") or [gpu])])
-            tmp = self._tmp_path("worker")
+                    raise WorkerBusy([w for w in self.live() if gpu in (w.get("gpus") or [gpu])])
+            tmp = self.files.tmp_path("worker")
             info_fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             fds.append(info_fd)
-            fcntl.flock(info_fd, fcntl.LOCK_EX)
+            fcntl.flock(info_fd, fcntl.LOCK_EX)  # locked before it is visible, like a claim
             os.write(info_fd, json.dumps(info).encode())
-            info_path = self.home / "workers" / f"worker-{os.getpid()}.json"
+            info_path = self.layout.worker_info_path(os.getpid())
             os.replace(tmp, info_path)
         except BaseException:
             for fd in fds:
@@ -45,13 +77,17 @@ class WorkersMixin:
             raise
         return WorkerLease(fds, info_path)
 
-    def live_workers(self) -> list[dict[str, Any]]:
+    def _open_lock(self, name: str) -> int:
+        return os.open(self.layout.worker_lock_path(name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+
+    def live(self) -> list[dict[str, Any]]:
         """Info of every worker alive now (its info file is flocked); stale files are removed."""
         out = []
-        for name in sorted(os.listdir(self.home / "workers")):
+        directory = self.layout.internal_dir("workers")
+        for name in sorted(os.listdir(directory)):
             if not (name.startswith("worker-") and name.endswith(".json")):
                 continue
-            path = self.home / "workers" / name
+            path = directory / name
             fd = fsutil.open_existing(path)
             if fd is None:
                 continue
@@ -67,24 +103,3 @@ class WorkersMixin:
             finally:
                 os.close(fd)
         return out
-
-
-class WorkerBusy(SpoolError):
-    def __init__(self, holders: list[dict[str, Any]]):
-        self.holders = holders
-        who = ", ".join(f"pid {w.get('pid')} (gpus {','.join(w['gpus']) if w.get('gpus') else 'all'})" for w in holders)
-        super().__init__(f"another worker is running for this spool: {who or 'unknown pid'}")
-
-
-class WorkerLease:
-    def __init__(self, fds: list[int], info_path: Path):
-        self.fds, self.info_path = fds, info_path
-
-    def release(self) -> None:
-        try:
-            os.unlink(self.info_path)
-        except FileNotFoundError:
-            pass
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []

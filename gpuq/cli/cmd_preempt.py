@@ -1,0 +1,52 @@
+"""`gpuq preempt`, `resume` and `adopt`: call the library, print the result."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuq.cli.common import spool
+from gpuq.core.errors import UsageError
+
+
+def cmd_preempt(args: argparse.Namespace) -> int:
+    from gpuq.engine import preempt
+
+    if args.timeout < 0:
+        raise UsageError("--timeout must be 0 or more")
+    outcome = preempt.preempt(spool(), args.id, args.timeout, args.force, say=print)
+    job = outcome.job
+    if outcome.state == "preempted":
+        print(f"[~] Job #{job['id']}: {job['name']} preempted (exit {job.get('exit_code')}): {job.get('note')}")
+        print(f"    `gpuq resume {job['id']}` continues it")
+        return 0
+    if outcome.left and outcome.state == "running" and job.get("pid") in outcome.left:
+        print(f"job #{job['id']} did not exit within {args.timeout:g}s; left running, unchanged (--force kills it)")
+    elif outcome.left:
+        print(
+            f"job #{job['id']}: its main process exited but {', '.join(map(str, outcome.left))} ignore SIGTERM; "
+            f"it keeps its slot until they are gone (`gpuq preempt {job['id']} --force` kills them)"
+        )
+    else:
+        print(f"job #{job['id']} ended on its own meanwhile: {outcome.state}")
+    return 1
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from gpuq.engine import preempt
+
+    resumed = preempt.resume(spool(), args.id, args.require_checkpoint, front=not args.back)
+    job = resumed.job
+    if resumed.checkpoint is None:
+        print(f"no checkpoint found for job #{job['id']}: {job.get('note')}")
+    where = "in normal order" if args.back else "first in line"
+    print(f"[+] Job #{job['id']}: {job['name']} back in the queue ({where}): {job.get('note')}")
+    return 0
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    from gpuq.engine import adopt
+
+    _ref, job = adopt.adopt(spool(), args.pid, name=args.name, log=args.log)
+    print(f"[+] Job #{job['id']}: {job['name']} adopted (pid {job['pid']}, started {job['started_at']})")
+    print(f"    log: {job['log']}" if job["log"] else "    no log: progress only from checkpoints (use --log FILE)")
+    return 0

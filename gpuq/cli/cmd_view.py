@@ -1,0 +1,108 @@
+"""`gpuq status`, `eta`, `log`, `show`: read the queue and print it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from gpuq.cli import render
+from gpuq.cli.common import spool
+from gpuq.engine import actions
+from gpuq.engine.status import Row, status
+from gpuq.system import security
+
+JSON_FIELDS = (
+    "id",
+    "name",
+    "pid",
+    "exit_code",
+    "after",
+    "after_any",
+    "cmd",
+    "cwd",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "attempts",
+    "retries",
+    "priority",
+    "slot",
+    "log",
+    "note",
+    "urgent",
+    "preemptible",
+    "checkpoint",
+    "resumed_from",
+    "resumed_from_step",
+    "preemptions",
+)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    st = status(spool(), show_all=args.all, summarize=None if args.json else render.finished_cells)
+    if args.json:
+        print(json.dumps([json_row(r) for r in st.rows], indent=2))
+        return 0
+    pending = sum(1 for r in st.rows if r.state == "pending")
+    print(render.worker_line(st.workers, pending))
+    if st.rows:
+        print("\n".join(render.status_table(st.rows)))
+    else:
+        print("no jobs")
+    if st.hidden_finished:
+        print(f"({st.hidden_finished} older finished job(s) hidden; `gpuq status -a` shows all)")
+    for name in st.dropped:
+        print(f"pending/{security.display(name)}: dropped file, not taken in yet (a worker takes it in)")
+    return 0
+
+
+def json_row(row: Row) -> dict[str, Any]:
+    job = row.job
+    out = {key: job.get(key) for key in JSON_FIELDS}
+    out["state"] = row.state
+    out["waiting"] = row.wait.reason if row.wait else None
+    est = row.estimate
+    out["progress"] = round(est.fraction, 4) if est and est.fraction is not None else None
+    out["eta_seconds"] = round(est.eta_seconds, 1) if est and est.eta_seconds is not None else None
+    out["starts_in_seconds"] = round(est.starts_in, 1) if est and est.starts_in is not None else None
+    out["eta_method"] = est.method if est else None
+    out["progress_source"] = est.reading.source if est and est.reading else None
+    out["adopted"] = bool(job.get("adopted"))
+    return out
+
+
+def cmd_eta(args: argparse.Namespace) -> int:
+    sp = spool()
+    if args.id is not None:
+        actions.get(sp, args.id)  # "no such job #N" as a one-line error
+    rows = [r for r in status(sp).rows if r.estimate is not None]  # running and pending rows
+    if args.id is not None:
+        rows = [r for r in rows if r.job["id"] == args.id]
+        if not rows:
+            state = actions.get(sp, args.id)[0].state
+            print(f"#{args.id}: {state}; an ETA is given for running and pending jobs only")
+            return 0
+    if not rows:
+        print("no running or pending jobs")
+    for line in render.eta_lines(rows):
+        print(line)
+    return 0
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    sp = spool()
+    _ref, job = actions.get(sp, args.id)
+    for line in sp.logs.tail_lines(job, args.lines):
+        print(line)
+    if args.follow:
+        from gpuq.cli.follow import follow
+
+        follow(sp, job)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    ref, job = actions.get(spool(), args.id)
+    print(json.dumps(dict(job, state=ref.state, file=ref.name), indent=2, ensure_ascii=False))
+    return 0

@@ -1,0 +1,42 @@
+"""`gpuq run` and `gpuq stop`: start and stop workers."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuq.cli.common import spool
+from gpuq.core.errors import UsageError
+from gpuq.engine import actions
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from gpuq.run import daemon  # the worker and watchdog: only for this command
+
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else None
+    if args.gpus is not None and not gpus:
+        raise UsageError("--gpus needs a list such as 0 or 0,1")
+    sp = spool()
+    if args.daemon:
+        pid = daemon.start_background(sp, gpus)
+        print(f"[+] worker started in the background: pid {pid}, log {sp.logs.worker_log_path()}")
+        print("    `gpuq status` shows the queue, `gpuq stop` stops the worker (jobs keep running).")
+        return 0
+    return daemon.run_foreground(sp, gpus, watch=args.watch, ready_fd=args.ready_fd)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    sp = spool()
+    stopped = actions.stop_workers(sp)
+    print(f"stopped worker(s): {', '.join(str(w.get('pid')) for w in stopped)}" if stopped else "no worker was running")
+    running = actions.jobs_in(sp, ("running",))
+    if args.kill_jobs:
+        for job in running:
+            actions.kill(sp, job["id"])
+            print(f"killed job #{job['id']} {job['name']}")
+    elif running:
+        names = ", ".join(f"#{j['id']} {j['name']}" for j in running)
+        print(
+            f"jobs keep running: {names} (their supervisors record how they end). "
+            "`gpuq stop --kill-jobs` stops them too."
+        )
+    return 0

@@ -1,0 +1,236 @@
+"""The `gpuq` command line: the argument parser. Each command names its handler as
+"module:function" in gpuq.cli, imported only when that command runs, so `gpuq status` does not pay
+for the imports of `gpuq run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuq import __version__
+from gpuq.core.errors import UsageError
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        exc = UsageError(f"{message} (see `{self.prog} --help`)")
+        exc.prefix = self.prog
+        raise exc
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a job id: {text!r}") from None
+    if not ids or any(i <= 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"not a job id: {text!r}")
+    return ids
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _pid(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return int(text)
+
+
+def _positive_id(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"not a job id: {text!r}")
+    return int(text)
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="gpuq",
+        description="A GPU job queue for one machine, kept in a spool directory "
+        "($GPUQ_HOME, default ~/.gpuq). Jobs run one at a time per GPU.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpuq {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+
+    for name in ("add", "enqueue"):
+        p = sub.add_parser(
+            name,
+            help="queue SCRIPT [ARGS...] (options before SCRIPT are gpuq's)",
+            description="Queue a job. Only options before SCRIPT belong to gpuq; SCRIPT and "
+            "everything after it are passed to the job verbatim.",
+        )
+        p.add_argument("-d", "--dir", help="working directory (default: the current one)")
+        p.add_argument("-p", "--python", help="interpreter for a .py SCRIPT (default: nearest .venv, then PATH)")
+        p.add_argument("--name", help="job name (default: <dir name>/<script stem>)")
+        p.add_argument(
+            "--after",
+            type=_ids,
+            action="append",
+            default=[],
+            metavar="ID",
+            help="start only after job ID finished successfully (repeatable, or ID,ID)",
+        )
+        p.add_argument(
+            "--after-any",
+            type=_ids,
+            action="append",
+            default=[],
+            metavar="ID",
+            help="start after job ID ended, whatever its result",
+        )
+        p.add_argument("--retries", type=int, default=0, metavar="N", help="run again up to N times if it fails")
+        p.add_argument("--priority", type=int, default=0, metavar="N", help="higher starts first (default 0)")
+        p.add_argument(
+            "--urgent",
+            action="store_true",
+            help="start next; if no slot is free, preempt the lowest-priority running job and resume it after",
+        )
+        p.add_argument(
+            "--preemptible",
+            action="store_true",
+            help="save a checkpoint when preempted (HF Trainer >= 5: adds --enable_jit_checkpoint true)",
+        )
+        p.add_argument("--ckpt-glob", metavar="GLOB", help="where its checkpoints are (default: HF checkpoint-N)")
+        p.add_argument(
+            "--resume-arg",
+            metavar="TEMPLATE",
+            help="how `gpuq resume` passes the checkpoint (default: '--resume_from_checkpoint {ckpt}')",
+        )
+        p.add_argument(
+            "-e",
+            "--env",
+            type=_env_pair,
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="extra environment variable for the job (repeatable)",
+        )
+        p.add_argument("-q", "--quiet", action="store_true", help="print only the new job id")
+        p.add_argument("script", metavar="SCRIPT", help="a .py file, or any command (bash, torchrun, ...)")
+        p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to SCRIPT verbatim")
+        p.set_defaults(func="cmd_queue:cmd_add")
+
+    p = sub.add_parser("run", help="start a worker", description="Run queued jobs, one at a time per slot.")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--watch", action="store_true", help="stay up and wait for new jobs")
+    mode.add_argument("--daemon", action="store_true", help="start a resident background worker and return")
+    p.add_argument(
+        "--gpus",
+        metavar="LIST",
+        help="one slot per listed GPU (e.g. 0,1); each job gets "
+        "CUDA_VISIBLE_DEVICES. Workers with disjoint --gpus can share a spool",
+    )
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    p.set_defaults(func="cmd_worker:cmd_run")
+
+    p = sub.add_parser("stop", help="stop the worker(s); jobs keep running unless --kill-jobs")
+    p.add_argument("--kill-jobs", action="store_true", help="also kill every running job")
+    p.set_defaults(func="cmd_worker:cmd_stop")
+
+    p = sub.add_parser("status", help="show the queue")
+    p.add_argument("-a", "--all", action="store_true", help="every finished job, not only the recent ones")
+    p.add_argument("--json", action="store_true", help="machine-readable list of jobs")
+    p.set_defaults(func="cmd_view:cmd_status")
+
+    for name in ("log", "logs"):
+        p = sub.add_parser(name, help="show a job's log")
+        p.add_argument("id", type=_positive_id)
+        p.add_argument("-n", "--lines", type=int, default=40, help="last N lines (default 40)")
+        p.add_argument("-f", "--follow", action="store_true", help="keep printing while the job runs")
+        p.set_defaults(func="cmd_view:cmd_log")
+
+    p = sub.add_parser("show", help="everything about one job (JSON)")
+    p.add_argument("id", type=_positive_id)
+    p.set_defaults(func="cmd_view:cmd_show")
+
+    simple = [
+        ("cancel", "cancel a job that is not running", "cmd_queue:cmd_cancel"),
+        (
+            "kill",
+            "stop a running job (SIGTERM to its process group, SIGKILL after a grace period)",
+            "cmd_queue:cmd_kill",
+        ),
+        ("retry", "put a failed or cancelled job back in the queue", "cmd_queue:cmd_retry"),
+    ]
+    for name, text, func in simple:
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("ids", type=_positive_id, nargs="+", metavar="ID")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("preempt", help="stop a running job so it can be resumed from its checkpoint")
+    p.add_argument("id", type=_positive_id, metavar="ID")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds to wait for it (default 60)")
+    p.add_argument("--force", action="store_true", help="SIGKILL whatever is left when the timeout is up")
+    p.set_defaults(func="cmd_preempt:cmd_preempt")
+
+    p = sub.add_parser("resume", help="queue a preempted job again, from its newest complete checkpoint")
+    p.add_argument("id", type=_positive_id, metavar="ID")
+    p.add_argument("--require-checkpoint", action="store_true", help="refuse when no checkpoint is found")
+    p.add_argument("--back", action="store_true", help="queue it in normal order instead of first in line")
+    p.set_defaults(func="cmd_preempt:cmd_resume")
+
+    p = sub.add_parser("clear", help="remove finished jobs (keeps preempted and interrupted ones)")
+    p.set_defaults(func="cmd_queue:cmd_clear")
+
+    p = sub.add_parser("recover", help="put interrupted jobs back in the queue")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help="recover every interrupted job")
+    which.add_argument("--jobs", type=_positive_id, nargs="+", metavar="ID", help="recover these jobs")
+    p.set_defaults(func="cmd_queue:cmd_recover")
+
+    p = sub.add_parser(
+        "adopt",
+        help="track a process started outside gpuq as a running job",
+        description="Take a running process of yours into the queue: nothing else starts while it runs, and "
+        "jobs can wait for it (--after). Its exit code cannot be known: when it ends it is recorded as done "
+        "with exit_code null, so `--after` on it starts whatever its result.",
+    )
+    p.add_argument("pid", type=_pid, metavar="PID")
+    p.add_argument("--name", help="job name (default: <cwd name>/<script stem>)")
+    p.add_argument("--log", metavar="FILE", help="the log file the process writes (for progress and ETA)")
+    p.set_defaults(func="cmd_preempt:cmd_adopt")
+
+    p = sub.add_parser("eta", help="progress and expected end of running jobs, expected start of pending ones")
+    p.add_argument("id", type=_positive_id, nargs="?", help="one job (default: every running and pending job)")
+    p.set_defaults(func="cmd_view:cmd_eta")
+
+    p = sub.add_parser("demo", help="queue and run a small example chain in a throw-away spool (no GPU needed)")
+    p.set_defaults(func="cli:cmd_demo")
+    return parser
+
+
+def split_add_argv(parser: Parser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split `add` arguments at SCRIPT: gpuq's options before it, the job's words from it on."""
+    add = parser._subparsers._group_actions[0].choices["add"]  # type: ignore[union-attr]
+    takes_value = {s for a in add._actions if a.nargs != 0 for s in a.option_strings}
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return argv[:i], argv[i + 1 :]
+        if word in takes_value:
+            i += 2
+        elif word.startswith("-") and word != "-":
+            i += 1
+        else:
+            return argv[:i], argv[i:]
+    return argv, []
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser()
+    if argv and argv[0] in ("add", "enqueue"):
+        own, job_words = split_add_argv(parser, argv[1:])
+        args = parser.parse_args([argv[0], *own, "--", "_"]) if job_words else parser.parse_args(argv)
+        if job_words:
+            args.script, args.args = job_words[0], job_words[1:]
+        return args
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        raise SystemExit(UsageError.exit_code)
+    return args

@@ -1,0 +1,35 @@
+"""The names a job's life is spelled with: its states, the control actions, where it came from.
+
+A state is the name of the directory a job file sits in (spool_layout.md, section 1); these
+constants are the only place they are spelled, so a typo is a NameError, not a silent miss.
+"""
+
+from __future__ import annotations
+
+PENDING = "pending"
+RUNNING = "running"
+DONE = "done"
+FAILED = "failed"
+PREEMPTED = "preempted"
+INTERRUPTED = "interrupted"
+CANCELLED = "cancelled"
+
+# Every state a valid job can be in, in the order a job moves through them: when a crash leaves
+# two copies with the same rev, the later one in this order is shown (see engine.snapshot).
+STATES = (PENDING, RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED, CANCELLED)
+FINISHED = (DONE, FAILED, CANCELLED)  # ended for good: `gpuq clear` may remove them
+ACTIVE = (PENDING, RUNNING)  # what the scheduler reads on every step
+NEEDS_USER = (PREEMPTED, INTERRUPTED)  # stopped; only a person (resume, recover) moves them on
+REJECTED = "rejected"  # not a state: the directory for dropped files that are not jobs
+
+# Control requests left in control/ for a running job's supervisor, saying why it is signalled.
+KILL = "kill"  # `gpuq kill`: the job ends in cancelled/
+PREEMPT = "preempt"  # `gpuq preempt`: preempted/, until `gpuq resume`
+PREEMPT_RESUME = "preempt-resume"  # the worker made room for an urgent job: resumed by itself
+PREEMPT_ACTIONS = (PREEMPT, PREEMPT_RESUME)
+ACTIONS = (KILL, PREEMPT, PREEMPT_RESUME)
+
+# Where a job came from (its `source` field); a dropped file's is "dropped:" + its file name.
+SOURCE_CLI = "cli"
+SOURCE_ADOPT = "adopt"
+SOURCE_DROPPED = "dropped:"

@@ -1,0 +1,179 @@
+"""What each change of state does to a job file, as pure functions: the one place each is written.
+
+Each function returns the fields to change (`changes`); the caller applies them while holding the
+job's claim with `spool.jobs.move(ref, job, new_state, changes)`. Nothing here reads files, looks at
+processes or the clock beyond `now_iso()`.
+
+    pending --start--> running --end_attempt--> done | failed | cancelled | preempted | pending (retry)
+    running --ended_unseen--> interrupted | cancelled | preempted | done (adopted)   (no supervisor)
+    failed | cancelled | interrupted | preempted --requeue / resume--> pending
+    pending | preempted | interrupted --cancel--> cancelled
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from gpuq.core import states
+from gpuq.core.resume_arg import resume_argv
+from gpuq.core.times import now_iso
+
+Changes = dict[str, Any]
+
+# The fields that describe one run of a job; cleared whenever it goes back to the queue.
+_RUN_FIELDS: Changes = {
+    "started_at": None,
+    "finished_at": None,
+    "pid": None,
+    "pid_create_time": None,
+    "supervisor": None,
+    "slot": None,
+}
+
+
+def start(job: dict[str, Any], *, slot: Optional[str], boot_id: str, host: str, log: str) -> Changes:
+    """pending -> running, by the job's supervisor (its own identity and the pid come later)."""
+    return {
+        "started_at": now_iso(),
+        "finished_at": None,
+        "pid": None,
+        "exit_code": None,
+        "signal": None,
+        "slot": slot,
+        "attempts": job.get("attempts", 0) + 1,
+        "supervisor": None,
+        "boot_id": boot_id,
+        "host": host,
+        "note": None,
+        "log": log,
+        "queue_front": False,  # a resumed job is first in line once, not on every later retry
+    }
+
+
+def destination(job: dict[str, Any], exit_code: int, request: Optional[str], retry: bool) -> tuple[str, Optional[str]]:
+    """Where an attempt whose exit code is known goes, and the note that says why."""
+    if request == states.KILL:
+        return states.CANCELLED, "killed by user (gpuq kill)"
+    if request in states.PREEMPT_ACTIONS:
+        return states.PREEMPTED, "preempted (gpuq preempt)"
+    if exit_code == 0:
+        return states.DONE, None
+    if retry and job.get("attempts", 1) <= job.get("retries", 0):
+        return states.PENDING, f"attempt {job['attempts']} failed with exit {exit_code}; retrying"
+    return states.FAILED, None
+
+
+def end_attempt(
+    job: dict[str, Any],
+    state: str,
+    *,
+    exit_code: Optional[int],
+    signal: Optional[str],
+    note: Optional[str],
+    finished_at: Optional[str] = None,
+) -> Changes:
+    """running -> `state`: the attempt's end and its history entry. Going back to pending (an
+    automatic retry) also clears the run's fields; the attempt count goes on."""
+    finished_at = finished_at or now_iso()
+    entry = {
+        "attempt": job.get("attempts"),
+        "started_at": job.get("started_at"),
+        "finished_at": finished_at,
+        "exit_code": exit_code,
+        "signal": signal,
+        "outcome": state,
+    }
+    changes: Changes = {
+        "finished_at": finished_at,
+        "exit_code": exit_code,
+        "signal": signal,
+        "note": note,
+        "history": list(job.get("history") or []) + [entry],
+    }
+    if state == states.PENDING:
+        changes.update(_RUN_FIELDS)
+    return changes
+
+
+def ended_unseen(job: dict[str, Any], request: Optional[str]) -> tuple[str, str]:
+    """Where a running job goes whose process and supervisor are both gone, so its exit code
+    cannot be known (reboot, kill of both, or an adopted process that ended): state and note."""
+    if request == states.KILL:
+        return states.CANCELLED, "killed by user (gpuq kill); exit code unknown, its supervisor was gone"
+    if request in states.PREEMPT_ACTIONS:
+        return states.PREEMPTED, "exit code unknown, its supervisor was gone"
+    if job.get("adopted"):
+        return states.DONE, "adopted process ended; its exit code cannot be known"
+    return states.INTERRUPTED, "process and supervisor gone without a recorded exit (reboot or kill)"
+
+
+def requeue(job: dict[str, Any], note: str) -> Changes:
+    """failed | cancelled | interrupted | preempted -> pending, by a person (retry, recover,
+    resume): same id and history, a fresh count of attempts."""
+    return {
+        **_RUN_FIELDS,
+        "note": note,
+        "attempts": 0,
+        "exit_code": None,
+        "signal": None,
+        "previous_exit_code": job.get("exit_code"),
+    }
+
+
+def cancel(note: str = "cancelled by user") -> Changes:
+    """pending | preempted | interrupted -> cancelled."""
+    return {"note": note, "finished_at": now_iso()}
+
+
+def preemption(
+    job: dict[str, Any],
+    *,
+    action: str,
+    exit_code: Optional[int],
+    checkpoint: Optional[str],
+    checkpoint_step: Optional[int],
+    last_step: Optional[int],
+) -> Changes:
+    """running -> preempted: the record of this preemption and the fields that go with it.
+    Lost steps = the last step reached minus the checkpoint's (0 for a run that started from
+    scratch and has no checkpoint; unknown when no progress was seen)."""
+    base = checkpoint_step if checkpoint is not None else (None if job.get("resumed_from") else 0)
+    # max(0, ...): a save can be newer than the last progress line seen (tqdm refreshes lazily)
+    lost = max(0, last_step - base) if last_step is not None and base is not None else None
+    record = {
+        "at": now_iso(),
+        "by": "urgent job" if action == states.PREEMPT_RESUME else "user",
+        "exit_code": exit_code,
+        "checkpoint": checkpoint,
+        "checkpoint_step": checkpoint_step,
+        "last_step": last_step,
+        "lost_steps": lost,
+    }
+    return {
+        "preemptions": list(job.get("preemptions") or []) + [record],
+        "checkpoint": checkpoint,
+        "auto_resume": action == states.PREEMPT_RESUME,
+        "note": describe_preemption(record),
+    }
+
+
+def describe_preemption(record: dict[str, Any]) -> str:
+    where = f"checkpoint {record['checkpoint']}" if record.get("checkpoint") else "no complete checkpoint found"
+    text = f"preempted by {record.get('by', 'user')}; {where}"
+    if record.get("lost_steps") is not None:
+        text += f"; lost {record['lost_steps']} steps: last progress {record['last_step']}"
+        text += f", checkpoint {record['checkpoint_step'] or 0}"
+    return text
+
+
+def resume(
+    job: dict[str, Any], checkpoint: Optional[str], checkpoint_step: Optional[int], front: bool, note: str
+) -> Changes:
+    """preempted | interrupted -> pending, continuing from `checkpoint` (None: from scratch, and a
+    resume argument gpuq added earlier is taken out again)."""
+    template = job.get("resume_arg")
+    changes = requeue(job, note)
+    changes.update(queue_front=front, auto_resume=False, resumed_from=checkpoint, resumed_from_step=checkpoint_step)
+    if checkpoint is not None or job.get("resumed_from"):
+        changes["cmd"] = resume_argv(job["cmd"], template, checkpoint)
+    return changes

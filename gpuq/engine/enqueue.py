@@ -1,0 +1,122 @@
+"""Turning what a user asked for (`gpuq add ...` or a hand-dropped file) into a queued job."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+from gpuq.core import schema
+from gpuq.core.errors import Refused, UsageError
+from gpuq.core.states import SOURCE_CLI
+from gpuq.spool import JobRef, Spool
+
+
+class EnqueueError(UsageError):
+    """What was asked for cannot become a job (no such script, directory, interpreter)."""
+
+
+def find_venv(start: Path) -> Optional[Path]:
+    """The nearest `.venv` (with a bin/python) in `start` or any directory above it."""
+    for directory in (start, *start.parents):
+        candidate = directory / ".venv"
+        if (candidate / "bin" / "python").exists():
+            return candidate
+    return None
+
+
+def resolve_command(
+    script: str, args: list[str], cwd: Path, python: Optional[str] = None
+) -> tuple[list[str], Optional[str]]:
+    """(argv, venv) for SCRIPT ARGS run in `cwd`.
+
+    A *.py SCRIPT runs with: --python if given, else the nearest .venv's python, else the python
+    on PATH. Anything else is a command, found on PATH with the venv's bin/ first.
+    """
+    venv = find_venv(cwd)
+    if script.endswith(".py"):
+        if not (cwd / script).is_file():
+            raise EnqueueError(f"script not found: {cwd / script}")
+        if python:
+            interpreter = python if "/" not in python else str(Path(python).absolute())
+            if shutil.which(interpreter) is None:
+                raise EnqueueError(f"python not found: {python}")
+        elif venv is not None:
+            interpreter = str(venv / "bin" / "python")
+        else:
+            interpreter = shutil.which("python3") or shutil.which("python") or ""
+            if not interpreter:
+                raise EnqueueError("no python found on PATH; give one with --python")
+        return [interpreter, script, *args], str(venv) if venv else None
+    search = os.environ.get("PATH", "")
+    if venv is not None:
+        search = f"{venv}/bin{os.pathsep}{search}"
+    if "/" in script:
+        if not (cwd / script).exists():
+            raise EnqueueError(f"script not found: {cwd / script}")
+    elif shutil.which(script, path=search) is None:
+        raise EnqueueError(f"command not found: {script}")
+    return [script, *args], str(venv) if venv else None
+
+
+def default_name(cwd: Path, cmd: list[str]) -> str:
+    """`<dir name>/<script stem>`, as the original gpuq named jobs (`root/...` in `/`)."""
+    stem = schema.display_script(cmd).rsplit(".", 1)[0] or "job"
+    return f"{cwd.name or 'root'}/{stem}"
+
+
+def missing_jobs(spool: Spool, ids: list[int]) -> str:
+    """ "#7, #9" for the ids that name no job in the spool, "" when all exist."""
+    if not ids:
+        return ""  # listing every state costs ~0.1 s per 100,000 finished jobs: only when needed
+    known = set(spool.jobs.index())
+    return ", ".join(f"#{i}" for i in ids if i not in known)
+
+
+class NoSuchDependency(Refused):
+    """--after names a job that does not exist."""
+
+
+def enqueue(
+    spool: Spool,
+    *,
+    cmd: list[str],
+    cwd: Path,
+    name: Optional[str],
+    venv: Optional[str],
+    env: dict[str, str],
+    shell_env: Optional[dict[str, str]],
+    after: list[int],
+    after_any: list[int],
+    retries: int,
+    priority: int = 0,
+    source: str = SOURCE_CLI,
+    options: Optional[dict[str, Any]] = None,
+    umask: Optional[int] = None,
+) -> tuple[JobRef, dict[str, Any]]:
+    """Allocate an id and publish the job durably in pending/."""
+    if not cwd.is_dir():
+        raise EnqueueError(f"directory not found: {cwd}")
+    missing = missing_jobs(spool, after + after_any)
+    if missing:
+        raise NoSuchDependency(f"--after: no such job {missing}")
+    job_id = spool.ids.allocate()
+    job = schema.new_job(
+        job_id=job_id,
+        name=name or default_name(cwd, cmd),
+        cmd=cmd,
+        cwd=str(cwd),
+        log=str(spool.layout.log_path(job_id)),
+        env=env,
+        shell_env=shell_env,
+        venv=venv,
+        after=after,
+        after_any=after_any,
+        retries=retries,
+        priority=priority,
+        source=source,
+        options=options,
+        umask=umask,
+    )
+    return spool.jobs.publish(job), job

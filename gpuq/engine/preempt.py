@@ -1,0 +1,151 @@
+"""Preempt, resume and urgent jobs, as a library (the CLI and the worker call it).
+
+Preempting leaves a control request (`preempt`, or `preempt-resume` when the worker makes room for
+an urgent job), then SIGTERMs the job's whole process group. The job's supervisor sees the request
+when the job's main process exits, keeps the job in running/ (its slot taken) until nothing of the
+group is left, records the newest complete checkpoint and the steps lost since it
+(engine/preemption.py), and moves the job to preempted/, whatever its exit code (0 after a graceful
+save, 143 after a plain SIGTERM death).
+
+The job keeps its id: `resume` puts the same file back in pending/ with the checkpoint argument
+replaced, so dependents (`--after ID`) keep waiting and start after the continuation finishes, and
+resuming twice cannot create a second job. spool_layout.md (section 11) has the rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from gpuq.core import transitions
+from gpuq.core.errors import Refused
+from gpuq.core.states import ACTIVE, INTERRUPTED, PENDING, PREEMPT, PREEMPT_RESUME, PREEMPTED, RUNNING
+from gpuq.engine import actions, checkpoints
+from gpuq.spool import Spool
+from gpuq.system import procs
+
+DEFAULT_TIMEOUT = 60.0  # HF's JIT save waits 3 s after SIGTERM, then saves: allow for big models
+FORCE_WAIT = 10.0
+
+
+# ---- preempt (gpuq preempt) -------------------------------------------------------------------
+@dataclass
+class Outcome:
+    job: dict[str, Any]
+    state: str  # where the job is now
+    left: list[int]  # pids still alive (timeout without --force)
+
+
+def preempt(
+    spool: Spool, job_id: int, timeout: float = DEFAULT_TIMEOUT, force: bool = False, say: Callable = lambda _t: None
+) -> Outcome:
+    _ref, job = actions.running_with_pid(spool, job_id)
+    pgid = job.get("pid")
+    if not pgid:
+        raise Refused(f"job #{job_id} has no process yet; try again")
+    snapshot = procs.tree_processes(pgid)
+    spool.control.request(job_id, PREEMPT)
+    procs.terminate(pgid, snapshot)
+    say(f"sent SIGTERM to job #{job_id}'s process group (pid {pgid}); waiting up to {timeout:g}s for it to exit...")
+    left = procs.wait_gone(pgid, snapshot, timeout)
+    if left and force:
+        say(f"still alive after {timeout:g}s: {_pids(left)}; sending SIGKILL")
+        left = procs.kill_leftovers(pgid, snapshot, FORCE_WAIT)
+        if left:
+            raise Refused(f"job #{job_id}: processes {_pids(left)} survived SIGKILL")
+    if left:
+        if procs.job_alive(job):
+            spool.control.take(job_id)  # withdrawn: the job goes on as if nothing happened
+        # else its main process ended but others ignore SIGTERM: the supervisor keeps it in running/
+        return Outcome(job, RUNNING, [p.pid for p in left])
+    job = actions.wait_until_settled(spool, job_id)
+    found = spool.jobs.find(job_id)
+    return Outcome(job, found.state if found else "unknown", [])
+
+
+def _pids(processes: list[Any]) -> str:
+    return ", ".join(str(p.pid) for p in processes)
+
+
+# ---- resume -----------------------------------------------------------------------------------
+def where_looked(job: dict[str, Any]) -> str:
+    if job.get("ckpt_glob"):
+        return f"looked for {job['ckpt_glob']!r} in {job['cwd']}"
+    out = checkpoints.output_dir(job["cmd"], job["cwd"])
+    if out is None:
+        return "its command has no --output_dir and it has no --ckpt-glob"
+    return f"looked for checkpoint-N with trainer_state.json in {out}"
+
+
+@dataclass
+class Resumed:
+    job: dict[str, Any]
+    checkpoint: Optional[checkpoints.Checkpoint]
+
+
+def resume(spool: Spool, job_id: int, require_checkpoint: bool = False, front: bool = True) -> Resumed:
+    """Put a preempted (or interrupted) job back in pending/ with its newest checkpoint, keeping
+    its id; first in line unless `front` is False."""
+    found = spool.jobs.find(job_id)
+    if found is not None and found.state in ACTIVE:
+        raise Refused(f"job #{job_id} is already {found.state}; nothing to resume")
+    with actions.claimed(spool, job_id, (PREEMPTED, INTERRUPTED)) as (ref, job):
+        ckpt = checkpoints.latest_checkpoint(job)
+        if ckpt is None and require_checkpoint:
+            raise Refused(f"job #{job_id}: no complete checkpoint ({where_looked(job)}); left {ref.state}")
+        if ckpt is not None:
+            note = f"resumes from {ckpt.path}"
+        else:
+            note = f"no checkpoint found ({where_looked(job)}): starts from scratch"
+        changes = transitions.resume(job, ckpt.path if ckpt else None, ckpt.step if ckpt else None, front, note)
+        return Resumed(spool.jobs.move(ref, job, PENDING, changes)[1], ckpt)
+
+
+def resume_auto(spool: Spool) -> list[Resumed]:
+    """Resume every job the worker preempted for an urgent job (they go first in line)."""
+    out = []
+    for _ref, job in spool.jobs.load_many(PREEMPTED):
+        if job.get("auto_resume"):
+            try:
+                out.append(resume(spool, job["id"]))
+            except Refused:
+                continue  # busy or changed meanwhile: the next step tries again
+    return out
+
+
+# ---- urgent jobs (the worker's side) ----------------------------------------------------------
+@dataclass
+class Preemption:
+    job_id: int
+    slot: Optional[str]
+    pgid: int
+    snapshot: list[Any]
+    deadline: float
+
+
+class UrgentPreemptions:
+    """The preemptions one worker has under way to make room for urgent jobs. A victim's slot
+    stays unused until every process of it is gone (SIGKILLed once its grace is over)."""
+
+    def __init__(self, spool: Spool, grace: float = DEFAULT_TIMEOUT):
+        self.spool, self.grace = spool, grace
+        self.under_way: dict[int, Preemption] = {}  # job id -> its preemption
+
+    def begin(self, victim: dict[str, Any], now: float) -> None:
+        """Start preempting `victim` without waiting: `busy_slots` finishes it at later steps."""
+        pgid = victim["pid"]
+        snapshot = procs.tree_processes(pgid)
+        self.spool.control.request(victim["id"], PREEMPT_RESUME)
+        procs.terminate(pgid, snapshot)
+        self.under_way[victim["id"]] = Preemption(victim["id"], victim.get("slot"), pgid, snapshot, now + self.grace)
+
+    def busy_slots(self, state_of: dict[int, str], now: float) -> set[Optional[str]]:
+        """Slots of victims with processes still alive; SIGKILL what is left once the grace is over
+        (again at each look: a process may have been forked meanwhile). Finished ones are dropped."""
+        for job_id, p in list(self.under_way.items()):
+            left = procs.leftovers(p.pgid, p.snapshot)
+            if state_of.get(job_id) != RUNNING and not left:
+                del self.under_way[job_id]
+            elif left and now >= p.deadline:
+                procs.signal_each(left, "kill")
+        return {p.slot for p in self.under_way.values()}

@@ -1,0 +1,48 @@
+"""What a preemption leaves behind: the newest complete checkpoint, the last step reached, and
+how many steps were lost in between (spool_layout.md, section 11)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from gpuq.core import transitions
+from gpuq.core.states import PREEMPT_ACTIONS
+from gpuq.engine import attempt, checkpoints, progress
+from gpuq.spool import Spool
+from gpuq.system import procs
+
+
+def last_step(spool: Spool, job: dict[str, Any]) -> Optional[int]:
+    """The furthest step the current attempt reported: its progress file or its log."""
+    steps = []
+    report = attempt.progress_report(spool, job)
+    reported = report[0].get("step") if report else None
+    if isinstance(reported, (int, float)) and not isinstance(reported, bool):
+        steps.append(int(reported))
+    tail, _mtime = attempt.log_tail(spool, job, progress.TAIL_BYTES)
+    logged = progress.last_step(tail)
+    if logged is not None:
+        steps.append(logged)
+    return max(steps) if steps else None
+
+
+def record(spool: Spool, job: dict[str, Any], exit_code: Optional[int], action: str) -> dict[str, Any]:
+    """The changes for a job entering preempted/ (see transitions.preemption)."""
+    ckpt = checkpoints.latest_checkpoint(job)
+    return transitions.preemption(
+        job,
+        action=action,
+        exit_code=exit_code,
+        checkpoint=ckpt.path if ckpt else None,
+        checkpoint_step=ckpt.step if ckpt else None,
+        last_step=last_step(spool, job),
+    )
+
+
+def hold_until_gone(spool: Spool, job_id: int, pgid: int) -> None:
+    """Supervisor side: the main process of a job being preempted has exited; keep the job in
+    running/ while any process of its group lives (a DataLoader worker or a child that ignores
+    SIGTERM still holds GPU memory). Stops if the preemption is withdrawn (timeout, no --force)."""
+    while spool.control.peek(job_id) in PREEMPT_ACTIONS and procs.group_members(pgid):
+        time.sleep(0.1)

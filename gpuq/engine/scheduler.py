@@ -1,0 +1,135 @@
+"""Scheduling decisions as plain functions over a snapshot of the spool.
+
+Nothing here touches files or processes: the worker builds a Snapshot, asks `plan()` which jobs
+to start in which free slots, and carries the decision out. Tests call these directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Optional
+
+from gpuq.core import states
+from gpuq.core.states import FINISHED, NEEDS_USER
+from gpuq.core.times import parse_iso
+
+
+class Wait(NamedTuple):
+    reason: str
+    forever: bool  # True: cannot start unless a person acts (the dependency failed, vanished...)
+
+
+@dataclass
+class Snapshot:
+    states: dict[int, str]  # id -> state of every job in the tree
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    running: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _dependency_wait(
+    job_id: int, dep: int, state: Optional[str], any_result: bool, stuck: frozenset = frozenset()
+) -> Optional[Wait]:
+    if state == states.DONE or (any_result and state in FINISHED):
+        return None
+    if dep in stuck:
+        return Wait(f"after #{dep} (blocked itself)", True)
+    if state is None:
+        return Wait(f"after #{dep}: no such job", True)
+    if state in (states.FAILED, states.CANCELLED):
+        return Wait(f"after #{dep} ({state}): will not start; `gpuq retry {dep}` or `gpuq cancel {job_id}`", True)
+    if state == states.PREEMPTED:  # same id after resume: this job then waits for the continuation
+        return Wait(f"after #{dep} (preempted): runs after `gpuq resume {dep}` completes it", True)
+    if state in NEEDS_USER:
+        return Wait(f"after #{dep} ({state}): `gpuq recover --jobs {dep}` or `gpuq resume {dep}`", True)
+    return Wait(f"after #{dep}" + (" (running)" if state == states.RUNNING else ""), False)
+
+
+def waiting_reason(job: dict[str, Any], state_of: dict[int, str], stuck: frozenset = frozenset()) -> Optional[Wait]:
+    """Why a pending job cannot start yet, or None if its dependencies allow it to. `stuck`
+    holds pending jobs known to be blocked for good, so that their dependents are too."""
+    waits = [_dependency_wait(job["id"], d, state_of.get(d), False, stuck) for d in job.get("after", [])]
+    waits += [_dependency_wait(job["id"], d, state_of.get(d), True, stuck) for d in job.get("after_any", [])]
+    waits = [w for w in waits if w is not None]
+    if not waits:
+        return None
+    blocking = [w for w in waits if w.forever]
+    return blocking[0] if blocking else waits[0]
+
+
+def queue_order(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Urgent jobs first, then resumed continuations (`queue_front`), then higher priority, then
+    by id (the order of `ls pending/`)."""
+    return sorted(
+        pending,
+        key=lambda j: (not j.get("urgent"), not j.get("queue_front"), -int(j.get("priority") or 0), j["id"]),
+    )
+
+
+def preemption_victims(
+    snapshot: Snapshot, free_slots: list[Optional[str]], slots: list[Optional[str]], preempting: set[int]
+) -> list[dict[str, Any]]:
+    """Running jobs to preempt so that ready urgent jobs can start: one for each such job that
+    neither a free slot nor a preemption already under way will serve. The lowest priority goes
+    first; among equals the one started last (it loses the least work). Urgent and adopted jobs,
+    jobs of other workers' slots and jobs without a process yet are never chosen."""
+    urgent = [j for j in snapshot.pending if j.get("urgent")]  # few or none: filter before the costly part
+    if not urgent:
+        return []
+    urgent = [j for j in urgent if waiting_reason(j, snapshot.states) is None]
+    need = len(urgent) - len(free_slots) - len(preempting)
+    if need <= 0:
+        return []
+    candidates = [
+        j
+        for j in snapshot.running
+        if j["id"] not in preempting
+        and j.get("pid")
+        and not j.get("urgent")
+        and not j.get("adopted")
+        and (slots == [None] or j.get("slot") in slots)
+    ]
+    candidates.sort(key=lambda j: (int(j.get("priority") or 0), -(parse_iso(j.get("started_at")) or 0.0)))
+    return candidates[:need]
+
+
+def occupied_slots(running: list[dict[str, Any]], slots: list[Optional[str]]) -> set[Optional[str]]:
+    """Slots taken by running jobs. A job with slot None (whole machine, or adopted) takes all."""
+    taken: set[Optional[str]] = set()
+    for job in running:
+        slot = job.get("slot")
+        if slot is None or slots == [None]:
+            return set(slots)
+        taken.add(slot)
+    return taken & set(slots)
+
+
+def waiting_reasons(snapshot: Snapshot) -> dict[int, Optional[Wait]]:
+    """waiting_reason for every pending job, with blockage passed down dependency chains
+    (a job after a job that can never start can never start either)."""
+    stuck: frozenset = frozenset()
+    while True:
+        reasons = {j["id"]: waiting_reason(j, snapshot.states, stuck) for j in snapshot.pending}
+        now_stuck = frozenset(i for i, w in reasons.items() if w is not None and w.forever)
+        if now_stuck == stuck:
+            return reasons
+        stuck = now_stuck
+
+
+def plan(snapshot: Snapshot, free_slots: list[Optional[str]]) -> list[tuple[dict[str, Any], Optional[str]]]:
+    """Which pending jobs to start now, one per free slot, in queue order."""
+    chosen: list[tuple[dict[str, Any], Optional[str]]] = []
+    if not free_slots:
+        return chosen
+    for job in queue_order(snapshot.pending):  # stops at the first few ready jobs: a long queue costs little
+        if waiting_reason(job, snapshot.states) is None:
+            chosen.append((job, free_slots[len(chosen)]))
+            if len(chosen) == len(free_slots):
+                break
+    return chosen
+
+
+def has_startable_future(snapshot: Snapshot) -> bool:
+    """True while some pending job can still start without a person acting."""
+    if any(waiting_reason(j, snapshot.states) is None for j in snapshot.pending):
+        return True  # the common case, decided without following dependency chains
+    return any(w is None or not w.forever for w in waiting_reasons(snapshot).values())

@@ -1,0 +1,140 @@
+"""The worker's event loop: a thin shell around Worker.step().
+
+Events from watchdog only say "look again soon": the truth is always a fresh look at the spool,
+and the loop also looks every RESCAN_SECONDS in case an event was lost (inotify overflow, a
+network filesystem, a dead observer thread).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+from typing import Any, Optional
+
+from gpuq.core.states import PENDING, RUNNING
+from gpuq.run.worker import RESCAN_SECONDS, Worker
+
+ADOPTED_RESCAN_SECONDS = 1.0
+# A job reaches any other state by leaving running/ or pending/, so these two directories say
+# everything the scheduler needs; events elsewhere would only cost steps.
+WATCHED = (PENDING, RUNNING)
+_IGNORED_EVENTS = ("modified", "opened", "closed_no_write")
+
+
+class Waker:
+    """Wakes the loop from a signal handler or the observer thread. A pipe, not an Event:
+    setting an Event inside a signal handler can deadlock on the Event's own lock."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        os.set_blocking(self.write_fd, False)
+
+    def set(self) -> None:
+        try:
+            os.write(self.write_fd, b"x")
+        except BlockingIOError:
+            pass  # the pipe is full: a wake-up is already pending
+
+    def clear(self) -> None:
+        try:
+            while os.read(self.read_fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def wait(self, timeout: float) -> bool:
+        """True if woken, False if the timeout passed."""
+        return bool(select.select([self.read_fd], [], [], timeout)[0])
+
+
+def serve(worker: Worker, watch: bool) -> int:
+    """Run until stopped (watch) or until nothing is left to do. Returns an exit code."""
+    wake = Waker()
+    observer = None
+    interrupted = {"signal": 0}
+
+    def stop(signum: int, _frame: Any) -> None:
+        if worker.stopping:  # a second Ctrl-C: leave at once
+            raise KeyboardInterrupt
+        worker.stopping, interrupted["signal"] = True, signum
+        wake.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    # No wake-up on SIGCHLD: a supervisor's exit follows its job leaving running/, which
+    # already woke us; one that died early is noticed by the periodic look.
+    woken = True
+    try:
+        while not worker.stopping:
+            observer = _ensure_observer(observer, worker, wake)
+            wake.clear()
+            result = worker.step(woken=woken)
+            if result.more_work:
+                wake.set()  # come back at once for the rest, after starting what could start
+            if not watch and not result.busy and not result.startable_later:
+                for line in worker.why_done():
+                    worker.say(line)
+                break
+            woken = wake.wait(ADOPTED_RESCAN_SECONDS if result.watch_closely else RESCAN_SECONDS)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        worker.launcher.close_spare()
+        if observer is not None:
+            observer.stop()
+    if worker.stopping:
+        _say_left_running(worker)
+        return 130 if interrupted["signal"] == signal.SIGINT else 0
+    return 0
+
+
+def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any]:
+    """(Re)start the watchdog observer; a dead one (an exception in its thread) is replaced."""
+    if observer is not None and observer.is_alive():
+        return observer
+    try:
+        from watchdog.events import FileSystemEventHandler
+        from watchdog.observers import Observer
+    except ImportError:
+        return None  # polling every RESCAN_SECONDS still works
+
+    class Handler(FileSystemEventHandler):
+        def on_any_event(self, event: Any) -> None:
+            if _worth_a_step(event):
+                wake.set()
+
+    new = Observer()
+    for state in WATCHED:
+        new.schedule(Handler(), str(worker.spool.layout.state_dir(state)), recursive=False)
+    try:
+        new.start()
+    except OSError as exc:  # e.g. inotify watch limit reached: fall back to rescans
+        worker.say(f"file watching unavailable ({exc}); looking every {RESCAN_SECONDS:.0f}s")
+        return None
+    wake.set()  # files that arrived before the observer started produce no event
+    return new
+
+
+def _say_left_running(worker: Worker) -> None:
+    running = worker.still_running()
+    if running:
+        names = ", ".join(f"#{j['id']} {j['name']} (pid {j.get('pid')})" for j in running)
+        worker.say(f"worker stopped; still running under their supervisors: {names}. `gpuq kill ID` stops one.")
+    else:
+        worker.say("worker stopped")
+
+
+def _worth_a_step(event: Any) -> bool:
+    """Events that can change what may start: anything arriving in pending/ (a hand-written file
+    counts once it is closed), and a job leaving running/. A file rewritten in place inside
+    running/ (the supervisor recording a pid) frees nothing."""
+    if event.is_directory or event.event_type in _IGNORED_EVENTS:
+        return False
+    parent = os.path.basename(os.path.dirname(event.src_path))
+    if parent == RUNNING:
+        return event.event_type in ("deleted", "moved")
+    # In pending/, a job leaving (a supervisor taking it, a cancel) starts nothing; the rare
+    # case where it matters (`--after-any` on a cancelled job) waits for the periodic look.
+    return event.event_type != "deleted"

@@ -1,0 +1,199 @@
+"""The worker's scheduling step: a plain call that tests can make one step at a time.
+
+`Worker.step()` repairs what crashes left (engine/recovery.py), takes in dropped files, reads the
+tree, and starts what can start, each job under a supervisor of its own (run/launcher.py). The event
+loop around it is run/loop.py. The truth is always a fresh look at the spool.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from gpuq.core.states import PENDING, RUNNING
+from gpuq.engine import eta, intake, recovery, scheduler
+from gpuq.engine.preempt import UrgentPreemptions, resume_auto
+from gpuq.engine.snapshot import PendingCache, snapshot
+from gpuq.run.launcher import Launcher
+from gpuq.spool import Spool
+
+RESCAN_SECONDS = 5.0  # a full repair (duplicates, stale claims, tmp files) at most this often
+FULL_STEP_SECONDS = 60.0  # a quiet worker still takes a full look this often
+SAMPLE_SECONDS = 30.0  # progress samples of running jobs, for their ETA
+INTAKE_BUDGET_SECONDS = 0.25  # per step; a burst of dropped files is taken in over several steps
+
+
+@dataclass
+class Launch:
+    job_id: int
+    process: subprocess.Popen
+
+
+@dataclass
+class StepResult:
+    started: list[int] = field(default_factory=list)
+    busy: bool = False  # a job runs (or is starting) in one of this worker's slots
+    startable_later: bool = False  # some pending job may still start without a person acting
+    watch_closely: bool = False  # an adopted job runs: its end is only seen by looking
+    more_work: bool = False  # dropped or broken files were left for the next step: come back soon
+
+
+class Worker:
+    def __init__(self, spool: Spool, gpus: Optional[list[str]] = None, say: Callable[[str], None] = print):
+        self.spool = spool
+        self.slots: list[Optional[str]] = list(gpus) if gpus else [None]
+        self.say = say
+        self.launcher = Launcher(spool)
+        self.launching: dict[Optional[str], Launch] = {}
+        self.supervisors: list[subprocess.Popen] = []  # started by us, job under way
+        self.urgent = UrgentPreemptions(spool)
+        self.cache = PendingCache()
+        self.stopping = False
+        self._last_full_reconcile = 0.0
+        self._last_sample = 0.0
+        self._quiet_since: Optional[tuple[Any, float, StepResult]] = None  # (signature, time, result)
+
+    # ---- one step -----------------------------------------------------------------------------
+    def step(self, now: Optional[float] = None, woken: bool = True) -> StepResult:
+        """One scheduling step. A periodic look (`woken` False) at a spool whose pending/,
+        running/, locks/ and control/ have not changed only checks the running jobs' processes:
+        with a thousand blocked jobs, re-reading the queue every few seconds would cost more CPU
+        than an idle worker may."""
+        now = time.time() if now is None else now
+        if not woken and self._nothing_changed(now):
+            return self._quiet_step(now)
+        result = self._full_step(now)
+        self._quiet_since = (self.spool.jobs.signature(), now, result)
+        return result
+
+    def _nothing_changed(self, now: float) -> bool:
+        if self._quiet_since is None or self.launching or self.urgent.under_way:
+            return False
+        signature, since, _result = self._quiet_since
+        if now - since >= FULL_STEP_SECONDS or signature != self.spool.jobs.signature():
+            return False
+        return not self.spool.dropbox.dropped()  # a dropped file waiting to be complete needs looks
+
+    def _quiet_step(self, now: float) -> StepResult:
+        report = recovery.Report()
+        recovery.settle_unsupervised(self.spool, report)
+        if report.settled:  # a job ended unseen: look at everything again
+            self._quiet_since = None
+            return self.step(now)
+        self._sample_progress(now, [])
+        assert self._quiet_since is not None
+        return self._quiet_since[2]
+
+    def _full_step(self, now: float) -> StepResult:
+        result = StepResult()
+        self._repair(now)
+        result.more_work = self._take_in_dropped(now)
+        for resumed in resume_auto(self.spool):
+            self.say(f"job #{resumed.job['id']} back in the queue (first in line): {resumed.job.get('note')}")
+        snap, invalid = snapshot(self.spool, self.cache)
+        self._forget_finished_launches(snap)
+        free = self._free_slots(snap, now)
+        if not self.stopping:
+            self._make_room_for_urgent(snap, free, now)
+            for job, slot in scheduler.plan(snap, free):
+                if self._launch(job, slot):
+                    result.started.append(job["id"])
+        # after starting jobs: a pile of broken files must not delay them
+        rejected, left = intake.reject_broken(self.spool, invalid, now, INTAKE_BUDGET_SECONDS)
+        for name, outcome in rejected:
+            self.say(f"{name}: {outcome}")
+        result.more_work = result.more_work or left
+        occupied = scheduler.occupied_slots(snap.running, self.slots)
+        result.busy = bool(self.launching or self.urgent.under_way or occupied)
+        result.startable_later = result.more_work or scheduler.has_startable_future(snap)
+        # Nothing reports an adopted process's exit: look at it more often than usual.
+        result.watch_closely = any(job.get("adopted") for job in snap.running)
+        if snap.running:
+            self._sample_progress(now, snap.running)
+        if not self.stopping and (result.busy or snap.pending):
+            self.launcher.keep_a_spare()
+        return result
+
+    def _repair(self, now: float) -> None:
+        full = now - self._last_full_reconcile >= RESCAN_SECONDS
+        if full:
+            self._last_full_reconcile = now
+        report = recovery.reconcile(self.spool, full=full)
+        for job_id, state in report.settled:
+            self.say(f"job #{job_id} had lost its process and supervisor: now {state}")
+
+    def _take_in_dropped(self, now: float) -> bool:
+        """Take in hand-dropped files for a slice of time; True if some were left for later."""
+        with self.spool.dropbox.turn() as mine:
+            if not mine:
+                return False
+            outcomes, more = intake.take_in_some(self.spool, now, budget=INTAKE_BUDGET_SECONDS)
+        for name, outcome in outcomes:
+            self.say(f"{name}: {outcome}")
+        return more
+
+    def _free_slots(self, snap: scheduler.Snapshot, now: float) -> list[Optional[str]]:
+        busy = scheduler.occupied_slots(snap.running, self.slots) | set(self.launching)
+        busy |= self.urgent.busy_slots(snap.states, now)
+        return [slot for slot in self.slots if slot not in busy]
+
+    def _make_room_for_urgent(self, snap: scheduler.Snapshot, free: list[Optional[str]], now: float) -> None:
+        # a job of ours with a control request is already being killed or preempted by a person:
+        # its slot is about to free up, and it must not be turned into an auto-resumed victim
+        mine = {j["id"] for j in snap.running if self.slots == [None] or j.get("slot") in self.slots}
+        busy_ids = set(self.urgent.under_way) | (mine & set(self.spool.control.ids()))
+        for victim in scheduler.preemption_victims(snap, free, self.slots, busy_ids):
+            self.urgent.begin(victim, now)
+            self.say(f"preempting job #{victim['id']} {victim['name']} to make room for an urgent job")
+
+    def _forget_finished_launches(self, snap: scheduler.Snapshot) -> None:
+        """A launch stops counting once its job left pending/ (running/ then holds the slot) or
+        its supervisor exited."""
+        for slot, launch in list(self.launching.items()):
+            if launch.process.poll() is not None or snap.states.get(launch.job_id) != PENDING:
+                del self.launching[slot]
+                self.supervisors.append(launch.process)
+        # reap supervisors that have exited, so none lingers as a zombie
+        self.supervisors = [p for p in self.supervisors if p.poll() is None]
+
+    def _launch(self, job: dict[str, Any], slot: Optional[str]) -> bool:
+        claim = self.spool.claims.claim(job["id"])
+        if claim is None:
+            return False  # another worker (or a cancel) got there first
+        try:
+            process = self.launcher.launch(claim, slot)
+        except OSError as exc:
+            claim.release()
+            self.say(f"job #{job['id']}: could not start its supervisor: {exc}")
+            return False
+        self.launching[slot] = Launch(job["id"], process)
+        where = f" on GPU {slot}" if slot is not None else ""
+        self.say(f"starting job #{job['id']} {job['name']}{where}")
+        return True
+
+    def _sample_progress(self, now: float, running: list[dict[str, Any]]) -> None:
+        if now - self._last_sample < SAMPLE_SECONDS:
+            return
+        self._last_sample = now
+        if not running:
+            running = [job for _ref, job in self.spool.jobs.load_many(RUNNING)]
+        eta.sample_running(self.spool, running, now)  # so a first `gpuq status` has a rate
+
+    # ---- what the loop says when it ends ---------------------------------------------------------
+    def why_done(self) -> list[str]:
+        snap, _ = snapshot(self.spool, self.cache)
+        reasons = scheduler.waiting_reasons(snap)
+        blocked = [(j, reasons[j["id"]]) for j in snap.pending]
+        if not blocked:
+            return ["queue empty; worker exits"]
+        lines = [f"nothing more can start; {len(blocked)} job(s) wait for something only you can change:"]
+        for job, wait in blocked:
+            lines.append(f"  #{job['id']} {job['name']}: {wait.reason if wait else 'waiting'}")
+        return lines
+
+    def still_running(self) -> list[dict[str, Any]]:
+        """Running jobs of this worker's slots (they go on under their supervisors)."""
+        running = snapshot(self.spool, self.cache)[0].running
+        return [j for j in running if j.get("slot") in self.slots or self.slots == [None]]

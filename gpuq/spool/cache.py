@@ -1,0 +1,21 @@
+"""cache/: data gpuq derives from job files and can always rebuild (ARCHITECTURE.md, "Caches")."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from gpuq.spool.files import Files, read_small
+from gpuq.spool.layout import Layout
+
+
+class Caches:
+    def __init__(self, layout: Layout, files: Files):
+        self.layout, self.files = layout, files
+
+    def read(self, name: str) -> Optional[bytes]:
+        """cache/NAME if it is a regular file of ours, else None."""
+        return read_small(self.layout.cache_path(name), cap=1 << 34, mine=True)
+
+    def write(self, name: str, data: bytes) -> None:
+        """Replace cache/NAME atomically. Not fsynced: a cache lost in a power cut is rebuilt."""
+        self.files.replace(self.layout.cache_path(name), data, "cache", durable=False)

@@ -1,0 +1,80 @@
+"""Files people drop into pending/ by hand: finding them, taking them in without losing or doubling
+one across a crash, and moving the ones that are not jobs to rejected/ with the reason.
+
+Taking a file in renames it to a hidden name that carries its new id (.intake-NNNNNN-NAME), so a
+crash cannot take it in twice; the job is then published and the hidden file removed.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager
+
+from gpuq.core.states import PENDING
+from gpuq.spool.files import Files
+from gpuq.spool.layout import INTAKE_RE, JOB_NAME_RE, Layout
+from gpuq.spool.mutex import turn
+from gpuq.system import fsutil
+
+
+class Dropbox:
+    def __init__(self, layout: Layout, files: Files):
+        self.layout, self.files = layout, files
+
+    def turn(self) -> AbstractContextManager[bool]:
+        """True for the one process taking in dropped files right now (others skip their turn),
+        so several workers do not race for the same file and waste ids on it."""
+        return turn(self.layout, "intake")
+
+    def dropped(self) -> list[str]:
+        """Files in pending/ that are not (yet) gpuq job files: candidates for intake."""
+        try:
+            entries = os.listdir(self.layout.state_dir(PENDING))
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in entries if not n.startswith(".") and not JOB_NAME_RE.match(n))
+
+    def leftovers(self) -> list[tuple[int, str]]:
+        """(id, hidden name) of intakes a crash interrupted."""
+        out = []
+        for name in os.listdir(self.layout.state_dir(PENDING)):
+            m = INTAKE_RE.match(name)
+            if m:
+                out.append((int(m.group(1)), name))
+        return sorted(out)
+
+    def begin(self, name: str, job_id: int) -> str:
+        """Rename a dropped file to its hidden intake name; returns that name."""
+        hidden = f".intake-{job_id:06d}-{name}"
+        pending = self.layout.state_dir(PENDING)
+        fsutil.rename_noreplace(pending / name, pending / hidden)
+        return hidden
+
+    def finish(self, hidden: str) -> None:
+        os.unlink(self.layout.job_path(PENDING, hidden))
+        fsutil.fsync_dir(self.layout.state_dir(PENDING))
+
+    def reject(self, name: str, reason: str, *, hidden_name: str = "") -> str:
+        """Move a file that is not a valid job from pending/ to rejected/, its reason beside it
+        in NAME.reason; returns the name it got there."""
+        source = self.layout.job_path(PENDING, hidden_name or name)
+        base = _short_name(name)  # room for ".N.reason" within the 255-byte name limit
+        target = base
+        for n in range(1, 10000):
+            try:
+                fsutil.rename_noreplace(source, self.layout.rejected_path(target))
+                break
+            except FileExistsError:
+                target = f"{base}.{n}"
+        self.files.replace(self.layout.rejected_path(f"{target}.reason"), f"{reason}\n".encode(), "reason")
+        return target
+
+
+def _short_name(name: str, limit: int = 200) -> str:
+    """`name`, or if its encoding is longer than `limit` bytes, a prefix of it plus a hash."""
+    raw = os.fsencode(name)
+    if len(raw) <= limit:
+        return name
+    import hashlib  # rare, and hashlib costs start-up time every command would pay
+
+    return os.fsdecode(raw[: limit - 17]) + "~" + hashlib.sha1(raw).hexdigest()[:16]

@@ -1,0 +1,23 @@
+"""Errors of the spool itself: a tree gpuq must not trust, and a disk with no room."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuq.core.errors import GpuqError
+
+
+class SpoolError(GpuqError):
+    """Something in the spool prevents the operation; the message is meant for the user."""
+
+
+class SpoolFull(SpoolError, OSError):
+    """A write failed for lack of space (disk, quota, file-size limit); the partial file is gone.
+    Also an OSError, so code that handles write errors keeps handling this one."""
+
+    def __init__(self, home: Path, exc: OSError):
+        self.message = f"cannot write to the spool {home}: {exc.strerror}; free some space and try again"
+        super().__init__(exc.errno, exc.strerror)
+
+    def __str__(self) -> str:
+        return self.message

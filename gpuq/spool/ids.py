@@ -1,0 +1,64 @@
+"""Job ids: unique and increasing across concurrent adders, and never given out twice.
+
+The counter lives in `next_id` (replaced atomically) and, as a copy, inside `ids.lock`, the file
+whose flock serialises every allocation. If one of them is lost the other still knows the
+high-water mark, so an id is not given out again even after `gpuq clear` removed the jobs that
+had the highest ids. Only if both are lost is the counter rebuilt from the ids found in the tree.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+from gpuq.spool.files import Files
+from gpuq.spool.layout import INTAKE_RE, Layout
+from gpuq.spool.store import JobStore
+
+
+class IdCounter:
+    def __init__(self, layout: Layout, files: Files, store: JobStore):
+        self.layout, self.files, self.store = layout, files, store
+
+    def allocate(self, count: int = 1) -> int:
+        """The next job id; with `count`, the first of that many consecutive ids, all reserved."""
+        fd = os.open(self.layout.top_file("ids.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            next_id = max(self._stored(), _number(os.pread(fd, 32, 0)), 1)
+            if next_id == 1:  # no record at all: rebuilt from what the tree holds
+                next_id = self._highest_in_tree() + 1
+            after = f"{next_id + count}\n".encode()
+            self.files.replace(self.layout.top_file("next_id"), after, "id")
+            _overwrite(fd, after)
+            return next_id
+        finally:
+            os.close(fd)
+
+    def _stored(self) -> int:
+        try:
+            return _number(self.layout.top_file("next_id").read_bytes())
+        except OSError:
+            return 0
+
+    def _highest_in_tree(self) -> int:
+        ids = [ref.id for ref in self.store.refs()]
+        for name in os.listdir(self.layout.state_dir("pending")):
+            m = INTAKE_RE.match(name)
+            if m:
+                ids.append(int(m.group(1)))
+        return max(ids, default=0)
+
+
+def _number(data: bytes) -> int:
+    try:
+        return int(data.split(b"\n", 1)[0] or b"0")
+    except ValueError:
+        return 0
+
+
+def _overwrite(fd: int, data: bytes) -> None:
+    """The copy in ids.lock: written in place (the file is ours and locked), padded so a longer
+    old number never leaves digits behind. fsynced like next_id: both must survive a power cut."""
+    os.pwrite(fd, data.ljust(32), 0)
+    os.fsync(fd)

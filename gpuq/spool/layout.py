@@ -1,0 +1,101 @@
+"""Where everything lives in the spool: the one place that builds a path under $GPUQ_HOME.
+
+Every other part of gpuq.spool asks a Layout for its paths; nothing outside gpuq.spool builds one.
+spool_layout.md (section 1, "The tree") is the contract this module implements.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Optional
+
+from gpuq.core.states import REJECTED, STATES
+from gpuq.spool.errors import SpoolError
+from gpuq.system import security
+
+# gpuq's own directories beside the states (see spool_layout.md for what each holds).
+INTERNAL = ("tmp", "locks", "logs", "workers", "control", "progress", "cache")
+JOB_NAME_RE = re.compile(r"^(\d{6,})-[A-Za-z0-9._-]*\.json$")  # a published job file
+PLAIN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.json$")  # a dropped file gpuq takes in
+INTAKE_RE = re.compile(r"^\.intake-(\d{6,})-(.+)$")  # a dropped file being taken in, with its new id
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("GPUQ_HOME") or Path.home() / ".gpuq").absolute()
+
+
+class Layout:
+    """The paths of one spool. Building a path touches nothing; `ensure()` creates the tree."""
+
+    def __init__(self, home: Optional[Path] = None):
+        self.home = Path(home) if home is not None else default_home()
+
+    def ensure(self) -> None:
+        """Create the tree (mode 0700) on first use, and refuse a tree that others could write
+        into: whoever can drop a file in pending/ runs commands as us (see system/security.py)."""
+        os.umask(0o077)
+        for sub in ("",) + STATES + (REJECTED,) + INTERNAL:
+            path = self.home / sub
+            try:
+                if sub == "":
+                    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                pass  # checked below, whatever it turns out to be
+            problem = security.directory_problem(path, is_home=(sub == ""))
+            if problem:
+                raise SpoolError(problem)
+
+    # ---- jobs and their states ----------------------------------------------------------------
+    def state_dir(self, state: str) -> Path:
+        return self.home / state
+
+    def job_path(self, state: str, name: str) -> Path:
+        return self.home / state / name
+
+    def rejected_path(self, name: str) -> Path:
+        return self.home / REJECTED / name
+
+    # ---- per-job files, named by id alone (never by anything read inside a job file) ---------
+    def lock_path(self, job_id: int) -> Path:
+        return self.home / "locks" / f"{job_id:06d}.lock"
+
+    def control_path(self, job_id: int) -> Path:
+        return self.home / "control" / f"{job_id:06d}.json"
+
+    def log_path(self, job_id: int) -> Path:
+        return self.home / "logs" / f"{job_id:06d}.log"
+
+    def progress_path(self, job_id: int) -> Path:
+        return self.home / "progress" / f"{job_id:06d}.json"
+
+    def samples_path(self, job_id: int) -> Path:
+        return self.home / "progress" / f"{job_id:06d}.samples.json"
+
+    # ---- gpuq's own files ---------------------------------------------------------------------
+    def worker_log_path(self) -> Path:
+        return self.home / "logs" / "worker.log"
+
+    def worker_info_path(self, pid: int) -> Path:
+        return self.home / "workers" / f"worker-{pid}.json"
+
+    def worker_lock_path(self, name: str) -> Path:
+        """workers/machine.lock or workers/gpu-N.lock."""
+        return self.home / "workers" / f"{name}.lock"
+
+    def cache_path(self, name: str) -> Path:
+        return self.home / "cache" / name
+
+    def top_file(self, name: str) -> Path:
+        """A file at the top of the spool: next_id, ids.lock, intake.lock, adopt.lock."""
+        return self.home / name
+
+    def internal_dir(self, name: str) -> Path:
+        """One of INTERNAL: tmp, locks, logs, workers, control, progress, cache."""
+        assert name in INTERNAL, name
+        return self.home / name
+
+    def tmp_dir(self) -> Path:
+        return self.home / "tmp"

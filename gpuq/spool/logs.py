@@ -1,0 +1,75 @@
+"""Job logs (logs/NNNNNN.log) and the worker's log: opening them for writing, and reading their tails.
+
+Every log is opened without following links. A job's log is always the spool's own file, except for
+an adopted job, whose log is the file its process writes itself (its `log` field, set by `gpuq
+adopt`), read but never written by gpuq.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from gpuq.spool.files import read_from, tail, unlink_quietly
+from gpuq.spool.layout import Layout
+
+TAIL_LINES_MAX_BYTES = 4 << 20  # a log with no line breaks must not make `gpuq log` read all of it
+
+
+class Logs:
+    def __init__(self, layout: Layout):
+        self.layout = layout
+
+    def path_of(self, job: dict[str, Any]) -> Path:
+        """Where the job's output is: the spool's log, or an adopted process's own file."""
+        if job.get("adopted") and job.get("log"):
+            return Path(job["log"])
+        return self.layout.log_path(job["id"])
+
+    def open_job_log(self, job_id: int) -> int:
+        """A descriptor appending to the job's log (created 0600), for the supervisor and the job."""
+        return _open_append(self.layout.log_path(job_id))
+
+    def open_worker_log(self) -> int:
+        return _open_append(self.layout.worker_log_path())
+
+    def worker_log_path(self) -> Path:
+        return self.layout.worker_log_path()
+
+    def tail(self, job: dict[str, Any], limit: int = 65536) -> tuple[bytes, float]:
+        """The last `limit` bytes of the job's log and its mtime ((b"", 0.0) if none)."""
+        return tail(self.path_of(job), limit)
+
+    def tail_lines(self, job: dict[str, Any], count: int) -> list[str]:
+        """The last `count` lines of the job's log; tqdm's carriage returns count as line breaks."""
+        if count <= 0:
+            return []
+        path, limit = self.path_of(job), 65536
+        while True:
+            data, _mtime = tail(path, limit)
+            if data.count(b"\n") + data.count(b"\r") > count or len(data) < limit or limit >= TAIL_LINES_MAX_BYTES:
+                break
+            limit *= 4
+        text = data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        return lines[-count:]
+
+    def read_from(self, job: dict[str, Any], offset: int) -> bytes:
+        """Up to 1 MiB of the job's log from `offset` on (for `gpuq log -f`)."""
+        return read_from(self.path_of(job), offset)
+
+    def size(self, job: dict[str, Any]) -> int:
+        try:
+            return os.stat(self.path_of(job)).st_size
+        except OSError:
+            return 0
+
+    def delete(self, job_id: int) -> None:
+        unlink_quietly(self.layout.log_path(job_id))
+
+
+def _open_append(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)

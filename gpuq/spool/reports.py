@@ -1,0 +1,55 @@
+"""Progress as jobs report it (progress/NNNNNN.json, written by the job at GPUQ_PROGRESS_FILE) and
+gpuq's own samples of it over time (progress/NNNNNN.samples.json), read by the ETA."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from gpuq.spool.files import Files, open_regular, read_small, unlink_quietly
+from gpuq.spool.layout import Layout
+
+
+class Reports:
+    def __init__(self, layout: Layout, files: Files):
+        self.layout, self.files = layout, files
+
+    def progress_path(self, job_id: int) -> Path:
+        """Given to the job as GPUQ_PROGRESS_FILE: the job writes it, gpuq only reads it."""
+        return self.layout.progress_path(job_id)
+
+    def read_progress(self, job_id: int) -> Optional[tuple[dict[str, Any], float]]:
+        """(contents, mtime) of the job's progress file, or None."""
+        fd = open_regular(self.layout.progress_path(job_id))
+        if fd is None:
+            return None
+        try:
+            data = json.loads(os.read(fd, 65536))
+            mtime = os.fstat(fd).st_mtime
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)
+        return (data, mtime) if isinstance(data, dict) else None
+
+    def read_samples(self, job_id: int) -> dict[str, Any]:
+        """The progress samples recorded by earlier looks at a job ({} if none or unreadable)."""
+        data = read_small(self.layout.samples_path(job_id))
+        try:
+            samples = json.loads(data) if data else {}
+        except ValueError:
+            return {}
+        return samples if isinstance(samples, dict) else {}
+
+    def write_samples(self, job_id: int, samples: dict[str, Any]) -> None:
+        """Replace a job's samples atomically. Two lookers at once may each drop the other's
+        newest sample; that costs a little precision, never a wrong value. Not fsynced: losing
+        samples in a power cut only delays the next ETA."""
+        data = json.dumps(samples, separators=(",", ":")).encode()
+        self.files.replace(self.layout.samples_path(job_id), data, "samples", durable=False)
+
+    def delete(self, job_id: int) -> None:
+        unlink_quietly(self.layout.progress_path(job_id))
+        unlink_quietly(self.layout.samples_path(job_id))

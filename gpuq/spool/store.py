@@ -1,0 +1,170 @@
+"""Job files: listing them, reading them safely, publishing them, and moving them between states.
+
+A job's state is the directory its file sits in. A state change writes the new version (rev + 1)
+into the target directory without clobbering, then unlinks the old one, so a crash in between
+leaves two copies and the higher rev wins (engine/recovery.py resolves them). Whoever changes a
+job's file holds the job's claim (spool/claims.py); this module does not check that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator, NamedTuple, Optional
+
+from gpuq.core import schema
+from gpuq.core.states import STATES
+from gpuq.spool.files import Files, read_job_file, unlink_quietly
+from gpuq.spool.layout import JOB_NAME_RE, Layout
+from gpuq.system import fsutil
+
+MAX_JOB_BYTES = 1 << 20
+
+
+class JobRef(NamedTuple):
+    id: int
+    state: str
+    name: str
+
+
+class JobStore:
+    def __init__(self, layout: Layout, files: Files):
+        self.layout, self.files = layout, files
+
+    # ---- listing ------------------------------------------------------------------------------
+    def names(self, state: str) -> list[str]:
+        """Job file names in a state directory, in id order (dot-files and strangers excluded)."""
+        try:
+            entries = os.listdir(self.layout.state_dir(state))
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in entries if JOB_NAME_RE.match(n))
+
+    def refs(self, states: tuple[str, ...] = STATES) -> Iterator[JobRef]:
+        for state in states:
+            for name in self.names(state):  # names() matched JOB_NAME_RE: the id ends at the first "-"
+                yield JobRef(int(name[: name.index("-")]), state, name)
+
+    def index(self) -> dict[int, list[JobRef]]:
+        """id -> every copy of that job in the tree (more than one only after a crash mid-move)."""
+        found: dict[int, list[JobRef]] = {}
+        for ref in self.refs():
+            found.setdefault(ref.id, []).append(ref)
+        return found
+
+    def find(self, job_id: int, states: tuple[str, ...] = STATES) -> Optional[JobRef]:
+        prefix = f"{job_id:06d}-"
+        for state in states:
+            for name in self.names(state):
+                if name.startswith(prefix):
+                    return JobRef(job_id, state, name)
+        return None
+
+    def signature(self) -> tuple[tuple[int, int], ...]:
+        """Changes whenever a job enters or leaves pending/ or running/, or a claim or request
+        appears or goes: a worker that sees the same signature has nothing new to schedule."""
+        out = []
+        for sub in ("pending", "running", "locks", "control"):
+            sig = self.dir_signature(sub)
+            out.append((sig[0], sig[1]) if sig else (0, 0))
+        return tuple(out)
+
+    def dir_signature(self, state: str) -> Optional[tuple[int, int, float]]:
+        """(inode, mtime_ns, mtime) of a directory of the spool: it changes whenever a file is
+        added, removed or replaced there. None if it is missing."""
+        try:
+            st = os.stat(self.layout.state_dir(state), follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_mtime
+
+    def file_signatures(self, state: str, names: list[str]) -> dict[str, tuple[int, int, int]]:
+        """name -> (inode, mtime_ns, size) of job files in `state`; vanished ones are left out."""
+        directory, out = os.fspath(self.layout.state_dir(state)), {}
+        for name in names:
+            try:
+                st = os.stat(os.path.join(directory, name), follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            out[name] = (st.st_ino, st.st_mtime_ns, st.st_size)
+        return out
+
+    # ---- reading ------------------------------------------------------------------------------
+    def read_bytes(self, state: str, name: str) -> bytes:
+        """A file of a state directory, read safely (see files.read_job_file)."""
+        return read_job_file(self.layout.job_path(state, name), MAX_JOB_BYTES)
+
+    def load(self, ref: JobRef) -> dict[str, Any]:
+        """A valid job dict for `ref`; schema.InvalidJob or FileNotFoundError otherwise."""
+        obj = schema.parse_bytes(self.read_bytes(ref.state, ref.name))
+        return schema.validate(obj, expected_id=ref.id)
+
+    def load_many(self, state: str) -> list[tuple[JobRef, dict[str, Any]]]:
+        """Every valid job of a state directory; vanished or invalid files are skipped."""
+        out = []
+        for ref in self.refs((state,)):
+            try:
+                out.append((ref, self.load(ref)))
+            except (FileNotFoundError, schema.InvalidJob):
+                continue
+        return out
+
+    # ---- writing ------------------------------------------------------------------------------
+    def publish(self, job: dict[str, Any], state: str = "pending") -> JobRef:
+        """Publish a new job file; once this returns it survives a power cut. FileExistsError if
+        that name is taken."""
+        name = schema.filename(job["id"], job["name"])
+        self.files.place_new(self.layout.job_path(state, name), encode(job), "job")
+        return JobRef(job["id"], state, name)
+
+    def move(self, ref: JobRef, job: dict[str, Any], state: str, changes: dict[str, Any]) -> tuple[JobRef, dict]:
+        """Move a job to `state` (or write it anew in place when the state is the same) with
+        `changes` applied and rev + 1. The caller holds the job's claim."""
+        unknown = set(changes) - schema.KNOWN_FIELDS
+        if unknown:  # a misspelt field would otherwise be written and never read
+            raise KeyError(f"not job fields: {', '.join(sorted(unknown))}")
+        new = dict(job, **changes)
+        new["rev"] = job["rev"] + 1
+        if state == ref.state:
+            path = self.layout.job_path(ref.state, ref.name)
+            self.files.replace(path, encode(new), "job")  # replaces our own file, by design
+            return ref, new
+        new_ref = self.publish(new, state)
+        self.remove(ref)  # a recovery scan may have removed the old copy already
+        return new_ref, new
+
+    def rewrite(self, ref: JobRef, job: dict[str, Any], **changes: Any) -> dict[str, Any]:
+        """A new version of a job in its current state (never an edit of the published file)."""
+        return self.move(ref, job, ref.state, changes)[1]
+
+    def remove(self, ref: JobRef) -> None:
+        if unlink_quietly(self.layout.job_path(ref.state, ref.name)):
+            fsutil.fsync_dir(self.layout.state_dir(ref.state))
+
+    def newer_copy_elsewhere(self, ref: JobRef, job: dict[str, Any]) -> bool:
+        """Whether a crash mid-move left this job in another state too, with a higher rev (then
+        `ref` is the stale copy). Older copies found are removed. The caller holds the claim.
+        A job keeps its file name in every state, so this is a handful of exact-name lookups."""
+        newer = False
+        for state in STATES:
+            if state == ref.state or not os.path.lexists(self.layout.job_path(state, ref.name)):
+                continue
+            other = JobRef(ref.id, state, ref.name)
+            try:
+                other_rev = self.load(other)["rev"]
+            except (FileNotFoundError, schema.InvalidJob):
+                continue
+            if other_rev > job["rev"]:
+                newer = True
+            else:
+                self.remove(other)
+        return newer
+
+
+def encode(job: dict[str, Any]) -> bytes:
+    try:
+        return (json.dumps(job, indent=2, ensure_ascii=False) + "\n").encode()
+    except UnicodeEncodeError:
+        # an argument or variable holding bytes that are not UTF-8 (kept by Python as \udcXX):
+        # \u escapes keep them exactly, in a file that is still valid UTF-8
+        return (json.dumps(job, indent=2, ensure_ascii=True) + "\n").encode()

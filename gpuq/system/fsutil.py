@@ -1,0 +1,127 @@
+"""Low-level file primitives the spool is built from: fsync, no-clobber rename, flock probes.
+
+Kept apart from the gpuq.spool package so that the spool reads as the protocol, not as system calls.
+Within gpuq, only gpuq.spool writes through this module.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+_renameat2 = None  # resolved lazily: ctypes costs a few ms that `gpuq status` should not pay
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory entry change (create, rename, unlink) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_new_file(path: Path, data: bytes, durable: bool = True) -> None:
+    """Create `path` (must not exist), write `data` fully and (if `durable`) fsync it.
+
+    On ENOSPC or any other error the partial file is removed, so nothing half-written remains.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if durable:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(path)
+        raise
+    os.close(fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _linux_renameat2():
+    global _renameat2
+    if _renameat2 is None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        func = getattr(libc, "renameat2", None)
+        _renameat2 = (ctypes, func) if func is not None else (ctypes, False)
+    return _renameat2
+
+
+def rename_noreplace(src: Path, dst: Path) -> None:
+    """Atomically rename src to dst, failing with FileExistsError if dst exists.
+
+    A plain os.rename would silently replace dst. Uses renameat2(RENAME_NOREPLACE) on Linux and
+    renamex_np(RENAME_EXCL) on macOS; where neither works (old kernels, some network filesystems)
+    falls back to link + unlink, which is also no-clobber but briefly shows two links.
+    """
+    if sys.platform.startswith("linux"):
+        ctypes, func = _linux_renameat2()
+        if func:
+            at_fdcwd, rename_noreplace_flag = -100, 1
+            if func(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace_flag) == 0:
+                return
+            err = ctypes.get_errno()
+            if err == errno.EEXIST:
+                raise FileExistsError(err, os.strerror(err), str(dst))
+            if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+                raise OSError(err, os.strerror(err), str(src))
+    elif sys.platform == "darwin":
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        rename_excl = 0x4
+        if libc.renamex_np(os.fsencode(src), os.fsencode(dst), rename_excl) == 0:
+            return
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise FileExistsError(err, os.strerror(err), str(dst))
+        if err not in (errno.ENOTSUP, errno.EINVAL):
+            raise OSError(err, os.strerror(err), str(src))
+    os.link(src, dst)
+    os.unlink(src)
+
+
+def try_flock(fd: int, exclusive: bool = True) -> bool:
+    """Take an flock without blocking; False if another open file description holds it."""
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def open_existing(path: Path, flags: int = os.O_RDONLY) -> Optional[int]:
+    """Open a file without following symlinks; None if it does not exist."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+
+
+def same_inode(fd: int, path: Path) -> bool:
+    """True while `path` still names the file open on `fd` (nobody replaced or removed it)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fd)
+    return (st.st_ino, st.st_dev) == (fst.st_ino, fst.st_dev)

@@ -1,0 +1,196 @@
+"""Processes: identity (pid + start time + boot id), liveness, and killing a job's whole tree.
+
+A pid alone is reused by the kernel, so a job's process is "the same" only if its pid, its start
+time and the boot it was recorded in all match. psutil is imported lazily: `gpuq add` never needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any, Optional
+
+CREATE_TIME_TOLERANCE = 0.05  # seconds; psutil derives it from clock ticks, so it is stable
+_boot_id: Optional[str] = None
+
+
+def boot_id() -> str:
+    """Identifies this boot: a process recorded under another boot id is certainly gone."""
+    global _boot_id
+    if _boot_id is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as fh:
+                _boot_id = fh.read().strip()
+        except OSError:
+            import psutil  # macOS and others: the boot time identifies the boot well enough
+
+            _boot_id = f"boot-{int(psutil.boot_time())}"
+    return _boot_id
+
+
+def current_umask() -> int:
+    """This process's umask (reading it means setting it, so it is put straight back)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def pid_alive(pid: int) -> bool:
+    """Cheap existence test (pid only): good enough for tmp-file owners, never for jobs."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def create_time(pid: int) -> Optional[float]:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+
+
+def identity(pid: int) -> dict[str, Any]:
+    """What we record to recognise this process later."""
+    return {"pid": pid, "create_time": create_time(pid), "boot_id": boot_id()}
+
+
+def is_same_process(pid: Optional[int], recorded_create_time: Optional[float], recorded_boot: Optional[str]) -> bool:
+    """True only if the recorded process is still running (not a zombie, not a pid reuse)."""
+    if not pid or recorded_create_time is None:
+        return False
+    if recorded_boot and recorded_boot != boot_id():
+        return False
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - recorded_create_time) > CREATE_TIME_TOLERANCE:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def job_alive(job: dict[str, Any]) -> bool:
+    return is_same_process(job.get("pid"), job.get("pid_create_time"), job.get("boot_id"))
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True
+
+
+def tree_processes(pid: int) -> list[Any]:
+    """The process and all its descendants now, those that left its group included.
+
+    psutil.Process objects remember the start time, so killing them later cannot hit a reused pid.
+    """
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return [proc] + proc.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+# ---- process groups -------------------------------------------------------------------------------
+def group_members(pgid: int) -> list[Any]:
+    """Live (non-zombie) processes of process group `pgid`."""
+    if not pgid or not signal_group(pgid, 0):
+        return []  # nobody left in the group: the cheap, common answer
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return out
+
+
+def leftovers(pgid: int, snapshot: list[Any]) -> list[Any]:
+    """What still lives of a job: its group, plus descendants seen earlier that left the group
+    (psutil.Process remembers the start time, so a reused pid is not mistaken for them)."""
+    import psutil
+
+    alive = {p.pid: p for p in group_members(pgid)}
+    for proc in snapshot:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.setdefault(proc.pid, proc)
+        except psutil.Error:
+            continue
+    return list(alive.values())
+
+
+def wait_gone(pgid: int, snapshot: list[Any], timeout: float) -> list[Any]:
+    """Wait until nothing of the job is left or `timeout` passes; returns what is still alive."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = leftovers(pgid, snapshot)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)
+
+
+def terminate(pgid: int, snapshot: list[Any]) -> None:
+    """SIGTERM the job's group; a process that leads no group (adopted) is signalled itself."""
+    if not signal_group(pgid, signal.SIGTERM):
+        signal_each(snapshot[:1], "terminate")
+
+
+def kill_leftovers(pgid: int, snapshot: list[Any], timeout: float) -> list[Any]:
+    """SIGKILL every process still alive of the job (again while new ones appear) until none is
+    left or `timeout` passes; returns the survivors. Each kill goes through psutil, which checks
+    the start time, so a reused pid is never hit."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = leftovers(pgid, snapshot)
+        if not left or time.monotonic() >= deadline:
+            return left
+        signal_each(left, "kill")
+        time.sleep(0.05)
+
+
+def signal_each(processes: list[Any], method: str) -> None:
+    import psutil
+
+    for proc in processes:
+        try:
+            getattr(proc, method)()
+        except psutil.Error:
+            continue
+
+
+def terminate_tree(job: dict[str, Any], grace: float, force: bool = True) -> bool:
+    """SIGTERM the job's process group, wait up to `grace` for all of it to go, then (if `force`)
+    SIGKILL whatever is left, escaped descendants included. True once nothing of the job lives."""
+    pgid = job.get("pid")
+    if not pgid:
+        return True
+    snapshot = tree_processes(pgid) if job_alive(job) else []
+    terminate(pgid, snapshot)
+    if not wait_gone(pgid, snapshot, grace):
+        return True
+    if not force:
+        return False
+    return not kill_leftovers(pgid, snapshot, 10.0)
