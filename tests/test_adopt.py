@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import wait_for
 
-from gpuq.spool import Spool
 from gpuq.run.worker import Worker
+from gpuq.spool import Spool
 
 # Runs until the file named in argv[2] appears (the test sets its pace), printing progress.
 OUTSIDE = """

@@ -186,9 +186,8 @@ def test_orphan_claim_is_broken_and_the_job_runs_once(gq: Env) -> None:
 def test_two_breakers_never_hold_a_claim_at_once(gq: Env) -> None:
     spool = Spool(gq.home).ensure()
     ref, _job = _queued(gq, spool, gq.work / "unused")
-    subprocess.run(
-        [sys.executable, "-c", f"from gpuq.spool import Spool; Spool({str(gq.home)!r}).claims.claim({ref.id})"], check=True
-    )
+    code = f"from gpuq.spool import Spool; Spool({str(gq.home)!r}).claims.claim({ref.id})"
+    subprocess.run([sys.executable, "-c", code], check=True)
     intervals = gq.work / "held"
     code = (
         "import os, sys, time\nfrom gpuq.spool import Spool\n"
