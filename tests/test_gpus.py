@@ -7,6 +7,7 @@ import ctypes.util
 import json
 import os
 import pwd
+import shutil
 import subprocess
 import sys
 import types
@@ -353,3 +354,12 @@ def test_gpu_records_are_frozen() -> None:
     gpu = Gpu(0, "x", "GPU-x", 10, 0, ())
     with pytest.raises(AttributeError):
         gpu.memory_used_mib = 5  # type: ignore[misc]
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="nvidia-smi is here: the check would really run")
+def test_gpu_check_skips_cleanly_without_nvidia_smi() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu_check.py")], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("SKIP: no nvidia-smi")

@@ -287,9 +287,12 @@ def _place_shared(count: int, need: int, states: list[_GpuState], text: _Texts) 
     if not sharable:
         return Blocked(f"waiting for a free GPU ({', '.join(text.jobs_on(s) for s in short)})", forever=False)
     most = max(sharable, key=lambda s: (s.free_mib, -s.gpu.index))
-    where = "a GPU" if count == 1 else f"{count} GPUs ({len(fits)} fit now)"
+    most_free = f"GPU {most.gpu.index}, {mib_text(most.free_mib)}"
+    if count == 1:
+        return Blocked(f"waiting for {mib_text(need)} on a GPU (most free: {most_free})", forever=False)
+    fit_now = f"{len(fits)} fit{'s' if len(fits) == 1 else ''} now; " if fits else ""
     return Blocked(
-        f"waiting for {mib_text(need)} on {where} (most free: GPU {most.gpu.index}, {mib_text(most.free_mib)})",
+        f"waiting for {mib_text(need)} on each of {count} GPUs ({fit_now}most free of the others: {most_free})",
         forever=False,
     )
 
