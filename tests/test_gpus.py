@@ -228,7 +228,13 @@ def stand_in_nvml(devices: list[dict[str, Any]], has_v2: bool = True) -> types.M
 
     mod.nvmlDeviceGetHandleByIndex = handle
     mod.nvmlDeviceGetName = lambda h: h["name"].encode()  # older bindings return bytes
-    mod.nvmlDeviceGetUUID = lambda h: h["uuid"]
+
+    def uuid(h: dict) -> str:
+        if h.get("weird"):
+            raise RuntimeError("boom")  # not an NVMLError: a binding bug must not lose the other GPUs
+        return h["uuid"]
+
+    mod.nvmlDeviceGetUUID = uuid
     mod.nvmlDeviceGetMemoryInfo = memory
     mod.nvmlDeviceGetComputeRunningProcesses = processes("compute")
     mod.nvmlDeviceGetGraphicsRunningProcesses = processes("graphics")
@@ -258,6 +264,7 @@ def test_nvml_reading_keeps_good_devices_when_one_fails(monkeypatch: pytest.Monk
             device(0, used=10 * GIB, compute=[(4242, 9 * GIB), (50, None)], graphics=[(4242, 9 * GIB), (60, MIB)]),
             device(1, lost=True),
             device(2, no_processes=True, used=3 * GIB),
+            device(3, weird=True),
         ]
     )
     look = nvml_look(monkeypatch, binding)
@@ -269,7 +276,10 @@ def test_nvml_reading_keeps_good_devices_when_one_fails(monkeypatch: pytest.Monk
     assert first.memory_used_mib == 10 * 1024
     assert first.processes == (GpuProcess(50, None), GpuProcess(60, 1), GpuProcess(4242, 9 * 1024))
     assert look.gpus[1].processes == ()
-    assert look.problem == "GPU 1 unreadable (NVML: GPU is lost); GPU 2: no process list (NVML: Not Supported)"
+    assert look.problem == (
+        "GPU 1 unreadable (NVML: GPU is lost); GPU 2: no process list (NVML: Not Supported); "
+        "GPU 3 unreadable (NVML: RuntimeError: boom)"
+    )
 
 
 def test_nvml_without_v2_memory_falls_back_to_v1(monkeypatch: pytest.MonkeyPatch) -> None:

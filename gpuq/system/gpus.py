@@ -215,8 +215,8 @@ def _look_nvml() -> GpuLook:
 
         try:
             count = pynvml.nvmlDeviceGetCount()
-        except pynvml.NVMLError as exc:
-            return GpuLook((), "nvml", f"NVML cannot count the GPUs: {exc}", at)
+        except Exception as exc:
+            return GpuLook((), "nvml", f"NVML cannot count the GPUs: {_error_text(pynvml, exc)}", at)
         gpus: list[Gpu] = []
         problems: list[str] = []
         for index in range(count):
@@ -262,14 +262,14 @@ def _read_device(pynvml: Any, index: int, problems: list[str]) -> Optional[Gpu]:
         name = _as_text(pynvml.nvmlDeviceGetName(handle))
         uuid = _as_text(pynvml.nvmlDeviceGetUUID(handle))
         total, used = _memory(pynvml, handle)
-    except pynvml.NVMLError as exc:
-        problems.append(f"GPU {index} unreadable (NVML: {exc})")
+    except Exception as exc:  # NVMLError mostly; anything else must not lose the other GPUs either
+        problems.append(f"GPU {index} unreadable (NVML: {_error_text(pynvml, exc)})")
         return None
     try:
         processes = _processes(pynvml, handle)
-    except pynvml.NVMLError as exc:
+    except Exception as exc:
         # Kept with no processes: all its used memory then counts as held by someone unknown.
-        problems.append(f"GPU {index}: no process list (NVML: {exc})")
+        problems.append(f"GPU {index}: no process list (NVML: {_error_text(pynvml, exc)})")
         processes = ()
     return Gpu(index=index, name=name, uuid=uuid, memory_total_mib=total, memory_used_mib=used, processes=processes)
 
@@ -319,6 +319,10 @@ def _process_list(pynvml: Any, handle: Any, kind: str) -> list:
         if type(exc).__name__ != "NVMLLibraryMismatchError":
             raise
     return getattr(pynvml, f"nvmlDeviceGet{kind}RunningProcesses_v2")(handle)
+
+
+def _error_text(pynvml: Any, exc: Exception) -> str:
+    return str(exc) if isinstance(exc, pynvml.NVMLError) else f"{type(exc).__name__}: {exc}"
 
 
 def _as_text(value: Any) -> str:
