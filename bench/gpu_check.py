@@ -274,6 +274,13 @@ def check_cli(index: int, mib: int, uuid_of: dict[int, str]) -> list[str]:
         def jobs() -> dict[int, dict[str, Any]]:
             return {j["id"]: j for j in json.loads(gpuq("status", "--json", "-a"))}
 
+        def done(*ids: int) -> bool:
+            states = {i: jobs()[i]["state"] for i in ids}
+            wrong = {i: s for i, s in states.items() if s not in ("pending", "running", "done")}
+            if wrong:
+                raise CheckFailed(f"jobs ended badly: {wrong}; see {root}/worker.out and `gpuq log`")
+            return all(s == "done" for s in states.values())
+
         (root / "job.sh").write_text(JOB)
         add = ["add", "-q", "--gpus", "1", "--dir", str(root), "sh", str(root / "job.sh"), str(root)]
         add += [sys.executable, __file__]
@@ -288,7 +295,7 @@ def check_cli(index: int, mib: int, uuid_of: dict[int, str]) -> list[str]:
         holder = None
         try:
             first, second = int(gpuq(*add)), int(gpuq(*add))
-            wait_until(lambda: all(jobs()[i]["state"] == "done" for i in (first, second)), 120, "two jobs to finish")
+            wait_until(lambda: done(first, second), 120, "two jobs to finish")
             a = [float((root / f"job-{i}.{e}").read_text()) for i in (first, second) for e in ("start", "end")]
             if not (a[1] <= a[2] or a[3] <= a[0]):
                 raise CheckFailed(f"jobs #{first} and #{second} ran at the same time on GPU {index}")
@@ -304,7 +311,7 @@ def check_cli(index: int, mib: int, uuid_of: dict[int, str]) -> list[str]:
                 raise CheckFailed(f"job #{third} is {waiting['state']} beside a foreign {mib} MiB")
             stop(holder)
             holder = None
-            wait_until(lambda: jobs()[third]["state"] == "done", 60, f"job #{third} to run once pid {pid} is gone")
+            wait_until(lambda: done(third), 60, f"job #{third} to run once pid {pid} is gone")
             return [f"#{first}, #{second} one after another; #{third} waited: {waiting['waiting']}"]
         finally:
             if holder is not None:
