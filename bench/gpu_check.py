@@ -278,7 +278,8 @@ def check_cli(index: int, mib: int, uuid_of: dict[int, str]) -> list[str]:
             states = {i: jobs()[i]["state"] for i in ids}
             wrong = {i: s for i, s in states.items() if s not in ("pending", "running", "done")}
             if wrong:
-                raise CheckFailed(f"jobs ended badly: {wrong}; see {root}/worker.out and `gpuq log`")
+                tail = (root / "worker.out").read_text(errors="replace")[-600:]  # the folder goes at the end
+                raise CheckFailed(f"jobs ended badly: {wrong}; worker output ends: {tail!r}")
             return all(s == "done" for s in states.values())
 
         (root / "job.sh").write_text(JOB)
