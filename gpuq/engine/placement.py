@@ -1,0 +1,368 @@
+"""Which GPUs a job may start on now, or why it waits: pure decisions over one look at the GPUs.
+
+Nothing here reads files, processes or NVML: the scheduler passes a look (`gpuq.system.gpus.look`),
+the gpuq jobs that hold GPUs (`Holding`) with their process trees, and a `describe(pid)` function
+for the messages; it gets back a `Placement` or a `Blocked` per job.
+
+Memory on a GPU falls into three parts:
+
+* committed: gpuq jobs holding the GPU. A shared job (declared `gpu_mem_mib`) counts for the larger
+  of its declared size and what its processes use now; a whole-GPU job takes the GPU for itself.
+* outside: listed processes that are not those of a gpuq job holding this GPU (someone else's, or
+  a gpuq job's process straying onto a GPU it does not hold), plus the used memory that no listed
+  process explains (`memory_used - sum of listed sizes`, never below zero).
+* free: the rest.
+
+The unexplained memory counts as outside, that is as someone else's. On Linux NVML lists nearly
+every process, and the driver's own reserve is kept out of `memory_used` by the system layer, so
+on a healthy machine it is a few MiB; it is large when processes are hidden from us (another
+container, another pid namespace) or when a process's size is not reported, which are exactly the
+cases where starting a job blindly would hurt. A gpuq process whose size NVML does not report
+therefore also makes its GPU look fuller than it is: it errs towards waiting, never towards
+overcommitting. On a driver too old for NVML's v2 memory figures the reserve is in `memory_used`
+and shows as outside memory too; `foreign_threshold_mib` must then exceed it.
+
+Rules: a whole-GPU request takes GPUs without any gpuq holding whose outside memory is at most
+`foreign_threshold_mib` (room for a display server or an idle CUDA context). A shared request takes
+GPUs without a whole-GPU holding where committed + outside + request <= total, preferring the GPU
+where the least room would be left (best fit, ties by index) so that big GPUs stay free for big
+jobs; `gpus=2, gpu_mem_mib=20480` needs two GPUs that each fit. The foreign threshold does not
+apply to shared requests: their declared size is checked against the real free memory instead.
+
+No GPUs: when a look finds none and says why benignly (`mode_of(look) == CPU_ONLY`: no driver, or
+a machine without GPUs), the scheduler does not call `place` at all and runs as gpuq always has:
+`cpu_only_slots(allowed)` gives the slots (one per `--gpus` label, else one for the whole
+machine), every job takes one slot whatever its request, and `--gpus N`/`--gpu-mem` are not
+checked, so that a GPU job still runs on a laptop or in CI. When the look failed
+(`mode_of(look) == UNREADABLE`: a broken fake file, NVML erring on a machine with a driver), GPU
+jobs wait with `unreadable(look)` as their reason and CPU jobs start.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional, Sequence, TypeVar, Union
+
+from gpuq.system.gpus import Gpu, GpuLook, mib_text
+
+# Outside memory a whole-GPU job tolerates: a bare CUDA context (0.3-0.6 GiB) or a desktop does
+# not hold a GPU; a process that allocated a GiB or more does.
+DEFAULT_FOREIGN_THRESHOLD_MIB = 1024
+
+# Unexplained memory is named in a reason from this size on even when listed processes block alone.
+UNEXPLAINED_NAMED_MIB = 1024
+
+GPUS = "gpus"
+CPU_ONLY = "cpu-only"
+UNREADABLE = "unreadable"
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a job asks for. gpus=0: a CPU job. gpu_mem_mib=None: its GPUs whole; else that many
+    MiB on each of its GPUs, shared with other such jobs. ValueError on a request that cannot be."""
+
+    gpus: int = 1
+    gpu_mem_mib: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
+            raise ValueError(f"--gpus: expected a whole number >= 0, got {self.gpus!r}")
+        if self.gpu_mem_mib is not None:
+            if isinstance(self.gpu_mem_mib, bool) or not isinstance(self.gpu_mem_mib, int) or self.gpu_mem_mib < 1:
+                raise ValueError(f"--gpu-mem: expected a size of at least 1 MiB, got {self.gpu_mem_mib!r}")
+            if self.gpus == 0:
+                raise ValueError("--gpu-mem needs --gpus 1 or more (--gpus 0 is a CPU job)")
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A gpuq job running (or being started) on `gpus`, with its declared size and process tree."""
+
+    job_id: int
+    gpus: tuple[int, ...]
+    gpu_mem_mib: Optional[int]
+    pids: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Placement:
+    gpus: tuple[int, ...]  # ascending; () for a CPU job
+
+
+@dataclass(frozen=True)
+class Blocked:
+    reason: str  # one line, for `gpuq status`
+    forever: bool  # True: cannot start on this worker whatever finishes; the scheduler skips it
+
+
+Decision = Union[Placement, Blocked]
+Describe = Callable[[int], str]
+
+
+@dataclass
+class _GpuState:
+    """One GPU as placement sees it."""
+
+    gpu: Gpu
+    jobs: list[int] = field(default_factory=list)  # gpuq jobs holding it
+    whole: bool = False  # one of them holds it whole
+    committed: int = 0
+    outside: list[tuple[int, Optional[int]]] = field(default_factory=list)  # (pid, MiB or None)
+    unexplained: int = 0
+
+    @property
+    def outside_mib(self) -> int:
+        return sum(mib or 0 for _, mib in self.outside) + self.unexplained
+
+    @property
+    def free_mib(self) -> int:
+        return max(0, self.gpu.memory_total_mib - self.committed - self.outside_mib)
+
+
+# ---------------------------------------------------------------------------------------------
+# Modes
+
+
+def mode_of(look: GpuLook) -> str:
+    """GPUS: place jobs with `place_in_order`. CPU_ONLY: no GPUs, benignly (no driver, or none
+    installed): slots as gpuq always had them. UNREADABLE: the look failed; GPU jobs wait."""
+    if look.gpus:
+        return GPUS
+    if look.source == "none" or look.problem is None:
+        return CPU_ONLY
+    return UNREADABLE
+
+
+def cpu_only_slots(allowed: Optional[Sequence[T]]) -> list[Optional[T]]:
+    """The slots of a worker on a machine without GPUs: one per `--gpus` label (its jobs still get
+    CUDA_VISIBLE_DEVICES, unchecked), else a single slot for the whole machine."""
+    return list(allowed) if allowed else [None]
+
+
+def unreadable(look: GpuLook) -> Blocked:
+    """The reason a GPU job waits while the GPUs cannot be read (mode UNREADABLE)."""
+    return Blocked(f"waiting for the GPUs to be readable: {look.problem}", forever=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Placing
+
+
+def place(
+    request: Request,
+    gpus: Sequence[Gpu],
+    allowed: Optional[Iterable[int]] = None,
+    holdings: Iterable[Holding] = (),
+    own_pids: Iterable[int] = frozenset(),
+    foreign_threshold_mib: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
+    describe: Optional[Describe] = None,
+) -> Decision:
+    """Where `request` can start now among `gpus` (those of a look) restricted to `allowed`
+    (indices; None: all), given the gpuq `holdings`, or why not. `own_pids` are every process of a
+    gpuq job (adopted ones included); `describe(pid)` gives "python, user alice", which the
+    reason puts in parentheses (None: pids are named without it)."""
+    if request.gpus == 0:
+        return Placement(())
+    wanted = None if allowed is None else set(allowed)
+    present = {g.index for g in gpus}
+    candidates = [g for g in sorted(gpus, key=lambda g: g.index) if wanted is None or g.index in wanted]
+    if request.gpus > len(candidates):
+        return Blocked(_too_few(request.gpus, candidates, (wanted or set()) - present), forever=True)
+    holdings = list(holdings)
+    owners = _owners(holdings, own_pids)
+    states = _states(candidates, holdings)
+    text = _Texts(describe, owners)
+    if request.gpu_mem_mib is None:
+        return _place_whole(request.gpus, states, foreign_threshold_mib, text)
+    return _place_shared(request.gpus, request.gpu_mem_mib, states, text)
+
+
+def place_in_order(
+    requests: Sequence[tuple[int, Request]],
+    gpus: Sequence[Gpu],
+    allowed: Optional[Iterable[int]] = None,
+    holdings: Iterable[Holding] = (),
+    own_pids: Iterable[int] = frozenset(),
+    foreign_threshold_mib: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
+    describe: Optional[Describe] = None,
+    backfill: bool = False,
+) -> dict[int, Decision]:
+    """`place` for pending jobs given as (job id, request) in queue order (only those whose
+    dependencies allow them to start), each placement becoming a holding for the jobs after it,
+    so that one step never gives a whole GPU twice nor overcommits a shared one.
+
+    Once a GPU job waits (not forever), the GPU jobs behind it wait too ("waiting behind job #N"),
+    unless `backfill`: otherwise a stream of one-GPU jobs could keep a two-GPU job waiting forever.
+    CPU jobs always start; a job that can never fit is skipped, and does not hold up the others."""
+    allowed = None if allowed is None else set(allowed)
+    own = frozenset(own_pids)
+    held = list(holdings)
+    text = _Texts(describe, {})  # its describe() looks each pid up once for the whole step
+    first_waiting: Optional[int] = None
+    decisions: dict[int, Decision] = {}
+    for job_id, request in requests:
+        decision = place(request, gpus, allowed, held, own, foreign_threshold_mib, text.describe)
+        if isinstance(decision, Placement) and decision.gpus and first_waiting is not None and not backfill:
+            decision = Blocked(f"waiting behind job #{first_waiting} (first in line for a GPU)", forever=False)
+        elif isinstance(decision, Placement) and decision.gpus:
+            held.append(Holding(job_id, decision.gpus, request.gpu_mem_mib))
+        elif isinstance(decision, Blocked) and not decision.forever and first_waiting is None:
+            first_waiting = job_id
+        decisions[job_id] = decision
+    return decisions
+
+
+def _owners(holdings: list[Holding], own_pids: Iterable[int]) -> dict[int, Optional[int]]:
+    """Every gpuq process -> the job holding GPUs it belongs to (None: a gpuq job without GPUs,
+    such as an adopted one), to name a gpuq process found on a GPU its job does not hold."""
+    owners: dict[int, Optional[int]] = {pid: None for pid in own_pids}
+    owners.update({pid: h.job_id for h in holdings for pid in h.pids})
+    return owners
+
+
+def _states(candidates: list[Gpu], holdings: list[Holding]) -> list[_GpuState]:
+    states = []
+    for gpu in candidates:
+        state = _GpuState(gpu)
+        here = [h for h in holdings if gpu.index in h.gpus]
+        using = {h.job_id: 0 for h in here}
+        holder_of = {pid: h.job_id for h in here for pid in h.pids}
+        for proc in gpu.processes:
+            if proc.pid in holder_of:
+                using[holder_of[proc.pid]] += proc.used_memory_mib or 0
+            else:
+                state.outside.append((proc.pid, proc.used_memory_mib))
+        listed = sum(p.used_memory_mib or 0 for p in gpu.processes)
+        state.unexplained = max(0, gpu.memory_used_mib - listed)
+        for holding in here:
+            state.jobs.append(holding.job_id)
+            state.whole = state.whole or holding.gpu_mem_mib is None
+            state.committed += max(holding.gpu_mem_mib or 0, using[holding.job_id])
+        state.outside.sort(key=lambda item: (-(item[1] or 0), item[0]))
+        states.append(state)
+    return states
+
+
+def _place_whole(count: int, states: list[_GpuState], threshold: int, text: _Texts) -> Decision:
+    usable = [s.gpu.index for s in states if not s.jobs and s.outside_mib <= threshold]
+    if len(usable) >= count:
+        return Placement(tuple(usable[:count]))
+    outside = [s for s in states if not s.jobs and s.outside_mib > threshold]
+    busy = [s for s in states if s.jobs]
+    if not outside:
+        wanted = "a free GPU" if count == 1 else f"{count} free GPUs"
+        return Blocked(f"waiting for {wanted} ({', '.join(text.jobs_on(s) for s in busy)})", forever=False)
+    parts = [f"GPU {s.gpu.index}: {text.holders(s, threshold)}" for s in outside]
+    parts += [f"GPU {s.gpu.index}: {text.jobs(s)}" for s in busy]
+    return Blocked("waiting for " + "; ".join(parts), forever=False)
+
+
+def _place_shared(count: int, need: int, states: list[_GpuState], text: _Texts) -> Decision:
+    big_enough = [s for s in states if s.gpu.memory_total_mib >= need]
+    if len(big_enough) < count:
+        largest = max(states, key=lambda s: (s.gpu.memory_total_mib, -s.gpu.index))
+        each = "a GPU" if count == 1 else f"each of {count} GPUs"
+        return Blocked(
+            f"needs {mib_text(need)} on {each}; the largest here is GPU {largest.gpu.index} "
+            f"with {mib_text(largest.gpu.memory_total_mib)}",
+            forever=True,
+        )
+    fits = [s for s in big_enough if not s.whole and s.free_mib >= need]
+    if len(fits) >= count:
+        best = sorted(fits, key=lambda s: (s.free_mib - need, s.gpu.index))[:count]
+        return Placement(tuple(sorted(s.gpu.index for s in best)))
+    short = [s for s in big_enough if s not in fits]
+    # Blame each GPU it does not fit on on the larger of outside memory and gpuq's commitments.
+    outside = [s for s in short if not s.whole and s.outside_mib > s.committed]
+    if outside:
+        parts = [f"GPU {s.gpu.index}: {text.holders(s, 0)}" for s in outside]
+        parts += [f"GPU {s.gpu.index}: {text.jobs(s)}" for s in short if s not in outside and s.jobs]
+        return Blocked("waiting for " + "; ".join(parts), forever=False)
+    sharable = [s for s in short if not s.whole]
+    if not sharable:
+        return Blocked(f"waiting for a free GPU ({', '.join(text.jobs_on(s) for s in short)})", forever=False)
+    most = max(sharable, key=lambda s: (s.free_mib, -s.gpu.index))
+    most_free = f"GPU {most.gpu.index}, {mib_text(most.free_mib)}"
+    if count == 1:
+        return Blocked(f"waiting for {mib_text(need)} on a GPU (most free: {most_free})", forever=False)
+    fit_now = f"{len(fits)} fit{'s' if len(fits) == 1 else ''} now; " if fits else ""
+    return Blocked(
+        f"waiting for {mib_text(need)} on each of {count} GPUs ({fit_now}most free of the others: {most_free})",
+        forever=False,
+    )
+
+
+def _too_few(count: int, candidates: list[Gpu], missing: set[int]) -> str:
+    have = ",".join(str(g.index) for g in candidates)
+    text = f"needs {count} GPU{'s' if count != 1 else ''}; this worker has {len(candidates)}"
+    text += f" ({have})" if have else ""
+    if missing:
+        text += f"; GPU {','.join(str(i) for i in sorted(missing))} not found on this machine"
+    return text
+
+
+class _Texts:
+    """The pieces of the reasons, describing each pid at most once."""
+
+    def __init__(self, describe: Optional[Describe], owners: dict[int, Optional[int]]):
+        self._describe = describe
+        self.owners = owners
+        self._seen: dict[int, str] = {}
+
+    def describe(self, pid: int) -> str:
+        if pid not in self._seen:
+            self._seen[pid] = self._describe(pid) if self._describe else ""
+        return self._seen[pid]
+
+    def who(self, pid: int) -> str:
+        if pid in self.owners:
+            job = self.owners[pid]
+            return f"pid {pid} (gpuq job #{job})" if job is not None else f"pid {pid} (a gpuq job)"
+        about = self.describe(pid)
+        return f"pid {pid} ({about})" if about else f"pid {pid}"
+
+    def holders(self, state: _GpuState, threshold: int) -> str:
+        """'9.1 GiB held by pid 4242 (python, user alice), 2.0 GiB by pid 77 (...)': the two
+        largest, then a count; the unexplained memory when the listed ones do not block alone."""
+        shown = []
+        for pid, mib in state.outside[:2]:
+            size = mib_text(mib) if mib is not None else "an unreported amount"
+            shown.append(f"{size} {'held ' if not shown else ''}by {self.who(pid)}")
+        if len(state.outside) > 2:
+            shown.append(f"and {len(state.outside) - 2} more")
+        listed = state.outside_mib - state.unexplained
+        if state.unexplained and (listed <= threshold or state.unexplained >= UNEXPLAINED_NAMED_MIB):
+            shown.append(f"{mib_text(state.unexplained)} in use by no listed process (hidden from this container?)")
+        return ", ".join(shown)
+
+    @staticmethod
+    def jobs(state: _GpuState) -> str:
+        return ", ".join(f"job #{j}" for j in state.jobs)
+
+    def jobs_on(self, state: _GpuState) -> str:
+        return f"{state.gpu.index}: {self.jobs(state)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes on the command line
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])(?:I?B)?\s*$", re.IGNORECASE)
+_UNIT_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def parse_gpu_mem(text: str) -> int:
+    """`--gpu-mem` in MiB: '20G', '20GB', '20GiB', '1.5g', '512M' (binary units, as GPU memory is
+    counted: 20G = 20480 MiB), rounded up to a whole MiB. A bare number is refused, since 20 could
+    mean GiB or MiB. ValueError with a one-line message."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"--gpu-mem: expected a size such as 20G or 512M, got {text!r}")
+    mib = math.ceil(float(match.group(1)) * _UNIT_MIB[match.group(2).upper()])
+    if mib < 1:
+        raise ValueError(f"--gpu-mem: {text!r} is less than 1 MiB")
+    return mib

@@ -1,0 +1,370 @@
+"""The machine's GPUs: what each one is, how much memory it has and uses, and which processes hold it.
+
+`look()` answers from NVML (through `pynvml`, the `nvidia-ml-py` package) or, when the environment
+variable GPUQ_FAKE_GPUS names a JSON file, from that file, read afresh at every look so that a test
+can change the GPUs while a worker runs. Everything above this module treats both the same.
+
+The JSON format (`to_json` writes it, `from_json` reads it, and a fake file is written in it):
+
+    {"gpus": [{"index": 0, "name": "Fake H100", "uuid": "GPU-fake-0",
+               "memory_total_mib": 81559, "memory_used_mib": 9300,
+               "processes": [{"pid": 4242, "used_memory_mib": 9300}]}]}
+
+Memory is in MiB (whole numbers); a process's `used_memory_mib` is null when NVML cannot tell.
+
+No driver, no GPU: `look()` returns no GPUs with source "none" and a one-line `problem` saying why;
+that is the CPU-only case, not an error. pynvml and psutil are imported only inside the functions
+that need them, so that `gpuq add` and `gpuq status` start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+FAKE_ENV = "GPUQ_FAKE_GPUS"
+MIB = 1024 * 1024
+
+# Present whenever the NVIDIA kernel driver is loaded, inside containers given the GPUs too. Used
+# only to tell "no NVIDIA driver here" (fine: CPU-only) from "a driver, but NVML cannot be read"
+# (not fine: gpuq must not start jobs onto GPUs it cannot see).
+NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
+
+GPU_KEYS = ("index", "name", "uuid", "memory_total_mib", "memory_used_mib", "processes")
+PROCESS_KEYS = ("pid", "used_memory_mib")
+TOP_KEYS = ("gpus", "source", "problem", "at")  # the last three: what to_json adds about the look
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory_mib: Optional[int]  # None: NVML could not tell
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    uuid: str
+    memory_total_mib: int
+    memory_used_mib: int
+    processes: tuple[GpuProcess, ...]
+
+
+@dataclass(frozen=True)
+class GpuLook:
+    gpus: tuple[Gpu, ...]
+    source: str  # "fake", "nvml" or "none"
+    problem: Optional[str]  # one line: why there are no GPUs, or what part of the look failed
+    at: float  # time.time() of the look
+
+
+# ---------------------------------------------------------------------------------------------
+# The JSON format
+
+
+def to_json(look: GpuLook) -> dict[str, Any]:
+    """The look in the format above, plus `source`, `problem` and `at` (which from_json accepts
+    and ignores, so `gpuq gpus --json` output can serve as a fake file)."""
+    return {
+        "gpus": [
+            {
+                "index": gpu.index,
+                "name": gpu.name,
+                "uuid": gpu.uuid,
+                "memory_total_mib": gpu.memory_total_mib,
+                "memory_used_mib": gpu.memory_used_mib,
+                "processes": [{"pid": p.pid, "used_memory_mib": p.used_memory_mib} for p in gpu.processes],
+            }
+            for gpu in look.gpus
+        ],
+        "source": look.source,
+        "problem": look.problem,
+        "at": look.at,
+    }
+
+
+def from_json(obj: Any) -> tuple[Gpu, ...]:
+    """The GPUs of a document in the format above, in the order written. ValueError with a one-line
+    reason naming the offending field (`gpus[1].memory_total_mib: ...`) on anything else: unknown
+    or missing keys, wrong types, negative sizes, used > total, duplicate indices, uuids or pids."""
+    if not isinstance(obj, dict):
+        raise ValueError(f'expected an object {{"gpus": [...]}}, got {_kind(obj)}')
+    _exact_keys(obj, ("gpus",), TOP_KEYS, "the document")
+    if not isinstance(obj["gpus"], list):
+        raise ValueError(f"gpus: expected a list, got {_kind(obj['gpus'])}")
+    gpus = tuple(_gpu_from_json(item, f"gpus[{n}]") for n, item in enumerate(obj["gpus"]))
+    _no_duplicates([g.index for g in gpus], "gpus: index {} appears twice")
+    _no_duplicates([g.uuid for g in gpus], "gpus: uuid {} appears twice")
+    return gpus
+
+
+def _gpu_from_json(item: Any, where: str) -> Gpu:
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}: expected an object, got {_kind(item)}")
+    _exact_keys(item, GPU_KEYS, GPU_KEYS, where)
+    total = _whole(item["memory_total_mib"], f"{where}.memory_total_mib", minimum=1)
+    used = _whole(item["memory_used_mib"], f"{where}.memory_used_mib", minimum=0)
+    if used > total:
+        raise ValueError(f"{where}.memory_used_mib: {used} is more than memory_total_mib {total}")
+    if not isinstance(item["processes"], list):
+        raise ValueError(f"{where}.processes: expected a list, got {_kind(item['processes'])}")
+    processes = tuple(_process_from_json(p, f"{where}.processes[{n}]") for n, p in enumerate(item["processes"]))
+    _no_duplicates([p.pid for p in processes], where + ".processes: pid {} appears twice")
+    return Gpu(
+        index=_whole(item["index"], f"{where}.index", minimum=0),
+        name=_text(item["name"], f"{where}.name"),
+        uuid=_text(item["uuid"], f"{where}.uuid"),
+        memory_total_mib=total,
+        memory_used_mib=used,
+        processes=processes,
+    )
+
+
+def _process_from_json(item: Any, where: str) -> GpuProcess:
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}: expected an object, got {_kind(item)}")
+    _exact_keys(item, PROCESS_KEYS, PROCESS_KEYS, where)
+    used = item["used_memory_mib"]
+    return GpuProcess(
+        pid=_whole(item["pid"], f"{where}.pid", minimum=1),
+        used_memory_mib=None if used is None else _whole(used, f"{where}.used_memory_mib", minimum=0),
+    )
+
+
+def _exact_keys(obj: dict, required: tuple[str, ...], allowed: tuple[str, ...], where: str) -> None:
+    missing = [k for k in required if k not in obj]
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(missing)}")
+    unknown = sorted(str(k) for k in obj if k not in allowed)
+    if unknown:  # strict: a typo such as "memory_total" must not pass as a GPU without memory
+        raise ValueError(f"{where}: unknown key {', '.join(unknown)} (allowed: {', '.join(allowed)})")
+
+
+def _whole(value: Any, where: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{where}: expected a whole number >= {minimum}, got {json.dumps(value)}")
+    return value
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: expected a non-empty string, got {json.dumps(value)}")
+    return value
+
+
+def _no_duplicates(values: list, message: str) -> None:
+    seen: set = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(message.format(value))
+        seen.add(value)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Looking
+
+
+def look() -> GpuLook:
+    """The GPUs now. Never raises: what went wrong is in `problem` (see the module docstring)."""
+    fake = os.environ.get(FAKE_ENV)
+    if fake:
+        return _look_fake(Path(fake))
+    return _look_nvml()
+
+
+def _look_fake(path: Path) -> GpuLook:
+    at = time.time()
+    try:
+        document = json.loads(path.read_text())
+        return GpuLook(from_json(document), "fake", None, at)
+    except OSError as exc:
+        problem = f"cannot read it: {exc.strerror or exc}"
+    except json.JSONDecodeError as exc:  # before ValueError, which it is a kind of
+        problem = f"not JSON: {exc}"
+    except ValueError as exc:
+        problem = str(exc)
+    return GpuLook((), "fake", f"{FAKE_ENV}={path}: {problem}", at)
+
+
+# NVML is initialised once per process and kept so (nvmlInit costs tens of ms on a real driver).
+# A missing library or driver is remembered too: it does not appear while a process runs.
+_nvml_lock = threading.Lock()
+_nvml_ready = False
+_nvml_absent: Optional[str] = None  # set once we know there is no NVIDIA driver here
+
+
+def _look_nvml() -> GpuLook:
+    at = time.time()
+    with _nvml_lock:
+        failure = _start_nvml()
+        if failure is not None:
+            return GpuLook((), failure[0], failure[1], at)
+        import pynvml
+
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except Exception as exc:
+            return GpuLook((), "nvml", f"NVML cannot count the GPUs: {_error_text(pynvml, exc)}", at)
+        gpus: list[Gpu] = []
+        problems: list[str] = []
+        for index in range(count):
+            gpu = _read_device(pynvml, index, problems)
+            if gpu is not None:
+                gpus.append(gpu)
+        return GpuLook(tuple(gpus), "nvml", "; ".join(problems) or None, at)
+
+
+def _start_nvml() -> Optional[tuple[str, str]]:
+    """None once NVML is up, else (source, problem) for a look without GPUs."""
+    global _nvml_ready, _nvml_absent
+    if _nvml_ready:
+        return None
+    if _nvml_absent is not None:
+        return "none", _nvml_absent
+    driver_loaded = os.path.exists(NVIDIA_CONTROL_DEVICE)
+    try:
+        import pynvml
+    except ImportError:
+        if driver_loaded:  # GPUs we cannot see: refuse rather than start jobs onto them blindly
+            return "nvml", "an NVIDIA driver is loaded but the NVML binding is missing (pip install nvidia-ml-py)"
+        _nvml_absent = "no NVIDIA driver (and no NVML binding: pip install nvidia-ml-py)"
+        return "none", _nvml_absent
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        missing = (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+        if getattr(exc, "value", None) in missing and not driver_loaded:
+            _nvml_absent = f"no NVIDIA driver (NVML: {exc})"
+            return "none", _nvml_absent
+        # A driver that is there but fails (permissions, a GPU fallen off the bus...): tried again
+        # at the next look, and meanwhile GPU jobs wait with this as their reason.
+        return "nvml", f"NVML failed to start: {exc}"
+    _nvml_ready = True
+    return None
+
+
+def _read_device(pynvml: Any, index: int, problems: list[str]) -> Optional[Gpu]:
+    """One device, or None (and a line in `problems`) if NVML cannot read it: the others stay."""
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        name = _as_text(pynvml.nvmlDeviceGetName(handle))
+        uuid = _as_text(pynvml.nvmlDeviceGetUUID(handle))
+        total, used = _memory(pynvml, handle)
+    except Exception as exc:  # NVMLError mostly; anything else must not lose the other GPUs either
+        problems.append(f"GPU {index} unreadable (NVML: {_error_text(pynvml, exc)})")
+        return None
+    try:
+        processes = _processes(pynvml, handle)
+    except Exception as exc:
+        # Kept with no processes: all its used memory then counts as held by someone unknown.
+        problems.append(f"GPU {index}: no process list (NVML: {_error_text(pynvml, exc)})")
+        processes = ()
+    return Gpu(index=index, name=name, uuid=uuid, memory_total_mib=total, memory_used_mib=used, processes=processes)
+
+
+def _memory(pynvml: Any, handle: Any) -> tuple[int, int]:
+    """(total, used) in MiB such that total - used is what can still be allocated now.
+
+    NVML's v2 figures: `used` is what processes and contexts allocated (nvidia-smi's memory.used)
+    and `reserved` is the driver's own share, a few hundred MiB to a GiB that no process can ever
+    have. That share is left out of the total rather than counted as used, so that on an idle
+    GPU no memory looks held by someone unknown. A driver without the v2 call (older than about
+    R510) gives v1 figures, where `used` includes the reserve: there, an idle GPU shows that
+    reserve as used memory no listed process explains (see gpuq.engine.placement)."""
+    names = ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch", "NVMLError_NotSupported")
+    no_v2 = tuple(getattr(pynvml, n) for n in names if hasattr(pynvml, n)) + (AttributeError, TypeError)
+    try:
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        total = (info.total - info.reserved) // MIB
+    except no_v2:
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle)  # AttributeError, TypeError: a binding without v2
+        total = info.total // MIB
+    return total, min(info.used // MIB, total)
+
+
+def _processes(pynvml: Any, handle: Any) -> tuple[GpuProcess, ...]:
+    """Compute and graphics processes, one entry per pid (a process can be in both lists; NVML
+    then gives the same per-process figure twice, so the larger known one is kept)."""
+    by_pid: dict[int, Optional[int]] = {}
+    for kind in ("Compute", "Graphics"):
+        for info in _process_list(pynvml, handle, kind):
+            used = info.usedGpuMemory
+            mib = None if used is None else used // MIB
+            known = by_pid.get(info.pid)
+            by_pid[info.pid] = mib if known is None else (known if mib is None else max(known, mib))
+    return tuple(GpuProcess(pid, by_pid[pid]) for pid in sorted(by_pid))
+
+
+def _process_list(pynvml: Any, handle: Any, kind: str) -> list:
+    """The unversioned call follows the binding's struct version; a driver older than the binding
+    lacks that symbol, and the _v2 call is the one it has."""
+    newest = getattr(pynvml, f"nvmlDeviceGet{kind}RunningProcesses")
+    try:
+        return newest(handle)
+    except pynvml.NVMLError_FunctionNotFound:
+        pass
+    except Exception as exc:  # NVMLLibraryMismatchError is no NVMLError subclass
+        if type(exc).__name__ != "NVMLLibraryMismatchError":
+            raise
+    return getattr(pynvml, f"nvmlDeviceGet{kind}RunningProcesses_v2")(handle)
+
+
+def _error_text(pynvml: Any, exc: Exception) -> str:
+    return str(exc) if isinstance(exc, pynvml.NVMLError) else f"{type(exc).__name__}: {exc}"
+
+
+def _as_text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes and sizes, for deciding and for messages
+
+
+def describe_pid(pid: int) -> str:
+    """'python, user alice' for a process this machine shows us; 'not visible here' when it cannot
+    be seen (gone, or in another container's pid namespace, where NVML still reports it)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            return f"{proc.name()}, user {proc.username()}"
+    except psutil.Error:
+        return "not visible here"
+
+
+def tree_pids(roots: Iterable[int]) -> set[int]:
+    """The roots that exist now and all their descendants now. A root that is gone is left out:
+    its pid may already belong to someone else, who must not pass for one of gpuq's jobs."""
+    import psutil
+
+    pids: set[int] = set()
+    for root in roots:
+        try:
+            proc = psutil.Process(root)
+            children = proc.children(recursive=True)
+        except psutil.Error:
+            continue
+        pids.add(root)
+        pids.update(child.pid for child in children)
+    return pids
+
+
+def mib_text(mib: int) -> str:
+    """'512 MiB' below a GiB, else GiB with one decimal ('9.1 GiB' for 9300 MiB)."""
+    if mib < 1024:
+        return f"{mib} MiB"
+    return f"{mib / 1024:.1f} GiB"
