@@ -124,17 +124,20 @@ def reason(
 def latest_attempt_lines(log_tail: bytes) -> list[str]:
     """The tail's lines as a terminal would show them, from the latest attempt, without gpuq's own."""
     text = log_tail[-TAIL_BYTES:].decode("utf-8", errors="replace")
+    # gpuq writes its lines without first ending a job's unfinished line (a progress bar), so a
+    # header or footer may share a line with the job's output: cut there, not at line starts.
     start = text.rfind(ATTEMPT_HEADER)
-    if start > 0 and text[start - 1] != "\n":  # a header must begin its line
-        start = text.rfind("\n" + ATTEMPT_HEADER) + 1
-    if start > 0:
+    if start >= 0:
         text = text[start:]
     lines = []
     for raw in text.split("\n"):
         drawings = [part for part in raw.split("\r") if part.strip()]
         line = _RANK_PREFIX.sub("", _ANSI.sub("", drawings[-1] if drawings else ""))
-        if not line.startswith(OWN_LINE):
-            lines.append(line)
+        if OWN_LINE in line:
+            line = line[: line.index(OWN_LINE)]
+            if not line.strip():
+                continue
+        lines.append(line)
     return lines
 
 
@@ -230,8 +233,6 @@ def _exception_after(lines: list[str], header: int) -> Optional[str]:
     for line in lines[header + 1 : header + 2000]:
         if not line.strip() or line.startswith(_FRAME_CHARS):
             continue
-        if _TRACEBACK in line:
-            return None  # a traceback with no exception line before the next one
         return line.strip() if _EXCEPTION_LINE.fullmatch(line.strip()) else None
     return None
 
