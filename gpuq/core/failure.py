@@ -1,0 +1,263 @@
+"""Why a job failed, in one short line, read from the tail of its log and how it ended.
+
+Pure: the caller reads at most `TAIL_BYTES` from the end of the log (never the whole file) and
+passes the bytes with the exit code and signal the supervisor recorded. `reason` returns None when
+it recognises nothing; the caller then says `exit N` as before.
+
+Which part of the tail is read: only what the latest attempt wrote, i.e. the text after the last
+`=== gpuq: job #...` header (a retried job's log holds the earlier attempts too), and no line of
+gpuq's own (`=== gpuq: `). Each line is taken as a terminal would show it: ANSI colours dropped,
+and of a line that tqdm redrew with `\\r` only the last drawing. The `[rank0]:` prefix torchrun
+adds to each line is dropped.
+
+Order of precedence, first match wins (several causes leave traces in one log, and the first
+listed is the one that explains the others):
+  1. a time limit gpuq enforced (`time_limit` given): the kill explains everything after it;
+  2. `gpuq kill` (`killed_by_user`): the person who asked knows why;
+  3. out of memory: the GPU's (PyTorch, CUDA runtime, cuBLAS, JAX/XLA), then PyTorch's CPU
+     allocator's: its traceback ends in an exception too, and under torchrun the OOM is far above
+     the launcher's own traceback;
+  4. another CUDA error (`CUDA error: an illegal memory access was encountered`, a device-side
+     assert): NCCL reports such errors again as its own, so the CUDA error is the root;
+  5. NCCL: a watchdog collective timeout, an `ncclXxxError`, `NCCL error in: ...`, a NCCL WARN
+     line about a timeout;
+  6. disk full (`No space left on device`);
+  7. a Python exception: the final exception of the last traceback (chained ones end with the one
+     that escaped), skipping a launcher's wrapper (`ChildFailedError`, `CalledProcessError`) when
+     an earlier traceback holds the child's own error; a SyntaxError printed without a traceback;
+     `python: can't open file ...`;
+  8. a C++ abort (`terminate called after throwing ...`, `what(): ...`; exit 134 / SIGABRT);
+  9. SIGKILL that gpuq did not send (exit 137, SIGKILL, or a shell's `Killed` line): reported as
+     *likely* the kernel's OOM killer, which is the usual sender but not the only one;
+ 10. segmentation fault (exit 139, SIGSEGV, or a shell's `Segmentation fault` line).
+A traceback printed earlier and caught does count at step 7, even if SIGKILL ended the job later:
+the log cannot tell a caught traceback from an uncaught one.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Optional
+
+from gpuq.core.timespec import format_duration
+
+TAIL_BYTES = 64 * 1024
+MAX_REASON = 160
+
+ATTEMPT_HEADER = "=== gpuq: job #"
+OWN_LINE = "=== gpuq: "
+OOM_KILLER_HINT = "likely the kernel's OOM killer: check `dmesg`/`journalctl -k`"
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
+
+_TORCH_OOM = re.compile(r"CUDA out of memory\.? Tried to allocate (\d+(?:\.\d+)? ?(?:bytes|[KMGTP]iB))")
+_CUDA_OOM = re.compile(
+    r"CUDA out of memory|CUDA error: out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation"
+)
+_XLA_OOM = re.compile(r"RESOURCE_EXHAUSTED: Out of memory while trying to allocate (\d+) bytes")
+_HOST_OOM = re.compile(
+    r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate (\d+) bytes"
+)
+_CUDA_ERROR = re.compile(r"CUDA error: ([^\n]+?)\s*$")
+_NCCL_WATCHDOG = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\(.*?OpType=(\w+).*?\) ran for (\d+) milliseconds"
+)
+_NCCL_CODE = re.compile(
+    r"\b(nccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote)Error)\b:?\s*(.*)"
+)
+_NCCL_ERROR_IN = re.compile(r"NCCL error in: [^,]*, ([^(\n]+?)\s*(?:\(|,|$)")
+_NCCL_WARN_TIMEOUT = re.compile(r"NCCL WARN (.*(?:[Tt]imeout|timed out).*)")
+_DISK_FULL = re.compile(r"No space left on device")
+_TRACEBACK = "Traceback (most recent call last)"
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?::.*)?")
+_FRAME_CHARS = (" ", "\t", "│", "╭", "╰", "┃")  # indented frames, and rich's boxed tracebacks
+_WRAPPERS = ("ChildFailedError", "CalledProcessError")
+_SYNTAX = re.compile(r"(?:SyntaxError|IndentationError|TabError): .*")
+_CANT_OPEN = re.compile(r".*can't open file .*")
+_WHAT = re.compile(r"^\s*what\(\):\s*(.+)")
+# A shell reports a child's death as `Killed` alone, or as bash's `script.sh: line 3:  4242 Killed  cmd`.
+_SHELL_KILLED = re.compile(r"^\s*Killed\s*$|line \d+:\s+\d+ Killed\b")
+_SHELL_SEGV = re.compile(
+    r"^\s*Segmentation fault(?: \(core dumped\))?\s*$|line \d+:\s+\d+ Segmentation fault\b|"
+    r"^Fatal Python error: Segmentation fault"
+)
+_SIGNAL_EXITS = {134: "SIGABRT", 137: "SIGKILL", 139: "SIGSEGV", -6: "SIGABRT", -9: "SIGKILL", -11: "SIGSEGV"}
+
+
+def reason(
+    log_tail: bytes,
+    exit_code: Optional[int],
+    signal_name: Optional[str],
+    *,
+    killed_by_user: bool = False,
+    time_limit: Optional[float] = None,
+) -> Optional[str]:
+    """One short line naming why the job failed, or None when nothing is recognised.
+
+    `signal_name` is the signal that ended the job as the supervisor records it (`SIGKILL`, or
+    `KILL`); `time_limit` is the limit in seconds when gpuq ended the job for reaching it.
+    """
+    if time_limit is not None:
+        return f"time limit of {format_duration(time_limit)} reached"
+    if killed_by_user:
+        return "stopped by `gpuq kill`"
+    lines = latest_attempt_lines(log_tail)
+    signal = _signal(exit_code, signal_name)
+    checks: list[Callable[[list[str]], Optional[str]]] = [
+        _gpu_oom,
+        _cuda_error,
+        _nccl,
+        _disk_full,
+        _exception,
+        lambda lines: _abort(lines, signal),
+        lambda lines: _sigkill(lines, signal),
+        lambda lines: _segfault(lines, signal),
+    ]
+    for check in checks:
+        found = check(lines)
+        if found:
+            return _trim(found)
+    return None
+
+
+def latest_attempt_lines(log_tail: bytes) -> list[str]:
+    """The tail's lines as a terminal would show them, from the latest attempt, without gpuq's own."""
+    text = log_tail[-TAIL_BYTES:].decode("utf-8", errors="replace")
+    # gpuq writes its lines without first ending a job's unfinished line (a progress bar), so a
+    # header or footer may share a line with the job's output: cut there, not at line starts.
+    start = text.rfind(ATTEMPT_HEADER)
+    if start >= 0:
+        text = text[start:]
+    lines = []
+    for raw in text.split("\n"):
+        drawings = [part for part in raw.split("\r") if part.strip()]
+        line = _RANK_PREFIX.sub("", _ANSI.sub("", drawings[-1] if drawings else ""))
+        if OWN_LINE in line:
+            line = line[: line.index(OWN_LINE)]
+            if not line.strip():
+                continue
+        lines.append(line)
+    return lines
+
+
+def _signal(exit_code: Optional[int], signal_name: Optional[str]) -> Optional[str]:
+    """The signal that ended the job, from the recorded name or from a shell's 128+N exit code."""
+    if signal_name:
+        name = signal_name.upper()
+        return name if name.startswith("SIG") else "SIG" + name
+    return _SIGNAL_EXITS.get(exit_code or 0)  # 128+N from a shell, -N from Popen
+
+
+def _last_match(lines: list[str], pattern: re.Pattern) -> Optional[re.Match]:
+    for line in reversed(lines):
+        match = pattern.search(line)
+        if match:
+            return match
+    return None
+
+
+def _gpu_oom(lines: list[str]) -> Optional[str]:
+    torch_oom = _last_match(lines, _TORCH_OOM)
+    if torch_oom:
+        return f"CUDA out of memory (tried to allocate {torch_oom.group(1)})"
+    xla_oom = _last_match(lines, _XLA_OOM)
+    if xla_oom:
+        return f"GPU out of memory (XLA tried to allocate {_binary_size(int(xla_oom.group(1)))})"
+    if _last_match(lines, _CUDA_OOM):
+        return "CUDA out of memory"
+    if _last_match(lines, re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")):
+        return "CUDA out of memory (CUBLAS_STATUS_ALLOC_FAILED)"
+    host_oom = _last_match(lines, _HOST_OOM)
+    if host_oom:  # PyTorch's CPU allocator: the same mistake as a GPU OOM, made in RAM
+        return f"out of CPU memory (tried to allocate {_binary_size(int(host_oom.group(1)))})"
+    return None
+
+
+def _binary_size(count: int) -> str:
+    size, unit = float(count), "bytes"
+    for next_unit in ("KiB", "MiB", "GiB", "TiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, next_unit
+    return f"{count} bytes" if unit == "bytes" else f"{size:.2f} {unit}"
+
+
+def _cuda_error(lines: list[str]) -> Optional[str]:
+    match = _last_match(lines, _CUDA_ERROR)
+    return f"CUDA error: {match.group(1)}" if match else None
+
+
+def _nccl(lines: list[str]) -> Optional[str]:
+    watchdog = _last_match(lines, _NCCL_WATCHDOG)
+    if watchdog:
+        ran_for = format_duration(int(watchdog.group(2)) / 1000)
+        return f"NCCL error: {watchdog.group(1)} timed out after {ran_for} (collective watchdog)"
+    code = _last_match(lines, _NCCL_CODE)
+    if code:
+        detail = code.group(2).strip()
+        return f"NCCL error: {code.group(1)}" + (f" ({detail})" if detail else "")
+    error_in = _last_match(lines, _NCCL_ERROR_IN)
+    if error_in:
+        return f"NCCL error: {error_in.group(1)}"
+    warn = _last_match(lines, _NCCL_WARN_TIMEOUT)
+    if warn:
+        return f"NCCL error: {warn.group(1).strip()}"
+    return None
+
+
+def _disk_full(lines: list[str]) -> Optional[str]:
+    return "disk full (No space left on device)" if _last_match(lines, _DISK_FULL) else None
+
+
+def _exception(lines: list[str]) -> Optional[str]:
+    headers = [index for index, line in enumerate(lines) if _TRACEBACK in line]
+    found = [line for line in (_exception_after(lines, header) for header in reversed(headers)) if line]
+    if found:
+        # A launcher's wrapper says only that a child failed; the child's own traceback says why.
+        return next((line for line in found if not _is_wrapper(line)), found[0])
+    syntax = _last_match(lines, _SYNTAX)
+    if syntax:
+        return syntax.group(0)
+    cant_open = _last_match(lines, _CANT_OPEN)
+    return cant_open.group(0).strip() if cant_open else None
+
+
+def _is_wrapper(exception_line: str) -> bool:
+    return exception_line.split(":")[0].split(".")[-1] in _WRAPPERS
+
+
+def _exception_after(lines: list[str], header: int) -> Optional[str]:
+    """The exception line of the traceback whose header is lines[header]: the first line after the
+    frames that is not indented (a message may go on over more lines; its first is enough)."""
+    for line in lines[header + 1 : header + 2000]:
+        if not line.strip() or line.startswith(_FRAME_CHARS):
+            continue
+        return line.strip() if _EXCEPTION_LINE.fullmatch(line.strip()) else None
+    return None
+
+
+def _abort(lines: list[str], signal: Optional[str]) -> Optional[str]:
+    what = _last_match(lines, _WHAT)
+    if what and (signal == "SIGABRT" or _last_match(lines, re.compile(r"terminate called after throwing"))):
+        return f"aborted: {what.group(1).strip()}"
+    return "aborted (SIGABRT)" if signal == "SIGABRT" else None
+
+
+def _sigkill(lines: list[str], signal: Optional[str]) -> Optional[str]:
+    if signal == "SIGKILL":
+        return f"killed by SIGKILL ({OOM_KILLER_HINT})"
+    if _last_match(lines, _SHELL_KILLED):
+        return f"a child process was killed by SIGKILL ({OOM_KILLER_HINT})"
+    return None
+
+
+def _segfault(lines: list[str], signal: Optional[str]) -> Optional[str]:
+    if signal == "SIGSEGV" or _last_match(lines, _SHELL_SEGV):
+        return "segmentation fault"
+    return None
+
+
+def _trim(text: str) -> str:
+    text = " ".join(text.split())  # one line, whatever the message held
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3].rstrip() + "..."

@@ -1,0 +1,204 @@
+"""Sweeps: one `gpuq add` that queues a job per combination of values, and job id ranges.
+
+Pure functions, standard library only. Errors are `ValueError` with one line a user can act on
+(the CLI prints it, or wraps it in `UsageError`, exit 2); nothing is returned half-done.
+
+Placeholders. In a sweep, `{name}` anywhere in any word of the command (the script included) is
+replaced by that sweep's value; a word may hold several and other text (`--out=runs/{lr}-{seed}`).
+Only braces around an identifier (`[A-Za-z_][A-Za-z0-9_]*`) are placeholders, so JSON (`{"a": 1}`,
+`{"a": {"b": 1}}`), `{}` in a find command, `{0}` or `{ lr }` pass through untouched. To pass a
+literal `{lr}` write `{{lr}}`: a doubled pair around an identifier is the one escape. Other doubled
+braces are left as they are, unlike str.format, because `}}` ends nested JSON. Without any sweep the
+command is not read for placeholders at all.
+
+Values. `--sweep lr=1e-4,3e-4` splits on commas; a literal comma is written `\\,` and a literal
+backslash before a comma `\\\\`; any other backslash is kept as typed. Spaces around a value are
+dropped. Empty values, repeated values and control characters (which would break a one-line job
+name) are refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import shlex
+from dataclasses import dataclass
+
+DEFAULT_LIMIT = 1000
+HARD_LIMIT = 100_000  # even with --yes: past this a typo is far likelier than a plan
+MAX_ID_SPAN = 100_000
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_NAME = re.compile(_IDENT)
+# The escape first: at a `{{lr}}` the first alternative wins, so it never reads as `{` + `{lr}` + `}`.
+_PLACEHOLDER = re.compile(rf"\{{\{{({_IDENT})\}}\}}|\{{({_IDENT})\}}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass
+class Combination:
+    """One job of a sweep: its values (in --sweep order) and its command with them filled in."""
+
+    values: dict[str, str]
+    words: list[str]
+
+
+def parse_sweep(text: str) -> tuple[str, list[str]]:
+    """`lr=1e-4,3e-4,1e-3` -> ("lr", ["1e-4", "3e-4", "1e-3"])."""
+    name, sep, rest = text.partition("=")
+    name = name.strip()
+    if not sep:
+        raise ValueError(f"--sweep: expected NAME=V1,V2,... (e.g. lr=1e-4,3e-4), got {text!r}")
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"--sweep: {name!r} is not a name (letters, digits and _, not starting with a digit)")
+    values = [value.strip() for value in _split_values(rest)]
+    if not rest.strip():
+        raise ValueError(f"--sweep {name}: no values (expected {name}=V1,V2,...)")
+    if any(not value for value in values):
+        raise ValueError(f"--sweep {name}: empty value in {rest!r} (a stray comma?)")
+    for value in values:
+        if _CONTROL.search(value):
+            raise ValueError(f"--sweep {name}: value {value!r} holds a control character")
+    repeated = sorted({value for value in values if values.count(value) > 1})
+    if repeated:
+        raise ValueError(f"--sweep {name}: value {repeated[0]!r} given twice (it would queue the same job twice)")
+    return name, values
+
+
+def _split_values(text: str) -> list[str]:
+    values, current, chars = [], [], iter(text)
+    for char in chars:
+        if char == "\\":
+            following = next(chars, "")
+            if following in (",", "\\"):
+                current.append(following)
+            else:
+                current.append(char + following)  # not an escape: keep the backslash as typed
+        elif char == ",":
+            values.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    values.append("".join(current))
+    return values
+
+
+def expand(
+    sweeps: list[tuple[str, list[str]]],
+    words: list[str],
+    limit: int = DEFAULT_LIMIT,
+    allow_more: bool = False,
+) -> list[Combination]:
+    """Every combination of the sweeps' values, the first sweep varying slowest (like nested loops
+    written in the order given), each with `words` filled in. No sweeps: `words` as they are."""
+    if not sweeps:
+        return [Combination({}, list(words))]
+    _check_sweeps(sweeps)
+    _check_placeholders(sweeps, words)
+    count = math.prod(len(values) for _, values in sweeps)
+    _check_count(count, limit, allow_more)
+    names = [name for name, _ in sweeps]
+    combinations = []
+    for chosen in itertools.product(*(values for _, values in sweeps)):
+        values = dict(zip(names, chosen))
+        combinations.append(Combination(values, [fill(word, values) for word in words]))
+    return combinations
+
+
+def fill(word: str, values: dict[str, str]) -> str:
+    """`word` with each `{name}` replaced by values[name] and each `{{name}}` by a literal `{name}`.
+    A name missing from `values` raises KeyError (expand checks every name first)."""
+
+    def replace(match: re.Match) -> str:
+        escaped, name = match.groups()
+        return "{" + escaped + "}" if escaped else values[name]
+
+    return _PLACEHOLDER.sub(replace, word)
+
+
+def placeholders(word: str) -> list[str]:
+    """The sweep names `word` refers to, in order (escaped `{{name}}` excluded)."""
+    return [name for escaped, name in _PLACEHOLDER.findall(word) if not escaped]
+
+
+def _check_sweeps(sweeps: list[tuple[str, list[str]]]) -> None:
+    seen = set()
+    for name, values in sweeps:
+        if name in seen:
+            raise ValueError(f"--sweep {name} given twice; list all its values in one --sweep {name}=V1,V2,...")
+        seen.add(name)
+        if not values:
+            raise ValueError(f"--sweep {name}: no values")
+
+
+def _check_placeholders(sweeps: list[tuple[str, list[str]]], words: list[str]) -> None:
+    names = [name for name, _ in sweeps]
+    used = [name for word in words for name in placeholders(word)]
+    unknown = list(dict.fromkeys(name for name in used if name not in names))
+    if unknown:
+        shown = ", ".join("{" + name + "}" for name in unknown)
+        raise ValueError(
+            f"unknown placeholder{'s' if len(unknown) > 1 else ''} {shown} in {_command_text(words, unknown[0])!r}; "
+            f"sweeps: {', '.join(names)} (write {{{{{unknown[0]}}}}} for a literal {{{unknown[0]}}})"
+        )
+    unused = [name for name in names if name not in used]
+    if unused:
+        raise ValueError(
+            f"--sweep {unused[0]} is not used in the command (no {{{unused[0]}}}): its jobs would all run the same"
+        )
+
+
+def _command_text(words: list[str], name: str) -> str:
+    """The command for an error message; just the offending word when the command is long."""
+    text = " ".join(words)
+    if len(text) > 120:
+        text = next(word for word in words if name in placeholders(word))
+    return _CONTROL.sub("?", text)
+
+
+def _check_count(count: int, limit: int, allow_more: bool) -> None:
+    if count > HARD_LIMIT:
+        raise ValueError(f"{count:,} jobs; one add queues at most {HARD_LIMIT:,}, even with --yes")
+    if count > limit and not allow_more:
+        raise ValueError(f"{count:,} jobs; pass --yes to queue more than {limit:,}")
+
+
+def sweep_name(base: str, values: dict[str, str]) -> str:
+    """`exp02/train lr=1e-4 seed=0`. A value with spaces or quotes is shell-quoted, so the name
+    still reads as NAME=VALUE pairs."""
+    pairs = " ".join(f"{name}={_quoted(value)}" for name, value in values.items())
+    return f"{base} {pairs}" if base and pairs else base or pairs
+
+
+def _quoted(value: str) -> str:
+    return shlex.quote(value) if re.search(r"[\s'\"]", value) else value
+
+
+# -- job id ranges (--after 12-17) --
+
+_ID = r"#?\s*(\d+)"
+_RANGE = re.compile(rf"{_ID}(?:\s*-\s*{_ID})?")
+
+
+def parse_id_ranges(text: str, flag: str = "--after") -> list[int]:
+    """`12-17`, `3,5,9-11`, `#12-#17` -> job ids in the order given, each once. Spaces are allowed,
+    stray commas ignored (as the plain `--after ID,ID` already was)."""
+    ids: dict[int, None] = {}
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise ValueError(f"{flag}: no job id in {text!r}; use 12, 3,5 or 12-17")
+    for item in items:
+        match = _RANGE.fullmatch(item)
+        if not match:
+            raise ValueError(f"{flag}: cannot read {item!r} as a job id or range; use 12, 3,5 or 12-17")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) is not None else first
+        if first <= 0:
+            raise ValueError(f"{flag}: job ids start at 1, got {item!r}")
+        if last < first:
+            raise ValueError(f"{flag}: {item!r} runs backwards; write {last}-{first}")
+        if last - first + 1 + len(ids) > MAX_ID_SPAN:
+            raise ValueError(f"{flag}: {text!r} names more than {MAX_ID_SPAN:,} jobs")
+        ids.update(dict.fromkeys(range(first, last + 1)))
+    return list(ids)

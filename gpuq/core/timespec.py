@@ -1,0 +1,245 @@
+"""Durations, start times and sizes as people type them on a command line, read into numbers.
+
+Pure functions (standard library only, no I/O). Every parser raises `ValueError` with a one-line
+message that starts with the option it reads (`--time: ...`) and lists the forms it accepts, so the
+CLI can print it as it is (or wrap it in `UsageError`, exit 2).
+
+Durations (`--time`, `--default-time`) follow Slurm where Slurm has a convention, because many
+people who share a GPU workstation also use a cluster:
+  - with units: `45s`, `90m`, `4h`, `2d`, `1h30m`, `1.5h` (units s m h d, largest first, each once;
+    any case; spaces between the parts are ignored);
+  - a bare number is MINUTES (`90` = 1h30m), as in Slurm's `--time`;
+  - colon forms as in Slurm: `MM:SS` for two fields (`90:00` = 90 minutes), `HH:MM:SS` for three
+    (`1:30:00`), and `D-HH`, `D-HH:MM`, `D-HH:MM:SS` with days. After the first field, minutes and
+    seconds must be below 60 and hours below 24.
+Zero, negative and non-finite durations are refused (Slurm reads 0 as "no limit": here, leave the
+option out instead), and so is anything over 365 days, which is a typo rather than a plan.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import date, datetime, time, timedelta, timezone
+from typing import Optional
+
+MAX_DURATION = 365 * 86400.0
+
+_UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+_NUMBER = r"\d+(?:\.\d*)?|\.\d+"
+_UNIT_PART = re.compile(rf"({_NUMBER})\s*([dhms])")
+_UNITS_WHOLE = re.compile(rf"(?:(?:{_NUMBER})\s*[dhms]\s*)+")  # `1h 30m`, when quoted
+_BARE = re.compile(rf"(?:{_NUMBER})")
+_COLONS = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+DURATION_FORMS = "45s, 90m, 4h, 2d, 1h30m, 90 (minutes), 90:00 (mm:ss), 1:30:00 (h:mm:ss) or 2-12:00:00 (d-hh:mm:ss)"
+
+
+def parse_duration(text: str, flag: str = "--time") -> float:
+    """Seconds in a duration such as `4h`, `90m`, `1h30m`, `1:30:00` or `90` (minutes, as Slurm).
+
+    `flag` names the option in error messages. Raises ValueError (one line) for anything else.
+    """
+    try:
+        seconds = _duration_or_none(text.strip().lower())
+    except OverflowError:  # more digits than a float holds
+        seconds = math.inf
+    if seconds is None:
+        raise ValueError(f"{flag}: cannot read {text!r} as a duration; use {DURATION_FORMS}")
+    return _checked_duration(seconds, text, flag)
+
+
+def _duration_or_none(text: str) -> Optional[float]:
+    if _BARE.fullmatch(text):
+        return float(text) * 60.0  # Slurm: a bare number is minutes
+    if _UNITS_WHOLE.fullmatch(text):
+        return _units_seconds(text)
+    match = _COLONS.fullmatch(text)
+    if match and (match.group(1) is not None or match.group(3) is not None):
+        return _colon_seconds(*match.groups())
+    return None
+
+
+def _units_seconds(text: str) -> Optional[float]:
+    parts = _UNIT_PART.findall(text)
+    units = [unit for _, unit in parts]
+    # Largest unit first, each at most once: `30m1h` or `1h1h` is more likely a slip than a plan.
+    if units != sorted(set(units), key="dhms".index):
+        return None
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+
+
+def _colon_seconds(days: Optional[str], first: str, second: Optional[str], third: Optional[str]) -> Optional[float]:
+    if days is not None:  # D-HH[:MM[:SS]]: the hours are bounded like a clock's
+        fields = [int(first), int(second or 0), int(third or 0)]
+        if fields[0] > 23 or fields[1] > 59 or fields[2] > 59:
+            return None
+        return int(days) * 86400.0 + fields[0] * 3600.0 + fields[1] * 60.0 + fields[2]
+    if third is None:  # MM:SS (Slurm); the minutes may exceed 59
+        if int(second) > 59:  # type: ignore[arg-type]
+            return None
+        return int(first) * 60.0 + int(second)  # type: ignore[arg-type]
+    if int(second) > 59 or int(third) > 59:  # type: ignore[arg-type]
+        return None
+    return int(first) * 3600.0 + int(second) * 60.0 + int(third)  # type: ignore[arg-type]
+
+
+def _checked_duration(seconds: float, text: str, flag: str) -> float:
+    if not math.isfinite(seconds) or seconds > MAX_DURATION:
+        raise ValueError(f"{flag}: {text!r} is longer than 365 days")
+    if seconds <= 0:
+        raise ValueError(f"{flag}: {text!r} is not a positive duration (leave {flag} out for no limit)")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """A compact duration: `45s`, `1m30s`, `4h00m`, `2d03h`. Two units at most, the smaller one
+    rounded down so that a limit never reads longer than it is. `parse_duration` reads it back."""
+    sign = "-" if seconds < 0 else ""
+    whole = int(abs(seconds))
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{sign}{days}d{hours:02d}h"
+    if hours:
+        return f"{sign}{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{sign}{minutes}m{secs:02d}s"
+    return f"{sign}{secs}s"
+
+
+# -- start times (--begin) --
+
+BEGIN_FORMS = "02:00 (the next 2 am), +2h, +1h30m, 2026-12-03T02:00 (local unless an offset is given) or now"
+_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?")
+_ISO = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})"
+    r"(?:[T ](\d{1,2}):(\d{2})(?::(\d{2})(?:\.(\d{1,6}))?)?)?"
+    r"\s*(Z|[+-]\d{2}(?::?\d{2})?)?"
+)
+
+
+def parse_begin(text: str, now: float, flag: str = "--begin") -> float:
+    """Epoch seconds at which a job may start.
+
+    - `now`: `now`.
+    - `+2h`, `+90m`, `+1h30m`, `now+2h`: that long after `now`. Any duration `parse_duration`
+      reads with a unit or colons; a bare `+90` is refused because Slurm reads it as minutes for
+      `--time` but as seconds for `--begin`, and a guess could be off by 60 times.
+    - `02:00`, `2:00`, `14:30:15`: the next time the local clock shows it, today if that is still
+      to come (or is `now` to the second), else tomorrow. Across a daylight-saving change the
+      platform's mktime decides what a skipped or repeated clock time means.
+    - `2026-12-03T02:00`, `2026-12-03 02:00`, `2026-12-03T02:00:30+01:00`, `...Z`, `2026-12-03`
+      (midnight): a date-time, local time when it has no offset. A time already past is returned
+      as it is, and the job may start at once, as Slurm does; the caller can compare with `now` to
+      say so. Nothing is moved forward silently.
+    """
+    cleaned = text.strip()
+    lowered = cleaned.lower()
+    if lowered == "now":
+        return now
+    if lowered.startswith(("+", "now+")):
+        return now + _relative(cleaned[cleaned.index("+") + 1 :], text, flag)
+    when = _clock_time(cleaned, now)
+    if when is None:
+        when = _iso_time(cleaned, text, flag)
+    if when is None:
+        raise ValueError(f"{flag}: cannot read {text!r} as a start time; use {BEGIN_FORMS}")
+    return when
+
+
+def _relative(offset: str, text: str, flag: str) -> float:
+    number = offset.strip()
+    if _BARE.fullmatch(number):
+        raise ValueError(f"{flag}: {text!r} needs a unit (+{number}m or +{number}s?); use {BEGIN_FORMS}")
+    try:
+        return parse_duration(offset, flag)
+    except ValueError:
+        raise ValueError(f"{flag}: cannot read {text!r} as a start time; use {BEGIN_FORMS}") from None
+
+
+def _clock_time(text: str, now: float) -> Optional[float]:
+    match = _CLOCK.fullmatch(text)
+    if not match:
+        return None
+    hour, minute, second = int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+    if hour > 23 or minute > 59 or second > 59:
+        return None
+    wanted = time(hour, minute, second)
+    today = datetime.fromtimestamp(now).date()
+    when = datetime.combine(today, wanted).timestamp()  # naive: local time, via mktime
+    if when < math.floor(now):
+        when = datetime.combine(today + timedelta(days=1), wanted).timestamp()
+    return when
+
+
+def _iso_time(text: str, original: str, flag: str) -> Optional[float]:
+    match = _ISO.fullmatch(text)
+    if not match:
+        return None
+    year, month, day, hour, minute, second, fraction, offset = match.groups()
+    try:
+        day_part = date(int(year), int(month), int(day))
+        clock = time(int(hour or 0), int(minute or 0), int(second or 0), int((fraction or "0").ljust(6, "0")))
+        zone = _zone(offset)
+        return datetime.combine(day_part, clock, tzinfo=zone).timestamp()
+    except (ValueError, OverflowError, OSError):  # month 13, hour 25, or a year mktime cannot place
+        raise ValueError(f"{flag}: {original!r} is not a valid date and time; use {BEGIN_FORMS}") from None
+
+
+def _zone(offset: Optional[str]) -> Optional[timezone]:
+    if offset is None:
+        return None  # naive: local time
+    if offset == "Z":
+        return timezone.utc
+    digits = offset[1:].replace(":", "")
+    hours, minutes = int(digits[:2]), int(digits[2:] or 0)
+    if hours > 23 or minutes > 59:
+        raise ValueError("offset out of range")
+    delta = timedelta(hours=hours, minutes=minutes)
+    return timezone(-delta if offset[0] == "-" else delta)
+
+
+# -- sizes --
+
+_SIZE = re.compile(rf"({_NUMBER})\s*([kmgt]?)(i?b?)")
+_SIZE_SHIFT = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
+
+
+def parse_size_mib(text: str, flag: str = "size") -> int:
+    """MiB in a GPU memory size: `20G`, `20GB`, `20GiB`, `1.5G`, `512M`, `1T`, or a bare number of
+    MiB (`81559`, as nvidia-smi reports memory). Every unit is binary: G means GiB, since GPU memory
+    is quoted in GiB (nvidia-smi's MiB / 1024). A fraction of a MiB rounds up, so a requirement is
+    never understated. Zero, negative and `K` sizes are refused."""
+    number, unit = _size_parts(text, flag, "20G, 20GiB, 1.5G, 512M or 81559 (MiB)")
+    if unit == "" and text.strip()[-1:].isalpha():  # `20B`: bytes, not MiB
+        raise ValueError(f"{flag}: cannot read {text!r} as a size; use 20G, 20GiB, 1.5G, 512M or 81559 (MiB)")
+    if unit == "k":
+        raise ValueError(f"{flag}: {text!r} is below a MiB; use 20G, 20GiB, 1.5G, 512M or 81559 (MiB)")
+    mib = math.ceil(number * 2 ** (_SIZE_SHIFT[unit or "m"] - 20))
+    return _positive(mib, text, flag)
+
+
+def parse_size_bytes(text: str, flag: str = "size") -> int:
+    """Bytes in a size such as a log cap: `1G`, `500M`, `64K`, `1.5G`, `2GiB`, `10MB`, or a bare
+    number of bytes. Units are binary (K = 1024). A fraction of a byte rounds up; zero is refused."""
+    number, unit = _size_parts(text, flag, "1G, 500M, 64K or 4096 (bytes)")
+    return _positive(math.ceil(number * 2 ** _SIZE_SHIFT[unit]), text, flag)
+
+
+def _size_parts(text: str, flag: str, forms: str) -> tuple[float, str]:
+    match = _SIZE.fullmatch(text.strip().lower())
+    # `20i` or `20ib` alone is not a unit; `20b` is bytes, which only parse_size_bytes takes as is.
+    if not match or (match.group(3).startswith("i") and not match.group(2)):
+        raise ValueError(f"{flag}: cannot read {text!r} as a size; use {forms}")
+    number = float(match.group(1))
+    if not math.isfinite(number):
+        raise ValueError(f"{flag}: cannot read {text!r} as a size; use {forms}")
+    return number, match.group(2)
+
+
+def _positive(value: int, text: str, flag: str) -> int:
+    if value <= 0:
+        raise ValueError(f"{flag}: {text!r} is not a positive size")
+    return value
