@@ -21,7 +21,6 @@ import shutil
 import stat
 import subprocess
 import threading
-import uuid
 from typing import Any, Optional
 
 GIT_TIMEOUT = 5.0
@@ -210,7 +209,7 @@ def snapshot(repo: str, dest: str, max_bytes: int = SNAPSHOT_MAX_BYTES, timeout:
             f"refusing to snapshot {top}: its tracked files hold {total / 2**20:.0f} MiB, over the "
             f"{max_bytes / 2**20:.0f} MiB limit; run the job without --snapshot"
         )
-    tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tmp-{uuid.uuid4().hex[:12]}")
+    tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     os.mkdir(tmp)
     try:
