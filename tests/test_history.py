@@ -246,6 +246,8 @@ def timeline_jobs() -> list[tuple[str, dict]]:
         ("failed", job(3, [attempt(2, 0.01, "failed")], slot="1")),
         ("cancelled", job(4, [attempt(3, 1, "cancelled")], gpu_request=0)),
         ("done", job(5, [attempt(1, 1, "done")], adopted=True)),
+        # recovered after an interruption: the requeue reset `attempts`, so both entries say 1
+        ("done", job(6, [attempt(4, 0.5, "interrupted", 1), attempt(5, 0.5, "done", 1)], slot="2")),
     ]
 
 
@@ -264,8 +266,12 @@ def test_plot_svg_has_one_bar_per_run_and_lane(tmp_path: Path) -> None:
     plot.plot(runs, str(path))
     ids = svg_ids(path)
     bars = sorted(i for i in ids if i.startswith(plot.BAR_GID + "-"))
-    assert len(bars) == lanes_runs(runs) == 7  # the 2-GPU run is drawn in two lanes
+    assert len(bars) == lanes_runs(runs) == 9  # the 2-GPU run is drawn in two lanes
     assert "gpuq-run-2-1-1" in bars and "gpuq-run-2-1-2" in bars and "gpuq-run-4-1-cpu" in bars
+    assert "gpuq-run-1-1-0" in bars and "gpuq-run-1-2-0" in bars  # the preempted job's two runs
+    assert "gpuq-run-6-1-2" in bars and "gpuq-run-6-2-2" in bars  # both numbered attempt 1 in the file
+    named = [i for i in ids if i]
+    assert len(named) == len(set(named))  # SVG ids are unique
     assert "gpuq-preempt" in ids and "gpuq-resume" in ids
 
 

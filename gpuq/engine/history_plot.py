@@ -27,7 +27,7 @@ OUTCOMES = {
     "interrupted": ("interrupted", "#9467bd"),
 }
 OTHER = ("other", "#bcbd22")
-BAR_GID = "gpuq-run"  # every bar's SVG id starts with this: one bar per run and lane
+BAR_GID = "gpuq-run"  # SVG id of each bar: gpuq-run-JOB-N-LANE, N the job's Nth run by start time
 MIN_WIDTH_FRACTION = 0.001  # a 2-second failure stays visible on a week-long axis
 
 
@@ -105,6 +105,13 @@ def _draw_bars(ax: Any, runs: Sequence[Run], row: dict[str, int], num: Any) -> l
     """One bar per run and lane; returns the outcomes drawn, in legend order."""
     span = max(run.end for run in runs) - min(run.start for run in runs)
     min_days = span * MIN_WIDTH_FRACTION / 86400.0
+    # Bar ids number a job's runs by start time: attempt numbers repeat after a retry or recovery
+    # resets the job's `attempts`, and SVG ids must be unique.
+    number: dict[int, int] = {}
+    seen: dict[int, int] = defaultdict(int)
+    for run in sorted(runs, key=lambda r: r.start):
+        seen[run.job_id] += 1
+        number[id(run)] = seen[run.job_id]
     bars: dict[str, list[tuple[Run, str]]] = defaultdict(list)
     for run in runs:
         for lane in run.lanes:
@@ -121,7 +128,7 @@ def _draw_bars(ax: Any, runs: Sequence[Run], row: dict[str, int], num: Any) -> l
             color=OUTCOMES.get(outcome, OTHER)[1],
         )
         for patch, (run, lane) in zip(container.patches, items):
-            patch.set_gid(f"{BAR_GID}-{run.job_id}-{run.attempt}-{lane}")
+            patch.set_gid(f"{BAR_GID}-{run.job_id}-{number[id(run)]}-{lane}")
             if run.adopted:
                 patch.set_hatch("//")
     return order
