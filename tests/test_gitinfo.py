@@ -256,6 +256,9 @@ def test_snapshot_keeps_modes_and_symlinks(repo: Path, tmp_path: Path) -> None:
     assert os.path.islink(dest / "model_link.py") and os.readlink(dest / "model_link.py") == "src/model.py"
     assert (dest / "model_link.py").read_text() == "LAYERS = 2\n"  # resolves inside the snapshot
     assert os.path.islink(dest / "dangling") and os.readlink(dest / "dangling") == "/nonexistent/outside"
+    (repo / "train.py").chmod(0o666)  # a group/other-writable file is not copied writable by others
+    gitinfo.snapshot(str(repo), str(tmp_path / "snap2"))
+    assert stat.S_IMODE(os.lstat(tmp_path / "snap2" / "train.py").st_mode) == 0o644
     out = subprocess.run([str(dest / "run.sh")], capture_output=True, text=True, check=True)
     assert out.stdout == "hi\n"
 

@@ -179,8 +179,9 @@ def _short(commit: Optional[str]) -> str:
 def snapshot(repo: str, dest: str, max_bytes: int = SNAPSHOT_MAX_BYTES, timeout: float = 60.0) -> dict[str, Any]:
     """Copy the tracked files of `repo` (its work tree as it is now: uncommitted changes included,
     tracked files deleted from the work tree skipped; files of checked-out submodules included)
-    to the new directory `dest`, keeping relative paths, permission bits and symbolic links (as
-    links, with the same target, even one that points outside). Untracked files are not copied.
+    to the new directory `dest`, keeping relative paths, permission bits (less group and other
+    write) and symbolic links (as links, with the same target, even one that points outside).
+    Untracked files are not copied; directories get the process's umask (0700 under gpuq's 077).
 
     The copy is made in a hidden sibling of `dest` and renamed into place, so `dest` either does
     not exist or is complete. ValueError (one line) when `repo` is not a git work tree, `dest`
@@ -263,7 +264,9 @@ def _copy(top: str, into: str, plan: list[tuple[str, os.stat_result]], max_bytes
                 os.symlink(os.readlink(source), target)
             else:
                 shutil.copyfile(source, target, follow_symlinks=False)
-                os.chmod(target, stat.S_IMODE(st.st_mode))
+                # Without group/other write: the copy lives in the spool, and code that others could
+                # edit there would run as the user.
+                os.chmod(target, stat.S_IMODE(st.st_mode) & ~0o022)
                 copied += os.path.getsize(target)
         except FileNotFoundError:  # deleted by the user while we copied
             vanished += 1
