@@ -1,0 +1,175 @@
+"""`gpuq history --plot FILE`: a timeline of runs, one lane per GPU, bars coloured by outcome.
+
+matplotlib is an optional extra (`gpuq-spool[plot]`), imported only inside `plot`, so nothing
+else in gpuq pays for it. The figure is drawn with matplotlib's object API (`Figure`, no pyplot),
+which never opens a display and does not change the process's global backend.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from datetime import datetime, timezone
+from typing import Any, Optional, Sequence
+
+from gpuq.core.errors import GpuqError
+from gpuq.engine.history import Run
+
+FORMATS = (".png", ".svg")
+MISSING = "history --plot needs matplotlib: pip install 'gpuq-spool[plot]'"
+# Attempt outcome -> (legend label, colour). "pending" is a failed attempt that was retried.
+OUTCOMES = {
+    "done": ("done", "#2ca02c"),
+    "failed": ("failed", "#d62728"),
+    "pending": ("failed, retried", "#ff9896"),
+    "cancelled": ("cancelled", "#7f7f7f"),
+    "preempted": ("preempted", "#ff7f0e"),
+    "interrupted": ("interrupted", "#9467bd"),
+}
+OTHER = ("other", "#bcbd22")
+BAR_GID = "gpuq-run"  # SVG id of each bar: gpuq-run-JOB-N-LANE, N the job's Nth run by start time
+MIN_WIDTH_FRACTION = 0.001  # a 2-second failure stays visible on a week-long axis
+
+
+class PlotUnavailable(GpuqError, ImportError):
+    """matplotlib is not installed; the message names the extra to install."""
+
+
+def plot(runs: Sequence[Run], path: str, title: Optional[str] = None) -> None:
+    """Draw `runs` as a timeline into `path` (.png or .svg, chosen by the suffix; ValueError for
+    any other). One lane per GPU (a run on GPUs 0,1 is drawn in both lanes), then "machine" (no GPU
+    detail) and "cpu" lanes; bars coloured by the attempt's outcome, adopted runs hatched
+    (approximate times); a preempted attempt gets a marker at its end, the attempt that resumed
+    it one at its start. No runs gives a valid picture that says so. PlotUnavailable (an
+    ImportError and a GpuqError) when matplotlib is missing."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in FORMATS:
+        raise ValueError(f"history --plot {path}: the file name must end in .png or .svg")
+    try:
+        from matplotlib import dates as mdates
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlotUnavailable(MISSING) from None
+    lanes = lane_order(runs)
+    fig = Figure(figsize=(12, 1.6 + 0.45 * max(1, len(lanes))), layout="constrained")
+    ax = fig.add_subplot()
+    if runs:
+        _draw(ax, runs, lanes, mdates)
+    else:
+        ax.text(0.5, 0.5, "no finished runs in this period", ha="center", va="center", transform=ax.transAxes)
+        ax.set_yticks([])
+        ax.set_xticks([])
+    ax.set_title(title or _default_title(runs))
+    fig.savefig(path, format=suffix[1:], dpi=100)
+
+
+def lane_order(runs: Sequence[Run]) -> list[str]:
+    """GPU lanes by index (numerically when they are numbers), then "machine", then "cpu"."""
+    names = {lane for run in runs for lane in run.lanes}
+    gpus = sorted((n for n in names if n not in ("machine", "cpu")), key=lambda n: (not n.isdigit(), _num(n), n))
+    return gpus + [n for n in ("machine", "cpu") if n in names]
+
+
+def _num(text: str) -> int:
+    return int(text) if text.isdigit() else 0
+
+
+def _label(lane: str) -> str:
+    return lane if lane in ("machine", "cpu") else f"GPU {lane}"
+
+
+def _default_title(runs: Sequence[Run]) -> str:
+    hours = sum(run.gpu_hours for run in runs)
+    return f"gpuq history: {len(runs)} runs, {hours:.1f} GPU-hours"
+
+
+def _draw(ax: Any, runs: Sequence[Run], lanes: list[str], mdates: Any) -> None:
+    tz = datetime.now(timezone.utc).astimezone().tzinfo  # show local time, as `gpuq status` does
+    row = {lane: index for index, lane in enumerate(lanes)}
+
+    def num(stamp: float) -> float:
+        return float(mdates.date2num(datetime.fromtimestamp(stamp, timezone.utc)))
+
+    shown = _draw_bars(ax, runs, row, num)
+    markers = _mark_preemptions(ax, runs, row, num)
+    ax.set_yticks(range(len(lanes)), [_label(lane) for lane in lanes])
+    ax.set_ylim(len(lanes) - 0.5, -0.5)  # first GPU at the top
+    locator = mdates.AutoDateLocator(tz=tz)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=tz))
+    ax.grid(axis="x", alpha=0.3)
+    _legend(ax, shown, markers, any(run.adopted for run in runs))
+
+
+def _draw_bars(ax: Any, runs: Sequence[Run], row: dict[str, int], num: Any) -> list[str]:
+    """One bar per run and lane; returns the outcomes drawn, in legend order."""
+    span = max(run.end for run in runs) - min(run.start for run in runs)
+    min_days = span * MIN_WIDTH_FRACTION / 86400.0
+    # Bar ids number a job's runs by start time: attempt numbers repeat after a retry or recovery
+    # resets the job's `attempts`, and SVG ids must be unique.
+    number: dict[int, int] = {}
+    seen: dict[int, int] = defaultdict(int)
+    for run in sorted(runs, key=lambda r: r.start):
+        seen[run.job_id] += 1
+        number[id(run)] = seen[run.job_id]
+    bars: dict[str, list[tuple[Run, str]]] = defaultdict(list)
+    for run in runs:
+        for lane in run.lanes:
+            bars[run.outcome].append((run, lane))
+    order = sorted(bars, key=lambda outcome: (list(OUTCOMES).index(outcome) if outcome in OUTCOMES else 99, outcome))
+    # One barh call per outcome rather than one per bar: thousands of runs stay a few seconds.
+    for outcome in order:
+        items = bars[outcome]
+        container = ax.barh(
+            [row[lane] for _, lane in items],
+            [max(run.seconds / 86400.0, min_days) for run, _ in items],
+            left=[num(run.start) for run, _ in items],
+            height=0.7,
+            color=OUTCOMES.get(outcome, OTHER)[1],
+        )
+        for patch, (run, lane) in zip(container.patches, items):
+            patch.set_gid(f"{BAR_GID}-{run.job_id}-{number[id(run)]}-{lane}")
+            if run.adopted:
+                patch.set_hatch("//")
+    return order
+
+
+def _mark_preemptions(ax: Any, runs: Sequence[Run], row: dict[str, int], num: Any) -> list[tuple[str, str]]:
+    """A marker at the end of each preempted attempt, and at the start of the attempt after it;
+    returns (marker, label) of those drawn."""
+    by_job: dict[int, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_job[run.job_id].append(run)
+    stops: list[tuple[float, int]] = []
+    resumes: list[tuple[float, int]] = []
+    for attempts in by_job.values():
+        attempts.sort(key=lambda r: r.start)
+        for earlier, later in zip(attempts, attempts[1:] + [None]):
+            if earlier.outcome != "preempted":
+                continue
+            stops += [(num(earlier.end), row[lane]) for lane in earlier.lanes]
+            if later is not None:
+                resumes += [(num(later.start), row[lane]) for lane in later.lanes]
+    drawn = []
+    for points, marker, label, gid in (
+        (stops, "v", "preempted here", "gpuq-preempt"),
+        (resumes, ">", "resumed", "gpuq-resume"),
+    ):
+        if points:
+            xs, ys = zip(*points)
+            ax.scatter(xs, ys, marker=marker, s=40, color="black", zorder=3, gid=gid)
+            drawn.append((marker, label))
+    return drawn
+
+
+def _legend(ax: Any, outcomes: list[str], markers: list[tuple[str, str]], adopted: bool) -> None:
+    # Handles made here, not taken from the bars: a hatched (adopted) first bar must not make
+    # its whole outcome look hatched in the legend.
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles: list[Any] = [Patch(color=OUTCOMES.get(o, OTHER)[1], label=OUTCOMES.get(o, OTHER)[0]) for o in outcomes]
+    handles += [Line2D([], [], marker=m, color="black", linestyle="none", label=label) for m, label in markers]
+    if adopted:
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="adopted (times approximate)"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")

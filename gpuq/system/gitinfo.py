@@ -1,0 +1,287 @@
+"""Which code a job runs: git facts about its working directory, and snapshots of a repository.
+
+Everything here runs the `git` binary (no library) with a timeout, read-only: `GIT_OPTIONAL_LOCKS=0`
+stops `git status` from rewriting the index, so looking never races the user's own git commands.
+
+What the provenance records (`provenance`):
+- `dirty` is about *tracked* files only (staged or not, against HEAD), as `git describe --dirty`
+  counts it. Untracked files are left out on purpose: jobs often write outputs into the
+  repository, and counting those would report every later job of a queue as "code changed".
+- `diff_hash` is the sha256 of `git diff HEAD --binary` (tracked files, working tree against HEAD,
+  with the output options pinned so a user's diff config cannot change the hash); null when clean.
+- A snapshot copies the same set: tracked files as they are in the working tree; untracked files
+  are not copied (their number is returned so the caller can say so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import threading
+from typing import Any, Optional
+
+GIT_TIMEOUT = 5.0
+SNAPSHOT_MAX_BYTES = 200 * 1024 * 1024
+CHUNK = 1 << 20
+
+# Pinned so that the hash depends on the change only, not on diff.noprefix, diff.context,
+# diff.algorithm, diff.renames, color or external diff drivers in the user's config.
+DIFF_OPTIONS = (
+    "--binary",
+    "--full-index",
+    "--no-color",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--no-renames",
+    "--unified=3",
+    "--diff-algorithm=myers",
+    "--src-prefix=a/",
+    "--dst-prefix=b/",
+)
+
+
+class GitFailed(Exception):
+    """git is missing, refused (not a repository, `safe.directory`), failed or timed out."""
+
+
+def _git_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+    return env
+
+
+def _git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
+    """stdout of `git ARGS` run in `cwd`; GitFailed on any failure (stderr is swallowed)."""
+    try:
+        proc = subprocess.run(
+            ["git", *args],
+            cwd=cwd,
+            env=_git_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            timeout=timeout,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise GitFailed(str(exc)) from None
+    if proc.returncode != 0:
+        raise GitFailed(f"git {args[0]} exited {proc.returncode}")
+    return proc.stdout
+
+
+def _git_sha256(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> tuple[str, int]:
+    """(sha256 hex, byte count) of the output of `git ARGS`, read in chunks so a diff touching a
+    large file is never held in memory whole."""
+    try:
+        proc = subprocess.Popen(
+            ["git", *args],
+            cwd=cwd,
+            env=_git_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+    except OSError as exc:
+        raise GitFailed(str(exc)) from None
+    # A blocking read cannot time out by itself: a timer kills git, which ends the read.
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    digest, size = hashlib.sha256(), 0
+    try:
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.read(CHUNK), b""):
+            digest.update(chunk)
+            size += len(chunk)
+        proc.stdout.close()
+        code = proc.wait()
+    finally:
+        timer.cancel()
+    if code != 0:
+        raise GitFailed(f"git {args[0]} exited {code}")
+    return digest.hexdigest(), size
+
+
+def _status(cwd: str, timeout: float) -> tuple[Optional[str], Optional[str], bool]:
+    """(commit or None when the branch has no commit yet, branch or None when detached, dirty)."""
+    out = _git(cwd, "status", "--porcelain=v2", "--branch", "--untracked-files=no", "-z", timeout=timeout)
+    commit: Optional[str] = None
+    branch: Optional[str] = None
+    dirty = False
+    for entry in out.split(b"\0"):
+        if entry.startswith(b"# branch.oid "):
+            value = entry[len(b"# branch.oid ") :].decode()
+            commit = None if value == "(initial)" else value
+        elif entry.startswith(b"# branch.head "):
+            value = entry[len(b"# branch.head ") :].decode("utf-8", "replace")
+            branch = None if value == "(detached)" else value
+        elif entry[:2] in (b"1 ", b"2 ", b"u "):  # changed, renamed/copied, unmerged tracked entries
+            dirty = True
+    return commit, branch, dirty
+
+
+def _empty_tree(cwd: str, timeout: float) -> str:
+    """The id of the empty tree in this repository's hash (sha1 or sha256)."""
+    return _git(cwd, "hash-object", "-t", "tree", "/dev/null", timeout=timeout).decode().strip()
+
+
+def provenance(cwd: str, timeout: float = GIT_TIMEOUT) -> Optional[dict[str, Any]]:
+    """Git facts about the code in `cwd`, or None when `cwd` is not in a git work tree, git is
+    missing, refuses the repository (`safe.directory`) or does not answer within `timeout`
+    seconds (per git call). Never prints anything and never raises for those cases.
+
+    Returns {"repo": toplevel, "commit": sha or None (no commit yet), "branch": name or None
+    (detached HEAD), "dirty": tracked files differ from HEAD, "diff_hash": sha256 hex of the
+    diff or None when clean}. A repository without commits counts every tracked file as a change."""
+    try:
+        top = _git(cwd, "rev-parse", "--show-toplevel", timeout=timeout).decode("utf-8", "surrogateescape").strip()
+        if not top:  # inside .git itself: no work tree
+            return None
+        commit, branch, dirty = _status(top, timeout)
+        diff_hash: Optional[str] = None
+        if dirty:
+            base = commit or _empty_tree(top, timeout)
+            diff_hash, _ = _git_sha256(top, "diff", *DIFF_OPTIONS, base, "--", timeout=timeout)
+    except GitFailed:
+        return None
+    return {"repo": top, "commit": commit, "branch": branch, "dirty": dirty, "diff_hash": diff_hash}
+
+
+PREFIX = "code changed since it was queued: "
+
+
+def changed(queued: Optional[dict[str, Any]], now: Optional[dict[str, Any]]) -> Optional[str]:
+    """One line saying how the code at start differs from the code at add time, or None when it
+    does not (or there was no repository at add time). A branch switch that keeps the same commit
+    and changes is not a change of code."""
+    if not queued:
+        return None
+    if not now:
+        return "cannot tell whether the code changed: no git work tree when the job started"
+    if queued.get("repo") != now.get("repo"):
+        return f"{PREFIX}repository {queued.get('repo')} -> {now.get('repo')}"
+    if queued.get("commit") != now.get("commit"):
+        line = f"{PREFIX}commit {_short(queued.get('commit'))} -> {_short(now.get('commit'))}"
+        return line + (" (with uncommitted changes)" if now.get("dirty") else "")
+    if queued.get("dirty") != now.get("dirty"):
+        return PREFIX + ("uncommitted changes made since" if now.get("dirty") else "uncommitted changes discarded")
+    if queued.get("diff_hash") != now.get("diff_hash"):
+        return PREFIX + "uncommitted changes differ"
+    return None
+
+
+def _short(commit: Optional[str]) -> str:
+    return commit[:7] if commit else "(no commit)"
+
+
+def snapshot(repo: str, dest: str, max_bytes: int = SNAPSHOT_MAX_BYTES, timeout: float = 60.0) -> dict[str, Any]:
+    """Copy the tracked files of `repo` (its work tree as it is now: uncommitted changes included,
+    tracked files deleted from the work tree skipped; files of checked-out submodules included)
+    to the new directory `dest`, keeping relative paths, permission bits (less group and other
+    write) and symbolic links (as links, with the same target, even one that points outside).
+    Untracked files are not copied; directories get the process's umask (0700 under gpuq's 077).
+
+    The copy is made in a hidden sibling of `dest` and renamed into place, so `dest` either does
+    not exist or is complete. ValueError (one line) when `repo` is not a git work tree, `dest`
+    exists, or the tracked files exceed `max_bytes`; OSError from the copy itself (disk full...)
+    after removing the partial copy.
+
+    Returns {"path": dest, "files": files and links copied, "bytes": bytes of file content,
+    "commit": HEAD or None, "skipped": tracked paths missing from the work tree, "untracked":
+    untracked, not ignored files that were left out}."""
+    dest = os.path.abspath(dest)
+    if os.path.lexists(dest):
+        raise ValueError(f"snapshot destination already exists: {dest}")
+    try:
+        top = _git(repo, "rev-parse", "--show-toplevel", timeout=timeout).decode("utf-8", "surrogateescape").strip()
+        names = _git(top, "ls-files", "-z", "--recurse-submodules", timeout=timeout).split(b"\0")
+        # --directory: a wholly untracked directory (data, outputs) counts once and is not walked
+        others = ("ls-files", "-z", "--others", "--exclude-standard", "--directory", "--no-empty-directory")
+        untracked = _git(top, *others, timeout=timeout).count(b"\0")
+        commit, _, _ = _status(top, timeout)
+    except GitFailed:
+        raise ValueError(f"cannot snapshot {repo}: not a git work tree (or git is missing or refused it)") from None
+    paths = sorted({os.fsdecode(name) for name in names if name})
+    plan, skipped, total = _plan(top, paths)
+    if total > max_bytes:
+        raise ValueError(
+            f"refusing to snapshot {top}: its tracked files hold {total / 2**20:.0f} MiB, over the "
+            f"{max_bytes / 2**20:.0f} MiB limit; run the job without --snapshot"
+        )
+    tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    os.mkdir(tmp)
+    try:
+        files, copied, vanished = _copy(top, tmp, plan, max_bytes)
+        os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {
+        "path": dest,
+        "files": files,
+        "bytes": copied,
+        "commit": commit,
+        "skipped": skipped + vanished,
+        "untracked": untracked,
+    }
+
+
+def _plan(top: str, paths: list[str]) -> tuple[list[tuple[str, os.stat_result]], int, int]:
+    """(path, lstat) of each tracked path that is a file or link now; the number skipped; the bytes."""
+    plan: list[tuple[str, os.stat_result]] = []
+    skipped = total = 0
+    for rel in paths:
+        try:
+            st = os.lstat(os.path.join(top, rel))
+        except FileNotFoundError:  # deleted in the work tree: the job would not see it either
+            skipped += 1
+            continue
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+        elif not stat.S_ISLNK(st.st_mode):  # an uninitialised submodule's directory, a FIFO...
+            skipped += 1
+            continue
+        plan.append((rel, st))
+    return plan, skipped, total
+
+
+def _copy(top: str, into: str, plan: list[tuple[str, os.stat_result]], max_bytes: int) -> tuple[int, int, int]:
+    """Copy the plan into `into`: (files and links copied, bytes copied, paths that vanished meanwhile)."""
+    files = copied = vanished = 0
+    made: set[str] = set()
+    for rel, st in plan:
+        target = os.path.join(into, rel)
+        parent = os.path.dirname(target)
+        if parent not in made:
+            os.makedirs(parent, exist_ok=True)
+            made.add(parent)
+        source = os.path.join(top, rel)
+        try:
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(source), target)
+            else:
+                shutil.copyfile(source, target, follow_symlinks=False)
+                # Without group/other write: the copy lives in the spool, and code that others could
+                # edit there would run as the user.
+                os.chmod(target, stat.S_IMODE(st.st_mode) & ~0o022)
+                copied += os.path.getsize(target)
+        except FileNotFoundError:  # deleted by the user while we copied
+            vanished += 1
+            continue
+        files += 1
+        if copied > max_bytes:  # files grew while we copied: still never fill the disk
+            raise ValueError(f"refusing to snapshot {top}: its tracked files grew past the limit while copying")
+    return files, copied, vanished
+
+
+def snapshot_cwd(job_cwd: str, repo: str, snap: str) -> str:
+    """The directory in snapshot `snap` that corresponds to `job_cwd` in `repo` (same relative
+    path). Pure path arithmetic on resolved paths; ValueError when `job_cwd` is not inside `repo`.
+    The directory may be missing from the snapshot if it holds no tracked file: create it then."""
+    rel = os.path.relpath(os.path.realpath(job_cwd), os.path.realpath(repo))
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        raise ValueError(f"{job_cwd} is not inside the repository {repo}")
+    return os.path.normpath(os.path.join(snap, rel))

@@ -1,0 +1,379 @@
+"""gpuq.engine.history (pure, over hand-built job dicts with known durations) and the timeline
+picture of gpuq.engine.history_plot (real PNG and SVG files, read back)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from gpuq.engine import history
+from gpuq.engine.history import Run
+
+REPO = Path(__file__).resolve().parent.parent
+HOUR = 3600.0
+# Local noon of a fixed day, so "day" groups do not depend on the machine's time zone.
+T0 = datetime(2024, 5, 1, 12, 0).astimezone().timestamp()
+
+
+def iso(stamp: float) -> str:
+    return datetime.fromtimestamp(stamp).astimezone().isoformat(timespec="milliseconds")
+
+
+def attempt(start_h: float, hours: float, outcome: str, number: int = 1) -> dict:
+    start = T0 + start_h * HOUR
+    return {
+        "attempt": number,
+        "started_at": iso(start),
+        "finished_at": iso(start + hours * HOUR),
+        "exit_code": 0 if outcome == "done" else 1,
+        "signal": None,
+        "outcome": outcome,
+    }
+
+
+def job(job_id: int, attempts: list[dict], cwd: str = "/w/a", cmd: Optional[list] = None, **extra: Any) -> dict:
+    last = attempts[-1] if attempts else {}
+    return {
+        "id": job_id,
+        "name": f"job{job_id}",
+        "cmd": cmd or ["python", "train.py"],
+        "cwd": cwd,
+        "created_at": iso(T0 - HOUR),
+        "started_at": last.get("started_at"),
+        "finished_at": last.get("finished_at"),
+        "exit_code": last.get("exit_code"),
+        "history": attempts,
+        "preemptions": [],
+        "slot": None,
+        **extra,
+    }
+
+
+def preempted_then_resumed(job_id: int = 7) -> dict:
+    """Ran 1 h on GPU 0, preempted, resumed 0.5 h later, finished after 2 h more."""
+    return job(
+        job_id,
+        [attempt(0, 1, "preempted", 1), attempt(1.5, 2, "done", 2)],
+        slot="0",
+        preemptions=[{"at": iso(T0 + 1 * HOUR), "by": "user", "exit_code": 143}],
+    )
+
+
+# -- runs --
+
+
+def test_gpu_hours_sum_over_gpus_held() -> None:
+    jobs = [
+        ("done", job(1, [attempt(0, 1.5, "done")], gpus=[0, 1])),
+        ("done", job(2, [attempt(0, 0.5, "done")], slot="2")),
+    ]
+    [group] = history.summarize(jobs, by="dir")
+    assert group.gpu_hours == pytest.approx(3.5)
+    assert group.runs == 2 and group.done == 2 and group.jobs == 2
+
+
+@pytest.mark.parametrize(
+    ("fields", "gpus", "count"),
+    [
+        ({"gpus": [2, 3]}, ("2", "3"), 2),
+        ({"gpus": [1], "slot": "0,1"}, ("1",), 1),  # the recorded list wins over the slot
+        ({"slot": "0,1"}, ("0", "1"), 2),
+        ({"gpu_request": 3}, (), 3),  # whole-machine worker: count known, indices not
+        ({}, (), 1),
+        ({"gpu_request": 0, "slot": "0"}, (), 0),  # CPU job
+    ],
+)
+def test_gpus_held(fields: dict, gpus: tuple, count: int) -> None:
+    [run] = history.runs([("done", job(1, [attempt(0, 2, "done")], **fields))])
+    assert (run.gpus, run.gpu_count) == (gpus, count)
+    assert run.gpu_hours == pytest.approx(2 * count)
+
+
+def test_attempt_records_its_own_gpus() -> None:
+    first = dict(attempt(0, 1, "preempted", 1), gpus=[3])
+    [one, two] = history.runs([("done", job(1, [first, attempt(2, 1, "done", 2)], gpus=[0, 1]))])
+    assert one.gpus == ("3",) and two.gpus == ("0", "1")
+
+
+def test_preempted_and_resumed_job_is_two_runs_and_one_preemption() -> None:
+    runs = history.runs([("done", preempted_then_resumed())])
+    assert [(r.attempt, r.outcome, r.seconds) for r in runs] == [(1, "preempted", HOUR), (2, "done", 2 * HOUR)]
+    [group] = history.summarize([("done", preempted_then_resumed())], by="script")
+    assert (group.runs, group.jobs, group.done, group.preempted) == (2, 1, 1, 1)
+    assert group.gpu_hours == pytest.approx(3.0)  # the gap between the attempts is not counted
+    assert group.first == pytest.approx(T0) and group.last == pytest.approx(T0 + 3.5 * HOUR)
+
+
+def test_outcomes_counted_per_attempt() -> None:
+    jobs = [
+        ("failed", job(1, [attempt(0, 0.1, "pending", 1), attempt(0.2, 0.1, "failed", 2)])),  # retried, then failed
+        ("cancelled", job(2, [attempt(0, 0.3, "cancelled")])),
+        ("interrupted", job(3, [attempt(0, 0.4, "interrupted")])),
+        ("done", job(4, [attempt(0, 1, "done")])),
+    ]
+    [group] = history.summarize(jobs, by="dir")
+    assert (group.runs, group.done, group.failed, group.cancelled, group.interrupted) == (5, 1, 2, 1, 1)
+
+
+def test_median_over_all_runs() -> None:
+    jobs = [("done", job(i, [attempt(0, hours, "done")])) for i, hours in enumerate([1, 4, 2])]
+    [group] = history.summarize(jobs, by="dir")
+    assert group.median_seconds == pytest.approx(2 * HOUR)
+
+
+def test_runs_without_start_or_end_are_left_out_and_bad_times_do_not_crash() -> None:
+    broken = attempt(0, 1, "done")
+    broken["finished_at"] = "not a time"
+    unfinished = dict(attempt(0, 1, "done"), finished_at=None)
+    jobs = [("done", job(1, [broken])), ("done", job(2, [unfinished])), ("done", job(3, [attempt(0, 1, "done")]))]
+    assert [r.job_id for r in history.runs(jobs)] == [3]
+
+
+def test_job_without_history_uses_its_own_times() -> None:
+    old = job(1, [])
+    old.update(started_at=iso(T0), finished_at=iso(T0 + 2 * HOUR), history=[])
+    [run] = history.runs([("failed", old)])
+    assert run.outcome == "failed" and run.seconds == pytest.approx(2 * HOUR)
+
+
+def test_adopted_jobs_are_included_and_marked() -> None:
+    jobs = [("done", job(1, [attempt(0, 1, "done")], adopted=True)), ("done", job(2, [attempt(0, 1, "done")]))]
+    [group] = history.summarize(jobs, by="dir")
+    assert group.runs == 2 and group.adopted == 1
+    assert [r.adopted for r in history.runs(jobs)] == [True, False]
+
+
+# -- grouping and the window --
+
+
+def sample_jobs() -> list[tuple[str, dict]]:
+    return [
+        ("done", job(1, [attempt(0, 1, "done")], cwd="/w/b", cmd=["python", "-u", "src/train.py", "--lr", "1"])),
+        ("failed", job(2, [attempt(24, 2, "failed")], cwd="/w/a", cmd=["torchrun", "--nproc", "2", "eval.py"])),
+        ("done", job(3, [attempt(25, 1, "done")], cwd="/w/a", cmd=["python", "-m", "pkg.train"], sweep={"id": 10})),
+        ("done", job(4, [attempt(48, 3, "done")], cwd="/w/b", cmd=["./run"], sweep={"id": 9, "values": {"lr": "1"}})),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("by", "expected"),
+    [
+        ("dir", [("/w/a", 2, 3.0), ("/w/b", 2, 4.0)]),
+        ("script", [("eval.py", 1, 2.0), ("pkg.train", 1, 1.0), ("run", 1, 3.0), ("train.py", 1, 1.0)]),
+        ("day", [("2024-05-01", 1, 1.0), ("2024-05-02", 2, 3.0), ("2024-05-03", 1, 3.0)]),
+        ("sweep", [(9, 1, 3.0), (10, 1, 1.0), (None, 2, 3.0)]),  # numerically, jobs outside sweeps last
+    ],
+)
+def test_grouping(by: str, expected: list) -> None:
+    groups = history.summarize(sample_jobs(), by=by)
+    assert [(g.key, g.runs, round(g.gpu_hours, 6)) for g in groups] == expected
+
+
+def test_since_counts_runs_that_ended_after_it() -> None:
+    since = T0 + 24.5 * HOUR  # after job 1 ended, while job 2 was running
+    groups = history.summarize(sample_jobs(), since=since, by="dir")
+    assert [(g.key, g.runs) for g in groups] == [("/w/a", 2), ("/w/b", 1)]
+
+    # A job whose first attempt ended before the window and second after: only the second counts,
+    # and the preemption (at the end of the first) is outside the window too.
+    groups = history.summarize([("done", preempted_then_resumed())], since=T0 + 2 * HOUR, by="dir")
+    assert [(g.runs, g.done, g.preempted, round(g.gpu_hours, 6)) for g in groups] == [(1, 1, 0, 2.0)]
+    assert history.summarize(sample_jobs(), since=T0 + 100 * HOUR, by="dir") == []
+
+
+def test_unknown_grouping_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="--by 'user': choose one of dir, script, day, sweep"):
+        history.summarize([], by="user")
+
+
+def test_to_json() -> None:
+    data = history.to_json(history.summarize(sample_jobs() + [("done", preempted_then_resumed(8))], by="sweep"))
+    assert json.loads(json.dumps(data)) == data
+    last = data[-1]
+    assert last["key"] is None and last["runs"] == 4 and last["preempted"] == 1
+    assert datetime.fromisoformat(last["first"]).timestamp() == pytest.approx(T0)
+    assert datetime.fromisoformat(last["last"]).timestamp() == pytest.approx(T0 + 26 * HOUR)  # job 2 ended last
+    assert last["gpu_hours"] == 6.0 and last["median_seconds"] == pytest.approx(1.5 * HOUR)
+
+
+def test_parse_since() -> None:
+    now = 1_700_000_000.0
+    assert history.parse_since("7d", now) == now - 7 * 86400
+    assert history.parse_since("12h", now) == now - 12 * 3600
+    assert history.parse_since("1.5w", now) == now - 1.5 * 7 * 86400
+    assert history.parse_since("2024-05-01", now) == datetime(2024, 5, 1).timestamp()
+    assert history.parse_since("2024-05-01T09:00+00:00", now) == 1714554000.0
+    with pytest.raises(ValueError, match="^--since 'yesterday': give a duration"):
+        history.parse_since("yesterday", now)
+
+
+@pytest.mark.parametrize(
+    ("cmd", "script"),
+    [
+        (["python", "train.py", "--config", "cfg.py"], "train.py"),
+        (["accelerate", "launch", "--config_file", "a.yaml", "scripts/finetune.py"], "finetune.py"),
+        (["python", "-m", "pkg.train", "--x"], "pkg.train"),
+        (["bash", "run_all.sh"], "run_all.sh"),
+        (["/usr/bin/make", "train"], "make"),
+        ("python train.py", "train.py"),
+        ([], "?"),
+    ],
+)
+def test_script_of(cmd: Any, script: str) -> None:
+    assert history.script_of(cmd) == script
+
+
+# -- the picture --
+
+
+def lanes_runs(runs: list[Run]) -> int:
+    return sum(len(run.lanes) for run in runs)
+
+
+def timeline_jobs() -> list[tuple[str, dict]]:
+    return [
+        ("done", preempted_then_resumed(1)),
+        ("done", job(2, [attempt(0.5, 2, "done")], gpus=[1, 2])),
+        ("failed", job(3, [attempt(2, 0.01, "failed")], slot="1")),
+        ("cancelled", job(4, [attempt(3, 1, "cancelled")], gpu_request=0)),
+        ("done", job(5, [attempt(1, 1, "done")], adopted=True)),
+        # recovered after an interruption: the requeue reset `attempts`, so both entries say 1
+        ("done", job(6, [attempt(4, 0.5, "interrupted", 1), attempt(5, 0.5, "done", 1)], slot="2")),
+    ]
+
+
+def svg_ids(path: Path) -> list[str]:
+    root = ET.parse(path).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    return [el.get("id", "") for el in root.iter()]
+
+
+def test_plot_svg_has_one_bar_per_run_and_lane(tmp_path: Path) -> None:
+    plot = pytest.importorskip("gpuq.engine.history_plot", reason="needs matplotlib (gpuq-spool[plot])")
+    pytest.importorskip("matplotlib", reason="needs matplotlib (gpuq-spool[plot])")
+    runs = history.runs(timeline_jobs())
+    assert plot.lane_order(runs) == ["0", "1", "2", "machine", "cpu"]
+    path = tmp_path / "timeline.svg"
+    plot.plot(runs, str(path))
+    ids = svg_ids(path)
+    bars = sorted(i for i in ids if i.startswith(plot.BAR_GID + "-"))
+    assert len(bars) == lanes_runs(runs) == 9  # the 2-GPU run is drawn in two lanes
+    assert "gpuq-run-2-1-1" in bars and "gpuq-run-2-1-2" in bars and "gpuq-run-4-1-cpu" in bars
+    assert "gpuq-run-1-1-0" in bars and "gpuq-run-1-2-0" in bars  # the preempted job's two runs
+    assert "gpuq-run-6-1-2" in bars and "gpuq-run-6-2-2" in bars  # both numbered attempt 1 in the file
+    named = [i for i in ids if i]
+    assert len(named) == len(set(named))  # SVG ids are unique
+    assert "gpuq-preempt" in ids and "gpuq-resume" in ids
+
+
+def test_plot_png_is_a_real_png(tmp_path: Path) -> None:
+    plot = pytest.importorskip("gpuq.engine.history_plot", reason="needs matplotlib (gpuq-spool[plot])")
+    image = pytest.importorskip("matplotlib.image", reason="needs matplotlib (gpuq-spool[plot])")
+    runs = history.runs(timeline_jobs())
+    path = tmp_path / "timeline.PNG"  # the suffix is case-insensitive
+    plot.plot(runs, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height, width = image.imread(str(path)).shape[:2]
+    assert (width, height) == (1200, round(100 * (1.6 + 0.45 * 5)))
+
+
+def test_plot_with_no_runs_is_a_valid_picture(tmp_path: Path) -> None:
+    plot = pytest.importorskip("gpuq.engine.history_plot", reason="needs matplotlib (gpuq-spool[plot])")
+    image = pytest.importorskip("matplotlib.image", reason="needs matplotlib (gpuq-spool[plot])")
+    plot.plot([], str(tmp_path / "empty.png"))
+    assert image.imread(str(tmp_path / "empty.png")).shape[:2] == (205, 1200)
+    plot.plot([], str(tmp_path / "empty.svg"))
+    assert not [i for i in svg_ids(tmp_path / "empty.svg") if i.startswith(plot.BAR_GID)]
+    assert "no finished runs in this period" in (tmp_path / "empty.svg").read_text()
+
+
+def test_plot_thousands_of_runs(tmp_path: Path) -> None:
+    plot = pytest.importorskip("gpuq.engine.history_plot", reason="needs matplotlib (gpuq-spool[plot])")
+    pytest.importorskip("matplotlib", reason="needs matplotlib (gpuq-spool[plot])")
+    jobs = [
+        (
+            "done",
+            job(i, [attempt(i * 0.05, 0.04 + (i % 7) * 0.01, ["done", "failed", "preempted"][i % 3])], slot=str(i % 4)),
+        )
+        for i in range(2000)
+    ]
+    runs = history.runs(jobs)
+    plot.plot(runs, str(tmp_path / "many.svg"))
+    assert len([i for i in svg_ids(tmp_path / "many.svg") if i.startswith(plot.BAR_GID + "-")]) == 2000
+
+
+def test_plot_refuses_other_formats(tmp_path: Path) -> None:
+    from gpuq.engine import history_plot  # importing it must not need matplotlib
+
+    with pytest.raises(ValueError, match=r"must end in \.png or \.svg"):
+        history_plot.plot([], str(tmp_path / "timeline.pdf"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def child_python(code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_missing_matplotlib_names_the_extra(tmp_path: Path) -> None:
+    out = tmp_path / "timeline.png"
+    code = (
+        "import sys\n"
+        "sys.modules['matplotlib'] = None  # as if it were not installed\n"
+        "from gpuq.engine.history_plot import plot, PlotUnavailable\n"
+        "from gpuq.core.errors import GpuqError\n"
+        "try:\n"
+        f"    plot([], {str(out)!r})\n"
+        "except PlotUnavailable as exc:\n"
+        "    assert isinstance(exc, ImportError) and isinstance(exc, GpuqError)\n"
+        "    print(exc)\n"
+        "    sys.exit(3)\n"
+    )
+    proc = child_python(code)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        3,
+        "history --plot needs matplotlib: pip install 'gpuq-spool[plot]'\n",
+        "",
+    )
+    assert not out.exists()
+
+
+def test_history_modules_do_not_import_matplotlib() -> None:
+    code = (
+        "import sys\n"
+        "import gpuq.engine.history, gpuq.engine.history_plot\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'numpy')))\n"
+    )
+    proc = child_python(code)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "[]"), proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "allowed"),
+    [("history.py", {"gpuq.core"}), ("history_plot.py", {"gpuq.core", "gpuq.engine.history"})],
+)
+def test_imports_only_core_and_history(module: str, allowed: set) -> None:
+    tree = ast.parse((REPO / "gpuq" / "engine" / module).read_text())
+    names = [
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    ]
+    gpuq_names = {n for n in names if n and n.startswith("gpuq")}
+    assert {n for n in gpuq_names if n != "gpuq.core" and not n.startswith("gpuq.core.")} <= allowed, gpuq_names
+
+
+def test_day_grouping_uses_local_days() -> None:
+    # 23:00-23:30 local ends on the first day; 23:30-00:30 ends on the next.
+    jobs = [("done", job(1, [attempt(11, 0.5, "done")])), ("done", job(2, [attempt(11.5, 1, "done")]))]
+    assert [g.key for g in history.summarize(jobs, by="day")] == ["2024-05-01", "2024-05-02"]
