@@ -115,7 +115,7 @@ def original_db(tmp_path: Path, zone):
     rows = [
         row("exp05/train", "train.py", exp, args=["--lr", "1e-4", "--note", "two words"], python=venv_python,
             env={"WANDB_MODE": "offline", "SEED": "3"}, status="done", attempt=1,
-            started_at="2025-01-15T09:00:01", finished_at="2025-07-01T12:30:00.5", exit_code=0),
+            started_at="2025-01-15T09:00:01", finished_at="2025-07-01T12:30:00.500000", exit_code=0),
         row("exp05/eval", "eval.py", exp, after=1),
         row("exp05/sweep", "sweep.py", exp, status="running", attempt=1, pid=dead.pid,
             started_at="2025-01-16T08:00:00"),
@@ -249,7 +249,7 @@ def test_json_queue_of_the_first_version(tmp_path: Path, zone):
         "jobs": [
             {"id": 1, "name": "exp01/train", "script": "train.py", "args": ["--tag", "a b"], "python": "python3",
              "cwd": str(exp), "env": {"CUDA_VISIBLE_DEVICES": "1"}, "status": "running", "after": None,
-             "retries": 2, "attempt": 1, "added_at": "2025-03-01T10:00:00", "started_at": "2025-03-01T10:00:05.25",
+             "retries": 2, "attempt": 1, "added_at": "2025-03-01T10:00:00", "started_at": "2025-03-01T10:00:05.250000",
              "finished_at": None, "exit_code": None, "log_file": str(logs / "job_001_train.log")},
             {"id": 3, "script": "eval.py", "args": [], "cwd": str(exp), "env": {}, "status": "pending",
              "after": 1, "retries": 0, "attempt": 0, "added_at": "2025-03-20T10:00:00", "started_at": None,

@@ -81,6 +81,7 @@ def test_unit_settings():
         "Restart=on-failure",
         "KillMode=process",
         "OOMPolicy=continue",
+        "StartLimitBurst=5",
         "WantedBy=default.target",
     ]:
         assert line in lines
