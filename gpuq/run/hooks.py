@@ -1,0 +1,184 @@
+"""What happens when a job ends: a desktop notification, and the user's own shell command.
+
+Both run a program nobody here controls, so both are bounded: the program gets its own session
+(its own process group), /dev/null as stdin and a pipe for its output, of which only the first
+OUTPUT_CAP bytes are kept. When its time is up, or as soon as the program itself has exited,
+whatever is left of its process group is killed, so a hook can neither hang the caller nor leave
+processes behind. (A hook that wants something to outlive it must start it in a new session,
+e.g. with `setsid`.) Nothing here raises: a hook that fails is reported through `log`.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+OUTPUT_CAP = 16 * 1024  # bytes of a hook's output passed on to the log
+TERM_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for a hook that ran out of time
+NOTIFY_TIMEOUT = 5.0
+HOOK_VARIABLES = ("GPUQ_JOB_ID", "GPUQ_JOB_NAME", "GPUQ_JOB_STATE", "GPUQ_JOB_EXIT_CODE", "GPUQ_JOB_LOG")
+
+
+def hook_env(job_id: int, name: str, state: str, exit_code: Optional[int], log_path: str) -> dict[str, str]:
+    """The variables a finish hook gets; an unknown exit code is the empty string."""
+    values = (str(job_id), name, state, "" if exit_code is None else str(exit_code), log_path)
+    return dict(zip(HOOK_VARIABLES, values))
+
+
+def run_on_finish(cmd: str, env_vars: Mapping[str, Any], log: Callable[[str], None], timeout: float = 30) -> None:
+    """Run `sh -c CMD` with `env_vars` added to this process's environment, for at most `timeout`
+    seconds. Its output (the first OUTPUT_CAP bytes) goes to `log` line by line, then how it
+    ended. Returns when the hook and its whole process group are gone; never raises."""
+    try:
+        env = dict(os.environ)
+        env.update({str(k): "" if v is None else str(v) for k, v in env_vars.items()})
+        outcome = _run_bounded(["/bin/sh", "-c", cmd], env, timeout)
+    except Exception as exc:  # a bad environment value, no /bin/sh, out of processes...
+        _say(log, f"on-finish hook could not start: {exc}")
+        return
+    for line in outcome.lines():
+        _say(log, f"on-finish hook: {line}")
+    if outcome.dropped:
+        _say(log, f"on-finish hook: ({outcome.dropped} more bytes of output not shown)")
+    _say(log, f"on-finish hook {outcome.describe(timeout)}")
+
+
+def notify_desktop(job_summary: Mapping[str, Any], timeout: float = NOTIFY_TIMEOUT) -> Optional[str]:
+    """A desktop notification through `notify-send`, for a summary with `id`, `name`, `state`
+    and `exit_code`. Returns None when it was shown, else why not (one line)."""
+    tool = shutil.which("notify-send")
+    if tool is None:
+        return "notify-send not found (install libnotify-bin to get desktop notifications)"
+    state = str(job_summary.get("state", "ended"))
+    title = f"gpuq: job #{job_summary.get('id', '?')} {state}"
+    body = str(job_summary.get("name", ""))
+    if job_summary.get("exit_code") is not None:
+        body += f" (exit {job_summary['exit_code']})"
+    urgency = "critical" if state in ("failed", "interrupted") else "normal"
+    try:
+        outcome = _run_bounded([tool, "-u", urgency, title, body], dict(os.environ), timeout)
+    except Exception as exc:
+        return f"notify-send could not start: {exc}"
+    if outcome.timed_out or outcome.returncode != 0:
+        first = next(iter(outcome.lines()), "")
+        return f"notify-send {outcome.describe(timeout)}" + (f": {first}" if first else "")
+    return None
+
+
+@dataclass
+class _Outcome:
+    returncode: Optional[int]
+    timed_out: bool
+    output: bytes
+    dropped: int  # bytes of output beyond OUTPUT_CAP, read and thrown away
+
+    def lines(self) -> list[str]:
+        text = self.output.decode("utf-8", errors="replace")
+        return [_printable(line) for line in text.splitlines() if line.strip()]
+
+    def describe(self, timeout: float) -> str:
+        if self.timed_out:
+            return f"killed after {timeout:g}s (it had not finished)"
+        code = self.returncode
+        if code is not None and code < 0:
+            return f"failed: killed by {_signal_name(-code)}"
+        return "exited 0" if code == 0 else f"failed: exit {code}"
+
+
+def _run_bounded(argv: list[str], env: dict[str, str], timeout: float) -> _Outcome:
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,  # its own process group, to kill whatever it starts
+        close_fds=True,
+    )
+    assert proc.stdout is not None
+    output, dropped, timed_out = b"", 0, True  # if reading fails, it is ended like a hook out of time
+    try:
+        output, dropped, timed_out = _collect(proc, proc.stdout.fileno(), time.monotonic() + timeout)
+    finally:
+        if timed_out:
+            _signal_group(proc.pid, signal.SIGTERM)
+            _wait_exit(proc, time.monotonic() + TERM_GRACE)
+        # The leader has exited but is not reaped yet, so its pid (the group's id) cannot have been
+        # given to another process: killing the group reaches only what the hook left behind.
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    return _Outcome(proc.returncode, timed_out, output, dropped)
+
+
+def _collect(proc: subprocess.Popen, fd: int, deadline: float) -> tuple[bytes, int, bool]:
+    """Read the output until the program has exited and either the pipe is closed or nothing
+    more is waiting in it (a leftover background child may hold it open forever)."""
+    kept = bytearray()
+    dropped = 0
+    closed = False
+    while True:
+        exited = _has_exited(proc)
+        left = deadline - time.monotonic()
+        if (exited and closed) or left <= 0:
+            return bytes(kept), dropped, not exited
+        if closed:
+            time.sleep(min(0.02, left))
+            continue
+        ready, _, _ = select.select([fd], [], [], min(0.05, left))
+        if not ready:
+            if exited:
+                return bytes(kept), dropped, False
+            continue
+        chunk = os.read(fd, 65536)
+        closed = not chunk
+        room = max(0, OUTPUT_CAP - len(kept))
+        kept += chunk[:room]
+        dropped += len(chunk) - len(chunk[:room])
+
+
+def _has_exited(proc: subprocess.Popen) -> bool:
+    """Whether the program has exited, without reaping it (so its pid stays reserved)."""
+    if not hasattr(os, "waitid"):  # macOS: poll() reaps; the group is killed right after
+        return proc.poll() is not None
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _wait_exit(proc: subprocess.Popen, deadline: float) -> None:
+    while not _has_exited(proc) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing left in the group
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _printable(line: str) -> str:
+    """No control characters: a hook's output must not forge lines or escapes in a log."""
+    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in line.rstrip())
+
+
+def _say(log: Callable[[str], None], line: str) -> None:
+    try:
+        log(line)
+    except Exception:
+        pass  # the hook's report must not break the caller either

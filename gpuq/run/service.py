@@ -1,0 +1,212 @@
+"""A systemd user service that keeps a `gpuq run --watch` worker up: the unit's text, and writing
+or removing it in `~/.config/systemd/user` (or `$XDG_CONFIG_HOME/systemd/user`).
+
+The one decision that matters is `KillMode=process`. Jobs run under their own supervisors, in
+sessions of their own, but still inside the service's control group; systemd's default
+(`control-group`) would kill every one of them on `systemctl --user restart` or `stop`, setsid or
+not. With `KillMode=process` only the worker is signalled: the supervisors stay where they are,
+record how their jobs end, and the next worker finds those jobs in `running/` and keeps their
+slots busy, exactly as after a `gpuq stop`. Nothing here runs systemctl; the CLI prints the
+commands.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from gpuq.core.errors import Refused
+
+UNIT_NAME = "gpuq.service"
+MARKER = "# Written by `gpuq service install`; `gpuq service uninstall` removes it."
+ENABLE_COMMANDS = [
+    "systemctl --user daemon-reload",
+    "systemctl --user enable --now gpuq.service",
+    "loginctl enable-linger $USER",
+]
+LINGER_WHY = "loginctl enable-linger keeps the service (and its jobs) running after you log out"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass
+class InstallResult:
+    path: Path  # the unit file
+    action: str  # "created", "unchanged", "replaced", "removed" or "absent"
+    summary: str  # one line for the user
+    backup: Optional[Path] = None  # where a replaced unit was kept
+    commands: list[str] = field(default_factory=list)  # what the user runs next, in order
+
+
+def supported() -> Optional[str]:
+    """Why a systemd user service cannot work here, or None when it can."""
+    if not sys.platform.startswith("linux"):
+        return f"systemd services exist only on Linux (this is {sys.platform})"
+    if shutil.which("systemctl") is None:
+        return "systemctl not found: this system does not use systemd"
+    if not os.path.isdir("/run/systemd/system"):  # what sd_booted() checks
+        return "systemd is not running here (no /run/systemd/system: a container, or WSL without systemd)"
+    return None
+
+
+def default_dir() -> Path:
+    """Where systemd looks for a user's own units."""
+    config = os.environ.get("XDG_CONFIG_HOME") or ""
+    base = Path(config) if os.path.isabs(config) else Path.home() / ".config"
+    return base / "systemd" / "user"
+
+
+def default_gpuq_argv() -> list[str]:
+    """This interpreter running this gpuq: `python -m gpuq`. A venv's python keeps its venv."""
+    return [os.path.abspath(sys.executable), "-m", "gpuq"]
+
+
+def default_spool_home() -> str:
+    return os.path.abspath(os.path.expanduser(os.environ.get("GPUQ_HOME") or "~/.gpuq"))
+
+
+def unit_text(
+    gpuq_argv: list[str], spool_home: str, recover: bool = False, extra_env: Optional[dict[str, str]] = None
+) -> str:
+    """The unit running `<gpuq_argv> run --watch [--recover]` with GPUQ_HOME=spool_home.
+
+    `gpuq_argv[0]` and `spool_home` must be absolute (systemd resolves nothing against a
+    directory). Raises ValueError for those, for a line break or NUL in any value, and for an
+    environment name that is not one.
+    """
+    if not gpuq_argv or not os.path.isabs(gpuq_argv[0]):
+        raise ValueError(f"the gpuq command must start with an absolute path, not {gpuq_argv[:1]}")
+    if not os.path.isabs(spool_home):
+        raise ValueError(f"the spool must be an absolute path, not {spool_home!r}")
+    env = {"GPUQ_HOME": spool_home, **(extra_env or {})}
+    bad = [name for name in env if not _ENV_NAME.match(name)]
+    if bad:
+        raise ValueError(f"not an environment variable name: {bad[0]!r}")
+    argv = [*gpuq_argv, "run", "--watch", *(["--recover"] if recover else [])]
+    lines = [
+        MARKER,
+        "[Unit]",
+        f"Description=gpuq worker for the queue in {_specifiers(_one_line(spool_home))}",
+        "# A worker that keeps failing at once (say, another worker holds the spool) is given up",
+        "# after 5 starts in 5 minutes instead of being restarted forever.",
+        "StartLimitIntervalSec=300",
+        "StartLimitBurst=5",
+        "",
+        "[Service]",
+        "Type=exec",
+        *(f"Environment={_quoted(f'{name}={value}')}" for name, value in env.items()),
+        "ExecStart=" + " ".join(_exec_word(word, i == 0) for i, word in enumerate(argv)),
+        "WorkingDirectory=~",
+        "Restart=on-failure",
+        "RestartSec=5",
+        "# Signal only the worker on stop and restart: the jobs' supervisors live in this control",
+        "# group too, and must go on recording how their jobs end (the next worker waits for them).",
+        "KillMode=process",
+        "# A job killed by the kernel's OOM killer must not take the worker down with it.",
+        "OOMPolicy=continue",
+        "",
+        "[Install]",
+        "WantedBy=default.target",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def install(
+    dest_dir: Optional[Path] = None,
+    gpuq_argv: Optional[list[str]] = None,
+    spool_home: Optional[str] = None,
+    recover: bool = False,
+    force: bool = False,
+    extra_env: Optional[dict[str, str]] = None,
+) -> InstallResult:
+    """Write the unit (default: `default_dir()/gpuq.service`). An identical file is left alone; one
+    written by gpuq is replaced (kept as `.bak`); any other file is replaced only with `force`,
+    else Refused. Call `supported()` first: this writes the file wherever it is asked to."""
+    path = Path(dest_dir or default_dir()) / UNIT_NAME
+    try:
+        text = unit_text(gpuq_argv or default_gpuq_argv(), spool_home or default_spool_home(), recover, extra_env)
+    except ValueError as exc:
+        raise Refused(f"cannot write {path}: {exc}") from None
+    commands = list(ENABLE_COMMANDS)
+    old = _read(path)
+    if old == text:
+        return InstallResult(path, "unchanged", f"{path} is already this unit", commands=commands)
+    if old is not None and MARKER not in old and not force:
+        raise Refused(f"{path} exists and was not written by gpuq; look at it, then use --force to replace it")
+    backup = None
+    if old is not None:
+        backup = path.with_name(UNIT_NAME + ".bak")
+        _write(backup, old)
+    _write(path, text)
+    if backup is None:
+        return InstallResult(path, "created", f"wrote {path}", commands=commands)
+    return InstallResult(path, "replaced", f"replaced {path} (the old one is {backup})", backup, commands)
+
+
+def uninstall(dest_dir: Optional[Path] = None, force: bool = False) -> InstallResult:
+    """Remove the unit and its `default.target.wants` link (what `systemctl disable` removes).
+    A file gpuq did not write is Refused unless `force`. Stopping the service afterwards ends
+    the worker only; running jobs go on."""
+    directory = Path(dest_dir or default_dir())
+    path = directory / UNIT_NAME
+    old = _read(path)
+    if old is None:
+        return InstallResult(path, "absent", f"no gpuq unit at {path}")
+    if MARKER not in old and not force:
+        raise Refused(f"{path} was not written by gpuq; not removed (use --force to remove it anyway)")
+    wanted = directory / "default.target.wants" / UNIT_NAME
+    if wanted.is_symlink() and os.path.abspath(os.path.join(wanted.parent, os.readlink(wanted))) == str(path):
+        wanted.unlink()
+    path.unlink()
+    commands = ["systemctl --user stop gpuq.service", "systemctl --user daemon-reload"]
+    return InstallResult(path, "removed", f"removed {path}", commands=commands)
+
+
+def _read(path: Path) -> Optional[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def _write(path: Path, text: str) -> None:
+    """Complete file or none: written beside, fsynced, renamed over."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, 0o644)  # a unit must be readable by the user manager whatever gpuq's umask
+    os.replace(tmp, path)
+
+
+def _one_line(value: str) -> str:
+    if any(c in value for c in "\n\r\0"):
+        raise ValueError(f"a line break or NUL in {value!r}")
+    return value
+
+
+def _specifiers(value: str) -> str:
+    return value.replace("%", "%%")  # systemd expands %h, %u... in most settings
+
+
+def _quoted(value: str) -> str:
+    """A double-quoted unit-file word: C-style escapes and % specifiers are undone by systemd."""
+    escaped = _one_line(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{_specifiers(escaped)}"'
+
+
+def _exec_word(word: str, executable: bool) -> str:
+    """One ExecStart word. In the arguments `$` would expand an environment variable, so it is
+    doubled; systemd does not expand the executable's path (measured: `$$` there stays `$$`)."""
+    plain = re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", word) and word != ";"
+    word = _one_line(word) if executable else _one_line(word).replace("$", "$$")
+    return _specifiers(word) if plain else _quoted(word)

@@ -1,0 +1,165 @@
+"""The systemd user unit: its text, checked by systemd's own `systemd-analyze verify --user` where
+that exists, and installing/removing it in a temporary config directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuq.core.errors import Refused
+from gpuq.run import service
+
+
+def verify(unit: Path, runtime: Path) -> subprocess.CompletedProcess:
+    """`systemd-analyze --user verify` without a running systemd: the user manager it builds in
+    memory needs only an XDG_RUNTIME_DIR of its own (private, owned by us)."""
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        pytest.skip("systemd-analyze is not installed (Debian: apt-get install systemd)")
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime), SYSTEMD_LOG_COLOR="0")
+    proc = subprocess.run([tool, "--user", "verify", str(unit)], env=env, capture_output=True, text=True, timeout=120)
+    if "Failed to initialize manager" in proc.stderr:
+        pytest.skip(f"systemd-analyze cannot build a user manager here: {proc.stderr.strip()}")
+    return proc
+
+
+def write_unit(directory: Path, text: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / service.UNIT_NAME
+    path.write_text(text)
+    return path
+
+
+def test_unit_passes_systemd_verify(tmp_path: Path):
+    text = service.unit_text(service.default_gpuq_argv(), str(tmp_path / "spool"), recover=True)
+    proc = verify(write_unit(tmp_path / "units", text), tmp_path / "run")
+    assert (proc.returncode, proc.stdout + proc.stderr) == (0, "")
+
+
+def test_verify_catches_a_broken_unit(tmp_path: Path):
+    """The check above can fail: systemd reports a bad setting and an executable that is not there."""
+    text = service.unit_text(service.default_gpuq_argv(), str(tmp_path / "spool"))
+    broken = text.replace("KillMode=process", "KillMode=sometimes").replace(sys.executable, "/nonexistent/python")
+    proc = verify(write_unit(tmp_path / "units", broken), tmp_path / "run")
+    assert "kill mode" in proc.stderr.lower() and "/nonexistent/python" in proc.stderr
+
+
+def test_odd_paths_are_quoted_so_systemd_finds_them(tmp_path: Path):
+    """An interpreter under a directory with a space, `%` and `$` in its name: if the quoting were
+    wrong, systemd would look for another file (or expand a specifier) and say so."""
+    odd = tmp_path / "my envs %h $HOME" / "bin"
+    odd.mkdir(parents=True)
+    python = odd / "python"
+    python.symlink_to(sys.executable)
+    spool = str(tmp_path / 'spool "a" \\ %u')
+    text = service.unit_text([str(python), "-m", "gpuq"], spool)
+    assert f'ExecStart="{str(python).replace("%", "%%")}" -m gpuq run --watch\n' in text
+    # quotes and backslashes escaped C-style, % doubled (a specifier otherwise), $ kept (not expanded there)
+    assert 'Environment="GPUQ_HOME=' + str(tmp_path) + '/spool \\"a\\" \\\\ %%u"\n' in text
+    proc = verify(write_unit(tmp_path / "units", text), tmp_path / "run")
+    assert (proc.returncode, proc.stdout + proc.stderr) == (0, "")
+
+
+def test_unit_settings():
+    text = service.unit_text(["/opt/venv/bin/gpuq"], "/home/ada/.gpuq", extra_env={"PATH": "/usr/bin:/bin"})
+    lines = text.splitlines()
+    assert lines[0] == service.MARKER
+    for line in [
+        "[Unit]",
+        "[Service]",
+        "[Install]",
+        "Type=exec",
+        'Environment="GPUQ_HOME=/home/ada/.gpuq"',
+        'Environment="PATH=/usr/bin:/bin"',
+        "ExecStart=/opt/venv/bin/gpuq run --watch",
+        "Restart=on-failure",
+        "KillMode=process",
+        "OOMPolicy=continue",
+        "StartLimitBurst=5",
+        "WantedBy=default.target",
+    ]:
+        assert line in lines
+    assert "ExecStart=/opt/venv/bin/gpuq run --watch --recover" in service.unit_text(
+        ["/opt/venv/bin/gpuq"], "/s", recover=True
+    )
+    for argv, home, env in [
+        (["gpuq"], "/s", None),
+        (["/g"], "rel", None),
+        (["/g"], "/a\nb", None),
+        (["/g"], "/s", {"A B": "1"}),
+    ]:
+        with pytest.raises(ValueError):
+            service.unit_text(argv, home, extra_env=env)
+
+
+def test_install_then_uninstall(tmp_path: Path):
+    units = tmp_path / "units"
+    first = service.install(units, ["/usr/bin/gpuq"], "/s")
+    path = units / "gpuq.service"
+    assert (first.action, first.path, first.backup) == ("created", path, None)
+    assert path.read_text() == service.unit_text(["/usr/bin/gpuq"], "/s")
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert first.commands == [
+        "systemctl --user daemon-reload",
+        "systemctl --user enable --now gpuq.service",
+        "loginctl enable-linger $USER",
+    ]
+    assert service.install(units, ["/usr/bin/gpuq"], "/s").action == "unchanged"
+
+    # a unit gpuq wrote earlier (other spool) is replaced, and the old one kept
+    again = service.install(units, ["/usr/bin/gpuq"], "/other", recover=True)
+    assert (again.action, again.backup) == ("replaced", units / "gpuq.service.bak")
+    assert "GPUQ_HOME=/s" in again.backup.read_text() and "--recover" in path.read_text()
+
+    # `systemctl enable` would have made this link; uninstall removes it with the unit
+    wants = units / "default.target.wants"
+    wants.mkdir()
+    (wants / "gpuq.service").symlink_to(path)
+    gone = service.uninstall(units)
+    assert (gone.action, path.exists(), (wants / "gpuq.service").is_symlink()) == ("removed", False, False)
+    assert gone.commands == ["systemctl --user stop gpuq.service", "systemctl --user daemon-reload"]
+    assert service.uninstall(units).action == "absent"
+
+
+def test_a_unit_gpuq_did_not_write_is_never_replaced_silently(tmp_path: Path):
+    units = tmp_path / "units"
+    mine = "[Service]\nExecStart=/usr/local/bin/my-own-queue\n"
+    path = write_unit(units, mine)
+    with pytest.raises(Refused, match="was not written by gpuq"):
+        service.install(units, ["/usr/bin/gpuq"], "/s")
+    with pytest.raises(Refused, match="not removed"):
+        service.uninstall(units)
+    assert path.read_text() == mine
+    forced = service.install(units, ["/usr/bin/gpuq"], "/s", force=True)
+    assert forced.action == "replaced" and forced.backup.read_text() == mine
+
+
+def test_default_places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    assert service.default_dir() == tmp_path / "cfg" / "systemd" / "user"
+    monkeypatch.delenv("XDG_CONFIG_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert service.default_dir() == tmp_path / "home" / ".config" / "systemd" / "user"
+    monkeypatch.setenv("GPUQ_HOME", "~/queue")
+    assert service.default_spool_home() == str(tmp_path / "home" / "queue")
+    monkeypatch.setenv("HOME", str(tmp_path / "h2"))
+    result = service.install(gpuq_argv=["/usr/bin/gpuq"])
+    assert result.path == tmp_path / "h2" / ".config" / "systemd" / "user" / "gpuq.service"
+    assert f'Environment="GPUQ_HOME={tmp_path / "h2" / "queue"}"' in result.path.read_text()
+
+
+def test_supported_says_why_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    reason = service.supported()
+    if sys.platform.startswith("linux") and shutil.which("systemctl") and os.path.isdir("/run/systemd/system"):
+        assert reason is None
+    else:
+        assert isinstance(reason, str) and reason
+    if sys.platform.startswith("linux"):
+        monkeypatch.setenv("PATH", str(tmp_path))  # no systemctl on it
+        assert service.supported() == "systemctl not found: this system does not use systemd"
