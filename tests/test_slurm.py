@@ -299,6 +299,12 @@ def test_query_exit_codes_live_and_after_slurm_forgot(slurm: Any, tmp_path: Path
     assert (live[1].state, live[1].exit_code, live[1].source) == ("COMPLETED", 0, "squeue")
     assert (live[2].state, live[2].exit_code, live[2].source) == ("FAILED", 3, "squeue")
     assert live[2].start is not None and live[2].end is not None and live[2].end >= live[2].start
+    # What query falls back to where squeue lacks a field (older Slurm): `scontrol -o show job`.
+    via_scontrol = client._scontrol(sorted(ids.values()), slurm.env, client.TIMEOUT)
+    assert {j.id: (j.state, j.exit_code, j.restarts, j.source) for j in via_scontrol.values()} == {
+        ids[1]: ("COMPLETED", 0, 0, "scontrol"),
+        ids[2]: ("FAILED", 3, 0, "scontrol"),
+    }
     # MinJobAge=5 in the test cluster: the controller forgets them within seconds; sacct still knows.
     wait_for(
         lambda: all(j.source == "sacct" for j in client.query(ids.values(), env=slurm.env).values()),
@@ -345,25 +351,19 @@ def test_sbatch_options_text() -> None:
         "--time=60",
         "--partition=gpu",
     ]
-    no_gres = sbatch_options(dict(job, after=[], after_any=[]), spool_id="a", slurm_ids={}, extra=[], grace_seconds=0)
-    assert "--gres=gpu:2" in no_gres and not any(o.startswith("--dependency") for o in no_gres)
-    assert not any(
-        o.startswith("--gres")
-        for o in sbatch_options(job, spool_id="a", slurm_ids={}, extra=[], grace_seconds=0, gres=False)
-    )
-    assert not any(
-        o.startswith("--gres")
-        for o in sbatch_options(dict(job, gpu_request=0), spool_id="a", slurm_ids={}, extra=[], grace_seconds=0)
-    )
-    assert "--gres=gpu:1" in sbatch_options(
-        {k: v for k, v in job.items() if k != "gpu_request"}, spool_id="a", slurm_ids={}, extra=[], grace_seconds=0
-    )
+
+    def gres_of(job: dict[str, Any], **kw: Any) -> list[str]:
+        options = sbatch_options(job, spool_id="a", slurm_ids={}, extra=[], grace_seconds=0, **kw)
+        return [o for o in options if o.startswith(("--gres", "--dependency"))]
+
+    assert gres_of(job) == ["--gres=gpu:2"]  # no dependency: 3, 4, 5, 6 are not in this hand-over
+    assert gres_of(job, gres=False) == [] and gres_of(dict(job, gpu_request=0)) == []
+    assert gres_of({k: v for k, v in job.items() if k != "gpu_request"}) == ["--gres=gpu:1"]  # the default
+    for bad, message in (({"gpu_request": -1}, "gpu_request"), ({"slurm_opts": "--time=5"}, "slurm_opts")):
+        with pytest.raises(ValueError, match=message):
+            gres_of(dict(job, **bad))
     with pytest.raises(ValueError, match="grace period"):
         sbatch_options(job, spool_id="a", slurm_ids={}, extra=[], grace_seconds=70000)
-    with pytest.raises(ValueError, match="gpu_request"):
-        sbatch_options(dict(job, gpu_request=-1), spool_id="a", slurm_ids={}, extra=[], grace_seconds=0)
-    with pytest.raises(ValueError, match="slurm_opts"):
-        sbatch_options(dict(job, slurm_opts="--time=5"), spool_id="a", slurm_ids={}, extra=[], grace_seconds=0)
     assert slurm_job_name("  ") == "gpuq" and slurm_job_name("a b\tc") == "a_b_c"
 
 

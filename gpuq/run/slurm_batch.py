@@ -8,8 +8,8 @@ Public API:
   checkpoint written since it was handed over.
 - `sbatch_options(job, *, spool_id, slurm_ids, extra, grace_seconds, gres=True) -> list[str]`.
 - `slurm_job_name(name) -> str`: the job's name as Slurm gets it.
-- `fresh_checkpoint(job, not_before)`, `launch_plan(job, restart, runtime_env)`: the launcher's
-  decisions, as plain functions.
+- `fresh_checkpoint(job, not_before)`, `launch_plan(job, restart)`, `launch_environment(job,
+  runtime_env)`: the launcher's decisions, as plain functions.
 - `launch()`: the launcher itself (run by the script, never by gpuq on the login node).
 
 How the script behaves on the compute node:

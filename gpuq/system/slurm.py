@@ -5,8 +5,8 @@ Public API:
 - `submit(script, options) -> int`: hands a batch script (its text, starting with `#!`, or a path)
   to `sbatch --parsable OPTIONS`; returns the Slurm job id.
 - `cancel(slurm_id, signal=None) -> bool`: `scancel ID`, or with a signal `scancel -b -s SIG ID`
-  (to the batch shell only, which forwards it to its payload). False when Slurm no longer knows
-  the job (already ended and forgotten).
+  (to the batch shell only, which forwards it to its payload). False when the job already ended
+  or Slurm does not know it.
 - `query(ids) -> dict[int, SlurmJob]`: what Slurm knows of these jobs: `squeue` for the jobs the
   controller still holds, `sacct` for the ones it forgot (after `MinJobAge`). Ids Slurm knows
   nothing of are absent from the result.
@@ -18,11 +18,12 @@ Public API:
 Every function takes `env` (the environment of the Slurm commands; default: this process's,
 where `SLURM_CONF` points at the cluster) and `timeout` (seconds per command).
 
-Formats, checked against Slurm 22.05 (notes in /work/shared/notes/slurm-facts.md):
+Formats, as observed with Slurm 22.05.8 (Debian bookworm):
 - `squeue -h -t all -j IDS -O 'JobID:|,State:|,...'`: one line per job, fields ending in `|`.
-  Its `exit_code` is a raw wait status (768 = exit 3); a `N:S` pair is accepted too. An unknown
-  field is an error on stderr with exit 0 (older versions): then `scontrol -o show job ID` is read
-  per job instead (`ExitCode=3:0`, `Restarts=1`, values may contain spaces).
+  Its `exit_code` is a raw wait status (768 = exit 3); a `N:S` pair is accepted too. A field
+  squeue does not know is an error on stderr with exit 0: on a Slurm without one of these fields,
+  `scontrol -o show job ID` is read per job instead (`ExitCode=3:0`, `Restarts=1`, values may
+  contain spaces).
 - `squeue -j` with only unknown ids exits 1 ("Invalid job id specified"): that is an empty answer.
 - `sacct` needs slurmdbd ("Slurm accounting storage is disabled" otherwise); without it,
   `sacct -c` reads the jobcomp/filetxt completion log, which has no comment and cannot store
@@ -77,7 +78,7 @@ class SlurmJob:
     exit_code: Optional[int] = None  # once ended: the batch script's exit code, 128+N if signal N ended it
     signal: Optional[int] = None  # the signal that ended it (0: none)
     restarts: Optional[int] = None  # requeues so far; None when the source does not say
-    start: Optional[float] = None  # seconds since the epoch
+    start: Optional[float] = None  # seconds since the epoch; a pending job's is Slurm's estimate
     end: Optional[float] = None
     name: Optional[str] = None
     source: str = "squeue"  # squeue, scontrol, sacct: who answered
@@ -139,7 +140,8 @@ def submit(
     timeout: float = TIMEOUT,
 ) -> int:
     """`sbatch --parsable OPTIONS` with the script's text on stdin (a str starting with `#!`) or
-    its path; returns the new Slurm job id. Raises SlurmError with sbatch's reason on refusal."""
+    its path; returns the new Slurm job id. Raises SlurmError with sbatch's reason on refusal.
+    After a timeout the job may still have been submitted: `find_by_comment` tells."""
     text = script if isinstance(script, str) and script.startswith("#!") else None
     argv = ["sbatch", "--parsable", *options] + ([] if text is not None else [os.fspath(script)])
     proc = _run(argv, env, timeout, stdin_text=text)
