@@ -1,0 +1,267 @@
+"""The batch script gpuq hands to Slurm, the sbatch options that go with it, and the launcher the
+script runs on the compute node.
+
+Public API:
+
+- `batch_script(job, *, python, package_parent, log_path) -> str`: a bash script that runs the job
+  as gpuq runs it locally (same cwd, environment, venv, umask), resuming from the job's newest
+  checkpoint written since it was handed over.
+- `sbatch_options(job, *, spool_id, slurm_ids, extra, grace_seconds, gres=True) -> list[str]`.
+- `slurm_job_name(name) -> str`: the job's name as Slurm gets it.
+- `fresh_checkpoint(job, not_before)`, `launch_plan(job, restart)`, `launch_environment(job,
+  runtime_env)`: the launcher's decisions, as plain functions.
+- `launch()`: the launcher itself (run by the script, never by gpuq on the login node).
+
+How the script behaves on the compute node:
+- `cd` to the job's cwd, its umask, then the launcher (`python -E -S`, the gpuq package on
+  `sys.path`, the job as JSON on descriptor 3 from a here-document: the script is self-contained,
+  Slurm keeps its own copy). The launcher builds the environment, picks the checkpoint, prints its
+  `=== gpuq:` lines into the log and `exec`s the command, so the payload is the script's child.
+- The payload runs as `cmd & wait`: a trapped TERM (`scancel -b`, a preemption) is forwarded to
+  the job's process group, which Slurm tracks and which the payload shares with the script. A
+  plain `scancel` signals that whole group itself, so the payload may see TERM twice.
+- The time-limit warning is `--signal=B:USR1@GRACE`, not TERM: TERM also comes from `scancel`
+  and preemption, and only at the time limit must the job requeue itself. On USR1 the script
+  forwards TERM (trainers save on TERM), waits for the payload, then `scontrol requeue`s its own
+  job; Slurm runs it again with `SLURM_RESTART_COUNT` > 0 and it resumes from its checkpoint.
+  (Slurm does not requeue a job at its time limit by itself; it does on preemption with
+  `PreemptMode=REQUEUE`, node failure, and `scontrol requeue`.)
+- Only checkpoints written at or after `not_before` (the job field, else the hand-over time) count:
+  a `checkpoint-50` left in the same `--output_dir` by an earlier run must not be resumed from.
+- The script writes nothing but the job's log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import sys
+import time
+from typing import Any, Mapping, Optional, Sequence
+
+from gpuq import checkpoints
+from gpuq.jobs import DEFAULT_JOB_UMASK
+from gpuq.preempt import DEFAULT_RESUME_ARG, resume_argv, where_looked
+from gpuq.system.slurm import comment_marker
+
+TIME_LIMIT_SIGNAL = "USR1"
+JSON_FD = 3
+JSON_END = "GPUQ_JOB_JSON"  # here-document delimiter; json.dumps output is one line, never this word
+# Set by Slurm on the compute node for this allocation: they win over the submitter's values.
+RUNTIME_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "TMPDIR")
+LAUNCHER_FIELDS = ("id", "name", "cmd", "cwd", "env", "shell_env", "venv", "ckpt_glob", "resume_arg")
+NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._+@:/-]+")
+
+
+# ---- the script ---------------------------------------------------------------------------------
+def batch_script(job: dict[str, Any], *, python: str, package_parent: str, log_path: str) -> str:
+    """The bash script for `job` (a gpuq job dict). `python`: an interpreter the compute node can
+    run (gpuq's own, on a shared filesystem); `package_parent`: the directory holding the `gpuq`
+    package; `log_path`: the job's log, which the script appends to (as `--output` does)."""
+    payload = {field: job.get(field) for field in LAUNCHER_FIELDS}
+    payload["not_before"] = float(job["not_before"]) if job.get("not_before") is not None else time.time()
+    umask = job["umask"] if job.get("umask") is not None else DEFAULT_JOB_UMASK
+    launcher = "import sys; sys.path.insert(0, sys.argv[1]); from gpuq.run.slurm_batch import launch; launch()"
+    q = shlex.quote
+    return f"""#!/bin/bash
+# gpuq job #{job["id"]}: handed to Slurm by gpuq; runs the job's command as gpuq runs it locally.
+exec >>{q(log_path)} 2>&1
+cd -- {q(job["cwd"])} || {{ echo "=== gpuq: could not start: cannot enter {_echo_safe(job["cwd"])}"; exit 127; }}
+umask {umask:04o}
+gpuq_requeue=0
+gpuq_forward() {{ trap '' TERM {TIME_LIMIT_SIGNAL}; kill -TERM 0 2>/dev/null; }}
+gpuq_time_limit() {{
+  gpuq_requeue=1
+  echo "=== gpuq: Slurm time limit near: asking the job to save and stop, then requeueing it"
+  gpuq_forward
+}}
+trap gpuq_forward TERM
+trap gpuq_time_limit {TIME_LIMIT_SIGNAL}
+{q(python)} -E -S -c {q(launcher)} {q(package_parent)} {JSON_FD}<<'{JSON_END}' </dev/null &
+{json.dumps(payload, ensure_ascii=True)}
+{JSON_END}
+gpuq_pid=$!
+# A trapped signal cuts `wait` short: wait again while the payload lives, then take its saved status.
+wait "$gpuq_pid"; gpuq_status=$?
+while [ "$gpuq_status" -gt 128 ] && kill -0 "$gpuq_pid" 2>/dev/null; do wait "$gpuq_pid"; gpuq_status=$?; done
+wait "$gpuq_pid"; gpuq_status=$?
+# Requeue only a job Slurm still runs: one cancelled meanwhile (scancel) must stay cancelled.
+if [ "$gpuq_requeue" = 1 ] && [ "$(squeue -h -j "$SLURM_JOB_ID" -o %T 2>/dev/null)" = RUNNING ]; then
+  echo "=== gpuq: job stopped (exit $gpuq_status) before the time limit; requeueing Slurm job $SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID" && exit "$gpuq_status"
+  echo "=== gpuq: scontrol requeue failed: the job ends here; gpuq resume can continue it"
+  [ "$gpuq_status" = 0 ] && gpuq_status=143  # stopped early: not a success
+fi
+exit "$gpuq_status"
+"""
+
+
+def _echo_safe(text: str) -> str:
+    """`text` for inside a double-quoted echo: no expansions, no quote."""
+    return re.sub(r'[$`"\\!]', "?", text)
+
+
+# ---- sbatch options -------------------------------------------------------------------------------
+def slurm_job_name(name: str) -> str:
+    """The job's name for `--job-name`: runs of other characters than `[A-Za-z0-9._+@:/-]` become
+    `_` (Slurm's completion log cannot store spaces, `sacct -P` splits on `|`)."""
+    return NAME_UNSAFE.sub("_", name).strip("_") or "gpuq"
+
+
+def sbatch_options(
+    job: dict[str, Any],
+    *,
+    spool_id: str,
+    slurm_ids: Mapping[int, int],
+    extra: Sequence[str],
+    grace_seconds: int,
+    gres: bool = True,
+) -> list[str]:
+    """sbatch's command-line options for `job`. `slurm_ids`: gpuq id -> Slurm id of the jobs of
+    this hand-over already submitted; `after`/`after_any` ids not in it are left to the caller
+    (they must have ended). `grace_seconds`: how long before the time limit the job is told to
+    save and stop (Slurm may tell it up to a minute earlier). `gres=False` for clusters without
+    GRES. Raises ValueError (one line) for a job field or argument Slurm cannot take."""
+    if not 0 <= grace_seconds <= 65535:
+        raise ValueError(f"the grace period must be 0 to 65535 seconds, not {grace_seconds}")
+    if not job.get("log"):
+        raise ValueError(f"job #{job['id']} has no log path")
+    log = job["log"].replace("%", "%%")  # sbatch expands %j and friends in file names
+    options = [
+        f"--job-name={slurm_job_name(job.get('name') or str(job['id']))}",
+        f"--output={log}",
+        f"--error={log}",
+        "--open-mode=append",
+        f"--chdir={job['cwd']}",
+        "--export=ALL",  # the submitter's environment, for jobs without shell_env
+        "--requeue",
+        f"--signal=B:{TIME_LIMIT_SIGNAL}@{grace_seconds}",
+        f"--comment={comment_marker(spool_id, job['id'])}",
+    ]
+    gpus = gpu_request(job)
+    if gres and gpus > 0:
+        options.append(f"--gres=gpu:{gpus}")
+    dependency = _dependency(job, slurm_ids)
+    if dependency:
+        options.append(f"--dependency={dependency}")
+    return options + _job_options(job) + list(extra)
+
+
+def gpu_request(job: dict[str, Any]) -> int:
+    value = job.get("gpu_request", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"job #{job['id']}: gpu_request must be a whole number of GPUs (0 or more), not {value!r}")
+    return value
+
+
+def _dependency(job: dict[str, Any], slurm_ids: Mapping[int, int]) -> str:
+    parts = []
+    for kind, field in (("afterok", "after"), ("afterany", "after_any")):
+        ids = sorted({slurm_ids[i] for i in job.get(field) or [] if i in slurm_ids})
+        if ids:
+            parts.append(kind + "".join(f":{i}" for i in ids))
+    return ",".join(parts)  # a comma: every one of them must hold
+
+
+def _job_options(job: dict[str, Any]) -> list[str]:
+    opts = job.get("slurm_opts") or []
+    if not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
+        raise ValueError(f"job #{job['id']}: slurm_opts must be a list of strings")
+    return list(opts)
+
+
+# ---- the launcher (on the compute node) ------------------------------------------------------------
+def fresh_checkpoint(job: dict[str, Any], not_before: float) -> Optional[checkpoints.Checkpoint]:
+    """The newest complete checkpoint of `job` (as `gpuq resume` finds it) among those written at or
+    after `not_before`: older ones belong to an earlier run."""
+    if job.get("ckpt_glob"):
+        found = checkpoints.glob_checkpoints(job["ckpt_glob"], job["cwd"])
+    else:
+        out = checkpoints.output_dir(job.get("cmd") or [], job["cwd"])
+        found = checkpoints.hf_checkpoints(out) if out is not None else []
+    fresh = [c for c in found if _written_at(c.path) >= not_before]
+    return fresh[-1] if fresh else None
+
+
+def _written_at(path: str) -> float:
+    """When a checkpoint was last written: a directory's own mtime misses files rewritten in place
+    (HF saving the same step again), so its entries count too."""
+    try:
+        newest = os.stat(path).st_mtime
+        if os.path.isdir(path):
+            for entry in os.scandir(path):
+                newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+        return newest
+    except OSError:
+        return 0.0
+
+
+def launch_plan(job: dict[str, Any], restart: int) -> tuple[list[str], list[str]]:
+    """(argv to run, `=== gpuq:` lines saying why) for this start: the job's command, with the
+    newest fresh checkpoint passed in its resume form when there is one."""
+    ckpt = fresh_checkpoint(job, float(job.get("not_before") or 0.0))
+    when = f"slurm restart {restart}" if restart > 0 else "slurm start"
+    if ckpt is not None:
+        template = job.get("resume_arg") or DEFAULT_RESUME_ARG
+        return resume_argv(list(job["cmd"]), template, ckpt.path), [f"{when}: resumes from {ckpt.path}"]
+    if restart > 0:
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(float(job.get("not_before") or 0.0)))
+        return list(job["cmd"]), [f"{when}: no checkpoint written since {since} ({where_looked(job)}): starts over"]
+    return list(job["cmd"]), []
+
+
+def launch_environment(job: dict[str, Any], runtime_env: Mapping[str, str]) -> dict[str, str]:
+    """As the local supervisor builds it: `shell_env` (or, when null, the environment Slurm gave the
+    script: the submitter's, `--export=ALL`), the venv first on PATH, the job's `env`, gpuq's
+    variables; plus what Slurm set for this allocation (SLURM_*, visible GPUs, TMPDIR)."""
+    shell_env = job.get("shell_env")
+    env = dict(shell_env if shell_env is not None else runtime_env)
+    for name in RUNTIME_VARS:
+        env.pop(name, None)  # the login node's GPUs are not this allocation's
+    env.update({k: v for k, v in runtime_env.items() if k.startswith("SLURM") or k in RUNTIME_VARS})
+    venv = job.get("venv")
+    if venv:
+        env["VIRTUAL_ENV"] = venv
+        env["PATH"] = f"{venv}/bin" + (os.pathsep + env["PATH"] if env.get("PATH") else "")
+        env.pop("PYTHONHOME", None)
+    env.update(job.get("env") or {})
+    env["GPUQ_JOB_ID"] = str(job["id"])
+    env["GPUQ_SLURM"] = "1"
+    return env
+
+
+def launch() -> None:
+    """Read the job from descriptor 3, say what this start does, exec the job's command."""
+    with os.fdopen(JSON_FD, encoding="utf-8") as stream:
+        job = json.loads(stream.read())
+    runtime = dict(os.environ)
+    restart = _int(runtime.get("SLURM_RESTART_COUNT"))
+    slurm_id = runtime.get("SLURM_JOB_ID", "?")
+    where = f" on {runtime['SLURMD_NODENAME']}" if runtime.get("SLURMD_NODENAME") else ""
+    argv, why = launch_plan(job, restart)
+    env = launch_environment(job, runtime)
+    gpus = f"  CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in env else ""
+    lines = [f"job #{job['id']} {job.get('name') or ''} (slurm job {slurm_id}{where}, restart {restart})"]
+    lines += why + [f"cmd: {shlex.join(argv)}", f"cwd: {os.getcwd()}{gpus}", f"started: {_now_iso()}"]
+    sys.stdout.write("".join(f"=== gpuq: {line}\n" for line in lines))
+    sys.stdout.flush()
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        reason = f"could not start: {exc.strerror or exc}" + (f": {argv[0]}" if argv else "")
+        sys.stdout.write(f"=== gpuq: {reason}\n")
+        sys.stdout.flush()
+        os._exit(127)
+
+
+def _int(text: Optional[str]) -> int:
+    try:
+        return int(text or 0)
+    except ValueError:
+        return 0
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -1,0 +1,400 @@
+"""The Slurm client: sbatch, scancel, squeue and sacct as subprocesses with timeouts.
+
+Public API:
+
+- `submit(script, options) -> int`: hands a batch script (its text, starting with `#!`, or a path)
+  to `sbatch --parsable OPTIONS`; returns the Slurm job id.
+- `cancel(slurm_id, signal=None) -> bool`: `scancel ID`, or with a signal `scancel -b -s SIG ID`
+  (to the batch shell only, which forwards it to its payload). False when the job already ended
+  or Slurm does not know it.
+- `query(ids) -> dict[int, SlurmJob]`: what Slurm knows of these jobs: `squeue` for the jobs the
+  controller still holds, `sacct` for the ones it forgot (after `MinJobAge`). Ids Slurm knows
+  nothing of are absent from the result.
+- `find_by_comment(marker, name=..., since=...) -> list[(slurm_id, state)]`: the jobs carrying
+  `marker` in their `--comment` (see `comment_marker`), to repair a hand-over cut short between
+  `sbatch`'s answer and the spool's record of it.
+- `SlurmError(GpuqError)`: one line a person can act on.
+
+Every function takes `env` (the environment of the Slurm commands; default: this process's,
+where `SLURM_CONF` points at the cluster) and `timeout` (seconds per command).
+
+Formats, as observed with Slurm 22.05.8 (Debian bookworm):
+- `squeue -h -t all -j IDS -O 'JobID:|,State:|,...'`: one line per job, fields ending in `|`.
+  Its `exit_code` is a raw wait status (768 = exit 3); a `N:S` pair is accepted too. A field
+  squeue does not know is an error on stderr with exit 0: on a Slurm without one of these fields,
+  `scontrol -o show job ID` is read per job instead (`ExitCode=3:0`, `Restarts=1`, values may
+  contain spaces).
+- `squeue -j` with only unknown ids exits 1 ("Invalid job id specified"): that is an empty answer.
+- `sacct` needs slurmdbd ("Slurm accounting storage is disabled" otherwise); without it,
+  `sacct -c` reads the jobcomp/filetxt completion log, which has no comment and cannot store
+  a job name with spaces (its record is `Name=a b JobState=...`, which sacct misreads):
+  gpuq's Slurm job names have no spaces (`gpuq.run.slurm_batch.slurm_job_name`).
+  `sacct -c` reads the file named by `JobCompLoc` on the machine it runs on.
+- `sacct` prints a cancelled job's state as `CANCELLED by UID`: only the first word is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional, Sequence, Union
+
+from gpuq.core.errors import GpuqError
+
+TIMEOUT = 30.0  # seconds per command; squeue alone retries ~18 s against a dead controller
+BATCH = 100  # job ids per squeue/sacct call
+FINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
+SQUEUE_FIELDS = ("JobID", "State", "Reason", "exit_code", "RestartCnt", "StartTime", "EndTime", "Name")
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "Start", "End", "JobName")
+NO_CONTROLLER = "Unable to contact slurm controller"
+UNKNOWN_JOB = "Invalid job id specified"
+NO_ACCOUNTING = "accounting storage is disabled"
+BAD_FORMAT = "Invalid job format specification"
+
+
+class SlurmError(GpuqError):
+    """Slurm could not be asked or refused (one line; exit 1)."""
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    id: int
+    state: str  # PENDING, RUNNING, COMPLETING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
+    reason: Optional[str] = None  # Dependency, DependencyNeverSatisfied, BeginTime, None...
+    exit_code: Optional[int] = None  # once ended: the batch script's exit code, 128+N if signal N ended it
+    signal: Optional[int] = None  # the signal that ended it (0: none)
+    restarts: Optional[int] = None  # requeues so far; None when the source does not say
+    start: Optional[float] = None  # seconds since the epoch; a pending job's is Slurm's estimate
+    end: Optional[float] = None
+    name: Optional[str] = None
+    source: str = "squeue"  # squeue, scontrol, sacct: who answered
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+def comment_marker(spool_id: str, job_id: int) -> str:
+    """The `--comment` of a job handed over from spool `spool_id`: `gpuq:<spool-id>:<job-id>`."""
+    return f"gpuq:{spool_id}:{job_id}"
+
+
+# ---- running the commands ----------------------------------------------------------------------
+def _run(
+    argv: Sequence[str], env: Optional[Mapping[str, str]], timeout: float, stdin_text: Optional[str] = None
+) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(
+            list(argv),
+            input=stdin_text if stdin_text is not None else "",
+            capture_output=True,
+            text=True,
+            env=dict(env) if env is not None else None,
+            timeout=timeout,
+        )
+    except FileNotFoundError:
+        raise SlurmError(f"Slurm's {argv[0]} is not on PATH: run gpuq on the cluster's login node") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"the Slurm controller does not answer ({argv[0]} gave no answer in {timeout:g} s)") from None
+
+
+def _last_error(stderr: str) -> str:
+    """The line of a Slurm command's stderr that says what went wrong (the last non-empty one)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or ["no message"])[-1]
+
+
+def _failure(what: str, proc: subprocess.CompletedProcess) -> SlurmError:
+    line = _last_error(proc.stderr)
+    if NO_CONTROLLER in proc.stderr:
+        return SlurmError(f"the Slurm controller does not answer ({line})")
+    return SlurmError(f"{what} failed (exit {proc.returncode}): {line}")
+
+
+def _chunks(ids: Sequence[int]) -> Iterable[list[int]]:
+    for i in range(0, len(ids), BATCH):
+        yield list(ids[i : i + BATCH])
+
+
+# ---- submit, cancel ---------------------------------------------------------------------------
+def submit(
+    script: Union[str, os.PathLike],
+    options: Sequence[str],
+    *,
+    env: Optional[Mapping[str, str]] = None,
+    timeout: float = TIMEOUT,
+) -> int:
+    """`sbatch --parsable OPTIONS` with the script's text on stdin (a str starting with `#!`) or
+    its path; returns the new Slurm job id. Raises SlurmError with sbatch's reason on refusal.
+    After a timeout the job may still have been submitted: `find_by_comment` tells."""
+    text = script if isinstance(script, str) and script.startswith("#!") else None
+    argv = ["sbatch", "--parsable", *options] + ([] if text is not None else [os.fspath(script)])
+    proc = _run(argv, env, timeout, stdin_text=text)
+    if proc.returncode != 0:
+        if NO_CONTROLLER in proc.stderr:
+            raise SlurmError(f"the Slurm controller does not answer ({_last_error(proc.stderr)})")
+        raise SlurmError(f"sbatch refused the job: {_last_error(proc.stderr)}")
+    return parse_parsable(proc.stdout)
+
+
+def parse_parsable(stdout: str) -> int:
+    """The job id in `sbatch --parsable`'s answer: `123`, or `123;cluster` on a multi-cluster site
+    (also accepts the plain `Submitted batch job 123`)."""
+    for line in stdout.splitlines():
+        word = line.strip().split(";", 1)[0].split()[-1:] if line.strip() else []
+        if word and word[0].isdigit():
+            return int(word[0])
+    raise SlurmError(f"sbatch answered without a job id: {stdout.strip()[:200]!r}")
+
+
+def cancel(
+    slurm_id: int,
+    signal: Optional[str] = None,
+    *,
+    env: Optional[Mapping[str, str]] = None,
+    timeout: float = TIMEOUT,
+) -> bool:
+    """Cancel a job (`scancel ID`) or, with `signal` (`TERM`, `USR1`...), send it to the job's batch
+    shell only (`scancel -b -s SIG ID`). True when Slurm took the request; False when it does not
+    know the job or the job already ended; SlurmError when the controller does not answer.
+    (`-v`: without it a plain `scancel` of an unknown or ended job exits 0 without a word.)"""
+    argv = ["scancel", "-v"] + (["-b", "-s", signal] if signal else []) + [str(slurm_id)]
+    proc = _run(argv, env, timeout)
+    if UNKNOWN_JOB in proc.stderr or "already completing or completed" in proc.stderr:
+        return False
+    if proc.returncode != 0:
+        raise _failure("scancel", proc)
+    return True
+
+
+# ---- query ------------------------------------------------------------------------------------
+def query(
+    ids: Iterable[int], *, env: Optional[Mapping[str, str]] = None, timeout: float = TIMEOUT
+) -> dict[int, SlurmJob]:
+    """What Slurm knows of `ids`: the controller's view (squeue) and, for jobs it has forgotten,
+    the accounting or completion log (sacct). Unknown ids are left out."""
+    wanted = sorted({int(i) for i in ids})
+    found: dict[int, SlurmJob] = {}
+    for chunk in _chunks(wanted):
+        found.update(_squeue(chunk, env, timeout))
+    missing = [i for i in wanted if i not in found]
+    for chunk in _chunks(missing):
+        found.update({job.id: job for job in _sacct_jobs(chunk, env, timeout) if job.id in missing})
+    return found
+
+
+def _squeue(ids: list[int], env: Optional[Mapping[str, str]], timeout: float) -> dict[int, SlurmJob]:
+    fmt = ",".join(f"{field}:|" for field in SQUEUE_FIELDS)
+    proc = _run(["squeue", "-h", "-t", "all", "-j", ",".join(map(str, ids)), "-O", fmt], env, timeout)
+    if proc.returncode != 0:
+        if UNKNOWN_JOB in proc.stderr:
+            return {}
+        raise _failure("squeue", proc)
+    if BAD_FORMAT in proc.stderr:  # a Slurm without one of the fields: ask scontrol, job by job
+        return _scontrol(ids, env, timeout)
+    jobs = (parse_squeue_line(line) for line in proc.stdout.splitlines())
+    return {job.id: job for job in jobs if job is not None}
+
+
+def parse_squeue_line(line: str) -> Optional[SlurmJob]:
+    """One line of `squeue -O` with SQUEUE_FIELDS, each ending in `|`; None for a line that is
+    not one (a job step, a header)."""
+    fields = [f.strip() for f in line.split("|")]
+    if len(fields) < len(SQUEUE_FIELDS) or not fields[0].isdigit():
+        return None
+    job_id, state, reason, status, restarts, start, end = fields[:7]
+    name = "|".join(fields[7:]).rstrip("|").strip()  # the last field: may itself contain `|`
+    state = _state(state)
+    exit_code, sig = _exit_status(status) if state in FINAL_STATES else (None, None)
+    return SlurmJob(
+        id=int(job_id),
+        state=state,
+        reason=_none_if_empty(reason),
+        exit_code=exit_code,
+        signal=sig,
+        restarts=int(restarts) if restarts.isdigit() else None,
+        start=slurm_time(start),
+        end=slurm_time(end),
+        name=name or None,
+    )
+
+
+def _scontrol(ids: list[int], env: Optional[Mapping[str, str]], timeout: float) -> dict[int, SlurmJob]:
+    found = {}
+    for job_id in ids:
+        proc = _run(["scontrol", "-o", "show", "job", str(job_id)], env, timeout)
+        if proc.returncode != 0:
+            if UNKNOWN_JOB in proc.stderr:
+                continue
+            raise _failure("scontrol show job", proc)
+        job = parse_scontrol_line(proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else "")
+        if job is not None:
+            found[job.id] = job
+    return found
+
+
+def parse_key_values(line: str) -> dict[str, str]:
+    """`Key=value Key2=a value with spaces ...` (scontrol -o, jobcomp/filetxt) as a dict: a value
+    runs until the next ` Word=` (values with spaces, like job names, stay whole)."""
+    out: dict[str, str] = {}
+    key: Optional[str] = None
+    for word in line.split(" "):
+        head, sep, rest = word.partition("=")
+        if sep and head and all(c.isalnum() or c in "_:/" for c in head):
+            key = head
+            out[key] = rest
+        elif key is not None:
+            out[key] += " " + word
+    return {k: v.strip() for k, v in out.items()}
+
+
+def parse_scontrol_line(line: str) -> Optional[SlurmJob]:
+    """One line of `scontrol -o show job ID`."""
+    values = parse_key_values(line)
+    if not values.get("JobId", "").isdigit():
+        return None
+    state = _state(values.get("JobState", ""))
+    exit_code, sig = _exit_status(values.get("ExitCode", "")) if state in FINAL_STATES else (None, None)
+    restarts = values.get("Restarts", "")
+    return SlurmJob(
+        id=int(values["JobId"]),
+        state=state,
+        reason=_none_if_empty(values.get("Reason", "")),
+        exit_code=exit_code,
+        signal=sig,
+        restarts=int(restarts) if restarts.isdigit() else None,
+        start=slurm_time(values.get("StartTime", "")),
+        end=slurm_time(values.get("EndTime", "")),
+        name=values.get("JobName") or None,
+        source="scontrol",
+    )
+
+
+# ---- sacct: jobs the controller forgot ---------------------------------------------------------
+def _sacct(args: list[str], fields: Sequence[str], env: Optional[Mapping[str, str]], timeout: float) -> list[list[str]]:
+    """Rows of `sacct -X -P -n ARGS -o FIELDS` from slurmdbd, else (`accounting storage is
+    disabled`) from the jobcomp/filetxt log with `-c`. [] when neither knows anything."""
+    base = ["sacct", "-X", "-P", "-n", *args, "-o", ",".join(fields)]
+    try:
+        proc = _run(base, env, timeout)
+        if proc.returncode != 0 and NO_ACCOUNTING in proc.stderr + proc.stdout:
+            proc = _run(base[:1] + ["-c"] + base[1:], env, timeout)
+    except SlurmError:
+        return []  # no sacct: squeue's answer is all there is
+    if proc.returncode != 0:
+        return []
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.strip()]
+    return [row for row in rows if len(row) == len(fields)]
+
+
+def _sacct_jobs(ids: list[int], env: Optional[Mapping[str, str]], timeout: float) -> list[SlurmJob]:
+    rows = _sacct(["-j", ",".join(map(str, ids))], SACCT_FIELDS, env, timeout)
+    # The last record of a job wins: a requeued job has one per run in the completion log.
+    return [job for job in (parse_sacct_row(row) for row in rows) if job is not None]
+
+
+def parse_sacct_row(row: Sequence[str]) -> Optional[SlurmJob]:
+    """One `sacct -P` row of SACCT_FIELDS (`4|FAILED|3:0|2026-12-02T18:11:32|...|name`)."""
+    job_id, state, exit_pair, start, end, name = (f.strip() for f in row)
+    if not job_id.isdigit():
+        return None  # a step (`4.batch`) or a job-array element
+    state = _state(state)
+    exit_code, sig = _exit_status(exit_pair) if state in FINAL_STATES else (None, None)
+    return SlurmJob(
+        id=int(job_id),
+        state=state,
+        exit_code=exit_code,
+        signal=sig,
+        start=slurm_time(start),
+        end=slurm_time(end),
+        name=name or None,
+        source="sacct",
+    )
+
+
+# ---- finding a job by its comment ---------------------------------------------------------------
+def find_by_comment(
+    marker: str,
+    *,
+    name: Optional[str] = None,
+    since: Optional[float] = None,
+    env: Optional[Mapping[str, str]] = None,
+    timeout: float = TIMEOUT,
+) -> list[tuple[int, str]]:
+    """This user's Slurm jobs whose comment is `marker`, as (slurm_id, state), oldest first: the
+    controller's jobs (squeue), then jobs it has forgotten from slurmdbd (by comment, which needs
+    `AccountingStoreFlags=job_comment`), else from the jobcomp/filetxt log, which keeps no comment:
+    there, a job named `name` submitted at or after `since` (seconds since the epoch; default a day
+    ago) counts. Includes jobs sbatch refused after giving them an id (state FAILED)."""
+    uid = str(os.getuid())
+    proc = _run(["squeue", "-h", "-t", "all", "-u", uid, "-O", "JobID:|,State:|,Comment:|"], env, timeout)
+    if proc.returncode != 0:
+        raise _failure("squeue", proc)
+    found: dict[int, str] = {}
+    for line in proc.stdout.splitlines():
+        job_id, _, rest = line.partition("|")
+        state, _, comment = rest.partition("|")
+        if job_id.strip().isdigit() and comment.strip().rstrip("|").strip() == marker:
+            found[int(job_id)] = _state(state)
+    since = time.time() - 86400 if since is None else since
+    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
+    fields = ("JobID", "State", "JobName", "Submit", "Comment")
+    for job_id, state, job_name, submitted, comment in _sacct(["-u", uid, "-S", start], fields, env, timeout):
+        if not job_id.isdigit() or int(job_id) in found:
+            continue
+        if comment == marker or (
+            not comment and name is not None and job_name == name and (slurm_time(submitted) or 0) >= since - 1
+        ):
+            found[int(job_id)] = _state(state)
+    return sorted(found.items())
+
+
+# ---- small parsers ------------------------------------------------------------------------------
+def _state(text: str) -> str:
+    """`CANCELLED by 0` -> `CANCELLED`; `COMPLETED+` (a truncated column) -> `COMPLETED`."""
+    words = text.strip().split()
+    return words[0].rstrip("+") if words else "UNKNOWN"
+
+
+def _none_if_empty(text: str) -> Optional[str]:
+    return None if text.strip() in ("", "None", "(null)") else text.strip()
+
+
+def _exit_status(text: str) -> tuple[Optional[int], Optional[int]]:
+    """(exit code, signal) from `3:0` (scontrol, sacct) or a raw wait status (squeue: 768 = 3).
+    A job ended by signal N gets exit code 128+N, as gpuq records local jobs."""
+    text = text.strip()
+    if ":" in text:
+        code, _, sig = text.partition(":")
+        if not (code.isdigit() and sig.isdigit()):
+            return None, None
+        number, signum = int(code), int(sig)
+    elif text.isdigit():
+        number, signum = int(text) >> 8, int(text) & 0x7F
+    else:
+        return None, None
+    return (128 + signum if signum else number), signum
+
+
+def slurm_time(text: str) -> Optional[float]:
+    """Seconds since the epoch from Slurm's local `2026-12-02T18:11:32`; None for N/A, NONE,
+    Unknown and empty."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
