@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+pytest_plugins = ["slurm_cluster"]  # the `slurm` fixture: a real single-node Slurm (tests/slurm_cluster.py)
 STATES = ("pending", "running", "done", "failed", "preempted", "interrupted", "cancelled")
 
 

@@ -145,3 +145,12 @@ def latest_checkpoint(job: dict[str, Any]) -> Optional[Checkpoint]:
         out = output_dir(cmd, cwd)
         found = hf_checkpoints(out) if out is not None else []
     return found[-1] if found else None
+
+
+def where_looked(job: dict[str, Any]) -> str:
+    if job.get("ckpt_glob"):
+        return f"looked for {job['ckpt_glob']!r} in {job['cwd']}"
+    out = output_dir(job["cmd"], job["cwd"])
+    if out is None:
+        return "its command has no --output_dir and it has no --ckpt-glob"
+    return f"looked for checkpoint-N with trainer_state.json in {out}"

@@ -68,15 +68,6 @@ def _pids(processes: list[Any]) -> str:
 
 
 # ---- resume -----------------------------------------------------------------------------------
-def where_looked(job: dict[str, Any]) -> str:
-    if job.get("ckpt_glob"):
-        return f"looked for {job['ckpt_glob']!r} in {job['cwd']}"
-    out = checkpoints.output_dir(job["cmd"], job["cwd"])
-    if out is None:
-        return "its command has no --output_dir and it has no --ckpt-glob"
-    return f"looked for checkpoint-N with trainer_state.json in {out}"
-
-
 @dataclass
 class Resumed:
     job: dict[str, Any]
@@ -92,11 +83,11 @@ def resume(spool: Spool, job_id: int, require_checkpoint: bool = False, front: b
     with actions.claimed(spool, job_id, (PREEMPTED, INTERRUPTED)) as (ref, job):
         ckpt = checkpoints.latest_checkpoint(job)
         if ckpt is None and require_checkpoint:
-            raise Refused(f"job #{job_id}: no complete checkpoint ({where_looked(job)}); left {ref.state}")
+            raise Refused(f"job #{job_id}: no complete checkpoint ({checkpoints.where_looked(job)}); left {ref.state}")
         if ckpt is not None:
             note = f"resumes from {ckpt.path}"
         else:
-            note = f"no checkpoint found ({where_looked(job)}): starts from scratch"
+            note = f"no checkpoint found ({checkpoints.where_looked(job)}): starts from scratch"
         changes = transitions.resume(job, ckpt.path if ckpt else None, ckpt.step if ckpt else None, front, note)
         return Resumed(spool.jobs.move(ref, job, PENDING, changes)[1], ckpt)
 

@@ -41,9 +41,9 @@ import sys
 import time
 from typing import Any, Mapping, Optional, Sequence
 
-from gpuq import checkpoints
-from gpuq.jobs import DEFAULT_JOB_UMASK
-from gpuq.preempt import DEFAULT_RESUME_ARG, resume_argv, where_looked
+from gpuq.core.resume_arg import DEFAULT_RESUME_ARG, resume_argv
+from gpuq.core.schema import DEFAULT_JOB_UMASK
+from gpuq.engine import checkpoints
 from gpuq.system.slurm import comment_marker
 
 TIME_LIMIT_SIGNAL = "USR1"
@@ -208,7 +208,9 @@ def launch_plan(job: dict[str, Any], restart: int) -> tuple[list[str], list[str]
         return resume_argv(list(job["cmd"]), template, ckpt.path), [f"{when}: resumes from {ckpt.path}"]
     if restart > 0:
         since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(float(job.get("not_before") or 0.0)))
-        return list(job["cmd"]), [f"{when}: no checkpoint written since {since} ({where_looked(job)}): starts over"]
+        return list(job["cmd"]), [
+            f"{when}: no checkpoint written since {since} ({checkpoints.where_looked(job)}): starts over"
+        ]
     return list(job["cmd"]), []
 
 
