@@ -6,9 +6,9 @@
 2. foreign: a separate process allocates GPU memory through the CUDA driver (ctypes on
    libcuda.so.1; no torch needed); look() must list its pid with about that much memory, and
    placement must keep a whole-GPU job off that GPU, naming the pid.
-3. cli (PLANNED, finished by the integrator): drives `gpuq` in a temporary GPUQ_HOME. It assumes
-   commands that do not exist yet; until `gpuq add --help` lists `--gpus` it is reported as
-   SKIP (pass --require-cli to make that a failure). See `check_cli` for every assumption.
+3. cli: drives `gpuq` in a temporary GPUQ_HOME: two one-GPU jobs on one GPU run one after the
+   other, each sees exactly its one device (a CUDA probe inside the job), and a foreign process
+   holding memory delays the next job, whose `status --json` names the pid.
 
 Without nvidia-smi or without a GPU it prints why and exits 0. Otherwise it prints PASS, FAIL or
 SKIP per part and exits 1 if any part failed. Everything it starts is stopped by pid.
@@ -235,7 +235,7 @@ def _listed(index: int, pid: int) -> Optional[tuple[gpus.Gpu, Optional[int]]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Part 3 (PLANNED): the CLI. Assumes, beyond today's gpuq:
+# Part 3: the CLI. It relies on (all part of gpuq since issue 11):
 #   A1 `gpuq add --gpus N` queues a job asking for N whole GPUs;
 #   A2 `gpuq run --watch --gpus 0` limits the worker to GPU 0 and places jobs with gpuq.engine.placement
 #      over gpuq.system.gpus.look() (whole-GPU jobs one at a time per GPU);
@@ -243,7 +243,7 @@ def _listed(index: int, pid: int) -> Optional[tuple[gpus.Gpu, Optional[int]]]:
 #      when it is an index;
 #   A4 `gpuq status --json -a` lists jobs with "id", "state" and "waiting" (a blocked job's reason);
 #   A5 the worker looks at the GPUs again within ~10 s of a foreign process leaving.
-# Until A1 is there (`gpuq add --help` lists --gpus), the part reports SKIP.
+# An older gpuq without them (`gpuq add --help` lists no --gpus) gets SKIP, or FAIL with --require-cli.
 
 JOB = """#!/bin/sh
 out="$1/job-$GPUQ_JOB_ID"
@@ -370,7 +370,7 @@ def main() -> int:
     elif args.require_cli:
         results.append(("cli", "FAIL", ["`gpuq add --help` has no --gpus: the worker does not use the GPU layer"]))
     else:
-        results.append(("cli", "SKIP", ["planned: `gpuq add` has no --gpus yet (pass --require-cli once it has)"]))
+        results.append(("cli", "SKIP", ["this gpuq's `add` has no --gpus (pass --require-cli to fail instead)"]))
 
     print("\nsummary")
     for name, verdict, notes in results:

@@ -242,7 +242,9 @@ def stand_in_nvml(devices: list[dict[str, Any]], has_v2: bool = True) -> types.M
 
 
 def nvml_look(monkeypatch: pytest.MonkeyPatch, binding: types.ModuleType) -> GpuLook:
+    """A look through the stand-in binding, on a machine whose driver device exists."""
     monkeypatch.delenv(gpus.FAKE_ENV, raising=False)
+    monkeypatch.setattr(gpus, "NVIDIA_CONTROL_DEVICE", "/dev/null")
     monkeypatch.setitem(sys.modules, "pynvml", binding)
     monkeypatch.setattr(gpus, "_nvml_ready", False)
     monkeypatch.setattr(gpus, "_nvml_absent", None)

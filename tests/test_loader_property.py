@@ -21,9 +21,11 @@ from hypothesis import strategies as st
 from gpuq.cli import render
 from gpuq.core import schema
 from gpuq.engine import intake, scheduler, snapshot
+from gpuq.engine.planner import Planner
 from gpuq.engine.status import Row
 from gpuq.run import supervisor
 from gpuq.spool import JobRef, Spool
+from gpuq.system.gpus import Gpu, GpuLook
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("GPUQ_PROPERTY_EXAMPLES", "150")),  # raise it for a long hunt
@@ -31,6 +33,8 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture],  # one spool for all examples, on purpose
 )
 CANONICAL_ID = 7
+NO_GPUS = GpuLook((), "none", "no NVIDIA driver", 0.0)
+TWO_GPUS = GpuLook(tuple(Gpu(i, "Fake", f"GPU-{i}", 81559, 0, ()) for i in range(2)), "fake", None, 0.0)
 
 
 class Loader:
@@ -95,8 +99,8 @@ def use_everywhere(spool: Spool, job: dict[str, Any]) -> None:
     """Everything gpuq does with a job it has loaded; none of it may raise."""
     snap, invalid = snapshot.snapshot(spool)
     assert invalid == [] and [j["id"] for j in snap.pending] == [job["id"]]
-    scheduler.plan(snap, [None])
-    scheduler.plan(snap, ["0", "1"])
+    for labels, look in ((None, NO_GPUS), (["0", "1"], NO_GPUS), (None, TWO_GPUS), (["1"], TWO_GPUS)):
+        Planner(labels, look=lambda look=look: look).plan(snap, {})
     reasons = scheduler.waiting_reasons(snap)
     scheduler.has_startable_future(snap)
     for state in ("pending", "running", "done", "failed", "interrupted"):

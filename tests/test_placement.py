@@ -19,7 +19,6 @@ from gpuq.engine.placement import (
     Request,
     cpu_only_slots,
     mode_of,
-    parse_gpu_mem,
     place,
     place_in_order,
     unreadable,
@@ -267,19 +266,6 @@ def test_cpu_only_slots_are_todays() -> None:
 def test_no_gpus_present_means_gpu_requests_never_fit_here() -> None:
     assert place(Request(), []) == Blocked("needs 1 GPU; this worker has 0", forever=True)
     assert place(Request(gpus=0), []) == Placement(())
-
-
-@pytest.mark.parametrize(
-    "text,mib", [("20G", 20480), ("20GB", 20480), ("20GiB", 20480), ("1.5g", 1536), ("512M", 512), ("0.1M", 1)]
-)
-def test_parse_gpu_mem(text: str, mib: int) -> None:
-    assert parse_gpu_mem(text) == mib
-
-
-@pytest.mark.parametrize("text", ["20", "", "G", "20X", "-1G", "0G", "0.0M"])
-def test_parse_gpu_mem_refuses(text: str) -> None:
-    with pytest.raises(ValueError, match="--gpu-mem"):
-        parse_gpu_mem(text)
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,6 @@ from gpuq.run.slurm_batch import (
 from gpuq.system import slurm as client
 from gpuq.system.slurm import SlurmError, SlurmJob
 
-
 TRAINER = REPO / "tests" / "fake_trainer.py"
 STAMP = 'python3 -c "import time; print(\\"{0}\\", repr(time.time()), flush=True)"'
 

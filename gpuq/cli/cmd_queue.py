@@ -11,7 +11,8 @@ from typing import Any, Optional
 from gpuq.cli.common import spool
 from gpuq.core import schema
 from gpuq.core.errors import UsageError
-from gpuq.engine import actions, enqueue
+from gpuq.core.timespec import parse_size_mib
+from gpuq.engine import actions, enqueue, gpuview
 from gpuq.system import procs
 
 
@@ -29,6 +30,7 @@ def cmd_add(args: argparse.Namespace) -> int:
             raise UsageError(f"--name: {exc}") from None
     cmd, venv = enqueue.resolve_command(args.script, args.args, cwd, args.python)
     cmd, options = _preempt_options(args, cmd, venv)  # before env is read: it may add to it
+    options.update(_gpu_options(args))
     _ref, job = enqueue.enqueue(
         spool(),
         cmd=cmd,
@@ -71,6 +73,22 @@ def _preempt_options(args: argparse.Namespace, cmd: list[str], venv: Optional[st
         if not args.quiet:
             print(f"preemptible: {message}")
     return cmd, options
+
+
+def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--gpus N and --gpu-mem SIZE; a request this machine can never meet is refused here."""
+    mem = None
+    if args.gpu_mem is not None:
+        try:
+            mem = parse_size_mib(args.gpu_mem, "--gpu-mem")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if args.gpus == 0:
+            raise UsageError("--gpu-mem needs --gpus 1 or more (--gpus 0 is a CPU job)")
+    problem = gpuview.never_fits(spool(), args.gpus, mem)
+    if problem:
+        raise UsageError(f"{problem}: this job could never start")
+    return {"gpu_request": args.gpus, "gpu_mem_mib": mem}
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

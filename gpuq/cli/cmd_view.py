@@ -8,7 +8,8 @@ from typing import Any
 
 from gpuq.cli import render
 from gpuq.cli.common import spool
-from gpuq.engine import actions
+from gpuq.core.states import RUNNING
+from gpuq.engine import actions, gpuview
 from gpuq.engine.status import Row, status
 from gpuq.system import security
 
@@ -36,6 +37,9 @@ JSON_FIELDS = (
     "resumed_from",
     "resumed_from_step",
     "preemptions",
+    "gpu_request",
+    "gpu_mem_mib",
+    "gpus",
 )
 
 
@@ -46,6 +50,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     pending = sum(1 for r in st.rows if r.state == "pending")
     print(render.worker_line(st.workers, pending))
+    if st.gpus is not None:
+        print("\n".join(render.gpu_lines(st.gpus)))
     if st.rows:
         print("\n".join(render.status_table(st.rows)))
     else:
@@ -105,4 +111,16 @@ def cmd_log(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     ref, job = actions.get(spool(), args.id)
     print(json.dumps(dict(job, state=ref.state, file=ref.name), indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    sp = spool()
+    shown = gpuview.current(sp, actions.jobs_in(sp, (RUNNING,)))
+    if args.json:
+        print(json.dumps(shown["gpus"] if shown else [], indent=2))
+    elif shown is None:
+        print("no GPUs found (no NVIDIA driver, and GPUQ_FAKE_GPUS is not set): jobs run one slot at a time")
+    else:
+        print("\n".join(render.gpu_lines(shown)))
     return 0

@@ -6,22 +6,43 @@ import argparse
 
 from gpuq.cli.common import spool
 from gpuq.core.errors import UsageError
+from gpuq.core.timespec import parse_size_mib
 from gpuq.engine import actions
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from gpuq.run import daemon  # the worker and watchdog: only for this command
+    from gpuq.run.worker import Settings
 
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else None
     if args.gpus is not None and not gpus:
         raise UsageError("--gpus needs a list such as 0 or 0,1")
+    settings = Settings(gpus=gpus)
+    if args.foreign_mem_threshold is not None:
+        settings.foreign_threshold_mib = _size_mib(args.foreign_mem_threshold, "--foreign-mem-threshold")
     sp = spool()
     if args.daemon:
-        pid = daemon.start_background(sp, gpus)
+        pid = daemon.start_background(sp, _run_options(args))
         print(f"[+] worker started in the background: pid {pid}, log {sp.logs.worker_log_path()}")
         print("    `gpuq status` shows the queue, `gpuq stop` stops the worker (jobs keep running).")
         return 0
-    return daemon.run_foreground(sp, gpus, watch=args.watch, ready_fd=args.ready_fd)
+    return daemon.run_foreground(sp, settings, watch=args.watch, ready_fd=args.ready_fd)
+
+
+def _run_options(args: argparse.Namespace) -> list[str]:
+    """The options of `gpuq run --daemon` that the background worker must get too."""
+    out = []
+    for flag, value in (("--gpus", args.gpus), ("--foreign-mem-threshold", args.foreign_mem_threshold)):
+        if value is not None:
+            out += [flag, value]
+    return out
+
+
+def _size_mib(text: str, flag: str) -> int:
+    try:
+        return parse_size_mib(text, flag)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

@@ -41,6 +41,12 @@ def _pid(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"not a number of GPUs: {text!r}")
+    return int(text)
+
+
 def _positive_id(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"not a job id: {text!r}")
@@ -83,6 +89,18 @@ def build_parser() -> Parser:
             help="start after job ID ended, whatever its result",
         )
         p.add_argument("--retries", type=int, default=0, metavar="N", help="run again up to N times if it fails")
+        p.add_argument(
+            "--gpus",
+            type=_count,
+            default=1,
+            metavar="N",
+            help="how many GPUs it needs (default 1; 0: a CPU job, which runs beside GPU jobs)",
+        )
+        p.add_argument(
+            "--gpu-mem",
+            metavar="SIZE",
+            help="the GPU memory it needs (e.g. 20G): jobs that say so share a GPU while they fit",
+        )
         p.add_argument("--priority", type=int, default=0, metavar="N", help="higher starts first (default 0)")
         p.add_argument(
             "--urgent",
@@ -121,8 +139,13 @@ def build_parser() -> Parser:
     p.add_argument(
         "--gpus",
         metavar="LIST",
-        help="one slot per listed GPU (e.g. 0,1); each job gets "
-        "CUDA_VISIBLE_DEVICES. Workers with disjoint --gpus can share a spool",
+        help="use only these GPUs (e.g. 0,2; default: every GPU found). Workers with disjoint --gpus "
+        "can share a spool. Without GPUs: one slot per listed label",
+    )
+    p.add_argument(
+        "--foreign-mem-threshold",
+        metavar="SIZE",
+        help="memory that processes outside gpuq may hold on a GPU before a whole-GPU job waits for it (default 1G)",
     )
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func="cmd_worker:cmd_run")
@@ -135,6 +158,10 @@ def build_parser() -> Parser:
     p.add_argument("-a", "--all", action="store_true", help="every finished job, not only the recent ones")
     p.add_argument("--json", action="store_true", help="machine-readable list of jobs")
     p.set_defaults(func="cmd_view:cmd_status")
+
+    p = sub.add_parser("gpus", help="the GPUs: memory, gpuq's jobs on each, other processes using them")
+    p.add_argument("--json", action="store_true", help="a list, one object per GPU")
+    p.set_defaults(func="cmd_view:cmd_gpus")
 
     for name in ("log", "logs"):
         p = sub.add_parser(name, help="show a job's log")

@@ -50,7 +50,9 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
     parts = []
     if state == "running":
         parts.append(f"pid={job.get('pid')}" if job.get("pid") else "starting")
-        if job.get("slot") is not None:
+        if job.get("gpus") == []:
+            parts.append("cpu job")
+        elif job.get("slot") is not None:
             parts.append(f"gpu={job['slot']}")
         if job.get("retries"):
             parts.append(f"attempt {job.get('attempts')}/{job['retries'] + 1}")
@@ -171,3 +173,25 @@ def worker_line(workers: list[dict[str, Any]], pending: int) -> str:
         gpus = ",".join(w["gpus"]) if w.get("gpus") else "all"
         parts.append(f"pid {w.get('pid')} since {since} (gpus: {gpus}{', watching' if w.get('watch') else ''})")
     return "worker: running, " + "; ".join(parts)
+
+
+def gpu_lines(view: dict[str, Any], now: Optional[float] = None) -> list[str]:
+    """One line per GPU: index, name, memory used / total, gpuq's jobs on it, other processes."""
+    now = time.time() if now is None else now
+    age = duration(now - view["at"]) if view.get("at") else ""
+    seen = f"seen {age or '0s'} ago" + (f" by worker {view['worker']}" if view.get("worker") else "")
+    lines = [f"GPUs ({view.get('source')}, {seen})" + (f": {view['problem']}" if view.get("problem") else "")]
+    for gpu in view.get("gpus") or []:
+        used = f"{_gib(gpu['memory_used_mib'])}/{_gib(gpu['memory_total_mib'])} GiB"
+        parts = [f"  GPU {gpu['index']}  {gpu['name']}  {used}"]
+        if gpu.get("jobs"):
+            parts.append("jobs " + " ".join(f"#{j}" for j in gpu["jobs"]))
+        for proc in gpu.get("foreign") or []:
+            size = f" {_gib(proc['used_memory_mib'])} GiB" if proc.get("used_memory_mib") is not None else ""
+            parts.append(f"other: pid {proc['pid']} ({proc.get('who') or '?'}){size}")
+        lines.append("  ".join(parts))
+    return lines
+
+
+def _gib(mib: Optional[int]) -> str:
+    return f"{(mib or 0) / 1024:.1f}"

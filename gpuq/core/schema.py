@@ -17,6 +17,7 @@ from typing import Any, Optional
 from gpuq.core.errors import GpuqError
 from gpuq.core.states import SOURCE_CLI
 from gpuq.core.times import now_iso, parse_iso
+from gpuq.core.timespec import parse_size_mib
 
 SCHEMA_VERSION = 1
 MAX_NAME_LEN = 200
@@ -59,7 +60,7 @@ def new_job(
     options: Optional[dict[str, Any]] = None,
     umask: Optional[int] = None,
 ) -> dict[str, Any]:
-    """A new job dict. `options` sets the preemption fields of PREEMPT_DEFAULTS (see there)."""
+    """A new job dict. `options` sets fields of OPTION_DEFAULTS (see there)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "id": job_id,
@@ -90,8 +91,8 @@ def new_job(
         "note": None,
         "history": [],
         "source": source,
-        **{k: list(v) if isinstance(v, list) else v for k, v in PREEMPT_DEFAULTS.items()},
-        **{k: v for k, v in (options or {}).items() if k in PREEMPT_DEFAULTS},
+        **{k: list(v) if isinstance(v, list) else v for k, v in OPTION_DEFAULTS.items()},
+        **{k: v for k, v in (options or {}).items() if k in OPTION_DEFAULTS},
         "rev": 0,
     }
 
@@ -110,6 +111,14 @@ PREEMPT_DEFAULTS: dict[str, Any] = {
     "auto_resume": False,  # preempted for an urgent job: the worker resumes it by itself
     "queue_front": False,  # resumed: goes before other pending jobs (urgent ones excepted)
 }
+# GPU fields (engine/placement.py; spool_layout.md section 12).
+GPU_DEFAULTS: dict[str, Any] = {
+    "gpu_request": 1,  # --gpus N: how many GPUs it needs; 0 is a CPU job
+    "gpu_mem_mib": None,  # --gpu-mem: MiB it needs on each GPU, shared with others; None: whole GPUs
+    "gpus": None,  # the GPU indices it holds while it runs ([] for a CPU job; None: no GPUs known)
+}
+# Fields `gpuq add`'s options set when a job is queued; absent from older files: read with .get().
+OPTION_DEFAULTS: dict[str, Any] = {**PREEMPT_DEFAULTS, **GPU_DEFAULTS}
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -202,7 +211,8 @@ def _check_cmd(value: Any) -> list[str]:
     return cmd
 
 
-DROPPED_FIELDS = {"cmd", "cwd", "name", "env", "after", "after_any", "retries", "priority"}
+DROPPED_FIELDS = {"cmd", "cwd", "name", "env", "after", "after_any", "retries", "priority", "gpus", "gpu_mem"}
+MAX_GPUS = 1024
 
 
 def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
@@ -229,7 +239,31 @@ def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
         if not _is_int(value) or (field == "retries" and not 0 <= value <= 100):
             raise InvalidJob(f"{field!r} must be an integer" + (" from 0 to 100" if field == "retries" else ""))
         clean[field] = value
+    clean.update(_dropped_gpu_request(obj))
     return clean
+
+
+def _dropped_gpu_request(obj: dict[str, Any]) -> dict[str, Any]:
+    """`gpus` (how many, default 1; 0 is a CPU job) and `gpu_mem` ("20G", or MiB as a number)."""
+    out: dict[str, Any] = {}
+    gpus = obj.get("gpus", 1)
+    if not _is_int(gpus) or not 0 <= gpus <= MAX_GPUS:
+        raise InvalidJob(f"'gpus' must be how many GPUs the job needs, 0 to {MAX_GPUS}")
+    out["gpu_request"] = gpus
+    mem = obj.get("gpu_mem")
+    if mem is not None:
+        if _is_int(mem) and mem > 0:
+            out["gpu_mem_mib"] = mem
+        elif isinstance(mem, str):
+            try:
+                out["gpu_mem_mib"] = parse_size_mib(mem, "'gpu_mem'")
+            except ValueError as exc:
+                raise InvalidJob(str(exc)) from None
+        else:
+            raise InvalidJob("'gpu_mem' must be a size such as \"20G\" or a number of MiB")
+        if gpus == 0:
+            raise InvalidJob("'gpu_mem' needs 'gpus' of 1 or more ('gpus': 0 is a CPU job)")
+    return out
 
 
 def check_name(value: Any) -> str:
@@ -325,6 +359,12 @@ OPTIONAL: dict[str, tuple[Any, str]] = {
     },
     **{f: (_opt(_os_str), "null or a string") for f in ("ckpt_glob", "resume_arg", "checkpoint", "resumed_from")},
     "resumed_from_step": (_opt(_is_int), "null or an integer"),
+    "gpu_request": (lambda v: _is_int(v) and 0 <= v <= MAX_GPUS, f"an integer from 0 to {MAX_GPUS}"),
+    "gpu_mem_mib": (_opt(lambda v: _is_int(v) and v > 0), "null or a positive integer (MiB)"),
+    "gpus": (
+        _opt(lambda v: isinstance(v, list) and all(_is_int(x) and 0 <= x < 2**31 for x in v)),
+        "null or a list of GPU indices",
+    ),
     "preemptions": (lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v), "a list of objects"),
 }
 

@@ -28,11 +28,15 @@ _RUN_FIELDS: Changes = {
     "pid_create_time": None,
     "supervisor": None,
     "slot": None,
+    "gpus": None,
 }
 
 
-def start(job: dict[str, Any], *, slot: Optional[str], boot_id: str, host: str, log: str) -> Changes:
-    """pending -> running, by the job's supervisor (its own identity and the pid come later)."""
+def start(
+    job: dict[str, Any], *, slot: Optional[str], gpus: Optional[list[int]], boot_id: str, host: str, log: str
+) -> Changes:
+    """pending -> running, by the job's supervisor (its own identity and the pid come later).
+    `slot` is the CUDA_VISIBLE_DEVICES it gets, `gpus` the GPU indices it holds."""
     return {
         "started_at": now_iso(),
         "finished_at": None,
@@ -40,6 +44,7 @@ def start(job: dict[str, Any], *, slot: Optional[str], boot_id: str, host: str, 
         "exit_code": None,
         "signal": None,
         "slot": slot,
+        "gpus": gpus,
         "attempts": job.get("attempts", 0) + 1,
         "supervisor": None,
         "boot_id": boot_id,
@@ -82,6 +87,8 @@ def end_attempt(
         "exit_code": exit_code,
         "signal": signal,
         "outcome": state,
+        "slot": job.get("slot"),
+        "gpus": job.get("gpus"),
     }
     changes: Changes = {
         "finished_at": finished_at,

@@ -174,11 +174,40 @@ def past_durations(spool: Spool, keys: set[str]) -> dict[str, list[float]]:
     return found
 
 
-def worker_slots(workers: list[dict[str, Any]]) -> list[Optional[str]]:
-    """The slots live workers serve: [None] for a whole-machine worker, else their GPUs."""
-    if any(not w.get("gpus") for w in workers):
+CPU_LANE = "cpu"  # with GPUs, CPU jobs run one at a time beside them (engine/planner.py)
+
+
+def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None) -> list[Optional[str]]:
+    """The slots live workers serve. With GPUs (`gpus`: the machine's indices): the GPUs they
+    use and the CPU lane. Without: [None] for a whole-machine worker, else their --gpus labels."""
+    if not workers:
+        return []
+    whole = any(not w.get("gpus") for w in workers)
+    if gpus:
+        labels = {g for w in workers for g in w.get("gpus") or []}
+        return [str(i) for i in gpus if whole or str(i) in labels] + [CPU_LANE]
+    if whole:
         return [None]
     return sorted({g for w in workers for g in w["gpus"]})
+
+
+def _slots_of(job: dict[str, Any], slots: list[Optional[str]]) -> list[Optional[str]]:
+    """The slots a running job occupies."""
+    if job.get("gpus") is not None and CPU_LANE in slots:
+        return [str(g) for g in job["gpus"]] or [CPU_LANE]
+    if job.get("slot") is None or slots == [None]:
+        return list(slots)
+    return [job["slot"]]
+
+
+def _needs(job: dict[str, Any], slots: list[Optional[str]]) -> tuple[list[Optional[str]], int]:
+    """The slots a pending job can take and how many of them it needs."""
+    if CPU_LANE not in slots:
+        return list(slots), 1
+    count = job.get("gpu_request", 1)
+    if count == 0:
+        return [CPU_LANE], 1
+    return [s for s in slots if s != CPU_LANE], count
 
 
 def _later(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -204,7 +233,7 @@ def plan_queue(
     ends: dict[int, Optional[float]] = {}
     for job, eta in running:
         ends[job["id"]] = eta
-        for slot in slots if job.get("slot") is None or slots == [None] else [job["slot"]]:
+        for slot in _slots_of(job, slots):
             if slot in free:
                 free[slot] = _later(free[slot], eta)
     out: dict[int, Estimate] = {}
@@ -216,13 +245,18 @@ def plan_queue(
         ready: Optional[float] = 0.0
         for dep in _deps(job):
             ready = _later(ready, ends.get(dep, 0.0))
-        known = [s for s in slots if free[s] is not None]
-        slot = min(known, key=lambda s: free[s]) if known else slots[0]
-        start = _later(ready, free[slot])
+        usable, count = _needs(job, slots)
+        known = sorted((s for s in usable if free[s] is not None), key=lambda s: free[s])
+        taken = known[:count] if len(known) >= count else usable[:count]
+        start = ready
+        for slot in taken:
+            start = _later(start, free[slot])
         past = durations.get(command_key(job), [])[-5:]
         run = median(past) if past else None
         end = None if start is None or run is None else start + run
-        free[slot], ends[job["id"]] = end, end
+        for slot in taken:
+            free[slot] = end
+        ends[job["id"]] = end
         out[job["id"]] = Estimate(None, end, _queue_note(start, run, len(past)), starts_in=start)
     return out
 
@@ -257,8 +291,11 @@ def _queue_note(start: Optional[float], run: Optional[float], runs: int) -> str:
     return f"{when}; runs ~{duration(run)} (median of {runs} earlier run{'s' if runs > 1 else ''})"
 
 
-def annotate(spool: Spool, rows: list[Any], workers: list[dict[str, Any]], now: float) -> None:
-    """Set `row.estimate` for every running and pending row of a status listing."""
+def annotate(
+    spool: Spool, rows: list[Any], workers: list[dict[str, Any]], now: float, gpus: Optional[list[int]] = None
+) -> None:
+    """Set `row.estimate` for every running and pending row of a status listing (`gpus`: the
+    machine's GPU indices, when it has GPUs)."""
     running = [r for r in rows if r.state == "running"]
     for row in running:
         row.estimate = running_estimate(spool, row.job, now)
@@ -270,7 +307,7 @@ def annotate(spool: Spool, rows: list[Any], workers: list[dict[str, Any]], now: 
     plan = plan_queue(
         [(r.job, r.estimate.eta_seconds) for r in running],
         [(r.job, r.wait) for r in pending],
-        worker_slots(workers),
+        worker_slots(workers, gpus),
         durations,
     )
     for row in pending:

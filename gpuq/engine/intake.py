@@ -191,6 +191,7 @@ def _publish_claimed(spool: Spool, job_id: int, original: str, fields: dict[str,
         retries=fields["retries"],
         priority=fields["priority"],
         source=SOURCE_DROPPED + original,
+        options={"gpu_request": fields["gpu_request"], "gpu_mem_mib": fields.get("gpu_mem_mib")},
     )
     spool.jobs.publish(job)
 

@@ -40,8 +40,6 @@ jobs wait with `unreadable(look)` as their reason and CPU jobs start.
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence, TypeVar, Union
 
@@ -346,23 +344,3 @@ class _Texts:
 
     def jobs_on(self, state: _GpuState) -> str:
         return f"{state.gpu.index}: {self.jobs(state)}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Sizes on the command line
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])(?:I?B)?\s*$", re.IGNORECASE)
-_UNIT_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
-
-
-def parse_gpu_mem(text: str) -> int:
-    """`--gpu-mem` in MiB: '20G', '20GB', '20GiB', '1.5g', '512M' (binary units, as GPU memory is
-    counted: 20G = 20480 MiB), rounded up to a whole MiB. A bare number is refused, since 20 could
-    mean GiB or MiB. ValueError with a one-line message."""
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"--gpu-mem: expected a size such as 20G or 512M, got {text!r}")
-    mib = math.ceil(float(match.group(1)) * _UNIT_MIB[match.group(2).upper()])
-    if mib < 1:
-        raise ValueError(f"--gpu-mem: {text!r} is less than 1 MiB")
-    return mib

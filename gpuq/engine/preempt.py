@@ -21,6 +21,7 @@ from gpuq.core import transitions
 from gpuq.core.errors import Refused
 from gpuq.core.states import ACTIVE, INTERRUPTED, PENDING, PREEMPT, PREEMPT_RESUME, PREEMPTED, RUNNING
 from gpuq.engine import actions, checkpoints
+from gpuq.engine.planner import Assignment
 from gpuq.spool import Spool
 from gpuq.system import procs
 
@@ -108,7 +109,7 @@ def resume_auto(spool: Spool) -> list[Resumed]:
 @dataclass
 class Preemption:
     job_id: int
-    slot: Optional[str]
+    where: Assignment  # the slot or GPUs it holds until every process of it is gone
     pgid: int
     snapshot: list[Any]
     deadline: float
@@ -128,15 +129,17 @@ class UrgentPreemptions:
         snapshot = procs.tree_processes(pgid)
         self.spool.control.request(victim["id"], PREEMPT_RESUME)
         procs.terminate(pgid, snapshot)
-        self.under_way[victim["id"]] = Preemption(victim["id"], victim.get("slot"), pgid, snapshot, now + self.grace)
+        where = Assignment.of_job(victim)
+        self.under_way[victim["id"]] = Preemption(victim["id"], where, pgid, snapshot, now + self.grace)
 
-    def busy_slots(self, state_of: dict[int, str], now: float) -> set[Optional[str]]:
-        """Slots of victims with processes still alive; SIGKILL what is left once the grace is over
-        (again at each look: a process may have been forked meanwhile). Finished ones are dropped."""
+    def holding(self, state_of: dict[int, str], now: float) -> dict[int, Assignment]:
+        """Where victims with processes still alive hold their place; SIGKILL what is left once
+        the grace is over (again at each look: a process may have been forked meanwhile).
+        Finished ones are dropped."""
         for job_id, p in list(self.under_way.items()):
             left = procs.leftovers(p.pgid, p.snapshot)
             if state_of.get(job_id) != RUNNING and not left:
                 del self.under_way[job_id]
             elif left and now >= p.deadline:
                 procs.signal_each(left, "kill")
-        return {p.slot for p in self.under_way.values()}
+        return {job_id: p.where for job_id, p in self.under_way.items()}

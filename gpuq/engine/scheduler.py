@@ -1,7 +1,8 @@
 """Scheduling decisions as plain functions over a snapshot of the spool.
 
-Nothing here touches files or processes: the worker builds a Snapshot, asks `plan()` which jobs
-to start in which free slots, and carries the decision out. Tests call these directly.
+Nothing here touches files or processes: which jobs wait for what (their dependencies), in which
+order the ready ones go, which slots are taken. engine/planner.py decides where the ready jobs
+start; tests call these directly.
 """
 
 from __future__ import annotations
@@ -103,33 +104,25 @@ def occupied_slots(running: list[dict[str, Any]], slots: list[Optional[str]]) ->
     return taken & set(slots)
 
 
-def waiting_reasons(snapshot: Snapshot) -> dict[int, Optional[Wait]]:
+def waiting_reasons(snapshot: Snapshot, extra: Optional[dict[int, Wait]] = None) -> dict[int, Optional[Wait]]:
     """waiting_reason for every pending job, with blockage passed down dependency chains
-    (a job after a job that can never start can never start either)."""
-    stuck: frozenset = frozenset()
+    (a job after a job that can never start can never start either). `extra`: reasons beyond
+    dependencies (the GPUs a ready job waits for), for the jobs whose dependencies allow them."""
+    extra = extra or {}
+    stuck = frozenset(i for i, w in extra.items() if w.forever)
     while True:
-        reasons = {j["id"]: waiting_reason(j, snapshot.states, stuck) for j in snapshot.pending}
+        reasons = {j["id"]: waiting_reason(j, snapshot.states, stuck) or extra.get(j["id"]) for j in snapshot.pending}
         now_stuck = frozenset(i for i, w in reasons.items() if w is not None and w.forever)
         if now_stuck == stuck:
             return reasons
         stuck = now_stuck
 
 
-def plan(snapshot: Snapshot, free_slots: list[Optional[str]]) -> list[tuple[dict[str, Any], Optional[str]]]:
-    """Which pending jobs to start now, one per free slot, in queue order."""
-    chosen: list[tuple[dict[str, Any], Optional[str]]] = []
-    if not free_slots:
-        return chosen
-    for job in queue_order(snapshot.pending):  # stops at the first few ready jobs: a long queue costs little
-        if waiting_reason(job, snapshot.states) is None:
-            chosen.append((job, free_slots[len(chosen)]))
-            if len(chosen) == len(free_slots):
-                break
-    return chosen
-
-
-def has_startable_future(snapshot: Snapshot) -> bool:
-    """True while some pending job can still start without a person acting."""
-    if any(waiting_reason(j, snapshot.states) is None for j in snapshot.pending):
-        return True  # the common case, decided without following dependency chains
-    return any(w is None or not w.forever for w in waiting_reasons(snapshot).values())
+def has_startable_future(snapshot: Snapshot, extra: Optional[dict[int, Wait]] = None) -> bool:
+    """True while some pending job can still start without a person acting (`extra`: as for
+    waiting_reasons; a job the GPUs can never take cannot start)."""
+    extra = extra or {}
+    for job in snapshot.pending:  # the common case, decided without following dependency chains
+        if waiting_reason(job, snapshot.states) is None and not (job["id"] in extra and extra[job["id"]].forever):
+            return True
+    return any(w is None or not w.forever for w in waiting_reasons(snapshot, extra).values())

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 from gpuq.core import schema
 from gpuq.core.states import FINISHED, INTERRUPTED, PENDING, PREEMPTED, RUNNING, STATES
-from gpuq.engine import eta, recovery, scheduler
+from gpuq.engine import eta, gpuview, recovery, scheduler
 from gpuq.engine.finished_rows import finished_summaries
 from gpuq.engine.snapshot import recent_finished, snapshot
 from gpuq.spool import JobRef, Spool
@@ -43,6 +43,7 @@ class Status:
     hidden_finished: int = 0
     invalid: list[tuple[JobRef, str]] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    gpus: Optional[dict[str, Any]] = None  # engine/gpuview.py's view; None without GPUs
 
 
 def status(
@@ -54,7 +55,8 @@ def status(
     listing = recovery.reconcile(spool, listing=list(spool.jobs.refs(STATES))).listing
     snap, invalid = snapshot(spool, refs=listing)
     rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
-    reasons = scheduler.waiting_reasons(snap)
+    views = spool.workers.gpu_views()
+    reasons = scheduler.waiting_reasons(snap, gpu_waits(views))
     rows += [Row(j, PENDING, reasons[j["id"]]) for j in scheduler.queue_order(snap.pending)]
     for state in (PREEMPTED, INTERRUPTED):
         rows += [Row(j, state) for _r, j in spool.jobs.load_many(state)]
@@ -70,5 +72,18 @@ def status(
             continue
     rows.sort(key=lambda r: (r.state not in (RUNNING, PENDING), r.job["id"]))
     workers = spool.workers.live()
-    eta.annotate(spool, rows, workers, time.time())  # progress and ETA of running jobs, starts of pending ones
-    return Status(workers, rows, hidden, invalid, spool.dropbox.dropped())
+    shown = gpuview.current(spool, snap.running, views)
+    indices = [g["index"] for g in shown["gpus"]] if shown else None
+    eta.annotate(spool, rows, workers, time.time(), indices)  # progress and ETA, and when pending ones start
+    return Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown)
+
+
+def gpu_waits(views: list[dict[str, Any]]) -> dict[int, scheduler.Wait]:
+    """What the workers last said the GPUs hold back (job id -> why), from their GPU views."""
+    out: dict[int, scheduler.Wait] = {}
+    for view in views:
+        waiting = view.get("waiting")
+        for key, wait in waiting.items() if isinstance(waiting, dict) else ():
+            if key.isdigit() and isinstance(wait, dict) and isinstance(wait.get("reason"), str):
+                out[int(key)] = scheduler.Wait(wait["reason"], wait.get("forever") is True)
+    return out

@@ -14,7 +14,7 @@ from typing import Optional
 from gpuq.core.errors import Refused
 from gpuq.run import loop
 from gpuq.run.launcher import PACKAGE_PARENT
-from gpuq.run.worker import Worker
+from gpuq.run.worker import Settings, Worker
 from gpuq.spool import Spool, WorkerBusy
 
 CLI_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuq.cli import main; sys.exit(main())"
@@ -25,7 +25,8 @@ def _say(text: str) -> None:
     print(f"[{datetime.now().strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-def run_foreground(spool: Spool, gpus: Optional[list[str]], watch: bool, ready_fd: Optional[int] = None) -> int:
+def run_foreground(spool: Spool, settings: Settings, watch: bool, ready_fd: Optional[int] = None) -> int:
+    gpus = settings.gpus
     info = {
         "pid": os.getpid(),
         "started": time.time(),
@@ -43,11 +44,23 @@ def run_foreground(spool: Spool, gpus: Optional[list[str]], watch: bool, ready_f
     try:
         if ready_fd is not None:
             _tell(ready_fd, f"ok {os.getpid()}")
-        where = f"GPUs {','.join(gpus)}" if gpus else "one job at a time"
+        worker = Worker(spool, settings, say=_say)
+        where = _where(worker)
         _say(f"worker {os.getpid()} started ({where}, spool {spool.home}){'; watching for new jobs' if watch else ''}")
-        return loop.serve(Worker(spool, gpus, say=_say), watch=watch)
+        return loop.serve(worker, watch=watch)
     finally:
         lease.release()
+
+
+def _where(worker: Worker) -> str:
+    """What the worker runs jobs on, as it first looks at the GPUs (and shows them to `status`)."""
+    look = worker.publish_gpus()
+    if look.gpus:
+        chosen = [g for g in look.gpus if worker.labels is None or str(g.index) in worker.labels]
+        return f"GPUs {','.join(str(g.index) for g in chosen)} of {len(look.gpus)} ({look.source})"
+    if look.problem and look.source != "none":
+        return f"GPUs unreadable: {look.problem}"
+    return f"no GPUs found: slots {','.join(worker.labels)}" if worker.labels else "no GPUs found: one job at a time"
 
 
 def _tell(fd: int, message: str) -> None:
@@ -55,14 +68,12 @@ def _tell(fd: int, message: str) -> None:
     os.close(fd)
 
 
-def start_background(spool: Spool, gpus: Optional[list[str]]) -> int:
-    """Start `gpuq run --watch` detached from this terminal; return its pid once it holds its
-    locks. Refused (with the worker's own reason) if it could not start."""
+def start_background(spool: Spool, run_options: list[str]) -> int:
+    """Start `gpuq run --watch RUN_OPTIONS` detached from this terminal; return its pid once it
+    holds its locks. Refused (with the worker's own reason) if it could not start."""
     read_fd, write_fd = os.pipe()
     log = spool.logs.open_worker_log()
-    cmd = [sys.executable, "-c", CLI_BOOT, PACKAGE_PARENT, "run", "--watch", "--ready-fd", str(write_fd)]
-    if gpus:
-        cmd += ["--gpus", ",".join(gpus)]
+    cmd = [sys.executable, "-c", CLI_BOOT, PACKAGE_PARENT, "run", "--watch", "--ready-fd", str(write_fd), *run_options]
     proc = subprocess.Popen(
         cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(write_fd,), start_new_session=True, cwd="/"
     )

@@ -46,13 +46,15 @@ class Launcher:
         self.spool = spool
         self.spare: Optional[Spare] = None
 
-    def launch(self, claim: Claim, slot: Optional[str]) -> subprocess.Popen:
-        """Hand the claimed job to a supervisor; afterwards the supervisor owns the claim.
+    def launch(self, claim: Claim, slot: Optional[str], gpus: Optional[tuple[int, ...]]) -> subprocess.Popen:
+        """Hand the claimed job to a supervisor, with where it runs (`slot`: its
+        CUDA_VISIBLE_DEVICES, `gpus`: the GPUs it holds); afterwards the supervisor owns the claim.
         OSError if none could be started (the claim is then still ours)."""
+        where = {"id": claim.job_id, "slot": slot, "gpus": list(gpus) if gpus is not None else None}
         spare, self.spare = self.spare, None
-        process = self._hand_over(spare, claim, slot) if spare else None
+        process = self._hand_over(spare, claim, where) if spare else None
         if process is None:
-            process = self._start_for(claim, slot)
+            process = self._start_for(claim, where)
         claim.detach()
         return process
 
@@ -90,8 +92,8 @@ class Launcher:
         boot = [sys.executable, "-S", "-c", SUPERVISOR_BOOT, str(len(path)), *path]
         return [*boot, "--home", str(self.spool.home), *args]
 
-    def _start_for(self, claim: Claim, slot: Optional[str]) -> subprocess.Popen:
-        args = ["--job", str(claim.job_id), "--lock-fd", str(claim.fd)] + (["--slot", slot] if slot is not None else [])
+    def _start_for(self, claim: Claim, where: dict[str, Any]) -> subprocess.Popen:
+        args = ["--job", str(claim.job_id), "--lock-fd", str(claim.fd), "--where", json.dumps(where)]
         log = self.spool.logs.open_job_log(claim.job_id)
         try:
             return subprocess.Popen(
@@ -106,12 +108,12 @@ class Launcher:
             os.close(log)
 
     @staticmethod
-    def _hand_over(spare: Spare, claim: Claim, slot: Optional[str]) -> Optional[subprocess.Popen]:
+    def _hand_over(spare: Spare, claim: Claim, where: dict[str, Any]) -> Optional[subprocess.Popen]:
         """Give a job and its claim to the spare supervisor; None if the spare is gone."""
         try:
             if spare.process.poll() is not None:
                 return None
-            socket.send_fds(spare.sock, [json.dumps({"id": claim.job_id, "slot": slot}).encode()], [claim.fd])
+            socket.send_fds(spare.sock, [json.dumps(where).encode()], [claim.fd])
             return spare.process
         except OSError:
             return None

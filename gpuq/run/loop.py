@@ -13,7 +13,8 @@ import signal
 from typing import Any, Optional
 
 from gpuq.core.states import PENDING, RUNNING
-from gpuq.run.worker import RESCAN_SECONDS, Worker
+from gpuq.engine.planner import GPU_WAIT_RESCAN_SECONDS
+from gpuq.run.worker import RESCAN_SECONDS, StepResult, Worker
 
 ADOPTED_RESCAN_SECONDS = 1.0
 # A job reaches any other state by leaving running/ or pending/, so these two directories say
@@ -77,7 +78,7 @@ def serve(worker: Worker, watch: bool) -> int:
                 for line in worker.why_done():
                     worker.say(line)
                 break
-            woken = wake.wait(ADOPTED_RESCAN_SECONDS if result.watch_closely else RESCAN_SECONDS)
+            woken = wake.wait(_next_look(result))
     except KeyboardInterrupt:
         pass
     finally:
@@ -88,6 +89,15 @@ def serve(worker: Worker, watch: bool) -> int:
         _say_left_running(worker)
         return 130 if interrupted["signal"] == signal.SIGINT else 0
     return 0
+
+
+def _next_look(result: StepResult) -> float:
+    """Seconds until the next look without an event: soon while something changes unseen."""
+    if result.watch_closely:
+        return ADOPTED_RESCAN_SECONDS
+    if result.gpu_wait:
+        return GPU_WAIT_RESCAN_SECONDS
+    return RESCAN_SECONDS
 
 
 def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any]:

@@ -10,6 +10,7 @@ keep exit codes). While it lives, its flock on the claim lock tells everyone the
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -49,7 +50,7 @@ def _log_line(log_fd: int, text: str) -> None:
     os.write(log_fd, f"=== gpuq: {text}\n".encode("utf-8", "surrogateescape"))  # argv bytes as given
 
 
-def start(spool: Spool, claim: Claim, slot: Optional[str]) -> int:
+def start(spool: Spool, claim: Claim, slot: Optional[str], gpus: Optional[list[int]] = None) -> int:
     """Run the claimed job to the end; returns the job's exit code (or -1 if it did not run)."""
     ref = spool.jobs.find(claim.job_id, (PENDING,))
     if ref is None:  # cancelled or already run by someone else since the worker looked
@@ -66,7 +67,12 @@ def start(spool: Spool, claim: Claim, slot: Optional[str]) -> int:
     # The supervisor's own identity needs psutil (an import of several ms): it is recorded with
     # the job's pid after the job has started, so the job does not wait for it.
     changes = transitions.start(
-        job, slot=slot, boot_id=procs.boot_id(), host=os.uname().nodename, log=str(spool.layout.log_path(job["id"]))
+        job,
+        slot=slot,
+        gpus=gpus,
+        boot_id=procs.boot_id(),
+        host=os.uname().nodename,
+        log=str(spool.layout.log_path(job["id"])),
     )
     ref, job = spool.jobs.move(ref, job, RUNNING, changes)
     log_fd = spool.logs.open_job_log(job["id"])
@@ -154,14 +160,14 @@ def finish(
 
 
 def parse_args(argv: list[str]) -> dict[str, str]:
-    """The worker's fixed arguments: --home H, then either --job N --lock-fd F [--slot S] or
+    """The worker's fixed arguments: --home H, then either --job N --lock-fd F --where JSON or
     --spare-fd F (a pre-started supervisor that waits for its job). Parsed by hand: importing
     argparse cost a few ms at the start of every job."""
-    known = ("--home", "--job", "--lock-fd", "--slot", "--spare-fd")
+    known = ("--home", "--job", "--lock-fd", "--where", "--spare-fd")
     if len(argv) % 2 or any(flag not in known for flag in argv[::2]):
         raise SystemExit(f"gpuq-supervisor: internal use only; expected {' '.join(known)}, got {argv}")
     args = dict(zip(argv[::2], argv[1::2]))
-    needed = ("--home", "--spare-fd") if "--spare-fd" in args else ("--home", "--job", "--lock-fd")
+    needed = ("--home", "--spare-fd") if "--spare-fd" in args else ("--home", "--job", "--lock-fd", "--where")
     missing = [flag for flag in needed if flag not in args]
     numbers = [args[f] for f in ("--job", "--lock-fd", "--spare-fd") if f in args]
     if missing or not all(n.isdigit() for n in numbers):
@@ -169,11 +175,11 @@ def parse_args(argv: list[str]) -> dict[str, str]:
     return args
 
 
-def wait_for_assignment(spare_fd: int) -> Optional[tuple[int, int, Optional[str]]]:
+def wait_for_assignment(spare_fd: int) -> Optional[tuple[int, dict[str, Any]]]:
     """A spare supervisor, started ahead of time so that a job does not wait for an interpreter
-    to start, blocks here until the worker sends (job id, slot) with the claim's descriptor over
-    the socket. None if the worker closed the socket (it stopped or died) without a job."""
-    import json
+    to start, blocks here until the worker sends the claim's descriptor and where the job runs
+    (`{"id", "slot", "gpus"}`) over the socket. None if the worker closed the socket (it stopped
+    or died) without a job."""
     import socket
 
     import psutil  # noqa: F401  (loaded now, while nobody waits; the job's identity needs it)
@@ -189,8 +195,7 @@ def wait_for_assignment(spare_fd: int) -> Optional[tuple[int, int, Optional[str]
         for fd in fds:
             os.close(fd)
         return None
-    job = json.loads(message)
-    return int(job["id"]), fds[0], job.get("slot")
+    return fds[0], json.loads(message)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -201,14 +206,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         assignment = wait_for_assignment(int(args["--spare-fd"]))
         if assignment is None:
             return 0
-        job_id, lock_fd, slot = assignment
+        lock_fd, where = assignment
+        job_id = int(where["id"])
         log_fd = spool.logs.open_job_log(job_id)  # our own errors go to the job's log, as for a fresh start
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
     else:
-        job_id, lock_fd, slot = int(args["--job"]), int(args["--lock-fd"]), args.get("--slot")
-    start(spool, spool.claims.adopt_descriptor(job_id, lock_fd), slot)
+        job_id, lock_fd, where = int(args["--job"]), int(args["--lock-fd"]), json.loads(args["--where"])
+    start(spool, spool.claims.adopt_descriptor(job_id, lock_fd), where.get("slot"), where.get("gpus"))
     return 0
 
 

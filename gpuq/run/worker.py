@@ -7,17 +7,20 @@ loop around it is run/loop.py. The truth is always a fresh look at the spool.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from gpuq.core.states import PENDING, RUNNING
-from gpuq.engine import eta, intake, recovery, scheduler
+from gpuq.engine import eta, gpuview, intake, placement, recovery, scheduler
+from gpuq.engine.planner import Assignment, Plan, Planner
 from gpuq.engine.preempt import UrgentPreemptions, resume_auto
 from gpuq.engine.snapshot import PendingCache, snapshot
 from gpuq.run.launcher import Launcher
 from gpuq.spool import Spool
+from gpuq.system.gpus import GpuLook
 
 RESCAN_SECONDS = 5.0  # a full repair (duplicates, stale claims, tmp files) at most this often
 FULL_STEP_SECONDS = 60.0  # a quiet worker still takes a full look this often
@@ -29,6 +32,7 @@ INTAKE_BUDGET_SECONDS = 0.25  # per step; a burst of dropped files is taken in o
 class Launch:
     job_id: int
     process: subprocess.Popen
+    where: Assignment
 
 
 @dataclass
@@ -38,17 +42,30 @@ class StepResult:
     startable_later: bool = False  # some pending job may still start without a person acting
     watch_closely: bool = False  # an adopted job runs: its end is only seen by looking
     more_work: bool = False  # dropped or broken files were left for the next step: come back soon
+    gpu_wait: bool = False  # a job waits for GPU memory or GPUs that may free up without an event
+
+
+@dataclass
+class Settings:
+    """How `gpuq run` was asked to work."""
+
+    gpus: Optional[list[str]] = None  # --gpus: the GPUs (or, without GPUs, the slots) it uses; None: all
+    foreign_threshold_mib: int = placement.DEFAULT_FOREIGN_THRESHOLD_MIB  # --foreign-mem-threshold
 
 
 class Worker:
-    def __init__(self, spool: Spool, gpus: Optional[list[str]] = None, say: Callable[[str], None] = print):
+    def __init__(self, spool: Spool, settings: Optional[Settings] = None, say: Callable[[str], None] = print):
         self.spool = spool
-        self.slots: list[Optional[str]] = list(gpus) if gpus else [None]
+        self.settings = settings or Settings()
+        self.labels = list(self.settings.gpus) if self.settings.gpus else None
+        self.planner = Planner(self.labels, self.settings.foreign_threshold_mib)
         self.say = say
         self.launcher = Launcher(spool)
-        self.launching: dict[Optional[str], Launch] = {}
+        self.launching: dict[int, Launch] = {}  # job id -> its supervisor, until it runs
         self.supervisors: list[subprocess.Popen] = []  # started by us, job under way
         self.urgent = UrgentPreemptions(spool)
+        self.waits: dict[int, scheduler.Wait] = {}  # why ready jobs could not start at the last step
+        self._shown_problem: Optional[str] = None  # without GPUs the view changes only with its problem
         self.cache = PendingCache()
         self.stopping = False
         self._last_full_reconcile = 0.0
@@ -71,7 +88,9 @@ class Worker:
     def _nothing_changed(self, now: float) -> bool:
         if self._quiet_since is None or self.launching or self.urgent.under_way:
             return False
-        signature, since, _result = self._quiet_since
+        signature, since, result = self._quiet_since
+        if result.gpu_wait:
+            return False  # GPU memory frees up without any file changing
         if now - since >= FULL_STEP_SECONDS or signature != self.spool.jobs.signature():
             return False
         return not self.spool.dropbox.dropped()  # a dropped file waiting to be complete needs looks
@@ -94,20 +113,24 @@ class Worker:
             self.say(f"job #{resumed.job['id']} back in the queue (first in line): {resumed.job.get('note')}")
         snap, invalid = snapshot(self.spool, self.cache)
         self._forget_finished_launches(snap)
-        free = self._free_slots(snap, now)
+        plan = self._plan(snap, now)
         if not self.stopping:
-            self._make_room_for_urgent(snap, free, now)
-            for job, slot in scheduler.plan(snap, free):
-                if self._launch(job, slot):
+            for victim in plan.victims:
+                self.urgent.begin(victim, now)
+                self.say(f"preempting job #{victim['id']} {victim['name']} to make room for an urgent job")
+            for job, where in plan.starts:
+                if self._launch(job, where):
                     result.started.append(job["id"])
+        if plan.look is not None and (plan.look.gpus or plan.look.problem != self._shown_problem):
+            self._write_gpu_view(plan.look, snap.running, plan.waits)  # after the starts: they come first
         # after starting jobs: a pile of broken files must not delay them
         rejected, left = intake.reject_broken(self.spool, invalid, now, INTAKE_BUDGET_SECONDS)
         for name, outcome in rejected:
             self.say(f"{name}: {outcome}")
         result.more_work = result.more_work or left
-        occupied = scheduler.occupied_slots(snap.running, self.slots)
-        result.busy = bool(self.launching or self.urgent.under_way or occupied)
-        result.startable_later = result.more_work or scheduler.has_startable_future(snap)
+        result.busy = bool(self.launching or self.urgent.under_way or any(map(self._mine, snap.running)))
+        result.startable_later = result.more_work or scheduler.has_startable_future(snap, plan.waits)
+        result.gpu_wait = plan.gpu_wait
         # Nothing reports an adopted process's exit: look at it more often than usual.
         result.watch_closely = any(job.get("adopted") for job in snap.running)
         if snap.running:
@@ -134,43 +157,63 @@ class Worker:
             self.say(f"{name}: {outcome}")
         return more
 
-    def _free_slots(self, snap: scheduler.Snapshot, now: float) -> list[Optional[str]]:
-        busy = scheduler.occupied_slots(snap.running, self.slots) | set(self.launching)
-        busy |= self.urgent.busy_slots(snap.states, now)
-        return [slot for slot in self.slots if slot not in busy]
-
-    def _make_room_for_urgent(self, snap: scheduler.Snapshot, free: list[Optional[str]], now: float) -> None:
+    def _plan(self, snap: scheduler.Snapshot, now: float) -> Plan:
+        """Ask the planner what to start, and publish what it saw of the GPUs for `gpuq status`."""
+        busy = {job_id: launch.where for job_id, launch in self.launching.items()}
+        busy.update(self.urgent.holding(snap.states, now))
         # a job of ours with a control request is already being killed or preempted by a person:
-        # its slot is about to free up, and it must not be turned into an auto-resumed victim
-        mine = {j["id"] for j in snap.running if self.slots == [None] or j.get("slot") in self.slots}
-        busy_ids = set(self.urgent.under_way) | (mine & set(self.spool.control.ids()))
-        for victim in scheduler.preemption_victims(snap, free, self.slots, busy_ids):
-            self.urgent.begin(victim, now)
-            self.say(f"preempting job #{victim['id']} {victim['name']} to make room for an urgent job")
+        # its place is about to free up, and it must not be turned into an auto-resumed victim
+        mine = {j["id"] for j in snap.running if self._mine(j)}
+        preempting = set(self.urgent.under_way) | (mine & set(self.spool.control.ids()))
+        plan = self.planner.plan(snap, busy, preempting)
+        self.waits = plan.waits
+        return plan
+
+    def publish_gpus(self) -> GpuLook:
+        """Look at the GPUs now and show `gpuq status` what was seen (the worker does at start)."""
+        look = self.planner.look()
+        self._write_gpu_view(look, snapshot(self.spool, self.cache)[0].running, {})
+        return look
+
+    def _write_gpu_view(self, look: GpuLook, running: list[dict[str, Any]], waits: dict[int, scheduler.Wait]) -> None:
+        self._shown_problem = look.problem
+        shown = gpuview.view(look, running)
+        shown["waiting"] = {str(i): {"reason": w.reason, "forever": w.forever} for i, w in waits.items()}
+        shown["worker"] = os.getpid()
+        try:
+            self.spool.workers.write_gpu_view(shown)
+        except OSError:
+            pass  # only shown by `gpuq status`: a full disk must not stop the worker
+
+    def _mine(self, job: dict[str, Any]) -> bool:
+        """A running job in this worker's slots or on its GPUs."""
+        if self.labels is None or job.get("slot") is None:
+            return True
+        held = {str(g) for g in job.get("gpus") or []}
+        return job.get("slot") in self.labels or bool(held & set(self.labels))
 
     def _forget_finished_launches(self, snap: scheduler.Snapshot) -> None:
         """A launch stops counting once its job left pending/ (running/ then holds the slot) or
         its supervisor exited."""
-        for slot, launch in list(self.launching.items()):
-            if launch.process.poll() is not None or snap.states.get(launch.job_id) != PENDING:
-                del self.launching[slot]
+        for job_id, launch in list(self.launching.items()):
+            if launch.process.poll() is not None or snap.states.get(job_id) != PENDING:
+                del self.launching[job_id]
                 self.supervisors.append(launch.process)
         # reap supervisors that have exited, so none lingers as a zombie
         self.supervisors = [p for p in self.supervisors if p.poll() is None]
 
-    def _launch(self, job: dict[str, Any], slot: Optional[str]) -> bool:
+    def _launch(self, job: dict[str, Any], where: Assignment) -> bool:
         claim = self.spool.claims.claim(job["id"])
         if claim is None:
             return False  # another worker (or a cancel) got there first
         try:
-            process = self.launcher.launch(claim, slot)
+            process = self.launcher.launch(claim, where.slot, where.gpus)
         except OSError as exc:
             claim.release()
             self.say(f"job #{job['id']}: could not start its supervisor: {exc}")
             return False
-        self.launching[slot] = Launch(job["id"], process)
-        where = f" on GPU {slot}" if slot is not None else ""
-        self.say(f"starting job #{job['id']} {job['name']}{where}")
+        self.launching[job["id"]] = Launch(job["id"], process, where)
+        self.say(f"starting job #{job['id']} {job['name']}{_where_text(where)}")
         return True
 
     def _sample_progress(self, now: float, running: list[dict[str, Any]]) -> None:
@@ -184,7 +227,7 @@ class Worker:
     # ---- what the loop says when it ends ---------------------------------------------------------
     def why_done(self) -> list[str]:
         snap, _ = snapshot(self.spool, self.cache)
-        reasons = scheduler.waiting_reasons(snap)
+        reasons = scheduler.waiting_reasons(snap, self.waits)
         blocked = [(j, reasons[j["id"]]) for j in snap.pending]
         if not blocked:
             return ["queue empty; worker exits"]
@@ -195,5 +238,10 @@ class Worker:
 
     def still_running(self) -> list[dict[str, Any]]:
         """Running jobs of this worker's slots (they go on under their supervisors)."""
-        running = snapshot(self.spool, self.cache)[0].running
-        return [j for j in running if j.get("slot") in self.slots or self.slots == [None]]
+        return [j for j in snapshot(self.spool, self.cache)[0].running if self._mine(j)]
+
+
+def _where_text(where: Assignment) -> str:
+    if where.gpus is not None:
+        return f" on GPU {where.slot}" if where.gpus else " (CPU job)"
+    return f" on GPU {where.slot}" if where.slot is not None else ""

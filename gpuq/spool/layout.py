@@ -81,6 +81,10 @@ class Layout:
     def worker_info_path(self, pid: int) -> Path:
         return self.home / "workers" / f"worker-{pid}.json"
 
+    def worker_gpus_path(self, pid: int) -> Path:
+        """What worker PID last saw of the GPUs (written by it, read by `gpuq status`)."""
+        return self.home / "workers" / f"gpus-{pid}.json"
+
     def worker_lock_path(self, name: str) -> Path:
         """workers/machine.lock or workers/gpu-N.lock."""
         return self.home / "workers" / f"{name}.lock"

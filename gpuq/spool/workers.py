@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuq.spool.errors import SpoolError
-from gpuq.spool.files import Files
+from gpuq.spool.files import Files, read_small, unlink_quietly
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil
 
@@ -37,10 +37,8 @@ class WorkerLease:
         self.fds, self.info_path = fds, info_path
 
     def release(self) -> None:
-        try:
-            os.unlink(self.info_path)
-        except FileNotFoundError:
-            pass
+        for path in (self.info_path, self.info_path.with_name(f"gpus-{os.getpid()}.json")):
+            unlink_quietly(path)
         for fd in self.fds:
             os.close(fd)
         self.fds = []
@@ -79,6 +77,30 @@ class WorkerRegistry:
 
     def _open_lock(self, name: str) -> int:
         return os.open(self.layout.worker_lock_path(name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+
+    def write_gpu_view(self, view: dict[str, Any]) -> None:
+        """This worker's last view of the GPUs (not fsynced: it is only shown, never trusted)."""
+        self.files.replace(self.layout.worker_gpus_path(os.getpid()), json.dumps(view).encode(), "gpus", durable=False)
+
+    def gpu_views(self) -> list[dict[str, Any]]:
+        """The GPU views of live workers; those of dead workers are removed."""
+        alive = {w.get("pid") for w in self.live()}
+        out = []
+        directory = self.layout.internal_dir("workers")
+        for name in os.listdir(directory):
+            if not (name.startswith("gpus-") and name.endswith(".json") and name[5:-5].isdigit()):
+                continue
+            if int(name[5:-5]) not in alive:
+                unlink_quietly(directory / name)
+                continue
+            data = read_small(directory / name, mine=True)
+            try:
+                view = json.loads(data) if data else None
+            except ValueError:
+                continue
+            if isinstance(view, dict):
+                out.append(view)
+        return out
 
     def live(self) -> list[dict[str, Any]]:
         """Info of every worker alive now (its info file is flocked); stale files are removed."""

@@ -34,6 +34,7 @@ MIB = 1024 * 1024
 # only to tell "no NVIDIA driver here" (fine: CPU-only) from "a driver, but NVML cannot be read"
 # (not fine: gpuq must not start jobs onto GPUs it cannot see).
 NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
+WSL_GPU_DEVICE = "/dev/dxg"  # WSL2 reaches the Windows driver through this, without /dev/nvidiactl
 
 GPU_KEYS = ("index", "name", "uuid", "memory_total_mib", "memory_used_mib", "processes")
 PROCESS_KEYS = ("pid", "used_memory_mib")
@@ -234,6 +235,10 @@ def _start_nvml() -> Optional[tuple[str, str]]:
     if _nvml_absent is not None:
         return "none", _nvml_absent
     driver_loaded = os.path.exists(NVIDIA_CONTROL_DEVICE)
+    if not driver_loaded and not os.path.exists(WSL_GPU_DEVICE):
+        # no driver device at all: not worth importing NVML's binding (`gpuq status` pays for it)
+        _nvml_absent = f"no NVIDIA driver (no {NVIDIA_CONTROL_DEVICE})"
+        return "none", _nvml_absent
     try:
         import pynvml
     except ImportError:
