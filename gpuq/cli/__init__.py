@@ -7,6 +7,7 @@ cannot be carried out.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any, Optional
 
@@ -27,11 +28,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         prefix = exc.prefix or (f"gpuq {command}" if isinstance(exc, UsageError) and command else "gpuq")
         print(f"{prefix}: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # `gpuq status | head -1`: the reader has what it wanted
+        _silence_stdout()
+        return 0
     except OSError as exc:
         print(f"gpuq: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not fail once more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _handler(spec: str) -> Any:

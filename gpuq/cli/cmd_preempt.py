@@ -16,7 +16,9 @@ def cmd_preempt(args: argparse.Namespace) -> int:
     outcome = preempt.preempt(spool(), args.id, args.timeout, args.force, say=print)
     job = outcome.job
     if outcome.state == "preempted":
-        print(f"[~] Job #{job['id']}: {job['name']} preempted (exit {job.get('exit_code')}): {job.get('note')}")
+        code = job.get("exit_code")
+        exit_text = f"exit {code}" if code is not None else "exit code unknown"
+        print(f"[~] Job #{job['id']}: {job['name']} preempted ({exit_text}): {job.get('note')}")
         print(f"    `gpuq resume {job['id']}` continues it")
         return 0
     if outcome.left and outcome.state == "running" and job.get("pid") in outcome.left:

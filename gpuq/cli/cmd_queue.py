@@ -30,7 +30,7 @@ def cmd_add(args: argparse.Namespace) -> int:
             raise UsageError(f"--name: {exc}") from None
     cmd, venv = enqueue.resolve_command(args.script, args.args, cwd, args.python)
     cmd, options = _preempt_options(args, cmd, venv)  # before env is read: it may add to it
-    options.update(_gpu_options(args))
+    options.update(_gpu_options(args), notify=args.notify, on_finish=args.on_finish)
     _ref, job = enqueue.enqueue(
         spool(),
         cmd=cmd,

@@ -44,6 +44,28 @@ JSON_FIELDS = (
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.watch:
+        return _watch(args)
+    return _status_once(args)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    """The status, redrawn in place every --interval seconds until Ctrl-C."""
+    import sys
+    import time
+
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else "\n"
+    try:
+        while True:
+            sys.stdout.write(clear)
+            _status_once(args)
+            print(f"(every {args.interval:g}s; Ctrl-C to stop)", flush=True)
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _status_once(args: argparse.Namespace) -> int:
     st = status(spool(), show_all=args.all, summarize=None if args.json else render.finished_cells)
     if args.json:
         print(json.dumps([json_row(r) for r in st.rows], indent=2))
@@ -109,8 +131,16 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    """The job's file and state. The environment inherited from the shell that queued it (tens of
+    variables, tokens included) is summed up unless asked for: --env lists it, --json is the file."""
     ref, job = actions.get(spool(), args.id)
-    print(json.dumps(dict(job, state=ref.state, file=ref.name), indent=2, ensure_ascii=False))
+    shown = dict(job, state=ref.state, file=ref.name)
+    inherited = job.get("shell_env")
+    if args.env:
+        shown = {"env": job.get("env"), "shell_env": inherited}
+    elif not args.json and inherited is not None:
+        shown["shell_env"] = f"{len(inherited)} variables inherited from the shell (gpuq show {job['id']} --env)"
+    print(json.dumps(shown, indent=2, ensure_ascii=False))
     return 0
 
 

@@ -5,19 +5,22 @@ from __future__ import annotations
 import argparse
 
 from gpuq.cli.common import spool
-from gpuq.core.errors import UsageError
+from gpuq.core.errors import Refused, UsageError
 from gpuq.core.timespec import parse_size_mib
 from gpuq.engine import actions
 
+RUN_NEEDS = ("psutil", "watchdog")  # what the worker and the supervisors import
+
 
 def cmd_run(args: argparse.Namespace) -> int:
+    _check_dependencies()
     from gpuq.run import daemon  # the worker and watchdog: only for this command
     from gpuq.run.worker import Settings
 
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else None
     if args.gpus is not None and not gpus:
         raise UsageError("--gpus needs a list such as 0 or 0,1")
-    settings = Settings(gpus=gpus)
+    settings = Settings(gpus=gpus, notify=args.notify, on_finish=args.on_finish)
     if args.foreign_mem_threshold is not None:
         settings.foreign_threshold_mib = _size_mib(args.foreign_mem_threshold, "--foreign-mem-threshold")
     sp = spool()
@@ -29,10 +32,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     return daemon.run_foreground(sp, settings, watch=args.watch, ready_fd=args.ready_fd)
 
 
+def _check_dependencies() -> None:
+    """A worker without psutil would start jobs whose supervisors die at once: refuse to start,
+    naming what is missing, and leave the jobs pending (gpuq add runs without them)."""
+    import importlib
+    import sys
+
+    missing = []
+    for name in RUN_NEEDS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        names = " ".join(missing)
+        raise Refused(
+            f"gpuq run needs {', '.join(missing)}, which {sys.executable} cannot import: "
+            f"`{sys.executable} -m pip install {names}` (or install gpuq itself: pip install .)"
+        )
+
+
 def _run_options(args: argparse.Namespace) -> list[str]:
     """The options of `gpuq run --daemon` that the background worker must get too."""
-    out = []
-    for flag, value in (("--gpus", args.gpus), ("--foreign-mem-threshold", args.foreign_mem_threshold)):
+    out = ["--notify"] if args.notify else []
+    for flag, value in (
+        ("--gpus", args.gpus),
+        ("--foreign-mem-threshold", args.foreign_mem_threshold),
+        ("--on-finish", args.on_finish),
+    ):
         if value is not None:
             out += [flag, value]
     return out

@@ -6,6 +6,8 @@ for the imports of `gpuq run`.
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 
 from gpuq import __version__
 from gpuq.core.errors import UsageError
@@ -39,6 +41,16 @@ def _pid(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
     return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"not a number of seconds from 0.1 to 3600: {text!r}")
+    return value
 
 
 def _count(text: str) -> int:
@@ -96,6 +108,12 @@ def build_parser() -> Parser:
             metavar="N",
             help="how many GPUs it needs (default 1; 0: a CPU job, which runs beside GPU jobs)",
         )
+        p.add_argument("--notify", action="store_true", help="a desktop notification when it ends (notify-send)")
+        p.add_argument(
+            "--on-finish",
+            metavar="CMD",
+            help="a shell command run when it ends, with GPUQ_JOB_ID, _NAME, _STATE, _EXIT_CODE, _LOG set",
+        )
         p.add_argument(
             "--gpu-mem",
             metavar="SIZE",
@@ -147,6 +165,8 @@ def build_parser() -> Parser:
         metavar="SIZE",
         help="memory that processes outside gpuq may hold on a GPU before a whole-GPU job waits for it (default 1G)",
     )
+    p.add_argument("--notify", action="store_true", help="a desktop notification whenever a job ends")
+    p.add_argument("--on-finish", metavar="CMD", help="a shell command run whenever a job ends (see `add --on-finish`)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func="cmd_worker:cmd_run")
 
@@ -156,7 +176,10 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("status", help="show the queue")
     p.add_argument("-a", "--all", action="store_true", help="every finished job, not only the recent ones")
-    p.add_argument("--json", action="store_true", help="machine-readable list of jobs")
+    look = p.add_mutually_exclusive_group()
+    look.add_argument("--json", action="store_true", help="machine-readable list of jobs")
+    look.add_argument("--watch", action="store_true", help="a live view, redrawn in place until Ctrl-C")
+    p.add_argument("--interval", type=_seconds, default=2.0, metavar="S", help="with --watch: redraw every S seconds")
     p.set_defaults(func="cmd_view:cmd_status")
 
     p = sub.add_parser("gpus", help="the GPUs: memory, gpuq's jobs on each, other processes using them")
@@ -172,6 +195,9 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("show", help="everything about one job (JSON)")
     p.add_argument("id", type=_positive_id)
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--env", action="store_true", help="the job's environment, as inherited from the shell")
+    what.add_argument("--json", action="store_true", help="the job's file as it is, environment included")
     p.set_defaults(func="cmd_view:cmd_show")
 
     simple = [
@@ -225,6 +251,36 @@ def build_parser() -> Parser:
     p.add_argument("id", type=_positive_id, nargs="?", help="one job (default: every running and pending job)")
     p.set_defaults(func="cmd_view:cmd_eta")
 
+    p = sub.add_parser(
+        "import",
+        help="bring the original gpuq's queue (gpuq.db or queue.json) into this spool",
+        description="Import the queue of the original single-file gpuq: ids, dependencies, exit codes and "
+        "logs are kept; running jobs are adopted if their process lives. Done automatically the first time "
+        "gpuq runs where such a queue lies ($GPUQ_HOME/gpuq.db or queue.json); the old file is renamed .bak.",
+    )
+    p.add_argument("path", nargs="?", metavar="PATH", help="the file (default: $GPUQ_HOME/gpuq.db or queue.json)")
+    p.set_defaults(func="cmd_tools:cmd_import")
+
+    p = sub.add_parser("skill", help="the assistant skill: show it, or install it for Claude Code")
+    p.add_argument("action", choices=("show", "install"), help="show: print it; install: copy it for Claude Code")
+    p.add_argument("--dest", metavar="DIR", help="where to install it (default: ~/.claude/commands)")
+    p.add_argument("--force", action="store_true", help="replace a copy you changed (yours is kept as .bak)")
+    p.set_defaults(func="cmd_tools:cmd_skill")
+
+    p = sub.add_parser("service", help="a systemd user service that keeps a worker running (Linux)")
+    p.add_argument("action", choices=("install", "uninstall"))
+    p.add_argument("--dest", metavar="DIR", help="write the unit there (default: ~/.config/systemd/user)")
+    p.add_argument("--recover", action="store_true", help="the worker re-queues interrupted jobs when it starts")
+    p.add_argument("--force", action="store_true", help="replace or remove a unit gpuq did not write")
+    p.set_defaults(func="cmd_tools:cmd_service")
+
+    p = sub.add_parser("completion", help="shell completion: `source <(gpuq completion bash)`")
+    p.add_argument("shell", choices=("bash", "zsh"))
+    p.set_defaults(func="cmd_tools:cmd_completion")
+
+    p = sub.add_parser("_ids")  # job ids for shell completion; not a command for people
+    p.set_defaults(func="cmd_tools:cmd_ids")
+
     p = sub.add_parser("demo", help="queue and run a small example chain in a throw-away spool (no GPU needed)")
     p.set_defaults(func="cli:cmd_demo")
     return parser
@@ -248,10 +304,31 @@ def split_add_argv(parser: Parser, argv: list[str]) -> tuple[list[str], list[str
     return argv, []
 
 
+def misplaced_option(parser: Parser, words: list[str]) -> list[str]:
+    """The first of gpuq's own long `add` options among the job's words, with its value: most
+    likely meant for gpuq (the original gpuq took them from anywhere on the line)."""
+    add = parser._subparsers._group_actions[0].choices["add"]  # type: ignore[union-attr]
+    for i, word in enumerate(words):
+        for action in add._actions:
+            if word.split("=", 1)[0] in action.option_strings and word.startswith("--") and word != "--help":
+                takes_value = action.nargs != 0 and "=" not in word
+                return words[i : i + 2] if takes_value else [word]
+    return []
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     if argv and argv[0] in ("add", "enqueue"):
         own, job_words = split_add_argv(parser, argv[1:])
+        separated = argv[1 + len(own) : 2 + len(own)] == ["--"]
+        stray = misplaced_option(parser, job_words[1:]) if job_words and not separated else []
+        if stray:
+            fix = shlex.join(["gpuq", argv[0], *own, *stray, job_words[0]])
+            print(
+                f"gpuq {argv[0]}: note: {stray[0]} comes after the script, so {job_words[0]} gets it; gpuq's "
+                f"options go before the script ({fix} ...); `--` before the script silences this note",
+                file=sys.stderr,
+            )
         args = parser.parse_args([argv[0], *own, "--", "_"]) if job_words else parser.parse_args(argv)
         if job_words:
             args.script, args.args = job_words[0], job_words[1:]

@@ -117,8 +117,13 @@ GPU_DEFAULTS: dict[str, Any] = {
     "gpu_mem_mib": None,  # --gpu-mem: MiB it needs on each GPU, shared with others; None: whole GPUs
     "gpus": None,  # the GPU indices it holds while it runs ([] for a CPU job; None: no GPUs known)
 }
+# What happens when the job ends (run/hooks.py; spool_layout.md section 13).
+HOOK_DEFAULTS: dict[str, Any] = {
+    "notify": False,  # --notify: a desktop notification
+    "on_finish": None,  # --on-finish CMD: a shell command run with the job's id, state... in its environment
+}
 # Fields `gpuq add`'s options set when a job is queued; absent from older files: read with .get().
-OPTION_DEFAULTS: dict[str, Any] = {**PREEMPT_DEFAULTS, **GPU_DEFAULTS}
+OPTION_DEFAULTS: dict[str, Any] = {**PREEMPT_DEFAULTS, **GPU_DEFAULTS, **HOOK_DEFAULTS}
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -359,6 +364,8 @@ OPTIONAL: dict[str, tuple[Any, str]] = {
     },
     **{f: (_opt(_os_str), "null or a string") for f in ("ckpt_glob", "resume_arg", "checkpoint", "resumed_from")},
     "resumed_from_step": (_opt(_is_int), "null or an integer"),
+    "notify": (lambda v: isinstance(v, bool), "true or false"),
+    "on_finish": (_opt(_os_str), "null or a shell command"),
     "gpu_request": (lambda v: _is_int(v) and 0 <= v <= MAX_GPUS, f"an integer from 0 to {MAX_GPUS}"),
     "gpu_mem_mib": (_opt(lambda v: _is_int(v) and v > 0), "null or a positive integer (MiB)"),
     "gpus": (

@@ -33,3 +33,4 @@ ACTIONS = (KILL, PREEMPT, PREEMPT_RESUME)
 SOURCE_CLI = "cli"
 SOURCE_ADOPT = "adopt"
 SOURCE_DROPPED = "dropped:"
+SOURCE_IMPORTED = "import:"  # + "sqlite" or "json": brought over from the original gpuq

@@ -106,8 +106,11 @@ def ended_unseen(job: dict[str, Any], request: Optional[str]) -> tuple[str, str]
     """Where a running job goes whose process and supervisor are both gone, so its exit code
     cannot be known (reboot, kill of both, or an adopted process that ended): state and note."""
     if request == states.KILL:
-        return states.CANCELLED, "killed by user (gpuq kill); exit code unknown, its supervisor was gone"
+        why = "an adopted process has no supervisor" if job.get("adopted") else "its supervisor was gone"
+        return states.CANCELLED, f"killed by user (gpuq kill); exit code unknown: {why}"
     if request in states.PREEMPT_ACTIONS:
+        if job.get("adopted"):
+            return states.PREEMPTED, "an adopted process has no supervisor, so its exit code cannot be known"
         return states.PREEMPTED, "exit code unknown, its supervisor was gone"
     if job.get("adopted"):
         return states.DONE, "adopted process ended; its exit code cannot be known"

@@ -14,7 +14,6 @@ or cancelled): that is the spool's `after_any`, not its `after`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -189,6 +188,8 @@ def _read_json(path: Path) -> tuple[list[Any], Optional[int]]:
 def _fingerprint(kind: str, records: list[Any], declared_next: Optional[int]) -> str:
     """sha256 over the content as read (not over what was decided about processes), with keys
     sorted, so a renamed copy of the same file always gives the same value."""
+    import hashlib  # not at the top: every command imports this module for find_legacy
+
     payload = {"kind": kind, "next_id": declared_next, "jobs": records}
     text = json.dumps(payload, sort_keys=True, ensure_ascii=True, default=_plain)
     return hashlib.sha256(("gpuq-legacy-1\n" + text).encode()).hexdigest()

@@ -22,7 +22,18 @@ from typing import Any, Callable, Mapping, Optional
 OUTPUT_CAP = 16 * 1024  # bytes of a hook's output passed on to the log
 TERM_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for a hook that ran out of time
 NOTIFY_TIMEOUT = 5.0
+DEFAULT_TIMEOUT = 30.0
+TIMEOUT_ENV = "GPUQ_HOOK_TIMEOUT"  # seconds an --on-finish command may take (the worker's environment)
 HOOK_VARIABLES = ("GPUQ_JOB_ID", "GPUQ_JOB_NAME", "GPUQ_JOB_STATE", "GPUQ_JOB_EXIT_CODE", "GPUQ_JOB_LOG")
+
+
+def timeout_seconds() -> float:
+    """How long an --on-finish command may run: GPUQ_HOOK_TIMEOUT, else 30 s."""
+    try:
+        value = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    return value if 0 < value <= 3600 else DEFAULT_TIMEOUT
 
 
 def hook_env(job_id: int, name: str, state: str, exit_code: Optional[int], log_path: str) -> dict[str, str]:

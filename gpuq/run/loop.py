@@ -84,7 +84,7 @@ def serve(worker: Worker, watch: bool) -> int:
     finally:
         worker.launcher.close_spare()
         if observer is not None:
-            observer.stop()
+            _stop_observer(observer)
     if worker.stopping:
         _say_left_running(worker)
         return 130 if interrupted["signal"] == signal.SIGINT else 0
@@ -125,6 +125,17 @@ def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any
         return None
     wake.set()  # files that arrived before the observer started produce no event
     return new
+
+
+def _stop_observer(observer: Any) -> None:
+    """Stop watchdog's threads. Its inotify thread can log an error when it wakes up to a stop it
+    raced with ("queue_events() called when the thread is inactive"): harmless, and not ours to
+    print on a user's terminal."""
+    import logging
+
+    logging.getLogger("watchdog").setLevel(logging.CRITICAL)
+    observer.stop()
+    observer.join(timeout=5)
 
 
 def _say_left_running(worker: Worker) -> None:

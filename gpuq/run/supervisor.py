@@ -50,7 +50,13 @@ def _log_line(log_fd: int, text: str) -> None:
     os.write(log_fd, f"=== gpuq: {text}\n".encode("utf-8", "surrogateescape"))  # argv bytes as given
 
 
-def start(spool: Spool, claim: Claim, slot: Optional[str], gpus: Optional[list[int]] = None) -> int:
+def start(
+    spool: Spool,
+    claim: Claim,
+    slot: Optional[str],
+    gpus: Optional[list[int]] = None,
+    hooks: Optional[dict[str, Any]] = None,
+) -> int:
     """Run the claimed job to the end; returns the job's exit code (or -1 if it did not run)."""
     ref = spool.jobs.find(claim.job_id, (PENDING,))
     if ref is None:  # cancelled or already run by someone else since the worker looked
@@ -96,7 +102,9 @@ def start(spool: Spool, claim: Claim, slot: Optional[str], gpus: Optional[list[i
     except OSError as exc:
         reason = f"could not start: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
         _log_line(log_fd, reason)
-        return finish(spool, claim, ref, job, exit_code=127, sig=None, note=reason, log_fd=log_fd, retry=False)
+        code = finish(spool, claim, ref, job, exit_code=127, sig=None, note=reason, log_fd=log_fd, retry=False)
+        _after_end(spool, job["id"], hooks or {})
+        return code
     ident = procs.identity(child.pid)
     me = procs.identity(os.getpid())
     job = spool.jobs.rewrite(ref, job, pid=child.pid, pid_create_time=ident["create_time"], supervisor=me)
@@ -105,7 +113,51 @@ def start(spool: Spool, claim: Claim, slot: Optional[str], gpus: Optional[list[i
     _hold_while_preempted_group_lives(spool, job["id"], child.pid)
     sig = -returncode if returncode < 0 else None
     exit_code = 128 + sig if sig else returncode
-    return finish(spool, claim, ref, job, exit_code=exit_code, sig=sig, note=None, log_fd=log_fd, retry=True)
+    finish(spool, claim, ref, job, exit_code=exit_code, sig=sig, note=None, log_fd=log_fd, retry=True)
+    _after_end(spool, job["id"], hooks or {})
+    return exit_code
+
+
+def _after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
+    """The job's and the worker's hooks, once the job's end is recorded and its claim released:
+    whatever they do (fail, hang), the queue is already as it must be. Their output goes to the
+    worker's log."""
+    found = spool.jobs.find(job_id)
+    if found is None or found.state == PENDING:
+        return  # gone, or back in the queue for a retry: its end is still to come
+    try:
+        job = spool.jobs.load(found)
+    except (FileNotFoundError, schema.InvalidJob):
+        return
+    commands = [c for c in (job.get("on_finish"), worker_hooks.get("on_finish")) if c]
+    notify = job.get("notify") or worker_hooks.get("notify")
+    if not (commands or notify):
+        return
+    from gpuq.run import hooks  # only for jobs that have hooks
+
+    def log(line: str) -> None:
+        _worker_log(spool, f"job #{job_id}: {line}")
+
+    state = found.state
+    log_path = str(spool.logs.path_of(job))
+    timeout = hooks.timeout_seconds()
+    for command in commands:
+        env = hooks.hook_env(job_id, job["name"], state, job.get("exit_code"), log_path)
+        hooks.run_on_finish(command, env, log, timeout)
+    if notify:
+        problem = hooks.notify_desktop(
+            {"id": job_id, "name": job["name"], "state": state, "exit_code": job.get("exit_code")}
+        )
+        if problem:
+            log(f"no desktop notification: {problem}")
+
+
+def _worker_log(spool: Spool, line: str) -> None:
+    fd = spool.logs.open_worker_log()
+    try:
+        os.write(fd, f"[{time.strftime('%H:%M:%S')}] {line}\n".encode("utf-8", "replace"))
+    finally:
+        os.close(fd)
 
 
 def _hold_while_preempted_group_lives(spool: Spool, job_id: int, pgid: int) -> None:
@@ -214,7 +266,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.close(log_fd)
     else:
         job_id, lock_fd, where = int(args["--job"]), int(args["--lock-fd"]), json.loads(args["--where"])
-    start(spool, spool.claims.adopt_descriptor(job_id, lock_fd), where.get("slot"), where.get("gpus"))
+    start(
+        spool, spool.claims.adopt_descriptor(job_id, lock_fd), where.get("slot"), where.get("gpus"), where.get("hooks")
+    )
     return 0
 
 

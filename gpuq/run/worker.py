@@ -51,6 +51,12 @@ class Settings:
 
     gpus: Optional[list[str]] = None  # --gpus: the GPUs (or, without GPUs, the slots) it uses; None: all
     foreign_threshold_mib: int = placement.DEFAULT_FOREIGN_THRESHOLD_MIB  # --foreign-mem-threshold
+    notify: bool = False  # --notify: a desktop notification when any job ends
+    on_finish: Optional[str] = None  # --on-finish CMD: run when any job ends
+
+    def hooks(self) -> dict[str, Any]:
+        """What every job's supervisor does when its job ends, besides the job's own hooks."""
+        return {"notify": self.notify, "on_finish": self.on_finish}
 
 
 class Worker:
@@ -207,7 +213,7 @@ class Worker:
         if claim is None:
             return False  # another worker (or a cancel) got there first
         try:
-            process = self.launcher.launch(claim, where.slot, where.gpus)
+            process = self.launcher.launch(claim, where.slot, where.gpus, self.settings.hooks())
         except OSError as exc:
             claim.release()
             self.say(f"job #{job['id']}: could not start its supervisor: {exc}")

@@ -10,7 +10,8 @@ spool_layout.md is the contract it implements. In short:
 A Spool is composed of small parts, one module each, that share only the Layout (paths) and Files
 (atomic writes) below them: `spool.jobs` (job files), `spool.ids`, `spool.claims`,
 `spool.control` (requests to supervisors), `spool.workers` (registry), `spool.logs`,
-`spool.reports` (progress files and samples), `spool.cache`, `spool.dropbox` (hand-dropped files).
+`spool.reports` (progress files and samples), `spool.cache`, `spool.dropbox` (hand-dropped files),
+`spool.imports` (queues imported from the original gpuq).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from gpuq.spool.dropbox import Dropbox
 from gpuq.spool.errors import SpoolError, SpoolFull
 from gpuq.spool.files import Files
 from gpuq.spool.ids import IdCounter
+from gpuq.spool.imports import ImportRecords
 from gpuq.spool.layout import Layout, default_home
 from gpuq.spool.logs import Logs
 from gpuq.spool.reports import Reports
@@ -62,6 +64,7 @@ class Spool:
         self.reports = Reports(self.layout, self.files)
         self.cache = Caches(self.layout, self.files)
         self.dropbox = Dropbox(self.layout, self.files)
+        self.imports = ImportRecords(self.layout, self.files)
 
     def ensure(self) -> Spool:
         """Create the tree on first use and refuse one that others could write into."""

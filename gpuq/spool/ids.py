@@ -20,14 +20,16 @@ class IdCounter:
     def __init__(self, layout: Layout, files: Files, store: JobStore):
         self.layout, self.files, self.store = layout, files, store
 
-    def allocate(self, count: int = 1) -> int:
-        """The next job id; with `count`, the first of that many consecutive ids, all reserved."""
+    def allocate(self, count: int = 1, at_least: int = 1) -> int:
+        """The next job id; with `count`, the first of that many consecutive ids, all reserved.
+        With `at_least`, the counter first moves up to that id (ids below it stay unused)."""
         fd = os.open(self.layout.top_file("ids.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             next_id = max(self._stored(), _number(os.pread(fd, 32, 0)), 1)
             if next_id == 1:  # no record at all: rebuilt from what the tree holds
                 next_id = self._highest_in_tree() + 1
+            next_id = max(next_id, at_least)
             after = f"{next_id + count}\n".encode()
             self.files.replace(self.layout.top_file("next_id"), after, "id")
             _overwrite(fd, after)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gpuq.core.states import SOURCE_IMPORTED
 from gpuq.spool.files import read_from, tail, unlink_quietly
 from gpuq.spool.layout import Layout
 
@@ -22,8 +23,11 @@ class Logs:
         self.layout = layout
 
     def path_of(self, job: dict[str, Any]) -> Path:
-        """Where the job's output is: the spool's log, or an adopted process's own file."""
-        if job.get("adopted") and job.get("log"):
+        """Where the job's output is: the spool's log, or the file named by its `log` field for
+        an adopted process (the file it writes) and a job imported from the original gpuq (its
+        old log), which gpuq reads but never writes."""
+        own = job.get("adopted") or str(job.get("source", "")).startswith(SOURCE_IMPORTED)
+        if own and job.get("log"):
             return Path(job["log"])
         return self.layout.log_path(job["id"])
 

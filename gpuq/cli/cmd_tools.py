@@ -1,0 +1,109 @@
+"""`gpuq import`, `skill`, `service` and `completion`: what connects gpuq to the rest of the day."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gpuq.cli.common import spool
+from gpuq.core.errors import Refused
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from gpuq.engine import importer, legacy
+
+    sp = spool()  # a queue lying in the spool itself has just been imported by this
+    if args.path is None:
+        found = legacy.find_legacy(sp.home)
+        if found is None:
+            print(f"no queue of the original gpuq in {sp.home} (gpuq.db or queue.json); give its path")
+            return 0
+        path = found
+    else:
+        path = Path(args.path).expanduser().absolute()
+    report = importer.import_queue(sp, path)
+    print("\n".join(report.lines()))
+    return 0
+
+
+def _skill_text() -> str:
+    """The skill as shipped in the package (gpuq/skill/gpuq.md), or from a checkout's skill/."""
+    import gpuq
+
+    package = Path(gpuq.__file__).resolve().parent
+    for candidate in (package / "skill" / "gpuq.md", package.parent / "skill" / "gpuq.md"):
+        if candidate.is_file():
+            return candidate.read_text(encoding="utf-8")
+    raise Refused("the skill file is missing from this installation (gpuq/skill/gpuq.md)")
+
+
+def cmd_skill(args: argparse.Namespace) -> int:
+    text = _skill_text()
+    if args.action == "show":
+        sys.stdout.write(text)
+        return 0
+    from gpuq.system import installs
+
+    dest = Path(args.dest).expanduser() if args.dest else Path.home() / ".claude" / "commands"
+    result = installs.install(dest / "gpuq.md", text, force=args.force)
+    print(result.summary())
+    if result.action != "kept":
+        print("in Claude Code, `/gpuq show the queue` (or /gpuq 看看队列) now runs it")
+    return 0
+
+
+def cmd_service(args: argparse.Namespace) -> int:
+    from gpuq.run import service
+
+    dest = Path(args.dest).expanduser() if args.dest else None
+    if dest is None:  # writing elsewhere (--dest) is allowed anywhere, e.g. to look at the unit
+        problem = service.supported()
+        if problem:
+            raise Refused(f"a systemd user service is not supported here: {problem}")
+    if args.action == "install":
+        result = service.install(dest, spool_home=str(spool().home), recover=args.recover, force=args.force)
+    else:
+        result = service.uninstall(dest, force=args.force)
+    print(result.summary)
+    for command in result.commands:
+        print(f"  {command}")
+    if args.action == "install":
+        print(f"  ({service.LINGER_WHY})")
+    return 0
+
+
+ID_ARGUMENTS = ("id", "ids", "jobs")  # positional and option arguments that take job ids
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """A completion script generated from gpuq's own parser by shtab; job ids complete from the
+    spool (`gpuq _ids`) wherever an id is expected."""
+    import shtab
+
+    from gpuq.cli.parser import build_parser
+
+    parser = build_parser()
+    ids = shtab.cmd("gpuq _ids 2>/dev/null")
+    for action in _all_actions(parser):
+        if action.dest in ID_ARGUMENTS:
+            action.complete = ids  # type: ignore[attr-defined]
+    sys.stdout.write(shtab.complete(parser, shell=args.shell))
+    return 0
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    out = []
+    for action in parser._actions:
+        out.append(action)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += _all_actions(sub)
+    return out
+
+
+def cmd_ids(_args: argparse.Namespace) -> int:
+    """The ids of every job, one a line (for shell completion; names only, nothing parsed)."""
+    sp = spool()
+    print("\n".join(str(ref.id) for ref in sp.jobs.refs()))
+    return 0

@@ -1,0 +1,33 @@
+"""Records of queues imported from the original gpuq (imports/FINGERPRINT.json), so that the same
+queue is never imported twice, whatever its file is called by then."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Optional
+
+from gpuq.spool.files import Files, read_small
+from gpuq.spool.layout import Layout
+
+FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16,128}$")
+
+
+class ImportRecords:
+    def __init__(self, layout: Layout, files: Files):
+        self.layout, self.files = layout, files
+
+    def find(self, fingerprint: str) -> Optional[dict[str, Any]]:
+        if not FINGERPRINT_RE.match(fingerprint):
+            return None
+        data = read_small(self.layout.import_path(fingerprint), mine=True)
+        try:
+            record = json.loads(data) if data else None
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) else None
+
+    def write(self, fingerprint: str, record: dict[str, Any]) -> None:
+        if not FINGERPRINT_RE.match(fingerprint):
+            raise ValueError(f"not a fingerprint: {fingerprint!r}")
+        self.files.replace(self.layout.import_path(fingerprint), json.dumps(record, indent=2).encode(), "import")
