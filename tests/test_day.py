@@ -203,7 +203,9 @@ def test_run_without_its_dependencies_is_one_line_and_the_job_stays(gq: Env, tmp
     python = str(bare / "bin" / "python")
     env = dict(gq.env, PYTHONPATH=str(REPO))
     gq.script("t.py", "")
-    added = subprocess.run([python, "-m", "gpuq", "add", "-q", "t.py"], cwd=gq.work, env=env, capture_output=True, text=True)
+    added = subprocess.run(
+        [python, "-m", "gpuq", "add", "-q", "t.py"], cwd=gq.work, env=env, capture_output=True, text=True
+    )
     assert added.returncode == 0, added.stderr  # add needs nothing beyond the standard library
     run = subprocess.run([python, "-m", "gpuq", "run"], cwd=gq.work, env=env, capture_output=True, text=True)
     assert run.returncode == 1 and len(run.stderr.splitlines()) == 1 and "Traceback" not in run.stderr

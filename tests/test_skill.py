@@ -95,8 +95,9 @@ def test_an_unchanged_older_copy_is_updated(gq: Env, tmp_path: Path) -> None:
 def test_the_built_package_carries_the_skill(tmp_path: Path) -> None:
     """What `pip install .` puts in site-packages, without a checkout beside it."""
     target = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), "."],
+        [*pip, "--target", str(target), "."],
         cwd=REPO,
         check=True,
         capture_output=True,
