@@ -11,6 +11,9 @@ Options: --output_dir D  --max_steps M  --save_steps K  --step_time S (its own p
   --child_ignoring_sigterm  start a child in the same process group that ignores SIGTERM;
                           its pid goes to D/child.pid
   --style hf|epoch
+  --fail_at N             exit 1 right after step N (a crash); with --fail_once only in the first run
+                          in this output dir
+  --partial_save_at N     at step N leave checkpoint-N/ cut short (weights, no trainer_state.json)
 Each run appends its first and last step to D/runs.txt ("start END" lines) for the tests.
 """
 
@@ -26,7 +29,8 @@ import time
 
 def parse(argv: list[str]) -> dict:
     opts = {"output_dir": "out", "max_steps": 100, "save_steps": 10, "step_time": 0.05, "style": "hf"}
-    flags = {"save_on_sigterm", "ignore_sigterm", "child_ignoring_sigterm"}
+    opts.update(fail_at=0, partial_save_at=0)
+    flags = {"save_on_sigterm", "ignore_sigterm", "child_ignoring_sigterm", "fail_once"}
     opts.update({f: False for f in flags})
     opts["resume"] = None
     i = 0
@@ -79,6 +83,14 @@ def start_step(opts: dict) -> int:
         return int(json.load(fh)["global_step"])
 
 
+def crash_now(opts: dict) -> bool:
+    marker = os.path.join(opts["output_dir"], "crashed-once")
+    if opts["fail_once"] and os.path.exists(marker):
+        return False
+    open(marker, "w").close()
+    return True
+
+
 def main() -> int:
     opts = parse(sys.argv[1:])
     os.makedirs(opts["output_dir"], exist_ok=True)
@@ -100,6 +112,15 @@ def main() -> int:
         print(f"Step {step}/{opts['max_steps']}", flush=True)
         if step % opts["save_steps"] == 0:
             save(opts, step)
+        if step == opts["partial_save_at"]:
+            os.makedirs(os.path.join(opts["output_dir"], f"checkpoint-{step}"), exist_ok=True)
+            with open(os.path.join(opts["output_dir"], f"checkpoint-{step}", "model.safetensors"), "w") as fh:
+                fh.write("half")
+        if step == opts["fail_at"] and crash_now(opts):
+            with open(os.path.join(opts["output_dir"], "runs.txt"), "a") as fh:
+                fh.write(f"{first} {step} crashed\n")
+            print(f"crashed at step {step}", flush=True)
+            return 1
         if stop["requested"]:
             save(opts, step)
             print(f"SIGTERM: saved checkpoint at step {step}", flush=True)

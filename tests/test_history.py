@@ -1,5 +1,5 @@
 """gpuq.engine.history (pure, over hand-built job dicts with known durations) and the timeline
-picture of gpuq.engine.history_plot (real PNG and SVG files, read back)."""
+picture of gpuq.cli.plot (real PNG and SVG files, read back)."""
 
 from __future__ import annotations
 
@@ -258,7 +258,7 @@ def svg_ids(path: Path) -> list[str]:
 
 
 def test_plot_svg_has_one_bar_per_run_and_lane(tmp_path: Path) -> None:
-    plot = pytest.importorskip("gpuq.engine.history_plot", reason="needs matplotlib (gpuq-spool[plot])")
+    plot = pytest.importorskip("gpuq.cli.plot", reason="needs matplotlib (gpuq-spool[plot])")
     pytest.importorskip("matplotlib", reason="needs matplotlib (gpuq-spool[plot])")
     runs = history.runs(timeline_jobs())
     assert plot.lane_order(runs) == ["0", "1", "2", "machine", "cpu"]
@@ -276,7 +276,7 @@ def test_plot_svg_has_one_bar_per_run_and_lane(tmp_path: Path) -> None:
 
 
 def test_plot_png_is_a_real_png(tmp_path: Path) -> None:
-    plot = pytest.importorskip("gpuq.engine.history_plot", reason="needs matplotlib (gpuq-spool[plot])")
+    plot = pytest.importorskip("gpuq.cli.plot", reason="needs matplotlib (gpuq-spool[plot])")
     image = pytest.importorskip("matplotlib.image", reason="needs matplotlib (gpuq-spool[plot])")
     runs = history.runs(timeline_jobs())
     path = tmp_path / "timeline.PNG"  # the suffix is case-insensitive
@@ -287,7 +287,7 @@ def test_plot_png_is_a_real_png(tmp_path: Path) -> None:
 
 
 def test_plot_with_no_runs_is_a_valid_picture(tmp_path: Path) -> None:
-    plot = pytest.importorskip("gpuq.engine.history_plot", reason="needs matplotlib (gpuq-spool[plot])")
+    plot = pytest.importorskip("gpuq.cli.plot", reason="needs matplotlib (gpuq-spool[plot])")
     image = pytest.importorskip("matplotlib.image", reason="needs matplotlib (gpuq-spool[plot])")
     plot.plot([], str(tmp_path / "empty.png"))
     assert image.imread(str(tmp_path / "empty.png")).shape[:2] == (205, 1200)
@@ -297,7 +297,7 @@ def test_plot_with_no_runs_is_a_valid_picture(tmp_path: Path) -> None:
 
 
 def test_plot_thousands_of_runs(tmp_path: Path) -> None:
-    plot = pytest.importorskip("gpuq.engine.history_plot", reason="needs matplotlib (gpuq-spool[plot])")
+    plot = pytest.importorskip("gpuq.cli.plot", reason="needs matplotlib (gpuq-spool[plot])")
     pytest.importorskip("matplotlib", reason="needs matplotlib (gpuq-spool[plot])")
     jobs = [
         (
@@ -312,10 +312,10 @@ def test_plot_thousands_of_runs(tmp_path: Path) -> None:
 
 
 def test_plot_refuses_other_formats(tmp_path: Path) -> None:
-    from gpuq.engine import history_plot  # importing it must not need matplotlib
+    from gpuq.engine import plot  # importing it must not need matplotlib
 
     with pytest.raises(ValueError, match=r"must end in \.png or \.svg"):
-        history_plot.plot([], str(tmp_path / "timeline.pdf"))
+        plot.plot([], str(tmp_path / "timeline.pdf"))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -329,7 +329,7 @@ def test_missing_matplotlib_names_the_extra(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "sys.modules['matplotlib'] = None  # as if it were not installed\n"
-        "from gpuq.engine.history_plot import plot, PlotUnavailable\n"
+        "from gpuq.cli.plot import plot, PlotUnavailable\n"
         "from gpuq.core.errors import GpuqError\n"
         "try:\n"
         f"    plot([], {str(out)!r})\n"
@@ -350,7 +350,7 @@ def test_missing_matplotlib_names_the_extra(tmp_path: Path) -> None:
 def test_history_modules_do_not_import_matplotlib() -> None:
     code = (
         "import sys\n"
-        "import gpuq.engine.history, gpuq.engine.history_plot\n"
+        "import gpuq.engine.history, gpuq.cli.plot\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'numpy')))\n"
     )
     proc = child_python(code)
@@ -359,7 +359,7 @@ def test_history_modules_do_not_import_matplotlib() -> None:
 
 @pytest.mark.parametrize(
     ("module", "allowed"),
-    [("history.py", {"gpuq.core"}), ("history_plot.py", {"gpuq.core", "gpuq.engine.history"})],
+    [("history.py", {"gpuq.core"}), ("plot.py", {"gpuq.core", "gpuq.engine.history"})],
 )
 def test_imports_only_core_and_history(module: str, allowed: set) -> None:
     tree = ast.parse((REPO / "gpuq" / "engine" / module).read_text())

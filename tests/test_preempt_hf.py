@@ -161,3 +161,48 @@ def test_hf_trainer_with_gpuq_preempt_callback_loses_nothing(gq) -> None:
     assert state["global_step"] == ckpt
     assert final["state"] == "done", final.get("note")
     assert attempts[-1][0] == ckpt + 1 and attempts[-1][-1] == 40
+
+
+def test_hf_trainer_killed_with_its_supervisor_continues_from_its_own_checkpoint(gq) -> None:
+    """Issue 13's reboot case with a real Trainer: the job and its supervisor die at once; `gpuq
+    recover` continues it from its newest complete checkpoint, not from one a crash cut short and
+    not from a stale checkpoint an earlier run left in the same output directory."""
+    import os
+    import signal
+    import time
+
+    stale = gq.work / "out" / "checkpoint-35"  # an earlier run's, an hour old: loading it would fail
+    stale.mkdir(parents=True)
+    (stale / "trainer_state.json").write_text('{"global_step": 35}')
+    old = time.time() - 3600
+    os.utime(stale / "trainer_state.json", (old, old))
+    os.utime(stale, (old, old))
+    (gq.work / "train.py").write_text(TRAIN)
+    gq.env.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    args = ["--output_dir", "out", "--max_steps", "40", "--save_steps", "10", *COMMON]
+    jid = gq.add("-p", sys.executable, "train.py", *args)
+    worker = gq.start_worker("--watch")
+
+    def steps_now() -> int:
+        attempts = attempt_steps(gq.log(jid))
+        return attempts[-1][-1] if attempts and attempts[-1] else 0
+
+    wait_for(lambda: steps_now() >= 23 and gq.job(jid).get("supervisor"), 120, interval=0.1, what="step 23")
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(15)
+    job = gq.job(jid)
+    os.kill(job["supervisor"]["pid"], signal.SIGKILL)
+    os.killpg(job["pid"], signal.SIGKILL)
+    cut = gq.work / "out" / "checkpoint-30"  # as if it died while saving: weights, no trainer_state.json
+    cut.mkdir()
+    (cut / "model.safetensors").write_bytes(b"half")
+    wait_for(lambda: gq.gpuq("status") and gq.state_of(jid) == "interrupted", 30, what="the job to be interrupted")
+    out = gq.gpuq("recover", "--all").stdout
+    assert "continues from checkpoint-20" in out
+    gq.gpuq("run", timeout=240)
+    final = gq.job(jid)
+    assert final["state"] == "done", gq.log(jid)[-2000:]
+    attempts = attempt_steps(gq.log(jid))
+    assert attempts[-1][0] == 21 and attempts[-1][-1] == 40
+    assert "finished at global step 40" in gq.log(jid)
+    assert final["history"][-1]["resumed_from"] == str(gq.work / "out" / "checkpoint-20")

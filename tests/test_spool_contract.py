@@ -60,5 +60,6 @@ def test_tree_table_is_what_the_spool_creates(tmp_path: Path) -> None:
         pass
     with spool.adopt_lock():
         pass
+    spool.files.keep_emergency_room()
     created = {p.name for p in spool.home.iterdir() if p.is_file()}
     assert created == files

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuq.cli.common import spool
-from gpuq.core import schema
-from gpuq.core.errors import UsageError
-from gpuq.core.timespec import parse_size_mib
+from gpuq.core import schema, sweep
+from gpuq.core.errors import Refused, UsageError
+from gpuq.core.states import HELD, PENDING
+from gpuq.core.timespec import parse_size_bytes, parse_size_mib
 from gpuq.engine import actions, enqueue, gpuview
 from gpuq.system import procs
 
@@ -28,14 +29,15 @@ def cmd_add(args: argparse.Namespace) -> int:
             schema.check_name(args.name)
         except schema.InvalidJob as exc:
             raise UsageError(f"--name: {exc}") from None
-    cmd, venv = enqueue.resolve_command(args.script, args.args, cwd, args.python)
-    cmd, options = _preempt_options(args, cmd, venv)  # before env is read: it may add to it
-    options.update(_gpu_options(args), notify=args.notify, on_finish=args.on_finish)
-    _ref, job = enqueue.enqueue(
+    variants, venv = _variants(args, cwd)
+    options = _preempt_options(args, variants, venv)  # before env is read: it may add to it
+    options.update(_gpu_options(args), notify=args.notify, on_finish=args.on_finish, no_resume=args.no_resume)
+    if args.max_log_size is not None:
+        options["max_log_bytes"] = _bytes(args.max_log_size, "--max-log-size")
+    published = enqueue.enqueue_many(
         spool(),
-        cmd=cmd,
+        variants,
         cwd=cwd,
-        name=args.name,
         venv=venv,
         env=dict(args.env),
         shell_env=dict(os.environ),
@@ -45,18 +47,40 @@ def cmd_add(args: argparse.Namespace) -> int:
         priority=args.priority,
         options=options,
         umask=user_umask,
+        state=HELD if args.hold else PENDING,
     )
-    if args.quiet:
-        print(job["id"])
-        return 0
-    deps = job["after"] + job["after_any"]
-    print(f"[+] Job #{job['id']}: {job['name']}" + (f"  after {', '.join(f'#{d}' for d in deps)}" if deps else ""))
+    for _ref, job in published:
+        if args.quiet:
+            print(job["id"])
+            continue
+        deps = job["after"] + job["after_any"]
+        after = f"  after {', '.join(f'#{d}' for d in deps)}" if deps else ""
+        print(f"[+] Job #{job['id']}: {job['name']}{after}{'  (held)' if args.hold else ''}")
     return 0
 
 
-def _preempt_options(args: argparse.Namespace, cmd: list[str], venv: Optional[str]) -> tuple[list[str], dict[str, Any]]:
-    """The command and job fields for --urgent/--preemptible/--ckpt-glob/--resume-arg
-    (--preemptible may add a flag to the command and GPUQ_PREEMPTIBLE=1 to args.env)."""
+def _variants(args: argparse.Namespace, cwd: Path) -> tuple[list[enqueue.Variant], Optional[str]]:
+    """The job to queue, or with --sweep one per combination of values: its command resolved (the
+    interpreter, the venv), its name, and its sweep values. Nothing is queued if any is wrong."""
+    words = [args.script, *args.args]
+    if not args.sweep:
+        cmd, venv = enqueue.resolve_command(words[0], words[1:], cwd, args.python)
+        return [enqueue.Variant(cmd, args.name)], venv
+    try:
+        combinations = sweep.expand([sweep.parse_sweep(text) for text in args.sweep], words, allow_more=args.yes)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    variants, venv = [], None
+    for combination in combinations:
+        cmd, venv = enqueue.resolve_command(combination.words[0], combination.words[1:], cwd, args.python)
+        name = sweep.sweep_name(args.name or enqueue.default_name(cwd, cmd), combination.values)
+        variants.append(enqueue.Variant(cmd, name, {"sweep": {"id": 0, "values": combination.values}}))
+    return variants, venv
+
+
+def _preempt_options(args: argparse.Namespace, variants: list[enqueue.Variant], venv: Optional[str]) -> dict[str, Any]:
+    """The job fields for --urgent/--preemptible/--ckpt-glob/--resume-arg (--preemptible may add a
+    flag to the commands and GPUQ_PREEMPTIBLE=1 to args.env)."""
     options: dict[str, Any] = {"urgent": args.urgent, "preemptible": args.preemptible, "ckpt_glob": args.ckpt_glob}
     if args.resume_arg is not None:
         from gpuq.core.resume_arg import check_resume_arg
@@ -68,11 +92,13 @@ def _preempt_options(args: argparse.Namespace, cmd: list[str], venv: Optional[st
     if args.preemptible:
         from gpuq.engine import hf
 
-        cmd, message = hf.make_preemptible(cmd, venv)
+        message = ""
+        for variant in variants:
+            variant.cmd, message = hf.make_preemptible(variant.cmd, venv)
         args.env.append((hf.PREEMPTIBLE_ENV, "1"))
         if not args.quiet:
             print(f"preemptible: {message}")
-    return cmd, options
+    return options
 
 
 def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -91,11 +117,72 @@ def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"gpu_request": args.gpus, "gpu_mem_mib": mem}
 
 
+def _bytes(text: str, flag: str) -> int:
+    try:
+        return parse_size_bytes(text, flag)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     for job_id in args.ids:
         job = actions.cancel(spool(), job_id)
         print(f"[-] Job #{job_id}: {job['name']} cancelled")
     return 0
+
+
+def cmd_hold(args: argparse.Namespace) -> int:
+    for job_id in [i for ids in args.ids for i in ids]:
+        job = actions.hold(spool(), job_id)
+        print(f"[=] Job #{job_id}: {job['name']} held (`gpuq release {job_id}` puts it back in line)")
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    for job_id in [i for ids in args.ids for i in ids]:
+        job = actions.release(spool(), job_id)
+        print(f"[+] Job #{job_id}: {job['name']} back in line")
+    return 0
+
+
+def cmd_edit(args: argparse.Namespace) -> int:
+    from gpuq.engine import edit
+
+    sp = spool()
+    fields, rev = edit.read(sp, args.id)
+    changed = edit.with_pairs(fields, args.set) if args.set else _in_editor(fields, args.id)
+    if changed == fields:
+        print(f"job #{args.id}: nothing changed")
+        return 0
+    job = edit.apply(sp, args.id, changed, rev)
+    print(f"[~] Job #{args.id}: {job['name']} changed: " + ", ".join(k for k in changed if changed[k] != fields.get(k)))
+    return 0
+
+
+def _in_editor(fields: dict[str, Any], job_id: int) -> dict[str, Any]:
+    """`fields` as edited by the person in $VISUAL or $EDITOR (a copy in a temporary file)."""
+    import json
+    import shlex
+    import subprocess
+    import tempfile
+
+    editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+    with tempfile.TemporaryDirectory(prefix="gpuq-edit-") as tmp:
+        path = Path(tmp) / f"job-{job_id}.json"
+        path.write_text(json.dumps(fields, indent=2, ensure_ascii=False) + "\n")
+        try:
+            code = subprocess.call([*shlex.split(editor), str(path)])
+        except OSError as exc:
+            raise UsageError(f"cannot run the editor {editor!r}: {exc.strerror or exc}") from None
+        if code != 0:
+            raise UsageError(f"the editor exited with {code}; job #{job_id} not changed")
+        try:
+            edited = json.loads(path.read_text())
+        except ValueError as exc:
+            raise Refused(f"job #{job_id} not changed: the edited file is not JSON: {exc}") from None
+    if not isinstance(edited, dict):
+        raise Refused(f"job #{job_id} not changed: the edited file must hold a JSON object")
+    return edited
 
 
 def cmd_kill(args: argparse.Namespace) -> int:
@@ -109,14 +196,18 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
 def cmd_retry(args: argparse.Namespace) -> int:
     for job_id in args.ids:
-        job = actions.retry(spool(), job_id)
-        print(f"[+] Job #{job_id}: {job['name']} back in the queue")
+        job, how = actions.retry(spool(), job_id, args.from_scratch)
+        print(f"[+] Job #{job_id}: {job['name']} back in the queue: {how.text()}")
     return 0
 
 
-def cmd_clear(_args: argparse.Namespace) -> int:
-    report = actions.clear(spool())
-    print(f"removed {len(report.removed)} finished job(s)")
+def cmd_clear(args: argparse.Namespace) -> int:
+    report = actions.clear(spool(), logs_only=args.logs)
+    freed = f"{report.freed_bytes / (1 << 20):.1f} MiB"
+    if args.logs:
+        print(f"dropped the logs of {len(report.logs_dropped)} finished job(s), freeing {freed}")
+        return 0
+    print(f"removed {len(report.removed)} finished job(s), freeing {freed}")
     if report.kept_for_dependents:
         print("kept (waiting jobs depend on them): " + ", ".join(f"#{i}" for i in sorted(report.kept_for_dependents)))
     return 0
@@ -125,18 +216,22 @@ def cmd_clear(_args: argparse.Namespace) -> int:
 def cmd_recover(args: argparse.Namespace) -> int:
     sp = spool()
     if args.all or args.jobs:
-        jobs_back = actions.recover(sp, None if args.all else args.jobs)
-        print(f"Re-queued {len(jobs_back)} job(s)." + (" Run `gpuq run` to execute." if jobs_back else ""))
+        back = actions.recover(sp, None if args.all else args.jobs, args.from_scratch)
+        for job, how in back:
+            print(f"  #{job['id']} {job['name']}: {how.text()}")
+        print(f"Re-queued {len(back)} job(s)." + (" Run `gpuq run` to execute." if back else ""))
         return 0
-    found = actions.interrupted(sp)
-    if not found:
+    plans = actions.recovery_plans(sp, args.from_scratch)
+    if not plans:
         print("no interrupted jobs")
         return 0
-    for job in found:
-        print(f"  #{job['id']} {job['name']}: {job.get('note') or 'interrupted'}")
+    for job, how in plans:  # what will happen, before it happens
+        print(f"  #{job['id']} {job['name']}: {how.text()}  ({job.get('note') or 'interrupted'})")
     if not sys.stdin.isatty():
-        print(f"would re-queue {len(found)} job(s); run `gpuq recover --all` (or --jobs ID...) to do it")
+        flag = " --from-scratch" if args.from_scratch else ""
+        print(f"would re-queue {len(plans)} job(s); run `gpuq recover --all{flag}` (or --jobs ID...) to do it")
         return 0
-    if input(f"Re-queue these {len(found)} job(s)? [y/N] ").strip().lower() in ("y", "yes"):
-        print(f"Re-queued {len(actions.recover(sp, [j['id'] for j in found]))} job(s).")
+    if input(f"Re-queue these {len(plans)} job(s)? [y/N] ").strip().lower() in ("y", "yes"):
+        back = actions.recover(sp, [job["id"] for job, _how in plans], args.from_scratch)
+        print(f"Re-queued {len(back)} job(s).")
     return 0

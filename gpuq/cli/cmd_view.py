@@ -36,6 +36,8 @@ JSON_FIELDS = (
     "checkpoint",
     "resumed_from",
     "resumed_from_step",
+    "lost_steps",
+    "no_resume",
     "preemptions",
     "gpu_request",
     "gpu_mem_mib",
@@ -75,13 +77,16 @@ def _status_once(args: argparse.Namespace) -> int:
     if st.gpus is not None:
         print("\n".join(render.gpu_lines(st.gpus)))
     if st.rows:
-        print("\n".join(render.status_table(st.rows)))
+        rows = st.rows if args.all else render.group_sweeps(st.rows)
+        print("\n".join(render.status_table(rows)))
     else:
         print("no jobs")
     if st.hidden_finished:
         print(f"({st.hidden_finished} older finished job(s) hidden; `gpuq status -a` shows all)")
     for name in st.dropped:
         print(f"pending/{security.display(name)}: dropped file, not taken in yet (a worker takes it in)")
+    for warning in st.warnings:
+        print(f"warning: {warning}")
     return 0
 
 
@@ -133,8 +138,11 @@ def cmd_log(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     """The job's file and state. The environment inherited from the shell that queued it (tens of
     variables, tokens included) is summed up unless asked for: --env lists it, --json is the file."""
-    ref, job = actions.get(spool(), args.id)
+    sp = spool()
+    ref, job = actions.get(sp, args.id)
     shown = dict(job, state=ref.state, file=ref.name)
+    if isinstance(job.get("sweep"), dict):
+        shown["sweep_jobs"] = actions.sweep_jobs(sp, job["sweep"]["id"])
     inherited = job.get("shell_env")
     if args.env:
         shown = {"env": job.get("env"), "shell_env": inherited}

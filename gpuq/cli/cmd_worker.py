@@ -6,7 +6,7 @@ import argparse
 
 from gpuq.cli.common import spool
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.timespec import parse_size_mib
+from gpuq.core.timespec import parse_size_bytes, parse_size_mib
 from gpuq.engine import actions
 
 RUN_NEEDS = ("psutil", "watchdog")  # what the worker and the supervisors import
@@ -20,9 +20,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else None
     if args.gpus is not None and not gpus:
         raise UsageError("--gpus needs a list such as 0 or 0,1")
-    settings = Settings(gpus=gpus, notify=args.notify, on_finish=args.on_finish)
+    settings = Settings(gpus=gpus, notify=args.notify, on_finish=args.on_finish, recover=args.recover)
     if args.foreign_mem_threshold is not None:
         settings.foreign_threshold_mib = _size_mib(args.foreign_mem_threshold, "--foreign-mem-threshold")
+    if args.max_log_size is not None:
+        try:
+            settings.max_log_bytes = parse_size_bytes(args.max_log_size, "--max-log-size")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     sp = spool()
     if args.daemon:
         pid = daemon.start_background(sp, _run_options(args))
@@ -55,10 +60,12 @@ def _check_dependencies() -> None:
 def _run_options(args: argparse.Namespace) -> list[str]:
     """The options of `gpuq run --daemon` that the background worker must get too."""
     out = ["--notify"] if args.notify else []
+    out += ["--recover"] if args.recover else []
     for flag, value in (
         ("--gpus", args.gpus),
         ("--foreign-mem-threshold", args.foreign_mem_threshold),
         ("--on-finish", args.on_finish),
+        ("--max-log-size", args.max_log_size),
     ):
         if value is not None:
             out += [flag, value]

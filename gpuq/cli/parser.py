@@ -21,13 +21,13 @@ class Parser(argparse.ArgumentParser):
 
 
 def _ids(text: str) -> list[int]:
+    """Job ids: `12`, `3,5`, ranges `12-17` (a whole sweep)."""
+    from gpuq.core.sweep import parse_id_ranges
+
     try:
-        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a job id: {text!r}") from None
-    if not ids or any(i <= 0 for i in ids):
-        raise argparse.ArgumentTypeError(f"not a job id: {text!r}")
-    return ids
+        return parse_id_ranges(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -90,7 +90,7 @@ def build_parser() -> Parser:
             action="append",
             default=[],
             metavar="ID",
-            help="start only after job ID finished successfully (repeatable, or ID,ID)",
+            help="start only after job ID finished successfully (repeatable, ID,ID, or a range 12-17)",
         )
         p.add_argument(
             "--after-any",
@@ -102,6 +102,15 @@ def build_parser() -> Parser:
         )
         p.add_argument("--retries", type=int, default=0, metavar="N", help="run again up to N times if it fails")
         p.add_argument(
+            "--sweep",
+            action="append",
+            default=[],
+            metavar="NAME=V1,V2",
+            help="one job per value (repeat for a product of lists); {NAME} in the arguments takes the value",
+        )
+        p.add_argument("--yes", action="store_true", help="with --sweep: queue more than 1,000 jobs")
+        p.add_argument("--hold", action="store_true", help="queue it held: it starts only after `gpuq release`")
+        p.add_argument(
             "--gpus",
             type=_count,
             default=1,
@@ -109,6 +118,11 @@ def build_parser() -> Parser:
             help="how many GPUs it needs (default 1; 0: a CPU job, which runs beside GPU jobs)",
         )
         p.add_argument("--notify", action="store_true", help="a desktop notification when it ends (notify-send)")
+        p.add_argument(
+            "--max-log-size",
+            metavar="SIZE",
+            help="cap its log (e.g. 1G): keep its head and newest tail, cut the middle",
+        )
         p.add_argument(
             "--on-finish",
             metavar="CMD",
@@ -131,6 +145,11 @@ def build_parser() -> Parser:
             help="save a checkpoint when preempted (HF Trainer >= 5: adds --enable_jit_checkpoint true)",
         )
         p.add_argument("--ckpt-glob", metavar="GLOB", help="where its checkpoints are (default: HF checkpoint-N)")
+        p.add_argument(
+            "--no-resume",
+            action="store_true",
+            help="never continue it from its checkpoints (recover, retry and resume start it over)",
+        )
         p.add_argument(
             "--resume-arg",
             metavar="TEMPLATE",
@@ -165,7 +184,13 @@ def build_parser() -> Parser:
         metavar="SIZE",
         help="memory that processes outside gpuq may hold on a GPU before a whole-GPU job waits for it (default 1G)",
     )
+    p.add_argument(
+        "--recover",
+        action="store_true",
+        help="first put interrupted jobs back in the queue (after a reboot), each from its newest checkpoint",
+    )
     p.add_argument("--notify", action="store_true", help="a desktop notification whenever a job ends")
+    p.add_argument("--max-log-size", metavar="SIZE", help="cap every job's log (a job's own cap comes first)")
     p.add_argument("--on-finish", metavar="CMD", help="a shell command run whenever a job ends (see `add --on-finish`)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func="cmd_worker:cmd_run")
@@ -207,12 +232,33 @@ def build_parser() -> Parser:
             "stop a running job (SIGTERM to its process group, SIGKILL after a grace period)",
             "cmd_queue:cmd_kill",
         ),
-        ("retry", "put a failed or cancelled job back in the queue", "cmd_queue:cmd_retry"),
+        ("retry", "put a failed or cancelled job back in the queue, from its newest checkpoint", "cmd_queue:cmd_retry"),
     ]
     for name, text, func in simple:
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("ids", type=_positive_id, nargs="+", metavar="ID")
+        if name == "retry":
+            p.add_argument("--from-scratch", action="store_true", help="start over, ignoring its checkpoints")
         p.set_defaults(func=func)
+
+    for name, text in (
+        ("hold", "keep pending jobs from starting (in held/) until `gpuq release`; their dependents wait too"),
+        ("release", "put held jobs back in line, where their priority and id put them"),
+    ):
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("ids", type=_ids, nargs="+", metavar="ID")
+        p.set_defaults(func=f"cmd_queue:cmd_{name}")
+
+    p = sub.add_parser(
+        "edit",
+        help="change a pending or held job: in $VISUAL/$EDITOR, or with --set KEY=VALUE",
+        description="Edit what a waiting job will run (the fields a hand-dropped job file may have: cmd, cwd, "
+        "name, env, after, after_any, retries, priority, gpus, gpu_mem). The result is checked like a dropped "
+        "file and replaces the job at once, or is refused with the reason and the job left as it was.",
+    )
+    p.add_argument("id", type=_positive_id, metavar="ID")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help='VALUE as JSON (5, ["a"]) or text')
+    p.set_defaults(func="cmd_queue:cmd_edit")
 
     p = sub.add_parser("preempt", help="stop a running job so it can be resumed from its checkpoint")
     p.add_argument("id", type=_positive_id, metavar="ID")
@@ -227,12 +273,14 @@ def build_parser() -> Parser:
     p.set_defaults(func="cmd_preempt:cmd_resume")
 
     p = sub.add_parser("clear", help="remove finished jobs (keeps preempted and interrupted ones)")
+    p.add_argument("--logs", action="store_true", help="only drop the logs of finished jobs (their records stay)")
     p.set_defaults(func="cmd_queue:cmd_clear")
 
-    p = sub.add_parser("recover", help="put interrupted jobs back in the queue")
+    p = sub.add_parser("recover", help="put interrupted jobs back in the queue, each from its newest checkpoint")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="recover every interrupted job")
     which.add_argument("--jobs", type=_positive_id, nargs="+", metavar="ID", help="recover these jobs")
+    p.add_argument("--from-scratch", action="store_true", help="start them over, ignoring their checkpoints")
     p.set_defaults(func="cmd_queue:cmd_recover")
 
     p = sub.add_parser(
@@ -250,6 +298,14 @@ def build_parser() -> Parser:
     p = sub.add_parser("eta", help="progress and expected end of running jobs, expected start of pending ones")
     p.add_argument("id", type=_positive_id, nargs="?", help="one job (default: every running and pending job)")
     p.set_defaults(func="cmd_view:cmd_eta")
+
+    p = sub.add_parser("history", help="where the GPU hours went: runs, failures, GPU-hours per group; a timeline")
+    p.add_argument("--since", metavar="WHEN", help="only runs that ended since (7d, 12h, 2w, or a date)")
+    p.add_argument("--by", choices=("dir", "script", "day", "sweep"), default="dir", help="group by (default dir)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="the groups as JSON")
+    out.add_argument("--plot", metavar="FILE", help="draw a timeline into FILE.png or .svg (needs gpuq-spool[plot])")
+    p.set_defaults(func="cmd_history:cmd_history")
 
     p = sub.add_parser(
         "import",

@@ -18,6 +18,7 @@ SYMBOLS = {
     "preempted": "💤",
     "interrupted": "⚡",
     "cancelled": "🚫",
+    "held": "⏸️",
 }
 
 
@@ -56,6 +57,9 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
             parts.append(f"gpu={job['slot']}")
         if job.get("retries"):
             parts.append(f"attempt {job.get('attempts')}/{job['retries'] + 1}")
+        if job.get("resumed_from"):
+            lost = f", lost {job['lost_steps']} steps" if job.get("lost_steps") is not None else ""
+            parts.append(f"from {job['resumed_from'].rstrip('/').rsplit('/', 1)[-1]}{lost}")
     elif state == "pending":
         if wait is not None:
             parts.append(("blocked: " if wait.forever else "") + wait.reason)
@@ -65,7 +69,7 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
             parts.append(job.get("note") or "retry")
     elif job.get("exit_code") is not None:
         parts.append(f"exit={job['exit_code']}" + (f" ({job['signal']})" if job.get("signal") else ""))
-    if state in ("interrupted", "cancelled", "preempted") and job.get("note"):
+    if state in ("interrupted", "cancelled", "preempted", "failed", "held") and job.get("note"):
         parts.append(job["note"])
     if job.get("priority"):
         parts.append(f"prio={job['priority']}")
@@ -195,3 +199,54 @@ def gpu_lines(view: dict[str, Any], now: Optional[float] = None) -> list[str]:
 
 def _gib(mib: Optional[int]) -> str:
     return f"{(mib or 0) / 1024:.1f}"
+
+
+class SweepRow:
+    """The one line `gpuq status` shows for the jobs of a sweep (`status -a` lists them)."""
+
+    __slots__ = ("job", "state", "cells")
+    wait = None
+    estimate = None
+
+    def __init__(self, sweep_id: int, state: str, cells: tuple) -> None:
+        self.job, self.state, self.cells = {"id": sweep_id}, state, cells
+
+
+SWEEP_ORDER = ("running", "pending", "held", "failed", "interrupted", "preempted", "cancelled", "done")
+
+
+def group_sweeps(rows: list[Any]) -> list[Any]:
+    """Rows with each sweep's jobs (two or more of them shown) folded into one SweepRow, where
+    its first job stood, saying how many of them are done, running, waiting and failed."""
+    members: dict[int, list[Any]] = {}
+    for row in rows:
+        sweep = row.job.get("sweep")
+        if isinstance(sweep, dict):
+            members.setdefault(sweep["id"], []).append(row)
+    out, shown = [], set()
+    for row in rows:
+        sweep = row.job.get("sweep")
+        group = members.get(sweep["id"]) if isinstance(sweep, dict) else None
+        if not group or len(group) < 2:
+            out.append(row)
+        elif sweep["id"] not in shown:
+            shown.add(sweep["id"])
+            out.append(_sweep_row(sweep["id"], group))
+    return out
+
+
+def _sweep_row(sweep_id: int, group: list[Any]) -> SweepRow:
+    states = [row.state for row in group]
+    counts = {
+        "done": states.count("done"),
+        "running": states.count("running"),
+        "waiting": sum(s in ("pending", "held") for s in states),
+        "failed": states.count("failed"),
+    }
+    state = min(states, key=lambda s: SWEEP_ORDER.index(s) if s in SWEEP_ORDER else len(SWEEP_ORDER))
+    first = group[0].job
+    keys = list(first["sweep"]["values"])
+    base = first["name"].split(f" {keys[0]}=", 1)[0] if keys else first["name"]
+    summary = ", ".join(f"{n} {what}" for what, n in counts.items())
+    info = f"sweep of {len(group)} over {', '.join(keys)}: {summary} (`gpuq status -a` lists them)"
+    return SweepRow(sweep_id, state, (f"sweep #{sweep_id} {base}", schema.display_script(first["cmd"]), "", info))

@@ -121,9 +121,24 @@ GPU_DEFAULTS: dict[str, Any] = {
 HOOK_DEFAULTS: dict[str, Any] = {
     "notify": False,  # --notify: a desktop notification
     "on_finish": None,  # --on-finish CMD: a shell command run with the job's id, state... in its environment
+    "max_log_bytes": None,  # --max-log-size: its log keeps its head and newest tail within this (run/logcap.py)
 }
+# Continuing from checkpoints after a crash (engine/continuation.py; spool_layout.md section 11).
+CONTINUE_DEFAULTS: dict[str, Any] = {
+    "no_resume": False,  # --no-resume: its checkpoints are never reused; every attempt starts over
+    "ckpt_since": None,  # when this run began: checkpoints completed before are an earlier run's
+    "lost_steps": None,  # steps the interruption before the current attempt cost (done - checkpoint)
+}
+# A job of a sweep (`gpuq add --sweep lr=1e-4,3e-4`): {"id": the sweep's first job id, "values": {"lr": "1e-4"}}
+SWEEP_DEFAULTS: dict[str, Any] = {"sweep": None}
 # Fields `gpuq add`'s options set when a job is queued; absent from older files: read with .get().
-OPTION_DEFAULTS: dict[str, Any] = {**PREEMPT_DEFAULTS, **GPU_DEFAULTS, **HOOK_DEFAULTS}
+OPTION_DEFAULTS: dict[str, Any] = {
+    **PREEMPT_DEFAULTS,
+    **GPU_DEFAULTS,
+    **HOOK_DEFAULTS,
+    **CONTINUE_DEFAULTS,
+    **SWEEP_DEFAULTS,
+}
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -316,6 +331,14 @@ def _iso(value: Any) -> bool:
     return True
 
 
+def _sweep(value: Any) -> bool:
+    if not isinstance(value, dict) or set(value) != {"id", "values"}:
+        return False
+    values = value["values"]
+    ok_values = isinstance(values, dict) and all(isinstance(k, str) and _no_nul(v) for k, v in values.items())
+    return _is_int(value["id"]) and 0 < value["id"] <= MAX_ID and ok_values
+
+
 def _id_list(value: Any) -> bool:
     return isinstance(value, list) and all(_is_int(x) and 0 < x <= MAX_ID for x in value)
 
@@ -364,7 +387,12 @@ OPTIONAL: dict[str, tuple[Any, str]] = {
     },
     **{f: (_opt(_os_str), "null or a string") for f in ("ckpt_glob", "resume_arg", "checkpoint", "resumed_from")},
     "resumed_from_step": (_opt(_is_int), "null or an integer"),
+    "no_resume": (lambda v: isinstance(v, bool), "true or false"),
+    "sweep": (_opt(_sweep), 'null or {"id": a job id, "values": an object of strings}'),
+    "ckpt_since": (_opt(_iso), "null or an ISO 8601 time"),
+    "lost_steps": (_opt(lambda v: _is_int(v) and v >= 0), "null or an integer of 0 or more"),
     "notify": (lambda v: isinstance(v, bool), "true or false"),
+    "max_log_bytes": (_opt(lambda v: _is_int(v) and v > 0), "null or a positive number of bytes"),
     "on_finish": (_opt(_os_str), "null or a shell command"),
     "gpu_request": (lambda v: _is_int(v) and 0 <= v <= MAX_GPUS, f"an integer from 0 to {MAX_GPUS}"),
     "gpu_mem_mib": (_opt(lambda v: _is_int(v) and v > 0), "null or a positive integer (MiB)"),

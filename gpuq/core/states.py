@@ -13,13 +13,15 @@ FAILED = "failed"
 PREEMPTED = "preempted"
 INTERRUPTED = "interrupted"
 CANCELLED = "cancelled"
+HELD = "held"  # `gpuq hold`: kept out of the queue until `gpuq release`
 
 # Every state a valid job can be in, in the order a job moves through them: when a crash leaves
 # two copies with the same rev, the later one in this order is shown (see engine.snapshot).
-STATES = (PENDING, RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED, CANCELLED)
+STATES = (PENDING, RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED, CANCELLED, HELD)
 FINISHED = (DONE, FAILED, CANCELLED)  # ended for good: `gpuq clear` may remove them
 ACTIVE = (PENDING, RUNNING)  # what the scheduler reads on every step
-NEEDS_USER = (PREEMPTED, INTERRUPTED)  # stopped; only a person (resume, recover) moves them on
+NEEDS_USER = (PREEMPTED, INTERRUPTED, HELD)  # stopped; only a person (resume, recover, release) moves them on
+WAITING = (PENDING, HELD)  # queued and never started since: what `gpuq edit` may change
 REJECTED = "rejected"  # not a state: the directory for dropped files that are not jobs
 
 # Control requests left in control/ for a running job's supervisor, saying why it is signalled.

@@ -7,11 +7,14 @@ processes or the clock beyond `now_iso()`.
     pending --start--> running --end_attempt--> done | failed | cancelled | preempted | pending (retry)
     running --ended_unseen--> interrupted | cancelled | preempted | done (adopted)   (no supervisor)
     failed | cancelled | interrupted | preempted --requeue / resume--> pending
-    pending | preempted | interrupted --cancel--> cancelled
+    pending | held | preempted | interrupted --cancel--> cancelled
+    pending --hold--> held --release--> pending
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from gpuq.core import states
@@ -19,6 +22,34 @@ from gpuq.core.resume_arg import resume_argv
 from gpuq.core.times import now_iso
 
 Changes = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """How a job that goes back to the queue will go on: from `checkpoint` (its `step`), or from
+    scratch (`checkpoint` None). `last_step` is how far the attempt before got, when known."""
+
+    checkpoint: Optional[str] = None
+    step: Optional[int] = None
+    last_step: Optional[int] = None
+    from_scratch: bool = False  # asked for (--from-scratch, --no-resume): a new run begins
+
+    @property
+    def lost(self) -> Optional[int]:
+        """Steps the interruption cost: done before it minus the checkpoint's (all without one)."""
+        if self.last_step is None:
+            return None
+        return max(0, self.last_step - (self.step or 0)) if self.checkpoint else self.last_step
+
+    def text(self) -> str:
+        """`continues from checkpoint-9000 (lost 212 steps)`, or how it starts over."""
+        lost = f" (lost {self.lost} steps)" if self.lost is not None else ""
+        if self.checkpoint:
+            return f"continues from {os.path.basename(self.checkpoint.rstrip('/'))}{lost}"
+        return (
+            "starts over, as asked" if self.from_scratch else "starts from scratch (no checkpoint of its own)"
+        ) + lost
+
 
 # The fields that describe one run of a job; cleared whenever it goes back to the queue.
 _RUN_FIELDS: Changes = {
@@ -37,8 +68,10 @@ def start(
 ) -> Changes:
     """pending -> running, by the job's supervisor (its own identity and the pid come later).
     `slot` is the CUDA_VISIBLE_DEVICES it gets, `gpus` the GPU indices it holds."""
+    started = now_iso()
     return {
-        "started_at": now_iso(),
+        "started_at": started,
+        "ckpt_since": job.get("ckpt_since") or started,  # the run's own checkpoints are newer than this
         "finished_at": None,
         "pid": None,
         "exit_code": None,
@@ -63,9 +96,29 @@ def destination(job: dict[str, Any], exit_code: int, request: Optional[str], ret
         return states.PREEMPTED, "preempted (gpuq preempt)"
     if exit_code == 0:
         return states.DONE, None
-    if retry and job.get("attempts", 1) <= job.get("retries", 0):
+    retries = job.get("retries", 0)
+    if retry and job.get("attempts", 1) <= retries:
         return states.PENDING, f"attempt {job['attempts']} failed with exit {exit_code}; retrying"
+    if retry and retries:
+        return states.FAILED, _gave_up(job)
     return states.FAILED, None
+
+
+def _gave_up(job: dict[str, Any]) -> str:
+    """Why a job with --retries is not retried again: no crash loop, even from a checkpoint."""
+    attempts = job.get("attempts", 1)
+    earlier = list(job.get("history") or [])[-(attempts - 1) :] if attempts > 1 else []
+    start = job.get("resumed_from")
+    same = 1  # the attempts, the last one included, that all started from the same checkpoint
+    for entry in reversed(earlier):
+        if not start or entry.get("resumed_from") != start:
+            break
+        same += 1
+    where = ""
+    if start:
+        name = os.path.basename(start.rstrip("/"))
+        where = f" from {name}" if same == attempts else f", the last {same} from {name}"
+    return f"failed {attempts} times{where}; its --retries ({job['retries']}) are used up: not retried again"
 
 
 def end_attempt(
@@ -76,9 +129,11 @@ def end_attempt(
     signal: Optional[str],
     note: Optional[str],
     finished_at: Optional[str] = None,
+    continuation: Optional[Continuation] = None,
 ) -> Changes:
     """running -> `state`: the attempt's end and its history entry. Going back to pending (an
-    automatic retry) also clears the run's fields; the attempt count goes on."""
+    automatic retry) also clears the run's fields and sets how it goes on (`continuation`); the
+    attempt count goes on."""
     finished_at = finished_at or now_iso()
     entry = {
         "attempt": job.get("attempts"),
@@ -89,6 +144,8 @@ def end_attempt(
         "outcome": state,
         "slot": job.get("slot"),
         "gpus": job.get("gpus"),
+        "resumed_from": job.get("resumed_from"),
+        "lost_steps": job.get("lost_steps"),
     }
     changes: Changes = {
         "finished_at": finished_at,
@@ -99,6 +156,7 @@ def end_attempt(
     }
     if state == states.PENDING:
         changes.update(_RUN_FIELDS)
+        changes.update(continue_from(job, continuation or Continuation()))
     return changes
 
 
@@ -117,10 +175,10 @@ def ended_unseen(job: dict[str, Any], request: Optional[str]) -> tuple[str, str]
     return states.INTERRUPTED, "process and supervisor gone without a recorded exit (reboot or kill)"
 
 
-def requeue(job: dict[str, Any], note: str) -> Changes:
+def requeue(job: dict[str, Any], note: str, continuation: Optional[Continuation] = None) -> Changes:
     """failed | cancelled | interrupted | preempted -> pending, by a person (retry, recover,
-    resume): same id and history, a fresh count of attempts."""
-    return {
+    resume): same id and history, a fresh count of attempts, going on as `continuation` says."""
+    changes = {
         **_RUN_FIELDS,
         "note": note,
         "attempts": 0,
@@ -128,11 +186,38 @@ def requeue(job: dict[str, Any], note: str) -> Changes:
         "signal": None,
         "previous_exit_code": job.get("exit_code"),
     }
+    changes.update(continue_from(job, continuation or Continuation()))
+    return changes
+
+
+def continue_from(job: dict[str, Any], continuation: Continuation) -> Changes:
+    """The command and fields of the next attempt: the checkpoint in the job's resume form in
+    place of any earlier one, or, from scratch, an earlier resume argument taken out again."""
+    changes: Changes = {
+        "resumed_from": continuation.checkpoint,
+        "resumed_from_step": continuation.step if continuation.checkpoint else None,
+        "lost_steps": continuation.lost,
+    }
+    if continuation.checkpoint is not None or job.get("resumed_from"):
+        changes["cmd"] = resume_argv(job["cmd"], job.get("resume_arg"), continuation.checkpoint)
+    if continuation.from_scratch:
+        changes["ckpt_since"] = None  # a new run: its checkpoints are those written from its start
+    return changes
 
 
 def cancel(note: str = "cancelled by user") -> Changes:
-    """pending | preempted | interrupted -> cancelled."""
+    """pending | held | preempted | interrupted -> cancelled."""
     return {"note": note, "finished_at": now_iso()}
+
+
+def hold() -> Changes:
+    """pending -> held: out of the queue, its place (priority, id) kept for its release."""
+    return {"note": "held by user (`gpuq release` puts it back in line)"}
+
+
+def release() -> Changes:
+    """held -> pending, in line again where its priority and id put it."""
+    return {"note": None}
 
 
 def preemption(
@@ -176,14 +261,8 @@ def describe_preemption(record: dict[str, Any]) -> str:
     return text
 
 
-def resume(
-    job: dict[str, Any], checkpoint: Optional[str], checkpoint_step: Optional[int], front: bool, note: str
-) -> Changes:
-    """preempted | interrupted -> pending, continuing from `checkpoint` (None: from scratch, and a
-    resume argument gpuq added earlier is taken out again)."""
-    template = job.get("resume_arg")
-    changes = requeue(job, note)
-    changes.update(queue_front=front, auto_resume=False, resumed_from=checkpoint, resumed_from_step=checkpoint_step)
-    if checkpoint is not None or job.get("resumed_from"):
-        changes["cmd"] = resume_argv(job["cmd"], template, checkpoint)
+def resume(job: dict[str, Any], continuation: Continuation, front: bool, note: str) -> Changes:
+    """preempted | interrupted -> pending, first in line unless not `front`."""
+    changes = requeue(job, note, continuation)
+    changes.update(queue_front=front, auto_resume=False)
     return changes

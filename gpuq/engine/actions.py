@@ -15,10 +15,23 @@ from typing import Any, Iterator, Optional
 
 from gpuq.core import schema, transitions
 from gpuq.core.errors import Refused
-from gpuq.core.states import ACTIVE, CANCELLED, FAILED, FINISHED, INTERRUPTED, KILL, PENDING, PREEMPTED, RUNNING, STATES
-from gpuq.engine import recovery
+from gpuq.core.states import (
+    ACTIVE,
+    CANCELLED,
+    FAILED,
+    FINISHED,
+    HELD,
+    INTERRUPTED,
+    KILL,
+    PENDING,
+    PREEMPTED,
+    RUNNING,
+    STATES,
+)
+from gpuq.core.transitions import Continuation
+from gpuq.engine import continuation, recovery
 from gpuq.engine.snapshot import snapshot
-from gpuq.spool import JobRef, Spool
+from gpuq.spool import JobRef, Spool, SpoolFull
 from gpuq.system import procs
 
 KILL_GRACE_SECONDS = 10.0
@@ -68,14 +81,33 @@ def cancel(spool: Spool, job_id: int) -> dict[str, Any]:
     """A job that is not running (pending, preempted, interrupted) goes to cancelled/."""
     if spool.jobs.find(job_id, (RUNNING,)):
         raise Refused(f"job #{job_id} is running; use `gpuq kill {job_id}`")
-    with claimed(spool, job_id, (PENDING, PREEMPTED, INTERRUPTED)) as (ref, job):
+    with claimed(spool, job_id, (PENDING, HELD, PREEMPTED, INTERRUPTED)) as (ref, job):
         return spool.jobs.move(ref, job, CANCELLED, transitions.cancel())[1]
+
+
+def hold(spool: Spool, job_id: int) -> dict[str, Any]:
+    """A pending job goes to held/: it never starts (nor do the jobs waiting for it) until released."""
+    if spool.jobs.find(job_id, (RUNNING,)):
+        raise Refused(
+            f"job #{job_id} is running and cannot be held; `gpuq preempt {job_id}` stops it, keeping its checkpoint"
+        )
+    with claimed(spool, job_id, (PENDING,)) as (ref, job):
+        return spool.jobs.move(ref, job, HELD, transitions.hold())[1]
+
+
+def release(spool: Spool, job_id: int) -> dict[str, Any]:
+    """A held job goes back to pending/, in line where its priority and id put it."""
+    with claimed(spool, job_id, (HELD,)) as (ref, job):
+        return spool.jobs.move(ref, job, PENDING, transitions.release())[1]
 
 
 def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS) -> dict[str, Any]:
     """SIGTERM the running job's process group, SIGKILL after `grace`; it ends in cancelled/."""
     _ref, job = running_with_pid(spool, job_id)
-    spool.control.request(job_id, KILL)
+    try:
+        spool.control.request(job_id, KILL)
+    except SpoolFull:
+        pass  # a full disk: the job is still stopped; its supervisor records it as failed (143)
     if not procs.terminate_tree(job, grace, force=True):
         raise Refused(f"job #{job_id} (pid {job.get('pid')}) did not die")
     return wait_until_settled(spool, job_id)
@@ -93,36 +125,79 @@ def wait_until_settled(spool: Spool, job_id: int, timeout: float = 10.0) -> dict
     return get(spool, job_id)[1]
 
 
-def retry(spool: Spool, job_id: int) -> dict[str, Any]:
-    """A failed or cancelled job goes back to pending with the same id, its history kept."""
+def retry(spool: Spool, job_id: int, from_scratch: bool = False) -> tuple[dict[str, Any], Continuation]:
+    """A failed or cancelled job goes back to pending with the same id, its history kept,
+    continuing from its newest checkpoint unless `from_scratch`."""
     with claimed(spool, job_id, (FAILED, CANCELLED)) as (ref, job):
-        return spool.jobs.move(ref, job, PENDING, transitions.requeue(job, "retried by user"))[1]
+        how = continuation.plan(spool, job, from_scratch)
+        changes = transitions.requeue(job, f"retried by user; {how.text()}", how)
+        return spool.jobs.move(ref, job, PENDING, changes)[1], how
 
 
 def interrupted(spool: Spool) -> list[dict[str, Any]]:
     return [job for _ref, job in spool.jobs.load_many(INTERRUPTED)]
 
 
-def recover(spool: Spool, ids: Optional[list[int]] = None) -> list[dict[str, Any]]:
-    """Interrupted jobs (all, or `ids`) go back to pending, keeping id, dependencies and history."""
+def recover(
+    spool: Spool, ids: Optional[list[int]] = None, from_scratch: bool = False
+) -> list[tuple[dict[str, Any], Continuation]]:
+    """Interrupted jobs (all, or `ids`) go back to pending, keeping id, dependencies and history,
+    each continuing from its newest checkpoint unless `from_scratch`."""
     targets = ids if ids is not None else [job["id"] for job in interrupted(spool)]
     out = []
     for job_id in targets:
         with claimed(spool, job_id, (INTERRUPTED,)) as (ref, job):
-            changes = transitions.requeue(job, "recovered after interruption")
-            out.append(spool.jobs.move(ref, job, PENDING, changes)[1])
+            how = continuation.plan(spool, job, from_scratch)
+            changes = transitions.requeue(job, f"recovered after interruption; {how.text()}", how)
+            out.append((spool.jobs.move(ref, job, PENDING, changes)[1], how))
     return out
+
+
+def recovery_plans(spool: Spool, from_scratch: bool = False) -> list[tuple[dict[str, Any], Continuation]]:
+    """What `recover` would do with each interrupted job, without doing it."""
+    return [(job, continuation.plan(spool, job, from_scratch)) for job in interrupted(spool)]
+
+
+def recover_at_start(spool: Spool) -> tuple[list[tuple[dict[str, Any], Continuation]], list[dict[str, Any]]]:
+    """`gpuq run --recover`: interrupted jobs back in the queue as the worker starts (after a
+    reboot). A job interrupted more times in a row than its --retries allow (a job that takes the
+    machine down with it) is left for a person: (recovered, left)."""
+    recovered, left = [], []
+    for job in interrupted(spool):
+        if _interrupted_in_a_row(job) > job.get("retries", 0):
+            left.append(job)
+            continue
+        try:
+            recovered += recover(spool, [job["id"]])
+        except Refused:
+            continue  # being changed right now: a person is on it
+    return recovered, left
+
+
+def _interrupted_in_a_row(job: dict[str, Any]) -> int:
+    """How many of the job's latest attempts ended interrupted, the last one excepted."""
+    count = 0
+    for entry in reversed((job.get("history") or [])[:-1]):
+        if entry.get("outcome") != INTERRUPTED:
+            break
+        count += 1
+    return count
 
 
 @dataclass
 class ClearReport:
     removed: list[int] = field(default_factory=list)
     kept_for_dependents: list[int] = field(default_factory=list)
+    logs_dropped: list[int] = field(default_factory=list)
+    freed_bytes: int = 0
 
 
-def clear(spool: Spool) -> ClearReport:
-    """Remove finished jobs (done, failed, cancelled) and their logs. A finished job that a
-    waiting job still depends on is kept, so the dependent is not stranded."""
+def clear(spool: Spool, logs_only: bool = False) -> ClearReport:
+    """Remove finished jobs (done, failed, cancelled) and their logs, or with `logs_only` only
+    their logs (their records stay). A finished job that a waiting job still depends on is kept,
+    so the dependent is not stranded. Only deletions: it works on a full disk, to make room."""
+    if logs_only:
+        return _drop_logs(spool)
     snap, _ = snapshot(spool)
     needed = {d for j in snap.pending + snap.running for d in j.get("after", []) + j.get("after_any", [])}
     report = ClearReport()
@@ -136,11 +211,40 @@ def clear(spool: Spool) -> ClearReport:
         try:
             if spool.jobs.find(ref.id, (ref.state,)) == ref:
                 spool.jobs.remove(ref)
-                spool.delete_outputs(ref.id)
+                report.freed_bytes += spool.delete_outputs(ref.id)
                 report.removed.append(ref.id)
         finally:
             claim.release()
     return report
+
+
+def _drop_logs(spool: Spool) -> ClearReport:
+    report = ClearReport()
+    for ref in spool.jobs.refs(FINISHED):
+        freed = spool.delete_outputs(ref.id)
+        if freed:
+            report.logs_dropped.append(ref.id)
+            report.freed_bytes += freed
+    return report
+
+
+def sweep_jobs(spool: Spool, sweep_id: int) -> list[dict[str, Any]]:
+    """The jobs of a sweep (consecutive ids from `sweep_id`): id, name, state and values of each."""
+    out = []
+    index = spool.jobs.index()
+    job_id = sweep_id
+    while job_id in index:
+        ref = index[job_id][-1]
+        try:
+            job = spool.jobs.load(ref)
+        except (FileNotFoundError, schema.InvalidJob):
+            break
+        sweep = job.get("sweep")
+        if not isinstance(sweep, dict) or sweep.get("id") != sweep_id:
+            break
+        out.append({"id": job_id, "name": job["name"], "state": ref.state, "values": sweep.get("values")})
+        job_id += 1
+    return out
 
 
 def stop_workers(spool: Spool, timeout: float = 10.0) -> list[dict[str, Any]]:

@@ -2,8 +2,8 @@
 
 Public API (small on purpose; progress/ETA code imports it too):
 
-- `latest_checkpoint(job) -> Optional[Checkpoint]`: the newest complete checkpoint of a job dict
-  (uses `cmd`, `cwd` and the optional `ckpt_glob` field), or None.
+- `latest_checkpoint(job) -> Optional[Checkpoint]`: the newest complete checkpoint this job wrote
+  (uses `cmd`, `cwd`, and the optional `ckpt_glob` and `ckpt_since` fields), or None.
 - `output_dir(cmd, cwd) -> Optional[Path]`: the absolute `--output_dir` / `--output-dir` of an argv.
 - `max_steps(cmd) -> Optional[int]`: `--max_steps` / `--max-steps` of an argv.
 - `arg_value(cmd, names) -> Optional[str]`: the value of the last `--flag X` or `--flag=X` in an argv.
@@ -18,6 +18,7 @@ Rules:
   Newest is decided by the step number in the name when every match has one (`step=1200`,
   `step_1200`, `checkpoint-1200`), else by the epoch number when every match has one, else by
   modification time. Empty files and HF-style directories without trainer_state.json are skipped.
+- A checkpoint completed before the job's run began (`ckpt_since`) is another run's, and skipped.
 
 Nothing here writes anything; it only lists directories the job itself writes.
 """
@@ -30,9 +31,12 @@ import re
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Sequence
 
+from gpuq.core.times import parse_iso
+
 HF_DIR_RE = re.compile(r"^checkpoint-(\d+)$")
 HF_COMPLETE_MARKER = "trainer_state.json"
 HF_INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # HF 5's JIT save removes it when done
+MTIME_SLACK = 1.0  # seconds: file times are coarser than the ISO start time
 STEP_RE = re.compile(r"(?:step|checkpoint|iter|iteration|global_step)[=_-]?(\d+)", re.IGNORECASE)
 EPOCH_RE = re.compile(r"epoch[=_-]?(\d+)", re.IGNORECASE)
 OUTPUT_DIR_FLAGS = ("--output_dir", "--output-dir")
@@ -134,9 +138,11 @@ def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
     return sorted(found, key=key)
 
 
-def latest_checkpoint(job: dict[str, Any]) -> Optional[Checkpoint]:
-    """The newest complete checkpoint of `job`: from its `ckpt_glob` if set, else from the HF
-    output dir in its argv. None when there is none (or nowhere to look)."""
+def job_checkpoints(job: dict[str, Any]) -> list[Checkpoint]:
+    """Every complete checkpoint of `job`, oldest first: from its `ckpt_glob` if set, else from the
+    HF output dir in its argv. Those written before the job's run began (`ckpt_since`: its first
+    start, or the start of a run from scratch) belong to an earlier run in the same directory, which
+    is how most people run (`--output_dir out` every time), and are left out."""
     cmd, cwd = job.get("cmd") or [], job.get("cwd") or "/"
     pattern = job.get("ckpt_glob")
     if pattern:
@@ -144,7 +150,33 @@ def latest_checkpoint(job: dict[str, Any]) -> Optional[Checkpoint]:
     else:
         out = output_dir(cmd, cwd)
         found = hf_checkpoints(out) if out is not None else []
+    since = parse_iso(job.get("ckpt_since"))
+    if since is not None:
+        found = [c for c in found if written_at(c.path) >= since - MTIME_SLACK]
+    return found
+
+
+def latest_checkpoint(job: dict[str, Any]) -> Optional[Checkpoint]:
+    """The newest complete checkpoint this job wrote (see job_checkpoints), or None."""
+    found = job_checkpoints(job)
     return found[-1] if found else None
+
+
+def written_at(path: str) -> float:
+    """When a checkpoint was completed: for a directory the newest time of it and its entries
+    (trainers write files into it, and HF writes trainer_state.json last), else its own mtime."""
+    newest = _mtime(path)
+    if os.path.isdir(path):
+        try:
+            with os.scandir(path) as entries:
+                for entry in entries:
+                    try:
+                        newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+                    except OSError:
+                        continue
+        except OSError:
+            pass
+    return newest
 
 
 def where_looked(job: dict[str, Any]) -> str:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.states import SOURCE_CLI
+from gpuq.core.states import PENDING, SOURCE_CLI
 from gpuq.spool import JobRef, Spool
 
 
@@ -78,12 +79,33 @@ class NoSuchDependency(Refused):
     """--after names a job that does not exist."""
 
 
-def enqueue(
+def _own(common: Optional[dict[str, Any]], own: dict[str, Any], first: int) -> dict[str, Any]:
+    """A variant's fields: a sweep is named by the id of its first job."""
+    out = {**(common or {}), **own}
+    if out.get("sweep") is not None:
+        out["sweep"] = dict(out["sweep"], id=first)
+    return out
+
+
+@dataclass
+class Variant:
+    """One job of an `add`: its command, name and fields of its own (a sweep has several)."""
+
+    cmd: list[str]
+    name: Optional[str] = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def enqueue(spool: Spool, *, cmd: list[str], **common: Any) -> tuple[JobRef, dict[str, Any]]:
+    """Allocate an id and publish the job durably in pending/ (see enqueue_many)."""
+    return enqueue_many(spool, [Variant(cmd, common.pop("name", None))], **common)[0]
+
+
+def enqueue_many(
     spool: Spool,
+    variants: list[Variant],
     *,
-    cmd: list[str],
     cwd: Path,
-    name: Optional[str],
     venv: Optional[str],
     env: dict[str, str],
     shell_env: Optional[dict[str, str]],
@@ -94,29 +116,39 @@ def enqueue(
     source: str = SOURCE_CLI,
     options: Optional[dict[str, Any]] = None,
     umask: Optional[int] = None,
-) -> tuple[JobRef, dict[str, Any]]:
-    """Allocate an id and publish the job durably in pending/."""
+    state: str = PENDING,
+) -> list[tuple[JobRef, dict[str, Any]]]:
+    """Publish one job per variant, with consecutive ids, durably, in `state` (pending/, or held/
+    for `add --hold`). All or nothing: should one fail (a full disk), those published are removed."""
     if not cwd.is_dir():
         raise EnqueueError(f"directory not found: {cwd}")
     missing = missing_jobs(spool, after + after_any)
     if missing:
         raise NoSuchDependency(f"--after: no such job {missing}")
-    job_id = spool.ids.allocate()
-    job = schema.new_job(
-        job_id=job_id,
-        name=name or default_name(cwd, cmd),
-        cmd=cmd,
-        cwd=str(cwd),
-        log=str(spool.layout.log_path(job_id)),
-        env=env,
-        shell_env=shell_env,
-        venv=venv,
-        after=after,
-        after_any=after_any,
-        retries=retries,
-        priority=priority,
-        source=source,
-        options=options,
-        umask=umask,
-    )
-    return spool.jobs.publish(job), job
+    first = spool.ids.allocate(count=len(variants))
+    published: list[tuple[JobRef, dict[str, Any]]] = []
+    try:
+        for job_id, variant in enumerate(variants, first):
+            job = schema.new_job(
+                job_id=job_id,
+                name=variant.name or default_name(cwd, variant.cmd),
+                cmd=variant.cmd,
+                cwd=str(cwd),
+                log=str(spool.layout.log_path(job_id)),
+                env=env,
+                shell_env=shell_env,
+                venv=venv,
+                after=after,
+                after_any=after_any,
+                retries=retries,
+                priority=priority,
+                source=source,
+                options=_own(options, variant.options, first),
+                umask=umask,
+            )
+            published.append((spool.jobs.publish(job, state), job))
+    except BaseException:
+        for ref, _job in published:
+            spool.jobs.remove(ref)
+        raise
+    return published

@@ -4,6 +4,7 @@ package metadata, without importing it)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -40,6 +41,7 @@ def _job_python(cmd: list[str], venv: Optional[str]) -> Optional[str]:
     return shutil.which("python3") or shutil.which("python")
 
 
+@functools.lru_cache(maxsize=8)  # a sweep's jobs share their interpreter: one probe for all
 def transformers_version(python: Optional[str]) -> Optional[str]:
     """The version of transformers installed for `python` (metadata only: no import of it)."""
     if not python:

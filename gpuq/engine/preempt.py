@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 from gpuq.core import transitions
 from gpuq.core.errors import Refused
 from gpuq.core.states import ACTIVE, INTERRUPTED, PENDING, PREEMPT, PREEMPT_RESUME, PREEMPTED, RUNNING
-from gpuq.engine import actions, checkpoints
+from gpuq.engine import actions, checkpoints, continuation
 from gpuq.engine.planner import Assignment
 from gpuq.spool import Spool
 from gpuq.system import procs
@@ -82,14 +82,18 @@ def resume(spool: Spool, job_id: int, require_checkpoint: bool = False, front: b
     if found is not None and found.state in ACTIVE:
         raise Refused(f"job #{job_id} is already {found.state}; nothing to resume")
     with actions.claimed(spool, job_id, (PREEMPTED, INTERRUPTED)) as (ref, job):
-        ckpt = checkpoints.latest_checkpoint(job)
-        if ckpt is None and require_checkpoint:
-            raise Refused(f"job #{job_id}: no complete checkpoint ({checkpoints.where_looked(job)}); left {ref.state}")
-        if ckpt is not None:
-            note = f"resumes from {ckpt.path}"
+        how = continuation.plan(spool, job)
+        if how.checkpoint is None and require_checkpoint:
+            why = "it was queued with --no-resume" if job.get("no_resume") else checkpoints.where_looked(job)
+            raise Refused(f"job #{job_id}: no complete checkpoint ({why}); left {ref.state}")
+        if how.checkpoint is not None:
+            note = f"resumes from {how.checkpoint}"
+        elif job.get("no_resume"):
+            note = "starts from scratch: queued with --no-resume"
         else:
             note = f"no checkpoint found ({checkpoints.where_looked(job)}): starts from scratch"
-        changes = transitions.resume(job, ckpt.path if ckpt else None, ckpt.step if ckpt else None, front, note)
+        changes = transitions.resume(job, how, front, note)
+        ckpt = checkpoints.Checkpoint(how.checkpoint, how.step) if how.checkpoint else None
         return Resumed(spool.jobs.move(ref, job, PENDING, changes)[1], ckpt)
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from gpuq.core import schema, transitions
-from gpuq.core.states import PREEMPT_ACTIONS, RUNNING, STATES
-from gpuq.engine import preemption
+from gpuq.core.states import PENDING, PREEMPT_ACTIONS, RUNNING, STATES
+from gpuq.engine import continuation, preemption
 from gpuq.spool import JobRef, Spool
 from gpuq.system import procs
 
@@ -71,6 +71,7 @@ def settle_unsupervised(spool: Spool, report: Report) -> None:
     for ref in list(spool.jobs.refs((RUNNING,))):
         if spool.claims.held(ref.id):
             continue  # a live supervisor owns it
+        noted = spool.claims.noted(ref.id)  # before the take-over replaces a missing lock
         claim = spool.claims.take_over(ref.id)
         if claim is None:
             continue  # someone else is settling it right now
@@ -81,7 +82,7 @@ def settle_unsupervised(spool: Spool, report: Report) -> None:
             job = spool.jobs.load(current)
             if procs.job_alive(job):
                 continue  # still running, unsupervised (supervisor killed, or adopted)
-            state = end_unseen(spool, current, job)
+            state = end_unseen(spool, current, job, noted)
             report.settled.append((ref.id, state))
         except (FileNotFoundError, schema.InvalidJob):
             continue
@@ -89,10 +90,18 @@ def settle_unsupervised(spool: Spool, report: Report) -> None:
             claim.release()
 
 
-def end_unseen(spool: Spool, ref: JobRef, job: dict) -> str:
-    """Record the end of a running job whose exit code nobody saw; returns its new state. The
-    caller holds the claim and has made sure its process is gone."""
+def end_unseen(spool: Spool, ref: JobRef, job: dict, noted: Optional[dict] = None) -> str:
+    """Record the end of a running job whose supervisor is gone; returns its new state. The
+    caller holds the claim and has made sure its process is gone. `noted`: what the supervisor
+    left in the claim's lock file when the disk was too full to record the end itself."""
     request = spool.control.take(job["id"])
+    if noted and isinstance(noted.get("exit_code"), int) and noted.get("state") in STATES:
+        state, code = noted["state"], noted["exit_code"]
+        note = f"exit {code}, noted by its supervisor while the disk was full (it died before it could record it)"
+        how = continuation.plan(spool, job) if state == PENDING else None
+        changes = transitions.end_attempt(job, state, exit_code=code, signal=None, note=note, continuation=how)
+        spool.jobs.move(ref, job, state, changes)
+        return state
     state, note = transitions.ended_unseen(job, request)
     changes = transitions.end_attempt(job, state, exit_code=None, signal=None, note=note)
     if request in PREEMPT_ACTIONS:

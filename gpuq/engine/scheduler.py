@@ -40,6 +40,8 @@ def _dependency_wait(
         return Wait(f"after #{dep} ({state}): will not start; `gpuq retry {dep}` or `gpuq cancel {job_id}`", True)
     if state == states.PREEMPTED:  # same id after resume: this job then waits for the continuation
         return Wait(f"after #{dep} (preempted): runs after `gpuq resume {dep}` completes it", True)
+    if state == states.HELD:
+        return Wait(f"after #{dep} (held): runs after `gpuq release {dep}`", True)
     if state in NEEDS_USER:
         return Wait(f"after #{dep} ({state}): `gpuq recover --jobs {dep}` or `gpuq resume {dep}`", True)
     return Wait(f"after #{dep}" + (" (running)" if state == states.RUNNING else ""), False)

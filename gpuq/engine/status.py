@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from gpuq.core import schema
-from gpuq.core.states import FINISHED, INTERRUPTED, PENDING, PREEMPTED, RUNNING, STATES
+from gpuq.core.states import FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, STATES
 from gpuq.engine import eta, gpuview, recovery, scheduler
 from gpuq.engine.finished_rows import finished_summaries
 from gpuq.engine.snapshot import recent_finished, snapshot
@@ -44,6 +44,7 @@ class Status:
     invalid: list[tuple[JobRef, str]] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     gpus: Optional[dict[str, Any]] = None  # engine/gpuview.py's view; None without GPUs
+    warnings: list[str] = field(default_factory=list)  # a full disk, a runaway log
 
 
 def status(
@@ -56,9 +57,9 @@ def status(
     snap, invalid = snapshot(spool, refs=listing)
     rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
     views = spool.workers.gpu_views()
-    reasons = scheduler.waiting_reasons(snap, gpu_waits(views))
+    reasons = scheduler.waiting_reasons(snap, {**space_waits(spool, snap), **gpu_waits(views)})
     rows += [Row(j, PENDING, reasons[j["id"]]) for j in scheduler.queue_order(snap.pending)]
-    for state in (PREEMPTED, INTERRUPTED):
+    for state in (HELD, PREEMPTED, INTERRUPTED):
         rows += [Row(j, state) for _r, j in spool.jobs.load_many(state)]
     finished = recent_finished(spool, 0 if show_all else RECENT_FINISHED, refs=listing)
     hidden = sum(1 for s in snap.states.values() if s in FINISHED) - len(finished)
@@ -75,7 +76,50 @@ def status(
     shown = gpuview.current(spool, snap.running, views)
     indices = [g["index"] for g in shown["gpus"]] if shown else None
     eta.annotate(spool, rows, workers, time.time(), indices)  # progress and ETA, and when pending ones start
-    return Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown)
+    warned = disk_warnings(spool, snap.running)
+    return Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned)
+
+
+LOW_SPACE_FRACTION = 0.05  # status warns below 5% free on the spool's filesystem
+BIG_LOG_BYTES = 1 << 30  # and when a running job's log passes this (no cap by default)
+
+
+def disk_warnings(spool: Spool, running: list[dict[str, Any]]) -> list[str]:
+    """A spool filesystem running out of room, a log growing past BIG_LOG_BYTES, and jobs whose
+    end waits for room to be recorded."""
+    out = []
+    total, free = spool.disk_space()
+    if total and free < LOW_SPACE_FRACTION * total:
+        out.append(
+            f"disk {'full' if free < (1 << 20) else 'nearly full'}: the spool's filesystem has "
+            f"{free / total:.0%} free ({free >> 20} MiB); `gpuq clear --logs` drops finished jobs' logs"
+        )
+    for job in running:
+        size = spool.logs.size(job)
+        if size > BIG_LOG_BYTES and not job.get("max_log_bytes"):
+            out.append(
+                f"job #{job['id']}'s log is {size / (1 << 30):.1f} GiB and has no cap "
+                "(`gpuq add --max-log-size 1G`, or `gpuq run --max-log-size 1G` for every job)"
+            )
+        noted = spool.claims.noted(job["id"])
+        if noted and "waiting" in noted:
+            out.append(
+                f"job #{job['id']} ended (exit {noted.get('exit_code')}): the disk is full, its supervisor "
+                "records it as soon as there is room"
+            )
+    return out
+
+
+MIN_FREE_TO_START = 1 << 20  # bytes the spool's filesystem needs before a worker starts a job
+
+
+def space_waits(spool: Spool, snap: scheduler.Snapshot) -> dict[int, scheduler.Wait]:
+    """On a full disk a worker starts nothing: every pending job waits for disk space."""
+    free = spool.disk_space()[1]
+    if free >= MIN_FREE_TO_START or not snap.pending:
+        return {}
+    wait = scheduler.Wait(f"waiting for disk space: the spool's filesystem has {free // 1024} KiB free", False)
+    return {job["id"]: wait for job in snap.pending}
 
 
 def gpu_waits(views: list[dict[str, Any]]) -> dict[int, scheduler.Wait]:

@@ -22,7 +22,10 @@ READY_TIMEOUT = 20.0
 
 
 def _say(text: str) -> None:
-    print(f"[{datetime.now().strftime('%H:%M:%S')}] {text}", flush=True)
+    try:
+        print(f"[{datetime.now().strftime('%H:%M:%S')}] {text}", flush=True)
+    except OSError:
+        pass  # the worker's log is on a full disk: the line is lost, the worker goes on
 
 
 def run_foreground(spool: Spool, settings: Settings, watch: bool, ready_fd: Optional[int] = None) -> int:
@@ -47,6 +50,8 @@ def run_foreground(spool: Spool, settings: Settings, watch: bool, ready_fd: Opti
         worker = Worker(spool, settings, say=_say)
         where = _where(worker)
         _say(f"worker {os.getpid()} started ({where}, spool {spool.home}){'; watching for new jobs' if watch else ''}")
+        if settings.recover:
+            worker.recover_interrupted()
         return loop.serve(worker, watch=watch)
     finally:
         lease.release()

@@ -19,6 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
+from gpuq.core import schema
+from gpuq.core.states import PENDING
+from gpuq.spool import Spool
+
 OUTPUT_CAP = 16 * 1024  # bytes of a hook's output passed on to the log
 TERM_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for a hook that ran out of time
 NOTIFY_TIMEOUT = 5.0
@@ -193,3 +197,42 @@ def _say(log: Callable[[str], None], line: str) -> None:
         log(line)
     except Exception:
         pass  # the hook's report must not break the caller either
+
+
+def after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
+    """The job's and the worker's hooks, once the job's end is recorded and its claim released:
+    whatever they do (fail, hang), the queue is already as it must be. Their output goes to the
+    worker's log."""
+    found = spool.jobs.find(job_id)
+    if found is None or found.state == PENDING:
+        return  # gone, or back in the queue for a retry: its end is still to come
+    try:
+        job = spool.jobs.load(found)
+    except (FileNotFoundError, schema.InvalidJob):
+        return
+    commands = [c for c in (job.get("on_finish"), worker_hooks.get("on_finish")) if c]
+    notify = job.get("notify") or worker_hooks.get("notify")
+    if not (commands or notify):
+        return
+
+    def log(line: str) -> None:
+        _worker_log(spool, f"job #{job_id}: {line}")
+
+    state = found.state
+    log_path = str(spool.logs.path_of(job))
+    timeout = timeout_seconds()
+    for command in commands:
+        env = hook_env(job_id, job["name"], state, job.get("exit_code"), log_path)
+        run_on_finish(command, env, log, timeout)
+    if notify:
+        problem = notify_desktop({"id": job_id, "name": job["name"], "state": state, "exit_code": job.get("exit_code")})
+        if problem:
+            log(f"no desktop notification: {problem}")
+
+
+def _worker_log(spool: Spool, line: str) -> None:
+    fd = spool.logs.open_worker_log()
+    try:
+        os.write(fd, f"[{time.strftime('%H:%M:%S')}] {line}\n".encode("utf-8", "replace"))
+    finally:
+        os.close(fd)

@@ -47,13 +47,13 @@ class Launcher:
         self.spare: Optional[Spare] = None
 
     def launch(
-        self, claim: Claim, slot: Optional[str], gpus: Optional[tuple[int, ...]], hooks: dict[str, Any]
+        self, claim: Claim, slot: Optional[str], gpus: Optional[tuple[int, ...]], settings: dict[str, Any]
     ) -> subprocess.Popen:
         """Hand the claimed job to a supervisor, with where it runs (`slot`: its
-        CUDA_VISIBLE_DEVICES, `gpus`: the GPUs it holds) and the worker's `hooks` for its end;
-        afterwards the supervisor owns the claim. OSError if none could be started (the claim
-        is then still ours)."""
-        where = {"id": claim.job_id, "slot": slot, "gpus": list(gpus) if gpus is not None else None, "hooks": hooks}
+        CUDA_VISIBLE_DEVICES, `gpus`: the GPUs it holds) and the worker's `settings` for it (its
+        hooks, the log cap); afterwards the supervisor owns the claim. OSError if none could be
+        started (the claim is then still ours)."""
+        where = {"id": claim.job_id, "slot": slot, "gpus": list(gpus) if gpus is not None else None, **settings}
         spare, self.spare = self.spare, None
         process = self._hand_over(spare, claim, where) if spare else None
         if process is None:

@@ -15,8 +15,10 @@ from typing import Any, Optional
 from gpuq.core.states import PENDING, RUNNING
 from gpuq.engine.planner import GPU_WAIT_RESCAN_SECONDS
 from gpuq.run.worker import RESCAN_SECONDS, StepResult, Worker
+from gpuq.system.security import FULL_ERRNOS
 
 ADOPTED_RESCAN_SECONDS = 1.0
+CLAIM_BUSY_RESCAN_SECONDS = 0.1  # a claim is held for milliseconds; nothing announces its release
 # A job reaches any other state by leaving running/ or pending/, so these two directories say
 # everything the scheduler needs; events elsewhere would only cost steps.
 WATCHED = (PENDING, RUNNING)
@@ -66,19 +68,20 @@ def serve(worker: Worker, watch: bool) -> int:
     signal.signal(signal.SIGINT, stop)
     # No wake-up on SIGCHLD: a supervisor's exit follows its job leaving running/, which
     # already woke us; one that died early is noticed by the periodic look.
-    woken = True
+    woken, held_for = True, 0  # held_for: steps in a row that found a ready job's claim held
     try:
         while not worker.stopping:
             observer = _ensure_observer(observer, worker, wake)
             wake.clear()
-            result = worker.step(woken=woken)
+            result = _step(worker, woken)
+            held_for = held_for + 1 if result.claim_busy else 0
             if result.more_work:
                 wake.set()  # come back at once for the rest, after starting what could start
             if not watch and not result.busy and not result.startable_later:
                 for line in worker.why_done():
                     worker.say(line)
                 break
-            woken = wake.wait(_next_look(result))
+            woken = wake.wait(_next_look(result, held_for))
     except KeyboardInterrupt:
         pass
     finally:
@@ -91,11 +94,27 @@ def serve(worker: Worker, watch: bool) -> int:
     return 0
 
 
-def _next_look(result: StepResult) -> float:
-    """Seconds until the next look without an event: soon while something changes unseen."""
+def _step(worker: Worker, woken: bool) -> StepResult:
+    """One step; a disk too full for the step's own writes is said, and waited out, not fatal."""
+    try:
+        return worker.step(woken=woken)
+    except OSError as exc:
+        if exc.errno not in FULL_ERRNOS:
+            raise
+        if not worker.said_disk_full:
+            worker.say(f"disk full ({exc.strerror}): waiting for room")
+            worker.said_disk_full = True
+        return StepResult(busy=True, startable_later=True, space_wait=True)
+
+
+def _next_look(result: StepResult, held_for: int = 0) -> float:
+    """Seconds until the next look without an event: soon while something changes unseen (a
+    claim held a long time, by a person's command, is looked at less and less often)."""
+    if result.claim_busy:
+        return min(RESCAN_SECONDS, CLAIM_BUSY_RESCAN_SECONDS * 2 ** max(0, held_for - 1))
     if result.watch_closely:
         return ADOPTED_RESCAN_SECONDS
-    if result.gpu_wait:
+    if result.gpu_wait or result.space_wait:
         return GPU_WAIT_RESCAN_SECONDS
     return RESCAN_SECONDS
 

@@ -17,14 +17,25 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from gpuq.core import schema, transitions
 from gpuq.core.states import PENDING, PREEMPT, PREEMPT_ACTIONS, PREEMPTED, RUNNING
 from gpuq.core.times import parse_iso
-from gpuq.spool import Claim, JobRef, Spool
+from gpuq.run import logcap
+from gpuq.run.hooks import after_end
+from gpuq.spool import Claim, JobRef, Spool, SpoolFull
+from gpuq.spool.files import Reservation, free_bytes
+from gpuq.spool.store import encode
 from gpuq.system import procs
+
+RESERVE_MIN = 64 * 1024  # blocks set aside per job write (a job file is a few KiB)
+DISK_FULL_BYTES = 64 * 1024  # a filesystem with less free than this counts as full
+DISK_FULL_NOTE = "the disk was full when it ended (its output may have failed for lack of space)"
+FULL_RETRY_MAX_SECONDS = 30.0
+PUMP_DRAIN_SECONDS = 2.0
 
 
 def job_environment(spool: Spool, job: dict[str, Any], slot: Optional[str]) -> dict[str, str]:
@@ -47,117 +58,127 @@ def job_environment(spool: Spool, job: dict[str, Any], slot: Optional[str]) -> d
 
 
 def _log_line(log_fd: int, text: str) -> None:
-    os.write(log_fd, f"=== gpuq: {text}\n".encode("utf-8", "surrogateescape"))  # argv bytes as given
+    try:
+        os.write(log_fd, f"=== gpuq: {text}\n".encode("utf-8", "surrogateescape"))  # argv bytes as given
+    except OSError:
+        pass  # a full disk: the log loses a line, the job file still records everything
 
 
-def start(
-    spool: Spool,
-    claim: Claim,
-    slot: Optional[str],
-    gpus: Optional[list[int]] = None,
-    hooks: Optional[dict[str, Any]] = None,
-) -> int:
+@dataclass
+class Run:
+    """One run of a job under this supervisor."""
+
+    spool: Spool
+    claim: Claim
+    ref: JobRef
+    job: dict[str, Any]
+    where: dict[str, Any]  # from the worker: slot, gpus, hooks, max_log_bytes
+    room: list[Reservation]  # blocks set aside: for recording the pid, then the end
+    log_fd: int = -1
+
+
+def start(spool: Spool, claim: Claim, where: dict[str, Any]) -> int:
     """Run the claimed job to the end; returns the job's exit code (or -1 if it did not run)."""
+    run = _begin(spool, claim, where)
+    if run is None:
+        return -1
+    try:
+        child, pump = _spawn(run)
+    except OSError as exc:
+        reason = f"could not start: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+        _log_line(run.log_fd, reason)
+        code = finish(run, exit_code=127, sig=None, note=reason, retry=False)
+        after_end(spool, run.job["id"], where.get("hooks") or {})
+        return code
+    ident, me = procs.identity(child.pid), procs.identity(os.getpid())
+    run.job = spool.jobs.rewrite(
+        run.ref, run.job, run.room.pop(0), pid=child.pid, pid_create_time=ident["create_time"], supervisor=me
+    )
+    _forward_termination_to(child.pid)
+    returncode = child.wait()
+    if pump is not None:
+        pump.join(PUMP_DRAIN_SECONDS)  # what is still in the pipe; children holding it do not hold us up
+    _hold_while_preempted_group_lives(spool, run.job["id"], child.pid)
+    sig = -returncode if returncode < 0 else None
+    exit_code = 128 + sig if sig else returncode
+    finish(run, exit_code=exit_code, sig=sig, note=None, retry=True)
+    after_end(spool, run.job["id"], where.get("hooks") or {})
+    return exit_code
+
+
+def _begin(spool: Spool, claim: Claim, where: dict[str, Any]) -> Optional[Run]:
+    """pending -> running, with room set aside to record the job's pid and its end even if its
+    output fills the disk. None (the claim given up, the job left as it is) when the job is gone
+    or there is no room to start it: it stays pending."""
     ref = spool.jobs.find(claim.job_id, (PENDING,))
     if ref is None:  # cancelled or already run by someone else since the worker looked
         claim.release()
-        return -1
+        return None
+    room: list[Reservation] = []
     try:
         job = spool.jobs.load(ref)
         if spool.jobs.newer_copy_elsewhere(ref, job):  # a crash mid-move left this stale copy behind
             spool.jobs.remove(ref)
             raise FileNotFoundError(ref.name)
-    except (FileNotFoundError, schema.InvalidJob):
+        size = max(RESERVE_MIN, 2 * len(encode(job)) + 16384)
+        room = [spool.files.reserve(size), spool.files.reserve(size)]
+        # The supervisor's own identity needs psutil (an import of several ms): it is recorded with
+        # the job's pid after the job has started, so the job does not wait for it.
+        changes = transitions.start(
+            job,
+            slot=where.get("slot"),
+            gpus=where.get("gpus"),
+            boot_id=procs.boot_id(),
+            host=os.uname().nodename,
+            log=str(spool.layout.log_path(job["id"])),
+        )
+        ref, job = spool.jobs.move(ref, job, RUNNING, changes)
+    except (FileNotFoundError, schema.InvalidJob, SpoolFull):
+        for reservation in room:
+            reservation.release()
         claim.release()
-        return -1
-    # The supervisor's own identity needs psutil (an import of several ms): it is recorded with
-    # the job's pid after the job has started, so the job does not wait for it.
-    changes = transitions.start(
-        job,
-        slot=slot,
-        gpus=gpus,
-        boot_id=procs.boot_id(),
-        host=os.uname().nodename,
-        log=str(spool.layout.log_path(job["id"])),
-    )
-    ref, job = spool.jobs.move(ref, job, RUNNING, changes)
-    log_fd = spool.logs.open_job_log(job["id"])
-    _log_line(log_fd, f"job #{job['id']} {job['name']} (attempt {job['attempts']})")
-    _log_line(log_fd, f"cmd: {shlex.join(job['cmd'])}")
-    _log_line(log_fd, f"cwd: {job['cwd']}" + (f"  CUDA_VISIBLE_DEVICES={slot}" if slot is not None else ""))
-    _log_line(log_fd, f"started: {job['started_at']}")
+        return None
+    run = Run(spool, claim, ref, job, where, room)
+    run.log_fd = spool.logs.open_job_log(job["id"])
+    slot = where.get("slot")
+    _log_line(run.log_fd, f"job #{job['id']} {job['name']} (attempt {job['attempts']})")
+    _log_line(run.log_fd, f"cmd: {shlex.join(job['cmd'])}")
+    _log_line(run.log_fd, f"cwd: {job['cwd']}" + (f"  CUDA_VISIBLE_DEVICES={slot}" if slot is not None else ""))
+    _log_line(run.log_fd, f"started: {job['started_at']}")
+    return run
+
+
+def _spawn(run: Run) -> tuple[subprocess.Popen, Optional[Any]]:
+    """Start the job in its own session, its output into its log (through a pipe and the cap's
+    pump when the log is capped)."""
+    job = run.job
+    cap = logcap.cap_of(job.get("max_log_bytes"), run.where.get("max_log_bytes"))
+    out_fd, read_fd = run.log_fd, -1
+    if cap:
+        read_fd, out_fd = os.pipe()
     try:
         child = subprocess.Popen(
             job["cmd"],
             cwd=job["cwd"],
-            env=job_environment(spool, job, slot),
+            env=job_environment(run.spool, job, run.where.get("slot")),
             stdin=subprocess.DEVNULL,
             # gpuq itself runs with umask 077; the job's files get the mask of the shell that queued it
             umask=job["umask"] if job.get("umask") is not None else schema.DEFAULT_JOB_UMASK,
-            stdout=log_fd,
-            stderr=log_fd,
+            stdout=out_fd,
+            stderr=out_fd,
             start_new_session=True,
             close_fds=True,
         )
-    except OSError as exc:
-        reason = f"could not start: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
-        _log_line(log_fd, reason)
-        code = finish(spool, claim, ref, job, exit_code=127, sig=None, note=reason, log_fd=log_fd, retry=False)
-        _after_end(spool, job["id"], hooks or {})
-        return code
-    ident = procs.identity(child.pid)
-    me = procs.identity(os.getpid())
-    job = spool.jobs.rewrite(ref, job, pid=child.pid, pid_create_time=ident["create_time"], supervisor=me)
-    _forward_termination_to(child.pid)
-    returncode = child.wait()
-    _hold_while_preempted_group_lives(spool, job["id"], child.pid)
-    sig = -returncode if returncode < 0 else None
-    exit_code = 128 + sig if sig else returncode
-    finish(spool, claim, ref, job, exit_code=exit_code, sig=sig, note=None, log_fd=log_fd, retry=True)
-    _after_end(spool, job["id"], hooks or {})
-    return exit_code
-
-
-def _after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
-    """The job's and the worker's hooks, once the job's end is recorded and its claim released:
-    whatever they do (fail, hang), the queue is already as it must be. Their output goes to the
-    worker's log."""
-    found = spool.jobs.find(job_id)
-    if found is None or found.state == PENDING:
-        return  # gone, or back in the queue for a retry: its end is still to come
-    try:
-        job = spool.jobs.load(found)
-    except (FileNotFoundError, schema.InvalidJob):
-        return
-    commands = [c for c in (job.get("on_finish"), worker_hooks.get("on_finish")) if c]
-    notify = job.get("notify") or worker_hooks.get("notify")
-    if not (commands or notify):
-        return
-    from gpuq.run import hooks  # only for jobs that have hooks
-
-    def log(line: str) -> None:
-        _worker_log(spool, f"job #{job_id}: {line}")
-
-    state = found.state
-    log_path = str(spool.logs.path_of(job))
-    timeout = hooks.timeout_seconds()
-    for command in commands:
-        env = hooks.hook_env(job_id, job["name"], state, job.get("exit_code"), log_path)
-        hooks.run_on_finish(command, env, log, timeout)
-    if notify:
-        problem = hooks.notify_desktop(
-            {"id": job_id, "name": job["name"], "state": state, "exit_code": job.get("exit_code")}
-        )
-        if problem:
-            log(f"no desktop notification: {problem}")
-
-
-def _worker_log(spool: Spool, line: str) -> None:
-    fd = spool.logs.open_worker_log()
-    try:
-        os.write(fd, f"[{time.strftime('%H:%M:%S')}] {line}\n".encode("utf-8", "replace"))
-    finally:
-        os.close(fd)
+    except OSError:
+        if cap:
+            os.close(read_fd)
+            os.close(out_fd)
+        raise
+    if not cap:
+        return child, None
+    os.close(out_fd)
+    log = logcap.CappedLog(run.log_fd, str(run.spool.logs.path_of(job)), cap)
+    return child, logcap.pump(read_fd, log)
 
 
 def _hold_while_preempted_group_lives(spool: Spool, job_id: int, pgid: int) -> None:
@@ -178,37 +199,56 @@ def _forward_termination_to(pgid: int) -> None:
         signal.signal(signum, forward)
 
 
-def finish(
-    spool: Spool,
-    claim: Claim,
-    ref: JobRef,
-    job: dict[str, Any],
-    *,
-    exit_code: int,
-    sig: Optional[int],
-    note: Optional[str],
-    log_fd: int,
-    retry: bool,
-) -> int:
-    """Record how the attempt ended, move the job on and give up the claim."""
+def finish(run: Run, *, exit_code: int, sig: Optional[int], note: Optional[str], retry: bool) -> int:
+    """Record how the attempt ended, move the job on and give up the claim. The end goes into the
+    blocks set aside at the start, so a disk the job filled cannot lose it; should even that fail,
+    it is noted in the claim's lock file and written as soon as there is room."""
+    spool, job = run.spool, run.job
     request = spool.control.take(job["id"])
     state, why = transitions.destination(job, exit_code, request, retry)
     sig_name = signal.Signals(sig).name if sig else None
-    changes = transitions.end_attempt(job, state, exit_code=exit_code, signal=sig_name, note=note or why)
-    elapsed = time.time() - (parse_iso(job.get("started_at")) or time.time())
-    _log_line(
-        log_fd,
-        f"exit {exit_code}{f' ({sig_name})' if sig_name else ''} at {changes['finished_at']} "
-        f"after {elapsed:.1f}s -> {state}",
+    how = None
+    if state == PENDING:  # an automatic retry continues from the job's newest checkpoint
+        from gpuq.engine import continuation  # rare: not loaded before the job starts
+
+        how = continuation.plan(spool, job)
+        why = f"{why}; {how.text()}"
+    if exit_code != 0 and free_bytes(spool.home) < DISK_FULL_BYTES:
+        why = f"{why or f'exit {exit_code}'}; {DISK_FULL_NOTE}"
+    changes = transitions.end_attempt(
+        job, state, exit_code=exit_code, signal=sig_name, note=note or why, continuation=how
     )
-    os.close(log_fd)
+    elapsed = time.time() - (parse_iso(job.get("started_at")) or time.time())
+    ended = changes["history"][-1]["finished_at"]
+    _log_line(
+        run.log_fd, f"exit {exit_code}{f' ({sig_name})' if sig_name else ''} at {ended} after {elapsed:.1f}s -> {state}"
+    )
+    os.close(run.log_fd)
     if state == PREEMPTED:
         from gpuq.engine import preemption  # rare: not loaded before the job starts
 
         changes.update(preemption.record(spool, job, exit_code, request or PREEMPT))
-    spool.jobs.move(ref, job, state, changes)
-    claim.release()
+    _record_end(run, state, changes, exit_code)
+    for reservation in run.room:
+        reservation.release()
+    run.claim.release()
     return exit_code
+
+
+def _record_end(run: Run, state: str, changes: dict[str, Any], exit_code: int) -> None:
+    """Move the job to `state`, retrying (and saying so in the lock file) while the disk is full."""
+    room = run.room[-1] if run.room else None
+    delay = 1.0
+    while True:
+        try:
+            run.spool.jobs.move(run.ref, run.job, state, changes, room)
+            return
+        except SpoolFull:
+            room = None  # used up, or too small: from now on the spool's own room
+            waiting = {"pid": os.getpid(), "exit_code": exit_code, "state": state, "waiting": "disk full"}
+            run.claim.note(waiting)
+            time.sleep(delay)
+            delay = min(FULL_RETRY_MAX_SECONDS, delay * 2)
 
 
 def parse_args(argv: list[str]) -> dict[str, str]:
@@ -266,9 +306,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.close(log_fd)
     else:
         job_id, lock_fd, where = int(args["--job"]), int(args["--lock-fd"]), json.loads(args["--where"])
-    start(
-        spool, spool.claims.adopt_descriptor(job_id, lock_fd), where.get("slot"), where.get("gpus"), where.get("hooks")
-    )
+    start(spool, spool.claims.adopt_descriptor(job_id, lock_fd), where)
     return 0
 
 

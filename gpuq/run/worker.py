@@ -14,18 +14,21 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from gpuq.core.states import PENDING, RUNNING
-from gpuq.engine import eta, gpuview, intake, placement, recovery, scheduler
+from gpuq.engine import actions, eta, gpuview, intake, placement, recovery, scheduler
 from gpuq.engine.planner import Assignment, Plan, Planner
 from gpuq.engine.preempt import UrgentPreemptions, resume_auto
 from gpuq.engine.snapshot import PendingCache, snapshot
+from gpuq.engine.status import MIN_FREE_TO_START
 from gpuq.run.launcher import Launcher
 from gpuq.spool import Spool
+from gpuq.spool.files import free_bytes
 from gpuq.system.gpus import GpuLook
 
 RESCAN_SECONDS = 5.0  # a full repair (duplicates, stale claims, tmp files) at most this often
 FULL_STEP_SECONDS = 60.0  # a quiet worker still takes a full look this often
 SAMPLE_SECONDS = 30.0  # progress samples of running jobs, for their ETA
 INTAKE_BUDGET_SECONDS = 0.25  # per step; a burst of dropped files is taken in over several steps
+STARTED, CLAIM_HELD, FAILED = "started", "claim held", "failed"  # what became of a launch
 
 
 @dataclass
@@ -43,6 +46,8 @@ class StepResult:
     watch_closely: bool = False  # an adopted job runs: its end is only seen by looking
     more_work: bool = False  # dropped or broken files were left for the next step: come back soon
     gpu_wait: bool = False  # a job waits for GPU memory or GPUs that may free up without an event
+    claim_busy: bool = False  # a ready job's claim was held (its supervisor just requeued it): look again soon
+    space_wait: bool = False  # jobs wait for disk space: look again soon, as space comes back unannounced
 
 
 @dataclass
@@ -53,10 +58,12 @@ class Settings:
     foreign_threshold_mib: int = placement.DEFAULT_FOREIGN_THRESHOLD_MIB  # --foreign-mem-threshold
     notify: bool = False  # --notify: a desktop notification when any job ends
     on_finish: Optional[str] = None  # --on-finish CMD: run when any job ends
+    recover: bool = False  # --recover: interrupted jobs back in the queue when the worker starts
+    max_log_bytes: Optional[int] = None  # --max-log-size: the cap of a job's log (a job's own comes first)
 
-    def hooks(self) -> dict[str, Any]:
-        """What every job's supervisor does when its job ends, besides the job's own hooks."""
-        return {"notify": self.notify, "on_finish": self.on_finish}
+    def for_supervisors(self) -> dict[str, Any]:
+        """What every job's supervisor is told besides where the job runs."""
+        return {"hooks": {"notify": self.notify, "on_finish": self.on_finish}, "max_log_bytes": self.max_log_bytes}
 
 
 class Worker:
@@ -72,6 +79,7 @@ class Worker:
         self.urgent = UrgentPreemptions(spool)
         self.waits: dict[int, scheduler.Wait] = {}  # why ready jobs could not start at the last step
         self._shown_problem: Optional[str] = None  # without GPUs the view changes only with its problem
+        self.said_disk_full = False  # the worker's log says "disk full" once, not at every look
         self.cache = PendingCache()
         self.stopping = False
         self._last_full_reconcile = 0.0
@@ -95,8 +103,8 @@ class Worker:
         if self._quiet_since is None or self.launching or self.urgent.under_way:
             return False
         signature, since, result = self._quiet_since
-        if result.gpu_wait:
-            return False  # GPU memory frees up without any file changing
+        if result.gpu_wait or result.space_wait or result.claim_busy:
+            return False  # GPU memory, disk space and a claim free up without pending/ changing
         if now - since >= FULL_STEP_SECONDS or signature != self.spool.jobs.signature():
             return False
         return not self.spool.dropbox.dropped()  # a dropped file waiting to be complete needs looks
@@ -120,13 +128,17 @@ class Worker:
         snap, invalid = snapshot(self.spool, self.cache)
         self._forget_finished_launches(snap)
         plan = self._plan(snap, now)
+        if plan.starts and not self._room_to_start(plan):
+            result.space_wait = True
         if not self.stopping:
             for victim in plan.victims:
                 self.urgent.begin(victim, now)
                 self.say(f"preempting job #{victim['id']} {victim['name']} to make room for an urgent job")
             for job, where in plan.starts:
-                if self._launch(job, where):
+                outcome = self._launch(job, where)
+                if outcome == STARTED:
                     result.started.append(job["id"])
+                result.claim_busy = result.claim_busy or outcome == CLAIM_HELD
         if plan.look is not None and (plan.look.gpus or plan.look.problem != self._shown_problem):
             self._write_gpu_view(plan.look, snap.running, plan.waits)  # after the starts: they come first
         # after starting jobs: a pile of broken files must not delay them
@@ -152,6 +164,11 @@ class Worker:
         report = recovery.reconcile(self.spool, full=full)
         for job_id, state in report.settled:
             self.say(f"job #{job_id} had lost its process and supervisor: now {state}")
+        if full:
+            self.spool.files.keep_emergency_room()
+            if self.said_disk_full and free_bytes(self.spool.home) >= MIN_FREE_TO_START:
+                self.say("disk space is back: starting jobs again")
+                self.said_disk_full = False
 
     def _take_in_dropped(self, now: float) -> bool:
         """Take in hand-dropped files for a slice of time; True if some were left for later."""
@@ -175,6 +192,19 @@ class Worker:
         self.waits = plan.waits
         return plan
 
+    def recover_interrupted(self) -> None:
+        """`gpuq run --recover`: jobs a reboot interrupted go back in the queue, each from its
+        newest checkpoint, before the first step (engine/actions.py has the rule for jobs that
+        keep being interrupted)."""
+        recovery.reconcile(self.spool, full=True)  # after a reboot: running jobs are interrupted now
+        recovered, left = actions.recover_at_start(self.spool)
+        for job, how in recovered:
+            self.say(f"recovered job #{job['id']} {job['name']}: {how.text()}")
+        for job in left:
+            self.say(
+                f"job #{job['id']} {job['name']} interrupted again: left for you (`gpuq recover --jobs {job['id']}`)"
+            )
+
     def publish_gpus(self) -> GpuLook:
         """Look at the GPUs now and show `gpuq status` what was seen (the worker does at start)."""
         look = self.planner.look()
@@ -190,6 +220,21 @@ class Worker:
             self.spool.workers.write_gpu_view(shown)
         except OSError:
             pass  # only shown by `gpuq status`: a full disk must not stop the worker
+
+    def _room_to_start(self, plan: Plan) -> bool:
+        """Whether the spool's filesystem has room to start jobs (their supervisors set room aside
+        for recording each job's end); if not, the jobs stay pending, saying why."""
+        free = free_bytes(self.spool.home)
+        if free >= MIN_FREE_TO_START:
+            return True
+        reason = f"waiting for disk space: the spool's filesystem has {free // 1024} KiB free"
+        for job, _where in plan.starts:
+            plan.waits[job["id"]] = scheduler.Wait(reason, False)
+        plan.starts = []
+        if not self.said_disk_full:
+            self.say(f"disk full ({free // 1024} KiB free in {self.spool.home}): starting nothing until there is room")
+        self.said_disk_full = True
+        return False
 
     def _mine(self, job: dict[str, Any]) -> bool:
         """A running job in this worker's slots or on its GPUs."""
@@ -208,19 +253,21 @@ class Worker:
         # reap supervisors that have exited, so none lingers as a zombie
         self.supervisors = [p for p in self.supervisors if p.poll() is None]
 
-    def _launch(self, job: dict[str, Any], where: Assignment) -> bool:
+    def _launch(self, job: dict[str, Any], where: Assignment) -> str:
+        """STARTED, CLAIM_HELD (someone holds the job: another worker, a cancel, or its own
+        supervisor just putting it back in the queue) or FAILED."""
         claim = self.spool.claims.claim(job["id"])
         if claim is None:
-            return False  # another worker (or a cancel) got there first
+            return CLAIM_HELD
         try:
-            process = self.launcher.launch(claim, where.slot, where.gpus, self.settings.hooks())
+            process = self.launcher.launch(claim, where.slot, where.gpus, self.settings.for_supervisors())
         except OSError as exc:
             claim.release()
             self.say(f"job #{job['id']}: could not start its supervisor: {exc}")
-            return False
+            return FAILED
         self.launching[job["id"]] = Launch(job["id"], process, where)
         self.say(f"starting job #{job['id']} {job['name']}{_where_text(where)}")
-        return True
+        return STARTED
 
     def _sample_progress(self, now: float, running: list[dict[str, Any]]) -> None:
         if now - self._last_sample < SAMPLE_SECONDS:

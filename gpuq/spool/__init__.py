@@ -26,7 +26,7 @@ from gpuq.spool.claims import Claim, Claims
 from gpuq.spool.control import ControlRequests
 from gpuq.spool.dropbox import Dropbox
 from gpuq.spool.errors import SpoolError, SpoolFull
-from gpuq.spool.files import Files
+from gpuq.spool.files import Files, disk_space
 from gpuq.spool.ids import IdCounter
 from gpuq.spool.imports import ImportRecords
 from gpuq.spool.layout import Layout, default_home
@@ -76,7 +76,10 @@ class Spool:
         adopters of one process cannot both create a job."""
         return mutex.held(self.layout, "adopt")
 
-    def delete_outputs(self, job_id: int) -> None:
-        """A removed job's log, progress file and samples (`gpuq clear`)."""
-        self.logs.delete(job_id)
-        self.reports.delete(job_id)
+    def disk_space(self) -> tuple[int, int]:
+        """(total, free) bytes of the filesystem the spool lives on."""
+        return disk_space(self.home)
+
+    def delete_outputs(self, job_id: int) -> int:
+        """A job's log, progress file and samples (`gpuq clear`); the bytes that frees."""
+        return self.logs.delete(job_id) + self.reports.delete(job_id)

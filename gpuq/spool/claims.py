@@ -14,9 +14,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from gpuq.spool.files import Files
+from gpuq.spool.errors import SpoolFull
+from gpuq.spool.files import Files, read_small
 from gpuq.spool.layout import Layout
-from gpuq.system import fsutil
+from gpuq.system import fsutil, security
+
+LOCK_NOTE_BYTES = 1024  # within the first block every lock file has
 
 
 class Claim:
@@ -34,6 +37,13 @@ class Claim:
         os.close(self.fd)
         self.fd = -1
 
+    def note(self, info: dict) -> None:
+        """Write `info` into the lock file itself, in place: the lock file already has its block,
+        so this needs no new room (how a job ended, while the disk is too full to record it)."""
+        data = json.dumps(info).encode()[:LOCK_NOTE_BYTES]
+        os.pwrite(self.fd, data.ljust(LOCK_NOTE_BYTES), 0)
+        os.fsync(self.fd)
+
     def detach(self) -> None:
         """Forget the claim without removing it (another process now holds the descriptor)."""
         if self.fd >= 0:
@@ -50,7 +60,15 @@ class Claims:
         tmp = self.files.tmp_path("claim")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "at": time.time()}).encode())
+        owner = json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "at": time.time()}).encode()
+        try:  # padded: its block is then there for a later note, even on a full disk
+            os.write(fd, owner.ljust(LOCK_NOTE_BYTES))
+        except OSError as exc:
+            os.close(fd)
+            os.unlink(tmp)
+            if exc.errno in security.FULL_ERRNOS:
+                raise SpoolFull(self.layout.home, exc) from None
+            raise
         try:
             fsutil.rename_noreplace(tmp, self.layout.lock_path(job_id))
         except FileExistsError:
@@ -81,12 +99,21 @@ class Claims:
         """
         path = self.layout.lock_path(job_id)
         fd = fsutil.open_existing(path, os.O_RDWR)
-        if fd is None:
-            return self.claim(job_id)
+        if fd is None:  # a person's action (cancel, retry) must work on a full disk too
+            return self.files.with_room(lambda: self.claim(job_id))
         if fsutil.try_flock(fd) and fsutil.same_inode(fd, path):
             return Claim(job_id, fd, path)
         os.close(fd)
         return None
+
+    def noted(self, job_id: int) -> Optional[dict]:
+        """What the claim's owner noted in the lock file (see Claim.note), or None."""
+        data = read_small(self.layout.lock_path(job_id), LOCK_NOTE_BYTES)
+        try:
+            info = json.loads(data.rstrip(b" \0")) if data else None
+        except ValueError:
+            return None
+        return info if isinstance(info, dict) else None
 
     def ids(self) -> list[int]:
         """Jobs that have a lock file now (held or stale)."""

@@ -18,7 +18,7 @@ class ControlRequests:
 
     def request(self, job_id: int, action: str) -> None:
         data = json.dumps({"action": action, "at": time.time()}).encode()
-        self.files.replace(self.layout.control_path(job_id), data, "ctl")
+        self.files.with_room(lambda: self.files.replace(self.layout.control_path(job_id), data, "ctl"))
 
     def peek(self, job_id: int) -> Optional[str]:
         """The pending request for a job, left in place."""

@@ -12,14 +12,30 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 from gpuq.core.schema import InvalidJob
 from gpuq.spool.errors import SpoolFull
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil, procs, security
 
+T = TypeVar("T")
 STALE_TMP_SECONDS = 600.0
+RESERVE_BYTES = 256 * 1024  # the spool's emergency room: given up so a write can go through on a full disk
+
+
+class Reservation:
+    """Room set aside in tmp/ (a file of allocated blocks) for one later write, so that the write
+    needs no new blocks: the job's end, written by its supervisor on a disk its output filled."""
+
+    def __init__(self, path: Path, fd: int, size: int):
+        self.path, self.fd, self.size = path, fd, size
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+            unlink_quietly(self.path)
 
 
 class Files:
@@ -45,6 +61,61 @@ class Files:
                 raise SpoolFull(self.layout.home, exc) from None
             raise
         return path
+
+    # ---- room for a full disk -----------------------------------------------------------------
+    def reserve(self, size: int) -> Reservation:
+        """A reservation of `size` bytes of real blocks (written, fsynced); SpoolFull if there is
+        no room. Its file is named after this process, so clean_tmp removes it if we die."""
+        path = self.tmp_path("reserve")
+        try:
+            fsutil.write_new_file(path, bytes(size))
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError as exc:
+            unlink_quietly(path)
+            if exc.errno in security.FULL_ERRNOS:
+                raise SpoolFull(self.layout.home, exc) from None
+            raise
+        return Reservation(path, fd, size)
+
+    def place_into(self, reservation: Reservation, target: Path, data: bytes, replace: bool) -> bool:
+        """Write `data` into the reservation's blocks and rename it to `target` (durably); the
+        reservation is used up. False (reservation untouched) when `data` does not fit in it."""
+        if reservation.fd < 0 or len(data) > reservation.size:
+            return False
+        os.pwrite(reservation.fd, data, 0)
+        os.ftruncate(reservation.fd, len(data))
+        os.fsync(reservation.fd)
+        os.close(reservation.fd)
+        reservation.fd = -1
+        _rename_or_drop(reservation.path, target, replace)
+        fsutil.fsync_dir(target.parent)
+        return True
+
+    def keep_emergency_room(self) -> None:
+        """Keep the spool's emergency room (the file `reserve`) while the disk has space for it."""
+        path = self.layout.top_file("reserve")
+        if os.path.exists(path) or free_bytes(self.layout.home) < 4 * RESERVE_BYTES:
+            return
+        try:
+            self.replace(path, bytes(RESERVE_BYTES), "reserve")
+        except OSError:
+            pass  # the disk filled up meanwhile: next time
+
+    def with_room(self, write: Callable[[], T]) -> T:
+        """Run `write`; if the disk is full, give up the emergency room and run it once more.
+        For the writes a person needs on a full disk (cancel, kill, retry) and for recording how
+        jobs ended: never for new jobs, which would only fill the room up."""
+        try:
+            return write()
+        except SpoolFull:
+            if not self.give_up_emergency_room():
+                raise
+            return write()
+
+    def give_up_emergency_room(self) -> bool:
+        """Free the emergency room so that a write can go through on a full disk; False if it is
+        already gone."""
+        return unlink_quietly(self.layout.top_file("reserve"))
 
     def replace(self, target: Path, data: bytes, kind: str, durable: bool = True) -> None:
         """Atomically make `target` hold `data`, replacing what was there."""
@@ -86,6 +157,30 @@ def _rename_or_drop(tmp: Path, target: Path, replace: bool) -> None:
     except BaseException:
         unlink_quietly(tmp)
         raise
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged process may still write on the filesystem of `path`."""
+    return disk_space(path)[1]
+
+
+def disk_space(path: Path) -> tuple[int, int]:
+    """(total, free) bytes of the filesystem of `path` (zeros if it cannot be told)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0, 0
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def remove_counting(path: Path) -> int:
+    """Remove a file (never through a link); the bytes of disk that frees (0 if it was not there)."""
+    try:
+        size = os.lstat(path).st_blocks * 512
+        os.unlink(path)
+    except FileNotFoundError:
+        return 0
+    return size
 
 
 def unlink_quietly(path: Path) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuq.core.states import SOURCE_IMPORTED
-from gpuq.spool.files import read_from, tail, unlink_quietly
+from gpuq.spool.files import read_from, remove_counting, tail
 from gpuq.spool.layout import Layout
 
 TAIL_LINES_MAX_BYTES = 4 << 20  # a log with no line breaks must not make `gpuq log` read all of it
@@ -71,8 +71,9 @@ class Logs:
         except OSError:
             return 0
 
-    def delete(self, job_id: int) -> None:
-        unlink_quietly(self.layout.log_path(job_id))
+    def delete(self, job_id: int) -> int:
+        """Remove the job's log; the bytes that frees."""
+        return remove_counting(self.layout.log_path(job_id))
 
 
 def _open_append(path: Path) -> int:

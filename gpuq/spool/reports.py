@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuq.spool.files import Files, open_regular, read_small, unlink_quietly
+from gpuq.spool.files import Files, open_regular, read_small, remove_counting
 from gpuq.spool.layout import Layout
 
 
@@ -50,6 +50,6 @@ class Reports:
         data = json.dumps(samples, separators=(",", ":")).encode()
         self.files.replace(self.layout.samples_path(job_id), data, "samples", durable=False)
 
-    def delete(self, job_id: int) -> None:
-        unlink_quietly(self.layout.progress_path(job_id))
-        unlink_quietly(self.layout.samples_path(job_id))
+    def delete(self, job_id: int) -> int:
+        """Remove the job's progress files; the bytes that frees."""
+        return remove_counting(self.layout.progress_path(job_id)) + remove_counting(self.layout.samples_path(job_id))

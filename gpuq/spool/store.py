@@ -14,7 +14,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 from gpuq.core import schema
 from gpuq.core.states import STATES
-from gpuq.spool.files import Files, read_job_file, unlink_quietly
+from gpuq.spool.files import Files, Reservation, read_job_file, unlink_quietly
 from gpuq.spool.layout import JOB_NAME_RE, Layout
 from gpuq.system import fsutil
 
@@ -109,6 +109,23 @@ class JobStore:
                 continue
         return out
 
+    def load_all(self, written_since: Optional[float] = None) -> list[tuple[str, dict[str, Any]]]:
+        """(state, job) of every valid job; with `written_since`, only files last written at or
+        after it (a stat each; a file not rewritten since cannot record anything later)."""
+        out = []
+        for ref in self.refs():
+            if written_since is not None:
+                try:
+                    if os.stat(self.layout.job_path(ref.state, ref.name)).st_mtime < written_since:
+                        continue
+                except FileNotFoundError:
+                    continue
+            try:
+                out.append((ref.state, self.load(ref)))
+            except (FileNotFoundError, schema.InvalidJob):
+                continue
+        return out
+
     # ---- writing ------------------------------------------------------------------------------
     def publish(self, job: dict[str, Any], state: str = "pending") -> JobRef:
         """Publish a new job file; once this returns it survives a power cut. FileExistsError if
@@ -117,39 +134,62 @@ class JobStore:
         self.files.place_new(self.layout.job_path(state, name), encode(job), "job")
         return JobRef(job["id"], state, name)
 
-    def move(self, ref: JobRef, job: dict[str, Any], state: str, changes: dict[str, Any]) -> tuple[JobRef, dict]:
+    def move(
+        self,
+        ref: JobRef,
+        job: dict[str, Any],
+        state: str,
+        changes: dict[str, Any],
+        reservation: Optional[Reservation] = None,
+    ) -> tuple[JobRef, dict]:
         """Move a job to `state` (or write it anew in place when the state is the same) with
-        `changes` applied and rev + 1. The caller holds the job's claim."""
+        `changes` applied and rev + 1. The caller holds the job's claim. The new version goes into
+        `reservation`'s blocks when one is given (and it fits), so that it needs no new room; on a
+        full disk the spool's emergency room is given up for it."""
         unknown = set(changes) - schema.KNOWN_FIELDS
         if unknown:  # a misspelt field would otherwise be written and never read
             raise KeyError(f"not job fields: {', '.join(sorted(unknown))}")
         new = dict(job, **changes)
         new["rev"] = job["rev"] + 1
-        if state == ref.state:
-            path = self.layout.job_path(ref.state, ref.name)
-            self.files.replace(path, encode(new), "job")  # replaces our own file, by design
+        data = encode(new)
+        name = schema.filename(new["id"], new["name"])
+        in_place = state == ref.state and name == ref.name  # else a new file, then the old one goes
+        target = self.layout.job_path(state, name)
+        placed = reservation is not None and self.files.place_into(reservation, target, data, replace=in_place)
+        if not placed:
+            if in_place:  # replaces our own file, by design
+                self.files.with_room(lambda: self.files.replace(target, data, "job"))
+            else:
+                self.files.with_room(lambda: self.files.place_new(target, data, "job"))
+        if in_place:
             return ref, new
-        new_ref = self.publish(new, state)
         self.remove(ref)  # a recovery scan may have removed the old copy already
-        return new_ref, new
+        return JobRef(new["id"], state, name), new
 
-    def rewrite(self, ref: JobRef, job: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    def rewrite(
+        self, ref: JobRef, job: dict[str, Any], reservation: Optional[Reservation] = None, **changes: Any
+    ) -> dict[str, Any]:
         """A new version of a job in its current state (never an edit of the published file)."""
-        return self.move(ref, job, ref.state, changes)[1]
+        return self.move(ref, job, ref.state, changes, reservation)[1]
 
     def remove(self, ref: JobRef) -> None:
         if unlink_quietly(self.layout.job_path(ref.state, ref.name)):
             fsutil.fsync_dir(self.layout.state_dir(ref.state))
 
     def newer_copy_elsewhere(self, ref: JobRef, job: dict[str, Any]) -> bool:
-        """Whether a crash mid-move left this job in another state too, with a higher rev (then
-        `ref` is the stale copy). Older copies found are removed. The caller holds the claim.
-        A job keeps its file name in every state, so this is a handful of exact-name lookups."""
+        """Whether a crash mid-move left this job in another state (or, after an edit that renamed
+        it, under another name in its own), with a higher rev: then `ref` is the stale copy. Older
+        copies found are removed. The caller holds the claim. A job keeps its file name in every
+        state, so this is a handful of exact-name lookups and one listing of its own directory."""
+        others = [JobRef(ref.id, state, ref.name) for state in STATES if state != ref.state]
+        prefix = f"{ref.id:06d}-"
+        others += [
+            JobRef(ref.id, ref.state, n) for n in self.names(ref.state) if n.startswith(prefix) and n != ref.name
+        ]
         newer = False
-        for state in STATES:
-            if state == ref.state or not os.path.lexists(self.layout.job_path(state, ref.name)):
+        for other in others:
+            if not os.path.lexists(self.layout.job_path(other.state, other.name)):
                 continue
-            other = JobRef(ref.id, state, ref.name)
             try:
                 other_rev = self.load(other)["rev"]
             except (FileNotFoundError, schema.InvalidJob):

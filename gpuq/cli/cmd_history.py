@@ -1,0 +1,66 @@
+"""`gpuq history`: where the GPU hours went, per directory, script, day or sweep, and a picture."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Optional
+
+from gpuq.cli.common import spool
+from gpuq.core.errors import UsageError
+from gpuq.core.times import duration
+from gpuq.engine import history
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    now = time.time()
+    try:
+        since = history.parse_since(args.since, now) if args.since else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    pairs = history_jobs(since)
+    if args.plot:
+        from gpuq.cli.plot import plot  # matplotlib: only for --plot
+
+        chosen = [run for run in history.runs(pairs) if since is None or run.end >= since]
+        try:
+            plot(chosen, args.plot)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"wrote {args.plot}: {len(chosen)} run(s)")
+        return 0
+    groups = history.summarize(pairs, since, args.by)
+    if args.json:
+        print(json.dumps(history.to_json(groups), indent=2))
+        return 0
+    print(_table(groups, args.by))
+    return 0
+
+
+def history_jobs(since: Optional[float]) -> list[tuple[str, dict]]:
+    """(state, job) of every job that may have run since `since`."""
+    return spool().jobs.load_all(since)
+
+
+def _table(groups: list, by: str) -> str:
+    header = (by, "runs", "done", "failed", "GPU-h", "median", "preempted")
+    rows = [header] + [
+        (
+            str(g.key if g.key is not None else "-"),
+            str(g.runs),
+            str(g.done),
+            str(g.failed),
+            f"{g.gpu_hours:.2f}",
+            duration(g.median_seconds) or "-",
+            str(g.preempted),
+        )
+        for g in groups
+    ]
+    if len(rows) == 1:
+        return "no finished runs in this period"
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "─" * len(lines[0]))
+    total = sum(g.gpu_hours for g in groups)
+    return "\n".join(lines + [f"total: {sum(g.runs for g in groups)} runs, {total:.2f} GPU-hours"])

@@ -1,0 +1,150 @@
+"""A full disk (issue 14), on a real small filesystem (a tmpfs this test mounts; skipped where
+mounting is not permitted): every exit code is kept, the worker lives on and starts the next job
+once there is room, and gpuq itself can make room. Also the log cap, which needs no mount."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from conftest import Env, wait_for
+
+FILL = """import os, sys
+chunk = b"x" * (256 * 1024)
+try:
+    while True:
+        os.write(1, chunk)
+except OSError:
+    os._exit(7)  # the disk is full: a job that says so with its own exit code
+"""
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.strip() or proc.returncode}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def gq_full(gq: Env, small_fs: Path) -> Env:
+    """gq with its spool and its jobs' working directory on the small filesystem."""
+    gq.home = small_fs / "spool"
+    gq.env["GPUQ_HOME"] = str(gq.home)
+    gq.work = small_fs / "work"
+    gq.work.mkdir()
+    return gq
+
+
+def fill_up(where: Path) -> Path:
+    """Take the rest of the filesystem, as another program would."""
+    filler = where / "filler"
+    with open(filler, "ab") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def waiting(gq: Env, job_id: int) -> str:
+    return next(r for r in gq.status_json() if r["id"] == job_id)["waiting"] or ""
+
+
+def test_a_job_that_fills_the_disk_keeps_its_exit_code_and_the_worker_goes_on(gq_full: Env) -> None:
+    gq = gq_full
+    gq.script("fill.py", FILL)
+    gq.script("ok.py", "print('next job ran')\n")
+    filler = gq.add("fill.py")
+    later = gq.add("ok.py")
+    extra = gq.add("ok.py")
+    worker = gq.start_worker("--watch")
+
+    failed = gq.wait_state(filler, "failed", timeout=60)
+    assert failed["exit_code"] == 7  # the real exit code, not lost to the full disk
+    assert "disk was full" in failed["note"]
+    assert worker.poll() is None  # the worker lives on
+    wait_for(lambda: "waiting for disk space" in waiting(gq, later), 20, what="the next job to wait for space")
+    assert gq.state_of(later) == "pending"
+
+    fill_up(gq.work)  # really full now: `add` needs room it cannot have
+    before = gq.files("pending")
+    refused = gq.gpuq("add", "ok.py", check=False)
+    assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1
+    assert "cannot write to the spool" in refused.stderr
+    assert gq.files("pending") == before and len(before) == 2  # nothing half-added
+    assert not [n for n in os.listdir(gq.home / "tmp") if n.startswith(".job")]
+
+    gq.gpuq("cancel", str(extra))  # a person can still act on a full disk
+    assert gq.state_of(extra) == "cancelled"
+    out = gq.gpuq("clear", "--logs").stdout
+    assert "dropped the logs of" in out and "freeing" in out
+    freed = float(out.split("freeing ")[1].split(" MiB")[0])
+    assert freed >= 5.0  # the filler's log
+    gq.wait_state(later, "done", timeout=30)  # space came back: the worker started it by itself
+    assert "next job ran" in gq.log(later)
+    assert worker.poll() is None
+
+
+def test_status_warns_when_the_spool_is_nearly_full(gq_full: Env) -> None:
+    gq = gq_full
+    gq.gpuq("status")
+    fill_up(gq.work)
+    out = gq.gpuq("status").stdout
+    assert "warning: disk full: the spool's filesystem has 0% free" in out
+
+
+def test_an_end_noted_in_the_lock_file_survives_its_supervisor(gq: Env) -> None:
+    """A supervisor that waited for room (its job's end noted in the claim's lock file) and then
+    died: the next look records the end with the noted exit code."""
+    gq.script("t.py", "")
+    job_id = gq.add("t.py")
+    code = (
+        "import sys, time\nfrom gpuq.spool import Spool\nfrom gpuq.core import transitions\n"
+        "s = Spool(sys.argv[1]); ref = s.jobs.find(int(sys.argv[2])); job = s.jobs.load(ref)\n"
+        "claim = s.claims.claim(job['id'])\n"
+        "started = transitions.start(job, slot=None, gpus=None, boot_id='b', host='h', log='')\n"
+        "s.jobs.move(ref, job, 'running', started)\n"
+        "claim.note({'pid': 1, 'exit_code': 3, 'state': 'failed', 'waiting': 'disk full'})\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(gq.home), str(job_id)], check=True)  # dies holding nothing
+    gq.gpuq("status")
+    job = gq.wait_state(job_id, "failed")
+    assert job["exit_code"] == 3 and "noted by its supervisor while the disk was full" in job["note"]
+
+
+def test_a_capped_log_keeps_its_head_and_newest_tail(gq: Env) -> None:
+    gq.script(
+        "chatty.py",
+        "import sys, time\nfor i in range(30000):\n    print(f'line {i:06d} ' + 'x' * 40)\n"
+        "    if i % 3000 == 0: sys.stdout.flush(); time.sleep(0.05)\nprint('the end')\n",
+    )
+    cap = 64 * 1024
+    job_id = gq.add("--max-log-size", "64K", "chatty.py")
+    log = gq.home / "logs" / f"{job_id:06d}.log"
+    gq.start_worker()
+    sizes = []
+    wait_for(lambda: sizes.append(log.stat().st_size if log.exists() else 0) or gq.state_of(job_id) == "done", 60)
+    assert max(sizes) <= cap + 1024  # never past the cap (the supervisor's own lines aside)
+    text = log.read_text()
+    assert "line 000000" in text and "log cut here (--max-log-size)" in text
+    tail = gq.gpuq("log", str(job_id), "-n", "3").stdout.splitlines()
+    assert tail[0].startswith("line 029999") and tail[1] == "the end" and tail[2].startswith("=== gpuq: exit 0")
+    dropped = int(text.split("log cut here (--max-log-size):")[1].split("bytes")[0])
+    assert dropped + len(text.encode()) > 30000 * 52  # what was left out plus what is there: everything
+    assert json.loads(gq.gpuq("show", str(job_id)).stdout)["max_log_bytes"] == cap
