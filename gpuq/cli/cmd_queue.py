@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -34,6 +35,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     options.update(_gpu_options(args), notify=args.notify, on_finish=args.on_finish, no_resume=args.no_resume)
     if args.max_log_size is not None:
         options["max_log_bytes"] = _bytes(args.max_log_size, "--max-log-size")
+    options.update(_safeguards(args, cwd))
     published = enqueue.enqueue_many(
         spool(),
         variants,
@@ -115,6 +117,40 @@ def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
     if problem:
         raise UsageError(f"{problem}: this job could never start")
     return {"gpu_request": args.gpus, "gpu_mem_mib": mem}
+
+
+def _safeguards(args: argparse.Namespace, cwd: Path) -> dict[str, Any]:
+    """--time, --begin, and the code the job was queued with (--snapshot: a copy of it)."""
+    from gpuq.core import timespec
+
+    out: dict[str, Any] = {}
+    try:
+        if args.time is not None:
+            out["time_limit"] = timespec.parse_duration(args.time, "--time")
+        if args.begin is not None:
+            from gpuq.core.times import iso_of
+
+            out["begin_at"] = iso_of(timespec.parse_begin(args.begin, time.time(), "--begin"))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not _in_git_work_tree(cwd):
+        if args.snapshot:
+            raise UsageError(f"--snapshot needs a git repository; {cwd} is not in one")
+        return out
+    from gpuq.system import gitinfo  # subprocess and git: only inside a repository
+
+    out["code"] = gitinfo.provenance(str(cwd))
+    if args.snapshot and out["code"] is None:
+        raise UsageError(f"--snapshot: git cannot read the repository of {cwd}")
+    if args.snapshot:
+        out["snapshot"] = {"repo": out["code"]["repo"]}  # copied once the job has its id
+    return out
+
+
+def _in_git_work_tree(cwd: Path) -> bool:
+    """A `.git` in `cwd` or above it: a stat per level, so that `add` outside a repository does
+    not pay for starting git."""
+    return any((directory / ".git").exists() for directory in (cwd, *cwd.parents))
 
 
 def _bytes(text: str, flag: str) -> int:

@@ -42,6 +42,13 @@ JSON_FIELDS = (
     "gpu_request",
     "gpu_mem_mib",
     "gpus",
+    "reason",
+    "time_limit",
+    "begin_at",
+    "code",
+    "code_changed",
+    "snapshot",
+    "sweep",
 )
 
 

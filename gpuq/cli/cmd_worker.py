@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from gpuq.cli.common import spool
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.timespec import parse_size_bytes, parse_size_mib
+from gpuq.core.timespec import parse_duration, parse_size_bytes, parse_size_mib
 from gpuq.engine import actions
 
 RUN_NEEDS = ("psutil", "watchdog")  # what the worker and the supervisors import
@@ -23,11 +24,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = Settings(gpus=gpus, notify=args.notify, on_finish=args.on_finish, recover=args.recover)
     if args.foreign_mem_threshold is not None:
         settings.foreign_threshold_mib = _size_mib(args.foreign_mem_threshold, "--foreign-mem-threshold")
-    if args.max_log_size is not None:
-        try:
+    try:
+        if args.max_log_size is not None:
             settings.max_log_bytes = parse_size_bytes(args.max_log_size, "--max-log-size")
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        if args.default_time is not None:
+            settings.default_time = parse_duration(args.default_time, "--default-time")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     sp = spool()
     if args.daemon:
         pid = daemon.start_background(sp, _run_options(args))
@@ -66,6 +69,7 @@ def _run_options(args: argparse.Namespace) -> list[str]:
         ("--foreign-mem-threshold", args.foreign_mem_threshold),
         ("--on-finish", args.on_finish),
         ("--max-log-size", args.max_log_size),
+        ("--default-time", args.default_time),
     ):
         if value is not None:
             out += [flag, value]
@@ -81,6 +85,13 @@ def _size_mib(text: str, flag: str) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     sp = spool()
+    if args.drain:
+        drained = actions.drain_workers(sp)
+        if not drained:
+            print("no worker was running")
+        for info in drained:
+            print(f"worker {info.get('pid')}: starting nothing new; it exits once its running jobs have ended")
+        return 0
     stopped = actions.stop_workers(sp)
     print(f"stopped worker(s): {', '.join(str(w.get('pid')) for w in stopped)}" if stopped else "no worker was running")
     running = actions.jobs_in(sp, ("running",))
@@ -95,3 +106,24 @@ def cmd_stop(args: argparse.Namespace) -> int:
             "`gpuq stop --kill-jobs` stops them too."
         )
     return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    """Exit 0 once every job waited for is done; 1 (naming the others) when any is not."""
+    sp = spool()
+    ids = sorted({i for group in args.ids for i in group}) or actions.queued_now(sp)
+    if not ids:
+        print("nothing queued or running")
+        return 0
+    index = sp.jobs.index()
+    waiting = any(ref.state == "pending" for i in ids for ref in index.get(i, []))
+    if waiting and not sp.workers.live():
+        print("gpuq wait: no worker is running (`gpuq run --daemon`); waiting for one", file=sys.stderr)
+    waited = actions.wait_for(sp, ids, args.timeout)
+    for job_id, (state, why) in sorted(waited.ends.items()):
+        if state != "done":
+            print(f"#{job_id} {state}" + (f": {why}" if why else ""))
+    if waited.all_done:
+        print(f"all {len(ids)} job(s) done")
+        return 0
+    return 1

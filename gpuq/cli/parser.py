@@ -110,6 +110,13 @@ def build_parser() -> Parser:
         )
         p.add_argument("--yes", action="store_true", help="with --sweep: queue more than 1,000 jobs")
         p.add_argument("--hold", action="store_true", help="queue it held: it starts only after `gpuq release`")
+        p.add_argument("--time", metavar="LIMIT", help="stop it once it has run this long (4h, 90m, 1:30:00)")
+        p.add_argument("--begin", metavar="WHEN", help="start it no earlier than WHEN (02:00, +2h, an ISO time)")
+        p.add_argument(
+            "--snapshot",
+            action="store_true",
+            help="copy the git repository's tracked files (with uncommitted changes) now: the job runs this code",
+        )
         p.add_argument(
             "--gpus",
             type=_count,
@@ -191,13 +198,26 @@ def build_parser() -> Parser:
     )
     p.add_argument("--notify", action="store_true", help="a desktop notification whenever a job ends")
     p.add_argument("--max-log-size", metavar="SIZE", help="cap every job's log (a job's own cap comes first)")
+    p.add_argument("--default-time", metavar="LIMIT", help="the time limit of jobs without their own --time")
     p.add_argument("--on-finish", metavar="CMD", help="a shell command run whenever a job ends (see `add --on-finish`)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func="cmd_worker:cmd_run")
 
     p = sub.add_parser("stop", help="stop the worker(s); jobs keep running unless --kill-jobs")
-    p.add_argument("--kill-jobs", action="store_true", help="also kill every running job")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--kill-jobs", action="store_true", help="also kill every running job")
+    how.add_argument("--drain", action="store_true", help="start nothing new; each worker exits when its jobs end")
     p.set_defaults(func="cmd_worker:cmd_stop")
+
+    p = sub.add_parser(
+        "wait",
+        help="block until jobs end; exit 0 only if all are done",
+        description="Wait until the jobs (default: every job queued or running now) have ended. Exit 0 if "
+        "all are done, 1 otherwise, naming the ones that failed, were cancelled, or cannot start by themselves.",
+    )
+    p.add_argument("ids", type=_ids, nargs="*", metavar="ID")
+    p.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds (exit 1)")
+    p.set_defaults(func="cmd_worker:cmd_wait")
 
     p = sub.add_parser("status", help="show the queue")
     p.add_argument("-a", "--all", action="store_true", help="every finished job, not only the recent ones")

@@ -69,8 +69,15 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
             parts.append(job.get("note") or "retry")
     elif job.get("exit_code") is not None:
         parts.append(f"exit={job['exit_code']}" + (f" ({job['signal']})" if job.get("signal") else ""))
-    if state in ("interrupted", "cancelled", "preempted", "failed", "held") and job.get("note"):
-        parts.append(job["note"])
+    if state == "failed" and job.get("reason"):
+        parts.append(job["reason"])
+    if job.get("code_changed"):
+        parts.append(job["code_changed"])
+    note = job.get("note")
+    if note and job.get("reason") and "time limit" in note and "time limit" in job["reason"]:
+        note = None  # said once, by the reason
+    if state in ("interrupted", "cancelled", "preempted", "failed", "held") and note:
+        parts.append(note)
     if job.get("priority"):
         parts.append(f"prio={job['priority']}")
     return "  ".join(parts)
@@ -175,7 +182,8 @@ def worker_line(workers: list[dict[str, Any]], pending: int) -> str:
     for w in workers:
         since = datetime.fromtimestamp(w.get("started", time.time())).strftime("%Y-%m-%d %H:%M:%S")
         gpus = ",".join(w["gpus"]) if w.get("gpus") else "all"
-        parts.append(f"pid {w.get('pid')} since {since} (gpus: {gpus}{', watching' if w.get('watch') else ''})")
+        mode = ", draining: starting nothing new" if w.get("draining") else (", watching" if w.get("watch") else "")
+        parts.append(f"pid {w.get('pid')} since {since} (gpus: {gpus}{mode})")
     return "worker: running, " + "; ".join(parts)
 
 

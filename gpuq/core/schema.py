@@ -129,6 +129,13 @@ CONTINUE_DEFAULTS: dict[str, Any] = {
     "ckpt_since": None,  # when this run began: checkpoints completed before are an earlier run's
     "lost_steps": None,  # steps the interruption before the current attempt cost (done - checkpoint)
 }
+# Safeguards (issue 17; spool_layout.md section 15).
+SAFEGUARD_DEFAULTS: dict[str, Any] = {
+    "time_limit": None,  # --time: seconds a run may take before it is stopped
+    "begin_at": None,  # --begin: it does not start before this ISO time
+    "code": None,  # the git commit, branch, dirty flag and diff hash of its directory when queued
+    "snapshot": None,  # --snapshot: the copy of its repository it runs ({path, files, bytes, repo})
+}
 # A job of a sweep (`gpuq add --sweep lr=1e-4,3e-4`): {"id": the sweep's first job id, "values": {"lr": "1e-4"}}
 SWEEP_DEFAULTS: dict[str, Any] = {"sweep": None}
 # Fields `gpuq add`'s options set when a job is queued; absent from older files: read with .get().
@@ -138,6 +145,7 @@ OPTION_DEFAULTS: dict[str, Any] = {
     **HOOK_DEFAULTS,
     **CONTINUE_DEFAULTS,
     **SWEEP_DEFAULTS,
+    **SAFEGUARD_DEFAULTS,
 }
 
 
@@ -331,6 +339,14 @@ def _iso(value: Any) -> bool:
     return True
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _snapshot(value: Any) -> bool:
+    return isinstance(value, dict) and _os_str(value.get("path")) and value["path"].startswith("/")
+
+
 def _sweep(value: Any) -> bool:
     if not isinstance(value, dict) or set(value) != {"id", "values"}:
         return False
@@ -388,6 +404,12 @@ OPTIONAL: dict[str, tuple[Any, str]] = {
     **{f: (_opt(_os_str), "null or a string") for f in ("ckpt_glob", "resume_arg", "checkpoint", "resumed_from")},
     "resumed_from_step": (_opt(_is_int), "null or an integer"),
     "no_resume": (lambda v: isinstance(v, bool), "true or false"),
+    "time_limit": (_opt(lambda v: _number(v) and v > 0), "null or a positive number of seconds"),
+    "begin_at": (_opt(_iso), "null or an ISO 8601 time"),
+    "code": (_opt(lambda v: isinstance(v, dict)), "null or an object"),
+    "code_changed": (_opt(lambda v: isinstance(v, str)), "null or a string"),
+    "snapshot": (_opt(_snapshot), 'null or {"path": an absolute path, ...}'),
+    "reason": (_opt(lambda v: isinstance(v, str)), "null or a string"),
     "sweep": (_opt(_sweep), 'null or {"id": a job id, "values": an object of strings}'),
     "ckpt_since": (_opt(_iso), "null or an ISO 8601 time"),
     "lost_steps": (_opt(lambda v: _is_int(v) and v >= 0), "null or an integer of 0 or more"),

@@ -60,6 +60,8 @@ _RUN_FIELDS: Changes = {
     "supervisor": None,
     "slot": None,
     "gpus": None,
+    "reason": None,
+    "code_changed": None,
 }
 
 
@@ -88,12 +90,18 @@ def start(
     }
 
 
-def destination(job: dict[str, Any], exit_code: int, request: Optional[str], retry: bool) -> tuple[str, Optional[str]]:
-    """Where an attempt whose exit code is known goes, and the note that says why."""
+def destination(
+    job: dict[str, Any], exit_code: int, request: Optional[str], retry: bool, time_limit: Optional[str] = None
+) -> tuple[str, Optional[str]]:
+    """Where an attempt whose exit code is known goes, and the note that says why. `time_limit`
+    (its text): the run was stopped for reaching it, so it failed, whatever its exit code."""
     if request == states.KILL:
         return states.CANCELLED, "killed by user (gpuq kill)"
     if request in states.PREEMPT_ACTIONS:
-        return states.PREEMPTED, "preempted (gpuq preempt)"
+        why = f"its time limit of {time_limit} was reached" if time_limit else "gpuq preempt"
+        return states.PREEMPTED, f"preempted ({why})"
+    if time_limit:
+        return states.FAILED, f"stopped: its time limit of {time_limit} was reached"
     if exit_code == 0:
         return states.DONE, None
     retries = job.get("retries", 0)
@@ -130,10 +138,11 @@ def end_attempt(
     note: Optional[str],
     finished_at: Optional[str] = None,
     continuation: Optional[Continuation] = None,
+    reason: Optional[str] = None,
 ) -> Changes:
     """running -> `state`: the attempt's end and its history entry. Going back to pending (an
     automatic retry) also clears the run's fields and sets how it goes on (`continuation`); the
-    attempt count goes on."""
+    attempt count goes on. `reason`: why it failed, when that could be told (core/failure.py)."""
     finished_at = finished_at or now_iso()
     entry = {
         "attempt": job.get("attempts"),
@@ -146,12 +155,14 @@ def end_attempt(
         "gpus": job.get("gpus"),
         "resumed_from": job.get("resumed_from"),
         "lost_steps": job.get("lost_steps"),
+        "reason": reason,
     }
     changes: Changes = {
         "finished_at": finished_at,
         "exit_code": exit_code,
         "signal": signal,
         "note": note,
+        "reason": reason,
         "history": list(job.get("history") or []) + [entry],
     }
     if state == states.PENDING:
@@ -228,6 +239,7 @@ def preemption(
     checkpoint: Optional[str],
     checkpoint_step: Optional[int],
     last_step: Optional[int],
+    by: Optional[str] = None,
 ) -> Changes:
     """running -> preempted: the record of this preemption and the fields that go with it.
     Lost steps = the last step reached minus the checkpoint's (0 for a run that started from
@@ -237,7 +249,7 @@ def preemption(
     lost = max(0, last_step - base) if last_step is not None and base is not None else None
     record = {
         "at": now_iso(),
-        "by": "urgent job" if action == states.PREEMPT_RESUME else "user",
+        "by": by or ("urgent job" if action == states.PREEMPT_RESUME else "user"),
         "exit_code": exit_code,
         "checkpoint": checkpoint,
         "checkpoint_step": checkpoint_step,

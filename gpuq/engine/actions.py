@@ -18,19 +18,21 @@ from gpuq.core.errors import Refused
 from gpuq.core.states import (
     ACTIVE,
     CANCELLED,
+    DONE,
     FAILED,
     FINISHED,
     HELD,
     INTERRUPTED,
     KILL,
+    NEEDS_USER,
     PENDING,
     PREEMPTED,
     RUNNING,
     STATES,
 )
 from gpuq.core.transitions import Continuation
-from gpuq.engine import continuation, recovery
-from gpuq.engine.snapshot import snapshot
+from gpuq.engine import continuation, recovery, scheduler
+from gpuq.engine.snapshot import PendingCache, snapshot
 from gpuq.spool import JobRef, Spool, SpoolFull
 from gpuq.system import procs
 
@@ -215,6 +217,7 @@ def clear(spool: Spool, logs_only: bool = False) -> ClearReport:
                 report.removed.append(ref.id)
         finally:
             claim.release()
+    report.freed_bytes += spool.snapshots.release_unused(set(spool.jobs.index()))
     return report
 
 
@@ -261,6 +264,73 @@ def stop_workers(spool: Spool, timeout: float = 10.0) -> list[dict[str, Any]]:
             raise Refused(f"worker did not stop within {timeout:.0f}s")
         time.sleep(0.05)
     return workers
+
+
+def drain_workers(spool: Spool) -> list[dict[str, Any]]:
+    """Ask every live worker to start nothing new and to exit once its jobs have ended (SIGUSR1)."""
+    workers = spool.workers.live()
+    for info in workers:
+        try:
+            os.kill(int(info["pid"]), signal.SIGUSR1)
+        except (ProcessLookupError, KeyError, ValueError):
+            pass
+    return workers
+
+
+@dataclass
+class Waited:
+    """How the jobs `gpuq wait` waited for ended: id -> (state, why it is not done, or None)."""
+
+    ends: dict[int, tuple[str, Optional[str]]] = field(default_factory=dict)
+
+    @property
+    def all_done(self) -> bool:
+        return all(state == DONE for state, _why in self.ends.values())
+
+
+def queued_now(spool: Spool) -> list[int]:
+    """The jobs `gpuq wait` waits for by default: every job queued, held or running now."""
+    return sorted(ref.id for ref in spool.jobs.refs((PENDING, RUNNING, HELD)))
+
+
+def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll: float = 0.5) -> Waited:
+    """Block until each job has ended (or can no longer start without a person: failed
+    dependency, held, preempted, interrupted) or `timeout` passes. Refused for an unknown id."""
+    index = spool.jobs.index()
+    unknown = [i for i in ids if i not in index]
+    if unknown:
+        raise Refused(f"no such job {', '.join(f'#{i}' for i in unknown)}")
+    cache, out = PendingCache(), Waited()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    left = set(ids)
+    while True:
+        recovery.settle_unsupervised(spool, recovery.Report())  # a dead job ends as soon as we look
+        snap, _ = snapshot(spool, cache)
+        reasons = scheduler.waiting_reasons(snap)
+        for job_id in sorted(left):
+            state = snap.states.get(job_id)
+            wait = reasons.get(job_id)
+            if state is None or state in FINISHED or state in NEEDS_USER:
+                out.ends[job_id] = (state or "gone", None if state == DONE else _why_not_done(spool, job_id, state))
+            elif state == PENDING and wait is not None and wait.forever:
+                out.ends[job_id] = (state, f"blocked: {wait.reason}")
+        left -= set(out.ends)
+        if not left:
+            return out
+        if deadline is not None and time.monotonic() > deadline:
+            for job_id in left:
+                out.ends[job_id] = (snap.states.get(job_id, "gone"), "still waiting when --timeout ran out")
+            return out
+        time.sleep(poll)
+
+
+def _why_not_done(spool: Spool, job_id: int, state: Optional[str]) -> str:
+    try:
+        job = get(spool, job_id)[1]
+    except Refused:
+        return state or "gone"
+    code = f"exit {job['exit_code']}" if job.get("exit_code") is not None else ""
+    return ": ".join(p for p in (code, job.get("reason") or job.get("note") or "") if p) or (state or "")
 
 
 def jobs_in(spool: Spool, states: tuple[str, ...] = ACTIVE) -> list[dict[str, Any]]:

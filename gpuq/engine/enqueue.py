@@ -79,6 +79,43 @@ class NoSuchDependency(Refused):
     """--after names a job that does not exist."""
 
 
+def _snapshot(spool: Spool, first: int, ids: list[int], repo: str, cwd: Path) -> dict[str, Any]:
+    """Copy the repository's tracked files now (`add --snapshot`): the jobs run this code."""
+    from gpuq.system import gitinfo  # git, only for --snapshot
+
+    try:
+        info = spool.snapshots.create(first, ids, lambda dest: gitinfo.snapshot(repo, dest))
+        here = gitinfo.snapshot_cwd(str(cwd), repo, info["path"])
+    except ValueError as exc:
+        raise EnqueueError(f"--snapshot: {exc}") from None
+    keep = ("path", "files", "bytes", "commit")
+    return {**{k: info[k] for k in keep}, "repo": repo, "cwd": here}
+
+
+def _snapshot_cmd(cmd: list[str], cwd: Path, snap: dict[str, Any]) -> list[str]:
+    """The command with every argument that names a file of the repository (the script, a config)
+    pointing at its copy: the job runs in its own directory, with its data and outputs, but the
+    code it was queued with."""
+    out = []
+    for word in cmd:
+        path = (cwd / word) if not os.path.isabs(word) else Path(word)
+        inside = not word.startswith("-") and path.is_file() and _within(path, snap["repo"])
+        copy = Path(snap["path"]) / os.path.relpath(os.path.realpath(path), os.path.realpath(snap["repo"]))
+        out.append(str(copy) if inside and copy.is_file() else word)
+    return out
+
+
+def _within(path: Path, repo: str) -> bool:
+    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(repo))
+    return not (rel == os.pardir or rel.startswith(os.pardir + os.sep))
+
+
+def _snapshot_env(snap: dict[str, Any], env: dict[str, str], shell_env: Optional[dict[str, str]]) -> dict[str, str]:
+    """Modules beside the job's directory come from the copy too (PYTHONPATH first)."""
+    before = env.get("PYTHONPATH") or (shell_env or os.environ).get("PYTHONPATH")
+    return {"PYTHONPATH": snap["cwd"] + (os.pathsep + before if before else ""), "GPUQ_SNAPSHOT": snap["path"]}
+
+
 def _own(common: Optional[dict[str, Any]], own: dict[str, Any], first: int) -> dict[str, Any]:
     """A variant's fields: a sweep is named by the id of its first job."""
     out = {**(common or {}), **own}
@@ -126,6 +163,13 @@ def enqueue_many(
     if missing:
         raise NoSuchDependency(f"--after: no such job {missing}")
     first = spool.ids.allocate(count=len(variants))
+    ids = list(range(first, first + len(variants)))
+    if (options or {}).get("snapshot"):
+        options = dict(options or {})
+        options["snapshot"] = _snapshot(spool, first, ids, options["snapshot"]["repo"], cwd)
+        env = dict(env, **_snapshot_env(options["snapshot"], env, shell_env))
+        for variant in variants:
+            variant.cmd = _snapshot_cmd(variant.cmd, cwd, options["snapshot"])
     published: list[tuple[JobRef, dict[str, Any]]] = []
     try:
         for job_id, variant in enumerate(variants, first):

@@ -219,6 +219,7 @@ def plan_queue(
     pending: list[tuple[dict[str, Any], Any]],
     slots: list[Optional[str]],
     durations: dict[str, list[float]],
+    now: Optional[float] = None,
 ) -> dict[int, Estimate]:
     """Expected start and end (seconds from now, None = unknown) of each pending job.
 
@@ -243,6 +244,9 @@ def plan_queue(
             ends[job["id"]] = None
             continue
         ready: Optional[float] = 0.0
+        begin = parse_iso(job.get("begin_at")) if now is not None else None
+        if begin is not None:
+            ready = max(0.0, begin - now)  # --begin: not before
         for dep in _deps(job):
             ready = _later(ready, ends.get(dep, 0.0))
         usable, count = _needs(job, slots)
@@ -309,6 +313,7 @@ def annotate(
         [(r.job, r.wait) for r in pending],
         worker_slots(workers, gpus),
         durations,
+        now,
     )
     for row in pending:
         row.estimate = plan.get(row.job["id"])

@@ -208,7 +208,7 @@ def _ready(snap: scheduler.Snapshot) -> Iterator[dict[str, Any]]:
     """Pending jobs whose dependencies allow them to start, in queue order, found lazily: a long
     queue costs only as much as the jobs looked at."""
     for job in scheduler.queue_order(snap.pending):
-        if scheduler.waiting_reason(job, snap.states) is None:
+        if scheduler.waiting_reason(job, snap.states, now=snap.now) is None:
             yield job
 
 

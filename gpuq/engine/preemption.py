@@ -27,8 +27,11 @@ def last_step(spool: Spool, job: dict[str, Any]) -> Optional[int]:
     return max(steps) if steps else None
 
 
-def record(spool: Spool, job: dict[str, Any], exit_code: Optional[int], action: str) -> dict[str, Any]:
-    """The changes for a job entering preempted/ (see transitions.preemption)."""
+def record(
+    spool: Spool, job: dict[str, Any], exit_code: Optional[int], action: str, by: Optional[str] = None
+) -> dict[str, Any]:
+    """The changes for a job entering preempted/ (see transitions.preemption); `by`: who or what
+    preempted it, when not the user or an urgent job (its time limit)."""
     ckpt = checkpoints.latest_checkpoint(job)
     return transitions.preemption(
         job,
@@ -37,6 +40,7 @@ def record(spool: Spool, job: dict[str, Any], exit_code: Optional[int], action: 
         checkpoint=ckpt.path if ckpt else None,
         checkpoint_step=ckpt.step if ckpt else None,
         last_step=last_step(spool, job),
+        by=by,
     )
 
 

@@ -25,6 +25,7 @@ class Snapshot:
     states: dict[int, str]  # id -> state of every job in the tree
     pending: list[dict[str, Any]] = field(default_factory=list)
     running: list[dict[str, Any]] = field(default_factory=list)
+    now: Optional[float] = None  # when it was taken (for --begin times); None: times are not looked at
 
 
 def _dependency_wait(
@@ -47,16 +48,38 @@ def _dependency_wait(
     return Wait(f"after #{dep}" + (" (running)" if state == states.RUNNING else ""), False)
 
 
-def waiting_reason(job: dict[str, Any], state_of: dict[int, str], stuck: frozenset = frozenset()) -> Optional[Wait]:
-    """Why a pending job cannot start yet, or None if its dependencies allow it to. `stuck`
-    holds pending jobs known to be blocked for good, so that their dependents are too."""
+def waiting_reason(
+    job: dict[str, Any], state_of: dict[int, str], stuck: frozenset = frozenset(), now: Optional[float] = None
+) -> Optional[Wait]:
+    """Why a pending job cannot start yet, or None if its dependencies (and, given `now`, its
+    --begin time) allow it to. `stuck` holds pending jobs known to be blocked for good, so that
+    their dependents are too."""
     waits = [_dependency_wait(job["id"], d, state_of.get(d), False, stuck) for d in job.get("after", [])]
     waits += [_dependency_wait(job["id"], d, state_of.get(d), True, stuck) for d in job.get("after_any", [])]
     waits = [w for w in waits if w is not None]
+    if now is not None and job.get("begin_at"):
+        begin = parse_iso(job["begin_at"]) or 0.0
+        if begin > now:
+            waits.append(Wait(f"starts at {_clock(begin, now)} (--begin)", False))
     if not waits:
         return None
     blocking = [w for w in waits if w.forever]
     return blocking[0] if blocking else waits[0]
+
+
+def _clock(when: float, now: float) -> str:
+    """`02:00`, or `Dec 3 02:00` when it is not within a day."""
+    from datetime import datetime
+
+    stamp = datetime.fromtimestamp(when)
+    return stamp.strftime("%H:%M" if when - now < 86400 else "%b %d %H:%M")
+
+
+def next_begin(pending: list[dict[str, Any]], now: float) -> Optional[float]:
+    """The earliest --begin time still to come among pending jobs (the worker wakes for it)."""
+    times = [parse_iso(job["begin_at"]) or 0.0 for job in pending if job.get("begin_at")]
+    future = [t for t in times if t > now]
+    return min(future) if future else None
 
 
 def queue_order(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -78,7 +101,7 @@ def preemption_victims(
     urgent = [j for j in snapshot.pending if j.get("urgent")]  # few or none: filter before the costly part
     if not urgent:
         return []
-    urgent = [j for j in urgent if waiting_reason(j, snapshot.states) is None]
+    urgent = [j for j in urgent if waiting_reason(j, snapshot.states, now=snapshot.now) is None]
     need = len(urgent) - len(free_slots) - len(preempting)
     if need <= 0:
         return []
@@ -113,7 +136,10 @@ def waiting_reasons(snapshot: Snapshot, extra: Optional[dict[int, Wait]] = None)
     extra = extra or {}
     stuck = frozenset(i for i, w in extra.items() if w.forever)
     while True:
-        reasons = {j["id"]: waiting_reason(j, snapshot.states, stuck) or extra.get(j["id"]) for j in snapshot.pending}
+        reasons = {
+            j["id"]: waiting_reason(j, snapshot.states, stuck, snapshot.now) or extra.get(j["id"])
+            for j in snapshot.pending
+        }
         now_stuck = frozenset(i for i, w in reasons.items() if w is not None and w.forever)
         if now_stuck == stuck:
             return reasons
@@ -125,6 +151,8 @@ def has_startable_future(snapshot: Snapshot, extra: Optional[dict[int, Wait]] = 
     waiting_reasons; a job the GPUs can never take cannot start)."""
     extra = extra or {}
     for job in snapshot.pending:  # the common case, decided without following dependency chains
-        if waiting_reason(job, snapshot.states) is None and not (job["id"] in extra and extra[job["id"]].forever):
+        if waiting_reason(job, snapshot.states, now=snapshot.now) is None and not (
+            job["id"] in extra and extra[job["id"]].forever
+        ):
             return True
     return any(w is None or not w.forever for w in waiting_reasons(snapshot, extra).values())

@@ -71,14 +71,15 @@ class PendingCache:
 
 
 def snapshot(
-    spool: Spool, cache: Optional[PendingCache] = None, refs: Optional[list[JobRef]] = None
+    spool: Spool, cache: Optional[PendingCache] = None, refs: Optional[list[JobRef]] = None, now: Optional[float] = None
 ) -> tuple[Snapshot, list[tuple[JobRef, str]]]:
-    """The scheduler's view, plus canonical-looking pending files that are not valid jobs.
-    `refs`: a listing of every state just taken, to spare listing a big done/ again."""
+    """The scheduler's view at `now` (default: the clock), plus canonical-looking pending files
+    that are not valid jobs. `refs`: a listing of every state just taken, to spare listing a big
+    done/ again."""
     cache = cache or PendingCache()
     cache.begin(spool)
     states: dict[int, str] = {}
-    snap = Snapshot(states=states)
+    snap = Snapshot(states=states, now=time.time() if now is None else now)
     invalid: list[tuple[JobRef, str]] = []
     present = set()
     active = []

@@ -52,7 +52,7 @@ def run_foreground(spool: Spool, settings: Settings, watch: bool, ready_fd: Opti
         _say(f"worker {os.getpid()} started ({where}, spool {spool.home}){'; watching for new jobs' if watch else ''}")
         if settings.recover:
             worker.recover_interrupted()
-        return loop.serve(worker, watch=watch)
+        return loop.serve(worker, watch=watch, on_drain=lambda: lease.update(dict(info, draining=True)))
     finally:
         lease.release()
 

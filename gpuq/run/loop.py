@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import select
 import signal
-from typing import Any, Optional
+import time
+from typing import Any, Callable, Optional
 
 from gpuq.core.states import PENDING, RUNNING
 from gpuq.engine.planner import GPU_WAIT_RESCAN_SECONDS
@@ -52,8 +53,10 @@ class Waker:
         return bool(select.select([self.read_fd], [], [], timeout)[0])
 
 
-def serve(worker: Worker, watch: bool) -> int:
-    """Run until stopped (watch) or until nothing is left to do. Returns an exit code."""
+def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = None) -> int:
+    """Run until stopped (watch) or until nothing is left to do. Returns an exit code. SIGUSR1
+    (`gpuq stop --drain`) drains: nothing new starts, and the loop ends once this worker's jobs
+    have ended; `on_drain` is told (to say so in the worker's registry)."""
     wake = Waker()
     observer = None
     interrupted = {"signal": 0}
@@ -64,8 +67,13 @@ def serve(worker: Worker, watch: bool) -> int:
         worker.stopping, interrupted["signal"] = True, signum
         wake.set()
 
+    def drain(_signum: int, _frame: Any) -> None:
+        worker.draining = True
+        wake.set()
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGUSR1, drain)
     # No wake-up on SIGCHLD: a supervisor's exit follows its job leaving running/, which
     # already woke us; one that died early is noticed by the periodic look.
     woken, held_for = True, 0  # held_for: steps in a row that found a ready job's claim held
@@ -77,6 +85,13 @@ def serve(worker: Worker, watch: bool) -> int:
             held_for = held_for + 1 if result.claim_busy else 0
             if result.more_work:
                 wake.set()  # come back at once for the rest, after starting what could start
+            if worker.draining:
+                if on_drain is not None:
+                    on_drain()
+                    on_drain = None
+                if not result.busy:
+                    worker.say("drained: every job of this worker has ended; worker exits")
+                    break
             if not watch and not result.busy and not result.startable_later:
                 for line in worker.why_done():
                     worker.say(line)
@@ -109,7 +124,15 @@ def _step(worker: Worker, woken: bool) -> StepResult:
 
 def _next_look(result: StepResult, held_for: int = 0) -> float:
     """Seconds until the next look without an event: soon while something changes unseen (a
-    claim held a long time, by a person's command, is looked at less and less often)."""
+    claim held a long time, by a person's command, is looked at less and less often), and at
+    the next --begin time, not later."""
+    wait = _usual_look(result, held_for)
+    if result.next_begin is not None:
+        wait = min(wait, max(0.0, result.next_begin - time.time()))
+    return wait
+
+
+def _usual_look(result: StepResult, held_for: int) -> float:
     if result.claim_busy:
         return min(RESCAN_SECONDS, CLAIM_BUSY_RESCAN_SECONDS * 2 ** max(0, held_for - 1))
     if result.watch_closely:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuq.core import schema, transitions
-from gpuq.core.states import PENDING, PREEMPT, PREEMPT_ACTIONS, PREEMPTED, RUNNING
+from gpuq.core.states import FAILED, KILL, PENDING, PREEMPT, PREEMPT_ACTIONS, PREEMPTED, RUNNING
 from gpuq.core.times import parse_iso
 from gpuq.run import logcap
 from gpuq.run.hooks import after_end
@@ -36,6 +36,7 @@ DISK_FULL_BYTES = 64 * 1024  # a filesystem with less free than this counts as f
 DISK_FULL_NOTE = "the disk was full when it ended (its output may have failed for lack of space)"
 FULL_RETRY_MAX_SECONDS = 30.0
 PUMP_DRAIN_SECONDS = 2.0
+KILL_GRACE_SECONDS = 10.0  # as `gpuq kill`: SIGTERM, then SIGKILL after this
 
 
 def job_environment(spool: Spool, job: dict[str, Any], slot: Optional[str]) -> dict[str, str]:
@@ -75,6 +76,7 @@ class Run:
     where: dict[str, Any]  # from the worker: slot, gpus, hooks, max_log_bytes
     room: list[Reservation]  # blocks set aside: for recording the pid, then the end
     log_fd: int = -1
+    timed_out: Optional[str] = None  # the time limit (as text) that stopped the run
 
 
 def start(spool: Spool, claim: Claim, where: dict[str, Any]) -> int:
@@ -95,7 +97,8 @@ def start(spool: Spool, claim: Claim, where: dict[str, Any]) -> int:
         run.ref, run.job, run.room.pop(0), pid=child.pid, pid_create_time=ident["create_time"], supervisor=me
     )
     _forward_termination_to(child.pid)
-    returncode = child.wait()
+    _note_code_change(run)
+    returncode = _wait_within_limit(run, child)
     if pump is not None:
         pump.join(PUMP_DRAIN_SECONDS)  # what is still in the pipe; children holding it do not hold us up
     _hold_while_preempted_group_lives(spool, run.job["id"], child.pid)
@@ -104,6 +107,47 @@ def start(spool: Spool, claim: Claim, where: dict[str, Any]) -> int:
     finish(run, exit_code=exit_code, sig=sig, note=None, retry=True)
     after_end(spool, run.job["id"], where.get("hooks") or {})
     return exit_code
+
+
+def _wait_within_limit(run: Run, child: subprocess.Popen) -> int:
+    """Wait for the job; past its time limit (`--time`, else `gpuq run --default-time`) stop it
+    as `gpuq kill` does (SIGTERM to its group, SIGKILL after a grace), or, for a --preemptible
+    job, preempt it so that it keeps its checkpoint."""
+    limit = run.job.get("time_limit") or run.where.get("default_time")
+    if not limit:
+        return child.wait()
+    started = parse_iso(run.job.get("started_at")) or time.time()
+    try:
+        return child.wait(timeout=max(0.0, started + limit - time.time()))
+    except subprocess.TimeoutExpired:
+        pass
+    from gpuq.core.timespec import format_duration  # only when a limit is reached
+
+    run.timed_out = format_duration(limit)
+    _log_line(run.log_fd, f"time limit of {run.timed_out} reached: stopping the job")
+    snapshot = procs.tree_processes(child.pid)
+    if run.job.get("preemptible"):
+        run.spool.control.request(run.job["id"], PREEMPT)
+    procs.terminate(child.pid, snapshot)
+    try:
+        return child.wait(timeout=KILL_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        procs.kill_leftovers(child.pid, snapshot, KILL_GRACE_SECONDS)
+        return child.wait()
+
+
+def _note_code_change(run: Run) -> None:
+    """Whether the code of the job's repository changed since it was queued (not for a snapshot,
+    which runs the queued copy): said in its file, so `status` and `show` can say it."""
+    queued = run.job.get("code")
+    if not queued or run.job.get("snapshot"):
+        return
+    from gpuq.system import gitinfo  # only for jobs queued from a git repository
+
+    changed = gitinfo.changed(queued, gitinfo.provenance(run.job["cwd"]))
+    if changed:
+        _log_line(run.log_fd, changed)
+        run.job = run.spool.jobs.rewrite(run.ref, run.job, code_changed=changed)
 
 
 def _begin(spool: Spool, claim: Claim, where: dict[str, Any]) -> Optional[Run]:
@@ -205,7 +249,7 @@ def finish(run: Run, *, exit_code: int, sig: Optional[int], note: Optional[str],
     it is noted in the claim's lock file and written as soon as there is room."""
     spool, job = run.spool, run.job
     request = spool.control.take(job["id"])
-    state, why = transitions.destination(job, exit_code, request, retry)
+    state, why = transitions.destination(job, exit_code, request, retry, run.timed_out)
     sig_name = signal.Signals(sig).name if sig else None
     how = None
     if state == PENDING:  # an automatic retry continues from the job's newest checkpoint
@@ -215,8 +259,9 @@ def finish(run: Run, *, exit_code: int, sig: Optional[int], note: Optional[str],
         why = f"{why}; {how.text()}"
     if exit_code != 0 and free_bytes(spool.home) < DISK_FULL_BYTES:
         why = f"{why or f'exit {exit_code}'}; {DISK_FULL_NOTE}"
+    reason = _failure_reason(run, state, exit_code, sig_name, request)
     changes = transitions.end_attempt(
-        job, state, exit_code=exit_code, signal=sig_name, note=note or why, continuation=how
+        job, state, exit_code=exit_code, signal=sig_name, note=note or why, continuation=how, reason=reason
     )
     elapsed = time.time() - (parse_iso(job.get("started_at")) or time.time())
     ended = changes["history"][-1]["finished_at"]
@@ -227,12 +272,26 @@ def finish(run: Run, *, exit_code: int, sig: Optional[int], note: Optional[str],
     if state == PREEMPTED:
         from gpuq.engine import preemption  # rare: not loaded before the job starts
 
-        changes.update(preemption.record(spool, job, exit_code, request or PREEMPT))
+        by = f"its time limit of {run.timed_out}" if run.timed_out else None
+        changes.update(preemption.record(spool, job, exit_code, request or PREEMPT, by=by))
     _record_end(run, state, changes, exit_code)
     for reservation in run.room:
         reservation.release()
     run.claim.release()
     return exit_code
+
+
+def _failure_reason(
+    run: Run, state: str, exit_code: int, sig_name: Optional[str], request: Optional[str]
+) -> Optional[str]:
+    """Why a failed attempt failed, read from the tail of its log (never the whole log)."""
+    if state not in (FAILED, PENDING) or exit_code == 0:
+        return None
+    from gpuq.core import failure  # only for failures
+
+    tail, _mtime = run.spool.logs.tail(run.job, failure.TAIL_BYTES)
+    limit = (run.job.get("time_limit") or run.where.get("default_time")) if run.timed_out else None
+    return failure.reason(tail, exit_code, sig_name, killed_by_user=request == KILL, time_limit=limit)
 
 
 def _record_end(run: Run, state: str, changes: dict[str, Any], exit_code: int) -> None:

@@ -48,6 +48,7 @@ class StepResult:
     gpu_wait: bool = False  # a job waits for GPU memory or GPUs that may free up without an event
     claim_busy: bool = False  # a ready job's claim was held (its supervisor just requeued it): look again soon
     space_wait: bool = False  # jobs wait for disk space: look again soon, as space comes back unannounced
+    next_begin: Optional[float] = None  # the earliest --begin time to come: the worker wakes for it
 
 
 @dataclass
@@ -60,10 +61,12 @@ class Settings:
     on_finish: Optional[str] = None  # --on-finish CMD: run when any job ends
     recover: bool = False  # --recover: interrupted jobs back in the queue when the worker starts
     max_log_bytes: Optional[int] = None  # --max-log-size: the cap of a job's log (a job's own comes first)
+    default_time: Optional[float] = None  # --default-time: the time limit of jobs without their own
 
     def for_supervisors(self) -> dict[str, Any]:
         """What every job's supervisor is told besides where the job runs."""
-        return {"hooks": {"notify": self.notify, "on_finish": self.on_finish}, "max_log_bytes": self.max_log_bytes}
+        hooks = {"notify": self.notify, "on_finish": self.on_finish}
+        return {"hooks": hooks, "max_log_bytes": self.max_log_bytes, "default_time": self.default_time}
 
 
 class Worker:
@@ -82,6 +85,7 @@ class Worker:
         self.said_disk_full = False  # the worker's log says "disk full" once, not at every look
         self.cache = PendingCache()
         self.stopping = False
+        self.draining = False  # `gpuq stop --drain`: start nothing new, exit once our jobs end
         self._last_full_reconcile = 0.0
         self._last_sample = 0.0
         self._quiet_since: Optional[tuple[Any, float, StepResult]] = None  # (signature, time, result)
@@ -105,6 +109,8 @@ class Worker:
         signature, since, result = self._quiet_since
         if result.gpu_wait or result.space_wait or result.claim_busy:
             return False  # GPU memory, disk space and a claim free up without pending/ changing
+        if result.next_begin is not None and now >= result.next_begin:
+            return False  # a --begin time has come
         if now - since >= FULL_STEP_SECONDS or signature != self.spool.jobs.signature():
             return False
         return not self.spool.dropbox.dropped()  # a dropped file waiting to be complete needs looks
@@ -125,12 +131,12 @@ class Worker:
         result.more_work = self._take_in_dropped(now)
         for resumed in resume_auto(self.spool):
             self.say(f"job #{resumed.job['id']} back in the queue (first in line): {resumed.job.get('note')}")
-        snap, invalid = snapshot(self.spool, self.cache)
+        snap, invalid = snapshot(self.spool, self.cache, now=now)
         self._forget_finished_launches(snap)
         plan = self._plan(snap, now)
         if plan.starts and not self._room_to_start(plan):
             result.space_wait = True
-        if not self.stopping:
+        if not (self.stopping or self.draining):
             for victim in plan.victims:
                 self.urgent.begin(victim, now)
                 self.say(f"preempting job #{victim['id']} {victim['name']} to make room for an urgent job")
@@ -149,11 +155,12 @@ class Worker:
         result.busy = bool(self.launching or self.urgent.under_way or any(map(self._mine, snap.running)))
         result.startable_later = result.more_work or scheduler.has_startable_future(snap, plan.waits)
         result.gpu_wait = plan.gpu_wait
+        result.next_begin = scheduler.next_begin(snap.pending, now)
         # Nothing reports an adopted process's exit: look at it more often than usual.
         result.watch_closely = any(job.get("adopted") for job in snap.running)
         if snap.running:
             self._sample_progress(now, snap.running)
-        if not self.stopping and (result.busy or snap.pending):
+        if not (self.stopping or self.draining) and (result.busy or snap.pending):
             self.launcher.keep_a_spare()
         return result
 

@@ -11,7 +11,7 @@ A Spool is composed of small parts, one module each, that share only the Layout 
 (atomic writes) below them: `spool.jobs` (job files), `spool.ids`, `spool.claims`,
 `spool.control` (requests to supervisors), `spool.workers` (registry), `spool.logs`,
 `spool.reports` (progress files and samples), `spool.cache`, `spool.dropbox` (hand-dropped files),
-`spool.imports` (queues imported from the original gpuq).
+`spool.imports` (queues imported from the original gpuq), `spool.snapshots` (copies of code).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from gpuq.spool.imports import ImportRecords
 from gpuq.spool.layout import Layout, default_home
 from gpuq.spool.logs import Logs
 from gpuq.spool.reports import Reports
+from gpuq.spool.snapshots import Snapshots
 from gpuq.spool.store import MAX_JOB_BYTES, JobRef, JobStore
 from gpuq.spool.workers import WorkerBusy, WorkerLease, WorkerRegistry
 
@@ -65,6 +66,7 @@ class Spool:
         self.cache = Caches(self.layout, self.files)
         self.dropbox = Dropbox(self.layout, self.files)
         self.imports = ImportRecords(self.layout, self.files)
+        self.snapshots = Snapshots(self.layout, self.files)
 
     def ensure(self) -> Spool:
         """Create the tree on first use and refuse one that others could write into."""

@@ -16,7 +16,7 @@ from gpuq.spool.errors import SpoolError
 from gpuq.system import security
 
 # gpuq's own directories beside the states (see spool_layout.md for what each holds).
-INTERNAL = ("tmp", "locks", "logs", "workers", "control", "progress", "cache", "imports")
+INTERNAL = ("tmp", "locks", "logs", "workers", "control", "progress", "cache", "imports", "snapshots")
 JOB_NAME_RE = re.compile(r"^(\d{6,})-[A-Za-z0-9._-]*\.json$")  # a published job file
 PLAIN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.json$")  # a dropped file gpuq takes in
 INTAKE_RE = re.compile(r"^\.intake-(\d{6,})-(.+)$")  # a dropped file being taken in, with its new id
@@ -93,6 +93,10 @@ class Layout:
         """The record of one queue imported from the original gpuq (named by its fingerprint)."""
         return self.home / "imports" / f"{fingerprint}.json"
 
+    def snapshot_path(self, first_id: int) -> Path:
+        """The copy of a repository that the jobs of one `add --snapshot` run (named by its first id)."""
+        return self.home / "snapshots" / f"{first_id:06d}"
+
     def cache_path(self, name: str) -> Path:
         return self.home / "cache" / name
 
@@ -101,7 +105,7 @@ class Layout:
         return self.home / name
 
     def internal_dir(self, name: str) -> Path:
-        """One of INTERNAL: tmp, locks, logs, workers, control, progress, cache, imports."""
+        """One of INTERNAL: tmp, locks, logs, workers, control, progress, cache, imports, snapshots."""
         assert name in INTERNAL, name
         return self.home / name
 

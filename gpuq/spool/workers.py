@@ -36,6 +36,13 @@ class WorkerLease:
     def __init__(self, fds: list[int], info_path: Path):
         self.fds, self.info_path = fds, info_path
 
+    def update(self, info: dict[str, Any]) -> None:
+        """Rewrite the worker's registry entry in place (its file stays flocked)."""
+        fd = self.fds[-1]  # the info file's descriptor, taken last by register()
+        data = json.dumps(info).encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+
     def release(self) -> None:
         for path in (self.info_path, self.info_path.with_name(f"gpus-{os.getpid()}.json")):
             unlink_quietly(path)

@@ -1,0 +1,61 @@
+"""snapshots/: copies of a repository's code, one per `gpuq add --snapshot` (named by the id of its
+first job, shared by the jobs of a sweep), each with the ids of its jobs beside it (NNNNNN.ids),
+so that `gpuq clear` removes a copy once no job of it is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Callable
+
+from gpuq.spool.files import Files, read_small, unlink_quietly
+from gpuq.spool.layout import Layout
+
+
+class Snapshots:
+    def __init__(self, layout: Layout, files: Files):
+        self.layout, self.files = layout, files
+
+    def create(self, first_id: int, ids: list[int], copy: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+        """Make the copy with `copy(destination)` and record its jobs; what `copy` returns."""
+        dest = self.layout.snapshot_path(first_id)
+        info = copy(str(dest))
+        try:
+            self.files.replace(dest.with_name(dest.name + ".ids"), json.dumps(ids).encode(), "snapshot")
+        except BaseException:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+        return info
+
+    def release_unused(self, remaining: set[int]) -> int:
+        """Remove every copy none of whose jobs is in `remaining`; bytes freed."""
+        names = os.listdir(self.layout.internal_dir("snapshots"))
+        return sum(self.release(int(n), remaining) for n in names if n.isdigit())
+
+    def release(self, first_id: int, remaining: set[int]) -> int:
+        """Remove the copy named `first_id` if none of its jobs is in `remaining`; bytes freed."""
+        dest = self.layout.snapshot_path(first_id)
+        ids_file = dest.with_name(dest.name + ".ids")
+        data = read_small(ids_file, mine=True)
+        try:
+            ids = set(json.loads(data)) if data else {first_id}
+        except (ValueError, TypeError):
+            ids = {first_id}
+        if ids & remaining or not dest.is_dir() or dest.is_symlink():
+            return 0
+        freed = sum(entry.stat(follow_symlinks=False).st_blocks * 512 for entry in _walk(dest))
+        shutil.rmtree(dest, ignore_errors=True)
+        unlink_quietly(ids_file)
+        return freed
+
+
+def _walk(top: Any) -> list[os.DirEntry]:
+    out, stack = [], [str(top)]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                out.append(entry)
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+    return out
