@@ -193,6 +193,8 @@ def test_a_job_records_its_commit_and_a_change_before_it_starts_is_reported(gq: 
     gq.gpuq("run")
     job = gq.wait_state(job_id, "done")
     assert job.get("code_changed") == "code changed since it was queued: uncommitted changes made since"
+    at_start = job["code_at_start"]
+    assert at_start["commit"] == code["commit"] and at_start["dirty"] is True and at_start["diff_hash"]
     assert "model 2" in gq.log(job_id)
     assert "code changed since it was queued" in gq.gpuq("status").stdout
 

@@ -408,6 +408,7 @@ OPTIONAL: dict[str, tuple[Any, str]] = {
     "begin_at": (_opt(_iso), "null or an ISO 8601 time"),
     "code": (_opt(lambda v: isinstance(v, dict)), "null or an object"),
     "code_changed": (_opt(lambda v: isinstance(v, str)), "null or a string"),
+    "code_at_start": (_opt(lambda v: isinstance(v, dict)), "null or an object"),
     "snapshot": (_opt(_snapshot), 'null or {"path": an absolute path, ...}'),
     "reason": (_opt(lambda v: isinstance(v, str)), "null or a string"),
     "sweep": (_opt(_sweep), 'null or {"id": a job id, "values": an object of strings}'),

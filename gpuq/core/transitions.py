@@ -62,6 +62,7 @@ _RUN_FIELDS: Changes = {
     "gpus": None,
     "reason": None,
     "code_changed": None,
+    "code_at_start": None,
 }
 
 

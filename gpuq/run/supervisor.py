@@ -144,10 +144,14 @@ def _note_code_change(run: Run) -> None:
         return
     from gpuq.system import gitinfo  # only for jobs queued from a git repository
 
-    changed = gitinfo.changed(queued, gitinfo.provenance(run.job["cwd"]))
-    if changed:
+    now = gitinfo.provenance(run.job["cwd"])
+    changed = gitinfo.changed(queued, now)
+    if changed:  # an unchanged start needs no write: `code` is what runs
         _log_line(run.log_fd, changed)
-        run.job = run.spool.jobs.rewrite(run.ref, run.job, code_changed=changed)
+        try:
+            run.job = run.spool.jobs.rewrite(run.ref, run.job, code_changed=changed, code_at_start=now)
+        except OSError as exc:  # a full disk: the log line has it; the job runs regardless
+            _log_line(run.log_fd, f"could not record the code change in the job file: {exc}")
 
 
 def _begin(spool: Spool, claim: Claim, where: dict[str, Any]) -> Optional[Run]:
