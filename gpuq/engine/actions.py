@@ -28,6 +28,7 @@ from gpuq.core.states import (
     PENDING,
     PREEMPTED,
     RUNNING,
+    SLURM,
     STATES,
 )
 from gpuq.core.transitions import Continuation
@@ -80,10 +81,20 @@ def running_with_pid(spool: Spool, job_id: int) -> tuple[JobRef, dict[str, Any]]
 
 
 def cancel(spool: Spool, job_id: int) -> dict[str, Any]:
-    """A job that is not running (pending, preempted, interrupted) goes to cancelled/."""
+    """A job that is not running (pending, preempted, interrupted) goes to cancelled/; one handed
+    to Slurm is cancelled there (scancel) first."""
     if spool.jobs.find(job_id, (RUNNING,)):
         raise Refused(f"job #{job_id} is running; use `gpuq kill {job_id}`")
+    if spool.jobs.find(job_id, (SLURM,)):
+        from gpuq.engine import slurm_handover  # subprocess: only for a job on Slurm
+
+        return slurm_handover.cancel(spool, job_id)
     with claimed(spool, job_id, (PENDING, HELD, PREEMPTED, INTERRUPTED)) as (ref, job):
+        if job.get("slurm"):  # Slurm may hold it already: cancelling only here would leave it running there
+            raise Refused(
+                f"job #{job_id} is being handed to Slurm; `gpuq slurm submit {job_id}` finishes that, "
+                f"then `gpuq cancel {job_id}`"
+            )
         return spool.jobs.move(ref, job, CANCELLED, transitions.cancel())[1]
 
 
