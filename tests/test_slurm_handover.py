@@ -183,3 +183,32 @@ def test_status_without_slurm_jobs_does_not_import_subprocess(gq: Env) -> None:
     probe = "import sys; from gpuq.cli import main; main(['status']); print('subprocess' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], env=gq.env, capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False", out.stdout
+
+
+# ---- the spool on a network filesystem ------------------------------------------------------------
+MOUNTINFO = """\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+40 22 0:35 / /home rw,relatime shared:20 - nfs4 fs1:/export/home rw,vers=4.2
+41 40 0:36 / /home/u/local\\040disk rw - ext4 /dev/sdb1 rw
+42 22 0:37 / /lustre rw - lustre 10.0.0.1@tcp:/scratch rw
+"""
+
+
+def test_network_filesystem_is_read_from_mountinfo() -> None:
+    from gpuq.system.fsutil import network_filesystem
+
+    assert network_filesystem(Path("/home/u/.gpuq"), MOUNTINFO) == "nfs4"
+    assert network_filesystem(Path("/home"), MOUNTINFO) == "nfs4"
+    assert network_filesystem(Path("/home/u/local disk/.gpuq"), MOUNTINFO) is None  # mounted inside, local
+    assert network_filesystem(Path("/lustre/u/q"), MOUNTINFO) == "lustre"
+    assert network_filesystem(Path("/homework"), MOUNTINFO) is None and network_filesystem(Path("/tmp"), "") is None
+
+
+def test_worker_files_of_other_hosts_are_seen_and_run_is_quiet_on_a_local_spool(gq: Env) -> None:
+    spool = Spool(gq.home).ensure()
+    (gq.home / "workers" / "worker-999999.json").write_text(json.dumps({"pid": 999999, "host": "node7"}))
+    assert [w["host"] for w in spool.workers.recorded()] == ["node7"]
+    assert spool.network_filesystem() is None  # pytest's tmp_path is local here
+    gq.add("--gpus", "0", "--", "true")
+    proc = gq.gpuq("run")
+    assert "network filesystem" not in proc.stderr

@@ -72,6 +72,8 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
         parts.append(slurm_text(job.get("slurm") or {}))
     elif job.get("exit_code") is not None:
         parts.append(f"exit={job['exit_code']}" + (f" ({job['signal']})" if job.get("signal") else ""))
+    if state != "slurm" and (job.get("slurm") or {}).get("job_id"):
+        parts.append(f"on slurm {job['slurm']['job_id']}")
     if state == "failed" and job.get("reason"):
         parts.append(job["reason"])
     if job.get("code_changed"):

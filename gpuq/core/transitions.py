@@ -364,8 +364,8 @@ def slurm_end(
         "slurm_job_id": mark.get("job_id"),
         "slurm_state": slurm_state,
     }
-    if note is None and outcome == states.FAILED:
-        note = f"Slurm job {mark.get('job_id')} ended {slurm_state}"
+    if note is None and slurm_state not in ("COMPLETED", "FAILED", "CANCELLED"):
+        note = f"Slurm ended it: {slurm_state}"  # TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, PREEMPTED...
     return {
         "slurm": mark,
         "started_at": started_at,
