@@ -64,7 +64,9 @@ def test_chain_of_three_runs_in_order_and_is_synced_to_done(cq: Env) -> None:
     assert marks[0]["job_id"] < marks[1]["job_id"] < marks[2]["job_id"]  # submitted in dependency order
     status = cq.gpuq("status").stdout
     assert re.search(rf"slurm {marks[2]['job_id']} (PENDING|RUNNING)", status), status
-    sync_until(cq, lambda: all(cq.state_of(i) == "done" for i in (first, second, third)), what="the chain to end")
+    # `gpuq wait` asks Slurm as it waits (it waits for jobs on Slurm by default too).
+    waited = cq.gpuq("wait", "--timeout", "40", timeout=60)
+    assert waited.returncode == 0 and all(cq.state_of(i) == "done" for i in (first, second, third)), waited
     jobs = [cq.job(i) for i in (first, second, third)]
     assert [(j["exit_code"], j["slurm"]["state"], j["history"][-1]["outcome"]) for j in jobs] == [
         (0, "COMPLETED", "done")
@@ -99,6 +101,11 @@ def test_failed_job_its_stuck_dependent_and_cancel(cq: Env) -> None:
     assert "dependent ran" not in cq.log(dependent)
     cq.gpuq("slurm", "sync")
     assert cq.state_of(dependent) == "cancelled"  # a later sync leaves it there
+    # Retried, the failed job is an ordinary pending job again (it runs here unless handed over).
+    cq.gpuq("retry", str(failing))
+    again = cq.job(failing)
+    assert (again["state"], again["slurm"]) == ("pending", None) and again["history"][-1]["slurm_state"] == "FAILED"
+    assert "being handed to Slurm" not in cq.gpuq("status").stdout
 
 
 def test_dependencies_on_finished_local_jobs(cq: Env) -> None:
@@ -143,6 +150,7 @@ def test_interrupted_hand_over_is_repaired_never_submitted_twice(cq: Env, slurm:
     # ... and for `found`, sbatch did answer: a Slurm job carries its marker.
     marker = spool_marker(spool, found)
     argv = ["sbatch", "--parsable", f"--comment={marker}", f"--output={cq.job(found)['log']}", "--open-mode=append"]
+    argv += ["--begin=now+600"]  # held in squeue until released below: found by its comment, not by chance
     made = subprocess.run([*argv, "--wrap", "echo made before the cut"], env=cq.env, capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     existing = int(made.stdout.strip().split(";")[0])
@@ -158,7 +166,9 @@ def test_interrupted_hand_over_is_repaired_never_submitted_twice(cq: Env, slurm:
     assert [sid for sid, _state in with_marker] == [existing]  # not submitted twice
     lost_marker = client.find_by_comment(spool_marker(spool, lost), env=cq.env)
     assert [sid for sid, _state in lost_marker] == [slurm_id(cq, lost)]
+    subprocess.run(["scontrol", "update", f"jobid={existing}", "StartTime=now"], env=cq.env, check=True, timeout=30)
     sync_until(cq, lambda: cq.state_of(found) == cq.state_of(lost) == "done", what="both to end")
+    assert "made before the cut" in cq.log(found)
 
 
 def test_sbatch_missing_or_refusing_moves_nothing(cq: Env, tmp_path: Path) -> None:

@@ -64,6 +64,7 @@ _RUN_FIELDS: Changes = {
     "gpus": None,
     "reason": None,
     "code_changed": None,
+    "slurm": None,  # a job back in the queue runs here unless handed to Slurm again
 }
 
 
@@ -284,6 +285,12 @@ def resume(job: dict[str, Any], continuation: Continuation, front: bool, note: s
 
 # ---- Slurm (engine/slurm_handover.py) -------------------------------------------------------------
 SLURM_SUBMITTING = "SUBMITTING"  # the `slurm.state` of a pending job while sbatch is being asked
+
+
+def handing_over(job: dict[str, Any]) -> bool:
+    """Whether a pending job is marked by a hand-over to Slurm that has not ended (slurm_submitting)."""
+    mark = job.get("slurm")
+    return isinstance(mark, dict) and mark.get("state") == SLURM_SUBMITTING
 
 
 def slurm_submitting(cluster_opts: list[str]) -> Changes:

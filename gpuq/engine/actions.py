@@ -90,7 +90,7 @@ def cancel(spool: Spool, job_id: int) -> dict[str, Any]:
 
         return slurm_handover.cancel(spool, job_id)
     with claimed(spool, job_id, (PENDING, HELD, PREEMPTED, INTERRUPTED)) as (ref, job):
-        if job.get("slurm"):  # Slurm may hold it already: cancelling only here would leave it running there
+        if transitions.handing_over(job):  # Slurm may hold it: cancelled only here, it would run there
             raise Refused(
                 f"job #{job_id} is being handed to Slurm; `gpuq slurm submit {job_id}` finishes that, "
                 f"then `gpuq cancel {job_id}`"
@@ -300,8 +300,8 @@ class Waited:
 
 
 def queued_now(spool: Spool) -> list[int]:
-    """The jobs `gpuq wait` waits for by default: every job queued, held or running now."""
-    return sorted(ref.id for ref in spool.jobs.refs((PENDING, RUNNING, HELD)))
+    """The jobs `gpuq wait` waits for by default: every job queued, held or running now (here or on Slurm)."""
+    return sorted(ref.id for ref in spool.jobs.refs((PENDING, RUNNING, HELD, SLURM)))
 
 
 def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll: float = 0.5) -> Waited:
@@ -316,6 +316,8 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
     left = set(ids)
     while True:
         recovery.settle_unsupervised(spool, recovery.Report())  # a dead job ends as soon as we look
+        if left & {ref.id for ref in spool.jobs.refs((SLURM,))}:
+            _sync_slurm(spool)
         snap, _ = snapshot(spool, cache)
         reasons = scheduler.waiting_reasons(snap)
         for job_id in sorted(left):
@@ -333,6 +335,17 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
                 out.ends[job_id] = (snap.states.get(job_id, "gone"), "still waiting when --timeout ran out")
             return out
         time.sleep(poll)
+
+
+def _sync_slurm(spool: Spool) -> None:
+    """Jobs on Slurm end when Slurm says so: ask it (a Slurm that does not answer: ask again later)."""
+    from gpuq.core.errors import GpuqError
+    from gpuq.engine import slurm_handover
+
+    try:
+        slurm_handover.sync(spool)
+    except GpuqError:
+        pass
 
 
 def _why_not_done(spool: Spool, job_id: int, state: Optional[str]) -> str:

@@ -176,7 +176,7 @@ def _check_dependencies(job: dict[str, Any], handed: set[int], states: dict[int,
 def _hand_over_one(spool: Spool, job_id: int, extra: list[str], slurm_ids: dict, build: Build, env: Env) -> Handed:
     with claimed(spool, job_id, PENDING) as (ref, job):
         mark = job.get("slurm")
-        if mark:  # a hand-over cut short: Slurm may have the job already
+        if transitions.handing_over(job):  # a hand-over cut short: Slurm may have the job already
             found = _find(spool, job, env)
             if found is not None:
                 return Handed(spool.jobs.move(ref, job, SLURM, transitions.hand_over(job, found))[1], found, True)
@@ -250,11 +250,11 @@ def _repair_marked(spool: Spool, env: Env) -> list[Handed]:
     slurm/ with its id. Those Slurm never got stay marked for `gpuq slurm submit` to finish."""
     out = []
     for _ref, job in spool.jobs.load_many(PENDING):
-        if not job.get("slurm"):
+        if not transitions.handing_over(job):
             continue
         try:
             with claimed(spool, job["id"], PENDING) as (ref, current):
-                if not current.get("slurm"):
+                if not transitions.handing_over(current):
                     continue
                 found = _find(spool, current, env)
                 if found is not None:
