@@ -37,13 +37,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
             raise Refused(str(exc)) from None
         return script, options
 
-    handed = slurm_handover.submit(sp, ids or None, args.slurm_opt, build)
-    if not handed:
-        print("no pending jobs to hand over")
-    for item in handed:
-        job = item.job
+    def say(item: slurm_handover.Handed) -> None:
         how = "found on Slurm (its hand-over had been cut short)" if item.repaired else "submitted"
-        print(f"[>] Job #{job['id']}: {job['name']} -> Slurm job {item.slurm_id} ({how})")
+        print(f"[>] Job #{item.job['id']}: {item.job['name']} -> Slurm job {item.slurm_id} ({how})", flush=True)
+
+    if not slurm_handover.submit(sp, ids or None, args.slurm_opt, build, say=say):
+        print("no pending jobs to hand over")
     return 0
 
 

@@ -70,11 +70,16 @@ def spool_marker(spool: Spool, job_id: int) -> str:
 
 # ---- submit ---------------------------------------------------------------------------------------
 def submit(
-    spool: Spool, ids: Optional[Sequence[int]], extra_opts: Sequence[str], build: Build, env: Env = None
+    spool: Spool,
+    ids: Optional[Sequence[int]],
+    extra_opts: Sequence[str],
+    build: Build,
+    env: Env = None,
+    say: Callable[[Handed], None] = lambda handed: None,
 ) -> list[Handed]:
-    """Hand the jobs over, each on its own (one that Slurm refuses stops the rest, those before
-    it stay handed over). Refused, before anything is submitted, for a job not pending or a
-    dependency Slurm could not honour."""
+    """Hand the jobs over, each on its own, telling `say` as each one is (one that Slurm refuses
+    stops the rest; those before it stay handed over). Refused, before anything is submitted, for
+    a job not pending or a dependency Slurm could not honour."""
     if shutil.which("sbatch", path=env.get("PATH") if env is not None else None) is None:
         raise SlurmError("Slurm's sbatch is not on PATH: run gpuq on the cluster's login node")
     jobs = _targets(spool, ids)
@@ -90,6 +95,7 @@ def submit(
         result = _hand_over_one(spool, job["id"], list(extra_opts), slurm_ids, build, env)
         slurm_ids[result.job["id"]] = result.slurm_id
         handed.append(result)
+        say(result)
     return handed
 
 
@@ -183,13 +189,15 @@ def _hand_over_one(spool: Spool, job_id: int, extra: list[str], slurm_ids: dict,
             extra = list(mark.get("cluster_opts") or [])
         else:
             job = spool.jobs.rewrite(ref, job, **transitions.slurm_submitting(extra))
-        script, options = build(job, slurm_ids, extra)
         try:
+            # The script resumes from checkpoints written since ckpt_since, as hand_over records it.
+            since = job.get("ckpt_since") or job["slurm"]["submitted_at"]
+            script, options = build(dict(job, ckpt_since=since), slurm_ids, extra)
             slurm_id = client.submit(script, options, env=env)
-        except SlurmNoAnswer:
+        except (SlurmNoAnswer, KeyboardInterrupt):
             raise  # it may have been submitted: the mark stays; the next submit or sync repairs it
-        except SlurmError:
-            spool.jobs.rewrite(ref, job, **transitions.slurm_abandoned())
+        except Exception:
+            spool.jobs.rewrite(ref, job, **transitions.slurm_abandoned())  # Slurm did not take it
             raise
         return Handed(spool.jobs.move(ref, job, SLURM, transitions.hand_over(job, slurm_id))[1], slurm_id)
 
