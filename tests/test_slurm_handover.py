@@ -108,6 +108,24 @@ def test_failed_job_its_stuck_dependent_and_cancel(cq: Env) -> None:
     assert "being handed to Slurm" not in cq.gpuq("status").stdout
 
 
+def test_progress_of_a_job_slurm_runs_is_read_from_its_log(cq: Env) -> None:
+    job_id = add(cq, "echo 'Step 5/10'; echo ready; sleep 300")
+    cq.gpuq("slurm", "submit", str(job_id))
+    wait_for(lambda: "ready" in cq.log(job_id), 20, interval=0.2, what="the job to run")
+    row = wait_for(
+        lambda: next(
+            (line for line in cq.gpuq("status").stdout.splitlines() if "slurm " in line and "RUNNING" in line), ""
+        ),
+        15,
+        interval=0.3,
+        what="gpuq status to show it running on Slurm",
+    )
+    assert "50%" in row, row
+    eta = cq.gpuq("eta", str(job_id)).stdout
+    assert f"#{job_id}" in eta and "5/10" in eta.replace(" ", ""), eta
+    cq.gpuq("cancel", str(job_id))
+
+
 def test_dependencies_on_finished_local_jobs(cq: Env) -> None:
     ok = add(cq, "true")
     bad = add(cq, "exit 1")
