@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from conftest import Env, wait_for
+from test_slurm import free_port
 
 from gpuq.core.times import now_iso
 from gpuq.engine.slurm_handover import spool_marker
@@ -189,7 +190,7 @@ def test_interrupted_hand_over_is_repaired_never_submitted_twice(cq: Env, slurm:
     assert "made before the cut" in cq.log(found)
 
 
-def test_sbatch_missing_or_refusing_moves_nothing(cq: Env, tmp_path: Path) -> None:
+def test_sbatch_missing_refusing_or_no_controller_moves_nothing(cq: Env, slurm: Any, tmp_path: Path) -> None:
     job_id = add(cq, "true")
     before = cq.job(job_id)
     no_slurm = dict(cq.env, PATH=str(tmp_path))
@@ -202,6 +203,12 @@ def test_sbatch_missing_or_refusing_moves_nothing(cq: Env, tmp_path: Path) -> No
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     job = cq.job(job_id)
     assert job["state"] == "pending" and job["slurm"] is None  # the mark is taken back
+    # A controller that does not answer (nothing listens on its port; MessageTimeout=2 keeps it short).
+    dead = slurm.conf_variant("dead-handover.conf", SlurmctldPort=str(free_port()), MessageTimeout="2")
+    proc = cq.gpuq("slurm", "submit", str(job_id), check=False, env=dict(cq.env, SLURM_CONF=str(dead)))
+    assert proc.returncode == 1 and proc.stderr.startswith("gpuq: the Slurm controller does not answer"), proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert cq.job(job_id)["state"] == "pending" and cq.job(job_id)["slurm"] is None and cq.files("slurm") == []
     usage = cq.gpuq("slurm", "submit", check=False)
     assert usage.returncode == 2 and "--all" in usage.stderr
 
