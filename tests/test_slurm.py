@@ -20,9 +20,9 @@ from typing import Any, Optional
 import pytest
 from conftest import REPO, wait_for
 
+from gpuq.core.times import iso_of
 from gpuq.run.slurm_batch import (
     batch_script,
-    fresh_checkpoint,
     launch_environment,
     launch_plan,
     sbatch_options,
@@ -209,19 +209,11 @@ def test_time_limit_signal_checkpoint_requeue_and_resume(slurm: Any, tmp_path: P
     assert "Starting from scratch" in log(job)  # the stale checkpoint was not passed
     # A 1-minute limit: the warning (USR1, 55 s before) comes at slurmctld's next check (<= 30 s).
     scontrol(slurm, "update", f"jobid={sid}", "TimeLimit=1")
-    # Requeued: PENDING again (held ~cred_expire by a BeginTime), one restart counted.
-    wait_for(
-        lambda: (s := state(slurm, sid)) and s.state == "PENDING" and s.restarts == 1,
-        50,
-        interval=0.5,
-        what="the job to requeue itself",
-    )
+    release_requeued(slurm, sid)
     saved = re.search(r"SIGTERM: saved checkpoint at step (\d+)", log(job))
     assert saved, log(job)
     step = int(saved.group(1))
     assert "Slurm time limit near" in log(job) and f"requeueing Slurm job {sid}" in log(job)
-    # Released now rather than after the credential lifetime; a longer limit for the second run.
-    scontrol(slurm, "update", f"jobid={sid}", "StartTime=now", "TimeLimit=10")
     wait_for(lambda: f"Step {step + 3}/" in log(job), 30, what="the resumed run to make progress")
     text = log(job)
     assert f"=== gpuq: slurm restart 1: resumes from {out}/checkpoint-{step}" in text, text
@@ -231,6 +223,35 @@ def test_time_limit_signal_checkpoint_requeue_and_resume(slurm: Any, tmp_path: P
     assert client.cancel(sid, "TERM", env=slurm.env)
     ended = final(slurm, sid)
     assert (ended.state, ended.exit_code, ended.restarts) == ("COMPLETED", 0, 1), log(job)
+
+
+def release_requeued(slurm: Any, sid: int) -> None:
+    """Wait until Slurm has requeued `sid`, then let it start again now (with a 10-minute limit)
+    instead of after the credential lifetime.
+
+    Why each step (observed with Slurm 22.05 on a loaded 2-core machine): the requeue ends only
+    when the job has finished COMPLETING (squeue -O State already says PENDING then), and only
+    then does Slurm set its begin time to now + cred_expire + 1 (Reason=BeginTime). A
+    `StartTime=now` sent before that is overwritten, and once the begin time passes nothing
+    wakes the scheduler: the job waits for its periodic pass (26-29 s after the requeue here).
+    Released in the same second as the requeue, the launch fails (the new launch credential
+    must be newer than the revoked one; Slurm's times are whole seconds): wait 2 s past it."""
+    cred_expire = 10  # AuthInfo=...,cred_expire=10 in tests/slurm_cluster.py
+
+    def requeued() -> Optional[SlurmJob]:
+        s = state(slurm, sid)
+        return s if s and s.state == "PENDING" and s.reason == "BeginTime" and s.restarts == 1 else None
+
+    held = wait_for(requeued, 60, interval=0.2, what="the job to requeue itself")
+    requeued_at = (held.start or time.time()) - cred_expire - 1
+    wait_for(lambda: time.time() >= requeued_at + 2, 5, interval=0.1, what="a new second for the launch credential")
+    scontrol(slurm, "update", f"jobid={sid}", "StartTime=now", "TimeLimit=10")
+    wait_for(
+        lambda: (s := state(slurm, sid)) and s.state == "RUNNING" and s.restarts == 1,
+        15,
+        interval=0.2,
+        what="the requeued job to run again",
+    )
 
 
 def test_no_requeue_for_a_job_cancelled_while_it_saves(slurm: Any, tmp_path: Path) -> None:
@@ -331,9 +352,9 @@ def test_sbatch_options_text() -> None:
         "after": [3, 4],
         "after_any": [5, 6],
         "gpu_request": 2,
-        "slurm_opts": ["--time=60"],
     }
-    opts = sbatch_options(job, spool_id="abc", slurm_ids={3: 30, 5: 50}, extra=["--partition=gpu"], grace_seconds=90)
+    extra = ["--time=60", "--partition=gpu"]
+    opts = sbatch_options(job, spool_id="abc", slurm_ids={3: 30, 5: 50}, extra=extra, grace_seconds=90)
     assert opts == [
         "--job-name=exp_1_a/train",
         "--output=/spool/logs/100%%/000007.log",
@@ -357,9 +378,8 @@ def test_sbatch_options_text() -> None:
     assert gres_of(job) == ["--gres=gpu:2"]  # no dependency: 3, 4, 5, 6 are not in this hand-over
     assert gres_of(job, gres=False) == [] and gres_of(dict(job, gpu_request=0)) == []
     assert gres_of({k: v for k, v in job.items() if k != "gpu_request"}) == ["--gres=gpu:1"]  # the default
-    for bad, message in (({"gpu_request": -1}, "gpu_request"), ({"slurm_opts": "--time=5"}, "slurm_opts")):
-        with pytest.raises(ValueError, match=message):
-            gres_of(dict(job, **bad))
+    with pytest.raises(ValueError, match="gpu_request"):
+        gres_of(dict(job, gpu_request=-1))
     with pytest.raises(ValueError, match="grace period"):
         sbatch_options(job, spool_id="a", slurm_ids={}, extra=[], grace_seconds=70000)
     assert slurm_job_name("  ") == "gpuq" and slurm_job_name("a b\tc") == "a_b_c"
@@ -397,25 +417,23 @@ def _checkpoint(out: Path, step: int, mtime: Optional[float] = None) -> Path:
     return path
 
 
-def test_fresh_checkpoint_ignores_an_earlier_runs(tmp_path: Path) -> None:
+def test_launch_plan_resumes_only_from_this_runs_checkpoints(tmp_path: Path) -> None:
     out = tmp_path / "out"
     started = time.time() - 60
     _checkpoint(out, 50, mtime=started - 3600)  # an earlier run's
-    job = {"id": 1, "cmd": ["python", "t.py", "--output_dir", "out"], "cwd": str(tmp_path), "not_before": started}
-    assert fresh_checkpoint(job, started) is None
+    since = iso_of(started)
+    job = {"id": 1, "cmd": ["python", "t.py", "--output_dir", "out"], "cwd": str(tmp_path), "ckpt_since": since}
     argv, why = launch_plan(job, restart=1)
-    assert argv == job["cmd"] and why and "starts over" in why[0]
+    assert argv == job["cmd"] and why and "starts over" in why[0] and since in why[0]
     assert launch_plan(job, restart=0) == (job["cmd"], [])
     mine = _checkpoint(out, 20)
-    ckpt = fresh_checkpoint(job, started)
-    assert ckpt is not None and ckpt.path == str(mine)
     argv, why = launch_plan(dict(job, cmd=job["cmd"] + ["--resume_from_checkpoint", "old"]), restart=2)
     assert argv == ["python", "t.py", "--output_dir", "out", "--resume_from_checkpoint", str(mine)]
     assert why == [f"slurm restart 2: resumes from {mine}"]
-    # A checkpoint directory rewritten in place counts as fresh: its files are new.
+    # A checkpoint directory rewritten in place counts as this run's: its files are new.
     rewritten = _checkpoint(out, 60, mtime=started - 3600)
     (rewritten / "trainer_state.json").write_text("{}")
-    assert fresh_checkpoint(job, started).path == str(rewritten)  # type: ignore[union-attr]
+    assert launch_plan(job, restart=1)[1] == [f"slurm restart 1: resumes from {rewritten}"]
     glob_job = dict(job, ckpt_glob="ckpts/*.pt", resume_arg="ckpt_path={ckpt}")
     (tmp_path / "ckpts").mkdir()
     (tmp_path / "ckpts" / "model_epoch_3.pt").write_text("w")

@@ -163,7 +163,8 @@ def _bytes(text: str, flag: str) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     for job_id in args.ids:
         job = actions.cancel(spool(), job_id)
-        print(f"[-] Job #{job_id}: {job['name']} cancelled")
+        where = f" (scancel of Slurm job {job['slurm']['job_id']})" if job.get("slurm") else ""
+        print(f"[-] Job #{job_id}: {job['name']} cancelled{where}")
     return 0
 
 

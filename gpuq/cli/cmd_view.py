@@ -49,6 +49,7 @@ JSON_FIELDS = (
     "code_changed",
     "snapshot",
     "sweep",
+    "slurm",
 )
 
 

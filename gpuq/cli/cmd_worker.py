@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from gpuq.cli.common import spool
 from gpuq.core.errors import Refused, UsageError
@@ -32,12 +33,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     sp = spool()
+    _warn_shared_spool(sp)
     if args.daemon:
         pid = daemon.start_background(sp, _run_options(args))
         print(f"[+] worker started in the background: pid {pid}, log {sp.logs.worker_log_path()}")
         print("    `gpuq status` shows the queue, `gpuq stop` stops the worker (jobs keep running).")
         return 0
     return daemon.run_foreground(sp, settings, watch=args.watch, ready_fd=args.ready_fd)
+
+
+def _warn_shared_spool(sp: Any) -> None:
+    """One line on stderr when the spool is on a network filesystem and a worker of another host
+    holds it: claims and renames are only sure on one host (spool_layout.md, section 16)."""
+    fstype = sp.network_filesystem()
+    if fstype is None:
+        return
+    import socket
+
+    here = socket.gethostname()
+    others = [w for w in sp.workers.recorded() if w.get("host") and w.get("host") != here]
+    if others:
+        w = others[0]
+        print(
+            f"gpuq run: warning: the spool {sp.home} is on a network filesystem ({fstype}) and a worker on "
+            f"{w['host']} (pid {w.get('pid')}) holds it: run gpuq's workers and commands on one host only",
+            file=sys.stderr,
+        )
 
 
 def _check_dependencies() -> None:

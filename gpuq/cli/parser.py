@@ -327,6 +327,40 @@ def build_parser() -> Parser:
     out.add_argument("--plot", metavar="FILE", help="draw a timeline into FILE.png or .svg (needs gpuq-spool[plot])")
     p.set_defaults(func="cmd_history:cmd_history")
 
+    # ---- gpuq slurm submit | sync (issue 18) ----
+    class SlurmOptParser(Parser):
+        """`--slurm-opt --time=4:00:00`: argparse takes a value that starts with `-` for an option."""
+
+        def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def,override]
+            words, out = list(args or []), []
+            while words:
+                word = words.pop(0)
+                out.append(f"{word}={words.pop(0)}" if word == "--slurm-opt" and words else word)
+            return super().parse_known_args(out, namespace)
+
+    p = sub.add_parser("slurm", help="hand queued jobs to a Slurm cluster (sbatch); the spool keeps their state")
+    slurm = p.add_subparsers(dest="slurm_command", metavar="ACTION", parser_class=SlurmOptParser, required=True)
+    s = slurm.add_parser(
+        "submit",
+        help="hand pending jobs to Slurm (sbatch), dependencies kept",
+        description="Hand pending jobs to Slurm: each becomes a batch script running its command in its "
+        "directory with its environment and venv, --gres=gpu:N from --gpus, --after/--after-any as Slurm "
+        "dependencies, requeued with its newest checkpoint at the time limit. They move to slurm/.",
+    )
+    s.add_argument("ids", type=_ids, nargs="*", metavar="ID", help="job ids (ranges like 3-7 too)")
+    s.add_argument("--all", action="store_true", help="every pending job")
+    s.add_argument(
+        "--slurm-opt",
+        action="append",
+        default=[],
+        metavar="OPT",
+        help="an sbatch option for every job of this hand-over (repeatable): --slurm-opt --time=4:00:00",
+    )
+    s.add_argument("--grace", type=int, default=120, metavar="SECONDS", help="warn jobs this long before the limit")
+    s.set_defaults(func="cmd_slurm:cmd_submit")
+    s = slurm.add_parser("sync", help="record what Slurm says of the jobs handed to it (also done by status)")
+    s.set_defaults(func="cmd_slurm:cmd_sync")
+
     p = sub.add_parser(
         "import",
         help="bring the original gpuq's queue (gpuq.db or queue.json) into this spool",

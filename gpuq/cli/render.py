@@ -19,6 +19,7 @@ SYMBOLS = {
     "interrupted": "⚡",
     "cancelled": "🚫",
     "held": "⏸️",
+    "slurm": "🚀",
 }
 
 
@@ -67,8 +68,12 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
             parts.append("after " + ", ".join(f"#{d}" for d in job["after"]) + " (met)")
         if job.get("attempts") or job.get("history"):
             parts.append(job.get("note") or "retry")
+    elif state == "slurm":
+        parts.append(slurm_text(job.get("slurm") or {}))
     elif job.get("exit_code") is not None:
         parts.append(f"exit={job['exit_code']}" + (f" ({job['signal']})" if job.get("signal") else ""))
+    if state != "slurm" and (job.get("slurm") or {}).get("job_id"):
+        parts.append(f"on slurm {job['slurm']['job_id']}")
     if state == "failed" and job.get("reason"):
         parts.append(job["reason"])
     if job.get("code_changed"):
@@ -81,6 +86,12 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
     if job.get("priority"):
         parts.append(f"prio={job['priority']}")
     return "  ".join(parts)
+
+
+def slurm_text(mark: dict[str, Any]) -> str:
+    """`slurm 123 PENDING (Dependency)`: the Slurm job, its state and why it waits."""
+    reason = f" ({mark['reason']})" if mark.get("reason") else ""
+    return f"slurm {mark.get('job_id') or '?'} {mark.get('state') or '?'}{reason}"
 
 
 def status_table(rows: list[Any], now: Optional[float] = None) -> list[str]:

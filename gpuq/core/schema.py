@@ -359,6 +359,20 @@ def _id_list(value: Any) -> bool:
     return isinstance(value, list) and all(_is_int(x) and 0 < x <= MAX_ID for x in value)
 
 
+def _slurm(value: Any) -> bool:
+    """The `slurm` field of a job handed to Slurm (or being handed over: job_id still null)."""
+    if not isinstance(value, dict) or not isinstance(value.get("state"), str):
+        return False
+    opts = value.get("cluster_opts", [])
+    return (
+        (value.get("job_id") is None or (_is_int(value["job_id"]) and value["job_id"] > 0))
+        and isinstance(opts, list)
+        and all(_no_nul(o) for o in opts)
+        and (value.get("exit_code") is None or _is_int(value["exit_code"]))
+        and (value.get("reason") is None or isinstance(value["reason"], str))
+    )
+
+
 _STR_LIST = "a non-empty list of strings without NUL, the first one non-empty"
 # field -> (check, what it must be). Every field some part of gpuq reads from a job file is here,
 # so that a file that passes validate() cannot crash the scheduler, the supervisor or `status`.
@@ -424,6 +438,7 @@ OPTIONAL: dict[str, tuple[Any, str]] = {
         "null or a list of GPU indices",
     ),
     "preemptions": (lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v), "a list of objects"),
+    "slurm": (_opt(_slurm), 'null or {"job_id": null or a Slurm job id, "state": a string, ...}'),
 }
 
 

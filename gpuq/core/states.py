@@ -14,10 +14,11 @@ PREEMPTED = "preempted"
 INTERRUPTED = "interrupted"
 CANCELLED = "cancelled"
 HELD = "held"  # `gpuq hold`: kept out of the queue until `gpuq release`
+SLURM = "slurm"  # handed to a Slurm cluster (`gpuq slurm submit`); Slurm runs it, `gpuq slurm sync` records its end
 
 # Every state a valid job can be in, in the order a job moves through them: when a crash leaves
 # two copies with the same rev, the later one in this order is shown (see engine.snapshot).
-STATES = (PENDING, RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED, CANCELLED, HELD)
+STATES = (PENDING, RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED, CANCELLED, HELD, SLURM)
 FINISHED = (DONE, FAILED, CANCELLED)  # ended for good: `gpuq clear` may remove them
 ACTIVE = (PENDING, RUNNING)  # what the scheduler reads on every step
 NEEDS_USER = (PREEMPTED, INTERRUPTED, HELD)  # stopped; only a person (resume, recover, release) moves them on

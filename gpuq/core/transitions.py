@@ -9,6 +9,8 @@ processes or the clock beyond `now_iso()`.
     failed | cancelled | interrupted | preempted --requeue / resume--> pending
     pending | held | preempted | interrupted --cancel--> cancelled
     pending --hold--> held --release--> pending
+    pending --slurm_submitting--> pending (marked) --hand_over--> slurm --slurm_end--> done | failed | cancelled
+    slurm --slurm_seen--> slurm (Slurm's state or reason changed)
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ _RUN_FIELDS: Changes = {
     "reason": None,
     "code_changed": None,
     "code_at_start": None,
+    "slurm": None,  # a job back in the queue runs here unless handed to Slurm again
 }
 
 
@@ -279,3 +282,110 @@ def resume(job: dict[str, Any], continuation: Continuation, front: bool, note: s
     changes = requeue(job, note, continuation)
     changes.update(queue_front=front, auto_resume=False)
     return changes
+
+
+# ---- Slurm (engine/slurm_handover.py) -------------------------------------------------------------
+SLURM_SUBMITTING = "SUBMITTING"  # the `slurm.state` of a pending job while sbatch is being asked
+
+
+def handing_over(job: dict[str, Any]) -> bool:
+    """Whether a pending job is marked by a hand-over to Slurm that has not ended (slurm_submitting)."""
+    mark = job.get("slurm")
+    return isinstance(mark, dict) and mark.get("state") == SLURM_SUBMITTING
+
+
+def slurm_submitting(cluster_opts: list[str]) -> Changes:
+    """pending -> pending, marked: the hand-over is under way. Written before sbatch is asked, so a
+    hand-over cut short is found (this mark) and repaired from Slurm's side (the comment marker),
+    never submitted twice; the local scheduler does not start a marked job."""
+    return {
+        "slurm": {
+            "job_id": None,
+            "state": SLURM_SUBMITTING,
+            "reason": None,
+            "submitted_at": now_iso(),
+            "cluster_opts": list(cluster_opts),
+            "exit_code": None,
+        }
+    }
+
+
+def slurm_abandoned() -> Changes:
+    """pending (marked) -> pending: Slurm did not take the job; it is an ordinary pending job again."""
+    return {"slurm": None}
+
+
+def hand_over(job: dict[str, Any], slurm_id: int, state: str = "PENDING") -> Changes:
+    """pending (marked) -> slurm: Slurm accepted it as job `slurm_id`. Only checkpoints written
+    from now on (`ckpt_since`) are the Slurm run's to resume from."""
+    mark = dict(job.get("slurm") or {})
+    mark.update(job_id=slurm_id, state=state, reason=None, exit_code=None)
+    mark.setdefault("submitted_at", now_iso())
+    mark.setdefault("cluster_opts", [])
+    return {
+        "slurm": mark,
+        "ckpt_since": job.get("ckpt_since") or mark["submitted_at"],
+        "note": f"handed to Slurm as job {slurm_id}",
+    }
+
+
+def slurm_seen(job: dict[str, Any], state: str, reason: Optional[str], started_at: Optional[str]) -> Changes:
+    """slurm -> slurm: what Slurm now says of the job (its state, why it waits, when it started)."""
+    changes: Changes = {"slurm": dict(job["slurm"], state=state, reason=reason)}
+    if started_at and not job.get("started_at"):
+        changes["started_at"] = started_at
+    return changes
+
+
+def slurm_destination(slurm_state: str, exit_code: Optional[int]) -> str:
+    """Where a job Slurm finished goes: done (COMPLETED, exit 0), cancelled (CANCELLED), else failed."""
+    if slurm_state == "COMPLETED" and exit_code == 0:
+        return states.DONE
+    if slurm_state == "CANCELLED":
+        return states.CANCELLED
+    return states.FAILED
+
+
+def slurm_end(
+    job: dict[str, Any],
+    slurm_state: str,
+    *,
+    exit_code: Optional[int],
+    signal: Optional[str],
+    started_at: Optional[str],
+    finished_at: Optional[str],
+    note: Optional[str] = None,
+) -> Changes:
+    """slurm -> done | failed | cancelled: Slurm's end of the job, with its exit code and a
+    history entry (outcome: the gpuq state, `slurm_state`: Slurm's)."""
+    finished_at = finished_at or now_iso()
+    started_at = job.get("started_at") or started_at
+    outcome = slurm_destination(slurm_state, exit_code)
+    mark = dict(job["slurm"], state=slurm_state, reason=None, exit_code=exit_code)
+    entry = {
+        "attempt": (job.get("attempts") or 0) + 1,
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "exit_code": exit_code,
+        "signal": signal,
+        "outcome": outcome,
+        "slurm_job_id": mark.get("job_id"),
+        "slurm_state": slurm_state,
+    }
+    if note is None and slurm_state not in ("COMPLETED", "FAILED", "CANCELLED"):
+        note = f"Slurm ended it: {slurm_state}"  # TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, PREEMPTED...
+    return {
+        "slurm": mark,
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "exit_code": exit_code,
+        "signal": signal,
+        "attempts": (job.get("attempts") or 0) + 1,
+        "note": note,
+        "history": list(job.get("history") or []) + [entry],
+    }
+
+
+def slurm_cancelled(job: dict[str, Any], note: str) -> Changes:
+    """slurm -> cancelled: `gpuq cancel` asked Slurm to cancel it (scancel)."""
+    return dict(cancel(note), slurm=dict(job["slurm"], state="CANCELLED", reason=None))

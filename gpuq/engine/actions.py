@@ -28,6 +28,7 @@ from gpuq.core.states import (
     PENDING,
     PREEMPTED,
     RUNNING,
+    SLURM,
     STATES,
 )
 from gpuq.core.transitions import Continuation
@@ -80,10 +81,20 @@ def running_with_pid(spool: Spool, job_id: int) -> tuple[JobRef, dict[str, Any]]
 
 
 def cancel(spool: Spool, job_id: int) -> dict[str, Any]:
-    """A job that is not running (pending, preempted, interrupted) goes to cancelled/."""
+    """A job that is not running (pending, preempted, interrupted) goes to cancelled/; one handed
+    to Slurm is cancelled there (scancel) first."""
     if spool.jobs.find(job_id, (RUNNING,)):
         raise Refused(f"job #{job_id} is running; use `gpuq kill {job_id}`")
+    if spool.jobs.find(job_id, (SLURM,)):
+        from gpuq.engine import slurm_handover  # subprocess: only for a job on Slurm
+
+        return slurm_handover.cancel(spool, job_id)
     with claimed(spool, job_id, (PENDING, HELD, PREEMPTED, INTERRUPTED)) as (ref, job):
+        if transitions.handing_over(job):  # Slurm may hold it: cancelled only here, it would run there
+            raise Refused(
+                f"job #{job_id} is being handed to Slurm; `gpuq slurm submit {job_id}` finishes that, "
+                f"then `gpuq cancel {job_id}`"
+            )
         return spool.jobs.move(ref, job, CANCELLED, transitions.cancel())[1]
 
 
@@ -289,8 +300,8 @@ class Waited:
 
 
 def queued_now(spool: Spool) -> list[int]:
-    """The jobs `gpuq wait` waits for by default: every job queued, held or running now."""
-    return sorted(ref.id for ref in spool.jobs.refs((PENDING, RUNNING, HELD)))
+    """The jobs `gpuq wait` waits for by default: every job queued, held or running now (here or on Slurm)."""
+    return sorted(ref.id for ref in spool.jobs.refs((PENDING, RUNNING, HELD, SLURM)))
 
 
 def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll: float = 0.5) -> Waited:
@@ -305,6 +316,8 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
     left = set(ids)
     while True:
         recovery.settle_unsupervised(spool, recovery.Report())  # a dead job ends as soon as we look
+        if left & {ref.id for ref in spool.jobs.refs((SLURM,))}:
+            _sync_slurm(spool)
         snap, _ = snapshot(spool, cache)
         reasons = scheduler.waiting_reasons(snap)
         for job_id in sorted(left):
@@ -322,6 +335,17 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
                 out.ends[job_id] = (snap.states.get(job_id, "gone"), "still waiting when --timeout ran out")
             return out
         time.sleep(poll)
+
+
+def _sync_slurm(spool: Spool) -> None:
+    """Jobs on Slurm end when Slurm says so: ask it (a Slurm that does not answer: ask again later)."""
+    from gpuq.core.errors import GpuqError
+    from gpuq.engine import slurm_handover
+
+    try:
+        slurm_handover.sync(spool)
+    except GpuqError:
+        pass
 
 
 def _why_not_done(spool: Spool, job_id: int, state: Optional[str]) -> str:

@@ -298,11 +298,14 @@ def _queue_note(start: Optional[float], run: Optional[float], runs: int) -> str:
 def annotate(
     spool: Spool, rows: list[Any], workers: list[dict[str, Any]], now: float, gpus: Optional[list[int]] = None
 ) -> None:
-    """Set `row.estimate` for every running and pending row of a status listing (`gpus`: the
-    machine's GPU indices, when it has GPUs)."""
+    """Set `row.estimate` for every running and pending row of a status listing, and for jobs
+    Slurm runs (`gpus`: the machine's GPU indices, when it has GPUs)."""
     running = [r for r in rows if r.state == "running"]
     for row in running:
         row.estimate = running_estimate(spool, row.job, now)
+    for row in rows:  # a job Slurm runs writes the same log: its progress is read the same way
+        if row.state == "slurm" and (row.job.get("slurm") or {}).get("state") == "RUNNING":
+            row.estimate = running_estimate(spool, row.job, now)
     order = {j["id"]: n for n, j in enumerate(scheduler.queue_order([r.job for r in rows if r.state == "pending"]))}
     pending = sorted((r for r in rows if r.state == "pending"), key=lambda r: order[r.job["id"]])
     if not pending:

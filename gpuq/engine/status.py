@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from gpuq.core import schema
-from gpuq.core.states import FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, STATES
+from gpuq.core.states import FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, STATES
 from gpuq.engine import eta, gpuview, recovery, scheduler
 from gpuq.engine.finished_rows import finished_summaries
 from gpuq.engine.snapshot import recent_finished, snapshot
@@ -52,6 +52,7 @@ def status(
 ) -> Status:
     """Every row of the queue. With `summarize` (the CLI's finished-row cells), a long list of
     finished jobs comes from the cache of their display cells instead of their files."""
+    warned_slurm = sync_slurm(spool)
     # a dead job is shown as interrupted as soon as anyone looks; one listing serves it all
     listing = recovery.reconcile(spool, listing=list(spool.jobs.refs(STATES))).listing
     snap, invalid = snapshot(spool, refs=listing)
@@ -59,7 +60,7 @@ def status(
     views = spool.workers.gpu_views()
     reasons = scheduler.waiting_reasons(snap, {**space_waits(spool, snap), **gpu_waits(views)})
     rows += [Row(j, PENDING, reasons[j["id"]]) for j in scheduler.queue_order(snap.pending)]
-    for state in (HELD, PREEMPTED, INTERRUPTED):
+    for state in (HELD, PREEMPTED, INTERRUPTED, SLURM):
         rows += [Row(j, state) for _r, j in spool.jobs.load_many(state)]
     finished = recent_finished(spool, 0 if show_all else RECENT_FINISHED, refs=listing)
     hidden = sum(1 for s in snap.states.values() if s in FINISHED) - len(finished)
@@ -76,8 +77,23 @@ def status(
     shown = gpuview.current(spool, snap.running, views)
     indices = [g["index"] for g in shown["gpus"]] if shown else None
     eta.annotate(spool, rows, workers, time.time(), indices)  # progress and ETA, and when pending ones start
-    warned = disk_warnings(spool, snap.running)
+    warned = warned_slurm + disk_warnings(spool, snap.running)
     return Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned)
+
+
+def sync_slurm(spool: Spool) -> list[str]:
+    """With jobs in slurm/ (only then: the Slurm client imports subprocess), ask Slurm how they
+    are and record it (engine/slurm_handover.py). A Slurm that cannot be asked is a warning."""
+    if not spool.jobs.names(SLURM):
+        return []
+    from gpuq.engine import slurm_handover
+    from gpuq.system.slurm import SlurmError
+
+    try:
+        slurm_handover.sync(spool)
+    except SlurmError as exc:
+        return [f"Slurm's state of the jobs handed to it is not current: {exc}"]
+    return []
 
 
 LOW_SPACE_FRACTION = 0.05  # status warns below 5% free on the spool's filesystem

@@ -7,9 +7,9 @@ Public API:
   as gpuq runs it locally (same cwd, environment, venv, umask), resuming from the job's newest
   checkpoint written since it was handed over.
 - `sbatch_options(job, *, spool_id, slurm_ids, extra, grace_seconds, gres=True) -> list[str]`.
-- `slurm_job_name(name) -> str`: the job's name as Slurm gets it.
-- `fresh_checkpoint(job, not_before)`, `launch_plan(job, restart)`, `launch_environment(job,
-  runtime_env)`: the launcher's decisions, as plain functions.
+- `slurm_job_name(name) -> str`: the job's name as Slurm gets it (from gpuq.system.slurm).
+- `launch_plan(job, restart)`, `launch_environment(job, runtime_env)`: the launcher's decisions,
+  as plain functions.
 - `launch()`: the launcher itself (run by the script, never by gpuq on the login node).
 
 How the script behaves on the compute node:
@@ -26,8 +26,9 @@ How the script behaves on the compute node:
   job; Slurm runs it again with `SLURM_RESTART_COUNT` > 0 and it resumes from its checkpoint.
   (Slurm does not requeue a job at its time limit by itself; it does on preemption with
   `PreemptMode=REQUEUE`, node failure, and `scontrol requeue`.)
-- Only checkpoints written at or after `not_before` (the job field, else the hand-over time) count:
-  a `checkpoint-50` left in the same `--output_dir` by an earlier run must not be resumed from.
+- Only checkpoints written since the job's `ckpt_since` (set at the hand-over when the job has none)
+  count, as for `gpuq resume` (engine.checkpoints.latest_checkpoint): a `checkpoint-50` left in the
+  same `--output_dir` by an earlier run must not be resumed from.
 - The script writes nothing but the job's log.
 """
 
@@ -43,16 +44,16 @@ from typing import Any, Mapping, Optional, Sequence
 
 from gpuq.core.resume_arg import DEFAULT_RESUME_ARG, resume_argv
 from gpuq.core.schema import DEFAULT_JOB_UMASK
+from gpuq.core.times import now_iso
 from gpuq.engine import checkpoints
-from gpuq.system.slurm import comment_marker
+from gpuq.system.slurm import comment_marker, slurm_job_name
 
 TIME_LIMIT_SIGNAL = "USR1"
 JSON_FD = 3
 JSON_END = "GPUQ_JOB_JSON"  # here-document delimiter; json.dumps output is one line, never this word
 # Set by Slurm on the compute node for this allocation: they win over the submitter's values.
 RUNTIME_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "TMPDIR")
-LAUNCHER_FIELDS = ("id", "name", "cmd", "cwd", "env", "shell_env", "venv", "ckpt_glob", "resume_arg")
-NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._+@:/-]+")
+LAUNCHER_FIELDS = ("id", "name", "cmd", "cwd", "env", "shell_env", "venv", "ckpt_glob", "resume_arg", "ckpt_since")
 
 
 # ---- the script ---------------------------------------------------------------------------------
@@ -61,7 +62,7 @@ def batch_script(job: dict[str, Any], *, python: str, package_parent: str, log_p
     run (gpuq's own, on a shared filesystem); `package_parent`: the directory holding the `gpuq`
     package; `log_path`: the job's log, which the script appends to (as `--output` does)."""
     payload = {field: job.get(field) for field in LAUNCHER_FIELDS}
-    payload["not_before"] = float(job["not_before"]) if job.get("not_before") is not None else time.time()
+    payload["ckpt_since"] = job.get("ckpt_since") or now_iso()
     umask = job["umask"] if job.get("umask") is not None else DEFAULT_JOB_UMASK
     launcher = "import sys; sys.path.insert(0, sys.argv[1]); from gpuq.run.slurm_batch import launch; launch()"
     q = shlex.quote
@@ -104,12 +105,6 @@ def _echo_safe(text: str) -> str:
 
 
 # ---- sbatch options -------------------------------------------------------------------------------
-def slurm_job_name(name: str) -> str:
-    """The job's name for `--job-name`: runs of other characters than `[A-Za-z0-9._+@:/-]` become
-    `_` (Slurm's completion log cannot store spaces, `sacct -P` splits on `|`)."""
-    return NAME_UNSAFE.sub("_", name).strip("_") or "gpuq"
-
-
 def sbatch_options(
     job: dict[str, Any],
     *,
@@ -146,7 +141,7 @@ def sbatch_options(
     dependency = _dependency(job, slurm_ids)
     if dependency:
         options.append(f"--dependency={dependency}")
-    return options + _job_options(job) + list(extra)
+    return options + list(extra)
 
 
 def gpu_request(job: dict[str, Any]) -> int:
@@ -165,49 +160,17 @@ def _dependency(job: dict[str, Any], slurm_ids: Mapping[int, int]) -> str:
     return ",".join(parts)  # a comma: every one of them must hold
 
 
-def _job_options(job: dict[str, Any]) -> list[str]:
-    opts = job.get("slurm_opts") or []
-    if not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
-        raise ValueError(f"job #{job['id']}: slurm_opts must be a list of strings")
-    return list(opts)
-
-
 # ---- the launcher (on the compute node) ------------------------------------------------------------
-def fresh_checkpoint(job: dict[str, Any], not_before: float) -> Optional[checkpoints.Checkpoint]:
-    """The newest complete checkpoint of `job` (as `gpuq resume` finds it) among those written at or
-    after `not_before`: older ones belong to an earlier run."""
-    if job.get("ckpt_glob"):
-        found = checkpoints.glob_checkpoints(job["ckpt_glob"], job["cwd"])
-    else:
-        out = checkpoints.output_dir(job.get("cmd") or [], job["cwd"])
-        found = checkpoints.hf_checkpoints(out) if out is not None else []
-    fresh = [c for c in found if _written_at(c.path) >= not_before]
-    return fresh[-1] if fresh else None
-
-
-def _written_at(path: str) -> float:
-    """When a checkpoint was last written: a directory's own mtime misses files rewritten in place
-    (HF saving the same step again), so its entries count too."""
-    try:
-        newest = os.stat(path).st_mtime
-        if os.path.isdir(path):
-            for entry in os.scandir(path):
-                newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
-        return newest
-    except OSError:
-        return 0.0
-
-
 def launch_plan(job: dict[str, Any], restart: int) -> tuple[list[str], list[str]]:
     """(argv to run, `=== gpuq:` lines saying why) for this start: the job's command, with the
-    newest fresh checkpoint passed in its resume form when there is one."""
-    ckpt = fresh_checkpoint(job, float(job.get("not_before") or 0.0))
+    newest checkpoint written since `ckpt_since` passed in its resume form when there is one."""
+    ckpt = checkpoints.latest_checkpoint(job)  # only those written since the job's ckpt_since
     when = f"slurm restart {restart}" if restart > 0 else "slurm start"
     if ckpt is not None:
         template = job.get("resume_arg") or DEFAULT_RESUME_ARG
         return resume_argv(list(job["cmd"]), template, ckpt.path), [f"{when}: resumes from {ckpt.path}"]
     if restart > 0:
-        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(float(job.get("not_before") or 0.0)))
+        since = job.get("ckpt_since") or "its hand-over"
         return list(job["cmd"]), [
             f"{when}: no checkpoint written since {since} ({checkpoints.where_looked(job)}): starts over"
         ]

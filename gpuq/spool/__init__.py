@@ -78,6 +78,12 @@ class Spool:
         adopters of one process cannot both create a job."""
         return mutex.held(self.layout, "adopt")
 
+    def network_filesystem(self) -> Optional[str]:
+        """The network filesystem the spool is on (`nfs4`, `lustre`...), or None (local, or unknown)."""
+        from gpuq.system.fsutil import network_filesystem
+
+        return network_filesystem(self.home)
+
     def disk_space(self) -> tuple[int, int]:
         """(total, free) bytes of the filesystem the spool lives on."""
         return disk_space(self.home)

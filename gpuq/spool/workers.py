@@ -109,6 +109,22 @@ class WorkerRegistry:
                 out.append(view)
         return out
 
+    def recorded(self) -> list[dict[str, Any]]:
+        """Every worker info file as it is, without the liveness test of `live()` (whose flock
+        probe tells nothing about a worker on another host where flocks do not reach across)."""
+        out = []
+        directory = self.layout.internal_dir("workers")
+        for name in sorted(os.listdir(directory)):
+            if name.startswith("worker-") and name.endswith(".json"):
+                data = read_small(directory / name, mine=True)
+                try:
+                    info = json.loads(data) if data else None
+                except ValueError:
+                    continue
+                if isinstance(info, dict):
+                    out.append(info)
+        return out
+
     def live(self) -> list[dict[str, Any]]:
         """Info of every worker alive now (its info file is flocked); stale files are removed."""
         out = []

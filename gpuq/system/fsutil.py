@@ -125,3 +125,42 @@ def same_inode(fd: int, path: Path) -> bool:
         return False
     fst = os.fstat(fd)
     return (st.st_ino, st.st_dev) == (fst.st_ino, fst.st_dev)
+
+
+# Filesystems whose files other machines share: flocks and renames there are only as good as the
+# server's locking, and two hosts' claims may not exclude each other.
+NETWORK_FILESYSTEMS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "glusterfs", "fuse.glusterfs", "ceph"}
+    | {"fuse.ceph", "fuse.sshfs", "afs", "pvfs2", "orangefs", "gfs2", "ocfs2", "9p", "fuse.beegfs"}
+)
+
+
+def network_filesystem(path: Path, mountinfo: Optional[str] = None) -> Optional[str]:
+    """The type of the network filesystem `path` lives on (`nfs4`, `lustre`...), or None for a
+    local one and where that cannot be told (no /proc/self/mountinfo: macOS). `mountinfo`: the
+    text of /proc/self/mountinfo (read when None)."""
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+                mountinfo = f.read()
+        except OSError:
+            return None
+    target = os.path.realpath(path)
+    best, fstype = "", None
+    for line in mountinfo.splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields = head.split()
+        if not sep or len(fields) < 5 or not tail.split():
+            continue
+        point = _unescape_mount(fields[4])
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):  # the last of equal mount points is the visible one
+            best, fstype = point, tail.split()[0]
+    return fstype if fstype in NETWORK_FILESYSTEMS else None
+
+
+def _unescape_mount(text: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes (`\\040`)."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        text = text.replace(code, char)
+    return text

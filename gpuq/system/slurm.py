@@ -13,7 +13,8 @@ Public API:
 - `find_by_comment(marker, name=..., since=...) -> list[(slurm_id, state)]`: the jobs carrying
   `marker` in their `--comment` (see `comment_marker`), to repair a hand-over cut short between
   `sbatch`'s answer and the spool's record of it.
-- `SlurmError(GpuqError)`: one line a person can act on.
+- `SlurmError(GpuqError)`: one line a person can act on; `SlurmNoAnswer(SlurmError)` when a command
+  timed out (what it asked for may have been done).
 
 Every function takes `env` (the environment of the Slurm commands; default: this process's,
 where `SLURM_CONF` points at the cluster) and `timeout` (seconds per command).
@@ -28,7 +29,7 @@ Formats, as observed with Slurm 22.05.8 (Debian bookworm):
 - `sacct` needs slurmdbd ("Slurm accounting storage is disabled" otherwise); without it,
   `sacct -c` reads the jobcomp/filetxt completion log, which has no comment and cannot store
   a job name with spaces (its record is `Name=a b JobState=...`, which sacct misreads):
-  gpuq's Slurm job names have no spaces (`gpuq.run.slurm_batch.slurm_job_name`).
+  gpuq's Slurm job names have no spaces (`slurm_job_name`).
   `sacct -c` reads the file named by `JobCompLoc` on the machine it runs on.
 - `sacct` prints a cancelled job's state as `CANCELLED by UID`: only the first word is kept.
 """
@@ -36,6 +37,7 @@ Formats, as observed with Slurm 22.05.8 (Debian bookworm):
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -64,10 +66,16 @@ NO_CONTROLLER = "Unable to contact slurm controller"
 UNKNOWN_JOB = "Invalid job id specified"
 NO_ACCOUNTING = "accounting storage is disabled"
 BAD_FORMAT = "Invalid job format specification"
+NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._+@:/-]+")
 
 
 class SlurmError(GpuqError):
     """Slurm could not be asked or refused (one line; exit 1)."""
+
+
+class SlurmNoAnswer(SlurmError):
+    """A Slurm command ran past its timeout: what it asked for may or may not have been done
+    (an sbatch that timed out may have submitted the job)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,12 @@ class SlurmJob:
     @property
     def finished(self) -> bool:
         return self.state in FINAL_STATES
+
+
+def slurm_job_name(name: str) -> str:
+    """A gpuq job's name for `--job-name`: runs of other characters than `[A-Za-z0-9._+@:/-]`
+    become `_` (Slurm's completion log cannot store spaces, `sacct -P` splits on `|`)."""
+    return NAME_UNSAFE.sub("_", name).strip("_") or "gpuq"
 
 
 def comment_marker(spool_id: str, job_id: int) -> str:
@@ -109,7 +123,8 @@ def _run(
     except FileNotFoundError:
         raise SlurmError(f"Slurm's {argv[0]} is not on PATH: run gpuq on the cluster's login node") from None
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"the Slurm controller does not answer ({argv[0]} gave no answer in {timeout:g} s)") from None
+        answer = f"{argv[0]} gave no answer in {timeout:g} s"
+        raise SlurmNoAnswer(f"the Slurm controller does not answer ({answer})") from None
 
 
 def _last_error(stderr: str) -> str:

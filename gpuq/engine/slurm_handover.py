@@ -1,0 +1,287 @@
+"""Handing pending jobs to Slurm, and keeping the spool the truth about them.
+
+Public API:
+
+- `submit(spool, ids, extra_opts, build, env=None) -> list[Handed]`: hand pending jobs (`ids`; None:
+  every pending job) to Slurm in dependency order. `build(job, slurm_ids, opts) -> (script,
+  sbatch options)` writes the batch script (gpuq.run.slurm_batch: this layer cannot import it).
+- `sync(spool, env=None) -> SyncReport`: what Slurm says of the jobs in slurm/: their state and
+  reason written into their files (only when changed); finished ones moved to done/failed/cancelled
+  with their exit code. Also finishes hand-overs cut short whose Slurm job exists.
+- `cancel(spool, job_id, env=None) -> dict`: scancel a job in slurm/, then move it to cancelled/.
+- `spool_key(spool)`, `spool_marker(spool, job_id)`: the `--comment` that names the job in Slurm.
+
+The protocol (spool_layout.md, section 16): under the job's claim, the pending job is first marked
+(`slurm.state` SUBMITTING: the scheduler no longer starts it here), then sbatch is asked, then the
+job moves pending -> slurm with its Slurm id. A job marked but not moved (gpuq killed in between,
+sbatch timed out) is repaired from Slurm's side by the comment marker: found, it is moved with the
+id Slurm gave it; not found, it is submitted then. Nothing leaves pending/ unless Slurm accepted it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import signal
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+
+from gpuq.core import schema, transitions
+from gpuq.core.errors import Refused
+from gpuq.core.states import CANCELLED, DONE, FAILED, FINISHED, PENDING, SLURM
+from gpuq.core.times import iso_of, parse_iso
+from gpuq.spool import JobRef, Spool
+from gpuq.system import slurm as client
+from gpuq.system.slurm import SlurmError, SlurmNoAnswer
+
+Build = Callable[[dict[str, Any], Mapping[int, int], list[str]], tuple[str, list[str]]]
+Env = Optional[Mapping[str, str]]
+# A Slurm job submitted before the mark was written is not the marked one; seconds of slack for the
+# controller's clock. (Matters where Slurm has forgotten the job and its completion log keeps no
+# comment: then a job of the same name submitted since the mark is taken for it.)
+REPAIR_SLACK = 5.0
+
+
+@dataclass
+class Handed:
+    job: dict[str, Any]
+    slurm_id: int
+    repaired: bool = False  # found in Slurm after a hand-over cut short, not submitted again
+
+
+@dataclass
+class SyncReport:
+    changed: list[dict[str, Any]] = field(default_factory=list)  # still in slurm/, state or reason new
+    ended: list[tuple[dict[str, Any], str]] = field(default_factory=list)  # (job, its gpuq state)
+    repaired: list[Handed] = field(default_factory=list)
+
+
+def spool_key(spool: Spool) -> str:
+    """The spool's name in Slurm comments: a hash of its path (as the login node sees it). Jobs
+    of an earlier spool at the same path are told apart by time (see REPAIR_SLACK)."""
+    return hashlib.sha256(str(spool.home).encode()).hexdigest()[:12]
+
+
+def spool_marker(spool: Spool, job_id: int) -> str:
+    """`gpuq:<spool key>:<id>`: the `--comment` that names the job in Slurm."""
+    return client.comment_marker(spool_key(spool), job_id)
+
+
+# ---- submit ---------------------------------------------------------------------------------------
+def submit(
+    spool: Spool,
+    ids: Optional[Sequence[int]],
+    extra_opts: Sequence[str],
+    build: Build,
+    env: Env = None,
+    say: Callable[[Handed], None] = lambda handed: None,
+) -> list[Handed]:
+    """Hand the jobs over, each on its own, telling `say` as each one is (one that Slurm refuses
+    stops the rest; those before it stay handed over). Refused, before anything is submitted, for
+    a job not pending or a dependency Slurm could not honour."""
+    if shutil.which("sbatch", path=env.get("PATH") if env is not None else None) is None:
+        raise SlurmError("Slurm's sbatch is not on PATH: run gpuq on the cluster's login node")
+    jobs = _targets(spool, ids)
+    if any(d in _ids_in(spool, SLURM) for j in jobs for d in _deps(j)):
+        sync(spool, env)  # a dependency Slurm finished (and may forget) must be seen as ended
+    slurm_ids = _slurm_ids(spool)
+    states = {ref.id: ref.state for ref in spool.jobs.refs()}
+    order = _in_dependency_order(jobs)
+    for job in order:
+        _check_dependencies(job, {j["id"] for j in order}, states, slurm_ids)
+    handed: list[Handed] = []
+    for job in order:
+        result = _hand_over_one(spool, job["id"], list(extra_opts), slurm_ids, build, env)
+        slurm_ids[result.job["id"]] = result.slurm_id
+        handed.append(result)
+        say(result)
+    return handed
+
+
+def _targets(spool: Spool, ids: Optional[Sequence[int]]) -> list[dict[str, Any]]:
+    if ids is None:
+        return [job for _ref, job in spool.jobs.load_many(PENDING)]
+    return [_load(spool, job_id, PENDING)[1] for job_id in dict.fromkeys(ids)]
+
+
+def _load(spool: Spool, job_id: int, state: str) -> tuple[JobRef, dict[str, Any]]:
+    ref = spool.jobs.find(job_id, (state,))
+    if ref is None:
+        where = spool.jobs.find(job_id)
+        raise Refused(f"job #{job_id} is {where.state}, not {state}" if where else f"no such job #{job_id}")
+    try:
+        return ref, spool.jobs.load(ref)
+    except (FileNotFoundError, schema.InvalidJob):
+        raise Refused(f"job #{job_id} changed while reading it (or is damaged); try again") from None
+
+
+@contextmanager
+def claimed(spool: Spool, job_id: int, state: str) -> Iterator[tuple[JobRef, dict[str, Any]]]:
+    """The job, in `state`, with its claim held (as engine.actions.claimed, which imports this module)."""
+    claim = spool.claims.take_over(job_id)
+    if claim is None:
+        raise Refused(f"job #{job_id} is busy (being changed); try again")
+    try:
+        yield _load(spool, job_id, state)
+    finally:
+        claim.release()
+
+
+def _deps(job: dict[str, Any]) -> list[int]:
+    return list(job.get("after") or []) + list(job.get("after_any") or [])
+
+
+def _ids_in(spool: Spool, state: str) -> set[int]:
+    return {ref.id for ref in spool.jobs.refs((state,))}
+
+
+def _slurm_ids(spool: Spool) -> dict[int, int]:
+    """gpuq id -> Slurm id of every job in slurm/."""
+    return {job["id"]: job["slurm"]["job_id"] for _ref, job in spool.jobs.load_many(SLURM) if job.get("slurm")}
+
+
+def _in_dependency_order(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The jobs, each after those of them it depends on (ids break ties)."""
+    by_id = {job["id"]: job for job in jobs}
+    done: dict[int, dict[str, Any]] = {}
+
+    def visit(job_id: int, path: tuple[int, ...]) -> None:
+        if job_id in done:
+            return
+        if job_id in path:
+            raise Refused(f"jobs {', '.join(f'#{i}' for i in path)} depend on each other in a circle")
+        for dep in sorted(_deps(by_id[job_id])):
+            if dep in by_id:
+                visit(dep, path + (job_id,))
+        done[job_id] = by_id[job_id]
+
+    for job_id in sorted(by_id):
+        visit(job_id, ())
+    return list(done.values())
+
+
+def _check_dependencies(job: dict[str, Any], handed: set[int], states: dict[int, str], slurm_ids: dict) -> None:
+    """Refuse a dependency Slurm cannot be given: one on a job that will not end well (after),
+    one on a job left behind in this queue, one on a job gone (Slurm would take an id it does
+    not know as satisfied). Done jobs (and, for after_any, any end) are satisfied: dropped."""
+    for dep, any_end in [(d, False) for d in job.get("after") or []] + [(d, True) for d in job.get("after_any") or []]:
+        state = states.get(dep)
+        if dep in handed or state == DONE or (any_end and state in FINISHED):
+            continue
+        if state == SLURM and dep in slurm_ids:
+            continue
+        head = f"job #{job['id']} runs after #{dep}"
+        if state in (FAILED, CANCELLED):
+            raise Refused(f"{head}, which {state}: it would never start (`gpuq retry {dep}` first, or --after-any)")
+        if state is None:
+            raise Refused(f"{head}, which is no longer in the queue")
+        raise Refused(f"{head}, which is {state} here: hand it over too (`gpuq slurm submit {dep} {job['id']}`)")
+
+
+def _hand_over_one(spool: Spool, job_id: int, extra: list[str], slurm_ids: dict, build: Build, env: Env) -> Handed:
+    with claimed(spool, job_id, PENDING) as (ref, job):
+        mark = job.get("slurm")
+        if transitions.handing_over(job):  # a hand-over cut short: Slurm may have the job already
+            found = _find(spool, job, env)
+            if found is not None:
+                return Handed(spool.jobs.move(ref, job, SLURM, transitions.hand_over(job, found))[1], found, True)
+            extra = list(mark.get("cluster_opts") or [])
+        else:
+            job = spool.jobs.rewrite(ref, job, **transitions.slurm_submitting(extra))
+        try:
+            # The script resumes from checkpoints written since ckpt_since, as hand_over records it.
+            since = job.get("ckpt_since") or job["slurm"]["submitted_at"]
+            script, options = build(dict(job, ckpt_since=since), slurm_ids, extra)
+            slurm_id = client.submit(script, options, env=env)
+        except (SlurmNoAnswer, KeyboardInterrupt):
+            raise  # it may have been submitted: the mark stays; the next submit or sync repairs it
+        except Exception:
+            spool.jobs.rewrite(ref, job, **transitions.slurm_abandoned())  # Slurm did not take it
+            raise
+        return Handed(spool.jobs.move(ref, job, SLURM, transitions.hand_over(job, slurm_id))[1], slurm_id)
+
+
+def _find(spool: Spool, job: dict[str, Any], env: Env) -> Optional[int]:
+    """The Slurm job a cut-short hand-over of `job` made, if any (the oldest, should there be two)."""
+    mark = job["slurm"]
+    since = (parse_iso(mark.get("submitted_at")) or 0.0) - REPAIR_SLACK
+    name = client.slurm_job_name(job.get("name") or str(job["id"]))
+    found = client.find_by_comment(spool_marker(spool, job["id"]), name=name, since=since, env=env)
+    return found[0][0] if found else None
+
+
+# ---- sync -----------------------------------------------------------------------------------------
+def sync(spool: Spool, env: Env = None) -> SyncReport:
+    """Bring the files of jobs in slurm/ up to date with Slurm (see the module's docstring)."""
+    report = SyncReport()
+    report.repaired = _repair_marked(spool, env)
+    jobs = {job["slurm"]["job_id"]: job["id"] for _ref, job in spool.jobs.load_many(SLURM) if job.get("slurm")}
+    if not jobs:
+        return report
+    seen = client.query(list(jobs), env=env)
+    for slurm_id, job_id in sorted(jobs.items(), key=lambda item: item[1]):
+        _record(spool, job_id, seen.get(slurm_id), report)
+    return report
+
+
+def _record(spool: Spool, job_id: int, seen: Optional[client.SlurmJob], report: SyncReport) -> None:
+    try:
+        with claimed(spool, job_id, SLURM) as (ref, job):
+            if seen is None:
+                state, reason = "UNKNOWN", "Slurm knows this job no more (`gpuq cancel` drops it)"
+            elif seen.finished:
+                changes = transitions.slurm_end(
+                    job,
+                    seen.state,
+                    exit_code=seen.exit_code,
+                    signal=signal.Signals(seen.signal).name if seen.signal and seen.signal < 65 else None,
+                    started_at=iso_of(seen.start) if seen.start else None,
+                    finished_at=iso_of(seen.end) if seen.end else None,
+                )
+                new_state = transitions.slurm_destination(seen.state, seen.exit_code)
+                report.ended.append((spool.jobs.move(ref, job, new_state, changes)[1], new_state))
+                return
+            else:
+                state, reason = seen.state, seen.reason
+            started = iso_of(seen.start) if seen is not None and seen.state == "RUNNING" and seen.start else None
+            mark = job["slurm"]
+            if (mark.get("state"), mark.get("reason")) != (state, reason) or (started and not job.get("started_at")):
+                changes = transitions.slurm_seen(job, state, reason, started)
+                report.changed.append(spool.jobs.rewrite(ref, job, **changes))
+    except Refused:
+        return  # being changed by someone else right now (a cancel): the next sync sees it
+
+
+def _repair_marked(spool: Spool, env: Env) -> list[Handed]:
+    """Pending jobs marked by a hand-over that was cut short and whose Slurm job exists: moved to
+    slurm/ with its id. Those Slurm never got stay marked for `gpuq slurm submit` to finish."""
+    out = []
+    for _ref, job in spool.jobs.load_many(PENDING):
+        if not transitions.handing_over(job):
+            continue
+        try:
+            with claimed(spool, job["id"], PENDING) as (ref, current):
+                if not transitions.handing_over(current):
+                    continue
+                found = _find(spool, current, env)
+                if found is not None:
+                    moved = spool.jobs.move(ref, current, SLURM, transitions.hand_over(current, found))[1]
+                    out.append(Handed(moved, found, True))
+        except Refused:
+            continue  # a hand-over in progress holds it
+    return out
+
+
+# ---- cancel ---------------------------------------------------------------------------------------
+def cancel(spool: Spool, job_id: int, env: Env = None) -> dict[str, Any]:
+    """scancel the job's Slurm job, then move it to cancelled/ (also when Slurm no longer knows it).
+    One Slurm ended meanwhile is recorded as it ended instead."""
+    with claimed(spool, job_id, SLURM) as (ref, job):
+        slurm_id = job["slurm"]["job_id"]
+        if not client.cancel(slurm_id, env=env):
+            seen = client.query([slurm_id], env=env).get(slurm_id)
+            if seen is not None and seen.finished and seen.state != "CANCELLED":
+                raise Refused(f"job #{job_id} already ended on Slurm ({seen.state}); `gpuq slurm sync` records it")
+        note = f"cancelled by user (scancel of Slurm job {slurm_id})"
+        return spool.jobs.move(ref, job, CANCELLED, transitions.slurm_cancelled(job, note))[1]
