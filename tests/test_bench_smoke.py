@@ -65,3 +65,42 @@ def test_bad_option_is_a_usage_error() -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "--only" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def synthetic_run(load: str, scored: bool = True) -> dict:
+    """Looks at a steady 10 steps/s run of 400 steps that ends 1 s after its last step, as
+    bench/eta_accuracy.py records them (no training needed)."""
+    looks = []
+    for t in range(6, 47):
+        step = min(400.0, 10.0 * (t - 5))
+        looks.append([100.0 + t + 0.1, 100.0 + t, step, 400.0, None, False, "tqdm", "tqdm:"])
+    return {"load": load, "started": 100.0, "ended": 100.0 + 46.0, "looks": looks, "scored": scored}
+
+
+def test_eta_accuracy_scores_recorded_looks(tmp_path: Path) -> None:
+    raw = {"runs": [synthetic_run("off", scored=False), synthetic_run("off"), synthetic_run("on")]}
+    path = tmp_path / "raw.json"
+    path.write_text(json.dumps(raw))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "eta_accuracy.py"), "--from-raw", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if line.startswith("| o")}
+    assert set(rows) == {"off", "on"}, proc.stdout
+    old, new = (cell.split(" / ") for cell in rows["off"].split("|")[4:6])
+    # the old method never counts the second after the last step; the learned tail does
+    assert float(new[2].strip(" %")) < 1.0 < float(old[2].strip(" %")), rows["off"]
+    assert "1.00s" in proc.stdout  # each run's own tail, as learned
+
+
+def test_eta_accuracy_bad_option_is_a_usage_error() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "eta_accuracy.py"), "--runs", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--runs" in proc.stderr and "Traceback" not in proc.stderr

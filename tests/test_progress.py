@@ -15,7 +15,7 @@ from conftest import REPO, wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuq.engine import eta, progress
+from gpuq.engine import eta, progress, queue_eta
 from gpuq.engine.scheduler import Wait
 from gpuq.spool import Spool
 
@@ -283,14 +283,16 @@ def test_queue_plan_is_unknown_rather_than_a_guess() -> None:
     b = {"id": 3, "cmd": ["b"], "cwd": "/w", "after": [], "after_any": []}
     blocked = {"id": 4, "cmd": ["a"], "cwd": "/w", "after": [9], "after_any": []}
     durations = {eta.command_key(a): [30.0, 40.0, 50.0]}
-    plan = eta.plan_queue([(run, 100.0)], [(a, None), (b, None), (blocked, Wait("after #9", True))], [None], durations)
+    plan = queue_eta.plan_queue(
+        [(run, 100.0)], [(a, None), (b, None), (blocked, Wait("after #9", True))], [None], durations
+    )
     assert (plan[2].starts_in, plan[2].eta_seconds) == (100.0, 140.0)
     assert (plan[3].starts_in, plan[3].eta_seconds) == (140.0, None)  # never ran before: unknown
     assert plan[4].starts_in is None and "will not start" in plan[4].method
-    two_gpus = eta.plan_queue([(dict(run, slot="0"), 100.0)], [(b, None)], ["0", "1"], {})
+    two_gpus = queue_eta.plan_queue([(dict(run, slot="0"), 100.0)], [(b, None)], ["0", "1"], {})
     assert two_gpus[3].starts_in == 0.0
-    assert eta.plan_queue([(run, None)], [(a, None)], [None], durations)[2].starts_in is None
-    assert "no worker" in eta.plan_queue([], [(a, None)], [], durations)[2].method
+    assert queue_eta.plan_queue([(run, None)], [(a, None)], [None], durations)[2].starts_in is None
+    assert "no worker" in queue_eta.plan_queue([], [(a, None)], [], durations)[2].method
 
 
 def test_pending_job_behind_a_running_one_has_a_start_time(gq) -> None:

@@ -1,31 +1,42 @@
-"""ETA: from the *rate* of progress seen over recent samples, and for the queue behind running jobs.
+"""ETA of a running job: from the *rate* of progress seen over its samples, plus the time its
+command's earlier runs took after their last step.
 
 Why a rate and not "elapsed x remaining / done": a job resumed at step 150 of 300 has done 150 steps
-in its first minute of elapsed time, so the naive formula says it is nearly finished. Steps per
-second between recent samples is right from the second sample on.
+in its first minute of elapsed time, so the naive formula says it is nearly finished. The formula is
+used only at the first look, counted from the step the attempt started at, until a second sample
+gives a rate.
 
-Where samples come from (ARCHITECTURE.md, "Progress and ETA"): every look (`gpuq status`, `gpuq eta`)
-records the current reading, stamped with the time the source wrote it (file mtime, or the
-progress file's own `time`), in progress/NNNNNN.samples.json through the Spool. A progress file
-written by gpuq.integrations also carries its own recent (time, step) pairs, and checkpoints carry
-their write times, so those sources have a rate from the very first look.
+The rate blends the newest RATE_POINTS samples with the mean since the series' first sample
+(WINDOW_WEIGHT, measured in bench/eta_accuracy.py): the window alone follows every hiccup of a
+shared machine. The tail (saving, teardown) is learned from earlier runs of the same command in the
+same directory; without it every ETA ends early by that much.
+
+Where samples come from (ARCHITECTURE.md, "Progress and ETA"): every look (`gpuq status`, `gpuq eta`,
+the worker every 30 s) records the current reading, stamped with the time the source wrote it, in
+progress/NNNNNN.samples.json through the Spool. The queue's ETA is in queue_eta.py.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from gpuq.core.states import DONE
 from gpuq.core.times import duration, parse_iso
-from gpuq.engine import attempt, progress, scheduler
+from gpuq.engine import attempt, checkpoints, progress
 from gpuq.spool import Spool
 
-MAX_POINTS = 32  # samples kept per job
-RATE_POINTS = 8  # the rate is taken over this many newest samples ("recent")
+MAX_POINTS = 32  # samples kept per job: the series' first one and the newest 31
+RATE_POINTS = 8  # the window: this many newest samples ("recent")
+WINDOW_WEIGHT = 0.25  # the window's share of the blended rate; the rest is the mean since the first sample
 MIN_SPAN = 0.5  # seconds between the first and last sample for a rate to mean anything
-HISTORY_FILES = 200  # newest done/ jobs read to estimate a pending job's duration
+HISTORY_FILES = 200  # newest done/ jobs read to learn run times and tails
+TAIL_RUNS = 5  # the tail is the median of this many newest earlier runs
+TAIL_REACH = 0.2  # a run's end may be extrapolated from a sample within this fraction of its total
 STALL_FACTOR = 5.0  # no new step for this many expected step-times past the ETA: say "stalled"
+RESUME_FLAGS = ("--resume_from_checkpoint", "--resume-from-checkpoint")
+NOT_STEPS = ("Epoch N/M", "HF log (epoch)", "N%")  # counters that do not count steps
 
 
 @dataclass
@@ -40,6 +51,16 @@ class Estimate:
     @property
     def fraction(self) -> Optional[float]:
         return self.reading.fraction if self.reading else None
+
+
+@dataclass
+class Attempt:
+    """What the ETA knows about the current attempt beyond its samples."""
+
+    started: float  # epoch seconds
+    start_step: Optional[float] = 0.0  # the step it resumed from; None: resumed from an unknown step
+    tail: Optional[float] = None  # seconds earlier runs took after their last step
+    tail_runs: int = 0
 
 
 # ---- one running job ----------------------------------------------------------------------------
@@ -68,8 +89,8 @@ def _series_key(reading: progress.Reading) -> str:
 
 def record(
     spool: Spool, job: dict[str, Any], reading: progress.Reading, extra: list[tuple[float, float]]
-) -> list[tuple[float, float]]:
-    """Add this look to the job's samples and return the points of the reading's series."""
+) -> tuple[list[tuple[float, float]], Attempt]:
+    """Add this look to the job's samples; the points of the reading's series and the attempt."""
     stored = spool.reports.read_samples(job["id"])
     key = _series_key(reading)
     old = stored.get("points", []) if stored.get("key") == key else []
@@ -78,18 +99,26 @@ def record(
     if reading.source == "log" and reading.total and reading.step < reading.total:
         if [reading.counter, reading.total] not in incomplete:
             incomplete = (incomplete + [[reading.counter, reading.total]])[-16:]
-    new = {"key": key, "points": [list(p) for p in points], "incomplete": incomplete}
+    run = attempt_of(spool, job, stored)
+    new = {
+        "key": key,
+        "points": [list(p) for p in points],
+        "incomplete": incomplete,
+        "total": reading.total,
+        "tail": {"for": run.started, "seconds": run.tail, "runs": run.tail_runs},
+    }
     if new != stored:
         try:
             spool.reports.write_samples(job["id"], new)
         except OSError:
             pass  # a read-only or full spool: the ETA just has fewer samples
-    return points
+    return points, run
 
 
 def merge_points(old: list[Any], new: list[tuple[float, float]], started: float) -> list[tuple[float, float]]:
-    """Samples of one series, by time, one per time, newest MAX_POINTS. A step lower than an
-    earlier one means the counter restarted: everything before it is dropped."""
+    """Samples of one series, by time, one per time: the first one (the mean rate is measured from
+    it) and the newest MAX_POINTS - 1. A step lower than an earlier one means the counter restarted:
+    everything before it is dropped."""
     points: dict[float, float] = {}
     for item in list(old) + list(new):
         try:
@@ -103,47 +132,116 @@ def merge_points(old: list[Any], new: list[tuple[float, float]], started: float)
         if ordered[i][1] < ordered[i - 1][1]:
             ordered = ordered[i:]
             break
-    return ordered[-MAX_POINTS:]
+    return ordered if len(ordered) <= MAX_POINTS else ordered[:1] + ordered[-(MAX_POINTS - 1) :]
 
 
-def rate_of(points: list[tuple[float, float]]) -> tuple[Optional[float], str]:
-    """Steps per second over the newest RATE_POINTS samples."""
+def _seconds_per_step(a: tuple[float, float], b: tuple[float, float]) -> Optional[float]:
+    if b[0] - a[0] < MIN_SPAN or b[1] <= a[1]:
+        return None
+    return (b[0] - a[0]) / (b[1] - a[1])
+
+
+def rate_of(points: list[tuple[float, float]], window_weight: float = WINDOW_WEIGHT) -> tuple[Optional[float], str]:
+    """Steps per second: the newest RATE_POINTS samples blended, in seconds per step, with the mean
+    since the series' first sample (only when there are more samples than the window)."""
     recent = points[-RATE_POINTS:]
     if len(recent) < 2:
         return None, ""
-    (t0, s0), (t1, s1) = recent[0], recent[-1]
-    if t1 - t0 < MIN_SPAN or s1 <= s0:
+    window = _seconds_per_step(recent[0], recent[-1])
+    if window is None:
         return None, ""
-    return (s1 - s0) / (t1 - t0), f"over {len(recent)} samples in {duration(t1 - t0) or '0s'}"
+    note = f"over {len(recent)} samples in {duration(recent[-1][0] - recent[0][0]) or '0s'}"
+    mean = _seconds_per_step(points[0], points[-1]) if len(points) > RATE_POINTS else None
+    if mean is None:
+        return 1.0 / window, note
+    blended = window_weight * window + (1.0 - window_weight) * mean
+    since = duration(points[-1][0] - points[0][0]) or "0s"
+    return 1.0 / blended, f"{note}, blended {window_weight:.0%} with the mean over {len(points)} samples in {since}"
 
 
-def estimate(reading: Optional[progress.Reading], points: list[tuple[float, float]], now: float) -> Estimate:
-    """The ETA of a running job from its reading and the samples of that reading's series."""
+def start_step(job: dict[str, Any]) -> Optional[float]:
+    """The step the current attempt started at: 0 from scratch, the checkpoint's step when resumed
+    (gpuq's own resume, or the command's own --resume_from_checkpoint: an adopted job), None when
+    it resumed from a checkpoint whose step cannot be told (`--resume_from_checkpoint=True`)."""
+    if job.get("resumed_from_step") is not None:
+        return float(job["resumed_from_step"])
+    ckpt = job.get("resumed_from") or checkpoints.arg_value(job.get("cmd") or [], RESUME_FLAGS)
+    if not ckpt:
+        return 0.0
+    m = checkpoints.STEP_RE.search(os.path.basename(str(ckpt).rstrip("/")))
+    return float(m.group(1)) if m else None
+
+
+def _first_look(reading: progress.Reading, run: Optional[Attempt]) -> tuple[Optional[float], str]:
+    """elapsed x remaining / done, as a rate since the attempt started (or why not)."""
+    if run is None:
+        return None, "unknown until a second sample shows a rate; look again later"
+    if run.start_step is None:
+        return None, "unknown: resumed from a checkpoint whose step is unknown, until a second sample shows a rate"
+    if run.start_step and reading.kind in NOT_STEPS:
+        return None, "unknown: a resumed job counting in epochs or percent, until a second sample shows a rate"
+    elapsed, done = reading.at - run.started, reading.step - run.start_step
+    if elapsed < MIN_SPAN or done <= 0:
+        return None, "unknown until a second sample shows a rate; look again later"
+    since = f" since step {_num(run.start_step)}" if run.start_step else ""
+    return done / elapsed, f"elapsed x remaining / done{since} (one sample so far)"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
+
+
+def _tail_note(run: Optional[Attempt]) -> str:
+    if run is None or run.tail is None:
+        return ""
+    runs = f"{run.tail_runs} earlier run{'s' if run.tail_runs != 1 else ''}"
+    return f" + {run.tail:.1f}s after the last step (median of {runs})"
+
+
+def estimate(
+    reading: Optional[progress.Reading],
+    points: list[tuple[float, float]],
+    now: float,
+    run: Optional[Attempt] = None,
+    window_weight: float = WINDOW_WEIGHT,
+) -> Estimate:
+    """The ETA of a running job from its reading, the samples of that reading's series and, when
+    known, its attempt (start time, start step, learned tail). The rate comes from the samples, else
+    from the source's own rate, else from the first-look formula."""
     if reading is None:
         return Estimate(None, None, "unknown: no progress file, no progress in the log tail, no checkpoint")
     where = f"{reading.source} ({reading.kind})"
+    tail = run.tail if run is not None and run.tail is not None else 0.0
     if reading.finished or (reading.total and reading.step >= reading.total):
-        return Estimate(reading, 0.0, f"{where}: at the end of its work; finishing")
+        reached = min((t for t, s in points if reading.total and s >= reading.total), default=reading.at)
+        return Estimate(
+            reading, max(0.0, reached + tail - now), f"{where}: at the end of its work; finishing{_tail_note(run)}"
+        )
     if not reading.total:
         return Estimate(reading, None, f"{where}: unknown: no total to measure against")
-    rate, note = rate_of(points)
+    rate, note = rate_of(points, window_weight)
     if rate is None and reading.rate:
         rate, note = reading.rate, reading.rate_note
     if rate is None:
-        return Estimate(reading, None, f"{where}: unknown until a second sample shows a rate; look again later")
+        rate, note = _first_look(reading, run)
+        if rate is None:
+            return Estimate(reading, None, f"{where}: {note}")
+        note = f"{rate:.3g} steps/s: {note}"
+    else:
+        note = f"{rate:.3g} steps/s {note}".rstrip()
     eta = reading.at + (reading.total - reading.step) / rate - now
     if eta < 0 and -eta > max(60.0, STALL_FACTOR / rate):
         return Estimate(reading, None, f"{where}: no progress for {duration(now - reading.at)}; stalled?")
-    return Estimate(reading, max(0.0, eta), f"{where}: {rate:.3g} steps/s {note}".rstrip())
+    return Estimate(reading, max(0.0, eta + tail), f"{where}: {note}{_tail_note(run)}")
 
 
 def running_estimate(spool: Spool, job: dict[str, Any], now: float) -> Estimate:
     try:
         reading, extra = observe(spool, job)
-        points = record(spool, job, reading, extra) if reading else []
+        points, run = record(spool, job, reading, extra) if reading else ([], None)
     except (OSError, ValueError) as exc:  # an unreadable output dir must not break `gpuq status`
         return Estimate(None, None, f"unknown: could not read progress ({exc})")
-    return estimate(reading, points, now)
+    return estimate(reading, points, now, run)
 
 
 def sample_running(spool: Spool, running: list[dict[str, Any]], now: float) -> None:
@@ -153,170 +251,64 @@ def sample_running(spool: Spool, running: list[dict[str, Any]], now: float) -> N
         running_estimate(spool, job, now)
 
 
-# ---- the queue ----------------------------------------------------------------------------------
+# ---- the tail, learned from earlier runs --------------------------------------------------------
 def command_key(job: dict[str, Any]) -> str:
     return repr((list(job.get("cmd") or []), job.get("cwd")))
 
 
-def past_durations(spool: Spool, keys: set[str]) -> dict[str, list[float]]:
-    """Run times of the newest HISTORY_FILES successful jobs whose command and cwd are in `keys`.
-    Bounded on purpose: done/ can hold many thousands of files."""
-    found: dict[str, list[float]] = {}
+def attempt_of(spool: Spool, job: dict[str, Any], stored: dict[str, Any]) -> Attempt:
+    """The current attempt; its tail is learned once (at its first look) and kept in its samples."""
+    started = attempt.started(job)
+    cached = stored.get("tail")
+    if isinstance(cached, dict) and cached.get("for") == started:
+        seconds, runs = cached.get("seconds"), cached.get("runs")
+        tail = float(seconds) if isinstance(seconds, (int, float)) else None
+        return Attempt(started, start_step(job), tail, runs if isinstance(runs, int) else 0)
+    tail, runs = past_tails(spool, job, started)
+    return Attempt(started, start_step(job), tail, runs)
+
+
+def past_tails(spool: Spool, job: dict[str, Any], before: float) -> tuple[Optional[float], int]:
+    """(median tail, runs) over the newest TAIL_RUNS successful, non-adopted runs of the same command
+    in the same directory that ended before `before`. Reads at most the newest HISTORY_FILES jobs."""
+    key, found = command_key(job), []
     for ref in list(spool.jobs.refs((DONE,)))[-HISTORY_FILES:]:
+        if ref.id == job["id"]:
+            continue
         try:
-            job = spool.jobs.load(ref)
+            past = spool.jobs.load(ref)
         except (OSError, ValueError):
             continue
-        key = command_key(job)
-        start, end = parse_iso(job.get("started_at")), parse_iso(job.get("finished_at"))
-        if key in keys and start is not None and end is not None and end >= start and not job.get("adopted"):
-            found.setdefault(key, []).append(end - start)
-    return found
-
-
-CPU_LANE = "cpu"  # with GPUs, CPU jobs run one at a time beside them (engine/planner.py)
-
-
-def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None) -> list[Optional[str]]:
-    """The slots live workers serve. With GPUs (`gpus`: the machine's indices): the GPUs they
-    use and the CPU lane. Without: [None] for a whole-machine worker, else their --gpus labels."""
-    if not workers:
-        return []
-    whole = any(not w.get("gpus") for w in workers)
-    if gpus:
-        labels = {g for w in workers for g in w.get("gpus") or []}
-        return [str(i) for i in gpus if whole or str(i) in labels] + [CPU_LANE]
-    if whole:
-        return [None]
-    return sorted({g for w in workers for g in w["gpus"]})
-
-
-def _slots_of(job: dict[str, Any], slots: list[Optional[str]]) -> list[Optional[str]]:
-    """The slots a running job occupies."""
-    if job.get("gpus") is not None and CPU_LANE in slots:
-        return [str(g) for g in job["gpus"]] or [CPU_LANE]
-    if job.get("slot") is None or slots == [None]:
-        return list(slots)
-    return [job["slot"]]
-
-
-def _needs(job: dict[str, Any], slots: list[Optional[str]]) -> tuple[list[Optional[str]], int]:
-    """The slots a pending job can take and how many of them it needs."""
-    if CPU_LANE not in slots:
-        return list(slots), 1
-    count = job.get("gpu_request", 1)
-    if count == 0:
-        return [CPU_LANE], 1
-    return [s for s in slots if s != CPU_LANE], count
-
-
-def _later(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    return None if a is None or b is None else max(a, b)
-
-
-def plan_queue(
-    running: list[tuple[dict[str, Any], Optional[float]]],
-    pending: list[tuple[dict[str, Any], Any]],
-    slots: list[Optional[str]],
-    durations: dict[str, list[float]],
-    now: Optional[float] = None,
-) -> dict[int, Estimate]:
-    """Expected start and end (seconds from now, None = unknown) of each pending job.
-
-    `running`: (job, seconds until it ends); `pending`: (job, scheduler wait) in queue order. Each
-    job takes the slot that frees first, once its dependencies have ended; its run time is the
-    median of earlier runs of the same command in the same directory. Whatever depends on an
-    unknown is unknown: no guessing.
-    """
-    if not slots:
-        return {j["id"]: Estimate(None, None, "unknown: no worker is running (`gpuq run`)") for j, _w in pending}
-    free: dict[Optional[str], Optional[float]] = {s: 0.0 for s in slots}
-    ends: dict[int, Optional[float]] = {}
-    for job, eta in running:
-        ends[job["id"]] = eta
-        for slot in _slots_of(job, slots):
-            if slot in free:
-                free[slot] = _later(free[slot], eta)
-    out: dict[int, Estimate] = {}
-    for job, wait in _dependencies_first(pending):
-        if wait is not None and getattr(wait, "forever", False):
-            out[job["id"]] = Estimate(None, None, f"will not start by itself: {wait.reason}")
-            ends[job["id"]] = None
+        end = parse_iso(past.get("finished_at"))
+        if past.get("adopted") or end is None or end > before or command_key(past) != key:
             continue
-        ready: Optional[float] = 0.0
-        begin = parse_iso(job.get("begin_at")) if now is not None else None
-        if begin is not None:
-            ready = max(0.0, begin - now)  # --begin: not before
-        for dep in _deps(job):
-            ready = _later(ready, ends.get(dep, 0.0))
-        usable, count = _needs(job, slots)
-        known = sorted((s for s in usable if free[s] is not None), key=lambda s: free[s])
-        taken = known[:count] if len(known) >= count else usable[:count]
-        start = ready
-        for slot in taken:
-            start = _later(start, free[slot])
-        past = durations.get(command_key(job), [])[-5:]
-        run = median(past) if past else None
-        end = None if start is None or run is None else start + run
-        for slot in taken:
-            free[slot] = end
-        ends[job["id"]] = end
-        out[job["id"]] = Estimate(None, end, _queue_note(start, run, len(past)), starts_in=start)
-    return out
+        tail = tail_of(past, spool.reports.read_samples(ref.id))
+        if tail is not None:
+            found.append((end, tail))
+    newest = [t for _e, t in sorted(found)[-TAIL_RUNS:]]
+    return (median(newest), len(newest)) if newest else (None, 0)
+
+
+def tail_of(job: dict[str, Any], samples: dict[str, Any]) -> Optional[float]:
+    """Seconds between a finished run's last step and its end: `finished_at` minus when its samples
+    reached the total (the first sample at the total, or, when earlier, an extrapolation from the
+    last sample within TAIL_REACH of the end)."""
+    end, total = parse_iso(job.get("finished_at")), samples.get("total")
+    if end is None or not isinstance(total, (int, float)) or total <= 0:
+        return None
+    points = merge_points(samples.get("points") or [], [], attempt.started(job))
+    reached = [t for t, s in points if s >= total]
+    before = [p for p in points if p[1] < total]
+    rate, _note = rate_of(before)
+    if before and rate and before[-1][1] >= (1 - TAIL_REACH) * total:
+        t, s = before[-1]
+        reached.append(t + (total - s) / rate)
+    if not reached or min(reached) > end:
+        return None
+    return end - min(reached)
 
 
 def median(values: list[float]) -> float:
     """The median (the statistics module costs `gpuq status` several ms to import)."""
     ordered, mid = sorted(values), len(values) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
-def _dependencies_first(pending: list[tuple[dict[str, Any], Any]]) -> list[tuple[dict[str, Any], Any]]:
-    """Queue order, except that a job comes after pending jobs it depends on (a high-priority job
-    can wait for a lower-priority one)."""
-    left, done, out = list(pending), set(), []
-    ids = {j["id"] for j, _w in pending}
-    while left:
-        ready = [n for n, (job, _w) in enumerate(left) if not (_deps(job) & ids) - done]
-        job, wait = left.pop(ready[0] if ready else 0)  # none ready: a cycle; never loop forever
-        done.add(job["id"])
-        out.append((job, wait))
-    return out
-
-
-def _deps(job: dict[str, Any]) -> set[int]:
-    return set(job.get("after") or []) | set(job.get("after_any") or [])
-
-
-def _queue_note(start: Optional[float], run: Optional[float], runs: int) -> str:
-    when = "start unknown (something before it has no ETA)" if start is None else f"starts in ~{duration(start)}"
-    if run is None:
-        return f"{when}; run time unknown (no earlier successful run of this command here)"
-    return f"{when}; runs ~{duration(run)} (median of {runs} earlier run{'s' if runs > 1 else ''})"
-
-
-def annotate(
-    spool: Spool, rows: list[Any], workers: list[dict[str, Any]], now: float, gpus: Optional[list[int]] = None
-) -> None:
-    """Set `row.estimate` for every running and pending row of a status listing, and for jobs
-    Slurm runs (`gpus`: the machine's GPU indices, when it has GPUs)."""
-    running = [r for r in rows if r.state == "running"]
-    for row in running:
-        row.estimate = running_estimate(spool, row.job, now)
-    for row in rows:  # a job Slurm runs writes the same log: its progress is read the same way
-        if row.state == "slurm" and (row.job.get("slurm") or {}).get("state") == "RUNNING":
-            row.estimate = running_estimate(spool, row.job, now)
-    order = {j["id"]: n for n, j in enumerate(scheduler.queue_order([r.job for r in rows if r.state == "pending"]))}
-    pending = sorted((r for r in rows if r.state == "pending"), key=lambda r: order[r.job["id"]])
-    if not pending:
-        return
-    durations = past_durations(spool, {command_key(r.job) for r in pending})
-    plan = plan_queue(
-        [(r.job, r.estimate.eta_seconds) for r in running],
-        [(r.job, r.wait) for r in pending],
-        worker_slots(workers, gpus),
-        durations,
-        now,
-    )
-    for row in pending:
-        row.estimate = plan.get(row.job["id"])

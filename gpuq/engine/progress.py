@@ -33,8 +33,10 @@ LINE_PATTERNS = [
     ("[N/M]", re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")),
     ("Epoch N/M", re.compile(r"\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
 ]
-# A bare percentage is progress only in a progress context: a tqdm bar (`45%|`) or a word that says so.
-PERCENT_RE = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(\|)?")
+# A percentage is progress when it is the whole line (`6.0%`), or in a progress context: a tqdm bar
+# (`45%|`) or a word that says so. `accuracy 93.5%` and `6.0%x` are not.
+PERCENT_RE = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(?:(\|)|(?!\w))")
+LONE_PERCENT_RE = re.compile(r"\s*\d{1,3}(?:\.\d+)?\s?%\s*")
 PERCENT_CONTEXT_RE = re.compile(r"\b(progress|complete[d]?|done|finished)\b", re.IGNORECASE)
 # Every pattern above needs one of these; lines without are skipped with a single cheap search.
 CANDIDATE_RE = re.compile(r"\d\s*(?:/|%|of\b)|'epoch'", re.IGNORECASE)
@@ -154,7 +156,8 @@ def line_reading(line: str) -> Optional[tuple[str, float, Optional[float], Optio
         if m:
             return f"{kind}:{_label(line[: m.start()])}", float(m.group(1)), float(m.group(2)), None
     m = PERCENT_RE.search(line)
-    if m and (m.group(2) or PERCENT_CONTEXT_RE.search(line)) and float(m.group(1)) <= 100:
+    progress_like = m and (m.group(2) or LONE_PERCENT_RE.fullmatch(line) or PERCENT_CONTEXT_RE.search(line))
+    if m and progress_like and float(m.group(1)) <= 100:
         return f"N%:{_label(line[: m.start()])}", float(m.group(1)), 100.0, None
     return None
 
@@ -210,13 +213,16 @@ def from_log_text(
       total, in this tail or in `seen_incomplete` (earlier looks): a stray `100%` is not progress;
     - a counter still open wins over one that completed (a dataset map, an eval loop or a download
       bar completes inside the training loop), the most recently updated one first;
+    - among counters that completed, one that earlier looks saw running wins: transformers 5's
+      `save_model()` draws a `Writing model shards 1/1` bar after the training bar's last step;
     - readings with a total win over those without (an HF loss dict gives only the epoch).
     `steps_only` leaves out epoch counters (Epoch N/M, HF's logged epoch).
     """
     found = log_readings(text, epochs)
+    earlier = set(seen_incomplete)
     if steps_only:  # epoch counters say how far, but not at which step
         found = [f for f in found if not f[0].startswith(EPOCH_KINDS)]
-    incomplete = set(seen_incomplete) | {(c, t) for c, s, t, _r, _f in found if t and s < t}
+    incomplete = earlier | {(c, t) for c, s, t, _r, _f in found if t and s < t}
     latest: dict[tuple[str, Optional[float]], tuple[int, Found]] = {}
     for pos, item in enumerate(found):
         latest[(item[0], item[2])] = (pos, item)
@@ -226,7 +232,10 @@ def from_log_text(
         complete = finished or (total is not None and step >= total)
         if complete and not finished and (counter, total) not in incomplete:
             continue  # never seen running: a stray 100% or a side bar that was already done
-        ranked.append((((not complete or finished) and total is not None, total is not None, pos), item))
+        running_before = complete and (counter, total) in earlier
+        ranked.append(
+            (((not complete or finished) and total is not None, total is not None, running_before, pos), item)
+        )
     if not ranked:
         return None
     counter, step, total, rate, finished = max(ranked, key=lambda r: r[0])[1]

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 from gpuq.core import schema
 from gpuq.core.states import FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, STATES
-from gpuq.engine import eta, gpuview, recovery, scheduler
+from gpuq.engine import eta, gpuview, queue_eta, recovery, scheduler
 from gpuq.engine.finished_rows import finished_summaries
 from gpuq.engine.snapshot import recent_finished, snapshot
 from gpuq.spool import JobRef, Spool
@@ -76,7 +76,7 @@ def status(
     workers = spool.workers.live()
     shown = gpuview.current(spool, snap.running, views)
     indices = [g["index"] for g in shown["gpus"]] if shown else None
-    eta.annotate(spool, rows, workers, time.time(), indices)  # progress and ETA, and when pending ones start
+    queue_eta.annotate(spool, rows, workers, time.time(), indices)  # progress and ETA, and when pending ones start
     warned = warned_slurm + disk_warnings(spool, snap.running)
     return Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned)
 
