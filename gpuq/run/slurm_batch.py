@@ -42,6 +42,7 @@ import sys
 import time
 from typing import Any, Mapping, Optional, Sequence
 
+from gpuq.core.jobenv import add_job_variables
 from gpuq.core.resume_arg import DEFAULT_RESUME_ARG, resume_argv
 from gpuq.core.schema import DEFAULT_JOB_UMASK
 from gpuq.core.times import now_iso
@@ -186,13 +187,7 @@ def launch_environment(job: dict[str, Any], runtime_env: Mapping[str, str]) -> d
     for name in RUNTIME_VARS:
         env.pop(name, None)  # the login node's GPUs are not this allocation's
     env.update({k: v for k, v in runtime_env.items() if k.startswith("SLURM") or k in RUNTIME_VARS})
-    venv = job.get("venv")
-    if venv:
-        env["VIRTUAL_ENV"] = venv
-        env["PATH"] = f"{venv}/bin" + (os.pathsep + env["PATH"] if env.get("PATH") else "")
-        env.pop("PYTHONHOME", None)
-    env.update(job.get("env") or {})
-    env["GPUQ_JOB_ID"] = str(job["id"])
+    add_job_variables(env, job)
     env["GPUQ_SLURM"] = "1"
     return env
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuq.core import schema, transitions
+from gpuq.core.jobenv import add_job_variables
 from gpuq.core.states import FAILED, KILL, PENDING, PREEMPT, PREEMPT_ACTIONS, PREEMPTED, RUNNING
 from gpuq.core.times import parse_iso
 from gpuq.run import logcap
@@ -43,13 +44,7 @@ def job_environment(spool: Spool, job: dict[str, Any], slot: Optional[str]) -> d
     """The environment of `gpuq add`'s shell (or the worker's, for hand-dropped jobs), the
     job's venv first on PATH, the job's own --env, and gpuq's variables."""
     env = dict(job["shell_env"] if job.get("shell_env") is not None else os.environ)
-    venv = job.get("venv")
-    if venv:
-        env["VIRTUAL_ENV"] = venv
-        env["PATH"] = f"{venv}/bin" + (os.pathsep + env["PATH"] if env.get("PATH") else "")
-        env.pop("PYTHONHOME", None)
-    env.update(job.get("env") or {})
-    env["GPUQ_JOB_ID"] = str(job["id"])
+    add_job_variables(env, job)
     env["GPUQ_HOME"] = str(spool.home)
     env["GPUQ_PROGRESS_FILE"] = str(spool.reports.progress_path(job["id"]))
     if slot is not None:
