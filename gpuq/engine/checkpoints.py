@@ -25,7 +25,6 @@ Nothing here writes anything; it only lists directories the job itself writes.
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 from pathlib import Path
@@ -125,6 +124,8 @@ def _mtime(path: str) -> float:
 def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
     """Usable matches of `pattern` (relative to `cwd`), oldest first by the rules above."""
     full = os.path.join(cwd, os.path.expanduser(pattern))
+    import glob  # here: `gpuq status` imports this module, and rarely has a job with checkpoints
+
     paths = [os.path.abspath(p) for p in glob.glob(full, recursive=True) if _usable(p)]
     found = [
         Checkpoint(p, _number(STEP_RE, os.path.basename(p)), _number(EPOCH_RE, os.path.basename(p))) for p in paths

@@ -13,7 +13,6 @@ their write times, so those sources have a rate from the very first look.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from gpuq.core.states import DONE
@@ -28,14 +27,23 @@ HISTORY_FILES = 200  # newest done/ jobs read to estimate a pending job's durati
 STALL_FACTOR = 5.0  # no new step for this many expected step-times past the ETA: say "stalled"
 
 
-@dataclass
 class Estimate:
-    """What `gpuq status`, `gpuq eta` and `status --json` show for one job."""
+    """What `gpuq status`, `gpuq eta` and `status --json` show for one job. A plain class (see
+    scheduler.Snapshot)."""
 
-    reading: Optional[progress.Reading]
-    eta_seconds: Optional[float]  # running: until it ends; pending: until its expected end
-    method: str  # how eta_seconds was produced, or why it is unknown
-    starts_in: Optional[float] = None  # pending only: until its expected start
+    __slots__ = ("reading", "eta_seconds", "method", "starts_in")
+
+    def __init__(
+        self,
+        reading: Optional[progress.Reading],
+        eta_seconds: Optional[float],  # running: until it ends; pending: until its expected end
+        method: str,  # how eta_seconds was produced, or why it is unknown
+        starts_in: Optional[float] = None,  # pending only: until its expected start
+    ) -> None:
+        self.reading, self.eta_seconds, self.method, self.starts_in = reading, eta_seconds, method, starts_in
+
+    def __repr__(self) -> str:
+        return f"Estimate({self.reading!r}, {self.eta_seconds!r}, {self.method!r}, {self.starts_in!r})"
 
     @property
     def fraction(self) -> Optional[float]:

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 from gpuq.engine import checkpoints
@@ -44,20 +43,38 @@ EPOCHS_FLAGS = ("--num_train_epochs", "--num-train-epochs")
 EPOCH_KINDS = ("Epoch N/M:", "HF log (epoch):")  # counters of epochs, not steps
 
 
-@dataclass
 class Reading:
     """One observation of a job's progress. `at` is when the value was true (the writer's time or the
-    file's mtime), not when we looked; `rate` is a rate the source itself states (steps/s)."""
+    file's mtime), not when we looked; `rate` is a rate the source itself states (steps/s). A plain
+    class (see scheduler.Snapshot)."""
 
-    step: float
-    total: Optional[float]
-    source: str  # "reported", "log" or "checkpoint"
-    kind: str  # what exactly produced it, for people: "tqdm", "Step N/M", "checkpoint-50", ...
-    at: float
-    rate: Optional[float] = None
-    rate_note: str = ""
-    finished: bool = False  # the source says the work loop is over (HF's final train_runtime dict)
-    counter: str = ""  # which counter of a log it came from (kind + label), to match later looks
+    __slots__ = ("step", "total", "source", "kind", "at", "rate", "rate_note", "finished", "counter")
+
+    def __init__(
+        self,
+        step: float,
+        total: Optional[float],
+        source: str,  # "reported", "log" or "checkpoint"
+        kind: str,  # what exactly produced it, for people: "tqdm", "Step N/M", "checkpoint-50", ...
+        at: float,
+        rate: Optional[float] = None,
+        rate_note: str = "",
+        finished: bool = False,  # the source says the work loop is over (HF's final train_runtime dict)
+        counter: str = "",  # which counter of a log it came from (kind + label), to match later looks
+    ) -> None:
+        self.step, self.total, self.source, self.kind, self.at = step, total, source, kind, at
+        self.rate, self.rate_note, self.finished, self.counter = rate, rate_note, finished, counter
+
+    def _fields(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Reading) and self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
+
+    def __repr__(self) -> str:
+        return "Reading(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
     @property
     def fraction(self) -> Optional[float]:
