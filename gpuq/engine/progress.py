@@ -19,26 +19,27 @@ import os
 import re
 from typing import Any, Iterable, Optional
 
+from gpuq.core import lazyre
 from gpuq.engine import checkpoints
 
 TAIL_BYTES = 64 * 1024
 MAX_TRAINER_STATE_BYTES = 8 << 20
 
 # Each log pattern yields (kind, step, total). Earlier patterns win within one line.
-TQDM_RE = re.compile(r"(\d+)/(\d+)\s*\[([\d:]+)<([\d:?]+)(?:,\s*([\d.]+|\?)\s*([A-Za-z]+/s|s/[A-Za-z]+))?[^\]\r\n]*\]")
+TQDM_RE = lazyre.lazy(r"(\d+)/(\d+)\s*\[([\d:]+)<([\d:?]+)(?:,\s*([\d.]+|\?)\s*([A-Za-z]+/s|s/[A-Za-z]+))?[^\]\r\n]*\]")
 LINE_PATTERNS = [
-    ("Step N/M", re.compile(r"\bsteps?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
-    ("Iteration N of M", re.compile(r"\biter(?:ation)?s?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
-    ("[N/M]", re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")),
-    ("Epoch N/M", re.compile(r"\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("Step N/M", lazyre.lazy(r"\bsteps?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("Iteration N of M", lazyre.lazy(r"\biter(?:ation)?s?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("[N/M]", lazyre.lazy(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")),
+    ("Epoch N/M", lazyre.lazy(r"\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
 ]
 # A bare percentage is progress only in a progress context: a tqdm bar (`45%|`) or a word that says so.
-PERCENT_RE = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(\|)?")
-PERCENT_CONTEXT_RE = re.compile(r"\b(progress|complete[d]?|done|finished)\b", re.IGNORECASE)
+PERCENT_RE = lazyre.lazy(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(\|)?")
+PERCENT_CONTEXT_RE = lazyre.lazy(r"\b(progress|complete[d]?|done|finished)\b", re.IGNORECASE)
 # Every pattern above needs one of these; lines without are skipped with a single cheap search.
-CANDIDATE_RE = re.compile(r"\d\s*(?:/|%|of\b)|'epoch'", re.IGNORECASE)
-HF_PAIR_RE = re.compile(r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?")
-TRL_COMPLETIONS_RE = re.compile(r"^completions_(\d+)\.parquet$")
+CANDIDATE_RE = lazyre.lazy(r"\d\s*(?:/|%|of\b)|'epoch'", re.IGNORECASE)
+HF_PAIR_RE = lazyre.lazy(r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?")
+TRL_COMPLETIONS_RE = lazyre.lazy(r"^completions_(\d+)\.parquet$")
 EPOCHS_FLAGS = ("--num_train_epochs", "--num-train-epochs")
 EPOCH_KINDS = ("Epoch N/M:", "HF log (epoch):")  # counters of epochs, not steps
 
