@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -69,18 +68,21 @@ def _log_line(log_fd: int, text: str) -> None:
         pass  # a full disk: the log loses a line, the job file still records everything
 
 
-@dataclass
 class Run:
-    """One run of a job under this supervisor."""
+    """One run of a job under this supervisor. A plain class (see core/transitions.Continuation)."""
 
-    spool: Spool
-    claim: Claim
-    ref: JobRef
-    job: dict[str, Any]
-    where: dict[str, Any]  # from the worker: slot, gpus, hooks, max_log_bytes
-    room: list[Reservation]  # blocks set aside: for recording the pid, then the end
-    log_fd: int = -1
-    timed_out: Optional[str] = None  # the time limit (as text) that stopped the run
+    def __init__(
+        self,
+        spool: Spool,
+        claim: Claim,
+        ref: JobRef,
+        job: dict[str, Any],
+        where: dict[str, Any],  # from the worker: slot, gpus, hooks, max_log_bytes
+        room: list[Reservation],  # blocks set aside: for recording the pid, then the end
+    ) -> None:
+        self.spool, self.claim, self.ref, self.job, self.where, self.room = spool, claim, ref, job, where, room
+        self.log_fd = -1
+        self.timed_out: Optional[str] = None  # the time limit (as text) that stopped the run
 
 
 def start(spool: Spool, claim: Claim, where: dict[str, Any], ready: Optional[list[Reservation]] = None) -> int:
