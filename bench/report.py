@@ -233,6 +233,13 @@ def targets(results: dict[str, Any], sizes: dict[str, int]) -> list[str]:
         "",
         *_table(header, rows),
     ]
+    lines += [
+        "Where the remaining time goes (measured in `bench/PROFILE.md`): a command's start-up is mostly imports "
+        "(typing, the spool package with pathlib, argparse, json) on top of the interpreter's own start; between "
+        "jobs, each job's supervisor is a new interpreter (its start and imports, about five times a bare "
+        "`python -S`), and three fsynced moves per job that the spool's crash-safety contract requires.",
+        "",
+    ]
     if any(row[5] == "**no**" for row in rows):
         lines += [
             "Targets marked **no** are missed on this run; `bench/PROFILE.md` says where the time goes and what "
