@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import honest  # noqa: E402
 import report  # noqa: E402
 import scenarios  # noqa: E402
 import systems  # noqa: E402
@@ -70,6 +71,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps (default all: {','.join(STEPS)})")
     p.add_argument("--idle-seconds", type=float, help="length of each idle-cost window")
     p.add_argument("--keep", action="store_true", help="keep the temporary queues for inspection")
+    p.add_argument(
+        "--no-venv",
+        action="store_true",
+        help="run `python -m gpuq` of this interpreter instead of the entry point of a venv holding only gpuq "
+        "and its dependencies (bench/honest.py): faster to start, but not the baseline a user has",
+    )
     return p.parse_args(argv)
 
 
@@ -94,6 +101,7 @@ def main(argv: list[str]) -> int:
     began = time.monotonic()
     load_before = os.getloadavg()
     systems.snapshot_gpuq(root)
+    baseline = _honest_baseline(args.no_venv)
     results: dict[str, Any] = {}
     errors: dict[str, str] = {}
     try:
@@ -105,7 +113,7 @@ def main(argv: list[str]) -> int:
         "smoke": args.smoke,
         "skipped": skipped,
         "errors": errors,
-        "facts": facts(names, root, time.monotonic() - began, argv, load_before),
+        "facts": {**facts(names, root, time.monotonic() - began, argv, load_before), **baseline},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report.render(results, meta, sizes))
@@ -113,6 +121,27 @@ def main(argv: list[str]) -> int:
         args.raw.write_text(json.dumps({"meta": meta, "sizes": sizes, "results": results}, indent=1, default=str))
     print(f"bench: wrote {args.out} in {time.monotonic() - began:.0f}s")
     return 1 if errors else 0
+
+
+def _honest_baseline(skip: bool) -> dict[str, str]:
+    """Build (or reuse) the venv gpuq is measured in; what the report says about the baseline."""
+    if not skip:
+        print("bench: the venv holding only gpuq and its dependencies (built once per checkout)...", flush=True)
+        try:
+            systems.VENV["path"] = honest.honest_venv(log=Path(tempfile.gettempdir()) / "gpuq-bench-venv.log")
+        except (OSError, honest.subprocess.CalledProcessError) as exc:
+            print(f"bench: could not build it ({exc}); measuring `python -m gpuq` instead", file=sys.stderr)
+    venv = systems.VENV["path"]
+    if venv is None:
+        return {
+            "baseline": f"`{sys.executable} -c pass`, gpuq as `python -m gpuq` of that interpreter: NOT the "
+            "honest baseline (this interpreter's own site-packages slow both)"
+        }
+    return {
+        "baseline": f"`{venv}/bin/python -c pass` of a fresh venv holding only gpuq (`pip install .` of this "
+        "checkout) and its runtime dependencies; gpuq runs as that venv's `gpuq` entry point",
+        "venv packages": honest.packages(venv),
+    }
 
 
 def run_steps(

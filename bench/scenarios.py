@@ -19,7 +19,7 @@ from common import (
     timed_run,
     wait_for,
 )
-from systems import REPO, Gpuq, System, settle
+from systems import REPO, Gpuq, System, bare_python, settle
 
 IDLE_PAUSE = 0.25  # seconds between dispatch samples, so that each job meets an idle worker
 
@@ -162,7 +162,7 @@ def fill_peer(system: System, total: int, have: int) -> None:
 
 def cli_latency(gpuq: Gpuq, peers: list[System], sizes: list[int], reps: int) -> dict:
     """Wall time of add and status/list with N finished jobs, beside `python -c pass`."""
-    bare = [sys.executable, "-c", "pass"]
+    bare = bare_python()
     out: dict[int, dict[str, list[float]]] = {}
     for system in peers:
         system.start()
@@ -323,7 +323,7 @@ def scale(gpuq: Gpuq, total: int, reps: int) -> dict[str, list[float]]:
         "gpuq status": gpuq.list_argv(),
         "gpuq status -a": [*gpuq.list_argv(), "-a"],
         "gpuq add": None,
-        "python -c pass": [sys.executable, "-c", "pass"],
+        "python -c pass": bare_python(),
     }
     out: dict[str, list[float]] = {label: [] for label in commands}
     # The first `status -a` after the finished jobs appeared parses them all and fills the cache.

@@ -20,6 +20,15 @@ from common import BenchError, alive, pids_with_env, timed_run, wait_for
 REPO = Path(__file__).resolve().parent.parent
 PEER_PACKAGES = {"tsp": "task-spooler", "nq": "nq"}
 SOURCE = {"parent": REPO}  # where the gpuq under test is imported from (see snapshot_gpuq)
+# The venv of bench/honest.py: gpuq's commands run as its `gpuq` entry point, and the baseline is its
+# `python -c pass`. None (--no-venv, or no venv could be built): `python -m gpuq` of this interpreter.
+VENV: dict[str, Optional[Path]] = {"path": None}
+
+
+def bare_python() -> list[str]:
+    """The baseline every gpuq command is compared with: the same interpreter doing nothing."""
+    venv = VENV["path"]
+    return [str(venv / "bin" / "python") if venv else sys.executable, "-c", "pass"]
 
 
 def snapshot_gpuq(root: Path) -> Path:
@@ -102,8 +111,14 @@ class Gpuq(System):
 
         self.home = root / "spool"
         self.spool = Spool(self.home).ensure()
-        self.env.update(GPUQ_HOME=str(self.home), PYTHONPATH=str(SOURCE["parent"]))
-        self.cli = [sys.executable, "-m", "gpuq"]
+        self.env.update(GPUQ_HOME=str(self.home))
+        venv = VENV["path"]
+        if venv is not None:  # as a user runs it: the entry point, with the venv's own sys.path
+            self.env.pop("PYTHONPATH", None)
+            self.cli = [str(venv / "bin" / "gpuq")]
+        else:
+            self.env["PYTHONPATH"] = str(SOURCE["parent"])
+            self.cli = [sys.executable, "-m", "gpuq"]
         self.worker: Optional[subprocess.Popen] = None
 
     def add_argv(self, cmd: list[str]) -> list[str]:

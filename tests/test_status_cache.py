@@ -80,3 +80,25 @@ def test_json_reads_the_files_not_the_cache(gq: Env) -> None:
     gq.gpuq("status", "-a")
     rows = gq.status_json()
     assert len(rows) == 12 and all(r["cmd"] == ["python3", "train.py"] for r in rows)
+
+
+def test_a_big_fill_shared_with_forked_children_gives_the_same_rows(gq: Env) -> None:
+    """Past PARALLEL_FROM files to parse, children forked per CPU parse shares of them (issue 15):
+    the rows must be those of a fill by one process, invalid files left out all the same."""
+    from gpuq.cli import render
+    from gpuq.engine import finished_rows
+
+    spool = _many(gq, 40)
+    broken = spool.layout.state_dir("done") / "999999-broken.json"
+    broken.write_text("{not json")
+    refs = list(spool.jobs.refs(("done",)))  # 32 valid jobs and the broken file
+    assert len(refs) == 33
+    alone = finished_rows._summarize_some(spool, refs, "done", render.finished_cells)
+    assert finished_rows.PARALLEL_FROM > len(refs)  # a fill of 33 files stays in one process
+    old = finished_rows.PARALLEL_FROM
+    finished_rows.PARALLEL_FROM = 2
+    try:
+        shared = finished_rows._summarize_all(spool, refs, "done", render.finished_cells)
+    finally:
+        finished_rows.PARALLEL_FROM = old
+    assert len(alone) == 32 and shared == alone

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuq.cli.common import spool
-from gpuq.core import schema, sweep
+from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import HELD, PENDING
 from gpuq.core.timespec import parse_size_bytes, parse_size_mib
-from gpuq.engine import actions, enqueue, gpuview
+from gpuq.engine import enqueue
 from gpuq.system import procs
 
 
@@ -68,6 +68,8 @@ def _variants(args: argparse.Namespace, cwd: Path) -> tuple[list[enqueue.Variant
     if not args.sweep:
         cmd, venv = enqueue.resolve_command(words[0], words[1:], cwd, args.python)
         return [enqueue.Variant(cmd, args.name)], venv
+    from gpuq.core import sweep  # only for --sweep (it is a dataclass module)
+
     try:
         combinations = sweep.expand([sweep.parse_sweep(text) for text in args.sweep], words, allow_more=args.yes)
     except ValueError as exc:
@@ -113,7 +115,11 @@ def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(str(exc)) from None
         if args.gpus == 0:
             raise UsageError("--gpu-mem needs --gpus 1 or more (--gpus 0 is a CPU job)")
-    problem = gpuview.never_fits(spool(), args.gpus, mem)
+    problem = None
+    if args.gpus > 1 or mem is not None:  # only such a request needs the GPUs looked at
+        from gpuq.engine import gpuview
+
+        problem = gpuview.never_fits(spool(), args.gpus, mem)
     if problem:
         raise UsageError(f"{problem}: this job could never start")
     return {"gpu_request": args.gpus, "gpu_mem_mib": mem}
@@ -161,6 +167,8 @@ def _bytes(text: str, flag: str) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    from gpuq.engine import actions  # here: `gpuq add` must not import it
+
     for job_id in args.ids:
         job = actions.cancel(spool(), job_id)
         where = f" (scancel of Slurm job {job['slurm']['job_id']})" if job.get("slurm") else ""
@@ -169,6 +177,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
+    from gpuq.engine import actions  # here: `gpuq add` must not import it
+
     for job_id in [i for ids in args.ids for i in ids]:
         job = actions.hold(spool(), job_id)
         print(f"[=] Job #{job_id}: {job['name']} held (`gpuq release {job_id}` puts it back in line)")
@@ -176,6 +186,8 @@ def cmd_hold(args: argparse.Namespace) -> int:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
+    from gpuq.engine import actions  # here: `gpuq add` must not import it
+
     for job_id in [i for ids in args.ids for i in ids]:
         job = actions.release(spool(), job_id)
         print(f"[+] Job #{job_id}: {job['name']} back in line")
@@ -223,6 +235,8 @@ def _in_editor(fields: dict[str, Any], job_id: int) -> dict[str, Any]:
 
 
 def cmd_kill(args: argparse.Namespace) -> int:
+    from gpuq.engine import actions  # here: `gpuq add` must not import it
+
     for job_id in args.ids:
         grace = actions.KILL_GRACE_SECONDS
         print(f"sending SIGTERM to job #{job_id}'s process group (SIGKILL after {grace:.0f}s)...")
@@ -232,6 +246,8 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
+    from gpuq.engine import actions  # here: `gpuq add` must not import it
+
     for job_id in args.ids:
         job, how = actions.retry(spool(), job_id, args.from_scratch)
         print(f"[+] Job #{job_id}: {job['name']} back in the queue: {how.text()}")
@@ -239,6 +255,8 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
+    from gpuq.engine import actions  # here: `gpuq add` must not import it
+
     report = actions.clear(spool(), logs_only=args.logs)
     freed = f"{report.freed_bytes / (1 << 20):.1f} MiB"
     if args.logs:
@@ -251,6 +269,8 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
+    from gpuq.engine import actions  # here: `gpuq add` must not import it
+
     sp = spool()
     if args.all or args.jobs:
         back = actions.recover(sp, None if args.all else args.jobs, args.from_scratch)

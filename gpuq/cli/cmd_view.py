@@ -9,7 +9,6 @@ from typing import Any
 from gpuq.cli import render
 from gpuq.cli.common import spool
 from gpuq.core.states import RUNNING
-from gpuq.engine import actions, gpuview
 from gpuq.engine.status import Row, status
 from gpuq.system import security
 
@@ -114,6 +113,8 @@ def json_row(row: Row) -> dict[str, Any]:
 
 
 def cmd_eta(args: argparse.Namespace) -> int:
+    from gpuq.engine import actions  # not at the top: `gpuq status` has no use for it
+
     sp = spool()
     if args.id is not None:
         actions.get(sp, args.id)  # "no such job #N" as a one-line error
@@ -132,6 +133,8 @@ def cmd_eta(args: argparse.Namespace) -> int:
 
 
 def cmd_log(args: argparse.Namespace) -> int:
+    from gpuq.engine import actions
+
     sp = spool()
     _ref, job = actions.get(sp, args.id)
     for line in sp.logs.tail_lines(job, args.lines):
@@ -146,6 +149,8 @@ def cmd_log(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     """The job's file and state. The environment inherited from the shell that queued it (tens of
     variables, tokens included) is summed up unless asked for: --env lists it, --json is the file."""
+    from gpuq.engine import actions
+
     sp = spool()
     ref, job = actions.get(sp, args.id)
     shown = dict(job, state=ref.state, file=ref.name)
@@ -161,6 +166,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:
+    from gpuq.engine import actions, gpuview
+
     sp = spool()
     shown = gpuview.current(sp, actions.jobs_in(sp, (RUNNING,)))
     if args.json:

@@ -13,7 +13,7 @@ def spool() -> Spool:
     time, a queue of the original gpuq found there is imported (as the original imported its
     queue.json), and what happened is said on stderr, where it never mixes with JSON output."""
     sp = Spool().ensure()
-    from gpuq.engine.legacy import find_legacy  # two stats; the import itself only when there is one
+    from gpuq.engine.legacy_probe import find_legacy  # two stats; engine.legacy only when there is one
 
     if find_legacy(sp.home) is not None:
         from gpuq.engine.importer import import_on_first_use

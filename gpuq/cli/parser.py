@@ -1,19 +1,45 @@
 """The `gpuq` command line: the argument parser. Each command names its handler as
 "module:function" in gpuq.cli, imported only when that command runs, so `gpuq status` does not pay
-for the imports of `gpuq run`.
+for the imports of `gpuq run`. For the same reason `parse` builds only the subparser of the command
+typed (building all of them costs more than most commands' own work); `build_parser()` builds all.
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
+import os
 import sys
+from typing import Any, Optional
 
 from gpuq import __version__
 from gpuq.core.errors import UsageError
 
 
+class Formatter(argparse.HelpFormatter):
+    """argparse's formatter, told the terminal's width so that it does not import shutil (and bz2,
+    lzma with it) for each argument it checks while the parser is built."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: Any = None):
+        super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
+
+
+def _columns() -> int:
+    """shutil.get_terminal_size().columns: $COLUMNS, else the terminal's, else 80."""
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         exc = UsageError(f"{message} (see `{self.prog} --help`)")
         exc.prefix = self.prog
@@ -65,14 +91,35 @@ def _positive_id(text: str) -> int:
     return int(text)
 
 
-def build_parser() -> Parser:
+class _Skipped:
+    """Stands for the subparser of a command that is not being built: takes every call, does nothing."""
+
+    def __getattr__(self, _name: str) -> Any:
+        return lambda *_args, **_kwargs: self
+
+
+class _OnlyOne:
+    """The subparsers action, building only the command `only` (None: every command). The command
+    blocks of build_parser stay as they are: the others get a _Skipped."""
+
+    def __init__(self, action: Any, only: Optional[str]):
+        self.action, self.only = action, only
+
+    def add_parser(self, name: str, **kwargs: Any) -> Any:
+        if self.only is None or name == self.only:
+            return self.action.add_parser(name, **kwargs)
+        return _Skipped()
+
+
+def build_parser(only: Optional[str] = None) -> Parser:
+    """The parser of every command, or with `only` of that command alone."""
     parser = Parser(
         prog="gpuq",
         description="A GPU job queue for one machine, kept in a spool directory "
         "($GPUQ_HOME, default ~/.gpuq). Jobs run one at a time per GPU.",
     )
     parser.add_argument("--version", action="version", version=f"gpuq {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub = _OnlyOne(parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser), only)
 
     for name in ("add", "enqueue"):
         p = sub.add_parser(
@@ -398,7 +445,7 @@ def build_parser() -> Parser:
 
 def split_add_argv(parser: Parser, argv: list[str]) -> tuple[list[str], list[str]]:
     """Split `add` arguments at SCRIPT: gpuq's options before it, the job's words from it on."""
-    add = parser._subparsers._group_actions[0].choices["add"]  # type: ignore[union-attr]
+    add = _add_parser(parser)
     takes_value = {s for a in add._actions if a.nargs != 0 for s in a.option_strings}
     i = 0
     while i < len(argv):
@@ -417,7 +464,7 @@ def split_add_argv(parser: Parser, argv: list[str]) -> tuple[list[str], list[str
 def misplaced_option(parser: Parser, words: list[str]) -> list[str]:
     """The first of gpuq's own long `add` options among the job's words, with its value: most
     likely meant for gpuq (the original gpuq took them from anywhere on the line)."""
-    add = parser._subparsers._group_actions[0].choices["add"]  # type: ignore[union-attr]
+    add = _add_parser(parser)
     for i, word in enumerate(words):
         for action in add._actions:
             if word.split("=", 1)[0] in action.option_strings and word.startswith("--") and word != "--help":
@@ -426,13 +473,28 @@ def misplaced_option(parser: Parser, words: list[str]) -> list[str]:
     return []
 
 
+def _commands(parser: Parser) -> dict[str, Parser]:
+    return parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+
+
+def _add_parser(parser: Parser) -> Parser:
+    """`add`'s subparser (or `enqueue`'s, the same options), whichever was built."""
+    commands = _commands(parser)
+    return commands["add"] if "add" in commands else commands["enqueue"]
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = build_parser()
+    wanted = argv[0] if argv and not argv[0].startswith("-") else None
+    parser = build_parser(only=wanted)
+    if wanted is not None and wanted not in _commands(parser):
+        parser = build_parser()  # not a command: the full parser says so and lists them
     if argv and argv[0] in ("add", "enqueue"):
         own, job_words = split_add_argv(parser, argv[1:])
         separated = argv[1 + len(own) : 2 + len(own)] == ["--"]
         stray = misplaced_option(parser, job_words[1:]) if job_words and not separated else []
         if stray:
+            import shlex
+
             fix = shlex.join(["gpuq", argv[0], *own, *stray, job_words[0]])
             print(
                 f"gpuq {argv[0]}: note: {stray[0]} comes after the script, so {job_words[0]} gets it; gpuq's "

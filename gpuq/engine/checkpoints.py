@@ -25,20 +25,20 @@ Nothing here writes anything; it only lists directories the job itself writes.
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Sequence
 
+from gpuq.core import lazyre
 from gpuq.core.times import parse_iso
 
-HF_DIR_RE = re.compile(r"^checkpoint-(\d+)$")
+HF_DIR_RE = lazyre.lazy(r"^checkpoint-(\d+)$")
 HF_COMPLETE_MARKER = "trainer_state.json"
 HF_INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # HF 5's JIT save removes it when done
 MTIME_SLACK = 1.0  # seconds: file times are coarser than the ISO start time
-STEP_RE = re.compile(r"(?:step|checkpoint|iter|iteration|global_step)[=_-]?(\d+)", re.IGNORECASE)
-EPOCH_RE = re.compile(r"epoch[=_-]?(\d+)", re.IGNORECASE)
+STEP_RE = lazyre.lazy(r"(?:step|checkpoint|iter|iteration|global_step)[=_-]?(\d+)", re.IGNORECASE)
+EPOCH_RE = lazyre.lazy(r"epoch[=_-]?(\d+)", re.IGNORECASE)
 OUTPUT_DIR_FLAGS = ("--output_dir", "--output-dir")
 MAX_STEPS_FLAGS = ("--max_steps", "--max-steps")
 
@@ -125,6 +125,8 @@ def _mtime(path: str) -> float:
 def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
     """Usable matches of `pattern` (relative to `cwd`), oldest first by the rules above."""
     full = os.path.join(cwd, os.path.expanduser(pattern))
+    import glob  # here: `gpuq status` imports this module, and rarely has a job with checkpoints
+
     paths = [os.path.abspath(p) for p in glob.glob(full, recursive=True) if _usable(p)]
     found = [
         Checkpoint(p, _number(STEP_RE, os.path.basename(p)), _number(EPOCH_RE, os.path.basename(p))) for p in paths

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -12,6 +10,7 @@ from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import PENDING, SOURCE_CLI
 from gpuq.spool import JobRef, Spool
+from gpuq.system import procs
 
 
 class EnqueueError(UsageError):
@@ -41,12 +40,12 @@ def resolve_command(
             raise EnqueueError(f"script not found: {cwd / script}")
         if python:
             interpreter = python if "/" not in python else str(Path(python).absolute())
-            if shutil.which(interpreter) is None:
+            if procs.which(interpreter) is None:
                 raise EnqueueError(f"python not found: {python}")
         elif venv is not None:
             interpreter = str(venv / "bin" / "python")
         else:
-            interpreter = shutil.which("python3") or shutil.which("python") or ""
+            interpreter = procs.which("python3") or procs.which("python") or ""
             if not interpreter:
                 raise EnqueueError("no python found on PATH; give one with --python")
         return [interpreter, script, *args], str(venv) if venv else None
@@ -56,7 +55,7 @@ def resolve_command(
     if "/" in script:
         if not (cwd / script).exists():
             raise EnqueueError(f"script not found: {cwd / script}")
-    elif shutil.which(script, path=search) is None:
+    elif procs.which(script, path=search) is None:
         raise EnqueueError(f"command not found: {script}")
     return [script, *args], str(venv) if venv else None
 
@@ -124,13 +123,14 @@ def _own(common: Optional[dict[str, Any]], own: dict[str, Any], first: int) -> d
     return out
 
 
-@dataclass
 class Variant:
-    """One job of an `add`: its command, name and fields of its own (a sweep has several)."""
+    """One job of an `add`: its command, name and fields of its own (a sweep has several). A plain
+    class (see scheduler.Snapshot)."""
 
-    cmd: list[str]
-    name: Optional[str] = None
-    options: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("cmd", "name", "options")
+
+    def __init__(self, cmd: list[str], name: Optional[str] = None, options: Optional[dict[str, Any]] = None) -> None:
+        self.cmd, self.name, self.options = cmd, name, {} if options is None else options
 
 
 def enqueue(spool: Spool, *, cmd: list[str], **common: Any) -> tuple[JobRef, dict[str, Any]]:

@@ -19,8 +19,7 @@ progress/NNNNNN.samples.json through the Spool. The queue's ETA is in queue_eta.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from gpuq.core.states import DONE
 from gpuq.core.times import duration, parse_iso
@@ -39,23 +38,32 @@ RESUME_FLAGS = ("--resume_from_checkpoint", "--resume-from-checkpoint")
 NOT_STEPS = ("Epoch N/M", "HF log (epoch)", "N%")  # counters that do not count steps
 
 
-@dataclass
 class Estimate:
-    """What `gpuq status`, `gpuq eta` and `status --json` show for one job."""
+    """What `gpuq status`, `gpuq eta` and `status --json` show for one job. A plain class (see
+    scheduler.Snapshot)."""
 
-    reading: Optional[progress.Reading]
-    eta_seconds: Optional[float]  # running: until it ends; pending: until its expected end
-    method: str  # how eta_seconds was produced, or why it is unknown
-    starts_in: Optional[float] = None  # pending only: until its expected start
+    __slots__ = ("reading", "eta_seconds", "method", "starts_in")
+
+    def __init__(
+        self,
+        reading: Optional[progress.Reading],
+        eta_seconds: Optional[float],  # running: until it ends; pending: until its expected end
+        method: str,  # how eta_seconds was produced, or why it is unknown
+        starts_in: Optional[float] = None,  # pending only: until its expected start
+    ) -> None:
+        self.reading, self.eta_seconds, self.method, self.starts_in = reading, eta_seconds, method, starts_in
+
+    def __repr__(self) -> str:
+        return f"Estimate({self.reading!r}, {self.eta_seconds!r}, {self.method!r}, {self.starts_in!r})"
 
     @property
     def fraction(self) -> Optional[float]:
         return self.reading.fraction if self.reading else None
 
 
-@dataclass
-class Attempt:
-    """What the ETA knows about the current attempt beyond its samples."""
+class Attempt(NamedTuple):
+    """What the ETA knows about the current attempt beyond its samples (a NamedTuple: dataclasses
+    cost `gpuq status` its start-up)."""
 
     started: float  # epoch seconds
     start_step: Optional[float] = 0.0  # the step it resumed from; None: resumed from an unknown step

@@ -14,7 +14,7 @@ import marshal
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from gpuq.core import schema
 from gpuq.engine.snapshot import SETTLED_SECONDS
@@ -74,25 +74,94 @@ def _summaries_of(
         except (EOFError, ValueError, TypeError):
             old = {}
     stats = spool.jobs.file_signatures(state, list(names))
+    missing = [ref for ref in refs if ref.name in stats and not _still_valid(old.get(ref.name), stats[ref.name])]
+    made = _summarize_all(spool, missing, state, summarize)
     kept_names, summaries, sigs = [], [], []
     for ref in refs:
         file_sig = stats.get(ref.name)
         if file_sig is None:
             continue
         hit = old.get(ref.name)
-        if hit is not None and tuple(hit[0]) == file_sig:
-            summary = hit[1]
-        else:
-            try:
-                summary = tuple(map(_intern, summarize(spool.jobs.load(ref), state)))
-            except (FileNotFoundError, schema.InvalidJob):
-                continue
+        summary = hit[1] if _still_valid(hit, file_sig) else made.get(ref.name)
+        if summary is None:
+            continue  # gone, or not a valid job
         kept_names.append(ref.name)
         summaries.append(summary)
         sigs.append(file_sig)
     settled = sig is not None and time.time() - sig[2] > SETTLED_SECONDS
     entry = ((dir_sig if settled else None), tuple(kept_names), tuple(summaries), marshal.dumps(tuple(sigs)))
     return entry, True
+
+
+def _still_valid(hit: Any, file_sig: tuple) -> bool:
+    return hit is not None and tuple(hit[0]) == file_sig
+
+
+PARALLEL_FROM = 2000  # files to parse before the work is shared between CPUs (a fork costs ~1 ms)
+
+
+def _summarize_all(
+    spool: Spool, refs: list[JobRef], state: str, summarize: Callable[..., Summary]
+) -> dict[str, Summary]:
+    """name -> summary of each ref that is a valid job. Tens of thousands of files (the first
+    `status -a` after they appeared) are parsed by one forked child per extra CPU as well: the
+    parse is pure CPU work, read-only, and a child that fails only costs its share being redone."""
+    cpus = min(os.cpu_count() or 1, 8)
+    if len(refs) < PARALLEL_FROM or cpus < 2 or not hasattr(os, "fork"):
+        return _summarize_some(spool, refs, state, summarize)
+    shares = [refs[i::cpus] for i in range(cpus)]
+    children = [_fork_share(spool, share, state, summarize) for share in shares[1:]]
+    out = _summarize_some(spool, shares[0], state, summarize)
+    for share, child in zip(shares[1:], children):
+        out.update(_collect_share(child) if child is not None else _summarize_some(spool, share, state, summarize))
+    return out
+
+
+def _summarize_some(
+    spool: Spool, refs: list[JobRef], state: str, summarize: Callable[..., Summary]
+) -> dict[str, Summary]:
+    out: dict[str, Summary] = {}
+    for ref in refs:
+        try:
+            out[ref.name] = tuple(map(_intern, summarize(spool.jobs.load(ref), state)))
+        except (FileNotFoundError, schema.InvalidJob):
+            continue
+    return out
+
+
+def _fork_share(
+    spool: Spool, refs: list[JobRef], state: str, summarize: Callable[..., Summary]
+) -> Optional[tuple[int, int]]:
+    """(pid, read end of its pipe) of a child that summarizes `refs` and sends them marshalled."""
+    try:
+        read_fd, write_fd = os.pipe()
+        sys.stdout.flush()
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:  # the child: never returns into the caller's code
+        code = 1
+        try:
+            os.close(read_fd)
+            data = marshal.dumps(_summarize_some(spool, refs, state, summarize))
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(data)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    return pid, read_fd
+
+
+def _collect_share(child: tuple[int, int]) -> dict[str, Summary]:
+    pid, read_fd = child
+    with os.fdopen(read_fd, "rb") as pipe:
+        data = pipe.read()
+    _pid, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise OSError(f"a child summarizing finished jobs failed (status {status})")
+    loaded = marshal.loads(data)
+    return {name: tuple(map(_intern, summary)) for name, summary in loaded.items()}
 
 
 def _intern(value: Any) -> Any:

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuq.core.errors import GpuqError
+from gpuq.engine.legacy_probe import DB_NAME, JSON_NAME, find_legacy
 
-DB_NAME = "gpuq.db"
-JSON_NAME = "queue.json"
+__all__ = ["DB_NAME", "JSON_NAME", "find_legacy"]  # the probe's names, kept importable from here too
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # The states the original wrote; `preempted` came with its `preempt` command.
 KNOWN_STATES = ("pending", "running", "done", "failed", "cancelled", "interrupted", "preempted")
@@ -80,19 +80,6 @@ class LegacyQueue:
     next_id: int  # larger than every id the original ever gave out
     jobs: list[LegacyJob]
     problems: list[LegacyProblem] = field(default_factory=list)
-
-
-def find_legacy(home: Path) -> Optional[Path]:
-    """The file an import would take from `home`: `gpuq.db` first, then `queue.json`.
-
-    `.bak` files are never returned: they are what an import (the original's own migration
-    included) leaves behind. Costs two stats, so it can run before every command.
-    """
-    for name in (DB_NAME, JSON_NAME):
-        path = Path(home) / name
-        if path.is_file():
-            return path
-    return None
 
 
 def read_queue(path: Path) -> LegacyQueue:

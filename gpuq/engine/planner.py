@@ -9,7 +9,7 @@ machine, or one per `gpuq run --gpus` label).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Callable, Iterator, Optional
 
@@ -219,7 +219,7 @@ def _without(gpu: gpu_info.Gpu, pids: set[int]) -> gpu_info.Gpu:
         return gpu
     freed = sum(p.used_memory_mib or 0 for p in leaving)
     kept = tuple(p for p in gpu.processes if p.pid not in pids)
-    return replace(gpu, memory_used_mib=max(0, gpu.memory_used_mib - freed), processes=kept)
+    return gpu._replace(memory_used_mib=max(0, gpu.memory_used_mib - freed), processes=kept)
 
 
 def request_of(job: dict[str, Any]) -> Request:

@@ -17,49 +17,67 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+from gpuq.core import lazyre
 from gpuq.engine import checkpoints
 
 TAIL_BYTES = 64 * 1024
 MAX_TRAINER_STATE_BYTES = 8 << 20
 
 # Each log pattern yields (kind, step, total). Earlier patterns win within one line.
-TQDM_RE = re.compile(r"(\d+)/(\d+)\s*\[([\d:]+)<([\d:?]+)(?:,\s*([\d.]+|\?)\s*([A-Za-z]+/s|s/[A-Za-z]+))?[^\]\r\n]*\]")
+TQDM_RE = lazyre.lazy(r"(\d+)/(\d+)\s*\[([\d:]+)<([\d:?]+)(?:,\s*([\d.]+|\?)\s*([A-Za-z]+/s|s/[A-Za-z]+))?[^\]\r\n]*\]")
 LINE_PATTERNS = [
-    ("Step N/M", re.compile(r"\bsteps?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
-    ("Iteration N of M", re.compile(r"\biter(?:ation)?s?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
-    ("[N/M]", re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")),
-    ("Epoch N/M", re.compile(r"\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("Step N/M", lazyre.lazy(r"\bsteps?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("Iteration N of M", lazyre.lazy(r"\biter(?:ation)?s?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("[N/M]", lazyre.lazy(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")),
+    ("Epoch N/M", lazyre.lazy(r"\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
 ]
 # A percentage is progress when it is the whole line (`6.0%`), or in a progress context: a tqdm bar
 # (`45%|`) or a word that says so. `accuracy 93.5%` and `6.0%x` are not.
-PERCENT_RE = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(?:(\|)|(?!\w))")
-LONE_PERCENT_RE = re.compile(r"\s*\d{1,3}(?:\.\d+)?\s?%\s*")
-PERCENT_CONTEXT_RE = re.compile(r"\b(progress|complete[d]?|done|finished)\b", re.IGNORECASE)
+PERCENT_RE = lazyre.lazy(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(?:(\|)|(?!\w))")
+LONE_PERCENT_RE = lazyre.lazy(r"\s*\d{1,3}(?:\.\d+)?\s?%\s*")
+PERCENT_CONTEXT_RE = lazyre.lazy(r"\b(progress|complete[d]?|done|finished)\b", re.IGNORECASE)
 # Every pattern above needs one of these; lines without are skipped with a single cheap search.
-CANDIDATE_RE = re.compile(r"\d\s*(?:/|%|of\b)|'epoch'", re.IGNORECASE)
-HF_PAIR_RE = re.compile(r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?")
-TRL_COMPLETIONS_RE = re.compile(r"^completions_(\d+)\.parquet$")
+CANDIDATE_RE = lazyre.lazy(r"\d\s*(?:/|%|of\b)|'epoch'", re.IGNORECASE)
+HF_PAIR_RE = lazyre.lazy(r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?")
+TRL_COMPLETIONS_RE = lazyre.lazy(r"^completions_(\d+)\.parquet$")
 EPOCHS_FLAGS = ("--num_train_epochs", "--num-train-epochs")
 EPOCH_KINDS = ("Epoch N/M:", "HF log (epoch):")  # counters of epochs, not steps
 
 
-@dataclass
 class Reading:
     """One observation of a job's progress. `at` is when the value was true (the writer's time or the
-    file's mtime), not when we looked; `rate` is a rate the source itself states (steps/s)."""
+    file's mtime), not when we looked; `rate` is a rate the source itself states (steps/s). A plain
+    class (see scheduler.Snapshot)."""
 
-    step: float
-    total: Optional[float]
-    source: str  # "reported", "log" or "checkpoint"
-    kind: str  # what exactly produced it, for people: "tqdm", "Step N/M", "checkpoint-50", ...
-    at: float
-    rate: Optional[float] = None
-    rate_note: str = ""
-    finished: bool = False  # the source says the work loop is over (HF's final train_runtime dict)
-    counter: str = ""  # which counter of a log it came from (kind + label), to match later looks
+    __slots__ = ("step", "total", "source", "kind", "at", "rate", "rate_note", "finished", "counter")
+
+    def __init__(
+        self,
+        step: float,
+        total: Optional[float],
+        source: str,  # "reported", "log" or "checkpoint"
+        kind: str,  # what exactly produced it, for people: "tqdm", "Step N/M", "checkpoint-50", ...
+        at: float,
+        rate: Optional[float] = None,
+        rate_note: str = "",
+        finished: bool = False,  # the source says the work loop is over (HF's final train_runtime dict)
+        counter: str = "",  # which counter of a log it came from (kind + label), to match later looks
+    ) -> None:
+        self.step, self.total, self.source, self.kind, self.at = step, total, source, kind, at
+        self.rate, self.rate_note, self.finished, self.counter = rate, rate_note, finished, counter
+
+    def _fields(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Reading) and self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
+
+    def __repr__(self) -> str:
+        return "Reading(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
     @property
     def fraction(self) -> Optional[float]:

@@ -9,23 +9,23 @@ spool_layout.md (section 10) lists each crash point and which repair here resolv
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Optional
 
-from gpuq.core import schema, transitions
+from gpuq.core import schema
 from gpuq.core.states import PENDING, PREEMPT_ACTIONS, RUNNING, STATES
-from gpuq.engine import continuation, preemption
 from gpuq.spool import JobRef, Spool
 from gpuq.system import procs
 
 
-@dataclass
 class Report:
-    duplicates_removed: list[JobRef] = field(default_factory=list)
-    settled: list[tuple[int, str]] = field(default_factory=list)  # (job id, new state)
-    stale_claims: list[int] = field(default_factory=list)
-    tmp_removed: int = 0
-    listing: list[JobRef] = field(default_factory=list)  # the tree after the repairs, if asked
+    """What reconcile() repaired. A plain class (see scheduler.Snapshot)."""
+
+    def __init__(self) -> None:
+        self.duplicates_removed: list[JobRef] = []
+        self.settled: list[tuple[int, str]] = []  # (job id, new state)
+        self.stale_claims: list[int] = []
+        self.tmp_removed = 0
+        self.listing: list[JobRef] = []  # the tree after the repairs, if asked
 
 
 def reconcile(spool: Spool, full: bool = False, listing: Optional[list[JobRef]] = None) -> Report:
@@ -94,6 +94,10 @@ def end_unseen(spool: Spool, ref: JobRef, job: dict, noted: Optional[dict] = Non
     """Record the end of a running job whose supervisor is gone; returns its new state. The
     caller holds the claim and has made sure its process is gone. `noted`: what the supervisor
     left in the claim's lock file when the disk was too full to record the end itself."""
+    # imported here: `gpuq status` runs reconcile() every time and settles a job almost never
+    from gpuq.core import transitions
+    from gpuq.engine import continuation, preemption
+
     request = spool.control.take(job["id"])
     if noted and isinstance(noted.get("exit_code"), int) and noted.get("state") in STATES:
         state, code = noted["state"], noted["exit_code"]

@@ -7,7 +7,6 @@ start; tests call these directly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
 from gpuq.core import states
@@ -21,12 +20,23 @@ class Wait(NamedTuple):
     forever: bool  # True: cannot start unless a person acts (the dependency failed, vanished...)
 
 
-@dataclass
 class Snapshot:
-    states: dict[int, str]  # id -> state of every job in the tree
-    pending: list[dict[str, Any]] = field(default_factory=list)
-    running: list[dict[str, Any]] = field(default_factory=list)
-    now: Optional[float] = None  # when it was taken (for --begin times); None: times are not looked at
+    """A plain class, not a dataclass: `gpuq status` and `gpuq add` do not import dataclasses
+    (and inspect with it), a few milliseconds of every command's start-up."""
+
+    __slots__ = ("states", "pending", "running", "now")
+
+    def __init__(
+        self,
+        states: dict[int, str],  # id -> state of every job in the tree
+        pending: Optional[list[dict[str, Any]]] = None,
+        running: Optional[list[dict[str, Any]]] = None,
+        now: Optional[float] = None,  # when it was taken (for --begin times); None: times are not looked at
+    ) -> None:
+        self.states = states
+        self.pending = [] if pending is None else pending
+        self.running = [] if running is None else running
+        self.now = now
 
 
 def _dependency_wait(

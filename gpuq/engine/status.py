@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from gpuq.core import schema
@@ -16,12 +15,19 @@ from gpuq.spool import JobRef, Spool
 RECENT_FINISHED = 10
 
 
-@dataclass
 class Row:
-    job: dict[str, Any]
-    state: str
-    wait: Optional[scheduler.Wait] = None
-    estimate: Optional[eta.Estimate] = None  # running and pending rows
+    """A plain class, not a dataclass (see scheduler.Snapshot)."""
+
+    __slots__ = ("job", "state", "wait", "estimate")
+
+    def __init__(
+        self,
+        job: dict[str, Any],
+        state: str,
+        wait: Optional[scheduler.Wait] = None,
+        estimate: Optional[eta.Estimate] = None,  # running and pending rows
+    ) -> None:
+        self.job, self.state, self.wait, self.estimate = job, state, wait, estimate
 
 
 class CachedRow:
@@ -36,15 +42,21 @@ class CachedRow:
         self.job, self.state, self.cells = {"id": job_id}, state, cells
 
 
-@dataclass
 class Status:
-    workers: list[dict[str, Any]]
-    rows: list[Any]  # Row and CachedRow
-    hidden_finished: int = 0
-    invalid: list[tuple[JobRef, str]] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)
-    gpus: Optional[dict[str, Any]] = None  # engine/gpuview.py's view; None without GPUs
-    warnings: list[str] = field(default_factory=list)  # a full disk, a runaway log
+    __slots__ = ("workers", "rows", "hidden_finished", "invalid", "dropped", "gpus", "warnings")
+
+    def __init__(
+        self,
+        workers: list[dict[str, Any]],
+        rows: list[Any],  # Row and CachedRow
+        hidden_finished: int = 0,
+        invalid: Optional[list[tuple[JobRef, str]]] = None,
+        dropped: Optional[list[str]] = None,
+        gpus: Optional[dict[str, Any]] = None,  # engine/gpuview.py's view; None without GPUs
+        warnings: Optional[list[str]] = None,  # a full disk, a runaway log
+    ) -> None:
+        self.workers, self.rows, self.hidden_finished, self.gpus = workers, rows, hidden_finished, gpus
+        self.invalid, self.dropped, self.warnings = invalid or [], dropped or [], warnings or []
 
 
 def status(

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from gpuq.core import schema
@@ -67,7 +65,9 @@ def run_on_finish(cmd: str, env_vars: Mapping[str, Any], log: Callable[[str], No
 def notify_desktop(job_summary: Mapping[str, Any], timeout: float = NOTIFY_TIMEOUT) -> Optional[str]:
     """A desktop notification through `notify-send`, for a summary with `id`, `name`, `state`
     and `exit_code`. Returns None when it was shown, else why not (one line)."""
-    tool = shutil.which("notify-send")
+    from gpuq.system.procs import which  # not shutil: every supervisor imports this module
+
+    tool = which("notify-send")
     if tool is None:
         return "notify-send not found (install libnotify-bin to get desktop notifications)"
     state = str(job_summary.get("state", "ended"))
@@ -86,12 +86,12 @@ def notify_desktop(job_summary: Mapping[str, Any], timeout: float = NOTIFY_TIMEO
     return None
 
 
-@dataclass
 class _Outcome:
-    returncode: Optional[int]
-    timed_out: bool
-    output: bytes
-    dropped: int  # bytes of output beyond OUTPUT_CAP, read and thrown away
+    """How a hook ended. A plain class (see core/transitions.Continuation)."""
+
+    def __init__(self, returncode: Optional[int], timed_out: bool, output: bytes, dropped: int) -> None:
+        self.returncode, self.timed_out, self.output = returncode, timed_out, output
+        self.dropped = dropped  # bytes of output beyond OUTPUT_CAP, read and thrown away
 
     def lines(self) -> list[str]:
         text = self.output.decode("utf-8", errors="replace")

@@ -13,8 +13,10 @@ half of it is written anew. Without a cap (the default) the job writes its log d
 from __future__ import annotations
 
 import os
-import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    import threading
 
 MARKER = "\n=== gpuq: log cut here (--max-log-size): {dropped:>15} bytes left out ===\n"
 MIN_CAP = 64 * 1024
@@ -79,6 +81,8 @@ def pump(read_fd: int, log: CappedLog) -> threading.Thread:
                     continue  # a full disk: this output is lost, the job goes on
         finally:
             os.close(read_fd)
+
+    import threading  # only for a capped log: every supervisor imports this module
 
     thread = threading.Thread(target=run, name="gpuq-log", daemon=True)
     thread.start()

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -38,6 +37,10 @@ DISK_FULL_NOTE = "the disk was full when it ended (its output may have failed fo
 FULL_RETRY_MAX_SECONDS = 30.0
 PUMP_DRAIN_SECONDS = 2.0
 KILL_GRACE_SECONDS = 10.0  # as `gpuq kill`: SIGTERM, then SIGKILL after this
+# A spare supervisor sets its job's room aside while it waits (two files written and fsynced: a few
+# ms less between a job's turn and its start). Room older than this is set aside again at the start,
+# well before tmp/'s cleaner could take it for a dead writer's (spool/files.py, STALE_TMP_SECONDS).
+FRESH_ROOM_SECONDS = 60.0
 
 
 def job_environment(spool: Spool, job: dict[str, Any], slot: Optional[str]) -> dict[str, str]:
@@ -60,23 +63,27 @@ def _log_line(log_fd: int, text: str) -> None:
         pass  # a full disk: the log loses a line, the job file still records everything
 
 
-@dataclass
 class Run:
-    """One run of a job under this supervisor."""
+    """One run of a job under this supervisor. A plain class (see core/transitions.Continuation)."""
 
-    spool: Spool
-    claim: Claim
-    ref: JobRef
-    job: dict[str, Any]
-    where: dict[str, Any]  # from the worker: slot, gpus, hooks, max_log_bytes
-    room: list[Reservation]  # blocks set aside: for recording the pid, then the end
-    log_fd: int = -1
-    timed_out: Optional[str] = None  # the time limit (as text) that stopped the run
+    def __init__(
+        self,
+        spool: Spool,
+        claim: Claim,
+        ref: JobRef,
+        job: dict[str, Any],
+        where: dict[str, Any],  # from the worker: slot, gpus, hooks, max_log_bytes
+        room: list[Reservation],  # blocks set aside: for recording the pid, then the end
+    ) -> None:
+        self.spool, self.claim, self.ref, self.job, self.where, self.room = spool, claim, ref, job, where, room
+        self.log_fd = -1
+        self.timed_out: Optional[str] = None  # the time limit (as text) that stopped the run
 
 
-def start(spool: Spool, claim: Claim, where: dict[str, Any]) -> int:
-    """Run the claimed job to the end; returns the job's exit code (or -1 if it did not run)."""
-    run = _begin(spool, claim, where)
+def start(spool: Spool, claim: Claim, where: dict[str, Any], ready: Optional[list[Reservation]] = None) -> int:
+    """Run the claimed job to the end; returns the job's exit code (or -1 if it did not run).
+    `ready`: room a spare supervisor set aside while it waited (see set_room_aside)."""
+    run = _begin(spool, claim, where, ready or [])
     if run is None:
         return -1
     try:
@@ -149,22 +156,28 @@ def _note_code_change(run: Run) -> None:
             _log_line(run.log_fd, f"could not record the code change in the job file: {exc}")
 
 
-def _begin(spool: Spool, claim: Claim, where: dict[str, Any]) -> Optional[Run]:
+def _begin(spool: Spool, claim: Claim, where: dict[str, Any], ready: list[Reservation]) -> Optional[Run]:
     """pending -> running, with room set aside to record the job's pid and its end even if its
-    output fills the disk. None (the claim given up, the job left as it is) when the job is gone
-    or there is no room to start it: it stays pending."""
+    output fills the disk (`ready`, if big and fresh enough). None (the claim given up, the job left
+    as it is) when the job is gone or there is no room to start it: it stays pending."""
+    room: list[Reservation] = list(ready)
     ref = spool.jobs.find(claim.job_id, (PENDING,))
     if ref is None:  # cancelled or already run by someone else since the worker looked
+        for reservation in room:
+            reservation.release()
         claim.release()
         return None
-    room: list[Reservation] = []
     try:
         job = spool.jobs.load(ref)
         if spool.jobs.newer_copy_elsewhere(ref, job):  # a crash mid-move left this stale copy behind
             spool.jobs.remove(ref)
             raise FileNotFoundError(ref.name)
         size = max(RESERVE_MIN, 2 * len(encode(job)) + 16384)
-        room = [spool.files.reserve(size), spool.files.reserve(size)]
+        if not _usable_room(room, size):
+            for reservation in room:
+                reservation.release()
+            room = []
+            room = [spool.files.reserve(size), spool.files.reserve(size)]
         # The supervisor's own identity needs psutil (an import of several ms): it is recorded with
         # the job's pid after the job has started, so the job does not wait for it.
         changes = transitions.start(
@@ -189,6 +202,30 @@ def _begin(spool: Spool, claim: Claim, where: dict[str, Any]) -> Optional[Run]:
     _log_line(run.log_fd, f"cwd: {job['cwd']}" + (f"  CUDA_VISIBLE_DEVICES={slot}" if slot is not None else ""))
     _log_line(run.log_fd, f"started: {job['started_at']}")
     return run
+
+
+def set_room_aside(spool: Spool) -> list[Reservation]:
+    """A spare supervisor's room for its future job, set aside while nobody waits; none on a full
+    disk (the job's start then sets it aside, or finds there is no room)."""
+    room: list[Reservation] = []
+    try:
+        for _ in range(2):
+            room.append(spool.files.reserve(RESERVE_MIN))
+    except (OSError, SpoolFull):
+        for reservation in room:
+            reservation.release()
+        return []
+    return room
+
+
+def _usable_room(room: list[Reservation], size: int) -> bool:
+    """Two reservations, each of `size` bytes at least, whose files are still there and recent."""
+    now = time.time()
+    try:
+        fresh = all(now - os.stat(r.path).st_mtime < FRESH_ROOM_SECONDS for r in room)
+    except OSError:
+        return False
+    return len(room) == 2 and fresh and all(r.size >= size and r.fd >= 0 for r in room)
 
 
 def _spawn(run: Run) -> tuple[subprocess.Popen, Optional[Any]]:
@@ -352,9 +389,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.umask(0o077)
     spool = Spool(Path(args["--home"]))
+    ready: list[Reservation] = []
     if "--spare-fd" in args:
+        ready = set_room_aside(spool)
         assignment = wait_for_assignment(int(args["--spare-fd"]))
         if assignment is None:
+            for reservation in ready:
+                reservation.release()
             return 0
         lock_fd, where = assignment
         job_id = int(where["id"])
@@ -364,7 +405,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.close(log_fd)
     else:
         job_id, lock_fd, where = int(args["--job"]), int(args["--lock-fd"]), json.loads(args["--where"])
-    start(spool, spool.claims.adopt_descriptor(job_id, lock_fd), where)
+    start(spool, spool.claims.adopt_descriptor(job_id, lock_fd), where, ready)
     return 0
 
 

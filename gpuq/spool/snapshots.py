@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Any, Callable
 
 from gpuq.spool.files import Files, read_small, unlink_quietly
@@ -24,6 +23,8 @@ class Snapshots:
         try:
             self.files.replace(dest.with_name(dest.name + ".ids"), json.dumps(ids).encode(), "snapshot")
         except BaseException:
+            import shutil  # here: every command builds a Spool, few copy code
+
             shutil.rmtree(dest, ignore_errors=True)
             raise
         return info
@@ -45,6 +46,8 @@ class Snapshots:
         if ids & remaining or not dest.is_dir() or dest.is_symlink():
             return 0
         freed = sum(entry.stat(follow_symlinks=False).st_blocks * 512 for entry in _walk(dest))
+        import shutil
+
         shutil.rmtree(dest, ignore_errors=True)
         unlink_quietly(ids_file)
         return freed

@@ -19,13 +19,12 @@ that need them, so that `gpuq add` and `gpuq status` start fast.
 
 from __future__ import annotations
 
+import _thread  # threading's Lock without importing threading (`gpuq status` may look)
 import json
 import os
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, NamedTuple, Optional
 
 FAKE_ENV = "GPUQ_FAKE_GPUS"
 MIB = 1024 * 1024
@@ -41,14 +40,12 @@ PROCESS_KEYS = ("pid", "used_memory_mib")
 TOP_KEYS = ("gpus", "source", "problem", "at")  # the last three: what to_json adds about the look
 
 
-@dataclass(frozen=True)
-class GpuProcess:
+class GpuProcess(NamedTuple):  # NamedTuples, not dataclasses: see engine/scheduler.Snapshot
     pid: int
     used_memory_mib: Optional[int]  # None: NVML could not tell
 
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(NamedTuple):
     index: int
     name: str
     uuid: str
@@ -57,8 +54,7 @@ class Gpu:
     processes: tuple[GpuProcess, ...]
 
 
-@dataclass(frozen=True)
-class GpuLook:
+class GpuLook(NamedTuple):
     gpus: tuple[Gpu, ...]
     source: str  # "fake", "nvml" or "none"
     problem: Optional[str]  # one line: why there are no GPUs, or what part of the look failed
@@ -201,7 +197,7 @@ def _look_fake(path: Path) -> GpuLook:
 
 # NVML is initialised once per process and kept so (nvmlInit costs tens of ms on a real driver).
 # A missing library or driver is remembered too: it does not appear while a process runs.
-_nvml_lock = threading.Lock()
+_nvml_lock = _thread.allocate_lock()
 _nvml_ready = False
 _nvml_absent: Optional[str] = None  # set once we know there is no NVIDIA driver here
 

@@ -194,3 +194,16 @@ def terminate_tree(job: dict[str, Any], grace: float, force: bool = True) -> boo
     if not force:
         return False
     return not kill_leftovers(pgid, snapshot, 10.0)
+
+
+def which(command: str, path: Optional[str] = None) -> Optional[str]:
+    """The executable `command` would run, as `shutil.which` finds it (a word with a slash is
+    taken as it is), without importing shutil (bz2, lzma, fnmatch) on `gpuq add`'s path."""
+    if "/" in command:
+        return command if os.path.isfile(command) and os.access(command, os.X_OK) else None
+    search = os.environ.get("PATH", os.defpath) if path is None else path
+    for directory in search.split(os.pathsep):
+        candidate = os.path.join(directory or ".", command)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None

@@ -1,0 +1,36 @@
+"""Regular expressions compiled on first use.
+
+Compiling a pattern runs Python code (re's compiler): the dozens of module-level patterns of
+progress parsing, time specs and checkpoints cost `gpuq status` and `gpuq add` several
+milliseconds at every start, while most runs use none of them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+class LazyPattern:
+    """Stands for `re.compile(pattern, flags)` (its methods and attributes), compiled on first use.
+    Not a re.Pattern: pass `.compiled` where one is required."""
+
+    __slots__ = ("_args", "_compiled")
+
+    def __init__(self, pattern: str, flags: int = 0) -> None:
+        self._args = (pattern, flags)
+        self._compiled: Any = None
+
+    @property
+    def compiled(self) -> re.Pattern:
+        if self._compiled is None:
+            self._compiled = re.compile(*self._args)
+        return self._compiled
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.compiled, name)
+
+
+def lazy(pattern: str, flags: int = 0) -> Any:
+    """A LazyPattern, typed as Any so that callers use it as the re.Pattern it stands for."""
+    return LazyPattern(pattern, flags)
