@@ -37,3 +37,13 @@ SOURCE_CLI = "cli"
 SOURCE_ADOPT = "adopt"
 SOURCE_DROPPED = "dropped:"
 SOURCE_IMPORTED = "import:"  # + "sqlite" or "json": brought over from the original gpuq
+
+SLURM_SUBMITTING = "SUBMITTING"  # the `slurm.state` of a pending job while sbatch is being asked
+
+
+def handing_over(job: dict) -> bool:
+    """Whether a pending job is marked by a hand-over to Slurm that has not ended (a pending job in
+    this sub-state never starts here; transitions.slurm_submitting sets it). Here, not in
+    transitions, because the scheduler asks it on `gpuq status`'s path."""
+    mark = job.get("slurm")
+    return isinstance(mark, dict) and mark.get("state") == SLURM_SUBMITTING

@@ -285,13 +285,6 @@ def resume(job: dict[str, Any], continuation: Continuation, front: bool, note: s
 
 
 # ---- Slurm (engine/slurm_handover.py) -------------------------------------------------------------
-SLURM_SUBMITTING = "SUBMITTING"  # the `slurm.state` of a pending job while sbatch is being asked
-
-
-def handing_over(job: dict[str, Any]) -> bool:
-    """Whether a pending job is marked by a hand-over to Slurm that has not ended (slurm_submitting)."""
-    mark = job.get("slurm")
-    return isinstance(mark, dict) and mark.get("state") == SLURM_SUBMITTING
 
 
 def slurm_submitting(cluster_opts: list[str]) -> Changes:
@@ -301,7 +294,7 @@ def slurm_submitting(cluster_opts: list[str]) -> Changes:
     return {
         "slurm": {
             "job_id": None,
-            "state": SLURM_SUBMITTING,
+            "state": states.SLURM_SUBMITTING,
             "reason": None,
             "submitted_at": now_iso(),
             "cluster_opts": list(cluster_opts),

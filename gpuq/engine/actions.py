@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
-from gpuq.core import schema, transitions
+from gpuq.core import schema, states, transitions
 from gpuq.core.errors import Refused
 from gpuq.core.states import (
     ACTIVE,
@@ -90,7 +90,7 @@ def cancel(spool: Spool, job_id: int) -> dict[str, Any]:
 
         return slurm_handover.cancel(spool, job_id)
     with claimed(spool, job_id, (PENDING, HELD, PREEMPTED, INTERRUPTED)) as (ref, job):
-        if transitions.handing_over(job):  # Slurm may hold it: cancelled only here, it would run there
+        if states.handing_over(job):  # Slurm may hold it: cancelled only here, it would run there
             raise Refused(
                 f"job #{job_id} is being handed to Slurm; `gpuq slurm submit {job_id}` finishes that, "
                 f"then `gpuq cancel {job_id}`"

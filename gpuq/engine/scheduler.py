@@ -12,7 +12,6 @@ from typing import Any, NamedTuple, Optional
 from gpuq.core import states
 from gpuq.core.states import FINISHED, NEEDS_USER
 from gpuq.core.times import parse_iso
-from gpuq.core.transitions import handing_over
 
 
 class Wait(NamedTuple):
@@ -66,7 +65,7 @@ def waiting_reason(
     """Why a pending job cannot start yet, or None if its dependencies (and, given `now`, its
     --begin time) allow it to. `stuck` holds pending jobs known to be blocked for good, so that
     their dependents are too."""
-    if handing_over(job):  # marked by a hand-over to Slurm (engine/slurm_handover.py): never run here
+    if states.handing_over(job):  # marked by a hand-over to Slurm (engine/slurm_handover.py): never run here
         return Wait(f"being handed to Slurm; if that was cut short, `gpuq slurm submit {job['id']}` finishes it", True)
     waits = [_dependency_wait(job["id"], d, state_of.get(d), False, stuck) for d in job.get("after", [])]
     waits += [_dependency_wait(job["id"], d, state_of.get(d), True, stuck) for d in job.get("after_any", [])]

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
-from gpuq.core import schema, transitions
+from gpuq.core import schema, states, transitions
 from gpuq.core.errors import Refused
 from gpuq.core.states import CANCELLED, DONE, FAILED, FINISHED, PENDING, SLURM
 from gpuq.core.times import iso_of, parse_iso
@@ -182,7 +182,7 @@ def _check_dependencies(job: dict[str, Any], handed: set[int], states: dict[int,
 def _hand_over_one(spool: Spool, job_id: int, extra: list[str], slurm_ids: dict, build: Build, env: Env) -> Handed:
     with claimed(spool, job_id, PENDING) as (ref, job):
         mark = job.get("slurm")
-        if transitions.handing_over(job):  # a hand-over cut short: Slurm may have the job already
+        if states.handing_over(job):  # a hand-over cut short: Slurm may have the job already
             found = _find(spool, job, env)
             if found is not None:
                 return Handed(spool.jobs.move(ref, job, SLURM, transitions.hand_over(job, found))[1], found, True)
@@ -258,11 +258,11 @@ def _repair_marked(spool: Spool, env: Env) -> list[Handed]:
     slurm/ with its id. Those Slurm never got stay marked for `gpuq slurm submit` to finish."""
     out = []
     for _ref, job in spool.jobs.load_many(PENDING):
-        if not transitions.handing_over(job):
+        if not states.handing_over(job):
             continue
         try:
             with claimed(spool, job["id"], PENDING) as (ref, current):
-                if not transitions.handing_over(current):
+                if not states.handing_over(current):
                     continue
                 found = _find(spool, current, env)
                 if found is not None:
