@@ -92,7 +92,7 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
                 if not result.busy:
                     worker.say("drained: every job of this worker has ended; worker exits")
                     break
-            if not watch and not result.busy and not result.startable_later:
+            if not watch and not result.busy and not result.startable_later and not worker.moving():
                 for line in worker.why_done():
                     worker.say(line)
                 break

@@ -284,6 +284,18 @@ class Worker:
             running = [job for _ref, job in self.spool.jobs.load_many(RUNNING)]
         eta.sample_running(self.spool, running, now)  # so a first `gpuq status` has a rate
 
+    def moving(self) -> bool:
+        """Whether work may still appear although the last step saw none: a job claimed by a live
+        owner but not running (a supervisor putting it back in pending/ for a retry: a scan of
+        pending/ then running/ can miss it mid-move), or a job that became startable since. The
+        claims are read before the fresh look, so a move that ends in between shows in the look.
+        A foreground worker must not exit on a stale verdict."""
+        held = [job_id for job_id in self.spool.claims.ids() if self.spool.claims.held(job_id)]
+        snap, _ = snapshot(self.spool, self.cache)
+        if any(snap.states.get(job_id) != "running" for job_id in held):
+            return True
+        return scheduler.has_startable_future(snap, self.waits)
+
     # ---- what the loop says when it ends ---------------------------------------------------------
     def why_done(self) -> list[str]:
         snap, _ = snapshot(self.spool, self.cache)
