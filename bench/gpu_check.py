@@ -33,25 +33,19 @@ from typing import Any, Callable, Optional
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from common import BenchError, wait_for  # noqa: E402
+
 from gpuq.engine.placement import Placement, Request, place  # noqa: E402
 from gpuq.system import gpus  # noqa: E402
 
 SMI_FIELDS = "index,name,uuid,memory.total,memory.used"
 
 
-class CheckFailed(Exception):
-    """One part failed; the message says what was expected and what was seen."""
+CheckFailed = BenchError  # one part failed; the message says what was expected and what was seen
 
 
 def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise CheckFailed(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
+    return wait_for(cond, timeout, what, interval=0.2)  # each look may run nvidia-smi: not too often
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import pytest
+from conftest import wait_for
 
 BINARIES = ("munged", "mungekey", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol")
 BINARIES += ("scancel", "sinfo", "sacct")
@@ -58,14 +59,10 @@ def free_port() -> int:
 
 
 def _wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise ClusterUnavailable(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
+    try:
+        return wait_for(cond, timeout, interval=0.1, what=what)
+    except AssertionError as exc:  # a cluster that never came up is a reason to skip, not a failure
+        raise ClusterUnavailable(str(exc)) from None
 
 
 class SlurmCluster:
