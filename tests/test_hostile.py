@@ -63,11 +63,16 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
 
 def drop(home: Path, name: str, data: bytes, mode: int = 0o600) -> Path:
     """A file dropped into pending/ by hand (or by a program)."""
-    path = home / "pending" / name
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    # Written beside the spool and renamed in with its final mode: a worker watching pending/ must
+    # never see it with the umask's mode (a 0666 file taken in as 0600 before the chmod).
+    staging = home.parent / "staging"
+    staging.mkdir(exist_ok=True)
+    fd = os.open(staging / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     os.write(fd, data)
     os.close(fd)
-    os.chmod(path, mode)  # whatever the umask, the mode asked for
+    os.chmod(staging / name, mode)  # whatever the umask, the mode asked for
+    path = home / "pending" / name
+    os.rename(staging / name, path)
     return path
 
 
