@@ -102,6 +102,14 @@ def test_a_line_cut_mid_write_is_not_read_as_a_wrong_total() -> None:
     assert progress.from_log_text("Step 11/300\nStep 12/3", at=0.0).step == 11
 
 
+def test_a_very_long_line_is_read_by_its_end() -> None:
+    # a sparse log's zeros or a dumped tensor before the bar: the bar at its end is still read,
+    # a counter buried at the start of such a line is not (only the segment's last KiB is searched)
+    junk = "\0" * 60_000
+    assert progress.from_log_text(f"{junk}train:  12/100 [00:12<01:30, 1.10it/s]\n", at=0.0).step == 12
+    assert progress.from_log_text(f"Step 5/100 {'x' * 60_000}\n", at=0.0) is None
+
+
 # ---- rate-based ETA, as plain functions ----------------------------------------------------------
 def test_eta_comes_from_the_rate_not_from_elapsed_time() -> None:
     # resumed at step 150 of 300; 10 steps per second since then

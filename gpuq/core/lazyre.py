@@ -13,9 +13,9 @@ from typing import Any
 
 class LazyPattern:
     """Stands for `re.compile(pattern, flags)` (its methods and attributes), compiled on first use.
-    Not a re.Pattern: pass `.compiled` where one is required."""
-
-    __slots__ = ("_args", "_compiled")
+    Not a re.Pattern: pass `.compiled` where one is required. The first use of a method keeps the
+    compiled pattern's bound method in the instance, so later calls go straight to it: progress
+    parsing calls these thousands of times for one log tail."""
 
     def __init__(self, pattern: str, flags: int = 0) -> None:
         self._args = (pattern, flags)
@@ -28,7 +28,9 @@ class LazyPattern:
         return self._compiled
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.compiled, name)
+        value = getattr(self.compiled, name)
+        setattr(self, name, value)
+        return value
 
 
 def lazy(pattern: str, flags: int = 0) -> Any:

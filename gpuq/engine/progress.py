@@ -24,6 +24,9 @@ from gpuq.engine import checkpoints
 
 TAIL_BYTES = 64 * 1024
 MAX_TRAINER_STATE_BYTES = 8 << 20
+# A longer segment (a dumped tensor, a sparse file's zeros) is read by its end only: progress is what
+# a bar prints last, and seven patterns over 64 KiB of one line cost `gpuq status` milliseconds.
+LONG_SEGMENT = 1024
 
 # Each log pattern yields (kind, step, total). Earlier patterns win within one line.
 TQDM_RE = lazyre.lazy(r"(\d+)/(\d+)\s*\[([\d:]+)<([\d:?]+)(?:,\s*([\d.]+|\?)\s*([A-Za-z]+/s|s/[A-Za-z]+))?[^\]\r\n]*\]")
@@ -40,6 +43,8 @@ LONE_PERCENT_RE = lazyre.lazy(r"\s*\d{1,3}(?:\.\d+)?\s?%\s*")
 PERCENT_CONTEXT_RE = lazyre.lazy(r"\b(progress|complete[d]?|done|finished)\b", re.IGNORECASE)
 # Every pattern above needs one of these; lines without are skipped with a single cheap search.
 CANDIDATE_RE = lazyre.lazy(r"\d\s*(?:/|%|of\b)|'epoch'", re.IGNORECASE)
+NOT_LETTERS_RE = lazyre.lazy(r"[^A-Za-z]+")
+LINE_BREAKS_RE = lazyre.lazy(r"[\r\n]+")
 HF_PAIR_RE = lazyre.lazy(r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?")
 TRL_COMPLETIONS_RE = lazyre.lazy(r"^completions_(\d+)\.parquet$")
 EPOCHS_FLAGS = ("--num_train_epochs", "--num-train-epochs")
@@ -159,7 +164,7 @@ def _tqdm_rate(value: Optional[str], unit: Optional[str]) -> Optional[float]:
 def _label(prefix: str) -> str:
     """The words before a counter (tqdm's description, "train", "INFO"): digits, timestamps and bar
     characters dropped, so every update of one counter gets the same label."""
-    return re.sub(r"[^A-Za-z]+", " ", prefix).strip().lower()[-40:]
+    return NOT_LETTERS_RE.sub(" ", prefix).strip().lower()[-40:]
 
 
 def line_reading(line: str) -> Optional[tuple[str, float, Optional[float], Optional[float]]]:
@@ -194,7 +199,7 @@ def hf_dict_reading(line: str, epochs: Optional[float]) -> Optional[tuple[str, f
 def segments(text: str, ends_open: bool) -> list[str]:
     """Lines of a log tail split on \\r and \\n. The last segment, when the file does not end in a
     separator, may be cut mid-write: it is kept only if it holds a whole tqdm bar."""
-    parts = re.split(r"[\r\n]+", text)
+    parts = LINE_BREAKS_RE.split(text)
     if ends_open and parts and not TQDM_RE.search(parts[-1]):
         parts.pop()
     return [p for p in parts if p.strip()]
@@ -207,6 +212,8 @@ def log_readings(text: str, epochs: Optional[float] = None) -> list[Found]:
     """Every progress reading in a log tail, oldest first."""
     found: list[Found] = []
     for line in segments(text, ends_open=not text.endswith(("\n", "\r"))):
+        if len(line) > LONG_SEGMENT:
+            line = line[-LONG_SEGMENT:]
         if not CANDIDATE_RE.search(line):
             continue
         hf = hf_dict_reading(line, epochs)
