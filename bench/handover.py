@@ -74,7 +74,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--jobs", type=int, default=500)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-tsp", action="store_true")
-    p.add_argument("--only", default="back_to_back,throughput")
+    p.add_argument("--dispatch", type=int, default=15, help="samples of queued -> start with an idle worker")
+    p.add_argument("--idle-seconds", type=float, default=60.0)
+    p.add_argument("--only", default="back_to_back,throughput", help="also: dispatch, idle")
     p.add_argument("--json", type=Path, help="write the raw samples here")
     args = p.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="gpuq-handover-"))
@@ -97,6 +99,18 @@ def main(argv: list[str]) -> int:
             finally:
                 for s in sys_list:
                     s.stop()
+        if "dispatch" in steps:
+            sys_list = [made[n](root / f"dispatch-{n}") for n in names]
+            try:
+                scenarios.started(sys_list)
+                got = scenarios.dispatch(sys_list, root, args.dispatch)
+                out["queued_to_start_ms"] = {k: [v * 1000 for v in d["queued"]] for k, d in got.items()}
+            finally:
+                for s in sys_list:
+                    s.stop()
+        if "idle" in steps:
+            got = scenarios.idle_cost(lambda n, path: made[n](path), names, root, args.idle_seconds, 1000, 5.0)
+            out["idle"] = got
         if "throughput" in steps:
             out["jobs_per_s"], out["cpu_ms_per_job"] = _throughput(made, names, root, args.jobs, args.rounds)
         out["load_end"] = os.getloadavg()
@@ -134,7 +148,12 @@ def _throughput(made: dict[str, Any], names: list[str], root: Path, jobs: int, r
 
 def _print(out: dict[str, Any]) -> None:
     print(f"load average at start {out['load_start']}, at end {out['load_end']}")
-    for key, unit in (("gap_ms", "ms"), ("jobs_per_s", "jobs/s"), ("cpu_ms_per_job", "ms CPU/job (machine)")):
+    for phase, rows in out.get("idle", {}).items():
+        for name, row in rows.items():
+            cpu, rss, procs = row["cpu_s_per_min"], row["rss_mb"], row["processes"]
+            print(f"idle {phase:7} {name:16} {cpu:.3f} CPU-s/min  {rss:.1f} MB  {procs} processes")
+    units = (("gap_ms", "ms"), ("queued_to_start_ms", "ms"), ("jobs_per_s", "jobs/s"), ("cpu_ms_per_job", "ms CPU/job"))
+    for key, unit in units:
         if key not in out:
             continue
         for name, values in out[key].items():
