@@ -60,7 +60,7 @@ class Forked:
         try:
             if select.select([self.sock], [], [], 0)[0] and not self.sock.recv(1, socket.MSG_PEEK):
                 raise ConnectionResetError
-        except OSError:  # end of file, or reset: the other end is closed
+        except (OSError, ValueError):  # end of file, or reset: the other end is closed (or ours was)
             self.sock.close()
             self.sock = None
             return 0
