@@ -75,7 +75,7 @@ def test_forked_supervisor_is_its_own_session_and_outlives_worker_and_zygote(gq:
 def test_zygote_killed_jobs_still_start_and_a_new_zygote_comes(gq: Env) -> None:
     worker = gq.start_worker("--watch")
     job_id, sup, zyg = _forked_run(gq, worker.pid)
-    [spare] = _one(zyg.pid, "gpuq-spare")
+    [spare] = wait_for(lambda: _one(zyg.pid, "gpuq-spare"), 20, what="the next spare")
     zyg.kill()  # kill -9: its children live on
     wait_for(lambda: _gone(zyg), 10, what="the zygote gone")
     assert sup.is_running() and spare.is_running()
@@ -115,3 +115,9 @@ def test_idle_worker_keeps_no_zygote_and_spends_no_cpu(gq: Env) -> None:
     after = proc.cpu_times()
     used = (after.user + after.system) - (before.user + before.system)
     assert used / (time.monotonic() - start) < 0.02  # under 1.2 CPU-s a minute even on a busy machine
+
+
+def test_launcher_and_zygote_agree_on_the_request() -> None:
+    from gpuq.run import launcher
+
+    assert launcher.FORK_REQUEST == zygote.FORK_REQUEST  # kept apart: the launcher must not import psutil
