@@ -236,8 +236,9 @@ def targets(results: dict[str, Any], sizes: dict[str, int]) -> list[str]:
     lines += [
         "Where the remaining time goes (measured in `bench/PROFILE.md`): a command's start-up is mostly imports "
         "(typing, the spool package with pathlib, argparse, json) on top of the interpreter's own start; between "
-        "jobs, each job's supervisor is a new interpreter (its start and imports, about five times a bare "
-        "`python -S`), and three fsynced moves per job that the spool's crash-safety contract requires.",
+        "jobs, the worker's step (a fresh look at the whole queue: it grows with the number of pending jobs), the "
+        "job's supervisor (forked by the supervisor zygote, not a new interpreter), and the fsynced moves per job "
+        "that the spool's crash-safety contract requires.",
         "",
     ]
     if any(row[5] == "**no**" for row in rows):

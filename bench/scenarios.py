@@ -274,7 +274,7 @@ def idle_cost(
         for system in blocked:
             groups[f"blocked:{system.name}"] = system.queue_pids
             if isinstance(system, Gpuq):
-                groups["blocked:gpuq supervisor"] = system.supervisor_only_pids
+                groups[f"blocked:{system.name} supervisor"] = system.supervisor_only_pids
         window = _sample_window(groups, seconds)
     finally:
         for system in empty + blocked:

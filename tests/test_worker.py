@@ -197,17 +197,20 @@ def _gone(pid: int) -> bool:
 
 
 def _spares(worker_pid: int) -> list:
+    """Spare supervisors of this worker: started by it (`--spare-fd`) or forked by its zygote
+    (named `gpuq-spare` until a job comes)."""
     import psutil
 
     found = []
     try:
-        children = psutil.Process(worker_pid).children()
+        children = psutil.Process(worker_pid).children(recursive=True)
     except psutil.Error:
         return []
     for child in children:
         try:
+            spare = child.name() == "gpuq-spare" or "--spare-fd" in child.cmdline()
             # a spare that got a job is that job's supervisor now: it has a child (or has ended)
-            if "--spare-fd" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE and not child.children():
+            if spare and child.status() != psutil.STATUS_ZOMBIE and not child.children():
                 found.append(child)
         except psutil.Error:
             continue  # exited meanwhile

@@ -366,7 +366,9 @@ def wait_for_assignment(spare_fd: int) -> Optional[tuple[int, dict[str, Any]]]:
     """A spare supervisor, started ahead of time so that a job does not wait for an interpreter
     to start, blocks here until the worker sends the claim's descriptor and where the job runs
     (`{"id", "slot", "gpus"}`) over the socket. None if the worker closed the socket (it stopped
-    or died) without a job."""
+    or died) without a job. With a job, the socket stays open until this process exits: its end
+    of file is how the worker learns that a supervisor it did not start itself (a zygote's child,
+    run/zygote.py) has exited."""
     import socket
 
     import psutil  # noqa: F401  (loaded now, while nobody waits; the job's identity needs it)
@@ -375,37 +377,56 @@ def wait_for_assignment(spare_fd: int) -> Optional[tuple[int, dict[str, Any]]]:
     try:
         message, fds, _flags, _addr = socket.recv_fds(sock, 4096, 1)
     except OSError:
-        return None
-    finally:
         sock.close()
+        return None
     if not message or len(fds) != 1:
         for fd in fds:
             os.close(fd)
+        sock.close()
         return None
+    os.set_inheritable(sock.detach(), False)  # kept open, and never passed to the job
     return fds[0], json.loads(message)
+
+
+def name_process(name: str) -> None:
+    """What `ps` and `top` show for this process (Linux: at most 15 bytes); nothing elsewhere."""
+    try:
+        with open("/proc/self/comm", "w") as fh:
+            fh.write(name)
+    except OSError:
+        pass
+
+
+def serve_spare(home: str, spare_fd: int) -> int:
+    """A spare supervisor: set room aside, wait for a job on `spare_fd`, run it."""
+    name_process("gpuq-spare")
+    spool = Spool(Path(home))
+    ready = set_room_aside(spool)
+    assignment = wait_for_assignment(spare_fd)
+    if assignment is None:
+        for reservation in ready:
+            reservation.release()
+        return 0
+    name_process("gpuq-supervisor")
+    lock_fd, where = assignment
+    job_id = int(where["id"])
+    log_fd = spool.logs.open_job_log(job_id)  # our own errors go to the job's log, as for a fresh start
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    start(spool, spool.claims.adopt_descriptor(job_id, lock_fd), where, ready)
+    return 0
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.umask(0o077)
-    spool = Spool(Path(args["--home"]))
-    ready: list[Reservation] = []
     if "--spare-fd" in args:
-        ready = set_room_aside(spool)
-        assignment = wait_for_assignment(int(args["--spare-fd"]))
-        if assignment is None:
-            for reservation in ready:
-                reservation.release()
-            return 0
-        lock_fd, where = assignment
-        job_id = int(where["id"])
-        log_fd = spool.logs.open_job_log(job_id)  # our own errors go to the job's log, as for a fresh start
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        os.close(log_fd)
-    else:
-        job_id, lock_fd, where = int(args["--job"]), int(args["--lock-fd"]), json.loads(args["--where"])
-    start(spool, spool.claims.adopt_descriptor(job_id, lock_fd), where, ready)
+        return serve_spare(args["--home"], int(args["--spare-fd"]))
+    name_process("gpuq-supervisor")
+    spool = Spool(Path(args["--home"]))
+    job_id, lock_fd, where = int(args["--job"]), int(args["--lock-fd"]), json.loads(args["--where"])
+    start(spool, spool.claims.adopt_descriptor(job_id, lock_fd), where)
     return 0
 
 

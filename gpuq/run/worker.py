@@ -8,7 +8,6 @@ loop around it is run/loop.py. The truth is always a fresh look at the spool.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -19,7 +18,7 @@ from gpuq.engine.planner import Assignment, Plan, Planner
 from gpuq.engine.preempt import UrgentPreemptions, resume_auto
 from gpuq.engine.snapshot import PendingCache, snapshot
 from gpuq.engine.status import MIN_FREE_TO_START
-from gpuq.run.launcher import Launcher
+from gpuq.run.launcher import Launcher, Process
 from gpuq.spool import Spool
 from gpuq.spool.files import free_bytes
 from gpuq.system.gpus import GpuLook
@@ -34,7 +33,7 @@ STARTED, CLAIM_HELD, FAILED = "started", "claim held", "failed"  # what became o
 @dataclass
 class Launch:
     job_id: int
-    process: subprocess.Popen
+    process: Process
     where: Assignment
 
 
@@ -78,7 +77,7 @@ class Worker:
         self.say = say
         self.launcher = Launcher(spool)
         self.launching: dict[int, Launch] = {}  # job id -> its supervisor, until it runs
-        self.supervisors: list[subprocess.Popen] = []  # started by us, job under way
+        self.supervisors: list[Process] = []  # started by us (or our zygote), job under way
         self.urgent = UrgentPreemptions(spool)
         self.waits: dict[int, scheduler.Wait] = {}  # why ready jobs could not start at the last step
         self._shown_problem: Optional[str] = None  # without GPUs the view changes only with its problem
@@ -97,6 +96,7 @@ class Worker:
         with a thousand blocked jobs, re-reading the queue every few seconds would cost more CPU
         than an idle worker may."""
         now = time.time() if now is None else now
+        self.launcher.reap_zygote()
         if not woken and self._nothing_changed(now):
             return self._quiet_step(now)
         result = self._full_step(now)

@@ -62,6 +62,13 @@ def _linux_renameat2():
     return _renameat2
 
 
+def preload() -> None:
+    """Load what rename_noreplace needs (ctypes and libc's renameat2, several ms) now: for a
+    process whose forked children each rename files (run/zygote.py), so they do not each load it."""
+    if sys.platform.startswith("linux"):
+        _linux_renameat2()
+
+
 def rename_noreplace(src: Path, dst: Path) -> None:
     """Atomically rename src to dst, failing with FileExistsError if dst exists.
 

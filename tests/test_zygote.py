@@ -1,0 +1,123 @@
+"""The supervisor zygote (run/zygote.py): supervisors forked from it are ordinary supervisors in
+their own sessions, outlive the worker and the zygote, and jobs still start without it. Real
+worker, real processes, `kill -9`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+from conftest import Env, wait_for
+
+from gpuq.run import zygote
+
+
+def _named(root_pid: int, name: str) -> list[psutil.Process]:
+    """Live descendants of `root_pid` with this process name."""
+    try:
+        found = psutil.Process(root_pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    out = []
+    for proc in found:
+        try:
+            if proc.name() == name and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _one(root_pid: int, name: str) -> list[psutil.Process]:
+    found = _named(root_pid, name)
+    return found if len(found) == 1 else []
+
+
+def _gone(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _forked_run(gq: Env, worker_pid: int) -> tuple[int, psutil.Process, psutil.Process]:
+    """A job that waits for the file `go`, run by a supervisor the zygote forked: (job id, its
+    supervisor, the zygote)."""
+    gq.wait_state(gq.add("true"), "done")  # the first job's start brings the zygote and a spare
+    [zyg] = wait_for(lambda: _one(worker_pid, "gpuq-zygote"), 20, what="the zygote")
+    wait_for(lambda: _one(zyg.pid, "gpuq-spare"), 20, what="a spare forked by the zygote")
+    gq.script("wait.py", "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\n")
+    job_id = gq.add("wait.py")
+    job = gq.wait_state(job_id, "running")
+    pid = wait_for(lambda: gq.job(job_id).get("supervisor"), what="the supervisor recorded")["pid"]
+    sup = psutil.Process(pid)
+    assert job["state"] == "running"
+    return job_id, sup, zyg
+
+
+def test_forked_supervisor_is_its_own_session_and_outlives_worker_and_zygote(gq: Env) -> None:
+    worker = gq.start_worker("--watch")
+    job_id, sup, zyg = _forked_run(gq, worker.pid)
+    assert sup.ppid() == zyg.pid and sup.name() == "gpuq-supervisor"
+    assert os.getsid(sup.pid) == sup.pid != os.getsid(zyg.pid)  # a session of its own
+    assert zyg.ppid() == worker.pid and os.getsid(zyg.pid) != os.getsid(worker.pid)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait()
+    wait_for(lambda: _gone(zyg), 10, what="the zygote to leave with its worker")
+    assert sup.is_running() and gq.state_of(job_id) == "running"
+    (gq.work / "go").touch()
+    assert gq.wait_state(job_id, "done")["exit_code"] == 0  # recorded by the orphaned supervisor
+    wait_for(lambda: _gone(sup), 10, what="the supervisor to exit")
+
+
+def test_zygote_killed_jobs_still_start_and_a_new_zygote_comes(gq: Env) -> None:
+    worker = gq.start_worker("--watch")
+    job_id, sup, zyg = _forked_run(gq, worker.pid)
+    [spare] = wait_for(lambda: _one(zyg.pid, "gpuq-spare"), 20, what="the next spare")
+    zyg.kill()  # kill -9: its children live on
+    wait_for(lambda: _gone(zyg), 10, what="the zygote gone")
+    assert sup.is_running() and spare.is_running()
+    spare.kill()  # and the spare it made is lost too: the next job must start the old way
+    (gq.work / "go").touch()
+    assert gq.wait_state(job_id, "done")["exit_code"] == 0
+    for _ in range(3):
+        assert gq.wait_state(gq.add("true"), "done")["exit_code"] == 0
+    wait_for(lambda: _one(worker.pid, "gpuq-zygote"), 20, what="a new zygote")
+
+
+def test_zygote_leaves_when_the_worker_stops_and_when_idle(gq: Env) -> None:
+    worker = gq.start_worker("--watch")
+    gq.wait_state(gq.add("true"), "done")
+    gq.wait_state(gq.add("true"), "done")
+    [zyg] = wait_for(lambda: _one(worker.pid, "gpuq-zygote"), 20, what="the zygote")
+    # nothing to do for a while: it leaves by itself, and the worker collects it
+    wait_for(lambda: _gone(zyg), zygote.IDLE_SECONDS + 10, what="an idle zygote to leave")
+    wait_for(lambda: not psutil.pid_exists(zyg.pid) or _gone(zyg), 10, what="the zygote collected")
+    gq.wait_state(gq.add("true"), "done")
+    gq.wait_state(gq.add("true"), "done")
+    [zyg] = wait_for(lambda: _one(worker.pid, "gpuq-zygote"), 20, what="a new zygote")
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(20)
+    wait_for(lambda: _gone(zyg), 10, what="the zygote to leave with its worker")
+
+
+def test_idle_worker_keeps_no_zygote_and_spends_no_cpu(gq: Env) -> None:
+    """After a burst, an idle worker is back to what it was: no zygote, no CPU to speak of."""
+    worker = gq.start_worker("--watch")
+    for _ in range(3):
+        gq.wait_state(gq.add("true"), "done")
+    wait_for(lambda: not _named(worker.pid, "gpuq-zygote"), zygote.IDLE_SECONDS + 10, what="no zygote when idle")
+    proc = psutil.Process(worker.pid)
+    before, start = proc.cpu_times(), time.monotonic()
+    time.sleep(3)  # a window to measure, not a wait for a condition
+    after = proc.cpu_times()
+    used = (after.user + after.system) - (before.user + before.system)
+    assert used / (time.monotonic() - start) < 0.02  # under 1.2 CPU-s a minute even on a busy machine
+
+
+def test_launcher_and_zygote_agree_on_the_request() -> None:
+    from gpuq.run import launcher
+
+    assert launcher.FORK_REQUEST == zygote.FORK_REQUEST  # kept apart: the launcher must not import psutil
