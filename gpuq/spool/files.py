@@ -252,10 +252,15 @@ def read_from(path: Path, offset: int, limit: int = 1 << 20) -> bytes:
         os.close(fd)
 
 
-def read_job_file(path: Path, cap: int) -> bytes:
+def read_job_file(path: str | Path, cap: int) -> bytes:
     """Read a job file safely: no symlinks, regular, ours, one link, size-capped, checked on the
     open descriptor so it cannot be swapped in between. FileNotFoundError if it vanished;
     InvalidJob (with the reason) for anything refused; other OSErrors are not about the file."""
+    return read_job_file_stat(path, cap)[0]
+
+
+def read_job_file_stat(path: str | Path, cap: int) -> tuple[bytes, os.stat_result]:
+    """read_job_file, and the stat of the descriptor it read (the file's signature as read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO must not hang us
     except FileNotFoundError:
@@ -268,7 +273,8 @@ def read_job_file(path: Path, cap: int) -> bytes:
             raise  # not about the file (out of descriptors...): it stays for the next look
         raise InvalidJob(reason) from None
     try:
-        problem = security.job_file_problem(os.fstat(fd), cap)
+        st = os.fstat(fd)
+        problem = security.job_file_problem(st, cap)
         if problem:
             raise InvalidJob(problem)
         chunks, total = [], 0
@@ -280,6 +286,6 @@ def read_job_file(path: Path, cap: int) -> bytes:
             total += len(chunk)
         if total > cap:
             raise InvalidJob(f"grew past the limit of {cap} bytes")
-        return b"".join(chunks)
+        return b"".join(chunks), st
     finally:
         os.close(fd)
