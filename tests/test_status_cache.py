@@ -117,7 +117,7 @@ def _row_cells() -> Any:
     from gpuq.cli import render
     from gpuq.engine.finished_rows import RowCells
 
-    return RowCells(render.FINISHED_FIELDS, render.finished_cells, render.damaged_cells)
+    return RowCells(render.FINISHED_FIELDS, render.finished_cells, render.damaged_cells, render.finished_block)
 
 
 def _varied(spool: Spool, work: Path) -> list[dict[str, Any]]:
@@ -258,3 +258,38 @@ def test_a_fill_right_after_jobs_finished_is_cached_once_settled(gq: Env) -> Non
     wait_for(lambda: finished_index.finished(spool).signatures["done"], 10, what="done/ to settle again")
     assert finished_index.settled_key(spool, listing, "done") is None  # changed since it was listed
     assert "one-more" in gq.gpuq("status", "-a").stdout
+
+
+def test_the_block_of_finished_lines_is_the_table_the_columns_give() -> None:
+    """A later `status -a` prints the cached block of finished lines as it is when no running or
+    pending row is wider; with a wider one, or held rows to merge in by id, the columns are used.
+    Every way gives the table of all the rows as rows."""
+    import marshal
+    from array import array
+
+    from gpuq.cli import render
+    from gpuq.engine.finished_rows import FinishedView
+    from gpuq.engine.status import CachedRow
+
+    cells = [(f"exp/run-{n}", "train.py", f"{n}s", "exit=0" if n % 3 else "exit=1  ünï") for n in range(1, 30)]
+    ids = list(range(10, 39))
+    states = ["done" if n % 3 else "failed" for n in range(1, 30)]
+    parts = (array("q", ids).tobytes(), tuple(map(str, ids)), tuple(states), tuple(zip(*cells)))
+    finished = [CachedRow(i, s, c) for i, s, c in zip(ids, states, cells)]
+
+    def view(with_block: bool) -> FinishedView:
+        made = FinishedView(marshal.dumps(parts), len(ids), None)
+        made.block = render.finished_block(made) if with_block else None
+        return made
+
+    narrow = CachedRow(40, "running", ("r", "x.py", "1s", ""))
+    wide = CachedRow(41, "pending", ("a-much-longer-name-than-any-finished-one", "x.py", "", ""))
+    held = [CachedRow(5, "held", ("h", "x.py", "", "")), CachedRow(20, "held", ("h2", "x.py", "", ""))]
+    for rows in ([], [narrow], [narrow, wide], [narrow, *held]):
+        whole = render.status_table(
+            sorted(rows + finished, key=lambda r: (r.state not in ("running", "pending"), r.job["id"]))
+        )
+        for with_block in (True, False):
+            lines = render.status_table(rows, now=0.0, finished=view(with_block))
+            assert "\n".join(lines).split("\n") == whole, (rows, with_block)
+            assert ("\n" in lines[-1]) == (with_block and len(rows) < 2)  # the block, as it was cached

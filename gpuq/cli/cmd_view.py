@@ -76,7 +76,9 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 def _status_once(args: argparse.Namespace) -> int:
-    cells = None if args.json else RowCells(render.FINISHED_FIELDS, render.finished_cells, render.damaged_cells)
+    cells = None
+    if not args.json:
+        cells = RowCells(render.FINISHED_FIELDS, render.finished_cells, render.damaged_cells, render.finished_block)
     st = status(spool(), show_all=args.all, cells=cells)
     if args.json:
         print(json.dumps([json_row(r) for r in st.rows], indent=2))

@@ -96,29 +96,53 @@ def slurm_text(mark: dict[str, Any]) -> str:
     return f"slurm {mark.get('job_id') or '?'} {mark.get('state') or '?'}{reason}"
 
 
+HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
+
+
 def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = None) -> list[str]:
     """The table of `rows`, and of `finished` (engine/finished_rows.py's FinishedView: finished rows
-    as columns, in id order) merged in by id after the running and pending rows."""
+    in id order) merged in by id after the running and pending rows. The view's rows may come as
+    its block: one string of many lines, last in the list."""
     now = time.time() if now is None else now
-    columns: list[list[str]] = [["ID"], ["St"], ["Name"], ["Script"], ["Time"], ["Info"]]
+    columns: list[list[str]] = [[title] for title in HEADER]
     tail: list[Any] = []  # rows after the running and pending ones, which merge with `finished`
     for row in rows:
         if finished is not None and row.state not in ("running", "pending"):
             tail.append(row)
             continue
         _add(columns, row, now)
+    block = finished.block if finished is not None and not tail else None
+    if block is not None:
+        widths, lines = _table(columns, block[0])
+        if widths == list(block[0]):  # no running or pending row wider than the finished ones
+            return lines + [block[1]] if block[1] else lines
     if finished is not None:
         _merge_finished(columns, tail, finished, now)
-    # Column by column, with maps rather than a Python step per row: `status -a` shows 100,000 rows.
+    return _table(columns)[1]
+
+
+def finished_block(finished: Any) -> tuple[tuple[int, ...], str]:
+    """A FinishedView's rows as the lines of a table of them alone, and that table's widths."""
+    columns: list[list[str]] = [[title] for title in HEADER]
+    _merge_finished(columns, [], finished, 0.0)
+    widths, lines = _table(columns)
+    return tuple(widths), "\n".join(lines[2:])
+
+
+def _table(columns: list[list[str]], at_least: Optional[tuple[int, ...]] = None) -> tuple[list[int], list[str]]:
+    """(widths, lines) of a table given as columns whose first cells are the header's. Column by
+    column, with maps rather than a Python step per row: `status -a` shows 100,000 rows."""
     ascii_columns = ["".join(column).isascii() for column in columns[:5]]
     widths = [_column_width(column, plain) for column, plain in zip(columns[:5], ascii_columns)]
+    if at_least is not None:
+        widths = list(map(max, widths, at_least))
     padded = [
         _padded(column, w, right, plain)
         for column, w, right, plain in zip(columns, widths, (True, False, False, False, True), ascii_columns)
     ]
     lines = list(map(str.rstrip, map("  ".join, zip(*padded, columns[5]))))
     lines.insert(1, "─" * (sum(widths) + 14))
-    return lines
+    return widths, lines
 
 
 def _column_width(column: list[str], plain: bool) -> int:

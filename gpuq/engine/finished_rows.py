@@ -33,30 +33,57 @@ Cells = tuple  # a row's cells after its id and state: name, script, time, info 
 
 class RowCells:
     """How a finished job becomes its row (the CLI's render functions): `fields` is every field
-    `cells(job, state)` reads; `damaged(file_name, reason)` is the row of a file that is not a job."""
+    `cells(job, state)` reads; `damaged(file_name, reason)` is the row of a file that is not a job;
+    `block(view)` is (the column widths, the text) of a FinishedView's rows as a table's lines."""
 
-    __slots__ = ("fields", "cells", "damaged")
+    __slots__ = ("fields", "cells", "damaged", "block")
 
     def __init__(
         self,
         fields: tuple[str, ...],
         cells: Callable[[dict[str, Any], str], Cells],
         damaged: Callable[[str, str], Cells],
+        block: Callable[[Any], tuple[tuple[int, ...], str]],
     ) -> None:
-        self.fields, self.cells, self.damaged = fields, cells, damaged
+        self.fields, self.cells, self.damaged, self.block = fields, cells, damaged, block
 
 
 class FinishedView:
-    """Every finished job's row in id order, as columns (a row object each would cost more than
-    the rest of `status -a`): ids, their text, states and the cells' columns."""
+    """Every finished job's row in id order: as columns (ids, their text, states, the cells'
+    columns), unpacked on first use, and as `block`, (widths, text) of their lines in a table,
+    which is all a later `status -a` needs unless a running job's cells are wider."""
 
-    __slots__ = ("ids", "id_texts", "states", "columns")
+    __slots__ = ("_packed", "_unpacked", "count", "block")
 
-    def __init__(self, ids: array, id_texts: tuple, states: tuple, columns: tuple) -> None:
-        self.ids, self.id_texts, self.states, self.columns = ids, id_texts, states, columns
+    def __init__(self, packed: bytes, count: int, block: Optional[tuple[tuple[int, ...], str]]) -> None:
+        self._packed, self._unpacked, self.count, self.block = packed, None, count, block
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return self.count
+
+    def _parts(self) -> tuple:
+        if self._unpacked is None:
+            id_bytes, texts, states, columns = marshal.loads(self._packed)
+            ids = array("q")
+            ids.frombytes(id_bytes)
+            self._unpacked = (ids, texts, states, columns)
+        return self._unpacked
+
+    @property
+    def ids(self) -> array:
+        return self._parts()[0]
+
+    @property
+    def id_texts(self) -> tuple:
+        return self._parts()[1]
+
+    @property
+    def states(self) -> tuple:
+        return self._parts()[2]
+
+    @property
+    def columns(self) -> tuple:
+        return self._parts()[3]
 
 
 def finished_view(spool: Spool, listing: Finished, make: RowCells) -> FinishedView:
@@ -74,14 +101,15 @@ def finished_view(spool: Spool, listing: Finished, make: RowCells) -> FinishedVi
             if key is None:  # listed too soon after a change to be trusted: perhaps it can be now
                 entries[state] = (settled_key(spool, listing, state), entries[state][1])
             changed = True
-    view = None if changed or cached_view is None else _unpack_view(cached_view)
-    if view is None:
-        packed = marshal.dumps(_build_view(entries))
-        view = _unpack_view(packed)
-        try:
-            spool.cache.write(CACHE_NAME, marshal.dumps((header, entries, packed)))
-        except OSError:
-            pass  # a read-only or full spool still shows its status, only slower
+    if not changed and cached_view is not None:
+        return FinishedView(*cached_view)
+    parts = _build_view(entries)
+    view = FinishedView(marshal.dumps(parts), len(parts[1]), None)
+    view.block = make.block(view)
+    try:
+        spool.cache.write(CACHE_NAME, marshal.dumps((header, entries, (view._packed, view.count, view.block))))
+    except OSError:
+        pass  # a read-only or full spool still shows its status, only slower
     return view
 
 
@@ -129,18 +157,6 @@ def _build_view(entries: dict[str, tuple]) -> tuple:
     ids = array("q", [r[0] for r in merged])
     columns = tuple(zip(*[r[2] for r in merged])) if merged else ((), (), (), ())
     return ids.tobytes(), tuple(map(str, ids)), tuple(r[1] for r in merged), columns
-
-
-def _unpack_view(packed: bytes) -> Optional[FinishedView]:
-    try:
-        id_bytes, texts, states, columns = marshal.loads(packed)
-        ids = array("q")
-        ids.frombytes(id_bytes)
-    except (EOFError, ValueError, TypeError):
-        return None
-    if not (len(ids) == len(texts) == len(states) and len(columns) == 4 and all(len(c) == len(ids) for c in columns)):
-        return None
-    return FinishedView(ids, texts, states, columns)
 
 
 PARALLEL_FROM = 2000  # files to read before the work is shared between CPUs (a fork costs ~1 ms)
@@ -237,14 +253,23 @@ def _cache_header(make: RowCells) -> tuple:
     return (CACHE_FORMAT, marshal.version, tuple(sys.version_info[:2]), make.cells.__qualname__, make.fields, *code)
 
 
-def _read_cache(spool: Spool, header: tuple) -> tuple[dict[str, tuple], Optional[bytes]]:
-    """(state -> entry, packed view) of the cache if it is whole and made by this code."""
+def _read_cache(spool: Spool, header: tuple) -> tuple[dict[str, tuple], Optional[tuple]]:
+    """(state -> entry, (packed view, its row count, its block)) of the cache if it is whole and
+    made by this code."""
     data = spool.cache.read(CACHE_NAME)
     try:
         stored_header, entries, view = marshal.loads(data) if data else (None, None, None)
     except (EOFError, ValueError, TypeError):
         return {}, None  # damaged or from another Python: rebuilt
-    if stored_header != header or not isinstance(entries, dict) or not isinstance(view, bytes):
+    if stored_header != header or not isinstance(entries, dict):
         return {}, None
     good = {s: e for s, e in entries.items() if isinstance(e, tuple) and len(e) == 2 and isinstance(e[1], bytes)}
-    return good, view if len(good) == len(entries) else None
+    whole = len(good) == len(entries) and _is_view(view)
+    return good, view if whole else None
+
+
+def _is_view(view: Any) -> bool:
+    if not (isinstance(view, tuple) and len(view) == 3 and isinstance(view[0], bytes) and isinstance(view[1], int)):
+        return False
+    block = view[2]
+    return isinstance(block, tuple) and len(block) == 2 and isinstance(block[1], str) and len(block[0]) == 5

@@ -79,10 +79,11 @@ def snapshot(
 ) -> tuple[Snapshot, list[tuple[JobRef, str]]]:
     """The scheduler's view at `now` (default: the clock), plus canonical-looking pending files
     that are not valid jobs. `refs`: a listing of every state just taken, to spare listing a big
-    done/ again; or of the other states, with `finished` (id -> state of the finished jobs)."""
+    done/ again; or of the other states, with `finished` (id -> state of the finished jobs; it
+    becomes the snapshot's `states`, so the caller hands it over)."""
     cache = cache or PendingCache()
     cache.begin(spool)
-    states: dict[int, str] = dict(finished) if finished else {}
+    states: dict[int, str] = finished if finished is not None else {}
     snap = Snapshot(states=states, now=time.time() if now is None else now)
     invalid: list[tuple[JobRef, str]] = []
     present = set()

@@ -112,7 +112,7 @@ def _listing(spool: Spool) -> tuple[list[JobRef], Finished, dict[int, str]]:
     for _attempt in range(2):  # a repair moved files: listed again
         done = finished_listing(spool)
         listing = list(spool.jobs.refs(OTHER_STATES))
-        done_states = done.states()
+        done_states = done.states()  # handed over to the snapshot, which adds the other states
         report = recovery.reconcile(spool, listing=listing, finished=(done_states, done.count()))
         if not (report.duplicates_removed or report.settled):
             break
