@@ -277,7 +277,10 @@ def read_job_file_stat(path: str | Path, cap: int) -> tuple[bytes, os.stat_resul
         problem = security.job_file_problem(st, cap)
         if problem:
             raise InvalidJob(problem)
-        chunks, total = [], 0
+        first = os.read(fd, st.st_size + 1)
+        if len(first) == st.st_size:  # all the descriptor said, and no more: no read for the end
+            return first, st
+        chunks, total = [first], len(first)
         while total <= cap:
             chunk = os.read(fd, 65536)
             if not chunk:
