@@ -32,9 +32,11 @@ def _many(gq: Env, count: int) -> Spool:
 
 
 def test_cached_rows_are_the_rows_of_the_files(gq: Env) -> None:
-    _many(gq, 30)
+    spool = _many(gq, 30)
+    spool.cache.write("finished-rows", b"an older gpuq's cache")
     first = gq.gpuq("status", "-a").stdout
     assert (gq.home / "cache" / "finished-view").is_file()
+    assert not (gq.home / "cache" / "finished-rows").exists()  # no longer read: not left behind
     assert gq.gpuq("status", "-a").stdout == first  # now from the cache
     assert first.count("exp/run-") == 30 and first.count("exit=3") == 6
     default = gq.gpuq("status").stdout

@@ -27,6 +27,7 @@ from gpuq.engine.finished_index import Finished, settled_key
 from gpuq.spool import Spool
 
 CACHE_NAME = "finished-view"
+OLD_CACHE_NAME = "finished-rows"  # the cells alone, as gpuq wrote them before this cache
 CACHE_FORMAT = 3
 Cells = tuple  # a row's cells after its id and state: name, script, time, info (strings)
 
@@ -108,6 +109,7 @@ def finished_view(spool: Spool, listing: Finished, make: RowCells) -> FinishedVi
     view.block = make.block(view)
     try:
         spool.cache.write(CACHE_NAME, marshal.dumps((header, entries, (view._packed, view.count, view.block))))
+        spool.cache.remove(OLD_CACHE_NAME)
     except OSError:
         pass  # a read-only or full spool still shows its status, only slower
     return view
