@@ -189,10 +189,12 @@ def _make_all(spool: Spool, state: str, todo: list[tuple[str, int]], make: RowCe
 def _make_some(spool: Spool, state: str, todo: list[tuple[str, int]], make: RowCells) -> dict[str, tuple]:
     out: dict[str, tuple] = {}
     load, fields, cells = spool.jobs.load_shown, make.fields, make.cells
+    one = _ONE.setdefault  # repeated cells ("train.py", "exit=0") become one object, stored once by marshal
     for name, job_id in todo:
         try:
             job, sig = load(state, name, job_id, fields)
-            out[name] = (sig, tuple(map(_intern, cells(job, state))))
+            row = cells(job, state)
+            out[name] = (sig, tuple(map(one, row, row)))
         except FileNotFoundError:
             continue
         except schema.InvalidJob as exc:  # shown as what it is: never left out, never a traceback
@@ -232,12 +234,11 @@ def _collect_share(child: tuple[int, int]) -> dict[str, tuple]:
     if status != 0:
         raise OSError(f"a child making rows of finished jobs failed (status {status})")
     loaded = marshal.loads(data)
-    return {name: (sig, tuple(map(_intern, row))) for name, (sig, row) in loaded.items()}
+    one = _ONE.setdefault
+    return {name: (sig, tuple(map(one, row, row))) for name, (sig, row) in loaded.items()}
 
 
-def _intern(value: Any) -> Any:
-    """Repeated cells ("train.py", "exit=0") become one object, stored once by marshal."""
-    return sys.intern(value) if isinstance(value, str) else value
+_ONE: dict[str, str] = {}  # each cell text made, once
 
 
 def _cache_header(make: RowCells) -> tuple:

@@ -117,7 +117,7 @@ class JobStore:
         schema.InvalidJob or FileNotFoundError otherwise."""
         from gpuq.core.shown import load_shown  # only `status -a` reads files this way
 
-        path = os.path.join(self.layout.home, state, name)  # a string: pathlib per file is slow here
+        path = f"{self.layout.home}/{state}/{name}"  # a string: pathlib per file is slow here
         data, st = read_job_file_stat(path, MAX_JOB_BYTES)
         return load_shown(data, job_id, fields), (st.st_ino, st.st_mtime_ns, st.st_size)
 
