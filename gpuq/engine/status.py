@@ -70,7 +70,10 @@ def status(spool: Spool, show_all: bool = False, cells: Optional[RowCells] = Non
     warned_slurm = sync_slurm(spool)
     # a dead job is shown as interrupted as soon as anyone looks; one listing serves it all
     listing, done, done_states = _listing(spool)
+    finished_jobs, also_elsewhere = len(done_states), [r.id for r in listing if r.id in done_states]
     snap, invalid = snapshot(spool, refs=listing, finished=done_states)
+    # a job with a copy in a later state too (a crash mid-move) is shown in that state
+    finished_jobs -= sum(1 for i in set(also_elsewhere) if snap.states[i] not in FINISHED)
     rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
     views = spool.workers.gpu_views()
     reasons = scheduler.waiting_reasons(snap, {**space_waits(spool, snap), **gpu_waits(views)})
@@ -85,7 +88,7 @@ def status(spool: Spool, show_all: bool = False, cells: Optional[RowCells] = Non
         finished = sorted((r for state in FINISHED for r in done.refs(state)), key=lambda r: r.id)
     else:
         finished = done.newest(RECENT_FINISHED)
-    hidden = 0 if show_all else sum(map(FINISHED.__contains__, snap.states.values())) - len(finished)
+    hidden = 0 if show_all else finished_jobs - len(finished)
     for ref in finished:
         try:
             rows.append(Row(spool.jobs.load(ref), ref.state))
