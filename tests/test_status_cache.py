@@ -295,3 +295,25 @@ def test_the_block_of_finished_lines_is_the_table_the_columns_give() -> None:
             lines = render.status_table(rows, now=0.0, finished=view(with_block))
             assert "\n".join(lines).split("\n") == whole, (rows, with_block)
             assert ("\n" in lines[-1]) == (with_block and len(rows) < 2)  # the block, as it was cached
+
+
+def test_status_resolves_a_copy_left_in_another_state_with_the_finished_listing(gq: Env) -> None:
+    """A crash mid-move leaves two copies; `status` sees it through the finished listing (from its
+    cache too) and keeps the higher rev: a finished copy beside a running one, and two finished
+    copies in different states."""
+    spool = _many(gq, 12)
+    _settle(spool)
+    gq.gpuq("status")  # the listing of the finished states is cached now
+    for stale_state, kept_state, job_id in (("running", "done", 2), ("done", "failed", 4)):
+        ref = spool.jobs.find(job_id, ("done",))
+        assert ref is not None
+        job = spool.jobs.load(ref)
+        stale = dict(job, rev=job["rev"] - 1)
+        if kept_state != "done":
+            spool.jobs.move(ref, job, kept_state, {"exit_code": 5})
+        (spool.layout.state_dir(stale_state) / ref.name).write_text(json.dumps(stale, indent=2) + "\n")
+        (spool.layout.state_dir(stale_state) / ref.name).chmod(0o644)
+        proc = gq.gpuq("status", "-a")
+        assert proc.returncode == 0 and proc.stderr == ""
+        assert [gq.state_of(job_id)] == [kept_state] and len(list(spool.jobs.index()[job_id])) == 1
+        assert proc.stdout.count(f"exp/run-{job_id - 1} ") == 1
