@@ -212,9 +212,13 @@ def read_small(path: Path, cap: int = 1 << 20, mine: bool = False) -> Optional[b
     if fd is None:
         return None
     try:
-        if mine and os.fstat(fd).st_uid != os.geteuid():
+        st = os.fstat(fd)
+        if mine and st.st_uid != os.geteuid():
             return None
-        chunks, total = [], 0
+        first = os.read(fd, min(st.st_size + 1, cap))  # a cache of megabytes: one read, no joining
+        if len(first) == st.st_size or len(first) == cap:
+            return first
+        chunks, total = [first], len(first)
         while total < cap:
             chunk = os.read(fd, min(1 << 20, cap - total))
             if not chunk:
