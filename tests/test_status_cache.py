@@ -317,3 +317,29 @@ def test_status_resolves_a_copy_left_in_another_state_with_the_finished_listing(
         assert proc.returncode == 0 and proc.stderr == ""
         assert [gq.state_of(job_id)] == [kept_state] and len(list(spool.jobs.index()[job_id])) == 1
         assert proc.stdout.count(f"exp/run-{job_id - 1} ") == 1
+
+
+def test_finished_cells_read_no_field_beyond_finished_fields(gq: Env) -> None:
+    """`status -a` reads only FINISHED_FIELDS of a finished file: the cells must need no other."""
+    from gpuq.cli import render
+
+    class Watched(dict):
+        seen: set[str] = set()
+
+        def get(self, key: str, default: Any = None) -> Any:
+            Watched.seen.add(key)
+            return super().get(key, default)
+
+        def __getitem__(self, key: str) -> Any:
+            Watched.seen.add(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key: object) -> bool:
+            Watched.seen.add(str(key))
+            return super().__contains__(key)
+
+    spool = Spool(gq.home).ensure()
+    for job in _varied(spool, gq.work):
+        for state in ("done", "failed", "cancelled"):
+            render.finished_cells(Watched(job), state)
+    assert Watched.seen and Watched.seen <= set(render.FINISHED_FIELDS), Watched.seen - set(render.FINISHED_FIELDS)
