@@ -4,12 +4,13 @@ a stale row."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from conftest import Env
+from conftest import Env, wait_for
 
 from gpuq.core import schema, times
 from gpuq.spool import Spool
@@ -31,9 +32,11 @@ def _many(gq: Env, count: int) -> Spool:
 
 
 def test_cached_rows_are_the_rows_of_the_files(gq: Env) -> None:
-    _many(gq, 30)
+    spool = _many(gq, 30)
+    spool.cache.write("finished-rows", b"an older gpuq's cache")
     first = gq.gpuq("status", "-a").stdout
-    assert (gq.home / "cache" / "finished-rows").is_file()
+    assert (gq.home / "cache" / "finished-view").is_file()
+    assert not (gq.home / "cache" / "finished-rows").exists()  # no longer read: not left behind
     assert gq.gpuq("status", "-a").stdout == first  # now from the cache
     assert first.count("exp/run-") == 30 and first.count("exit=3") == 6
     default = gq.gpuq("status").stdout
@@ -68,11 +71,12 @@ def test_a_trusted_directory_signature_still_sees_later_changes(gq: Env) -> None
 def test_a_damaged_cache_is_rebuilt(gq: Env) -> None:
     spool = _many(gq, 15)
     first = gq.gpuq("status", "-a").stdout
-    spool.cache.write("finished-rows", b"\x00not marshal at all")
-    proc = gq.gpuq("status", "-a")
-    assert proc.stdout == first and proc.stderr == ""
-    spool.cache.write("finished-rows", b"")
-    assert gq.gpuq("status", "-a").stdout == first
+    for name in ("finished-view", "finished-index"):
+        spool.cache.write(name, b"\x00not marshal at all")
+        proc = gq.gpuq("status", "-a")
+        assert proc.stdout == first and proc.stderr == ""
+        spool.cache.write(name, b"")
+        assert gq.gpuq("status", "-a").stdout == first
 
 
 def test_json_reads_the_files_not_the_cache(gq: Env) -> None:
@@ -82,23 +86,260 @@ def test_json_reads_the_files_not_the_cache(gq: Env) -> None:
     assert len(rows) == 12 and all(r["cmd"] == ["python3", "train.py"] for r in rows)
 
 
+def _settle(spool: Spool) -> None:
+    """Date the finished directories back: the caches then trust their signatures."""
+    old = time.time() - 60
+    for state in ("done", "failed", "cancelled"):
+        os.utime(spool.layout.state_dir(state), (old, old))
+
+
 def test_a_big_fill_shared_with_forked_children_gives_the_same_rows(gq: Env) -> None:
-    """Past PARALLEL_FROM files to parse, children forked per CPU parse shares of them (issue 15):
-    the rows must be those of a fill by one process, invalid files left out all the same."""
-    from gpuq.cli import render
+    """Past PARALLEL_FROM files to read, children forked per CPU read shares of them (issue 15):
+    the rows must be those of a fill by one process, a file that is not a job included."""
     from gpuq.engine import finished_rows
 
     spool = _many(gq, 40)
     broken = spool.layout.state_dir("done") / "999999-broken.json"
     broken.write_text("{not json")
-    refs = list(spool.jobs.refs(("done",)))  # 32 valid jobs and the broken file
-    assert len(refs) == 33
-    alone = finished_rows._summarize_some(spool, refs, "done", render.finished_cells)
-    assert finished_rows.PARALLEL_FROM > len(refs)  # a fill of 33 files stays in one process
+    todo = [(r.name, r.id) for r in spool.jobs.refs(("done",))]  # 32 valid jobs and the broken file
+    assert len(todo) == 33
+    alone = finished_rows._make_some(spool, "done", todo, _row_cells())
+    assert finished_rows.PARALLEL_FROM > len(todo)  # a fill of 33 files stays in one process
     old = finished_rows.PARALLEL_FROM
     finished_rows.PARALLEL_FROM = 2
     try:
-        shared = finished_rows._summarize_all(spool, refs, "done", render.finished_cells)
+        shared = finished_rows._make_all(spool, "done", todo, _row_cells())
     finally:
         finished_rows.PARALLEL_FROM = old
-    assert len(alone) == 32 and shared == alone
+    assert len(alone) == 33 and shared == alone
+    assert "unreadable job file: not valid JSON" in alone["999999-broken.json"][1][3]
+
+
+def _row_cells() -> Any:
+    from gpuq.cli import render
+    from gpuq.engine.finished_rows import RowCells
+
+    return RowCells(render.FINISHED_FIELDS, render.finished_cells, render.damaged_cells, render.finished_block)
+
+
+def _varied(spool: Spool, work: Path) -> list[dict[str, Any]]:
+    """Finished jobs with every kind of cell a finished row shows."""
+    jobs = []
+    changes: list[tuple[str, dict[str, Any]]] = [
+        ("done", {"exit_code": 0}),
+        ("failed", {"exit_code": 3, "reason": "exited with 3", "note": "ran out of memory"}),
+        ("failed", {"exit_code": -9, "signal": "SIGKILL", "reason": "time limit of 1m reached", "note": "time limit"}),
+        ("cancelled", {"exit_code": None, "note": "cancelled by you", "priority": 5}),
+        ("done", {"exit_code": 0, "code_changed": "code changed since it was queued"}),
+        ("done", {"exit_code": 0, "slurm": {"job_id": 812, "state": "COMPLETED"}, "started_at": None}),
+        ("done", {"exit_code": 0, "sweep": {"id": 1, "values": {"lr": "0.1"}}, "name": "sweep lr=0.1 ünïcode"}),
+        ("done", {"exit_code": 0, "shell_env": {"PATH": "/bin", "LANG": "C.UTF-8", "X": "é"}}),
+    ]
+    for state, change in changes:
+        job_id = spool.ids.allocate()
+        job = schema.new_job(
+            job_id=job_id, name=f"exp/{state}-{job_id}", cmd=["torchrun", "train.py"], cwd=str(work), log=""
+        )
+        job.update(started_at=times.now_iso(), finished_at=times.now_iso(), rev=1)
+        job.update(change)
+        spool.jobs.publish(schema.validate(job), state)
+        jobs.append(job)
+    return jobs
+
+
+def test_the_fields_a_row_reads_give_the_rows_of_the_whole_files(gq: Env) -> None:
+    """The rows `status -a` makes from only FINISHED_FIELDS (core/shown.py) are those made from
+    the whole, fully validated files."""
+    from gpuq.cli import render
+    from gpuq.core import shown
+
+    spool = Spool(gq.home).ensure()
+    for job in _varied(spool, gq.work):
+        state = next(s for s in ("done", "failed", "cancelled") if spool.jobs.find(job["id"], (s,)))
+        ref = spool.jobs.find(job["id"], (state,))
+        assert ref is not None
+        data = spool.jobs.read_bytes(state, ref.name)
+        assert shown._parse_fast(data) is not None  # gpuq's own layout takes the fast path
+        part, _sig = spool.jobs.load_shown(state, ref.name, ref.id, render.FINISHED_FIELDS)
+        whole = spool.jobs.load(ref)
+        assert render.finished_cells(part, state) == render.finished_cells(whole, state)
+        # and the same file written another way (no indentation) takes the full parse, same row
+        compact = json.dumps(whole).encode()
+        assert shown._parse_fast(compact) is None
+        again = shown.load_shown(compact, ref.id, render.FINISHED_FIELDS)
+        assert render.finished_cells(again, state) == render.finished_cells(whole, state)
+
+
+def test_status_a_shows_the_table_of_the_whole_files(gq: Env) -> None:
+    """Past RECENT_FINISHED finished jobs, `status -a` prints rows from the cache's view; they
+    are the rows the whole files give, in id order, with held and interrupted ones merged in."""
+    from gpuq.cli import render
+    from gpuq.engine.status import Row
+
+    spool = _many(gq, 12)
+    _varied(spool, gq.work)
+    held = schema.new_job(job_id=spool.ids.allocate(), name="held-one", cmd=["true"], cwd=str(gq.work), log="")
+    spool.jobs.publish(held, "held")
+    _finish(spool, gq.work, "done", 0, "after-held")
+    for attempt in range(2):  # the fill, then from the cache
+        out = gq.gpuq("status", "-a").stdout.splitlines()
+        table = out[out.index(next(line for line in out if line.lstrip().startswith("ID"))) :]
+        rows = [
+            Row(job, ref.state)
+            for _id, copies in sorted(spool.jobs.index().items())
+            for ref in copies
+            for job in [spool.jobs.load(ref)]
+        ]
+        assert table == render.status_table(rows), attempt
+
+
+def test_a_damaged_finished_file_is_a_row_saying_so(gq: Env) -> None:
+    """A hand-edited file in done/ is shown with why it cannot be read: by `status -a` from the
+    cache, and by `status` among the newest; never left out silently, never a traceback."""
+    spool = _many(gq, 14)
+    done = spool.layout.state_dir("done")
+    ref = spool.jobs.find(14, ("done",))
+    assert ref is not None
+    text = (done / ref.name).read_text()
+    (done / ref.name).write_text(text.replace('"exit_code": 0', '"exit_code": "zero"'))
+    (done / "000099-mangled.json").write_text('{"schema_version": 1, "id": 99, ')
+    os.chmod(done / "000098-open.json", 0o644) if (done / "000098-open.json").exists() else None
+    (done / "000098-open.json").write_text(
+        text.replace('"id": 14', '"id": 98').replace('"name":', '"name": 1, "name":')
+    )
+    for args in (("status", "-a"), ("status", "-a"), ("status",)):
+        proc = gq.gpuq(*args)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert "field 'exit_code' must be null or an integer" in proc.stdout
+        assert "000099-mangled.json" in proc.stdout and "not valid JSON" in proc.stdout
+        assert "duplicate key 'name'" in proc.stdout
+        assert proc.stdout.count("unreadable job file") == 3
+
+
+def test_removed_added_and_rewritten_files_show_at_once_in_settled_directories(gq: Env) -> None:
+    """With every finished directory's signature trusted (old enough), the caches of rows and of
+    the listing still see a file removed, one added and one rewritten."""
+    spool = _many(gq, 20)
+    _settle(spool)
+    for _ in range(2):
+        assert gq.gpuq("status", "-a").stdout.count("exp/run-") == 20
+        assert "(10 older finished job(s) hidden" in gq.gpuq("status").stdout
+    ref = spool.jobs.find(3, ("done",))
+    assert ref is not None
+    spool.jobs.remove(ref)
+    ref = spool.jobs.find(20, ("done",))
+    assert ref is not None
+    spool.jobs.rewrite(ref, spool.jobs.load(ref), exit_code=7)  # same name, a new file
+    _finish(spool, gq.work, "done", 0, "added-later")
+    out = gq.gpuq("status", "-a").stdout
+    assert out.count("exp/run-") == 19 and "exp/run-2 " not in out and "added-later" in out and "exit=7" in out
+    _settle(spool)
+    plain = gq.gpuq("status").stdout
+    assert "(10 older finished job(s) hidden" in plain and "added-later" in plain and "exit=7" in plain
+    ref = spool.jobs.find(21, ("done",))
+    assert ref is not None
+    spool.jobs.remove(ref)
+    _settle(spool)
+    plain = gq.gpuq("status").stdout
+    assert "(9 older finished job(s) hidden" in plain and "added-later" not in plain
+    assert gq.gpuq("status", "-a").stdout.count("exp/run-") == 19
+
+
+def test_a_fill_right_after_jobs_finished_is_cached_once_settled(gq: Env) -> None:
+    """The first `status -a` often runs while done/ is still being written (its signature not yet
+    trusted); once the directory settled unchanged, what it read is kept, not read again."""
+    from gpuq.engine import finished_index
+
+    spool = _many(gq, 15)
+    listing = finished_index.finished(spool)
+    assert listing.signatures["done"] is None  # just written: not trusted yet
+    assert finished_index.settled_key(spool, listing, "done") is None
+    wait_for(lambda: finished_index.settled_key(spool, listing, "done"), 10, what="done/ to settle")
+    assert gq.gpuq("status", "-a").stdout.count("exp/run-") == 15
+    _finish(spool, gq.work, "done", 0, "one-more")
+    wait_for(lambda: finished_index.finished(spool).signatures["done"], 10, what="done/ to settle again")
+    assert finished_index.settled_key(spool, listing, "done") is None  # changed since it was listed
+    assert "one-more" in gq.gpuq("status", "-a").stdout
+
+
+def test_the_block_of_finished_lines_is_the_table_the_columns_give() -> None:
+    """A later `status -a` prints the cached block of finished lines as it is when no running or
+    pending row is wider; with a wider one, or held rows to merge in by id, the columns are used.
+    Every way gives the table of all the rows as rows."""
+    import marshal
+    from array import array
+
+    from gpuq.cli import render
+    from gpuq.engine.finished_rows import FinishedView
+    from gpuq.engine.status import CachedRow
+
+    cells = [(f"exp/run-{n}", "train.py", f"{n}s", "exit=0" if n % 3 else "exit=1  ünï") for n in range(1, 30)]
+    ids = list(range(10, 39))
+    states = ["done" if n % 3 else "failed" for n in range(1, 30)]
+    parts = (array("q", ids).tobytes(), tuple(map(str, ids)), tuple(states), tuple(zip(*cells)))
+    finished = [CachedRow(i, s, c) for i, s, c in zip(ids, states, cells)]
+
+    def view(with_block: bool) -> FinishedView:
+        made = FinishedView(marshal.dumps(parts), len(ids), None)
+        made.block = render.finished_block(made) if with_block else None
+        return made
+
+    narrow = CachedRow(40, "running", ("r", "x.py", "1s", ""))
+    wide = CachedRow(41, "pending", ("a-much-longer-name-than-any-finished-one", "x.py", "", ""))
+    held = [CachedRow(5, "held", ("h", "x.py", "", "")), CachedRow(20, "held", ("h2", "x.py", "", ""))]
+    for rows in ([], [narrow], [narrow, wide], [narrow, *held]):
+        whole = render.status_table(
+            sorted(rows + finished, key=lambda r: (r.state not in ("running", "pending"), r.job["id"]))
+        )
+        for with_block in (True, False):
+            lines = render.status_table(rows, now=0.0, finished=view(with_block))
+            assert "\n".join(lines).split("\n") == whole, (rows, with_block)
+            assert ("\n" in lines[-1]) == (with_block and len(rows) < 2)  # the block, as it was cached
+
+
+def test_status_resolves_a_copy_left_in_another_state_with_the_finished_listing(gq: Env) -> None:
+    """A crash mid-move leaves two copies; `status` sees it through the finished listing (from its
+    cache too) and keeps the higher rev: a finished copy beside a running one, and two finished
+    copies in different states."""
+    spool = _many(gq, 12)
+    _settle(spool)
+    gq.gpuq("status")  # the listing of the finished states is cached now
+    for stale_state, kept_state, job_id in (("running", "done", 2), ("done", "failed", 4)):
+        ref = spool.jobs.find(job_id, ("done",))
+        assert ref is not None
+        job = spool.jobs.load(ref)
+        stale = dict(job, rev=job["rev"] - 1)
+        if kept_state != "done":
+            spool.jobs.move(ref, job, kept_state, {"exit_code": 5})
+        (spool.layout.state_dir(stale_state) / ref.name).write_text(json.dumps(stale, indent=2) + "\n")
+        (spool.layout.state_dir(stale_state) / ref.name).chmod(0o644)
+        proc = gq.gpuq("status", "-a")
+        assert proc.returncode == 0 and proc.stderr == ""
+        assert [gq.state_of(job_id)] == [kept_state] and len(list(spool.jobs.index()[job_id])) == 1
+        assert proc.stdout.count(f"exp/run-{job_id - 1} ") == 1
+
+
+def test_finished_cells_read_no_field_beyond_finished_fields(gq: Env) -> None:
+    """`status -a` reads only FINISHED_FIELDS of a finished file: the cells must need no other."""
+    from gpuq.cli import render
+
+    class Watched(dict):
+        seen: set[str] = set()
+
+        def get(self, key: str, default: Any = None) -> Any:
+            Watched.seen.add(key)
+            return super().get(key, default)
+
+        def __getitem__(self, key: str) -> Any:
+            Watched.seen.add(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key: object) -> bool:
+            Watched.seen.add(str(key))
+            return super().__contains__(key)
+
+    spool = Spool(gq.home).ensure()
+    for job in _varied(spool, gq.work):
+        for state in ("done", "failed", "cancelled"):
+            render.finished_cells(Watched(job), state)
+    assert Watched.seen and Watched.seen <= set(render.FINISHED_FIELDS), Watched.seen - set(render.FINISHED_FIELDS)

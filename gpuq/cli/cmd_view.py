@@ -9,6 +9,7 @@ from typing import Any
 from gpuq.cli import render
 from gpuq.cli.common import spool
 from gpuq.core.states import RUNNING
+from gpuq.engine.finished_rows import RowCells
 from gpuq.engine.status import Row, status
 from gpuq.system import security
 
@@ -75,7 +76,10 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 def _status_once(args: argparse.Namespace) -> int:
-    st = status(spool(), show_all=args.all, summarize=None if args.json else render.finished_cells)
+    cells = None
+    if not args.json:
+        cells = RowCells(render.FINISHED_FIELDS, render.finished_cells, render.damaged_cells, render.finished_block)
+    st = status(spool(), show_all=args.all, cells=cells)
     if args.json:
         print(json.dumps([json_row(r) for r in st.rows], indent=2))
         return 0
@@ -83,9 +87,9 @@ def _status_once(args: argparse.Namespace) -> int:
     print(render.worker_line(st.workers, pending))
     if st.gpus is not None:
         print("\n".join(render.gpu_lines(st.gpus)))
-    if st.rows:
+    if st.rows or st.finished:
         rows = st.rows if args.all else render.group_sweeps(st.rows)
-        print("\n".join(render.status_table(rows)))
+        print("\n".join(render.status_table(rows, finished=st.finished)))
     else:
         print("no jobs")
     if st.hidden_finished:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 import unicodedata
+from bisect import bisect_left
 from datetime import datetime
+from itertools import repeat
 from typing import Any, Optional
 
 from gpuq.core import schema
@@ -94,29 +96,97 @@ def slurm_text(mark: dict[str, Any]) -> str:
     return f"slurm {mark.get('job_id') or '?'} {mark.get('state') or '?'}{reason}"
 
 
-def status_table(rows: list[Any], now: Optional[float] = None) -> list[str]:
+HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
+
+
+def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = None) -> list[str]:
+    """The table of `rows`, and of `finished` (engine/finished_rows.py's FinishedView: finished rows
+    in id order) merged in by id after the running and pending rows. The view's rows may come as
+    its block: one string of many lines, last in the list."""
     now = time.time() if now is None else now
-    header = ["ID", "St", "Name", "Script", "Time", "Info"]
-    table = [header]
+    columns: list[list[str]] = [[title] for title in HEADER]
+    tail: list[Any] = []  # rows after the running and pending ones, which merge with `finished`
     for row in rows:
-        cells = getattr(row, "cells", None)  # finished rows come pre-rendered from the cache
-        if cells is None:
-            cells = row_cells(row.job, row.state, row.wait, getattr(row, "estimate", None), now)
-        table.append((str(row.job["id"]), SYMBOLS.get(row.state, "?"), *cells))
-    # Column by column, so that `status -a` with 100,000 rows stays well under a second.
-    widths = [_widths(column) for column in list(zip(*table))[:5]]
-    c0, c1, c2, c3, c4 = (max(w) for w in widths)
-    lines = [
-        f"{' ' * (c0 - w0)}{r[0]}  {r[1]}{' ' * (c1 - w1)}  {r[2]}{' ' * (c2 - w2)}  "
-        f"{r[3]}{' ' * (c3 - w3)}  {' ' * (c4 - w4)}{r[4]}  {r[5]}".rstrip()
-        for r, w0, w1, w2, w3, w4 in zip(table, *widths)
+        if finished is not None and row.state not in ("running", "pending"):
+            tail.append(row)
+            continue
+        _add(columns, row, now)
+    block = finished.block if finished is not None and not tail else None
+    if block is not None:
+        widths, lines = _table(columns, block[0])
+        if widths == list(block[0]):  # no running or pending row wider than the finished ones
+            return lines + [block[1]] if block[1] else lines
+    if finished is not None:
+        _merge_finished(columns, tail, finished, now)
+    return _table(columns)[1]
+
+
+def finished_block(finished: Any) -> tuple[tuple[int, ...], str]:
+    """A FinishedView's rows as the lines of a table of them alone, and that table's widths."""
+    columns: list[list[str]] = [[title] for title in HEADER]
+    _merge_finished(columns, [], finished, 0.0)
+    widths, lines = _table(columns)
+    return tuple(widths), "\n".join(lines[2:])
+
+
+def _table(columns: list[list[str]], at_least: Optional[tuple[int, ...]] = None) -> tuple[list[int], list[str]]:
+    """(widths, lines) of a table given as columns whose first cells are the header's. Column by
+    column, with maps rather than a Python step per row: `status -a` shows 100,000 rows."""
+    ascii_columns = ["".join(column).isascii() for column in columns[:5]]
+    widths = [_column_width(column, plain) for column, plain in zip(columns[:5], ascii_columns)]
+    if at_least is not None:
+        widths = list(map(max, widths, at_least))
+    padded = [
+        _padded(column, w, right, plain)
+        for column, w, right, plain in zip(columns, widths, (True, False, False, False, True), ascii_columns)
     ]
-    lines.insert(1, "─" * (c0 + c1 + c2 + c3 + c4 + 14))
-    return lines
+    lines = list(map(str.rstrip, map("  ".join, zip(*padded, columns[5]))))
+    lines.insert(1, "─" * (sum(widths) + 14))
+    return widths, lines
 
 
-def _widths(column: tuple[str, ...]) -> list[int]:
-    return list(map(len, column)) if all(map(str.isascii, column)) else list(map(width, column))
+def _column_width(column: list[str], plain: bool) -> int:
+    return max(map(len, column)) if plain else max(map(width, set(column)))
+
+
+def _padded(column: list[str], columns: int, right: bool, plain: bool) -> list[str]:
+    """The cells of a column filled with spaces to `columns` terminal columns, on the right (or on
+    the left with `right`). `plain`: all of them ASCII, one column per character."""
+    if plain:
+        return list(map(str.rjust if right else str.ljust, column, repeat(columns)))
+    distinct = set(column)
+    if len(distinct) > 256:  # non-ASCII names, say: cell by cell
+        return [_pad(cell, columns, right) for cell in column]
+    filled = {cell: _pad(cell, columns, right) for cell in distinct}  # the state symbols
+    return list(map(filled.__getitem__, column))
+
+
+def _pad(cell: str, columns: int, right: bool) -> str:
+    space = " " * (columns - width(cell))
+    return space + cell if right else cell + space
+
+
+def _add(columns: list[list[str]], row: Any, now: float) -> None:
+    cells = getattr(row, "cells", None)  # some rows come with their cells
+    if cells is None:
+        cells = row_cells(row.job, row.state, row.wait, getattr(row, "estimate", None), now)
+    for column, cell in zip(columns, (str(row.job["id"]), SYMBOLS.get(row.state, "?"), *cells)):
+        column.append(cell)
+
+
+def _merge_finished(columns: list[list[str]], tail: list[Any], finished: Any, now: float) -> None:
+    """Append the view's columns, with the few `tail` rows (held, interrupted...) put in by id."""
+    symbols = list(map(SYMBOLS.get, finished.states, repeat("?")))
+    parts = (finished.id_texts, symbols, *finished.columns)
+    start = 0
+    for row in sorted(tail, key=lambda r: r.job["id"]):
+        at = bisect_left(finished.ids, row.job["id"], start)
+        for column, part in zip(columns, parts):
+            column += part[start:at]
+        _add(columns, row, now)
+        start = at
+    for column, part in zip(columns, parts):
+        column += part[start:]
 
 
 def row_cells(job: dict[str, Any], state: str, wait: Any, estimate: Any, now: float) -> list[str]:
@@ -132,6 +202,28 @@ def row_cells(job: dict[str, Any], state: str, wait: Any, estimate: Any, now: fl
 def finished_cells(job: dict[str, Any], state: str) -> tuple[str, ...]:
     """The cells of a finished job's row: they never change, so `gpuq status -a` caches them."""
     return tuple(row_cells(job, state, None, None, time.time()))
+
+
+# Every field finished_cells reads (with info() for a finished state): `gpuq status -a` reads only
+# these from a finished job's file (core/shown.py); tests/test_status_cache.py holds it to that.
+FINISHED_FIELDS = (
+    "name",
+    "cmd",
+    "started_at",
+    "finished_at",
+    "exit_code",
+    "signal",
+    "slurm",
+    "reason",
+    "code_changed",
+    "note",
+    "priority",
+)
+
+
+def damaged_cells(file_name: str, reason: str) -> tuple[str, ...]:
+    """The row of a finished file that is not a valid job: its name and why, never a traceback."""
+    return (file_name, "", "", f"unreadable job file: {reason}")
 
 
 BAR_CELLS = 10

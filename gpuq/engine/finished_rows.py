@@ -1,138 +1,211 @@
-"""Summaries of finished jobs, cached in the spool, so that `gpuq status -a` need not parse them all.
+"""The rows of finished jobs, cached in the spool, so that `gpuq status -a` need not read them all.
 
-Parsing 100,000 finished job files takes seconds, yet what `gpuq status -a` shows of a finished
-job never changes: its file is never edited in place (a change writes a new file, with a new
-inode and mtime, or moves it to another state). So a summary stays valid while its file keeps
-its name, inode, mtime and size, and all of a directory's summaries stay valid while the
-directory itself keeps its inode and mtime, which move with every file added, removed or
+What `gpuq status -a` shows of a finished job never changes: its file is never edited in place (a
+change writes a new file, with a new inode and mtime, or moves it to another state). So a row stays
+valid while its file keeps its name, inode, mtime and size, and all of a directory's rows stay
+valid while the directory keeps its inode and mtime, which move with every file added, removed or
 replaced in it (trusted once SETTLED_SECONDS old: see engine/snapshot.py).
+
+The cache (`cache/finished-view`) holds, per finished state, the directory's signature and, packed
+apart, its names, file signatures and rows; and, packed apart too, the view: every finished row in
+id order as columns, which is all a later `status -a` unpacks while no directory changed.
 """
 
 from __future__ import annotations
 
+import gc
 import marshal
 import os
 import sys
-import time
+from array import array
+from itertools import repeat
 from typing import Any, Callable, Optional
 
 from gpuq.core import schema
-from gpuq.engine.snapshot import SETTLED_SECONDS
-from gpuq.spool import JobRef, Spool
+from gpuq.core.states import FINISHED
+from gpuq.engine.finished_index import Finished, settled_key
+from gpuq.spool import Spool
 
-CACHE_NAME = "finished-rows"
-CACHE_FORMAT = 2
-Summary = Any  # whatever `summarize` returns; it must be marshal-able (tuples of str, int, None)
+CACHE_NAME = "finished-view"
+OLD_CACHE_NAME = "finished-rows"  # the cells alone, as gpuq wrote them before this cache
+CACHE_FORMAT = 3
+Cells = tuple  # a row's cells after its id and state: name, script, time, info (strings)
 
 
-def finished_summaries(
-    spool: Spool, refs: list[JobRef], summarize: Callable[[dict[str, Any], str], Summary]
-) -> list[tuple[JobRef, Summary]]:
-    """(ref, summarize(job, state)) for each finished ref that is a valid job, grouped by state.
+class RowCells:
+    """How a finished job becomes its row (the CLI's render functions): `fields` is every field
+    `cells(job, state)` reads; `damaged(file_name, reason)` is the row of a file that is not a job;
+    `block(view)` is (the column widths, the text) of a FinishedView's rows as a table's lines."""
 
-    The cache holds, per state: (directory signature or None, names, summaries, file signatures).
-    The file signatures stay marshalled inside it, only decoded when the directory changed."""
-    header = _cache_header(summarize)
-    old = _read_cache(spool, header)
-    by_state: dict[str, list[JobRef]] = {}
-    for ref in refs:
-        by_state.setdefault(ref.state, []).append(ref)
-    new: dict[str, tuple] = {}
-    out: list[tuple[JobRef, Summary]] = []
+    __slots__ = ("fields", "cells", "damaged", "block")
+
+    def __init__(
+        self,
+        fields: tuple[str, ...],
+        cells: Callable[[dict[str, Any], str], Cells],
+        damaged: Callable[[str, str], Cells],
+        block: Callable[[Any], tuple[tuple[int, ...], str]],
+    ) -> None:
+        self.fields, self.cells, self.damaged, self.block = fields, cells, damaged, block
+
+
+class FinishedView:
+    """Every finished job's row in id order: as columns (ids, their text, states, the cells'
+    columns), unpacked on first use, and as `block`, (widths, text) of their lines in a table,
+    which is all a later `status -a` needs unless a running job's cells are wider."""
+
+    __slots__ = ("_packed", "_unpacked", "count", "block")
+
+    def __init__(self, packed: bytes, count: int, block: Optional[tuple[tuple[int, ...], str]]) -> None:
+        self._packed, self._unpacked, self.count, self.block = packed, None, count, block
+
+    def __len__(self) -> int:
+        return self.count
+
+    def _parts(self) -> tuple:
+        if self._unpacked is None:
+            id_bytes, texts, states, columns = marshal.loads(self._packed)
+            ids = array("q")
+            ids.frombytes(id_bytes)
+            self._unpacked = (ids, texts, states, columns)
+        return self._unpacked
+
+    @property
+    def ids(self) -> array:
+        return self._parts()[0]
+
+    @property
+    def id_texts(self) -> tuple:
+        return self._parts()[1]
+
+    @property
+    def states(self) -> tuple:
+        return self._parts()[2]
+
+    @property
+    def columns(self) -> tuple:
+        return self._parts()[3]
+
+
+def finished_view(spool: Spool, listing: Finished, make: RowCells) -> FinishedView:
+    """The rows of the finished jobs of `listing`, from the cache where their files did not change."""
+    header = _cache_header(make)
+    cached, cached_view = _read_cache(spool, header)
+    entries: dict[str, tuple] = {}
     changed = False
-    for state, state_refs in by_state.items():
-        entry, fresh = _summaries_of(spool, state, state_refs, old.get(state), summarize)
-        new[state] = entry
-        changed = changed or fresh
-        found = dict(zip(entry[1], entry[2])) if len(entry[1]) != len(state_refs) else None
-        if found is None:  # the usual case: every listed file has its summary, in the same order
-            out += zip(state_refs, entry[2])
+    for state in FINISHED:
+        key, hit = listing.signatures.get(state), cached.get(state)
+        if key is not None and hit is not None and hit[0] == key:
+            entries[state] = hit  # the directory has not changed since it was cached
         else:
-            out += [(ref, found[ref.name]) for ref in state_refs if ref.name in found]
-    if changed:
-        try:
-            spool.cache.write(CACHE_NAME, marshal.dumps((header, new)))
-        except OSError:
-            pass  # a read-only or full spool still shows its status, only slower
-    return out
+            entries[state] = _refresh(spool, state, listing, hit, make, key)
+            if key is None:  # listed too soon after a change to be trusted: perhaps it can be now
+                entries[state] = (settled_key(spool, listing, state), entries[state][1])
+            changed = True
+    if not changed and cached_view is not None:
+        return FinishedView(*cached_view)
+    parts = _build_view(entries)
+    view = FinishedView(marshal.dumps(parts), len(parts[1]), None)
+    view.block = make.block(view)
+    try:
+        spool.cache.write(CACHE_NAME, marshal.dumps((header, entries, (view._packed, view.count, view.block))))
+        spool.cache.remove(OLD_CACHE_NAME)
+    except OSError:
+        pass  # a read-only or full spool still shows its status, only slower
+    return view
 
 
-def _summaries_of(
-    spool: Spool, state: str, refs: list[JobRef], cached: Any, summarize: Callable[..., Summary]
-) -> tuple[tuple, bool]:
-    """One directory's cache entry (dir signature, names, summaries, file signatures) and
-    whether it differs from the cached one. Names are in listing order, as `refs`."""
-    sig = spool.jobs.dir_signature(state)
-    dir_sig = (sig[0], sig[1]) if sig else None
-    names = tuple(r.name for r in refs)
-    if _is_entry(cached) and dir_sig is not None and cached[0] == dir_sig and cached[1] == names:
-        return cached, False  # the directory has not changed since it was cached
+def _refresh(spool: Spool, state: str, listing: Finished, hit: Any, make: RowCells, key: Any) -> tuple:
+    """A state's cache entry (directory key, packed (ids, names, file signatures, rows)) for its
+    files now: rows of unchanged files are kept, the others made."""
+    names, ids = listing.names(state), listing.ids[state]
     old: dict[str, tuple] = {}
-    if _is_entry(cached):
+    if hit is not None:
         try:
-            old = dict(zip(cached[1], zip(marshal.loads(cached[3]), cached[2])))
+            _ids, old_names, sigs, rows = marshal.loads(hit[1])
+            old = dict(zip(old_names, zip(sigs, rows)))
         except (EOFError, ValueError, TypeError):
             old = {}
-    stats = spool.jobs.file_signatures(state, list(names))
-    missing = [ref for ref in refs if ref.name in stats and not _still_valid(old.get(ref.name), stats[ref.name])]
-    made = _summarize_all(spool, missing, state, summarize)
-    kept_names, summaries, sigs = [], [], []
-    for ref in refs:
-        file_sig = stats.get(ref.name)
-        if file_sig is None:
-            continue
-        hit = old.get(ref.name)
-        summary = hit[1] if _still_valid(hit, file_sig) else made.get(ref.name)
-        if summary is None:
-            continue  # gone, or not a valid job
-        kept_names.append(ref.name)
-        summaries.append(summary)
-        sigs.append(file_sig)
-    settled = sig is not None and time.time() - sig[2] > SETTLED_SECONDS
-    entry = ((dir_sig if settled else None), tuple(kept_names), tuple(summaries), marshal.dumps(tuple(sigs)))
-    return entry, True
+    # Files with a cached row are stat()ed to see if it still holds; the others are read, and
+    # their signature taken from the descriptor they were read from.
+    stats = spool.jobs.file_signatures(state, [n for n in names if n in old]) if old else {}
+    todo = [(n, i) for n, i in zip(names, ids) if n not in stats or old[n][0] != stats[n]]
+    made = _make_all(spool, state, todo, make)
+    kept_ids, kept_names, sigs, rows = array("q"), [], [], []
+    for name, job_id in zip(names, ids):
+        found = made.get(name)
+        if found is None:
+            file_sig = stats.get(name)
+            if file_sig is None or old[name][0] != file_sig:
+                continue  # gone since the listing
+            found = old[name]
+        kept_ids.append(job_id)
+        kept_names.append(name)
+        sigs.append(found[0])
+        rows.append(found[1])
+    packed = marshal.dumps((kept_ids.tobytes(), tuple(kept_names), tuple(sigs), tuple(rows)))
+    return key, packed
 
 
-def _still_valid(hit: Any, file_sig: tuple) -> bool:
-    return hit is not None and tuple(hit[0]) == file_sig
+def _build_view(entries: dict[str, tuple]) -> tuple:
+    """(ids as bytes, their texts, states, columns) of every entry's rows, in id order."""
+    merged: list[tuple[int, str, Cells]] = []
+    for state, (_key, packed) in entries.items():
+        id_bytes, _names, _sigs, rows = marshal.loads(packed)
+        ids = array("q")
+        ids.frombytes(id_bytes)
+        merged += zip(ids, repeat(state), rows)
+    merged.sort(key=lambda r: r[0])
+    ids = array("q", [r[0] for r in merged])
+    columns = tuple(zip(*[r[2] for r in merged])) if merged else ((), (), (), ())
+    return ids.tobytes(), tuple(map(str, ids)), tuple(r[1] for r in merged), columns
 
 
-PARALLEL_FROM = 2000  # files to parse before the work is shared between CPUs (a fork costs ~1 ms)
+PARALLEL_FROM = 2000  # files to read before the work is shared between CPUs (a fork costs ~1 ms)
 
 
-def _summarize_all(
-    spool: Spool, refs: list[JobRef], state: str, summarize: Callable[..., Summary]
-) -> dict[str, Summary]:
-    """name -> summary of each ref that is a valid job. Tens of thousands of files (the first
-    `status -a` after they appeared) are parsed by one forked child per extra CPU as well: the
-    parse is pure CPU work, read-only, and a child that fails only costs its share being redone."""
+def _make_all(spool: Spool, state: str, todo: list[tuple[str, int]], make: RowCells) -> dict[str, tuple]:
+    """name -> (file signature, row) of each (name, id) of `todo`. Tens of thousands of files (the
+    first `status -a` after they appeared) are shared with one forked child per extra CPU: the work
+    is read-only, and a child that fails only costs its share being redone. The collector is paused
+    meanwhile: it would walk every row made so far, again and again."""
     cpus = min(os.cpu_count() or 1, 8)
-    if len(refs) < PARALLEL_FROM or cpus < 2 or not hasattr(os, "fork"):
-        return _summarize_some(spool, refs, state, summarize)
-    shares = [refs[i::cpus] for i in range(cpus)]
-    children = [_fork_share(spool, share, state, summarize) for share in shares[1:]]
-    out = _summarize_some(spool, shares[0], state, summarize)
-    for share, child in zip(shares[1:], children):
-        out.update(_collect_share(child) if child is not None else _summarize_some(spool, share, state, summarize))
-    return out
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if len(todo) < PARALLEL_FROM or cpus < 2 or not hasattr(os, "fork"):
+            return _make_some(spool, state, todo, make)
+        shares = [todo[i::cpus] for i in range(cpus)]
+        children = [_fork_share(spool, state, share, make) for share in shares[1:]]
+        out = _make_some(spool, state, shares[0], make)
+        for share, child in zip(shares[1:], children):
+            out.update(_collect_share(child) if child is not None else _make_some(spool, state, share, make))
+        return out
+    finally:
+        if enabled:
+            gc.enable()
 
 
-def _summarize_some(
-    spool: Spool, refs: list[JobRef], state: str, summarize: Callable[..., Summary]
-) -> dict[str, Summary]:
-    out: dict[str, Summary] = {}
-    for ref in refs:
+def _make_some(spool: Spool, state: str, todo: list[tuple[str, int]], make: RowCells) -> dict[str, tuple]:
+    out: dict[str, tuple] = {}
+    load, fields, cells = spool.jobs.load_shown, make.fields, make.cells
+    one = _ONE.setdefault  # repeated cells ("train.py", "exit=0") become one object, stored once by marshal
+    for name, job_id in todo:
         try:
-            out[ref.name] = tuple(map(_intern, summarize(spool.jobs.load(ref), state)))
-        except (FileNotFoundError, schema.InvalidJob):
+            job, sig = load(state, name, job_id, fields)
+            row = cells(job, state)
+            out[name] = (sig, tuple(map(one, row, row)))
+        except FileNotFoundError:
             continue
+        except schema.InvalidJob as exc:  # shown as what it is: never left out, never a traceback
+            sig = spool.jobs.file_signatures(state, [name]).get(name)
+            if sig is not None:
+                out[name] = (sig, tuple(make.damaged(name, str(exc))))
     return out
 
 
-def _fork_share(
-    spool: Spool, refs: list[JobRef], state: str, summarize: Callable[..., Summary]
-) -> Optional[tuple[int, int]]:
-    """(pid, read end of its pipe) of a child that summarizes `refs` and sends them marshalled."""
+def _fork_share(spool: Spool, state: str, todo: list[tuple[str, int]], make: RowCells) -> Optional[tuple[int, int]]:
+    """(pid, read end of its pipe) of a child that makes the rows of `todo` and sends them marshalled."""
     try:
         read_fd, write_fd = os.pipe()
         sys.stdout.flush()
@@ -143,7 +216,7 @@ def _fork_share(
         code = 1
         try:
             os.close(read_fd)
-            data = marshal.dumps(_summarize_some(spool, refs, state, summarize))
+            data = marshal.dumps(_make_some(spool, state, todo, make))
             with os.fdopen(write_fd, "wb") as out:
                 out.write(data)
             code = 0
@@ -153,51 +226,53 @@ def _fork_share(
     return pid, read_fd
 
 
-def _collect_share(child: tuple[int, int]) -> dict[str, Summary]:
+def _collect_share(child: tuple[int, int]) -> dict[str, tuple]:
     pid, read_fd = child
     with os.fdopen(read_fd, "rb") as pipe:
         data = pipe.read()
     _pid, status = os.waitpid(pid, 0)
     if status != 0:
-        raise OSError(f"a child summarizing finished jobs failed (status {status})")
+        raise OSError(f"a child making rows of finished jobs failed (status {status})")
     loaded = marshal.loads(data)
-    return {name: tuple(map(_intern, summary)) for name, summary in loaded.items()}
+    one = _ONE.setdefault
+    return {name: (sig, tuple(map(one, row, row))) for name, (sig, row) in loaded.items()}
 
 
-def _intern(value: Any) -> Any:
-    """Repeated cells ("train.py", "exit=0") become one object, stored once by marshal."""
-    return sys.intern(value) if isinstance(value, str) else value
+_ONE: dict[str, str] = {}  # each cell text made, once
 
 
-def _is_entry(value: Any) -> bool:
-    return (
-        isinstance(value, tuple)
-        and len(value) == 4
-        and isinstance(value[1], tuple)
-        and isinstance(value[2], tuple)
-        and len(value[1]) == len(value[2])
-        and isinstance(value[3], bytes)
-    )
+def _cache_header(make: RowCells) -> tuple:
+    """What the cached rows depend on: the cache format, the interpreter (marshal's format), the
+    fields read, and the files of the code that made them (a new gpuq rebuilds them)."""
+    module = sys.modules.get(make.cells.__module__)
+    shown = os.path.join(os.path.dirname(schema.__file__), "shown.py")  # imported only by a fill
+    code = []
+    for path in (module.__file__ if module else None, shown):
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            st = None
+        code.append((st.st_mtime_ns, st.st_size) if st else (0, 0))
+    return (CACHE_FORMAT, marshal.version, tuple(sys.version_info[:2]), make.cells.__qualname__, make.fields, *code)
 
 
-def _cache_header(summarize: Callable[..., Summary]) -> tuple:
-    """What the cached summaries depend on: the cache format, the interpreter (marshal's format)
-    and the file of the code that made them (a new gpuq rebuilds them)."""
-    module = sys.modules.get(summarize.__module__)
-    try:
-        st = os.stat(module.__file__) if module and module.__file__ else None
-    except OSError:
-        st = None
-    code = (summarize.__qualname__, st.st_mtime_ns if st else 0, st.st_size if st else 0)
-    return (CACHE_FORMAT, marshal.version, tuple(sys.version_info[:2]), code)
-
-
-def _read_cache(spool: Spool, header: tuple) -> dict[str, Any]:
+def _read_cache(spool: Spool, header: tuple) -> tuple[dict[str, tuple], Optional[tuple]]:
+    """(state -> entry, (packed view, its row count, its block)) of the cache if it is whole and
+    made by this code."""
     data = spool.cache.read(CACHE_NAME)
-    if not data:
-        return {}
     try:
-        stored_header, states = marshal.loads(data)
+        stored_header, entries, view = marshal.loads(data) if data else (None, None, None)
     except (EOFError, ValueError, TypeError):
-        return {}  # damaged or from another Python: rebuilt
-    return states if stored_header == header and isinstance(states, dict) else {}
+        return {}, None  # damaged or from another Python: rebuilt
+    if stored_header != header or not isinstance(entries, dict):
+        return {}, None
+    good = {s: e for s, e in entries.items() if isinstance(e, tuple) and len(e) == 2 and isinstance(e[1], bytes)}
+    whole = len(good) == len(entries) and _is_view(view)
+    return good, view if whole else None
+
+
+def _is_view(view: Any) -> bool:
+    if not (isinstance(view, tuple) and len(view) == 3 and isinstance(view[0], bytes) and isinstance(view[1], int)):
+        return False
+    block = view[2]
+    return isinstance(block, tuple) and len(block) == 2 and isinstance(block[1], str) and len(block[0]) == 5

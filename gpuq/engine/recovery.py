@@ -28,14 +28,20 @@ class Report:
         self.listing: list[JobRef] = []  # the tree after the repairs, if asked
 
 
-def reconcile(spool: Spool, full: bool = False, listing: Optional[list[JobRef]] = None) -> Report:
+def reconcile(
+    spool: Spool,
+    full: bool = False,
+    listing: Optional[list[JobRef]] = None,
+    finished: Optional[tuple[dict[int, str], int]] = None,
+) -> Report:
     """Repair what crashes leave behind. The cheap part (always): duplicate copies seen in
     `listing` (a listing of every state just taken, if the caller has one) and running jobs whose
     process and supervisor are gone. `full` also resolves duplicates without a listing and clears
     stale claims and tmp files. With `listing`, `report.listing` is the tree after the repairs, so
-    a caller with 100,000 finished jobs lists it once, not three times."""
+    a caller with 100,000 finished jobs lists it once, not three times. `finished`: when `listing`
+    holds only the other states, (id -> state of the finished jobs, how many files they are)."""
     report = Report()
-    if full or (listing is not None and len({ref.id for ref in listing}) != len(listing)):
+    if full or (listing is not None and _copies(listing, finished)):
         resolve_duplicates(spool, report)  # meanwhile snapshot() ignores a stale pending copy
     settle_unsupervised(spool, report)
     if full:
@@ -45,6 +51,17 @@ def reconcile(spool: Spool, full: bool = False, listing: Optional[list[JobRef]] 
         changed = report.duplicates_removed or report.settled
         report.listing = list(spool.jobs.refs(STATES)) if changed else listing
     return report
+
+
+def _copies(listing: list[JobRef], finished: Optional[tuple[dict[int, str], int]]) -> bool:
+    """Whether some job has more than one file in the tree."""
+    ids = {ref.id for ref in listing}
+    if len(ids) != len(listing):
+        return True
+    if finished is None:
+        return False
+    states, files = finished
+    return len(states) != files or any(i in states for i in ids)
 
 
 def resolve_duplicates(spool: Spool, report: Report) -> None:

@@ -7,7 +7,7 @@ import time
 from typing import Any, Optional
 
 from gpuq.core import schema
-from gpuq.core.states import FINISHED, PENDING, RUNNING, STATES
+from gpuq.core.states import PENDING, RUNNING, STATES
 from gpuq.engine.scheduler import Snapshot
 from gpuq.spool import JobRef, Spool
 
@@ -71,14 +71,19 @@ class PendingCache:
 
 
 def snapshot(
-    spool: Spool, cache: Optional[PendingCache] = None, refs: Optional[list[JobRef]] = None, now: Optional[float] = None
+    spool: Spool,
+    cache: Optional[PendingCache] = None,
+    refs: Optional[list[JobRef]] = None,
+    now: Optional[float] = None,
+    finished: Optional[dict[int, str]] = None,
 ) -> tuple[Snapshot, list[tuple[JobRef, str]]]:
     """The scheduler's view at `now` (default: the clock), plus canonical-looking pending files
     that are not valid jobs. `refs`: a listing of every state just taken, to spare listing a big
-    done/ again."""
+    done/ again; or of the other states, with `finished` (id -> state of the finished jobs; it
+    becomes the snapshot's `states`, so the caller hands it over)."""
     cache = cache or PendingCache()
     cache.begin(spool)
-    states: dict[int, str] = {}
+    states: dict[int, str] = finished if finished is not None else {}
     snap = Snapshot(states=states, now=time.time() if now is None else now)
     invalid: list[tuple[JobRef, str]] = []
     present = set()
@@ -103,9 +108,3 @@ def snapshot(
 def _later(a: str, b: str) -> str:
     """Two copies seen (a crash mid-move not yet repaired): the further-along state is shown."""
     return a if STATES.index(a) > STATES.index(b) else b
-
-
-def recent_finished(spool: Spool, limit: int, refs: Optional[list[JobRef]] = None) -> list[JobRef]:
-    found = [r for r in (spool.jobs.refs(FINISHED) if refs is None else refs) if r.state in FINISHED]
-    found.sort(key=lambda r: r.id)
-    return found[-limit:] if limit else found

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.states import FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, STATES
 from gpuq.engine import eta, gpuview, queue_eta, recovery, scheduler
-from gpuq.engine.finished_rows import finished_summaries
-from gpuq.engine.snapshot import recent_finished, snapshot
+from gpuq.engine.finished_index import Finished
+from gpuq.engine.finished_index import finished as finished_listing
+from gpuq.engine.finished_rows import FinishedView, RowCells, finished_view
+from gpuq.engine.snapshot import snapshot
 from gpuq.spool import JobRef, Spool
 
 RECENT_FINISHED = 10
@@ -31,8 +33,8 @@ class Row:
 
 
 class CachedRow:
-    """A finished job's row from the cache of display cells (engine/finished_rows.py): only the
-    id of its job is known. A plain class: 100,000 dataclass rows cost a quarter of a second."""
+    """A row given by its cells (a finished file that is not a valid job): only the id of its
+    job is known."""
 
     __slots__ = ("job", "state", "cells")
     wait = None
@@ -43,7 +45,7 @@ class CachedRow:
 
 
 class Status:
-    __slots__ = ("workers", "rows", "hidden_finished", "invalid", "dropped", "gpus", "warnings")
+    __slots__ = ("workers", "rows", "finished", "hidden_finished", "invalid", "dropped", "gpus", "warnings")
 
     def __init__(
         self,
@@ -54,43 +56,70 @@ class Status:
         dropped: Optional[list[str]] = None,
         gpus: Optional[dict[str, Any]] = None,  # engine/gpuview.py's view; None without GPUs
         warnings: Optional[list[str]] = None,  # a full disk, a runaway log
+        finished: Optional[FinishedView] = None,  # `status -a`: the finished rows, not in `rows`
     ) -> None:
         self.workers, self.rows, self.hidden_finished, self.gpus = workers, rows, hidden_finished, gpus
         self.invalid, self.dropped, self.warnings = invalid or [], dropped or [], warnings or []
+        self.finished = finished
 
 
-def status(
-    spool: Spool, show_all: bool = False, summarize: Optional[Callable[[dict[str, Any], str], tuple]] = None
-) -> Status:
-    """Every row of the queue. With `summarize` (the CLI's finished-row cells), a long list of
-    finished jobs comes from the cache of their display cells instead of their files."""
+def status(spool: Spool, show_all: bool = False, cells: Optional[RowCells] = None) -> Status:
+    """Every row of the queue. With `cells` (the CLI's finished-row cells), `show_all` gives the
+    finished rows as one FinishedView from their cache (engine/finished_rows.py), and a finished
+    file that is not a valid job is shown as a row saying so."""
     warned_slurm = sync_slurm(spool)
     # a dead job is shown as interrupted as soon as anyone looks; one listing serves it all
-    listing = recovery.reconcile(spool, listing=list(spool.jobs.refs(STATES))).listing
-    snap, invalid = snapshot(spool, refs=listing)
+    listing, done, done_states = _listing(spool)
+    finished_jobs, also_elsewhere = len(done_states), [r.id for r in listing if r.id in done_states]
+    snap, invalid = snapshot(spool, refs=listing, finished=done_states)
+    # a job with a copy in a later state too (a crash mid-move) is shown in that state
+    finished_jobs -= sum(1 for i in set(also_elsewhere) if snap.states[i] not in FINISHED)
     rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
     views = spool.workers.gpu_views()
     reasons = scheduler.waiting_reasons(snap, {**space_waits(spool, snap), **gpu_waits(views)})
     rows += [Row(j, PENDING, reasons[j["id"]]) for j in scheduler.queue_order(snap.pending)]
     for state in (HELD, PREEMPTED, INTERRUPTED, SLURM):
         rows += [Row(j, state) for _r, j in spool.jobs.load_many(state)]
-    finished = recent_finished(spool, 0 if show_all else RECENT_FINISHED, refs=listing)
-    hidden = sum(1 for s in snap.states.values() if s in FINISHED) - len(finished)
-    if summarize is not None and len(finished) > RECENT_FINISHED:
-        rows += [CachedRow(ref.id, ref.state, cells) for ref, cells in finished_summaries(spool, finished, summarize)]
-        finished = []
+    view = None
+    if show_all and cells is not None and done.count() > RECENT_FINISHED:
+        view = finished_view(spool, done, cells)
+        finished: list[JobRef] = []
+    elif show_all:
+        finished = sorted((r for state in FINISHED for r in done.refs(state)), key=lambda r: r.id)
+    else:
+        finished = done.newest(RECENT_FINISHED)
+    hidden = 0 if show_all else finished_jobs - len(finished)
     for ref in finished:
         try:
             rows.append(Row(spool.jobs.load(ref), ref.state))
-        except (FileNotFoundError, schema.InvalidJob):
+        except FileNotFoundError:
             continue
+        except schema.InvalidJob as exc:
+            if cells is not None:
+                rows.append(CachedRow(ref.id, ref.state, cells.damaged(ref.name, str(exc))))
     rows.sort(key=lambda r: (r.state not in (RUNNING, PENDING), r.job["id"]))
     workers = spool.workers.live()
     shown = gpuview.current(spool, snap.running, views)
     indices = [g["index"] for g in shown["gpus"]] if shown else None
     queue_eta.annotate(spool, rows, workers, time.time(), indices)  # progress and ETA, and when pending ones start
     warned = warned_slurm + disk_warnings(spool, snap.running)
-    return Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned)
+    return Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned, view)
+
+
+OTHER_STATES = tuple(s for s in STATES if s not in FINISHED)
+
+
+def _listing(spool: Spool) -> tuple[list[JobRef], Finished, dict[int, str]]:
+    """The tree after the cheap repairs: the refs of the unfinished states, the finished jobs'
+    listing (from its cache while their directories are unchanged) and their states by id."""
+    for _attempt in range(2):  # a repair moved files: listed again
+        done = finished_listing(spool)
+        listing = list(spool.jobs.refs(OTHER_STATES))
+        done_states = done.states()  # handed over to the snapshot, which adds the other states
+        report = recovery.reconcile(spool, listing=listing, finished=(done_states, done.count()))
+        if not (report.duplicates_removed or report.settled):
+            break
+    return listing, done, done_states
 
 
 def sync_slurm(spool: Spool) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from gpuq.spool.files import Files, read_small
+from gpuq.spool.files import Files, read_small, unlink_quietly
 from gpuq.spool.layout import Layout
 
 
@@ -19,3 +19,7 @@ class Caches:
     def write(self, name: str, data: bytes) -> None:
         """Replace cache/NAME atomically. Not fsynced: a cache lost in a power cut is rebuilt."""
         self.files.replace(self.layout.cache_path(name), data, "cache", durable=False)
+
+    def remove(self, name: str) -> None:
+        """Drop cache/NAME if it is there (one an older gpuq wrote and this one no longer reads)."""
+        unlink_quietly(self.layout.cache_path(name))

@@ -212,9 +212,13 @@ def read_small(path: Path, cap: int = 1 << 20, mine: bool = False) -> Optional[b
     if fd is None:
         return None
     try:
-        if mine and os.fstat(fd).st_uid != os.geteuid():
+        st = os.fstat(fd)
+        if mine and st.st_uid != os.geteuid():
             return None
-        chunks, total = [], 0
+        first = os.read(fd, min(st.st_size + 1, cap))  # a cache of megabytes: one read, no joining
+        if len(first) == st.st_size or len(first) == cap:
+            return first
+        chunks, total = [first], len(first)
         while total < cap:
             chunk = os.read(fd, min(1 << 20, cap - total))
             if not chunk:
@@ -252,10 +256,15 @@ def read_from(path: Path, offset: int, limit: int = 1 << 20) -> bytes:
         os.close(fd)
 
 
-def read_job_file(path: Path, cap: int) -> bytes:
+def read_job_file(path: str | Path, cap: int) -> bytes:
     """Read a job file safely: no symlinks, regular, ours, one link, size-capped, checked on the
     open descriptor so it cannot be swapped in between. FileNotFoundError if it vanished;
     InvalidJob (with the reason) for anything refused; other OSErrors are not about the file."""
+    return read_job_file_stat(path, cap)[0]
+
+
+def read_job_file_stat(path: str | Path, cap: int) -> tuple[bytes, os.stat_result]:
+    """read_job_file, and the stat of the descriptor it read (the file's signature as read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO must not hang us
     except FileNotFoundError:
@@ -268,10 +277,14 @@ def read_job_file(path: Path, cap: int) -> bytes:
             raise  # not about the file (out of descriptors...): it stays for the next look
         raise InvalidJob(reason) from None
     try:
-        problem = security.job_file_problem(os.fstat(fd), cap)
+        st = os.fstat(fd)
+        problem = security.job_file_problem(st, cap)
         if problem:
             raise InvalidJob(problem)
-        chunks, total = [], 0
+        first = os.read(fd, st.st_size + 1)
+        if len(first) == st.st_size:  # all the descriptor said, and no more: no read for the end
+            return first, st
+        chunks, total = [first], len(first)
         while total <= cap:
             chunk = os.read(fd, 65536)
             if not chunk:
@@ -280,6 +293,6 @@ def read_job_file(path: Path, cap: int) -> bytes:
             total += len(chunk)
         if total > cap:
             raise InvalidJob(f"grew past the limit of {cap} bytes")
-        return b"".join(chunks)
+        return b"".join(chunks), st
     finally:
         os.close(fd)

@@ -14,7 +14,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 from gpuq.core import schema
 from gpuq.core.states import STATES
-from gpuq.spool.files import Files, Reservation, read_job_file, unlink_quietly
+from gpuq.spool.files import Files, Reservation, read_job_file, read_job_file_stat, unlink_quietly
 from gpuq.spool.layout import JOB_NAME_RE, Layout
 from gpuq.system import fsutil
 
@@ -39,6 +39,16 @@ class JobStore:
         except FileNotFoundError:
             return []
         return sorted(n for n in entries if JOB_NAME_RE.match(n))
+
+    def listed(self, state: str) -> tuple[list[str], list[int]]:
+        """The job file names of a state directory and their ids, in id order (a name sorts as its
+        id until ids pass six digits)."""
+        names = self.names(state)
+        ids = [int(name[: name.index("-")]) for name in names]
+        if ids != sorted(ids):
+            pairs = sorted(zip(ids, names))
+            ids, names = [i for i, _n in pairs], [n for _i, n in pairs]
+        return names, ids
 
     def refs(self, states: tuple[str, ...] = STATES) -> Iterator[JobRef]:
         for state in states:
@@ -98,6 +108,18 @@ class JobStore:
         """A valid job dict for `ref`; schema.InvalidJob or FileNotFoundError otherwise."""
         obj = schema.parse_bytes(self.read_bytes(ref.state, ref.name))
         return schema.validate(obj, expected_id=ref.id)
+
+    def load_shown(
+        self, state: str, name: str, job_id: int, fields: tuple[str, ...]
+    ) -> tuple[dict[str, Any], tuple[int, int, int]]:
+        """Only `fields` of a job file (and its version and id) checked (core/shown.py): what a row
+        of `gpuq status -a` shows; and the file's (inode, mtime_ns, size) as read.
+        schema.InvalidJob or FileNotFoundError otherwise."""
+        from gpuq.core.shown import load_shown  # only `status -a` reads files this way
+
+        path = f"{self.layout.home}/{state}/{name}"  # a string: pathlib per file is slow here
+        data, st = read_job_file_stat(path, MAX_JOB_BYTES)
+        return load_shown(data, job_id, fields), (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def load_many(self, state: str) -> list[tuple[JobRef, dict[str, Any]]]:
         """Every valid job of a state directory; vanished or invalid files are skipped."""
