@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
 
 from gpuq.cli.common import spool
 from gpuq.core import schema
@@ -16,6 +14,11 @@ from gpuq.core.states import HELD, PENDING
 from gpuq.core.timespec import parse_size_bytes, parse_size_mib
 from gpuq.engine import enqueue
 from gpuq.system import procs
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any, Optional
 
 
 def cmd_add(args: argparse.Namespace) -> int:

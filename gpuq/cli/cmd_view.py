@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-from typing import Any
 
 from gpuq.cli import render
 from gpuq.cli.common import spool
 from gpuq.core.states import RUNNING
 from gpuq.engine.status import Row, status
 from gpuq.system import security
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
 
 JSON_FIELDS = (
     "id",

@@ -5,10 +5,13 @@ from __future__ import annotations
 import time
 import unicodedata
 from datetime import datetime
-from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.times import duration, parse_iso
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 SYMBOLS = {
     "pending": "⏳",

@@ -12,12 +12,15 @@ import math
 import os
 import re
 import shlex
-from typing import Any, Optional
 
 from gpuq.core.errors import GpuqError
 from gpuq.core.states import SOURCE_CLI
 from gpuq.core.times import now_iso, parse_iso
 from gpuq.core.timespec import parse_size_mib
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 SCHEMA_VERSION = 1
 MAX_NAME_LEN = 200

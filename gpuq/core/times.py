@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Optional
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional
 
 
 def now_iso() -> str:

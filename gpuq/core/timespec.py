@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import math
 from datetime import date, datetime, time, timedelta, timezone
-from typing import Optional
 
 from gpuq.core import lazyre
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional
 
 MAX_DURATION = 365 * 86400.0
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import PENDING, SOURCE_CLI
 from gpuq.spool import JobRef, Spool
 from gpuq.system import procs
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 
 class EnqueueError(UsageError):

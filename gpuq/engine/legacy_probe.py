@@ -5,7 +5,10 @@ when such a queue is there."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional
 
 DB_NAME = "gpuq.db"
 JSON_NAME = "queue.json"

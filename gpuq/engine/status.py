@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
 
 from gpuq.core import schema
 from gpuq.core.states import FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, STATES
-from gpuq.engine import eta, gpuview, queue_eta, recovery, scheduler
-from gpuq.engine.finished_rows import finished_summaries
+from gpuq.engine import gpuview, recovery, scheduler
 from gpuq.engine.snapshot import recent_finished, snapshot
-from gpuq.spool import JobRef, Spool
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
+
+    from gpuq.engine import eta
+    from gpuq.spool import JobRef, Spool
+
+# Imported only when needed (each module is start-up time, bench/PROFILE.md section 1): the ETA
+# machinery (queue_eta, eta, progress, checkpoints) when a job runs or waits, the finished-row
+# cache with `-a`.
 
 RECENT_FINISHED = 10
 
@@ -77,6 +85,8 @@ def status(
     finished = recent_finished(spool, 0 if show_all else RECENT_FINISHED, refs=listing)
     hidden = sum(1 for s in snap.states.values() if s in FINISHED) - len(finished)
     if summarize is not None and len(finished) > RECENT_FINISHED:
+        from gpuq.engine.finished_rows import finished_summaries
+
         rows += [CachedRow(ref.id, ref.state, cells) for ref, cells in finished_summaries(spool, finished, summarize)]
         finished = []
     for ref in finished:
@@ -88,7 +98,10 @@ def status(
     workers = spool.workers.live()
     shown = gpuview.current(spool, snap.running, views)
     indices = [g["index"] for g in shown["gpus"]] if shown else None
-    queue_eta.annotate(spool, rows, workers, time.time(), indices)  # progress and ETA, and when pending ones start
+    if any(r.state in (RUNNING, PENDING, SLURM) for r in rows):  # else there is nothing to estimate
+        from gpuq.engine import queue_eta
+
+        queue_eta.annotate(spool, rows, workers, time.time(), indices)  # progress and ETA, and when pending ones start
     warned = warned_slurm + disk_warnings(spool, snap.running)
     return Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned)
 

@@ -12,12 +12,15 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Optional
 
 from gpuq.spool.errors import SpoolFull
 from gpuq.spool.files import Files, read_small
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil, security
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional
 
 LOCK_NOTE_BYTES = 1024  # within the first block every lock file has
 

@@ -12,14 +12,18 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Callable, Optional, TypeVar
 
 from gpuq.core.schema import InvalidJob
 from gpuq.spool.errors import SpoolFull
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil, procs, security
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Callable, Optional, TypeVar
+
+    T = TypeVar("T")
+
 STALE_TMP_SECONDS = 600.0
 RESERVE_BYTES = 256 * 1024  # the spool's emergency room: given up so a write can go through on a full disk
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Optional
 
 from gpuq.core.states import REJECTED, STATES
 from gpuq.spool.errors import SpoolError
 from gpuq.system import security
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional
 
 # gpuq's own directories beside the states (see spool_layout.md for what each holds).
 INTERNAL = ("tmp", "locks", "logs", "workers", "control", "progress", "cache", "imports", "snapshots")

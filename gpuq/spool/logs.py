@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from gpuq.core.states import SOURCE_IMPORTED
 from gpuq.spool.files import read_from, remove_counting, tail
 from gpuq.spool.layout import Layout
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any
 
 TAIL_LINES_MAX_BYTES = 4 << 20  # a log with no line breaks must not make `gpuq log` read all of it
 

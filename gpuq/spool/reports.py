@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
 
 from gpuq.spool.files import Files, open_regular, read_small, remove_counting
 from gpuq.spool.layout import Layout
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 
 class Reports:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator, NamedTuple, Optional
+from collections import namedtuple
 
 from gpuq.core import schema
 from gpuq.core.states import STATES
@@ -18,13 +18,17 @@ from gpuq.spool.files import Files, Reservation, read_job_file, unlink_quietly
 from gpuq.spool.layout import JOB_NAME_RE, Layout
 from gpuq.system import fsutil
 
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Iterator, Optional
+
 MAX_JOB_BYTES = 1 << 20
 
 
-class JobRef(NamedTuple):
-    id: int
-    state: str
-    name: str
+class JobRef(namedtuple("JobRef", "id state name")):
+    """A job file: its id (int), state (its directory) and file name."""
+
+    __slots__ = ()
 
 
 class JobStore:

@@ -12,12 +12,15 @@ import fcntl
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
 
 from gpuq.spool.errors import SpoolError
 from gpuq.spool.files import Files, read_small, unlink_quietly
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 
 class WorkerBusy(SpoolError):

@@ -11,7 +11,10 @@ import fcntl
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional
 
 _renameat2 = None  # resolved lazily: ctypes costs a few ms that `gpuq status` should not pay
 

@@ -21,7 +21,10 @@ import shutil
 import stat
 import subprocess
 import threading
-from typing import Any, Optional
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 GIT_TIMEOUT = 5.0
 SNAPSHOT_MAX_BYTES = 200 * 1024 * 1024

@@ -12,7 +12,10 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import Optional
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional
 
 # Errors from opening a job file that say "this file cannot be a job" (rather than "try again"):
 # a socket (ENXIO), a symlink (ELOOP; EMLINK on FreeBSD), a file we may not read.
