@@ -6,7 +6,6 @@ else: 2 for a bad command line, 1 for a request that cannot be carried out.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -70,8 +69,10 @@ def _silence_stdout() -> None:
 def _handler(spec: str) -> Any:
     """ "module:function" of gpuq.cli; "cli:..." names a function of this module."""
     module, _, name = spec.partition(":")
-    target = sys.modules[__name__] if module == "cli" else importlib.import_module(f"gpuq.cli.{module}")
-    return getattr(target, name)
+    if module == "cli":
+        return getattr(sys.modules[__name__], name)
+    __import__(f"gpuq.cli.{module}")  # not importlib.import_module: importlib (and warnings) cost start-up
+    return getattr(sys.modules[f"gpuq.cli.{module}"], name)
 
 
 def cmd_demo(_args: Any) -> int:

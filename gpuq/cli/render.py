@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 import unicodedata
-from datetime import datetime
 
 from gpuq.core import schema
 from gpuq.core.times import duration, parse_iso
@@ -194,7 +193,7 @@ def worker_line(workers: list[dict[str, Any]], pending: int) -> str:
         return "worker: none running" + tail
     parts = []
     for w in workers:
-        since = datetime.fromtimestamp(w.get("started", time.time())).strftime("%Y-%m-%d %H:%M:%S")
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(w.get("started", time.time())))
         gpus = ",".join(w["gpus"]) if w.get("gpus") else "all"
         mode = ", draining: starting nothing new" if w.get("draining") else (", watching" if w.get("watch") else "")
         parts.append(f"pid {w.get('pid')} since {since} (gpus: {gpus}{mode})")

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-import shlex
 
 from gpuq.core.errors import GpuqError
 from gpuq.core.states import SOURCE_CLI
@@ -253,7 +252,9 @@ def _check_ids(value: Any, field: str) -> list[int]:
 
 
 def _check_cmd(value: Any) -> list[str]:
-    if isinstance(value, str):
+    if isinstance(value, str):  # a hand-written job file's command line (shlex: not on status's path)
+        import shlex
+
         try:
             value = shlex.split(value)
         except ValueError as exc:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 import math
 import re
-import shlex
 from collections import namedtuple
 
 DEFAULT_LIMIT = 1000
@@ -173,7 +172,11 @@ def sweep_name(base: str, values: dict[str, str]) -> str:
 
 
 def _quoted(value: str) -> str:
-    return shlex.quote(value) if re.search(r"[\s'\"]", value) else value
+    if not re.search(r"[\s'\"]", value):
+        return value
+    import shlex  # here: `add --after 3-5` reads its ids with this module
+
+    return shlex.quote(value)
 
 
 # -- job id ranges (--after 12-17) --

@@ -19,7 +19,11 @@ option out instead), and so is anything over 365 days, which is a typo rather th
 from __future__ import annotations
 
 import math
-from datetime import date, datetime, time, timedelta, timezone
+
+try:  # CPython's C datetime itself, as in core/times.py: `gpuq status` imports this module
+    from _datetime import date, datetime, time, timedelta, timezone
+except ImportError:  # another Python
+    from datetime import date, datetime, time, timedelta, timezone
 
 from gpuq.core import lazyre
 

@@ -14,15 +14,19 @@ import marshal
 import os
 import sys
 import time
-from typing import Any, Callable, Optional
 
 from gpuq.core import schema
 from gpuq.engine.snapshot import SETTLED_SECONDS
 from gpuq.spool import JobRef, Spool
 
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
+
+    Summary = Any  # whatever `summarize` returns; it must be marshal-able (tuples of str, int, None)
+
 CACHE_NAME = "finished-rows"
 CACHE_FORMAT = 2
-Summary = Any  # whatever `summarize` returns; it must be marshal-able (tuples of str, int, None)
 
 
 def finished_summaries(
