@@ -85,12 +85,12 @@ def test_quick_leaves_the_rest_to_argparse(argv: list[str]) -> None:
 
 def test_every_add_and_status_option_is_known() -> None:
     """A new option in parser.py must be taught to quick.py (else plain lines would lack its default)."""
-    commands = _commands(build_parser())
-    add_options = {s for a in _add_parser(build_parser())._actions for s in a.option_strings} - {"-h", "--help"}
+    add, status = _add_parser(build_parser()), _commands(build_parser())["status"]
+    add_options = {s for a in add._actions for s in a.option_strings} - {"-h", "--help"}
     assert add_options == set(quick.ADD_FLAGS) | set(quick.ADD_VALUES)
-    status_options = {s for a in commands["status"]._actions for s in a.option_strings} - {"-h", "--help"}
+    status_options = {s for a in status._actions for s in a.option_strings} - {"-h", "--help"}
     assert status_options == set(quick.STATUS_FLAGS) | set(quick.STATUS_VALUES)
-    assert {a.dest for a in _add_parser(build_parser())._actions} - {"help", "script", "args"} == set(quick.ADD_DEFAULTS)
+    assert {a.dest for a in add._actions} - {"help", "script", "args"} == set(quick.ADD_DEFAULTS)
 
 
 def test_the_whole_add_line_is_read() -> None:
