@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Start-up of `gpuq status` and `gpuq add`, side by side (issue 15, bench/PROFILE.md section 1).
 
-    python bench/startup.py OLD_VENV NEW_VENV [--finished 1000] [--rounds 21] [--git]
+    python bench/startup.py OLD_VENV NEW_VENV [--finished 1000] [--rounds 21] [--git] [--dispatch 10]
 
 Each venv is one built by bench/honest.py (`python bench/honest.py` prints the path of the one for
 its checkout). One spool with `--finished` finished jobs (written as bench/scenarios.py writes
@@ -10,7 +10,9 @@ them) is shared by all; every round runs, in an order that rotates, each venv's 
 Reported: medians of wall time and of CPU time (user + system of the child, which a loaded machine
 inflates less), and each command's excess over its own venv's `python -c pass`. `--git` makes the
 directory `add` runs in a git repository with one commit and an uncommitted change, so that `add`
-records the code's provenance as a user's would.
+records the code's provenance as a user's would. `--dispatch N` then also takes N samples per venv
+of issue 15's end-to-end figure: an idle `gpuq run --watch` of that venv, `gpuq add` launched ->
+the job's first instruction (bench/scenarios.py's dispatch, the venvs taking turns).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import systems  # noqa: E402
 from common import median  # noqa: E402
-from scenarios import fill_finished, rotated  # noqa: E402
+from scenarios import dispatch, fill_finished, rotated  # noqa: E402
 from systems import REPO, Gpuq  # noqa: E402
 
 sys.path.insert(0, str(REPO))
@@ -63,6 +66,7 @@ def main() -> int:
     ap.add_argument("--finished", type=int, default=1000, help="finished jobs in the spool (default 1000)")
     ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--git", action="store_true", help="`add` runs in a git repository with a change")
+    ap.add_argument("--dispatch", type=int, default=0, metavar="N", help="also N dispatch samples per venv")
     args = ap.parse_args()
     labels = [f"{n}:{v.name}" for n, v in enumerate(args.venvs)]
     with tempfile.TemporaryDirectory(prefix="gpuq-startup-") as tmp:
@@ -105,7 +109,31 @@ def main() -> int:
                 f"{label + ' ' + what:<44} {wall * 1e3:8.1f} {(wall - base_wall) * 1e3:+8.1f}"
                 f" {cpu * 1e3:8.1f} {(cpu - base_cpu) * 1e3:+8.1f}"
             )
+    if args.dispatch:
+        dispatch_side_by_side(labels, args.venvs, args.dispatch)
     return 0
+
+
+def dispatch_side_by_side(labels: list[str], venvs: list[Path], samples: int) -> None:
+    """`gpuq add` launched -> the job's first instruction, each venv with its own idle worker."""
+    with tempfile.TemporaryDirectory(prefix="gpuq-dispatch-") as tmp:
+        queues = []
+        try:
+            for label, venv in zip(labels, venvs):
+                systems.VENV["path"] = venv  # read when the queue is made: its commands are this venv's
+                queue = Gpuq(Path(tmp) / label.replace(":", "-"))
+                queue.name = label
+                queue.start()
+                queues.append(queue)
+            out = dispatch(queues, Path(tmp), samples)
+        finally:
+            for queue in queues:
+                queue.stop()
+    print(f"dispatch, {samples} samples each, load average {os.getloadavg()[0]:.2f} at the end (ms, medians)")
+    for label in labels:
+        submitted, queued = (median(out[label][k]) for k in ("submitted", "queued"))
+        print(f"{label:<40} add launched -> job's first instruction {submitted * 1e3:6.1f}")
+        print(f"{label:<40} add returned -> job's first instruction {queued * 1e3:6.1f}")
 
 
 if __name__ == "__main__":

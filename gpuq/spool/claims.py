@@ -11,7 +11,6 @@ import fcntl
 import json
 import os
 import time
-from pathlib import Path
 
 from gpuq.spool.errors import SpoolFull
 from gpuq.spool.files import Files, read_small
@@ -22,13 +21,15 @@ TYPE_CHECKING = False  # typing only for annotations: importing it costs every s
 if TYPE_CHECKING:
     from typing import Optional
 
+    from gpuq.system.fsutil import StrPath
+
 LOCK_NOTE_BYTES = 1024  # within the first block every lock file has
 
 
 class Claim:
     """An owned claim lock: the flock lives on `fd` until release() or process death."""
 
-    def __init__(self, job_id: int, fd: int, path: Path):
+    def __init__(self, job_id: int, fd: int, path: StrPath):
         self.job_id, self.fd, self.path = job_id, fd, path
 
     def release(self) -> None:

@@ -51,7 +51,7 @@ class Dropbox:
         """Rename a dropped file to its hidden intake name; returns that name."""
         hidden = f".intake-{job_id:06d}-{name}"
         pending = self.layout.state_dir(PENDING)
-        fsutil.rename_noreplace(pending / name, pending / hidden)
+        fsutil.rename_noreplace(os.path.join(pending, name), os.path.join(pending, hidden))
         return hidden
 
     def finish(self, hidden: str) -> None:

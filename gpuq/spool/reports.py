@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 from gpuq.spool.files import Files, open_regular, read_small, remove_counting
 from gpuq.spool.layout import Layout
@@ -19,7 +18,7 @@ class Reports:
     def __init__(self, layout: Layout, files: Files):
         self.layout, self.files = layout, files
 
-    def progress_path(self, job_id: int) -> Path:
+    def progress_path(self, job_id: int) -> str:
         """Given to the job as GPUQ_PROGRESS_FILE: the job writes it, gpuq only reads it."""
         return self.layout.progress_path(job_id)
 
