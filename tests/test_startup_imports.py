@@ -39,8 +39,10 @@ DENIED = (
     "asyncio",
     # cheaper, but each a few milliseconds of every `status` and `add` (bench/PROFILE.md, section 1):
     # annotations need no typing, plain command lines no argparse (cli/quick.py), times need only
-    # the C `_datetime` (datetime.py builds a pure-Python copy first)
+    # the C `_datetime` (datetime.py builds a pure-Python copy first), spool paths are strings
     "typing",
+    "pathlib",
+    "urllib",
     "argparse",
     "gettext",
     "locale",

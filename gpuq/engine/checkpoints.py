@@ -28,13 +28,13 @@ from __future__ import annotations
 import os
 import re
 from collections import namedtuple
-from pathlib import Path
 
 from gpuq.core import lazyre
 from gpuq.core.times import parse_iso
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any, Optional, Sequence
 
 HF_DIR_RE = lazyre.lazy(r"^checkpoint-(\d+)$")
@@ -71,6 +71,8 @@ def output_dir(cmd: Sequence[str], cwd: str) -> Optional[Path]:
     value = arg_value(cmd, OUTPUT_DIR_FLAGS)
     if not value:
         return None
+    from pathlib import Path  # only then: `gpuq status` estimates jobs without it
+
     return Path(cwd, os.path.expanduser(value)).absolute()
 
 
