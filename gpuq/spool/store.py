@@ -42,12 +42,13 @@ class JobStore:
             entries = os.listdir(self.layout.state_dir(state))
         except FileNotFoundError:
             return []
-        return sorted(n for n in entries if JOB_NAME_RE.match(n))
+        return sorted(filter(JOB_NAME_RE.match, entries))
 
     def refs(self, states: tuple[str, ...] = STATES) -> Iterator[JobRef]:
+        new = tuple.__new__  # JobRef(...) calls namedtuple's Python-level __new__: ms per 10,000 jobs
         for state in states:
             for name in self.names(state):  # names() matched JOB_NAME_RE: the id ends at the first "-"
-                yield JobRef(int(name[: name.index("-")]), state, name)
+                yield new(JobRef, (int(name[: name.index("-")]), state, name))
 
     def index(self) -> dict[int, list[JobRef]]:
         """id -> every copy of that job in the tree (more than one only after a crash mid-move)."""
