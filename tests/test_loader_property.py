@@ -50,7 +50,7 @@ class Loader:
         self.spool.jobs.publish(done, "done")  # so that `after: [1]` can be valid
 
     def _write(self, name: str, data: bytes) -> None:
-        fd = os.open(self.spool.layout.state_dir("pending") / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(self.spool.layout.job_path("pending", name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.write(fd, data)
         finally:
@@ -66,7 +66,7 @@ class Loader:
         if outcome.startswith("rejected: "):
             why = outcome[len("rejected: ") :]
             assert why.strip() and "\n" not in why
-            assert (self.spool.layout.state_dir("rejected") / f"{name}.reason").read_text() == why + "\n"
+            assert Path(self.spool.layout.rejected_path(f"{name}.reason")).read_text() == why + "\n"
             return outcome
         assert outcome.startswith("job #"), outcome
         ref = self.spool.jobs.find(int(outcome[len("job #") :]), ("pending",))
@@ -92,7 +92,7 @@ class Loader:
             use_everywhere(self.spool, job)
             return "valid"
         finally:
-            os.unlink(self.spool.layout.state_dir("pending") / name)
+            os.unlink(self.spool.layout.job_path("pending", name))
 
 
 def use_everywhere(spool: Spool, job: dict[str, Any]) -> None:

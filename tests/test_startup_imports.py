@@ -37,6 +37,19 @@ DENIED = (
     "tempfile",
     "platform",
     "asyncio",
+    # cheaper, but each a few milliseconds of every `status` and `add` (bench/PROFILE.md, section 1):
+    # annotations need no typing, plain command lines no argparse (cli/quick.py), times need only
+    # the C `_datetime` (datetime.py builds a pure-Python copy first), spool paths are strings
+    "typing",
+    "pathlib",
+    "urllib",
+    "argparse",
+    "gettext",
+    "locale",
+    "datetime",
+    "signal",
+    "shlex",
+    "importlib",
     # third-party: a start-up must not need them at all
     "watchdog",
     "psutil",
@@ -49,6 +62,15 @@ DENIED = (
     "gpuq.engine.history",
     "gpuq.core.transitions",
     "gpuq.run",
+    "gpuq.cli.parser",
+)
+# Also denied when nothing runs or waits (and no GPU is there to show): the ETA machinery, the GPUs.
+DENIED_WHEN_IDLE = (
+    "gpuq.engine.queue_eta",
+    "gpuq.engine.eta",
+    "gpuq.engine.progress",
+    "gpuq.engine.checkpoints",
+    "gpuq.system.gpus",
 )
 
 # Runs the real CLI entry point in-process and prints the modules it added to sys.modules.
@@ -77,8 +99,8 @@ def imported_by(gq: Any, *args: str) -> set[str]:
     return set(json.loads(proc.stdout.rsplit("MODULES ", 1)[1]))
 
 
-def denied(modules: set[str]) -> list[str]:
-    return sorted(m for m in modules if any(m == d or m.startswith(d + ".") for d in DENIED))
+def denied(modules: set[str], deny: tuple[str, ...] = DENIED) -> list[str]:
+    return sorted(m for m in modules if any(m == d or m.startswith(d + ".") for d in deny))
 
 
 @pytest.mark.parametrize(
@@ -98,8 +120,26 @@ def test_status_and_add_stay_light(gq: Any, command: tuple[str, ...]) -> None:
     gq.gpuq("cancel", *(str(i) for i in range(1, 13)))
     gq.gpuq("add", "-q", "true")
     modules = imported_by(gq, *command)
-    assert "gpuq.cli.parser" in modules  # the probe did run the CLI
+    assert "gpuq.cli.quick" in modules  # the probe did run the CLI
     assert not denied(modules), f"`gpuq {' '.join(command)}` imports {denied(modules)}"
+
+
+@pytest.mark.parametrize("command", [("status",), ("status", "--json"), ("add", "-q", "true")])
+def test_no_eta_or_gpu_modules_for_an_idle_queue(gq: Any, command: tuple[str, ...]) -> None:
+    """Only finished jobs, no worker, no GPU (the tests' machine has no NVIDIA driver): nothing to
+    estimate or show, so none of that machinery is imported."""
+    gq.gpuq("add", "-q", "--sweep", "x=" + ",".join(str(i) for i in range(12)), "true", "{x}")
+    gq.gpuq("cancel", *(str(i) for i in range(1, 13)))
+    modules = imported_by(gq, *command)
+    deny = DENIED + DENIED_WHEN_IDLE
+    assert "gpuq.engine.gpuview" in modules or command[0] == "add"  # the probe got as far as the GPUs
+    assert not denied(modules, deny), f"`gpuq {' '.join(command)}` imports {denied(modules, deny)}"
+
+
+def test_the_probe_sees_the_eta_machinery_when_a_job_waits(gq: Any) -> None:
+    """The idle check can fail: with a pending job, `status` estimates when it starts."""
+    gq.add("true")
+    assert "gpuq.engine.queue_eta" in imported_by(gq, "status")
 
 
 def test_the_probe_sees_a_heavy_import(gq: Any) -> None:

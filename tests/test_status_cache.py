@@ -99,7 +99,7 @@ def test_a_big_fill_shared_with_forked_children_gives_the_same_rows(gq: Env) -> 
     from gpuq.engine import finished_rows
 
     spool = _many(gq, 40)
-    broken = spool.layout.state_dir("done") / "999999-broken.json"
+    broken = Path(spool.layout.job_path("done", "999999-broken.json"))
     broken.write_text("{not json")
     todo = [(r.name, r.id) for r in spool.jobs.refs(("done",))]  # 32 valid jobs and the broken file
     assert len(todo) == 33

@@ -1,20 +1,41 @@
-"""The `gpuq` command line. `main` parses (cli/parser.py), runs the command's handler (a
-`cmd_*.py` module here, imported only when its command runs) and turns every error into one line
-on stderr and an exit code, here and nowhere else: 2 for a bad command line, 1 for a request that
-cannot be carried out.
+"""The `gpuq` command line. `main` parses (cli/quick.py for a plain `status` or `add`, else
+cli/parser.py), runs the command's handler (a `cmd_*.py` module here, imported only when its
+command runs) and turns every error into one line on stderr and an exit code, here and nowhere
+else: 2 for a bad command line, 1 for a request that cannot be carried out.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
-from typing import Any, Optional
 
-from gpuq.cli.parser import build_parser, parse
+from gpuq.cli import quick
 from gpuq.core.errors import GpuqError, UsageError
 
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
 __all__ = ["build_parser", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    """`gpuq.cli.build_parser`: parser.py (argparse) is imported by whoever asks, not by `gpuq status`."""
+    if name != "build_parser":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from gpuq.cli.parser import build_parser
+
+    return build_parser
+
+
+def parse(argv: list[str]) -> Any:
+    """The command line's namespace: the quick reading of a plain `status` or `add`, else argparse's."""
+    args = quick.parse(argv)
+    if args is None:
+        from gpuq.cli.parser import parse as parse_fully
+
+        args = parse_fully(argv)
+    return args
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -48,8 +69,10 @@ def _silence_stdout() -> None:
 def _handler(spec: str) -> Any:
     """ "module:function" of gpuq.cli; "cli:..." names a function of this module."""
     module, _, name = spec.partition(":")
-    target = sys.modules[__name__] if module == "cli" else importlib.import_module(f"gpuq.cli.{module}")
-    return getattr(target, name)
+    if module == "cli":
+        return getattr(sys.modules[__name__], name)
+    __import__(f"gpuq.cli.{module}")  # not importlib.import_module: importlib (and warnings) cost start-up
+    return getattr(sys.modules[f"gpuq.cli.{module}"], name)
 
 
 def cmd_demo(_args: Any) -> int:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
-from pathlib import Path
-from typing import Any, Optional
 
 from gpuq.cli.common import spool
 from gpuq.core import schema
@@ -17,11 +14,16 @@ from gpuq.core.timespec import parse_size_bytes, parse_size_mib
 from gpuq.engine import enqueue
 from gpuq.system import procs
 
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any, Optional
+
 
 def cmd_add(args: argparse.Namespace) -> int:
     user_umask = procs.current_umask()  # before the spool sets gpuq's own 077
-    cwd = Path(args.dir).expanduser().absolute() if args.dir else Path.cwd()
-    if not cwd.is_dir():
+    cwd = os.path.abspath(os.path.expanduser(args.dir)) if args.dir else os.getcwd()
+    if not os.path.isdir(cwd):
         raise UsageError(f"directory not found: {cwd}")
     if args.retries < 0:
         raise UsageError("--retries must be 0 or more")
@@ -61,7 +63,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     return 0
 
 
-def _variants(args: argparse.Namespace, cwd: Path) -> tuple[list[enqueue.Variant], Optional[str]]:
+def _variants(args: argparse.Namespace, cwd: str) -> tuple[list[enqueue.Variant], Optional[str]]:
     """The job to queue, or with --sweep one per combination of values: its command resolved (the
     interpreter, the venv), its name, and its sweep values. Nothing is queued if any is wrong."""
     words = [args.script, *args.args]
@@ -125,7 +127,7 @@ def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"gpu_request": args.gpus, "gpu_mem_mib": mem}
 
 
-def _safeguards(args: argparse.Namespace, cwd: Path) -> dict[str, Any]:
+def _safeguards(args: argparse.Namespace, cwd: str) -> dict[str, Any]:
     """--time, --begin, and the code the job was queued with (--snapshot: a copy of it)."""
     from gpuq.core import timespec
 
@@ -145,7 +147,7 @@ def _safeguards(args: argparse.Namespace, cwd: Path) -> dict[str, Any]:
         return out
     from gpuq.system import gitinfo  # subprocess and git: only inside a repository
 
-    out["code"] = gitinfo.provenance(str(cwd))
+    out["code"] = gitinfo.provenance(cwd)
     if args.snapshot and out["code"] is None:
         raise UsageError(f"--snapshot: git cannot read the repository of {cwd}")
     if args.snapshot:
@@ -153,10 +155,10 @@ def _safeguards(args: argparse.Namespace, cwd: Path) -> dict[str, Any]:
     return out
 
 
-def _in_git_work_tree(cwd: Path) -> bool:
+def _in_git_work_tree(cwd: str) -> bool:
     """A `.git` in `cwd` or above it: a stat per level, so that `add` outside a repository does
     not pay for starting git."""
-    return any((directory / ".git").exists() for directory in (cwd, *cwd.parents))
+    return any(os.path.exists(os.path.join(directory, ".git")) for directory in enqueue.upward(cwd))
 
 
 def _bytes(text: str, flag: str) -> int:
@@ -214,6 +216,7 @@ def _in_editor(fields: dict[str, Any], job_id: int) -> dict[str, Any]:
     import shlex
     import subprocess
     import tempfile
+    from pathlib import Path
 
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
     with tempfile.TemporaryDirectory(prefix="gpuq-edit-") as tmp:

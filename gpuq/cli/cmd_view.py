@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-from typing import Any
 
 from gpuq.cli import render
 from gpuq.cli.common import spool
@@ -12,6 +10,11 @@ from gpuq.core.states import RUNNING
 from gpuq.engine.finished_rows import RowCells
 from gpuq.engine.status import Row, status
 from gpuq.system import security
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
 
 JSON_FIELDS = (
     "id",

@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Optional
 
 from gpuq import __version__
 from gpuq.core.errors import UsageError
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 
 class Formatter(argparse.HelpFormatter):

@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 import unicodedata
 from bisect import bisect_left
-from datetime import datetime
 from itertools import repeat
-from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.times import duration, parse_iso
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 SYMBOLS = {
     "pending": "⏳",
@@ -283,7 +285,7 @@ def worker_line(workers: list[dict[str, Any]], pending: int) -> str:
         return "worker: none running" + tail
     parts = []
     for w in workers:
-        since = datetime.fromtimestamp(w.get("started", time.time())).strftime("%Y-%m-%d %H:%M:%S")
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(w.get("started", time.time())))
         gpus = ",".join(w["gpus"]) if w.get("gpus") else "all"
         mode = ", draining: starting nothing new" if w.get("draining") else (", watching" if w.get("watch") else "")
         parts.append(f"pid {w.get('pid')} since {since} (gpus: {gpus}{mode})")

@@ -7,7 +7,9 @@ request that cannot be carried out.
 
 from __future__ import annotations
 
-from typing import Optional
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional
 
 
 class GpuqError(Exception):

@@ -8,7 +8,10 @@ milliseconds at every start, while most runs use none of them.
 from __future__ import annotations
 
 import re
-from typing import Any
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class LazyPattern:

@@ -11,13 +11,15 @@ import json
 import math
 import os
 import re
-import shlex
-from typing import Any, Optional
 
 from gpuq.core.errors import GpuqError
 from gpuq.core.states import SOURCE_CLI
 from gpuq.core.times import now_iso, parse_iso
 from gpuq.core.timespec import parse_size_mib
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 SCHEMA_VERSION = 1
 MAX_NAME_LEN = 200
@@ -253,7 +255,9 @@ def _check_ids(value: Any, field: str) -> list[int]:
 
 
 def _check_cmd(value: Any) -> list[str]:
-    if isinstance(value, str):
+    if isinstance(value, str):  # a hand-written job file's command line (shlex: not on status's path)
+        import shlex
+
         try:
             value = shlex.split(value)
         except ValueError as exc:

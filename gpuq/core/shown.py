@@ -20,9 +20,12 @@ moves the job check the whole file. Damage in a shown field is reported as such
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
 
 from gpuq.core import schema
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 _HEAD = b'{\n  "schema_version": %d,\n  "id": ' % schema.SCHEMA_VERSION
 _TAIL = b"\n}\n"

@@ -19,10 +19,17 @@ option out instead), and so is anything over 365 days, which is a typo rather th
 from __future__ import annotations
 
 import math
-from datetime import date, datetime, time, timedelta, timezone
-from typing import Optional
+
+try:  # CPython's C datetime itself, as in core/times.py: `gpuq status` imports this module
+    from _datetime import date, datetime, time, timedelta, timezone
+except ImportError:  # another Python
+    from datetime import date, datetime, time, timedelta, timezone
 
 from gpuq.core import lazyre
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional
 
 MAX_DURATION = 365 * 86400.0
 

@@ -7,10 +7,12 @@ with a header line, and a progress file older than the attempt's start is an ear
 
 from __future__ import annotations
 
-from typing import Any, Optional
-
 from gpuq.core.times import parse_iso
 from gpuq.spool import Spool
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 ATTEMPT_HEADER = b"=== gpuq: job #"  # the supervisor's first line of every attempt
 MTIME_SLACK = 1.0  # seconds: file times are coarser than the ISO start time

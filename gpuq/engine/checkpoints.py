@@ -27,11 +27,15 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
-from typing import Any, NamedTuple, Optional, Sequence
+from collections import namedtuple
 
 from gpuq.core import lazyre
 from gpuq.core.times import parse_iso
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any, Optional, Sequence
 
 HF_DIR_RE = lazyre.lazy(r"^checkpoint-(\d+)$")
 HF_COMPLETE_MARKER = "trainer_state.json"
@@ -43,10 +47,11 @@ OUTPUT_DIR_FLAGS = ("--output_dir", "--output-dir")
 MAX_STEPS_FLAGS = ("--max_steps", "--max-steps")
 
 
-class Checkpoint(NamedTuple):
-    path: str  # absolute
-    step: Optional[int]  # global step when the name tells it
-    epoch: Optional[int] = None
+class Checkpoint(namedtuple("Checkpoint", "path step epoch", defaults=(None,))):
+    """`path` (str, absolute), `step` (int: the global step when the name tells it, else None),
+    `epoch` (int or None). collections.namedtuple: typing's NamedTuple costs start-up."""
+
+    __slots__ = ()
 
 
 def arg_value(cmd: Sequence[str], names: Sequence[str]) -> Optional[str]:
@@ -66,6 +71,8 @@ def output_dir(cmd: Sequence[str], cwd: str) -> Optional[Path]:
     value = arg_value(cmd, OUTPUT_DIR_FLAGS)
     if not value:
         return None
+    from pathlib import Path  # only then: `gpuq status` estimates jobs without it
+
     return Path(cwd, os.path.expanduser(value)).absolute()
 
 

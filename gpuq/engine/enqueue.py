@@ -1,10 +1,12 @@
-"""Turning what a user asked for (`gpuq add ...` or a hand-dropped file) into a queued job."""
+"""Turning what a user asked for (`gpuq add ...` or a hand-dropped file) into a queued job.
+
+Directories are plain strings (os.path): `gpuq add` does not import pathlib (bench/PROFILE.md).
+"""
 
 from __future__ import annotations
 
+import errno
 import os
-from pathlib import Path
-from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
@@ -12,22 +14,51 @@ from gpuq.core.states import PENDING, SOURCE_CLI
 from gpuq.spool import JobRef, Spool
 from gpuq.system import procs
 
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Iterator, Optional
+
+    from gpuq.system.fsutil import StrPath
+
 
 class EnqueueError(UsageError):
     """What was asked for cannot become a job (no such script, directory, interpreter)."""
 
 
-def find_venv(start: Path) -> Optional[Path]:
+def upward(start: StrPath) -> Iterator[str]:
+    """`start` (made absolute) and every directory above it, up to the root."""
+    directory = os.path.abspath(start)
+    while True:
+        yield directory
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return
+        directory = parent
+
+
+def exists(path: str) -> bool:
+    """As pathlib's Path.exists: False for a missing path, OSError for one that cannot be looked
+    at (a name too long, no permission), which intake reports as the file's problem."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
+            return False
+        raise
+    return True
+
+
+def find_venv(start: StrPath) -> Optional[str]:
     """The nearest `.venv` (with a bin/python) in `start` or any directory above it."""
-    for directory in (start, *start.parents):
-        candidate = directory / ".venv"
-        if (candidate / "bin" / "python").exists():
+    for directory in upward(start):
+        candidate = os.path.join(directory, ".venv")
+        if exists(os.path.join(candidate, "bin", "python")):
             return candidate
     return None
 
 
 def resolve_command(
-    script: str, args: list[str], cwd: Path, python: Optional[str] = None
+    script: str, args: list[str], cwd: StrPath, python: Optional[str] = None
 ) -> tuple[list[str], Optional[str]]:
     """(argv, venv) for SCRIPT ARGS run in `cwd`.
 
@@ -35,35 +66,36 @@ def resolve_command(
     on PATH. Anything else is a command, found on PATH with the venv's bin/ first.
     """
     venv = find_venv(cwd)
+    path = os.path.join(cwd, script)
     if script.endswith(".py"):
-        if not (cwd / script).is_file():
-            raise EnqueueError(f"script not found: {cwd / script}")
+        if not os.path.isfile(path):
+            raise EnqueueError(f"script not found: {path}")
         if python:
-            interpreter = python if "/" not in python else str(Path(python).absolute())
+            interpreter = python if "/" not in python else os.path.abspath(python)
             if procs.which(interpreter) is None:
                 raise EnqueueError(f"python not found: {python}")
         elif venv is not None:
-            interpreter = str(venv / "bin" / "python")
+            interpreter = os.path.join(venv, "bin", "python")
         else:
             interpreter = procs.which("python3") or procs.which("python") or ""
             if not interpreter:
                 raise EnqueueError("no python found on PATH; give one with --python")
-        return [interpreter, script, *args], str(venv) if venv else None
+        return [interpreter, script, *args], venv
     search = os.environ.get("PATH", "")
     if venv is not None:
         search = f"{venv}/bin{os.pathsep}{search}"
     if "/" in script:
-        if not (cwd / script).exists():
-            raise EnqueueError(f"script not found: {cwd / script}")
+        if not exists(path):
+            raise EnqueueError(f"script not found: {path}")
     elif procs.which(script, path=search) is None:
         raise EnqueueError(f"command not found: {script}")
-    return [script, *args], str(venv) if venv else None
+    return [script, *args], venv
 
 
-def default_name(cwd: Path, cmd: list[str]) -> str:
+def default_name(cwd: StrPath, cmd: list[str]) -> str:
     """`<dir name>/<script stem>`, as the original gpuq named jobs (`root/...` in `/`)."""
     stem = schema.display_script(cmd).rsplit(".", 1)[0] or "job"
-    return f"{cwd.name or 'root'}/{stem}"
+    return f"{os.path.basename(os.path.normpath(cwd)) or 'root'}/{stem}"
 
 
 def missing_jobs(spool: Spool, ids: list[int]) -> str:
@@ -78,33 +110,36 @@ class NoSuchDependency(Refused):
     """--after names a job that does not exist."""
 
 
-def _snapshot(spool: Spool, first: int, ids: list[int], repo: str, cwd: Path) -> dict[str, Any]:
+def _snapshot(spool: Spool, first: int, ids: list[int], repo: str, cwd: StrPath) -> dict[str, Any]:
     """Copy the repository's tracked files now (`add --snapshot`): the jobs run this code."""
     from gpuq.system import gitinfo  # git, only for --snapshot
 
     try:
         info = spool.snapshots.create(first, ids, lambda dest: gitinfo.snapshot(repo, dest))
-        here = gitinfo.snapshot_cwd(str(cwd), repo, info["path"])
+        here = gitinfo.snapshot_cwd(os.fspath(cwd), repo, info["path"])
     except ValueError as exc:
         raise EnqueueError(f"--snapshot: {exc}") from None
     keep = ("path", "files", "bytes", "commit")
     return {**{k: info[k] for k in keep}, "repo": repo, "cwd": here}
 
 
-def _snapshot_cmd(cmd: list[str], cwd: Path, snap: dict[str, Any]) -> list[str]:
+def _snapshot_cmd(cmd: list[str], cwd: StrPath, snap: dict[str, Any]) -> list[str]:
     """The command with every argument that names a file of the repository (the script, a config)
     pointing at its copy: the job runs in its own directory, with its data and outputs, but the
     code it was queued with."""
+    from pathlib import Path  # only for --snapshot
+
+    base = Path(cwd)
     out = []
     for word in cmd:
-        path = (cwd / word) if not os.path.isabs(word) else Path(word)
+        path = (base / word) if not os.path.isabs(word) else Path(word)
         inside = not word.startswith("-") and path.is_file() and _within(path, snap["repo"])
         copy = Path(snap["path"]) / os.path.relpath(os.path.realpath(path), os.path.realpath(snap["repo"]))
         out.append(str(copy) if inside and copy.is_file() else word)
     return out
 
 
-def _within(path: Path, repo: str) -> bool:
+def _within(path: StrPath, repo: str) -> bool:
     rel = os.path.relpath(os.path.realpath(path), os.path.realpath(repo))
     return not (rel == os.pardir or rel.startswith(os.pardir + os.sep))
 
@@ -142,7 +177,7 @@ def enqueue_many(
     spool: Spool,
     variants: list[Variant],
     *,
-    cwd: Path,
+    cwd: StrPath,
     venv: Optional[str],
     env: dict[str, str],
     shell_env: Optional[dict[str, str]],
@@ -157,7 +192,7 @@ def enqueue_many(
 ) -> list[tuple[JobRef, dict[str, Any]]]:
     """Publish one job per variant, with consecutive ids, durably, in `state` (pending/, or held/
     for `add --hold`). All or nothing: should one fail (a full disk), those published are removed."""
-    if not cwd.is_dir():
+    if not os.path.isdir(cwd):
         raise EnqueueError(f"directory not found: {cwd}")
     missing = missing_jobs(spool, after + after_any)
     if missing:
@@ -177,7 +212,7 @@ def enqueue_many(
                 job_id=job_id,
                 name=variant.name or default_name(cwd, variant.cmd),
                 cmd=variant.cmd,
-                cwd=str(cwd),
+                cwd=os.fspath(cwd),
                 log=str(spool.layout.log_path(job_id)),
                 env=env,
                 shell_env=shell_env,

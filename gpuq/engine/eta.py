@@ -19,12 +19,16 @@ progress/NNNNNN.samples.json through the Spool. The queue's ETA is in queue_eta.
 from __future__ import annotations
 
 import os
-from typing import Any, NamedTuple, Optional
+from collections import namedtuple
 
 from gpuq.core.states import DONE
 from gpuq.core.times import duration, parse_iso
 from gpuq.engine import attempt, checkpoints, progress
 from gpuq.spool import Spool
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 MAX_POINTS = 32  # samples kept per job: the series' first one and the newest 31
 RATE_POINTS = 8  # the window: this many newest samples ("recent")
@@ -61,14 +65,13 @@ class Estimate:
         return self.reading.fraction if self.reading else None
 
 
-class Attempt(NamedTuple):
-    """What the ETA knows about the current attempt beyond its samples (a NamedTuple: dataclasses
-    cost `gpuq status` its start-up)."""
+class Attempt(namedtuple("Attempt", "started start_step tail tail_runs", defaults=(0.0, None, 0))):
+    """What the ETA knows about the current attempt beyond its samples: `started` (epoch seconds),
+    `start_step` (the step it resumed from; None: resumed from an unknown step), `tail` (seconds
+    earlier runs took after their last step, or None), `tail_runs` (how many runs `tail` is from).
+    collections.namedtuple: dataclasses and typing's NamedTuple cost `gpuq status` its start-up."""
 
-    started: float  # epoch seconds
-    start_step: Optional[float] = 0.0  # the step it resumed from; None: resumed from an unknown step
-    tail: Optional[float] = None  # seconds earlier runs took after their last step
-    tail_runs: int = 0
+    __slots__ = ()
 
 
 # ---- one running job ----------------------------------------------------------------------------

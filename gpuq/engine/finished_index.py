@@ -14,11 +14,16 @@ import marshal
 import sys
 import time
 from array import array
-from typing import Any, Optional
 
 from gpuq.core.states import FINISHED
 from gpuq.engine.snapshot import SETTLED_SECONDS
-from gpuq.spool import JobRef, Spool
+from gpuq.spool import JobRef
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+    from gpuq.spool import Spool
 
 INDEX_NAME = "finished-index"
 _HEADER = (1, marshal.version, sys.byteorder, array("q").itemsize)

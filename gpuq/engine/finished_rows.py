@@ -19,12 +19,15 @@ import os
 import sys
 from array import array
 from itertools import repeat
-from typing import Any, Callable, Optional
 
 from gpuq.core import schema
 from gpuq.core.states import FINISHED
 from gpuq.engine.finished_index import Finished, settled_key
 from gpuq.spool import Spool
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
 
 CACHE_NAME = "finished-view"
 OLD_CACHE_NAME = "finished-rows"  # the cells alone, as gpuq wrote them before this cache

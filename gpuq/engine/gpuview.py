@@ -5,15 +5,24 @@ without such a file does a command look at the GPUs."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from gpuq.system.gpu_presence import may_have_gpus
 
-from gpuq.spool import Spool
-from gpuq.system import gpus as gpu_info
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+    from gpuq.spool import Spool
+    from gpuq.system.gpus import GpuLook
+
+# system/gpus.py is imported where a look is taken or shown: on a machine without GPUs, `gpuq
+# status` needs neither.
 
 
-def view(look: gpu_info.GpuLook, running: list[dict[str, Any]]) -> dict[str, Any]:
+def view(look: GpuLook, running: list[dict[str, Any]]) -> dict[str, Any]:
     """{"at", "source", "problem", "gpus": [...]}: per GPU its index, name, uuid, memory, the ids of
     the gpuq jobs holding it, and every other process on it (pid, MiB, who)."""
+    from gpuq.system import gpus as gpu_info
+
     own: set[int] = set()
     holders: dict[int, list[int]] = {}
     pids = [job["pid"] for job in running if job.get("pid")]
@@ -51,6 +60,10 @@ def current(
     if views:
         newest = max(views, key=lambda v: v.get("at") or 0)
         return None if _none(newest.get("gpus"), newest.get("source"), newest.get("problem")) else newest
+    if not may_have_gpus():  # what a look would say here: no driver, no GPUs
+        return None
+    from gpuq.system import gpus as gpu_info
+
     look = gpu_info.look()
     return None if _none(look.gpus, look.source, look.problem) else view(look, running)
 
@@ -73,6 +86,8 @@ def never_fits(spool: Spool, count: int, mem_mib: Optional[int]) -> Optional[str
     if count > len(totals):
         return f"needs {count} GPUs; this machine has {len(totals)}"
     if mem_mib is not None and totals[count - 1] < mem_mib:
-        largest = gpu_info.mib_text(totals[0])
-        return f"needs {gpu_info.mib_text(mem_mib)} on each GPU; the largest here has {largest}"
+        from gpuq.system.gpus import mib_text
+
+        largest = mib_text(totals[0])
+        return f"needs {mib_text(mem_mib)} on each GPU; the largest here has {largest}"
     return None

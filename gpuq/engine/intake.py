@@ -81,7 +81,7 @@ def still_being_written(path: Path, now: float, writers: Optional[Writers] = Non
         return False
     if now - mtime < quiet_seconds():
         return True
-    return path in (writers if writers is not None else Writers(path.parent))
+    return path in (writers if writers is not None else Writers(os.path.dirname(path)))
 
 
 def take_in_some(

@@ -17,10 +17,13 @@ import json
 import math
 import os
 import re
-from typing import Any, Iterable, Optional
 
 from gpuq.core import lazyre
 from gpuq.engine import checkpoints
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Optional
 
 TAIL_BYTES = 64 * 1024
 MAX_TRAINER_STATE_BYTES = 8 << 20
@@ -205,7 +208,8 @@ def segments(text: str, ends_open: bool) -> list[str]:
     return [p for p in parts if p.strip()]
 
 
-Found = tuple[str, float, Optional[float], Optional[float], bool]  # counter, step, total, rate, finished
+if TYPE_CHECKING:
+    Found = tuple[str, float, Optional[float], Optional[float], bool]  # counter, step, total, rate, finished
 
 
 def log_readings(text: str, epochs: Optional[float] = None) -> list[Found]:

@@ -6,12 +6,14 @@ runs of the same command in the same directory.
 
 from __future__ import annotations
 
-from typing import Any, Optional
-
 from gpuq.core.states import DONE
 from gpuq.core.times import duration, parse_iso
 from gpuq.engine import eta, scheduler
 from gpuq.spool import Spool
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 
 def past_durations(spool: Spool, keys: set[str]) -> dict[str, list[float]]:

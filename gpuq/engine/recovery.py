@@ -9,12 +9,14 @@ spool_layout.md (section 10) lists each crash point and which repair here resolv
 
 from __future__ import annotations
 
-from typing import Optional
-
 from gpuq.core import schema
 from gpuq.core.states import PENDING, PREEMPT_ACTIONS, RUNNING, STATES
 from gpuq.spool import JobRef, Spool
 from gpuq.system import procs
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional
 
 
 class Report:

@@ -7,16 +7,22 @@ start; tests call these directly.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from collections import namedtuple
 
 from gpuq.core import states
 from gpuq.core.states import FINISHED, NEEDS_USER
 from gpuq.core.times import parse_iso
 
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
-class Wait(NamedTuple):
-    reason: str
-    forever: bool  # True: cannot start unless a person acts (the dependency failed, vanished...)
+
+class Wait(namedtuple("Wait", "reason forever")):
+    """Why a pending job waits: `reason` (one line), `forever` (True: it cannot start unless a
+    person acts: the dependency failed, vanished...)."""
+
+    __slots__ = ()
 
 
 class Snapshot:

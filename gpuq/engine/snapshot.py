@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.states import PENDING, RUNNING, STATES
 from gpuq.engine.scheduler import Snapshot
 from gpuq.spool import JobRef, Spool
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 # A directory's mtime is trusted to cover its files only once it is this old: timestamps are
 # coarse, so a change in the same tick as the one recorded could leave it unchanged (Python's

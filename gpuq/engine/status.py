@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.states import FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, STATES
-from gpuq.engine import eta, gpuview, queue_eta, recovery, scheduler
-from gpuq.engine.finished_index import Finished
+from gpuq.engine import gpuview, recovery, scheduler
 from gpuq.engine.finished_index import finished as finished_listing
-from gpuq.engine.finished_rows import FinishedView, RowCells, finished_view
 from gpuq.engine.snapshot import snapshot
-from gpuq.spool import JobRef, Spool
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+    from gpuq.engine import eta
+    from gpuq.engine.finished_index import Finished
+    from gpuq.engine.finished_rows import FinishedView, RowCells
+    from gpuq.spool import JobRef, Spool
+
+# Imported only when needed (each module is start-up time, bench/PROFILE.md section 1): the ETA
+# machinery (queue_eta, eta, progress, checkpoints) when a job runs or waits, the finished-row
+# cache with `-a`.
 
 RECENT_FINISHED = 10
 
@@ -82,6 +91,8 @@ def status(spool: Spool, show_all: bool = False, cells: Optional[RowCells] = Non
         rows += [Row(j, state) for _r, j in spool.jobs.load_many(state)]
     view = None
     if show_all and cells is not None and done.count() > RECENT_FINISHED:
+        from gpuq.engine.finished_rows import finished_view
+
         view = finished_view(spool, done, cells)
         finished: list[JobRef] = []
     elif show_all:
@@ -101,7 +112,10 @@ def status(spool: Spool, show_all: bool = False, cells: Optional[RowCells] = Non
     workers = spool.workers.live()
     shown = gpuview.current(spool, snap.running, views)
     indices = [g["index"] for g in shown["gpus"]] if shown else None
-    queue_eta.annotate(spool, rows, workers, time.time(), indices)  # progress and ETA, and when pending ones start
+    if any(r.state in (RUNNING, PENDING, SLURM) for r in rows):  # else there is nothing to estimate
+        from gpuq.engine import queue_eta
+
+        queue_eta.annotate(spool, rows, workers, time.time(), indices)  # progress and ETA, and when pending ones start
     warned = warned_slurm + disk_warnings(spool, snap.running)
     return Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned, view)
 

@@ -16,25 +16,29 @@ A Spool is composed of small parts, one module each, that share only the Layout 
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from pathlib import Path
-from typing import Optional
+from functools import cached_property
 
-from gpuq.spool import mutex
-from gpuq.spool.cache import Caches
-from gpuq.spool.claims import Claim, Claims
-from gpuq.spool.control import ControlRequests
-from gpuq.spool.dropbox import Dropbox
 from gpuq.spool.errors import SpoolError, SpoolFull
-from gpuq.spool.files import Files, disk_space
-from gpuq.spool.ids import IdCounter
-from gpuq.spool.imports import ImportRecords
 from gpuq.spool.layout import Layout, default_home
-from gpuq.spool.logs import Logs
-from gpuq.spool.reports import Reports
-from gpuq.spool.snapshots import Snapshots
 from gpuq.spool.store import MAX_JOB_BYTES, JobRef, JobStore
-from gpuq.spool.workers import WorkerBusy, WorkerLease, WorkerRegistry
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+    from pathlib import Path
+    from typing import Any, Optional
+
+    from gpuq.spool.cache import Caches
+    from gpuq.spool.claims import Claim, Claims
+    from gpuq.spool.control import ControlRequests
+    from gpuq.spool.dropbox import Dropbox
+    from gpuq.spool.files import Files
+    from gpuq.spool.ids import IdCounter
+    from gpuq.spool.imports import ImportRecords
+    from gpuq.spool.logs import Logs
+    from gpuq.spool.reports import Reports
+    from gpuq.spool.snapshots import Snapshots
+    from gpuq.spool.workers import WorkerBusy, WorkerLease, WorkerRegistry
 
 __all__ = [
     "MAX_JOB_BYTES",
@@ -48,25 +52,97 @@ __all__ = [
     "default_home",
 ]
 
+_LAZY = {"Claim": "claims", "WorkerBusy": "workers", "WorkerLease": "workers"}
+
+
+def __getattr__(name: str) -> Any:
+    """`from gpuq.spool import Claim` (and WorkerBusy, WorkerLease): their modules are imported
+    by whoever asks, not by every command that opens the spool."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f"gpuq.spool.{_LAZY[name]}"), name)
+
 
 class Spool:
-    """The spool at `home` (default: $GPUQ_HOME or ~/.gpuq)."""
+    """The spool at `home` (default: $GPUQ_HOME or ~/.gpuq). Each part is built (and its module
+    imported) the first time it is used: `gpuq status` needs about half of them, `gpuq add` fewer,
+    and every module imported is start-up time (bench/PROFILE.md, section 1)."""
 
     def __init__(self, home: Optional[Path] = None):
         self.layout = Layout(home)
         self.home = self.layout.home
-        self.files = Files(self.layout)
-        self.jobs = JobStore(self.layout, self.files)
-        self.ids = IdCounter(self.layout, self.files, self.jobs)
-        self.claims = Claims(self.layout, self.files)
-        self.control = ControlRequests(self.layout, self.files)
-        self.workers = WorkerRegistry(self.layout, self.files)
-        self.logs = Logs(self.layout)
-        self.reports = Reports(self.layout, self.files)
-        self.cache = Caches(self.layout, self.files)
-        self.dropbox = Dropbox(self.layout, self.files)
-        self.imports = ImportRecords(self.layout, self.files)
-        self.snapshots = Snapshots(self.layout, self.files)
+
+    @cached_property
+    def files(self) -> Files:
+        from gpuq.spool.files import Files
+
+        return Files(self.layout)
+
+    @cached_property
+    def jobs(self) -> JobStore:
+        return JobStore(self.layout, self.files)
+
+    @cached_property
+    def ids(self) -> IdCounter:
+        from gpuq.spool.ids import IdCounter
+
+        return IdCounter(self.layout, self.files, self.jobs)
+
+    @cached_property
+    def claims(self) -> Claims:
+        from gpuq.spool.claims import Claims
+
+        return Claims(self.layout, self.files)
+
+    @cached_property
+    def control(self) -> ControlRequests:
+        from gpuq.spool.control import ControlRequests
+
+        return ControlRequests(self.layout, self.files)
+
+    @cached_property
+    def workers(self) -> WorkerRegistry:
+        from gpuq.spool.workers import WorkerRegistry
+
+        return WorkerRegistry(self.layout, self.files)
+
+    @cached_property
+    def logs(self) -> Logs:
+        from gpuq.spool.logs import Logs
+
+        return Logs(self.layout)
+
+    @cached_property
+    def reports(self) -> Reports:
+        from gpuq.spool.reports import Reports
+
+        return Reports(self.layout, self.files)
+
+    @cached_property
+    def cache(self) -> Caches:
+        from gpuq.spool.cache import Caches
+
+        return Caches(self.layout, self.files)
+
+    @cached_property
+    def dropbox(self) -> Dropbox:
+        from gpuq.spool.dropbox import Dropbox
+
+        return Dropbox(self.layout, self.files)
+
+    @cached_property
+    def imports(self) -> ImportRecords:
+        from gpuq.spool.imports import ImportRecords
+
+        return ImportRecords(self.layout, self.files)
+
+    @cached_property
+    def snapshots(self) -> Snapshots:
+        from gpuq.spool.snapshots import Snapshots
+
+        return Snapshots(self.layout, self.files)
 
     def ensure(self) -> Spool:
         """Create the tree on first use and refuse one that others could write into."""
@@ -76,6 +152,8 @@ class Spool:
     def adopt_lock(self) -> AbstractContextManager[None]:
         """Held by `gpuq adopt` from "is this process tracked yet?" to publishing it, so two
         adopters of one process cannot both create a job."""
+        from gpuq.spool import mutex
+
         return mutex.held(self.layout, "adopt")
 
     def network_filesystem(self) -> Optional[str]:
@@ -86,6 +164,8 @@ class Spool:
 
     def disk_space(self) -> tuple[int, int]:
         """(total, free) bytes of the filesystem the spool lives on."""
+        from gpuq.spool.files import disk_space
+
         return disk_space(self.home)
 
     def delete_outputs(self, job_id: int) -> int:

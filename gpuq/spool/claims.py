@@ -11,13 +11,17 @@ import fcntl
 import json
 import os
 import time
-from pathlib import Path
-from typing import Optional
 
 from gpuq.spool.errors import SpoolFull
 from gpuq.spool.files import Files, read_small
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil, security
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional
+
+    from gpuq.system.fsutil import StrPath
 
 LOCK_NOTE_BYTES = 1024  # within the first block every lock file has
 
@@ -25,7 +29,7 @@ LOCK_NOTE_BYTES = 1024  # within the first block every lock file has
 class Claim:
     """An owned claim lock: the flock lives on `fd` until release() or process death."""
 
-    def __init__(self, job_id: int, fd: int, path: Path):
+    def __init__(self, job_id: int, fd: int, path: StrPath):
         self.job_id, self.fd, self.path = job_id, fd, path
 
     def release(self) -> None:

@@ -8,13 +8,15 @@ crash cannot take it in twice; the job is then published and the hidden file rem
 from __future__ import annotations
 
 import os
-from contextlib import AbstractContextManager
 
 from gpuq.core.states import PENDING
 from gpuq.spool.files import Files
 from gpuq.spool.layout import INTAKE_RE, JOB_NAME_RE, Layout
-from gpuq.spool.mutex import turn
 from gpuq.system import fsutil
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
 
 
 class Dropbox:
@@ -24,6 +26,8 @@ class Dropbox:
     def turn(self) -> AbstractContextManager[bool]:
         """True for the one process taking in dropped files right now (others skip their turn),
         so several workers do not race for the same file and waste ids on it."""
+        from gpuq.spool.mutex import turn  # contextlib: not for `gpuq status`, which only lists
+
         return turn(self.layout, "intake")
 
     def dropped(self) -> list[str]:
@@ -47,7 +51,7 @@ class Dropbox:
         """Rename a dropped file to its hidden intake name; returns that name."""
         hidden = f".intake-{job_id:06d}-{name}"
         pending = self.layout.state_dir(PENDING)
-        fsutil.rename_noreplace(pending / name, pending / hidden)
+        fsutil.rename_noreplace(os.path.join(pending, name), os.path.join(pending, hidden))
         return hidden
 
     def finish(self, hidden: str) -> None:

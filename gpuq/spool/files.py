@@ -11,15 +11,20 @@ import errno
 import os
 import stat
 import time
-from pathlib import Path
-from typing import Callable, Optional, TypeVar
 
 from gpuq.core.schema import InvalidJob
 from gpuq.spool.errors import SpoolFull
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil, procs, security
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Callable, Optional, TypeVar
+
+    from gpuq.system.fsutil import StrPath
+
+    T = TypeVar("T")
+
 STALE_TMP_SECONDS = 600.0
 RESERVE_BYTES = 256 * 1024  # the spool's emergency room: given up so a write can go through on a full disk
 
@@ -28,7 +33,7 @@ class Reservation:
     """Room set aside in tmp/ (a file of allocated blocks) for one later write, so that the write
     needs no new blocks: the job's end, written by its supervisor on a disk its output filled."""
 
-    def __init__(self, path: Path, fd: int, size: int):
+    def __init__(self, path: StrPath, fd: int, size: int):
         self.path, self.fd, self.size = path, fd, size
 
     def release(self) -> None:
@@ -46,12 +51,12 @@ class Files:
         self.layout = layout
         self._counter = 0
 
-    def tmp_path(self, kind: str) -> Path:
+    def tmp_path(self, kind: str) -> StrPath:
         """A fresh hidden name in tmp/ that says who wrote it (for clean_tmp) and what it is."""
         self._counter += 1
-        return self.layout.tmp_dir() / f".{kind}-{os.getpid()}-{self._counter}-{os.urandom(4).hex()}"
+        return os.path.join(self.layout.tmp_dir(), f".{kind}-{os.getpid()}-{self._counter}-{os.urandom(4).hex()}")
 
-    def write_tmp(self, data: bytes, kind: str, durable: bool = True) -> Path:
+    def write_tmp(self, data: bytes, kind: str, durable: bool = True) -> StrPath:
         """A complete file in tmp/; SpoolFull (the partial file removed) if there is no room."""
         path = self.tmp_path(kind)
         try:
@@ -77,7 +82,7 @@ class Files:
             raise
         return Reservation(path, fd, size)
 
-    def place_into(self, reservation: Reservation, target: Path, data: bytes, replace: bool) -> bool:
+    def place_into(self, reservation: Reservation, target: StrPath, data: bytes, replace: bool) -> bool:
         """Write `data` into the reservation's blocks and rename it to `target` (durably); the
         reservation is used up. False (reservation untouched) when `data` does not fit in it."""
         if reservation.fd < 0 or len(data) > reservation.size:
@@ -88,7 +93,7 @@ class Files:
         os.close(reservation.fd)
         reservation.fd = -1
         _rename_or_drop(reservation.path, target, replace)
-        fsutil.fsync_dir(target.parent)
+        fsutil.fsync_dir(os.path.dirname(target))
         return True
 
     def keep_emergency_room(self) -> None:
@@ -117,18 +122,18 @@ class Files:
         already gone."""
         return unlink_quietly(self.layout.top_file("reserve"))
 
-    def replace(self, target: Path, data: bytes, kind: str, durable: bool = True) -> None:
+    def replace(self, target: StrPath, data: bytes, kind: str, durable: bool = True) -> None:
         """Atomically make `target` hold `data`, replacing what was there."""
         tmp = self.write_tmp(data, kind, durable)
         _rename_or_drop(tmp, target, replace=True)
         if durable:
-            fsutil.fsync_dir(target.parent)
+            fsutil.fsync_dir(os.path.dirname(target))
 
-    def place_new(self, target: Path, data: bytes, kind: str) -> None:
+    def place_new(self, target: StrPath, data: bytes, kind: str) -> None:
         """Atomically create `target` with `data`, durably; FileExistsError if it exists."""
         tmp = self.write_tmp(data, kind)
         _rename_or_drop(tmp, target, replace=False)
-        fsutil.fsync_dir(target.parent)
+        fsutil.fsync_dir(os.path.dirname(target))
 
     def clean_tmp(self, now: Optional[float] = None) -> int:
         """Remove tmp files left by writers that died (or that are implausibly old)."""
@@ -136,7 +141,7 @@ class Files:
         removed = 0
         for name in os.listdir(self.layout.tmp_dir()):
             parts = name.split("-")
-            path = self.layout.tmp_dir() / name
+            path = os.path.join(self.layout.tmp_dir(), name)
             try:
                 age = now - os.stat(path, follow_symlinks=False).st_mtime
             except FileNotFoundError:
@@ -148,7 +153,7 @@ class Files:
         return removed
 
 
-def _rename_or_drop(tmp: Path, target: Path, replace: bool) -> None:
+def _rename_or_drop(tmp: StrPath, target: StrPath, replace: bool) -> None:
     try:
         if replace:
             os.replace(tmp, target)
@@ -159,12 +164,12 @@ def _rename_or_drop(tmp: Path, target: Path, replace: bool) -> None:
         raise
 
 
-def free_bytes(path: Path) -> int:
+def free_bytes(path: StrPath) -> int:
     """Bytes an unprivileged process may still write on the filesystem of `path`."""
     return disk_space(path)[1]
 
 
-def disk_space(path: Path) -> tuple[int, int]:
+def disk_space(path: StrPath) -> tuple[int, int]:
     """(total, free) bytes of the filesystem of `path` (zeros if it cannot be told)."""
     try:
         st = os.statvfs(path)
@@ -173,7 +178,7 @@ def disk_space(path: Path) -> tuple[int, int]:
     return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
 
 
-def remove_counting(path: Path) -> int:
+def remove_counting(path: StrPath) -> int:
     """Remove a file (never through a link); the bytes of disk that frees (0 if it was not there)."""
     try:
         size = os.lstat(path).st_blocks * 512
@@ -183,7 +188,7 @@ def remove_counting(path: Path) -> int:
     return size
 
 
-def unlink_quietly(path: Path) -> bool:
+def unlink_quietly(path: StrPath) -> bool:
     """Remove a file; False if it was already gone."""
     try:
         os.unlink(path)
@@ -192,7 +197,7 @@ def unlink_quietly(path: Path) -> bool:
     return True
 
 
-def open_regular(path: Path) -> Optional[int]:
+def open_regular(path: StrPath) -> Optional[int]:
     """A read descriptor on `path` if it is a regular file (never through a link, never blocking
     on a FIFO); None otherwise. The caller closes it."""
     try:
@@ -205,7 +210,7 @@ def open_regular(path: Path) -> Optional[int]:
     return fd
 
 
-def read_small(path: Path, cap: int = 1 << 20, mine: bool = False) -> Optional[bytes]:
+def read_small(path: StrPath, cap: int = 1 << 20, mine: bool = False) -> Optional[bytes]:
     """The content of a small regular file (at most `cap` bytes read; `mine`: owned by us too),
     or None if it is missing or not such a file."""
     fd = open_regular(path)
@@ -232,7 +237,7 @@ def read_small(path: Path, cap: int = 1 << 20, mine: bool = False) -> Optional[b
         os.close(fd)
 
 
-def tail(path: Path, limit: int) -> tuple[bytes, float]:
+def tail(path: StrPath, limit: int) -> tuple[bytes, float]:
     """The last `limit` bytes of a regular file and its mtime; (b"", 0.0) if there is none. The
     cost does not grow with the file: a 1 GB log costs what a 1 KB one does."""
     fd = open_regular(path)
@@ -245,7 +250,7 @@ def tail(path: Path, limit: int) -> tuple[bytes, float]:
         os.close(fd)
 
 
-def read_from(path: Path, offset: int, limit: int = 1 << 20) -> bytes:
+def read_from(path: StrPath, offset: int, limit: int = 1 << 20) -> bytes:
     """Up to `limit` bytes of a regular file from `offset` on (b"" if none)."""
     fd = open_regular(path)
     if fd is None:
@@ -256,14 +261,14 @@ def read_from(path: Path, offset: int, limit: int = 1 << 20) -> bytes:
         os.close(fd)
 
 
-def read_job_file(path: str | Path, cap: int) -> bytes:
+def read_job_file(path: StrPath, cap: int) -> bytes:
     """Read a job file safely: no symlinks, regular, ours, one link, size-capped, checked on the
     open descriptor so it cannot be swapped in between. FileNotFoundError if it vanished;
     InvalidJob (with the reason) for anything refused; other OSErrors are not about the file."""
     return read_job_file_stat(path, cap)[0]
 
 
-def read_job_file_stat(path: str | Path, cap: int) -> tuple[bytes, os.stat_result]:
+def read_job_file_stat(path: StrPath, cap: int) -> tuple[bytes, os.stat_result]:
     """read_job_file, and the stat of the descriptor it read (the file's signature as read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO must not hang us

@@ -39,7 +39,8 @@ class IdCounter:
 
     def _stored(self) -> int:
         try:
-            return _number(self.layout.top_file("next_id").read_bytes())
+            with open(self.layout.top_file("next_id"), "rb") as f:
+                return _number(f.read())
         except OSError:
             return 0
 

@@ -2,18 +2,23 @@
 
 Every other part of gpuq.spool asks a Layout for its paths; nothing outside gpuq.spool builds one.
 spool_layout.md (section 1, "The tree") is the contract this module implements.
+
+Paths are plain strings (os.path), not pathlib.Path: importing pathlib (with urllib.parse and
+ipaddress) cost `gpuq status` and `gpuq add` more than the rest of the spool (bench/PROFILE.md).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
-from typing import Optional
 
 from gpuq.core.states import REJECTED, STATES
 from gpuq.spool.errors import SpoolError
 from gpuq.system import security
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional
 
 # gpuq's own directories beside the states (see spool_layout.md for what each holds).
 INTERNAL = ("tmp", "locks", "logs", "workers", "control", "progress", "cache", "imports", "snapshots")
@@ -22,25 +27,25 @@ PLAIN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.json$")  # a dropped f
 INTAKE_RE = re.compile(r"^\.intake-(\d{6,})-(.+)$")  # a dropped file being taken in, with its new id
 
 
-def default_home() -> Path:
-    return Path(os.environ.get("GPUQ_HOME") or Path.home() / ".gpuq").absolute()
+def default_home() -> str:
+    return os.path.abspath(os.environ.get("GPUQ_HOME") or os.path.join(os.path.expanduser("~"), ".gpuq"))
 
 
 class Layout:
     """The paths of one spool. Building a path touches nothing; `ensure()` creates the tree."""
 
-    def __init__(self, home: Optional[Path] = None):
-        self.home = Path(home) if home is not None else default_home()
+    def __init__(self, home: Optional[str | os.PathLike[str]] = None):
+        self.home = os.path.abspath(home) if home is not None else default_home()
 
     def ensure(self) -> None:
         """Create the tree (mode 0700) on first use, and refuse a tree that others could write
         into: whoever can drop a file in pending/ runs commands as us (see system/security.py)."""
         os.umask(0o077)
         for sub in ("",) + STATES + (REJECTED,) + INTERNAL:
-            path = self.home / sub
+            path = os.path.join(self.home, sub) if sub else self.home
             try:
                 if sub == "":
-                    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
                 os.mkdir(path, 0o700)
             except FileExistsError:
                 pass  # checked below, whatever it turns out to be
@@ -49,65 +54,65 @@ class Layout:
                 raise SpoolError(problem)
 
     # ---- jobs and their states ----------------------------------------------------------------
-    def state_dir(self, state: str) -> Path:
-        return self.home / state
+    def state_dir(self, state: str) -> str:
+        return os.path.join(self.home, state)
 
-    def job_path(self, state: str, name: str) -> Path:
-        return self.home / state / name
+    def job_path(self, state: str, name: str) -> str:
+        return os.path.join(self.home, state, name)
 
-    def rejected_path(self, name: str) -> Path:
-        return self.home / REJECTED / name
+    def rejected_path(self, name: str) -> str:
+        return os.path.join(self.home, REJECTED, name)
 
     # ---- per-job files, named by id alone (never by anything read inside a job file) ---------
-    def lock_path(self, job_id: int) -> Path:
-        return self.home / "locks" / f"{job_id:06d}.lock"
+    def lock_path(self, job_id: int) -> str:
+        return os.path.join(self.home, "locks", f"{job_id:06d}.lock")
 
-    def control_path(self, job_id: int) -> Path:
-        return self.home / "control" / f"{job_id:06d}.json"
+    def control_path(self, job_id: int) -> str:
+        return os.path.join(self.home, "control", f"{job_id:06d}.json")
 
-    def log_path(self, job_id: int) -> Path:
-        return self.home / "logs" / f"{job_id:06d}.log"
+    def log_path(self, job_id: int) -> str:
+        return os.path.join(self.home, "logs", f"{job_id:06d}.log")
 
-    def progress_path(self, job_id: int) -> Path:
-        return self.home / "progress" / f"{job_id:06d}.json"
+    def progress_path(self, job_id: int) -> str:
+        return os.path.join(self.home, "progress", f"{job_id:06d}.json")
 
-    def samples_path(self, job_id: int) -> Path:
-        return self.home / "progress" / f"{job_id:06d}.samples.json"
+    def samples_path(self, job_id: int) -> str:
+        return os.path.join(self.home, "progress", f"{job_id:06d}.samples.json")
 
     # ---- gpuq's own files ---------------------------------------------------------------------
-    def worker_log_path(self) -> Path:
-        return self.home / "logs" / "worker.log"
+    def worker_log_path(self) -> str:
+        return os.path.join(self.home, "logs", "worker.log")
 
-    def worker_info_path(self, pid: int) -> Path:
-        return self.home / "workers" / f"worker-{pid}.json"
+    def worker_info_path(self, pid: int) -> str:
+        return os.path.join(self.home, "workers", f"worker-{pid}.json")
 
-    def worker_gpus_path(self, pid: int) -> Path:
+    def worker_gpus_path(self, pid: int) -> str:
         """What worker PID last saw of the GPUs (written by it, read by `gpuq status`)."""
-        return self.home / "workers" / f"gpus-{pid}.json"
+        return os.path.join(self.home, "workers", f"gpus-{pid}.json")
 
-    def worker_lock_path(self, name: str) -> Path:
+    def worker_lock_path(self, name: str) -> str:
         """workers/machine.lock or workers/gpu-N.lock."""
-        return self.home / "workers" / f"{name}.lock"
+        return os.path.join(self.home, "workers", f"{name}.lock")
 
-    def import_path(self, fingerprint: str) -> Path:
+    def import_path(self, fingerprint: str) -> str:
         """The record of one queue imported from the original gpuq (named by its fingerprint)."""
-        return self.home / "imports" / f"{fingerprint}.json"
+        return os.path.join(self.home, "imports", f"{fingerprint}.json")
 
-    def snapshot_path(self, first_id: int) -> Path:
+    def snapshot_path(self, first_id: int) -> str:
         """The copy of a repository that the jobs of one `add --snapshot` run (named by its first id)."""
-        return self.home / "snapshots" / f"{first_id:06d}"
+        return os.path.join(self.home, "snapshots", f"{first_id:06d}")
 
-    def cache_path(self, name: str) -> Path:
-        return self.home / "cache" / name
+    def cache_path(self, name: str) -> str:
+        return os.path.join(self.home, "cache", name)
 
-    def top_file(self, name: str) -> Path:
+    def top_file(self, name: str) -> str:
         """A file at the top of the spool: next_id, ids.lock, intake.lock, adopt.lock."""
-        return self.home / name
+        return os.path.join(self.home, name)
 
-    def internal_dir(self, name: str) -> Path:
+    def internal_dir(self, name: str) -> str:
         """One of INTERNAL: tmp, locks, logs, workers, control, progress, cache, imports, snapshots."""
         assert name in INTERNAL, name
-        return self.home / name
+        return os.path.join(self.home, name)
 
-    def tmp_dir(self) -> Path:
-        return self.home / "tmp"
+    def tmp_dir(self) -> str:
+        return os.path.join(self.home, "tmp")

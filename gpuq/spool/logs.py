@@ -8,12 +8,16 @@ adopt`), read but never written by gpuq.
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any
 
 from gpuq.core.states import SOURCE_IMPORTED
 from gpuq.spool.files import read_from, remove_counting, tail
 from gpuq.spool.layout import Layout
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpuq.system.fsutil import StrPath
 
 TAIL_LINES_MAX_BYTES = 4 << 20  # a log with no line breaks must not make `gpuq log` read all of it
 
@@ -22,13 +26,13 @@ class Logs:
     def __init__(self, layout: Layout):
         self.layout = layout
 
-    def path_of(self, job: dict[str, Any]) -> Path:
+    def path_of(self, job: dict[str, Any]) -> str:
         """Where the job's output is: the spool's log, or the file named by its `log` field for
         an adopted process (the file it writes) and a job imported from the original gpuq (its
         old log), which gpuq reads but never writes."""
         own = job.get("adopted") or str(job.get("source", "")).startswith(SOURCE_IMPORTED)
         if own and job.get("log"):
-            return Path(job["log"])
+            return str(job["log"])
         return self.layout.log_path(job["id"])
 
     def open_job_log(self, job_id: int) -> int:
@@ -38,7 +42,7 @@ class Logs:
     def open_worker_log(self) -> int:
         return _open_append(self.layout.worker_log_path())
 
-    def worker_log_path(self) -> Path:
+    def worker_log_path(self) -> str:
         return self.layout.worker_log_path()
 
     def tail(self, job: dict[str, Any], limit: int = 65536) -> tuple[bytes, float]:
@@ -76,5 +80,5 @@ class Logs:
         return remove_counting(self.layout.log_path(job_id))
 
 
-def _open_append(path: Path) -> int:
+def _open_append(path: StrPath) -> int:
     return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
-from typing import Any, Optional
 
 from gpuq.spool.files import Files, open_regular, read_small, remove_counting
 from gpuq.spool.layout import Layout
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 
 class Reports:
     def __init__(self, layout: Layout, files: Files):
         self.layout, self.files = layout, files
 
-    def progress_path(self, job_id: int) -> Path:
+    def progress_path(self, job_id: int) -> str:
         """Given to the job as GPUQ_PROGRESS_FILE: the job writes it, gpuq only reads it."""
         return self.layout.progress_path(job_id)
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
 
 from gpuq.spool.files import Files, read_small, unlink_quietly
 from gpuq.spool.layout import Layout
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 
 class Snapshots:
@@ -19,9 +22,9 @@ class Snapshots:
     def create(self, first_id: int, ids: list[int], copy: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
         """Make the copy with `copy(destination)` and record its jobs; what `copy` returns."""
         dest = self.layout.snapshot_path(first_id)
-        info = copy(str(dest))
+        info = copy(dest)
         try:
-            self.files.replace(dest.with_name(dest.name + ".ids"), json.dumps(ids).encode(), "snapshot")
+            self.files.replace(dest + ".ids", json.dumps(ids).encode(), "snapshot")
         except BaseException:
             import shutil  # here: every command builds a Spool, few copy code
 
@@ -37,13 +40,13 @@ class Snapshots:
     def release(self, first_id: int, remaining: set[int]) -> int:
         """Remove the copy named `first_id` if none of its jobs is in `remaining`; bytes freed."""
         dest = self.layout.snapshot_path(first_id)
-        ids_file = dest.with_name(dest.name + ".ids")
+        ids_file = dest + ".ids"
         data = read_small(ids_file, mine=True)
         try:
             ids = set(json.loads(data)) if data else {first_id}
         except (ValueError, TypeError):
             ids = {first_id}
-        if ids & remaining or not dest.is_dir() or dest.is_symlink():
+        if ids & remaining or not os.path.isdir(dest) or os.path.islink(dest):
             return 0
         freed = sum(entry.stat(follow_symlinks=False).st_blocks * 512 for entry in _walk(dest))
         import shutil

@@ -11,13 +11,17 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from pathlib import Path
-from typing import Any, Optional
 
 from gpuq.spool.errors import SpoolError
 from gpuq.spool.files import Files, read_small, unlink_quietly
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+    from gpuq.system.fsutil import StrPath
 
 
 class WorkerBusy(SpoolError):
@@ -33,7 +37,7 @@ class WorkerBusy(SpoolError):
 class WorkerLease:
     """The locks a running worker holds; release() gives them up (death does too)."""
 
-    def __init__(self, fds: list[int], info_path: Path):
+    def __init__(self, fds: list[int], info_path: StrPath):
         self.fds, self.info_path = fds, info_path
 
     def update(self, info: dict[str, Any]) -> None:
@@ -44,7 +48,7 @@ class WorkerLease:
         os.ftruncate(fd, len(data))
 
     def release(self) -> None:
-        for path in (self.info_path, self.info_path.with_name(f"gpus-{os.getpid()}.json")):
+        for path in (self.info_path, os.path.join(os.path.dirname(self.info_path), f"gpus-{os.getpid()}.json")):
             unlink_quietly(path)
         for fd in self.fds:
             os.close(fd)
@@ -98,9 +102,9 @@ class WorkerRegistry:
             if not (name.startswith("gpus-") and name.endswith(".json") and name[5:-5].isdigit()):
                 continue
             if int(name[5:-5]) not in alive:
-                unlink_quietly(directory / name)
+                unlink_quietly(os.path.join(directory, name))
                 continue
-            data = read_small(directory / name, mine=True)
+            data = read_small(os.path.join(directory, name), mine=True)
             try:
                 view = json.loads(data) if data else None
             except ValueError:
@@ -116,7 +120,7 @@ class WorkerRegistry:
         directory = self.layout.internal_dir("workers")
         for name in sorted(os.listdir(directory)):
             if name.startswith("worker-") and name.endswith(".json"):
-                data = read_small(directory / name, mine=True)
+                data = read_small(os.path.join(directory, name), mine=True)
                 try:
                     info = json.loads(data) if data else None
                 except ValueError:
@@ -132,7 +136,7 @@ class WorkerRegistry:
         for name in sorted(os.listdir(directory)):
             if not (name.startswith("worker-") and name.endswith(".json")):
                 continue
-            path = directory / name
+            path = os.path.join(directory, name)
             fd = fsutil.open_existing(path)
             if fd is None:
                 continue

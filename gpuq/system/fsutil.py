@@ -10,13 +10,17 @@ import errno
 import fcntl
 import os
 import sys
-from pathlib import Path
-from typing import Optional
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional, Union
+
+    StrPath = Union[str, os.PathLike]  # a path: the spool's are strings (spool/layout.py)
 
 _renameat2 = None  # resolved lazily: ctypes costs a few ms that `gpuq status` should not pay
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_dir(path: StrPath) -> None:
     """Make a directory entry change (create, rename, unlink) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -25,7 +29,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_new_file(path: Path, data: bytes, durable: bool = True) -> None:
+def write_new_file(path: StrPath, data: bytes, durable: bool = True) -> None:
     """Create `path` (must not exist), write `data` fully and (if `durable`) fsync it.
 
     On ENOSPC or any other error the partial file is removed, so nothing half-written remains.
@@ -44,7 +48,7 @@ def write_new_file(path: Path, data: bytes, durable: bool = True) -> None:
     os.close(fd)
 
 
-def _unlink_quietly(path: Path) -> None:
+def _unlink_quietly(path: StrPath) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -69,7 +73,7 @@ def preload() -> None:
         _linux_renameat2()
 
 
-def rename_noreplace(src: Path, dst: Path) -> None:
+def rename_noreplace(src: StrPath, dst: StrPath) -> None:
     """Atomically rename src to dst, failing with FileExistsError if dst exists.
 
     A plain os.rename would silently replace dst. Uses renameat2(RENAME_NOREPLACE) on Linux and
@@ -116,7 +120,7 @@ def try_flock(fd: int, exclusive: bool = True) -> bool:
     return True
 
 
-def open_existing(path: Path, flags: int = os.O_RDONLY) -> Optional[int]:
+def open_existing(path: StrPath, flags: int = os.O_RDONLY) -> Optional[int]:
     """Open a file without following symlinks; None if it does not exist."""
     try:
         return os.open(path, flags | os.O_NOFOLLOW)
@@ -124,7 +128,7 @@ def open_existing(path: Path, flags: int = os.O_RDONLY) -> Optional[int]:
         return None
 
 
-def same_inode(fd: int, path: Path) -> bool:
+def same_inode(fd: int, path: StrPath) -> bool:
     """True while `path` still names the file open on `fd` (nobody replaced or removed it)."""
     try:
         st = os.stat(path, follow_symlinks=False)
@@ -142,7 +146,7 @@ NETWORK_FILESYSTEMS = frozenset(
 )
 
 
-def network_filesystem(path: Path, mountinfo: Optional[str] = None) -> Optional[str]:
+def network_filesystem(path: StrPath, mountinfo: Optional[str] = None) -> Optional[str]:
     """The type of the network filesystem `path` lives on (`nfs4`, `lustre`...), or None for a
     local one and where that cannot be told (no /proc/self/mountinfo: macOS). `mountinfo`: the
     text of /proc/self/mountinfo (read when None)."""

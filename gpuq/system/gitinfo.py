@@ -15,13 +15,13 @@ What the provenance records (`provenance`):
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import stat
 import subprocess
-import threading
-from typing import Any, Optional
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 GIT_TIMEOUT = 5.0
 SNAPSHOT_MAX_BYTES = 200 * 1024 * 1024
@@ -86,6 +86,9 @@ def _git_sha256(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> tuple[str
         )
     except OSError as exc:
         raise GitFailed(str(exc)) from None
+    import hashlib  # here and below: `gpuq add` in a clean repository needs neither
+    import threading
+
     # A blocking read cannot time out by itself: a timer kills git, which ends the read.
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
@@ -210,6 +213,8 @@ def snapshot(repo: str, dest: str, max_bytes: int = SNAPSHOT_MAX_BYTES, timeout:
             f"refusing to snapshot {top}: its tracked files hold {total / 2**20:.0f} MiB, over the "
             f"{max_bytes / 2**20:.0f} MiB limit; run the job without --snapshot"
         )
+    import shutil  # only a snapshot copies files
+
     tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     os.mkdir(tmp)
@@ -250,6 +255,8 @@ def _plan(top: str, paths: list[str]) -> tuple[list[tuple[str, os.stat_result]],
 
 def _copy(top: str, into: str, plan: list[tuple[str, os.stat_result]], max_bytes: int) -> tuple[int, int, int]:
     """Copy the plan into `into`: (files and links copied, bytes copied, paths that vanished meanwhile)."""
+    import shutil
+
     files = copied = vanished = 0
     made: set[str] = set()
     for rel, st in plan:

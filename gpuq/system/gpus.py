@@ -23,42 +23,43 @@ import _thread  # threading's Lock without importing threading (`gpuq status` ma
 import json
 import os
 import time
+from collections import namedtuple
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple, Optional
 
-FAKE_ENV = "GPUQ_FAKE_GPUS"
+from gpuq.system.gpu_presence import FAKE_ENV, NVIDIA_CONTROL_DEVICE, WSL_GPU_DEVICE
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Optional
+
 MIB = 1024 * 1024
 
-# Present whenever the NVIDIA kernel driver is loaded, inside containers given the GPUs too. Used
-# only to tell "no NVIDIA driver here" (fine: CPU-only) from "a driver, but NVML cannot be read"
-# (not fine: gpuq must not start jobs onto GPUs it cannot see).
-NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
-WSL_GPU_DEVICE = "/dev/dxg"  # WSL2 reaches the Windows driver through this, without /dev/nvidiactl
+# NVIDIA_CONTROL_DEVICE is used only to tell "no NVIDIA driver here" (fine: CPU-only) from "a
+# driver, but NVML cannot be read" (not fine: gpuq must not start jobs onto GPUs it cannot see).
 
 GPU_KEYS = ("index", "name", "uuid", "memory_total_mib", "memory_used_mib", "processes")
 PROCESS_KEYS = ("pid", "used_memory_mib")
 TOP_KEYS = ("gpus", "source", "problem", "at")  # the last three: what to_json adds about the look
 
 
-class GpuProcess(NamedTuple):  # NamedTuples, not dataclasses: see engine/scheduler.Snapshot
-    pid: int
-    used_memory_mib: Optional[int]  # None: NVML could not tell
+# collections.namedtuple, not dataclasses or typing's NamedTuple: both cost start-up (engine/scheduler.Snapshot)
+class GpuProcess(namedtuple("GpuProcess", "pid used_memory_mib")):
+    """`pid`, `used_memory_mib` (int; None: NVML could not tell)."""
+
+    __slots__ = ()
 
 
-class Gpu(NamedTuple):
-    index: int
-    name: str
-    uuid: str
-    memory_total_mib: int
-    memory_used_mib: int
-    processes: tuple[GpuProcess, ...]
+class Gpu(namedtuple("Gpu", "index name uuid memory_total_mib memory_used_mib processes")):
+    """`index`, `name`, `uuid`, `memory_total_mib`, `memory_used_mib`, `processes` (a tuple of GpuProcess)."""
+
+    __slots__ = ()
 
 
-class GpuLook(NamedTuple):
-    gpus: tuple[Gpu, ...]
-    source: str  # "fake", "nvml" or "none"
-    problem: Optional[str]  # one line: why there are no GPUs, or what part of the look failed
-    at: float  # time.time() of the look
+class GpuLook(namedtuple("GpuLook", "gpus source problem at")):
+    """`gpus` (a tuple of Gpu), `source` ("fake", "nvml" or "none"), `problem` (one line: why there
+    are no GPUs, or what part of the look failed; or None), `at` (time.time() of the look)."""
+
+    __slots__ = ()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,9 +7,11 @@ time and the boot it was recorded in all match. psutil is imported lazily: `gpuq
 from __future__ import annotations
 
 import os
-import signal
 import time
-from typing import Any, Optional
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 CREATE_TIME_TOLERANCE = 0.05  # seconds; psutil derives it from clock ticks, so it is stable
 _boot_id: Optional[str] = None
@@ -154,6 +156,8 @@ def wait_gone(pgid: int, snapshot: list[Any], timeout: float) -> list[Any]:
 
 def terminate(pgid: int, snapshot: list[Any]) -> None:
     """SIGTERM the job's group; a process that leads no group (adopted) is signalled itself."""
+    import signal  # here: an enum module, and `gpuq status` imports this module for pid_alive
+
     if not signal_group(pgid, signal.SIGTERM):
         signal_each(snapshot[:1], "terminate")
 

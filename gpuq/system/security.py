@@ -11,8 +11,12 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from pathlib import Path
-from typing import Optional
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional
+
+    from gpuq.system.fsutil import StrPath
 
 # Errors from opening a job file that say "this file cannot be a job" (rather than "try again"):
 # a socket (ENXIO), a symlink (ELOOP; EMLINK on FreeBSD), a file we may not read.
@@ -21,7 +25,7 @@ UNREADABLE_ERRNOS = {errno.ENXIO, errno.ELOOP, errno.EMLINK, errno.EACCES, errno
 FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
-def directory_problem(path: Path, is_home: bool = False) -> Optional[str]:
+def directory_problem(path: StrPath, is_home: bool = False) -> Optional[str]:
     """Why `path` cannot be trusted as (part of) a spool, or None if it can.
 
     Only the last component is checked: a spool may sit under a symlinked home directory, but the
