@@ -32,7 +32,7 @@ def build(home: Path, count: int) -> None:
     from gpuq.spool.store import encode
 
     spool = Spool(home).ensure()
-    done = spool.layout.state_dir("done")
+    done = Path(spool.layout.state_dir("done"))
     have = len(spool.jobs.names("done"))
     first = spool.ids.allocate(count - have) if count > have else 0
     end = datetime.now().astimezone()

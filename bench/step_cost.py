@@ -40,7 +40,7 @@ def main(pending: int, steps: int = 30) -> dict[str, float]:
         parts: dict[str, list[float]] = {k: [] for k in ("repair", "intake", "resume", "snapshot", "plan")}
         names = sorted(os.listdir(spool.layout.state_dir("pending")))
         for name in names[:steps]:
-            os.rename(spool.layout.state_dir("pending") / name, spool.layout.state_dir("done") / name)
+            os.rename(os.path.join(spool.layout.state_dir("pending"), name), os.path.join(spool.layout.state_dir("done"), name))
             now = time.time()
             t0 = time.perf_counter()
             worker._repair(now)

@@ -197,7 +197,7 @@ def test_a_damaged_finished_file_is_a_row_saying_so(gq: Env) -> None:
     """A hand-edited file in done/ is shown with why it cannot be read: by `status -a` from the
     cache, and by `status` among the newest; never left out silently, never a traceback."""
     spool = _many(gq, 14)
-    done = spool.layout.state_dir("done")
+    done = Path(spool.layout.state_dir("done"))
     ref = spool.jobs.find(14, ("done",))
     assert ref is not None
     text = (done / ref.name).read_text()
@@ -311,8 +311,8 @@ def test_status_resolves_a_copy_left_in_another_state_with_the_finished_listing(
         stale = dict(job, rev=job["rev"] - 1)
         if kept_state != "done":
             spool.jobs.move(ref, job, kept_state, {"exit_code": 5})
-        (spool.layout.state_dir(stale_state) / ref.name).write_text(json.dumps(stale, indent=2) + "\n")
-        (spool.layout.state_dir(stale_state) / ref.name).chmod(0o644)
+        (Path(spool.layout.state_dir(stale_state)) / ref.name).write_text(json.dumps(stale, indent=2) + "\n")
+        (Path(spool.layout.state_dir(stale_state)) / ref.name).chmod(0o644)
         proc = gq.gpuq("status", "-a")
         assert proc.returncode == 0 and proc.stderr == ""
         assert [gq.state_of(job_id)] == [kept_state] and len(list(spool.jobs.index()[job_id])) == 1
