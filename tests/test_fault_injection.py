@@ -78,9 +78,11 @@ def test_random_worker_kills_lose_nothing_and_start_nothing_twice(gq: Env) -> No
     assert len(names["done"]) == TOTAL, {s: len(v) for s, v in names.items()}
     ids = [int(n.split("-")[0]) for v in names.values() for n in v]
     assert len(ids) == len(set(ids)), "a job file is in two states"
-    assert sorted(ids) == list(range(1, TOTAL + 1))
+    # Ids MAY have gaps (spool_layout.md): a worker killed between allocating an id for a dropped
+    # file and renaming the file to its intake name loses that id; the file gets the next one.
+    assert len(ids) == TOTAL
     counts = Counter(starts.read_text().split())
-    assert set(counts) == {str(i) for i in range(1, TOTAL + 1)}
+    assert set(counts) == {str(i) for i in ids}, "a job that ran is not in done/, or one in done/ never ran"
     assert [job for job, n in counts.items() if n != 1] == [], "jobs started more than once"
     assert os.listdir(gq.home / "locks") == []
     assert os.listdir(gq.home / "tmp") == []
