@@ -38,9 +38,10 @@ def main(pending: int, steps: int = 30) -> dict[str, float]:
             )  # fmt: skip
         worker = Worker(spool, say=lambda _line: None)
         parts: dict[str, list[float]] = {k: [] for k in ("repair", "intake", "resume", "snapshot", "plan")}
-        names = sorted(os.listdir(spool.layout.state_dir("pending")))
+        pending, done = spool.layout.state_dir("pending"), spool.layout.state_dir("done")
+        names = sorted(os.listdir(pending))
         for name in names[:steps]:
-            os.rename(os.path.join(spool.layout.state_dir("pending"), name), os.path.join(spool.layout.state_dir("done"), name))
+            os.rename(os.path.join(pending, name), os.path.join(done, name))
             now = time.time()
             t0 = time.perf_counter()
             worker._repair(now)
