@@ -127,8 +127,10 @@ def _listing(spool: Spool) -> tuple[list[JobRef], Finished, dict[int, str]]:
     """The tree after the cheap repairs: the refs of the unfinished states, the finished jobs'
     listing (from its cache while their directories are unchanged) and their states by id."""
     for _attempt in range(2):  # a repair moved files: listed again
-        done = finished_listing(spool)
+        # The unfinished states first: a job that ends between the two listings is then seen in
+        # running/ or in done/ (it only moves forward), never in neither.
         listing = list(spool.jobs.refs(OTHER_STATES))
+        done = finished_listing(spool)
         done_states = done.states()  # handed over to the snapshot, which adds the other states
         report = recovery.reconcile(spool, listing=listing, finished=(done_states, done.count()))
         if not (report.duplicates_removed or report.settled):
