@@ -79,11 +79,13 @@ def snapshot(
     refs: Optional[list[JobRef]] = None,
     now: Optional[float] = None,
     finished: Optional[dict[int, str]] = None,
+    vanished: Optional[list[JobRef]] = None,
 ) -> tuple[Snapshot, list[tuple[JobRef, str]]]:
     """The scheduler's view at `now` (default: the clock), plus canonical-looking pending files
     that are not valid jobs. `refs`: a listing of every state just taken, to spare listing a big
     done/ again; or of the other states, with `finished` (id -> state of the finished jobs; it
-    becomes the snapshot's `states`, so the caller hands it over)."""
+    becomes the snapshot's `states`, so the caller hands it over). `vanished` collects the listed
+    pending/running files that were gone when read (moved on in between)."""
     cache = cache or PendingCache()
     cache.begin(spool)
     states: dict[int, str] = finished if finished is not None else {}
@@ -104,6 +106,8 @@ def snapshot(
             invalid.append((ref, str(value)))
         elif value is not None:
             (snap.pending if ref.state == PENDING else snap.running).append(value)
+        elif vanished is not None:
+            vanished.append(ref)
     cache.forget_missing(present)
     return snap, invalid
 

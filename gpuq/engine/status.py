@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 # cache with `-a`.
 
 RECENT_FINISHED = 10
+LOOKS = 3  # listings taken at most while jobs keep moving under one `gpuq status`
 
 
 class Row:
@@ -77,10 +78,14 @@ def status(spool: Spool, show_all: bool = False, cells: Optional[RowCells] = Non
     finished rows as one FinishedView from their cache (engine/finished_rows.py), and a finished
     file that is not a valid job is shown as a row saying so."""
     warned_slurm = sync_slurm(spool)
-    # a dead job is shown as interrupted as soon as anyone looks; one listing serves it all
-    listing, done, done_states = _listing(spool)
-    finished_jobs, also_elsewhere = len(done_states), [r.id for r in listing if r.id in done_states]
-    snap, invalid = snapshot(spool, refs=listing, finished=done_states)
+    for _look in range(LOOKS):
+        # a dead job is shown as interrupted as soon as anyone looks; one listing serves it all
+        listing, done, done_states = _listing(spool)
+        finished_jobs, also_elsewhere = len(done_states), [r.id for r in listing if r.id in done_states]
+        vanished: list[JobRef] = []
+        snap, invalid = snapshot(spool, refs=listing, finished=done_states, vanished=vanished)
+        if not vanished:
+            break  # else a job started or ended between the listing and its read: look again
     # a job with a copy in a later state too (a crash mid-move) is shown in that state
     finished_jobs -= sum(1 for i in set(also_elsewhere) if snap.states[i] not in FINISHED)
     rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
