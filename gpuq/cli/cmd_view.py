@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 from gpuq.cli import render
 from gpuq.cli.common import spool
+from gpuq.core import jsontext
 from gpuq.core.states import RUNNING
 from gpuq.engine.finished_rows import RowCells
 from gpuq.engine.status import Row, status
@@ -84,7 +83,7 @@ def _status_once(args: argparse.Namespace) -> int:
         cells = RowCells(render.FINISHED_FIELDS, render.finished_cells, render.damaged_cells, render.finished_block)
     st = status(spool(), show_all=args.all, cells=cells)
     if args.json:
-        print(json.dumps([json_row(r) for r in st.rows], indent=2))
+        print(jsontext.dumps([json_row(r) for r in st.rows], indent=2))
         return 0
     pending = sum(1 for r in st.rows if r.state == "pending")
     print(render.worker_line(st.workers, pending))
@@ -168,7 +167,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         shown = {"env": job.get("env"), "shell_env": inherited}
     elif not args.json and inherited is not None:
         shown["shell_env"] = f"{len(inherited)} variables inherited from the shell (gpuq show {job['id']} --env)"
-    print(json.dumps(shown, indent=2, ensure_ascii=False))
+    print(jsontext.dumps(shown, indent=2, ensure_ascii=False))
     return 0
 
 
@@ -178,7 +177,7 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     sp = spool()
     shown = gpuview.current(sp, actions.jobs_in(sp, (RUNNING,)))
     if args.json:
-        print(json.dumps(shown["gpus"] if shown else [], indent=2))
+        print(jsontext.dumps(shown["gpus"] if shown else [], indent=2))
     elif shown is None:
         print("no GPUs found (no NVIDIA driver, and GPUQ_FAKE_GPUS is not set): jobs run one slot at a time")
     else:

@@ -7,10 +7,9 @@ milliseconds at every start, while most runs use none of them.
 
 from __future__ import annotations
 
-import re
-
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
+    import re
     from typing import Any
 
 
@@ -27,6 +26,8 @@ class LazyPattern:
     @property
     def compiled(self) -> re.Pattern:
         if self._compiled is None:
+            import re  # here, not at the top: `re` (with `enum`) costs a start-up that compiles nothing
+
             self._compiled = re.compile(*self._args)
         return self._compiled
 

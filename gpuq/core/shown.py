@@ -2,7 +2,7 @@
 
 A finished job's file is mostly its shell's environment; `gpuq status -a` over 100,000 of them
 cannot afford the full check of every file (issue 15): a parse of all of it, then some 60 field
-checks. A file that begins and ends as gpuq writes it (`json.dumps(indent=2)`, spool/store.py:
+checks. A file that begins and ends as gpuq writes it (`jsontext.dumps(indent=2)`, spool/store.py:
 encode) is parsed less its `shell_env` member (never shown; half of its bytes), cut out at the
 first line indented as the top level after its start: a raw newline never occurs inside a JSON
 string and nested lines are indented further, so in gpuq's layout that is the member whole, and
@@ -19,9 +19,7 @@ moves the job check the whole file. Damage in a shown field is reported as such
 
 from __future__ import annotations
 
-import json
-
-from gpuq.core import schema
+from gpuq.core import jsontext, schema
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
@@ -29,11 +27,6 @@ if TYPE_CHECKING:
 
 _HEAD = b'{\n  "schema_version": %d,\n  "id": ' % schema.SCHEMA_VERSION
 _TAIL = b"\n}\n"
-_DECODER = json.JSONDecoder(
-    object_pairs_hook=schema._reject_duplicate_keys,
-    parse_constant=schema._no_constant,
-    parse_float=schema._finite_float,
-)
 
 
 def load_shown(data: bytes, expected_id: int, fields: tuple[str, ...]) -> dict[str, Any]:
@@ -98,7 +91,12 @@ def _parse_fast(data: bytes) -> Optional[dict[str, Any]]:
     if not (data.startswith(_HEAD) and data.endswith(_TAIL)):
         return None
     try:
-        job = _DECODER.decode(_without_environment(data.decode()))
+        job = jsontext.loads(
+            _without_environment(data.decode()),
+            object_pairs_hook=schema._reject_duplicate_keys,
+            parse_constant=schema._no_constant,
+            parse_float=schema._finite_float,
+        )
     except (ValueError, RecursionError):
         return None
     return job if type(job) is dict else None

@@ -8,10 +8,10 @@ The kernel drops the flock when its owner dies: liveness is a question to the ke
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import time
 
+from gpuq.core import jsontext
 from gpuq.spool.errors import SpoolFull
 from gpuq.spool.files import Files, read_small
 from gpuq.spool.layout import Layout
@@ -44,7 +44,7 @@ class Claim:
     def note(self, info: dict) -> None:
         """Write `info` into the lock file itself, in place: the lock file already has its block,
         so this needs no new room (how a job ended, while the disk is too full to record it)."""
-        data = json.dumps(info).encode()[:LOCK_NOTE_BYTES]
+        data = jsontext.dumps(info).encode()[:LOCK_NOTE_BYTES]
         os.pwrite(self.fd, data.ljust(LOCK_NOTE_BYTES), 0)
         os.fsync(self.fd)
 
@@ -64,7 +64,7 @@ class Claims:
         tmp = self.files.tmp_path("claim")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        owner = json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "at": time.time()}).encode()
+        owner = jsontext.dumps({"pid": os.getpid(), "host": os.uname().nodename, "at": time.time()}).encode()
         try:  # padded: its block is then there for a later note, even on a full disk
             os.write(fd, owner.ljust(LOCK_NOTE_BYTES))
         except OSError as exc:
@@ -114,7 +114,7 @@ class Claims:
         """What the claim's owner noted in the lock file (see Claim.note), or None."""
         data = read_small(self.layout.lock_path(job_id), LOCK_NOTE_BYTES)
         try:
-            info = json.loads(data.rstrip(b" \0")) if data else None
+            info = jsontext.loads(data.rstrip(b" \0")) if data else None
         except ValueError:
             return None
         return info if isinstance(info, dict) else None

@@ -11,7 +11,7 @@ import os
 
 from gpuq.core.states import PENDING
 from gpuq.spool.files import Files
-from gpuq.spool.layout import INTAKE_RE, JOB_NAME_RE, Layout
+from gpuq.spool.layout import INTAKE_RE, Layout, is_job_name
 from gpuq.system import fsutil
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
@@ -36,13 +36,13 @@ class Dropbox:
             entries = os.listdir(self.layout.state_dir(PENDING))
         except FileNotFoundError:
             return []
-        return sorted(n for n in entries if not n.startswith(".") and not JOB_NAME_RE.match(n))
+        return sorted(n for n in entries if not n.startswith(".") and not is_job_name(n))
 
     def leftovers(self) -> list[tuple[int, str]]:
         """(id, hidden name) of intakes a crash interrupted."""
         out = []
         for name in os.listdir(self.layout.state_dir(PENDING)):
-            m = INTAKE_RE.match(name)
+            m = name.startswith(".intake-") and INTAKE_RE.match(name)  # no pattern compiled for plain names
             if m:
                 out.append((int(m.group(1)), name))
         return sorted(out)

@@ -47,7 +47,7 @@ class IdCounter:
     def _highest_in_tree(self) -> int:
         ids = [ref.id for ref in self.store.refs()]
         for name in os.listdir(self.layout.state_dir("pending")):
-            m = INTAKE_RE.match(name)
+            m = name.startswith(".intake-") and INTAKE_RE.match(name)  # no pattern compiled for plain names
             if m:
                 ids.append(int(m.group(1)))
         return max(ids, default=0)

@@ -8,14 +8,13 @@ job's file holds the job's claim (spool/claims.py); this module does not check t
 
 from __future__ import annotations
 
-import json
 import os
 from collections import namedtuple
 
-from gpuq.core import schema
+from gpuq.core import jsontext, schema
 from gpuq.core.states import STATES
 from gpuq.spool.files import Files, Reservation, read_job_file, read_job_file_stat, unlink_quietly
-from gpuq.spool.layout import JOB_NAME_RE, Layout
+from gpuq.spool.layout import Layout, is_job_name
 from gpuq.system import fsutil
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
@@ -42,7 +41,7 @@ class JobStore:
             entries = os.listdir(self.layout.state_dir(state))
         except FileNotFoundError:
             return []
-        return sorted(filter(JOB_NAME_RE.match, entries))
+        return sorted(filter(is_job_name, entries))
 
     def listed(self, state: str) -> tuple[list[str], list[int]]:
         """The job file names of a state directory and their ids, in id order (a name sorts as its
@@ -57,7 +56,7 @@ class JobStore:
     def refs(self, states: tuple[str, ...] = STATES) -> Iterator[JobRef]:
         new = tuple.__new__  # JobRef(...) calls namedtuple's Python-level __new__: ms per 10,000 jobs
         for state in states:
-            for name in self.names(state):  # names() matched JOB_NAME_RE: the id ends at the first "-"
+            for name in self.names(state):  # names() passed is_job_name: the id ends at the first "-"
                 yield new(JobRef, (int(name[: name.index("-")]), state, name))
 
     def index(self) -> dict[int, list[JobRef]]:
@@ -230,8 +229,8 @@ class JobStore:
 
 def encode(job: dict[str, Any]) -> bytes:
     try:
-        return (json.dumps(job, indent=2, ensure_ascii=False) + "\n").encode()
+        return (jsontext.dumps(job, indent=2, ensure_ascii=False) + "\n").encode()
     except UnicodeEncodeError:
         # an argument or variable holding bytes that are not UTF-8 (kept by Python as \udcXX):
         # \u escapes keep them exactly, in a file that is still valid UTF-8
-        return (json.dumps(job, indent=2, ensure_ascii=True) + "\n").encode()
+        return (jsontext.dumps(job, indent=2, ensure_ascii=True) + "\n").encode()

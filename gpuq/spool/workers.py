@@ -9,9 +9,9 @@ by the next reader (every `gpuq status`, and every worker as it starts).
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 
+from gpuq.core import jsontext
 from gpuq.spool.errors import SpoolError
 from gpuq.spool.files import Files, read_small, unlink_quietly
 from gpuq.spool.layout import Layout
@@ -43,7 +43,7 @@ class WorkerLease:
     def update(self, info: dict[str, Any]) -> None:
         """Rewrite the worker's registry entry in place (its file stays flocked)."""
         fd = self.fds[-1]  # the info file's descriptor, taken last by register()
-        data = json.dumps(info).encode()
+        data = jsontext.dumps(info).encode()
         os.pwrite(fd, data, 0)
         os.ftruncate(fd, len(data))
 
@@ -77,7 +77,7 @@ class WorkerRegistry:
             info_fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             fds.append(info_fd)
             fcntl.flock(info_fd, fcntl.LOCK_EX)  # locked before it is visible, like a claim
-            os.write(info_fd, json.dumps(info).encode())
+            os.write(info_fd, jsontext.dumps(info).encode())
             info_path = self.layout.worker_info_path(os.getpid())
             os.replace(tmp, info_path)
         except BaseException:
@@ -91,7 +91,8 @@ class WorkerRegistry:
 
     def write_gpu_view(self, view: dict[str, Any]) -> None:
         """This worker's last view of the GPUs (not fsynced: it is only shown, never trusted)."""
-        self.files.replace(self.layout.worker_gpus_path(os.getpid()), json.dumps(view).encode(), "gpus", durable=False)
+        data = jsontext.dumps(view).encode()
+        self.files.replace(self.layout.worker_gpus_path(os.getpid()), data, "gpus", durable=False)
 
     def gpu_views(self) -> list[dict[str, Any]]:
         """The GPU views of live workers; those of dead workers are removed."""
@@ -106,7 +107,7 @@ class WorkerRegistry:
                 continue
             data = read_small(os.path.join(directory, name), mine=True)
             try:
-                view = json.loads(data) if data else None
+                view = jsontext.loads(data) if data else None
             except ValueError:
                 continue
             if isinstance(view, dict):
@@ -122,7 +123,7 @@ class WorkerRegistry:
             if name.startswith("worker-") and name.endswith(".json"):
                 data = read_small(os.path.join(directory, name), mine=True)
                 try:
-                    info = json.loads(data) if data else None
+                    info = jsontext.loads(data) if data else None
                 except ValueError:
                     continue
                 if isinstance(info, dict):
@@ -146,7 +147,7 @@ class WorkerRegistry:
                         os.unlink(path)  # its worker died without cleaning up
                     continue
                 try:
-                    out.append(json.loads(os.read(fd, 65536)))
+                    out.append(jsontext.loads(os.read(fd, 65536)))
                 except ValueError:
                     continue
             finally:
