@@ -66,6 +66,11 @@ DENIED = (
 )
 # Also denied when nothing runs or waits (and no GPU is there to show): the ETA machinery, the GPUs.
 DENIED_WHEN_IDLE = (
+    # `re` with `enum` about 8 ms, `json` 2 more (bench/PROFILE.md, section 1): job files are read
+    # through core/jsontext.py, names checked without patterns; the ETA's log parsing needs `re`
+    "re",
+    "enum",
+    "json",
     "gpuq.engine.queue_eta",
     "gpuq.engine.eta",
     "gpuq.engine.progress",
@@ -74,14 +79,17 @@ DENIED_WHEN_IDLE = (
 )
 
 # Runs the real CLI entry point in-process and prints the modules it added to sys.modules.
+# (json only after the count: it is one of the modules looked for)
 PROBE = """
-import json, sys
+import sys
 sys.path.insert(0, sys.argv[1])
 before = set(sys.modules)
 from gpuq.cli import main
 code = main(sys.argv[2:])
+added = sorted(set(sys.modules) - before)
+import json
 sys.stdout.flush()
-print("\\nMODULES " + json.dumps(sorted(set(sys.modules) - before)))
+print("\\nMODULES " + json.dumps(added))
 raise SystemExit(code)
 """
 
@@ -124,7 +132,7 @@ def test_status_and_add_stay_light(gq: Any, command: tuple[str, ...]) -> None:
     assert not denied(modules), f"`gpuq {' '.join(command)}` imports {denied(modules)}"
 
 
-@pytest.mark.parametrize("command", [("status",), ("status", "--json"), ("add", "-q", "true")])
+@pytest.mark.parametrize("command", [("status",), ("status", "-a"), ("status", "--json"), ("add", "-q", "true")])
 def test_no_eta_or_gpu_modules_for_an_idle_queue(gq: Any, command: tuple[str, ...]) -> None:
     """Only finished jobs, no worker, no GPU (the tests' machine has no NVIDIA driver): nothing to
     estimate or show, so none of that machinery is imported."""
@@ -146,3 +154,24 @@ def test_the_probe_sees_a_heavy_import(gq: Any) -> None:
     """The check can fail: `gpuq cancel` imports engine.actions, and the probe notices."""
     gq.add("true")
     assert "gpuq.engine.actions" in denied(imported_by(gq, "cancel", "1"))
+
+
+def test_the_installed_command_imports_no_pattern_module(gq: Any) -> None:
+    """pip installs gpuq/cli/gpuq as the `gpuq` command (pyproject.toml, script-files): unlike the
+    wrapper pip generates for a [project.scripts] entry, it imports no `re` before gpuq does."""
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'script-files = ["gpuq/cli/gpuq"]' in pyproject and "\n[project.scripts]" not in pyproject
+    gq.gpuq("add", "-q", "true")
+    gq.gpuq("cancel", "1")
+    proc = subprocess.run(
+        [sys.executable, "-S", "-X", "importtime", str(REPO / "gpuq" / "cli" / "gpuq"), "status"],
+        cwd=gq.work,
+        env={**gq.env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "gpuq.cli.quick" in imported  # the script ran gpuq
+    assert not imported & {"re", "enum", "json"}, sorted(imported & {"re", "enum", "json"})
