@@ -71,6 +71,10 @@ DENIED_WHEN_IDLE = (
     "re",
     "enum",
     "json",
+    # collections (with operator, keyword, reprlib) 2-4 ms: no namedtuple, cached_property or array
+    "collections",
+    "functools",
+    "array",
     "gpuq.engine.queue_eta",
     "gpuq.engine.eta",
     "gpuq.engine.progress",
@@ -140,6 +144,8 @@ def test_no_eta_or_gpu_modules_for_an_idle_queue(gq: Any, command: tuple[str, ..
     gq.gpuq("cancel", *(str(i) for i in range(1, 13)))
     modules = imported_by(gq, *command)
     deny = DENIED + DENIED_WHEN_IDLE
+    if "-a" in command:  # the finished rows' cache packs its ids in an array
+        deny = tuple(d for d in deny if d not in ("collections", "functools", "array"))
     assert "gpuq.engine.gpuview" in modules or command[0] == "add"  # the probe got as far as the GPUs
     assert not denied(modules, deny), f"`gpuq {' '.join(command)}` imports {denied(modules, deny)}"
 

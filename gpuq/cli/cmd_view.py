@@ -6,7 +6,7 @@ from gpuq.cli import render
 from gpuq.cli.common import spool
 from gpuq.core import jsontext
 from gpuq.core.states import RUNNING
-from gpuq.engine.finished_rows import RowCells
+from gpuq.engine.row_cells import RowCells
 from gpuq.engine.status import Row, status
 from gpuq.system import security
 

@@ -4,8 +4,10 @@
 are and the newest few; listing 100,000 files in done/ and making an object of each took most of
 its time (issue 15). A directory's listing is cached with the directory's inode and mtime, which
 move with every file added, removed or renamed in it, and trusted only once that mtime is
-SETTLED_SECONDS old (engine/snapshot.py). The cache holds each state's ids as one array and its
-names as one string, so reading it creates a handful of objects, not 100,000.
+SETTLED_SECONDS old (engine/snapshot.py). The cache holds each state's ids as one run of 8-byte
+integers and its names as one string, so reading it creates a handful of objects, not 100,000;
+the ids are read through a memoryview rather than an `array` (whose import brings
+collections.abc: about 2 ms of every `gpuq status`, bench/PROFILE.md section 1).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import marshal
 import sys
 import time
-from array import array
 
 from gpuq.core.states import FINISHED
 from gpuq.engine.snapshot import SETTLED_SECONDS
@@ -21,12 +22,13 @@ from gpuq.spool import JobRef
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
-    from typing import Any, Optional
+    from typing import Any, Optional, Sequence
 
     from gpuq.spool import Spool
 
 INDEX_NAME = "finished-index"
-_HEADER = (1, marshal.version, sys.byteorder, array("q").itemsize)
+_ID_FORMAT, _ID_BYTES = "q", 8  # a C long long
+_HEADER = (1, marshal.version, sys.byteorder, _ID_BYTES)
 
 
 class Finished:
@@ -35,7 +37,7 @@ class Finished:
     __slots__ = ("ids", "_names", "signatures", "seen", "unchanged")
 
     def __init__(self) -> None:
-        self.ids: dict[str, array] = {}
+        self.ids: dict[str, Sequence[int]] = {}  # a list, or a memoryview of the cached bytes
         self._names: dict[str, Any] = {}  # a list, or the names joined by "\n" as cached
         self.signatures: dict[str, Optional[tuple[int, int]]] = {}  # (inode, mtime_ns) when settled
         self.seen: dict[str, Optional[tuple[int, int]]] = {}  # (inode, mtime_ns) when listed, settled or not
@@ -81,13 +83,11 @@ def finished(spool: Spool) -> Finished:
         key = (sig[0], sig[1]) if sig and now - sig[2] > SETTLED_SECONDS else None
         hit = cached.get(state)
         if key is not None and hit is not None and (hit[0], hit[1]) == key:
-            ids = array("q")
-            ids.frombytes(hit[2])
-            out.ids[state], out._names[state] = ids, hit[3]
+            out.ids[state], out._names[state] = memoryview(hit[2]).cast(_ID_FORMAT), hit[3]
             out.unchanged.add(state)
         else:
             names, id_list = spool.jobs.listed(state)
-            out.ids[state], out._names[state] = array("q", id_list), names
+            out.ids[state], out._names[state] = id_list, names
             fresh = fresh or key is not None
         out.signatures[state] = key
         out.seen[state] = (sig[0], sig[1]) if sig else None
@@ -127,7 +127,7 @@ def _is_entry(value: Any) -> bool:
         and len(value) == 4
         and isinstance(value[2], bytes)
         and isinstance(value[3], str)
-        and len(value[2]) == array("q").itemsize * (value[3].count("\n") + 1 if value[3] else 0)
+        and len(value[2]) == _ID_BYTES * (value[3].count("\n") + 1 if value[3] else 0)
     )
 
 
@@ -137,8 +137,17 @@ def _write(spool: Spool, listing: Finished) -> None:
         if key is not None:  # only a settled directory's listing can be trusted later
             names = listing._names[state]
             joined = names if isinstance(names, str) else "\n".join(names)
-            entries[state] = (*key, listing.ids[state].tobytes(), joined)
+            entries[state] = (*key, id_bytes(listing.ids[state]), joined)
     try:
         spool.cache.write(INDEX_NAME, marshal.dumps((_HEADER, entries)))
     except OSError:
         pass  # a read-only or full spool is only listed every time
+
+
+def id_bytes(ids: Sequence[int]) -> bytes:
+    """The cached form of a state's ids."""
+    if isinstance(ids, memoryview):
+        return ids.tobytes()
+    from array import array  # only when a listing is written: see the top of this module
+
+    return array(_ID_FORMAT, ids).tobytes()

@@ -23,33 +23,16 @@ from itertools import repeat
 from gpuq.core import schema
 from gpuq.core.states import FINISHED
 from gpuq.engine.finished_index import Finished, settled_key
+from gpuq.engine.row_cells import Cells, RowCells
 from gpuq.spool import Spool
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
+    from typing import Any, Optional
 
 CACHE_NAME = "finished-view"
 OLD_CACHE_NAME = "finished-rows"  # the cells alone, as gpuq wrote them before this cache
 CACHE_FORMAT = 3
-Cells = tuple  # a row's cells after its id and state: name, script, time, info (strings)
-
-
-class RowCells:
-    """How a finished job becomes its row (the CLI's render functions): `fields` is every field
-    `cells(job, state)` reads; `damaged(file_name, reason)` is the row of a file that is not a job;
-    `block(view)` is (the column widths, the text) of a FinishedView's rows as a table's lines."""
-
-    __slots__ = ("fields", "cells", "damaged", "block")
-
-    def __init__(
-        self,
-        fields: tuple[str, ...],
-        cells: Callable[[dict[str, Any], str], Cells],
-        damaged: Callable[[str, str], Cells],
-        block: Callable[[Any], tuple[tuple[int, ...], str]],
-    ) -> None:
-        self.fields, self.cells, self.damaged, self.block = fields, cells, damaged, block
 
 
 class FinishedView:

@@ -7,9 +7,8 @@ start; tests call these directly.
 
 from __future__ import annotations
 
-from collections import namedtuple
-
 from gpuq.core import states
+from gpuq.core.records import itemgetter
 from gpuq.core.states import FINISHED, NEEDS_USER
 from gpuq.core.times import parse_iso
 
@@ -18,11 +17,22 @@ if TYPE_CHECKING:
     from typing import Any, Optional
 
 
-class Wait(namedtuple("Wait", "reason forever")):
+class Wait(tuple):
     """Why a pending job waits: `reason` (one line), `forever` (True: it cannot start unless a
-    person acts: the dependency failed, vanished...)."""
+    person acts: the dependency failed, vanished...). A named tuple written out, as JobRef is."""
 
     __slots__ = ()
+    reason = property(itemgetter(0))
+    forever = property(itemgetter(1))
+
+    def __new__(cls, reason: str, forever: bool) -> Wait:
+        return tuple.__new__(cls, (reason, forever))
+
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return f"Wait(reason={self[0]!r}, forever={self[1]!r})"
 
 
 class Snapshot:

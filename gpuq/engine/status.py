@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
     from gpuq.engine import eta
     from gpuq.engine.finished_index import Finished
-    from gpuq.engine.finished_rows import FinishedView, RowCells
+    from gpuq.engine.finished_rows import FinishedView
+    from gpuq.engine.row_cells import RowCells
     from gpuq.spool import JobRef, Spool
 
 # Imported only when needed (each module is start-up time, bench/PROFILE.md section 1): the ETA

@@ -16,8 +16,6 @@ A Spool is composed of small parts, one module each, that share only the Layout 
 
 from __future__ import annotations
 
-from functools import cached_property
-
 from gpuq.spool.errors import SpoolError, SpoolFull
 from gpuq.spool.layout import Layout, default_home
 from gpuq.spool.store import MAX_JOB_BYTES, JobRef, JobStore
@@ -65,6 +63,25 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(f"gpuq.spool.{_LAZY[name]}"), name)
 
 
+class _part:
+    """functools.cached_property without importing functools (which imports collections, a few
+    ms of every `gpuq status` and `gpuq add`: bench/PROFILE.md section 1): built on first use,
+    then an attribute of the instance."""
+
+    def __init__(self, build: Any) -> None:
+        self.build = build
+        self.__doc__ = build.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, spool: Any, owner: Optional[type] = None) -> Any:
+        if spool is None:
+            return self
+        value = spool.__dict__[self.name] = self.build(spool)
+        return value
+
+
 class Spool:
     """The spool at `home` (default: $GPUQ_HOME or ~/.gpuq). Each part is built (and its module
     imported) the first time it is used: `gpuq status` needs about half of them, `gpuq add` fewer,
@@ -74,71 +91,71 @@ class Spool:
         self.layout = Layout(home)
         self.home = self.layout.home
 
-    @cached_property
+    @_part
     def files(self) -> Files:
         from gpuq.spool.files import Files
 
         return Files(self.layout)
 
-    @cached_property
+    @_part
     def jobs(self) -> JobStore:
         return JobStore(self.layout, self.files)
 
-    @cached_property
+    @_part
     def ids(self) -> IdCounter:
         from gpuq.spool.ids import IdCounter
 
         return IdCounter(self.layout, self.files, self.jobs)
 
-    @cached_property
+    @_part
     def claims(self) -> Claims:
         from gpuq.spool.claims import Claims
 
         return Claims(self.layout, self.files)
 
-    @cached_property
+    @_part
     def control(self) -> ControlRequests:
         from gpuq.spool.control import ControlRequests
 
         return ControlRequests(self.layout, self.files)
 
-    @cached_property
+    @_part
     def workers(self) -> WorkerRegistry:
         from gpuq.spool.workers import WorkerRegistry
 
         return WorkerRegistry(self.layout, self.files)
 
-    @cached_property
+    @_part
     def logs(self) -> Logs:
         from gpuq.spool.logs import Logs
 
         return Logs(self.layout)
 
-    @cached_property
+    @_part
     def reports(self) -> Reports:
         from gpuq.spool.reports import Reports
 
         return Reports(self.layout, self.files)
 
-    @cached_property
+    @_part
     def cache(self) -> Caches:
         from gpuq.spool.cache import Caches
 
         return Caches(self.layout, self.files)
 
-    @cached_property
+    @_part
     def dropbox(self) -> Dropbox:
         from gpuq.spool.dropbox import Dropbox
 
         return Dropbox(self.layout, self.files)
 
-    @cached_property
+    @_part
     def imports(self) -> ImportRecords:
         from gpuq.spool.imports import ImportRecords
 
         return ImportRecords(self.layout, self.files)
 
-    @cached_property
+    @_part
     def snapshots(self) -> Snapshots:
         from gpuq.spool.snapshots import Snapshots
 

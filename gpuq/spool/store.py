@@ -9,9 +9,9 @@ job's file holds the job's claim (spool/claims.py); this module does not check t
 from __future__ import annotations
 
 import os
-from collections import namedtuple
 
 from gpuq.core import jsontext, schema
+from gpuq.core.records import itemgetter
 from gpuq.core.states import STATES
 from gpuq.spool.files import Files, Reservation, read_job_file, read_job_file_stat, unlink_quietly
 from gpuq.spool.layout import Layout, is_job_name
@@ -24,10 +24,23 @@ if TYPE_CHECKING:
 MAX_JOB_BYTES = 1 << 20
 
 
-class JobRef(namedtuple("JobRef", "id state name")):
-    """A job file: its id (int), state (its directory) and file name."""
+class JobRef(tuple):
+    """A job file: its id (int), state (its directory) and file name. A named tuple written out:
+    collections.namedtuple would import collections on every start (bench/PROFILE.md)."""
 
     __slots__ = ()
+    id = property(itemgetter(0))
+    state = property(itemgetter(1))
+    name = property(itemgetter(2))
+
+    def __new__(cls, id: int, state: str, name: str) -> JobRef:  # noqa: A002 - the field's name
+        return tuple.__new__(cls, (id, state, name))
+
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return f"JobRef(id={self[0]!r}, state={self[1]!r}, name={self[2]!r})"
 
 
 class JobStore:
