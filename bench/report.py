@@ -235,8 +235,9 @@ def targets(results: dict[str, Any], sizes: dict[str, int]) -> list[str]:
     ]
     lines += [
         "Where the remaining time goes (measured in `bench/PROFILE.md`): a command's start-up is mostly imports "
-        "on top of the interpreter's own start: `re` with `enum` (which pip's entry-point script imports), `json`, "
-        "and some 40 small gpuq modules of half a millisecond each; between "
+        "on top of the interpreter's own start: some 35 small gpuq modules of a fraction of a millisecond each "
+        "(no `re`, `json` or `collections` with an idle queue), `ctypes` for `add`'s no-clobber publish, and "
+        "`add`'s five fsyncs; between "
         "jobs, the worker's step (a fresh look at the whole queue: it grows with the number of pending jobs), the "
         "job's supervisor (forked by the supervisor zygote, not a new interpreter), and the fsynced moves per job "
         "that the spool's crash-safety contract requires.",
