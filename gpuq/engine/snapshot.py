@@ -94,7 +94,7 @@ def snapshot(
     present = set()
     active = []
     for ref in spool.jobs.refs(STATES) if refs is None else refs:
-        states[ref.id] = ref.state if ref.id not in states else _later(states[ref.id], ref.state)
+        states[ref.id] = ref.state if ref.id not in states else later(states[ref.id], ref.state)
         if ref.state in (PENDING, RUNNING):
             active.append(ref)
     for ref in active:
@@ -112,6 +112,6 @@ def snapshot(
     return snap, invalid
 
 
-def _later(a: str, b: str) -> str:
+def later(a: str, b: str) -> str:
     """Two copies seen (a crash mid-move not yet repaired): the further-along state is shown."""
     return a if STATES.index(a) > STATES.index(b) else b

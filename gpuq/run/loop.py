@@ -24,6 +24,7 @@ CLAIM_BUSY_RESCAN_SECONDS = 0.1  # a claim is held for milliseconds; nothing ann
 # everything the scheduler needs; events elsewhere would only cost steps.
 WATCHED = (PENDING, RUNNING)
 _IGNORED_EVENTS = ("modified", "opened", "closed_no_write")
+_READ_EVENTS = ("opened", "closed_no_write")
 
 
 class Waker:
@@ -146,6 +147,7 @@ def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any
     """(Re)start the watchdog observer; a dead one (an exception in its thread) is replaced."""
     if observer is not None and observer.is_alive():
         return observer
+    worker.view.watching(False)  # until a new observer runs, every step is a full look
     try:
         from watchdog.events import FileSystemEventHandler
         from watchdog.observers import Observer
@@ -154,6 +156,7 @@ def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any
 
     class Handler(FileSystemEventHandler):
         def on_any_event(self, event: Any) -> None:
+            _note(worker, event)
             if _worth_a_step(event):
                 wake.set()
 
@@ -165,8 +168,23 @@ def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any
     except OSError as exc:  # e.g. inotify watch limit reached: fall back to rescans
         worker.say(f"file watching unavailable ({exc}); looking every {RESCAN_SECONDS:.0f}s")
         return None
+    worker.view.watching(True)  # the watches are in place once start() returns
     wake.set()  # files that arrived before the observer started produce no event
     return new
+
+
+def _note(worker: Worker, event: Any) -> None:
+    """Tell the worker's view which files of pending/ and running/ the event names (a move names
+    two), so that its next step reads them again (engine/queue_view.py). Opening and reading a
+    file changes nothing: the worker's own reads must not come back as hints."""
+    if event.is_directory or event.event_type in _READ_EVENTS:
+        return
+    for path in (event.src_path, getattr(event, "dest_path", "")):
+        if path:
+            directory, name = os.path.split(path)
+            state = os.path.basename(directory)
+            if state in WATCHED:
+                worker.view.note(state, name)
 
 
 def _stop_observer(observer: Any) -> None:

@@ -75,6 +75,11 @@ class JobStore:
                     return JobRef(job_id, state, name)
         return None
 
+    def states_holding(self, name: str, states: tuple[str, ...]) -> list[str]:
+        """The states among `states` whose directory holds a file `name` (a job keeps its file
+        name in every state): one lstat each, no listing."""
+        return [state for state in states if os.path.lexists(self.layout.job_path(state, name))]
+
     def signature(self) -> tuple[tuple[int, int], ...]:
         """Changes whenever a job enters or leaves pending/ or running/, or a claim or request
         appears or goes: a worker that sees the same signature has nothing new to schedule."""
