@@ -78,6 +78,12 @@ class QueueView:
         """Something did not go as the view said: the next look is a full one."""
         self._doubt = True
 
+    def pending_name(self, job_id: int) -> Optional[str]:
+        """The name of the job's file in pending/ as last seen (the first, should a crash have left
+        two), or None."""
+        names = sorted(name for state, name in self.places.get(job_id, ()) if state == PENDING)
+        return names[0] if names else None
+
     # ---- the step's look ----------------------------------------------------------------------
     def intake_due(self, now: float) -> bool:
         """Whether pending/ may hold dropped files to take in: seen there before, named by an

@@ -161,7 +161,7 @@ def _begin(spool: Spool, claim: Claim, where: dict[str, Any], ready: list[Reserv
     output fills the disk (`ready`, if big and fresh enough). None (the claim given up, the job left
     as it is) when the job is gone or there is no room to start it: it stays pending."""
     room: list[Reservation] = list(ready)
-    ref = spool.jobs.find(claim.job_id, (PENDING,))
+    ref = spool.jobs.pending_ref(claim.job_id, where.get("file"))
     if ref is None:  # cancelled or already run by someone else since the worker looked
         for reservation in room:
             reservation.release()

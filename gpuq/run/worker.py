@@ -276,7 +276,9 @@ class Worker:
             self.view.doubt()  # someone else is changing it: its file may not say what the view does
             return CLAIM_HELD
         try:
-            process = self.launcher.launch(claim, where.slot, where.gpus, self.settings.for_supervisors())
+            settings = self.settings.for_supervisors()
+            settings["file"] = self.view.pending_name(job["id"])  # so its supervisor need not list pending/
+            process = self.launcher.launch(claim, where.slot, where.gpus, settings)
         except OSError as exc:
             claim.release()
             self.say(f"job #{job['id']}: could not start its supervisor: {exc}")

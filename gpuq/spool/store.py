@@ -80,6 +80,14 @@ class JobStore:
         name in every state): one lstat each, no listing."""
         return [state for state in states if os.path.lexists(self.layout.job_path(state, name))]
 
+    def pending_ref(self, job_id: int, name: Optional[str] = None) -> Optional[JobRef]:
+        """The job's file in pending/: `name` (what the worker saw) if it is one of this job's and
+        is there, else found by listing pending/."""
+        if name and name.startswith(f"{job_id:06d}-") and JOB_NAME_RE.match(name):
+            if os.path.lexists(self.layout.job_path("pending", name)):
+                return JobRef(job_id, "pending", name)
+        return self.find(job_id, ("pending",))
+
     def signature(self) -> tuple[tuple[int, int], ...]:
         """Changes whenever a job enters or leaves pending/ or running/, or a claim or request
         appears or goes: a worker that sees the same signature has nothing new to schedule."""
@@ -215,8 +223,14 @@ class JobStore:
         state, so this is a handful of exact-name lookups and one listing of its own directory."""
         others = [JobRef(ref.id, state, ref.name) for state in STATES if state != ref.state]
         prefix = f"{ref.id:06d}-"
+        try:  # a plain listing: only this job's names are matched (the queue may be long)
+            entries = os.listdir(self.layout.state_dir(ref.state))
+        except FileNotFoundError:
+            entries = []
         others += [
-            JobRef(ref.id, ref.state, n) for n in self.names(ref.state) if n.startswith(prefix) and n != ref.name
+            JobRef(ref.id, ref.state, n)
+            for n in entries
+            if n.startswith(prefix) and n != ref.name and JOB_NAME_RE.match(n)
         ]
         newer = False
         for other in others:
