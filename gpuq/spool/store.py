@@ -181,11 +181,13 @@ class JobStore:
         state: str,
         changes: dict[str, Any],
         reservation: Optional[Reservation] = None,
+        keep_old: bool = False,
     ) -> tuple[JobRef, dict]:
         """Move a job to `state` (or write it anew in place when the state is the same) with
         `changes` applied and rev + 1. The caller holds the job's claim. The new version goes into
         `reservation`'s blocks when one is given (and it fits), so that it needs no new room; on a
-        full disk the spool's emergency room is given up for it."""
+        full disk the spool's emergency room is given up for it. `keep_old`: the old file is left
+        for the caller to remove (a supervisor starts the job first, spool_layout.md section 6)."""
         unknown = set(changes) - schema.KNOWN_FIELDS
         if unknown:  # a misspelt field would otherwise be written and never read
             raise KeyError(f"not job fields: {', '.join(sorted(unknown))}")
@@ -203,7 +205,8 @@ class JobStore:
                 self.files.with_room(lambda: self.files.place_new(target, data, "job"))
         if in_place:
             return ref, new
-        self.remove(ref)  # a recovery scan may have removed the old copy already
+        if not keep_old:
+            self.remove(ref)  # a recovery scan may have removed the old copy already
         return JobRef(new["id"], state, name), new
 
     def rewrite(
