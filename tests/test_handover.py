@@ -12,7 +12,9 @@ from conftest import Env, wait_for
 from gpuq.core import transitions
 from gpuq.core.states import INTERRUPTED, PENDING, RUNNING
 from gpuq.engine import enqueue, recovery
+from gpuq.engine.planner import Assignment
 from gpuq.engine.queue_view import QueueView
+from gpuq.run.worker import CLAIM_HELD, Worker
 from gpuq.spool import JobRef, Spool
 
 
@@ -69,3 +71,18 @@ def test_a_started_job_has_no_pending_copy_left(gq: Env) -> None:
             (gq.work / "go").write_text("")
     gq.wait_state(ids[1], "done", 20)
     assert gq.files("pending") == [] and gq.files("running") == []
+
+
+def test_a_job_changed_since_the_plan_is_not_started(tmp_path: Path) -> None:
+    """The worker's view missed a change (a lost event): once it holds the claim it reads the file
+    again, and a version other than the planned one starts nothing; the next look is a full one."""
+    spool, (ref,) = _spool_with_jobs(tmp_path, 1)
+    worker = Worker(spool, say=lambda _line: None)
+    worker.view.watching(True)
+    snap, _ = worker.view.look(spool, time.time())
+    [planned] = snap.pending
+    spool.jobs.rewrite(ref, planned, priority=5)  # nobody tells the view
+    assert worker._launch(planned, Assignment(None)) == CLAIM_HELD
+    assert worker.launching == {} and spool.claims.held(ref.id) is None, "the claim is given back"
+    snap, _ = worker.view.look(spool, time.time())
+    assert [j["priority"] for j in snap.pending] == [5], "a doubt: the next look read it again"

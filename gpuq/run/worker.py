@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from gpuq.core import schema
 from gpuq.core.states import PENDING, RUNNING
 from gpuq.engine import actions, eta, gpuview, intake, placement, recovery, scheduler
 from gpuq.engine.planner import Assignment, Plan, Planner
@@ -20,7 +21,7 @@ from gpuq.engine.queue_view import QueueView
 from gpuq.engine.snapshot import snapshot
 from gpuq.engine.status import MIN_FREE_TO_START
 from gpuq.run.launcher import Launcher, Process
-from gpuq.spool import Spool
+from gpuq.spool import JobRef, Spool
 from gpuq.spool.files import free_bytes
 from gpuq.system.gpus import GpuLook
 
@@ -275,9 +276,14 @@ class Worker:
         if claim is None:
             self.view.doubt()  # someone else is changing it: its file may not say what the view does
             return CLAIM_HELD
+        name = self.view.pending_name(job["id"])
+        if not self._as_planned(job, name):
+            claim.release()
+            self.view.doubt()
+            return CLAIM_HELD  # look again soon, at everything
         try:
             settings = self.settings.for_supervisors()
-            settings["file"] = self.view.pending_name(job["id"])  # so its supervisor need not list pending/
+            settings["file"] = name  # so its supervisor need not list pending/
             process = self.launcher.launch(claim, where.slot, where.gpus, settings)
         except OSError as exc:
             claim.release()
@@ -286,6 +292,17 @@ class Worker:
         self.launching[job["id"]] = Launch(job["id"], process, where)
         self.say(f"starting job #{job['id']} {job['name']}{_where_text(where)}")
         return STARTED
+
+    def _as_planned(self, job: dict[str, Any], name: Optional[str]) -> bool:
+        """Whether the job's file, read now that we hold its claim (nobody can change it until its
+        supervisor has started it), is the version the plan was made from: every write raises
+        `rev`. A view left behind by a lost event then starts nothing it has not seen."""
+        if name is None:
+            return False
+        try:
+            return self.spool.jobs.load(JobRef(job["id"], PENDING, name))["rev"] == job["rev"]
+        except (FileNotFoundError, schema.InvalidJob):
+            return False
 
     def _sample_progress(self, now: float, running: list[dict[str, Any]]) -> None:
         if now - self._last_sample < SAMPLE_SECONDS:
