@@ -157,7 +157,10 @@ class QueueView:
                     self.dropped = True  # a dropped file, or an intake under way
                 continue
             job_id = int(match.group(1))
-            value = _read(spool, JobRef(job_id, state, name))
+            # Read again whatever its stat says, and kept in the parse cache, so that the next full
+            # look finds this very version (one parse per version, also for the memory it keeps).
+            self.cache.forget(state, name)
+            value = self.cache.load(spool, JobRef(job_id, state, name))
             self.keys.pop(name, None)  # made again from the version just read
             key = (state, name)
             if value is None:
@@ -227,13 +230,3 @@ def _dropped_name(name: str) -> bool:
 
 def _job_id(job: dict[str, Any]) -> int:
     return job["id"]
-
-
-def _read(spool: Spool, ref: JobRef) -> Any:
-    """The job, an InvalidJob, or None when the file is not there."""
-    try:
-        return spool.jobs.load(ref)
-    except FileNotFoundError:
-        return None
-    except schema.InvalidJob as exc:
-        return exc

@@ -67,6 +67,10 @@ class PendingCache:
         self._cache[key] = (sig, value)
         return value
 
+    def forget(self, state: str, name: str) -> None:
+        """Drop what is cached for a file, so that the next load reads it whatever its stat says."""
+        self._cache.pop((state, name), None)
+
     def forget_missing(self, present: set[tuple[str, str]]) -> None:
         for key in list(self._cache):
             if key not in present:
