@@ -10,7 +10,7 @@ machine, or one per `gpuq run --gpus` label).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from typing import Any, Callable, Iterator, Optional
 
 from gpuq.core.times import parse_iso
@@ -69,13 +69,15 @@ class Planner:
         """What to start now. `busy`: jobs this worker is starting or still preempting, which
         hold their place though they are not (or no longer) in running/; `preempting` holds the
         ids of jobs whose preemption is under way (never chosen again)."""
-        ready = list(islice(_ready(snap), MAX_PLACED))
-        if not ready:
+        found = _ready(snap)
+        first = next(found, None)
+        if first is None:
             return Plan()
         look = self.look()
         mode = placement.mode_of(look)
-        if mode == placement.CPU_ONLY:
-            return self._plan_slots(snap, busy, ready, preempting, look)
+        if mode == placement.CPU_ONLY:  # only as many ready jobs as there are free slots are looked for
+            return self._plan_slots(snap, busy, chain((first,), found), preempting, look)
+        ready = [first, *islice(found, MAX_PLACED - 1)]
         return self._plan_gpus(snap, busy, ready, preempting, look, mode)
 
     # ---- without GPUs: slots, as gpuq always had them ----------------------------------------
@@ -83,7 +85,7 @@ class Planner:
         self,
         snap: scheduler.Snapshot,
         busy: dict[int, Assignment],
-        ready: list[dict[str, Any]],
+        ready: Iterator[dict[str, Any]],
         preempting: set[int],
         look: gpu_info.GpuLook,
     ) -> Plan:
@@ -94,7 +96,7 @@ class Planner:
         free = [slot for slot in slots if slot not in taken]
         plan = Plan(look=look)
         plan.victims = scheduler.preemption_victims(snap, free, slots, set(preempting))
-        for job in ready[: len(free)]:
+        for job in islice(ready, len(free)):
             plan.starts.append((job, Assignment(free[len(plan.starts)])))
         return plan
 
@@ -207,7 +209,7 @@ class Planner:
 def _ready(snap: scheduler.Snapshot) -> Iterator[dict[str, Any]]:
     """Pending jobs whose dependencies allow them to start, in queue order, found lazily: a long
     queue costs only as much as the jobs looked at."""
-    for job in scheduler.queue_order(snap.pending):
+    for job in snap.pending if snap.ordered else scheduler.queue_order(snap.pending):
         if scheduler.waiting_reason(job, snap.states, now=snap.now) is None:
             yield job
 

@@ -39,7 +39,7 @@ class Snapshot:
     """A plain class, not a dataclass: `gpuq status` and `gpuq add` do not import dataclasses
     (and inspect with it), a few milliseconds of every command's start-up."""
 
-    __slots__ = ("states", "pending", "running", "now")
+    __slots__ = ("states", "pending", "running", "now", "ordered")
 
     def __init__(
         self,
@@ -52,6 +52,7 @@ class Snapshot:
         self.pending = [] if pending is None else pending
         self.running = [] if running is None else running
         self.now = now
+        self.ordered = False  # True: `pending` is already in queue_order (engine/queue_view.py keeps it so)
 
 
 def _dependency_wait(
@@ -114,10 +115,12 @@ def next_begin(pending: list[dict[str, Any]], now: float) -> Optional[float]:
 def queue_order(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Urgent jobs first, then resumed continuations (`queue_front`), then higher priority, then
     by id (the order of `ls pending/`)."""
-    return sorted(
-        pending,
-        key=lambda j: (not j.get("urgent"), not j.get("queue_front"), -int(j.get("priority") or 0), j["id"]),
-    )
+    return sorted(pending, key=queue_key)
+
+
+def queue_key(job: dict[str, Any]) -> tuple[bool, bool, int, int]:
+    """A job's place in queue_order."""
+    return (not job.get("urgent"), not job.get("queue_front"), -int(job.get("priority") or 0), job["id"])
 
 
 def preemption_victims(

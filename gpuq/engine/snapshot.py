@@ -67,6 +67,10 @@ class PendingCache:
         self._cache[key] = (sig, value)
         return value
 
+    def forget(self, state: str, name: str) -> None:
+        """Drop what is cached for a file, so that the next load reads it whatever its stat says."""
+        self._cache.pop((state, name), None)
+
     def forget_missing(self, present: set[tuple[str, str]]) -> None:
         for key in list(self._cache):
             if key not in present:
@@ -94,7 +98,7 @@ def snapshot(
     present = set()
     active = []
     for ref in spool.jobs.refs(STATES) if refs is None else refs:
-        states[ref.id] = ref.state if ref.id not in states else _later(states[ref.id], ref.state)
+        states[ref.id] = ref.state if ref.id not in states else later(states[ref.id], ref.state)
         if ref.state in (PENDING, RUNNING):
             active.append(ref)
     for ref in active:
@@ -112,6 +116,6 @@ def snapshot(
     return snap, invalid
 
 
-def _later(a: str, b: str) -> str:
+def later(a: str, b: str) -> str:
     """Two copies seen (a crash mid-move not yet repaired): the further-along state is shown."""
     return a if STATES.index(a) > STATES.index(b) else b

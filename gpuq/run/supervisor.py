@@ -78,6 +78,7 @@ class Run:
         self.spool, self.claim, self.ref, self.job, self.where, self.room = spool, claim, ref, job, where, room
         self.log_fd = -1
         self.timed_out: Optional[str] = None  # the time limit (as text) that stopped the run
+        self.queued: Optional[JobRef] = None  # its pending/ copy, until the job has been started
 
 
 def start(spool: Spool, claim: Claim, where: dict[str, Any], ready: Optional[list[Reservation]] = None) -> int:
@@ -89,11 +90,13 @@ def start(spool: Spool, claim: Claim, where: dict[str, Any], ready: Optional[lis
     try:
         child, pump = _spawn(run)
     except OSError as exc:
+        _drop_queued_copy(run)
         reason = f"could not start: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
         _log_line(run.log_fd, reason)
         code = finish(run, exit_code=127, sig=None, note=reason, retry=False)
         after_end(spool, run.job["id"], where.get("hooks") or {})
         return code
+    _drop_queued_copy(run)
     ident, me = procs.identity(child.pid), procs.identity(os.getpid())
     run.job = spool.jobs.rewrite(
         run.ref, run.job, run.room.pop(0), pid=child.pid, pid_create_time=ident["create_time"], supervisor=me
@@ -109,6 +112,14 @@ def start(spool: Spool, claim: Claim, where: dict[str, Any], ready: Optional[lis
     finish(run, exit_code=exit_code, sig=sig, note=None, retry=True)
     after_end(spool, run.job["id"], where.get("hooks") or {})
     return exit_code
+
+
+def _drop_queued_copy(run: Run) -> None:
+    """Unlink the job's pending/ copy, left by the move to running/ until the job was started (the
+    running copy has the higher rev meanwhile: spool_layout.md, section 6)."""
+    if run.queued is not None:
+        run.spool.jobs.remove(run.queued)
+        run.queued = None
 
 
 def _wait_within_limit(run: Run, child: subprocess.Popen) -> int:
@@ -161,7 +172,7 @@ def _begin(spool: Spool, claim: Claim, where: dict[str, Any], ready: list[Reserv
     output fills the disk (`ready`, if big and fresh enough). None (the claim given up, the job left
     as it is) when the job is gone or there is no room to start it: it stays pending."""
     room: list[Reservation] = list(ready)
-    ref = spool.jobs.find(claim.job_id, (PENDING,))
+    ref = spool.jobs.pending_ref(claim.job_id, where.get("file"))
     if ref is None:  # cancelled or already run by someone else since the worker looked
         for reservation in room:
             reservation.release()
@@ -188,13 +199,15 @@ def _begin(spool: Spool, claim: Claim, where: dict[str, Any], ready: list[Reserv
             host=os.uname().nodename,
             log=str(spool.layout.log_path(job["id"])),
         )
-        ref, job = spool.jobs.move(ref, job, RUNNING, changes)
+        queued = ref
+        ref, job = spool.jobs.move(ref, job, RUNNING, changes, keep_old=True)  # pending/'s copy goes once it runs
     except (FileNotFoundError, schema.InvalidJob, SpoolFull):
         for reservation in room:
             reservation.release()
         claim.release()
         return None
     run = Run(spool, claim, ref, job, where, room)
+    run.queued = queued
     run.log_fd = spool.logs.open_job_log(job["id"])
     slot = where.get("slot")
     _log_line(run.log_fd, f"job #{job['id']} {job['name']} (attempt {job['attempts']})")

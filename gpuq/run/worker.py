@@ -12,14 +12,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from gpuq.core import schema
 from gpuq.core.states import PENDING, RUNNING
 from gpuq.engine import actions, eta, gpuview, intake, placement, recovery, scheduler
 from gpuq.engine.planner import Assignment, Plan, Planner
 from gpuq.engine.preempt import UrgentPreemptions, resume_auto
-from gpuq.engine.snapshot import PendingCache, snapshot
+from gpuq.engine.queue_view import QueueView
+from gpuq.engine.snapshot import snapshot
 from gpuq.engine.status import MIN_FREE_TO_START
 from gpuq.run.launcher import Launcher, Process
-from gpuq.spool import Spool
+from gpuq.spool import JobRef, Spool
 from gpuq.spool.files import free_bytes
 from gpuq.system.gpus import GpuLook
 
@@ -82,7 +84,8 @@ class Worker:
         self.waits: dict[int, scheduler.Wait] = {}  # why ready jobs could not start at the last step
         self._shown_problem: Optional[str] = None  # without GPUs the view changes only with its problem
         self.said_disk_full = False  # the worker's log says "disk full" once, not at every look
-        self.cache = PendingCache()
+        self.view = QueueView()  # pending/ and running/ kept between steps, read again as events say
+        self.cache = self.view.cache
         self.stopping = False
         self.draining = False  # `gpuq stop --drain`: start nothing new, exit once our jobs end
         self._last_full_reconcile = 0.0
@@ -128,10 +131,11 @@ class Worker:
     def _full_step(self, now: float) -> StepResult:
         result = StepResult()
         self._repair(now)
-        result.more_work = self._take_in_dropped(now)
+        if self.view.intake_due(now):  # else nothing in pending/ waits to be taken in
+            result.more_work = self._take_in_dropped(now)
         for resumed in resume_auto(self.spool):
             self.say(f"job #{resumed.job['id']} back in the queue (first in line): {resumed.job.get('note')}")
-        snap, invalid = snapshot(self.spool, self.cache, now=now)
+        snap, invalid = self.view.look(self.spool, now)
         self._forget_finished_launches(snap)
         plan = self._plan(snap, now)
         if plan.starts and not self._room_to_start(plan):
@@ -183,6 +187,8 @@ class Worker:
             if not mine:
                 return False
             outcomes, more = intake.take_in_some(self.spool, now, budget=INTAKE_BUDGET_SECONDS)
+            # files still being written stay: the next step looks at them again
+            self.view.dropped = more or bool(self.spool.dropbox.dropped() or self.spool.dropbox.leftovers())
         for name, outcome in outcomes:
             self.say(f"{name}: {outcome}")
         return more
@@ -254,7 +260,10 @@ class Worker:
         """A launch stops counting once its job left pending/ (running/ then holds the slot) or
         its supervisor exited."""
         for job_id, launch in list(self.launching.items()):
-            if launch.process.poll() is not None or snap.states.get(job_id) != PENDING:
+            ended = launch.process.poll() is not None
+            if ended or snap.states.get(job_id) != PENDING:
+                if ended and snap.states.get(job_id) == PENDING:
+                    self.view.doubt()  # its supervisor found it gone, or gave it back: look at everything
                 del self.launching[job_id]
                 self.supervisors.append(launch.process)
         # reap supervisors that have exited, so none lingers as a zombie
@@ -265,9 +274,17 @@ class Worker:
         supervisor just putting it back in the queue) or FAILED."""
         claim = self.spool.claims.claim(job["id"])
         if claim is None:
+            self.view.doubt()  # someone else is changing it: its file may not say what the view does
             return CLAIM_HELD
+        name = self.view.pending_name(job["id"])
+        if not self._as_planned(job, name):
+            claim.release()
+            self.view.doubt()
+            return CLAIM_HELD  # look again soon, at everything
         try:
-            process = self.launcher.launch(claim, where.slot, where.gpus, self.settings.for_supervisors())
+            settings = self.settings.for_supervisors()
+            settings["file"] = name  # so its supervisor need not list pending/
+            process = self.launcher.launch(claim, where.slot, where.gpus, settings)
         except OSError as exc:
             claim.release()
             self.say(f"job #{job['id']}: could not start its supervisor: {exc}")
@@ -275,6 +292,17 @@ class Worker:
         self.launching[job["id"]] = Launch(job["id"], process, where)
         self.say(f"starting job #{job['id']} {job['name']}{_where_text(where)}")
         return STARTED
+
+    def _as_planned(self, job: dict[str, Any], name: Optional[str]) -> bool:
+        """Whether the job's file, read now that we hold its claim (nobody can change it until its
+        supervisor has started it), is the version the plan was made from: every write raises
+        `rev`. A view left behind by a lost event then starts nothing it has not seen."""
+        if name is None:
+            return False
+        try:
+            return self.spool.jobs.load(JobRef(job["id"], PENDING, name))["rev"] == job["rev"]
+        except (FileNotFoundError, schema.InvalidJob):
+            return False
 
     def _sample_progress(self, now: float, running: list[dict[str, Any]]) -> None:
         if now - self._last_sample < SAMPLE_SECONDS:

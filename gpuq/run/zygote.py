@@ -29,11 +29,13 @@ import socket
 import sys
 from typing import Optional
 
-# Loaded here, before any fork, so that a spare has nothing left to import: the supervisor and what
-# its spare imports while it waits (psutil, for the job's identity).
+# Loaded here, before any fork, so that a spare has nothing left to import: the supervisor, what its
+# spare imports while it waits (psutil, for the job's identity), and the parts of the spool a run
+# uses (Spool imports each on first use: in every child, otherwise).
 import psutil  # noqa: F401
 
 from gpuq.run import supervisor
+from gpuq.spool import control, logs, reports  # noqa: F401
 from gpuq.system import fsutil
 
 IDLE_SECONDS = 5.0  # no request for this long: exit (an idle queue keeps no extra process)

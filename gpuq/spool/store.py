@@ -87,6 +87,19 @@ class JobStore:
                     return JobRef(job_id, state, name)
         return None
 
+    def states_holding(self, name: str, states: tuple[str, ...]) -> list[str]:
+        """The states among `states` whose directory holds a file `name` (a job keeps its file
+        name in every state): one lstat each, no listing."""
+        return [state for state in states if os.path.lexists(self.layout.job_path(state, name))]
+
+    def pending_ref(self, job_id: int, name: Optional[str] = None) -> Optional[JobRef]:
+        """The job's file in pending/: `name` (what the worker saw) if it is one of this job's and
+        is there, else found by listing pending/."""
+        if name and name.startswith(f"{job_id:06d}-") and JOB_NAME_RE.match(name):
+            if os.path.lexists(self.layout.job_path("pending", name)):
+                return JobRef(job_id, "pending", name)
+        return self.find(job_id, ("pending",))
+
     def signature(self) -> tuple[tuple[int, int], ...]:
         """Changes whenever a job enters or leaves pending/ or running/, or a claim or request
         appears or goes: a worker that sees the same signature has nothing new to schedule."""
@@ -180,11 +193,13 @@ class JobStore:
         state: str,
         changes: dict[str, Any],
         reservation: Optional[Reservation] = None,
+        keep_old: bool = False,
     ) -> tuple[JobRef, dict]:
         """Move a job to `state` (or write it anew in place when the state is the same) with
         `changes` applied and rev + 1. The caller holds the job's claim. The new version goes into
         `reservation`'s blocks when one is given (and it fits), so that it needs no new room; on a
-        full disk the spool's emergency room is given up for it."""
+        full disk the spool's emergency room is given up for it. `keep_old`: the old file is left
+        for the caller to remove (a supervisor starts the job first, spool_layout.md section 6)."""
         unknown = set(changes) - schema.KNOWN_FIELDS
         if unknown:  # a misspelt field would otherwise be written and never read
             raise KeyError(f"not job fields: {', '.join(sorted(unknown))}")
@@ -202,7 +217,8 @@ class JobStore:
                 self.files.with_room(lambda: self.files.place_new(target, data, "job"))
         if in_place:
             return ref, new
-        self.remove(ref)  # a recovery scan may have removed the old copy already
+        if not keep_old:
+            self.remove(ref)  # a recovery scan may have removed the old copy already
         return JobRef(new["id"], state, name), new
 
     def rewrite(
@@ -222,8 +238,14 @@ class JobStore:
         state, so this is a handful of exact-name lookups and one listing of its own directory."""
         others = [JobRef(ref.id, state, ref.name) for state in STATES if state != ref.state]
         prefix = f"{ref.id:06d}-"
+        try:  # a plain listing: only this job's names are matched (the queue may be long)
+            entries = os.listdir(self.layout.state_dir(ref.state))
+        except FileNotFoundError:
+            entries = []
         others += [
-            JobRef(ref.id, ref.state, n) for n in self.names(ref.state) if n.startswith(prefix) and n != ref.name
+            JobRef(ref.id, ref.state, n)
+            for n in entries
+            if n.startswith(prefix) and n != ref.name and JOB_NAME_RE.match(n)
         ]
         newer = False
         for other in others:
