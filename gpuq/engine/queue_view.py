@@ -33,7 +33,7 @@ from gpuq.engine.finished_index import finished as finished_listing
 from gpuq.engine.scheduler import Snapshot, queue_key
 from gpuq.engine.snapshot import PendingCache, later
 from gpuq.spool import JobRef, Spool
-from gpuq.spool.layout import INTAKE_RE, JOB_NAME_RE
+from gpuq.spool.layout import INTAKE_RE, is_job_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -151,12 +151,11 @@ class QueueView:
         for state, name in named:
             if state not in ACTIVE:
                 continue
-            match = JOB_NAME_RE.match(name)
-            if match is None:
+            if not is_job_name(name):
                 if state == PENDING and _dropped_name(name):
                     self.dropped = True  # a dropped file, or an intake under way
                 continue
-            job_id = int(match.group(1))
+            job_id = int(name[: name.index("-")])  # a job file's id ends at its first "-"
             # Read again whatever its stat says, and kept in the parse cache, so that the next full
             # look finds this very version (one parse per version, also for the memory it keeps).
             self.cache.forget(state, name)
@@ -223,7 +222,7 @@ class QueueView:
 def _dropped_name(name: str) -> bool:
     """A name in pending/ that intake looks at: not a job file's, not a dot-file unless an intake
     a crash cut short."""
-    if JOB_NAME_RE.match(name):
+    if is_job_name(name):
         return False
     return not name.startswith(".") or INTAKE_RE.match(name) is not None
 

@@ -95,7 +95,7 @@ class JobStore:
     def pending_ref(self, job_id: int, name: Optional[str] = None) -> Optional[JobRef]:
         """The job's file in pending/: `name` (what the worker saw) if it is one of this job's and
         is there, else found by listing pending/."""
-        if name and name.startswith(f"{job_id:06d}-") and JOB_NAME_RE.match(name):
+        if name and name.startswith(f"{job_id:06d}-") and is_job_name(name):
             if os.path.lexists(self.layout.job_path("pending", name)):
                 return JobRef(job_id, "pending", name)
         return self.find(job_id, ("pending",))
@@ -243,9 +243,7 @@ class JobStore:
         except FileNotFoundError:
             entries = []
         others += [
-            JobRef(ref.id, ref.state, n)
-            for n in entries
-            if n.startswith(prefix) and n != ref.name and JOB_NAME_RE.match(n)
+            JobRef(ref.id, ref.state, n) for n in entries if n.startswith(prefix) and n != ref.name and is_job_name(n)
         ]
         newer = False
         for other in others:
