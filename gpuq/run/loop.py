@@ -1,10 +1,10 @@
 """The worker's event loop: a thin shell around Worker.step().
 
-File events (inotify read by this loop's own `select`, system/inotify.py; watchdog where that
-cannot be had) say "look again soon" and name the files of pending/ and running/ that changed, which
-the worker's view reads again (engine/queue_view.py). They are hints: the view takes a full look at
-least every 5 s and after any doubt (an overflow, a new watch), and the loop also looks every
-RESCAN_SECONDS in case an event was lost (a network filesystem, a dead observer thread).
+File events from watchdog say "look again soon" and name the files of pending/ and running/ that
+changed, which the worker's view reads again (engine/queue_view.py). They are hints: the view takes
+a full look at least every 5 s and after any doubt (a new observer), and the loop also looks every
+RESCAN_SECONDS in case an event was lost (inotify overflow, a network filesystem, a dead observer
+thread).
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from typing import Any, Callable, Optional
 from gpuq.core.states import PENDING, RUNNING
 from gpuq.engine.planner import GPU_WAIT_RESCAN_SECONDS
 from gpuq.run.worker import RESCAN_SECONDS, StepResult, Worker
-from gpuq.system import inotify
-from gpuq.system.inotify import Watcher
 from gpuq.system.security import FULL_ERRNOS
 
 ADOPTED_RESCAN_SECONDS = 1.0
@@ -63,7 +61,7 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
     (`gpuq stop --drain`) drains: nothing new starts, and the loop ends once this worker's jobs
     have ended; `on_drain` is told (to say so in the worker's registry)."""
     wake = Waker()
-    observer: Any = None  # a system.inotify.Watcher, or (where none can be had) a watchdog observer
+    observer = None
     interrupted = {"signal": 0}
 
     def stop(signum: int, _frame: Any) -> None:
@@ -86,8 +84,6 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
         while not worker.stopping:
             observer = _ensure_observer(observer, worker, wake)
             wake.clear()
-            if isinstance(observer, Watcher):
-                woken = _take_events(observer, worker) or woken  # what happened since: the step reads it
             result = _step(worker, woken)
             held_for = held_for + 1 if result.claim_busy else 0
             if result.more_work:
@@ -103,7 +99,7 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
                 for line in worker.why_done():
                     worker.say(line)
                 break
-            woken = _wait(wake, observer, worker, _next_look(result, held_for))
+            woken = wake.wait(_next_look(result, held_for))
     except KeyboardInterrupt:
         pass
     finally:
@@ -149,54 +145,11 @@ def _usual_look(result: StepResult, held_for: int) -> float:
     return RESCAN_SECONDS
 
 
-def _wait(wake: Waker, observer: Any, worker: Worker, timeout: float) -> bool:
-    """Until woken (True) or `timeout` seconds passed (False). With our own inotify watch, events
-    that change nothing the scheduler waits for are noted for the next step and waited past."""
-    if not isinstance(observer, Watcher):
-        return wake.wait(timeout)
-    deadline = time.monotonic() + timeout
-    while True:
-        ready = select.select([wake.read_fd, observer.fd], [], [], max(0.0, deadline - time.monotonic()))[0]
-        if not ready:
-            return False
-        if wake.read_fd in ready or _take_events(observer, worker) or observer.broken:
-            return True
-
-
-def _take_events(watcher: Watcher, worker: Worker) -> bool:
-    """Note the files the events name for the worker's view; True if one is worth a step."""
-    worth = False
-    for state, mask, name in watcher.read():
-        if state == inotify.OVERFLOW:
-            worker.view.doubt()  # events were lost: the next look is a full one
-            worth = True
-            continue
-        worker.view.note(state, name)
-        if state == RUNNING:  # a job left running/: its slot is free
-            worth = worth or bool(mask & (inotify.IN_DELETE | inotify.IN_MOVED_FROM))
-        else:  # a file arriving in pending/ (a hand-written one once it is closed); not one leaving
-            worth = worth or bool(mask & (inotify.IN_CREATE | inotify.IN_MOVED_TO | inotify.IN_CLOSE_WRITE))
-    return worth
-
-
 def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any]:
-    """(Re)start the watch: our own inotify watch, else watchdog's observer; one that broke (a
-    watched directory went, an exception in watchdog's thread) is replaced."""
-    if isinstance(observer, Watcher) and not observer.broken:
+    """(Re)start the watchdog observer; a dead one (an exception in its thread) is replaced."""
+    if observer is not None and observer.is_alive():
         return observer
-    if observer is not None and not isinstance(observer, Watcher) and observer.is_alive():
-        return observer
-    if isinstance(observer, Watcher):
-        observer.close()
-    worker.view.watching(False)  # until a new watch is in place, every step is a full look
-    try:
-        new_watch = Watcher({state: worker.spool.layout.state_dir(state) for state in WATCHED})
-    except OSError:
-        pass  # not Linux, or no inotify watch left: watchdog (which may poll) or the periodic looks
-    else:
-        worker.view.watching(True)
-        wake.set()  # files that arrived before the watch was in place produce no event
-        return new_watch
+    worker.view.watching(False)  # until a new observer runs, every step is a full look
     try:
         from watchdog.events import FileSystemEventHandler
         from watchdog.observers import Observer
@@ -237,12 +190,9 @@ def _note(worker: Worker, event: Any) -> None:
 
 
 def _stop_observer(observer: Any) -> None:
-    """Close our watch, or stop watchdog's threads. Its inotify thread can log an error when it wakes up to a stop it
+    """Stop watchdog's threads. Its inotify thread can log an error when it wakes up to a stop it
     raced with ("queue_events() called when the thread is inactive"): harmless, and not ours to
     print on a user's terminal."""
-    if isinstance(observer, Watcher):
-        observer.close()
-        return
     import logging
 
     logging.getLogger("watchdog").setLevel(logging.CRITICAL)
