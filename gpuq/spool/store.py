@@ -12,7 +12,7 @@ import os
 
 from gpuq.core import jsontext, schema
 from gpuq.core.records import itemgetter
-from gpuq.core.states import STATES
+from gpuq.core.states import FINISHED, STATES
 from gpuq.spool.files import Files, Reservation, read_job_file, read_job_file_stat, unlink_quietly
 from gpuq.spool.layout import Layout, is_job_name
 from gpuq.system import fsutil
@@ -107,14 +107,21 @@ class JobStore:
 
     def file_signatures(self, state: str, names: list[str]) -> dict[str, tuple[int, int, int]]:
         """name -> (inode, mtime_ns, size) of job files in `state`; vanished ones are left out."""
-        directory, out = os.fspath(self.layout.state_dir(state)), {}
-        for name in names:
+        out: dict[str, tuple[int, int, int]] = {}
+        try:
+            fd = os.open(self.layout.state_dir(state), os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return out
+        from functools import partial  # only `status -a` comes here: not on every start-up
+
+        try:  # relative to the directory's descriptor: 100,000 paths not joined
             try:
-                st = os.stat(os.path.join(directory, name), follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            out[name] = (st.st_ino, st.st_mtime_ns, st.st_size)
-        return out
+                stats = list(map(partial(os.stat, dir_fd=fd, follow_symlinks=False), names))
+            except FileNotFoundError:  # one vanished since the listing: one by one
+                stats = list(map(partial(_stat_or_none, fd), names))
+        finally:
+            os.close(fd)
+        return {n: (st.st_ino, st.st_mtime_ns, st.st_size) for n, st in zip(names, stats) if st is not None}
 
     # ---- reading ------------------------------------------------------------------------------
     def read_bytes(self, state: str, name: str) -> bytes:
@@ -169,8 +176,10 @@ class JobStore:
     def publish(self, job: dict[str, Any], state: str = "pending") -> JobRef:
         """Publish a new job file; once this returns it survives a power cut. FileExistsError if
         that name is taken."""
-        name = schema.filename(job["id"], job["name"])
-        self.files.place_new(self.layout.job_path(state, name), encode(job), "job")
+        name, data = schema.filename(job["id"], job["name"]), encode(job)
+        written = self.files.place_new(self.layout.job_path(state, name), data, "job")
+        if state in FINISHED:
+            self._journal(state, name, data, written)
         return JobRef(job["id"], state, name)
 
     def move(
@@ -194,16 +203,25 @@ class JobStore:
         name = schema.filename(new["id"], new["name"])
         in_place = state == ref.state and name == ref.name  # else a new file, then the old one goes
         target = self.layout.job_path(state, name)
-        placed = reservation is not None and self.files.place_into(reservation, target, data, replace=in_place)
-        if not placed:
+        written = self.files.place_into(reservation, target, data, in_place) if reservation is not None else None
+        if written is None:
             if in_place:  # replaces our own file, by design
-                self.files.with_room(lambda: self.files.replace(target, data, "job"))
+                written = self.files.with_room(lambda: self.files.replace(target, data, "job"))
             else:
-                self.files.with_room(lambda: self.files.place_new(target, data, "job"))
+                written = self.files.with_room(lambda: self.files.place_new(target, data, "job"))
+        if state in FINISHED:
+            self._journal(state, name, data, written)
         if in_place:
             return ref, new
         self.remove(ref)  # a recovery scan may have removed the old copy already
         return JobRef(new["id"], state, name), new
+
+    def _journal(self, state: str, name: str, data: bytes, written: tuple[int, int, int]) -> None:
+        """The row `gpuq status -a` shows for a file just written in a finished state, appended to
+        cache/finished-journal so that the first `status -a` need not read the file (spool/journal.py)."""
+        from gpuq.spool.journal import append  # only where a job finishes: `add` and `status` never need it
+
+        append(self.layout, state, name, data, written)
 
     def rewrite(
         self, ref: JobRef, job: dict[str, Any], reservation: Optional[Reservation] = None, **changes: Any
@@ -238,6 +256,13 @@ class JobStore:
             else:
                 self.remove(other)
         return newer
+
+
+def _stat_or_none(directory_fd: int, name: str) -> Optional[os.stat_result]:
+    try:
+        return os.stat(name, dir_fd=directory_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
 
 
 def encode(job: dict[str, Any]) -> bytes:
