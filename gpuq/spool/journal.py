@@ -22,7 +22,7 @@ from operator import eq, methodcaller
 
 from gpuq.core import rowtext, schema, shown, times
 from gpuq.core.states import FINISHED
-from gpuq.spool.files import read_small, unlink_quietly
+from gpuq.spool.files import free_bytes, read_small, unlink_quietly
 from gpuq.system import procs
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 NAME = "finished-journal"
 MAX_BYTES = 64 << 20  # about 500,000 rows: past it (no `status -a` for that long) rows are not appended
 FORMAT = 1
+ROOM_LEFT = 1 << 20  # below this much free space no row is appended (the worker starts no job either)
 FIELDS = 10  # tag, state, file name, inode, mtime_ns, size, and the row's name, script, time, info
 
 
@@ -58,8 +59,8 @@ def append(layout: Layout, state: str, name: str, data: bytes, signature: tuple[
     signature as written is `signature`. Never raises: the file is written; this only saves time."""
     try:
         line = row_line(state, name, data, signature)
-        if line is None:
-            return
+        if line is None or free_bytes(layout.home) < ROOM_LEFT:
+            return  # a nearly full disk: its last room is for job files, not for a cache
         fd = os.open(layout.cache_path(NAME), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             if os.fstat(fd).st_size < MAX_BYTES:
