@@ -95,16 +95,13 @@ def _finished_view(spool: Spool, listing: Finished, make: RowCells) -> FinishedV
     keys = {state: listing.signatures.get(state) for state in FINISHED}
     changed = [s for s in FINISHED if not (keys[s] is not None and s in cached and cached[s][0] == keys[s])]
     taken = _take_journal(spool, make) if changed else None
-    stats: dict[str, dict] = {}
-    if taken is not None and (taken.data or any(s in cached for s in changed)):  # rows to check
-        stats = _signatures(spool, listing, changed, lambda: taken.rows)  # the journal parsed meanwhile
     for state in FINISHED:
         key, hit = keys[state], cached.get(state)
         if state not in changed:
             entries[state] = hit  # the directory has not changed since it was cached
         else:
             assert taken is not None
-            packed, fresh[state] = _refresh(spool, state, listing, hit, make, taken.rows[state], stats.get(state))
+            packed, fresh[state] = _refresh(spool, state, listing, hit, make, taken.rows[state])
             if key is None:  # listed too soon after a change to be trusted: perhaps it can be now
                 key = settled_key(spool, listing, state)
             entries[state] = (key, packed)
@@ -137,54 +134,12 @@ def _take_journal(spool: Spool, make: RowCells) -> Any:
 _NO_ROW = ((), None)  # (signature, row) of a file without one: matches no file's signature
 
 
-def _signatures(spool: Spool, listing: Finished, states: list[str], meanwhile: Callable[[], Any]) -> dict[str, dict]:
-    """state -> name -> signature of every listed file of `states`, stat()ed by a forked child
-    while this process runs `meanwhile` (parsing the journal): the two take about as long for
-    100,000 files. {} when they are few, or the child failed: _refresh then stats them itself."""
-    count = sum(len(listing.ids[state]) for state in states)
-    if count < PARALLEL_FROM or (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
-        return {}
-    try:
-        read_fd, write_fd = os.pipe()
-        sys.stdout.flush()
-        pid = os.fork()
-    except OSError:
-        return {}
-    if pid == 0:  # the child: never returns into the caller's code
-        code = 1
-        try:
-            os.close(read_fd)
-            found = {state: spool.jobs.file_signatures(state, listing.names(state)) for state in states}
-            with os.fdopen(write_fd, "wb") as out:
-                out.write(marshal.dumps(found))
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    meanwhile()
-    with os.fdopen(read_fd, "rb") as pipe:
-        data = pipe.read()
-    _pid, status = os.waitpid(pid, 0)
-    try:
-        found = marshal.loads(data) if status == 0 else {}
-    except (EOFError, ValueError, TypeError):
-        found = {}
-    return found if isinstance(found, dict) else {}
-
-
 def _refresh(
-    spool: Spool,
-    state: str,
-    listing: Finished,
-    hit: Any,
-    make: RowCells,
-    journalled: dict[str, tuple],
-    stats: Optional[dict[str, tuple]] = None,
+    spool: Spool, state: str, listing: Finished, hit: Any, make: RowCells, journalled: dict[str, tuple]
 ) -> tuple[bytes, tuple[array, Any]]:
     """A state's packed cache entry (ids, names, file signatures, rows) for its files now, and its
     (ids, rows): rows of unchanged files are kept, rows journalled as their files were written are
-    taken, the others made. Column by column where it can: 100,000 files. `stats`: the signatures
-    of its files, if they were taken already (name -> (inode, mtime_ns, size))."""
+    taken, the others made. Column by column where it can: 100,000 files."""
     names, ids = listing.names(state), listing.ids[state]
     old: dict[str, tuple] = {}
     if hit is not None:
@@ -193,12 +148,14 @@ def _refresh(
             old = dict(zip(old_names, zip(sigs, rows)))
         except (EOFError, ValueError, TypeError):
             old = {}
-    old.update(journalled)  # newer than the cache's: written when the file was
+    if old:
+        old.update(journalled)  # newer than the cache's: written when the file was
+    else:
+        old = journalled
     # Files with a row are stat()ed to see if it still holds (a stat is a fifth of a read, and no
     # parse); the others are read, and their signature taken from the descriptor they were read from.
     have = list(map(old.get, names, repeat(_NO_ROW)))
-    if stats is None:
-        stats = spool.jobs.file_signatures(state, list(compress(names, map(is_not, have, repeat(_NO_ROW)))))
+    stats = spool.jobs.file_signatures(state, list(compress(names, map(is_not, have, repeat(_NO_ROW)))))
     current = list(map(stats.get, names))
     same = list(map(eq, map(itemgetter(0), have), current))
     if all(same):  # the usual case: every file has its row

@@ -39,16 +39,17 @@ FIELDS = 10  # tag, state, file name, inode, mtime_ns, size, and the row's name,
 
 
 def _code_tag() -> str:
-    """Which code made a row: the format and the files of the modules that make rows, as this
-    process loaded them. A row made by another gpuq (an upgrade while a worker runs) is not used."""
-    parts = [str(FORMAT)]
+    """Which code made a row: the format and the content of the modules that make rows, as this
+    process loaded them (the same code installed elsewhere gives the same tag). A row made by
+    another gpuq (an upgrade while a worker runs) is not used."""
+    digest = zlib.crc32(str(FORMAT).encode())
     for module in (rowtext, shown, schema, times):
         try:
-            st = os.stat(module.__file__ or "")
-            parts.append(f"{st.st_mtime_ns}.{st.st_size}")
+            with open(module.__file__ or "", "rb") as source:
+                digest = zlib.crc32(source.read(), digest)
         except OSError:
-            parts.append("?")
-    return f"{zlib.crc32(' '.join(parts).encode()):08x}"
+            digest = zlib.crc32(b"?", digest)
+    return f"{digest:08x}"
 
 
 TAG = _code_tag()  # when the rows' code was loaded: see _code_tag
@@ -128,6 +129,7 @@ class Taken:
             self._rows = {state: {} for state in FINISHED}
             for data in self.data:
                 _add_rows(self._rows, data)
+            self.data = []
         return self._rows
 
     def finish(self) -> None:
@@ -181,6 +183,9 @@ def _add_rows(out: dict[str, dict[str, tuple]], data: bytes) -> None:
             if any(map(methodcaller("startswith", "\\"), columns[at])):
                 columns[at] = list(map(_unfield, columns[at]))
         sigs = zip(*[list(map(int, columns[at])) for at in (3, 4, 5)])
+        for at in (7, 8, 9):  # "train.py", "exit=0": one object each, stored once by the cache's marshal
+            one: dict[str, str] = {}
+            columns[at] = list(map(one.setdefault, columns[at], columns[at]))
     except ValueError:
         _add_lines(out, lines)
         return
