@@ -114,7 +114,9 @@ def throughput(make: Callable[[str, Path], System], names: list[str], root: Path
 def fill_finished(gpuq: Gpuq, total: int, processes: int = 2) -> None:
     """Grow gpuq's done/ to `total` finished jobs by publishing valid job files through gpuq's
     own library (a run per job would take minutes and measure something else). Two processes
-    publish disjoint id ranges; each file is still written, fsynced and renamed by spool.jobs.publish."""
+    publish disjoint id ranges; each file is still written, fsynced and renamed by spool.jobs.publish,
+    which also appends its row to cache/finished-journal, as it does for a job that finishes: the
+    first `status -a` of `scale` measures that path (bench/status_scale.py measures it without)."""
     import multiprocessing
 
     count = total - len(gpuq.spool.jobs.names("done"))
