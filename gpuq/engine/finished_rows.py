@@ -159,7 +159,7 @@ def _refresh(
     current = list(map(stats.get, names))
     same = list(map(eq, map(itemgetter(0), have), current))
     if all(same):  # the usual case: every file has its row
-        kept_ids, kept_names, sigs, rows = ids, names, current, list(map(itemgetter(1), have))
+        kept_ids, kept_names, sigs, rows = array("q", ids), names, current, list(map(itemgetter(1), have))
     else:
         todo = [(n, i) for n, i, ok in zip(names, ids, same) if not ok]
         made = _make_all(spool, state, todo, make)

@@ -14,13 +14,12 @@ a torn last line is skipped; a row lost in a race only costs speed.
 
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from itertools import compress, repeat
 from operator import eq, methodcaller
 
-from gpuq.core import rowtext, schema, shown, times
+from gpuq.core import jsontext, rowtext, schema, shown, times
 from gpuq.core.states import FINISHED
 from gpuq.spool.files import free_bytes, read_small, unlink_quietly
 from gpuq.system import procs
@@ -89,7 +88,7 @@ def _field(text: str) -> str:
     """A field of a line as written: the text itself, or when it holds a tab, a newline, a
     backslash or what UTF-8 cannot encode (a lone surrogate), a backslash then its JSON string."""
     if "\\" in text or "\t" in text or "\n" in text or not _utf8(text):
-        return "\\" + json.dumps(text, ensure_ascii=True)
+        return "\\" + jsontext.dumps(text, ensure_ascii=True)
     return text
 
 
@@ -105,7 +104,7 @@ def _unfield(text: str) -> str:
     """A field's text (ValueError if it is not one _field wrote)."""
     if not text.startswith("\\"):
         return text
-    value = json.loads(text[1:])
+    value = jsontext.loads(text[1:])
     if type(value) is not str:
         raise ValueError("not a string")
     return value
