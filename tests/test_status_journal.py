@@ -202,3 +202,24 @@ def test_fields_that_need_escaping_come_back_as_they_were() -> None:
     out: dict[str, dict[str, tuple]] = {"done": {}}
     journal._add_rows(out, line.encode())
     assert out["done"] == {"000001-x.json": ((5, 6, 7), cells)}
+
+
+def test_a_big_listing_filters_names_by_the_same_rule(tmp_path: Path) -> None:
+    """Past MANY_NAMES entries, names() filters with layout.JOB_NAME_RE instead of is_job_name."""
+    from gpuq.spool import store
+    from gpuq.spool.layout import JOB_NAME_RE, is_job_name
+
+    odd = ["000001-a.json", "00001-a.json", "000002-a b.json", "000003-.json", "x.json", ".000004-a.json"]
+    odd += ["000005-a.jsonx", "000006-é.json", "٠٠٠٠٠٧-a.json", "0000008-a.b_c-d.json"]
+    assert [bool(JOB_NAME_RE.match(n)) for n in odd] == [is_job_name(n) for n in odd]
+    spool = Spool(tmp_path / "spool").ensure()
+    done = Path(spool.layout.state_dir("done"))
+    for name in odd:
+        (done / name).write_text("{}")
+    small = spool.jobs.names("done")
+    old = store.MANY_NAMES
+    store.MANY_NAMES = 3
+    try:
+        assert spool.jobs.names("done") == small == sorted(n for n in odd if is_job_name(n))
+    finally:
+        store.MANY_NAMES = old

@@ -155,8 +155,12 @@ def _refresh(
     # Files with a row are stat()ed to see if it still holds (a stat is a fifth of a read, and no
     # parse); the others are read, and their signature taken from the descriptor they were read from.
     have = list(map(old.get, names, repeat(_NO_ROW)))
-    stats = spool.jobs.file_signatures(state, list(compress(names, map(is_not, have, repeat(_NO_ROW)))))
-    current = list(map(stats.get, names))
+    with_row = list(map(is_not, have, repeat(_NO_ROW)))
+    if all(with_row):  # the usual case (a journal or a cache covers every file): no dict between
+        current = spool.jobs.signatures_in_order(state, names)
+    else:
+        stats = spool.jobs.file_signatures(state, list(compress(names, with_row)))
+        current = list(map(stats.get, names))
     same = list(map(eq, map(itemgetter(0), have), current))
     if all(same):  # the usual case: every file has its row
         kept_ids, kept_names, sigs, rows = array("q", ids), names, current, list(map(itemgetter(1), have))
