@@ -9,6 +9,11 @@ replaced in it (trusted once SETTLED_SECONDS old: see engine/snapshot.py).
 The cache (`cache/finished-view`) holds, per finished state, the directory's signature and, packed
 apart, its names, file signatures and rows; and, packed apart too, the view: every finished row in
 id order as columns, which is all a later `status -a` unpacks while no directory changed.
+
+When a directory changed, the rows of its new files come first from cache/finished-journal, where
+whoever moved each job there appended its row with the file's signature as written (spool/journal.py):
+such a file is stat()ed, not read. Only files with neither a cached nor a journalled row that still
+holds are read and parsed.
 """
 
 from __future__ import annotations
