@@ -219,12 +219,11 @@ class JobStore:
                 written = self.files.with_room(lambda: self.files.replace(target, data, "job"))
             else:
                 written = self.files.with_room(lambda: self.files.place_new(target, data, "job"))
-        if state in FINISHED:
+        if not in_place:
+            self.remove(ref)  # a recovery scan may have removed the old copy already
+        if state in FINISHED:  # after the move is whole: whoever waits for the job's end sees it first
             self._journal(state, name, data, written)
-        if in_place:
-            return ref, new
-        self.remove(ref)  # a recovery scan may have removed the old copy already
-        return JobRef(new["id"], state, name), new
+        return (ref, new) if in_place else (JobRef(new["id"], state, name), new)
 
     def _journal(self, state: str, name: str, data: bytes, written: tuple[int, int, int]) -> None:
         """The row `gpuq status -a` shows for a file just written in a finished state, appended to
