@@ -114,7 +114,9 @@ def throughput(make: Callable[[str, Path], System], names: list[str], root: Path
 def fill_finished(gpuq: Gpuq, total: int, processes: int = 2) -> None:
     """Grow gpuq's done/ to `total` finished jobs by publishing valid job files through gpuq's
     own library (a run per job would take minutes and measure something else). Two processes
-    publish disjoint id ranges; each file is still written, fsynced and renamed by spool.jobs.publish."""
+    publish disjoint id ranges; each file is still written, fsynced and renamed by spool.jobs.publish,
+    which also appends its row to cache/finished-journal, as it does for a job that finishes: the
+    first `status -a` of `scale` measures that path (bench/status_scale.py measures it without)."""
     import multiprocessing
 
     count = total - len(gpuq.spool.jobs.names("done"))
@@ -317,6 +319,11 @@ def log_size(root: Path, big_bytes: int, reps: int) -> dict[str, list[float]]:
 
 
 # ---- 7. scale ---------------------------------------------------------------------------------
+# The finished jobs were published by spool.jobs.publish, which journals their rows as a finishing
+# job's are: the first call measures that path (bench/status_scale.py measures the other).
+FIRST_STATUS_ALL = "gpuq status -a, first run (fills the cache from the journal)"
+
+
 def scale(gpuq: Gpuq, total: int, reps: int) -> dict[str, list[float]]:
     fill_finished(gpuq, total)
     commands = {
@@ -327,7 +334,7 @@ def scale(gpuq: Gpuq, total: int, reps: int) -> dict[str, list[float]]:
     }
     out: dict[str, list[float]] = {label: [] for label in commands}
     # The first `status -a` after the finished jobs appeared parses them all and fills the cache.
-    out["gpuq status -a, first run (fills the cache)"] = [timed_run([*gpuq.list_argv(), "-a"], gpuq.env, gpuq.work)[0]]
+    out[FIRST_STATUS_ALL] = [timed_run([*gpuq.list_argv(), "-a"], gpuq.env, gpuq.work)[0]]
     for n in range(reps):
         for label, argv in rotated(list(commands.items()), n):
             if argv is None:

@@ -5,11 +5,16 @@
 
 `build` writes finished jobs as bench/scenarios.py's fill_finished does (the same fields, each with
 this shell's environment in `shell_env`), but with plain writes, not gpuq's fsynced publish: 100,000
-fsyncs would take minutes and the files read back the same. `measure` runs each checkout's honest
-venv (bench/honest.py, built if missing) on the same spool, turn by turn, output to a pipe as the
-benchmark does: the first `status -a` (its cache file removed first), later `status -a` calls,
-plain `status`, and `python -c pass`. It prints medians of wall and CPU time (the child's
-getrusage), with the load average before and after.
+fsyncs would take minutes and the files read back the same. It also keeps, in `journal.saved` beside
+the spool's directories, the cache/finished-journal that publishing them would have appended: each
+file's row made by gpuq's own appender (spool/journal.py, `row_line`) from the bytes written and the
+descriptor's signature, as spool.jobs.publish does (for files already there: from a read of each).
+`measure` runs each checkout's honest venv (bench/honest.py, built if missing) on the same spool,
+turn by turn, output to a pipe as the benchmark does: the first `status -a` (its cache files removed
+first) with the journal that publishing the jobs left (`first`; a checkout without the journal
+ignores it) and without one (`first-nojournal`: files made by hand or lost appends, every file
+read), later `status -a` calls, plain `status`, and `python -c pass`. It prints medians of wall and
+CPU time (the child's getrusage), with the load average before and after.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,7 +58,27 @@ def build(home: Path, count: int) -> None:
         fd = os.open(done / schema.filename(job_id, job["name"]), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with os.fdopen(fd, "wb") as out:
             out.write(encode(job))
+    save_journal(home, spool)
     print(f"{home}: {len(spool.jobs.names('done'))} finished jobs")
+
+
+def save_journal(home: Path, spool: object) -> None:
+    """journal.saved: the journal that publishing the jobs of done/ would have appended."""
+    try:
+        from gpuq.spool.journal import row_line
+    except ImportError:
+        return  # a gpuq without the journal
+    done = spool.layout.state_dir("done")  # type: ignore[attr-defined]
+    with open(home / "journal.saved", "wb") as out:
+        for name in spool.jobs.names("done"):  # type: ignore[attr-defined]
+            fd = os.open(os.path.join(done, name), os.O_RDONLY)
+            try:
+                st, data = os.fstat(fd), os.read(fd, 1 << 22)
+            finally:
+                os.close(fd)
+            line = row_line("done", name, data, (st.st_ino, st.st_mtime_ns, st.st_size))
+            if line:
+                out.write(line)
 
 
 def honest(checkout: Path) -> Path:
@@ -77,13 +103,18 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     return wall, cpu, proc.stdout
 
 
-def drop_caches(home: Path) -> None:
+def drop_caches(home: Path, journal: bool) -> None:
+    """No cache files; and cache/finished-journal as publishing left it when `journal`."""
     for path in (home / "cache").glob("finished*"):
         path.unlink()
+    if journal and (home / "journal.saved").exists():
+        shutil.copyfile(home / "journal.saved", home / "cache" / "finished-journal")
 
 
 def measure(home: Path, checkouts: dict[str, Path], rounds: int, later: int, what: set[str]) -> dict:
     venvs = {name: honest(path) for name, path in checkouts.items()}
+    if "new" in venvs:  # the journal as the measured code appends it (its rows name that code's files)
+        subprocess.run([str(venvs["new"] / "bin" / "python"), __file__, "journal", str(home)], check=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["GPUQ_HOME"] = str(home)
     samples: dict[str, dict[str, list[tuple[float, float]]]] = {name: {} for name in venvs}
@@ -96,14 +127,16 @@ def measure(home: Path, checkouts: dict[str, Path], rounds: int, later: int, wha
             gpuq, py = [str(venvs[name] / "bin" / "gpuq")], str(venvs[name] / "bin" / "python")
             tasks: list[tuple[str, list[str]]] = [("python -c pass", [py, "-c", "pass"])]
             if "first" in what:
-                tasks.append(("status -a, first (fills the cache)", [*gpuq, "status", "-a"]))
+                tasks.append(("status -a, first (fills the cache), journal", [*gpuq, "status", "-a"]))
+            if "first-nojournal" in what:
+                tasks.append(("status -a, first (fills the cache), no journal", [*gpuq, "status", "-a"]))
             if "later" in what:
                 tasks += [("status -a, later", [*gpuq, "status", "-a"])] * later
             if "status" in what:
                 tasks += [("status", [*gpuq, "status"])] * later
             for label, argv in tasks:
                 if label.startswith("status -a, first"):
-                    drop_caches(home)
+                    drop_caches(home, journal=label.endswith(", journal"))
                 wall, cpu, out = timed(argv, env)
                 samples[name].setdefault(label, []).append((wall, cpu))
                 outputs[name].setdefault(label, out)
@@ -135,10 +168,20 @@ def main() -> None:
     m.add_argument("--new", type=Path, default=Path(__file__).resolve().parent.parent)
     m.add_argument("--rounds", type=int, default=5)
     m.add_argument("--later", type=int, default=3, help="later calls per round")
-    m.add_argument("--what", default="first,later,status", help="first, later, status (comma-separated)")
+    m.add_argument(
+        "--what",
+        default="first,first-nojournal,later,status",
+        help="first, first-nojournal, later, status (comma-separated)",
+    )
+    j = sub.add_parser("journal", help="(re)write journal.saved for a spool built before the journal")
+    j.add_argument("home", type=Path)
     args = parser.parse_args()
     if args.cmd == "build":
         build(args.home, args.count)
+    elif args.cmd == "journal":
+        from gpuq.spool import Spool
+
+        save_journal(args.home, Spool(args.home))
     else:
         checkouts = {"old": args.old.resolve(), "new": args.new.resolve()}
         print(json.dumps(measure(args.home, checkouts, args.rounds, args.later, set(args.what.split(","))), indent=1))

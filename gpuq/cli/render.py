@@ -8,7 +8,8 @@ from bisect import bisect_left
 from itertools import repeat
 
 from gpuq.core import schema
-from gpuq.core.times import duration, parse_iso
+from gpuq.core.rowtext import FINISHED_FIELDS, elapsed, finished_cells, info, slurm_text  # noqa: F401 (render's names too)
+from gpuq.core.times import duration
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
@@ -42,60 +43,6 @@ def width(text: str) -> int:
 
 
 _WIDTHS: dict[str, int] = {}
-
-
-def elapsed(job: dict[str, Any], now: float) -> Optional[float]:
-    start = parse_iso(job.get("started_at"))
-    if start is None:
-        return None
-    end = parse_iso(job.get("finished_at")) or now
-    return end - start
-
-
-def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
-    parts = []
-    if state == "running":
-        parts.append(f"pid={job.get('pid')}" if job.get("pid") else "starting")
-        if job.get("gpus") == []:
-            parts.append("cpu job")
-        elif job.get("slot") is not None:
-            parts.append(f"gpu={job['slot']}")
-        if job.get("retries"):
-            parts.append(f"attempt {job.get('attempts')}/{job['retries'] + 1}")
-        if job.get("resumed_from"):
-            lost = f", lost {job['lost_steps']} steps" if job.get("lost_steps") is not None else ""
-            parts.append(f"from {job['resumed_from'].rstrip('/').rsplit('/', 1)[-1]}{lost}")
-    elif state == "pending":
-        if wait is not None:
-            parts.append(("blocked: " if wait.forever else "") + wait.reason)
-        elif job.get("after"):
-            parts.append("after " + ", ".join(f"#{d}" for d in job["after"]) + " (met)")
-        if job.get("attempts") or job.get("history"):
-            parts.append(job.get("note") or "retry")
-    elif state == "slurm":
-        parts.append(slurm_text(job.get("slurm") or {}))
-    elif job.get("exit_code") is not None:
-        parts.append(f"exit={job['exit_code']}" + (f" ({job['signal']})" if job.get("signal") else ""))
-    if state != "slurm" and (job.get("slurm") or {}).get("job_id"):
-        parts.append(f"on slurm {job['slurm']['job_id']}")
-    if state == "failed" and job.get("reason"):
-        parts.append(job["reason"])
-    if job.get("code_changed"):
-        parts.append(job["code_changed"])
-    note = job.get("note")
-    if note and job.get("reason") and "time limit" in note and "time limit" in job["reason"]:
-        note = None  # said once, by the reason
-    if state in ("interrupted", "cancelled", "preempted", "failed", "held") and note:
-        parts.append(note)
-    if job.get("priority"):
-        parts.append(f"prio={job['priority']}")
-    return "  ".join(parts)
-
-
-def slurm_text(mark: dict[str, Any]) -> str:
-    """`slurm 123 PENDING (Dependency)`: the Slurm job, its state and why it waits."""
-    reason = f" ({mark['reason']})" if mark.get("reason") else ""
-    return f"slurm {mark.get('job_id') or '?'} {mark.get('state') or '?'}{reason}"
 
 
 HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
@@ -199,28 +146,6 @@ def row_cells(job: dict[str, Any], state: str, wait: Any, estimate: Any, now: fl
         duration(elapsed(job, now)),
         _join(progress_text(estimate, state), info(job, state, wait)),
     ]
-
-
-def finished_cells(job: dict[str, Any], state: str) -> tuple[str, ...]:
-    """The cells of a finished job's row: they never change, so `gpuq status -a` caches them."""
-    return tuple(row_cells(job, state, None, None, time.time()))
-
-
-# Every field finished_cells reads (with info() for a finished state): `gpuq status -a` reads only
-# these from a finished job's file (core/shown.py); tests/test_status_cache.py holds it to that.
-FINISHED_FIELDS = (
-    "name",
-    "cmd",
-    "started_at",
-    "finished_at",
-    "exit_code",
-    "signal",
-    "slurm",
-    "reason",
-    "code_changed",
-    "note",
-    "priority",
-)
 
 
 def damaged_cells(file_name: str, reason: str) -> tuple[str, ...]:

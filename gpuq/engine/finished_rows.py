@@ -9,6 +9,11 @@ replaced in it (trusted once SETTLED_SECONDS old: see engine/snapshot.py).
 The cache (`cache/finished-view`) holds, per finished state, the directory's signature and, packed
 apart, its names, file signatures and rows; and, packed apart too, the view: every finished row in
 id order as columns, which is all a later `status -a` unpacks while no directory changed.
+
+When a directory changed, the rows of its new files come first from cache/finished-journal, where
+whoever moved each job there appended its row with the file's signature as written (spool/journal.py):
+such a file is stat()ed, not read. Only files with neither a cached nor a journalled row that still
+holds are read and parsed.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import marshal
 import os
 import sys
 from array import array
-from itertools import repeat
+from itertools import compress, repeat
+from operator import eq, is_not, itemgetter
 
 from gpuq.core import schema
 from gpuq.core.states import FINISHED
@@ -74,36 +80,71 @@ class FinishedView:
 
 
 def finished_view(spool: Spool, listing: Finished, make: RowCells) -> FinishedView:
-    """The rows of the finished jobs of `listing`, from the cache where their files did not change."""
+    """The rows of the finished jobs of `listing`, from the cache where their files did not change.
+    The garbage collector is paused meanwhile: it would walk the 100,000 rows made so far, again
+    and again, and they hold no cycles."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _finished_view(spool, listing, make)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _finished_view(spool: Spool, listing: Finished, make: RowCells) -> FinishedView:
     header = _cache_header(make)
     cached, cached_view = _read_cache(spool, header)
     entries: dict[str, tuple] = {}
-    changed = False
+    fresh: dict[str, tuple] = {}  # state -> (ids, rows) of the entries made now: not unpacked again
+    keys = {state: listing.signatures.get(state) for state in FINISHED}
+    changed = [s for s in FINISHED if not (keys[s] is not None and s in cached and cached[s][0] == keys[s])]
+    taken = _take_journal(spool, make) if changed else None
     for state in FINISHED:
-        key, hit = listing.signatures.get(state), cached.get(state)
-        if key is not None and hit is not None and hit[0] == key:
+        key, hit = keys[state], cached.get(state)
+        if state not in changed:
             entries[state] = hit  # the directory has not changed since it was cached
         else:
-            entries[state] = _refresh(spool, state, listing, hit, make, key)
+            assert taken is not None
+            packed, fresh[state] = _refresh(spool, state, listing, hit, make, taken.rows[state])
             if key is None:  # listed too soon after a change to be trusted: perhaps it can be now
-                entries[state] = (settled_key(spool, listing, state), entries[state][1])
-            changed = True
-    if not changed and cached_view is not None:
+                key = settled_key(spool, listing, state)
+            entries[state] = (key, packed)
+    if not fresh and cached_view is not None:
         return FinishedView(*cached_view)
-    parts = _build_view(entries)
+    parts = _build_view(entries, fresh)
     view = FinishedView(marshal.dumps(parts), len(parts[1]), None)
     view.block = make.block(view)
     try:
         spool.cache.write(CACHE_NAME, marshal.dumps((header, entries, (view._packed, view.count, view.block))))
         spool.cache.remove(OLD_CACHE_NAME)
     except OSError:
-        pass  # a read-only or full spool still shows its status, only slower
+        return view  # a read-only or full spool still shows its status, only slower
+    if taken is not None:
+        taken.finish()  # its rows are in the cache now
     return view
 
 
-def _refresh(spool: Spool, state: str, listing: Finished, hit: Any, make: RowCells, key: Any) -> tuple:
-    """A state's cache entry (directory key, packed (ids, names, file signatures, rows)) for its
-    files now: rows of unchanged files are kept, the others made."""
+def _take_journal(spool: Spool, make: RowCells) -> Any:
+    """The rows appended to cache/finished-journal since the last fold (spool/journal.py), if they
+    are rows `make` would make: the same code, the same fields."""
+    from gpuq.core import rowtext
+    from gpuq.spool.journal import Taken, take
+
+    if make.cells is not rowtext.finished_cells or make.fields != rowtext.FINISHED_FIELDS:
+        return Taken()
+    return take(spool.layout)
+
+
+_NO_ROW = ((), None)  # (signature, row) of a file without one: matches no file's signature
+
+
+def _refresh(
+    spool: Spool, state: str, listing: Finished, hit: Any, make: RowCells, journalled: dict[str, tuple]
+) -> tuple[bytes, tuple[array, Any]]:
+    """A state's packed cache entry (ids, names, file signatures, rows) for its files now, and its
+    (ids, rows): rows of unchanged files are kept, rows journalled as their files were written are
+    taken, the others made. Column by column where it can: 100,000 files."""
     names, ids = listing.names(state), listing.ids[state]
     old: dict[str, tuple] = {}
     if hit is not None:
@@ -112,39 +153,56 @@ def _refresh(spool: Spool, state: str, listing: Finished, hit: Any, make: RowCel
             old = dict(zip(old_names, zip(sigs, rows)))
         except (EOFError, ValueError, TypeError):
             old = {}
-    # Files with a cached row are stat()ed to see if it still holds; the others are read, and
-    # their signature taken from the descriptor they were read from.
-    stats = spool.jobs.file_signatures(state, [n for n in names if n in old]) if old else {}
-    todo = [(n, i) for n, i in zip(names, ids) if n not in stats or old[n][0] != stats[n]]
-    made = _make_all(spool, state, todo, make)
-    kept_ids, kept_names, sigs, rows = array("q"), [], [], []
-    for name, job_id in zip(names, ids):
-        found = made.get(name)
-        if found is None:
-            file_sig = stats.get(name)
-            if file_sig is None or old[name][0] != file_sig:
+    if old:
+        old.update(journalled)  # newer than the cache's: written when the file was
+    else:
+        old = journalled
+    # Files with a row are stat()ed to see if it still holds (a stat is a fifth of a read, and no
+    # parse); the others are read, and their signature taken from the descriptor they were read from.
+    have = list(map(old.get, names, repeat(_NO_ROW)))
+    with_row = list(map(is_not, have, repeat(_NO_ROW)))
+    if all(with_row):  # the usual case (a journal or a cache covers every file): no dict between
+        current = spool.jobs.signatures_in_order(state, names)
+    else:
+        stats = spool.jobs.file_signatures(state, list(compress(names, with_row)))
+        current = list(map(stats.get, names))
+    same = list(map(eq, map(itemgetter(0), have), current))
+    if all(same):  # the usual case: every file has its row
+        kept_ids, kept_names, sigs, rows = array("q", ids), names, current, list(map(itemgetter(1), have))
+    else:
+        todo = [(n, i) for n, i, ok in zip(names, ids, same) if not ok]
+        made = _make_all(spool, state, todo, make)
+        kept_ids, kept_names, sigs, rows = array("q"), [], [], []
+        for name, job_id, ok, row in zip(names, ids, same, have):
+            found = row if ok else made.get(name)
+            if found is None:
                 continue  # gone since the listing
-            found = old[name]
-        kept_ids.append(job_id)
-        kept_names.append(name)
-        sigs.append(found[0])
-        rows.append(found[1])
+            kept_ids.append(job_id)
+            kept_names.append(name)
+            sigs.append(found[0])
+            rows.append(found[1])
     packed = marshal.dumps((kept_ids.tobytes(), tuple(kept_names), tuple(sigs), tuple(rows)))
-    return key, packed
+    return packed, (kept_ids, rows)
 
 
-def _build_view(entries: dict[str, tuple]) -> tuple:
+def _build_view(entries: dict[str, tuple], fresh: dict[str, tuple]) -> tuple:
     """(ids as bytes, their texts, states, columns) of every entry's rows, in id order."""
     merged: list[tuple[int, str, Cells]] = []
+    filled = 0  # states with rows: each state's are in id order already
     for state, (_key, packed) in entries.items():
-        id_bytes, _names, _sigs, rows = marshal.loads(packed)
-        ids = array("q")
-        ids.frombytes(id_bytes)
+        if state in fresh:
+            ids, rows = fresh[state]
+        else:
+            id_bytes, _names, _sigs, rows = marshal.loads(packed)
+            ids = array("q")
+            ids.frombytes(id_bytes)
         merged += zip(ids, repeat(state), rows)
-    merged.sort(key=lambda r: r[0])
-    ids = array("q", [r[0] for r in merged])
-    columns = tuple(zip(*[r[2] for r in merged])) if merged else ((), (), (), ())
-    return ids.tobytes(), tuple(map(str, ids)), tuple(r[1] for r in merged), columns
+        filled += bool(ids)
+    if filled > 1:
+        merged.sort(key=itemgetter(0))
+    ids = array("q", map(itemgetter(0), merged))
+    columns = tuple(zip(*map(itemgetter(2), merged))) if merged else ((), (), (), ())
+    return ids.tobytes(), tuple(map(str, ids)), tuple(map(itemgetter(1), merged)), columns
 
 
 PARALLEL_FROM = 2000  # files to read before the work is shared between CPUs (a fork costs ~1 ms)
@@ -153,23 +211,16 @@ PARALLEL_FROM = 2000  # files to read before the work is shared between CPUs (a 
 def _make_all(spool: Spool, state: str, todo: list[tuple[str, int]], make: RowCells) -> dict[str, tuple]:
     """name -> (file signature, row) of each (name, id) of `todo`. Tens of thousands of files (the
     first `status -a` after they appeared) are shared with one forked child per extra CPU: the work
-    is read-only, and a child that fails only costs its share being redone. The collector is paused
-    meanwhile: it would walk every row made so far, again and again."""
+    is read-only, and a child that fails only costs its share being redone."""
     cpus = min(os.cpu_count() or 1, 8)
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        if len(todo) < PARALLEL_FROM or cpus < 2 or not hasattr(os, "fork"):
-            return _make_some(spool, state, todo, make)
-        shares = [todo[i::cpus] for i in range(cpus)]
-        children = [_fork_share(spool, state, share, make) for share in shares[1:]]
-        out = _make_some(spool, state, shares[0], make)
-        for share, child in zip(shares[1:], children):
-            out.update(_collect_share(child) if child is not None else _make_some(spool, state, share, make))
-        return out
-    finally:
-        if enabled:
-            gc.enable()
+    if len(todo) < PARALLEL_FROM or cpus < 2 or not hasattr(os, "fork"):
+        return _make_some(spool, state, todo, make)
+    shares = [todo[i::cpus] for i in range(cpus)]
+    children = [_fork_share(spool, state, share, make) for share in shares[1:]]
+    out = _make_some(spool, state, shares[0], make)
+    for share, child in zip(shares[1:], children):
+        out.update(_collect_share(child) if child is not None else _make_some(spool, state, share, make))
+    return out
 
 
 def _make_some(spool: Spool, state: str, todo: list[tuple[str, int]], make: RowCells) -> dict[str, tuple]:

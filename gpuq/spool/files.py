@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from gpuq.system.fsutil import StrPath
 
     T = TypeVar("T")
+    Signature = tuple[int, int, int]  # (inode, mtime_ns, size) of a file: what the finished caches check
 
 STALE_TMP_SECONDS = 600.0
 RESERVE_BYTES = 256 * 1024  # the spool's emergency room: given up so a write can go through on a full disk
@@ -58,14 +59,17 @@ class Files:
 
     def write_tmp(self, data: bytes, kind: str, durable: bool = True) -> StrPath:
         """A complete file in tmp/; SpoolFull (the partial file removed) if there is no room."""
+        return self._write_tmp(data, kind, durable)[0]
+
+    def _write_tmp(self, data: bytes, kind: str, durable: bool = True) -> tuple[StrPath, Signature]:
         path = self.tmp_path(kind)
         try:
-            fsutil.write_new_file(path, data, durable=durable)
+            st = fsutil.write_new_file(path, data, durable=durable)
         except OSError as exc:
             if exc.errno in security.FULL_ERRNOS:
                 raise SpoolFull(self.layout.home, exc) from None
             raise
-        return path
+        return path, (st.st_ino, st.st_mtime_ns, st.st_size)
 
     # ---- room for a full disk -----------------------------------------------------------------
     def reserve(self, size: int) -> Reservation:
@@ -82,19 +86,21 @@ class Files:
             raise
         return Reservation(path, fd, size)
 
-    def place_into(self, reservation: Reservation, target: StrPath, data: bytes, replace: bool) -> bool:
+    def place_into(self, reservation: Reservation, target: StrPath, data: bytes, replace: bool) -> Optional[Signature]:
         """Write `data` into the reservation's blocks and rename it to `target` (durably); the
-        reservation is used up. False (reservation untouched) when `data` does not fit in it."""
+        reservation is used up. The file's signature as written, or None (reservation untouched)
+        when `data` does not fit in it."""
         if reservation.fd < 0 or len(data) > reservation.size:
-            return False
+            return None
         os.pwrite(reservation.fd, data, 0)
         os.ftruncate(reservation.fd, len(data))
         os.fsync(reservation.fd)
+        st = os.fstat(reservation.fd)
         os.close(reservation.fd)
         reservation.fd = -1
         _rename_or_drop(reservation.path, target, replace)
         fsutil.fsync_dir(os.path.dirname(target))
-        return True
+        return st.st_ino, st.st_mtime_ns, st.st_size
 
     def keep_emergency_room(self) -> None:
         """Keep the spool's emergency room (the file `reserve`) while the disk has space for it."""
@@ -122,18 +128,21 @@ class Files:
         already gone."""
         return unlink_quietly(self.layout.top_file("reserve"))
 
-    def replace(self, target: StrPath, data: bytes, kind: str, durable: bool = True) -> None:
-        """Atomically make `target` hold `data`, replacing what was there."""
-        tmp = self.write_tmp(data, kind, durable)
+    def replace(self, target: StrPath, data: bytes, kind: str, durable: bool = True) -> Signature:
+        """Atomically make `target` hold `data`, replacing what was there; its signature as written."""
+        tmp, sig = self._write_tmp(data, kind, durable)
         _rename_or_drop(tmp, target, replace=True)
         if durable:
             fsutil.fsync_dir(os.path.dirname(target))
+        return sig
 
-    def place_new(self, target: StrPath, data: bytes, kind: str) -> None:
-        """Atomically create `target` with `data`, durably; FileExistsError if it exists."""
-        tmp = self.write_tmp(data, kind)
+    def place_new(self, target: StrPath, data: bytes, kind: str) -> Signature:
+        """Atomically create `target` with `data`, durably; FileExistsError if it exists. Its
+        signature as written."""
+        tmp, sig = self._write_tmp(data, kind)
         _rename_or_drop(tmp, target, replace=False)
         fsutil.fsync_dir(os.path.dirname(target))
+        return sig
 
     def clean_tmp(self, now: Optional[float] = None) -> int:
         """Remove tmp files left by writers that died (or that are implausibly old)."""

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 INTERNAL = ("tmp", "locks", "logs", "workers", "control", "progress", "cache", "imports", "snapshots")
 PLAIN_NAME_RE = lazy(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.json$")  # a dropped file gpuq takes in
 INTAKE_RE = lazy(r"^\.intake-(\d{6,})-(.+)$")  # a dropped file being taken in, with its new id
+JOB_NAME_RE = lazy(r"^(\d{6,})-[A-Za-z0-9._-]*\.json$")  # what is_job_name tests, for listings of thousands
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
 

@@ -12,9 +12,9 @@ import os
 
 from gpuq.core import jsontext, schema
 from gpuq.core.records import itemgetter
-from gpuq.core.states import STATES
+from gpuq.core.states import FINISHED, STATES
 from gpuq.spool.files import Files, Reservation, read_job_file, read_job_file_stat, unlink_quietly
-from gpuq.spool.layout import Layout, is_job_name
+from gpuq.spool.layout import JOB_NAME_RE, Layout, is_job_name
 from gpuq.system import fsutil
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from typing import Any, Iterator, Optional
 
 MAX_JOB_BYTES = 1 << 20
+MANY_NAMES = 20_000  # from here a listing is filtered by JOB_NAME_RE (importing `re` costs about 8 ms once)
 
 
 class JobRef(tuple):
@@ -54,6 +55,8 @@ class JobStore:
             entries = os.listdir(self.layout.state_dir(state))
         except FileNotFoundError:
             return []
+        if len(entries) > MANY_NAMES:  # the pattern's C match: a Python test per name costs 0.1 s per 100,000
+            return sorted(filter(JOB_NAME_RE.match, entries))
         return sorted(filter(is_job_name, entries))
 
     def listed(self, state: str) -> tuple[list[str], list[int]]:
@@ -120,14 +123,28 @@ class JobStore:
 
     def file_signatures(self, state: str, names: list[str]) -> dict[str, tuple[int, int, int]]:
         """name -> (inode, mtime_ns, size) of job files in `state`; vanished ones are left out."""
-        directory, out = os.fspath(self.layout.state_dir(state)), {}
-        for name in names:
+        return {n: sig for n, sig in zip(names, self.signatures_in_order(state, names)) if sig is not None}
+
+    def signatures_in_order(self, state: str, names: list[str]) -> list[Optional[tuple[int, int, int]]]:
+        """(inode, mtime_ns, size) of each of `names` in `state`, None for one that vanished."""
+        from functools import partial  # only `status -a` comes here: not on every start-up
+        from operator import attrgetter
+
+        try:
+            fd = os.open(self.layout.state_dir(state), os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return [None] * len(names)
+        try:  # relative to the directory's descriptor: 100,000 paths not joined
             try:
-                st = os.stat(os.path.join(directory, name), follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            out[name] = (st.st_ino, st.st_mtime_ns, st.st_size)
-        return out
+                stats = list(map(partial(os.stat, dir_fd=fd, follow_symlinks=False), names))
+            except FileNotFoundError:  # one vanished since the listing: one by one
+                stats = list(map(partial(_stat_or_none, fd), names))
+        finally:
+            os.close(fd)
+        signature = attrgetter("st_ino", "st_mtime_ns", "st_size")
+        if None not in stats:
+            return list(map(signature, stats))
+        return [None if st is None else signature(st) for st in stats]
 
     # ---- reading ------------------------------------------------------------------------------
     def read_bytes(self, state: str, name: str) -> bytes:
@@ -182,8 +199,10 @@ class JobStore:
     def publish(self, job: dict[str, Any], state: str = "pending") -> JobRef:
         """Publish a new job file; once this returns it survives a power cut. FileExistsError if
         that name is taken."""
-        name = schema.filename(job["id"], job["name"])
-        self.files.place_new(self.layout.job_path(state, name), encode(job), "job")
+        name, data = schema.filename(job["id"], job["name"]), encode(job)
+        written = self.files.place_new(self.layout.job_path(state, name), data, "job")
+        if state in FINISHED:
+            self._journal(state, name, data, written)
         return JobRef(job["id"], state, name)
 
     def move(
@@ -209,17 +228,24 @@ class JobStore:
         name = schema.filename(new["id"], new["name"])
         in_place = state == ref.state and name == ref.name  # else a new file, then the old one goes
         target = self.layout.job_path(state, name)
-        placed = reservation is not None and self.files.place_into(reservation, target, data, replace=in_place)
-        if not placed:
+        written = self.files.place_into(reservation, target, data, in_place) if reservation is not None else None
+        if written is None:
             if in_place:  # replaces our own file, by design
-                self.files.with_room(lambda: self.files.replace(target, data, "job"))
+                written = self.files.with_room(lambda: self.files.replace(target, data, "job"))
             else:
-                self.files.with_room(lambda: self.files.place_new(target, data, "job"))
-        if in_place:
-            return ref, new
-        if not keep_old:
+                written = self.files.with_room(lambda: self.files.place_new(target, data, "job"))
+        if not in_place and not keep_old:
             self.remove(ref)  # a recovery scan may have removed the old copy already
-        return JobRef(new["id"], state, name), new
+        if state in FINISHED:  # after the move is whole: whoever waits for the job's end sees it first
+            self._journal(state, name, data, written)
+        return (ref, new) if in_place else (JobRef(new["id"], state, name), new)
+
+    def _journal(self, state: str, name: str, data: bytes, written: tuple[int, int, int]) -> None:
+        """The row `gpuq status -a` shows for a file just written in a finished state, appended to
+        cache/finished-journal so that the first `status -a` need not read the file (spool/journal.py)."""
+        from gpuq.spool.journal import append  # only where a job finishes: `add` and `status` never need it
+
+        append(self.layout, state, name, data, written)
 
     def rewrite(
         self, ref: JobRef, job: dict[str, Any], reservation: Optional[Reservation] = None, **changes: Any
@@ -258,6 +284,13 @@ class JobStore:
             else:
                 self.remove(other)
         return newer
+
+
+def _stat_or_none(directory_fd: int, name: str) -> Optional[os.stat_result]:
+    try:
+        return os.stat(name, dir_fd=directory_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
 
 
 def encode(job: dict[str, Any]) -> bytes:

@@ -29,8 +29,9 @@ def fsync_dir(path: StrPath) -> None:
         os.close(fd)
 
 
-def write_new_file(path: StrPath, data: bytes, durable: bool = True) -> None:
-    """Create `path` (must not exist), write `data` fully and (if `durable`) fsync it.
+def write_new_file(path: StrPath, data: bytes, durable: bool = True) -> os.stat_result:
+    """Create `path` (must not exist), write `data` fully and (if `durable`) fsync it; the stat of
+    the file as written (a rename keeps its inode, mtime and size).
 
     On ENOSPC or any other error the partial file is removed, so nothing half-written remains.
     """
@@ -41,11 +42,13 @@ def write_new_file(path: StrPath, data: bytes, durable: bool = True) -> None:
             view = view[os.write(fd, view) :]
         if durable:
             os.fsync(fd)
+        written = os.fstat(fd)
     except BaseException:
         os.close(fd)
         _unlink_quietly(path)
         raise
     os.close(fd)
+    return written
 
 
 def _unlink_quietly(path: StrPath) -> None:

@@ -1,0 +1,222 @@
+"""cache/finished-journal: the `status -a` row of each job that enters a finished state, appended
+by whoever moved it there (spool_layout.md, "cache/").
+
+The first `gpuq status -a` over 100,000 finished jobs cannot afford to open and parse 100,000 files
+(about 20 us each just to open and read them here; issue 15). So the row is made when the job's file
+is written, from the very bytes written, by the code that makes it from a file (core/shown.py,
+core/rowtext.py), and appended here with the file's signature as written (a rename keeps inode,
+mtime and size). The next `status -a` folds the journal into cache/finished-view
+(engine/finished_rows.py) and uses a row only while the file still has that signature.
+
+A cache: never fsynced; any failure to append is ignored (it only costs that file being read once);
+a torn last line is skipped; a row lost in a race only costs speed.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from itertools import compress, repeat
+from operator import eq, methodcaller
+
+from gpuq.core import jsontext, rowtext, schema, shown, times
+from gpuq.core.states import FINISHED
+from gpuq.spool.files import free_bytes, read_small, unlink_quietly
+from gpuq.system import procs
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+    from gpuq.spool.layout import Layout
+
+NAME = "finished-journal"
+MAX_BYTES = 64 << 20  # about 500,000 rows: past it (no `status -a` for that long) rows are not appended
+FORMAT = 1
+ROOM_LEFT = 1 << 20  # below this much free space no row is appended (the worker starts no job either)
+FIELDS = 10  # tag, state, file name, inode, mtime_ns, size, and the row's name, script, time, info
+
+
+def _code_tag() -> str:
+    """Which code made a row: the format and the content of the modules that make rows, as this
+    process loaded them (the same code installed elsewhere gives the same tag). A row made by
+    another gpuq (an upgrade while a worker runs) is not used."""
+    digest = zlib.crc32(str(FORMAT).encode())
+    for module in (rowtext, shown, schema, times):
+        try:
+            with open(module.__file__ or "", "rb") as source:
+                digest = zlib.crc32(source.read(), digest)
+        except OSError:
+            digest = zlib.crc32(b"?", digest)
+    return f"{digest:08x}"
+
+
+TAG = _code_tag()  # when the rows' code was loaded: see _code_tag
+
+
+def append(layout: Layout, state: str, name: str, data: bytes, signature: tuple[int, int, int]) -> None:
+    """Append the row of the job file `name` just published in `state` with `data`, whose
+    signature as written is `signature`. Never raises: the file is written; this only saves time."""
+    try:
+        line = row_line(state, name, data, signature)
+        if line is None or free_bytes(layout.home) < ROOM_LEFT:
+            return  # a nearly full disk: its last room is for job files, not for a cache
+        fd = os.open(layout.cache_path(NAME), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            if os.fstat(fd).st_size < MAX_BYTES:
+                os.write(fd, line)  # one write: appenders running at once never interleave within a line
+        finally:
+            os.close(fd)
+    except Exception:  # noqa: BLE001 - a full disk, a read-only spool, a surprise: the row is only a cache
+        pass
+
+
+def row_line(state: str, name: str, data: bytes, signature: tuple[int, int, int]) -> Optional[bytes]:
+    """The journal line of a job file: its row as a read of `data` makes it; None when the file's
+    shown fields are not valid or its row's time depends on the clock (such files are read)."""
+    try:
+        job = shown.load_shown(data, int(name[: name.index("-")]), rowtext.FINISHED_FIELDS)
+    except (schema.InvalidJob, ValueError):
+        return None
+    if rowtext.depends_on_clock(job):
+        return None
+    fields = (TAG, state, name, *map(str, signature), *rowtext.finished_cells(job, state))
+    return ("\t".join(map(_field, fields)) + "\n").encode()
+
+
+def _field(text: str) -> str:
+    """A field of a line as written: the text itself, or when it holds a tab, a newline, a
+    backslash or what UTF-8 cannot encode (a lone surrogate), a backslash then its JSON string."""
+    if "\\" in text or "\t" in text or "\n" in text or not _utf8(text):
+        return "\\" + jsontext.dumps(text, ensure_ascii=True)
+    return text
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _unfield(text: str) -> str:
+    """A field's text (ValueError if it is not one _field wrote)."""
+    if not text.startswith("\\"):
+        return text
+    value = jsontext.loads(text[1:])
+    if type(value) is not str:
+        raise ValueError("not a string")
+    return value
+
+
+class Taken:
+    """The journal files taken for one fold. `rows` (parsed on first use): state -> name ->
+    (signature, cells), the later row of a name winning; `finish()` removes the files once their
+    rows are cached."""
+
+    __slots__ = ("data", "paths", "_rows")
+
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+        self.paths: list[str] = []
+        self._rows: Optional[dict[str, dict[str, tuple]]] = None
+
+    @property
+    def rows(self) -> dict[str, dict[str, tuple]]:
+        if self._rows is None:
+            self._rows = {state: {} for state in FINISHED}
+            for data in self.data:
+                _add_rows(self._rows, data)
+            self.data = []
+        return self._rows
+
+    def finish(self) -> None:
+        for path in self.paths:
+            unlink_quietly(path)
+
+
+def take(layout: Layout) -> Taken:
+    """The journal, renamed aside first (rows appended meanwhile start a new journal), with any
+    journal left aside by a fold that died."""
+    taken = Taken()
+    mine = layout.cache_path(f"{NAME}.{os.getpid()}")
+    try:
+        os.rename(layout.cache_path(NAME), mine)
+    except OSError:
+        pass  # none (or a read-only spool): only leftovers, if any
+    try:
+        names = os.listdir(os.path.dirname(mine))
+    except OSError:
+        return taken
+    for entry in sorted(names):
+        owner = entry[len(NAME) + 1 :] if entry.startswith(NAME + ".") else ""
+        if not owner.isdigit() or (int(owner) != os.getpid() and procs.pid_alive(int(owner))):
+            continue  # not a journal set aside, or one another fold is reading now
+        path = layout.cache_path(entry)
+        data = read_small(path, cap=MAX_BYTES + (1 << 20), mine=True)
+        if data:
+            taken.data.append(data)
+        taken.paths.append(path)
+    return taken
+
+
+def _add_rows(out: dict[str, dict[str, tuple]], data: bytes) -> None:
+    """The rows of a journal's text, into `out`. 100,000 lines: split and checked column by column
+    (maps in C); a surprise anywhere, and they are taken line by line instead."""
+    text = data.decode("utf-8", "replace")  # damage only in lines left out below
+    escaped = "\\" in text  # fields written as JSON strings: rare (a tab or a backslash in a name)
+    lines = text.split("\n")
+    lines.pop()  # "" after the last newline, or a torn last line: an append cut short
+    whole = list(map(eq, map(methodcaller("count", "\t"), lines), repeat(FIELDS - 1)))
+    if not all(whole):
+        lines = list(compress(lines, whole))
+    flat = "\t".join(lines).split("\t") if lines else []
+    columns = [flat[i::FIELDS] for i in range(FIELDS)]
+    if set(columns[0]) - {TAG}:  # rows of another gpuq, or a torn line run into the next one
+        lines = list(compress(lines, map(eq, columns[0], repeat(TAG))))
+        flat = "\t".join(lines).split("\t") if lines else []
+        columns = [flat[i::FIELDS] for i in range(FIELDS)]
+    try:
+        for at in (1, 2, 6, 7, 8, 9) if escaped else ():
+            if any(map(methodcaller("startswith", "\\"), columns[at])):
+                columns[at] = list(map(_unfield, columns[at]))
+        sigs = zip(*[list(map(int, columns[at])) for at in (3, 4, 5)])
+        for at in (7, 8, 9):  # "train.py", "exit=0": one object each, stored once by the cache's marshal
+            one: dict[str, str] = {}
+            columns[at] = list(map(one.setdefault, columns[at], columns[at]))
+    except ValueError:
+        _add_lines(out, lines)
+        return
+    _add(out, columns[1], columns[2], sigs, zip(*columns[6:]))
+
+
+def _add_lines(out: dict[str, dict[str, tuple]], lines: list[str]) -> None:
+    """The rows of `lines` one by one, each that is not whole left out."""
+    for line in lines:
+        parts = line.split("\t")
+        try:
+            _add(
+                out,
+                [_unfield(parts[1])],
+                [_unfield(parts[2])],
+                [tuple(map(int, parts[3:6]))],
+                [tuple(map(_unfield, parts[6:]))],
+            )
+        except (ValueError, IndexError):
+            continue
+
+
+def _add(out: dict[str, dict[str, tuple]], states: Any, names: Any, sigs: Any, cells: Any) -> None:
+    made = zip(names, zip(sigs, cells))
+    if not states:
+        return
+    if len(set(states)) == 1:  # the usual journal: all of one state (a later row of a name wins)
+        found = out.get(states[0])
+        if found is not None:
+            found.update(made)
+        return
+    for state, (name, row) in zip(states, made):
+        found = out.get(state)
+        if found is not None:
+            found[name] = row
