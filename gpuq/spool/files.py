@@ -139,8 +139,17 @@ class Files:
     def place_new(self, target: StrPath, data: bytes, kind: str) -> Signature:
         """Atomically create `target` with `data`, durably; FileExistsError if it exists. Its
         signature as written."""
-        tmp, sig = self._write_tmp(data, kind)
-        _rename_or_drop(tmp, target, replace=False)
+        try:
+            st = fsutil.create_unnamed_first(target, data)
+        except OSError as exc:
+            if exc.errno in security.FULL_ERRNOS:
+                raise SpoolFull(self.layout.home, exc) from None
+            raise
+        if st is None:  # no unnamed files here: a file in tmp/, renamed without replacing
+            tmp, sig = self._write_tmp(data, kind)
+            _rename_or_drop(tmp, target, replace=False)
+        else:
+            sig = (st.st_ino, st.st_mtime_ns, st.st_size)
         fsutil.fsync_dir(os.path.dirname(target))
         return sig
 

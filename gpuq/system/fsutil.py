@@ -51,6 +51,59 @@ def write_new_file(path: StrPath, data: bytes, durable: bool = True) -> os.stat_
     return written
 
 
+_unnamed_files = [sys.platform.startswith("linux") and hasattr(os, "O_TMPFILE")]  # cleared at the first refusal
+
+
+def create_unnamed_first(path: str, data: bytes) -> Optional[os.stat_result]:
+    """Create `path` with `data`, durably, without replacing a file of that name
+    (FileExistsError): an unnamed file (O_TMPFILE) in its directory, written and fsynced, then given
+    its name by linkat through /proc/self/fd. Nobody sees it half-written, or with a second link
+    (security.py refuses a job file with two), and no `ctypes` is loaded for renameat2 (about 5 ms
+    of every `gpuq add`, bench/PROFILE.md section 1). The stat as written, or None where unnamed
+    files cannot be made here (not Linux, a filesystem without O_TMPFILE, no /proc): the caller
+    then writes a temporary file and renames it."""
+    if not _unnamed_files[0]:
+        return None
+    try:
+        fd = os.open(os.path.dirname(path) or ".", os.O_TMPFILE | os.O_WRONLY, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            _unnamed_files[0] = False  # this filesystem cannot: the rename, from now on
+            return None
+        raise
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+        written = os.fstat(fd)
+        if not _link_unnamed(fd, path):
+            _unnamed_files[0] = False  # linking through /proc refused here: the rename, from now on
+            return None
+    finally:
+        os.close(fd)  # an unnamed file that got no name is freed here
+    return written
+
+
+def _link_unnamed(fd: int, path: str) -> bool:
+    """Give the unnamed file `fd` the name `path`: linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/FD
+    (os.link calls linkat, rather than link, only when given a directory descriptor). False where
+    that is refused (no /proc, a kernel or filesystem that will not); FileExistsError if `path`
+    exists; a full disk's error as it comes."""
+    directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.link(f"/proc/self/fd/{fd}", os.path.basename(path), dst_dir_fd=directory)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        return False
+    finally:
+        os.close(directory)
+    return True
+
+
 def _unlink_quietly(path: StrPath) -> None:
     try:
         os.unlink(path)
