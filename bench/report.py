@@ -237,11 +237,11 @@ def targets(results: dict[str, Any], sizes: dict[str, int]) -> list[str]:
     lines += [
         "Where the remaining time goes (measured in `bench/PROFILE.md`): a command's start-up is mostly imports "
         "on top of the interpreter's own start: some 35 small gpuq modules of a fraction of a millisecond each "
-        "(no `re`, `json` or `collections` with an idle queue), `ctypes` for `add`'s no-clobber publish, and "
-        "`add`'s five fsyncs; between "
-        "jobs, the worker's step (a fresh look at the whole queue: it grows with the number of pending jobs), the "
-        "job's supervisor (forked by the supervisor zygote, not a new interpreter), and the fsynced moves per job "
-        "that the spool's crash-safety contract requires.",
+        "(no `re`, `json` or `collections` with an idle queue) and `add`'s five fsyncs; between jobs, a serial "
+        "chain of about ten links of a few ms each on a loaded machine: the ended job's fsynced end record, "
+        "watchdog's wake-up, the worker's step (now reading only the files the events named), the claim, the "
+        "forked supervisor's fsynced move of the next job, its fork and exec; the first `status -a` over "
+        "100,000 jobs is one `lstat` per file and the parse of the rows journalled when they finished.",
         "",
     ]
     if any(row[5] == "**no**" for row in rows):
