@@ -3,6 +3,7 @@ and bounded waits on conditions (never a fixed sleep that hopes)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
@@ -161,3 +162,33 @@ def gq(tmp_path: Path) -> Any:
         yield env
     finally:
         env.cleanup()
+
+
+@contextlib.contextmanager
+def small_tmpfs(tmp_path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (as mount's option says it) mounted under tmp_path, to fill up on purpose;
+    the test is skipped, saying why, where mounting is refused (CI runs as root)."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.strip() or proc.returncode}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill_up(where: Path) -> Path:
+    """Take the rest of the filesystem, as another program would."""
+    filler = where / "filler"
+    with open(filler, "ab") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+    return filler

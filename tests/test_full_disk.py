@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import Env, wait_for
+from conftest import Env, fill_up, small_tmpfs, wait_for
 
 FILL = """import os, sys
 chunk = b"x" * (256 * 1024)
@@ -26,17 +26,8 @@ except OSError:
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.strip() or proc.returncode}")
-    try:
+    with small_tmpfs(tmp_path, "8m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.fixture
@@ -47,19 +38,6 @@ def gq_full(gq: Env, small_fs: Path) -> Env:
     gq.work = small_fs / "work"
     gq.work.mkdir()
     return gq
-
-
-def fill_up(where: Path) -> Path:
-    """Take the rest of the filesystem, as another program would."""
-    filler = where / "filler"
-    with open(filler, "ab") as fh:
-        try:
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-        except OSError:
-            pass
-    return filler
 
 
 def waiting(gq: Env, job_id: int) -> str:

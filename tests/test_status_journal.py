@@ -6,12 +6,11 @@ real workers; the output must be the same, byte for byte, with the journal and w
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import Env
+from conftest import Env, fill_up, small_tmpfs
 from test_status_cache import _many, _varied
 
 from gpuq.core import schema, times
@@ -156,17 +155,8 @@ def test_a_row_appended_while_a_fold_runs_is_kept(gq: Env) -> None:
 
 @pytest.fixture
 def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.strip() or proc.returncode}")
-    try:
+    with small_tmpfs(tmp_path, "4m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_an_append_on_a_full_disk_is_skipped_and_the_job_still_ends(gq: Env, tiny_fs: Path) -> None:
@@ -179,13 +169,7 @@ def test_an_append_on_a_full_disk_is_skipped_and_the_job_still_ends(gq: Env, tin
     size = len(encode(dict(job, **end, rev=job["rev"] + 1)))
     room = spool.files.reserve(size)  # as a supervisor does, but only just the size: truncating frees nothing
     spool.files.give_up_emergency_room()
-    with open(tiny_fs / "filler", "ab") as fh:  # the disk fills up
-        try:
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-        except OSError:
-            pass
+    fill_up(tiny_fs)  # the disk fills up
     spool.jobs.move(ref, job, "done", end, room)  # written into the room; the journal has none
     assert spool.jobs.find(job["id"], ("done",)) is not None
     assert journal_lines(gq) == []
