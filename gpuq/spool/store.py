@@ -70,7 +70,7 @@ class JobStore:
         return names, ids
 
     def refs(self, states: tuple[str, ...] = STATES) -> Iterator[JobRef]:
-        new = tuple.__new__  # JobRef(...) calls namedtuple's Python-level __new__: ms per 10,000 jobs
+        new = tuple.__new__  # JobRef(...) calls its Python-level __new__: ms per 10,000 jobs
         for state in states:
             for name in self.names(state):  # names() passed is_job_name: the id ends at the first "-"
                 yield new(JobRef, (int(name[: name.index("-")]), state, name))

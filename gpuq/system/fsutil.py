@@ -37,12 +37,7 @@ def write_new_file(path: StrPath, data: bytes, durable: bool = True) -> os.stat_
     """
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if durable:
-            os.fsync(fd)
-        written = os.fstat(fd)
+        written = _write_whole(fd, data, durable)
     except BaseException:
         os.close(fd)
         _unlink_quietly(path)
@@ -51,7 +46,17 @@ def write_new_file(path: StrPath, data: bytes, durable: bool = True) -> os.stat_
     return written
 
 
-_unnamed_files = [sys.platform.startswith("linux") and hasattr(os, "O_TMPFILE")]  # cleared at the first refusal
+def _write_whole(fd: int, data: bytes, durable: bool) -> os.stat_result:
+    """Write all of `data` to the new file `fd`, fsync it if `durable`; its stat as written."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    if durable:
+        os.fsync(fd)
+    return os.fstat(fd)
+
+
+_unnamed_files = sys.platform.startswith("linux") and hasattr(os, "O_TMPFILE")  # cleared at the first refusal
 
 
 def create_unnamed_first(path: str, data: bytes) -> Optional[os.stat_result]:
@@ -62,23 +67,20 @@ def create_unnamed_first(path: str, data: bytes) -> Optional[os.stat_result]:
     of every `gpuq add`, bench/PROFILE.md section 1). The stat as written, or None where unnamed
     files cannot be made here (not Linux, a filesystem without O_TMPFILE, no /proc): the caller
     then writes a temporary file and renames it."""
-    if not _unnamed_files[0]:
+    global _unnamed_files
+    if not _unnamed_files:
         return None
     try:
         fd = os.open(os.path.dirname(path) or ".", os.O_TMPFILE | os.O_WRONLY, 0o600)
     except OSError as exc:
         if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-            _unnamed_files[0] = False  # this filesystem cannot: the rename, from now on
+            _unnamed_files = False  # this filesystem cannot: the rename, from now on
             return None
         raise
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-        written = os.fstat(fd)
+        written = _write_whole(fd, data, durable=True)
         if not _link_unnamed(fd, path):
-            _unnamed_files[0] = False  # linking through /proc refused here: the rename, from now on
+            _unnamed_files = False  # linking through /proc refused here: the rename, from now on
             return None
     finally:
         os.close(fd)  # an unnamed file that got no name is freed here
