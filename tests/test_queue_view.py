@@ -138,3 +138,33 @@ def test_worker_follows_a_job_edited_while_held(gq: Env) -> None:
     gq.gpuq("release", str(waiting))
     gq.wait_state(job, "done", timeout=20)
     wait_for(lambda: gq.state_of(waiting) == "done", 20, what="the released job to run")
+
+
+def test_the_observer_names_a_file_written_in_place_once(tmp_path: Path) -> None:
+    """The observer's filter (run/loop.py) leaves opens, reads and each write() out of the hints:
+    a file rewritten in place in pending/ by three writes is named once, when its writer closes it
+    (watchdog unfiltered reported a `modified` event per write, besides the opens and reads)."""
+    from gpuq.run import loop
+    from gpuq.run.worker import Worker
+
+    spool = _spool(tmp_path)
+    ref, _job = _add(spool, tmp_path)
+    worker = Worker(spool, say=lambda _line: None)
+    observer = loop._ensure_observer(None, worker, loop.Waker())
+    assert observer is not None
+    try:
+        hints = worker.view._hints  # the observer thread's side of the view
+        hints.clear()
+        path = Path(spool.layout.state_dir(PENDING)) / ref.name
+        for _ in range(3):
+            path.read_bytes()
+        text = path.read_bytes()
+        with open(path, "r+b", buffering=0) as out:  # three writes, then one close
+            out.write(text[:10])
+            out.write(text[10:20])
+            out.write(text[20:])
+        _later, _ = _add(spool, tmp_path)  # a new job: its hint comes after every earlier one
+        wait_for(lambda: (PENDING, _later.name) in hints, timeout=10)
+        assert [h for h in hints if h[1] == ref.name] == [(PENDING, ref.name)]
+    finally:
+        loop._stop_observer(observer)
