@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuq.core import jsontext, schema
-from gpuq.spool.layout import is_job_name
+from gpuq.spool.layout import is_job_name, job_names
 
 SCALARS = (
     st.none()
@@ -120,6 +120,27 @@ def test_is_job_name_is_the_pattern(name: str) -> None:
 )  # fmt: skip
 def test_is_job_name_on_edges(name: str) -> None:
     assert is_job_name(name) == bool(JOB_NAME_RE.match(name))
+
+
+_VALID = st.builds(
+    lambda i, rest: f"{i:06d}-{rest}.json", st.integers(0, 10**8), st.text(alphabet="ab.-_Z9", max_size=6)
+)
+_ODD = st.text(alphabet="0123456789٣-.jsonabZ_ \n/é", max_size=16)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(_VALID, _VALID, _VALID, _ODD), max_size=12))
+def test_job_names_of_a_listing_are_is_job_names(entries: list[str]) -> None:
+    """The bulk test of a whole listing (valid names nearly always) keeps what is_job_name keeps."""
+    assert job_names(list(entries)) == [n for n in entries if JOB_NAME_RE.match(n)]
+
+
+def test_job_names_falls_back_for_one_odd_name() -> None:
+    valid = [f"{i:06d}-x.json" for i in range(50)]
+    odds = ("00001-a.json", "000001-a.json\n", "٠٠٠٠٠١-a.json", "000001a.json", "000001-a b.json")
+    for odd in (*odds, ".t", "1.json-1.json", "000001-é.json"):
+        assert job_names([*valid, odd]) == valid + ([odd] if JOB_NAME_RE.match(odd) else [])
+    assert job_names(valid) == valid and job_names([]) == []
 
 
 SLUG_RE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -9,12 +9,14 @@ job's file holds the job's claim (spool/claims.py); this module does not check t
 from __future__ import annotations
 
 import os
+from itertools import repeat
+from operator import getitem
 
 from gpuq.core import jsontext, schema
 from gpuq.core.records import itemgetter
 from gpuq.core.states import FINISHED, STATES
 from gpuq.spool.files import Files, Reservation, read_job_file, read_job_file_stat, unlink_quietly
-from gpuq.spool.layout import JOB_NAME_RE, Layout, is_job_name
+from gpuq.spool.layout import JOB_NAME_RE, Layout, is_job_name, job_names
 from gpuq.system import fsutil
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
@@ -55,15 +57,16 @@ class JobStore:
             entries = os.listdir(self.layout.state_dir(state))
         except FileNotFoundError:
             return []
-        if len(entries) > MANY_NAMES:  # the pattern's C match: a Python test per name costs 0.1 s per 100,000
+        if len(entries) > MANY_NAMES:  # the pattern's C match: faster still, once `re` is imported
             return sorted(filter(JOB_NAME_RE.match, entries))
-        return sorted(filter(is_job_name, entries))
+        return sorted(job_names(entries))
 
     def listed(self, state: str) -> tuple[list[str], list[int]]:
         """The job file names of a state directory and their ids, in id order (a name sorts as its
         id until ids pass six digits)."""
         names = self.names(state)
-        ids = [int(name[: name.index("-")]) for name in names]
+        # int(name[: name.find("-")]) for each name, in C loops (thousands of names in done/)
+        ids = list(map(int, map(getitem, names, map(slice, map(str.find, names, repeat("-"))))))
         if ids != sorted(ids):
             pairs = sorted(zip(ids, names))
             ids, names = [i for i, _n in pairs], [n for _i, n in pairs]
