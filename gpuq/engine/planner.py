@@ -49,6 +49,9 @@ class Plan:
         return any(not w.forever for w in self.waits.values())
 
 
+MAX_SUCCESSORS = 8  # jobs named ahead to a supervisor for its slot (run/successor.py)
+
+
 class Planner:
     def __init__(
         self,
@@ -79,6 +82,49 @@ class Planner:
             return self._plan_slots(snap, busy, chain((first,), found), preempting, look)
         ready = [first, *islice(found, MAX_PLACED - 1)]
         return self._plan_gpus(snap, busy, ready, preempting, look, mode)
+
+    def successors(
+        self,
+        snap: scheduler.Snapshot,
+        ending: dict[str, Any],
+        busy: dict[int, Assignment],
+        preempting: set[int],
+        look: Optional[gpu_info.GpuLook],
+        limit: int = MAX_SUCCESSORS,
+    ) -> list[dict[str, Any]]:
+        """The jobs this planner would start, one after another, in `ending`'s slot were `ending`
+        to end now and each of them in turn: what that job's supervisor may start itself
+        (spool_layout.md, section 6, "Handing the slot on"). The list stops after a job that a
+        queued job waits for (its end decides whether that one may go first), and is empty
+        whenever what comes next cannot be known ahead: with GPUs (whose memory is read when a job
+        starts), when a queued job waits for `ending`, while preemptions are under way, or while
+        another slot is free too (the worker fills that one first). `look`: the GPUs as this
+        step's plan saw them (None: it found no ready job, so there is nothing to name either)."""
+        waited = {dep for job in snap.pending for dep in (*(job.get("after") or ()), *(job.get("after_any") or ()))}
+        if ending["id"] in waited:
+            return []
+        busy = {job_id: where for job_id, where in busy.items() if job_id != ending["id"]}
+        rest = scheduler.Snapshot(
+            snap.states,
+            [job for job in snap.pending if job["id"] not in busy and job["id"] != ending["id"]],
+            [job for job in snap.running if job["id"] != ending["id"]],
+            snap.now,
+        )
+        rest.ordered = snap.ordered
+        if look is None or placement.mode_of(look) != placement.CPU_ONLY:
+            return []
+        ready = list(islice(_ready(rest), limit))
+        if not ready:
+            return []
+        plan = self._plan_slots(rest, busy, iter(ready), preempting, look)
+        if plan.victims or [where for _job, where in plan.starts] != [Assignment.of_job(ending)]:
+            return []  # preempting, or another slot free too
+        picks = []
+        for job in ready:
+            picks.append(job)
+            if job["id"] in waited:
+                break
+        return picks
 
     # ---- without GPUs: slots, as gpuq always had them ----------------------------------------
     def _plan_slots(

@@ -9,6 +9,7 @@ from gpuq.core.states import FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RU
 from gpuq.engine import gpuview, recovery, scheduler
 from gpuq.engine.finished_index import finished as finished_listing
 from gpuq.engine.snapshot import snapshot
+from gpuq.spool.files import MIN_FREE_TO_START
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
@@ -187,9 +188,6 @@ def disk_warnings(spool: Spool, running: list[dict[str, Any]]) -> list[str]:
                 "records it as soon as there is room"
             )
     return out
-
-
-MIN_FREE_TO_START = 1 << 20  # bytes the spool's filesystem needs before a worker starts a job
 
 
 def space_waits(spool: Spool, snap: scheduler.Snapshot) -> dict[int, scheduler.Wait]:

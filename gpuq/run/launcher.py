@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from gpuq.run import successor
 from gpuq.spool import Claim, Spool
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent.parent)
@@ -98,6 +99,16 @@ class Launcher:
             process = self._start_for(claim, where)
         claim.detach()
         return process
+
+    @staticmethod
+    def can_tell(process: Process) -> bool:
+        """Whether `process` is a supervisor we still have a line to (a spare the zygote forked)."""
+        return isinstance(process, Forked) and process.sock is not None
+
+    @staticmethod
+    def tell(process: Process, line: bytes) -> bool:
+        """Send a line to a supervisor we handed a job to (run/successor.py); False if it is gone."""
+        return isinstance(process, Forked) and successor.send(process.sock, line)
 
     def keep_a_spare(self) -> None:
         """Have a supervisor ready ahead of time, so the next job does not wait for one to start:
@@ -211,7 +222,7 @@ class Launcher:
         try:
             if spare.process.poll() is not None:
                 return None
-            socket.send_fds(spare.sock, [json.dumps(where).encode()], [claim.fd])
+            socket.send_fds(spare.sock, [json.dumps(where).encode() + b"\n"], [claim.fd])
             keep = isinstance(spare.process, Forked)
             return spare.process
         except OSError:

@@ -23,11 +23,11 @@ from typing import Any, Optional
 from gpuq.core import schema, transitions
 from gpuq.core.jobenv import add_job_variables
 from gpuq.core.states import FAILED, KILL, PENDING, PREEMPT, PREEMPT_ACTIONS, PREEMPTED, RUNNING
-from gpuq.core.times import parse_iso
-from gpuq.run import logcap
+from gpuq.core.times import now_iso, parse_iso
+from gpuq.run import logcap, successor
 from gpuq.run.hooks import after_end
 from gpuq.spool import Claim, JobRef, Spool, SpoolFull
-from gpuq.spool.files import Reservation, free_bytes
+from gpuq.spool.files import MIN_FREE_TO_START, Reservation, free_bytes
 from gpuq.spool.store import encode
 from gpuq.system import procs
 
@@ -41,6 +41,7 @@ KILL_GRACE_SECONDS = 10.0  # as `gpuq kill`: SIGTERM, then SIGKILL after this
 # ms less between a job's turn and its start). Room older than this is set aside again at the start,
 # well before tmp/'s cleaner could take it for a dead writer's (spool/files.py, STALE_TMP_SECONDS).
 FRESH_ROOM_SECONDS = 60.0
+_stopped = False  # someone stopped this supervisor (its job was told to stop too)
 
 
 def job_environment(spool: Spool, job: dict[str, Any], slot: Optional[str]) -> dict[str, str]:
@@ -81,22 +82,49 @@ class Run:
         self.queued: Optional[JobRef] = None  # its pending/ copy, until the job has been started
 
 
-def start(spool: Spool, claim: Claim, where: dict[str, Any], ready: Optional[list[Reservation]] = None) -> int:
+def start(
+    spool: Spool,
+    claim: Claim,
+    where: dict[str, Any],
+    ready: Optional[list[Reservation]] = None,
+    heard: Optional[successor.Heard] = None,
+) -> int:
     """Run the claimed job to the end; returns the job's exit code (or -1 if it did not run).
-    `ready`: room a spare supervisor set aside while it waited (see set_room_aside)."""
+    `ready`: room a spare supervisor set aside while it waited (see set_room_aside). `heard`: the
+    hand-over socket from the worker (run/successor.py): when the job ends by itself, this
+    supervisor may go on with the next job the worker named there, and so on."""
     run = _begin(spool, claim, where, ready or [])
     if run is None:
         return -1
+    code, started = 127, _launch(run)
+    while started is not None:
+        code, started = _supervise(*started, heard)
+    return code
+
+
+Started = tuple[Run, subprocess.Popen, Optional[Any]]  # a job under way: its run, process and log pump
+
+
+def _launch(run: Run) -> Optional[Started]:
+    """Start a begun job; if it cannot start, its end is recorded (exit 127) and None returned."""
     try:
         child, pump = _spawn(run)
     except OSError as exc:
         _drop_queued_copy(run)
         reason = f"could not start: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
         _log_line(run.log_fd, reason)
-        code = finish(run, exit_code=127, sig=None, note=reason, retry=False)
-        after_end(spool, run.job["id"], where.get("hooks") or {})
-        return code
+        finish(run, exit_code=127, sig=None, note=reason, retry=False)
+        after_end(run.spool, run.job["id"], run.where.get("hooks") or {})
+        return None
     _drop_queued_copy(run)
+    return run, child, pump
+
+
+def _supervise(
+    run: Run, child: subprocess.Popen, pump: Optional[Any], heard: Optional[successor.Heard]
+) -> tuple[int, Optional[Started]]:
+    """One started job to its end: its exit code, and the job started in its place, if any."""
+    spool, where = run.spool, run.where
     ident, me = procs.identity(child.pid), procs.identity(os.getpid())
     run.job = spool.jobs.rewrite(
         run.ref, run.job, run.room.pop(0), pid=child.pid, pid_create_time=ident["create_time"], supervisor=me
@@ -109,9 +137,33 @@ def start(spool: Spool, claim: Claim, where: dict[str, Any], ready: Optional[lis
     _hold_while_preempted_group_lives(spool, run.job["id"], child.pid)
     sig = -returncode if returncode < 0 else None
     exit_code = 128 + sig if sig else returncode
-    finish(run, exit_code=exit_code, sig=sig, note=None, retry=True)
+    # The next job is in running/ and started before this one leaves running/: no worker ever sees
+    # the slot free in between, and this job's end record is off the next one's way.
+    ended_at = now_iso()  # the job's end, whenever it is recorded (after the next job's start)
+    following = _begin_successor(run, heard) if exit_code == 0 else None
+    started = _launch(following) if following is not None else None
+    finish(run, exit_code=exit_code, sig=sig, note=None, retry=True, ended_at=ended_at)
     after_end(spool, run.job["id"], where.get("hooks") or {})
-    return exit_code
+    return exit_code, started
+
+
+def _begin_successor(run: Run, heard: Optional[successor.Heard]) -> Optional[Run]:
+    """The next job the worker named for this slot (run/successor.py), begun under its claim, if
+    this job ended by itself (no time limit, nobody asking to stop, kill or preempt it), the disk
+    has the room the worker asks before a start, and that job is still the version the worker
+    chose; else None, and the worker starts what comes next."""
+    if heard is None or run.timed_out or _stopped or run.spool.control.peek(run.job["id"]) is not None:
+        return None
+    if free_bytes(run.spool.home) < MIN_FREE_TO_START:  # the worker would wait for room: so do we
+        return None
+    for word in heard.next_jobs():
+        if run.spool.jobs.pending_ref(word["id"], word["file"]) is None:
+            continue  # started by someone else, or cancelled: the next one is what the worker would start
+        claim = run.spool.claims.claim(word["id"])
+        if claim is None:  # the worker, a cancel or another worker is at it: leave the rest to them
+            return None
+        return _begin(run.spool, claim, word, [])  # None if it changed since the worker named it
+    return None
 
 
 def _drop_queued_copy(run: Run) -> None:
@@ -180,6 +232,8 @@ def _begin(spool: Spool, claim: Claim, where: dict[str, Any], ready: list[Reserv
         return None
     try:
         job = spool.jobs.load(ref)
+        if where.get("rev") is not None and job["rev"] != where["rev"]:
+            raise FileNotFoundError(ref.name)  # changed since it was named: the worker looks again
         if spool.jobs.newer_copy_elsewhere(ref, job):  # a crash mid-move left this stale copy behind
             spool.jobs.remove(ref)
             raise FileNotFoundError(ref.name)
@@ -286,13 +340,17 @@ def _forward_termination_to(pgid: int) -> None:
     """If someone stops the supervisor itself, stop its job the same way instead of orphaning it."""
 
     def forward(signum: int, _frame: Any) -> None:
+        global _stopped
+        _stopped = True  # and nothing more is started by this supervisor
         procs.signal_group(pgid, signal.SIGTERM)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
 
 
-def finish(run: Run, *, exit_code: int, sig: Optional[int], note: Optional[str], retry: bool) -> int:
+def finish(
+    run: Run, *, exit_code: int, sig: Optional[int], note: Optional[str], retry: bool, ended_at: Optional[str] = None
+) -> int:
     """Record how the attempt ended, move the job on and give up the claim. The end goes into the
     blocks set aside at the start, so a disk the job filled cannot lose it; should even that fail,
     it is noted in the claim's lock file and written as soon as there is room."""
@@ -310,8 +368,9 @@ def finish(run: Run, *, exit_code: int, sig: Optional[int], note: Optional[str],
         why = f"{why or f'exit {exit_code}'}; {DISK_FULL_NOTE}"
     reason = _failure_reason(run, state, exit_code, sig_name, request)
     changes = transitions.end_attempt(
-        job, state, exit_code=exit_code, signal=sig_name, note=note or why, continuation=how, reason=reason
-    )
+        job, state, exit_code=exit_code, signal=sig_name, note=note or why, continuation=how, reason=reason,
+        finished_at=ended_at,
+    )  # fmt: skip
     elapsed = time.time() - (parse_iso(job.get("started_at")) or time.time())
     ended = changes["history"][-1]["finished_at"]
     _log_line(
@@ -375,7 +434,7 @@ def parse_args(argv: list[str]) -> dict[str, str]:
     return args
 
 
-def wait_for_assignment(spare_fd: int) -> Optional[tuple[int, dict[str, Any]]]:
+def wait_for_assignment(spare_fd: int) -> Optional[tuple[int, dict[str, Any], successor.Heard]]:
     """A spare supervisor, started ahead of time so that a job does not wait for an interpreter
     to start, blocks here until the worker sends the claim's descriptor and where the job runs
     (`{"id", "slot", "gpus"}`) over the socket. None if the worker closed the socket (it stopped
@@ -397,8 +456,11 @@ def wait_for_assignment(spare_fd: int) -> Optional[tuple[int, dict[str, Any]]]:
             os.close(fd)
         sock.close()
         return None
-    os.set_inheritable(sock.detach(), False)  # kept open, and never passed to the job
-    return fds[0], json.loads(message)
+    line = sock.detach()
+    os.set_inheritable(line, False)  # kept open, and never passed to the job
+    os.set_blocking(line, False)  # read only once a job has ended, for what is there (run/successor.py)
+    assignment, _newline, more = message.partition(b"\n")  # the worker's lines may follow at once
+    return fds[0], json.loads(assignment), successor.Heard(line, more)
 
 
 def name_process(name: str) -> None:
@@ -421,13 +483,13 @@ def serve_spare(home: str, spare_fd: int) -> int:
             reservation.release()
         return 0
     name_process("gpuq-supervisor")
-    lock_fd, where = assignment
+    lock_fd, where, heard = assignment
     job_id = int(where["id"])
     log_fd = spool.logs.open_job_log(job_id)  # our own errors go to the job's log, as for a fresh start
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)
-    start(spool, spool.claims.adopt_descriptor(job_id, lock_fd), where, ready)
+    start(spool, spool.claims.adopt_descriptor(job_id, lock_fd), where, ready, heard)
     return 0
 
 

@@ -13,23 +13,24 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from gpuq.core import schema
-from gpuq.core.states import PENDING, RUNNING
+from gpuq.core.states import DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED, RUNNING
 from gpuq.engine import actions, eta, gpuview, intake, placement, recovery, scheduler
 from gpuq.engine.planner import Assignment, Plan, Planner
 from gpuq.engine.preempt import UrgentPreemptions, resume_auto
 from gpuq.engine.queue_view import QueueView
 from gpuq.engine.snapshot import snapshot
-from gpuq.engine.status import MIN_FREE_TO_START
+from gpuq.run import successor
 from gpuq.run.launcher import Launcher, Process
 from gpuq.spool import JobRef, Spool
-from gpuq.spool.files import free_bytes
+from gpuq.spool.files import MIN_FREE_TO_START, free_bytes
 from gpuq.system.gpus import GpuLook
 
 RESCAN_SECONDS = 5.0  # a full repair (duplicates, stale claims, tmp files) at most this often
 FULL_STEP_SECONDS = 60.0  # a quiet worker still takes a full look this often
 SAMPLE_SECONDS = 30.0  # progress samples of running jobs, for their ETA
 INTAKE_BUDGET_SECONDS = 0.25  # per step; a burst of dropped files is taken in over several steps
-STARTED, CLAIM_HELD, FAILED = "started", "claim held", "failed"  # what became of a launch
+STARTED, CLAIM_HELD, LAUNCH_FAILED = "started", "claim held", "failed"  # what became of a launch
+HANDED_ON_STATES = (RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED)  # a job named for a slot that was started
 
 
 @dataclass
@@ -79,6 +80,10 @@ class Worker:
         self.say = say
         self.launcher = Launcher(spool)
         self.launching: dict[int, Launch] = {}  # job id -> its supervisor, until it runs
+        self.supervising: dict[int, Launch] = {}  # running job -> its supervisor, if we can tell it what follows
+        self.told: dict[int, list[tuple[int, int, str]]] = {}  # running job -> what its supervisor was told follows
+        self.names: dict[int, str] = {}  # names of the jobs told, for the worker's own log
+        self._planned_with: tuple[dict[int, Assignment], set[int], Any] = ({}, set(), None)  # busy, preempting, look
         self.supervisors: list[Process] = []  # started by us (or our zygote), job under way
         self.urgent = UrgentPreemptions(spool)
         self.waits: dict[int, scheduler.Wait] = {}  # why ready jobs could not start at the last step
@@ -149,6 +154,7 @@ class Worker:
                 if outcome == STARTED:
                     result.started.append(job["id"])
                 result.claim_busy = result.claim_busy or outcome == CLAIM_HELD
+        self._tell_successors(snap, not (self.stopping or self.draining or plan.victims or self.urgent.under_way))
         if plan.look is not None and (plan.look.gpus or plan.look.problem != self._shown_problem):
             self._write_gpu_view(plan.look, snap.running, plan.waits)  # after the starts: they come first
         # after starting jobs: a pile of broken files must not delay them
@@ -203,6 +209,7 @@ class Worker:
         preempting = set(self.urgent.under_way) | (mine & set(self.spool.control.ids()))
         plan = self.planner.plan(snap, busy, preempting)
         self.waits = plan.waits
+        self._planned_with = (busy, preempting, plan.look)
         return plan
 
     def recover_interrupted(self) -> None:
@@ -266,12 +273,64 @@ class Worker:
                     self.view.doubt()  # its supervisor found it gone, or gave it back: look at everything
                 del self.launching[job_id]
                 self.supervisors.append(launch.process)
+                if self.launcher.can_tell(launch.process):
+                    self.supervising[job_id] = launch  # (its job may have ended already, handing on)
+                else:
+                    self.told.pop(job_id, None)
+        self._follow_handed_on(snap)
         # reap supervisors that have exited, so none lingers as a zombie
         self.supervisors = [p for p in self.supervisors if p.poll() is None]
 
+    # ---- handing a slot on (run/successor.py) ----------------------------------------------------
+    def _tell_successors(self, snap: scheduler.Snapshot, allowed: bool) -> None:
+        """Tell the supervisor of each job of ours (being started or running) which jobs it may
+        start in its slot, in order, as its jobs end: those we would start there (none while
+        draining, stopping or preempting). Only a change is sent."""
+        planned, preempting, look = self._planned_with
+        busy = {**planned, **{job_id: launch.where for job_id, launch in self.launching.items()}}
+        for job_id, launch in [*self.launching.items(), *self.supervising.items()]:
+            if not self.launcher.can_tell(launch.process):
+                continue
+            following = []
+            if allowed and snap.states.get(job_id) in (PENDING, RUNNING):
+                ending = {"id": job_id, "slot": launch.where.slot, "gpus": launch.where.gpus}
+                following = self.planner.successors(snap, ending, busy, preempting, look)
+            named = [(job["id"], job["rev"], self.view.pending_name(job["id"])) for job in following]
+            named = [job for job in named if job[2] is not None]
+            if self.told.get(job_id) == named:
+                continue
+            if self.launcher.tell(launch.process, successor.offer(self._handing_over(launch.where), named)):
+                self.told[job_id] = named
+                self.names.update((job["id"], job["name"]) for job in following)
+            else:  # the line is closed: this supervisor hands nothing on
+                self.supervising.pop(job_id, None)
+                self.told.pop(job_id, None)
+
+    def _handing_over(self, where: Assignment) -> dict[str, Any]:
+        """Where the named jobs run and the worker's settings for them, as run/launcher.py gives them."""
+        gpus = list(where.gpus) if where.gpus is not None else None
+        return {"slot": where.slot, "gpus": gpus, **self.settings.for_supervisors()}
+
+    def _follow_handed_on(self, snap: scheduler.Snapshot) -> None:
+        """A job of ours that left running/: the jobs we had named for its slot that have left
+        pending/ since were started by its supervisor (or cancelled, or taken by another worker);
+        the one of them running now is that supervisor's job."""
+        for job_id, launch in list(self.supervising.items()):
+            if snap.states.get(job_id) in (PENDING, RUNNING):
+                continue
+            del self.supervising[job_id]
+            told = [i for i, _rev, _name in self.told.pop(job_id, []) if i not in self.launching]
+            for other in (i for i in told if snap.states.get(i) in HANDED_ON_STATES):
+                where = _where_text(launch.where)
+                self.say(f"starting job #{other} {self.names.get(other, '')}{where} (handed on in its slot)")
+                if snap.states.get(other) == RUNNING and launch.process.poll() is None:
+                    self.supervising[other] = Launch(other, launch.process, launch.where)
+        live = set(self.supervising) | {i for told in self.told.values() for i, _r, _n in told}
+        self.names = {i: name for i, name in self.names.items() if i in live}
+
     def _launch(self, job: dict[str, Any], where: Assignment) -> str:
         """STARTED, CLAIM_HELD (someone holds the job: another worker, a cancel, or its own
-        supervisor just putting it back in the queue) or FAILED."""
+        supervisor just putting it back in the queue) or LAUNCH_FAILED."""
         claim = self.spool.claims.claim(job["id"])
         if claim is None:
             self.view.doubt()  # someone else is changing it: its file may not say what the view does
@@ -288,7 +347,7 @@ class Worker:
         except OSError as exc:
             claim.release()
             self.say(f"job #{job['id']}: could not start its supervisor: {exc}")
-            return FAILED
+            return LAUNCH_FAILED
         self.launching[job["id"]] = Launch(job["id"], process, where)
         self.say(f"starting job #{job['id']} {job['name']}{_where_text(where)}")
         return STARTED

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     Signature = tuple[int, int, int]  # (inode, mtime_ns, size) of a file: what the finished caches check
 
 STALE_TMP_SECONDS = 600.0
+MIN_FREE_TO_START = 1 << 20  # bytes the spool's filesystem needs before a job is started
 RESERVE_BYTES = 256 * 1024  # the spool's emergency room: given up so a write can go through on a full disk
 
 

@@ -1,0 +1,104 @@
+"""Handing a slot on: the worker names, ahead of time, the jobs a supervisor may start when its own
+job ends (spool_layout.md, section 6, "Handing the slot on").
+
+Between two jobs, the worker was a round trip: the end of job A written, the worker woken by the
+file event, its step, the claim, the hand-over to a spare supervisor, that process woken. When A's
+supervisor starts the next job itself, none of that is on the way (bench/PROFILE.md, section 3).
+The worker still decides which jobs those are: whenever its answer changes, it tells the supervisor
+of each job of its own the jobs it would start in that slot, in order, were that job to end now
+(engine/planner.py, `Planner.successors`), or that there are none. The supervisor reads the worker's
+last word only when its job has ended by itself, and acts on it under the same rules as the worker:
+it takes a job's claim, and starts it only if its file is still the version the worker chose
+(`rev`). A job already gone from pending/ (started elsewhere, cancelled) is passed over; a claim
+someone else holds or a changed file ends the chain, and the worker starts what comes next.
+
+The line is the socket over which the worker handed the first job to its supervisor (run/launcher.py):
+one JSON object per line, `{"slot": ..., "gpus": ..., "settings": {...}, "next": [[id, rev, file],
+...]}`. What the worker sends while a job runs waits in the socket; should a send ever fail (a full
+buffer), the worker closes its side, and a supervisor that reads the end of the line starts
+nothing: a word it was sent earlier may be stale. The end of the line is also what a supervisor
+sees once the worker has gone: then nobody stands behind what it said, and it starts nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any, Optional
+
+MAX_LINE_BYTES = 65536
+
+
+def offer(where: dict[str, Any], following: list[tuple[int, int, str]]) -> bytes:
+    """The line naming `following` ((id, rev, pending/ file name) each, in order) as the jobs to
+    start in this slot; `where`: the slot, its GPUs and the worker's settings, as a hand-over has them."""
+    return json.dumps({**where, "next": [list(job) for job in following]}).encode() + b"\n"
+
+
+def send(sock: Optional[socket.socket], line: bytes) -> bool:
+    """Send `line` without waiting; False if it could not go whole (the line is then closed on our
+    side, so that an earlier word is never taken for the last)."""
+    if sock is None:
+        return False
+    try:
+        if sock.send(line, socket.MSG_DONTWAIT) == len(line):
+            return True
+    except OSError:
+        pass
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    return False
+
+
+class Heard:
+    """The supervisor's side: the worker's last word, read from the line when a job has ended."""
+
+    def __init__(self, fd: int, received: bytes = b""):
+        self.fd = fd
+        self.word: Optional[dict[str, Any]] = None
+        self.gone = False
+        self._partial = received  # what came with the hand-over, and then any line not whole yet
+
+    def next_jobs(self) -> list[dict[str, Any]]:
+        """The jobs the worker last named for this slot, each as a hand-over (`id`, `rev`, `file`,
+        slot, GPUs, settings); none once the worker has gone or closed the line."""
+        self._read()
+        if self.gone or self.word is None:
+            return []
+        where = {k: v for k, v in self.word.items() if k != "next"}
+        return [{**where, "id": job[0], "rev": job[1], "file": job[2]} for job in self.word["next"]]
+
+    def _read(self) -> None:
+        data, self._partial = self._partial, b""
+        while not self.gone:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.gone = True
+            data += chunk
+        *lines, self._partial = data.split(b"\n")  # what follows the last newline is not a whole line
+        for line in lines:
+            word = _parse(line)
+            if word is not None:
+                self.word = word
+
+
+def _parse(line: bytes) -> Optional[dict[str, Any]]:
+    try:
+        word = json.loads(line) if len(line) <= MAX_LINE_BYTES else None
+    except ValueError:
+        return None
+    if not isinstance(word, dict) or not isinstance(word.get("next"), list):
+        return None
+    ok = all(
+        isinstance(job, list) and len(job) == 3 and all(isinstance(v, int) for v in job[:2]) and isinstance(job[2], str)
+        for job in word["next"]
+    )
+    return word if ok else None

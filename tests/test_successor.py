@@ -1,0 +1,228 @@
+"""Handing a slot on (run/successor.py, spool_layout.md section 6): the worker names ahead the jobs
+a supervisor may start in its slot when its job ends, and the supervisor starts them under the same
+rules as the worker. Real sockets, real files, real workers; bounded polls."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from conftest import Env, fill_up, small_tmpfs, wait_for
+
+from gpuq.core.states import DONE, PENDING, RUNNING
+from gpuq.engine import enqueue
+from gpuq.engine.planner import Planner
+from gpuq.engine.scheduler import Snapshot
+from gpuq.run import successor, supervisor
+from gpuq.spool import Spool
+from gpuq.system.gpus import Gpu, GpuLook
+
+WAIT = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n"
+
+
+def _job(job_id: int, **fields: Any) -> dict[str, Any]:
+    return {"id": job_id, "name": f"j{job_id}", "rev": 0, "priority": 0, "after": [], "after_any": [], **fields}
+
+
+def _no_gpus() -> GpuLook:
+    return GpuLook(gpus=(), source="none", problem=None, at=time.time())
+
+
+def _snap(pending: list[dict], running: list[dict]) -> Snapshot:
+    states = {j["id"]: PENDING for j in pending} | {j["id"]: RUNNING for j in running}
+    return Snapshot(states, pending, running, time.time())
+
+
+def test_the_jobs_named_are_the_queue_in_order_up_to_one_another_waits_for() -> None:
+    ending = _job(1, slot=None, gpus=None)
+    pending = [_job(2), _job(3), _job(4), _job(5, after=[3])]
+    names = [j["id"] for j in Planner().successors(_snap(pending, [ending]), ending, {}, set(), _no_gpus())]
+    assert names == [2, 3], "after job 3, job 5 may go first or not: that is for the worker to see"
+
+
+def test_nothing_is_named_when_a_queued_job_waits_for_the_ending_one() -> None:
+    ending = _job(1, slot=None, gpus=None)
+    for dependent in (_job(3, after=[1]), _job(3, after_any=[1])):
+        assert Planner().successors(_snap([_job(2), dependent], [ending]), ending, {}, set(), _no_gpus()) == []
+
+
+def test_nothing_is_named_with_gpus_or_while_another_slot_is_free() -> None:
+    ending = _job(1, slot=None, gpus=None)
+    gpu = Gpu(index=0, uuid="GPU-0", name="g", memory_total_mib=1000, memory_used_mib=0, processes=())
+    with_gpus = GpuLook(gpus=(gpu,), source="fake", problem=None, at=time.time())
+    assert Planner().successors(_snap([_job(2)], [ending]), ending, {}, set(), with_gpus) == []
+    assert Planner().successors(_snap([_job(2)], [ending]), ending, {}, set(), None) == [], "no look: nothing ready"
+    in_slot_a = _job(1, slot="a", gpus=None)
+    two_slots = Planner(labels=["a", "b"])
+    two = [_job(2), _job(3)]
+    assert two_slots.successors(_snap(two, [in_slot_a]), in_slot_a, {}, set(), _no_gpus()) == [], (
+        "slot b is free: the worker fills it"
+    )
+    busy_b = _job(9, slot="b", gpus=None)
+    named = two_slots.successors(_snap(two, [in_slot_a, busy_b]), in_slot_a, {}, set(), _no_gpus())
+    assert [j["id"] for j in named] == [2, 3]
+
+
+def test_the_supervisor_hears_the_last_whole_word_and_nothing_once_the_worker_has_gone() -> None:
+    ours, theirs = socket.socketpair()
+    os.set_blocking(theirs.fileno(), False)
+    heard = successor.Heard(theirs.fileno())
+    where = {"slot": None, "gpus": None}
+    ours.send(successor.offer(where, [(2, 0, "000002-a.json")]))
+    ours.send(b"not json\n")
+    last = successor.offer(where, [(3, 1, "000003-b.json"), (4, 0, "000004-c.json")])
+    ours.send(last[:10])  # half a line: not taken yet
+    assert [j["id"] for j in heard.next_jobs()] == [2]
+    ours.send(last[10:])
+    assert [(j["id"], j["rev"], j["file"]) for j in heard.next_jobs()] == [
+        (3, 1, "000003-b.json"),
+        (4, 0, "000004-c.json"),
+    ]
+    ours.close()
+    assert heard.next_jobs() == [], "the worker has gone: nobody stands behind its last word"
+    theirs.close()
+
+
+def test_a_full_line_is_closed_rather_than_left_stale() -> None:
+    ours, theirs = socket.socketpair()
+    line = successor.offer({"slot": None}, [(2, 0, "x" * 60000)])
+    sent = 0
+    while successor.send(ours, line):
+        sent += 1
+        assert sent < 10_000
+    os.set_blocking(theirs.fileno(), False)
+    heard = successor.Heard(theirs.fileno())
+    assert sent > 0 and heard.next_jobs() == [], "a send that failed closed the line: no word is trusted"
+    ours.close()
+    theirs.close()
+
+
+def test_a_job_changed_since_it_was_named_is_not_begun(tmp_path: Path) -> None:
+    (tmp_path / "work").mkdir()
+    spool = Spool(tmp_path / "spool").ensure()
+    ref, job = enqueue.enqueue(
+        spool, cmd=["true"], cwd=tmp_path / "work", name=None, venv=None, env={}, shell_env={},
+        after=[], after_any=[], retries=0,
+    )  # fmt: skip
+    claim = spool.claims.claim(ref.id)
+    assert claim is not None
+    named = {"id": ref.id, "rev": job["rev"] + 1, "file": ref.name, "slot": None, "gpus": None}
+    assert supervisor._begin(spool, claim, named, []) is None
+    assert spool.jobs.states_holding(ref.name, (PENDING, RUNNING)) == [PENDING]
+    assert spool.claims.held(ref.id) is None, "the claim is given up"
+
+
+def _warm_up(gq: Env) -> None:
+    """One job first, so that the zygote runs and the next jobs' supervisors have a line to the
+    worker (the very first spare may be started the old way, without one)."""
+    gq.wait_state(gq.add("true"), DONE, 20)
+
+
+def _worker_has_looked(gq: Env) -> None:
+    """Wait until the worker has taken a step that saw everything added so far: a file dropped in
+    pending/ now is taken in (renamed) by a step whose look comes after the files added before it."""
+    dropped = gq.home / "pending" / "marker.json"
+    dropped.write_text(json.dumps({"cmd": ["true"], "cwd": str(gq.work)}))
+    wait_for(lambda: not dropped.exists(), 20, what="the worker to take in a dropped file")
+
+
+def _supervisor_of(gq: Env, job_id: int) -> int:
+    return gq.job(job_id)["supervisor"]["pid"]
+
+
+def test_the_next_jobs_start_under_the_supervisor_of_the_job_before(gq: Env) -> None:
+    gq.start_worker("--watch")
+    _warm_up(gq)
+    gq.script("wait.py", WAIT)
+    first = gq.add("wait.py")
+    wait_for(lambda: gq.job(first).get("pid"), 20, what="the first job running")
+    following = [gq.add("true") for _ in range(3)]
+    _worker_has_looked(gq)
+    (gq.work / "go").write_text("")
+    for job_id in following:
+        gq.wait_state(job_id, DONE, 20)
+    supervisors = {_supervisor_of(gq, i) for i in [first, *following]}
+    assert supervisors == {_supervisor_of(gq, first)}, "each was started by the supervisor already in the slot"
+    started = [gq.job(i)["started_at"] for i in following]
+    assert started == sorted(started), "in queue order"
+    wait_for(lambda: f"starting job #{following[-1]}" in gq.worker_output(), 10)
+    assert "handed on" in gq.worker_output()
+
+
+def test_a_job_waiting_for_the_ending_one_goes_first(gq: Env) -> None:
+    """Job B waits for A, job C was queued after it: when A ends, B starts, not C, though C was
+    ready while A ran."""
+    gq.start_worker("--watch")
+    _warm_up(gq)
+    gq.script("wait.py", WAIT)
+    a = gq.add("wait.py")
+    wait_for(lambda: gq.job(a).get("pid"), 20, what="A running")
+    b = gq.add("--after", str(a), "true")
+    c = gq.add("true")
+    _worker_has_looked(gq)
+    (gq.work / "go").write_text("")
+    gq.wait_state(c, DONE, 20)
+    gq.wait_state(b, DONE, 20)
+    assert gq.job(b)["started_at"] < gq.job(c)["started_at"]
+
+
+def test_a_draining_worker_has_nothing_handed_on(gq: Env) -> None:
+    worker = gq.start_worker("--watch")
+    _warm_up(gq)
+    gq.script("wait.py", WAIT)
+    a = gq.add("wait.py")
+    wait_for(lambda: gq.job(a).get("pid"), 20, what="A running")
+    b = gq.add("true")
+    _worker_has_looked(gq)
+    gq.gpuq("stop", "--drain")
+    wait_for(lambda: "draining" in gq.gpuq("status").stdout, 10, what="status to say the worker drains")
+    (gq.work / "go").write_text("")
+    assert worker.wait(20) == 0
+    assert gq.state_of(a) == DONE and gq.state_of(b) == PENDING
+
+
+def test_a_stopped_worker_leaves_the_queue_alone(gq: Env) -> None:
+    """The worker stops while A runs under its supervisor: A ends, and B is not started by anyone
+    (the line's end of file tells the supervisor nobody stands behind the worker's word)."""
+    worker = gq.start_worker("--watch")
+    _warm_up(gq)
+    gq.script("wait.py", WAIT)
+    a = gq.add("wait.py")
+    wait_for(lambda: gq.job(a).get("pid"), 20, what="A running")
+    b = gq.add("true")
+    _worker_has_looked(gq)
+    gq.gpuq("stop")
+    assert worker.wait(20) in (0, 130)
+    (gq.work / "go").write_text("")
+    gq.wait_state(a, DONE, 20)
+    wait_for(lambda: not (gq.home / "locks" / f"{a:06d}.lock").exists(), 10, what="A's supervisor gone")
+    assert gq.state_of(b) == PENDING
+
+
+def test_nothing_is_handed_on_when_the_worker_would_wait_for_disk_space(gq: Env, tmp_path: Path) -> None:
+    """Half a MiB free: room enough to start a job, but less than a worker asks before it starts
+    one (MIN_FREE_TO_START). The supervisor waits as the worker would, and the worker starts the
+    next job once space is back."""
+    with small_tmpfs(tmp_path, "8m") as mount:
+        gq.home, gq.work = mount / "spool", mount / "work"
+        gq.env["GPUQ_HOME"] = str(gq.home)
+        gq.work.mkdir()
+        gq.start_worker("--watch")
+        _warm_up(gq)
+        gq.script("wait.py", WAIT)
+        a = gq.add("wait.py")
+        wait_for(lambda: gq.job(a).get("pid"), 20, what="A running")
+        b = gq.add("true")
+        _worker_has_looked(gq)
+        filler = fill_up(gq.work)
+        os.truncate(filler, filler.stat().st_size - 512 * 1024)
+        (gq.work / "go").write_text("")
+        gq.wait_state(a, DONE, 20)
+        wait_for(lambda: "disk space" in (next(r for r in gq.status_json() if r["id"] == b)["waiting"] or ""), 20)
+        assert gq.state_of(b) == PENDING
+        filler.unlink()
+        gq.wait_state(b, DONE, 20)
