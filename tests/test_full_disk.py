@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -126,3 +127,64 @@ def test_a_capped_log_keeps_its_head_and_newest_tail(gq: Env) -> None:
     dropped = int(text.split("log cut here (--max-log-size):")[1].split("bytes")[0])
     assert dropped + len(text.encode()) > 30000 * 52  # what was left out plus what is there: everything
     assert json.loads(gq.gpuq("show", str(job_id)).stdout)["max_log_bytes"] == cap
+
+
+def test_the_room_of_a_long_job_outlives_the_tmp_cleaner(gq: Env) -> None:
+    """A job's room for its end stays in tmp/ for as long as its supervisor lives: the cleaner's
+    10-minute rule is for other files (it once took the room of every job longer than that, and the
+    job's end was lost: `interrupted`). The cleaner is asked to look as if 11 minutes had passed."""
+    from gpuq.spool import Spool
+
+    gq.script("wait.py", "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n")
+    job_id = gq.add("wait.py")
+    gq.start_worker("--watch")
+    supervisor = wait_for(lambda: (gq.job(job_id).get("supervisor") or {}).get("pid"), 20, what="the job running")
+    tmp = gq.home / "tmp"
+    room = [p for p in tmp.iterdir() if p.name.startswith(f".reserve-{supervisor}-")]
+    assert room, "the running job's supervisor has its room set aside"
+    Spool(gq.home).files.clean_tmp(now=time.time() + 660)  # what the worker's repair runs every few seconds
+    assert all(path.exists() for path in room)
+    (gq.work / "go").write_text("")
+    done = gq.wait_state(job_id, "done", 20)
+    assert done["exit_code"] == 0
+
+
+def test_the_tmp_cleaner_takes_a_dead_or_reused_writers_room(tmp_path: Path) -> None:
+    import psutil
+
+    from gpuq.spool import Spool
+
+    spool = Spool(tmp_path / "spool").ensure()
+    mine = spool.files.reserve(4096)  # this process: alive, and started before the file was written
+    tmp = Path(spool.layout.tmp_dir())
+    dead = tmp / ".reserve-999999999-1-00000000"
+    dead.write_bytes(b"x")
+    reused = tmp / f".reserve-{os.getpid()}-9-00000000"  # older than this process: another process's pid
+    reused.write_bytes(b"x")
+    before = psutil.Process().create_time() - 60
+    os.utime(reused, (before, before))
+    assert spool.files.clean_tmp() == 2
+    assert Path(mine.path).exists() and not dead.exists() and not reused.exists()
+    mine.release()
+
+
+def test_an_end_is_written_even_if_its_room_lost_its_name(tmp_path: Path) -> None:
+    """Room whose name an older gpuq's cleaner removed: the end is written the usual way."""
+    from gpuq.core import transitions
+    from gpuq.engine import enqueue
+    from gpuq.spool import Spool
+
+    (tmp_path / "work").mkdir()
+    spool = Spool(tmp_path / "spool").ensure()
+    ref, job = enqueue.enqueue(
+        spool, cmd=["true"], cwd=tmp_path / "work", name=None, venv=None, env={}, shell_env={},
+        after=[], after_any=[], retries=0,
+    )  # fmt: skip
+    room = spool.files.reserve(65536)
+    os.unlink(room.path)
+    changes = transitions.end_attempt(job, "done", exit_code=0, signal=None, note=None, continuation=None, reason=None)
+    moved, _new = spool.jobs.move(ref, job, "done", changes, room)
+    assert (
+        moved.state == "done"
+        and json.loads(Path(spool.layout.job_path("done", moved.name)).read_text())["exit_code"] == 0
+    )

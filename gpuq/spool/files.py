@@ -89,8 +89,9 @@ class Files:
 
     def place_into(self, reservation: Reservation, target: StrPath, data: bytes, replace: bool) -> Optional[Signature]:
         """Write `data` into the reservation's blocks and rename it to `target` (durably); the
-        reservation is used up. The file's signature as written, or None (reservation untouched)
-        when `data` does not fit in it."""
+        reservation is used up. The file's signature as written, or None when `data` does not fit
+        in it (the reservation untouched) or the reservation's name is gone from tmp/ (the caller
+        then writes the file the usual way)."""
         if reservation.fd < 0 or len(data) > reservation.size:
             return None
         os.pwrite(reservation.fd, data, 0)
@@ -99,7 +100,12 @@ class Files:
         st = os.fstat(reservation.fd)
         os.close(reservation.fd)
         reservation.fd = -1
-        _rename_or_drop(reservation.path, target, replace)
+        try:
+            _rename_or_drop(reservation.path, target, replace)
+        except FileNotFoundError:
+            if not os.path.isdir(os.path.dirname(target)):
+                raise
+            return None  # its name was taken from tmp/ (by an older gpuq's cleaner): written the usual way
         fsutil.fsync_dir(os.path.dirname(target))
         return st.st_ino, st.st_mtime_ns, st.st_size
 
@@ -166,10 +172,23 @@ class Files:
             except FileNotFoundError:
                 continue
             writer = int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else -1
-            if age > STALE_TMP_SECONDS or not procs.pid_alive(writer):
+            if _abandoned(parts[0], writer, age, now):
                 if unlink_quietly(path):
                     removed += 1
         return removed
+
+
+def _abandoned(kind: str, writer: int, age: float, now: float) -> bool:
+    """Whether a tmp file's writer is gone. Room set aside for a job's end (`.reserve`) is kept for
+    as long as its supervisor lives, however long the job runs: only a process of that pid started
+    after the file was written (the pid reused) does not count. Any other file is also given up
+    after STALE_TMP_SECONDS (a writer stuck that long is not coming back to it)."""
+    if not procs.pid_alive(writer):
+        return True
+    if kind != ".reserve":
+        return age > STALE_TMP_SECONDS
+    started = procs.create_time(writer)
+    return started is not None and started > now - age + 1.0
 
 
 def _rename_or_drop(tmp: StrPath, target: StrPath, replace: bool) -> None:
