@@ -226,3 +226,11 @@ def test_nothing_is_handed_on_when_the_worker_would_wait_for_disk_space(gq: Env,
         assert gq.state_of(b) == PENDING
         filler.unlink()
         gq.wait_state(b, DONE, 20)
+
+
+def test_a_job_that_ended_before_its_pid_was_recorded_has_it_with_its_end(gq: Env) -> None:
+    gq.start_worker("--watch")
+    ids = [gq.add("true") for _ in range(5)]
+    for job_id in ids:
+        done = gq.wait_state(job_id, DONE, 20)
+        assert done["pid"] and done["pid_create_time"] and done["supervisor"]["pid"], done

@@ -125,10 +125,13 @@ def _supervise(
 ) -> tuple[int, Optional[Started]]:
     """One started job to its end: its exit code, and the job started in its place, if any."""
     spool, where = run.spool, run.where
-    ident, me = procs.identity(child.pid), procs.identity(os.getpid())
-    run.job = spool.jobs.rewrite(
-        run.ref, run.job, run.room.pop(0), pid=child.pid, pid_create_time=ident["create_time"], supervisor=me
-    )
+    ident = procs.identity(child.pid)  # before poll(): an ended child is still there, unreaped
+    process = {"pid": child.pid, "pid_create_time": ident["create_time"], "supervisor": _identity()}
+    if child.poll() is None:  # recorded now, so that a crash of ours leaves the job findable
+        run.job = spool.jobs.rewrite(run.ref, run.job, run.room.pop(0), **process)
+        process = {}
+    else:  # ended already (a short job): its pid goes with its end record, one write instead of two
+        run.room.pop(0).release()
     _forward_termination_to(child.pid)
     _note_code_change(run)
     returncode = _wait_within_limit(run, child)
@@ -142,7 +145,7 @@ def _supervise(
     ended_at = now_iso()  # the job's end, whenever it is recorded (after the next job's start)
     following = _begin_successor(run, heard) if exit_code == 0 else None
     started = _launch(following) if following is not None else None
-    finish(run, exit_code=exit_code, sig=sig, note=None, retry=True, ended_at=ended_at)
+    finish(run, exit_code=exit_code, sig=sig, note=None, retry=True, ended_at=ended_at, recorded=process)
     after_end(spool, run.job["id"], where.get("hooks") or {})
     return exit_code, started
 
@@ -328,6 +331,17 @@ def _spawn(run: Run) -> tuple[subprocess.Popen, Optional[Any]]:
     return child, logcap.pump(read_fd, log)
 
 
+_me: Optional[dict[str, Any]] = None
+
+
+def _identity() -> dict[str, Any]:
+    """This supervisor's identity (it does not change from one job of its slot to the next)."""
+    global _me
+    if _me is None or _me["pid"] != os.getpid():  # (a spare is a fork: never its zygote's)
+        _me = procs.identity(os.getpid())
+    return _me
+
+
 def _hold_while_preempted_group_lives(spool: Spool, job_id: int, pgid: int) -> None:
     """Being preempted: the job stays in running/ (its slot taken) until its whole group is gone."""
     if spool.control.peek(job_id) in PREEMPT_ACTIONS:
@@ -349,11 +363,19 @@ def _forward_termination_to(pgid: int) -> None:
 
 
 def finish(
-    run: Run, *, exit_code: int, sig: Optional[int], note: Optional[str], retry: bool, ended_at: Optional[str] = None
+    run: Run,
+    *,
+    exit_code: int,
+    sig: Optional[int],
+    note: Optional[str],
+    retry: bool,
+    ended_at: Optional[str] = None,
+    recorded: Optional[dict[str, Any]] = None,
 ) -> int:
     """Record how the attempt ended, move the job on and give up the claim. The end goes into the
     blocks set aside at the start, so a disk the job filled cannot lose it; should even that fail,
-    it is noted in the claim's lock file and written as soon as there is room."""
+    it is noted in the claim's lock file and written as soon as there is room. `recorded`: the
+    job's process and this supervisor, for a job that ended before they were recorded."""
     spool, job = run.spool, run.job
     request = spool.control.take(job["id"])
     state, why = transitions.destination(job, exit_code, request, retry, run.timed_out)
@@ -371,6 +393,7 @@ def finish(
         job, state, exit_code=exit_code, signal=sig_name, note=note or why, continuation=how, reason=reason,
         finished_at=ended_at,
     )  # fmt: skip
+    changes.update(recorded or {})
     elapsed = time.time() - (parse_iso(job.get("started_at")) or time.time())
     ended = changes["history"][-1]["finished_at"]
     _log_line(
