@@ -127,11 +127,12 @@ def _supervise(
     spool, where = run.spool, run.where
     ident = procs.identity(child.pid)  # before poll(): an ended child is still there, unreaped
     process = {"pid": child.pid, "pid_create_time": ident["create_time"], "supervisor": _identity()}
+    unused: list[Reservation] = []
     if child.poll() is None:  # recorded now, so that a crash of ours leaves the job findable
         run.job = spool.jobs.rewrite(run.ref, run.job, run.room.pop(0), **process)
         process = {}
-    else:  # ended already (a short job): its pid goes with its end record, one write instead of two
-        run.room.pop(0).release()
+    else:  # ended already (a short job): its pid goes with its end record, and its room to the next job
+        unused.append(run.room.pop(0))
     _forward_termination_to(child.pid)
     _note_code_change(run)
     returncode = _wait_within_limit(run, child)
@@ -143,18 +144,30 @@ def _supervise(
     # The next job is in running/ and started before this one leaves running/: no worker ever sees
     # the slot free in between, and this job's end record is off the next one's way.
     ended_at = now_iso()  # the job's end, whenever it is recorded (after the next job's start)
-    following = _begin_successor(run, heard) if exit_code == 0 else None
+    following = _begin_successor(run, heard, unused) if exit_code == 0 else _released(unused)
     started = _launch(following) if following is not None else None
     finish(run, exit_code=exit_code, sig=sig, note=None, retry=True, ended_at=ended_at, recorded=process)
     after_end(spool, run.job["id"], where.get("hooks") or {})
     return exit_code, started
 
 
-def _begin_successor(run: Run, heard: Optional[successor.Heard]) -> Optional[Run]:
-    """The next job the worker named for this slot (run/successor.py), begun under its claim, if
-    this job ended by itself (no time limit, nobody asking to stop, kill or preempt it), the disk
-    has the room the worker asks before a start, and that job is still the version the worker
-    chose; else None, and the worker starts what comes next."""
+def _begin_successor(run: Run, heard: Optional[successor.Heard], room: list[Reservation]) -> Optional[Run]:
+    """The next job the worker named for this slot (run/successor.py), begun under its claim (with
+    `room` towards its own, the ended job's room it did not need), or None: `room` is released, and
+    the worker starts what comes next."""
+    named = _claim_successor(run, heard)
+    if named is None:
+        for reservation in room:
+            reservation.release()
+        return None
+    claim, word = named
+    return _begin(run.spool, claim, word, room)  # None if it changed since the worker named it
+
+
+def _claim_successor(run: Run, heard: Optional[successor.Heard]) -> Optional[tuple[Claim, dict[str, Any]]]:
+    """The claim on the first job the worker named that is still pending, if this job ended by
+    itself (no time limit, nobody asking to stop, kill or preempt it) and the disk has the room the
+    worker asks before a start."""
     if heard is None or run.timed_out or _stopped or run.spool.control.peek(run.job["id"]) is not None:
         return None
     if free_bytes(run.spool.home) < MIN_FREE_TO_START:  # the worker would wait for room: so do we
@@ -165,7 +178,7 @@ def _begin_successor(run: Run, heard: Optional[successor.Heard]) -> Optional[Run
         claim = run.spool.claims.claim(word["id"])
         if claim is None:  # the worker, a cancel or another worker is at it: leave the rest to them
             return None
-        return _begin(run.spool, claim, word, [])  # None if it changed since the worker named it
+        return claim, word
     return None
 
 
@@ -240,12 +253,7 @@ def _begin(spool: Spool, claim: Claim, where: dict[str, Any], ready: list[Reserv
         if spool.jobs.newer_copy_elsewhere(ref, job):  # a crash mid-move left this stale copy behind
             spool.jobs.remove(ref)
             raise FileNotFoundError(ref.name)
-        size = max(RESERVE_MIN, 2 * len(encode(job)) + 16384)
-        if not _usable_room(room, size):
-            for reservation in room:
-                reservation.release()
-            room = []
-            room = [spool.files.reserve(size), spool.files.reserve(size)]
+        room = _room_for(spool, room, max(RESERVE_MIN, 2 * len(encode(job)) + 16384))
         # The supervisor's own identity needs psutil (an import of several ms): it is recorded with
         # the job's pid after the job has started, so the job does not wait for it.
         changes = transitions.start(
@@ -288,14 +296,32 @@ def set_room_aside(spool: Spool) -> list[Reservation]:
     return room
 
 
-def _usable_room(room: list[Reservation], size: int) -> bool:
-    """Two reservations, each of `size` bytes at least, whose files are still there and recent."""
+def _room_for(spool: Spool, room: list[Reservation], size: int) -> list[Reservation]:
+    """Two reservations of `size` bytes at least: those of `room` still there, recent and big
+    enough (the others released), and new ones for the rest. SpoolFull if there is no room; what
+    was set aside is then in `room`, for the caller to release."""
     now = time.time()
+    kept = [r for r in room if _usable(r, size, now)]
+    for reservation in room:
+        if reservation not in kept:
+            reservation.release()
+    room[:] = kept
+    while len(room) < 2:
+        room.append(spool.files.reserve(size))
+    return room
+
+
+def _usable(reservation: Reservation, size: int, now: float) -> bool:
     try:
-        fresh = all(now - os.stat(r.path).st_mtime < FRESH_ROOM_SECONDS for r in room)
+        fresh = now - os.stat(reservation.path).st_mtime < FRESH_ROOM_SECONDS
     except OSError:
         return False
-    return len(room) == 2 and fresh and all(r.size >= size and r.fd >= 0 for r in room)
+    return fresh and reservation.size >= size and reservation.fd >= 0
+
+
+def _released(room: list[Reservation]) -> None:
+    for reservation in room:
+        reservation.release()
 
 
 def _spawn(run: Run) -> tuple[subprocess.Popen, Optional[Any]]:
