@@ -192,3 +192,21 @@ def fill_up(where: Path) -> Path:
         except OSError:
             pass
     return filler
+
+
+def spool_with_true_jobs(tmp_path: Path, count: int = 1) -> tuple[Any, list[tuple[Any, dict]]]:
+    """A fresh spool under tmp_path with `count` queued `true` jobs, queued through the library as
+    `gpuq add` queues them: the spool, and (ref, job) of each."""
+    from gpuq.engine import enqueue
+    from gpuq.spool import Spool
+
+    (tmp_path / "work").mkdir(exist_ok=True)
+    spool = Spool(tmp_path / "spool").ensure()
+    jobs = [
+        enqueue.enqueue(
+            spool, cmd=["true"], cwd=tmp_path / "work", name=None, venv=None, env={}, shell_env={},
+            after=[], after_any=[], retries=0,
+        )
+        for _ in range(count)
+    ]  # fmt: skip
+    return spool, jobs

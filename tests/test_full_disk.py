@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import Env, fill_up, small_tmpfs, wait_for
+from conftest import Env, fill_up, small_tmpfs, spool_with_true_jobs, wait_for
 
 FILL = """import os, sys
 chunk = b"x" * (256 * 1024)
@@ -171,15 +171,8 @@ def test_the_tmp_cleaner_takes_a_dead_or_reused_writers_room(tmp_path: Path) -> 
 def test_an_end_is_written_even_if_its_room_lost_its_name(tmp_path: Path) -> None:
     """Room whose name an older gpuq's cleaner removed: the end is written the usual way."""
     from gpuq.core import transitions
-    from gpuq.engine import enqueue
-    from gpuq.spool import Spool
 
-    (tmp_path / "work").mkdir()
-    spool = Spool(tmp_path / "spool").ensure()
-    ref, job = enqueue.enqueue(
-        spool, cmd=["true"], cwd=tmp_path / "work", name=None, venv=None, env={}, shell_env={},
-        after=[], after_any=[], retries=0,
-    )  # fmt: skip
+    spool, [(ref, job)] = spool_with_true_jobs(tmp_path)
     room = spool.files.reserve(65536)
     os.unlink(room.path)
     changes = transitions.end_attempt(job, "done", exit_code=0, signal=None, note=None, continuation=None, reason=None)

@@ -7,18 +7,17 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from conftest import Env, fill_up, small_tmpfs, wait_for
+from conftest import Env, fill_up, small_tmpfs, spool_with_true_jobs, wait_for
 
 from gpuq.core.states import DONE, PENDING, RUNNING
-from gpuq.engine import enqueue
 from gpuq.engine.planner import Planner
 from gpuq.engine.scheduler import Snapshot
 from gpuq.run import successor, supervisor
-from gpuq.spool import Spool
 from gpuq.system.gpus import Gpu, GpuLook
 
 WAIT = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n"
@@ -102,12 +101,7 @@ def test_a_full_line_is_closed_rather_than_left_stale() -> None:
 
 
 def test_a_job_changed_since_it_was_named_is_not_begun(tmp_path: Path) -> None:
-    (tmp_path / "work").mkdir()
-    spool = Spool(tmp_path / "spool").ensure()
-    ref, job = enqueue.enqueue(
-        spool, cmd=["true"], cwd=tmp_path / "work", name=None, venv=None, env={}, shell_env={},
-        after=[], after_any=[], retries=0,
-    )  # fmt: skip
+    spool, [(ref, job)] = spool_with_true_jobs(tmp_path)
     claim = spool.claims.claim(ref.id)
     assert claim is not None
     named = {"id": ref.id, "rev": job["rev"] + 1, "file": ref.name, "slot": None, "gpus": None}
@@ -130,16 +124,22 @@ def _worker_has_looked(gq: Env) -> None:
     wait_for(lambda: not dropped.exists(), 20, what="the worker to take in a dropped file")
 
 
+def _running_a(gq: Env) -> tuple[subprocess.Popen, int]:
+    """A worker, warmed up, running job A, which waits for the file `go`."""
+    worker = gq.start_worker("--watch")
+    _warm_up(gq)
+    gq.script("wait.py", WAIT)
+    a = gq.add("wait.py")
+    wait_for(lambda: gq.job(a).get("pid"), 20, what="A running")
+    return worker, a
+
+
 def _supervisor_of(gq: Env, job_id: int) -> int:
     return gq.job(job_id)["supervisor"]["pid"]
 
 
 def test_the_next_jobs_start_under_the_supervisor_of_the_job_before(gq: Env) -> None:
-    gq.start_worker("--watch")
-    _warm_up(gq)
-    gq.script("wait.py", WAIT)
-    first = gq.add("wait.py")
-    wait_for(lambda: gq.job(first).get("pid"), 20, what="the first job running")
+    _worker, first = _running_a(gq)
     following = [gq.add("true") for _ in range(3)]
     _worker_has_looked(gq)
     (gq.work / "go").write_text("")
@@ -156,11 +156,7 @@ def test_the_next_jobs_start_under_the_supervisor_of_the_job_before(gq: Env) -> 
 def test_a_job_waiting_for_the_ending_one_goes_first(gq: Env) -> None:
     """Job B waits for A, job C was queued after it: when A ends, B starts, not C, though C was
     ready while A ran."""
-    gq.start_worker("--watch")
-    _warm_up(gq)
-    gq.script("wait.py", WAIT)
-    a = gq.add("wait.py")
-    wait_for(lambda: gq.job(a).get("pid"), 20, what="A running")
+    _worker, a = _running_a(gq)
     b = gq.add("--after", str(a), "true")
     c = gq.add("true")
     _worker_has_looked(gq)
@@ -171,11 +167,7 @@ def test_a_job_waiting_for_the_ending_one_goes_first(gq: Env) -> None:
 
 
 def test_a_draining_worker_has_nothing_handed_on(gq: Env) -> None:
-    worker = gq.start_worker("--watch")
-    _warm_up(gq)
-    gq.script("wait.py", WAIT)
-    a = gq.add("wait.py")
-    wait_for(lambda: gq.job(a).get("pid"), 20, what="A running")
+    worker, a = _running_a(gq)
     b = gq.add("true")
     _worker_has_looked(gq)
     gq.gpuq("stop", "--drain")
@@ -188,11 +180,7 @@ def test_a_draining_worker_has_nothing_handed_on(gq: Env) -> None:
 def test_a_stopped_worker_leaves_the_queue_alone(gq: Env) -> None:
     """The worker stops while A runs under its supervisor: A ends, and B is not started by anyone
     (the line's end of file tells the supervisor nobody stands behind the worker's word)."""
-    worker = gq.start_worker("--watch")
-    _warm_up(gq)
-    gq.script("wait.py", WAIT)
-    a = gq.add("wait.py")
-    wait_for(lambda: gq.job(a).get("pid"), 20, what="A running")
+    worker, a = _running_a(gq)
     b = gq.add("true")
     _worker_has_looked(gq)
     gq.gpuq("stop")
@@ -211,11 +199,7 @@ def test_nothing_is_handed_on_when_the_worker_would_wait_for_disk_space(gq: Env,
         gq.home, gq.work = mount / "spool", mount / "work"
         gq.env["GPUQ_HOME"] = str(gq.home)
         gq.work.mkdir()
-        gq.start_worker("--watch")
-        _warm_up(gq)
-        gq.script("wait.py", WAIT)
-        a = gq.add("wait.py")
-        wait_for(lambda: gq.job(a).get("pid"), 20, what="A running")
+        _worker, a = _running_a(gq)
         b = gq.add("true")
         _worker_has_looked(gq)
         filler = fill_up(gq.work)
