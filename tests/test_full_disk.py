@@ -184,16 +184,16 @@ def test_an_end_is_written_even_if_its_room_lost_its_name(tmp_path: Path) -> Non
 
 
 def test_room_left_over_is_used_and_stale_room_set_aside_again(tmp_path: Path) -> None:
-    """supervisor._room_for: a handed-on job takes the room its slot's ended job did not need, if it
+    """run/room.py: a handed-on job takes the room its slot's ended job did not need, if it
     is still there, recent and big enough; anything else is released and set aside anew."""
-    from gpuq.run import supervisor
+    from gpuq.run import room as rooms
     from gpuq.spool import Spool
 
     spool = Spool(tmp_path / "spool").ensure()
     left, small, old = spool.files.reserve(65536), spool.files.reserve(4096), spool.files.reserve(65536)
-    past = time.time() - supervisor.FRESH_ROOM_SECONDS - 5
+    past = time.time() - rooms.FRESH_ROOM_SECONDS - 5
     os.utime(old.path, (past, past))
-    room = supervisor._room_for(spool, [left, small, old], 65536)
+    room = rooms.room_for(spool, [left, small, old], 65536)
     assert len(room) == 2 and room[0] is left and room[1] not in (small, old)
     assert not os.path.exists(small.path) and not os.path.exists(old.path) and os.path.exists(left.path)
     assert all(os.path.getsize(r.path) >= 65536 for r in room)

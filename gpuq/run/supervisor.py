@@ -26,21 +26,17 @@ from gpuq.core.states import FAILED, KILL, PENDING, PREEMPT, PREEMPT_ACTIONS, PR
 from gpuq.core.times import now_iso, parse_iso
 from gpuq.run import logcap, successor
 from gpuq.run.hooks import after_end
+from gpuq.run.room import RESERVE_MIN, released, room_for, set_aside
 from gpuq.spool import Claim, JobRef, Spool, SpoolFull
 from gpuq.spool.files import MIN_FREE_TO_START, Reservation, free_bytes
 from gpuq.spool.store import encode
 from gpuq.system import procs
 
-RESERVE_MIN = 64 * 1024  # blocks set aside per job write (a job file is a few KiB)
 DISK_FULL_BYTES = 64 * 1024  # a filesystem with less free than this counts as full
 DISK_FULL_NOTE = "the disk was full when it ended (its output may have failed for lack of space)"
 FULL_RETRY_MAX_SECONDS = 30.0
 PUMP_DRAIN_SECONDS = 2.0
 KILL_GRACE_SECONDS = 10.0  # as `gpuq kill`: SIGTERM, then SIGKILL after this
-# A spare supervisor sets its job's room aside while it waits (two files written and fsynced: a few
-# ms less between a job's turn and its start). Room older than this is set aside again at the start,
-# well before tmp/'s cleaner could take it for a dead writer's (spool/files.py, STALE_TMP_SECONDS).
-FRESH_ROOM_SECONDS = 60.0
 _stopped = False  # someone stopped this supervisor (its job was told to stop too)
 
 
@@ -90,7 +86,7 @@ def start(
     heard: Optional[successor.Heard] = None,
 ) -> int:
     """Run the claimed job to the end; returns the job's exit code (or -1 if it did not run).
-    `ready`: room a spare supervisor set aside while it waited (see set_room_aside). `heard`: the
+    `ready`: room a spare supervisor set aside while it waited (see run/room.py). `heard`: the
     hand-over socket from the worker (run/successor.py): when the job ends by itself, this
     supervisor may go on with the next job the worker named there, and so on."""
     run = _begin(spool, claim, where, ready or [])
@@ -144,7 +140,7 @@ def _supervise(
     # The next job is in running/ and started before this one leaves running/: no worker ever sees
     # the slot free in between, and this job's end record is off the next one's way.
     ended_at = now_iso()  # the job's end, whenever it is recorded (after the next job's start)
-    following = _begin_successor(run, heard, unused) if exit_code == 0 else _released(unused)
+    following = _begin_successor(run, heard, unused) if exit_code == 0 else released(unused)
     started = _launch(following) if following is not None else None
     finish(run, exit_code=exit_code, sig=sig, note=None, retry=True, ended_at=ended_at, recorded=process)
     after_end(spool, run.job["id"], where.get("hooks") or {})
@@ -253,7 +249,7 @@ def _begin(spool: Spool, claim: Claim, where: dict[str, Any], ready: list[Reserv
         if spool.jobs.newer_copy_elsewhere(ref, job):  # a crash mid-move left this stale copy behind
             spool.jobs.remove(ref)
             raise FileNotFoundError(ref.name)
-        room = _room_for(spool, room, max(RESERVE_MIN, 2 * len(encode(job)) + 16384))
+        room = room_for(spool, room, max(RESERVE_MIN, 2 * len(encode(job)) + 16384))
         # The supervisor's own identity needs psutil (an import of several ms): it is recorded with
         # the job's pid after the job has started, so the job does not wait for it.
         changes = transitions.start(
@@ -280,48 +276,6 @@ def _begin(spool: Spool, claim: Claim, where: dict[str, Any], ready: list[Reserv
     _log_line(run.log_fd, f"cwd: {job['cwd']}" + (f"  CUDA_VISIBLE_DEVICES={slot}" if slot is not None else ""))
     _log_line(run.log_fd, f"started: {job['started_at']}")
     return run
-
-
-def set_room_aside(spool: Spool) -> list[Reservation]:
-    """A spare supervisor's room for its future job, set aside while nobody waits; none on a full
-    disk (the job's start then sets it aside, or finds there is no room)."""
-    room: list[Reservation] = []
-    try:
-        for _ in range(2):
-            room.append(spool.files.reserve(RESERVE_MIN))
-    except (OSError, SpoolFull):
-        for reservation in room:
-            reservation.release()
-        return []
-    return room
-
-
-def _room_for(spool: Spool, room: list[Reservation], size: int) -> list[Reservation]:
-    """Two reservations of `size` bytes at least: those of `room` still there, recent and big
-    enough (the others released), and new ones for the rest. SpoolFull if there is no room; what
-    was set aside is then in `room`, for the caller to release."""
-    now = time.time()
-    kept = [r for r in room if _usable(r, size, now)]
-    for reservation in room:
-        if reservation not in kept:
-            reservation.release()
-    room[:] = kept
-    while len(room) < 2:
-        room.append(spool.files.reserve(size))
-    return room
-
-
-def _usable(reservation: Reservation, size: int, now: float) -> bool:
-    try:
-        fresh = now - os.stat(reservation.path).st_mtime < FRESH_ROOM_SECONDS
-    except OSError:
-        return False
-    return fresh and reservation.size >= size and reservation.fd >= 0
-
-
-def _released(room: list[Reservation]) -> None:
-    for reservation in room:
-        reservation.release()
 
 
 def _spawn(run: Run) -> tuple[subprocess.Popen, Optional[Any]]:
@@ -525,7 +479,7 @@ def serve_spare(home: str, spare_fd: int) -> int:
     """A spare supervisor: set room aside, wait for a job on `spare_fd`, run it."""
     name_process("gpuq-spare")
     spool = Spool(Path(home))
-    ready = set_room_aside(spool)
+    ready = set_aside(spool)
     assignment = wait_for_assignment(spare_fd)
     if assignment is None:
         for reservation in ready:
