@@ -218,3 +218,17 @@ def test_a_job_that_ended_before_its_pid_was_recorded_has_it_with_its_end(gq: En
     for job_id in ids:
         done = gq.wait_state(job_id, DONE, 20)
         assert done["pid"] and done["pid_create_time"] and done["supervisor"]["pid"], done
+
+
+def test_trouble_with_the_next_job_does_not_cost_the_ended_one_its_end(gq: Env) -> None:
+    """The next job's log cannot be opened (a directory stands in its place): that job is left as
+    after a crash (interrupted), and the ended job's end is recorded all the same."""
+    _worker, a = _running_a(gq)
+    b = gq.add("true")
+    _worker_has_looked(gq)
+    (gq.home / "logs" / f"{b:06d}.log").mkdir()
+    (gq.work / "go").write_text("")
+    done = gq.wait_state(a, DONE, 20)
+    assert done["exit_code"] == 0
+    assert "could not start the next job of the slot" in gq.log(a)
+    gq.wait_state(b, "interrupted", 30)

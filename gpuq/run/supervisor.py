@@ -140,11 +140,23 @@ def _supervise(
     # The next job is in running/ and started before this one leaves running/: no worker ever sees
     # the slot free in between, and this job's end record is off the next one's way.
     ended_at = now_iso()  # the job's end, whenever it is recorded (after the next job's start)
-    following = _begin_successor(run, heard, unused) if exit_code == 0 else released(unused)
-    started = _launch(following) if following is not None else None
+    started = _start_successor(run, heard, unused) if exit_code == 0 else released(unused)
     finish(run, exit_code=exit_code, sig=sig, note=None, retry=True, ended_at=ended_at, recorded=process)
     after_end(spool, run.job["id"], where.get("hooks") or {})
     return exit_code, started
+
+
+def _start_successor(run: Run, heard: Optional[successor.Heard], room: list[Reservation]) -> Optional[Started]:
+    """The next job of the slot begun and started, if any. Whatever goes wrong with it, the ended
+    job's end is recorded next: an error is said in its log, and what was left half done (a claim,
+    room, a job moved but not started) is repaired as after a crash of ours (spool_layout.md §10)."""
+    try:
+        following = _begin_successor(run, heard, room)
+        return _launch(following) if following is not None else None
+    except Exception as exc:  # noqa: BLE001 - the ended job's end must not be lost to the next job's trouble
+        _log_line(run.log_fd, f"could not start the next job of the slot: {exc!r}")
+        released(room)
+        return None
 
 
 def _begin_successor(run: Run, heard: Optional[successor.Heard], room: list[Reservation]) -> Optional[Run]:
@@ -153,8 +165,7 @@ def _begin_successor(run: Run, heard: Optional[successor.Heard], room: list[Rese
     the worker starts what comes next."""
     named = _claim_successor(run, heard)
     if named is None:
-        for reservation in room:
-            reservation.release()
+        released(room)
         return None
     claim, word = named
     return _begin(run.spool, claim, word, room)  # None if it changed since the worker named it
