@@ -25,8 +25,6 @@ CLAIM_BUSY_RESCAN_SECONDS = 0.1  # a claim is held for milliseconds; nothing ann
 # A job reaches any other state by leaving running/ or pending/, so these two directories say
 # everything the scheduler needs; events elsewhere would only cost steps.
 WATCHED = (PENDING, RUNNING)
-_IGNORED_EVENTS = ("modified", "opened", "closed_no_write")
-_READ_EVENTS = ("opened", "closed_no_write")
 
 
 class Waker:
@@ -182,10 +180,8 @@ def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any
 
 def _note(worker: Worker, event: Any) -> None:
     """Tell the worker's view which files of pending/ and running/ the event names (a move names
-    two), so that its next step reads them again (engine/queue_view.py). Opening and reading a
-    file changes nothing: the worker's own reads must not come back as hints."""
-    if event.is_directory or event.event_type in _READ_EVENTS:
-        return
+    two), so that its next step reads them again (engine/queue_view.py). The observer's filter
+    already keeps out opens, reads and directories: the worker's own reads never come back as hints."""
     for path in (event.src_path, getattr(event, "dest_path", "")):
         if path:
             directory, name = os.path.split(path)
@@ -218,8 +214,6 @@ def _worth_a_step(event: Any) -> bool:
     """Events that can change what may start: anything arriving in pending/ (a hand-written file
     counts once it is closed), and a job leaving running/. A file rewritten in place inside
     running/ (the supervisor recording a pid) frees nothing."""
-    if event.is_directory or event.event_type in _IGNORED_EVENTS:
-        return False
     parent = os.path.basename(os.path.dirname(event.src_path))
     if parent == RUNNING:
         return event.event_type in ("deleted", "moved")
