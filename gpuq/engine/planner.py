@@ -100,6 +100,8 @@ class Planner:
         starts), when a queued job waits for `ending`, while preemptions are under way, or while
         another slot is free too (the worker fills that one first). `look`: the GPUs as this
         step's plan saw them (None: it found no ready job, so there is nothing to name either)."""
+        if look is None or placement.mode_of(look) != placement.CPU_ONLY:
+            return []
         waited = {dep for job in snap.pending for dep in (*(job.get("after") or ()), *(job.get("after_any") or ()))}
         if ending["id"] in waited:
             return []
@@ -111,8 +113,6 @@ class Planner:
             snap.now,
         )
         rest.ordered = snap.ordered
-        if look is None or placement.mode_of(look) != placement.CPU_ONLY:
-            return []
         ready = list(islice(_ready(rest), limit))
         if not ready:
             return []

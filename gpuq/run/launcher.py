@@ -77,6 +77,12 @@ class Spare:
     sock: Any  # our end of the socket pair; the spare waits for a job on the other
 
 
+def placed(slot: Optional[str], gpus: Optional[tuple[int, ...]], settings: dict[str, Any]) -> dict[str, Any]:
+    """Where a job runs and the worker's settings for it, as a supervisor is told them (with a job
+    handed over, and with the jobs named to follow it: run/successor.py)."""
+    return {"slot": slot, "gpus": list(gpus) if gpus is not None else None, **settings}
+
+
 class Launcher:
     def __init__(self, spool: Spool):
         self.spool = spool
@@ -92,7 +98,7 @@ class Launcher:
         CUDA_VISIBLE_DEVICES, `gpus`: the GPUs it holds) and the worker's `settings` for it (its
         hooks, the log cap); afterwards the supervisor owns the claim. OSError if none could be
         started (the claim is then still ours)."""
-        where = {"id": claim.job_id, "slot": slot, "gpus": list(gpus) if gpus is not None else None, **settings}
+        where = {"id": claim.job_id, **placed(slot, gpus, settings)}
         spare, self.spare = self.spare, None
         process = self._hand_over(spare, claim, where) if spare else None
         if process is None:

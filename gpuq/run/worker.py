@@ -20,7 +20,7 @@ from gpuq.engine.preempt import UrgentPreemptions, resume_auto
 from gpuq.engine.queue_view import QueueView
 from gpuq.engine.snapshot import snapshot
 from gpuq.run import successor
-from gpuq.run.launcher import Launcher, Process
+from gpuq.run.launcher import Launcher, Process, placed
 from gpuq.spool import JobRef, Spool
 from gpuq.spool.files import MIN_FREE_TO_START, free_bytes
 from gpuq.system.gpus import GpuLook
@@ -299,17 +299,15 @@ class Worker:
             named = [job for job in named if job[2] is not None]
             if self.told.get(job_id) == named:
                 continue
-            if self.launcher.tell(launch.process, successor.offer(self._handing_over(launch.where), named)):
+            if self.launcher.tell(launch.process, successor.offer(self._placed(launch.where), named)):
                 self.told[job_id] = named
                 self.names.update((job["id"], job["name"]) for job in following)
             else:  # the line is closed: this supervisor hands nothing on
                 self.supervising.pop(job_id, None)
                 self.told.pop(job_id, None)
 
-    def _handing_over(self, where: Assignment) -> dict[str, Any]:
-        """Where the named jobs run and the worker's settings for them, as run/launcher.py gives them."""
-        gpus = list(where.gpus) if where.gpus is not None else None
-        return {"slot": where.slot, "gpus": gpus, **self.settings.for_supervisors()}
+    def _placed(self, where: Assignment) -> dict[str, Any]:
+        return placed(where.slot, where.gpus, self.settings.for_supervisors())
 
     def _follow_handed_on(self, snap: scheduler.Snapshot) -> None:
         """A job of ours that left running/: the jobs we had named for its slot that have left
@@ -341,8 +339,7 @@ class Worker:
             self.view.doubt()
             return CLAIM_HELD  # look again soon, at everything
         try:
-            settings = self.settings.for_supervisors()
-            settings["file"] = name  # so its supervisor need not list pending/
+            settings = dict(self.settings.for_supervisors(), file=name)  # its supervisor need not list pending/
             process = self.launcher.launch(claim, where.slot, where.gpus, settings)
         except OSError as exc:
             claim.release()
