@@ -32,6 +32,11 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0
         time.sleep(interval)
 
 
+# A job that runs until the test writes the file `go` in its working directory (the sleep is the
+# child's own pace, not a wait of the test's).
+WAIT_FOR_GO = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n"
+
+
 class Env:
     """A temporary spool plus helpers that drive gpuq the way a user does."""
 

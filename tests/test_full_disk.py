@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import Env, fill_up, small_tmpfs, spool_with_true_jobs, wait_for
+from conftest import WAIT_FOR_GO, Env, fill_up, small_tmpfs, spool_with_true_jobs, wait_for
 
 FILL = """import os, sys
 chunk = b"x" * (256 * 1024)
@@ -135,7 +135,7 @@ def test_the_room_of_a_long_job_outlives_the_tmp_cleaner(gq: Env) -> None:
     job's end was lost: `interrupted`). The cleaner is asked to look as if 11 minutes had passed."""
     from gpuq.spool import Spool
 
-    gq.script("wait.py", "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n")
+    gq.script("wait.py", WAIT_FOR_GO)
     job_id = gq.add("wait.py")
     gq.start_worker("--watch")
     supervisor = wait_for(lambda: (gq.job(job_id).get("supervisor") or {}).get("pid"), 20, what="the job running")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from conftest import Env, wait_for
+from conftest import WAIT_FOR_GO, Env, wait_for
 
 from gpuq.core import transitions
 from gpuq.core.states import INTERRUPTED, PENDING, RUNNING
@@ -61,7 +61,7 @@ def test_a_crash_before_the_pending_copy_went_leaves_the_running_one(tmp_path: P
 
 def test_a_started_job_has_no_pending_copy_left(gq: Env) -> None:
     gq.start_worker("--watch")
-    gq.script("wait.py", "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n")
+    gq.script("wait.py", WAIT_FOR_GO)
     ids = [gq.add("wait.py") for _ in range(2)]
     for job_id in ids:
         wait_for(lambda: gq.job(job_id).get("pid"), 20, what=f"job {job_id} running with its pid")  # noqa: B023

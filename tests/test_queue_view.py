@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from conftest import Env, wait_for
+from conftest import WAIT_FOR_GO, Env, wait_for
 
 from gpuq.core.states import DONE, HELD, PENDING, RUNNING
 from gpuq.engine import enqueue
@@ -122,7 +122,7 @@ def test_worker_follows_a_job_edited_while_held(gq: Env) -> None:
     released while the only slot is busy. It must wait for that job, then run: the worker read
     the released file, not what it had seen of it before."""
     gq.start_worker("--watch")
-    gq.script("block.py", "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n")
+    gq.script("block.py", WAIT_FOR_GO)
     blocker = gq.add("block.py")
     gq.wait_state(blocker, "running")
     waiting = gq.add("--hold", "true")  # the job it will wait for

@@ -12,15 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import Env, fill_up, small_tmpfs, spool_with_true_jobs, wait_for
+from conftest import WAIT_FOR_GO, Env, fill_up, small_tmpfs, spool_with_true_jobs, wait_for
 
 from gpuq.core.states import DONE, PENDING, RUNNING
 from gpuq.engine.planner import Planner
 from gpuq.engine.scheduler import Snapshot
 from gpuq.run import successor, supervisor
 from gpuq.system.gpus import Gpu, GpuLook
-
-WAIT = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n"
 
 
 def _job(job_id: int, **fields: Any) -> dict[str, Any]:
@@ -128,7 +126,7 @@ def _running_a(gq: Env) -> tuple[subprocess.Popen, int]:
     """A worker, warmed up, running job A, which waits for the file `go`."""
     worker = gq.start_worker("--watch")
     _warm_up(gq)
-    gq.script("wait.py", WAIT)
+    gq.script("wait.py", WAIT_FOR_GO)
     a = gq.add("wait.py")
     wait_for(lambda: gq.job(a).get("pid"), 20, what="A running")
     return worker, a
