@@ -30,6 +30,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             settings.max_log_bytes = parse_size_bytes(args.max_log_size, "--max-log-size")
         if args.default_time is not None:
             settings.default_time = parse_duration(args.default_time, "--default-time")
+        if args.kill_grace is not None:
+            settings.kill_grace = _grace_seconds(args.kill_grace)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     sp = spool()
@@ -91,10 +93,21 @@ def _run_options(args: argparse.Namespace) -> list[str]:
         ("--on-finish", args.on_finish),
         ("--max-log-size", args.max_log_size),
         ("--default-time", args.default_time),
+        ("--kill-grace", args.kill_grace),
     ):
         if value is not None:
             out += [flag, value]
     return out
+
+
+def _grace_seconds(text: str) -> float:
+    try:
+        grace = float(text)
+    except ValueError:
+        grace = -1.0
+    if not 0 <= grace <= 3600:
+        raise UsageError(f"--kill-grace: expected seconds from 0 to 3600, got {text!r}")
+    return grace
 
 
 def _size_mib(text: str, flag: str) -> int:

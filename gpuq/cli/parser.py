@@ -249,6 +249,11 @@ def build_parser(only: Optional[str] = None) -> Parser:
     p.add_argument("--notify", action="store_true", help="a desktop notification whenever a job ends")
     p.add_argument("--max-log-size", metavar="SIZE", help="cap every job's log (a job's own cap comes first)")
     p.add_argument("--default-time", metavar="LIMIT", help="the time limit of jobs without their own --time")
+    p.add_argument(
+        "--kill-grace",
+        metavar="SECONDS",
+        help="when a job ends, what is left of its process group gets SIGTERM, then SIGKILL after this (default 10)",
+    )
     p.add_argument("--on-finish", metavar="CMD", help="a shell command run whenever a job ends (see `add --on-finish`)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func="cmd_worker:cmd_run")

@@ -44,7 +44,7 @@ def preempt(
     pgid = job.get("pid")
     if not pgid:
         raise Refused(f"job #{job_id} has no process yet; try again")
-    snapshot = procs.tree_processes(pgid)
+    snapshot = procs.ungrouped_tree(pgid)
     spool.control.request(job_id, PREEMPT)
     procs.terminate(pgid, snapshot)
     say(f"sent SIGTERM to job #{job_id}'s process group (pid {pgid}); waiting up to {timeout:g}s for it to exit...")
@@ -130,7 +130,7 @@ class UrgentPreemptions:
     def begin(self, victim: dict[str, Any], now: float) -> None:
         """Start preempting `victim` without waiting: `busy_slots` finishes it at later steps."""
         pgid = victim["pid"]
-        snapshot = procs.tree_processes(pgid)
+        snapshot = procs.ungrouped_tree(pgid)
         self.spool.control.request(victim["id"], PREEMPT_RESUME)
         procs.terminate(pgid, snapshot)
         where = Assignment.of_job(victim)

@@ -3,14 +3,11 @@ how many steps were lost in between (spool_layout.md, section 11)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any, Optional
 
 from gpuq.core import transitions
-from gpuq.core.states import PREEMPT_ACTIONS
 from gpuq.engine import attempt, checkpoints, progress
 from gpuq.spool import Spool
-from gpuq.system import procs
 
 
 def last_step(spool: Spool, job: dict[str, Any]) -> Optional[int]:
@@ -42,11 +39,3 @@ def record(
         last_step=last_step(spool, job),
         by=by,
     )
-
-
-def hold_until_gone(spool: Spool, job_id: int, pgid: int) -> None:
-    """Supervisor side: the main process of a job being preempted has exited; keep the job in
-    running/ while any process of its group lives (a DataLoader worker or a child that ignores
-    SIGTERM still holds GPU memory). Stops if the preemption is withdrawn (timeout, no --force)."""
-    while spool.control.peek(job_id) in PREEMPT_ACTIONS and procs.group_members(pgid):
-        time.sleep(0.1)

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from gpuq.core import schema, transitions
 from gpuq.core.jobenv import add_job_variables
-from gpuq.core.states import FAILED, KILL, PENDING, PREEMPT, PREEMPT_ACTIONS, PREEMPTED, RUNNING
+from gpuq.core.states import FAILED, KILL, PENDING, PREEMPT, PREEMPTED, RUNNING
 from gpuq.core.times import now_iso, parse_iso
 from gpuq.run import logcap, successor
 from gpuq.run.hooks import after_end
@@ -36,7 +36,8 @@ DISK_FULL_BYTES = 64 * 1024  # a filesystem with less free than this counts as f
 DISK_FULL_NOTE = "the disk was full when it ended (its output may have failed for lack of space)"
 FULL_RETRY_MAX_SECONDS = 30.0
 PUMP_DRAIN_SECONDS = 2.0
-KILL_GRACE_SECONDS = 10.0  # as `gpuq kill`: SIGTERM, then SIGKILL after this
+KILL_GRACE_SECONDS = 10.0  # as `gpuq kill`: SIGTERM, then SIGKILL after this (`gpuq run --kill-grace`)
+WOULD_NOT_DIE = "processes of its group outlived SIGKILL (uninterruptible?): "
 _stopped = False  # someone stopped this supervisor (its job was told to stop too)
 
 
@@ -75,6 +76,8 @@ class Run:
         self.spool, self.claim, self.ref, self.job, self.where, self.room = spool, claim, ref, job, where, room
         self.log_fd = -1
         self.timed_out: Optional[str] = None  # the time limit (as text) that stopped the run
+        self.termed_at: Optional[float] = None  # when we sent the job's group SIGTERM (time.monotonic())
+        self.would_not_die: list[str] = []  # "PID NAME" of leftovers that outlived SIGKILL
         self.queued: Optional[JobRef] = None  # its pending/ copy, until the job has been started
 
 
@@ -132,9 +135,9 @@ def _supervise(
     _forward_termination_to(child.pid)
     _note_code_change(run)
     returncode = _wait_within_limit(run, child)
+    _end_leftovers(run, child.pid)  # the job ends when the last process of its group does
     if pump is not None:
         pump.join(PUMP_DRAIN_SECONDS)  # what is still in the pipe; children holding it do not hold us up
-    _hold_while_preempted_group_lives(spool, run.job["id"], child.pid)
     sig = -returncode if returncode < 0 else None
     exit_code = 128 + sig if sig else returncode
     # The next job is in running/ and started before this one leaves running/: no worker ever sees
@@ -212,16 +215,41 @@ def _wait_within_limit(run: Run, child: subprocess.Popen) -> int:
     from gpuq.core.timespec import format_duration  # only when a limit is reached
 
     run.timed_out = format_duration(limit)
-    _log_line(run.log_fd, f"time limit of {run.timed_out} reached: stopping the job")
-    snapshot = procs.tree_processes(child.pid)
+    grace = _kill_grace(run)
+    _log_line(run.log_fd, f"time limit of {run.timed_out} reached: stopping the job (SIGKILL after {grace:g}s)")
     if run.job.get("preemptible"):
         run.spool.control.request(run.job["id"], PREEMPT)
-    procs.terminate(child.pid, snapshot)
+    run.termed_at = time.monotonic()
+    procs.signal_group(child.pid, signal.SIGTERM)
     try:
-        return child.wait(timeout=KILL_GRACE_SECONDS)
+        return child.wait(timeout=grace)
     except subprocess.TimeoutExpired:
-        procs.kill_leftovers(child.pid, snapshot, KILL_GRACE_SECONDS)
+        procs.signal_group(child.pid, signal.SIGKILL)
         return child.wait()
+
+
+def _kill_grace(run: Run) -> float:
+    """Seconds between SIGTERM and SIGKILL for this job's processes (`gpuq run --kill-grace`)."""
+    grace = run.where.get("kill_grace")
+    return float(grace) if grace is not None else KILL_GRACE_SECONDS
+
+
+def _end_leftovers(run: Run, pgid: int) -> None:
+    """Whatever is left of the job's process group once its main process has ended (DataLoader
+    workers, torchrun ranks, a pipeline's other end, a child that ignores SIGTERM) is ended, as
+    Slurm ends a job step, before the job's end is recorded: they may hold the GPU the next job
+    needs. Said in the job's log. A process that left the group (setsid, a daemon) is not touched."""
+    grace = _kill_grace(run)
+    end = procs.end_group(pgid, grace, since=run.termed_at)
+    if end is None:
+        return
+    if end.by_term:
+        _log_line(run.log_fd, f"ended what was left of the job's process group with SIGTERM: {', '.join(end.by_term)}")
+    if end.by_kill:
+        _log_line(run.log_fd, f"ended with SIGKILL after {grace:g}s: {', '.join(end.by_kill)}")
+    if end.survivors:
+        run.would_not_die = end.survivors
+        _log_line(run.log_fd, f"still alive after SIGKILL: {', '.join(end.survivors)}")
 
 
 def _note_code_change(run: Run) -> None:
@@ -333,14 +361,6 @@ def _identity() -> dict[str, Any]:
     return _me
 
 
-def _hold_while_preempted_group_lives(spool: Spool, job_id: int, pgid: int) -> None:
-    """Being preempted: the job stays in running/ (its slot taken) until its whole group is gone."""
-    if spool.control.peek(job_id) in PREEMPT_ACTIONS:
-        from gpuq.engine.preemption import hold_until_gone  # rare: not loaded before the job starts
-
-        hold_until_gone(spool, job_id, pgid)
-
-
 def _forward_termination_to(pgid: int) -> None:
     """If someone stops the supervisor itself, stop its job the same way instead of orphaning it."""
 
@@ -379,6 +399,8 @@ def finish(
         why = f"{why}; {how.text()}"
     if exit_code != 0 and free_bytes(spool.home) < DISK_FULL_BYTES:
         why = f"{why or f'exit {exit_code}'}; {DISK_FULL_NOTE}"
+    if run.would_not_die:
+        why = f"{why or f'exit {exit_code}'}; {WOULD_NOT_DIE}{', '.join(run.would_not_die)}"
     reason = _failure_reason(run, state, exit_code, sig_name, request)
     changes = transitions.end_attempt(
         job, state, exit_code=exit_code, signal=sig_name, note=note or why, continuation=how, reason=reason,

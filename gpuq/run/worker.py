@@ -64,11 +64,17 @@ class Settings:
     recover: bool = False  # --recover: interrupted jobs back in the queue when the worker starts
     max_log_bytes: Optional[int] = None  # --max-log-size: the cap of a job's log (a job's own comes first)
     default_time: Optional[float] = None  # --default-time: the time limit of jobs without their own
+    kill_grace: Optional[float] = None  # --kill-grace: seconds from SIGTERM to SIGKILL when a job ends
 
     def for_supervisors(self) -> dict[str, Any]:
         """What every job's supervisor is told besides where the job runs."""
         hooks = {"notify": self.notify, "on_finish": self.on_finish}
-        return {"hooks": hooks, "max_log_bytes": self.max_log_bytes, "default_time": self.default_time}
+        return {
+            "hooks": hooks,
+            "max_log_bytes": self.max_log_bytes,
+            "default_time": self.default_time,
+            "kill_grace": self.kill_grace,
+        }
 
 
 class Worker:

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from typing import Any, Optional
 
 CREATE_TIME_TOLERANCE = 0.05  # seconds; psutil derives it from clock ticks, so it is stable
+END_POLL_SECONDS = 0.1  # how often end_group looks whether a job's leftovers have gone
+KILL_WAIT = 5.0  # seconds for SIGKILLed processes to go before they count as surviving it
 _boot_id: Optional[str] = None
 
 
@@ -98,17 +100,22 @@ def signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
-def tree_processes(pid: int) -> list[Any]:
-    """The process and all its descendants now, those that left its group included.
+def ungrouped_tree(pid: int) -> list[Any]:
+    """What ending a job must reach besides its process group. [] for a process that leads its
+    own group, as every job gpuq starts does: the group is the job, and a descendant that left it on
+    purpose (`setsid`, a daemon) is not the job's. For a process that leads no group (one adopted
+    from a shell), the process and its descendants now.
 
     psutil.Process objects remember the start time, so killing them later cannot hit a reused pid.
     """
     import psutil
 
     try:
+        if os.getpgid(pid) == pid:
+            return []
         proc = psutil.Process(pid)
         return [proc] + proc.children(recursive=True)
-    except psutil.Error:
+    except (OSError, psutil.Error):
         return []
 
 
@@ -130,8 +137,8 @@ def group_members(pgid: int) -> list[Any]:
 
 
 def leftovers(pgid: int, snapshot: list[Any]) -> list[Any]:
-    """What still lives of a job: its group, plus descendants seen earlier that left the group
-    (psutil.Process remembers the start time, so a reused pid is not mistaken for them)."""
+    """What still lives of a job: its group, plus what `ungrouped_tree` saw of a process that leads
+    no group (psutil.Process remembers the start time, so a reused pid is not mistaken for them)."""
     import psutil
 
     alive = {p.pid: p for p in group_members(pgid)}
@@ -175,6 +182,60 @@ def kill_leftovers(pgid: int, snapshot: list[Any], timeout: float) -> list[Any]:
         time.sleep(0.05)
 
 
+class GroupEnd:
+    """What `end_group` found of a job's group after its main process had ended: "PID NAME" of
+    each process gone after SIGTERM, gone after SIGKILL, and still alive (uninterruptible)."""
+
+    def __init__(self) -> None:
+        self.by_term: list[str] = []
+        self.by_kill: list[str] = []
+        self.survivors: list[str] = []
+
+
+def end_group(pgid: int, grace: float, since: Optional[float] = None) -> Optional[GroupEnd]:
+    """End what is left of a job's process group once its main process has ended and been reaped,
+    as Slurm ends a job step: SIGTERM (and SIGCONT, for a stopped process), then SIGKILL to what is
+    still there `grace` seconds after `since` (time.monotonic(); default now), then up to
+    KILL_WAIT seconds for the kernel to take them. None when nothing was left: one killpg, the
+    common case. While a member lives, the group's id cannot be given to a new process."""
+    import signal  # here: see terminate()
+
+    if not signal_group(pgid, 0) or not group_members(pgid):
+        return None
+    signal_group(pgid, signal.SIGTERM)
+    signal_group(pgid, signal.SIGCONT)
+    deadline = (time.monotonic() if since is None else since) + grace
+    seen: dict[int, str] = {}
+    left = _note_members(pgid, seen)
+    while left and time.monotonic() < deadline:
+        time.sleep(END_POLL_SECONDS)
+        left = _note_members(pgid, seen)
+    termed = set(seen) - left
+    killed_at = time.monotonic()
+    while left and time.monotonic() - killed_at < KILL_WAIT:
+        signal_group(pgid, signal.SIGKILL)  # again while new ones appear
+        time.sleep(0.05)
+        left = _note_members(pgid, seen)
+    end = GroupEnd()
+    end.by_term = [seen[pid] for pid in sorted(termed)]
+    end.by_kill = [seen[pid] for pid in sorted(set(seen) - termed - left)]
+    end.survivors = [seen[pid] for pid in sorted(left)]
+    return end
+
+
+def _note_members(pgid: int, seen: dict[int, str]) -> set[int]:
+    """The live members of the group now; each one's "PID NAME" noted in `seen`."""
+    alive = set()
+    for proc in group_members(pgid):
+        alive.add(proc.pid)
+        if proc.pid not in seen:
+            try:
+                seen[proc.pid] = f"{proc.pid} {proc.name()}"
+            except Exception:  # psutil.Error: gone or hidden meanwhile
+                seen[proc.pid] = str(proc.pid)
+    return alive
+
+
 def signal_each(processes: list[Any], method: str) -> None:
     import psutil
 
@@ -187,11 +248,11 @@ def signal_each(processes: list[Any], method: str) -> None:
 
 def terminate_tree(job: dict[str, Any], grace: float, force: bool = True) -> bool:
     """SIGTERM the job's process group, wait up to `grace` for all of it to go, then (if `force`)
-    SIGKILL whatever is left, escaped descendants included. True once nothing of the job lives."""
+    SIGKILL whatever is left of it. True once nothing of the job lives."""
     pgid = job.get("pid")
     if not pgid:
         return True
-    snapshot = tree_processes(pgid) if job_alive(job) else []
+    snapshot = ungrouped_tree(pgid) if job_alive(job) else []
     terminate(pgid, snapshot)
     if not wait_gone(pgid, snapshot, grace):
         return True

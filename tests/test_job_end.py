@@ -1,0 +1,120 @@
+"""Every end of a job is final (issue 24): whatever is left of its process group when its main
+process ends (a DataLoader worker, a torchrun rank, a child that ignores SIGTERM) gets SIGTERM, then
+SIGKILL after the worker's --kill-grace, and the job's end is recorded only once they are gone. A
+process that left the group on purpose (setsid) is not the job's and is not touched."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from conftest import Env, wait_for
+
+from gpuq.system import procs
+
+# The job's main process starts a child in its own process group that ignores SIGTERM, and a
+# daemon that left the group (setsid); then it exits 0 ("exit") or runs until it is stopped.
+FAMILY = """\
+import os, subprocess, sys, time
+stubborn = "import signal, time\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\nwhile True: time.sleep(0.05)\\n"
+child = subprocess.Popen([sys.executable, "-c", stubborn])
+daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+open("daemon.pid", "w").write(str(daemon.pid))
+def ignores_sigterm(pid):
+    line = [s for s in open(f"/proc/{pid}/status") if s.startswith("SigIgn:")][0]
+    return int(line.split()[1], 16) & (1 << 14)  # SIGTERM is signal 15
+while not ignores_sigterm(child.pid):
+    time.sleep(0.01)
+open("child.pid", "w").write(str(child.pid))
+if sys.argv[1] == "exit":
+    sys.exit(0)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed leftover is a zombie until reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def family(gq: Env, mode: str, *options: str) -> tuple[int, int, int]:
+    """A running family job under a worker with a 1 s kill grace: (job id, child pid, daemon pid)."""
+    gq.script("family.py", FAMILY)
+    job_id = gq.add(*options, "family.py", mode)
+    gq.start_worker("--watch", "--kill-grace", "1")
+    pid_file = gq.work / "child.pid"
+    wait_for(pid_file.exists, 15, what="the job's child")
+    return job_id, int(pid_file.read_text()), int((gq.work / "daemon.pid").read_text())
+
+
+def recorded_after_the_child(gq: Env, job_id: int, state: str, child: int, daemon: int) -> dict:
+    """The job reaches `state`; its child was gone by then; the daemon (setsid) was not touched."""
+    try:
+        job = gq.wait_state(job_id, state, timeout=20)
+        assert not alive(child), "the job's end was recorded while its child still lived"
+        assert alive(daemon), "a process that left the group was killed"
+        log = gq.log(job_id)
+        assert f"ended with SIGKILL after 1s: {child} python" in log, log
+        assert str(daemon) not in log
+        return job
+    finally:
+        for pid in (child, daemon):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_job_that_exits_leaves_nothing_of_its_group(gq: Env) -> None:
+    job_id, child, daemon = family(gq, "exit")
+    job = recorded_after_the_child(gq, job_id, "done", child, daemon)
+    assert job["exit_code"] == 0
+
+
+def test_a_time_limit_ends_the_whole_group(gq: Env) -> None:
+    job_id, child, daemon = family(gq, "run", "--time", "0:00:02")
+    job = recorded_after_the_child(gq, job_id, "failed", child, daemon)
+    assert job["exit_code"] == 143 and "time limit of 2s reached" in job["reason"]
+
+
+@pytest.mark.parametrize("command", [("kill",), ("preempt", "--timeout", "10")])
+def test_kill_and_preempt_end_the_whole_group(gq: Env, command: tuple[str, ...]) -> None:
+    job_id, child, daemon = family(gq, "run")
+    proc = gq.gpuq(command[0], str(job_id), *command[1:], check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = {"kill": "cancelled", "preempt": "preempted"}[command[0]]
+    recorded_after_the_child(gq, job_id, state, child, daemon)
+
+
+def test_end_group_reports_what_it_ended(tmp_path: Path) -> None:
+    """The library call itself, on a real group: nothing left is one cheap answer; a child that
+    ignores SIGTERM is SIGKILLed after the grace; one that obeys goes with SIGTERM."""
+    import subprocess
+    import sys
+
+    assert procs.end_group(os.getpid() + 10_000_000, 1.0) is None  # no such group
+    script = tmp_path / "leader.py"
+    script.write_text(
+        "import subprocess, sys\n"
+        "ignore = 'import signal, time\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\nprint(1, flush=True)\\n"
+        "time.sleep(60)'\n"
+        "for code in (ignore, 'import time; print(1, flush=True); time.sleep(60)'):\n"
+        "    p = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE)\n"
+        "    p.stdout.readline()\n"
+        "    print(p.pid, flush=True)\n"
+    )
+    leader = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert leader.stdout is not None
+    stubborn, obedient = int(leader.stdout.readline()), int(leader.stdout.readline())
+    leader.wait()
+    end: Optional[procs.GroupEnd] = procs.end_group(leader.pid, 0.5)
+    assert end is not None
+    assert end.by_term == [f"{obedient} python"] and end.by_kill == [f"{stubborn} python"] and end.survivors == []
+    assert not alive(stubborn) and not alive(obedient)
+    assert procs.end_group(leader.pid, 0.5) is None
