@@ -239,3 +239,16 @@ def test_pre_started_supervisor_runs_jobs_and_its_loss_is_harmless(gq: Env) -> N
     worker.kill()  # the spare's socket closes with its worker: it leaves too
     worker.wait()
     spare.wait(10)
+
+
+def test_a_foreground_run_exits_soon_after_the_last_job_ends(gq: Env) -> None:
+    """`gpuq run` returned about 5 s after its last job: the supervisor gave up the job's claim
+    after the worker's last look, and the worker then slept a whole rescan period."""
+    from gpuq.core.times import parse_iso
+
+    for _round in range(2):  # once with a supervisor the worker started, once with a spare
+        job_id = gq.add("true")
+        gq.gpuq("run", timeout=60)
+        returned = time.time()
+        ended = parse_iso(gq.job(job_id)["finished_at"])
+        assert ended is not None and returned - ended < 2.5, f"returned {returned - ended:.1f}s after the job's end"

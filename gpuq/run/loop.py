@@ -77,13 +77,12 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
     signal.signal(signal.SIGUSR1, drain)
     # No wake-up on SIGCHLD: a supervisor's exit follows its job leaving running/, which
     # already woke us; one that died early is noticed by the periodic look.
-    woken, held_for = True, 0  # held_for: steps in a row that found a ready job's claim held
+    woken, held_for = True, 0  # held_for: steps in a row that found a ready job's claim held (or work moving)
     try:
         while not worker.stopping:
             observer = _ensure_observer(observer, worker, wake)
             wake.clear()
             result = _step(worker, woken)
-            held_for = held_for + 1 if result.claim_busy else 0
             if result.more_work:
                 wake.set()  # come back at once for the rest, after starting what could start
             if worker.draining:
@@ -93,11 +92,16 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
                 if not result.busy:
                     worker.say("drained: every job of this worker has ended; worker exits")
                     break
-            if not watch and not result.busy and not result.startable_later and not worker.moving():
+            settling = not watch and not result.busy and not result.startable_later
+            if settling and not worker.moving():
                 for line in worker.why_done():
                     worker.say(line)
                 break
-            woken = wake.wait(_next_look(result, held_for))
+            # A foreground worker with nothing left but a claim still held (a supervisor recording
+            # an end, or putting a job back for a retry) looks again within milliseconds: nothing
+            # announces a claim's release, and the user waits for the prompt.
+            held_for = held_for + 1 if result.claim_busy or settling else 0
+            woken = wake.wait(_next_look(result, held_for, settling))
     except KeyboardInterrupt:
         pass
     finally:
@@ -123,18 +127,18 @@ def _step(worker: Worker, woken: bool) -> StepResult:
         return StepResult(busy=True, startable_later=True, space_wait=True)
 
 
-def _next_look(result: StepResult, held_for: int = 0) -> float:
+def _next_look(result: StepResult, held_for: int = 0, settling: bool = False) -> float:
     """Seconds until the next look without an event: soon while something changes unseen (a
     claim held a long time, by a person's command, is looked at less and less often), and at
     the next --begin time, not later."""
-    wait = _usual_look(result, held_for)
+    wait = _usual_look(result, held_for, settling)
     if result.next_begin is not None:
         wait = min(wait, max(0.0, result.next_begin - time.time()))
     return wait
 
 
-def _usual_look(result: StepResult, held_for: int) -> float:
-    if result.claim_busy:
+def _usual_look(result: StepResult, held_for: int, settling: bool) -> float:
+    if result.claim_busy or settling:
         return min(RESCAN_SECONDS, CLAIM_BUSY_RESCAN_SECONDS * 2 ** max(0, held_for - 1))
     if result.watch_closely:
         return ADOPTED_RESCAN_SECONDS
