@@ -36,6 +36,8 @@ SAME = [
     ["add", "true", "-q", "--x"],
     ["add", "--retries", " 3", "--gpus", "0", "true"],
     ["add", "--name", "last", "--name", "wins", "--after", "3", "--after", "3", "true"],
+    ["add", "--urgent=force", "true"],
+    ["add", "--urgent=force", "--urgent", "true"],
 ]
 
 LEFT_TO_ARGPARSE = [

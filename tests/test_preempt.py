@@ -136,13 +136,36 @@ def test_preemption_victims_lowest_priority_latest_started() -> None:
     snap = scheduler.Snapshot(states={j["id"]: "running" for j in running}, running=running)
     snap.pending = [job(9, urgent=True)]
     snap.states[9] = "pending"
-    assert [v["id"] for v in scheduler.preemption_victims(snap, [], [None], set())] == [3]
+
+    def victims(free: list, preempting: set, continues=lambda j: "from its checkpoint") -> list[int]:
+        return [v["id"] for v in scheduler.preemption_victims(snap, free, [None], preempting, continues)[0]]
+
+    assert victims([], set()) == [3]
     running[2]["priority"] = 1
-    assert [v["id"] for v in scheduler.preemption_victims(snap, [], [None], set())] == [2]
-    assert scheduler.preemption_victims(snap, [], [None], {2}) == []  # one is already being preempted
-    assert scheduler.preemption_victims(snap, [None], [None], set()) == []  # a slot is free
+    assert victims([], set()) == [2]
+    assert victims([], {2}) == []  # one is already being preempted
+    assert victims([None], set()) == []  # a slot is free
+    # Only a job that can continue is preempted: the next in line, else none (the urgent job waits)...
+    assert victims([], set(), lambda j: j["id"] == 1 or None) == [1]
+    chosen, unserved = scheduler.preemption_victims(snap, [], [None], set(), lambda j: None)
+    assert chosen == [] and [j["id"] for j in unserved] == [9]
+    snap.pending = [job(9, urgent="force")]  # ...unless it was queued with --urgent=force
+    assert victims([], set(), lambda j: j["id"] == 1 or None) == [1]
+    assert victims([], set(), lambda j: None) == [2]
     snap.pending = [job(9, urgent=True, after=[4])]  # not ready yet: preempt nothing
-    assert scheduler.preemption_victims(snap, [], [None], set()) == []
+    assert victims([], set()) == []
+
+
+def test_how_a_victim_would_continue(tmp_path: Path) -> None:
+    from gpuq.engine import victims
+
+    out = tmp_path / "out"
+    running = job(1, pid=11, cmd=["python", "train.py", "--output_dir", str(out)], cwd=str(tmp_path))
+    assert victims.how_it_continues(running) is None  # no checkpoint: it would start over
+    assert "--preemptible" in victims.how_it_continues(dict(running, preemptible=True))
+    hf_ckpt(out, 40)
+    assert victims.how_it_continues(running) == "from checkpoint-40"
+    assert victims.how_it_continues(dict(running, no_resume=True)) is None
 
 
 def test_dependent_of_preempted_job_waits_with_a_reason() -> None:
@@ -320,7 +343,9 @@ def test_dependent_of_preempted_job_runs_only_after_continuation(gq) -> None:
 def test_urgent_job_preempts_runs_first_then_victim_resumes_ahead_of_queue(gq) -> None:
     setup_trainer(gq)
     low = add_trainer(
-        gq, "--output_dir", "low", "--max_steps", "60", "--save_on_sigterm", gpuq_opts=("--priority", "-1")
+        gq,
+        *("--output_dir", "low", "--max_steps", "60", "--save_on_sigterm"),
+        gpuq_opts=("--priority", "-1", "--preemptible"),
     )
     gq.start_worker("--watch")
     wait_for(lambda: last_step(gq, low) >= 5, 20, what="the training to run")
@@ -337,6 +362,33 @@ def test_urgent_job_preempts_runs_first_then_victim_resumes_ahead_of_queue(gq) -
     start = {j: parse_iso(gq.job(j)["started_at"]) for j in (low, later, urgent)}
     assert parse_iso(gq.job(urgent)["finished_at"]) <= start[low] <= start[later]
     assert f"preempting job #{low}" in gq.worker_output()
+
+
+def test_urgent_job_waits_beside_a_job_that_would_start_over_unless_forced(gq) -> None:
+    """A running job without a checkpoint (and not --preemptible) would lose its whole run: an
+    urgent job waits for a free slot instead, and `add` says so; --urgent=force takes it anyway."""
+    setup_trainer(gq)
+    low = add_trainer(gq, "--output_dir", "low", "--max_steps", "100000", "--save_steps", "100000")
+    gq.start_worker("--watch")
+    wait_for(lambda: last_step(gq, low) >= 3, 20, what="the training to run")
+    added = gq.gpuq("add", "--urgent", "-p", sys.executable, "fake_trainer.py", "--output_dir", "u1", "--max_steps", "3")
+    assert f"#{low} " in added.stdout and "waits for a free slot" in added.stdout, added.stdout
+    waiting = int(added.stdout.split("#", 1)[1].split(":", 1)[0])
+
+    def reason() -> str:
+        row = next(r for r in gq.status_json() if r["id"] == waiting)
+        return row["state"] == "pending" and row.get("waiting") or ""
+
+    assert "without losing its progress" in wait_for(reason, 15, what="the urgent job's reason to wait")
+    assert state_of(gq, low) == "running" and not (gq.home / "control" / f"{low:06d}.json").exists()
+    forced = gq.gpuq(
+        "add", "--urgent=force", "-p", sys.executable, "fake_trainer.py", "--output_dir", "u2", "--max_steps", "3"
+    )
+    assert f"job #{low} " in forced.stdout and "starts over" in forced.stdout, forced.stdout
+    record = wait_state(gq, low, "running", timeout=40)["preemptions"][-1]  # preempted, and resumed once they ran
+    assert record["by"] == "urgent job" and record["checkpoint"] is None
+    assert gq.job(waiting)["state"] == "done" and gq.job(waiting + 1)["state"] == "done"
+    assert "it will start over" in gq.worker_output()
 
 
 def test_priorities_order_the_queue(gq) -> None:

@@ -9,7 +9,7 @@ import time
 from gpuq.cli.common import spool
 from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.states import HELD, PENDING
+from gpuq.core.states import HELD, PENDING, RUNNING
 from gpuq.core.timespec import parse_size_bytes, parse_size_mib
 from gpuq.engine import enqueue
 from gpuq.system import procs
@@ -60,6 +60,11 @@ def cmd_add(args: argparse.Namespace) -> int:
         deps = job["after"] + job["after_any"]
         after = f"  after {', '.join(f'#{d}' for d in deps)}" if deps else ""
         print(f"[+] Job #{job['id']}: {job['name']}{after}{'  (held)' if args.hold else ''}")
+    if args.urgent and not args.quiet and not args.hold:
+        from gpuq.engine import victims  # only for --urgent: it may look at running jobs' checkpoints
+
+        running = [job for _ref, job in spool().jobs.load_many(RUNNING)]
+        print(f"    {victims.foreseen(published[0][1], running)}")
     return 0
 
 

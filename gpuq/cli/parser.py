@@ -193,8 +193,18 @@ def build_parser(only: Optional[str] = None) -> Parser:
         p.add_argument("--priority", type=int, default=0, metavar="N", help="higher starts first (default 0)")
         p.add_argument(
             "--urgent",
-            action="store_true",
-            help="start next; if no slot is free, preempt the lowest-priority running job and resume it after",
+            action="store_const",
+            const=True,
+            default=False,
+            help="start next; if no slot is free, preempt the lowest-priority running job that can continue "
+            "(--preemptible, or with a checkpoint) and resume it after; if none can, wait for a free slot",
+        )
+        p.add_argument(  # one word, so that `--urgent train.py` keeps meaning what it always did
+            "--urgent=force",
+            dest="urgent",
+            action="store_const",
+            const="force",
+            help="as --urgent, but preempt a running job even if it has no checkpoint (it will start over)",
         )
         p.add_argument(
             "--preemptible",

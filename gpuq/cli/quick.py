@@ -53,6 +53,7 @@ ADD_FLAGS = {
     "--snapshot": "snapshot",
     "--notify": "notify",
     "--urgent": "urgent",
+    "--urgent=force": "urgent",
     "--preemptible": "preemptible",
     "--no-resume": "no_resume",
     "-q": "quiet",
@@ -122,6 +123,7 @@ ADD_VALUES: dict[str, tuple[str, Callable[[str], Any], bool]] = {
     "--env": ("env", _env_pair, True),
 }
 STATUS_VALUES: dict[str, tuple[str, Callable[[str], Any], bool]] = {"--interval": ("interval", _seconds, False)}
+FLAG_VALUES = {"--urgent=force": "force"}  # a flag that sets more than True
 
 
 def parse(argv: list[str]) -> Optional[SimpleNamespace]:
@@ -174,7 +176,7 @@ def _options(
             return i
         name, eq, inline = word.partition("=")
         if word in flags:
-            values[flags[word]] = True
+            values[flags[word]] = FLAG_VALUES.get(word, True)
             i += 1
             continue
         if name not in takes_value or (eq and not name.startswith("--")):

@@ -106,7 +106,7 @@ def new_job(
 # written before they existed lack them: read them with .get().
 PREEMPT_DEFAULTS: dict[str, Any] = {
     "preemptible": False,  # added with --preemptible: HF JIT checkpoint flag / GPUQ_PREEMPTIBLE=1
-    "urgent": False,  # --urgent: starts before everything, preempting a running job if needed
+    "urgent": False,  # --urgent, or "force" (--urgent=force): starts first, preempting if needed (engine/victims)
     "ckpt_glob": None,  # --ckpt-glob: where this job's checkpoints are (else HF checkpoint-N)
     "resume_arg": None,  # --resume-arg: how to pass a checkpoint, e.g. "ckpt_path={ckpt}"
     "checkpoint": None,  # newest complete checkpoint found when it was last preempted
@@ -445,10 +445,8 @@ OPTIONAL: dict[str, tuple[Any, str]] = {
     "adopted": (lambda v: isinstance(v, bool), "true or false"),
     "umask": (_opt(lambda v: _is_int(v) and 0 <= v <= 0o777), "null or a file mode mask (0 to 511)"),
     # the preemption fields (PREEMPT_DEFAULTS), typed as preempt.py writes them
-    **{
-        f: (lambda v: isinstance(v, bool), "true or false")
-        for f in ("preemptible", "urgent", "auto_resume", "queue_front")
-    },
+    **{f: (lambda v: isinstance(v, bool), "true or false") for f in ("preemptible", "auto_resume", "queue_front")},
+    "urgent": (lambda v: isinstance(v, bool) or v == "force", 'true, false or "force"'),
     **{f: (_opt(_os_str), "null or a string") for f in ("ckpt_glob", "resume_arg", "checkpoint", "resumed_from")},
     "resumed_from_step": (_opt(_is_int), "null or an integer"),
     "no_resume": (lambda v: isinstance(v, bool), "true or false"),

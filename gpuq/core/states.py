@@ -32,6 +32,8 @@ PREEMPT_RESUME = "preempt-resume"  # the worker made room for an urgent job: res
 PREEMPT_ACTIONS = (PREEMPT, PREEMPT_RESUME)
 ACTIONS = (KILL, PREEMPT, PREEMPT_RESUME)
 
+URGENT_FORCE = "force"  # `urgent` of a job queued with --urgent=force: it may preempt a job without a checkpoint
+
 # Where a job came from (its `source` field); a dropped file's is "dropped:" + its file name.
 SOURCE_CLI = "cli"
 SOURCE_ADOPT = "adopt"

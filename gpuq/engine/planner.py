@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from itertools import chain, islice
 from typing import Any, Callable, Iterator, Optional
 
-from gpuq.core.times import parse_iso
-from gpuq.engine import placement, scheduler
+from gpuq.engine import placement, scheduler, victims
 from gpuq.engine.placement import Blocked, Holding, Placement, Request
 from gpuq.system import gpus as gpu_info
 
@@ -141,7 +140,11 @@ class Planner:
             taken = set(slots)
         free = [slot for slot in slots if slot not in taken]
         plan = Plan(look=look)
-        plan.victims = scheduler.preemption_victims(snap, free, slots, set(preempting))
+        plan.victims, unserved = scheduler.preemption_victims(
+            snap, free, slots, set(preempting), victims.how_it_continues
+        )
+        for job in unserved:  # they wait for a slot like any other job, first in line
+            plan.waits[job["id"]] = scheduler.Wait(f"urgent, but {victims.NO_VICTIM}", False)
         for job in islice(ready, len(free)):
             plan.starts.append((job, Assignment(free[len(plan.starts)])))
         return plan
@@ -224,8 +227,9 @@ class Planner:
         look: gpu_info.GpuLook,
         allowed: Optional[set[int]],
     ) -> list[dict[str, Any]]:
-        """Running jobs to preempt so that the first urgent job the GPUs hold back can start: the
-        lowest priority first (among equals the one started last), as few as will make room."""
+        """Running jobs to preempt so that the first urgent job the GPUs hold back can start: those
+        that can continue (engine/victims.py; any, for --urgent=force), the lowest priority first
+        (among equals the one started last), as few as will make room."""
         urgent = next((j for j in ready if j.get("urgent") and j["id"] in plan.waits), None)
         if urgent is None or plan.waits[urgent["id"]].forever or preempting:
             return []
@@ -238,7 +242,25 @@ class Planner:
             and not j.get("adopted")
             and (allowed is None or set(j["gpus"]) <= allowed)
         ]
-        candidates.sort(key=lambda j: (int(j.get("priority") or 0), -(parse_iso(j.get("started_at")) or 0.0)))
+        candidates.sort(key=scheduler.victim_key)
+        allowed_victims = victims.in_preference(candidates, victims.forced(urgent), victims.how_it_continues)
+        chosen = self._making_room(urgent, allowed_victims, holdings, own_pids, look, allowed)
+        if not chosen and len(allowed_victims) < len(candidates):
+            if self._making_room(urgent, candidates, holdings, own_pids, look, allowed):
+                wait = plan.waits[urgent["id"]]
+                plan.waits[urgent["id"]] = scheduler.Wait(f"{wait.reason}; urgent, but {victims.NO_VICTIM}", False)
+        return chosen
+
+    def _making_room(
+        self,
+        urgent: dict[str, Any],
+        candidates: list[dict[str, Any]],
+        holdings: list[Holding],
+        own_pids: frozenset[int],
+        look: gpu_info.GpuLook,
+        allowed: Optional[set[int]],
+    ) -> list[dict[str, Any]]:
+        """The first of `candidates` whose preemption lets `urgent` be placed; [] if none would."""
         chosen: list[dict[str, Any]] = []
         left, gpus, pids = list(holdings), list(look.gpus), set(own_pids)
         for victim in candidates:

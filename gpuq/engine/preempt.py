@@ -97,16 +97,17 @@ def resume(spool: Spool, job_id: int, require_checkpoint: bool = False, front: b
         return Resumed(spool.jobs.move(ref, job, PENDING, changes)[1], ckpt)
 
 
-def resume_auto(spool: Spool) -> list[Resumed]:
-    """Resume every job the worker preempted for an urgent job (they go first in line)."""
-    out = []
+def resume_auto(spool: Spool) -> tuple[list[Resumed], bool]:
+    """Resume every job the worker preempted for an urgent job (they go first in line); and
+    whether one was busy (its supervisor still letting go of it: try again in a moment)."""
+    out, busy = [], False
     for _ref, job in spool.jobs.load_many(PREEMPTED):
         if job.get("auto_resume"):
             try:
                 out.append(resume(spool, job["id"]))
             except Refused:
-                continue  # busy or changed meanwhile: the next step tries again
-    return out
+                busy = True  # busy or changed meanwhile: the next step tries again
+    return out, busy
 
 
 # ---- urgent jobs (the worker's side) ----------------------------------------------------------

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from gpuq.core import states
 from gpuq.core.records import itemgetter
-from gpuq.core.states import FINISHED, NEEDS_USER
+from gpuq.core.states import FINISHED, NEEDS_USER, URGENT_FORCE
 from gpuq.core.times import parse_iso
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
-    from typing import Any, Optional
+    from typing import Any, Callable, Optional
 
 
 class Wait(tuple):
@@ -124,20 +124,38 @@ def queue_key(job: dict[str, Any]) -> tuple[bool, bool, int, int]:
 
 
 def preemption_victims(
-    snapshot: Snapshot, free_slots: list[Optional[str]], slots: list[Optional[str]], preempting: set[int]
-) -> list[dict[str, Any]]:
+    snapshot: Snapshot,
+    free_slots: list[Optional[str]],
+    slots: list[Optional[str]],
+    preempting: set[int],
+    continues: Callable[[dict[str, Any]], Any],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Running jobs to preempt so that ready urgent jobs can start: one for each such job that
-    neither a free slot nor a preemption already under way will serve. The lowest priority goes
+    neither a free slot nor a preemption already under way will serve, and the urgent jobs left
+    without one. A victim must be able to continue (`continues(job)`: engine/victims.py), unless
+    the urgent job it serves is `--urgent=force`. Among those allowed, the lowest priority goes
     first; among equals the one started last (it loses the least work). Urgent and adopted jobs,
     jobs of other workers' slots and jobs without a process yet are never chosen."""
     urgent = [j for j in snapshot.pending if j.get("urgent")]  # few or none: filter before the costly part
     if not urgent:
-        return []
-    urgent = [j for j in urgent if waiting_reason(j, snapshot.states, now=snapshot.now) is None]
+        return [], []
+    urgent = queue_order([j for j in urgent if waiting_reason(j, snapshot.states, now=snapshot.now) is None])
     need = len(urgent) - len(free_slots) - len(preempting)
     if need <= 0:
-        return []
-    candidates = [
+        return [], []
+    unserved = urgent[-need:]  # the free slots and preemptions under way serve those ahead of them
+    victims, would_lose = [], []
+    for job in sorted(_victim_candidates(snapshot, slots, preempting), key=victim_key):
+        if len(victims) == need:
+            break
+        (victims if continues(job) else would_lose).append(job)
+    forced = sum(1 for j in unserved if j.get("urgent") == URGENT_FORCE)
+    victims += would_lose[: max(0, min(forced, need - len(victims)))]
+    return victims, unserved[len(victims) :]
+
+
+def _victim_candidates(snapshot: Snapshot, slots: list[Optional[str]], preempting: set[int]) -> list[dict[str, Any]]:
+    return [
         j
         for j in snapshot.running
         if j["id"] not in preempting
@@ -146,8 +164,11 @@ def preemption_victims(
         and not j.get("adopted")
         and (slots == [None] or j.get("slot") in slots)
     ]
-    candidates.sort(key=lambda j: (int(j.get("priority") or 0), -(parse_iso(j.get("started_at")) or 0.0)))
-    return candidates[:need]
+
+
+def victim_key(job: dict[str, Any]) -> tuple[int, float]:
+    """Which running job an urgent job preempts first: the lowest priority, then the one started last."""
+    return int(job.get("priority") or 0), -(parse_iso(job.get("started_at")) or 0.0)
 
 
 def occupied_slots(running: list[dict[str, Any]], slots: list[Optional[str]]) -> set[Optional[str]]:

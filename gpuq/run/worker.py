@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from gpuq.core import schema
 from gpuq.core.states import DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED, RUNNING
-from gpuq.engine import actions, eta, gpuview, intake, placement, recovery, scheduler
+from gpuq.engine import actions, eta, gpuview, intake, placement, recovery, scheduler, victims
 from gpuq.engine.planner import Assignment, Plan, Planner
 from gpuq.engine.preempt import UrgentPreemptions, resume_auto
 from gpuq.engine.queue_view import QueueView
@@ -93,7 +93,8 @@ class Worker:
         self.supervisors: list[Process] = []  # started by us (or our zygote), job under way
         self.urgent = UrgentPreemptions(spool)
         self.waits: dict[int, scheduler.Wait] = {}  # why ready jobs could not start at the last step
-        self._shown_problem: Optional[str] = None  # without GPUs the view changes only with its problem
+        self._shown_problem: Optional[str] = None  # without GPUs the view changes only with its problem...
+        self._shown_waits: dict[int, str] = {}  # ...or with why ready jobs wait (an urgent job without a victim)
         self.said_disk_full = False  # the worker's log says "disk full" once, not at every look
         self.view = QueueView()  # pending/ and running/ kept between steps, read again as events say
         self.cache = self.view.cache
@@ -144,9 +145,11 @@ class Worker:
         self._repair(now)
         if self.view.intake_due(now):  # else nothing in pending/ waits to be taken in
             result.more_work = self._take_in_dropped(now)
-        for resumed in resume_auto(self.spool):
-            self.say(f"job #{resumed.job['id']} back in the queue (first in line): {resumed.job.get('note')}")
         snap, invalid = self.view.look(self.spool, now)
+        resumed, resume_due = self._resume_preempted()  # after the look: see its docstring
+        result.claim_busy = resume_due
+        if resumed:
+            snap, invalid = self.view.look(self.spool, now)
         self._forget_finished_launches(snap)
         plan = self._plan(snap, now)
         if plan.starts and not self._room_to_start(plan):
@@ -154,14 +157,17 @@ class Worker:
         if not (self.stopping or self.draining):
             for victim in plan.victims:
                 self.urgent.begin(victim, now)
-                self.say(f"preempting job #{victim['id']} {victim['name']} to make room for an urgent job")
+                how = victims.how_it_continues(victim)
+                then = f"it continues {how}" if how else "it will start over (--urgent=force)"
+                self.say(f"preempting job #{victim['id']} {victim['name']} to make room for an urgent job: {then}")
             for job, where in plan.starts:
                 outcome = self._launch(job, where)
                 if outcome == STARTED:
                     result.started.append(job["id"])
                 result.claim_busy = result.claim_busy or outcome == CLAIM_HELD
-        self._tell_successors(snap, not (self.stopping or self.draining or plan.victims or self.urgent.under_way))
-        if plan.look is not None and (plan.look.gpus or plan.look.problem != self._shown_problem):
+        handing_on = not (self.stopping or self.draining or plan.victims or self.urgent.under_way or resume_due)
+        self._tell_successors(snap, handing_on)
+        if plan.look is not None and (plan.look.gpus or self._shown_changed(plan)):
             self._write_gpu_view(plan.look, snap.running, plan.waits)  # after the starts: they come first
         # after starting jobs: a pile of broken files must not delay them
         rejected, left = intake.reject_broken(self.spool, invalid, now, INTAKE_BUDGET_SECONDS)
@@ -179,6 +185,19 @@ class Worker:
         if not (self.stopping or self.draining) and (result.busy or snap.pending):
             self.launcher.keep_a_spare()
         return result
+
+    def _resume_preempted(self) -> tuple[bool, bool]:
+        """Jobs preempted for urgent ones go back in the queue, first in line, as soon as they
+        have left running/, and the view looks again (nothing has announced their files yet):
+        else the urgent job's supervisor would be told, and start when it ends, a job queued
+        behind them (nothing wakes the worker while the urgent job runs). (Whether any did, and
+        whether one was still held by its supervisor: the loop then looks again within ms.)"""
+        resumed, busy = resume_auto(self.spool)
+        for r in resumed:
+            self.say(f"job #{r.job['id']} back in the queue (first in line): {r.job.get('note')}")
+        if resumed:
+            self.view.doubt()
+        return bool(resumed), busy
 
     def _repair(self, now: float) -> None:
         full = now - self._last_full_reconcile >= RESCAN_SECONDS
@@ -246,6 +265,14 @@ class Worker:
             self.spool.workers.write_gpu_view(shown)
         except OSError:
             pass  # only shown by `gpuq status`: a full disk must not stop the worker
+
+    def _shown_changed(self, plan: Plan) -> bool:
+        """Whether a view without GPUs says something new (`gpuq status` reads the waits from it)."""
+        waits = {job_id: wait.reason for job_id, wait in plan.waits.items()}
+        assert plan.look is not None
+        changed = plan.look.problem != self._shown_problem or waits != self._shown_waits
+        self._shown_waits = waits
+        return changed
 
     def _room_to_start(self, plan: Plan) -> bool:
         """Whether the spool's filesystem has room to start jobs (their supervisors set room aside
