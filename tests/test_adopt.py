@@ -169,3 +169,38 @@ def test_adopted_process_that_ends_goes_to_done_with_unknown_exit(gq, outside) -
     proc.wait(10)  # reaped by its real parent (us): gpuq never sees the 3
     row = wait_state(gq, job_id, "done")
     assert row["exit_code"] is None and "cannot be known" in row["note"]
+
+
+# Writes checkpoint-30 of 100 (HF style, trainer_state.json last) 0.6 s after it starts, then no
+# other until its release file appears: a training between two of its checkpoints.
+CHECKPOINTED = """
+import json, os, sys, time
+time.sleep(0.6)
+os.makedirs("out/checkpoint-30")
+with open("out/checkpoint-30/trainer_state.json", "w") as fh:
+    json.dump({"global_step": 30, "max_steps": 100}, fh)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+"""
+
+
+def test_an_adopted_training_whose_checkpoint_does_not_move_counts_from_its_real_start(gq, outside) -> None:
+    proc = outside("-c", CHECKPOINTED, str(gq.work / "release"), "--output_dir", "out")
+    state = gq.work / "out" / "checkpoint-30" / "trainer_state.json"
+    wait_for(state.exists, 10, what="the checkpoint")
+    out = gq.gpuq("adopt", str(proc.pid)).stdout
+    job_id = int(out.split("#")[1].split(":")[0])
+    started = json.loads(gq.gpuq("show", str(job_id)).stdout)["started_at"]
+    from gpuq.core.times import parse_iso
+
+    born = parse_iso(started)
+    wait_for(lambda: time.time() - born > 2.5, 10, what="the process to be 2.5 s old")  # its checkpoint, long ago
+    before = time.time()
+    row = row_of(gq, job_id)
+    after = time.time()
+    assert row["progress"] == 0.3 and row["progress_source"] == "checkpoint"
+    assert "elapsed x remaining / done (one sample so far)" in row["eta_method"], row
+    # 30 steps in the time since it started (not in the 0.6 s until the checkpoint), 70 left
+    low, high = 70 / 30 * (before - born) - (after - before), 70 / 30 * (after - born)
+    assert low - 0.1 <= row["eta_seconds"] <= high + 0.1, (row, low, high)
+    (gq.work / "release").touch()

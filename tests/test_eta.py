@@ -108,8 +108,17 @@ def test_adopted_job_with_a_checkpoint_that_never_moves_gets_the_first_look(tmp_
         got, points = progress.from_checkpoints(job)
         points = eta.merge_points(points, [(got.at, got.step)], run.started)
         est = eta.estimate(got, points, now=written + look, run=run)
-        assert len(points) == 1 and est.eta_seconds == pytest.approx(160.0 - look), est
+        # 20 steps in the 40 + look seconds it has run (no newer checkpoint yet), 80 left: the ETA
+        # grows while nothing moves (counted to the checkpoint's time, it fell to 0 and stayed there)
+        assert len(points) == 1 and est.eta_seconds == pytest.approx(4 * (40.0 + look)), est
         assert "one sample so far" in est.method
+
+
+def test_first_look_of_a_job_long_past_the_end_its_pace_promised_says_stalled() -> None:
+    run = eta.Attempt(started=970.0)  # 30 steps in 30 s: at that pace it ends at 1270
+    assert eta.estimate(reading(30), [(1000.0, 30.0)], now=1300.0, run=run).eta_seconds == pytest.approx(2970.0)
+    late = eta.estimate(reading(30), [(1000.0, 30.0)], now=1340.0, run=run)
+    assert late.eta_seconds is None and "no progress for 5m40s; stalled?" in late.method
 
 
 def test_the_samples_rate_comes_first_then_the_sources_own_then_the_first_look() -> None:

@@ -172,12 +172,14 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:
+    import time
+
     from gpuq.engine import actions, gpuview
 
     sp = spool()
-    shown = gpuview.current(sp, actions.jobs_in(sp, (RUNNING,)))
+    shown = gpuview.current(sp, actions.jobs_in(sp, (RUNNING,)))  # a look of its own if the workers' is old
     if args.json:
-        print(jsontext.dumps(shown["gpus"] if shown else [], indent=2))
+        print(jsontext.dumps(gpuview.listed(shown, time.time()), indent=2))
     elif shown is None:
         print("no GPUs found (no NVIDIA driver, and GPUQ_FAKE_GPUS is not set): jobs run one slot at a time")
     else:

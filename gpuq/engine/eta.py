@@ -183,19 +183,31 @@ def start_step(job: dict[str, Any]) -> Optional[float]:
     return float(m.group(1)) if m else None
 
 
-def _first_look(reading: progress.Reading, run: Optional[Attempt]) -> tuple[Optional[float], str]:
-    """elapsed x remaining / done, as a rate since the attempt started (or why not)."""
+def _first_look(reading: progress.Reading, run: Optional[Attempt], now: float) -> tuple[Optional[float], str]:
+    """elapsed x remaining / done, as a rate since the attempt started (or why not). Elapsed runs
+    to now, not to when the reading was written: a checkpoint written long ago (the job has not
+    written the next one since) says the job has done at least that much in all the time it has
+    run, and counted to the checkpoint's time its rate would have the job finished already."""
     if run is None:
         return None, "unknown until a second sample shows a rate; look again later"
     if run.start_step is None:
         return None, "unknown: resumed from a checkpoint whose step is unknown, until a second sample shows a rate"
     if run.start_step and reading.kind in NOT_STEPS:
         return None, "unknown: a resumed job counting in epochs or percent, until a second sample shows a rate"
-    elapsed, done = reading.at - run.started, reading.step - run.start_step
-    if elapsed < MIN_SPAN or done <= 0:
+    elapsed, done = max(now, reading.at) - run.started, reading.step - run.start_step
+    if reading.at - run.started < MIN_SPAN or done <= 0:
         return None, "unknown until a second sample shows a rate; look again later"
     since = f" since step {_num(run.start_step)}" if run.start_step else ""
     return done / elapsed, f"elapsed x remaining / done{since} (one sample so far)"
+
+
+def _overdue(reading: progress.Reading, run: Attempt, now: float) -> Optional[float]:
+    """How long ago the job should have ended had it kept the pace it had until its one reading
+    (None: not overdue): the first look's test for a job that stalled."""
+    done = reading.step - (run.start_step or 0.0)
+    pace = done / (reading.at - run.started)
+    late = now - (reading.at + (reading.total - reading.step) / pace)
+    return late if late > max(60.0, STALL_FACTOR / pace) else None
 
 
 def _num(value: float) -> str:
@@ -234,12 +246,19 @@ def estimate(
     if rate is None and reading.rate:
         rate, note = reading.rate, reading.rate_note
     if rate is None:
-        rate, note = _first_look(reading, run)
+        rate, note = _first_look(reading, run, now)
         if rate is None:
             return Estimate(reading, None, f"{where}: {note}")
-        note = f"{rate:.3g} steps/s: {note}"
-    else:
-        note = f"{rate:.3g} steps/s {note}".rstrip()
+        assert run is not None
+        if _overdue(reading, run, now) is not None:
+            return Estimate(reading, None, f"{where}: no progress for {duration(now - reading.at)}; stalled?")
+        # the rate is counted to now: so is what remains
+        return Estimate(
+            reading,
+            (reading.total - reading.step) / rate + tail,
+            f"{where}: {rate:.3g} steps/s: {note}{_tail_note(run)}",
+        )
+    note = f"{rate:.3g} steps/s {note}".rstrip()
     eta = reading.at + (reading.total - reading.step) / rate - now
     if eta < 0 and -eta > max(60.0, STALL_FACTOR / rate):
         return Estimate(reading, None, f"{where}: no progress for {duration(now - reading.at)}; stalled?")

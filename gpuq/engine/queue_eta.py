@@ -33,6 +33,9 @@ def past_durations(spool: Spool, keys: set[str]) -> dict[str, list[float]]:
 
 
 CPU_LANE = "cpu"  # with GPUs, CPU jobs run one at a time beside them (engine/planner.py)
+# placement.DEFAULT_FOREIGN_THRESHOLD_MIB, for views that do not say the worker's own (placement is
+# not imported: it imports dataclasses and typing, which `gpuq status` must not)
+DEFAULT_FOREIGN_THRESHOLD_MIB = 1024
 
 
 def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None) -> list[Optional[str]]:
@@ -72,19 +75,51 @@ def _later(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None else max(a, b)
 
 
+def _held_off(
+    job: dict[str, Any], usable: list[Optional[str]], outside: dict[str, tuple[int, int]], threshold: int
+) -> dict[str, int]:
+    """The GPUs among `usable` that memory of processes not gpuq's keeps `job` off (slot -> MiB
+    they hold), as engine/placement.py's gate decides: a whole GPU while they hold more than the
+    threshold, a share while it does not fit beside them. When they free it cannot be known."""
+    need = job.get("gpu_mem_mib")
+    out = {}
+    for slot in usable:
+        held, total = outside.get(str(slot), (0, 0))
+        if held and (held > threshold if need is None else total - held < need):
+            out[slot] = held
+    return out
+
+
+def outside_memory(gpus: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Slot -> (MiB held by processes not gpuq's, total MiB) from a GPU view (engine/gpuview.py;
+    a view of an older worker has no `foreign_mib`: its listed processes then)."""
+    out = {}
+    for gpu in gpus:
+        held = gpu.get("foreign_mib")
+        if not isinstance(held, int):
+            held = sum(p.get("used_memory_mib") or 0 for p in gpu.get("foreign") or [])
+        out[str(gpu["index"])] = (held, gpu.get("memory_total_mib") or 0)
+    return out
+
+
 def plan_queue(
     running: list[tuple[dict[str, Any], Optional[float]]],
     pending: list[tuple[dict[str, Any], Any]],
     slots: list[Optional[str]],
     durations: dict[str, list[float]],
     now: Optional[float] = None,
+    outside: Optional[dict[str, tuple[int, int]]] = None,
+    threshold: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
 ) -> dict[int, eta.Estimate]:
     """Expected start and end (seconds from now, None = unknown) of each pending job.
 
     `running`: (job, seconds until it ends); `pending`: (job, scheduler wait) in queue order. Each
     job takes the slot that frees first, once its dependencies have ended; its run time is the
     median of earlier runs of the same command in the same directory. Whatever depends on an
-    unknown is unknown: no guessing.
+    unknown is unknown: no guessing. `outside`: per GPU slot, (MiB held by processes that are not
+    gpuq's, total MiB); a GPU such memory keeps a job off (`threshold`: the worker's
+    --foreign-mem-threshold) frees at an unknown time, so the job starts when another GPU frees,
+    or at a time unknown.
     """
     if not slots:
         return {j["id"]: eta.Estimate(None, None, "unknown: no worker is running (`gpuq run`)") for j, _w in pending}
@@ -108,19 +143,28 @@ def plan_queue(
         for dep in _deps(job):
             ready = _later(ready, ends.get(dep, 0.0))
         usable, count = _needs(job, slots)
-        known = sorted((s for s in usable if free[s] is not None), key=lambda s: free[s])
+        held_off = _held_off(job, usable, outside or {}, threshold)
+        known = sorted((s for s in usable if free[s] is not None and s not in held_off), key=lambda s: free[s])
         taken = known[:count] if len(known) >= count else usable[:count]
         start = ready
         for slot in taken:
-            start = _later(start, free[slot])
+            start = None if slot in held_off else _later(start, free[slot])
+        gpus_known = all(s not in held_off and free[s] is not None for s in taken)
         past = durations.get(eta.command_key(job), [])[-5:]
         run = eta.median(past) if past else None
         end = None if start is None or run is None else start + run
         for slot in taken:
             free[slot] = end
         ends[job["id"]] = end
-        out[job["id"]] = eta.Estimate(None, end, _queue_note(start, run, len(past)), starts_in=start)
+        note = _queue_note(start, run, len(past), _held_text(held_off), taken if gpus_known else None)
+        out[job["id"]] = eta.Estimate(None, end, note, starts_in=start)
     return out
+
+
+def _held_text(held_off: dict[str, int]) -> str:
+    return "; ".join(
+        f"GPU {slot}: {mib / 1024:.1f} GiB held by processes that are not gpuq's" for slot, mib in held_off.items()
+    )
 
 
 def _dependencies_first(pending: list[tuple[dict[str, Any], Any]]) -> list[tuple[dict[str, Any], Any]]:
@@ -140,18 +184,31 @@ def _deps(job: dict[str, Any]) -> set[int]:
     return set(job.get("after") or []) | set(job.get("after_any") or [])
 
 
-def _queue_note(start: Optional[float], run: Optional[float], runs: int) -> str:
-    when = "start unknown (something before it has no ETA)" if start is None else f"starts in ~{duration(start)}"
+def _queue_note(
+    start: Optional[float], run: Optional[float], runs: int, held: str = "", taken: Optional[list[Any]] = None
+) -> str:
+    """How the start and run time were found. `held`: the GPUs others' memory keeps the job off
+    (when they free them cannot be known); `taken`: the GPUs it is expected on instead (None:
+    none frees at a known time)."""
+    if held and taken is None:
+        when = f"start unknown: {held} (no telling when they free it), and no other GPU frees at a known time"
+    elif start is None:
+        when = "start unknown (something before it has no ETA)"
+    elif held:
+        on = ",".join(map(str, taken or ()))
+        when = f"starts in ~{duration(start)} on GPU {on} ({held}, no telling when they free it)"
+    else:
+        when = f"starts in ~{duration(start)}"
     if run is None:
         return f"{when}; run time unknown (no earlier successful run of this command here)"
     return f"{when}; runs ~{duration(run)} (median of {runs} earlier run{'s' if runs > 1 else ''})"
 
 
 def annotate(
-    spool: Spool, rows: list[Any], workers: list[dict[str, Any]], now: float, gpus: Optional[list[int]] = None
+    spool: Spool, rows: list[Any], workers: list[dict[str, Any]], now: float, gpus: Optional[dict[str, Any]] = None
 ) -> None:
     """Set `row.estimate` for every running and pending row of a status listing, and for jobs
-    Slurm runs (`gpus`: the machine's GPU indices, when it has GPUs)."""
+    Slurm runs (`gpus`: the GPU view of engine/gpuview.py, when the machine has GPUs)."""
     running = [r for r in rows if r.state == "running"]
     for row in running:
         row.estimate = eta.running_estimate(spool, row.job, now)
@@ -163,12 +220,16 @@ def annotate(
     if not pending:
         return
     durations = past_durations(spool, {eta.command_key(r.job) for r in pending})
+    shown = gpus["gpus"] if gpus else []
+    threshold = gpus.get("foreign_threshold_mib") if gpus else None
     plan = plan_queue(
         [(r.job, r.estimate.eta_seconds) for r in running],
         [(r.job, r.wait) for r in pending],
-        worker_slots(workers, gpus),
+        worker_slots(workers, [g["index"] for g in shown]),
         durations,
         now,
+        outside_memory(shown),
+        threshold if isinstance(threshold, int) else DEFAULT_FOREIGN_THRESHOLD_MIB,
     )
     for row in pending:
         row.estimate = plan.get(row.job["id"])

@@ -117,12 +117,11 @@ def status(spool: Spool, show_all: bool = False, cells: Optional[RowCells] = Non
                 rows.append(CachedRow(ref.id, ref.state, cells.damaged(ref.name, str(exc))))
     rows.sort(key=lambda r: (r.state not in (RUNNING, PENDING), r.job["id"]))
     workers = spool.workers.live()
-    shown = gpuview.current(spool, snap.running, views)
-    indices = [g["index"] for g in shown["gpus"]] if shown else None
+    shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old
     if any(r.state in (RUNNING, PENDING, SLURM) for r in rows):  # else there is nothing to estimate
         from gpuq.engine import queue_eta
 
-        queue_eta.annotate(spool, rows, workers, time.time(), indices)  # progress and ETA, and when pending ones start
+        queue_eta.annotate(spool, rows, workers, time.time(), shown)  # progress and ETA, and when pending ones start
     warned = warned_slurm + disk_warnings(spool, snap.running)
     return Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned, view)
 

@@ -258,9 +258,12 @@ class Worker:
 
     def _write_gpu_view(self, look: GpuLook, running: list[dict[str, Any]], waits: dict[int, scheduler.Wait]) -> None:
         self._shown_problem = look.problem
-        shown = gpuview.view(look, running)
+        # jobs handed to their supervisors (this step's starts among them) are not in running/ yet
+        starting = {job_id: launch.where.gpus or () for job_id, launch in self.launching.items()}
+        shown = gpuview.view(look, running, starting)
         shown["waiting"] = {str(i): {"reason": w.reason, "forever": w.forever} for i, w in waits.items()}
         shown["worker"] = os.getpid()
+        shown["foreign_threshold_mib"] = self.settings.foreign_threshold_mib  # for the queue's ETA in `status`
         try:
             self.spool.workers.write_gpu_view(shown)
         except OSError:
