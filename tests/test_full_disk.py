@@ -180,6 +180,61 @@ def test_add_makes_the_room_again_and_grows_a_small_one(tmp_path: Path) -> None:
     assert room.stat().st_size == RESERVE_BYTES
 
 
+# The supervisor's part: it takes the job's preemption request, and its end does not fit on the disk.
+NOTED_PREEMPTION = """import os, sys
+from gpuq.core import transitions
+from gpuq.run import supervisor
+from gpuq.spool import Spool
+spool, job_id = Spool(sys.argv[1]), int(sys.argv[2])
+ref = spool.jobs.find(job_id)
+job = spool.jobs.load(ref)
+claim = spool.claims.claim(job_id)
+started = transitions.start(job, slot=None, gpus=None, boot_id="b", host="h", log=job["log"])
+ref, job = spool.jobs.move(ref, job, "running", started)
+run = supervisor.Run(spool, claim, ref, job, where={}, room=[])
+run.log_fd = spool.logs.open_job_log(job_id)
+print("running", flush=True)
+sys.stdin.readline()  # the job has saved a checkpoint and been preempted; the disk is full
+supervisor.finish(run, exit_code=143, sig=None, note=None, retry=False)  # notes the end, waits for room
+"""
+
+
+def test_a_noted_preemption_keeps_its_checkpoint_when_its_supervisor_dies(gq_full: Env) -> None:
+    """An urgent preemption's end, noted in the lock file on a full disk by a supervisor that then
+    died: recovery records the preemption (its checkpoint, resumed by itself) as the supervisor would have."""
+    from gpuq.core.states import PREEMPT_RESUME
+    from gpuq.spool import Spool
+
+    gq = gq_full
+    gq.script("train.py", "")
+    job_id = gq.add("train.py", "--output_dir", "out")
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", NOTED_PREEMPTION, str(gq.home), str(job_id)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=gq.env,
+    )  # fmt: skip
+    try:
+        assert supervisor.stdout.readline() == "running\n"
+        ckpt = gq.work / "out" / "checkpoint-30"
+        ckpt.mkdir(parents=True)
+        (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 30}))
+        spool = Spool(gq.home)
+        spool.control.request(job_id, PREEMPT_RESUME)  # as the worker asks for room for an urgent job
+        spool.files.give_up_emergency_room()
+        filler = fill_up(gq.work)
+        supervisor.stdin.write("go\n")
+        supervisor.stdin.flush()
+        wait_for(lambda: (spool.claims.noted(job_id) or {}).get("waiting"), 10, what="the end noted")
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+    filler.unlink()
+    gq.gpuq("status")
+    job = gq.wait_state(job_id, "preempted")
+    assert job["exit_code"] == 143 and "noted by its supervisor" in job["note"]
+    assert job["checkpoint"] == str(ckpt) and job["preemptions"][-1]["checkpoint"] == str(ckpt)
+    assert job["preemptions"][-1]["by"] == "urgent job" and job["auto_resume"] is True
+
+
 def test_a_capped_log_keeps_its_head_and_newest_tail(gq: Env) -> None:
     gq.script(
         "chatty.py",
