@@ -107,6 +107,134 @@ def test_an_end_noted_in_the_lock_file_survives_its_supervisor(gq: Env) -> None:
     assert job["exit_code"] == 3 and "noted by its supervisor while the disk was full" in job["note"]
 
 
+def test_cancel_and_clear_work_on_a_full_disk_where_no_worker_ever_ran(gq_full: Env) -> None:
+    """The emergency room comes with the spool: jobs only added, never a worker, and a full disk."""
+    gq = gq_full
+    gq.script("ok.py", "")
+    first, second, third = (gq.add("ok.py") for _ in range(3))
+    assert (gq.home / "reserve").stat().st_size == 256 * 1024  # made with the spool by the first `add`
+    queued = {name: (gq.home / "pending" / name).read_bytes() for name in gq.files("pending")}
+    fill_up(gq.work)
+
+    gq.gpuq("cancel", str(second))
+    cancelled = gq.job(second)
+    assert gq.state_of(second) == "cancelled" and cancelled["note"] == "cancelled by user"
+    assert (gq.home / "reserve").exists()  # what the cancel did not need is kept as a (smaller) room
+    out = gq.gpuq("clear").stdout
+    assert "removed 1 finished job(s)" in out and gq.state_of(second) is None
+    left = {name: (gq.home / "pending" / name).read_bytes() for name in gq.files("pending")}
+    assert left == {name: data for name, data in queued.items() if not name.startswith(f"{second:06d}-")}
+    assert [gq.state_of(i) for i in (first, third)] == ["pending", "pending"]
+    assert not os.listdir(gq.home / "tmp") and not os.listdir(gq.home / "locks")
+
+
+def test_clear_needs_no_room_at_all(gq_full: Env) -> None:
+    """With the emergency room used up and the disk full again, `clear` still removes finished jobs."""
+    gq = gq_full
+    gq.script("ok.py", "")
+    job_id = gq.add("ok.py")
+    gq.gpuq("cancel", str(job_id))
+    (gq.home / "reserve").unlink(missing_ok=True)
+    fill_up(gq.work)
+    out = gq.gpuq("clear").stdout
+    assert "removed 1 finished job(s)" in out and gq.state_of(job_id) is None
+    assert not os.listdir(gq.home / "locks")
+
+
+def test_a_filesystem_too_small_for_the_full_room_gets_a_smaller_one(tmp_path: Path) -> None:
+    from gpuq.engine import actions, enqueue
+    from gpuq.spool import Spool
+    from gpuq.spool.files import RESERVE_BYTES, RESERVE_FLOOR
+
+    with small_tmpfs(tmp_path, "512k") as mount:
+        spool = Spool(mount / "spool").ensure()
+        size = os.path.getsize(spool.layout.top_file("reserve"))
+        assert RESERVE_FLOOR <= size < RESERVE_BYTES
+        jobs = [
+            enqueue.enqueue(
+                spool, cmd=["true"], cwd=mount, name=None, venv=None, env={}, shell_env={},
+                after=[], after_any=[], retries=0,
+            )
+            for _ in range(2)
+        ]  # fmt: skip
+        fill_up(mount)
+        cancelled = actions.cancel(spool, jobs[0][1]["id"])
+        assert cancelled["rev"] == jobs[0][1]["rev"] + 1 and spool.jobs.find(cancelled["id"]).state == "cancelled"
+        assert spool.jobs.find(jobs[1][1]["id"]).state == "pending"
+
+
+def test_add_makes_the_room_again_and_grows_a_small_one(tmp_path: Path) -> None:
+    """`add` keeps the emergency room (a stat when it is there), so a spool that never sees a worker
+    has it again once a full disk has passed."""
+    from gpuq.engine import enqueue
+    from gpuq.spool.files import RESERVE_BYTES
+
+    spool, [(_ref, job)] = spool_with_true_jobs(tmp_path)
+    room = Path(spool.layout.top_file("reserve"))
+    assert spool.files.give_up_emergency_room() and not room.exists()
+    queue = dict(cwd=tmp_path / "work", name=None, venv=None, env={}, shell_env={}, after=[], after_any=[], retries=0)
+    enqueue.enqueue(spool, cmd=["true"], **queue)
+    assert room.stat().st_size == RESERVE_BYTES
+    room.write_bytes(bytes(32 * 1024))  # made small on a disk that was nearly full
+    enqueue.enqueue(spool, cmd=["true"], **queue)
+    assert room.stat().st_size == RESERVE_BYTES
+
+
+# The supervisor's part: it takes the job's preemption request, and its end does not fit on the disk.
+NOTED_PREEMPTION = """import os, sys
+from gpuq.core import transitions
+from gpuq.run import supervisor
+from gpuq.spool import Spool
+spool, job_id = Spool(sys.argv[1]), int(sys.argv[2])
+ref = spool.jobs.find(job_id)
+job = spool.jobs.load(ref)
+claim = spool.claims.claim(job_id)
+started = transitions.start(job, slot=None, gpus=None, boot_id="b", host="h", log=job["log"])
+ref, job = spool.jobs.move(ref, job, "running", started)
+run = supervisor.Run(spool, claim, ref, job, where={}, room=[])
+run.log_fd = spool.logs.open_job_log(job_id)
+print("running", flush=True)
+sys.stdin.readline()  # the job has saved a checkpoint and been preempted; the disk is full
+supervisor.finish(run, exit_code=143, sig=None, note=None, retry=False)  # notes the end, waits for room
+"""
+
+
+def test_a_noted_preemption_keeps_its_checkpoint_when_its_supervisor_dies(gq_full: Env) -> None:
+    """An urgent preemption's end, noted in the lock file on a full disk by a supervisor that then
+    died: recovery records the preemption (its checkpoint, resumed by itself) as the supervisor would have."""
+    from gpuq.core.states import PREEMPT_RESUME
+    from gpuq.spool import Spool
+
+    gq = gq_full
+    gq.script("train.py", "")
+    job_id = gq.add("train.py", "--output_dir", "out")
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", NOTED_PREEMPTION, str(gq.home), str(job_id)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=gq.env,
+    )  # fmt: skip
+    try:
+        assert supervisor.stdout.readline() == "running\n"
+        ckpt = gq.work / "out" / "checkpoint-30"
+        ckpt.mkdir(parents=True)
+        (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 30}))
+        spool = Spool(gq.home)
+        spool.control.request(job_id, PREEMPT_RESUME)  # as the worker asks for room for an urgent job
+        spool.files.give_up_emergency_room()
+        filler = fill_up(gq.work)
+        supervisor.stdin.write("go\n")
+        supervisor.stdin.flush()
+        wait_for(lambda: (spool.claims.noted(job_id) or {}).get("waiting"), 10, what="the end noted")
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+    filler.unlink()
+    gq.gpuq("status")
+    job = gq.wait_state(job_id, "preempted")
+    assert job["exit_code"] == 143 and "noted by its supervisor" in job["note"]
+    assert job["checkpoint"] == str(ckpt) and job["preemptions"][-1]["checkpoint"] == str(ckpt)
+    assert job["preemptions"][-1]["by"] == "urgent job" and job["auto_resume"] is True
+
+
 def test_a_capped_log_keeps_its_head_and_newest_tail(gq: Env) -> None:
     gq.script(
         "chatty.py",

@@ -230,4 +230,5 @@ def enqueue_many(
         for ref, _job in published:
             spool.jobs.remove(ref)
         raise
+    spool.files.keep_emergency_room()  # a stat, unless the room was used up: then made again if it fits
     return published

@@ -449,6 +449,8 @@ def _record_end(run: Run, state: str, changes: dict[str, Any], exit_code: int) -
         except SpoolFull:
             room = None  # used up, or too small: from now on the spool's own room
             waiting = {"pid": os.getpid(), "exit_code": exit_code, "state": state, "waiting": "disk full"}
+            if state == PREEMPTED:  # its request is taken: what recovery needs to record the preemption
+                waiting.update(by=changes["preemptions"][-1]["by"], auto_resume=changes["auto_resume"])
             run.claim.note(waiting)
             time.sleep(delay)
             delay = min(FULL_RETRY_MAX_SECONDS, delay * 2)

@@ -162,8 +162,11 @@ class Spool:
         return Snapshots(self.layout, self.files)
 
     def ensure(self) -> Spool:
-        """Create the tree on first use and refuse one that others could write into."""
-        self.layout.ensure()
+        """Create the tree on first use and refuse one that others could write into. A new tree
+        gets its emergency room at once (spool_layout.md section 14): a spool that only ever sees
+        `add` and `cancel`, no worker, has one too."""
+        if self.layout.ensure():
+            self.files.keep_emergency_room()
         return self
 
     def adopt_lock(self) -> AbstractContextManager[None]:

@@ -59,14 +59,16 @@ class Claims:
     def __init__(self, layout: Layout, files: Files):
         self.layout, self.files = layout, files
 
-    def claim(self, job_id: int) -> Optional[Claim]:
-        """Take the claim on a job, or None if someone else holds it."""
+    def claim(self, job_id: int, noting: bool = True) -> Optional[Claim]:
+        """Take the claim on a job, or None if someone else holds it. `noting=False`: an empty
+        lock file, which needs no block of the disk but cannot take a note (see take_over)."""
         tmp = self.files.tmp_path("claim")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         owner = jsontext.dumps({"pid": os.getpid(), "host": os.uname().nodename, "at": time.time()}).encode()
-        try:  # padded: its block is then there for a later note, even on a full disk
-            os.write(fd, owner.ljust(LOCK_NOTE_BYTES))
+        try:
+            if noting:  # padded: its block is then there for a later note, even on a full disk
+                os.write(fd, owner.ljust(LOCK_NOTE_BYTES))
         except OSError as exc:
             os.close(fd)
             os.unlink(tmp)
@@ -95,16 +97,20 @@ class Claims:
         finally:
             os.close(fd)
 
-    def take_over(self, job_id: int) -> Optional[Claim]:
+    def take_over(self, job_id: int, noting: bool = True) -> Optional[Claim]:
         """Own the job's claim: a fresh one if there is no lock, the stale one if its owner died.
+        `noting=False` (for whoever only deletes, `gpuq clear`): a fresh lock is empty, so that
+        it needs no room on a full disk (see claim).
 
         Two processes doing this at once cannot both win: only one gets the flock, and the other
         then finds the path gone or naming another inode.
         """
         path = self.layout.lock_path(job_id)
         fd = fsutil.open_existing(path, os.O_RDWR)
-        if fd is None:  # a person's action (cancel, retry) must work on a full disk too
-            return self.files.with_room(lambda: self.claim(job_id))
+        if fd is None:
+            if not noting:
+                return self.claim(job_id, noting=False)
+            return self.files.with_room(lambda: self.claim(job_id))  # a person's action works on a full disk too
         if fsutil.try_flock(fd) and fsutil.same_inode(fd, path):
             return Claim(job_id, fd, path)
         os.close(fd)

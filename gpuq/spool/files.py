@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 STALE_TMP_SECONDS = 600.0
 MIN_FREE_TO_START = 1 << 20  # bytes the spool's filesystem needs before a job is started
 RESERVE_BYTES = 256 * 1024  # the spool's emergency room: given up so a write can go through on a full disk
+RESERVE_FLOOR = 32 * 1024  # the least emergency room worth keeping: a claim and a job file, with blocks to spare
 
 
 class Reservation:
@@ -110,25 +111,37 @@ class Files:
         return st.st_ino, st.st_mtime_ns, st.st_size
 
     def keep_emergency_room(self) -> None:
-        """Keep the spool's emergency room (the file `reserve`) while the disk has space for it."""
+        """Keep the spool's emergency room (the file `reserve`): full size while the disk has
+        plenty of space, else what fits (emergency_room_size), grown back once there is room.
+        Costs one stat while the room is there at full size: `gpuq add` calls it every time."""
         path = self.layout.top_file("reserve")
-        if os.path.exists(path) or free_bytes(self.layout.home) < 4 * RESERVE_BYTES:
-            return
         try:
-            self.replace(path, bytes(RESERVE_BYTES), "reserve")
+            have = os.stat(path, follow_symlinks=False).st_size
+        except OSError:
+            have = 0
+        if have >= RESERVE_BYTES:
+            return
+        size = emergency_room_size(free_bytes(self.layout.home))
+        if size == 0 or (size < RESERVE_BYTES and size < 2 * have):
+            return  # none fits, or too little more than there is to be worth rewriting
+        try:
+            self.replace(path, bytes(size), "reserve")
         except OSError:
             pass  # the disk filled up meanwhile: next time
 
     def with_room(self, write: Callable[[], T]) -> T:
-        """Run `write`; if the disk is full, give up the emergency room and run it once more.
-        For the writes a person needs on a full disk (cancel, kill, retry) and for recording how
-        jobs ended: never for new jobs, which would only fill the room up."""
+        """Run `write`; if the disk is full, give up the emergency room, run it once more, and keep
+        what is left of the room as a smaller one. For the writes a person needs on a full disk
+        (cancel, kill, retry) and for recording how jobs ended: never for new jobs, which would
+        only fill the room up."""
         try:
             return write()
         except SpoolFull:
             if not self.give_up_emergency_room():
                 raise
-            return write()
+            written = write()
+            self.keep_emergency_room()  # the next person's action on this full disk needs room too
+            return written
 
     def give_up_emergency_room(self) -> bool:
         """Free the emergency room so that a write can go through on a full disk; False if it is
@@ -200,6 +213,16 @@ def _rename_or_drop(tmp: StrPath, target: StrPath, replace: bool) -> None:
     except BaseException:
         unlink_quietly(tmp)
         raise
+
+
+def emergency_room_size(free: int) -> int:
+    """How big an emergency room to keep with `free` bytes left: RESERVE_BYTES where there are
+    four times that, else a quarter of what is free (whole 4 KiB blocks), so that a small
+    filesystem has a room too; 0 where that is less than RESERVE_FLOOR."""
+    if free >= 4 * RESERVE_BYTES:
+        return RESERVE_BYTES
+    size = free // 4 & ~4095
+    return size if size >= RESERVE_FLOOR else 0
 
 
 def free_bytes(path: StrPath) -> int:

@@ -78,21 +78,25 @@ class Layout:
     def __init__(self, home: Optional[str | os.PathLike[str]] = None):
         self.home = os.path.abspath(home) if home is not None else default_home()
 
-    def ensure(self) -> None:
+    def ensure(self) -> bool:
         """Create the tree (mode 0700) on first use, and refuse a tree that others could write
-        into: whoever can drop a file in pending/ runs commands as us (see system/security.py)."""
+        into: whoever can drop a file in pending/ runs commands as us (see system/security.py).
+        True if it created a directory (a new spool, or one an older gpuq made without it)."""
         os.umask(0o077)
+        made = False
         for sub in ("",) + STATES + (REJECTED,) + INTERNAL:
             path = os.path.join(self.home, sub) if sub else self.home
             try:
                 if sub == "":
                     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
                 os.mkdir(path, 0o700)
+                made = True
             except FileExistsError:
                 pass  # checked below, whatever it turns out to be
             problem = security.directory_problem(path, is_home=(sub == ""))
             if problem:
                 raise SpoolError(problem)
+        return made
 
     # ---- jobs and their states ----------------------------------------------------------------
     def state_dir(self, state: str) -> str:
