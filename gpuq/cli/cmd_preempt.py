@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpuq.cli.common import spool
+from gpuq.cli.common import each_id, job_ids, spool
 from gpuq.core.errors import UsageError
 
 
@@ -36,13 +36,14 @@ def cmd_preempt(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from gpuq.engine import preempt
 
-    resumed = preempt.resume(spool(), args.id, args.require_checkpoint, front=not args.back)
-    job = resumed.job
-    if resumed.checkpoint is None:
-        print(f"no checkpoint found for job #{job['id']}: {job.get('note')}")
+    sp = spool()
     where = "in normal order" if args.back else "first in line"
-    print(f"[+] Job #{job['id']}: {job['name']} back in the queue ({where}): {job.get('note')}")
-    return 0
+
+    def resume(job_id: int) -> None:
+        job = preempt.resume(sp, job_id, args.require_checkpoint, front=not args.back).job
+        print(f"[+] Job #{job['id']}: {job['name']} back in the queue ({where}): {job.get('note')}")
+
+    return each_id(job_ids(args.ids), resume)
 
 
 def cmd_adopt(args: argparse.Namespace) -> int:
