@@ -399,7 +399,9 @@ def build_parser(only: Optional[str] = None) -> Parser:
         help="hand pending jobs to Slurm (sbatch), dependencies kept",
         description="Hand pending jobs to Slurm: each becomes a batch script running its command in its "
         "directory with its environment and venv, --gres=gpu:N from --gpus, --after/--after-any as Slurm "
-        "dependencies, requeued with its newest checkpoint at the time limit. They move to slurm/.",
+        "dependencies, requeued with its newest checkpoint at the time limit. They move to slurm/. A job that "
+        "cannot go (not pending, a dependency Slurm could not honour, refused by sbatch) stays here, named on "
+        "stderr with the reason; the others are handed over, and the command exits 1.",
     )
     s.add_argument("ids", type=_job_ids, nargs="*", metavar="ID", help="job ids (ranges like 3-7 too)")
     s.add_argument("--all", action="store_true", help="every pending job")
