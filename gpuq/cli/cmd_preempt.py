@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from gpuq.cli.common import each_id, job_ids, spool
 from gpuq.core.errors import UsageError
@@ -19,7 +20,7 @@ def cmd_preempt(args: argparse.Namespace) -> int:
         code = job.get("exit_code")
         exit_text = f"exit {code}" if code is not None else "exit code unknown"
         print(f"[~] Job #{job['id']}: {job['name']} preempted ({exit_text}): {job.get('note')}")
-        print(f"    `gpuq resume {job['id']}` continues it")
+        print(f"    {_what_resume_does(job)}")
         return 0
     if outcome.left and outcome.state == "running" and job.get("pid") in outcome.left:
         print(f"job #{job['id']} did not exit within {args.timeout:g}s; left running, unchanged (--force kills it)")
@@ -31,6 +32,17 @@ def cmd_preempt(args: argparse.Namespace) -> int:
     else:
         print(f"job #{job['id']} ended on its own meanwhile: {outcome.state}")
     return 1
+
+
+def _what_resume_does(job: dict[str, Any]) -> str:
+    """What `gpuq resume` will do with the job just preempted, from what its preemption recorded."""
+    resume = f"`gpuq resume {job['id']}`"
+    if job.get("no_resume"):
+        return f"{resume} starts it over from scratch: it was queued with --no-resume"
+    record = (job.get("preemptions") or [{}])[-1]
+    if not record.get("checkpoint"):
+        return f"{resume} starts it over from scratch: it left no complete checkpoint"
+    return f"{resume} continues it from {record['checkpoint']}"
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
