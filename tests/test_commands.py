@@ -9,7 +9,7 @@ import time
 from conftest import Env, wait_for
 
 
-def test_cancel_pending_and_refuse_running(gq: Env) -> None:
+def test_cancel_pending_and_refuse_an_unknown_id(gq: Env) -> None:
     gq.script("t.py", "")
     job_id = gq.add("t.py")
     assert "cancelled" in gq.gpuq("cancel", str(job_id)).stdout

@@ -413,6 +413,8 @@ def test_no_checkpoint_and_require_checkpoint(gq) -> None:
     wait_for(lambda: last_step(gq, jid) >= 3, 20, what="step 3")
     out = gq.gpuq("preempt", str(jid)).stdout
     assert "no complete checkpoint found" in out
+    assert f"`gpuq resume {jid}` starts it over from scratch: it left no complete checkpoint" in out, out
+    assert "continues" not in out
     refused = gq.gpuq("resume", str(jid), "--require-checkpoint", check=False)
     assert refused.returncode == 1 and "no complete checkpoint" in refused.stderr
     assert state_of(gq, jid) == "preempted"
@@ -438,10 +440,11 @@ def test_ckpt_glob_and_resume_arg(gq) -> None:
     )
     gq.start_worker("--watch")
     wait_for(lambda: last_step(gq, jid) >= 10, 20, what="step 10")
-    gq.gpuq("preempt", str(jid))
+    out = gq.gpuq("preempt", str(jid)).stdout
     job = wait_state(gq, jid, "preempted")
     ckpt = job["checkpoint"]
     assert re.search(r"model_epoch_(\d+)\.pt$", ckpt)
+    assert f"`gpuq resume {jid}` continues it from {ckpt}" in out, out
     gq.gpuq("resume", str(jid))
     job = wait_state(gq, jid, "done", timeout=30)
     assert f"ckpt_path={ckpt}" in job["cmd"]

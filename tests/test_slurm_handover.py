@@ -155,6 +155,34 @@ def test_dependencies_on_finished_local_jobs(cq: Env) -> None:
     assert cq.state_of(waits) == "slurm"
 
 
+def test_submit_all_hands_over_what_can_go_and_names_what_stays(cq: Env) -> None:
+    bad = add(cq, "exit 1")
+    cq.start_worker()
+    cq.wait_state(bad, "failed")
+    cq.cleanup()
+    after_bad = add(cq, "true", "--after", str(bad))
+    after_that = add(cq, "true", "--after", str(after_bad))
+    first = add(cq, "while [ ! -e go ]; do sleep 0.05; done")  # runs on Slurm until the test says go
+    second = add(cq, "true", "--after", str(first))
+
+    proc = cq.gpuq("slurm", "submit", "--all", check=False)
+    assert proc.returncode == 1 and proc.stdout.count("(submitted)") == 2, proc
+    assert proc.stderr.splitlines() == [
+        f"gpuq: job #{after_bad} runs after #{bad}, which failed: it would never start "
+        f"(`gpuq retry {bad}` first, or --after-any)",
+        f"gpuq: job #{after_that} runs after #{after_bad}, which stays here: it stays too",
+    ]
+    assert [cq.state_of(i) for i in (after_bad, after_that, first, second)] == ["pending"] * 2 + ["slurm"] * 2
+    assert cq.job(after_bad).get("slurm") is None and cq.job(after_that).get("slurm") is None  # not marked
+    # The dependency between the two handed over is Slurm's.
+    shown = subprocess.run(
+        ["scontrol", "-o", "show", "job", str(slurm_id(cq, second))], env=cq.env, capture_output=True, text=True
+    )
+    assert f"Dependency=afterok:{slurm_id(cq, first)}" in shown.stdout, shown
+    cancelled = cq.gpuq("cancel", str(first), str(second)).stdout
+    assert cancelled.count("scancel of Slurm job") == 2 and cq.state_of(second) == "cancelled"
+
+
 def test_interrupted_hand_over_is_repaired_never_submitted_twice(cq: Env, slurm: Any) -> None:
     found, lost = add(cq, "echo found", "--name", "t/found"), add(cq, "echo lost", "--name", "t/lost")
     spool = Spool(cq.home)
@@ -199,16 +227,21 @@ def test_sbatch_missing_refusing_or_no_controller_moves_nothing(cq: Env, slurm: 
     assert proc.stderr == "gpuq: Slurm's sbatch is not on PATH: run gpuq on the cluster's login node\n"
     assert cq.job(job_id) == before  # not even marked
     proc = cq.gpuq("slurm", "submit", str(job_id), "--slurm-opt", "--partition=nosuch", check=False)
-    assert proc.returncode == 1 and proc.stderr.startswith("gpuq: sbatch refused the job: "), proc.stderr
+    refusal = f"gpuq: job #{job_id} stays here: sbatch refused the job: "
+    assert proc.returncode == 1 and proc.stderr.startswith(refusal), proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     job = cq.job(job_id)
     assert job["state"] == "pending" and job["slurm"] is None  # the mark is taken back
-    # A controller that does not answer (nothing listens on its port; MessageTimeout=2 keeps it short).
+    # A controller that does not answer (nothing listens on its port; MessageTimeout=2 keeps it short):
+    # the next job is not tried (it would wait as long again), and both are named.
+    other = add(cq, "true")
     dead = slurm.conf_variant("dead-handover.conf", SlurmctldPort=str(free_port()), MessageTimeout="2")
-    proc = cq.gpuq("slurm", "submit", str(job_id), check=False, env=dict(cq.env, SLURM_CONF=str(dead)))
-    assert proc.returncode == 1 and proc.stderr.startswith("gpuq: the Slurm controller does not answer"), proc.stderr
-    assert proc.stderr.count("\n") == 1
-    assert cq.job(job_id)["state"] == "pending" and cq.job(job_id)["slurm"] is None and cq.files("slurm") == []
+    proc = cq.gpuq("slurm", "submit", "--all", check=False, env=dict(cq.env, SLURM_CONF=str(dead)))
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1 and len(lines) == 2, proc.stderr
+    assert lines[0].startswith(f"gpuq: job #{job_id} stays here: the Slurm controller does not answer"), lines
+    assert lines[1].startswith(f"gpuq: job #{other} was not handed over: the Slurm controller does not answer")
+    assert [cq.job(i).get("slurm") for i in (job_id, other)] == [None, None] and cq.files("slurm") == []
     usage = cq.gpuq("slurm", "submit", check=False)
     assert usage.returncode == 2 and "--all" in usage.stderr
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from gpuq.cli.common import spool
+from gpuq.cli.common import each_id, job_ids, spool
 from gpuq.core.errors import UsageError
 
 
@@ -19,7 +20,7 @@ def cmd_preempt(args: argparse.Namespace) -> int:
         code = job.get("exit_code")
         exit_text = f"exit {code}" if code is not None else "exit code unknown"
         print(f"[~] Job #{job['id']}: {job['name']} preempted ({exit_text}): {job.get('note')}")
-        print(f"    `gpuq resume {job['id']}` continues it")
+        print(f"    {_what_resume_does(job)}")
         return 0
     if outcome.left and outcome.state == "running" and job.get("pid") in outcome.left:
         print(f"job #{job['id']} did not exit within {args.timeout:g}s; left running, unchanged (--force kills it)")
@@ -33,16 +34,28 @@ def cmd_preempt(args: argparse.Namespace) -> int:
     return 1
 
 
+def _what_resume_does(job: dict[str, Any]) -> str:
+    """What `gpuq resume` will do with the job just preempted, from what its preemption recorded."""
+    resume = f"`gpuq resume {job['id']}`"
+    if job.get("no_resume"):
+        return f"{resume} starts it over from scratch: it was queued with --no-resume"
+    record = (job.get("preemptions") or [{}])[-1]
+    if not record.get("checkpoint"):
+        return f"{resume} starts it over from scratch: it left no complete checkpoint"
+    return f"{resume} continues it from {record['checkpoint']}"
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     from gpuq.engine import preempt
 
-    resumed = preempt.resume(spool(), args.id, args.require_checkpoint, front=not args.back)
-    job = resumed.job
-    if resumed.checkpoint is None:
-        print(f"no checkpoint found for job #{job['id']}: {job.get('note')}")
+    sp = spool()
     where = "in normal order" if args.back else "first in line"
-    print(f"[+] Job #{job['id']}: {job['name']} back in the queue ({where}): {job.get('note')}")
-    return 0
+
+    def resume(job_id: int) -> None:
+        job = preempt.resume(sp, job_id, args.require_checkpoint, front=not args.back).job
+        print(f"[+] Job #{job['id']}: {job['name']} back in the queue ({where}): {job.get('note')}")
+
+    return each_id(job_ids(args.ids), resume)
 
 
 def cmd_adopt(args: argparse.Namespace) -> int:

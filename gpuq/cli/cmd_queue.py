@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from gpuq.cli.common import spool
+from gpuq.cli.common import each_id, job_ids, spool
 from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import HELD, PENDING, RUNNING
@@ -18,6 +18,8 @@ TYPE_CHECKING = False  # typing only for annotations: importing it costs every s
 if TYPE_CHECKING:
     import argparse
     from typing import Any, Optional
+
+    from gpuq.spool import Spool
 
 
 def cmd_add(args: argparse.Namespace) -> int:
@@ -176,29 +178,47 @@ def _bytes(text: str, flag: str) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     from gpuq.engine import actions  # here: `gpuq add` must not import it
 
-    for job_id in args.ids:
-        job = actions.cancel(spool(), job_id)
+    sp = spool()
+
+    def cancel(job_id: int) -> None:
+        killed = []  # a running job is killed first, as Slurm's scancel does
+
+        def killing() -> None:
+            killed.append(job_id)
+            _say_killing(job_id, actions.KILL_GRACE_SECONDS)
+
+        job = actions.cancel(sp, job_id, killing)
+        if killed:
+            print(f"[-] Job #{job_id}: {job['name']} cancelled: it was running, killed (exit {job.get('exit_code')})")
+            return
         where = f" (scancel of Slurm job {job['slurm']['job_id']})" if job.get("slurm") else ""
         print(f"[-] Job #{job_id}: {job['name']} cancelled{where}")
-    return 0
+
+    return each_id(job_ids(args.ids), cancel)
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
     from gpuq.engine import actions  # here: `gpuq add` must not import it
 
-    for job_id in [i for ids in args.ids for i in ids]:
-        job = actions.hold(spool(), job_id)
+    sp = spool()
+
+    def hold(job_id: int) -> None:
+        job = actions.hold(sp, job_id)
         print(f"[=] Job #{job_id}: {job['name']} held (`gpuq release {job_id}` puts it back in line)")
-    return 0
+
+    return each_id(job_ids(args.ids), hold)
 
 
 def cmd_release(args: argparse.Namespace) -> int:
     from gpuq.engine import actions  # here: `gpuq add` must not import it
 
-    for job_id in [i for ids in args.ids for i in ids]:
-        job = actions.release(spool(), job_id)
+    sp = spool()
+
+    def release(job_id: int) -> None:
+        job = actions.release(sp, job_id)
         print(f"[+] Job #{job_id}: {job['name']} back in line")
-    return 0
+
+    return each_id(job_ids(args.ids), release)
 
 
 def cmd_edit(args: argparse.Namespace) -> int:
@@ -245,21 +265,31 @@ def _in_editor(fields: dict[str, Any], job_id: int) -> dict[str, Any]:
 def cmd_kill(args: argparse.Namespace) -> int:
     from gpuq.engine import actions  # here: `gpuq add` must not import it
 
-    for job_id in args.ids:
-        grace = actions.KILL_GRACE_SECONDS
-        print(f"sending SIGTERM to job #{job_id}'s process group (SIGKILL after {grace:.0f}s)...")
-        job = actions.kill(spool(), job_id)
+    sp = spool()
+
+    def kill(job_id: int) -> None:
+        actions.get(sp, job_id, (RUNNING,))  # refused before anything is said or sent
+        _say_killing(job_id, actions.KILL_GRACE_SECONDS)
+        job = actions.kill(sp, job_id)
         print(f"[-] Job #{job_id}: {job['name']} killed (exit {job.get('exit_code')})")
-    return 0
+
+    return each_id(job_ids(args.ids), kill)
+
+
+def _say_killing(job_id: int, grace: float) -> None:
+    print(f"sending SIGTERM to job #{job_id}'s process group (SIGKILL after {grace:.0f}s)...", flush=True)
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
     from gpuq.engine import actions  # here: `gpuq add` must not import it
 
-    for job_id in args.ids:
-        job, how = actions.retry(spool(), job_id, args.from_scratch)
+    sp = spool()
+
+    def retry(job_id: int) -> None:
+        job, how = actions.retry(sp, job_id, args.from_scratch)
         print(f"[+] Job #{job_id}: {job['name']} back in the queue: {how.text()}")
-    return 0
+
+    return each_id(job_ids(args.ids), retry)
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
@@ -281,11 +311,10 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
     sp = spool()
     if args.all or args.jobs:
-        back = actions.recover(sp, None if args.all else args.jobs, args.from_scratch)
-        for job, how in back:
-            print(f"  #{job['id']} {job['name']}: {how.text()}")
-        print(f"Re-queued {len(back)} job(s)." + (" Run `gpuq run` to execute." if back else ""))
-        return 0
+        ids = job_ids(args.jobs) if args.jobs else [job["id"] for job in actions.interrupted(sp)]
+        back, code = _recover(sp, ids, args.from_scratch, say=True)
+        print(f"Re-queued {back} job(s)." + (" Run `gpuq run` to execute." if back else ""))
+        return code
     plans = actions.recovery_plans(sp, args.from_scratch)
     if not plans:
         print("no interrupted jobs")
@@ -296,7 +325,24 @@ def cmd_recover(args: argparse.Namespace) -> int:
         flag = " --from-scratch" if args.from_scratch else ""
         print(f"would re-queue {len(plans)} job(s); run `gpuq recover --all{flag}` (or --jobs ID...) to do it")
         return 0
-    if input(f"Re-queue these {len(plans)} job(s)? [y/N] ").strip().lower() in ("y", "yes"):
-        back = actions.recover(sp, [job["id"] for job, _how in plans], args.from_scratch)
-        print(f"Re-queued {len(back)} job(s).")
-    return 0
+    if input(f"Re-queue these {len(plans)} job(s)? [y/N] ").strip().lower() not in ("y", "yes"):
+        return 0
+    back, code = _recover(sp, [job["id"] for job, _how in plans], args.from_scratch, say=False)
+    print(f"Re-queued {back} job(s).")
+    return code
+
+
+def _recover(sp: Spool, ids: list[int], from_scratch: bool, say: bool) -> tuple[int, int]:
+    """Each interrupted job of `ids` back in the queue: (how many went back, the exit code)."""
+    from gpuq.engine import actions
+
+    back = []
+
+    def recover(job_id: int) -> None:
+        for job, how in actions.recover(sp, [job_id], from_scratch):
+            back.append(job_id)
+            if say:
+                print(f"  #{job['id']} {job['name']}: {how.text()}")
+
+    code = each_id(ids, recover)
+    return len(back), code

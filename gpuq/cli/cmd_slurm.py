@@ -9,14 +9,14 @@ from typing import Any, Mapping
 
 import gpuq
 from gpuq.cli import render
-from gpuq.cli.common import spool
+from gpuq.cli.common import job_ids, say_refused, spool
 from gpuq.core.errors import Refused, UsageError
 from gpuq.engine import slurm_handover
 from gpuq.run import slurm_batch
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    ids = [i for group in args.ids for i in group]
+    ids = job_ids(args.ids)
     if bool(ids) == bool(args.all):
         raise UsageError("name the jobs to hand over (`gpuq slurm submit 3 4`) or give --all")
     if not 0 <= args.grace <= 65535:
@@ -41,9 +41,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
         how = "found on Slurm (its hand-over had been cut short)" if item.repaired else "submitted"
         print(f"[>] Job #{item.job['id']}: {item.job['name']} -> Slurm job {item.slurm_id} ({how})", flush=True)
 
-    if not slurm_handover.submit(sp, ids or None, args.slurm_opt, build, say=say):
+    result = slurm_handover.submit(sp, ids or None, args.slurm_opt, build, say=say)
+    if not (result.handed or result.left):
         print("no pending jobs to hand over")
-    return 0
+    for job_id in sorted(result.left):  # each on its own line, the reason with it
+        say_refused(job_id, result.left[job_id])
+    return 1 if result.left else 0
 
 
 def cmd_sync(args: argparse.Namespace) -> int:

@@ -59,6 +59,16 @@ def _ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _job_ids(text: str) -> list[int]:
+    """The job ids of a command that acts on several: as `_ids`, the flag's name left out."""
+    from gpuq.core.sweep import parse_id_ranges
+
+    try:
+        return parse_id_ranges(text, "ID")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("ID: ", "", 1)) from None
+
+
 def _env_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -310,28 +320,21 @@ def build_parser(only: Optional[str] = None) -> Parser:
     what.add_argument("--json", action="store_true", help="the job's file as it is, environment included")
     p.set_defaults(func="cmd_view:cmd_show")
 
-    simple = [
-        ("cancel", "cancel a job that is not running", "cmd_queue:cmd_cancel"),
-        (
-            "kill",
-            "stop a running job (SIGTERM to its process group, SIGKILL after a grace period)",
-            "cmd_queue:cmd_kill",
-        ),
-        ("retry", "put a failed or cancelled job back in the queue, from its newest checkpoint", "cmd_queue:cmd_retry"),
-    ]
-    for name, text, func in simple:
-        p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("ids", type=_positive_id, nargs="+", metavar="ID")
-        if name == "retry":
-            p.add_argument("--from-scratch", action="store_true", help="start over, ignoring its checkpoints")
-        p.set_defaults(func=func)
-
+    several = (
+        "Each job named is acted on; one that cannot be is named on stderr with the reason, and the "
+        "command then exits 1."
+    )
     for name, text in (
+        ("cancel", "cancel jobs; a running one is killed first (as by `gpuq kill`), as Slurm's scancel does"),
+        ("kill", "stop running jobs (SIGTERM to each one's process group, SIGKILL after a grace period)"),
+        ("retry", "put failed or cancelled jobs back in the queue, each from its newest checkpoint"),
         ("hold", "keep pending jobs from starting (in held/) until `gpuq release`; their dependents wait too"),
         ("release", "put held jobs back in line, where their priority and id put them"),
     ):
-        p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("ids", type=_ids, nargs="+", metavar="ID")
+        p = sub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}. {several}")
+        p.add_argument("ids", type=_job_ids, nargs="+", metavar="ID", help="job ids (ranges like 3-7 too)")
+        if name == "retry":
+            p.add_argument("--from-scratch", action="store_true", help="start over, ignoring its checkpoints")
         p.set_defaults(func=f"cmd_queue:cmd_{name}")
 
     p = sub.add_parser(
@@ -351,9 +354,10 @@ def build_parser(only: Optional[str] = None) -> Parser:
     p.add_argument("--force", action="store_true", help="SIGKILL whatever is left when the timeout is up")
     p.set_defaults(func="cmd_preempt:cmd_preempt")
 
-    p = sub.add_parser("resume", help="queue a preempted job again, from its newest complete checkpoint")
-    p.add_argument("id", type=_positive_id, metavar="ID")
-    p.add_argument("--require-checkpoint", action="store_true", help="refuse when no checkpoint is found")
+    text = "queue preempted jobs again, each from its newest complete checkpoint"
+    p = sub.add_parser("resume", help=text, description=f"Queue preempted (or interrupted) jobs again. {several}")
+    p.add_argument("ids", type=_job_ids, nargs="+", metavar="ID", help="job ids (ranges like 3-7 too)")
+    p.add_argument("--require-checkpoint", action="store_true", help="refuse a job without a checkpoint")
     p.add_argument("--back", action="store_true", help="queue it in normal order instead of first in line")
     p.set_defaults(func="cmd_preempt:cmd_resume")
 
@@ -364,7 +368,7 @@ def build_parser(only: Optional[str] = None) -> Parser:
     p = sub.add_parser("recover", help="put interrupted jobs back in the queue, each from its newest checkpoint")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="recover every interrupted job")
-    which.add_argument("--jobs", type=_positive_id, nargs="+", metavar="ID", help="recover these jobs")
+    which.add_argument("--jobs", type=_job_ids, nargs="+", metavar="ID", help="recover these jobs (3-7 too)")
     p.add_argument("--from-scratch", action="store_true", help="start them over, ignoring their checkpoints")
     p.set_defaults(func="cmd_queue:cmd_recover")
 
@@ -410,9 +414,11 @@ def build_parser(only: Optional[str] = None) -> Parser:
         help="hand pending jobs to Slurm (sbatch), dependencies kept",
         description="Hand pending jobs to Slurm: each becomes a batch script running its command in its "
         "directory with its environment and venv, --gres=gpu:N from --gpus, --after/--after-any as Slurm "
-        "dependencies, requeued with its newest checkpoint at the time limit. They move to slurm/.",
+        "dependencies, requeued with its newest checkpoint at the time limit. They move to slurm/. A job that "
+        "cannot go (not pending, a dependency Slurm could not honour, refused by sbatch) stays here, named on "
+        "stderr with the reason; the others are handed over, and the command exits 1.",
     )
-    s.add_argument("ids", type=_ids, nargs="*", metavar="ID", help="job ids (ranges like 3-7 too)")
+    s.add_argument("ids", type=_job_ids, nargs="*", metavar="ID", help="job ids (ranges like 3-7 too)")
     s.add_argument("--all", action="store_true", help="every pending job")
     s.add_argument(
         "--slurm-opt",

@@ -11,7 +11,7 @@ import signal
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from gpuq.core import schema, states, transitions
 from gpuq.core.errors import Refused
@@ -80,11 +80,13 @@ def running_with_pid(spool: Spool, job_id: int) -> tuple[JobRef, dict[str, Any]]
     return ref, job
 
 
-def cancel(spool: Spool, job_id: int) -> dict[str, Any]:
-    """A job that is not running (pending, preempted, interrupted) goes to cancelled/; one handed
-    to Slurm is cancelled there (scancel) first."""
+def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: None) -> dict[str, Any]:
+    """The job goes to cancelled/: one waiting (pending, held, preempted, interrupted) at once;
+    one handed to Slurm after scancel; a running one is killed first, as Slurm's scancel does (by
+    `kill`, `killing` told just before)."""
     if spool.jobs.find(job_id, (RUNNING,)):
-        raise Refused(f"job #{job_id} is running; use `gpuq kill {job_id}`")
+        killing()
+        return kill(spool, job_id)
     if spool.jobs.find(job_id, (SLURM,)):
         from gpuq.engine import slurm_handover  # subprocess: only for a job on Slurm
 

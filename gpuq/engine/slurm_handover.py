@@ -2,9 +2,10 @@
 
 Public API:
 
-- `submit(spool, ids, extra_opts, build, env=None) -> list[Handed]`: hand pending jobs (`ids`; None:
-  every pending job) to Slurm in dependency order. `build(job, slurm_ids, opts) -> (script,
-  sbatch options)` writes the batch script (gpuq.run.slurm_batch: this layer cannot import it).
+- `submit(spool, ids, extra_opts, build, env=None) -> Submitted`: hand pending jobs (`ids`; None:
+  every pending job) to Slurm in dependency order, each one that can go; those that cannot stay
+  here, each with the reason. `build(job, slurm_ids, opts) -> (script, sbatch options)` writes the
+  batch script (gpuq.run.slurm_batch: this layer cannot import it).
 - `sync(spool, env=None) -> SyncReport`: what Slurm says of the jobs in slurm/: their state and
   reason written into their files (only when changed); finished ones moved to done/failed/cancelled
   with their exit code. Also finishes hand-overs cut short whose Slurm job exists.
@@ -28,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from gpuq.core import schema, states, transitions
-from gpuq.core.errors import Refused
+from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.states import CANCELLED, DONE, FAILED, FINISHED, PENDING, SLURM
 from gpuq.core.times import iso_of, parse_iso
 from gpuq.spool import JobRef, Spool
 from gpuq.system import slurm as client
-from gpuq.system.slurm import SlurmError, SlurmNoAnswer
+from gpuq.system.slurm import SlurmError, SlurmNoAnswer, SlurmUnreachable
 
 Build = Callable[[dict[str, Any], Mapping[int, int], list[str]], tuple[str, list[str]]]
 Env = Optional[Mapping[str, str]]
@@ -69,6 +70,12 @@ def spool_marker(spool: Spool, job_id: int) -> str:
 
 
 # ---- submit ---------------------------------------------------------------------------------------
+@dataclass
+class Submitted:
+    handed: list[Handed] = field(default_factory=list)  # in the order they were handed over
+    left: dict[int, str] = field(default_factory=dict)  # job id -> why it stays here (a line naming it)
+
+
 def submit(
     spool: Spool,
     ids: Optional[Sequence[int]],
@@ -76,33 +83,57 @@ def submit(
     build: Build,
     env: Env = None,
     say: Callable[[Handed], None] = lambda handed: None,
-) -> list[Handed]:
-    """Hand the jobs over, each on its own, telling `say` as each one is (one that Slurm refuses
-    stops the rest; those before it stay handed over). Refused, before anything is submitted, for
-    a job not pending or a dependency Slurm could not honour."""
+) -> Submitted:
+    """Hand over every job that can go, each on its own and in dependency order, telling `say` as
+    each one is. A job that cannot (not pending, a dependency Slurm could not honour, one refused
+    by sbatch, one that runs after a job left here) stays here, with the reason. A controller that
+    cannot be reached or does not answer stops the rest (each would wait for it again)."""
     if shutil.which("sbatch", path=env.get("PATH") if env is not None else None) is None:
         raise SlurmError("Slurm's sbatch is not on PATH: run gpuq on the cluster's login node")
-    jobs = _targets(spool, ids)
+    out = Submitted()
+    jobs = _targets(spool, ids, out.left)
     if any(d in _ids_in(spool, SLURM) for j in jobs for d in _deps(j)):
         sync(spool, env)  # a dependency Slurm finished (and may forget) must be seen as ended
     slurm_ids = _slurm_ids(spool)
     states = {ref.id: ref.state for ref in spool.jobs.refs()}
-    order = _in_dependency_order(jobs)
-    for job in order:
-        _check_dependencies(job, {j["id"] for j in order}, states, slurm_ids)
-    handed: list[Handed] = []
-    for job in order:
-        result = _hand_over_one(spool, job["id"], list(extra_opts), slurm_ids, build, env)
-        slurm_ids[result.job["id"]] = result.slurm_id
-        handed.append(result)
-        say(result)
-    return handed
+    stopped: Optional[str] = None  # why the rest is not tried
+    for job in _in_dependency_order(jobs, out.left):
+        job_id = job["id"]
+        if stopped is not None:
+            out.left[job_id] = f"job #{job_id} was not handed over: {stopped}"
+            continue
+        try:
+            _check_dependencies(job, states, slurm_ids, out.left)
+            result = _hand_over_one(spool, job_id, list(extra_opts), slurm_ids, build, env)
+        except SlurmNoAnswer as exc:
+            stopped = str(exc)
+            out.left[job_id] = (
+                f"job #{job_id}: {exc}; it may be on Slurm now: `gpuq slurm submit {job_id}` (or sync) finds it"
+            )
+        except SlurmUnreachable as exc:
+            stopped = str(exc)
+            out.left[job_id] = f"job #{job_id} stays here: {exc}"
+        except GpuqError as exc:
+            text = str(exc)  # the engine's refusals name the job; sbatch's and build's do not
+            out.left[job_id] = text if text.startswith(f"job #{job_id} ") else f"job #{job_id} stays here: {text}"
+        else:
+            slurm_ids[job_id] = result.slurm_id
+            out.handed.append(result)
+            say(result)
+    return out
 
 
-def _targets(spool: Spool, ids: Optional[Sequence[int]]) -> list[dict[str, Any]]:
+def _targets(spool: Spool, ids: Optional[Sequence[int]], left: dict[int, str]) -> list[dict[str, Any]]:
+    """The pending jobs to hand over; a job named that is not pending goes into `left`."""
     if ids is None:
         return [job for _ref, job in spool.jobs.load_many(PENDING)]
-    return [_load(spool, job_id, PENDING)[1] for job_id in dict.fromkeys(ids)]
+    jobs = []
+    for job_id in dict.fromkeys(ids):
+        try:
+            jobs.append(_load(spool, job_id, PENDING)[1])
+        except Refused as exc:
+            left[job_id] = str(exc)
+    return jobs
 
 
 def _load(spool: Spool, job_id: int, state: str) -> tuple[JobRef, dict[str, Any]]:
@@ -141,37 +172,43 @@ def _slurm_ids(spool: Spool) -> dict[int, int]:
     return {job["id"]: job["slurm"]["job_id"] for _ref, job in spool.jobs.load_many(SLURM) if job.get("slurm")}
 
 
-def _in_dependency_order(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The jobs, each after those of them it depends on (ids break ties)."""
+def _in_dependency_order(jobs: list[dict[str, Any]], left: dict[int, str]) -> list[dict[str, Any]]:
+    """The jobs, each after those of them it depends on (ids break ties). Jobs that depend on each
+    other in a circle go into `left` instead."""
     by_id = {job["id"]: job for job in jobs}
     done: dict[int, dict[str, Any]] = {}
 
     def visit(job_id: int, path: tuple[int, ...]) -> None:
-        if job_id in done:
+        if job_id in done or job_id in left:
             return
         if job_id in path:
-            raise Refused(f"jobs {', '.join(f'#{i}' for i in path)} depend on each other in a circle")
+            circle = path[path.index(job_id) :]
+            for member in circle:
+                left[member] = f"jobs {', '.join(f'#{i}' for i in circle)} depend on each other in a circle"
+            return
         for dep in sorted(_deps(by_id[job_id])):
             if dep in by_id:
                 visit(dep, path + (job_id,))
-        done[job_id] = by_id[job_id]
+        if job_id not in left:
+            done[job_id] = by_id[job_id]
 
     for job_id in sorted(by_id):
         visit(job_id, ())
     return list(done.values())
 
 
-def _check_dependencies(job: dict[str, Any], handed: set[int], states: dict[int, str], slurm_ids: dict) -> None:
+def _check_dependencies(job: dict[str, Any], states: dict[int, str], slurm_ids: dict, left: dict[int, str]) -> None:
     """Refuse a dependency Slurm cannot be given: one on a job that will not end well (after),
     one on a job left behind in this queue, one on a job gone (Slurm would take an id it does
-    not know as satisfied). Done jobs (and, for after_any, any end) are satisfied: dropped."""
+    not know as satisfied). Done jobs (and, for after_any, any end) are satisfied: dropped. A job
+    on Slurm (in slurm/, or handed over just now) is a Slurm dependency."""
     for dep, any_end in [(d, False) for d in job.get("after") or []] + [(d, True) for d in job.get("after_any") or []]:
         state = states.get(dep)
-        if dep in handed or state == DONE or (any_end and state in FINISHED):
-            continue
-        if state == SLURM and dep in slurm_ids:
+        if dep in slurm_ids or state == DONE or (any_end and state in FINISHED):
             continue
         head = f"job #{job['id']} runs after #{dep}"
+        if dep in left:
+            raise Refused(f"{head}, which stays here: it stays too")
         if state in (FAILED, CANCELLED):
             raise Refused(f"{head}, which {state}: it would never start (`gpuq retry {dep}` first, or --after-any)")
         if state is None:

@@ -14,7 +14,8 @@ Public API:
   `marker` in their `--comment` (see `comment_marker`), to repair a hand-over cut short between
   `sbatch`'s answer and the spool's record of it.
 - `SlurmError(GpuqError)`: one line a person can act on; `SlurmNoAnswer(SlurmError)` when a command
-  timed out (what it asked for may have been done).
+  timed out (what it asked for may have been done); `SlurmUnreachable(SlurmError)` when the
+  controller could not be contacted (nothing was done).
 
 Every function takes `env` (the environment of the Slurm commands; default: this process's,
 where `SLURM_CONF` points at the cluster) and `timeout` (seconds per command).
@@ -71,6 +72,11 @@ NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._+@:/-]+")
 
 class SlurmError(GpuqError):
     """Slurm could not be asked or refused (one line; exit 1)."""
+
+
+class SlurmUnreachable(SlurmError):
+    """The Slurm controller could not be reached: nothing was done, and asking again at once only
+    waits again."""
 
 
 class SlurmNoAnswer(SlurmError):
@@ -137,7 +143,7 @@ def _last_error(stderr: str) -> str:
 def _failure(what: str, proc: subprocess.CompletedProcess) -> SlurmError:
     line = _last_error(proc.stderr)
     if NO_CONTROLLER in proc.stderr:
-        return SlurmError(f"the Slurm controller does not answer ({line})")
+        return SlurmUnreachable(f"the Slurm controller does not answer ({line})")
     return SlurmError(f"{what} failed (exit {proc.returncode}): {line}")
 
 
@@ -162,7 +168,7 @@ def submit(
     proc = _run(argv, env, timeout, stdin_text=text)
     if proc.returncode != 0:
         if NO_CONTROLLER in proc.stderr:
-            raise SlurmError(f"the Slurm controller does not answer ({_last_error(proc.stderr)})")
+            raise SlurmUnreachable(f"the Slurm controller does not answer ({_last_error(proc.stderr)})")
         raise SlurmError(f"sbatch refused the job: {_last_error(proc.stderr)}")
     return parse_parsable(proc.stdout)
 
