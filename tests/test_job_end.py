@@ -83,12 +83,12 @@ def test_a_time_limit_ends_the_whole_group(gq: Env) -> None:
     assert job["exit_code"] == 143 and "time limit of 2s reached" in job["reason"]
 
 
-@pytest.mark.parametrize("command", [("kill",), ("preempt", "--timeout", "10")])
-def test_kill_and_preempt_end_the_whole_group(gq: Env, command: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("command", [("kill",), ("cancel",), ("preempt", "--timeout", "10")])
+def test_kill_cancel_and_preempt_end_the_whole_group(gq: Env, command: tuple[str, ...]) -> None:
     job_id, child, daemon = family(gq, "run")
     proc = gq.gpuq(command[0], str(job_id), *command[1:], check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    state = {"kill": "cancelled", "preempt": "preempted"}[command[0]]
+    state = {"kill": "cancelled", "cancel": "cancelled", "preempt": "preempted"}[command[0]]
     recorded_after_the_child(gq, job_id, state, child, daemon)
 
 

@@ -371,7 +371,8 @@ def test_urgent_job_waits_beside_a_job_that_would_start_over_unless_forced(gq) -
     low = add_trainer(gq, "--output_dir", "low", "--max_steps", "100000", "--save_steps", "100000")
     gq.start_worker("--watch")
     wait_for(lambda: last_step(gq, low) >= 3, 20, what="the training to run")
-    added = gq.gpuq("add", "--urgent", "-p", sys.executable, "fake_trainer.py", "--output_dir", "u1", "--max_steps", "3")
+    trainer = ("-p", sys.executable, "fake_trainer.py", "--max_steps", "3", "--output_dir")
+    added = gq.gpuq("add", "--urgent", *trainer, "u1")
     assert f"#{low} " in added.stdout and "waits for a free slot" in added.stdout, added.stdout
     waiting = int(added.stdout.split("#", 1)[1].split(":", 1)[0])
 
@@ -381,9 +382,7 @@ def test_urgent_job_waits_beside_a_job_that_would_start_over_unless_forced(gq) -
 
     assert "without losing its progress" in wait_for(reason, 15, what="the urgent job's reason to wait")
     assert state_of(gq, low) == "running" and not (gq.home / "control" / f"{low:06d}.json").exists()
-    forced = gq.gpuq(
-        "add", "--urgent=force", "-p", sys.executable, "fake_trainer.py", "--output_dir", "u2", "--max_steps", "3"
-    )
+    forced = gq.gpuq("add", "--urgent=force", *trainer, "u2")
     assert f"job #{low} " in forced.stdout and "starts over" in forced.stdout, forced.stdout
     record = wait_state(gq, low, "running", timeout=40)["preemptions"][-1]  # preempted, and resumed once they ran
     assert record["by"] == "urgent job" and record["checkpoint"] is None

@@ -27,7 +27,8 @@ def cmd_preempt(args: argparse.Namespace) -> int:
     elif outcome.left:
         print(
             f"job #{job['id']}: its main process exited but {', '.join(map(str, outcome.left))} ignore SIGTERM; "
-            f"it keeps its slot until they are gone (`gpuq preempt {job['id']} --force` kills them)"
+            "it keeps its slot until they are gone: its supervisor SIGKILLs them once the worker's --kill-grace "
+            f"is over (`gpuq preempt {job['id']} --force` does it now)"
         )
     else:
         print(f"job #{job['id']} ended on its own meanwhile: {outcome.state}")
