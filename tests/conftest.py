@@ -32,6 +32,15 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0
         time.sleep(interval)
 
 
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (one killed but not yet reaped by its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 # A job that runs until the test writes the file `go` in its working directory (the sleep is the
 # child's own pace, not a wait of the test's).
 WAIT_FOR_GO = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n"

@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from conftest import Env, wait_for
+from conftest import Env, alive, wait_for
 
 
 def test_cancel_pending_and_refuse_an_unknown_id(gq: Env) -> None:
@@ -35,19 +35,7 @@ def test_kill_stops_the_whole_process_group(gq: Env) -> None:
     job = gq.job(job_id)
     assert job["state"] == "cancelled" and job["exit_code"] == 143 and job["signal"] == "SIGTERM"
     child = int(child_pid.read_text())
-    wait_for(lambda: not _alive(child), what="grandchild gone")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    wait_for(lambda: not alive(child), what="grandchild gone")
 
 
 def test_kill_escalates_to_sigkill_after_grace(gq: Env) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from conftest import Env, wait_for
+from conftest import Env, alive, wait_for
 
 from gpuq.system import procs
 
@@ -34,15 +34,6 @@ if sys.argv[1] == "exit":
 while True:
     time.sleep(0.05)
 """
-
-
-def alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (a killed leftover is a zombie until reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def family(gq: Env, mode: str, *options: str) -> tuple[int, int, int]:

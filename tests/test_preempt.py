@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from conftest import alive, wait_for
 
 from gpuq.core import resume_arg, schema
 from gpuq.core.times import parse_iso
@@ -208,15 +208,6 @@ def last_step(gq, job_id: int) -> int:
 def runs(out: Path) -> list[tuple[int, int]]:
     path = out / "runs.txt"
     return [tuple(map(int, line.split())) for line in path.read_text().split("\n") if line] if path.exists() else []
-
-
-def alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.mark.parametrize("graceful", [False, True])
