@@ -200,13 +200,15 @@ def end_group(pgid: int, grace: float, since: Optional[float] = None) -> Optiona
     common case. While a member lives, the group's id cannot be given to a new process."""
     import signal  # here: see terminate()
 
-    if not signal_group(pgid, 0) or not group_members(pgid):
+    seen: dict[int, str] = {}
+    if not signal_group(pgid, 0):
+        return None
+    left = _note_members(pgid, seen)  # zombies keep the group alive for killpg: they do not count
+    if not left:
         return None
     signal_group(pgid, signal.SIGTERM)
     signal_group(pgid, signal.SIGCONT)
     deadline = (time.monotonic() if since is None else since) + grace
-    seen: dict[int, str] = {}
-    left = _note_members(pgid, seen)
     while left and time.monotonic() < deadline:
         time.sleep(END_POLL_SECONDS)
         left = _note_members(pgid, seen)
@@ -225,13 +227,15 @@ def end_group(pgid: int, grace: float, since: Optional[float] = None) -> Optiona
 
 def _note_members(pgid: int, seen: dict[int, str]) -> set[int]:
     """The live members of the group now; each one's "PID NAME" noted in `seen`."""
+    import psutil
+
     alive = set()
     for proc in group_members(pgid):
         alive.add(proc.pid)
         if proc.pid not in seen:
             try:
                 seen[proc.pid] = f"{proc.pid} {proc.name()}"
-            except Exception:  # psutil.Error: gone or hidden meanwhile
+            except psutil.Error:  # gone or hidden meanwhile
                 seen[proc.pid] = str(proc.pid)
     return alive
 
