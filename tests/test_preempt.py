@@ -156,6 +156,12 @@ def test_preemption_victims_lowest_priority_latest_started() -> None:
     assert victims([], set()) == []
 
 
+def test_urgent_is_true_false_or_force_in_a_job_file() -> None:
+    assert schema.validate(job(1, urgent="force"))["urgent"] == "force"
+    with pytest.raises(schema.InvalidJob, match='true, false or "force"'):
+        schema.validate(job(1, urgent="yes"))
+
+
 def test_how_a_victim_would_continue(tmp_path: Path) -> None:
     from gpuq.engine import victims
 
