@@ -381,9 +381,10 @@ def test_urgent_job_waits_beside_a_job_that_would_start_over_unless_forced(gq) -
     assert state_of(gq, low) == "running" and not (gq.home / "control" / f"{low:06d}.json").exists()
     forced = gq.gpuq("add", "--urgent=force", *trainer, "u2")
     assert f"job #{low} " in forced.stdout and "starts over" in forced.stdout, forced.stdout
-    record = wait_state(gq, low, "running", timeout=40)["preemptions"][-1]  # preempted, and resumed once they ran
+    wait_state(gq, waiting + 1, "done", timeout=40)  # both urgent jobs ran, then the preempted one resumed
+    assert gq.job(waiting)["state"] == "done"
+    record = wait_state(gq, low, "running", timeout=20)["preemptions"][-1]
     assert record["by"] == "urgent job" and record["checkpoint"] is None
-    assert gq.job(waiting)["state"] == "done" and gq.job(waiting + 1)["state"] == "done"
     assert "it will start over" in gq.worker_output()
 
 
