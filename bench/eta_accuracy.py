@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuq.core.times import iso_of  # noqa: E402
-from gpuq.engine import eta, progress  # noqa: E402
+from gpuq.engine.tracking import eta, progress  # noqa: E402
 
 LOADS = ("off", "on", "midway")
 WEIGHTS = (0.0, 0.25, 0.5, 1.0)  # window weights replayed side by side (1.0: the window alone)

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from common import BenchError, wait_for  # noqa: E402
 
-from gpuq.engine.placement import Placement, Request, place  # noqa: E402
+from gpuq.engine.schedule.placement import Placement, Request, place  # noqa: E402
 from gpuq.system import gpus  # noqa: E402
 
 SMI_FIELDS = "index,name,uuid,memory.total,memory.used"
@@ -231,7 +231,7 @@ def _listed(index: int, pid: int) -> Optional[tuple[gpus.Gpu, Optional[int]]]:
 # ---------------------------------------------------------------------------------------------
 # Part 3: the CLI. It relies on (all part of gpuq since issue 11):
 #   A1 `gpuq add --gpus N` queues a job asking for N whole GPUs;
-#   A2 `gpuq run --watch --gpus 0` limits the worker to GPU 0 and places jobs with gpuq.engine.placement
+#   A2 `gpuq run --watch --gpus 0` limits the worker to GPU 0 and places jobs with gpuq.engine.schedule.placement
 #      over gpuq.system.gpus.look() (whole-GPU jobs one at a time per GPU);
 #   A3 a job gets CUDA_VISIBLE_DEVICES naming its GPU (index, or UUID) and CUDA_DEVICE_ORDER=PCI_BUS_ID
 #      when it is an index;

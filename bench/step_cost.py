@@ -5,7 +5,7 @@ Builds a spool with N pending `true` jobs (through gpuq's own enqueue), then tak
 in-process, each after one job left pending/ (as at a start; it goes to done/ here, with nobody to
 supervise it), and prints the median of each part in ms: the repair pass, the intake turn (when
 one is due), automatic resumes, the look at the queue as a busy worker takes it (the files the
-events named, engine/queue_view.py), the same look taken in full (as at least every 5 s), and the
+events named, engine/schedule/queue_view.py), the same look taken in full (as at least every 5 s), and the
 plan. Nothing is started (the plan is computed,
 not carried out).
 
@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuq.engine import enqueue
-from gpuq.engine.preempt import resume_auto
-from gpuq.engine.queue_view import QueueView
+from gpuq.engine.lifecycle import enqueue
+from gpuq.engine.lifecycle.preempt import resume_auto
+from gpuq.engine.schedule.queue_view import QueueView
 from gpuq.run.worker import Worker
 from gpuq.spool import Spool
 

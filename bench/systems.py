@@ -156,7 +156,7 @@ class Gpuq(System):
     def enqueue_many(self, cmd: list[str], count: int) -> str:
         """Queue `count` jobs through gpuq's own library (what `gpuq add` calls), without paying
         an interpreter start per job: the throughput and idle runs measure the worker, not add."""
-        from gpuq.engine import enqueue
+        from gpuq.engine.lifecycle import enqueue
 
         last = ""
         for _ in range(count):

@@ -211,7 +211,7 @@ def fill_up(where: Path) -> Path:
 def spool_with_true_jobs(tmp_path: Path, count: int = 1) -> tuple[Any, list[tuple[Any, dict]]]:
     """A fresh spool under tmp_path with `count` queued `true` jobs, queued through the library as
     `gpuq add` queues them: the spool, and (ref, job) of each."""
-    from gpuq.engine import enqueue
+    from gpuq.engine.lifecycle import enqueue
     from gpuq.spool import Spool
 
     (tmp_path / "work").mkdir(exist_ok=True)

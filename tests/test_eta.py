@@ -14,7 +14,7 @@ from conftest import wait_for
 
 from gpuq.core import schema
 from gpuq.core.times import iso_of
-from gpuq.engine import eta, progress
+from gpuq.engine.tracking import eta, progress
 from gpuq.spool import Spool
 
 

@@ -142,7 +142,7 @@ def test_clear_needs_no_room_at_all(gq_full: Env) -> None:
 
 
 def test_a_filesystem_too_small_for_the_full_room_gets_a_smaller_one(tmp_path: Path) -> None:
-    from gpuq.engine import actions, enqueue
+    from gpuq.engine.lifecycle import actions, enqueue
     from gpuq.spool import Spool
     from gpuq.spool.files import RESERVE_BYTES, RESERVE_FLOOR
 
@@ -166,7 +166,7 @@ def test_a_filesystem_too_small_for_the_full_room_gets_a_smaller_one(tmp_path: P
 def test_add_makes_the_room_again_and_grows_a_small_one(tmp_path: Path) -> None:
     """`add` keeps the emergency room (a stat when it is there), so a spool that never sees a worker
     has it again once a full disk has passed."""
-    from gpuq.engine import enqueue
+    from gpuq.engine.lifecycle import enqueue
     from gpuq.spool.files import RESERVE_BYTES
 
     spool, [(_ref, job)] = spool_with_true_jobs(tmp_path)

@@ -13,7 +13,8 @@ from conftest import Env, wait_for
 from test_gpu_worker import Gpus, add, fake_gpus, release, seen
 
 from gpuq.core.times import parse_iso
-from gpuq.engine import gpuview, queue_eta
+from gpuq.engine.schedule import gpuview
+from gpuq.engine.tracking import queue_eta
 from gpuq.spool import Spool
 
 
@@ -122,6 +123,6 @@ def test_queue_plan_with_foreign_memory() -> None:
 
 
 def test_the_default_threshold_is_the_placements() -> None:
-    from gpuq.engine import placement
+    from gpuq.engine.schedule import placement
 
     assert queue_eta.DEFAULT_FOREIGN_THRESHOLD_MIB == placement.DEFAULT_FOREIGN_THRESHOLD_MIB

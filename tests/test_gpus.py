@@ -171,7 +171,7 @@ def test_no_driver_means_no_gpus_and_a_benign_problem() -> None:
 
 def test_placement_and_gpus_modules_import_nothing_heavy() -> None:
     code = (
-        "import sys; import gpuq.engine.placement, gpuq.system.gpus; "
+        "import sys; import gpuq.engine.schedule.placement, gpuq.system.gpus; "
         "print(sorted(m for m in ('pynvml', 'psutil', 'watchdog') if m in sys.modules))"
     )
     proc = subprocess.run(

@@ -11,9 +11,9 @@ from conftest import WAIT_FOR_GO, Env, wait_for
 
 from gpuq.core import transitions
 from gpuq.core.states import INTERRUPTED, PENDING, RUNNING
-from gpuq.engine import enqueue, recovery
-from gpuq.engine.planner import Assignment
-from gpuq.engine.queue_view import QueueView
+from gpuq.engine.lifecycle import enqueue, repairs
+from gpuq.engine.schedule.planner import Assignment
+from gpuq.engine.schedule.queue_view import QueueView
 from gpuq.run.worker import CLAIM_HELD, Worker
 from gpuq.spool import JobRef, Spool
 
@@ -55,7 +55,7 @@ def test_a_crash_before_the_pending_copy_went_leaves_the_running_one(tmp_path: P
     snap, _ = QueueView().look(spool, time.time())
     assert snap.pending == [] and snap.states[ref.id] == RUNNING
     claim.release()  # as its owner's death would
-    recovery.reconcile(spool, full=True)
+    repairs.reconcile(spool, full=True)
     assert spool.jobs.states_holding(ref.name, (PENDING, RUNNING, INTERRUPTED)) == [INTERRUPTED]
 
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 from conftest import REPO, wait_for
 
-from gpuq.engine import progress
+from gpuq.engine.tracking import progress
 from gpuq.spool import Spool
 
 STEPS = 120

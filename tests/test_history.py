@@ -1,4 +1,4 @@
-"""gpuq.engine.history (pure, over hand-built job dicts with known durations) and the timeline
+"""gpuq.engine.views.history (pure, over hand-built job dicts with known durations) and the timeline
 picture of gpuq.cli.plot (real PNG and SVG files, read back)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any, Optional
 
 import pytest
 
-from gpuq.engine import history
-from gpuq.engine.history import Run
+from gpuq.engine.views import history
+from gpuq.engine.views.history import PastRun
 
 REPO = Path(__file__).resolve().parent.parent
 HOUR = 3600.0
@@ -235,7 +235,7 @@ def test_script_of(cmd: Any, script: str) -> None:
 # -- the picture --
 
 
-def lanes_runs(runs: list[Run]) -> int:
+def lanes_runs(runs: list[PastRun]) -> int:
     return sum(len(run.lanes) for run in runs)
 
 
@@ -350,7 +350,7 @@ def test_missing_matplotlib_names_the_extra(tmp_path: Path) -> None:
 def test_history_modules_do_not_import_matplotlib() -> None:
     code = (
         "import sys\n"
-        "import gpuq.engine.history, gpuq.cli.plot\n"
+        "import gpuq.engine.views.history, gpuq.cli.plot\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'numpy')))\n"
     )
     proc = child_python(code)
@@ -359,7 +359,7 @@ def test_history_modules_do_not_import_matplotlib() -> None:
 
 @pytest.mark.parametrize(
     ("module", "allowed"),
-    [("engine/history.py", {"gpuq.core"}), ("cli/plot.py", {"gpuq.core", "gpuq.engine.history"})],
+    [("engine/views/history.py", {"gpuq.core"}), ("cli/plot.py", {"gpuq.core", "gpuq.engine.views.history"})],
 )
 def test_imports_only_core_and_history(module: str, allowed: set) -> None:
     tree = ast.parse((REPO / "gpuq" / module).read_text())

@@ -21,7 +21,7 @@ import pytest
 from conftest import wait_for
 
 from gpuq.core import schema
-from gpuq.engine import intake
+from gpuq.engine.lifecycle import intake
 from gpuq.spool import MAX_JOB_BYTES, JobRef, Spool
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from gpuq.core.errors import GpuqError
-from gpuq.engine.legacy import (
+from gpuq.engine.original.reader import (
     LegacyError,
     LegacyJob,
     find_legacy,

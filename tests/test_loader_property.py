@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 
 from gpuq.cli import render
 from gpuq.core import schema
-from gpuq.engine import intake, scheduler, snapshot
-from gpuq.engine.planner import Planner
-from gpuq.engine.status import Row
+from gpuq.engine.lifecycle import intake
+from gpuq.engine.schedule import queue_read, scheduler
+from gpuq.engine.schedule.planner import Planner
+from gpuq.engine.views.status import Row
 from gpuq.run import supervisor
 from gpuq.spool import JobRef, Spool
 from gpuq.system.gpus import Gpu, GpuLook
@@ -86,7 +87,7 @@ class Loader:
                 job = self.spool.jobs.load(JobRef(CANONICAL_ID, "pending", name))
             except schema.InvalidJob as exc:
                 assert str(exc).strip() and "\n" not in str(exc)
-                snap, invalid = snapshot.snapshot(self.spool)  # the worker sees it as invalid too
+                snap, invalid = queue_read.read_queue(self.spool)  # the worker sees it as invalid too
                 assert [ref.name for ref, _why in invalid] == [name] and snap.pending == []
                 return f"invalid: {exc}"
             use_everywhere(self.spool, job)
@@ -97,7 +98,7 @@ class Loader:
 
 def use_everywhere(spool: Spool, job: dict[str, Any]) -> None:
     """Everything gpuq does with a job it has loaded; none of it may raise."""
-    snap, invalid = snapshot.snapshot(spool)
+    snap, invalid = queue_read.read_queue(spool)
     assert invalid == [] and [j["id"] for j in snap.pending] == [job["id"]]
     for labels, look in ((None, NO_GPUS), (["0", "1"], NO_GPUS), (None, TWO_GPUS), (["1"], TWO_GPUS)):
         Planner(labels, look=lambda look=look: look).plan(snap, {})

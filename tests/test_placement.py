@@ -1,4 +1,4 @@
-"""gpuq.engine.placement: pure decisions over GPUs as a look gives them (built here directly)."""
+"""gpuq.engine.schedule.placement: pure decisions over GPUs as a look gives them (built here directly)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuq.engine.placement import (
+from gpuq.engine.schedule.placement import (
     CPU_ONLY,
     DEFAULT_FOREIGN_THRESHOLD_MIB,
     GPUS,

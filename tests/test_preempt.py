@@ -17,7 +17,8 @@ from conftest import alive, wait_for
 
 from gpuq.core import resume_arg, schema
 from gpuq.core.times import parse_iso
-from gpuq.engine import checkpoints, progress, scheduler
+from gpuq.engine.schedule import scheduler
+from gpuq.engine.tracking import checkpoints, progress
 
 FAKE = Path(__file__).with_name("fake_trainer.py")
 
@@ -133,7 +134,7 @@ def test_preemption_victims_lowest_priority_latest_started() -> None:
         job(3, pid=13, priority=-1, started_at="2026-01-01T09:00:00+00:00"),
         job(4, pid=14, urgent=True),
     ]
-    snap = scheduler.Snapshot(states={j["id"]: "running" for j in running}, running=running)
+    snap = scheduler.QueueState(states={j["id"]: "running" for j in running}, running=running)
     snap.pending = [job(9, urgent=True)]
     snap.states[9] = "pending"
 
@@ -163,7 +164,7 @@ def test_urgent_is_true_false_or_force_in_a_job_file() -> None:
 
 
 def test_how_a_victim_would_continue(tmp_path: Path) -> None:
-    from gpuq.engine import victims
+    from gpuq.engine.schedule import victims
 
     out = tmp_path / "out"
     running = job(1, pid=11, cmd=["python", "train.py", "--output_dir", str(out)], cwd=str(tmp_path))

@@ -15,8 +15,8 @@ from conftest import REPO, wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuq.engine import eta, progress, queue_eta
-from gpuq.engine.scheduler import Wait
+from gpuq.engine.schedule.scheduler import Wait
+from gpuq.engine.tracking import eta, progress, queue_eta
 from gpuq.spool import Spool
 
 PY = sys.executable

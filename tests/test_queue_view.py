@@ -1,4 +1,4 @@
-"""The worker's incremental view of the queue (engine/queue_view.py): files named by events are
+"""The worker's incremental view of the queue (engine/schedule/queue_view.py): files named by events are
 read again whatever their inode, a job leaving pending/ and running/ is found where it went, and
 every doubt (no events, a hint lost, a supervisor that found its job gone) means a full look.
 Real files; the last test runs a real worker with its real observer."""
@@ -11,8 +11,8 @@ from pathlib import Path
 from conftest import WAIT_FOR_GO, Env, wait_for
 
 from gpuq.core.states import DONE, HELD, PENDING, RUNNING
-from gpuq.engine import enqueue
-from gpuq.engine.queue_view import FULL_LOOK_SECONDS, QueueView
+from gpuq.engine.lifecycle import enqueue
+from gpuq.engine.schedule.queue_view import FULL_LOOK_SECONDS, QueueView
 from gpuq.spool import JobRef, Spool
 
 

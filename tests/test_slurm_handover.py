@@ -15,7 +15,7 @@ from conftest import Env, wait_for
 from test_slurm import free_port
 
 from gpuq.core.times import now_iso
-from gpuq.engine.slurm_handover import spool_marker
+from gpuq.engine.lifecycle.slurm_handover import spool_marker
 from gpuq.spool import Spool
 from gpuq.system import slurm as client
 

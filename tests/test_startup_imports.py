@@ -57,9 +57,9 @@ DENIED = (
     "matplotlib",
     "shtab",
     # gpuq's own heavy layers: the actions of other commands, the worker, the original's reader
-    "gpuq.engine.actions",
-    "gpuq.engine.legacy",
-    "gpuq.engine.history",
+    "gpuq.engine.lifecycle.actions",
+    "gpuq.engine.original.reader",
+    "gpuq.engine.views.history",
     "gpuq.core.transitions",
     "gpuq.run",
     "gpuq.cli.parser",
@@ -75,10 +75,10 @@ DENIED_WHEN_IDLE = (
     "collections",
     "functools",
     "array",
-    "gpuq.engine.queue_eta",
-    "gpuq.engine.eta",
-    "gpuq.engine.progress",
-    "gpuq.engine.checkpoints",
+    "gpuq.engine.tracking.queue_eta",
+    "gpuq.engine.tracking.eta",
+    "gpuq.engine.tracking.progress",
+    "gpuq.engine.tracking.checkpoints",
     "gpuq.system.gpus",
 )
 
@@ -148,20 +148,20 @@ def test_no_eta_or_gpu_modules_for_an_idle_queue(gq: Any, command: tuple[str, ..
         deny += ("ctypes",)
     if "-a" in command:  # the finished rows' cache packs its ids in an array
         deny = tuple(d for d in deny if d not in ("collections", "functools", "array"))
-    assert "gpuq.engine.gpuview" in modules or command[0] == "add"  # the probe got as far as the GPUs
+    assert "gpuq.engine.schedule.gpuview" in modules or command[0] == "add"  # the probe got as far as the GPUs
     assert not denied(modules, deny), f"`gpuq {' '.join(command)}` imports {denied(modules, deny)}"
 
 
 def test_the_probe_sees_the_eta_machinery_when_a_job_waits(gq: Any) -> None:
     """The idle check can fail: with a pending job, `status` estimates when it starts."""
     gq.add("true")
-    assert "gpuq.engine.queue_eta" in imported_by(gq, "status")
+    assert "gpuq.engine.tracking.queue_eta" in imported_by(gq, "status")
 
 
 def test_the_probe_sees_a_heavy_import(gq: Any) -> None:
     """The check can fail: `gpuq cancel` imports engine.actions, and the probe notices."""
     gq.add("true")
-    assert "gpuq.engine.actions" in denied(imported_by(gq, "cancel", "1"))
+    assert "gpuq.engine.lifecycle.actions" in denied(imported_by(gq, "cancel", "1"))
 
 
 def test_the_installed_command_imports_no_pattern_module(gq: Any) -> None:

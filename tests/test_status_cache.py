@@ -1,4 +1,4 @@
-"""`gpuq status -a` reads finished jobs' rows from a cache in the spool (engine/finished_rows.py).
+"""`gpuq status -a` reads finished jobs' rows from a cache in the spool (engine/views/finished_rows.py).
 These tests change finished job files the ways gpuq does and check that the cache never shows
 a stale row."""
 
@@ -96,7 +96,7 @@ def _settle(spool: Spool) -> None:
 def test_a_big_fill_shared_with_forked_children_gives_the_same_rows(gq: Env) -> None:
     """Past PARALLEL_FROM files to read, children forked per CPU read shares of them (issue 15):
     the rows must be those of a fill by one process, a file that is not a job included."""
-    from gpuq.engine import finished_rows
+    from gpuq.engine.views import finished_rows
 
     spool = _many(gq, 40)
     broken = Path(spool.layout.job_path("done", "999999-broken.json"))
@@ -117,7 +117,7 @@ def test_a_big_fill_shared_with_forked_children_gives_the_same_rows(gq: Env) -> 
 
 def _row_cells() -> Any:
     from gpuq.cli import render
-    from gpuq.engine.finished_rows import RowCells
+    from gpuq.engine.views.finished_rows import RowCells
 
     return RowCells(render.FINISHED_FIELDS, render.finished_cells, render.damaged_cells, render.finished_block)
 
@@ -174,7 +174,7 @@ def test_status_a_shows_the_table_of_the_whole_files(gq: Env) -> None:
     """Past RECENT_FINISHED finished jobs, `status -a` prints rows from the cache's view; they
     are the rows the whole files give, in id order, with held and interrupted ones merged in."""
     from gpuq.cli import render
-    from gpuq.engine.status import Row
+    from gpuq.engine.views.status import Row
 
     spool = _many(gq, 12)
     _varied(spool, gq.work)
@@ -248,7 +248,7 @@ def test_removed_added_and_rewritten_files_show_at_once_in_settled_directories(g
 def test_a_fill_right_after_jobs_finished_is_cached_once_settled(gq: Env) -> None:
     """The first `status -a` often runs while done/ is still being written (its signature not yet
     trusted); once the directory settled unchanged, what it read is kept, not read again."""
-    from gpuq.engine import finished_index
+    from gpuq.engine.views import finished_index
 
     spool = _many(gq, 15)
     listing = finished_index.finished(spool)
@@ -270,8 +270,8 @@ def test_the_block_of_finished_lines_is_the_table_the_columns_give() -> None:
     from array import array
 
     from gpuq.cli import render
-    from gpuq.engine.finished_rows import FinishedView
-    from gpuq.engine.status import CachedRow
+    from gpuq.engine.views.finished_rows import FinishedView
+    from gpuq.engine.views.status import CachedRow
 
     cells = [(f"exp/run-{n}", "train.py", f"{n}s", "exit=0" if n % 3 else "exit=1  ünï") for n in range(1, 30)]
     ids = list(range(10, 39))

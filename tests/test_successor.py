@@ -15,8 +15,8 @@ from typing import Any
 from conftest import WAIT_FOR_GO, Env, fill_up, small_tmpfs, spool_with_true_jobs, wait_for
 
 from gpuq.core.states import DONE, PENDING, RUNNING
-from gpuq.engine.planner import Planner
-from gpuq.engine.scheduler import Snapshot
+from gpuq.engine.schedule.planner import Planner
+from gpuq.engine.schedule.scheduler import QueueState
 from gpuq.run import successor, supervisor
 from gpuq.system.gpus import Gpu, GpuLook
 
@@ -29,9 +29,9 @@ def _no_gpus() -> GpuLook:
     return GpuLook(gpus=(), source="none", problem=None, at=time.time())
 
 
-def _snap(pending: list[dict], running: list[dict]) -> Snapshot:
+def _snap(pending: list[dict], running: list[dict]) -> QueueState:
     states = {j["id"]: PENDING for j in pending} | {j["id"]: RUNNING for j in running}
-    return Snapshot(states, pending, running, time.time())
+    return QueueState(states, pending, running, time.time())
 
 
 def test_the_jobs_named_are_the_queue_in_order_up_to_one_another_waits_for() -> None:

@@ -10,7 +10,7 @@ from typing import Optional
 from gpuq.cli.common import spool
 from gpuq.core.errors import UsageError
 from gpuq.core.times import duration
-from gpuq.engine import history
+from gpuq.engine.views import history
 
 
 def cmd_history(args: argparse.Namespace) -> int:

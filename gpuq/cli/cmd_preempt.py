@@ -10,7 +10,7 @@ from gpuq.core.errors import UsageError
 
 
 def cmd_preempt(args: argparse.Namespace) -> int:
-    from gpuq.engine import preempt
+    from gpuq.engine.lifecycle import preempt
 
     if args.timeout < 0:
         raise UsageError("--timeout must be 0 or more")
@@ -47,7 +47,7 @@ def _what_resume_does(job: dict[str, Any]) -> str:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from gpuq.engine import preempt
+    from gpuq.engine.lifecycle import preempt
 
     sp = spool()
     where = "in normal order" if args.back else "first in line"
@@ -60,7 +60,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_adopt(args: argparse.Namespace) -> int:
-    from gpuq.engine import adopt
+    from gpuq.engine.lifecycle import adopt
 
     _ref, job = adopt.adopt(spool(), args.pid, name=args.name, log=args.log)
     print(f"[+] Job #{job['id']}: {job['name']} adopted (pid {job['pid']}, started {job['started_at']})")

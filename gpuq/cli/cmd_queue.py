@@ -11,7 +11,7 @@ from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import HELD, PENDING, RUNNING
 from gpuq.core.timespec import parse_size_bytes, parse_size_mib
-from gpuq.engine import enqueue
+from gpuq.engine.lifecycle import enqueue
 from gpuq.system import procs
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
@@ -63,7 +63,7 @@ def cmd_add(args: argparse.Namespace) -> int:
         after = f"  after {', '.join(f'#{d}' for d in deps)}" if deps else ""
         print(f"[+] Job #{job['id']}: {job['name']}{after}{'  (held)' if args.hold else ''}")
     if args.urgent and not args.quiet and not args.hold:
-        from gpuq.engine import victims  # only for --urgent: it may look at running jobs' checkpoints
+        from gpuq.engine.schedule import victims  # only for --urgent: it may look at running jobs' checkpoints
 
         running = [job for _ref, job in spool().jobs.load_many(RUNNING)]
         print(f"    {victims.foreseen(published[0][1], running)}")
@@ -103,7 +103,7 @@ def _preempt_options(args: argparse.Namespace, variants: list[enqueue.Variant], 
             raise UsageError(problem)
         options["resume_arg"] = args.resume_arg
     if args.preemptible:
-        from gpuq.engine import hf
+        from gpuq.engine.lifecycle import hf
 
         message = ""
         for variant in variants:
@@ -126,7 +126,7 @@ def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError("--gpu-mem needs --gpus 1 or more (--gpus 0 is a CPU job)")
     problem = None
     if args.gpus > 1 or mem is not None:  # only such a request needs the GPUs looked at
-        from gpuq.engine import gpuview
+        from gpuq.engine.schedule import gpuview
 
         problem = gpuview.never_fits(spool(), args.gpus, mem)
     if problem:
@@ -176,7 +176,7 @@ def _bytes(text: str, flag: str) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from gpuq.engine import actions  # here: `gpuq add` must not import it
+    from gpuq.engine.lifecycle import actions  # here: `gpuq add` must not import it
 
     sp = spool()
 
@@ -198,7 +198,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
-    from gpuq.engine import actions  # here: `gpuq add` must not import it
+    from gpuq.engine.lifecycle import actions  # here: `gpuq add` must not import it
 
     sp = spool()
 
@@ -210,7 +210,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    from gpuq.engine import actions  # here: `gpuq add` must not import it
+    from gpuq.engine.lifecycle import actions  # here: `gpuq add` must not import it
 
     sp = spool()
 
@@ -222,7 +222,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_edit(args: argparse.Namespace) -> int:
-    from gpuq.engine import edit
+    from gpuq.engine.lifecycle import edit
 
     sp = spool()
     fields, rev = edit.read(sp, args.id)
@@ -263,7 +263,7 @@ def _in_editor(fields: dict[str, Any], job_id: int) -> dict[str, Any]:
 
 
 def cmd_kill(args: argparse.Namespace) -> int:
-    from gpuq.engine import actions  # here: `gpuq add` must not import it
+    from gpuq.engine.lifecycle import actions  # here: `gpuq add` must not import it
 
     sp = spool()
 
@@ -281,7 +281,7 @@ def _say_killing(job_id: int, grace: float) -> None:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    from gpuq.engine import actions  # here: `gpuq add` must not import it
+    from gpuq.engine.lifecycle import actions  # here: `gpuq add` must not import it
 
     sp = spool()
 
@@ -293,7 +293,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    from gpuq.engine import actions  # here: `gpuq add` must not import it
+    from gpuq.engine.lifecycle import actions  # here: `gpuq add` must not import it
 
     report = actions.clear(spool(), logs_only=args.logs)
     freed = f"{report.freed_bytes / (1 << 20):.1f} MiB"
@@ -307,7 +307,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from gpuq.engine import actions  # here: `gpuq add` must not import it
+    from gpuq.engine.lifecycle import actions  # here: `gpuq add` must not import it
 
     sp = spool()
     if args.all or args.jobs:
@@ -334,7 +334,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 def _recover(sp: Spool, ids: list[int], from_scratch: bool, say: bool) -> tuple[int, int]:
     """Each interrupted job of `ids` back in the queue: (how many went back, the exit code)."""
-    from gpuq.engine import actions
+    from gpuq.engine.lifecycle import actions
 
     back = []
 

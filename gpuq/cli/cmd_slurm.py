@@ -11,7 +11,7 @@ import gpuq
 from gpuq.cli import render
 from gpuq.cli.common import job_ids, say_refused, spool
 from gpuq.core.errors import Refused, UsageError
-from gpuq.engine import slurm_handover
+from gpuq.engine.lifecycle import slurm_handover
 from gpuq.run import slurm_batch
 
 

@@ -11,11 +11,11 @@ from gpuq.core.errors import Refused
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from gpuq.engine import importer, legacy
+    from gpuq.engine.original import importer, reader
 
     sp = spool()  # a queue lying in the spool itself has just been imported by this
     if args.path is None:
-        found = legacy.find_legacy(sp.home)
+        found = reader.find_legacy(sp.home)
         if found is None:
             print(f"no queue of the original gpuq in {sp.home} (gpuq.db or queue.json); give its path")
             return 0

@@ -6,8 +6,8 @@ from gpuq.cli import render
 from gpuq.cli.common import spool
 from gpuq.core import jsontext
 from gpuq.core.states import RUNNING
-from gpuq.engine.row_cells import RowCells
-from gpuq.engine.status import Row, status
+from gpuq.engine.views.row_cells import RowCells
+from gpuq.engine.views.status import Row, status
 from gpuq.system import security
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
@@ -119,7 +119,7 @@ def json_row(row: Row) -> dict[str, Any]:
 
 
 def cmd_eta(args: argparse.Namespace) -> int:
-    from gpuq.engine import actions  # not at the top: `gpuq status` has no use for it
+    from gpuq.engine.lifecycle import actions  # not at the top: `gpuq status` has no use for it
 
     sp = spool()
     if args.id is not None:
@@ -139,7 +139,7 @@ def cmd_eta(args: argparse.Namespace) -> int:
 
 
 def cmd_log(args: argparse.Namespace) -> int:
-    from gpuq.engine import actions
+    from gpuq.engine.lifecycle import actions
 
     sp = spool()
     _ref, job = actions.get(sp, args.id)
@@ -155,7 +155,7 @@ def cmd_log(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     """The job's file and state. The environment inherited from the shell that queued it (tens of
     variables, tokens included) is summed up unless asked for: --env lists it, --json is the file."""
-    from gpuq.engine import actions
+    from gpuq.engine.lifecycle import actions
 
     sp = spool()
     ref, job = actions.get(sp, args.id)
@@ -174,7 +174,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_gpus(args: argparse.Namespace) -> int:
     import time
 
-    from gpuq.engine import actions, gpuview
+    from gpuq.engine.lifecycle import actions
+    from gpuq.engine.schedule import gpuview
 
     sp = spool()
     shown = gpuview.current(sp, actions.jobs_in(sp, (RUNNING,)))  # a look of its own if the workers' is old

@@ -9,7 +9,7 @@ from typing import Any
 from gpuq.cli.common import spool
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.timespec import parse_duration, parse_size_bytes, parse_size_mib
-from gpuq.engine import actions
+from gpuq.engine.lifecycle import actions
 
 RUN_NEEDS = ("psutil", "watchdog")  # what the worker and the supervisors import
 

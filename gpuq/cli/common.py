@@ -18,10 +18,10 @@ def spool() -> Spool:
     time, a queue of the original gpuq found there is imported (as the original imported its
     queue.json), and what happened is said on stderr, where it never mixes with JSON output."""
     sp = Spool().ensure()
-    from gpuq.engine.legacy_probe import find_legacy  # two stats; engine.legacy only when there is one
+    from gpuq.engine.original.probe import find_legacy  # two stats; engine.legacy only when there is one
 
     if find_legacy(sp.home) is not None:
-        from gpuq.engine.importer import import_on_first_use
+        from gpuq.engine.original.importer import import_on_first_use
 
         try:
             report = import_on_first_use(sp)

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any, Optional, Sequence
 
 from gpuq.core.errors import GpuqError
-from gpuq.engine.history import Run
+from gpuq.engine.views.history import PastRun
 
 FORMATS = (".png", ".svg")
 MISSING = "history --plot needs matplotlib: pip install 'gpuq-spool[plot]'"
@@ -35,7 +35,7 @@ class PlotUnavailable(GpuqError, ImportError):
     """matplotlib is not installed; the message names the extra to install."""
 
 
-def plot(runs: Sequence[Run], path: str, title: Optional[str] = None) -> None:
+def plot(runs: Sequence[PastRun], path: str, title: Optional[str] = None) -> None:
     """Draw `runs` as a timeline into `path` (.png or .svg, chosen by the suffix; ValueError for
     any other). One lane per GPU (a run on GPUs 0,1 is drawn in both lanes), then "machine" (no GPU
     detail) and "cpu" lanes; bars coloured by the attempt's outcome, adopted runs hatched
@@ -63,7 +63,7 @@ def plot(runs: Sequence[Run], path: str, title: Optional[str] = None) -> None:
     fig.savefig(path, format=suffix[1:], dpi=100)
 
 
-def lane_order(runs: Sequence[Run]) -> list[str]:
+def lane_order(runs: Sequence[PastRun]) -> list[str]:
     """GPU lanes by index (numerically when they are numbers), then "machine", then "cpu"."""
     names = {lane for run in runs for lane in run.lanes}
     gpus = sorted((n for n in names if n not in ("machine", "cpu")), key=lambda n: (not n.isdigit(), _num(n), n))
@@ -78,12 +78,12 @@ def _label(lane: str) -> str:
     return lane if lane in ("machine", "cpu") else f"GPU {lane}"
 
 
-def _default_title(runs: Sequence[Run]) -> str:
+def _default_title(runs: Sequence[PastRun]) -> str:
     hours = sum(run.gpu_hours for run in runs)
     return f"gpuq history: {len(runs)} runs, {hours:.1f} GPU-hours"
 
 
-def _draw(ax: Any, runs: Sequence[Run], lanes: list[str], mdates: Any) -> None:
+def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mdates: Any) -> None:
     tz = datetime.now(timezone.utc).astimezone().tzinfo  # show local time, as `gpuq status` does
     row = {lane: index for index, lane in enumerate(lanes)}
 
@@ -101,7 +101,7 @@ def _draw(ax: Any, runs: Sequence[Run], lanes: list[str], mdates: Any) -> None:
     _legend(ax, shown, markers, any(run.adopted for run in runs))
 
 
-def _draw_bars(ax: Any, runs: Sequence[Run], row: dict[str, int], num: Any) -> list[str]:
+def _draw_bars(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any) -> list[str]:
     """One bar per run and lane; returns the outcomes drawn, in legend order."""
     span = max(run.end for run in runs) - min(run.start for run in runs)
     min_days = span * MIN_WIDTH_FRACTION / 86400.0
@@ -112,7 +112,7 @@ def _draw_bars(ax: Any, runs: Sequence[Run], row: dict[str, int], num: Any) -> l
     for run in sorted(runs, key=lambda r: r.start):
         seen[run.job_id] += 1
         number[id(run)] = seen[run.job_id]
-    bars: dict[str, list[tuple[Run, str]]] = defaultdict(list)
+    bars: dict[str, list[tuple[PastRun, str]]] = defaultdict(list)
     for run in runs:
         for lane in run.lanes:
             bars[run.outcome].append((run, lane))
@@ -134,10 +134,10 @@ def _draw_bars(ax: Any, runs: Sequence[Run], row: dict[str, int], num: Any) -> l
     return order
 
 
-def _mark_preemptions(ax: Any, runs: Sequence[Run], row: dict[str, int], num: Any) -> list[tuple[str, str]]:
+def _mark_preemptions(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any) -> list[tuple[str, str]]:
     """A marker at the end of each preempted attempt, and at the start of the attempt after it;
     returns (marker, label) of those drawn."""
-    by_job: dict[int, list[Run]] = defaultdict(list)
+    by_job: dict[int, list[PastRun]] = defaultdict(list)
     for run in runs:
         by_job[run.job_id].append(run)
     stops: list[tuple[float, int]] = []

@@ -49,7 +49,7 @@ HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
 
 
 def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = None) -> list[str]:
-    """The table of `rows`, and of `finished` (engine/finished_rows.py's FinishedView: finished rows
+    """The table of `rows`, and of `finished` (engine/views/finished_rows.py's FinishedView: finished rows
     in id order) merged in by id after the running and pending rows. The view's rows may come as
     its block: one string of many lines, last in the list."""
     now = time.time() if now is None else now

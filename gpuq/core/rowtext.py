@@ -2,7 +2,7 @@
 finished job.
 
 Kept in core, below the spool, because a finished job's row is made in two places that must agree
-to the byte: by `gpuq status -a` from the job's file (engine/finished_rows.py), and by whoever moves
+to the byte: by `gpuq status -a` from the job's file (engine/views/finished_rows.py), and by whoever moves
 the job into a finished state, who appends it to cache/finished-journal (spool/journal.py) so that
 the first `status -a` over 100,000 finished jobs need not read their files (issue 15).
 """

@@ -102,7 +102,7 @@ def new_job(
     }
 
 
-# Preemption and resume fields (engine/preempt.py; spool_layout.md section 11). Job files
+# Preemption and resume fields (engine/lifecycle/preempt.py; spool_layout.md section 11). Job files
 # written before they existed lack them: read them with .get().
 PREEMPT_DEFAULTS: dict[str, Any] = {
     "preemptible": False,  # added with --preemptible: HF JIT checkpoint flag / GPUQ_PREEMPTIBLE=1
@@ -116,7 +116,7 @@ PREEMPT_DEFAULTS: dict[str, Any] = {
     "auto_resume": False,  # preempted for an urgent job: the worker resumes it by itself
     "queue_front": False,  # resumed: goes before other pending jobs (urgent ones excepted)
 }
-# GPU fields (engine/placement.py; spool_layout.md section 12).
+# GPU fields (engine/schedule/placement.py; spool_layout.md section 12).
 GPU_DEFAULTS: dict[str, Any] = {
     "gpu_request": 1,  # --gpus N: how many GPUs it needs; 0 is a CPU job
     "gpu_mem_mib": None,  # --gpu-mem: MiB it needs on each GPU, shared with others; None: whole GPUs
@@ -128,7 +128,7 @@ HOOK_DEFAULTS: dict[str, Any] = {
     "on_finish": None,  # --on-finish CMD: a shell command run with the job's id, state... in its environment
     "max_log_bytes": None,  # --max-log-size: its log keeps its head and newest tail within this (run/logcap.py)
 }
-# Continuing from checkpoints after a crash (engine/continuation.py; spool_layout.md section 11).
+# Continuing from checkpoints after a crash (engine/tracking/continuation.py; spool_layout.md section 11).
 CONTINUE_DEFAULTS: dict[str, Any] = {
     "no_resume": False,  # --no-resume: its checkpoints are never reused; every attempt starts over
     "ckpt_since": None,  # when this run began: checkpoints completed before are an earlier run's

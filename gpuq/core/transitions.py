@@ -284,7 +284,7 @@ def resume(job: dict[str, Any], continuation: Continuation, front: bool, note: s
     return changes
 
 
-# ---- Slurm (engine/slurm_handover.py) -------------------------------------------------------------
+# ---- Slurm (engine/lifecycle/slurm_handover.py) -------------------------------------------------------------
 
 
 def slurm_submitting(cluster_opts: list[str]) -> Changes:

@@ -1,7 +1,7 @@
 """The worker's event loop: a thin shell around Worker.step().
 
 File events from watchdog say "look again soon" and name the files of pending/ and running/ that
-changed, which the worker's view reads again (engine/queue_view.py). They are hints: the view takes
+changed, which the worker's view reads again (engine/schedule/queue_view.py). They are hints: the view takes
 a full look at least every 5 s and after any doubt (a new observer), and the loop also looks every
 RESCAN_SECONDS in case an event was lost (inotify overflow, a network filesystem, a dead observer
 thread).
@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Optional
 
 from gpuq.core.states import PENDING, RUNNING
-from gpuq.engine.planner import GPU_WAIT_RESCAN_SECONDS
+from gpuq.engine.schedule.planner import GPU_WAIT_RESCAN_SECONDS
 from gpuq.run.worker import RESCAN_SECONDS, StepResult, Worker
 from gpuq.system.security import FULL_ERRNOS
 
@@ -184,7 +184,7 @@ def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any
 
 def _note(worker: Worker, event: Any) -> None:
     """Tell the worker's view which files of pending/ and running/ the event names (a move names
-    two), so that its next step reads them again (engine/queue_view.py). The observer's filter
+    two), so that its next step reads them again (engine/schedule/queue_view.py). The observer's filter
     already keeps out opens, reads and directories: the worker's own reads never come back as hints."""
     for path in (event.src_path, getattr(event, "dest_path", "")):
         if path:

@@ -46,7 +46,7 @@ from gpuq.core.jobenv import add_job_variables
 from gpuq.core.resume_arg import DEFAULT_RESUME_ARG, resume_argv
 from gpuq.core.schema import DEFAULT_JOB_UMASK
 from gpuq.core.times import now_iso
-from gpuq.engine import checkpoints
+from gpuq.engine.tracking import checkpoints
 from gpuq.system.slurm import comment_marker, slurm_job_name
 
 TIME_LIMIT_SIGNAL = "USR1"

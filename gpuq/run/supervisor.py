@@ -393,7 +393,7 @@ def finish(
     sig_name = signal.Signals(sig).name if sig else None
     how = None
     if state == PENDING:  # an automatic retry continues from the job's newest checkpoint
-        from gpuq.engine import continuation  # rare: not loaded before the job starts
+        from gpuq.engine.tracking import continuation  # rare: not loaded before the job starts
 
         how = continuation.plan(spool, job)
         why = f"{why}; {how.text()}"
@@ -414,10 +414,10 @@ def finish(
     )
     os.close(run.log_fd)
     if state == PREEMPTED:
-        from gpuq.engine import preemption  # rare: not loaded before the job starts
+        from gpuq.engine.tracking import continuation  # rare: not loaded before the job starts
 
         by = f"its time limit of {run.timed_out}" if run.timed_out else None
-        changes.update(preemption.record(spool, job, exit_code, request or PREEMPT, by=by))
+        changes.update(continuation.record_preemption(spool, job, exit_code, request or PREEMPT, by=by))
     _record_end(run, state, changes, exit_code)
     for reservation in run.room:
         reservation.release()

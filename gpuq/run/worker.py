@@ -1,6 +1,6 @@
 """The worker's scheduling step: a plain call that tests can make one step at a time.
 
-`Worker.step()` repairs what crashes left (engine/recovery.py), takes in dropped files, reads the
+`Worker.step()` repairs what crashes left (engine/lifecycle/repairs.py), takes in dropped files, reads the
 tree, and starts what can start, each job under a supervisor of its own (run/launcher.py). The event
 loop around it is run/loop.py. The truth is always a fresh look at the spool.
 """
@@ -14,11 +14,13 @@ from typing import Any, Callable, Optional
 
 from gpuq.core import schema
 from gpuq.core.states import DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED, RUNNING
-from gpuq.engine import actions, eta, gpuview, intake, placement, recovery, scheduler, victims
-from gpuq.engine.planner import Assignment, Plan, Planner
-from gpuq.engine.preempt import UrgentPreemptions, resume_auto
-from gpuq.engine.queue_view import QueueView
-from gpuq.engine.snapshot import snapshot
+from gpuq.engine.lifecycle import actions, intake, repairs
+from gpuq.engine.lifecycle.preempt import UrgentPreemptions, resume_auto
+from gpuq.engine.schedule import gpuview, placement, scheduler, victims
+from gpuq.engine.schedule.planner import Assignment, Plan, Planner
+from gpuq.engine.schedule.queue_read import read_queue
+from gpuq.engine.schedule.queue_view import QueueView
+from gpuq.engine.tracking import eta
 from gpuq.run import successor
 from gpuq.run.launcher import Launcher, Process, placed
 from gpuq.spool import JobRef, Spool
@@ -131,8 +133,8 @@ class Worker:
         return not self.spool.dropbox.dropped()  # a dropped file waiting to be complete needs looks
 
     def _quiet_step(self, now: float) -> StepResult:
-        report = recovery.Report()
-        recovery.settle_unsupervised(self.spool, report)
+        report = repairs.Report()
+        repairs.settle_unsupervised(self.spool, report)
         if report.settled:  # a job ended unseen: look at everything again
             self._quiet_since = None
             return self.step(now)
@@ -203,7 +205,7 @@ class Worker:
         full = now - self._last_full_reconcile >= RESCAN_SECONDS
         if full:
             self._last_full_reconcile = now
-        report = recovery.reconcile(self.spool, full=full)
+        report = repairs.reconcile(self.spool, full=full)
         for job_id, state in report.settled:
             self.say(f"job #{job_id} had lost its process and supervisor: now {state}")
         if full:
@@ -224,7 +226,7 @@ class Worker:
             self.say(f"{name}: {outcome}")
         return more
 
-    def _plan(self, snap: scheduler.Snapshot, now: float) -> Plan:
+    def _plan(self, snap: scheduler.QueueState, now: float) -> Plan:
         """Ask the planner what to start, and publish what it saw of the GPUs for `gpuq status`."""
         busy = {job_id: launch.where for job_id, launch in self.launching.items()}
         busy.update(self.urgent.holding(snap.states, now))
@@ -239,9 +241,9 @@ class Worker:
 
     def recover_interrupted(self) -> None:
         """`gpuq run --recover`: jobs a reboot interrupted go back in the queue, each from its
-        newest checkpoint, before the first step (engine/actions.py has the rule for jobs that
+        newest checkpoint, before the first step (engine/lifecycle/actions.py has the rule for jobs that
         keep being interrupted)."""
-        recovery.reconcile(self.spool, full=True)  # after a reboot: running jobs are interrupted now
+        repairs.reconcile(self.spool, full=True)  # after a reboot: running jobs are interrupted now
         recovered, left = actions.recover_at_start(self.spool)
         for job, how in recovered:
             self.say(f"recovered job #{job['id']} {job['name']}: {how.text()}")
@@ -253,7 +255,7 @@ class Worker:
     def publish_gpus(self) -> GpuLook:
         """Look at the GPUs now and show `gpuq status` what was seen (the worker does at start)."""
         look = self.planner.look()
-        self._write_gpu_view(look, snapshot(self.spool, self.cache)[0].running, {})
+        self._write_gpu_view(look, read_queue(self.spool, self.cache)[0].running, {})
         return look
 
     def _write_gpu_view(self, look: GpuLook, running: list[dict[str, Any]], waits: dict[int, scheduler.Wait]) -> None:
@@ -299,7 +301,7 @@ class Worker:
         held = {str(g) for g in job.get("gpus") or []}
         return job.get("slot") in self.labels or bool(held & set(self.labels))
 
-    def _forget_finished_launches(self, snap: scheduler.Snapshot) -> None:
+    def _forget_finished_launches(self, snap: scheduler.QueueState) -> None:
         """A launch stops counting once its job left pending/ (running/ then holds the slot) or
         its supervisor exited."""
         for job_id, launch in list(self.launching.items()):
@@ -318,7 +320,7 @@ class Worker:
         self.supervisors = [p for p in self.supervisors if p.poll() is None]
 
     # ---- handing a slot on (run/successor.py) ----------------------------------------------------
-    def _tell_successors(self, snap: scheduler.Snapshot, allowed: bool) -> None:
+    def _tell_successors(self, snap: scheduler.QueueState, allowed: bool) -> None:
         """Tell the supervisor of each job of ours (being started or running) which jobs it may
         start in its slot, in order, as its jobs end: those we would start there (none while
         draining, stopping or preempting). Only a change is sent."""
@@ -345,7 +347,7 @@ class Worker:
     def _placed(self, where: Assignment) -> dict[str, Any]:
         return placed(where.slot, where.gpus, self.settings.for_supervisors())
 
-    def _follow_handed_on(self, snap: scheduler.Snapshot) -> None:
+    def _follow_handed_on(self, snap: scheduler.QueueState) -> None:
         """A job of ours that left running/: the jobs we had named for its slot that have left
         pending/ since were started by its supervisor (or cancelled, or taken by another worker);
         the one of them running now is that supervisor's job."""
@@ -411,14 +413,14 @@ class Worker:
         claims are read before the fresh look, so a move that ends in between shows in the look.
         A foreground worker must not exit on a stale verdict."""
         held = [job_id for job_id in self.spool.claims.ids() if self.spool.claims.held(job_id)]
-        snap, _ = snapshot(self.spool, self.cache)
+        snap, _ = read_queue(self.spool, self.cache)
         if any(snap.states.get(job_id) != "running" for job_id in held):
             return True
         return scheduler.has_startable_future(snap, self.waits)
 
     # ---- what the loop says when it ends ---------------------------------------------------------
     def why_done(self) -> list[str]:
-        snap, _ = snapshot(self.spool, self.cache)
+        snap, _ = read_queue(self.spool, self.cache)
         reasons = scheduler.waiting_reasons(snap, self.waits)
         blocked = [(j, reasons[j["id"]]) for j in snap.pending]
         if not blocked:
@@ -430,7 +432,7 @@ class Worker:
 
     def still_running(self) -> list[dict[str, Any]]:
         """Running jobs of this worker's slots (they go on under their supervisors)."""
-        return [j for j in snapshot(self.spool, self.cache)[0].running if self._mine(j)]
+        return [j for j in read_queue(self.spool, self.cache)[0].running if self._mine(j)]
 
 
 def _where_text(where: Assignment) -> str:

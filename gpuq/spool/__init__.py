@@ -4,7 +4,7 @@ spool_layout.md is the contract it implements. In short:
 - a job is one JSON file; the state directory it sits in is its state (store.py);
 - new files are written complete in tmp/, then renamed into place (files.py);
 - a state change writes the new version (rev + 1) into the target directory, then unlinks the old
-  one, so a crash in between leaves two copies and the higher rev wins (engine/recovery.py);
+  one, so a crash in between leaves two copies and the higher rev wins (engine/lifecycle/repairs.py);
 - whoever changes a job's file holds the job's claim lock (claims.py).
 
 A Spool is composed of small parts, one module each, that share only the Layout (paths) and Files

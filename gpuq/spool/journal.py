@@ -6,7 +6,7 @@ The first `gpuq status -a` over 100,000 finished jobs cannot afford to open and 
 is written, from the very bytes written, by the code that makes it from a file (core/shown.py,
 core/rowtext.py), and appended here with the file's signature as written (a rename keeps inode,
 mtime and size). The next `status -a` folds the journal into cache/finished-view
-(engine/finished_rows.py) and uses a row only while the file still has that signature.
+(engine/views/finished_rows.py) and uses a row only while the file still has that signature.
 
 A cache: never fsynced; any failure to append is ignored (it only costs that file being read once);
 a torn last line is skipped; a row lost in a race only costs speed.

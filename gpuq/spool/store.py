@@ -2,7 +2,7 @@
 
 A job's state is the directory its file sits in. A state change writes the new version (rev + 1)
 into the target directory without clobbering, then unlinks the old one, so a crash in between
-leaves two copies and the higher rev wins (engine/recovery.py resolves them). Whoever changes a
+leaves two copies and the higher rev wins (engine/lifecycle/repairs.py resolves them). Whoever changes a
 job's file holds the job's claim (spool/claims.py); this module does not check that.
 """
 

@@ -42,7 +42,7 @@ PROCESS_KEYS = ("pid", "used_memory_mib")
 TOP_KEYS = ("gpus", "source", "problem", "at")  # the last three: what to_json adds about the look
 
 
-# collections.namedtuple, not dataclasses or typing's NamedTuple: both cost start-up (engine/scheduler.Snapshot)
+# collections.namedtuple, not dataclasses or typing's NamedTuple: both cost start-up (engine/scheduler.QueueState)
 class GpuProcess(namedtuple("GpuProcess", "pid used_memory_mib")):
     """`pid`, `used_memory_mib` (int; None: NVML could not tell)."""
 
@@ -284,7 +284,7 @@ def _memory(pynvml: Any, handle: Any) -> tuple[int, int]:
     have. That share is left out of the total rather than counted as used, so that on an idle
     GPU no memory looks held by someone unknown. A driver without the v2 call (older than about
     R510) gives v1 figures, where `used` includes the reserve: there, an idle GPU shows that
-    reserve as used memory no listed process explains (see gpuq.engine.placement)."""
+    reserve as used memory no listed process explains (see gpuq.engine.schedule.placement)."""
     names = ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch", "NVMLError_NotSupported")
     no_v2 = tuple(getattr(pynvml, n) for n in names if hasattr(pynvml, n)) + (AttributeError, TypeError)
     try:

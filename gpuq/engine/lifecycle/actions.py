@@ -1,0 +1,365 @@
+"""What the everyday commands do, as a library: the CLI parses and prints, this module acts.
+
+Every change to a job is made while holding its claim, so it cannot race a worker starting it.
+Refusals raise core.errors.Refused with a one-line message.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+from gpuq.core import schema, states, transitions
+from gpuq.core.errors import Refused
+from gpuq.core.states import (
+    ACTIVE,
+    CANCELLED,
+    DONE,
+    FAILED,
+    FINISHED,
+    HELD,
+    INTERRUPTED,
+    KILL,
+    NEEDS_USER,
+    PENDING,
+    PREEMPTED,
+    RUNNING,
+    SLURM,
+    STATES,
+)
+from gpuq.core.transitions import Continuation
+from gpuq.engine.lifecycle import repairs
+from gpuq.engine.schedule import scheduler
+from gpuq.engine.schedule.queue_read import PendingCache, read_queue
+from gpuq.engine.tracking import continuation
+from gpuq.spool import JobRef, Spool, SpoolFull
+from gpuq.system import procs
+
+KILL_GRACE_SECONDS = 10.0
+PID_WAIT_SECONDS = 5.0  # a job just handed to its supervisor gets its pid within milliseconds
+
+
+def get(spool: Spool, job_id: int, states: tuple[str, ...] = STATES) -> tuple[JobRef, dict[str, Any]]:
+    ref = spool.jobs.find(job_id, states)
+    if ref is None:
+        anywhere = spool.jobs.find(job_id)
+        if anywhere is None:
+            raise Refused(f"no such job #{job_id}")
+        raise Refused(f"job #{job_id} is {anywhere.state}, not {' or '.join(states)}")
+    try:
+        return ref, spool.jobs.load(ref)
+    except FileNotFoundError:
+        raise Refused(f"job #{job_id} changed state while reading it; try again") from None
+    except schema.InvalidJob as exc:
+        raise Refused(f"job #{job_id}: file is damaged: {exc}") from None
+
+
+@contextmanager
+def claimed(spool: Spool, job_id: int, states: tuple[str, ...]) -> Iterator[tuple[JobRef, dict[str, Any]]]:
+    """The job (in one of `states`) with its claim held for the block."""
+    claim = spool.claims.take_over(job_id)
+    if claim is None:
+        state = (spool.jobs.find(job_id) or JobRef(job_id, "unknown", "")).state
+        raise Refused(f"job #{job_id} is busy ({state}: being started or changed); try again")
+    try:
+        yield get(spool, job_id, states)
+    finally:
+        claim.release()
+
+
+def running_with_pid(spool: Spool, job_id: int) -> tuple[JobRef, dict[str, Any]]:
+    """A running job, once its supervisor has recorded its pid if it is starting right now (the
+    pid stays null only if the supervisor died in that instant)."""
+    ref, job = get(spool, job_id, (RUNNING,))
+    deadline = time.monotonic() + PID_WAIT_SECONDS
+    while job.get("pid") is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        ref, job = get(spool, job_id, (RUNNING,))
+    return ref, job
+
+
+def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: None) -> dict[str, Any]:
+    """The job goes to cancelled/: one waiting (pending, held, preempted, interrupted) at once;
+    one handed to Slurm after scancel; a running one is killed first, as Slurm's scancel does (by
+    `kill`, `killing` told just before)."""
+    if spool.jobs.find(job_id, (RUNNING,)):
+        killing()
+        return kill(spool, job_id)
+    if spool.jobs.find(job_id, (SLURM,)):
+        from gpuq.engine.lifecycle import slurm_handover  # subprocess: only for a job on Slurm
+
+        return slurm_handover.cancel(spool, job_id)
+    with claimed(spool, job_id, (PENDING, HELD, PREEMPTED, INTERRUPTED)) as (ref, job):
+        if states.handing_over(job):  # Slurm may hold it: cancelled only here, it would run there
+            raise Refused(
+                f"job #{job_id} is being handed to Slurm; `gpuq slurm submit {job_id}` finishes that, "
+                f"then `gpuq cancel {job_id}`"
+            )
+        return spool.jobs.move(ref, job, CANCELLED, transitions.cancel())[1]
+
+
+def hold(spool: Spool, job_id: int) -> dict[str, Any]:
+    """A pending job goes to held/: it never starts (nor do the jobs waiting for it) until released."""
+    if spool.jobs.find(job_id, (RUNNING,)):
+        raise Refused(
+            f"job #{job_id} is running and cannot be held; `gpuq preempt {job_id}` stops it, keeping its checkpoint"
+        )
+    with claimed(spool, job_id, (PENDING,)) as (ref, job):
+        return spool.jobs.move(ref, job, HELD, transitions.hold())[1]
+
+
+def release(spool: Spool, job_id: int) -> dict[str, Any]:
+    """A held job goes back to pending/, in line where its priority and id put it."""
+    with claimed(spool, job_id, (HELD,)) as (ref, job):
+        return spool.jobs.move(ref, job, PENDING, transitions.release())[1]
+
+
+def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS) -> dict[str, Any]:
+    """SIGTERM the running job's process group, SIGKILL after `grace`; it ends in cancelled/."""
+    _ref, job = running_with_pid(spool, job_id)
+    try:
+        spool.control.request(job_id, KILL)
+    except SpoolFull:
+        pass  # a full disk: the job is still stopped; its supervisor records it as failed (143)
+    if not procs.terminate_tree(job, grace, force=True):
+        raise Refused(f"job #{job_id} (pid {job.get('pid')}) did not die")
+    return wait_until_settled(spool, job_id)
+
+
+def wait_until_settled(spool: Spool, job_id: int, timeout: float = 10.0) -> dict[str, Any]:
+    """After a job's process ended: wait for its supervisor to record it (or settle it ourselves
+    if the supervisor is gone) and return the job in its new state."""
+    deadline = time.monotonic() + timeout
+    while spool.jobs.find(job_id, (RUNNING,)) is not None:
+        repairs.settle_unsupervised(spool, repairs.Report())
+        if time.monotonic() > deadline:
+            raise Refused(f"job #{job_id} ended but its new state was not recorded within {timeout:.0f}s")
+        time.sleep(0.05)
+    return get(spool, job_id)[1]
+
+
+def retry(spool: Spool, job_id: int, from_scratch: bool = False) -> tuple[dict[str, Any], Continuation]:
+    """A failed or cancelled job goes back to pending with the same id, its history kept,
+    continuing from its newest checkpoint unless `from_scratch`."""
+    with claimed(spool, job_id, (FAILED, CANCELLED)) as (ref, job):
+        how = continuation.plan(spool, job, from_scratch)
+        changes = transitions.requeue(job, f"retried by user; {how.text()}", how)
+        return spool.jobs.move(ref, job, PENDING, changes)[1], how
+
+
+def interrupted(spool: Spool) -> list[dict[str, Any]]:
+    return [job for _ref, job in spool.jobs.load_many(INTERRUPTED)]
+
+
+def recover(
+    spool: Spool, ids: Optional[list[int]] = None, from_scratch: bool = False
+) -> list[tuple[dict[str, Any], Continuation]]:
+    """Interrupted jobs (all, or `ids`) go back to pending, keeping id, dependencies and history,
+    each continuing from its newest checkpoint unless `from_scratch`."""
+    targets = ids if ids is not None else [job["id"] for job in interrupted(spool)]
+    out = []
+    for job_id in targets:
+        with claimed(spool, job_id, (INTERRUPTED,)) as (ref, job):
+            how = continuation.plan(spool, job, from_scratch)
+            changes = transitions.requeue(job, f"recovered after interruption; {how.text()}", how)
+            out.append((spool.jobs.move(ref, job, PENDING, changes)[1], how))
+    return out
+
+
+def recovery_plans(spool: Spool, from_scratch: bool = False) -> list[tuple[dict[str, Any], Continuation]]:
+    """What `recover` would do with each interrupted job, without doing it."""
+    return [(job, continuation.plan(spool, job, from_scratch)) for job in interrupted(spool)]
+
+
+def recover_at_start(spool: Spool) -> tuple[list[tuple[dict[str, Any], Continuation]], list[dict[str, Any]]]:
+    """`gpuq run --recover`: interrupted jobs back in the queue as the worker starts (after a
+    reboot). A job interrupted more times in a row than its --retries allow (a job that takes the
+    machine down with it) is left for a person: (recovered, left)."""
+    recovered, left = [], []
+    for job in interrupted(spool):
+        if _interrupted_in_a_row(job) > job.get("retries", 0):
+            left.append(job)
+            continue
+        try:
+            recovered += recover(spool, [job["id"]])
+        except Refused:
+            continue  # being changed right now: a person is on it
+    return recovered, left
+
+
+def _interrupted_in_a_row(job: dict[str, Any]) -> int:
+    """How many of the job's latest attempts ended interrupted, the last one excepted."""
+    count = 0
+    for entry in reversed((job.get("history") or [])[:-1]):
+        if entry.get("outcome") != INTERRUPTED:
+            break
+        count += 1
+    return count
+
+
+@dataclass
+class ClearReport:
+    removed: list[int] = field(default_factory=list)
+    kept_for_dependents: list[int] = field(default_factory=list)
+    logs_dropped: list[int] = field(default_factory=list)
+    freed_bytes: int = 0
+
+
+def clear(spool: Spool, logs_only: bool = False) -> ClearReport:
+    """Remove finished jobs (done, failed, cancelled) and their logs, or with `logs_only` only
+    their logs (their records stay). A finished job that a waiting job still depends on is kept,
+    so the dependent is not stranded. Only deletions: it works on a full disk, to make room."""
+    if logs_only:
+        return _drop_logs(spool)
+    snap, _ = read_queue(spool)
+    needed = {d for j in snap.pending + snap.running for d in j.get("after", []) + j.get("after_any", [])}
+    report = ClearReport()
+    for ref in list(spool.jobs.refs(FINISHED)):
+        if ref.id in needed:
+            report.kept_for_dependents.append(ref.id)
+            continue
+        claim = spool.claims.take_over(ref.id, noting=False)  # an empty lock: no room needed on a full disk
+        if claim is None:
+            continue
+        try:
+            if spool.jobs.find(ref.id, (ref.state,)) == ref:
+                spool.jobs.remove(ref)
+                report.freed_bytes += spool.delete_outputs(ref.id)
+                report.removed.append(ref.id)
+        finally:
+            claim.release()
+    report.freed_bytes += spool.snapshots.release_unused(set(spool.jobs.index()))
+    return report
+
+
+def _drop_logs(spool: Spool) -> ClearReport:
+    report = ClearReport()
+    for ref in spool.jobs.refs(FINISHED):
+        freed = spool.delete_outputs(ref.id)
+        if freed:
+            report.logs_dropped.append(ref.id)
+            report.freed_bytes += freed
+    return report
+
+
+def sweep_jobs(spool: Spool, sweep_id: int) -> list[dict[str, Any]]:
+    """The jobs of a sweep (consecutive ids from `sweep_id`): id, name, state and values of each."""
+    out = []
+    index = spool.jobs.index()
+    job_id = sweep_id
+    while job_id in index:
+        ref = index[job_id][-1]
+        try:
+            job = spool.jobs.load(ref)
+        except (FileNotFoundError, schema.InvalidJob):
+            break
+        sweep = job.get("sweep")
+        if not isinstance(sweep, dict) or sweep.get("id") != sweep_id:
+            break
+        out.append({"id": job_id, "name": job["name"], "state": ref.state, "values": sweep.get("values")})
+        job_id += 1
+    return out
+
+
+def stop_workers(spool: Spool, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """SIGTERM every live worker and wait for them to exit. Jobs are left running."""
+    workers = spool.workers.live()
+    for info in workers:
+        try:
+            os.kill(int(info["pid"]), signal.SIGTERM)
+        except (ProcessLookupError, KeyError, ValueError):
+            pass
+    deadline = time.monotonic() + timeout
+    while spool.workers.live():
+        if time.monotonic() > deadline:
+            raise Refused(f"worker did not stop within {timeout:.0f}s")
+        time.sleep(0.05)
+    return workers
+
+
+def drain_workers(spool: Spool) -> list[dict[str, Any]]:
+    """Ask every live worker to start nothing new and to exit once its jobs have ended (SIGUSR1)."""
+    workers = spool.workers.live()
+    for info in workers:
+        try:
+            os.kill(int(info["pid"]), signal.SIGUSR1)
+        except (ProcessLookupError, KeyError, ValueError):
+            pass
+    return workers
+
+
+@dataclass
+class Waited:
+    """How the jobs `gpuq wait` waited for ended: id -> (state, why it is not done, or None)."""
+
+    ends: dict[int, tuple[str, Optional[str]]] = field(default_factory=dict)
+
+    @property
+    def all_done(self) -> bool:
+        return all(state == DONE for state, _why in self.ends.values())
+
+
+def queued_now(spool: Spool) -> list[int]:
+    """The jobs `gpuq wait` waits for by default: every job queued, held or running now (here or on Slurm)."""
+    return sorted(ref.id for ref in spool.jobs.refs((PENDING, RUNNING, HELD, SLURM)))
+
+
+def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll: float = 0.5) -> Waited:
+    """Block until each job has ended (or can no longer start without a person: failed
+    dependency, held, preempted, interrupted) or `timeout` passes. Refused for an unknown id."""
+    index = spool.jobs.index()
+    unknown = [i for i in ids if i not in index]
+    if unknown:
+        raise Refused(f"no such job {', '.join(f'#{i}' for i in unknown)}")
+    cache, out = PendingCache(), Waited()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    left = set(ids)
+    while True:
+        repairs.settle_unsupervised(spool, repairs.Report())  # a dead job ends as soon as we look
+        if left & {ref.id for ref in spool.jobs.refs((SLURM,))}:
+            _sync_slurm(spool)
+        snap, _ = read_queue(spool, cache)
+        reasons = scheduler.waiting_reasons(snap)
+        for job_id in sorted(left):
+            state = snap.states.get(job_id)
+            wait = reasons.get(job_id)
+            if state is None or state in FINISHED or state in NEEDS_USER:
+                out.ends[job_id] = (state or "gone", None if state == DONE else _why_not_done(spool, job_id, state))
+            elif state == PENDING and wait is not None and wait.forever:
+                out.ends[job_id] = (state, f"blocked: {wait.reason}")
+        left -= set(out.ends)
+        if not left:
+            return out
+        if deadline is not None and time.monotonic() > deadline:
+            for job_id in left:
+                out.ends[job_id] = (snap.states.get(job_id, "gone"), "still waiting when --timeout ran out")
+            return out
+        time.sleep(poll)
+
+
+def _sync_slurm(spool: Spool) -> None:
+    """Jobs on Slurm end when Slurm says so: ask it (a Slurm that does not answer: ask again later)."""
+    from gpuq.core.errors import GpuqError
+    from gpuq.engine.lifecycle import slurm_handover
+
+    try:
+        slurm_handover.sync(spool)
+    except GpuqError:
+        pass
+
+
+def _why_not_done(spool: Spool, job_id: int, state: Optional[str]) -> str:
+    try:
+        job = get(spool, job_id)[1]
+    except Refused:
+        return state or "gone"
+    code = f"exit {job['exit_code']}" if job.get("exit_code") is not None else ""
+    return ": ".join(p for p in (code, job.get("reason") or job.get("note") or "") if p) or (state or "")
+
+
+def jobs_in(spool: Spool, states: tuple[str, ...] = ACTIVE) -> list[dict[str, Any]]:
+    return [job for state in states for _ref, job in spool.jobs.load_many(state)]

@@ -1,0 +1,152 @@
+"""`gpuq adopt PID`: take a process started outside gpuq into the queue as a running job.
+
+An adopted job is a running/ job file with `adopted: true`, the process's real argv, cwd and start
+time, its identity (pid + create time + boot id) and `slot: null`, which occupies every slot of the
+worker: nothing else starts while it runs. No supervisor holds its claim; it cannot have one, since
+only a process's parent can learn its exit code. engine/repairs.py moves it to done/ with
+`exit_code: null` and a note once its process is gone, so `--after` on it starts then.
+
+psutil (imported here, lazily for the CLI) gives the same answers on Linux and macOS.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Optional
+
+from gpuq.core import schema
+from gpuq.core.errors import Refused
+from gpuq.core.states import RUNNING, SOURCE_ADOPT
+from gpuq.core.times import iso_of
+from gpuq.engine.lifecycle import repairs
+from gpuq.engine.lifecycle.enqueue import default_name
+from gpuq.spool import JobRef, Spool
+from gpuq.system import procs
+
+
+class AdoptError(Refused):
+    """The process cannot be adopted; the message is one line for the user."""
+
+
+def describe(pid: int) -> dict[str, Any]:
+    """argv, cwd, start time and stdout of a process of ours, or AdoptError saying why not."""
+    import psutil
+
+    if pid <= 0:
+        raise AdoptError(f"not a process id: {pid}")
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                raise AdoptError(f"process {pid} has already exited (a zombie waiting for its parent)")
+            owner = proc.uids().real
+            if owner != os.getuid():
+                raise AdoptError(f"process {pid} belongs to another user (uid {owner}); only your own can be adopted")
+            info = {
+                "pid": pid,
+                "cmd": proc.cmdline(),
+                "cwd": proc.cwd(),
+                "create_time": proc.create_time(),
+            }
+            info["stdout"] = _stdout_file(proc)
+            info["ancestors"] = [p.pid for p in proc.parents()]
+    except psutil.NoSuchProcess:
+        raise AdoptError(f"no such process: {pid}") from None
+    except psutil.AccessDenied:
+        raise AdoptError(f"process {pid} cannot be read (permission denied); only your own can be adopted") from None
+    if not info["cmd"]:
+        raise AdoptError(f"process {pid} has no command line (a kernel thread?)")
+    return info
+
+
+def _stdout_file(proc: Any) -> Optional[str]:
+    """The regular file the process writes its stdout to (`nohup python train.py > train.log &`),
+    so an adopted job has a log for progress without --log."""
+    try:
+        for entry in proc.open_files():
+            if entry.fd == 1 and os.path.isfile(entry.path):
+                return entry.path
+    except Exception:  # psutil raises several kinds here on some platforms; a log is optional
+        return None
+    return None
+
+
+def tracked_by(spool: Spool, info: dict[str, Any]) -> Optional[str]:
+    """Why gpuq already tracks this process (a job's own process, its supervisor, or a process
+    inside a job's tree), or None."""
+    for _ref, job in spool.jobs.load_many(RUNNING):
+        ident = (job.get("pid"), job.get("pid_create_time"))
+        sup = job.get("supervisor") or {}
+        if _same(ident, info):
+            return f"it is job #{job['id']} ({job['name']})"
+        if _same((sup.get("pid"), sup.get("create_time")), info):
+            return f"it is the supervisor of job #{job['id']} ({job['name']})"
+        if job.get("pid") in info["ancestors"] and procs.job_alive(job):
+            return f"it runs inside job #{job['id']} ({job['name']})"
+    return None
+
+
+def _same(ident: tuple[Any, Any], info: dict[str, Any]) -> bool:
+    pid, created = ident
+    return (
+        pid == info["pid"]
+        and isinstance(created, (int, float))
+        and abs(created - info["create_time"]) <= procs.CREATE_TIME_TOLERANCE
+    )
+
+
+def adopt(spool: Spool, pid: int, name: Optional[str] = None, log: Optional[str] = None) -> tuple[JobRef, dict]:
+    """Publish `pid` as a running adopted job and return it; AdoptError with the reason if not."""
+    log_path = _check_log(log)
+    if pid == os.getpid():
+        raise AdoptError("gpuq cannot adopt itself")
+    info = describe(pid)
+    if name is not None and not name.strip():
+        raise AdoptError("--name must not be empty")
+    # One adopter at a time: the check "not tracked yet" and the publish must not interleave,
+    # or two `gpuq adopt` of the same pid would both succeed.
+    with spool.adopt_lock():
+        reason = tracked_by(spool, info)
+        if reason:
+            raise AdoptError(f"process {pid} is already tracked by gpuq: {reason}")
+        job = _job(spool, info, name, log_path)
+        ref = spool.jobs.publish(job, RUNNING)
+    if not procs.is_same_process(pid, info["create_time"], job["boot_id"]):
+        # It ended while we were adopting: let recovery record that honestly right away.
+        repairs.settle_unsupervised(spool, repairs.Report())
+    return ref, job
+
+
+def _check_log(log: Optional[str]) -> Optional[str]:
+    if log is None:
+        return None
+    path = Path(log).expanduser().absolute()
+    if not path.is_file():
+        raise AdoptError(f"--log {log}: no such file (give the file the process writes to)")
+    return str(path)
+
+
+def _job(spool: Spool, info: dict[str, Any], name: Optional[str], log: Optional[str]) -> dict[str, Any]:
+    cmd, cwd = info["cmd"], info["cwd"]
+    job = schema.new_job(
+        job_id=spool.ids.allocate(),
+        name=name or default_name(Path(cwd), cmd),
+        cmd=cmd,
+        cwd=cwd,
+        log=log or info["stdout"] or "",
+        source=SOURCE_ADOPT,
+    )
+    job.update(
+        adopted=True,
+        started_at=iso_of(info["create_time"]),
+        pid=info["pid"],
+        pid_create_time=info["create_time"],
+        boot_id=procs.boot_id(),
+        host=socket.gethostname(),
+        slot=None,
+        attempts=1,
+        note="adopted: started outside gpuq; its exit code cannot be known",
+    )
+    return job

@@ -1,0 +1,77 @@
+"""`gpuq edit`: change a job that is still waiting (pending or held), with the checks a job file
+dropped into pending/ gets, replacing it atomically under its claim.
+
+What can be edited is what a dropped file may say (its command, directory, name, environment,
+dependencies, retries, priority, GPUs); the id, the history and the rest of gpuq's bookkeeping
+cannot. The job is read, edited (by a person in an editor, or with KEY=VALUE pairs), checked, and
+written only if it has not changed meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gpuq.core import schema
+from gpuq.core.errors import Refused, UsageError
+from gpuq.core.states import WAITING
+from gpuq.engine.lifecycle import actions, enqueue
+from gpuq.spool import Spool
+
+# The job fields behind each editable key (the keys of a dropped file).
+FIELD_OF = {"gpus": "gpu_request", "gpu_mem": "gpu_mem_mib"}
+EDITABLE = sorted(schema.DROPPED_FIELDS)
+
+
+def editable(job: dict[str, Any]) -> dict[str, Any]:
+    """The job as a dropped file would say it: what a person may edit."""
+    out = {key: job.get(FIELD_OF.get(key, key)) for key in EDITABLE}
+    out["gpus"] = 1 if out["gpus"] is None else out["gpus"]
+    return {k: v for k, v in out.items() if not (k == "gpu_mem" and v is None)}
+
+
+def read(spool: Spool, job_id: int) -> tuple[dict[str, Any], int]:
+    """(what may be edited, the job's rev) of a waiting job."""
+    _ref, job = actions.get(spool, job_id, WAITING)
+    return editable(job), job["rev"]
+
+
+def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
+    """`fields` with KEY=VALUE pairs applied; VALUE is JSON when it parses (5, ["python", "t.py"],
+    {"A": "1"}), else a string (`name=exp 2`)."""
+    out = dict(fields)
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--set wants KEY=VALUE, not {pair!r}")
+        if key not in EDITABLE:
+            raise UsageError(f"--set {key}: not editable; these are: {', '.join(EDITABLE)}")
+        try:
+            out[key] = json.loads(text)
+        except ValueError:
+            out[key] = text
+    return out
+
+
+def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> dict[str, Any]:
+    """Check `fields` as a dropped file is checked and write them into the job, under its claim,
+    if it is still waiting and unchanged since `rev` was read. Refused (the job left as it was)
+    with the reason otherwise."""
+    try:
+        clean = schema.normalize_dropped(fields)
+    except schema.InvalidJob as exc:
+        raise Refused(f"job #{job_id} not changed: {exc}") from None
+    missing = enqueue.missing_jobs(spool, clean["after"] + clean["after_any"])
+    if missing:
+        raise Refused(f"job #{job_id} not changed: after: no such job {missing}")
+    if job_id in clean["after"] + clean["after_any"]:
+        raise Refused(f"job #{job_id} not changed: a job cannot wait for itself")
+    if clean.get("cwd") is not None and not Path(clean["cwd"]).is_dir():
+        raise Refused(f"job #{job_id} not changed: cwd does not exist: {clean['cwd']}")
+    with actions.claimed(spool, job_id, WAITING) as (ref, job):
+        if job["rev"] != rev:
+            raise Refused(f"job #{job_id} changed while it was being edited; not changed: edit it again")
+        changes = {FIELD_OF.get(key, key): value for key, value in clean.items()}
+        changes.setdefault("gpu_mem_mib", None)
+        return spool.jobs.move(ref, job, ref.state, changes)[1]

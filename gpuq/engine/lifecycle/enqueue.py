@@ -1,0 +1,234 @@
+"""Turning what a user asked for (`gpuq add ...` or a hand-dropped file) into a queued job.
+
+Directories are plain strings (os.path): `gpuq add` does not import pathlib (bench/PROFILE.md).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from gpuq.core import schema
+from gpuq.core.errors import Refused, UsageError
+from gpuq.core.states import PENDING, SOURCE_CLI
+from gpuq.spool import JobRef, Spool
+from gpuq.system import procs
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Iterator, Optional
+
+    from gpuq.system.fsutil import StrPath
+
+
+class EnqueueError(UsageError):
+    """What was asked for cannot become a job (no such script, directory, interpreter)."""
+
+
+def upward(start: StrPath) -> Iterator[str]:
+    """`start` (made absolute) and every directory above it, up to the root."""
+    directory = os.path.abspath(start)
+    while True:
+        yield directory
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return
+        directory = parent
+
+
+def exists(path: str) -> bool:
+    """As pathlib's Path.exists: False for a missing path, OSError for one that cannot be looked
+    at (a name too long, no permission), which intake reports as the file's problem."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
+            return False
+        raise
+    return True
+
+
+def find_venv(start: StrPath) -> Optional[str]:
+    """The nearest `.venv` (with a bin/python) in `start` or any directory above it."""
+    for directory in upward(start):
+        candidate = os.path.join(directory, ".venv")
+        if exists(os.path.join(candidate, "bin", "python")):
+            return candidate
+    return None
+
+
+def resolve_command(
+    script: str, args: list[str], cwd: StrPath, python: Optional[str] = None
+) -> tuple[list[str], Optional[str]]:
+    """(argv, venv) for SCRIPT ARGS run in `cwd`.
+
+    A *.py SCRIPT runs with: --python if given, else the nearest .venv's python, else the python
+    on PATH. Anything else is a command, found on PATH with the venv's bin/ first.
+    """
+    venv = find_venv(cwd)
+    path = os.path.join(cwd, script)
+    if script.endswith(".py"):
+        if not os.path.isfile(path):
+            raise EnqueueError(f"script not found: {path}")
+        if python:
+            interpreter = python if "/" not in python else os.path.abspath(python)
+            if procs.which(interpreter) is None:
+                raise EnqueueError(f"python not found: {python}")
+        elif venv is not None:
+            interpreter = os.path.join(venv, "bin", "python")
+        else:
+            interpreter = procs.which("python3") or procs.which("python") or ""
+            if not interpreter:
+                raise EnqueueError("no python found on PATH; give one with --python")
+        return [interpreter, script, *args], venv
+    search = os.environ.get("PATH", "")
+    if venv is not None:
+        search = f"{venv}/bin{os.pathsep}{search}"
+    if "/" in script:
+        if not exists(path):
+            raise EnqueueError(f"script not found: {path}")
+    elif procs.which(script, path=search) is None:
+        raise EnqueueError(f"command not found: {script}")
+    return [script, *args], venv
+
+
+def default_name(cwd: StrPath, cmd: list[str]) -> str:
+    """`<dir name>/<script stem>`, as the original gpuq named jobs (`root/...` in `/`)."""
+    stem = schema.display_script(cmd).rsplit(".", 1)[0] or "job"
+    return f"{os.path.basename(os.path.normpath(cwd)) or 'root'}/{stem}"
+
+
+def missing_jobs(spool: Spool, ids: list[int]) -> str:
+    """ "#7, #9" for the ids that name no job in the spool, "" when all exist."""
+    if not ids:
+        return ""  # listing every state costs ~0.1 s per 100,000 finished jobs: only when needed
+    known = set(spool.jobs.index())
+    return ", ".join(f"#{i}" for i in ids if i not in known)
+
+
+class NoSuchDependency(Refused):
+    """--after names a job that does not exist."""
+
+
+def _snapshot(spool: Spool, first: int, ids: list[int], repo: str, cwd: StrPath) -> dict[str, Any]:
+    """Copy the repository's tracked files now (`add --snapshot`): the jobs run this code."""
+    from gpuq.system import gitinfo  # git, only for --snapshot
+
+    try:
+        info = spool.snapshots.create(first, ids, lambda dest: gitinfo.snapshot(repo, dest))
+        here = gitinfo.snapshot_cwd(os.fspath(cwd), repo, info["path"])
+    except ValueError as exc:
+        raise EnqueueError(f"--snapshot: {exc}") from None
+    keep = ("path", "files", "bytes", "commit")
+    return {**{k: info[k] for k in keep}, "repo": repo, "cwd": here}
+
+
+def _snapshot_cmd(cmd: list[str], cwd: StrPath, snap: dict[str, Any]) -> list[str]:
+    """The command with every argument that names a file of the repository (the script, a config)
+    pointing at its copy: the job runs in its own directory, with its data and outputs, but the
+    code it was queued with."""
+    from pathlib import Path  # only for --snapshot
+
+    base = Path(cwd)
+    out = []
+    for word in cmd:
+        path = (base / word) if not os.path.isabs(word) else Path(word)
+        inside = not word.startswith("-") and path.is_file() and _within(path, snap["repo"])
+        copy = Path(snap["path"]) / os.path.relpath(os.path.realpath(path), os.path.realpath(snap["repo"]))
+        out.append(str(copy) if inside and copy.is_file() else word)
+    return out
+
+
+def _within(path: StrPath, repo: str) -> bool:
+    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(repo))
+    return not (rel == os.pardir or rel.startswith(os.pardir + os.sep))
+
+
+def _snapshot_env(snap: dict[str, Any], env: dict[str, str], shell_env: Optional[dict[str, str]]) -> dict[str, str]:
+    """Modules beside the job's directory come from the copy too (PYTHONPATH first)."""
+    before = env.get("PYTHONPATH") or (shell_env or os.environ).get("PYTHONPATH")
+    return {"PYTHONPATH": snap["cwd"] + (os.pathsep + before if before else ""), "GPUQ_SNAPSHOT": snap["path"]}
+
+
+def _own(common: Optional[dict[str, Any]], own: dict[str, Any], first: int) -> dict[str, Any]:
+    """A variant's fields: a sweep is named by the id of its first job."""
+    out = {**(common or {}), **own}
+    if out.get("sweep") is not None:
+        out["sweep"] = dict(out["sweep"], id=first)
+    return out
+
+
+class Variant:
+    """One job of an `add`: its command, name and fields of its own (a sweep has several). A plain
+    class (see scheduler.QueueState)."""
+
+    __slots__ = ("cmd", "name", "options")
+
+    def __init__(self, cmd: list[str], name: Optional[str] = None, options: Optional[dict[str, Any]] = None) -> None:
+        self.cmd, self.name, self.options = cmd, name, {} if options is None else options
+
+
+def enqueue(spool: Spool, *, cmd: list[str], **common: Any) -> tuple[JobRef, dict[str, Any]]:
+    """Allocate an id and publish the job durably in pending/ (see enqueue_many)."""
+    return enqueue_many(spool, [Variant(cmd, common.pop("name", None))], **common)[0]
+
+
+def enqueue_many(
+    spool: Spool,
+    variants: list[Variant],
+    *,
+    cwd: StrPath,
+    venv: Optional[str],
+    env: dict[str, str],
+    shell_env: Optional[dict[str, str]],
+    after: list[int],
+    after_any: list[int],
+    retries: int,
+    priority: int = 0,
+    source: str = SOURCE_CLI,
+    options: Optional[dict[str, Any]] = None,
+    umask: Optional[int] = None,
+    state: str = PENDING,
+) -> list[tuple[JobRef, dict[str, Any]]]:
+    """Publish one job per variant, with consecutive ids, durably, in `state` (pending/, or held/
+    for `add --hold`). All or nothing: should one fail (a full disk), those published are removed."""
+    if not os.path.isdir(cwd):
+        raise EnqueueError(f"directory not found: {cwd}")
+    missing = missing_jobs(spool, after + after_any)
+    if missing:
+        raise NoSuchDependency(f"--after: no such job {missing}")
+    first = spool.ids.allocate(count=len(variants))
+    ids = list(range(first, first + len(variants)))
+    if (options or {}).get("snapshot"):
+        options = dict(options or {})
+        options["snapshot"] = _snapshot(spool, first, ids, options["snapshot"]["repo"], cwd)
+        env = dict(env, **_snapshot_env(options["snapshot"], env, shell_env))
+        for variant in variants:
+            variant.cmd = _snapshot_cmd(variant.cmd, cwd, options["snapshot"])
+    published: list[tuple[JobRef, dict[str, Any]]] = []
+    try:
+        for job_id, variant in enumerate(variants, first):
+            job = schema.new_job(
+                job_id=job_id,
+                name=variant.name or default_name(cwd, variant.cmd),
+                cmd=variant.cmd,
+                cwd=os.fspath(cwd),
+                log=str(spool.layout.log_path(job_id)),
+                env=env,
+                shell_env=shell_env,
+                venv=venv,
+                after=after,
+                after_any=after_any,
+                retries=retries,
+                priority=priority,
+                source=source,
+                options=_own(options, variant.options, first),
+                umask=umask,
+            )
+            published.append((spool.jobs.publish(job, state), job))
+    except BaseException:
+        for ref, _job in published:
+            spool.jobs.remove(ref)
+        raise
+    spool.files.keep_emergency_room()  # a stat, unless the room was used up: then made again if it fits
+    return published

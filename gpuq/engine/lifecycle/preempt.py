@@ -1,0 +1,151 @@
+"""Preempt, resume and urgent jobs, as a library (the CLI and the worker call it).
+
+Preempting leaves a control request (`preempt`, or `preempt-resume` when the worker makes room for
+an urgent job), then SIGTERMs the job's whole process group. The job's supervisor sees the request
+when the job's main process exits, keeps the job in running/ (its slot taken) until nothing of the
+group is left, records the newest complete checkpoint and the steps lost since it
+(engine/tracking/continuation.py), and moves the job to preempted/, whatever its exit code (0 after a graceful
+save, 143 after a plain SIGTERM death).
+
+The job keeps its id: `resume` puts the same file back in pending/ with the checkpoint argument
+replaced, so dependents (`--after ID`) keep waiting and start after the continuation finishes, and
+resuming twice cannot create a second job. spool_layout.md (section 11) has the rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from gpuq.core import transitions
+from gpuq.core.errors import Refused
+from gpuq.core.states import ACTIVE, INTERRUPTED, PENDING, PREEMPT, PREEMPT_RESUME, PREEMPTED, RUNNING
+from gpuq.engine.lifecycle import actions
+from gpuq.engine.schedule.planner import Assignment
+from gpuq.engine.tracking import checkpoints, continuation
+from gpuq.spool import Spool
+from gpuq.system import procs
+
+DEFAULT_TIMEOUT = 60.0  # HF's JIT save waits 3 s after SIGTERM, then saves: allow for big models
+FORCE_WAIT = 10.0
+
+
+# ---- preempt (gpuq preempt) -------------------------------------------------------------------
+@dataclass
+class Outcome:
+    job: dict[str, Any]
+    state: str  # where the job is now
+    left: list[int]  # pids still alive (timeout without --force)
+
+
+def preempt(
+    spool: Spool, job_id: int, timeout: float = DEFAULT_TIMEOUT, force: bool = False, say: Callable = lambda _t: None
+) -> Outcome:
+    _ref, job = actions.running_with_pid(spool, job_id)
+    pgid = job.get("pid")
+    if not pgid:
+        raise Refused(f"job #{job_id} has no process yet; try again")
+    snapshot = procs.ungrouped_tree(pgid)
+    spool.control.request(job_id, PREEMPT)
+    procs.terminate(pgid, snapshot)
+    say(f"sent SIGTERM to job #{job_id}'s process group (pid {pgid}); waiting up to {timeout:g}s for it to exit...")
+    left = procs.wait_gone(pgid, snapshot, timeout)
+    if left and force:
+        say(f"still alive after {timeout:g}s: {_pids(left)}; sending SIGKILL")
+        left = procs.kill_leftovers(pgid, snapshot, FORCE_WAIT)
+        if left:
+            raise Refused(f"job #{job_id}: processes {_pids(left)} survived SIGKILL")
+    if left:
+        if procs.job_alive(job):
+            spool.control.take(job_id)  # withdrawn: the job goes on as if nothing happened
+        # else its main process ended but others ignore SIGTERM: the supervisor keeps it in running/
+        return Outcome(job, RUNNING, [p.pid for p in left])
+    job = actions.wait_until_settled(spool, job_id)
+    found = spool.jobs.find(job_id)
+    return Outcome(job, found.state if found else "unknown", [])
+
+
+def _pids(processes: list[Any]) -> str:
+    return ", ".join(str(p.pid) for p in processes)
+
+
+# ---- resume -----------------------------------------------------------------------------------
+@dataclass
+class Resumed:
+    job: dict[str, Any]
+    checkpoint: Optional[checkpoints.Checkpoint]
+
+
+def resume(spool: Spool, job_id: int, require_checkpoint: bool = False, front: bool = True) -> Resumed:
+    """Put a preempted (or interrupted) job back in pending/ with its newest checkpoint, keeping
+    its id; first in line unless `front` is False."""
+    found = spool.jobs.find(job_id)
+    if found is not None and found.state in ACTIVE:
+        raise Refused(f"job #{job_id} is already {found.state}; nothing to resume")
+    with actions.claimed(spool, job_id, (PREEMPTED, INTERRUPTED)) as (ref, job):
+        how = continuation.plan(spool, job)
+        if how.checkpoint is None and require_checkpoint:
+            why = "it was queued with --no-resume" if job.get("no_resume") else checkpoints.where_looked(job)
+            raise Refused(f"job #{job_id}: no complete checkpoint ({why}); left {ref.state}")
+        if how.checkpoint is not None:
+            note = f"resumes from {how.checkpoint}"
+        elif job.get("no_resume"):
+            note = "starts from scratch: queued with --no-resume"
+        else:
+            note = f"no checkpoint found ({checkpoints.where_looked(job)}): starts from scratch"
+        changes = transitions.resume(job, how, front, note)
+        ckpt = checkpoints.Checkpoint(how.checkpoint, how.step) if how.checkpoint else None
+        return Resumed(spool.jobs.move(ref, job, PENDING, changes)[1], ckpt)
+
+
+def resume_auto(spool: Spool) -> tuple[list[Resumed], bool]:
+    """Resume every job the worker preempted for an urgent job (they go first in line); and
+    whether one was busy (its supervisor still letting go of it: try again in a moment)."""
+    out, busy = [], False
+    for _ref, job in spool.jobs.load_many(PREEMPTED):
+        if job.get("auto_resume"):
+            try:
+                out.append(resume(spool, job["id"]))
+            except Refused:
+                busy = True  # busy or changed meanwhile: the next step tries again
+    return out, busy
+
+
+# ---- urgent jobs (the worker's side) ----------------------------------------------------------
+@dataclass
+class Preemption:
+    job_id: int
+    where: Assignment  # the slot or GPUs it holds until every process of it is gone
+    pgid: int
+    snapshot: list[Any]
+    deadline: float
+
+
+class UrgentPreemptions:
+    """The preemptions one worker has under way to make room for urgent jobs. A victim's slot
+    stays unused until every process of it is gone (SIGKILLed once its grace is over)."""
+
+    def __init__(self, spool: Spool, grace: float = DEFAULT_TIMEOUT):
+        self.spool, self.grace = spool, grace
+        self.under_way: dict[int, Preemption] = {}  # job id -> its preemption
+
+    def begin(self, victim: dict[str, Any], now: float) -> None:
+        """Start preempting `victim` without waiting: `busy_slots` finishes it at later steps."""
+        pgid = victim["pid"]
+        snapshot = procs.ungrouped_tree(pgid)
+        self.spool.control.request(victim["id"], PREEMPT_RESUME)
+        procs.terminate(pgid, snapshot)
+        where = Assignment.of_job(victim)
+        self.under_way[victim["id"]] = Preemption(victim["id"], where, pgid, snapshot, now + self.grace)
+
+    def holding(self, state_of: dict[int, str], now: float) -> dict[int, Assignment]:
+        """Where victims with processes still alive hold their place; SIGKILL what is left once
+        the grace is over (again at each look: a process may have been forked meanwhile).
+        Finished ones are dropped."""
+        for job_id, p in list(self.under_way.items()):
+            left = procs.leftovers(p.pgid, p.snapshot)
+            if state_of.get(job_id) != RUNNING and not left:
+                del self.under_way[job_id]
+            elif left and now >= p.deadline:
+                procs.signal_each(left, "kill")
+        return {job_id: p.where for job_id, p in self.under_way.items()}

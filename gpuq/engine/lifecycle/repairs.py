@@ -1,0 +1,165 @@
+"""Crash recovery: bring the spool back to the truth after any crash, at any point.
+
+`reconcile()` is run by every worker step (the cheap part, and everything at the worker's start
+and then every few seconds) and by `gpuq status` (the cheap part). Each repair is safe to run by
+several processes at once: every change to a job is made while holding the job's claim lock, and a
+claim whose owner died can be taken over by exactly one process (see spool/claims.py).
+spool_layout.md (section 10) lists each crash point and which repair here resolves it.
+"""
+
+from __future__ import annotations
+
+from gpuq.core import schema
+from gpuq.core.states import PENDING, PREEMPT, PREEMPT_ACTIONS, PREEMPT_RESUME, PREEMPTED, RUNNING, STATES
+from gpuq.spool import JobRef, Spool
+from gpuq.system import procs
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Optional
+
+
+class Report:
+    """What reconcile() repaired. A plain class (see scheduler.QueueState)."""
+
+    def __init__(self) -> None:
+        self.duplicates_removed: list[JobRef] = []
+        self.settled: list[tuple[int, str]] = []  # (job id, new state)
+        self.stale_claims: list[int] = []
+        self.tmp_removed = 0
+        self.listing: list[JobRef] = []  # the tree after the repairs, if asked
+
+
+def reconcile(
+    spool: Spool,
+    full: bool = False,
+    listing: Optional[list[JobRef]] = None,
+    finished: Optional[tuple[dict[int, str], int]] = None,
+) -> Report:
+    """Repair what crashes leave behind. The cheap part (always): duplicate copies seen in
+    `listing` (a listing of every state just taken, if the caller has one) and running jobs whose
+    process and supervisor are gone. `full` also resolves duplicates without a listing and clears
+    stale claims and tmp files. With `listing`, `report.listing` is the tree after the repairs, so
+    a caller with 100,000 finished jobs lists it once, not three times. `finished`: when `listing`
+    holds only the other states, (id -> state of the finished jobs, how many files they are)."""
+    report = Report()
+    if full or (listing is not None and _copies(listing, finished)):
+        resolve_duplicates(spool, report)  # meanwhile read_queue() ignores a stale pending copy
+    settle_unsupervised(spool, report)
+    if full:
+        clear_stale_claims(spool, report)
+        report.tmp_removed = spool.files.clean_tmp()
+    if listing is not None:
+        changed = report.duplicates_removed or report.settled
+        report.listing = list(spool.jobs.refs(STATES)) if changed else listing
+    return report
+
+
+def _copies(listing: list[JobRef], finished: Optional[tuple[dict[int, str], int]]) -> bool:
+    """Whether some job has more than one file in the tree."""
+    ids = {ref.id for ref in listing}
+    if len(ids) != len(listing):
+        return True
+    if finished is None:
+        return False
+    states, files = finished
+    return len(states) != files or any(i in states for i in ids)
+
+
+def resolve_duplicates(spool: Spool, report: Report) -> None:
+    """A crash between writing a job's new state and unlinking the old one leaves two copies:
+    the copy with the higher rev is the later state and wins."""
+    for copies in spool.jobs.index().values():
+        if len(copies) < 2:
+            continue
+        loaded = []
+        for ref in copies:
+            try:
+                loaded.append((spool.jobs.load(ref)["rev"], STATES.index(ref.state), ref))
+            except (FileNotFoundError, schema.InvalidJob):
+                continue
+        loaded.sort()
+        for _rev, _order, ref in loaded[:-1]:
+            spool.jobs.remove(ref)
+            report.duplicates_removed.append(ref)
+
+
+def settle_unsupervised(spool: Spool, report: Report) -> None:
+    """A running job whose supervisor is gone: if its process is gone too, nobody will ever
+    record its end, so move it on now (interrupted, or where a control request says)."""
+    for ref in list(spool.jobs.refs((RUNNING,))):
+        if spool.claims.held(ref.id):
+            continue  # a live supervisor owns it
+        noted = spool.claims.noted(ref.id)  # before the take-over replaces a missing lock
+        claim = spool.claims.take_over(ref.id)
+        if claim is None:
+            continue  # someone else is settling it right now
+        try:
+            current = spool.jobs.find(ref.id, (RUNNING,))
+            if current is None:
+                continue
+            job = spool.jobs.load(current)
+            if procs.job_alive(job):
+                continue  # still running, unsupervised (supervisor killed, or adopted)
+            state = end_unseen(spool, current, job, noted)
+            report.settled.append((ref.id, state))
+        except (FileNotFoundError, schema.InvalidJob):
+            continue
+        finally:
+            claim.release()
+
+
+def end_unseen(spool: Spool, ref: JobRef, job: dict, noted: Optional[dict] = None) -> str:
+    """Record the end of a running job whose supervisor is gone; returns its new state. The
+    caller holds the claim and has made sure its process is gone. `noted`: what the supervisor
+    left in the claim's lock file when the disk was too full to record the end itself."""
+    # imported here: `gpuq status` runs reconcile() every time and settles a job almost never
+    from gpuq.core import transitions
+    from gpuq.engine.tracking import continuation
+
+    request = spool.control.take(job["id"])
+    if noted and isinstance(noted.get("exit_code"), int) and noted.get("state") in STATES:
+        state, code = noted["state"], noted["exit_code"]
+        note = f"exit {code}, noted by its supervisor while the disk was full (it died before it could record it)"
+        how = continuation.plan(spool, job) if state == PENDING else None
+        changes = transitions.end_attempt(job, state, exit_code=code, signal=None, note=note, continuation=how)
+        if state == PREEMPTED:  # its supervisor had taken the request: the note says whose it was
+            by = noted.get("by") if isinstance(noted.get("by"), str) else None
+            action = PREEMPT_RESUME if noted.get("auto_resume") is True else PREEMPT
+            _add_preemption(spool, job, changes, code, action, by)
+        spool.jobs.move(ref, job, state, changes)
+        return state
+    state, note = transitions.ended_unseen(job, request)
+    changes = transitions.end_attempt(job, state, exit_code=None, signal=None, note=note)
+    if request in PREEMPT_ACTIONS:
+        _add_preemption(spool, job, changes, None, request, None)
+    spool.jobs.move(ref, job, state, changes)
+    return state
+
+
+def _add_preemption(
+    spool: Spool, job: dict, changes: dict, exit_code: Optional[int], action: str, by: Optional[str]
+) -> None:
+    """The preemption's record (checkpoint, lost steps, `auto_resume` for an urgent job), as its
+    supervisor would have written it, added to the end's `changes`."""
+    from gpuq.engine.tracking import continuation
+
+    record = continuation.record_preemption(spool, job, exit_code, action, by=by)
+    changes.update(record, note=f"{record['note']}; {changes['note']}")
+
+
+def clear_stale_claims(spool: Spool, report: Report) -> None:
+    """A claim lock whose owner died (a worker killed between claiming and handing the job to
+    its supervisor, or a supervisor killed after moving the job on) is removed; the job itself
+    stays where it is, so it is started at most once."""
+    running = {ref.id for ref in spool.jobs.refs((RUNNING,))}
+    for job_id in spool.claims.ids():
+        if job_id in running or spool.claims.held(job_id) is not False:
+            continue
+        claim = spool.claims.take_over(job_id)
+        if claim is not None:
+            claim.release()
+            report.stale_claims.append(job_id)
+    for job_id in spool.control.ids():
+        if job_id not in running:
+            spool.control.take(job_id)  # a kill/preempt note for a job that is no longer running

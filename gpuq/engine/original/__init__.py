@@ -1,0 +1,1 @@
+"""The original single-file gpuq's queue: finding it, reading it, importing it."""

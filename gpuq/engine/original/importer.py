@@ -1,0 +1,184 @@
+"""Bringing the original gpuq's queue (`~/.gpuq/gpuq.db` or `queue.json`) into the spool.
+
+Ids are kept, so `after` links, logs and habits carry over. Pending jobs are queued, finished ones
+land in done/, failed/ or cancelled/ with their exit codes and times, a running one whose process
+still lives is adopted, and one whose process is gone is interrupted. The import is recorded under
+the queue's fingerprint before anything is published, so that the same queue is never imported
+twice (not even from its `.bak`), and an import cut short by a crash is finished by the next one.
+The old file is then renamed to `.bak`; nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from gpuq.core import schema, states
+from gpuq.core.errors import Refused
+from gpuq.core.times import now_iso
+from gpuq.engine.original import reader
+from gpuq.spool import Spool
+from gpuq.system import fsutil, procs
+
+SOURCE_PREFIX = states.SOURCE_IMPORTED
+
+
+@dataclass
+class ImportReport:
+    source: Path
+    counts: dict[str, int] = field(default_factory=dict)  # state -> jobs imported into it
+    problems: list[str] = field(default_factory=list)  # rows or jobs that could not be taken
+    notes: list[str] = field(default_factory=list)  # what was changed on the way
+    retired: list[tuple[Path, Path]] = field(default_factory=list)  # renames done
+    already: Optional[str] = None  # set when this queue had been imported before
+    finished_earlier_try: bool = False
+
+    def lines(self) -> list[str]:
+        if self.already:
+            return [f"{self.source}: already imported {self.already}; nothing to do"]
+        done = ", ".join(f"{n} {state}" for state, n in sorted(self.counts.items())) or "no jobs"
+        head = f"imported the original gpuq's queue {self.source}: {done}"
+        out = [head + (" (finishing an import a crash cut short)" if self.finished_earlier_try else "")]
+        out += [f"  not imported: {p}" for p in self.problems]
+        out += [f"  note: {n}" for n in self.notes]
+        out += [f"  renamed {a.name} -> {b.name}" for a, b in self.retired]
+        return out
+
+
+def import_queue(spool: Spool, path: Path) -> ImportReport:
+    """Import the queue at `path` (see the module docstring). Refused when its ids are taken."""
+    queue = reader.read_queue(path)
+    report = ImportReport(queue.source_path)
+    record = spool.imports.find(queue.fingerprint)
+    if record is not None and record.get("complete"):
+        report.already = f"on {record.get('at', '?')} from {record.get('source', '?')}"
+        if queue.source_path.name in (reader.DB_NAME, reader.JSON_NAME):
+            report.retired = _retire(queue.source_path)  # a crash came between import and rename
+        return report
+    taken = _taken_ids(spool, queue, resuming=record is not None)
+    if taken:
+        raise Refused(
+            f"cannot import {queue.source_path}: this spool already has jobs with its ids ({taken}); "
+            "import into an empty spool (GPUQ_HOME=...)"
+        )
+    report.finished_earlier_try = record is not None
+    spool.imports.write(queue.fingerprint, _record(queue, complete=False))
+    spool.ids.allocate(count=0, at_least=queue.next_id)  # the old ids are never given out again
+    for job in queue.jobs:
+        _import_job(spool, queue, job, report)
+    report.problems += [f"row {p.id if p.id is not None else '?'}: {p.reason}" for p in queue.problems]
+    spool.imports.write(queue.fingerprint, _record(queue, complete=True, report=report))
+    if queue.source_path.name in (reader.DB_NAME, reader.JSON_NAME):
+        report.retired = _retire(queue.source_path)
+    return report
+
+
+def _taken_ids(spool: Spool, queue: reader.LegacyQueue, resuming: bool) -> str:
+    """The queue's ids already in the spool (those of an earlier, interrupted try excepted)."""
+    present = spool.jobs.index()
+    taken = []
+    for job in queue.jobs:
+        for ref in present.get(job.id, []):
+            try:
+                mine = spool.jobs.load(ref).get("source", "").startswith(SOURCE_PREFIX)
+            except (FileNotFoundError, schema.InvalidJob):
+                mine = False
+            if not (resuming and mine):
+                taken.append(f"#{job.id}")
+    return ", ".join(sorted(set(taken), key=lambda t: int(t[1:])))
+
+
+def _record(queue: reader.LegacyQueue, complete: bool, report: Optional[ImportReport] = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "source": str(queue.source_path),
+        "kind": queue.kind,
+        "at": now_iso(),
+        "jobs": [job.id for job in queue.jobs],
+        "complete": complete,
+    }
+    if report is not None:
+        out.update(counts=report.counts, problems=report.problems)
+    return out
+
+
+def _import_job(spool: Spool, queue: reader.LegacyQueue, old: reader.LegacyJob, report: ImportReport) -> None:
+    if spool.jobs.find(old.id) is not None:
+        return  # published by an earlier try that a crash cut short
+    state, job = _job(spool, queue, old)
+    try:
+        schema.validate(job)
+        spool.jobs.publish(job, state)
+    except (schema.InvalidJob, FileExistsError) as exc:
+        report.problems.append(f"#{old.id} {old.name}: {exc}")
+        return
+    report.counts[state] = report.counts.get(state, 0) + 1
+    report.notes += [f"#{old.id}: {note}" for note in old.notes]
+
+
+def _job(spool: Spool, queue: reader.LegacyQueue, old: reader.LegacyJob) -> tuple[str, dict[str, Any]]:
+    job = schema.new_job(
+        job_id=old.id,
+        name=old.name,
+        cmd=old.cmd,
+        cwd=old.cwd,
+        log=old.log_file or str(spool.layout.log_path(old.id)),
+        env=old.env,
+        after_any=old.after,  # the original started a dependent once the other ended, in any way
+        retries=old.retries,
+        source=SOURCE_PREFIX + queue.kind,
+    )
+    job.update(
+        attempts=old.attempts,
+        created_at=old.created_at or job["created_at"],
+        started_at=old.started_at,
+        finished_at=old.finished_at,
+        exit_code=old.exit_code,
+        signal=old.signal,
+        note=f"imported from the original gpuq ({old.legacy_status})",
+        rev=1,
+    )
+    if old.status in states.FINISHED + states.NEEDS_USER and old.started_at:
+        job["history"] = [
+            {
+                "attempt": old.attempts,
+                "started_at": old.started_at,
+                "finished_at": old.finished_at,
+                "exit_code": old.exit_code,
+                "signal": old.signal,
+                "outcome": old.status,
+            }
+        ]
+    if old.status == states.RUNNING:  # alive: adopted, as `gpuq adopt` would
+        job.update(
+            adopted=True,
+            pid=old.pid,
+            pid_create_time=old.pid_create_time,
+            boot_id=procs.boot_id(),
+            host=socket.gethostname(),
+            note="imported from the original gpuq while running: adopted; its exit code cannot be known",
+        )
+    return old.status, job
+
+
+def _retire(path: Path) -> list[tuple[Path, Path]]:
+    """Rename the imported file (and its SQLite companions) out of the way, never clobbering."""
+    done = []
+    for source, target in reader.retire_plan(path):
+        try:
+            fsutil.rename_noreplace(source, target)
+        except FileNotFoundError:
+            continue
+        done.append((source, target))
+    if done:
+        fsutil.fsync_dir(Path(os.path.dirname(path)))
+    return done
+
+
+def import_on_first_use(spool: Spool) -> Optional[ImportReport]:
+    """The original gpuq's queue in the spool's own directory, imported the first time any gpuq
+    command runs there (as the original imported its queue.json). None when there is none."""
+    found = reader.find_legacy(spool.home)
+    return import_queue(spool, found) if found is not None else None

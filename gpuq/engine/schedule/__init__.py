@@ -1,0 +1,1 @@
+"""Deciding what runs where: the scheduler's pure decisions, the planner, GPU placement, reading the queue."""

@@ -1,0 +1,135 @@
+"""The GPUs as `gpuq status` and `gpuq gpus` show them: each GPU with its memory, the gpuq jobs that
+hold it and the processes of others that use it. The worker writes its view into the spool
+(workers/gpus-PID.json) whenever it looks, so that `gpuq status` need not wake NVML itself. A worker
+looks only while it places jobs or jobs wait for GPUs, so an idle worker's view grows old: a command
+looks for itself when no worker's view is younger than STALE_SECONDS (one NVML call, or a read of
+the simulated GPUs' file), and never on a machine that cannot have GPUs."""
+
+from __future__ import annotations
+
+import time
+
+from gpuq.core.times import iso_of
+from gpuq.system.gpu_presence import may_have_gpus
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional, Sequence
+
+    from gpuq.spool import Spool
+    from gpuq.system.gpus import GpuLook
+
+# system/gpus.py is imported where a look is taken or shown: on a machine without GPUs, `gpuq
+# status` needs neither.
+
+
+STALE_SECONDS = 3.0  # a view older than this is looked at again (a waiting job makes the worker look every 2 s)
+
+
+def view(
+    look: GpuLook, running: list[dict[str, Any]], starting: Optional[dict[int, Sequence[int]]] = None
+) -> dict[str, Any]:
+    """{"at", "source", "problem", "gpus": [...]}: per GPU its index, name, uuid, memory, the ids of
+    the gpuq jobs holding it (`running` ones, and `starting`: job id -> GPUs, those a worker has
+    just handed to their supervisors, not in running/ yet), every other process on it (pid, MiB,
+    who) and `foreign_mib`, the memory held by others (theirs, and what no listed process
+    explains: engine/schedule/placement.py's "outside" memory)."""
+    from gpuq.system import gpus as gpu_info
+
+    own: set[int] = set()
+    holders: dict[int, list[int]] = {}
+    pids = [job["pid"] for job in running if job.get("pid")]
+    if pids and any(gpu.processes for gpu in look.gpus):  # (psutil is imported only to tell them apart)
+        own = gpu_info.tree_pids(pids)
+    held = {job_id: list(gpus or ()) for job_id, gpus in (starting or {}).items()}
+    held.update((job["id"], job.get("gpus") or []) for job in running)
+    for job_id, indices in held.items():
+        for index in indices:
+            holders.setdefault(index, []).append(job_id)
+    shown = []
+    for gpu in look.gpus:
+        foreign = [p for p in gpu.processes if p.pid not in own]
+        unexplained = max(0, gpu.memory_used_mib - sum(p.used_memory_mib or 0 for p in gpu.processes))
+        shown.append(
+            {
+                "index": gpu.index,
+                "name": gpu.name,
+                "uuid": gpu.uuid,
+                "memory_total_mib": gpu.memory_total_mib,
+                "memory_used_mib": gpu.memory_used_mib,
+                "jobs": sorted(holders.get(gpu.index, [])),
+                "foreign": [
+                    {"pid": p.pid, "used_memory_mib": p.used_memory_mib, "who": gpu_info.describe_pid(p.pid)}
+                    for p in foreign
+                ],
+                "foreign_mib": sum(p.used_memory_mib or 0 for p in foreign) + unexplained,
+            }
+        )
+    return {"at": look.at, "source": look.source, "problem": look.problem, "gpus": shown}
+
+
+def look_now() -> GpuLook:
+    """A look at the GPUs by this process (system/gpus.py imported here, where it is needed)."""
+    from gpuq.system import gpus as gpu_info
+
+    return gpu_info.look()
+
+
+def current(
+    spool: Spool,
+    running: list[dict[str, Any]],
+    views: Optional[list[dict[str, Any]]] = None,
+    stale_after: Optional[float] = STALE_SECONDS,
+) -> Optional[dict[str, Any]]:
+    """What the workers last saw of the GPUs (the newest view; `views` if already read), unless
+    it is older than `stale_after` seconds (None: any age will do): then a look of our own, as
+    without any view. None on a machine without GPUs (and no simulated ones)."""
+    views = [v for v in (spool.workers.gpu_views() if views is None else views) if isinstance(v.get("gpus"), list)]
+    newest = max(views, key=lambda v: v.get("at") or 0) if views else None
+    if newest is not None and (stale_after is None or time.time() - (newest.get("at") or 0) <= stale_after):
+        return None if _none(newest.get("gpus"), newest.get("source"), newest.get("problem")) else newest
+    if not may_have_gpus():  # what a look would say here: no driver, no GPUs
+        return None
+    look = look_now()
+    if _none(look.gpus, look.source, look.problem):
+        return None
+    shown = view(look, running)
+    if newest is not None and "foreign_threshold_mib" in newest:  # the gate the worker applies
+        shown["foreign_threshold_mib"] = newest["foreign_threshold_mib"]
+    return shown
+
+
+def listed(shown: Optional[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """`gpuq gpus --json`: one object per GPU, each saying when its figures were seen (`seen_at`,
+    ISO 8601 in local time; `seen_seconds_ago`) and by whom (`seen_by_worker`: a worker's pid, or
+    null when this command looked itself)."""
+    if shown is None:
+        return []
+    at = shown.get("at")
+    when = {"seen_at": iso_of(at) if at else None, "seen_seconds_ago": round(max(0.0, now - at), 1) if at else None}
+    return [dict(gpu, **when, seen_by_worker=shown.get("worker")) for gpu in shown["gpus"]]
+
+
+def _none(gpus: Any, source: Any, problem: Any) -> bool:
+    """No GPUs here, benignly (no driver, or none installed): nothing to show."""
+    return not gpus and (source == "none" or problem is None)
+
+
+def never_fits(spool: Spool, count: int, mem_mib: Optional[int]) -> Optional[str]:
+    """Why a job asking for `count` GPUs (with `mem_mib` on each) can never run on this machine,
+    or None. Only a request beyond one whole GPU needs the GPUs looked at; on a machine without
+    GPUs every job runs in a slot, as gpuq always did."""
+    if count <= 1 and mem_mib is None:
+        return None
+    shown = current(spool, [], stale_after=None)  # only the totals, which do not change
+    if shown is None or not shown["gpus"]:
+        return None
+    totals = sorted((g["memory_total_mib"] for g in shown["gpus"]), reverse=True)
+    if count > len(totals):
+        return f"needs {count} GPUs; this machine has {len(totals)}"
+    if mem_mib is not None and totals[count - 1] < mem_mib:
+        from gpuq.system.gpus import mib_text
+
+        largest = mib_text(totals[0])
+        return f"needs {mib_text(mem_mib)} on each GPU; the largest here has {largest}"
+    return None

@@ -1,0 +1,298 @@
+"""Which pending jobs start now, and where: GPUs by placement, or slots on a machine without GPUs.
+
+One call of `Planner.plan` per worker step. It looks at the GPUs only when a job is ready to be
+placed, so an idle worker costs nothing. With GPUs (real, or simulated by GPUQ_FAKE_GPUS) each
+job gets the GPUs `engine/schedule/placement.py` chooses and CPU jobs (`--gpus 0`) run one at a time in a CPU
+lane beside them; without GPUs every job takes one slot, as gpuq always did (one slot for the whole
+machine, or one per `gpuq run --gpus` label).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import chain, islice
+from typing import Any, Callable, Iterator, Optional
+
+from gpuq.engine.schedule import placement, scheduler, victims
+from gpuq.engine.schedule.placement import Blocked, Holding, Placement, Request
+from gpuq.system import gpus as gpu_info
+
+GPU_WAIT_RESCAN_SECONDS = 2.0  # nothing announces freed GPU memory: look this often while a job waits
+MAX_PLACED = 256  # ready jobs placed per step; behind a waiting GPU job only CPU jobs could start anyway
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where a job runs: `slot` is the CUDA_VISIBLE_DEVICES it gets (None: unset, the whole
+    machine; "" for a CPU job beside GPU jobs), `gpus` the GPU indices it holds (None without GPUs)."""
+
+    slot: Optional[str]
+    gpus: Optional[tuple[int, ...]] = None
+
+    @classmethod
+    def of_job(cls, job: dict[str, Any]) -> Assignment:
+        held = job.get("gpus")
+        return cls(job.get("slot"), tuple(held) if held is not None else None)
+
+
+@dataclass
+class Plan:
+    starts: list[tuple[dict[str, Any], Assignment]] = field(default_factory=list)
+    waits: dict[int, scheduler.Wait] = field(default_factory=dict)  # ready jobs the GPUs hold back
+    victims: list[dict[str, Any]] = field(default_factory=list)  # running jobs to preempt for urgent ones
+    look: Optional[gpu_info.GpuLook] = None  # the GPUs, when they were looked at
+
+    @property
+    def gpu_wait(self) -> bool:
+        """Some job waits for GPUs that may free up without an event: look again soon."""
+        return any(not w.forever for w in self.waits.values())
+
+
+MAX_SUCCESSORS = 8  # jobs named ahead to a supervisor for its slot (run/successor.py)
+
+
+class Planner:
+    def __init__(
+        self,
+        labels: Optional[list[str]] = None,
+        foreign_threshold_mib: int = placement.DEFAULT_FOREIGN_THRESHOLD_MIB,
+        look: Callable[[], gpu_info.GpuLook] = gpu_info.look,
+    ):
+        self.labels = labels  # `gpuq run --gpus` (None: every GPU found)
+        self.threshold = foreign_threshold_mib
+        self.look = look
+
+    def plan(
+        self,
+        snap: scheduler.QueueState,
+        busy: dict[int, Assignment],
+        preempting: set[int] = frozenset(),
+    ) -> Plan:
+        """What to start now. `busy`: jobs this worker is starting or still preempting, which
+        hold their place though they are not (or no longer) in running/; `preempting` holds the
+        ids of jobs whose preemption is under way (never chosen again)."""
+        found = _ready(snap)
+        first = next(found, None)
+        if first is None:
+            return Plan()
+        look = self.look()
+        mode = placement.mode_of(look)
+        if mode == placement.CPU_ONLY:  # only as many ready jobs as there are free slots are looked for
+            return self._plan_slots(snap, busy, chain((first,), found), preempting, look)
+        ready = [first, *islice(found, MAX_PLACED - 1)]
+        return self._plan_gpus(snap, busy, ready, preempting, look, mode)
+
+    def successors(
+        self,
+        snap: scheduler.QueueState,
+        ending: dict[str, Any],
+        busy: dict[int, Assignment],
+        preempting: set[int],
+        look: Optional[gpu_info.GpuLook],
+        limit: int = MAX_SUCCESSORS,
+    ) -> list[dict[str, Any]]:
+        """The jobs this planner would start, one after another, in `ending`'s slot were `ending`
+        to end now and each of them in turn: what that job's supervisor may start itself
+        (spool_layout.md, section 6, "Handing the slot on"). The list stops after a job that a
+        queued job waits for (its end decides whether that one may go first), and is empty
+        whenever what comes next cannot be known ahead: with GPUs (whose memory is read when a job
+        starts), when a queued job waits for `ending`, while preemptions are under way, or while
+        another slot is free too (the worker fills that one first). `look`: the GPUs as this
+        step's plan saw them (None: it found no ready job, so there is nothing to name either)."""
+        if look is None or placement.mode_of(look) != placement.CPU_ONLY:
+            return []
+        waited = {dep for job in snap.pending for dep in (*(job.get("after") or ()), *(job.get("after_any") or ()))}
+        if ending["id"] in waited:
+            return []
+        busy = {job_id: where for job_id, where in busy.items() if job_id != ending["id"]}
+        rest = scheduler.QueueState(
+            snap.states,
+            [job for job in snap.pending if job["id"] not in busy and job["id"] != ending["id"]],
+            [job for job in snap.running if job["id"] != ending["id"]],
+            snap.now,
+        )
+        rest.ordered = snap.ordered
+        ready = list(islice(_ready(rest), limit))
+        if not ready:
+            return []
+        plan = self._plan_slots(rest, busy, iter(ready), preempting, look)
+        if plan.victims or [where for _job, where in plan.starts] != [Assignment.of_job(ending)]:
+            return []  # preempting, or another slot free too
+        picks = []
+        for job in ready:
+            picks.append(job)
+            if job["id"] in waited:
+                break
+        return picks
+
+    # ---- without GPUs: slots, as gpuq always had them ----------------------------------------
+    def _plan_slots(
+        self,
+        snap: scheduler.QueueState,
+        busy: dict[int, Assignment],
+        ready: Iterator[dict[str, Any]],
+        preempting: set[int],
+        look: gpu_info.GpuLook,
+    ) -> Plan:
+        slots = placement.cpu_only_slots(self.labels)
+        taken = scheduler.occupied_slots(snap.running, slots) | {a.slot for a in busy.values()}
+        if None in taken:
+            taken = set(slots)
+        free = [slot for slot in slots if slot not in taken]
+        plan = Plan(look=look)
+        plan.victims, unserved = scheduler.preemption_victims(
+            snap, free, slots, set(preempting), victims.how_it_continues
+        )
+        for job in unserved:  # they wait for a slot like any other job, first in line
+            plan.waits[job["id"]] = scheduler.Wait(f"urgent, but {victims.NO_VICTIM}", False)
+        for job in islice(ready, len(free)):
+            plan.starts.append((job, Assignment(free[len(plan.starts)])))
+        return plan
+
+    # ---- with GPUs: placement ----------------------------------------------------------------
+    def _plan_gpus(
+        self,
+        snap: scheduler.QueueState,
+        busy: dict[int, Assignment],
+        ready: list[dict[str, Any]],
+        preempting: set[int],
+        look: gpu_info.GpuLook,
+        mode: str,
+    ) -> Plan:
+        plan = Plan(look=look)
+        allowed = self._allowed()
+        holdings, own_pids, cpu_lane = self._holdings(snap.running, busy)
+        if mode == placement.UNREADABLE:
+            blocked = placement.unreadable(look)
+            decisions = {j["id"]: blocked if request_of(j).gpus else Placement(()) for j in ready}
+        else:
+            requests = [(j["id"], request_of(j)) for j in ready]
+            decisions = placement.place_in_order(
+                requests, look.gpus, allowed, holdings, own_pids, self.threshold, gpu_info.describe_pid
+            )
+        for job in ready:
+            decision = decisions[job["id"]]
+            if isinstance(decision, Blocked):
+                plan.waits[job["id"]] = scheduler.Wait(decision.reason, decision.forever)
+            elif not decision.gpus and cpu_lane is not None:
+                plan.waits[job["id"]] = scheduler.Wait(f"waiting for the CPU lane (job #{cpu_lane})", False)
+            else:
+                plan.starts.append((job, Assignment(",".join(map(str, decision.gpus)), decision.gpus)))
+                if not decision.gpus:
+                    cpu_lane = job["id"]
+        if mode == placement.GPUS:
+            plan.victims = self._victims(snap, ready, plan, holdings, own_pids, preempting, look, allowed)
+        return plan
+
+    def _allowed(self) -> Optional[set[int]]:
+        if self.labels is None:
+            return None
+        try:
+            return {int(label) for label in self.labels}
+        except ValueError:
+            return set()  # labels that are not GPU indices: nothing here matches them
+
+    def _holdings(
+        self, running: list[dict[str, Any]], busy: dict[int, Assignment]
+    ) -> tuple[list[Holding], frozenset[int], Optional[int]]:
+        """gpuq's jobs on the GPUs (running ones with their process trees, and those this worker is
+        starting or preempting), every pid of gpuq's jobs, and the job in the CPU lane."""
+        holdings, pids, cpu_lane = [], set(), None
+        running_ids = {j["id"] for j in running}
+        for job in running:
+            tree = gpu_info.tree_pids([job["pid"]]) if job.get("pid") else set()
+            pids |= tree
+            held = job.get("gpus")
+            if held:
+                holdings.append(Holding(job["id"], tuple(held), job.get("gpu_mem_mib"), frozenset(tree)))
+            elif held == [] and not job.get("adopted"):
+                cpu_lane = job["id"]
+        for job_id, where in busy.items():
+            if job_id in running_ids:
+                continue
+            if where.gpus:
+                holdings.append(Holding(job_id, where.gpus, None))  # whole until it is seen running
+            elif where.gpus == ():
+                cpu_lane = job_id
+        return holdings, frozenset(pids), cpu_lane
+
+    def _victims(
+        self,
+        snap: scheduler.QueueState,
+        ready: list[dict[str, Any]],
+        plan: Plan,
+        holdings: list[Holding],
+        own_pids: frozenset[int],
+        preempting: set[int],
+        look: gpu_info.GpuLook,
+        allowed: Optional[set[int]],
+    ) -> list[dict[str, Any]]:
+        """Running jobs to preempt so that the first urgent job the GPUs hold back can start: those
+        that can continue (engine/schedule/victims.py; any, for --urgent=force), the lowest priority first
+        (among equals the one started last), as few as will make room."""
+        urgent = next((j for j in ready if j.get("urgent") and j["id"] in plan.waits), None)
+        if urgent is None or plan.waits[urgent["id"]].forever or preempting:
+            return []
+        candidates = [
+            j
+            for j in snap.running
+            if j.get("pid")
+            and j.get("gpus")
+            and not j.get("urgent")
+            and not j.get("adopted")
+            and (allowed is None or set(j["gpus"]) <= allowed)
+        ]
+        candidates.sort(key=scheduler.victim_key)
+        allowed_victims = victims.in_preference(candidates, victims.forced(urgent), victims.how_it_continues)
+        chosen = self._making_room(urgent, allowed_victims, holdings, own_pids, look, allowed)
+        if not chosen and len(allowed_victims) < len(candidates):
+            if self._making_room(urgent, candidates, holdings, own_pids, look, allowed):
+                wait = plan.waits[urgent["id"]]
+                plan.waits[urgent["id"]] = scheduler.Wait(f"{wait.reason}; urgent, but {victims.NO_VICTIM}", False)
+        return chosen
+
+    def _making_room(
+        self,
+        urgent: dict[str, Any],
+        candidates: list[dict[str, Any]],
+        holdings: list[Holding],
+        own_pids: frozenset[int],
+        look: gpu_info.GpuLook,
+        allowed: Optional[set[int]],
+    ) -> list[dict[str, Any]]:
+        """The first of `candidates` whose preemption lets `urgent` be placed; [] if none would."""
+        chosen: list[dict[str, Any]] = []
+        left, gpus, pids = list(holdings), list(look.gpus), set(own_pids)
+        for victim in candidates:
+            chosen.append(victim)
+            theirs = {p for h in left if h.job_id == victim["id"] for p in h.pids}
+            left = [h for h in left if h.job_id != victim["id"]]
+            gpus, pids = [_without(gpu, theirs) for gpu in gpus], pids - theirs
+            decision = placement.place(request_of(urgent), gpus, allowed, left, pids, self.threshold)
+            if isinstance(decision, Placement):
+                return chosen
+        return []  # preempting would not make room (someone else's memory): do not
+
+
+def _ready(snap: scheduler.QueueState) -> Iterator[dict[str, Any]]:
+    """Pending jobs whose dependencies allow them to start, in queue order, found lazily: a long
+    queue costs only as much as the jobs looked at."""
+    for job in snap.pending if snap.ordered else scheduler.queue_order(snap.pending):
+        if scheduler.waiting_reason(job, snap.states, now=snap.now) is None:
+            yield job
+
+
+def _without(gpu: gpu_info.Gpu, pids: set[int]) -> gpu_info.Gpu:
+    """The GPU as it will be once `pids` are gone (a victim's processes and their memory)."""
+    leaving = [p for p in gpu.processes if p.pid in pids]
+    if not leaving:
+        return gpu
+    freed = sum(p.used_memory_mib or 0 for p in leaving)
+    kept = tuple(p for p in gpu.processes if p.pid not in pids)
+    return gpu._replace(memory_used_mib=max(0, gpu.memory_used_mib - freed), processes=kept)
+
+
+def request_of(job: dict[str, Any]) -> Request:
+    """What a job asks of the GPUs (job files from before GPUs were known ask for one, whole)."""
+    count = job.get("gpu_request")
+    return Request(1 if count is None else count, job.get("gpu_mem_mib") if count != 0 else None)

@@ -1,0 +1,211 @@
+"""Scheduling decisions as plain functions over a snapshot of the spool.
+
+Nothing here touches files or processes: which jobs wait for what (their dependencies), in which
+order the ready ones go, which slots are taken. engine/schedule/planner.py decides where the ready jobs
+start; tests call these directly.
+"""
+
+from __future__ import annotations
+
+from gpuq.core import states
+from gpuq.core.records import itemgetter
+from gpuq.core.states import FINISHED, NEEDS_USER, URGENT_FORCE
+from gpuq.core.times import parse_iso
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
+
+
+class Wait(tuple):
+    """Why a pending job waits: `reason` (one line), `forever` (True: it cannot start unless a
+    person acts: the dependency failed, vanished...). A named tuple written out, as JobRef is."""
+
+    __slots__ = ()
+    reason = property(itemgetter(0))
+    forever = property(itemgetter(1))
+
+    def __new__(cls, reason: str, forever: bool) -> Wait:
+        return tuple.__new__(cls, (reason, forever))
+
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return f"Wait(reason={self[0]!r}, forever={self[1]!r})"
+
+
+class QueueState:
+    """A plain class, not a dataclass: `gpuq status` and `gpuq add` do not import dataclasses
+    (and inspect with it), a few milliseconds of every command's start-up."""
+
+    __slots__ = ("states", "pending", "running", "now", "ordered")
+
+    def __init__(
+        self,
+        states: dict[int, str],  # id -> state of every job in the tree
+        pending: Optional[list[dict[str, Any]]] = None,
+        running: Optional[list[dict[str, Any]]] = None,
+        now: Optional[float] = None,  # when it was taken (for --begin times); None: times are not looked at
+    ) -> None:
+        self.states = states
+        self.pending = [] if pending is None else pending
+        self.running = [] if running is None else running
+        self.now = now
+        self.ordered = False  # True: `pending` is already in queue_order (engine/schedule/queue_view.py keeps it so)
+
+
+def _dependency_wait(
+    job_id: int, dep: int, state: Optional[str], any_result: bool, stuck: frozenset = frozenset()
+) -> Optional[Wait]:
+    if state == states.DONE or (any_result and state in FINISHED):
+        return None
+    if dep in stuck:
+        return Wait(f"after #{dep} (blocked itself)", True)
+    if state is None:
+        return Wait(f"after #{dep}: no such job", True)
+    if state in (states.FAILED, states.CANCELLED):
+        return Wait(f"after #{dep} ({state}): will not start; `gpuq retry {dep}` or `gpuq cancel {job_id}`", True)
+    if state == states.PREEMPTED:  # same id after resume: this job then waits for the continuation
+        return Wait(f"after #{dep} (preempted): runs after `gpuq resume {dep}` completes it", True)
+    if state == states.HELD:
+        return Wait(f"after #{dep} (held): runs after `gpuq release {dep}`", True)
+    if state in NEEDS_USER:
+        return Wait(f"after #{dep} ({state}): `gpuq recover --jobs {dep}` or `gpuq resume {dep}`", True)
+    where = {states.RUNNING: " (running)", states.SLURM: " (on Slurm)"}.get(state, "")
+    return Wait(f"after #{dep}{where}", False)
+
+
+def waiting_reason(
+    job: dict[str, Any], state_of: dict[int, str], stuck: frozenset = frozenset(), now: Optional[float] = None
+) -> Optional[Wait]:
+    """Why a pending job cannot start yet, or None if its dependencies (and, given `now`, its
+    --begin time) allow it to. `stuck` holds pending jobs known to be blocked for good, so that
+    their dependents are too."""
+    if states.handing_over(job):  # marked by a hand-over to Slurm (engine/lifecycle/slurm_handover.py): never run here
+        return Wait(f"being handed to Slurm; if that was cut short, `gpuq slurm submit {job['id']}` finishes it", True)
+    waits = [_dependency_wait(job["id"], d, state_of.get(d), False, stuck) for d in job.get("after", [])]
+    waits += [_dependency_wait(job["id"], d, state_of.get(d), True, stuck) for d in job.get("after_any", [])]
+    waits = [w for w in waits if w is not None]
+    if now is not None and job.get("begin_at"):
+        begin = parse_iso(job["begin_at"]) or 0.0
+        if begin > now:
+            waits.append(Wait(f"starts at {_clock(begin, now)} (--begin)", False))
+    if not waits:
+        return None
+    blocking = [w for w in waits if w.forever]
+    return blocking[0] if blocking else waits[0]
+
+
+def _clock(when: float, now: float) -> str:
+    """`02:00`, or `Dec 3 02:00` when it is not within a day."""
+    from datetime import datetime
+
+    stamp = datetime.fromtimestamp(when)
+    return stamp.strftime("%H:%M" if when - now < 86400 else "%b %d %H:%M")
+
+
+def next_begin(pending: list[dict[str, Any]], now: float) -> Optional[float]:
+    """The earliest --begin time still to come among pending jobs (the worker wakes for it)."""
+    times = [parse_iso(job["begin_at"]) or 0.0 for job in pending if job.get("begin_at")]
+    future = [t for t in times if t > now]
+    return min(future) if future else None
+
+
+def queue_order(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Urgent jobs first, then resumed continuations (`queue_front`), then higher priority, then
+    by id (the order of `ls pending/`)."""
+    return sorted(pending, key=queue_key)
+
+
+def queue_key(job: dict[str, Any]) -> tuple[bool, bool, int, int]:
+    """A job's place in queue_order."""
+    return (not job.get("urgent"), not job.get("queue_front"), -int(job.get("priority") or 0), job["id"])
+
+
+def preemption_victims(
+    snapshot: QueueState,
+    free_slots: list[Optional[str]],
+    slots: list[Optional[str]],
+    preempting: set[int],
+    continues: Callable[[dict[str, Any]], Any],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Running jobs to preempt so that ready urgent jobs can start: one for each such job that
+    neither a free slot nor a preemption already under way will serve, and the urgent jobs left
+    without one. A victim must be able to continue (`continues(job)`: engine/schedule/victims.py), unless
+    the urgent job it serves is `--urgent=force`. Among those allowed, the lowest priority goes
+    first; among equals the one started last (it loses the least work). Urgent and adopted jobs,
+    jobs of other workers' slots and jobs without a process yet are never chosen."""
+    urgent = [j for j in snapshot.pending if j.get("urgent")]  # few or none: filter before the costly part
+    if not urgent:
+        return [], []
+    urgent = queue_order([j for j in urgent if waiting_reason(j, snapshot.states, now=snapshot.now) is None])
+    need = len(urgent) - len(free_slots) - len(preempting)
+    if need <= 0:
+        return [], []
+    unserved = urgent[-need:]  # the free slots and preemptions under way serve those ahead of them
+    victims, would_lose = [], []
+    for job in sorted(_victim_candidates(snapshot, slots, preempting), key=victim_key):
+        if len(victims) == need:
+            break
+        (victims if continues(job) else would_lose).append(job)
+    forced = sum(1 for j in unserved if j.get("urgent") == URGENT_FORCE)
+    victims += would_lose[: max(0, min(forced, need - len(victims)))]
+    return victims, unserved[len(victims) :]
+
+
+def _victim_candidates(snapshot: QueueState, slots: list[Optional[str]], preempting: set[int]) -> list[dict[str, Any]]:
+    return [
+        j
+        for j in snapshot.running
+        if j["id"] not in preempting
+        and j.get("pid")
+        and not j.get("urgent")
+        and not j.get("adopted")
+        and (slots == [None] or j.get("slot") in slots)
+    ]
+
+
+def victim_key(job: dict[str, Any]) -> tuple[int, float]:
+    """Which running job an urgent job preempts first: the lowest priority, then the one started last."""
+    return int(job.get("priority") or 0), -(parse_iso(job.get("started_at")) or 0.0)
+
+
+def occupied_slots(running: list[dict[str, Any]], slots: list[Optional[str]]) -> set[Optional[str]]:
+    """Slots taken by running jobs. A job with slot None (whole machine, or adopted) takes all."""
+    taken: set[Optional[str]] = set()
+    for job in running:
+        slot = job.get("slot")
+        if slot is None or slots == [None]:
+            return set(slots)
+        taken.add(slot)
+    return taken & set(slots)
+
+
+def waiting_reasons(snapshot: QueueState, extra: Optional[dict[int, Wait]] = None) -> dict[int, Optional[Wait]]:
+    """waiting_reason for every pending job, with blockage passed down dependency chains
+    (a job after a job that can never start can never start either). `extra`: reasons beyond
+    dependencies (the GPUs a ready job waits for), for the jobs whose dependencies allow them."""
+    extra = extra or {}
+    stuck = frozenset(i for i, w in extra.items() if w.forever)
+    while True:
+        reasons = {
+            j["id"]: waiting_reason(j, snapshot.states, stuck, snapshot.now) or extra.get(j["id"])
+            for j in snapshot.pending
+        }
+        now_stuck = frozenset(i for i, w in reasons.items() if w is not None and w.forever)
+        if now_stuck == stuck:
+            return reasons
+        stuck = now_stuck
+
+
+def has_startable_future(snapshot: QueueState, extra: Optional[dict[int, Wait]] = None) -> bool:
+    """True while some pending job can still start without a person acting (`extra`: as for
+    waiting_reasons; a job the GPUs can never take cannot start)."""
+    extra = extra or {}
+    for job in snapshot.pending:  # the common case, decided without following dependency chains
+        if waiting_reason(job, snapshot.states, now=snapshot.now) is None and not (
+            job["id"] in extra and extra[job["id"]].forever
+        ):
+            return True
+    return any(w is None or not w.forever for w in waiting_reasons(snapshot, extra).values())

@@ -1,0 +1,67 @@
+"""Which running job an urgent job may preempt: one that can go on afterwards.
+
+Preempting a job that has no checkpoint, and saves none when stopped, throws its whole run away
+(hours, in real use). So an urgent job preempts only a job that can continue: one queued with
+`--preemptible` (it saves a checkpoint when told to stop) or one with a complete checkpoint of its
+own. When no running job can, the urgent job waits for a free slot, first in line, unless it was
+queued with `--urgent=force` (`"urgent": "force"` in its file), which takes one anyway.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+from gpuq.core.states import URGENT_FORCE
+from gpuq.engine.schedule.scheduler import victim_key
+from gpuq.engine.tracking import checkpoints
+
+NO_VICTIM = "no running job can be preempted without losing its progress (`--urgent=force` takes one anyway)"
+
+
+def forced(job: dict[str, Any]) -> bool:
+    return job.get("urgent") == URGENT_FORCE
+
+
+def how_it_continues(job: dict[str, Any]) -> Optional[str]:
+    """How a running job would go on after a preemption ("from checkpoint-400", "saves a
+    checkpoint when preempted"), or None when it would start over. Looks at its checkpoints."""
+    if job.get("no_resume"):
+        return None
+    found = checkpoints.latest_checkpoint(job)
+    if found is not None:
+        return f"from {os.path.basename(found.path.rstrip('/'))}"
+    if job.get("preemptible"):
+        return "from the checkpoint it saves when preempted (--preemptible)"
+    return None
+
+
+def in_preference(
+    candidates: list[dict[str, Any]], force: bool, continues: Callable[[dict[str, Any]], Optional[str]]
+) -> list[dict[str, Any]]:
+    """The candidates an urgent job may preempt, best first: those that can continue, in the
+    order given; with `force`, then the others."""
+    able, others = [], []
+    for job in candidates:
+        (able if continues(job) else others).append(job)
+    return able + others if force else able
+
+
+def foreseen(urgent: dict[str, Any], running: list[dict[str, Any]]) -> str:
+    """What `gpuq add --urgent` tells the user will happen if no slot is free when a worker looks:
+    which running job it would preempt and how that job goes on, or that it waits."""
+    candidates = sorted(
+        (j for j in running if j.get("pid") and not j.get("urgent") and not j.get("adopted")), key=victim_key
+    )
+    if not candidates:
+        return "urgent: first in line (nothing running that it could preempt)"
+    chosen = next(iter(in_preference(candidates, forced(urgent), how_it_continues)), None)
+    if chosen is None:
+        first = candidates[0]
+        return (
+            f"urgent: first in line; {NO_VICTIM.split(' (')[0]} (#{first['id']} {first['name']} has no checkpoint "
+            "and is not --preemptible), so it waits for a free slot; `--urgent=force` preempts one anyway"
+        )
+    how = how_it_continues(chosen)
+    then = f"it continues {how}" if how else "it starts over (no checkpoint: --urgent=force)"
+    return f"urgent: if no slot is free, job #{chosen['id']} {chosen['name']} is preempted and resumed after; {then}"

@@ -1,0 +1,1 @@
+"""Following a job: progress readings, checkpoints, how it continues, ETAs."""

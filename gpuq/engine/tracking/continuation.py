@@ -1,0 +1,63 @@
+"""What an interrupted attempt leaves behind, and how a job that goes back to the queue
+continues: from the newest complete checkpoint it wrote itself, so that a ten-hour training
+interrupted at 90% does not start again from step 0.
+
+Used wherever a job that has already run is queued again: `gpuq retry`, `gpuq recover` (and
+`gpuq run --recover`), an automatic retry after a failure, `gpuq resume`. The checkpoint rules are
+engine/tracking/checkpoints.py's: complete ones only, and only those written since the job's run began
+(`ckpt_since`), never a stale one of an earlier run in the same output directory.
+
+A preemption records the newest complete checkpoint, the last step reached, and how many steps
+were lost in between (spool_layout.md, section 11).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from gpuq.core import transitions
+from gpuq.core.transitions import Continuation
+from gpuq.engine.tracking import checkpoints, progress
+from gpuq.spool import Spool
+
+
+def plan(spool: Spool, job: dict[str, Any], from_scratch: bool = False) -> Continuation:
+    """How `job` goes on after the attempt it has just ended (or that was interrupted)."""
+    last = last_step(spool, job) if job.get("started_at") else None
+    if from_scratch or job.get("no_resume"):
+        return Continuation(None, None, last, from_scratch=True)
+    found = checkpoints.latest_checkpoint(job)
+    if found is None:
+        return Continuation(None, None, last)
+    return Continuation(found.path, found.step, last)
+
+
+def last_step(spool: Spool, job: dict[str, Any]) -> Optional[int]:
+    """The furthest step the current attempt reported: its progress file or its log."""
+    steps = []
+    report = progress.progress_report(spool, job)
+    reported = report[0].get("step") if report else None
+    if isinstance(reported, (int, float)) and not isinstance(reported, bool):
+        steps.append(int(reported))
+    tail, _mtime = progress.log_tail(spool, job, progress.TAIL_BYTES)
+    logged = progress.last_step(tail)
+    if logged is not None:
+        steps.append(logged)
+    return max(steps) if steps else None
+
+
+def record_preemption(
+    spool: Spool, job: dict[str, Any], exit_code: Optional[int], action: str, by: Optional[str] = None
+) -> dict[str, Any]:
+    """The changes for a job entering preempted/ (see transitions.preemption); `by`: who or what
+    preempted it, when not the user or an urgent job (its time limit)."""
+    ckpt = checkpoints.latest_checkpoint(job)
+    return transitions.preemption(
+        job,
+        action=action,
+        exit_code=exit_code,
+        checkpoint=ckpt.path if ckpt else None,
+        checkpoint_step=ckpt.step if ckpt else None,
+        last_step=last_step(spool, job),
+        by=by,
+    )

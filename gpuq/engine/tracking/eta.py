@@ -1,0 +1,344 @@
+"""ETA of a running job: from the *rate* of progress seen over its samples, plus the time its
+command's earlier runs took after their last step.
+
+Why a rate and not "elapsed x remaining / done": a job resumed at step 150 of 300 has done 150 steps
+in its first minute of elapsed time, so the naive formula says it is nearly finished. The formula is
+used only at the first look, counted from the step the attempt started at, until a second sample
+gives a rate.
+
+The rate blends the newest RATE_POINTS samples with the mean since the series' first sample
+(WINDOW_WEIGHT, measured in bench/eta_accuracy.py): the window alone follows every hiccup of a
+shared machine. The tail (saving, teardown) is learned from earlier runs of the same command in the
+same directory; without it every ETA ends early by that much.
+
+Where samples come from (ARCHITECTURE.md, "Progress and ETA"): every look (`gpuq status`, `gpuq eta`,
+the worker every 30 s) records the current reading, stamped with the time the source wrote it, in
+progress/NNNNNN.samples.json through the Spool. The queue's ETA is in queue_eta.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import namedtuple
+
+from gpuq.core.states import DONE
+from gpuq.core.times import duration, parse_iso
+from gpuq.engine.tracking import checkpoints, progress
+from gpuq.spool import Spool
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+MAX_POINTS = 32  # samples kept per job: the series' first one and the newest 31
+RATE_POINTS = 8  # the window: this many newest samples ("recent")
+WINDOW_WEIGHT = 0.25  # the window's share of the blended rate; the rest is the mean since the first sample
+MIN_SPAN = 0.5  # seconds between the first and last sample for a rate to mean anything
+HISTORY_FILES = 200  # newest done/ jobs read to learn run times and tails
+TAIL_RUNS = 5  # the tail is the median of this many newest earlier runs
+TAIL_REACH = 0.2  # a run's end may be extrapolated from a sample within this fraction of its total
+STALL_FACTOR = 5.0  # no new step for this many expected step-times past the ETA: say "stalled"
+RESUME_FLAGS = ("--resume_from_checkpoint", "--resume-from-checkpoint")
+NOT_STEPS = ("Epoch N/M", "HF log (epoch)", "N%")  # counters that do not count steps
+
+
+class Estimate:
+    """What `gpuq status`, `gpuq eta` and `status --json` show for one job. A plain class (see
+    scheduler.QueueState)."""
+
+    __slots__ = ("reading", "eta_seconds", "method", "starts_in")
+
+    def __init__(
+        self,
+        reading: Optional[progress.Reading],
+        eta_seconds: Optional[float],  # running: until it ends; pending: until its expected end
+        method: str,  # how eta_seconds was produced, or why it is unknown
+        starts_in: Optional[float] = None,  # pending only: until its expected start
+    ) -> None:
+        self.reading, self.eta_seconds, self.method, self.starts_in = reading, eta_seconds, method, starts_in
+
+    def __repr__(self) -> str:
+        return f"Estimate({self.reading!r}, {self.eta_seconds!r}, {self.method!r}, {self.starts_in!r})"
+
+    @property
+    def fraction(self) -> Optional[float]:
+        return self.reading.fraction if self.reading else None
+
+
+class Attempt(namedtuple("Attempt", "started start_step tail tail_runs", defaults=(0.0, None, 0))):
+    """What the ETA knows about the current attempt beyond its samples: `started` (epoch seconds),
+    `start_step` (the step it resumed from; None: resumed from an unknown step), `tail` (seconds
+    earlier runs took after their last step, or None), `tail_runs` (how many runs `tail` is from).
+    collections.namedtuple: dataclasses and typing's NamedTuple cost `gpuq status` its start-up."""
+
+    __slots__ = ()
+
+
+# ---- one running job ----------------------------------------------------------------------------
+def observe(spool: Spool, job: dict[str, Any]) -> tuple[Optional[progress.Reading], list[tuple[float, float]]]:
+    """The most trusted reading available now, plus extra (time, step) points its source carries."""
+    started = progress.attempt_started(job)
+    report = progress.progress_report(spool, job)
+    if report:
+        reading = progress.from_report(report[0], report[1])
+        if reading:
+            return reading, progress.recent_points(report[0])
+    tail, mtime = spool.logs.tail(job, progress.TAIL_BYTES)
+    if tail:
+        seen = [tuple(x) for x in spool.reports.read_samples(job["id"]).get("incomplete", []) if isinstance(x, list)]
+        epochs = progress.num_epochs(job.get("cmd") or [])
+        reading = progress.from_log_text(tail.decode("utf-8", "replace"), mtime, epochs, seen)
+        if reading:
+            return reading, []
+    reading, points = progress.from_checkpoints(job)
+    return reading, [p for p in points if p[0] >= started - progress.MTIME_SLACK]  # older: a previous run
+
+
+def _series_key(reading: progress.Reading) -> str:
+    return f"{reading.source}|{reading.counter or reading.kind}|{reading.total}"
+
+
+def record(
+    spool: Spool, job: dict[str, Any], reading: progress.Reading, extra: list[tuple[float, float]]
+) -> tuple[list[tuple[float, float]], Attempt]:
+    """Add this look to the job's samples; the points of the reading's series and the attempt."""
+    stored = spool.reports.read_samples(job["id"])
+    key = _series_key(reading)
+    old = stored.get("points", []) if stored.get("key") == key else []
+    points = merge_points(old, extra + [(reading.at, reading.step)], progress.attempt_started(job))
+    incomplete = [x for x in stored.get("incomplete", []) if isinstance(x, list)]
+    if reading.source == "log" and reading.total and reading.step < reading.total:
+        if [reading.counter, reading.total] not in incomplete:
+            incomplete = (incomplete + [[reading.counter, reading.total]])[-16:]
+    run = attempt_of(spool, job, stored)
+    new = {
+        "key": key,
+        "points": [list(p) for p in points],
+        "incomplete": incomplete,
+        "total": reading.total,
+        "tail": {"for": run.started, "seconds": run.tail, "runs": run.tail_runs},
+    }
+    if new != stored:
+        try:
+            spool.reports.write_samples(job["id"], new)
+        except OSError:
+            pass  # a read-only or full spool: the ETA just has fewer samples
+    return points, run
+
+
+def merge_points(old: list[Any], new: list[tuple[float, float]], started: float) -> list[tuple[float, float]]:
+    """Samples of one series, by time, one per time: the first one (the mean rate is measured from
+    it) and the newest MAX_POINTS - 1. A step lower than an earlier one means the counter restarted:
+    everything before it is dropped."""
+    points: dict[float, float] = {}
+    for item in list(old) + list(new):
+        try:
+            t, s = float(item[0]), float(item[1])
+        except (TypeError, ValueError, IndexError):
+            continue
+        if t >= started - 1:
+            points[t] = s
+    ordered = sorted(points.items())
+    for i in range(len(ordered) - 1, 0, -1):
+        if ordered[i][1] < ordered[i - 1][1]:
+            ordered = ordered[i:]
+            break
+    return ordered if len(ordered) <= MAX_POINTS else ordered[:1] + ordered[-(MAX_POINTS - 1) :]
+
+
+def _seconds_per_step(a: tuple[float, float], b: tuple[float, float]) -> Optional[float]:
+    if b[0] - a[0] < MIN_SPAN or b[1] <= a[1]:
+        return None
+    return (b[0] - a[0]) / (b[1] - a[1])
+
+
+def rate_of(points: list[tuple[float, float]], window_weight: float = WINDOW_WEIGHT) -> tuple[Optional[float], str]:
+    """Steps per second: the newest RATE_POINTS samples blended, in seconds per step, with the mean
+    since the series' first sample (only when there are more samples than the window)."""
+    recent = points[-RATE_POINTS:]
+    if len(recent) < 2:
+        return None, ""
+    window = _seconds_per_step(recent[0], recent[-1])
+    if window is None:
+        return None, ""
+    note = f"over {len(recent)} samples in {duration(recent[-1][0] - recent[0][0]) or '0s'}"
+    mean = _seconds_per_step(points[0], points[-1]) if len(points) > RATE_POINTS else None
+    if mean is None:
+        return 1.0 / window, note
+    blended = window_weight * window + (1.0 - window_weight) * mean
+    since = duration(points[-1][0] - points[0][0]) or "0s"
+    return 1.0 / blended, f"{note}, blended {window_weight:.0%} with the mean over {len(points)} samples in {since}"
+
+
+def start_step(job: dict[str, Any]) -> Optional[float]:
+    """The step the current attempt started at: 0 from scratch, the checkpoint's step when resumed
+    (gpuq's own resume, or the command's own --resume_from_checkpoint: an adopted job), None when
+    it resumed from a checkpoint whose step cannot be told (`--resume_from_checkpoint=True`)."""
+    if job.get("resumed_from_step") is not None:
+        return float(job["resumed_from_step"])
+    ckpt = job.get("resumed_from") or checkpoints.arg_value(job.get("cmd") or [], RESUME_FLAGS)
+    if not ckpt:
+        return 0.0
+    m = checkpoints.STEP_RE.search(os.path.basename(str(ckpt).rstrip("/")))
+    return float(m.group(1)) if m else None
+
+
+def _first_look(reading: progress.Reading, run: Optional[Attempt], now: float) -> tuple[Optional[float], str]:
+    """elapsed x remaining / done, as a rate since the attempt started (or why not). Elapsed runs
+    to now, not to when the reading was written: a checkpoint written long ago (the job has not
+    written the next one since) says the job has done at least that much in all the time it has
+    run, and counted to the checkpoint's time its rate would have the job finished already."""
+    if run is None:
+        return None, "unknown until a second sample shows a rate; look again later"
+    if run.start_step is None:
+        return None, "unknown: resumed from a checkpoint whose step is unknown, until a second sample shows a rate"
+    if run.start_step and reading.kind in NOT_STEPS:
+        return None, "unknown: a resumed job counting in epochs or percent, until a second sample shows a rate"
+    elapsed, done = max(now, reading.at) - run.started, reading.step - run.start_step
+    if reading.at - run.started < MIN_SPAN or done <= 0:
+        return None, "unknown until a second sample shows a rate; look again later"
+    since = f" since step {_num(run.start_step)}" if run.start_step else ""
+    return done / elapsed, f"elapsed x remaining / done{since} (one sample so far)"
+
+
+def _overdue(reading: progress.Reading, run: Attempt, now: float) -> Optional[float]:
+    """How long ago the job should have ended had it kept the pace it had until its one reading
+    (None: not overdue): the first look's test for a job that stalled."""
+    done = reading.step - (run.start_step or 0.0)
+    pace = done / (reading.at - run.started)
+    late = now - (reading.at + (reading.total - reading.step) / pace)
+    return late if late > max(60.0, STALL_FACTOR / pace) else None
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
+
+
+def _tail_note(run: Optional[Attempt]) -> str:
+    if run is None or run.tail is None:
+        return ""
+    runs = f"{run.tail_runs} earlier run{'s' if run.tail_runs != 1 else ''}"
+    return f" + {run.tail:.1f}s after the last step (median of {runs})"
+
+
+def estimate(
+    reading: Optional[progress.Reading],
+    points: list[tuple[float, float]],
+    now: float,
+    run: Optional[Attempt] = None,
+    window_weight: float = WINDOW_WEIGHT,
+) -> Estimate:
+    """The ETA of a running job from its reading, the samples of that reading's series and, when
+    known, its attempt (start time, start step, learned tail). The rate comes from the samples, else
+    from the source's own rate, else from the first-look formula."""
+    if reading is None:
+        return Estimate(None, None, "unknown: no progress file, no progress in the log tail, no checkpoint")
+    where = f"{reading.source} ({reading.kind})"
+    tail = run.tail if run is not None and run.tail is not None else 0.0
+    if reading.finished or (reading.total and reading.step >= reading.total):
+        reached = min((t for t, s in points if reading.total and s >= reading.total), default=reading.at)
+        return Estimate(
+            reading, max(0.0, reached + tail - now), f"{where}: at the end of its work; finishing{_tail_note(run)}"
+        )
+    if not reading.total:
+        return Estimate(reading, None, f"{where}: unknown: no total to measure against")
+    rate, note = rate_of(points, window_weight)
+    if rate is None and reading.rate:
+        rate, note = reading.rate, reading.rate_note
+    if rate is None:
+        rate, note = _first_look(reading, run, now)
+        if rate is None:
+            return Estimate(reading, None, f"{where}: {note}")
+        assert run is not None
+        if _overdue(reading, run, now) is not None:
+            return Estimate(reading, None, f"{where}: no progress for {duration(now - reading.at)}; stalled?")
+        # the rate is counted to now: so is what remains
+        return Estimate(
+            reading,
+            (reading.total - reading.step) / rate + tail,
+            f"{where}: {rate:.3g} steps/s: {note}{_tail_note(run)}",
+        )
+    note = f"{rate:.3g} steps/s {note}".rstrip()
+    eta = reading.at + (reading.total - reading.step) / rate - now
+    if eta < 0 and -eta > max(60.0, STALL_FACTOR / rate):
+        return Estimate(reading, None, f"{where}: no progress for {duration(now - reading.at)}; stalled?")
+    return Estimate(reading, max(0.0, eta + tail), f"{where}: {note}{_tail_note(run)}")
+
+
+def running_estimate(spool: Spool, job: dict[str, Any], now: float) -> Estimate:
+    try:
+        reading, extra = observe(spool, job)
+        points, run = record(spool, job, reading, extra) if reading else ([], None)
+    except (OSError, ValueError) as exc:  # an unreadable output dir must not break `gpuq status`
+        return Estimate(None, None, f"unknown: could not read progress ({exc})")
+    return estimate(reading, points, now, run)
+
+
+def sample_running(spool: Spool, running: list[dict[str, Any]], now: float) -> None:
+    """Record a progress sample of every running job. Meant for the worker's periodic step, so a
+    log-only job already has a rate when someone first runs `gpuq status`."""
+    for job in running:
+        running_estimate(spool, job, now)
+
+
+# ---- the tail, learned from earlier runs --------------------------------------------------------
+def command_key(job: dict[str, Any]) -> str:
+    return repr((list(job.get("cmd") or []), job.get("cwd")))
+
+
+def attempt_of(spool: Spool, job: dict[str, Any], stored: dict[str, Any]) -> Attempt:
+    """The current attempt; its tail is learned once (at its first look) and kept in its samples."""
+    started = progress.attempt_started(job)
+    cached = stored.get("tail")
+    if isinstance(cached, dict) and cached.get("for") == started:
+        seconds, runs = cached.get("seconds"), cached.get("runs")
+        tail = float(seconds) if isinstance(seconds, (int, float)) else None
+        return Attempt(started, start_step(job), tail, runs if isinstance(runs, int) else 0)
+    tail, runs = past_tails(spool, job, started)
+    return Attempt(started, start_step(job), tail, runs)
+
+
+def past_tails(spool: Spool, job: dict[str, Any], before: float) -> tuple[Optional[float], int]:
+    """(median tail, runs) over the newest TAIL_RUNS successful, non-adopted runs of the same command
+    in the same directory that ended before `before`. Reads at most the newest HISTORY_FILES jobs."""
+    key, found = command_key(job), []
+    for ref in list(spool.jobs.refs((DONE,)))[-HISTORY_FILES:]:
+        if ref.id == job["id"]:
+            continue
+        try:
+            past = spool.jobs.load(ref)
+        except (OSError, ValueError):
+            continue
+        end = parse_iso(past.get("finished_at"))
+        if past.get("adopted") or end is None or end > before or command_key(past) != key:
+            continue
+        tail = tail_of(past, spool.reports.read_samples(ref.id))
+        if tail is not None:
+            found.append((end, tail))
+    newest = [t for _e, t in sorted(found)[-TAIL_RUNS:]]
+    return (median(newest), len(newest)) if newest else (None, 0)
+
+
+def tail_of(job: dict[str, Any], samples: dict[str, Any]) -> Optional[float]:
+    """Seconds between a finished run's last step and its end: `finished_at` minus when its samples
+    reached the total (the first sample at the total, or, when earlier, an extrapolation from the
+    last sample within TAIL_REACH of the end)."""
+    end, total = parse_iso(job.get("finished_at")), samples.get("total")
+    if end is None or not isinstance(total, (int, float)) or total <= 0:
+        return None
+    points = merge_points(samples.get("points") or [], [], progress.attempt_started(job))
+    reached = [t for t, s in points if s >= total]
+    before = [p for p in points if p[1] < total]
+    rate, _note = rate_of(before)
+    if before and rate and before[-1][1] >= (1 - TAIL_REACH) * total:
+        t, s = before[-1]
+        reached.append(t + (total - s) / rate)
+    if not reached or min(reached) > end:
+        return None
+    return end - min(reached)
+
+
+def median(values: list[float]) -> float:
+    """The median (the statistics module costs `gpuq status` several ms to import)."""
+    ordered, mid = sorted(values), len(values) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

@@ -1,0 +1,394 @@
+"""How far a job has got: readings from what the job reports, from its log, from its checkpoints.
+
+In order of trust (the first source that yields a reading wins):
+1. "reported": the JSON file named by GPUQ_PROGRESS_FILE (`{"step": 120, "total": 300}`), written by
+   the job itself (gpuq.integrations does it for HF Trainer and Lightning);
+2. "log": the tail of the job's log only (TAIL_BYTES, whatever the log's size), split on \\r and \\n;
+3. "checkpoint": the newest complete checkpoint in the job's --output_dir (gpuq.checkpoints), or
+   TRL's completions/completions_NNNNN.parquet, against --max_steps or trainer_state.json's max_steps.
+
+What the *current attempt* wrote is told from earlier attempts' output by one rule (a job that is
+retried, resumed or recovered keeps its id, so its progress file and log may still hold an earlier
+attempt's): the supervisor starts each attempt's part of the log with ATTEMPT_HEADER, and a
+progress file older than the attempt's start is an earlier attempt's.
+
+A reading is a plain value object; eta.py turns readings over time into a rate and an ETA. Only
+cheap standard-library imports here: `gpuq status` computes readings for every running job.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+
+from gpuq.core import lazyre
+from gpuq.core.times import parse_iso
+from gpuq.engine.tracking import checkpoints
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Optional
+
+    from gpuq.spool import Spool
+
+TAIL_BYTES = 64 * 1024
+ATTEMPT_HEADER = b"=== gpuq: job #"  # the supervisor's first line of every attempt (core.failure reads it too)
+MTIME_SLACK = checkpoints.MTIME_SLACK
+MAX_TRAINER_STATE_BYTES = 8 << 20
+# A longer segment (a dumped tensor, a sparse file's zeros) is read by its end only: progress is what
+# a bar prints last, and seven patterns over 64 KiB of one line cost `gpuq status` milliseconds.
+LONG_SEGMENT = 1024
+
+# Each log pattern yields (kind, step, total). Earlier patterns win within one line.
+TQDM_RE = lazyre.lazy(r"(\d+)/(\d+)\s*\[([\d:]+)<([\d:?]+)(?:,\s*([\d.]+|\?)\s*([A-Za-z]+/s|s/[A-Za-z]+))?[^\]\r\n]*\]")
+LINE_PATTERNS = [
+    ("Step N/M", lazyre.lazy(r"\bsteps?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("Iteration N of M", lazyre.lazy(r"\biter(?:ation)?s?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("[N/M]", lazyre.lazy(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")),
+    ("Epoch N/M", lazyre.lazy(r"\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+]
+# A percentage is progress when it is the whole line (`6.0%`), or in a progress context: a tqdm bar
+# (`45%|`) or a word that says so. `accuracy 93.5%` and `6.0%x` are not.
+PERCENT_RE = lazyre.lazy(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(?:(\|)|(?!\w))")
+LONE_PERCENT_RE = lazyre.lazy(r"\s*\d{1,3}(?:\.\d+)?\s?%\s*")
+PERCENT_CONTEXT_RE = lazyre.lazy(r"\b(progress|complete[d]?|done|finished)\b", re.IGNORECASE)
+# Every pattern above needs one of these; lines without are skipped with a single cheap search.
+CANDIDATE_RE = lazyre.lazy(r"\d\s*(?:/|%|of\b)|'epoch'", re.IGNORECASE)
+NOT_LETTERS_RE = lazyre.lazy(r"[^A-Za-z]+")
+LINE_BREAKS_RE = lazyre.lazy(r"[\r\n]+")
+HF_PAIR_RE = lazyre.lazy(r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?")
+TRL_COMPLETIONS_RE = lazyre.lazy(r"^completions_(\d+)\.parquet$")
+EPOCHS_FLAGS = ("--num_train_epochs", "--num-train-epochs")
+EPOCH_KINDS = ("Epoch N/M:", "HF log (epoch):")  # counters of epochs, not steps
+
+
+class Reading:
+    """One observation of a job's progress. `at` is when the value was true (the writer's time or the
+    file's mtime), not when we looked; `rate` is a rate the source itself states (steps/s). A plain
+    class (see scheduler.QueueState)."""
+
+    __slots__ = ("step", "total", "source", "kind", "at", "rate", "rate_note", "finished", "counter")
+
+    def __init__(
+        self,
+        step: float,
+        total: Optional[float],
+        source: str,  # "reported", "log" or "checkpoint"
+        kind: str,  # what exactly produced it, for people: "tqdm", "Step N/M", "checkpoint-50", ...
+        at: float,
+        rate: Optional[float] = None,
+        rate_note: str = "",
+        finished: bool = False,  # the source says the work loop is over (HF's final train_runtime dict)
+        counter: str = "",  # which counter of a log it came from (kind + label), to match later looks
+    ) -> None:
+        self.step, self.total, self.source, self.kind, self.at = step, total, source, kind, at
+        self.rate, self.rate_note, self.finished, self.counter = rate, rate_note, finished, counter
+
+    def _fields(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Reading) and self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
+
+    def __repr__(self) -> str:
+        return "Reading(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
+
+    @property
+    def fraction(self) -> Optional[float]:
+        if self.finished:
+            return 1.0
+        if not self.total or self.total <= 0:
+            return None
+        return max(0.0, min(1.0, self.step / self.total))
+
+    def text(self) -> str:
+        """`120/300 (40%)`, `epoch 0.48`, ... for people."""
+        pct = self.fraction
+        if self.total:
+            shown = f"{_num(self.step)}/{_num(self.total)}"
+        else:
+            shown = f"{'epoch' if 'epoch' in self.kind else 'step'} {_num(self.step)}"
+        return shown + (f" ({pct * 100:.0f}%)" if pct is not None else "")
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
+
+
+def _is_number(value: Any) -> bool:
+    """A finite int or float (a job's file may hold anything: NaN, 1e999, true)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# ---- 1. reported by the job ---------------------------------------------------------------------
+def from_report(data: Any, mtime: float) -> Optional[Reading]:
+    """A progress-file dict -> Reading. Accepts `step` + optional `total`, or `fraction` alone;
+    `time` (epoch seconds) and `recent` ([[time, step], ...]) are optional."""
+    if not isinstance(data, dict):
+        return None
+    step, total = data.get("step"), data.get("total")
+    if not _is_number(step) and _is_number(data.get("fraction")):
+        step, total = float(data["fraction"]) * 100, 100.0
+    if not _is_number(step) or step < 0:
+        return None
+    total = total if _is_number(total) and total > 0 else None
+    at = data["time"] if _is_number(data.get("time")) else mtime
+    reading = Reading(float(step), total, "reported", "progress file", float(at))
+    reading.rate, reading.rate_note = _rate_from_recent(data.get("recent"))
+    reading.finished = data.get("finished") is True
+    return reading
+
+
+def recent_points(data: Any) -> list[tuple[float, float]]:
+    """The `recent` [[time, step], ...] list of a progress file, cleaned."""
+    if not isinstance(data, dict) or not isinstance(data.get("recent"), list):
+        return []
+    out = []
+    for item in data["recent"][-64:]:
+        if isinstance(item, list) and len(item) == 2 and all(_is_number(x) for x in item):
+            out.append((float(item[0]), float(item[1])))
+    return out
+
+
+def _rate_from_recent(recent: Any) -> tuple[Optional[float], str]:
+    points = recent_points({"recent": recent})
+    if len(points) < 2:
+        return None, ""
+    (t0, s0), (t1, s1) = points[0], points[-1]
+    if t1 <= t0 or s1 <= s0:
+        return None, ""
+    return (s1 - s0) / (t1 - t0), f"(the job's own rate over its last {len(points)} updates)"
+
+
+# ---- 2. parsed from the log ---------------------------------------------------------------------
+def _tqdm_rate(value: Optional[str], unit: Optional[str]) -> Optional[float]:
+    if not value or value == "?" or not unit:
+        return None
+    rate = float(value)
+    if unit.startswith("s/"):
+        return 1.0 / rate if rate > 0 else None
+    return rate
+
+
+def _label(prefix: str) -> str:
+    """The words before a counter (tqdm's description, "train", "INFO"): digits, timestamps and bar
+    characters dropped, so every update of one counter gets the same label."""
+    return NOT_LETTERS_RE.sub(" ", prefix).strip().lower()[-40:]
+
+
+def line_reading(line: str) -> Optional[tuple[str, float, Optional[float], Optional[float]]]:
+    """(counter, step, total, rate) of the most specific progress pattern in one log line; the
+    counter is the pattern's kind plus the label in front of it."""
+    m = TQDM_RE.search(line)
+    if m:
+        label = _label(PERCENT_RE.split(line[: m.start()], 1)[0])
+        return f"tqdm:{label}", float(m.group(1)), float(m.group(2)), _tqdm_rate(m.group(5), m.group(6))
+    for kind, regex in LINE_PATTERNS:
+        m = regex.search(line)
+        if m:
+            return f"{kind}:{_label(line[: m.start()])}", float(m.group(1)), float(m.group(2)), None
+    m = PERCENT_RE.search(line)
+    progress_like = m and (m.group(2) or LONE_PERCENT_RE.fullmatch(line) or PERCENT_CONTEXT_RE.search(line))
+    if m and progress_like and float(m.group(1)) <= 100:
+        return f"N%:{_label(line[: m.start()])}", float(m.group(1)), 100.0, None
+    return None
+
+
+def hf_dict_reading(line: str, epochs: Optional[float]) -> Optional[tuple[str, float, Optional[float], bool]]:
+    """HF Trainer's logged dicts: {'loss': '3.91', ..., 'epoch': '0.48'} -> (counter, epoch, epochs, finished)."""
+    text = line.strip()
+    if not (text.startswith("{") and "'epoch'" in text):
+        return None
+    pairs = dict(HF_PAIR_RE.findall(text))
+    if "epoch" not in pairs:
+        return None
+    return "HF log (epoch):", float(pairs["epoch"]), epochs, "train_runtime" in pairs
+
+
+def segments(text: str, ends_open: bool) -> list[str]:
+    """Lines of a log tail split on \\r and \\n. The last segment, when the file does not end in a
+    separator, may be cut mid-write: it is kept only if it holds a whole tqdm bar."""
+    parts = LINE_BREAKS_RE.split(text)
+    if ends_open and parts and not TQDM_RE.search(parts[-1]):
+        parts.pop()
+    return [p for p in parts if p.strip()]
+
+
+if TYPE_CHECKING:
+    Found = tuple[str, float, Optional[float], Optional[float], bool]  # counter, step, total, rate, finished
+
+
+def log_readings(text: str, epochs: Optional[float] = None) -> list[Found]:
+    """Every progress reading in a log tail, oldest first."""
+    found: list[Found] = []
+    for line in segments(text, ends_open=not text.endswith(("\n", "\r"))):
+        if len(line) > LONG_SEGMENT:
+            line = line[-LONG_SEGMENT:]
+        if not CANDIDATE_RE.search(line):
+            continue
+        hf = hf_dict_reading(line, epochs)
+        got = (hf[0], hf[1], hf[2], None, hf[3]) if hf else line_reading(line)
+        if got:
+            found.append(got if len(got) == 5 else (*got, False))
+    return found
+
+
+def from_log_text(
+    text: str,
+    at: float,
+    epochs: Optional[float] = None,
+    seen_incomplete: Iterable[tuple[str, float]] = (),
+    steps_only: bool = False,
+) -> Optional[Reading]:
+    """The job's progress according to a log tail.
+
+    Readings are grouped by counter (pattern kind + label + total) and only each counter's newest
+    reading counts. Then:
+    - a complete reading (N == M, 100%) is believed only if that counter was also seen below its
+      total, in this tail or in `seen_incomplete` (earlier looks): a stray `100%` is not progress;
+    - a counter still open wins over one that completed (a dataset map, an eval loop or a download
+      bar completes inside the training loop), the most recently updated one first;
+    - among counters that completed, one that earlier looks saw running wins: transformers 5's
+      `save_model()` draws a `Writing model shards 1/1` bar after the training bar's last step;
+    - readings with a total win over those without (an HF loss dict gives only the epoch).
+    `steps_only` leaves out epoch counters (Epoch N/M, HF's logged epoch).
+    """
+    found = log_readings(text, epochs)
+    earlier = set(seen_incomplete)
+    if steps_only:  # epoch counters say how far, but not at which step
+        found = [f for f in found if not f[0].startswith(EPOCH_KINDS)]
+    incomplete = earlier | {(c, t) for c, s, t, _r, _f in found if t and s < t}
+    latest: dict[tuple[str, Optional[float]], tuple[int, Found]] = {}
+    for pos, item in enumerate(found):
+        latest[(item[0], item[2])] = (pos, item)
+    ranked = []
+    for (counter, total), (pos, item) in latest.items():
+        step, finished = item[1], item[4]
+        complete = finished or (total is not None and step >= total)
+        if complete and not finished and (counter, total) not in incomplete:
+            continue  # never seen running: a stray 100% or a side bar that was already done
+        running_before = complete and (counter, total) in earlier
+        ranked.append(
+            (((not complete or finished) and total is not None, total is not None, running_before, pos), item)
+        )
+    if not ranked:
+        return None
+    counter, step, total, rate, finished = max(ranked, key=lambda r: r[0])[1]
+    kind = counter.split(":", 1)[0]
+    return Reading(step, total, "log", kind, at, rate, "(tqdm's own rate)" if rate else "", finished, counter)
+
+
+def last_step(data: bytes) -> Optional[int]:
+    """The step of the progress counter a log tail shows last (None if it shows none): how far a
+    preempted attempt got. The same reading rules as the ETA's, so the two never disagree."""
+    reading = from_log_text(data.decode("utf-8", "replace"), 0.0, steps_only=True)
+    return int(reading.step) if reading is not None else None
+
+
+def num_epochs(cmd: list[str]) -> Optional[float]:
+    value = checkpoints.arg_value(cmd, EPOCHS_FLAGS)
+    try:
+        epochs = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return epochs if epochs and epochs > 0 else None
+
+
+# ---- 3. checkpoints -----------------------------------------------------------------------------
+def checkpoint_points(job: dict[str, Any]) -> tuple[list[tuple[float, float, str]], Optional[float]]:
+    """(mtime, step, label) of every complete checkpoint of the job with a step number, oldest
+    first, and the total steps (--max_steps, else the newest trainer_state.json's max_steps)."""
+    cmd, cwd = job.get("cmd") or [], job.get("cwd") or "/"
+    out = checkpoints.output_dir(cmd, cwd)
+    if job.get("ckpt_glob"):
+        found = checkpoints.glob_checkpoints(job["ckpt_glob"], cwd)
+    else:
+        found = checkpoints.hf_checkpoints(out) if out is not None else []
+    points = []
+    for ckpt in found:
+        if ckpt.step is not None:
+            points.append((_mtime(ckpt.path, checkpoints.HF_COMPLETE_MARKER), float(ckpt.step), _base(ckpt.path)))
+    if out is not None:
+        points += _trl_completions(out)
+    points.sort(key=lambda p: (p[1], p[0]))
+    total = checkpoints.max_steps(cmd)
+    if total is None and found:
+        total = _trainer_state_max_steps(found[-1].path)
+    return points, float(total) if total else None
+
+
+def from_checkpoints(job: dict[str, Any]) -> tuple[Optional[Reading], list[tuple[float, float]]]:
+    """The newest checkpoint as a reading, plus every checkpoint as a (time, step) sample: the
+    times the checkpoints were written give a rate from a single look."""
+    points, total = checkpoint_points(job)
+    if not points:
+        return None, []
+    at, step, label = points[-1]
+    return Reading(step, total, "checkpoint", label, at), [(t, s) for t, s, _l in points]
+
+
+def _base(path: str) -> str:
+    return os.path.basename(path.rstrip("/"))
+
+
+def _mtime(path: str, marker: str) -> float:
+    """When a checkpoint was completed: its HF marker file's mtime if any, else its own."""
+    for candidate in (os.path.join(path, marker), path):
+        try:
+            return os.stat(candidate).st_mtime
+        except OSError:
+            continue
+    return 0.0
+
+
+def _trl_completions(out_dir: Any) -> list[tuple[float, float, str]]:
+    folder = os.path.join(str(out_dir), "completions")
+    points = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    for entry in entries:
+        m = TRL_COMPLETIONS_RE.match(entry.name)
+        if m:
+            try:
+                points.append((entry.stat().st_mtime, float(m.group(1)), f"completions/{entry.name}"))
+            except OSError:
+                continue
+    return points
+
+
+def _trainer_state_max_steps(ckpt_path: str) -> Optional[int]:
+    """HF's trainer_state.json knows the run's max_steps even when the argv does not say it."""
+    path = os.path.join(ckpt_path, checkpoints.HF_COMPLETE_MARKER)
+    try:
+        if os.path.getsize(path) > MAX_TRAINER_STATE_BYTES:
+            return None
+        with open(path, "rb") as fh:
+            value = json.load(fh).get("max_steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def attempt_started(job: dict[str, Any]) -> float:
+    return parse_iso(job.get("started_at")) or 0.0
+
+
+def progress_report(spool: Spool, job: dict[str, Any]) -> Optional[tuple[dict[str, Any], float]]:
+    """(contents, mtime) of the job's progress file if the current attempt wrote it."""
+    report = spool.reports.read_progress(job["id"])
+    if report is None or report[1] < attempt_started(job) - MTIME_SLACK:
+        return None
+    return report
+
+
+def log_tail(spool: Spool, job: dict[str, Any], limit: int) -> tuple[bytes, float]:
+    """The last `limit` bytes of the job's log that the current attempt wrote, and the log's mtime."""
+    tail, mtime = spool.logs.tail(job, limit)
+    cut = tail.rfind(ATTEMPT_HEADER)
+    return (tail[cut:] if cut >= 0 else tail), mtime

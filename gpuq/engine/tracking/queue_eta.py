@@ -1,0 +1,236 @@
+"""The queue's ETA: when each pending job is expected to start and end, behind the running ones.
+
+Running jobs' ETAs come from eta.py; a pending job's run time is the median of earlier successful
+runs of the same command in the same directory.
+"""
+
+from __future__ import annotations
+
+from gpuq.core.states import DONE
+from gpuq.core.times import duration, parse_iso
+from gpuq.engine.schedule import scheduler
+from gpuq.engine.tracking import eta
+from gpuq.spool import Spool
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+
+def past_durations(spool: Spool, keys: set[str]) -> dict[str, list[float]]:
+    """Run times of the newest HISTORY_FILES successful jobs whose command and cwd are in `keys`.
+    Bounded on purpose: done/ can hold many thousands of files."""
+    found: dict[str, list[float]] = {}
+    for ref in list(spool.jobs.refs((DONE,)))[-eta.HISTORY_FILES :]:
+        try:
+            job = spool.jobs.load(ref)
+        except (OSError, ValueError):
+            continue
+        key = eta.command_key(job)
+        start, end = parse_iso(job.get("started_at")), parse_iso(job.get("finished_at"))
+        if key in keys and start is not None and end is not None and end >= start and not job.get("adopted"):
+            found.setdefault(key, []).append(end - start)
+    return found
+
+
+CPU_LANE = "cpu"  # with GPUs, CPU jobs run one at a time beside them (engine/schedule/planner.py)
+# placement.DEFAULT_FOREIGN_THRESHOLD_MIB, for views that do not say the worker's own (placement is
+# not imported: it imports dataclasses and typing, which `gpuq status` must not)
+DEFAULT_FOREIGN_THRESHOLD_MIB = 1024
+
+
+def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None) -> list[Optional[str]]:
+    """The slots live workers serve. With GPUs (`gpus`: the machine's indices): the GPUs they
+    use and the CPU lane. Without: [None] for a whole-machine worker, else their --gpus labels."""
+    if not workers:
+        return []
+    whole = any(not w.get("gpus") for w in workers)
+    if gpus:
+        labels = {g for w in workers for g in w.get("gpus") or []}
+        return [str(i) for i in gpus if whole or str(i) in labels] + [CPU_LANE]
+    if whole:
+        return [None]
+    return sorted({g for w in workers for g in w["gpus"]})
+
+
+def _slots_of(job: dict[str, Any], slots: list[Optional[str]]) -> list[Optional[str]]:
+    """The slots a running job occupies."""
+    if job.get("gpus") is not None and CPU_LANE in slots:
+        return [str(g) for g in job["gpus"]] or [CPU_LANE]
+    if job.get("slot") is None or slots == [None]:
+        return list(slots)
+    return [job["slot"]]
+
+
+def _needs(job: dict[str, Any], slots: list[Optional[str]]) -> tuple[list[Optional[str]], int]:
+    """The slots a pending job can take and how many of them it needs."""
+    if CPU_LANE not in slots:
+        return list(slots), 1
+    count = job.get("gpu_request", 1)
+    if count == 0:
+        return [CPU_LANE], 1
+    return [s for s in slots if s != CPU_LANE], count
+
+
+def _later(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if a is None or b is None else max(a, b)
+
+
+def _held_off(
+    job: dict[str, Any], usable: list[Optional[str]], outside: dict[str, tuple[int, int]], threshold: int
+) -> dict[str, int]:
+    """The GPUs among `usable` that memory of processes not gpuq's keeps `job` off (slot -> MiB
+    they hold), as engine/schedule/placement.py's gate decides: a whole GPU while they hold more than the
+    threshold, a share while it does not fit beside them. When they free it cannot be known."""
+    need = job.get("gpu_mem_mib")
+    out = {}
+    for slot in usable:
+        held, total = outside.get(str(slot), (0, 0))
+        if held and (held > threshold if need is None else total - held < need):
+            out[slot] = held
+    return out
+
+
+def outside_memory(gpus: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Slot -> (MiB held by processes not gpuq's, total MiB) from a GPU view (engine/schedule/gpuview.py;
+    a view of an older worker has no `foreign_mib`: its listed processes then)."""
+    out = {}
+    for gpu in gpus:
+        held = gpu.get("foreign_mib")
+        if not isinstance(held, int):
+            held = sum(p.get("used_memory_mib") or 0 for p in gpu.get("foreign") or [])
+        out[str(gpu["index"])] = (held, gpu.get("memory_total_mib") or 0)
+    return out
+
+
+def plan_queue(
+    running: list[tuple[dict[str, Any], Optional[float]]],
+    pending: list[tuple[dict[str, Any], Any]],
+    slots: list[Optional[str]],
+    durations: dict[str, list[float]],
+    now: Optional[float] = None,
+    outside: Optional[dict[str, tuple[int, int]]] = None,
+    threshold: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
+) -> dict[int, eta.Estimate]:
+    """Expected start and end (seconds from now, None = unknown) of each pending job.
+
+    `running`: (job, seconds until it ends); `pending`: (job, scheduler wait) in queue order. Each
+    job takes the slot that frees first, once its dependencies have ended; its run time is the
+    median of earlier runs of the same command in the same directory. Whatever depends on an
+    unknown is unknown: no guessing. `outside`: per GPU slot, (MiB held by processes that are not
+    gpuq's, total MiB); a GPU such memory keeps a job off (`threshold`: the worker's
+    --foreign-mem-threshold) frees at an unknown time, so the job starts when another GPU frees,
+    or at a time unknown.
+    """
+    if not slots:
+        return {j["id"]: eta.Estimate(None, None, "unknown: no worker is running (`gpuq run`)") for j, _w in pending}
+    free: dict[Optional[str], Optional[float]] = {s: 0.0 for s in slots}
+    ends: dict[int, Optional[float]] = {}
+    for job, until in running:
+        ends[job["id"]] = until
+        for slot in _slots_of(job, slots):
+            if slot in free:
+                free[slot] = _later(free[slot], until)
+    out: dict[int, eta.Estimate] = {}
+    for job, wait in _dependencies_first(pending):
+        if wait is not None and getattr(wait, "forever", False):
+            out[job["id"]] = eta.Estimate(None, None, f"will not start by itself: {wait.reason}")
+            ends[job["id"]] = None
+            continue
+        ready: Optional[float] = 0.0
+        begin = parse_iso(job.get("begin_at")) if now is not None else None
+        if begin is not None:
+            ready = max(0.0, begin - now)  # --begin: not before
+        for dep in _deps(job):
+            ready = _later(ready, ends.get(dep, 0.0))
+        usable, count = _needs(job, slots)
+        held_off = _held_off(job, usable, outside or {}, threshold)
+        known = sorted((s for s in usable if free[s] is not None and s not in held_off), key=lambda s: free[s])
+        taken = known[:count] if len(known) >= count else usable[:count]
+        start = ready
+        for slot in taken:
+            start = None if slot in held_off else _later(start, free[slot])
+        gpus_known = all(s not in held_off and free[s] is not None for s in taken)
+        past = durations.get(eta.command_key(job), [])[-5:]
+        run = eta.median(past) if past else None
+        end = None if start is None or run is None else start + run
+        for slot in taken:
+            free[slot] = end
+        ends[job["id"]] = end
+        note = _queue_note(start, run, len(past), _held_text(held_off), taken if gpus_known else None)
+        out[job["id"]] = eta.Estimate(None, end, note, starts_in=start)
+    return out
+
+
+def _held_text(held_off: dict[str, int]) -> str:
+    return "; ".join(
+        f"GPU {slot}: {mib / 1024:.1f} GiB held by processes that are not gpuq's" for slot, mib in held_off.items()
+    )
+
+
+def _dependencies_first(pending: list[tuple[dict[str, Any], Any]]) -> list[tuple[dict[str, Any], Any]]:
+    """Queue order, except that a job comes after pending jobs it depends on (a high-priority job
+    can wait for a lower-priority one)."""
+    left, done, out = list(pending), set(), []
+    ids = {j["id"] for j, _w in pending}
+    while left:
+        ready = [n for n, (job, _w) in enumerate(left) if not (_deps(job) & ids) - done]
+        job, wait = left.pop(ready[0] if ready else 0)  # none ready: a cycle; never loop forever
+        done.add(job["id"])
+        out.append((job, wait))
+    return out
+
+
+def _deps(job: dict[str, Any]) -> set[int]:
+    return set(job.get("after") or []) | set(job.get("after_any") or [])
+
+
+def _queue_note(
+    start: Optional[float], run: Optional[float], runs: int, held: str = "", taken: Optional[list[Any]] = None
+) -> str:
+    """How the start and run time were found. `held`: the GPUs others' memory keeps the job off
+    (when they free them cannot be known); `taken`: the GPUs it is expected on instead (None:
+    none frees at a known time)."""
+    if held and taken is None:
+        when = f"start unknown: {held} (no telling when they free it), and no other GPU frees at a known time"
+    elif start is None:
+        when = "start unknown (something before it has no ETA)"
+    elif held:
+        on = ",".join(map(str, taken or ()))
+        when = f"starts in ~{duration(start)} on GPU {on} ({held}, no telling when they free it)"
+    else:
+        when = f"starts in ~{duration(start)}"
+    if run is None:
+        return f"{when}; run time unknown (no earlier successful run of this command here)"
+    return f"{when}; runs ~{duration(run)} (median of {runs} earlier run{'s' if runs > 1 else ''})"
+
+
+def annotate(
+    spool: Spool, rows: list[Any], workers: list[dict[str, Any]], now: float, gpus: Optional[dict[str, Any]] = None
+) -> None:
+    """Set `row.estimate` for every running and pending row of a status listing, and for jobs
+    Slurm runs (`gpus`: the GPU view of engine/schedule/gpuview.py, when the machine has GPUs)."""
+    running = [r for r in rows if r.state == "running"]
+    for row in running:
+        row.estimate = eta.running_estimate(spool, row.job, now)
+    for row in rows:  # a job Slurm runs writes the same log: its progress is read the same way
+        if row.state == "slurm" and (row.job.get("slurm") or {}).get("state") == "RUNNING":
+            row.estimate = eta.running_estimate(spool, row.job, now)
+    order = {j["id"]: n for n, j in enumerate(scheduler.queue_order([r.job for r in rows if r.state == "pending"]))}
+    pending = sorted((r for r in rows if r.state == "pending"), key=lambda r: order[r.job["id"]])
+    if not pending:
+        return
+    durations = past_durations(spool, {eta.command_key(r.job) for r in pending})
+    shown = gpus["gpus"] if gpus else []
+    threshold = gpus.get("foreign_threshold_mib") if gpus else None
+    plan = plan_queue(
+        [(r.job, r.estimate.eta_seconds) for r in running],
+        [(r.job, r.wait) for r in pending],
+        worker_slots(workers, [g["index"] for g in shown]),
+        durations,
+        now,
+        outside_memory(shown),
+        threshold if isinstance(threshold, int) else DEFAULT_FOREIGN_THRESHOLD_MIB,
+    )
+    for row in pending:
+        row.estimate = plan.get(row.job["id"])

@@ -1,0 +1,1 @@
+"""What the display commands show: status rows, history, the finished-jobs listings."""

@@ -1,0 +1,315 @@
+"""The rows of finished jobs, cached in the spool, so that `gpuq status -a` need not read them all.
+
+What `gpuq status -a` shows of a finished job never changes: its file is never edited in place (a
+change writes a new file, with a new inode and mtime, or moves it to another state). So a row stays
+valid while its file keeps its name, inode, mtime and size, and all of a directory's rows stay
+valid while the directory keeps its inode and mtime, which move with every file added, removed or
+replaced in it (trusted once SETTLED_SECONDS old: see engine/schedule/queue_read.py).
+
+The cache (`cache/finished-view`) holds, per finished state, the directory's signature and, packed
+apart, its names, file signatures and rows; and, packed apart too, the view: every finished row in
+id order as columns, which is all a later `status -a` unpacks while no directory changed.
+
+When a directory changed, the rows of its new files come first from cache/finished-journal, where
+whoever moved each job there appended its row with the file's signature as written (spool/journal.py):
+such a file is stat()ed, not read. Only files with neither a cached nor a journalled row that still
+holds are read and parsed.
+"""
+
+from __future__ import annotations
+
+import gc
+import marshal
+import os
+import sys
+from array import array
+from itertools import compress, repeat
+from operator import eq, is_not, itemgetter
+
+from gpuq.core import schema
+from gpuq.core.states import FINISHED
+from gpuq.engine.views.finished_index import Finished, settled_key
+from gpuq.engine.views.row_cells import Cells, RowCells
+from gpuq.spool import Spool
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+CACHE_NAME = "finished-view"
+OLD_CACHE_NAME = "finished-rows"  # the cells alone, as gpuq wrote them before this cache
+CACHE_FORMAT = 3
+
+
+class FinishedView:
+    """Every finished job's row in id order: as columns (ids, their text, states, the cells'
+    columns), unpacked on first use, and as `block`, (widths, text) of their lines in a table,
+    which is all a later `status -a` needs unless a running job's cells are wider."""
+
+    __slots__ = ("_packed", "_unpacked", "count", "block")
+
+    def __init__(self, packed: bytes, count: int, block: Optional[tuple[tuple[int, ...], str]]) -> None:
+        self._packed, self._unpacked, self.count, self.block = packed, None, count, block
+
+    def __len__(self) -> int:
+        return self.count
+
+    def _parts(self) -> tuple:
+        if self._unpacked is None:
+            id_bytes, texts, states, columns = marshal.loads(self._packed)
+            ids = array("q")
+            ids.frombytes(id_bytes)
+            self._unpacked = (ids, texts, states, columns)
+        return self._unpacked
+
+    @property
+    def ids(self) -> array:
+        return self._parts()[0]
+
+    @property
+    def id_texts(self) -> tuple:
+        return self._parts()[1]
+
+    @property
+    def states(self) -> tuple:
+        return self._parts()[2]
+
+    @property
+    def columns(self) -> tuple:
+        return self._parts()[3]
+
+
+def finished_view(spool: Spool, listing: Finished, make: RowCells) -> FinishedView:
+    """The rows of the finished jobs of `listing`, from the cache where their files did not change.
+    The garbage collector is paused meanwhile: it would walk the 100,000 rows made so far, again
+    and again, and they hold no cycles."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _finished_view(spool, listing, make)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _finished_view(spool: Spool, listing: Finished, make: RowCells) -> FinishedView:
+    header = _cache_header(make)
+    cached, cached_view = _read_cache(spool, header)
+    entries: dict[str, tuple] = {}
+    fresh: dict[str, tuple] = {}  # state -> (ids, rows) of the entries made now: not unpacked again
+    keys = {state: listing.signatures.get(state) for state in FINISHED}
+    changed = [s for s in FINISHED if not (keys[s] is not None and s in cached and cached[s][0] == keys[s])]
+    taken = _take_journal(spool, make) if changed else None
+    for state in FINISHED:
+        key, hit = keys[state], cached.get(state)
+        if state not in changed:
+            entries[state] = hit  # the directory has not changed since it was cached
+        else:
+            assert taken is not None
+            packed, fresh[state] = _refresh(spool, state, listing, hit, make, taken.rows[state])
+            if key is None:  # listed too soon after a change to be trusted: perhaps it can be now
+                key = settled_key(spool, listing, state)
+            entries[state] = (key, packed)
+    if not fresh and cached_view is not None:
+        return FinishedView(*cached_view)
+    parts = _build_view(entries, fresh)
+    view = FinishedView(marshal.dumps(parts), len(parts[1]), None)
+    view.block = make.block(view)
+    try:
+        spool.cache.write(CACHE_NAME, marshal.dumps((header, entries, (view._packed, view.count, view.block))))
+        spool.cache.remove(OLD_CACHE_NAME)
+    except OSError:
+        return view  # a read-only or full spool still shows its status, only slower
+    if taken is not None:
+        taken.finish()  # its rows are in the cache now
+    return view
+
+
+def _take_journal(spool: Spool, make: RowCells) -> Any:
+    """The rows appended to cache/finished-journal since the last fold (spool/journal.py), if they
+    are rows `make` would make: the same code, the same fields."""
+    from gpuq.core import rowtext
+    from gpuq.spool.journal import Taken, take
+
+    if make.cells is not rowtext.finished_cells or make.fields != rowtext.FINISHED_FIELDS:
+        return Taken()
+    return take(spool.layout)
+
+
+_NO_ROW = ((), None)  # (signature, row) of a file without one: matches no file's signature
+
+
+def _refresh(
+    spool: Spool, state: str, listing: Finished, hit: Any, make: RowCells, journalled: dict[str, tuple]
+) -> tuple[bytes, tuple[array, Any]]:
+    """A state's packed cache entry (ids, names, file signatures, rows) for its files now, and its
+    (ids, rows): rows of unchanged files are kept, rows journalled as their files were written are
+    taken, the others made. Column by column where it can: 100,000 files."""
+    names, ids = listing.names(state), listing.ids[state]
+    old: dict[str, tuple] = {}
+    if hit is not None:
+        try:
+            _ids, old_names, sigs, rows = marshal.loads(hit[1])
+            old = dict(zip(old_names, zip(sigs, rows)))
+        except (EOFError, ValueError, TypeError):
+            old = {}
+    if old:
+        old.update(journalled)  # newer than the cache's: written when the file was
+    else:
+        old = journalled
+    # Files with a row are stat()ed to see if it still holds (a stat is a fifth of a read, and no
+    # parse); the others are read, and their signature taken from the descriptor they were read from.
+    have = list(map(old.get, names, repeat(_NO_ROW)))
+    with_row = list(map(is_not, have, repeat(_NO_ROW)))
+    if all(with_row):  # the usual case (a journal or a cache covers every file): no dict between
+        current = spool.jobs.signatures_in_order(state, names)
+    else:
+        stats = spool.jobs.file_signatures(state, list(compress(names, with_row)))
+        current = list(map(stats.get, names))
+    same = list(map(eq, map(itemgetter(0), have), current))
+    if all(same):  # the usual case: every file has its row
+        kept_ids, kept_names, sigs, rows = array("q", ids), names, current, list(map(itemgetter(1), have))
+    else:
+        todo = [(n, i) for n, i, ok in zip(names, ids, same) if not ok]
+        made = _make_all(spool, state, todo, make)
+        kept_ids, kept_names, sigs, rows = array("q"), [], [], []
+        for name, job_id, ok, row in zip(names, ids, same, have):
+            found = row if ok else made.get(name)
+            if found is None:
+                continue  # gone since the listing
+            kept_ids.append(job_id)
+            kept_names.append(name)
+            sigs.append(found[0])
+            rows.append(found[1])
+    packed = marshal.dumps((kept_ids.tobytes(), tuple(kept_names), tuple(sigs), tuple(rows)))
+    return packed, (kept_ids, rows)
+
+
+def _build_view(entries: dict[str, tuple], fresh: dict[str, tuple]) -> tuple:
+    """(ids as bytes, their texts, states, columns) of every entry's rows, in id order."""
+    merged: list[tuple[int, str, Cells]] = []
+    filled = 0  # states with rows: each state's are in id order already
+    for state, (_key, packed) in entries.items():
+        if state in fresh:
+            ids, rows = fresh[state]
+        else:
+            id_bytes, _names, _sigs, rows = marshal.loads(packed)
+            ids = array("q")
+            ids.frombytes(id_bytes)
+        merged += zip(ids, repeat(state), rows)
+        filled += bool(ids)
+    if filled > 1:
+        merged.sort(key=itemgetter(0))
+    ids = array("q", map(itemgetter(0), merged))
+    columns = tuple(zip(*map(itemgetter(2), merged))) if merged else ((), (), (), ())
+    return ids.tobytes(), tuple(map(str, ids)), tuple(map(itemgetter(1), merged)), columns
+
+
+PARALLEL_FROM = 2000  # files to read before the work is shared between CPUs (a fork costs ~1 ms)
+
+
+def _make_all(spool: Spool, state: str, todo: list[tuple[str, int]], make: RowCells) -> dict[str, tuple]:
+    """name -> (file signature, row) of each (name, id) of `todo`. Tens of thousands of files (the
+    first `status -a` after they appeared) are shared with one forked child per extra CPU: the work
+    is read-only, and a child that fails only costs its share being redone."""
+    cpus = min(os.cpu_count() or 1, 8)
+    if len(todo) < PARALLEL_FROM or cpus < 2 or not hasattr(os, "fork"):
+        return _make_some(spool, state, todo, make)
+    shares = [todo[i::cpus] for i in range(cpus)]
+    children = [_fork_share(spool, state, share, make) for share in shares[1:]]
+    out = _make_some(spool, state, shares[0], make)
+    for share, child in zip(shares[1:], children):
+        out.update(_collect_share(child) if child is not None else _make_some(spool, state, share, make))
+    return out
+
+
+def _make_some(spool: Spool, state: str, todo: list[tuple[str, int]], make: RowCells) -> dict[str, tuple]:
+    out: dict[str, tuple] = {}
+    load, fields, cells = spool.jobs.load_shown, make.fields, make.cells
+    one = _ONE.setdefault  # repeated cells ("train.py", "exit=0") become one object, stored once by marshal
+    for name, job_id in todo:
+        try:
+            job, sig = load(state, name, job_id, fields)
+            row = cells(job, state)
+            out[name] = (sig, tuple(map(one, row, row)))
+        except FileNotFoundError:
+            continue
+        except schema.InvalidJob as exc:  # shown as what it is: never left out, never a traceback
+            sig = spool.jobs.file_signatures(state, [name]).get(name)
+            if sig is not None:
+                out[name] = (sig, tuple(make.damaged(name, str(exc))))
+    return out
+
+
+def _fork_share(spool: Spool, state: str, todo: list[tuple[str, int]], make: RowCells) -> Optional[tuple[int, int]]:
+    """(pid, read end of its pipe) of a child that makes the rows of `todo` and sends them marshalled."""
+    try:
+        read_fd, write_fd = os.pipe()
+        sys.stdout.flush()
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:  # the child: never returns into the caller's code
+        code = 1
+        try:
+            os.close(read_fd)
+            data = marshal.dumps(_make_some(spool, state, todo, make))
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(data)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    return pid, read_fd
+
+
+def _collect_share(child: tuple[int, int]) -> dict[str, tuple]:
+    pid, read_fd = child
+    with os.fdopen(read_fd, "rb") as pipe:
+        data = pipe.read()
+    _pid, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise OSError(f"a child making rows of finished jobs failed (status {status})")
+    loaded = marshal.loads(data)
+    one = _ONE.setdefault
+    return {name: (sig, tuple(map(one, row, row))) for name, (sig, row) in loaded.items()}
+
+
+_ONE: dict[str, str] = {}  # each cell text made, once
+
+
+def _cache_header(make: RowCells) -> tuple:
+    """What the cached rows depend on: the cache format, the interpreter (marshal's format), the
+    fields read, and the files of the code that made them (a new gpuq rebuilds them)."""
+    module = sys.modules.get(make.cells.__module__)
+    shown = os.path.join(os.path.dirname(schema.__file__), "shown.py")  # imported only by a fill
+    code = []
+    for path in (module.__file__ if module else None, shown):
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            st = None
+        code.append((st.st_mtime_ns, st.st_size) if st else (0, 0))
+    return (CACHE_FORMAT, marshal.version, tuple(sys.version_info[:2]), make.cells.__qualname__, make.fields, *code)
+
+
+def _read_cache(spool: Spool, header: tuple) -> tuple[dict[str, tuple], Optional[tuple]]:
+    """(state -> entry, (packed view, its row count, its block)) of the cache if it is whole and
+    made by this code."""
+    data = spool.cache.read(CACHE_NAME)
+    try:
+        stored_header, entries, view = marshal.loads(data) if data else (None, None, None)
+    except (EOFError, ValueError, TypeError):
+        return {}, None  # damaged or from another Python: rebuilt
+    if stored_header != header or not isinstance(entries, dict):
+        return {}, None
+    good = {s: e for s, e in entries.items() if isinstance(e, tuple) and len(e) == 2 and isinstance(e[1], bytes)}
+    whole = len(good) == len(entries) and _is_view(view)
+    return good, view if whole else None
+
+
+def _is_view(view: Any) -> bool:
+    if not (isinstance(view, tuple) and len(view) == 3 and isinstance(view[0], bytes) and isinstance(view[1], int)):
+        return False
+    block = view[2]
+    return isinstance(block, tuple) and len(block) == 2 and isinstance(block[1], str) and len(block[0]) == 5

@@ -1,0 +1,210 @@
+"""The rows of `gpuq status`: every job with its state, why it waits, and its progress and ETA."""
+
+from __future__ import annotations
+
+import time
+
+from gpuq.core import schema
+from gpuq.core.states import FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, STATES
+from gpuq.engine.lifecycle import repairs
+from gpuq.engine.schedule import gpuview, scheduler
+from gpuq.engine.schedule.queue_read import read_queue
+from gpuq.engine.views.finished_index import finished as finished_listing
+from gpuq.spool.files import MIN_FREE_TO_START
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+    from gpuq.engine.tracking import eta
+    from gpuq.engine.views.finished_index import Finished
+    from gpuq.engine.views.finished_rows import FinishedView
+    from gpuq.engine.views.row_cells import RowCells
+    from gpuq.spool import JobRef, Spool
+
+# Imported only when needed (each module is start-up time, bench/PROFILE.md section 1): the ETA
+# machinery (queue_eta, eta, progress, checkpoints) when a job runs or waits, the finished-row
+# cache with `-a`.
+
+RECENT_FINISHED = 10
+LOOKS = 3  # listings taken at most while jobs keep moving under one `gpuq status`
+
+
+class Row:
+    """A plain class, not a dataclass (see scheduler.QueueState)."""
+
+    __slots__ = ("job", "state", "wait", "estimate")
+
+    def __init__(
+        self,
+        job: dict[str, Any],
+        state: str,
+        wait: Optional[scheduler.Wait] = None,
+        estimate: Optional[eta.Estimate] = None,  # running and pending rows
+    ) -> None:
+        self.job, self.state, self.wait, self.estimate = job, state, wait, estimate
+
+
+class CachedRow:
+    """A row given by its cells (a finished file that is not a valid job): only the id of its
+    job is known."""
+
+    __slots__ = ("job", "state", "cells")
+    wait = None
+    estimate = None
+
+    def __init__(self, job_id: int, state: str, cells: tuple) -> None:
+        self.job, self.state, self.cells = {"id": job_id}, state, cells
+
+
+class Status:
+    __slots__ = ("workers", "rows", "finished", "hidden_finished", "invalid", "dropped", "gpus", "warnings")
+
+    def __init__(
+        self,
+        workers: list[dict[str, Any]],
+        rows: list[Any],  # Row and CachedRow
+        hidden_finished: int = 0,
+        invalid: Optional[list[tuple[JobRef, str]]] = None,
+        dropped: Optional[list[str]] = None,
+        gpus: Optional[dict[str, Any]] = None,  # engine/schedule/gpuview.py's view; None without GPUs
+        warnings: Optional[list[str]] = None,  # a full disk, a runaway log
+        finished: Optional[FinishedView] = None,  # `status -a`: the finished rows, not in `rows`
+    ) -> None:
+        self.workers, self.rows, self.hidden_finished, self.gpus = workers, rows, hidden_finished, gpus
+        self.invalid, self.dropped, self.warnings = invalid or [], dropped or [], warnings or []
+        self.finished = finished
+
+
+def status(spool: Spool, show_all: bool = False, cells: Optional[RowCells] = None) -> Status:
+    """Every row of the queue. With `cells` (the CLI's finished-row cells), `show_all` gives the
+    finished rows as one FinishedView from their cache (engine/views/finished_rows.py), and a finished
+    file that is not a valid job is shown as a row saying so."""
+    warned_slurm = sync_slurm(spool)
+    for _look in range(LOOKS):
+        # a dead job is shown as interrupted as soon as anyone looks; one listing serves it all
+        listing, done, done_states = _listing(spool)
+        finished_jobs, also_elsewhere = len(done_states), [r.id for r in listing if r.id in done_states]
+        vanished: list[JobRef] = []
+        snap, invalid = read_queue(spool, refs=listing, finished=done_states, vanished=vanished)
+        if not vanished:
+            break  # else a job started or ended between the listing and its read: look again
+    # a job with a copy in a later state too (a crash mid-move) is shown in that state
+    finished_jobs -= sum(1 for i in set(also_elsewhere) if snap.states[i] not in FINISHED)
+    rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
+    views = spool.workers.gpu_views()
+    reasons = scheduler.waiting_reasons(snap, {**space_waits(spool, snap), **gpu_waits(views)})
+    rows += [Row(j, PENDING, reasons[j["id"]]) for j in scheduler.queue_order(snap.pending)]
+    for state in (HELD, PREEMPTED, INTERRUPTED, SLURM):
+        rows += [Row(j, state) for _r, j in spool.jobs.load_many(state)]
+    view = None
+    if show_all and cells is not None and done.count() > RECENT_FINISHED:
+        from gpuq.engine.views.finished_rows import finished_view
+
+        view = finished_view(spool, done, cells)
+        finished: list[JobRef] = []
+    elif show_all:
+        finished = sorted((r for state in FINISHED for r in done.refs(state)), key=lambda r: r.id)
+    else:
+        finished = done.newest(RECENT_FINISHED)
+    hidden = 0 if show_all else finished_jobs - len(finished)
+    for ref in finished:
+        try:
+            rows.append(Row(spool.jobs.load(ref), ref.state))
+        except FileNotFoundError:
+            continue
+        except schema.InvalidJob as exc:
+            if cells is not None:
+                rows.append(CachedRow(ref.id, ref.state, cells.damaged(ref.name, str(exc))))
+    rows.sort(key=lambda r: (r.state not in (RUNNING, PENDING), r.job["id"]))
+    workers = spool.workers.live()
+    shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old
+    if any(r.state in (RUNNING, PENDING, SLURM) for r in rows):  # else there is nothing to estimate
+        from gpuq.engine.tracking import queue_eta
+
+        queue_eta.annotate(spool, rows, workers, time.time(), shown)  # progress and ETA, and when pending ones start
+    warned = warned_slurm + disk_warnings(spool, snap.running)
+    return Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned, view)
+
+
+OTHER_STATES = tuple(s for s in STATES if s not in FINISHED)
+
+
+def _listing(spool: Spool) -> tuple[list[JobRef], Finished, dict[int, str]]:
+    """The tree after the cheap repairs: the refs of the unfinished states, the finished jobs'
+    listing (from its cache while their directories are unchanged) and their states by id."""
+    for _attempt in range(2):  # a repair moved files: listed again
+        # The unfinished states first: a job that ends between the two listings is then seen in
+        # running/ or in done/ (it only moves forward), never in neither.
+        listing = list(spool.jobs.refs(OTHER_STATES))
+        done = finished_listing(spool)
+        done_states = done.states()  # handed over to the snapshot, which adds the other states
+        report = repairs.reconcile(spool, listing=listing, finished=(done_states, done.count()))
+        if not (report.duplicates_removed or report.settled):
+            break
+    return listing, done, done_states
+
+
+def sync_slurm(spool: Spool) -> list[str]:
+    """With jobs in slurm/ (only then: the Slurm client imports subprocess), ask Slurm how they
+    are and record it (engine/lifecycle/slurm_handover.py). A Slurm that cannot be asked is a warning."""
+    if not spool.jobs.names(SLURM):
+        return []
+    from gpuq.engine.lifecycle import slurm_handover
+    from gpuq.system.slurm import SlurmError
+
+    try:
+        slurm_handover.sync(spool)
+    except SlurmError as exc:
+        return [f"Slurm's state of the jobs handed to it is not current: {exc}"]
+    return []
+
+
+LOW_SPACE_FRACTION = 0.05  # status warns below 5% free on the spool's filesystem
+BIG_LOG_BYTES = 1 << 30  # and when a running job's log passes this (no cap by default)
+
+
+def disk_warnings(spool: Spool, running: list[dict[str, Any]]) -> list[str]:
+    """A spool filesystem running out of room, a log growing past BIG_LOG_BYTES, and jobs whose
+    end waits for room to be recorded."""
+    out = []
+    total, free = spool.disk_space()
+    if total and free < LOW_SPACE_FRACTION * total:
+        out.append(
+            f"disk {'full' if free < (1 << 20) else 'nearly full'}: the spool's filesystem has "
+            f"{free / total:.0%} free ({free >> 20} MiB); `gpuq clear --logs` drops finished jobs' logs"
+        )
+    for job in running:
+        size = spool.logs.size(job)
+        if size > BIG_LOG_BYTES and not job.get("max_log_bytes"):
+            out.append(
+                f"job #{job['id']}'s log is {size / (1 << 30):.1f} GiB and has no cap "
+                "(`gpuq add --max-log-size 1G`, or `gpuq run --max-log-size 1G` for every job)"
+            )
+        noted = spool.claims.noted(job["id"])
+        if noted and "waiting" in noted:
+            out.append(
+                f"job #{job['id']} ended (exit {noted.get('exit_code')}): the disk is full, its supervisor "
+                "records it as soon as there is room"
+            )
+    return out
+
+
+def space_waits(spool: Spool, snap: scheduler.QueueState) -> dict[int, scheduler.Wait]:
+    """On a full disk a worker starts nothing: every pending job waits for disk space."""
+    free = spool.disk_space()[1]
+    if free >= MIN_FREE_TO_START or not snap.pending:
+        return {}
+    wait = scheduler.Wait(f"waiting for disk space: the spool's filesystem has {free // 1024} KiB free", False)
+    return {job["id"]: wait for job in snap.pending}
+
+
+def gpu_waits(views: list[dict[str, Any]]) -> dict[int, scheduler.Wait]:
+    """What the workers last said the GPUs hold back (job id -> why), from their GPU views."""
+    out: dict[int, scheduler.Wait] = {}
+    for view in views:
+        waiting = view.get("waiting")
+        for key, wait in waiting.items() if isinstance(waiting, dict) else ():
+            if key.isdigit() and isinstance(wait, dict) and isinstance(wait.get("reason"), str):
+                out[int(key)] = scheduler.Wait(wait["reason"], wait.get("forever") is True)
+    return out
