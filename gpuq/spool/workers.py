@@ -105,12 +105,8 @@ class WorkerRegistry:
             if int(name[5:-5]) not in alive:
                 unlink_quietly(os.path.join(directory, name))
                 continue
-            data = read_small(os.path.join(directory, name), mine=True)
-            try:
-                view = jsontext.loads(data) if data else None
-            except ValueError:
-                continue
-            if isinstance(view, dict):
+            view = _read_object(os.path.join(directory, name))
+            if view is not None:
                 out.append(view)
         return out
 
@@ -121,12 +117,8 @@ class WorkerRegistry:
         directory = self.layout.internal_dir("workers")
         for name in sorted(os.listdir(directory)):
             if name.startswith("worker-") and name.endswith(".json"):
-                data = read_small(os.path.join(directory, name), mine=True)
-                try:
-                    info = jsontext.loads(data) if data else None
-                except ValueError:
-                    continue
-                if isinstance(info, dict):
+                info = _read_object(os.path.join(directory, name))
+                if info is not None:
                     out.append(info)
         return out
 
@@ -153,3 +145,13 @@ class WorkerRegistry:
             finally:
                 os.close(fd)
         return out
+
+
+def _read_object(path: str) -> Optional[dict[str, Any]]:
+    """A worker file's JSON object; None when it is empty, gone, damaged or not an object."""
+    data = read_small(path, mine=True)
+    try:
+        obj = jsontext.loads(data) if data else None
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None

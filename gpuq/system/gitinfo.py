@@ -47,24 +47,19 @@ class GitFailed(Exception):
     """git is missing, refused (not a repository, `safe.directory`), failed or timed out."""
 
 
-def _git_env() -> dict[str, str]:
+def _git_io(cwd: str) -> dict[str, Any]:
+    """How every git gpuq runs is started: in `cwd`, never prompting or taking optional locks,
+    stdout piped, stderr swallowed."""
     env = dict(os.environ)
     env.update(GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", LC_ALL="C")
-    return env
+    quiet = subprocess.DEVNULL
+    return {"cwd": cwd, "env": env, "stdin": quiet, "stdout": subprocess.PIPE, "stderr": quiet}
 
 
 def _git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
     """stdout of `git ARGS` run in `cwd`; GitFailed on any failure (stderr is swallowed)."""
     try:
-        proc = subprocess.run(
-            ["git", *args],
-            cwd=cwd,
-            env=_git_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            timeout=timeout,
-        )
+        proc = subprocess.run(["git", *args], **_git_io(cwd), timeout=timeout)
     except (OSError, subprocess.SubprocessError) as exc:
         raise GitFailed(str(exc)) from None
     if proc.returncode != 0:
@@ -76,14 +71,7 @@ def _git_sha256(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> tuple[str
     """(sha256 hex, byte count) of the output of `git ARGS`, read in chunks so a diff touching a
     large file is never held in memory whole."""
     try:
-        proc = subprocess.Popen(
-            ["git", *args],
-            cwd=cwd,
-            env=_git_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
+        proc = subprocess.Popen(["git", *args], **_git_io(cwd))
     except OSError as exc:
         raise GitFailed(str(exc)) from None
     import hashlib  # here and below: `gpuq add` in a clean repository needs neither
