@@ -1,0 +1,43 @@
+"""Sizes a reader can hold (issue 25): no package directory of more than 16 modules, no module of
+more than 450 lines, no function of more than 100 lines (argparse declarations included)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "gpuq"
+MAX_MODULES, MAX_MODULE_LINES, MAX_FUNCTION_LINES = 16, 450, 100
+
+
+def modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_no_package_directory_holds_more_than_16_modules() -> None:
+    crowded = {}
+    for directory in {p.parent for p in modules()}:
+        count = len(list(directory.glob("*.py")))
+        if count > MAX_MODULES:
+            crowded[str(directory.relative_to(PACKAGE.parent))] = count
+    assert not crowded, crowded
+
+
+def test_no_module_is_longer_than_450_lines() -> None:
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in modules()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, long
+
+
+def test_no_function_is_longer_than_100_lines() -> None:
+    long = {}
+    for path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(PACKAGE.parent)}:{node.name}"] = lines
+    assert not long, long
