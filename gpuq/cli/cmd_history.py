@@ -9,6 +9,7 @@ from typing import Optional
 
 from gpuq.cli.common import spool
 from gpuq.core.errors import UsageError
+from gpuq.core.states import DONE, FAILED, PREEMPTED
 from gpuq.core.times import duration
 from gpuq.engine.views import history
 
@@ -44,7 +45,7 @@ def history_jobs(since: Optional[float]) -> list[tuple[str, dict]]:
 
 
 def _table(groups: list, by: str) -> str:
-    header = (by, "runs", "done", "failed", "GPU-h", "median", "preempted")
+    header = (by, "runs", DONE, FAILED, "GPU-h", "median", PREEMPTED)
     rows = [header] + [
         (
             str(g.key if g.key is not None else "-"),

@@ -7,6 +7,7 @@ from typing import Any
 
 from gpuq.cli.common import each_id, job_ids, spool
 from gpuq.core.errors import UsageError
+from gpuq.core.states import PREEMPTED, RUNNING
 
 
 def cmd_preempt(args: argparse.Namespace) -> int:
@@ -16,13 +17,13 @@ def cmd_preempt(args: argparse.Namespace) -> int:
         raise UsageError("--timeout must be 0 or more")
     outcome = preempt.preempt(spool(), args.id, args.timeout, args.force, say=print)
     job = outcome.job
-    if outcome.state == "preempted":
+    if outcome.state == PREEMPTED:
         code = job.get("exit_code")
         exit_text = f"exit {code}" if code is not None else "exit code unknown"
         print(f"[~] Job #{job['id']}: {job['name']} preempted ({exit_text}): {job.get('note')}")
         print(f"    {_what_resume_does(job)}")
         return 0
-    if outcome.left and outcome.state == "running" and job.get("pid") in outcome.left:
+    if outcome.left and outcome.state == RUNNING and job.get("pid") in outcome.left:
         print(f"job #{job['id']} did not exit within {args.timeout:g}s; left running, unchanged (--force kills it)")
     elif outcome.left:
         print(

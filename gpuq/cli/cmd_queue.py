@@ -9,7 +9,7 @@ import time
 from gpuq.cli.common import each_id, job_ids, spool
 from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.states import HELD, PENDING, RUNNING
+from gpuq.core.states import HELD, INTERRUPTED, PENDING, RUNNING
 from gpuq.core.timespec import parse_size_bytes, parse_size_mib
 from gpuq.engine.lifecycle import enqueue
 from gpuq.system import procs
@@ -320,7 +320,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         print("no interrupted jobs")
         return 0
     for job, how in plans:  # what will happen, before it happens
-        print(f"  #{job['id']} {job['name']}: {how.text()}  ({job.get('note') or 'interrupted'})")
+        print(f"  #{job['id']} {job['name']}: {how.text()}  ({job.get('note') or INTERRUPTED})")
     if not sys.stdin.isatty():
         flag = " --from-scratch" if args.from_scratch else ""
         print(f"would re-queue {len(plans)} job(s); run `gpuq recover --all{flag}` (or --jobs ID...) to do it")

@@ -11,6 +11,7 @@ import gpuq
 from gpuq.cli import render
 from gpuq.cli.common import job_ids, say_refused, spool
 from gpuq.core.errors import Refused, UsageError
+from gpuq.core.states import DONE
 from gpuq.engine.lifecycle import slurm_handover
 from gpuq.run import slurm_batch
 
@@ -57,7 +58,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
         print(f"[~] Job #{job['id']}: {job['name']}  {render.slurm_text(job['slurm'])}")
     for job, state in report.ended:
         code = f" (exit {job['exit_code']})" if job.get("exit_code") is not None else ""
-        print(f"[{'+' if state == 'done' else '-'}] Job #{job['id']}: {job['name']} {state}{code}")
+        print(f"[{'+' if state == DONE else '-'}] Job #{job['id']}: {job['name']} {state}{code}")
     if not (report.repaired or report.changed or report.ended):
         print("nothing changed")
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuq.cli import render
 from gpuq.cli.common import spool
 from gpuq.core import jsontext
-from gpuq.core.states import RUNNING
+from gpuq.core.states import PENDING, RUNNING
 from gpuq.engine.views.row_cells import RowCells
 from gpuq.engine.views.status import Row, status
 from gpuq.system import security
@@ -85,7 +85,7 @@ def _status_once(args: argparse.Namespace) -> int:
     if args.json:
         print(jsontext.dumps([json_row(r) for r in st.rows], indent=2))
         return 0
-    pending = sum(1 for r in st.rows if r.state == "pending")
+    pending = sum(1 for r in st.rows if r.state == PENDING)
     print(render.worker_line(st.workers, pending))
     if st.gpus is not None:
         print("\n".join(render.gpu_lines(st.gpus)))

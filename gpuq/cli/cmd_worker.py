@@ -8,6 +8,7 @@ from typing import Any
 
 from gpuq.cli.common import spool
 from gpuq.core.errors import Refused, UsageError
+from gpuq.core.states import DONE, PENDING, RUNNING
 from gpuq.core.timespec import parse_duration, parse_size_bytes, parse_size_mib
 from gpuq.engine.lifecycle import actions
 
@@ -128,7 +129,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return 0
     stopped = actions.stop_workers(sp)
     print(f"stopped worker(s): {', '.join(str(w.get('pid')) for w in stopped)}" if stopped else "no worker was running")
-    running = actions.jobs_in(sp, ("running",))
+    running = actions.jobs_in(sp, (RUNNING,))
     if args.kill_jobs:
         for job in running:
             actions.kill(sp, job["id"])
@@ -150,12 +151,12 @@ def cmd_wait(args: argparse.Namespace) -> int:
         print("nothing queued or running")
         return 0
     index = sp.jobs.index()
-    waiting = any(ref.state == "pending" for i in ids for ref in index.get(i, []))
+    waiting = any(ref.state == PENDING for i in ids for ref in index.get(i, []))
     if waiting and not sp.workers.live():
         print("gpuq wait: no worker is running (`gpuq run --daemon`); waiting for one", file=sys.stderr)
     waited = actions.wait_for(sp, ids, args.timeout)
     for job_id, (state, why) in sorted(waited.ends.items()):
-        if state != "done":
+        if state != DONE:
             print(f"#{job_id} {state}" + (f": {why}" if why else ""))
     if waited.all_done:
         print(f"all {len(ids)} job(s) done")

@@ -13,19 +13,13 @@ from datetime import datetime, timezone
 from typing import Any, Optional, Sequence
 
 from gpuq.core.errors import GpuqError
+from gpuq.core.states import PREEMPTED, TABLE
 from gpuq.engine.views.history import PastRun
 
 FORMATS = (".png", ".svg")
 MISSING = "history --plot needs matplotlib: pip install 'gpuq-spool[plot]'"
-# Attempt outcome -> (legend label, colour). "pending" is a failed attempt that was retried.
-OUTCOMES = {
-    "done": ("done", "#2ca02c"),
-    "failed": ("failed", "#d62728"),
-    "pending": ("failed, retried", "#ff9896"),
-    "cancelled": ("cancelled", "#7f7f7f"),
-    "preempted": ("preempted", "#ff7f0e"),
-    "interrupted": ("interrupted", "#9467bd"),
-}
+# Attempt outcome -> (legend label, colour), in legend order: the states an attempt ends in.
+OUTCOMES = {s.name: (s.label, s.colour) for s in sorted((s for s in TABLE if s.label), key=lambda s: s.legend)}
 OTHER = ("other", "#bcbd22")
 BAR_GID = "gpuq-run"  # SVG id of each bar: gpuq-run-JOB-N-LANE, N the job's Nth run by start time
 MIN_WIDTH_FRACTION = 0.001  # a 2-second failure stays visible on a week-long axis
@@ -145,7 +139,7 @@ def _mark_preemptions(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num
     for attempts in by_job.values():
         attempts.sort(key=lambda r: r.start)
         for earlier, later in zip(attempts, attempts[1:] + [None]):
-            if earlier.outcome != "preempted":
+            if earlier.outcome != PREEMPTED:
                 continue
             stops += [(num(earlier.end), row[lane]) for lane in earlier.lanes]
             if later is not None:

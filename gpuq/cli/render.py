@@ -9,23 +9,14 @@ from itertools import repeat
 
 from gpuq.core import schema
 from gpuq.core.rowtext import FINISHED_FIELDS, elapsed, finished_cells, info, slurm_text  # noqa: F401 (render's names too)
+from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, PENDING, RUNNING, TABLE
 from gpuq.core.times import duration
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
     from typing import Any, Optional
 
-SYMBOLS = {
-    "pending": "⏳",
-    "running": "🔄",
-    "done": "✅",
-    "failed": "❌",
-    "preempted": "💤",
-    "interrupted": "⚡",
-    "cancelled": "🚫",
-    "held": "⏸️",
-    "slurm": "🚀",
-}
+SYMBOLS = {state.name: state.glyph for state in TABLE}  # a dict: `status -a` maps it over every row
 
 
 def width(text: str) -> int:
@@ -56,7 +47,7 @@ def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = N
     columns: list[list[str]] = [[title] for title in HEADER]
     tail: list[Any] = []  # rows after the running and pending ones, which merge with `finished`
     for row in rows:
-        if finished is not None and row.state not in ("running", "pending"):
+        if finished is not None and row.state not in (RUNNING, PENDING):
             tail.append(row)
             continue
         _add(columns, row, now)
@@ -168,7 +159,7 @@ def progress_text(estimate: Any, state: str) -> str:
     """`[███▌      ] 35% ETA 4m10s` for a running job, `starts ~2m05s` for a pending one."""
     if estimate is None:
         return ""
-    if state == "pending":
+    if state == PENDING:
         return f"starts ~{duration(estimate.starts_in) or '0s'}" if estimate.starts_in is not None else ""
     parts = []
     fraction = estimate.fraction
@@ -189,7 +180,7 @@ def eta_lines(rows: list[Any]) -> list[str]:
     for row in rows:
         est, job = row.estimate, row.job
         head = f"#{job['id']} {job['name']} ({row.state}{', adopted' if job.get('adopted') else ''})"
-        if row.state == "pending":
+        if row.state == PENDING:
             end = f"; ends in ~{duration(est.eta_seconds) or '0s'}" if est.eta_seconds is not None else ""
             lines.append(f"{head}: {est.method}{end}")
             continue
@@ -250,9 +241,6 @@ class SweepRow:
         self.job, self.state, self.cells = {"id": sweep_id}, state, cells
 
 
-SWEEP_ORDER = ("running", "pending", "held", "failed", "interrupted", "preempted", "cancelled", "done")
-
-
 def group_sweeps(rows: list[Any]) -> list[Any]:
     """Rows with each sweep's jobs (two or more of them shown) folded into one SweepRow, where
     its first job stood, saying how many of them are done, running, waiting and failed."""
@@ -276,12 +264,12 @@ def group_sweeps(rows: list[Any]) -> list[Any]:
 def _sweep_row(sweep_id: int, group: list[Any]) -> SweepRow:
     states = [row.state for row in group]
     counts = {
-        "done": states.count("done"),
-        "running": states.count("running"),
-        "waiting": sum(s in ("pending", "held") for s in states),
-        "failed": states.count("failed"),
+        DONE: states.count(DONE),
+        RUNNING: states.count(RUNNING),
+        "waiting": sum(s in (PENDING, HELD) for s in states),
+        FAILED: states.count(FAILED),
     }
-    state = min(states, key=lambda s: SWEEP_ORDER.index(s) if s in SWEEP_ORDER else len(SWEEP_ORDER))
+    state = min(states, key=lambda s: BY_NAME[s].rank)  # the state that says most of the sweep
     first = group[0].job
     keys = list(first["sweep"]["values"])
     base = first["name"].split(f" {keys[0]}=", 1)[0] if keys else first["name"]

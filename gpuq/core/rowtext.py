@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from gpuq.core import schema
+from gpuq.core.states import FAILED, PENDING, RUNNING, SLURM, TABLE
 from gpuq.core.times import duration, parse_iso
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
@@ -33,6 +34,7 @@ FINISHED_FIELDS = (
     "note",
     "priority",
 )
+NOTE_SHOWN = tuple(state.name for state in TABLE if state.shows_note)  # the states whose Info ends with the note
 
 
 def finished_cells(job: dict[str, Any], state: str) -> tuple[str, ...]:
@@ -57,7 +59,7 @@ def elapsed(job: dict[str, Any], now: float) -> Optional[float]:
 
 def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
     parts = []
-    if state == "running":
+    if state == RUNNING:
         parts.append(f"pid={job.get('pid')}" if job.get("pid") else "starting")
         if job.get("gpus") == []:
             parts.append("cpu job")
@@ -68,27 +70,27 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
         if job.get("resumed_from"):
             lost = f", lost {job['lost_steps']} steps" if job.get("lost_steps") is not None else ""
             parts.append(f"from {job['resumed_from'].rstrip('/').rsplit('/', 1)[-1]}{lost}")
-    elif state == "pending":
+    elif state == PENDING:
         if wait is not None:
             parts.append(("blocked: " if wait.forever else "") + wait.reason)
         elif job.get("after"):
             parts.append("after " + ", ".join(f"#{d}" for d in job["after"]) + " (met)")
         if job.get("attempts") or job.get("history"):
             parts.append(job.get("note") or "retry")
-    elif state == "slurm":
+    elif state == SLURM:
         parts.append(slurm_text(job.get("slurm") or {}))
     elif job.get("exit_code") is not None:
         parts.append(f"exit={job['exit_code']}" + (f" ({job['signal']})" if job.get("signal") else ""))
-    if state != "slurm" and (job.get("slurm") or {}).get("job_id"):
+    if state != SLURM and (job.get("slurm") or {}).get("job_id"):
         parts.append(f"on slurm {job['slurm']['job_id']}")
-    if state == "failed" and job.get("reason"):
+    if state == FAILED and job.get("reason"):
         parts.append(job["reason"])
     if job.get("code_changed"):
         parts.append(job["code_changed"])
     note = job.get("note")
     if note and job.get("reason") and "time limit" in note and "time limit" in job["reason"]:
         note = None  # said once, by the reason
-    if state in ("interrupted", "cancelled", "preempted", "failed", "held") and note:
+    if state in NOTE_SHOWN and note:
         parts.append(note)
     if job.get("priority"):
         parts.append(f"prio={job['priority']}")

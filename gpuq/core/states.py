@@ -2,6 +2,8 @@
 
 A state is the name of the directory a job file sits in (spool_layout.md, section 1); these
 constants are the only place they are spelled, so a typo is a NameError, not a silent miss.
+`TABLE` holds what every display looks up per state (glyph, order, colour...): a new state is
+one constant and one row here (tests/test_states_table.py finds a state spelled elsewhere).
 """
 
 from __future__ import annotations
@@ -16,10 +18,57 @@ CANCELLED = "cancelled"
 HELD = "held"  # `gpuq hold`: kept out of the queue until `gpuq release`
 SLURM = "slurm"  # handed to a Slurm cluster (`gpuq slurm submit`); Slurm runs it, `gpuq slurm sync` records its end
 
+
+class State:
+    """One row of TABLE. A plain class: `enum` and `typing` would cost `gpuq status` and `gpuq add`
+    their import at every start (tests/test_startup_imports.py)."""
+
+    __slots__ = ("name", "finished", "glyph", "rank", "shows_note", "label", "colour", "legend")
+
+    def __init__(
+        self,
+        name: str,
+        finished: bool,
+        glyph: str,
+        rank: int,
+        shows_note: bool,
+        label: str | None = None,
+        colour: str | None = None,
+        legend: int | None = None,
+    ) -> None:
+        self.name = name  # the directory, and the word every display shows
+        self.finished = finished  # ended for good: `gpuq clear` may remove it
+        self.glyph = glyph  # the St column of `gpuq status`
+        self.rank = rank  # the state that stands for a sweep in `gpuq status`: the lowest of its jobs'
+        self.shows_note = shows_note  # the Info cell of `gpuq status` ends with the job's `note`
+        # For a state an attempt ends in (a run of `gpuq history`; an attempt that ends in pending/
+        # failed and was retried): its name in the legend of `history --plot`, the colour of its
+        # bars there, and its place in that legend.
+        self.label = label
+        self.colour = colour
+        self.legend = legend
+
+
 # Every state a valid job can be in, in the order a job moves through them: when a crash leaves
 # two copies with the same rev, the later one in this order is shown (see engine.snapshot).
-STATES = (PENDING, RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED, CANCELLED, HELD, SLURM)
-FINISHED = (DONE, FAILED, CANCELLED)  # ended for good: `gpuq clear` may remove them
+# fmt: off
+TABLE = (
+    #     name         finished glyph rank  note   label              colour     legend
+    State(PENDING,     False,   "⏳", 1,    False, "failed, retried", "#ff9896", 2),
+    State(RUNNING,     False,   "🔄", 0,    False),
+    State(DONE,        True,    "✅", 7,    False, "done",            "#2ca02c", 0),
+    State(FAILED,      True,    "❌", 3,    True,  "failed",          "#d62728", 1),
+    State(PREEMPTED,   False,   "💤", 5,    True,  "preempted",       "#ff7f0e", 4),
+    State(INTERRUPTED, False,   "⚡", 4,    True,  "interrupted",     "#9467bd", 5),
+    State(CANCELLED,   True,    "🚫", 6,    True,  "cancelled",       "#7f7f7f", 3),
+    State(HELD,        False,   "⏸️", 2,    True),
+    State(SLURM,       False,   "🚀", 8,    False),
+)
+# fmt: on
+BY_NAME = {state.name: state for state in TABLE}
+
+STATES = tuple(state.name for state in TABLE)
+FINISHED = tuple(state.name for state in TABLE if state.finished)  # (DONE, FAILED, CANCELLED)
 ACTIVE = (PENDING, RUNNING)  # what the scheduler reads on every step
 NEEDS_USER = (PREEMPTED, INTERRUPTED, HELD)  # stopped; only a person (resume, recover, release) moves them on
 WAITING = (PENDING, HELD)  # queued and never started since: what `gpuq edit` may change

@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Mapping, Optional
 
 from gpuq.core import schema
-from gpuq.core.states import PENDING
+from gpuq.core.states import FAILED, INTERRUPTED, PENDING
 from gpuq.spool import Spool
 
 OUTPUT_CAP = 16 * 1024  # bytes of a hook's output passed on to the log
@@ -75,7 +75,7 @@ def notify_desktop(job_summary: Mapping[str, Any], timeout: float = NOTIFY_TIMEO
     body = str(job_summary.get("name", ""))
     if job_summary.get("exit_code") is not None:
         body += f" (exit {job_summary['exit_code']})"
-    urgency = "critical" if state in ("failed", "interrupted") else "normal"
+    urgency = "critical" if state in (FAILED, INTERRUPTED) else "normal"
     try:
         outcome = _run_bounded([tool, "-u", urgency, title, body], dict(os.environ), timeout)
     except Exception as exc:

@@ -31,7 +31,7 @@ RESCAN_SECONDS = 5.0  # a full repair (duplicates, stale claims, tmp files) at m
 FULL_STEP_SECONDS = 60.0  # a quiet worker still takes a full look this often
 SAMPLE_SECONDS = 30.0  # progress samples of running jobs, for their ETA
 INTAKE_BUDGET_SECONDS = 0.25  # per step; a burst of dropped files is taken in over several steps
-STARTED, CLAIM_HELD, LAUNCH_FAILED = "started", "claim held", "failed"  # what became of a launch
+STARTED, CLAIM_HELD, LAUNCH_FAILED = "started", "claim held", "launch failed"  # what became of a launch
 HANDED_ON_STATES = (RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED)  # a job named for a slot that was started
 
 
@@ -414,7 +414,7 @@ class Worker:
         A foreground worker must not exit on a stale verdict."""
         held = [job_id for job_id in self.spool.claims.ids() if self.spool.claims.held(job_id)]
         snap, _ = read_queue(self.spool, self.cache)
-        if any(snap.states.get(job_id) != "running" for job_id in held):
+        if any(snap.states.get(job_id) != RUNNING for job_id in held):
             return True
         return scheduler.has_startable_future(snap, self.waits)
 

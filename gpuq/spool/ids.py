@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 
+from gpuq.core.states import PENDING
 from gpuq.spool.files import Files
 from gpuq.spool.layout import INTAKE_RE, Layout
 from gpuq.spool.store import JobStore
@@ -46,7 +47,7 @@ class IdCounter:
 
     def _highest_in_tree(self) -> int:
         ids = [ref.id for ref in self.store.refs()]
-        for name in os.listdir(self.layout.state_dir("pending")):
+        for name in os.listdir(self.layout.state_dir(PENDING)):
             m = name.startswith(".intake-") and INTAKE_RE.match(name)  # no pattern compiled for plain names
             if m:
                 ids.append(int(m.group(1)))

@@ -14,7 +14,7 @@ from operator import getitem
 
 from gpuq.core import jsontext, schema
 from gpuq.core.records import itemgetter
-from gpuq.core.states import FINISHED, STATES
+from gpuq.core.states import FINISHED, PENDING, RUNNING, STATES
 from gpuq.spool.files import Files, Reservation, read_job_file, read_job_file_stat, unlink_quietly
 from gpuq.spool.layout import JOB_NAME_RE, Layout, is_job_name, job_names
 from gpuq.system import fsutil
@@ -102,15 +102,15 @@ class JobStore:
         """The job's file in pending/: `name` (what the worker saw) if it is one of this job's and
         is there, else found by listing pending/."""
         if name and name.startswith(f"{job_id:06d}-") and is_job_name(name):
-            if os.path.lexists(self.layout.job_path("pending", name)):
-                return JobRef(job_id, "pending", name)
-        return self.find(job_id, ("pending",))
+            if os.path.lexists(self.layout.job_path(PENDING, name)):
+                return JobRef(job_id, PENDING, name)
+        return self.find(job_id, (PENDING,))
 
     def signature(self) -> tuple[tuple[int, int], ...]:
         """Changes whenever a job enters or leaves pending/ or running/, or a claim or request
         appears or goes: a worker that sees the same signature has nothing new to schedule."""
         out = []
-        for sub in ("pending", "running", "locks", "control"):
+        for sub in (PENDING, RUNNING, "locks", "control"):
             sig = self.dir_signature(sub)
             out.append((sig[0], sig[1]) if sig else (0, 0))
         return tuple(out)
@@ -199,7 +199,7 @@ class JobStore:
         return out
 
     # ---- writing ------------------------------------------------------------------------------
-    def publish(self, job: dict[str, Any], state: str = "pending") -> JobRef:
+    def publish(self, job: dict[str, Any], state: str = PENDING) -> JobRef:
         """Publish a new job file; once this returns it survives a power cut. FileExistsError if
         that name is taken."""
         name, data = schema.filename(job["id"], job["name"]), encode(job)

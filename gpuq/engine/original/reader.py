@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuq.core.errors import GpuqError
+from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED, RUNNING
 from gpuq.engine.original.probe import DB_NAME, JSON_NAME, find_legacy
 
 __all__ = ["DB_NAME", "JSON_NAME", "find_legacy"]  # the probe's names, kept importable from here too
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # The states the original wrote; `preempted` came with its `preempt` command.
-KNOWN_STATES = ("pending", "running", "done", "failed", "cancelled", "interrupted", "preempted")
+KNOWN_STATES = (PENDING, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED, PREEMPTED)  # spelled as ours
 # What the original added to every job's environment under the job's own `env`. Not copied into
 # LegacyJob.env: CUDA_VISIBLE_DEVICES=0 would fight gpuq's own GPU slots.
 ORIGINAL_DEFAULT_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "CUDA_VISIBLE_DEVICES": "0"}
@@ -269,17 +270,17 @@ def _state(
     if legacy not in KNOWN_STATES:
         # Interrupted is the state a person re-queues by hand: nothing lost, nothing started by itself.
         notes.append(f"unknown state {legacy!r}; taken as interrupted")
-        return "interrupted", None
-    if legacy != "running":
+        return INTERRUPTED, None
+    if legacy != RUNNING:
         return legacy, None
     if kind == "json" or pid is None:
         notes.append("was running, but no process id was recorded; taken as interrupted")
-        return "interrupted", None
+        return INTERRUPTED, None
     create_time = _live_start(pid, started_at)
     if create_time is None:
         notes.append(f"was running as process {pid}, which is gone (or is not the job's); taken as interrupted")
-        return "interrupted", None
-    return "running", create_time
+        return INTERRUPTED, None
+    return RUNNING, create_time
 
 
 def _live_start(pid: int, started_at: Optional[str]) -> Optional[float]:

@@ -6,7 +6,7 @@ runs of the same command in the same directory.
 
 from __future__ import annotations
 
-from gpuq.core.states import DONE
+from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
 from gpuq.core.times import duration, parse_iso
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.tracking import eta
@@ -210,14 +210,14 @@ def annotate(
 ) -> None:
     """Set `row.estimate` for every running and pending row of a status listing, and for jobs
     Slurm runs (`gpus`: the GPU view of engine/schedule/gpuview.py, when the machine has GPUs)."""
-    running = [r for r in rows if r.state == "running"]
+    running = [r for r in rows if r.state == RUNNING]
     for row in running:
         row.estimate = eta.running_estimate(spool, row.job, now)
     for row in rows:  # a job Slurm runs writes the same log: its progress is read the same way
-        if row.state == "slurm" and (row.job.get("slurm") or {}).get("state") == "RUNNING":
+        if row.state == SLURM and (row.job.get("slurm") or {}).get("state") == "RUNNING":
             row.estimate = eta.running_estimate(spool, row.job, now)
-    order = {j["id"]: n for n, j in enumerate(scheduler.queue_order([r.job for r in rows if r.state == "pending"]))}
-    pending = sorted((r for r in rows if r.state == "pending"), key=lambda r: order[r.job["id"]])
+    order = {j["id"]: n for n, j in enumerate(scheduler.queue_order([r.job for r in rows if r.state == PENDING]))}
+    pending = sorted((r for r in rows if r.state == PENDING), key=lambda r: order[r.job["id"]])
     if not pending:
         return
     durations = past_durations(spool, {eta.command_key(r.job) for r in pending})

@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Optional, Union
 
+from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED
+
 GROUP_KEYS = ("dir", "script", "day", "sweep")
 # What each attempt outcome counts as. "pending" is an attempt that failed and was retried.
-FAILED_OUTCOMES = ("failed", "pending")
+FAILED_OUTCOMES = (FAILED, PENDING)
 SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".zsh", ".jl", ".r", ".lua", ".pl", ".rb", ".js", ".ts")
 
 JobPair = tuple[str, dict]
@@ -267,13 +269,13 @@ def summarize(jobs: Iterable[JobPair], since: Optional[float] = None, by: str = 
 def _add_run(group: Group, run: PastRun) -> None:
     group.runs += 1
     group._job_ids.add(run.job_id)
-    if run.outcome == "done":
+    if run.outcome == DONE:
         group.done += 1
     elif run.outcome in FAILED_OUTCOMES:
         group.failed += 1
-    elif run.outcome == "cancelled":
+    elif run.outcome == CANCELLED:
         group.cancelled += 1
-    elif run.outcome == "interrupted":
+    elif run.outcome == INTERRUPTED:
         group.interrupted += 1
     group.adopted += run.adopted
     group.gpu_hours += run.gpu_hours
@@ -297,11 +299,11 @@ def to_json(groups: Iterable[Group]) -> list[dict[str, Any]]:
             "key": group.key,
             "runs": group.runs,
             "jobs": group.jobs,
-            "done": group.done,
-            "failed": group.failed,
-            "cancelled": group.cancelled,
-            "interrupted": group.interrupted,
-            "preempted": group.preempted,
+            DONE: group.done,
+            FAILED: group.failed,
+            CANCELLED: group.cancelled,
+            INTERRUPTED: group.interrupted,
+            PREEMPTED: group.preempted,
             "adopted": group.adopted,
             "gpu_hours": round(group.gpu_hours, 3),
             "median_seconds": None if group.median_seconds is None else round(group.median_seconds, 1),
