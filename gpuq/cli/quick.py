@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 class Namespace:
     """The command line's values as attributes, as argparse.Namespace holds them for parser.py
-    (not types.Namespace: `types` is a module to import, for nothing else on this path)."""
+    (not types.SimpleNamespace: `types` is a module to import, for nothing else on this path)."""
 
     def __init__(self, **values: Any) -> None:
         self.__dict__.update(values)
@@ -48,9 +48,18 @@ def _reading(command: Command) -> tuple[dict[str, Any], dict[str, tuple[str, Any
     return defaults, flags, values
 
 
+def _exclusive(command: Command) -> list[list[str]]:
+    """The dests of each group of options that exclude each other."""
+    groups: dict[str, list[str]] = {}
+    for opt in command.options:
+        if opt.group is not None:
+            groups.setdefault(opt.group, []).append(opt.dest)
+    return list(groups.values())
+
+
 STATUS_DEFAULTS, STATUS_FLAGS, STATUS_VALUES = _reading(STATUS)
 ADD_DEFAULTS, ADD_FLAGS, ADD_VALUES = _reading(ADD)
-EXCLUSIVE = [[o.dest for o in STATUS.options if o.group == g] for g in {o.group for o in STATUS.options} if g]
+STATUS_EXCLUSIVE, ADD_EXCLUSIVE = _exclusive(STATUS), _exclusive(ADD)
 
 
 class Bad(ValueError):
@@ -70,29 +79,41 @@ def parse(argv: list[str]) -> Optional[Namespace]:
 
 
 def _status(command: str, words: list[str]) -> Optional[Namespace]:
-    values = dict(STATUS_DEFAULTS)
-    if _options(words, STATUS_FLAGS, STATUS_VALUES, values) != len(words):
+    values, given = dict(STATUS_DEFAULTS), set()
+    if _options(words, STATUS_FLAGS, STATUS_VALUES, values, given) != len(words):
         return None  # a positional word: an error argparse words best
-    if any(sum(values[dest] != STATUS_DEFAULTS[dest] for dest in group) > 1 for group in EXCLUSIVE):
-        return None  # mutually exclusive
+    if _clash(STATUS_EXCLUSIVE, given):
+        return None  # argparse names the options that exclude each other
     return Namespace(command=command, **values, func=STATUS.handler)
 
 
 def _add(command: str, words: list[str]) -> Optional[Namespace]:
-    values = {k: list(v) if isinstance(v, list) else v for k, v in ADD_DEFAULTS.items()}
-    at = _options(words, ADD_FLAGS, ADD_VALUES, values)
+    values, given = {k: list(v) if isinstance(v, list) else v for k, v in ADD_DEFAULTS.items()}, set()
+    at = _options(words, ADD_FLAGS, ADD_VALUES, values, given)
     separated = at < len(words) and words[at] == "--"
     job = words[at + 1 :] if separated else words[at:]
-    if not job:
-        return None  # no SCRIPT
+    if not job or _clash(ADD_EXCLUSIVE, given):
+        return None  # no SCRIPT, or options that exclude each other
     if not separated and misplaced_option(ADD, job[1:]):
         return None  # parser.py notes the misplaced option
     return Namespace(command=command, **values, script=job[0], args=job[1:], func=ADD.handler)
 
 
-def _options(words: list[str], flags: dict[str, tuple[str, Any]], takes_value: Reading, values: dict[str, Any]) -> int:
-    """Read the options at the start of `words` into `values`; the index of the first word that is
-    not one (or of `--`). Bad for a form this reading leaves to argparse."""
+def _clash(groups: list[list[str]], given: set[str]) -> bool:
+    """Whether options of one exclusive group were given with two different names."""
+    return any(len(given.intersection(group)) > 1 for group in groups)
+
+
+def _options(
+    words: list[str],
+    flags: dict[str, tuple[str, Any]],
+    takes_value: Reading,
+    values: dict[str, Any],
+    given: set[str],
+) -> int:
+    """Read the options at the start of `words` into `values` (and the dest of each into `given`);
+    the index of the first word that is not one (or of `--`). Bad for a form this reading leaves to
+    argparse."""
     i = 0
     while i < len(words):
         word = words[i]
@@ -104,6 +125,7 @@ def _options(words: list[str], flags: dict[str, tuple[str, Any]], takes_value: R
         if word in flags:
             dest, value = flags[word]
             values[dest] = value
+            given.add(dest)
             i += 1
             continue
         if name not in takes_value or (eq and not name.startswith("--")):
@@ -115,6 +137,7 @@ def _options(words: list[str], flags: dict[str, tuple[str, Any]], takes_value: R
             if value.startswith("-"):
                 raise Bad(value)  # argparse's rules for such values are its own
         dest, read, appends = takes_value[name]
+        given.add(dest)
         if appends:
             values[dest].append(read(value))
         else:
