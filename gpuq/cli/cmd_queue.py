@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
+    # the user's umask, before the spool sets gpuq's own; the request checked before the spool is opened
     request = enqueue.Request(vars(args), umask=procs.current_umask(), shell_env=dict(os.environ))
-    prepared = enqueue.prepare(request)  # before the spool is opened: it sets gpuq's own umask
+    prepared = enqueue.prepare(request)
     for note in [] if args.quiet else prepared.notes:
         print(note)
     sp = spool()
