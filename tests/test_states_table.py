@@ -21,7 +21,8 @@ STATES_MODULE = PACKAGE / "core" / "states.py"
 # written as a dict key, or listed among other field names.
 ALSO_FIELDS = {states.SLURM}
 KEY_METHODS = ("get", "pop", "setdefault")
-COMMAND_METHODS = ("add_parser",)  # `gpuq slurm`: a subcommand named after Slurm, not the state
+# `gpuq slurm`: a subcommand named after Slurm, not the state (argparse's add_parser, cli/commands.py's Command)
+COMMAND_METHODS = ("add_parser", "Command")
 
 
 def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
@@ -37,7 +38,8 @@ def _is_slots(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
 
 def _is_call_arg(node: ast.AST, parent: ast.AST, methods: tuple[str, ...]) -> bool:
     func = parent.func if isinstance(parent, ast.Call) else None
-    return isinstance(func, ast.Attribute) and func.attr in methods and bool(parent.args) and parent.args[0] is node
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    return name in methods and bool(parent.args) and parent.args[0] is node
 
 
 def _is_field(node: ast.Constant, parent: ast.AST) -> bool:

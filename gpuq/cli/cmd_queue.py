@@ -4,57 +4,29 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 from gpuq.cli.common import each_id, job_ids, spool
-from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.states import HELD, INTERRUPTED, PENDING, RUNNING
-from gpuq.core.timespec import parse_size_bytes, parse_size_mib
+from gpuq.core.states import INTERRUPTED, RUNNING
 from gpuq.engine.lifecycle import enqueue
 from gpuq.system import procs
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
     import argparse
-    from typing import Any, Optional
+    from typing import Any
 
     from gpuq.spool import Spool
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    user_umask = procs.current_umask()  # before the spool sets gpuq's own 077
-    cwd = os.path.abspath(os.path.expanduser(args.dir)) if args.dir else os.getcwd()
-    if not os.path.isdir(cwd):
-        raise UsageError(f"directory not found: {cwd}")
-    if args.retries < 0:
-        raise UsageError("--retries must be 0 or more")
-    if args.name is not None:
-        try:
-            schema.check_name(args.name)
-        except schema.InvalidJob as exc:
-            raise UsageError(f"--name: {exc}") from None
-    variants, venv = _variants(args, cwd)
-    options = _preempt_options(args, variants, venv)  # before env is read: it may add to it
-    options.update(_gpu_options(args), notify=args.notify, on_finish=args.on_finish, no_resume=args.no_resume)
-    if args.max_log_size is not None:
-        options["max_log_bytes"] = _bytes(args.max_log_size, "--max-log-size")
-    options.update(_safeguards(args, cwd))
-    published = enqueue.enqueue_many(
-        spool(),
-        variants,
-        cwd=cwd,
-        venv=venv,
-        env=dict(args.env),
-        shell_env=dict(os.environ),
-        after=[i for ids in args.after for i in ids],
-        after_any=[i for ids in args.after_any for i in ids],
-        retries=args.retries,
-        priority=args.priority,
-        options=options,
-        umask=user_umask,
-        state=HELD if args.hold else PENDING,
-    )
+    # the user's umask, before the spool sets gpuq's own; the request checked before the spool is opened
+    request = enqueue.Request(vars(args), umask=procs.current_umask(), shell_env=dict(os.environ))
+    prepared = enqueue.prepare(request)
+    for note in [] if args.quiet else prepared.notes:
+        print(note)
+    sp = spool()
+    published = enqueue.publish(sp, prepared)
     for _ref, job in published:
         if args.quiet:
             print(job["id"])
@@ -63,116 +35,8 @@ def cmd_add(args: argparse.Namespace) -> int:
         after = f"  after {', '.join(f'#{d}' for d in deps)}" if deps else ""
         print(f"[+] Job #{job['id']}: {job['name']}{after}{'  (held)' if args.hold else ''}")
     if args.urgent and not args.quiet and not args.hold:
-        from gpuq.engine.schedule import victims  # only for --urgent: it may look at running jobs' checkpoints
-
-        running = [job for _ref, job in spool().jobs.load_many(RUNNING)]
-        print(f"    {victims.foreseen(published[0][1], running)}")
+        print(f"    {enqueue.urgent_outlook(sp, published[0][1])}")
     return 0
-
-
-def _variants(args: argparse.Namespace, cwd: str) -> tuple[list[enqueue.Variant], Optional[str]]:
-    """The job to queue, or with --sweep one per combination of values: its command resolved (the
-    interpreter, the venv), its name, and its sweep values. Nothing is queued if any is wrong."""
-    words = [args.script, *args.args]
-    if not args.sweep:
-        cmd, venv = enqueue.resolve_command(words[0], words[1:], cwd, args.python)
-        return [enqueue.Variant(cmd, args.name)], venv
-    from gpuq.core import sweep  # only for --sweep (it is a dataclass module)
-
-    try:
-        combinations = sweep.expand([sweep.parse_sweep(text) for text in args.sweep], words, allow_more=args.yes)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    variants, venv = [], None
-    for combination in combinations:
-        cmd, venv = enqueue.resolve_command(combination.words[0], combination.words[1:], cwd, args.python)
-        name = sweep.sweep_name(args.name or enqueue.default_name(cwd, cmd), combination.values)
-        variants.append(enqueue.Variant(cmd, name, {"sweep": {"id": 0, "values": combination.values}}))
-    return variants, venv
-
-
-def _preempt_options(args: argparse.Namespace, variants: list[enqueue.Variant], venv: Optional[str]) -> dict[str, Any]:
-    """The job fields for --urgent/--preemptible/--ckpt-glob/--resume-arg (--preemptible may add a
-    flag to the commands and GPUQ_PREEMPTIBLE=1 to args.env)."""
-    options: dict[str, Any] = {"urgent": args.urgent, "preemptible": args.preemptible, "ckpt_glob": args.ckpt_glob}
-    if args.resume_arg is not None:
-        from gpuq.core.resume_arg import check_resume_arg
-
-        problem = check_resume_arg(args.resume_arg)
-        if problem:
-            raise UsageError(problem)
-        options["resume_arg"] = args.resume_arg
-    if args.preemptible:
-        from gpuq.engine.lifecycle import hf
-
-        message = ""
-        for variant in variants:
-            variant.cmd, message = hf.make_preemptible(variant.cmd, venv)
-        args.env.append((hf.PREEMPTIBLE_ENV, "1"))
-        if not args.quiet:
-            print(f"preemptible: {message}")
-    return options
-
-
-def _gpu_options(args: argparse.Namespace) -> dict[str, Any]:
-    """--gpus N and --gpu-mem SIZE; a request this machine can never meet is refused here."""
-    mem = None
-    if args.gpu_mem is not None:
-        try:
-            mem = parse_size_mib(args.gpu_mem, "--gpu-mem")
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        if args.gpus == 0:
-            raise UsageError("--gpu-mem needs --gpus 1 or more (--gpus 0 is a CPU job)")
-    problem = None
-    if args.gpus > 1 or mem is not None:  # only such a request needs the GPUs looked at
-        from gpuq.engine.schedule import gpuview
-
-        problem = gpuview.never_fits(spool(), args.gpus, mem)
-    if problem:
-        raise UsageError(f"{problem}: this job could never start")
-    return {"gpu_request": args.gpus, "gpu_mem_mib": mem}
-
-
-def _safeguards(args: argparse.Namespace, cwd: str) -> dict[str, Any]:
-    """--time, --begin, and the code the job was queued with (--snapshot: a copy of it)."""
-    from gpuq.core import timespec
-
-    out: dict[str, Any] = {}
-    try:
-        if args.time is not None:
-            out["time_limit"] = timespec.parse_duration(args.time, "--time")
-        if args.begin is not None:
-            from gpuq.core.times import iso_of
-
-            out["begin_at"] = iso_of(timespec.parse_begin(args.begin, time.time(), "--begin"))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if not _in_git_work_tree(cwd):
-        if args.snapshot:
-            raise UsageError(f"--snapshot needs a git repository; {cwd} is not in one")
-        return out
-    from gpuq.system import gitinfo  # subprocess and git: only inside a repository
-
-    out["code"] = gitinfo.provenance(cwd)
-    if args.snapshot and out["code"] is None:
-        raise UsageError(f"--snapshot: git cannot read the repository of {cwd}")
-    if args.snapshot:
-        out["snapshot"] = {"repo": out["code"]["repo"]}  # copied once the job has its id
-    return out
-
-
-def _in_git_work_tree(cwd: str) -> bool:
-    """A `.git` in `cwd` or above it: a stat per level, so that `add` outside a repository does
-    not pay for starting git."""
-    return any(os.path.exists(os.path.join(directory, ".git")) for directory in enqueue.upward(cwd))
-
-
-def _bytes(text: str, flag: str) -> int:
-    try:
-        return parse_size_bytes(text, flag)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -6,10 +6,10 @@ import argparse
 import sys
 from typing import Any
 
+from gpuq.cli.commands import RUN
 from gpuq.cli.common import spool
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import DONE, PENDING, RUNNING
-from gpuq.core.timespec import parse_duration, parse_size_bytes, parse_size_mib
 from gpuq.engine.lifecycle import actions
 
 RUN_NEEDS = ("psutil", "watchdog")  # what the worker and the supervisors import
@@ -20,29 +20,42 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpuq.run import daemon  # the worker and watchdog: only for this command
     from gpuq.run.worker import Settings
 
-    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else None
-    if args.gpus is not None and not gpus:
-        raise UsageError("--gpus needs a list such as 0 or 0,1")
-    settings = Settings(gpus=gpus, notify=args.notify, on_finish=args.on_finish, recover=args.recover)
-    if args.foreign_mem_threshold is not None:
-        settings.foreign_threshold_mib = _size_mib(args.foreign_mem_threshold, "--foreign-mem-threshold")
-    try:
-        if args.max_log_size is not None:
-            settings.max_log_bytes = parse_size_bytes(args.max_log_size, "--max-log-size")
-        if args.default_time is not None:
-            settings.default_time = parse_duration(args.default_time, "--default-time")
-        if args.kill_grace is not None:
-            settings.kill_grace = _grace_seconds(args.kill_grace)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    settings = Settings(**_settings(args))
     sp = spool()
     _warn_shared_spool(sp)
     if args.daemon:
-        pid = daemon.start_background(sp, _run_options(args))
+        pid = daemon.start_background(sp, _forwarded(args))
         print(f"[+] worker started in the background: pid {pid}, log {sp.logs.worker_log_path()}")
         print("    `gpuq status` shows the queue, `gpuq stop` stops the worker (jobs keep running).")
         return 0
     return daemon.run_foreground(sp, settings, watch=args.watch, ready_fd=args.ready_fd)
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The worker's Settings given on the command line (RUN's options that name one), read from
+    their text; a bad one is a UsageError."""
+    out = {}
+    for opt in RUN.options:
+        value = getattr(args, opt.dest)
+        if opt.setting is None or value is None:
+            continue
+        try:
+            out[opt.setting] = value if opt.read is None else opt.read(value, opt.flags[-1])
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return out
+
+
+def _forwarded(args: argparse.Namespace) -> list[str]:
+    """The options of `gpuq run --daemon` that the background worker gets too: those of a setting,
+    as they were typed."""
+    out: list[str] = []
+    for opt in RUN.options:
+        value = getattr(args, opt.dest)
+        if opt.setting is None or value is None or value is False:
+            continue
+        out += [opt.flags[-1]] if value is True else [opt.flags[-1], value]
+    return out
 
 
 def _warn_shared_spool(sp: Any) -> None:
@@ -82,40 +95,6 @@ def _check_dependencies() -> None:
             f"gpuq run needs {', '.join(missing)}, which {sys.executable} cannot import: "
             f"`{sys.executable} -m pip install {names}` (or install gpuq itself: pip install .)"
         )
-
-
-def _run_options(args: argparse.Namespace) -> list[str]:
-    """The options of `gpuq run --daemon` that the background worker must get too."""
-    out = ["--notify"] if args.notify else []
-    out += ["--recover"] if args.recover else []
-    for flag, value in (
-        ("--gpus", args.gpus),
-        ("--foreign-mem-threshold", args.foreign_mem_threshold),
-        ("--on-finish", args.on_finish),
-        ("--max-log-size", args.max_log_size),
-        ("--default-time", args.default_time),
-        ("--kill-grace", args.kill_grace),
-    ):
-        if value is not None:
-            out += [flag, value]
-    return out
-
-
-def _grace_seconds(text: str) -> float:
-    try:
-        grace = float(text)
-    except ValueError:
-        grace = -1.0
-    if not 0 <= grace <= 3600:
-        raise UsageError(f"--kill-grace: expected seconds from 0 to 3600, got {text!r}")
-    return grace
-
-
-def _size_mib(text: str, flag: str) -> int:
-    try:
-        return parse_size_mib(text, flag)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

@@ -2,171 +2,118 @@
 
 Importing argparse (with gettext and locale) and building even one subparser costs more than
 `gpuq status` spends on its own work (bench/PROFILE.md, section 1). `parse` here reads the plain
-forms of `status` and `add`/`enqueue` into the same namespace parser.py would give, and returns
-None for anything else: help, an unknown or abbreviated option, a value that looks like an option,
-a bad value, a misplaced gpuq option among the job's words. parser.py then parses the command line
-as it always did and says what is wrong. tests/test_cli_quick.py checks, option by option, that
-both give the same namespace, and that every `add` and `status` option is known here.
+forms of `status` and `add`/`enqueue` into the same namespace parser.py would give, from the same
+table (cli/options.py), and returns None for anything else: help, an unknown or abbreviated option,
+a value that looks like an option, a bad value, a misplaced gpuq option among the job's words.
+parser.py then parses the command line and says what is wrong. tests/test_cli_quick.py checks,
+option by option, that both give the same namespace.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from gpuq.cli.options import ADD, APPEND, STATUS, Command, misplaced_option
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
     from typing import Any, Callable, Optional
 
-STATUS_DEFAULTS = {"all": False, "json": False, "watch": False, "interval": 2.0}
-STATUS_FLAGS = {"-a": "all", "--all": "all", "--json": "json", "--watch": "watch"}
-
-ADD_DEFAULTS: dict[str, Any] = {
-    "dir": None,
-    "python": None,
-    "name": None,
-    "after": [],
-    "after_any": [],
-    "retries": 0,
-    "sweep": [],
-    "yes": False,
-    "hold": False,
-    "time": None,
-    "begin": None,
-    "snapshot": False,
-    "gpus": 1,
-    "notify": False,
-    "max_log_size": None,
-    "on_finish": None,
-    "gpu_mem": None,
-    "priority": 0,
-    "urgent": False,
-    "preemptible": False,
-    "ckpt_glob": None,
-    "no_resume": False,
-    "resume_arg": None,
-    "env": [],
-    "quiet": False,
-}
-ADD_FLAGS = {
-    "--yes": "yes",
-    "--hold": "hold",
-    "--snapshot": "snapshot",
-    "--notify": "notify",
-    "--urgent": "urgent",
-    "--urgent=force": "urgent",
-    "--preemptible": "preemptible",
-    "--no-resume": "no_resume",
-    "-q": "quiet",
-    "--quiet": "quiet",
-}
+    Reading = dict[str, tuple[str, Callable[[str], Any], bool]]  # option -> (dest, converter, appends)
 
 
-class Bad(ValueError):
-    """A value the quick reading does not take: parser.py reads the command line instead."""
+class Namespace:
+    """The command line's values as attributes, as argparse.Namespace holds them for parser.py
+    (not types.SimpleNamespace: `types` is a module to import, for nothing else on this path)."""
+
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)
 
 
 def _text(value: str) -> str:
     return value
 
 
-def _int(value: str) -> int:
-    return int(value)
+def _reading(command: Command) -> tuple[dict[str, Any], dict[str, tuple[str, Any]], Reading]:
+    """A command's options as this reading uses them: the defaults by dest, the flags (option ->
+    (dest, value when given)), and the options that take a value."""
+    defaults, flags, values = {}, {}, {}
+    for opt in command.options:
+        if opt.positional:
+            continue
+        defaults[opt.dest] = opt.initial()
+        for flag in opt.flags:
+            if opt.takes_value:
+                values[flag] = (opt.dest, opt.convert or _text, opt.kind == APPEND)
+            else:
+                flags[flag] = (opt.dest, True if opt.const is None else opt.const)
+    return defaults, flags, values
 
 
-def _count(value: str) -> int:  # parser._count
-    if not value.isdigit():
-        raise Bad(value)
-    return int(value)
+def _exclusive(command: Command) -> list[list[str]]:
+    """The dests of each group of options that exclude each other."""
+    groups: dict[str, list[str]] = {}
+    for opt in command.options:
+        if opt.group is not None:
+            groups.setdefault(opt.group, []).append(opt.dest)
+    return list(groups.values())
 
 
-def _ids(value: str) -> list[int]:  # parser._ids
-    from gpuq.core.sweep import parse_id_ranges
-
-    return parse_id_ranges(value)
-
-
-def _env_pair(value: str) -> tuple[str, str]:  # parser._env_pair
-    key, sep, rest = value.partition("=")
-    if not sep or not key:
-        raise Bad(value)
-    return key, rest
+STATUS_DEFAULTS, STATUS_FLAGS, STATUS_VALUES = _reading(STATUS)
+ADD_DEFAULTS, ADD_FLAGS, ADD_VALUES = _reading(ADD)
+STATUS_EXCLUSIVE, ADD_EXCLUSIVE = _exclusive(STATUS), _exclusive(ADD)
 
 
-def _seconds(value: str) -> float:  # parser._seconds
-    number = float(value)
-    if not 0.1 <= number <= 3600:
-        raise Bad(value)
-    return number
+class Bad(ValueError):
+    """A form the quick reading does not take: parser.py reads the command line instead."""
 
 
-# option -> (dest, how its value is read, whether it appends)
-ADD_VALUES: dict[str, tuple[str, Callable[[str], Any], bool]] = {
-    "-d": ("dir", _text, False),
-    "--dir": ("dir", _text, False),
-    "-p": ("python", _text, False),
-    "--python": ("python", _text, False),
-    "--name": ("name", _text, False),
-    "--after": ("after", _ids, True),
-    "--after-any": ("after_any", _ids, True),
-    "--retries": ("retries", _int, False),
-    "--sweep": ("sweep", _text, True),
-    "--time": ("time", _text, False),
-    "--begin": ("begin", _text, False),
-    "--gpus": ("gpus", _count, False),
-    "--max-log-size": ("max_log_size", _text, False),
-    "--on-finish": ("on_finish", _text, False),
-    "--gpu-mem": ("gpu_mem", _text, False),
-    "--priority": ("priority", _int, False),
-    "--ckpt-glob": ("ckpt_glob", _text, False),
-    "--resume-arg": ("resume_arg", _text, False),
-    "-e": ("env", _env_pair, True),
-    "--env": ("env", _env_pair, True),
-}
-STATUS_VALUES: dict[str, tuple[str, Callable[[str], Any], bool]] = {"--interval": ("interval", _seconds, False)}
-FLAG_VALUES = {"--urgent=force": "force"}  # a flag that sets more than True
-
-
-def parse(argv: list[str]) -> Optional[SimpleNamespace]:
+def parse(argv: list[str]) -> Optional[Namespace]:
     """The namespace of a plain `status` or `add` command line, or None: parse it with parser.py."""
     try:
-        if argv and argv[0] == "status":
-            return _status(argv[1:])
-        if argv and argv[0] in ("add", "enqueue"):
+        if argv and argv[0] in STATUS.names:
+            return _status(argv[0], argv[1:])
+        if argv and argv[0] in ADD.names:
             return _add(argv[0], argv[1:])
-    except (Bad, ValueError, IndexError):
+    except (ValueError, IndexError):  # Bad, or a converter's ValueError
         return None
     return None
 
 
-def _status(words: list[str]) -> Optional[SimpleNamespace]:
-    values = dict(STATUS_DEFAULTS)
-    if _options(words, STATUS_FLAGS, STATUS_VALUES, values) != len(words):
+def _status(command: str, words: list[str]) -> Optional[Namespace]:
+    values, given = dict(STATUS_DEFAULTS), set()
+    if _options(words, STATUS_FLAGS, STATUS_VALUES, values, given) != len(words):
         return None  # a positional word: an error argparse words best
-    if values["json"] and values["watch"]:
-        return None  # mutually exclusive
-    return SimpleNamespace(command="status", **values, func="cmd_view:cmd_status")
+    if _clash(STATUS_EXCLUSIVE, given):
+        return None  # argparse names the options that exclude each other
+    return Namespace(command=command, **values, func=STATUS.handler)
 
 
-def _add(command: str, words: list[str]) -> Optional[SimpleNamespace]:
-    values = {k: list(v) if isinstance(v, list) else v for k, v in ADD_DEFAULTS.items()}
-    at = _options(words, ADD_FLAGS, ADD_VALUES, values)
+def _add(command: str, words: list[str]) -> Optional[Namespace]:
+    values, given = {k: list(v) if isinstance(v, list) else v for k, v in ADD_DEFAULTS.items()}, set()
+    at = _options(words, ADD_FLAGS, ADD_VALUES, values, given)
     separated = at < len(words) and words[at] == "--"
     job = words[at + 1 :] if separated else words[at:]
-    if not job:
-        return None  # no SCRIPT
-    if not separated and any(_is_own_option(word) for word in job[1:]):
+    if not job or _clash(ADD_EXCLUSIVE, given):
+        return None  # no SCRIPT, or options that exclude each other
+    if not separated and misplaced_option(ADD, job[1:]):
         return None  # parser.py notes the misplaced option
-    return SimpleNamespace(command=command, **values, script=job[0], args=job[1:], func="cmd_queue:cmd_add")
+    return Namespace(command=command, **values, script=job[0], args=job[1:], func=ADD.handler)
+
+
+def _clash(groups: list[list[str]], given: set[str]) -> bool:
+    """Whether options of one exclusive group were given with two different names."""
+    return any(len(given.intersection(group)) > 1 for group in groups)
 
 
 def _options(
     words: list[str],
-    flags: dict[str, str],
-    takes_value: dict[str, tuple[str, Callable[[str], Any], bool]],
+    flags: dict[str, tuple[str, Any]],
+    takes_value: Reading,
     values: dict[str, Any],
+    given: set[str],
 ) -> int:
-    """Read the options at the start of `words` into `values`; the index of the first word that is
-    not one (or of `--`). Bad for a form this reading leaves to argparse."""
+    """Read the options at the start of `words` into `values` (and the dest of each into `given`);
+    the index of the first word that is not one (or of `--`). Bad for a form this reading leaves to
+    argparse."""
     i = 0
     while i < len(words):
         word = words[i]
@@ -176,7 +123,9 @@ def _options(
             return i
         name, eq, inline = word.partition("=")
         if word in flags:
-            values[flags[word]] = FLAG_VALUES.get(word, True)
+            dest, value = flags[word]
+            values[dest] = value
+            given.add(dest)
             i += 1
             continue
         if name not in takes_value or (eq and not name.startswith("--")):
@@ -188,14 +137,9 @@ def _options(
             if value.startswith("-"):
                 raise Bad(value)  # argparse's rules for such values are its own
         dest, read, appends = takes_value[name]
+        given.add(dest)
         if appends:
             values[dest].append(read(value))
         else:
             values[dest] = read(value)
     return i
-
-
-def _is_own_option(word: str) -> bool:
-    """parser.misplaced_option's test: one of gpuq's long `add` options among the job's words."""
-    name = word.split("=", 1)[0]
-    return word.startswith("--") and word != "--help" and (name in ADD_FLAGS or name in ADD_VALUES or name == "--help")

@@ -57,7 +57,8 @@ class StepResult:
 
 @dataclass
 class Settings:
-    """How `gpuq run` was asked to work."""
+    """How `gpuq run` was asked to work: each field is set by the `gpuq run` option that names it
+    (cli/commands.py, RUN; tests/test_cli_options.py holds the two together)."""
 
     gpus: Optional[list[str]] = None  # --gpus: the GPUs (or, without GPUs, the slots) it uses; None: all
     foreign_threshold_mib: int = placement.DEFAULT_FOREIGN_THRESHOLD_MIB  # --foreign-mem-threshold

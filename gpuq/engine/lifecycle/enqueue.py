@@ -1,16 +1,19 @@
 """Turning what a user asked for (`gpuq add ...` or a hand-dropped file) into a queued job.
 
-Directories are plain strings (os.path): `gpuq add` does not import pathlib (bench/PROFILE.md).
+`gpuq add`: its `Request` is checked and resolved by `prepare` (no spool needed: a bad request
+leaves none behind), then `publish` queues the jobs. Directories are plain strings (os.path):
+`gpuq add` does not import pathlib (bench/PROFILE.md).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import time
 
-from gpuq.core import schema
+from gpuq.core import schema, timespec
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.states import PENDING, SOURCE_CLI
+from gpuq.core.states import HELD, PENDING, RUNNING, SOURCE_CLI
 from gpuq.spool import JobRef, Spool
 from gpuq.system import procs
 
@@ -232,3 +235,190 @@ def enqueue_many(
         raise
     spool.files.keep_emergency_room()  # a stat, unless the room was used up: then made again if it fits
     return published
+
+
+# ---- `gpuq add` ------------------------------------------------------------------------------
+
+
+class Request:
+    """What `gpuq add` asks for: SCRIPT, ARGS and each `add` option, by its name in cli/options.py
+    and as its converter gives it (text, lists of ids, KEY=VALUE pairs), with the user's umask and
+    environment (taken before the spool sets gpuq's own umask). A plain class (see scheduler.QueueState)."""
+
+    OPTIONS = ("script", "args", "dir", "python", "name", "after", "after_any", "retries", "sweep", "yes", "hold")
+    OPTIONS += ("time", "begin", "snapshot", "gpus", "notify", "max_log_size", "on_finish", "gpu_mem", "priority")
+    OPTIONS += ("urgent", "preemptible", "ckpt_glob", "no_resume", "resume_arg", "env")
+    __slots__ = (*OPTIONS, "umask", "shell_env")
+
+    def __init__(self, options: dict[str, Any], umask: int, shell_env: dict[str, str]) -> None:
+        for name in self.OPTIONS:
+            setattr(self, name, options[name])
+        self.umask, self.shell_env = umask, shell_env
+
+
+class Prepared:
+    """A request checked and resolved: the jobs to queue (`variants`), what `enqueue_many` is told
+    of all of them (`fields`), and what the user should read before they are queued (`notes`)."""
+
+    __slots__ = ("variants", "fields", "notes")
+
+    def __init__(self, variants: list[Variant], fields: dict[str, Any], notes: list[str]) -> None:
+        self.variants, self.fields, self.notes = variants, fields, notes
+
+
+def prepare(request: Request) -> Prepared:
+    """Check `request` and resolve its commands; UsageError (one line) for anything wrong, before
+    anything is queued."""
+    cwd = os.path.abspath(os.path.expanduser(request.dir)) if request.dir else os.getcwd()
+    if not os.path.isdir(cwd):
+        raise UsageError(f"directory not found: {cwd}")
+    if request.retries < 0:
+        raise UsageError("--retries must be 0 or more")
+    if request.name is not None:
+        try:
+            schema.check_name(request.name)
+        except schema.InvalidJob as exc:
+            raise UsageError(f"--name: {exc}") from None
+    variants, venv = _variants(request, cwd)
+    env = dict(request.env)
+    options, notes = _preempt_options(request, variants, venv, env)
+    options.update(_gpu_options(request))
+    options.update(notify=request.notify, on_finish=request.on_finish, no_resume=request.no_resume)
+    if request.max_log_size is not None:
+        options["max_log_bytes"] = _size_bytes(request.max_log_size, "--max-log-size")
+    options.update(_safeguards(request, cwd))
+    fields = {
+        "cwd": cwd,
+        "venv": venv,
+        "env": env,
+        "shell_env": request.shell_env,
+        "after": [i for ids in request.after for i in ids],
+        "after_any": [i for ids in request.after_any for i in ids],
+        "retries": request.retries,
+        "priority": request.priority,
+        "options": options,
+        "umask": request.umask,
+        "state": HELD if request.hold else PENDING,
+    }
+    return Prepared(variants, fields, notes)
+
+
+def publish(spool: Spool, prepared: Prepared) -> list[tuple[JobRef, dict[str, Any]]]:
+    """Queue the prepared jobs (see enqueue_many); refused if this machine can never run them."""
+    options = prepared.fields["options"]
+    if options["gpu_request"] > 1 or options["gpu_mem_mib"] is not None:  # only then are the GPUs looked at
+        from gpuq.engine.schedule import gpuview
+
+        problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"])
+        if problem:
+            raise UsageError(f"{problem}: this job could never start")
+    return enqueue_many(spool, prepared.variants, **prepared.fields)
+
+
+def urgent_outlook(spool: Spool, job: dict[str, Any]) -> str:
+    """What an urgent job will do if no slot is free when a worker looks: which running job it
+    would preempt and how that job goes on, or that it waits."""
+    from gpuq.engine.schedule import victims  # only for --urgent: it may look at running jobs' checkpoints
+
+    return victims.foreseen(job, [running for _ref, running in spool.jobs.load_many(RUNNING)])
+
+
+def _variants(request: Request, cwd: str) -> tuple[list[Variant], Optional[str]]:
+    """The job to queue, or with --sweep one per combination of values: its command resolved (the
+    interpreter, the venv), its name, and its sweep values. Nothing is queued if any is wrong."""
+    words = [request.script, *request.args]
+    if not request.sweep:
+        cmd, venv = resolve_command(words[0], words[1:], cwd, request.python)
+        return [Variant(cmd, request.name)], venv
+    from gpuq.core import sweep  # only for --sweep (it imports re and collections)
+
+    try:
+        combinations = sweep.expand([sweep.parse_sweep(t) for t in request.sweep], words, allow_more=request.yes)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    variants, venv = [], None
+    for combination in combinations:
+        cmd, venv = resolve_command(combination.words[0], combination.words[1:], cwd, request.python)
+        name = sweep.sweep_name(request.name or default_name(cwd, cmd), combination.values)
+        variants.append(Variant(cmd, name, {"sweep": {"id": 0, "values": combination.values}}))
+    return variants, venv
+
+
+def _preempt_options(
+    request: Request, variants: list[Variant], venv: Optional[str], env: dict[str, str]
+) -> tuple[dict[str, Any], list[str]]:
+    """The job fields for --urgent/--preemptible/--ckpt-glob/--resume-arg, and a note for the user;
+    --preemptible may add a flag to the commands and adds GPUQ_PREEMPTIBLE=1 to `env`."""
+    options: dict[str, Any] = {
+        "urgent": request.urgent,
+        "preemptible": request.preemptible,
+        "ckpt_glob": request.ckpt_glob,
+    }
+    if request.resume_arg is not None:
+        from gpuq.core.resume_arg import check_resume_arg
+
+        problem = check_resume_arg(request.resume_arg)
+        if problem:
+            raise UsageError(problem)
+        options["resume_arg"] = request.resume_arg
+    if not request.preemptible:
+        return options, []
+    from gpuq.engine.lifecycle import hf
+
+    message = ""
+    for variant in variants:
+        variant.cmd, message = hf.make_preemptible(variant.cmd, venv)
+    env[hf.PREEMPTIBLE_ENV] = "1"
+    return options, [f"preemptible: {message}"]
+
+
+def _gpu_options(request: Request) -> dict[str, Any]:
+    """--gpus N and --gpu-mem SIZE (whether this machine can ever meet them: `publish`)."""
+    mem = None
+    if request.gpu_mem is not None:
+        try:
+            mem = timespec.parse_size_mib(request.gpu_mem, "--gpu-mem")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if request.gpus == 0:
+            raise UsageError("--gpu-mem needs --gpus 1 or more (--gpus 0 is a CPU job)")
+    return {"gpu_request": request.gpus, "gpu_mem_mib": mem}
+
+
+def _safeguards(request: Request, cwd: str) -> dict[str, Any]:
+    """--time, --begin, and the code the job was queued with (--snapshot: a copy of it)."""
+    out: dict[str, Any] = {}
+    try:
+        if request.time is not None:
+            out["time_limit"] = timespec.parse_duration(request.time, "--time")
+        if request.begin is not None:
+            from gpuq.core.times import iso_of
+
+            out["begin_at"] = iso_of(timespec.parse_begin(request.begin, time.time(), "--begin"))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not _in_git_work_tree(cwd):
+        if request.snapshot:
+            raise UsageError(f"--snapshot needs a git repository; {cwd} is not in one")
+        return out
+    from gpuq.system import gitinfo  # subprocess and git: only inside a repository
+
+    out["code"] = gitinfo.provenance(cwd)
+    if request.snapshot and out["code"] is None:
+        raise UsageError(f"--snapshot: git cannot read the repository of {cwd}")
+    if request.snapshot:
+        out["snapshot"] = {"repo": out["code"]["repo"]}  # copied once the job has its id
+    return out
+
+
+def _in_git_work_tree(cwd: str) -> bool:
+    """A `.git` in `cwd` or above it: a stat per level, so that `add` outside a repository does
+    not pay for starting git."""
+    return any(os.path.exists(os.path.join(directory, ".git")) for directory in upward(cwd))
+
+
+def _size_bytes(text: str, flag: str) -> int:
+    try:
+        return timespec.parse_size_bytes(text, flag)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None

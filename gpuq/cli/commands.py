@@ -1,0 +1,382 @@
+"""Every command of the `gpuq` command line, in the order `gpuq --help` lists them: the table that
+parser.py builds argparse's parser from (the vocabulary, and the two commands quick.py reads too,
+are in options.py).
+"""
+
+from __future__ import annotations
+
+from gpuq.cli.options import ADD, APPEND, FLAG, HIDDEN, STATUS, Command, Opt, ids
+from gpuq.core.sweep import parse_id_ranges
+from gpuq.core.timespec import parse_duration, parse_size_bytes, parse_size_mib
+
+# ---- value converters (as options.py's: ValueError for a bad value) ----------------------------
+
+
+def job_ids(text: str) -> list[int]:
+    """The job ids of a command that acts on several: as `ids`, the flag's name left out."""
+    try:
+        return parse_id_ranges(text, "ID")
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("ID: ", "", 1)) from None
+
+
+def pid(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise ValueError(f"not a process id: {text!r}")
+    return int(text)
+
+
+def positive_id(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise ValueError(f"not a job id: {text!r}")
+    return int(text)
+
+
+# ---- `gpuq run`'s settings, read from the text given (kept as text, to forward to a --daemon) ----
+
+
+def gpu_labels(text: str, flag: str) -> list[str]:
+    labels = [label.strip() for label in text.split(",") if label.strip()]
+    if not labels:
+        raise ValueError(f"{flag} needs a list such as 0 or 0,1")
+    return labels
+
+
+def grace_seconds(text: str, flag: str) -> float:
+    try:
+        grace = float(text)
+    except ValueError:
+        grace = -1.0
+    if not 0 <= grace <= 3600:
+        raise ValueError(f"{flag}: expected seconds from 0 to 3600, got {text!r}")
+    return grace
+
+
+# ---- the commands ----------------------------------------------------------------------------
+
+RUN = Command(
+    "run",
+    handler="cmd_worker:cmd_run",
+    help="start a worker",
+    description="Run queued jobs, one at a time per slot.",
+    options=(
+        Opt("--watch", kind=FLAG, group="mode", help="stay up and wait for new jobs"),
+        Opt("--daemon", kind=FLAG, group="mode", help="start a resident background worker and return"),
+        Opt(
+            "--gpus",
+            metavar="LIST",
+            setting="gpus",
+            read=gpu_labels,
+            help="use only these GPUs (e.g. 0,2; default: every GPU found). Workers with disjoint --gpus "
+            "can share a spool. Without GPUs: one slot per listed label",
+        ),
+        Opt(
+            "--foreign-mem-threshold",
+            metavar="SIZE",
+            setting="foreign_threshold_mib",
+            read=parse_size_mib,
+            help="memory that processes outside gpuq may hold on a GPU before a whole-GPU job waits for it "
+            "(default 1G)",
+        ),
+        Opt(
+            "--recover",
+            kind=FLAG,
+            setting="recover",
+            help="first put interrupted jobs back in the queue (after a reboot), each from its newest checkpoint",
+        ),
+        Opt(
+            "--notify",
+            kind=FLAG,
+            setting="notify",
+            help="a desktop notification whenever a job ends",
+        ),
+        Opt(
+            "--max-log-size",
+            metavar="SIZE",
+            setting="max_log_bytes",
+            read=parse_size_bytes,
+            help="cap every job's log (a job's own cap comes first)",
+        ),
+        Opt(
+            "--default-time",
+            metavar="LIMIT",
+            setting="default_time",
+            read=parse_duration,
+            help="the time limit of jobs without their own --time",
+        ),
+        Opt(
+            "--kill-grace",
+            metavar="SECONDS",
+            setting="kill_grace",
+            read=grace_seconds,
+            help="when a job ends, what is left of its process group gets SIGTERM, then SIGKILL after this "
+            "(default 10)",
+        ),
+        Opt(
+            "--on-finish",
+            metavar="CMD",
+            setting="on_finish",
+            help="a shell command run whenever a job ends (see `add --on-finish`)",
+        ),
+        Opt("--ready-fd", convert=int, help=HIDDEN),  # the background worker tells its starter it holds its locks
+    ),
+)
+
+SEVERAL = (
+    "Each job named is acted on; one that cannot be is named on stderr with the reason, and the command then exits 1."
+)
+IDS = Opt("ids", convert=job_ids, nargs="+", metavar="ID", help="job ids (ranges like 3-7 too)")
+
+
+def _on_each(name: str, handler: str, help: str, *options: Opt, description: str = "") -> Command:
+    """A command of several job ids (common.each_id): its description says how it answers."""
+    description = description or f"{help[0].upper()}{help[1:]}."
+    return Command(name, handler=handler, help=help, description=f"{description} {SEVERAL}", options=(IDS, *options))
+
+
+SLURM = Command(
+    "slurm",
+    help="hand queued jobs to a Slurm cluster (sbatch); the spool keeps their state",
+    actions=(
+        Command(
+            "submit",
+            handler="cmd_slurm:cmd_submit",
+            help="hand pending jobs to Slurm (sbatch), dependencies kept",
+            description="Hand pending jobs to Slurm: each becomes a batch script running its command in its "
+            "directory with its environment and venv, --gres=gpu:N from --gpus, --after/--after-any as Slurm "
+            "dependencies, requeued with its newest checkpoint at the time limit. They move to slurm/. A job that "
+            "cannot go (not pending, a dependency Slurm could not honour, refused by sbatch) stays here, named on "
+            "stderr with the reason; the others are handed over, and the command exits 1.",
+            options=(
+                Opt("ids", convert=job_ids, nargs="*", metavar="ID", help="job ids (ranges like 3-7 too)"),
+                Opt("--all", kind=FLAG, help="every pending job"),
+                Opt(
+                    "--slurm-opt",
+                    kind=APPEND,
+                    dash_value=True,
+                    metavar="OPT",
+                    help="an sbatch option for every job of this hand-over (repeatable): --slurm-opt --time=4:00:00",
+                ),
+                Opt(
+                    "--grace", convert=int, default=120, metavar="SECONDS", help="warn jobs this long before the limit"
+                ),
+            ),
+        ),
+        Command(
+            "sync",
+            handler="cmd_slurm:cmd_sync",
+            help="record what Slurm says of the jobs handed to it (also done by status)",
+        ),
+    ),
+)
+
+# every command, in the order `gpuq --help` lists them
+COMMANDS = (
+    ADD,
+    RUN,
+    Command(
+        "stop",
+        handler="cmd_worker:cmd_stop",
+        help="stop the worker(s); jobs keep running unless --kill-jobs",
+        options=(
+            Opt("--kill-jobs", kind=FLAG, group="how", help="also kill every running job"),
+            Opt("--drain", kind=FLAG, group="how", help="start nothing new; each worker exits when its jobs end"),
+        ),
+    ),
+    Command(
+        "wait",
+        handler="cmd_worker:cmd_wait",
+        help="block until jobs end; exit 0 only if all are done",
+        description="Wait until the jobs (default: every job queued or running now) have ended. Exit 0 if "
+        "all are done, 1 otherwise, naming the ones that failed, were cancelled, or cannot start by themselves.",
+        options=(
+            Opt("ids", convert=ids, nargs="*", metavar="ID"),
+            Opt("--timeout", convert=float, metavar="S", help="give up after S seconds (exit 1)"),
+        ),
+    ),
+    STATUS,
+    Command(
+        "gpus",
+        handler="cmd_view:cmd_gpus",
+        help="the GPUs: memory, gpuq's jobs on each, other processes using them",
+        options=(Opt("--json", kind=FLAG, help="a list, one object per GPU"),),
+    ),
+    Command(
+        "log",
+        "logs",
+        handler="cmd_view:cmd_log",
+        help="show a job's log",
+        options=(
+            Opt("id", convert=positive_id),
+            Opt("-n", "--lines", convert=int, default=40, help="last N lines (default 40)"),
+            Opt("-f", "--follow", kind=FLAG, help="keep printing while the job runs"),
+        ),
+    ),
+    Command(
+        "show",
+        handler="cmd_view:cmd_show",
+        help="everything about one job (JSON)",
+        options=(
+            Opt("id", convert=positive_id),
+            Opt("--env", kind=FLAG, group="what", help="the job's environment, as inherited from the shell"),
+            Opt("--json", kind=FLAG, group="what", help="the job's file as it is, environment included"),
+        ),
+    ),
+    _on_each(
+        "cancel",
+        "cmd_queue:cmd_cancel",
+        "cancel jobs; a running one is killed first (as by `gpuq kill`), as Slurm's scancel does",
+    ),
+    _on_each(
+        "kill",
+        "cmd_queue:cmd_kill",
+        "stop running jobs (SIGTERM to each one's process group, SIGKILL after a grace period)",
+    ),
+    _on_each(
+        "retry",
+        "cmd_queue:cmd_retry",
+        "put failed or cancelled jobs back in the queue, each from its newest checkpoint",
+        Opt("--from-scratch", kind=FLAG, help="start over, ignoring its checkpoints"),
+    ),
+    _on_each(
+        "hold",
+        "cmd_queue:cmd_hold",
+        "keep pending jobs from starting (in held/) until `gpuq release`; their dependents wait too",
+    ),
+    _on_each("release", "cmd_queue:cmd_release", "put held jobs back in line, where their priority and id put them"),
+    Command(
+        "edit",
+        handler="cmd_queue:cmd_edit",
+        help="change a pending or held job: in $VISUAL/$EDITOR, or with --set KEY=VALUE",
+        description="Edit what a waiting job will run (the fields a hand-dropped job file may have: cmd, cwd, "
+        "name, env, after, after_any, retries, priority, gpus, gpu_mem). The result is checked like a dropped "
+        "file and replaces the job at once, or is refused with the reason and the job left as it was.",
+        options=(
+            Opt("id", convert=positive_id, metavar="ID"),
+            Opt("--set", kind=APPEND, metavar="KEY=VALUE", help='VALUE as JSON (5, ["a"]) or text'),
+        ),
+    ),
+    Command(
+        "preempt",
+        handler="cmd_preempt:cmd_preempt",
+        help="stop a running job so it can be resumed from its checkpoint",
+        options=(
+            Opt("id", convert=positive_id, metavar="ID"),
+            Opt("--timeout", convert=float, default=60.0, metavar="S", help="seconds to wait for it (default 60)"),
+            Opt("--force", kind=FLAG, help="SIGKILL whatever is left when the timeout is up"),
+        ),
+    ),
+    _on_each(
+        "resume",
+        "cmd_preempt:cmd_resume",
+        "queue preempted jobs again, each from its newest complete checkpoint",
+        Opt("--require-checkpoint", kind=FLAG, help="refuse a job without a checkpoint"),
+        Opt("--back", kind=FLAG, help="queue it in normal order instead of first in line"),
+        description="Queue preempted (or interrupted) jobs again.",
+    ),
+    Command(
+        "clear",
+        handler="cmd_queue:cmd_clear",
+        help="remove finished jobs (keeps preempted and interrupted ones)",
+        options=(Opt("--logs", kind=FLAG, help="only drop the logs of finished jobs (their records stay)"),),
+    ),
+    Command(
+        "recover",
+        handler="cmd_queue:cmd_recover",
+        help="put interrupted jobs back in the queue, each from its newest checkpoint",
+        options=(
+            Opt("--all", kind=FLAG, group="which", help="recover every interrupted job"),
+            Opt(
+                "--jobs",
+                convert=job_ids,
+                nargs="+",
+                metavar="ID",
+                group="which",
+                help="recover these jobs (3-7 too)",
+            ),
+            Opt("--from-scratch", kind=FLAG, help="start them over, ignoring their checkpoints"),
+        ),
+    ),
+    Command(
+        "adopt",
+        handler="cmd_preempt:cmd_adopt",
+        help="track a process started outside gpuq as a running job",
+        description="Take a running process of yours into the queue: nothing else starts while it runs, and "
+        "jobs can wait for it (--after). Its exit code cannot be known: when it ends it is recorded as done "
+        "with exit_code null, so `--after` on it starts whatever its result.",
+        options=(
+            Opt("pid", convert=pid, metavar="PID"),
+            Opt("--name", help="job name (default: <cwd name>/<script stem>)"),
+            Opt("--log", metavar="FILE", help="the log file the process writes (for progress and ETA)"),
+        ),
+    ),
+    Command(
+        "eta",
+        handler="cmd_view:cmd_eta",
+        help="progress and expected end of running jobs, expected start of pending ones",
+        options=(Opt("id", convert=positive_id, nargs="?", help="one job (default: every running and pending job)"),),
+    ),
+    Command(
+        "history",
+        handler="cmd_history:cmd_history",
+        help="where the GPU hours went: runs, failures, GPU-hours per group; a timeline",
+        options=(
+            Opt("--since", metavar="WHEN", help="only runs that ended since (7d, 12h, 2w, or a date)"),
+            Opt("--by", choices=("dir", "script", "day", "sweep"), default="dir", help="group by (default dir)"),
+            Opt("--json", kind=FLAG, group="out", help="the groups as JSON"),
+            Opt(
+                "--plot",
+                metavar="FILE",
+                group="out",
+                help="draw a timeline into FILE.png or .svg (needs gpuq-spool[plot])",
+            ),
+        ),
+    ),
+    SLURM,
+    Command(
+        "import",
+        handler="cmd_tools:cmd_import",
+        help="bring the original gpuq's queue (gpuq.db or queue.json) into this spool",
+        description="Import the queue of the original single-file gpuq: ids, dependencies, exit codes and "
+        "logs are kept; running jobs are adopted if their process lives. Done automatically the first time "
+        "gpuq runs where such a queue lies ($GPUQ_HOME/gpuq.db or queue.json); the old file is renamed .bak.",
+        options=(Opt("path", nargs="?", metavar="PATH", help="the file (default: $GPUQ_HOME/gpuq.db or queue.json)"),),
+    ),
+    Command(
+        "skill",
+        handler="cmd_tools:cmd_skill",
+        help="the assistant skill: show it, or install it for Claude Code",
+        options=(
+            Opt(
+                "action",
+                choices=("show", "install"),
+                help="show: print it; install: copy it for Claude Code",
+            ),
+            Opt("--dest", metavar="DIR", help="where to install it (default: ~/.claude/commands)"),
+            Opt("--force", kind=FLAG, help="replace a copy you changed (yours is kept as .bak)"),
+        ),
+    ),
+    Command(
+        "service",
+        handler="cmd_tools:cmd_service",
+        help="a systemd user service that keeps a worker running (Linux)",
+        options=(
+            Opt("action", choices=("install", "uninstall")),
+            Opt("--dest", metavar="DIR", help="write the unit there (default: ~/.config/systemd/user)"),
+            Opt("--recover", kind=FLAG, help="the worker re-queues interrupted jobs when it starts"),
+            Opt("--force", kind=FLAG, help="replace or remove a unit gpuq did not write"),
+        ),
+    ),
+    Command(
+        "completion",
+        handler="cmd_tools:cmd_completion",
+        help="shell completion: `source <(gpuq completion bash)`",
+        options=(Opt("shell", choices=("bash", "zsh")),),
+    ),
+    Command("_ids", handler="cmd_tools:cmd_ids"),  # job ids for shell completion; not a command for people
+    Command(
+        "demo",
+        handler="cli:cmd_demo",
+        help="queue and run a small example chain in a throw-away spool (no GPU needed)",
+    ),
+)

@@ -1,0 +1,288 @@
+"""The options of the `gpuq` command line as data: what a command and an option are, `add` and
+`status` (the two commands cli/quick.py reads without argparse), and where gpuq's own options end
+on an `add` line. cli/commands.py lists every command, these two included; parser.py builds
+argparse's parser from that list, and quick.py reads with the same entries, so a spelling, a
+default or a converter is written once.
+
+A `Command` names its handler as "module:function" of gpuq.cli, imported only when it runs; its
+`Opt`s are in the order `--help` lists them. A converter raises ValueError with a one-line message:
+parser.py hands it to argparse, quick.py leaves such a line to argparse.
+
+Plain classes with __slots__ and no typing at run time: every `gpuq status` and `gpuq add` imports
+this module (bench/PROFILE.md, section 1).
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
+
+# what an option does with what follows it
+VALUE = "value"  # takes a value (or, for a positional, the word)
+FLAG = "flag"  # True when given
+CONST = "const"  # `const` when given
+APPEND = "append"  # takes a value each time it is given; a list
+REST = "..."  # nargs of the positional that takes every word from there on (argparse.REMAINDER)
+HIDDEN = "==SUPPRESS=="  # the help of an option `--help` does not show (argparse.SUPPRESS)
+
+
+class Opt:
+    """One option (`-d`, `--dir`) or positional (`script`) of a command."""
+
+    __slots__ = ("flags", "dest", "kind", "convert", "default", "const", "metavar", "nargs", "choices", "help")
+    __slots__ += ("group", "dash_value", "setting", "read")
+
+    def __init__(
+        self,
+        *flags: str,
+        help: Optional[str] = None,
+        kind: str = VALUE,
+        convert: Optional[Callable[[str], Any]] = None,
+        default: Any = None,
+        const: Any = None,
+        metavar: Optional[str] = None,
+        nargs: Any = None,
+        choices: Optional[tuple[str, ...]] = None,
+        dest: Optional[str] = None,
+        group: Optional[str] = None,
+        dash_value: bool = False,
+        setting: Optional[str] = None,
+        read: Optional[Callable[[str, str], Any]] = None,
+    ) -> None:
+        self.flags, self.kind, self.convert, self.const = flags, kind, convert, const
+        self.default = default
+        self.metavar, self.nargs, self.choices, self.help = metavar, nargs, choices, help
+        self.dest = dest or flags[-1].lstrip("-").replace("-", "_")  # argparse's: the long spelling, last
+        self.group = group  # options of one group exclude each other
+        self.dash_value = dash_value  # its value may start with "-" (`--slurm-opt --time=4:00:00`)
+        self.setting = setting  # `gpuq run`: the worker's Settings field it sets (forwarded to a --daemon)
+        self.read = read  # `gpuq run`: (text, flag) -> the setting's value; ValueError for bad text
+
+    @property
+    def positional(self) -> bool:
+        return not self.flags[0].startswith("-")
+
+    @property
+    def takes_value(self) -> bool:
+        return not self.positional and self.kind in (VALUE, APPEND)
+
+    def initial(self) -> Any:
+        """The value when not given (a new list for an option that appends)."""
+        return [] if self.kind == APPEND else False if self.kind == FLAG else self.default
+
+
+class Command:
+    """A command (`add`, or its other name `enqueue`), or with `actions` a group of them (`slurm`)."""
+
+    __slots__ = ("names", "handler", "help", "description", "options", "actions", "_by_flag")
+
+    def __init__(
+        self,
+        *names: str,
+        handler: Optional[str] = None,
+        help: Optional[str] = None,
+        description: Optional[str] = None,
+        options: tuple[Opt, ...] = (),
+        actions: tuple[Command, ...] = (),
+    ) -> None:
+        self.names, self.handler, self.help, self.description = names, handler, help, description
+        self.options, self.actions = options, actions
+        self._by_flag: Optional[dict[str, Opt]] = None
+
+    def option(self, flag: str) -> Optional[Opt]:
+        """The option spelled `flag` (exactly: no abbreviation, no `=VALUE`), or None."""
+        if self._by_flag is None:
+            self._by_flag = {s: opt for opt in self.options for s in opt.flags if s.startswith("-")}
+        return self._by_flag.get(flag)
+
+
+# ---- value converters ------------------------------------------------------------------------
+
+
+def ids(text: str) -> list[int]:
+    """Job ids: `12`, `3,5`, ranges `12-17` (a whole sweep)."""
+    from gpuq.core.sweep import parse_id_ranges  # re and collections: not on a plain `status`'s path
+
+    return parse_id_ranges(text)
+
+
+def env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 3600:
+        raise ValueError(f"not a number of seconds from 0.1 to 3600: {text!r}")
+    return value
+
+
+def gpu_count(text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"not a number of GPUs: {text!r}")
+    return int(text)
+
+
+# ---- the two commands quick.py reads too (commands.py lists them with the others) --------------
+
+ADD = Command(
+    "add",
+    "enqueue",
+    handler="cmd_queue:cmd_add",
+    help="queue SCRIPT [ARGS...] (options before SCRIPT are gpuq's)",
+    description="Queue a job. Only options before SCRIPT belong to gpuq; SCRIPT and "
+    "everything after it are passed to the job verbatim.",
+    options=(
+        Opt("-d", "--dir", help="working directory (default: the current one)"),
+        Opt("-p", "--python", help="interpreter for a .py SCRIPT (default: nearest .venv, then PATH)"),
+        Opt("--name", help="job name (default: <dir name>/<script stem>)"),
+        Opt(
+            "--after",
+            kind=APPEND,
+            convert=ids,
+            metavar="ID",
+            help="start only after job ID finished successfully (repeatable, ID,ID, or a range 12-17)",
+        ),
+        Opt(
+            "--after-any", kind=APPEND, convert=ids, metavar="ID", help="start after job ID ended, whatever its result"
+        ),
+        Opt("--retries", convert=int, default=0, metavar="N", help="run again up to N times if it fails"),
+        Opt(
+            "--sweep",
+            kind=APPEND,
+            metavar="NAME=V1,V2",
+            help="one job per value (repeat for a product of lists); {NAME} in the arguments takes the value",
+        ),
+        Opt("--yes", kind=FLAG, help="with --sweep: queue more than 1,000 jobs"),
+        Opt("--hold", kind=FLAG, help="queue it held: it starts only after `gpuq release`"),
+        Opt("--time", metavar="LIMIT", help="stop it once it has run this long (4h, 90m, 1:30:00)"),
+        Opt("--begin", metavar="WHEN", help="start it no earlier than WHEN (02:00, +2h, an ISO time)"),
+        Opt(
+            "--snapshot",
+            kind=FLAG,
+            help="copy the git repository's tracked files (with uncommitted changes) now: the job runs this code",
+        ),
+        Opt(
+            "--gpus",
+            convert=gpu_count,
+            default=1,
+            metavar="N",
+            help="how many GPUs it needs (default 1; 0: a CPU job, which runs beside GPU jobs)",
+        ),
+        Opt("--notify", kind=FLAG, help="a desktop notification when it ends (notify-send)"),
+        Opt(
+            "--max-log-size",
+            metavar="SIZE",
+            help="cap its log (e.g. 1G): keep its head and newest tail, cut the middle",
+        ),
+        Opt(
+            "--on-finish",
+            metavar="CMD",
+            help="a shell command run when it ends, with GPUQ_JOB_ID, _NAME, _STATE, _EXIT_CODE, _LOG set",
+        ),
+        Opt(
+            "--gpu-mem",
+            metavar="SIZE",
+            help="the GPU memory it needs (e.g. 20G): jobs that say so share a GPU while they fit",
+        ),
+        Opt("--priority", convert=int, default=0, metavar="N", help="higher starts first (default 0)"),
+        Opt(
+            "--urgent",
+            kind=CONST,
+            const=True,
+            default=False,
+            help="start next; if no slot is free, preempt the lowest-priority running job that can continue "
+            "(--preemptible, or with a checkpoint) and resume it after; if none can, wait for a free slot",
+        ),
+        Opt(  # one word, so that `--urgent train.py` keeps meaning what it always did
+            "--urgent=force",
+            dest="urgent",
+            kind=CONST,
+            const="force",
+            default=False,
+            help="as --urgent, but preempt a running job even if it has no checkpoint (it will start over)",
+        ),
+        Opt(
+            "--preemptible",
+            kind=FLAG,
+            help="save a checkpoint when preempted (HF Trainer >= 5: adds --enable_jit_checkpoint true)",
+        ),
+        Opt("--ckpt-glob", metavar="GLOB", help="where its checkpoints are (default: HF checkpoint-N)"),
+        Opt(
+            "--no-resume",
+            kind=FLAG,
+            help="never continue it from its checkpoints (recover, retry and resume start it over)",
+        ),
+        Opt(
+            "--resume-arg",
+            metavar="TEMPLATE",
+            help="how `gpuq resume` passes the checkpoint (default: '--resume_from_checkpoint {ckpt}')",
+        ),
+        Opt(
+            "-e",
+            "--env",
+            kind=APPEND,
+            convert=env_pair,
+            metavar="KEY=VALUE",
+            help="extra environment variable for the job (repeatable)",
+        ),
+        Opt("-q", "--quiet", kind=FLAG, help="print only the new job id"),
+        Opt("script", metavar="SCRIPT", help="a .py file, or any command (bash, torchrun, ...)"),
+        Opt("args", nargs=REST, metavar="ARGS", help="passed to SCRIPT verbatim"),
+    ),
+)
+
+STATUS = Command(
+    "status",
+    handler="cmd_view:cmd_status",
+    help="show the queue",
+    options=(
+        Opt("-a", "--all", kind=FLAG, help="every finished job, not only the recent ones"),
+        Opt("--json", kind=FLAG, group="look", help="machine-readable list of jobs"),
+        Opt("--watch", kind=FLAG, group="look", help="a live view, redrawn in place until Ctrl-C"),
+        Opt("--interval", convert=interval, default=2.0, metavar="S", help="with --watch: redraw every S seconds"),
+    ),
+)
+
+# ---- where gpuq's own options end on an `add` line --------------------------------------------
+
+
+def split_at_script(command: Command, words: list[str]) -> tuple[list[str], list[str]]:
+    """`add`'s words split at SCRIPT: gpuq's options before it, the job's words from it on (a `--`
+    between them dropped)."""
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            return words[:i], words[i + 1 :]
+        opt = command.option(word)
+        if opt is not None and opt.takes_value:
+            i += 2
+        elif word.startswith("-") and word != "-":
+            i += 1
+        else:
+            return words[:i], words[i:]
+    return words, []
+
+
+def misplaced_option(command: Command, words: list[str]) -> list[str]:
+    """The first of gpuq's own long options among the job's words, with its value: most likely
+    meant for gpuq (the original gpuq took them from anywhere on the line). parser.py notes it;
+    quick.py leaves such a line to parser.py."""
+    for i, word in enumerate(words):
+        name = word.split("=", 1)[0]
+        if not word.startswith("--") or word == "--help":
+            continue
+        if name == "--help":
+            return [word]
+        opt = command.option(name)
+        if opt is not None:
+            return words[i : i + 2] if opt.takes_value and "=" not in word else [word]
+    return []
