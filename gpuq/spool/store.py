@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 from itertools import repeat
-from operator import getitem
+from operator import getitem, itemgetter
 
 from gpuq.core import jsontext, schema
-from gpuq.core.records import itemgetter
 from gpuq.core.states import FINISHED, STATES
 from gpuq.spool.files import Files, Reservation, read_job_file, read_job_file_stat, unlink_quietly
 from gpuq.spool.layout import JOB_NAME_RE, Layout, is_job_name, job_names
