@@ -17,8 +17,11 @@ A Spool is composed of small parts, one module each, that share only the Layout 
 from __future__ import annotations
 
 from gpuq.spool.errors import SpoolError, SpoolFull
+from gpuq.spool.files import Files
+from gpuq.spool.files import disk_space as _disk_space
 from gpuq.spool.layout import Layout, default_home
 from gpuq.spool.store import MAX_JOB_BYTES, JobRef, JobStore
+from gpuq.system.fsutil import network_filesystem as _network_filesystem
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
@@ -30,7 +33,6 @@ if TYPE_CHECKING:
     from gpuq.spool.claims import Claim, Claims
     from gpuq.spool.control import ControlRequests
     from gpuq.spool.dropbox import Dropbox
-    from gpuq.spool.files import Files
     from gpuq.spool.ids import IdCounter
     from gpuq.spool.imports import ImportRecords
     from gpuq.spool.logs import Logs
@@ -93,8 +95,6 @@ class Spool:
 
     @_part
     def files(self) -> Files:
-        from gpuq.spool.files import Files
-
         return Files(self.layout)
 
     @_part
@@ -172,21 +172,17 @@ class Spool:
     def adopt_lock(self) -> AbstractContextManager[None]:
         """Held by `gpuq adopt` from "is this process tracked yet?" to publishing it, so two
         adopters of one process cannot both create a job."""
-        from gpuq.spool import mutex
+        from gpuq.spool import mutex  # contextlib (with functools, collections): not for status or add
 
         return mutex.held(self.layout, "adopt")
 
     def network_filesystem(self) -> Optional[str]:
         """The network filesystem the spool is on (`nfs4`, `lustre`...), or None (local, or unknown)."""
-        from gpuq.system.fsutil import network_filesystem
-
-        return network_filesystem(self.home)
+        return _network_filesystem(self.home)
 
     def disk_space(self) -> tuple[int, int]:
         """(total, free) bytes of the filesystem the spool lives on."""
-        from gpuq.spool.files import disk_space
-
-        return disk_space(self.home)
+        return _disk_space(self.home)
 
     def delete_outputs(self, job_id: int) -> int:
         """A job's log, progress file and samples (`gpuq clear`); the bytes that frees."""

@@ -6,13 +6,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Optional
 
 from gpuq.spool.files import Files, read_small, unlink_quietly
 from gpuq.spool.layout import Layout
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Optional
 
 
 class ControlRequests:

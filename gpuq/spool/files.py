@@ -59,11 +59,9 @@ class Files:
         self._counter += 1
         return os.path.join(self.layout.tmp_dir(), f".{kind}-{os.getpid()}-{self._counter}-{os.urandom(4).hex()}")
 
-    def write_tmp(self, data: bytes, kind: str, durable: bool = True) -> StrPath:
-        """A complete file in tmp/; SpoolFull (the partial file removed) if there is no room."""
-        return self._write_tmp(data, kind, durable)[0]
-
     def _write_tmp(self, data: bytes, kind: str, durable: bool = True) -> tuple[StrPath, Signature]:
+        """A complete file in tmp/ and its signature; SpoolFull (the partial file removed) if there
+        is no room."""
         path = self.tmp_path(kind)
         try:
             st = fsutil.write_new_file(path, data, durable=durable)

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any, Optional
 
 from gpuq.spool.files import Files, read_small
 from gpuq.spool.layout import Layout
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional
 
 FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16,128}$")
 

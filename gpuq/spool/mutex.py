@@ -6,13 +6,10 @@ from __future__ import annotations
 import fcntl
 import os
 from contextlib import contextmanager
+from typing import Iterator
 
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Iterator
 
 NAMES = ("intake", "adopt")
 

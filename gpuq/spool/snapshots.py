@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from typing import Any, Callable
 
 from gpuq.spool.files import Files, read_small, unlink_quietly
 from gpuq.spool.layout import Layout
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Callable
 
 
 class Snapshots:
@@ -26,8 +24,6 @@ class Snapshots:
         try:
             self.files.replace(dest + ".ids", json.dumps(ids).encode(), "snapshot")
         except BaseException:
-            import shutil  # here: every command builds a Spool, few copy code
-
             shutil.rmtree(dest, ignore_errors=True)
             raise
         return info
@@ -49,8 +45,6 @@ class Snapshots:
         if ids & remaining or not os.path.isdir(dest) or os.path.islink(dest):
             return 0
         freed = sum(entry.stat(follow_symlinks=False).st_blocks * 512 for entry in _walk(dest))
-        import shutil
-
         shutil.rmtree(dest, ignore_errors=True)
         unlink_quietly(ids_file)
         return freed

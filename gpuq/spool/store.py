@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 from itertools import repeat
-from operator import getitem
+from operator import attrgetter, getitem, itemgetter
 
 from gpuq.core import jsontext, schema
-from gpuq.core.records import itemgetter
 from gpuq.core.states import FINISHED, PENDING, RUNNING, STATES
 from gpuq.spool.files import Files, Reservation, read_job_file, read_job_file_stat, unlink_quietly
 from gpuq.spool.layout import JOB_NAME_RE, Layout, is_job_name, job_names
@@ -131,7 +130,6 @@ class JobStore:
     def signatures_in_order(self, state: str, names: list[str]) -> list[Optional[tuple[int, int, int]]]:
         """(inode, mtime_ns, size) of each of `names` in `state`, None for one that vanished."""
         from functools import partial  # only `status -a` comes here: not on every start-up
-        from operator import attrgetter
 
         try:
             fd = os.open(self.layout.state_dir(state), os.O_RDONLY | os.O_DIRECTORY)

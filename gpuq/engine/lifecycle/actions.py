@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 from gpuq.core import schema, states, transitions
-from gpuq.core.errors import Refused
+from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.states import (
     ACTIVE,
     CANCELLED,
@@ -32,7 +32,7 @@ from gpuq.core.states import (
     STATES,
 )
 from gpuq.core.transitions import Continuation
-from gpuq.engine.lifecycle import repairs
+from gpuq.engine.lifecycle import repairs, slurm_handover
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.schedule.queue_read import PendingCache, read_queue
 from gpuq.engine.tracking import continuation
@@ -90,8 +90,6 @@ def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: No
         killing()
         return kill(spool, job_id)
     if spool.jobs.find(job_id, (SLURM,)):
-        from gpuq.engine.lifecycle import slurm_handover  # subprocess: only for a job on Slurm
-
         return slurm_handover.cancel(spool, job_id)
     with claimed(spool, job_id, (PENDING, HELD, PREEMPTED, INTERRUPTED)) as (ref, job):
         if states.handing_over(job):  # Slurm may hold it: cancelled only here, it would run there
@@ -343,9 +341,6 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
 
 def _sync_slurm(spool: Spool) -> None:
     """Jobs on Slurm end when Slurm says so: ask it (a Slurm that does not answer: ask again later)."""
-    from gpuq.core.errors import GpuqError
-    from gpuq.engine.lifecycle import slurm_handover
-
     try:
         slurm_handover.sync(spool)
     except GpuqError:

@@ -6,7 +6,7 @@ worker: nothing else starts while it runs. No supervisor holds its claim; it can
 only a process's parent can learn its exit code. engine/repairs.py moves it to done/ with
 `exit_code: null` and a note once its process is gone, so `--after` on it starts then.
 
-psutil (imported here, lazily for the CLI) gives the same answers on Linux and macOS.
+psutil gives the same answers on Linux and macOS.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import os
 import socket
 from pathlib import Path
 from typing import Any, Optional
+
+import psutil
 
 from gpuq.core import schema
 from gpuq.core.errors import Refused
@@ -32,8 +34,6 @@ class AdoptError(Refused):
 
 def describe(pid: int) -> dict[str, Any]:
     """argv, cwd, start time and stdout of a process of ours, or AdoptError saying why not."""
-    import psutil
-
     if pid <= 0:
         raise AdoptError(f"not a process id: {pid}")
     try:

@@ -14,12 +14,18 @@ or cancelled): that is the spool's `after_any`, not its `after`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import signal
+import sqlite3
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import quote
+
+import psutil
 
 from gpuq.core.errors import GpuqError
 from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED, RUNNING
@@ -132,9 +138,6 @@ def retire_plan(path: Path) -> list[tuple[Path, Path]]:
 
 
 def _read_sqlite(path: Path) -> tuple[list[dict[str, Any]], Optional[int]]:
-    import sqlite3
-    from urllib.parse import quote
-
     try:
         # mode=ro: never written; unlike immutable=1 it still reads committed rows from the -wal.
         db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=10)
@@ -176,8 +179,6 @@ def _read_json(path: Path) -> tuple[list[Any], Optional[int]]:
 def _fingerprint(kind: str, records: list[Any], declared_next: Optional[int]) -> str:
     """sha256 over the content as read (not over what was decided about processes), with keys
     sorted, so a renamed copy of the same file always gives the same value."""
-    import hashlib  # not at the top: every command imports this module for find_legacy
-
     payload = {"kind": kind, "next_id": declared_next, "jobs": records}
     text = json.dumps(payload, sort_keys=True, ensure_ascii=True, default=_plain)
     return hashlib.sha256(("gpuq-legacy-1\n" + text).encode()).hexdigest()
@@ -285,8 +286,6 @@ def _state(
 
 def _live_start(pid: int, started_at: Optional[str]) -> Optional[float]:
     """The create time of `pid` if it is alive, ours, not a zombie, and old enough to be the job."""
-    import psutil
-
     if started_at is None:
         return None
     try:
@@ -388,8 +387,6 @@ def _time(value: Any, what: str, notes: list[str]) -> Optional[str]:
 def _exit(value: Any, notes: list[str]) -> tuple[Optional[int], Optional[str]]:
     """The original kept Popen's returncode: -N for death by signal N, and -1 also when it could
     not start the job at all. The spool says 128+N and names the signal."""
-    import signal
-
     if value is None:
         return None, None
     if not _is_int(value):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import deque
 from operator import itemgetter
+from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.states import ACTIVE, FINISHED, PENDING, RUNNING, STATES
@@ -34,10 +35,6 @@ from gpuq.engine.schedule.scheduler import QueueState, queue_key
 from gpuq.engine.views.finished_index import finished as finished_listing
 from gpuq.spool import JobRef, Spool
 from gpuq.spool.layout import INTAKE_RE, is_job_name
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Optional
 
 FULL_LOOK_SECONDS = 5.0  # a full look at least this often, whatever the events said
 ELSEWHERE = tuple(s for s in STATES if s not in ACTIVE)  # where a job goes when it leaves both

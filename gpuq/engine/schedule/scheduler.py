@@ -7,8 +7,9 @@ start; tests call these directly.
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from gpuq.core import states
-from gpuq.core.records import itemgetter
 from gpuq.core.states import FINISHED, NEEDS_USER, URGENT_FORCE
 from gpuq.core.times import parse_iso
 
