@@ -8,11 +8,10 @@ from typing import Any
 from gpuq.cli.common import each_id, job_ids, spool
 from gpuq.core.errors import UsageError
 from gpuq.core.states import PREEMPTED, RUNNING
+from gpuq.engine.lifecycle import adopt, preempt
 
 
 def cmd_preempt(args: argparse.Namespace) -> int:
-    from gpuq.engine.lifecycle import preempt
-
     if args.timeout < 0:
         raise UsageError("--timeout must be 0 or more")
     outcome = preempt.preempt(spool(), args.id, args.timeout, args.force, say=print)
@@ -48,8 +47,6 @@ def _what_resume_does(job: dict[str, Any]) -> str:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from gpuq.engine.lifecycle import preempt
-
     sp = spool()
     where = "in normal order" if args.back else "first in line"
 
@@ -61,8 +58,6 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_adopt(args: argparse.Namespace) -> int:
-    from gpuq.engine.lifecycle import adopt
-
     _ref, job = adopt.adopt(spool(), args.pid, name=args.name, log=args.log)
     print(f"[+] Job #{job['id']}: {job['name']} adopted (pid {job['pid']}, started {job['started_at']})")
     print(f"    log: {job['log']}" if job["log"] else "    no log: progress only from checkpoints (use --log FILE)")

@@ -6,13 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
+import gpuq
 from gpuq.cli.common import spool
+from gpuq.cli.parser import build_parser
 from gpuq.core.errors import Refused
+from gpuq.engine.original import importer, reader
+from gpuq.run import service
+from gpuq.system import installs
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from gpuq.engine.original import importer, reader
-
     sp = spool()  # a queue lying in the spool itself has just been imported by this
     if args.path is None:
         found = reader.find_legacy(sp.home)
@@ -29,8 +32,6 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def _skill_text() -> str:
     """The skill as shipped in the package (gpuq/skill/gpuq.md), or from a checkout's skill/."""
-    import gpuq
-
     package = Path(gpuq.__file__).resolve().parent
     for candidate in (package / "skill" / "gpuq.md", package.parent / "skill" / "gpuq.md"):
         if candidate.is_file():
@@ -43,8 +44,6 @@ def cmd_skill(args: argparse.Namespace) -> int:
     if args.action == "show":
         sys.stdout.write(text)
         return 0
-    from gpuq.system import installs
-
     dest = Path(args.dest).expanduser() if args.dest else Path.home() / ".claude" / "commands"
     result = installs.install(dest / "gpuq.md", text, force=args.force)
     print(result.summary())
@@ -54,8 +53,6 @@ def cmd_skill(args: argparse.Namespace) -> int:
 
 
 def cmd_service(args: argparse.Namespace) -> int:
-    from gpuq.run import service
-
     dest = Path(args.dest).expanduser() if args.dest else None
     if dest is None:  # writing elsewhere (--dest) is allowed anywhere, e.g. to look at the unit
         problem = service.supported()
@@ -79,9 +76,7 @@ ID_ARGUMENTS = ("id", "ids", "jobs")  # positional and option arguments that tak
 def cmd_completion(args: argparse.Namespace) -> int:
     """A completion script generated from gpuq's own parser by shtab; job ids complete from the
     spool (`gpuq _ids`) wherever an id is expected."""
-    import shtab
-
-    from gpuq.cli.parser import build_parser
+    import shtab  # an optional dependency, needed by this command only
 
     parser = build_parser()
     ids = shtab.cmd("gpuq _ids 2>/dev/null")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import socket
 import sys
 from typing import Any
 
@@ -17,8 +19,8 @@ RUN_NEEDS = ("psutil", "watchdog")  # what the worker and the supervisors import
 
 def cmd_run(args: argparse.Namespace) -> int:
     _check_dependencies()
-    from gpuq.run import daemon  # the worker and watchdog: only for this command
-    from gpuq.run.worker import Settings
+    from gpuq.run import daemon  # after the check: gpuq.run needs psutil and watchdog
+    from gpuq.run.worker import Settings  # (the same)
 
     settings = Settings(**_settings(args))
     sp = spool()
@@ -64,8 +66,6 @@ def _warn_shared_spool(sp: Any) -> None:
     fstype = sp.network_filesystem()
     if fstype is None:
         return
-    import socket
-
     here = socket.gethostname()
     others = [w for w in sp.workers.recorded() if w.get("host") and w.get("host") != here]
     if others:
@@ -80,9 +80,6 @@ def _warn_shared_spool(sp: Any) -> None:
 def _check_dependencies() -> None:
     """A worker without psutil would start jobs whose supervisors die at once: refuse to start,
     naming what is missing, and leave the jobs pending (gpuq add runs without them)."""
-    import importlib
-    import sys
-
     missing = []
     for name in RUN_NEEDS:
         try:

@@ -40,8 +40,8 @@ def plot(runs: Sequence[PastRun], path: str, title: Optional[str] = None) -> Non
     if suffix not in FORMATS:
         raise ValueError(f"history --plot {path}: the file name must end in .png or .svg")
     try:
-        from matplotlib import dates as mdates
-        from matplotlib.figure import Figure
+        from matplotlib import dates as mdates  # matplotlib is optional (the plot extra)
+        from matplotlib.figure import Figure  # (optional, as above)
     except ImportError:
         raise PlotUnavailable(MISSING) from None
     lanes = lane_order(runs)
@@ -159,8 +159,8 @@ def _mark_preemptions(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num
 def _legend(ax: Any, outcomes: list[str], markers: list[tuple[str, str]], adopted: bool) -> None:
     # Handles made here, not taken from the bars: a hatched (adopted) first bar must not make
     # its whole outcome look hatched in the legend.
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
+    from matplotlib.lines import Line2D  # matplotlib is optional (the plot extra)
+    from matplotlib.patches import Patch  # (optional, as above)
 
     handles: list[Any] = [Patch(color=OUTCOMES.get(o, OTHER)[1], label=OUTCOMES.get(o, OTHER)[0]) for o in outcomes]
     handles += [Line2D([], [], marker=m, color="black", linestyle="none", label=label) for m, label in markers]
