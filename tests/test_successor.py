@@ -17,7 +17,9 @@ from conftest import WAIT_FOR_GO, Env, fill_up, small_tmpfs, spool_with_true_job
 from gpuq.core.states import DONE, PENDING, RUNNING
 from gpuq.engine.planner import Planner
 from gpuq.engine.scheduler import Snapshot
-from gpuq.run import successor, supervisor
+from gpuq.run import successor
+from gpuq.run.supervisor import start as supervisor_start
+from gpuq.run.supervisor.order import StartOrder
 from gpuq.system.gpus import Gpu, GpuLook
 
 
@@ -68,14 +70,14 @@ def test_the_supervisor_hears_the_last_whole_word_and_nothing_once_the_worker_ha
     ours, theirs = socket.socketpair()
     os.set_blocking(theirs.fileno(), False)
     heard = successor.Heard(theirs.fileno())
-    where = {"slot": None, "gpus": None}
+    where = StartOrder(1, None, None, slot=None, gpus=None)
     ours.send(successor.offer(where, [(2, 0, "000002-a.json")]))
     ours.send(b"not json\n")
     last = successor.offer(where, [(3, 1, "000003-b.json"), (4, 0, "000004-c.json")])
     ours.send(last[:10])  # half a line: not taken yet
-    assert [j["id"] for j in heard.next_jobs()] == [2]
+    assert [j.id for j in heard.next_jobs()] == [2]
     ours.send(last[10:])
-    assert [(j["id"], j["rev"], j["file"]) for j in heard.next_jobs()] == [
+    assert [(j.id, j.rev, j.file) for j in heard.next_jobs()] == [
         (3, 1, "000003-b.json"),
         (4, 0, "000004-c.json"),
     ]
@@ -86,7 +88,7 @@ def test_the_supervisor_hears_the_last_whole_word_and_nothing_once_the_worker_ha
 
 def test_a_full_line_is_closed_rather_than_left_stale() -> None:
     ours, theirs = socket.socketpair()
-    line = successor.offer({"slot": None}, [(2, 0, "x" * 60000)])
+    line = successor.offer(StartOrder(1, None, None, slot=None, gpus=None), [(2, 0, "x" * 60000)])
     sent = 0
     while successor.send(ours, line):
         sent += 1
@@ -102,8 +104,8 @@ def test_a_job_changed_since_it_was_named_is_not_begun(tmp_path: Path) -> None:
     spool, [(ref, job)] = spool_with_true_jobs(tmp_path)
     claim = spool.claims.claim(ref.id)
     assert claim is not None
-    named = {"id": ref.id, "rev": job["rev"] + 1, "file": ref.name, "slot": None, "gpus": None}
-    assert supervisor._begin(spool, claim, named, []) is None
+    named = StartOrder(ref.id, ref.name, job["rev"] + 1, slot=None, gpus=None)
+    assert supervisor_start.begin(spool, claim, named, []) is None
     assert spool.jobs.states_holding(ref.name, (PENDING, RUNNING)) == [PENDING]
     assert spool.claims.held(ref.id) is None, "the claim is given up"
 
