@@ -95,11 +95,14 @@ class Planner:
         to end now and each of them in turn: what that job's supervisor may start itself
         (spool_layout.md, section 6, "Handing the slot on"). The list stops after a job that a
         queued job waits for (its end decides whether that one may go first), and is empty
-        whenever what comes next cannot be known ahead: with GPUs (whose memory is read when a job
-        starts), when a queued job waits for `ending`, while preemptions are under way, or while
-        another slot is free too (the worker fills that one first). `look`: the GPUs as this
-        step's plan saw them (None: it found no ready job, so there is nothing to name either)."""
-        if look is None or placement.mode_of(look) != placement.CPU_ONLY:
+        whenever what comes next cannot be known ahead: when a queued job waits for `ending`, while
+        preemptions are under way, or while another slot is free too (the worker fills that one
+        first). With GPUs, only the next job, and only if it would get `ending`'s GPUs, once
+        `ending`'s processes are gone (its supervisor looks at the GPUs again before it starts it).
+        `look`: the GPUs as this step's plan saw them (None: it found no ready job, so there is
+        nothing to name either)."""
+        mode = placement.mode_of(look) if look is not None else None
+        if mode not in (placement.CPU_ONLY, placement.GPUS) or (mode == placement.GPUS and not ending.get("gpus")):
             return []
         waited = {dep for job in snap.pending for dep in (*(job.get("after") or ()), *(job.get("after_any") or ()))}
         if ending["id"] in waited:
@@ -112,10 +115,18 @@ class Planner:
             snap.now,
         )
         rest.ordered = snap.ordered
-        ready = list(islice(_ready(rest), limit))
+        ready = list(islice(_ready(rest), limit if mode == placement.CPU_ONLY else 1))
         if not ready:
             return []
-        plan = self._plan_slots(rest, busy, iter(ready), preempting, look)
+        if mode == placement.GPUS:  # one at a time: the next job may ask for other GPUs than this one
+            now = scheduler.Snapshot(snap.states, rest.pending, snap.running, snap.now)
+            if self._plan_gpus(now, busy, ready, preempting, look, mode).starts:
+                return []  # it can start now on other GPUs: the worker starts it there
+            gone = gpu_info.tree_pids([ending["pid"]]) if ending.get("pid") else set()
+            ended = look._replace(gpus=tuple(_without(gpu, gone) for gpu in look.gpus))
+            plan = self._plan_gpus(rest, busy, ready, preempting, ended, mode)
+        else:
+            plan = self._plan_slots(rest, busy, iter(ready), preempting, look)
         if plan.victims or [where for _job, where in plan.starts] != [Assignment.of_job(ending)]:
             return []  # preempting, or another slot free too
         picks = []

@@ -330,7 +330,8 @@ class Worker:
                 continue
             following = []
             if allowed and snap.states.get(job_id) in (PENDING, RUNNING):
-                ending = {"id": job_id, "slot": launch.where.slot, "gpus": launch.where.gpus}
+                pid = next((j.get("pid") for j in snap.running if j["id"] == job_id), None)
+                ending = {"id": job_id, "slot": launch.where.slot, "gpus": launch.where.gpus, "pid": pid}
                 following = self.planner.successors(snap, ending, busy, preempting, look)
             named = [(job["id"], job["rev"], self.view.pending_name(job["id"])) for job in following]
             named = [job for job in named if job[2] is not None]
@@ -350,6 +351,7 @@ class Worker:
         return StartOrder(
             id=job_id, file=file, rev=None, slot=where.slot, gpus=where.gpus, notify=s.notify, on_finish=s.on_finish,
             max_log_bytes=s.max_log_bytes, default_time=s.default_time, kill_grace=s.kill_grace,
+            foreign_threshold_mib=s.foreign_threshold_mib,
         )  # fmt: skip
 
     def _follow_handed_on(self, snap: scheduler.Snapshot) -> None:

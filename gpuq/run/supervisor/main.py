@@ -27,6 +27,7 @@ from gpuq.run.supervisor.order import StartOrder
 from gpuq.run.supervisor.start import Run, Started
 from gpuq.spool import Claim, Spool
 from gpuq.spool.files import MIN_FREE_TO_START, Reservation, free_bytes
+from gpuq.system import gpus
 
 
 def supervise(
@@ -100,7 +101,10 @@ def _claim_successor(run: Run, heard: Optional[successor.Heard]) -> Optional[tup
         return None
     if free_bytes(run.spool.home) < MIN_FREE_TO_START:  # the worker would wait for room: so do we
         return None
-    for order in heard.next_jobs():
+    named = heard.next_jobs()
+    if named and named[0].gpus and not _gpus_still_free(named[0]):
+        return None
+    for order in named:
         if run.spool.jobs.pending_ref(order.id, order.file) is None:
             continue  # started by someone else, or cancelled: the next one is what the worker would start
         claim = run.spool.claims.claim(order.id)
@@ -108,6 +112,16 @@ def _claim_successor(run: Run, heard: Optional[successor.Heard]) -> Optional[tup
             return None
         return claim, order
     return None
+
+
+def _gpus_still_free(order: StartOrder) -> bool:
+    """Whether the GPUs of the slot look now as the worker needs them to start a job there: no
+    process on any of them (another job's, or one not gpuq's), and no more memory in use than the
+    worker's --foreign-mem-threshold. Otherwise the worker decides, after a look of its own."""
+    found = {gpu.index: gpu for gpu in gpus.look().gpus}
+    threshold = order.foreign_threshold_mib or 0
+    held = [found.get(index) for index in order.gpus or ()]
+    return all(gpu is not None and not gpu.processes and gpu.memory_used_mib <= threshold for gpu in held)
 
 
 def wait_for_order(spare_fd: int) -> Optional[tuple[int, StartOrder, successor.Heard]]:

@@ -28,6 +28,7 @@ class StartOrder:
     max_log_bytes: Optional[int] = None  # the worker's --max-log-size (the job's own comes first)
     default_time: Optional[float] = None  # the worker's --default-time (the job's own comes first)
     kill_grace: Optional[float] = None  # the worker's --kill-grace (None: KILL_GRACE_SECONDS)
+    foreign_threshold_mib: Optional[int] = None  # the worker's --foreign-mem-threshold (for a job handed on)
 
     def hooks(self) -> dict[str, Any]:
         """The worker's hooks, as run/hooks.after_end takes them."""
@@ -82,6 +83,7 @@ def _check(order: StartOrder) -> None:
         and (order.max_log_bytes is None or _is_int(order.max_log_bytes))
         and _is_number(order.default_time)
         and _is_number(order.kill_grace)
+        and (order.foreign_threshold_mib is None or _is_int(order.foreign_threshold_mib))
     )
     if not ok:
         raise ValueError(f"bad start order: {order}")
