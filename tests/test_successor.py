@@ -128,8 +128,8 @@ def test_a_job_changed_since_it_was_named_is_not_begun(tmp_path: Path) -> None:
 
 
 def _warm_up(gq: Env) -> None:
-    """One job first, so that the zygote runs and the next jobs' supervisors have a line to the
-    worker (the very first spare may be started the old way, without one)."""
+    """One job first, so that the zygote runs and the next jobs' supervisors are forked (the very
+    first one is a new interpreter)."""
     gq.wait_state(gq.add("true"), DONE, 20)
 
 
