@@ -61,6 +61,7 @@ class Planner:
         self.labels = labels  # `gpuq run --gpus` (None: every GPU found)
         self.threshold = foreign_threshold_mib
         self.look = look
+        self._trees: dict[int, set[int]] = {}  # a running job's pid -> its process tree, this step
 
     def plan(
         self,
@@ -71,6 +72,7 @@ class Planner:
         """What to start now. `busy`: jobs this worker is starting or still preempting, which
         hold their place though they are not (or no longer) in running/; `preempting` holds the
         ids of jobs whose preemption is under way (never chosen again)."""
+        self._trees = {}
         found = _ready(snap)
         first = next(found, None)
         if first is None:
@@ -122,7 +124,7 @@ class Planner:
             now = scheduler.Snapshot(snap.states, rest.pending, snap.running, snap.now)
             if self._plan_gpus(now, busy, ready, preempting, look, mode).starts:
                 return []  # it can start now on other GPUs: the worker starts it there
-            gone = gpu_info.tree_pids([ending["pid"]]) if ending.get("pid") else set()
+            gone = self._tree(ending["pid"]) if ending.get("pid") else set()
             ended = look._replace(gpus=tuple(_without(gpu, gone) for gpu in look.gpus))
             plan = self._plan_gpus(rest, busy, ready, preempting, ended, mode)
         else:
@@ -195,6 +197,12 @@ class Planner:
             plan.victims = self._victims(snap, ready, plan, holdings, own_pids, preempting, look, allowed)
         return plan
 
+    def _tree(self, pid: int) -> set[int]:
+        """The process tree of a running job's pid, read once per step (`successors` plans again)."""
+        if pid not in self._trees:
+            self._trees[pid] = gpu_info.tree_pids([pid])
+        return self._trees[pid]
+
     def _allowed(self) -> Optional[set[int]]:
         if self.labels is None:
             return None
@@ -211,7 +219,7 @@ class Planner:
         holdings, pids, cpu_lane = [], set(), None
         running_ids = {j["id"] for j in running}
         for job in running:
-            tree = gpu_info.tree_pids([job["pid"]]) if job.get("pid") else set()
+            tree = self._tree(job["pid"]) if job.get("pid") else set()
             pids |= tree
             held = job.get("gpus")
             if held:
