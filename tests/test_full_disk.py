@@ -183,7 +183,8 @@ def test_add_makes_the_room_again_and_grows_a_small_one(tmp_path: Path) -> None:
 # The supervisor's part: it takes the job's preemption request, and its end does not fit on the disk.
 NOTED_PREEMPTION = """import os, sys
 from gpuq.core import transitions
-from gpuq.run import supervisor
+from gpuq.run.supervisor import end, start
+from gpuq.run.supervisor.order import StartOrder
 from gpuq.spool import Spool
 spool, job_id = Spool(sys.argv[1]), int(sys.argv[2])
 ref = spool.jobs.find(job_id)
@@ -191,11 +192,11 @@ job = spool.jobs.load(ref)
 claim = spool.claims.claim(job_id)
 started = transitions.start(job, slot=None, gpus=None, boot_id="b", host="h", log=job["log"])
 ref, job = spool.jobs.move(ref, job, "running", started)
-run = supervisor.Run(spool, claim, ref, job, where={}, room=[])
+run = start.Run(spool, claim, ref, job, order=StartOrder(job_id, None, None, None, None), room=[])
 run.log_fd = spool.logs.open_job_log(job_id)
 print("running", flush=True)
 sys.stdin.readline()  # the job has saved a checkpoint and been preempted; the disk is full
-supervisor.finish(run, exit_code=143, sig=None, note=None, retry=False)  # notes the end, waits for room
+end.finish(run, exit_code=143, sig=None, note=None, retry=False)  # notes the end, waits for room
 """
 
 

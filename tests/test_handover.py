@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from conftest import WAIT_FOR_GO, Env, wait_for
 
 from gpuq.core import transitions
@@ -86,3 +87,42 @@ def test_a_job_changed_since_the_plan_is_not_started(tmp_path: Path) -> None:
     assert worker.launching == {} and spool.claims.held(ref.id) is None, "the claim is given back"
     snap, _ = worker.view.look(spool, time.time())
     assert [j["priority"] for j in snap.pending] == [5], "a doubt: the next look read it again"
+
+
+def test_the_start_order_is_the_one_spool_layout_writes_down() -> None:
+    """What a supervisor is told is one typed message: its keys are the table of spool_layout.md
+    section 6, it survives its encoding, and anything else is refused."""
+    import dataclasses
+    import re
+
+    from gpuq.run.supervisor.order import StartOrder
+
+    doc = (Path(__file__).resolve().parent.parent / "spool_layout.md").read_text()
+    told = doc.split("**What a supervisor is told.**", 1)[1].split("**Who starts supervisors.**", 1)[0]
+    keys = re.findall(r"^\| `(\w+)` \|", told, re.M)
+    assert keys == [f.name for f in dataclasses.fields(StartOrder)]
+    order = StartOrder(7, "000007-x.json", 3, "0,1", (0, 1), True, "echo", 1024, 60.0, 2)
+    assert StartOrder.decode(order.encode()) == order
+    assert StartOrder.decode(StartOrder(7, None, None, None, None).encode()).gpus is None
+    for bad in (b"[]", b'{"id": 7}', b'{"id": "7", "file": null, "rev": null, "slot": null, "gpus": null}', b"{"):
+        with pytest.raises(ValueError):
+            StartOrder.decode(bad)
+
+
+def test_a_supervisor_told_no_proper_order_leaves_the_job_pending(tmp_path: Path) -> None:
+    """A spare (a new interpreter, as the launcher starts one) sent a message that is no start
+    order exits, and the job stays pending with nobody holding its claim."""
+    import socket
+
+    from gpuq.run.launcher import Launcher
+
+    spool, (ref,) = _spool_with_jobs(tmp_path, 1)
+    launcher = Launcher(spool)
+    spare = launcher._new_interpreter()
+    claim = spool.claims.claim(ref.id)
+    assert claim is not None and spare.sock is not None
+    socket.send_fds(spare.sock, [b'{"id": "not a number"}\n'], [claim.fd])
+    claim.detach()
+    wait_for(lambda: spare.poll() is not None, 20, what="the spare to exit")
+    assert spool.jobs.find(ref.id).state == PENDING
+    assert not spool.claims.held(ref.id), "the claim went with the supervisor"

@@ -24,7 +24,7 @@ from gpuq.engine.lifecycle import intake
 from gpuq.engine.schedule import queue_read, scheduler
 from gpuq.engine.schedule.planner import Planner
 from gpuq.engine.views.status import Row
-from gpuq.run import supervisor
+from gpuq.run.supervisor import start as supervisor_start
 from gpuq.spool import JobRef, Spool
 from gpuq.system.gpus import Gpu, GpuLook
 
@@ -107,7 +107,7 @@ def use_everywhere(spool: Spool, job: dict[str, Any]) -> None:
     for state in ("pending", "running", "done", "failed", "interrupted"):
         render.status_table([Row(job, state, reasons.get(job["id"]))])
         render.info(job, state)
-    env = supervisor.job_environment(spool, job, "0")
+    env = supervisor_start.job_environment(spool, job, "0")
     assert all(isinstance(k, str) and isinstance(v, str) and "\0" not in k + v for k, v in env.items())
     file_name = schema.filename(job["id"], job["name"])
     assert "/" not in file_name and file_name.startswith(f"{job['id']:06d}-")

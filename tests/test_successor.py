@@ -17,7 +17,9 @@ from conftest import WAIT_FOR_GO, Env, fill_up, small_tmpfs, spool_with_true_job
 from gpuq.core.states import DONE, PENDING, RUNNING
 from gpuq.engine.schedule.planner import Planner
 from gpuq.engine.schedule.scheduler import QueueState
-from gpuq.run import successor, supervisor
+from gpuq.run import successor
+from gpuq.run.supervisor import start as supervisor_start
+from gpuq.run.supervisor.order import StartOrder
 from gpuq.system.gpus import Gpu, GpuLook
 
 
@@ -47,11 +49,28 @@ def test_nothing_is_named_when_a_queued_job_waits_for_the_ending_one() -> None:
         assert Planner().successors(_snap([_job(2), dependent], [ending]), ending, {}, set(), _no_gpus()) == []
 
 
-def test_nothing_is_named_with_gpus_or_while_another_slot_is_free() -> None:
+def test_with_gpus_the_next_job_is_named_only_for_the_gpus_it_would_get() -> None:
+    """With GPUs one job is named, and only if it would get the ending job's GPUs once that job
+    is gone; a CPU job (the CPU lane) hands nothing on."""
+    gpus = tuple(
+        Gpu(index=i, uuid=f"GPU-{i}", name="g", memory_total_mib=1000, memory_used_mib=0, processes=()) for i in (0, 1)
+    )
+    look = GpuLook(gpus=gpus, source="fake", problem=None, at=time.time())
+    on_0, on_1 = _job(1, slot="0", gpus=[0]), _job(8, slot="1", gpus=[1])
+    pending = [_job(2), _job(3)]
+    named = Planner().successors(_snap(pending, [on_0, on_1]), on_0, {}, set(), look)
+    assert [j["id"] for j in named] == [2], "one at a time: the next may ask for other GPUs"
+    assert Planner().successors(_snap([_job(2, gpu_request=2)], [on_0, on_1]), on_0, {}, set(), look) == [], (
+        "it needs both GPUs: the worker starts it once both are free"
+    )
+    alone = Planner().successors(_snap(pending, [on_0]), on_0, {}, set(), look)
+    assert alone == [], "GPU 1 is free: the worker fills it"
+    cpu_lane = _job(9, slot="", gpus=[])
+    assert Planner().successors(_snap([_job(2, gpu_request=0)], [cpu_lane]), cpu_lane, {}, set(), look) == []
+
+
+def test_nothing_is_named_while_another_slot_is_free() -> None:
     ending = _job(1, slot=None, gpus=None)
-    gpu = Gpu(index=0, uuid="GPU-0", name="g", memory_total_mib=1000, memory_used_mib=0, processes=())
-    with_gpus = GpuLook(gpus=(gpu,), source="fake", problem=None, at=time.time())
-    assert Planner().successors(_snap([_job(2)], [ending]), ending, {}, set(), with_gpus) == []
     assert Planner().successors(_snap([_job(2)], [ending]), ending, {}, set(), None) == [], "no look: nothing ready"
     in_slot_a = _job(1, slot="a", gpus=None)
     two_slots = Planner(labels=["a", "b"])
@@ -68,14 +87,14 @@ def test_the_supervisor_hears_the_last_whole_word_and_nothing_once_the_worker_ha
     ours, theirs = socket.socketpair()
     os.set_blocking(theirs.fileno(), False)
     heard = successor.Heard(theirs.fileno())
-    where = {"slot": None, "gpus": None}
+    where = StartOrder(1, None, None, slot=None, gpus=None)
     ours.send(successor.offer(where, [(2, 0, "000002-a.json")]))
     ours.send(b"not json\n")
     last = successor.offer(where, [(3, 1, "000003-b.json"), (4, 0, "000004-c.json")])
     ours.send(last[:10])  # half a line: not taken yet
-    assert [j["id"] for j in heard.next_jobs()] == [2]
+    assert [j.id for j in heard.next_jobs()] == [2]
     ours.send(last[10:])
-    assert [(j["id"], j["rev"], j["file"]) for j in heard.next_jobs()] == [
+    assert [(j.id, j.rev, j.file) for j in heard.next_jobs()] == [
         (3, 1, "000003-b.json"),
         (4, 0, "000004-c.json"),
     ]
@@ -86,7 +105,7 @@ def test_the_supervisor_hears_the_last_whole_word_and_nothing_once_the_worker_ha
 
 def test_a_full_line_is_closed_rather_than_left_stale() -> None:
     ours, theirs = socket.socketpair()
-    line = successor.offer({"slot": None}, [(2, 0, "x" * 60000)])
+    line = successor.offer(StartOrder(1, None, None, slot=None, gpus=None), [(2, 0, "x" * 60000)])
     sent = 0
     while successor.send(ours, line):
         sent += 1
@@ -102,15 +121,15 @@ def test_a_job_changed_since_it_was_named_is_not_begun(tmp_path: Path) -> None:
     spool, [(ref, job)] = spool_with_true_jobs(tmp_path)
     claim = spool.claims.claim(ref.id)
     assert claim is not None
-    named = {"id": ref.id, "rev": job["rev"] + 1, "file": ref.name, "slot": None, "gpus": None}
-    assert supervisor._begin(spool, claim, named, []) is None
+    named = StartOrder(ref.id, ref.name, job["rev"] + 1, slot=None, gpus=None)
+    assert supervisor_start.begin(spool, claim, named, []) is None
     assert spool.jobs.states_holding(ref.name, (PENDING, RUNNING)) == [PENDING]
     assert spool.claims.held(ref.id) is None, "the claim is given up"
 
 
 def _warm_up(gq: Env) -> None:
-    """One job first, so that the zygote runs and the next jobs' supervisors have a line to the
-    worker (the very first spare may be started the old way, without one)."""
+    """One job first, so that the zygote runs and the next jobs' supervisors are forked (the very
+    first one is a new interpreter)."""
     gq.wait_state(gq.add("true"), DONE, 20)
 
 
@@ -230,3 +249,52 @@ def test_trouble_with_the_next_job_does_not_cost_the_ended_one_its_end(gq: Env) 
     assert done["exit_code"] == 0
     assert "could not start the next job of the slot" in gq.log(a)
     gq.wait_state(b, "interrupted", 30)
+
+
+def _gpu_file(foreign_mib: int = 0) -> str:
+    """One simulated GPU (GPUQ_FAKE_GPUS, read afresh at every look), with a process not gpuq's
+    holding `foreign_mib` on it if that is not 0."""
+    procs = [{"pid": 999999, "used_memory_mib": foreign_mib}] if foreign_mib else []
+    gpu = {"index": 0, "name": "Fake", "uuid": "GPU-fake-0", "memory_total_mib": 81920}
+    gpu.update(memory_used_mib=foreign_mib, processes=procs)
+    return json.dumps({"gpus": [gpu]})
+
+
+def _one_gpu(gq: Env) -> None:
+    (gq.work / "gpus.json").write_text(_gpu_file())
+    gq.env["GPUQ_FAKE_GPUS"] = str(gq.work / "gpus.json")
+
+
+def test_with_gpus_the_next_job_starts_under_the_supervisor_of_the_job_before(gq: Env) -> None:
+    _one_gpu(gq)
+    _worker, first = _running_a(gq)
+    following = [gq.add("true") for _ in range(2)]
+    _worker_has_looked(gq)
+    (gq.work / "go").write_text("")
+    for job_id in following:
+        assert gq.wait_state(job_id, DONE, 20)["gpus"] == [0]
+    assert {_supervisor_of(gq, i) for i in [first, *following]} == {_supervisor_of(gq, first)}
+    wait_for(lambda: f"starting job #{following[-1]}" in gq.worker_output(), 10)
+    assert "handed on" in gq.worker_output()
+
+
+def test_with_gpus_a_job_is_not_handed_on_to_a_gpu_taken_meanwhile(gq: Env) -> None:
+    """B was named for A's GPU; as A ends, a process not gpuq's takes memory there (A puts it there
+    itself, so that the worker has not looked since). A's supervisor looks at the GPU before it
+    would start B: B is left to the worker, which waits."""
+    _one_gpu(gq)
+    (gq.work / "gpus-taken.json").write_text(_gpu_file(foreign_mib=40000))
+    gq.start_worker("--watch")
+    _warm_up(gq)
+    gq.script("wait.py", WAIT_FOR_GO + "os.replace('gpus-taken.json', 'gpus.json')\n")
+    a = gq.add("wait.py")
+    wait_for(lambda: gq.job(a).get("pid"), 20, what="A running")
+    b = gq.add("true")
+    _worker_has_looked(gq)
+    (gq.work / "go").write_text("")
+    gq.wait_state(a, DONE, 20)
+    waiting = wait_for(lambda: next(r for r in gq.status_json() if r["id"] == b)["waiting"], 20, what="B to wait")
+    assert "999999" in waiting, waiting
+    assert gq.state_of(b) == PENDING
+    (gq.work / "gpus.json").write_text(_gpu_file())
+    assert gq.wait_state(b, DONE, 20)["supervisor"]["pid"] != _supervisor_of(gq, a)

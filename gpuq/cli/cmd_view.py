@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+import time
+
 from gpuq.cli import render
 from gpuq.cli.common import spool
 from gpuq.core import jsontext
-from gpuq.core.states import PENDING, RUNNING
+from gpuq.core.states import ACTIVE, PENDING, RUNNING
 from gpuq.engine.views.row_cells import RowCells
 from gpuq.engine.views.status import Row, status
 from gpuq.system import security
@@ -146,10 +149,27 @@ def cmd_log(args: argparse.Namespace) -> int:
     for line in sp.logs.tail_lines(job, args.lines):
         print(line)
     if args.follow:
-        from gpuq.cli.follow import follow
-
-        follow(sp, job)
+        _follow(sp, job)
     return 0
+
+
+FOLLOW_POLL_SECONDS = 0.2  # a log has no event to wait on that works everywhere
+
+
+def _follow(sp: Any, job: dict[str, Any]) -> None:
+    """`gpuq log -f`: print the log as it grows until its job stops running."""
+    offset = sp.logs.size(job)
+    while True:
+        running = sp.jobs.find(job["id"], ACTIVE) is not None
+        chunk = sp.logs.read_from(job, offset)
+        if chunk:
+            offset += len(chunk)
+            sys.stdout.write(chunk.decode("utf-8", "replace"))
+            sys.stdout.flush()
+        elif not running:
+            return
+        else:
+            time.sleep(FOLLOW_POLL_SECONDS)
 
 
 def cmd_show(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Optional
 from gpuq.core import schema
 from gpuq.core.states import FAILED, INTERRUPTED, PENDING
 from gpuq.spool import Spool
+from gpuq.system import procs
 
 OUTPUT_CAP = 16 * 1024  # bytes of a hook's output passed on to the log
 TERM_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for a hook that ran out of time
@@ -65,9 +66,7 @@ def run_on_finish(cmd: str, env_vars: Mapping[str, Any], log: Callable[[str], No
 def notify_desktop(job_summary: Mapping[str, Any], timeout: float = NOTIFY_TIMEOUT) -> Optional[str]:
     """A desktop notification through `notify-send`, for a summary with `id`, `name`, `state`
     and `exit_code`. Returns None when it was shown, else why not (one line)."""
-    from gpuq.system.procs import which  # not shutil: every supervisor imports this module
-
-    tool = which("notify-send")
+    tool = procs.which("notify-send")  # not shutil's: every supervisor imports this module
     if tool is None:
         return "notify-send not found (install libnotify-bin to get desktop notifications)"
     state = str(job_summary.get("state", "ended"))
@@ -122,11 +121,11 @@ def _run_bounded(argv: list[str], env: dict[str, str], timeout: float) -> _Outco
         output, dropped, timed_out = _collect(proc, proc.stdout.fileno(), time.monotonic() + timeout)
     finally:
         if timed_out:
-            _signal_group(proc.pid, signal.SIGTERM)
+            procs.signal_group(proc.pid, signal.SIGTERM)
             _wait_exit(proc, time.monotonic() + TERM_GRACE)
         # The leader has exited but is not reaped yet, so its pid (the group's id) cannot have been
         # given to another process: killing the group reaches only what the hook left behind.
-        _signal_group(proc.pid, signal.SIGKILL)
+        procs.signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
     return _Outcome(proc.returncode, timed_out, output, dropped)
@@ -171,13 +170,6 @@ def _has_exited(proc: subprocess.Popen) -> bool:
 def _wait_exit(proc: subprocess.Popen, deadline: float) -> None:
     while not _has_exited(proc) and time.monotonic() < deadline:
         time.sleep(0.02)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # nothing left in the group
 
 
 def _signal_name(number: int) -> str:

@@ -12,12 +12,13 @@ it takes a job's claim, and starts it only if its file is still the version the 
 (`rev`). A job already gone from pending/ (started elsewhere, cancelled) is passed over; a claim
 someone else holds or a changed file ends the chain, and the worker starts what comes next.
 
-The line is the socket over which the worker handed the first job to its supervisor (run/launcher.py):
-one JSON object per line, `{"slot": ..., "gpus": ..., "settings": {...}, "next": [[id, rev, file],
-...]}`. What the worker sends while a job runs waits in the socket; should a send ever fail (a full
-buffer), the worker closes its side, and a supervisor that reads the end of the line starts
-nothing: a word it was sent earlier may be stale. The end of the line is also what a supervisor
-sees once the worker has gone: then nobody stands behind what it said, and it starts nothing.
+The line is the socket over which the worker handed the first job to its supervisor
+(run/launcher.py): one JSON object per line, the slot's start order (run/supervisor/order.py: the
+running job's, `slot`, `gpus` and the worker's settings) with `"next": [[id, rev, file], ...]`
+added. What the worker sends while a job runs waits in the socket; should a send ever fail (a full
+buffer), the worker closes its side, and a supervisor that reads the end of the line starts nothing:
+a word it was sent earlier may be stale. The end of the line is also what a supervisor sees once the
+worker has gone: then nobody stands behind what it said, and it starts nothing.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ import os
 import socket
 from typing import Any, Optional
 
+from gpuq.run.supervisor.order import StartOrder
+
 MAX_LINE_BYTES = 65536
 
 
-def offer(where: dict[str, Any], following: list[tuple[int, int, str]]) -> bytes:
+def offer(slot: StartOrder, following: list[tuple[int, int, str]]) -> bytes:
     """The line naming `following` ((id, rev, pending/ file name) each, in order) as the jobs to
-    start in this slot; `where`: the slot, its GPUs and the worker's settings, as a hand-over has them."""
-    return json.dumps({**where, "next": [list(job) for job in following]}).encode() + b"\n"
+    start in this slot; `slot`: the order of the job running there (its slot, GPUs, settings)."""
+    return json.dumps({**slot.to_fields(), "next": [list(job) for job in following]}).encode() + b"\n"
 
 
 def send(sock: Optional[socket.socket], line: bytes) -> bool:
@@ -58,18 +61,18 @@ class Heard:
 
     def __init__(self, fd: int, received: bytes = b""):
         self.fd = fd
-        self.word: Optional[dict[str, Any]] = None
+        self.word: Optional[tuple[StartOrder, list[Any]]] = None  # the slot's order, the jobs named
         self.gone = False
         self._partial = received  # what came with the hand-over, and then any line not whole yet
 
-    def next_jobs(self) -> list[dict[str, Any]]:
-        """The jobs the worker last named for this slot, each as a hand-over (`id`, `rev`, `file`,
-        slot, GPUs, settings); none once the worker has gone or closed the line."""
+    def next_jobs(self) -> list[StartOrder]:
+        """The orders for the jobs the worker last named for this slot; none once the worker has
+        gone or closed the line."""
         self._read()
         if self.gone or self.word is None:
             return []
-        where = {k: v for k, v in self.word.items() if k != "next"}
-        return [{**where, "id": job[0], "rev": job[1], "file": job[2]} for job in self.word["next"]]
+        slot, named = self.word
+        return [slot.for_job(*job) for job in named]
 
     def _read(self) -> None:
         data, self._partial = self._partial, b""
@@ -90,15 +93,16 @@ class Heard:
                 self.word = word
 
 
-def _parse(line: bytes) -> Optional[dict[str, Any]]:
+def _parse(line: bytes) -> Optional[tuple[StartOrder, list[Any]]]:
     try:
         word = json.loads(line) if len(line) <= MAX_LINE_BYTES else None
+        if not isinstance(word, dict) or not isinstance(word.get("next"), list):
+            return None
+        slot = StartOrder.from_fields(word)
     except ValueError:
-        return None
-    if not isinstance(word, dict) or not isinstance(word.get("next"), list):
         return None
     ok = all(
         isinstance(job, list) and len(job) == 3 and all(isinstance(v, int) for v in job[:2]) and isinstance(job[2], str)
         for job in word["next"]
     )
-    return word if ok else None
+    return (slot, word["next"]) if ok else None

@@ -22,7 +22,8 @@ from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.schedule.queue_view import QueueView
 from gpuq.engine.tracking import eta
 from gpuq.run import successor
-from gpuq.run.launcher import Launcher, Process, placed
+from gpuq.run.launcher import Launcher, Supervisor
+from gpuq.run.supervisor.order import StartOrder
 from gpuq.spool import JobRef, Spool
 from gpuq.spool.files import MIN_FREE_TO_START, free_bytes
 from gpuq.system.gpus import GpuLook
@@ -38,7 +39,7 @@ HANDED_ON_STATES = (RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED)  # a job name
 @dataclass
 class Launch:
     job_id: int
-    process: Process
+    process: Supervisor
     where: Assignment
 
 
@@ -93,7 +94,7 @@ class Worker:
         self.told: dict[int, list[tuple[int, int, str]]] = {}  # running job -> what its supervisor was told follows
         self.names: dict[int, str] = {}  # names of the jobs told, for the worker's own log
         self._planned_with: tuple[dict[int, Assignment], set[int], Any] = ({}, set(), None)  # busy, preempting, look
-        self.supervisors: list[Process] = []  # started by us (or our zygote), job under way
+        self.supervisors: list[Supervisor] = []  # started by us (or our zygote), job under way
         self.urgent = UrgentPreemptions(spool)
         self.waits: dict[int, scheduler.Wait] = {}  # why ready jobs could not start at the last step
         self._shown_problem: Optional[str] = None  # without GPUs the view changes only with its problem...
@@ -332,21 +333,29 @@ class Worker:
                 continue
             following = []
             if allowed and snap.states.get(job_id) in (PENDING, RUNNING):
-                ending = {"id": job_id, "slot": launch.where.slot, "gpus": launch.where.gpus}
+                pid = next((j.get("pid") for j in snap.running if j["id"] == job_id), None)
+                ending = {"id": job_id, "slot": launch.where.slot, "gpus": launch.where.gpus, "pid": pid}
                 following = self.planner.successors(snap, ending, busy, preempting, look)
             named = [(job["id"], job["rev"], self.view.pending_name(job["id"])) for job in following]
             named = [job for job in named if job[2] is not None]
             if self.told.get(job_id) == named:
                 continue
-            if self.launcher.tell(launch.process, successor.offer(self._placed(launch.where), named)):
+            if self.launcher.tell(launch.process, successor.offer(self._order(job_id, None, launch.where), named)):
                 self.told[job_id] = named
                 self.names.update((job["id"], job["name"]) for job in following)
             else:  # the line is closed: this supervisor hands nothing on
                 self.supervising.pop(job_id, None)
                 self.told.pop(job_id, None)
 
-    def _placed(self, where: Assignment) -> dict[str, Any]:
-        return placed(where.slot, where.gpus, self.settings.for_supervisors())
+    def _order(self, job_id: int, file: Optional[str], where: Assignment) -> StartOrder:
+        """What the supervisor of job `job_id` is told (run/supervisor/order.py). `file`: its name
+        in pending/, so that the supervisor need not list pending/ (its `rev` was checked here)."""
+        s = self.settings
+        return StartOrder(
+            id=job_id, file=file, rev=None, slot=where.slot, gpus=where.gpus, notify=s.notify, on_finish=s.on_finish,
+            max_log_bytes=s.max_log_bytes, default_time=s.default_time, kill_grace=s.kill_grace,
+            foreign_threshold_mib=s.foreign_threshold_mib,
+        )  # fmt: skip
 
     def _follow_handed_on(self, snap: scheduler.QueueState) -> None:
         """A job of ours that left running/: the jobs we had named for its slot that have left
@@ -378,8 +387,7 @@ class Worker:
             self.view.doubt()
             return CLAIM_HELD  # look again soon, at everything
         try:
-            settings = dict(self.settings.for_supervisors(), file=name)  # its supervisor need not list pending/
-            process = self.launcher.launch(claim, where.slot, where.gpus, settings)
+            process = self.launcher.launch(claim, self._order(job["id"], name, where))
         except OSError as exc:
             claim.release()
             self.say(f"job #{job['id']}: could not start its supervisor: {exc}")

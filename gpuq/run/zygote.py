@@ -4,8 +4,8 @@ interpreter.
 A supervisor started as a fresh `python -S` spends some 70-150 ms of CPU importing what it needs,
 most of what a short job costs on two CPUs. The zygote imports all of that once and then, each time
 the worker asks (a socket end sent over its socket with SCM_RIGHTS), forks a child that becomes a
-spare supervisor waiting on that end (run/supervisor.py, `serve_spare`), exactly as a spare the
-worker started itself would.
+spare supervisor waiting on that end (run/supervisor/main.py, `serve_spare`), exactly as a spare
+the worker started as a new interpreter would.
 
 Why not fork from the worker: the worker runs threads (the file watcher), and a fork of a threaded
 process may copy a lock some other thread held. The zygote never starts a thread.
@@ -34,7 +34,8 @@ from typing import Optional
 # uses (Spool imports each on first use: in every child, otherwise).
 import psutil  # noqa: F401
 
-from gpuq.run import supervisor
+from gpuq.run.launcher import FORK_REQUEST
+from gpuq.run.supervisor.main import name_process, serve_spare
 from gpuq.spool import (  # noqa: F401
     control,
     journal,  # noqa: F401  (a supervisor appends its job's row there at the end)
@@ -44,7 +45,6 @@ from gpuq.spool import (  # noqa: F401
 from gpuq.system import fsutil
 
 IDLE_SECONDS = 5.0  # no request for this long: exit (an idle queue keeps no extra process)
-FORK_REQUEST = b"spare"
 
 
 def serve(listener: socket.socket, home: str, idle_seconds: float = IDLE_SECONDS) -> int:
@@ -75,7 +75,7 @@ def _fork_spare(listener: socket.socket, spare_fd: int, home: str) -> None:
         listener.close()  # the child must not keep the worker's connection to the zygote open
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
-        code = supervisor.serve_spare(home, spare_fd)
+        code = serve_spare(home, spare_fd)
     except BaseException:  # noqa: BLE001 - a child never returns into the zygote's loop
         import traceback
 
@@ -99,7 +99,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if len(args) != 4 or args[0] != "--home" or args[2] != "--zygote-fd" or not args[3].isdigit():
         raise SystemExit(f"gpuq-zygote: internal use only; expected --home H --zygote-fd F, got {args}")
     os.umask(0o077)
-    supervisor.name_process("gpuq-zygote")
+    name_process("gpuq-zygote")
     return serve(socket.socket(fileno=int(args[3])), args[1])
 
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 CREATE_TIME_TOLERANCE = 0.05  # seconds; psutil derives it from clock ticks, so it is stable
 END_POLL_SECONDS = 0.1  # how often end_group looks whether a job's leftovers have gone
 KILL_WAIT = 5.0  # seconds for SIGKILLed processes to go before they count as surviving it
+KILL_GRACE_SECONDS = 10.0  # SIGTERM, then SIGKILL after this (`gpuq kill`, a job's end; `gpuq run --kill-grace`)
 _boot_id: Optional[str] = None
 
 

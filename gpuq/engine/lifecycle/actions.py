@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 import signal
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from gpuq.core import schema, states, transitions
 from gpuq.core.errors import GpuqError, Refused
@@ -29,46 +28,18 @@ from gpuq.core.states import (
     PREEMPTED,
     RUNNING,
     SLURM,
-    STATES,
 )
 from gpuq.core.transitions import Continuation
 from gpuq.engine.lifecycle import repairs, slurm_handover
+from gpuq.engine.lifecycle.ending import claimed, get
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.schedule.queue_read import PendingCache, read_queue
 from gpuq.engine.tracking import continuation
 from gpuq.spool import JobRef, Spool, SpoolFull
 from gpuq.system import procs
+from gpuq.system.procs import KILL_GRACE_SECONDS
 
-KILL_GRACE_SECONDS = 10.0
 PID_WAIT_SECONDS = 5.0  # a job just handed to its supervisor gets its pid within milliseconds
-
-
-def get(spool: Spool, job_id: int, states: tuple[str, ...] = STATES) -> tuple[JobRef, dict[str, Any]]:
-    ref = spool.jobs.find(job_id, states)
-    if ref is None:
-        anywhere = spool.jobs.find(job_id)
-        if anywhere is None:
-            raise Refused(f"no such job #{job_id}")
-        raise Refused(f"job #{job_id} is {anywhere.state}, not {' or '.join(states)}")
-    try:
-        return ref, spool.jobs.load(ref)
-    except FileNotFoundError:
-        raise Refused(f"job #{job_id} changed state while reading it; try again") from None
-    except schema.InvalidJob as exc:
-        raise Refused(f"job #{job_id}: file is damaged: {exc}") from None
-
-
-@contextmanager
-def claimed(spool: Spool, job_id: int, states: tuple[str, ...]) -> Iterator[tuple[JobRef, dict[str, Any]]]:
-    """The job (in one of `states`) with its claim held for the block."""
-    claim = spool.claims.take_over(job_id)
-    if claim is None:
-        state = (spool.jobs.find(job_id) or JobRef(job_id, "unknown", "")).state
-        raise Refused(f"job #{job_id} is busy ({state}: being started or changed); try again")
-    try:
-        yield get(spool, job_id, states)
-    finally:
-        claim.release()
 
 
 def running_with_pid(spool: Spool, job_id: int) -> tuple[JobRef, dict[str, Any]]:

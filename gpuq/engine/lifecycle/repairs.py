@@ -10,7 +10,7 @@ spool_layout.md (section 10) lists each crash point and which repair here resolv
 from __future__ import annotations
 
 from gpuq.core import schema
-from gpuq.core.states import PENDING, PREEMPT, PREEMPT_ACTIONS, PREEMPT_RESUME, PREEMPTED, RUNNING, STATES
+from gpuq.core.states import PREEMPT, PREEMPT_ACTIONS, PREEMPT_RESUME, RUNNING, STATES
 from gpuq.spool import JobRef, Spool
 from gpuq.system import procs
 
@@ -115,37 +115,22 @@ def end_unseen(spool: Spool, ref: JobRef, job: dict, noted: Optional[dict] = Non
     left in the claim's lock file when the disk was too full to record the end itself."""
     # imported here: `gpuq status` runs reconcile() every time and settles a job almost never
     from gpuq.core import transitions
-    from gpuq.engine.tracking import continuation
+    from gpuq.engine.lifecycle import ending
 
     request = spool.control.take(job["id"])
     if noted and isinstance(noted.get("exit_code"), int) and noted.get("state") in STATES:
         state, code = noted["state"], noted["exit_code"]
         note = f"exit {code}, noted by its supervisor while the disk was full (it died before it could record it)"
-        how = continuation.plan(spool, job) if state == PENDING else None
-        changes = transitions.end_attempt(job, state, exit_code=code, signal=None, note=note, continuation=how)
-        if state == PREEMPTED:  # its supervisor had taken the request: the note says whose it was
-            by = noted.get("by") if isinstance(noted.get("by"), str) else None
-            action = PREEMPT_RESUME if noted.get("auto_resume") is True else PREEMPT
-            _add_preemption(spool, job, changes, code, action, by)
-        spool.jobs.move(ref, job, state, changes)
-        return state
-    state, note = transitions.ended_unseen(job, request)
-    changes = transitions.end_attempt(job, state, exit_code=None, signal=None, note=note)
-    if request in PREEMPT_ACTIONS:
-        _add_preemption(spool, job, changes, None, request, None)
-    spool.jobs.move(ref, job, state, changes)
+        # its supervisor had taken the request of a preemption: the note says whose it was
+        action = PREEMPT_RESUME if noted.get("auto_resume") is True else PREEMPT
+        by = noted.get("by") if isinstance(noted.get("by"), str) else None
+        end = ending.End(state, code, note=note, preempt_action=action, preempted_by=by)
+    else:
+        state, note = transitions.ended_unseen(job, request)
+        action = request if request in PREEMPT_ACTIONS else PREEMPT
+        end = ending.End(state, None, note=note, preempt_action=action)
+    ending.record_end(spool, ref, job, state, ending.attempt_end(spool, job, end))
     return state
-
-
-def _add_preemption(
-    spool: Spool, job: dict, changes: dict, exit_code: Optional[int], action: str, by: Optional[str]
-) -> None:
-    """The preemption's record (checkpoint, lost steps, `auto_resume` for an urgent job), as its
-    supervisor would have written it, added to the end's `changes`."""
-    from gpuq.engine.tracking import continuation
-
-    record = continuation.record_preemption(spool, job, exit_code, action, by=by)
-    changes.update(record, note=f"{record['note']}; {changes['note']}")
 
 
 def clear_stale_claims(spool: Spool, report: Report) -> None:

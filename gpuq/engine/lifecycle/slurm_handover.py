@@ -24,15 +24,15 @@ from __future__ import annotations
 import hashlib
 import shutil
 import signal
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-from gpuq.core import schema, states, transitions
+from gpuq.core import states, transitions
 from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.states import CANCELLED, DONE, FAILED, FINISHED, PENDING, SLURM
 from gpuq.core.times import iso_of, parse_iso
-from gpuq.spool import JobRef, Spool
+from gpuq.engine.lifecycle.ending import claimed, get, record_end
+from gpuq.spool import Spool
 from gpuq.system import slurm as client
 from gpuq.system.slurm import SlurmError, SlurmNoAnswer, SlurmUnreachable
 
@@ -130,33 +130,10 @@ def _targets(spool: Spool, ids: Optional[Sequence[int]], left: dict[int, str]) -
     jobs = []
     for job_id in dict.fromkeys(ids):
         try:
-            jobs.append(_load(spool, job_id, PENDING)[1])
+            jobs.append(get(spool, job_id, (PENDING,))[1])
         except Refused as exc:
             left[job_id] = str(exc)
     return jobs
-
-
-def _load(spool: Spool, job_id: int, state: str) -> tuple[JobRef, dict[str, Any]]:
-    ref = spool.jobs.find(job_id, (state,))
-    if ref is None:
-        where = spool.jobs.find(job_id)
-        raise Refused(f"job #{job_id} is {where.state}, not {state}" if where else f"no such job #{job_id}")
-    try:
-        return ref, spool.jobs.load(ref)
-    except (FileNotFoundError, schema.InvalidJob):
-        raise Refused(f"job #{job_id} changed while reading it (or is damaged); try again") from None
-
-
-@contextmanager
-def claimed(spool: Spool, job_id: int, state: str) -> Iterator[tuple[JobRef, dict[str, Any]]]:
-    """The job, in `state`, with its claim held (as engine.actions.claimed, which imports this module)."""
-    claim = spool.claims.take_over(job_id)
-    if claim is None:
-        raise Refused(f"job #{job_id} is busy (being changed); try again")
-    try:
-        yield _load(spool, job_id, state)
-    finally:
-        claim.release()
 
 
 def _deps(job: dict[str, Any]) -> list[int]:
@@ -217,7 +194,7 @@ def _check_dependencies(job: dict[str, Any], states: dict[int, str], slurm_ids: 
 
 
 def _hand_over_one(spool: Spool, job_id: int, extra: list[str], slurm_ids: dict, build: Build, env: Env) -> Handed:
-    with claimed(spool, job_id, PENDING) as (ref, job):
+    with claimed(spool, job_id, (PENDING,)) as (ref, job):
         mark = job.get("slurm")
         if states.handing_over(job):  # a hand-over cut short: Slurm may have the job already
             found = _find(spool, job, env)
@@ -264,7 +241,7 @@ def sync(spool: Spool, env: Env = None) -> SyncReport:
 
 def _record(spool: Spool, job_id: int, seen: Optional[client.SlurmJob], report: SyncReport) -> None:
     try:
-        with claimed(spool, job_id, SLURM) as (ref, job):
+        with claimed(spool, job_id, (SLURM,)) as (ref, job):
             if seen is None:
                 state, reason = "UNKNOWN", "Slurm knows this job no more (`gpuq cancel` drops it)"
             elif seen.finished:
@@ -277,7 +254,7 @@ def _record(spool: Spool, job_id: int, seen: Optional[client.SlurmJob], report: 
                     finished_at=iso_of(seen.end) if seen.end else None,
                 )
                 new_state = transitions.slurm_destination(seen.state, seen.exit_code)
-                report.ended.append((spool.jobs.move(ref, job, new_state, changes)[1], new_state))
+                report.ended.append((record_end(spool, ref, job, new_state, changes)[1], new_state))
                 return
             else:
                 state, reason = seen.state, seen.reason
@@ -298,7 +275,7 @@ def _repair_marked(spool: Spool, env: Env) -> list[Handed]:
         if not states.handing_over(job):
             continue
         try:
-            with claimed(spool, job["id"], PENDING) as (ref, current):
+            with claimed(spool, job["id"], (PENDING,)) as (ref, current):
                 if not states.handing_over(current):
                     continue
                 found = _find(spool, current, env)
@@ -314,7 +291,7 @@ def _repair_marked(spool: Spool, env: Env) -> list[Handed]:
 def cancel(spool: Spool, job_id: int, env: Env = None) -> dict[str, Any]:
     """scancel the job's Slurm job, then move it to cancelled/ (also when Slurm no longer knows it).
     One Slurm ended meanwhile is recorded as it ended instead."""
-    with claimed(spool, job_id, SLURM) as (ref, job):
+    with claimed(spool, job_id, (SLURM,)) as (ref, job):
         slurm_id = job["slurm"]["job_id"]
         if not client.cancel(slurm_id, env=env):
             seen = client.query([slurm_id], env=env).get(slurm_id)

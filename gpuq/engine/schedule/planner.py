@@ -61,6 +61,7 @@ class Planner:
         self.labels = labels  # `gpuq run --gpus` (None: every GPU found)
         self.threshold = foreign_threshold_mib
         self.look = look
+        self._trees: dict[int, set[int]] = {}  # a running job's pid -> its process tree, this step
 
     def plan(
         self,
@@ -71,6 +72,7 @@ class Planner:
         """What to start now. `busy`: jobs this worker is starting or still preempting, which
         hold their place though they are not (or no longer) in running/; `preempting` holds the
         ids of jobs whose preemption is under way (never chosen again)."""
+        self._trees = {}
         found = _ready(snap)
         first = next(found, None)
         if first is None:
@@ -95,11 +97,14 @@ class Planner:
         to end now and each of them in turn: what that job's supervisor may start itself
         (spool_layout.md, section 6, "Handing the slot on"). The list stops after a job that a
         queued job waits for (its end decides whether that one may go first), and is empty
-        whenever what comes next cannot be known ahead: with GPUs (whose memory is read when a job
-        starts), when a queued job waits for `ending`, while preemptions are under way, or while
-        another slot is free too (the worker fills that one first). `look`: the GPUs as this
-        step's plan saw them (None: it found no ready job, so there is nothing to name either)."""
-        if look is None or placement.mode_of(look) != placement.CPU_ONLY:
+        whenever what comes next cannot be known ahead: when a queued job waits for `ending`, while
+        preemptions are under way, or while another slot is free too (the worker fills that one
+        first). With GPUs, only the next job, and only if it would get `ending`'s GPUs, once
+        `ending`'s processes are gone (its supervisor looks at the GPUs again before it starts it).
+        `look`: the GPUs as this step's plan saw them (None: it found no ready job, so there is
+        nothing to name either)."""
+        mode = placement.mode_of(look) if look is not None else None
+        if mode not in (placement.CPU_ONLY, placement.GPUS) or (mode == placement.GPUS and not ending.get("gpus")):
             return []
         waited = {dep for job in snap.pending for dep in (*(job.get("after") or ()), *(job.get("after_any") or ()))}
         if ending["id"] in waited:
@@ -112,10 +117,18 @@ class Planner:
             snap.now,
         )
         rest.ordered = snap.ordered
-        ready = list(islice(_ready(rest), limit))
+        ready = list(islice(_ready(rest), limit if mode == placement.CPU_ONLY else 1))
         if not ready:
             return []
-        plan = self._plan_slots(rest, busy, iter(ready), preempting, look)
+        if mode == placement.GPUS:  # one at a time: the next job may ask for other GPUs than this one
+            now = scheduler.QueueState(snap.states, rest.pending, snap.running, snap.now)
+            if self._plan_gpus(now, busy, ready, preempting, look, mode).starts:
+                return []  # it can start now on other GPUs: the worker starts it there
+            gone = self._tree(ending["pid"]) if ending.get("pid") else set()
+            ended = look._replace(gpus=tuple(_without(gpu, gone) for gpu in look.gpus))
+            plan = self._plan_gpus(rest, busy, ready, preempting, ended, mode)
+        else:
+            plan = self._plan_slots(rest, busy, iter(ready), preempting, look)
         if plan.victims or [where for _job, where in plan.starts] != [Assignment.of_job(ending)]:
             return []  # preempting, or another slot free too
         picks = []
@@ -184,6 +197,12 @@ class Planner:
             plan.victims = self._victims(snap, ready, plan, holdings, own_pids, preempting, look, allowed)
         return plan
 
+    def _tree(self, pid: int) -> set[int]:
+        """The process tree of a running job's pid, read once per step (`successors` plans again)."""
+        if pid not in self._trees:
+            self._trees[pid] = gpu_info.tree_pids([pid])
+        return self._trees[pid]
+
     def _allowed(self) -> Optional[set[int]]:
         if self.labels is None:
             return None
@@ -200,7 +219,7 @@ class Planner:
         holdings, pids, cpu_lane = [], set(), None
         running_ids = {j["id"] for j in running}
         for job in running:
-            tree = gpu_info.tree_pids([job["pid"]]) if job.get("pid") else set()
+            tree = self._tree(job["pid"]) if job.get("pid") else set()
             pids |= tree
             held = job.get("gpus")
             if held:

@@ -1,0 +1,117 @@
+"""A job's end, recorded: the one way a job that ran leaves running/ (or slurm/) (spool_layout.md,
+section 6, step 4; section 10; section 16).
+
+Three callers record ends, each holding the job's claim: the job's supervisor, which knows the exit
+code (run/supervisor/end.py); recovery, for a job whose supervisor and process are gone
+(engine/lifecycle/repairs.py: `end_unseen`); and the Slurm sync, for a job that ended on Slurm
+(engine/lifecycle/slurm_handover.py). They differ in what they know of the end; what the end writes is made
+here (`attempt_end`) and written here (`record_end`). `claimed` is how a command (and the Slurm
+sync) holds a job's claim while it changes it, `get` how it reads the job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from gpuq.core import schema, transitions
+from gpuq.core.errors import Refused
+from gpuq.core.states import PENDING, PREEMPT, PREEMPTED, STATES
+from gpuq.engine.tracking import continuation
+from gpuq.spool import JobRef, Spool, SpoolFull
+from gpuq.spool.files import Reservation
+
+FULL_RETRY_MAX_SECONDS = 30.0  # a full disk: the end is tried again, waiting longer each time up to this
+
+
+@dataclass(frozen=True)
+class End:
+    """How an attempt ended, as its recorder knows it."""
+
+    state: str  # where the job goes (core/transitions.destination, ended_unseen)
+    exit_code: Optional[int]  # None: unknown (its supervisor was gone)
+    signal: Optional[str] = None  # the signal's name, when one ended it
+    note: Optional[str] = None  # why; for a preemption, said after the preemption's own record
+    reason: Optional[str] = None  # why it failed, from its log (core/failure.py)
+    finished_at: Optional[str] = None  # None: now
+    preempt_action: str = PREEMPT  # for state PREEMPTED: the request (preempt, or preempt-resume)
+    preempted_by: Optional[str] = None  # for state PREEMPTED: who, when not the user or an urgent job
+
+
+def attempt_end(spool: Spool, job: dict[str, Any], end: End) -> dict[str, Any]:
+    """The changes an attempt's end writes: its history entry; for a job that goes back to the
+    queue, how it continues (from its newest checkpoint, said in the note); for a preempted one,
+    the preemption's record (its checkpoint, the steps lost)."""
+    how = continuation.plan(spool, job) if end.state == PENDING else None
+    note = end.note
+    if how is not None:
+        note = f"{note}; {how.text()}" if note else how.text()
+    changes = transitions.end_attempt(
+        job, end.state, exit_code=end.exit_code, signal=end.signal, note=note, continuation=how,
+        reason=end.reason, finished_at=end.finished_at,
+    )  # fmt: skip
+    if end.state == PREEMPTED:
+        record = continuation.record_preemption(spool, job, end.exit_code, end.preempt_action, by=end.preempted_by)
+        changes.update(record, note=f"{record['note']}; {note}" if note else record["note"])
+    return changes
+
+
+def record_end(
+    spool: Spool,
+    ref: JobRef,
+    job: dict[str, Any],
+    state: str,
+    changes: dict[str, Any],
+    *,
+    room: Optional[Reservation] = None,
+    while_full: Optional[Callable[[], None]] = None,
+) -> tuple[JobRef, dict[str, Any]]:
+    """Move the ended job to `state` with `changes` (the caller holds its claim). `room`: blocks
+    set aside at its start, so that a disk the job filled cannot lose its end. SpoolFull is
+    raised, unless `while_full` is given: it is called (the supervisor notes the end in the
+    claim's lock file, for recovery should it die) and the move is tried again, with the spool's
+    own room, after a wait that doubles up to FULL_RETRY_MAX_SECONDS."""
+    delay = 1.0
+    while True:
+        try:
+            return spool.jobs.move(ref, job, state, changes, room)
+        except SpoolFull:
+            if while_full is None:
+                raise
+            room = None  # used up, or too small: from now on the spool's own room
+            while_full()
+            time.sleep(delay)
+            delay = min(FULL_RETRY_MAX_SECONDS, delay * 2)
+
+
+def get(spool: Spool, job_id: int, states: tuple[str, ...] = STATES) -> tuple[JobRef, dict[str, Any]]:
+    """The job, in one of `states`; Refused (saying where it is) if it is not there or unreadable."""
+    ref = spool.jobs.find(job_id, states)
+    if ref is None:
+        anywhere = spool.jobs.find(job_id)
+        if anywhere is None:
+            raise Refused(f"no such job #{job_id}")
+        raise Refused(f"job #{job_id} is {anywhere.state}, not {' or '.join(states)}")
+    try:
+        return ref, spool.jobs.load(ref)
+    except FileNotFoundError:
+        raise Refused(f"job #{job_id} changed state while reading it; try again") from None
+    except schema.InvalidJob as exc:
+        raise Refused(f"job #{job_id}: file is damaged: {exc}") from None
+
+
+@contextmanager
+def claimed(spool: Spool, job_id: int, states: tuple[str, ...]) -> Iterator[tuple[JobRef, dict[str, Any]]]:
+    """The job (in one of `states`) with its claim held for the block; Refused if someone else
+    holds it (a worker starting it, another command) or the job is elsewhere."""
+    claim = spool.claims.take_over(job_id)
+    if claim is None:
+        state = (spool.jobs.find(job_id) or JobRef(job_id, "unknown", "")).state
+        raise Refused(f"job #{job_id} is busy ({state}: being started or changed); try again")
+    try:
+        yield get(spool, job_id, states)
+    finally:
+        claim.release()

@@ -1,0 +1,90 @@
+"""The end phase: how the attempt ended, recorded through engine/lifecycle/ending.py (the record recovery and
+the Slurm sync make too), the claim given up (spool_layout.md, section 6, steps 4 and 5; section 14
+for a full disk).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any, Optional
+
+from gpuq.core import failure, transitions
+from gpuq.core.states import FAILED, KILL, PENDING, PREEMPT, PREEMPTED
+from gpuq.core.times import parse_iso
+from gpuq.engine.lifecycle import ending
+from gpuq.run.room import released
+from gpuq.run.supervisor.start import Run, log_line
+from gpuq.run.supervisor.wait import time_limit
+from gpuq.spool.files import free_bytes
+
+DISK_FULL_BYTES = 64 * 1024  # a filesystem with less free than this counts as full
+DISK_FULL_NOTE = "the disk was full when it ended (its output may have failed for lack of space)"
+WOULD_NOT_DIE = "processes of its group outlived SIGKILL (uninterruptible?): "
+
+
+def finish(
+    run: Run,
+    *,
+    exit_code: int,
+    sig: Optional[int],
+    note: Optional[str],
+    retry: bool,
+    ended_at: Optional[str] = None,
+    recorded: Optional[dict[str, Any]] = None,
+) -> int:
+    """Record how the attempt ended, move the job on and give up the claim. The end goes into the
+    blocks set aside at the start, so a disk the job filled cannot lose it; should even that fail,
+    it is noted in the claim's lock file and written as soon as there is room. `recorded`: the
+    job's process and this supervisor, for a job that ended before they were recorded."""
+    spool, job = run.spool, run.job
+    request = spool.control.take(job["id"])
+    state, why = transitions.destination(job, exit_code, request, retry, run.timed_out)
+    sig_name = signal.Signals(sig).name if sig else None
+    if state == PREEMPTED:
+        why = None  # the preemption's record says it (engine/ending.attempt_end)
+    else:
+        if exit_code != 0 and free_bytes(spool.home) < DISK_FULL_BYTES:
+            why = f"{why or f'exit {exit_code}'}; {DISK_FULL_NOTE}"
+        if run.would_not_die:
+            why = f"{why or f'exit {exit_code}'}; {WOULD_NOT_DIE}{', '.join(run.would_not_die)}"
+    reason = _failure_reason(run, state, exit_code, sig_name, request)
+    end = ending.End(
+        state, exit_code, signal=sig_name, note=note or why, reason=reason, finished_at=ended_at,
+        preempt_action=request or PREEMPT,
+        preempted_by=f"its time limit of {run.timed_out}" if run.timed_out else None,
+    )  # fmt: skip
+    changes = ending.attempt_end(spool, job, end)
+    changes.update(recorded or {})
+    elapsed = time.time() - (parse_iso(job.get("started_at")) or time.time())
+    ended = changes["history"][-1]["finished_at"]
+    log_line(
+        run.log_fd, f"exit {exit_code}{f' ({sig_name})' if sig_name else ''} at {ended} after {elapsed:.1f}s -> {state}"
+    )
+    os.close(run.log_fd)
+    room = run.room[-1] if run.room else None
+    ending.record_end(spool, run.ref, job, state, changes, room=room, while_full=lambda: _note_end(run, state, changes))
+    released(run.room)
+    run.claim.release()
+    return exit_code
+
+
+def _note_end(run: Run, state: str, changes: dict[str, Any]) -> None:
+    """The end, noted in the claim's lock file while the disk is too full to record it: what
+    recovery records should this supervisor die meanwhile (engine/lifecycle/repairs.py, `end_unseen`)."""
+    waiting = {"pid": os.getpid(), "exit_code": changes["exit_code"], "state": state, "waiting": "disk full"}
+    if state == PREEMPTED:  # its request is taken: what recovery needs to record the preemption
+        waiting.update(by=changes["preemptions"][-1]["by"], auto_resume=changes["auto_resume"])
+    run.claim.note(waiting)
+
+
+def _failure_reason(
+    run: Run, state: str, exit_code: int, sig_name: Optional[str], request: Optional[str]
+) -> Optional[str]:
+    """Why a failed attempt failed, read from the tail of its log (never the whole log)."""
+    if state not in (FAILED, PENDING) or exit_code == 0:
+        return None
+    tail, _mtime = run.spool.logs.tail(run.job, failure.TAIL_BYTES)
+    limit = time_limit(run) if run.timed_out else None
+    return failure.reason(tail, exit_code, sig_name, killed_by_user=request == KILL, time_limit=limit)

@@ -1,0 +1,166 @@
+"""The start phase: a claimed job moved to running/ and started in a session of its own
+(spool_layout.md, section 6, steps 2 and 3), for a job the worker handed over or for the next job
+of the slot the worker named (run/successor.py, "Handing the slot on").
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from gpuq.core import schema, transitions
+from gpuq.core.jobenv import add_job_variables
+from gpuq.core.states import RUNNING
+from gpuq.run import logcap
+from gpuq.run.room import RESERVE_MIN, released, room_for
+from gpuq.run.supervisor.order import StartOrder
+from gpuq.spool import Claim, JobRef, Spool, SpoolFull
+from gpuq.spool.files import Reservation
+from gpuq.spool.store import encode
+from gpuq.system import gitinfo, procs
+
+
+@dataclass(eq=False)
+class Run:
+    """One run of a job under this supervisor."""
+
+    spool: Spool
+    claim: Claim
+    ref: JobRef
+    job: dict[str, Any]
+    order: StartOrder  # what the worker said: where it runs, the worker's settings
+    room: list[Reservation]  # blocks set aside: for recording the pid, then the end
+    log_fd: int = -1
+    timed_out: Optional[str] = None  # the time limit (as text) that stopped the run
+    termed_at: Optional[float] = None  # when we sent the job's group SIGTERM (time.monotonic())
+    would_not_die: list[str] = field(default_factory=list)  # "PID NAME" of leftovers that outlived SIGKILL
+    queued: Optional[JobRef] = None  # its pending/ copy, until the job has been started
+
+
+Started = tuple[Run, subprocess.Popen, Optional[Any]]  # a job under way: its run, process and log pump
+
+
+def log_line(log_fd: int, text: str) -> None:
+    try:
+        os.write(log_fd, f"=== gpuq: {text}\n".encode("utf-8", "surrogateescape"))  # argv bytes as given
+    except OSError:
+        pass  # a full disk: the log loses a line, the job file still records everything
+
+
+def begin(spool: Spool, claim: Claim, order: StartOrder, ready: list[Reservation]) -> Optional[Run]:
+    """pending -> running, with room set aside to record the job's pid and its end even if its
+    output fills the disk (`ready`, if big and fresh enough). None (the claim given up, the job left
+    as it is) when the job is gone, changed since it was named, or there is no room to start it."""
+    room: list[Reservation] = list(ready)
+    ref = spool.jobs.pending_ref(claim.job_id, order.file)
+    if ref is None:  # cancelled or already run by someone else since the worker looked
+        released(room)
+        claim.release()
+        return None
+    try:
+        job = spool.jobs.load(ref)
+        if order.rev is not None and job["rev"] != order.rev:
+            raise FileNotFoundError(ref.name)  # changed since it was named: the worker looks again
+        if spool.jobs.newer_copy_elsewhere(ref, job):  # a crash mid-move left this stale copy behind
+            spool.jobs.remove(ref)
+            raise FileNotFoundError(ref.name)
+        room = room_for(spool, room, max(RESERVE_MIN, 2 * len(encode(job)) + 16384))
+        # The supervisor's own identity needs psutil (an import of several ms): it is recorded with
+        # the job's pid after the job has started, so the job does not wait for it.
+        changes = transitions.start(
+            job,
+            slot=order.slot,
+            gpus=list(order.gpus) if order.gpus is not None else None,
+            boot_id=procs.boot_id(),
+            host=os.uname().nodename,
+            log=str(spool.layout.log_path(job["id"])),
+        )
+        queued = ref
+        ref, job = spool.jobs.move(ref, job, RUNNING, changes, keep_old=True)  # pending/'s copy goes once it runs
+    except (FileNotFoundError, schema.InvalidJob, SpoolFull):
+        released(room)
+        claim.release()
+        return None
+    run = Run(spool, claim, ref, job, order, room, queued=queued)
+    run.log_fd = spool.logs.open_job_log(job["id"])
+    slot = order.slot
+    log_line(run.log_fd, f"job #{job['id']} {job['name']} (attempt {job['attempts']})")
+    log_line(run.log_fd, f"cmd: {shlex.join(job['cmd'])}")
+    log_line(run.log_fd, f"cwd: {job['cwd']}" + (f"  CUDA_VISIBLE_DEVICES={slot}" if slot is not None else ""))
+    log_line(run.log_fd, f"started: {job['started_at']}")
+    return run
+
+
+def spawn(run: Run) -> tuple[subprocess.Popen, Optional[Any]]:
+    """Start the job in its own session, its output into its log (through a pipe and the cap's
+    pump when the log is capped). OSError if it cannot start. Its pending/ copy goes once it runs."""
+    job = run.job
+    cap = logcap.cap_of(job.get("max_log_bytes"), run.order.max_log_bytes)
+    out_fd, read_fd = run.log_fd, -1
+    if cap:
+        read_fd, out_fd = os.pipe()
+    try:
+        child = subprocess.Popen(
+            job["cmd"],
+            cwd=job["cwd"],
+            env=job_environment(run.spool, job, run.order.slot),
+            stdin=subprocess.DEVNULL,
+            # gpuq itself runs with umask 077; the job's files get the mask of the shell that queued it
+            umask=job["umask"] if job.get("umask") is not None else schema.DEFAULT_JOB_UMASK,
+            stdout=out_fd,
+            stderr=out_fd,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError:
+        if cap:
+            os.close(read_fd)
+            os.close(out_fd)
+        drop_queued_copy(run)
+        raise
+    drop_queued_copy(run)
+    if not cap:
+        return child, None
+    os.close(out_fd)
+    log = logcap.CappedLog(run.log_fd, str(run.spool.logs.path_of(job)), cap)
+    return child, logcap.pump(read_fd, log)
+
+
+def job_environment(spool: Spool, job: dict[str, Any], slot: Optional[str]) -> dict[str, str]:
+    """The environment of `gpuq add`'s shell (or the worker's, for hand-dropped jobs), the
+    job's venv first on PATH, the job's own --env, and gpuq's variables."""
+    env = dict(job["shell_env"] if job.get("shell_env") is not None else os.environ)
+    add_job_variables(env, job)
+    env["GPUQ_HOME"] = str(spool.home)
+    env["GPUQ_PROGRESS_FILE"] = str(spool.reports.progress_path(job["id"]))
+    if slot is not None:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = slot
+    return env
+
+
+def drop_queued_copy(run: Run) -> None:
+    """Unlink the job's pending/ copy, left by the move to running/ until the job was started (the
+    running copy has the higher rev meanwhile: spool_layout.md, section 6)."""
+    if run.queued is not None:
+        run.spool.jobs.remove(run.queued)
+        run.queued = None
+
+
+def note_code_change(run: Run) -> None:
+    """Whether the code of the job's repository changed since it was queued (not for a snapshot,
+    which runs the queued copy): said in its file, so `status` and `show` can say it."""
+    queued = run.job.get("code")
+    if not queued or run.job.get("snapshot"):
+        return
+    now = gitinfo.provenance(run.job["cwd"])
+    changed = gitinfo.changed(queued, now)
+    if changed:  # an unchanged start needs no write: `code` is what runs
+        log_line(run.log_fd, changed)
+        try:
+            run.job = run.spool.jobs.rewrite(run.ref, run.job, code_changed=changed, code_at_start=now)
+        except OSError as exc:  # a full disk: the log line has it; the job runs regardless
+            log_line(run.log_fd, f"could not record the code change in the job file: {exc}")

@@ -1,0 +1,125 @@
+"""The wait phase: a started job's pid recorded, then waited for within its time limit, and what is
+left of its process group ended before its end is recorded (spool_layout.md, section 6, steps 3
+and 4; section 15).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from typing import Any, Optional
+
+from gpuq.core.states import PREEMPT
+from gpuq.core.times import parse_iso
+from gpuq.core.timespec import format_duration
+from gpuq.run.supervisor.start import Run, log_line
+from gpuq.spool.files import Reservation
+from gpuq.system import procs
+
+PUMP_DRAIN_SECONDS = 2.0  # what is still in a capped log's pipe once the job has ended
+_stopped = False  # someone stopped this supervisor (its job was told to stop too)
+_me: Optional[dict[str, Any]] = None  # this supervisor's identity, once known
+
+
+def stopped() -> bool:
+    """Whether this supervisor was told to stop (then it starts nothing more)."""
+    return _stopped
+
+
+def record_process(run: Run, child: subprocess.Popen) -> tuple[dict[str, Any], list[Reservation]]:
+    """The job's pid and this supervisor, recorded now if the job still runs, so that a crash of
+    ours leaves it findable. A job that has ended already (a short one): its pid goes with its end
+    record (returned, to be recorded then), and its room to the next job of the slot (returned)."""
+    ident = procs.identity(child.pid)  # before poll(): an ended child is still there, unreaped
+    process = {"pid": child.pid, "pid_create_time": ident["create_time"], "supervisor": _identity()}
+    if child.poll() is None:
+        run.job = run.spool.jobs.rewrite(run.ref, run.job, run.room.pop(0), **process)
+        return {}, []
+    return process, [run.room.pop(0)]
+
+
+def wait_for_end(run: Run, child: subprocess.Popen, pump: Optional[Any]) -> tuple[int, Optional[int]]:
+    """Wait for the job, end what is left of its group, drain its log: its exit code and the
+    signal that ended it, if one did."""
+    returncode = _wait_within_limit(run, child)
+    _end_leftovers(run, child.pid)  # the job ends when the last process of its group does
+    if pump is not None:
+        pump.join(PUMP_DRAIN_SECONDS)  # what is still in the pipe; children holding it do not hold us up
+    sig = -returncode if returncode < 0 else None
+    return (128 + sig if sig else returncode), sig
+
+
+def forward_termination_to(pgid: int) -> None:
+    """If someone stops the supervisor itself, stop its job the same way instead of orphaning it."""
+
+    def forward(signum: int, _frame: Any) -> None:
+        global _stopped
+        _stopped = True  # and nothing more is started by this supervisor
+        procs.signal_group(pgid, signal.SIGTERM)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+
+
+def time_limit(run: Run) -> Optional[float]:
+    """The job's time limit in seconds (`--time`, else the worker's `--default-time`), if any."""
+    return run.job.get("time_limit") or run.order.default_time
+
+
+def _wait_within_limit(run: Run, child: subprocess.Popen) -> int:
+    """Wait for the job; past its time limit stop it as `gpuq kill` does (SIGTERM to its group,
+    SIGKILL after a grace), or, for a --preemptible job, preempt it so that it keeps its checkpoint."""
+    limit = time_limit(run)
+    if not limit:
+        return child.wait()
+    started = parse_iso(run.job.get("started_at")) or time.time()
+    try:
+        return child.wait(timeout=max(0.0, started + limit - time.time()))
+    except subprocess.TimeoutExpired:
+        pass
+    run.timed_out = format_duration(limit)
+    grace = kill_grace(run)
+    log_line(run.log_fd, f"time limit of {run.timed_out} reached: stopping the job (SIGKILL after {grace:g}s)")
+    if run.job.get("preemptible"):
+        run.spool.control.request(run.job["id"], PREEMPT)
+    run.termed_at = time.monotonic()
+    procs.signal_group(child.pid, signal.SIGTERM)
+    try:
+        return child.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        procs.signal_group(child.pid, signal.SIGKILL)
+        return child.wait()
+
+
+def kill_grace(run: Run) -> float:
+    """Seconds between SIGTERM and SIGKILL for this job's processes (`gpuq run --kill-grace`)."""
+    grace = run.order.kill_grace
+    return float(grace) if grace is not None else procs.KILL_GRACE_SECONDS
+
+
+def _end_leftovers(run: Run, pgid: int) -> None:
+    """Whatever is left of the job's process group once its main process has ended (DataLoader
+    workers, torchrun ranks, a pipeline's other end, a child that ignores SIGTERM) is ended, as
+    Slurm ends a job step, before the job's end is recorded: they may hold the GPU the next job
+    needs. Said in the job's log. A process that left the group (setsid, a daemon) is not touched."""
+    grace = kill_grace(run)
+    end = procs.end_group(pgid, grace, since=run.termed_at)
+    if end is None:
+        return
+    if end.by_term:
+        log_line(run.log_fd, f"ended what was left of the job's process group with SIGTERM: {', '.join(end.by_term)}")
+    if end.by_kill:
+        log_line(run.log_fd, f"ended with SIGKILL after {grace:g}s: {', '.join(end.by_kill)}")
+    if end.survivors:
+        run.would_not_die = end.survivors
+        log_line(run.log_fd, f"still alive after SIGKILL: {', '.join(end.survivors)}")
+
+
+def _identity() -> dict[str, Any]:
+    """This supervisor's identity (it does not change from one job of its slot to the next)."""
+    global _me
+    if _me is None or _me["pid"] != os.getpid():  # (a spare is a fork: never its zygote's)
+        _me = procs.identity(os.getpid())
+    return _me
