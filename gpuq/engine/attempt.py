@@ -19,12 +19,12 @@ MTIME_SLACK = 1.0  # seconds: file times are coarser than the ISO start time
 
 
 def started(job: dict[str, Any]) -> float:
-    return parse_iso(job.get("started_at")) or 0.0
+    return parse_iso(job.started_at) or 0.0
 
 
 def progress_report(spool: Spool, job: dict[str, Any]) -> Optional[tuple[dict[str, Any], float]]:
     """(contents, mtime) of the job's progress file if the current attempt wrote it."""
-    report = spool.reports.read_progress(job["id"])
+    report = spool.reports.read_progress(job.id)
     if report is None or report[1] < started(job) - MTIME_SLACK:
         return None
     return report

@@ -34,7 +34,7 @@ def editable(job: dict[str, Any]) -> dict[str, Any]:
 def read(spool: Spool, job_id: int) -> tuple[dict[str, Any], int]:
     """(what may be edited, the job's rev) of a waiting job."""
     _ref, job = actions.get(spool, job_id, WAITING)
-    return editable(job), job["rev"]
+    return editable(job), job.rev
 
 
 def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
@@ -70,7 +70,7 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> dict[s
     if clean.get("cwd") is not None and not Path(clean["cwd"]).is_dir():
         raise Refused(f"job #{job_id} not changed: cwd does not exist: {clean['cwd']}")
     with actions.claimed(spool, job_id, WAITING) as (ref, job):
-        if job["rev"] != rev:
+        if job.rev != rev:
             raise Refused(f"job #{job_id} changed while it was being edited; not changed: edit it again")
         changes = {FIELD_OF.get(key, key): value for key, value in clean.items()}
         changes.setdefault("gpu_mem_mib", None)

@@ -132,7 +132,7 @@ def _job(spool: Spool, queue: legacy.LegacyQueue, old: legacy.LegacyJob) -> tupl
     )
     job.update(
         attempts=old.attempts,
-        created_at=old.created_at or job["created_at"],
+        created_at=old.created_at or job.created_at,
         started_at=old.started_at,
         finished_at=old.finished_at,
         exit_code=old.exit_code,

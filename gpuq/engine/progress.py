@@ -292,10 +292,10 @@ def num_epochs(cmd: list[str]) -> Optional[float]:
 def checkpoint_points(job: dict[str, Any]) -> tuple[list[tuple[float, float, str]], Optional[float]]:
     """(mtime, step, label) of every complete checkpoint of the job with a step number, oldest
     first, and the total steps (--max_steps, else the newest trainer_state.json's max_steps)."""
-    cmd, cwd = job.get("cmd") or [], job.get("cwd") or "/"
+    cmd, cwd = job.cmd, job.cwd
     out = checkpoints.output_dir(cmd, cwd)
-    if job.get("ckpt_glob"):
-        found = checkpoints.glob_checkpoints(job["ckpt_glob"], cwd)
+    if job.ckpt_glob:
+        found = checkpoints.glob_checkpoints(job.ckpt_glob, cwd)
     else:
         found = checkpoints.hf_checkpoints(out) if out is not None else []
     points = []

@@ -228,4 +228,4 @@ def _dropped_name(name: str) -> bool:
 
 
 def _job_id(job: dict[str, Any]) -> int:
-    return job["id"]
+    return job.id

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from gpuq.core import schema
+from gpuq.core.job import Job
 from gpuq.core.states import DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED, RUNNING
 from gpuq.engine import actions, eta, gpuview, intake, placement, recovery, scheduler, victims
 from gpuq.engine.planner import Assignment, Plan, Planner
@@ -329,7 +330,7 @@ class Worker:
                 continue
             following = []
             if allowed and snap.states.get(job_id) in (PENDING, RUNNING):
-                ending = {"id": job_id, "slot": launch.where.slot, "gpus": launch.where.gpus}
+                ending = Job(id=job_id, slot=launch.where.slot, gpus=launch.where.gpus)
                 following = self.planner.successors(snap, ending, busy, preempting, look)
             named = [(job["id"], job["rev"], self.view.pending_name(job["id"])) for job in following]
             named = [job for job in named if job[2] is not None]
