@@ -162,7 +162,7 @@ def test_merge_keeps_the_series_first_sample_and_the_newest() -> None:
 
 # ---- the tail ------------------------------------------------------------------------------------
 def test_tail_of_a_finished_run() -> None:
-    job = {"started_at": iso_of(900.0), "finished_at": iso_of(1001.5)}
+    job = Job({"started_at": iso_of(900.0), "finished_at": iso_of(1001.5)})
     at_total = {"total": 100, "points": [[990.0, 90.0], [1000.0, 100.0]]}
     assert eta.tail_of(job, at_total) == pytest.approx(1.5)
     # the last look came late; a sample within 20% of the end says when the last step happened

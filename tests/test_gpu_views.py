@@ -105,7 +105,7 @@ def test_a_job_held_back_by_foreign_memory_starts_when_another_gpu_frees(gq: Env
 
 def test_queue_plan_with_foreign_memory() -> None:
     running = Job({"id": 1, "gpus": [1], "slot": "1"})
-    job = Job({"id": 2, "cmd": ["a"], "cwd": "/w", "gpu_request": 1})
+    job = Job({"id": 2, "cmd": ["a"], "cwd": "/w", "after": [], "gpu_request": 1})
     shared = Job(job, id=3, gpu_mem_mib=10240)
     slots = ["0", "1", queue_eta.CPU_LANE]
     outside = {"0": (61440, 81920)}  # GPU 0: 60 GiB of 80 held by others

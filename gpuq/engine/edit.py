@@ -26,8 +26,7 @@ EDITABLE = sorted(schema.DROPPED_FIELDS)
 
 def editable(job: dict[str, Any]) -> dict[str, Any]:
     """The job as a dropped file would say it: what a person may edit."""
-    out = {key: job.get(FIELD_OF.get(key, key)) for key in EDITABLE}
-    out["gpus"] = 1 if out["gpus"] is None else out["gpus"]
+    out = {key: job[FIELD_OF.get(key, key)] for key in EDITABLE}  # a field the file lacks: its default
     return {k: v for k, v in out.items() if not (k == "gpu_mem" and v is None)}
 
 

@@ -83,7 +83,7 @@ def _taken_ids(spool: Spool, queue: legacy.LegacyQueue, resuming: bool) -> str:
     for job in queue.jobs:
         for ref in present.get(job.id, []):
             try:
-                mine = spool.jobs.load(ref).get("source", "").startswith(SOURCE_PREFIX)
+                mine = spool.jobs.load(ref).source.startswith(SOURCE_PREFIX)
             except (FileNotFoundError, schema.InvalidJob):
                 mine = False
             if not (resuming and mine):

@@ -75,7 +75,7 @@ def resolve_duplicates(spool: Spool, report: Report) -> None:
         loaded = []
         for ref in copies:
             try:
-                loaded.append((spool.jobs.load(ref)["rev"], STATES.index(ref.state), ref))
+                loaded.append((spool.jobs.load(ref).rev, STATES.index(ref.state), ref))
             except (FileNotFoundError, schema.InvalidJob):
                 continue
         loaded.sort()

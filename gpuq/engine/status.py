@@ -93,7 +93,7 @@ def status(spool: Spool, show_all: bool = False, cells: Optional[RowCells] = Non
     rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
     views = spool.workers.gpu_views()
     reasons = scheduler.waiting_reasons(snap, {**space_waits(spool, snap), **gpu_waits(views)})
-    rows += [Row(j, PENDING, reasons[j["id"]]) for j in scheduler.queue_order(snap.pending)]
+    rows += [Row(j, PENDING, reasons[j.id]) for j in scheduler.queue_order(snap.pending)]
     for state in (HELD, PREEMPTED, INTERRUPTED, SLURM):
         rows += [Row(j, state) for _r, j in spool.jobs.load_many(state)]
     view = None
