@@ -4,7 +4,7 @@ A `Job` is the dict that is the job file (JSON in and out exactly as before, cop
 `dict(job)` or `Job(job, **changes)`), whose fields also read as attributes: `job.gpu_request` is
 the file's value, or the field's default when the file lacks it (one written before the field
 existed); `job["gpu_request"]` too, while `job.get(...)` stays the plain dict's. Each field below
-says its type (the annotation), its default (`REQUIRED`: every valid file has it) and its check,
+says its type (the annotation), its default (`NO_DEFAULT`: a required field, every valid file has it) and its check,
 with the words an error shows ("field 'x' must be ..."). core/schema.py derives its tables,
 `new_job` and `validate` from FIELDS; tests/test_spool_contract.py holds the field table of
 spool_layout.md to it.
@@ -132,12 +132,12 @@ def _positive(value: Any) -> bool:
 
 # ---- the record --------------------------------------------------------------------------------
 
-REQUIRED = object()  # the default of a field every valid job file holds
+NO_DEFAULT = object()  # the default of a field every valid job file holds
 _SHARED = (type(None), bool, int, float, str)  # defaults that need no copy per job
 
 
 class Field:
-    """One field of a job file: its default (REQUIRED: none), its check and the words for it.
+    """One field of a job file: its default (NO_DEFAULT: none), its check and the words for it.
     `option`: `gpuq add`'s options set it (new_job's `options`); `later`: a new job lacks it,
     a change of state writes it (new_job writes every other field, in the order declared)."""
 
@@ -151,7 +151,7 @@ class Field:
 
     @property
     def required(self) -> bool:
-        return self.default is REQUIRED
+        return self.default is NO_DEFAULT
 
     def fresh(self) -> Any:
         """The default as a new job holds it: a list or object of its own (None for a required
@@ -190,20 +190,20 @@ class Job(dict):
             raise KeyError(key)
         return field.fresh()
 
-    schema_version: int = Field(REQUIRED, lambda v: type(v) is int and v == SCHEMA_VERSION, str(SCHEMA_VERSION))
-    id: int = Field(REQUIRED, lambda v: is_int(v) and 0 < v <= MAX_ID, f"an integer from 1 to {MAX_ID}")
-    name: str = Field(REQUIRED, lambda v: no_nul(v) and bool(v), "a non-empty string")
+    schema_version: int = Field(NO_DEFAULT, lambda v: type(v) is int and v == SCHEMA_VERSION, str(SCHEMA_VERSION))
+    id: int = Field(NO_DEFAULT, lambda v: is_int(v) and 0 < v <= MAX_ID, f"an integer from 1 to {MAX_ID}")
+    name: str = Field(NO_DEFAULT, lambda v: no_nul(v) and bool(v), "a non-empty string")
     cmd: list[str] = Field(
-        REQUIRED, lambda v: isinstance(v, list) and bool(v) and all(map(os_str, v)) and bool(v[0]), _STR_LIST
+        NO_DEFAULT, lambda v: isinstance(v, list) and bool(v) and all(map(os_str, v)) and bool(v[0]), _STR_LIST
     )
-    cwd: str = Field(REQUIRED, lambda v: os_str(v) and v.startswith("/"), "an absolute path")
-    env: dict[str, str] = Field(REQUIRED, _dict, "an object of strings")
+    cwd: str = Field(NO_DEFAULT, lambda v: os_str(v) and v.startswith("/"), "an absolute path")
+    env: dict[str, str] = Field(NO_DEFAULT, _dict, "an object of strings")
     shell_env: Optional[dict[str, str]] = Field(None, _opt(_dict), "null or an object of strings")
     venv: Optional[str] = Field(None, _opt(os_str), "null or a path")
     umask: Optional[int] = Field(
         None, _opt(lambda v: is_int(v) and 0 <= v <= 0o777), "null or a file mode mask (0 to 511)"
     )
-    after: list[int] = Field(REQUIRED, _id_list, "a list of job ids")
+    after: list[int] = Field(NO_DEFAULT, _id_list, "a list of job ids")
     after_any: list[int] = Field([], _id_list, "a list of job ids")
     retries: int = Field(0, _count, "an integer of 0 or more")
     priority: int = Field(0, is_int, "an integer")
@@ -222,7 +222,7 @@ class Job(dict):
     slot: Optional[str] = Field(None, _opt(no_nul), _NULL_STR)
     exit_code: Optional[int] = Field(None, _opt(is_int), "null or an integer")
     signal: Optional[str] = Field(None, _opt(_str), _NULL_STR)
-    log: str = Field(REQUIRED, _str, "a string")
+    log: str = Field(NO_DEFAULT, _str, "a string")
     note: Optional[str] = Field(None, _opt(_str), _NULL_STR)
     history: list[dict[str, Any]] = Field([], _objects, "a list of objects")
     source: str = Field("", _str, "a string")  # cli, adopt, dropped:NAME, import:sqlite (core/states.py)
@@ -289,7 +289,7 @@ class Job(dict):
         None, _opt(_snapshot), 'null or {"path": an absolute path, ...}', option=True
     )
 
-    rev: int = Field(REQUIRED, lambda v: is_int(v) and v >= 0, "an integer of 0 or more")
+    rev: int = Field(NO_DEFAULT, lambda v: is_int(v) and v >= 0, "an integer of 0 or more")
 
     # Written by changes of state only (core/transitions.py, engine/adopt.py, run/supervisor.py)
     previous_exit_code: Optional[int] = Field(None, _opt(is_int), "null or an integer", later=True)
