@@ -13,6 +13,7 @@ import pytest
 from conftest import wait_for
 
 from gpuq.core import schema
+from gpuq.core.job import Job
 from gpuq.core.times import iso_of
 from gpuq.engine.tracking import eta, progress
 from gpuq.spool import Spool
@@ -102,7 +103,7 @@ def test_adopted_job_with_a_checkpoint_that_never_moves_gets_the_first_look(tmp_
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.json").write_text(json.dumps({"max_steps": 100}))
     written = (ckpt / "trainer_state.json").stat().st_mtime
-    job = {"cmd": ["python", "train.py", "--output_dir", "out"], "cwd": str(tmp_path), "adopted": True}
+    job = Job({"cmd": ["python", "train.py", "--output_dir", "out"], "cwd": str(tmp_path), "adopted": True})
     run = eta.Attempt(written - 40.0, eta.start_step(job))
     for look in range(3):  # every look finds the same single checkpoint: still one sample
         got, points = progress.from_checkpoints(job)
@@ -132,12 +133,12 @@ def test_the_samples_rate_comes_first_then_the_sources_own_then_the_first_look()
 
 
 def test_start_step() -> None:
-    assert eta.start_step({"cmd": ["python", "t.py"]}) == 0.0
-    assert eta.start_step({"resumed_from_step": 120, "resumed_from": "/o/checkpoint-999"}) == 120.0
-    assert eta.start_step({"resumed_from": "/o/checkpoint-150/"}) == 150.0
-    adopted = {"cmd": ["python", "t.py", "--resume_from_checkpoint", "out/checkpoint-80"], "adopted": True}
+    assert eta.start_step(Job({"cmd": ["python", "t.py"]})) == 0.0
+    assert eta.start_step(Job({"resumed_from_step": 120, "resumed_from": "/o/checkpoint-999"})) == 120.0
+    assert eta.start_step(Job({"resumed_from": "/o/checkpoint-150/"})) == 150.0
+    adopted = Job({"cmd": ["python", "t.py", "--resume_from_checkpoint", "out/checkpoint-80"], "adopted": True})
     assert eta.start_step(adopted) == 80.0
-    assert eta.start_step({"cmd": ["python", "t.py", "--resume_from_checkpoint=True"]}) is None
+    assert eta.start_step(Job({"cmd": ["python", "t.py", "--resume_from_checkpoint=True"]})) is None
 
 
 # ---- the rate: a blend, and the first sample kept --------------------------------------------------
@@ -161,7 +162,7 @@ def test_merge_keeps_the_series_first_sample_and_the_newest() -> None:
 
 # ---- the tail ------------------------------------------------------------------------------------
 def test_tail_of_a_finished_run() -> None:
-    job = {"started_at": iso_of(900.0), "finished_at": iso_of(1001.5)}
+    job = Job({"started_at": iso_of(900.0), "finished_at": iso_of(1001.5)})
     at_total = {"total": 100, "points": [[990.0, 90.0], [1000.0, 100.0]]}
     assert eta.tail_of(job, at_total) == pytest.approx(1.5)
     # the last look came late; a sample within 20% of the end says when the last step happened

@@ -12,6 +12,7 @@ import pytest
 from conftest import Env, wait_for
 from test_gpu_worker import Gpus, add, fake_gpus, release, seen
 
+from gpuq.core.job import Job
 from gpuq.core.times import parse_iso
 from gpuq.engine.schedule import gpuview
 from gpuq.engine.tracking import queue_eta
@@ -104,9 +105,9 @@ def test_a_job_held_back_by_foreign_memory_starts_when_another_gpu_frees(gq: Env
 
 
 def test_queue_plan_with_foreign_memory() -> None:
-    running = {"id": 1, "gpus": [1], "slot": "1"}
-    job = {"id": 2, "cmd": ["a"], "cwd": "/w", "gpu_request": 1}
-    shared = dict(job, id=3, gpu_mem_mib=10240)
+    running = Job({"id": 1, "gpus": [1], "slot": "1"})
+    job = Job({"id": 2, "cmd": ["a"], "cwd": "/w", "after": [], "gpu_request": 1})
+    shared = Job(job, id=3, gpu_mem_mib=10240)
     slots = ["0", "1", queue_eta.CPU_LANE]
     outside = {"0": (61440, 81920)}  # GPU 0: 60 GiB of 80 held by others
     plan = queue_eta.plan_queue([(running, 4.0)], [(job, None)], slots, {}, outside=outside)

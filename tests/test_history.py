@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import pytest
 
+from gpuq.core.job import Job
 from gpuq.engine.views import history
 from gpuq.engine.views.history import PastRun
 
@@ -40,22 +41,24 @@ def attempt(start_h: float, hours: float, outcome: str, number: int = 1) -> dict
     }
 
 
-def job(job_id: int, attempts: list[dict], cwd: str = "/w/a", cmd: Optional[list] = None, **extra: Any) -> dict:
+def job(job_id: int, attempts: list[dict], cwd: str = "/w/a", cmd: Optional[list] = None, **extra: Any) -> Job:
     last = attempts[-1] if attempts else {}
-    return {
-        "id": job_id,
-        "name": f"job{job_id}",
-        "cmd": cmd or ["python", "train.py"],
-        "cwd": cwd,
-        "created_at": iso(T0 - HOUR),
-        "started_at": last.get("started_at"),
-        "finished_at": last.get("finished_at"),
-        "exit_code": last.get("exit_code"),
-        "history": attempts,
-        "preemptions": [],
-        "slot": None,
-        **extra,
-    }
+    return Job(
+        {
+            "id": job_id,
+            "name": f"job{job_id}",
+            "cmd": cmd or ["python", "train.py"],
+            "cwd": cwd,
+            "created_at": iso(T0 - HOUR),
+            "started_at": last.get("started_at"),
+            "finished_at": last.get("finished_at"),
+            "exit_code": last.get("exit_code"),
+            "history": attempts,
+            "preemptions": [],
+            "slot": None,
+            **extra,
+        }
+    )
 
 
 def preempted_then_resumed(job_id: int = 7) -> dict:

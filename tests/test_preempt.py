@@ -16,6 +16,7 @@ import pytest
 from conftest import alive, wait_for
 
 from gpuq.core import resume_arg, schema
+from gpuq.core.job import Job
 from gpuq.core.times import parse_iso
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.tracking import checkpoints, progress
@@ -42,12 +43,12 @@ def test_hf_checkpoints_newest_complete_by_step(tmp_path: Path) -> None:
     jit = hf_ckpt(out, 140)
     (jit / "checkpoint-is-incomplete.txt").write_text("in progress")  # HF 5 JIT save cut short
     (out / "checkpoint-200").write_text("a file, not a directory")
-    job = {"cmd": ["python", "train.py", "--output_dir", "out"], "cwd": str(tmp_path)}
+    job = Job({"cmd": ["python", "train.py", "--output_dir", "out"], "cwd": str(tmp_path)})
     found = checkpoints.latest_checkpoint(job)
     assert found == checkpoints.Checkpoint(str(out / "checkpoint-100"), 100)
     job["cmd"] = ["python", "train.py", "--output-dir=out"]
     assert checkpoints.latest_checkpoint(job).step == 100
-    assert checkpoints.latest_checkpoint({"cmd": ["python", "train.py"], "cwd": str(tmp_path)}) is None
+    assert checkpoints.latest_checkpoint(Job({"cmd": ["python", "train.py"], "cwd": str(tmp_path)})) is None
 
 
 def test_glob_checkpoints_by_step_then_epoch_then_mtime(tmp_path: Path) -> None:
@@ -55,7 +56,7 @@ def test_glob_checkpoints_by_step_then_epoch_then_mtime(tmp_path: Path) -> None:
     d.mkdir()
     for name in ("epoch=1-step=900.ckpt", "epoch=3-step=1200.ckpt", "epoch=10-step=300.ckpt"):
         (d / name).write_text("x")
-    job = {"cmd": ["python", "t.py"], "cwd": str(tmp_path), "ckpt_glob": "ckpts/*.ckpt"}
+    job = Job({"cmd": ["python", "t.py"], "cwd": str(tmp_path), "ckpt_glob": "ckpts/*.ckpt"})
     assert checkpoints.latest_checkpoint(job).path.endswith("epoch=3-step=1200.ckpt")
     assert checkpoints.latest_checkpoint(job).step == 1200
     for n in (2, 10, 5):
@@ -119,7 +120,7 @@ def test_last_step_in_log_formats() -> None:
 
 # ---- scheduler --------------------------------------------------------------------------------
 def job(job_id: int, **fields: object) -> dict:
-    return dict(schema.new_job(job_id=job_id, name=f"j{job_id}", cmd=["x"], cwd="/", log=""), **fields)
+    return Job(schema.new_job(job_id=job_id, name=f"j{job_id}", cmd=["x"], cwd="/", log=""), **fields)
 
 
 def test_queue_order_urgent_then_resumed_then_priority() -> None:
@@ -169,10 +170,10 @@ def test_how_a_victim_would_continue(tmp_path: Path) -> None:
     out = tmp_path / "out"
     running = job(1, pid=11, cmd=["python", "train.py", "--output_dir", str(out)], cwd=str(tmp_path))
     assert victims.how_it_continues(running) is None  # no checkpoint: it would start over
-    assert "--preemptible" in victims.how_it_continues(dict(running, preemptible=True))
+    assert "--preemptible" in victims.how_it_continues(Job(running, preemptible=True))
     hf_ckpt(out, 40)
     assert victims.how_it_continues(running) == "from checkpoint-40"
-    assert victims.how_it_continues(dict(running, no_resume=True)) is None
+    assert victims.how_it_continues(Job(running, no_resume=True)) is None
 
 
 def test_dependent_of_preempted_job_waits_with_a_reason() -> None:

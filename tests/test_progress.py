@@ -15,6 +15,7 @@ from conftest import REPO, wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuq.core.job import Job
 from gpuq.engine.schedule.scheduler import Wait
 from gpuq.engine.tracking import eta, progress, queue_eta
 from gpuq.spool import Spool
@@ -187,8 +188,8 @@ def test_progress_from_the_tail_of_a_log_over_100_mb(gq) -> None:
     assert row["progress"] == pytest.approx(0.4)
     log = gq.home / "logs" / f"{job_id:06d}.log"
     assert log.stat().st_size > 100 * 1024 * 1024
-    spool, job = Spool(gq.home), gq.job(job_id)
-    small = dict(job, adopted=True, log=str(gq.script("small.log", "Step 40/100\n")))
+    spool, job = Spool(gq.home), Job(gq.job(job_id))
+    small = Job(job, adopted=True, log=str(gq.script("small.log", "Step 40/100\n")))
     cost = {}
     for name, which in (("big", job), ("small", small)):
         t0 = time.perf_counter()
@@ -270,7 +271,7 @@ def test_checkpoint_progress_uses_trainer_state_and_trl_completions() -> None:
         make_checkpoint(out, 50, max_steps=200)
         then = time.time() - 30
         os.utime(out / "checkpoint-50" / "trainer_state.json", (then, then))
-        job = {"cmd": ["python", "train.py", "--output-dir", "out"], "cwd": tmp}
+        job = Job({"cmd": ["python", "train.py", "--output-dir", "out"], "cwd": tmp})
         reading, points = progress.from_checkpoints(job)
         assert (reading.step, reading.total, reading.source) == (50, 200, "checkpoint")
         (out / "completions").mkdir()
@@ -286,10 +287,10 @@ def test_checkpoint_progress_uses_trainer_state_and_trl_completions() -> None:
 
 # ---- queue ETA ----------------------------------------------------------------------------------
 def test_queue_plan_is_unknown_rather_than_a_guess() -> None:
-    run = {"id": 1, "slot": None}
-    a = {"id": 2, "cmd": ["a"], "cwd": "/w", "after": [], "after_any": []}
-    b = {"id": 3, "cmd": ["b"], "cwd": "/w", "after": [], "after_any": []}
-    blocked = {"id": 4, "cmd": ["a"], "cwd": "/w", "after": [9], "after_any": []}
+    run = Job({"id": 1, "slot": None})
+    a = Job({"id": 2, "cmd": ["a"], "cwd": "/w", "after": [], "after_any": []})
+    b = Job({"id": 3, "cmd": ["b"], "cwd": "/w", "after": [], "after_any": []})
+    blocked = Job({"id": 4, "cmd": ["a"], "cwd": "/w", "after": [9], "after_any": []})
     durations = {eta.command_key(a): [30.0, 40.0, 50.0]}
     plan = queue_eta.plan_queue(
         [(run, 100.0)], [(a, None), (b, None), (blocked, Wait("after #9", True))], [None], durations
@@ -297,7 +298,7 @@ def test_queue_plan_is_unknown_rather_than_a_guess() -> None:
     assert (plan[2].starts_in, plan[2].eta_seconds) == (100.0, 140.0)
     assert (plan[3].starts_in, plan[3].eta_seconds) == (140.0, None)  # never ran before: unknown
     assert plan[4].starts_in is None and "will not start" in plan[4].method
-    two_gpus = queue_eta.plan_queue([(dict(run, slot="0"), 100.0)], [(b, None)], ["0", "1"], {})
+    two_gpus = queue_eta.plan_queue([(Job(run, slot="0"), 100.0)], [(b, None)], ["0", "1"], {})
     assert two_gpus[3].starts_in == 0.0
     assert queue_eta.plan_queue([(run, None)], [(a, None)], [None], durations)[2].starts_in is None
     assert "no worker" in queue_eta.plan_queue([], [(a, None)], [], durations)[2].method
@@ -349,7 +350,7 @@ def test_samples_taken_between_looks_give_a_rate_at_the_first_look(gq) -> None:
     job_id = gq.add("steps.py")
     gq.start_worker()
     spool = Spool(gq.home)
-    job = wait_for(lambda: (j := gq.job(job_id)).get("pid") and gq.log(job_id).count("Step ") > 2 and j, 15)
+    job = Job(wait_for(lambda: (j := gq.job(job_id)).get("pid") and gq.log(job_id).count("Step ") > 2 and j, 15))
     eta.sample_running(spool, [job], time.time())
     wait_for(lambda: gq.log(job_id).count("Step ") > 30, 15, what="more steps")
     row = row_of(gq, job_id)  # the first `gpuq status` of a user

@@ -20,6 +20,7 @@ from typing import Any, Optional
 import pytest
 from conftest import REPO, wait_for
 
+from gpuq.core.job import Job
 from gpuq.core.times import iso_of
 from gpuq.run.slurm_batch import (
     batch_script,
@@ -54,7 +55,7 @@ def make_job(tmp: Path, job_id: int, cmd: list[str], **fields: Any) -> dict[str,
         "log": str(tmp / "logs" / f"{job_id:06d}.log"),
     }
     job.update(fields)
-    return job
+    return Job(job)
 
 
 def hand_over(
@@ -344,15 +345,17 @@ def test_query_exit_codes_live_and_after_slurm_forgot(slurm: Any, tmp_path: Path
 
 # ---- pure: options, parsers, checkpoint choice, environment --------------------------------------------
 def test_sbatch_options_text() -> None:
-    job = {
-        "id": 7,
-        "name": "exp 1|a/train",
-        "cwd": "/data/run",
-        "log": "/spool/logs/100%/000007.log",
-        "after": [3, 4],
-        "after_any": [5, 6],
-        "gpu_request": 2,
-    }
+    job = Job(
+        {
+            "id": 7,
+            "name": "exp 1|a/train",
+            "cwd": "/data/run",
+            "log": "/spool/logs/100%/000007.log",
+            "after": [3, 4],
+            "after_any": [5, 6],
+            "gpu_request": 2,
+        }
+    )
     extra = ["--time=60", "--partition=gpu"]
     opts = sbatch_options(job, spool_id="abc", slurm_ids={3: 30, 5: 50}, extra=extra, grace_seconds=90)
     assert opts == [
@@ -372,7 +375,7 @@ def test_sbatch_options_text() -> None:
     ]
 
     def gres_of(job: dict[str, Any], **kw: Any) -> list[str]:
-        options = sbatch_options(job, spool_id="a", slurm_ids={}, extra=[], grace_seconds=0, **kw)
+        options = sbatch_options(Job(job), spool_id="a", slurm_ids={}, extra=[], grace_seconds=0, **kw)
         return [o for o in options if o.startswith(("--gres", "--dependency"))]
 
     assert gres_of(job) == ["--gres=gpu:2"]  # no dependency: 3, 4, 5, 6 are not in this hand-over
@@ -422,19 +425,19 @@ def test_launch_plan_resumes_only_from_this_runs_checkpoints(tmp_path: Path) -> 
     started = time.time() - 60
     _checkpoint(out, 50, mtime=started - 3600)  # an earlier run's
     since = iso_of(started)
-    job = {"id": 1, "cmd": ["python", "t.py", "--output_dir", "out"], "cwd": str(tmp_path), "ckpt_since": since}
+    job = Job({"id": 1, "cmd": ["python", "t.py", "--output_dir", "out"], "cwd": str(tmp_path), "ckpt_since": since})
     argv, why = launch_plan(job, restart=1)
     assert argv == job["cmd"] and why and "starts over" in why[0] and since in why[0]
     assert launch_plan(job, restart=0) == (job["cmd"], [])
     mine = _checkpoint(out, 20)
-    argv, why = launch_plan(dict(job, cmd=job["cmd"] + ["--resume_from_checkpoint", "old"]), restart=2)
+    argv, why = launch_plan(Job(job, cmd=job["cmd"] + ["--resume_from_checkpoint", "old"]), restart=2)
     assert argv == ["python", "t.py", "--output_dir", "out", "--resume_from_checkpoint", str(mine)]
     assert why == [f"slurm restart 2: resumes from {mine}"]
     # A checkpoint directory rewritten in place counts as this run's: its files are new.
     rewritten = _checkpoint(out, 60, mtime=started - 3600)
     (rewritten / "trainer_state.json").write_text("{}")
     assert launch_plan(job, restart=1)[1] == [f"slurm restart 1: resumes from {rewritten}"]
-    glob_job = dict(job, ckpt_glob="ckpts/*.pt", resume_arg="ckpt_path={ckpt}")
+    glob_job = Job(job, ckpt_glob="ckpts/*.pt", resume_arg="ckpt_path={ckpt}")
     (tmp_path / "ckpts").mkdir()
     (tmp_path / "ckpts" / "model_epoch_3.pt").write_text("w")
     argv, _ = launch_plan(glob_job, restart=1)

@@ -10,6 +10,7 @@ from pathlib import Path
 from conftest import REPO
 
 from gpuq.core import schema, states
+from gpuq.core.job import FIELDS
 from gpuq.spool import Spool
 
 DOC = (REPO / "spool_layout.md").read_text()
@@ -33,12 +34,22 @@ def _names(cell: str) -> list[str]:
     return re.findall(r"`([^`]+)`", cell)
 
 
-def test_field_table_is_the_schema() -> None:
+def test_field_table_is_the_job_record() -> None:
+    """Every field of core/job.py in the table and no other; required, nullable and a default that
+    is not the type's own (`gpu_request`: 1) said as the record says them; the schema derived from it."""
     rows = _table_after("### Fields")
     documented = {name for row in rows for name in _names(row[0])}
     required = {name for row in rows if row[1] == "yes" for name in _names(row[0])}
-    assert documented == set(schema.KNOWN_FIELDS)
-    assert required == set(schema.REQUIRED) | {"schema_version"}
+    assert documented == set(FIELDS) == set(schema.KNOWN_FIELDS)
+    assert required == {f.name for f in FIELDS.values() if f.required} == set(schema.REQUIRED) | {"schema_version"}
+    for row in rows:
+        for name in _names(row[0]):
+            field = FIELDS[name]
+            assert ("null" in row[2]) == field.check(None), (
+                f"{name}: the table says {row[2]!r}, the record {field.what!r}"
+            )
+            if not field.required and field.default not in (None, False, 0, "", []):
+                assert f"absent means {field.default}" in row[3], f"{name}: its default {field.default!r} is not said"
 
 
 def test_a_new_job_holds_only_documented_fields() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from conftest import WAIT_FOR_GO, Env, fill_up, small_tmpfs, spool_with_true_jobs, wait_for
 
+from gpuq.core.job import Job
 from gpuq.core.states import DONE, PENDING, RUNNING
 from gpuq.engine.schedule.planner import Planner
 from gpuq.engine.schedule.scheduler import QueueState
@@ -24,7 +25,7 @@ from gpuq.system.gpus import Gpu, GpuLook
 
 
 def _job(job_id: int, **fields: Any) -> dict[str, Any]:
-    return {"id": job_id, "name": f"j{job_id}", "rev": 0, "priority": 0, "after": [], "after_any": [], **fields}
+    return Job({"id": job_id, "name": f"j{job_id}", "rev": 0, "priority": 0, "after": [], "after_any": [], **fields})
 
 
 def _no_gpus() -> GpuLook:

@@ -115,7 +115,7 @@ def _encode(value: Any, parts: list[str], quote: Callable, newline: Optional[str
         parts.append(int.__repr__(value))
     elif kind is float:
         parts.append(_float(value))
-    elif kind is dict:
+    elif isinstance(value, dict):  # a Job (core/job.py) too, as json encodes dict subclasses
         _encode_dict(value, parts, quote, newline, step)
     elif kind is list or kind is tuple:
         _encode_list(value, parts, quote, newline, step)

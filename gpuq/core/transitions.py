@@ -19,6 +19,7 @@ import os
 from typing import Any, NamedTuple, Optional
 
 from gpuq.core import states
+from gpuq.core.job import Job
 from gpuq.core.resume_arg import resume_argv
 from gpuq.core.times import now_iso
 
@@ -69,22 +70,20 @@ _RUN_FIELDS: Changes = {
 }
 
 
-def start(
-    job: dict[str, Any], *, slot: Optional[str], gpus: Optional[list[int]], boot_id: str, host: str, log: str
-) -> Changes:
+def start(job: Job, *, slot: Optional[str], gpus: Optional[list[int]], boot_id: str, host: str, log: str) -> Changes:
     """pending -> running, by the job's supervisor (its own identity and the pid come later).
     `slot` is the CUDA_VISIBLE_DEVICES it gets, `gpus` the GPU indices it holds."""
     started = now_iso()
     return {
         "started_at": started,
-        "ckpt_since": job.get("ckpt_since") or started,  # the run's own checkpoints are newer than this
+        "ckpt_since": job.ckpt_since or started,  # the run's own checkpoints are newer than this
         "finished_at": None,
         "pid": None,
         "exit_code": None,
         "signal": None,
         "slot": slot,
         "gpus": gpus,
-        "attempts": job.get("attempts", 0) + 1,
+        "attempts": job.attempts + 1,
         "supervisor": None,
         "boot_id": boot_id,
         "host": host,
@@ -95,7 +94,7 @@ def start(
 
 
 def destination(
-    job: dict[str, Any], exit_code: int, request: Optional[str], retry: bool, time_limit: Optional[str] = None
+    job: Job, exit_code: int, request: Optional[str], retry: bool, time_limit: Optional[str] = None
 ) -> tuple[str, Optional[str]]:
     """Where an attempt whose exit code is known goes, and the note that says why. `time_limit`
     (its text): the run was stopped for reaching it, so it failed, whatever its exit code."""
@@ -108,19 +107,18 @@ def destination(
         return states.FAILED, f"stopped: its time limit of {time_limit} was reached"
     if exit_code == 0:
         return states.DONE, None
-    retries = job.get("retries", 0)
-    if retry and job.get("attempts", 1) <= retries:
-        return states.PENDING, f"attempt {job['attempts']} failed with exit {exit_code}; retrying"
-    if retry and retries:
+    if retry and job.attempts <= job.retries:
+        return states.PENDING, f"attempt {job.attempts} failed with exit {exit_code}; retrying"
+    if retry and job.retries:
         return states.FAILED, _gave_up(job)
     return states.FAILED, None
 
 
-def _gave_up(job: dict[str, Any]) -> str:
+def _gave_up(job: Job) -> str:
     """Why a job with --retries is not retried again: no crash loop, even from a checkpoint."""
-    attempts = job.get("attempts", 1)
-    earlier = list(job.get("history") or [])[-(attempts - 1) :] if attempts > 1 else []
-    start = job.get("resumed_from")
+    attempts = job.attempts
+    earlier = job.history[-(attempts - 1) :] if attempts > 1 else []
+    start = job.resumed_from
     same = 1  # the attempts, the last one included, that all started from the same checkpoint
     for entry in reversed(earlier):
         if not start or entry.get("resumed_from") != start:
@@ -130,11 +128,11 @@ def _gave_up(job: dict[str, Any]) -> str:
     if start:
         name = os.path.basename(start.rstrip("/"))
         where = f" from {name}" if same == attempts else f", the last {same} from {name}"
-    return f"failed {attempts} times{where}; its --retries ({job['retries']}) are used up: not retried again"
+    return f"failed {attempts} times{where}; its --retries ({job.retries}) are used up: not retried again"
 
 
 def end_attempt(
-    job: dict[str, Any],
+    job: Job,
     state: str,
     *,
     exit_code: Optional[int],
@@ -149,16 +147,16 @@ def end_attempt(
     attempt count goes on. `reason`: why it failed, when that could be told (core/failure.py)."""
     finished_at = finished_at or now_iso()
     entry = {
-        "attempt": job.get("attempts"),
-        "started_at": job.get("started_at"),
+        "attempt": job.attempts,
+        "started_at": job.started_at,
         "finished_at": finished_at,
         "exit_code": exit_code,
         "signal": signal,
         "outcome": state,
-        "slot": job.get("slot"),
-        "gpus": job.get("gpus"),
-        "resumed_from": job.get("resumed_from"),
-        "lost_steps": job.get("lost_steps"),
+        "slot": job.slot,
+        "gpus": job.gpus,
+        "resumed_from": job.resumed_from,
+        "lost_steps": job.lost_steps,
         "reason": reason,
     }
     changes: Changes = {
@@ -167,7 +165,7 @@ def end_attempt(
         "signal": signal,
         "note": note,
         "reason": reason,
-        "history": list(job.get("history") or []) + [entry],
+        "history": [*job.history, entry],
     }
     if state == states.PENDING:
         changes.update(_RUN_FIELDS)
@@ -175,22 +173,22 @@ def end_attempt(
     return changes
 
 
-def ended_unseen(job: dict[str, Any], request: Optional[str]) -> tuple[str, str]:
+def ended_unseen(job: Job, request: Optional[str]) -> tuple[str, str]:
     """Where a running job goes whose process and supervisor are both gone, so its exit code
     cannot be known (reboot, kill of both, or an adopted process that ended): state and note."""
     if request == states.KILL:
-        why = "an adopted process has no supervisor" if job.get("adopted") else "its supervisor was gone"
+        why = "an adopted process has no supervisor" if job.adopted else "its supervisor was gone"
         return states.CANCELLED, f"killed by user (gpuq kill); exit code unknown: {why}"
     if request in states.PREEMPT_ACTIONS:
-        if job.get("adopted"):
+        if job.adopted:
             return states.PREEMPTED, "an adopted process has no supervisor, so its exit code cannot be known"
         return states.PREEMPTED, "exit code unknown, its supervisor was gone"
-    if job.get("adopted"):
+    if job.adopted:
         return states.DONE, "adopted process ended; its exit code cannot be known"
     return states.INTERRUPTED, "process and supervisor gone without a recorded exit (reboot or kill)"
 
 
-def requeue(job: dict[str, Any], note: str, continuation: Optional[Continuation] = None) -> Changes:
+def requeue(job: Job, note: str, continuation: Optional[Continuation] = None) -> Changes:
     """failed | cancelled | interrupted | preempted -> pending, by a person (retry, recover,
     resume): same id and history, a fresh count of attempts, going on as `continuation` says."""
     changes = {
@@ -199,13 +197,13 @@ def requeue(job: dict[str, Any], note: str, continuation: Optional[Continuation]
         "attempts": 0,
         "exit_code": None,
         "signal": None,
-        "previous_exit_code": job.get("exit_code"),
+        "previous_exit_code": job.exit_code,
     }
     changes.update(continue_from(job, continuation or Continuation()))
     return changes
 
 
-def continue_from(job: dict[str, Any], continuation: Continuation) -> Changes:
+def continue_from(job: Job, continuation: Continuation) -> Changes:
     """The command and fields of the next attempt: the checkpoint in the job's resume form in
     place of any earlier one, or, from scratch, an earlier resume argument taken out again."""
     changes: Changes = {
@@ -213,8 +211,8 @@ def continue_from(job: dict[str, Any], continuation: Continuation) -> Changes:
         "resumed_from_step": continuation.step if continuation.checkpoint else None,
         "lost_steps": continuation.lost,
     }
-    if continuation.checkpoint is not None or job.get("resumed_from"):
-        changes["cmd"] = resume_argv(job["cmd"], job.get("resume_arg"), continuation.checkpoint)
+    if continuation.checkpoint is not None or job.resumed_from:
+        changes["cmd"] = resume_argv(job.cmd, job.resume_arg, continuation.checkpoint)
     if continuation.from_scratch:
         changes["ckpt_since"] = None  # a new run: its checkpoints are those written from its start
     return changes
@@ -236,7 +234,7 @@ def release() -> Changes:
 
 
 def preemption(
-    job: dict[str, Any],
+    job: Job,
     *,
     action: str,
     exit_code: Optional[int],
@@ -248,7 +246,7 @@ def preemption(
     """running -> preempted: the record of this preemption and the fields that go with it.
     Lost steps = the last step reached minus the checkpoint's (0 for a run that started from
     scratch and has no checkpoint; unknown when no progress was seen)."""
-    base = checkpoint_step if checkpoint is not None else (None if job.get("resumed_from") else 0)
+    base = checkpoint_step if checkpoint is not None else (None if job.resumed_from else 0)
     # max(0, ...): a save can be newer than the last progress line seen (tqdm refreshes lazily)
     lost = max(0, last_step - base) if last_step is not None and base is not None else None
     record = {
@@ -261,7 +259,7 @@ def preemption(
         "lost_steps": lost,
     }
     return {
-        "preemptions": list(job.get("preemptions") or []) + [record],
+        "preemptions": [*job.preemptions, record],
         "checkpoint": checkpoint,
         "auto_resume": action == states.PREEMPT_RESUME,
         "note": describe_preemption(record),
@@ -277,7 +275,7 @@ def describe_preemption(record: dict[str, Any]) -> str:
     return text
 
 
-def resume(job: dict[str, Any], continuation: Continuation, front: bool, note: str) -> Changes:
+def resume(job: Job, continuation: Continuation, front: bool, note: str) -> Changes:
     """preempted | interrupted -> pending, first in line unless not `front`."""
     changes = requeue(job, note, continuation)
     changes.update(queue_front=front, auto_resume=False)
@@ -308,24 +306,24 @@ def slurm_abandoned() -> Changes:
     return {"slurm": None}
 
 
-def hand_over(job: dict[str, Any], slurm_id: int, state: str = "PENDING") -> Changes:
+def hand_over(job: Job, slurm_id: int, state: str = "PENDING") -> Changes:
     """pending (marked) -> slurm: Slurm accepted it as job `slurm_id`. Only checkpoints written
     from now on (`ckpt_since`) are the Slurm run's to resume from."""
-    mark = dict(job.get("slurm") or {})
+    mark = dict(job.slurm or {})
     mark.update(job_id=slurm_id, state=state, reason=None, exit_code=None)
     mark.setdefault("submitted_at", now_iso())
     mark.setdefault("cluster_opts", [])
     return {
         "slurm": mark,
-        "ckpt_since": job.get("ckpt_since") or mark["submitted_at"],
+        "ckpt_since": job.ckpt_since or mark["submitted_at"],
         "note": f"handed to Slurm as job {slurm_id}",
     }
 
 
-def slurm_seen(job: dict[str, Any], state: str, reason: Optional[str], started_at: Optional[str]) -> Changes:
+def slurm_seen(job: Job, state: str, reason: Optional[str], started_at: Optional[str]) -> Changes:
     """slurm -> slurm: what Slurm now says of the job (its state, why it waits, when it started)."""
-    changes: Changes = {"slurm": dict(job["slurm"], state=state, reason=reason)}
-    if started_at and not job.get("started_at"):
+    changes: Changes = {"slurm": dict(job.slurm, state=state, reason=reason)}
+    if started_at and not job.started_at:
         changes["started_at"] = started_at
     return changes
 
@@ -340,7 +338,7 @@ def slurm_destination(slurm_state: str, exit_code: Optional[int]) -> str:
 
 
 def slurm_end(
-    job: dict[str, Any],
+    job: Job,
     slurm_state: str,
     *,
     exit_code: Optional[int],
@@ -352,11 +350,11 @@ def slurm_end(
     """slurm -> done | failed | cancelled: Slurm's end of the job, with its exit code and a
     history entry (outcome: the gpuq state, `slurm_state`: Slurm's)."""
     finished_at = finished_at or now_iso()
-    started_at = job.get("started_at") or started_at
+    started_at = job.started_at or started_at
     outcome = slurm_destination(slurm_state, exit_code)
-    mark = dict(job["slurm"], state=slurm_state, reason=None, exit_code=exit_code)
+    mark = dict(job.slurm, state=slurm_state, reason=None, exit_code=exit_code)
     entry = {
-        "attempt": (job.get("attempts") or 0) + 1,
+        "attempt": job.attempts + 1,
         "started_at": started_at,
         "finished_at": finished_at,
         "exit_code": exit_code,
@@ -373,12 +371,12 @@ def slurm_end(
         "finished_at": finished_at,
         "exit_code": exit_code,
         "signal": signal,
-        "attempts": (job.get("attempts") or 0) + 1,
+        "attempts": job.attempts + 1,
         "note": note,
-        "history": list(job.get("history") or []) + [entry],
+        "history": [*job.history, entry],
     }
 
 
-def slurm_cancelled(job: dict[str, Any], note: str) -> Changes:
+def slurm_cancelled(job: Job, note: str) -> Changes:
     """slurm -> cancelled: `gpuq cancel` asked Slurm to cancel it (scancel)."""
-    return dict(cancel(note), slurm=dict(job["slurm"], state="CANCELLED", reason=None))
+    return dict(cancel(note), slurm=dict(job.slurm, state="CANCELLED", reason=None))

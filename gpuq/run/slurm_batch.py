@@ -42,6 +42,7 @@ import sys
 import time
 from typing import Any, Mapping, Optional, Sequence
 
+from gpuq.core.job import Job
 from gpuq.core.jobenv import add_job_variables
 from gpuq.core.resume_arg import DEFAULT_RESUME_ARG, resume_argv
 from gpuq.core.schema import DEFAULT_JOB_UMASK
@@ -146,7 +147,7 @@ def sbatch_options(
 
 
 def gpu_request(job: dict[str, Any]) -> int:
-    value = job.get("gpu_request", 1)
+    value = job.gpu_request
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"job #{job['id']}: gpu_request must be a whole number of GPUs (0 or more), not {value!r}")
     return value
@@ -195,7 +196,7 @@ def launch_environment(job: dict[str, Any], runtime_env: Mapping[str, str]) -> d
 def launch() -> None:
     """Read the job from descriptor 3, say what this start does, exec the job's command."""
     with os.fdopen(JSON_FD, encoding="utf-8") as stream:
-        job = json.loads(stream.read())
+        job = Job(json.loads(stream.read()))
     runtime = dict(os.environ)
     restart = _int(runtime.get("SLURM_RESTART_COUNT"))
     slurm_id = runtime.get("SLURM_JOB_ID", "?")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from gpuq.core import schema
+from gpuq.core.job import Job
 from gpuq.core.states import DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED, RUNNING
 from gpuq.engine.lifecycle import actions, intake, repairs
 from gpuq.engine.lifecycle.preempt import UrgentPreemptions, resume_auto
@@ -69,16 +70,6 @@ class Settings:
     max_log_bytes: Optional[int] = None  # --max-log-size: the cap of a job's log (a job's own comes first)
     default_time: Optional[float] = None  # --default-time: the time limit of jobs without their own
     kill_grace: Optional[float] = None  # --kill-grace: seconds from SIGTERM to SIGKILL when a job ends
-
-    def for_supervisors(self) -> dict[str, Any]:
-        """What every job's supervisor is told besides where the job runs."""
-        hooks = {"notify": self.notify, "on_finish": self.on_finish}
-        return {
-            "hooks": hooks,
-            "max_log_bytes": self.max_log_bytes,
-            "default_time": self.default_time,
-            "kill_grace": self.kill_grace,
-        }
 
 
 class Worker:
@@ -333,8 +324,8 @@ class Worker:
                 continue
             following = []
             if allowed and snap.states.get(job_id) in (PENDING, RUNNING):
-                pid = next((j.get("pid") for j in snap.running if j["id"] == job_id), None)
-                ending = {"id": job_id, "slot": launch.where.slot, "gpus": launch.where.gpus, "pid": pid}
+                pid = next((j.pid for j in snap.running if j.id == job_id), None)
+                ending = Job(id=job_id, slot=launch.where.slot, gpus=launch.where.gpus, pid=pid)
                 following = self.planner.successors(snap, ending, busy, preempting, look)
             named = [(job["id"], job["rev"], self.view.pending_name(job["id"])) for job in following]
             named = [job for job in named if job[2] is not None]

@@ -30,10 +30,10 @@ class Logs:
         """Where the job's output is: the spool's log, or the file named by its `log` field for
         an adopted process (the file it writes) and a job imported from the original gpuq (its
         old log), which gpuq reads but never writes."""
-        own = job.get("adopted") or str(job.get("source", "")).startswith(SOURCE_IMPORTED)
-        if own and job.get("log"):
-            return str(job["log"])
-        return self.layout.log_path(job["id"])
+        own = job.adopted or job.source.startswith(SOURCE_IMPORTED)
+        if own and job.log:
+            return job.log
+        return self.layout.log_path(job.id)
 
     def open_job_log(self, job_id: int) -> int:
         """A descriptor appending to the job's log (created 0600), for the supervisor and the job."""

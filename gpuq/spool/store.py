@@ -13,6 +13,7 @@ from itertools import repeat
 from operator import attrgetter, getitem, itemgetter
 
 from gpuq.core import jsontext, schema
+from gpuq.core.job import Job
 from gpuq.core.states import FINISHED, PENDING, RUNNING, STATES
 from gpuq.spool.files import Files, Reservation, read_job_file, read_job_file_stat, unlink_quietly
 from gpuq.spool.layout import JOB_NAME_RE, Layout, is_job_name, job_names
@@ -152,8 +153,8 @@ class JobStore:
         """A file of a state directory, read safely (see files.read_job_file)."""
         return read_job_file(self.layout.job_path(state, name), MAX_JOB_BYTES)
 
-    def load(self, ref: JobRef) -> dict[str, Any]:
-        """A valid job dict for `ref`; schema.InvalidJob or FileNotFoundError otherwise."""
+    def load(self, ref: JobRef) -> Job:
+        """A valid job for `ref`; schema.InvalidJob or FileNotFoundError otherwise."""
         obj = schema.parse_bytes(self.read_bytes(ref.state, ref.name))
         return schema.validate(obj, expected_id=ref.id)
 
@@ -169,7 +170,7 @@ class JobStore:
         data, st = read_job_file_stat(path, MAX_JOB_BYTES)
         return load_shown(data, job_id, fields), (st.st_ino, st.st_mtime_ns, st.st_size)
 
-    def load_many(self, state: str) -> list[tuple[JobRef, dict[str, Any]]]:
+    def load_many(self, state: str) -> list[tuple[JobRef, Job]]:
         """Every valid job of a state directory; vanished or invalid files are skipped."""
         out = []
         for ref in self.refs((state,)):
@@ -179,7 +180,7 @@ class JobStore:
                 continue
         return out
 
-    def load_all(self, written_since: Optional[float] = None) -> list[tuple[str, dict[str, Any]]]:
+    def load_all(self, written_since: Optional[float] = None) -> list[tuple[str, Job]]:
         """(state, job) of every valid job; with `written_since`, only files last written at or
         after it (a stat each; a file not rewritten since cannot record anything later)."""
         out = []
@@ -197,24 +198,24 @@ class JobStore:
         return out
 
     # ---- writing ------------------------------------------------------------------------------
-    def publish(self, job: dict[str, Any], state: str = PENDING) -> JobRef:
+    def publish(self, job: Job, state: str = PENDING) -> JobRef:
         """Publish a new job file; once this returns it survives a power cut. FileExistsError if
         that name is taken."""
-        name, data = schema.filename(job["id"], job["name"]), encode(job)
+        name, data = schema.filename(job.id, job.name), encode(job)
         written = self.files.place_new(self.layout.job_path(state, name), data, "job")
         if state in FINISHED:
             self._journal(state, name, data, written)
-        return JobRef(job["id"], state, name)
+        return JobRef(job.id, state, name)
 
     def move(
         self,
         ref: JobRef,
-        job: dict[str, Any],
+        job: Job,
         state: str,
         changes: dict[str, Any],
         reservation: Optional[Reservation] = None,
         keep_old: bool = False,
-    ) -> tuple[JobRef, dict]:
+    ) -> tuple[JobRef, Job]:
         """Move a job to `state` (or write it anew in place when the state is the same) with
         `changes` applied and rev + 1. The caller holds the job's claim. The new version goes into
         `reservation`'s blocks when one is given (and it fits), so that it needs no new room; on a
@@ -223,10 +224,10 @@ class JobStore:
         unknown = set(changes) - schema.KNOWN_FIELDS
         if unknown:  # a misspelt field would otherwise be written and never read
             raise KeyError(f"not job fields: {', '.join(sorted(unknown))}")
-        new = dict(job, **changes)
-        new["rev"] = job["rev"] + 1
+        new = Job(job, **changes)
+        new.rev = job.rev + 1
         data = encode(new)
-        name = schema.filename(new["id"], new["name"])
+        name = schema.filename(new.id, new.name)
         in_place = state == ref.state and name == ref.name  # else a new file, then the old one goes
         target = self.layout.job_path(state, name)
         written = self.files.place_into(reservation, target, data, in_place) if reservation is not None else None
@@ -239,7 +240,7 @@ class JobStore:
             self.remove(ref)  # a recovery scan may have removed the old copy already
         if state in FINISHED:  # after the move is whole: whoever waits for the job's end sees it first
             self._journal(state, name, data, written)
-        return (ref, new) if in_place else (JobRef(new["id"], state, name), new)
+        return (ref, new) if in_place else (JobRef(new.id, state, name), new)
 
     def _journal(self, state: str, name: str, data: bytes, written: tuple[int, int, int]) -> None:
         """The row `gpuq status -a` shows for a file just written in a finished state, appended to
@@ -248,9 +249,7 @@ class JobStore:
 
         append(self.layout, state, name, data, written)
 
-    def rewrite(
-        self, ref: JobRef, job: dict[str, Any], reservation: Optional[Reservation] = None, **changes: Any
-    ) -> dict[str, Any]:
+    def rewrite(self, ref: JobRef, job: Job, reservation: Optional[Reservation] = None, **changes: Any) -> Job:
         """A new version of a job in its current state (never an edit of the published file)."""
         return self.move(ref, job, ref.state, changes, reservation)[1]
 
@@ -258,7 +257,7 @@ class JobStore:
         if unlink_quietly(self.layout.job_path(ref.state, ref.name)):
             fsutil.fsync_dir(self.layout.state_dir(ref.state))
 
-    def newer_copy_elsewhere(self, ref: JobRef, job: dict[str, Any]) -> bool:
+    def newer_copy_elsewhere(self, ref: JobRef, job: Job) -> bool:
         """Whether a crash mid-move left this job in another state (or, after an edit that renamed
         it, under another name in its own), with a higher rev: then `ref` is the stale copy. Older
         copies found are removed. The caller holds the claim. A job keeps its file name in every
@@ -277,10 +276,10 @@ class JobStore:
             if not os.path.lexists(self.layout.job_path(other.state, other.name)):
                 continue
             try:
-                other_rev = self.load(other)["rev"]
+                other_rev = self.load(other).rev
             except (FileNotFoundError, schema.InvalidJob):
                 continue
-            if other_rev > job["rev"]:
+            if other_rev > job.rev:
                 newer = True
             else:
                 self.remove(other)

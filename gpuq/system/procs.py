@@ -88,7 +88,7 @@ def is_same_process(pid: Optional[int], recorded_create_time: Optional[float], r
 
 
 def job_alive(job: dict[str, Any]) -> bool:
-    return is_same_process(job.get("pid"), job.get("pid_create_time"), job.get("boot_id"))
+    return is_same_process(job.pid, job.pid_create_time, job.boot_id)
 
 
 def signal_group(pgid: int, sig: int) -> bool:

@@ -47,7 +47,7 @@ def running_with_pid(spool: Spool, job_id: int) -> tuple[JobRef, dict[str, Any]]
     pid stays null only if the supervisor died in that instant)."""
     ref, job = get(spool, job_id, (RUNNING,))
     deadline = time.monotonic() + PID_WAIT_SECONDS
-    while job.get("pid") is None and time.monotonic() < deadline:
+    while job.pid is None and time.monotonic() < deadline:
         time.sleep(0.05)
         ref, job = get(spool, job_id, (RUNNING,))
     return ref, job
@@ -95,7 +95,7 @@ def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS) -> dict[s
     except SpoolFull:
         pass  # a full disk: the job is still stopped; its supervisor records it as failed (143)
     if not procs.terminate_tree(job, grace, force=True):
-        raise Refused(f"job #{job_id} (pid {job.get('pid')}) did not die")
+        raise Refused(f"job #{job_id} (pid {job.pid}) did not die")
     return wait_until_settled(spool, job_id)
 
 
@@ -129,7 +129,7 @@ def recover(
 ) -> list[tuple[dict[str, Any], Continuation]]:
     """Interrupted jobs (all, or `ids`) go back to pending, keeping id, dependencies and history,
     each continuing from its newest checkpoint unless `from_scratch`."""
-    targets = ids if ids is not None else [job["id"] for job in interrupted(spool)]
+    targets = ids if ids is not None else [job.id for job in interrupted(spool)]
     out = []
     for job_id in targets:
         with claimed(spool, job_id, (INTERRUPTED,)) as (ref, job):
@@ -150,11 +150,11 @@ def recover_at_start(spool: Spool) -> tuple[list[tuple[dict[str, Any], Continuat
     machine down with it) is left for a person: (recovered, left)."""
     recovered, left = [], []
     for job in interrupted(spool):
-        if _interrupted_in_a_row(job) > job.get("retries", 0):
+        if _interrupted_in_a_row(job) > job.retries:
             left.append(job)
             continue
         try:
-            recovered += recover(spool, [job["id"]])
+            recovered += recover(spool, [job.id])
         except Refused:
             continue  # being changed right now: a person is on it
     return recovered, left
@@ -163,7 +163,7 @@ def recover_at_start(spool: Spool) -> tuple[list[tuple[dict[str, Any], Continuat
 def _interrupted_in_a_row(job: dict[str, Any]) -> int:
     """How many of the job's latest attempts ended interrupted, the last one excepted."""
     count = 0
-    for entry in reversed((job.get("history") or [])[:-1]):
+    for entry in reversed(job.history[:-1]):
         if entry.get("outcome") != INTERRUPTED:
             break
         count += 1
@@ -185,7 +185,7 @@ def clear(spool: Spool, logs_only: bool = False) -> ClearReport:
     if logs_only:
         return _drop_logs(spool)
     snap, _ = read_queue(spool)
-    needed = {d for j in snap.pending + snap.running for d in j.get("after", []) + j.get("after_any", [])}
+    needed = {d for j in snap.pending + snap.running for d in j.after + j.after_any}
     report = ClearReport()
     for ref in list(spool.jobs.refs(FINISHED)):
         if ref.id in needed:
@@ -226,10 +226,10 @@ def sweep_jobs(spool: Spool, sweep_id: int) -> list[dict[str, Any]]:
             job = spool.jobs.load(ref)
         except (FileNotFoundError, schema.InvalidJob):
             break
-        sweep = job.get("sweep")
+        sweep = job.sweep
         if not isinstance(sweep, dict) or sweep.get("id") != sweep_id:
             break
-        out.append({"id": job_id, "name": job["name"], "state": ref.state, "values": sweep.get("values")})
+        out.append({"id": job_id, "name": job.name, "state": ref.state, "values": sweep.get("values")})
         job_id += 1
     return out
 
@@ -323,8 +323,8 @@ def _why_not_done(spool: Spool, job_id: int, state: Optional[str]) -> str:
         job = get(spool, job_id)[1]
     except Refused:
         return state or "gone"
-    code = f"exit {job['exit_code']}" if job.get("exit_code") is not None else ""
-    return ": ".join(p for p in (code, job.get("reason") or job.get("note") or "") if p) or (state or "")
+    code = f"exit {job.exit_code}" if job.exit_code is not None else ""
+    return ": ".join(p for p in (code, job.reason or job.note or "") if p) or (state or "")
 
 
 def jobs_in(spool: Spool, states: tuple[str, ...] = ACTIVE) -> list[dict[str, Any]]:

@@ -77,14 +77,14 @@ def tracked_by(spool: Spool, info: dict[str, Any]) -> Optional[str]:
     """Why gpuq already tracks this process (a job's own process, its supervisor, or a process
     inside a job's tree), or None."""
     for _ref, job in spool.jobs.load_many(RUNNING):
-        ident = (job.get("pid"), job.get("pid_create_time"))
-        sup = job.get("supervisor") or {}
+        ident = (job.pid, job.pid_create_time)
+        sup = job.supervisor or {}
         if _same(ident, info):
-            return f"it is job #{job['id']} ({job['name']})"
+            return f"it is job #{job.id} ({job.name})"
         if _same((sup.get("pid"), sup.get("create_time")), info):
-            return f"it is the supervisor of job #{job['id']} ({job['name']})"
-        if job.get("pid") in info["ancestors"] and procs.job_alive(job):
-            return f"it runs inside job #{job['id']} ({job['name']})"
+            return f"it is the supervisor of job #{job.id} ({job.name})"
+        if job.pid in info["ancestors"] and procs.job_alive(job):
+            return f"it runs inside job #{job.id} ({job.name})"
     return None
 
 
@@ -113,7 +113,7 @@ def adopt(spool: Spool, pid: int, name: Optional[str] = None, log: Optional[str]
             raise AdoptError(f"process {pid} is already tracked by gpuq: {reason}")
         job = _job(spool, info, name, log_path)
         ref = spool.jobs.publish(job, RUNNING)
-    if not procs.is_same_process(pid, info["create_time"], job["boot_id"]):
+    if not procs.is_same_process(pid, info["create_time"], job.boot_id):
         # It ended while we were adopting: let recovery record that honestly right away.
         repairs.settle_unsupervised(spool, repairs.Report())
     return ref, job

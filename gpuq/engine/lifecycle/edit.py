@@ -26,15 +26,14 @@ EDITABLE = sorted(schema.DROPPED_FIELDS)
 
 def editable(job: dict[str, Any]) -> dict[str, Any]:
     """The job as a dropped file would say it: what a person may edit."""
-    out = {key: job.get(FIELD_OF.get(key, key)) for key in EDITABLE}
-    out["gpus"] = 1 if out["gpus"] is None else out["gpus"]
+    out = {key: job[FIELD_OF.get(key, key)] for key in EDITABLE}  # a field the file lacks: its default
     return {k: v for k, v in out.items() if not (k == "gpu_mem" and v is None)}
 
 
 def read(spool: Spool, job_id: int) -> tuple[dict[str, Any], int]:
     """(what may be edited, the job's rev) of a waiting job."""
     _ref, job = actions.get(spool, job_id, WAITING)
-    return editable(job), job["rev"]
+    return editable(job), job.rev
 
 
 def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
@@ -70,7 +69,7 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> dict[s
     if clean.get("cwd") is not None and not Path(clean["cwd"]).is_dir():
         raise Refused(f"job #{job_id} not changed: cwd does not exist: {clean['cwd']}")
     with actions.claimed(spool, job_id, WAITING) as (ref, job):
-        if job["rev"] != rev:
+        if job.rev != rev:
             raise Refused(f"job #{job_id} changed while it was being edited; not changed: edit it again")
         changes = {FIELD_OF.get(key, key): value for key, value in clean.items()}
         changes.setdefault("gpu_mem_mib", None)

@@ -42,7 +42,7 @@ def preempt(
     spool: Spool, job_id: int, timeout: float = DEFAULT_TIMEOUT, force: bool = False, say: Callable = lambda _t: None
 ) -> Outcome:
     _ref, job = actions.running_with_pid(spool, job_id)
-    pgid = job.get("pid")
+    pgid = job.pid
     if not pgid:
         raise Refused(f"job #{job_id} has no process yet; try again")
     snapshot = procs.ungrouped_tree(pgid)
@@ -85,11 +85,11 @@ def resume(spool: Spool, job_id: int, require_checkpoint: bool = False, front: b
     with actions.claimed(spool, job_id, (PREEMPTED, INTERRUPTED)) as (ref, job):
         how = continuation.plan(spool, job)
         if how.checkpoint is None and require_checkpoint:
-            why = "it was queued with --no-resume" if job.get("no_resume") else checkpoints.where_looked(job)
+            why = "it was queued with --no-resume" if job.no_resume else checkpoints.where_looked(job)
             raise Refused(f"job #{job_id}: no complete checkpoint ({why}); left {ref.state}")
         if how.checkpoint is not None:
             note = f"resumes from {how.checkpoint}"
-        elif job.get("no_resume"):
+        elif job.no_resume:
             note = "starts from scratch: queued with --no-resume"
         else:
             note = f"no checkpoint found ({checkpoints.where_looked(job)}): starts from scratch"
@@ -103,9 +103,9 @@ def resume_auto(spool: Spool) -> tuple[list[Resumed], bool]:
     whether one was busy (its supervisor still letting go of it: try again in a moment)."""
     out, busy = [], False
     for _ref, job in spool.jobs.load_many(PREEMPTED):
-        if job.get("auto_resume"):
+        if job.auto_resume:
             try:
-                out.append(resume(spool, job["id"]))
+                out.append(resume(spool, job.id))
             except Refused:
                 busy = True  # busy or changed meanwhile: the next step tries again
     return out, busy
@@ -131,12 +131,12 @@ class UrgentPreemptions:
 
     def begin(self, victim: dict[str, Any], now: float) -> None:
         """Start preempting `victim` without waiting: `busy_slots` finishes it at later steps."""
-        pgid = victim["pid"]
+        pgid = victim.pid
         snapshot = procs.ungrouped_tree(pgid)
-        self.spool.control.request(victim["id"], PREEMPT_RESUME)
+        self.spool.control.request(victim.id, PREEMPT_RESUME)
         procs.terminate(pgid, snapshot)
         where = Assignment.of_job(victim)
-        self.under_way[victim["id"]] = Preemption(victim["id"], where, pgid, snapshot, now + self.grace)
+        self.under_way[victim.id] = Preemption(victim.id, where, pgid, snapshot, now + self.grace)
 
     def holding(self, state_of: dict[int, str], now: float) -> dict[int, Assignment]:
         """Where victims with processes still alive hold their place; SIGKILL what is left once

@@ -75,7 +75,7 @@ def resolve_duplicates(spool: Spool, report: Report) -> None:
         loaded = []
         for ref in copies:
             try:
-                loaded.append((spool.jobs.load(ref)["rev"], STATES.index(ref.state), ref))
+                loaded.append((spool.jobs.load(ref).rev, STATES.index(ref.state), ref))
             except (FileNotFoundError, schema.InvalidJob):
                 continue
         loaded.sort()
@@ -117,7 +117,7 @@ def end_unseen(spool: Spool, ref: JobRef, job: dict, noted: Optional[dict] = Non
     from gpuq.core import transitions
     from gpuq.engine.lifecycle import ending
 
-    request = spool.control.take(job["id"])
+    request = spool.control.take(job.id)
     if noted and isinstance(noted.get("exit_code"), int) and noted.get("state") in STATES:
         state, code = noted["state"], noted["exit_code"]
         note = f"exit {code}, noted by its supervisor while the disk was full (it died before it could record it)"

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from gpuq.core import states, transitions
 from gpuq.core.errors import GpuqError, Refused
+from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, DONE, FAILED, FINISHED, PENDING, SLURM
 from gpuq.core.times import iso_of, parse_iso
 from gpuq.engine.lifecycle.ending import claimed, get, record_end
@@ -98,7 +99,7 @@ def submit(
     states = {ref.id: ref.state for ref in spool.jobs.refs()}
     stopped: Optional[str] = None  # why the rest is not tried
     for job in _in_dependency_order(jobs, out.left):
-        job_id = job["id"]
+        job_id = job.id
         if stopped is not None:
             out.left[job_id] = f"job #{job_id} was not handed over: {stopped}"
             continue
@@ -137,7 +138,7 @@ def _targets(spool: Spool, ids: Optional[Sequence[int]], left: dict[int, str]) -
 
 
 def _deps(job: dict[str, Any]) -> list[int]:
-    return list(job.get("after") or []) + list(job.get("after_any") or [])
+    return job.after + job.after_any
 
 
 def _ids_in(spool: Spool, state: str) -> set[int]:
@@ -146,13 +147,13 @@ def _ids_in(spool: Spool, state: str) -> set[int]:
 
 def _slurm_ids(spool: Spool) -> dict[int, int]:
     """gpuq id -> Slurm id of every job in slurm/."""
-    return {job["id"]: job["slurm"]["job_id"] for _ref, job in spool.jobs.load_many(SLURM) if job.get("slurm")}
+    return {job.id: job.slurm["job_id"] for _ref, job in spool.jobs.load_many(SLURM) if job.slurm}
 
 
 def _in_dependency_order(jobs: list[dict[str, Any]], left: dict[int, str]) -> list[dict[str, Any]]:
     """The jobs, each after those of them it depends on (ids break ties). Jobs that depend on each
     other in a circle go into `left` instead."""
-    by_id = {job["id"]: job for job in jobs}
+    by_id = {job.id: job for job in jobs}
     done: dict[int, dict[str, Any]] = {}
 
     def visit(job_id: int, path: tuple[int, ...]) -> None:
@@ -179,23 +180,23 @@ def _check_dependencies(job: dict[str, Any], states: dict[int, str], slurm_ids: 
     one on a job left behind in this queue, one on a job gone (Slurm would take an id it does
     not know as satisfied). Done jobs (and, for after_any, any end) are satisfied: dropped. A job
     on Slurm (in slurm/, or handed over just now) is a Slurm dependency."""
-    for dep, any_end in [(d, False) for d in job.get("after") or []] + [(d, True) for d in job.get("after_any") or []]:
+    for dep, any_end in [(d, False) for d in job.after] + [(d, True) for d in job.after_any]:
         state = states.get(dep)
         if dep in slurm_ids or state == DONE or (any_end and state in FINISHED):
             continue
-        head = f"job #{job['id']} runs after #{dep}"
+        head = f"job #{job.id} runs after #{dep}"
         if dep in left:
             raise Refused(f"{head}, which stays here: it stays too")
         if state in (FAILED, CANCELLED):
             raise Refused(f"{head}, which {state}: it would never start (`gpuq retry {dep}` first, or --after-any)")
         if state is None:
             raise Refused(f"{head}, which is no longer in the queue")
-        raise Refused(f"{head}, which is {state} here: hand it over too (`gpuq slurm submit {dep} {job['id']}`)")
+        raise Refused(f"{head}, which is {state} here: hand it over too (`gpuq slurm submit {dep} {job.id}`)")
 
 
 def _hand_over_one(spool: Spool, job_id: int, extra: list[str], slurm_ids: dict, build: Build, env: Env) -> Handed:
     with claimed(spool, job_id, (PENDING,)) as (ref, job):
-        mark = job.get("slurm")
+        mark = job.slurm
         if states.handing_over(job):  # a hand-over cut short: Slurm may have the job already
             found = _find(spool, job, env)
             if found is not None:
@@ -205,8 +206,8 @@ def _hand_over_one(spool: Spool, job_id: int, extra: list[str], slurm_ids: dict,
             job = spool.jobs.rewrite(ref, job, **transitions.slurm_submitting(extra))
         try:
             # The script resumes from checkpoints written since ckpt_since, as hand_over records it.
-            since = job.get("ckpt_since") or job["slurm"]["submitted_at"]
-            script, options = build(dict(job, ckpt_since=since), slurm_ids, extra)
+            since = job.ckpt_since or job.slurm["submitted_at"]
+            script, options = build(Job(job, ckpt_since=since), slurm_ids, extra)
             slurm_id = client.submit(script, options, env=env)
         except (SlurmNoAnswer, KeyboardInterrupt):
             raise  # it may have been submitted: the mark stays; the next submit or sync repairs it
@@ -218,10 +219,10 @@ def _hand_over_one(spool: Spool, job_id: int, extra: list[str], slurm_ids: dict,
 
 def _find(spool: Spool, job: dict[str, Any], env: Env) -> Optional[int]:
     """The Slurm job a cut-short hand-over of `job` made, if any (the oldest, should there be two)."""
-    mark = job["slurm"]
+    mark = job.slurm
     since = (parse_iso(mark.get("submitted_at")) or 0.0) - REPAIR_SLACK
-    name = client.slurm_job_name(job.get("name") or str(job["id"]))
-    found = client.find_by_comment(spool_marker(spool, job["id"]), name=name, since=since, env=env)
+    name = client.slurm_job_name(job.name or str(job.id))
+    found = client.find_by_comment(spool_marker(spool, job.id), name=name, since=since, env=env)
     return found[0][0] if found else None
 
 
@@ -230,7 +231,7 @@ def sync(spool: Spool, env: Env = None) -> SyncReport:
     """Bring the files of jobs in slurm/ up to date with Slurm (see the module's docstring)."""
     report = SyncReport()
     report.repaired = _repair_marked(spool, env)
-    jobs = {job["slurm"]["job_id"]: job["id"] for _ref, job in spool.jobs.load_many(SLURM) if job.get("slurm")}
+    jobs = {job.slurm["job_id"]: job.id for _ref, job in spool.jobs.load_many(SLURM) if job.slurm}
     if not jobs:
         return report
     seen = client.query(list(jobs), env=env)
@@ -259,8 +260,8 @@ def _record(spool: Spool, job_id: int, seen: Optional[client.SlurmJob], report: 
             else:
                 state, reason = seen.state, seen.reason
             started = iso_of(seen.start) if seen is not None and seen.state == "RUNNING" and seen.start else None
-            mark = job["slurm"]
-            if (mark.get("state"), mark.get("reason")) != (state, reason) or (started and not job.get("started_at")):
+            mark = job.slurm
+            if (mark.get("state"), mark.get("reason")) != (state, reason) or (started and not job.started_at):
                 changes = transitions.slurm_seen(job, state, reason, started)
                 report.changed.append(spool.jobs.rewrite(ref, job, **changes))
     except Refused:
@@ -275,7 +276,7 @@ def _repair_marked(spool: Spool, env: Env) -> list[Handed]:
         if not states.handing_over(job):
             continue
         try:
-            with claimed(spool, job["id"], (PENDING,)) as (ref, current):
+            with claimed(spool, job.id, (PENDING,)) as (ref, current):
                 if not states.handing_over(current):
                     continue
                 found = _find(spool, current, env)
@@ -292,7 +293,7 @@ def cancel(spool: Spool, job_id: int, env: Env = None) -> dict[str, Any]:
     """scancel the job's Slurm job, then move it to cancelled/ (also when Slurm no longer knows it).
     One Slurm ended meanwhile is recorded as it ended instead."""
     with claimed(spool, job_id, (SLURM,)) as (ref, job):
-        slurm_id = job["slurm"]["job_id"]
+        slurm_id = job.slurm["job_id"]
         if not client.cancel(slurm_id, env=env):
             seen = client.query([slurm_id], env=env).get(slurm_id)
             if seen is not None and seen.finished and seen.state != "CANCELLED":

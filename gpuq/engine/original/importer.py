@@ -83,7 +83,7 @@ def _taken_ids(spool: Spool, queue: reader.LegacyQueue, resuming: bool) -> str:
     for job in queue.jobs:
         for ref in present.get(job.id, []):
             try:
-                mine = spool.jobs.load(ref).get("source", "").startswith(SOURCE_PREFIX)
+                mine = spool.jobs.load(ref).source.startswith(SOURCE_PREFIX)
             except (FileNotFoundError, schema.InvalidJob):
                 mine = False
             if not (resuming and mine):
@@ -132,7 +132,7 @@ def _job(spool: Spool, queue: reader.LegacyQueue, old: reader.LegacyJob) -> tupl
     )
     job.update(
         attempts=old.attempts,
-        created_at=old.created_at or job["created_at"],
+        created_at=old.created_at or job.created_at,
         started_at=old.started_at,
         finished_at=old.finished_at,
         exit_code=old.exit_code,

@@ -38,11 +38,11 @@ def view(
 
     own: set[int] = set()
     holders: dict[int, list[int]] = {}
-    pids = [job["pid"] for job in running if job.get("pid")]
+    pids = [job.pid for job in running if job.pid]
     if pids and any(gpu.processes for gpu in look.gpus):  # (psutil is imported only to tell them apart)
         own = gpu_info.tree_pids(pids)
     held = {job_id: list(gpus or ()) for job_id, gpus in (starting or {}).items()}
-    held.update((job["id"], job.get("gpus") or []) for job in running)
+    held.update((job.id, job.gpus or []) for job in running)
     for job_id, indices in held.items():
         for index in indices:
             holders.setdefault(index, []).append(job_id)

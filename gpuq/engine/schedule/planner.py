@@ -31,8 +31,8 @@ class Assignment:
 
     @classmethod
     def of_job(cls, job: dict[str, Any]) -> Assignment:
-        held = job.get("gpus")
-        return cls(job.get("slot"), tuple(held) if held is not None else None)
+        held = job.gpus
+        return cls(job.slot, tuple(held) if held is not None else None)
 
 
 @dataclass
@@ -106,14 +106,14 @@ class Planner:
         mode = placement.mode_of(look) if look is not None else None
         if mode not in (placement.CPU_ONLY, placement.GPUS) or (mode == placement.GPUS and not ending.get("gpus")):
             return []
-        waited = {dep for job in snap.pending for dep in (*(job.get("after") or ()), *(job.get("after_any") or ()))}
-        if ending["id"] in waited:
+        waited = {dep for job in snap.pending for dep in (*job.after, *job.after_any)}
+        if ending.id in waited:
             return []
-        busy = {job_id: where for job_id, where in busy.items() if job_id != ending["id"]}
+        busy = {job_id: where for job_id, where in busy.items() if job_id != ending.id}
         rest = scheduler.QueueState(
             snap.states,
-            [job for job in snap.pending if job["id"] not in busy and job["id"] != ending["id"]],
-            [job for job in snap.running if job["id"] != ending["id"]],
+            [job for job in snap.pending if job.id not in busy and job.id != ending.id],
+            [job for job in snap.running if job.id != ending.id],
             snap.now,
         )
         rest.ordered = snap.ordered
@@ -134,7 +134,7 @@ class Planner:
         picks = []
         for job in ready:
             picks.append(job)
-            if job["id"] in waited:
+            if job.id in waited:
                 break
         return picks
 
@@ -157,7 +157,7 @@ class Planner:
             snap, free, slots, set(preempting), victims.how_it_continues
         )
         for job in unserved:  # they wait for a slot like any other job, first in line
-            plan.waits[job["id"]] = scheduler.Wait(f"urgent, but {victims.NO_VICTIM}", False)
+            plan.waits[job.id] = scheduler.Wait(f"urgent, but {victims.NO_VICTIM}", False)
         for job in islice(ready, len(free)):
             plan.starts.append((job, Assignment(free[len(plan.starts)])))
         return plan
@@ -177,22 +177,22 @@ class Planner:
         holdings, own_pids, cpu_lane = self._holdings(snap.running, busy)
         if mode == placement.UNREADABLE:
             blocked = placement.unreadable(look)
-            decisions = {j["id"]: blocked if request_of(j).gpus else Placement(()) for j in ready}
+            decisions = {j.id: blocked if request_of(j).gpus else Placement(()) for j in ready}
         else:
-            requests = [(j["id"], request_of(j)) for j in ready]
+            requests = [(j.id, request_of(j)) for j in ready]
             decisions = placement.place_in_order(
                 requests, look.gpus, allowed, holdings, own_pids, self.threshold, gpu_info.describe_pid
             )
         for job in ready:
-            decision = decisions[job["id"]]
+            decision = decisions[job.id]
             if isinstance(decision, Blocked):
-                plan.waits[job["id"]] = scheduler.Wait(decision.reason, decision.forever)
+                plan.waits[job.id] = scheduler.Wait(decision.reason, decision.forever)
             elif not decision.gpus and cpu_lane is not None:
-                plan.waits[job["id"]] = scheduler.Wait(f"waiting for the CPU lane (job #{cpu_lane})", False)
+                plan.waits[job.id] = scheduler.Wait(f"waiting for the CPU lane (job #{cpu_lane})", False)
             else:
                 plan.starts.append((job, Assignment(",".join(map(str, decision.gpus)), decision.gpus)))
                 if not decision.gpus:
-                    cpu_lane = job["id"]
+                    cpu_lane = job.id
         if mode == placement.GPUS:
             plan.victims = self._victims(snap, ready, plan, holdings, own_pids, preempting, look, allowed)
         return plan
@@ -217,15 +217,15 @@ class Planner:
         """gpuq's jobs on the GPUs (running ones with their process trees, and those this worker is
         starting or preempting), every pid of gpuq's jobs, and the job in the CPU lane."""
         holdings, pids, cpu_lane = [], set(), None
-        running_ids = {j["id"] for j in running}
+        running_ids = {j.id for j in running}
         for job in running:
-            tree = self._tree(job["pid"]) if job.get("pid") else set()
+            tree = self._tree(job.pid) if job.pid else set()
             pids |= tree
-            held = job.get("gpus")
+            held = job.gpus
             if held:
-                holdings.append(Holding(job["id"], tuple(held), job.get("gpu_mem_mib"), frozenset(tree)))
-            elif held == [] and not job.get("adopted"):
-                cpu_lane = job["id"]
+                holdings.append(Holding(job.id, tuple(held), job.gpu_mem_mib, frozenset(tree)))
+            elif held == [] and not job.adopted:
+                cpu_lane = job.id
         for job_id, where in busy.items():
             if job_id in running_ids:
                 continue
@@ -249,25 +249,21 @@ class Planner:
         """Running jobs to preempt so that the first urgent job the GPUs hold back can start: those
         that can continue (engine/schedule/victims.py; any, for --urgent=force), the lowest priority first
         (among equals the one started last), as few as will make room."""
-        urgent = next((j for j in ready if j.get("urgent") and j["id"] in plan.waits), None)
-        if urgent is None or plan.waits[urgent["id"]].forever or preempting:
+        urgent = next((j for j in ready if j.urgent and j.id in plan.waits), None)
+        if urgent is None or plan.waits[urgent.id].forever or preempting:
             return []
         candidates = [
             j
             for j in snap.running
-            if j.get("pid")
-            and j.get("gpus")
-            and not j.get("urgent")
-            and not j.get("adopted")
-            and (allowed is None or set(j["gpus"]) <= allowed)
+            if j.pid and j.gpus and not j.urgent and not j.adopted and (allowed is None or set(j.gpus) <= allowed)
         ]
         candidates.sort(key=scheduler.victim_key)
         allowed_victims = victims.in_preference(candidates, victims.forced(urgent), victims.how_it_continues)
         chosen = self._making_room(urgent, allowed_victims, holdings, own_pids, look, allowed)
         if not chosen and len(allowed_victims) < len(candidates):
             if self._making_room(urgent, candidates, holdings, own_pids, look, allowed):
-                wait = plan.waits[urgent["id"]]
-                plan.waits[urgent["id"]] = scheduler.Wait(f"{wait.reason}; urgent, but {victims.NO_VICTIM}", False)
+                wait = plan.waits[urgent.id]
+                plan.waits[urgent.id] = scheduler.Wait(f"{wait.reason}; urgent, but {victims.NO_VICTIM}", False)
         return chosen
 
     def _making_room(
@@ -284,8 +280,8 @@ class Planner:
         left, gpus, pids = list(holdings), list(look.gpus), set(own_pids)
         for victim in candidates:
             chosen.append(victim)
-            theirs = {p for h in left if h.job_id == victim["id"] for p in h.pids}
-            left = [h for h in left if h.job_id != victim["id"]]
+            theirs = {p for h in left if h.job_id == victim.id for p in h.pids}
+            left = [h for h in left if h.job_id != victim.id]
             gpus, pids = [_without(gpu, theirs) for gpu in gpus], pids - theirs
             decision = placement.place(request_of(urgent), gpus, allowed, left, pids, self.threshold)
             if isinstance(decision, Placement):
@@ -313,5 +309,4 @@ def _without(gpu: gpu_info.Gpu, pids: set[int]) -> gpu_info.Gpu:
 
 def request_of(job: dict[str, Any]) -> Request:
     """What a job asks of the GPUs (job files from before GPUs were known ask for one, whole)."""
-    count = job.get("gpu_request")
-    return Request(1 if count is None else count, job.get("gpu_mem_mib") if count != 0 else None)
+    return Request(job.gpu_request, job.gpu_mem_mib if job.gpu_request != 0 else None)

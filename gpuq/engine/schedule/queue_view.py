@@ -197,7 +197,7 @@ class QueueView:
         for name, value in self.jobs[PENDING].items():
             if isinstance(value, schema.InvalidJob):
                 invalid.append((JobRef(int(name[: name.index("-")]), PENDING, name), str(value)))
-            elif states.get(value["id"]) == PENDING:  # else a stale copy a crash mid-move left: never started
+            elif states.get(value.id) == PENDING:  # else a stale copy a crash mid-move left: never started
                 key = keys.get(name)
                 if key is None:
                     key = keys[name] = queue_key(value)
@@ -225,4 +225,4 @@ def _dropped_name(name: str) -> bool:
 
 
 def _job_id(job: dict[str, Any]) -> int:
-    return job["id"]
+    return job.id

@@ -84,12 +84,12 @@ def waiting_reason(
     --begin time) allow it to. `stuck` holds pending jobs known to be blocked for good, so that
     their dependents are too."""
     if states.handing_over(job):  # marked by a hand-over to Slurm (engine/lifecycle/slurm_handover.py): never run here
-        return Wait(f"being handed to Slurm; if that was cut short, `gpuq slurm submit {job['id']}` finishes it", True)
-    waits = [_dependency_wait(job["id"], d, state_of.get(d), False, stuck) for d in job.get("after", [])]
-    waits += [_dependency_wait(job["id"], d, state_of.get(d), True, stuck) for d in job.get("after_any", [])]
+        return Wait(f"being handed to Slurm; if that was cut short, `gpuq slurm submit {job.id}` finishes it", True)
+    waits = [_dependency_wait(job.id, d, state_of.get(d), False, stuck) for d in job.after]
+    waits += [_dependency_wait(job.id, d, state_of.get(d), True, stuck) for d in job.after_any]
     waits = [w for w in waits if w is not None]
-    if now is not None and job.get("begin_at"):
-        begin = parse_iso(job["begin_at"]) or 0.0
+    if now is not None and job.begin_at:
+        begin = parse_iso(job.begin_at) or 0.0
         if begin > now:
             waits.append(Wait(f"starts at {_clock(begin, now)} (--begin)", False))
     if not waits:
@@ -108,7 +108,7 @@ def _clock(when: float, now: float) -> str:
 
 def next_begin(pending: list[dict[str, Any]], now: float) -> Optional[float]:
     """The earliest --begin time still to come among pending jobs (the worker wakes for it)."""
-    times = [parse_iso(job["begin_at"]) or 0.0 for job in pending if job.get("begin_at")]
+    times = [parse_iso(job.begin_at) or 0.0 for job in pending if job.begin_at]
     future = [t for t in times if t > now]
     return min(future) if future else None
 
@@ -121,7 +121,7 @@ def queue_order(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def queue_key(job: dict[str, Any]) -> tuple[bool, bool, int, int]:
     """A job's place in queue_order."""
-    return (not job.get("urgent"), not job.get("queue_front"), -int(job.get("priority") or 0), job["id"])
+    return (not job.urgent, not job.queue_front, -job.priority, job.id)
 
 
 def preemption_victims(
@@ -137,7 +137,7 @@ def preemption_victims(
     the urgent job it serves is `--urgent=force`. Among those allowed, the lowest priority goes
     first; among equals the one started last (it loses the least work). Urgent and adopted jobs,
     jobs of other workers' slots and jobs without a process yet are never chosen."""
-    urgent = [j for j in snapshot.pending if j.get("urgent")]  # few or none: filter before the costly part
+    urgent = [j for j in snapshot.pending if j.urgent]  # few or none: filter before the costly part
     if not urgent:
         return [], []
     urgent = queue_order([j for j in urgent if waiting_reason(j, snapshot.states, now=snapshot.now) is None])
@@ -150,7 +150,7 @@ def preemption_victims(
         if len(victims) == need:
             break
         (victims if continues(job) else would_lose).append(job)
-    forced = sum(1 for j in unserved if j.get("urgent") == URGENT_FORCE)
+    forced = sum(1 for j in unserved if j.urgent == URGENT_FORCE)
     victims += would_lose[: max(0, min(forced, need - len(victims)))]
     return victims, unserved[len(victims) :]
 
@@ -159,24 +159,20 @@ def _victim_candidates(snapshot: QueueState, slots: list[Optional[str]], preempt
     return [
         j
         for j in snapshot.running
-        if j["id"] not in preempting
-        and j.get("pid")
-        and not j.get("urgent")
-        and not j.get("adopted")
-        and (slots == [None] or j.get("slot") in slots)
+        if j.id not in preempting and j.pid and not j.urgent and not j.adopted and (slots == [None] or j.slot in slots)
     ]
 
 
 def victim_key(job: dict[str, Any]) -> tuple[int, float]:
     """Which running job an urgent job preempts first: the lowest priority, then the one started last."""
-    return int(job.get("priority") or 0), -(parse_iso(job.get("started_at")) or 0.0)
+    return job.priority, -(parse_iso(job.started_at) or 0.0)
 
 
 def occupied_slots(running: list[dict[str, Any]], slots: list[Optional[str]]) -> set[Optional[str]]:
     """Slots taken by running jobs. A job with slot None (whole machine, or adopted) takes all."""
     taken: set[Optional[str]] = set()
     for job in running:
-        slot = job.get("slot")
+        slot = job.slot
         if slot is None or slots == [None]:
             return set(slots)
         taken.add(slot)
@@ -191,8 +187,7 @@ def waiting_reasons(snapshot: QueueState, extra: Optional[dict[int, Wait]] = Non
     stuck = frozenset(i for i, w in extra.items() if w.forever)
     while True:
         reasons = {
-            j["id"]: waiting_reason(j, snapshot.states, stuck, snapshot.now) or extra.get(j["id"])
-            for j in snapshot.pending
+            j.id: waiting_reason(j, snapshot.states, stuck, snapshot.now) or extra.get(j.id) for j in snapshot.pending
         }
         now_stuck = frozenset(i for i, w in reasons.items() if w is not None and w.forever)
         if now_stuck == stuck:
@@ -206,7 +201,7 @@ def has_startable_future(snapshot: QueueState, extra: Optional[dict[int, Wait]] 
     extra = extra or {}
     for job in snapshot.pending:  # the common case, decided without following dependency chains
         if waiting_reason(job, snapshot.states, now=snapshot.now) is None and not (
-            job["id"] in extra and extra[job["id"]].forever
+            job.id in extra and extra[job.id].forever
         ):
             return True
     return any(w is None or not w.forever for w in waiting_reasons(snapshot, extra).values())

@@ -20,18 +20,18 @@ NO_VICTIM = "no running job can be preempted without losing its progress (`--urg
 
 
 def forced(job: dict[str, Any]) -> bool:
-    return job.get("urgent") == URGENT_FORCE
+    return job.urgent == URGENT_FORCE
 
 
 def how_it_continues(job: dict[str, Any]) -> Optional[str]:
     """How a running job would go on after a preemption ("from checkpoint-400", "saves a
     checkpoint when preempted"), or None when it would start over. Looks at its checkpoints."""
-    if job.get("no_resume"):
+    if job.no_resume:
         return None
     found = checkpoints.latest_checkpoint(job)
     if found is not None:
         return f"from {os.path.basename(found.path.rstrip('/'))}"
-    if job.get("preemptible"):
+    if job.preemptible:
         return "from the checkpoint it saves when preempted (--preemptible)"
     return None
 
@@ -50,9 +50,7 @@ def in_preference(
 def foreseen(urgent: dict[str, Any], running: list[dict[str, Any]]) -> str:
     """What `gpuq add --urgent` tells the user will happen if no slot is free when a worker looks:
     which running job it would preempt and how that job goes on, or that it waits."""
-    candidates = sorted(
-        (j for j in running if j.get("pid") and not j.get("urgent") and not j.get("adopted")), key=victim_key
-    )
+    candidates = sorted((j for j in running if j.pid and not j.urgent and not j.adopted), key=victim_key)
     if not candidates:
         return "urgent: first in line (nothing running that it could preempt)"
     chosen = next(iter(in_preference(candidates, forced(urgent), how_it_continues)), None)

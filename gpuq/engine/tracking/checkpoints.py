@@ -152,14 +152,14 @@ def job_checkpoints(job: dict[str, Any]) -> list[Checkpoint]:
     HF output dir in its argv. Those written before the job's run began (`ckpt_since`: its first
     start, or the start of a run from scratch) belong to an earlier run in the same directory, which
     is how most people run (`--output_dir out` every time), and are left out."""
-    cmd, cwd = job.get("cmd") or [], job.get("cwd") or "/"
-    pattern = job.get("ckpt_glob")
+    cmd, cwd = job.cmd, job.cwd
+    pattern = job.ckpt_glob
     if pattern:
         found = glob_checkpoints(pattern, cwd)
     else:
         out = output_dir(cmd, cwd)
         found = hf_checkpoints(out) if out is not None else []
-    since = parse_iso(job.get("ckpt_since"))
+    since = parse_iso(job.ckpt_since)
     if since is not None:
         found = [c for c in found if written_at(c.path) >= since - MTIME_SLACK]
     return found
@@ -189,9 +189,9 @@ def written_at(path: str) -> float:
 
 
 def where_looked(job: dict[str, Any]) -> str:
-    if job.get("ckpt_glob"):
-        return f"looked for {job['ckpt_glob']!r} in {job['cwd']}"
-    out = output_dir(job["cmd"], job["cwd"])
+    if job.ckpt_glob:
+        return f"looked for {job.ckpt_glob!r} in {job.cwd}"
+    out = output_dir(job.cmd, job.cwd)
     if out is None:
         return "its command has no --output_dir and it has no --ckpt-glob"
     return f"looked for checkpoint-N with trainer_state.json in {out}"

@@ -23,8 +23,8 @@ from gpuq.spool import Spool
 
 def plan(spool: Spool, job: dict[str, Any], from_scratch: bool = False) -> Continuation:
     """How `job` goes on after the attempt it has just ended (or that was interrupted)."""
-    last = last_step(spool, job) if job.get("started_at") else None
-    if from_scratch or job.get("no_resume"):
+    last = last_step(spool, job) if job.started_at else None
+    if from_scratch or job.no_resume:
         return Continuation(None, None, last, from_scratch=True)
     found = checkpoints.latest_checkpoint(job)
     if found is None:

@@ -85,8 +85,8 @@ def observe(spool: Spool, job: dict[str, Any]) -> tuple[Optional[progress.Readin
             return reading, progress.recent_points(report[0])
     tail, mtime = spool.logs.tail(job, progress.TAIL_BYTES)
     if tail:
-        seen = [tuple(x) for x in spool.reports.read_samples(job["id"]).get("incomplete", []) if isinstance(x, list)]
-        epochs = progress.num_epochs(job.get("cmd") or [])
+        seen = [tuple(x) for x in spool.reports.read_samples(job.id).get("incomplete", []) if isinstance(x, list)]
+        epochs = progress.num_epochs(job.cmd)
         reading = progress.from_log_text(tail.decode("utf-8", "replace"), mtime, epochs, seen)
         if reading:
             return reading, []
@@ -102,7 +102,7 @@ def record(
     spool: Spool, job: dict[str, Any], reading: progress.Reading, extra: list[tuple[float, float]]
 ) -> tuple[list[tuple[float, float]], Attempt]:
     """Add this look to the job's samples; the points of the reading's series and the attempt."""
-    stored = spool.reports.read_samples(job["id"])
+    stored = spool.reports.read_samples(job.id)
     key = _series_key(reading)
     old = stored.get("points", []) if stored.get("key") == key else []
     points = merge_points(old, extra + [(reading.at, reading.step)], progress.attempt_started(job))
@@ -120,7 +120,7 @@ def record(
     }
     if new != stored:
         try:
-            spool.reports.write_samples(job["id"], new)
+            spool.reports.write_samples(job.id, new)
         except OSError:
             pass  # a read-only or full spool: the ETA just has fewer samples
     return points, run
@@ -174,9 +174,9 @@ def start_step(job: dict[str, Any]) -> Optional[float]:
     """The step the current attempt started at: 0 from scratch, the checkpoint's step when resumed
     (gpuq's own resume, or the command's own --resume_from_checkpoint: an adopted job), None when
     it resumed from a checkpoint whose step cannot be told (`--resume_from_checkpoint=True`)."""
-    if job.get("resumed_from_step") is not None:
-        return float(job["resumed_from_step"])
-    ckpt = job.get("resumed_from") or checkpoints.arg_value(job.get("cmd") or [], RESUME_FLAGS)
+    if job.resumed_from_step is not None:
+        return float(job.resumed_from_step)
+    ckpt = job.resumed_from or checkpoints.arg_value(job.cmd, RESUME_FLAGS)
     if not ckpt:
         return 0.0
     m = checkpoints.STEP_RE.search(os.path.basename(str(ckpt).rstrip("/")))
@@ -283,7 +283,7 @@ def sample_running(spool: Spool, running: list[dict[str, Any]], now: float) -> N
 
 # ---- the tail, learned from earlier runs --------------------------------------------------------
 def command_key(job: dict[str, Any]) -> str:
-    return repr((list(job.get("cmd") or []), job.get("cwd")))
+    return repr((list(job.cmd), job.cwd))
 
 
 def attempt_of(spool: Spool, job: dict[str, Any], stored: dict[str, Any]) -> Attempt:
@@ -303,14 +303,14 @@ def past_tails(spool: Spool, job: dict[str, Any], before: float) -> tuple[Option
     in the same directory that ended before `before`. Reads at most the newest HISTORY_FILES jobs."""
     key, found = command_key(job), []
     for ref in list(spool.jobs.refs((DONE,)))[-HISTORY_FILES:]:
-        if ref.id == job["id"]:
+        if ref.id == job.id:
             continue
         try:
             past = spool.jobs.load(ref)
         except (OSError, ValueError):
             continue
-        end = parse_iso(past.get("finished_at"))
-        if past.get("adopted") or end is None or end > before or command_key(past) != key:
+        end = parse_iso(past.finished_at)
+        if past.adopted or end is None or end > before or command_key(past) != key:
             continue
         tail = tail_of(past, spool.reports.read_samples(ref.id))
         if tail is not None:
@@ -323,7 +323,7 @@ def tail_of(job: dict[str, Any], samples: dict[str, Any]) -> Optional[float]:
     """Seconds between a finished run's last step and its end: `finished_at` minus when its samples
     reached the total (the first sample at the total, or, when earlier, an extrapolation from the
     last sample within TAIL_REACH of the end)."""
-    end, total = parse_iso(job.get("finished_at")), samples.get("total")
+    end, total = parse_iso(job.finished_at), samples.get("total")
     if end is None or not isinstance(total, (int, float)) or total <= 0:
         return None
     points = merge_points(samples.get("points") or [], [], progress.attempt_started(job))

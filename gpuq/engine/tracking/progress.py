@@ -302,10 +302,10 @@ def num_epochs(cmd: list[str]) -> Optional[float]:
 def checkpoint_points(job: dict[str, Any]) -> tuple[list[tuple[float, float, str]], Optional[float]]:
     """(mtime, step, label) of every complete checkpoint of the job with a step number, oldest
     first, and the total steps (--max_steps, else the newest trainer_state.json's max_steps)."""
-    cmd, cwd = job.get("cmd") or [], job.get("cwd") or "/"
+    cmd, cwd = job.cmd, job.cwd
     out = checkpoints.output_dir(cmd, cwd)
-    if job.get("ckpt_glob"):
-        found = checkpoints.glob_checkpoints(job["ckpt_glob"], cwd)
+    if job.ckpt_glob:
+        found = checkpoints.glob_checkpoints(job.ckpt_glob, cwd)
     else:
         found = checkpoints.hf_checkpoints(out) if out is not None else []
     points = []
@@ -376,12 +376,12 @@ def _trainer_state_max_steps(ckpt_path: str) -> Optional[int]:
 
 
 def attempt_started(job: dict[str, Any]) -> float:
-    return parse_iso(job.get("started_at")) or 0.0
+    return parse_iso(job.started_at) or 0.0
 
 
 def progress_report(spool: Spool, job: dict[str, Any]) -> Optional[tuple[dict[str, Any], float]]:
     """(contents, mtime) of the job's progress file if the current attempt wrote it."""
-    report = spool.reports.read_progress(job["id"])
+    report = spool.reports.read_progress(job.id)
     if report is None or report[1] < attempt_started(job) - MTIME_SLACK:
         return None
     return report

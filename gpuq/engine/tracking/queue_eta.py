@@ -27,8 +27,8 @@ def past_durations(spool: Spool, keys: set[str]) -> dict[str, list[float]]:
         except (OSError, ValueError):
             continue
         key = eta.command_key(job)
-        start, end = parse_iso(job.get("started_at")), parse_iso(job.get("finished_at"))
-        if key in keys and start is not None and end is not None and end >= start and not job.get("adopted"):
+        start, end = parse_iso(job.started_at), parse_iso(job.finished_at)
+        if key in keys and start is not None and end is not None and end >= start and not job.adopted:
             found.setdefault(key, []).append(end - start)
     return found
 
@@ -55,18 +55,18 @@ def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None
 
 def _slots_of(job: dict[str, Any], slots: list[Optional[str]]) -> list[Optional[str]]:
     """The slots a running job occupies."""
-    if job.get("gpus") is not None and CPU_LANE in slots:
-        return [str(g) for g in job["gpus"]] or [CPU_LANE]
-    if job.get("slot") is None or slots == [None]:
+    if job.gpus is not None and CPU_LANE in slots:
+        return [str(g) for g in job.gpus] or [CPU_LANE]
+    if job.slot is None or slots == [None]:
         return list(slots)
-    return [job["slot"]]
+    return [job.slot]
 
 
 def _needs(job: dict[str, Any], slots: list[Optional[str]]) -> tuple[list[Optional[str]], int]:
     """The slots a pending job can take and how many of them it needs."""
     if CPU_LANE not in slots:
         return list(slots), 1
-    count = job.get("gpu_request", 1)
+    count = job.gpu_request
     if count == 0:
         return [CPU_LANE], 1
     return [s for s in slots if s != CPU_LANE], count
@@ -82,7 +82,7 @@ def _held_off(
     """The GPUs among `usable` that memory of processes not gpuq's keeps `job` off (slot -> MiB
     they hold), as engine/schedule/placement.py's gate decides: a whole GPU while they hold more than the
     threshold, a share while it does not fit beside them. When they free it cannot be known."""
-    need = job.get("gpu_mem_mib")
+    need = job.gpu_mem_mib
     out = {}
     for slot in usable:
         held, total = outside.get(str(slot), (0, 0))
@@ -123,22 +123,22 @@ def plan_queue(
     or at a time unknown.
     """
     if not slots:
-        return {j["id"]: eta.Estimate(None, None, "unknown: no worker is running (`gpuq run`)") for j, _w in pending}
+        return {j.id: eta.Estimate(None, None, "unknown: no worker is running (`gpuq run`)") for j, _w in pending}
     free: dict[Optional[str], Optional[float]] = {s: 0.0 for s in slots}
     ends: dict[int, Optional[float]] = {}
     for job, until in running:
-        ends[job["id"]] = until
+        ends[job.id] = until
         for slot in _slots_of(job, slots):
             if slot in free:
                 free[slot] = _later(free[slot], until)
     out: dict[int, eta.Estimate] = {}
     for job, wait in _dependencies_first(pending):
         if wait is not None and getattr(wait, "forever", False):
-            out[job["id"]] = eta.Estimate(None, None, f"will not start by itself: {wait.reason}")
-            ends[job["id"]] = None
+            out[job.id] = eta.Estimate(None, None, f"will not start by itself: {wait.reason}")
+            ends[job.id] = None
             continue
         ready: Optional[float] = 0.0
-        begin = parse_iso(job.get("begin_at")) if now is not None else None
+        begin = parse_iso(job.begin_at) if now is not None else None
         if begin is not None:
             ready = max(0.0, begin - now)  # --begin: not before
         for dep in _deps(job):
@@ -156,9 +156,9 @@ def plan_queue(
         end = None if start is None or run is None else start + run
         for slot in taken:
             free[slot] = end
-        ends[job["id"]] = end
+        ends[job.id] = end
         note = _queue_note(start, run, len(past), _held_text(held_off), taken if gpus_known else None)
-        out[job["id"]] = eta.Estimate(None, end, note, starts_in=start)
+        out[job.id] = eta.Estimate(None, end, note, starts_in=start)
     return out
 
 
@@ -172,17 +172,17 @@ def _dependencies_first(pending: list[tuple[dict[str, Any], Any]]) -> list[tuple
     """Queue order, except that a job comes after pending jobs it depends on (a high-priority job
     can wait for a lower-priority one)."""
     left, done, out = list(pending), set(), []
-    ids = {j["id"] for j, _w in pending}
+    ids = {j.id for j, _w in pending}
     while left:
         ready = [n for n, (job, _w) in enumerate(left) if not (_deps(job) & ids) - done]
         job, wait = left.pop(ready[0] if ready else 0)  # none ready: a cycle; never loop forever
-        done.add(job["id"])
+        done.add(job.id)
         out.append((job, wait))
     return out
 
 
 def _deps(job: dict[str, Any]) -> set[int]:
-    return set(job.get("after") or []) | set(job.get("after_any") or [])
+    return set(job.after) | set(job.after_any)
 
 
 def _queue_note(
@@ -214,10 +214,10 @@ def annotate(
     for row in running:
         row.estimate = eta.running_estimate(spool, row.job, now)
     for row in rows:  # a job Slurm runs writes the same log: its progress is read the same way
-        if row.state == SLURM and (row.job.get("slurm") or {}).get("state") == "RUNNING":
+        if row.state == SLURM and (row.job.slurm or {}).get("state") == "RUNNING":
             row.estimate = eta.running_estimate(spool, row.job, now)
-    order = {j["id"]: n for n, j in enumerate(scheduler.queue_order([r.job for r in rows if r.state == PENDING]))}
-    pending = sorted((r for r in rows if r.state == PENDING), key=lambda r: order[r.job["id"]])
+    order = {j.id: n for n, j in enumerate(scheduler.queue_order([r.job for r in rows if r.state == PENDING]))}
+    pending = sorted((r for r in rows if r.state == PENDING), key=lambda r: order[r.job.id])
     if not pending:
         return
     durations = past_durations(spool, {eta.command_key(r.job) for r in pending})

@@ -147,7 +147,7 @@ def _gpus_of(record: dict) -> Optional[tuple[str, ...]]:
 
 def gpus_held(job: dict, attempt: Optional[dict] = None) -> tuple[tuple[str, ...], int]:
     """(GPU indices, GPU count) for an attempt of `job` (rules in the module docstring)."""
-    request = job.get("gpu_request", 1)
+    request = job.gpu_request
     if not isinstance(request, int) or isinstance(request, bool) or request < 0:
         request = 1
     if request == 0:
@@ -159,23 +159,23 @@ def gpus_held(job: dict, attempt: Optional[dict] = None) -> tuple[tuple[str, ...
 
 
 def _sweep_id(job: dict) -> Optional[Union[int, str]]:
-    sweep = job.get("sweep")
+    sweep = job.sweep
     if isinstance(sweep, dict) and isinstance(sweep.get("id"), (int, str)) and not isinstance(sweep.get("id"), bool):
         return sweep["id"]
     return None
 
 
 def _attempts(state: str, job: dict) -> list[dict]:
-    history = job.get("history")
+    history = job.history
     entries = [entry for entry in history if isinstance(entry, dict)] if isinstance(history, list) else []
     if entries:
         return entries
     # Files from before `history` existed: the job's own fields describe its one attempt.
     return [
         {
-            "attempt": job.get("attempts"),
-            "started_at": job.get("started_at"),
-            "finished_at": job.get("finished_at"),
+            "attempt": job.attempts,
+            "started_at": job.started_at,
+            "finished_at": job.finished_at,
             "outcome": state,
         }
     ]
@@ -185,10 +185,10 @@ def job_runs(state: str, job: dict) -> list[PastRun]:
     """The runs of one job, in attempt order."""
     if not isinstance(job, dict):
         return []
-    job_id = job.get("id") if isinstance(job.get("id"), int) else -1
-    name = job.get("name") if isinstance(job.get("name"), str) else str(job_id)
-    cwd = job.get("cwd") if isinstance(job.get("cwd"), str) else "?"
-    script, sweep, adopted = script_of(job.get("cmd")), _sweep_id(job), bool(job.get("adopted"))
+    job_id = job.id if isinstance(job.id, int) else -1
+    name = job.name if isinstance(job.name, str) else str(job_id)
+    cwd = job.cwd if isinstance(job.cwd, str) else "?"
+    script, sweep, adopted = script_of(job.cmd), _sweep_id(job), bool(job.adopted)
     result = []
     for entry in _attempts(state, job):
         start, end = parse_time(entry.get("started_at")), parse_time(entry.get("finished_at"))
@@ -210,7 +210,7 @@ def runs(jobs: Iterable[JobPair]) -> list[PastRun]:
 
 def preemption_times(job: dict) -> list[float]:
     """When the job was preempted (epoch seconds), from its `preemptions` records."""
-    records = job.get("preemptions") if isinstance(job, dict) else None
+    records = job.preemptions if isinstance(job, dict) else None
     if not isinstance(records, list):
         return []
     times = (parse_time(record.get("at")) for record in records if isinstance(record, dict))
@@ -229,9 +229,9 @@ def _key(by: str, run_or_job: Union[PastRun, dict], stamp: float) -> Union[int, 
         return {"dir": run_or_job.cwd, "script": run_or_job.script, "sweep": run_or_job.sweep}[by]
     job = run_or_job
     if by == "dir":
-        return job.get("cwd") if isinstance(job.get("cwd"), str) else "?"
+        return job.cwd if isinstance(job.cwd, str) else "?"
     if by == "script":
-        return script_of(job.get("cmd"))
+        return script_of(job.cmd)
     return _sweep_id(job)
 
 

@@ -94,7 +94,7 @@ def status(spool: Spool, show_all: bool = False, cells: Optional[RowCells] = Non
     rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
     views = spool.workers.gpu_views()
     reasons = scheduler.waiting_reasons(snap, {**space_waits(spool, snap), **gpu_waits(views)})
-    rows += [Row(j, PENDING, reasons[j["id"]]) for j in scheduler.queue_order(snap.pending)]
+    rows += [Row(j, PENDING, reasons[j.id]) for j in scheduler.queue_order(snap.pending)]
     for state in (HELD, PREEMPTED, INTERRUPTED, SLURM):
         rows += [Row(j, state) for _r, j in spool.jobs.load_many(state)]
     view = None
@@ -176,15 +176,15 @@ def disk_warnings(spool: Spool, running: list[dict[str, Any]]) -> list[str]:
         )
     for job in running:
         size = spool.logs.size(job)
-        if size > BIG_LOG_BYTES and not job.get("max_log_bytes"):
+        if size > BIG_LOG_BYTES and not job.max_log_bytes:
             out.append(
-                f"job #{job['id']}'s log is {size / (1 << 30):.1f} GiB and has no cap "
+                f"job #{job.id}'s log is {size / (1 << 30):.1f} GiB and has no cap "
                 "(`gpuq add --max-log-size 1G`, or `gpuq run --max-log-size 1G` for every job)"
             )
-        noted = spool.claims.noted(job["id"])
+        noted = spool.claims.noted(job.id)
         if noted and "waiting" in noted:
             out.append(
-                f"job #{job['id']} ended (exit {noted.get('exit_code')}): the disk is full, its supervisor "
+                f"job #{job.id} ended (exit {noted.get('exit_code')}): the disk is full, its supervisor "
                 "records it as soon as there is room"
             )
     return out
@@ -196,7 +196,7 @@ def space_waits(spool: Spool, snap: scheduler.QueueState) -> dict[int, scheduler
     if free >= MIN_FREE_TO_START or not snap.pending:
         return {}
     wait = scheduler.Wait(f"waiting for disk space: the spool's filesystem has {free // 1024} KiB free", False)
-    return {job["id"]: wait for job in snap.pending}
+    return {job.id: wait for job in snap.pending}
 
 
 def gpu_waits(views: list[dict[str, Any]]) -> dict[int, scheduler.Wait]:
