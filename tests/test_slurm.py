@@ -446,7 +446,7 @@ def test_launch_plan_resumes_only_from_this_runs_checkpoints(tmp_path: Path) -> 
 
 def test_launch_environment() -> None:
     runtime = {"PATH": "/sbin", "SLURM_JOB_ID": "5", "CUDA_VISIBLE_DEVICES": "0", "SUBMITTER": "yes"}
-    job = {"id": 3, "shell_env": {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "7", "PYTHONHOME": "/x"}}
+    job = Job(id=3, shell_env={"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "7", "PYTHONHOME": "/x"})
     job.update(venv="/v", env={"A": "b"})
     env = launch_environment(job, runtime)
     assert env == {
@@ -458,5 +458,5 @@ def test_launch_environment() -> None:
         "GPUQ_JOB_ID": "3",
         "GPUQ_SLURM": "1",
     }
-    plain = launch_environment({"id": 4, "shell_env": None}, {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "3"})
+    plain = launch_environment(Job(id=4, shell_env=None), {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "3"})
     assert plain == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "3", "GPUQ_JOB_ID": "4", "GPUQ_SLURM": "1"}

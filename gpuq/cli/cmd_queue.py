@@ -29,11 +29,11 @@ def cmd_add(args: argparse.Namespace) -> int:
     published = enqueue.publish(sp, prepared)
     for _ref, job in published:
         if args.quiet:
-            print(job["id"])
+            print(job.id)
             continue
-        deps = job["after"] + job["after_any"]
+        deps = job.after + job.after_any
         after = f"  after {', '.join(f'#{d}' for d in deps)}" if deps else ""
-        print(f"[+] Job #{job['id']}: {job['name']}{after}{'  (held)' if args.hold else ''}")
+        print(f"[+] Job #{job.id}: {job.name}{after}{'  (held)' if args.hold else ''}")
     if args.urgent and not args.quiet and not args.hold:
         print(f"    {enqueue.urgent_outlook(sp, published[0][1])}")
     return 0
@@ -53,10 +53,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
         job = actions.cancel(sp, job_id, killing)
         if killed:
-            print(f"[-] Job #{job_id}: {job['name']} cancelled: it was running, killed (exit {job.get('exit_code')})")
+            print(f"[-] Job #{job_id}: {job.name} cancelled: it was running, killed (exit {job.exit_code})")
             return
-        where = f" (scancel of Slurm job {job['slurm']['job_id']})" if job.get("slurm") else ""
-        print(f"[-] Job #{job_id}: {job['name']} cancelled{where}")
+        where = f" (scancel of Slurm job {job.slurm['job_id']})" if job.slurm else ""
+        print(f"[-] Job #{job_id}: {job.name} cancelled{where}")
 
     return each_id(job_ids(args.ids), cancel)
 
@@ -68,7 +68,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
 
     def hold(job_id: int) -> None:
         job = actions.hold(sp, job_id)
-        print(f"[=] Job #{job_id}: {job['name']} held (`gpuq release {job_id}` puts it back in line)")
+        print(f"[=] Job #{job_id}: {job.name} held (`gpuq release {job_id}` puts it back in line)")
 
     return each_id(job_ids(args.ids), hold)
 
@@ -80,7 +80,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
     def release(job_id: int) -> None:
         job = actions.release(sp, job_id)
-        print(f"[+] Job #{job_id}: {job['name']} back in line")
+        print(f"[+] Job #{job_id}: {job.name} back in line")
 
     return each_id(job_ids(args.ids), release)
 
@@ -95,7 +95,7 @@ def cmd_edit(args: argparse.Namespace) -> int:
         print(f"job #{args.id}: nothing changed")
         return 0
     job = edit.apply(sp, args.id, changed, rev)
-    print(f"[~] Job #{args.id}: {job['name']} changed: " + ", ".join(k for k in changed if changed[k] != fields.get(k)))
+    print(f"[~] Job #{args.id}: {job.name} changed: " + ", ".join(k for k in changed if changed[k] != fields.get(k)))
     return 0
 
 
@@ -135,7 +135,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
         actions.get(sp, job_id, (RUNNING,))  # refused before anything is said or sent
         _say_killing(job_id, actions.KILL_GRACE_SECONDS)
         job = actions.kill(sp, job_id)
-        print(f"[-] Job #{job_id}: {job['name']} killed (exit {job.get('exit_code')})")
+        print(f"[-] Job #{job_id}: {job.name} killed (exit {job.exit_code})")
 
     return each_id(job_ids(args.ids), kill)
 
@@ -151,7 +151,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
     def retry(job_id: int) -> None:
         job, how = actions.retry(sp, job_id, args.from_scratch)
-        print(f"[+] Job #{job_id}: {job['name']} back in the queue: {how.text()}")
+        print(f"[+] Job #{job_id}: {job.name} back in the queue: {how.text()}")
 
     return each_id(job_ids(args.ids), retry)
 
@@ -175,7 +175,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
     sp = spool()
     if args.all or args.jobs:
-        ids = job_ids(args.jobs) if args.jobs else [job["id"] for job in actions.interrupted(sp)]
+        ids = job_ids(args.jobs) if args.jobs else [job.id for job in actions.interrupted(sp)]
         back, code = _recover(sp, ids, args.from_scratch, say=True)
         print(f"Re-queued {back} job(s)." + (" Run `gpuq run` to execute." if back else ""))
         return code
@@ -184,14 +184,14 @@ def cmd_recover(args: argparse.Namespace) -> int:
         print("no interrupted jobs")
         return 0
     for job, how in plans:  # what will happen, before it happens
-        print(f"  #{job['id']} {job['name']}: {how.text()}  ({job.get('note') or INTERRUPTED})")
+        print(f"  #{job.id} {job.name}: {how.text()}  ({job.note or INTERRUPTED})")
     if not sys.stdin.isatty():
         flag = " --from-scratch" if args.from_scratch else ""
         print(f"would re-queue {len(plans)} job(s); run `gpuq recover --all{flag}` (or --jobs ID...) to do it")
         return 0
     if input(f"Re-queue these {len(plans)} job(s)? [y/N] ").strip().lower() not in ("y", "yes"):
         return 0
-    back, code = _recover(sp, [job["id"] for job, _how in plans], args.from_scratch, say=False)
+    back, code = _recover(sp, [job.id for job, _how in plans], args.from_scratch, say=False)
     print(f"Re-queued {back} job(s).")
     return code
 
@@ -206,7 +206,7 @@ def _recover(sp: Spool, ids: list[int], from_scratch: bool, say: bool) -> tuple[
         for job, how in actions.recover(sp, [job_id], from_scratch):
             back.append(job_id)
             if say:
-                print(f"  #{job['id']} {job['name']}: {how.text()}")
+                print(f"  #{job.id} {job.name}: {how.text()}")
 
     code = each_id(ids, recover)
     return len(back), code

@@ -28,7 +28,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(gpuq.__file__)))
 
     def build(job: dict[str, Any], slurm_ids: Mapping[int, int], opts: list[str]) -> tuple[str, list[str]]:
-        log = job["log"]
+        log = job.log
         script = slurm_batch.batch_script(job, python=sys.executable, package_parent=package_parent, log_path=log)
         try:
             options = slurm_batch.sbatch_options(
@@ -55,10 +55,10 @@ def cmd_sync(args: argparse.Namespace) -> int:
     for item in report.repaired:
         print(f"[>] Job #{item.job['id']}: {item.job['name']} -> Slurm job {item.slurm_id} (hand-over repaired)")
     for job in report.changed:
-        print(f"[~] Job #{job['id']}: {job['name']}  {render.slurm_text(job['slurm'])}")
+        print(f"[~] Job #{job.id}: {job.name}  {render.slurm_text(job.slurm)}")
     for job, state in report.ended:
-        code = f" (exit {job['exit_code']})" if job.get("exit_code") is not None else ""
-        print(f"[{'+' if state == DONE else '-'}] Job #{job['id']}: {job['name']} {state}{code}")
+        code = f" (exit {job.exit_code})" if job.exit_code is not None else ""
+        print(f"[{'+' if state == DONE else '-'}] Job #{job.id}: {job.name} {state}{code}")
     if not (report.repaired or report.changed or report.ended):
         print("nothing changed")
     return 0

@@ -117,7 +117,7 @@ def json_row(row: Row) -> dict[str, Any]:
     out["starts_in_seconds"] = round(est.starts_in, 1) if est and est.starts_in is not None else None
     out["eta_method"] = est.method if est else None
     out["progress_source"] = est.reading.source if est and est.reading else None
-    out["adopted"] = bool(job.get("adopted"))
+    out["adopted"] = bool(job.adopted)
     return out
 
 
@@ -160,7 +160,7 @@ def _follow(sp: Any, job: dict[str, Any]) -> None:
     """`gpuq log -f`: print the log as it grows until its job stops running."""
     offset = sp.logs.size(job)
     while True:
-        running = sp.jobs.find(job["id"], ACTIVE) is not None
+        running = sp.jobs.find(job.id, ACTIVE) is not None
         chunk = sp.logs.read_from(job, offset)
         if chunk:
             offset += len(chunk)
@@ -180,13 +180,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     sp = spool()
     ref, job = actions.get(sp, args.id)
     shown = dict(job, state=ref.state, file=ref.name)
-    if isinstance(job.get("sweep"), dict):
-        shown["sweep_jobs"] = actions.sweep_jobs(sp, job["sweep"]["id"])
-    inherited = job.get("shell_env")
+    if isinstance(job.sweep, dict):
+        shown["sweep_jobs"] = actions.sweep_jobs(sp, job.sweep["id"])
+    inherited = job.shell_env
     if args.env:
-        shown = {"env": job.get("env"), "shell_env": inherited}
+        shown = {"env": job.env, "shell_env": inherited}
     elif not args.json and inherited is not None:
-        shown["shell_env"] = f"{len(inherited)} variables inherited from the shell (gpuq show {job['id']} --env)"
+        shown["shell_env"] = f"{len(inherited)} variables inherited from the shell (gpuq show {job.id} --env)"
     print(jsontext.dumps(shown, indent=2, ensure_ascii=False))
     return 0
 

@@ -108,10 +108,10 @@ def cmd_stop(args: argparse.Namespace) -> int:
     running = actions.jobs_in(sp, (RUNNING,))
     if args.kill_jobs:
         for job in running:
-            actions.kill(sp, job["id"])
-            print(f"killed job #{job['id']} {job['name']}")
+            actions.kill(sp, job.id)
+            print(f"killed job #{job.id} {job.name}")
     elif running:
-        names = ", ".join(f"#{j['id']} {j['name']}" for j in running)
+        names = ", ".join(f"#{j.id} {j.name}" for j in running)
         print(
             f"jobs keep running: {names} (their supervisors record how they end). "
             "`gpuq stop --kill-jobs` stops them too."

@@ -202,8 +202,8 @@ def after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
         job = spool.jobs.load(found)
     except (FileNotFoundError, schema.InvalidJob):
         return
-    commands = [c for c in (job.get("on_finish"), worker_hooks.get("on_finish")) if c]
-    notify = job.get("notify") or worker_hooks.get("notify")
+    commands = [c for c in (job.on_finish, worker_hooks.get("on_finish")) if c]
+    notify = job.notify or worker_hooks.get("notify")
     if not (commands or notify):
         return
 
@@ -214,10 +214,10 @@ def after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
     log_path = str(spool.logs.path_of(job))
     timeout = timeout_seconds()
     for command in commands:
-        env = hook_env(job_id, job["name"], state, job.get("exit_code"), log_path)
+        env = hook_env(job_id, job.name, state, job.exit_code, log_path)
         run_on_finish(command, env, log, timeout)
     if notify:
-        problem = notify_desktop({"id": job_id, "name": job["name"], "state": state, "exit_code": job.get("exit_code")})
+        problem = notify_desktop({"id": job_id, "name": job.name, "state": state, "exit_code": job.exit_code})
         if problem:
             log(f"no desktop notification: {problem}")
 

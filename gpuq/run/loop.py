@@ -208,7 +208,7 @@ def _stop_observer(observer: Any) -> None:
 def _say_left_running(worker: Worker) -> None:
     running = worker.still_running()
     if running:
-        names = ", ".join(f"#{j['id']} {j['name']} (pid {j.get('pid')})" for j in running)
+        names = ", ".join(f"#{j.id} {j.name} (pid {j.pid})" for j in running)
         worker.say(f"worker stopped; still running under their supervisors: {names}. `gpuq kill ID` stops one.")
     else:
         worker.say("worker stopped")

@@ -64,14 +64,14 @@ def batch_script(job: dict[str, Any], *, python: str, package_parent: str, log_p
     run (gpuq's own, on a shared filesystem); `package_parent`: the directory holding the `gpuq`
     package; `log_path`: the job's log, which the script appends to (as `--output` does)."""
     payload = {field: job.get(field) for field in LAUNCHER_FIELDS}
-    payload["ckpt_since"] = job.get("ckpt_since") or now_iso()
-    umask = job["umask"] if job.get("umask") is not None else DEFAULT_JOB_UMASK
+    payload["ckpt_since"] = job.ckpt_since or now_iso()
+    umask = job.umask if job.umask is not None else DEFAULT_JOB_UMASK
     launcher = "import sys; sys.path.insert(0, sys.argv[1]); from gpuq.run.slurm_batch import launch; launch()"
     q = shlex.quote
     return f"""#!/bin/bash
-# gpuq job #{job["id"]}: handed to Slurm by gpuq; runs the job's command as gpuq runs it locally.
+# gpuq job #{job.id}: handed to Slurm by gpuq; runs the job's command as gpuq runs it locally.
 exec >>{q(log_path)} 2>&1
-cd -- {q(job["cwd"])} || {{ echo "=== gpuq: could not start: cannot enter {_echo_safe(job["cwd"])}"; exit 127; }}
+cd -- {q(job.cwd)} || {{ echo "=== gpuq: could not start: cannot enter {_echo_safe(job.cwd)}"; exit 127; }}
 umask {umask:04o}
 gpuq_requeue=0
 gpuq_forward() {{ trap '' TERM {TIME_LIMIT_SIGNAL}; kill -TERM 0 2>/dev/null; }}
@@ -123,19 +123,19 @@ def sbatch_options(
     GRES. Raises ValueError (one line) for a job field or argument Slurm cannot take."""
     if not 0 <= grace_seconds <= 65535:
         raise ValueError(f"the grace period must be 0 to 65535 seconds, not {grace_seconds}")
-    if not job.get("log"):
-        raise ValueError(f"job #{job['id']} has no log path")
-    log = job["log"].replace("%", "%%")  # sbatch expands %j and friends in file names
+    if not job.log:
+        raise ValueError(f"job #{job.id} has no log path")
+    log = job.log.replace("%", "%%")  # sbatch expands %j and friends in file names
     options = [
-        f"--job-name={slurm_job_name(job.get('name') or str(job['id']))}",
+        f"--job-name={slurm_job_name(job.name or str(job.id))}",
         f"--output={log}",
         f"--error={log}",
         "--open-mode=append",
-        f"--chdir={job['cwd']}",
+        f"--chdir={job.cwd}",
         "--export=ALL",  # the submitter's environment, for jobs without shell_env
         "--requeue",
         f"--signal=B:{TIME_LIMIT_SIGNAL}@{grace_seconds}",
-        f"--comment={comment_marker(spool_id, job['id'])}",
+        f"--comment={comment_marker(spool_id, job.id)}",
     ]
     gpus = gpu_request(job)
     if gres and gpus > 0:
@@ -149,7 +149,7 @@ def sbatch_options(
 def gpu_request(job: dict[str, Any]) -> int:
     value = job.gpu_request
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"job #{job['id']}: gpu_request must be a whole number of GPUs (0 or more), not {value!r}")
+        raise ValueError(f"job #{job.id}: gpu_request must be a whole number of GPUs (0 or more), not {value!r}")
     return value
 
 
@@ -169,21 +169,21 @@ def launch_plan(job: dict[str, Any], restart: int) -> tuple[list[str], list[str]
     ckpt = checkpoints.latest_checkpoint(job)  # only those written since the job's ckpt_since
     when = f"slurm restart {restart}" if restart > 0 else "slurm start"
     if ckpt is not None:
-        template = job.get("resume_arg") or DEFAULT_RESUME_ARG
-        return resume_argv(list(job["cmd"]), template, ckpt.path), [f"{when}: resumes from {ckpt.path}"]
+        template = job.resume_arg or DEFAULT_RESUME_ARG
+        return resume_argv(list(job.cmd), template, ckpt.path), [f"{when}: resumes from {ckpt.path}"]
     if restart > 0:
-        since = job.get("ckpt_since") or "its hand-over"
-        return list(job["cmd"]), [
+        since = job.ckpt_since or "its hand-over"
+        return list(job.cmd), [
             f"{when}: no checkpoint written since {since} ({checkpoints.where_looked(job)}): starts over"
         ]
-    return list(job["cmd"]), []
+    return list(job.cmd), []
 
 
 def launch_environment(job: dict[str, Any], runtime_env: Mapping[str, str]) -> dict[str, str]:
     """As the local supervisor builds it: `shell_env` (or, when null, the environment Slurm gave the
     script: the submitter's, `--export=ALL`), the venv first on PATH, the job's `env`, gpuq's
     variables; plus what Slurm set for this allocation (SLURM_*, visible GPUs, TMPDIR)."""
-    shell_env = job.get("shell_env")
+    shell_env = job.shell_env
     env = dict(shell_env if shell_env is not None else runtime_env)
     for name in RUNTIME_VARS:
         env.pop(name, None)  # the login node's GPUs are not this allocation's
@@ -204,7 +204,7 @@ def launch() -> None:
     argv, why = launch_plan(job, restart)
     env = launch_environment(job, runtime)
     gpus = f"  CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in env else ""
-    lines = [f"job #{job['id']} {job.get('name') or ''} (slurm job {slurm_id}{where}, restart {restart})"]
+    lines = [f"job #{job.id} {job.name or ''} (slurm job {slurm_id}{where}, restart {restart})"]
     lines += why + [f"cmd: {shlex.join(argv)}", f"cwd: {os.getcwd()}{gpus}", f"started: {_now_iso()}"]
     sys.stdout.write("".join(f"=== gpuq: {line}\n" for line in lines))
     sys.stdout.flush()

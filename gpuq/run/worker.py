@@ -158,7 +158,7 @@ class Worker:
             for job, where in plan.starts:
                 outcome = self._launch(job, where)
                 if outcome == STARTED:
-                    result.started.append(job["id"])
+                    result.started.append(job.id)
                 result.claim_busy = result.claim_busy or outcome == CLAIM_HELD
         handing_on = not (self.stopping or self.draining or plan.victims or self.urgent.under_way or resume_due)
         self._tell_successors(snap, handing_on)
@@ -174,7 +174,7 @@ class Worker:
         result.gpu_wait = plan.gpu_wait
         result.next_begin = scheduler.next_begin(snap.pending, now)
         # Nothing reports an adopted process's exit: look at it more often than usual.
-        result.watch_closely = any(job.get("adopted") for job in snap.running)
+        result.watch_closely = any(job.adopted for job in snap.running)
         if snap.running:
             self._sample_progress(now, snap.running)
         if not (self.stopping or self.draining) and (result.busy or snap.pending):
@@ -225,7 +225,7 @@ class Worker:
         busy.update(self.urgent.holding(snap.states, now))
         # a job of ours with a control request is already being killed or preempted by a person:
         # its place is about to free up, and it must not be turned into an auto-resumed victim
-        mine = {j["id"] for j in snap.running if self._mine(j)}
+        mine = {j.id for j in snap.running if self._mine(j)}
         preempting = set(self.urgent.under_way) | (mine & set(self.spool.control.ids()))
         plan = self.planner.plan(snap, busy, preempting)
         self.waits = plan.waits
@@ -239,11 +239,9 @@ class Worker:
         repairs.reconcile(self.spool, full=True)  # after a reboot: running jobs are interrupted now
         recovered, left = actions.recover_at_start(self.spool)
         for job, how in recovered:
-            self.say(f"recovered job #{job['id']} {job['name']}: {how.text()}")
+            self.say(f"recovered job #{job.id} {job.name}: {how.text()}")
         for job in left:
-            self.say(
-                f"job #{job['id']} {job['name']} interrupted again: left for you (`gpuq recover --jobs {job['id']}`)"
-            )
+            self.say(f"job #{job.id} {job.name} interrupted again: left for you (`gpuq recover --jobs {job.id}`)")
 
     def publish_gpus(self) -> GpuLook:
         """Look at the GPUs now and show `gpuq status` what was seen (the worker does at start)."""
@@ -280,7 +278,7 @@ class Worker:
             return True
         reason = f"waiting for disk space: the spool's filesystem has {free // 1024} KiB free"
         for job, _where in plan.starts:
-            plan.waits[job["id"]] = scheduler.Wait(reason, False)
+            plan.waits[job.id] = scheduler.Wait(reason, False)
         plan.starts = []
         if not self.said_disk_full:
             self.say(f"disk full ({free // 1024} KiB free in {self.spool.home}): starting nothing until there is room")
@@ -289,10 +287,10 @@ class Worker:
 
     def _mine(self, job: dict[str, Any]) -> bool:
         """A running job in this worker's slots or on its GPUs."""
-        if self.labels is None or job.get("slot") is None:
+        if self.labels is None or job.slot is None:
             return True
-        held = {str(g) for g in job.get("gpus") or []}
-        return job.get("slot") in self.labels or bool(held & set(self.labels))
+        held = {str(g) for g in job.gpus or []}
+        return job.slot in self.labels or bool(held & set(self.labels))
 
     def _forget_finished_launches(self, snap: scheduler.QueueState) -> None:
         """A launch stops counting once its job left pending/ (running/ then holds the slot) or
@@ -327,13 +325,13 @@ class Worker:
                 pid = next((j.pid for j in snap.running if j.id == job_id), None)
                 ending = Job(id=job_id, slot=launch.where.slot, gpus=launch.where.gpus, pid=pid)
                 following = self.planner.successors(snap, ending, busy, preempting, look)
-            named = [(job["id"], job["rev"], self.view.pending_name(job["id"])) for job in following]
+            named = [(job.id, job.rev, self.view.pending_name(job.id)) for job in following]
             named = [job for job in named if job[2] is not None]
             if self.told.get(job_id) == named:
                 continue
             if self.launcher.tell(launch.process, successor.offer(self._order(job_id, None, launch.where), named)):
                 self.told[job_id] = named
-                self.names.update((job["id"], job["name"]) for job in following)
+                self.names.update((job.id, job.name) for job in following)
             else:  # the line is closed: this supervisor hands nothing on
                 self.supervising.pop(job_id, None)
                 self.told.pop(job_id, None)
@@ -368,23 +366,23 @@ class Worker:
     def _launch(self, job: dict[str, Any], where: Assignment) -> str:
         """STARTED, CLAIM_HELD (someone holds the job: another worker, a cancel, or its own
         supervisor just putting it back in the queue) or LAUNCH_FAILED."""
-        claim = self.spool.claims.claim(job["id"])
+        claim = self.spool.claims.claim(job.id)
         if claim is None:
             self.view.doubt()  # someone else is changing it: its file may not say what the view does
             return CLAIM_HELD
-        name = self.view.pending_name(job["id"])
+        name = self.view.pending_name(job.id)
         if not self._as_planned(job, name):
             claim.release()
             self.view.doubt()
             return CLAIM_HELD  # look again soon, at everything
         try:
-            process = self.launcher.launch(claim, self._order(job["id"], name, where))
+            process = self.launcher.launch(claim, self._order(job.id, name, where))
         except OSError as exc:
             claim.release()
-            self.say(f"job #{job['id']}: could not start its supervisor: {exc}")
+            self.say(f"job #{job.id}: could not start its supervisor: {exc}")
             return LAUNCH_FAILED
-        self.launching[job["id"]] = Launch(job["id"], process, where)
-        self.say(f"starting job #{job['id']} {job['name']}{_where_text(where)}")
+        self.launching[job.id] = Launch(job.id, process, where)
+        self.say(f"starting job #{job.id} {job.name}{_where_text(where)}")
         return STARTED
 
     def _as_planned(self, job: dict[str, Any], name: Optional[str]) -> bool:
@@ -394,7 +392,7 @@ class Worker:
         if name is None:
             return False
         try:
-            return self.spool.jobs.load(JobRef(job["id"], PENDING, name))["rev"] == job["rev"]
+            return self.spool.jobs.load(JobRef(job.id, PENDING, name))["rev"] == job.rev
         except (FileNotFoundError, schema.InvalidJob):
             return False
 
@@ -422,12 +420,12 @@ class Worker:
     def why_done(self) -> list[str]:
         snap, _ = read_queue(self.spool, self.cache)
         reasons = scheduler.waiting_reasons(snap, self.waits)
-        blocked = [(j, reasons[j["id"]]) for j in snap.pending]
+        blocked = [(j, reasons[j.id]) for j in snap.pending]
         if not blocked:
             return ["queue empty; worker exits"]
         lines = [f"nothing more can start; {len(blocked)} job(s) wait for something only you can change:"]
         for job, wait in blocked:
-            lines.append(f"  #{job['id']} {job['name']}: {wait.reason if wait else 'waiting'}")
+            lines.append(f"  #{job.id} {job.name}: {wait.reason if wait else 'waiting'}")
         return lines
 
     def still_running(self) -> list[dict[str, Any]]:

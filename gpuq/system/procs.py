@@ -254,7 +254,7 @@ def signal_each(processes: list[Any], method: str) -> None:
 def terminate_tree(job: dict[str, Any], grace: float, force: bool = True) -> bool:
     """SIGTERM the job's process group, wait up to `grace` for all of it to go, then (if `force`)
     SIGKILL whatever is left of it. True once nothing of the job lives."""
-    pgid = job.get("pid")
+    pgid = job.pid
     if not pgid:
         return True
     snapshot = ungrouped_tree(pgid) if job_alive(job) else []

@@ -39,7 +39,7 @@ def finish(
     it is noted in the claim's lock file and written as soon as there is room. `recorded`: the
     job's process and this supervisor, for a job that ended before they were recorded."""
     spool, job = run.spool, run.job
-    request = spool.control.take(job["id"])
+    request = spool.control.take(job.id)
     state, why = transitions.destination(job, exit_code, request, retry, run.timed_out)
     sig_name = signal.Signals(sig).name if sig else None
     if state == PREEMPTED:
@@ -57,7 +57,7 @@ def finish(
     )  # fmt: skip
     changes = ending.attempt_end(spool, job, end)
     changes.update(recorded or {})
-    elapsed = time.time() - (parse_iso(job.get("started_at")) or time.time())
+    elapsed = time.time() - (parse_iso(job.started_at) or time.time())
     ended = changes["history"][-1]["finished_at"]
     log_line(
         run.log_fd, f"exit {exit_code}{f' ({sig_name})' if sig_name else ''} at {ended} after {elapsed:.1f}s -> {state}"

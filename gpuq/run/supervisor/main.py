@@ -54,7 +54,7 @@ def _start(run: Run) -> Optional[Started]:
         reason = f"could not start: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
         start.log_line(run.log_fd, reason)
         end.finish(run, exit_code=127, sig=None, note=reason, retry=False)
-        after_end(run.spool, run.job["id"], run.order.hooks())
+        after_end(run.spool, run.job.id, run.order.hooks())
         return None
     return run, child, pump
 
@@ -72,7 +72,7 @@ def _run_to_end(
     ended_at = now_iso()  # the job's end, whenever it is recorded (after the next job's start)
     started = _start_successor(run, heard, unused) if exit_code == 0 else released(unused)
     end.finish(run, exit_code=exit_code, sig=sig, note=None, retry=True, ended_at=ended_at, recorded=recorded)
-    after_end(run.spool, run.job["id"], run.order.hooks())
+    after_end(run.spool, run.job.id, run.order.hooks())
     return exit_code, started
 
 
@@ -97,7 +97,7 @@ def _claim_successor(run: Run, heard: Optional[successor.Heard]) -> Optional[tup
     """The claim on the first job the worker named that is still pending, if this job ended by
     itself (no time limit, nobody asking to stop, kill or preempt it) and the disk has the room the
     worker asks before a start."""
-    if heard is None or run.timed_out or wait.stopped() or run.spool.control.peek(run.job["id"]) is not None:
+    if heard is None or run.timed_out or wait.stopped() or run.spool.control.peek(run.job.id) is not None:
         return None
     if free_bytes(run.spool.home) < MIN_FREE_TO_START:  # the worker would wait for room: so do we
         return None

@@ -62,7 +62,7 @@ def begin(spool: Spool, claim: Claim, order: StartOrder, ready: list[Reservation
         return None
     try:
         job = spool.jobs.load(ref)
-        if order.rev is not None and job["rev"] != order.rev:
+        if order.rev is not None and job.rev != order.rev:
             raise FileNotFoundError(ref.name)  # changed since it was named: the worker looks again
         if spool.jobs.newer_copy_elsewhere(ref, job):  # a crash mid-move left this stale copy behind
             spool.jobs.remove(ref)
@@ -76,7 +76,7 @@ def begin(spool: Spool, claim: Claim, order: StartOrder, ready: list[Reservation
             gpus=list(order.gpus) if order.gpus is not None else None,
             boot_id=procs.boot_id(),
             host=os.uname().nodename,
-            log=str(spool.layout.log_path(job["id"])),
+            log=str(spool.layout.log_path(job.id)),
         )
         queued = ref
         ref, job = spool.jobs.move(ref, job, RUNNING, changes, keep_old=True)  # pending/'s copy goes once it runs
@@ -85,12 +85,12 @@ def begin(spool: Spool, claim: Claim, order: StartOrder, ready: list[Reservation
         claim.release()
         return None
     run = Run(spool, claim, ref, job, order, room, queued=queued)
-    run.log_fd = spool.logs.open_job_log(job["id"])
+    run.log_fd = spool.logs.open_job_log(job.id)
     slot = order.slot
-    log_line(run.log_fd, f"job #{job['id']} {job['name']} (attempt {job['attempts']})")
-    log_line(run.log_fd, f"cmd: {shlex.join(job['cmd'])}")
-    log_line(run.log_fd, f"cwd: {job['cwd']}" + (f"  CUDA_VISIBLE_DEVICES={slot}" if slot is not None else ""))
-    log_line(run.log_fd, f"started: {job['started_at']}")
+    log_line(run.log_fd, f"job #{job.id} {job.name} (attempt {job.attempts})")
+    log_line(run.log_fd, f"cmd: {shlex.join(job.cmd)}")
+    log_line(run.log_fd, f"cwd: {job.cwd}" + (f"  CUDA_VISIBLE_DEVICES={slot}" if slot is not None else ""))
+    log_line(run.log_fd, f"started: {job.started_at}")
     return run
 
 
@@ -98,18 +98,18 @@ def spawn(run: Run) -> tuple[subprocess.Popen, Optional[Any]]:
     """Start the job in its own session, its output into its log (through a pipe and the cap's
     pump when the log is capped). OSError if it cannot start. Its pending/ copy goes once it runs."""
     job = run.job
-    cap = logcap.cap_of(job.get("max_log_bytes"), run.order.max_log_bytes)
+    cap = logcap.cap_of(job.max_log_bytes, run.order.max_log_bytes)
     out_fd, read_fd = run.log_fd, -1
     if cap:
         read_fd, out_fd = os.pipe()
     try:
         child = subprocess.Popen(
-            job["cmd"],
-            cwd=job["cwd"],
+            job.cmd,
+            cwd=job.cwd,
             env=job_environment(run.spool, job, run.order.slot),
             stdin=subprocess.DEVNULL,
             # gpuq itself runs with umask 077; the job's files get the mask of the shell that queued it
-            umask=job["umask"] if job.get("umask") is not None else schema.DEFAULT_JOB_UMASK,
+            umask=job.umask if job.umask is not None else schema.DEFAULT_JOB_UMASK,
             stdout=out_fd,
             stderr=out_fd,
             start_new_session=True,
@@ -132,10 +132,10 @@ def spawn(run: Run) -> tuple[subprocess.Popen, Optional[Any]]:
 def job_environment(spool: Spool, job: dict[str, Any], slot: Optional[str]) -> dict[str, str]:
     """The environment of `gpuq add`'s shell (or the worker's, for hand-dropped jobs), the
     job's venv first on PATH, the job's own --env, and gpuq's variables."""
-    env = dict(job["shell_env"] if job.get("shell_env") is not None else os.environ)
+    env = dict(job.shell_env if job.shell_env is not None else os.environ)
     add_job_variables(env, job)
     env["GPUQ_HOME"] = str(spool.home)
-    env["GPUQ_PROGRESS_FILE"] = str(spool.reports.progress_path(job["id"]))
+    env["GPUQ_PROGRESS_FILE"] = str(spool.reports.progress_path(job.id))
     if slot is not None:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = slot
@@ -153,10 +153,10 @@ def drop_queued_copy(run: Run) -> None:
 def note_code_change(run: Run) -> None:
     """Whether the code of the job's repository changed since it was queued (not for a snapshot,
     which runs the queued copy): said in its file, so `status` and `show` can say it."""
-    queued = run.job.get("code")
-    if not queued or run.job.get("snapshot"):
+    queued = run.job.code
+    if not queued or run.job.snapshot:
         return
-    now = gitinfo.provenance(run.job["cwd"])
+    now = gitinfo.provenance(run.job.cwd)
     changed = gitinfo.changed(queued, now)
     if changed:  # an unchanged start needs no write: `code` is what runs
         log_line(run.log_fd, changed)

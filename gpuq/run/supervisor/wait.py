@@ -65,7 +65,7 @@ def forward_termination_to(pgid: int) -> None:
 
 def time_limit(run: Run) -> Optional[float]:
     """The job's time limit in seconds (`--time`, else the worker's `--default-time`), if any."""
-    return run.job.get("time_limit") or run.order.default_time
+    return run.job.time_limit or run.order.default_time
 
 
 def _wait_within_limit(run: Run, child: subprocess.Popen) -> int:
@@ -74,7 +74,7 @@ def _wait_within_limit(run: Run, child: subprocess.Popen) -> int:
     limit = time_limit(run)
     if not limit:
         return child.wait()
-    started = parse_iso(run.job.get("started_at")) or time.time()
+    started = parse_iso(run.job.started_at) or time.time()
     try:
         return child.wait(timeout=max(0.0, started + limit - time.time()))
     except subprocess.TimeoutExpired:
@@ -82,8 +82,8 @@ def _wait_within_limit(run: Run, child: subprocess.Popen) -> int:
     run.timed_out = format_duration(limit)
     grace = kill_grace(run)
     log_line(run.log_fd, f"time limit of {run.timed_out} reached: stopping the job (SIGKILL after {grace:g}s)")
-    if run.job.get("preemptible"):
-        run.spool.control.request(run.job["id"], PREEMPT)
+    if run.job.preemptible:
+        run.spool.control.request(run.job.id, PREEMPT)
     run.termed_at = time.monotonic()
     procs.signal_group(child.pid, signal.SIGTERM)
     try:
