@@ -33,6 +33,6 @@ def test_ci_runs_the_readme_quickstart() -> None:
 def test_pyproject_lists_every_package() -> None:
     """setuptools gets an explicit package list (skill/ is mapped in as gpuq.skill)."""
     text = (REPO / "pyproject.toml").read_text()
-    listed = set(re.findall(r'"(gpuq(?:\.\w+)?)"', text.split("packages = [", 1)[1].split("]", 1)[0]))
+    listed = set(re.findall(r'"(gpuq(?:\.\w+)*)"', text.split("packages = [", 1)[1].split("]", 1)[0]))
     found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "gpuq").rglob("__init__.py")}
     assert found | {"gpuq.skill"} == listed
