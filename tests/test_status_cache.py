@@ -121,7 +121,7 @@ def _cells(row: tuple, state: str) -> tuple[str, ...]:
     from gpuq.cli import render
     from gpuq.core.times import duration
 
-    return (row[0], row[1], duration(row[2]), render.finished_info(state, *row[3:]))
+    return (row[0], row[1], duration(row[2]), render.finished_info(state, *row[3]))
 
 
 def finished_cells(job: dict[str, Any], state: str) -> tuple[str, ...]:
@@ -282,8 +282,8 @@ def test_the_block_of_finished_lines_is_the_table_the_columns_give() -> None:
     from gpuq.engine.status import CachedRow
     from gpuq.spool.cache.finished import FinishedRows
 
-    data = [(f"exp/run-{n}", "train.py", n, 0 if n % 3 else 1, "", None, "", "", "", None, "") for n in range(1, 30)]
-    data = [row if n % 3 else (*row[:6], "", "ünï", *row[8:]) for n, row in enumerate(data, 1)]
+    ends = [(0 if n % 3 else 1, "", None, "", "" if n % 3 else "ünï", "", None, "") for n in range(1, 30)]
+    data = [(f"exp/run-{n}", "train.py", n, end) for n, end in enumerate(ends, 1)]
     ids = list(range(10, 39))
     states = ["done" if n % 3 else "failed" for n in range(1, 30)]
     cells = [_cells(row, state) for row, state in zip(data, states)]

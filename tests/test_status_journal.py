@@ -5,6 +5,7 @@ real workers; the output must be the same, byte for byte, with the journal and w
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Iterator
@@ -44,10 +45,11 @@ def test_a_job_run_by_a_worker_and_a_killed_one_leave_their_rows(gq: Env) -> Non
     gq.gpuq("kill", str(long))
     gq.wait_state(long, "cancelled")
     lines = journal_lines(gq)
-    # the row's exit code and signal (fields 9 and 10: spool/cache/journal.py), shown `exit=0` and `exit=143 (SIGTERM)`
-    assert any(f"\tdone\t{done:06d}-" in line and line.split("\t")[9:11] == ["0", ""] for line in lines), lines
-    ended = [line.split("\t")[9:11] for line in lines if f"\tcancelled\t{long:06d}-" in line]
-    assert ended == [["143", "SIGTERM"]], lines
+    # the row's exit code and signal, first in its end (spool/cache/journal.py), shown `exit=0` and
+    # `exit=143 (SIGTERM)`
+    assert any(f"\tdone\t{done:06d}-" in line and json.loads(line.split("\t")[9])[:2] == [0, ""] for line in lines)
+    ended = [json.loads(line.split("\t")[9])[:2] for line in lines if f"\tcancelled\t{long:06d}-" in line]
+    assert ended == [[143, "SIGTERM"]], lines
 
     folded = gq.gpuq("status", "-a").stdout
     assert not (gq.home / "cache" / JOURNAL).exists()  # folded into the cache
@@ -184,8 +186,9 @@ def test_fields_that_need_escaping_come_back_as_they_were() -> None:
     from gpuq.spool.cache import journal
 
     texts = ("tab\there", "back\\slash", "new\nline", "lone \udcff surrogate", "é")
-    row = (texts[0], texts[1], 61, -9, texts[2], 812, texts[3], texts[4], "", 5, "")
-    line = "\t".join(map(journal._field, (journal.TAG, "done", "000001-x.json", 5, 6, 7, *row[:-1]))) + "\n"
+    row = (texts[0], texts[1], 61, (-9, texts[2], 812, texts[3], texts[4], "", 5, ""))
+    end = journal.jsontext.dumps(list(row[3][:-1]))
+    line = "\t".join(map(journal._field, (journal.TAG, "done", "000001-x.json", 5, 6, 7, *row[:3], end))) + "\n"
     out: dict[str, dict[str, tuple]] = {"done": {}}
     journal._add_rows(out, line.encode())
     assert out["done"] == {"000001-x.json": ((5, 6, 7), row)}

@@ -6,6 +6,7 @@ import time
 import unicodedata
 from bisect import bisect_left
 from itertools import repeat
+from operator import getitem
 
 from gpuq.core import schema
 from gpuq.core.times import duration, parse_iso
@@ -137,21 +138,22 @@ def _merge_finished(columns: list[list[str]], tail: list[Any], finished: Any, no
         column += part[start:]
 
 
-def _finished_cells(finished: Any) -> tuple[list[str], ...]:
+def _finished_cells(finished: Any) -> tuple[Any, ...]:
     """The cells of a FinishedRows, column by column (spool/cache/journal.py's ROW): the id, the
-    state's symbol, name, script, time and info. Each distinct time and info is made once: 100,000
-    rows hold a few hundred."""
-    names, scripts, seconds, *ended = finished.columns
+    state's symbol, name, script, time and info. Each distinct time and info (a state and an end)
+    is made once: 100,000 rows hold a few hundred."""
+    names, scripts, seconds, ends = finished.columns
+    states = finished.states
     times = {s: duration(s) for s in set(seconds)}
-    keys = list(zip(finished.states, *ended))
-    infos = {key: finished_info(*key) for key in set(keys)}
+    distinct = set(ends)  # the same few objects (spool/cache/finished.py): a state's info of each
+    infos = {state: {end: finished_info(state, *end) for end in distinct} for state in set(states)}
     return (
         list(map(str, finished.ids)),
-        list(map(SYMBOLS.get, finished.states, repeat("?"))),
-        list(names),
-        list(scripts),
+        list(map(SYMBOLS.get, states, repeat("?"))),
+        names,
+        scripts,
         list(map(times.__getitem__, seconds)),
-        list(map(infos.__getitem__, keys)),
+        list(map(getitem, map(infos.__getitem__, states), ends)),
     )
 
 
@@ -215,8 +217,8 @@ def finished_info(
     priority: Optional[int],
     unreadable: str = "",
 ) -> str:
-    """The info cell of a finished job's row (the fields of spool/cache/journal.py's ROW after its
-    time), and the end of any row's: how it ended, where, why, its priority."""
+    """The info cell of a finished job's row (its state and end: spool/cache/journal.py's END),
+    and the end of any row's: how it ended, where, why, its priority."""
     if unreadable:
         return f"unreadable job file: {unreadable}"
     parts = []

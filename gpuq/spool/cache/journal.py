@@ -39,16 +39,17 @@ ROOM_LEFT = 1 << 20  # below this much free space no row is appended (the worker
 # The fields of a job file that its row is made from: all that core/shown.py reads and checks.
 READS = ("name", "cmd", "started_at", "finished_at", "exit_code", "signal", "slurm", "reason", "code_changed")
 READS += ("note", "priority")
-# A finished job's row, in this order: its name, its script (schema.display_script), whole seconds
-# run (None: unknown), exit code, signal, Slurm job id, reason, code_changed, note, priority, and
-# why its file is not a valid job ("" for one that is). Absent strings are "", absent numbers None.
-ROW = ("name", "script", "seconds", "exit_code", "signal", "slurm_job", "reason", "code_changed", "note")
-ROW += ("priority", "unreadable")
+# A finished job's row: its name, its script (schema.display_script), whole seconds run (None:
+# unknown) and its end, a tuple of END: how it ended, where and why, and why its file is not a
+# valid job ("" for one that is). Absent strings are "", absent numbers None. 100,000 rows share a
+# few ends: one object each in the cache, and one info cell each to make (cli/render.py).
+ROW = ("name", "script", "seconds", "end")
+END = ("exit_code", "signal", "slurm_job", "reason", "code_changed", "note", "priority", "unreadable")
+_END_TYPES = (int, str, int, str, str, str, int)  # of the END written in a line (None for a number)
 
-# A journal line: tag, state, file name, inode, mtime_ns, size, then the row less `unreadable`.
-FIELDS = 6 + len(ROW) - 1
-_INTS = (8, 9, 11, 15)  # the line's fields that are numbers: seconds, exit_code, slurm_job, priority
-_TEXTS = (1, 2, 6, 7, 10, 12, 13, 14)  # and those that are strings
+# A journal line: tag, state, file name, inode, mtime_ns, size, name, script, seconds, and the end
+# less `unreadable` as a JSON array.
+FIELDS = 10
 
 
 def row_of(job: dict[str, Any], now: float) -> tuple:
@@ -59,10 +60,7 @@ def row_of(job: dict[str, Any], now: float) -> tuple:
     if start is not None:
         spent = (times.parse_iso(job.get("finished_at")) or now) - start
         seconds = int(spent) if spent >= 0 else None
-    return (
-        job["name"],
-        schema.display_script(job["cmd"]),
-        seconds,
+    end = (
         job.get("exit_code"),
         job.get("signal") or "",
         (job.get("slurm") or {}).get("job_id"),
@@ -72,11 +70,12 @@ def row_of(job: dict[str, Any], now: float) -> tuple:
         job.get("priority"),
         "",
     )
+    return job["name"], schema.display_script(job["cmd"]), seconds, end
 
 
 def unreadable_row(file_name: str, reason: str) -> tuple:
     """The row of a finished file that is not a valid job: its name and why."""
-    return (file_name, "", None, None, "", None, "", "", "", None, reason)
+    return file_name, "", None, (None, "", None, "", "", "", None, reason)
 
 
 def depends_on_clock(job: dict[str, Any]) -> bool:
@@ -128,7 +127,17 @@ def row_line(state: str, name: str, data: bytes, signature: tuple[int, int, int]
         return None
     if depends_on_clock(job):
         return None
-    fields = (TAG, state, name, *map(str, signature), *row_of(job, 0.0)[:-1])
+    job_name, script, seconds, end = row_of(job, 0.0)
+    fields = (
+        TAG,
+        state,
+        name,
+        *map(str, signature),
+        job_name,
+        script,
+        seconds,
+        jsontext.dumps(list(end[:-1]), ensure_ascii=False),
+    )
     return ("\t".join(map(_field, fields)) + "\n").encode()
 
 
@@ -163,6 +172,18 @@ def _unfield(text: str) -> str:
 
 def _number(text: str) -> Optional[int]:
     return int(text) if text else None
+
+
+def _end(text: str) -> tuple:
+    """A row's end from its field (ValueError if it is not one row_line wrote)."""
+    value = jsontext.loads(_unfield(text))
+    if type(value) is not list or len(value) != len(_END_TYPES) or not all(map(_fits, value, _END_TYPES)):
+        raise ValueError("not the end of a row")
+    return (*value, "")
+
+
+def _fits(value: Any, kind: type) -> bool:
+    return type(value) is kind or (value is None and kind is int)
 
 
 class Taken:
@@ -229,20 +250,23 @@ def _add_rows(out: dict[str, dict[str, tuple]], data: bytes) -> None:
         lines = list(compress(lines, map(eq, columns[0], repeat(TAG))))
         columns = _columns(lines)
     try:
-        for at in _TEXTS if escaped else ():
+        for at in (1, 2, 6, 7) if escaped else ():
             if any(map(methodcaller("startswith", "\\"), columns[at])):
                 columns[at] = list(map(_unfield, columns[at]))
         sigs = zip(*[list(map(int, columns[at])) for at in (3, 4, 5)])
-        for at in _INTS:  # few distinct values: each converted once
-            numbers = {text: _number(text) for text in set(columns[at])}
-            columns[at] = list(map(numbers.__getitem__, columns[at]))
-        for at in (7, 10, 12, 13, 14):  # "train.py", "": one object each, stored once by the cache's marshal
-            one: dict[str, str] = {}
-            columns[at] = list(map(one.setdefault, columns[at], columns[at]))
-    except ValueError:
+        seconds = {text: _number(text) for text in set(columns[8])}  # few distinct values: each converted once
+        ends = {text: _end(text) for text in set(columns[9])}  # one object each, stored once by the cache
+        scripts: dict[str, str] = {}  # "train.py": one object
+        rows = zip(
+            columns[6],
+            map(scripts.setdefault, columns[7], columns[7]),
+            map(seconds.__getitem__, columns[8]),
+            map(ends.__getitem__, columns[9]),
+        )
+    except (ValueError, RecursionError):
         _add_lines(out, lines)
         return
-    _add(out, columns[1], columns[2], sigs, zip(*columns[6:], repeat("")))
+    _add(out, columns[1], columns[2], sigs, rows)
 
 
 def _columns(lines: list[str]) -> list[list[str]]:
@@ -255,10 +279,10 @@ def _add_lines(out: dict[str, dict[str, tuple]], lines: list[str]) -> None:
     for line in lines:
         parts = line.split("\t")
         try:
-            row = [_number(p) if at in _INTS else _unfield(p) for at, p in enumerate(parts[6:], 6)]
+            row = (_unfield(parts[6]), _unfield(parts[7]), _number(parts[8]), _end(parts[9]))
             sig = tuple(map(int, parts[3:6]))
-            _add(out, [_unfield(parts[1])], [_unfield(parts[2])], [sig], [(*row, "")])
-        except (ValueError, IndexError):
+            _add(out, [_unfield(parts[1])], [_unfield(parts[2])], [sig], [row])
+        except (ValueError, IndexError, RecursionError):
             continue
 
 
