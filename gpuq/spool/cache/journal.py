@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from gpuq.spool.layout import Layout
 
 NAME = "finished-journal"
-MAX_BYTES = 64 << 20  # about 400,000 rows: past it (no `status -a` for that long) rows are not appended
+MAX_BYTES = 64 << 20  # about 500,000 rows: past it (no `status -a` for that long) rows are not appended
 FORMAT = 2  # 1 held the rows' text (before issue 25): its lines carry another tag, and are not used
 ROOM_LEFT = 1 << 20  # below this much free space no row is appended (the worker starts no job either)
 
@@ -45,7 +45,7 @@ READS += ("note", "priority")
 # few ends: one object each in the cache, and one info cell each to make (cli/render.py).
 ROW = ("name", "script", "seconds", "end")
 END = ("exit_code", "signal", "slurm_job", "reason", "code_changed", "note", "priority", "unreadable")
-_END_TYPES = (int, str, int, str, str, str, int)  # of the END written in a line (None for a number)
+_END_TYPES = (int, str, int, str, str, str, int)  # of the END a line holds (a number may be null)
 
 # A journal line: tag, state, file name, inode, mtime_ns, size, name, script, seconds, and the end
 # less `unreadable` as a JSON array.
