@@ -31,7 +31,6 @@ from operator import eq, is_not, itemgetter
 
 from gpuq.core import schema
 from gpuq.core.states import FINISHED
-from gpuq.spool.cache import journal
 
 TYPE_CHECKING = False  # typing only for annotations: `status -a` imports this (tests/test_startup_imports.py)
 if TYPE_CHECKING:
@@ -98,6 +97,10 @@ def _finished_rows(spool: Spool, listing: Any, settle: Callable[[str], Optional[
     fresh: dict[str, tuple] = {}  # state -> (ids, rows) of the entries made now: not unpacked again
     keys = {state: listing.signatures.get(state) for state in FINISHED}
     changed = [s for s in FINISHED if not (keys[s] is not None and s in cached and cached[s][0] == keys[s])]
+    if not changed and cached_view is not None:
+        return FinishedRows(*cached_view)  # the usual later call: nothing more to read or import
+    from gpuq.spool.cache import journal  # only where rows are made or taken: it reads its code to tag them
+
     taken = journal.take(spool.layout) if changed else None
     for state in FINISHED:
         key, hit = keys[state], cached.get(state)
@@ -188,7 +191,7 @@ def _build_view(entries: dict[str, tuple], fresh: dict[str, tuple]) -> tuple:
     if filled > 1:
         merged.sort(key=itemgetter(0))
     ids = array("q", map(itemgetter(0), merged))
-    columns = tuple(zip(*map(itemgetter(2), merged))) if merged else ((),) * len(journal.ROW)
+    columns = tuple(zip(*map(itemgetter(2), merged))) if merged else ((), (), (), ())  # journal.ROW
     return ids.tobytes(), tuple(map(itemgetter(1), merged)), columns
 
 
@@ -212,6 +215,8 @@ def _make_all(spool: Spool, state: str, todo: list[tuple[str, int]]) -> dict[str
 
 def _make_some(spool: Spool, state: str, todo: list[tuple[str, int]]) -> dict[str, tuple]:
     out: dict[str, tuple] = {}
+    from gpuq.spool.cache import journal
+
     load, fields, row_of, now = spool.jobs.load_shown, journal.READS, journal.row_of, time.time()
     one = _ONE.setdefault  # repeated values ("train.py", "") become one object, stored once by marshal
     for name, job_id in todo:
@@ -267,8 +272,21 @@ _ONE: dict[Any, Any] = {}  # each value made, once
 
 def _cache_header() -> tuple:
     """What the cached rows depend on: the cache format, the interpreter (marshal's format) and the
-    code that made them (journal.TAG: a new gpuq rebuilds them)."""
-    return (CACHE_FORMAT, marshal.version, tuple(sys.version_info[:2]), journal.TAG)
+    files of the code that made them (those of journal.TAG: a new gpuq rebuilds them), by their
+    stat: a later `status -a` neither reads nor imports that code."""
+    core = os.path.dirname(schema.__file__)
+    code = []
+    for path in (os.path.join(os.path.dirname(__file__), "journal.py"), *(f"{core}/{m}.py" for m in CODE)):
+        try:
+            st = os.stat(path)
+        except OSError:
+            code.append((0, 0))
+        else:
+            code.append((st.st_mtime_ns, st.st_size))
+    return (CACHE_FORMAT, marshal.version, tuple(sys.version_info[:2]), *code)
+
+
+CODE = ("shown", "schema", "times")  # the modules of core that make rows, beside journal.py
 
 
 def _read_cache(spool: Spool, header: tuple) -> tuple[dict[str, tuple], Optional[tuple]]:
