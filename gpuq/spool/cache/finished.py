@@ -176,23 +176,30 @@ def _refresh(
 
 
 def _build_view(entries: dict[str, tuple], fresh: dict[str, tuple]) -> tuple:
-    """(ids as bytes, states, columns) of every entry's rows, in id order."""
-    merged: list[tuple[int, str, tuple]] = []
+    """(ids as bytes, states, columns) of every entry's rows, in id order. Column by column, no
+    object per row: 100,000 rows."""
+    ids, states, rows = array("q"), [], []
     filled = 0  # states with rows: each state's are in id order already
     for state, (_key, packed) in entries.items():
         if state in fresh:
-            ids, rows = fresh[state]
+            state_ids, state_rows = fresh[state]
         else:
-            id_bytes, _names, _sigs, rows = marshal.loads(packed)
-            ids = array("q")
-            ids.frombytes(id_bytes)
-        merged += zip(ids, repeat(state), rows)
-        filled += bool(ids)
-    if filled > 1:
-        merged.sort(key=itemgetter(0))
-    ids = array("q", map(itemgetter(0), merged))
-    columns = tuple(zip(*map(itemgetter(2), merged))) if merged else ((), (), (), ())  # journal.ROW
-    return ids.tobytes(), tuple(map(itemgetter(1), merged)), columns
+            id_bytes, _names, _sigs, state_rows = marshal.loads(packed)
+            state_ids = array("q")
+            state_ids.frombytes(id_bytes)
+        ids.extend(state_ids)
+        states += repeat(state, len(state_ids))
+        rows += state_rows
+        filled += bool(state_ids)
+    if filled > 1:  # a stable sort: of two copies of a job, the later state's stays after
+        order = sorted(range(len(ids)), key=ids.__getitem__)
+        ids, states, rows = (
+            array("q", map(ids.__getitem__, order)),
+            map(states.__getitem__, order),
+            map(rows.__getitem__, order),
+        )
+    columns = tuple(zip(*rows)) if len(ids) else ((), (), (), ())  # journal.ROW
+    return ids.tobytes(), tuple(states), columns
 
 
 PARALLEL_FROM = 2000  # files to read before the work is shared between CPUs (a fork costs ~1 ms)
