@@ -7,8 +7,9 @@
 this shell's environment in `shell_env`), but with plain writes, not gpuq's fsynced publish: 100,000
 fsyncs would take minutes and the files read back the same. It also keeps, in `journal.saved` beside
 the spool's directories, the cache/finished-journal that publishing them would have appended: each
-file's row made by gpuq's own appender (spool/journal.py, `row_line`) from the bytes written and the
-descriptor's signature, as spool.jobs.publish does (for files already there: from a read of each).
+file's row made by gpuq's own appender (spool/cache/journal.py, `row_line`) from the bytes written and
+the descriptor's signature, as spool.jobs.publish does (for files already there: from a read of each);
+`measure` writes one per checkout (`journal.saved.old`, `.new`), each by that checkout's appender.
 `measure` runs each checkout's honest venv (bench/honest.py, built if missing) on the same spool,
 turn by turn, output to a pipe as the benchmark does: the first `status -a` (its cache files removed
 first) with the journal that publishing the jobs left (`first`; a checkout without the journal
@@ -62,14 +63,17 @@ def build(home: Path, count: int) -> None:
     print(f"{home}: {len(spool.jobs.names('done'))} finished jobs")
 
 
-def save_journal(home: Path, spool: object) -> None:
+def save_journal(home: Path, spool: object, name: str = "journal.saved") -> None:
     """journal.saved: the journal that publishing the jobs of done/ would have appended."""
     try:
-        from gpuq.spool.journal import row_line
+        from gpuq.spool.cache.journal import row_line
     except ImportError:
-        return  # a gpuq without the journal
+        try:
+            from gpuq.spool.journal import row_line  # type: ignore[no-redef]  # before issue 25
+        except ImportError:
+            return  # a gpuq without the journal
     done = spool.layout.state_dir("done")  # type: ignore[attr-defined]
-    with open(home / "journal.saved", "wb") as out:
+    with open(home / name, "wb") as out:
         for name in spool.jobs.names("done"):  # type: ignore[attr-defined]
             fd = os.open(os.path.join(done, name), os.O_RDONLY)
             try:
@@ -103,18 +107,19 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     return wall, cpu, proc.stdout
 
 
-def drop_caches(home: Path, journal: bool) -> None:
-    """No cache files; and cache/finished-journal as publishing left it when `journal`."""
+def drop_caches(home: Path, journal: str) -> None:
+    """No cache files; and cache/finished-journal as publishing left it when `journal` (a file name
+    beside the spool's directories) is given."""
     for path in (home / "cache").glob("finished*"):
         path.unlink()
-    if journal and (home / "journal.saved").exists():
-        shutil.copyfile(home / "journal.saved", home / "cache" / "finished-journal")
+    if journal and (home / journal).exists():
+        shutil.copyfile(home / journal, home / "cache" / "finished-journal")
 
 
 def measure(home: Path, checkouts: dict[str, Path], rounds: int, later: int, what: set[str]) -> dict:
     venvs = {name: honest(path) for name, path in checkouts.items()}
-    if "new" in venvs:  # the journal as the measured code appends it (its rows name that code's files)
-        subprocess.run([str(venvs["new"] / "bin" / "python"), __file__, "journal", str(home)], check=True)
+    for name, venv in venvs.items():  # the journal as each measured code appends it (its rows name its files)
+        subprocess.run([str(venv / "bin" / "python"), __file__, "journal", str(home), "--as", name], check=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["GPUQ_HOME"] = str(home)
     samples: dict[str, dict[str, list[tuple[float, float]]]] = {name: {} for name in venvs}
@@ -136,7 +141,7 @@ def measure(home: Path, checkouts: dict[str, Path], rounds: int, later: int, wha
                 tasks += [("status", [*gpuq, "status"])] * later
             for label, argv in tasks:
                 if label.startswith("status -a, first"):
-                    drop_caches(home, journal=label.endswith(", journal"))
+                    drop_caches(home, journal=f"journal.saved.{name}" if label.endswith(", journal") else "")
                 wall, cpu, out = timed(argv, env)
                 samples[name].setdefault(label, []).append((wall, cpu))
                 outputs[name].setdefault(label, out)
@@ -175,13 +180,16 @@ def main() -> None:
     )
     j = sub.add_parser("journal", help="(re)write journal.saved for a spool built before the journal")
     j.add_argument("home", type=Path)
+    j.add_argument("--as", dest="checkout", default="", help="write journal.saved.CHECKOUT")
     args = parser.parse_args()
     if args.cmd == "build":
         build(args.home, args.count)
     elif args.cmd == "journal":
         from gpuq.spool import Spool
 
-        save_journal(args.home, Spool(args.home))
+        save_journal(
+            args.home, Spool(args.home), f"journal.saved.{args.checkout}" if args.checkout else "journal.saved"
+        )
     else:
         checkouts = {"old": args.old.resolve(), "new": args.new.resolve()}
         print(json.dumps(measure(args.home, checkouts, args.rounds, args.later, set(args.what.split(","))), indent=1))

@@ -1,4 +1,4 @@
-"""`gpuq status -a` reads finished jobs' rows from a cache in the spool (engine/views/finished_rows.py).
+"""`gpuq status -a` reads finished jobs' rows from a cache in the spool (spool/cache/finished.py).
 These tests change finished job files the ways gpuq does and check that the cache never shows
 a stale row."""
 
@@ -36,6 +36,7 @@ def test_cached_rows_are_the_rows_of_the_files(gq: Env) -> None:
     spool.cache.write("finished-rows", b"an older gpuq's cache")
     first = gq.gpuq("status", "-a").stdout
     assert (gq.home / "cache" / "finished-view").is_file()
+    assert (gq.home / "cache" / "finished-table").is_file()  # the rows' text, kept by the CLI
     assert not (gq.home / "cache" / "finished-rows").exists()  # no longer read: not left behind
     assert gq.gpuq("status", "-a").stdout == first  # now from the cache
     assert first.count("exp/run-") == 30 and first.count("exit=3") == 6
@@ -71,7 +72,7 @@ def test_a_trusted_directory_signature_still_sees_later_changes(gq: Env) -> None
 def test_a_damaged_cache_is_rebuilt(gq: Env) -> None:
     spool = _many(gq, 15)
     first = gq.gpuq("status", "-a").stdout
-    for name in ("finished-view", "finished-index"):
+    for name in ("finished-view", "finished-index", "finished-table"):
         spool.cache.write(name, b"\x00not marshal at all")
         proc = gq.gpuq("status", "-a")
         assert proc.stdout == first and proc.stderr == ""
@@ -96,30 +97,38 @@ def _settle(spool: Spool) -> None:
 def test_a_big_fill_shared_with_forked_children_gives_the_same_rows(gq: Env) -> None:
     """Past PARALLEL_FROM files to read, children forked per CPU read shares of them (issue 15):
     the rows must be those of a fill by one process, a file that is not a job included."""
-    from gpuq.engine.views import finished_rows
+    from gpuq.spool.cache import finished as finished_rows
 
     spool = _many(gq, 40)
     broken = Path(spool.layout.job_path("done", "999999-broken.json"))
     broken.write_text("{not json")
     todo = [(r.name, r.id) for r in spool.jobs.refs(("done",))]  # 32 valid jobs and the broken file
     assert len(todo) == 33
-    alone = finished_rows._make_some(spool, "done", todo, _row_cells())
+    alone = finished_rows._make_some(spool, "done", todo)
     assert finished_rows.PARALLEL_FROM > len(todo)  # a fill of 33 files stays in one process
     old = finished_rows.PARALLEL_FROM
     finished_rows.PARALLEL_FROM = 2
     try:
-        shared = finished_rows._make_all(spool, "done", todo, _row_cells())
+        shared = finished_rows._make_all(spool, "done", todo)
     finally:
         finished_rows.PARALLEL_FROM = old
     assert len(alone) == 33 and shared == alone
-    assert "unreadable job file: not valid JSON" in alone["999999-broken.json"][1][3]
+    assert "unreadable job file: not valid JSON" in _cells(alone["999999-broken.json"][1], "done")[3]
 
 
-def _row_cells() -> Any:
+def _cells(row: tuple, state: str) -> tuple[str, ...]:
+    """The name, script, time and info cells the CLI makes of a finished row's data."""
     from gpuq.cli import render
-    from gpuq.engine.views.finished_rows import RowCells
+    from gpuq.core.times import duration
 
-    return RowCells(render.FINISHED_FIELDS, render.finished_cells, render.damaged_cells, render.finished_block)
+    return (row[0], row[1], duration(row[2]), render.finished_info(state, *row[3]))
+
+
+def finished_cells(job: dict[str, Any], state: str) -> tuple[str, ...]:
+    """The cells of a finished job's row, from its fields (spool/cache/journal.py's row_of)."""
+    from gpuq.spool.cache import journal
+
+    return _cells(journal.row_of(job, time.time()), state)
 
 
 def _varied(spool: Spool, work: Path) -> list[dict[str, Any]]:
@@ -148,10 +157,10 @@ def _varied(spool: Spool, work: Path) -> list[dict[str, Any]]:
 
 
 def test_the_fields_a_row_reads_give_the_rows_of_the_whole_files(gq: Env) -> None:
-    """The rows `status -a` makes from only FINISHED_FIELDS (core/shown.py) are those made from
-    the whole, fully validated files."""
-    from gpuq.cli import render
+    """The rows `status -a` makes from only the fields it reads (journal.READS, core/shown.py) are
+    those made from the whole, fully validated files."""
     from gpuq.core import shown
+    from gpuq.spool.cache.journal import READS
 
     spool = Spool(gq.home).ensure()
     for job in _varied(spool, gq.work):
@@ -160,14 +169,14 @@ def test_the_fields_a_row_reads_give_the_rows_of_the_whole_files(gq: Env) -> Non
         assert ref is not None
         data = spool.jobs.read_bytes(state, ref.name)
         assert shown._parse_fast(data) is not None  # gpuq's own layout takes the fast path
-        part, _sig = spool.jobs.load_shown(state, ref.name, ref.id, render.FINISHED_FIELDS)
+        part, _sig = spool.jobs.load_shown(state, ref.name, ref.id, READS)
         whole = spool.jobs.load(ref)
-        assert render.finished_cells(part, state) == render.finished_cells(whole, state)
+        assert finished_cells(part, state) == finished_cells(whole, state)
         # and the same file written another way (no indentation) takes the full parse, same row
         compact = json.dumps(whole).encode()
         assert shown._parse_fast(compact) is None
-        again = shown.load_shown(compact, ref.id, render.FINISHED_FIELDS)
-        assert render.finished_cells(again, state) == render.finished_cells(whole, state)
+        again = shown.load_shown(compact, ref.id, READS)
+        assert finished_cells(again, state) == finished_cells(whole, state)
 
 
 def test_status_a_shows_the_table_of_the_whole_files(gq: Env) -> None:
@@ -270,19 +279,18 @@ def test_the_block_of_finished_lines_is_the_table_the_columns_give() -> None:
     from array import array
 
     from gpuq.cli import render
-    from gpuq.engine.views.finished_rows import FinishedView
     from gpuq.engine.views.status import CachedRow
+    from gpuq.spool.cache.finished import FinishedRows
 
-    cells = [(f"exp/run-{n}", "train.py", f"{n}s", "exit=0" if n % 3 else "exit=1  ünï") for n in range(1, 30)]
+    ends = [(0 if n % 3 else 1, "", None, "", "" if n % 3 else "ünï", "", None, "") for n in range(1, 30)]
+    data = [(f"exp/run-{n}", "train.py", n, end) for n, end in enumerate(ends, 1)]
     ids = list(range(10, 39))
     states = ["done" if n % 3 else "failed" for n in range(1, 30)]
-    parts = (array("q", ids).tobytes(), tuple(map(str, ids)), tuple(states), tuple(zip(*cells)))
+    cells = [_cells(row, state) for row, state in zip(data, states)]
+    assert cells[2] == ("exp/run-3", "train.py", "3s", "exit=1  ünï")
+    parts = (array("q", ids).tobytes(), tuple(states), tuple(zip(*data)))
     finished = [CachedRow(i, s, c) for i, s, c in zip(ids, states, cells)]
-
-    def view(with_block: bool) -> FinishedView:
-        made = FinishedView(marshal.dumps(parts), len(ids), None)
-        made.block = render.finished_block(made) if with_block else None
-        return made
+    made = FinishedRows(marshal.dumps(parts), len(ids), "a token")
 
     narrow = CachedRow(40, "running", ("r", "x.py", "1s", ""))
     wide = CachedRow(41, "pending", ("a-much-longer-name-than-any-finished-one", "x.py", "", ""))
@@ -292,7 +300,8 @@ def test_the_block_of_finished_lines_is_the_table_the_columns_give() -> None:
             sorted(rows + finished, key=lambda r: (r.state not in ("running", "pending"), r.job["id"]))
         )
         for with_block in (True, False):
-            lines = render.status_table(rows, now=0.0, finished=view(with_block))
+            block = render.finished_block(made) if with_block else None
+            lines = render.status_table(rows, now=0.0, finished=made, block=block)
             assert "\n".join(lines).split("\n") == whole, (rows, with_block)
             assert ("\n" in lines[-1]) == (with_block and len(rows) < 2)  # the block, as it was cached
 
@@ -320,8 +329,8 @@ def test_status_resolves_a_copy_left_in_another_state_with_the_finished_listing(
 
 
 def test_finished_cells_read_no_field_beyond_finished_fields(gq: Env) -> None:
-    """`status -a` reads only FINISHED_FIELDS of a finished file: the cells must need no other."""
-    from gpuq.cli import render
+    """`status -a` reads only journal.READS of a finished file: its row must need no other."""
+    from gpuq.spool.cache.journal import READS, row_of
 
     class Watched(dict):
         seen: set[str] = set()
@@ -340,6 +349,5 @@ def test_finished_cells_read_no_field_beyond_finished_fields(gq: Env) -> None:
 
     spool = Spool(gq.home).ensure()
     for job in _varied(spool, gq.work):
-        for state in ("done", "failed", "cancelled"):
-            render.finished_cells(Watched(job), state)
-    assert Watched.seen and Watched.seen <= set(render.FINISHED_FIELDS), Watched.seen - set(render.FINISHED_FIELDS)
+        row_of(Watched(job), 0.0)
+    assert Watched.seen and Watched.seen <= set(READS), Watched.seen - set(READS)

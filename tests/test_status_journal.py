@@ -1,10 +1,11 @@
-"""cache/finished-journal (spool/journal.py, spool_layout.md "cache/"): whoever moves a job into a
-finished state appends its `status -a` row, and the next `status -a` uses it instead of reading the
+"""cache/finished-journal (spool/cache/journal.py, spool_layout.md "cache/"): whoever moves a job
+into a finished state appends its `status -a` row (as data), and the next `status -a` uses it instead of reading the
 file, only while the file keeps the signature the row was written with. Real spools, real files,
 real workers; the output must be the same, byte for byte, with the journal and without it."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Iterator
@@ -44,8 +45,11 @@ def test_a_job_run_by_a_worker_and_a_killed_one_leave_their_rows(gq: Env) -> Non
     gq.gpuq("kill", str(long))
     gq.wait_state(long, "cancelled")
     lines = journal_lines(gq)
-    assert any(f"\tdone\t{done:06d}-" in line and "exit=0" in line for line in lines), lines
-    assert any(f"\tcancelled\t{long:06d}-" in line and "exit=143 (SIGTERM)" in line for line in lines), lines
+    # the row's exit code and signal, first in its end (spool/cache/journal.py), shown `exit=0` and
+    # `exit=143 (SIGTERM)`
+    assert any(f"\tdone\t{done:06d}-" in line and json.loads(line.split("\t")[9])[:2] == [0, ""] for line in lines)
+    ended = [json.loads(line.split("\t")[9])[:2] for line in lines if f"\tcancelled\t{long:06d}-" in line]
+    assert ended == [[143, "SIGTERM"]], lines
 
     folded = gq.gpuq("status", "-a").stdout
     assert not (gq.home / "cache" / JOURNAL).exists()  # folded into the cache
@@ -139,7 +143,7 @@ def test_torn_and_foreign_lines_are_skipped(gq: Env) -> None:
 
 def test_a_row_appended_while_a_fold_runs_is_kept(gq: Env) -> None:
     """The fold renames the journal aside first: what is appended after goes to a new journal."""
-    from gpuq.spool import journal
+    from gpuq.spool.cache import journal
 
     spool = Spool(gq.home).ensure()
     _varied(spool, gq.work)
@@ -179,13 +183,15 @@ def test_an_append_on_a_full_disk_is_skipped_and_the_job_still_ends(gq: Env, tin
 
 
 def test_fields_that_need_escaping_come_back_as_they_were() -> None:
-    from gpuq.spool import journal
+    from gpuq.spool.cache import journal
 
-    cells = ("tab\there", "back\\slash", "new\nline", "lone \udcff surrogate")
-    line = "\t".join(map(journal._field, (journal.TAG, "done", "000001-x.json", "5", "6", "7", *cells))) + "\n"
+    texts = ("tab\there", "back\\slash", "new\nline", "lone \udcff surrogate", "é")
+    row = (texts[0], texts[1], 61, (-9, texts[2], 812, texts[3], texts[4], "", 5, ""))
+    end = journal.jsontext.dumps(list(row[3][:-1]))
+    line = "\t".join(map(journal._field, (journal.TAG, "done", "000001-x.json", 5, 6, 7, *row[:3], end))) + "\n"
     out: dict[str, dict[str, tuple]] = {"done": {}}
     journal._add_rows(out, line.encode())
-    assert out["done"] == {"000001-x.json": ((5, 6, 7), cells)}
+    assert out["done"] == {"000001-x.json": ((5, 6, 7), row)}
 
 
 def test_a_big_listing_filters_names_by_the_same_rule(tmp_path: Path) -> None:

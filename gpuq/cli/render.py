@@ -6,11 +6,13 @@ import time
 import unicodedata
 from bisect import bisect_left
 from itertools import repeat
+from operator import getitem
 
 from gpuq.core import schema
-from gpuq.core.rowtext import FINISHED_FIELDS, elapsed, finished_cells, info, slurm_text  # noqa: F401 (render's names too)
-from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, PENDING, RUNNING, TABLE
-from gpuq.core.times import duration
+from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, PENDING, RUNNING, SLURM, TABLE
+from gpuq.core.times import duration, parse_iso
+
+NOTE_SHOWN = tuple(state.name for state in TABLE if state.shows_note)  # the states whose Info ends with the note
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
@@ -39,10 +41,10 @@ _WIDTHS: dict[str, int] = {}
 HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
 
 
-def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = None) -> list[str]:
-    """The table of `rows`, and of `finished` (engine/views/finished_rows.py's FinishedView: finished rows
-    in id order) merged in by id after the running and pending rows. The view's rows may come as
-    its block: one string of many lines, last in the list."""
+def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = None, block: Any = None) -> list[str]:
+    """The table of `rows`, and of `finished` (spool/cache/finished.py's FinishedRows: finished
+    rows in id order) merged in by id after the running and pending rows. Given `block`, the
+    finished_block of `finished`, its lines may come as it is: one string, last in the list."""
     now = time.time() if now is None else now
     columns: list[list[str]] = [[title] for title in HEADER]
     tail: list[Any] = []  # rows after the running and pending ones, which merge with `finished`
@@ -51,7 +53,7 @@ def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = N
             tail.append(row)
             continue
         _add(columns, row, now)
-    block = finished.block if finished is not None and not tail else None
+    block = block if finished is not None and not tail else None
     if block is not None:
         widths, lines = _table(columns, block[0])
         if widths == list(block[0]):  # no running or pending row wider than the finished ones
@@ -62,7 +64,7 @@ def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = N
 
 
 def finished_block(finished: Any) -> tuple[tuple[int, ...], str]:
-    """A FinishedView's rows as the lines of a table of them alone, and that table's widths."""
+    """A FinishedRows' rows as the lines of a table of them alone, and that table's widths."""
     columns: list[list[str]] = [[title] for title in HEADER]
     _merge_finished(columns, [], finished, 0.0)
     widths, lines = _table(columns)
@@ -115,9 +117,9 @@ def _add(columns: list[list[str]], row: Any, now: float) -> None:
 
 
 def _merge_finished(columns: list[list[str]], tail: list[Any], finished: Any, now: float) -> None:
-    """Append the view's columns, with the few `tail` rows (held, interrupted...) put in by id."""
-    symbols = list(map(SYMBOLS.get, finished.states, repeat("?")))
-    parts = (finished.id_texts, symbols, *finished.columns)
+    """Append the cells of the finished rows, with the few `tail` rows (held, interrupted...) put
+    in by id."""
+    parts = _finished_cells(finished)
     start = 0
     for row in sorted(tail, key=lambda r: r.job["id"]):
         at = bisect_left(finished.ids, row.job["id"], start)
@@ -129,6 +131,25 @@ def _merge_finished(columns: list[list[str]], tail: list[Any], finished: Any, no
         column += part[start:]
 
 
+def _finished_cells(finished: Any) -> tuple[Any, ...]:
+    """The cells of a FinishedRows, column by column (spool/cache/journal.py's ROW): the id, the
+    state's symbol, name, script, time and info. Each distinct time and info (a state and an end)
+    is made once: 100,000 rows hold a few hundred."""
+    names, scripts, seconds, ends = finished.columns
+    states = finished.states
+    times = {s: duration(s) for s in set(seconds)}
+    distinct = set(ends)  # the same few objects (spool/cache/finished.py): a state's info of each
+    infos = {state: {end: finished_info(state, *end) for end in distinct} for state in set(states)}
+    return (
+        list(map(str, finished.ids)),
+        list(map(SYMBOLS.get, states, repeat("?"))),
+        names,
+        scripts,
+        list(map(times.__getitem__, seconds)),
+        list(map(getitem, map(infos.__getitem__, states), ends)),
+    )
+
+
 def row_cells(job: dict[str, Any], state: str, wait: Any, estimate: Any, now: float) -> list[str]:
     """Name, script, time and info of one status row."""
     return [
@@ -137,6 +158,84 @@ def row_cells(job: dict[str, Any], state: str, wait: Any, estimate: Any, now: fl
         duration(elapsed(job, now)),
         _join(progress_text(estimate, state), info(job, state, wait)),
     ]
+
+
+def elapsed(job: dict[str, Any], now: float) -> Optional[float]:
+    start = parse_iso(job.get("started_at"))
+    if start is None:
+        return None
+    end = parse_iso(job.get("finished_at")) or now
+    return end - start
+
+
+def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
+    parts = []
+    exit_code = None  # shown for the states after a run
+    if state == RUNNING:
+        parts.append(f"pid={job.get('pid')}" if job.get("pid") else "starting")
+        if job.get("gpus") == []:
+            parts.append("cpu job")
+        elif job.get("slot") is not None:
+            parts.append(f"gpu={job['slot']}")
+        if job.get("retries"):
+            parts.append(f"attempt {job.get('attempts')}/{job['retries'] + 1}")
+        if job.get("resumed_from"):
+            lost = f", lost {job['lost_steps']} steps" if job.get("lost_steps") is not None else ""
+            parts.append(f"from {job['resumed_from'].rstrip('/').rsplit('/', 1)[-1]}{lost}")
+    elif state == PENDING:
+        if wait is not None:
+            parts.append(("blocked: " if wait.forever else "") + wait.reason)
+        elif job.get("after"):
+            parts.append("after " + ", ".join(f"#{d}" for d in job["after"]) + " (met)")
+        if job.get("attempts") or job.get("history"):
+            parts.append(job.get("note") or "retry")
+    elif state == SLURM:
+        parts.append(slurm_text(job.get("slurm") or {}))
+    else:
+        exit_code = job.get("exit_code")
+    slurm_job = (job.get("slurm") or {}).get("job_id") if state != SLURM else None
+    notes = (job.get("signal"), slurm_job, job.get("reason"), job.get("code_changed"), job.get("note"))
+    tail = finished_info(state, exit_code, *notes, job.get("priority"))
+    return "  ".join([*parts, tail] if tail else parts)
+
+
+def finished_info(
+    state: str,
+    exit_code: Optional[int],
+    signal: Optional[str],
+    slurm_job: Optional[int],
+    reason: Optional[str],
+    code_changed: Optional[str],
+    note: Optional[str],
+    priority: Optional[int],
+    unreadable: str = "",
+) -> str:
+    """The info cell of a finished job's row (its state and end: spool/cache/journal.py's END),
+    and the end of any row's: how it ended, where, why, its priority."""
+    if unreadable:
+        return f"unreadable job file: {unreadable}"
+    parts = []
+    if exit_code is not None:
+        parts.append(f"exit={exit_code}" + (f" ({signal})" if signal else ""))
+    if slurm_job:
+        parts.append(f"on slurm {slurm_job}")
+    if state == FAILED and reason:
+        parts.append(reason)
+    if code_changed:
+        parts.append(code_changed)
+    if note and reason and "time limit" in note and "time limit" in reason:
+        note = None  # said once, by the reason
+    if state in NOTE_SHOWN and note:
+        parts.append(note)
+    if priority:
+        parts.append(f"prio={priority}")
+    return "  ".join(parts)
+
+
+def slurm_text(mark: dict[str, Any]) -> str:
+    """`slurm 123 PENDING (Dependency)`: the Slurm job, its state and why it waits."""
+    reason = f" ({mark['reason']})" if mark.get("reason") else ""
+    return f"slurm {mark.get('job_id') or '?'} {mark.get('state') or '?'}{reason}"
 
 
 def damaged_cells(file_name: str, reason: str) -> tuple[str, ...]:

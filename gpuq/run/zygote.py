@@ -36,12 +36,8 @@ import psutil  # noqa: F401
 
 from gpuq.run.launcher import FORK_REQUEST
 from gpuq.run.supervisor.main import name_process, serve_spare
-from gpuq.spool import (  # noqa: F401
-    control,
-    journal,  # noqa: F401  (a supervisor appends its job's row there at the end)
-    logs,
-    reports,
-)
+from gpuq.spool import control, logs, reports  # noqa: F401
+from gpuq.spool.cache import journal  # noqa: F401  (a supervisor appends its job's row there at the end)
 from gpuq.system import fsutil
 
 IDLE_SECONDS = 5.0  # no request for this long: exit (an idle queue keeps no extra process)

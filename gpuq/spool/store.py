@@ -244,8 +244,8 @@ class JobStore:
 
     def _journal(self, state: str, name: str, data: bytes, written: tuple[int, int, int]) -> None:
         """The row `gpuq status -a` shows for a file just written in a finished state, appended to
-        cache/finished-journal so that the first `status -a` need not read the file (spool/journal.py)."""
-        from gpuq.spool.journal import append  # only where a job finishes: `add` and `status` never need it
+        cache/finished-journal so that the first `status -a` need not read the file (spool/cache/journal.py)."""
+        from gpuq.spool.cache.journal import append  # only where a job finishes: `add` and `status` never need it
 
         append(self.layout, state, name, data, written)
 

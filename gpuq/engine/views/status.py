@@ -10,17 +10,17 @@ from gpuq.engine.lifecycle import repairs
 from gpuq.engine.schedule import gpuview, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.views.finished_index import finished as finished_listing
+from gpuq.engine.views.finished_index import settled_key
 from gpuq.spool.files import MIN_FREE_TO_START
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
-    from typing import Any, Optional
+    from typing import Any, Callable, Optional
 
     from gpuq.engine.tracking import eta
     from gpuq.engine.views.finished_index import Finished
-    from gpuq.engine.views.finished_rows import FinishedView
-    from gpuq.engine.views.row_cells import RowCells
     from gpuq.spool import JobRef, Spool
+    from gpuq.spool.cache.finished import FinishedRows
 
 # Imported only when needed (each module is start-up time, bench/PROFILE.md section 1): the ETA
 # machinery (queue_eta, eta, progress, checkpoints) when a job runs or waits, the finished-row
@@ -69,17 +69,17 @@ class Status:
         dropped: Optional[list[str]] = None,
         gpus: Optional[dict[str, Any]] = None,  # engine/schedule/gpuview.py's view; None without GPUs
         warnings: Optional[list[str]] = None,  # a full disk, a runaway log
-        finished: Optional[FinishedView] = None,  # `status -a`: the finished rows, not in `rows`
+        finished: Optional[FinishedRows] = None,  # `status -a`: the finished rows, not in `rows`
     ) -> None:
         self.workers, self.rows, self.hidden_finished, self.gpus = workers, rows, hidden_finished, gpus
         self.invalid, self.dropped, self.warnings = invalid or [], dropped or [], warnings or []
         self.finished = finished
 
 
-def status(spool: Spool, show_all: bool = False, cells: Optional[RowCells] = None) -> Status:
-    """Every row of the queue. With `cells` (the CLI's finished-row cells), `show_all` gives the
-    finished rows as one FinishedView from their cache (engine/views/finished_rows.py), and a finished
-    file that is not a valid job is shown as a row saying so."""
+def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str, str], tuple]] = None) -> Status:
+    """Every row of the queue. With `damaged` (the CLI's cells of a finished file that is not a
+    valid job, from its name and why), such a file is a row saying so, and `show_all` gives the
+    finished rows as data from their cache (spool/cache/finished.py)."""
     warned_slurm = sync_slurm(spool)
     for _look in range(LOOKS):
         # a dead job is shown as interrupted as soon as anyone looks; one listing serves it all
@@ -98,10 +98,10 @@ def status(spool: Spool, show_all: bool = False, cells: Optional[RowCells] = Non
     for state in (HELD, PREEMPTED, INTERRUPTED, SLURM):
         rows += [Row(j, state) for _r, j in spool.jobs.load_many(state)]
     view = None
-    if show_all and cells is not None and done.count() > RECENT_FINISHED:
-        from gpuq.engine.views.finished_rows import finished_view
+    if show_all and damaged is not None and done.count() > RECENT_FINISHED:
+        from gpuq.spool.cache.finished import finished_rows
 
-        view = finished_view(spool, done, cells)
+        view = finished_rows(spool, done, lambda state: settled_key(spool, done, state))
         finished: list[JobRef] = []
     elif show_all:
         finished = sorted((r for state in FINISHED for r in done.refs(state)), key=lambda r: r.id)
@@ -114,8 +114,8 @@ def status(spool: Spool, show_all: bool = False, cells: Optional[RowCells] = Non
         except FileNotFoundError:
             continue
         except schema.InvalidJob as exc:
-            if cells is not None:
-                rows.append(CachedRow(ref.id, ref.state, cells.damaged(ref.name, str(exc))))
+            if damaged is not None:
+                rows.append(CachedRow(ref.id, ref.state, damaged(ref.name, str(exc))))
     rows.sort(key=lambda r: (r.state not in (RUNNING, PENDING), r.job["id"]))
     workers = spool.workers.live()
     shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old

@@ -1,12 +1,13 @@
-"""cache/finished-journal: the `status -a` row of each job that enters a finished state, appended
-by whoever moved it there (spool_layout.md, "cache/").
+"""What a finished job's row of `gpuq status -a` holds, as data, and cache/finished-journal, where
+whoever moves a job into a finished state appends it (spool_layout.md, "cache/").
 
 The first `gpuq status -a` over 100,000 finished jobs cannot afford to open and parse 100,000 files
 (about 20 us each just to open and read them here; issue 15). So the row is made when the job's file
-is written, from the very bytes written, by the code that makes it from a file (core/shown.py,
-core/rowtext.py), and appended here with the file's signature as written (a rename keeps inode,
-mtime and size). The next `status -a` folds the journal into cache/finished-view
-(engine/views/finished_rows.py) and uses a row only while the file still has that signature.
+is written, from the very bytes written, by the code that makes it from a file (`row_of`, after
+core/shown.py's parse), and appended here with the file's signature as written (a rename keeps
+inode, mtime and size). The next `status -a` folds the journal into cache/finished-view
+(finished.py) and uses a row only while the file still has that signature. The row is data (the
+job's name, script, seconds run, exit...): its text is the CLI's (cli/render.py).
 
 A cache: never fsynced; any failure to append is ignored (it only costs that file being read once);
 a torn last line is skipped; a row lost in a race only costs speed.
@@ -19,12 +20,12 @@ import zlib
 from itertools import compress, repeat
 from operator import eq, methodcaller
 
-from gpuq.core import jsontext, rowtext, schema, shown, times
+from gpuq.core import jsontext, schema, shown, times
 from gpuq.core.states import FINISHED
 from gpuq.spool.files import free_bytes, read_small, unlink_quietly
 from gpuq.system import procs
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+TYPE_CHECKING = False  # typing only for annotations: `status -a` imports this (tests/test_startup_imports.py)
 if TYPE_CHECKING:
     from typing import Any, Optional
 
@@ -32,9 +33,55 @@ if TYPE_CHECKING:
 
 NAME = "finished-journal"
 MAX_BYTES = 64 << 20  # about 500,000 rows: past it (no `status -a` for that long) rows are not appended
-FORMAT = 1
+FORMAT = 2  # 1 held the rows' text (before issue 25): its lines carry another tag, and are not used
 ROOM_LEFT = 1 << 20  # below this much free space no row is appended (the worker starts no job either)
-FIELDS = 10  # tag, state, file name, inode, mtime_ns, size, and the row's name, script, time, info
+
+# The fields of a job file that its row is made from: all that core/shown.py reads and checks.
+READS = ("name", "cmd", "started_at", "finished_at", "exit_code", "signal", "slurm", "reason", "code_changed")
+READS += ("note", "priority")
+# A finished job's row: its name, its script (schema.display_script), whole seconds run (None:
+# unknown) and its end, a tuple of END: how it ended, where and why, and why its file is not a
+# valid job ("" for one that is). Absent strings are "", absent numbers None. 100,000 rows share a
+# few ends: one object each in the cache, and one info cell each to make (cli/render.py).
+ROW = ("name", "script", "seconds", "end")
+END = ("exit_code", "signal", "slurm_job", "reason", "code_changed", "note", "priority", "unreadable")
+_END_TYPES = (int, str, int, str, str, str, int)  # of the END a line holds (a number may be null)
+
+# A journal line: tag, state, file name, inode, mtime_ns, size, name, script, seconds, and the end
+# less `unreadable` as a JSON array.
+FIELDS = 10
+
+
+def row_of(job: dict[str, Any], now: float) -> tuple:
+    """The row of a finished job (its READS fields checked), its time counted up to `now` when it
+    started and has no end."""
+    start = times.parse_iso(job.get("started_at"))
+    seconds = None
+    if start is not None:
+        spent = (times.parse_iso(job.get("finished_at")) or now) - start
+        seconds = int(spent) if spent >= 0 else None
+    end = (
+        job.get("exit_code"),
+        job.get("signal") or "",
+        (job.get("slurm") or {}).get("job_id"),
+        job.get("reason") or "",
+        job.get("code_changed") or "",
+        job.get("note") or "",
+        job.get("priority"),
+        "",
+    )
+    return job["name"], schema.display_script(job["cmd"]), seconds, end
+
+
+def unreadable_row(file_name: str, reason: str) -> tuple:
+    """The row of a finished file that is not a valid job: its name and why."""
+    return file_name, "", None, (None, "", None, "", "", "", None, reason)
+
+
+def depends_on_clock(job: dict[str, Any]) -> bool:
+    """Whether the row's time is counted up to now (a start without an end): such a row is not
+    journalled, its file is read each time the cache is filled."""
+    return times.parse_iso(job.get("started_at")) is not None and not times.parse_iso(job.get("finished_at"))
 
 
 def _code_tag() -> str:
@@ -42,9 +89,9 @@ def _code_tag() -> str:
     process loaded them (the same code installed elsewhere gives the same tag). A row made by
     another gpuq (an upgrade while a worker runs) is not used."""
     digest = zlib.crc32(str(FORMAT).encode())
-    for module in (rowtext, shown, schema, times):
+    for path in (__file__, shown.__file__, schema.__file__, times.__file__):
         try:
-            with open(module.__file__ or "", "rb") as source:
+            with open(path or "", "rb") as source:
                 digest = zlib.crc32(source.read(), digest)
         except OSError:
             digest = zlib.crc32(b"?", digest)
@@ -73,23 +120,36 @@ def append(layout: Layout, state: str, name: str, data: bytes, signature: tuple[
 
 def row_line(state: str, name: str, data: bytes, signature: tuple[int, int, int]) -> Optional[bytes]:
     """The journal line of a job file: its row as a read of `data` makes it; None when the file's
-    shown fields are not valid or its row's time depends on the clock (such files are read)."""
+    READS fields are not valid or its row's time depends on the clock (such files are read)."""
     try:
-        job = shown.load_shown(data, int(name[: name.index("-")]), rowtext.FINISHED_FIELDS)
+        job = shown.load_shown(data, int(name[: name.index("-")]), READS)
     except (schema.InvalidJob, ValueError):
         return None
-    if rowtext.depends_on_clock(job):
+    if depends_on_clock(job):
         return None
-    fields = (TAG, state, name, *map(str, signature), *rowtext.finished_cells(job, state))
+    job_name, script, seconds, end = row_of(job, 0.0)
+    fields = (
+        TAG,
+        state,
+        name,
+        *map(str, signature),
+        job_name,
+        script,
+        seconds,
+        jsontext.dumps(list(end[:-1]), ensure_ascii=False),
+    )
     return ("\t".join(map(_field, fields)) + "\n").encode()
 
 
-def _field(text: str) -> str:
-    """A field of a line as written: the text itself, or when it holds a tab, a newline, a
-    backslash or what UTF-8 cannot encode (a lone surrogate), a backslash then its JSON string."""
-    if "\\" in text or "\t" in text or "\n" in text or not _utf8(text):
-        return "\\" + jsontext.dumps(text, ensure_ascii=True)
-    return text
+def _field(value: Any) -> str:
+    """A field of a line as written: a number, "" for None, or the text itself; when the text
+    holds a tab, a newline, a backslash or what UTF-8 cannot encode (a lone surrogate), a backslash
+    then its JSON string."""
+    if type(value) is not str:
+        return "" if value is None else str(value)
+    if "\\" in value or "\t" in value or "\n" in value or not _utf8(value):
+        return "\\" + jsontext.dumps(value, ensure_ascii=True)
+    return value
 
 
 def _utf8(text: str) -> bool:
@@ -101,7 +161,7 @@ def _utf8(text: str) -> bool:
 
 
 def _unfield(text: str) -> str:
-    """A field's text (ValueError if it is not one _field wrote)."""
+    """A text field's string (ValueError if it is not one _field wrote)."""
     if not text.startswith("\\"):
         return text
     value = jsontext.loads(text[1:])
@@ -110,12 +170,26 @@ def _unfield(text: str) -> str:
     return value
 
 
+def _number(text: str) -> Optional[int]:
+    return int(text) if text else None
+
+
+def _end(text: str) -> tuple:
+    """A row's end from its field (ValueError if it is not one row_line wrote)."""
+    value = jsontext.loads(_unfield(text))
+    if type(value) is not list or len(value) != len(_END_TYPES) or not all(map(_fits, value, _END_TYPES)):
+        raise ValueError("not the end of a row")
+    return (*value, "")
+
+
+def _fits(value: Any, kind: type) -> bool:
+    return type(value) is kind or (value is None and kind is int)
+
+
 class Taken:
     """The journal files taken for one fold. `rows` (parsed on first use): state -> name ->
-    (signature, cells), the later row of a name winning; `finish()` removes the files once their
+    (signature, row), the later row of a name winning; `finish()` removes the files once their
     rows are cached."""
-
-    __slots__ = ("data", "paths", "_rows")
 
     def __init__(self) -> None:
         self.data: list[bytes] = []
@@ -171,24 +245,33 @@ def _add_rows(out: dict[str, dict[str, tuple]], data: bytes) -> None:
     whole = list(map(eq, map(methodcaller("count", "\t"), lines), repeat(FIELDS - 1)))
     if not all(whole):
         lines = list(compress(lines, whole))
-    flat = "\t".join(lines).split("\t") if lines else []
-    columns = [flat[i::FIELDS] for i in range(FIELDS)]
+    columns = _columns(lines)
     if set(columns[0]) - {TAG}:  # rows of another gpuq, or a torn line run into the next one
         lines = list(compress(lines, map(eq, columns[0], repeat(TAG))))
-        flat = "\t".join(lines).split("\t") if lines else []
-        columns = [flat[i::FIELDS] for i in range(FIELDS)]
+        columns = _columns(lines)
     try:
-        for at in (1, 2, 6, 7, 8, 9) if escaped else ():
+        for at in (1, 2, 6, 7) if escaped else ():
             if any(map(methodcaller("startswith", "\\"), columns[at])):
                 columns[at] = list(map(_unfield, columns[at]))
         sigs = zip(*[list(map(int, columns[at])) for at in (3, 4, 5)])
-        for at in (7, 8, 9):  # "train.py", "exit=0": one object each, stored once by the cache's marshal
-            one: dict[str, str] = {}
-            columns[at] = list(map(one.setdefault, columns[at], columns[at]))
-    except ValueError:
+        seconds = {text: _number(text) for text in set(columns[8])}  # few distinct values: each converted once
+        ends = {text: _end(text) for text in set(columns[9])}  # one object each, stored once by the cache
+        scripts: dict[str, str] = {}  # "train.py": one object
+        rows = zip(
+            columns[6],
+            map(scripts.setdefault, columns[7], columns[7]),
+            map(seconds.__getitem__, columns[8]),
+            map(ends.__getitem__, columns[9]),
+        )
+    except (ValueError, RecursionError):
         _add_lines(out, lines)
         return
-    _add(out, columns[1], columns[2], sigs, zip(*columns[6:]))
+    _add(out, columns[1], columns[2], sigs, rows)
+
+
+def _columns(lines: list[str]) -> list[list[str]]:
+    flat = "\t".join(lines).split("\t") if lines else []
+    return [flat[i::FIELDS] for i in range(FIELDS)]
 
 
 def _add_lines(out: dict[str, dict[str, tuple]], lines: list[str]) -> None:
@@ -196,19 +279,15 @@ def _add_lines(out: dict[str, dict[str, tuple]], lines: list[str]) -> None:
     for line in lines:
         parts = line.split("\t")
         try:
-            _add(
-                out,
-                [_unfield(parts[1])],
-                [_unfield(parts[2])],
-                [tuple(map(int, parts[3:6]))],
-                [tuple(map(_unfield, parts[6:]))],
-            )
-        except (ValueError, IndexError):
+            row = (_unfield(parts[6]), _unfield(parts[7]), _number(parts[8]), _end(parts[9]))
+            sig = tuple(map(int, parts[3:6]))
+            _add(out, [_unfield(parts[1])], [_unfield(parts[2])], [sig], [row])
+        except (ValueError, IndexError, RecursionError):
             continue
 
 
-def _add(out: dict[str, dict[str, tuple]], states: Any, names: Any, sigs: Any, cells: Any) -> None:
-    made = zip(names, zip(sigs, cells))
+def _add(out: dict[str, dict[str, tuple]], states: Any, names: Any, sigs: Any, rows: Any) -> None:
+    made = zip(names, zip(sigs, rows))
     if not states:
         return
     if len(set(states)) == 1:  # the usual journal: all of one state (a later row of a name wins)

@@ -1,4 +1,10 @@
-"""cache/: data gpuq derives from job files and can always rebuild (ARCHITECTURE.md, "Caches")."""
+"""cache/: data gpuq derives from job files and can always rebuild (ARCHITECTURE.md, "Caches").
+
+`Caches` reads and writes its files. The finished jobs' rows of `gpuq status -a` are kept here as
+data, never as text (cli/render.py makes their cells): journal.py is what a finished job's row
+holds and cache/finished-journal, appended as jobs finish; finished.py is cache/finished-view, the
+rows of every finished job. `gpuq status` imports only this module (bench/PROFILE.md, section 1).
+"""
 
 from __future__ import annotations
 

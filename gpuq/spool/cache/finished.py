@@ -1,17 +1,19 @@
-"""The rows of finished jobs, cached in the spool, so that `gpuq status -a` need not read them all.
+"""cache/finished-view: the rows of finished jobs, as data (journal.py's ROW), so that `gpuq status
+-a` need not read them all.
 
 What `gpuq status -a` shows of a finished job never changes: its file is never edited in place (a
 change writes a new file, with a new inode and mtime, or moves it to another state). So a row stays
 valid while its file keeps its name, inode, mtime and size, and all of a directory's rows stay
 valid while the directory keeps its inode and mtime, which move with every file added, removed or
-replaced in it (trusted once SETTLED_SECONDS old: see engine/schedule/queue_read.py).
+replaced in it (trusted once settled: see engine/views/finished_index.py).
 
-The cache (`cache/finished-view`) holds, per finished state, the directory's signature and, packed
-apart, its names, file signatures and rows; and, packed apart too, the view: every finished row in
-id order as columns, which is all a later `status -a` unpacks while no directory changed.
+The cache holds, per finished state, the directory's signature and, packed apart, its names, file
+signatures and rows; and, packed apart too, the view: every finished row in id order as columns,
+which is all a later `status -a` unpacks while no directory changed, with a token that changes
+with it (the CLI keeps its text of the view under that token: cli/cmd_view.py).
 
 When a directory changed, the rows of its new files come first from cache/finished-journal, where
-whoever moved each job there appended its row with the file's signature as written (spool/journal.py):
+whoever moved each job there appended its row with the file's signature as written (journal.py):
 such a file is stat()ed, not read. Only files with neither a cached nor a journalled row that still
 holds are read and parsed.
 """
@@ -22,44 +24,43 @@ import gc
 import marshal
 import os
 import sys
+import time
 from array import array
 from itertools import compress, repeat
 from operator import eq, is_not, itemgetter
 
 from gpuq.core import schema
 from gpuq.core.states import FINISHED
-from gpuq.engine.views.finished_index import Finished, settled_key
-from gpuq.engine.views.row_cells import Cells, RowCells
-from gpuq.spool import Spool
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+TYPE_CHECKING = False  # typing only for annotations: `status -a` imports this (tests/test_startup_imports.py)
 if TYPE_CHECKING:
-    from typing import Any, Optional
+    from typing import Any, Callable, Optional
+
+    from gpuq.spool import Spool
 
 CACHE_NAME = "finished-view"
 OLD_CACHE_NAME = "finished-rows"  # the cells alone, as gpuq wrote them before this cache
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4  # 3 held the rows' text (before issue 25)
 
 
-class FinishedView:
-    """Every finished job's row in id order: as columns (ids, their text, states, the cells'
-    columns), unpacked on first use, and as `block`, (widths, text) of their lines in a table,
-    which is all a later `status -a` needs unless a running job's cells are wider."""
+class FinishedRows:
+    """Every finished job's row in id order, as columns: ids, states and one column per field of
+    journal.ROW; unpacked on first use. `token` changes whenever the rows do."""
 
-    __slots__ = ("_packed", "_unpacked", "count", "block")
+    __slots__ = ("_packed", "_unpacked", "count", "token")
 
-    def __init__(self, packed: bytes, count: int, block: Optional[tuple[tuple[int, ...], str]]) -> None:
-        self._packed, self._unpacked, self.count, self.block = packed, None, count, block
+    def __init__(self, packed: bytes, count: int, token: str) -> None:
+        self._packed, self._unpacked, self.count, self.token = packed, None, count, token
 
     def __len__(self) -> int:
         return self.count
 
     def _parts(self) -> tuple:
         if self._unpacked is None:
-            id_bytes, texts, states, columns = marshal.loads(self._packed)
+            id_bytes, states, columns = marshal.loads(self._packed)
             ids = array("q")
             ids.frombytes(id_bytes)
-            self._unpacked = (ids, texts, states, columns)
+            self._unpacked = (ids, states, columns)
         return self._unpacked
 
     @property
@@ -67,56 +68,56 @@ class FinishedView:
         return self._parts()[0]
 
     @property
-    def id_texts(self) -> tuple:
+    def states(self) -> tuple:
         return self._parts()[1]
 
     @property
-    def states(self) -> tuple:
+    def columns(self) -> tuple:
         return self._parts()[2]
 
-    @property
-    def columns(self) -> tuple:
-        return self._parts()[3]
 
-
-def finished_view(spool: Spool, listing: Finished, make: RowCells) -> FinishedView:
-    """The rows of the finished jobs of `listing`, from the cache where their files did not change.
-    The garbage collector is paused meanwhile: it would walk the 100,000 rows made so far, again
-    and again, and they hold no cycles."""
+def finished_rows(spool: Spool, listing: Any, settle: Callable[[str], Optional[tuple]]) -> FinishedRows:
+    """The rows of the finished jobs of `listing` (engine/views/finished_index.py's Finished), from the
+    cache where their files did not change; `settle(state)` is the key a state listed before its
+    directory settled can be cached under, if it can now. The garbage collector is paused
+    meanwhile: it would walk the 100,000 rows made so far, again and again, and they hold no cycles."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _finished_view(spool, listing, make)
+        return _finished_rows(spool, listing, settle)
     finally:
         if enabled:
             gc.enable()
 
 
-def _finished_view(spool: Spool, listing: Finished, make: RowCells) -> FinishedView:
-    header = _cache_header(make)
+def _finished_rows(spool: Spool, listing: Any, settle: Callable[[str], Optional[tuple]]) -> FinishedRows:
+    header = _cache_header()
     cached, cached_view = _read_cache(spool, header)
     entries: dict[str, tuple] = {}
     fresh: dict[str, tuple] = {}  # state -> (ids, rows) of the entries made now: not unpacked again
     keys = {state: listing.signatures.get(state) for state in FINISHED}
     changed = [s for s in FINISHED if not (keys[s] is not None and s in cached and cached[s][0] == keys[s])]
-    taken = _take_journal(spool, make) if changed else None
+    if not changed and cached_view is not None:
+        return FinishedRows(*cached_view)  # the usual later call: nothing more to read or import
+    from gpuq.spool.cache import journal  # only where rows are made or taken: it reads its code to tag them
+
+    taken = journal.take(spool.layout) if changed else None
     for state in FINISHED:
         key, hit = keys[state], cached.get(state)
         if state not in changed:
             entries[state] = hit  # the directory has not changed since it was cached
         else:
             assert taken is not None
-            packed, fresh[state] = _refresh(spool, state, listing, hit, make, taken.rows[state])
+            packed, fresh[state] = _refresh(spool, state, listing, hit, taken.rows[state])
             if key is None:  # listed too soon after a change to be trusted: perhaps it can be now
-                key = settled_key(spool, listing, state)
+                key = settle(state)
             entries[state] = (key, packed)
     if not fresh and cached_view is not None:
-        return FinishedView(*cached_view)
+        return FinishedRows(*cached_view)
     parts = _build_view(entries, fresh)
-    view = FinishedView(marshal.dumps(parts), len(parts[1]), None)
-    view.block = make.block(view)
+    view = FinishedRows(marshal.dumps(parts), len(parts[1]), f"{time.time_ns()}-{os.getpid()}")
     try:
-        spool.cache.write(CACHE_NAME, marshal.dumps((header, entries, (view._packed, view.count, view.block))))
+        spool.cache.write(CACHE_NAME, marshal.dumps((header, entries, (view._packed, view.count, view.token))))
         spool.cache.remove(OLD_CACHE_NAME)
     except OSError:
         return view  # a read-only or full spool still shows its status, only slower
@@ -125,22 +126,11 @@ def _finished_view(spool: Spool, listing: Finished, make: RowCells) -> FinishedV
     return view
 
 
-def _take_journal(spool: Spool, make: RowCells) -> Any:
-    """The rows appended to cache/finished-journal since the last fold (spool/journal.py), if they
-    are rows `make` would make: the same code, the same fields."""
-    from gpuq.core import rowtext
-    from gpuq.spool.journal import Taken, take
-
-    if make.cells is not rowtext.finished_cells or make.fields != rowtext.FINISHED_FIELDS:
-        return Taken()
-    return take(spool.layout)
-
-
 _NO_ROW = ((), None)  # (signature, row) of a file without one: matches no file's signature
 
 
 def _refresh(
-    spool: Spool, state: str, listing: Finished, hit: Any, make: RowCells, journalled: dict[str, tuple]
+    spool: Spool, state: str, listing: Any, hit: Any, journalled: dict[str, tuple]
 ) -> tuple[bytes, tuple[array, Any]]:
     """A state's packed cache entry (ids, names, file signatures, rows) for its files now, and its
     (ids, rows): rows of unchanged files are kept, rows journalled as their files were written are
@@ -171,7 +161,7 @@ def _refresh(
         kept_ids, kept_names, sigs, rows = array("q", ids), names, current, list(map(itemgetter(1), have))
     else:
         todo = [(n, i) for n, i, ok in zip(names, ids, same) if not ok]
-        made = _make_all(spool, state, todo, make)
+        made = _make_all(spool, state, todo)
         kept_ids, kept_names, sigs, rows = array("q"), [], [], []
         for name, job_id, ok, row in zip(names, ids, same, have):
             found = row if ok else made.get(name)
@@ -186,62 +176,71 @@ def _refresh(
 
 
 def _build_view(entries: dict[str, tuple], fresh: dict[str, tuple]) -> tuple:
-    """(ids as bytes, their texts, states, columns) of every entry's rows, in id order."""
-    merged: list[tuple[int, str, Cells]] = []
+    """(ids as bytes, states, columns) of every entry's rows, in id order. Column by column, no
+    object per row: 100,000 rows."""
+    ids, states, rows = array("q"), [], []
     filled = 0  # states with rows: each state's are in id order already
     for state, (_key, packed) in entries.items():
         if state in fresh:
-            ids, rows = fresh[state]
+            state_ids, state_rows = fresh[state]
         else:
-            id_bytes, _names, _sigs, rows = marshal.loads(packed)
-            ids = array("q")
-            ids.frombytes(id_bytes)
-        merged += zip(ids, repeat(state), rows)
-        filled += bool(ids)
-    if filled > 1:
-        merged.sort(key=itemgetter(0))
-    ids = array("q", map(itemgetter(0), merged))
-    columns = tuple(zip(*map(itemgetter(2), merged))) if merged else ((), (), (), ())
-    return ids.tobytes(), tuple(map(str, ids)), tuple(map(itemgetter(1), merged)), columns
+            id_bytes, _names, _sigs, state_rows = marshal.loads(packed)
+            state_ids = array("q")
+            state_ids.frombytes(id_bytes)
+        ids.extend(state_ids)
+        states += repeat(state, len(state_ids))
+        rows += state_rows
+        filled += bool(state_ids)
+    if filled > 1:  # a stable sort: of two copies of a job, the later state's stays after
+        order = sorted(range(len(ids)), key=ids.__getitem__)
+        ids, states, rows = (
+            array("q", map(ids.__getitem__, order)),
+            map(states.__getitem__, order),
+            map(rows.__getitem__, order),
+        )
+    columns = tuple(zip(*rows)) if len(ids) else ((), (), (), ())  # journal.ROW
+    return ids.tobytes(), tuple(states), columns
 
 
 PARALLEL_FROM = 2000  # files to read before the work is shared between CPUs (a fork costs ~1 ms)
 
 
-def _make_all(spool: Spool, state: str, todo: list[tuple[str, int]], make: RowCells) -> dict[str, tuple]:
+def _make_all(spool: Spool, state: str, todo: list[tuple[str, int]]) -> dict[str, tuple]:
     """name -> (file signature, row) of each (name, id) of `todo`. Tens of thousands of files (the
     first `status -a` after they appeared) are shared with one forked child per extra CPU: the work
     is read-only, and a child that fails only costs its share being redone."""
     cpus = min(os.cpu_count() or 1, 8)
     if len(todo) < PARALLEL_FROM or cpus < 2 or not hasattr(os, "fork"):
-        return _make_some(spool, state, todo, make)
+        return _make_some(spool, state, todo)
     shares = [todo[i::cpus] for i in range(cpus)]
-    children = [_fork_share(spool, state, share, make) for share in shares[1:]]
-    out = _make_some(spool, state, shares[0], make)
+    children = [_fork_share(spool, state, share) for share in shares[1:]]
+    out = _make_some(spool, state, shares[0])
     for share, child in zip(shares[1:], children):
-        out.update(_collect_share(child) if child is not None else _make_some(spool, state, share, make))
+        out.update(_collect_share(child) if child is not None else _make_some(spool, state, share))
     return out
 
 
-def _make_some(spool: Spool, state: str, todo: list[tuple[str, int]], make: RowCells) -> dict[str, tuple]:
+def _make_some(spool: Spool, state: str, todo: list[tuple[str, int]]) -> dict[str, tuple]:
     out: dict[str, tuple] = {}
-    load, fields, cells = spool.jobs.load_shown, make.fields, make.cells
-    one = _ONE.setdefault  # repeated cells ("train.py", "exit=0") become one object, stored once by marshal
+    from gpuq.spool.cache import journal
+
+    load, fields, row_of, now = spool.jobs.load_shown, journal.READS, journal.row_of, time.time()
+    one = _ONE.setdefault  # repeated values ("train.py", "") become one object, stored once by marshal
     for name, job_id in todo:
         try:
             job, sig = load(state, name, job_id, fields)
-            row = cells(job, state)
+            row = row_of(job, now)
             out[name] = (sig, tuple(map(one, row, row)))
         except FileNotFoundError:
             continue
         except schema.InvalidJob as exc:  # shown as what it is: never left out, never a traceback
             sig = spool.jobs.file_signatures(state, [name]).get(name)
             if sig is not None:
-                out[name] = (sig, tuple(make.damaged(name, str(exc))))
+                out[name] = (sig, journal.unreadable_row(name, str(exc)))
     return out
 
 
-def _fork_share(spool: Spool, state: str, todo: list[tuple[str, int]], make: RowCells) -> Optional[tuple[int, int]]:
+def _fork_share(spool: Spool, state: str, todo: list[tuple[str, int]]) -> Optional[tuple[int, int]]:
     """(pid, read end of its pipe) of a child that makes the rows of `todo` and sends them marshalled."""
     try:
         read_fd, write_fd = os.pipe()
@@ -253,7 +252,7 @@ def _fork_share(spool: Spool, state: str, todo: list[tuple[str, int]], make: Row
         code = 1
         try:
             os.close(read_fd)
-            data = marshal.dumps(_make_some(spool, state, todo, make))
+            data = marshal.dumps(_make_some(spool, state, todo))
             with os.fdopen(write_fd, "wb") as out:
                 out.write(data)
             code = 0
@@ -275,26 +274,30 @@ def _collect_share(child: tuple[int, int]) -> dict[str, tuple]:
     return {name: (sig, tuple(map(one, row, row))) for name, (sig, row) in loaded.items()}
 
 
-_ONE: dict[str, str] = {}  # each cell text made, once
+_ONE: dict[Any, Any] = {}  # each value made, once
 
 
-def _cache_header(make: RowCells) -> tuple:
-    """What the cached rows depend on: the cache format, the interpreter (marshal's format), the
-    fields read, and the files of the code that made them (a new gpuq rebuilds them)."""
-    module = sys.modules.get(make.cells.__module__)
-    shown = os.path.join(os.path.dirname(schema.__file__), "shown.py")  # imported only by a fill
+def _cache_header() -> tuple:
+    """What the cached rows depend on: the cache format, the interpreter (marshal's format) and the
+    files of the code that made them (those of journal.TAG: a new gpuq rebuilds them), by their
+    stat: a later `status -a` neither reads nor imports that code."""
+    core = os.path.dirname(schema.__file__)
     code = []
-    for path in (module.__file__ if module else None, shown):
+    for path in (os.path.join(os.path.dirname(__file__), "journal.py"), *(f"{core}/{m}.py" for m in CODE)):
         try:
-            st = os.stat(path) if path else None
+            st = os.stat(path)
         except OSError:
-            st = None
-        code.append((st.st_mtime_ns, st.st_size) if st else (0, 0))
-    return (CACHE_FORMAT, marshal.version, tuple(sys.version_info[:2]), make.cells.__qualname__, make.fields, *code)
+            code.append((0, 0))
+        else:
+            code.append((st.st_mtime_ns, st.st_size))
+    return (CACHE_FORMAT, marshal.version, tuple(sys.version_info[:2]), *code)
+
+
+CODE = ("shown", "schema", "times")  # the modules of core that make rows, beside journal.py
 
 
 def _read_cache(spool: Spool, header: tuple) -> tuple[dict[str, tuple], Optional[tuple]]:
-    """(state -> entry, (packed view, its row count, its block)) of the cache if it is whole and
+    """(state -> entry, (packed view, its row count, its token)) of the cache if it is whole and
     made by this code."""
     data = spool.cache.read(CACHE_NAME)
     try:
@@ -309,7 +312,10 @@ def _read_cache(spool: Spool, header: tuple) -> tuple[dict[str, tuple], Optional
 
 
 def _is_view(view: Any) -> bool:
-    if not (isinstance(view, tuple) and len(view) == 3 and isinstance(view[0], bytes) and isinstance(view[1], int)):
-        return False
-    block = view[2]
-    return isinstance(block, tuple) and len(block) == 2 and isinstance(block[1], str) and len(block[0]) == 5
+    return (
+        isinstance(view, tuple)
+        and len(view) == 3
+        and isinstance(view[0], bytes)
+        and isinstance(view[1], int)
+        and isinstance(view[2], str)
+    )
