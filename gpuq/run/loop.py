@@ -9,6 +9,7 @@ thread).
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -153,8 +154,8 @@ def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any
         return observer
     worker.view.watching(False)  # until a new observer runs, every step is a full look
     try:
-        from watchdog import events
-        from watchdog.observers import Observer
+        from watchdog import events  # here: without watchdog the worker still runs, by polling
+        from watchdog.observers import Observer  # (the same)
     except ImportError:
         return None  # polling every RESCAN_SECONDS still works
 
@@ -198,8 +199,6 @@ def _stop_observer(observer: Any) -> None:
     """Stop watchdog's threads. Its inotify thread can log an error when it wakes up to a stop it
     raced with ("queue_events() called when the thread is inactive"): harmless, and not ours to
     print on a user's terminal."""
-    import logging
-
     logging.getLogger("watchdog").setLevel(logging.CRITICAL)
     observer.stop()
     observer.join(timeout=5)

@@ -3,7 +3,7 @@ job ends (spool_layout.md, section 6, "Handing the slot on").
 
 Between two jobs, the worker was a round trip: the end of job A written, the worker woken by the
 file event, its step, the claim, the hand-over to a spare supervisor, that process woken. When A's
-supervisor starts the next job itself, none of that is on the way (bench/PROFILE.md, section 3).
+supervisor starts the next job itself, none of that is on the way.
 The worker still decides which jobs those are: whenever its answer changes, it tells the supervisor
 of each job of its own the jobs it would start in that slot, in order, were that job to end now
 (engine/schedule/planner.py, `Planner.successors`), or that there are none. The supervisor reads the worker's

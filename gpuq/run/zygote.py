@@ -27,6 +27,7 @@ import select
 import signal
 import socket
 import sys
+import traceback
 from typing import Optional
 
 # Loaded here, before any fork, so that a spare has nothing left to import: the supervisor, what its
@@ -73,8 +74,6 @@ def _fork_spare(listener: socket.socket, spare_fd: int, home: str) -> None:
         os.setsid()
         code = serve_spare(home, spare_fd)
     except BaseException:  # noqa: BLE001 - a child never returns into the zygote's loop
-        import traceback
-
         traceback.print_exc()
     finally:
         _flush()
