@@ -38,6 +38,7 @@ from typing import Any, Optional
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gpuq.core.job import Job  # noqa: E402
 from gpuq.core.times import iso_of  # noqa: E402
 from gpuq.engine.tracking import eta, progress  # noqa: E402
 
@@ -195,7 +196,7 @@ def replay(run: dict[str, Any], tail: Optional[float], tail_runs: int, weight: f
                 errors.append(abs(now + value - ended) / (ended - now))
     last = run["looks"][-1] if run["looks"] else None
     samples = {"total": last[3] if last else None, "points": [list(p) for p in new_points]}
-    own_tail = eta.tail_of({"started_at": iso_of(started), "finished_at": iso_of(ended)}, samples)
+    own_tail = eta.tail_of(Job(started_at=iso_of(started), finished_at=iso_of(ended)), samples)
     return {"new": new_err, "old": old_err, "unknown": unknown, "tail": own_tail}
 
 
