@@ -26,6 +26,9 @@ def cmd_add(args: argparse.Namespace) -> int:
     for note in [] if args.quiet else prepared.notes:
         print(note)
     sp = spool()
+    outlook = args.urgent and not args.quiet and not args.hold
+    # the running jobs as they are before it is queued: a watching worker may preempt one at once
+    running = enqueue.running_jobs(sp) if outlook else []
     published = enqueue.publish(sp, prepared)
     for _ref, job in published:
         if args.quiet:
@@ -34,8 +37,8 @@ def cmd_add(args: argparse.Namespace) -> int:
         deps = job.after + job.after_any
         after = f"  after {', '.join(f'#{d}' for d in deps)}" if deps else ""
         print(f"[+] Job #{job.id}: {job.name}{after}{'  (held)' if args.hold else ''}")
-    if args.urgent and not args.quiet and not args.hold:
-        print(f"    {enqueue.urgent_outlook(sp, published[0][1])}")
+    if outlook:
+        print(f"    {enqueue.urgent_outlook(published[0][1], running)}")
     return 0
 
 

@@ -9,6 +9,7 @@ from itertools import repeat
 from operator import getitem
 
 from gpuq.core import schema
+from gpuq.core.job import Job
 from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, PENDING, RUNNING, SLURM, TABLE
 from gpuq.core.times import duration, parse_iso
 
@@ -112,7 +113,7 @@ def _add(columns: list[list[str]], row: Any, now: float) -> None:
     cells = getattr(row, "cells", None)  # some rows come with their cells
     if cells is None:
         cells = row_cells(row.job, row.state, row.wait, getattr(row, "estimate", None), now)
-    for column, cell in zip(columns, (str(row.job["id"]), SYMBOLS.get(row.state, "?"), *cells)):
+    for column, cell in zip(columns, (str(row.job.id), SYMBOLS.get(row.state, "?"), *cells)):
         column.append(cell)
 
 
@@ -122,7 +123,7 @@ def _merge_finished(columns: list[list[str]], tail: list[Any], finished: Any, no
     parts = _finished_cells(finished)
     start = 0
     for row in sorted(tail, key=lambda r: r.job["id"]):
-        at = bisect_left(finished.ids, row.job["id"], start)
+        at = bisect_left(finished.ids, row.job.id, start)
         for column, part in zip(columns, parts):
             column += part[start:at]
         _add(columns, row, now)
@@ -153,18 +154,18 @@ def _finished_cells(finished: Any) -> tuple[Any, ...]:
 def row_cells(job: dict[str, Any], state: str, wait: Any, estimate: Any, now: float) -> list[str]:
     """Name, script, time and info of one status row."""
     return [
-        job["name"],
-        schema.display_script(job["cmd"]),
+        job.name,
+        schema.display_script(job.cmd),
         duration(elapsed(job, now)),
         _join(progress_text(estimate, state), info(job, state, wait)),
     ]
 
 
 def elapsed(job: dict[str, Any], now: float) -> Optional[float]:
-    start = parse_iso(job.get("started_at"))
+    start = parse_iso(job.started_at)
     if start is None:
         return None
-    end = parse_iso(job.get("finished_at")) or now
+    end = parse_iso(job.finished_at) or now
     return end - start
 
 
@@ -172,30 +173,30 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
     parts = []
     exit_code = None  # shown for the states after a run
     if state == RUNNING:
-        parts.append(f"pid={job.get('pid')}" if job.get("pid") else "starting")
-        if job.get("gpus") == []:
+        parts.append(f"pid={job.pid}" if job.pid else "starting")
+        if job.gpus == []:
             parts.append("cpu job")
-        elif job.get("slot") is not None:
-            parts.append(f"gpu={job['slot']}")
-        if job.get("retries"):
-            parts.append(f"attempt {job.get('attempts')}/{job['retries'] + 1}")
-        if job.get("resumed_from"):
-            lost = f", lost {job['lost_steps']} steps" if job.get("lost_steps") is not None else ""
-            parts.append(f"from {job['resumed_from'].rstrip('/').rsplit('/', 1)[-1]}{lost}")
+        elif job.slot is not None:
+            parts.append(f"gpu={job.slot}")
+        if job.retries:
+            parts.append(f"attempt {job.attempts}/{job.retries + 1}")
+        if job.resumed_from:
+            lost = f", lost {job.lost_steps} steps" if job.lost_steps is not None else ""
+            parts.append(f"from {job.resumed_from.rstrip('/').rsplit('/', 1)[-1]}{lost}")
     elif state == PENDING:
         if wait is not None:
             parts.append(("blocked: " if wait.forever else "") + wait.reason)
-        elif job.get("after"):
-            parts.append("after " + ", ".join(f"#{d}" for d in job["after"]) + " (met)")
-        if job.get("attempts") or job.get("history"):
-            parts.append(job.get("note") or "retry")
+        elif job.after:
+            parts.append("after " + ", ".join(f"#{d}" for d in job.after) + " (met)")
+        if job.attempts or job.history:
+            parts.append(job.note or "retry")
     elif state == SLURM:
-        parts.append(slurm_text(job.get("slurm") or {}))
+        parts.append(slurm_text(job.slurm or {}))
     else:
-        exit_code = job.get("exit_code")
-    slurm_job = (job.get("slurm") or {}).get("job_id") if state != SLURM else None
-    notes = (job.get("signal"), slurm_job, job.get("reason"), job.get("code_changed"), job.get("note"))
-    tail = finished_info(state, exit_code, *notes, job.get("priority"))
+        exit_code = job.exit_code
+    slurm_job = (job.slurm or {}).get("job_id") if state != SLURM else None
+    notes = (job.signal, slurm_job, job.reason, job.code_changed, job.note)
+    tail = finished_info(state, exit_code, *notes, job.priority)
     return "  ".join([*parts, tail] if tail else parts)
 
 
@@ -278,7 +279,7 @@ def eta_lines(rows: list[Any]) -> list[str]:
     lines = []
     for row in rows:
         est, job = row.estimate, row.job
-        head = f"#{job['id']} {job['name']} ({row.state}{', adopted' if job.get('adopted') else ''})"
+        head = f"#{job.id} {job.name} ({row.state}{', adopted' if job.adopted else ''})"
         if row.state == PENDING:
             end = f"; ends in ~{duration(est.eta_seconds) or '0s'}" if est.eta_seconds is not None else ""
             lines.append(f"{head}: {est.method}{end}")
@@ -337,7 +338,7 @@ class SweepRow:
     estimate = None
 
     def __init__(self, sweep_id: int, state: str, cells: tuple) -> None:
-        self.job, self.state, self.cells = {"id": sweep_id}, state, cells
+        self.job, self.state, self.cells = Job(id=sweep_id), state, cells
 
 
 def group_sweeps(rows: list[Any]) -> list[Any]:
@@ -345,12 +346,12 @@ def group_sweeps(rows: list[Any]) -> list[Any]:
     its first job stood, saying how many of them are done, running, waiting and failed."""
     members: dict[int, list[Any]] = {}
     for row in rows:
-        sweep = row.job.get("sweep")
+        sweep = row.job.sweep
         if isinstance(sweep, dict):
             members.setdefault(sweep["id"], []).append(row)
     out, shown = [], set()
     for row in rows:
-        sweep = row.job.get("sweep")
+        sweep = row.job.sweep
         group = members.get(sweep["id"]) if isinstance(sweep, dict) else None
         if not group or len(group) < 2:
             out.append(row)

@@ -13,6 +13,7 @@ import time
 
 from gpuq.core import schema, timespec
 from gpuq.core.errors import Refused, UsageError
+from gpuq.core.job import Job
 from gpuq.core.states import HELD, PENDING, RUNNING, SOURCE_CLI
 from gpuq.spool import JobRef, Spool
 from gpuq.system import procs
@@ -315,12 +316,16 @@ def publish(spool: Spool, prepared: Prepared) -> list[tuple[JobRef, dict[str, An
     return enqueue_many(spool, prepared.variants, **prepared.fields)
 
 
-def urgent_outlook(spool: Spool, job: dict[str, Any]) -> str:
-    """What an urgent job will do if no slot is free when a worker looks: which running job it
-    would preempt and how that job goes on, or that it waits."""
+def running_jobs(spool: Spool) -> list[Job]:
+    return [job for _ref, job in spool.jobs.load_many(RUNNING)]
+
+
+def urgent_outlook(job: Job, running: list[Job]) -> str:
+    """What an urgent job will do if no slot is free when a worker looks: which of the `running`
+    jobs it would preempt and how that job goes on, or that it waits."""
     from gpuq.engine.schedule import victims  # only for --urgent: it may look at running jobs' checkpoints
 
-    return victims.foreseen(job, [running for _ref, running in spool.jobs.load_many(RUNNING)])
+    return victims.foreseen(job, running)
 
 
 def _variants(request: Request, cwd: str) -> tuple[list[Variant], Optional[str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from gpuq.core import schema
+from gpuq.core.job import Job
 from gpuq.core.states import FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, STATES
 from gpuq.engine.lifecycle import repairs
 from gpuq.engine.schedule import gpuview, scheduler
@@ -54,7 +55,7 @@ class CachedRow:
     estimate = None
 
     def __init__(self, job_id: int, state: str, cells: tuple) -> None:
-        self.job, self.state, self.cells = {"id": job_id}, state, cells
+        self.job, self.state, self.cells = Job(id=job_id), state, cells
 
 
 class Status:
