@@ -7,6 +7,7 @@ import sys
 
 from gpuq.core.errors import GpuqError
 from gpuq.spool import Spool
+from gpuq.spool.layout import find_legacy
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
@@ -18,9 +19,7 @@ def spool() -> Spool:
     time, a queue of the original gpuq found there is imported (as the original imported its
     queue.json), and what happened is said on stderr, where it never mixes with JSON output."""
     sp = Spool().ensure()
-    from gpuq.engine.original.probe import find_legacy  # two stats; engine.legacy only when there is one
-
-    if find_legacy(sp.home) is not None:
+    if find_legacy(sp.home) is not None:  # two stats; engine.original is imported only when there is one
         from gpuq.engine.original.importer import import_on_first_use
 
         try:

@@ -20,6 +20,7 @@ from gpuq.system import security
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Optional
 
 # gpuq's own directories beside the states (see spool_layout.md for what each holds).
@@ -161,3 +162,24 @@ class Layout:
 
     def tmp_dir(self) -> str:
         return os.path.join(self.home, "tmp")
+
+
+# The original single-file gpuq kept its queue in the spool home under one of these names; every
+# command looks for one (two stats), and engine/original/ reads and imports it only when found.
+LEGACY_DB_NAME = "gpuq.db"
+LEGACY_JSON_NAME = "queue.json"
+
+
+def find_legacy(home: str | os.PathLike[str]) -> Optional[Path]:
+    """The file an import would take from `home`: `gpuq.db` first, then `queue.json`.
+
+    `.bak` files are never returned: they are what an import (the original's own migration
+    included) leaves behind.
+    """
+    for name in (LEGACY_DB_NAME, LEGACY_JSON_NAME):
+        path = os.path.join(home, name)
+        if os.path.isfile(path):
+            from pathlib import Path  # only then: `gpuq status` finds none and does not import pathlib
+
+            return Path(path)
+    return None

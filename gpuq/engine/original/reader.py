@@ -29,9 +29,11 @@ import psutil
 
 from gpuq.core.errors import GpuqError
 from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED, RUNNING
-from gpuq.engine.original.probe import DB_NAME, JSON_NAME, find_legacy
+from gpuq.spool.layout import LEGACY_DB_NAME as DB_NAME
+from gpuq.spool.layout import LEGACY_JSON_NAME as JSON_NAME
+from gpuq.spool.layout import find_legacy
 
-__all__ = ["DB_NAME", "JSON_NAME", "find_legacy"]  # the probe's names, kept importable from here too
+__all__ = ["DB_NAME", "JSON_NAME", "find_legacy"]  # spool.layout's, kept importable from here too
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # The states the original wrote; `preempted` came with its `preempt` command.
 KNOWN_STATES = (PENDING, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED, PREEMPTED)  # spelled as ours
