@@ -163,12 +163,7 @@ class Field:
     def attribute(self) -> property:
         """What `job.<name>` is: `job[name]` (a C-level getter: no Python frame per read), which
         Job.__missing__ answers with the default for a field the file lacks."""
-        name = self.name
-
-        def setter(job: Job, value: Any) -> None:
-            job[name] = value
-
-        return property(itemgetter(name), setter, doc=self.what)
+        return property(itemgetter(self.name), doc=self.what)  # written through Job.__setattr__
 
 
 _STR_LIST = "a non-empty list of strings without NUL, the first one non-empty"
@@ -189,6 +184,13 @@ class Job(dict):
         if field is None or field.required:
             raise KeyError(key)
         return field.fresh()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """`job.note = ...` writes the field into the dict (one method rather than a setter per
+        field: the class is built on every start-up); a name that is no field is refused."""
+        if name not in FIELDS:
+            raise AttributeError(f"a job has no field {name!r}")
+        self[name] = value
 
     schema_version: int = Field(NO_DEFAULT, lambda v: type(v) is int and v == SCHEMA_VERSION, str(SCHEMA_VERSION))
     id: int = Field(NO_DEFAULT, lambda v: is_int(v) and 0 < v <= MAX_ID, f"an integer from 1 to {MAX_ID}")

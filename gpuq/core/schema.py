@@ -15,7 +15,6 @@ from gpuq.core.errors import GpuqError
 from gpuq.core.job import FIELDS, MAX_GPUS, NOT_OS_TEXT, SCHEMA_VERSION, Job, is_int, os_str
 from gpuq.core.states import SOURCE_CLI
 from gpuq.core.times import now_iso
-from gpuq.core.timespec import parse_size_mib
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
@@ -263,6 +262,8 @@ def _dropped_gpu_request(obj: dict[str, Any]) -> dict[str, Any]:
             out["gpu_mem_mib"] = mem
         elif isinstance(mem, str):
             try:
+                from gpuq.core.timespec import parse_size_mib  # only for a dropped file's "20G": status never
+
                 out["gpu_mem_mib"] = parse_size_mib(mem, "'gpu_mem'")
             except ValueError as exc:
                 raise InvalidJob(str(exc)) from None

@@ -11,7 +11,7 @@ import errno
 import os
 import time
 
-from gpuq.core import schema, timespec
+from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.job import Job
 from gpuq.core.states import HELD, PENDING, RUNNING, SOURCE_CLI
@@ -381,6 +381,8 @@ def _gpu_options(request: Request) -> dict[str, Any]:
     """--gpus N and --gpu-mem SIZE (whether this machine can ever meet them: `publish`)."""
     mem = None
     if request.gpu_mem is not None:
+        from gpuq.core import timespec  # here and below: a plain `add` parses no size or time
+
         try:
             mem = timespec.parse_size_mib(request.gpu_mem, "--gpu-mem")
         except ValueError as exc:
@@ -393,6 +395,8 @@ def _gpu_options(request: Request) -> dict[str, Any]:
 def _safeguards(request: Request, cwd: str) -> dict[str, Any]:
     """--time, --begin, and the code the job was queued with (--snapshot: a copy of it)."""
     out: dict[str, Any] = {}
+    if request.time is not None or request.begin is not None:
+        from gpuq.core import timespec
     try:
         if request.time is not None:
             out["time_limit"] = timespec.parse_duration(request.time, "--time")
@@ -423,6 +427,8 @@ def _in_git_work_tree(cwd: str) -> bool:
 
 
 def _size_bytes(text: str, flag: str) -> int:
+    from gpuq.core import timespec
+
     try:
         return timespec.parse_size_bytes(text, flag)
     except ValueError as exc:
