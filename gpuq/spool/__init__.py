@@ -17,7 +17,7 @@ A Spool is composed of small parts, one module each, that share only the Layout 
 from __future__ import annotations
 
 from gpuq.spool.errors import SpoolError, SpoolFull
-from gpuq.spool.files import Files
+from gpuq.spool.files import Caches, Files
 from gpuq.spool.files import disk_space as _disk_space
 from gpuq.spool.layout import Layout, default_home
 from gpuq.spool.store import MAX_JOB_BYTES, JobRef, JobStore
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any, Optional
 
-    from gpuq.spool.cache import Caches
     from gpuq.spool.claims import Claim, Claims
     from gpuq.spool.control import ControlRequests
     from gpuq.spool.dropbox import Dropbox
@@ -139,8 +138,6 @@ class Spool:
 
     @_part
     def cache(self) -> Caches:
-        from gpuq.spool.cache import Caches
-
         return Caches(self.layout, self.files)
 
     @_part

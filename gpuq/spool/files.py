@@ -360,3 +360,22 @@ def read_job_file_stat(path: StrPath, cap: int) -> tuple[bytes, os.stat_result]:
         return b"".join(chunks), st
     finally:
         os.close(fd)
+
+
+class Caches:
+    """The files of cache/ (spool/cache/ says what they hold)."""
+
+    def __init__(self, layout: Layout, files: Files):
+        self.layout, self.files = layout, files
+
+    def read(self, name: str) -> Optional[bytes]:
+        """cache/NAME if it is a regular file of ours, else None."""
+        return read_small(self.layout.cache_path(name), cap=1 << 34, mine=True)
+
+    def write(self, name: str, data: bytes) -> None:
+        """Replace cache/NAME atomically. Not fsynced: a cache lost in a power cut is rebuilt."""
+        self.files.replace(self.layout.cache_path(name), data, "cache", durable=False)
+
+    def remove(self, name: str) -> None:
+        """Drop cache/NAME if it is there (one an older gpuq wrote and this one no longer reads)."""
+        unlink_quietly(self.layout.cache_path(name))
