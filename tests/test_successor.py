@@ -267,11 +267,18 @@ def _one_gpu(gq: Env) -> None:
 
 
 def test_with_gpus_the_next_job_starts_under_the_supervisor_of_the_job_before(gq: Env) -> None:
+    """With GPUs the worker names one job at a time, so B waits (for `go2`) until the worker has
+    looked while it runs and named C: a step the test waits for rather than races."""
     _one_gpu(gq)
     _worker, first = _running_a(gq)
-    following = [gq.add("true") for _ in range(2)]
+    gq.script("wait2.py", WAIT_FOR_GO.replace("'go'", "'go2'"))
+    following = [gq.add("wait2.py"), gq.add("true")]
     _worker_has_looked(gq)
     (gq.work / "go").write_text("")
+    wait_for(lambda: gq.job(following[0]).get("pid"), 20, what="B running")
+    _worker_has_looked(gq)
+    _worker_has_looked(gq)  # a second step: the first one's naming of C has been sent by now
+    (gq.work / "go2").write_text("")
     for job_id in following:
         assert gq.wait_state(job_id, DONE, 20)["gpus"] == [0]
     assert {_supervisor_of(gq, i) for i in [first, *following]} == {_supervisor_of(gq, first)}
