@@ -31,8 +31,10 @@ def _adder(gq: Env, starts) -> subprocess.Popen:
 
 
 def _job_line(starts) -> str:
-    # `>>` opens with O_APPEND: concurrent starts never overwrite each other's line
-    return f"echo $GPUQ_JOB_ID >> {starts}; sleep 0.0$(($GPUQ_JOB_ID % 5))"
+    # `>>` opens with O_APPEND: concurrent starts never overwrite each other's line. The jobs run
+    # 0-0.2 s, so that the queue is still at work when the tenth kill comes (at 0.02-0.04 s the
+    # 200 jobs could all be done after eight)
+    return f"echo $GPUQ_JOB_ID >> {starts}; sleep 0.$(($GPUQ_JOB_ID % 3))"
 
 
 def _drop_files(gq: Env, starts) -> None:
