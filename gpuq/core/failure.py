@@ -39,12 +39,12 @@ from __future__ import annotations
 import re
 from typing import Callable, Optional
 
+from gpuq.core.job import ATTEMPT_HEADER
 from gpuq.core.timespec import format_duration
 
 TAIL_BYTES = 64 * 1024
 MAX_REASON = 160
 
-ATTEMPT_HEADER = "=== gpuq: job #"
 OWN_LINE = "=== gpuq: "
 OOM_KILLER_HINT = "likely the kernel's OOM killer: check `dmesg`/`journalctl -k`"
 

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 MAX_ID = 10**15  # far beyond any real queue; keeps file names (NNNNNN-...) well under 255 bytes
 MAX_GPUS = 1024
+# The first words of each attempt's part of a job's log (run/supervisor/start.begin writes the line):
+# what came before it is an earlier attempt's (engine/tracking/progress.py, core/failure.py).
+ATTEMPT_HEADER = "=== gpuq: job #"
 NOT_OS_TEXT = "has text that cannot be passed to a program (a lone surrogate such as \\ud800)"
 
 

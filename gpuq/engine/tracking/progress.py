@@ -24,6 +24,7 @@ import os
 import re
 
 from gpuq.core import lazyre
+from gpuq.core.job import ATTEMPT_HEADER as ATTEMPT_HEADER_TEXT
 from gpuq.core.times import parse_iso
 from gpuq.engine.tracking import checkpoints
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from gpuq.spool import Spool
 
 TAIL_BYTES = 64 * 1024
-ATTEMPT_HEADER = b"=== gpuq: job #"  # the supervisor's first line of every attempt (core.failure reads it too)
+ATTEMPT_HEADER = ATTEMPT_HEADER_TEXT.encode()  # as the log's bytes are searched
 MTIME_SLACK = checkpoints.MTIME_SLACK
 MAX_TRAINER_STATE_BYTES = 8 << 20
 # A longer segment (a dumped tensor, a sparse file's zeros) is read by its end only: progress is what

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuq.core import schema, transitions
+from gpuq.core.job import ATTEMPT_HEADER
 from gpuq.core.jobenv import add_job_variables
 from gpuq.core.states import RUNNING
 from gpuq.run import logcap
@@ -43,9 +44,12 @@ class Run:
 Started = tuple[Run, subprocess.Popen, Optional[Any]]  # a job under way: its run, process and log pump
 
 
+LOG_PREFIX = "=== gpuq: "  # gpuq's own lines in a job's log; ATTEMPT_HEADER is the first of each attempt
+
+
 def log_line(log_fd: int, text: str) -> None:
     try:
-        os.write(log_fd, f"=== gpuq: {text}\n".encode("utf-8", "surrogateescape"))  # argv bytes as given
+        os.write(log_fd, f"{LOG_PREFIX}{text}\n".encode("utf-8", "surrogateescape"))  # argv bytes as given
     except OSError:
         pass  # a full disk: the log loses a line, the job file still records everything
 
@@ -87,7 +91,7 @@ def begin(spool: Spool, claim: Claim, order: StartOrder, ready: list[Reservation
     run = Run(spool, claim, ref, job, order, room, queued=queued)
     run.log_fd = spool.logs.open_job_log(job.id)
     slot = order.slot
-    log_line(run.log_fd, f"job #{job.id} {job.name} (attempt {job.attempts})")
+    log_line(run.log_fd, f"{ATTEMPT_HEADER[len(LOG_PREFIX) :]}{job.id} {job.name} (attempt {job.attempts})")
     log_line(run.log_fd, f"cmd: {shlex.join(job.cmd)}")
     log_line(run.log_fd, f"cwd: {job.cwd}" + (f"  CUDA_VISIBLE_DEVICES={slot}" if slot is not None else ""))
     log_line(run.log_fd, f"started: {job.started_at}")
