@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import re
+from typing import Iterator
 
 from conftest import REPO
 
 from gpuq.cli import build_parser
+
+# GPUQ_ words in gpuq/ that are not environment variables
+NOT_VARIABLES = {"GPUQ_JOB_JSON"}  # the here-document delimiter of run/slurm_batch.py
 
 
 def _commands() -> list[str]:
@@ -19,6 +24,53 @@ def test_every_command_is_in_the_readme() -> None:
     readme = (REPO / "README.md").read_text()
     missing = [c for c in _commands() if not re.search(rf"`gpuq {c}\b", readme) and f"(or `{c}`)" not in readme]
     assert missing == []
+
+
+def _section(readme: str, heading: str) -> str:
+    """The text under a `## ` heading, up to the next one."""
+    return readme.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _options(parser: argparse.ArgumentParser, command: str = "gpuq") -> Iterator[tuple[str, str]]:
+    """(command, option string) of every option --help shows, sub-commands included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _options(sub, f"{command} {name}")
+        elif action.help != argparse.SUPPRESS:
+            yield from ((command, opt) for opt in action.option_strings if opt not in ("-h", "--help"))
+
+
+def test_every_option_is_in_the_readme_reference() -> None:
+    reference = _section((REPO / "README.md").read_text(), "## Reference")
+    missing = [
+        f"{command} {opt}"
+        for command, opt in _options(build_parser())
+        if not re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", reference)
+    ]
+    assert missing == []
+
+
+def test_every_environment_variable_is_in_the_readme_reference() -> None:
+    reference = _section((REPO / "README.md").read_text(), "## Reference")
+    code = "\n".join(p.read_text() for p in (REPO / "gpuq").rglob("*.py"))
+    names = set(re.findall(r"\bGPUQ_[A-Z_]*[A-Z]\b", code)) - NOT_VARIABLES
+    assert names and sorted(n for n in names if f"`{n}`" not in reference) == []
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_links_to_its_own_sections_resolve() -> None:
+    readme = (REPO / "README.md").read_text()
+    outside_code = re.sub(r"```.*?```", "", readme, flags=re.S)
+    anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", outside_code, flags=re.M)}
+    links = set(re.findall(r"\]\(#([^)]+)\)", readme))
+    assert links and sorted(links - anchors) == []
+    files = set(re.findall(r"\]\(([\w./-]+)\)", readme))
+    assert sorted(f for f in files if not (REPO / f).exists()) == []
 
 
 def test_ci_runs_the_readme_quickstart() -> None:
