@@ -102,7 +102,7 @@ RUN = Command(
             metavar="LIMIT",
             setting="default_time",
             read=parse_duration,
-            help="the time limit of jobs without their own --time",
+            help="the time limit of jobs without their own --time (4h, 90m; a bare number is minutes)",
         ),
         Opt(
             "--kill-grace",
