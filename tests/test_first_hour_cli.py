@@ -4,14 +4,31 @@ that offers only the ids a command takes."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+from pathlib import Path
+
 import pytest
-from conftest import Env
+from conftest import Env, spool_with_true_jobs
+from test_day import bash_complete
 
 from gpuq.cli import quick
 from gpuq.cli.options import ADD
 from gpuq.cli.parser import parse
 from gpuq.core.errors import UsageError
-from gpuq.core.states import PENDING
+from gpuq.core.states import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    HELD,
+    INTERRUPTED,
+    PENDING,
+    PREEMPTED,
+    RUNNING,
+    SLURM,
+    STATES,
+)
 
 # ---- gpuq's scheduling options after the script ----------------------------------------------
 
@@ -80,3 +97,65 @@ def test_time_2_is_two_minutes_and_the_help_says_so(gq: Env) -> None:
     help_text = " ".join(gq.gpuq("add", "--help", env=dict(gq.env, COLUMNS="400")).stdout.split())
     assert "a bare number is minutes, as in Slurm (--time 2: two minutes)" in help_text
     assert "+2h or +1h30m (from now; a unit is needed)" in help_text
+
+
+# ---- completion: the ids a command takes -------------------------------------------------------
+
+ONE_OF_EACH = (PENDING, RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED, CANCELLED, HELD, SLURM)  # ids 1-9
+
+
+def _id(*states: str) -> set[str]:
+    return {str(ONE_OF_EACH.index(state) + 1) for state in states}
+
+
+OFFERED = {  # what TAB offers after each command: the jobs it acts on
+    ("kill",): _id(RUNNING),
+    ("preempt",): _id(RUNNING),
+    ("cancel",): _id(PENDING, RUNNING, PREEMPTED, INTERRUPTED, HELD, SLURM),
+    ("retry",): _id(FAILED, CANCELLED),
+    ("hold",): _id(PENDING),
+    ("release",): _id(HELD),
+    ("edit",): _id(PENDING, HELD),
+    ("resume",): _id(PREEMPTED, INTERRUPTED),
+    ("recover", "--jobs"): _id(INTERRUPTED),
+    ("eta",): _id(PENDING, RUNNING),
+    ("wait",): _id(PENDING, RUNNING, SLURM),
+    ("slurm", "submit"): _id(PENDING),
+    ("log",): _id(*STATES),
+    ("show",): _id(*STATES),
+}
+
+
+@pytest.fixture
+def one_job_in_each_state(gq: Env, tmp_path: Path) -> Env:
+    """The gq spool with job 1 pending, 2 running, ... 9 on Slurm (ONE_OF_EACH): moved there
+    through the spool's own code, as the commands move them; completion reads only their names."""
+    spool, jobs = spool_with_true_jobs(tmp_path, len(ONE_OF_EACH))
+    assert spool.home == str(gq.home)
+    for (ref, job), state in zip(jobs, ONE_OF_EACH):
+        if state != PENDING:
+            spool.jobs.move(ref, job, state, {})
+    return gq
+
+
+@pytest.mark.skipif(not shutil.which("gpuq", path=os.path.dirname(sys.executable)), reason="no gpuq entry point")
+def test_bash_completion_offers_only_the_ids_each_command_takes(one_job_in_each_state: Env, tmp_path: Path) -> None:
+    gq = one_job_in_each_state
+    script = tmp_path / "gpuq.bash"
+    script.write_text(gq.gpuq("completion", "bash").stdout)
+    assert "gpuq _ids --state running 2>/dev/null" in script.read_text()
+    for words, ids in OFFERED.items():
+        assert set(bash_complete(gq, script, ["gpuq", *words, ""])) == ids, words
+
+
+def test_ids_lists_the_jobs_of_the_states_asked(one_job_in_each_state: Env) -> None:
+    gq = one_job_in_each_state
+    assert gq.gpuq("_ids").stdout.split() == [str(i) for i in range(1, 10)]
+    assert gq.gpuq("_ids", "--state", "failed,cancelled").stdout.split() == ["4", "7"]
+    assert gq.gpuq("_ids", "--state", "nope", check=False).returncode == 2
+
+
+def test_zsh_completion_asks_for_each_commands_ids(gq: Env) -> None:
+    out = gq.gpuq("completion", "zsh").stdout
+    assert "$(gpuq _ids --state failed,cancelled 2>/dev/null)" in out
+    assert "$(gpuq _ids --state preempted,interrupted 2>/dev/null)" in out

@@ -80,7 +80,7 @@ class Opt:
 class Command:
     """A command (`add`, or its other name `enqueue`), or with `actions` a group of them (`slurm`)."""
 
-    __slots__ = ("names", "handler", "help", "description", "options", "actions", "_by_flag")
+    __slots__ = ("names", "handler", "help", "description", "options", "actions", "id_states", "_by_flag")
 
     def __init__(
         self,
@@ -90,9 +90,13 @@ class Command:
         description: Optional[str] = None,
         options: tuple[Opt, ...] = (),
         actions: tuple[Command, ...] = (),
+        id_states: Optional[tuple[str, ...]] = None,
     ) -> None:
         self.names, self.handler, self.help, self.description = names, handler, help, description
         self.options, self.actions = options, actions
+        # the states of the jobs its job ids may name: shell completion offers only their ids
+        # (`gpuq _ids --state ...`); None: any job's
+        self.id_states = id_states
         self._by_flag: Optional[dict[str, Opt]] = None
 
     def option(self, flag: str) -> Optional[Opt]:
