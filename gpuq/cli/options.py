@@ -151,7 +151,9 @@ ADD = Command(
     handler="cmd_queue:cmd_add",
     help="queue SCRIPT [ARGS...] (options before SCRIPT are gpuq's)",
     description="Queue a job. Only options before SCRIPT belong to gpuq; SCRIPT and "
-    "everything after it are passed to the job verbatim.",
+    "everything after it are passed to the job verbatim. A dependency or scheduling option of gpuq's "
+    "(--after, --after-any, --begin, --hold, --urgent, --priority, --time) after SCRIPT is refused, as the "
+    "job would run without it; `--` before SCRIPT passes it to the job.",
     options=(
         Opt("-d", "--dir", help="working directory (default: the current one)"),
         Opt("-p", "--python", help="interpreter for a .py SCRIPT (default: nearest .venv, then PATH)"),
