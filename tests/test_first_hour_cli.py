@@ -66,6 +66,11 @@ def test_both_readings_refuse_every_scheduling_option_after_the_script(command: 
         parse([command, "eval.py", "--after", "1", "--time", "2h"])
 
 
+def test_add_help_names_every_option_refused_after_the_script() -> None:
+    named = {flag.split("=")[0] for opt in ADD.options if opt.before_script for flag in opt.flags}
+    assert [flag for flag in named if f"{flag}," not in ADD.description and f"{flag})" not in ADD.description] == []
+
+
 def test_after_the_script_is_refused_and_nothing_is_queued(gq: Env) -> None:
     gq.script("eval.py", "")
     proc = gq.gpuq("add", "eval.py", "--after", "1", check=False)
