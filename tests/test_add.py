@@ -44,11 +44,11 @@ def test_add_writes_a_complete_job_file(gq: Env) -> None:
 
 def test_options_after_script_belong_to_the_script(gq: Env) -> None:
     gq.script("train.py", "")
-    job_id = gq.add("--name", "mine", "train.py", "--name", "x", "--after", "5", "-q", "--", "--lr", "1")
+    job_id = gq.add("--name", "mine", "train.py", "--name", "x", "--retries", "5", "-q", "--", "--lr", "1")
     job = gq.job(job_id)
     assert job["name"] == "mine"
-    assert job["cmd"][1:] == ["train.py", "--name", "x", "--after", "5", "-q", "--", "--lr", "1"]
-    assert job["after"] == []
+    assert job["cmd"][1:] == ["train.py", "--name", "x", "--retries", "5", "-q", "--", "--lr", "1"]
+    assert job["retries"] == 0
 
 
 def test_enqueue_is_a_synonym_and_options_apply(gq: Env) -> None:

@@ -158,15 +158,6 @@ def test_status_watch_redraws_until_interrupted(gq: Env) -> None:
 # ---- rough edges ---------------------------------------------------------------------------------
 
 
-def test_a_gpuq_option_after_the_script_gets_a_note(gq: Env) -> None:
-    gq.script("eval.py", "")
-    proc = gq.gpuq("add", "eval.py", "--after", "1")
-    assert "note: --after comes after the script, so eval.py gets it" in proc.stderr
-    assert "gpuq add --after 1 eval.py" in proc.stderr
-    assert gq.job(1)["cmd"][-2:] == ["--after", "1"]  # still the script's: the rule is kept
-    assert gq.gpuq("add", "--", "eval.py", "--after", "1").stderr == ""
-
-
 def test_a_closed_pipe_is_silent(gq: Env) -> None:
     gq.script("t.py", "")
     for _ in range(3):

@@ -80,3 +80,16 @@ def cmd_demo(_args: Any) -> int:
     from gpuq.cli.demo import run_demo
 
     return run_demo(main)
+
+
+def cmd_ids(args: Any) -> int:
+    """`gpuq _ids [--state S,S]`: the ids of the jobs in those states (default: every job), one a
+    line, for shell completion (cmd_tools.cmd_completion). It runs on every TAB: file names only,
+    no job file read, and here rather than in cmd_tools, whose imports `service` and `import` need."""
+    from gpuq.cli.common import spool
+    from gpuq.core.states import STATES
+
+    found = sorted({ref.id for ref in spool().jobs.refs(args.state or STATES)})
+    if found:
+        print("\n".join(map(str, found)))
+    return 0

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any, Optional
 
 import gpuq
+from gpuq.cli.commands import COMMANDS
 from gpuq.cli.common import spool
+from gpuq.cli.options import Command
 from gpuq.cli.parser import build_parser
 from gpuq.core.errors import Refused
 from gpuq.engine.original import importer, reader
@@ -74,31 +77,37 @@ ID_ARGUMENTS = ("id", "ids", "jobs")  # positional and option arguments that tak
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    """A completion script generated from gpuq's own parser by shtab; job ids complete from the
-    spool (`gpuq _ids`) wherever an id is expected."""
+    """A completion script generated from gpuq's own parser by shtab; where a command takes job
+    ids, they complete from the spool: the ids of the jobs it acts on (`gpuq _ids --state ...`,
+    from the command's `id_states`)."""
     import shtab  # an optional dependency, needed by this command only
 
     parser = build_parser()
-    ids = shtab.cmd("gpuq _ids 2>/dev/null")
-    for action in _all_actions(parser):
-        if action.dest in ID_ARGUMENTS:
-            action.complete = ids  # type: ignore[attr-defined]
+    _complete_ids(parser, COMMANDS, shtab.cmd)
     sys.stdout.write(shtab.complete(parser, shell=args.shell))
     return 0
 
 
-def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    out = []
+def _complete_ids(parser: argparse.ArgumentParser, commands: tuple[Command, ...], cmd: Any) -> None:
+    """Tell shtab, with `cmd` (shtab.cmd), how each command's job id arguments complete."""
+    for command in commands:
+        for name in command.names:
+            sub = _subparsers(parser)[name]
+            for action in sub._actions:
+                if action.dest in ID_ARGUMENTS:
+                    action.complete = cmd(ids_command(command.id_states))  # type: ignore[attr-defined]
+            _complete_ids(sub, command.actions, cmd)
+
+
+def ids_command(id_states: Optional[tuple[str, ...]]) -> str:
+    """The shell command that lists the ids a command takes (`gpuq _ids`, cli.cmd_ids)."""
+    only = f" --state {','.join(id_states)}" if id_states else ""
+    return f"gpuq _ids{only} 2>/dev/null"
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parsers of `parser`'s commands (or of a command's actions), by name."""
     for action in parser._actions:
-        out.append(action)
         if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                out += _all_actions(sub)
-    return out
-
-
-def cmd_ids(_args: argparse.Namespace) -> int:
-    """The ids of every job, one a line (for shell completion; names only, nothing parsed)."""
-    sp = spool()
-    print("\n".join(str(ref.id) for ref in sp.jobs.refs()))
-    return 0
+            return action.choices
+    return {}

@@ -6,6 +6,8 @@ are in options.py).
 from __future__ import annotations
 
 from gpuq.cli.options import ADD, APPEND, FLAG, HIDDEN, STATUS, Command, Opt, ids
+from gpuq.core import states
+from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, WAITING
 from gpuq.core.sweep import parse_id_ranges
 from gpuq.core.timespec import parse_duration, parse_size_bytes, parse_size_mib
 
@@ -24,6 +26,15 @@ def pid(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise ValueError(f"not a process id: {text!r}")
     return int(text)
+
+
+def state_names(text: str) -> tuple[str, ...]:
+    """`_ids --state pending,held`: state names, each checked."""
+    names = tuple(name for name in text.split(",") if name)
+    unknown = [name for name in names if name not in states.STATES]
+    if unknown or not names:
+        raise ValueError(f"not a state: {text!r}")
+    return names
 
 
 def positive_id(text: str) -> int:
@@ -102,7 +113,7 @@ RUN = Command(
             metavar="LIMIT",
             setting="default_time",
             read=parse_duration,
-            help="the time limit of jobs without their own --time",
+            help="the time limit of jobs without their own --time (4h, 90m; a bare number is minutes)",
         ),
         Opt(
             "--kill-grace",
@@ -128,10 +139,20 @@ SEVERAL = (
 IDS = Opt("ids", convert=job_ids, nargs="+", metavar="ID", help="job ids (ranges like 3-7 too)")
 
 
-def _on_each(name: str, handler: str, help: str, *options: Opt, description: str = "") -> Command:
+# The states of the jobs each command acts on (Command.id_states), as engine/lifecycle checks them.
+UNFINISHED = tuple(state.name for state in states.TABLE if not state.finished)  # what `cancel` takes
+ENDING = (*ACTIVE, SLURM)  # what `wait` waits for: jobs that end without a person
+
+
+def _on_each(
+    name: str, handler: str, help: str, *options: Opt, id_states: tuple[str, ...], description: str = ""
+) -> Command:
     """A command of several job ids (common.each_id): its description says how it answers."""
     description = description or f"{help[0].upper()}{help[1:]}."
-    return Command(name, handler=handler, help=help, description=f"{description} {SEVERAL}", options=(IDS, *options))
+    description = f"{description} {SEVERAL}"
+    return Command(
+        name, handler=handler, help=help, description=description, options=(IDS, *options), id_states=id_states
+    )
 
 
 SLURM = Command(
@@ -147,6 +168,7 @@ SLURM = Command(
             "dependencies, requeued with its newest checkpoint at the time limit. They move to slurm/. A job that "
             "cannot go (not pending, a dependency Slurm could not honour, refused by sbatch) stays here, named on "
             "stderr with the reason; the others are handed over, and the command exits 1.",
+            id_states=(PENDING,),
             options=(
                 Opt("ids", convert=job_ids, nargs="*", metavar="ID", help="job ids (ranges like 3-7 too)"),
                 Opt("--all", kind=FLAG, help="every pending job"),
@@ -189,6 +211,7 @@ COMMANDS = (
         help="block until jobs end; exit 0 only if all are done",
         description="Wait until the jobs (default: every job queued or running now) have ended. Exit 0 if "
         "all are done, 1 otherwise, naming the ones that failed, were cancelled, or cannot start by themselves.",
+        id_states=ENDING,
         options=(
             Opt("ids", convert=ids, nargs="*", metavar="ID"),
             Opt("--timeout", convert=float, metavar="S", help="give up after S seconds (exit 1)"),
@@ -226,24 +249,33 @@ COMMANDS = (
         "cancel",
         "cmd_queue:cmd_cancel",
         "cancel jobs; a running one is killed first (as by `gpuq kill`), as Slurm's scancel does",
+        id_states=UNFINISHED,
     ),
     _on_each(
         "kill",
         "cmd_queue:cmd_kill",
         "stop running jobs (SIGTERM to each one's process group, SIGKILL after a grace period)",
+        id_states=(RUNNING,),
     ),
     _on_each(
         "retry",
         "cmd_queue:cmd_retry",
         "put failed or cancelled jobs back in the queue, each from its newest checkpoint",
         Opt("--from-scratch", kind=FLAG, help="start over, ignoring its checkpoints"),
+        id_states=(FAILED, CANCELLED),
     ),
     _on_each(
         "hold",
         "cmd_queue:cmd_hold",
         "keep pending jobs from starting (in held/) until `gpuq release`; their dependents wait too",
+        id_states=(PENDING,),
     ),
-    _on_each("release", "cmd_queue:cmd_release", "put held jobs back in line, where their priority and id put them"),
+    _on_each(
+        "release",
+        "cmd_queue:cmd_release",
+        "put held jobs back in line, where their priority and id put them",
+        id_states=(HELD,),
+    ),
     Command(
         "edit",
         handler="cmd_queue:cmd_edit",
@@ -251,6 +283,7 @@ COMMANDS = (
         description="Edit what a waiting job will run (the fields a hand-dropped job file may have: cmd, cwd, "
         "name, env, after, after_any, retries, priority, gpus, gpu_mem). The result is checked like a dropped "
         "file and replaces the job at once, or is refused with the reason and the job left as it was.",
+        id_states=WAITING,
         options=(
             Opt("id", convert=positive_id, metavar="ID"),
             Opt("--set", kind=APPEND, metavar="KEY=VALUE", help='VALUE as JSON (5, ["a"]) or text'),
@@ -260,6 +293,7 @@ COMMANDS = (
         "preempt",
         handler="cmd_preempt:cmd_preempt",
         help="stop a running job so it can be resumed from its checkpoint",
+        id_states=(RUNNING,),
         options=(
             Opt("id", convert=positive_id, metavar="ID"),
             Opt("--timeout", convert=float, default=60.0, metavar="S", help="seconds to wait for it (default 60)"),
@@ -272,6 +306,7 @@ COMMANDS = (
         "queue preempted jobs again, each from its newest complete checkpoint",
         Opt("--require-checkpoint", kind=FLAG, help="refuse a job without a checkpoint"),
         Opt("--back", kind=FLAG, help="queue it in normal order instead of first in line"),
+        id_states=(PREEMPTED, INTERRUPTED),
         description="Queue preempted (or interrupted) jobs again.",
     ),
     Command(
@@ -284,6 +319,7 @@ COMMANDS = (
         "recover",
         handler="cmd_queue:cmd_recover",
         help="put interrupted jobs back in the queue, each from its newest checkpoint",
+        id_states=(INTERRUPTED,),
         options=(
             Opt("--all", kind=FLAG, group="which", help="recover every interrupted job"),
             Opt(
@@ -314,6 +350,7 @@ COMMANDS = (
         "eta",
         handler="cmd_view:cmd_eta",
         help="progress and expected end of running jobs, expected start of pending ones",
+        id_states=ACTIVE,
         options=(Opt("id", convert=positive_id, nargs="?", help="one job (default: every running and pending job)"),),
     ),
     Command(
@@ -373,7 +410,11 @@ COMMANDS = (
         help="shell completion: `source <(gpuq completion bash)`",
         options=(Opt("shell", choices=("bash", "zsh")),),
     ),
-    Command("_ids", handler="cmd_tools:cmd_ids"),  # job ids for shell completion; not a command for people
+    Command(  # job ids for shell completion; not a command for people
+        "_ids",
+        handler="cli:cmd_ids",
+        options=(Opt("--state", convert=state_names, help=HIDDEN),),
+    ),
     Command(
         "demo",
         handler="cli:cmd_demo",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
+    from typing import Any, Callable, Iterator, Optional
 
 # what an option does with what follows it
 VALUE = "value"  # takes a value (or, for a positional, the word)
@@ -31,7 +31,7 @@ class Opt:
     """One option (`-d`, `--dir`) or positional (`script`) of a command."""
 
     __slots__ = ("flags", "dest", "kind", "convert", "default", "const", "metavar", "nargs", "choices", "help")
-    __slots__ += ("group", "dash_value", "setting", "read")
+    __slots__ += ("group", "dash_value", "setting", "read", "before_script")
 
     def __init__(
         self,
@@ -49,6 +49,7 @@ class Opt:
         dash_value: bool = False,
         setting: Optional[str] = None,
         read: Optional[Callable[[str, str], Any]] = None,
+        before_script: Optional[str] = None,
     ) -> None:
         self.flags, self.kind, self.convert, self.const = flags, kind, convert, const
         self.default = default
@@ -58,6 +59,10 @@ class Opt:
         self.dash_value = dash_value  # its value may start with "-" (`--slurm-opt --time=4:00:00`)
         self.setting = setting  # `gpuq run`: the worker's Settings field it sets (forwarded to a --daemon)
         self.read = read  # `gpuq run`: (text, flag) -> the setting's value; ValueError for bad text
+        # `add`'s dependency and scheduling options: what the job would do if the script got the
+        # option instead of gpuq (the original gpuq's `add eval.py --after 1`). After SCRIPT such
+        # an option is refused with this said; any other of gpuq's options there only gets a note.
+        self.before_script = before_script
 
     @property
     def positional(self) -> bool:
@@ -75,7 +80,7 @@ class Opt:
 class Command:
     """A command (`add`, or its other name `enqueue`), or with `actions` a group of them (`slurm`)."""
 
-    __slots__ = ("names", "handler", "help", "description", "options", "actions", "_by_flag")
+    __slots__ = ("names", "handler", "help", "description", "options", "actions", "id_states", "_by_flag")
 
     def __init__(
         self,
@@ -85,9 +90,13 @@ class Command:
         description: Optional[str] = None,
         options: tuple[Opt, ...] = (),
         actions: tuple[Command, ...] = (),
+        id_states: Optional[tuple[str, ...]] = None,
     ) -> None:
         self.names, self.handler, self.help, self.description = names, handler, help, description
         self.options, self.actions = options, actions
+        # the states of the jobs its job ids may name: shell completion offers only their ids
+        # (`gpuq _ids --state ...`); None: any job's
+        self.id_states = id_states
         self._by_flag: Optional[dict[str, Opt]] = None
 
     def option(self, flag: str) -> Optional[Opt]:
@@ -130,6 +139,10 @@ def gpu_count(text: str) -> int:
     return int(text)
 
 
+# what a job would do if the script got one of these options (Opt.before_script)
+UNWAITED = "start without waiting"
+IN_TURN = "wait its turn"
+
 # ---- the two commands quick.py reads too (commands.py lists them with the others) --------------
 
 ADD = Command(
@@ -138,7 +151,9 @@ ADD = Command(
     handler="cmd_queue:cmd_add",
     help="queue SCRIPT [ARGS...] (options before SCRIPT are gpuq's)",
     description="Queue a job. Only options before SCRIPT belong to gpuq; SCRIPT and "
-    "everything after it are passed to the job verbatim.",
+    "everything after it are passed to the job verbatim. A dependency or scheduling option of gpuq's "
+    "(--after, --after-any, --begin, --hold, --urgent, --priority, --time) after SCRIPT is refused, as the "
+    "job would run without it; `--` before SCRIPT passes it to the job.",
     options=(
         Opt("-d", "--dir", help="working directory (default: the current one)"),
         Opt("-p", "--python", help="interpreter for a .py SCRIPT (default: nearest .venv, then PATH)"),
@@ -148,10 +163,16 @@ ADD = Command(
             kind=APPEND,
             convert=ids,
             metavar="ID",
+            before_script=UNWAITED,
             help="start only after job ID finished successfully (repeatable, ID,ID, or a range 12-17)",
         ),
         Opt(
-            "--after-any", kind=APPEND, convert=ids, metavar="ID", help="start after job ID ended, whatever its result"
+            "--after-any",
+            kind=APPEND,
+            convert=ids,
+            metavar="ID",
+            before_script=UNWAITED,
+            help="start after job ID ended, whatever its result",
         ),
         Opt("--retries", convert=int, default=0, metavar="N", help="run again up to N times if it fails"),
         Opt(
@@ -161,9 +182,26 @@ ADD = Command(
             help="one job per value (repeat for a product of lists); {NAME} in the arguments takes the value",
         ),
         Opt("--yes", kind=FLAG, help="with --sweep: queue more than 1,000 jobs"),
-        Opt("--hold", kind=FLAG, help="queue it held: it starts only after `gpuq release`"),
-        Opt("--time", metavar="LIMIT", help="stop it once it has run this long (4h, 90m, 1:30:00)"),
-        Opt("--begin", metavar="WHEN", help="start it no earlier than WHEN (02:00, +2h, an ISO time)"),
+        Opt(
+            "--hold",
+            kind=FLAG,
+            before_script="start without being held",
+            help="queue it held: it starts only after `gpuq release`",
+        ),
+        Opt(
+            "--time",
+            metavar="LIMIT",
+            before_script="run without that time limit",
+            help="stop it once it has run this long: 4h, 90m, 45s, 2d, 1h30m, 1:30:00 (h:mm:ss), 90:00 (mm:ss), "
+            "2-12:00:00 (d-hh:mm:ss); a bare number is minutes, as in Slurm (--time 2: two minutes)",
+        ),
+        Opt(
+            "--begin",
+            metavar="WHEN",
+            before_script=UNWAITED,
+            help="start it no earlier than WHEN: 02:00 (the next 2 am), +2h or +1h30m (from now; a unit is needed), "
+            "2026-12-03T02:00 (local time unless it gives an offset), now",
+        ),
         Opt(
             "--snapshot",
             kind=FLAG,
@@ -192,12 +230,20 @@ ADD = Command(
             metavar="SIZE",
             help="the GPU memory it needs (e.g. 20G): jobs that say so share a GPU while they fit",
         ),
-        Opt("--priority", convert=int, default=0, metavar="N", help="higher starts first (default 0)"),
+        Opt(
+            "--priority",
+            convert=int,
+            default=0,
+            metavar="N",
+            before_script=IN_TURN,
+            help="higher starts first (default 0)",
+        ),
         Opt(
             "--urgent",
             kind=CONST,
             const=True,
             default=False,
+            before_script=IN_TURN,
             help="start next; if no slot is free, preempt the lowest-priority running job that can continue "
             "(--preemptible, or with a checkpoint) and resume it after; if none can, wait for a free slot",
         ),
@@ -207,6 +253,7 @@ ADD = Command(
             kind=CONST,
             const="force",
             default=False,
+            before_script=IN_TURN,
             help="as --urgent, but preempt a running job even if it has no checkpoint (it will start over)",
         ),
         Opt(
@@ -274,15 +321,32 @@ def split_at_script(command: Command, words: list[str]) -> tuple[list[str], list
 
 def misplaced_option(command: Command, words: list[str]) -> list[str]:
     """The first of gpuq's own long options among the job's words, with its value: most likely
-    meant for gpuq (the original gpuq took them from anywhere on the line). parser.py notes it;
-    quick.py leaves such a line to parser.py."""
-    for i, word in enumerate(words):
-        name = word.split("=", 1)[0]
-        if not word.startswith("--") or word == "--help":
-            continue
-        if name == "--help":
-            return [word]
-        opt = command.option(name)
-        if opt is not None:
-            return words[i : i + 2] if opt.takes_value and "=" not in word else [word]
+    meant for gpuq (the original gpuq took them from anywhere on the line). parser.py notes it, or
+    refuses the line if it is one of `late_options`; quick.py leaves such a line to parser.py."""
+    for _at, found, _opt in _own_options(command, words):
+        return found
     return []
+
+
+def late_options(command: Command, words: list[str]) -> list[tuple[int, list[str], Opt]]:
+    """gpuq's dependency and scheduling options (Opt.before_script) among the job's words: (where,
+    the option with its value, the option). The job would run without them: parser.py refuses."""
+    return [(at, found, opt) for at, found, opt in _own_options(command, words) if opt and opt.before_script]
+
+
+def _own_options(command: Command, words: list[str]) -> Iterator[tuple[int, list[str], Optional[Opt]]]:
+    """Each of gpuq's own long options among `words`, in order: (where, the option with its value,
+    the option; None for `--help`)."""
+    i = 0
+    while i < len(words):
+        word = words[i]
+        name = word.split("=", 1)[0]
+        opt = command.option(name) if word.startswith("--") and word != "--help" else None
+        if name == "--help" and word != "--help":
+            yield i, [word], None
+        elif opt is not None and opt.takes_value and "=" not in word:
+            yield i, words[i : i + 2], opt
+            i += 1  # its value is not an option, whatever it looks like
+        elif opt is not None:
+            yield i, [word], opt
+        i += 1

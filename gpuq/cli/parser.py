@@ -15,7 +15,19 @@ from typing import Any, Optional
 
 from gpuq import __version__
 from gpuq.cli.commands import COMMANDS
-from gpuq.cli.options import ADD, APPEND, CONST, FLAG, HIDDEN, REST, Command, Opt, misplaced_option, split_at_script
+from gpuq.cli.options import (
+    ADD,
+    APPEND,
+    CONST,
+    FLAG,
+    HIDDEN,
+    REST,
+    Command,
+    Opt,
+    late_options,
+    misplaced_option,
+    split_at_script,
+)
 from gpuq.core.errors import UsageError
 
 DESCRIPTION = (
@@ -165,10 +177,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _parse_add(parser: Parser, argv: list[str]) -> argparse.Namespace:
-    """`add`: gpuq's options up to SCRIPT, the job's words verbatim from SCRIPT on; a note on stderr
-    when one of gpuq's own options comes after SCRIPT."""
+    """`add`: gpuq's options up to SCRIPT, the job's words verbatim from SCRIPT on. One of gpuq's
+    dependency or scheduling options after SCRIPT is refused (the job would run without it); any
+    other of gpuq's own options there gets a note on stderr."""
     own, job_words = split_at_script(ADD, argv[1:])
     separated = argv[1 + len(own) : 2 + len(own)] == ["--"]
+    if job_words and not separated:
+        _refuse_late_options(argv[0], own, job_words)
     stray = misplaced_option(ADD, job_words[1:]) if job_words and not separated else []
     if stray:
         fix = shlex.join(["gpuq", argv[0], *own, *stray, job_words[0]])
@@ -181,3 +196,25 @@ def _parse_add(parser: Parser, argv: list[str]) -> argparse.Namespace:
     if job_words:
         args.script, args.args = job_words[0], job_words[1:]
     return args
+
+
+def _refuse_late_options(command: str, own: list[str], job_words: list[str]) -> None:
+    """A UsageError when gpuq's dependency or scheduling options follow SCRIPT (the original
+    gpuq's `add eval.py --after 1`): eval.py would get them and the job would start at once. The
+    fix given moves them before SCRIPT, the rest of the line as typed."""
+    late = late_options(ADD, job_words[1:])
+    if not late:
+        return
+    moved = [word for _at, found, _opt in late for word in found]
+    taken = {at + 1 + k for at, found, _opt in late for k in range(len(found))}
+    kept = [word for i, word in enumerate(job_words) if i not in taken]
+    script, one = job_words[0], len(late) == 1
+    named = ", ".join(" ".join(found) for _at, found, _opt in late)
+    exc = UsageError(
+        f"{named} {'comes' if one else 'come'} after the script, so {script} would get {'it' if one else 'them'} "
+        f"and the job would {late[0][2].before_script}; put {'it' if one else 'them'} before the script: "
+        f"{shlex.join(['gpuq', command, *own, *moved, *kept])} (or `--` before the script to pass "
+        f"{'it' if one else 'them'} to {script})"
+    )
+    exc.prefix = f"gpuq {command}"
+    raise exc

@@ -95,7 +95,7 @@ def _add(command: str, words: list[str]) -> Optional[Namespace]:
     if not job or _clash(ADD_EXCLUSIVE, given):
         return None  # no SCRIPT, or options that exclude each other
     if not separated and misplaced_option(ADD, job[1:]):
-        return None  # parser.py notes the misplaced option
+        return None  # parser.py notes the misplaced option (or refuses it: options.late_options)
     return Namespace(command=command, **values, script=job[0], args=job[1:], func=ADD.handler)
 
 
