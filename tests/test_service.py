@@ -4,12 +4,16 @@ that exists, and installing/removing it in a temporary config directory."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import Env, wait_for
+from test_continue import kill_job_and_supervisor, printed_step, runs, trainer
 
 from gpuq.core.errors import Refused
 from gpuq.run import service
@@ -59,7 +63,7 @@ def test_odd_paths_are_quoted_so_systemd_finds_them(tmp_path: Path):
     python.symlink_to(sys.executable)
     spool = str(tmp_path / 'spool "a" \\ %u')
     text = service.unit_text([str(python), "-m", "gpuq"], spool)
-    assert f'ExecStart="{str(python).replace("%", "%%")}" -m gpuq run --watch\n' in text
+    assert f'ExecStart="{str(python).replace("%", "%%")}" -m gpuq run --watch --recover\n' in text
     # quotes and backslashes escaped C-style, % doubled (a specifier otherwise), $ kept (not expanded there)
     assert 'Environment="GPUQ_HOME=' + str(tmp_path) + '/spool \\"a\\" \\\\ %%u"\n' in text
     proc = verify(write_unit(tmp_path / "units", text), tmp_path / "run")
@@ -77,7 +81,7 @@ def test_unit_settings():
         "Type=exec",
         'Environment="GPUQ_HOME=/home/ada/.gpuq"',
         'Environment="PATH=/usr/bin:/bin"',
-        "ExecStart=/opt/venv/bin/gpuq run --watch",
+        "ExecStart=/opt/venv/bin/gpuq run --watch --recover",  # recovery after a reboot is the default
         "Restart=on-failure",
         "KillMode=process",
         "OOMPolicy=continue",
@@ -85,8 +89,8 @@ def test_unit_settings():
         "WantedBy=default.target",
     ]:
         assert line in lines
-    assert "ExecStart=/opt/venv/bin/gpuq run --watch --recover" in service.unit_text(
-        ["/opt/venv/bin/gpuq"], "/s", recover=True
+    assert "ExecStart=/opt/venv/bin/gpuq run --watch\n" in service.unit_text(
+        ["/opt/venv/bin/gpuq"], "/s", recover=False
     )
     for argv, home, env in [
         (["gpuq"], "/s", None),
@@ -113,9 +117,9 @@ def test_install_then_uninstall(tmp_path: Path):
     assert service.install(units, ["/usr/bin/gpuq"], "/s").action == "unchanged"
 
     # a unit gpuq wrote earlier (other spool) is replaced, and the old one kept
-    again = service.install(units, ["/usr/bin/gpuq"], "/other", recover=True)
+    again = service.install(units, ["/usr/bin/gpuq"], "/other", recover=False)
     assert (again.action, again.backup) == ("replaced", units / "gpuq.service.bak")
-    assert "GPUQ_HOME=/s" in again.backup.read_text() and "--recover" in path.read_text()
+    assert "GPUQ_HOME=/s" in again.backup.read_text() and "--recover" not in path.read_text()
 
     # `systemctl enable` would have made this link; uninstall removes it with the unit
     wants = units / "default.target.wants"
@@ -163,3 +167,50 @@ def test_supported_says_why_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     if sys.platform.startswith("linux"):
         monkeypatch.setenv("PATH", str(tmp_path))  # no systemctl on it
         assert service.supported() == "systemctl not found: this system does not use systemd"
+
+
+# ---- the service's worker recovers after a reboot (issue 26) ---------------------------------------
+
+
+def unit_of(gq: Env, dest: Path, *options: str) -> str:
+    gq.gpuq("service", "install", "--dest", str(dest), *options)
+    return (dest / service.UNIT_NAME).read_text()
+
+
+def test_service_install_recovers_unless_told_not_to(gq: Env, tmp_path: Path):
+    assert " run --watch --recover\n" in unit_of(gq, tmp_path / "default")
+    assert " run --watch\n" in unit_of(gq, tmp_path / "off", "--no-recover")
+    assert " run --watch --recover\n" in unit_of(gq, tmp_path / "older", "--recover")  # the default, still accepted
+    both = gq.gpuq("service", "install", "--dest", str(tmp_path / "x"), "--recover", "--no-recover", check=False)
+    assert both.returncode == 2 and len(both.stderr.splitlines()) == 1 and "not allowed with" in both.stderr
+
+
+def unit_command(unit: str) -> tuple[list[str], dict[str, str]]:
+    """The unit's ExecStart as argv and its Environment= settings, unquoted as systemd does for
+    these plain words."""
+    lines = unit.splitlines()
+    argv = shlex.split(next(line for line in lines if line.startswith("ExecStart="))[len("ExecStart=") :])
+    env = dict(
+        shlex.split(line[len("Environment=") :])[0].split("=", 1) for line in lines if line.startswith("Environment=")
+    )
+    return argv, env
+
+
+def test_the_units_worker_continues_an_interrupted_job_from_its_checkpoint(gq: Env, tmp_path: Path):
+    """A reboot as test_continue.py makes one (worker stopped, job and supervisor killed -9), then
+    the worker the service would start: the unit's own ExecStart and environment, nothing added."""
+    job_id = trainer(gq, "--max_steps", "40", "--step_time", "0.03")
+    worker = gq.start_worker("--watch")
+    wait_for(lambda: gq.job(job_id).get("supervisor") and printed_step(gq, job_id) >= 23, 30, what="step 23")
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(10)
+    kill_job_and_supervisor(gq, job_id)
+
+    argv, env = unit_command(unit_of(gq, tmp_path / "units"))
+    assert argv[1:] == ["-m", "gpuq", "run", "--watch", "--recover"] and env == {"GPUQ_HOME": str(gq.home)}
+    with open(gq.work / "service.out", "wb") as out:
+        gq.workers.append(subprocess.Popen(argv, cwd=gq.work, env=dict(gq.env, **env), stdout=out, stderr=out))
+    gq.wait_state(job_id, "done", timeout=30)
+    assert runs(gq)[-1] == "20 40"  # continued from checkpoint-20, not from step 0
+    said = (gq.work / "service.out").read_text()
+    assert f"recovered job #{job_id}" in said and "continues from checkpoint-20" in said

@@ -1,19 +1,25 @@
-"""The assistant skill (issue 12): every command line in it is one gpuq's own parser accepts, the
-installed package carries it, and installing it never loses a copy the user changed."""
+"""The assistant skill (issue 12): every command line in it is one gpuq's own parser accepts and,
+run against a real spool and worker, exits as expected (issue 26); the installed package carries
+it, and installing it never loses a copy the user changed."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import REPO, Env
+from conftest import REPO, WAIT_FOR_GO, Env, wait_for
+from test_continue import kill_job_and_supervisor
+from test_gpu_worker import fake_gpus
 
 from gpuq.cli.parser import build_parser
 from gpuq.core.errors import UsageError
+from gpuq.run.service import supported as service_supported
 
 SKILL = REPO / "skill" / "gpuq.md"
 
@@ -103,3 +109,141 @@ def test_the_built_package_carries_the_skill(tmp_path: Path) -> None:
         capture_output=True,
     )
     assert (target / "gpuq" / "skill" / "gpuq.md").read_text() == SKILL.read_text()
+
+
+# ---- every command of the skill, run (issue 26) ----------------------------------------------------
+
+# Run by test_the_skills_slurm_commands_run_on_a_real_cluster, which needs the test Slurm.
+ON_SLURM = {"gpuq slurm submit 3 4", "gpuq slurm submit --all", "gpuq slurm sync"}
+FAILING = "raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+QUICK = "import sys\nprint('args', sys.argv[1:])\n"
+
+
+def installed_gpuq() -> list[str]:
+    """The `gpuq` that pip installed beside this interpreter (what the assistant types)."""
+    script = Path(sys.executable).with_name("gpuq")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuq"]
+
+
+class Skill:
+    """Runs the skill's command lines with its example ids (3, 5, 12, 4242...) replaced by real
+    ones; collects every line run, and every answer that was not the expected exit or that
+    carried a traceback."""
+
+    def __init__(self, gq: Env) -> None:
+        self.gq, self.ran, self.wrong = gq, set(), []
+
+    def __call__(self, line: str, expect: int = 0, **ids: int) -> str:
+        words = [str(ids.get(f"_{word}", word)) for word in shlex.split(line)[1:]]  # 3 is given as _3=17
+        proc = subprocess.run(
+            [*installed_gpuq(), *words], cwd=self.gq.work, env=self.gq.env, capture_output=True, text=True, timeout=60
+        )
+        self.ran.add(line)
+        if proc.returncode != expect or "Traceback" in proc.stderr:
+            self.wrong.append(f"gpuq {' '.join(words)}: exit {proc.returncode} (expected {expect})\n{proc.stderr}")
+        return proc.stdout
+
+
+def running(gq: Env, *job_ids: int) -> bool:
+    return all(gq.state_of(i) == "running" and gq.job(i).get("supervisor") for i in job_ids)
+
+
+def project(gq: Env, tmp_path: Path) -> None:
+    """The user's directory: scripts in a git repository (for --snapshot), four fake GPUs, a
+    config home of its own (for `service install`)."""
+    gq.script("train.py", QUICK)
+    gq.script("train.py", QUICK, where=gq.work / "exp05")
+    gq.script("eval.py", QUICK)
+    gq.script("fail.py", FAILING)
+    gq.script("long.py", WAIT_FOR_GO)  # runs until killed: `go` is never written
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q"], cwd=gq.work, check=True)
+    subprocess.run([*git, "add", "."], cwd=gq.work, check=True)
+    subprocess.run([*git, "commit", "-qm", "scripts"], cwd=gq.work, check=True)
+    (tmp_path / "gpus.json").write_text(json.dumps(fake_gpus(4)))
+    gq.env.update(GPUQ_FAKE_GPUS=str(tmp_path / "gpus.json"), XDG_CONFIG_HOME=str(tmp_path / "config"))
+
+
+def test_every_command_of_the_skill_runs(gq: Env, tmp_path: Path) -> None:
+    """Each command line of the skill, run through the installed `gpuq` in the order a day could
+    bring them, against one spool with jobs in the states the line needs and one worker, the one
+    `gpuq run --daemon` starts. The lines that would block run where they return: `gpuq run`
+    (foreground) on a queue of short jobs, `log -f` and `wait` on finished jobs."""
+    project(gq, tmp_path)
+    run = Skill(gq)
+    sleeper = subprocess.Popen(["sleep", "300"], cwd=gq.work, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        # no worker yet
+        run("gpuq status")
+        run("gpuq import")
+        failed = [gq.add("fail.py") for _ in range(3)]
+        done = [gq.add("train.py") for _ in range(2)]
+        run("gpuq run")  # in the foreground: runs the five, then exits
+        assert [gq.state_of(i) for i in failed + done] == ["failed"] * 3 + ["done"] * 2
+        failures = [row["id"] for row in json.loads(run("gpuq status -a --json")) if row["state"] == "failed"]
+        assert failures == failed
+        run("gpuq history --since 7d --by dir")
+        run("gpuq show 3", _3=failed[0])
+        run("gpuq log 3 -n 50", _3=failed[0])
+        run("gpuq log 3 -f", _3=done[0])
+        run("gpuq wait 3 4", _3=done[0], _4=done[1])
+        run("gpuq retry --from-scratch 3", _3=failed[0])
+        run("gpuq retry 3 5", _3=failed[1], _5=failed[2])
+        train = int(run("gpuq add -q train.py"))
+        for line in ("gpuq add -q --after 12 eval.py", "gpuq add -q --after-any 12 eval.py"):
+            run(line, _12=train)
+        run("gpuq add -q --after 12 eval.py --split test", _12=train)
+        for line in ("gpuq hold 5", "gpuq release 5", "gpuq edit 5 --set priority=5"):
+            run(line, _5=train)
+
+        # the worker, and jobs that run until they are stopped
+        run("gpuq run --daemon")
+        longs = [gq.add("long.py") for _ in range(4)]
+        wait_for(lambda: running(gq, *longs), 30, what="four long jobs running")
+        run("gpuq adopt 4242 --name exp05/train", _4242=sleeper.pid)
+        for line in ("gpuq status", "gpuq eta", "gpuq gpus --json", "gpuq status --json"):
+            run(line)
+        run("gpuq eta 3", _3=longs[0])
+        run("gpuq preempt 3", _3=longs[0])
+        run("gpuq resume 3", _3=longs[0])
+        run("gpuq kill 3", _3=longs[1])
+        run("gpuq cancel 3", _3=longs[2])
+        kill_job_and_supervisor(gq, longs[3])  # a reboot, as far as this job can tell
+        wait_for(lambda: gq.gpuq("status") and gq.state_of(longs[3]) == "interrupted", 15, what="it to be interrupted")
+        for line in ("gpuq recover", "gpuq recover --all --from-scratch", "gpuq recover --all"):
+            run(line)
+        for line in [
+            "gpuq add -q --dir exp05 train.py",
+            "gpuq add --urgent eval.py",
+            "gpuq add -q --gpus 2 train.py",
+            "gpuq add -q --gpu-mem 20G train.py",
+            "gpuq add -q --sweep lr=1e-4,3e-4 train.py --lr {lr}",
+            "gpuq add -q --time 4h train.py",
+            "gpuq add -q --begin 02:00 train.py",
+            "gpuq add -q --snapshot train.py",
+        ]:
+            run(line)
+        systemd = service_supported() is None  # else the one-line refusal, exit 1
+        run("gpuq service install", expect=0 if systemd else 1)
+        assert (tmp_path / "config" / "systemd" / "user" / "gpuq.service").exists() == systemd
+        run("gpuq stop --drain")
+        run("gpuq stop --kill-jobs")
+        run("gpuq clear")
+        run("gpuq status")
+    finally:
+        gq.gpuq("stop", "--kill-jobs", check=False)
+        sleeper.kill()
+        sleeper.wait()
+    assert run.wrong == []
+    assert set(command_lines(SKILL.read_text())) - ON_SLURM == run.ran
+
+
+def test_the_skills_slurm_commands_run_on_a_real_cluster(gq: Env, slurm: Any) -> None:
+    gq.env["SLURM_CONF"] = slurm.env["SLURM_CONF"]
+    run = Skill(gq)
+    jobs = [gq.add("--gpus", "0", "--", "sh", "-c", "echo on slurm") for _ in range(3)]
+    run("gpuq slurm submit 3 4", _3=jobs[0], _4=jobs[1])
+    run("gpuq slurm submit --all")
+    run("gpuq slurm sync")
+    assert run.wrong == [] and run.ran == ON_SLURM
+    assert gq.files("pending") == [] and len(gq.files("slurm")) + len(gq.files("done")) == 3

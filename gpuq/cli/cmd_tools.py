@@ -62,7 +62,7 @@ def cmd_service(args: argparse.Namespace) -> int:
         if problem:
             raise Refused(f"a systemd user service is not supported here: {problem}")
     if args.action == "install":
-        result = service.install(dest, spool_home=str(spool().home), recover=args.recover, force=args.force)
+        result = service.install(dest, spool_home=str(spool().home), recover=not args.no_recover, force=args.force)
     else:
         result = service.uninstall(dest, force=args.force)
     print(result.summary)

@@ -400,7 +400,14 @@ COMMANDS = (
         options=(
             Opt("action", choices=("install", "uninstall")),
             Opt("--dest", metavar="DIR", help="write the unit there (default: ~/.config/systemd/user)"),
-            Opt("--recover", kind=FLAG, help="the worker re-queues interrupted jobs when it starts"),
+            Opt(
+                "--no-recover",
+                kind=FLAG,
+                group="recovery",
+                help="leave interrupted jobs where they are when the worker starts (default: after a reboot "
+                "they go back in the queue, each from its newest checkpoint)",
+            ),
+            Opt("--recover", kind=FLAG, group="recovery", help=HIDDEN),  # the default now; older scripts give it
             Opt("--force", kind=FLAG, help="replace or remove a unit gpuq did not write"),
         ),
     ),

@@ -1,5 +1,9 @@
-"""A systemd user service that keeps a `gpuq run --watch` worker up: the unit's text, and writing
-or removing it in `~/.config/systemd/user` (or `$XDG_CONFIG_HOME/systemd/user`).
+"""A systemd user service that keeps a `gpuq run --watch --recover` worker up: the unit's text, and
+writing or removing it in `~/.config/systemd/user` (or `$XDG_CONFIG_HOME/systemd/user`).
+
+The worker recovers by default: after a reboot, the jobs it interrupted go back in the queue when the
+service starts, each from its newest checkpoint (a job interrupted more times in a row than its
+--retries allow is left for a person); `--no-recover` leaves them for `gpuq recover`.
 
 The one decision that matters is `KillMode=process`. Jobs run under their own supervisors, in
 sessions of their own, but still inside the service's control group; systemd's default
@@ -70,9 +74,10 @@ def default_spool_home() -> str:
 
 
 def unit_text(
-    gpuq_argv: list[str], spool_home: str, recover: bool = False, extra_env: Optional[dict[str, str]] = None
+    gpuq_argv: list[str], spool_home: str, recover: bool = True, extra_env: Optional[dict[str, str]] = None
 ) -> str:
-    """The unit running `<gpuq_argv> run --watch [--recover]` with GPUQ_HOME=spool_home.
+    """The unit running `<gpuq_argv> run --watch --recover` (without `--recover` when not `recover`)
+    with GPUQ_HOME=spool_home.
 
     `gpuq_argv[0]` and `spool_home` must be absolute (systemd resolves nothing against a
     directory). Raises ValueError for those, for a line break or NUL in any value, and for an
@@ -120,7 +125,7 @@ def install(
     dest_dir: Optional[Path] = None,
     gpuq_argv: Optional[list[str]] = None,
     spool_home: Optional[str] = None,
-    recover: bool = False,
+    recover: bool = True,
     force: bool = False,
     extra_env: Optional[dict[str, str]] = None,
 ) -> InstallResult:
