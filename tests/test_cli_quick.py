@@ -12,7 +12,23 @@ from gpuq.cli import quick
 from gpuq.cli.parser import _add_parser, _commands, build_parser, parse
 
 EVERY_ADD_OPTION = [
-    *("add", "-d", "/tmp", "-p", "py", "--name", "n", "--after", "1", "--after", "2-3", "--after-any", "4,5"),
+    *(
+        "add",
+        "-d",
+        "/tmp",
+        "-p",
+        "py",
+        "--conda",
+        "torch",
+        "--name",
+        "n",
+        "--after",
+        "1",
+        "--after",
+        "2-3",
+        "--after-any",
+        "4,5",
+    ),
     *("--retries", "2", "--sweep", "x=1,2", "--sweep", "y=a", "--yes", "--hold", "--time", "4h", "--begin", "+2h"),
     *("--snapshot", "--gpus", "2", "--notify", "--max-log-size", "1G", "--on-finish", "echo hi", "--gpu-mem", "20G"),
     *("--priority", "3", "--urgent", "--preemptible", "--ckpt-glob", "c*", "--no-resume", "--resume-arg", "r={ckpt}"),

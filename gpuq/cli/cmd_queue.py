@@ -25,6 +25,8 @@ def cmd_add(args: argparse.Namespace) -> int:
     prepared = enqueue.prepare(request)
     for note in [] if args.quiet else prepared.notes:
         print(note)
+    for warning in prepared.warnings:  # also with -q: the job would likely fail, and stdout keeps only the id
+        print(warning, file=sys.stderr)
     sp = spool()
     outlook = args.urgent and not args.quiet and not args.hold
     # the running jobs as they are before it is queued: a watching worker may preempt one at once

@@ -156,7 +156,8 @@ ADD = Command(
     "job would run without it; `--` before SCRIPT passes it to the job.",
     options=(
         Opt("-d", "--dir", help="working directory (default: the current one)"),
-        Opt("-p", "--python", help="interpreter for a .py SCRIPT (default: nearest .venv, then PATH)"),
+        Opt("-p", "--python", help="interpreter for a .py SCRIPT (default: nearest .venv, active conda env, PATH)"),
+        Opt("--conda", metavar="ENV", help="run it in this conda/mamba environment (a name, or a path)"),
         Opt("--name", help="job name (default: <dir name>/<script stem>)"),
         Opt(
             "--after",

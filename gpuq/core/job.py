@@ -205,6 +205,11 @@ class Job(dict):
     env: dict[str, str] = Field(NO_DEFAULT, _dict, "an object of strings")
     shell_env: Optional[dict[str, str]] = Field(None, _opt(_dict), "null or an object of strings")
     venv: Optional[str] = Field(None, _opt(os_str), "null or a path")
+    # its conda environment (a prefix) and how its interpreter was chosen (engine/lifecycle/interpreter.py)
+    conda: Optional[str] = Field(
+        None, _opt(lambda v: os_str(v) and v.startswith("/")), "null or an absolute path", option=True
+    )
+    interpreter_from: Optional[str] = Field(None, _opt(_str), _NULL_STR, option=True)
     umask: Optional[int] = Field(
         None, _opt(lambda v: is_int(v) and 0 <= v <= 0o777), "null or a file mode mask (0 to 511)"
     )

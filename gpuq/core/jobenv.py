@@ -1,5 +1,5 @@
 """What a job adds to the environment it starts in, wherever it starts (a local supervisor, a Slurm
-batch script): its venv first on PATH, its own `env`, its id."""
+batch script): its conda environment or venv first on PATH, its own `env`, its id."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ from typing import Any
 
 
 def add_job_variables(env: dict[str, str], job: dict[str, Any]) -> dict[str, str]:
-    """`env` (changed in place and returned) with the job's venv, `env` and `GPUQ_JOB_ID`."""
+    """`env` (changed in place and returned) with the job's conda environment, venv, `env` and
+    `GPUQ_JOB_ID`."""
+    conda = job.get("conda")
+    if conda:
+        activate_conda(env, conda)
     venv = job.get("venv")
     if venv:
         env["VIRTUAL_ENV"] = venv
@@ -17,3 +21,23 @@ def add_job_variables(env: dict[str, str], job: dict[str, Any]) -> dict[str, str
     env.update(job.get("env") or {})
     env["GPUQ_JOB_ID"] = str(job["id"])
     return env
+
+
+def activate_conda(env: dict[str, str], prefix: str) -> None:
+    """As `conda activate` sets a shell's variables: the environment's bin/ first on PATH in place
+    of the one active in `env`, CONDA_PREFIX and CONDA_DEFAULT_ENV. (Its activate.d scripts are
+    not run: they are shell code.)"""
+    active = env.get("CONDA_PREFIX")
+    replaced = {f"{prefix}/bin", f"{active}/bin"} if active else {f"{prefix}/bin"}
+    rest = [d for d in env.get("PATH", "").split(os.pathsep) if d and d not in replaced]
+    env["PATH"] = os.pathsep.join([f"{prefix}/bin", *rest])
+    if active != prefix or not env.get("CONDA_DEFAULT_ENV"):
+        env["CONDA_DEFAULT_ENV"] = conda_env_name(prefix)
+    env["CONDA_PREFIX"] = prefix
+    env.pop("PYTHONHOME", None)
+
+
+def conda_env_name(prefix: str) -> str:
+    """What conda calls the environment: its name when it is in an `envs` directory, else its path."""
+    parent = os.path.dirname(os.path.normpath(prefix))
+    return os.path.basename(prefix.rstrip("/")) if os.path.basename(parent) == "envs" else prefix

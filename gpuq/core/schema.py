@@ -218,7 +218,7 @@ def _check_cmd(value: Any) -> list[str]:
     return cmd
 
 
-DROPPED_FIELDS = {"cmd", "cwd", "name", "env", "after", "after_any", "retries", "priority", "gpus", "gpu_mem"}
+DROPPED_FIELDS = {"cmd", "cwd", "name", "env", "after", "after_any", "retries", "priority", "gpus", "gpu_mem", "conda"}
 
 
 def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
@@ -235,6 +235,10 @@ def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
         if not os_str(obj["cwd"]) or not obj["cwd"].startswith("/") or len(obj["cwd"]) > 4096:
             raise InvalidJob("'cwd' must be an absolute path")
         clean["cwd"] = obj["cwd"]
+    if obj.get("conda") is not None:  # a prefix: a file has no shell whose environments a name would be looked up in
+        if not os_str(obj["conda"]) or not obj["conda"].startswith("/") or len(obj["conda"]) > 4096:
+            raise InvalidJob("'conda' must be the absolute path of a conda environment")
+        clean["conda"] = obj["conda"]
     if obj.get("name") is not None:
         clean["name"] = check_name(obj["name"])
     clean["env"] = _check_env(obj.get("env", {}))

@@ -7,7 +7,6 @@ leaves none behind), then `publish` queues the jobs. Directories are plain strin
 
 from __future__ import annotations
 
-import errno
 import os
 import time
 
@@ -15,85 +14,15 @@ from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.job import Job
 from gpuq.core.states import HELD, PENDING, RUNNING, SOURCE_CLI
+from gpuq.engine.lifecycle import interpreter
+from gpuq.engine.lifecycle.interpreter import EnqueueError, upward
 from gpuq.spool import JobRef, Spool
-from gpuq.system import procs
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
-    from typing import Any, Iterator, Optional
+    from typing import Any, Optional
 
     from gpuq.system.fsutil import StrPath
-
-
-class EnqueueError(UsageError):
-    """What was asked for cannot become a job (no such script, directory, interpreter)."""
-
-
-def upward(start: StrPath) -> Iterator[str]:
-    """`start` (made absolute) and every directory above it, up to the root."""
-    directory = os.path.abspath(start)
-    while True:
-        yield directory
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            return
-        directory = parent
-
-
-def exists(path: str) -> bool:
-    """As pathlib's Path.exists: False for a missing path, OSError for one that cannot be looked
-    at (a name too long, no permission), which intake reports as the file's problem."""
-    try:
-        os.stat(path)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
-            return False
-        raise
-    return True
-
-
-def find_venv(start: StrPath) -> Optional[str]:
-    """The nearest `.venv` (with a bin/python) in `start` or any directory above it."""
-    for directory in upward(start):
-        candidate = os.path.join(directory, ".venv")
-        if exists(os.path.join(candidate, "bin", "python")):
-            return candidate
-    return None
-
-
-def resolve_command(
-    script: str, args: list[str], cwd: StrPath, python: Optional[str] = None
-) -> tuple[list[str], Optional[str]]:
-    """(argv, venv) for SCRIPT ARGS run in `cwd`.
-
-    A *.py SCRIPT runs with: --python if given, else the nearest .venv's python, else the python
-    on PATH. Anything else is a command, found on PATH with the venv's bin/ first.
-    """
-    venv = find_venv(cwd)
-    path = os.path.join(cwd, script)
-    if script.endswith(".py"):
-        if not os.path.isfile(path):
-            raise EnqueueError(f"script not found: {path}")
-        if python:
-            interpreter = python if "/" not in python else os.path.abspath(python)
-            if procs.which(interpreter) is None:
-                raise EnqueueError(f"python not found: {python}")
-        elif venv is not None:
-            interpreter = os.path.join(venv, "bin", "python")
-        else:
-            interpreter = procs.which("python3") or procs.which("python") or ""
-            if not interpreter:
-                raise EnqueueError("no python found on PATH; give one with --python")
-        return [interpreter, script, *args], venv
-    search = os.environ.get("PATH", "")
-    if venv is not None:
-        search = f"{venv}/bin{os.pathsep}{search}"
-    if "/" in script:
-        if not exists(path):
-            raise EnqueueError(f"script not found: {path}")
-    elif procs.which(script, path=search) is None:
-        raise EnqueueError(f"command not found: {script}")
-    return [script, *args], venv
 
 
 def default_name(cwd: StrPath, cmd: list[str]) -> str:
@@ -246,7 +175,20 @@ class Request:
     and as its converter gives it (text, lists of ids, KEY=VALUE pairs), with the user's umask and
     environment (taken before the spool sets gpuq's own umask). A plain class (see scheduler.QueueState)."""
 
-    OPTIONS = ("script", "args", "dir", "python", "name", "after", "after_any", "retries", "sweep", "yes", "hold")
+    OPTIONS = (
+        "script",
+        "args",
+        "dir",
+        "python",
+        "conda",
+        "name",
+        "after",
+        "after_any",
+        "retries",
+        "sweep",
+        "yes",
+        "hold",
+    )
     OPTIONS += ("time", "begin", "snapshot", "gpus", "notify", "max_log_size", "on_finish", "gpu_mem", "priority")
     OPTIONS += ("urgent", "preemptible", "ckpt_glob", "no_resume", "resume_arg", "env")
     __slots__ = (*OPTIONS, "umask", "shell_env")
@@ -259,12 +201,13 @@ class Request:
 
 class Prepared:
     """A request checked and resolved: the jobs to queue (`variants`), what `enqueue_many` is told
-    of all of them (`fields`), and what the user should read before they are queued (`notes`)."""
+    of all of them (`fields`), and what the user should read before they are queued (`notes`; on
+    stderr, `warnings`)."""
 
-    __slots__ = ("variants", "fields", "notes")
+    __slots__ = ("variants", "fields", "notes", "warnings")
 
-    def __init__(self, variants: list[Variant], fields: dict[str, Any], notes: list[str]) -> None:
-        self.variants, self.fields, self.notes = variants, fields, notes
+    def __init__(self, variants: list[Variant], fields: dict[str, Any], notes: list[str], warnings: list[str]) -> None:
+        self.variants, self.fields, self.notes, self.warnings = variants, fields, notes, warnings
 
 
 def prepare(request: Request) -> Prepared:
@@ -280,9 +223,11 @@ def prepare(request: Request) -> Prepared:
             schema.check_name(request.name)
         except schema.InvalidJob as exc:
             raise UsageError(f"--name: {exc}") from None
-    variants, venv = _variants(request, cwd)
+    variants, resolved = _variants(request, cwd)
+    venv = resolved.venv
     env = dict(request.env)
     options, notes = _preempt_options(request, variants, venv, env)
+    options.update(conda=resolved.conda, interpreter_from=resolved.found_by)
     options.update(_gpu_options(request))
     options.update(notify=request.notify, on_finish=request.on_finish, no_resume=request.no_resume)
     if request.max_log_size is not None:
@@ -301,7 +246,8 @@ def prepare(request: Request) -> Prepared:
         "umask": request.umask,
         "state": HELD if request.hold else PENDING,
     }
-    return Prepared(variants, fields, notes)
+    hint = interpreter.uv_hint(cwd, resolved)
+    return Prepared(variants, fields, notes, [hint] if hint else [])
 
 
 def publish(spool: Spool, prepared: Prepared) -> list[tuple[JobRef, dict[str, Any]]]:
@@ -328,25 +274,30 @@ def urgent_outlook(job: Job, running: list[Job]) -> str:
     return victims.foreseen(job, running)
 
 
-def _variants(request: Request, cwd: str) -> tuple[list[Variant], Optional[str]]:
+def _variants(request: Request, cwd: str) -> tuple[list[Variant], interpreter.Resolved]:
     """The job to queue, or with --sweep one per combination of values: its command resolved (the
-    interpreter, the venv), its name, and its sweep values. Nothing is queued if any is wrong."""
+    interpreter, its environment), its name, and its sweep values. Nothing is queued if any is wrong."""
     words = [request.script, *request.args]
+    conda = interpreter.find_conda(request.conda, request.shell_env) if request.conda else None
+
+    def resolve(words: list[str]) -> interpreter.Resolved:
+        return interpreter.resolve_command(words[0], words[1:], cwd, request.python, conda, request.shell_env)
+
     if not request.sweep:
-        cmd, venv = resolve_command(words[0], words[1:], cwd, request.python)
-        return [Variant(cmd, request.name)], venv
+        resolved = resolve(words)
+        return [Variant(resolved.cmd, request.name)], resolved
     from gpuq.core import sweep  # only for --sweep (it imports re and collections)
 
     try:
         combinations = sweep.expand([sweep.parse_sweep(t) for t in request.sweep], words, allow_more=request.yes)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    variants, venv = [], None
+    variants = []
     for combination in combinations:
-        cmd, venv = resolve_command(combination.words[0], combination.words[1:], cwd, request.python)
-        name = sweep.sweep_name(request.name or default_name(cwd, cmd), combination.values)
-        variants.append(Variant(cmd, name, {"sweep": {"id": 0, "values": combination.values}}))
-    return variants, venv
+        resolved = resolve(combination.words)
+        name = sweep.sweep_name(request.name or default_name(cwd, resolved.cmd), combination.values)
+        variants.append(Variant(resolved.cmd, name, {"sweep": {"id": 0, "values": combination.values}}))
+    return variants, resolved
 
 
 def _preempt_options(

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.states import PENDING, SOURCE_DROPPED
-from gpuq.engine.lifecycle import enqueue
+from gpuq.engine.lifecycle import enqueue, interpreter
 from gpuq.spool import JobRef, Spool
 from gpuq.spool.layout import PLAIN_NAME_RE
 from gpuq.system import security
@@ -174,9 +174,13 @@ def _publish_claimed(spool: Spool, job_id: int, original: str, fields: dict[str,
     try:
         if not cwd.is_dir():
             raise _Rejected(f"cwd does not exist: {cwd}")
-        venv = enqueue.find_venv(cwd)
+        conda = fields.get("conda")
+        if conda is not None and not interpreter.is_conda_prefix(conda):
+            raise _Rejected(f"conda: not a conda environment (no conda-meta/ in it): {conda}")
+        venv = None if conda else interpreter.find_venv(cwd)
     except OSError as exc:  # not ours to read, name too long...: the file's problem, not the worker's
         raise _Rejected(f"cwd cannot be used: {exc.strerror}: {cwd}") from None
+    found_by = interpreter.FROM_CONDA if conda else interpreter.FROM_VENV if venv else interpreter.FROM_PATH
     job = schema.new_job(
         job_id=job_id,
         name=fields.get("name") or enqueue.default_name(cwd, fields["cmd"]),
@@ -191,7 +195,12 @@ def _publish_claimed(spool: Spool, job_id: int, original: str, fields: dict[str,
         retries=fields["retries"],
         priority=fields["priority"],
         source=SOURCE_DROPPED + original,
-        options={"gpu_request": fields["gpu_request"], "gpu_mem_mib": fields.get("gpu_mem_mib")},
+        options={
+            "gpu_request": fields["gpu_request"],
+            "gpu_mem_mib": fields.get("gpu_mem_mib"),
+            "conda": conda,
+            "interpreter_from": found_by,
+        },
     )
     spool.jobs.publish(job)
 

@@ -1,0 +1,265 @@
+"""Which interpreter and environment a queued command runs with.
+
+In this order: `--python`, `--conda NAME` (resolved here to its prefix), the nearest `.venv` above
+the job's directory, the active conda environment (`CONDA_PREFIX`, unless it is the base one), the
+python on PATH. The job records the environment (`venv` or `conda`, which core/jobenv.py puts first
+on PATH when it starts) and how it was chosen (`interpreter_from`). On `gpuq add`'s path: a few
+stats and small reads, no `pathlib`, no `json` (bench/PROFILE.md).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from gpuq.core.errors import Refused, UsageError
+from gpuq.system import procs
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Iterator, Mapping, Optional
+
+    from gpuq.system.fsutil import StrPath
+
+# How the interpreter was chosen: the job's `interpreter_from` (spool_layout.md).
+FROM_PYTHON, FROM_CONDA, FROM_VENV, FROM_ACTIVE_CONDA, FROM_PATH = "--python", "--conda", ".venv", "conda env", "PATH"
+UV_TOOLS = ("uv", "uvx")  # commands that make a uv project's .venv themselves
+MAX_PYPROJECT_BYTES = 1 << 20
+
+
+class EnqueueError(UsageError):
+    """What was asked for cannot become a job (no such script, directory, interpreter)."""
+
+
+class NoSuchConda(Refused):
+    """--conda names no conda environment of this machine."""
+
+
+class Resolved:
+    """A command as it will run: its argv, its environment (a `.venv` or a conda prefix, at most
+    one) and how its interpreter was chosen. A plain class (see scheduler.QueueState)."""
+
+    __slots__ = ("cmd", "venv", "conda", "found_by")
+
+    def __init__(self, cmd: list[str], venv: Optional[str], conda: Optional[str], found_by: str) -> None:
+        self.cmd, self.venv, self.conda, self.found_by = cmd, venv, conda, found_by
+
+
+def upward(start: StrPath) -> Iterator[str]:
+    """`start` (made absolute) and every directory above it, up to the root."""
+    directory = os.path.abspath(start)
+    while True:
+        yield directory
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return
+        directory = parent
+
+
+def exists(path: str) -> bool:
+    """As pathlib's Path.exists: False for a missing path, OSError for one that cannot be looked
+    at (a name too long, no permission), which intake reports as the file's problem."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
+            return False
+        raise
+    return True
+
+
+def find_venv(start: StrPath) -> Optional[str]:
+    """The nearest `.venv` (with a bin/python) in `start` or any directory above it."""
+    for directory in upward(start):
+        candidate = os.path.join(directory, ".venv")
+        if exists(os.path.join(candidate, "bin", "python")):
+            return candidate
+    return None
+
+
+def resolve_command(
+    script: str,
+    args: list[str],
+    cwd: StrPath,
+    python: Optional[str] = None,
+    conda: Optional[str] = None,
+    env: Optional[Mapping[str, str]] = None,
+) -> Resolved:
+    """SCRIPT ARGS as they will run in `cwd`, for a user whose environment is `env` (default:
+    this process's). `conda`: the prefix `--conda` named (see `find_conda`).
+
+    A *.py SCRIPT runs with --python if given, else the python of its environment (the conda
+    prefix named, the nearest .venv, the active conda environment), else the python on PATH.
+    Anything else is a command, found on PATH with its environment's bin/ first.
+    """
+    env = os.environ if env is None else env
+    is_py = script.endswith(".py")
+    path = os.path.join(cwd, script)
+    if is_py and not os.path.isfile(path):
+        raise EnqueueError(f"script not found: {path}")
+    venv = None if conda else find_venv(cwd)
+    found_by = FROM_CONDA if conda else FROM_VENV if venv else FROM_PATH
+    if found_by == FROM_PATH:
+        conda = active_conda(env, need_python=is_py)
+        found_by = FROM_ACTIVE_CONDA if conda else FROM_PATH
+    home = venv or conda
+    search = f"{home}/bin{os.pathsep}" if home else ""
+    search += env.get("PATH", "")
+    if not is_py:
+        if "/" in script:
+            if not exists(path):
+                raise EnqueueError(f"script not found: {path}")
+        elif procs.which(script, path=search) is None:
+            raise EnqueueError(f"command not found: {script}")
+        return Resolved([script, *args], venv, conda, found_by)
+    if python:
+        interpreter = python if "/" not in python else os.path.abspath(python)
+        if procs.which(interpreter, path=search) is None:
+            raise EnqueueError(f"python not found: {python}")
+        return Resolved([interpreter, script, *args], venv, conda, FROM_PYTHON)
+    if home:
+        interpreter = os.path.join(home, "bin", "python")
+        if not exists(interpreter):  # only --conda gets here: the others were found by their python
+            raise EnqueueError(f"--conda: no bin/python in {home}: install python there, or give --python")
+        return Resolved([interpreter, script, *args], venv, conda, found_by)
+    interpreter = procs.which("python3", path=search) or procs.which("python", path=search) or ""
+    if not interpreter:
+        raise EnqueueError("no python found on PATH; give one with --python")
+    base = env.get("CONDA_PREFIX")  # an active base environment is used when nothing else was found
+    if base and os.path.dirname(interpreter) == os.path.join(base, "bin") and is_base(base, env):
+        return Resolved([interpreter, script, *args], None, base, FROM_ACTIVE_CONDA)
+    return Resolved([interpreter, script, *args], None, None, FROM_PATH)
+
+
+# ---- conda and mamba ---------------------------------------------------------------------------
+
+
+def is_conda_prefix(path: str) -> bool:
+    """A conda environment's directory: conda, mamba and micromamba all keep `conda-meta/` there."""
+    return os.path.isdir(os.path.join(path, "conda-meta"))
+
+
+def active_conda(env: Mapping[str, str], need_python: bool = True) -> Optional[str]:
+    """The conda environment activated in `env` (`CONDA_PREFIX`), unless it is the base one (which
+    `conda init` activates in every shell: it is used only when the python on PATH is its own)."""
+    prefix = env.get("CONDA_PREFIX")
+    if not prefix or not os.path.isabs(prefix) or not is_conda_prefix(prefix) or is_base(prefix, env):
+        return None
+    if need_python and not exists(os.path.join(prefix, "bin", "python")):
+        return None
+    return prefix
+
+
+def conda_roots(env: Mapping[str, str]) -> list[str]:
+    """The installations' own directories (their base environments): where `conda` (CONDA_EXE is
+    ROOT/bin/conda) and micromamba (MAMBA_ROOT_PREFIX) are installed."""
+    roots = []
+    if env.get("CONDA_EXE"):
+        roots.append(os.path.dirname(os.path.dirname(env["CONDA_EXE"])))
+    if env.get("MAMBA_ROOT_PREFIX"):
+        roots.append(env["MAMBA_ROOT_PREFIX"])
+    return [os.path.abspath(root) for root in roots]
+
+
+def is_base(prefix: str, env: Mapping[str, str]) -> bool:
+    """Whether `prefix` is an installation's base environment: conda names the active one "base",
+    or it is the directory conda or micromamba is installed in."""
+    if env.get("CONDA_DEFAULT_ENV") == "base" and env.get("CONDA_PREFIX") == prefix:
+        return True
+    real = os.path.realpath(prefix)
+    return any(os.path.realpath(root) == real for root in conda_roots(env))
+
+
+def envs_dirs(env: Mapping[str, str]) -> list[str]:
+    """Where named environments are, in conda's order: CONDA_ENVS_DIRS (or the older
+    CONDA_ENVS_PATH), the active installation's envs/, each installation's envs/, ~/.conda/envs."""
+    dirs = []
+    for variable in ("CONDA_ENVS_DIRS", "CONDA_ENVS_PATH"):
+        dirs += [d for d in env.get(variable, "").split(os.pathsep) if d]
+    active = env.get("CONDA_PREFIX")
+    if active:
+        parent = os.path.dirname(os.path.normpath(active))
+        dirs.append(os.path.join(active, "envs") if is_base(active, env) else parent)
+    dirs += [os.path.join(root, "envs") for root in conda_roots(env)]
+    if env.get("HOME"):
+        dirs.append(os.path.join(env["HOME"], ".conda", "envs"))
+    return list(dict.fromkeys(os.path.abspath(os.path.expanduser(d)) for d in dirs))
+
+
+def find_conda(name: str, env: Mapping[str, str]) -> str:
+    """The prefix of the conda environment `--conda NAME` names: a path (with a /), "base", or
+    the name of an environment in an envs dir or in ~/.conda/environments.txt (conda's list of
+    the environments it made). `conda env list` would say the same in about a second."""
+    if "/" in name or name in (".", ".."):
+        path = os.path.abspath(os.path.expanduser(name))
+        if not is_conda_prefix(path):
+            raise NoSuchConda(f"--conda: not a conda environment (no conda-meta/ in it): {path}")
+        return path
+    if name == "base":
+        roots = [r for r in conda_roots(env) if is_conda_prefix(r)]
+        active = env.get("CONDA_PREFIX")
+        if active and is_base(active, env) and is_conda_prefix(active):
+            roots.insert(0, active)
+        if roots:
+            return roots[0]
+        raise NoSuchConda("--conda base: no conda installation found (CONDA_EXE and MAMBA_ROOT_PREFIX are unset)")
+    dirs = envs_dirs(env)
+    for directory in dirs:
+        candidate = os.path.join(directory, name)
+        if is_conda_prefix(candidate):
+            return candidate
+    for prefix in _listed_environments(env):
+        if os.path.basename(prefix) == name and is_conda_prefix(prefix):
+            return prefix
+    looked = ", ".join(dirs) or "no envs directory: CONDA_EXE, MAMBA_ROOT_PREFIX and HOME are unset"
+    raise NoSuchConda(f"--conda: no conda environment named {name!r} (looked in {looked}); give its path")
+
+
+def _listed_environments(env: Mapping[str, str]) -> list[str]:
+    if not env.get("HOME"):
+        return []
+    try:
+        with open(os.path.join(env["HOME"], ".conda", "environments.txt"), encoding="utf-8") as fh:
+            return [line.strip() for line in fh if line.strip().startswith("/")]
+    except (OSError, UnicodeDecodeError):
+        return []
+
+
+# ---- uv projects -------------------------------------------------------------------------------
+
+
+def uv_hint(cwd: str, resolved: Resolved) -> str:
+    """A line for the user when the job's directory belongs to a uv project whose `.venv` is not
+    made yet (its python would lack the project's packages), or "". Not when gpuq was told the
+    interpreter, nor for `uv run ...` (uv makes the .venv itself)."""
+    if resolved.venv or resolved.found_by in (FROM_PYTHON, FROM_CONDA) or resolved.cmd[0] in UV_TOOLS:
+        return ""
+    project = uv_project(cwd)
+    if project is None:
+        return ""
+    runs = resolved.cmd[0] if resolved.cmd[0].startswith("/") else f"{resolved.cmd[0]} from PATH"
+    return (
+        f"gpuq: {project} is a uv project with no .venv yet: this job runs {runs}, which may lack its "
+        f"packages (`uv sync` in {project} creates the .venv; jobs added after that use it)"
+    )
+
+
+def uv_project(cwd: str) -> Optional[str]:
+    """The directory of the nearest pyproject.toml above `cwd` if uv manages it (a `uv.lock`
+    beside it, or a `[tool.uv...]` table in it), else None: poetry and other projects are not
+    ours to set up."""
+    for directory in upward(cwd):
+        pyproject = os.path.join(directory, "pyproject.toml")
+        if not os.path.isfile(pyproject):
+            continue
+        if os.path.isfile(os.path.join(directory, "uv.lock")):
+            return directory
+        try:
+            with open(pyproject, "rb") as fh:
+                text = fh.read(MAX_PYPROJECT_BYTES).decode("utf-8", "replace")
+        except OSError:
+            return None
+        # a table header, not a TOML parse: tomllib is a module to import for one word
+        tables = (line.strip().replace(" ", "") for line in text.splitlines())
+        return directory if any(line.startswith(("[tool.uv]", "[tool.uv.", "[[tool.uv.")) for line in tables) else None
+    return None
