@@ -121,7 +121,7 @@ def test_cancel_and_clear_work_on_a_full_disk_where_no_worker_ever_ran(gq_full: 
     assert gq.state_of(second) == "cancelled" and cancelled["note"] == "cancelled by user"
     assert (gq.home / "reserve").exists()  # what the cancel did not need is kept as a (smaller) room
     out = gq.gpuq("clear").stdout
-    assert "removed 1 finished job(s)" in out and gq.state_of(second) is None
+    assert "removed 1 finished job," in out and gq.state_of(second) is None
     left = {name: (gq.home / "pending" / name).read_bytes() for name in gq.files("pending")}
     assert left == {name: data for name, data in queued.items() if not name.startswith(f"{second:06d}-")}
     assert [gq.state_of(i) for i in (first, third)] == ["pending", "pending"]
@@ -137,7 +137,7 @@ def test_clear_needs_no_room_at_all(gq_full: Env) -> None:
     (gq.home / "reserve").unlink(missing_ok=True)
     fill_up(gq.work)
     out = gq.gpuq("clear").stdout
-    assert "removed 1 finished job(s)" in out and gq.state_of(job_id) is None
+    assert "removed 1 finished job," in out and gq.state_of(job_id) is None
     assert not os.listdir(gq.home / "locks")
 
 

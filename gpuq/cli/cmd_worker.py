@@ -104,7 +104,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
             print(f"worker {info.get('pid')}: starting nothing new; it exits once its running jobs have ended")
         return 0
     stopped = actions.stop_workers(sp)
-    print(f"stopped worker(s): {', '.join(str(w.get('pid')) for w in stopped)}" if stopped else "no worker was running")
+    pids = ", ".join(str(w.get("pid")) for w in stopped)
+    print(f"stopped worker{'s' if len(stopped) > 1 else ''} {pids}" if stopped else "no worker was running")
     running = actions.jobs_in(sp, (RUNNING,))
     if args.kill_jobs:
         for job in running:
