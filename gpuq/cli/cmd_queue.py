@@ -8,7 +8,7 @@ import sys
 from gpuq.cli.common import each_id, job_ids, spool
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import INTERRUPTED, RUNNING
-from gpuq.core.words import plural
+from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import enqueue
 from gpuq.system import procs
 
@@ -40,7 +40,18 @@ def cmd_add(args: argparse.Namespace) -> int:
         print(f"[+] Job #{job.id}: {job.name}{after}{'  (held)' if args.hold else ''}")
     if outlook:
         print(f"    {enqueue.urgent_outlook(published[0][1], running)}")
+    if not args.quiet and not args.hold and not sp.workers.live():
+        _say_no_worker([job.id for _ref, job in published])
     return 0
+
+
+def _say_no_worker(ids: list[int]) -> None:
+    """The line `gpuq add` says on stderr when no worker is running to start what it queued."""
+    waits = "waits" if len(ids) == 1 else "wait"
+    print(
+        f"gpuq add: no worker is running; {ids_text(ids)} {waits} for `gpuq run --daemon` (or `gpuq service install`)",
+        file=sys.stderr,
+    )
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
