@@ -118,7 +118,7 @@ def test_log_and_show(gq: Env) -> None:
     out = gq.gpuq("log", str(job_id), "-n", "3").stdout.splitlines()
     assert out[0] == "line 98" and out[1] == "line 99" and out[2].startswith("=== gpuq: exit 0")
     assert gq.gpuq("logs", str(job_id), "-n", "1").stdout.startswith("=== gpuq: exit 0")
-    shown = json.loads(gq.gpuq("show", str(job_id)).stdout)
+    shown = json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)
     assert shown["state"] == "done" and shown["id"] == job_id
 
 

@@ -255,7 +255,7 @@ def test_a_capped_log_keeps_its_head_and_newest_tail(gq: Env) -> None:
     assert tail[0].startswith("line 029999") and tail[1] == "the end" and tail[2].startswith("=== gpuq: exit 0")
     dropped = int(text.split("log cut here (--max-log-size):")[1].split("bytes")[0])
     assert dropped + len(text.encode()) > 30000 * 52  # what was left out plus what is there: everything
-    assert json.loads(gq.gpuq("show", str(job_id)).stdout)["max_log_bytes"] == cap
+    assert json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)["max_log_bytes"] == cap
 
 
 def test_the_room_of_a_long_job_outlives_the_tmp_cleaner(gq: Env) -> None:
