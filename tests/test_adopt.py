@@ -73,7 +73,7 @@ def test_adopt_a_real_process_and_a_job_after_it(gq, outside) -> None:
     out = gq.gpuq("adopt", str(proc.pid), "--name", "by hand", "--log", str(log)).stdout
     assert "adopted" in out
     job_id = int(out.split("#")[1].split(":")[0])
-    job = json.loads(gq.gpuq("show", str(job_id)).stdout)
+    job = json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)
     assert job["state"] == "running" and job["adopted"] is True
     assert job["cmd"] == [sys.executable, str(script), "lr 0.1 with spaces", str(release)]
     assert job["cwd"] == str(project)
@@ -190,7 +190,7 @@ def test_an_adopted_training_whose_checkpoint_does_not_move_counts_from_its_real
     wait_for(state.exists, 10, what="the checkpoint")
     out = gq.gpuq("adopt", str(proc.pid)).stdout
     job_id = int(out.split("#")[1].split(":")[0])
-    started = json.loads(gq.gpuq("show", str(job_id)).stdout)["started_at"]
+    started = json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)["started_at"]
     from gpuq.core.times import parse_iso
 
     born = parse_iso(started)

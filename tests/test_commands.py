@@ -80,7 +80,7 @@ def test_clear_removes_finished_keeps_interrupted_and_needed(gq: Env) -> None:
     gq.gpuq("run")
     waiting = gq.add("--after", str(needed), "--after", str(failed), "ok.py")
     out = gq.gpuq("clear").stdout
-    assert "removed 2 finished job(s)" in out
+    assert "removed 2 finished jobs" in out
     assert out.splitlines()[1] == f"kept (waiting jobs depend on them): #{failed}, #{needed}"
     assert gq.state_of(done) is None and gq.state_of(cancelled) is None
     assert gq.state_of(needed) == "done" and gq.state_of(waiting) == "pending"
@@ -118,7 +118,7 @@ def test_log_and_show(gq: Env) -> None:
     out = gq.gpuq("log", str(job_id), "-n", "3").stdout.splitlines()
     assert out[0] == "line 98" and out[1] == "line 99" and out[2].startswith("=== gpuq: exit 0")
     assert gq.gpuq("logs", str(job_id), "-n", "1").stdout.startswith("=== gpuq: exit 0")
-    shown = json.loads(gq.gpuq("show", str(job_id)).stdout)
+    shown = json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)
     assert shown["state"] == "done" and shown["id"] == job_id
 
 
@@ -213,6 +213,6 @@ def test_ids_are_never_given_out_twice_even_after_clear_and_a_lost_counter(gq: E
     gq.script("t.py", "")
     first = [gq.add("t.py") for _ in range(3)]
     gq.gpuq("cancel", *map(str, first))
-    assert "removed 3 finished job(s)" in gq.gpuq("clear").stdout
+    assert "removed 3 finished jobs" in gq.gpuq("clear").stdout
     (gq.home / "next_id").unlink()  # lost: the tree holds no job to rebuild it from
     assert gq.add("t.py") == first[-1] + 1

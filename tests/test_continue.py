@@ -75,7 +75,7 @@ def test_recover_after_a_reboot_continues_from_its_newest_complete_checkpoint(gq
     assert "Resumed from step 30" in gq.log(job_id)
     history = gq.job(job_id)["history"]
     assert history[-1]["resumed_from"].endswith("checkpoint-30") and history[-1]["lost_steps"] >= 7
-    assert json.loads(gq.gpuq("show", str(job_id)).stdout)["resumed_from"].endswith("checkpoint-30")
+    assert json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)["resumed_from"].endswith("checkpoint-30")
 
 
 def test_retry_of_a_crashed_job_continues_and_from_scratch_does_not(gq: Env) -> None:

@@ -78,7 +78,7 @@ def test_job_and_supervisor_killed_is_interrupted_then_recovered(gq: Env) -> Non
     listing = gq.gpuq("recover")  # stdin is not a terminal: it only says what it would do
     assert f"#{train}" in listing.stdout and "would re-queue 1" in listing.stdout
     assert gq.state_of(train) == "interrupted"
-    assert "Re-queued 1 job(s)" in gq.gpuq("recover", "--all").stdout
+    assert "Re-queued 1 job." in gq.gpuq("recover", "--all").stdout
     gq.gpuq("run", timeout=60)
     final = gq.job(train)
     assert final["state"] == "done" and final["id"] == train

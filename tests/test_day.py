@@ -180,9 +180,8 @@ def test_show_keeps_the_inherited_environment_for_when_it_is_asked(gq: Env) -> N
     job_id = gq.add("-e", "LR=3e-4", "t.py")
     env = dict(gq.env, SECRET_TOKEN="hunter2")
     shown = subprocess.run([sys.executable, "-m", "gpuq", "show", str(job_id)], env=env, capture_output=True, text=True)
-    assert "hunter2" not in shown.stdout and json.loads(shown.stdout)["env"] == {"LR": "3e-4"}
-    inherited = json.loads(shown.stdout)["shell_env"]
-    assert inherited.endswith(f"variables inherited from the shell (gpuq show {job_id} --env)")
+    assert "hunter2" not in shown.stdout and "LR=3e-4" in shown.stdout
+    assert f"variables inherited from the shell (`gpuq show {job_id} --env` lists them)" in shown.stdout
     listed = json.loads(gq.gpuq("show", str(job_id), "--env").stdout)
     assert listed["env"] == {"LR": "3e-4"} and listed["shell_env"]["GPUQ_HOME"] == str(gq.home)
     assert isinstance(json.loads(gq.gpuq("show", str(job_id), "--json").stdout)["shell_env"], dict)

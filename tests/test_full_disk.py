@@ -121,7 +121,7 @@ def test_cancel_and_clear_work_on_a_full_disk_where_no_worker_ever_ran(gq_full: 
     assert gq.state_of(second) == "cancelled" and cancelled["note"] == "cancelled by user"
     assert (gq.home / "reserve").exists()  # what the cancel did not need is kept as a (smaller) room
     out = gq.gpuq("clear").stdout
-    assert "removed 1 finished job(s)" in out and gq.state_of(second) is None
+    assert "removed 1 finished job," in out and gq.state_of(second) is None
     left = {name: (gq.home / "pending" / name).read_bytes() for name in gq.files("pending")}
     assert left == {name: data for name, data in queued.items() if not name.startswith(f"{second:06d}-")}
     assert [gq.state_of(i) for i in (first, third)] == ["pending", "pending"]
@@ -137,7 +137,7 @@ def test_clear_needs_no_room_at_all(gq_full: Env) -> None:
     (gq.home / "reserve").unlink(missing_ok=True)
     fill_up(gq.work)
     out = gq.gpuq("clear").stdout
-    assert "removed 1 finished job(s)" in out and gq.state_of(job_id) is None
+    assert "removed 1 finished job," in out and gq.state_of(job_id) is None
     assert not os.listdir(gq.home / "locks")
 
 
@@ -255,7 +255,7 @@ def test_a_capped_log_keeps_its_head_and_newest_tail(gq: Env) -> None:
     assert tail[0].startswith("line 029999") and tail[1] == "the end" and tail[2].startswith("=== gpuq: exit 0")
     dropped = int(text.split("log cut here (--max-log-size):")[1].split("bytes")[0])
     assert dropped + len(text.encode()) > 30000 * 52  # what was left out plus what is there: everything
-    assert json.loads(gq.gpuq("show", str(job_id)).stdout)["max_log_bytes"] == cap
+    assert json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)["max_log_bytes"] == cap
 
 
 def test_the_room_of_a_long_job_outlives_the_tmp_cleaner(gq: Env) -> None:

@@ -215,7 +215,7 @@ def test_resumed_job_gets_the_right_eta_from_its_first_samples(gq) -> None:
     row = running_row(gq, job_id, lambda r: r["eta_seconds"] is not None and r["progress"] > 0.6)
     step = row["progress"] * 300
     nominal = (300 - step) / 10  # it runs 10 steps per second
-    started = json.loads(gq.gpuq("show", str(job_id)).stdout)["started_at"]
+    started = json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)["started_at"]
     from gpuq.core.times import parse_iso
 
     elapsed = time.time() - parse_iso(started)

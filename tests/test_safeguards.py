@@ -105,6 +105,7 @@ def test_wait_returns_when_the_jobs_end_with_the_right_exit_code(gq: Env) -> Non
     gq.script("bad.py", "raise SystemExit(4)\n")
     ok = gq.add("ok.py")
     gq.start_worker("--watch")
+    wait_for(lambda: "worker: running" in gq.gpuq("status").stdout, 15, what="the worker")  # else: nothing will run
     started = time.monotonic()
     assert gq.gpuq("wait", str(ok)).returncode == 0
     assert gq.state_of(ok) == "done" and time.monotonic() - started < 30

@@ -33,7 +33,7 @@ def test_a_sweep_queues_one_job_per_combination(gq: Env) -> None:
     folded = gq.gpuq("status").stdout
     assert f"sweep #{ids[0]} work/train" in folded and "0 done, 0 running, 6 waiting, 0 failed" in folded
     assert "lr=3e-4 seed=1" not in folded and "lr=3e-4 seed=1" in gq.gpuq("status", "-a").stdout
-    members = json.loads(gq.gpuq("show", str(ids[2])).stdout)["sweep_jobs"]
+    members = json.loads(gq.gpuq("show", "--json", str(ids[2])).stdout)["sweep_jobs"]
     assert [m["id"] for m in members] == ids
 
     gq.script("eval.py", "print('evaluated')\n")

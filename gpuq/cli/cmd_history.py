@@ -11,6 +11,7 @@ from gpuq.cli.common import spool
 from gpuq.core.errors import UsageError
 from gpuq.core.states import DONE, FAILED, PREEMPTED
 from gpuq.core.times import duration
+from gpuq.core.words import plural
 from gpuq.engine.views import history
 
 
@@ -29,7 +30,7 @@ def cmd_history(args: argparse.Namespace) -> int:
             plot(chosen, args.plot)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        print(f"wrote {args.plot}: {len(chosen)} run(s)")
+        print(f"wrote {args.plot}: {plural(len(chosen), 'run')}")
         return 0
     groups = history.summarize(pairs, since, args.by)
     if args.json:
@@ -64,4 +65,4 @@ def _table(groups: list, by: str) -> str:
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "─" * len(lines[0]))
     total = sum(g.gpu_hours for g in groups)
-    return "\n".join(lines + [f"total: {sum(g.runs for g in groups)} runs, {total:.2f} GPU-hours"])
+    return "\n".join(lines + [f"total: {plural(sum(g.runs for g in groups), 'run')}, {total:.2f} GPU-hours"])

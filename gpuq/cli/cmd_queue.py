@@ -8,6 +8,7 @@ import sys
 from gpuq.cli.common import each_id, job_ids, spool
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import INTERRUPTED, RUNNING
+from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import enqueue
 from gpuq.system import procs
 
@@ -41,7 +42,18 @@ def cmd_add(args: argparse.Namespace) -> int:
         print(f"[+] Job #{job.id}: {job.name}{after}{'  (held)' if args.hold else ''}")
     if outlook:
         print(f"    {enqueue.urgent_outlook(published[0][1], running)}")
+    if not args.quiet and not args.hold and not sp.workers.live():
+        _say_no_worker([job.id for _ref, job in published])
     return 0
+
+
+def _say_no_worker(ids: list[int]) -> None:
+    """The line `gpuq add` says on stderr when no worker is running to start what it queued."""
+    waits = "waits" if len(ids) == 1 else "wait"
+    print(
+        f"gpuq add: no worker is running; {ids_text(ids)} {waits} for `gpuq run --daemon` (or `gpuq service install`)",
+        file=sys.stderr,
+    )
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -167,9 +179,9 @@ def cmd_clear(args: argparse.Namespace) -> int:
     report = actions.clear(spool(), logs_only=args.logs)
     freed = f"{report.freed_bytes / (1 << 20):.1f} MiB"
     if args.logs:
-        print(f"dropped the logs of {len(report.logs_dropped)} finished job(s), freeing {freed}")
+        print(f"dropped the logs of {plural(len(report.logs_dropped), 'finished job')}, freeing {freed}")
         return 0
-    print(f"removed {len(report.removed)} finished job(s), freeing {freed}")
+    print(f"removed {plural(len(report.removed), 'finished job')}, freeing {freed}")
     if report.kept_for_dependents:
         print("kept (waiting jobs depend on them): " + ", ".join(f"#{i}" for i in sorted(report.kept_for_dependents)))
     return 0
@@ -182,7 +194,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     if args.all or args.jobs:
         ids = job_ids(args.jobs) if args.jobs else [job.id for job in actions.interrupted(sp)]
         back, code = _recover(sp, ids, args.from_scratch, say=True)
-        print(f"Re-queued {back} job(s)." + (" Run `gpuq run` to execute." if back else ""))
+        print(f"Re-queued {plural(back, 'job')}." + (" Run `gpuq run` to execute." if back else ""))
         return code
     plans = actions.recovery_plans(sp, args.from_scratch)
     if not plans:
@@ -192,12 +204,13 @@ def cmd_recover(args: argparse.Namespace) -> int:
         print(f"  #{job.id} {job.name}: {how.text()}  ({job.note or INTERRUPTED})")
     if not sys.stdin.isatty():
         flag = " --from-scratch" if args.from_scratch else ""
-        print(f"would re-queue {len(plans)} job(s); run `gpuq recover --all{flag}` (or --jobs ID...) to do it")
+        print(f"would re-queue {plural(len(plans), 'job')}; run `gpuq recover --all{flag}` (or --jobs ID...) to do it")
         return 0
-    if input(f"Re-queue these {len(plans)} job(s)? [y/N] ").strip().lower() not in ("y", "yes"):
+    these = "this job" if len(plans) == 1 else f"these {len(plans)} jobs"
+    if input(f"Re-queue {these}? [y/N] ").strip().lower() not in ("y", "yes"):
         return 0
     back, code = _recover(sp, [job.id for job, _how in plans], args.from_scratch, say=False)
-    print(f"Re-queued {back} job(s).")
+    print(f"Re-queued {plural(back, 'job')}.")
     return code
 
 

@@ -8,14 +8,14 @@ import time
 from gpuq.cli import render
 from gpuq.cli.common import spool
 from gpuq.core import jsontext
-from gpuq.core.states import ACTIVE, PENDING, RUNNING
+from gpuq.core.states import ACTIVE, CANCELLED, HELD, PENDING, RUNNING
 from gpuq.engine.views.status import Row, status
 from gpuq.system import security
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
     import argparse
-    from typing import Any
+    from typing import Any, Optional
 
 JSON_FIELDS = (
     "id",
@@ -172,9 +172,23 @@ def cmd_eta(args: argparse.Namespace) -> int:
 
 def cmd_log(args: argparse.Namespace) -> int:
     from gpuq.engine.lifecycle import actions
+    from gpuq.engine.views.card import not_started
 
     sp = spool()
-    _ref, job = actions.get(sp, args.id)
+    ref, job = actions.get(sp, args.id)
+    why = not_started(sp, ref, job)
+    if why is not None:  # said on stderr: the log itself (stdout) is empty
+        if ref.state == CANCELLED:
+            print(f"#{job.id} never started ({why})", file=sys.stderr)
+            return 0
+        if not args.follow:
+            print(f"#{job.id} has not started yet ({why})", file=sys.stderr)
+            return 0
+        print(f"waiting for #{job.id} to start ({why})...", file=sys.stderr, flush=True)
+        job = _await_start(sp, job)
+        if job is not None:
+            _follow(sp, job, offset=0)
+        return 0
     for line in sp.logs.tail_lines(job, args.lines):
         print(line)
     if args.follow:
@@ -185,9 +199,26 @@ def cmd_log(args: argparse.Namespace) -> int:
 FOLLOW_POLL_SECONDS = 0.2  # a log has no event to wait on that works everywhere
 
 
-def _follow(sp: Any, job: dict[str, Any]) -> None:
-    """`gpuq log -f`: print the log as it grows until its job stops running."""
-    offset = sp.logs.size(job)
+def _await_start(sp: Any, job: dict[str, Any]) -> Any:
+    """`gpuq log -f` of a job that has not started: the job once it has (or has written to its
+    log); None, said on stderr, if it was cancelled first."""
+    from gpuq.engine.lifecycle import actions
+    from gpuq.engine.views.card import not_started
+
+    while sp.jobs.find(job.id, (PENDING, HELD)) is not None and not sp.logs.size(job):
+        time.sleep(FOLLOW_POLL_SECONDS)
+    ref, job = actions.get(sp, job.id)
+    why = not_started(sp, ref, job)
+    if why is not None:  # cancelled while it waited
+        print(f"#{job.id} never started ({why})", file=sys.stderr)
+        return None
+    return job
+
+
+def _follow(sp: Any, job: dict[str, Any], offset: Optional[int] = None) -> None:
+    """`gpuq log -f`: print the log as it grows (from `offset`, else its end) until its job
+    stops running."""
+    offset = sp.logs.size(job) if offset is None else offset
     while True:
         running = sp.jobs.find(job.id, ACTIVE) is not None
         chunk = sp.logs.read_from(job, offset)
@@ -202,21 +233,27 @@ def _follow(sp: Any, job: dict[str, Any]) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    """The job's file and state. The environment inherited from the shell that queued it (tens of
-    variables, tokens included) is summed up unless asked for: --env lists it, --json is the file."""
+    """What a person asks about the job, one labelled line each (engine/views/card.py). The
+    environment inherited from the shell that queued it (tens of variables, tokens included) is
+    only counted: --env lists it; --json is the file as it is, with its state."""
     from gpuq.engine.lifecycle import actions
 
     sp = spool()
     ref, job = actions.get(sp, args.id)
-    shown = dict(job, state=ref.state, file=ref.name)
-    if isinstance(job.sweep, dict):
-        shown["sweep_jobs"] = actions.sweep_jobs(sp, job.sweep["id"])
-    inherited = job.shell_env
     if args.env:
-        shown = {"env": job.env, "shell_env": inherited}
-    elif not args.json and inherited is not None:
-        shown["shell_env"] = f"{len(inherited)} variables inherited from the shell (gpuq show {job.id} --env)"
-    print(jsontext.dumps(shown, indent=2, ensure_ascii=False))
+        print(jsontext.dumps({"env": job.env, "shell_env": job.shell_env}, indent=2, ensure_ascii=False))
+    elif args.json:
+        shown = dict(job, state=ref.state, file=ref.name)
+        if isinstance(job.sweep, dict):
+            shown["sweep_jobs"] = actions.sweep_jobs(sp, job.sweep["id"])
+        print(jsontext.dumps(shown, indent=2, ensure_ascii=False))
+    else:
+        from gpuq.engine.views.card import card
+
+        lines = card(sp, ref, job)
+        width = max(len(label) for label, _text in lines)
+        print(f"#{job.id} {job.name}")
+        print("\n".join(f"  {label.ljust(width)}  {text}" for label, text in lines))
     return 0
 
 

@@ -11,7 +11,8 @@ from typing import Any
 from gpuq.cli.commands import RUN
 from gpuq.cli.common import spool
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.states import DONE, PENDING, RUNNING
+from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
+from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import actions
 
 RUN_NEEDS = ("psutil", "watchdog")  # what the worker and the supervisors import
@@ -104,7 +105,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
             print(f"worker {info.get('pid')}: starting nothing new; it exits once its running jobs have ended")
         return 0
     stopped = actions.stop_workers(sp)
-    print(f"stopped worker(s): {', '.join(str(w.get('pid')) for w in stopped)}" if stopped else "no worker was running")
+    pids = ", ".join(str(w.get("pid")) for w in stopped)
+    print(f"stopped worker{'s' if len(stopped) > 1 else ''} {pids}" if stopped else "no worker was running")
     running = actions.jobs_in(sp, (RUNNING,))
     if args.kill_jobs:
         for job in running:
@@ -120,21 +122,40 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    """Exit 0 once every job waited for is done; 1 (naming the others) when any is not."""
+    """Exit 0 once every job waited for is done; 1 (naming the others) when any is not, or at
+    once when the jobs left are pending and no worker is running to start them."""
     sp = spool()
     ids = sorted({i for group in args.ids for i in group}) or actions.queued_now(sp)
     if not ids:
         print("nothing queued or running")
         return 0
-    index = sp.jobs.index()
-    waiting = any(ref.state == PENDING for i in ids for ref in index.get(i, []))
-    if waiting and not sp.workers.live():
-        print("gpuq wait: no worker is running (`gpuq run --daemon`); waiting for one", file=sys.stderr)
+    _note_no_worker(sp, ids)
     waited = actions.wait_for(sp, ids, args.timeout)
     for job_id, (state, why) in sorted(waited.ends.items()):
-        if state != DONE:
+        if state != DONE and job_id not in waited.stranded:
             print(f"#{job_id} {state}" + (f": {why}" if why else ""))
+    if waited.stranded:
+        waits = "waits" if len(waited.stranded) == 1 else "wait"
+        print(
+            f"gpuq wait: nothing will run: no worker is running; {ids_text(waited.stranded)} {waits} "
+            "for `gpuq run --daemon`",
+            file=sys.stderr,
+        )
+        return 1
     if waited.all_done:
-        print(f"all {len(ids)} job(s) done")
+        print(f"{'all ' if len(ids) > 1 else ''}{plural(len(ids), 'job')} done")
         return 0
     return 1
+
+
+def _note_no_worker(sp: Any, ids: list[int]) -> None:
+    """Before waiting for running jobs: say on stderr that the pending ones among `ids` will not
+    start after them unless a worker comes (wait_for stops once only those are left)."""
+    states = {i: refs[-1].state for i, refs in sp.jobs.index().items() if i in set(ids)}
+    pending = [i for i, state in states.items() if state == PENDING]
+    if pending and any(state in (RUNNING, SLURM) for state in states.values()) and not sp.workers.live():
+        print(
+            f"gpuq wait: no worker is running; {ids_text(pending)} will not start unless one does "
+            "(`gpuq run --daemon`); waiting for the running ones",
+            file=sys.stderr,
+        )

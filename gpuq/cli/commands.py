@@ -232,13 +232,13 @@ COMMANDS = (
         options=(
             Opt("id", convert=positive_id),
             Opt("-n", "--lines", convert=int, default=40, help="last N lines (default 40)"),
-            Opt("-f", "--follow", kind=FLAG, help="keep printing while the job runs"),
+            Opt("-f", "--follow", kind=FLAG, help="keep printing while the job runs (waiting for it to start first)"),
         ),
     ),
     Command(
         "show",
         handler="cmd_view:cmd_show",
-        help="everything about one job (JSON)",
+        help="one job: command, state and why, times, outcome, GPUs, dependencies (--json: its file)",
         options=(
             Opt("id", convert=positive_id),
             Opt("--env", kind=FLAG, group="what", help="the job's environment, as inherited from the shell"),

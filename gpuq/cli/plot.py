@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 
 from gpuq.core.errors import GpuqError
 from gpuq.core.states import PREEMPTED, TABLE
+from gpuq.core.words import plural
 from gpuq.engine.views.history import PastRun
 
 FORMATS = (".png", ".svg")
@@ -74,7 +75,7 @@ def _label(lane: str) -> str:
 
 def _default_title(runs: Sequence[PastRun]) -> str:
     hours = sum(run.gpu_hours for run in runs)
-    return f"gpuq history: {len(runs)} runs, {hours:.1f} GPU-hours"
+    return f"gpuq history: {plural(len(runs), 'run')}, {hours:.1f} GPU-hours"
 
 
 def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mdates: Any) -> None:

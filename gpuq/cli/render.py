@@ -12,6 +12,7 @@ from gpuq.core import schema
 from gpuq.core.job import Job
 from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, PENDING, RUNNING, SLURM, TABLE
 from gpuq.core.times import duration, parse_iso
+from gpuq.core.words import plural
 
 NOTE_SHOWN = tuple(state.name for state in TABLE if state.shows_note)  # the states whose Info ends with the note
 
@@ -181,7 +182,7 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
         if job.retries:
             parts.append(f"attempt {job.attempts}/{job.retries + 1}")
         if job.resumed_from:
-            lost = f", lost {job.lost_steps} steps" if job.lost_steps is not None else ""
+            lost = f", lost {plural(job.lost_steps, 'step')}" if job.lost_steps is not None else ""
             parts.append(f"from {job.resumed_from.rstrip('/').rsplit('/', 1)[-1]}{lost}")
     elif state == PENDING:
         if wait is not None:

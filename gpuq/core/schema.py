@@ -225,8 +225,9 @@ def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
     """Check a hand-written job (`{"cmd": ...}` plus optional fields) and return its clean fields."""
     unknown = sorted(set(obj) - DROPPED_FIELDS)
     if unknown:
+        fields = "field" if len(unknown) == 1 else "fields"
         raise InvalidJob(
-            f"unknown field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(DROPPED_FIELDS))}"
+            f"unknown {fields} {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(DROPPED_FIELDS))}"
         )
     if "cmd" not in obj:
         raise InvalidJob("missing 'cmd' (a list of strings or a shell-like string)")

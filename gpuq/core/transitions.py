@@ -22,6 +22,7 @@ from gpuq.core import states
 from gpuq.core.job import Job
 from gpuq.core.resume_arg import resume_argv
 from gpuq.core.times import now_iso
+from gpuq.core.words import plural
 
 Changes = dict[str, Any]
 
@@ -46,7 +47,7 @@ class Continuation(NamedTuple):
 
     def text(self) -> str:
         """`continues from checkpoint-9000 (lost 212 steps)`, or how it starts over."""
-        lost = f" (lost {self.lost} steps)" if self.lost is not None else ""
+        lost = f" (lost {plural(self.lost, 'step')})" if self.lost is not None else ""
         if self.checkpoint:
             return f"continues from {os.path.basename(self.checkpoint.rstrip('/'))}{lost}"
         return (
@@ -270,7 +271,7 @@ def describe_preemption(record: dict[str, Any]) -> str:
     where = f"checkpoint {record['checkpoint']}" if record.get("checkpoint") else "no complete checkpoint found"
     text = f"preempted by {record.get('by', 'user')}; {where}"
     if record.get("lost_steps") is not None:
-        text += f"; lost {record['lost_steps']} steps: last progress {record['last_step']}"
+        text += f"; lost {plural(record['lost_steps'], 'step')}: last progress {record['last_step']}"
         text += f", checkpoint {record['checkpoint_step'] or 0}"
     return text
 

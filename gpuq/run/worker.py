@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 from gpuq.core import schema
 from gpuq.core.job import Job
 from gpuq.core.states import DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED, RUNNING
+from gpuq.core.words import plural
 from gpuq.engine.lifecycle import actions, intake, repairs
 from gpuq.engine.lifecycle.preempt import UrgentPreemptions, resume_auto
 from gpuq.engine.schedule import gpuview, placement, scheduler, victims
@@ -423,7 +424,8 @@ class Worker:
         blocked = [(j, reasons[j.id]) for j in snap.pending]
         if not blocked:
             return ["queue empty; worker exits"]
-        lines = [f"nothing more can start; {len(blocked)} job(s) wait for something only you can change:"]
+        waits = "waits" if len(blocked) == 1 else "wait"
+        lines = [f"nothing more can start; {plural(len(blocked), 'job')} {waits} for something only you can change:"]
         for job, wait in blocked:
             lines.append(f"  #{job.id} {job.name}: {wait.reason if wait else 'waiting'}")
         return lines

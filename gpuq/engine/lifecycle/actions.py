@@ -263,9 +263,11 @@ def drain_workers(spool: Spool) -> list[dict[str, Any]]:
 
 @dataclass
 class Waited:
-    """How the jobs `gpuq wait` waited for ended: id -> (state, why it is not done, or None)."""
+    """How the jobs `gpuq wait` waited for ended: id -> (state, why it is not done, or None).
+    `stranded`: the pending jobs it stopped waiting for because no worker is running to start them."""
 
     ends: dict[int, tuple[str, Optional[str]]] = field(default_factory=dict)
+    stranded: list[int] = field(default_factory=list)
 
     @property
     def all_done(self) -> bool:
@@ -279,7 +281,9 @@ def queued_now(spool: Spool) -> list[int]:
 
 def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll: float = 0.5) -> Waited:
     """Block until each job has ended (or can no longer start without a person: failed
-    dependency, held, preempted, interrupted) or `timeout` passes. Refused for an unknown id."""
+    dependency, held, preempted, interrupted) or `timeout` passes. Refused for an unknown id.
+    While a job waited for runs (its supervisor goes on without a worker), wait; once every job
+    left is pending and no worker is running, nothing will start them: stop (`stranded`)."""
     index = spool.jobs.index()
     unknown = [i for i in ids if i not in index]
     if unknown:
@@ -302,6 +306,10 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
                 out.ends[job_id] = (state, f"blocked: {wait.reason}")
         left -= set(out.ends)
         if not left:
+            return out
+        if all(snap.states.get(i) == PENDING for i in left) and not spool.workers.live():
+            out.stranded = sorted(left)
+            out.ends.update((job_id, (PENDING, "no worker is running")) for job_id in left)
             return out
         if deadline is not None and time.monotonic() > deadline:
             for job_id in left:

@@ -1,0 +1,26 @@
+"""Counts and job ids as a sentence says them: "1 step", "3 steps", "#3, #4", "#12-#15"."""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Iterable, Optional
+
+
+def plural(count: int, word: str, many: Optional[str] = None) -> str:
+    """`1 step`, `0 steps`, `3 steps`; `many` for a word whose plural is not word + "s"."""
+    return f"{count} {word if count == 1 else many or word + 's'}"
+
+
+def ids_text(ids: Iterable[int]) -> str:
+    """`#3`, `#3, #5`, `#12-#15` (a run of three or more consecutive ids, as a sweep's are)."""
+    runs: list[list[int]] = []
+    for job_id in sorted(set(ids)):
+        if runs and job_id == runs[-1][-1] + 1:
+            runs[-1].append(job_id)
+        else:
+            runs.append([job_id])
+    parts = []
+    for run in runs:
+        parts += [f"#{run[0]}-#{run[-1]}"] if len(run) > 2 else [f"#{i}" for i in run]
+    return ", ".join(parts)

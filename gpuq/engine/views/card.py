@@ -1,0 +1,236 @@
+"""What `gpuq show ID` and `gpuq log ID` tell a person about one job.
+
+A job file holds some 60 fields, most of them empty or for gpuq itself; `show` gives the ones a
+person asks about (what runs where, its state and why, its times and outcome, checkpoints, GPUs,
+dependencies, attempts, limits, sweep, code and log), each as a label and one line of text, and
+leaves out what is empty. `--json` is the file as it is (cli/cmd_view.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from typing import Any, Optional
+
+from gpuq.core.states import CANCELLED, HELD, PENDING, RUNNING, SLURM, SOURCE_ADOPT, SOURCE_CLI
+from gpuq.core.times import duration, parse_iso
+from gpuq.core.timespec import format_duration
+from gpuq.core.transitions import describe_preemption
+from gpuq.core.words import plural
+from gpuq.engine.lifecycle.actions import sweep_jobs
+from gpuq.engine.schedule import scheduler
+from gpuq.engine.schedule.queue_read import read_queue
+from gpuq.engine.views.status import gpu_waits, space_waits
+from gpuq.spool import JobRef, Spool
+from gpuq.system.gpu_presence import may_have_gpus
+from gpuq.system.gpus import mib_text
+
+Line = tuple[str, str]  # (label, text)
+
+# How the interpreter was found (the job's `interpreter_from`), as the card says it
+FOUND_BY = {"python3": "python3 on PATH"}
+
+
+def card(spool: Spool, ref: JobRef, job: Any, now: Optional[float] = None) -> list[Line]:
+    """The lines of `gpuq show`, in the order a person reads them; an empty field has none."""
+    now = time.time() if now is None else now
+    lines = [
+        *_what_runs(job),
+        *_state(spool, ref.state, job),
+        *_times(ref.state, job, now),
+        *_outcome(job),
+        *_checkpoints(job),
+        *_gpus(job),
+        *_dependencies(spool, job),
+        *_attempts(job),
+        *_limits(job),
+        *_sweep(spool, job),
+        *_provenance(job),
+        ("log", spool.logs.path_of(job)),
+    ]
+    return [(label, text) for label, text in lines if text]
+
+
+def not_started(spool: Spool, ref: JobRef, job: Any) -> Optional[str]:
+    """Why `gpuq log` has nothing to show for a job that never ran (pending, held, or cancelled
+    before it started, with an empty log): `pending: after #3 (running)`, `held: ...` or
+    `cancelled before it ran`; None for a job that has run or has a log."""
+    if ref.state not in (PENDING, HELD, CANCELLED) or spool.logs.size(job) or job.started_at:
+        return None
+    if ref.state == CANCELLED:
+        return "cancelled before it ran"
+    return f"{ref.state}: {_why_waiting(spool, ref.state, job)}"
+
+
+def _why_waiting(spool: Spool, state: str, job: Any) -> str:
+    """Why a pending or held job has not started, as `gpuq status` says it."""
+    if state == HELD:
+        return f"`gpuq release {job.id}` puts it back in line"
+    snap, _ = read_queue(spool)
+    extra = {**space_waits(spool, snap), **gpu_waits(spool.workers.gpu_views())}
+    wait = scheduler.waiting_reasons(snap, extra).get(job.id)
+    if wait is not None:
+        return ("blocked: " if wait.forever else "") + wait.reason
+    if not spool.workers.live():
+        return "no worker is running; `gpuq run --daemon` starts one"
+    return "next in line for a worker"
+
+
+def _what_runs(job: Any) -> list[Line]:
+    how = job.get("interpreter_from")
+    python = job.cmd[0] if how or _runs_python(job.cmd) else ""
+    found = f" (from {FOUND_BY.get(how, how)})" if how else ""
+    inherited = job.shell_env
+    return [
+        ("command", shlex.join(job.cmd)),
+        ("directory", job.cwd),
+        ("python", python and python + found),
+        ("venv", job.venv or ""),
+        ("conda", job.get("conda") or ""),
+        ("env", " ".join(f"{k}={shlex.quote(v)}" for k, v in job.env.items())),
+        ("shell env", inherited is not None and _inherited(job.id, len(inherited)) or ""),
+    ]
+
+
+def _runs_python(cmd: list[str]) -> bool:
+    return len(cmd) > 1 and cmd[1].endswith(".py") and os.path.basename(cmd[0]).startswith("python")
+
+
+def _inherited(job_id: int, count: int) -> str:
+    return f"{plural(count, 'variable')} inherited from the shell (`gpuq show {job_id} --env` lists them)"
+
+
+def _state(spool: Spool, state: str, job: Any) -> list[Line]:
+    why = ""
+    if state == HELD and job.note:
+        why = job.note  # `gpuq hold` says how it is released
+    elif state in (PENDING, HELD):
+        why = _why_waiting(spool, state, job)
+    elif state == RUNNING:
+        where = f"GPU {job.slot}" if job.slot is not None else ("CPU" if job.gpus == [] else "")
+        why = ", ".join(
+            p for p in (f"pid {job.pid}" if job.pid else "starting", where, f"on {job.host}" if job.host else "") if p
+        )
+    elif state == SLURM and isinstance(job.slurm, dict):
+        why = f"Slurm job {job.slurm.get('job_id') or '(being submitted)'}: {job.slurm.get('state')}"
+    flags = [f"priority {job.priority}" if job.priority else "", "urgent" if job.urgent else ""]
+    shown = state + (f": {why}" if why else "")
+    note = job.note if job.note != why else ""
+    return [("state", shown), ("note", note or ""), ("flags", ", ".join(f for f in flags if f))]
+
+
+def _clock(iso: Optional[str]) -> str:
+    when = parse_iso(iso)
+    return "" if when is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+
+
+def _times(state: str, job: Any, now: float) -> list[Line]:
+    queued, started, finished = (parse_iso(t) for t in (job.created_at, job.started_at, job.finished_at))
+    first = job.attempts <= 1 and len(job.history) <= 1  # a later attempt's start says nothing of the queue
+    waited = f" (after {duration(started - queued)} in the queue)" if started and queued and first else ""
+    ran = ""
+    if started and finished and finished >= started:
+        ran = duration(finished - started)
+    elif started and state == RUNNING:
+        ran = duration(now - started) + " so far"
+    return [
+        ("queued", _clock(job.created_at)),
+        ("started", _clock(job.started_at) and _clock(job.started_at) + waited),
+        ("finished", _clock(job.finished_at)),
+        ("ran for", ran),
+    ]
+
+
+def _outcome(job: Any) -> list[Line]:
+    code = "" if job.exit_code is None else str(job.exit_code) + (f" ({job.signal})" if job.signal else "")
+    previous = "" if job.previous_exit_code is None else str(job.previous_exit_code)
+    return [("exit code", code), ("failed because", job.reason or ""), ("previous exit", previous)]
+
+
+def _checkpoints(job: Any) -> list[Line]:
+    resumed = ""
+    if job.resumed_from:
+        step = f" (step {job.resumed_from_step})" if job.resumed_from_step is not None else ""
+        lost = f", lost {plural(job.lost_steps, 'step')}" if job.lost_steps is not None else ""
+        resumed = f"{job.resumed_from}{step}{lost}"
+    how = "; ".join(
+        p
+        for p in (
+            "preemptible" if job.preemptible else "",
+            "every attempt starts over (--no-resume)" if job.no_resume else "",
+            f"checkpoints {job.ckpt_glob}" if job.ckpt_glob else "",
+            f"resumes with {job.resume_arg}" if job.resume_arg else "",
+        )
+        if p
+    )
+    return [("checkpoint", job.checkpoint or ""), ("resumes from", resumed), ("resume", how)]
+
+
+def _gpus(job: Any) -> list[Line]:
+    if job.gpu_request == 0:
+        return [("GPUs", "none (a CPU job)")]
+    if job.gpu_request == 1 and not job.gpu_mem_mib and not job.gpus and not may_have_gpus():
+        return []  # the default, on a machine without GPUs: it runs in the one slot there is
+    asked = plural(job.gpu_request, "GPU") + (f", {mib_text(job.gpu_mem_mib)} each" if job.gpu_mem_mib else "")
+    held = f"; holds GPU {', '.join(map(str, job.gpus))}" if job.gpus else ""
+    return [("GPUs", asked + held)]
+
+
+def _dependencies(spool: Spool, job: Any) -> list[Line]:
+    if not (job.after or job.after_any):
+        return []
+    index = spool.jobs.index()
+
+    def listed(ids: list[int]) -> str:
+        return ", ".join(f"#{i} ({index[i][-1].state if i in index else 'gone'})" for i in ids)
+
+    return [("after", listed(job.after)), ("after any", listed(job.after_any))]
+
+
+def _attempts(job: Any) -> list[Line]:
+    attempts = ""
+    if job.attempts > 1 or job.retries:
+        attempts = str(job.attempts) + (
+            f" of at most {job.retries + 1} (--retries {job.retries})" if job.retries else ""
+        )
+    runs = len(job.history)
+    earlier = f"{plural(runs, 'run')} in all, counting earlier ones" if runs > job.attempts else ""
+    preempted = ""
+    if job.preemptions:
+        preempted = f"{plural(len(job.preemptions), 'time')}; last: {describe_preemption(job.preemptions[-1])}"
+    return [("attempts", attempts), ("history", earlier), ("preemptions", preempted)]
+
+
+def _limits(job: Any) -> list[Line]:
+    limit = format_duration(job.time_limit) if job.time_limit else ""
+    return [("time limit", limit), ("begins", _clock(job.begin_at))]
+
+
+def _sweep(spool: Spool, job: Any) -> list[Line]:
+    if not isinstance(job.sweep, dict):
+        return []
+    members = sweep_jobs(spool, job.sweep["id"])
+    counts: dict[str, int] = {}
+    for member in members:
+        counts[member["state"]] = counts.get(member["state"], 0) + 1
+    values = " ".join(f"{k}={v}" for k, v in job.sweep["values"].items())
+    states = ", ".join(f"{n} {state}" for state, n in counts.items())
+    return [("sweep", f"{values}; {plural(len(members), 'job')} from #{job.sweep['id']}: {states}")]
+
+
+def _provenance(job: Any) -> list[Line]:
+    code = ""
+    if isinstance(job.code, dict) and job.code.get("repo"):
+        commit = (job.code.get("commit") or "no commit yet")[:12]
+        branch = f" on {job.code['branch']}" if job.code.get("branch") else ""
+        code = f"{commit}{branch}" + (" with uncommitted changes" if job.code.get("dirty") else "")
+        code += f" ({job.code['repo']})"
+    snapshot = job.snapshot.get("path", "") if isinstance(job.snapshot, dict) else ""
+    source = "" if job.source in ("", SOURCE_CLI) else job.source
+    return [
+        ("code", code),
+        ("code changed", job.code_changed or ""),
+        ("runs a copy", snapshot),
+        ("came from", source + (" (adopted)" if job.adopted and source != SOURCE_ADOPT else "")),
+    ]

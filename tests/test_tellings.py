@@ -1,0 +1,160 @@
+"""add, wait, log and show say what will happen (issue 26): the hint when no worker runs, a wait
+that stops when nothing will run, the log of a job that has not started, a `show` for a person."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from conftest import WAIT_FOR_GO, Env, wait_for
+
+from gpuq.core.transitions import Continuation
+from gpuq.core.words import ids_text, plural
+
+NO_WORKER = "no worker is running"
+
+
+def live_worker(gq: Env) -> None:
+    gq.start_worker("--watch")
+    wait_for(lambda: "worker: running" in gq.gpuq("status").stdout, 15, what="the worker to register")
+
+
+def test_add_says_when_no_worker_will_start_the_job(gq: Env) -> None:
+    gq.script("t.py", "")
+    proc = gq.gpuq("add", "t.py")
+    assert proc.stderr == f"gpuq add: {NO_WORKER}; #1 waits for `gpuq run --daemon` (or `gpuq service install`)\n"
+    assert proc.stdout.startswith("[+] Job #1")
+    swept = gq.gpuq("add", "--sweep", "lr=1,2,3", "t.py", "--lr", "{lr}").stderr
+    assert f"{NO_WORKER}; #2-#4 wait for `gpuq run --daemon`" in swept
+    quiet = gq.gpuq("add", "-q", "t.py")
+    assert quiet.stderr == "" and quiet.stdout == "5\n"
+    assert gq.gpuq("add", "--hold", "t.py").stderr == ""  # held: it waits for `gpuq release`
+    live_worker(gq)
+    assert gq.gpuq("add", "t.py").stderr == ""
+
+
+def test_wait_with_no_worker_stops_at_once_and_says_why(gq: Env) -> None:
+    gq.script("t.py", "")
+    first, second = gq.add("t.py"), gq.add("t.py")
+    started = time.monotonic()
+    proc = gq.gpuq("wait", "--timeout", "60", check=False)
+    assert proc.returncode == 1 and time.monotonic() - started < 10
+    assert proc.stderr == (
+        f"gpuq wait: nothing will run: {NO_WORKER}; #{first}, #{second} wait for `gpuq run --daemon`\n"
+    )
+    assert proc.stdout == ""
+
+
+def test_wait_goes_on_while_a_job_runs_without_its_worker(gq: Env) -> None:
+    gq.script("hold.py", WAIT_FOR_GO)
+    gq.script("t.py", "")
+    running = gq.add("hold.py")
+    live_worker(gq)
+    gq.wait_state(running, "running")
+    gq.gpuq("stop")  # the job keeps running under its supervisor
+    pending = gq.add("t.py")
+    err = gq.work / "wait.err"
+    with open(err, "w") as fh:
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "gpuq", "wait", str(running), str(pending)],
+            cwd=gq.work,
+            env=gq.env,
+            stdout=subprocess.PIPE,
+            stderr=fh,
+            text=True,
+        )
+    try:
+        wait_for(lambda: "waiting for the running ones" in err.read_text(), 10, what="wait's note")
+        assert waiting.poll() is None  # still waiting: the running job will end
+        (gq.work / "go").write_text("")
+        out, _ = waiting.communicate(timeout=20)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert waiting.returncode == 1 and gq.state_of(running) == "done" and out == ""
+    said = err.read_text().splitlines()
+    assert said[-1] == f"gpuq wait: nothing will run: {NO_WORKER}; #{pending} waits for `gpuq run --daemon`"
+
+
+def test_log_of_a_job_that_has_not_started(gq: Env) -> None:
+    gq.script("t.py", "print('hello from the job')\n")
+    first = gq.add("t.py")
+    after = gq.add("--after", str(first), "t.py")
+    held, cancelled = gq.add("--hold", "t.py"), gq.add("t.py")
+    gq.gpuq("cancel", str(cancelled))
+    for job_id, said in (
+        (first, f"#{first} has not started yet (pending: {NO_WORKER}; `gpuq run --daemon` starts one)"),
+        (after, f"#{after} has not started yet (pending: after #{first})"),
+        (held, f"#{held} has not started yet (held: `gpuq release {held}` puts it back in line)"),
+        (cancelled, f"#{cancelled} never started (cancelled before it ran)"),
+    ):
+        proc = gq.gpuq("log", str(job_id))
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", said + "\n")
+
+
+def test_log_follow_waits_for_the_job_to_start(gq: Env) -> None:
+    gq.script("t.py", "print('hello from the job')\n")
+    job_id = gq.add("t.py")
+    err = gq.work / "follow.err"
+    with open(err, "w") as fh:
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "gpuq", "log", "-f", str(job_id)],
+            cwd=gq.work,
+            env=gq.env,
+            stdout=subprocess.PIPE,
+            stderr=fh,
+            text=True,
+        )
+    try:
+        wait_for(lambda: f"waiting for #{job_id} to start" in err.read_text(), 10, what="log -f's line")
+        assert follow.poll() is None
+        gq.start_worker("--watch")
+        out, _ = follow.communicate(timeout=30)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+    assert follow.returncode == 0 and "hello from the job" in out and "exit 0" in out
+    assert (
+        err.read_text() == f"waiting for #{job_id} to start (pending: {NO_WORKER}; `gpuq run --daemon` starts one)...\n"
+    )
+
+
+def shown(gq: Env, job_id: int) -> tuple[str, dict[str, str]]:
+    """`gpuq show`'s first line, and its label -> text (labels hold single spaces, padding two or more)."""
+    head, *rest = gq.gpuq("show", str(job_id)).stdout.splitlines()
+    return head, dict((part.strip() for part in line.strip().split("  ", 1)) for line in rest)
+
+
+def test_show_prints_what_matters_and_json_the_file(gq: Env) -> None:
+    gq.script("bad.py", "raise SystemExit(3)\n")
+    gq.script("t.py", "")
+    ok = gq.add("t.py")
+    failed = gq.add("--gpus", "0", "--time", "5m", "bad.py", "--lr", "0.1")
+    gq.gpuq("run")
+    job_id = gq.add("--after", str(failed), "--after-any", str(ok), "-e", "LR=3e-4", "t.py")
+    head, lines = shown(gq, job_id)
+    assert head == f"#{job_id} work/t"
+    assert lines["directory"] == str(gq.work) and lines["command"].endswith(" t.py")
+    assert lines["state"].startswith(f"pending: blocked: after #{failed} (failed): will not start")
+    assert lines["after"] == f"#{failed} (failed)" and lines["after any"] == f"#{ok} (done)"
+    assert lines["env"] == "LR=3e-4" and "variables inherited from the shell" in lines["shell env"]
+    assert lines["log"] == str(gq.home / "logs" / f"{job_id:06d}.log")
+    for empty in ("exit code", "started", "checkpoint", "sweep", "preemptions", "time limit", "attempts"):
+        assert empty not in lines, empty  # nothing to say: no line
+    _head, ended = shown(gq, failed)
+    assert ended["state"] == "failed" and ended["exit code"] == "3" and ended["command"].endswith("bad.py --lr 0.1")
+    assert ended["GPUs"] == "none (a CPU job)" and ended["time limit"] == "5m00s"
+    assert {"queued", "started", "finished", "ran for"} <= set(ended)
+    assert len(lines) < 20 and len(ended) < 20  # against some 60 fields in the file
+    # --json: the job file as it is, with its state and file name
+    name = gq.files("pending")[0]
+    on_disk = json.loads((gq.home / "pending" / name).read_text())
+    assert json.loads(gq.gpuq("show", "--json", str(job_id)).stdout) == dict(on_disk, state="pending", file=name)
+
+
+def test_counts_and_ids_read_as_sentences() -> None:
+    assert (plural(1, "step"), plural(0, "step"), plural(3, "step")) == ("1 step", "0 steps", "3 steps")
+    assert ids_text([4, 3]) == "#3, #4" and ids_text([12, 13, 14, 15, 20]) == "#12-#15, #20"
+    assert Continuation("/c/checkpoint-10", 10, 11).text() == "continues from checkpoint-10 (lost 1 step)"
