@@ -184,6 +184,7 @@ def test_every_command_of_the_skill_runs(gq: Env, tmp_path: Path) -> None:
         assert failures == failed
         run("gpuq history --since 7d --by dir")
         run("gpuq show 3", _3=failed[0])
+        run("gpuq show --json 3", _3=failed[0])
         run("gpuq log 3 -n 50", _3=failed[0])
         run("gpuq log 3 -f", _3=done[0])
         run("gpuq wait 3 4", _3=done[0], _4=done[1])
