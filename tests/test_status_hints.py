@@ -162,3 +162,21 @@ def test_rows_behind_the_first_in_line_for_a_gpu_say_what_it_needs(gq: Env) -> N
     wait_for(lambda: said in _row(gq, small), 15, interval=0.1, what="the row behind to name the first")
     assert "waiting for GPU 0: 50.0 GiB held by pid 4242" in _row(gq, big)  # its own reason
     assert gq.state_of(small) == "pending"
+
+
+def test_a_sweep_with_several_running_members_shows_each_without_bars() -> None:
+    from gpuq.cli import render
+    from gpuq.core.job import Job
+    from gpuq.engine.tracking.eta import Estimate
+    from gpuq.engine.tracking.progress import Reading
+    from gpuq.engine.views.status import Row
+
+    def member(job_id: int, state: str, step: float = 0) -> Row:
+        sweep = {"id": 1, "values": {"seed": str(job_id)}}
+        job = Job(id=job_id, name=f"exp/train seed={job_id}", cmd=["python3", "train.py"], sweep=sweep)
+        reading = Reading(step, 100.0, "log", "Step N/M", at=0.0)
+        return Row(job, state, estimate=Estimate(reading, 60.0 * job_id, "rate") if state == "running" else None)
+
+    (folded,) = render.group_sweeps([member(1, "running", 30), member(2, "running", 55), member(3, "pending")])
+    info = folded.cells[3]
+    assert info.startswith("#1 30% ETA 1m00s, #2 55% ETA 2m00s  sweep of 3 over seed: 0 done, 2 running, 1 waiting")
