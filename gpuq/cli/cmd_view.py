@@ -165,7 +165,7 @@ def cmd_rejected(args: argparse.Namespace) -> int:
         print("no rejected files")
     for name, at, why in listed:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if at else "?"
-        print(f"rejected/{security.display(name)}  {when}  {why or '(no reason recorded)'}")
+        print(f"rejected/{security.display(name)}  {when}  {security.display(why) or '(no reason recorded)'}")
     return 0
 
 

@@ -349,7 +349,7 @@ def hidden_line(hidden: int, failed: int) -> str:
 def rejected_line(rejected: Any) -> str:
     """Dropped files rejected since `gpuq rejected` last listed them (engine/views/status.Rejected)."""
     what = "dropped file" if rejected.count == 1 else "dropped files"
-    reason = f": {rejected.reason}" if rejected.reason else ""
+    reason = f": {security.display(rejected.reason)}" if rejected.reason else ""  # may quote the file's content
     newest = f"{security.display(rejected.newest)}{reason}"
     return f"{rejected.count} {what} rejected ({'' if rejected.count == 1 else 'newest: '}{newest}): `gpuq rejected`"
 
