@@ -45,14 +45,12 @@ def test_without_a_worker_only_jobs_a_worker_could_start_are_counted(gq: Env) ->
     gq.add("--hold", "ok.py")
     assert _first_line(gq) == "worker: none running — nothing will start: 1 pending job blocked (see why below)"
     gq.add("--begin", "+2h", "ok.py")
-    assert _first_line(gq) == (
-        "worker: none running — nothing can start yet; 1 pending job will need `gpuq run` once it can"
-    )
-    gq.add("ok.py")
+    assert _first_line(gq) == "worker: none running — 1 pending job waits for its --begin time, then needs `gpuq run`"
+    first = gq.add("ok.py")
     assert _first_line(gq) == (
         "worker: none running — 1 pending job will not start until `gpuq run` or `gpuq run --daemon`"
     )
-    gq.add("ok.py")
+    gq.add("--after", str(first), "ok.py")  # a worker starts it too, after the first
     assert "— 2 pending jobs will not start until `gpuq run`" in _first_line(gq)
 
 

@@ -316,7 +316,7 @@ def _join(*parts: str) -> str:
 
 def worker_line(workers: list[dict[str, Any]], outlook: tuple[int, int, int] = (0, 0, 0)) -> str:
     """The first line of `gpuq status`. Without a worker, what that means for the pending jobs
-    (`outlook`: how many a worker would start now, later, and not without a person acting)."""
+    (`outlook`: engine/views/status.Status.outlook)."""
     if not workers:
         return "worker: none running" + _without_worker(*outlook)
     parts = []
@@ -328,12 +328,12 @@ def worker_line(workers: list[dict[str, Any]], outlook: tuple[int, int, int] = (
     return "worker: running, " + "; ".join(parts)
 
 
-def _without_worker(ready: int, later: int, blocked: int) -> str:
-    if ready:
-        return f" — {plural(ready, 'pending job')} will not start until `gpuq run` or `gpuq run --daemon`"
+def _without_worker(startable: int, later: int, blocked: int) -> str:
+    if startable:
+        return f" — {plural(startable, 'pending job')} will not start until `gpuq run` or `gpuq run --daemon`"
     if later:
-        they = "it" if later == 1 else "they"
-        return f" — nothing can start yet; {plural(later, 'pending job')} will need `gpuq run` once {they} can"
+        waits = "waits for its --begin time, then needs" if later == 1 else "wait for their --begin time, then need"
+        return f" — {plural(later, 'pending job')} {waits} `gpuq run`"
     if blocked:
         return f" — nothing will start: {plural(blocked, 'pending job')} blocked (see why below)"
     return ""

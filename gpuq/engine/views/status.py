@@ -7,6 +7,7 @@ import time
 from gpuq.core import schema
 from gpuq.core.job import Job
 from gpuq.core.states import FAILED, FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, STATES
+from gpuq.core.times import parse_iso
 from gpuq.engine.lifecycle import repairs
 from gpuq.engine.schedule import gpuview, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
@@ -89,13 +90,15 @@ class Status:
         self.hidden_failed = 0  # of the hidden finished jobs, how many failed
         self.rejected: Optional[Rejected] = None  # dropped files rejected since `gpuq rejected` last listed them
 
-    def outlook(self) -> tuple[int, int, int]:
-        """The pending jobs as (ready: a worker would start them now, later: once a dependency
-        ends or their --begin time comes, blocked: not without a person acting)."""
-        waits = [r.wait for r in self.rows if r.state == PENDING]
-        ready = sum(1 for w in waits if w is None)
-        blocked = sum(1 for w in waits if w is not None and w.forever)
-        return ready, len(waits) - ready - blocked, blocked
+    def outlook(self, now: Optional[float] = None) -> tuple[int, int, int]:
+        """The pending jobs as (startable: a worker would start them, now or once the jobs they
+        wait for end; later: only once their --begin time comes; blocked: not without a person
+        acting). Held jobs are not pending."""
+        now = time.time() if now is None else now
+        rows = [r for r in self.rows if r.state == PENDING]
+        blocked = sum(1 for r in rows if r.wait is not None and r.wait.forever)
+        later = sum(1 for r in rows if not (r.wait and r.wait.forever) and (parse_iso(r.job.begin_at) or 0.0) > now)
+        return len(rows) - blocked - later, later, blocked
 
 
 class Rejected:
