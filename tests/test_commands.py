@@ -100,7 +100,7 @@ def test_status_json_and_table(gq: Env) -> None:
     assert rows[1]["state"] == "done" and rows[1]["exit_code"] == 0
     assert rows[0]["after"] == [first]
     lines = gq.gpuq("status").stdout.splitlines()
-    assert lines[0].startswith("worker: none running") and "1 pending job(s) will not start" in lines[0]
+    assert lines[0].startswith("worker: none running") and "1 pending job will not start" in lines[0]
     header, _rule, *body = lines[1:]
     from gpuq.cli.render import width
 

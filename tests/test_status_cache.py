@@ -41,7 +41,7 @@ def test_cached_rows_are_the_rows_of_the_files(gq: Env) -> None:
     assert gq.gpuq("status", "-a").stdout == first  # now from the cache
     assert first.count("exp/run-") == 30 and first.count("exit=3") == 6
     default = gq.gpuq("status").stdout
-    assert "(20 older finished job(s) hidden" in default and default.count("exp/run-") == 10
+    assert "(20 older finished jobs hidden" in default and default.count("exp/run-") == 10
 
 
 def test_a_rewritten_finished_file_is_shown_at_once(gq: Env) -> None:
@@ -181,7 +181,8 @@ def test_the_fields_a_row_reads_give_the_rows_of_the_whole_files(gq: Env) -> Non
 
 def test_status_a_shows_the_table_of_the_whole_files(gq: Env) -> None:
     """Past RECENT_FINISHED finished jobs, `status -a` prints rows from the cache's view; they
-    are the rows the whole files give, in id order, with held and interrupted ones merged in."""
+    are the rows the whole files give, in id order, with interrupted ones merged in (held ones
+    stand in line with the pending ones, first)."""
     from gpuq.cli import render
     from gpuq.engine.views.status import Row
 
@@ -199,6 +200,7 @@ def test_status_a_shows_the_table_of_the_whole_files(gq: Env) -> None:
             for ref in copies
             for job in [spool.jobs.load(ref)]
         ]
+        rows.sort(key=lambda row: row.state not in render.IN_LINE)  # stable: id order within each part
         assert table == render.status_table(rows), attempt
 
 
@@ -232,7 +234,7 @@ def test_removed_added_and_rewritten_files_show_at_once_in_settled_directories(g
     _settle(spool)
     for _ in range(2):
         assert gq.gpuq("status", "-a").stdout.count("exp/run-") == 20
-        assert "(10 older finished job(s) hidden" in gq.gpuq("status").stdout
+        assert "(10 older finished jobs hidden" in gq.gpuq("status").stdout
     ref = spool.jobs.find(3, ("done",))
     assert ref is not None
     spool.jobs.remove(ref)
@@ -244,13 +246,13 @@ def test_removed_added_and_rewritten_files_show_at_once_in_settled_directories(g
     assert out.count("exp/run-") == 19 and "exp/run-2 " not in out and "added-later" in out and "exit=7" in out
     _settle(spool)
     plain = gq.gpuq("status").stdout
-    assert "(10 older finished job(s) hidden" in plain and "added-later" in plain and "exit=7" in plain
+    assert "(10 older finished jobs hidden" in plain and "added-later" in plain and "exit=7" in plain
     ref = spool.jobs.find(21, ("done",))
     assert ref is not None
     spool.jobs.remove(ref)
     _settle(spool)
     plain = gq.gpuq("status").stdout
-    assert "(9 older finished job(s) hidden" in plain and "added-later" not in plain
+    assert "(9 older finished jobs hidden" in plain and "added-later" not in plain
     assert gq.gpuq("status", "-a").stdout.count("exp/run-") == 19
 
 
@@ -273,7 +275,7 @@ def test_a_fill_right_after_jobs_finished_is_cached_once_settled(gq: Env) -> Non
 
 def test_the_block_of_finished_lines_is_the_table_the_columns_give() -> None:
     """A later `status -a` prints the cached block of finished lines as it is when no running or
-    pending row is wider; with a wider one, or held rows to merge in by id, the columns are used.
+    pending row is wider; with a wider one, or interrupted rows to merge in by id, the columns are used.
     Every way gives the table of all the rows as rows."""
     import marshal
     from array import array
@@ -294,11 +296,9 @@ def test_the_block_of_finished_lines_is_the_table_the_columns_give() -> None:
 
     narrow = CachedRow(40, "running", ("r", "x.py", "1s", ""))
     wide = CachedRow(41, "pending", ("a-much-longer-name-than-any-finished-one", "x.py", "", ""))
-    held = [CachedRow(5, "held", ("h", "x.py", "", "")), CachedRow(20, "held", ("h2", "x.py", "", ""))]
-    for rows in ([], [narrow], [narrow, wide], [narrow, *held]):
-        whole = render.status_table(
-            sorted(rows + finished, key=lambda r: (r.state not in ("running", "pending"), r.job["id"]))
-        )
+    stopped = [CachedRow(5, "interrupted", ("h", "x.py", "", "")), CachedRow(20, "preempted", ("h2", "x.py", "", ""))]
+    for rows in ([], [narrow], [narrow, wide], [narrow, *stopped]):
+        whole = render.status_table(sorted(rows + finished, key=lambda r: (r.state not in render.IN_LINE, r.job["id"])))
         for with_block in (True, False):
             block = render.finished_block(made) if with_block else None
             lines = render.status_table(rows, now=0.0, finished=made, block=block)

@@ -85,8 +85,7 @@ def _status_once(args: argparse.Namespace) -> int:
     if args.json:
         print(jsontext.dumps([json_row(r) for r in st.rows], indent=2))
         return 0
-    pending = sum(1 for r in st.rows if r.state == PENDING)
-    print(render.worker_line(st.workers, pending))
+    print(render.worker_line(st.workers, st.outlook()))
     if st.gpus is not None:
         print("\n".join(render.gpu_lines(st.gpus)))
     if st.rows or st.finished:
@@ -96,9 +95,11 @@ def _status_once(args: argparse.Namespace) -> int:
     else:
         print("no jobs")
     if st.hidden_finished:
-        print(f"({st.hidden_finished} older finished job(s) hidden; `gpuq status -a` shows all)")
+        print(render.hidden_line(st.hidden_finished, st.hidden_failed))
     for name in st.dropped:
         print(f"pending/{security.display(name)}: dropped file, not taken in yet (a worker takes it in)")
+    if st.rejected is not None:
+        print(render.rejected_line(st.rejected))
     for warning in st.warnings:
         print(f"warning: {warning}")
     return 0
@@ -148,6 +149,24 @@ def json_row(row: Row) -> dict[str, Any]:
     out["progress_source"] = est.reading.source if est and est.reading else None
     out["adopted"] = bool(job.adopted)
     return out
+
+
+def cmd_rejected(args: argparse.Namespace) -> int:
+    """The dropped files that were not jobs, each with why; `status` stops mentioning them."""
+    from gpuq.core.times import iso_of
+    from gpuq.engine.views.status import rejected_files
+
+    listed = rejected_files(spool())
+    if args.json:
+        shown = [{"file": name, "rejected_at": iso_of(at) if at else None, "reason": why} for name, at, why in listed]
+        print(jsontext.dumps(shown, indent=2, ensure_ascii=False))
+        return 0
+    if not listed:
+        print("no rejected files")
+    for name, at, why in listed:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if at else "?"
+        print(f"rejected/{security.display(name)}  {when}  {security.display(why) or '(no reason recorded)'}")
+    return 0
 
 
 def cmd_eta(args: argparse.Namespace) -> int:

@@ -225,6 +225,12 @@ COMMANDS = (
         options=(Opt("--json", kind=FLAG, help="a list, one object per GPU"),),
     ),
     Command(
+        "rejected",
+        handler="cmd_view:cmd_rejected",
+        help="dropped files that were not jobs, each with why; `status` stops mentioning them",
+        options=(Opt("--json", kind=FLAG, help="a list: file, rejected_at, reason"),),
+    ),
+    Command(
         "log",
         "logs",
         handler="cmd_view:cmd_log",

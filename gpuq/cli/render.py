@@ -13,7 +13,9 @@ from gpuq.core.job import Job
 from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, PENDING, RUNNING, SLURM, TABLE
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.words import plural
+from gpuq.system import security
 
+IN_LINE = (RUNNING, PENDING, HELD)  # rows shown first, by id (engine/views/status.py's order)
 NOTE_SHOWN = tuple(state.name for state in TABLE if state.shows_note)  # the states whose Info ends with the note
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
@@ -45,13 +47,13 @@ HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
 
 def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = None, block: Any = None) -> list[str]:
     """The table of `rows`, and of `finished` (spool/cache/finished.py's FinishedRows: finished
-    rows in id order) merged in by id after the running and pending rows. Given `block`, the
+    rows in id order) merged in by id after the running, pending and held rows. Given `block`, the
     finished_block of `finished`, its lines may come as it is: one string, last in the list."""
     now = time.time() if now is None else now
     columns: list[list[str]] = [[title] for title in HEADER]
-    tail: list[Any] = []  # rows after the running and pending ones, which merge with `finished`
+    tail: list[Any] = []  # rows after those in line, which merge with `finished`
     for row in rows:
-        if finished is not None and row.state not in (RUNNING, PENDING):
+        if finished is not None and row.state not in IN_LINE:
             tail.append(row)
             continue
         _add(columns, row, now)
@@ -119,8 +121,8 @@ def _add(columns: list[list[str]], row: Any, now: float) -> None:
 
 
 def _merge_finished(columns: list[list[str]], tail: list[Any], finished: Any, now: float) -> None:
-    """Append the cells of the finished rows, with the few `tail` rows (held, interrupted...) put
-    in by id."""
+    """Append the cells of the finished rows, with the few `tail` rows (interrupted, preempted...)
+    put in by id."""
     parts = _finished_cells(finished)
     start = 0
     for row in sorted(tail, key=lambda r: r.job["id"]):
@@ -187,10 +189,14 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
     elif state == PENDING:
         if wait is not None:
             parts.append(("blocked: " if wait.forever else "") + wait.reason)
-        elif job.after:
-            parts.append("after " + ", ".join(f"#{d}" for d in job.after) + " (met)")
+        elif job.after or job.after_any:
+            parts.append(_dependencies(job) + " (met)")
         if job.attempts or job.history:
             parts.append(job.note or "retry")
+    elif state == HELD:
+        parts.append(f"held: `gpuq release {job.id}` puts it back in line")
+        if job.after or job.after_any:
+            parts.append(_dependencies(job))
     elif state == SLURM:
         parts.append(slurm_text(job.slurm or {}))
     else:
@@ -199,6 +205,13 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
     notes = (job.signal, slurm_job, job.reason, job.code_changed, job.note)
     tail = finished_info(state, exit_code, *notes, job.priority)
     return "  ".join([*parts, tail] if tail else parts)
+
+
+def _dependencies(job: dict[str, Any]) -> str:
+    """`after #3, after-any #4`: --after waits for a success, --after-any for any end."""
+    after = ["after " + ", ".join(f"#{d}" for d in job.after)] if job.after else []
+    after_any = ["after-any " + ", ".join(f"#{d}" for d in job.after_any)] if job.after_any else []
+    return ", ".join(after + after_any)
 
 
 def finished_info(
@@ -256,8 +269,9 @@ def progress_bar(fraction: float, cells: int = BAR_CELLS) -> str:
     return "[" + "█" * full + (partial if part else "") + " " * (cells - full - (1 if part else 0)) + "]"
 
 
-def progress_text(estimate: Any, state: str) -> str:
-    """`[███▌      ] 35% ETA 4m10s` for a running job, `starts ~2m05s` for a pending one."""
+def progress_text(estimate: Any, state: str, bar: bool = True) -> str:
+    """`[███▌      ] 35% ETA 4m10s` for a running job (without `bar`: `35% ETA 4m10s`),
+    `starts ~2m05s` for a pending one."""
     if estimate is None:
         return ""
     if state == PENDING:
@@ -265,7 +279,7 @@ def progress_text(estimate: Any, state: str) -> str:
     parts = []
     fraction = estimate.fraction
     if fraction is not None:
-        parts.append(f"{progress_bar(fraction)} {fraction * 100:.0f}%")
+        parts.append(f"{progress_bar(fraction)} {fraction * 100:.0f}%" if bar else f"{fraction * 100:.0f}%")
     elif estimate.reading is not None:
         parts.append(estimate.reading.text())
     if estimate.eta_seconds is not None:
@@ -296,10 +310,11 @@ def _join(*parts: str) -> str:
     return "  ".join(p for p in parts if p)
 
 
-def worker_line(workers: list[dict[str, Any]], pending: int) -> str:
+def worker_line(workers: list[dict[str, Any]], outlook: tuple[int, int, int] = (0, 0, 0)) -> str:
+    """The first line of `gpuq status`. Without a worker, what that means for the pending jobs
+    (`outlook`: engine/views/status.Status.outlook)."""
     if not workers:
-        tail = f" — {pending} pending job(s) will not start until `gpuq run` or `gpuq run --daemon`" if pending else ""
-        return "worker: none running" + tail
+        return "worker: none running" + _without_worker(*outlook)
     parts = []
     for w in workers:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(w.get("started", time.time())))
@@ -307,6 +322,32 @@ def worker_line(workers: list[dict[str, Any]], pending: int) -> str:
         mode = ", draining: starting nothing new" if w.get("draining") else (", watching" if w.get("watch") else "")
         parts.append(f"pid {w.get('pid')} since {since} (gpus: {gpus}{mode})")
     return "worker: running, " + "; ".join(parts)
+
+
+def _without_worker(startable: int, later: int, blocked: int) -> str:
+    if startable:
+        return f" — {plural(startable, 'pending job')} will not start until `gpuq run` or `gpuq run --daemon`"
+    if later:
+        waits = "waits for its --begin time, then needs" if later == 1 else "wait for their --begin time, then need"
+        return f" — {plural(later, 'pending job')} {waits} `gpuq run`"
+    if blocked:
+        return f" — nothing will start: {plural(blocked, 'pending job')} blocked (see why below)"
+    return ""
+
+
+def hidden_line(hidden: int, failed: int) -> str:
+    """The footer under the newest finished jobs: how many older ones are not shown, and how many
+    of those failed."""
+    of_them = f", {failed} of them failed" if failed else ""
+    return f"({hidden} older finished {'job' if hidden == 1 else 'jobs'} hidden{of_them}: `gpuq status -a`)"
+
+
+def rejected_line(rejected: Any) -> str:
+    """Dropped files rejected since `gpuq rejected` last listed them (engine/views/status.Rejected)."""
+    what = "dropped file" if rejected.count == 1 else "dropped files"
+    reason = f": {security.display(rejected.reason)}" if rejected.reason else ""  # may quote the file's content
+    newest = f"{security.display(rejected.newest)}{reason}"
+    return f"{rejected.count} {what} rejected ({'' if rejected.count == 1 else 'newest: '}{newest}): `gpuq rejected`"
 
 
 def gpu_lines(view: dict[str, Any], now: Optional[float] = None) -> list[str]:
@@ -376,4 +417,14 @@ def _sweep_row(sweep_id: int, group: list[Any]) -> SweepRow:
     base = first["name"].split(f" {keys[0]}=", 1)[0] if keys else first["name"]
     summary = ", ".join(f"{n} {what}" for what, n in counts.items())
     info = f"sweep of {len(group)} over {', '.join(keys)}: {summary} (`gpuq status -a` lists them)"
+    info = _join(_members_progress(group), info)
     return SweepRow(sweep_id, state, (f"sweep #{sweep_id} {base}", schema.display_script(first["cmd"]), "", info))
+
+
+def _members_progress(group: list[Any]) -> str:
+    """The progress and ETA of a sweep's running jobs: the bar of one, `#12 35% ETA 4m10s` each of more."""
+    running = [row for row in group if row.state == RUNNING and row.estimate is not None]
+    if len(running) == 1:
+        return progress_text(running[0].estimate, RUNNING)
+    shown = ((row.job.id, progress_text(row.estimate, RUNNING, bar=False)) for row in running)
+    return ", ".join(f"#{job_id} {text}" for job_id, text in shown if text)

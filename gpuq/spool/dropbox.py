@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 
 from gpuq.core.states import PENDING
-from gpuq.spool.files import Files
+from gpuq.spool.files import Files, read_small
 from gpuq.spool.layout import INTAKE_RE, Layout, is_job_name
 from gpuq.system import fsutil
+
+REASON = ".reason"  # rejected/NAME.reason: why NAME was rejected
+SEEN_STAMP = ".seen"  # rejected/.seen: the rejected files `gpuq rejected` has listed
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
@@ -70,8 +73,46 @@ class Dropbox:
                 break
             except FileExistsError:
                 target = f"{base}.{n}"
-        self.files.replace(self.layout.rejected_path(f"{target}.reason"), f"{reason}\n".encode(), "reason")
+        self.files.replace(self.layout.rejected_path(target + REASON), f"{reason}\n".encode(), "reason")
         return target
+
+    # ---- what was rejected, and what of it the user has seen ----------------------------------
+    def rejected(self) -> list[str]:
+        """The names of the files in rejected/ (not their `.reason` files, not the seen stamp)."""
+        try:
+            entries = os.listdir(self.layout.rejected_path(""))
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in entries if not n.startswith(".") and not n.endswith(REASON))
+
+    def rejected_at(self, name: str) -> float:
+        """When `name` was rejected: its reason file's mtime (written then; the file itself keeps
+        the mtime it was dropped with), or the file's own if the reason is missing; 0.0 if gone."""
+        for path in (self.layout.rejected_path(name + REASON), self.layout.rejected_path(name)):
+            try:
+                return os.lstat(path).st_mtime
+            except OSError:
+                continue
+        return 0.0
+
+    def reason(self, name: str) -> str:
+        """The one-line reason `name` was rejected for ("" if its reason file is missing)."""
+        data = read_small(self.layout.rejected_path(name + REASON), cap=64 << 10)
+        return data.decode("utf-8", "replace").strip() if data else ""
+
+    def unseen(self, names: list[str]) -> list[str]:
+        """Those of `names` (rejected/'s) that `mark_seen` has not recorded."""
+        if not names:
+            return []  # the common case: no stamp to read
+        stamp = read_small(self.layout.rejected_path(SEEN_STAMP), mine=True) or b""
+        seen = set(os.fsdecode(n) for n in stamp.split(b"\0"))
+        return [n for n in names if n not in seen]
+
+    def mark_seen(self, names: list[str]) -> None:
+        """Record that the user has seen these rejected files (rejected/.seen: their names,
+        NUL-separated, as no file name holds a NUL)."""
+        data = b"\0".join(os.fsencode(n) for n in names)
+        self.files.replace(self.layout.rejected_path(SEEN_STAMP), data, "seen", durable=False)
 
 
 def _short_name(name: str, limit: int = 200) -> str:

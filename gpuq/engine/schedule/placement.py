@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence, TypeVar, Union
 
+from gpuq.engine.schedule.scheduler import BEHIND
 from gpuq.system.gpus import Gpu, GpuLook, mib_text
 
 # Outside memory a whole-GPU job tolerates: a bare CUDA context (0.3-0.6 GiB) or a desktop does
@@ -206,7 +207,7 @@ def place_in_order(
     for job_id, request in requests:
         decision = place(request, gpus, allowed, held, own, foreign_threshold_mib, text.describe)
         if isinstance(decision, Placement) and decision.gpus and first_waiting is not None and not backfill:
-            decision = Blocked(f"waiting behind job #{first_waiting} (first in line for a GPU)", forever=False)
+            decision = Blocked(f"{BEHIND}{first_waiting} (first in line for a GPU)", forever=False)
         elif isinstance(decision, Placement) and decision.gpus:
             held.append(Holding(job_id, decision.gpus, request.gpu_mem_mib))
         elif isinstance(decision, Blocked) and not decision.forever and first_waiting is None:

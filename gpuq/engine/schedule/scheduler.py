@@ -36,6 +36,11 @@ class Wait(tuple):
         return f"Wait(reason={self[0]!r}, forever={self[1]!r})"
 
 
+# How placement starts the reason of a GPU job that waits behind the first in line (no backfill):
+# `gpuq status` adds what that job needs.
+BEHIND = "waiting behind job #"
+
+
 class QueueState:
     """A plain class, not a dataclass: `gpuq status` and `gpuq add` do not import dataclasses
     (and inspect with it), a few milliseconds of every command's start-up."""
@@ -61,6 +66,12 @@ def _dependency_wait(
 ) -> Optional[Wait]:
     if state == states.DONE or (any_result and state in FINISHED):
         return None
+    wait = _unmet(job_id, dep, state, stuck)
+    # --after-any is said apart from --after, which starts only after a success
+    return Wait("after-any" + wait.reason[len("after") :], wait.forever) if any_result else wait
+
+
+def _unmet(job_id: int, dep: int, state: Optional[str], stuck: frozenset) -> Wait:
     if dep in stuck:
         return Wait(f"after #{dep} (blocked itself)", True)
     if state is None:

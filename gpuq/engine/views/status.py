@@ -6,7 +6,8 @@ import time
 
 from gpuq.core import schema
 from gpuq.core.job import Job
-from gpuq.core.states import FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, STATES
+from gpuq.core.states import FAILED, FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, STATES
+from gpuq.core.times import parse_iso
 from gpuq.engine.lifecycle import repairs
 from gpuq.engine.schedule import gpuview, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
@@ -59,7 +60,18 @@ class CachedRow:
 
 
 class Status:
-    __slots__ = ("workers", "rows", "finished", "hidden_finished", "invalid", "dropped", "gpus", "warnings")
+    __slots__ = (
+        "workers",
+        "rows",
+        "finished",
+        "hidden_finished",
+        "hidden_failed",
+        "invalid",
+        "dropped",
+        "rejected",
+        "gpus",
+        "warnings",
+    )
 
     def __init__(
         self,
@@ -75,6 +87,27 @@ class Status:
         self.workers, self.rows, self.hidden_finished, self.gpus = workers, rows, hidden_finished, gpus
         self.invalid, self.dropped, self.warnings = invalid or [], dropped or [], warnings or []
         self.finished = finished
+        self.hidden_failed = 0  # of the hidden finished jobs, how many failed
+        self.rejected: Optional[Rejected] = None  # dropped files rejected since `gpuq rejected` last listed them
+
+    def outlook(self, now: Optional[float] = None) -> tuple[int, int, int]:
+        """The pending jobs as (startable: a worker would start them, now or once the jobs they
+        wait for end; later: only once their --begin time comes; blocked: not without a person
+        acting). Held jobs are not pending."""
+        now = time.time() if now is None else now
+        rows = [r for r in self.rows if r.state == PENDING]
+        blocked = sum(1 for r in rows if r.wait is not None and r.wait.forever)
+        later = sum(1 for r in rows if not (r.wait and r.wait.forever) and (parse_iso(r.job.begin_at) or 0.0) > now)
+        return len(rows) - blocked - later, later, blocked
+
+
+class Rejected:
+    """Dropped files rejected that the user has not seen yet: how many, and the newest one."""
+
+    __slots__ = ("count", "newest", "reason", "at")
+
+    def __init__(self, count: int, newest: str, reason: str, at: float) -> None:
+        self.count, self.newest, self.reason, self.at = count, newest, reason, at
 
 
 def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str, str], tuple]] = None) -> Status:
@@ -95,6 +128,7 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
     views = spool.workers.gpu_views()
     reasons = scheduler.waiting_reasons(snap, {**space_waits(spool, snap), **gpu_waits(views)})
+    name_the_first_in_line(snap, reasons)
     rows += [Row(j, PENDING, reasons[j.id]) for j in scheduler.queue_order(snap.pending)]
     for state in (HELD, PREEMPTED, INTERRUPTED, SLURM):
         rows += [Row(j, state) for _r, j in spool.jobs.load_many(state)]
@@ -109,6 +143,8 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     else:
         finished = done.newest(RECENT_FINISHED)
     hidden = 0 if show_all else finished_jobs - len(finished)
+    moved_on = {i for i in also_elsewhere if snap.states[i] not in FINISHED and done_states[i] == FAILED}
+    hidden_failed = _hidden_failed(done, finished, len(moved_on)) if hidden else 0
     for ref in finished:
         try:
             rows.append(Row(spool.jobs.load(ref), ref.state))
@@ -117,7 +153,7 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
         except schema.InvalidJob as exc:
             if damaged is not None:
                 rows.append(CachedRow(ref.id, ref.state, damaged(ref.name, str(exc))))
-    rows.sort(key=lambda r: (r.state not in (RUNNING, PENDING), r.job["id"]))
+    rows.sort(key=lambda r: (r.state not in IN_LINE, r.job["id"]))  # held ones in their place in line
     workers = spool.workers.live()
     shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old
     if any(r.state in (RUNNING, PENDING, SLURM) for r in rows):  # else there is nothing to estimate
@@ -125,7 +161,66 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
 
         queue_eta.annotate(spool, rows, workers, time.time(), shown)  # progress and ETA, and when pending ones start
     warned = warned_slurm + disk_warnings(spool, snap.running)
-    return Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned, view)
+    out = Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned, view)
+    out.hidden_failed, out.rejected = hidden_failed, unseen_rejected(spool)
+    return out
+
+
+IN_LINE = (RUNNING, PENDING, HELD)  # the rows shown first, by id; the others come after them
+
+
+def _hidden_failed(done: Finished, shown: list[JobRef], moved_on: int) -> int:
+    """How many failed jobs the finished rows shown leave out, from the listing's counts alone
+    (no file read): failed/'s ids, less those shown and the `moved_on` a crash mid-move (a retry)
+    left a later copy of."""
+    failed = len(done.ids.get(FAILED, ()))
+    return max(0, failed - sum(1 for r in shown if r.state == FAILED) - moved_on) if failed else 0
+
+
+def unseen_rejected(spool: Spool) -> Optional[Rejected]:
+    """The rejected files `gpuq rejected` has not listed yet (one listing of rejected/, empty on
+    nearly every spool; a stat per unseen file and one reason read when there are some)."""
+    box = spool.dropbox
+    unseen = box.unseen(box.rejected())
+    if not unseen:
+        return None
+    at, newest = max((box.rejected_at(name), name) for name in unseen)
+    return Rejected(len(unseen), newest, box.reason(newest), at)
+
+
+def rejected_files(spool: Spool, mark_seen: bool = True) -> list[tuple[str, float, str]]:
+    """`gpuq rejected`: (name, when rejected, why) of every file in rejected/, oldest first; from
+    now on `status` no longer mentions them (`mark_seen`)."""
+    box = spool.dropbox
+    names = box.rejected()
+    listed = sorted(((name, box.rejected_at(name), box.reason(name)) for name in names), key=lambda r: (r[1], r[0]))
+    if mark_seen and names:
+        box.mark_seen(names)
+    return listed
+
+
+def name_the_first_in_line(snap: scheduler.QueueState, reasons: dict[int, Optional[scheduler.Wait]]) -> None:
+    """No backfill: a GPU job behind one that waits for the GPUs waits too. Its reason, as the
+    worker gave it, names that job; add what it needs, so the row says why the line is held."""
+    jobs = {job.id: job for job in snap.pending}
+    for job_id, wait in reasons.items():
+        if wait is None or not wait.reason.startswith(scheduler.BEHIND):
+            continue
+        head_id = wait.reason[len(scheduler.BEHIND) :].split(" ", 1)[0]
+        head = jobs.get(int(head_id)) if head_id.isdigit() else None
+        if head is not None:
+            text = f"waiting behind #{head.id}, first in line for a GPU: it needs {_request_text(head)}"
+            reasons[job_id] = scheduler.Wait(text, wait.forever)
+
+
+def _request_text(job: Job) -> str:
+    """What a job asks of the GPUs, as a person says it: `40.0 GiB on a GPU`, `2 whole GPUs`."""
+    from gpuq.system.gpus import mib_text  # only where a worker places jobs on GPUs: it imports it too
+
+    count, mem = job.gpu_request, job.gpu_mem_mib
+    if mem is None:
+        return "a whole GPU" if count == 1 else f"{count} whole GPUs"
+    return f"{mib_text(mem)} on a GPU" if count == 1 else f"{mib_text(mem)} on each of {count} GPUs"
 
 
 OTHER_STATES = tuple(s for s in STATES if s not in FINISHED)
