@@ -78,6 +78,9 @@ def test_a_job_added_in_an_active_conda_env_runs_in_it(gq: Any, tmp_path: Path) 
         "path0": f"{torch}/bin",
     }
     assert f"envtool in {torch}" in gq.log(tool_job)
+    card = gq.gpuq("show", str(py_job)).stdout  # `show` says where the interpreter came from
+    assert f"python     {torch}/bin/python (from the conda env active when it was added)" in card
+    assert f"conda      {torch}" in card
 
 
 def test_conda_name_resolves_to_its_prefix_at_add_time(gq: Any, tmp_path: Path) -> None:

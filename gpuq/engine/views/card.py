@@ -18,6 +18,7 @@ from gpuq.core.times import duration, parse_iso
 from gpuq.core.timespec import format_duration
 from gpuq.core.transitions import describe_preemption
 from gpuq.core.words import plural
+from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.actions import sweep_jobs
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.schedule.queue_read import read_queue
@@ -29,7 +30,13 @@ from gpuq.system.gpus import mib_text
 Line = tuple[str, str]  # (label, text)
 
 # How the interpreter was found (the job's `interpreter_from`), as the card says it
-FOUND_BY = {"python3": "python3 on PATH"}
+FOUND_BY = {
+    interpreter.FROM_PYTHON: "--python",
+    interpreter.FROM_CONDA: "--conda",
+    interpreter.FROM_VENV: "the nearest .venv",
+    interpreter.FROM_ACTIVE_CONDA: "the conda env active when it was added",
+    interpreter.FROM_PATH: "PATH",
+}
 
 
 def card(spool: Spool, ref: JobRef, job: Any, now: Optional[float] = None) -> list[Line]:
@@ -79,7 +86,7 @@ def _why_waiting(spool: Spool, state: str, job: Any) -> str:
 
 def _what_runs(job: Any) -> list[Line]:
     how = job.get("interpreter_from")
-    python = job.cmd[0] if how or _runs_python(job.cmd) else ""
+    python = job.cmd[0] if _runs_python(job.cmd) else ""  # `bash run.sh` has none of its own
     found = f" (from {FOUND_BY.get(how, how)})" if how else ""
     inherited = job.shell_env
     return [
