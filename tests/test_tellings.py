@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from conftest import WAIT_FOR_GO, Env, wait_for
 
@@ -19,6 +20,14 @@ NO_WORKER = "no worker is running"
 def live_worker(gq: Env) -> None:
     gq.start_worker("--watch")
     wait_for(lambda: "worker: running" in gq.gpuq("status").stdout, 15, what="the worker to register")
+
+
+def in_background(gq: Env, err: Path, *args: str) -> subprocess.Popen:
+    """`gpuq ARGS` left running, its stdout piped and its stderr in `err` (to poll what it said)."""
+    with open(err, "w") as fh:
+        return subprocess.Popen(
+            [sys.executable, "-m", "gpuq", *args], cwd=gq.work, env=gq.env, stdout=subprocess.PIPE, stderr=fh, text=True
+        )
 
 
 def test_add_says_when_no_worker_will_start_the_job(gq: Env) -> None:
@@ -56,15 +65,7 @@ def test_wait_goes_on_while_a_job_runs_without_its_worker(gq: Env) -> None:
     gq.gpuq("stop")  # the job keeps running under its supervisor
     pending = gq.add("t.py")
     err = gq.work / "wait.err"
-    with open(err, "w") as fh:
-        waiting = subprocess.Popen(
-            [sys.executable, "-m", "gpuq", "wait", str(running), str(pending)],
-            cwd=gq.work,
-            env=gq.env,
-            stdout=subprocess.PIPE,
-            stderr=fh,
-            text=True,
-        )
+    waiting = in_background(gq, err, "wait", str(running), str(pending))
     try:
         wait_for(lambda: "waiting for the running ones" in err.read_text(), 10, what="wait's note")
         assert waiting.poll() is None  # still waiting: the running job will end
@@ -98,15 +99,7 @@ def test_log_follow_waits_for_the_job_to_start(gq: Env) -> None:
     gq.script("t.py", "print('hello from the job')\n")
     job_id = gq.add("t.py")
     err = gq.work / "follow.err"
-    with open(err, "w") as fh:
-        follow = subprocess.Popen(
-            [sys.executable, "-m", "gpuq", "log", "-f", str(job_id)],
-            cwd=gq.work,
-            env=gq.env,
-            stdout=subprocess.PIPE,
-            stderr=fh,
-            text=True,
-        )
+    follow = in_background(gq, err, "log", "-f", str(job_id))
     try:
         wait_for(lambda: f"waiting for #{job_id} to start" in err.read_text(), 10, what="log -f's line")
         assert follow.poll() is None
