@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from conftest import Env, wait_for
+from conftest import WAIT_FOR_GO, Env, wait_for
 
 STAMP = "import sys, time; open(sys.argv[1], 'a').write(f'{sys.argv[2]} {time.time()}\\n')\n"
 
@@ -186,6 +186,23 @@ def test_stop_kill_jobs_stops_worker_and_jobs(gq: Env) -> None:
     assert "stopped worker" in out and f"killed job #{job_id}" in out
     assert gq.state_of(job_id) == "cancelled"
     wait_for(lambda: _gone(pid), what="job process gone")
+
+
+def test_stop_kill_jobs_passes_over_a_job_that_ended_meanwhile(gq: Env) -> None:
+    """`stop --kill-jobs` lists the running jobs, then kills them one by one: one that ended by
+    itself in between is said, not a failure (CI met it: `job #23 is done, not running`, exit 1)."""
+    from gpuq.engine.lifecycle import actions
+    from gpuq.spool import Spool
+
+    gq.script("short.py", WAIT_FOR_GO)
+    gq.start_worker()
+    job_id = gq.add("short.py")
+    gq.wait_state(job_id, "running")
+    sp = Spool(gq.home)
+    listing = actions.jobs_in(sp, ("running",))  # the listing stop --kill-jobs takes...
+    (gq.work / "go").write_text("")  # ...then the job ends by itself before its turn
+    gq.wait_state(job_id, "done")
+    assert [(job.id, ended) for job, ended in actions.kill_each(sp, listing)] == [(job_id, "done")]
 
 
 def _gone(pid: int) -> bool:

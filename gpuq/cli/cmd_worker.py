@@ -109,9 +109,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
     print(f"stopped worker{'s' if len(stopped) > 1 else ''} {pids}" if stopped else "no worker was running")
     running = actions.jobs_in(sp, (RUNNING,))
     if args.kill_jobs:
-        for job in running:
-            actions.kill(sp, job.id)
-            print(f"killed job #{job.id} {job.name}")
+        for job, ended in actions.kill_each(sp, running):
+            print(f"killed job #{job.id} {job.name}" if ended is None else f"job #{job.id} {job.name} ended ({ended})")
     elif running:
         names = ", ".join(f"#{j.id} {j.name}" for j in running)
         print(

@@ -99,6 +99,23 @@ def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS) -> dict[s
     return wait_until_settled(spool, job_id)
 
 
+def kill_each(spool: Spool, jobs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Optional[str]]]:
+    """`gpuq stop --kill-jobs`: kill each of `jobs` (a listing of running/ a moment ago), as
+    (job, None); a job that ended by itself since the listing is not a failure: (job, the state
+    it ended in)."""
+    outcomes: list[tuple[dict[str, Any], Optional[str]]] = []
+    for job in jobs:
+        try:
+            kill(spool, job.id)
+            outcomes.append((job, None))
+        except Refused:
+            found = spool.jobs.find(job.id)
+            if found is None or found.state == RUNNING:
+                raise  # still running (or gone): a real refusal
+            outcomes.append((job, found.state))
+    return outcomes
+
+
 def wait_until_settled(spool: Spool, job_id: int, timeout: float = 10.0) -> dict[str, Any]:
     """After a job's process ended: wait for its supervisor to record it (or settle it ourselves
     if the supervisor is gone) and return the job in its new state."""
