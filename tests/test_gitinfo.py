@@ -8,10 +8,11 @@ import shutil
 import stat
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gpuq.system import gitinfo
+from gpuq.system import gitinfo, gitstate
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs the git binary")
 
@@ -299,13 +300,14 @@ def test_snapshot_cwd(repo: Path, tmp_path: Path) -> None:
         gitinfo.snapshot_cwd(str(tmp_path), str(repo), snap)
 
 
-def test_imports_only_core() -> None:
-    source = Path(gitinfo.__file__).read_text()
+@pytest.mark.parametrize("module", [gitinfo, gitstate])
+def test_imports_only_core(module: Any) -> None:
+    source = Path(module.__file__).read_text()
     modules = [
-        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        f"{node.module}.{alias.name}" if isinstance(node, ast.ImportFrom) else alias.name
         for node in ast.walk(ast.parse(source))
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     ]
     gpuq_modules = [m for m in modules if m and m.startswith("gpuq")]
-    assert all(m.startswith("gpuq.core") for m in gpuq_modules), gpuq_modules
+    assert all(m.startswith(("gpuq.core", "gpuq.system.gitstate")) for m in gpuq_modules), gpuq_modules
