@@ -224,19 +224,18 @@ def _index(top: str, path: str) -> list[str]:
     version, count = struct.unpack_from(">II", data, 4)
     if version not in (2, 3, 4) or count > MAX_ENTRIES:
         raise Unusual("index version")
-    index_mtime = (st.st_mtime_ns // 10**9, st.st_mtime_ns % 10**9)
     parts = [f"index {st.st_ino} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {data[-20:].hex()}"]
     budget = [MAX_HASHED]
     offset, name = 12, b""
+    top_slash = os.fsencode(top) + b"/"  # bytes paths: no decoding per entry
     for _ in range(count):
         offset, name, fields = _entry(data, offset, version, name)
-        path_of = os.path.join(top, os.fsdecode(name))
         try:
-            now = os.lstat(path_of)
+            now: Optional[os.stat_result] = os.lstat(top_slash + name)
         except FileNotFoundError:
             now = None
-        if now is None or not _settled(fields, now, index_mtime):
-            parts.append(f"{os.fsdecode(name)} {_fingerprint(path_of, now, budget)}")
+        if now is None or not _settled(fields, now, st.st_mtime_ns):
+            parts.append(f"{os.fsdecode(name)} {_fingerprint(top_slash + name, now, budget)}")
     _extensions(data, offset)
     return parts
 
@@ -270,32 +269,27 @@ def _entry(data: bytes, offset: int, version: int, previous: bytes) -> tuple[int
     return following, name, fields
 
 
-def _settled(fields: tuple, now: os.stat_result, index_mtime: tuple[int, int]) -> bool:
+def _settled(fields: tuple, now: os.stat_result, index_mtime_ns: int) -> bool:
     """Whether the file is as its index entry recorded it, and the entry is not racy."""
     ctime_s, ctime_ns, mtime_s, mtime_ns, _dev, ino, mode, _uid, _gid, size = fields[:10]
-    if (mtime_s, mtime_ns) >= index_mtime:  # written in the index's own tick: its content may differ
+    mtime = mtime_s * 1_000_000_000 + mtime_ns  # (seconds as 32 bits: right until 2106)
+    if mtime >= index_mtime_ns:  # written in the index's own tick: its content may differ
+        return False
+    if now.st_mtime_ns != mtime or now.st_ctime_ns != ctime_s * 1_000_000_000 + ctime_ns:
+        return False
+    if now.st_ino & U32 != ino or now.st_size & U32 != size:
         return False
     if mode == LINK:
-        kind_ok = stat.S_ISLNK(now.st_mode)
-    else:
-        kind_ok = stat.S_ISREG(now.st_mode) and bool(now.st_mode & 0o100) == (mode == EXECUTABLE)
-    return (
-        kind_ok
-        and (now.st_mtime_ns // 10**9) & U32 == mtime_s
-        and now.st_mtime_ns % 10**9 == mtime_ns
-        and (now.st_ctime_ns // 10**9) & U32 == ctime_s
-        and now.st_ctime_ns % 10**9 == ctime_ns
-        and now.st_ino & U32 == ino
-        and now.st_size & U32 == size
-    )
+        return stat.S_ISLNK(now.st_mode)
+    return stat.S_ISREG(now.st_mode) and bool(now.st_mode & 0o100) == (mode == EXECUTABLE)
 
 
-def _fingerprint(path: str, now: Optional[os.stat_result], budget: list[int]) -> str:
+def _fingerprint(path: bytes, now: Optional[os.stat_result], budget: list[int]) -> str:
     """What a tracked file that is not settled holds: its kind, mode and content's digest."""
     if now is None:
         return "missing"
     if stat.S_ISLNK(now.st_mode):
-        return "link " + _digest(os.fsencode(os.readlink(path)))
+        return "link " + _digest(os.readlink(path))
     if not stat.S_ISREG(now.st_mode):
         return f"other {stat.S_IFMT(now.st_mode)}"
     budget[0] -= now.st_size
@@ -348,7 +342,7 @@ def _read(path: str) -> bytes:
     return _read_stat(path)[0]
 
 
-def _read_stat(path: str) -> tuple[bytes, os.stat_result]:
+def _read_stat(path: str | bytes) -> tuple[bytes, os.stat_result]:
     """A file's content and its stat, without following a link at the end."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     try:
