@@ -482,3 +482,10 @@ def test_add_keeps_gits_answer_in_the_spool(gq: Any) -> None:
     (repo / "train.py").write_text("print('v3')\n")
     changed = gq.job(gq.add("-q", "--hold", "-d", str(repo), "true"))["code"]
     assert changed == gitinfo.provenance(str(repo)) and changed["diff_hash"] != today["diff_hash"]
+
+
+def test_a_directory_replaced_by_a_link(repo: Path, cache: Any) -> None:
+    assert fast(repo, cache)["dirty"] is False and kept(repo, cache) is not None
+    os.rename(repo / "src", repo / "moved")
+    os.symlink("moved", repo / "src")  # the same files, reached through a link: deleted, for git
+    assert fast(repo, cache)["dirty"] is True

@@ -228,8 +228,12 @@ def _index(top: str, path: str) -> list[str]:
     budget = [MAX_HASHED]
     offset, name = 12, b""
     top_slash = os.fsencode(top) + b"/"  # bytes paths: no decoding per entry
+    directories = {b""}
     for _ in range(count):
         offset, name, fields = _entry(data, offset, version, name)
+        parent = name.rpartition(b"/")[0]
+        if parent not in directories:
+            _real_directories(top_slash, parent, directories)
         try:
             now: Optional[os.stat_result] = os.lstat(top_slash + name)
         except FileNotFoundError:
@@ -238,6 +242,19 @@ def _index(top: str, path: str) -> list[str]:
             parts.append(f"{os.fsdecode(name)} {_fingerprint(top_slash + name, now, budget)}")
     _extensions(data, offset)
     return parts
+
+
+def _real_directories(top_slash: bytes, directory: bytes, known: set[bytes]) -> None:
+    """Each directory on the way to a tracked file must be one, not a link to one: git does not
+    follow such a link (the files beyond it are deleted for git) while lstat does."""
+    while directory not in known:
+        try:
+            if stat.S_ISLNK(os.lstat(top_slash + directory).st_mode):
+                raise Unusual("a link on the way to a tracked file")
+        except FileNotFoundError:  # the files in it are missing: their entries say so
+            pass
+        known.add(directory)
+        directory = directory.rpartition(b"/")[0]
 
 
 def _entry(data: bytes, offset: int, version: int, previous: bytes) -> tuple[int, bytes, tuple]:
