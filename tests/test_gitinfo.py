@@ -8,9 +8,11 @@ import shutil
 import stat
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import pytest
+from test_startup_imports import imported_by
 
 from gpuq.spool import Spool
 from gpuq.system import gitinfo, gitstate
@@ -479,6 +481,8 @@ def test_add_keeps_gits_answer_in_the_spool(gq: Any) -> None:
     assert len(kept) == 1 and kept[0].stat().st_mode & 0o077 == 0
     today = gitinfo.provenance(str(repo))
     assert [gq.job(i)["code"] for i in ids] == [today] * 3
+    modules = imported_by(SimpleNamespace(work=repo, env=gq.env), "add", "-q", "--hold", "true")
+    assert "gpuq.system.gitinfo" in modules and "subprocess" not in modules  # no git was started
     (repo / "train.py").write_text("print('v3')\n")
     changed = gq.job(gq.add("-q", "--hold", "-d", str(repo), "true"))["code"]
     assert changed == gitinfo.provenance(str(repo)) and changed["diff_hash"] != today["diff_hash"]
