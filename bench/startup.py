@@ -9,8 +9,9 @@ them) is shared by all; every round runs, in an order that rotates, each venv's 
 `gpuq status` and `gpuq add -q true` (its job removed again, so that the queue does not grow).
 Reported: medians of wall time and of CPU time (user + system of the child, which a loaded machine
 inflates less), and each command's excess over its own venv's `python -c pass`. `--git` makes the
-directory `add` runs in a git repository with one commit and an uncommitted change, so that `add`
-records the code's provenance as a user's would. `--dispatch N` then also takes N samples per venv
+directory `add` runs in a git repository with one commit and an uncommitted change (`--git-files`
+tracked files), so that `add` records the code's provenance as a user's would (also for
+`--dispatch`). `--dispatch N` then also takes N samples per venv
 of issue 15's end-to-end figure: an idle `gpuq run --watch` of that venv, `gpuq add` launched ->
 the job's first instruction (bench/scenarios.py's dispatch, the venvs taking turns).
 """
@@ -50,12 +51,15 @@ def timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float
     return wall, cpu, proc.stdout
 
 
-def make_git_work(work: Path) -> None:
-    """A repository as a user's: one commit, one file changed since."""
+def make_git_work(work: Path, files: int = 1) -> None:
+    """A repository as a user's: `files` tracked files in one commit, one of them changed since."""
     git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@example.invalid"]
     subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
     (work / "train.py").write_text("print('train')\n")
-    subprocess.run([*git, "-C", str(work), "add", "train.py"], check=True)
+    for n in range(1, files):
+        (work / "src" / f"d{n % 10}").mkdir(parents=True, exist_ok=True)
+        (work / "src" / f"d{n % 10}" / f"m{n}.py").write_text(f"VALUE = {n}\n")
+    subprocess.run([*git, "-C", str(work), "add", "."], check=True)
     subprocess.run([*git, "-C", str(work), "commit", "-q", "-m", "first"], check=True)
     (work / "train.py").write_text("print('train, changed')\n")
 
@@ -66,6 +70,7 @@ def main() -> int:
     ap.add_argument("--finished", type=int, default=1000, help="finished jobs in the spool (default 1000)")
     ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--git", action="store_true", help="`add` runs in a git repository with a change")
+    ap.add_argument("--git-files", type=int, default=1, metavar="N", help="with --git: N tracked files (default 1)")
     ap.add_argument("--dispatch", type=int, default=0, metavar="N", help="also N dispatch samples per venv")
     args = ap.parse_args()
     labels = [f"{n}:{v.name}" for n, v in enumerate(args.venvs)]
@@ -73,7 +78,7 @@ def main() -> int:
         gpuq = Gpuq(Path(tmp))
         fill_finished(gpuq, args.finished)
         if args.git:
-            make_git_work(gpuq.work)
+            make_git_work(gpuq.work, args.git_files)
         env = {k: v for k, v in gpuq.env.items() if k != "PYTHONPATH"}
 
         def add_and_forget(venv: Path) -> tuple[float, float, str]:
@@ -110,12 +115,13 @@ def main() -> int:
                 f" {cpu * 1e3:8.1f} {(cpu - base_cpu) * 1e3:+8.1f}"
             )
     if args.dispatch:
-        dispatch_side_by_side(labels, args.venvs, args.dispatch)
+        dispatch_side_by_side(labels, args.venvs, args.dispatch, args.git_files if args.git else 0)
     return 0
 
 
-def dispatch_side_by_side(labels: list[str], venvs: list[Path], samples: int) -> None:
-    """`gpuq add` launched -> the job's first instruction, each venv with its own idle worker."""
+def dispatch_side_by_side(labels: list[str], venvs: list[Path], samples: int, git_files: int = 0) -> None:
+    """`gpuq add` launched -> the job's first instruction, each venv with its own idle worker
+    (`git_files`: in a git repository of that many tracked files, one changed, as with --git)."""
     with tempfile.TemporaryDirectory(prefix="gpuq-dispatch-") as tmp:
         queues = []
         try:
@@ -123,6 +129,8 @@ def dispatch_side_by_side(labels: list[str], venvs: list[Path], samples: int) ->
                 systems.VENV["path"] = venv  # read when the queue is made: its commands are this venv's
                 queue = Gpuq(Path(tmp) / label.replace(":", "-"))
                 queue.name = label
+                if git_files:
+                    make_git_work(queue.work, git_files)
                 queue.start()
                 queues.append(queue)
             out = dispatch(queues, Path(tmp), samples)

@@ -2,6 +2,9 @@
 
 Everything here runs the `git` binary (no library) with a timeout, read-only: `GIT_OPTIONAL_LOCKS=0`
 stops `git status` from rewriting the index, so looking never races the user's own git commands.
+Given a cache (`gpuq add` and the check at a job's start give spool.cache), `provenance` runs git
+only when the work tree changed since git last answered for it (system/gitstate.py says how that
+is known without git), and keeps git's new answer there.
 
 What the provenance records (`provenance`):
 - `dirty` is about *tracked* files only (staged or not, against HEAD), as `git describe --dirty`
@@ -17,11 +20,14 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
+
+from gpuq.system import gitstate
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
     from typing import Any, Optional
+
+    from gpuq.system.gitstate import CacheFiles
 
 GIT_TIMEOUT = 5.0
 SNAPSHOT_MAX_BYTES = 200 * 1024 * 1024
@@ -50,6 +56,8 @@ class GitFailed(Exception):
 def _git_io(cwd: str) -> dict[str, Any]:
     """How every git gpuq runs is started: in `cwd`, never prompting or taking optional locks,
     stdout piped, stderr swallowed."""
+    import subprocess  # here and below: `gpuq add` in an unchanged work tree starts no git (bench/PROFILE.md)
+
     env = dict(os.environ)
     env.update(GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", LC_ALL="C")
     quiet = subprocess.DEVNULL
@@ -58,6 +66,8 @@ def _git_io(cwd: str) -> dict[str, Any]:
 
 def _git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
     """stdout of `git ARGS` run in `cwd`; GitFailed on any failure (stderr is swallowed)."""
+    import subprocess
+
     try:
         proc = subprocess.run(["git", *args], **_git_io(cwd), timeout=timeout)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -70,6 +80,8 @@ def _git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
 def _git_sha256(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> tuple[str, int]:
     """(sha256 hex, byte count) of the output of `git ARGS`, read in chunks so a diff touching a
     large file is never held in memory whole."""
+    import subprocess
+
     try:
         proc = subprocess.Popen(["git", *args], **_git_io(cwd))
     except OSError as exc:
@@ -118,14 +130,30 @@ def _empty_tree(cwd: str, timeout: float) -> str:
     return _git(cwd, "hash-object", "-t", "tree", "/dev/null", timeout=timeout).decode().strip()
 
 
-def provenance(cwd: str, timeout: float = GIT_TIMEOUT) -> Optional[dict[str, Any]]:
+def provenance(cwd: str, timeout: float = GIT_TIMEOUT, cache: Optional[CacheFiles] = None) -> Optional[dict[str, Any]]:
     """Git facts about the code in `cwd`, or None when `cwd` is not in a git work tree, git is
     missing, refuses the repository (`safe.directory`) or does not answer within `timeout`
     seconds (per git call). Never prints anything and never raises for those cases.
 
     Returns {"repo": toplevel, "commit": sha or None (no commit yet), "branch": name or None
     (detached HEAD), "dirty": tracked files differ from HEAD, "diff_hash": sha256 hex of the
-    diff or None when clean}. A repository without commits counts every tracked file as a change."""
+    diff or None when clean}. A repository without commits counts every tracked file as a change.
+
+    With a `cache`: git's last answer for this work tree when its look is the same (nothing
+    git would see changed since, so git would answer the same); else git's answer, kept there."""
+    before = gitstate.look(cwd) if cache is not None else None
+    if before is not None:
+        answer = gitstate.cached(cache, before)
+        if answer is not None:
+            return answer
+    answer = _ask_git(cwd, timeout)
+    if before is not None and answer is not None:
+        gitstate.remember(cache, before, answer, cwd)
+    return answer
+
+
+def _ask_git(cwd: str, timeout: float) -> Optional[dict[str, Any]]:
+    """`provenance` as git answers it."""
     try:
         top = _git(cwd, "rev-parse", "--show-toplevel", timeout=timeout).decode("utf-8", "surrogateescape").strip()
         if not top:  # inside .git itself: no work tree

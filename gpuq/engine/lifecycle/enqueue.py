@@ -361,9 +361,11 @@ def _safeguards(request: Request, cwd: str) -> dict[str, Any]:
         if request.snapshot:
             raise UsageError(f"--snapshot needs a git repository; {cwd} is not in one")
         return out
-    from gpuq.system import gitinfo  # subprocess and git: only inside a repository
+    from gpuq.system import gitinfo  # only inside a repository
 
-    out["code"] = gitinfo.provenance(cwd)
+    # git runs only when the work tree changed since it last answered: its answer is kept in the
+    # spool's cache/, read (and written) here without creating the spool, which is opened later
+    out["code"] = gitinfo.provenance(cwd, cache=Spool().cache)
     if request.snapshot and out["code"] is None:
         raise UsageError(f"--snapshot: git cannot read the repository of {cwd}")
     if request.snapshot:

@@ -65,12 +65,14 @@ def _run_to_end(
     """One started job to its end: its exit code, and the job started in its place, if any."""
     recorded, unused = wait.record_process(run, child)
     wait.forward_termination_to(child.pid)
-    start.note_code_change(run)
+    checking = start.check_code_while_running(run)
     exit_code, sig = wait.wait_for_end(run, child, pump)
     # The next job is in running/ and started before this one leaves running/: no worker ever sees
     # the slot free in between, and this job's end record is off the next one's way.
     ended_at = now_iso()  # the job's end, whenever it is recorded (after the next job's start)
     started = _start_successor(run, heard, unused) if exit_code == 0 else released(unused)
+    if checking is not None:
+        checking.join()  # it may still write the job's file: before the end record does
     end.finish(run, exit_code=exit_code, sig=sig, note=None, retry=True, ended_at=ended_at, recorded=recorded)
     after_end(run.spool, run.job.id, run.order.hooks())
     return exit_code, started

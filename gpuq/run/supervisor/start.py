@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -154,13 +155,25 @@ def drop_queued_copy(run: Run) -> None:
         run.queued = None
 
 
+def check_code_while_running(run: Run) -> Optional[threading.Thread]:
+    """`note_code_change` in a thread of its own, started once the job runs and its pid is
+    recorded: neither the wait for the job nor the start of the next job of the slot waits for
+    git. Until it is joined the thread alone writes the job's file (the wait phase writes none):
+    join it before the job's end is recorded. None when there is nothing to check."""
+    if not run.job.code or run.job.snapshot:
+        return None
+    thread = threading.Thread(target=note_code_change, args=(run,), name="gpuq-code-check", daemon=True)
+    thread.start()
+    return thread
+
+
 def note_code_change(run: Run) -> None:
     """Whether the code of the job's repository changed since it was queued (not for a snapshot,
     which runs the queued copy): said in its file, so `status` and `show` can say it."""
     queued = run.job.code
     if not queued or run.job.snapshot:
         return
-    now = gitinfo.provenance(run.job.cwd)
+    now = gitinfo.provenance(run.job.cwd, cache=run.spool.cache)  # git only if the work tree changed
     changed = gitinfo.changed(queued, now)
     if changed:  # an unchanged start needs no write: `code` is what runs
         log_line(run.log_fd, changed)
