@@ -86,6 +86,18 @@ def p95(values: Sequence[float]) -> Optional[float]:
     return ordered[rank - 1]
 
 
+def ms(value: Optional[float]) -> str:
+    """Seconds as the report's milliseconds."""
+    return "n/a" if value is None else f"{value * 1000:.1f}"
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table, and the blank line after it."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines + [""]
+
+
 # ---- process accounting -----------------------------------------------------------------------
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used so far (its own, not its children's)."""
