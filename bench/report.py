@@ -8,6 +8,7 @@ from typing import Any, Optional
 import report_situations
 from common import md_table as _table
 from common import median, ms, p95
+from common import median_of as of
 
 ORIGINAL_GPUQ_FACTS = (
     "The original single-file gpuq (SQLite) was **not measured here**: it is a script on GitHub and "
@@ -168,12 +169,6 @@ def targets(results: dict[str, Any], sizes: dict[str, int]) -> list[str]:
         ok = value <= limit if lower_is_better else value >= limit
         bound = limit_text or f"{'<=' if lower_is_better else '>='} {limit:g} {unit}"
         rows.append([what, shown(value), shown(peers[0]), shown(peers[1]), bound, _mark(ok)])
-
-    def of(data: dict[str, Any], name: str, scale: float = 1000.0, key: Optional[str] = None) -> Optional[float]:
-        if name not in data:
-            return None
-        values = data[name][key] if key else data[name]
-        return median(values) * scale
 
     g = "gpuq"
     if "dispatch" in results:

@@ -3,20 +3,13 @@ sections of RESULTS.md and their rows of the targets table, judged on this run's
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
-from common import md_table, median, ms, p95
+from common import md_table, median, median_of, ms, p95
 
 RESEARCHER_PEERS = {"gpuq status": ("tsp -l", "fq -nq"), "gpuq add": ("tsp add", "nq add")}
 GPUQ_COMMANDS = ("gpuq status", "gpuq status --json", "gpuq add", "gpuq eta", "gpuq history")
 SMALL = 2000  # issue 27's first size; above it, the looser limits of 10,000 finished jobs
-
-
-def _ms_of(data: dict[str, Any], name: str, key: Optional[str] = None) -> Optional[float]:
-    if name not in data:
-        return None
-    values = data[name][key] if key else data[name]
-    return median(values) * 1000
 
 
 def researcher_limits(finished: int) -> tuple[float, float]:
@@ -32,21 +25,21 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(
             dict(
                 what="`add` launched -> job's first instruction, in a git repository (dirty tree), idle worker",
-                value=_ms_of(d, "gpuq", "submitted"),
+                value=median_of(d, "gpuq", key="submitted"),
                 limit=40,
                 unit="ms",
-                peers=(_ms_of(d, "tsp", "submitted"), _ms_of(d, "nq", "submitted")),
+                peers=(median_of(d, "tsp", key="submitted"), median_of(d, "nq", key="submitted")),
             )
         )
     if "back_to_back_gpus" in results:
         b = results["back_to_back_gpus"]
-        tsp = _ms_of(b, "tsp")
+        tsp = median_of(b, "tsp")
         limit = 3 * tsp if tsp is not None else 50.0
         text = f"<= 3x tsp = {limit:.1f} ms" if tsp is not None else "<= 50 ms (no tsp in this run)"
         rows.append(
             dict(
                 what="back-to-back gap, 2 simulated GPUs, one job per GPU (tsp: 2 slots)",
-                value=_ms_of(b, "gpuq"),
+                value=median_of(b, "gpuq"),
                 limit=limit,
                 unit="ms",
                 peers=(tsp, None),
