@@ -105,8 +105,8 @@ def researcher_section(data: dict[str, Any], sizes: dict[str, Any]) -> list[str]
         "## 10. A researcher's spool (issue 27)",
         "",
         f"Every command runs from inside a git repository ({data.get('tracked files', '?')} tracked files, one "
-        f"changed). gpuq: finished jobs from a few commands and sweeps of 12 ({failed} of them failed, the "
-        f"others done), written through its library from job files of real `gpuq add`s; two simulated GPUs, each "
+        f"changed). gpuq: finished jobs from a few commands and sweeps of 12 (failed: {failed}; the others "
+        f"done), written through its library from job files of real `gpuq add`s; two simulated GPUs, each "
         f"running a real long job; {sizes['researcher_pending']} jobs pending behind them (real `gpuq add`s). "
         "`gpuq add` queues a training script of the repository (its job is removed again after each sample). "
         f"The peers, with {min(sizes['researcher_finished'][0], sizes['researcher_peer_max']):,} finished jobs "

@@ -246,47 +246,59 @@ def _peer_add_and_forget(system: System, words: list[str]) -> float:
     return elapsed
 
 
-def researcher(root: Path, peer_names: list[str], sizes: dict[str, Any]) -> dict[str, Any]:
-    """The scenario: for each size of `researcher_finished`, every command timed `researcher_reps`
-    times; the peers only up to `researcher_peer_max` finished jobs (they get finished jobs only by
-    running them). Returns {"finished": {finished: {command: samples}}, "failed": {finished: how many of them
-    failed}, "tracked files": the repository's}."""
+def build(root: Path, files: int, sizes: list[int], pending: int) -> tuple[Gpuq, Callable[[int], None]]:
+    """The researcher's gpuq queue with `sizes[0]` finished jobs, its worker running (the caller
+    stops it: `gpuq.stop()`), and the function that grows it to a later size of `sizes`."""
     import time
 
-    from gpuq.core.states import FAILED
-
-    repo = make_repo(root / "repo", sizes["git_files"])
     gpuq = Gpuq(root / "gpuq")
     gpuq.simulate_gpus(2)
-    gpuq.work = repo
-    peers: list[System] = [(Tsp if name == "tsp" else Nq)(root / name) for name in peer_names]
-    out: dict[str, Any] = {"finished": {}}
+    gpuq.work = make_repo(root / "repo", files)
+    # the newest finished job of the largest size ends some hours ago; ids above the largest size
+    # are the live jobs' and the timed adds' (about 100 of them)
+    epoch = time.time() - (max(sizes) + 200) * SPACING
     try:
         gpuq.start()
         made = templates(gpuq)
-        # the newest finished job of the largest size ends some minutes ago; ids > the largest size are
-        # the live jobs' and the timed adds' (about 100 of them)
-        epoch = time.time() - (max(sizes["researcher_finished"]) + 200) * SPACING
-        fill(gpuq, made, sizes["researcher_finished"][0], epoch)
-        queue_live(gpuq, sizes["researcher_pending"])
-        for system in peers:
-            system.work = repo
-            if isinstance(system, Tsp):
-                system.env["TS_SLOTS"] = "2"
-            system.start()
-            queue_peer(
-                system, min(sizes["researcher_finished"][0], sizes["researcher_peer_max"]), sizes["researcher_pending"]
-            )
-        for total in sizes["researcher_finished"]:
+
+        def grow(total: int) -> None:
             fill(gpuq, made, total, epoch)
             if finished_count(gpuq) != total:
                 raise BenchError(f"the researcher's spool holds {finished_count(gpuq)} finished jobs, not {total}")
+
+        grow(sizes[0])
+        queue_live(gpuq, pending)
+    except BaseException:
+        gpuq.stop()
+        raise
+    return gpuq, grow
+
+
+def researcher(root: Path, peer_names: list[str], sizes: dict[str, Any]) -> dict[str, Any]:
+    """The scenario: for each size of `researcher_finished`, every command timed `researcher_reps`
+    times; the peers only up to `researcher_peer_max` finished jobs (they get finished jobs only by
+    running them). Returns {"finished": {finished: {command: samples}}, "failed": {finished: how many
+    of them failed}, "tracked files": the repository's}."""
+    from gpuq.core.states import FAILED
+
+    finished, pending = sizes["researcher_finished"], sizes["researcher_pending"]
+    gpuq, grow = build(root, sizes["git_files"], finished, pending)
+    peers: list[System] = [(Tsp if name == "tsp" else Nq)(root / name) for name in peer_names]
+    out: dict[str, Any] = {"finished": {}, "failed": {}}
+    try:
+        for system in peers:
+            system.work = gpuq.work
+            if isinstance(system, Tsp):
+                system.env["TS_SLOTS"] = "2"
+            system.start()
+            queue_peer(system, min(finished[0], sizes["researcher_peer_max"]), pending)
+        for total in finished:
+            grow(total)
             live = peers if total <= sizes["researcher_peer_max"] else []
             out["finished"][total] = time_round(gpuq, live, sizes["researcher_reps"])
-            out.setdefault("failed", {})[total] = len(gpuq.spool.jobs.names(FAILED))
-        out["tracked files"] = len(
-            subprocess.run(["git", "-C", str(repo), "ls-files"], capture_output=True, text=True).stdout.split()
-        )
+            out["failed"][total] = len(gpuq.spool.jobs.names(FAILED))
+        listed = subprocess.run(["git", "-C", str(gpuq.work), "ls-files"], capture_output=True, text=True).stdout
+        out["tracked files"] = len(listed.split())
     finally:
         gpuq.stop()
         for system in peers:
@@ -294,4 +306,4 @@ def researcher(root: Path, peer_names: list[str], sizes: dict[str, Any]) -> dict
     return out
 
 
-__all__ = ["researcher", "make_repo", "fill"]
+__all__ = ["researcher", "build", "make_repo", "fill"]
