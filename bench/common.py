@@ -77,6 +77,15 @@ def median(values: Sequence[float]) -> Optional[float]:
     return statistics.median(values) if values else None
 
 
+def median_of(data: dict[str, Any], name: str, scale: float = 1000.0, key: Optional[str] = None) -> Optional[float]:
+    """The median of `name`'s samples in a scenario's results (under `key`), in ms by default;
+    None if it was not measured."""
+    if name not in data:
+        return None
+    values = data[name][key] if key else data[name]
+    return statistics.median(values) * scale
+
+
 def p95(values: Sequence[float]) -> Optional[float]:
     """Nearest-rank 95th percentile (with 20 samples: the 19th smallest)."""
     if not values:
@@ -84,6 +93,18 @@ def p95(values: Sequence[float]) -> Optional[float]:
     ordered = sorted(values)
     rank = max(1, -(-95 * len(ordered) // 100))
     return ordered[rank - 1]
+
+
+def ms(value: Optional[float]) -> str:
+    """Seconds as the report's milliseconds."""
+    return "n/a" if value is None else f"{value * 1000:.1f}"
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table, and the blank line after it."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines + [""]
 
 
 # ---- process accounting -----------------------------------------------------------------------

@@ -24,8 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import honest  # noqa: E402
 import report  # noqa: E402
+import researcher  # noqa: E402
 import scenarios  # noqa: E402
 import systems  # noqa: E402
+import variants  # noqa: E402
 from common import filesystem_of, machine_info  # noqa: E402
 
 FULL = {
@@ -42,6 +44,11 @@ FULL = {
     "log_reps": 15,
     "scale": 100000,
     "scale_reps": 5,
+    "git_files": 300,
+    "researcher_finished": [2000, 10000],
+    "researcher_pending": 20,
+    "researcher_reps": 15,
+    "researcher_peer_max": 2000,
 }
 SMOKE = {
     "dispatch": 3,
@@ -57,8 +64,14 @@ SMOKE = {
     "log_reps": 3,
     "scale": 300,
     "scale_reps": 2,
+    "git_files": 20,
+    "researcher_finished": [40, 80],
+    "researcher_pending": 4,
+    "researcher_reps": 2,
+    "researcher_peer_max": 40,
 }
 STEPS = ("dispatch", "back_to_back", "throughput", "cli", "idle", "log", "scale")
+STEPS += ("dispatch_git", "back_to_back_gpus", "researcher")  # issue 27: where users are
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -157,6 +170,9 @@ def run_steps(
         ("idle", lambda: scenarios.idle_cost(systems.make, names, root, *_idle_sizes(sizes))),
         ("log", lambda: scenarios.log_size(root, sizes["log_bytes"], sizes["log_reps"])),
         ("scale", lambda: scenarios.scale(cli_gpuq, sizes["scale"], sizes["scale_reps"])),
+        ("dispatch_git", lambda: variants.dispatch_git(names, root / "dgit", sizes["dispatch"], sizes["git_files"])),
+        ("back_to_back_gpus", lambda: variants.back_to_back_gpus(names, root / "b2b-gpus", sizes["pairs"])),
+        ("researcher", lambda: researcher.researcher(root / "researcher", names[1:], sizes)),
     ]
     for name, step in plan:
         if name not in steps:

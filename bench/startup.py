@@ -2,6 +2,7 @@
 """Start-up of `gpuq status` and `gpuq add`, side by side (issue 15, bench/PROFILE.md section 1).
 
     python bench/startup.py OLD_VENV NEW_VENV [--finished 1000] [--rounds 21] [--git] [--dispatch 10]
+    python bench/startup.py OLD_VENV NEW_VENV --researcher 2000,10000 [--rounds 21]
 
 Each venv is one built by bench/honest.py (`python bench/honest.py` prints the path of the one for
 its checkout). One spool with `--finished` finished jobs (written as bench/scenarios.py writes
@@ -14,6 +15,10 @@ tracked files), so that `add` records the code's provenance as a user's would (a
 `--dispatch`). `--dispatch N` then also takes N samples per venv
 of issue 15's end-to-end figure: an idle `gpuq run --watch` of that venv, `gpuq add` launched ->
 the job's first instruction (bench/scenarios.py's dispatch, the venvs taking turns).
+
+`--researcher 2000,10000` times, instead, `status`, `status --json`, `add`, `eta` and `history` of
+each venv in issue 27's researcher's spool (bench/researcher.py: a git repository, two simulated GPUs
+running, 20 pending) at each number of finished jobs; its worker and live jobs are the first venv's.
 """
 
 from __future__ import annotations
@@ -72,8 +77,12 @@ def main() -> int:
     ap.add_argument("--git", action="store_true", help="`add` runs in a git repository with a change")
     ap.add_argument("--git-files", type=int, default=1, metavar="N", help="with --git: N tracked files (default 1)")
     ap.add_argument("--dispatch", type=int, default=0, metavar="N", help="also N dispatch samples per venv")
+    ap.add_argument("--researcher", metavar="N,N", help="time issue 27's commands in the researcher's spool")
     args = ap.parse_args()
     labels = [f"{n}:{v.name}" for n, v in enumerate(args.venvs)]
+    if args.researcher:
+        sizes = sorted(int(n) for n in args.researcher.split(","))
+        return researcher_side_by_side(labels, args.venvs, sizes, args.rounds)
     with tempfile.TemporaryDirectory(prefix="gpuq-startup-") as tmp:
         gpuq = Gpuq(Path(tmp))
         fill_finished(gpuq, args.finished)
@@ -103,20 +112,75 @@ def main() -> int:
                 samples[label][0].append(wall)
                 samples[label][1].append(cpu)
     print(f"{args.finished} finished jobs, {args.rounds} rounds, load average {os.getloadavg()[0]:.2f} at the end")
-    for label, venv in zip(labels, args.venvs):
+    print_table(labels, args.venvs, samples, ("python -c pass", "gpuq status", "gpuq add"))
+    if args.dispatch:
+        dispatch_side_by_side(labels, args.venvs, args.dispatch, args.git_files if args.git else 0)
+    return 0
+
+
+RESEARCHER_COMMANDS = {
+    "gpuq status": ["status"],
+    "gpuq status --json": ["status", "--json"],
+    "gpuq eta": ["eta"],
+    "gpuq history": ["history"],
+}
+
+
+def researcher_side_by_side(labels: list[str], venvs: list[Path], sizes: list[int], rounds: int) -> int:
+    """Each venv's commands in one researcher's spool, grown through `sizes`, in rotating turns."""
+    import researcher
+
+    systems.VENV["path"] = venvs[0]  # the worker, the running and the pending jobs: the first venv's
+    with tempfile.TemporaryDirectory(prefix="gpuq-researcher-") as tmp:
+        gpuq, grow = researcher.build(Path(tmp), 300, sizes, 20)
+        env, work = gpuq.env, gpuq.work
+        add_words = list(next(iter(researcher.SINGLES)))
+
+        def add_and_forget(venv: Path) -> tuple[float, float, str]:
+            wall, cpu, out = timed([str(venv / "bin" / "gpuq"), "add", "-q", *add_words], env, work)
+            ref = gpuq.spool.jobs.find(int(out.strip()), ("pending",))
+            if ref is not None:
+                gpuq.spool.jobs.remove(ref)
+            return wall, cpu, out
+
+        tasks: list[tuple[str, Callable[[], tuple[float, float, str]]]] = []
+        for label, venv in zip(labels, venvs):
+            py, cli = str(venv / "bin" / "python"), str(venv / "bin" / "gpuq")
+            tasks.append((f"{label} python -c pass", lambda py=py: timed([py, "-c", "pass"], env, work)))
+            for what, argv in RESEARCHER_COMMANDS.items():
+                tasks.append((f"{label} {what}", lambda cli=cli, argv=argv: timed([cli, *argv], env, work)))
+            tasks.append((f"{label} gpuq add", lambda venv=venv: add_and_forget(venv)))
+        try:
+            for size in sizes:
+                grow(size)
+                for _label, task in tasks:  # warm the page cache and the bytecode once
+                    task()
+                samples: dict[str, tuple[list[float], list[float]]] = {label: ([], []) for label, _ in tasks}
+                for n in range(rounds):
+                    for label, task in rotated(tasks, n):
+                        wall, cpu, _out = task()
+                        samples[label][0].append(wall)
+                        samples[label][1].append(cpu)
+                print(f"researcher's spool, {size} finished jobs, {rounds} rounds, load {os.getloadavg()[0]:.2f}")
+                print_table(labels, venvs, samples, ("python -c pass", *RESEARCHER_COMMANDS, "gpuq add"))
+        finally:
+            gpuq.stop()
+    return 0
+
+
+def print_table(labels: list[str], venvs: list[Path], samples: dict, commands: tuple[str, ...]) -> None:
+    """Medians of wall and CPU time, and each command's excess over its venv's `python -c pass`."""
+    for label, venv in zip(labels, venvs):
         print(f"{label} = {venv}")
     print(f"{'command':<44} {'wall':>8} {'over':>8} {'CPU':>8} {'over':>8}  (ms, medians)")
     for label in labels:
         base_wall, base_cpu = (median(v) for v in samples[f"{label} python -c pass"])
-        for what in ("python -c pass", "gpuq status", "gpuq add"):
+        for what in commands:
             wall, cpu = (median(v) for v in samples[f"{label} {what}"])
             print(
                 f"{label + ' ' + what:<44} {wall * 1e3:8.1f} {(wall - base_wall) * 1e3:+8.1f}"
                 f" {cpu * 1e3:8.1f} {(cpu - base_cpu) * 1e3:+8.1f}"
             )
-    if args.dispatch:
-        dispatch_side_by_side(labels, args.venvs, args.dispatch, args.git_files if args.git else 0)
-    return 0
 
 
 def dispatch_side_by_side(labels: list[str], venvs: list[Path], samples: int, git_files: int = 0) -> None:

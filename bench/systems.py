@@ -121,6 +121,26 @@ class Gpuq(System):
             self.cli = [sys.executable, "-m", "gpuq"]
         self.worker: Optional[subprocess.Popen] = None
 
+    def simulate_gpus(self, count: int) -> None:
+        """Before start(): this queue's machine has `count` idle simulated GPUs (README, "Simulated
+        GPUs"): the worker and every command read them from a file instead of NVML."""
+        import json
+
+        gpus = [
+            {
+                "index": n,
+                "name": "Fake H100",
+                "uuid": f"GPU-fake-{n}",
+                "memory_total_mib": 81559,
+                "memory_used_mib": 0,
+                "processes": [],
+            }
+            for n in range(count)
+        ]
+        path = self.root / "gpus.json"
+        path.write_text(json.dumps({"gpus": gpus}))
+        self.env["GPUQ_FAKE_GPUS"] = str(path)
+
     def add_argv(self, cmd: list[str]) -> list[str]:
         return [*self.cli, "add", "-q", *cmd]
 

@@ -21,6 +21,9 @@ SECTIONS = (
     "## 5. Idle cost",
     "## 6. Log size",
     "## 7. Scale",
+    "## 8. Dispatch inside a git repository",
+    "## 9. Back-to-back gap with two simulated GPUs",
+    "## 10. A researcher's spool",
 )
 
 
@@ -52,6 +55,15 @@ def test_smoke_run_measures_every_item(tmp_path: Path) -> None:
     small, big = data["log"]["sizes"]
     assert small < 4096 and big >= 2**30  # the big case really had a 1 GB log
     assert set(data["scale"]) >= {"gpuq status", "gpuq status -a"}
+    # issue 27: the same measurements inside a git repository, on simulated GPUs, over a researcher's spool
+    assert len(data["dispatch_git"]["gpuq"]["submitted"]) == 3
+    assert all(0 < g < 10 for g in data["back_to_back_gpus"]["gpuq"])
+    researcher = data["researcher"]
+    assert researcher["tracked files"] >= 20 and set(researcher["finished"]) == {"40", "80"}
+    for commands in researcher["finished"].values():
+        assert {"gpuq status", "gpuq status --json", "gpuq add", "gpuq eta", "gpuq history"} <= set(commands)
+        assert all(min(v) > 0 for v in commands.values())
+    assert "researcher's spool, 80 finished: `gpuq history` above the baseline" in text
     # every number in the targets table came from this run, none is a placeholder
     target_rows = [line for line in text.split("## 1.")[0].splitlines() if line.startswith("| ") and "ms" in line]
     assert target_rows and all(re.search(r"\| -?\d+\.\d+ ", row) for row in target_rows)
