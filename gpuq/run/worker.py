@@ -116,7 +116,7 @@ class Worker:
         if not woken and not put_off and self._nothing_changed(now):
             return self._quiet_step(now)
         first = woken and not put_off and self.view.only_age_due(now)
-        result = self._full_step(now, first)
+        result = self._full_step(now, first, put_off)
         self._put_off = result.put_off = first
         self._quiet_since = (self.spool.jobs.signature(), now, result)
         return result
@@ -143,7 +143,7 @@ class Worker:
         assert self._quiet_since is not None
         return self._quiet_since[2]
 
-    def _full_step(self, now: float, first: bool = False) -> StepResult:  # first: see step()
+    def _full_step(self, now: float, first: bool = False, after_first: bool = False) -> StepResult:  # see step()
         result = StepResult()
         self._repair(now, put_off=first)
         if not first and self.view.intake_due(now):  # else nothing in pending/ waits to be taken in
@@ -185,8 +185,9 @@ class Worker:
         result.watch_closely = any(job.adopted for job in snap.running)
         if snap.running:
             self._sample_progress(now, snap.running)
-        if not (first or self.stopping or self.draining) and (result.busy or snap.pending):
-            self.launcher.keep_a_spare()  # after a start put off too: starting a zygote competes with the job
+        # after a first step's starts, here (its job may have ended): a new zygote would compete with the job
+        if not (first or self.stopping or self.draining) and (result.busy or snap.pending or after_first):
+            self.launcher.keep_a_spare()
         return result
 
     def _resume_preempted(self) -> tuple[bool, bool]:
