@@ -174,9 +174,10 @@ def test_an_idle_worker_starts_a_new_job_before_its_full_look(tmp_path: Path) ->
     """An idle worker woken by new jobs' events, its last full look older than FULL_LOOK_SECONDS,
     starts what the events named and leaves the full look (and the full repair and the intake) to
     the step right after, which the loop takes within PUT_OFF_SECONDS: with thousands of finished
-    jobs they cost about 10 ms before the start (bench/PROFILE.md section 5). That step finds what
-    no event said (a job cancelled behind the worker's back), as any full look, and keeps the next
-    spare ready, as the first step would have, also once the job it started has ended."""
+    jobs they cost about 10 ms before the start (bench/PROFILE.md, "add -> first instruction").
+    That step finds what no event said (a job cancelled behind the worker's back), as any full
+    look, and keeps the next spare ready, as the first step would have, also once the job it
+    started has ended."""
     from gpuq.run import loop
     from gpuq.run.worker import Worker
 

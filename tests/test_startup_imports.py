@@ -230,8 +230,8 @@ def test_add_publishes_a_job_with_one_link_and_no_clobber(gq: Any) -> None:
 
 def test_a_command_leaves_without_the_interpreters_teardown(gq: Any) -> None:
     """cli.exit_fast: `gpuq add` exits without the teardown that frees every module one by one
-    (bench/PROFILE.md section 5), its output and exit code kept. With an atexit callback (logging
-    registers one) the usual exit runs, and runs it."""
+    (bench/PROFILE.md, "add -> first instruction"), its output and exit code kept. With an atexit
+    callback (logging registers one) the usual exit runs, and runs it."""
     probe = (
         "import atexit, sys\n"
         "class Probe:\n"

@@ -61,10 +61,10 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def exit_fast(code: int) -> None:
     """`sys.exit(code)` without the interpreter's teardown, which frees every module and object one
-    by one: about 3 ms of `gpuq add` (bench/PROFILE.md section 5), spent while the job it queued
-    starts on this machine's other CPU. Only when the teardown has nothing to do for us: stdout and
-    stderr flushed (a failed flush goes the usual way, which reports it), no other thread, no
-    atexit callback, no tracer or profiler (coverage, cProfile)."""
+    by one: about 3 ms of `gpuq add`, spent while the job it queued starts on the other CPU
+    (bench/PROFILE.md, "add -> first instruction"). Only when the teardown has nothing to do for
+    us: stdout and stderr flushed (a failed flush goes the usual way, which reports it), no other
+    thread, no atexit callback, no tracer or profiler (coverage, cProfile)."""
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -38,7 +38,8 @@ class IdCounter:
             next_id = max(next_id, at_least)
             after = f"{next_id + count}\n".encode()
             # Both copies are fsynced before the id is given out; the one in ids.lock by a second
-            # thread meanwhile, so that the two fsyncs share a journal commit (bench/PROFILE.md section 5).
+            # thread meanwhile, so that the two fsyncs share a journal commit (bench/PROFILE.md,
+            # "add -> first instruction").
             copied = _meanwhile(_overwrite, os.dup(fd), after)  # its own descriptor, closed when done
             try:
                 self.files.replace(self.layout.top_file("next_id"), after, "id")
