@@ -13,13 +13,15 @@ import fcntl
 import os
 
 from gpuq.core.states import PENDING
+from gpuq.spool.errors import SpoolFull
 from gpuq.spool.files import Files
 from gpuq.spool.layout import INTAKE_RE, Layout
 from gpuq.spool.store import JobStore
+from gpuq.system.security import FULL_ERRNOS
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any, Callable, Optional
 
 
 class IdCounter:
@@ -40,11 +42,15 @@ class IdCounter:
             # Both copies are fsynced before the id is given out; the one in ids.lock by a second
             # thread meanwhile, so that the two fsyncs share a journal commit (bench/PROFILE.md,
             # "add -> first instruction").
-            copied = _meanwhile(_overwrite, os.dup(fd), after)  # its own descriptor, closed when done
+            copying = _meanwhile(_overwrite, os.dup(fd), after)  # its own descriptor, closed when done
             try:
                 self.files.replace(self.layout.top_file("next_id"), after, "id")
             finally:
-                copied()
+                failed = copying()  # waited for also when next_id failed: that error is the one told
+            if isinstance(failed, OSError) and failed.errno in FULL_ERRNOS:
+                raise SpoolFull(self.layout.home, failed) from None
+            if failed is not None:
+                raise failed
             return next_id
         finally:
             os.close(fd)
@@ -83,9 +89,9 @@ def _overwrite(fd: int, data: bytes) -> None:
         os.close(fd)
 
 
-def _meanwhile(work: Callable[..., None], *args: Any) -> Callable[[], None]:
+def _meanwhile(work: Callable[..., None], *args: Any) -> Callable[[], Optional[BaseException]]:
     """Run `work(*args)` in a thread of its own (`_thread`, built into the interpreter: `threading`
-    is a module to import); the function returned waits for it and raises what it raised."""
+    is a module to import); the function returned waits for it and returns what it raised."""
     done, failed = _thread.allocate_lock(), []
     done.acquire()
 
@@ -99,9 +105,8 @@ def _meanwhile(work: Callable[..., None], *args: Any) -> Callable[[], None]:
 
     _thread.start_new_thread(run, ())
 
-    def wait() -> None:
+    def wait() -> Optional[BaseException]:
         done.acquire()
-        if failed:
-            raise failed[0]
+        return failed[0] if failed else None
 
     return wait
