@@ -1,3 +1,3 @@
-from gpuq.cli import main
+from gpuq.cli import exit_fast, main
 
-raise SystemExit(main())
+exit_fast(main())

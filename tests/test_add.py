@@ -165,6 +165,9 @@ def test_ids_stay_unique_under_eight_concurrent_adders(gq: Env) -> None:
     assert all(p.wait(120) == 0 for p in procs)
     ids = [json.loads((gq.home / "pending" / n).read_text())["id"] for n in gq.files("pending")]
     assert sorted(ids) == list(range(1, 41))
+    # both copies of the counter (the one in ids.lock written by a second thread) say what comes next
+    assert (gq.home / "next_id").read_bytes() == b"41\n"
+    assert (gq.home / "ids.lock").read_bytes() == b"41\n".ljust(32)
 
 
 def test_job_files_get_the_umask_of_the_adding_shell(gq: Env) -> None:

@@ -226,3 +226,29 @@ def test_add_publishes_a_job_with_one_link_and_no_clobber(gq: Any) -> None:
         Spool(gq.home).files.place_new(str(gq.home / "pending" / name), b"{}", "job")
     assert (gq.home / "pending" / name).read_bytes() == before
     assert os.listdir(gq.home / "tmp") == []
+
+
+def test_a_command_leaves_without_the_interpreters_teardown(gq: Any) -> None:
+    """cli.exit_fast: `gpuq add` exits without the teardown that frees every module one by one
+    (bench/PROFILE.md, "add -> first instruction"), its output and exit code kept. With an atexit
+    callback (logging registers one) the usual exit runs, and runs it."""
+    probe = (
+        "import atexit, sys\n"
+        "class Probe:\n"
+        "    def __del__(self): sys.stderr.write('torn down\\n')\n"
+        "sys.modules['probe'] = Probe()\n"
+        "{extra}\n"
+        "from gpuq.cli import exit_fast, main\n"
+        "exit_fast(main(['add', '-q', 'true']))\n"
+    )
+
+    def run(extra: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-c", probe.format(extra=extra)]
+        return subprocess.run(argv, cwd=gq.work, env=gq.env, capture_output=True, text=True, timeout=60)
+
+    fast = run("")
+    assert fast.returncode == 0 and fast.stdout.strip().isdigit(), fast.stderr
+    assert "torn down" not in fast.stderr
+    usual = run("atexit.register(lambda: sys.stderr.write('at exit\\n'))")
+    assert usual.returncode == 0 and usual.stdout.strip().isdigit(), usual.stderr
+    assert "at exit" in usual.stderr and "torn down" in usual.stderr

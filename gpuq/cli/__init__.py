@@ -16,7 +16,7 @@ TYPE_CHECKING = False  # typing only for annotations: importing it costs every s
 if TYPE_CHECKING:
     from typing import Any, Optional
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "exit_fast", "main"]
 
 
 def __getattr__(name: str) -> Any:
@@ -57,6 +57,31 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def exit_fast(code: int) -> None:
+    """`sys.exit(code)` without the interpreter's teardown, which frees every module and object one
+    by one: about 3 ms of `gpuq add`, spent while the job it queued starts on the other CPU
+    (bench/PROFILE.md, "add -> first instruction"). Only when the teardown has nothing to do for
+    us: stdout and stderr flushed (a failed flush goes the usual way, which reports it), no other
+    thread, no atexit callback, no tracer or profiler (coverage, cProfile)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        sys.exit(code)
+    if isinstance(code, int) and sys.gettrace() is None and sys.getprofile() is None and _alone():
+        os._exit(code)
+    sys.exit(code)
+
+
+def _alone() -> bool:
+    """Whether nothing but this thread runs and no atexit callback waits (logging registers one)."""
+    import atexit  # built into the interpreter: nothing to load
+
+    threading = sys.modules.get("threading")  # not imported: no thread was started through it
+    callbacks = getattr(atexit, "_ncallbacks", lambda: 1)()  # CPython's count; unknown elsewhere: assume some
+    return callbacks == 0 and (threading is None or threading.active_count() == 1)
 
 
 def _silence_stdout() -> None:

@@ -55,6 +55,7 @@ class StepResult:
     gpu_wait: bool = False  # a job waits for GPU memory or GPUs that may free up without an event
     claim_busy: bool = False  # a ready job's claim was held (its supervisor just requeued it): look again soon
     space_wait: bool = False  # jobs wait for disk space: look again soon, as space comes back unannounced
+    put_off: bool = False  # the full look, repair and intake were left to a step right after this one's starts
     next_begin: Optional[float] = None  # the earliest --begin time to come: the worker wakes for it
 
 
@@ -99,18 +100,24 @@ class Worker:
         self._last_full_reconcile = 0.0
         self._last_sample = 0.0
         self._quiet_since: Optional[tuple[Any, float, StepResult]] = None  # (signature, time, result)
+        self._put_off = False  # the last step left its full look to this one
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self, now: Optional[float] = None, woken: bool = True) -> StepResult:
         """One scheduling step. A periodic look (`woken` False) at a spool whose pending/,
         running/, locks/ and control/ have not changed only checks the running jobs' processes:
         with a thousand blocked jobs, re-reading the queue every few seconds would cost more CPU
-        than an idle worker may."""
+        than an idle worker may. Woken by an event when only the full look's age calls for one (an
+        idle worker meets a new job), it starts what the events name first and leaves the full look,
+        repair, intake and next spare to the step after (`put_off`): ~10 ms with 2,000 finished jobs."""
         now = time.time() if now is None else now
         self.launcher.reap_zygote()
-        if not woken and self._nothing_changed(now):
+        put_off, self._put_off = self._put_off, False
+        if not woken and not put_off and self._nothing_changed(now):
             return self._quiet_step(now)
-        result = self._full_step(now)
+        first = woken and not put_off and self.view.only_age_due(now)
+        result = self._full_step(now, first, put_off)
+        self._put_off = result.put_off = first
         self._quiet_since = (self.spool.jobs.signature(), now, result)
         return result
 
@@ -136,12 +143,12 @@ class Worker:
         assert self._quiet_since is not None
         return self._quiet_since[2]
 
-    def _full_step(self, now: float) -> StepResult:
+    def _full_step(self, now: float, first: bool = False, after_first: bool = False) -> StepResult:  # see step()
         result = StepResult()
-        self._repair(now)
-        if self.view.intake_due(now):  # else nothing in pending/ waits to be taken in
+        self._repair(now, put_off=first)
+        if not first and self.view.intake_due(now):  # else nothing in pending/ waits to be taken in
             result.more_work = self._take_in_dropped(now)
-        snap, invalid = self.view.look(self.spool, now)
+        snap, invalid = self.view.look(self.spool, now, put_off=first)
         resumed, resume_due = self._resume_preempted()  # after the look: see its docstring
         result.claim_busy = resume_due
         if resumed:
@@ -178,7 +185,8 @@ class Worker:
         result.watch_closely = any(job.adopted for job in snap.running)
         if snap.running:
             self._sample_progress(now, snap.running)
-        if not (self.stopping or self.draining) and (result.busy or snap.pending):
+        # after a first step's starts, here (its job may have ended): a new zygote would compete with the job
+        if not (first or self.stopping or self.draining) and (result.busy or snap.pending or after_first):
             self.launcher.keep_a_spare()
         return result
 
@@ -195,8 +203,8 @@ class Worker:
             self.view.doubt()
         return bool(resumed), busy
 
-    def _repair(self, now: float) -> None:
-        full = now - self._last_full_reconcile >= RESCAN_SECONDS
+    def _repair(self, now: float, put_off: bool = False) -> None:
+        full = not put_off and now - self._last_full_reconcile >= RESCAN_SECONDS
         if full:
             self._last_full_reconcile = now
         report = repairs.reconcile(self.spool, full=full)

@@ -90,10 +90,16 @@ class QueueView:
             return True
         return any(state == PENDING and _dropped_name(name) for state, name in self._named)
 
-    def look(self, spool: Spool, now: float) -> tuple[QueueState, list[tuple[JobRef, str]]]:
-        """The scheduler's view at `now`, plus pending files that are not valid jobs."""
+    def only_age_due(self, now: float) -> bool:
+        """Whether the next look would be full only because the last one is old: the events are
+        trusted (an observer runs, no doubt), so what they named can be acted on first."""
+        return self._events and not self._doubt and self.full_at is not None and self._full_due(now)
+
+    def look(self, spool: Spool, now: float, put_off: bool = False) -> tuple[QueueState, list[tuple[JobRef, str]]]:
+        """The scheduler's view at `now`, plus pending files that are not valid jobs. `put_off`:
+        a full look due only by age (`only_age_due`) is left to the caller's next look."""
         self._collect()
-        if self._full_due(now):
+        if self._full_due(now) and not (put_off and self.only_age_due(now)):
             self._full(spool, now)
         else:
             try:
