@@ -12,7 +12,7 @@ from gpuq.core.errors import UsageError
 from gpuq.core.states import DONE, FAILED, PREEMPTED
 from gpuq.core.times import duration
 from gpuq.core.words import plural
-from gpuq.engine.views import history
+from gpuq.engine.views import finished_index, history
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -40,9 +40,9 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
-def history_jobs(since: Optional[float]) -> list[tuple[str, dict]]:
-    """(state, job) of every job that may have run since `since`."""
-    return spool().jobs.load_all(since)
+def history_jobs(since: Optional[float]) -> list[history.JobRecord]:
+    """The record of every job (the runs before `since` are left out by the caller)."""
+    return finished_index.history_records(spool())
 
 
 def _table(groups: list, by: str) -> str:

@@ -1,7 +1,7 @@
 """The queue's ETA: when each pending job is expected to start and end, behind the running ones.
 
 Running jobs' ETAs come from eta.py; a pending job's run time is the median of earlier successful
-runs of the same command in the same directory.
+runs of the same command in the same directory (the finished rows hold their run times).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
 from gpuq.core.times import duration, parse_iso
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.tracking import eta
+from gpuq.engine.views import finished_index
 from gpuq.spool import Spool
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
@@ -18,18 +19,14 @@ if TYPE_CHECKING:
 
 
 def past_durations(spool: Spool, keys: set[str]) -> dict[str, list[float]]:
-    """Run times of the newest HISTORY_FILES successful jobs whose command and cwd are in `keys`.
-    Bounded on purpose: done/ can hold many thousands of files."""
+    """Run times of the successful jobs whose command and cwd are in `keys`, oldest first: read
+    from the finished rows (finished_index.rows), which hold each job's key and run time, so no
+    job file is opened; adopted jobs and unknown times are left out."""
+    view = finished_index.rows(spool)
     found: dict[str, list[float]] = {}
-    for ref in list(spool.jobs.refs((DONE,)))[-eta.HISTORY_FILES :]:
-        try:
-            job = spool.jobs.load(ref)
-        except (OSError, ValueError):
-            continue
-        key = eta.command_key(job)
-        start, end = parse_iso(job.started_at), parse_iso(job.finished_at)
-        if key in keys and start is not None and end is not None and end >= start and not job.adopted:
-            found.setdefault(key, []).append(end - start)
+    for state, key, run in zip(view.states, view.keys, view.runs):
+        if key in keys and state == DONE and run is not None:
+            found.setdefault(key, []).append(run)
     return found
 
 
