@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import os
 import re
-import statistics
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Iterable, Optional, Union
 
 from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED
+from gpuq.core.times import datetime, timezone
 from gpuq.spool.cache.runs import facts, gpus_held, parse_time, preemption_times, read_keys, read_pasts
+
+TYPE_CHECKING = False  # typing only for annotations: every `gpuq history` would import it (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Optional, Union
 
 __all__ = ["gpus_held", "preemption_times"]  # the rules, from where the finished rows are made
 
@@ -42,22 +43,50 @@ SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".zsh", ".jl", ".r", ".lua", ".pl", ".
 JobPair = tuple[str, dict]
 
 
-@dataclass(frozen=True)
-class PastRun:
-    """One attempt of one job, from its start to its end (epoch seconds)."""
+class _Plain:
+    """Equality and repr by the fields in __slots__: what a dataclass would give, without the
+    `dataclasses` module (with `inspect`, about 11 ms of every `gpuq history`)."""
 
-    job_id: int
-    name: str
-    cwd: str
-    script: str
-    attempt: Optional[int]
-    start: float
-    end: float
-    outcome: str
-    gpus: tuple[str, ...]  # GPU indices held, as strings; () when unknown or none
-    gpu_count: int
-    sweep: Optional[Union[int, str]]  # the sweep id, or None
-    adopted: bool = False  # start/end known only roughly (see the module docstring)
+    __slots__: tuple[str, ...] = ()
+
+    def _fields(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        shown = (f"{name}={getattr(self, name)!r}" for name in self.__slots__ if not name.startswith("_"))
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
+class PastRun(_Plain):
+    """One attempt of one job, from its start to its end (epoch seconds). Read-only by convention."""
+
+    __slots__ = ("job_id", "name", "cwd", "script", "attempt", "start", "end", "outcome")
+    __slots__ += ("gpus", "gpu_count", "sweep", "adopted")
+
+    def __init__(
+        self,
+        job_id: int,
+        name: str,
+        cwd: str,
+        script: str,
+        attempt: Optional[int],
+        start: float,
+        end: float,
+        outcome: str,
+        gpus: tuple[str, ...],  # GPU indices held, as strings; () when unknown or none
+        gpu_count: int,
+        sweep: Optional[Union[int, str]],  # the sweep id, or None
+        adopted: bool = False,  # start/end known only roughly (see the module docstring)
+    ) -> None:
+        self.job_id, self.name, self.cwd, self.script, self.attempt = job_id, name, cwd, script, attempt
+        self.start, self.end, self.outcome, self.gpus, self.gpu_count = start, end, outcome, gpus, gpu_count
+        self.sweep, self.adopted = sweep, adopted
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
 
     @property
     def seconds(self) -> float:
@@ -88,25 +117,37 @@ class JobRecord:
         self.sweep, self.adopted, self.attempts, self.preempted = sweep, adopted, attempts, preempted
 
 
-@dataclass
-class Group:
+class Group(_Plain):
     """Totals of one group of runs. `preempted` counts preemption records, not runs."""
 
-    key: Union[int, str, None]  # cwd, script, "YYYY-MM-DD" (local) or sweep id; None: not in a sweep
-    runs: int = 0
-    jobs: int = 0
-    done: int = 0
-    failed: int = 0  # failed attempts, including ones that were retried
-    cancelled: int = 0
-    interrupted: int = 0
-    preempted: int = 0
-    adopted: int = 0  # runs whose times are approximate
-    gpu_hours: float = 0.0
-    median_seconds: Optional[float] = None
-    first: Optional[float] = None  # earliest start of its runs (epoch seconds)
-    last: Optional[float] = None  # latest end of its runs
-    _seconds: list[float] = field(default_factory=list, repr=False)
-    _job_ids: set[int] = field(default_factory=set, repr=False)
+    __slots__ = (
+        "key",  # cwd, script, "YYYY-MM-DD" (local) or sweep id; None: not in a sweep
+        "runs", "jobs", "done",
+        "failed",  # failed attempts, including ones that were retried
+        "cancelled", "interrupted", "preempted",
+        "adopted",  # runs whose times are approximate
+        "gpu_hours", "median_seconds",
+        "first",  # earliest start of its runs (epoch seconds)
+        "last",  # latest end of its runs
+        "_seconds", "_job_ids",
+    )  # fmt: skip
+
+    def __init__(self, key: Union[int, str, None]) -> None:
+        self.key = key
+        self.runs = self.jobs = self.done = self.failed = self.cancelled = self.interrupted = 0
+        self.preempted = self.adopted = 0
+        self.gpu_hours = 0.0
+        self.median_seconds: Optional[float] = None
+        self.first: Optional[float] = None
+        self.last: Optional[float] = None
+        self._seconds: list[float] = []
+        self._job_ids: set[int] = set()
+
+
+def median(values: list[float]) -> float:
+    """statistics.median, without importing `statistics` (with `fractions` and `decimal`, 6 ms)."""
+    ordered, mid = sorted(values), len(values) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 SINCE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -249,7 +290,7 @@ def summarize(jobs: Iterable[Union[JobPair, JobRecord]], since: Optional[float] 
                 key = _key(by, record, at)
                 groups.setdefault(key, Group(key)).preempted += 1
     for group in groups.values():
-        group.median_seconds = statistics.median(group._seconds) if group._seconds else None
+        group.median_seconds = median(group._seconds) if group._seconds else None
         group.jobs = len(group._job_ids)
     return [groups[key] for key in sorted(groups, key=_order)]
 
