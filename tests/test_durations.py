@@ -154,3 +154,16 @@ def test_a_spool_without_finished_jobs_has_no_durations(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool").ensure()
     assert queue_eta.past_durations(spool, {"anything"}) == {}
     assert finished_index.history_records(spool) == []
+
+
+def test_damaged_key_or_past_texts_read_as_unknown_not_as_an_error() -> None:
+    from gpuq.spool.cache import runs
+
+    good = runs.past_text(DONE, job_file(1, DONE, [attempt(0, 60, DONE)]))
+    assert runs.read_pasts([good, "[1, tru", '"text"']) == [
+        json.loads(good),
+        [None, False, [], []],
+        [None, False, [], []],
+    ]
+    key = runs.command_key(["python3", "t.py"], "/w")
+    assert runs.read_keys([key, "{", key]) == {key: (["python3", "t.py"], "/w"), "{": ("?", "?")}

@@ -148,11 +148,40 @@ def past_text(state: str, job: dict[str, Any]) -> str:
 
 
 def read_pasts(texts: list[str]) -> list[list[Any]]:
-    """The facts of many rows' `past` texts: one parse of them all."""
-    return jsontext.loads("[" + ",".join(texts) + "]") if texts else []
+    """The facts of many rows' `past` texts: one parse of them all (one by one if that fails: a
+    damaged one reads as no runs)."""
+    return _read_all(texts, [None, False, [], []], _is_past)
 
 
 def read_keys(keys: list[str]) -> dict[str, tuple[Any, Any]]:
-    """key -> (cmd, cwd) of each distinct command key."""
+    """key -> (cmd, cwd) of each distinct command key (a damaged one: ("?", "?"))."""
     distinct = list(dict.fromkeys(keys))
-    return dict(zip(distinct, map(tuple, jsontext.loads("[" + ",".join(distinct) + "]")))) if distinct else {}
+    return dict(zip(distinct, map(tuple, _read_all(distinct, ["?", "?"], _is_key))))
+
+
+def _read_all(texts: list[str], damaged: list[Any], valid: Any) -> list[Any]:
+    try:
+        values = jsontext.loads("[" + ",".join(texts) + "]") if texts else []
+        if len(values) == len(texts) and all(map(valid, values)):
+            return values
+    except (ValueError, RecursionError):
+        pass
+    return [_read_one(text, damaged, valid) for text in texts]
+
+
+def _read_one(text: str, damaged: list[Any], valid: Any) -> Any:
+    try:
+        value = jsontext.loads(text)
+    except (ValueError, RecursionError):
+        return damaged
+    return value if valid(value) else damaged
+
+
+def _is_key(value: Any) -> bool:
+    return type(value) is list and len(value) == 2
+
+
+def _is_past(value: Any) -> bool:
+    """The shape past_text writes (its parts are not checked one by one: 10,000 rows per history;
+    a journal line is gpuq's own, tagged, and whole)."""
+    return type(value) is list and len(value) == 4 and type(value[2]) is list and type(value[3]) is list
