@@ -195,6 +195,14 @@ def _seconds(text: str) -> Optional[float]:
     return float(text) if text else None
 
 
+def _run_times(column: list[str]) -> list[Optional[float]]:
+    """A column of run times (100,000: converted in C while none is unknown)."""
+    try:
+        return list(map(float, column))
+    except ValueError:
+        return list(map(_seconds, column))
+
+
 def _end(text: str) -> tuple:
     """A row's end from its field (ValueError if it is not one row_line wrote)."""
     value = jsontext.loads(_unfield(text))
@@ -285,7 +293,7 @@ def _add_rows(out: dict[str, dict[str, tuple]], data: bytes) -> None:
             map(seconds.__getitem__, columns[8]),
             map(ends.__getitem__, columns[9]),
             map(keys.setdefault, columns[10], columns[10]),
-            list(map(_seconds, columns[11])),  # here, where a bad one sends the lines one by one
+            _run_times(columns[11]),  # here, where a bad one sends the lines one by one
             columns[12],
         )
     except (ValueError, RecursionError):
