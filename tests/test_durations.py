@@ -77,8 +77,8 @@ def test_rows_of_an_older_gpuq_are_filled_from_the_files_once(gq: Env) -> None:
     for state, (key, packed) in entries.items():
         ids, names, sigs, rows = marshal.loads(packed)
         old[state] = (key, marshal.dumps((ids, names, sigs, tuple(row[:4] for row in rows))))
-    id_bytes, states, columns, _keys, _runs = marshal.loads(view._packed)
-    old_view = (marshal.dumps((id_bytes, states, columns)), view.count, "an old token")
+    id_bytes, states, columns, _eta = marshal.loads(view._packed)
+    old_view = (marshal.dumps((id_bytes, states, marshal.loads(columns))), view.count, "an old token")
     path.write_bytes(marshal.dumps(((4, *header[1:-1]), old, old_view)))
 
     key = eta.command_key(spool.jobs.load(next(spool.jobs.refs((DONE,)))))

@@ -290,8 +290,8 @@ def test_the_block_of_finished_lines_is_the_table_the_columns_give() -> None:
     states = ["done" if n % 3 else "failed" for n in range(1, 30)]
     cells = [_cells(row, state) for row, state in zip(data, states)]
     assert cells[2] == ("exp/run-3", "train.py", "3s", "exit=1  ünï")
-    no_keys = ("",) * len(ids)  # FinishedRows: the ETA's columns (command keys, run times) come after
-    parts = (array("q", ids).tobytes(), tuple(states), tuple(zip(*data)), no_keys, (None,) * len(ids))
+    eta = marshal.dumps((("",) * len(ids), (None,) * len(ids)))  # FinishedRows: the ETA's columns, packed apart
+    parts = (array("q", ids).tobytes(), tuple(states), marshal.dumps(tuple(zip(*data))), eta)
     finished = [CachedRow(i, s, c) for i, s, c in zip(ids, states, cells)]
     made = FinishedRows(marshal.dumps(parts), len(ids), "a token")
 

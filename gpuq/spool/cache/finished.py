@@ -58,13 +58,21 @@ class FinishedRows:
     def __len__(self) -> int:
         return self.count
 
-    def _parts(self) -> tuple:
+    def _parts(self) -> list:
+        """[ids, states, the shown columns packed, the ETA's columns packed]; each packed part is
+        unpacked by the property that reads it (the ETA's reads no name, `status -a` no key)."""
         if self._unpacked is None:
-            id_bytes, states, columns, keys, runs = marshal.loads(self._packed)
+            id_bytes, states, shown, eta = marshal.loads(self._packed)
             ids = array("q")
             ids.frombytes(id_bytes)
-            self._unpacked = (ids, states, columns, keys, runs)
+            self._unpacked = [ids, states, shown, eta]
         return self._unpacked
+
+    def _unpack(self, at: int) -> tuple:
+        parts = self._parts()
+        if type(parts[at]) is bytes:
+            parts[at] = marshal.loads(parts[at])
+        return parts[at]
 
     @property
     def ids(self) -> array:
@@ -77,17 +85,17 @@ class FinishedRows:
     @property
     def columns(self) -> tuple:
         """The columns `status -a` shows (journal.ROW[:journal.SHOWN])."""
-        return self._parts()[2]
+        return self._unpack(2)
 
     @property
     def keys(self) -> tuple:
         """Each row's command key (runs.command_key; "" for a file that is not a valid job)."""
-        return self._parts()[3]
+        return self._unpack(3)[0]
 
     @property
     def runs(self) -> tuple:
         """Each row's run time in seconds, None where unknown (runs.run_seconds)."""
-        return self._parts()[4]
+        return self._unpack(3)[1]
 
 
 def finished_rows(spool: Spool, listing: Any, settle: Callable[[str], Optional[tuple]]) -> FinishedRows:
@@ -211,8 +219,8 @@ def _refresh(
 
 
 def _build_view(entries: dict[str, tuple], fresh: dict[str, tuple]) -> tuple:
-    """(ids as bytes, states, columns) of every entry's rows, in id order. Column by column, no
-    object per row: 100,000 rows."""
+    """(ids as bytes, states, the shown columns packed, the keys and run times packed) of every
+    entry's rows, in id order. Column by column, no object per row: 100,000 rows."""
     ids, states, rows = array("q"), [], []
     filled = 0  # states with rows: each state's are in id order already
     for state, (_key, packed) in entries.items():
@@ -234,7 +242,8 @@ def _build_view(entries: dict[str, tuple], fresh: dict[str, tuple]) -> tuple:
             map(rows.__getitem__, order),
         )
     columns = tuple(zip(*rows)) if len(ids) else ((),) * ROW_FIELDS  # journal.ROW
-    return ids.tobytes(), tuple(states), columns[:SHOWN], columns[SHOWN], columns[SHOWN + 1]
+    eta = (columns[SHOWN], columns[SHOWN + 1])  # keys and run times
+    return ids.tobytes(), tuple(states), marshal.dumps(columns[:SHOWN]), marshal.dumps(eta)
 
 
 PARALLEL_FROM = 2000  # files to read before the work is shared between CPUs (a fork costs ~1 ms)
