@@ -31,6 +31,7 @@ from operator import eq, is_not, itemgetter
 
 from gpuq.core import schema
 from gpuq.core.states import FINISHED
+from gpuq.spool.files import free_bytes
 
 TYPE_CHECKING = False  # typing only for annotations: `status -a` imports this (tests/test_startup_imports.py)
 if TYPE_CHECKING:
@@ -159,6 +160,8 @@ def _finished_rows(spool: Spool, listing: Any, settle: Callable[[str], Optional[
         return FinishedRows(*cached_view), entries, fresh
     parts = _build_view(entries, fresh)
     view = FinishedRows(marshal.dumps(parts), len(parts[1]), f"{time.time_ns()}-{os.getpid()}")
+    if free_bytes(spool.layout.home) < journal.ROOM_LEFT:  # a disk's last room is for job files
+        return view, entries, fresh  # (plain `status` comes here too when jobs wait: their ETA)
     try:
         spool.cache.write(CACHE_NAME, marshal.dumps((header, entries, (view._packed, view.count, view.token))))
         spool.cache.remove(OLD_CACHE_NAME)
