@@ -89,6 +89,21 @@ def test_rows_of_an_older_gpuq_are_filled_from_the_files_once(gq: Env) -> None:
     assert queue_eta.past_durations(spool, {key}) == {key: expected}  # once: now from the rows
 
 
+def test_while_jobs_keep_finishing_the_cached_rows_and_the_newer_files_serve(gq: Env) -> None:
+    spool = Spool(gq.home).ensure()
+    for n in range(1, 7):
+        publish(spool, DONE, [attempt(n, 600 + n, DONE)], cmd=["python3", "train.py"])
+    finished_index.rows(spool)  # cached
+    key = eta.command_key(spool.jobs.load(next(spool.jobs.refs((DONE,)))))
+    before = run_times(gq, DONE)
+    garble_in_place(gq)
+    publish(spool, DONE, [attempt(20, 42, DONE)], cmd=["python3", "train.py"])  # a job just finished
+    assert finished_index.finished(spool).signatures[DONE] is None  # so done/ is not settled
+    cached = os.stat(gq.home / "cache" / "finished-view").st_mtime_ns
+    assert queue_eta.past_durations(spool, {key}) == {key: (before + [42.0])[-queue_eta.RUNS :]}
+    assert os.stat(gq.home / "cache" / "finished-view").st_mtime_ns == cached  # no lstat of every file, no rewrite
+
+
 def test_history_figures_equal_what_the_job_files_say(gq: Env) -> None:
     gq.script("ok.py", "print('ok')\n")
     gq.add("ok.py")

@@ -107,6 +107,13 @@ def finished_rows(spool: Spool, listing: Any, settle: Callable[[str], Optional[t
     return _gc_paused(_finished_rows, spool, listing, settle)[0]
 
 
+def cached_rows(spool: Spool) -> Optional[FinishedRows]:
+    """The view as last cached, unchecked (rows of files removed since may be in it, files added
+    since are not), or None: for a caller that can do with that while jobs keep finishing."""
+    _entries, view = _read_cache(spool, _cache_header())
+    return None if view is None else FinishedRows(*view)
+
+
 def finished_runs(spool: Spool, listing: Any, settle: Callable[[str], Optional[tuple]]) -> list[tuple[str, Any, Any]]:
     """(state, ids, rows) of each finished state: every row whole (journal.ROW, `past`
     included), for `gpuq history`; the cache brought up to date as `finished_rows` does."""
