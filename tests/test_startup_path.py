@@ -28,8 +28,9 @@ ON_GPU_MACHINES = {"gpuq.system.gpus"}
 
 
 def startup_path(gq: Any) -> set[str]:
-    """The gpuq modules that plain `status` (also -a, --json) and `add` import, in the busiest
-    queue they see: finished jobs past the recent few, one running, one pending behind it."""
+    """The gpuq modules that plain `status` (also -a, --json), `add`, `eta` and `history` import,
+    in the busiest queue they see: finished jobs past the recent few, one running, one pending
+    behind it."""
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-C", str(gq.work)]
     subprocess.run(["git", "init", "-q", str(gq.work)], check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "first"], check=True)
@@ -47,6 +48,8 @@ def startup_path(gq: Any) -> set[str]:
     modules |= imported_by(gq, "add", "-q", "--after", f"{running}-{running + 1}", "true")
     modules |= imported_by(gq, "add", "-q", "--time", "4h", "--begin", "+1m", "true")  # the time parser
     modules |= imported_by(SimpleNamespace(work=outside, env=gq.env), "add", "-q", "true")
+    for command in [("eta",), ("history",)]:  # measured too since issue 27 (bench/README.md)
+        modules |= imported_by(gq, *command)
     return {m for m in modules if m.startswith("gpuq.")} | ON_GPU_MACHINES
 
 

@@ -128,7 +128,7 @@ def finished_cells(job: dict[str, Any], state: str) -> tuple[str, ...]:
     """The cells of a finished job's row, from its fields (spool/cache/journal.py's row_of)."""
     from gpuq.spool.cache import journal
 
-    return _cells(journal.row_of(job, time.time()), state)
+    return _cells(journal.row_of(job, time.time(), state), state)
 
 
 def _varied(spool: Spool, work: Path) -> list[dict[str, Any]]:
@@ -290,7 +290,8 @@ def test_the_block_of_finished_lines_is_the_table_the_columns_give() -> None:
     states = ["done" if n % 3 else "failed" for n in range(1, 30)]
     cells = [_cells(row, state) for row, state in zip(data, states)]
     assert cells[2] == ("exp/run-3", "train.py", "3s", "exit=1  ünï")
-    parts = (array("q", ids).tobytes(), tuple(states), tuple(zip(*data)))
+    eta = marshal.dumps((("",) * len(ids), (None,) * len(ids)))  # FinishedRows: the ETA's columns, packed apart
+    parts = (array("q", ids).tobytes(), tuple(states), marshal.dumps(tuple(zip(*data))), eta)
     finished = [CachedRow(i, s, c) for i, s, c in zip(ids, states, cells)]
     made = FinishedRows(marshal.dumps(parts), len(ids), "a token")
 
@@ -329,8 +330,10 @@ def test_status_resolves_a_copy_left_in_another_state_with_the_finished_listing(
 
 
 def test_finished_cells_read_no_field_beyond_finished_fields(gq: Env) -> None:
-    """`status -a` reads only journal.READS of a finished file: its row must need no other."""
+    """`status -a` reads only journal.READS of a finished file, and the ETA and history the
+    fields of runs.READS (read as they are, unchecked): its row must need no other."""
     from gpuq.spool.cache.journal import READS, row_of
+    from gpuq.spool.cache.runs import READS as RUNS_READS
 
     class Watched(dict):
         seen: set[str] = set()
@@ -349,5 +352,5 @@ def test_finished_cells_read_no_field_beyond_finished_fields(gq: Env) -> None:
 
     spool = Spool(gq.home).ensure()
     for job in _varied(spool, gq.work):
-        row_of(Watched(job), 0.0)
-    assert Watched.seen and Watched.seen <= set(READS), Watched.seen - set(READS)
+        row_of(Watched(job), 0.0, "done")
+    assert Watched.seen and Watched.seen <= set(READS + RUNS_READS), Watched.seen - set(READS + RUNS_READS)

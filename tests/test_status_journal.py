@@ -186,9 +186,11 @@ def test_fields_that_need_escaping_come_back_as_they_were() -> None:
     from gpuq.spool.cache import journal
 
     texts = ("tab\there", "back\\slash", "new\nline", "lone \udcff surrogate", "é")
-    row = (texts[0], texts[1], 61, (-9, texts[2], 812, texts[3], texts[4], "", 5, ""))
+    key = journal.runs.command_key(["python3", texts[0], texts[3]], "/work/" + texts[4])  # JSON: backslashes
+    row = (texts[0], texts[1], 61, (-9, texts[2], 812, texts[3], texts[4], "", 5, ""), key, 61.25, '[null, "\\t"]')
     end = journal.jsontext.dumps(list(row[3][:-1]))
-    line = "\t".join(map(journal._field, (journal.TAG, "done", "000001-x.json", 5, 6, 7, *row[:3], end))) + "\n"
+    fields = (journal.TAG, "done", "000001-x.json", 5, 6, 7, *row[:3], end, key, "61.25", row[6])
+    line = "\t".join(map(journal._field, fields)) + "\n"
     out: dict[str, dict[str, tuple]] = {"done": {}}
     journal._add_rows(out, line.encode())
     assert out["done"] == {"000001-x.json": ((5, 6, 7), row)}

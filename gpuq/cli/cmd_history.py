@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from typing import Optional
 
 from gpuq.cli.common import spool
+from gpuq.core import jsontext
 from gpuq.core.errors import UsageError
 from gpuq.core.states import DONE, FAILED, PREEMPTED
 from gpuq.core.times import duration
 from gpuq.core.words import plural
-from gpuq.engine.views import history
+from gpuq.engine.views import finished_index, history
+
+TYPE_CHECKING = False  # typing only for annotations
+if TYPE_CHECKING:
+    from typing import Optional
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -34,15 +37,15 @@ def cmd_history(args: argparse.Namespace) -> int:
         return 0
     groups = history.summarize(pairs, since, args.by)
     if args.json:
-        print(json.dumps(history.to_json(groups), indent=2))
+        print(jsontext.dumps(history.to_json(groups), indent=2))
         return 0
     print(_table(groups, args.by))
     return 0
 
 
-def history_jobs(since: Optional[float]) -> list[tuple[str, dict]]:
-    """(state, job) of every job that may have run since `since`."""
-    return spool().jobs.load_all(since)
+def history_jobs(since: Optional[float]) -> list[history.JobRecord]:
+    """The record of every job (the runs before `since` are left out by the caller)."""
+    return finished_index.history_records(spool())
 
 
 def _table(groups: list, by: str) -> str:

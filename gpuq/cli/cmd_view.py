@@ -170,10 +170,10 @@ def cmd_rejected(args: argparse.Namespace) -> int:
 
 
 def cmd_eta(args: argparse.Namespace) -> int:
-    from gpuq.engine.lifecycle import actions  # not at the top: `gpuq status` has no use for it
-
     sp = spool()
     if args.id is not None:
+        from gpuq.engine.lifecycle import actions  # only here: 35 ms of imports that `gpuq eta` alone needs not
+
         actions.get(sp, args.id)  # "no such job #N" as a one-line error
     rows = [r for r in status(sp).rows if r.estimate is not None]  # running and pending rows
     if args.id is not None:

@@ -25,6 +25,7 @@ from gpuq.core.states import DONE
 from gpuq.core.times import duration, parse_iso
 from gpuq.engine.tracking import checkpoints, progress
 from gpuq.spool import Spool
+from gpuq.spool.cache import runs as past_runs
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
@@ -283,7 +284,8 @@ def sample_running(spool: Spool, running: list[dict[str, Any]], now: float) -> N
 
 # ---- the tail, learned from earlier runs --------------------------------------------------------
 def command_key(job: dict[str, Any]) -> str:
-    return repr((list(job.cmd), job.cwd))
+    """The same command in the same directory (what the finished rows hold: spool/cache/runs.py)."""
+    return past_runs.command_key(job.cmd, job.cwd)
 
 
 def attempt_of(spool: Spool, job: dict[str, Any], stored: dict[str, Any]) -> Attempt:

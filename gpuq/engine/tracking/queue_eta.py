@@ -1,36 +1,93 @@
 """The queue's ETA: when each pending job is expected to start and end, behind the running ones.
 
 Running jobs' ETAs come from eta.py; a pending job's run time is the median of earlier successful
-runs of the same command in the same directory.
+runs of the same command in the same directory (the finished rows hold their run times).
 """
 
 from __future__ import annotations
+
+from itertools import compress, count
 
 from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
 from gpuq.core.times import duration, parse_iso
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.tracking import eta
+from gpuq.engine.views import finished_index
 from gpuq.spool import Spool
+from gpuq.spool.cache import runs as past_runs
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
-    from typing import Any, Optional
+    from typing import Any, Iterable, Iterator, Optional
+
+
+RUNS = 5  # a pending job's run time: the median of the newest RUNS successful runs of its command
+NEW_FILES = 200  # finished files newer than the cached rows read while done/ is changing; more: refreshed
 
 
 def past_durations(spool: Spool, keys: set[str]) -> dict[str, list[float]]:
-    """Run times of the newest HISTORY_FILES successful jobs whose command and cwd are in `keys`.
-    Bounded on purpose: done/ can hold many thousands of files."""
-    found: dict[str, list[float]] = {}
-    for ref in list(spool.jobs.refs((DONE,)))[-eta.HISTORY_FILES :]:
+    """Run times of the newest RUNS successful jobs of each command and cwd of `keys`, oldest
+    first, from the finished rows, which hold each job's command key and run time (adopted jobs
+    and unknown times left out). While done/ keeps changing (jobs finishing: its listing is not
+    settled), checking every row against its file on each call would cost more than the files
+    it spares (an lstat each): the rows as last cached serve then, with the few files finished
+    since read."""
+    listing = finished_index.finished(spool)
+    found: dict[str, list[float]] = {}  # key -> run times, newest first
+    view = None
+    if listing.signatures.get(DONE) is None:  # done/ changed within the last seconds
+        from gpuq.spool.cache.finished import cached_rows
+
+        view = cached_rows(spool)
+        newer = _newer_refs(listing, view)
+        if view is not None and len(newer) <= NEW_FILES:
+            _newest_runs(keys, _loaded_runs(spool, newer, keys), found)
+        else:
+            view = None
+    view = finished_index.rows(spool, listing) if view is None else view
+    _newest_runs(keys, _row_runs(view, keys), found)
+    return {key: newest[::-1] for key, newest in found.items()}
+
+
+def _row_runs(view: Any, keys: set[str]) -> Iterator[tuple[str, float]]:
+    """(key, run time) of the successful rows of commands of `keys`, newest first; the rows of
+    these commands picked in C (10,000 rows, often most of them of these commands)."""
+    states, runs, row_keys = view.states, view.runs, view.keys
+    for at in reversed(list(compress(count(), map(keys.__contains__, row_keys)))):
+        if states[at] == DONE and runs[at] is not None:
+            yield row_keys[at], runs[at]
+
+
+def _newer_refs(listing: Any, view: Any) -> list[Any]:
+    """The done/ files with ids above every cached row's (None: no cached rows)."""
+    if view is None:
+        return []
+    newest = view.ids[-1] if len(view) else 0
+    return [ref for ref in listing.refs(DONE) if ref.id > newest]
+
+
+def _loaded_runs(spool: Spool, refs: list[Any], keys: set[str]) -> Iterator[tuple[str, float]]:
+    for ref in reversed(refs):
         try:
             job = spool.jobs.load(ref)
         except (OSError, ValueError):
             continue
-        key = eta.command_key(job)
-        start, end = parse_iso(job.started_at), parse_iso(job.finished_at)
-        if key in keys and start is not None and end is not None and end >= start and not job.adopted:
-            found.setdefault(key, []).append(end - start)
-    return found
+        key, run = eta.command_key(job), past_runs.run_seconds(job)
+        if key in keys and run is not None:
+            yield key, run
+
+
+def _newest_runs(keys: set[str], newest_first: Iterable[tuple[str, float]], found: dict[str, list[float]]) -> None:
+    """`found` (key -> run times, newest first) filled up to RUNS each from `newest_first`; once
+    every key of `keys` has its RUNS, the rest is not looked at."""
+    wanted = sum(len(found.get(key, ())) < RUNS for key in keys)
+    for key, run in newest_first if wanted else ():
+        newest = found.setdefault(key, [])
+        if len(newest) < RUNS:
+            newest.append(run)
+            wanted -= len(newest) == RUNS
+            if not wanted:
+                break
 
 
 CPU_LANE = "cpu"  # with GPUs, CPU jobs run one at a time beside them (engine/schedule/planner.py)
@@ -151,7 +208,7 @@ def plan_queue(
         for slot in taken:
             start = None if slot in held_off else _later(start, free[slot])
         gpus_known = all(s not in held_off and free[s] is not None for s in taken)
-        past = durations.get(eta.command_key(job), [])[-5:]
+        past = durations.get(eta.command_key(job), [])[-RUNS:]
         run = eta.median(past) if past else None
         end = None if start is None or run is None else start + run
         for slot in taken:

@@ -16,7 +16,7 @@ import marshal
 import sys
 import time
 
-from gpuq.core.states import FINISHED
+from gpuq.core.states import FINISHED, STATES
 from gpuq.engine.schedule.queue_read import SETTLED_SECONDS
 from gpuq.spool import JobRef
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from typing import Any, Optional, Sequence
 
     from gpuq.spool import Spool
+    from gpuq.spool.cache.finished import FinishedRows
 
 INDEX_NAME = "finished-index"
 _ID_FORMAT, _ID_BYTES = "q", 8  # a C long long
@@ -151,3 +152,36 @@ def id_bytes(ids: Sequence[int]) -> bytes:
     from array import array  # only when a listing is written: see the top of this module
 
     return array(_ID_FORMAT, ids).tobytes()
+
+
+def rows(spool: Spool, listing: Optional[Finished] = None) -> FinishedRows:
+    """Every finished job's row (spool/cache/finished.py), from the cache wherever it still holds:
+    what `status -a` shows and the queue's ETA reads (command keys, run times)."""
+    from gpuq.spool.cache.finished import finished_rows  # not on every `gpuq status`: see the top
+
+    listing = finished(spool) if listing is None else listing
+    return finished_rows(spool, listing, lambda state: settled_key(spool, listing, state))
+
+
+def whole_rows(spool: Spool) -> list[tuple[str, Any, Any]]:
+    """(state, ids, rows) of each finished state, every row whole (`past` included): `gpuq history`."""
+    from gpuq.spool.cache.finished import finished_runs
+
+    listing = finished(spool)
+    return finished_runs(spool, listing, lambda state: settled_key(spool, listing, state))
+
+
+def history_records(spool: Spool) -> list[Any]:
+    """The history record of every job (engine/views/history.py's JobRecord): finished ones from
+    their rows, the others from their files (those that are valid jobs). A job a crash left two
+    copies of counts twice, as it always did."""
+    from gpuq.engine.views import history  # dataclasses, statistics: only for `gpuq history`
+
+    finished_rows = {state: (ids, rows) for state, ids, rows in whole_rows(spool)}
+    out = []
+    for state in STATES:  # in the order the files were always read: summed times come out the same
+        if state in finished_rows:
+            out += history.row_records(*finished_rows[state])
+        else:
+            out += [history.record_of(state, job) for _ref, job in spool.jobs.load_many(state)]
+    return out

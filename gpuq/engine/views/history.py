@@ -1,7 +1,11 @@
-"""What ran, from finished job files: one `PastRun` per attempt, and per-group totals for `gpuq history`.
+"""What ran: one `PastRun` per attempt, and per-group totals for `gpuq history`.
 
-Pure functions over job dicts (`(state, job)` pairs, the state being the job's directory); no
-spool access, so the caller decides which jobs to read.
+Pure functions over `JobRecord`s, or over `(state, job)` pairs (the state being the job's
+directory); no spool access, so the caller decides which jobs to read. A finished job's record
+comes from its row of the finished-jobs cache (`row_records`: its command key and its runs as
+data, kept since it finished, so that a history of 10,000 jobs opens no job file), another job's
+from its file (`record_of`); the rules are the same for both (spool/cache/runs.py, where the rows
+are made). engine/views/finished_index.py's `history_records` reads them from the spool.
 
 Counting rules:
 - A run is one entry of a job's `history` (one attempt) with a known start and end, so a job
@@ -20,12 +24,16 @@ from __future__ import annotations
 
 import os
 import re
-import statistics
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Iterable, Optional, Union
 
 from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED
+from gpuq.core.times import datetime, timezone
+from gpuq.spool.cache.runs import facts, gpus_held, parse_time, preemption_times, read_keys, read_pasts
+
+TYPE_CHECKING = False  # typing only for annotations: every `gpuq history` would import it (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Optional, Union
+
+__all__ = ["gpus_held", "preemption_times"]  # the rules, from where the finished rows are made
 
 GROUP_KEYS = ("dir", "script", "day", "sweep")
 # What each attempt outcome counts as. "pending" is an attempt that failed and was retried.
@@ -35,22 +43,50 @@ SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".zsh", ".jl", ".r", ".lua", ".pl", ".
 JobPair = tuple[str, dict]
 
 
-@dataclass(frozen=True)
-class PastRun:
-    """One attempt of one job, from its start to its end (epoch seconds)."""
+class _Plain:
+    """Equality and repr by the fields in __slots__: what a dataclass would give, without the
+    `dataclasses` module (with `inspect`, about 11 ms of every `gpuq history`)."""
 
-    job_id: int
-    name: str
-    cwd: str
-    script: str
-    attempt: Optional[int]
-    start: float
-    end: float
-    outcome: str
-    gpus: tuple[str, ...]  # GPU indices held, as strings; () when unknown or none
-    gpu_count: int
-    sweep: Optional[Union[int, str]]  # the sweep id, or None
-    adopted: bool = False  # start/end known only roughly (see the module docstring)
+    __slots__: tuple[str, ...] = ()
+
+    def _fields(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        shown = (f"{name}={getattr(self, name)!r}" for name in self.__slots__ if not name.startswith("_"))
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
+class PastRun(_Plain):
+    """One attempt of one job, from its start to its end (epoch seconds). Read-only by convention."""
+
+    __slots__ = ("job_id", "name", "cwd", "script", "attempt", "start", "end", "outcome")
+    __slots__ += ("gpus", "gpu_count", "sweep", "adopted")
+
+    def __init__(
+        self,
+        job_id: int,
+        name: str,
+        cwd: str,
+        script: str,
+        attempt: Optional[int],
+        start: float,
+        end: float,
+        outcome: str,
+        gpus: tuple[str, ...],  # GPU indices held, as strings; () when unknown or none
+        gpu_count: int,
+        sweep: Optional[Union[int, str]],  # the sweep id, or None
+        adopted: bool = False,  # start/end known only roughly (see the module docstring)
+    ) -> None:
+        self.job_id, self.name, self.cwd, self.script, self.attempt = job_id, name, cwd, script, attempt
+        self.start, self.end, self.outcome, self.gpus, self.gpu_count = start, end, outcome, gpus, gpu_count
+        self.sweep, self.adopted = sweep, adopted
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
 
     @property
     def seconds(self) -> float:
@@ -68,37 +104,50 @@ class PastRun:
         return ("cpu",) if self.gpu_count == 0 else ("machine",)
 
 
-@dataclass
-class Group:
+class JobRecord:
+    """What history reads of one job: who it is, and its runs and preemptions as data
+    (spool/cache/runs.py: `attempts` are [attempt, start, end, outcome, GPUs, GPU count])."""
+
+    __slots__ = ("job_id", "name", "cwd", "script", "sweep", "adopted", "attempts", "preempted")
+
+    def __init__(
+        self, job_id: int, name: str, cwd: str, script: str, sweep: Any, adopted: bool, attempts: list, preempted: list
+    ) -> None:
+        self.job_id, self.name, self.cwd, self.script = job_id, name, cwd, script
+        self.sweep, self.adopted, self.attempts, self.preempted = sweep, adopted, attempts, preempted
+
+
+class Group(_Plain):
     """Totals of one group of runs. `preempted` counts preemption records, not runs."""
 
-    key: Union[int, str, None]  # cwd, script, "YYYY-MM-DD" (local) or sweep id; None: not in a sweep
-    runs: int = 0
-    jobs: int = 0
-    done: int = 0
-    failed: int = 0  # failed attempts, including ones that were retried
-    cancelled: int = 0
-    interrupted: int = 0
-    preempted: int = 0
-    adopted: int = 0  # runs whose times are approximate
-    gpu_hours: float = 0.0
-    median_seconds: Optional[float] = None
-    first: Optional[float] = None  # earliest start of its runs (epoch seconds)
-    last: Optional[float] = None  # latest end of its runs
-    _seconds: list[float] = field(default_factory=list, repr=False)
-    _job_ids: set[int] = field(default_factory=set, repr=False)
+    __slots__ = (
+        "key",  # cwd, script, "YYYY-MM-DD" (local) or sweep id; None: not in a sweep
+        "runs", "jobs", "done",
+        "failed",  # failed attempts, including ones that were retried
+        "cancelled", "interrupted", "preempted",
+        "adopted",  # runs whose times are approximate
+        "gpu_hours", "median_seconds",
+        "first",  # earliest start of its runs (epoch seconds)
+        "last",  # latest end of its runs
+        "_seconds", "_job_ids",
+    )  # fmt: skip
+
+    def __init__(self, key: Union[int, str, None]) -> None:
+        self.key = key
+        self.runs = self.jobs = self.done = self.failed = self.cancelled = self.interrupted = 0
+        self.preempted = self.adopted = 0
+        self.gpu_hours = 0.0
+        self.median_seconds: Optional[float] = None
+        self.first: Optional[float] = None
+        self.last: Optional[float] = None
+        self._seconds: list[float] = []
+        self._job_ids: set[int] = set()
 
 
-def parse_time(value: Any) -> Optional[float]:
-    """ISO 8601 -> epoch seconds; None for null or anything unreadable (a bad field in one job
-    file must not stop the history). A time without offset is local time."""
-    if not isinstance(value, str) or not value:
-        return None
-    text = value[:-1] + "+00:00" if value.endswith("Z") else value  # fromisoformat of 3.9 lacks "Z"
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None
+def median(values: list[float]) -> float:
+    """statistics.median, without importing `statistics` (with `fractions` and `decimal`, 6 ms)."""
+    ordered, mid = sorted(values), len(values) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 SINCE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -135,49 +184,48 @@ def script_of(cmd: Any) -> str:
     return os.path.basename(cmd[0]) or cmd[0]
 
 
-def _gpus_of(record: dict) -> Optional[tuple[str, ...]]:
-    gpus = record.get("gpus")
-    if isinstance(gpus, list) and gpus and all(isinstance(g, (int, str)) and not isinstance(g, bool) for g in gpus):
-        return tuple(str(g) for g in gpus)
-    slot = record.get("slot")
-    if isinstance(slot, str) and slot.strip():
-        return tuple(part.strip() for part in slot.split(",") if part.strip())
-    return None
+def record_of(state: str, job: dict) -> JobRecord:
+    """A job file's record (`state`: its directory)."""
+    job_id = job.get("id")
+    job_id = job_id if isinstance(job_id, int) and not isinstance(job_id, bool) else -1
+    name = job.get("name")
+    cwd = job.get("cwd")
+    sweep, adopted, attempts, preempted = facts(state, job)
+    name = name if isinstance(name, str) else str(job_id)
+    return JobRecord(
+        job_id,
+        name,
+        cwd if isinstance(cwd, str) else "?",
+        script_of(job.get("cmd")),
+        sweep,
+        adopted,
+        attempts,
+        preempted,
+    )
 
 
-def gpus_held(job: dict, attempt: Optional[dict] = None) -> tuple[tuple[str, ...], int]:
-    """(GPU indices, GPU count) for an attempt of `job` (rules in the module docstring)."""
-    request = job.gpu_request
-    if not isinstance(request, int) or isinstance(request, bool) or request < 0:
-        request = 1
-    if request == 0:
-        return (), 0
-    gpus = (_gpus_of(attempt) if attempt else None) or _gpus_of(job)
-    if gpus:
-        return gpus, len(gpus)
-    return (), request
+def row_records(ids: Iterable[int], rows: Iterable[tuple]) -> list[JobRecord]:
+    """The records of finished jobs from their ids and rows (spool/cache/journal.py's ROW, whole:
+    engine/views/finished_index.py's whole_rows); a file that is not a valid job has none."""
+    valid = [(job_id, row) for job_id, row in zip(ids, rows) if row[6]]  # ROW's past: "" for no job
+    commands = read_keys([row[4] for _id, row in valid])
+    places = {key: (cwd if isinstance(cwd, str) else "?", script_of(cmd)) for key, (cmd, cwd) in commands.items()}
+    pasts = read_pasts([row[6] for _id, row in valid])
+    return [JobRecord(job_id, row[0], *places[row[4]], *facts) for (job_id, row), facts in zip(valid, pasts)]
 
 
-def _sweep_id(job: dict) -> Optional[Union[int, str]]:
-    sweep = job.sweep
-    if isinstance(sweep, dict) and isinstance(sweep.get("id"), (int, str)) and not isinstance(sweep.get("id"), bool):
-        return sweep["id"]
-    return None
+def _records(jobs: Iterable[Union[JobPair, JobRecord]]) -> Iterable[JobRecord]:
+    for item in jobs:
+        yield item if isinstance(item, JobRecord) else record_of(*item)
 
 
-def _attempts(state: str, job: dict) -> list[dict]:
-    history = job.history
-    entries = [entry for entry in history if isinstance(entry, dict)] if isinstance(history, list) else []
-    if entries:
-        return entries
-    # Files from before `history` existed: the job's own fields describe its one attempt.
+def _record_runs(record: JobRecord) -> list[PastRun]:
+    job_id, name, cwd, script, sweep, adopted = (
+        record.job_id, record.name, record.cwd, record.script, record.sweep, record.adopted,
+    )  # fmt: skip
     return [
-        {
-            "attempt": job.attempts,
-            "started_at": job.started_at,
-            "finished_at": job.finished_at,
-            "outcome": state,
-        }
+        PastRun(job_id, name, cwd, script, number, start, end, outcome, tuple(gpus), count, sweep, adopted)
+        for number, start, end, outcome, gpus, count in record.attempts
     ]
 
 
@@ -185,36 +233,15 @@ def job_runs(state: str, job: dict) -> list[PastRun]:
     """The runs of one job, in attempt order."""
     if not isinstance(job, dict):
         return []
-    job_id = job.id if isinstance(job.id, int) else -1
-    name = job.name if isinstance(job.name, str) else str(job_id)
-    cwd = job.cwd if isinstance(job.cwd, str) else "?"
-    script, sweep, adopted = script_of(job.cmd), _sweep_id(job), bool(job.adopted)
-    result = []
-    for entry in _attempts(state, job):
-        start, end = parse_time(entry.get("started_at")), parse_time(entry.get("finished_at"))
-        if start is None or end is None:
-            continue
-        gpus, count = gpus_held(job, entry)
-        attempt = entry.get("attempt") if isinstance(entry.get("attempt"), int) else None
-        outcome = entry.get("outcome") if isinstance(entry.get("outcome"), str) else state
-        result.append(PastRun(job_id, name, cwd, script, attempt, start, end, outcome, gpus, count, sweep, adopted))
-    return result
+    return _record_runs(record_of(state, job))
 
 
-def runs(jobs: Iterable[JobPair]) -> list[PastRun]:
-    """Every run of every job, ordered by start time (then job id, attempt)."""
-    result = [run for state, job in jobs for run in job_runs(state, job)]
+def runs(jobs: Iterable[Union[JobPair, JobRecord]]) -> list[PastRun]:
+    """Every run of every job (records, or `(state, job)` pairs), ordered by start time (then job
+    id, attempt)."""
+    result = [run for record in _records(jobs) for run in _record_runs(record)]
     result.sort(key=lambda r: (r.start, r.job_id, r.attempt if r.attempt is not None else -1))
     return result
-
-
-def preemption_times(job: dict) -> list[float]:
-    """When the job was preempted (epoch seconds), from its `preemptions` records."""
-    records = job.preemptions if isinstance(job, dict) else None
-    if not isinstance(records, list):
-        return []
-    times = (parse_time(record.get("at")) for record in records if isinstance(record, dict))
-    return [at for at in times if at is not None]
 
 
 def day_of(stamp: float) -> str:
@@ -222,17 +249,10 @@ def day_of(stamp: float) -> str:
     return datetime.fromtimestamp(stamp).strftime("%Y-%m-%d")
 
 
-def _key(by: str, run_or_job: Union[PastRun, dict], stamp: float) -> Union[int, str, None]:
+def _key(by: str, record: JobRecord, stamp: float) -> Union[int, str, None]:
     if by == "day":
         return day_of(stamp)
-    if isinstance(run_or_job, PastRun):
-        return {"dir": run_or_job.cwd, "script": run_or_job.script, "sweep": run_or_job.sweep}[by]
-    job = run_or_job
-    if by == "dir":
-        return job.cwd if isinstance(job.cwd, str) else "?"
-    if by == "script":
-        return script_of(job.cmd)
-    return _sweep_id(job)
+    return record.cwd if by == "dir" else record.script if by == "script" else record.sweep
 
 
 def _order(key: Union[int, str, None]) -> tuple:
@@ -242,8 +262,9 @@ def _order(key: Union[int, str, None]) -> tuple:
     return (0, key, "") if isinstance(key, int) else (1, 0, str(key))
 
 
-def summarize(jobs: Iterable[JobPair], since: Optional[float] = None, by: str = "dir") -> list[Group]:
-    """Per-group totals of the runs that ended at or after `since` (epoch seconds; None: all),
+def summarize(jobs: Iterable[Union[JobPair, JobRecord]], since: Optional[float] = None, by: str = "dir") -> list[Group]:
+    """Per-group totals of the runs of `jobs` (records, or `(state, job)` pairs) that ended at or
+    after `since` (epoch seconds; None: all),
     grouped `by` "dir" (cwd), "script" (`script_of`), "day" (local day the run ended) or "sweep"
     (sweep id; None groups the jobs outside sweeps). Groups are sorted by key: days
     chronologically, directories and scripts alphabetically, sweep ids numerically, None last.
@@ -252,36 +273,47 @@ def summarize(jobs: Iterable[JobPair], since: Optional[float] = None, by: str = 
     if by not in GROUP_KEYS:
         raise ValueError(f"--by {by!r}: choose one of {', '.join(GROUP_KEYS)}")
     groups: dict[Union[int, str, None], Group] = {}
-    for state, job in jobs:
-        for run in job_runs(state, job):
-            if since is None or run.end >= since:
-                _add_run(groups.setdefault(_key(by, run, run.end), Group(_key(by, run, run.end))), run)
-        for at in preemption_times(job):
+    for record in _records(jobs):
+        for _number, start, end, outcome, _gpus, count in record.attempts:
+            if since is None or end >= since:
+                key = _key(by, record, end)
+                _add_run(
+                    groups[key] if key in groups else groups.setdefault(key, Group(key)),
+                    record,
+                    start,
+                    end,
+                    outcome,
+                    count,
+                )
+        for at in record.preempted:
             if since is None or at >= since:
-                key = _key(by, job, at)
+                key = _key(by, record, at)
                 groups.setdefault(key, Group(key)).preempted += 1
     for group in groups.values():
-        group.median_seconds = statistics.median(group._seconds) if group._seconds else None
+        group.median_seconds = median(group._seconds) if group._seconds else None
         group.jobs = len(group._job_ids)
     return [groups[key] for key in sorted(groups, key=_order)]
 
 
-def _add_run(group: Group, run: PastRun) -> None:
+def _add_run(group: Group, record: JobRecord, start: float, end: float, outcome: str, gpu_count: int) -> None:
+    """One run into its group's totals (as PastRun's `seconds` and `gpu_hours` count it; 10,000
+    runs: no object made for each)."""
     group.runs += 1
-    group._job_ids.add(run.job_id)
-    if run.outcome == DONE:
+    group._job_ids.add(record.job_id)
+    if outcome == DONE:
         group.done += 1
-    elif run.outcome in FAILED_OUTCOMES:
+    elif outcome in FAILED_OUTCOMES:
         group.failed += 1
-    elif run.outcome == CANCELLED:
+    elif outcome == CANCELLED:
         group.cancelled += 1
-    elif run.outcome == INTERRUPTED:
+    elif outcome == INTERRUPTED:
         group.interrupted += 1
-    group.adopted += run.adopted
-    group.gpu_hours += run.gpu_hours
-    group._seconds.append(run.seconds)
-    group.first = run.start if group.first is None else min(group.first, run.start)
-    group.last = run.end if group.last is None else max(group.last, run.end)
+    group.adopted += record.adopted
+    seconds = max(0.0, end - start)
+    group.gpu_hours += seconds * gpu_count / 3600.0
+    group._seconds.append(seconds)
+    group.first = start if group.first is None or start < group.first else group.first
+    group.last = end if group.last is None or end > group.last else group.last
 
 
 def iso(stamp: Optional[float]) -> Optional[str]:

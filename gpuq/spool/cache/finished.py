@@ -31,6 +31,7 @@ from operator import eq, is_not, itemgetter
 
 from gpuq.core import schema
 from gpuq.core.states import FINISHED
+from gpuq.spool.files import free_bytes
 
 TYPE_CHECKING = False  # typing only for annotations: `status -a` imports this (tests/test_startup_imports.py)
 if TYPE_CHECKING:
@@ -40,12 +41,15 @@ if TYPE_CHECKING:
 
 CACHE_NAME = "finished-view"
 OLD_CACHE_NAME = "finished-rows"  # the cells alone, as gpuq wrote them before this cache
-CACHE_FORMAT = 4  # 3 held the rows' text (before issue 25)
+CACHE_FORMAT = 5  # 3 held the rows' text (before issue 25), 4 no key, run or past (before issue 27)
+ROW_FIELDS, SHOWN = 7, 4  # len(journal.ROW) and journal.SHOWN: a settled `status -a` imports no journal.py
 
 
 class FinishedRows:
-    """Every finished job's row in id order, as columns: ids, states and one column per field of
-    journal.ROW; unpacked on first use. `token` changes whenever the rows do."""
+    """Every finished job's row in id order, as columns: ids, states, one column per field of
+    journal.ROW that `status -a` shows, and the rows' command keys and run times (the queue's ETA);
+    unpacked on first use. `token` changes whenever the rows do. The rows' `past` is not in it:
+    only `gpuq history` reads that (finished_runs)."""
 
     __slots__ = ("_packed", "_unpacked", "count", "token")
 
@@ -55,13 +59,21 @@ class FinishedRows:
     def __len__(self) -> int:
         return self.count
 
-    def _parts(self) -> tuple:
+    def _parts(self) -> list:
+        """[ids, states, the shown columns packed, the ETA's columns packed]; each packed part is
+        unpacked by the property that reads it (the ETA's reads no name, `status -a` no key)."""
         if self._unpacked is None:
-            id_bytes, states, columns = marshal.loads(self._packed)
+            id_bytes, states, shown, eta = marshal.loads(self._packed)
             ids = array("q")
             ids.frombytes(id_bytes)
-            self._unpacked = (ids, states, columns)
+            self._unpacked = [ids, states, shown, eta]
         return self._unpacked
+
+    def _unpack(self, at: int) -> tuple:
+        parts = self._parts()
+        if type(parts[at]) is bytes:
+            parts[at] = marshal.loads(parts[at])
+        return parts[at]
 
     @property
     def ids(self) -> array:
@@ -73,7 +85,18 @@ class FinishedRows:
 
     @property
     def columns(self) -> tuple:
-        return self._parts()[2]
+        """The columns `status -a` shows (journal.ROW[:journal.SHOWN])."""
+        return self._unpack(2)
+
+    @property
+    def keys(self) -> tuple:
+        """Each row's command key (runs.command_key; "" for a file that is not a valid job)."""
+        return self._unpack(3)[0]
+
+    @property
+    def runs(self) -> tuple:
+        """Each row's run time in seconds, None where unknown (runs.run_seconds)."""
+        return self._unpack(3)[1]
 
 
 def finished_rows(spool: Spool, listing: Any, settle: Callable[[str], Optional[tuple]]) -> FinishedRows:
@@ -81,16 +104,44 @@ def finished_rows(spool: Spool, listing: Any, settle: Callable[[str], Optional[t
     cache where their files did not change; `settle(state)` is the key a state listed before its
     directory settled can be cached under, if it can now. The garbage collector is paused
     meanwhile: it would walk the 100,000 rows made so far, again and again, and they hold no cycles."""
+    return _gc_paused(_finished_rows, spool, listing, settle)[0]
+
+
+def cached_rows(spool: Spool) -> Optional[FinishedRows]:
+    """The view as last cached, unchecked (rows of files removed since may be in it, files added
+    since are not), or None: for a caller that can do with that while jobs keep finishing."""
+    _entries, view = _read_cache(spool, _cache_header())
+    return None if view is None else FinishedRows(*view)
+
+
+def finished_runs(spool: Spool, listing: Any, settle: Callable[[str], Optional[tuple]]) -> list[tuple[str, Any, Any]]:
+    """(state, ids, rows) of each finished state: every row whole (journal.ROW, `past`
+    included), for `gpuq history`; the cache brought up to date as `finished_rows` does."""
+    _view, entries, fresh = _gc_paused(_finished_rows, spool, listing, settle)
+    out = []
+    for state, (_key, packed) in entries.items():
+        if state in fresh:
+            ids, rows = fresh[state]
+        else:
+            id_bytes, _names, _sigs, rows = marshal.loads(packed)
+            ids = array("q")
+            ids.frombytes(id_bytes)
+        out.append((state, ids, rows))
+    return out
+
+
+def _gc_paused(function: Callable[..., Any], *args: Any) -> Any:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _finished_rows(spool, listing, settle)
+        return function(*args)
     finally:
         if enabled:
             gc.enable()
 
 
-def _finished_rows(spool: Spool, listing: Any, settle: Callable[[str], Optional[tuple]]) -> FinishedRows:
+def _finished_rows(spool: Spool, listing: Any, settle: Callable[[str], Optional[tuple]]) -> tuple:
+    """(the view, state -> cache entry, state -> (ids, rows) of the entries made now)."""
     header = _cache_header()
     cached, cached_view = _read_cache(spool, header)
     entries: dict[str, tuple] = {}
@@ -98,7 +149,7 @@ def _finished_rows(spool: Spool, listing: Any, settle: Callable[[str], Optional[
     keys = {state: listing.signatures.get(state) for state in FINISHED}
     changed = [s for s in FINISHED if not (keys[s] is not None and s in cached and cached[s][0] == keys[s])]
     if not changed and cached_view is not None:
-        return FinishedRows(*cached_view)  # the usual later call: nothing more to read or import
+        return FinishedRows(*cached_view), cached, fresh  # the usual later call: nothing more to read or import
     from gpuq.spool.cache import journal  # only where rows are made or taken: it reads its code to tag them
 
     taken = journal.take(spool.layout) if changed else None
@@ -113,17 +164,19 @@ def _finished_rows(spool: Spool, listing: Any, settle: Callable[[str], Optional[
                 key = settle(state)
             entries[state] = (key, packed)
     if not fresh and cached_view is not None:
-        return FinishedRows(*cached_view)
+        return FinishedRows(*cached_view), entries, fresh
     parts = _build_view(entries, fresh)
     view = FinishedRows(marshal.dumps(parts), len(parts[1]), f"{time.time_ns()}-{os.getpid()}")
+    if free_bytes(spool.layout.home) < journal.ROOM_LEFT:  # a disk's last room is for job files
+        return view, entries, fresh  # (plain `status` comes here too when jobs wait: their ETA)
     try:
         spool.cache.write(CACHE_NAME, marshal.dumps((header, entries, (view._packed, view.count, view.token))))
         spool.cache.remove(OLD_CACHE_NAME)
     except OSError:
-        return view  # a read-only or full spool still shows its status, only slower
+        return view, entries, fresh  # a read-only or full spool still shows its status, only slower
     if taken is not None:
         taken.finish()  # its rows are in the cache now
-    return view
+    return view, entries, fresh
 
 
 _NO_ROW = ((), None)  # (signature, row) of a file without one: matches no file's signature
@@ -176,8 +229,8 @@ def _refresh(
 
 
 def _build_view(entries: dict[str, tuple], fresh: dict[str, tuple]) -> tuple:
-    """(ids as bytes, states, columns) of every entry's rows, in id order. Column by column, no
-    object per row: 100,000 rows."""
+    """(ids as bytes, states, the shown columns packed, the keys and run times packed) of every
+    entry's rows, in id order. Column by column, no object per row: 100,000 rows."""
     ids, states, rows = array("q"), [], []
     filled = 0  # states with rows: each state's are in id order already
     for state, (_key, packed) in entries.items():
@@ -198,8 +251,9 @@ def _build_view(entries: dict[str, tuple], fresh: dict[str, tuple]) -> tuple:
             map(states.__getitem__, order),
             map(rows.__getitem__, order),
         )
-    columns = tuple(zip(*rows)) if len(ids) else ((), (), (), ())  # journal.ROW
-    return ids.tobytes(), tuple(states), columns
+    columns = tuple(zip(*rows)) if len(ids) else ((),) * ROW_FIELDS  # journal.ROW
+    eta = (columns[SHOWN], columns[SHOWN + 1])  # keys and run times
+    return ids.tobytes(), tuple(states), marshal.dumps(columns[:SHOWN]), marshal.dumps(eta)
 
 
 PARALLEL_FROM = 2000  # files to read before the work is shared between CPUs (a fork costs ~1 ms)
@@ -229,7 +283,7 @@ def _make_some(spool: Spool, state: str, todo: list[tuple[str, int]]) -> dict[st
     for name, job_id in todo:
         try:
             job, sig = load(state, name, job_id, fields)
-            row = row_of(job, now)
+            row = row_of(job, now, state)
             out[name] = (sig, tuple(map(one, row, row)))
         except FileNotFoundError:
             continue
@@ -283,7 +337,8 @@ def _cache_header() -> tuple:
     stat: a later `status -a` neither reads nor imports that code."""
     core = os.path.dirname(schema.__file__)
     code = []
-    for path in (os.path.join(os.path.dirname(__file__), "journal.py"), *(f"{core}/{m}.py" for m in CODE)):
+    here = os.path.dirname(__file__)
+    for path in (f"{here}/journal.py", f"{here}/runs.py", *(f"{core}/{m}.py" for m in CODE)):
         try:
             st = os.stat(path)
         except OSError:
@@ -293,7 +348,7 @@ def _cache_header() -> tuple:
     return (CACHE_FORMAT, marshal.version, tuple(sys.version_info[:2]), *code)
 
 
-CODE = ("shown", "schema", "times")  # the modules of core that make rows, beside journal.py
+CODE = ("shown", "schema", "times")  # the modules of core that make rows, beside journal.py and runs.py
 
 
 def _read_cache(spool: Spool, header: tuple) -> tuple[dict[str, tuple], Optional[tuple]]:

@@ -22,6 +22,7 @@ from operator import eq, methodcaller
 
 from gpuq.core import jsontext, schema, shown, times
 from gpuq.core.states import FINISHED
+from gpuq.spool.cache import runs
 from gpuq.spool.files import free_bytes, read_small, unlink_quietly
 from gpuq.system import procs
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 NAME = "finished-journal"
 MAX_BYTES = 64 << 20  # about 500,000 rows: past it (no `status -a` for that long) rows are not appended
-FORMAT = 2  # 1 held the rows' text (before issue 25): its lines carry another tag, and are not used
+FORMAT = 3  # 1 held the rows' text (before issue 25), 2 no key, run or past (before issue 27): not used
 ROOM_LEFT = 1 << 20  # below this much free space no row is appended (the worker starts no job either)
 
 # The fields of a job file that its row is made from: all that core/shown.py reads and checks.
@@ -43,18 +44,22 @@ READS += ("note", "priority")
 # unknown) and its end, a tuple of END: how it ended, where and why, and why its file is not a
 # valid job ("" for one that is). Absent strings are "", absent numbers None. 100,000 rows share a
 # few ends: one object each in the cache, and one info cell each to make (cli/render.py).
-ROW = ("name", "script", "seconds", "end")
+# Then what the queue's ETA and `gpuq history` read (runs.py): the command key, the run time in
+# seconds (None: unknown or adopted) and the past, the job's runs as a JSON text ("" and None for
+# a file that is not a valid job).
+ROW = ("name", "script", "seconds", "end", "key", "run", "past")
+SHOWN = 4  # the first fields of ROW are what `status -a` shows
 END = ("exit_code", "signal", "slurm_job", "reason", "code_changed", "note", "priority", "unreadable")
 _END_TYPES = (int, str, int, str, str, str, int)  # of the END a line holds (a number may be null)
 
-# A journal line: tag, state, file name, inode, mtime_ns, size, name, script, seconds, and the end
-# less `unreadable` as a JSON array.
-FIELDS = 10
+# A journal line: tag, state, file name, inode, mtime_ns, size, name, script, seconds, the end
+# less `unreadable` as a JSON array, key, run (a float's repr) and past.
+FIELDS = 13
 
 
-def row_of(job: dict[str, Any], now: float) -> tuple:
-    """The row of a finished job (its READS fields checked), its time counted up to `now` when it
-    started and has no end."""
+def row_of(job: dict[str, Any], now: float, state: str) -> tuple:
+    """The row of a finished job in `state` (its READS fields checked), its time counted up to
+    `now` when it started and has no end."""
     start = times.parse_iso(job.get("started_at"))
     seconds = None
     if start is not None:
@@ -70,12 +75,21 @@ def row_of(job: dict[str, Any], now: float) -> tuple:
         job.get("priority"),
         "",
     )
-    return job["name"], schema.display_script(job["cmd"]), seconds, end
+    key = runs.command_key(job["cmd"], job.get("cwd"))
+    return (
+        job["name"],
+        schema.display_script(job["cmd"]),
+        seconds,
+        end,
+        key,
+        runs.run_seconds(job),
+        runs.past_text(state, job),
+    )
 
 
 def unreadable_row(file_name: str, reason: str) -> tuple:
     """The row of a finished file that is not a valid job: its name and why."""
-    return file_name, "", None, (None, "", None, "", "", "", None, reason)
+    return file_name, "", None, (None, "", None, "", "", "", None, reason), "", None, ""
 
 
 def depends_on_clock(job: dict[str, Any]) -> bool:
@@ -89,7 +103,7 @@ def _code_tag() -> str:
     process loaded them (the same code installed elsewhere gives the same tag). A row made by
     another gpuq (an upgrade while a worker runs) is not used."""
     digest = zlib.crc32(str(FORMAT).encode())
-    for path in (__file__, shown.__file__, schema.__file__, times.__file__):
+    for path in (__file__, runs.__file__, shown.__file__, schema.__file__, times.__file__):
         try:
             with open(path or "", "rb") as source:
                 digest = zlib.crc32(source.read(), digest)
@@ -127,7 +141,7 @@ def row_line(state: str, name: str, data: bytes, signature: tuple[int, int, int]
         return None
     if depends_on_clock(job):
         return None
-    job_name, script, seconds, end = row_of(job, 0.0)
+    job_name, script, seconds, end, key, run, past = row_of(job, 0.0, state)
     fields = (
         TAG,
         state,
@@ -137,6 +151,9 @@ def row_line(state: str, name: str, data: bytes, signature: tuple[int, int, int]
         script,
         seconds,
         jsontext.dumps(list(end[:-1]), ensure_ascii=False),
+        key,
+        None if run is None else float.__repr__(run),
+        past,
     )
     return ("\t".join(map(_field, fields)) + "\n").encode()
 
@@ -172,6 +189,18 @@ def _unfield(text: str) -> str:
 
 def _number(text: str) -> Optional[int]:
     return int(text) if text else None
+
+
+def _seconds(text: str) -> Optional[float]:
+    return float(text) if text else None
+
+
+def _run_times(column: list[str]) -> list[Optional[float]]:
+    """A column of run times (100,000: converted in C while none is unknown)."""
+    try:
+        return list(map(float, column))
+    except ValueError:
+        return list(map(_seconds, column))
 
 
 def _end(text: str) -> tuple:
@@ -250,18 +279,22 @@ def _add_rows(out: dict[str, dict[str, tuple]], data: bytes) -> None:
         lines = list(compress(lines, map(eq, columns[0], repeat(TAG))))
         columns = _columns(lines)
     try:
-        for at in (1, 2, 6, 7) if escaped else ():
+        for at in (1, 2, 6, 7, 10, 12) if escaped else ():
             if any(map(methodcaller("startswith", "\\"), columns[at])):
                 columns[at] = list(map(_unfield, columns[at]))
         sigs = zip(*[list(map(int, columns[at])) for at in (3, 4, 5)])
         seconds = {text: _number(text) for text in set(columns[8])}  # few distinct values: each converted once
         ends = {text: _end(text) for text in set(columns[9])}  # one object each, stored once by the cache
         scripts: dict[str, str] = {}  # "train.py": one object
+        keys: dict[str, str] = {}  # a few commands, each one object
         rows = zip(
             columns[6],
             map(scripts.setdefault, columns[7], columns[7]),
             map(seconds.__getitem__, columns[8]),
             map(ends.__getitem__, columns[9]),
+            map(keys.setdefault, columns[10], columns[10]),
+            _run_times(columns[11]),  # here, where a bad one sends the lines one by one
+            columns[12],
         )
     except (ValueError, RecursionError):
         _add_lines(out, lines)
@@ -280,6 +313,7 @@ def _add_lines(out: dict[str, dict[str, tuple]], lines: list[str]) -> None:
         parts = line.split("\t")
         try:
             row = (_unfield(parts[6]), _unfield(parts[7]), _number(parts[8]), _end(parts[9]))
+            row += (_unfield(parts[10]), _seconds(parts[11]), _unfield(parts[12]))
             sig = tuple(map(int, parts[3:6]))
             _add(out, [_unfield(parts[1])], [_unfield(parts[2])], [sig], [row])
         except (ValueError, IndexError, RecursionError):
