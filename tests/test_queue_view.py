@@ -204,3 +204,27 @@ def test_an_idle_worker_starts_a_new_job_before_its_full_look(tmp_path: Path) ->
         assert worker.launcher.spare is not None, "no spare kept for the next job"
     finally:
         worker.launcher.close_spare()
+
+
+def test_a_job_seen_in_two_places_is_looked_up_until_it_settles(tmp_path: Path) -> None:
+    """A move writes the new copy before it removes the old one. A look in between sees the job
+    in pending/ and held/ and takes the later state (held); the held/ copy then goes without an
+    event (held/ is not watched). The view must look it up again, not keep it held until a full
+    look a minute later (a watching worker left a released job waiting that long)."""
+    spool = _spool(tmp_path)
+    ref, job = _add(spool, tmp_path)
+    now = time.time()
+    view = _watching_view(spool, now)
+    held_ref, held = spool.jobs.move(ref, job, HELD, {})
+    view.note(PENDING, ref.name)  # the hold
+    snap, _invalid = view.look(spool, now + 1)
+    assert snap.states[ref.id] == HELD and not view.unsettled
+    back_ref, _back = spool.jobs.move(held_ref, held, PENDING, {}, keep_old=True)  # a release, half done
+    view.note(PENDING, back_ref.name)
+    snap, _invalid = view.look(spool, now + 2)
+    assert snap.states[ref.id] == HELD and view.unsettled  # the held copy still there: it counts
+    spool.jobs.remove(held_ref)  # the release's second half: no event names it
+    snap, _invalid = view.look(spool, now + 3)
+    assert view.full_at == now, "no full look: the doubled job alone was looked up"
+    assert snap.states[ref.id] == PENDING and [j.id for j in snap.pending] == [ref.id]
+    assert not view.unsettled

@@ -150,7 +150,7 @@ class Worker:
             result.more_work = self._take_in_dropped(now)
         snap, invalid = self.view.look(self.spool, now, put_off=first)
         resumed, resume_due = self._resume_preempted()  # after the look: see its docstring
-        result.claim_busy = resume_due
+        result.claim_busy = resume_due or self.view.unsettled  # a move under way: look again soon
         if resumed:
             snap, invalid = self.view.look(self.spool, now)
         self._forget_finished_launches(snap)

@@ -52,6 +52,7 @@ class QueueView:
         self.places: dict[int, set[tuple[str, str]]] = {}  # id -> (state, name) of its pending/running files
         self.elsewhere: dict[int, str] = {}  # id -> its state outside pending/ and running/
         self.states: dict[int, str] = {}
+        self._doubled: dict[int, str] = {}  # id -> file name: a job seen in pending/running and elsewhere
         self.dropped = True  # pending/ may hold dropped files (or an intake a crash cut short)
         self.full_at: Optional[float] = None  # when the last full look was taken
         self._hints: deque[tuple[str, str]] = deque()  # (state, name) named by file events
@@ -74,6 +75,14 @@ class QueueView:
     def doubt(self) -> None:
         """Something did not go as the view said: the next look is a full one."""
         self._doubt = True
+
+    @property
+    def unsettled(self) -> bool:
+        """Whether some job was seen in pending/ or running/ and in another state at once: a move
+        under way (its new copy is written before the old one goes) or a crash's leftover, which
+        the repair removes. The other copy may go without an event (only pending/ and running/
+        are watched), so where it is is looked at again on every look until it settles."""
+        return bool(self._doubled)
 
     def pending_name(self, job_id: int) -> Optional[str]:
         """The name of the job's file in pending/ as last seen (the first, should a crash have left
@@ -142,6 +151,7 @@ class QueueView:
         before = self.jobs[PENDING]  # a key stays with the very version it was made from (a cache hit)
         self.keys = {n: k for n, k in self.keys.items() if n in jobs[PENDING] and jobs[PENDING][n] is before.get(n)}
         self.jobs, self.places, self.elsewhere = jobs, places, elsewhere
+        self._doubled = {i: min(name for _state, name in places[i]) for i in places if i in elsewhere}
         self.states = dict(elsewhere)
         for job_id in places:
             self._restate(job_id)
@@ -150,7 +160,8 @@ class QueueView:
     def _update(self, spool: Spool) -> None:
         """Read again every file the events named since the last look."""
         named, self._named = self._named, set()
-        moved: dict[int, str] = {}  # id -> a file name it had
+        # id -> a file name it had; a doubled job is looked up again: its other copy may have gone
+        moved: dict[int, str] = dict(self._doubled)
         for state, name in named:
             if state not in ACTIVE:
                 continue
@@ -183,6 +194,10 @@ class QueueView:
                 self.elsewhere[job_id] = max(found, key=STATES.index)
             else:
                 self.elsewhere.pop(job_id, None)
+            if found and job_id in self.places:
+                self._doubled[job_id] = name
+            else:
+                self._doubled.pop(job_id, None)
             self._restate(job_id)
 
     def _restate(self, job_id: int) -> None:
