@@ -120,14 +120,19 @@ def finished_runs(spool: Spool, listing: Any, settle: Callable[[str], Optional[t
     _view, entries, fresh = _gc_paused(_finished_rows, spool, listing, settle)
     out = []
     for state, (_key, packed) in entries.items():
-        if state in fresh:
-            ids, rows = fresh[state]
-        else:
-            id_bytes, _names, _sigs, rows = marshal.loads(packed)
-            ids = array("q")
-            ids.frombytes(id_bytes)
+        ids, rows = _entry_rows(state, packed, fresh)
         out.append((state, ids, rows))
     return out
+
+
+def _entry_rows(state: str, packed: bytes, fresh: dict[str, tuple]) -> tuple[Any, list]:
+    """(ids, rows) of one state's cache entry: as just built (`fresh`), else unpacked."""
+    if state in fresh:
+        return fresh[state]
+    id_bytes, _names, _sigs, rows = marshal.loads(packed)
+    ids = array("q")
+    ids.frombytes(id_bytes)
+    return ids, rows
 
 
 def _gc_paused(function: Callable[..., Any], *args: Any) -> Any:
@@ -234,12 +239,7 @@ def _build_view(entries: dict[str, tuple], fresh: dict[str, tuple]) -> tuple:
     ids, states, rows = array("q"), [], []
     filled = 0  # states with rows: each state's are in id order already
     for state, (_key, packed) in entries.items():
-        if state in fresh:
-            state_ids, state_rows = fresh[state]
-        else:
-            id_bytes, _names, _sigs, state_rows = marshal.loads(packed)
-            state_ids = array("q")
-            state_ids.frombytes(id_bytes)
+        state_ids, state_rows = _entry_rows(state, packed, fresh)
         ids.extend(state_ids)
         states += repeat(state, len(state_ids))
         rows += state_rows
