@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import marshal
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,20 @@ def garble_in_place(gq: Env, states: tuple[str, ...] = FINISHED) -> int:
     return count
 
 
+def as_the_commands_run(gq: Env, expression: str) -> Any:
+    """`expression` (JSON-able) computed by the gpuq the commands run. Where gpuq is installed
+    beside the checkout (CI's `pip install .`), tests import the checkout and commands the
+    installed copy; the cached rows name the code that made them (by its files' stat) and each
+    copy rebuilds the other's from the files, which garble_in_place has made unreadable."""
+    code = (
+        "import json; from gpuq.spool import Spool; from gpuq.engine.tracking import queue_eta; "
+        f"print(json.dumps({expression}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=gq.work, env=gq.env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
 def run_times(gq: Env, state: str) -> list[float]:
     """finished - started of each job file of `state`, in id order, as the files say."""
     jobs = [json.loads((gq.home / state / name).read_text()) for name in gq.files(state)]
@@ -60,8 +76,10 @@ def test_the_queue_eta_reads_run_times_from_the_finished_rows(gq: Env) -> None:
     gq.wait_state(blocker, "running")
     waiting = gq.add("train.py")  # the same command in the same directory, behind the blocker
 
+    gq.gpuq("eta")  # the rows made, by the code the commands run (see as_the_commands_run)
     assert garble_in_place(gq) == 3
-    assert queue_eta.past_durations(spool, {key}) == {key: expected}  # exactly what the files said
+    durations = f"queue_eta.past_durations(Spool({str(gq.home)!r}), {{{key!r}}})"
+    assert as_the_commands_run(gq, durations) == {key: expected}  # exactly what the files said
     line = next(line for line in gq.gpuq("eta").stdout.splitlines() if line.startswith(f"#{waiting} "))
     assert "(median of 3 earlier runs)" in line, line
 
@@ -134,6 +152,7 @@ def test_history_figures_equal_what_the_job_files_say(gq: Env) -> None:
     assert history.runs(finished_index.history_records(spool)) == history.runs(from_files)
     expected = json.dumps(history.to_json(history.summarize(from_files, None, "sweep")), indent=2)
 
+    gq.gpuq("history")  # the rows made, by the code the commands run (see as_the_commands_run)
     assert garble_in_place(gq) == len(from_files) - 2  # the finished ones; the others are still read
     assert gq.gpuq("history", "--by", "sweep", "--json").stdout.strip() == expected
 
