@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import Env, fill_up, small_tmpfs
+from conftest import Env, fill_up, small_tmpfs, wait_for
 from test_status_cache import _many, _varied
 
 from gpuq.core import schema, times
@@ -44,7 +44,9 @@ def test_a_job_run_by_a_worker_and_a_killed_one_leave_their_rows(gq: Env) -> Non
     gq.wait_state(long, "running")
     gq.gpuq("kill", str(long))
     gq.wait_state(long, "cancelled")
-    lines = journal_lines(gq)
+    # the row is appended once the move is done: a moment after the file shows in cancelled/
+    cancelled_row = f"\tcancelled\t{long:06d}-"
+    lines = wait_for(lambda: (rows := journal_lines(gq)) and any(cancelled_row in ln for ln in rows) and rows)
     # the row's exit code and signal, first in its end (spool/cache/journal.py), shown `exit=0` and
     # `exit=143 (SIGTERM)`
     assert any(f"\tdone\t{done:06d}-" in line and json.loads(line.split("\t")[9])[:2] == [0, ""] for line in lines)
