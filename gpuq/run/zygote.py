@@ -40,6 +40,10 @@ from gpuq.run.supervisor.main import name_process, serve_spare
 from gpuq.spool import control, logs, reports  # noqa: F401
 from gpuq.spool.cache import journal  # noqa: F401  (a supervisor appends its job's row there at the end)
 from gpuq.system import fsutil
+from gpuq.system.gpu_presence import may_have_gpus
+
+if may_have_gpus():  # a GPU job's supervisor leases its GPUs (run/supervisor/lease.py): loaded once, here
+    from gpuq.engine.schedule import leasing  # noqa: F401
 
 IDLE_SECONDS = 5.0  # no request for this long: exit (an idle queue keeps no extra process)
 

@@ -7,13 +7,12 @@ leases' locks at once. A machine without GPUs, and a CPU job, take none.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from gpuq.core.job import Job
-from gpuq.engine.schedule.leasing import claim_gpus
-from gpuq.engine.schedule.placement import DEFAULT_FOREIGN_THRESHOLD_MIB, Blocked, Request
-from gpuq.run.supervisor.order import StartOrder
-from gpuq.system.leases import Held
+if TYPE_CHECKING:
+    from gpuq.core.job import Job
+    from gpuq.run.supervisor.order import StartOrder
+    from gpuq.system.leases import Held
 
 
 class GpusTaken(Exception):
@@ -28,6 +27,10 @@ def take(home: str, order: StartOrder, job: Job, replacing: Iterable[Held] = ())
     job, and where the lease directory cannot be used (said once, in the job's log)."""
     if not order.gpus:
         return []
+    # Imported here: a supervisor without GPUs (a new interpreter: 15 ms) never needs them; the zygote preloads them
+    from gpuq.engine.schedule.leasing import claim_gpus
+    from gpuq.engine.schedule.placement import DEFAULT_FOREIGN_THRESHOLD_MIB, Blocked, Request
+
     replaced = {held.lease.file for held in replacing}
     threshold = order.foreign_threshold_mib
     outcome = claim_gpus(

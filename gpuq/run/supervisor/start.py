@@ -10,7 +10,7 @@ import shlex
 import subprocess
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from gpuq.core import schema, transitions
 from gpuq.core.job import ATTEMPT_HEADER
@@ -24,7 +24,9 @@ from gpuq.spool import Claim, JobRef, Spool, SpoolFull
 from gpuq.spool.files import Reservation
 from gpuq.spool.store import encode
 from gpuq.system import gitinfo, procs
-from gpuq.system.leases import Held
+
+if TYPE_CHECKING:
+    from gpuq.system.leases import Held
 
 
 @dataclass(eq=False)
