@@ -187,7 +187,8 @@ def users() -> Iterator[tuple[User, User]]:
         (base / "gpus.json").chmod(0o644)
         (base / "leases").mkdir()
         (base / "leases").chmod(0o1777)
-        names = [_make_user("a"), _make_user("b")]
+        for tag in "ab":
+            names.append(_make_user(tag))
         made = [User(name, base) for name in names]
         probe = made[0].run(sys.executable, "-c", "import gpuq.system.leases")
         if probe.returncode != 0:
