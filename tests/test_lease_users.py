@@ -385,6 +385,24 @@ def test_without_gpus_and_for_a_cpu_job_no_lease_is_taken(
     assert not own_lease_dir.exists(), "the lease directory is not even made"
 
 
+def test_a_supervisor_that_cannot_use_the_lease_directory_says_so_in_the_log_and_starts_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _one_gpu(tmp_path, monkeypatch)
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)  # not sticky
+    monkeypatch.setenv("GPUQ_LEASE_DIR", str(loose))
+    spool, [(ref, job)] = spool_with_true_jobs(tmp_path)
+    run = begin(spool, spool.claims.claim(ref.id), _order(ref, job), [])
+    assert run is not None and run.leases == [], "the GPU memory gate alone decided"
+    os.close(run.log_fd)
+    run.claim.release()
+    log = spool.logs.path_of(run.job)
+    lines = [line for line in Path(log).read_text().splitlines() if "not sticky" in line]
+    assert len(lines) == 1 and lines[0].startswith("=== gpuq: lease directory"), lines
+
+
 def test_the_planner_counts_the_leases_of_others_but_not_of_its_own_spool(tmp_path: Path, own_lease_dir: Path) -> None:
     home = str(tmp_path / "spool")
     leases = LeaseDir.open(own_lease_dir)

@@ -1,13 +1,13 @@
 """A job's GPU leases (lease_layout.md): taken by its supervisor before the job starts, on the GPUs
-the worker chose, and held by this process until the job's end is recorded, so that every user's
-gpuq on the machine sees those GPUs taken. Should this process be killed, the kernel drops the
-leases' locks at once. A machine without GPUs, and a CPU job, take none.
+the worker chose, and held by this process until the job's processes are gone (released just
+before its end is recorded), so that every user's gpuq on the machine sees those GPUs taken. Should
+this process be killed, the kernel drops the leases' locks at once. A machine without GPUs, and a
+CPU job, take none.
 """
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
     from gpuq.core.job import Job
@@ -24,10 +24,11 @@ def take(home: str, order: StartOrder, job: Job, replacing: Iterable[Held] = ())
     """The leases of the order's GPUs for `job`, decided under the GPUs' placing locks against every
     live lease but those `replacing` (the ended job's, when its supervisor hands the slot on) and the
     memory that processes hold on them. GpusTaken if they no longer fit; [] without GPUs, for a CPU
-    job, and where the lease directory cannot be used (said once, in the job's log)."""
+    job, and where the lease directory cannot be used (said once, in the job's log: `unsaid`)."""
     if not order.gpus:
         return []
-    # Imported here: a supervisor without GPUs (a new interpreter: 15 ms) never needs them; the zygote preloads them
+    # Imported here: a supervisor without GPUs never needs them (some 15 ms of a new interpreter);
+    # the zygote preloads them where there may be GPUs
     from gpuq.engine.schedule.leasing import claim_gpus
     from gpuq.engine.schedule.placement import DEFAULT_FOREIGN_THRESHOLD_MIB, Blocked, Request
 
@@ -53,9 +54,16 @@ def release(leases: Iterable[Held]) -> None:
         held.release()
 
 
-def _say(line: Any) -> None:
-    """A supervisor's stderr is the log of its (first) job."""
-    try:
-        os.write(2, f"=== gpuq: {line}\n".encode())
-    except OSError:
-        pass
+_unsaid: list[str] = []  # problems with the lease directory (each once per process), for the job's log
+
+
+def _say(line: str) -> None:
+    _unsaid.append(line)
+
+
+def unsaid() -> list[str]:
+    """What was met with the lease directory since the last call: for the log of the job it concerns
+    (begin writes them after the job's attempt header)."""
+    lines = _unsaid[:]
+    _unsaid.clear()
+    return lines

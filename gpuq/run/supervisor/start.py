@@ -109,6 +109,8 @@ def begin(
     log_line(run.log_fd, f"cmd: {shlex.join(job.cmd)}")
     log_line(run.log_fd, f"cwd: {job.cwd}" + (f"  CUDA_VISIBLE_DEVICES={slot}" if slot is not None else ""))
     log_line(run.log_fd, f"started: {job.started_at}")
+    for line in lease.unsaid():
+        log_line(run.log_fd, line)
     return run
 
 
