@@ -27,10 +27,10 @@ def take(home: str, order: StartOrder, job: Job, replacing: Iterable[Held] = ())
     job, and where the lease directory cannot be used (said once, in the job's log: `unsaid`)."""
     if not order.gpus:
         return []
-    # Imported here: a supervisor without GPUs never needs them (some 15 ms of a new interpreter);
-    # the zygote preloads them where there may be GPUs
-    from gpuq.engine.schedule.leasing import claim_gpus
-    from gpuq.engine.schedule.placement import DEFAULT_FOREIGN_THRESHOLD_MIB, Blocked, Request
+    # Some 15 ms of a new interpreter's imports, which a machine without GPUs never needs; the zygote
+    # preloads them where there may be GPUs.
+    from gpuq.engine.schedule.leasing import claim_gpus  # here: only a supervisor with GPUs needs it
+    from gpuq.engine.schedule.placement import DEFAULT_FOREIGN_THRESHOLD_MIB, Blocked, Request  # (the same)
 
     replaced = {held.lease.file for held in replacing}
     threshold = order.foreign_threshold_mib
