@@ -44,7 +44,7 @@ class Run:
     termed_at: Optional[float] = None  # when we sent the job's group SIGTERM (time.monotonic())
     would_not_die: list[str] = field(default_factory=list)  # "PID NAME" of leftovers that outlived SIGKILL
     queued: Optional[JobRef] = None  # its pending/ copy, until the job has been started
-    leases: list[Held] = field(default_factory=list)  # its GPUs' leases, held until its end is recorded
+    leases: list[Held] = field(default_factory=list)  # its GPUs' leases, held until its processes are gone
 
 
 Started = tuple[Run, subprocess.Popen, Optional[Any]]  # a job under way: its run, process and log pump
