@@ -359,6 +359,8 @@ def gpu_lines(view: dict[str, Any], now: Optional[float] = None) -> list[str]:
     for gpu in view.get("gpus") or []:
         used = f"{_gib(gpu['memory_used_mib'])}/{_gib(gpu['memory_total_mib'])} GiB"
         parts = [f"  GPU {gpu['index']}  {gpu['name']}  {used}"]
+        if gpu.get("compute_mode", "default") != "default":  # an admin's `nvidia-smi -c`: never shared
+            parts.append(gpu["compute_mode"])
         if gpu.get("jobs"):
             parts.append("jobs " + " ".join(f"#{j}" for j in gpu["jobs"]))
         for proc in gpu.get("foreign") or []:
