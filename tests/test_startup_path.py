@@ -23,8 +23,9 @@ from test_startup_imports import imported_by
 REPO = Path(__file__).resolve().parent.parent
 # The packages held to the rule here: all of gpuq's layers.
 CHECKED = ("core", "spool", "system", "engine", "cli", "run")
-# On the path only where there is a GPU (gpuq status shows them), which the tests' machine lacks.
-ON_GPU_MACHINES = {"gpuq.system.gpus"}
+# On the path only where there is a GPU (gpuq status shows them, and their leases), which the tests'
+# machine lacks.
+ON_GPU_MACHINES = {"gpuq.system.gpus", "gpuq.system.leases", "gpuq.system.lease_io"}
 
 
 def startup_path(gq: Any) -> set[str]:

@@ -1,0 +1,253 @@
+"""The file-level pieces of the lease protocol (lease_layout.md) that gpuq/system/leases.py puts
+together: the directory's checks, a lease line parsed and checked, flock probes, files created
+readable by all whatever the umask, user names. Here so that leases.py stays the API alone.
+
+Imported by `gpuq status` with leases.py: nothing heavy at the top (psutil inside `start_time`).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import pwd
+import stat
+
+from gpuq.core import jsontext
+from gpuq.system.security import display
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+LEASE_VERSION = 1
+MAX_LEASE_BYTES = 4096  # a lease is one short line; a larger file is not one
+OFF = "leases are off, the GPU memory gate alone decides"
+_NUMBER = (int, float)
+OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # never a link; a FIFO never blocks
+OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class LeaseDirProblem(Exception):
+    """The lease directory cannot be trusted or used; str(exc) is the one line to show."""
+
+
+def link_error(exc: OSError) -> str:
+    """What an open without following links says of the file it failed on."""
+    return "is a symbolic link" if exc.errno in (errno.ELOOP, errno.EMLINK) else f"cannot be opened: {exc.strerror}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+
+
+def write_locked(directory: str, tmp_name: str, data: bytes, final: str) -> int:
+    """A new file at `final` holding `data`, readable by all, with our exclusive lock on the
+    returned descriptor from before the name appears (written aside, then renamed)."""
+    tmp = os.path.join(directory, tmp_name)
+    try:
+        fd = os.open(tmp, OPEN_NEW, 0o644)
+    except OSError as exc:
+        raise LeaseDirProblem(f"cannot write a lease in {directory}: {exc.strerror}; {OFF}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.fchmod(fd, 0o644)  # readable by every user whatever our umask
+        _write_all(fd, data)
+        os.rename(tmp, final)
+    except OSError as exc:
+        os.close(fd)
+        unlink_quietly(tmp)
+        raise LeaseDirProblem(f"cannot write a lease in {directory}: {exc.strerror}; {OFF}") from None
+    return fd
+
+
+def lock_file(directory: str, uuid: str) -> int:
+    """A descriptor of the GPU's placing lock file (`gpu-<UUID>.lock`), created readable by all if
+    missing. Read-only is enough for flock, and works on a lock file another user created."""
+    path = os.path.join(directory, f"gpu-{safe_name(uuid)}.lock")
+    for _ in range(10):  # a lock file created or removed between our two calls: look again
+        try:
+            fd = os.open(path, OPEN_READ)
+        except FileNotFoundError:
+            _create_lock_file(directory, path)
+            continue
+        except OSError as exc:
+            raise LeaseDirProblem(f"placing lock {display(path)} {link_error(exc)}; {OFF}") from None
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        os.close(fd)
+        raise LeaseDirProblem(f"placing lock {display(path)} is not a regular file; {OFF}")
+    raise LeaseDirProblem(f"placing lock {display(path)} keeps disappearing; {OFF}")
+
+
+def _create_lock_file(directory: str, path: str) -> None:
+    """Made aside with its mode set, then linked into place, so that no one sees it unreadable."""
+    tmp = os.path.join(directory, f".tmp.{os.geteuid()}.{os.getpid()}.{next_number()}")
+    try:
+        fd = os.open(tmp, OPEN_NEW, 0o644)
+        try:
+            os.fchmod(fd, 0o644)
+        finally:
+            os.close(fd)
+        os.link(tmp, path)
+    except FileExistsError:  # another party made it first: theirs serves
+        pass
+    except OSError as exc:
+        raise LeaseDirProblem(f"cannot create a placing lock in {directory}: {exc.strerror}; {OFF}") from None
+    finally:
+        unlink_quietly(tmp)
+
+
+def remove_if_ours(path: str, st: os.stat_result) -> None:
+    """A stale file goes when it is ours (or we are root): the sticky bit lets no one else."""
+    if os.geteuid() not in (0, st.st_uid):
+        return
+    try:
+        now = os.lstat(path)
+        if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):  # still the file found stale
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def directory_problem(path: str) -> Optional[str]:
+    """Why the lease directory cannot be trusted, or None. lstat: a link is never followed."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"lease directory {path}: {exc.strerror}"
+    if stat.S_ISLNK(st.st_mode):
+        return (
+            f"lease directory {path} is a symbolic link (to {display(os.path.realpath(path))}); gpuq does not follow it"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        return f"lease directory {path} is not a directory"
+    me = os.geteuid()
+    if st.st_uid not in (0, me):
+        owner = user_name(st.st_uid) or f"uid {st.st_uid}"
+        return f"lease directory {path} is owned by {owner}, not by root or you: its owner could remove your leases"
+    if not st.st_mode & stat.S_ISVTX:
+        mode = stat.S_IMODE(st.st_mode)
+        return f"lease directory {path} is not sticky (mode {mode:04o}): other users could remove your leases"
+    return None
+
+
+def open_to_all(path: str) -> None:
+    """Mode 1777 on the directory just made (after mkdir: the umask would strip it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, 0o1777)
+    finally:
+        os.close(fd)
+
+
+def parse(data: bytes) -> dict[str, Any]:
+    """The fields of a lease line (lease_layout.md); ValueError naming what is wrong."""
+    if len(data) > MAX_LEASE_BYTES:
+        raise ValueError(f"is larger than {MAX_LEASE_BYTES} bytes")
+    try:
+        obj = jsontext.loads(data)
+    except ValueError:  # json.JSONDecodeError, and undecodable bytes
+        raise ValueError("is not JSON") from None
+    if not isinstance(obj, dict):
+        raise ValueError("is not a JSON object")
+    if obj.get("lease_version") != LEASE_VERSION:
+        raise ValueError(f"has lease_version {display(repr(obj.get('lease_version')))}, not {LEASE_VERSION}")
+    checks = {
+        "gpu_uuid": lambda v: isinstance(v, str) and v != "",
+        "gpu_index": lambda v: _whole(v, 0),
+        "mem_mib": lambda v: v is None or _whole(v, 1),
+        "user": lambda v: isinstance(v, str),
+        "uid": lambda v: _whole(v, 0),
+        "pid": lambda v: _whole(v, 1),
+        "pid_start": lambda v: _number(v),
+        "job": lambda v: v is None or _whole(v, 1),
+        "name": lambda v: isinstance(v, str),
+        "spool": lambda v: v is None or isinstance(v, str),
+        "since": lambda v: _number(v),
+        "host": lambda v: isinstance(v, str),
+    }
+    for key, good in checks.items():
+        if key not in obj:
+            raise ValueError(f"lacks {key}")
+        if not good(obj[key]):
+            raise ValueError(f"has a bad {key}")
+    values = {key: obj[key] for key in checks}
+    values["name"] = display(values["name"])  # another user's text, printed in our reasons
+    return values
+
+
+def _whole(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, _NUMBER) and not isinstance(value, bool) and value >= 0
+
+
+def locked_by_someone(fd: int) -> bool:
+    """Whether another open file holds an exclusive lock on this file (its holder is alive)."""
+    if try_lock(fd, fcntl.LOCK_SH):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    return True
+
+
+def try_lock(fd: int, kind: int) -> bool:
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def safe_name(uuid: str) -> str:
+    """A GPU's UUID as a file name part: letters, digits and dashes kept, anything else `_`."""
+    return "".join(c if c.isascii() and (c.isalnum() or c == "-") else "_" for c in uuid)
+
+
+_counter = [0]
+
+
+def next_number() -> int:
+    _counter[0] += 1
+    return _counter[0]
+
+
+_user_names: dict[int, Optional[str]] = {}
+
+
+def user_name(uid: int) -> Optional[str]:
+    """The account name of `uid` as this machine knows it (asked once per uid: NSS may be LDAP)."""
+    if uid not in _user_names:
+        try:
+            _user_names[uid] = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            _user_names[uid] = None
+    return _user_names[uid]
+
+
+def start_time(pid: int) -> float:
+    import psutil  # only a lease taker needs it; `gpuq status` reads leases without it
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return 0.0
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

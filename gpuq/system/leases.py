@@ -1,0 +1,283 @@
+"""GPU leases: who is using which GPU of this machine, in a directory every user's gpuq reads (issue 28).
+
+The protocol is lease_layout.md's; in short: a sticky directory shared by all users, one file per
+lease (`<UUID>.<uid>.<pid>.<n>.lease`, a JSON line saying who, which GPU, whole or how much
+memory, since when), alive exactly while its holder keeps an `flock` on it, so that a crashed
+holder's lease is stale the moment the kernel drops its lock. Deciding and writing a lease happen
+under a per-GPU placing lock (`gpu-<UUID>.lock`) held for milliseconds.
+
+Nothing here trusts the directory's other users: files are opened without following links and
+must be owned by the uid they name; a directory that others could tamper with, or a placing lock
+held past `PLACING_TIMEOUT`, raises `LeaseDirProblem`, whose one line callers say once
+(`say_once`) before they go on with the GPU memory gate alone.
+
+`gpuq status` may read the leases (`live()`), so the module imports nothing heavy at the top:
+`Lease` is a named tuple as `system/gpus.py`'s are, JSON goes through `core/jsontext.py`, paths
+are strings, and psutil is imported by `take()` alone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import time
+from collections import namedtuple
+
+from gpuq.core import jsontext
+from gpuq.system import lease_io
+from gpuq.system.lease_io import OFF, LeaseDirProblem
+from gpuq.system.security import display
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable, Optional
+
+LEASE_DIR_ENV = "GPUQ_LEASE_DIR"
+PLACING_TIMEOUT = 2.0  # seconds: a placement takes milliseconds; a lock held longer is stuck or hostile
+SUFFIX = ".lease"
+STALE_TMP_SECONDS = 60.0  # a writer's temporary file older than this, unlocked, was left by a crash
+_POLL_SECONDS = 0.005
+
+_FIELDS = "gpu_uuid gpu_index mem_mib user uid pid pid_start job name spool since host"
+
+
+class Lease(namedtuple("Lease", "file " + _FIELDS)):
+    """One live lease of one GPU: `file` (its name in the directory), then the fields of its JSON
+    line (lease_layout.md). `mem_mib` None: the whole GPU; `job` None: a `gpuq lease` command."""
+
+    __slots__ = ()
+
+    @property
+    def whole(self) -> bool:
+        return self.mem_mib is None
+
+    def who(self, viewer_uid: int) -> str:
+        """ "bob's job #12", "your job #3 (train)", "bob's `jupyter` (gpuq lease, pid 4242)": a job's
+        name only for one's own jobs (another user's job names are theirs to show)."""
+        mine = self.uid == viewer_uid
+        owner = "your" if mine else f"{self.user}'s"
+        if self.job is None:
+            return f"{owner} `{self.name}` (gpuq lease, pid {self.pid})"
+        return f"{owner} job #{self.job} ({self.name})" if mine else f"{owner} job #{self.job}"
+
+
+class Held:
+    """A lease this process holds: its lock lives in `fd` until `release()` (or the process's end)."""
+
+    __slots__ = ("lease", "fd", "path")
+
+    def __init__(self, lease: Lease, fd: int, path: str) -> None:
+        self.lease, self.fd, self.path = lease, fd, path
+
+    def release(self) -> None:
+        """Unlink, then close (which drops the lock): in that order, no reader ever sees our file
+        unlocked and takes it for a crashed holder's. Idempotent."""
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:  # root, or its owner's other gpuq, cleaned a stale copy: not ours to mind
+            pass
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# ---------------------------------------------------------------------------------------------
+# The directory
+
+
+def default_dir() -> str:
+    """$GPUQ_LEASE_DIR if set; else under /dev/shm (cleared at reboot, as leases must be), else /tmp."""
+    configured = os.environ.get(LEASE_DIR_ENV)
+    if configured:
+        return configured
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    return os.path.join(base, "gpuq-leases")
+
+
+class LeaseDir:
+    """The machine-wide lease directory, checked when opened."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.problems: list[str] = []  # lease files the last live() skipped, one line each
+
+    @classmethod
+    def open(cls, path: Optional[Any] = None) -> LeaseDir:
+        """The directory (created with mode 1777 when missing), or LeaseDirProblem."""
+        path = os.fspath(path) if path is not None else default_dir()
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise LeaseDirProblem(f"cannot create the lease directory {path}: {exc.strerror}; {OFF}") from None
+        else:
+            lease_io.open_to_all(path)
+        problem = lease_io.directory_problem(path)
+        if problem:
+            raise LeaseDirProblem(f"{problem}; {OFF}")
+        return cls(path)
+
+    def live(self) -> list[Lease]:
+        """Every live lease, sorted by (gpu_index, since). Stale ones are skipped (and removed when
+        ours, or when we are root); files that cannot be leases are skipped with a line in `problems`."""
+        self.problems = []
+        try:
+            names = os.listdir(self.path)
+        except OSError as exc:
+            raise LeaseDirProblem(f"cannot list the lease directory {self.path}: {exc.strerror}; {OFF}") from None
+        found = []
+        for name in names:
+            if name.startswith(".tmp."):
+                self._remove_if_abandoned(name)
+            elif name.endswith(SUFFIX) and not name.startswith("."):
+                lease = self._read(name)
+                if lease is not None:
+                    found.append(lease)
+        return sorted(found, key=lambda lease: (lease.gpu_index, lease.since, lease.file))
+
+    def placing(self, uuids: Iterable[str], timeout: float = PLACING_TIMEOUT) -> _Placing:
+        """A context holding the placing locks of these GPUs (taken in sorted order, so two parties
+        never wait for each other); LeaseDirProblem when one is held past `timeout` seconds."""
+        return _Placing(self, sorted(set(uuids)), timeout)
+
+    def take(
+        self,
+        gpu_uuid: str,
+        gpu_index: int,
+        mem_mib: Optional[int],
+        *,
+        job: Optional[int],
+        name: str,
+        spool: Optional[str],
+        pid: Optional[int] = None,
+    ) -> Held:
+        """Write a lease of this GPU, locked by this process (`pid`: the process named as its holder,
+        this one by default). Call it under `placing`. LeaseDirProblem if it cannot be written."""
+        pid = os.getpid() if pid is None else pid
+        uid = os.geteuid()
+        n = lease_io.next_number()
+        final = os.path.join(self.path, f"{lease_io.safe_name(gpu_uuid)}.{uid}.{pid}.{n}{SUFFIX}")
+        record = {
+            "lease_version": lease_io.LEASE_VERSION,
+            "gpu_uuid": gpu_uuid,
+            "gpu_index": gpu_index,
+            "mem_mib": mem_mib,
+            "user": lease_io.user_name(uid) or str(uid),
+            "uid": uid,
+            "pid": pid,
+            "pid_start": lease_io.start_time(pid),
+            "job": job,
+            "name": name,
+            "spool": spool,
+            "since": time.time(),
+            "host": os.uname().nodename,
+        }
+        data = (jsontext.dumps(record) + "\n").encode()
+        fd = lease_io.write_locked(self.path, f".tmp.{uid}.{pid}.{n}", data, final)
+        return Held(Lease(os.path.basename(final), *(record[k] for k in _FIELDS.split())), fd, final)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _read(self, name: str) -> Optional[Lease]:
+        """The lease in `name` if it is alive and sound; None otherwise (with a problem if unsound)."""
+        path = os.path.join(self.path, name)
+        try:
+            fd = os.open(path, lease_io.OPEN_READ)
+        except FileNotFoundError:  # released since the listing
+            return None
+        except OSError as exc:
+            return self._skip(name, lease_io.link_error(exc))
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return self._skip(name, "is not a regular file")
+            if not lease_io.locked_by_someone(fd):
+                lease_io.remove_if_ours(path, st)
+                return None
+            data = os.read(fd, lease_io.MAX_LEASE_BYTES + 1)
+        finally:
+            os.close(fd)
+        try:
+            lease = Lease(name, **lease_io.parse(data))
+        except ValueError as exc:
+            return self._skip(name, str(exc))
+        if lease.uid != st.st_uid:
+            return self._skip(name, f"names uid {lease.uid} but is owned by uid {st.st_uid}")
+        return lease._replace(user=lease_io.user_name(lease.uid) or display(lease.user))
+
+    def _skip(self, name: str, why: str) -> None:
+        self.problems.append(f"lease file {os.path.join(self.path, display(name))} {why}: ignored")
+        return None
+
+    def _remove_if_abandoned(self, name: str) -> None:
+        """A writer's temporary file, left by one that died before renaming it: removed once old
+        and unlocked (a live writer locks it as soon as it exists and renames it within ms)."""
+        path = os.path.join(self.path, name)
+        try:
+            fd = os.open(path, lease_io.OPEN_READ)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            old = time.time() - st.st_mtime > STALE_TMP_SECONDS
+            if old and stat.S_ISREG(st.st_mode) and not lease_io.locked_by_someone(fd):
+                lease_io.remove_if_ours(path, st)
+        finally:
+            os.close(fd)
+
+
+class _Placing:
+    """The context `LeaseDir.placing` returns."""
+
+    def __init__(self, lease_dir: LeaseDir, uuids: list[str], timeout: float) -> None:
+        self._dir, self._uuids, self._timeout = lease_dir, uuids, timeout
+        self._fds: list[int] = []
+
+    def __enter__(self) -> None:
+        deadline = time.monotonic() + self._timeout
+        try:
+            for uuid in self._uuids:
+                fd = lease_io.lock_file(self._dir.path, uuid)
+                self._fds.append(fd)
+                while not lease_io.try_lock(fd, fcntl.LOCK_EX):
+                    if time.monotonic() > deadline:
+                        raise LeaseDirProblem(
+                            f"the placing lock of GPU {display(uuid)} in {self._dir.path} has been held for more "
+                            f"than {self._timeout:g} s (a stuck or hostile process?); {OFF}"
+                        )
+                    time.sleep(_POLL_SECONDS)
+        except BaseException:
+            self._close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)  # drops the lock
+        self._fds = []
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting
+
+
+_said: set[str] = set()
+
+
+def say_once(problem: str, write: Callable[[str], None]) -> None:
+    """`write(problem)` the first time this process meets this line; later meetings say nothing."""
+    if problem not in _said:
+        _said.add(problem)
+        write(problem)

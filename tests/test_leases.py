@@ -1,0 +1,211 @@
+"""The lease directory (gpuq/system/leases.py, lease_layout.md): leases taken, seen alive, released;
+a killed holder's lease stale at once; files and directories other users could plant refused."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from gpuq.system import leases
+from gpuq.system.leases import LeaseDir, LeaseDirProblem
+
+UUID = "GPU-aaaa-0"
+
+
+@pytest.fixture
+def lease_dir(tmp_path: Path) -> LeaseDir:
+    return LeaseDir.open(tmp_path / "leases")
+
+
+@contextlib.contextmanager
+def child(script: str, *args: str) -> Iterator[subprocess.Popen]:
+    """A real process running `script` (with leases imported), once it printed READY."""
+    code = "import os, sys, time, fcntl\nfrom gpuq.system.leases import LeaseDir\n" + script
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def plant(lease_dir: LeaseDir, name: str, text: str) -> int:
+    """A file in the directory with `text`, locked (alive) by a descriptor of this test's, returned."""
+    path = os.path.join(lease_dir.path, name)
+    Path(path).write_text(text)
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def test_a_lease_is_taken_seen_alive_and_released(lease_dir: LeaseDir) -> None:
+    whole = lease_dir.take(UUID, 0, None, job=12, name="train", spool="/home/me/.gpuq")
+    shared = lease_dir.take("GPU-bbbb-1", 1, 20480, job=None, name="jupyter", spool=None)
+    found = lease_dir.live()
+    assert [lease.file for lease in found] == [whole.lease.file, shared.lease.file]
+    assert found == [whole.lease, shared.lease] and lease_dir.problems == []
+    lease = found[0]
+    assert (lease.gpu_uuid, lease.gpu_index, lease.whole, lease.job, lease.pid) == (UUID, 0, True, 12, os.getpid())
+    assert lease.pid_start > 0 and abs(lease.since - time.time()) < 60
+    assert found[1].mem_mib == 20480 and not found[1].whole
+    me = os.geteuid()
+    assert lease.who(me) == "your job #12 (train)"
+    assert lease.who(me + 1) == f"{lease.user}'s job #12"
+    assert found[1].who(me + 1) == f"{lease.user}'s `jupyter` (gpuq lease, pid {os.getpid()})"
+    st = os.stat(os.path.join(lease_dir.path, lease.file))
+    assert stat.S_IMODE(st.st_mode) == 0o644
+    whole.release()
+    whole.release()  # idempotent
+    assert lease_dir.live() == [shared.lease]
+    assert not os.path.exists(os.path.join(lease_dir.path, whole.lease.file))
+    shared.release()
+    assert lease_dir.live() == [] and [n for n in os.listdir(lease_dir.path) if n.endswith(".lease")] == []
+
+
+def test_a_killed_holder_leaves_a_stale_lease_at_once(lease_dir: LeaseDir) -> None:
+    """SIGKILL: the kernel drops the lock, the lease is stale at once and its (root or owner's)
+    reader removes the file. The child's umask 077 still leaves its lease readable by all."""
+    script = (
+        "os.umask(0o077)\n"
+        "held = LeaseDir.open(sys.argv[1]).take('GPU-aaaa-0', 0, None, job=3, name='t', spool='/s')\n"
+        "print('READY', flush=True)\ntime.sleep(60)\n"
+    )
+    with child(script, lease_dir.path) as proc:
+        (lease,) = lease_dir.live()
+        assert lease.pid == proc.pid and lease.job == 3
+        assert stat.S_IMODE(os.stat(os.path.join(lease_dir.path, lease.file)).st_mode) == 0o644
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert os.path.exists(os.path.join(lease_dir.path, lease.file))  # left behind by the killed holder
+        assert lease_dir.live() == [] and lease_dir.problems == []
+        assert not os.path.exists(os.path.join(lease_dir.path, lease.file))
+
+
+def test_unsound_lease_files_are_skipped_with_a_line(lease_dir: LeaseDir, tmp_path: Path) -> None:
+    good = lease_dir.take(UUID, 0, None, job=1, name="a", spool="/s")
+    text = Path(lease_dir.path, good.lease.file).read_text()
+    fds = [
+        plant(lease_dir, "GPU-x.0.1.1.lease", "{not json"),
+        plant(lease_dir, "GPU-x.0.1.2.lease", text.replace(f'"uid": {os.geteuid()}', '"uid": 4321')),
+        plant(lease_dir, "GPU-x.0.1.3.lease", text.replace('"gpu_index": 0', '"gpu_index": "zero"')),
+        plant(lease_dir, "GPU-x.0.1.4.lease", text.replace('"lease_version": 1', '"lease_version": 9')),
+    ]
+    outside = tmp_path / "elsewhere.lease"
+    os.link(os.path.join(lease_dir.path, good.lease.file), outside)
+    os.symlink(outside, os.path.join(lease_dir.path, "GPU-x.0.1.5.lease"))
+    try:
+        assert lease_dir.live() == [good.lease]
+        problems = sorted(lease_dir.problems)
+        assert len(problems) == 5, problems
+        assert problems[0].endswith("GPU-x.0.1.1.lease is not JSON: ignored")
+        assert problems[1].endswith(f"names uid 4321 but is owned by uid {os.geteuid()}: ignored")
+        assert problems[2].endswith("has a bad gpu_index: ignored")
+        assert problems[3].endswith("has lease_version 9, not 1: ignored")
+        assert problems[4].endswith("GPU-x.0.1.5.lease is a symbolic link: ignored")
+    finally:
+        for fd in fds:
+            os.close(fd)
+        good.release()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_lease_file_owned_by_another_uid_than_it_names_is_skipped(lease_dir: LeaseDir) -> None:
+    good = lease_dir.take(UUID, 0, None, job=1, name="a", spool="/s")
+    os.chown(os.path.join(lease_dir.path, good.lease.file), 65534, -1)  # `nobody`: a forgery of ours
+    assert lease_dir.live() == []
+    assert lease_dir.problems[0].endswith(f"names uid {os.geteuid()} but is owned by uid 65534: ignored")
+    good.release()
+
+
+def test_the_placing_lock_serialises_and_is_not_followed_through_a_link(lease_dir: LeaseDir, tmp_path: Path) -> None:
+    with lease_dir.placing(["GPU-b", "GPU-a", "GPU-a"]):
+        other = LeaseDir.open(lease_dir.path)
+        with pytest.raises(LeaseDirProblem, match=r"placing lock of GPU GPU-a .* held for more than 0.05 s"):
+            with other.placing(["GPU-a"], timeout=0.05):
+                pass
+    with other.placing(["GPU-a"], timeout=0.05):  # free again once left
+        pass
+    target = tmp_path / "victim"
+    os.symlink(target, os.path.join(lease_dir.path, "gpu-GPU-c.lock"))
+    with pytest.raises(LeaseDirProblem, match=r"gpu-GPU-c.lock is a symbolic link; leases are off"):
+        with lease_dir.placing(["GPU-c"]):
+            pass
+    assert not target.exists()
+
+
+def test_a_lock_held_by_a_hostile_process_past_the_timeout(lease_dir: LeaseDir) -> None:
+    script = (
+        "from gpuq.system.lease_io import lock_file\n"
+        "fd = lock_file(sys.argv[1], 'GPU-aaaa-0')\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('READY', flush=True)\ntime.sleep(60)\n"
+    )
+    with child(script, lease_dir.path):
+        began = time.monotonic()
+        with pytest.raises(LeaseDirProblem) as caught:
+            with lease_dir.placing([UUID, "GPU-zzzz"], timeout=0.3):
+                pass
+        assert 0.3 <= time.monotonic() - began < 2.0
+        assert "(a stuck or hostile process?); leases are off, the GPU memory gate alone decides" in str(caught.value)
+    with lease_dir.placing([UUID, "GPU-zzzz"], timeout=1):  # its holder gone: free at once
+        pass
+
+
+def test_a_missing_directory_is_created_sticky_and_open_to_all(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        LeaseDir.open(tmp_path / "made")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.lstat(tmp_path / "made").st_mode) == 0o1777
+
+
+def test_directories_others_could_tamper_with_are_refused(tmp_path: Path) -> None:
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    with pytest.raises(LeaseDirProblem) as caught:
+        LeaseDir.open(loose)
+    assert str(caught.value) == (
+        f"lease directory {loose} is not sticky (mode 0777): other users could remove your leases; "
+        "leases are off, the GPU memory gate alone decides"
+    )
+    real = tmp_path / "real"
+    LeaseDir.open(real)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(LeaseDirProblem, match=r"is a symbolic link \(to .*real\); gpuq does not follow it"):
+        LeaseDir.open(link)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a directory of another user needs root to make")
+def test_a_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    LeaseDir.open(theirs)
+    os.chown(theirs, 65534, -1)
+    with pytest.raises(LeaseDirProblem, match=r"is owned by (nobody|uid 65534), not by root or you"):
+        LeaseDir.open(theirs)
+
+
+def test_the_default_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(leases.LEASE_DIR_ENV, str(tmp_path))
+    assert leases.default_dir() == str(tmp_path)
+    monkeypatch.delenv(leases.LEASE_DIR_ENV)
+    assert leases.default_dir() == ("/dev/shm/gpuq-leases" if os.path.isdir("/dev/shm") else "/tmp/gpuq-leases")
+
+
+def test_say_once() -> None:
+    said: list[str] = []
+    for line in ("lease directory /x is not sticky", "another", "lease directory /x is not sticky"):
+        leases.say_once(line + " (test_say_once)", said.append)
+    assert said == ["lease directory /x is not sticky (test_say_once)", "another (test_say_once)"]
