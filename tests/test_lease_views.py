@@ -76,7 +76,8 @@ def test_gpus_shows_every_lease_and_the_memory_held_without_one(gq: Env, leases:
     lines = text.splitlines()
     assert lines[1] == "  GPU 0  Fake H100  39.1/79.6 GiB  other: pid 4242 (not visible here) 9.1 GiB", text
     since = hhmm(notebook.lease.since)
-    assert lines[2] == f"    leased whole by your `jupyter` (gpuq lease, pid {os.getpid()}) since {since} (pid {child.pid} 30.0 GiB)"
+    holder = f"your `jupyter` (gpuq lease, pid {os.getpid()})"
+    assert lines[2] == f"    leased whole by {holder} since {since} (pid {child.pid} 30.0 GiB)"
     assert lines[3] == "  GPU 1  Fake H100  0.0/79.6 GiB"
     assert lines[4] == f"    20.0 GiB leased by your job #12 (train) since {hhmm(shared.lease.since)}"
     assert len(lines) == 5
@@ -112,9 +113,7 @@ def as_nobody(*args: str) -> subprocess.Popen:
     nobody = pwd.getpwnam("nobody")
     for python in (sys.executable, "/usr/bin/python3"):
         try:
-            subprocess.run(
-                [python, "-c", "pass"], user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], check=True
-            )
+            subprocess.run([python, "-c", "pass"], user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], check=True)
         except (OSError, subprocess.CalledProcessError):  # not theirs to run (a venv under /root)
             continue
         pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
