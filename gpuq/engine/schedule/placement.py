@@ -22,9 +22,16 @@ therefore also makes its GPU look fuller than it is: it errs towards waiting, ne
 overcommitting. On a driver too old for NVML's v2 memory figures the reserve is in `memory_used`
 and shows as outside memory too; `foreign_threshold_mib` must then exceed it.
 
-Rules: a whole-GPU request takes GPUs without any gpuq holding whose outside memory is at most
-`foreign_threshold_mib` (room for a display server or an idle CUDA context). A shared request takes
-GPUs without a whole-GPU holding where committed + outside + request <= total, preferring the GPU
+Leases (issue 28, lease_layout.md "Counting"): the live leases of other parties on this machine
+(`Leased`: a lease with its holder's process tree; the caller leaves out its own) count too. A
+whole-GPU lease keeps everything else off its GPU; memory leases add up as committed memory (each
+for the larger of its size and what its holder's processes use there); a leaseholder's processes
+are not outside memory.
+
+Rules: a whole-GPU request takes GPUs without any gpuq holding or lease whose outside memory is at
+most `foreign_threshold_mib` (room for a display server or an idle CUDA context). A shared request
+takes GPUs without a whole-GPU holding or lease where committed + leased + outside + request <=
+total, preferring the GPU
 where the least room would be left (best fit, ties by index) so that big GPUs stay free for big
 jobs; `gpus=2, gpu_mem_mib=20480` needs two GPUs that each fit. The foreign threshold does not
 apply to shared requests: their declared size is checked against the real free memory instead.
@@ -45,11 +52,14 @@ jobs wait with `unreadable(look)` as their reason and CPU jobs start.
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence, TypeVar, Union
 
 from gpuq.engine.schedule.scheduler import BEHIND
 from gpuq.system.gpus import Gpu, GpuLook, mib_text
+from gpuq.system.leases import Lease
 
 # Outside memory a whole-GPU job tolerates: a bare CUDA context (0.3-0.6 GiB) or a desktop does
 # not hold a GPU; a process that allocated a GiB or more does.
@@ -94,6 +104,14 @@ class Holding:
 
 
 @dataclass(frozen=True)
+class Leased:
+    """Another party's live lease, with the processes of its holder's tree (its pid's descendants)."""
+
+    lease: Lease
+    pids: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
 class Placement:
     gpus: tuple[int, ...]  # ascending; () for a CPU job
 
@@ -118,6 +136,12 @@ class _GpuState:
     committed: int = 0
     outside: list[tuple[int, Optional[int]]] = field(default_factory=list)  # (pid, MiB or None)
     unexplained: int = 0
+    leases: list[Leased] = field(default_factory=list)  # other parties' leases of it
+    leased_mib: int = 0  # what its memory leases commit
+
+    @property
+    def leased_whole(self) -> bool:
+        return any(held.lease.whole for held in self.leases)
 
     @property
     def outside_mib(self) -> int:
@@ -125,7 +149,7 @@ class _GpuState:
 
     @property
     def free_mib(self) -> int:
-        return max(0, self.gpu.memory_total_mib - self.committed - self.outside_mib)
+        return max(0, self.gpu.memory_total_mib - self.committed - self.leased_mib - self.outside_mib)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,11 +189,12 @@ def place(
     own_pids: Iterable[int] = frozenset(),
     foreign_threshold_mib: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
     describe: Optional[Describe] = None,
+    leased: Sequence[Leased] = (),
 ) -> Decision:
     """Where `request` can start now among `gpus` (those of a look) restricted to `allowed`
-    (indices; None: all), given the gpuq `holdings`, or why not. `own_pids` are every process of a
-    gpuq job (adopted ones included); `describe(pid)` gives "python, user alice", which the
-    reason puts in parentheses (None: pids are named without it)."""
+    (indices; None: all), given the gpuq `holdings` and other parties' `leased` GPUs, or why not.
+    `own_pids` are every process of a gpuq job (adopted ones included); `describe(pid)` gives
+    "python, user alice", which the reason puts in parentheses (None: pids are named without it)."""
     if request.gpus == 0:
         return Placement(())
     wanted = None if allowed is None else set(allowed)
@@ -179,7 +204,7 @@ def place(
         return Blocked(_too_few(request.gpus, candidates, (wanted or set()) - present), forever=True)
     holdings = list(holdings)
     owners = _owners(holdings, own_pids)
-    states = _states(candidates, holdings)
+    states = _states(candidates, holdings, leased)
     text = _Texts(describe, owners)
     if request.gpu_mem_mib is None:
         return _place_whole(request.gpus, states, foreign_threshold_mib, text)
@@ -195,6 +220,7 @@ def place_in_order(
     foreign_threshold_mib: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
     describe: Optional[Describe] = None,
     backfill: bool = False,
+    leased: Sequence[Leased] = (),
 ) -> dict[int, Decision]:
     """`place` for pending jobs given as (job id, request) in queue order (only those whose
     dependencies allow them to start), each placement becoming a holding for the jobs after it,
@@ -210,7 +236,7 @@ def place_in_order(
     first_waiting: Optional[int] = None
     decisions: dict[int, Decision] = {}
     for job_id, request in requests:
-        decision = place(request, gpus, allowed, held, own, foreign_threshold_mib, text.describe)
+        decision = place(request, gpus, allowed, held, own, foreign_threshold_mib, text.describe, leased)
         if isinstance(decision, Placement) and decision.gpus and first_waiting is not None and not backfill:
             decision = Blocked(f"{BEHIND}{first_waiting} (first in line for a GPU)", forever=False)
         elif isinstance(decision, Placement) and decision.gpus:
@@ -229,14 +255,17 @@ def _owners(holdings: list[Holding], own_pids: Iterable[int]) -> dict[int, Optio
     return owners
 
 
-def _states(candidates: list[Gpu], holdings: list[Holding]) -> list[_GpuState]:
+def _states(candidates: list[Gpu], holdings: list[Holding], leased: Sequence[Leased]) -> list[_GpuState]:
     states = []
     for gpu in candidates:
-        state = _GpuState(gpu)
+        state = _GpuState(gpu, leases=[held for held in leased if held.lease.gpu_uuid == gpu.uuid])
         here = [h for h in holdings if gpu.index in h.gpus]
         using = {h.job_id: 0 for h in here}
         holder_of = {pid: h.job_id for h in here for pid in h.pids}
+        leaseholders = {pid for held in state.leases for pid in held.pids}
         for proc in gpu.processes:
+            if proc.pid in leaseholders:
+                continue  # counted with its lease below
             if proc.pid in holder_of:
                 using[holder_of[proc.pid]] += proc.used_memory_mib or 0
             else:
@@ -247,21 +276,28 @@ def _states(candidates: list[Gpu], holdings: list[Holding]) -> list[_GpuState]:
             state.jobs.append(holding.job_id)
             state.whole = state.whole or holding.gpu_mem_mib is None or gpu.exclusive
             state.committed += max(holding.gpu_mem_mib or 0, using[holding.job_id])
+        state.leased_mib = sum(_lease_commits(held, gpu) for held in state.leases if not held.lease.whole)
         state.outside.sort(key=lambda item: (-(item[1] or 0), item[0]))
         states.append(state)
     return states
 
 
+def _lease_commits(held: Leased, gpu: Gpu) -> int:
+    """A memory lease commits its size, or what its holder's processes use on the GPU if more."""
+    using = sum(p.used_memory_mib or 0 for p in gpu.processes if p.pid in held.pids)
+    return max(held.lease.mem_mib or 0, using)
+
+
 def _place_whole(count: int, states: list[_GpuState], threshold: int, text: _Texts) -> Decision:
-    usable = [s.gpu.index for s in states if not s.jobs and not _outside_blocks(s, threshold)]
+    usable = [s.gpu.index for s in states if not s.jobs and not s.leases and not _outside_blocks(s, threshold)]
     if len(usable) >= count:
         return Placement(tuple(usable[:count]))
-    outside = [s for s in states if not s.jobs and _outside_blocks(s, threshold)]
-    busy = [s for s in states if s.jobs]
+    outside = [s for s in states if s.leases or (not s.jobs and _outside_blocks(s, threshold))]
+    busy = [s for s in states if s.jobs and s not in outside]
     if not outside:
         wanted = "a free GPU" if count == 1 else f"{count} free GPUs"
         return Blocked(f"waiting for {wanted} ({', '.join(text.jobs_on(s) for s in busy)})", forever=False)
-    parts = [f"GPU {s.gpu.index}: {text.holders(s, threshold)}" for s in outside]
+    parts = [f"GPU {s.gpu.index}: {text.others(s, threshold)}" for s in outside]
     parts += [f"GPU {s.gpu.index}: {text.jobs(s)}" for s in busy]
     return Blocked("waiting for " + "; ".join(parts), forever=False)
 
@@ -276,15 +312,15 @@ def _place_shared(count: int, need: int, states: list[_GpuState], text: _Texts) 
             f"with {mib_text(largest.gpu.memory_total_mib)}",
             forever=True,
         )
-    fits = [s for s in big_enough if not s.whole and s.free_mib >= need and not (s.gpu.exclusive and s.outside)]
+    fits = [s for s in big_enough if not s.whole and not s.leased_whole and s.free_mib >= need and not _taken(s)]
     if len(fits) >= count:
         best = sorted(fits, key=lambda s: (s.free_mib - need, s.gpu.index))[:count]
         return Placement(tuple(sorted(s.gpu.index for s in best)))
     short = [s for s in big_enough if s not in fits]
     # Blame each GPU it does not fit on on the larger of outside memory and gpuq's commitments.
-    outside = [s for s in short if not s.whole and s.outside_mib > s.committed]
+    outside = [s for s in short if s.leases or (not s.whole and s.outside_mib > s.committed)]
     if outside:
-        parts = [f"GPU {s.gpu.index}: {text.holders(s, 0)}" for s in outside]
+        parts = [f"GPU {s.gpu.index}: {text.others(s, 0)}" for s in outside]
         parts += [f"GPU {s.gpu.index}: {text.jobs(s)}" for s in short if s not in outside and s.jobs]
         return Blocked("waiting for " + "; ".join(parts), forever=False)
     sharable = [s for s in short if not s.whole]
@@ -305,6 +341,11 @@ def _outside_blocks(state: _GpuState, threshold: int) -> bool:
     """Whether others' memory keeps a whole-GPU job off the GPU: more than the threshold, or any
     listed process at all on a GPU in an exclusive compute mode."""
     return state.outside_mib > threshold or (state.gpu.exclusive and bool(state.outside))
+
+
+def _taken(state: _GpuState) -> bool:
+    """Whether a GPU in an exclusive compute mode is someone's: any other process or lease there."""
+    return state.gpu.exclusive and bool(state.outside or state.leases)
 
 
 def _too_few(count: int, candidates: list[Gpu], missing: set[int]) -> str:
@@ -350,9 +391,29 @@ class _Texts:
             shown.append(f"{mib_text(state.unexplained)} in use by no listed process (hidden from this container?)")
         return ", ".join(shown)
 
+    def others(self, state: _GpuState, threshold: int) -> str:
+        """What other parties hold of a GPU: their leases, then the outside memory past `threshold`
+        (the holders), with gpuq's own jobs there named between when it is leased."""
+        parts = [_lease_text(held.lease) for held in state.leases]
+        if state.leases and state.jobs:
+            parts.append(self.jobs(state))
+        if state.outside_mib > threshold or not parts:
+            parts.append(self.holders(state, threshold))
+        return ", ".join(parts)
+
     @staticmethod
     def jobs(state: _GpuState) -> str:
         return ", ".join(f"job #{j}" for j in state.jobs)
 
     def jobs_on(self, state: _GpuState) -> str:
         return f"{state.gpu.index}: {self.jobs(state)}"
+
+
+def _lease_text(lease: Lease) -> str:
+    """'leased whole by bob's job #12 since 09:14', '20.0 GiB leased by alice's job #3 since 09:02'."""
+    # the viewer is whoever decides: the reason tells them "your job" or another user's
+    who = lease.who(os.geteuid())
+    since = time.strftime("%H:%M", time.localtime(lease.since))
+    if lease.whole:
+        return f"leased whole by {who} since {since}"
+    return f"{mib_text(lease.mem_mib)} leased by {who} since {since}"

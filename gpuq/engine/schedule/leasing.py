@@ -1,0 +1,147 @@
+"""Taking GPUs for a start under the machine-wide lease protocol (issue 28, lease_layout.md).
+
+`claim_gpus` is the one place where a decision to start on GPUs and the leases that record it are
+made together: under the placing locks of the candidate GPUs it looks at the GPUs, reads the live
+leases, decides with `placement.place` (counting the others' leases), and takes a lease per GPU
+chosen. Two parties that claim at once, whoever they are, are thereby serialised per GPU: the
+second sees the first's lease. Whoever calls it (a job's supervisor, `gpuq lease`) holds the
+leases for as long as the GPUs are in use and releases them after.
+
+A lease directory that cannot be trusted or used (`LeaseDirProblem`) is said once through `log`,
+and the decision is then the GPU memory gate alone, as before leases: a `Claim` of those GPUs
+without leases.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Iterable, Optional, Sequence, Union
+
+from gpuq.engine.schedule.placement import (
+    CPU_ONLY,
+    DEFAULT_FOREIGN_THRESHOLD_MIB,
+    GPUS,
+    Blocked,
+    Describe,
+    Holding,
+    Leased,
+    Placement,
+    Request,
+    mode_of,
+    place,
+    unreadable,
+)
+from gpuq.system import gpus, procs
+from gpuq.system.gpus import GpuLook
+from gpuq.system.leases import Held, Lease, LeaseDir, LeaseDirProblem, say_once
+
+
+class Claim(list):
+    """The leases taken for a start (`Held`, one per GPU; empty while leases are off) and `gpus`,
+    the indices of the GPUs chosen, ascending."""
+
+    def __init__(self, held: Iterable[Held], gpus: tuple[int, ...]) -> None:
+        super().__init__(held)
+        self.gpus = gpus
+
+    def release(self) -> None:
+        for held in self:
+            held.release()
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"gpuq: {line}\n")
+
+
+def claim_gpus(
+    request: Request,
+    *,
+    candidates: Optional[Iterable[int]] = None,
+    exclude: Callable[[Lease], bool] = lambda lease: False,
+    threshold: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
+    job: Optional[int],
+    name: str,
+    spool: Optional[str],
+    pid: Optional[int] = None,
+    lease_dir: Optional[str] = None,
+    look: Callable[[], GpuLook] = gpus.look,
+    holdings: Sequence[Holding] = (),
+    own_pids: Iterable[int] = frozenset(),
+    describe: Optional[Describe] = gpus.describe_pid,
+    log: Callable[[str], None] = _say,
+) -> Union[Claim, Blocked]:
+    """Choose GPUs among `candidates` (indices; None: all) for `request` and lease them to `job`/
+    `name` of `spool` (None, None for `gpuq lease`), held by `pid` (this process by default), or
+    say why it must wait. Every live lease counts except those `exclude` names (a worker: its own
+    spool's, which its `holdings` already count). `threshold`: the foreign-memory gate of a
+    whole-GPU request. A CPU request (gpus=0) takes nothing."""
+    if request.gpus == 0:
+        return Claim([], ())
+    allowed = None if candidates is None else sorted(set(candidates))
+    first = look()
+    if mode_of(first) != GPUS:
+        return _no_gpus(first)
+    own = frozenset(own_pids)
+
+    def decide(seen: GpuLook, others: Sequence[Leased]) -> Union[Placement, Blocked]:
+        return place(request, seen.gpus, allowed, holdings, own, threshold, describe, others)
+
+    try:
+        directory = LeaseDir.open(lease_dir)
+        uuids = [g.uuid for g in first.gpus if allowed is None or g.index in allowed]
+        with directory.placing(uuids):
+            seen = look()
+            if mode_of(seen) != GPUS:
+                return _no_gpus(seen)
+            live = directory.live()
+            for problem in directory.problems:
+                say_once(problem, log)
+            others = [Leased(lease, _holder_tree(lease)) for lease in live if not exclude(lease)]
+            decision = decide(seen, others)
+            if isinstance(decision, Blocked):
+                return decision
+            return Claim(_take(directory, seen, decision, request, job, name, spool, pid), decision.gpus)
+    except LeaseDirProblem as exc:
+        say_once(str(exc), log)
+    seen = look()
+    decision = decide(seen, ()) if mode_of(seen) == GPUS else _no_gpus(seen)
+    return decision if isinstance(decision, Blocked) else Claim([], decision.gpus)
+
+
+def _no_gpus(seen: GpuLook) -> Blocked:
+    """No GPU to lease: none here (for good), or none readable now."""
+    if mode_of(seen) == CPU_ONLY:
+        return Blocked(f"no GPU to lease here: {seen.problem or 'none found'}", forever=True)
+    return unreadable(seen)
+
+
+def _holder_tree(lease: Lease) -> frozenset[int]:
+    """The processes of a lease's holder: its pid and descendants, if that pid is still the process
+    that took the lease (a start time recorded and matching); otherwise none."""
+    if lease.pid_start and not procs.is_same_process(lease.pid, lease.pid_start, None):
+        return frozenset()
+    return frozenset(gpus.tree_pids([lease.pid]))
+
+
+def _take(
+    directory: LeaseDir,
+    seen: GpuLook,
+    decision: Placement,
+    request: Request,
+    job: Optional[int],
+    name: str,
+    spool: Optional[str],
+    pid: Optional[int],
+) -> list[Held]:
+    """A lease per GPU of the decision; none at all if one cannot be written (LeaseDirProblem)."""
+    by_index = {g.index: g for g in seen.gpus}
+    held: list[Held] = []
+    try:
+        for index in decision.gpus:
+            uuid = by_index[index].uuid
+            held.append(directory.take(uuid, index, request.gpu_mem_mib, job=job, name=name, spool=spool, pid=pid))
+    except LeaseDirProblem:
+        for lease in held:
+            lease.release()
+        raise
+    return held
