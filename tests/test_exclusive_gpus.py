@@ -4,6 +4,7 @@ and from the simulated GPU file, and never shared by `--gpu-mem` jobs."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,11 @@ from conftest import Env, wait_for
 from test_gpu_worker import Gpus, add, fake_gpus, release, row, seen, started
 from test_gpus import device, fake_gpu, nvml_look, stand_in_nvml, write_doc
 
+from gpuq.engine.schedule.leasing import Claim, claim_gpus
 from gpuq.engine.schedule.placement import Blocked, Holding, Placement, Request, place, place_in_order
 from gpuq.system import gpus
-from gpuq.system.gpus import Gpu, GpuProcess
+from gpuq.system.gpus import Gpu, GpuLook, GpuProcess
+from gpuq.system.leases import LeaseDir
 
 H100 = 81559
 
@@ -53,6 +56,27 @@ def test_any_other_process_keeps_jobs_off_an_exclusive_gpu() -> None:
     assert place(Request(), exclusive) == blocked
     assert place(Request(gpu_mem_mib=1024), exclusive) == blocked
     assert place(Request(), exclusive + [gpu(1)]) == Placement((1,))
+
+
+def test_an_exclusive_gpu_is_leased_whole_and_another_partys_lease_keeps_shares_off(tmp_path: Path) -> None:
+    gpus_now = (gpu(0, "exclusive_process"), gpu(1))
+    kw = {"job": None, "name": "sh", "spool": None, "lease_dir": str(tmp_path / "leases")}
+    kw["look"] = lambda: GpuLook(gpus_now, "fake", None, time.time())
+    first = claim_gpus(Request(gpu_mem_mib=10240), candidates=[0], **kw)
+    assert isinstance(first, Claim) and first.gpus == (0,)
+    assert first[0].lease.mem_mib is None  # a share of it would be refused by the driver: leased whole
+    second = claim_gpus(Request(gpu_mem_mib=10240), **kw)
+    assert isinstance(second, Claim) and second.gpus == (1,) and second[0].lease.mem_mib == 10240
+    first.release()
+    second.release()
+    # another party's share there (a tool that leased it by size) keeps shares off it all the same
+    other = LeaseDir.open(tmp_path / "leases").take("GPU-fake-0", 0, 1024, job=None, name="nb", spool=None)
+    try:
+        blocked = claim_gpus(Request(gpu_mem_mib=1024), candidates=[0], exclude=lambda lease: False, **kw)
+        assert isinstance(blocked, Blocked) and "GPU 0: 1.0 GiB leased by your `nb`" in blocked.reason
+        assert claim_gpus(Request(gpu_mem_mib=1024), candidates=[1], **kw).gpus == (1,)
+    finally:
+        other.release()
 
 
 # ------------------------------------------------------------------ reading the mode
