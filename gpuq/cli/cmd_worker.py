@@ -1,4 +1,4 @@
-"""`gpuq run` and `gpuq stop`: start and stop workers."""
+"""`gpuq run` and `gpuq stop`: start and stop workers; `gpuq lease`: a command run under GPU leases."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ from gpuq.cli.commands import RUN
 from gpuq.cli.common import spool
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
+from gpuq.core.timespec import parse_size_mib
 from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import actions
+from gpuq.engine.schedule import adhoc
+from gpuq.engine.schedule.placement import Request
 
 RUN_NEEDS = ("psutil", "watchdog")  # what the worker and the supervisors import
 
@@ -158,3 +161,17 @@ def _note_no_worker(sp: Any, ids: list[int]) -> None:
             "(`gpuq run --daemon`); waiting for the running ones",
             file=sys.stderr,
         )
+
+
+def cmd_lease(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise UsageError("give the command to run: gpuq lease [--gpus N | --gpu-mem SIZE] -- CMD...")
+    if args.gpus == 0:
+        raise UsageError("--gpus 0 leases no GPU: run the command without gpuq lease")
+    try:
+        mem = None if args.gpu_mem is None else parse_size_mib(args.gpu_mem, "--gpu-mem")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    request = Request(gpus=1 if args.gpus is None else args.gpus, gpu_mem_mib=mem)
+    return adhoc.lease_and_run(cmd, request, wait=not args.no_wait)

@@ -5,7 +5,7 @@ are in options.py).
 
 from __future__ import annotations
 
-from gpuq.cli.options import ADD, APPEND, FLAG, HIDDEN, STATUS, Command, Opt, ids
+from gpuq.cli.options import ADD, APPEND, FLAG, HIDDEN, REST, STATUS, Command, Opt, gpu_count, ids
 from gpuq.core import states
 from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, WAITING
 from gpuq.core.sweep import parse_id_ranges
@@ -223,6 +223,20 @@ COMMANDS = (
         handler="cmd_view:cmd_gpus",
         help="the GPUs: memory, gpuq's jobs on each, other processes using them",
         options=(Opt("--json", kind=FLAG, help="a list, one object per GPU"),),
+    ),
+    Command(
+        "lease",
+        handler="cmd_worker:cmd_lease",
+        help="run a command outside the queue (a notebook, a script) on GPUs leased from every user's gpuq",
+        description="Wait for free GPUs, lease them machine-wide, run CMD with CUDA_VISIBLE_DEVICES set to them, end "
+        "the lease when CMD ends. Exits with CMD's exit code; 75 with --no-wait when no GPU is free.",
+        options=(  # --gpus without a default: argparse's exclusive group would not see `--gpus 1` (the default)
+            Opt("--gpus", convert=gpu_count, metavar="N", group="size", help="whole GPUs (default 1)"),
+            Opt("--gpu-mem", metavar="SIZE", group="size", help="only this much of one GPU (e.g. 20G), shared"),
+            Opt("--wait", kind=FLAG, group="wait", help="wait until the GPUs are free (the default)"),
+            Opt("--no-wait", kind=FLAG, group="wait", help="exit 75 at once, naming the holders, if none is free"),
+            Opt("cmd", nargs=REST, metavar="CMD", help="the command and its arguments (after --)"),
+        ),
     ),
     Command(
         "rejected",

@@ -1,0 +1,127 @@
+"""`gpuq lease -- CMD`: a command outside the queue (a notebook server, a quick script) run under
+GPU leases that every user's gpuq honours (issue 28).
+
+It waits until `leasing.claim_gpus` gives it GPUs (or, with `wait=False`, gives up at once with
+exit 75, EX_TEMPFAIL, naming the holders), runs the command with CUDA_VISIBLE_DEVICES set to them as
+a gpuq job gets it, and holds the leases in this process until the command ends: the lease's pid is
+this process, so the command's processes are its tree and their memory is the lease's, not outside
+memory. The lease descriptors are close-on-exec: the command never holds a lease past our end.
+
+Signals: SIGTERM and SIGHUP are forwarded to the command, and SIGINT too unless stdin is a
+terminal: there the command shares our process group and the terminal's Ctrl-C reaches it directly
+(forwarding it as well would deliver it twice, which Jupyter reads as "shut down now").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Optional
+
+from gpuq.core.errors import GpuqError, Refused
+from gpuq.engine.schedule.leasing import Claim, claim_gpus
+from gpuq.engine.schedule.placement import Blocked, Request
+from gpuq.system import gpus
+
+POLL_SECONDS = 0.5  # how often a waiting `gpuq lease` asks again: a claim is a look and a few files
+EX_TEMPFAIL = 75  # sysexits.h: "try again later", what --no-wait exits with when no GPU is free
+
+
+class NotFree(GpuqError):
+    """--no-wait and the GPUs are taken (exit 75)."""
+
+    exit_code = EX_TEMPFAIL
+
+
+def lease_and_run(
+    cmd: list[str],
+    request: Request,
+    *,
+    wait: bool = True,
+    lease_dir: Optional[str] = None,
+    look: Callable[[], Any] = gpus.look,
+    say: Optional[Callable[[str], None]] = None,
+) -> int:
+    """Run `cmd` under leases of the GPUs `request` asks for; its exit code (128 + N when signal
+    N ended it). Refused for a command that cannot be found or GPUs that can never be had here."""
+    say = say or _stderr
+    program = _program(cmd[0])
+    claim = _claim(request, os.path.basename(cmd[0]), wait, lease_dir, look, say)
+    try:
+        env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in claim.gpus)
+        return _run([program, *cmd[1:]], env)
+    finally:
+        claim.release()
+
+
+def _claim(
+    request: Request, name: str, wait: bool, lease_dir: Optional[str], look: Callable[[], Any], say: Callable
+) -> Claim:
+    """The GPUs, once free; NotFree or Refused otherwise."""
+    told = False
+    while True:
+        got = claim_gpus(request, job=None, name=name, spool=None, lease_dir=lease_dir, look=look, log=say)
+        if not isinstance(got, Blocked):
+            if told:
+                say(f"GPU {','.join(map(str, got.gpus))} leased; starting {name}")
+            return got
+        if got.forever or not wait:
+            exc = Refused(got.reason.replace("this worker has", "this machine has"))
+            exc = exc if got.forever else NotFree(f"not started (--no-wait): {got.reason}")
+            exc.prefix = "gpuq lease"
+            raise exc
+        if not told:
+            say(f"{got.reason} (Ctrl-C to give up)")
+            told = True
+        time.sleep(POLL_SECONDS)
+
+
+def _program(word: str) -> str:
+    """The command's program as the shell would find it, checked before any wait for a GPU."""
+    found = shutil.which(word) if os.sep not in word else (word if os.access(word, os.X_OK) else None)
+    if found is None or os.path.isdir(found):
+        exc = Refused(f"cannot run {word}: no such program" + ("" if os.sep in word else " on PATH"))
+        exc.prefix = "gpuq lease"
+        raise exc
+    return word
+
+
+def _run(argv: list[str], env: dict[str, str]) -> int:
+    """The command's exit status, signals forwarded to it while it runs (one that comes before it
+    exists is sent to it once it does)."""
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    forwarded = (signal.SIGTERM, signal.SIGHUP) + (() if interactive else (signal.SIGINT,))
+    child: list[subprocess.Popen] = []
+    early: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        if not child:
+            early.append(signum)
+            return
+        try:
+            child[0].send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {signum: signal.signal(signum, forward) for signum in forwarded}
+    if interactive:  # a handler, not SIG_IGN: an ignored SIGINT would be inherited by the command
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda _signum, _frame: None)
+    try:
+        child.append(subprocess.Popen(argv, env=env))  # the lease descriptors are close-on-exec
+        for signum in early:
+            child[0].send_signal(signum)
+        code = child[0].wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code
+
+
+def _stderr(line: str) -> None:
+    sys.stderr.write(f"gpuq lease: {line}\n")
+    sys.stderr.flush()
