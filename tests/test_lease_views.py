@@ -176,6 +176,15 @@ def test_a_lease_file_that_is_not_one_is_named_and_skipped(gq: Env, leases: Path
     assert lines[-1] == f"  lease file {leases}/GPU-fake-0.0.1.1.lease is not JSON: ignored"
 
 
+def test_looking_creates_no_lease_directory(gq: Env, leases: Path) -> None:
+    """Whoever creates it owns it, and other users' gpuq refuse a directory a user owns: only a
+    gpuq that takes a lease creates it, never one that only looks."""
+    Gpus(gq, gpus_doc({}))
+    listed = json.loads(gq.gpuq("gpus", "--json").stdout)
+    assert "GPUs (fake" in gq.gpuq("status").stdout
+    assert not leases.exists() and [gpu["leases"] for gpu in listed] == [[], []]
+
+
 def test_status_shows_the_leases_its_worker_saw(gq: Env, leases: Path) -> None:
     directory = LeaseDir.open(str(leases))
     Gpus(gq, gpus_doc({}))

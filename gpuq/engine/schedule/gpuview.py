@@ -85,11 +85,14 @@ def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
     from gpuq.system import gpus as gpu_info
     from gpuq.system import leases
 
+    live: list[Lease] = []
+    problems: list[str] = []
     try:
-        directory = leases.LeaseDir.open()
-        live, problems = directory.live(), list(directory.problems)
+        if os.path.lexists(leases.default_dir()):  # a view never creates it: whoever does, owns it
+            directory = leases.LeaseDir.open()
+            live, problems = directory.live(), list(directory.problems)
     except leases.LeaseDirProblem as exc:
-        live, problems = [], [str(exc)]
+        problems = [str(exc)]
     viewer = os.geteuid()
     trees: dict[int, set[int]] = {}  # a holder's pid -> its process tree, looked up once
     for gpu in shown["gpus"]:
