@@ -146,9 +146,9 @@ class LeaseDir:
         return sorted(found, key=lambda lease: (lease.gpu_index, lease.since, lease.file))
 
     def placing(self, uuids: Iterable[str], timeout: float = PLACING_TIMEOUT) -> _Placing:
-        """A context holding the placing locks of these GPUs (taken in sorted order, so two parties
-        never wait for each other); LeaseDirProblem when one is held past `timeout` seconds."""
-        return _Placing(self, sorted(set(uuids)), timeout)
+        """A context holding the placing locks of these GPUs (taken in the order of their file names, so
+        that two parties never wait for each other); LeaseDirProblem when one is held past `timeout` s."""
+        return _Placing(self, sorted(set(uuids), key=lease_io.safe_name), timeout)
 
     def take(
         self,

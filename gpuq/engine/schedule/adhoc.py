@@ -72,7 +72,8 @@ def _claim(
             return got
         if got.forever or not wait:
             exc = Refused(got.reason.replace("this worker has", "this machine has"))
-            exc = exc if got.forever else NotFree(f"not started (--no-wait): {got.reason}")
+            would = got.reason.replace("waiting for", "it would wait for", 1)
+            exc = exc if got.forever else NotFree(f"not started (--no-wait): {would}")
             exc.prefix = "gpuq lease"
             raise exc
         if not told:

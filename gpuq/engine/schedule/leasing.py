@@ -93,6 +93,7 @@ def claim_gpus(
             seen = look()
             if mode_of(seen) != GPUS:
                 return _no_gpus(seen)
+            seen = seen._replace(gpus=tuple(g for g in seen.gpus if g.uuid in uuids))  # only GPUs we locked
             live = directory.live()
             for problem in directory.problems:
                 say_once(problem, log)
