@@ -167,6 +167,15 @@ class Env:
                         pass
 
 
+@pytest.fixture(autouse=True)
+def own_lease_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's GPU leases in a directory of its own (GPUQ_LEASE_DIR, made by the first gpuq that
+    needs it), for its workers too: simulated GPUs of tests running at once share their UUIDs."""
+    path = tmp_path / "leases"
+    monkeypatch.setenv("GPUQ_LEASE_DIR", str(path))
+    return path
+
+
 @pytest.fixture
 def gq(tmp_path: Path) -> Any:
     work = tmp_path / "work"

@@ -19,7 +19,7 @@ from gpuq.core.words import plural
 from gpuq.engine.lifecycle import actions, intake, repairs
 from gpuq.engine.lifecycle.preempt import UrgentPreemptions, resume_auto
 from gpuq.engine.schedule import gpuview, placement, scheduler, victims
-from gpuq.engine.schedule.planner import Assignment, Plan, Planner
+from gpuq.engine.schedule.planner import Assignment, OtherLeases, Plan, Planner
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.schedule.queue_view import QueueView
 from gpuq.engine.tracking import eta
@@ -52,7 +52,7 @@ class StepResult:
     startable_later: bool = False  # some pending job may still start without a person acting
     watch_closely: bool = False  # an adopted job runs: its end is only seen by looking
     more_work: bool = False  # dropped or broken files were left for the next step: come back soon
-    gpu_wait: bool = False  # a job waits for GPU memory or GPUs that may free up without an event
+    gpu_wait: bool = False  # a job waits for GPUs that may free up unannounced, or a GPU job may be given back
     claim_busy: bool = False  # a ready job's claim was held (its supervisor just requeued it): look again soon
     space_wait: bool = False  # jobs wait for disk space: look again soon, as space comes back unannounced
     put_off: bool = False  # the full look, repair and intake were left to a step right after this one's starts
@@ -79,7 +79,7 @@ class Worker:
         self.spool = spool
         self.settings = settings or Settings()
         self.labels = list(self.settings.gpus) if self.settings.gpus else None
-        self.planner = Planner(self.labels, self.settings.foreign_threshold_mib)
+        self.planner = Planner(self.labels, self.settings.foreign_threshold_mib, leases=OtherLeases(spool.home, say))
         self.say = say
         self.launcher = Launcher(spool)
         self.launching: dict[int, Launch] = {}  # job id -> its supervisor, until it runs
@@ -179,7 +179,7 @@ class Worker:
         result.more_work = result.more_work or left
         result.busy = bool(self.launching or self.urgent.under_way or any(map(self._mine, snap.running)))
         result.startable_later = result.more_work or scheduler.has_startable_future(snap, plan.waits)
-        result.gpu_wait = plan.gpu_wait
+        result.gpu_wait = plan.gpu_wait or any(launch.where.gpus for launch in self.launching.values())
         result.next_begin = scheduler.next_begin(snap.pending, now)
         # Nothing reports an adopted process's exit: look at it more often than usual.
         result.watch_closely = any(job.adopted for job in snap.running)

@@ -5,6 +5,10 @@ placed, so an idle worker costs nothing. With GPUs (real, or simulated by GPUQ_F
 job gets the GPUs `engine/schedule/placement.py` chooses and CPU jobs (`--gpus 0`) run one at a time in a CPU
 lane beside them; without GPUs every job takes one slot, as gpuq always did (one slot for the whole
 machine, or one per `gpuq run --gpus` label).
+
+With GPUs the planner also counts the GPU leases of everyone else on the machine (other users' jobs,
+other spools', `gpuq lease`: lease_layout.md), read afresh at each look, as leases end without an
+event; its own spool's jobs are counted as its own running jobs instead.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from itertools import chain, islice
 from typing import Any, Callable, Iterator, Optional
 
 from gpuq.engine.schedule import placement, scheduler, victims
-from gpuq.engine.schedule.placement import Blocked, Holding, Placement, Request
+from gpuq.engine.schedule.placement import Blocked, Holding, Leased, Placement, Request
 from gpuq.system import gpus as gpu_info
+from gpuq.system.leases import Lease, LeaseDir, LeaseDirProblem, say_once
 
 GPU_WAIT_RESCAN_SECONDS = 2.0  # nothing announces freed GPU memory: look this often while a job waits
 MAX_PLACED = 256  # ready jobs placed per step; behind a waiting GPU job only CPU jobs could start anyway
@@ -51,17 +56,45 @@ class Plan:
 MAX_SUCCESSORS = 8  # jobs named ahead to a supervisor for its slot (run/successor.py)
 
 
+class OtherLeases:
+    """The live GPU leases of every party but this spool's jobs, for a worker's looks. The lease
+    directory is opened once; a problem with it (or with a lease file in it) is said once in the
+    worker's log, and planning goes on without those leases: the GPU memory gate alone decides."""
+
+    def __init__(self, spool_home: Any, say: Callable[[str], None], path: Optional[str] = None):
+        self.spool_home = str(spool_home)  # as its jobs' leases name it
+        self.say = say
+        self.path = path  # None: GPUQ_LEASE_DIR, else the machine's default
+        self._dir: Optional[LeaseDir] = None
+
+    def __call__(self) -> list[Lease]:
+        try:
+            if self._dir is None:
+                self._dir = LeaseDir.open(self.path)
+            found = self._dir.live()
+        except LeaseDirProblem as exc:
+            say_once(str(exc), self.say)
+            self._dir = None  # opened (and checked) again at the next look
+            return []
+        for problem in self._dir.problems:
+            say_once(problem, self.say)
+        return [lease for lease in found if lease.spool != self.spool_home]
+
+
 class Planner:
     def __init__(
         self,
         labels: Optional[list[str]] = None,
         foreign_threshold_mib: int = placement.DEFAULT_FOREIGN_THRESHOLD_MIB,
         look: Callable[[], gpu_info.GpuLook] = gpu_info.look,
+        leases: Optional[Callable[[], list[Lease]]] = None,
     ):
         self.labels = labels  # `gpuq run --gpus` (None: every GPU found)
         self.threshold = foreign_threshold_mib
         self.look = look
-        self._trees: dict[int, set[int]] = {}  # a running job's pid -> its process tree, this step
+        self.leases = leases  # other parties' live leases (OtherLeases; None: none are counted)
+        self._trees: dict[int, set[int]] = {}  # a running job's (or lease holder's) pid -> its process tree, this step
+        self._leased: list[Leased] = []  # the other parties' leases at this step's look
 
     def plan(
         self,
@@ -72,7 +105,7 @@ class Planner:
         """What to start now. `busy`: jobs this worker is starting or still preempting, which
         hold their place though they are not (or no longer) in running/; `preempting` holds the
         ids of jobs whose preemption is under way (never chosen again)."""
-        self._trees = {}
+        self._trees, self._leased = {}, []
         found = _ready(snap)
         first = next(found, None)
         if first is None:
@@ -81,6 +114,8 @@ class Planner:
         mode = placement.mode_of(look)
         if mode == placement.CPU_ONLY:  # only as many ready jobs as there are free slots are looked for
             return self._plan_slots(snap, busy, chain((first,), found), preempting, look)
+        if mode == placement.GPUS and self.leases is not None:
+            self._leased = [Leased(lease, frozenset(self._tree(lease.pid))) for lease in self.leases()]
         ready = [first, *islice(found, MAX_PLACED - 1)]
         return self._plan_gpus(snap, busy, ready, preempting, look, mode)
 
@@ -181,8 +216,9 @@ class Planner:
         else:
             requests = [(j.id, request_of(j)) for j in ready]
             decisions = placement.place_in_order(
-                requests, look.gpus, allowed, holdings, own_pids, self.threshold, gpu_info.describe_pid
-            )
+                requests, look.gpus, allowed, holdings, own_pids, self.threshold, gpu_info.describe_pid,
+                leased=self._leased,
+            )  # fmt: skip
         for job in ready:
             decision = decisions[job.id]
             if isinstance(decision, Blocked):
@@ -198,7 +234,8 @@ class Planner:
         return plan
 
     def _tree(self, pid: int) -> set[int]:
-        """The process tree of a running job's pid, read once per step (`successors` plans again)."""
+        """The process tree of a running job's (or a lease holder's) pid, read once per step
+        (`successors` plans again)."""
         if pid not in self._trees:
             self._trees[pid] = gpu_info.tree_pids([pid])
         return self._trees[pid]
@@ -283,7 +320,9 @@ class Planner:
             theirs = {p for h in left if h.job_id == victim.id for p in h.pids}
             left = [h for h in left if h.job_id != victim.id]
             gpus, pids = [_without(gpu, theirs) for gpu in gpus], pids - theirs
-            decision = placement.place(request_of(urgent), gpus, allowed, left, pids, self.threshold)
+            decision = placement.place(
+                request_of(urgent), gpus, allowed, left, pids, self.threshold, leased=self._leased
+            )
             if isinstance(decision, Placement):
                 return chosen
         return []  # preempting would not make room (someone else's memory): do not

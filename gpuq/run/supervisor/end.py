@@ -15,6 +15,7 @@ from gpuq.core.states import FAILED, KILL, PENDING, PREEMPT, PREEMPTED
 from gpuq.core.times import parse_iso
 from gpuq.engine.lifecycle import ending
 from gpuq.run.room import released
+from gpuq.run.supervisor.lease import release
 from gpuq.run.supervisor.start import Run, log_line
 from gpuq.run.supervisor.wait import time_limit
 from gpuq.spool.files import free_bytes
@@ -39,6 +40,9 @@ def finish(
     it is noted in the claim's lock file and written as soon as there is room. `recorded`: the
     job's process and this supervisor, for a job that ended before they were recorded."""
     spool, job = run.spool, run.job
+    # Its processes are gone: its GPUs are free. Released before its end is recorded, so that the
+    # worker, which starts the next job once this one leaves running/, never finds its lease there.
+    release(run.leases)
     request = spool.control.take(job.id)
     state, why = transitions.destination(job, exit_code, request, retry, run.timed_out)
     sig_name = signal.Signals(sig).name if sig else None

@@ -87,7 +87,7 @@ def _start_successor(run: Run, heard: Optional[successor.Heard], room: list[Rese
         if named is None:
             released(room)
             return None
-        following = start.begin(run.spool, *named, room)  # None if it changed since the worker named it
+        following = start.begin(run.spool, *named, room, run.leases)  # None: changed, or its GPUs leased, since
         return _start(following) if following is not None else None
     except Exception as exc:  # noqa: BLE001 - the ended job's end must not be lost to the next job's trouble
         start.log_line(run.log_fd, f"could not start the next job of the slot: {exc!r}")

@@ -10,7 +10,7 @@ import shlex
 import subprocess
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from gpuq.core import schema, transitions
 from gpuq.core.job import ATTEMPT_HEADER
@@ -18,11 +18,13 @@ from gpuq.core.jobenv import add_job_variables
 from gpuq.core.states import RUNNING
 from gpuq.run import logcap
 from gpuq.run.room import RESERVE_MIN, released, room_for
+from gpuq.run.supervisor import lease
 from gpuq.run.supervisor.order import StartOrder
 from gpuq.spool import Claim, JobRef, Spool, SpoolFull
 from gpuq.spool.files import Reservation
 from gpuq.spool.store import encode
 from gpuq.system import gitinfo, procs
+from gpuq.system.leases import Held
 
 
 @dataclass(eq=False)
@@ -40,6 +42,7 @@ class Run:
     termed_at: Optional[float] = None  # when we sent the job's group SIGTERM (time.monotonic())
     would_not_die: list[str] = field(default_factory=list)  # "PID NAME" of leftovers that outlived SIGKILL
     queued: Optional[JobRef] = None  # its pending/ copy, until the job has been started
+    leases: list[Held] = field(default_factory=list)  # its GPUs' leases, held until its end is recorded
 
 
 Started = tuple[Run, subprocess.Popen, Optional[Any]]  # a job under way: its run, process and log pump
@@ -55,11 +58,16 @@ def log_line(log_fd: int, text: str) -> None:
         pass  # a full disk: the log loses a line, the job file still records everything
 
 
-def begin(spool: Spool, claim: Claim, order: StartOrder, ready: list[Reservation]) -> Optional[Run]:
+def begin(
+    spool: Spool, claim: Claim, order: StartOrder, ready: list[Reservation], replacing: Iterable[Held] = ()
+) -> Optional[Run]:
     """pending -> running, with room set aside to record the job's pid and its end even if its
-    output fills the disk (`ready`, if big and fresh enough). None (the claim given up, the job left
-    as it is) when the job is gone, changed since it was named, or there is no room to start it."""
+    output fills the disk (`ready`, if big and fresh enough), and its GPUs leased (run/supervisor/
+    lease.py; `replacing`: the leases of the job before it in the slot, released once these are
+    taken). None (the claim given up, the job left as it is) when the job is gone, changed since it
+    was named, its GPUs were leased by someone else since, or there is no room to start it."""
     room: list[Reservation] = list(ready)
+    leases: list[Held] = []
     ref = spool.jobs.pending_ref(claim.job_id, order.file)
     if ref is None:  # cancelled or already run by someone else since the worker looked
         released(room)
@@ -72,6 +80,7 @@ def begin(spool: Spool, claim: Claim, order: StartOrder, ready: list[Reservation
         if spool.jobs.newer_copy_elsewhere(ref, job):  # a crash mid-move left this stale copy behind
             spool.jobs.remove(ref)
             raise FileNotFoundError(ref.name)
+        leases = lease.take(str(spool.home), order, job, replacing)
         room = room_for(spool, room, max(RESERVE_MIN, 2 * len(encode(job)) + 16384))
         # The supervisor's own identity needs psutil (an import of several ms): it is recorded with
         # the job's pid after the job has started, so the job does not wait for it.
@@ -85,11 +94,13 @@ def begin(spool: Spool, claim: Claim, order: StartOrder, ready: list[Reservation
         )
         queued = ref
         ref, job = spool.jobs.move(ref, job, RUNNING, changes, keep_old=True)  # pending/'s copy goes once it runs
-    except (FileNotFoundError, schema.InvalidJob, SpoolFull):
+    except (FileNotFoundError, schema.InvalidJob, SpoolFull, lease.GpusTaken):
+        lease.release(leases)
         released(room)
         claim.release()
         return None
-    run = Run(spool, claim, ref, job, order, room, queued=queued)
+    lease.release(replacing)  # the job before it has ended: these GPUs are held by the new leases now
+    run = Run(spool, claim, ref, job, order, room, queued=queued, leases=leases)
     run.log_fd = spool.logs.open_job_log(job.id)
     slot = order.slot
     log_line(run.log_fd, f"{ATTEMPT_HEADER[len(LOG_PREFIX) :]}{job.id} {job.name} (attempt {job.attempts})")

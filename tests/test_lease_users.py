@@ -1,0 +1,413 @@
+"""Every gpuq job takes its GPU lease (issue 28): its supervisor holds it while the job runs, and
+two real Unix users share one (simulated) GPU, each with a spool and a worker of their own.
+
+The users are made here (`useradd --system`, a name unique to this run) and removed at the end; those
+tests are skipped, saying why, where that cannot be done (not root, no useradd, an interpreter they
+cannot read). Both workers read one GPUQ_FAKE_GPUS file, which never changes: the leases alone keep
+them apart. The jobs write their own start and end stamps, from which the tests check that they
+never overlapped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+from conftest import WAIT_FOR_GO, Env, alive, spool_with_true_jobs, wait_for
+from test_gpu_worker import Gpus, fake_gpus
+
+from gpuq.core.job import Job
+from gpuq.core.states import DONE, PENDING, RUNNING
+from gpuq.engine.schedule.planner import OtherLeases, Planner
+from gpuq.engine.schedule.scheduler import QueueState
+from gpuq.run.supervisor import lease as supervisor_lease
+from gpuq.run.supervisor.order import StartOrder
+from gpuq.run.supervisor.start import begin
+from gpuq.system.gpus import from_json, look
+from gpuq.system.leases import LeaseDir
+
+GPU_TOTAL_MIB = 10000
+# A job's start and end, written by the job itself (GNU date: seconds with nanoseconds).
+STAMPED = 'date +%s.%N > "s.$GPUQ_JOB_ID"; sleep "$1"; date +%s.%N > "e.$GPUQ_JOB_ID"'
+ENQUEUE = """import sys
+from gpuq.engine.lifecycle import enqueue
+from gpuq.engine.lifecycle.enqueue import Variant
+from gpuq.spool import Spool
+home, cwd, count, mem, cmd = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+spool = Spool(__import__("pathlib").Path(home)).ensure()
+options = {"gpu_request": 1, "gpu_mem_mib": int(mem) if mem != "whole" else None}
+env = {"PATH": "/usr/bin:/bin"}
+jobs = enqueue.enqueue_many(spool, [Variant(list(cmd), None) for _ in range(count)], cwd=cwd, venv=None, env={},
+                            shell_env=env, after=[], after_any=[], retries=0, options=options)
+print(" ".join(str(job["id"]) for _ref, job in jobs))
+"""
+
+
+class User:
+    """A Unix user made for this run: a directory of its own, its spool in it, its worker."""
+
+    def __init__(self, name: str, base: Path):
+        entry = pwd.getpwnam(name)
+        self.name, self.uid, self.gid = name, entry.pw_uid, entry.pw_gid
+        self.dir = base / name
+        self.dir.mkdir(mode=0o700)
+        os.chown(self.dir, self.uid, self.gid)
+        self.home = self.dir / "spool"
+        self.env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.dir),
+            "USER": name,
+            "LOGNAME": name,
+            "GPUQ_HOME": str(self.home),
+            "GPUQ_FAKE_GPUS": str(base / "gpus.json"),
+            "GPUQ_LEASE_DIR": str(base / "leases"),
+            "GPUQ_INTAKE_QUIET": "0.3",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.worker: Optional[subprocess.Popen] = None
+
+    def run(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        """A command as this user, in its directory."""
+        return subprocess.run(
+            argv, cwd=self.dir, env=self.env, user=self.uid, group=self.gid, extra_groups=[],
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+
+    def add(self, count: int, seconds: float, mem: Optional[int] = None, go: bool = False) -> list[int]:
+        """`count` jobs of one GPU (whole, or `mem` MiB of it), queued through the library as
+        `gpuq add` queues them; each stamps its start and end around `seconds` of sleep (or, with
+        `go`, until the file `go` appears in this user's directory)."""
+        script = STAMPED.replace('sleep "$1"', "while [ ! -e go ]; do sleep 0.02; done") if go else STAMPED
+        cmd = ["sh", "-c", script, "job", str(seconds)]
+        proc = self.run(
+            sys.executable, "-c", ENQUEUE, str(self.home), str(self.dir), str(count), str(mem or "whole"), *cmd
+        )
+        assert proc.returncode == 0, proc.stderr
+        return [int(i) for i in proc.stdout.split()]
+
+    def start_worker(self) -> None:
+        out = open(self.dir.parent / f"worker-{self.name}.out", "wb")
+        self.worker = subprocess.Popen(
+            [sys.executable, "-m", "gpuq", "run"], cwd=self.dir, env=self.env, user=self.uid, group=self.gid,
+            extra_groups=[], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        out.close()
+
+    def worker_output(self) -> str:
+        return (self.dir.parent / f"worker-{self.name}.out").read_text()
+
+    def intervals(self, ids: list[int]) -> list[tuple[float, float, str]]:
+        """Each job's (start, end, who) from its own stamps."""
+        found = []
+        for job_id in ids:
+            start, end = (float((self.dir / f"{edge}.{job_id}").read_text()) for edge in "se")
+            found.append((start, end, f"{self.name}'s job #{job_id}"))
+        return found
+
+    def job(self, job_id: int) -> dict:
+        """The job's file as JSON (root reads it; the newest copy during a move)."""
+        copies = []
+        for state in ("pending", "running", "done", "failed"):
+            for path in (self.home / state).glob(f"{job_id:06d}-*.json"):
+                try:
+                    copies.append(dict(json.loads(path.read_text()), state=state))
+                except (OSError, ValueError):
+                    continue
+        return max(copies, key=lambda job: job["rev"]) if copies else {}
+
+    def waiting(self, job_id: int) -> str:
+        """Why the job waits, as `gpuq status --json`, run by this user, says it."""
+        proc = self.run(sys.executable, "-m", "gpuq", "status", "--json")
+        rows = json.loads(proc.stdout) if proc.returncode == 0 else []
+        return next((row.get("waiting") or "" for row in rows if row["id"] == job_id), "")
+
+    def stop(self) -> None:
+        """The worker, then every process of this user still there (jobs, supervisors)."""
+        if self.worker is not None and self.worker.poll() is None:
+            self.worker.send_signal(signal.SIGTERM)
+            try:
+                self.worker.wait(10)
+            except subprocess.TimeoutExpired:
+                self.worker.kill()
+                self.worker.wait()
+        for pid in _processes_of(self.uid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _processes_of(uid: int) -> list[int]:
+    """The pids of a user made by this test: every one of them was started here."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid == uid:
+                pids.append(int(entry))
+        except FileNotFoundError:
+            continue
+    return pids
+
+
+def _make_user(tag: str) -> str:
+    name = f"gq{tag}{uuid.uuid4().hex[:8]}"
+    proc = subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--user-group", "--shell", "/usr/sbin/nologin", name],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        pytest.skip(f"useradd refused: {proc.stderr.strip() or proc.returncode}")
+    return name
+
+
+@pytest.fixture
+def users() -> Iterator[tuple[User, User]]:
+    """Two fresh users, alice and bob, sharing one fake GPU file and one lease directory (1777)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to add two users")
+    if shutil.which("useradd") is None or shutil.which("userdel") is None:
+        pytest.skip("useradd/userdel not found")
+    base = Path(tempfile.mkdtemp(prefix="gpuq-lease-users-"))
+    names: list[str] = []
+    made: list[User] = []
+    try:
+        base.chmod(0o755)  # theirs to traverse: pytest's own tmp dirs are 0700 root
+        (base / "gpus.json").write_text(json.dumps({"gpus": [_gpu()]}))
+        (base / "gpus.json").chmod(0o644)
+        (base / "leases").mkdir()
+        (base / "leases").chmod(0o1777)
+        names = [_make_user("a"), _make_user("b")]
+        made = [User(name, base) for name in names]
+        probe = made[0].run(sys.executable, "-c", "import gpuq.system.leases")
+        if probe.returncode != 0:
+            pytest.skip(f"the venv or checkout is not readable by another user: {probe.stderr.strip()[-200:]}")
+        yield made[0], made[1]
+    finally:
+        for user in made:
+            user.stop()
+        for name in names:
+            subprocess.run(["userdel", name], capture_output=True, check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _gpu() -> dict:
+    return {
+        "index": 0, "name": "Fake H100", "uuid": "GPU-fake-shared-0", "memory_total_mib": GPU_TOTAL_MIB,
+        "memory_used_mib": 0, "processes": [],
+    }  # fmt: skip
+
+
+def _finish(*users: User, timeout: float = 60) -> None:
+    """Both workers exit by themselves once their queues are empty."""
+    for user in users:
+        assert user.worker is not None
+        try:
+            user.worker.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{user.name}'s worker did not finish:\n{user.worker_output()}") from None
+
+
+def _most_at_once(intervals: list[tuple[float, float, str]]) -> tuple[int, list[str]]:
+    """The most jobs running at one moment (a job's start is such a moment), and which."""
+    most: tuple[int, list[str]] = (0, [])
+    for start, _end, _who in intervals:
+        now = [who for s, e, who in intervals if s <= start < e]
+        most = max(most, (len(now), now), key=lambda m: m[0])
+    return most
+
+
+def test_whole_gpu_jobs_of_two_users_started_together_never_overlap(users: tuple[User, User]) -> None:
+    alice, bob = users
+    ids = {alice: alice.add(20, 0.05), bob: bob.add(20, 0.05)}
+    alice.start_worker()
+    bob.start_worker()
+    _finish(alice, bob)
+    intervals = sorted(alice.intervals(ids[alice]) + bob.intervals(ids[bob]))
+    count, together = _most_at_once(intervals)
+    assert count == 1, f"on the GPU at once: {together}"
+
+
+def test_memory_leases_of_two_users_never_add_up_past_the_gpu(users: tuple[User, User]) -> None:
+    alice, bob = users
+    mem = 4000  # two fit in the GPU's 10000 MiB, three do not
+    ids = {alice: alice.add(6, 0.3, mem=mem), bob: bob.add(6, 0.3, mem=mem)}
+    alice.start_worker()
+    bob.start_worker()
+    _finish(alice, bob)
+    count, together = _most_at_once(alice.intervals(ids[alice]) + bob.intervals(ids[bob]))
+    assert count * mem <= GPU_TOTAL_MIB, f"{count} jobs of {mem} MiB on a {GPU_TOTAL_MIB} MiB GPU at once: {together}"
+    assert count == 2, "two jobs fit at once: the leases still share the GPU"
+
+
+def test_a_job_waits_for_the_other_users_lease_until_its_supervisor_is_killed(users: tuple[User, User]) -> None:
+    alice, bob = users
+    [held] = alice.add(1, 0, go=True)
+    alice.start_worker()
+    supervisor = wait_for(lambda: (alice.job(held).get("supervisor") or {}).get("pid"), 20, what="alice's job running")
+    leases = LeaseDir.open(alice.env["GPUQ_LEASE_DIR"])
+    [lease] = leases.live()
+    assert (lease.user, lease.job, lease.pid) == (alice.name, held, supervisor)
+    [waiting] = bob.add(1, 0.05)
+    bob.start_worker()
+    reason = wait_for(lambda: bob.waiting(waiting), 20, what="bob's job to say why it waits")
+    assert f"leased whole by {alice.name}'s job #{held}" in reason, reason
+    assert not (bob.dir / f"s.{waiting}").exists()
+    os.kill(supervisor, signal.SIGKILL)
+    wait_for(lambda: not alive(supervisor), 5, what="the supervisor to die")
+    assert leases.live() == [], "a killed holder's lease is stale at once"
+    wait_for(lambda: (bob.dir / f"e.{waiting}").exists(), 15, what="bob's job to run once the lease is gone")
+    os.killpg(alice.job(held)["pid"], signal.SIGKILL)  # alice's job outlived its supervisor
+
+
+# ---- one user: a job's supervisor and its lease ------------------------------------------------
+
+
+def _worker_has_looked(gq: Env) -> None:
+    """A step that saw every job added so far has been taken: it took in a file dropped now."""
+    dropped = gq.home / "pending" / "marker.json"
+    dropped.write_text(json.dumps({"cmd": ["true"], "cwd": str(gq.work)}))
+    wait_for(lambda: not dropped.exists(), 20, what="the worker to take in a dropped file")
+
+
+def _running(gq: Env, job_id: int) -> dict:
+    return wait_for(lambda: gq.job(job_id).get("pid") and gq.job(job_id), 20, what=f"job {job_id} running")
+
+
+def test_a_jobs_supervisor_holds_its_lease_while_it_runs_and_hands_it_on_with_the_slot(
+    gq: Env, own_lease_dir: Path
+) -> None:
+    Gpus(gq, fake_gpus(1))
+    gq.start_worker("--watch")
+    gq.script("wait.py", WAIT_FOR_GO)
+    gq.script("wait2.py", WAIT_FOR_GO.replace("'go'", "'go2'"))
+    a = gq.add("wait.py")
+    job = _running(gq, a)
+    leases = LeaseDir.open(own_lease_dir)
+    [held] = leases.live()
+    assert (held.job, held.pid, held.spool, held.gpu_uuid, held.whole) == (
+        a, job["supervisor"]["pid"], str(gq.home), "GPU-fake-0", True
+    )  # fmt: skip
+    fds = [os.readlink(f"/proc/{job['pid']}/fd/{fd}") for fd in os.listdir(f"/proc/{job['pid']}/fd")]
+    assert not [fd for fd in fds if fd.startswith(str(own_lease_dir))], "the job holds none of the lease's files"
+    b = gq.add("wait2.py")
+    _worker_has_looked(gq)  # B is named to A's supervisor, for A's GPU
+    (gq.work / "go").write_text("")
+    gq.wait_state(a, DONE)
+    following = _running(gq, b)
+    assert following["supervisor"]["pid"] == job["supervisor"]["pid"], "handed on in the slot"
+    assert [(lease.job, lease.pid) for lease in leases.live()] == [(b, job["supervisor"]["pid"])], "A's lease is gone"
+    (gq.work / "go2").write_text("")
+    gq.wait_state(b, DONE)
+    wait_for(lambda: leases.live() == [], 10, what="no lease once the jobs (the marker too) have ended")
+    assert not [name for name in os.listdir(own_lease_dir) if name.endswith(".lease")]
+
+
+def test_a_job_given_back_for_a_lease_taken_meanwhile_waits_for_it_without_being_started_again(
+    gq: Env, own_lease_dir: Path
+) -> None:
+    """Another party's lease is written while the worker's supervisor waits for the GPU's placing
+    lock (the worker had looked before): the supervisor gives the job back, the worker looks again
+    soon and says the job waits for that lease, and starts it once, when the lease ends."""
+    Gpus(gq, fake_gpus(1))
+    leases = LeaseDir.open(own_lease_dir)
+    gq.start_worker("--watch")
+    with leases.placing(["GPU-fake-0"]):
+        job = gq.add("true")
+        wait_for(lambda: f"starting job #{job}" in gq.worker_output(), 20, what="the worker to hand the job over")
+        theirs = leases.take("GPU-fake-0", 0, None, job=12, name="train", spool="/home/someone/.gpuq")
+    asked = time.monotonic()
+    waiting = wait_for(lambda: next(r for r in gq.status_json() if r["id"] == job)["waiting"], 10, what="the reason")
+    assert "leased whole by your job #12 (train)" in waiting, waiting
+    assert time.monotonic() - asked < 4, "looked again soon after the job was given back"
+    assert gq.state_of(job) == PENDING and gq.worker_output().count(f"starting job #{job} ") == 1, "not again"
+    theirs.release()
+    gq.wait_state(job, DONE)
+    assert gq.worker_output().count(f"starting job #{job} ") == 2
+
+
+def _one_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int = 1) -> None:
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps(fake_gpus(count)))
+    monkeypatch.setenv("GPUQ_FAKE_GPUS", str(path))
+
+
+def _order(ref: object, job: dict, gpus: Optional[tuple[int, ...]] = (0,)) -> StartOrder:
+    slot = None if gpus is None else ",".join(map(str, gpus))
+    return StartOrder(job["id"], ref.name, job["rev"], slot=slot, gpus=gpus, foreign_threshold_mib=1024)  # type: ignore[attr-defined]
+
+
+def test_a_job_whose_gpu_was_leased_since_the_worker_looked_is_given_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_lease_dir: Path
+) -> None:
+    _one_gpu(tmp_path, monkeypatch)
+    spool, [(ref, job), (ref2, job2)] = spool_with_true_jobs(tmp_path, 2)
+    leases = LeaseDir.open(own_lease_dir)
+    theirs = leases.take("GPU-fake-0", 0, None, job=12, name="train", spool="/home/someone/.gpuq")
+    claim = spool.claims.claim(ref.id)
+    assert begin(spool, claim, _order(ref, job), []) is None
+    assert spool.jobs.states_holding(ref.name, (PENDING, RUNNING)) == [PENDING]
+    assert spool.claims.held(ref.id) is None, "the claim is given up"
+    assert [lease.job for lease in leases.live()] == [12], "and no lease of ours is left"
+    theirs.release()
+    run = begin(spool, spool.claims.claim(ref.id), _order(ref, job), [])
+    assert run is not None and [held.lease.job for held in run.leases] == [ref.id]
+    # its slot handed on: the next job's lease is taken beside the ended job's, which then goes
+    following = begin(spool, spool.claims.claim(ref2.id), _order(ref2, job2), [], run.leases)
+    assert following is not None and [lease.job for lease in leases.live()] == [ref2.id]
+    supervisor_lease.release(following.leases)
+    for started in (run, following):
+        os.close(started.log_fd)
+        started.claim.release()
+
+
+def test_without_gpus_and_for_a_cpu_job_no_lease_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_lease_dir: Path
+) -> None:
+    _one_gpu(tmp_path, monkeypatch)
+    spool, jobs = spool_with_true_jobs(tmp_path, 2)
+    for (ref, job), gpus in zip(jobs, (None, ())):
+        run = begin(spool, spool.claims.claim(ref.id), _order(ref, job, gpus), [])
+        assert run is not None and run.leases == []
+        os.close(run.log_fd)
+        run.claim.release()
+    assert not own_lease_dir.exists(), "the lease directory is not even made"
+
+
+def test_the_planner_counts_the_leases_of_others_but_not_of_its_own_spool(tmp_path: Path, own_lease_dir: Path) -> None:
+    home = str(tmp_path / "spool")
+    leases = LeaseDir.open(own_lease_dir)
+    ours = leases.take("GPU-fake-0", 0, None, job=1, name="ours", spool=home)
+    theirs = leases.take("GPU-fake-1", 1, None, job=12, name="theirs", spool="/home/someone/.gpuq")
+    said: list[str] = []
+    others = OtherLeases(home, said.append)
+    assert [lease.job for lease in others()] == [12]
+    gpus = look()._replace(gpus=from_json(fake_gpus(2)), source="fake", problem=None)
+    pending = [Job({"id": i, "name": f"j{i}", "rev": 0, "priority": 0, "after": [], "after_any": []}) for i in (2, 3)]
+    snap = QueueState({2: PENDING, 3: PENDING}, pending, [], time.time())
+    plan = Planner(look=lambda: gpus, leases=others).plan(snap, {})
+    assert [(job.id, where.gpus) for job, where in plan.starts] == [(2, (0,))], "GPU 0 is its own (running/ says so)"
+    assert "job #12" in plan.waits[3].reason, plan.waits[3].reason
+    assert said == []
+    ours.release()
+    theirs.release()
+
+
+def test_a_lease_directory_that_cannot_be_trusted_is_said_once_and_planning_goes_on(tmp_path: Path) -> None:
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)  # not sticky: other users could remove our leases
+    said: list[str] = []
+    others = OtherLeases(str(tmp_path / "spool"), said.append, str(loose))
+    assert others() == [] and others() == []
+    assert len(said) == 1 and "sticky" in said[0], said
