@@ -215,3 +215,25 @@ def test_lines_leave_out_this_spools_own_jobs_and_most_problems() -> None:
         "  c",
         "  and 2 more lease problems (`gpuq gpus --json`)",
     ]
+
+
+def test_the_queues_eta_counts_other_parties_leases_as_held() -> None:
+    """A job a lease holds back does not `start ~0s`: others' leases hold their memory in the plan."""
+    from gpuq.engine.tracking.queue_eta import outside_memory
+
+    def lease(spool: str, whole: bool, mem: Any = None) -> dict[str, Any]:
+        return {"file": f"{spool}.lease", "spool": spool, "whole": whole, "mem_mib": mem}
+
+    using = [{"pid": 7, "used_memory_mib": 3000, "lease": "/bob.lease"}, {"pid": 8, "used_memory_mib": 500}]
+    gpus = [
+        {"index": 0, "memory_total_mib": 81559, "foreign_mib": 3500, "foreign": using, "leases": [lease("/bob", True)]},
+        {
+            "index": 1,
+            "memory_total_mib": 81559,
+            "foreign_mib": 3500,
+            "foreign": using,
+            "leases": [lease("/bob", False, 20480)],
+        },
+        {"index": 2, "memory_total_mib": 81559, "foreign_mib": 0, "foreign": [], "leases": [lease("/me", True)]},
+    ]
+    assert outside_memory(gpus, "/me") == {"0": (81559, 81559), "1": (3500 + 20480 - 3000, 81559), "2": (0, 81559)}
