@@ -9,6 +9,11 @@
 3. cli: drives `gpuq` in a temporary GPUQ_HOME: two one-GPU jobs on one GPU run one after the
    other, each sees exactly its one device (a CUDA probe inside the job), and a foreign process
    holding memory delays the next job, whose `status --json` names the pid.
+4. lease: a lease of the GPU taken by this process (in a temporary GPUQ_LEASE_DIR) delays a
+   second start there: `gpuq lease --no-wait` (when this gpuq has it) exits 75 naming the holder,
+   and a job of a worker on that GPU waits, saying why, and starts only once the lease is released.
+   `--lease-only` runs this part alone, on the GPUs look() gives, simulated ones (GPUQ_FAKE_GPUS)
+   included, so that it can be tried on a machine without a GPU.
 
 Without nvidia-smi or without a GPU it prints why and exits 0. Otherwise it prints PASS, FAIL or
 SKIP per part and exits 1 if any part failed. Everything it starts is stopped by pid.
@@ -320,6 +325,87 @@ def check_cli(index: int, mib: int, uuid_of: dict[int, str]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Part 4: leases (issue 28). It relies on: L1 gpuq.system.leases (LeaseDir.open, take, Held.release);
+#   L2 a worker counts other parties' live leases and names the holder in the job's "waiting";
+#   L3 `gpuq lease --no-wait` exits 75 naming the holders when no GPU is free (optional: SKIP note).
+
+STAMP = "import sys, time; open(sys.argv[1], 'w').write(repr(time.time()))"
+LEASE_BUSY = 75  # `gpuq lease --no-wait`: no GPU free now (EX_TEMPFAIL)
+
+
+def check_lease(index: int, uuid: str, count: int) -> list[str]:
+    from gpuq.system.leases import LeaseDir
+
+    with tempfile.TemporaryDirectory(prefix="gpuq-gpu-check-lease-") as tmp:
+        root = Path(tmp)
+        env = dict(os.environ, GPUQ_HOME=str(root / "spool"), GPUQ_LEASE_DIR=str(root / "leases"))
+        env["PYTHONPATH"] = str(REPO)
+        held = LeaseDir.open(str(root / "leases")).take(uuid, index, None, job=None, name="gpu_check", spool=None)
+        log = open(root / "worker.out", "wb")
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "gpuq", "run", "--watch", "--gpus", str(index)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            notes = [_lease_no_wait(env, count)]
+            stamp = root / "started"
+            job = int(_gpuq(env, "add", "-q", "--gpus", "1", sys.executable, "-c", STAMP, str(stamp)))
+            reason = wait_until(lambda: _waiting_for(env, job, "gpu_check"), 30, f"job #{job} to wait for the lease")
+            if stamp.exists():
+                raise CheckFailed(f"job #{job} started on GPU {index} while this process leased it whole")
+            released = time.time()
+            held.release()
+            wait_until(stamp.exists, 60, f"job #{job} to start once the lease is released")
+            started = float(stamp.read_text())
+            if started < released:
+                raise CheckFailed(f"job #{job} started {released - started:.2f} s before the lease was released")
+            return notes + [f"job #{job} waited ({reason}), started {started - released:.1f} s after the release"]
+        finally:
+            held.release()
+            subprocess.run([sys.executable, "-m", "gpuq", "stop", "--kill-jobs"], env=env, capture_output=True)
+            try:
+                worker.wait(15)
+            except subprocess.TimeoutExpired:
+                stop(worker)
+            log.close()
+
+
+def _lease_no_wait(env: dict[str, str], count: int) -> str:
+    """`gpuq lease --no-wait` for every GPU of the machine, one of which this process leases."""
+    if (
+        "--no-wait"
+        not in subprocess.run(
+            [sys.executable, "-m", "gpuq", "lease", "--help"], env=env, capture_output=True, text=True
+        ).stdout
+    ):
+        return "SKIP `gpuq lease`: this gpuq has no `lease --no-wait`"
+    cmd = [sys.executable, "-m", "gpuq", "lease", "--no-wait", "--gpus", str(count), "--", "true"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    said = (out.stdout + out.stderr).strip()
+    if out.returncode != LEASE_BUSY or "gpu_check" not in said:
+        raise CheckFailed(f"`gpuq lease --no-wait` beside our lease exited {out.returncode}: {said[-300:]!r}")
+    return f"`gpuq lease --no-wait` exited {LEASE_BUSY}: {said.splitlines()[-1]}"
+
+
+def _gpuq(env: dict[str, str], *args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "gpuq", *args], env=env, capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise CheckFailed(f"gpuq {' '.join(args)} exited {out.returncode}: {out.stderr.strip()[-300:]}")
+    return out.stdout
+
+
+def _waiting_for(env: dict[str, str], job: int, holder: str) -> Optional[str]:
+    """The job's reason for waiting, once it names `holder`."""
+    row = next(r for r in json.loads(_gpuq(env, "status", "--json")) if r["id"] == job)
+    if row["state"] != "pending":
+        raise CheckFailed(f"job #{job} is {row['state']} while the GPU is leased whole")
+    return row["waiting"] if holder in (row["waiting"] or "") else None
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def main() -> int:
@@ -327,6 +413,7 @@ def main() -> int:
     parser.add_argument("--device", type=int, default=0, help="NVML index of the GPU to use (default 0)")
     parser.add_argument("--foreign-mib", type=int, default=2048, help="what the foreign process allocates")
     parser.add_argument("--require-cli", action="store_true", help="fail, not skip, when part 3 is not wired")
+    parser.add_argument("--lease-only", action="store_true", help="part 4 alone, on simulated GPUs too")
     parser.add_argument("--hold", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--hold-mib", type=int, default=2048, help=argparse.SUPPRESS)
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
@@ -338,6 +425,8 @@ def main() -> int:
         probe()
         return 0
 
+    if args.lease_only:
+        return lease_only(args.device)
     os.environ.pop(gpus.FAKE_ENV, None)  # this check is about the real GPUs
     if shutil.which("nvidia-smi") is None:
         print("SKIP: no nvidia-smi on this machine (no NVIDIA driver): nothing to check")
@@ -366,6 +455,31 @@ def main() -> int:
     else:
         results.append(("cli", "SKIP", ["this gpuq's `add` has no --gpus (pass --require-cli to fail instead)"]))
 
+    part("lease", lambda: check_lease(args.device, uuid_of(look, args.device), len(look.gpus)))
+    return summary(results)
+
+
+def lease_only(index: int) -> int:
+    """Part 4 alone, on whatever GPUs look() gives (simulated ones included)."""
+    look = gpus.look()
+    if not look.gpus:
+        print(f"SKIP: no GPUs ({look.problem}): set GPUQ_FAKE_GPUS to try the lease part without one")
+        return 0
+    try:
+        results = [("lease", "PASS", check_lease(index, uuid_of(look, index), len(look.gpus)))]
+    except CheckFailed as exc:
+        results = [("lease", "FAIL", [str(exc)])]
+    return summary(results)
+
+
+def uuid_of(look: gpus.GpuLook, index: int) -> str:
+    found = [g.uuid for g in look.gpus if g.index == index]
+    if not found:
+        raise CheckFailed(f"no GPU {index} here ({len(look.gpus)} GPUs)")
+    return found[0]
+
+
+def summary(results: list[tuple[str, str, list[str]]]) -> int:
     print("\nsummary")
     for name, verdict, notes in results:
         print(f"{verdict:4} {name}: {'; '.join(notes)}")

@@ -176,6 +176,7 @@ def test_every_command_of_the_skill_runs(gq: Env, tmp_path: Path) -> None:
         # no worker yet
         run("gpuq status")
         run("gpuq import")
+        run("gpuq lease --no-wait -- python3 train.py")  # four free GPUs: it runs at once
         run("gpuq rejected --json")
         failed = [gq.add("fail.py") for _ in range(3)]
         done = [gq.add("train.py") for _ in range(2)]

@@ -87,7 +87,7 @@ def _status_once(args: argparse.Namespace) -> int:
         return 0
     print(render.worker_line(st.workers, st.outlook()))
     if st.gpus is not None:
-        print("\n".join(render.gpu_lines(st.gpus)))
+        print("\n".join(render.gpu_lines(st.gpus, home=sp.home)))
     if st.rows or st.finished:
         rows = st.rows if args.all else render.group_sweeps(st.rows)
         block = _finished_block(sp, st.finished) if st.finished is not None else None
@@ -284,10 +284,12 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
     sp = spool()
     shown = gpuview.current(sp, actions.jobs_in(sp, (RUNNING,)))  # a look of its own if the workers' is old
+    if shown is not None and shown.get("worker"):
+        gpuview.add_leases(shown)  # the leases as they are now, not as the worker last saw them
     if args.json:
         print(jsontext.dumps(gpuview.listed(shown, time.time()), indent=2))
     elif shown is None:
         print("no GPUs found (no NVIDIA driver, and GPUQ_FAKE_GPUS is not set): jobs run one slot at a time")
     else:
-        print("\n".join(render.gpu_lines(shown)))
+        print("\n".join(render.gpu_lines(shown, home=sp.home)))
     return 0

@@ -350,8 +350,10 @@ def rejected_line(rejected: Any) -> str:
     return f"{rejected.count} {what} rejected ({'' if rejected.count == 1 else 'newest: '}{newest}): `gpuq rejected`"
 
 
-def gpu_lines(view: dict[str, Any], now: Optional[float] = None) -> list[str]:
-    """One line per GPU: index, name, memory used / total, gpuq's jobs on it, other processes."""
+def gpu_lines(view: dict[str, Any], now: Optional[float] = None, home: Optional[str] = None) -> list[str]:
+    """One line per GPU: index, name, memory used / total, gpuq's jobs on it, other processes
+    (those under no lease), then one line per lease of it (every user's: engine/schedule/gpuview.py)
+    but those of this spool's (`home`) jobs named already; last, a few lease problems."""
     now = time.time() if now is None else now
     age = duration(now - view["at"]) if view.get("at") else ""
     seen = f"seen {age or '0s'} ago" + (f" by worker {view['worker']}" if view.get("worker") else "")
@@ -359,13 +361,31 @@ def gpu_lines(view: dict[str, Any], now: Optional[float] = None) -> list[str]:
     for gpu in view.get("gpus") or []:
         used = f"{_gib(gpu['memory_used_mib'])}/{_gib(gpu['memory_total_mib'])} GiB"
         parts = [f"  GPU {gpu['index']}  {gpu['name']}  {used}"]
+        if gpu.get("compute_mode", "default") != "default":  # an admin's `nvidia-smi -c`: never shared
+            parts.append(gpu["compute_mode"])
         if gpu.get("jobs"):
             parts.append("jobs " + " ".join(f"#{j}" for j in gpu["jobs"]))
-        for proc in gpu.get("foreign") or []:
-            size = f" {_gib(proc['used_memory_mib'])} GiB" if proc.get("used_memory_mib") is not None else ""
-            parts.append(f"other: pid {proc['pid']} ({proc.get('who') or '?'}){size}")
-        lines.append("  ".join(parts))
-    return lines
+        foreign = gpu.get("foreign") or []
+        lines.append("  ".join(parts + [f"other: {_process(p)}" for p in foreign if not p.get("lease")]))
+        for lease in gpu.get("leases") or []:
+            if home is None or lease.get("spool") != home or lease.get("job") not in gpu.get("jobs", ()):
+                lines.append("    " + _lease_line(lease, [p for p in foreign if p.get("lease") == lease.get("file")]))
+    problems = view.get("lease_problems") or []  # a hostile directory may hold any number of bad files
+    more = [f"and {len(problems) - 3} more lease problems (`gpuq gpus --json`)"] if len(problems) > 3 else []
+    return lines + [f"  {problem}" for problem in problems[:3] + more]
+
+
+def _lease_line(lease: dict[str, Any], processes: list[dict[str, Any]]) -> str:
+    """'leased whole by bob's job #12 since 09:14 (pid 4243 30.0 GiB)', '20.0 GiB leased by ...'."""
+    size = "leased whole" if lease.get("whole") else f"{_gib(lease.get('mem_mib'))} GiB leased"
+    since = time.strftime("%H:%M", time.localtime(parse_iso(lease.get("since")) or 0))
+    using = f" ({', '.join(_process(p, who=False) for p in processes)})" if processes else ""
+    return f"{size} by {lease.get('who')} since {since}{using}"
+
+
+def _process(proc: dict[str, Any], who: bool = True) -> str:
+    size = f" {_gib(proc['used_memory_mib'])} GiB" if proc.get("used_memory_mib") is not None else ""
+    return f"pid {proc['pid']}" + (f" ({proc.get('who') or '?'})" if who else "") + size
 
 
 def _gib(mib: Optional[int]) -> str:

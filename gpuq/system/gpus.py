@@ -11,6 +11,9 @@ The JSON format (`to_json` writes it, `from_json` reads it, and a fake file is w
                "processes": [{"pid": 4242, "used_memory_mib": 9300}]}]}
 
 Memory is in MiB (whole numbers); a process's `used_memory_mib` is null when NVML cannot tell.
+A GPU may also say `"compute_mode"`: "default" (when absent), "exclusive_process" (an admin's
+`nvidia-smi -c EXCLUSIVE_PROCESS`: one process at a time, so gpuq never shares it between jobs),
+"exclusive_thread" or "prohibited", as NVML names them; `to_json` writes it only when not default.
 
 No driver, no GPU: `look()` returns no GPUs with source "none" and a one-line `problem` saying why;
 that is the CPU-only case, not an error. pynvml and psutil are imported only inside the functions
@@ -38,6 +41,14 @@ MIB = 1024 * 1024
 # driver, but NVML cannot be read" (not fine: gpuq must not start jobs onto GPUs it cannot see).
 
 GPU_KEYS = ("index", "name", "uuid", "memory_total_mib", "memory_used_mib", "processes")
+OPTIONAL_GPU_KEYS = ("compute_mode",)
+# NVML's compute modes by their numbers (nvmlComputeMode_t); the names are those of `nvidia-smi -c`.
+DEFAULT_MODE = "default"
+EXCLUSIVE_PROCESS = "exclusive_process"
+COMPUTE_MODES = (DEFAULT_MODE, "exclusive_thread", "prohibited", EXCLUSIVE_PROCESS)
+# One compute context at a time: a second job on it would fail to start (exclusive_thread is
+# NVML's deprecated older form of the same).
+EXCLUSIVE_MODES = ("exclusive_thread", EXCLUSIVE_PROCESS)
 PROCESS_KEYS = ("pid", "used_memory_mib")
 TOP_KEYS = ("gpus", "source", "problem", "at")  # the last three: what to_json adds about the look
 
@@ -49,10 +60,20 @@ class GpuProcess(namedtuple("GpuProcess", "pid used_memory_mib")):
     __slots__ = ()
 
 
-class Gpu(namedtuple("Gpu", "index name uuid memory_total_mib memory_used_mib processes")):
-    """`index`, `name`, `uuid`, `memory_total_mib`, `memory_used_mib`, `processes` (a tuple of GpuProcess)."""
+class Gpu(
+    namedtuple(
+        "Gpu", "index name uuid memory_total_mib memory_used_mib processes compute_mode", defaults=(DEFAULT_MODE,)
+    )
+):
+    """`index`, `name`, `uuid`, `memory_total_mib`, `memory_used_mib`, `processes` (a tuple of
+    GpuProcess), `compute_mode` (one of COMPUTE_MODES)."""
 
     __slots__ = ()
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether the GPU takes one process at a time (placement never shares it)."""
+        return self.compute_mode in EXCLUSIVE_MODES
 
 
 class GpuLook(namedtuple("GpuLook", "gpus source problem at")):
@@ -70,21 +91,25 @@ def to_json(look: GpuLook) -> dict[str, Any]:
     """The look in the format above, plus `source`, `problem` and `at` (which from_json accepts
     and ignores, so `gpuq gpus --json` output can serve as a fake file)."""
     return {
-        "gpus": [
-            {
-                "index": gpu.index,
-                "name": gpu.name,
-                "uuid": gpu.uuid,
-                "memory_total_mib": gpu.memory_total_mib,
-                "memory_used_mib": gpu.memory_used_mib,
-                "processes": [{"pid": p.pid, "used_memory_mib": p.used_memory_mib} for p in gpu.processes],
-            }
-            for gpu in look.gpus
-        ],
+        "gpus": [_gpu_to_json(gpu) for gpu in look.gpus],
         "source": look.source,
         "problem": look.problem,
         "at": look.at,
     }
+
+
+def _gpu_to_json(gpu: Gpu) -> dict[str, Any]:
+    out = {
+        "index": gpu.index,
+        "name": gpu.name,
+        "uuid": gpu.uuid,
+        "memory_total_mib": gpu.memory_total_mib,
+        "memory_used_mib": gpu.memory_used_mib,
+        "processes": [{"pid": p.pid, "used_memory_mib": p.used_memory_mib} for p in gpu.processes],
+    }
+    if gpu.compute_mode != DEFAULT_MODE:  # optional in the format: files without it stay as they were
+        out["compute_mode"] = gpu.compute_mode
+    return out
 
 
 def from_json(obj: Any) -> tuple[Gpu, ...]:
@@ -105,7 +130,7 @@ def from_json(obj: Any) -> tuple[Gpu, ...]:
 def _gpu_from_json(item: Any, where: str) -> Gpu:
     if not isinstance(item, dict):
         raise ValueError(f"{where}: expected an object, got {_kind(item)}")
-    _exact_keys(item, GPU_KEYS, GPU_KEYS, where)
+    _exact_keys(item, GPU_KEYS, GPU_KEYS + OPTIONAL_GPU_KEYS, where)
     total = _whole(item["memory_total_mib"], f"{where}.memory_total_mib", minimum=1)
     used = _whole(item["memory_used_mib"], f"{where}.memory_used_mib", minimum=0)
     if used > total:
@@ -121,7 +146,14 @@ def _gpu_from_json(item: Any, where: str) -> Gpu:
         memory_total_mib=total,
         memory_used_mib=used,
         processes=processes,
+        compute_mode=_compute_mode(item.get("compute_mode", DEFAULT_MODE), f"{where}.compute_mode"),
     )
+
+
+def _compute_mode(value: Any, where: str) -> str:
+    if value not in COMPUTE_MODES:
+        raise ValueError(f"{where}: expected one of {', '.join(COMPUTE_MODES)}, got {json.dumps(value)}")
+    return value
 
 
 def _process_from_json(item: Any, where: str) -> GpuProcess:
@@ -273,7 +305,18 @@ def _read_device(pynvml: Any, index: int, problems: list[str]) -> Optional[Gpu]:
         # Kept with no processes: all its used memory then counts as held by someone unknown.
         problems.append(f"GPU {index}: no process list (NVML: {_error_text(pynvml, exc)})")
         processes = ()
-    return Gpu(index=index, name=name, uuid=uuid, memory_total_mib=total, memory_used_mib=used, processes=processes)
+    mode = _nvml_compute_mode(pynvml, handle)
+    return Gpu(index, name, uuid, memory_total_mib=total, memory_used_mib=used, processes=processes, compute_mode=mode)
+
+
+def _nvml_compute_mode(pynvml: Any, handle: Any) -> str:
+    """The GPU's compute mode; "default" where NVML cannot tell (a driver or binding without the
+    call), and the GPU is then shared as it always was."""
+    try:
+        number = pynvml.nvmlDeviceGetComputeMode(handle)
+    except Exception:  # NVMLError_NotSupported mostly, or a binding without the call
+        return DEFAULT_MODE
+    return COMPUTE_MODES[number] if isinstance(number, int) and 0 <= number < len(COMPUTE_MODES) else DEFAULT_MODE
 
 
 def _memory(pynvml: Any, handle: Any) -> tuple[int, int]:

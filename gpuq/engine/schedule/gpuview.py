@@ -7,6 +7,7 @@ the simulated GPUs' file), and never on a machine that cannot have GPUs."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from gpuq.core.times import iso_of
@@ -18,9 +19,12 @@ if TYPE_CHECKING:
 
     from gpuq.spool import Spool
     from gpuq.system.gpus import GpuLook
+    from gpuq.system.leases import Lease
 
 # system/gpus.py is imported where a look is taken or shown: on a machine without GPUs, `gpuq
-# status` needs neither.
+# status` needs neither. Leases are read where a look is taken (by the worker, into its view, or by
+# the command itself): a lease and the memory its processes hold are then seen at one moment, and
+# `gpuq status` shows a fresh worker's view without psutil, which finding a holder's processes needs.
 
 
 STALE_SECONDS = 3.0  # a view older than this is looked at again (a waiting job makes the worker look every 2 s)
@@ -57,6 +61,7 @@ def view(
                 "uuid": gpu.uuid,
                 "memory_total_mib": gpu.memory_total_mib,
                 "memory_used_mib": gpu.memory_used_mib,
+                "compute_mode": gpu.compute_mode,
                 "jobs": sorted(holders.get(gpu.index, [])),
                 "foreign": [
                     {"pid": p.pid, "used_memory_mib": p.used_memory_mib, "who": gpu_info.describe_pid(p.pid)}
@@ -65,7 +70,64 @@ def view(
                 "foreign_mib": sum(p.used_memory_mib or 0 for p in foreign) + unexplained,
             }
         )
-    return {"at": look.at, "source": look.source, "problem": look.problem, "gpus": shown}
+    out = {"at": look.at, "source": look.source, "problem": look.problem, "gpus": shown}
+    if shown:
+        add_leases(out)
+    return out
+
+
+def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
+    """`shown` (a view) with the leases live now: per GPU `leases` (every live lease of it, from
+    every user and spool of the machine, as `lease_entry` gives them) and each `foreign` process's
+    `lease` (the file of the lease on this GPU whose holder's process tree it is in; None: it
+    holds memory without a lease); and `lease_problems`, one line each: the lease directory that
+    cannot be trusted (leases then read as none), or lease files skipped."""
+    from gpuq.system import gpus as gpu_info
+    from gpuq.system import leases
+
+    live: list[Lease] = []
+    problems: list[str] = []
+    try:
+        if os.path.lexists(leases.default_dir()):  # a view never creates it: whoever does, owns it
+            directory = leases.LeaseDir.open()
+            live, problems = directory.live(), list(directory.problems)
+    except leases.LeaseDirProblem as exc:
+        problems = [str(exc)]
+    viewer = os.geteuid()
+    trees: dict[int, set[int]] = {}  # a holder's pid -> its process tree, looked up once
+    for gpu in shown["gpus"]:
+        here = [lease for lease in live if lease.gpu_uuid == gpu["uuid"]]
+        gpu["leases"] = [lease_entry(lease, viewer) for lease in here]
+        for proc in gpu["foreign"]:
+            proc["lease"] = None
+            for lease in here:
+                if lease.pid not in trees:
+                    trees[lease.pid] = gpu_info.tree_pids([lease.pid])
+                if proc["pid"] in trees[lease.pid]:
+                    proc["lease"] = lease.file
+                    break
+    shown["lease_problems"] = problems
+    return shown
+
+
+def lease_entry(lease: Lease, viewer_uid: int) -> dict[str, Any]:
+    """A lease as views show it: `who` says it for people (a job's name only for one's own jobs,
+    and `name` is given on the same terms), `mem_mib` null for a whole-GPU lease, `since` ISO."""
+    named = lease.uid == viewer_uid or lease.job is None
+    return {
+        "file": lease.file,
+        "who": lease.who(viewer_uid),
+        "user": lease.user,
+        "uid": lease.uid,
+        "job": lease.job,
+        "name": lease.name if named else None,
+        "whole": lease.whole,
+        "mem_mib": lease.mem_mib,
+        "since": iso_of(lease.since),
+        "pid": lease.pid,
+        "spool": lease.spool,
+        "host": lease.host,
+    }
 
 
 def look_now() -> GpuLook:
@@ -102,12 +164,13 @@ def current(
 def listed(shown: Optional[dict[str, Any]], now: float) -> list[dict[str, Any]]:
     """`gpuq gpus --json`: one object per GPU, each saying when its figures were seen (`seen_at`,
     ISO 8601 in local time; `seen_seconds_ago`) and by whom (`seen_by_worker`: a worker's pid, or
-    null when this command looked itself)."""
+    null when this command looked itself), with the view's `lease_problems` (the same on each)."""
     if shown is None:
         return []
     at = shown.get("at")
     when = {"seen_at": iso_of(at) if at else None, "seen_seconds_ago": round(max(0.0, now - at), 1) if at else None}
-    return [dict(gpu, **when, seen_by_worker=shown.get("worker")) for gpu in shown["gpus"]]
+    extra = dict(when, seen_by_worker=shown.get("worker"), lease_problems=shown.get("lease_problems", []))
+    return [dict(gpu, **extra) for gpu in shown["gpus"]]
 
 
 def _none(gpus: Any, source: Any, problem: Any) -> bool:

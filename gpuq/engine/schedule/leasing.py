@@ -139,8 +139,9 @@ def _take(
     held: list[Held] = []
     try:
         for index in decision.gpus:
-            uuid = by_index[index].uuid
-            held.append(directory.take(uuid, index, request.gpu_mem_mib, job=job, name=name, spool=spool, pid=pid))
+            gpu = by_index[index]
+            mem = None if gpu.exclusive else request.gpu_mem_mib  # one process at a time: it is had whole
+            held.append(directory.take(gpu.uuid, index, mem, job=job, name=name, spool=spool, pid=pid))
     except LeaseDirProblem:
         for lease in held:
             lease.release()

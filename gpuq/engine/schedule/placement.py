@@ -36,6 +36,11 @@ where the least room would be left (best fit, ties by index) so that big GPUs st
 jobs; `gpus=2, gpu_mem_mib=20480` needs two GPUs that each fit. The foreign threshold does not
 apply to shared requests: their declared size is checked against the real free memory instead.
 
+A GPU in an exclusive compute mode (`Gpu.exclusive`: `nvidia-smi -c EXCLUSIVE_PROCESS`) takes one
+process at a time: a shared request takes it only as a whole-GPU one would, alone, any holding
+there holds it whole, and any listed outside process, however small, keeps jobs off it (a second
+CUDA context there fails).
+
 No GPUs: when a look finds none and says why benignly (`mode_of(look) == CPU_ONLY`: no driver, or
 a machine without GPUs), the scheduler does not call `place` at all and runs as gpuq always has:
 `cpu_only_slots(allowed)` gives the slots (one per `--gpus` label, else one for the whole
@@ -269,7 +274,7 @@ def _states(candidates: list[Gpu], holdings: list[Holding], leased: Sequence[Lea
         state.unexplained = max(0, gpu.memory_used_mib - listed)
         for holding in here:
             state.jobs.append(holding.job_id)
-            state.whole = state.whole or holding.gpu_mem_mib is None
+            state.whole = state.whole or holding.gpu_mem_mib is None or gpu.exclusive
             state.committed += max(holding.gpu_mem_mib or 0, using[holding.job_id])
         state.leased_mib = sum(_lease_commits(held, gpu) for held in state.leases if not held.lease.whole)
         state.outside.sort(key=lambda item: (-(item[1] or 0), item[0]))
@@ -284,10 +289,10 @@ def _lease_commits(held: Leased, gpu: Gpu) -> int:
 
 
 def _place_whole(count: int, states: list[_GpuState], threshold: int, text: _Texts) -> Decision:
-    usable = [s.gpu.index for s in states if not s.jobs and not s.leases and s.outside_mib <= threshold]
+    usable = [s.gpu.index for s in states if not s.jobs and not s.leases and not _outside_blocks(s, threshold)]
     if len(usable) >= count:
         return Placement(tuple(usable[:count]))
-    outside = [s for s in states if s.leases or (not s.jobs and s.outside_mib > threshold)]
+    outside = [s for s in states if s.leases or (not s.jobs and _outside_blocks(s, threshold))]
     busy = [s for s in states if s.jobs and s not in outside]
     if not outside:
         wanted = "a free GPU" if count == 1 else f"{count} free GPUs"
@@ -307,7 +312,7 @@ def _place_shared(count: int, need: int, states: list[_GpuState], text: _Texts) 
             f"with {mib_text(largest.gpu.memory_total_mib)}",
             forever=True,
         )
-    fits = [s for s in big_enough if not s.whole and not s.leased_whole and s.free_mib >= need]
+    fits = [s for s in big_enough if not s.whole and not s.leased_whole and s.free_mib >= need and not _taken(s)]
     if len(fits) >= count:
         best = sorted(fits, key=lambda s: (s.free_mib - need, s.gpu.index))[:count]
         return Placement(tuple(sorted(s.gpu.index for s in best)))
@@ -330,6 +335,17 @@ def _place_shared(count: int, need: int, states: list[_GpuState], text: _Texts) 
         f"waiting for {mib_text(need)} on each of {count} GPUs ({fit_now}most free of the others: {most_free})",
         forever=False,
     )
+
+
+def _outside_blocks(state: _GpuState, threshold: int) -> bool:
+    """Whether others' memory keeps a whole-GPU job off the GPU: more than the threshold, or any
+    listed process at all on a GPU in an exclusive compute mode."""
+    return state.outside_mib > threshold or (state.gpu.exclusive and bool(state.outside))
+
+
+def _taken(state: _GpuState) -> bool:
+    """Whether a GPU in an exclusive compute mode is someone's: any other process or lease there."""
+    return state.gpu.exclusive and bool(state.outside or state.leases)
 
 
 def _too_few(count: int, candidates: list[Gpu], missing: set[int]) -> str:

@@ -148,15 +148,23 @@ def _held_off(
     return out
 
 
-def outside_memory(gpus: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+def outside_memory(gpus: list[dict[str, Any]], home: Optional[str] = None) -> dict[str, tuple[int, int]]:
     """Slot -> (MiB held by processes not gpuq's, total MiB) from a GPU view (engine/schedule/gpuview.py;
-    a view of an older worker has no `foreign_mib`: its listed processes then)."""
+    a view of an older worker has no `foreign_mib`: its listed processes then). The leases of other
+    parties than this spool (`home`) hold memory too: a whole one all of it, a memory one its size
+    beyond what its processes use (which `foreign_mib` counts)."""
     out = {}
     for gpu in gpus:
         held = gpu.get("foreign_mib")
         if not isinstance(held, int):
             held = sum(p.get("used_memory_mib") or 0 for p in gpu.get("foreign") or [])
-        out[str(gpu["index"])] = (held, gpu.get("memory_total_mib") or 0)
+        total = gpu.get("memory_total_mib") or 0
+        for lease in gpu.get("leases") or []:
+            if lease.get("spool") == home:
+                continue  # this spool's own jobs: the running ones of the plan
+            using = sum(p.get("used_memory_mib") or 0 for p in gpu["foreign"] if p.get("lease") == lease.get("file"))
+            held = total if lease.get("whole") else held + max(0, (lease.get("mem_mib") or 0) - using)
+        out[str(gpu["index"])] = (min(held, total), total)
     return out
 
 
@@ -286,7 +294,7 @@ def annotate(
         worker_slots(workers, [g["index"] for g in shown]),
         durations,
         now,
-        outside_memory(shown),
+        outside_memory(shown, spool.home),
         threshold if isinstance(threshold, int) else DEFAULT_FOREIGN_THRESHOLD_MIB,
     )
     for row in pending:

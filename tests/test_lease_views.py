@@ -1,0 +1,239 @@
+"""Seeing the others (issue 28): `gpuq gpus` and `gpuq status` show every live lease on each GPU,
+whoever holds it, which processes hold memory without a lease, and a lease directory that cannot
+be trusted as one line. Real lease files in a temporary GPUQ_LEASE_DIR, GPUs simulated by
+GPUQ_FAKE_GPUS; another user's lease is written by a real process of user `nobody` (as root)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from conftest import Env, wait_for
+from test_gpu_worker import Gpus
+
+from gpuq.cli import render
+from gpuq.system.leases import LeaseDir
+
+
+def gpus_doc(processes: dict[int, list[tuple[int, int]]]) -> dict[str, Any]:
+    """Two simulated GPUs; `processes`: GPU index -> (pid, MiB) listed on it."""
+    gpus = []
+    for index in (0, 1):
+        procs = [{"pid": pid, "used_memory_mib": mib} for pid, mib in processes.get(index, [])]
+        gpus.append(
+            {
+                "index": index,
+                "name": "Fake H100",
+                "uuid": f"GPU-fake-{index}",
+                "memory_total_mib": 81559,
+                "memory_used_mib": sum(p["used_memory_mib"] for p in procs),
+                "processes": procs,
+            }
+        )
+    return {"gpus": gpus}
+
+
+@pytest.fixture
+def leases(gq: Env) -> Iterator[Path]:
+    """The lease directory of the test (under /tmp, which every user may traverse), for gq's commands."""
+    base = Path(tempfile.mkdtemp(prefix="gpuq-lease-views-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    gq.env["GPUQ_LEASE_DIR"] = str(base / "leases")
+    try:
+        yield base / "leases"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def hhmm(epoch: float) -> str:
+    return time.strftime("%H:%M", time.localtime(epoch))
+
+
+def test_gpus_shows_every_lease_and_the_memory_held_without_one(gq: Env, leases: Path) -> None:
+    directory = LeaseDir.open(str(leases))
+    notebook = directory.take("GPU-fake-0", 0, None, job=None, name="jupyter", spool=None)  # held by this process
+    shared = directory.take("GPU-fake-1", 1, 20480, job=12, name="train", spool="/elsewhere/.gpuq")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # in the holder's tree
+    try:
+        Gpus(gq, gpus_doc({0: [(child.pid, 30720), (4242, 9300)]}))  # 4242: no such process, no lease
+        text = gq.gpuq("gpus").stdout
+        listed = json.loads(gq.gpuq("gpus", "--json").stdout)
+    finally:
+        child.kill()
+        child.wait()
+        notebook.release()
+        shared.release()
+    lines = text.splitlines()
+    assert lines[1] == "  GPU 0  Fake H100  39.1/79.6 GiB  other: pid 4242 (not visible here) 9.1 GiB", text
+    since = hhmm(notebook.lease.since)
+    holder = f"your `jupyter` (gpuq lease, pid {os.getpid()})"
+    assert lines[2] == f"    leased whole by {holder} since {since} (pid {child.pid} 30.0 GiB)"
+    assert lines[3] == "  GPU 1  Fake H100  0.0/79.6 GiB"
+    assert lines[4] == f"    20.0 GiB leased by your job #12 (train) since {hhmm(shared.lease.since)}"
+    assert len(lines) == 5
+    first, second = listed
+    assert [(p["pid"], p["lease"]) for p in first["foreign"]] == [(child.pid, notebook.lease.file), (4242, None)]
+    assert first["foreign_mib"] == 30720 + 9300  # others' memory, leased or not, as the queue's ETA counts it
+    (lease,) = first["leases"]
+    assert lease["whole"] and lease["mem_mib"] is None and lease["job"] is None and lease["name"] == "jupyter"
+    assert (lease["pid"], lease["uid"], lease["file"]) == (os.getpid(), os.geteuid(), notebook.lease.file)
+    assert [(x["mem_mib"], x["job"], x["spool"]) for x in second["leases"]] == [(20480, 12, "/elsewhere/.gpuq")]
+    assert first["lease_problems"] == second["lease_problems"] == []
+
+
+# A lease of another tool that follows lease_layout.md, by another user: written and locked by hand.
+FOREIGN_LEASE = """import fcntl, json, os, pwd, sys, time
+directory, uuid = sys.argv[1], sys.argv[2]
+uid, pid = os.geteuid(), os.getpid()
+tmp, final = f"{directory}/.tmp.{uid}.{pid}.1", f"{directory}/{uuid}.{uid}.{pid}.1.lease"
+fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+lease = {"lease_version": 1, "gpu_uuid": uuid, "gpu_index": 0, "mem_mib": None, "user": pwd.getpwuid(uid).pw_name,
+         "uid": uid, "pid": pid, "pid_start": 0, "job": 7, "name": "secret-project", "spool": "/home/x/.gpuq",
+         "since": time.time(), "host": os.uname().nodename}
+os.write(fd, (json.dumps(lease) + "\\n").encode())
+os.rename(tmp, final)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def as_nobody(*args: str) -> subprocess.Popen:
+    """A Python process of user nobody (the interpreter must be one nobody may run)."""
+    nobody = pwd.getpwnam("nobody")
+    for python in (sys.executable, "/usr/bin/python3"):
+        try:
+            subprocess.run([python, "-c", "pass"], user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], check=True)
+        except (OSError, subprocess.CalledProcessError):  # not theirs to run (a venv under /root)
+            continue
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+        return subprocess.Popen([python, *args], user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], **pipes)
+    pytest.skip("no Python interpreter that user nobody may run")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can start a process of another user")
+def test_another_users_lease_names_their_job_but_not_its_name(gq: Env, leases: Path) -> None:
+    LeaseDir.open(str(leases))  # made with mode 1777, as the first gpuq to need it does
+    Gpus(gq, gpus_doc({}))
+    other = as_nobody("-c", FOREIGN_LEASE, str(leases), "GPU-fake-0")
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "ready\n"
+        text = gq.gpuq("gpus").stdout
+        (lease,) = json.loads(gq.gpuq("gpus", "--json").stdout)[0]["leases"]
+    finally:
+        other.kill()
+        other.wait()
+    assert text.splitlines()[2].startswith("    leased whole by nobody's job #7 since "), text
+    assert "secret-project" not in text
+    assert (lease["user"], lease["job"], lease["name"], lease["who"]) == ("nobody", 7, None, "nobody's job #7")
+    after = json.loads(gq.gpuq("gpus", "--json").stdout)[0]["leases"]
+    assert after == []  # its holder is gone: the lease went with it
+
+
+@pytest.mark.parametrize("broken", ["not sticky", "a symbolic link"])
+def test_a_lease_directory_that_cannot_be_trusted_is_one_line(gq: Env, leases: Path, broken: str) -> None:
+    Gpus(gq, gpus_doc({}))
+    if broken == "not sticky":
+        leases.mkdir(mode=0o777)
+        os.chmod(leases, 0o777)
+    else:
+        target = leases.parent / "elsewhere"
+        target.mkdir()
+        os.chmod(target, 0o1777)
+        leases.symlink_to(target)
+    for command in (("gpus",), ("status",)):
+        proc = gq.gpuq(*command)
+        said = [line for line in proc.stdout.splitlines() if broken in line]
+        assert len(said) == 1 and said[0].startswith(f"  lease directory {leases} is {broken}"), proc.stdout
+        assert "leases are off" in said[0] and proc.stderr == ""
+    (gpu, _) = json.loads(gq.gpuq("gpus", "--json").stdout)
+    assert gpu["leases"] == [] and len(gpu["lease_problems"]) == 1
+
+
+def test_a_lease_file_that_is_not_one_is_named_and_skipped(gq: Env, leases: Path) -> None:
+    directory = LeaseDir.open(str(leases))
+    Gpus(gq, gpus_doc({}))
+    bad = leases / "GPU-fake-0.0.1.1.lease"
+    bad.write_text("{not json")
+    held = directory.take("GPU-fake-0", 0, 1024, job=None, name="probe", spool=None)
+    with open(bad) as locked:  # held: a file nobody holds is stale, and skipped without a word
+        fcntl.flock(locked, fcntl.LOCK_EX)
+        try:
+            lines = gq.gpuq("gpus").stdout.splitlines()
+        finally:
+            held.release()
+    assert lines[2].startswith("    1.0 GiB leased by your `probe`")
+    assert lines[-1] == f"  lease file {leases}/GPU-fake-0.0.1.1.lease is not JSON: ignored"
+
+
+def test_looking_creates_no_lease_directory(gq: Env, leases: Path) -> None:
+    """Whoever creates it owns it, and other users' gpuq refuse a directory a user owns: only a
+    gpuq that takes a lease creates it, never one that only looks."""
+    Gpus(gq, gpus_doc({}))
+    listed = json.loads(gq.gpuq("gpus", "--json").stdout)
+    assert "GPUs (fake" in gq.gpuq("status").stdout
+    assert not leases.exists() and [gpu["leases"] for gpu in listed] == [[], []]
+
+
+def test_status_shows_the_leases_its_worker_saw(gq: Env, leases: Path) -> None:
+    directory = LeaseDir.open(str(leases))
+    Gpus(gq, gpus_doc({}))
+    held = directory.take("GPU-fake-1", 1, None, job=None, name="notebook", spool=None)
+    try:
+        worker = gq.start_worker("--watch")  # it looks at the GPUs when it starts, leases with them
+        view = gq.home / "workers" / f"gpus-{worker.pid}.json"
+        shown = json.loads(wait_for(lambda: view.exists() and view.read_text(), 10, what="the worker's view"))
+        assert [len(gpu["leases"]) for gpu in shown["gpus"]] == [0, 1]
+        text = gq.gpuq("status").stdout
+    finally:
+        held.release()
+    assert f"    leased whole by your `notebook` (gpuq lease, pid {os.getpid()}) since " in text, text
+
+
+def test_lines_leave_out_this_spools_own_jobs_and_most_problems() -> None:
+    """The leases of this spool's jobs are the `jobs #N` already shown; others' are not."""
+    lease = {"who": "your job #3 (a)", "whole": True, "since": None, "spool": "/me/.gpuq", "job": 3, "file": "f"}
+    gpu = {"index": 0, "name": "G", "memory_used_mib": 0, "memory_total_mib": 1024, "jobs": [3], "foreign": []}
+    others = [dict(lease, spool="/you/.gpuq", who="your job #3 (b)")]
+    view = {"at": 0, "source": "fake", "gpus": [dict(gpu, leases=[lease, *others])], "lease_problems": list("abcde")}
+    lines = render.gpu_lines(view, now=0, home="/me/.gpuq")
+    assert lines[1:] == [
+        "  GPU 0  G  0.0/1.0 GiB  jobs #3",
+        f"    leased whole by your job #3 (b) since {hhmm(0)}",
+        "  a",
+        "  b",
+        "  c",
+        "  and 2 more lease problems (`gpuq gpus --json`)",
+    ]
+
+
+def test_the_queues_eta_counts_other_parties_leases_as_held() -> None:
+    """A job a lease holds back does not `start ~0s`: others' leases hold their memory in the plan."""
+    from gpuq.engine.tracking.queue_eta import outside_memory
+
+    def lease(spool: str, whole: bool, mem: Any = None) -> dict[str, Any]:
+        return {"file": f"{spool}.lease", "spool": spool, "whole": whole, "mem_mib": mem}
+
+    using = [{"pid": 7, "used_memory_mib": 3000, "lease": "/bob.lease"}, {"pid": 8, "used_memory_mib": 500}]
+    gpus = [
+        {"index": 0, "memory_total_mib": 81559, "foreign_mib": 3500, "foreign": using, "leases": [lease("/bob", True)]},
+        {
+            "index": 1,
+            "memory_total_mib": 81559,
+            "foreign_mib": 3500,
+            "foreign": using,
+            "leases": [lease("/bob", False, 20480)],
+        },
+        {"index": 2, "memory_total_mib": 81559, "foreign_mib": 0, "foreign": [], "leases": [lease("/me", True)]},
+    ]
+    assert outside_memory(gpus, "/me") == {"0": (81559, 81559), "1": (3500 + 20480 - 3000, 81559), "2": (0, 81559)}
