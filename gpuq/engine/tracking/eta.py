@@ -19,7 +19,7 @@ progress/NNNNNN.samples.json through the Spool. The queue's ETA is in queue_eta.
 from __future__ import annotations
 
 import os
-from collections import namedtuple
+from operator import itemgetter
 
 from gpuq.core.states import DONE
 from gpuq.core.times import duration, parse_iso
@@ -66,13 +66,29 @@ class Estimate:
         return self.reading.fraction if self.reading else None
 
 
-class Attempt(namedtuple("Attempt", "started start_step tail tail_runs", defaults=(0.0, None, 0))):
+class Attempt(tuple):
     """What the ETA knows about the current attempt beyond its samples: `started` (epoch seconds),
     `start_step` (the step it resumed from; None: resumed from an unknown step), `tail` (seconds
     earlier runs took after their last step, or None), `tail_runs` (how many runs `tail` is from).
-    collections.namedtuple: dataclasses and typing's NamedTuple cost `gpuq status` its start-up."""
+    A named tuple written out: dataclasses, typing's NamedTuple and collections.namedtuple each
+    cost `gpuq status` its start-up (bench/PROFILE.md, section 6)."""
 
     __slots__ = ()
+    started = property(itemgetter(0))
+    start_step = property(itemgetter(1))
+    tail = property(itemgetter(2))
+    tail_runs = property(itemgetter(3))
+
+    def __new__(
+        cls, started: float, start_step: Optional[float] = 0.0, tail: Optional[float] = None, tail_runs: int = 0
+    ) -> Attempt:
+        return tuple.__new__(cls, (started, start_step, tail, tail_runs))
+
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return f"Attempt(started={self[0]!r}, start_step={self[1]!r}, tail={self[2]!r}, tail_runs={self[3]!r})"
 
 
 # ---- one running job ----------------------------------------------------------------------------
