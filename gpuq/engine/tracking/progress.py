@@ -88,6 +88,27 @@ class Reading:
     def _fields(self) -> tuple:
         return tuple(getattr(self, name) for name in self.__slots__)
 
+    def fields(self) -> list[Any]:
+        """The reading as a JSON list (what `Reading.of` reads back)."""
+        return list(self._fields())
+
+    @classmethod
+    def of(cls, fields: Any) -> Optional[Reading]:
+        """The reading `fields()` gave, or None for anything else (gpuq's samples file, read back)."""
+        if not isinstance(fields, list) or len(fields) != len(cls.__slots__):
+            return None
+        step, total, source, kind, at, rate, rate_note, finished, counter = fields
+        numbers = (
+            _is_number(step),
+            total is None or _is_number(total),
+            _is_number(at),
+            rate is None or _is_number(rate),
+        )
+        texts = all(isinstance(x, str) for x in (source, kind, rate_note, counter))
+        if not (all(numbers) and texts and isinstance(finished, bool)):
+            return None
+        return cls(*fields)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Reading) and self._fields() == other._fields()
 
