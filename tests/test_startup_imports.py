@@ -174,6 +174,25 @@ def test_a_running_jobs_log_unchanged_since_the_last_look_needs_no_patterns(gq: 
     (gq.work / "go").write_text("")
 
 
+def test_a_waiting_job_needs_no_finished_rows_while_done_is_unchanged(gq: Any) -> None:
+    """The start of a waiting job is estimated from its command's earlier run times; while done/
+    is settled and unchanged they come from cache/queue-runs, and `status` imports neither the
+    finished rows' cache nor what it needs (array, collections)."""
+    import os
+    import time
+
+    gq.add("true")
+    gq.gpuq("run")  # one finished job, then it returns
+    gq.add("true")  # and the same command waiting (no worker)
+    then = time.time() - 60
+    os.utime(gq.home / "done", (then, then))  # done/ settled
+    gq.gpuq("status")  # the run times taken from the rows, and cached
+    modules = imported_by(gq, "status")
+    assert "gpuq.engine.tracking.queue_eta" in modules  # the probe did estimate the waiting job
+    deny = DENIED + ("gpuq.spool.cache.finished", "array", "collections", "re", "json", "enum")
+    assert not denied(modules, deny), denied(modules, deny)
+
+
 def test_the_probe_sees_the_eta_machinery_when_a_job_waits(gq: Any) -> None:
     """The idle check can fail: with a pending job, `status` estimates when it starts."""
     gq.add("true")

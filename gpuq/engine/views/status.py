@@ -159,7 +159,7 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     if any(r.state in (RUNNING, PENDING, SLURM) for r in rows):  # else there is nothing to estimate
         from gpuq.engine.tracking import queue_eta
 
-        queue_eta.annotate(spool, rows, workers, time.time(), shown)  # progress and ETA, and when pending ones start
+        queue_eta.annotate(spool, rows, workers, time.time(), shown, done)  # progress, ETA, when pending ones start
     warned = warned_slurm + disk_warnings(spool, snap.running)
     out = Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned, view)
     out.hidden_failed, out.rejected = hidden_failed, unseen_rejected(spool)
