@@ -7,14 +7,13 @@ runs of the same command in the same directory (the finished rows hold their run
 from __future__ import annotations
 
 import marshal
-import os
 from itertools import compress, count
 
 from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
 from gpuq.core.times import duration, parse_iso
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.tracking import eta
-from gpuq.engine.views import finished_index
+from gpuq.engine.views import finished_index, kept_jobs
 from gpuq.spool import Spool
 from gpuq.spool.cache import runs as past_runs
 
@@ -63,7 +62,7 @@ def _settled_runs(spool: Spool, listing: Any, settled: tuple[int, int]) -> dict[
     `settled`: from cache/queue-runs when it was made for that listing by this code, else from the
     rows (and cached). Finished files are never edited in place, so while done/ keeps its inode and
     mtime so do the rows made from its files."""
-    stamp = (_RUNS_FORMAT, marshal.version, tuple(settled), _code_stamp())
+    stamp = (_RUNS_FORMAT, marshal.version, tuple(settled), kept_jobs.code_stamp(*ROW_CODE))
     data = spool.cache.read(RUNS_CACHE)
     try:
         cached = marshal.loads(data) if data else None
@@ -77,10 +76,11 @@ def _settled_runs(spool: Spool, listing: Any, settled: tuple[int, int]) -> dict[
         newest = every.setdefault(key, [])
         if len(newest) < RUNS:
             newest.append(run)
-    try:
-        spool.cache.write(RUNS_CACHE, marshal.dumps((stamp, every)))
-    except OSError:
-        pass  # a read-only or full spool: the rows are read every time
+    if kept_jobs.room_for_caches(spool):
+        try:
+            spool.cache.write(RUNS_CACHE, marshal.dumps((stamp, every)))
+        except OSError:
+            pass  # a read-only or full spool: the rows are read every time
     return every
 
 
@@ -90,24 +90,9 @@ def _is_runs(value: Any) -> bool:
     )
 
 
-# The code the rows' keys and run times are made by, as spool/cache/finished.py's header names it
-# (journal.py and runs.py of spool/cache/, core's shown, schema and times): a new gpuq learns again.
-_ROW_CODE = (("cache", "journal"), ("cache", "runs"), ("core", "shown"), ("core", "schema"), ("core", "times"))
-
-
-def _code_stamp() -> tuple:
-    """The (mtime, size) of each file of _ROW_CODE, (0, 0) for one that is not there."""
-    top = os.path.dirname(os.path.dirname(os.path.dirname(past_runs.__file__)))  # the gpuq package
-    out = []
-    for where, module in _ROW_CODE:
-        folder = os.path.join(top, "spool", "cache") if where == "cache" else os.path.join(top, "core")
-        try:
-            st = os.stat(os.path.join(folder, f"{module}.py"))
-        except OSError:
-            out.append((0, 0))
-        else:
-            out.append((st.st_mtime_ns, st.st_size))
-    return tuple(out)
+# The code the rows' keys and run times are made by, as spool/cache/finished.py's header names it:
+# a new gpuq learns them again.
+ROW_CODE = ("spool/cache/journal", "spool/cache/runs", "core/shown", "core/schema", "core/times")
 
 
 def _row_runs(view: Any, keys: Optional[set[str]]) -> Iterator[tuple[str, float]]:
