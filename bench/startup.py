@@ -18,7 +18,8 @@ the job's first instruction (bench/scenarios.py's dispatch, the venvs taking tur
 
 `--researcher 2000,10000` times, instead, `status`, `status --json`, `add`, `eta` and `history` of
 each venv in issue 27's researcher's spool (bench/researcher.py: a git repository, two simulated GPUs
-running, 20 pending) at each number of finished jobs; its worker and live jobs are the first venv's.
+running, 20 pending) at each number of finished jobs; each venv has a spool of its own, with its own
+worker and live jobs (in a shared one each gpuq would rebuild what the other cached).
 """
 
 from __future__ import annotations
@@ -127,32 +128,24 @@ RESEARCHER_COMMANDS = {
 
 
 def researcher_side_by_side(labels: list[str], venvs: list[Path], sizes: list[int], rounds: int) -> int:
-    """Each venv's commands in one researcher's spool, grown through `sizes`, in rotating turns."""
+    """Each venv's commands in a researcher's spool of its own, grown through `sizes`, in rotating
+    turns. Not one spool for all: what one gpuq caches there (the finished rows, tagged with the
+    stat of the code that made them; a running job's samples) another rebuilds, so every sample of
+    each would pay for rebuilding the other's."""
     import researcher
 
-    systems.VENV["path"] = venvs[0]  # the worker, the running and the pending jobs: the first venv's
+    queues: list[tuple[Gpuq, Callable[[int], None]]] = []
     with tempfile.TemporaryDirectory(prefix="gpuq-researcher-") as tmp:
-        gpuq, grow = researcher.build(Path(tmp), 300, sizes, 20)
-        env, work = gpuq.env, gpuq.work
-        add_words = list(next(iter(researcher.SINGLES)))
-
-        def add_and_forget(venv: Path) -> tuple[float, float, str]:
-            wall, cpu, out = timed([str(venv / "bin" / "gpuq"), "add", "-q", *add_words], env, work)
-            ref = gpuq.spool.jobs.find(int(out.strip()), ("pending",))
-            if ref is not None:
-                gpuq.spool.jobs.remove(ref)
-            return wall, cpu, out
-
-        tasks: list[tuple[str, Callable[[], tuple[float, float, str]]]] = []
-        for label, venv in zip(labels, venvs):
-            py, cli = str(venv / "bin" / "python"), str(venv / "bin" / "gpuq")
-            tasks.append((f"{label} python -c pass", lambda py=py: timed([py, "-c", "pass"], env, work)))
-            for what, argv in RESEARCHER_COMMANDS.items():
-                tasks.append((f"{label} {what}", lambda cli=cli, argv=argv: timed([cli, *argv], env, work)))
-            tasks.append((f"{label} gpuq add", lambda venv=venv: add_and_forget(venv)))
         try:
+            for label, venv in zip(labels, venvs):
+                systems.VENV["path"] = venv  # the worker, the running and the pending jobs: this venv's
+                queues.append(researcher.build(Path(tmp) / label.replace(":", "-"), 300, sizes, 20))
+            tasks = [
+                task for label, venv, (gpuq, _grow) in zip(labels, venvs, queues) for task in _tasks(label, venv, gpuq)
+            ]
             for size in sizes:
-                grow(size)
+                for _gpuq, grow in queues:
+                    grow(size)
                 for _label, task in tasks:  # warm the page cache and the bytecode once
                     task()
                 samples: dict[str, tuple[list[float], list[float]]] = {label: ([], []) for label, _ in tasks}
@@ -164,8 +157,32 @@ def researcher_side_by_side(labels: list[str], venvs: list[Path], sizes: list[in
                 print(f"researcher's spool, {size} finished jobs, {rounds} rounds, load {os.getloadavg()[0]:.2f}")
                 print_table(labels, venvs, samples, ("python -c pass", *RESEARCHER_COMMANDS, "gpuq add"))
         finally:
-            gpuq.stop()
+            for gpuq, _grow in queues:
+                gpuq.stop()
     return 0
+
+
+def _tasks(label: str, venv: Path, gpuq: Gpuq) -> list[tuple[str, Callable[[], tuple[float, float, str]]]]:
+    """One venv's timed commands in its own researcher's spool."""
+    import researcher
+
+    env, work = gpuq.env, gpuq.work
+    add_words = list(next(iter(researcher.SINGLES)))
+
+    def add_and_forget() -> tuple[float, float, str]:
+        wall, cpu, out = timed([str(venv / "bin" / "gpuq"), "add", "-q", *add_words], env, work)
+        ref = gpuq.spool.jobs.find(int(out.strip()), ("pending",))
+        if ref is not None:
+            gpuq.spool.jobs.remove(ref)
+        return wall, cpu, out
+
+    py, cli = str(venv / "bin" / "python"), str(venv / "bin" / "gpuq")
+    tasks: list[tuple[str, Callable[[], tuple[float, float, str]]]] = []
+    tasks.append((f"{label} python -c pass", lambda: timed([py, "-c", "pass"], env, work)))
+    for what, argv in RESEARCHER_COMMANDS.items():
+        tasks.append((f"{label} {what}", lambda argv=argv: timed([cli, *argv], env, work)))
+    tasks.append((f"{label} gpuq add", add_and_forget))
+    return tasks
 
 
 def print_table(labels: list[str], venvs: list[Path], samples: dict, commands: tuple[str, ...]) -> None:

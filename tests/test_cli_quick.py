@@ -1,4 +1,4 @@
-"""cli/quick.py reads plain `status` and `add` command lines without argparse: whatever it reads, it
+"""cli/quick.py reads plain `status`, `add` and `eta` command lines without argparse: whatever it reads, it
 must read exactly as parser.py does, and whatever it cannot, it must leave to parser.py (None)."""
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ SAME = [
     ["add", "--name", "last", "--name", "wins", "--after", "3", "--after", "3", "true"],
     ["add", "--urgent=force", "true"],
     ["add", "--urgent=force", "--urgent", "true"],
+    ["eta"],
+    ["eta", "12"],
 ]
 
 LEFT_TO_ARGPARSE = [
@@ -81,6 +83,12 @@ LEFT_TO_ARGPARSE = [
     ["add", "-dx", "true"],
     ["cancel", "3"],
     ["--version"],
+    ["eta", "0"],
+    ["eta", "x"],
+    ["eta", "-1"],
+    ["eta", "-h"],
+    ["eta", "--", "3"],
+    ["eta", "3", "4"],
 ]
 
 
@@ -109,6 +117,8 @@ def test_every_add_and_status_option_is_known() -> None:
     status_options = {s for a in status._actions for s in a.option_strings} - {"-h", "--help"}
     assert status_options == set(quick.STATUS_FLAGS) | set(quick.STATUS_VALUES)
     assert {a.dest for a in add._actions} - {"help", "script", "args"} == set(quick.ADD_DEFAULTS)
+    eta = _commands(build_parser())["eta"]
+    assert {a.dest for a in eta._actions} - {"help"} == {quick.ETA_ID.dest}
 
 
 def test_the_whole_add_line_is_read() -> None:

@@ -122,6 +122,37 @@ def test_while_jobs_keep_finishing_the_cached_rows_and_the_newer_files_serve(gq:
     assert os.stat(gq.home / "cache" / "finished-view").st_mtime_ns == cached  # no lstat of every file, no rewrite
 
 
+def settle(directory: Path, ago: float) -> None:
+    """The directory's last change put `ago` seconds back: its listing is trusted (settled) at once."""
+    import time
+
+    then = time.time() - ago
+    os.utime(directory, (then, then))
+
+
+def test_while_done_is_settled_the_run_times_come_from_a_small_cache(gq: Env) -> None:
+    """cache/queue-runs holds each command's newest run times for one listing of done/: while
+    done/ is unchanged, the queue's ETA reads no rows (the finished-view is neither read nor made
+    again); a job finished since, or a damaged cache, makes them again from the rows."""
+    spool = Spool(gq.home).ensure()
+    for n in range(1, 8):
+        publish(spool, DONE, [attempt(n, 600 + n, DONE)], cmd=["python3", "train.py"])
+    settle(gq.home / DONE, 100)
+    key = eta.command_key(spool.jobs.load(next(spool.jobs.refs((DONE,)))))
+    expected = run_times(gq, DONE)[-queue_eta.RUNS :]
+    assert queue_eta.past_durations(spool, {key}) == {key: expected}  # from the rows, and cached
+    view = gq.home / "cache" / "finished-view"
+    view.unlink()
+    assert queue_eta.past_durations(spool, {key, "another command"}) == {key: expected}
+    assert not view.exists()  # no row was read or made
+    (gq.home / "cache" / queue_eta.RUNS_CACHE).write_bytes(b"\0damaged")
+    assert queue_eta.past_durations(spool, {key}) == {key: expected}  # made again from the rows
+    assert view.exists()
+    publish(spool, DONE, [attempt(20, 42, DONE)], cmd=["python3", "train.py"])  # a job finishes
+    settle(gq.home / DONE, 50)
+    assert queue_eta.past_durations(spool, {key}) == {key: (expected + [42.0])[-queue_eta.RUNS :]}
+
+
 def test_history_figures_equal_what_the_job_files_say(gq: Env) -> None:
     gq.script("ok.py", "print('ok')\n")
     gq.add("ok.py")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -222,6 +224,48 @@ def test_the_tail_is_learned_from_earlier_runs_of_the_same_command_here(tmp_path
     job["started_at"] = iso_of(now)  # a retry: its first look learns again
     retry = eta.record(spool, job, reading(10, total=50, at=now + 1), [])[1]
     assert (retry.tail, retry.tail_runs) == (pytest.approx(0.8, abs=0.01), 4)
+
+
+def test_the_reading_of_a_log_is_kept_until_the_log_changes(tmp_path: Path) -> None:
+    """A look at a log not written to since the last one takes the reading kept in the samples
+    (parsing nothing, importing no `re`: bench/PROFILE.md, section 6); a line written since, a damaged
+    memo or another --num_train_epochs make it read the log again."""
+    spool = Spool(tmp_path / "spool").ensure()
+    log, now = tmp_path / "train.log", time.time()
+    log.write_text("Step 3/10\n")
+    job = schema.new_job(job_id=4, name="train", cmd=["python", "train.py"], cwd=str(tmp_path), log=str(log))
+    job.update(state="running", started_at=iso_of(now - 60), adopted=True)
+    first = eta.running_estimate(spool, job, now)
+    assert first.reading is not None and first.reading.step == 3
+    eta.running_estimate(spool, job, now)  # the counter it saw running is kept: read once more with it
+    kept = spool.reports.read_samples(4)["log"]
+    assert kept["reading"] == first.reading.fields() and kept["of"][:3] == spool.logs.signature(job)
+
+    probe = (
+        "import sys, time\n"
+        "from gpuq.core.job import Job\n"
+        "from gpuq.engine.tracking import eta\n"
+        "from gpuq.spool import Spool\n"
+        "job = Job(eval(sys.argv[2]))\n"
+        "got = eta.running_estimate(Spool(sys.argv[1]), job, time.time()).reading\n"
+        "print(got.step, 're' in sys.modules)\n"
+    )
+
+    def look(at: Job) -> str:
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        argv = [sys.executable, "-S", "-c", probe, str(tmp_path / "spool"), repr(dict(at))]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+
+    assert look(job) == ["3.0", "False"]  # unchanged: the kept reading, no pattern compiled
+    with open(log, "a") as out:
+        out.write("Step 4/10\n")
+    assert look(job) == ["4.0", "True"]  # written to since: read again
+    assert look(job) == ["4.0", "False"]
+    samples = spool.reports.read_samples(4)
+    samples["log"]["reading"] = ["not", "a reading"]
+    spool.reports.write_samples(4, samples)
+    assert look(job) == ["4.0", "True"]  # a damaged memo is no reading: the log is read
+    assert look(Job(job, cmd=["python", "train.py", "--num_train_epochs", "3"])) == ["4.0", "True"]
 
 
 # ---- a real worker ---------------------------------------------------------------------------------

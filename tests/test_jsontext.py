@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuq.core import jsontext, schema
+from gpuq.core import jsontext, lazyre, schema
 from gpuq.spool.layout import is_job_name, job_names
 
 SCALARS = (
@@ -45,10 +45,10 @@ def outcome(parse: Any, text: Any, **hooks: Any) -> tuple:
 
 
 @settings(max_examples=150, deadline=None)
-@given(VALUES, st.sampled_from([None, 0, 2, 4]), st.booleans())
-def test_dumps_writes_what_json_writes(value: Any, indent: Any, ensure_ascii: bool) -> None:
-    assert jsontext.dumps(value, indent=indent, ensure_ascii=ensure_ascii) == json.dumps(
-        value, indent=indent, ensure_ascii=ensure_ascii
+@given(VALUES, st.sampled_from([None, 0, 2, 4]), st.booleans(), st.sampled_from([None, (",", ":"), (" ,", " = ")]))
+def test_dumps_writes_what_json_writes(value: Any, indent: Any, ensure_ascii: bool, separators: Any) -> None:
+    assert jsontext.dumps(value, indent=indent, ensure_ascii=ensure_ascii, separators=separators) == json.dumps(
+        value, indent=indent, ensure_ascii=ensure_ascii, separators=separators
     )
 
 
@@ -141,6 +141,12 @@ def test_job_names_falls_back_for_one_odd_name() -> None:
     for odd in (*odds, ".t", "1.json-1.json", "000001-é.json"):
         assert job_names([*valid, odd]) == valid + ([odd] if JOB_NAME_RE.match(odd) else [])
     assert job_names(valid) == valid and job_names([]) == []
+
+
+def test_lazy_patterns_take_re_flags_without_importing_re() -> None:
+    """core/lazyre.py spells re.IGNORECASE itself (the progress parser's patterns use it)."""
+    assert lazyre.IGNORECASE == re.IGNORECASE
+    assert lazyre.lazy(r"steps? (\d+)", lazyre.IGNORECASE).search("STEP 3").group(1) == "3"
 
 
 SLUG_RE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -124,6 +124,7 @@ def denied(modules: set[str], deny: tuple[str, ...] = DENIED) -> list[str]:
         ("status",),
         ("status", "-a"),
         ("status", "--json"),
+        ("eta",),
     ],
 )
 def test_status_and_add_stay_light(gq: Any, command: tuple[str, ...]) -> None:
@@ -151,6 +152,47 @@ def test_no_eta_or_gpu_modules_for_an_idle_queue(gq: Any, command: tuple[str, ..
         deny = tuple(d for d in deny if d not in ("collections", "functools", "array", "types"))
     assert "gpuq.engine.schedule.gpuview" in modules or command[0] == "add"  # the probe got as far as the GPUs
     assert not denied(modules, deny), f"`gpuq {' '.join(command)}` imports {denied(modules, deny)}"
+
+
+def test_a_running_jobs_log_unchanged_since_the_last_look_needs_no_patterns(gq: Any) -> None:
+    """The progress path of a running job imports no `re`, `json` or `collections` (about 9 ms,
+    bench/PROFILE.md section 6): the ETA keeps its reading of a log in the job's samples, and the
+    log is parsed again only once it changed."""
+    from conftest import WAIT_FOR_GO, wait_for
+
+    gq.script("steps.py", "print('Step 3/10', flush=True)\n" + WAIT_FOR_GO)
+    job_id = gq.add("steps.py")
+    gq.start_worker()
+    wait_for(lambda: "Step 3/10" in gq.log(job_id), 15, what="the job's first step")
+    assert "re" in imported_by(gq, "status")  # a log not read before is parsed
+    # and once more with the counter that look saw running (eta.log_reading), or where the worker's
+    # own look at the job, at its start, wrote the samples over that look's
+    wait_for(lambda: "re" not in imported_by(gq, "status"), 15, what="the log's reading kept")
+    deny = DENIED + ("re", "enum", "json", "collections", "functools")
+    for command in (("status",), ("status", "--json"), ("eta",)):
+        modules = imported_by(gq, *command)
+        assert "gpuq.engine.tracking.eta" in modules  # the probe did estimate the running job
+        assert not denied(modules, deny), f"`gpuq {' '.join(command)}` imports {denied(modules, deny)}"
+    (gq.work / "go").write_text("")
+
+
+def test_a_waiting_job_needs_no_finished_rows_while_done_is_unchanged(gq: Any) -> None:
+    """The start of a waiting job is estimated from its command's earlier run times; while done/
+    is settled and unchanged they come from cache/queue-runs, and `status` imports neither the
+    finished rows' cache nor what it needs (array, collections)."""
+    import os
+    import time
+
+    gq.add("true")
+    gq.gpuq("run")  # one finished job, then it returns
+    gq.add("true")  # and the same command waiting (no worker)
+    then = time.time() - 60
+    os.utime(gq.home / "done", (then, then))  # done/ settled
+    gq.gpuq("status")  # the run times taken from the rows, and cached
+    modules = imported_by(gq, "status")
+    assert "gpuq.engine.tracking.queue_eta" in modules  # the probe did estimate the waiting job
+    deny = DENIED + ("gpuq.spool.cache.finished", "array", "collections", "re", "json", "enum")
+    assert not denied(modules, deny), denied(modules, deny)
 
 
 def test_the_probe_sees_the_eta_machinery_when_a_job_waits(gq: Any) -> None:

@@ -354,3 +354,23 @@ def test_finished_cells_read_no_field_beyond_finished_fields(gq: Env) -> None:
     for job in _varied(spool, gq.work):
         row_of(Watched(job), 0.0, "done")
     assert Watched.seen and Watched.seen <= set(READS + RUNS_READS), Watched.seen - set(READS + RUNS_READS)
+
+
+def test_status_keeps_the_job_files_it_read_while_they_do_not_change(gq: Env) -> None:
+    """engine/views/kept_jobs.py: a job file that keeps its name, inode, mtime and size is not read
+    again by the next `status`; one that changed, the way gpuq changes them or any other, is."""
+    first, second = gq.add("--name", "first", "true"), gq.add("--name", "second", "true")
+    names = lambda: {r["id"]: r["name"] for r in gq.status_json()}  # noqa: E731
+    assert names() == {first: "first", second: "second"}
+    assert (gq.home / "cache" / "status-jobs").is_file()
+    gq.gpuq("edit", str(second), "--set", "name=renamed")  # a new file in its place
+    assert names() == {first: "first", second: "renamed"}
+    path = gq.home / "pending" / gq.files("pending")[0]
+    st = os.stat(path)
+    path.write_bytes(b"\0" * st.st_size)  # unreadable, its signature kept: the job kept is shown
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert names() == {first: "first", second: "renamed"}
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))  # a file changed: read, found broken
+    assert names() == {second: "renamed"}
+    os.chmod(gq.home / "pending" / gq.files("pending")[1], 0o660)  # a read refuses it now
+    assert names() == {}

@@ -1,11 +1,11 @@
 """Every command of the `gpuq` command line, in the order `gpuq --help` lists them: the table that
-parser.py builds argparse's parser from (the vocabulary, and the two commands quick.py reads too,
-are in options.py).
+parser.py builds argparse's parser from (the vocabulary, and the commands quick.py reads too, are
+in options.py).
 """
 
 from __future__ import annotations
 
-from gpuq.cli.options import ADD, APPEND, FLAG, HIDDEN, REST, STATUS, Command, Opt, gpu_count, ids
+from gpuq.cli.options import ADD, APPEND, ETA, FLAG, HIDDEN, REST, STATUS, Command, Opt, gpu_count, ids, positive_id
 from gpuq.core import states
 from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, WAITING
 from gpuq.core.sweep import parse_id_ranges
@@ -35,12 +35,6 @@ def state_names(text: str) -> tuple[str, ...]:
     if unknown or not names:
         raise ValueError(f"not a state: {text!r}")
     return names
-
-
-def positive_id(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise ValueError(f"not a job id: {text!r}")
-    return int(text)
 
 
 # ---- `gpuq run`'s settings, read from the text given (kept as text, to forward to a --daemon) ----
@@ -366,13 +360,7 @@ COMMANDS = (
             Opt("--log", metavar="FILE", help="the log file the process writes (for progress and ETA)"),
         ),
     ),
-    Command(
-        "eta",
-        handler="cmd_view:cmd_eta",
-        help="progress and expected end of running jobs, expected start of pending ones",
-        id_states=ACTIVE,
-        options=(Opt("id", convert=positive_id, nargs="?", help="one job (default: every running and pending job)"),),
-    ),
+    ETA,
     Command(
         "history",
         handler="cmd_history:cmd_history",

@@ -1,5 +1,5 @@
-"""The options of the `gpuq` command line as data: what a command and an option are, `add` and
-`status` (the two commands cli/quick.py reads without argparse), and where gpuq's own options end
+"""The options of the `gpuq` command line as data: what a command and an option are, `add`,
+`status` and `eta` (the commands cli/quick.py reads without argparse), and where gpuq's own options end
 on an `add` line. cli/commands.py lists every command, these two included; parser.py builds
 argparse's parser from that list, and quick.py reads with the same entries, so a spelling, a
 default or a converter is written once.
@@ -13,6 +13,8 @@ this module (bench/PROFILE.md, section 1).
 """
 
 from __future__ import annotations
+
+from gpuq.core.states import ACTIVE
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
@@ -131,6 +133,12 @@ def interval(text: str) -> float:
     if not 0.1 <= value <= 3600:
         raise ValueError(f"not a number of seconds from 0.1 to 3600: {text!r}")
     return value
+
+
+def positive_id(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise ValueError(f"not a job id: {text!r}")
+    return int(text)
 
 
 def gpu_count(text: str) -> int:
@@ -297,6 +305,14 @@ STATUS = Command(
         Opt("--watch", kind=FLAG, group="look", help="a live view, redrawn in place until Ctrl-C"),
         Opt("--interval", convert=interval, default=2.0, metavar="S", help="with --watch: redraw every S seconds"),
     ),
+)
+
+ETA = Command(
+    "eta",
+    handler="cmd_view:cmd_eta",
+    help="progress and expected end of running jobs, expected start of pending ones",
+    id_states=ACTIVE,
+    options=(Opt("id", convert=positive_id, nargs="?", help="one job (default: every running and pending job)"),),
 )
 
 # ---- where gpuq's own options end on an `add` line --------------------------------------------

@@ -1,9 +1,9 @@
-"""The two command lines typed all day, `gpuq status` and `gpuq add`, read without argparse.
+"""The command lines typed all day, `gpuq status`, `gpuq add` and `gpuq eta`, read without argparse.
 
 Importing argparse (with gettext and locale) and building even one subparser costs more than
 `gpuq status` spends on its own work (bench/PROFILE.md, section 1). `parse` here reads the plain
-forms of `status` and `add`/`enqueue` into the same namespace parser.py would give, from the same
-table (cli/options.py), and returns None for anything else: help, an unknown or abbreviated option,
+forms of `status`, `add`/`enqueue` and `eta [ID]` into the same namespace parser.py would give, from
+the same table (cli/options.py), and returns None for anything else: help, an unknown or abbreviated option,
 a value that looks like an option, a bad value, a misplaced gpuq option among the job's words.
 parser.py then parses the command line and says what is wrong. tests/test_cli_quick.py checks,
 option by option, that both give the same namespace.
@@ -11,7 +11,7 @@ option by option, that both give the same namespace.
 
 from __future__ import annotations
 
-from gpuq.cli.options import ADD, APPEND, STATUS, Command, misplaced_option
+from gpuq.cli.options import ADD, APPEND, ETA, STATUS, Command, misplaced_option
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
@@ -67,12 +67,15 @@ class Bad(ValueError):
 
 
 def parse(argv: list[str]) -> Optional[Namespace]:
-    """The namespace of a plain `status` or `add` command line, or None: parse it with parser.py."""
+    """The namespace of a plain `status`, `add` or `eta` command line, or None: parse it with
+    parser.py."""
     try:
         if argv and argv[0] in STATUS.names:
             return _status(argv[0], argv[1:])
         if argv and argv[0] in ADD.names:
             return _add(argv[0], argv[1:])
+        if argv and argv[0] in ETA.names:
+            return _eta(argv[0], argv[1:])
     except (ValueError, IndexError):  # Bad, or a converter's ValueError
         return None
     return None
@@ -97,6 +100,17 @@ def _add(command: str, words: list[str]) -> Optional[Namespace]:
     if not separated and misplaced_option(ADD, job[1:]):
         return None  # parser.py notes the misplaced option (or refuses it: options.late_options)
     return Namespace(command=command, **values, script=job[0], args=job[1:], func=ADD.handler)
+
+
+ETA_ID = ETA.options[0]  # its one option: the job id, which may be left out
+
+
+def _eta(command: str, words: list[str]) -> Optional[Namespace]:
+    """`eta`, or `eta ID` (ETA_ID's converter's ValueError for a word that is not one)."""
+    if len(words) > 1 or (words and words[0].startswith("-")):
+        return None  # an option (`-h`), `--`, or more words: argparse's to read or refuse
+    job_id = ETA_ID.convert(words[0]) if words else ETA_ID.default
+    return Namespace(command=command, **{ETA_ID.dest: job_id}, func=ETA.handler)
 
 
 def _clash(groups: list[list[str]], given: set[str]) -> bool:

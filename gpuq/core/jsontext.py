@@ -84,27 +84,39 @@ def loads(
     return value
 
 
-def dumps(value: Any, *, indent: Optional[int] = None, ensure_ascii: bool = True) -> str:
-    """json.dumps(value, indent=indent, ensure_ascii=ensure_ascii)."""
+def dumps(
+    value: Any, *, indent: Optional[int] = None, ensure_ascii: bool = True, separators: Optional[tuple[str, str]] = None
+) -> str:
+    """json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, separators=separators)."""
     quote = _quote_ascii if ensure_ascii else _quote_text
+    item, colon = separators or ((", " if indent is None else ","), ": ")  # json's defaults
     parts: list[str] = []
     try:
         if _make_scanner is None:
             raise _Unusual
-        _encode(value, parts, quote, None if indent is None else "\n", " " * (indent or 0))
+        _encode(value, parts, _Style(quote, item, colon, " " * (indent or 0)), None if indent is None else "\n")
     except (_Unusual, RecursionError):  # a type or key json converts, a cycle json names: its own words
-        return _json().dumps(value, indent=indent, ensure_ascii=ensure_ascii)
+        return _json().dumps(value, indent=indent, ensure_ascii=ensure_ascii, separators=separators)
     return "".join(parts)
+
+
+class _Style:
+    """How values are written: the quoting of strings, the separators, one level's indent."""
+
+    __slots__ = ("quote", "item", "colon", "step")
+
+    def __init__(self, quote: Callable, item: str, colon: str, step: str) -> None:
+        self.quote, self.item, self.colon, self.step = quote, item, colon, step
 
 
 class _Unusual(Exception):
     """A value this encoder leaves to json."""
 
 
-def _encode(value: Any, parts: list[str], quote: Callable, newline: Optional[str], step: str) -> None:
+def _encode(value: Any, parts: list[str], style: _Style, newline: Optional[str]) -> None:
     kind = type(value)
     if kind is str:
-        parts.append(quote(value))
+        parts.append(style.quote(value))
     elif value is None:
         parts.append("null")
     elif value is True:
@@ -116,20 +128,20 @@ def _encode(value: Any, parts: list[str], quote: Callable, newline: Optional[str
     elif kind is float:
         parts.append(_float(value))
     elif isinstance(value, dict):  # a Job (core/job.py) too, as json encodes dict subclasses
-        _encode_dict(value, parts, quote, newline, step)
+        _encode_dict(value, parts, style, newline)
     elif kind is list or kind is tuple:
-        _encode_list(value, parts, quote, newline, step)
+        _encode_list(value, parts, style, newline)
     else:
         raise _Unusual
 
 
-def _encode_dict(value: dict, parts: list[str], quote: Callable, newline: Optional[str], step: str) -> None:
+def _encode_dict(value: dict, parts: list[str], style: _Style, newline: Optional[str]) -> None:
     if not value:
         parts.append("{}")
         return
-    inner = None if newline is None else newline + step
+    inner = None if newline is None else newline + style.step
     parts.append("{" if inner is None else "{" + inner)
-    comma = ", " if inner is None else "," + inner
+    comma = style.item if inner is None else style.item + inner
     first = True
     for key, item in value.items():
         if type(key) is not str:
@@ -137,25 +149,25 @@ def _encode_dict(value: dict, parts: list[str], quote: Callable, newline: Option
         if not first:
             parts.append(comma)
         first = False
-        parts.append(quote(key))
-        parts.append(": ")
-        _encode(item, parts, quote, inner, step)
+        parts.append(style.quote(key))
+        parts.append(style.colon)
+        _encode(item, parts, style, inner)
     parts.append("}" if newline is None else newline + "}")
 
 
-def _encode_list(value: list | tuple, parts: list[str], quote: Callable, newline: Optional[str], step: str) -> None:
+def _encode_list(value: list | tuple, parts: list[str], style: _Style, newline: Optional[str]) -> None:
     if not value:
         parts.append("[]")
         return
-    inner = None if newline is None else newline + step
+    inner = None if newline is None else newline + style.step
     parts.append("[" if inner is None else "[" + inner)
-    comma = ", " if inner is None else "," + inner
+    comma = style.item if inner is None else style.item + inner
     first = True
     for item in value:
         if not first:
             parts.append(comma)
         first = False
-        _encode(item, parts, quote, inner, step)
+        _encode(item, parts, style, inner)
     parts.append("]" if newline is None else newline + "]")
 
 

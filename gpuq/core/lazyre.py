@@ -12,6 +12,10 @@ if TYPE_CHECKING:
     import re
     from typing import Any
 
+# re.IGNORECASE's value, for the flags of a lazy pattern: importing `re` for its name alone would
+# cost the start-up this module exists to spare (tests/test_jsontext.py checks it is re's).
+IGNORECASE = 2
+
 
 class LazyPattern:
     """Stands for `re.compile(pattern, flags)` (its methods and attributes), compiled on first use.

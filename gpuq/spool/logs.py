@@ -15,7 +15,7 @@ from gpuq.spool.layout import Layout
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Optional
 
     from gpuq.system.fsutil import StrPath
 
@@ -68,6 +68,15 @@ class Logs:
     def read_from(self, job: dict[str, Any], offset: int) -> bytes:
         """Up to 1 MiB of the job's log from `offset` on (for `gpuq log -f`)."""
         return read_from(self.path_of(job), offset)
+
+    def signature(self, job: dict[str, Any]) -> Optional[list[int]]:
+        """[inode, size, mtime in ns] of the job's log (None if it has none): a log that still has
+        those has not been written to since (the ETA keeps its reading of the log under them)."""
+        try:
+            st = os.lstat(self.path_of(job))
+        except OSError:
+            return None
+        return [st.st_ino, st.st_size, st.st_mtime_ns]
 
     def size(self, job: dict[str, Any]) -> int:
         try:

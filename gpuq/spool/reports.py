@@ -3,9 +3,9 @@ gpuq's own samples of it over time (progress/NNNNNN.samples.json), read by the E
 
 from __future__ import annotations
 
-import json
 import os
 
+from gpuq.core import jsontext
 from gpuq.spool.files import Files, open_regular, read_small, remove_counting
 from gpuq.spool.layout import Layout
 
@@ -28,7 +28,7 @@ class Reports:
         if fd is None:
             return None
         try:
-            data = json.loads(os.read(fd, 65536))
+            data = jsontext.loads(os.read(fd, 65536))
             mtime = os.fstat(fd).st_mtime
         except (OSError, ValueError):
             return None
@@ -40,7 +40,7 @@ class Reports:
         """The progress samples recorded by earlier looks at a job ({} if none or unreadable)."""
         data = read_small(self.layout.samples_path(job_id))
         try:
-            samples = json.loads(data) if data else {}
+            samples = jsontext.loads(data) if data else {}
         except ValueError:
             return {}
         return samples if isinstance(samples, dict) else {}
@@ -49,7 +49,7 @@ class Reports:
         """Replace a job's samples atomically. Two lookers at once may each drop the other's
         newest sample; that costs a little precision, never a wrong value. Not fsynced: losing
         samples in a power cut only delays the next ETA."""
-        data = json.dumps(samples, separators=(",", ":")).encode()
+        data = jsontext.dumps(samples, separators=(",", ":")).encode()
         self.files.replace(self.layout.samples_path(job_id), data, "samples", durable=False)
 
     def delete(self, job_id: int) -> int:

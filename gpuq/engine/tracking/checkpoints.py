@@ -26,14 +26,14 @@ Nothing here writes anything; it only lists directories the job itself writes.
 from __future__ import annotations
 
 import os
-import re
-from collections import namedtuple
+from operator import itemgetter
 
 from gpuq.core import lazyre
 from gpuq.core.times import parse_iso
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
+    import re
     from pathlib import Path
     from typing import Any, Optional, Sequence
 
@@ -41,17 +41,30 @@ HF_DIR_RE = lazyre.lazy(r"^checkpoint-(\d+)$")
 HF_COMPLETE_MARKER = "trainer_state.json"
 HF_INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # HF 5's JIT save removes it when done
 MTIME_SLACK = 1.0  # seconds: file times are coarser than the ISO start time
-STEP_RE = lazyre.lazy(r"(?:step|checkpoint|iter|iteration|global_step)[=_-]?(\d+)", re.IGNORECASE)
-EPOCH_RE = lazyre.lazy(r"epoch[=_-]?(\d+)", re.IGNORECASE)
+STEP_RE = lazyre.lazy(r"(?:step|checkpoint|iter|iteration|global_step)[=_-]?(\d+)", lazyre.IGNORECASE)
+EPOCH_RE = lazyre.lazy(r"epoch[=_-]?(\d+)", lazyre.IGNORECASE)
 OUTPUT_DIR_FLAGS = ("--output_dir", "--output-dir")
 MAX_STEPS_FLAGS = ("--max_steps", "--max-steps")
 
 
-class Checkpoint(namedtuple("Checkpoint", "path step epoch", defaults=(None,))):
+class Checkpoint(tuple):
     """`path` (str, absolute), `step` (int: the global step when the name tells it, else None),
-    `epoch` (int or None). collections.namedtuple: typing's NamedTuple costs start-up."""
+    `epoch` (int or None). A named tuple written out: collections.namedtuple would import
+    collections on every `gpuq status` with a running job (bench/PROFILE.md, section 6)."""
 
     __slots__ = ()
+    path = property(itemgetter(0))
+    step = property(itemgetter(1))
+    epoch = property(itemgetter(2))
+
+    def __new__(cls, path: str, step: Optional[int], epoch: Optional[int] = None) -> Checkpoint:
+        return tuple.__new__(cls, (path, step, epoch))
+
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(path={self[0]!r}, step={self[1]!r}, epoch={self[2]!r})"
 
 
 def arg_value(cmd: Sequence[str], names: Sequence[str]) -> Optional[str]:

@@ -19,7 +19,7 @@ progress/NNNNNN.samples.json through the Spool. The queue's ETA is in queue_eta.
 from __future__ import annotations
 
 import os
-from collections import namedtuple
+from operator import itemgetter
 
 from gpuq.core.states import DONE
 from gpuq.core.times import duration, parse_iso
@@ -66,33 +66,81 @@ class Estimate:
         return self.reading.fraction if self.reading else None
 
 
-class Attempt(namedtuple("Attempt", "started start_step tail tail_runs", defaults=(0.0, None, 0))):
+class Attempt(tuple):
     """What the ETA knows about the current attempt beyond its samples: `started` (epoch seconds),
     `start_step` (the step it resumed from; None: resumed from an unknown step), `tail` (seconds
     earlier runs took after their last step, or None), `tail_runs` (how many runs `tail` is from).
-    collections.namedtuple: dataclasses and typing's NamedTuple cost `gpuq status` its start-up."""
+    A named tuple written out: dataclasses, typing's NamedTuple and collections.namedtuple each
+    cost `gpuq status` its start-up (bench/PROFILE.md, section 6)."""
 
     __slots__ = ()
+    started = property(itemgetter(0))
+    start_step = property(itemgetter(1))
+    tail = property(itemgetter(2))
+    tail_runs = property(itemgetter(3))
+
+    def __new__(
+        cls, started: float, start_step: Optional[float] = 0.0, tail: Optional[float] = None, tail_runs: int = 0
+    ) -> Attempt:
+        return tuple.__new__(cls, (started, start_step, tail, tail_runs))
+
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return f"Attempt(started={self[0]!r}, start_step={self[1]!r}, tail={self[2]!r}, tail_runs={self[3]!r})"
 
 
 # ---- one running job ----------------------------------------------------------------------------
-def observe(spool: Spool, job: dict[str, Any]) -> tuple[Optional[progress.Reading], list[tuple[float, float]]]:
-    """The most trusted reading available now, plus extra (time, step) points its source carries."""
+def observe(
+    spool: Spool, job: dict[str, Any], stored: Optional[dict[str, Any]] = None
+) -> tuple[Optional[progress.Reading], list[tuple[float, float]]]:
+    """The most trusted reading available now, plus extra (time, step) points its source carries
+    (`stored`: the job's samples, read here if not given)."""
+    reading, extra, _log = _observe(spool, job, spool.reports.read_samples(job.id) if stored is None else stored)
+    return reading, extra
+
+
+def _observe(
+    spool: Spool, job: dict[str, Any], stored: dict[str, Any]
+) -> tuple[Optional[progress.Reading], list[tuple[float, float]], Optional[dict[str, Any]]]:
+    """observe(), and what to keep in the samples of the log's reading (None: nothing)."""
     started = progress.attempt_started(job)
     report = progress.progress_report(spool, job)
     if report:
         reading = progress.from_report(report[0], report[1])
         if reading:
-            return reading, progress.recent_points(report[0])
-    tail, mtime = spool.logs.tail(job, progress.TAIL_BYTES)
-    if tail:
-        seen = [tuple(x) for x in spool.reports.read_samples(job.id).get("incomplete", []) if isinstance(x, list)]
-        epochs = progress.num_epochs(job.cmd)
-        reading = progress.from_log_text(tail.decode("utf-8", "replace"), mtime, epochs, seen)
-        if reading:
-            return reading, []
+            return reading, progress.recent_points(report[0]), stored.get("log")
+    reading, log = log_reading(spool, job, stored)
+    if reading:
+        return reading, [], log
     reading, points = progress.from_checkpoints(job)
-    return reading, [p for p in points if p[0] >= started - progress.MTIME_SLACK]  # older: a previous run
+    return reading, [p for p in points if p[0] >= started - progress.MTIME_SLACK], log  # older: a previous run
+
+
+def log_reading(
+    spool: Spool, job: dict[str, Any], stored: dict[str, Any]
+) -> tuple[Optional[progress.Reading], Optional[dict[str, Any]]]:
+    """The reading of the job's log tail, and the memo of it to keep in the samples (`log`: what it
+    was read from, and the reading). The same log (inode, size and mtime), read with the same
+    counters seen earlier and --num_train_epochs, gives the same reading: a look at a log not
+    written to since the last one reads and parses nothing, and imports no `re` for it
+    (bench/PROFILE.md, section 6)."""
+    signature = spool.logs.signature(job)
+    if signature is None:
+        return None, None
+    seen = [x for x in stored.get("incomplete", []) if isinstance(x, list)]
+    of = [*signature, progress.num_epochs(job.cmd), seen]
+    memo = stored.get("log")
+    if isinstance(memo, dict) and memo.get("of") == of:
+        kept = progress.Reading.of(memo.get("reading"))
+        if kept is not None or memo.get("reading") is None:
+            return kept, memo
+    tail, mtime = spool.logs.tail(job, progress.TAIL_BYTES)
+    if not tail:
+        return None, None
+    reading = progress.from_log_text(tail.decode("utf-8", "replace"), mtime, of[3], [tuple(x) for x in seen])
+    return reading, {"of": of, "reading": None if reading is None else reading.fields()}
 
 
 def _series_key(reading: progress.Reading) -> str:
@@ -100,10 +148,17 @@ def _series_key(reading: progress.Reading) -> str:
 
 
 def record(
-    spool: Spool, job: dict[str, Any], reading: progress.Reading, extra: list[tuple[float, float]]
+    spool: Spool,
+    job: dict[str, Any],
+    reading: progress.Reading,
+    extra: list[tuple[float, float]],
+    stored: Optional[dict[str, Any]] = None,
+    log: Optional[dict[str, Any]] = None,
 ) -> tuple[list[tuple[float, float]], Attempt]:
-    """Add this look to the job's samples; the points of the reading's series and the attempt."""
-    stored = spool.reports.read_samples(job.id)
+    """Add this look to the job's samples (`stored`: as read before it, read here if not given;
+    `log`: the log's reading to keep, from log_reading); the points of the reading's series and
+    the attempt."""
+    stored = spool.reports.read_samples(job.id) if stored is None else stored
     key = _series_key(reading)
     old = stored.get("points", []) if stored.get("key") == key else []
     points = merge_points(old, extra + [(reading.at, reading.step)], progress.attempt_started(job))
@@ -119,12 +174,19 @@ def record(
         "total": reading.total,
         "tail": {"for": run.started, "seconds": run.tail, "runs": run.tail_runs},
     }
+    if log is not None:
+        new["log"] = log
+    _keep(spool, job, stored, new)
+    return points, run
+
+
+def _keep(spool: Spool, job: dict[str, Any], stored: dict[str, Any], new: dict[str, Any]) -> None:
+    """Write the job's samples if this look changed them."""
     if new != stored:
         try:
             spool.reports.write_samples(job.id, new)
         except OSError:
             pass  # a read-only or full spool: the ETA just has fewer samples
-    return points, run
 
 
 def merge_points(old: list[Any], new: list[tuple[float, float]], started: float) -> list[tuple[float, float]]:
@@ -268,8 +330,14 @@ def estimate(
 
 def running_estimate(spool: Spool, job: dict[str, Any], now: float) -> Estimate:
     try:
-        reading, extra = observe(spool, job)
-        points, run = record(spool, job, reading, extra) if reading else ([], None)
+        stored = spool.reports.read_samples(job.id)
+        reading, extra, log = _observe(spool, job, stored)
+        if reading is None:
+            points, run = [], None
+            if log is not None:  # no reading in the log: not read again until it changes
+                _keep(spool, job, stored, {**stored, "log": log})
+        else:
+            points, run = record(spool, job, reading, extra, stored, log)
     except (OSError, ValueError) as exc:  # an unreadable output dir must not break `gpuq status`
         return Estimate(None, None, f"unknown: could not read progress ({exc})")
     return estimate(reading, points, now, run)

@@ -18,12 +18,10 @@ cheap standard-library imports here: `gpuq status` computes readings for every r
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
 
-from gpuq.core import lazyre
+from gpuq.core import jsontext, lazyre
 from gpuq.core.job import ATTEMPT_HEADER as ATTEMPT_HEADER_TEXT
 from gpuq.core.times import parse_iso
 from gpuq.engine.tracking import checkpoints
@@ -45,18 +43,18 @@ LONG_SEGMENT = 1024
 # Each log pattern yields (kind, step, total). Earlier patterns win within one line.
 TQDM_RE = lazyre.lazy(r"(\d+)/(\d+)\s*\[([\d:]+)<([\d:?]+)(?:,\s*([\d.]+|\?)\s*([A-Za-z]+/s|s/[A-Za-z]+))?[^\]\r\n]*\]")
 LINE_PATTERNS = [
-    ("Step N/M", lazyre.lazy(r"\bsteps?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
-    ("Iteration N of M", lazyre.lazy(r"\biter(?:ation)?s?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("Step N/M", lazyre.lazy(r"\bsteps?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", lazyre.IGNORECASE)),
+    ("Iteration N of M", lazyre.lazy(r"\biter(?:ation)?s?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", lazyre.IGNORECASE)),
     ("[N/M]", lazyre.lazy(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")),
-    ("Epoch N/M", lazyre.lazy(r"\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("Epoch N/M", lazyre.lazy(r"\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", lazyre.IGNORECASE)),
 ]
 # A percentage is progress when it is the whole line (`6.0%`), or in a progress context: a tqdm bar
 # (`45%|`) or a word that says so. `accuracy 93.5%` and `6.0%x` are not.
 PERCENT_RE = lazyre.lazy(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(?:(\|)|(?!\w))")
 LONE_PERCENT_RE = lazyre.lazy(r"\s*\d{1,3}(?:\.\d+)?\s?%\s*")
-PERCENT_CONTEXT_RE = lazyre.lazy(r"\b(progress|complete[d]?|done|finished)\b", re.IGNORECASE)
+PERCENT_CONTEXT_RE = lazyre.lazy(r"\b(progress|complete[d]?|done|finished)\b", lazyre.IGNORECASE)
 # Every pattern above needs one of these; lines without are skipped with a single cheap search.
-CANDIDATE_RE = lazyre.lazy(r"\d\s*(?:/|%|of\b)|'epoch'", re.IGNORECASE)
+CANDIDATE_RE = lazyre.lazy(r"\d\s*(?:/|%|of\b)|'epoch'", lazyre.IGNORECASE)
 NOT_LETTERS_RE = lazyre.lazy(r"[^A-Za-z]+")
 LINE_BREAKS_RE = lazyre.lazy(r"[\r\n]+")
 HF_PAIR_RE = lazyre.lazy(r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?")
@@ -89,6 +87,27 @@ class Reading:
 
     def _fields(self) -> tuple:
         return tuple(getattr(self, name) for name in self.__slots__)
+
+    def fields(self) -> list[Any]:
+        """The reading as a JSON list (what `Reading.of` reads back)."""
+        return list(self._fields())
+
+    @classmethod
+    def of(cls, fields: Any) -> Optional[Reading]:
+        """The reading `fields()` gave, or None for anything else (gpuq's samples file, read back)."""
+        if not isinstance(fields, list) or len(fields) != len(cls.__slots__):
+            return None
+        step, total, source, kind, at, rate, rate_note, finished, counter = fields
+        numbers = (
+            _is_number(step),
+            total is None or _is_number(total),
+            _is_number(at),
+            rate is None or _is_number(rate),
+        )
+        texts = all(isinstance(x, str) for x in (source, kind, rate_note, counter))
+        if not (all(numbers) and texts and isinstance(finished, bool)):
+            return None
+        return cls(*fields)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Reading) and self._fields() == other._fields()
@@ -370,7 +389,7 @@ def _trainer_state_max_steps(ckpt_path: str) -> Optional[int]:
         if os.path.getsize(path) > MAX_TRAINER_STATE_BYTES:
             return None
         with open(path, "rb") as fh:
-            value = json.load(fh).get("max_steps")
+            value = jsontext.loads(fh.read()).get("max_steps")
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -6,13 +6,14 @@ runs of the same command in the same directory (the finished rows hold their run
 
 from __future__ import annotations
 
+import marshal
 from itertools import compress, count
 
 from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
 from gpuq.core.times import duration, parse_iso
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.tracking import eta
-from gpuq.engine.views import finished_index
+from gpuq.engine.views import finished_index, kept_jobs
 from gpuq.spool import Spool
 from gpuq.spool.cache import runs as past_runs
 
@@ -25,35 +26,82 @@ RUNS = 5  # a pending job's run time: the median of the newest RUNS successful r
 NEW_FILES = 200  # finished files newer than the cached rows read while done/ is changing; more: refreshed
 
 
-def past_durations(spool: Spool, keys: set[str]) -> dict[str, list[float]]:
+RUNS_CACHE = "queue-runs"  # cache/queue-runs: each command's newest run times, for one done/ listing
+_RUNS_FORMAT = 1
+
+
+def past_durations(spool: Spool, keys: set[str], listing: Optional[Any] = None) -> dict[str, list[float]]:
     """Run times of the newest RUNS successful jobs of each command and cwd of `keys`, oldest
     first, from the finished rows, which hold each job's command key and run time (adopted jobs
-    and unknown times left out). While done/ keeps changing (jobs finishing: its listing is not
-    settled), checking every row against its file on each call would cost more than the files
-    it spares (an lstat each): the rows as last cached serve then, with the few files finished
-    since read."""
-    listing = finished_index.finished(spool)
+    and unknown times left out). While done/ is settled and unchanged, from cache/queue-runs (the
+    rows' newest run times of every command, a few KB), not from the rows of every finished job.
+    While done/ keeps changing (jobs finishing: its listing is not settled), checking every row
+    against its file on each call would cost more than the files it spares (an lstat each): the
+    rows as last cached serve then, with the few files finished since read. `listing`: the
+    finished listing (engine/views/finished_index.py), if the caller has it."""
+    listing = finished_index.finished(spool) if listing is None else listing
+    settled = listing.signatures.get(DONE)
+    if settled is not None:
+        every = _settled_runs(spool, listing, settled)
+        return {key: every[key][::-1] for key in keys if key in every}
     found: dict[str, list[float]] = {}  # key -> run times, newest first
-    view = None
-    if listing.signatures.get(DONE) is None:  # done/ changed within the last seconds
-        from gpuq.spool.cache.finished import cached_rows
+    from gpuq.spool.cache.finished import cached_rows
 
-        view = cached_rows(spool)
-        newer = _newer_refs(listing, view)
-        if view is not None and len(newer) <= NEW_FILES:
-            _newest_runs(keys, _loaded_runs(spool, newer, keys), found)
-        else:
-            view = None
-    view = finished_index.rows(spool, listing) if view is None else view
+    view = cached_rows(spool)
+    newer = _newer_refs(listing, view)
+    if view is not None and len(newer) <= NEW_FILES:
+        _newest_runs(keys, _loaded_runs(spool, newer, keys), found)
+    else:
+        view = finished_index.rows(spool, listing)
     _newest_runs(keys, _row_runs(view, keys), found)
     return {key: newest[::-1] for key, newest in found.items()}
 
 
-def _row_runs(view: Any, keys: set[str]) -> Iterator[tuple[str, float]]:
-    """(key, run time) of the successful rows of commands of `keys`, newest first; the rows of
-    these commands picked in C (10,000 rows, often most of them of these commands)."""
+def _settled_runs(spool: Spool, listing: Any, settled: tuple[int, int]) -> dict[str, list[float]]:
+    """Every command's newest RUNS run times, newest first, while done/ has the signature
+    `settled`: from cache/queue-runs when it was made for that listing by this code, else from the
+    rows (and cached). Finished files are never edited in place, so while done/ keeps its inode and
+    mtime so do the rows made from its files."""
+    stamp = (_RUNS_FORMAT, marshal.version, tuple(settled), kept_jobs.code_stamp(*ROW_CODE))
+    data = spool.cache.read(RUNS_CACHE)
+    try:
+        cached = marshal.loads(data) if data else None
+    except (EOFError, ValueError, TypeError):
+        cached = None  # damaged: made again
+    if type(cached) is tuple and len(cached) == 2 and cached[0] == stamp and _is_runs(cached[1]):
+        return cached[1]
+    view = finished_index.rows(spool, listing)
+    every: dict[str, list[float]] = {}
+    for key, run in _row_runs(view, None):
+        newest = every.setdefault(key, [])
+        if len(newest) < RUNS:
+            newest.append(run)
+    if kept_jobs.room_for_caches(spool):
+        try:
+            spool.cache.write(RUNS_CACHE, marshal.dumps((stamp, every)))
+        except OSError:
+            pass  # a read-only or full spool: the rows are read every time
+    return every
+
+
+def _is_runs(value: Any) -> bool:
+    return type(value) is dict and all(
+        type(k) is str and type(v) is list and all(type(r) in (float, int) for r in v) for k, v in value.items()
+    )
+
+
+# The code the rows' keys and run times are made by, as spool/cache/finished.py's header names it:
+# a new gpuq learns them again.
+ROW_CODE = ("spool/cache/journal", "spool/cache/runs", "core/shown", "core/schema", "core/times")
+
+
+def _row_runs(view: Any, keys: Optional[set[str]]) -> Iterator[tuple[str, float]]:
+    """(key, run time) of the successful rows of commands of `keys` (None: of every command),
+    newest first; the rows of these commands picked in C (10,000 rows, often most of them of
+    these commands)."""
     states, runs, row_keys = view.states, view.runs, view.keys
-    for at in reversed(list(compress(count(), map(keys.__contains__, row_keys)))):
+    picked = range(len(row_keys)) if keys is None else compress(count(), map(keys.__contains__, row_keys))
+    for at in reversed(list(picked)):
         if states[at] == DONE and runs[at] is not None:
             yield row_keys[at], runs[at]
 
@@ -271,10 +319,16 @@ def _queue_note(
 
 
 def annotate(
-    spool: Spool, rows: list[Any], workers: list[dict[str, Any]], now: float, gpus: Optional[dict[str, Any]] = None
+    spool: Spool,
+    rows: list[Any],
+    workers: list[dict[str, Any]],
+    now: float,
+    gpus: Optional[dict[str, Any]] = None,
+    finished: Optional[Any] = None,
 ) -> None:
     """Set `row.estimate` for every running and pending row of a status listing, and for jobs
-    Slurm runs (`gpus`: the GPU view of engine/schedule/gpuview.py, when the machine has GPUs)."""
+    Slurm runs (`gpus`: the GPU view of engine/schedule/gpuview.py, when the machine has GPUs;
+    `finished`: the finished listing the status was made from)."""
     running = [r for r in rows if r.state == RUNNING]
     for row in running:
         row.estimate = eta.running_estimate(spool, row.job, now)
@@ -285,7 +339,7 @@ def annotate(
     pending = sorted((r for r in rows if r.state == PENDING), key=lambda r: order[r.job.id])
     if not pending:
         return
-    durations = past_durations(spool, {eta.command_key(r.job) for r in pending})
+    durations = past_durations(spool, {eta.command_key(r.job) for r in pending}, finished)
     shown = gpus["gpus"] if gpus else []
     threshold = gpus.get("foreign_threshold_mib") if gpus else None
     plan = plan_queue(

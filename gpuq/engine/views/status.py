@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from itertools import repeat
 
 from gpuq.core import schema
 from gpuq.core.job import Job
@@ -13,6 +14,7 @@ from gpuq.engine.schedule import gpuview, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.views.finished_index import finished as finished_listing
 from gpuq.engine.views.finished_index import settled_key
+from gpuq.engine.views.kept_jobs import KeptJobs
 from gpuq.spool.files import MIN_FREE_TO_START
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
@@ -115,12 +117,13 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     valid job, from its name and why), such a file is a row saying so, and `show_all` gives the
     finished rows as data from their cache (spool/cache/finished.py)."""
     warned_slurm = sync_slurm(spool)
+    kept = KeptJobs(spool)  # the job files the last status read, where they did not change
     for _look in range(LOOKS):
         # a dead job is shown as interrupted as soon as anyone looks; one listing serves it all
         listing, done, done_states = _listing(spool)
         finished_jobs, also_elsewhere = len(done_states), [r.id for r in listing if r.id in done_states]
         vanished: list[JobRef] = []
-        snap, invalid = read_queue(spool, refs=listing, finished=done_states, vanished=vanished)
+        snap, invalid = read_queue(spool, kept, refs=listing, finished=done_states, vanished=vanished)
         if not vanished:
             break  # else a job started or ended between the listing and its read: look again
     # a job with a copy in a later state too (a crash mid-move) is shown in that state
@@ -131,7 +134,7 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     name_the_first_in_line(snap, reasons)
     rows += [Row(j, PENDING, reasons[j.id]) for j in scheduler.queue_order(snap.pending)]
     for state in (HELD, PREEMPTED, INTERRUPTED, SLURM):
-        rows += [Row(j, state) for _r, j in spool.jobs.load_many(state)]
+        rows += [Row(j, state) for j in map(kept.load, repeat(spool), spool.jobs.refs((state,))) if type(j) is Job]
     view = None
     if show_all and damaged is not None and done.count() > RECENT_FINISHED:
         from gpuq.spool.cache.finished import finished_rows
@@ -147,7 +150,7 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     hidden_failed = _hidden_failed(done, finished, len(moved_on)) if hidden else 0
     for ref in finished:
         try:
-            rows.append(Row(spool.jobs.load(ref), ref.state))
+            rows.append(Row(kept.job(ref), ref.state))
         except FileNotFoundError:
             continue
         except schema.InvalidJob as exc:
@@ -159,7 +162,8 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     if any(r.state in (RUNNING, PENDING, SLURM) for r in rows):  # else there is nothing to estimate
         from gpuq.engine.tracking import queue_eta
 
-        queue_eta.annotate(spool, rows, workers, time.time(), shown)  # progress and ETA, and when pending ones start
+        queue_eta.annotate(spool, rows, workers, time.time(), shown, done)  # progress, ETA, when pending ones start
+    kept.save()
     warned = warned_slurm + disk_warnings(spool, snap.running)
     out = Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned, view)
     out.hidden_failed, out.rejected = hidden_failed, unseen_rejected(spool)
