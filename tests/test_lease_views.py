@@ -95,7 +95,7 @@ def test_gpus_shows_every_lease_and_the_memory_held_without_one(gq: Env, leases:
 FOREIGN_LEASE = """import fcntl, json, os, pwd, sys, time
 directory, uuid = sys.argv[1], sys.argv[2]
 uid, pid = os.geteuid(), os.getpid()
-tmp, final = f"{directory}/.tmp.{uid}.{pid}.1", f"{directory}/{uuid}.{uid}.{pid}.1.lease"
+tmp, final = f"{directory}/.gpuq-tmp.{uid}.{pid}.1", f"{directory}/gpuq-lease.{uuid}.{uid}.{pid}.1.lease"
 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
 lease = {"lease_version": 1, "gpu_uuid": uuid, "gpu_index": 0, "mem_mib": None, "user": pwd.getpwuid(uid).pw_name,
@@ -163,7 +163,7 @@ def test_a_lease_directory_that_cannot_be_trusted_is_one_line(gq: Env, leases: P
 def test_a_lease_file_that_is_not_one_is_named_and_skipped(gq: Env, leases: Path) -> None:
     directory = LeaseDir.open(str(leases))
     Gpus(gq, gpus_doc({}))
-    bad = leases / "GPU-fake-0.0.1.1.lease"
+    bad = leases / "gpuq-lease.GPU-fake-0.0.1.1.lease"
     bad.write_text("{not json")
     held = directory.take("GPU-fake-0", 0, 1024, job=None, name="probe", spool=None)
     with open(bad) as locked:  # held: a file nobody holds is stale, and skipped without a word
@@ -173,7 +173,7 @@ def test_a_lease_file_that_is_not_one_is_named_and_skipped(gq: Env, leases: Path
         finally:
             held.release()
     assert lines[2].startswith("    1.0 GiB leased by your `probe`")
-    assert lines[-1] == f"  lease file {leases}/GPU-fake-0.0.1.1.lease is not JSON: ignored"
+    assert lines[-1] == f"  lease file {leases}/gpuq-lease.GPU-fake-0.0.1.1.lease is not JSON: ignored"
 
 
 def test_looking_creates_no_lease_directory(gq: Env, leases: Path) -> None:

@@ -10,13 +10,15 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from conftest import wait_for
 
-from gpuq.system import leases
+from gpuq.system import lease_io, leases
 from gpuq.system.leases import LeaseDir, LeaseDirProblem
 
 UUID = "GPU-aaaa-0"
@@ -96,23 +98,23 @@ def test_unsound_lease_files_are_skipped_with_a_line(lease_dir: LeaseDir, tmp_pa
     good = lease_dir.take(UUID, 0, None, job=1, name="a", spool="/s")
     text = Path(lease_dir.path, good.lease.file).read_text()
     fds = [
-        plant(lease_dir, "GPU-x.0.1.1.lease", "{not json"),
-        plant(lease_dir, "GPU-x.0.1.2.lease", text.replace(f'"uid": {os.geteuid()}', '"uid": 4321')),
-        plant(lease_dir, "GPU-x.0.1.3.lease", text.replace('"gpu_index": 0', '"gpu_index": "zero"')),
-        plant(lease_dir, "GPU-x.0.1.4.lease", text.replace('"lease_version": 1', '"lease_version": 9')),
+        plant(lease_dir, "gpuq-lease.GPU-x.0.1.1.lease", "{not json"),
+        plant(lease_dir, "gpuq-lease.GPU-x.0.1.2.lease", text.replace(f'"uid": {os.geteuid()}', '"uid": 4321')),
+        plant(lease_dir, "gpuq-lease.GPU-x.0.1.3.lease", text.replace('"gpu_index": 0', '"gpu_index": "zero"')),
+        plant(lease_dir, "gpuq-lease.GPU-x.0.1.4.lease", text.replace('"lease_version": 1', '"lease_version": 9')),
     ]
     outside = tmp_path / "elsewhere.lease"
     os.link(os.path.join(lease_dir.path, good.lease.file), outside)
-    os.symlink(outside, os.path.join(lease_dir.path, "GPU-x.0.1.5.lease"))
+    os.symlink(outside, os.path.join(lease_dir.path, "gpuq-lease.GPU-x.0.1.5.lease"))
     try:
         assert lease_dir.live() == [good.lease]
         problems = sorted(lease_dir.problems)
         assert len(problems) == 5, problems
-        assert problems[0].endswith("GPU-x.0.1.1.lease is not JSON: ignored")
+        assert problems[0].endswith("gpuq-lease.GPU-x.0.1.1.lease is not JSON: ignored")
         assert problems[1].endswith(f"names uid 4321 but is owned by uid {os.geteuid()}: ignored")
         assert problems[2].endswith("has a bad gpu_index: ignored")
         assert problems[3].endswith("has lease_version 9, not 1: ignored")
-        assert problems[4].endswith("GPU-x.0.1.5.lease is a symbolic link: ignored")
+        assert problems[4].endswith("gpuq-lease.GPU-x.0.1.5.lease is a symbolic link: ignored")
     finally:
         for fd in fds:
             os.close(fd)
@@ -137,8 +139,8 @@ def test_the_placing_lock_serialises_and_is_not_followed_through_a_link(lease_di
     with other.placing(["GPU-a"], timeout=0.05):  # free again once left
         pass
     target = tmp_path / "victim"
-    os.symlink(target, os.path.join(lease_dir.path, "gpu-GPU-c.lock"))
-    with pytest.raises(LeaseDirProblem, match=r"gpu-GPU-c.lock is a symbolic link; leases are off"):
+    os.symlink(target, os.path.join(lease_dir.path, "gpuq-lock.GPU-c"))
+    with pytest.raises(LeaseDirProblem, match=r"gpuq-lock.GPU-c is a symbolic link; leases are off"):
         with lease_dir.placing(["GPU-c"]):
             pass
     assert not target.exists()
@@ -197,11 +199,86 @@ def test_a_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
         LeaseDir.open(theirs)
 
 
-def test_the_default_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_default_directory_is_dev_shm_itself(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Not a directory of gpuq's own: whoever made it would own it, and every other user's gpuq
+    would refuse it. /dev/shm is root's and sticky, so every user's gpuq accepts it. Only looked at:
+    a test never writes into the machine's real /dev/shm."""
     monkeypatch.setenv(leases.LEASE_DIR_ENV, str(tmp_path))
     assert leases.default_dir() == str(tmp_path)
     monkeypatch.delenv(leases.LEASE_DIR_ENV)
-    assert leases.default_dir() == ("/dev/shm/gpuq-leases" if os.path.isdir("/dev/shm") else "/tmp/gpuq-leases")
+    default = leases.default_dir()
+    if sys.platform.startswith("linux"):
+        assert default == os.path.realpath("/dev/shm") == "/dev/shm"
+    else:
+        assert default == os.path.realpath("/tmp")
+    assert os.lstat(default).st_uid == 0 and lease_io.directory_problem(default) is None
+
+
+def test_other_programs_files_are_never_read_reported_or_removed(lease_dir: LeaseDir) -> None:
+    """The directory may be /dev/shm, full of other programs' files (PyTorch's among them): a lease,
+    a placing lock and a temporary are gpuq's by their names' prefixes, and nothing else is touched,
+    not even a file that looks like a lease, or an old temporary that looks like one of ours."""
+    good = lease_dir.take(UUID, 0, None, job=1, name="a", spool="/s")
+    text = Path(lease_dir.path, good.lease.file).read_text()
+    held = plant(lease_dir, "foo.lease", text)  # alive, and a sound lease, but not by gpuq's name
+    files = {name: Path(lease_dir.path, name) for name in ("foo.lease", ".tmp.0.1.1", "torch_42_1", ".gpuq-tmp.0.1.1")}
+    for name in (".tmp.0.1.1", "torch_42_1", ".gpuq-tmp.0.1.1"):
+        files[name].write_text("x")
+        os.utime(files[name], (time.time() - 3600,) * 2)  # old and unlocked: a dead writer's, were it gpuq's
+    Path(lease_dir.path, "dir.lease").mkdir()
+    try:
+        assert lease_dir.live() == [good.lease] and lease_dir.problems == []
+    finally:
+        os.close(held)
+        good.release()
+    assert not files.pop(".gpuq-tmp.0.1.1").exists()  # gpuq's own dead writer's file: cleaned up
+    assert all(path.exists() for path in files.values()) and Path(lease_dir.path, "dir.lease").is_dir()
+    assert lease_dir.live() == [] and lease_dir.problems == []  # foo.lease, unlocked now: still not ours to remove
+    assert files["foo.lease"].exists()
+
+
+def open_on(path: str) -> int:
+    """How many descriptors of this process are open on the file `path` names now."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == path
+        except OSError:  # the listing's own descriptor, closed since
+            pass
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads which file a descriptor is open on in /proc")
+def test_a_placing_lock_file_made_anew_while_waited_for_is_locked_anew(lease_dir: LeaseDir) -> None:
+    """The lock file is removed and made anew (by its owner, or root) while a party waits for it:
+    the old file's lock, once free, keeps out nobody who opens the new file, so the waiter lets it
+    go and waits for the new file's holder."""
+    path = os.path.join(lease_dir.path, f"gpuq-lock.{UUID}")
+    first, second = lease_dir.placing([UUID]), lease_dir.placing([UUID])
+    entered, leave = threading.Event(), threading.Event()
+
+    def waiter() -> None:
+        with lease_dir.placing([UUID], timeout=10):
+            entered.set()
+            leave.wait(10)
+
+    first.__enter__()
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        wait_for(lambda: open_on(path) == 2, 5, what="the waiter to open the lock file")
+        os.unlink(path)
+        second.__enter__()  # makes the lock file anew, and locks it
+        first.__exit__(None, None, None)  # the old file's lock is free
+        wait_for(lambda: entered.is_set() or open_on(path) == 2, 5, what="the waiter to open the new lock file")
+        assert not entered.is_set(), "entered on the old file's lock while the new one is held"
+        second.__exit__(None, None, None)
+        wait_for(entered.is_set, 5, what="the waiter to enter once the new file's lock is free")
+    finally:
+        leave.set()
+        first.__exit__(None, None, None)
+        second.__exit__(None, None, None)
+        thread.join(10)
 
 
 def test_say_once() -> None:

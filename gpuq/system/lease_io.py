@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 LEASE_VERSION = 1
 MAX_LEASE_BYTES = 4096  # a lease is one short line; a larger file is not one
 OFF = "leases are off, the GPU memory gate alone decides"
+LOCK_PREFIX = "gpuq-lock."  # a GPU's placing lock: LOCK_PREFIX<UUID>
+TMP_PREFIX = ".gpuq-tmp."  # a file being written: TMP_PREFIX<uid>.<pid>.<n>; the only names ever cleaned up
 _NUMBER = (int, float)
 OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # never a link; a FIFO never blocks
 OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -61,10 +63,14 @@ def write_locked(directory: str, tmp_name: str, data: bytes, final: str) -> int:
     return fd
 
 
+def lock_path(directory: str, uuid: str) -> str:
+    return os.path.join(directory, f"{LOCK_PREFIX}{safe_name(uuid)}")
+
+
 def lock_file(directory: str, uuid: str) -> int:
-    """A descriptor of the GPU's placing lock file (`gpu-<UUID>.lock`), created readable by all if
+    """A descriptor of the GPU's placing lock file (`gpuq-lock.<UUID>`), created readable by all if
     missing. Read-only is enough for flock, and works on a lock file another user created."""
-    path = os.path.join(directory, f"gpu-{safe_name(uuid)}.lock")
+    path = lock_path(directory, uuid)
     for _ in range(10):  # a lock file created or removed between our two calls: look again
         try:
             fd = os.open(path, OPEN_READ)
@@ -82,7 +88,7 @@ def lock_file(directory: str, uuid: str) -> int:
 
 def _create_lock_file(directory: str, path: str) -> None:
     """Made aside with its mode set, then linked into place, so that no one sees it unreadable."""
-    tmp = os.path.join(directory, f".tmp.{os.geteuid()}.{os.getpid()}.{next_number()}")
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.geteuid()}.{os.getpid()}.{next_number()}")
     try:
         fd = os.open(tmp, OPEN_NEW, 0o644)
         try:
@@ -96,6 +102,16 @@ def _create_lock_file(directory: str, path: str) -> None:
         raise LeaseDirProblem(f"cannot create a placing lock in {directory}: {exc.strerror}; {OFF}") from None
     finally:
         unlink_quietly(tmp)
+
+
+def still_named(fd: int, path: str) -> bool:
+    """Whether `path` still names the file open as `fd` (lstat: a link put there is not it)."""
+    try:
+        now = os.lstat(path)
+    except OSError:
+        return False
+    here = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (here.st_dev, here.st_ino)
 
 
 def remove_if_ours(path: str, st: os.stat_result) -> None:

@@ -1,10 +1,12 @@
 """GPU leases: who is using which GPU of this machine, in a directory every user's gpuq reads (issue 28).
 
-The protocol is lease_layout.md's; in short: a sticky directory shared by all users, one file per
-lease (`<UUID>.<uid>.<pid>.<n>.lease`, a JSON line saying who, which GPU, whole or how much
+The protocol is lease_layout.md's; in short: a sticky directory shared by all users (`/dev/shm`
+itself by default: root's, so no user's gpuq owns it), one file per lease
+(`gpuq-lease.<UUID>.<uid>.<pid>.<n>.lease`, a JSON line saying who, which GPU, whole or how much
 memory, since when), alive exactly while its holder keeps an `flock` on it, so that a crashed
 holder's lease is stale the moment the kernel drops its lock. Deciding and writing a lease happen
-under a per-GPU placing lock (`gpu-<UUID>.lock`) held for milliseconds.
+under a per-GPU placing lock (`gpuq-lock.<UUID>`) held for milliseconds. The directory holds other
+programs' files too: only names with gpuq's prefixes are ever opened, reported or removed.
 
 Nothing here trusts the directory's other users: files are opened without following links and
 must be owned by the uid they name; a directory that others could tamper with, or a placing lock
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 
 LEASE_DIR_ENV = "GPUQ_LEASE_DIR"
 PLACING_TIMEOUT = 2.0  # seconds: a placement takes milliseconds; a lock held longer is stuck or hostile
-SUFFIX = ".lease"
+PREFIX, SUFFIX = "gpuq-lease.", ".lease"  # a lease's name: PREFIX<UUID>.<uid>.<pid>.<n>SUFFIX
 STALE_TMP_SECONDS = 60.0  # a writer's temporary file older than this, unlocked, was left by a crash
 _POLL_SECONDS = 0.005
 
@@ -95,12 +97,15 @@ class Held:
 
 
 def default_dir() -> str:
-    """$GPUQ_LEASE_DIR if set; else under /dev/shm (cleared at reboot, as leases must be), else /tmp."""
+    """$GPUQ_LEASE_DIR if set; else /dev/shm itself (cleared at reboot, as leases must be), else /tmp.
+    Not a directory of gpuq's own in them: its maker would own it, and every other user's gpuq rightly
+    refuses a sticky directory that someone else owns (its owner may remove anyone's files in it).
+    /dev/shm and /tmp are root's, sticky and there on every machine. The real path, as the directory
+    is checked with lstat (/tmp is a link on macOS; /dev/shm one on some older Linux systems)."""
     configured = os.environ.get(LEASE_DIR_ENV)
     if configured:
         return configured
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
-    return os.path.join(base, "gpuq-leases")
+    return os.path.realpath("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
 
 
 class LeaseDir:
@@ -136,10 +141,10 @@ class LeaseDir:
         except OSError as exc:
             raise LeaseDirProblem(f"cannot list the lease directory {self.path}: {exc.strerror}; {OFF}") from None
         found = []
-        for name in names:
-            if name.startswith(".tmp."):
+        for name in names:  # other programs' files (the directory may be /dev/shm) are never looked at
+            if name.startswith(lease_io.TMP_PREFIX):
                 self._remove_if_abandoned(name)
-            elif name.endswith(SUFFIX) and not name.startswith("."):
+            elif name.startswith(PREFIX) and name.endswith(SUFFIX):
                 lease = self._read(name)
                 if lease is not None:
                     found.append(lease)
@@ -166,7 +171,7 @@ class LeaseDir:
         pid = os.getpid() if pid is None else pid
         uid = os.geteuid()
         n = lease_io.next_number()
-        final = os.path.join(self.path, f"{lease_io.safe_name(gpu_uuid)}.{uid}.{pid}.{n}{SUFFIX}")
+        final = os.path.join(self.path, f"{PREFIX}{lease_io.safe_name(gpu_uuid)}.{uid}.{pid}.{n}{SUFFIX}")
         record = {
             "lease_version": lease_io.LEASE_VERSION,
             "gpu_uuid": gpu_uuid,
@@ -183,7 +188,7 @@ class LeaseDir:
             "host": os.uname().nodename,
         }
         data = (jsontext.dumps(record) + "\n").encode()
-        fd = lease_io.write_locked(self.path, f".tmp.{uid}.{pid}.{n}", data, final)
+        fd = lease_io.write_locked(self.path, f"{lease_io.TMP_PREFIX}{uid}.{pid}.{n}", data, final)
         return Held(Lease(os.path.basename(final), *(record[k] for k in _FIELDS.split())), fd, final)
 
     # -- reading -------------------------------------------------------------------------------
@@ -247,8 +252,20 @@ class _Placing:
         deadline = time.monotonic() + self._timeout
         try:
             for uuid in self._uuids:
-                fd = lease_io.lock_file(self._dir.path, uuid)
-                self._fds.append(fd)
+                self._fds.append(self._lock(uuid, deadline))
+        except BaseException:
+            self._close()
+            raise
+
+    def _lock(self, uuid: str, deadline: float) -> int:
+        """The GPU's placing lock, taken by the returned descriptor. The lock file may be removed (by
+        its owner, or root) and made anew while we wait: a lock on the old file excludes nobody who
+        opens the new one, so a lock taken on a file no longer under the name is let go and the
+        name's file locked instead."""
+        path = lease_io.lock_path(self._dir.path, uuid)
+        while True:
+            fd = lease_io.lock_file(self._dir.path, uuid)
+            try:
                 while not lease_io.try_lock(fd, fcntl.LOCK_EX):
                     if time.monotonic() > deadline:
                         raise LeaseDirProblem(
@@ -256,9 +273,14 @@ class _Placing:
                             f"than {self._timeout:g} s (a stuck or hostile process?); {OFF}"
                         )
                     time.sleep(_POLL_SECONDS)
-        except BaseException:
-            self._close()
-            raise
+            except BaseException:
+                os.close(fd)
+                raise
+            if lease_io.still_named(fd, path):
+                return fd
+            os.close(fd)
+            if time.monotonic() > deadline:
+                raise LeaseDirProblem(f"placing lock {display(path)} keeps being replaced; {OFF}")
 
     def __exit__(self, *exc: object) -> None:
         self._close()
