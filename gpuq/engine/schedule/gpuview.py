@@ -88,7 +88,8 @@ def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
     live: list[Lease] = []
     problems: list[str] = []
     try:
-        if os.path.lexists(leases.default_dir()):  # a view never creates it: whoever does, owns it
+        # A view never creates a GPUQ_LEASE_DIR that is missing: whoever creates it owns it.
+        if os.path.lexists(leases.default_dir()):
             directory = leases.LeaseDir.open()
             live, problems = directory.live(), list(directory.problems)
     except leases.LeaseDirProblem as exc:
