@@ -2,10 +2,10 @@
 two real Unix users share one (simulated) GPU, each with a spool and a worker of their own.
 
 The users are made here (`useradd --system`, a name unique to this run) and removed at the end; those
-tests are skipped, saying why, where that cannot be done (not root, no useradd, no interpreter they
-can run gpuq with). Both workers read one GPUQ_FAKE_GPUS file, which never changes: the leases alone keep
-them apart. The jobs write their own start and end stamps, from which the tests check that they
-never overlapped.
+tests are skipped, saying why, where that cannot be done (not root, no useradd, no interpreter with
+which they can run this checkout's gpuq). Both workers read one GPUQ_FAKE_GPUS file, which never
+changes: the leases alone keep them apart. The jobs write their own start and end stamps, from which
+the tests check that they never overlapped.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def _make_user(tag: str) -> str:
 
 
 def _interpreter(user: User) -> str:
-    """An interpreter with which the user can run gpuq: this one, or else one of the same major.minor
+    """An interpreter with which the user can run this checkout's gpuq: this one, or else one of the same major.minor
     on the PATH or in /usr/bin (a venv's interpreter may sit under a home others cannot enter: in CI
     it is pyenv's under /root, 0700). The venv's packages are on PYTHONPATH, and their compiled parts
     fit any interpreter of that major.minor. Skips, saying why each one failed, when none can."""
@@ -192,7 +192,7 @@ def _interpreter(user: User) -> str:
         candidate = shutil.which(name, path=directory) if directory else None
         if candidate and os.path.realpath(candidate) not in map(os.path.realpath, found):
             found.append(candidate)
-    probe = f"import gpuq.system.leases, {', '.join(RUN_NEEDS)}"
+    probe = f"import gpuq.system.leases, {', '.join(RUN_NEEDS)}; print(gpuq.__file__)"
     failed = []
     for python in found:
         try:
@@ -200,9 +200,11 @@ def _interpreter(user: User) -> str:
         except OSError as exc:  # the interpreter itself cannot be run by the user
             failed.append(f"{python}: {exc.strerror}")
             continue
-        if proc.returncode == 0:
-            return python
         said = proc.stderr.strip().splitlines()
+        if proc.returncode == 0 and proc.stdout.strip() == gpuq.__file__:
+            return python
+        if proc.returncode == 0:  # the installed copy, say, where the checkout cannot be entered
+            said = [f"imports gpuq from {proc.stdout.strip()}, not {gpuq.__file__}"]
         failed.append(f"{python}: {said[-1] if said else f'exit {proc.returncode}'}")
     pytest.skip(f"no interpreter another user can run gpuq with ({'; '.join(failed)})")
 
