@@ -2,10 +2,10 @@
 two real Unix users share one (simulated) GPU, each with a spool and a worker of their own.
 
 The users are made here (`useradd --system`, a name unique to this run) and removed at the end; those
-tests are skipped, saying why, where that cannot be done (not root, no useradd, an interpreter they
-cannot read). Both workers read one GPUQ_FAKE_GPUS file, which never changes: the leases alone keep
-them apart. The jobs write their own start and end stamps, from which the tests check that they
-never overlapped.
+tests are skipped, saying why, where that cannot be done (not root, no useradd, no interpreter with
+which they can run this checkout's gpuq). Both workers read one GPUQ_FAKE_GPUS file, which never
+changes: the leases alone keep them apart. The jobs write their own start and end stamps, from which
+the tests check that they never overlapped.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import uuid
@@ -27,6 +28,8 @@ import pytest
 from conftest import WAIT_FOR_GO, Env, alive, spool_with_true_jobs, wait_for
 from test_gpu_worker import Gpus, fake_gpus
 
+import gpuq
+from gpuq.cli.cmd_worker import RUN_NEEDS
 from gpuq.core.job import Job
 from gpuq.core.states import DONE, PENDING, RUNNING
 from gpuq.engine.schedule.planner import OtherLeases, Planner
@@ -38,6 +41,11 @@ from gpuq.system.gpus import from_json, look
 from gpuq.system.leases import LeaseDir
 
 GPU_TOTAL_MIB = 10000
+# The users' processes import gpuq from this checkout and its dependencies from this venv, whichever
+# interpreter runs them (see _interpreter).
+IMPORT_PATH = os.pathsep.join(
+    dict.fromkeys([str(Path(gpuq.__file__).parent.parent), *(sysconfig.get_path(k) for k in ("purelib", "platlib"))])
+)
 # A job's start and end, written by the job itself (GNU date: seconds with nanoseconds).
 STAMPED = 'date +%s.%N > "s.$GPUQ_JOB_ID"; sleep "$1"; date +%s.%N > "e.$GPUQ_JOB_ID"'
 ENQUEUE = """import sys
@@ -74,7 +82,9 @@ class User:
             "GPUQ_LEASE_DIR": str(base / "leases"),
             "GPUQ_INTAKE_QUIET": "0.3",
             "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": IMPORT_PATH,
         }
+        self.python = sys.executable  # until _interpreter finds one this user can run
         self.worker: Optional[subprocess.Popen] = None
 
     def run(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -91,7 +101,7 @@ class User:
         script = STAMPED.replace('sleep "$1"', "while [ ! -e go ]; do sleep 0.02; done") if go else STAMPED
         cmd = ["sh", "-c", script, "job", str(seconds)]
         proc = self.run(
-            sys.executable, "-c", ENQUEUE, str(self.home), str(self.dir), str(count), str(mem or "whole"), *cmd
+            self.python, "-c", ENQUEUE, str(self.home), str(self.dir), str(count), str(mem or "whole"), *cmd
         )
         assert proc.returncode == 0, proc.stderr
         return [int(i) for i in proc.stdout.split()]
@@ -99,7 +109,7 @@ class User:
     def start_worker(self) -> None:
         out = open(self.dir.parent / f"worker-{self.name}.out", "wb")
         self.worker = subprocess.Popen(
-            [sys.executable, "-m", "gpuq", "run"], cwd=self.dir, env=self.env, user=self.uid, group=self.gid,
+            [self.python, "-m", "gpuq", "run"], cwd=self.dir, env=self.env, user=self.uid, group=self.gid,
             extra_groups=[], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         out.close()
@@ -128,7 +138,7 @@ class User:
 
     def waiting(self, job_id: int) -> str:
         """Why the job waits, as `gpuq status --json`, run by this user, says it."""
-        proc = self.run(sys.executable, "-m", "gpuq", "status", "--json")
+        proc = self.run(self.python, "-m", "gpuq", "status", "--json")
         rows = json.loads(proc.stdout) if proc.returncode == 0 else []
         return next((row.get("waiting") or "" for row in rows if row["id"] == job_id), "")
 
@@ -171,6 +181,34 @@ def _make_user(tag: str) -> str:
     return name
 
 
+def _interpreter(user: User) -> str:
+    """An interpreter with which the user can run this checkout's gpuq: this one, or else one of the same major.minor
+    on the PATH or in /usr/bin (a venv's interpreter may sit under a home others cannot enter: in CI
+    it is pyenv's under /root, 0700). The venv's packages are on PYTHONPATH, and their compiled parts
+    fit any interpreter of that major.minor. Skips, saying why each one failed, when none can."""
+    name = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    found = [sys.executable]
+    for directory in os.environ.get("PATH", "").split(os.pathsep) + ["/usr/local/bin", "/usr/bin"]:
+        candidate = shutil.which(name, path=directory) if directory else None
+        if candidate and os.path.realpath(candidate) not in map(os.path.realpath, found):
+            found.append(candidate)
+    probe = f"import gpuq.system.leases, {', '.join(RUN_NEEDS)}; print(gpuq.__file__)"
+    failed = []
+    for python in found:
+        try:
+            proc = user.run(python, "-c", probe)
+        except OSError as exc:  # the interpreter itself cannot be run by the user
+            failed.append(f"{python}: {exc.strerror}")
+            continue
+        said = proc.stderr.strip().splitlines()
+        if proc.returncode == 0 and proc.stdout.strip() == gpuq.__file__:
+            return python
+        if proc.returncode == 0:  # the installed copy, say, where the checkout cannot be entered
+            said = [f"imports gpuq from {proc.stdout.strip()}, not {gpuq.__file__}"]
+        failed.append(f"{python}: {said[-1] if said else f'exit {proc.returncode}'}")
+    pytest.skip(f"no interpreter another user can run gpuq with ({'; '.join(failed)})")
+
+
 @pytest.fixture
 def users() -> Iterator[tuple[User, User]]:
     """Two fresh users, alice and bob, sharing one fake GPU file and one lease directory (1777)."""
@@ -190,13 +228,7 @@ def users() -> Iterator[tuple[User, User]]:
         for tag in "ab":
             names.append(_make_user(tag))
         made = [User(name, base) for name in names]
-        try:
-            probe = made[0].run(sys.executable, "-c", "import gpuq.system.leases")
-            unreadable = probe.stderr.strip()[-200:] if probe.returncode != 0 else ""
-        except OSError as exc:  # the interpreter itself (under a 0700 home, say)
-            unreadable = str(exc)
-        if unreadable:
-            pytest.skip(f"the interpreter, venv or checkout is not readable by another user: {unreadable}")
+        made[0].python = made[1].python = _interpreter(made[0])
         yield made[0], made[1]
     finally:
         for user in made:
