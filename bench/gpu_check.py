@@ -254,6 +254,12 @@ echo "$(date +%s.%N)" > "$out.end"
 """
 
 
+def start_worker(index: int, env: dict[str, str], log: Any) -> subprocess.Popen:
+    """A gpuq worker on GPU `index` alone, its output to `log`."""
+    cmd = [sys.executable, "-m", "gpuq", "run", "--watch", "--gpus", str(index)]
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def cli_wired() -> bool:
     out = subprocess.run([sys.executable, "-m", "gpuq", "add", "--help"], capture_output=True, text=True, cwd=REPO)
     return "--gpus" in out.stdout
@@ -285,13 +291,7 @@ def check_cli(index: int, mib: int, uuid_of: dict[int, str]) -> list[str]:
         add = ["add", "-q", "--gpus", "1", "--dir", str(root), "sh", str(root / "job.sh"), str(root)]
         add += [sys.executable, __file__]
         log = open(root / "worker.out", "wb")
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "gpuq", "run", "--watch", "--gpus", str(index)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        worker = start_worker(index, env, log)
         holder = None
         try:
             first, second = int(gpuq(*add)), int(gpuq(*add))
@@ -342,13 +342,7 @@ def check_lease(index: int, uuid: str, count: int) -> list[str]:
         env["PYTHONPATH"] = str(REPO)
         held = LeaseDir.open(str(root / "leases")).take(uuid, index, None, job=None, name="gpu_check", spool=None)
         log = open(root / "worker.out", "wb")
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "gpuq", "run", "--watch", "--gpus", str(index)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        worker = start_worker(index, env, log)
         try:
             notes = [_lease_no_wait(env, count)]
             stamp = root / "started"
