@@ -307,6 +307,34 @@ def test_a_job_waits_for_the_other_users_lease_until_its_supervisor_is_killed(us
     os.killpg(alice.job(held)["pid"], signal.SIGKILL)  # alice's job outlived its supervisor
 
 
+def test_a_gpuq_lease_of_one_user_delays_the_other_users_job_until_its_command_ends(users: tuple[User, User]) -> None:
+    alice, bob = users
+    command = "while [ ! -e go ]; do sleep 0.02; done; date +%s.%N > lease.end"
+    lease = subprocess.Popen(
+        [alice.python, "-m", "gpuq", "lease", "--", "sh", "-c", command], cwd=alice.dir, env=alice.env,
+        user=alice.uid, group=alice.gid, extra_groups=[], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        leases = LeaseDir.open(alice.env["GPUQ_LEASE_DIR"])
+        [taken] = wait_for(leases.live, 20, what="alice's gpuq lease to hold the GPU")
+        assert (taken.user, taken.job, taken.whole) == (alice.name, None, True)
+        [job] = bob.add(1, 0.05)
+        bob.start_worker()
+        reason = wait_for(lambda: bob.waiting(job), 20, what="bob's job to say why it waits")
+        assert f"leased whole by {alice.name}'s `sh` (gpuq lease, pid {taken.pid})" in reason, reason
+        assert not (bob.dir / f"s.{job}").exists()
+        (alice.dir / "go").touch()
+        assert lease.wait(15) == 0, lease.stderr.read() if lease.stderr else ""
+        assert leases.live() == [], "the lease ends with its command"
+        wait_for(lambda: (bob.dir / f"e.{job}").exists(), 15, what="bob's job to run once the lease has ended")
+        assert float((bob.dir / f"s.{job}").read_text()) >= float((alice.dir / "lease.end").read_text())
+    finally:
+        if lease.poll() is None:
+            os.killpg(lease.pid, signal.SIGKILL)
+            lease.wait()
+
+
 # ---- one user: a job's supervisor and its lease ------------------------------------------------
 
 
