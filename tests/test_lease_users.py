@@ -504,3 +504,30 @@ def test_a_lease_directory_that_cannot_be_trusted_is_said_once_and_planning_goes
     others = OtherLeases(str(tmp_path / "spool"), said.append, str(loose))
     assert others() == [] and others() == []
     assert len(said) == 1 and "sticky" in said[0], said
+
+
+@pytest.mark.parametrize("planted", ["a symlink to a good directory", "not sticky"])
+def test_a_planted_lease_directory_is_said_in_one_line_and_the_jobs_still_run(
+    gq: Env, tmp_path: Path, planted: str
+) -> None:
+    Gpus(gq, fake_gpus(1))
+    real = tmp_path / "real"
+    real.mkdir()
+    real.chmod(0o1777)
+    where = tmp_path / "planted"
+    if planted == "not sticky":
+        where.mkdir()
+        where.chmod(0o777)
+    else:
+        where.symlink_to(real)
+    gq.env["GPUQ_LEASE_DIR"] = str(where)
+    ids = [gq.add("--gpus", "1", "true") for _ in range(3)]
+    gq.start_worker()
+    for job_id in ids:
+        gq.wait_state(job_id, DONE)
+    said = [line for line in gq.worker_output().splitlines() if f"lease directory {where}" in line]
+    assert len(said) == 1, gq.worker_output()
+    shown = gq.gpuq("gpus").stdout
+    assert shown.count(f"lease directory {where}") == 1, shown
+    assert "Traceback" not in gq.worker_output() + shown
+    assert not any(real.iterdir()), "nothing was written through the link"
