@@ -74,6 +74,16 @@ class Heard:
         slot, named = self.word
         return [slot.for_job(*job) for job in named]
 
+    def named(self) -> bool:
+        """Whether the last whole line heard names a job (without reading the line again)."""
+        return not self.gone and self.word is not None and bool(self.word[1])
+
+    def listen(self) -> bool:
+        """Read what the worker has said so far (while the job still runs: nothing is acted on
+        before it ends); whether the line is still open, and so worth listening to."""
+        self._read()
+        return not self.gone
+
     def _read(self) -> None:
         data, self._partial = self._partial, b""
         while not self.gone:

@@ -66,16 +66,36 @@ def _run_to_end(
     recorded, unused = wait.record_process(run, child)
     wait.forward_termination_to(child.pid)
     checking = start.check_code_while_running(run)
-    exit_code, sig = wait.wait_for_end(run, child, pump)
+    ahead: list[Reservation] = []  # the next job's room, set aside once the worker names one
+    exit_code, sig = wait.wait_for_end(run, child, pump, _listener(run, heard, ahead))
     # The next job is in running/ and started before this one leaves running/: no worker ever sees
     # the slot free in between, and this job's end record is off the next one's way.
     ended_at = now_iso()  # the job's end, whenever it is recorded (after the next job's start)
-    started = _start_successor(run, heard, unused) if exit_code == 0 else released(unused)
+    room = unused + ahead
+    released(room[2:])  # a job needs two blocks of room (run/room.py)
+    started = _start_successor(run, heard, room[:2]) if exit_code == 0 else released(room[:2])
     if checking is not None:
         checking.join()  # it may still write the job's file: before the end record does
     end.finish(run, exit_code=exit_code, sig=sig, note=None, retry=True, ended_at=ended_at, recorded=recorded)
     after_end(run.spool, run.job.id, run.order.hooks())
     return exit_code, started
+
+
+def _listener(run: Run, heard: Optional[successor.Heard], ahead: list[Reservation]) -> Optional[wait.Listener]:
+    """While the job runs, the worker's line is listened to (and nothing else done with what it
+    says) so that, once it names a next job for this slot, that job's room is set aside then: two
+    files written and fsynced, off the way between this job's end and the next one's start (bench/
+    PROFILE.md, section 7). Room it does not get is set aside at its start, as before."""
+    if heard is None:
+        return None
+
+    def heard_more() -> bool:
+        still_open = heard.listen()
+        if not ahead and heard.named():
+            ahead.extend(set_aside(run.spool))
+        return still_open
+
+    return heard.fd, heard_more
 
 
 def _start_successor(run: Run, heard: Optional[successor.Heard], room: list[Reservation]) -> Optional[Started]:
