@@ -17,7 +17,7 @@ from systems import Gpuq, System, Tsp, make, settle
 # gpuq's worker does differently once idle (FULL_LOOK_SECONDS: the full look and repair are due;
 # the zygote's IDLE_SECONDS: it has exited), so each `add` meets a worker idle as a user's is. The
 # other thing that ages, a spare's room (60 s), is kept fresh while the spare waits, so that a
-# longer pause would measure the same (bench/PROFILE.md, section 7).
+# longer pause would measure the same (bench/PROFILE.md, "the gap and the idle dispatch").
 IDLE_ROUND_SECONDS = 6.0
 
 
