@@ -91,9 +91,13 @@ def _listener(run: Run, heard: Optional[successor.Heard], ahead: list[Reservatio
         return None
 
     def heard_more() -> bool:
-        still_open = heard.listen()
-        if not ahead and heard.named():
-            ahead.extend(set_aside(run.spool))
+        try:
+            still_open = heard.listen()
+            if not ahead and heard.named():
+                ahead.extend(set_aside(run.spool))
+        except Exception as exc:  # noqa: BLE001 - the wait for the job must not end for this
+            start.log_line(run.log_fd, f"could not set the next job's room aside: {exc!r}")
+            return False  # what the line says is read again when the job ends
         return still_open
 
     return heard.fd, heard_more
