@@ -171,6 +171,11 @@ class Launcher:
         self.zygote_sock = mine
         return True
 
+    def zygote_ready(self) -> bool:
+        """Whether a zygote runs to fork the next spare (else keep_a_spare starts an interpreter)."""
+        self.reap_zygote()
+        return self.zygote is not None and self.zygote_sock is not None
+
     def reap_zygote(self) -> None:
         """A zygote that exited (idle, or killed) is the worker's child: collect it."""
         if self.zygote is not None and self.zygote.poll() is not None:
