@@ -110,8 +110,7 @@ class Worker:
         than an idle worker may. Woken by an event when only the full look's age calls for one (an
         idle worker meets a new job), it starts what the events name first and leaves the full look,
         repair, intake and next spare to the step after (`put_off`): ~10 ms with 2,000 finished jobs.
-        So does any step that started jobs when the next spare needs a new zygote (the last one left
-        after 5 idle seconds): an interpreter's start, on the CPU the jobs' starts need."""
+        A step that started jobs while no zygote runs leaves the next spare too (Launcher.keep_a_spare)."""
         now = time.time() if now is None else now
         self.launcher.reap_zygote()
         put_off, self._put_off = self._put_off, False
@@ -189,10 +188,7 @@ class Worker:
             self._sample_progress(now, snap.running)
         # after a first step's starts, here (its job may have ended): a new zygote would compete with the job
         if not (first or self.stopping or self.draining) and (result.busy or snap.pending or after_first):
-            if result.started and not self.launcher.zygote_ready():
-                result.put_off = True  # a new zygote's start (an interpreter's) waits for the step right after
-            else:
-                self.launcher.keep_a_spare()
+            result.put_off = not self.launcher.keep_a_spare(beside_starts=bool(result.started))
         return result
 
     def _resume_preempted(self) -> tuple[bool, bool]:
