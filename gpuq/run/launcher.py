@@ -109,9 +109,9 @@ class Launcher:
     def keep_a_spare(self, beside_starts: bool = False) -> bool:
         """Have a supervisor ready ahead of time, so the next job does not wait for one to start:
         forked by the zygote, or (no zygote could be reached) a new interpreter. `beside_starts`
-        (jobs were just handed over): no new zygote or interpreter is started, as its start would
-        take the CPU theirs need (bench/PROFILE.md, "the gap and the idle dispatch"); False then,
-        for the caller to ask again a moment later."""
+        (jobs were just handed over): no new zygote or interpreter is started, as its start (an
+        interpreter importing the supervisor) would take the CPU theirs need; False then, for the
+        caller to ask again a moment later."""
         self.reap_zygote()
         if self.spare is not None and self.spare.poll() is None:
             return True

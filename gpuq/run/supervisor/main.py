@@ -84,9 +84,8 @@ def _run_to_end(
 def _listener(run: Run, heard: Optional[successor.Heard], ahead: list[Reservation]) -> Optional[wait.Listener]:
     """While the job runs, the worker's line is listened to (and nothing else done with what it
     says) so that, once it names a next job for this slot, that job's room is set aside then: two
-    files written and fsynced, off the way between this job's end and the next one's start
-    (bench/PROFILE.md, "the gap and the idle dispatch"). Room it does not get is set aside at its
-    start, as before."""
+    files written and fsynced, off the way between this job's end and the next one's start (they
+    were two of its four fsyncs). Room it does not get is set aside at its start, as before."""
     if heard is None:
         return None
 
