@@ -270,7 +270,7 @@ def render(results: dict[str, Any], meta: dict[str, Any], sizes: dict[str, int])
     if "scale" in results:
         lines += scale_section(results["scale"], sizes["scale"])
     if "dispatch_git" in results:
-        lines += report_situations.dispatch_git_section(results["dispatch_git"], sizes["git_files"])
+        lines += report_situations.dispatch_git_section(results["dispatch_git"], sizes)
     if "back_to_back_gpus" in results:
         lines += report_situations.gap_gpus_section(results["back_to_back_gpus"])
     if "researcher" in results:

@@ -45,6 +45,7 @@ FULL = {
     "scale": 100000,
     "scale_reps": 5,
     "git_files": 300,
+    "dispatch_idle": variants.IDLE_ROUND_SECONDS,  # quiet before each round of dispatch_git
     "researcher_finished": [2000, 10000],
     "researcher_pending": 20,
     "researcher_reps": 15,
@@ -65,6 +66,7 @@ SMOKE = {
     "scale": 300,
     "scale_reps": 2,
     "git_files": 20,
+    "dispatch_idle": 0.25,
     "researcher_finished": [40, 80],
     "researcher_pending": 4,
     "researcher_reps": 2,
@@ -170,7 +172,7 @@ def run_steps(
         ("idle", lambda: scenarios.idle_cost(systems.make, names, root, *_idle_sizes(sizes))),
         ("log", lambda: scenarios.log_size(root, sizes["log_bytes"], sizes["log_reps"])),
         ("scale", lambda: scenarios.scale(cli_gpuq, sizes["scale"], sizes["scale_reps"])),
-        ("dispatch_git", lambda: variants.dispatch_git(names, root / "dgit", sizes["dispatch"], sizes["git_files"])),
+        ("dispatch_git", lambda: variants.dispatch_git(names, root / "dgit", sizes)),
         ("back_to_back_gpus", lambda: variants.back_to_back_gpus(names, root / "b2b-gpus", sizes["pairs"])),
         ("researcher", lambda: researcher.researcher(root / "researcher", names[1:], sizes)),
     ]

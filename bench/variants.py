@@ -4,29 +4,56 @@ situations users are in: `add` inside a git repository with a dirty tree, and GP
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import scenarios
-from common import BenchError, wait_for
+from common import BenchError, read_stamp, stamp_command, wait_for
 from researcher import make_repo
 from systems import Gpuq, System, Tsp, make, settle
 
+# Between two rounds of dispatch_git, every queue is left alone this long: longer than anything
+# gpuq's worker does differently once idle (FULL_LOOK_SECONDS: the full look and repair are due;
+# the zygote's IDLE_SECONDS: it has exited), so each `add` meets a worker idle as a user's is. The
+# other thing that ages, a spare's room (60 s), is kept fresh while the spare waits, so that a
+# longer pause would measure the same (bench/PROFILE.md, "the gap and the idle dispatch").
+IDLE_ROUND_SECONDS = 6.0
 
-def dispatch_git(names: list[str], root: Path, samples: int, files: int) -> dict[str, Any]:
+
+def dispatch_git(names: list[str], root: Path, sizes: dict[str, Any]) -> dict[str, Any]:
     """scenarios.dispatch with every queue's commands run from inside the same git repository:
-    `files` tracked files, one of them changed (gpuq records the code's commit and state)."""
-    repo = make_repo(root / "repo", files)
+    sizes["git_files"] tracked files, one of them changed (gpuq records the code's commit and
+    state), and each of sizes["dispatch"] rounds taken after sizes["dispatch_idle"] seconds
+    (IDLE_ROUND_SECONDS in a full run) in which no queue had anything to do."""
+    samples, idle = sizes["dispatch"], sizes["dispatch_idle"]
+    repo = make_repo(root / "repo", sizes["git_files"])
     queues = [make(name, root / name) for name in names]
     try:
         for queue in queues:
             queue.work = repo
         scenarios.started(queues)
-        settle(1.0)
-        return scenarios.dispatch(queues, root, samples)
+        out: dict[str, dict[str, list[float]]] = {q.name: {"queued": [], "submitted": []} for q in queues}
+        for n in range(samples):
+            settle(idle)
+            for queue in scenarios.rotated(queues, n):
+                sample = _dispatch_once(queue, root / f"dgit-{queue.name}-{n}")
+                for key, value in sample.items():
+                    out[queue.name][key].append(value)
+        return out
     finally:
         for queue in queues:
             queue.stop()
+
+
+def _dispatch_once(queue: System, stamp: Path) -> dict[str, float]:
+    """One job added; from the add's start and from its return to the job's first instruction."""
+    t_invoke = time.time()
+    job_id = queue.add(stamp_command(stamp))
+    t_return = time.time()
+    t_job = read_stamp(stamp)
+    queue.wait_done(job_id)
+    return {"queued": t_job - t_return, "submitted": t_job - t_invoke}
 
 
 def back_to_back_gpus(names: list[str], root: Path, pairs: int) -> dict[str, Any]:

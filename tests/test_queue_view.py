@@ -206,6 +206,32 @@ def test_an_idle_worker_starts_a_new_job_before_its_full_look(tmp_path: Path) ->
         worker.launcher.close_spare()
 
 
+def test_a_new_zygote_waits_for_the_step_after_a_start(tmp_path: Path) -> None:
+    """A worker whose zygote has gone (idle 5 s, or killed) starts a job, not a new zygote, in the
+    step that hands the job over: the zygote's interpreter would take the CPU the job's start
+    needs. The step right after (within PUT_OFF_SECONDS) starts it and keeps the next spare."""
+    from gpuq.run import loop
+    from gpuq.run.worker import Worker
+
+    spool = _spool(tmp_path)
+    worker = Worker(spool, say=lambda _line: None)
+    try:
+        worker.launcher.keep_a_spare()  # a spare forked by a zygote, which then exits
+        assert worker.launcher.zygote is not None
+        worker.launcher.zygote.kill()
+        wait_for(lambda: not worker.launcher.zygote_ready(), 10, what="the zygote gone")
+        ref, _job = _add(spool, tmp_path)
+        result = worker.step(time.time())
+        assert result.started == [ref.id]
+        assert worker.launcher.zygote is None, "no zygote started beside the job's start"
+        assert result.put_off and loop._next_look(result) == loop.PUT_OFF_SECONDS
+        worker.step(time.time())
+        assert worker.launcher.zygote_ready() and worker.launcher.spare is not None
+        wait_for(lambda: spool.jobs.find(ref.id, (DONE,)), 20, what="the job to run")
+    finally:
+        worker.launcher.close_spare()
+
+
 def test_a_job_seen_in_two_places_is_looked_up_until_it_settles(tmp_path: Path) -> None:
     """A move writes the new copy before it removes the old one. A look in between sees the job
     in pending/ and held/ and takes the later state (held); the held/ copy then goes without an

@@ -171,6 +171,28 @@ def test_the_next_jobs_start_under_the_supervisor_of_the_job_before(gq: Env) -> 
     assert "handed on" in gq.worker_output()
 
 
+def _rooms_of(gq: Env, pid: int) -> dict[str, int]:
+    """The room a supervisor holds in tmp/: name -> inode."""
+    return {p.name: p.stat().st_ino for p in (gq.home / "tmp").iterdir() if p.name.startswith(f".reserve-{pid}-")}
+
+
+def test_the_next_jobs_room_is_set_aside_while_the_job_before_runs(gq: Env) -> None:
+    """Once the worker names B, A's supervisor sets B's room aside while A still runs (A keeps one
+    block of its own, for its end), and B's start takes it: nothing is written there between A's
+    end and B's start. A room's blocks become the file written into them (the inode stays)."""
+    _worker, a = _running_a(gq)
+    supervisor = _supervisor_of(gq, a)
+    own = _rooms_of(gq, supervisor)
+    assert len(own) == 1, "A's room for its end"
+    b = gq.add("true")
+    wait_for(lambda: len(_rooms_of(gq, supervisor)) == 3, 20, what="B's room set aside while A runs")
+    ahead = set(_rooms_of(gq, supervisor).values()) - set(own.values())
+    (gq.work / "go").write_text("")
+    done = gq.wait_state(b, DONE, 20)
+    assert _supervisor_of(gq, b) == supervisor
+    assert (gq.home / "done" / f"{b:06d}-{done['name'].replace('/', '-')}.json").stat().st_ino in ahead
+
+
 def test_a_job_waiting_for_the_ending_one_goes_first(gq: Env) -> None:
     """Job B waits for A, job C was queued after it: when A ends, B starts, not C, though C was
     ready while A ran."""

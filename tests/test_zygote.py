@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import threading
 import time
+from pathlib import Path
 
 import psutil
+import pytest
 from conftest import Env, wait_for
 
 from gpuq.run import zygote
+from gpuq.run.room import FRESH_ROOM_SECONDS, RESERVE_MIN, released, set_aside, usable
+from gpuq.run.supervisor import main as supervisor_main
+from gpuq.spool import Spool
 
 
 def _named(root_pid: int, name: str) -> list[psutil.Process]:
@@ -121,3 +128,28 @@ def test_launcher_and_zygote_agree_on_the_request() -> None:
     from gpuq.run import launcher
 
     assert launcher.FORK_REQUEST == zygote.FORK_REQUEST  # kept apart: the launcher must not import psutil
+
+
+def test_a_waiting_spare_keeps_its_room_fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spare waits for its job for as long as the worker is idle; its room, set aside once, is
+    made fresh again while it waits (the same blocks), so that the job it gets at last need not
+    set room aside before it starts (run/room.py)."""
+    spool = Spool(tmp_path / "spool").ensure()
+    room = set_aside(spool)
+    inodes = [os.stat(r.path).st_ino for r in room]
+    long_ago = time.time() - 2 * FRESH_ROOM_SECONDS
+    for reservation in room:
+        os.utime(reservation.path, (long_ago, long_ago))
+    assert not any(usable(r, RESERVE_MIN, time.time()) for r in room)
+    monkeypatch.setattr(supervisor_main, "KEEP_FRESH_SECONDS", 0.05)  # the spare's pace, not a clock
+    worker_end, spare_end = socket.socketpair()
+    waiting = threading.Thread(target=supervisor_main.wait_for_order, args=(spare_end.detach(), room))
+    waiting.start()
+    try:
+        wait_for(lambda: all(usable(r, RESERVE_MIN, time.time()) for r in room), 5, what="the room made fresh")
+    finally:
+        worker_end.close()  # the worker gone: the spare gets no job
+        waiting.join(5)
+    assert not waiting.is_alive()
+    assert [os.stat(r.path).st_ino for r in room] == inodes, "the same blocks, not new ones"
+    released(room)

@@ -106,24 +106,30 @@ class Launcher:
         """Send a line to a supervisor we handed a job to (run/successor.py); False if it is gone."""
         return successor.send(supervisor.sock, line)
 
-    def keep_a_spare(self) -> None:
+    def keep_a_spare(self, beside_starts: bool = False) -> bool:
         """Have a supervisor ready ahead of time, so the next job does not wait for one to start:
-        forked by the zygote, or (no zygote could be reached) a new interpreter."""
+        forked by the zygote, or (no zygote could be reached) a new interpreter. `beside_starts`
+        (jobs were just handed over): no new zygote or interpreter is started, as its start (an
+        interpreter importing the supervisor) would take the CPU theirs need; False then, for the
+        caller to ask again a moment later."""
         self.reap_zygote()
         if self.spare is not None and self.spare.poll() is None:
-            return
+            return True
+        if beside_starts and not self.zygote_ready():
+            return False
         mine, theirs = socket.socketpair()
         try:
             if self._ask_zygote(theirs):
                 self.spare = Supervisor(mine)
-                return
+                return True
         finally:
             theirs.close()
         mine.close()
         try:
             self.spare = self._new_interpreter()
         except OSError:
-            return  # jobs then start the slower way
+            pass  # jobs then start the slower way
+        return True
 
     def _new_interpreter(self) -> Supervisor:
         """A spare started as a new `python -S`; OSError if it could not be."""
@@ -170,6 +176,11 @@ class Launcher:
             theirs.close()
         self.zygote_sock = mine
         return True
+
+    def zygote_ready(self) -> bool:
+        """Whether a zygote runs to fork the next spare (else keep_a_spare starts an interpreter)."""
+        self.reap_zygote()
+        return self.zygote is not None and self.zygote_sock is not None
 
     def reap_zygote(self) -> None:
         """A zygote that exited (idle, or killed) is the worker's child: collect it."""

@@ -6,8 +6,9 @@ file event, its step, the claim, the hand-over to a spare supervisor, that proce
 supervisor starts the next job itself, none of that is on the way.
 The worker still decides which jobs those are: whenever its answer changes, it tells the supervisor
 of each job of its own the jobs it would start in that slot, in order, were that job to end now
-(engine/schedule/planner.py, `Planner.successors`), or that there are none. The supervisor reads the worker's
-last word only when its job has ended by itself, and acts on it under the same rules as the worker:
+(engine/schedule/planner.py, `Planner.successors`), or that there are none. The supervisor acts on the worker's
+last word only when its job has ended by itself (while it runs, a job named only has its room set
+aside: run/supervisor/main.py), and then under the same rules as the worker:
 it takes a job's claim, and starts it only if its file is still the version the worker chose
 (`rev`). A job already gone from pending/ (started elsewhere, cancelled) is passed over; a claim
 someone else holds or a changed file ends the chain, and the worker starts what comes next.
@@ -73,6 +74,16 @@ class Heard:
             return []
         slot, named = self.word
         return [slot.for_job(*job) for job in named]
+
+    def named(self) -> bool:
+        """Whether the last whole line heard names a job (without reading the line again)."""
+        return not self.gone and self.word is not None and bool(self.word[1])
+
+    def listen(self) -> bool:
+        """Read what the worker has said so far (while the job still runs: nothing is acted on
+        before it ends); whether the line is still open, and so worth listening to."""
+        self._read()
+        return not self.gone
 
     def _read(self) -> None:
         data, self._partial = self._partial, b""

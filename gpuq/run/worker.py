@@ -55,7 +55,7 @@ class StepResult:
     gpu_wait: bool = False  # a job waits for GPUs that may free up unannounced, or a GPU job may be given back
     claim_busy: bool = False  # a ready job's claim was held (its supervisor just requeued it): look again soon
     space_wait: bool = False  # jobs wait for disk space: look again soon, as space comes back unannounced
-    put_off: bool = False  # the full look, repair and intake were left to a step right after this one's starts
+    put_off: bool = False  # the full look, repair, intake or a new zygote were left to a step right after its starts
     next_begin: Optional[float] = None  # the earliest --begin time to come: the worker wakes for it
 
 
@@ -109,7 +109,8 @@ class Worker:
         with a thousand blocked jobs, re-reading the queue every few seconds would cost more CPU
         than an idle worker may. Woken by an event when only the full look's age calls for one (an
         idle worker meets a new job), it starts what the events name first and leaves the full look,
-        repair, intake and next spare to the step after (`put_off`): ~10 ms with 2,000 finished jobs."""
+        repair, intake and next spare to the step after (`put_off`): ~10 ms with 2,000 finished jobs.
+        A step that started jobs while no zygote runs leaves the next spare too (Launcher.keep_a_spare)."""
         now = time.time() if now is None else now
         self.launcher.reap_zygote()
         put_off, self._put_off = self._put_off, False
@@ -117,7 +118,7 @@ class Worker:
             return self._quiet_step(now)
         first = woken and not put_off and self.view.only_age_due(now)
         result = self._full_step(now, first, put_off)
-        self._put_off = result.put_off = first
+        self._put_off = result.put_off = first or result.put_off
         self._quiet_since = (self.spool.jobs.signature(), now, result)
         return result
 
@@ -187,7 +188,7 @@ class Worker:
             self._sample_progress(now, snap.running)
         # after a first step's starts, here (its job may have ended): a new zygote would compete with the job
         if not (first or self.stopping or self.draining) and (result.busy or snap.pending or after_first):
-            self.launcher.keep_a_spare()
+            result.put_off = not self.launcher.keep_a_spare(beside_starts=bool(result.started))
         return result
 
     def _resume_preempted(self) -> tuple[bool, bool]:

@@ -146,11 +146,16 @@ class Files:
         already gone."""
         return unlink_quietly(self.layout.top_file("reserve"))
 
-    def replace(self, target: StrPath, data: bytes, kind: str, durable: bool = True) -> Signature:
-        """Atomically make `target` hold `data`, replacing what was there; its signature as written."""
+    def replace(
+        self, target: StrPath, data: bytes, kind: str, durable: bool = True, sync_dir: bool = True
+    ) -> Signature:
+        """Atomically make `target` hold `data`, replacing what was there; its signature as written.
+        `sync_dir=False` (with `durable`): the file is fsynced, its directory is not, so after a
+        power cut `target` holds the new data or the old, whole: for a caller whose other copy,
+        synced, carries the change (spool/ids.py)."""
         tmp, sig = self._write_tmp(data, kind, durable)
         _rename_or_drop(tmp, target, replace=True)
-        if durable:
+        if durable and sync_dir:
             fsutil.fsync_dir(os.path.dirname(target))
         return sig
 

@@ -41,10 +41,13 @@ class IdCounter:
             after = f"{next_id + count}\n".encode()
             # Both copies are fsynced before the id is given out; the one in ids.lock by a second
             # thread meanwhile, so that the two fsyncs share a journal commit (bench/PROFILE.md,
-            # "add -> first instruction").
+            # "add -> first instruction"). The spool directory is not fsynced for next_id's rename:
+            # ids.lock, written in place and fsynced, holds the counter over a power cut whichever
+            # next_id survives (the larger copy counts); only a new ids.lock needs its name synced.
+            new_lock = os.fstat(fd).st_size == 0
             copying = _meanwhile(_overwrite, os.dup(fd), after)  # its own descriptor, closed when done
             try:
-                self.files.replace(self.layout.top_file("next_id"), after, "id")
+                self.files.replace(self.layout.top_file("next_id"), after, "id", sync_dir=new_lock)
             finally:
                 failed = copying()  # waited for also when next_id failed: that error is the one told
             if isinstance(failed, OSError) and failed.errno in FULL_ERRNOS:

@@ -21,7 +21,7 @@ from typing import Any, Optional
 from gpuq.core.times import now_iso
 from gpuq.run import successor
 from gpuq.run.hooks import after_end
-from gpuq.run.room import released, set_aside
+from gpuq.run.room import KEEP_FRESH_SECONDS, keep_fresh, released, set_aside
 from gpuq.run.supervisor import end, start, wait
 from gpuq.run.supervisor.order import StartOrder
 from gpuq.run.supervisor.start import Run, Started
@@ -66,16 +66,40 @@ def _run_to_end(
     recorded, unused = wait.record_process(run, child)
     wait.forward_termination_to(child.pid)
     checking = start.check_code_while_running(run)
-    exit_code, sig = wait.wait_for_end(run, child, pump)
+    ahead: list[Reservation] = []  # the next job's room, set aside once the worker names one
+    exit_code, sig = wait.wait_for_end(run, child, pump, _listener(run, heard, ahead))
     # The next job is in running/ and started before this one leaves running/: no worker ever sees
     # the slot free in between, and this job's end record is off the next one's way.
     ended_at = now_iso()  # the job's end, whenever it is recorded (after the next job's start)
-    started = _start_successor(run, heard, unused) if exit_code == 0 else released(unused)
+    room = unused + ahead  # the next job's: two blocks (run/room.py)
+    started = _start_successor(run, heard, room[:2]) if exit_code == 0 else None
     if checking is not None:
         checking.join()  # it may still write the job's file: before the end record does
     end.finish(run, exit_code=exit_code, sig=sig, note=None, retry=True, ended_at=ended_at, recorded=recorded)
+    released(room[2:] if exit_code == 0 else room)  # only now: the end sees the disk as the job left it
     after_end(run.spool, run.job.id, run.order.hooks())
     return exit_code, started
+
+
+def _listener(run: Run, heard: Optional[successor.Heard], ahead: list[Reservation]) -> Optional[wait.Listener]:
+    """While the job runs, the worker's line is listened to (and nothing else done with what it
+    says) so that, once it names a next job for this slot, that job's room is set aside then: two
+    files written and fsynced, off the way between this job's end and the next one's start (they
+    were two of its four fsyncs). Room it does not get is set aside at its start, as before."""
+    if heard is None:
+        return None
+
+    def heard_more() -> bool:
+        try:
+            still_open = heard.listen()
+            if not ahead and heard.named():
+                ahead.extend(set_aside(run.spool))
+        except Exception as exc:  # noqa: BLE001 - the wait for the job must not end for this
+            start.log_line(run.log_fd, f"could not set the next job's room aside: {exc!r}")
+            return False  # what the line says is read again when the job ends
+        return still_open
+
+    return heard.fd, heard_more
 
 
 def _start_successor(run: Run, heard: Optional[successor.Heard], room: list[Reservation]) -> Optional[Started]:
@@ -126,14 +150,19 @@ def _gpus_still_free(order: StartOrder) -> bool:
     return all(gpu is not None and not gpu.processes and gpu.memory_used_mib <= threshold for gpu in held)
 
 
-def wait_for_order(spare_fd: int) -> Optional[tuple[int, StartOrder, successor.Heard]]:
+def wait_for_order(
+    spare_fd: int, room: Optional[list[Reservation]] = None
+) -> Optional[tuple[int, StartOrder, successor.Heard]]:
     """Block until the worker sends the claim's descriptor and the job's start order over the
-    socket. None if the worker closed the socket (it stopped or died) without a job, or sent
-    something else. With a job, the socket stays open until this process exits: its end of file is
-    how the worker learns that this supervisor has exited (it is not the parent of a forked one)."""
+    socket, keeping the `room` set aside for the job fresh meanwhile. None if the worker closed the
+    socket (it stopped or died) without a job, or sent something else. With a job, the socket stays
+    open until this process exits: its end of file is how the worker learns that this supervisor
+    has exited (it is not the parent of a forked one)."""
     sock = socket.socket(fileno=spare_fd)
     if not select.select([sock], [], [], 0)[0]:  # nobody waits yet: load now what the job's start needs
         import psutil  # noqa: F401  (the job's identity, recorded once it runs; a fork has it already)
+    while room and not select.select([sock], [], [], KEEP_FRESH_SECONDS)[0]:
+        keep_fresh(room)
     try:
         message, fds, _flags, _addr = socket.recv_fds(sock, 4096, 1)
         line, _newline, more = message.partition(b"\n")  # the worker's lines may follow at once
@@ -165,7 +194,7 @@ def serve_spare(home: str, spare_fd: int) -> int:
     name_process("gpuq-spare")
     spool = Spool(Path(home))
     ready = set_aside(spool)
-    assignment = wait_for_order(spare_fd)
+    assignment = wait_for_order(spare_fd, ready)
     if assignment is None:
         released(ready)
         return 0

@@ -6,10 +6,11 @@ and 4; section 15).
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from gpuq.core.states import PREEMPT
 from gpuq.core.times import parse_iso
@@ -40,10 +41,18 @@ def record_process(run: Run, child: subprocess.Popen) -> tuple[dict[str, Any], l
     return process, [run.room.pop(0)]
 
 
-def wait_for_end(run: Run, child: subprocess.Popen, pump: Optional[Any]) -> tuple[int, Optional[int]]:
+# While the job runs: a descriptor to watch beside it (the worker's line), and what to do when it
+# is readable, which says whether it is still worth watching (run/supervisor/main.py).
+Listener = tuple[int, Callable[[], bool]]
+
+
+def wait_for_end(
+    run: Run, child: subprocess.Popen, pump: Optional[Any], listener: Optional[Listener] = None
+) -> tuple[int, Optional[int]]:
     """Wait for the job, end what is left of its group, drain its log: its exit code and the
-    signal that ended it, if one did."""
-    returncode = _wait_within_limit(run, child)
+    signal that ended it, if one did. `listener`: called whenever its descriptor is readable while
+    the job runs, until it says to stop."""
+    returncode = _wait_within_limit(run, child, listener)
     _end_leftovers(run, child.pid)  # the job ends when the last process of its group does
     if pump is not None:
         pump.join(PUMP_DRAIN_SECONDS)  # what is still in the pipe; children holding it do not hold us up
@@ -68,17 +77,14 @@ def time_limit(run: Run) -> Optional[float]:
     return run.job.time_limit or run.order.default_time
 
 
-def _wait_within_limit(run: Run, child: subprocess.Popen) -> int:
+def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Listener]) -> int:
     """Wait for the job; past its time limit stop it as `gpuq kill` does (SIGTERM to its group,
     SIGKILL after a grace), or, for a --preemptible job, preempt it so that it keeps its checkpoint."""
     limit = time_limit(run)
-    if not limit:
-        return child.wait()
-    started = parse_iso(run.job.started_at) or time.time()
-    try:
-        return child.wait(timeout=max(0.0, started + limit - time.time()))
-    except subprocess.TimeoutExpired:
-        pass
+    deadline = (parse_iso(run.job.started_at) or time.time()) + limit if limit else None
+    returncode = _wait_until(child, deadline, listener)
+    if returncode is not None:
+        return returncode
     run.timed_out = format_duration(limit)
     grace = kill_grace(run)
     log_line(run.log_fd, f"time limit of {run.timed_out} reached: stopping the job (SIGKILL after {grace:g}s)")
@@ -91,6 +97,39 @@ def _wait_within_limit(run: Run, child: subprocess.Popen) -> int:
     except subprocess.TimeoutExpired:
         procs.signal_group(child.pid, signal.SIGKILL)
         return child.wait()
+
+
+def _wait_until(child: subprocess.Popen, deadline: Optional[float], listener: Optional[Listener]) -> Optional[int]:
+    """The job's exit code once it ends, or None if it still runs at `deadline` (time.time();
+    None: no limit). With a listener, the job's exit is watched through a pidfd beside the
+    listener's descriptor (where there is none, the job is waited for alone)."""
+    pidfd = _pidfd(child.pid) if listener is not None else -1
+    if pidfd < 0:
+        try:
+            return child.wait(timeout=None if deadline is None else max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            return None
+    watched = [pidfd, listener[0]]
+    try:
+        while True:
+            left = None if deadline is None else deadline - time.time()
+            if left is not None and left <= 0:
+                return child.poll()
+            ready = select.select(watched, [], [], left)[0]
+            if pidfd in ready:
+                return child.wait()
+            if len(watched) > 1 and watched[1] in ready and not listener[1]():
+                del watched[1]  # the line is closed: only the job is left to wait for
+    finally:
+        os.close(pidfd)
+
+
+def _pidfd(pid: int) -> int:
+    """A descriptor readable once process `pid` has ended (Linux 5.3 and later), or -1."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return -1
 
 
 def kill_grace(run: Run) -> float:
