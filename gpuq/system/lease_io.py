@@ -12,6 +12,7 @@ import fcntl
 import os
 import pwd
 import stat
+import time
 
 from gpuq.core import jsontext
 from gpuq.system.security import display
@@ -234,17 +235,22 @@ def next_number() -> int:
     return _counter[0]
 
 
-_user_names: dict[int, Optional[str]] = {}
+_user_names: dict[int, tuple[Optional[str], float]] = {}  # uid -> (name, when asked)
+USER_NAME_KEPT = 60.0  # seconds: a worker lives for months, and a deleted user's uid is given out again
 
 
 def user_name(uid: int) -> Optional[str]:
-    """The account name of `uid` as this machine knows it (asked once per uid: NSS may be LDAP)."""
-    if uid not in _user_names:
+    """The account name of `uid` as this machine knows it (asked at most once a minute per uid:
+    NSS may be LDAP)."""
+    kept = _user_names.get(uid)
+    now = time.monotonic()
+    if kept is None or now - kept[1] > USER_NAME_KEPT:
         try:
-            _user_names[uid] = pwd.getpwuid(uid).pw_name
+            kept = (pwd.getpwuid(uid).pw_name, now)
         except KeyError:
-            _user_names[uid] = None
-    return _user_names[uid]
+            kept = (None, now)
+        _user_names[uid] = kept
+    return kept[0]
 
 
 def start_time(pid: int) -> float:
