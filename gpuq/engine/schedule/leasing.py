@@ -97,7 +97,11 @@ def claim_gpus(
             live = directory.live()
             for problem in directory.problems:
                 say_once(problem, log)
-            others = [Leased(lease, _holder_tree(lease)) for lease in live if not exclude(lease)]
+            # A holder's processes only tell which listed process is whose: with none listed on these
+            # GPUs (a job handing its slot on, most starts), its tree (a ms or two of psutil) is not read.
+            listed = any(g.processes for g in seen.gpus)
+            counted = [lease for lease in live if not exclude(lease)]
+            others = [Leased(lease, _holder_tree(lease) if listed else frozenset()) for lease in counted]
             decision = decide(seen, others)
             if isinstance(decision, Blocked):
                 return decision

@@ -115,7 +115,9 @@ class Planner:
         if mode == placement.CPU_ONLY:  # only as many ready jobs as there are free slots are looked for
             return self._plan_slots(snap, busy, chain((first,), found), preempting, look)
         if mode == placement.GPUS and self.leases is not None:
-            self._leased = [Leased(lease, frozenset(self._tree(lease.pid))) for lease in self.leases()]
+            listed = any(g.processes for g in look.gpus)  # a holder's tree only says whose a listed process is
+            leases = self.leases()
+            self._leased = [Leased(lease, frozenset(self._tree(lease.pid) if listed else ())) for lease in leases]
         ready = [first, *islice(found, MAX_PLACED - 1)]
         return self._plan_gpus(snap, busy, ready, preempting, look, mode)
 
