@@ -260,6 +260,16 @@ def start_worker(index: int, env: dict[str, str], log: Any) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def stop_worker(worker: subprocess.Popen, env: dict[str, str], log: Any) -> None:
+    """The worker stopped with its jobs killed (or, if it will not stop, killed), its log closed."""
+    subprocess.run([sys.executable, "-m", "gpuq", "stop", "--kill-jobs"], env=env, capture_output=True)
+    try:
+        worker.wait(15)
+    except subprocess.TimeoutExpired:
+        stop(worker)
+    log.close()
+
+
 def cli_wired() -> bool:
     out = subprocess.run([sys.executable, "-m", "gpuq", "add", "--help"], capture_output=True, text=True, cwd=REPO)
     return "--gpus" in out.stdout
@@ -316,12 +326,7 @@ def check_cli(index: int, mib: int, uuid_of: dict[int, str]) -> list[str]:
         finally:
             if holder is not None:
                 stop(holder)
-            subprocess.run([sys.executable, "-m", "gpuq", "stop", "--kill-jobs"], env=env, capture_output=True)
-            try:
-                worker.wait(15)
-            except subprocess.TimeoutExpired:
-                stop(worker)
-            log.close()
+            stop_worker(worker, env, log)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,12 +364,7 @@ def check_lease(index: int, uuid: str, count: int) -> list[str]:
             return notes + [f"job #{job} waited ({reason}), started {started - released:.1f} s after the release"]
         finally:
             held.release()
-            subprocess.run([sys.executable, "-m", "gpuq", "stop", "--kill-jobs"], env=env, capture_output=True)
-            try:
-                worker.wait(15)
-            except subprocess.TimeoutExpired:
-                stop(worker)
-            log.close()
+            stop_worker(worker, env, log)
 
 
 def _lease_no_wait(env: dict[str, str], count: int) -> str:

@@ -287,6 +287,16 @@ def test_memory_leases_of_two_users_never_add_up_past_the_gpu(users: tuple[User,
     assert count == 2, "two jobs fit at once: the leases still share the GPU"
 
 
+def _held_back(user: User, why: str) -> int:
+    """A job of `user`, queued and its worker started, that waits saying `why` and has not started."""
+    [job] = user.add(1, 0.05)
+    user.start_worker()
+    reason = wait_for(lambda: user.waiting(job), 20, what=f"{user.name}'s job to say why it waits")
+    assert why in reason, reason
+    assert not (user.dir / f"s.{job}").exists()
+    return job
+
+
 def test_a_job_waits_for_the_other_users_lease_until_its_supervisor_is_killed(users: tuple[User, User]) -> None:
     alice, bob = users
     [held] = alice.add(1, 0, go=True)
@@ -296,11 +306,7 @@ def test_a_job_waits_for_the_other_users_lease_until_its_supervisor_is_killed(us
     [lease] = leases.live()
     # By uid: the test process keeps a uid's name a minute, and an earlier test's user may have had it.
     assert (lease.uid, lease.job, lease.pid) == (alice.uid, held, supervisor)
-    [waiting] = bob.add(1, 0.05)
-    bob.start_worker()
-    reason = wait_for(lambda: bob.waiting(waiting), 20, what="bob's job to say why it waits")
-    assert f"leased whole by {alice.name}'s job #{held}" in reason, reason
-    assert not (bob.dir / f"s.{waiting}").exists()
+    waiting = _held_back(bob, f"leased whole by {alice.name}'s job #{held}")
     os.kill(supervisor, signal.SIGKILL)
     wait_for(lambda: not alive(supervisor), 5, what="the supervisor to die")
     assert leases.live() == [], "a killed holder's lease is stale at once"
@@ -320,11 +326,7 @@ def test_a_gpuq_lease_of_one_user_delays_the_other_users_job_until_its_command_e
         leases = LeaseDir.open(alice.env["GPUQ_LEASE_DIR"])
         [taken] = wait_for(leases.live, 20, what="alice's gpuq lease to hold the GPU")
         assert (taken.uid, taken.job, taken.whole) == (alice.uid, None, True)
-        [job] = bob.add(1, 0.05)
-        bob.start_worker()
-        reason = wait_for(lambda: bob.waiting(job), 20, what="bob's job to say why it waits")
-        assert f"leased whole by {alice.name}'s `sh` (gpuq lease, pid {taken.pid})" in reason, reason
-        assert not (bob.dir / f"s.{job}").exists()
+        job = _held_back(bob, f"leased whole by {alice.name}'s `sh` (gpuq lease, pid {taken.pid})")
         (alice.dir / "go").touch()
         assert lease.wait(15) == 0, lease.stderr.read() if lease.stderr else ""
         assert leases.live() == [], "the lease ends with its command"
