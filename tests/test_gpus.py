@@ -96,6 +96,12 @@ BAD_DOCS = [
     ({"gpus": [fake_gpu(0, processes=((7, -5),))]}, "gpus[0].processes[0].used_memory_mib"),
     ({"gpus": [fake_gpu(0, processes=((7, 5), (7, 6)))]}, "pid 7 appears twice"),
     ({"gpus": [dict(fake_gpu(0), processes=[{"pid": 7}])]}, "gpus[0].processes[0]: missing used_memory_mib"),
+    ({"gpus": [dict(fake_gpu(0), utilization_gpu=101)]}, "gpus[0].utilization_gpu: expected a whole number 0-100"),
+    ({"gpus": [dict(fake_gpu(0), utilization_gpu="50%")]}, "gpus[0].utilization_gpu"),
+    (
+        {"gpus": [dict(fake_gpu(0), processes=[{"pid": 7, "used_memory_mib": 1, "utilization_gpu": -1}])]},
+        "gpus[0].processes[0].utilization_gpu",
+    ),
 ]
 
 
@@ -129,13 +135,17 @@ def test_json_round_trip_is_exact(fake_file: Path) -> None:
         "gpus": [
             fake_gpu(0, used=9300, processes=((4242, 9300),)),
             fake_gpu(1, used=20000, processes=((77, None), (78, 19000)), total=143771),
+            dict(fake_gpu(2, processes=((79, 5),)), utilization_gpu=0),
         ]
     }
+    doc["gpus"][2]["processes"][0]["utilization_gpu"] = 100
     write_doc(fake_file, doc)
     look = gpus.look()
     out = gpus.to_json(look)
     assert {k: out[k] for k in ("source", "problem", "at")} == {"source": "fake", "problem": None, "at": look.at}
     assert {"gpus": out["gpus"]} == doc  # key for key, value for value, order kept
+    assert look.gpus[2].utilization_gpu == 0 and look.gpus[2].processes[0].utilization_gpu == 100
+    assert look.gpus[0].utilization_gpu is None  # absent: not known, and not written back
     through_text = json.loads(json.dumps(out))
     assert gpus.from_json(through_text) == look.gpus  # what `gpuq gpus --json` prints reads back the same
     assert gpus.to_json(GpuLook(gpus.from_json(through_text), look.source, look.problem, look.at)) == out
@@ -305,6 +315,28 @@ def test_nvml_init_failure_with_a_driver_present_is_a_problem_and_retried(monkey
     assert (first.source, first.gpus, first.problem) == ("nvml", (), "NVML failed to start: Insufficient Permissions")
     second = gpus.look()
     assert second.problem is None and len(second.gpus) == 1 and len(attempts) == 2
+
+
+def test_nvml_utilisation_per_gpu_and_process_where_the_driver_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    binding = stand_in_nvml([device(0, compute=[(4242, GIB), (50, GIB)]), device(1, compute=[(60, GIB)])])
+
+    def rates(h: dict) -> Any:
+        if h["uuid"] == "GPU-1":
+            raise NVMLError(3, "Not Supported")  # a MIG slice, say: no figure, and no problem either
+        return types.SimpleNamespace(gpu=87, memory=40)
+
+    def per_process(h: dict, since: int) -> list:
+        if h["uuid"] == "GPU-1":
+            raise NVMLError(3, "Not Supported")
+        return [types.SimpleNamespace(pid=4242, smUtil=80, memUtil=30, timeStamp=1)]
+
+    binding.nvmlDeviceGetUtilizationRates = rates
+    binding.nvmlDeviceGetProcessUtilization = per_process
+    look = nvml_look(monkeypatch, binding)
+    assert look.problem is None
+    assert [g.utilization_gpu for g in look.gpus] == [87, None]
+    assert look.gpus[0].processes == (GpuProcess(50, 1024, None), GpuProcess(4242, 1024, 80))
+    assert look.gpus[1].processes == (GpuProcess(60, 1024, None),)
 
 
 # ------------------------------------------------------------------ pids

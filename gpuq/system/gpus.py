@@ -14,6 +14,7 @@ Memory is in MiB (whole numbers); a process's `used_memory_mib` is null when NVM
 A GPU may also say `"compute_mode"`: "default" (when absent), "exclusive_process" (an admin's
 `nvidia-smi -c EXCLUSIVE_PROCESS`: one process at a time, so gpuq never shares it between jobs),
 "exclusive_thread" or "prohibited", as NVML names them; `to_json` writes it only when not default.
+A GPU and a process may say `"utilization_gpu"`: 0-100, NVML's busy percent (absent or null: not known).
 
 No driver, no GPU: `look()` returns no GPUs with source "none" and a one-line `problem` saying why;
 that is the CPU-only case, not an error. pynvml and psutil are imported only inside the functions
@@ -41,7 +42,7 @@ MIB = 1024 * 1024
 # driver, but NVML cannot be read" (not fine: gpuq must not start jobs onto GPUs it cannot see).
 
 GPU_KEYS = ("index", "name", "uuid", "memory_total_mib", "memory_used_mib", "processes")
-OPTIONAL_GPU_KEYS = ("compute_mode",)
+OPTIONAL_GPU_KEYS = ("compute_mode", "utilization_gpu")
 # NVML's compute modes by their numbers (nvmlComputeMode_t); the names are those of `nvidia-smi -c`.
 DEFAULT_MODE = "default"
 EXCLUSIVE_PROCESS = "exclusive_process"
@@ -54,19 +55,21 @@ TOP_KEYS = ("gpus", "source", "problem", "at")  # the last three: what to_json a
 
 
 # collections.namedtuple, not dataclasses or typing's NamedTuple: both cost start-up (engine/scheduler.QueueState)
-class GpuProcess(namedtuple("GpuProcess", "pid used_memory_mib")):
-    """`pid`, `used_memory_mib` (int; None: NVML could not tell)."""
+class GpuProcess(namedtuple("GpuProcess", "pid used_memory_mib utilization_gpu", defaults=(None,))):
+    """`pid`, `used_memory_mib` (int; None: NVML could not tell), `utilization_gpu` (0-100 or None)."""
 
     __slots__ = ()
 
 
 class Gpu(
     namedtuple(
-        "Gpu", "index name uuid memory_total_mib memory_used_mib processes compute_mode", defaults=(DEFAULT_MODE,)
+        "Gpu",
+        "index name uuid memory_total_mib memory_used_mib processes compute_mode utilization_gpu",
+        defaults=(DEFAULT_MODE, None),
     )
 ):
     """`index`, `name`, `uuid`, `memory_total_mib`, `memory_used_mib`, `processes` (a tuple of
-    GpuProcess), `compute_mode` (one of COMPUTE_MODES)."""
+    GpuProcess), `compute_mode` (one of COMPUTE_MODES), `utilization_gpu` (0-100, or None: not known)."""
 
     __slots__ = ()
 
@@ -105,11 +108,17 @@ def _gpu_to_json(gpu: Gpu) -> dict[str, Any]:
         "uuid": gpu.uuid,
         "memory_total_mib": gpu.memory_total_mib,
         "memory_used_mib": gpu.memory_used_mib,
-        "processes": [{"pid": p.pid, "used_memory_mib": p.used_memory_mib} for p in gpu.processes],
+        "processes": [
+            _with_utilization({"pid": p.pid, "used_memory_mib": p.used_memory_mib}, p) for p in gpu.processes
+        ],
     }
     if gpu.compute_mode != DEFAULT_MODE:  # optional in the format: files without it stay as they were
         out["compute_mode"] = gpu.compute_mode
-    return out
+    return _with_utilization(out, gpu)
+
+
+def _with_utilization(out: dict[str, Any], item: Any) -> dict[str, Any]:
+    return out if item.utilization_gpu is None else {**out, "utilization_gpu": item.utilization_gpu}
 
 
 def from_json(obj: Any) -> tuple[Gpu, ...]:
@@ -147,7 +156,15 @@ def _gpu_from_json(item: Any, where: str) -> Gpu:
         memory_used_mib=used,
         processes=processes,
         compute_mode=_compute_mode(item.get("compute_mode", DEFAULT_MODE), f"{where}.compute_mode"),
+        utilization_gpu=_percent(item, where),
     )
+
+
+def _percent(item: dict, where: str) -> Optional[int]:
+    value = item.get("utilization_gpu")
+    if value is not None and _whole(value, f"{where}.utilization_gpu", minimum=0) > 100:
+        raise ValueError(f"{where}.utilization_gpu: expected a whole number 0-100, got {value}")
+    return value
 
 
 def _compute_mode(value: Any, where: str) -> str:
@@ -159,11 +176,12 @@ def _compute_mode(value: Any, where: str) -> str:
 def _process_from_json(item: Any, where: str) -> GpuProcess:
     if not isinstance(item, dict):
         raise ValueError(f"{where}: expected an object, got {_kind(item)}")
-    _exact_keys(item, PROCESS_KEYS, PROCESS_KEYS, where)
+    _exact_keys(item, PROCESS_KEYS, PROCESS_KEYS + ("utilization_gpu",), where)
     used = item["used_memory_mib"]
     return GpuProcess(
         pid=_whole(item["pid"], f"{where}.pid", minimum=1),
         used_memory_mib=None if used is None else _whole(used, f"{where}.used_memory_mib", minimum=0),
+        utilization_gpu=_percent(item, where),
     )
 
 
@@ -306,7 +324,24 @@ def _read_device(pynvml: Any, index: int, problems: list[str]) -> Optional[Gpu]:
         problems.append(f"GPU {index}: no process list (NVML: {_error_text(pynvml, exc)})")
         processes = ()
     mode = _nvml_compute_mode(pynvml, handle)
-    return Gpu(index, name, uuid, memory_total_mib=total, memory_used_mib=used, processes=processes, compute_mode=mode)
+    busy = _nvml_or_none(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    processes = _process_utilization(pynvml, handle, processes)
+    return Gpu(index, name, uuid, total, used, processes, compute_mode=mode, utilization_gpu=busy)
+
+
+def _nvml_or_none(read: Any) -> Any:
+    """A figure that only informs: None where NVML cannot give it, never an error that stops a look."""
+    try:
+        return read()
+    except Exception:  # NVMLError_NotSupported mostly (MIG slices, some drivers)
+        return None
+
+
+def _process_utilization(pynvml: Any, handle: Any, processes: tuple) -> tuple:
+    """Each process's SM share over NVML's recent samples, where the driver keeps them."""
+    samples = _nvml_or_none(lambda: pynvml.nvmlDeviceGetProcessUtilization(handle, 0)) or ()
+    share = {s.pid: min(int(s.smUtil), 100) for s in samples}
+    return tuple(p._replace(utilization_gpu=share.get(p.pid)) for p in processes)
 
 
 def _nvml_compute_mode(pynvml: Any, handle: Any) -> str:
