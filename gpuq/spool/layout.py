@@ -125,6 +125,9 @@ class Layout:
     def samples_path(self, job_id: int) -> str:
         return os.path.join(self.home, "progress", f"{job_id:06d}.samples.json")
 
+    def gpu_use_path(self, job_id: int) -> str:
+        return os.path.join(self.home, "progress", f"{job_id:06d}.gpu.json")
+
     # ---- gpuq's own files ---------------------------------------------------------------------
     def worker_log_path(self) -> str:
         return os.path.join(self.home, "logs", "worker.log")

@@ -52,6 +52,22 @@ class Reports:
         data = jsontext.dumps(samples, separators=(",", ":")).encode()
         self.files.replace(self.layout.samples_path(job_id), data, "samples", durable=False)
 
+    def read_gpu_use(self, job_id: int) -> dict[str, Any]:
+        """What the job's GPUs did, per attempt (engine/tracking/gpuuse.py; {} if none or unreadable)."""
+        data = read_small(self.layout.gpu_use_path(job_id))
+        try:
+            record = jsontext.loads(data) if data else {}
+        except ValueError:
+            return {}
+        return record if isinstance(record, dict) else {}
+
+    def write_gpu_use(self, job_id: int, record: dict[str, Any]) -> None:
+        """Replace it atomically; written by the job's supervisor only. Not fsynced: losing it
+        costs only figures."""
+        data = jsontext.dumps(record, separators=(",", ":")).encode()
+        self.files.replace(self.layout.gpu_use_path(job_id), data, "gpu-use", durable=False)
+
     def delete(self, job_id: int) -> int:
         """Remove the job's progress files; the bytes that frees."""
-        return remove_counting(self.layout.progress_path(job_id)) + remove_counting(self.layout.samples_path(job_id))
+        paths = (self.layout.progress_path(job_id), self.layout.samples_path(job_id), self.layout.gpu_use_path(job_id))
+        return sum(remove_counting(path) for path in paths)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 from gpuq.core.states import PREEMPT
 from gpuq.core.times import parse_iso
 from gpuq.core.timespec import format_duration
+from gpuq.run.supervisor.gpusample import Sampler, for_run
 from gpuq.run.supervisor.start import Run, log_line
 from gpuq.spool.files import Reservation
 from gpuq.system import procs
@@ -82,7 +83,7 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
     SIGKILL after a grace), or, for a --preemptible job, preempt it so that it keeps its checkpoint."""
     limit = time_limit(run)
     deadline = (parse_iso(run.job.started_at) or time.time()) + limit if limit else None
-    returncode = _wait_until(child, deadline, listener)
+    returncode = _wait_until(child, deadline, listener, for_run(run))
     if returncode is not None:
         return returncode
     run.timed_out = format_duration(limit)
@@ -99,29 +100,50 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
         return child.wait()
 
 
-def _wait_until(child: subprocess.Popen, deadline: Optional[float], listener: Optional[Listener]) -> Optional[int]:
+def _wait_until(
+    child: subprocess.Popen, deadline: Optional[float], listener: Optional[Listener], sampler: Optional[Sampler]
+) -> Optional[int]:
     """The job's exit code once it ends, or None if it still runs at `deadline` (time.time();
-    None: no limit). With a listener, the job's exit is watched through a pidfd beside the
-    listener's descriptor (where there is none, the job is waited for alone)."""
-    pidfd = _pidfd(child.pid) if listener is not None else -1
+    None: no limit). With a listener or a GPU sampler, the job's exit is watched through a pidfd
+    beside the listener's descriptor and the sampler's next look (where there is none, the job is
+    waited for in slices until the next look)."""
+    pidfd = _pidfd(child.pid) if listener is not None or sampler is not None else -1
     if pidfd < 0:
-        try:
-            return child.wait(timeout=None if deadline is None else max(0.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            return None
-    watched = [pidfd, listener[0]]
+        return _wait_in_slices(child, deadline, sampler)
+    watched = [pidfd] if listener is None else [pidfd, listener[0]]
     try:
         while True:
             left = None if deadline is None else deadline - time.time()
             if left is not None and left <= 0:
                 return child.poll()
-            ready = select.select(watched, [], [], left)[0]
+            ready = select.select(watched, [], [], _until_sample(left, sampler))[0]
             if pidfd in ready:
                 return child.wait()
-            if len(watched) > 1 and watched[1] in ready and not listener[1]():
+            if listener is not None and len(watched) > 1 and watched[1] in ready and not listener[1]():
                 del watched[1]  # the line is closed: only the job is left to wait for
+            if sampler is not None:
+                sampler.take_if_due()
     finally:
         os.close(pidfd)
+
+
+def _wait_in_slices(child: subprocess.Popen, deadline: Optional[float], sampler: Optional[Sampler]) -> Optional[int]:
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.time())
+        try:
+            return child.wait(timeout=_until_sample(left, sampler))
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.time() >= deadline:
+                return None
+        if sampler is not None:
+            sampler.take_if_due()
+
+
+def _until_sample(left: Optional[float], sampler: Optional[Sampler]) -> Optional[float]:
+    """How long to wait: until the deadline (`left` seconds; None: none) or the next GPU sample."""
+    if sampler is None:
+        return left
+    return sampler.seconds_left() if left is None else min(left, sampler.seconds_left())
 
 
 def _pidfd(pid: int) -> int:

@@ -1,0 +1,128 @@
+"""What the GPUs did for each job: a running GPU job's supervisor samples its GPUs every
+GPUQ_GPU_SAMPLE_SECONDS and keeps, per attempt, running totals (exact) and a compact series (for
+plots; halved when long) in `progress/NNNNNN.gpu.json` (spool_layout.md, section 9).
+
+A sample's figures stand for the time since the sample before it (the first: since the start).
+A GPU is idle below IDLE_PERCENT; `idle_since` is the first sample time of the current idle run.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+SAMPLE_ENV, IDLE_ENV = "GPUQ_GPU_SAMPLE_SECONDS", "GPUQ_GPU_IDLE_MINUTES"
+DEFAULT_SAMPLE_SECONDS, DEFAULT_IDLE_MINUTES = 10.0, 15.0
+IDLE_PERCENT = 10  # below this a GPU counts as idle
+MAX_POINTS = 720  # a series longer than this is halved (neighbours merged): 2 h at 10 s, then coarser
+
+
+def _positive(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name) or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+def sample_seconds() -> float:
+    """GPUQ_GPU_SAMPLE_SECONDS (a bad value: the default)."""
+    return _positive(SAMPLE_ENV, DEFAULT_SAMPLE_SECONDS)
+
+
+def idle_limit_seconds() -> float:
+    """GPUQ_GPU_IDLE_MINUTES in seconds (a bad value: the default)."""
+    return _positive(IDLE_ENV, DEFAULT_IDLE_MINUTES) * 60
+
+
+def new_attempt(gpus: list[int], started: float) -> dict[str, Any]:
+    n = len(gpus)
+    return {
+        "gpus": list(gpus),
+        "started": started,
+        "at": started,  # the newest sample's time
+        "seconds": [0.0] * n,  # per GPU: time with a known utilisation
+        "util_seconds": [0.0] * n,  # per GPU: utilisation (percent) times seconds, for the mean
+        "idle_seconds": [0.0] * n,
+        "idle_since": [None] * n,
+        "peak_mem_mib": [0] * n,
+        "points": [],  # [time, [utilisation per GPU], [memory MiB per GPU]]
+    }
+
+
+def add_sample(attempt: dict[str, Any], at: float, utils: list[Optional[int]], mems: list[Optional[int]]) -> None:
+    """One look at the attempt's GPUs (in the order of `gpus`; None: not known) at time `at`."""
+    span = max(0.0, at - attempt["at"])
+    for n, util in enumerate(utils):
+        if mems[n] is not None:
+            attempt["peak_mem_mib"][n] = max(attempt["peak_mem_mib"][n], mems[n])
+        if util is None:
+            continue
+        attempt["seconds"][n] += span
+        attempt["util_seconds"][n] += util * span
+        if util < IDLE_PERCENT:
+            attempt["idle_seconds"][n] += span
+            if attempt["idle_since"][n] is None:
+                attempt["idle_since"][n] = attempt["at"]  # idle through the span this sample stands for
+        else:
+            attempt["idle_since"][n] = None
+    attempt["at"] = at
+    attempt["points"].append([round(at, 1), list(utils), list(mems)])
+    if len(attempt["points"]) > MAX_POINTS:
+        attempt["points"] = _halved(attempt["points"])
+
+
+def _halved(points: list) -> list:
+    """Neighbours merged: the later time, the mean utilisation, the larger memory."""
+    out = []
+    for first, second in zip(points[0::2], points[1::2]):
+        utils = [_mean2(a, b) for a, b in zip(first[1], second[1])]
+        mems = [max((m for m in (a, b) if m is not None), default=None) for a, b in zip(first[2], second[2])]
+        out.append([second[0], utils, mems])
+    if len(points) % 2:
+        out.append(points[-1])
+    return out
+
+
+def _mean2(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    known = [v for v in (a, b) if v is not None]
+    return round(sum(known) / len(known)) if known else None
+
+
+def summary(record: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """Over all attempts of a job's record: `mean_util` (percent, time-weighted, null where never
+    known), `peak_mem_mib`, `gpu_hours_idle`; None for a job never sampled."""
+    attempts = [a for a in (record.get("attempts") or {}).values() if isinstance(a, dict)]
+    if not attempts:
+        return None
+    seconds = sum(sum(a.get("seconds") or ()) for a in attempts)
+    busy = sum(sum(a.get("util_seconds") or ()) for a in attempts)
+    idle = sum(sum(a.get("idle_seconds") or ()) for a in attempts)
+    peak = max((max(a.get("peak_mem_mib") or (0,)) for a in attempts), default=0)
+    return {
+        "mean_util": round(busy / seconds, 1) if seconds else None,
+        "peak_mem_mib": peak,
+        "gpu_hours_idle": round(idle / 3600, 4),
+    }
+
+
+def idle_now(record: dict[str, Any], attempt: Any, limit: float) -> list[tuple[int, float]]:
+    """(GPU index, seconds idle) of each GPU of `attempt` idle longer than `limit` at its newest sample."""
+    current = (record.get("attempts") or {}).get(str(attempt))
+    if not isinstance(current, dict):
+        return []
+    at = current.get("at") or 0
+    out = []
+    for gpu, since in zip(current.get("gpus") or (), current.get("idle_since") or ()):
+        if since is not None and at - since > limit:
+            out.append((gpu, at - since))
+    return out
+
+
+def idle_text(idle: list[tuple[int, float]]) -> str:
+    """'GPU 0 idle 22 min: stuck in data loading or a debugger?'"""
+    parts = ", ".join(f"GPU {gpu} idle {int(seconds // 60)} min" for gpu, seconds in idle)
+    return f"{parts}: stuck in data loading or a debugger?"
