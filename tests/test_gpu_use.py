@@ -57,8 +57,12 @@ def test_a_job_busy_then_idle_is_recorded_within_a_sample_period(gq: Env) -> Non
     gpus.set(util_gpus(0))
     went_idle = time.time()
     wait_for(lambda: gpu_record(gq, job_id)["attempts"]["1"]["at"] > went_idle + 1.5, 15)
+    (flag,) = next(r for r in gq.status_json() if r["id"] == job_id)["gpu_idle"]  # limit: 1 s
+    assert flag["gpu"] == 0 and flag["idle_seconds"] >= 1.5
+    assert "GPU 0 idle 0 min: stuck in data loading or a debugger?" in gq.gpuq("status").stdout
     release(gq)
     gq.wait_state(job_id, "done")
+    assert next(r for r in gq.status_json() if r["id"] == job_id)["gpu_idle"] == []  # only running jobs
     attempt = gpu_record(gq, job_id)["attempts"]["1"]
     span = attempt["at"] - attempt["started"]
     idle_truth = attempt["at"] - went_idle
@@ -66,3 +70,11 @@ def test_a_job_busy_then_idle_is_recorded_within_a_sample_period(gq: Env) -> Non
     mean = attempt["util_seconds"][0] / attempt["seconds"][0]
     assert abs(mean - 100 * (span - idle_truth) / span) <= 100 * (PERIOD + 0.1) / span
     assert attempt["peak_mem_mib"] == [4000]
+    figures = json.loads(gq.gpuq("show", str(job_id), "--json").stdout)["gpu_use"]
+    assert figures["peak_mem_mib"] == 4000 and abs(figures["mean_util"] - round(mean, 1)) < 0.2
+    assert abs(figures["gpu_hours_idle"] * 3600 - attempt["idle_seconds"][0]) < 1
+    assert "mean " in gq.gpuq("show", str(job_id)).stdout and "peak 3.9 GiB" in gq.gpuq("show", str(job_id)).stdout
+    (group,) = json.loads(gq.gpuq("history", "--json").stdout)
+    assert group["gpu_use"] == figures  # one job in its group
+    table = gq.gpuq("history").stdout
+    assert "idle GPU-h" in table.splitlines()[0] and f"{figures['mean_util']:.0f}%" in table

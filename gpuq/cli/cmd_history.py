@@ -36,6 +36,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}: {plural(len(chosen), 'run')}")
         return 0
     groups = history.summarize(pairs, since, args.by)
+    history.add_gpu_use(spool(), groups)
     if args.json:
         print(jsontext.dumps(history.to_json(groups), indent=2))
         return 0
@@ -64,8 +65,24 @@ def _table(groups: list, by: str) -> str:
     ]
     if len(rows) == 1:
         return "no finished runs in this period"
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    if any(g.gpu_use for g in groups):  # the GPUs' figures, where supervisors recorded them
+        rows[0] += ("GPU%", "peak mem", "idle GPU-h")
+        rows[1:] = [row + _gpu_use_cells(g.gpu_use) for row, g in zip(rows[1:], groups)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "─" * len(lines[0]))
     total = sum(g.gpu_hours for g in groups)
     return "\n".join(lines + [f"total: {plural(sum(g.runs for g in groups), 'run')}, {total:.2f} GPU-hours"])
+
+
+def _gpu_use_cells(figures: Optional[dict]) -> tuple[str, str, str]:
+    if not figures:
+        return ("-", "-", "-")
+    from gpuq.system.gpus import mib_text
+
+    mean = figures["mean_util"]
+    return (
+        "-" if mean is None else f"{mean:.0f}%",
+        mib_text(figures["peak_mem_mib"]),
+        f"{figures['gpu_hours_idle']:.2f}",
+    )

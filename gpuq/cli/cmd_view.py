@@ -148,6 +148,7 @@ def json_row(row: Row) -> dict[str, Any]:
     out["eta_method"] = est.method if est else None
     out["progress_source"] = est.reading.source if est and est.reading else None
     out["adopted"] = bool(job.adopted)
+    out["gpu_idle"] = [{"gpu": gpu, "idle_seconds": round(seconds, 1)} for gpu, seconds in row.gpu_idle]
     return out
 
 
@@ -262,7 +263,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.env:
         print(jsontext.dumps({"env": job.env, "shell_env": job.shell_env}, indent=2, ensure_ascii=False))
     elif args.json:
-        shown = dict(job, state=ref.state, file=ref.name)
+        from gpuq.engine.tracking import gpuuse
+
+        shown = dict(job, state=ref.state, file=ref.name, gpu_use=gpuuse.of_job(sp, job.id))
         if isinstance(job.sweep, dict):
             shown["sweep_jobs"] = actions.sweep_jobs(sp, job.sweep["id"])
         print(jsontext.dumps(shown, indent=2, ensure_ascii=False))

@@ -14,6 +14,8 @@ TYPE_CHECKING = False  # typing only for annotations: importing it costs every s
 if TYPE_CHECKING:
     from typing import Any, Optional
 
+    from gpuq.spool import Spool
+
 SAMPLE_ENV, IDLE_ENV = "GPUQ_GPU_SAMPLE_SECONDS", "GPUQ_GPU_IDLE_MINUTES"
 DEFAULT_SAMPLE_SECONDS, DEFAULT_IDLE_MINUTES = 10.0, 15.0
 IDLE_PERCENT = 10  # below this a GPU counts as idle
@@ -95,7 +97,15 @@ def _mean2(a: Optional[int], b: Optional[int]) -> Optional[int]:
 def summary(record: dict[str, Any]) -> Optional[dict[str, Any]]:
     """Over all attempts of a job's record: `mean_util` (percent, time-weighted, null where never
     known), `peak_mem_mib`, `gpu_hours_idle`; None for a job never sampled."""
-    attempts = [a for a in (record.get("attempts") or {}).values() if isinstance(a, dict)]
+    return _summarise(_attempts(record))
+
+
+def _attempts(record: dict[str, Any]) -> list[dict[str, Any]]:
+    attempts = record.get("attempts")
+    return [a for a in attempts.values() if isinstance(a, dict)] if isinstance(attempts, dict) else []
+
+
+def _summarise(attempts: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     if not attempts:
         return None
     seconds = sum(sum(a.get("seconds") or ()) for a in attempts)
@@ -107,6 +117,29 @@ def summary(record: dict[str, Any]) -> Optional[dict[str, Any]]:
         "peak_mem_mib": peak,
         "gpu_hours_idle": round(idle / 3600, 4),
     }
+
+
+def of_jobs(spool: Spool, job_ids: list[int]) -> Optional[dict[str, Any]]:
+    """The summary over all these jobs' records together (a group of `history`); None if none has one."""
+    return _summarise([a for job_id in job_ids for a in _attempts(spool.reports.read_gpu_use(job_id))])
+
+
+def of_job(spool: Spool, job_id: int) -> Optional[dict[str, Any]]:
+    """The job's summary (above) from its record in the spool; None if it has none."""
+    return summary(spool.reports.read_gpu_use(job_id))
+
+
+def summary_text(figures: dict[str, Any]) -> str:
+    """'mean 51% utilisation, peak 3.9 GiB, 0.12 GPU-hours idle (7m 12s)'"""
+    from gpuq.core.timespec import format_duration
+    from gpuq.system.gpus import mib_text  # here: gpus imports json, which `gpuq status` must not pay for
+
+    mean = figures["mean_util"]
+    idle = figures["gpu_hours_idle"]
+    return (
+        f"mean {'?' if mean is None else f'{mean:g}'}% utilisation, peak {mib_text(figures['peak_mem_mib'])}, "
+        f"{idle:.2f} GPU-hours idle ({format_duration(idle * 3600)})"
+    )
 
 
 def idle_now(record: dict[str, Any], attempt: Any, limit: float) -> list[tuple[int, float]]:

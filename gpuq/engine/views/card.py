@@ -22,6 +22,7 @@ from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.actions import sweep_jobs
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.schedule.queue_read import read_queue
+from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views.status import gpu_waits, space_waits
 from gpuq.spool import JobRef, Spool
 from gpuq.system.gpu_presence import may_have_gpus
@@ -49,6 +50,7 @@ def card(spool: Spool, ref: JobRef, job: Any, now: Optional[float] = None) -> li
         *_outcome(job),
         *_checkpoints(job),
         *_gpus(job),
+        ("GPU use", _gpu_use(spool, job)),
         *_dependencies(spool, job),
         *_attempts(job),
         *_limits(job),
@@ -182,6 +184,11 @@ def _gpus(job: Any) -> list[Line]:
     asked = plural(job.gpu_request, "GPU") + (f", {mib_text(job.gpu_mem_mib)} each" if job.gpu_mem_mib else "")
     held = f"; holds GPU {', '.join(map(str, job.gpus))}" if job.gpus else ""
     return [("GPUs", asked + held)]
+
+
+def _gpu_use(spool: Spool, job: Any) -> str:
+    figures = gpuuse.of_job(spool, job.id) if job.gpu_request else None
+    return gpuuse.summary_text(figures) if figures else ""
 
 
 def _dependencies(spool: Spool, job: Any) -> list[Line]:

@@ -27,11 +27,14 @@ import re
 
 from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED
 from gpuq.core.times import datetime, timezone
+from gpuq.engine.tracking import gpuuse
 from gpuq.spool.cache.runs import facts, gpus_held, parse_time, preemption_times, read_keys, read_pasts
 
 TYPE_CHECKING = False  # typing only for annotations: every `gpuq history` would import it (bench/PROFILE.md)
 if TYPE_CHECKING:
     from typing import Any, Iterable, Optional, Union
+
+    from gpuq.spool import Spool
 
 __all__ = ["gpus_held", "preemption_times"]  # the rules, from where the finished rows are made
 
@@ -129,6 +132,7 @@ class Group(_Plain):
         "gpu_hours", "median_seconds",
         "first",  # earliest start of its runs (epoch seconds)
         "last",  # latest end of its runs
+        "gpu_use",  # what its jobs' GPUs did (engine/tracking/gpuuse.summary), once add_gpu_use ran
         "_seconds", "_job_ids",
     )  # fmt: skip
 
@@ -142,6 +146,7 @@ class Group(_Plain):
         self.last: Optional[float] = None
         self._seconds: list[float] = []
         self._job_ids: set[int] = set()
+        self.gpu_use: Optional[dict[str, Any]] = None
 
 
 def median(values: list[float]) -> float:
@@ -295,6 +300,12 @@ def summarize(jobs: Iterable[Union[JobPair, JobRecord]], since: Optional[float] 
     return [groups[key] for key in sorted(groups, key=_order)]
 
 
+def add_gpu_use(spool: Spool, groups: list[Group]) -> None:
+    """Each group's GPU use over its jobs' records (a job's whole record, all its attempts)."""
+    for group in groups:
+        group.gpu_use = gpuuse.of_jobs(spool, sorted(group._job_ids))
+
+
 def _add_run(group: Group, record: JobRecord, start: float, end: float, outcome: str, gpu_count: int) -> None:
     """One run into its group's totals (as PastRun's `seconds` and `gpu_hours` count it; 10,000
     runs: no object made for each)."""
@@ -341,6 +352,7 @@ def to_json(groups: Iterable[Group]) -> list[dict[str, Any]]:
             "median_seconds": None if group.median_seconds is None else round(group.median_seconds, 1),
             "first": iso(group.first),
             "last": iso(group.last),
+            "gpu_use": group.gpu_use,
         }
         for group in groups
     ]

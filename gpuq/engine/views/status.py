@@ -12,6 +12,7 @@ from gpuq.core.times import parse_iso
 from gpuq.engine.lifecycle import repairs
 from gpuq.engine.schedule import gpuview, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
+from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views.finished_index import finished as finished_listing
 from gpuq.engine.views.finished_index import settled_key
 from gpuq.engine.views.kept_jobs import KeptJobs
@@ -37,7 +38,7 @@ LOOKS = 3  # listings taken at most while jobs keep moving under one `gpuq statu
 class Row:
     """A plain class, not a dataclass (see scheduler.QueueState)."""
 
-    __slots__ = ("job", "state", "wait", "estimate")
+    __slots__ = ("job", "state", "wait", "estimate", "gpu_idle")
 
     def __init__(
         self,
@@ -47,6 +48,7 @@ class Row:
         estimate: Optional[eta.Estimate] = None,  # running and pending rows
     ) -> None:
         self.job, self.state, self.wait, self.estimate = job, state, wait, estimate
+        self.gpu_idle: list[tuple[int, float]] = []  # a running job's GPUs idle too long: (index, seconds)
 
 
 class CachedRow:
@@ -56,6 +58,7 @@ class CachedRow:
     __slots__ = ("job", "state", "cells")
     wait = None
     estimate = None
+    gpu_idle: list = []
 
     def __init__(self, job_id: int, state: str, cells: tuple) -> None:
         self.job, self.state, self.cells = Job(id=job_id), state, cells
@@ -164,13 +167,25 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
 
         queue_eta.annotate(spool, rows, workers, time.time(), shown, done)  # progress, ETA, when pending ones start
     kept.save()
-    warned = warned_slurm + disk_warnings(spool, snap.running)
+    warned = warned_slurm + disk_warnings(spool, snap.running) + _idle_gpus(spool, rows)
     out = Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned, view)
     out.hidden_failed, out.rejected = hidden_failed, unseen_rejected(spool)
     return out
 
 
 IN_LINE = (RUNNING, PENDING, HELD)  # the rows shown first, by id; the others come after them
+
+
+def _idle_gpus(spool: Spool, rows: list[Any]) -> list[str]:
+    """Running jobs that held a GPU below 10% utilisation longer than GPUQ_GPU_IDLE_MINUTES, as
+    their supervisors' last samples say: marked on their rows and said in a line each."""
+    limit, lines = gpuuse.idle_limit_seconds(), []
+    for row in rows:
+        if row.state == RUNNING and row.job.get("gpus"):
+            row.gpu_idle = gpuuse.idle_now(spool.reports.read_gpu_use(row.job["id"]), row.job["attempts"], limit)
+            if row.gpu_idle:
+                lines.append(f"job {row.job['id']} ({row.job['name']}): {gpuuse.idle_text(row.gpu_idle)}")
+    return lines
 
 
 def _hidden_failed(done: Finished, shown: list[JobRef], moved_on: int) -> int:
