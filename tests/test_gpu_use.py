@@ -12,6 +12,7 @@ from conftest import Env, wait_for
 from test_gpu_worker import Gpus, add, fake_gpus, release
 
 from gpuq.engine.tracking import gpuuse
+from gpuq.spool import Spool
 
 PERIOD = 0.2  # GPUQ_GPU_SAMPLE_SECONDS in the end-to-end test
 
@@ -30,6 +31,18 @@ def test_record_sums_busy_and_idle_time_and_halves_long_series() -> None:
     assert len(attempt["points"]) <= gpuuse.MAX_POINTS
     assert attempt["points"][-1][0] == 1000.0 + 10 + gpuuse.MAX_POINTS  # the newest sample is kept
     assert attempt["points"][0] == [1002.0, [100, None], [2002, None]]  # neighbours merged
+
+
+def test_record_is_kept_in_the_spool_and_removed_with_the_job(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool")
+    spool.layout.ensure()
+    assert spool.reports.read_gpu_use(7) == {} and gpuuse.of_job(spool, 7) is None
+    record = {"attempts": {"1": gpuuse.new_attempt([0], 1.0)}}
+    gpuuse.add_sample(record["attempts"]["1"], 3.0, [0], [10])
+    spool.reports.write_gpu_use(7, record)
+    assert spool.reports.read_gpu_use(7) == record
+    assert gpuuse.of_job(spool, 7) == {"mean_util": 0.0, "peak_mem_mib": 10, "gpu_hours_idle": round(2 / 3600, 4)}
+    assert spool.reports.delete(7) > 0 and spool.reports.read_gpu_use(7) == {}
 
 
 def gpu_record(gq: Env, job_id: int) -> dict[str, Any]:
