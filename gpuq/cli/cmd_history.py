@@ -11,6 +11,7 @@ from gpuq.core.errors import UsageError
 from gpuq.core.states import DONE, FAILED, PREEMPTED
 from gpuq.core.times import duration
 from gpuq.core.words import plural
+from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views import finished_index, history
 
 TYPE_CHECKING = False  # typing only for annotations
@@ -36,7 +37,9 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}: {plural(len(chosen), 'run')}")
         return 0
     groups = history.summarize(pairs, since, args.by)
-    history.add_gpu_use(spool(), groups)
+    sp = spool()
+    for group in groups:  # what the jobs' GPUs did, from their supervisors' records
+        group.gpu_use = gpuuse.of_jobs(sp, history.job_ids(group))
     if args.json:
         print(jsontext.dumps(history.to_json(groups), indent=2))
         return 0

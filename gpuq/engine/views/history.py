@@ -27,14 +27,11 @@ import re
 
 from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED
 from gpuq.core.times import datetime, timezone
-from gpuq.engine.tracking import gpuuse
 from gpuq.spool.cache.runs import facts, gpus_held, parse_time, preemption_times, read_keys, read_pasts
 
 TYPE_CHECKING = False  # typing only for annotations: every `gpuq history` would import it (bench/PROFILE.md)
 if TYPE_CHECKING:
     from typing import Any, Iterable, Optional, Union
-
-    from gpuq.spool import Spool
 
 __all__ = ["gpus_held", "preemption_times"]  # the rules, from where the finished rows are made
 
@@ -132,7 +129,7 @@ class Group(_Plain):
         "gpu_hours", "median_seconds",
         "first",  # earliest start of its runs (epoch seconds)
         "last",  # latest end of its runs
-        "gpu_use",  # what its jobs' GPUs did (engine/tracking/gpuuse.summary), once add_gpu_use ran
+        "gpu_use",  # what its jobs' GPUs did (engine/tracking/gpuuse.summary), once the caller adds it
         "_seconds", "_job_ids",
     )  # fmt: skip
 
@@ -300,10 +297,9 @@ def summarize(jobs: Iterable[Union[JobPair, JobRecord]], since: Optional[float] 
     return [groups[key] for key in sorted(groups, key=_order)]
 
 
-def add_gpu_use(spool: Spool, groups: list[Group]) -> None:
-    """Each group's GPU use over its jobs' records (a job's whole record, all its attempts)."""
-    for group in groups:
-        group.gpu_use = gpuuse.of_jobs(spool, sorted(group._job_ids))
+def job_ids(group: Group) -> list[int]:
+    """The jobs whose runs the group counts."""
+    return sorted(group._job_ids)
 
 
 def _add_run(group: Group, record: JobRecord, start: float, end: float, outcome: str, gpu_count: int) -> None:
