@@ -38,8 +38,9 @@ def cmd_history(args: argparse.Namespace) -> int:
         return 0
     groups = history.summarize(pairs, since, args.by)
     sp = spool()
+    recorded = sp.reports.gpu_use_ids()
     for group in groups:  # what the jobs' GPUs did, from their supervisors' records
-        group.gpu_use = gpuuse.of_jobs(sp, history.job_ids(group))
+        group.gpu_use = gpuuse.of_jobs(sp, history.job_ids(group), recorded)
     if args.json:
         print(jsontext.dumps(history.to_json(groups), indent=2))
         return 0

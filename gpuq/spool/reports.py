@@ -61,6 +61,17 @@ class Reports:
             return {}
         return record if isinstance(record, dict) else {}
 
+    def gpu_use_ids(self) -> set[int]:
+        """The jobs that have a GPU record: one listing, so that `history` over thousands of jobs
+        opens only the records there are."""
+        suffix = os.path.basename(self.layout.gpu_use_path(0))[6:]
+        try:
+            names = os.listdir(os.path.dirname(self.layout.gpu_use_path(0)))
+        except OSError:
+            return set()
+        stems = (n[: -len(suffix)] for n in names if n.endswith(suffix))
+        return {int(stem) for stem in stems if len(stem) >= 6 and stem.isascii() and stem.isdecimal()}
+
     def write_gpu_use(self, job_id: int, record: dict[str, Any]) -> None:
         """Replace it atomically; written by the job's supervisor only. Not fsynced: losing it
         costs only figures."""

@@ -119,9 +119,12 @@ def _summarise(attempts: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     }
 
 
-def of_jobs(spool: Spool, job_ids: list[int]) -> Optional[dict[str, Any]]:
-    """The summary over all these jobs' records together (a group of `history`); None if none has one."""
-    return _summarise([a for job_id in job_ids for a in _attempts(spool.reports.read_gpu_use(job_id))])
+def of_jobs(spool: Spool, job_ids: list[int], recorded: Optional[set[int]] = None) -> Optional[dict[str, Any]]:
+    """The summary over all these jobs' records together (a group of `history`); None if none has
+    one. `recorded`: spool.reports.gpu_use_ids(), when the caller asks for several groups."""
+    recorded = spool.reports.gpu_use_ids() if recorded is None else recorded
+    jobs = [job_id for job_id in job_ids if job_id in recorded]
+    return _summarise([a for job_id in jobs for a in _attempts(spool.reports.read_gpu_use(job_id))])
 
 
 def of_job(spool: Spool, job_id: int) -> Optional[dict[str, Any]]:
