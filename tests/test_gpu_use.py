@@ -91,3 +91,16 @@ def test_a_job_busy_then_idle_is_recorded_within_a_sample_period(gq: Env) -> Non
     assert group["gpu_use"] == figures  # one job in its group
     table = gq.gpuq("history").stdout
     assert "idle GPU-h" in table.splitlines()[0] and f"{figures['mean_util']:.0f}%" in table
+
+
+def test_a_sampled_gpu_job_still_stops_at_its_time_limit(gq: Env) -> None:
+    doc = fake_gpus(1)
+    doc["gpus"][0]["utilization_gpu"] = 50  # and no memory held by anyone else: the job starts at once
+    Gpus(gq, doc)
+    gq.env.update(GPUQ_GPU_SAMPLE_SECONDS=str(PERIOD))
+    gq.start_worker()
+    job_id = add(gq, "--gpus", "1", "--time", "0:00:01")
+    job = gq.wait_state(job_id, "failed", timeout=15)
+    assert "time limit of 1s reached" in job["reason"]
+    points = gpu_record(gq, job_id)["attempts"]["1"]["points"]
+    assert 2 <= len(points) and all(p[1] == [50] for p in points)
