@@ -141,10 +141,12 @@ def test_show_prints_what_matters_and_json_the_file(gq: Env) -> None:
     assert ended["GPUs"] == "none (a CPU job)" and ended["time limit"] == "5m00s"
     assert {"queued", "started", "finished", "ran for"} <= set(ended)
     assert len(lines) < 20 and len(ended) < 20  # against some 60 fields in the file
-    # --json: the job file as it is, with its state and file name
+    # --json: the job file as it is, with its state, file name and GPU record (none yet)
     name = gq.files("pending")[0]
     on_disk = json.loads((gq.home / "pending" / name).read_text())
-    assert json.loads(gq.gpuq("show", "--json", str(job_id)).stdout) == dict(on_disk, state="pending", file=name)
+    assert json.loads(gq.gpuq("show", "--json", str(job_id)).stdout) == dict(
+        on_disk, state="pending", file=name, gpu_use=None
+    )
 
 
 def test_counts_and_ids_read_as_sentences() -> None:
