@@ -38,12 +38,7 @@ class Reports:
 
     def read_samples(self, job_id: int) -> dict[str, Any]:
         """The progress samples recorded by earlier looks at a job ({} if none or unreadable)."""
-        data = read_small(self.layout.samples_path(job_id))
-        try:
-            samples = jsontext.loads(data) if data else {}
-        except ValueError:
-            return {}
-        return samples if isinstance(samples, dict) else {}
+        return _small_object(self.layout.samples_path(job_id))
 
     def write_samples(self, job_id: int, samples: dict[str, Any]) -> None:
         """Replace a job's samples atomically. Two lookers at once may each drop the other's
@@ -54,12 +49,7 @@ class Reports:
 
     def read_gpu_use(self, job_id: int) -> dict[str, Any]:
         """What the job's GPUs did, per attempt (engine/tracking/gpuuse.py; {} if none or unreadable)."""
-        data = read_small(self.layout.gpu_use_path(job_id))
-        try:
-            record = jsontext.loads(data) if data else {}
-        except ValueError:
-            return {}
-        return record if isinstance(record, dict) else {}
+        return _small_object(self.layout.gpu_use_path(job_id))
 
     def gpu_use_ids(self) -> set[int]:
         """The jobs that have a GPU record: one listing, so that `history` over thousands of jobs
@@ -82,3 +72,13 @@ class Reports:
         """Remove the job's progress files; the bytes that frees."""
         paths = (self.layout.progress_path(job_id), self.layout.samples_path(job_id), self.layout.gpu_use_path(job_id))
         return sum(remove_counting(path) for path in paths)
+
+
+def _small_object(path: Any) -> dict[str, Any]:
+    """A small JSON object file of ours ({} if missing, unreadable or not an object)."""
+    data = read_small(path)
+    try:
+        found = jsontext.loads(data) if data else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
