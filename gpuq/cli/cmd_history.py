@@ -11,7 +11,7 @@ from gpuq.core.errors import UsageError
 from gpuq.core.states import DONE, FAILED, PREEMPTED
 from gpuq.core.times import duration
 from gpuq.core.words import plural
-from gpuq.engine.tracking import gpuuse
+from gpuq.engine.tracking import gpuseries, gpuuse
 from gpuq.engine.views import finished_index, history
 
 TYPE_CHECKING = False  # typing only for annotations
@@ -31,7 +31,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
         chosen = [run for run in history.runs(pairs) if since is None or run.end >= since]
         try:
-            plot(chosen, args.plot)
+            plot(chosen, args.plot, utilisation=gpuseries.of_runs(spool(), chosen))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         print(f"wrote {args.plot}: {plural(len(chosen), 'run')}")

@@ -1,4 +1,5 @@
-"""`gpuq history --plot FILE`: a timeline of runs, one lane per GPU, bars coloured by outcome.
+"""`gpuq history --plot FILE`: a timeline of runs, one lane per GPU, bars coloured by outcome and
+banded inside by GPU utilisation where the job's supervisor recorded it.
 
 matplotlib is an optional extra (`gpuq-spool[plot]`), imported only inside `plot`, so nothing
 else in gpuq pays for it. The figure is drawn with matplotlib's object API (`Figure`, no pyplot),
@@ -24,38 +25,54 @@ OUTCOMES = {s.name: (s.label, s.colour) for s in sorted((s for s in TABLE if s.l
 OTHER = ("other", "#bcbd22")
 BAR_GID = "gpuq-run"  # SVG id of each bar: gpuq-run-JOB-N-LANE, N the job's Nth run by start time
 MIN_WIDTH_FRACTION = 0.001  # a 2-second failure stays visible on a week-long axis
+BAND_GID = "gpuq-gpu-use"  # SVG id of the utilisation bands (one collection)
+BAND_HEIGHT = 0.45  # inside a bar of 0.7: the outcome's colour stays visible above and below
+CMAP = "Blues"  # sequential, and a hue no outcome uses: idle is near white, busy dark blue
+# (job id, run start) -> per GPU lane: (start, end, utilisation %) spans (engine/tracking/gpuseries)
+Utilisation = dict[tuple[int, float], dict[str, list[tuple[float, float, float]]]]
 
 
 class PlotUnavailable(GpuqError, ImportError):
     """matplotlib is not installed; the message names the extra to install."""
 
 
-def plot(runs: Sequence[PastRun], path: str, title: Optional[str] = None) -> None:
+def plot(
+    runs: Sequence[PastRun], path: str, title: Optional[str] = None, utilisation: Optional[Utilisation] = None
+) -> None:
     """Draw `runs` as a timeline into `path` (.png or .svg, chosen by the suffix; ValueError for
     any other). One lane per GPU (a run on GPUs 0,1 is drawn in both lanes), then "machine" (no GPU
     detail) and "cpu" lanes; bars coloured by the attempt's outcome, adopted runs hatched
     (approximate times); a preempted attempt gets a marker at its end, the attempt that resumed
-    it one at its start. No runs gives a valid picture that says so. PlotUnavailable (an
-    ImportError and a GpuqError) when matplotlib is missing."""
+    it one at its start. A run with spans in `utilisation` gets a band inside its bar coloured
+    by GPU utilisation over time, with a colour bar. No runs gives a valid picture that says so.
+    PlotUnavailable (an ImportError and a GpuqError) when matplotlib is missing."""
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in FORMATS:
         raise ValueError(f"history --plot {path}: the file name must end in .png or .svg")
+    figure(runs, title, utilisation).savefig(path, format=suffix[1:], dpi=100)
+
+
+def figure(runs: Sequence[PastRun], title: Optional[str] = None, utilisation: Optional[Utilisation] = None) -> Any:
+    """The matplotlib Figure `plot` saves."""
     try:
         from matplotlib import dates as mdates  # matplotlib is optional (the plot extra)
         from matplotlib.figure import Figure  # (optional, as above)
     except ImportError:
         raise PlotUnavailable(MISSING) from None
     lanes = lane_order(runs)
-    fig = Figure(figsize=(12, 1.6 + 0.45 * max(1, len(lanes))), layout="constrained")
+    given = utilisation or {}
+    shaded = {key: given[key] for key in ((r.job_id, r.start) for r in runs) if key in given}  # what is drawn
+    colour_bar = 0.7 if shaded else 0.0  # room for it below the time axis
+    fig = Figure(figsize=(12, 1.6 + colour_bar + 0.45 * max(1, len(lanes))), layout="constrained")
     ax = fig.add_subplot()
     if runs:
-        _draw(ax, runs, lanes, mdates)
+        _draw(ax, runs, lanes, mdates, shaded)
     else:
         ax.text(0.5, 0.5, "no finished runs in this period", ha="center", va="center", transform=ax.transAxes)
         ax.set_yticks([])
         ax.set_xticks([])
     ax.set_title(title or _default_title(runs))
-    fig.savefig(path, format=suffix[1:], dpi=100)
+    return fig
 
 
 def lane_order(runs: Sequence[PastRun]) -> list[str]:
@@ -78,7 +95,7 @@ def _default_title(runs: Sequence[PastRun]) -> str:
     return f"gpuq history: {plural(len(runs), 'run')}, {hours:.1f} GPU-hours"
 
 
-def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mdates: Any) -> None:
+def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mdates: Any, shaded: Utilisation) -> None:
     tz = datetime.now(timezone.utc).astimezone().tzinfo  # show local time, as `gpuq status` does
     row = {lane: index for index, lane in enumerate(lanes)}
 
@@ -87,13 +104,17 @@ def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mdates: Any) -> No
 
     shown = _draw_bars(ax, runs, row, num)
     markers = _mark_preemptions(ax, runs, row, num)
+    bands = _draw_bands(ax, runs, row, num, shaded)
+    if bands is not None:
+        ax.figure.colorbar(bands, ax=ax, location="bottom", shrink=0.3, aspect=40, label="GPU utilisation %")
     ax.set_yticks(range(len(lanes)), [_label(lane) for lane in lanes])
     ax.set_ylim(len(lanes) - 0.5, -0.5)  # first GPU at the top
     locator = mdates.AutoDateLocator(tz=tz)
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=tz))
     ax.grid(axis="x", alpha=0.3)
-    _legend(ax, shown, markers, any(run.adopted for run in runs))
+    plain = bands is not None and any(run.gpu_count and (run.job_id, run.start) not in shaded for run in runs)
+    _legend(ax, shown, markers, any(run.adopted for run in runs), bands is not None, plain)
 
 
 def _draw_bars(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any) -> list[str]:
@@ -129,6 +150,29 @@ def _draw_bars(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any) 
     return order
 
 
+def _draw_bands(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any, shaded: Utilisation) -> Any:
+    """The utilisation spans inside the bars, as one collection (thousands of spans stay quick);
+    None when no run has any. A time without a known utilisation has no band there."""
+    from matplotlib.collections import PolyCollection  # matplotlib is optional (the plot extra)
+    from matplotlib.colors import Normalize  # (optional, as above)
+
+    boxes, values = [], []
+    for run in runs:
+        series = shaded.get((run.job_id, run.start)) or {}
+        for lane in run.lanes:
+            low, high = row[lane] - BAND_HEIGHT / 2, row[lane] + BAND_HEIGHT / 2
+            for start, end, util in series.get(lane, ()):
+                left, right = num(start), num(end)
+                boxes.append(((left, low), (left, high), (right, high), (right, low)))
+                values.append(util)
+    if not boxes:
+        return None
+    bands = PolyCollection(boxes, array=values, cmap=CMAP, norm=Normalize(0, 100), edgecolors="none", zorder=2)
+    bands.set_gid(BAND_GID)
+    ax.add_collection(bands)
+    return bands
+
+
 def _mark_preemptions(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any) -> list[tuple[str, str]]:
     """A marker at the end of each preempted attempt, and at the start of the attempt after it;
     returns (marker, label) of those drawn."""
@@ -157,7 +201,9 @@ def _mark_preemptions(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num
     return drawn
 
 
-def _legend(ax: Any, outcomes: list[str], markers: list[tuple[str, str]], adopted: bool) -> None:
+def _legend(
+    ax: Any, outcomes: list[str], markers: list[tuple[str, str]], adopted: bool, banded: bool, plain: bool
+) -> None:
     # Handles made here, not taken from the bars: a hatched (adopted) first bar must not make
     # its whole outcome look hatched in the legend.
     from matplotlib.lines import Line2D  # matplotlib is optional (the plot extra)
@@ -167,4 +213,8 @@ def _legend(ax: Any, outcomes: list[str], markers: list[tuple[str, str]], adopte
     handles += [Line2D([], [], marker=m, color="black", linestyle="none", label=label) for m, label in markers]
     if adopted:
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="adopted (times approximate)"))
+    if banded:
+        handles.append(Patch(facecolor="#6baed6", label="inner band: GPU utilisation"))
+    if plain:
+        handles.append(Patch(visible=False, label="plain bar: no GPU record"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
