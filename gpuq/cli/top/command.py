@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from gpuq.core.errors import UsageError
+from gpuq.core.errors import Refused, UsageError
 
 
 def cmd_top(args: argparse.Namespace) -> int:
@@ -21,8 +21,10 @@ def cmd_top(args: argparse.Namespace) -> int:
         return _once(spool())
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("needs a terminal (stdin and stdout); `gpuq top --once` prints one frame")
-    from gpuq.cli.top import app
-
+    try:
+        from gpuq.cli.top import app
+    except ImportError as exc:  # a Python built without curses (its _curses module)
+        raise Refused(f"gpuq top needs Python's curses module, which this Python lacks ({exc})") from None
     app.run(spool(), args.interval, _unicode())
     return 0
 
