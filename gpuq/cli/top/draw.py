@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from gpuq.cli.render import progress_bar
 from gpuq.cli.top.model import GpuLine, JobLine, Snapshot
 from gpuq.core.states import CANCELLED, FAILED, FINISHED, INTERRUPTED, PREEMPTED, RUNNING, STATES
 
@@ -64,10 +65,11 @@ def _gpu_text(gpu: GpuLine, spark: int, unicode: bool) -> str:
 
 
 def sparkline(values: list[Optional[int]], cells: int, unicode: bool = True) -> str:
-    """The newest `cells` percentages as one character each (a space where not known), right-aligned."""
+    """The newest `cells` percentages as one character each, right-aligned: a space where not known,
+    the lowest mark for anything known below 1/16 (an idle GPU is seen, not blank)."""
     marks = SPARKS if unicode else ASCII_SPARKS
     shown = values[-cells:]
-    text = "".join(" " if v is None else marks[min(8, max(0, round(v * 8 / 100)))] for v in shown)
+    text = "".join(" " if v is None else marks[min(8, max(1, round(v * 8 / 100)))] for v in shown)
     return text.rjust(cells)
 
 
@@ -95,6 +97,8 @@ def _row_text(line: JobLine, name_w: int, unicode: bool) -> str:
     room that is left."""
     mark = f"#{line.job_id}" if line.job_id is not None else ""
     name = f"{_cut(line.name, name_w + 1):<{name_w}}"
+    if line.job_id is None:  # a folded sweep: its summary says its progress and its jobs' states
+        return f"{mark:>5} {name} {line.info}"
     if line.state == RUNNING:
         progress = f"{bar(line.fraction, unicode)} {line.progress}" if line.fraction is not None else line.progress
         util = f"{line.util}%" if line.util is not None else ""
@@ -106,8 +110,6 @@ def _row_text(line: JobLine, name_w: int, unicode: bool) -> str:
 
 def bar(fraction: float, unicode: bool = True) -> str:
     if unicode:
-        from gpuq.cli.render import progress_bar
-
         return progress_bar(fraction, BAR_CELLS)
     full = int(round(max(0.0, min(1.0, fraction)) * BAR_CELLS))
     return "[" + "#" * full + " " * (BAR_CELLS - full) + "]"

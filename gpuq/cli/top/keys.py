@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from gpuq.core.states import CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM
+from gpuq.engine.lifecycle import actions, preempt
 from gpuq.spool import Spool
 
 
@@ -26,36 +27,26 @@ class Action:
 
 
 def _kill(sp: Spool, job_id: int) -> str:
-    from gpuq.engine.lifecycle import actions
-
     job = actions.kill(sp, job_id)
     return f"#{job_id} {job.name} killed (exit {job.exit_code})"
 
 
 def _cancel(sp: Spool, job_id: int) -> str:
-    from gpuq.engine.lifecycle import actions
-
     job = actions.cancel(sp, job_id)
     return f"#{job_id} {job.name} cancelled"
 
 
 def _hold(sp: Spool, job_id: int) -> str:
-    from gpuq.engine.lifecycle import actions
-
     job = actions.hold(sp, job_id)
     return f"#{job_id} {job.name} held (u puts it back in line)"
 
 
 def _release(sp: Spool, job_id: int) -> str:
-    from gpuq.engine.lifecycle import actions
-
     job = actions.release(sp, job_id)
     return f"#{job_id} {job.name} back in line"
 
 
 def _preempt(sp: Spool, job_id: int) -> str:
-    from gpuq.engine.lifecycle import preempt
-
     outcome = preempt.preempt(sp, job_id)  # `gpuq preempt`'s default wait, in the app's worker thread
     job = outcome.job
     if outcome.state == PREEMPTED:
@@ -66,15 +57,11 @@ def _preempt(sp: Spool, job_id: int) -> str:
 
 
 def _resume(sp: Spool, job_id: int) -> str:
-    from gpuq.engine.lifecycle import preempt
-
     job = preempt.resume(sp, job_id).job
     return f"#{job_id} {job.name} back in the queue (first in line): {job.note}"
 
 
 def _retry(sp: Spool, job_id: int) -> str:
-    from gpuq.engine.lifecycle import actions
-
     job, how = actions.retry(sp, job_id)
     return f"#{job_id} {job.name} back in the queue: {how.text()}"
 

@@ -12,6 +12,7 @@ from typing import Any, Optional
 from gpuq.cli import render
 from gpuq.core.states import FINISHED, PENDING, RUNNING
 from gpuq.core.times import duration
+from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views.status import status
 from gpuq.spool import Spool
 
@@ -108,7 +109,7 @@ def take(spool: Spool, ring: Ring, now: Optional[float] = None) -> Snapshot:
     snap.finished = sorted(snap.finished, key=lambda line: -(line.job_id or 0))[:FINISHED_SHOWN]
     if st.gpus is not None:
         snap.gpu_title = _gpu_title(st.gpus, now)
-        names = {line.job_id: line.name for line in snap.running}
+        names = {row.job.id: row.job.name for row in st.rows if row.state == RUNNING}  # a sweep's too
         snap.gpus = [GpuLine(gpu, holders(gpu, names, spool.home), ring) for gpu in st.gpus["gpus"]]
     snap.warnings = list(st.warnings)
     return snap
@@ -135,8 +136,6 @@ def _job_line(row: Any, now: float, utils: dict[int, Optional[int]]) -> JobLine:
         known = [utils[i] for i in job.gpus or () if utils.get(i) is not None]
         line.util = round(sum(known) / len(known)) if known else None  # type: ignore[arg-type]
         if row.gpu_idle:
-            from gpuq.engine.tracking import gpuuse
-
             line.idle = gpuuse.idle_text(row.gpu_idle)
     return line
 
