@@ -7,7 +7,7 @@ from __future__ import annotations
 from conftest import Env
 
 from gpuq.cli.top import draw, model
-from gpuq.core.states import FAILED, HELD, PENDING, RUNNING
+from gpuq.core.states import CANCELLED, FAILED, HELD, PENDING, RUNNING
 from gpuq.spool import Spool
 
 
@@ -72,7 +72,7 @@ def test_the_ring_keeps_one_sample_per_look_and_the_sparkline_the_newest() -> No
     utils, mems = ring.series(0)
     assert utils == [50, 100, None, 100] and mems == [50] * 4
     assert draw.sparkline(utils, 6) == "  ▄█ █" and draw.sparkline(utils, 6, unicode=False) == "  =% %"
-    assert draw.sparkline([0, 100], 1) == "█"
+    assert draw.sparkline([0, 100], 1) == "█" and draw.sparkline([0, 3, 100], 3) == "▁▁█"  # idle is seen
 
 
 def test_the_question_and_the_log_view_fit() -> None:
@@ -108,3 +108,33 @@ def test_once_prints_a_frame_and_without_a_terminal_top_says_so(gq: Env) -> None
     assert proc.stderr == "gpuq top: needs a terminal (stdin and stdout); `gpuq top --once` prints one frame\n"
     bad = gq.gpuq("top", "--interval", "0", check=False)
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
+
+
+def test_keys_act_through_the_library_and_the_destructive_ones_ask(gq: Env) -> None:
+    """The keys' dispatch without a terminal (app.App is curses-free until run): hold, release,
+    cancel only after `y`, retry, and a key that does not apply to the job's state refused."""
+    from gpuq.cli.top.app import App
+
+    gq.script("train.py", "print('hi')\n")
+    first, second = gq.add("--name", "first", "train.py"), gq.add("train.py")
+    app = App(Spool(gq.home), 2.0, unicode=True)
+
+    def press(key: str) -> str:
+        assert app.press(key)
+        if app.busy is not None:
+            app.busy.join(15)
+        app.tick()
+        return app.bottom[0] if app.bottom else ""
+
+    assert app.selected == first
+    assert press("h") == f"#{first} first held (u puts it back in line)" and gq.state_of(first) == HELD
+    assert press("u") == f"#{first} first back in line" and gq.state_of(first) == PENDING
+    assert press("c") == "" and app.asking is not None  # asked: the bottom line shows the question
+    assert app._bottom_line() == (f"cancel #{first} first? [y/N]", draw.WARN)
+    assert press("n") == f"not done: #{first} left as it was" and gq.state_of(first) == PENDING
+    press("c")
+    assert press("y") == f"#{first} first cancelled" and gq.state_of(first) == CANCELLED
+    assert press("x") == f"#{first} is cancelled: kill applies to running jobs" and app.asking is None
+    assert press("r").startswith(f"#{first} first back in the queue") and gq.state_of(first) == PENDING
+    assert press("j") == "" and app.selected == second
+    assert not app.press("q")

@@ -41,24 +41,27 @@ class App:
     def run(self, screen: Any) -> None:
         _setup(screen)
         while True:
-            self._tick()
+            self.tick()
             self._paint(screen)
             try:
                 key = screen.get_wch()
             except curses.error:
                 continue  # no key within the tick
-            if not self._key(key if isinstance(key, str) else curses.keyname(key).decode()):
+            if not self.press(key if isinstance(key, str) else curses.keyname(key).decode()):
                 break
         if self.busy is not None:  # an action under way is finished, not cut off
             self._paint(screen, ("waiting for the action under way to finish...", draw.WARN))
             self.busy.join()
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
         while not self.done.empty():
             self.bottom = self.done.get()
             self.busy, self.next_look = None, 0.0  # look again at once: the action changed the queue
         if time.monotonic() >= self.next_look:
-            self.snap = model.take(self.spool, self.ring)
+            try:
+                self.snap = model.take(self.spool, self.ring)
+            except (GpuqError, OSError) as exc:  # a spool gone or full: the last look stays, said below
+                self.bottom = (f"could not look at the queue: {exc}", draw.BAD)
             self.next_look = time.monotonic() + self.interval
             ids = self.snap.ids()
             if self.selected not in ids:
@@ -91,7 +94,7 @@ class App:
         return self.bottom
 
     # ---- keys -----------------------------------------------------------------------------
-    def _key(self, key: str) -> bool:
+    def press(self, key: str) -> bool:
         """Act on one key; False: leave."""
         if key == "KEY_RESIZE":
             return True  # the next frame is drawn to the new size
