@@ -1,13 +1,13 @@
 """The keys of `gpuq top` that act on the selected job: each calls the library function its CLI
 command calls (gpuq/engine/lifecycle/), so it is refused for the same reasons, in the same words.
-The ones that stop a job ask first, and only `y` does it."""
+The ones that stop a job ask first, and only `y` does it. The engine's actions are imported by the
+first key that needs them: looking needs none of them."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from gpuq.core.states import CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM
-from gpuq.engine.lifecycle import actions, preempt
 from gpuq.spool import Spool
 
 
@@ -27,26 +27,36 @@ class Action:
 
 
 def _kill(sp: Spool, job_id: int) -> str:
+    from gpuq.engine.lifecycle import actions  # here: the first frame does not wait for it (~60 ms of imports)
+
     job = actions.kill(sp, job_id)
     return f"#{job_id} {job.name} killed (exit {job.exit_code})"
 
 
 def _cancel(sp: Spool, job_id: int) -> str:
+    from gpuq.engine.lifecycle import actions  # here: the first frame does not wait for it (~60 ms of imports)
+
     job = actions.cancel(sp, job_id)
     return f"#{job_id} {job.name} cancelled"
 
 
 def _hold(sp: Spool, job_id: int) -> str:
+    from gpuq.engine.lifecycle import actions  # here: the first frame does not wait for it (~60 ms of imports)
+
     job = actions.hold(sp, job_id)
     return f"#{job_id} {job.name} held (u puts it back in line)"
 
 
 def _release(sp: Spool, job_id: int) -> str:
+    from gpuq.engine.lifecycle import actions  # here: the first frame does not wait for it (~60 ms of imports)
+
     job = actions.release(sp, job_id)
     return f"#{job_id} {job.name} back in line"
 
 
 def _preempt(sp: Spool, job_id: int) -> str:
+    from gpuq.engine.lifecycle import preempt  # here: the first frame does not wait for it (~60 ms of imports)
+
     outcome = preempt.preempt(sp, job_id)  # `gpuq preempt`'s default wait, in the app's worker thread
     job = outcome.job
     if outcome.state == PREEMPTED:
@@ -57,11 +67,15 @@ def _preempt(sp: Spool, job_id: int) -> str:
 
 
 def _resume(sp: Spool, job_id: int) -> str:
+    from gpuq.engine.lifecycle import preempt  # here: the first frame does not wait for it (~60 ms of imports)
+
     job = preempt.resume(sp, job_id).job
     return f"#{job_id} {job.name} back in the queue (first in line): {job.note}"
 
 
 def _retry(sp: Spool, job_id: int) -> str:
+    from gpuq.engine.lifecycle import actions  # here: the first frame does not wait for it (~60 ms of imports)
+
     job, how = actions.retry(sp, job_id)
     return f"#{job_id} {job.name} back in the queue: {how.text()}"
 
