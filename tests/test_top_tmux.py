@@ -88,7 +88,7 @@ def test_top_shows_the_gpus_and_jobs_opens_a_log_kills_on_y_and_leaves_nothing(g
     gq.wait_state(first, RUNNING)
     wait_for(lambda: "hello from the job" in gq.log(first), 15, what="the job's first line")
     env = {k: v for k, v in gq.env.items() if k.startswith("GPUQ_")}
-    env.update(LANG="C.UTF-8", LC_ALL="C.UTF-8")
+    env.update(LANG="C.UTF-8", LC_ALL="C.UTF-8", TERM="screen")  # a terminfo entry every ncurses has
     pid = tmux.start(env, [sys.executable, "-m", "gpuq", "top", "--interval", "0.5"])
     screen = tmux.shows("GPUs (fake", f"#{first} train-a", f"#{second} pending", "waiting for a free GPU")
     assert "  0  87%" in screen and f"#{first} train-a" in screen.split("GPUs (fake", 1)[1].split("\n")[2]

@@ -7,6 +7,7 @@ found it, whatever happens."""
 from __future__ import annotations
 
 import curses
+import os
 import queue
 import threading
 import time
@@ -14,7 +15,7 @@ from typing import Any, Optional
 
 from gpuq.cli.top import draw, keys, model
 from gpuq.cli.top.logview import LogFollow
-from gpuq.core.errors import GpuqError
+from gpuq.core.errors import GpuqError, Refused
 from gpuq.spool import Spool
 
 TICK_MS = 200
@@ -190,4 +191,8 @@ def _ascii(text: str) -> str:
 
 def run(spool: Spool, interval: float, unicode: bool) -> None:
     app = App(spool, interval, unicode)
-    curses.wrapper(app.run)
+    try:
+        curses.wrapper(app.run)
+    except curses.error as exc:  # a terminal curses cannot drive (no terminfo entry for $TERM)
+        term = os.environ.get("TERM") or "not set"
+        raise Refused(f"cannot draw on this terminal (TERM={term}): {exc}; `gpuq top --once` prints a frame") from None
