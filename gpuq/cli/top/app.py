@@ -33,7 +33,7 @@ class App:
         self.selected: Optional[int] = (self.snap.ids() or [None])[0]
         self.mode = "list"  # or "log", "help"
         self.log: Optional[LogFollow] = None
-        self.asking: Optional[tuple[keys.Action, int]] = None
+        self.asking: Optional[tuple[keys.Action, int, str]] = None  # the question on the bottom line
         self.bottom: Optional[draw.Line] = None
         self.done: queue.Queue[draw.Line] = queue.Queue()  # outcomes of actions, from their threads
         self.busy: Optional[threading.Thread] = None
@@ -90,8 +90,8 @@ class App:
 
     def _bottom_line(self) -> Optional[draw.Line]:
         if self.asking is not None:
-            action, job_id = self.asking
-            return action.question(job_id, self._line(job_id).name), draw.WARN
+            action, job_id, name = self.asking  # asked of the job as it was shown, even if a look since lost it
+            return action.question(job_id, name), draw.WARN
         return self.bottom
 
     # ---- keys -----------------------------------------------------------------------------
@@ -100,7 +100,7 @@ class App:
         if key == "KEY_RESIZE":
             return True  # the next frame is drawn to the new size
         if self.asking is not None:
-            action, job_id = self.asking
+            action, job_id, _name = self.asking
             self.asking = None
             if key in ("y", "Y"):
                 self._start(action, job_id)
@@ -134,7 +134,7 @@ class App:
         elif line.state not in action.states:
             self.bottom = (keys.refusal(action, line.state, line.job_id), draw.BAD)
         elif action.asks:
-            self.asking = (action, line.job_id)  # type: ignore[assignment]
+            self.asking = (action, line.job_id, line.name)  # type: ignore[assignment]
         else:
             self._start(action, line.job_id)  # type: ignore[arg-type]
 
