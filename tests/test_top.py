@@ -138,3 +138,18 @@ def test_keys_act_through_the_library_and_the_destructive_ones_ask(gq: Env) -> N
     assert press("r").startswith(f"#{first} first back in the queue") and gq.state_of(first) == PENDING
     assert press("j") == "" and app.selected == second
     assert not app.press("q")
+
+
+def test_who_holds_a_gpu_jobs_other_users_leases_and_other_processes() -> None:
+    gpu = {
+        "jobs": [1],
+        "leases": [
+            {"spool": "/spool", "job": 1, "who": "me (job 1)"},  # our job's own lease: the job says it
+            {"spool": "/home/bob/.gpuq", "job": 3, "who": "bob (job 3)"},
+        ],
+        "foreign": [
+            {"pid": 99, "who": "alice", "used_memory_mib": 2048, "lease": None},
+            {"pid": 98, "who": "bob", "used_memory_mib": 512, "lease": "bob-3.lease"},  # under bob's lease
+        ],
+    }
+    assert model.holders(gpu, {1: "train-a"}, "/spool") == ["#1 train-a", "lease bob (job 3)", "pid 99 (alice) 2.0G"]
