@@ -204,7 +204,7 @@ def test_every_command_of_the_skill_runs(gq: Env, tmp_path: Path) -> None:
         longs = [gq.add("long.py") for _ in range(4)]
         wait_for(lambda: running(gq, *longs), 30, what="four long jobs running")
         run("gpuq adopt 4242 --name exp05/train", _4242=sleeper.pid)
-        for line in ("gpuq status", "gpuq eta", "gpuq gpus --json", "gpuq status --json"):
+        for line in ("gpuq status", "gpuq eta", "gpuq gpus --json", "gpuq status --json", "gpuq top --once"):
             run(line)
         run("gpuq eta 3", _3=longs[0])
         run("gpuq preempt 3", _3=longs[0])

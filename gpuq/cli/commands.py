@@ -219,6 +219,15 @@ COMMANDS = (
         options=(Opt("--json", kind=FLAG, help="a list, one object per GPU"),),
     ),
     Command(
+        "top",
+        handler="top.command:cmd_top",  # gpuq/cli/top/, imported only when `top` runs
+        help="the GPUs and the queue, live, full screen; keys follow a log, kill, cancel, hold, preempt, retry",
+        options=(
+            Opt("--once", kind=FLAG, help="print one frame to stdout and exit (no terminal needed)"),
+            Opt("--interval", convert=float, default=2.0, metavar="S", help="seconds between looks (default 2)"),
+        ),
+    ),
+    Command(
         "lease",
         handler="cmd_worker:cmd_lease",
         help="run a command outside the queue (a notebook, a script) on GPUs leased from every user's gpuq",

@@ -62,6 +62,7 @@ def view(
                 "memory_total_mib": gpu.memory_total_mib,
                 "memory_used_mib": gpu.memory_used_mib,
                 "compute_mode": gpu.compute_mode,
+                "utilization_gpu": gpu.utilization_gpu,  # what `gpuq top` shows per GPU (None: not known)
                 "jobs": sorted(holders.get(gpu.index, [])),
                 "foreign": [
                     {"pid": p.pid, "used_memory_mib": p.used_memory_mib, "who": gpu_info.describe_pid(p.pid)}

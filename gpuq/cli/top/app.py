@@ -1,0 +1,198 @@
+"""The curses loop of `gpuq top`: a snapshot every --interval seconds and after each action, keys
+read in between (every 0.2 s, so the log view follows and a key answers at once). An action runs in
+a thread of its own (a kill waits up to its grace, a preemption for the job's checkpoint) while
+the screen goes on; `q` waits for it before leaving. curses.wrapper gives the terminal back as it
+found it, whatever happens."""
+
+from __future__ import annotations
+
+import curses
+import os
+import queue
+import threading
+import time
+from typing import Any, Optional
+
+from gpuq.cli.top import draw, keys, model
+from gpuq.cli.top.logview import LogFollow
+from gpuq.core.errors import GpuqError, Refused
+from gpuq.spool import Spool
+
+TICK_MS = 200
+ESCAPE = "\x1b"
+UP, DOWN = ("KEY_UP", "k"), ("KEY_DOWN", "j")
+ENTER = ("\n", "\r", "KEY_ENTER", "l")
+
+
+class App:
+    def __init__(self, spool: Spool, interval: float, unicode: bool) -> None:
+        self.spool, self.interval, self.unicode = spool, interval, unicode
+        self.ring = model.Ring()
+        self.snap = model.take(spool, self.ring)
+        self.next_look = time.monotonic() + interval
+        self.selected: Optional[int] = (self.snap.ids() or [None])[0]
+        self.mode = "list"  # or "log", "help"
+        self.log: Optional[LogFollow] = None
+        self.asking: Optional[tuple[keys.Action, int, str]] = None  # the question on the bottom line
+        self.bottom: Optional[draw.Line] = None
+        self.done: queue.Queue[draw.Line] = queue.Queue()  # outcomes of actions, from their threads
+        self.busy: Optional[threading.Thread] = None
+
+    # ---- the loop -------------------------------------------------------------------------
+    def run(self, screen: Any) -> None:
+        _setup(screen)
+        while True:
+            self.tick()
+            self._paint(screen)
+            try:
+                key = screen.get_wch()
+            except curses.error:
+                continue  # no key within the tick
+            if not self.press(key if isinstance(key, str) else curses.keyname(key).decode()):
+                break
+        if self.busy is not None:  # an action under way is finished, not cut off
+            self._paint(screen, ("waiting for the action under way to finish...", draw.WARN))
+            self.busy.join()
+
+    def tick(self) -> None:
+        while not self.done.empty():
+            self.bottom = self.done.get()
+            self.busy, self.next_look = None, 0.0  # look again at once: the action changed the queue
+        if time.monotonic() >= self.next_look:
+            try:
+                self.snap = model.take(self.spool, self.ring)
+            except (GpuqError, OSError) as exc:  # a spool gone or full: the last look stays, said below
+                self.bottom = (f"could not look at the queue: {exc}", draw.BAD)
+            self.next_look = time.monotonic() + self.interval
+            ids = self.snap.ids()
+            if self.selected not in ids:
+                self.selected = ids[0] if ids else None
+        if self.mode == "log" and self.log is not None:
+            self.log.poll()
+
+    def _paint(self, screen: Any, bottom: Optional[draw.Line] = None) -> None:
+        height, width = screen.getmaxyx()
+        view = draw.Screen(width, height, self.selected, self.unicode)
+        view.bottom = bottom or self._bottom_line()
+        if self.mode == "help":
+            lines = draw.help_frame(keys.HELP, view)
+        elif self.mode == "log" and self.log is not None:
+            lines = draw.log_frame(self.log.title(), self.log.shown(), view)
+        else:
+            lines = draw.frame(self.snap, view)
+        screen.erase()
+        for row, (text, attr) in enumerate(lines[:height]):
+            try:
+                screen.addstr(row, 0, text if self.unicode else _ascii(text), ATTRS.get(attr, 0))
+            except curses.error:
+                pass  # a terminal shrunk under us: the next frame fits
+        screen.refresh()
+
+    def _bottom_line(self) -> Optional[draw.Line]:
+        if self.asking is not None:
+            action, job_id, name = self.asking  # asked of the job as it was shown, even if a look since lost it
+            return action.question(job_id, name), draw.WARN
+        return self.bottom
+
+    # ---- keys -----------------------------------------------------------------------------
+    def press(self, key: str) -> bool:
+        """Act on one key; False: leave."""
+        if key == "KEY_RESIZE":
+            return True  # the next frame is drawn to the new size
+        if self.asking is not None:
+            action, job_id, _name = self.asking
+            self.asking = None
+            if key in ("y", "Y"):
+                self._start(action, job_id)
+            else:
+                self.bottom = (f"not done: #{job_id} left as it was", draw.DIM)
+            return True
+        if self.mode != "list":
+            self.mode, self.log = "list", None  # esc, q or any key leaves the log or the help
+            return True
+        return self._list_key(key)
+
+    def _list_key(self, key: str) -> bool:
+        self.bottom = None
+        if key == "q":
+            return False
+        if key == "?":
+            self.mode = "help"
+        elif key in UP or key in DOWN:
+            self._move(-1 if key in UP else 1)
+        elif key in ENTER and self.selected is not None:
+            line = self._line(self.selected)
+            if line.job is not None:
+                self.log, self.mode = LogFollow(self.spool, line.job, line.state), "log"
+        elif key in keys.BY_KEY and self.selected is not None:
+            self._ask(keys.BY_KEY[key], self._line(self.selected))
+        return True
+
+    def _ask(self, action: keys.Action, line: model.JobLine) -> None:
+        if self.busy is not None:
+            self.bottom = ("one action at a time: the one under way has not finished", draw.WARN)
+        elif line.state not in action.states:
+            self.bottom = (keys.refusal(action, line.state, line.job_id), draw.BAD)
+        elif action.asks:
+            self.asking = (action, line.job_id, line.name)  # type: ignore[assignment]
+        else:
+            self._start(action, line.job_id)  # type: ignore[arg-type]
+
+    def _start(self, action: keys.Action, job_id: int) -> None:
+        self.bottom = (f"{action.verb} #{job_id}...", draw.DIM)
+        self.busy = threading.Thread(target=self._act, args=(action, job_id), name=f"top-{action.verb}")
+        self.busy.start()
+
+    def _act(self, action: keys.Action, job_id: int) -> None:
+        try:
+            self.done.put((action.call(self.spool, job_id), ""))
+        except GpuqError as exc:  # a refusal, in the CLI's words
+            self.done.put((f"{action.verb} #{job_id}: {exc}", draw.BAD))
+        except Exception as exc:  # shown in one line: the screen and the other keys go on
+            self.done.put((f"{action.verb} #{job_id} failed: {type(exc).__name__}: {exc}", draw.BAD))
+
+    def _move(self, step: int) -> None:
+        ids = self.snap.ids()
+        if not ids:
+            return
+        at = ids.index(self.selected) if self.selected in ids else 0
+        self.selected = ids[max(0, min(len(ids) - 1, at + step))]
+
+    def _line(self, job_id: int) -> model.JobLine:
+        return next(line for line in self.snap.lines() if line.job_id == job_id)
+
+
+ATTRS: dict[str, int] = {}
+
+
+def _setup(screen: Any) -> None:
+    """Hidden cursor, keys polled every tick, colours where the terminal has them."""
+    try:
+        curses.curs_set(0)
+    except curses.error:
+        pass  # a terminal that cannot hide it
+    if hasattr(curses, "set_escdelay"):
+        curses.set_escdelay(25)  # esc answers at once, not after ncurses' second of waiting for a sequence
+    screen.timeout(TICK_MS)
+    screen.keypad(True)
+    ATTRS.update({draw.TITLE: curses.A_BOLD, draw.HEAD: curses.A_BOLD, draw.SELECTED: curses.A_REVERSE})
+    ATTRS.update({draw.BAD: curses.A_BOLD, draw.WARN: curses.A_BOLD, draw.DIM: curses.A_DIM})
+    if curses.has_colors():
+        curses.start_color()
+        curses.use_default_colors()
+        for number, (attr, colour) in enumerate(((draw.BAD, curses.COLOR_RED), (draw.WARN, curses.COLOR_YELLOW)), 1):
+            curses.init_pair(number, colour, -1)
+            ATTRS[attr] = curses.color_pair(number) | curses.A_BOLD
+
+
+def _ascii(text: str) -> str:
+    return text.encode("ascii", "replace").decode("ascii")
+
+
+def run(spool: Spool, interval: float, unicode: bool) -> None:
+    app = App(spool, interval, unicode)
+    try:
+        curses.wrapper(app.run)
+    except curses.error as exc:  # a terminal curses cannot drive (no terminfo entry for $TERM)
+        term = os.environ.get("TERM") or "not set"
+        raise Refused(f"cannot draw on this terminal (TERM={term}): {exc}; `gpuq top --once` prints a frame") from None

@@ -1,0 +1,162 @@
+"""What `gpuq top` shows, as plain data: one snapshot of the GPUs and the queue, built only from
+the library calls `gpuq status --json`, `gpuq gpus` and `gpuq log` make, and a small in-memory
+ring of each GPU's recent utilisation and memory for the sparklines (sampled at each refresh;
+nothing of it is written anywhere)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Optional
+
+from gpuq.cli import render
+from gpuq.core.states import FINISHED, PENDING, RUNNING
+from gpuq.core.times import duration
+from gpuq.engine.tracking import gpuuse
+from gpuq.engine.views.status import status
+from gpuq.spool import Spool
+
+RING_SAMPLES = 150  # 5 minutes at the default 2 s refresh; a sparkline shows the newest that fit
+FINISHED_SHOWN = 5  # the newest finished jobs listed (status gives ten)
+
+
+class GpuLine:
+    """One GPU of the panel: its figures now, its recent samples, and who holds it."""
+
+    __slots__ = ("index", "name", "util", "used_mib", "total_mib", "holders", "utils", "mems")
+
+    def __init__(self, gpu: dict[str, Any], holders: list[str], ring: Ring) -> None:
+        self.index, self.name = gpu["index"], gpu.get("name") or "?"
+        self.util: Optional[int] = gpu.get("utilization_gpu")
+        self.used_mib, self.total_mib = gpu.get("memory_used_mib") or 0, gpu.get("memory_total_mib") or 0
+        self.holders = holders
+        self.utils, self.mems = ring.series(self.index)
+
+
+class JobLine:
+    """One row of the queue: a job (`job_id`), or a folded sweep (`job_id` None: no key acts on it)."""
+
+    __slots__ = ("job_id", "state", "name", "fraction", "progress", "util", "info", "job", "idle")
+
+    def __init__(self, job_id: Optional[int], state: str, name: str, progress: str, info: str) -> None:
+        self.job_id, self.state, self.name, self.progress, self.info = job_id, state, name, progress, info
+        self.fraction: Optional[float] = None  # a running job's progress, 0 to 1
+        self.util: Optional[int] = None  # mean utilisation of a running job's GPUs now
+        self.job: Optional[dict[str, Any]] = None  # the job's record (its log is found from it)
+        self.idle = ""  # a running job that held a GPU idle too long: what `status` says of it
+
+
+class Snapshot:
+    __slots__ = ("at", "worker", "gpu_title", "gpus", "running", "waiting", "finished", "warnings")
+
+    def __init__(self, at: float, worker: str) -> None:
+        self.at, self.worker = at, worker
+        self.gpu_title: Optional[str] = None  # None: no GPUs here (jobs take slots)
+        self.gpus: list[GpuLine] = []
+        self.running: list[JobLine] = []
+        self.waiting: list[JobLine] = []  # pending, held, preempted, interrupted, on Slurm
+        self.finished: list[JobLine] = []  # newest first
+        self.warnings: list[str] = []
+
+    def lines(self) -> list[JobLine]:
+        """Every row in the order shown."""
+        return self.running + self.waiting + self.finished
+
+    def ids(self) -> list[int]:
+        """The jobs a key may act on, in the order shown (a folded sweep is none)."""
+        return [line.job_id for line in self.lines() if line.job_id is not None]
+
+
+class Ring:
+    """Per GPU the utilisation and memory (percent of total) of the last RING_SAMPLES looks; a look
+    is added once however many refreshes show it (the workers' view is kept a few seconds)."""
+
+    def __init__(self, size: int = RING_SAMPLES) -> None:
+        self.size = size
+        self.samples: dict[int, deque[tuple[Optional[int], Optional[int]]]] = {}
+        self.last_at: Optional[float] = None
+
+    def add(self, view: Optional[dict[str, Any]]) -> None:
+        if view is None or view.get("at") == self.last_at:
+            return
+        self.last_at = view.get("at")
+        for gpu in view.get("gpus") or []:
+            total = gpu.get("memory_total_mib") or 0
+            mem = round(100 * (gpu.get("memory_used_mib") or 0) / total) if total else None
+            self.samples.setdefault(gpu["index"], deque(maxlen=self.size)).append((gpu.get("utilization_gpu"), mem))
+
+    def series(self, index: int) -> tuple[list[Optional[int]], list[Optional[int]]]:
+        kept = self.samples.get(index, ())
+        return [u for u, _m in kept], [m for _u, m in kept]
+
+
+def take(spool: Spool, ring: Ring, now: Optional[float] = None) -> Snapshot:
+    """The queue and the GPUs as `gpuq status` reads them now (its GPU view is `gpuq gpus`'s: the
+    workers' if fresh, else a look of this process's own)."""
+    now = time.time() if now is None else now
+    st = status(spool)
+    snap = Snapshot(now, render.worker_line(st.workers, st.outlook(now)))
+    ring.add(st.gpus)
+    utils = {g["index"]: g.get("utilization_gpu") for g in (st.gpus or {}).get("gpus") or []}
+    for row in render.group_sweeps(st.rows):
+        line = _job_line(row, now, utils)
+        if row.state == RUNNING:
+            snap.running.append(line)
+        elif row.state in FINISHED:
+            snap.finished.append(line)
+        else:
+            snap.waiting.append(line)
+    snap.finished = sorted(snap.finished, key=lambda line: -(line.job_id or 0))[:FINISHED_SHOWN]
+    if st.gpus is not None:
+        snap.gpu_title = _gpu_title(st.gpus, now)
+        names = {row.job.id: row.job.name for row in st.rows if row.state == RUNNING}  # a sweep's too
+        snap.gpus = [GpuLine(gpu, holders(gpu, names, spool.home), ring) for gpu in st.gpus["gpus"]]
+    snap.warnings = list(st.warnings)
+    return snap
+
+
+def _job_line(row: Any, now: float, utils: dict[int, Optional[int]]) -> JobLine:
+    """A status row as top shows it: a sweep folded as `status` folds it, else the job with its
+    progress (running), when it may start (pending) or how long it ran (the others)."""
+    if isinstance(row, render.SweepRow):
+        name, _script, _time, info = row.cells
+        return JobLine(None, row.state, name, "", info)
+    job = row.job
+    if row.state == RUNNING:
+        progress = render.progress_text(row.estimate, RUNNING, bar=False)
+    elif row.state == PENDING:
+        progress = render.progress_text(row.estimate, PENDING)
+    else:
+        ran = duration(render.elapsed(job, now))
+        progress = f"ran {ran}" if ran else ""
+    line = JobLine(job.id, row.state, job.name, progress, render.info(job, row.state, row.wait))
+    line.job = job
+    if row.state == RUNNING:
+        line.fraction = row.estimate.fraction if row.estimate is not None else None
+        known = [utils[i] for i in job.gpus or () if utils.get(i) is not None]
+        line.util = round(sum(known) / len(known)) if known else None  # type: ignore[arg-type]
+        if row.gpu_idle:
+            line.idle = gpuuse.idle_text(row.gpu_idle)
+    return line
+
+
+def _gpu_title(view: dict[str, Any], now: float) -> str:
+    at = view.get("at")
+    seen = f"seen {duration(now - at) or '0s'} ago" if at else "not seen"
+    by = f" by worker {view['worker']}" if view.get("worker") else ""
+    problem = f": {view['problem']}" if view.get("problem") else ""
+    return f"GPUs ({view.get('source')}, {seen}{by}){problem}"
+
+
+def holders(gpu: dict[str, Any], names: dict[Optional[int], str], home: str) -> list[str]:
+    """Who holds the GPU: gpuq's jobs (`#3 train`), other users' leases and other processes (as
+    `gpuq gpus` names them); a lease of this spool's own job is that job, said once."""
+    out = [f"#{job_id} {names.get(job_id, '')}".rstrip() for job_id in gpu.get("jobs") or ()]
+    for lease in gpu.get("leases") or ():
+        if lease.get("spool") != home or lease.get("job") not in (gpu.get("jobs") or ()):
+            out.append(f"lease {lease.get('who') or '?'}")
+    for proc in gpu.get("foreign") or ():
+        if not proc.get("lease"):
+            size = f" {(proc['used_memory_mib'] or 0) / 1024:.1f}G" if proc.get("used_memory_mib") is not None else ""
+            out.append(f"pid {proc['pid']} ({proc.get('who') or '?'}){size}")
+    return out
