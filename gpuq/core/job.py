@@ -267,6 +267,11 @@ class Job(dict):
         option=True,
     )
 
+    # Host memory and CPUs (issue 31; spool_layout.md section 12a): what it reserves of the machine
+    # while it runs; None: nothing (it starts whatever the others hold, as before)
+    mem_mib: Optional[int] = Field(None, _opt(_positive), "null or a positive integer (MiB)", option=True)  # --mem
+    cpus: Optional[int] = Field(None, _opt(_positive), "null or a positive integer", option=True)  # --cpus
+
     # When it ends (run/hooks.py; spool_layout.md section 13)
     notify: bool = Field(False, _bool, "true or false", option=True)  # --notify: a desktop notification
     on_finish: Optional[str] = Field(None, _opt(os_str), "null or a shell command", option=True)  # --on-finish
