@@ -312,6 +312,8 @@ class Job(dict):
     code_changed: Optional[str] = Field(None, _opt(_str), _NULL_STR, later=True)
     code_at_start: Optional[dict[str, Any]] = Field(None, _opt(_dict), "null or an object", later=True)
     reason: Optional[str] = Field(None, _opt(_str), _NULL_STR, later=True)  # why its last attempt failed
+    # how its --mem/--cpus were kept in its latest attempt: "cgroup2", "systemd-run" or "watch:SECONDS"
+    host_limits_by: Optional[str] = Field(None, _opt(_str), _NULL_STR, later=True)
     slurm: Optional[dict[str, Any]] = Field(
         None, _opt(_slurm), 'null or {"job_id": null or a Slurm job id, "state": a string, ...}', later=True
     )

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from gpuq.core.states import CANCELLED, HELD, PENDING, RUNNING, SLURM, SOURCE_ADOPT, SOURCE_CLI
 from gpuq.core.times import duration, parse_iso
-from gpuq.core.timespec import format_duration
+from gpuq.core.timespec import format_duration, format_size_mib
 from gpuq.core.transitions import describe_preemption
 from gpuq.core.words import plural
 from gpuq.engine.lifecycle import interpreter
@@ -54,6 +54,7 @@ def card(spool: Spool, ref: JobRef, job: Any, now: Optional[float] = None) -> li
         *_dependencies(spool, job),
         *_attempts(job),
         *_limits(job),
+        ("host limits", _host_limits(job)),
         *_sweep(spool, job),
         *_provenance(job),
         ("log", spool.logs.path_of(job)),
@@ -219,6 +220,20 @@ def _attempts(job: Any) -> list[Line]:
 def _limits(job: Any) -> list[Line]:
     limit = format_duration(job.time_limit) if job.time_limit else ""
     return [("time limit", limit), ("begins", _clock(job.begin_at))]
+
+
+def _host_limits(job: Any) -> str:
+    """How its latest attempt's --mem and --cpus were kept (run/supervisor/hostlimits.py)."""
+    by = job.host_limits_by
+    if not by:
+        return ""
+    asked = [format_size_mib(job.mem_mib)] if job.mem_mib else []
+    asked += [plural(job.cpus, "CPU")] if job.cpus else []
+    kept = {"cgroup2": "kept by cgroup v2", "systemd-run": "kept by systemd-run"}.get(by)
+    if kept is None:  # "watch:SECONDS"
+        watch = [f"kept by watching memory every {by.partition(':')[2]} s"] if job.mem_mib else []
+        kept = "; ".join(watch + (["CPUs counted, not capped"] if job.cpus else []))
+    return ", ".join([*asked, kept])
 
 
 def _sweep(spool: Spool, job: Any) -> list[Line]:
