@@ -90,7 +90,7 @@ def _make_tree(parent: str) -> str:
     """`parent/gpuq`, both controllers enabled for its children; OSError when that cannot be."""
     missing = [c for c in CONTROLLERS if c not in _words(os.path.join(parent, "cgroup.controllers"))]
     if missing:
-        raise OSError(errno.ENOTSUP, f"no {' and '.join(missing)} controller")
+        raise OSError(errno.ENOTSUP, f"has no {' and '.join(missing)} controller")
     _enable(parent)  # EBUSY where `parent` holds processes and is not the root cgroup
     tree = os.path.join(parent, TREE_NAME)
     try:
@@ -112,7 +112,7 @@ def _why(parent: str, exc: OSError) -> str:
     if exc.errno == errno.EBUSY:
         return f"cgroup v2 {parent} holds processes: its children get no controllers (no internal processes)"
     if exc.errno == errno.ENOTSUP and exc.strerror:
-        return f"cgroup v2 {parent}: {exc.strerror} (memory and cpu are needed)"
+        return f"cgroup v2 {parent} {exc.strerror}"
     return f"cgroup v2 {parent}: {exc.strerror or exc}"
 
 

@@ -93,7 +93,7 @@ def _in_scope(job: Any, why: list[str]) -> Optional[Keeper]:
     if not usable:
         why.append(not_here)
         return None
-    unit = f"gpuq-{job.id}-{os.getpid()}-{job.attempts}"
+    unit = f"gpuq-{job.id}-{os.getpid()}-{job.attempts}.scope"  # systemctl needs the suffix
     return Keeper(SCOPE, job.mem_mib, job.cpus, unit=unit)
 
 
