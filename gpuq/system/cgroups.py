@@ -7,15 +7,18 @@ processes", the root cgroup excepted), and a process may only enable for its chi
 controllers its own cgroup has. So jobs are not made children of the supervisor's cgroup, which
 holds the supervisor and the worker: gpuq makes one sub-tree `gpuq` beside them, in the nearest
 cgroup that has (or may be given) `memory` and `cpu` for its children:
-- the supervisor's own cgroup where it is the hierarchy's root (root on a machine without a
-  cgroup namespace: /sys/fs/cgroup/gpuq), or where it already hands both to its children;
-- else its parent (root in a systemd service or session: /sys/fs/cgroup/system.slice/gpuq).
+- the supervisor's own cgroup where it is the hierarchy's root, which the rule exempts (root on a
+  machine without a cgroup namespace: /sys/fs/cgroup/gpuq);
+- else its parent (root in a systemd service or session: /sys/fs/cgroup/system.slice/gpuq; a
+  user whose systemd delegates its sub-tree: .../user@1000.service/app.slice/gpuq).
 `gpuq` holds no process of its own, so both controllers can be enabled in it; each job gets a
 child `gpuq/job-...` with `memory.max`, `memory.swap.max` = 0 (the limit is RAM: a job swapping
 past it is what freezes a machine), `memory.oom.group` = 1 (the kernel's OOM kill takes the job's
 whole tree, DataLoader workers included) and `cpu.max`. In a container the cgroup file system is
-usually read-only, or the container's root cgroup holds its processes (EBUSY): the probe says so
-and the caller falls through to systemd-run, then to watching memory.
+usually read-only, or the container's root cgroup holds its processes (EBUSY), and a machine with
+cgroup v1 and v2 side by side (v2 at /sys/fs/cgroup/unified) has memory and cpu on v1 only, as the
+one gpuq is developed on: the probe says why and the caller falls through to systemd-run, then to
+watching memory.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from typing import Optional
 TREE_NAME = "gpuq"
 CONTROLLERS = ("memory", "cpu")
 CPU_PERIOD_US = 100_000  # cpu.max's period: a quota of N CPUs is N periods of CPU time per period
+# the whole job killed at once by an OOM (Linux 4.19), and no swap past memory.max (absent without
+# swap accounting): set where the kernel has them
+OPTIONAL_MEMORY_FILES = {"memory.oom.group": "1", "memory.swap.max": "0"}
 PROBE_SECONDS = 10.0  # the systemd-run probe and the scope's questions at the end, each at most
 
 _tree: Optional[tuple[Optional[str], str]] = None  # (the gpuq sub-tree or None, why not), once found
@@ -127,9 +133,9 @@ def job_cgroup(tree: str, name: str, mem_mib: Optional[int], cpus: Optional[int]
     try:
         if mem_mib:
             _write(os.path.join(path, "memory.max"), str(mem_mib << 20))
-            _write(os.path.join(path, "memory.oom.group"), "1")
-            if os.path.exists(os.path.join(path, "memory.swap.max")):  # absent without swap accounting
-                _write(os.path.join(path, "memory.swap.max"), "0")
+            for name, value in OPTIONAL_MEMORY_FILES.items():
+                if os.path.exists(os.path.join(path, name)):
+                    _write(os.path.join(path, name), value)
         if cpus:
             _write(os.path.join(path, "cpu.max"), f"{cpus * CPU_PERIOD_US} {CPU_PERIOD_US}")
     except OSError:
