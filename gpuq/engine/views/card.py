@@ -20,7 +20,7 @@ from gpuq.core.transitions import describe_preemption
 from gpuq.core.words import plural
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.actions import sweep_jobs
-from gpuq.engine.schedule import scheduler
+from gpuq.engine.schedule import hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views.status import gpu_waits, space_waits
@@ -51,6 +51,7 @@ def card(spool: Spool, ref: JobRef, job: Any, now: Optional[float] = None) -> li
         *_checkpoints(job),
         *_gpus(job),
         ("GPU use", _gpu_use(spool, job)),
+        ("host", hostroom.request_text(job)),  # what it reserves of the machine (--mem, --cpus)
         *_dependencies(spool, job),
         *_attempts(job),
         *_limits(job),
