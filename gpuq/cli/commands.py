@@ -5,6 +5,7 @@ in options.py).
 
 from __future__ import annotations
 
+from gpuq.cli.host import RUN_OPTIONS as HOST_OPTIONS
 from gpuq.cli.options import ADD, APPEND, ETA, FLAG, HIDDEN, REST, STATUS, Command, Opt, gpu_count, ids, positive_id
 from gpuq.core import states
 from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, WAITING
@@ -117,6 +118,7 @@ RUN = Command(
             help="when a job ends, what is left of its process group gets SIGTERM, then SIGKILL after this "
             "(default 10)",
         ),
+        *HOST_OPTIONS,  # --mem, --cpus
         Opt(
             "--on-finish",
             metavar="CMD",

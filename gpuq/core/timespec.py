@@ -229,13 +229,6 @@ def parse_size_mib(text: str, flag: str = "size") -> int:
     return _positive(mib, text, flag)
 
 
-def format_size_mib(mib: int) -> str:
-    """MiB as `--mem` takes them back: `10G`, `1.5G`, `512M`."""
-    if mib < 1024:
-        return f"{mib}M"
-    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib / 1024:.1f}G"
-
-
 def parse_size_bytes(text: str, flag: str = "size") -> int:
     """Bytes in a size such as a log cap: `1G`, `500M`, `64K`, `1.5G`, `2GiB`, `10MB`, or a bare
     number of bytes. Units are binary (K = 1024). A fraction of a byte rounds up; zero is refused."""

@@ -15,12 +15,12 @@ from typing import Any, Optional
 
 from gpuq.core.states import CANCELLED, HELD, PENDING, RUNNING, SLURM, SOURCE_ADOPT, SOURCE_CLI
 from gpuq.core.times import duration, parse_iso
-from gpuq.core.timespec import format_duration, format_size_mib
+from gpuq.core.timespec import format_duration
 from gpuq.core.transitions import describe_preemption
 from gpuq.core.words import plural
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.actions import sweep_jobs
-from gpuq.engine.schedule import scheduler
+from gpuq.engine.schedule import hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views.status import gpu_waits, space_waits
@@ -51,10 +51,11 @@ def card(spool: Spool, ref: JobRef, job: Any, now: Optional[float] = None) -> li
         *_checkpoints(job),
         *_gpus(job),
         ("GPU use", _gpu_use(spool, job)),
+        ("host", hostroom.request_text(job)),  # what it reserves of the machine (--mem, --cpus)
+        ("host limits", _host_limits(job)),  # how its latest attempt was held to it
         *_dependencies(spool, job),
         *_attempts(job),
         *_limits(job),
-        ("host limits", _host_limits(job)),
         *_sweep(spool, job),
         *_provenance(job),
         ("log", spool.logs.path_of(job)),
@@ -227,13 +228,11 @@ def _host_limits(job: Any) -> str:
     by = job.host_limits_by
     if not by:
         return ""
-    asked = [format_size_mib(job.mem_mib)] if job.mem_mib else []
-    asked += [plural(job.cpus, "CPU")] if job.cpus else []
     kept = {"cgroup2": "kept by cgroup v2", "systemd-run": "kept by systemd-run"}.get(by)
     if kept is None:  # "watch:SECONDS"
         watch = [f"kept by watching memory every {by.partition(':')[2]} s"] if job.mem_mib else []
         kept = "; ".join(watch + (["CPUs counted, not capped"] if job.cpus else []))
-    return ", ".join([*asked, kept])
+    return kept
 
 
 def _sweep(spool: Spool, job: Any) -> list[Line]:

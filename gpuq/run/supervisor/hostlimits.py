@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from gpuq.core.timespec import format_size_mib as size_text
+from gpuq.engine.schedule.hostroom import size_text
 from gpuq.system import cgroups, hostmem
 
 CGROUP, SCOPE, WATCH = "cgroup2", "systemd-run", "watch"  # `host_limits_by`; the watch's as "watch:SECONDS"
