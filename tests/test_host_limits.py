@@ -76,7 +76,8 @@ def test_the_kernel_keeps_the_limit_where_it_can(gq: Any) -> None:
     gq.start_worker("--watch", "--kill-grace", "1")
     job = gq.wait_state(job_id, "failed", timeout=15)
     assert job["reason"] == "host memory limit of 100M reached", gq.log(job_id)
-    assert job["exit_code"] == 137 and job["host_limits_by"] == ("cgroup2" if tree else "systemd-run")
+    assert job["host_limits_by"] == ("cgroup2" if tree else "systemd-run") and "host limits kept by " in gq.log(job_id)
+    assert job["exit_code"] == 137 or not tree  # systemd may stop its scope with SIGTERM after the kernel's kill
     if tree is not None:
         assert not [name for name in os.listdir(tree) if name.startswith(f"job-{job_id}-")], "its cgroup was left"
     assert "kept by " + ("cgroup v2" if tree else "systemd-run") in gq.gpuq("show", str(job_id)).stdout

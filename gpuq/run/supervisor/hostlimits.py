@@ -68,6 +68,7 @@ def keep(job: Any, say: Say) -> Optional[Keeper]:
     else:
         keeper = _in_cgroup(job, why) or _in_scope(job, why)
         if keeper is not None:
+            say(f"host limits kept by {keeper.cgroup or keeper.unit}")
             return keeper
     watched = "its memory is watched" if job.mem_mib else "nothing to watch"
     say(f"host limits not kept by the kernel ({'; '.join(why)}): {watched}, its CPUs counted, not capped")
