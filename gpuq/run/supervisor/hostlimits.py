@@ -42,7 +42,7 @@ class Keeper:
     unit: Optional[str] = None  # its scope's unit (SCOPE)
     period: float = DEFAULT_WATCH_SECONDS  # seconds between two looks (WATCH)
     reached: bool = False  # its memory limit ended it
-    seen: int = 0  # bytes the watch saw when it stopped the job
+    seen: int = 0  # bytes the watch saw past the limit
 
     def recorded(self) -> str:
         return f"{WATCH}:{self.period:g}" if self.by == WATCH else self.by
@@ -157,7 +157,7 @@ class MemoryWatch:
         used = hostmem.tree_bytes(self.pid)
         if used <= self.limit:
             return False
-        self.keeper.reached, self.keeper.seen = True, used
+        self.keeper.seen = used
         return True
 
 
@@ -166,6 +166,15 @@ def watching(keeper: Optional[Keeper], pid: int, sampler: Optional[Any]) -> Opti
     if keeper is None or keeper.by != WATCH or not keeper.mem_mib:
         return sampler
     return MemoryWatch(keeper, pid, sampler)
+
+
+def stops(keeper: Optional[Keeper]) -> bool:
+    """Whether the watch ended the wait for a job that still runs: it is past its --mem, and its
+    end will say so. (One that ended by itself meanwhile is not said to have reached it.)"""
+    if keeper is None or not keeper.seen:
+        return False
+    keeper.reached = True
+    return True
 
 
 def reached(keeper: Optional[Keeper]) -> Optional[str]:

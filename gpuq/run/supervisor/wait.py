@@ -91,7 +91,7 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
     if returncode is not None:
         return returncode
     grace = kill_grace(run)
-    if hostlimits.reached(run.host):
+    if hostlimits.stops(run.host):
         log_line(run.log_fd, hostlimits.stopping_line(run.host, grace))
     else:
         run.timed_out = format_duration(limit)
