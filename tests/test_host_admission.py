@@ -19,6 +19,7 @@ from gpuq.engine.lifecycle import intake
 from gpuq.engine.schedule import hostroom
 from gpuq.engine.schedule.planner import Assignment, Planner
 from gpuq.engine.schedule.scheduler import QueueState, Wait
+from gpuq.engine.tracking import queue_eta
 from gpuq.run.slurm_batch import sbatch_options
 from gpuq.spool import Spool
 from gpuq.system.gpus import Gpu, GpuLook
@@ -183,6 +184,18 @@ def test_the_margin_is_gpuq_host_mem_margin(monkeypatch: pytest.MonkeyPatch) -> 
 def test_the_machine_is_read_as_it_is() -> None:
     cap = hostroom.cap(None, None)
     assert 0 < cap.cpus <= (os.cpu_count() or 1) and 0 <= cap.mem_mib
+
+
+def test_a_job_waiting_for_host_memory_is_not_expected_before_a_holder_ends() -> None:
+    """`status`'s "starts ~" (engine/tracking/queue_eta.py): a free slot is not enough for a job
+    the worker holds back for host memory; it starts, at the earliest, when a job holding some ends."""
+    holder, other = Job(_job(1, mem_mib=20 * G), slot="0"), Job(_job(2, cpus=1), slot="1")
+    waiting = _job(3, mem_mib=10 * G, cmd=["train"], cwd="/w")
+    wait = Wait("waiting for host memory: 20G of 25G reserved by #1 (it needs 10G)", False)
+    slots = ["0", "1", "2"]
+    assert queue_eta.plan_queue([(holder, 60.0), (other, 5.0)], [(waiting, wait)], slots, {})[3].starts_in == 60.0
+    assert queue_eta.plan_queue([(holder, None)], [(waiting, wait)], slots, {})[3].starts_in is None
+    assert queue_eta.plan_queue([(holder, 60.0)], [(waiting, None)], slots, {})[3].starts_in == 0.0
 
 
 # ---- a real worker ---------------------------------------------------------------------------
