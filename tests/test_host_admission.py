@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 from conftest import wait_for
 
+from gpuq.cli import cmd_worker
+from gpuq.cli.parser import parse
+from gpuq.core.errors import UsageError
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING, RUNNING
 from gpuq.engine.lifecycle import intake
@@ -21,6 +24,7 @@ from gpuq.engine.schedule.planner import Assignment, Planner
 from gpuq.engine.schedule.scheduler import QueueState, Wait
 from gpuq.engine.tracking import queue_eta
 from gpuq.run.slurm_batch import sbatch_options
+from gpuq.run.worker import Settings
 from gpuq.spool import Spool
 from gpuq.system.gpus import Gpu, GpuLook
 
@@ -63,6 +67,20 @@ def test_add_and_edit_set_the_request(gq: Any) -> None:
     assert (gq.job(job_id)["mem_mib"], gq.job(job_id)["cpus"]) == (512, 1)
     refused = gq.gpuq("edit", str(job_id), "--set", "cpus=-1", check=False)
     assert refused.returncode == 1 and "'cpus' must be" in refused.stderr
+
+
+def test_a_sweep_gives_each_job_the_request(gq: Any) -> None:
+    out = gq.gpuq("add", "-q", "--mem", "2G", "--cpus", "2", "--sweep", "x=1,2", "echo", "{x}").stdout
+    assert [(gq.job(int(i))["mem_mib"], gq.job(int(i))["cpus"]) for i in out.split()] == [(2048, 2), (2048, 2)]
+
+
+def test_gpuq_run_mem_and_cpus_are_the_workers_cap() -> None:
+    settings = Settings(**cmd_worker._settings(parse(["run", "--mem", "25G", "--cpus", "4"])))
+    assert (settings.host_mem_mib, settings.host_cpus) == (25 * 1024, 4)
+    for line, message in ((["--mem", "lots"], "--mem: cannot read 'lots'"), (["--cpus", "0"], "--cpus: expected")):
+        with pytest.raises(UsageError) as caught:
+            cmd_worker._settings(parse(["run", *line]))
+        assert str(caught.value).startswith(message)
 
 
 # ---- the rule, in the planner (pure: jobs and looks built here) ------------------------------
