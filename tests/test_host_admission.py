@@ -13,13 +13,18 @@ from typing import Any
 import pytest
 from conftest import wait_for
 
+from gpuq.cli import cmd_worker
+from gpuq.cli.parser import parse
+from gpuq.core.errors import UsageError
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING, RUNNING
 from gpuq.engine.lifecycle import intake
 from gpuq.engine.schedule import hostroom
 from gpuq.engine.schedule.planner import Assignment, Planner
 from gpuq.engine.schedule.scheduler import QueueState, Wait
+from gpuq.engine.tracking import queue_eta
 from gpuq.run.slurm_batch import sbatch_options
+from gpuq.run.worker import Settings
 from gpuq.spool import Spool
 from gpuq.system.gpus import Gpu, GpuLook
 
@@ -62,6 +67,20 @@ def test_add_and_edit_set_the_request(gq: Any) -> None:
     assert (gq.job(job_id)["mem_mib"], gq.job(job_id)["cpus"]) == (512, 1)
     refused = gq.gpuq("edit", str(job_id), "--set", "cpus=-1", check=False)
     assert refused.returncode == 1 and "'cpus' must be" in refused.stderr
+
+
+def test_a_sweep_gives_each_job_the_request(gq: Any) -> None:
+    out = gq.gpuq("add", "-q", "--mem", "2G", "--cpus", "2", "--sweep", "x=1,2", "echo", "{x}").stdout
+    assert [(gq.job(int(i))["mem_mib"], gq.job(int(i))["cpus"]) for i in out.split()] == [(2048, 2), (2048, 2)]
+
+
+def test_gpuq_run_mem_and_cpus_are_the_workers_cap() -> None:
+    settings = Settings(**cmd_worker._settings(parse(["run", "--mem", "25G", "--cpus", "4"])))
+    assert (settings.host_mem_mib, settings.host_cpus) == (25 * 1024, 4)
+    for line, message in ((["--mem", "lots"], "--mem: cannot read 'lots'"), (["--cpus", "0"], "--cpus: expected")):
+        with pytest.raises(UsageError) as caught:
+            cmd_worker._settings(parse(["run", *line]))
+        assert str(caught.value).startswith(message)
 
 
 # ---- the rule, in the planner (pure: jobs and looks built here) ------------------------------
@@ -183,6 +202,18 @@ def test_the_margin_is_gpuq_host_mem_margin(monkeypatch: pytest.MonkeyPatch) -> 
 def test_the_machine_is_read_as_it_is() -> None:
     cap = hostroom.cap(None, None)
     assert 0 < cap.cpus <= (os.cpu_count() or 1) and 0 <= cap.mem_mib
+
+
+def test_a_job_waiting_for_host_memory_is_not_expected_before_a_holder_ends() -> None:
+    """`status`'s "starts ~" (engine/tracking/queue_eta.py): a free slot is not enough for a job
+    the worker holds back for host memory; it starts, at the earliest, when a job holding some ends."""
+    holder, other = Job(_job(1, mem_mib=20 * G), slot="0"), Job(_job(2, cpus=1), slot="1")
+    waiting = _job(3, mem_mib=10 * G, cmd=["train"], cwd="/w")
+    wait = Wait("waiting for host memory: 20G of 25G reserved by #1 (it needs 10G)", False)
+    slots = ["0", "1", "2"]
+    assert queue_eta.plan_queue([(holder, 60.0), (other, 5.0)], [(waiting, wait)], slots, {})[3].starts_in == 60.0
+    assert queue_eta.plan_queue([(holder, None)], [(waiting, wait)], slots, {})[3].starts_in is None
+    assert queue_eta.plan_queue([(holder, 60.0)], [(waiting, None)], slots, {})[3].starts_in == 0.0
 
 
 # ---- a real worker ---------------------------------------------------------------------------
