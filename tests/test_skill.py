@@ -220,6 +220,7 @@ def test_every_command_of_the_skill_runs(gq: Env, tmp_path: Path) -> None:
             "gpuq add --urgent eval.py",
             "gpuq add -q --gpus 2 train.py",
             "gpuq add -q --gpu-mem 20G train.py",
+            "gpuq add -q --mem 32G --cpus 8 train.py",
             "gpuq add -q --sweep lr=1e-4,3e-4 train.py --lr {lr}",
             "gpuq add -q --time 4h train.py",
             "gpuq add -q --begin 02:00 train.py",

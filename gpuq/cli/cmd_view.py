@@ -46,6 +46,8 @@ JSON_FIELDS = (
     "gpu_request",
     "gpu_mem_mib",
     "gpus",
+    "mem_mib",
+    "cpus",
     "reason",
     "time_limit",
     "begin_at",

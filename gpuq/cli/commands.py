@@ -5,6 +5,7 @@ in options.py).
 
 from __future__ import annotations
 
+from gpuq.cli.host import RUN_OPTIONS as HOST_OPTIONS
 from gpuq.cli.options import ADD, APPEND, ETA, FLAG, HIDDEN, REST, STATUS, Command, Opt, gpu_count, ids, positive_id
 from gpuq.core import states
 from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, WAITING
@@ -117,6 +118,7 @@ RUN = Command(
             help="when a job ends, what is left of its process group gets SIGTERM, then SIGKILL after this "
             "(default 10)",
         ),
+        *HOST_OPTIONS,  # --mem, --cpus
         Opt(
             "--on-finish",
             metavar="CMD",
@@ -304,8 +306,8 @@ COMMANDS = (
         handler="cmd_queue:cmd_edit",
         help="change a pending or held job: in $VISUAL/$EDITOR, or with --set KEY=VALUE",
         description="Edit what a waiting job will run (the fields a hand-dropped job file may have: cmd, cwd, "
-        "name, env, after, after_any, retries, priority, gpus, gpu_mem). The result is checked like a dropped "
-        "file and replaces the job at once, or is refused with the reason and the job left as it was.",
+        "name, env, after, after_any, retries, priority, gpus, gpu_mem, mem, cpus). The result is checked like a "
+        "dropped file and replaces the job at once, or is refused with the reason and the job left as it was.",
         id_states=WAITING,
         options=(
             Opt("id", convert=positive_id, metavar="ID"),

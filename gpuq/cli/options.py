@@ -147,6 +147,12 @@ def gpu_count(text: str) -> int:
     return int(text)
 
 
+def cpu_count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"not a number of CPUs (1 or more): {text!r}")
+    return int(text)
+
+
 # what a job would do if the script got one of these options (Opt.before_script)
 UNWAITED = "start without waiting"
 IN_TURN = "wait its turn"
@@ -238,6 +244,17 @@ ADD = Command(
             "--gpu-mem",
             metavar="SIZE",
             help="the GPU memory it needs (e.g. 20G): jobs that say so share a GPU while they fit",
+        ),
+        Opt(
+            "--mem",
+            metavar="SIZE",
+            help="the host memory it reserves while it runs (e.g. 32G): it starts when that much is free",
+        ),
+        Opt(
+            "--cpus",
+            convert=cpu_count,
+            metavar="N",
+            help="the CPUs it reserves while it runs: it starts when that many are free",
         ),
         Opt(
             "--priority",

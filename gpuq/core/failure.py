@@ -12,7 +12,9 @@ adds to each line is dropped.
 
 Order of precedence, first match wins (several causes leave traces in one log, and the first
 listed is the one that explains the others):
-  1. a time limit gpuq enforced (`time_limit` given): the kill explains everything after it;
+  1. a time limit gpuq enforced (`time_limit` given): the kill explains everything after it; then
+     the host memory limit (`host_memory`: `--mem`, reached under gpuq's watch or the kernel's
+     OOM kill in the job's own cgroup), which explains the SIGKILL and a bare exit 137;
   2. `gpuq kill` (`killed_by_user`): the person who asked knows why;
   3. out of memory: the GPU's (PyTorch, CUDA runtime, cuBLAS, JAX/XLA), then PyTorch's CPU
      allocator's: its traceback ends in an exception too, and under torchrun the OOM is far above
@@ -92,14 +94,18 @@ def reason(
     *,
     killed_by_user: bool = False,
     time_limit: Optional[float] = None,
+    host_memory: Optional[str] = None,
 ) -> Optional[str]:
     """One short line naming why the job failed, or None when nothing is recognised.
 
     `signal_name` is the signal that ended the job as the supervisor records it (`SIGKILL`, or
-    `KILL`); `time_limit` is the limit in seconds when gpuq ended the job for reaching it.
+    `KILL`); `time_limit` is the limit in seconds when gpuq ended the job for reaching it;
+    `host_memory` the `--mem` it reached ("32G"), when that ended it.
     """
     if time_limit is not None:
         return f"time limit of {format_duration(time_limit)} reached"
+    if host_memory is not None:
+        return f"host memory limit of {host_memory} reached"
     if killed_by_user:
         return "stopped by `gpuq kill`"
     lines = latest_attempt_lines(log_tail)

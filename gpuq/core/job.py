@@ -267,6 +267,11 @@ class Job(dict):
         option=True,
     )
 
+    # Host memory and CPUs (issue 31; spool_layout.md section 12a): what it reserves of the machine
+    # while it runs; None: nothing (it starts whatever the others hold, as before)
+    mem_mib: Optional[int] = Field(None, _opt(_positive), "null or a positive integer (MiB)", option=True)  # --mem
+    cpus: Optional[int] = Field(None, _opt(_positive), "null or a positive integer", option=True)  # --cpus
+
     # When it ends (run/hooks.py; spool_layout.md section 13)
     notify: bool = Field(False, _bool, "true or false", option=True)  # --notify: a desktop notification
     on_finish: Optional[str] = Field(None, _opt(os_str), "null or a shell command", option=True)  # --on-finish
@@ -307,6 +312,8 @@ class Job(dict):
     code_changed: Optional[str] = Field(None, _opt(_str), _NULL_STR, later=True)
     code_at_start: Optional[dict[str, Any]] = Field(None, _opt(_dict), "null or an object", later=True)
     reason: Optional[str] = Field(None, _opt(_str), _NULL_STR, later=True)  # why its last attempt failed
+    # how its --mem/--cpus were kept in its latest attempt: "cgroup2", "systemd-run" or "watch:SECONDS"
+    host_limits_by: Optional[str] = Field(None, _opt(_str), _NULL_STR, later=True)
     slurm: Optional[dict[str, Any]] = Field(
         None, _opt(_slurm), 'null or {"job_id": null or a Slurm job id, "state": a string, ...}', later=True
     )

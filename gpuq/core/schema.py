@@ -219,6 +219,7 @@ def _check_cmd(value: Any) -> list[str]:
 
 
 DROPPED_FIELDS = {"cmd", "cwd", "name", "env", "after", "after_any", "retries", "priority", "gpus", "gpu_mem", "conda"}
+DROPPED_FIELDS |= {"mem", "cpus"}
 
 
 def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
@@ -251,6 +252,7 @@ def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
             raise InvalidJob(f"{field!r} must be an integer" + (" from 0 to 100" if field == "retries" else ""))
         clean[field] = value
     clean.update(_dropped_gpu_request(obj))
+    clean.update(_dropped_host_request(obj))
     return clean
 
 
@@ -276,6 +278,31 @@ def _dropped_gpu_request(obj: dict[str, Any]) -> dict[str, Any]:
             raise InvalidJob("'gpu_mem' must be a size such as \"20G\" or a number of MiB")
         if gpus == 0:
             raise InvalidJob("'gpu_mem' needs 'gpus' of 1 or more ('gpus': 0 is a CPU job)")
+    return out
+
+
+def _dropped_host_request(obj: dict[str, Any]) -> dict[str, Any]:
+    """`mem` (host memory: "32G", or MiB as a number) and `cpus` (a positive integer); absent or
+    null: the job reserves none (stored as `mem_mib` and `cpus`)."""
+    out: dict[str, Any] = {}
+    mem = obj.get("mem")
+    if mem is not None:
+        if is_int(mem) and mem > 0:
+            out["mem_mib"] = mem
+        elif isinstance(mem, str):
+            try:
+                from gpuq.core.timespec import parse_size_mib  # only for a dropped file's "32G": status never
+
+                out["mem_mib"] = parse_size_mib(mem, "'mem'")
+            except ValueError as exc:
+                raise InvalidJob(str(exc)) from None
+        else:
+            raise InvalidJob("'mem' must be a size of host memory such as \"32G\" or a number of MiB")
+    cpus = obj.get("cpus")
+    if cpus is not None:
+        if not is_int(cpus) or cpus < 1:
+            raise InvalidJob("'cpus' must be how many CPUs the job needs: a whole number of 1 or more")
+        out["cpus"] = cpus
     return out
 
 

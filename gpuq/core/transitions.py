@@ -95,10 +95,17 @@ def start(job: Job, *, slot: Optional[str], gpus: Optional[list[int]], boot_id: 
 
 
 def destination(
-    job: Job, exit_code: int, request: Optional[str], retry: bool, time_limit: Optional[str] = None
+    job: Job,
+    exit_code: int,
+    request: Optional[str],
+    retry: bool,
+    time_limit: Optional[str] = None,
+    *,
+    host_memory: Optional[str] = None,
 ) -> tuple[str, Optional[str]]:
-    """Where an attempt whose exit code is known goes, and the note that says why. `time_limit`
-    (its text): the run was stopped for reaching it, so it failed, whatever its exit code."""
+    """Where an attempt whose exit code is known goes, and the note that says why. `time_limit`,
+    `host_memory` (their text): the run was stopped for reaching it, so it failed, whatever its exit
+    code, and is not retried (it would reach it again)."""
     if request == states.KILL:
         return states.CANCELLED, "killed by user (gpuq kill)"
     if request in states.PREEMPT_ACTIONS:
@@ -106,6 +113,8 @@ def destination(
         return states.PREEMPTED, f"preempted ({why})"
     if time_limit:
         return states.FAILED, f"stopped: its time limit of {time_limit} was reached"
+    if host_memory:
+        return states.FAILED, f"stopped: its host memory limit of {host_memory} was reached"
     if exit_code == 0:
         return states.DONE, None
     if retry and job.attempts <= job.retries:

@@ -141,6 +141,10 @@ def sbatch_options(
     gpus = gpu_request(job)
     if gres and gpus > 0:
         options.append(f"--gres=gpu:{gpus}")
+    if job.mem_mib:  # host memory and CPUs (`add --mem/--cpus`), as Slurm reserves them
+        options.append(f"--mem={job.mem_mib}M")
+    if job.cpus:
+        options.append(f"--cpus-per-task={job.cpus}")
     dependency = _dependency(job, slurm_ids)
     if dependency:
         options.append(f"--dependency={dependency}")

@@ -18,7 +18,7 @@ from gpuq.core.states import DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED, RUNN
 from gpuq.core.words import plural
 from gpuq.engine.lifecycle import actions, intake, repairs
 from gpuq.engine.lifecycle.preempt import UrgentPreemptions, resume_auto
-from gpuq.engine.schedule import gpuview, placement, scheduler, victims
+from gpuq.engine.schedule import gpuview, hostroom, placement, scheduler, victims
 from gpuq.engine.schedule.planner import Assignment, OtherLeases, Plan, Planner
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.schedule.queue_view import QueueView
@@ -72,6 +72,8 @@ class Settings:
     max_log_bytes: Optional[int] = None  # --max-log-size: the cap of a job's log (a job's own comes first)
     default_time: Optional[float] = None  # --default-time: the time limit of jobs without their own
     kill_grace: Optional[float] = None  # --kill-grace: seconds from SIGTERM to SIGKILL when a job ends
+    host_mem_mib: Optional[int] = None  # --mem: host memory jobs may reserve in all (None: the machine's less a margin)
+    host_cpus: Optional[int] = None  # --cpus: CPUs jobs may reserve in all (None: those it may run on)
 
 
 class Worker:
@@ -80,6 +82,7 @@ class Worker:
         self.settings = settings or Settings()
         self.labels = list(self.settings.gpus) if self.settings.gpus else None
         self.planner = Planner(self.labels, self.settings.foreign_threshold_mib, leases=OtherLeases(spool.home, say))
+        self.planner.host = hostroom.cap(self.settings.host_mem_mib, self.settings.host_cpus, say=say)
         self.say = say
         self.launcher = Launcher(spool)
         self.launching: dict[int, Launch] = {}  # job id -> its supervisor, until it runs
@@ -366,7 +369,7 @@ class Worker:
             del self.supervising[job_id]
             told = [i for i, _rev, _name in self.told.pop(job_id, []) if i not in self.launching]
             for other in (i for i in told if snap.states.get(i) in HANDED_ON_STATES):
-                where = _where_text(launch.where)
+                where = launch.where.text()
                 self.say(f"starting job #{other} {self.names.get(other, '')}{where} (handed on in its slot)")
                 if snap.states.get(other) == RUNNING and launch.process.poll() is None:
                     self.supervising[other] = Launch(other, launch.process, launch.where)
@@ -392,7 +395,7 @@ class Worker:
             self.say(f"job #{job.id}: could not start its supervisor: {exc}")
             return LAUNCH_FAILED
         self.launching[job.id] = Launch(job.id, process, where)
-        self.say(f"starting job #{job.id} {job.name}{_where_text(where)}")
+        self.say(f"starting job #{job.id} {job.name}{where.text()}")
         return STARTED
 
     def _as_planned(self, job: dict[str, Any], name: Optional[str]) -> bool:
@@ -442,9 +445,3 @@ class Worker:
     def still_running(self) -> list[dict[str, Any]]:
         """Running jobs of this worker's slots (they go on under their supervisors)."""
         return [j for j in read_queue(self.spool, self.cache)[0].running if self._mine(j)]
-
-
-def _where_text(where: Assignment) -> str:
-    if where.gpus is not None:
-        return f" on GPU {where.slot}" if where.gpus else " (CPU job)"
-    return f" on GPU {where.slot}" if where.slot is not None else ""

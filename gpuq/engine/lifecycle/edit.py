@@ -2,9 +2,9 @@
 dropped into pending/ gets, replacing it atomically under its claim.
 
 What can be edited is what a dropped file may say (its command, directory, name, environment,
-dependencies, retries, priority, GPUs); the id, the history and the rest of gpuq's bookkeeping
-cannot. The job is read, edited (by a person in an editor, or with KEY=VALUE pairs), checked, and
-written only if it has not changed meanwhile.
+dependencies, retries, priority, GPUs, host memory and CPUs); the id, the history and the rest of
+gpuq's bookkeeping cannot. The job is read, edited (by a person in an editor, or with KEY=VALUE
+pairs), checked, and written only if it has not changed meanwhile.
 """
 
 from __future__ import annotations
@@ -20,14 +20,16 @@ from gpuq.engine.lifecycle import actions, enqueue
 from gpuq.spool import Spool
 
 # The job fields behind each editable key (the keys of a dropped file).
-FIELD_OF = {"gpus": "gpu_request", "gpu_mem": "gpu_mem_mib"}
+FIELD_OF = {"gpus": "gpu_request", "gpu_mem": "gpu_mem_mib", "mem": "mem_mib"}
+# Keys left out of what a person edits while null (no request): a key they delete clears the field.
+UNSET_WHEN_NULL = ("gpu_mem", "mem", "cpus")
 EDITABLE = sorted(schema.DROPPED_FIELDS)
 
 
 def editable(job: dict[str, Any]) -> dict[str, Any]:
     """The job as a dropped file would say it: what a person may edit."""
     out = {key: job[FIELD_OF.get(key, key)] for key in EDITABLE}  # a field the file lacks: its default
-    return {k: v for k, v in out.items() if not (k == "gpu_mem" and v is None)}
+    return {k: v for k, v in out.items() if not (k in UNSET_WHEN_NULL and v is None)}
 
 
 def read(spool: Spool, job_id: int) -> tuple[dict[str, Any], int]:
@@ -72,5 +74,6 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> dict[s
         if job.rev != rev:
             raise Refused(f"job #{job_id} changed while it was being edited; not changed: edit it again")
         changes = {FIELD_OF.get(key, key): value for key, value in clean.items()}
-        changes.setdefault("gpu_mem_mib", None)
+        for key in UNSET_WHEN_NULL:
+            changes.setdefault(FIELD_OF.get(key, key), None)
         return spool.jobs.move(ref, job, ref.state, changes)[1]

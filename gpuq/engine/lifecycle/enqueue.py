@@ -190,7 +190,7 @@ class Request:
         "hold",
     )
     OPTIONS += ("time", "begin", "snapshot", "gpus", "notify", "max_log_size", "on_finish", "gpu_mem", "priority")
-    OPTIONS += ("urgent", "preemptible", "ckpt_glob", "no_resume", "resume_arg", "env")
+    OPTIONS += ("urgent", "preemptible", "ckpt_glob", "no_resume", "resume_arg", "env", "mem", "cpus")
     __slots__ = (*OPTIONS, "umask", "shell_env")
 
     def __init__(self, options: dict[str, Any], umask: int, shell_env: dict[str, str]) -> None:
@@ -229,6 +229,7 @@ def prepare(request: Request) -> Prepared:
     options, notes = _preempt_options(request, variants, venv, env)
     options.update(conda=resolved.conda, interpreter_from=resolved.found_by)
     options.update(_gpu_options(request))
+    options.update(_host_options(request))
     options.update(notify=request.notify, on_finish=request.on_finish, no_resume=request.no_resume)
     if request.max_log_size is not None:
         options["max_log_bytes"] = _size_bytes(request.max_log_size, "--max-log-size")
@@ -341,6 +342,19 @@ def _gpu_options(request: Request) -> dict[str, Any]:
         if request.gpus == 0:
             raise UsageError("--gpu-mem needs --gpus 1 or more (--gpus 0 is a CPU job)")
     return {"gpu_request": request.gpus, "gpu_mem_mib": mem}
+
+
+def _host_options(request: Request) -> dict[str, Any]:
+    """--mem SIZE and --cpus N: what the job reserves of the machine while it runs."""
+    mem = None
+    if request.mem is not None:
+        from gpuq.core import timespec  # a plain `add` parses no size
+
+        try:
+            mem = timespec.parse_size_mib(request.mem, "--mem")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return {"mem_mib": mem, "cpus": request.cpus}
 
 
 def _safeguards(request: Request, cwd: str) -> dict[str, Any]:

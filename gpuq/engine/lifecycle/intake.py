@@ -198,6 +198,8 @@ def _publish_claimed(spool: Spool, job_id: int, original: str, fields: dict[str,
         options={
             "gpu_request": fields["gpu_request"],
             "gpu_mem_mib": fields.get("gpu_mem_mib"),
+            "mem_mib": fields.get("mem_mib"),
+            "cpus": fields.get("cpus"),
             "conda": conda,
             "interpreter_from": found_by,
         },

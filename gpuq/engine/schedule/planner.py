@@ -9,15 +9,18 @@ machine, or one per `gpuq run --gpus` label).
 With GPUs the planner also counts the GPU leases of everyone else on the machine (other users' jobs,
 other spools', `gpuq lease`: lease_layout.md), read afresh at each look, as leases end without an
 event; its own spool's jobs are counted as its own running jobs instead.
+
+A job that reserves host memory or CPUs (`--mem`, `--cpus`) starts only where it is placed and
+`engine/schedule/hostroom.py` finds room for it on the machine; else it waits, saying for what.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import chain, islice
+from itertools import chain, islice, takewhile
 from typing import Any, Callable, Iterator, Optional
 
-from gpuq.engine.schedule import placement, scheduler, victims
+from gpuq.engine.schedule import hostroom, placement, scheduler, victims
 from gpuq.engine.schedule.placement import Blocked, Holding, Leased, Placement, Request
 from gpuq.system import gpus as gpu_info
 from gpuq.system.leases import Lease, LeaseDir, LeaseDirProblem, say_once
@@ -39,6 +42,12 @@ class Assignment:
         held = job.gpus
         return cls(job.slot, tuple(held) if held is not None else None)
 
+    def text(self) -> str:
+        """Where the worker's log says a job starts: ` on GPU 0,1`, ` (CPU job)`, '' (the whole machine)."""
+        if self.gpus is not None:
+            return f" on GPU {self.slot}" if self.gpus else " (CPU job)"
+        return f" on GPU {self.slot}" if self.slot is not None else ""
+
 
 @dataclass
 class Plan:
@@ -46,6 +55,7 @@ class Plan:
     waits: dict[int, scheduler.Wait] = field(default_factory=dict)  # ready jobs the GPUs hold back
     victims: list[dict[str, Any]] = field(default_factory=list)  # running jobs to preempt for urgent ones
     look: Optional[gpu_info.GpuLook] = None  # the GPUs, when they were looked at
+    host_held: set[int] = field(default_factory=set)  # ready jobs placed but held back by host memory or CPUs
 
     @property
     def gpu_wait(self) -> bool:
@@ -88,11 +98,13 @@ class Planner:
         foreign_threshold_mib: int = placement.DEFAULT_FOREIGN_THRESHOLD_MIB,
         look: Callable[[], gpu_info.GpuLook] = gpu_info.look,
         leases: Optional[Callable[[], list[Lease]]] = None,
+        host: Optional[hostroom.Cap] = None,
     ):
         self.labels = labels  # `gpuq run --gpus` (None: every GPU found)
         self.threshold = foreign_threshold_mib
         self.look = look
         self.leases = leases  # other parties' live leases (OtherLeases; None: none are counted)
+        self.host = host  # what jobs may reserve of the machine (None: the machine's, read when first needed)
         self._trees: dict[int, set[int]] = {}  # a running job's (or lease holder's) pid -> its process tree, this step
         self._leased: list[Leased] = []  # the other parties' leases at this step's look
 
@@ -155,6 +167,8 @@ class Planner:
         )
         rest.ordered = snap.ordered
         ready = list(islice(_ready(rest), limit if mode == placement.CPU_ONLY else 1))
+        # a job that reserves host memory or CPUs is admitted by the worker, which sees what runs then
+        ready = list(takewhile(lambda job: not hostroom.asks(job), ready))
         if not ready:
             return []
         if mode == placement.GPUS:  # one at a time: the next job may ask for other GPUs than this one
@@ -195,7 +209,7 @@ class Planner:
         )
         for job in unserved:  # they wait for a slot like any other job, first in line
             plan.waits[job.id] = scheduler.Wait(f"urgent, but {victims.NO_VICTIM}", False)
-        for job in islice(ready, len(free)):
+        for job in islice(self._room(snap, busy).admitted(ready, plan.waits), len(free)):
             plan.starts.append((job, Assignment(free[len(plan.starts)])))
         return plan
 
@@ -211,6 +225,7 @@ class Planner:
     ) -> Plan:
         plan = Plan(look=look)
         allowed = self._allowed()
+        room = self._room(snap, busy)
         holdings, own_pids, cpu_lane = self._holdings(snap.running, busy)
         if mode == placement.UNREADABLE:
             blocked = placement.unreadable(look)
@@ -227,6 +242,9 @@ class Planner:
                 plan.waits[job.id] = scheduler.Wait(decision.reason, decision.forever)
             elif not decision.gpus and cpu_lane is not None:
                 plan.waits[job.id] = scheduler.Wait(f"waiting for the CPU lane (job #{cpu_lane})", False)
+            elif (host_wait := room.admit(job)) is not None:
+                plan.waits[job.id] = host_wait
+                plan.host_held.add(job.id)
             else:
                 plan.starts.append((job, Assignment(",".join(map(str, decision.gpus)), decision.gpus)))
                 if not decision.gpus:
@@ -234,6 +252,22 @@ class Planner:
         if mode == placement.GPUS:
             plan.victims = self._victims(snap, ready, plan, holdings, own_pids, preempting, look, allowed)
         return plan
+
+    def _room(self, snap: scheduler.QueueState, busy: dict[int, Assignment]) -> hostroom.Room:
+        """The host memory and CPUs left for this plan: the cap less what running jobs, and those
+        this worker is starting (still in pending/), reserved."""
+
+        def holders() -> Iterator[dict[str, Any]]:
+            running = {job.id for job in snap.running}
+            starting = [job for job in snap.pending if job.id in busy and job.id not in running]
+            return chain(snap.running, starting)
+
+        return hostroom.Room(self._host_cap, holders)
+
+    def _host_cap(self) -> hostroom.Cap:
+        if self.host is None:
+            self.host = hostroom.cap(None, None)
+        return self.host
 
     def _tree(self, pid: int) -> set[int]:
         """The process tree of a running job's (or a lease holder's) pid, read once per step
@@ -288,7 +322,8 @@ class Planner:
         """Running jobs to preempt so that the first urgent job the GPUs hold back can start: those
         that can continue (engine/schedule/victims.py; any, for --urgent=force), the lowest priority first
         (among equals the one started last), as few as will make room."""
-        urgent = next((j for j in ready if j.urgent and j.id in plan.waits), None)
+        # preempting GPU jobs gives no host memory to a job placed already: it waits for it
+        urgent = next((j for j in ready if j.urgent and j.id in plan.waits and j.id not in plan.host_held), None)
         if urgent is None or plan.waits[urgent.id].forever or preempting:
             return []
         candidates = [

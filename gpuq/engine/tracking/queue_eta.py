@@ -256,6 +256,7 @@ def plan_queue(
             ready = max(0.0, begin - now)  # --begin: not before
         for dep in _deps(job):
             ready = _later(ready, ends.get(dep, 0.0))
+        ready = _later(ready, _host_room_at(job, wait, running))
         usable, count = _needs(job, slots)
         held_off = _held_off(job, usable, outside or {}, threshold)
         known = sorted((s for s in usable if free[s] is not None and s not in held_off), key=lambda s: free[s])
@@ -273,6 +274,21 @@ def plan_queue(
         note = _queue_note(start, run, len(past), _held_text(held_off), taken if gpus_known else None)
         out[job.id] = eta.Estimate(None, end, note, starts_in=start)
     return out
+
+
+def _host_room_at(
+    job: dict[str, Any], wait: Any, running: list[tuple[dict[str, Any], Optional[float]]]
+) -> Optional[float]:
+    """A job its worker holds back for host memory or CPUs (engine/schedule/hostroom.py) starts, at
+    the earliest, when a running job that holds some of it ends (None: none ends at a known time)."""
+    reason = getattr(wait, "reason", "")
+    asked = [
+        field for field, word in (("mem_mib", "host memory"), ("cpus", "CPUs")) if word in reason and job.get(field)
+    ]
+    if not asked:
+        return 0.0
+    ends = [until for held, until in running if until is not None and any(held.get(f) for f in asked)]
+    return min(ends) if ends else None
 
 
 def _held_text(held_off: dict[str, int]) -> str:

@@ -20,7 +20,7 @@ from gpuq.core.transitions import describe_preemption
 from gpuq.core.words import plural
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.actions import sweep_jobs
-from gpuq.engine.schedule import scheduler
+from gpuq.engine.schedule import hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views.status import gpu_waits, space_waits
@@ -51,6 +51,8 @@ def card(spool: Spool, ref: JobRef, job: Any, now: Optional[float] = None) -> li
         *_checkpoints(job),
         *_gpus(job),
         ("GPU use", _gpu_use(spool, job)),
+        ("host", hostroom.request_text(job)),  # what it reserves of the machine (--mem, --cpus)
+        ("host limits", _host_limits(job)),  # how its latest attempt was held to it
         *_dependencies(spool, job),
         *_attempts(job),
         *_limits(job),
@@ -219,6 +221,18 @@ def _attempts(job: Any) -> list[Line]:
 def _limits(job: Any) -> list[Line]:
     limit = format_duration(job.time_limit) if job.time_limit else ""
     return [("time limit", limit), ("begins", _clock(job.begin_at))]
+
+
+def _host_limits(job: Any) -> str:
+    """How its latest attempt's --mem and --cpus were kept (run/supervisor/hostlimits.py)."""
+    by = job.host_limits_by
+    if not by:
+        return ""
+    kept = {"cgroup2": "kept by cgroup v2", "systemd-run": "kept by systemd-run"}.get(by)
+    if kept is None:  # "watch:SECONDS"
+        watch = [f"kept by watching memory every {by.partition(':')[2]} s"] if job.mem_mib else []
+        kept = "; ".join(watch + (["CPUs counted, not capped"] if job.cpus else []))
+    return kept
 
 
 def _sweep(spool: Spool, job: Any) -> list[Line]:

@@ -15,6 +15,7 @@ from gpuq.core.states import FAILED, KILL, PENDING, PREEMPT, PREEMPTED
 from gpuq.core.times import parse_iso
 from gpuq.engine.lifecycle import ending
 from gpuq.run.room import released
+from gpuq.run.supervisor.hostlimits import reached
 from gpuq.run.supervisor.lease import release
 from gpuq.run.supervisor.start import Run, log_line
 from gpuq.run.supervisor.wait import time_limit
@@ -44,7 +45,7 @@ def finish(
     # worker, which starts the next job once this one leaves running/, never finds its lease there.
     release(run.leases)
     request = spool.control.take(job.id)
-    state, why = transitions.destination(job, exit_code, request, retry, run.timed_out)
+    state, why = transitions.destination(job, exit_code, request, retry, run.timed_out, host_memory=reached(run.host))
     sig_name = signal.Signals(sig).name if sig else None
     if state == PREEMPTED:
         why = None  # the preemption's record says it (engine/ending.attempt_end)
@@ -87,8 +88,11 @@ def _failure_reason(
     run: Run, state: str, exit_code: int, sig_name: Optional[str], request: Optional[str]
 ) -> Optional[str]:
     """Why a failed attempt failed, read from the tail of its log (never the whole log)."""
-    if state not in (FAILED, PENDING) or exit_code == 0:
+    memory = reached(run.host)
+    if state not in (FAILED, PENDING) or (exit_code == 0 and not memory):
         return None
     tail, _mtime = run.spool.logs.tail(run.job, failure.TAIL_BYTES)
     limit = time_limit(run) if run.timed_out else None
-    return failure.reason(tail, exit_code, sig_name, killed_by_user=request == KILL, time_limit=limit)
+    return failure.reason(
+        tail, exit_code, sig_name, killed_by_user=request == KILL, time_limit=limit, host_memory=memory
+    )

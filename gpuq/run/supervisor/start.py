@@ -18,7 +18,7 @@ from gpuq.core.jobenv import add_job_variables
 from gpuq.core.states import RUNNING
 from gpuq.run import logcap
 from gpuq.run.room import RESERVE_MIN, released, room_for
-from gpuq.run.supervisor import lease
+from gpuq.run.supervisor import hostlimits, lease
 from gpuq.run.supervisor.order import StartOrder
 from gpuq.spool import Claim, JobRef, Spool, SpoolFull
 from gpuq.spool.files import Reservation
@@ -45,6 +45,7 @@ class Run:
     would_not_die: list[str] = field(default_factory=list)  # "PID NAME" of leftovers that outlived SIGKILL
     queued: Optional[JobRef] = None  # its pending/ copy, until the job has been started
     leases: list[Held] = field(default_factory=list)  # its GPUs' leases, held until its processes are gone
+    host: Optional[hostlimits.Keeper] = None  # how its --mem and --cpus are kept (run/supervisor/hostlimits.py)
 
 
 Started = tuple[Run, subprocess.Popen, Optional[Any]]  # a job under way: its run, process and log pump
@@ -122,11 +123,14 @@ def spawn(run: Run) -> tuple[subprocess.Popen, Optional[Any]]:
     out_fd, read_fd = run.log_fd, -1
     if cap:
         read_fd, out_fd = os.pipe()
+    run.host = hostlimits.keep(job, lambda text: log_line(run.log_fd, text))
+    env = job_environment(run.spool, job, run.order.slot)
+    hostlimits.add_variables(env, job, run.host)
     try:
         child = subprocess.Popen(
-            job.cmd,
+            hostlimits.command(run.host, job.cmd),
             cwd=job.cwd,
-            env=job_environment(run.spool, job, run.order.slot),
+            env=env,
             stdin=subprocess.DEVNULL,
             # gpuq itself runs with umask 077; the job's files get the mask of the shell that queued it
             umask=job.umask if job.umask is not None else schema.DEFAULT_JOB_UMASK,
@@ -134,12 +138,16 @@ def spawn(run: Run) -> tuple[subprocess.Popen, Optional[Any]]:
             stderr=out_fd,
             start_new_session=True,
             close_fds=True,
+            preexec_fn=hostlimits.entering(run.host),
         )
-    except OSError:
+    except (OSError, subprocess.SubprocessError) as exc:
+        hostlimits.close(run.host, lambda text: log_line(run.log_fd, text))
         if cap:
             os.close(read_fd)
             os.close(out_fd)
         drop_queued_copy(run)
+        if isinstance(exc, subprocess.SubprocessError):  # only the join of its cgroup runs before exec
+            raise OSError(f"could not join its cgroup ({hostlimits.MODE_ENV}=watch does without)") from exc
         raise
     drop_queued_copy(run)
     if not cap:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 from gpuq.core.states import PREEMPT
 from gpuq.core.times import parse_iso
 from gpuq.core.timespec import format_duration
+from gpuq.run.supervisor import hostlimits
 from gpuq.run.supervisor.gpusample import Sampler, for_run
 from gpuq.run.supervisor.start import Run, log_line
 from gpuq.spool.files import Reservation
@@ -36,6 +37,7 @@ def record_process(run: Run, child: subprocess.Popen) -> tuple[dict[str, Any], l
     record (returned, to be recorded then), and its room to the next job of the slot (returned)."""
     ident = procs.identity(child.pid)  # before poll(): an ended child is still there, unreaped
     process = {"pid": child.pid, "pid_create_time": ident["create_time"], "supervisor": _identity()}
+    process.update(hostlimits.recorded(run.host, run.job))
     if child.poll() is None:
         run.job = run.spool.jobs.rewrite(run.ref, run.job, run.room.pop(0), **process)
         return {}, []
@@ -55,6 +57,7 @@ def wait_for_end(
     the job runs, until it says to stop."""
     returncode = _wait_within_limit(run, child, listener)
     _end_leftovers(run, child.pid)  # the job ends when the last process of its group does
+    hostlimits.close(run.host, lambda text: log_line(run.log_fd, text))  # did the kernel end it at its --mem?
     if pump is not None:
         pump.join(PUMP_DRAIN_SECONDS)  # what is still in the pipe; children holding it do not hold us up
     sig = -returncode if returncode < 0 else None
@@ -80,17 +83,21 @@ def time_limit(run: Run) -> Optional[float]:
 
 def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Listener]) -> int:
     """Wait for the job; past its time limit stop it as `gpuq kill` does (SIGTERM to its group,
-    SIGKILL after a grace), or, for a --preemptible job, preempt it so that it keeps its checkpoint."""
+    SIGKILL after a grace), or, for a --preemptible job, preempt it so that it keeps its checkpoint.
+    Past its --mem, where the memory watch keeps it, it is stopped the same way (not preempted)."""
     limit = time_limit(run)
     deadline = (parse_iso(run.job.started_at) or time.time()) + limit if limit else None
-    returncode = _wait_until(child, deadline, listener, for_run(run))
+    returncode = _wait_until(child, deadline, listener, hostlimits.watching(run.host, child.pid, for_run(run)))
     if returncode is not None:
         return returncode
-    run.timed_out = format_duration(limit)
     grace = kill_grace(run)
-    log_line(run.log_fd, f"time limit of {run.timed_out} reached: stopping the job (SIGKILL after {grace:g}s)")
-    if run.job.preemptible:
-        run.spool.control.request(run.job.id, PREEMPT)
+    if hostlimits.stops(run.host):
+        log_line(run.log_fd, hostlimits.stopping_line(run.host, grace))
+    else:
+        run.timed_out = format_duration(limit)
+        log_line(run.log_fd, f"time limit of {run.timed_out} reached: stopping the job (SIGKILL after {grace:g}s)")
+        if run.job.preemptible:
+            run.spool.control.request(run.job.id, PREEMPT)
     run.termed_at = time.monotonic()
     procs.signal_group(child.pid, signal.SIGTERM)
     try:
@@ -104,9 +111,9 @@ def _wait_until(
     child: subprocess.Popen, deadline: Optional[float], listener: Optional[Listener], sampler: Optional[Sampler]
 ) -> Optional[int]:
     """The job's exit code once it ends, or None if it still runs at `deadline` (time.time();
-    None: no limit). With a listener or a GPU sampler, the job's exit is watched through a pidfd
-    beside the listener's descriptor and the sampler's next look (where there is none, the job is
-    waited for in slices until the next look)."""
+    None: no limit) or once the sampler says it must stop (the memory watch). With a listener or
+    a sampler, the job's exit is watched through a pidfd beside the listener's descriptor and the
+    sampler's next look (where there is none, the job is waited for in slices until the next look)."""
     pidfd = _pidfd(child.pid) if listener is not None or sampler is not None else -1
     if pidfd < 0:
         return _wait_in_slices(child, deadline, sampler)
@@ -121,8 +128,8 @@ def _wait_until(
                 return child.wait()
             if listener is not None and len(watched) > 1 and watched[1] in ready and not listener[1]():
                 del watched[1]  # the line is closed: only the job is left to wait for
-            if sampler is not None:
-                sampler.take_if_due()
+            if sampler is not None and sampler.take_if_due():  # the memory watch: past the job's --mem
+                return child.poll()
     finally:
         os.close(pidfd)
 
@@ -135,8 +142,8 @@ def _wait_in_slices(child: subprocess.Popen, deadline: Optional[float], sampler:
         except subprocess.TimeoutExpired:
             if deadline is not None and time.time() >= deadline:
                 return None
-        if sampler is not None:
-            sampler.take_if_due()
+        if sampler is not None and sampler.take_if_due():  # the memory watch: past the job's --mem
+            return child.poll()
 
 
 def _until_sample(left: Optional[float], sampler: Optional[Sampler]) -> Optional[float]:

@@ -1,0 +1,182 @@
+"""Host memory and CPUs: whether the machine has room for a job that says what it needs of it
+(`gpuq add --mem 32G --cpus 8`; spool_layout.md section 12a).
+
+A worker hands out at most its cap: `gpuq run --mem SIZE --cpus N`, else what the machine has (its
+memory less a margin left to the system, GPUQ_HOST_MEM_MARGIN; the CPUs this process may run on).
+A job that asks starts only when what the spool's running jobs reserved, plus what this plan already
+admitted, plus its own request fits the cap. A job that asks for nothing reserves nothing and is
+never held back here (gpuq's behaviour before requests existed).
+
+No overtaking, as for GPUs (planner.py): once a job waits for host memory (or CPUs), later jobs that
+ask for that resource wait behind it, so a stream of small jobs cannot starve a big one. Jobs that
+ask only for the other resource, or for none, go on. A request bigger than the whole cap can never
+be met: it waits for good, saying so, and holds no one back.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+from gpuq.core.timespec import parse_size_mib
+from gpuq.engine.schedule.scheduler import Wait
+from gpuq.system import host
+
+MARGIN_ENV = "GPUQ_HOST_MEM_MARGIN"  # host memory gpuq leaves to the system (a size: 4G)
+MIN_MARGIN_MIB = 2048  # the default margin: the larger of 2 GiB...
+MARGIN_SHARE = 0.05  # ...and 5% of the machine's memory
+MEMORY, CPUS = "host memory", "CPUs"
+
+
+def size_text(mib: int) -> str:
+    """MiB as `--mem` takes them: `10G`, `1.5G`, `512M`."""
+    if mib < 1024:
+        return f"{mib}M"
+    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib / 1024:.1f}G"
+
+
+def asks(job: dict[str, Any]) -> bool:
+    """Whether a job reserves host memory or CPUs."""
+    return bool(job.mem_mib or job.cpus)
+
+
+def request_text(job: dict[str, Any]) -> str:
+    """`10G host memory, 4 CPUs` (what `gpuq show` says a job reserves); '' for none."""
+    parts = [f"{size_text(job.mem_mib)} host memory"] if job.mem_mib else []
+    if job.cpus:
+        parts.append(f"{job.cpus} CPU" + ("s" if job.cpus != 1 else ""))
+    return ", ".join(parts)
+
+
+class Cap:
+    """What a worker may hand out: MiB of host memory and CPUs, and lines for its log (a setting
+    beyond what the machine has, a margin it could not read). A plain class (see scheduler.QueueState)."""
+
+    __slots__ = ("mem_mib", "cpus", "notes")
+
+    def __init__(self, mem_mib: int, cpus: int, notes: Optional[list[str]] = None) -> None:
+        self.mem_mib, self.cpus, self.notes = mem_mib, cpus, notes or []
+
+    def __repr__(self) -> str:
+        return f"Cap(mem_mib={self.mem_mib}, cpus={self.cpus})"
+
+
+def margin_mib(machine_mib: int, text: Optional[str]) -> tuple[int, str]:
+    """The memory left to the system: GPUQ_HOST_MEM_MARGIN's size, else the larger of 2 GiB and 5%
+    of the machine's; and a line for the worker's log when the variable could not be read."""
+    default = max(MIN_MARGIN_MIB, int(machine_mib * MARGIN_SHARE))
+    if not text:
+        return default, ""
+    try:
+        return parse_size_mib(text, MARGIN_ENV), ""
+    except ValueError as exc:
+        return default, f"{exc}; leaving the default {size_text(default)} to the system"
+
+
+def cap(
+    mem_setting: Optional[int],
+    cpus_setting: Optional[int],
+    machine_mib: Optional[int] = None,
+    machine_cpus: Optional[int] = None,
+    say: Optional[Callable[[str], None]] = None,
+) -> Cap:
+    """A worker's cap: its `gpuq run --mem`/`--cpus`, else the machine's memory less the margin
+    and its usable CPUs. A setting above what the machine has is kept as given (the person knows
+    their jobs), and said (`say`: the worker's log)."""
+    machine_mib = host.memory_mib() if machine_mib is None else machine_mib
+    machine_cpus = host.usable_cpus() if machine_cpus is None else machine_cpus
+    margin, note = margin_mib(machine_mib, os.environ.get(MARGIN_ENV))
+    notes = [note] if note else []
+    mem = max(machine_mib - margin, 0)
+    if mem_setting is not None and mem_setting > mem:
+        notes.append(
+            f"--mem {size_text(mem_setting)} is more than this machine's {size_text(machine_mib)} less "
+            f"{size_text(margin)} for the system: jobs may reserve up to {size_text(mem_setting)}, as asked"
+        )
+    if cpus_setting is not None and cpus_setting > machine_cpus:
+        notes.append(f"--cpus {cpus_setting} is more than the {machine_cpus} CPUs this worker may use: as asked")
+    for note in notes if say else ():
+        say(note)
+    cpus = machine_cpus if cpus_setting is None else cpus_setting
+    return Cap(mem if mem_setting is None else mem_setting, cpus, notes)
+
+
+class _Pool:
+    """One resource of the cap: who holds how much of it, and the first job that waits for it."""
+
+    __slots__ = ("what", "total", "show", "held", "first_waiting")
+
+    def __init__(self, what: str, total: int, show: Callable[[int], str]) -> None:
+        self.what, self.total, self.show = what, total, show
+        self.held: dict[int, int] = {}  # job id -> what it reserved
+        self.first_waiting: Optional[int] = None
+
+    def never(self, amount: int) -> Optional[Wait]:
+        if amount <= self.total:
+            return None
+        return Wait(
+            f"needs {self.show(amount)} {self.what}; this worker hands out at most {self.show(self.total)}", True
+        )
+
+    def wait(self, job_id: int, amount: int) -> Optional[Wait]:
+        """Why `amount` cannot be had now (None: it can); a job refused is the one others wait behind."""
+        if self.first_waiting is not None:
+            return Wait(f"waiting behind #{self.first_waiting} for {self.what}", False)
+        used = sum(self.held.values())
+        if used + amount <= self.total:
+            return None
+        self.first_waiting = job_id
+        holders = ", ".join(f"#{i}" for i in sorted(self.held))
+        reserved = f"{self.show(used)} of {self.show(self.total)} reserved by {holders}"
+        return Wait(f"waiting for {self.what}: {reserved} (it needs {self.show(amount)})", False)
+
+
+class Room:
+    """What is left of a cap at one plan. Built lazily: the cap and the jobs that hold host
+    resources (running ones, and those being started) are asked for only when a job that asks
+    is met, so a queue of jobs without requests pays nothing."""
+
+    __slots__ = ("_cap", "_holders", "_pools")
+
+    def __init__(self, cap: Callable[[], Cap], holders: Callable[[], Iterable[dict[str, Any]]]) -> None:
+        self._cap, self._holders = cap, holders
+        self._pools: Optional[tuple[_Pool, _Pool]] = None
+
+    def _made(self) -> tuple[_Pool, _Pool]:
+        if self._pools is None:
+            limits = self._cap()
+            mem, cpus = _Pool(MEMORY, limits.mem_mib, size_text), _Pool(CPUS, limits.cpus, str)
+            for job in self._holders():
+                if job.mem_mib:
+                    mem.held[job.id] = job.mem_mib
+                if job.cpus:
+                    cpus.held[job.id] = job.cpus
+            self._pools = mem, cpus
+        return self._pools
+
+    def admit(self, job: dict[str, Any]) -> Optional[Wait]:
+        """None: the job may start, and what it asks is now reserved in this room; else why it waits."""
+        if not asks(job):
+            return None
+        asked = [(pool, amount) for pool, amount in zip(self._made(), (job.mem_mib, job.cpus)) if amount]
+        if any(job.id in pool.held for pool, _amount in asked):
+            return None  # being started already (its claim keeps it from starting twice): counted once
+        for pool, amount in asked:
+            never = pool.never(amount)
+            if never is not None:
+                return never
+        waits = [wait for wait in (pool.wait(job.id, amount) for pool, amount in asked) if wait is not None]
+        if waits:
+            return waits[0]
+        for pool, amount in asked:
+            pool.held[job.id] = amount
+        return None
+
+    def admitted(self, ready: Iterable[dict[str, Any]], waits: dict[int, Wait]) -> Iterator[dict[str, Any]]:
+        """The jobs of `ready` this room takes, lazily, in order; why each other one waits goes in `waits`."""
+        for job in ready:
+            wait = self.admit(job)
+            if wait is None:
+                yield job
+            else:
+                waits[job.id] = wait

@@ -1,0 +1,204 @@
+"""A job's host limits (`--mem`, `--cpus`: its `mem_mib` and `cpus`) kept while it runs (issue 31;
+spool_layout.md section 12a). The way is chosen when the job starts, the first that works here:
+1. a cgroup v2 of its own (system/cgroups.py): the kernel holds its memory (its OOM killer ends the
+   job's processes past it) and its CPU time;
+2. a scope of the user's systemd (`systemd-run --user --scope`), which does the same;
+3. the watch: this supervisor reads the PSS of the job's process tree every GPUQ_MEM_WATCH_SECONDS
+   (system/hostmem.py says why PSS) and, past `mem_mib`, stops the job as its time limit would
+   (run/supervisor/wait.py). CPUs are then counted (the worker's admission) and its threads set,
+   not capped.
+GPUQ_HOST_LIMITS=watch skips 1 and 2 (tests; a machine whose cgroups gpuq should leave alone).
+Whichever it is, it is recorded in the job's `host_limits_by`, and a job ended at its memory
+limit, by the watch or by the kernel inside its cgroup or scope, fails with "host memory limit of
+32G reached" rather than a bare exit 137.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from gpuq.engine.schedule.hostroom import size_text
+from gpuq.system import cgroups, hostmem
+
+CGROUP, SCOPE, WATCH = "cgroup2", "systemd-run", "watch"  # `host_limits_by`; the watch's as "watch:SECONDS"
+MODE_ENV, WATCH_ENV = "GPUQ_HOST_LIMITS", "GPUQ_MEM_WATCH_SECONDS"
+DEFAULT_WATCH_SECONDS = 2.0  # a job growing 1 GiB/s passes its limit by at most 2 GiB before it is stopped
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # the thread pools of torch, numpy and MKL
+
+Say = Callable[[str], None]  # a line for the job's log
+
+
+@dataclass(eq=False)
+class Keeper:
+    """How one run's host limits are kept, and whether its memory limit ended it."""
+
+    by: str  # CGROUP, SCOPE or WATCH
+    mem_mib: Optional[int]
+    cpus: Optional[int]
+    cgroup: Optional[str] = None  # the job's cgroup (CGROUP)
+    unit: Optional[str] = None  # its scope's unit (SCOPE)
+    period: float = DEFAULT_WATCH_SECONDS  # seconds between two looks (WATCH)
+    reached: bool = False  # its memory limit ended it
+    seen: int = 0  # bytes the watch saw past the limit
+
+    def recorded(self) -> str:
+        return f"{WATCH}:{self.period:g}" if self.by == WATCH else self.by
+
+
+def watch_seconds() -> float:
+    """GPUQ_MEM_WATCH_SECONDS (a bad value: the default)."""
+    try:
+        value = float(os.environ.get(WATCH_ENV, ""))
+    except ValueError:
+        return DEFAULT_WATCH_SECONDS
+    return value if 0 < value < float("inf") else DEFAULT_WATCH_SECONDS
+
+
+def keep(job: Any, say: Say) -> Optional[Keeper]:
+    """The way this run's limits are kept (its cgroup made, if that is the way); None for a job
+    that asks for neither memory nor CPUs. Why the kernel does not keep them is said in its log."""
+    if not (job.mem_mib or job.cpus):
+        return None
+    why: list[str] = []
+    if os.environ.get(MODE_ENV, "").strip() == WATCH:
+        why.append(f"{MODE_ENV}=watch")
+    else:
+        keeper = _in_cgroup(job, why) or _in_scope(job, why)
+        if keeper is not None:
+            say(f"host limits kept by {keeper.cgroup or keeper.unit}")
+            return keeper
+    watched = "its memory is watched" if job.mem_mib else "nothing to watch"
+    say(f"host limits not kept by the kernel ({'; '.join(why)}): {watched}, its CPUs counted, not capped")
+    return Keeper(WATCH, job.mem_mib, job.cpus, period=watch_seconds())
+
+
+def _in_cgroup(job: Any, why: list[str]) -> Optional[Keeper]:
+    tree, not_here = cgroups.gpuq_tree()
+    if tree is None:
+        why.append(not_here)
+        return None
+    name = f"job-{job.id}-{os.getpid()}"  # this supervisor's pid: unique among the spools of the machine
+    try:
+        path = cgroups.job_cgroup(tree, name, job.mem_mib, job.cpus)
+    except OSError as exc:
+        why.append(f"cgroup {os.path.join(tree, name)}: {exc.strerror or exc}")
+        return None
+    return Keeper(CGROUP, job.mem_mib, job.cpus, cgroup=path)
+
+
+def _in_scope(job: Any, why: list[str]) -> Optional[Keeper]:
+    usable, not_here = cgroups.user_scope()
+    if not usable:
+        why.append(not_here)
+        return None
+    unit = f"gpuq-{job.id}-{os.getpid()}-{job.attempts}.scope"  # systemctl needs the suffix
+    return Keeper(SCOPE, job.mem_mib, job.cpus, unit=unit)
+
+
+def command(keeper: Optional[Keeper], cmd: list[str]) -> list[str]:
+    """The job's command, inside its scope where that is the way (systemd-run execs it: same pid)."""
+    if keeper is None or keeper.unit is None:
+        return cmd
+    return [*cgroups.scope_argv(keeper.unit, keeper.mem_mib, keeper.cpus), *cmd]
+
+
+def entering(keeper: Optional[Keeper]) -> Optional[Callable[[], None]]:
+    """What the job's process does between fork and exec: join its cgroup, so that nothing it
+    starts, not even its first child, runs outside it."""
+    if keeper is None or keeper.cgroup is None:
+        return None
+    path = keeper.cgroup
+    return lambda: cgroups.join(path)
+
+
+def add_variables(env: dict[str, str], job: Any, keeper: Optional[Keeper]) -> None:
+    """OMP_NUM_THREADS and MKL_NUM_THREADS from `cpus`, unless the job's own env sets them (a
+    variable of the shell that queued it is not the job's choice: it was set for the shell's
+    machine). systemd-run needs the user's runtime directory to find its manager."""
+    if job.cpus:
+        for name in THREAD_VARIABLES:
+            if name not in job.env:
+                env[name] = str(job.cpus)
+    if keeper is not None and keeper.by == SCOPE:
+        env.setdefault("XDG_RUNTIME_DIR", cgroups.runtime_dir())
+
+
+def recorded(keeper: Optional[Keeper], job: Any) -> dict[str, Any]:
+    """What the job's file says of it from its start on: `host_limits_by` (spool_layout.md
+    section 2); an earlier attempt's, cleared, for an attempt that asks for neither any more."""
+    if keeper is None:
+        return {"host_limits_by": None} if job.host_limits_by else {}
+    return {"host_limits_by": keeper.recorded()}
+
+
+class MemoryWatch:
+    """The watch, looking beside the GPU sampler (if any) while the supervisor waits for the job:
+    `take_if_due` says True once the job's tree holds more than its limit."""
+
+    def __init__(self, keeper: Keeper, pid: int, inner: Optional[Any]):
+        self.keeper, self.pid, self.inner = keeper, pid, inner
+        self.limit = (keeper.mem_mib or 0) << 20
+        self.due = time.time() + keeper.period
+
+    def seconds_left(self) -> float:
+        left = max(0.0, self.due - time.time())
+        return left if self.inner is None else min(left, self.inner.seconds_left())
+
+    def take_if_due(self) -> bool:
+        if self.inner is not None:
+            self.inner.take_if_due()
+        now = time.time()
+        if now < self.due:
+            return False
+        self.due = now + self.keeper.period
+        used = hostmem.tree_bytes(self.pid)
+        if used <= self.limit:
+            return False
+        self.keeper.seen = used
+        return True
+
+
+def watching(keeper: Optional[Keeper], pid: int, sampler: Optional[Any]) -> Optional[Any]:
+    """The GPU sampler, with the memory watch around it where the watch keeps the job's memory."""
+    if keeper is None or keeper.by != WATCH or not keeper.mem_mib:
+        return sampler
+    return MemoryWatch(keeper, pid, sampler)
+
+
+def stops(keeper: Optional[Keeper]) -> bool:
+    """Whether the watch ended the wait for a job that still runs: it is past its --mem, and its
+    end will say so. (One that ended by itself meanwhile is not said to have reached it.)"""
+    if keeper is None or not keeper.seen:
+        return False
+    keeper.reached = True
+    return True
+
+
+def reached(keeper: Optional[Keeper]) -> Optional[str]:
+    """The memory limit as text ("32G") if reaching it ended the run, else None."""
+    return size_text(keeper.mem_mib) if keeper is not None and keeper.reached and keeper.mem_mib else None
+
+
+def stopping_line(keeper: Keeper, grace: float) -> str:
+    """The log's line when the watch stops the job."""
+    limit, held = size_text(keeper.mem_mib or 0), f"{keeper.seen / (1 << 20):.0f}M"
+    return f"host memory limit of {limit} reached ({held} held): stopping the job (SIGKILL after {grace:g}s)"
+
+
+def close(keeper: Optional[Keeper], say: Say) -> None:
+    """Once the job's processes are gone: whether the kernel ended it at its memory limit (its
+    cgroup's oom_kill, its scope's result), and its cgroup removed."""
+    if keeper is None:
+        return
+    if keeper.cgroup is not None:
+        if keeper.mem_mib and cgroups.oom_kills(keeper.cgroup):
+            keeper.reached = True
+        if not cgroups.remove(keeper.cgroup):
+            say(f"cgroup {keeper.cgroup} kept: processes that left the job's group still run in it")
+    elif keeper.unit is not None and keeper.mem_mib and cgroups.scope_oom_killed(keeper.unit):
+        keeper.reached = True
+    if keeper.reached and keeper.by != WATCH:
+        say(f"host memory limit of {size_text(keeper.mem_mib or 0)} reached: the kernel ended the job's processes")

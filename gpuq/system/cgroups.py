@@ -1,0 +1,251 @@
+"""The kernel's hold on a job's host memory and CPUs (issue 31): a cgroup v2 of its own, or a scope
+of the user's systemd. What the machine allows is found out once per process (a supervisor runs
+the jobs of its slot one after another) and said in one line when it does not.
+
+cgroup v2 forbids processes in a cgroup whose children have controllers enabled ("no internal
+processes", the root cgroup excepted), and a process may only enable for its children the
+controllers its own cgroup has. So jobs are not made children of the supervisor's cgroup, which
+holds the supervisor and the worker: gpuq makes one sub-tree `gpuq` beside them, in the nearest
+cgroup that has (or may be given) `memory` and `cpu` for its children:
+- the supervisor's own cgroup where it is the hierarchy's root, which the rule exempts (root on a
+  machine without a cgroup namespace: /sys/fs/cgroup/gpuq);
+- else its parent (root in a systemd service or session: /sys/fs/cgroup/system.slice/gpuq; a
+  user whose systemd delegates its sub-tree: .../user@1000.service/app.slice/gpuq).
+`gpuq` holds no process of its own, so both controllers can be enabled in it; each job gets a
+child `gpuq/job-...` with `memory.max`, `memory.swap.max` = 0 (the limit is RAM: a job swapping
+past it is what freezes a machine), `memory.oom.group` = 1 (the kernel's OOM kill takes the job's
+whole tree, DataLoader workers included) and `cpu.max`. In a container the cgroup file system is
+usually read-only, or the container's root cgroup holds its processes (EBUSY), and a machine with
+cgroup v1 and v2 side by side (v2 at /sys/fs/cgroup/unified) has memory and cpu on v1 only, as the
+one gpuq is developed on: the probe says why and the caller falls through to systemd-run, then to
+watching memory.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+from typing import Optional
+
+TREE_NAME = "gpuq"
+CONTROLLERS = ("memory", "cpu")
+CPU_PERIOD_US = 100_000  # cpu.max's period: a quota of N CPUs is N periods of CPU time per period
+# the whole job killed at once by an OOM (Linux 4.19), and no swap past memory.max (absent without
+# swap accounting): set where the kernel has them
+OPTIONAL_MEMORY_FILES = {"memory.oom.group": "1", "memory.swap.max": "0"}
+PROBE_SECONDS = 10.0  # the systemd-run probe and the scope's questions at the end, each at most
+
+_tree: Optional[tuple[Optional[str], str]] = None  # (the gpuq sub-tree or None, why not), once found
+_scope: Optional[tuple[bool, str]] = None  # (systemd-run --user --scope usable, why not), once found
+
+
+def cgroup2_mount() -> Optional[str]:
+    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or .../unified on a hybrid)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+            for line in fh:
+                before, _sep, after = line.partition(" - ")
+                if after.split(" ", 1)[0] == "cgroup2":
+                    return before.split(" ")[4].replace("\\040", " ")
+    except OSError:
+        pass
+    return None
+
+
+def own_cgroup() -> Optional[str]:
+    """This process's cgroup in the v2 hierarchy ("/..."), from /proc/self/cgroup's `0::` line."""
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8", errors="surrogateescape") as fh:
+            for line in fh:
+                if line.startswith("0::"):
+                    return line[3:].rstrip("\n")
+    except OSError:
+        pass
+    return None
+
+
+def gpuq_tree() -> tuple[Optional[str], str]:
+    """The gpuq sub-tree (a directory under the cgroup v2 mount, `memory` and `cpu` enabled for its
+    children), made once per process; or None and why a job cannot have a cgroup here."""
+    global _tree
+    if _tree is None:
+        _tree = _find_tree()
+    return _tree
+
+
+def _find_tree() -> tuple[Optional[str], str]:
+    mount, own = cgroup2_mount(), own_cgroup()
+    if mount is None or own is None:
+        return None, "no cgroup v2 hierarchy here"
+    here = os.path.normpath(mount + own)
+    if not os.path.isdir(here):  # its cgroup lies outside this namespace's view
+        return None, f"this process's cgroup {own} is not under {mount}"
+    places = [here] if here == mount else [here, os.path.dirname(here)]
+    why = ""
+    for parent in places:
+        try:
+            return _make_tree(parent), ""
+        except OSError as exc:
+            why = why or _why(parent, exc)
+    return None, why
+
+
+def _make_tree(parent: str) -> str:
+    """`parent/gpuq`, both controllers enabled for its children; OSError when that cannot be."""
+    missing = [c for c in CONTROLLERS if c not in _words(os.path.join(parent, "cgroup.controllers"))]
+    if missing:
+        raise OSError(errno.ENOTSUP, f"has no {' and '.join(missing)} controller")
+    _enable(parent)  # EBUSY where `parent` holds processes and is not the root cgroup
+    tree = os.path.join(parent, TREE_NAME)
+    try:
+        os.mkdir(tree, 0o755)
+    except FileExistsError:
+        pass  # made by an earlier supervisor: it holds only job cgroups
+    _enable(tree)
+    return tree
+
+
+def _enable(cgroup: str) -> None:
+    path = os.path.join(cgroup, "cgroup.subtree_control")
+    if all(c in _words(path) for c in CONTROLLERS):
+        return
+    _write(path, " ".join(f"+{c}" for c in CONTROLLERS))
+
+
+def _why(parent: str, exc: OSError) -> str:
+    if exc.errno == errno.EBUSY:
+        return f"cgroup v2 {parent} holds processes: its children get no controllers (no internal processes)"
+    if exc.errno == errno.ENOTSUP and exc.strerror:
+        return f"cgroup v2 {parent} {exc.strerror}"
+    return f"cgroup v2 {parent}: {exc.strerror or exc}"
+
+
+def job_cgroup(tree: str, name: str, mem_mib: Optional[int], cpus: Optional[int]) -> str:
+    """A new cgroup `tree/name` with the job's limits; OSError (nothing left behind) if it cannot be."""
+    path = os.path.join(tree, name)
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        os.rmdir(path)  # a cgroup a supervisor of this pid left (it died): empty, or OSError
+        os.mkdir(path, 0o755)
+    try:
+        if mem_mib:
+            _write(os.path.join(path, "memory.max"), str(mem_mib << 20))
+            for name, value in OPTIONAL_MEMORY_FILES.items():
+                if os.path.exists(os.path.join(path, name)):
+                    _write(os.path.join(path, name), value)
+        if cpus:
+            _write(os.path.join(path, "cpu.max"), f"{cpus * CPU_PERIOD_US} {CPU_PERIOD_US}")
+    except OSError:
+        remove(path)
+        raise
+    return path
+
+
+def join(path: str) -> None:
+    """Move the calling process into cgroup `path` (the job's child, between fork and exec)."""
+    _write(os.path.join(path, "cgroup.procs"), str(os.getpid()))
+
+
+def oom_kills(path: str) -> int:
+    """How many processes the kernel's OOM killer ended in cgroup `path` (memory.events)."""
+    try:
+        with open(os.path.join(path, "memory.events"), encoding="ascii") as fh:
+            for line in fh:
+                key, _sep, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def remove(path: str) -> bool:
+    """Remove an empty job cgroup; False while processes remain in it (one that left the job's
+    process group is not ended by gpuq: its cgroup stays until it ends)."""
+    try:
+        os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def user_scope() -> tuple[bool, str]:
+    """Whether `systemd-run --user --scope` can hold a job here, probed once per process: a user
+    systemd whose socket exists, then one real scope around `true`; else why not."""
+    global _scope
+    if _scope is None:
+        _scope = _probe_scope()
+    return _scope
+
+
+def runtime_dir() -> str:
+    return os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+
+
+def _probe_scope() -> tuple[bool, str]:
+    if not os.path.exists(os.path.join(runtime_dir(), "systemd", "private")):
+        return False, "no user systemd running"
+    if shutil.which("systemd-run") is None:
+        return False, "no systemd-run on PATH"
+    try:
+        probe = subprocess.run(
+            ["systemd-run", "--user", "--scope", "--quiet", "-p", "MemoryMax=infinity", "true"],
+            env=dict(os.environ, XDG_RUNTIME_DIR=runtime_dir()),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PROBE_SECONDS,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"systemd-run --user --scope failed: {exc}"
+    if probe.returncode != 0:
+        said = probe.stderr.decode(errors="replace").strip().splitlines()
+        return False, f"systemd-run --user --scope failed: {said[-1] if said else f'exit {probe.returncode}'}"
+    return True, ""
+
+
+def scope_argv(unit: str, mem_mib: Optional[int], cpus: Optional[int]) -> list[str]:
+    """The words before a job's command that run it in a scope of its own with its limits."""
+    argv = ["systemd-run", "--user", "--scope", "--quiet", f"--unit={unit}"]
+    if mem_mib:
+        argv += ["-p", f"MemoryMax={mem_mib}M", "-p", "MemorySwapMax=0"]
+    if cpus:
+        argv += ["-p", f"CPUQuota={cpus * 100}%"]
+    return [*argv, "--"]
+
+
+def scope_oom_killed(unit: str) -> bool:
+    """Whether the kernel's OOM killer ended the scope `unit` (its Result), which is then
+    forgotten (a failed scope stays loaded until reset)."""
+    env = dict(os.environ, XDG_RUNTIME_DIR=runtime_dir())
+    try:
+        result = subprocess.run(
+            ["systemctl", "--user", "show", "--property=Result", "--value", unit],
+            env=env, capture_output=True, text=True, timeout=PROBE_SECONDS,
+        )  # fmt: skip
+        subprocess.run(
+            ["systemctl", "--user", "reset-failed", unit], env=env, capture_output=True, timeout=PROBE_SECONDS
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.stdout.strip() == "oom-kill"
+
+
+def _words(path: str) -> list[str]:
+    try:
+        with open(path, encoding="ascii") as fh:
+            return fh.read().split()
+    except (OSError, ValueError):
+        return []
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode("ascii"))
+    finally:
+        os.close(fd)

@@ -1,0 +1,47 @@
+"""The host memory a job's process tree holds, as the supervisor's watch reads it (issue 31).
+
+PSS, not RSS: forked DataLoader workers share their parent's pages (copy-on-write: the dataset, the
+model, the interpreter), and a sum of RSS counts each shared page once per process, so eight
+workers of a 10 GiB trainer would read as 90 GiB. PSS splits each shared page among the processes
+that map it, so the tree's sum is what it really holds. Linux gives it per process in one short
+file (/proc/PID/smaps_rollup, 4.14 and later; the kernel adds up the page tables it walks, a few
+ms for a process of tens of GiB); where that file cannot be read (another system, an older
+kernel), RSS is summed instead, which can only overstate.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+def tree_bytes(pid: int) -> int:
+    """Bytes of memory process `pid` and its descendants hold (0 once it is gone)."""
+    import psutil  # the supervisor has it loaded (wait_for_order): `status` and `add` never come here
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    return sum(_process_bytes(proc) for proc in procs)
+
+
+def _process_bytes(proc: Any) -> int:
+    pss = _pss_kib(proc.pid)
+    if pss is not None:
+        return pss << 10
+    try:
+        return proc.memory_info().rss
+    except Exception:  # noqa: BLE001 - gone, or not ours to read: it holds nothing we can count
+        return 0
+
+
+def _pss_kib(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

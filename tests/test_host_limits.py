@@ -1,0 +1,119 @@
+"""Host memory and CPUs (issue 31): the limits are kept, not only counted. A job past its `--mem`
+is ended (by gpuq's watch of its memory, or by the kernel inside its own cgroup) and fails with
+"host memory limit of ... reached"; `--cpus` sets its thread pools; `show` says how they were kept."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from gpuq.core import failure
+from gpuq.system import cgroups, hostmem
+
+# Grows to 300 MB in 10 MB steps (each written, so resident), then holds it until `go` exists.
+GROWS = """\
+import os, time
+held = []
+for _ in range(30):
+    held.append(bytearray(b"x") * (10 << 20))
+    time.sleep(0.02)
+open("grown", "w").close()
+while not os.path.exists("go"):
+    time.sleep(0.02)
+"""
+
+# Holds 20 MB and says what its thread variables are.
+SMALL = """\
+import os
+held = bytearray(b"x") * (20 << 20)
+print("threads", os.environ.get("OMP_NUM_THREADS"), os.environ.get("MKL_NUM_THREADS"))
+"""
+
+
+def watched(gq: Any) -> None:
+    """Workers of this test keep limits by the watch, looking every 0.2 s."""
+    gq.env.update(GPUQ_HOST_LIMITS="watch", GPUQ_MEM_WATCH_SECONDS="0.2")
+
+
+def test_the_watch_ends_a_job_past_its_mem(gq: Any) -> None:
+    watched(gq)
+    gq.script("grows.py", GROWS)
+    job_id = gq.add("--mem", "100M", "--cpus", "1", "grows.py")
+    gq.start_worker("--watch", "--kill-grace", "1")
+    job = gq.wait_state(job_id, "failed", timeout=15)
+    assert not (gq.work / "grown").exists(), "the job reached 300 MB: it was not stopped at 100M"
+    assert job["reason"] == "host memory limit of 100M reached"
+    assert job["exit_code"] == 143 and job["host_limits_by"] == "watch:0.2"
+    assert "host memory limit of 100M reached (" in gq.log(job_id)
+    shown = gq.gpuq("show", str(job_id)).stdout
+    assert "host limits     kept by watching memory every 0.2 s; CPUs counted, not capped" in shown, shown
+
+
+def test_a_job_under_its_limits_runs_to_done_with_its_threads_set(gq: Any) -> None:
+    watched(gq)
+    gq.script("small.py", SMALL)
+    plain = gq.add("--mem", "200M", "--cpus", "1", "small.py")  # 1: the worker admits it on any machine
+    own = gq.add("--mem", "200M", "--cpus", "1", "--env", "OMP_NUM_THREADS=5", "small.py")
+    gq.start_worker("--watch")
+    for job_id in (plain, own):
+        assert gq.wait_state(job_id, "done", timeout=15)["host_limits_by"] == "watch:0.2"
+    assert "threads 1 1" in gq.log(plain)
+    assert "threads 5 1" in gq.log(own), "the job's own OMP_NUM_THREADS was overridden"
+
+
+def test_the_kernel_keeps_the_limit_where_it_can(gq: Any) -> None:
+    tree, no_cgroup = cgroups.gpuq_tree()
+    scope, no_scope = cgroups.user_scope() if tree is None else (False, "")
+    if tree is None and not scope:
+        pytest.skip(f"no kernel path here: {no_cgroup}; {no_scope}")
+    gq.script("grows.py", GROWS)
+    job_id = gq.add("--mem", "100M", "--cpus", "1", "grows.py")
+    gq.start_worker("--watch", "--kill-grace", "1")
+    job = gq.wait_state(job_id, "failed", timeout=15)
+    assert job["reason"] == "host memory limit of 100M reached", gq.log(job_id)
+    assert job["host_limits_by"] == ("cgroup2" if tree else "systemd-run") and "host limits kept by " in gq.log(job_id)
+    assert job["exit_code"] == 137 or not tree  # systemd may stop its scope with SIGTERM after the kernel's kill
+    if tree is not None:
+        assert not [name for name in os.listdir(tree) if name.startswith(f"job-{job_id}-")], "its cgroup was left"
+    assert "kept by " + ("cgroup v2" if tree else "systemd-run") in gq.gpuq("show", str(job_id)).stdout
+
+
+# A trainer holding 100 MB that forks three workers (they share its pages), then waits.
+FORKS = """\
+import os, time
+held = bytearray(b"x") * (100 << 20)
+for _ in range(3):
+    if os.fork() == 0:
+        time.sleep(60)
+        os._exit(0)
+print(flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_memory_of_a_tree_counts_shared_pages_once() -> None:
+    """Forked workers share their parent's pages: PSS counts them once, a sum of RSS once per process."""
+    import psutil
+
+    parent = subprocess.Popen([sys.executable, "-c", FORKS], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline()
+        tree = [psutil.Process(parent.pid), *psutil.Process(parent.pid).children()]
+        assert len(tree) == 4
+        assert sum(proc.memory_info().rss for proc in tree) > 400 << 20  # the 100 MB once per process
+        assert 100 << 20 < hostmem.tree_bytes(parent.pid) < 200 << 20
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+
+
+def test_the_memory_limit_comes_after_the_time_limit_and_before_the_log() -> None:
+    killed = b"Killed\n"
+    assert failure.reason(killed, 137, "SIGKILL", host_memory="32G") == "host memory limit of 32G reached"
+    assert failure.reason(killed, 137, "SIGKILL", time_limit=60, host_memory="32G") == "time limit of 1m00s reached"
+    assert "OOM killer" in (failure.reason(killed, 137, "SIGKILL") or "")
