@@ -151,13 +151,16 @@ def test_a_request_bigger_than_the_cap_waits_for_good_saying_so_and_holds_no_one
     assert plan.waits[2] == Wait("needs 8 CPUs; this worker hands out at most 4", True)
 
 
-def test_with_gpus_a_placed_job_waits_for_host_memory_too() -> None:
+def test_with_gpus_a_job_the_machine_has_no_room_for_leaves_its_gpu_to_the_next() -> None:
+    """Asked before placement: the jobs held back for host memory (one for now, one for good) take
+    no GPU, so a job behind them that asks for none gets one."""
     gpus = tuple(Gpu(i, "g", f"GPU-{i}", 81559, 0, ()) for i in range(3))
     look = lambda: GpuLook(gpus=gpus, source="fake", problem=None, at=time.time())  # noqa: E731
-    planner = Planner(look=look, host=hostroom.Cap(25 * G, 4))
-    plan = planner.plan(_snap([_job(i, mem_mib=10 * G) for i in (1, 2, 3)]), {})
-    assert _started(plan) == [1, 2] and plan.host_held == {3}
+    pending = [_job(1, mem_mib=10 * G), _job(2, mem_mib=10 * G), _job(3, mem_mib=10 * G), _job(4, mem_mib=40 * G)]
+    plan = Planner(look=look, host=hostroom.Cap(25 * G, 4)).plan(_snap([*pending, _job(5)]), {})
+    assert [(job.id, where.gpus) for job, where in plan.starts] == [(1, (0,)), (2, (1,)), (5, (2,))]
     assert plan.waits[3].reason.startswith("waiting for host memory: 20G of 25G reserved by #1, #2")
+    assert plan.waits[4].forever
 
 
 def test_a_supervisor_is_never_told_to_start_a_job_that_reserves_host_resources() -> None:

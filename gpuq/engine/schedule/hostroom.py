@@ -11,6 +11,10 @@ No overtaking, as for GPUs (planner.py): once a job waits for host memory (or CP
 ask for that resource wait behind it, so a stream of small jobs cannot starve a big one. Jobs that
 ask only for the other resource, or for none, go on. A request bigger than the whole cap can never
 be met: it waits for good, saying so, and holds no one back.
+
+With GPUs the room is asked before placement, so that a job held back here leaves its GPUs to the
+jobs behind it; a job admitted that then waits for GPUs keeps its claim on the room within that
+look (first in line), as the GPU jobs behind it wait for it there.
 """
 
 from __future__ import annotations

@@ -55,7 +55,6 @@ class Plan:
     waits: dict[int, scheduler.Wait] = field(default_factory=dict)  # ready jobs the GPUs hold back
     victims: list[dict[str, Any]] = field(default_factory=list)  # running jobs to preempt for urgent ones
     look: Optional[gpu_info.GpuLook] = None  # the GPUs, when they were looked at
-    host_held: set[int] = field(default_factory=set)  # ready jobs placed but held back by host memory or CPUs
 
     @property
     def gpu_wait(self) -> bool:
@@ -225,7 +224,8 @@ class Planner:
     ) -> Plan:
         plan = Plan(look=look)
         allowed = self._allowed()
-        room = self._room(snap, busy)
+        # before placement: a job the machine has no room for leaves its GPUs to the jobs behind it
+        ready = list(self._room(snap, busy).admitted(ready, plan.waits))
         holdings, own_pids, cpu_lane = self._holdings(snap.running, busy)
         if mode == placement.UNREADABLE:
             blocked = placement.unreadable(look)
@@ -242,9 +242,6 @@ class Planner:
                 plan.waits[job.id] = scheduler.Wait(decision.reason, decision.forever)
             elif not decision.gpus and cpu_lane is not None:
                 plan.waits[job.id] = scheduler.Wait(f"waiting for the CPU lane (job #{cpu_lane})", False)
-            elif (host_wait := room.admit(job)) is not None:
-                plan.waits[job.id] = host_wait
-                plan.host_held.add(job.id)
             else:
                 plan.starts.append((job, Assignment(",".join(map(str, decision.gpus)), decision.gpus)))
                 if not decision.gpus:
@@ -322,8 +319,7 @@ class Planner:
         """Running jobs to preempt so that the first urgent job the GPUs hold back can start: those
         that can continue (engine/schedule/victims.py; any, for --urgent=force), the lowest priority first
         (among equals the one started last), as few as will make room."""
-        # preempting GPU jobs gives no host memory to a job placed already: it waits for it
-        urgent = next((j for j in ready if j.urgent and j.id in plan.waits and j.id not in plan.host_held), None)
+        urgent = next((j for j in ready if j.urgent and j.id in plan.waits), None)
         if urgent is None or plan.waits[urgent.id].forever or preempting:
             return []
         candidates = [
