@@ -263,12 +263,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.env:
         print(jsontext.dumps({"env": job.env, "shell_env": job.shell_env}, indent=2, ensure_ascii=False))
     elif args.json:
-        from gpuq.engine.tracking import gpuuse
-
-        shown = dict(job, state=ref.state, file=ref.name, gpu_use=gpuuse.of_job(sp, job.id))
-        if isinstance(job.sweep, dict):
-            shown["sweep_jobs"] = actions.sweep_jobs(sp, job.sweep["id"])
-        print(jsontext.dumps(shown, indent=2, ensure_ascii=False))
+        print(jsontext.dumps(show_json(sp, ref, job), indent=2, ensure_ascii=False))
     else:
         from gpuq.engine.views.card import card
 
@@ -279,16 +274,35 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_gpus(args: argparse.Namespace) -> int:
-    import time
+def show_json(sp: Any, ref: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """`gpuq show ID --json` (also the assistant server's `job` tool): the file, with its state."""
+    from gpuq.engine.lifecycle import actions
+    from gpuq.engine.tracking import gpuuse
 
+    shown = dict(job, state=ref.state, file=ref.name, gpu_use=gpuuse.of_job(sp, job.id))
+    if isinstance(job.sweep, dict):
+        shown["sweep_jobs"] = actions.sweep_jobs(sp, job.sweep["id"])
+    return shown
+
+
+def gpus_view(sp: Any) -> Optional[dict[str, Any]]:
+    """What `gpuq gpus` shows (also the assistant server's `gpus` tool); None without GPUs."""
     from gpuq.engine.lifecycle import actions
     from gpuq.engine.schedule import gpuview
 
-    sp = spool()
     shown = gpuview.current(sp, actions.jobs_in(sp, (RUNNING,)))  # a look of its own if the workers' is old
     if shown is not None and shown.get("worker"):
         gpuview.add_leases(shown)  # the leases as they are now, not as the worker last saw them
+    return shown
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    import time
+
+    from gpuq.engine.schedule import gpuview
+
+    sp = spool()
+    shown = gpus_view(sp)
     if args.json:
         print(jsontext.dumps(gpuview.listed(shown, time.time()), indent=2))
     elif shown is None:

@@ -402,6 +402,20 @@ COMMANDS = (
         ),
     ),
     Command(
+        "mcp",
+        handler="assistant.command:cmd_mcp",
+        help="an MCP server on stdio: the queue as tools for an AI assistant (needs gpuq-spool[mcp])",
+        description="Serve the queue to an AI assistant over the Model Context Protocol on stdin/stdout: "
+        "read-only tools, tools that change the queue (marked so), the queue and job logs as resources. "
+        "`gpuq mcp install` prints what a client needs to start it (--write adds it to the client's file).",
+        options=(
+            Opt("action", nargs="?", choices=("install",), help="install: how a client starts it"),
+            Opt("--client", choices=("claude", "claude-desktop", "codex"), help="install: for this client only"),
+            Opt("--write", kind=FLAG, help="install: add it to the client's configuration file (kept as .bak-TIME)"),
+            Opt("--force", kind=FLAG, help="install --write: replace a different gpuq entry"),
+        ),
+    ),
+    Command(
         "service",
         handler="cmd_tools:cmd_service",
         help="a systemd user service that keeps a worker running (Linux)",
