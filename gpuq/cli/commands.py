@@ -405,9 +405,6 @@ COMMANDS = (
         "mcp",
         handler="assistant.command:cmd_mcp",
         help="an MCP server on stdio: the queue as tools for an AI assistant (needs gpuq-spool[mcp])",
-        description="Serve the queue to an AI assistant over the Model Context Protocol on stdin/stdout: "
-        "read-only tools, tools that change the queue (marked so), the queue and job logs as resources. "
-        "`gpuq mcp install` prints what a client needs to start it (--write adds it to the client's file).",
         options=(
             Opt("action", nargs="?", choices=("install",), help="install: how a client starts it"),
             Opt("--client", choices=("claude", "claude-desktop", "codex"), help="install: for this client only"),
