@@ -247,7 +247,7 @@ def test_without_the_sdk_gpuq_mcp_says_what_to_install(gq: Env) -> None:
         [sys.executable, "-S", "-m", "gpuq", "mcp"], cwd=gq.work, env=env, capture_output=True, text=True, timeout=60
     )
     assert (proc.returncode, proc.stdout) == (1, "")
-    assert proc.stderr == "gpuq: gpuq mcp needs the MCP SDK: pip install 'gpuq-spool[mcp]'\n"
+    assert proc.stderr == "gpuq mcp: the MCP SDK is not installed: pip install 'gpuq-spool[mcp]'\n"
 
 
 # ---- gpuq mcp install ---------------------------------------------------------------------------

@@ -30,19 +30,21 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 def sdk_problem() -> Optional[str]:
     """Why the MCP SDK cannot serve here (one line), or None."""
     if sys.version_info < (3, 10):
-        return f"gpuq mcp needs Python 3.10 or newer (the MCP SDK does); this gpuq runs on {sys.version.split()[0]}"
+        return f"the MCP SDK needs Python 3.10 or newer; this gpuq runs on {sys.version.split()[0]}"
     from importlib.util import find_spec
 
     if find_spec("mcp") is None:
-        return f"gpuq mcp needs the MCP SDK: {EXTRA}"
+        return f"the MCP SDK is not installed: {EXTRA}"
     if find_spec("mcp.server.mcpserver") is None:  # the 1.x SDK: FastMCP, a different API
         from importlib.metadata import version
 
-        return f"gpuq mcp needs the MCP SDK 2 or newer (mcp {version('mcp')} is installed): {EXTRA} --upgrade"
+        return f"the MCP SDK 2 or newer is needed, mcp {version('mcp')} is installed: {EXTRA} --upgrade"
     return None
 
 
 def check_sdk() -> None:
     problem = sdk_problem()
     if problem:
-        raise Refused(problem)
+        exc = Refused(problem)
+        exc.prefix = "gpuq mcp"
+        raise exc
