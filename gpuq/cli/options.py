@@ -290,6 +290,8 @@ ADD = Command(
             help="extra environment variable for the job (repeatable)",
         ),
         Opt("-q", "--quiet", kind=FLAG, help="print only the new job id"),
+        Opt("--dry-run", kind=FLAG, help="print what would be queued and whether it would start; write nothing"),
+        Opt("--json", kind=FLAG, help="with --dry-run: print it as JSON"),
         Opt("script", metavar="SCRIPT", help="a .py file, or any command (bash, torchrun, ...)"),
         Opt("args", nargs=REST, metavar="ARGS", help="passed to SCRIPT verbatim"),
     ),
