@@ -15,7 +15,7 @@ from gpuq.system import procs
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
     import argparse
-    from typing import Any
+    from typing import Any, Optional
 
     from gpuq.spool import Spool
 
@@ -24,7 +24,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run (a real add prints the ids with -q)")
     # the user's umask, before the spool sets gpuq's own; the request checked before the spool is opened
-    request = enqueue.Request(vars(args), umask=procs.current_umask(), shell_env=dict(os.environ))
+    request = _request(args)
     if args.dry_run:
         return _dry_run(request, args.json)
     prepared = enqueue.prepare(request)
@@ -49,6 +49,34 @@ def cmd_add(args: argparse.Namespace) -> int:
     if not args.quiet and not args.hold and not sp.workers.live():
         _say_no_worker([job.id for _ref, job in published])
     return 0
+
+
+def _request(args: Any, shell_env: Optional[dict[str, str]] = None) -> enqueue.Request:
+    """`add`'s request: its options, this process's umask (before the spool sets gpuq's own),
+    the environment it is queued from (default: this process's)."""
+    env = dict(os.environ if shell_env is None else shell_env)
+    return enqueue.Request(vars(args), umask=procs.current_umask(), shell_env=env)
+
+
+def request_from_options(
+    cmd: list[str], options: dict[str, Any], cwd: Optional[str] = None, env: Optional[dict[str, str]] = None
+) -> enqueue.Request:
+    """The request `gpuq add` makes, from plain values instead of a command line (the MCP server):
+    `cmd` is SCRIPT and its ARGS; `options` are add's options by their dest in cli/options.py
+    (`gpus=2`, `gpu_mem="20G"`, `after=[3]`, `time="4h"`, `sweep=["lr=1e-4,3e-4"]`, `env={"A":
+    "1"}`, `hold=True`, `dry_run=True`...), written as the command line's words and read by its
+    parser: the same defaults, converters and one-line errors (UsageError) as `gpuq add`. `cwd`:
+    the directory it runs in unless `options` has `dir` (default: this process's); `env`: the
+    environment it is queued from (default: this process's)."""
+    from gpuq.cli.options import ADD, option_words
+    from gpuq.cli.parser import parse  # argparse: never on a plain `gpuq add`'s path
+
+    given = dict(options, dir=options.get("dir") or cwd)
+    try:
+        words = option_words(ADD, given)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return _request(parse([ADD.names[0], *words, "--", *cmd]), env)
 
 
 def _dry_run(request: enqueue.Request, as_json: bool) -> int:
