@@ -48,7 +48,7 @@ def plan_add(spool: Spool, request: enqueue.Request) -> dict[str, Any]:
     them. JSON-ready: {"dry_run", "jobs": [...], "notes", "warnings"}."""
     prepared = enqueue.prepare(request, git_cache=_ReadOnlyCache(spool))
     fields, options = prepared.fields, prepared.fields["options"]
-    exists = os.path.isdir(spool.home)
+    exists = os.path.isdir(spool.layout.internal_dir("workers"))  # a spool made (its last parts too)
     if exists:
         _check_as_publish_does(spool, fields, options)
     first = spool.ids.peek() if exists else 1
