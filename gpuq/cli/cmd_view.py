@@ -310,3 +310,42 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     else:
         print("\n".join(render.gpu_lines(shown, home=sp.home)))
     return 0
+
+
+def cmd_triage(args: argparse.Namespace) -> int:
+    """Why the job waits or failed, its log's end, its checkpoint and the fixes (engine/views/triage.py)."""
+    from gpuq.engine.views.triage import triage
+
+    found = triage(spool(), args.id, args.lines)
+    if args.json:
+        print(jsontext.dumps(found, indent=2, ensure_ascii=False))
+        return 0
+    print("\n".join(_triage_card(found)))
+    return 0
+
+
+def _triage_card(found: dict[str, Any]) -> list[str]:
+    """`gpuq triage`'s text: a few labelled lines, the log's end, then each fix and why."""
+    from gpuq.core.times import duration
+
+    code = found.get("exit_code")
+    ckpt = found["checkpoint"]
+    step = f" (step {ckpt['step']})" if ckpt["step"] is not None else ""
+    labelled = [
+        ("waiting for", found.get("waiting_for")),
+        ("exit code", None if code is None else f"{code}" + (f" ({found['signal']})" if found.get("signal") else "")),
+        ("reason", found.get("reason")),
+        ("note", found.get("note") if found.get("note") != found.get("waiting_for") else None),
+        ("ran for", None if found.get("run_seconds") is None else duration(found["run_seconds"])),
+        ("checkpoint", f"{ckpt['latest']}{step}" if ckpt["latest"] else f"none found ({ckpt['where_looked']})"),
+        ("log", found["log"]),
+    ]
+    out = [f"#{found['id']} {found['name']}: {found['state']}"]
+    out += [f"  {label.ljust(11)}  {text}" for label, text in labelled if text]
+    if found["log_tail"]:
+        out.append(f"  the end of its log ({len(found['log_tail'])} lines):")
+        out += [f"    {security.display(line)}" for line in found["log_tail"]]
+    out.append("  to fix it:" if found["fixes"] else "  nothing to fix")
+    for fix in found["fixes"]:
+        out += [f"    {fix['command']}", f"      {fix['why']}"]
+    return out

@@ -259,6 +259,16 @@ COMMANDS = (
             Opt("--json", kind=FLAG, group="what", help="the job's file as it is, environment included"),
         ),
     ),
+    Command(
+        "triage",
+        handler="cmd_view:cmd_triage",
+        help="one job: why it waits or failed, its log's end, its checkpoint, and the commands that would fix it",
+        options=(
+            Opt("id", convert=positive_id),
+            Opt("-n", "--lines", convert=int, default=30, help="last N lines of its log (default 30, at most 500)"),
+            Opt("--json", kind=FLAG, help="all of it as one JSON object"),
+        ),
+    ),
     _on_each(
         "cancel",
         "cmd_queue:cmd_cancel",
