@@ -24,7 +24,7 @@ from mcp import Client  # noqa: E402
 from gpuq.cli.assistant import changes, install, server, tools  # noqa: E402
 from gpuq.cli.options import ADD  # noqa: E402
 
-READ_ONLY = {"queue", "job", "log_tail", "eta", "gpus", "history"}
+READ_ONLY = {"queue", "job", "log_tail", "eta", "gpus", "history", "triage", "add_dry_run"}
 DESTRUCTIVE = {"cancel", "kill", "preempt"}
 
 
@@ -79,6 +79,7 @@ def test_the_tools_are_listed_with_their_hints() -> None:
     options = {opt.dest for opt in ADD.options if opt.dest not in changes.NOT_PARAMETERS}
     assert options | {"cmd"} == set(parameters) and listed["add"].input_schema["required"] == ["cmd"]
     assert "GPU memory it needs" in parameters["gpu_mem"]["description"]
+    assert listed["add_dry_run"].input_schema == listed["add"].input_schema | {"title": "add_dry_runArguments"}
 
 
 def test_a_job_added_through_the_tool_is_in_the_spool(spool_env: Env) -> None:
@@ -111,6 +112,7 @@ def test_a_job_added_through_the_tool_is_in_the_spool(spool_env: Env) -> None:
         ("edit", {"id": 99, "changes": ["priority=5"]}),
         ("job", {"id": 99}),
         ("log_tail", {"id": 99}),
+        ("triage", {"id": 99}),
     ],
 )
 def test_a_missing_job_is_a_tool_error_with_gpuqs_message(spool_env: Env, name: str, arguments: dict) -> None:
@@ -146,6 +148,35 @@ def test_the_read_only_tools_give_the_clis_json(spool_env: Env) -> None:
     assert value(call("gpus", {})) == json.loads(gq.gpuq("gpus", "--json").stdout)
     assert value(call("history", {"by": "script"})) == json.loads(gq.gpuq("history", "--by", "script", "--json").stdout)
     assert "by:" in error(call("history", {"by": "week"}))
+
+
+def test_triage_names_a_cuda_oom_with_its_size(spool_env: Env) -> None:
+    from test_triage import OOM_SCRIPT  # what PyTorch prints when the GPU runs out
+
+    gq = spool_env
+    gq.script("train.py", OOM_SCRIPT)
+    job_id = gq.add("train.py", "--batch_size", "32")
+    gq.gpuq("run")  # runs it in the foreground, then returns
+    found = value(call("triage", {"id": job_id}))
+    assert (found["state"], found["exit_code"]) == ("failed", 1)
+    assert found["reason"] == "CUDA out of memory (tried to allocate 2.00 GiB)"
+    assert found["log_tail"][-1].startswith("torch.OutOfMemoryError")
+    assert f"gpuq retry {job_id}" in [fix["command"] for fix in found["fixes"]]
+
+
+def test_the_dry_run_writes_nothing(spool_env: Env) -> None:
+    from test_dry_run import tree  # every file under the spool: bytes, mtime, size
+
+    gq = spool_env
+    held = gq.add("--hold", "true")
+    before = tree(gq.home)
+    arguments = {"cmd": ["echo", "{lr}"], "sweep": ["lr=1,2"], "after": [held], "gpus": 0, "time": "2h"}
+    plan = value(call("add_dry_run", arguments))
+    assert tree(gq.home) == before
+    assert [(job["id"], job["command"][-1]) for job in plan["jobs"]] == [(held + 1, "1"), (held + 2, "2")]
+    assert all(job["would_start"]["now"] is False for job in plan["jobs"])  # after a held job
+    assert error(call("add_dry_run", {"cmd": ["true"], "after": [99]})) == "--after: no such job #99"
+    assert value(call("add", arguments))["jobs"][0]["id"] == held + 1  # no id was taken
 
 
 def test_a_log_tail_stays_bounded_on_a_1_gib_log(spool_env: Env) -> None:
@@ -236,8 +267,9 @@ def test_other_commands_import_nothing_of_the_server(gq: Env, command: tuple[str
         [sys.executable, "-c", PROBE, *command], cwd=gq.work, env=gq.env, capture_output=True, text=True, timeout=60
     )
     modules = proc.stdout.rsplit("MODULES ", 1)[1].split()
-    denied = ("mcp", "mcp_types", "pydantic", "anyio", "gpuq.cli.assistant")
-    assert [m for m in modules if m.split(".")[0] in denied or m.startswith("gpuq.cli.assistant")] == []
+    sdk = ("mcp", "mcp_types", "pydantic", "anyio")
+    entry = ("gpuq.cli.assistant", "gpuq.cli.assistant.entry")  # the command's entry in the table, and its package
+    assert [m for m in modules if m.split(".")[0] in sdk or m.startswith("gpuq.cli.assistant") and m not in entry] == []
 
 
 def test_without_the_sdk_gpuq_mcp_says_what_to_install(gq: Env) -> None:

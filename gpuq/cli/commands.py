@@ -5,6 +5,7 @@ in options.py).
 
 from __future__ import annotations
 
+from gpuq.cli.assistant.entry import MCP
 from gpuq.cli.options import ADD, APPEND, ETA, FLAG, HIDDEN, REST, STATUS, Command, Opt, gpu_count, ids, positive_id
 from gpuq.core import states
 from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, WAITING
@@ -411,17 +412,7 @@ COMMANDS = (
             Opt("--force", kind=FLAG, help="replace a copy you changed (yours is kept as .bak)"),
         ),
     ),
-    Command(
-        "mcp",
-        handler="assistant.command:cmd_mcp",
-        help="an MCP server on stdio: the queue as tools for an AI assistant (needs gpuq-spool[mcp])",
-        options=(
-            Opt("action", nargs="?", choices=("install",), help="install: how a client starts it"),
-            Opt("--client", choices=("claude", "claude-desktop", "codex"), help="install: for this client only"),
-            Opt("--write", kind=FLAG, help="install: add it to the client's configuration file (kept as .bak-TIME)"),
-            Opt("--force", kind=FLAG, help="install --write: replace a different gpuq entry"),
-        ),
-    ),
+    MCP,
     Command(
         "service",
         handler="cmd_tools:cmd_service",

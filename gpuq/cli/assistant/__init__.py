@@ -1,5 +1,6 @@
 """`gpuq mcp`: an MCP server on stdio that gives an AI assistant the queue as typed tools and
 resources (server.py, tools.py, changes.py), and `gpuq mcp install` (install.py), which tells a
 client how to start it. Built on the MCP SDK (`pip install 'gpuq-spool[mcp]'`); no other command
-imports this package or the SDK (command.py checks for it before anything else is imported).
+imports the server or the SDK (command.py checks for it before anything else is imported), only
+the command's entry in the table (entry.py).
 """

@@ -1,29 +1,30 @@
-"""The tools of `gpuq mcp` that change the queue: `add`, whose parameters are `gpuq add`'s options
-read from the one options table (cli/options.py: an option added there is a parameter here), and
-the commands of one or several job ids. Each calls what its CLI command calls (cli/cmd_queue.py,
+"""The tools of `gpuq mcp` that change the queue: `add` (and `add_dry_run`, which changes nothing
+but takes the same parameters), whose parameters are `gpuq add`'s options read from the one
+options table (cli/options.py: an option added there is a parameter here), and the commands of
+one or several job ids. Each calls what its CLI command calls (cli/cmd_queue.py,
 cmd_preempt.py) and returns what happened as a dict.
 """
 
 from __future__ import annotations
 
 import inspect
-import os
 from typing import Annotated, Any, Callable, Literal, Optional, Union
 
 from pydantic import Field
 
+from gpuq.cli.cmd_queue import request_from_options
 from gpuq.cli.common import spool
 from gpuq.cli.options import ADD, APPEND, CONST, FLAG, Opt, gpu_count, ids, positive_id
-from gpuq.core.errors import GpuqError, Refused, UsageError
+from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.states import PREEMPTED, RUNNING
 from gpuq.engine.lifecycle import actions, edit, enqueue, preempt
-from gpuq.system import procs
 
 JobIds = Annotated[list[int], Field(description="job ids", min_length=1)]
 JobId = Annotated[int, Field(description="the job id", gt=0)]
 
-# `gpuq add`'s options that are no request: how the CLI prints (-q); SCRIPT and ARGS are `cmd`
-NOT_PARAMETERS = ("quiet", "script", "args")
+# `gpuq add`'s options that are no request: how the CLI prints (-q, --json), --dry-run (a tool of
+# its own); SCRIPT and ARGS are `cmd`
+NOT_PARAMETERS = ("quiet", "script", "args", "dry_run", "json")
 INTEGERS = (int, gpu_count, positive_id)  # converters of options whose value is a number
 
 
@@ -58,44 +59,17 @@ def _parameter_type(opts: list[Opt]) -> Any:
     return Optional[list[item]] if opt.kind == APPEND else Optional[item]
 
 
-def request_options(given: dict[str, Any]) -> dict[str, Any]:
-    """The options of `enqueue.Request`, as the CLI's parser gives them: each option's default,
-    then what the tool was given, through the option's converter (ValueError: a UsageError)."""
-    options: dict[str, Any] = {opt.dest: opt.initial() for opt in ADD.options if not opt.positional}
-    by_dest = {opt.dest: opt for opt in ADD.options}
-    for name, value in given.items():
-        opt = by_dest.get(name)
-        if opt is None or name in NOT_PARAMETERS or value is None:
-            continue
-        try:
-            if opt.kind == APPEND:
-                value = [opt.convert(str(v)) if opt.convert else str(v) for v in value]
-            elif opt.kind not in (FLAG, CONST) and opt.convert is not None:
-                value = opt.convert(str(value))
-        except ValueError as exc:
-            raise UsageError(f"{name} ({opt.flags[-1]}): {exc}") from None
-        options[name] = value
-    cmd = given.get("cmd") or []
-    options["script"], options["args"] = cmd[0], list(cmd[1:])
-    return options
-
-
-def request(given: dict[str, Any]) -> enqueue.Request:
-    """What `gpuq add` would be asked, in the server's environment (its umask and variables, as a
-    shell's are the CLI's)."""
-    return enqueue.Request(request_options(given), umask=procs.current_umask(), shell_env=dict(os.environ))
-
-
 def add(**given: Any) -> dict[str, Any]:
     prepared = enqueue.prepare(request(given))
     sp = spool()
     running = enqueue.running_jobs(sp) if given.get("urgent") and not given.get("hold") else None
     published = enqueue.publish(sp, prepared)
+    jobs = [
+        {"id": j.id, "name": j.name, "state": ref.state, "after": j.after, "after_any": j.after_any}
+        for ref, j in published
+    ]
     out: dict[str, Any] = {
-        "jobs": [
-            {"id": j.id, "name": j.name, "state": ref.state, "after": j.after, "after_any": j.after_any}
-            for ref, j in published
-        ],
+        "jobs": jobs,
         "notes": prepared.notes,
         "warnings": prepared.warnings,
         "worker_running": bool(sp.workers.live()),
@@ -103,6 +77,22 @@ def add(**given: Any) -> dict[str, Any]:
     if running is not None:
         out["urgent_outlook"] = enqueue.urgent_outlook(published[0][1], running)
     return out
+
+
+def add_dry_run(**given: Any) -> dict[str, Any]:
+    """What `add` would queue and whether and when it would start; nothing written (as `gpuq add
+    --dry-run`, on a spool that is not made if it does not exist)."""
+    from gpuq.engine.lifecycle.dryrun import plan_add
+    from gpuq.spool import Spool
+
+    return plan_add(Spool(), request(given))
+
+
+def request(given: dict[str, Any]) -> enqueue.Request:
+    """What `gpuq add` would be asked: the tool's arguments made the command line's words and read
+    by its parser (cmd_queue.request_from_options), in the server's environment."""
+    options = {name: value for name, value in given.items() if name != "cmd"}
+    return request_from_options(given["cmd"], options)
 
 
 # ---- commands of job ids ----------------------------------------------------------------------

@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from gpuq.cli.assistant.entry import CLIENTS
 from gpuq.core.errors import Refused, UsageError
 
-CLIENTS = ("claude", "claude-desktop", "codex")
 NAME = "gpuq"  # the server's name in every client's configuration
 
 

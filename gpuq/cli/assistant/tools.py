@@ -42,7 +42,7 @@ class Tool:
     (keyword arguments, typed: the SDK builds the input schema from its signature, or from
     `parameters` where it takes **keywords), `summary` (after the command's own help)."""
 
-    __slots__ = ("name", "cli", "effect", "run", "summary", "parameters")
+    __slots__ = ("name", "cli", "effect", "run", "summary", "parameters", "with_help")
 
     def __init__(
         self,
@@ -52,9 +52,11 @@ class Tool:
         run: Callable[..., Any],
         summary: str = "",
         parameters: Optional[Callable[[], list[inspect.Parameter]]] = None,
+        with_help: bool = True,
     ) -> None:
         self.name, self.cli, self.effect, self.run, self.summary = name, cli, effect, run, summary
         self.parameters = parameters
+        self.with_help = with_help  # the description begins with the command's help (commands.py)
 
     def signature(self) -> inspect.Signature:
         """What the tool takes, its annotations evaluated (this module's are strings)."""
@@ -69,7 +71,8 @@ class Tool:
 
     @property
     def description(self) -> str:
-        help_text = next((c.help for c in COMMANDS if self.command in c.names), "") or ""
+        help_text = next((c.help for c in COMMANDS if self.command in c.names), "") if self.with_help else ""
+        help_text = help_text or ""
         parts = [f"{help_text[:1].upper()}{help_text[1:]}." if help_text else "", self.summary]
         text = " ".join(p for p in parts if p) + f" Stands for `{self.cli}`."
         if self.effect == READ:
@@ -136,6 +139,15 @@ def history_groups(
     return history.to_json(groups)
 
 
+def triage_job(
+    id: JobId,
+    lines: Annotated[int, Field(description="the log's last lines to give (at most 500)", ge=1)] = 30,
+) -> Any:
+    from gpuq.engine.views.triage import triage
+
+    return triage(spool(), id, lines)
+
+
 READING = (
     Tool(
         "queue",
@@ -163,6 +175,25 @@ READING = (
         "Per GPU: memory, gpuq's `jobs`, other processes (`foreign`), every user's `leases`.",
     ),
     Tool("history", "gpuq history --json", READ, history_groups, "Per group: runs, failures, GPU-hours, GPU use."),
+    Tool(
+        "triage",
+        "gpuq triage --json",
+        READ,
+        triage_job,
+        "`waiting_for`, or `exit_code`, `signal`, `reason` (CUDA out of memory with the size it tried, time limit, "
+        "OOM killer...), `log_tail`, `checkpoint`, and `fixes`: gpuq command lines that would fix it, each with why.",
+    ),
+    Tool(
+        "add_dry_run",
+        "gpuq add --dry-run",
+        READ,
+        changes.add_dry_run,
+        "What `add` with the same parameters would queue (per job of a sweep: the command, the interpreter found, "
+        "directory, environment, GPUs, limits, dependencies) and `would_start`: now, or why not and when. "
+        "Nothing is written.",
+        parameters=changes.add_parameters,
+        with_help=False,  # add's help says it queues
+    ),
 )
 
 CHANGING = (
