@@ -104,7 +104,10 @@ def _planned_lines(job: dict[str, Any]) -> list[str]:
     """One planned job of `add --dry-run`, a few lines."""
     import shlex
 
-    found = f" (from {job['interpreter_from']})" if job["interpreter_from"] else ""
+    from gpuq.engine.views.card import FOUND_BY  # as `gpuq show` says it
+
+    how = job["interpreter_from"]
+    found = f" (from {FOUND_BY.get(how, how)})" if how else ""
     gpus = "a CPU job" if job["gpus"] == 0 else plural(job["gpus"], "GPU")
     if job["gpu_mem_mib"]:
         gpus += f", {job['gpu_mem_mib']} MiB each"
@@ -125,7 +128,7 @@ def _planned_lines(job: dict[str, Any]) -> list[str]:
         *([f"    python     {job['interpreter']}{found}"] if job["interpreter"] else []),
         f"    env        {' '.join(f'{k}={shlex.quote(v)}' for k, v in job['env'].items())}",
         f"    needs      {'; '.join(limits)}",
-        f"    {when}" + (f" ({start['estimate']})" if start["estimate"] not in ("now", "unknown") else ""),
+        f"    {when}" + ("" if start["estimate"].startswith("unknown") else f" ({start['estimate']})"),
     ]
 
 
