@@ -142,8 +142,11 @@ def test_the_read_only_tools_give_the_clis_json(spool_env: Env) -> None:
     cli_rows = gq.status_json()
     assert [r["id"] for r in rows] == [r["id"] for r in cli_rows] == [job_id]
     assert set(rows[0]) == set(cli_rows[0]) and rows[0]["state"] == "pending"
-    shown = value(call("job", {"id": job_id}))
-    assert shown == json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)
+    cli = json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)
+    assert value(call("job", {"id": job_id, "env": True})) == cli
+    shown = value(call("job", {"id": job_id}))  # the shell's variables by name only: their values may be tokens
+    assert shown == dict({k: v for k, v in cli.items() if k != "shell_env"}, shell_env_names=sorted(cli["shell_env"]))
+    assert "PATH" in shown["shell_env_names"]
     assert [row["id"] for row in value(call("eta", {}))] == [job_id]
     assert value(call("gpus", {})) == json.loads(gq.gpuq("gpus", "--json").stdout)
     assert value(call("history", {"by": "script"})) == json.loads(gq.gpuq("history", "--by", "script", "--json").stdout)

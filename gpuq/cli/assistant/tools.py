@@ -90,10 +90,18 @@ def queue(all: Annotated[bool, Field(description="every finished job, not only t
     return [cmd_view.json_row(row) for row in status(sp, show_all=all).rows]
 
 
-def job(id: JobId) -> Any:
+def job(
+    id: JobId,
+    env: Annotated[bool, Field(description="the values of the shell's environment it was queued from")] = False,
+) -> Any:
+    """`show --json`, less the values of the environment inherited from the shell that queued the
+    job (tokens among them) unless asked for: their names are `shell_env_names`."""
     sp = spool()
     ref, found = actions.get(sp, id)
-    return cmd_view.show_json(sp, ref, found)
+    shown = cmd_view.show_json(sp, ref, found)
+    if not env:
+        shown["shell_env_names"] = sorted(shown.pop("shell_env", None) or {})
+    return shown
 
 
 def log_tail(
@@ -157,7 +165,14 @@ READING = (
         "One object per job: its fields, `state`, `waiting` (why it waits), `progress`, `eta_seconds`, "
         "`reason` (why it failed); the newest finished jobs, or with all=true every one.",
     ),
-    Tool("job", "gpuq show --json", READ, job, "The job's file as it is, with `state`, `file` and `gpu_use`."),
+    Tool(
+        "job",
+        "gpuq show --json",
+        READ,
+        job,
+        "The job's file as it is, with `state`, `file` and `gpu_use`; of the environment inherited from the shell "
+        "that queued it only the names (`shell_env_names`), unless env=true.",
+    ),
     Tool(
         "log_tail",
         "gpuq log",
