@@ -19,6 +19,7 @@ import time
 from typing import Any, Optional
 
 from gpuq.core import jobenv, schema
+from gpuq.core.errors import UsageError
 from gpuq.core.job import Job
 from gpuq.core.states import HELD, PENDING
 from gpuq.engine.lifecycle import enqueue
@@ -67,7 +68,7 @@ def _check_as_publish_does(spool: Spool, fields: dict[str, Any], options: dict[s
     if options["gpu_request"] > 1 or options["gpu_mem_mib"] is not None:
         problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"])
         if problem:
-            raise enqueue.UsageError(f"{problem}: this job could never start")
+            raise UsageError(f"{problem}: this job could never start")
     missing = enqueue.missing_jobs(spool, fields["after"] + fields["after_any"])
     if missing:
         raise enqueue.NoSuchDependency(f"--after: no such job {missing}")
