@@ -84,6 +84,8 @@ def test_a_dry_run_creates_no_spool(gq: Env) -> None:
     gq.script("train.py", "print(1)\n")
     proc = gq.gpuq("add", "--dry-run", "train.py")
     assert "would queue 1 job" in proc.stdout and "no worker is running" in proc.stdout
+    refused = gq.gpuq("add", "--dry-run", "--after", "1", "train.py", check=False)
+    assert (refused.returncode, refused.stderr) == (1, "gpuq: --after: no such job #1\n")
     assert not gq.home.exists()
 
 
