@@ -84,11 +84,13 @@ def test_a_dry_run_creates_no_spool(gq: Env) -> None:
     gq.script("train.py", "print(1)\n")
     proc = gq.gpuq("add", "--dry-run", "train.py")
     assert "would queue 1 job" in proc.stdout and "no worker is running" in proc.stdout
+    refused = gq.gpuq("add", "--dry-run", "--after", "1", "train.py", check=False)
+    assert (refused.returncode, refused.stderr) == (1, "gpuq: --after: no such job #1\n")
     assert not gq.home.exists()
 
 
 def test_with_a_worker_a_free_slot_starts_now_and_a_busy_one_says_when(gq: Env) -> None:
-    gq.script("wait.py", WAIT_FOR_GO)
+    gq.script("wait.py", "print('step 1/10', flush=True)\n" + WAIT_FOR_GO)
     gq.start_worker("--watch")
     sp = Spool(gq.home)
     wait_for(lambda: (gq.home / "workers").is_dir() and sp.workers.live(), what="the worker to register")
@@ -103,6 +105,13 @@ def test_with_a_worker_a_free_slot_starts_now_and_a_busy_one_says_when(gq: Env) 
     gq.wait_state(running, "running")
     later = plan_add(sp, request)["jobs"][0]["would_start"]
     assert later["now"] is False and later["why_not"] == "every slot it could take is busy"
+    gq.gpuq("stop")  # the job runs on; nothing else writes to the spool now
+    before = tree(gq.home)
+    assert (
+        plan_add(sp, request)["jobs"][0]["would_start"]["why_not"]
+        == "no worker is running; `gpuq run --daemon` starts one"
+    )
+    assert tree(gq.home) == before  # the running job's progress read, not recorded
     (gq.work / "go").write_text("")
     gq.wait_state(running, "done")
 

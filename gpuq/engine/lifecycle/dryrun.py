@@ -19,6 +19,7 @@ import time
 from typing import Any, Optional
 
 from gpuq.core import jobenv, schema
+from gpuq.core.errors import UsageError
 from gpuq.core.job import Job
 from gpuq.core.states import HELD, PENDING
 from gpuq.engine.lifecycle import enqueue
@@ -49,8 +50,7 @@ def plan_add(spool: Spool, request: enqueue.Request) -> dict[str, Any]:
     prepared = enqueue.prepare(request, git_cache=_ReadOnlyCache(spool))
     fields, options = prepared.fields, prepared.fields["options"]
     exists = os.path.isdir(spool.layout.internal_dir("workers"))  # a spool made (its last parts too)
-    if exists:
-        _check_as_publish_does(spool, fields, options)
+    _check_as_publish_does(spool, fields, options, exists)
     first = spool.ids.peek() if exists else 1
     jobs = [_job(first, first + n, variant, fields) for n, variant in enumerate(prepared.variants)]
     starts = _would_start(spool, jobs, fields["state"]) if exists else _no_spool(jobs)
@@ -62,12 +62,13 @@ def plan_add(spool: Spool, request: enqueue.Request) -> dict[str, Any]:
     }
 
 
-def _check_as_publish_does(spool: Spool, fields: dict[str, Any], options: dict[str, Any]) -> None:
-    """The refusals of `publish` and `enqueue_many` that come before anything is written."""
-    if options["gpu_request"] > 1 or options["gpu_mem_mib"] is not None:
+def _check_as_publish_does(spool: Spool, fields: dict[str, Any], options: dict[str, Any], exists: bool) -> None:
+    """The refusals of `publish` and `enqueue_many` that come before anything is written (the
+    GPUs this machine has: where the spool `exists`, whose workers' views say them)."""
+    if exists and (options["gpu_request"] > 1 or options["gpu_mem_mib"] is not None):
         problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"])
         if problem:
-            raise enqueue.UsageError(f"{problem}: this job could never start")
+            raise UsageError(f"{problem}: this job could never start")
     missing = enqueue.missing_jobs(spool, fields["after"] + fields["after_any"])
     if missing:
         raise enqueue.NoSuchDependency(f"--after: no such job {missing}")

@@ -87,9 +87,7 @@ def _dependencies(spool: Spool, job: Any) -> list[Fix]:
             continue
         ref = index[dep][-1]
         if ref.state in (FAILED, CANCELLED) and dep in job.after:
-            ended = "failed" if ref.state == FAILED else "was cancelled"
-            why = f"#{job.id} waits for #{dep}, which {ended}{_reason_of(spool, ref)}"
-            why += f"; #{job.id} starts once #{dep} succeeds"
+            why = f"#{job.id} waits for #{dep} ({ref.state}{_reason_of(spool, ref)}): it starts once #{dep} succeeds"
             out.append(_fix(["retry", dep], why))
         elif ref.state == HELD:
             out.append(_fix(["release", dep], f"#{job.id} waits for #{dep}, which is held"))
@@ -108,7 +106,7 @@ def _reason_of(spool: Spool, ref: Any) -> str:
         reason = spool.jobs.load(ref).reason
     except (OSError, ValueError):
         return ""
-    return f" ({reason})" if reason else ""
+    return f": {reason}" if reason else ""
 
 
 # ---- a job that failed -------------------------------------------------------------------------
