@@ -5,7 +5,7 @@ in options.py).
 
 from __future__ import annotations
 
-from gpuq.cli.assistant.entry import MCP
+from gpuq.cli.assistant import entry as mcp
 from gpuq.cli.options import ADD, APPEND, ETA, FLAG, HIDDEN, REST, STATUS, Command, Opt, gpu_count, ids, positive_id
 from gpuq.core import states
 from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, WAITING
@@ -412,7 +412,7 @@ COMMANDS = (
             Opt("--force", kind=FLAG, help="replace a copy you changed (yours is kept as .bak)"),
         ),
     ),
-    MCP,
+    Command("mcp", handler="assistant.command:cmd_mcp", help=mcp.HELP, options=mcp.OPTIONS),
     Command(
         "service",
         handler="cmd_tools:cmd_service",
