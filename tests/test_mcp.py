@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from conftest import REPO, Env
+from conftest import REPO, WAIT_FOR_GO, Env, wait_for
 
 pytest.importorskip("mcp.server.mcpserver", reason="the MCP SDK 2 (gpuq-spool[mcp], Python >= 3.10) is not installed")
 
@@ -133,6 +133,20 @@ def test_the_changing_tools_act_on_the_queue(spool_env: Env) -> None:
     assert gq.state_of(first) == gq.state_of(second) == "cancelled"
     assert value(call("retry", {"ids": [second]}))["jobs"][0]["state"] == "pending"
     assert error(call("kill", {"ids": [second]})) == f"job #{second} is pending, not running"
+
+
+def test_preempt_resume_and_kill_a_running_job(spool_env: Env) -> None:
+    gq = spool_env
+    gq.script("loop.py", WAIT_FOR_GO)  # runs until killed: `go` is never written
+    job_id = gq.add("loop.py")
+    gq.start_worker("--watch")
+    wait_for(lambda: gq.state_of(job_id) == "running" and gq.job(job_id).get("pid"), what="the job to run")
+    preempted = value(call("preempt", {"id": job_id, "timeout": 10}))
+    assert (preempted["state"], preempted["checkpoint"]) == ("preempted", None) and gq.state_of(job_id) == "preempted"
+    assert value(call("resume", {"ids": [job_id]}))["jobs"][0]["state"] == "pending"
+    wait_for(lambda: gq.state_of(job_id) == "running" and gq.job(job_id).get("pid"), what="the job to run again")
+    killed = value(call("kill", {"ids": [job_id]}))["jobs"]
+    assert [(j["id"], j["state"]) for j in killed] == [(job_id, "cancelled")] and gq.state_of(job_id) == "cancelled"
 
 
 def test_the_read_only_tools_give_the_clis_json(spool_env: Env) -> None:

@@ -31,14 +31,17 @@ def sdk_problem() -> Optional[str]:
     """Why the MCP SDK cannot serve here (one line), or None."""
     if sys.version_info < (3, 10):
         return f"the MCP SDK needs Python 3.10 or newer; this gpuq runs on {sys.version.split()[0]}"
+    from importlib.metadata import PackageNotFoundError, version
     from importlib.util import find_spec
 
-    if find_spec("mcp") is None:
+    if find_spec("mcp") is None:  # found without importing it (the SDK takes a second to import)
         return f"the MCP SDK is not installed: {EXTRA}"
-    if find_spec("mcp.server.mcpserver") is None:  # the 1.x SDK: FastMCP, a different API
-        from importlib.metadata import version
-
-        return f"the MCP SDK 2 or newer is needed, mcp {version('mcp')} is installed: {EXTRA} --upgrade"
+    try:
+        installed = version("mcp")
+    except PackageNotFoundError:  # importable but not installed by pip (a checkout): let it try
+        return None
+    if not installed.split(".")[0].isdigit() or int(installed.split(".")[0]) < 2:  # 1.x: FastMCP, another API
+        return f"the MCP SDK 2 or newer is needed, mcp {installed} is installed: {EXTRA} --upgrade"
     return None
 
 

@@ -23,7 +23,7 @@ from gpuq.cli.assistant import changes
 from gpuq.cli.commands import COMMANDS
 from gpuq.cli.common import spool
 from gpuq.core.errors import UsageError
-from gpuq.engine.lifecycle import actions
+from gpuq.engine.lifecycle import actions, edit
 from gpuq.engine.schedule import gpuview
 from gpuq.engine.views import history
 from gpuq.engine.views.card import not_started
@@ -189,7 +189,15 @@ READING = (
         gpus,
         "Per GPU: memory, gpuq's `jobs`, other processes (`foreign`), every user's `leases`.",
     ),
-    Tool("history", "gpuq history --json", READ, history_groups, "Per group: runs, failures, GPU-hours, GPU use."),
+    Tool(
+        "history",
+        "gpuq history --json",
+        READ,
+        history_groups,
+        "Where the GPU hours went, per group (dir, script, day or sweep): runs, failures, GPU-hours, median "
+        "duration, what the GPUs did.",
+        with_help=False,  # the command's help names its timeline, a picture: not here
+    ),
     Tool(
         "triage",
         "gpuq triage --json",
@@ -221,8 +229,8 @@ CHANGING = (
         "name (dir, gpus, gpu_mem, after, time, sweep, priority, env as KEY=VALUE...). Returns the new ids.",
         parameters=changes.add_parameters,
     ),
-    Tool("cancel", "gpuq cancel", DESTROY, changes.cancel, "A running job is killed."),
-    Tool("kill", "gpuq kill", DESTROY, changes.kill, "Its steps since the last checkpoint are lost."),
+    Tool("cancel", "gpuq cancel", DESTROY, changes.cancel),
+    Tool("kill", "gpuq kill", DESTROY, changes.kill, "The steps since each one's last checkpoint are lost."),
     Tool("hold", "gpuq hold", CHANGE, changes.hold),
     Tool("release", "gpuq release", CHANGE, changes.release),
     Tool("retry", "gpuq retry", CHANGE, changes.retry),
@@ -233,7 +241,9 @@ CHANGING = (
         "gpuq edit --set",
         CHANGE,
         changes.edit_job,
-        "Changes are KEY=VALUE of the fields cmd, cwd, name, env, after, after_any, retries, priority, gpus, gpu_mem.",
+        f"Change a pending or held job: `changes` are KEY=VALUE pairs of the keys {', '.join(edit.EDITABLE)} "
+        "(a dropped job file's), checked as such a file is.",
+        with_help=False,  # the command's help names the editor, which a tool has not
     ),
 )
 
