@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from conftest import WAIT_FOR_GO, Env, wait_for
+from test_gpu_worker import fake_gpus
 
 from gpuq.cli import parse
 from gpuq.cli.cmd_queue import request_from_options
@@ -67,11 +68,14 @@ def test_a_sweep_dry_run_lists_each_variant_and_writes_nothing(gq: Env) -> None:
     assert gq.add("-d", str(proj), "train.py") == held + 1  # the dry run took no id
 
 
-def test_a_bad_dry_run_is_refused_as_add_refuses_it(gq: Env) -> None:
+def test_a_bad_dry_run_is_refused_as_add_refuses_it(gq: Env, tmp_path: Path) -> None:
     gq.script("train.py", "print(1)\n")
+    (tmp_path / "gpus.json").write_text(json.dumps(fake_gpus(2)))
+    gq.env["GPUQ_FAKE_GPUS"] = str(tmp_path / "gpus.json")
     gq.add("--hold", "train.py")
     before = tree(gq.home)
-    for bad in (["--gpus", "x", "train.py"], ["--time", "soon", "train.py"], ["--sweep", "lr", "train.py"]):
+    bad_lines = (["--gpus", "x"], ["--time", "soon"], ["--sweep", "lr"], ["--gpus", "3"], ["--gpu-mem", "100G"])
+    for bad in ([*line, "train.py"] for line in bad_lines):
         dry, real = gq.gpuq("add", "--dry-run", *bad, check=False), gq.gpuq("add", *bad, check=False)
         assert (dry.returncode, dry.stderr) == (real.returncode, real.stderr) and dry.returncode == 2
         assert dry.stderr.count("\n") == 1 and dry.stdout == ""

@@ -66,7 +66,8 @@ def _check_as_publish_does(spool: Spool, fields: dict[str, Any], options: dict[s
     """The refusals of `publish` and `enqueue_many` that come before anything is written (the
     GPUs this machine has: where the spool `exists`, whose workers' views say them)."""
     if exists and (options["gpu_request"] > 1 or options["gpu_mem_mib"] is not None):
-        problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"])
+        views = spool.workers.gpu_views(tidy=False)
+        problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"], views)
         if problem:
             raise UsageError(f"{problem}: this job could never start")
     missing = enqueue.missing_jobs(spool, fields["after"] + fields["after_any"])
