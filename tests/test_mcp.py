@@ -96,6 +96,7 @@ def test_a_job_added_through_the_tool_is_in_the_spool(spool_env: Env) -> None:
     # as the CLI refuses them, in one line
     assert error(call("add", {"cmd": ["true"], "after": [99]})) == "--after: no such job #99"
     assert "retries" in error(call("add", {"cmd": ["true"], "retries": -1}))
+    assert "cmd Field required" in error(call("add", {"gpus": 1}))  # the SDK's check of the arguments, one line too
     assert len(gq.files("pending")) == 2 and gq.files("held") == [f"{held['id']:06d}-work-true.json"]
 
 

@@ -9,7 +9,7 @@ the CLI says it, anything else as one line naming its type.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
@@ -30,7 +30,9 @@ INSTRUCTIONS = (
 
 
 def build() -> MCPServer:
-    server = MCPServer("gpuq", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
+    server = MCPServer(
+        "gpuq", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING", middleware=[one_line_errors]
+    )
     for tool in tools.TOOLS:
         server.add_tool(_handler(tool), name=tool.name, description=tool.description, annotations=annotations(tool))
     server.resource(
@@ -88,6 +90,22 @@ def result_of(run: Callable[..., Any], arguments: dict[str, Any]) -> CallToolRes
     text = jsontext.dumps(value, ensure_ascii=False)
     structured = value if isinstance(value, dict) else {"result": value}
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
+
+
+async def one_line_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+    """A tool's error in one line also where the SDK wrote it: arguments that do not fit the
+    input schema (pydantic's lines, less the links to its documentation). The result comes here
+    as the dict about to be sent."""
+    result = await call_next(ctx)
+    if isinstance(result, dict) and result.get("isError"):
+        for content in result.get("content") or []:
+            if isinstance(content, dict) and isinstance(content.get("text"), str):
+                lines = (line.strip() for line in content["text"].splitlines())
+                content["text"] = " ".join(line for line in lines if line and not line.startswith(PYDANTIC_LINK))
+    return result
+
+
+PYDANTIC_LINK = "For further information visit"
 
 
 def one_line(exc: BaseException) -> str:
