@@ -33,7 +33,7 @@ EVERY_ADD_OPTION = [
     *("--snapshot", "--gpus", "2", "--notify", "--max-log-size", "1G", "--on-finish", "echo hi", "--gpu-mem", "20G"),
     *("--priority", "3", "--urgent", "--preemptible", "--ckpt-glob", "c*", "--no-resume", "--resume-arg", "r={ckpt}"),
     *("--mem", "32G", "--cpus", "8"),
-    *("-e", "A=1", "--env", "B=2=3", "--quiet", "bash", "-c", "exit 0"),
+    *("-e", "A=1", "--env", "B=2=3", "--quiet", "--dry-run", "--json", "bash", "-c", "exit 0"),
 ]
 
 SAME = [

@@ -187,6 +187,7 @@ def test_every_command_of_the_skill_runs(gq: Env, tmp_path: Path) -> None:
         run("gpuq history --since 7d --by dir")
         run("gpuq show 3", _3=failed[0])
         run("gpuq show --json 3", _3=failed[0])
+        run("gpuq triage 3 --json", _3=failed[0])
         run("gpuq log 3 -n 50", _3=failed[0])
         run("gpuq log 3 -f", _3=done[0])
         run("gpuq wait 3 4", _3=done[0], _4=done[1])
@@ -222,6 +223,7 @@ def test_every_command_of_the_skill_runs(gq: Env, tmp_path: Path) -> None:
             "gpuq add -q --gpu-mem 20G train.py",
             "gpuq add -q --mem 32G --cpus 8 train.py",
             "gpuq add -q --sweep lr=1e-4,3e-4 train.py --lr {lr}",
+            "gpuq add --dry-run --json --sweep lr=1e-4,3e-4 train.py --lr {lr}",
             "gpuq add -q --time 4h train.py",
             "gpuq add -q --begin 02:00 train.py",
             "gpuq add -q --snapshot train.py",

@@ -36,16 +36,22 @@ def cmd_history(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         print(f"wrote {args.plot}: {plural(len(chosen), 'run')}")
         return 0
-    groups = history.summarize(pairs, since, args.by)
-    sp = spool()
-    recorded = sp.reports.gpu_use_ids()
-    for group in groups:  # what the jobs' GPUs did, from their supervisors' records
-        group.gpu_use = gpuuse.of_jobs(sp, history.job_ids(group), recorded)
+    groups = history_groups(pairs, since, args.by)
     if args.json:
         print(jsontext.dumps(history.to_json(groups), indent=2))
         return 0
     print(_table(groups, args.by))
     return 0
+
+
+def history_groups(pairs: list[history.JobRecord], since: Optional[float], by: str) -> list[history.Group]:
+    """`gpuq history`'s groups (also the assistant server's `history` tool), with what their GPUs did."""
+    groups = history.summarize(pairs, since, by)
+    sp = spool()
+    recorded = sp.reports.gpu_use_ids()
+    for group in groups:  # what the jobs' GPUs did, from their supervisors' records
+        group.gpu_use = gpuuse.of_jobs(sp, history.job_ids(group), recorded)
+    return groups
 
 
 def history_jobs(since: Optional[float]) -> list[history.JobRecord]:

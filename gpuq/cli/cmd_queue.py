@@ -7,7 +7,7 @@ import sys
 
 from gpuq.cli.common import each_id, job_ids, spool
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.states import INTERRUPTED, RUNNING
+from gpuq.core.states import HELD, INTERRUPTED, RUNNING
 from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import enqueue
 from gpuq.system import procs
@@ -15,14 +15,18 @@ from gpuq.system import procs
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
     import argparse
-    from typing import Any
+    from typing import Any, Optional
 
     from gpuq.spool import Spool
 
 
 def cmd_add(args: argparse.Namespace) -> int:
+    if args.json and not args.dry_run:
+        raise UsageError("--json goes with --dry-run (a real add prints the ids with -q)")
     # the user's umask, before the spool sets gpuq's own; the request checked before the spool is opened
-    request = enqueue.Request(vars(args), umask=procs.current_umask(), shell_env=dict(os.environ))
+    request = _request(args)
+    if args.dry_run:
+        return _dry_run(request, args.json)
     prepared = enqueue.prepare(request)
     for note in [] if args.quiet else prepared.notes:
         print(note)
@@ -45,6 +49,87 @@ def cmd_add(args: argparse.Namespace) -> int:
     if not args.quiet and not args.hold and not sp.workers.live():
         _say_no_worker([job.id for _ref, job in published])
     return 0
+
+
+def _request(args: Any, shell_env: Optional[dict[str, str]] = None) -> enqueue.Request:
+    """`add`'s request: its options, this process's umask (before the spool sets gpuq's own),
+    the environment it is queued from (default: this process's)."""
+    env = dict(os.environ if shell_env is None else shell_env)
+    return enqueue.Request(vars(args), umask=procs.current_umask(), shell_env=env)
+
+
+def request_from_options(
+    cmd: list[str], options: dict[str, Any], cwd: Optional[str] = None, env: Optional[dict[str, str]] = None
+) -> enqueue.Request:
+    """The request `gpuq add` makes, from plain values instead of a command line (the MCP server):
+    `cmd` is SCRIPT and its ARGS; `options` are add's options by their dest in cli/options.py
+    (`gpus=2`, `gpu_mem="20G"`, `after=[3]`, `time="4h"`, `sweep=["lr=1e-4,3e-4"]`, `env={"A":
+    "1"}`, `hold=True`, `dry_run=True`...), written as the command line's words and read by its
+    parser: the same defaults, converters and one-line errors (UsageError) as `gpuq add`. `cwd`:
+    the directory it runs in unless `options` has `dir` (default: this process's); `env`: the
+    environment it is queued from (default: this process's)."""
+    from gpuq.cli.options import ADD, option_words
+    from gpuq.cli.parser import parse  # argparse: never on a plain `gpuq add`'s path
+
+    given = dict(options, dir=options.get("dir") or cwd)
+    try:
+        words = option_words(ADD, given)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return _request(parse([ADD.names[0], *words, "--", *cmd]), env)
+
+
+def _dry_run(request: enqueue.Request, as_json: bool) -> int:
+    """`add --dry-run`: what would be queued, and whether and when it would start; nothing written
+    (engine/lifecycle/dryrun.py), not even a spool that does not exist yet."""
+    from gpuq.core import jsontext
+    from gpuq.engine.lifecycle.dryrun import plan_add
+    from gpuq.spool import Spool
+
+    plan = plan_add(Spool(), request)
+    if as_json:
+        print(jsontext.dumps(plan, indent=2, ensure_ascii=False))
+        return 0
+    for warning in plan["warnings"]:
+        print(warning, file=sys.stderr)
+    print(f"would queue {plural(len(plan['jobs']), 'job')} (--dry-run: nothing queued):")
+    for job in plan["jobs"]:
+        print("\n".join(_planned_lines(job)))
+    for note in plan["notes"]:
+        print(note)
+    return 0
+
+
+def _planned_lines(job: dict[str, Any]) -> list[str]:
+    """One planned job of `add --dry-run`, a few lines."""
+    import shlex
+
+    from gpuq.engine.views.card import FOUND_BY  # as `gpuq show` says it
+
+    how = job["interpreter_from"]
+    found = f" (from {FOUND_BY.get(how, how)})" if how else ""
+    gpus = "a CPU job" if job["gpus"] == 0 else plural(job["gpus"], "GPU")
+    if job["gpu_mem_mib"]:
+        gpus += f", {job['gpu_mem_mib']} MiB each"
+    limits = [gpus]
+    if job["time_limit_seconds"]:
+        from gpuq.core.timespec import format_duration
+
+        limits.append(f"time limit {format_duration(job['time_limit_seconds'])}")
+    deps = job["after"] + job["after_any"]
+    limits += [f"after {', '.join(f'#{d}' for d in deps)}"] if deps else []
+    limits += [f"begins {job['begin_at']}"] if job["begin_at"] else []
+    start = job["would_start"]
+    when = "would start now" if start["now"] else f"would not start now: {start['why_not']}"
+    return [
+        f"  #{job['id']} {job['name']}{'  (held)' if job['state'] == HELD else ''}",
+        f"    command    {job['command_line']}",
+        f"    directory  {job['cwd']}",
+        *([f"    python     {job['interpreter']}{found}"] if job["interpreter"] else []),
+        f"    env        {' '.join(f'{k}={shlex.quote(v)}' for k, v in job['env'].items())}",
+        f"    needs      {'; '.join(limits)}",
+        f"    {when}" + ("" if start["estimate"].startswith("unknown") else f" ({start['estimate']})"),
+    ]
 
 
 def _say_no_worker(ids: list[int]) -> None:

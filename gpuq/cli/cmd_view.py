@@ -265,12 +265,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.env:
         print(jsontext.dumps({"env": job.env, "shell_env": job.shell_env}, indent=2, ensure_ascii=False))
     elif args.json:
-        from gpuq.engine.tracking import gpuuse
-
-        shown = dict(job, state=ref.state, file=ref.name, gpu_use=gpuuse.of_job(sp, job.id))
-        if isinstance(job.sweep, dict):
-            shown["sweep_jobs"] = actions.sweep_jobs(sp, job.sweep["id"])
-        print(jsontext.dumps(shown, indent=2, ensure_ascii=False))
+        print(jsontext.dumps(show_json(sp, ref, job), indent=2, ensure_ascii=False))
     else:
         from gpuq.engine.views.card import card
 
@@ -281,16 +276,35 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_gpus(args: argparse.Namespace) -> int:
-    import time
+def show_json(sp: Any, ref: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """`gpuq show ID --json` (also the assistant server's `job` tool): the file, with its state."""
+    from gpuq.engine.lifecycle import actions
+    from gpuq.engine.tracking import gpuuse
 
+    shown = dict(job, state=ref.state, file=ref.name, gpu_use=gpuuse.of_job(sp, job.id))
+    if isinstance(job.sweep, dict):
+        shown["sweep_jobs"] = actions.sweep_jobs(sp, job.sweep["id"])
+    return shown
+
+
+def gpus_view(sp: Any) -> Optional[dict[str, Any]]:
+    """What `gpuq gpus` shows (also the assistant server's `gpus` tool); None without GPUs."""
     from gpuq.engine.lifecycle import actions
     from gpuq.engine.schedule import gpuview
 
-    sp = spool()
     shown = gpuview.current(sp, actions.jobs_in(sp, (RUNNING,)))  # a look of its own if the workers' is old
     if shown is not None and shown.get("worker"):
         gpuview.add_leases(shown)  # the leases as they are now, not as the worker last saw them
+    return shown
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    import time
+
+    from gpuq.engine.schedule import gpuview
+
+    sp = spool()
+    shown = gpus_view(sp)
     if args.json:
         print(jsontext.dumps(gpuview.listed(shown, time.time()), indent=2))
     elif shown is None:
@@ -298,3 +312,42 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     else:
         print("\n".join(render.gpu_lines(shown, home=sp.home)))
     return 0
+
+
+def cmd_triage(args: argparse.Namespace) -> int:
+    """Why the job waits or failed, its log's end, its checkpoint and the fixes (engine/views/triage.py)."""
+    from gpuq.engine.views.triage import triage
+
+    found = triage(spool(), args.id, args.lines)
+    if args.json:
+        print(jsontext.dumps(found, indent=2, ensure_ascii=False))
+        return 0
+    print("\n".join(_triage_card(found)))
+    return 0
+
+
+def _triage_card(found: dict[str, Any]) -> list[str]:
+    """`gpuq triage`'s text: a few labelled lines, the log's end, then each fix and why."""
+    from gpuq.core.times import duration
+
+    code = found.get("exit_code")
+    ckpt = found["checkpoint"]
+    step = f" (step {ckpt['step']})" if ckpt["step"] is not None else ""
+    labelled = [
+        ("waiting for", found.get("waiting_for")),
+        ("exit code", None if code is None else f"{code}" + (f" ({found['signal']})" if found.get("signal") else "")),
+        ("reason", found.get("reason")),
+        ("note", found.get("note") if found.get("note") != found.get("waiting_for") else None),
+        ("ran for", None if found.get("run_seconds") is None else duration(found["run_seconds"])),
+        ("checkpoint", f"{ckpt['latest']}{step}" if ckpt["latest"] else f"none found ({ckpt['where_looked']})"),
+        ("log", found["log"]),
+    ]
+    out = [f"#{found['id']} {found['name']}: {found['state']}"]
+    out += [f"  {label.ljust(11)}  {text}" for label, text in labelled if text]
+    if found["log_tail"]:
+        out.append(f"  the end of its log ({len(found['log_tail'])} lines):")
+        out += [f"    {security.display(line)}" for line in found["log_tail"]]
+    out.append("  to fix it:" if found["fixes"] else "  nothing to fix")
+    for fix in found["fixes"]:
+        out += [f"    {fix['command']}", f"      {fix['why']}"]
+    return out

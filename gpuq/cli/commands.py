@@ -6,6 +6,7 @@ in options.py).
 from __future__ import annotations
 
 from gpuq.cli.host import RUN_OPTIONS as HOST_OPTIONS
+from gpuq.cli.assistant import entry as mcp
 from gpuq.cli.options import ADD, APPEND, ETA, FLAG, HIDDEN, REST, STATUS, Command, Opt, gpu_count, ids, positive_id
 from gpuq.core import states
 from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, WAITING
@@ -270,6 +271,16 @@ COMMANDS = (
             Opt("--json", kind=FLAG, group="what", help="the job's file as it is, environment included"),
         ),
     ),
+    Command(
+        "triage",
+        handler="cmd_view:cmd_triage",
+        help="one job: why it waits or failed, its log's end, its checkpoint, and the commands that would fix it",
+        options=(
+            Opt("id", convert=positive_id),
+            Opt("-n", "--lines", convert=int, default=30, help="last N lines of its log (default 30, at most 500)"),
+            Opt("--json", kind=FLAG, help="all of it as one JSON object"),
+        ),
+    ),
     _on_each(
         "cancel",
         "cmd_queue:cmd_cancel",
@@ -412,6 +423,7 @@ COMMANDS = (
             Opt("--force", kind=FLAG, help="replace a copy you changed (yours is kept as .bak)"),
         ),
     ),
+    Command("mcp", handler="assistant.command:cmd_mcp", help=mcp.HELP, options=mcp.OPTIONS),
     Command(
         "service",
         handler="cmd_tools:cmd_service",

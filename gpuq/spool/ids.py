@@ -58,6 +58,23 @@ class IdCounter:
         finally:
             os.close(fd)
 
+    def peek(self) -> int:
+        """The id the next `allocate` would give now, read without the lock and with nothing
+        reserved or written (`gpuq add --dry-run`): another `add` may take it first."""
+        try:
+            fd = os.open(self.layout.top_file("ids.lock"), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            locked = 0
+        else:
+            try:
+                locked = _number(os.pread(fd, 32, 0))
+            finally:
+                os.close(fd)
+        next_id = max(self._stored(), locked, 1)
+        if next_id == 1 and os.path.isdir(self.layout.state_dir(PENDING)):
+            next_id = self._highest_in_tree() + 1
+        return next_id
+
     def _stored(self) -> int:
         try:
             with open(self.layout.top_file("next_id"), "rb") as f:

@@ -94,16 +94,18 @@ class WorkerRegistry:
         data = jsontext.dumps(view).encode()
         self.files.replace(self.layout.worker_gpus_path(os.getpid()), data, "gpus", durable=False)
 
-    def gpu_views(self) -> list[dict[str, Any]]:
-        """The GPU views of live workers; those of dead workers are removed."""
-        alive = {w.get("pid") for w in self.live()}
+    def gpu_views(self, tidy: bool = True) -> list[dict[str, Any]]:
+        """The GPU views of live workers; those of dead workers are removed (unless not `tidy`:
+        a look that writes nothing)."""
+        alive = {w.get("pid") for w in self.live(tidy)}
         out = []
         directory = self.layout.internal_dir("workers")
         for name in os.listdir(directory):
             if not (name.startswith("gpus-") and name.endswith(".json") and name[5:-5].isdigit()):
                 continue
             if int(name[5:-5]) not in alive:
-                unlink_quietly(os.path.join(directory, name))
+                if tidy:
+                    unlink_quietly(os.path.join(directory, name))
                 continue
             view = _read_object(os.path.join(directory, name))
             if view is not None:
@@ -122,8 +124,9 @@ class WorkerRegistry:
                     out.append(info)
         return out
 
-    def live(self) -> list[dict[str, Any]]:
-        """Info of every worker alive now (its info file is flocked); stale files are removed."""
+    def live(self, tidy: bool = True) -> list[dict[str, Any]]:
+        """Info of every worker alive now (its info file is flocked); stale files are removed
+        (unless not `tidy`: a look that writes nothing)."""
         out = []
         directory = self.layout.internal_dir("workers")
         for name in sorted(os.listdir(directory)):
@@ -135,7 +138,7 @@ class WorkerRegistry:
                 continue
             try:
                 if fsutil.try_flock(fd, exclusive=False):
-                    if fsutil.same_inode(fd, path):
+                    if tidy and fsutil.same_inode(fd, path):
                         os.unlink(path)  # its worker died without cleaning up
                     continue
                 try:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from typing import Any, Optional
 
     from gpuq.system.fsutil import StrPath
+    from gpuq.system.gitstate import CacheFiles
 
 
 def default_name(cwd: StrPath, cmd: list[str]) -> str:
@@ -210,9 +211,10 @@ class Prepared:
         self.variants, self.fields, self.notes, self.warnings = variants, fields, notes, warnings
 
 
-def prepare(request: Request) -> Prepared:
+def prepare(request: Request, git_cache: Optional[CacheFiles] = None) -> Prepared:
     """Check `request` and resolve its commands; UsageError (one line) for anything wrong, before
-    anything is queued."""
+    anything is queued. `git_cache`: where git's answer about the code is kept (default: the
+    spool's cache/; a dry run passes one that writes nothing)."""
     cwd = os.path.abspath(os.path.expanduser(request.dir)) if request.dir else os.getcwd()
     if not os.path.isdir(cwd):
         raise UsageError(f"directory not found: {cwd}")
@@ -233,7 +235,7 @@ def prepare(request: Request) -> Prepared:
     options.update(notify=request.notify, on_finish=request.on_finish, no_resume=request.no_resume)
     if request.max_log_size is not None:
         options["max_log_bytes"] = _size_bytes(request.max_log_size, "--max-log-size")
-    options.update(_safeguards(request, cwd))
+    options.update(_safeguards(request, cwd, git_cache))
     fields = {
         "cwd": cwd,
         "venv": venv,
@@ -357,7 +359,7 @@ def _host_options(request: Request) -> dict[str, Any]:
     return {"mem_mib": mem, "cpus": request.cpus}
 
 
-def _safeguards(request: Request, cwd: str) -> dict[str, Any]:
+def _safeguards(request: Request, cwd: str, git_cache: Optional[CacheFiles] = None) -> dict[str, Any]:
     """--time, --begin, and the code the job was queued with (--snapshot: a copy of it)."""
     out: dict[str, Any] = {}
     if request.time is not None or request.begin is not None:
@@ -379,7 +381,7 @@ def _safeguards(request: Request, cwd: str) -> dict[str, Any]:
 
     # git runs only when the work tree changed since it last answered: its answer is kept in the
     # spool's cache/, read (and written) here without creating the spool, which is opened later
-    out["code"] = gitinfo.provenance(cwd, cache=Spool().cache)
+    out["code"] = gitinfo.provenance(cwd, cache=Spool().cache if git_cache is None else git_cache)
     if request.snapshot and out["code"] is None:
         raise UsageError(f"--snapshot: git cannot read the repository of {cwd}")
     if request.snapshot:

@@ -180,13 +180,16 @@ def _none(gpus: Any, source: Any, problem: Any) -> bool:
     return not gpus and (source == "none" or problem is None)
 
 
-def never_fits(spool: Spool, count: int, mem_mib: Optional[int]) -> Optional[str]:
+def never_fits(
+    spool: Spool, count: int, mem_mib: Optional[int], views: Optional[list[dict[str, Any]]] = None
+) -> Optional[str]:
     """Why a job asking for `count` GPUs (with `mem_mib` on each) can never run on this machine,
-    or None. Only a request beyond one whole GPU needs the GPUs looked at; on a machine without
-    GPUs every job runs in a slot, as gpuq always did."""
+    or None (`views`: the workers' GPU views, if the caller read them). Only a request beyond one
+    whole GPU needs the GPUs looked at; on a machine without GPUs every job runs in a slot, as gpuq
+    always did."""
     if count <= 1 and mem_mib is None:
         return None
-    shown = current(spool, [], stale_after=None)  # only the totals, which do not change
+    shown = current(spool, [], views, stale_after=None)  # only the totals, which do not change
     if shown is None or not shown["gpus"]:
         return None
     totals = sorted((g["memory_total_mib"] for g in shown["gpus"]), reverse=True)

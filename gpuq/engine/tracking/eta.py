@@ -154,10 +154,11 @@ def record(
     extra: list[tuple[float, float]],
     stored: Optional[dict[str, Any]] = None,
     log: Optional[dict[str, Any]] = None,
+    keep: bool = True,
 ) -> tuple[list[tuple[float, float]], Attempt]:
     """Add this look to the job's samples (`stored`: as read before it, read here if not given;
-    `log`: the log's reading to keep, from log_reading); the points of the reading's series and
-    the attempt."""
+    `log`: the log's reading to keep, from log_reading; not `keep`: nothing written); the points
+    of the reading's series and the attempt."""
     stored = spool.reports.read_samples(job.id) if stored is None else stored
     key = _series_key(reading)
     old = stored.get("points", []) if stored.get("key") == key else []
@@ -176,7 +177,8 @@ def record(
     }
     if log is not None:
         new["log"] = log
-    _keep(spool, job, stored, new)
+    if keep:
+        _keep(spool, job, stored, new)
     return points, run
 
 
@@ -328,16 +330,18 @@ def estimate(
     return Estimate(reading, max(0.0, eta + tail), f"{where}: {note}{_tail_note(run)}")
 
 
-def running_estimate(spool: Spool, job: dict[str, Any], now: float) -> Estimate:
+def running_estimate(spool: Spool, job: dict[str, Any], now: float, keep: bool = True) -> Estimate:
+    """The running job's ETA from its reading now, recorded in its samples unless not `keep`
+    (`gpuq add --dry-run` writes nothing)."""
     try:
         stored = spool.reports.read_samples(job.id)
         reading, extra, log = _observe(spool, job, stored)
         if reading is None:
             points, run = [], None
-            if log is not None:  # no reading in the log: not read again until it changes
+            if log is not None and keep:  # no reading in the log: not read again until it changes
                 _keep(spool, job, stored, {**stored, "log": log})
         else:
-            points, run = record(spool, job, reading, extra, stored, log)
+            points, run = record(spool, job, reading, extra, stored, log, keep)
     except (OSError, ValueError) as exc:  # an unreadable output dir must not break `gpuq status`
         return Estimate(None, None, f"unknown: could not read progress ({exc})")
     return estimate(reading, points, now, run)

@@ -57,6 +57,22 @@ def past_durations(spool: Spool, keys: set[str], listing: Optional[Any] = None) 
     return {key: newest[::-1] for key, newest in found.items()}
 
 
+def durations_read_only(spool: Spool, keys: set[str]) -> dict[str, list[float]]:
+    """past_durations for a look that writes nothing (`gpuq add --dry-run`): the finished rows as
+    last cached, unchecked, and the done/ files newer than them (the newest NEW_FILES at most);
+    no cache is made or brought up to date, and no journal taken."""
+    from gpuq.spool.cache.finished import cached_rows
+
+    view = cached_rows(spool)
+    newest = view.ids[-1] if view is not None and len(view) else 0
+    newer = [ref for ref in spool.jobs.refs((DONE,)) if ref.id > newest][-NEW_FILES:]
+    found: dict[str, list[float]] = {}
+    _newest_runs(keys, _loaded_runs(spool, newer, keys), found)
+    if view is not None:
+        _newest_runs(keys, _row_runs(view, keys), found)
+    return {key: runs[::-1] for key, runs in found.items()}
+
+
 def _settled_runs(spool: Spool, listing: Any, settled: tuple[int, int]) -> dict[str, list[float]]:
     """Every command's newest RUNS run times, newest first, while done/ has the signature
     `settled`: from cache/queue-runs when it was made for that listing by this code, else from the

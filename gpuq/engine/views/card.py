@@ -71,10 +71,10 @@ def not_started(spool: Spool, ref: JobRef, job: Any) -> Optional[str]:
         return None
     if ref.state == CANCELLED:
         return "cancelled before it ran"
-    return f"{ref.state}: {_why_waiting(spool, ref.state, job)}"
+    return f"{ref.state}: {why_waiting(spool, ref.state, job)}"
 
 
-def _why_waiting(spool: Spool, state: str, job: Any) -> str:
+def why_waiting(spool: Spool, state: str, job: Any) -> str:
     """Why a pending or held job has not started, as `gpuq status` says it."""
     if state == HELD:
         return f"`gpuq release {job.id}` puts it back in line"
@@ -117,7 +117,7 @@ def _state(spool: Spool, state: str, job: Any) -> list[Line]:
     if state == HELD and job.note:
         why = job.note  # `gpuq hold` says how it is released
     elif state in (PENDING, HELD):
-        why = _why_waiting(spool, state, job)
+        why = why_waiting(spool, state, job)
     elif state == RUNNING:
         where = f"GPU {job.slot}" if job.slot is not None else ("CPU" if job.gpus == [] else "")
         why = ", ".join(

@@ -1,0 +1,53 @@
+"""`gpuq mcp` and `gpuq mcp install`: the handlers. The server's modules import the MCP SDK, so
+they are imported only once the SDK is known to be there: without it (or on a Python it does not
+support), one line says what to install."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional
+
+from gpuq.core.errors import Refused, UsageError
+
+EXTRA = "pip install 'gpuq-spool[mcp]'"
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    if args.action == "install":
+        from gpuq.cli.assistant import install
+
+        return install.cmd_install(args, sdk_problem())
+    if args.client or args.write or args.force:
+        raise UsageError("--client, --write and --force go with `gpuq mcp install`")
+    check_sdk()
+    from gpuq.cli.assistant import server
+
+    server.serve()
+    return 0
+
+
+def sdk_problem() -> Optional[str]:
+    """Why the MCP SDK cannot serve here (one line), or None."""
+    if sys.version_info < (3, 10):
+        return f"the MCP SDK needs Python 3.10 or newer; this gpuq runs on {sys.version.split()[0]}"
+    from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
+
+    if find_spec("mcp") is None:  # found without importing it (the SDK takes a second to import)
+        return f"the MCP SDK is not installed: {EXTRA}"
+    try:
+        installed = version("mcp")
+    except PackageNotFoundError:  # importable but not installed by pip (a checkout): let it try
+        return None
+    if not installed.split(".")[0].isdigit() or int(installed.split(".")[0]) < 2:  # 1.x: FastMCP, another API
+        return f"the MCP SDK 2 or newer is needed, mcp {installed} is installed: {EXTRA} --upgrade"
+    return None
+
+
+def check_sdk() -> None:
+    problem = sdk_problem()
+    if problem:
+        exc = Refused(problem)
+        exc.prefix = "gpuq mcp"
+        raise exc

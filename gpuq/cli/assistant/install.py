@@ -1,0 +1,190 @@
+"""`gpuq mcp install [--client C] [--write] [--force]`: what an MCP client needs to start `gpuq mcp`,
+with the absolute path of this gpuq (and GPUQ_HOME when it is set, since a client starts servers
+with its own environment). Printed; with --write added to the client's configuration file.
+
+Writing keeps everything else in the file, copies the old file to FILE.bak-<timestamp> first, and
+refuses (one line) where a `gpuq` entry that differs is there already, unless --force. JSON files
+(Claude Code's ~/.claude.json, Claude Desktop's) are read and written whole; Codex's TOML file is
+edited as text (Python has no TOML writer): the `[mcp_servers.gpuq]` table is appended, or with
+--force put in place of the old one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from gpuq.cli.assistant.entry import CLIENTS
+from gpuq.core.errors import Refused, UsageError
+
+NAME = "gpuq"  # the server's name in every client's configuration
+
+
+def server_command() -> list[str]:
+    """This gpuq's `gpuq mcp`: the script pip installed beside this interpreter, else `python -m gpuq`."""
+    script = Path(sys.executable).parent / "gpuq"
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script.absolute()), "mcp"]
+    return [str(Path(sys.executable).absolute()), "-m", "gpuq", "mcp"]
+
+
+def server_env() -> dict[str, str]:
+    home = os.environ.get("GPUQ_HOME")
+    return {"GPUQ_HOME": str(Path(home).expanduser().absolute())} if home else {}
+
+
+def json_entry(client: str) -> dict[str, Any]:
+    command = server_command()
+    entry: dict[str, Any] = {"type": "stdio"} if client == "claude" else {}
+    entry.update(command=command[0], args=command[1:])
+    if server_env():
+        entry["env"] = server_env()
+    return entry
+
+
+def config_path(client: str) -> Path:
+    home = Path.home()
+    if client == "claude":
+        return home / ".claude.json"
+    if client == "codex":
+        return Path(os.environ.get("CODEX_HOME") or home / ".codex") / "config.toml"
+    if sys.platform == "darwin":
+        return home / "Library" / "Application Support" / "Claude" / "claude_desktop_config.json"
+    if sys.platform == "win32":
+        return Path(os.environ.get("APPDATA") or home) / "Claude" / "claude_desktop_config.json"
+    return Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config") / "Claude" / "claude_desktop_config.json"
+
+
+def toml_table() -> str:
+    command = server_command()
+    lines = [f"[mcp_servers.{NAME}]", f"command = {json.dumps(command[0])}", f"args = {json.dumps(command[1:])}"]
+    env = server_env()
+    if env:
+        lines.append("env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }")
+    return "\n".join(lines) + "\n"
+
+
+def instructions(client: str) -> list[str]:
+    """What to do by hand for `client`."""
+    path = config_path(client)
+    if client == "claude":
+        env = "".join(f" -e {k}={shlex.quote(v)}" for k, v in server_env().items())
+        command = " ".join(shlex.quote(w) for w in server_command())
+        return ["Claude Code: run", f"  claude mcp add --scope user{env} {NAME} -- {command}"]
+    if client == "codex":
+        return [f"Codex: add to {path}", *(f"  {line}" for line in toml_table().splitlines())]
+    text = json.dumps({"mcpServers": {NAME: json_entry(client)}}, indent=2)
+    return [f"Claude Desktop: add to {path}", *(f"  {line}" for line in text.splitlines())]
+
+
+def cmd_install(args: argparse.Namespace, problem: Optional[str]) -> int:
+    """`problem`: why `gpuq mcp` could not serve here (command.sdk_problem), or None."""
+    if problem:  # the lines are right all the same: the SDK may be installed afterwards
+        print(f"note: {problem}", file=sys.stderr)
+    if not args.write:
+        for client in [args.client] if args.client else CLIENTS:
+            print("\n".join(instructions(client)))
+        return 0
+    if not args.client:
+        raise UsageError(f"--write needs --client ({', '.join(CLIENTS)})")
+    print(write(args.client, args.force))
+    return 0
+
+
+def write(client: str, force: bool) -> str:
+    """Add the entry to the client's file; what was done, in one line."""
+    path = config_path(client)
+    old = path.read_text(encoding="utf-8") if path.exists() else None
+    new = _with_toml_entry(path, old, force) if client == "codex" else _with_json_entry(client, path, old, force)
+    if new is None:
+        return f"{path} already starts this gpuq: nothing to do"
+    backup = _backup(path) if old is not None else None
+    _replace(path, new)
+    kept = f" (the old file is {backup})" if backup else ""
+    return f"added the {NAME} MCP server to {path}{kept}; restart the client to use it"
+
+
+def _with_json_entry(client: str, path: Path, old: Optional[str], force: bool) -> Optional[str]:
+    try:
+        config = json.loads(old) if old and old.strip() else {}
+    except ValueError as exc:
+        raise Refused(f"{path} is not JSON ({exc}); left as it is") from None
+    if not isinstance(config, dict) or not isinstance(config.get("mcpServers", {}), dict):
+        raise Refused(f"{path} does not hold an object with an mcpServers object; left as it is")
+    servers = config.setdefault("mcpServers", {})
+    entry = json_entry(client)
+    if servers.get(NAME) == entry:
+        return None
+    if NAME in servers and not force:
+        raise Refused(f"{path} has a different {NAME!r} entry ({json.dumps(servers[NAME])}); --force replaces it")
+    servers[NAME] = entry
+    return json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+
+
+TABLE = re.compile(r"^\s*\[\s*mcp_servers\s*\.\s*(\"gpuq\"|gpuq)\s*(\.[^\]]*)?\]")  # ours, or a sub-table of it
+
+
+def _with_toml_entry(path: Path, old: Optional[str], force: bool) -> Optional[str]:
+    lines = (old or "").splitlines(keepends=True)
+    if not any(TABLE.match(line) for line in lines):
+        text = "".join(lines)
+        return text + ("\n" if text and not text.endswith("\n") else "") + ("\n" if text else "") + toml_table()
+    kept, dropped, dropping = [], [], False
+    for line in lines:
+        if line.lstrip().startswith("["):
+            dropping = bool(TABLE.match(line))
+        (dropped if dropping else kept).append(line)
+    if _same_table("".join(dropped), toml_table()):
+        return None
+    if not force:
+        raise Refused(f"{path} has a different [mcp_servers.{NAME}] table; --force replaces it")
+    text = "".join(kept).rstrip("\n")
+    return (text + "\n\n" if text else "") + toml_table()
+
+
+def _same_table(found: str, ours: str) -> bool:
+    """Whether two TOML texts hold the same data (read with tomllib where Python has it), else the
+    same lines, comments and blank lines aside."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        meaningful = [line.strip() for line in found.splitlines() if line.strip() and not line.strip().startswith("#")]
+        return meaningful == ours.strip().splitlines()
+    try:
+        return tomllib.loads(found) == tomllib.loads(ours)
+    except ValueError:
+        return False
+
+
+def _backup(path: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    backup, n = path.with_name(f"{path.name}.bak-{stamp}"), 1
+    while backup.exists():
+        backup, n = path.with_name(f"{path.name}.bak-{stamp}-{n}"), n + 1
+    shutil.copy2(path, backup)
+    return backup
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `text` to `path` at once (a temporary file renamed over it), with the old file's mode."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o600
+    tmp = path.with_name(f".{path.name}.gpuq-{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

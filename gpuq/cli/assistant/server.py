@@ -1,0 +1,137 @@
+"""The MCP server of `gpuq mcp`, built on the SDK's `MCPServer`: the tools of tools.py, each
+annotated with what it does to the queue, and two resources, the queue and a job's log (bounded).
+
+A tool's result is the JSON its CLI command prints (as text, and as structured content); an error
+is the tool's error (isError) carrying gpuq's one-line message, never a traceback: a gpuq error as
+the CLI says it, anything else as one line naming its type.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Awaitable, Callable
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+
+from gpuq import __version__
+from gpuq.cli.assistant import tools
+from gpuq.core import jsontext
+from gpuq.core.errors import GpuqError
+
+INSTRUCTIONS = (
+    "gpuq is the GPU job queue of this machine. The read-only tools (queue, job, log_tail, eta, gpus, history, "
+    "triage, add_dry_run) "
+    "are safe to call at any time; every other tool changes the queue: say what it will do and ask the user "
+    "first. Errors are gpuq's one-line messages: report them, do not retry the same call. Nothing starts "
+    "unless a worker runs (the queue tool's jobs wait; `gpuq run --daemon` in a shell starts one)."
+)
+
+
+def build() -> MCPServer:
+    server = MCPServer(
+        "gpuq", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING", middleware=[one_line_errors]
+    )
+    for tool in tools.TOOLS:
+        server.add_tool(_handler(tool), name=tool.name, description=tool.description, annotations=annotations(tool))
+    server.resource(
+        "gpuq://queue",
+        name="queue",
+        description="The queue as `gpuq status --json` gives it: one object per job.",
+        mime_type="application/json",
+    )(_queue)
+    server.resource(
+        "gpuq://jobs/{id}/log",
+        name="job log",
+        description=f"The last {tools.LOG_LINES_DEFAULT} lines of a job's log, read from its end.",
+        mime_type="text/plain",
+    )(_log)
+    return server
+
+
+def serve() -> None:
+    if sys.stdin.isatty():  # a person typed it: say what it is, on stderr (stdout is the protocol's)
+        print("gpuq mcp: an MCP server speaking on stdin/stdout, for an assistant to start", file=sys.stderr)
+        print("(`gpuq mcp install` says how); Ctrl-C stops it", file=sys.stderr)
+    build().run("stdio")
+
+
+def annotations(tool: tools.Tool) -> ToolAnnotations:
+    """What the client is told of the tool. Said in full: the protocol's defaults for a tool that is
+    not read-only are destructive and not idempotent."""
+    read = tool.effect == tools.READ
+    return ToolAnnotations(
+        title=tool.cli,
+        read_only_hint=read,
+        destructive_hint=tool.effect == tools.DESTROY,
+        idempotent_hint=read,
+        open_world_hint=False,
+    )
+
+
+def _handler(tool: tools.Tool) -> Callable[..., CallToolResult]:
+    """The tool's function as the SDK calls it: its signature (the input schema), its result or
+    its error as a CallToolResult."""
+
+    def handler(**arguments: Any) -> CallToolResult:
+        return result_of(tool.run, arguments)
+
+    handler.__signature__ = tool.signature().replace(return_annotation=CallToolResult)  # type: ignore[attr-defined]
+    handler.__name__ = tool.name
+    return handler
+
+
+def result_of(run: Callable[..., Any], arguments: dict[str, Any]) -> CallToolResult:
+    try:
+        value = run(**arguments)
+    except Exception as exc:  # noqa: BLE001 - every failure is one line for the assistant
+        return CallToolResult(content=[TextContent(type="text", text=one_line(exc))], is_error=True)
+    text = jsontext.dumps(value, ensure_ascii=False)
+    structured = value if isinstance(value, dict) else {"result": value}
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
+
+
+async def one_line_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+    """A tool's error in one line also where the SDK wrote it: arguments that do not fit the
+    input schema (pydantic's lines, less the links to its documentation). The result comes here
+    as the dict about to be sent."""
+    result = await call_next(ctx)
+    if isinstance(result, dict) and result.get("isError"):
+        for content in result.get("content") or []:
+            if isinstance(content, dict) and isinstance(content.get("text"), str):
+                lines = (line.strip() for line in content["text"].splitlines())
+                content["text"] = " ".join(line for line in lines if line and not line.startswith(PYDANTIC_LINK))
+    return result
+
+
+PYDANTIC_LINK = "For further information visit"
+
+
+def one_line(exc: BaseException) -> str:
+    """What the CLI would say of the error (gpuq's message; an OSError's text and file), else its
+    type and text; on one line whatever it holds."""
+    if isinstance(exc, GpuqError):
+        text = str(exc)
+    elif isinstance(exc, OSError):
+        text = (exc.strerror or str(exc)) + (f": {exc.filename}" if exc.filename else "")
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())
+
+
+def _queue() -> str:
+    return _resource(lambda: jsontext.dumps(tools.queue(), ensure_ascii=False))
+
+
+def _log(id: str) -> str:
+    if not id.isdigit():
+        raise ResourceError(f"not a job id: {id!r}")
+    return _resource(lambda: tools.log_tail(int(id))["log"])
+
+
+def _resource(read: Callable[[], str]) -> str:
+    try:
+        return read()
+    except Exception as exc:  # noqa: BLE001 - said as the resource's error, in one line
+        raise ResourceError(one_line(exc)) from None

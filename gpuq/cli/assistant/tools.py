@@ -1,0 +1,265 @@
+"""The tools of `gpuq mcp`, as a table: each one the CLI command it stands for (`cli`), whether it
+only reads, changes the queue, or ends or throws away work (`effect`), and the function it runs.
+
+Each function is a thin call into the library functions the CLI command calls, and returns what
+that command's `--json` prints (or, for a command without `--json`, the same fields as a dict). A
+gpuq error (a one-line `GpuqError`) is raised as it is: server.py makes it the tool's error.
+
+The skill (skill/gpuq.md) and these tools are tested against each other (tests/test_mcp.py): every
+tool's command appears in the skill's command lines, and every command there is a tool's or is on
+`CLI_ONLY`, with the reason.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Annotated, Any, Callable, Optional
+
+from pydantic import Field
+
+from gpuq.cli import cmd_history, cmd_view
+from gpuq.cli.assistant import changes
+from gpuq.cli.commands import COMMANDS
+from gpuq.cli.common import spool
+from gpuq.core.errors import UsageError
+from gpuq.engine.lifecycle import actions, edit
+from gpuq.engine.schedule import gpuview
+from gpuq.engine.views import history
+from gpuq.engine.views.card import not_started
+from gpuq.engine.views.status import status
+
+READ, CHANGE, DESTROY = "read", "change", "destroy"  # a tool's effect
+
+LOG_LINES_DEFAULT, LOG_LINES_MAX = 50, 500
+LOG_CHARS_MAX = 64 * 1024  # a log of one endless line (tqdm without \r) must not flood the assistant
+
+JobId = Annotated[int, Field(description="the job id", gt=0)]
+
+
+class Tool:
+    """One tool: `name` (the tool's), `cli` (the command line it stands for), `effect`, `run`
+    (keyword arguments, typed: the SDK builds the input schema from its signature, or from
+    `parameters` where it takes **keywords), `summary` (after the command's own help)."""
+
+    __slots__ = ("name", "cli", "effect", "run", "summary", "parameters", "with_help")
+
+    def __init__(
+        self,
+        name: str,
+        cli: str,
+        effect: str,
+        run: Callable[..., Any],
+        summary: str = "",
+        parameters: Optional[Callable[[], list[inspect.Parameter]]] = None,
+        with_help: bool = True,
+    ) -> None:
+        self.name, self.cli, self.effect, self.run, self.summary = name, cli, effect, run, summary
+        self.parameters = parameters
+        self.with_help = with_help  # the description begins with the command's help (commands.py)
+
+    def signature(self) -> inspect.Signature:
+        """What the tool takes, its annotations evaluated (this module's are strings)."""
+        if self.parameters is not None:
+            return inspect.Signature(self.parameters())
+        return inspect.signature(self.run, eval_str=True)
+
+    @property
+    def command(self) -> str:
+        """The gpuq command it stands for (`status` for `gpuq status --json`)."""
+        return self.cli.split()[1]
+
+    @property
+    def description(self) -> str:
+        help_text = next((c.help for c in COMMANDS if self.command in c.names), "") if self.with_help else ""
+        help_text = help_text or ""
+        parts = [f"{help_text[:1].upper()}{help_text[1:]}." if help_text else "", self.summary]
+        text = " ".join(p for p in parts if p) + f" Stands for `{self.cli}`."
+        if self.effect == READ:
+            return f"{text} Read-only."
+        if self.effect == CHANGE:
+            return f"{text} Changes the queue: confirm with the user before calling it."
+        return f"{text} Ends or throws away work: confirm with the user before calling it, naming the jobs."
+
+
+# ---- read-only tools --------------------------------------------------------------------------
+
+
+def queue(all: Annotated[bool, Field(description="every finished job, not only the newest (as -a)")] = False) -> Any:
+    sp = spool()
+    return [cmd_view.json_row(row) for row in status(sp, show_all=all).rows]
+
+
+def job(
+    id: JobId,
+    env: Annotated[bool, Field(description="the values of the shell's environment it was queued from")] = False,
+) -> Any:
+    """`show --json`, less the values of the environment inherited from the shell that queued the
+    job (tokens among them) unless asked for: their names are `shell_env_names`."""
+    sp = spool()
+    ref, found = actions.get(sp, id)
+    shown = cmd_view.show_json(sp, ref, found)
+    if not env:
+        shown["shell_env_names"] = sorted(shown.pop("shell_env", None) or {})
+    return shown
+
+
+def log_tail(
+    id: JobId,
+    lines: Annotated[int, Field(description=f"how many lines (at most {LOG_LINES_MAX})", ge=1)] = LOG_LINES_DEFAULT,
+) -> Any:
+    """The last lines of a job's log, read from its end (spool.logs: a bounded number of bytes
+    whatever the log's size), at most LOG_LINES_MAX lines and LOG_CHARS_MAX characters."""
+    sp = spool()
+    ref, found = actions.get(sp, id)
+    why = not_started(sp, ref, found)
+    tail = [] if why else sp.logs.tail_lines(found, min(lines, LOG_LINES_MAX))
+    text, cut = "\n".join(tail), False
+    if len(text) > LOG_CHARS_MAX:
+        text, cut = text[-LOG_CHARS_MAX:], True
+    return {"id": id, "state": ref.state, "not_started": why, "log": text, "cut": cut}
+
+
+def eta(id: Annotated[Optional[int], Field(description="one job (default: every running and pending one)")] = None):
+    sp = spool()
+    if id is not None:
+        actions.get(sp, id)  # "no such job #N"
+    fields = ("id", "name", "state", "progress", "eta_seconds", "starts_in_seconds", "eta_method", "progress_source")
+    rows = [cmd_view.json_row(r) for r in status(sp).rows if r.estimate is not None]
+    return [{k: row[k] for k in fields} for row in rows if id is None or row["id"] == id]
+
+
+def gpus() -> Any:
+    return gpuview.listed(cmd_view.gpus_view(spool()), time.time())
+
+
+def history_groups(
+    since: Annotated[Optional[str], Field(description="only runs that ended since: 7d, 12h, 2w or a date")] = None,
+    by: Annotated[str, Field(description="group by: dir, script, day or sweep")] = "dir",
+) -> Any:
+    if by not in ("dir", "script", "day", "sweep"):
+        raise UsageError(f"by: expected dir, script, day or sweep, got {by!r}")
+    try:
+        start = history.parse_since(since, time.time()) if since else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    groups = cmd_history.history_groups(cmd_history.history_jobs(start), start, by)
+    return history.to_json(groups)
+
+
+def triage_job(
+    id: JobId,
+    lines: Annotated[int, Field(description="the log's last lines to give (at most 500)", ge=1)] = 30,
+) -> Any:
+    from gpuq.engine.views.triage import triage
+
+    return triage(spool(), id, lines)
+
+
+READING = (
+    Tool(
+        "queue",
+        "gpuq status --json",
+        READ,
+        queue,
+        "One object per job: its fields, `state`, `waiting` (why it waits), `progress`, `eta_seconds`, "
+        "`reason` (why it failed); the newest finished jobs, or with all=true every one.",
+    ),
+    Tool(
+        "job",
+        "gpuq show --json",
+        READ,
+        job,
+        "The job's file as it is, with `state`, `file` and `gpu_use`; of the environment inherited from the shell "
+        "that queued it only the names (`shell_env_names`), unless env=true.",
+    ),
+    Tool(
+        "log_tail",
+        "gpuq log",
+        READ,
+        log_tail,
+        f"The last lines of a job's log (default {LOG_LINES_DEFAULT}, at most {LOG_LINES_MAX}), read from its "
+        "end however big it is; `not_started` says why a job that never ran has none.",
+    ),
+    Tool("eta", "gpuq eta", READ, eta, "Per job: `progress` (0 to 1), `eta_seconds`, `starts_in_seconds`, the method."),
+    Tool(
+        "gpus",
+        "gpuq gpus --json",
+        READ,
+        gpus,
+        "Per GPU: memory, gpuq's `jobs`, other processes (`foreign`), every user's `leases`.",
+    ),
+    Tool(
+        "history",
+        "gpuq history --json",
+        READ,
+        history_groups,
+        "Where the GPU hours went, per group (dir, script, day or sweep): runs, failures, GPU-hours, median "
+        "duration, what the GPUs did.",
+        with_help=False,  # the command's help names its timeline, a picture: not here
+    ),
+    Tool(
+        "triage",
+        "gpuq triage --json",
+        READ,
+        triage_job,
+        "`waiting_for`, or `exit_code`, `signal`, `reason` (CUDA out of memory with the size it tried, time limit, "
+        "OOM killer...), `log_tail`, `checkpoint`, and `fixes`: gpuq command lines that would fix it, each with why.",
+    ),
+    Tool(
+        "add_dry_run",
+        "gpuq add --dry-run",
+        READ,
+        changes.add_dry_run,
+        "What `add` with the same parameters would queue (per job of a sweep: the command, the interpreter found, "
+        "directory, environment, GPUs, limits, dependencies) and `would_start`: now, or why not and when. "
+        "Nothing is written.",
+        parameters=changes.add_parameters,
+        with_help=False,  # add's help says it queues
+    ),
+)
+
+CHANGING = (
+    Tool(
+        "add",
+        "gpuq add",
+        CHANGE,
+        changes.add,
+        "Takes `cmd` (the script and its arguments, one word each) and every option of `gpuq add` by its "
+        "name (dir, gpus, gpu_mem, after, time, sweep, priority, env as KEY=VALUE...). Returns the new ids.",
+        parameters=changes.add_parameters,
+    ),
+    Tool("cancel", "gpuq cancel", DESTROY, changes.cancel),
+    Tool("kill", "gpuq kill", DESTROY, changes.kill, "The steps since each one's last checkpoint are lost."),
+    Tool("hold", "gpuq hold", CHANGE, changes.hold),
+    Tool("release", "gpuq release", CHANGE, changes.release),
+    Tool("retry", "gpuq retry", CHANGE, changes.retry),
+    Tool("preempt", "gpuq preempt", DESTROY, changes.preempt_job, "Steps since its last checkpoint are lost."),
+    Tool("resume", "gpuq resume", CHANGE, changes.resume),
+    Tool(
+        "edit",
+        "gpuq edit --set",
+        CHANGE,
+        changes.edit_job,
+        f"Change a pending or held job: `changes` are KEY=VALUE pairs of the keys {', '.join(edit.EDITABLE)} "
+        "(a dropped job file's), checked as such a file is.",
+        with_help=False,  # the command's help names the editor, which a tool has not
+    ),
+)
+
+TOOLS = READING + CHANGING
+
+# The commands of the skill's command list that have no tool, and why.
+CLI_ONLY = {
+    "run": "starts a worker, a long-lived process: `gpuq run --daemon` in a shell",
+    "stop": "stops the workers of the whole queue: the person's decision, in a shell",
+    "wait": "blocks until jobs end; poll the queue tool instead",
+    "lease": "runs a command in the foreground under a GPU lease: a shell's job",
+    "adopt": "takes a process of the user's into the queue, by its pid: rare, in a shell",
+    "recover": "after a reboot, by the person; the resume tool takes interrupted jobs one by one",
+    "service": "installs a systemd service: setting up the machine",
+    "slurm": "hands jobs to a cluster: needs Slurm and the person's say",
+    "import": "brings the original gpuq's queue in, once",
+    "clear": "removes every finished job's record and log: the person's decision",
+    "rejected": "hand-dropped job files that were not jobs: for the person who dropped them",
+}

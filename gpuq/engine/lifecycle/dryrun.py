@@ -1,0 +1,221 @@
+"""`gpuq add --dry-run`: what an `add` would queue and whether and when it would start, with
+nothing written.
+
+The request goes through the same `enqueue.prepare` as a real `add` (the same checks, the same
+one-line errors, the same interpreter found), and through the checks `publish` makes before it
+writes (the GPUs this machine has, the dependencies that exist); then, instead of publishing,
+the jobs are put into an in-memory copy of the queue, where the scheduler says why each would
+wait and the queue's ETA (engine/tracking/queue_eta.py) when it would start. Nothing is written
+to the spool: no id is taken (the ids shown are those the next `add` would get, unreserved), no
+job file, no cache (git's answer about the code, the ETA's samples, the finished rows' caches
+are read, never made), and a spool that does not exist yet is not created.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from typing import Any, Optional
+
+from gpuq.core import jobenv, schema
+from gpuq.core.errors import UsageError
+from gpuq.core.job import Job
+from gpuq.core.states import HELD, PENDING
+from gpuq.engine.lifecycle import enqueue
+from gpuq.engine.schedule import gpuview, scheduler
+from gpuq.engine.schedule.queue_read import read_queue
+from gpuq.engine.tracking import eta, queue_eta
+from gpuq.engine.views.status import gpu_waits, space_waits
+from gpuq.spool import Spool
+
+
+class _ReadOnlyCache:
+    """The spool's cache/ for git's answer about the code: read as `add` reads it, never written."""
+
+    def __init__(self, spool: Spool) -> None:
+        self.spool = spool
+
+    def read(self, name: str) -> Optional[bytes]:
+        return self.spool.cache.read(name)
+
+    def write(self, name: str, data: bytes) -> None:
+        pass
+
+
+def plan_add(spool: Spool, request: enqueue.Request) -> dict[str, Any]:
+    """What `add` would queue for `request`, one entry per job (a sweep's variants each), and
+    whether and when each would start; UsageError or Refused (one line) where `add` would give
+    them. JSON-ready: {"dry_run", "jobs": [...], "notes", "warnings"}."""
+    prepared = enqueue.prepare(request, git_cache=_ReadOnlyCache(spool))
+    fields, options = prepared.fields, prepared.fields["options"]
+    exists = os.path.isdir(spool.layout.internal_dir("workers"))  # a spool made (its last parts too)
+    _check_as_publish_does(spool, fields, options, exists)
+    first = spool.ids.peek() if exists else 1
+    jobs = [_job(first, first + n, variant, fields) for n, variant in enumerate(prepared.variants)]
+    starts = _would_start(spool, jobs, fields["state"]) if exists else _no_spool(jobs)
+    return {
+        "dry_run": True,
+        "jobs": [_entry(job, fields, starts[job.id]) for job in jobs],
+        "notes": prepared.notes,
+        "warnings": prepared.warnings,
+    }
+
+
+def _check_as_publish_does(spool: Spool, fields: dict[str, Any], options: dict[str, Any], exists: bool) -> None:
+    """The refusals of `publish` and `enqueue_many` that come before anything is written (the
+    GPUs this machine has: where the spool `exists`, whose workers' views say them)."""
+    if exists and (options["gpu_request"] > 1 or options["gpu_mem_mib"] is not None):
+        views = spool.workers.gpu_views(tidy=False)
+        problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"], views)
+        if problem:
+            raise UsageError(f"{problem}: this job could never start")
+    missing = enqueue.missing_jobs(spool, fields["after"] + fields["after_any"])
+    if missing:
+        raise enqueue.NoSuchDependency(f"--after: no such job {missing}")
+
+
+def _job(first: int, job_id: int, variant: enqueue.Variant, fields: dict[str, Any]) -> Job:
+    """The job `add` would publish as `job_id` (`first`: the id of the first job of the `add`), as
+    `enqueue_many` makes it, less its log's path and its code's copy (`--snapshot` copies the
+    repository only when it queues the job: `snapshot_of` names it)."""
+    options = {**fields["options"], **variant.options, "snapshot": None}
+    if options.get("sweep") is not None:
+        options["sweep"] = dict(options["sweep"], id=first)  # a sweep is named by its first job's id
+    return schema.new_job(
+        job_id=job_id,
+        name=variant.name or enqueue.default_name(fields["cwd"], variant.cmd),
+        cmd=variant.cmd,
+        cwd=fields["cwd"],
+        log="",
+        env=fields["env"],
+        shell_env=fields["shell_env"],
+        venv=fields["venv"],
+        after=fields["after"],
+        after_any=fields["after_any"],
+        retries=fields["retries"],
+        priority=fields["priority"],
+        options=options,
+        umask=fields["umask"],
+    )
+
+
+def _entry(job: Job, fields: dict[str, Any], starts: dict[str, Any]) -> dict[str, Any]:
+    """One job of the plan, as a person or an assistant checks it before queueing it."""
+    snapshot = (fields["options"] or {}).get("snapshot")
+    return {
+        "id": job.id,
+        "name": job.name,
+        "command": job.cmd,
+        "command_line": shlex.join(job.cmd),
+        "interpreter": job.cmd[0] if _runs_python(job.cmd) else None,
+        "interpreter_from": job.get("interpreter_from"),
+        "venv": job.venv,
+        "conda": job.get("conda"),
+        "cwd": job.cwd,
+        "env": _env_added(job),
+        "gpus": job.gpu_request,
+        "gpu_mem_mib": job.gpu_mem_mib,
+        "time_limit_seconds": job.time_limit,
+        "begin_at": job.begin_at,
+        "after": job.after,
+        "after_any": job.after_any,
+        "priority": job.priority,
+        "retries": job.retries,
+        "urgent": job.urgent,
+        "preemptible": job.preemptible,
+        "sweep": job.sweep["values"] if isinstance(job.sweep, dict) else None,
+        "code": job.code,
+        "snapshot_of": snapshot["repo"] if isinstance(snapshot, dict) else None,
+        "state": fields["state"],
+        "would_start": starts,
+    }
+
+
+def _runs_python(cmd: list[str]) -> bool:
+    return len(cmd) > 1 and cmd[1].endswith(".py") and os.path.basename(cmd[0]).startswith("python")
+
+
+def _env_added(job: Job) -> dict[str, str]:
+    """What gpuq adds to the environment the job starts in (core/jobenv.py): its conda
+    environment or venv first on PATH, its `env` (-e, --preemptible), GPUQ_JOB_ID."""
+    env: dict[str, str] = {}
+    jobenv.add_job_variables(env, job)
+    if "PATH" in env:
+        env["PATH"] += os.pathsep + "$PATH"  # put before the PATH it starts with
+    return env
+
+
+# ---- whether and when it would start -------------------------------------------------------------
+
+
+def _no_spool(jobs: list[Job]) -> dict[int, dict[str, Any]]:
+    why = "no worker is running; `gpuq run --daemon` starts one"
+    return {job.id: _start(False, why, None) for job in jobs}
+
+
+def _start(now: bool, why: Optional[str], starts_in: Optional[float], estimate: str = "") -> dict[str, Any]:
+    return {
+        "now": now,
+        "why_not": why,
+        "starts_in_seconds": None if starts_in is None else round(starts_in, 1),
+        "estimate": estimate or ("now" if now else "unknown"),
+    }
+
+
+def _would_start(spool: Spool, jobs: list[Job], state: str) -> dict[int, dict[str, Any]]:
+    """Job id -> whether it would start at once, why not, and the queue's estimate of when: the
+    queue as it is now with these jobs added, read as `gpuq status` reads it, nothing written."""
+    if state == HELD:
+        return {job.id: _start(False, "held (--hold): it starts after `gpuq release`", None) for job in jobs}
+    snap, _invalid = read_queue(spool)
+    for job in jobs:
+        snap.states[job.id] = PENDING
+    snap.pending += jobs
+    views = spool.workers.gpu_views(tidy=False)
+    reasons = scheduler.waiting_reasons(snap, {**space_waits(spool, snap), **gpu_waits(views)})
+    workers = spool.workers.live(tidy=False)
+    now = time.time()
+    plan = _plan(spool, snap, reasons, workers, gpuview.current(spool, snap.running, views), now)
+    out = {}
+    for job in jobs:
+        wait, estimate = reasons.get(job.id), plan.get(job.id)
+        starts_in = estimate.starts_in if estimate is not None else None
+        note = estimate.method if estimate is not None else ""
+        if wait is not None and wait.forever:  # whatever the workers do
+            out[job.id] = _start(False, wait.reason, None, note)
+        elif not workers:
+            out[job.id] = _start(False, "no worker is running; `gpuq run --daemon` starts one", None, note)
+        elif wait is not None:
+            out[job.id] = _start(False, wait.reason, starts_in, note)
+        elif starts_in is not None and starts_in <= 0:
+            out[job.id] = _start(True, None, 0.0, note)
+        else:
+            out[job.id] = _start(False, "every slot it could take is busy", starts_in, note)
+    return out
+
+
+def _plan(
+    spool: Spool,
+    snap: scheduler.QueueState,
+    reasons: dict[int, Optional[scheduler.Wait]],
+    workers: list[dict[str, Any]],
+    shown: Optional[dict[str, Any]],
+    now: float,
+) -> dict[int, eta.Estimate]:
+    """queue_eta.plan_queue over the queue with the new jobs, as `queue_eta.annotate` calls it for
+    `gpuq status`, with the running jobs' ETAs and the past run times read, not recorded."""
+    pending = scheduler.queue_order(snap.pending)
+    running = [(job, eta.running_estimate(spool, job, now, keep=False).eta_seconds) for job in snap.running]
+    durations = queue_eta.durations_read_only(spool, {eta.command_key(job) for job in pending})
+    gpus = shown["gpus"] if shown else []
+    threshold = shown.get("foreign_threshold_mib") if shown else None
+    return queue_eta.plan_queue(
+        running,
+        [(job, reasons.get(job.id)) for job in pending],
+        queue_eta.worker_slots(workers, [g["index"] for g in gpus]),
+        durations,
+        now,
+        queue_eta.outside_memory(gpus, spool.home),
+        threshold if isinstance(threshold, int) else queue_eta.DEFAULT_FOREIGN_THRESHOLD_MIB,
+    )

@@ -1,0 +1,222 @@
+"""The gpuq command lines that would fix a job, chosen by why it waits or failed (`gpuq triage`).
+
+Each fix is `{"command": "gpuq retry 7", "why": "..."}`: a whole command line as a person would
+type it (shell-quoted), which gpuq's own parser reads (tests/test_triage.py parses every one).
+Only what gpuq can do is offered, with its real options:
+- a failed or cancelled job goes back with `gpuq retry ID` (from its newest checkpoint); a
+  preempted or interrupted one with `gpuq resume ID`; a held one with `gpuq release ID`;
+- `gpuq edit` changes only a waiting job, and only the fields a dropped file has (cmd, gpus,
+  gpu_mem, after, ...; not its time limit): a job that failed is changed by queueing it again
+  with `gpuq add` (its command, directory, name, GPUs, limits and environment, with the change),
+  and a job waiting after a failed attempt (`--retries`) by `gpuq edit ID --set ...`;
+- out of memory: a smaller batch where the command names one (`--batch_size 32` -> 16, and the
+  usual spellings), more GPU memory for a job that asked for a share (`--gpu-mem`); a time
+  limit: its checkpoint, or twice the time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from typing import Any, Optional
+
+from gpuq.core.states import CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED
+from gpuq.core.timespec import format_duration
+from gpuq.spool import Spool
+
+Fix = dict[str, str]
+
+# Options that set a batch size, as training scripts spell them (`--NAME N`, `--NAME=N`, `NAME=N`)
+BATCH_NAMES = (
+    "batch_size",
+    "per_device_train_batch_size",
+    "train_batch_size",
+    "micro_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "bs",
+)
+
+# Why a job failed, as engine/views/triage.py tells it from core/failure.py's reason (its `cause`)
+TIME_LIMIT = "time_limit"
+GPU_OOM = "gpu_out_of_memory"
+HOST_OOM = "host_out_of_memory"
+OOM_KILLER = "killed_sigkill"  # SIGKILL gpuq did not send: likely the kernel's OOM killer
+DISK_FULL = "disk_full"
+KILLED_BY_USER = "killed_by_user"
+OTHER = "other"
+
+
+def suggest(spool: Spool, job: Any, state: str, facts: dict[str, Any]) -> list[Fix]:
+    """The fixes for `job` in `state`, most likely first; `facts`: what the triage found (its
+    `cause`, `tried_to_allocate`, `checkpoint`)."""
+    if state == HELD:
+        return [_fix(["release", job.id], "it is held: this puts it back in line")]
+    if state == PENDING:
+        return _waiting(spool, job, facts)
+    if state in (PREEMPTED, INTERRUPTED):
+        return [_fix(["resume", job.id], f"it is {state}: this queues it again, from its newest checkpoint")]
+    if state in (FAILED, CANCELLED):
+        return _failed(job, state, facts)
+    return []
+
+
+def _fix(words: list[Any], why: str) -> Fix:
+    return {"command": shlex.join(["gpuq", *map(str, words)]), "why": why}
+
+
+# ---- a waiting job -----------------------------------------------------------------------------
+
+
+def _waiting(spool: Spool, job: Any, facts: dict[str, Any]) -> list[Fix]:
+    out = _dependencies(spool, job)
+    if facts.get("cause") in (GPU_OOM, HOST_OOM):  # waits to run again after a failed attempt
+        out += _smaller(job, facts, edit=True)
+    if not out and not spool.workers.live():
+        out.append(_fix(["run", "--daemon"], "no worker is running: this starts one, which starts the job"))
+    return out
+
+
+def _dependencies(spool: Spool, job: Any) -> list[Fix]:
+    """What frees a job whose dependencies will not end well by themselves."""
+    index = spool.jobs.index()
+    out, gone = [], []
+    for dep in [*job.after, *job.after_any]:
+        if dep not in index:
+            gone.append(dep)
+            continue
+        ref = index[dep][-1]
+        if ref.state in (FAILED, CANCELLED) and dep in job.after:
+            why = f"#{job.id} waits for #{dep} ({ref.state}{_reason_of(spool, ref)}): it starts once #{dep} succeeds"
+            out.append(_fix(["retry", dep], why))
+        elif ref.state == HELD:
+            out.append(_fix(["release", dep], f"#{job.id} waits for #{dep}, which is held"))
+        elif ref.state in (PREEMPTED, INTERRUPTED):
+            out.append(_fix(["resume", dep], f"#{job.id} waits for #{dep}, which is {ref.state}"))
+    if gone:
+        kept = {key: [d for d in getattr(job, key) if d not in gone] for key in ("after", "after_any")}
+        pairs = [f"{key}={json.dumps(ids)}" for key, ids in kept.items() if ids != getattr(job, key)]
+        words = ["edit", job.id, *[w for pair in pairs for w in ("--set", pair)]]
+        out.append(_fix(words, f"it waits for {', '.join(f'#{d}' for d in gone)}, which no longer exist"))
+    return out
+
+
+def _reason_of(spool: Spool, ref: Any) -> str:
+    try:
+        reason = spool.jobs.load(ref).reason
+    except (OSError, ValueError):
+        return ""
+    return f": {reason}" if reason else ""
+
+
+# ---- a job that failed -------------------------------------------------------------------------
+
+
+def _failed(job: Any, state: str, facts: dict[str, Any]) -> list[Fix]:
+    cause, ckpt = facts.get("cause"), facts.get("checkpoint") or {}
+    resumable = bool(ckpt.get("latest")) and ckpt.get("resumes")
+    retry_why = f"back in the queue, continuing from {ckpt['latest']}" if resumable else "back in the queue"
+    if state == CANCELLED:
+        return [_fix(["retry", job.id], f"it was cancelled: {retry_why}")]
+    if cause == TIME_LIMIT:
+        out = [_fix(["retry", job.id], f"{retry_why}, with the same time limit")] if resumable else []
+        if job.time_limit:
+            longer = format_duration(job.time_limit * 2)
+            why = f"queue it again with twice the time ({format_duration(job.time_limit)} -> {longer}), from the start"
+            out.append({"command": add_line(job, time_limit=job.time_limit * 2), "why": why})
+        return out or [_fix(["retry", job.id], retry_why)]
+    if cause in (GPU_OOM, HOST_OOM):
+        return _smaller(job, facts, edit=False) + [
+            _fix(["retry", job.id], f"{retry_why} as it was: if other processes held the memory it needed then")
+        ]
+    if cause == DISK_FULL:
+        return [
+            _fix(["clear", "--logs"], "drops finished jobs' logs: room on the spool's disk, if the job wrote there"),
+            _fix(["retry", job.id], f"{retry_why}, once there is room"),
+        ]
+    return [_fix(["retry", job.id], f"{retry_why}, once the cause in its log is fixed")]
+
+
+def _smaller(job: Any, facts: dict[str, Any], edit: bool) -> list[Fix]:
+    """Out of memory: a smaller batch, and a bigger share of a GPU; for a waiting job by `gpuq
+    edit` (`edit`), else by queueing it again."""
+    out = []
+    halved = halve_batch(job.cmd)
+    if halved is not None:
+        cmd, before, after = halved
+        why = f"half the batch ({before} -> {after}), so that it needs less memory"
+        if edit:
+            out.append(_fix(["edit", job.id, "--set", "cmd=" + json.dumps(cmd)], why))
+        else:
+            out.append({"command": add_line(job, cmd=cmd), "why": f"queue it again with {why}"})
+    if job.gpu_mem_mib and facts.get("cause") == GPU_OOM:
+        more = _more_memory(job.gpu_mem_mib, facts.get("tried_to_allocate"))
+        why = f"a bigger share of a GPU ({job.gpu_mem_mib} -> {more} MiB)"
+        if edit:
+            out.append(_fix(["edit", job.id, "--set", f"gpu_mem={more}"], why))
+        else:
+            out.append({"command": add_line(job, gpu_mem_mib=more), "why": f"queue it again with {why}"})
+    return out
+
+
+def _more_memory(mib: int, tried: Optional[str]) -> int:
+    """The share a job that ran out needs: what it had plus what it tried to allocate, or half as
+    much again; rounded up to whole GiB."""
+    extra = _mib_of(tried) if tried else None
+    wanted = mib + (extra if extra else mib // 2)
+    return math.ceil(wanted / 1024) * 1024
+
+
+def _mib_of(size: str) -> Optional[int]:
+    """MiB of `2.00 GiB`, `512.00 MiB` (PyTorch's wording)."""
+    number, _, unit = size.partition(" ")
+    scale = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024, "TiB": 1 << 20}.get(unit)
+    try:
+        return math.ceil(float(number) * scale) if scale else None
+    except ValueError:
+        return None
+
+
+def halve_batch(cmd: list[str]) -> Optional[tuple[list[str], int, int]]:
+    """`cmd` with its batch size halved, the size before and after; None when it names none (or
+    one of 1)."""
+    for i, word in enumerate(cmd):
+        key, eq, value = word.partition("=")
+        name = key.lstrip("-").replace("-", "_").rsplit(".", 1)[-1]  # `data.batch_size=32` (Hydra)
+        if name not in BATCH_NAMES:
+            continue
+        if not eq and key.startswith("-") and i + 1 < len(cmd) and cmd[i + 1].isdigit():
+            size = int(cmd[i + 1])
+            if size > 1:
+                return [*cmd[: i + 1], str(size // 2), *cmd[i + 2 :]], size, size // 2
+        elif eq and value.isdigit() and int(value) > 1:
+            size = int(value)
+            return [*cmd[:i], f"{key}={size // 2}", *cmd[i + 1 :]], size, size // 2
+    return None
+
+
+def add_line(
+    job: Any, cmd: Optional[list[str]] = None, time_limit: Optional[float] = None, gpu_mem_mib: Optional[int] = None
+) -> str:
+    """`gpuq add ...` that queues the job again as it was (command, directory, name, GPUs, time
+    limit, priority, checkpoints, environment gpuq added), with the changes given."""
+    words = ["gpuq", "add", "--name", job.name, "-d", job.cwd]
+    if job.gpu_request != 1:
+        words += ["--gpus", str(job.gpu_request)]
+    mem = gpu_mem_mib or job.gpu_mem_mib
+    if mem:
+        words += ["--gpu-mem", str(mem)]  # a bare number is MiB
+    limit = time_limit or job.time_limit
+    if limit:
+        words += ["--time", format_duration(limit)]
+    if job.priority:
+        words += ["--priority", str(job.priority)]
+    if job.ckpt_glob:
+        words += ["--ckpt-glob", job.ckpt_glob]
+    if job.resume_arg:
+        words += ["--resume-arg", job.resume_arg]
+    if job.no_resume:
+        words.append("--no-resume")
+    for key, value in job.env.items():
+        words += ["-e", f"{key}={value}"]
+    return shlex.join([*words, "--", *(job.cmd if cmd is None else cmd)])

@@ -1,0 +1,96 @@
+"""`gpuq mcp` as a client starts it (issue 30): a process speaking newline-delimited JSON-RPC on its
+stdin and stdout, spoken to by hand here (no SDK on this side), every read bounded in time."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Env
+
+pytest.importorskip("mcp.server.mcpserver", reason="the MCP SDK 2 (gpuq-spool[mcp], Python >= 3.10) is not installed")
+
+
+class Peer:
+    """The server process, and a thread that hands over each line it writes on stdout."""
+
+    def __init__(self, gq: Env) -> None:
+        script = Path(sys.executable).with_name("gpuq")  # the installed command a client is told to start
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "gpuq"]
+        self.proc = subprocess.Popen(
+            [*command, "mcp"],
+            cwd=gq.work,
+            env=gq.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.next_id = 0
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.proc.stdin.write(json.dumps(dict(message, jsonrpc="2.0")) + "\n")
+        self.proc.stdin.flush()
+
+    def request(self, method: str, params: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
+        self.next_id += 1
+        self.send({"id": self.next_id, "method": method, "params": params})
+        while True:
+            try:
+                answer = json.loads(self.lines.get(timeout=timeout))
+            except queue.Empty:
+                raise AssertionError(f"no answer to {method} within {timeout}s; stderr: {self.stop()}") from None
+            if answer.get("id") == self.next_id:  # notifications (logging) are not answers
+                assert "error" not in answer, answer
+                return answer["result"]
+
+    def stop(self) -> str:
+        """Its stderr, once it has ended (killed if it still runs)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        return self.proc.stderr.read()
+
+
+def test_gpuq_mcp_speaks_json_rpc_on_stdio(gq: Env) -> None:
+    peer = Peer(gq)
+    try:
+        hello = peer.request(
+            "initialize",
+            {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}},
+        )
+        assert hello["serverInfo"]["name"] == "gpuq" and "tools" in hello["capabilities"]
+        peer.send({"method": "notifications/initialized"})
+
+        listed = {tool["name"]: tool for tool in peer.request("tools/list", {})["tools"]}
+        assert listed["queue"]["annotations"]["readOnlyHint"] is True
+        assert listed["cancel"]["annotations"]["destructiveHint"] is True
+        assert listed["add"]["annotations"] == dict(
+            listed["add"]["annotations"], readOnlyHint=False, destructiveHint=False
+        )
+
+        added = peer.request("tools/call", {"name": "add", "arguments": {"cmd": ["true"], "gpus": 0}})
+        assert not added.get("isError"), added
+        (job,) = json.loads(added["content"][0]["text"])["jobs"]
+        assert gq.files("pending") == [f"{job['id']:06d}-work-true.json"]
+
+        missing = peer.request("tools/call", {"name": "cancel", "arguments": {"ids": [99]}})
+        assert missing["isError"] is True and missing["content"][0]["text"] == "no such job #99"
+
+        peer.proc.stdin.close()  # the client goes away: the server ends
+        assert peer.proc.wait(timeout=15) == 0
+        assert "Traceback" not in peer.stop()
+    finally:
+        peer.stop()

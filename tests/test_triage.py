@@ -1,0 +1,200 @@
+"""`gpuq triage ID` (issue 30): why a job waits or failed, its log's end, its checkpoint, and the
+gpuq command lines that would fix it. Real jobs run by a real worker; every fix offered is parsed
+by gpuq's own parser, and one is run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Env, wait_for
+
+from gpuq.cli import parse
+from gpuq.core import failure
+from gpuq.core.errors import Refused
+from gpuq.engine.views import fixes
+from gpuq.engine.views.triage import MAX_LINE_CHARS, cause_of, triage
+from gpuq.spool import Spool
+
+# What PyTorch prints when the GPU runs out, then the exit a Python exception gives
+OOM_SCRIPT = """import sys
+print("step 3/100", flush=True)
+sys.stderr.write('''Traceback (most recent call last):
+  File "train.py", line 40, in <module>
+    loss.backward()
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB \
+of which 1.50 GiB is free. Of the allocated memory 75.20 GiB is allocated by PyTorch.
+''')
+sys.exit(1)
+"""
+
+# Writes a checkpoint, then runs past its time limit
+SLOW_SCRIPT = """import os, time
+os.makedirs("ckpt", exist_ok=True)
+open("ckpt/step_5.pt", "w").write("weights")
+print("saved ckpt/step_5.pt", flush=True)
+time.sleep(60)
+"""
+
+
+def parses(command: str) -> None:
+    """A fix is a whole gpuq command line that gpuq's parser reads."""
+    words = shlex.split(command)
+    assert words[0] == "gpuq"
+    parse(words[1:])
+
+
+def commands(found: dict) -> list[str]:
+    for fix in found["fixes"]:
+        parses(fix["command"])
+    return [fix["command"] for fix in found["fixes"]]
+
+
+def test_a_cuda_oom_a_job_after_it_and_a_held_job(gq: Env) -> None:
+    gq.script("train.py", OOM_SCRIPT)
+    oom = gq.add("--gpu-mem", "4G", "train.py", "--batch_size", "32")
+    after = gq.add("--after", str(oom), "train.py")
+    held = gq.add("--hold", "train.py")
+    gq.start_worker()
+    gq.wait_state(oom, "failed")
+    wait_for(lambda: not gq.files("running"), what="the running copy to be gone")  # the move's second half
+    sp = Spool(gq.home)
+
+    found = triage(sp, oom)
+    assert (found["state"], found["exit_code"], found["cause"]) == ("failed", 1, "gpu_out_of_memory")
+    assert found["reason"] == "CUDA out of memory (tried to allocate 2.00 GiB)"
+    assert found["tried_to_allocate"] == "2.00 GiB" and found["run_seconds"] is not None
+    assert found["log_tail"][0] == "step 3/100" and found["log_tail"][-1].startswith("torch.OutOfMemoryError")
+    assert found["checkpoint"]["latest"] is None
+    smaller, bigger, retry = commands(found)
+    assert "--batch_size 16" in smaller and smaller.startswith("gpuq add ")
+    assert "--gpu-mem 6144" in bigger  # the 4 GiB it had and the 2 GiB it tried to allocate
+    assert retry == f"gpuq retry {oom}"
+    proc = gq.gpuq(*shlex.split(smaller)[1:])  # the fix queues what it says
+    requeued = int(proc.stdout.split("#", 1)[1].split(":", 1)[0])
+    job = gq.job(requeued)
+    assert job["cmd"][-2:] == ["--batch_size", "16"] and job["gpu_mem_mib"] == 4096 and job["cwd"] == str(gq.work)
+
+    waiting = triage(sp, after)
+    assert (
+        waiting["waiting_for"]
+        == f"blocked: after #{oom} (failed): will not start; `gpuq retry {oom}` or `gpuq cancel {after}`"
+    )
+    assert commands(waiting) == [f"gpuq retry {oom}"] and "CUDA out of memory" in waiting["fixes"][0]["why"]
+
+    assert commands(triage(sp, held)) == [f"gpuq release {held}"]
+
+    text = gq.gpuq("triage", str(oom)).stdout  # the card, end to end
+    assert f"#{oom} " in text and "CUDA out of memory (tried to allocate 2.00 GiB)" in text and retry in text
+    assert json.loads(gq.gpuq("triage", "--json", str(oom)).stdout)["fixes"] == found["fixes"]
+
+
+def test_an_unknown_id_is_refused_as_show_refuses_it(gq: Env) -> None:
+    gq.script("train.py", "print(1)\n")
+    gq.add("--hold", "train.py")
+    with pytest.raises(Refused):
+        triage(Spool(gq.home), 99)
+    triaged, shown = gq.gpuq("triage", "99", check=False), gq.gpuq("show", "99", check=False)
+    assert (triaged.returncode, triaged.stderr) == (shown.returncode, shown.stderr) == (1, "gpuq: no such job #99\n")
+
+
+def test_a_job_stopped_at_its_time_limit_offers_its_checkpoint_and_more_time(gq: Env) -> None:
+    gq.script("slow.py", SLOW_SCRIPT)
+    job_id = gq.add("--time", "1s", "--ckpt-glob", "ckpt/step_*.pt", "slow.py")
+    gq.start_worker()
+    gq.wait_state(job_id, "failed", timeout=30)
+    wait_for(lambda: not gq.files("running"), what="the running copy to be gone")  # the move's second half
+    found = triage(Spool(gq.home), job_id)
+    assert found["cause"] == "time_limit" and found["reason"] == "time limit of 1s reached"
+    assert found["checkpoint"]["latest"] == str(gq.work / "ckpt" / "step_5.pt") and found["checkpoint"]["step"] == 5
+    assert found["log_tail"] == ["saved ckpt/step_5.pt"]
+    retry, longer = commands(found)
+    assert retry == f"gpuq retry {job_id}" and "step_5.pt" in found["fixes"][0]["why"]
+    words = shlex.split(longer)
+    assert (
+        words[:2] == ["gpuq", "add"]
+        and "--time 2s" in longer
+        and words[words.index("--ckpt-glob") + 1] == "ckpt/step_*.pt"
+    )
+
+
+def test_the_log_tail_of_a_1_gib_log_is_read_from_its_end(gq: Env) -> None:
+    gq.script("train.py", OOM_SCRIPT)
+    job_id = gq.add("train.py")
+    gq.start_worker()
+    gq.wait_state(job_id, "failed")
+    wait_for(lambda: not gq.files("running"), what="the running copy to be gone")  # the move's second half
+    log = gq.home / "logs" / f"{job_id:06d}.log"
+    os.truncate(log, 1 << 30)  # sparse: a GiB of NULs without a line break
+    with open(log, "a") as fh:
+        fh.write("\nthe last line\n")
+    read_before = _bytes_read()
+    started = time.monotonic()
+    found = triage(Spool(gq.home), job_id, lines=5)
+    elapsed, read = time.monotonic() - started, _bytes_read() - read_before
+    assert found["log_tail"][-1] == "the last line" and len(found["log_tail"]) == 2
+    assert all(len(line) <= MAX_LINE_CHARS for line in found["log_tail"])
+    assert read < 4 << 20, f"read {read} bytes"  # the tail, the job file, a few small files: not the GiB
+    assert elapsed < 2
+
+
+def _bytes_read() -> int:
+    """What this process has read so far (the kernel's count of bytes its read calls returned)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+@pytest.mark.parametrize(
+    ("tail", "exit_code", "signal", "cause"),
+    [
+        (b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB\n", 1, None, "gpu_out_of_memory"),
+        (
+            b"XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1024 bytes\n",
+            1,
+            None,
+            "gpu_out_of_memory",
+        ),
+        (
+            b"RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 1048576 bytes\n",
+            1,
+            None,
+            "host_out_of_memory",
+        ),
+        (b"", -9, "SIGKILL", "killed_sigkill"),
+        (b"OSError: [Errno 28] No space left on device\n", 1, None, "disk_full"),
+        (b"ValueError: bad\n", 1, None, "other"),
+    ],
+)
+def test_each_cause_is_told_from_failures_own_wording(tail: bytes, exit_code: int, signal: str, cause: str) -> None:
+    assert cause_of(failure.reason(tail, exit_code, signal)) == cause
+
+
+def test_the_time_limit_and_gpuq_kill_causes() -> None:
+    assert cause_of(failure.reason(b"", -15, "SIGTERM", time_limit=90)) == "time_limit"
+    assert cause_of(failure.reason(b"", -15, "SIGTERM", killed_by_user=True)) == "killed_by_user"
+    assert cause_of(None, "preempted (its time limit of 4h00m was reached)") == "time_limit"
+
+
+@pytest.mark.parametrize(
+    ("cmd", "halved"),
+    [
+        (["python", "t.py", "--batch_size", "32"], ["python", "t.py", "--batch_size", "16"]),
+        (
+            ["python", "t.py", "--per-device-train-batch-size", "8", "--lr", "1"],
+            ["python", "t.py", "--per-device-train-batch-size", "4", "--lr", "1"],
+        ),
+        (["python", "t.py", "--train_batch_size=64"], ["python", "t.py", "--train_batch_size=32"]),
+        (["python", "t.py", "data.batch_size=6"], ["python", "t.py", "data.batch_size=3"]),
+        (["python", "t.py", "--batch_size", "1"], None),
+        (["python", "t.py", "--lr", "32"], None),
+    ],
+)
+def test_the_batch_size_is_found_in_its_usual_spellings(cmd: list[str], halved: list[str]) -> None:
+    found = fixes.halve_batch(cmd)
+    assert (found[0] if found else None) == halved
