@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import time
 from pathlib import Path
 
 import pytest
@@ -133,13 +132,11 @@ def test_the_log_tail_of_a_1_gib_log_is_read_from_its_end(gq: Env) -> None:
     with open(log, "a") as fh:
         fh.write("\nthe last line\n")
     read_before = _bytes_read()
-    started = time.monotonic()
     found = triage(Spool(gq.home), job_id, lines=5)
-    elapsed, read = time.monotonic() - started, _bytes_read() - read_before
+    read = _bytes_read() - read_before
     assert found["log_tail"][-1] == "the last line" and len(found["log_tail"]) == 2
     assert all(len(line) <= MAX_LINE_CHARS for line in found["log_tail"])
     assert read < 4 << 20, f"read {read} bytes"  # the tail, the job file, a few small files: not the GiB
-    assert elapsed < 2
 
 
 def _bytes_read() -> int:
