@@ -5,6 +5,7 @@ in options.py).
 
 from __future__ import annotations
 
+import gpuq.cli.options as options
 from gpuq.cli.options import ADD, APPEND, ETA, FLAG, HIDDEN, REST, STATUS, Command, Opt, gpu_count, ids, positive_id
 from gpuq.core import states
 from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, WAITING
@@ -93,8 +94,10 @@ RUN = Command(
             "--notify",
             kind=FLAG,
             setting="notify",
-            help="a desktop notification whenever a job ends",
+            help="a desktop notification whenever a job ends; --notify URL: every job's events sent to URL "
+            "(see `add --notify`; default: GPUQ_NOTIFY, else notify in ~/.config/gpuq/config.toml)",
         ),
+        Opt(options.NOTIFY_URL, kind=APPEND, convert=options.notify_url, setting="notify_urls", help=HIDDEN),
         Opt(
             "--max-log-size",
             metavar="SIZE",

@@ -190,7 +190,7 @@ class Request:
         "hold",
     )
     OPTIONS += ("time", "begin", "snapshot", "gpus", "notify", "max_log_size", "on_finish", "gpu_mem", "priority")
-    OPTIONS += ("urgent", "preemptible", "ckpt_glob", "no_resume", "resume_arg", "env")
+    OPTIONS += ("urgent", "preemptible", "ckpt_glob", "no_resume", "resume_arg", "env", "notify_url")
     __slots__ = (*OPTIONS, "umask", "shell_env")
 
     def __init__(self, options: dict[str, Any], umask: int, shell_env: dict[str, str]) -> None:
@@ -230,6 +230,7 @@ def prepare(request: Request) -> Prepared:
     options.update(conda=resolved.conda, interpreter_from=resolved.found_by)
     options.update(_gpu_options(request))
     options.update(notify=request.notify, on_finish=request.on_finish, no_resume=request.no_resume)
+    options["notify_urls"] = list(dict.fromkeys(request.notify_url))  # each once, in the order given
     if request.max_log_size is not None:
         options["max_log_bytes"] = _size_bytes(request.max_log_size, "--max-log-size")
     options.update(_safeguards(request, cwd))

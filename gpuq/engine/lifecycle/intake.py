@@ -200,6 +200,7 @@ def _publish_claimed(spool: Spool, job_id: int, original: str, fields: dict[str,
             "gpu_mem_mib": fields.get("gpu_mem_mib"),
             "conda": conda,
             "interpreter_from": found_by,
+            "notify_urls": fields["notify_urls"],
         },
     )
     spool.jobs.publish(job)

@@ -15,7 +15,8 @@ from typing import Any, Callable, Optional
 from gpuq.core.states import PREEMPT
 from gpuq.core.times import parse_iso
 from gpuq.core.timespec import format_duration
-from gpuq.run.supervisor.gpusample import Sampler, for_run
+from gpuq.run.supervisor import watch
+from gpuq.run.supervisor.gpusample import Sampler
 from gpuq.run.supervisor.start import Run, log_line
 from gpuq.spool.files import Reservation
 from gpuq.system import procs
@@ -83,7 +84,7 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
     SIGKILL after a grace), or, for a --preemptible job, preempt it so that it keeps its checkpoint."""
     limit = time_limit(run)
     deadline = (parse_iso(run.job.started_at) or time.time()) + limit if limit else None
-    returncode = _wait_until(child, deadline, listener, for_run(run))
+    returncode = _wait_until(child, deadline, listener, watch.for_run(run))  # GPU samples, stuck-job events
     if returncode is not None:
         return returncode
     run.timed_out = format_duration(limit)
