@@ -55,7 +55,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _default_notify_urls() -> list[str]:
-    from gpuq.run.notify import config
+    from gpuq.run.notify import config  # as gpuq.run above: after the dependency check
 
     try:
         return config.default_urls()

@@ -10,6 +10,7 @@ token, path) is often the secret. Exit status: bit N set when destination N (bel
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -36,14 +37,11 @@ def main() -> int:
     order = json.loads(sys.stdin.buffer.read())
     urls, quiet, prefix = order["urls"], set(order["quiet"]), order["prefix"]
     try:
-        import logging
-
-        import apprise
-
-        logging.disable(logging.CRITICAL)  # its own log lines would name the URL with its secrets
+        import apprise  # here, to say in one line when it is missing
     except ImportError:
         _say(prefix, INSTALL)
         return (1 << min(len(urls), TRACKED)) - 1
+    logging.disable(logging.CRITICAL)  # Apprise's own lines would name the URL with its secrets
     kids = {}
     for n, url in enumerate(urls):
         pid = os.fork()
