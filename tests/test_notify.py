@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import Env, wait_for
+from conftest import REPO, Env, wait_for
 from test_gpu_worker import Gpus, add, fake_gpus, release
 
 from gpuq.cli import quick
@@ -198,10 +200,21 @@ def test_a_hanging_or_refusing_receiver_delays_nothing_and_is_logged_once(gq: En
         )
         worker_log = lambda: (gq.home / "logs" / "worker.log").read_text()  # noqa: E731
         wait_for(lambda: worker_log().count("notification not sent") >= 2, 15, what="the worker's own failures")
-        assert worker_log().count("notification not sent") == 2  # once per destination, for two empty queues
+        assert worker_log().count("notification not sent") == 2  # (once per destination: see the idle test)
         assert "secret" not in gq.log(first) + gq.log(second) + worker_log()
     finally:
         hanging.close()
+
+
+def test_without_apprise_one_line_says_what_to_install(tmp_path: Path) -> None:
+    """A Python without Apprise (-S: no site-packages) sends nothing and says so once per log."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from gpuq.run.notify import message, send\n"
+        "for _ in range(3): send.send(['ntfy://t', 'json://h/p'], message.queue_empty(), 1, 'worker', '[x] ')"
+    )
+    out = subprocess.run([sys.executable, "-S", "-c", code, str(REPO)], capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stderr) == (0, "")
+    assert out.stdout == "[x] notifications to URLs need Apprise, which is not installed: pip install 'gpuq[notify]'\n"
 
 
 def test_the_queue_empty_message_is_sent_once(gq: Env, receiver: Receiver) -> None:
