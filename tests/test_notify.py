@@ -19,9 +19,10 @@ import pytest
 from conftest import REPO, Env, wait_for
 from test_gpu_worker import Gpus, add, fake_gpus, release
 
-from gpuq.cli import quick
+from gpuq.cli import cmd_worker, quick
 from gpuq.cli.parser import parse
 from gpuq.core import schema
+from gpuq.core.errors import UsageError
 from gpuq.core.times import parse_iso
 from gpuq.run.notify import config, send
 from gpuq.run.notify.queue import QueueWatch
@@ -83,8 +84,12 @@ def test_notify_takes_the_next_word_as_a_url_only_when_it_has_a_scheme() -> None
     assert (args.script, args.args) == ("python", ["x.py", "--notify", "y"])  # after SCRIPT: the job's
     assert quick.parse(line) is None  # a gpuq option after SCRIPT: parser.py notes it
     assert vars(quick.parse(line[:-2])) == vars(parse(line[:-2]))
-    run = parse(["run", "--notify", "tgram://t/c", "--notify"])
-    assert (run.notify, run.notify_url) == (True, ["tgram://t/c"])
+    run = parse(["run", "--notify", "tgram://t/c", "--notify", "--notify=tgram://t/c"])
+    assert cmd_worker._settings(run) == dict(
+        cmd_worker._settings(parse(["run"])), notify=True, notify_urls=["tgram://t/c"]
+    )
+    with pytest.raises(UsageError, match="^--notify: not a URL such as ntfy://my-topic: 'nope'$"):
+        cmd_worker._settings(parse(["run", "--notify=nope"]))
 
 
 def test_a_url_is_shown_by_its_scheme_and_host_only() -> None:

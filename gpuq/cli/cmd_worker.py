@@ -60,7 +60,7 @@ def _default_notify_urls() -> list[str]:
     try:
         return config.default_urls()
     except ValueError as exc:
-        raise Refused(f"gpuq run: {exc}") from None
+        raise Refused(str(exc)) from None
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:

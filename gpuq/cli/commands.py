@@ -97,7 +97,7 @@ RUN = Command(
             help="a desktop notification whenever a job ends; --notify URL: every job's events sent to URL "
             "(see `add --notify`; default: GPUQ_NOTIFY, else notify in ~/.config/gpuq/config.toml)",
         ),
-        Opt(options.NOTIFY_URL, kind=APPEND, convert=options.notify_url, setting="notify_urls", help=HIDDEN),
+        Opt(options.NOTIFY_URL, kind=APPEND, setting="notify_urls", read=options.notify_urls, help=HIDDEN),
         Opt(
             "--max-log-size",
             metavar="SIZE",

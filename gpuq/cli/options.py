@@ -142,12 +142,15 @@ def positive_id(text: str) -> int:
     return int(text)
 
 
-def notify_url(text: str) -> str:
+def notify_urls(values: list[str], _flag: str = "") -> list[str]:
+    """`--notify URL`s, each once; ValueError for one that is not SCHEME://... (checked here and
+    not by argparse, which would name the option as spell_notify_urls spells it)."""
     from gpuq.core.job import is_url  # (the job record; `add` loads it anyway, `status` never gets here)
 
-    if not is_url(text):
-        raise ValueError(f"--notify: not a URL such as ntfy://my-topic: {text!r}")
-    return text
+    for url in values:
+        if not is_url(url):
+            raise ValueError(f"--notify: not a URL such as ntfy://my-topic: {url!r}")
+    return list(dict.fromkeys(values))
 
 
 def gpu_count(text: str) -> int:
@@ -238,7 +241,7 @@ ADD = Command(
             help="a desktop notification when it ends (notify-send); --notify URL: its events sent to URL "
             "through Apprise (ntfy://, tgram://, slack://, discord://, mailto://, json://...; repeatable)",
         ),
-        Opt(NOTIFY_URL, kind=APPEND, convert=notify_url, help=HIDDEN),  # `--notify URL`, as spell_notify_urls reads it
+        Opt(NOTIFY_URL, kind=APPEND, help=HIDDEN),  # `--notify URL`, as spell_notify_urls reads it
         Opt(
             "--max-log-size",
             metavar="SIZE",
@@ -334,7 +337,7 @@ ETA = Command(
 
 
 def spell_notify_urls(command: Command, words: list[str]) -> list[str]:
-    """`--notify URL` (the next word has `://`) and `--notify=URL` among gpuq's options at the start
+    """`--notify URL` (the next word has `://`, and is no option) and `--notify=URL` among gpuq's options at the start
     of `words` (up to `--` or SCRIPT), each as `--notify-url URL`. A plain `--notify` stays the
     desktop notification: `gpuq add --notify python train.py` keeps meaning what it always did."""
     out, i = [], 0
@@ -342,7 +345,8 @@ def spell_notify_urls(command: Command, words: list[str]) -> list[str]:
         word = words[i]
         if word == "--" or not word.startswith("-") or word == "-":
             return out + words[i:]
-        if word == "--notify" and "://" in (words[i + 1] if i + 1 < len(words) else ""):
+        following = words[i + 1] if i + 1 < len(words) else "-"
+        if word == "--notify" and "://" in following and not following.startswith("-"):
             out += [NOTIFY_URL, words[i + 1]]
             i += 2
             continue

@@ -12,7 +12,7 @@ import time
 
 from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.job import Job
+from gpuq.core.job import Job, is_url
 from gpuq.core.states import HELD, PENDING, RUNNING, SOURCE_CLI
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.interpreter import EnqueueError, upward
@@ -210,6 +210,14 @@ class Prepared:
         self.variants, self.fields, self.notes, self.warnings = variants, fields, notes, warnings
 
 
+def _notify_urls(urls: list[str]) -> list[str]:
+    """`--notify URL`s, each once, in the order given."""
+    for url in urls:
+        if not is_url(url):
+            raise UsageError(f"--notify: not a URL such as ntfy://my-topic: {url!r}")
+    return list(dict.fromkeys(urls))
+
+
 def prepare(request: Request) -> Prepared:
     """Check `request` and resolve its commands; UsageError (one line) for anything wrong, before
     anything is queued."""
@@ -230,7 +238,7 @@ def prepare(request: Request) -> Prepared:
     options.update(conda=resolved.conda, interpreter_from=resolved.found_by)
     options.update(_gpu_options(request))
     options.update(notify=request.notify, on_finish=request.on_finish, no_resume=request.no_resume)
-    options["notify_urls"] = list(dict.fromkeys(request.notify_url))  # each once, in the order given
+    options["notify_urls"] = _notify_urls(request.notify_url)
     if request.max_log_size is not None:
         options["max_log_bytes"] = _size_bytes(request.max_log_size, "--max-log-size")
     options.update(_safeguards(request, cwd))
