@@ -31,6 +31,7 @@ EVERY_ADD_OPTION = [
     ),
     *("--retries", "2", "--sweep", "x=1,2", "--sweep", "y=a", "--yes", "--hold", "--time", "4h", "--begin", "+2h"),
     *("--snapshot", "--gpus", "2", "--notify", "--max-log-size", "1G", "--on-finish", "echo hi", "--gpu-mem", "20G"),
+    *("--notify", "ntfy://topic", "--notify=json://host/path"),
     *("--priority", "3", "--urgent", "--preemptible", "--ckpt-glob", "c*", "--no-resume", "--resume-arg", "r={ckpt}"),
     *("--mem", "32G", "--cpus", "8"),
     *("-e", "A=1", "--env", "B=2=3", "--quiet", "--dry-run", "--json", "bash", "-c", "exit 0"),
@@ -55,6 +56,8 @@ SAME = [
     ["add", "--name", "last", "--name", "wins", "--after", "3", "--after", "3", "true"],
     ["add", "--urgent=force", "true"],
     ["add", "--urgent=force", "--urgent", "true"],
+    ["add", "--notify", "python", "train.py"],
+    ["add", "--notify", "ntfy://t", "--notify", "python", "train.py"],
     ["eta"],
     ["eta", "12"],
 ]

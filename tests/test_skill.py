@@ -229,6 +229,7 @@ def test_every_command_of_the_skill_runs(gq: Env, tmp_path: Path) -> None:
             "gpuq add -q --snapshot train.py",
         ]:
             run(line)
+        run("gpuq add -q --notify ntfy://TOPIC train.py", **{"_ntfy://TOPIC": "json://127.0.0.1:9/x"})  # not ntfy.sh
         systemd = service_supported() is None  # else the one-line refusal, exit 1
         run("gpuq service install", expect=0 if systemd else 1)
         assert (tmp_path / "config" / "systemd" / "user" / "gpuq.service").exists() == systemd

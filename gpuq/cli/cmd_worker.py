@@ -27,6 +27,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpuq.run.worker import Settings  # (the same)
 
     settings = Settings(**_settings(args))
+    if not settings.notify_urls:  # the user's default: GPUQ_NOTIFY, else the config file's
+        settings.notify_urls = _default_notify_urls()
     sp = spool()
     _warn_shared_spool(sp)
     if args.daemon:
@@ -52,15 +54,25 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _default_notify_urls() -> list[str]:
+    from gpuq.run.notify import config  # as gpuq.run above: after the dependency check
+
+    try:
+        return config.default_urls()
+    except ValueError as exc:
+        raise Refused(str(exc)) from None
+
+
 def _forwarded(args: argparse.Namespace) -> list[str]:
     """The options of `gpuq run --daemon` that the background worker gets too: those of a setting,
     as they were typed."""
     out: list[str] = []
     for opt in RUN.options:
         value = getattr(args, opt.dest)
-        if opt.setting is None or value is None or value is False:
+        if opt.setting is None or value is None or value is False or value == []:
             continue
-        out += [opt.flags[-1]] if value is True else [opt.flags[-1], value]
+        values = value if isinstance(value, list) else [value]  # an option given several times: each
+        out += [opt.flags[-1]] if value is True else [word for v in values for word in (opt.flags[-1], v)]
     return out
 
 

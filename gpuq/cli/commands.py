@@ -5,6 +5,7 @@ in options.py).
 
 from __future__ import annotations
 
+import gpuq.cli.options as options
 from gpuq.cli.host import RUN_OPTIONS as HOST_OPTIONS
 from gpuq.cli.assistant import entry as mcp
 from gpuq.cli.options import ADD, APPEND, ETA, FLAG, HIDDEN, REST, STATUS, Command, Opt, gpu_count, ids, positive_id
@@ -95,8 +96,10 @@ RUN = Command(
             "--notify",
             kind=FLAG,
             setting="notify",
-            help="a desktop notification whenever a job ends",
+            help="a desktop notification whenever a job ends; --notify URL: every job's events sent to URL "
+            "(see `add --notify`; default: GPUQ_NOTIFY, else notify in ~/.config/gpuq/config.toml)",
         ),
+        Opt(options.NOTIFY_URL, kind=APPEND, setting="notify_urls", read=options.notify_urls, help=HIDDEN),
         Opt(
             "--max-log-size",
             metavar="SIZE",

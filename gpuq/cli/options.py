@@ -27,6 +27,7 @@ CONST = "const"  # `const` when given
 APPEND = "append"  # takes a value each time it is given; a list
 REST = "..."  # nargs of the positional that takes every word from there on (argparse.REMAINDER)
 HIDDEN = "==SUPPRESS=="  # the help of an option `--help` does not show (argparse.SUPPRESS)
+NOTIFY_URL = "--notify-url"  # `--notify URL` and `--notify=URL` as both readings see them (spell_notify_urls)
 
 
 class Opt:
@@ -141,6 +142,17 @@ def positive_id(text: str) -> int:
     return int(text)
 
 
+def notify_urls(values: list[str], _flag: str = "") -> list[str]:
+    """`--notify URL`s, each once; ValueError for one that is not SCHEME://... (checked here and
+    not by argparse, which would name the option as spell_notify_urls spells it)."""
+    from gpuq.core.job import is_url  # (the job record; `add` loads it anyway, `status` never gets here)
+
+    for url in values:
+        if not is_url(url):
+            raise ValueError(f"--notify: not a URL such as ntfy://my-topic: {url!r}")
+    return list(dict.fromkeys(values))
+
+
 def gpu_count(text: str) -> int:
     if not text.isdigit():
         raise ValueError(f"not a number of GPUs: {text!r}")
@@ -229,7 +241,13 @@ ADD = Command(
             metavar="N",
             help="how many GPUs it needs (default 1; 0: a CPU job, which runs beside GPU jobs)",
         ),
-        Opt("--notify", kind=FLAG, help="a desktop notification when it ends (notify-send)"),
+        Opt(
+            "--notify",
+            kind=FLAG,
+            help="a desktop notification when it ends (notify-send); --notify URL: its events sent to URL "
+            "through Apprise (ntfy://, tgram://, slack://, discord://, mailto://, json://...; repeatable)",
+        ),
+        Opt(NOTIFY_URL, kind=APPEND, help=HIDDEN),  # `--notify URL`, as spell_notify_urls reads it
         Opt(
             "--max-log-size",
             metavar="SIZE",
@@ -373,6 +391,31 @@ def _word(item: Any) -> str:
 
 
 # ---- where gpuq's own options end on an `add` line --------------------------------------------
+
+
+def spell_notify_urls(command: Command, words: list[str]) -> list[str]:
+    """`--notify URL` (the next word has `://`, and is no option) and `--notify=URL` among gpuq's options at the start
+    of `words` (up to `--` or SCRIPT), each as `--notify-url URL`. A plain `--notify` stays the
+    desktop notification: `gpuq add --notify python train.py` keeps meaning what it always did."""
+    out, i = [], 0
+    while i < len(words):
+        word = words[i]
+        if word == "--" or not word.startswith("-") or word == "-":
+            return out + words[i:]
+        following = words[i + 1] if i + 1 < len(words) else "-"
+        if word == "--notify" and "://" in following and not following.startswith("-"):
+            out += [NOTIFY_URL, words[i + 1]]
+            i += 2
+            continue
+        if word.startswith("--notify="):
+            out += [NOTIFY_URL, word[len("--notify=") :]]
+            i += 1
+            continue
+        opt = command.option(word)
+        step = 2 if opt is not None and opt.takes_value else 1
+        out += words[i : i + step]
+        i += step
+    return out
 
 
 def split_at_script(command: Command, words: list[str]) -> tuple[list[str], list[str]]:

@@ -13,18 +13,20 @@ import shlex
 import sys
 
 from gpuq import __version__
-from gpuq.cli.commands import COMMANDS
+from gpuq.cli.commands import COMMANDS, RUN
 from gpuq.cli.options import (
     ADD,
     APPEND,
     CONST,
     FLAG,
     HIDDEN,
+    NOTIFY_URL,
     REST,
     Command,
     Opt,
     late_options,
     misplaced_option,
+    spell_notify_urls,
     split_at_script,
 )
 from gpuq.core.errors import UsageError
@@ -171,7 +173,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if wanted is not None and wanted not in _commands(parser):
         parser = build_parser()  # not a command: the full parser says so and lists them
     if argv and argv[0] in ADD.names:
-        return _parse_add(parser, argv)
+        return _parse_add(parser, [argv[0], *spell_notify_urls(ADD, argv[1:])])
+    if argv and argv[0] == RUN.names[0]:
+        argv = [argv[0], *spell_notify_urls(RUN, argv[1:])]
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -189,7 +193,8 @@ def _parse_add(parser: Parser, argv: list[str]) -> argparse.Namespace:
         _refuse_late_options(argv[0], own, job_words)
     stray = misplaced_option(ADD, job_words[1:]) if job_words and not separated else []
     if stray:
-        fix = shlex.join(["gpuq", argv[0], *own, *stray, job_words[0]])
+        typed = ["--notify" if word == NOTIFY_URL else word for word in own]  # as spell_notify_urls found it
+        fix = shlex.join(["gpuq", argv[0], *typed, *stray, job_words[0]])
         print(
             f"gpuq {argv[0]}: note: {stray[0]} comes after the script, so {job_words[0]} gets it; gpuq's "
             f"options go before the script ({fix} ...); `--` before the script silences this note",

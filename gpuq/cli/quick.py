@@ -11,7 +11,7 @@ option by option, that both give the same namespace.
 
 from __future__ import annotations
 
-from gpuq.cli.options import ADD, APPEND, ETA, STATUS, Command, misplaced_option
+from gpuq.cli.options import ADD, APPEND, ETA, STATUS, Command, misplaced_option, spell_notify_urls
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def parse(argv: list[str]) -> Optional[Namespace]:
         if argv and argv[0] in STATUS.names:
             return _status(argv[0], argv[1:])
         if argv and argv[0] in ADD.names:
-            return _add(argv[0], argv[1:])
+            return _add(argv[0], spell_notify_urls(ADD, argv[1:]))
         if argv and argv[0] in ETA.names:
             return _eta(argv[0], argv[1:])
     except (ValueError, IndexError):  # Bad, or a converter's ValueError

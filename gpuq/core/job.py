@@ -117,6 +117,15 @@ def _bool(value: Any) -> bool:
     return isinstance(value, bool)
 
 
+def is_url(value: Any) -> bool:
+    """A notification URL as --notify takes it: SCHEME://..., one line, at most 4096 characters."""
+    return os_str(value) and "://" in value and value.isprintable() and len(value) <= 4096
+
+
+def _urls(value: Any) -> bool:
+    return isinstance(value, list) and all(map(is_url, value))
+
+
 def _str(value: Any) -> bool:
     return isinstance(value, str)
 
@@ -274,6 +283,8 @@ class Job(dict):
 
     # When it ends (run/hooks.py; spool_layout.md section 13)
     notify: bool = Field(False, _bool, "true or false", option=True)  # --notify: a desktop notification
+    # --notify URL: where the job's events are sent, through Apprise (run/notify/)
+    notify_urls: list[str] = Field([], _urls, "a list of URLs (SCHEME://...)", option=True)
     on_finish: Optional[str] = Field(None, _opt(os_str), "null or a shell command", option=True)  # --on-finish
     # --max-log-size: its log keeps its head and newest tail within this (run/logcap.py)
     max_log_bytes: Optional[int] = Field(None, _opt(_positive), "null or a positive number of bytes", option=True)

@@ -12,7 +12,7 @@ import os
 
 from gpuq.core import jsontext
 from gpuq.core.errors import GpuqError
-from gpuq.core.job import FIELDS, MAX_GPUS, NOT_OS_TEXT, SCHEMA_VERSION, Job, is_int, os_str
+from gpuq.core.job import FIELDS, MAX_GPUS, NOT_OS_TEXT, SCHEMA_VERSION, Job, is_int, is_url, os_str
 from gpuq.core.states import SOURCE_CLI
 from gpuq.core.times import now_iso
 
@@ -219,7 +219,7 @@ def _check_cmd(value: Any) -> list[str]:
 
 
 DROPPED_FIELDS = {"cmd", "cwd", "name", "env", "after", "after_any", "retries", "priority", "gpus", "gpu_mem", "conda"}
-DROPPED_FIELDS |= {"mem", "cpus"}
+DROPPED_FIELDS |= {"mem", "cpus", "notify_urls"}  # --mem/--cpus (issue 31); --notify URL (run/notify/)
 
 
 def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
@@ -253,6 +253,10 @@ def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
         clean[field] = value
     clean.update(_dropped_gpu_request(obj))
     clean.update(_dropped_host_request(obj))
+    urls = obj.get("notify_urls", [])
+    if not isinstance(urls, list) or not all(map(is_url, urls)):
+        raise InvalidJob("'notify_urls' must be a list of URLs such as \"ntfy://my-topic\"")
+    clean["notify_urls"] = urls
     return clean
 
 

@@ -1,4 +1,7 @@
-"""What happens when a job ends: a desktop notification, and the user's own shell command.
+"""What happens when a job ends: a desktop notification, the user's own shell command, and
+messages to the job's and the worker's `--notify URL`s (run/notify/). The shell command and the
+desktop notification also hear of a job stuck while it runs (`during_run`), with GPUQ_EVENT saying
+which event it is.
 
 Both run a program nobody here controls, so both are bounded: the program gets its own session
 (its own process group), /dev/null as stdin and a pipe for its output, of which only the first
@@ -14,11 +17,14 @@ import os
 import select
 import signal
 import subprocess
+import threading
 import time
 from typing import Any, Callable, Mapping, Optional
 
 from gpuq.core import schema
-from gpuq.core.states import FAILED, INTERRUPTED, PENDING
+from gpuq.core.states import FAILED, INTERRUPTED, PENDING, RUNNING
+from gpuq.run.notify import message, send
+from gpuq.run.supervisor.start import LOG_PREFIX
 from gpuq.spool import Spool
 from gpuq.system import procs
 
@@ -28,6 +34,8 @@ NOTIFY_TIMEOUT = 5.0
 DEFAULT_TIMEOUT = 30.0
 TIMEOUT_ENV = "GPUQ_HOOK_TIMEOUT"  # seconds an --on-finish command may take (the worker's environment)
 HOOK_VARIABLES = ("GPUQ_JOB_ID", "GPUQ_JOB_NAME", "GPUQ_JOB_STATE", "GPUQ_JOB_EXIT_CODE", "GPUQ_JOB_LOG")
+EVENT_VARIABLE = "GPUQ_EVENT"  # finished, gpu_idle or stuck (run/notify/message.py)
+_during: list[threading.Thread] = []  # hooks run for events while the job runs, joined at its end
 
 
 def timeout_seconds() -> float:
@@ -39,10 +47,12 @@ def timeout_seconds() -> float:
     return value if 0 < value <= 3600 else DEFAULT_TIMEOUT
 
 
-def hook_env(job_id: int, name: str, state: str, exit_code: Optional[int], log_path: str) -> dict[str, str]:
+def hook_env(
+    job_id: int, name: str, state: str, exit_code: Optional[int], log_path: str, event: str = message.FINISHED
+) -> dict[str, str]:
     """The variables a finish hook gets; an unknown exit code is the empty string."""
     values = (str(job_id), name, state, "" if exit_code is None else str(exit_code), log_path)
-    return dict(zip(HOOK_VARIABLES, values))
+    return {**dict(zip(HOOK_VARIABLES, values)), EVENT_VARIABLE: event}
 
 
 def run_on_finish(cmd: str, env_vars: Mapping[str, Any], log: Callable[[str], None], timeout: float = 30) -> None:
@@ -194,7 +204,11 @@ def _say(log: Callable[[str], None], line: str) -> None:
 def after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
     """The job's and the worker's hooks, once the job's end is recorded and its claim released:
     whatever they do (fail, hang), the queue is already as it must be. Their output goes to the
-    worker's log."""
+    worker's log; the messages to its URLs are sent without waiting (their failures go to the
+    job's log)."""
+    for thread in _during:  # hooks of events while it ran: bounded by their own time limits
+        thread.join()
+    _during.clear()
     found = spool.jobs.find(job_id)
     if found is None or found.state == PENDING:
         return  # gone, or back in the queue for a retry: its end is still to come
@@ -202,22 +216,59 @@ def after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
         job = spool.jobs.load(found)
     except (FileNotFoundError, schema.InvalidJob):
         return
-    commands = [c for c in (job.on_finish, worker_hooks.get("on_finish")) if c]
-    notify = job.notify or worker_hooks.get("notify")
+    notify_urls(spool, job, found.state, message.FINISHED, worker_hooks)
+    _run_hooks(spool, job, found.state, message.FINISHED, worker_hooks)
+
+
+def during_run(spool: Spool, job: dict[str, Any], event: str, reason: str, worker_hooks: dict[str, Any]) -> None:
+    """An event of a running job (GPU_IDLE, STUCK): its URLs are sent the message, and its hooks
+    run in a thread of their own, so that the wait for the job (its time limit) goes on."""
+    notify_urls(spool, job, RUNNING, event, worker_hooks, reason)
+    thread = threading.Thread(target=_run_hooks, args=(spool, job, RUNNING, event, worker_hooks), daemon=True)
+    thread.start()
+    _during.append(thread)
+
+
+def notify_urls(
+    spool: Spool,
+    job: dict[str, Any],
+    state: str,
+    event: str,
+    worker_hooks: dict[str, Any],
+    reason: Optional[str] = None,
+) -> None:
+    """The message of `event` to the job's and the worker's `--notify URL`s, failures said in the job's log."""
+    urls = [*job.get("notify_urls", ()), *(worker_hooks.get("notify_urls") or ())]
+    if not urls:
+        return
+    try:
+        log_fd = spool.logs.open_job_log(job["id"])
+    except OSError:
+        return  # no log to say anything in: nothing is sent either, rather than sent unaccounted
+    try:
+        send.send(urls, message.of_job(job, state, event, reason), log_fd, f"job {job['id']}", LOG_PREFIX)
+    finally:
+        os.close(log_fd)
+
+
+def _run_hooks(spool: Spool, job: dict[str, Any], state: str, event: str, worker_hooks: dict[str, Any]) -> None:
+    commands = [c for c in (job.get("on_finish"), worker_hooks.get("on_finish")) if c]
+    notify = job.get("notify") or worker_hooks.get("notify")
     if not (commands or notify):
         return
+    job_id = job["id"]
 
     def log(line: str) -> None:
         _worker_log(spool, f"job #{job_id}: {line}")
 
-    state = found.state
     log_path = str(spool.logs.path_of(job))
     timeout = timeout_seconds()
     for command in commands:
-        env = hook_env(job_id, job.name, state, job.exit_code, log_path)
+        env = hook_env(job_id, job["name"], state, job.get("exit_code"), log_path, event)
         run_on_finish(command, env, log, timeout)
     if notify:
-        problem = notify_desktop({"id": job_id, "name": job.name, "state": state, "exit_code": job.exit_code})
+        shown = state if event == message.FINISHED else event.replace("_", " ")
+        problem = notify_desktop({"id": job_id, "name": job["name"], "state": shown, "exit_code": job.get("exit_code")})
         if problem:
             log(f"no desktop notification: {problem}")
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 from gpuq.core.states import PENDING, RUNNING
 from gpuq.engine.schedule.planner import GPU_WAIT_RESCAN_SECONDS
+from gpuq.run.notify.queue import QueueWatch
 from gpuq.run.worker import RESCAN_SECONDS, StepResult, Worker
 from gpuq.system.security import FULL_ERRNOS
 
@@ -80,11 +81,13 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
     # No wake-up on SIGCHLD: a supervisor's exit follows its job leaving running/, which
     # already woke us; one that died early is noticed by the periodic look.
     woken, held_for = True, 0  # held_for: steps in a row that found a ready job's claim held (or work moving)
+    emptied = QueueWatch(worker)  # says when the queue runs empty, to the worker's --notify URLs
     try:
         while not worker.stopping:
             observer = _ensure_observer(observer, worker, wake)
             wake.clear()
             result = _step(worker, woken)
+            emptied.after_step(result)
             if result.more_work:
                 wake.set()  # come back at once for the rest, after starting what could start
             if worker.draining:

@@ -61,12 +61,12 @@ class StepResult:
 
 @dataclass
 class Settings:
-    """How `gpuq run` was asked to work: each field is set by the `gpuq run` option that names it
-    (cli/commands.py, RUN; tests/test_cli_options.py holds the two together)."""
+    """How `gpuq run` was asked to work: a field per option that names it (cli/commands.py, RUN; test_cli_options)."""
 
     gpus: Optional[list[str]] = None  # --gpus: the GPUs (or, without GPUs, the slots) it uses; None: all
     foreign_threshold_mib: int = placement.DEFAULT_FOREIGN_THRESHOLD_MIB  # --foreign-mem-threshold
     notify: bool = False  # --notify: a desktop notification when any job ends
+    notify_urls: list[str] = field(default_factory=list)  # --notify URL (else GPUQ_NOTIFY, the config's)
     on_finish: Optional[str] = None  # --on-finish CMD: run when any job ends
     recover: bool = False  # --recover: interrupted jobs back in the queue when the worker starts
     max_log_bytes: Optional[int] = None  # --max-log-size: the cap of a job's log (a job's own comes first)
@@ -356,7 +356,7 @@ class Worker:
         return StartOrder(
             id=job_id, file=file, rev=None, slot=where.slot, gpus=where.gpus, notify=s.notify, on_finish=s.on_finish,
             max_log_bytes=s.max_log_bytes, default_time=s.default_time, kill_grace=s.kill_grace,
-            foreign_threshold_mib=s.foreign_threshold_mib,
+            foreign_threshold_mib=s.foreign_threshold_mib, notify_urls=tuple(s.notify_urls),
         )  # fmt: skip
 
     def _follow_handed_on(self, snap: scheduler.QueueState) -> None:

@@ -12,7 +12,7 @@ import time
 
 from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.job import Job
+from gpuq.core.job import Job, is_url
 from gpuq.core.states import HELD, PENDING, RUNNING, SOURCE_CLI
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.interpreter import EnqueueError, upward
@@ -191,7 +191,7 @@ class Request:
         "hold",
     )
     OPTIONS += ("time", "begin", "snapshot", "gpus", "notify", "max_log_size", "on_finish", "gpu_mem", "priority")
-    OPTIONS += ("urgent", "preemptible", "ckpt_glob", "no_resume", "resume_arg", "env", "mem", "cpus")
+    OPTIONS += ("urgent", "preemptible", "ckpt_glob", "no_resume", "resume_arg", "env", "mem", "cpus", "notify_url")
     __slots__ = (*OPTIONS, "umask", "shell_env")
 
     def __init__(self, options: dict[str, Any], umask: int, shell_env: dict[str, str]) -> None:
@@ -209,6 +209,14 @@ class Prepared:
 
     def __init__(self, variants: list[Variant], fields: dict[str, Any], notes: list[str], warnings: list[str]) -> None:
         self.variants, self.fields, self.notes, self.warnings = variants, fields, notes, warnings
+
+
+def _notify_urls(urls: list[str]) -> list[str]:
+    """`--notify URL`s, each once, in the order given."""
+    for url in urls:
+        if not is_url(url):
+            raise UsageError(f"--notify: not a URL such as ntfy://my-topic: {url!r}")
+    return list(dict.fromkeys(urls))
 
 
 def prepare(request: Request, git_cache: Optional[CacheFiles] = None) -> Prepared:
@@ -233,6 +241,7 @@ def prepare(request: Request, git_cache: Optional[CacheFiles] = None) -> Prepare
     options.update(_gpu_options(request))
     options.update(_host_options(request))
     options.update(notify=request.notify, on_finish=request.on_finish, no_resume=request.no_resume)
+    options["notify_urls"] = _notify_urls(request.notify_url)
     if request.max_log_size is not None:
         options["max_log_bytes"] = _size_bytes(request.max_log_size, "--max-log-size")
     options.update(_safeguards(request, cwd, git_cache))

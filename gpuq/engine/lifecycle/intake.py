@@ -202,6 +202,7 @@ def _publish_claimed(spool: Spool, job_id: int, original: str, fields: dict[str,
             "cpus": fields.get("cpus"),
             "conda": conda,
             "interpreter_from": found_by,
+            "notify_urls": fields["notify_urls"],
         },
     )
     spool.jobs.publish(job)

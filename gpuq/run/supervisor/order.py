@@ -29,10 +29,11 @@ class StartOrder:
     default_time: Optional[float] = None  # the worker's --default-time (the job's own comes first)
     kill_grace: Optional[float] = None  # the worker's --kill-grace (None: KILL_GRACE_SECONDS)
     foreign_threshold_mib: Optional[int] = None  # the worker's --foreign-mem-threshold (for a job handed on)
+    notify_urls: tuple[str, ...] = ()  # the worker's --notify URLs (or GPUQ_NOTIFY's, the config file's)
 
     def hooks(self) -> dict[str, Any]:
         """The worker's hooks, as run/hooks.after_end takes them."""
-        return {"notify": self.notify, "on_finish": self.on_finish}
+        return {"notify": self.notify, "on_finish": self.on_finish, "notify_urls": self.notify_urls}
 
     def to_fields(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,7 +51,8 @@ class StartOrder:
         except TypeError as exc:  # a field missing
             raise ValueError(f"bad start order: {exc}") from None
         gpus = tuple(order.gpus) if isinstance(order.gpus, list) else order.gpus
-        order = replace(order, gpus=gpus)
+        urls = tuple(order.notify_urls) if isinstance(order.notify_urls, list) else order.notify_urls
+        order = replace(order, gpus=gpus, notify_urls=urls)
         _check(order)
         return order
 
@@ -84,6 +86,8 @@ def _check(order: StartOrder) -> None:
         and _is_number(order.default_time)
         and _is_number(order.kill_grace)
         and (order.foreign_threshold_mib is None or _is_int(order.foreign_threshold_mib))
+        and isinstance(order.notify_urls, tuple)
+        and all(isinstance(url, str) for url in order.notify_urls)
     )
     if not ok:
         raise ValueError(f"bad start order: {order}")

@@ -15,8 +15,8 @@ from typing import Any, Callable, Optional
 from gpuq.core.states import PREEMPT
 from gpuq.core.times import parse_iso
 from gpuq.core.timespec import format_duration
-from gpuq.run.supervisor import hostlimits
-from gpuq.run.supervisor.gpusample import Sampler, for_run
+from gpuq.run.supervisor import hostlimits, watch
+from gpuq.run.supervisor.gpusample import Sampler
 from gpuq.run.supervisor.start import Run, log_line
 from gpuq.spool.files import Reservation
 from gpuq.system import procs
@@ -87,7 +87,7 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
     Past its --mem, where the memory watch keeps it, it is stopped the same way (not preempted)."""
     limit = time_limit(run)
     deadline = (parse_iso(run.job.started_at) or time.time()) + limit if limit else None
-    returncode = _wait_until(child, deadline, listener, hostlimits.watching(run.host, child.pid, for_run(run)))
+    returncode = _wait_until(child, deadline, listener, hostlimits.watching(run.host, child.pid, watch.for_run(run)))
     if returncode is not None:
         return returncode
     grace = kill_grace(run)

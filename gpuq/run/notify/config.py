@@ -1,0 +1,59 @@
+"""A user's default destinations: GPUQ_NOTIFY (URLs separated by spaces or commas), else `notify`
+in ~/.config/gpuq/config.toml ($XDG_CONFIG_HOME/gpuq/config.toml):
+
+    notify = ["ntfy://my-topic", "mailto://me:app-password@gmail.com"]
+
+Read by `gpuq run` when it starts, when it is given no `--notify URL`: the worker's default for all
+its jobs (a job's own `--notify URL` adds to it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from gpuq.core.job import is_url
+
+ENV = "GPUQ_NOTIFY"
+
+
+def config_path() -> str:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "gpuq", "config.toml")
+
+
+def default_urls() -> list[str]:
+    """GPUQ_NOTIFY's URLs, else the config file's (none if it does not exist). ValueError (one
+    line) for a URL that is not one or a config file that cannot be read."""
+    text = os.environ.get(ENV, "").strip()
+    if text:
+        return _checked([u for u in re.split(r"[\s,]+", text) if u], ENV)
+    path = config_path()
+    if not os.path.exists(path):
+        return []
+    urls = _read_config(path).get("notify", [])
+    if isinstance(urls, str):
+        urls = [urls]
+    if not isinstance(urls, list):
+        raise ValueError(f"{path}: notify must be a list of URLs")
+    return _checked(urls, f"{path}: notify")
+
+
+def _read_config(path: str) -> dict[str, Any]:
+    try:
+        import tomllib  # Python 3.11 and later
+    except ImportError:  # pragma: no cover - Python 3.9 and 3.10: the tomli dependency
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except (OSError, ValueError) as exc:  # TOMLDecodeError is a ValueError
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def _checked(urls: list[Any], where: str) -> list[str]:
+    for url in urls:
+        if not is_url(url):
+            raise ValueError(f"{where}: not a URL such as ntfy://my-topic: {url!r}")
+    return list(dict.fromkeys(urls))

@@ -1,0 +1,74 @@
+"""What a notification says. Every message is a dict of plain fields (`event`, `id`, `name`,
+`state`, `reason`, `run_time`, `run_seconds`, `host`), a `title` and a `body` made from them, and
+the Apprise message type; the sender passes the fields as JSON where a service takes them (json://).
+
+Events: FINISHED (a job ended: done, failed with its reason, cancelled, preempted, stopped at its
+time limit), GPU_IDLE (it held a GPU below 10% longer than GPUQ_GPU_IDLE_MINUTES), STUCK (its log and
+progress file did not change for GPUQ_STUCK_MINUTES), QUEUE_EMPTY (the worker's last job ended and
+nothing waits that could start). The first three also reach `--on-finish` as GPUQ_EVENT.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Optional
+
+from gpuq.core.states import DONE, FAILED, INTERRUPTED
+from gpuq.core.times import duration, parse_iso
+
+FINISHED, GPU_IDLE, STUCK, QUEUE_EMPTY = "finished", "gpu_idle", "stuck", "queue_empty"
+_SAID = {GPU_IDLE: "GPU idle", STUCK: "stuck"}
+
+
+def host() -> str:
+    return os.uname().nodename
+
+
+def run_seconds(job: dict[str, Any], now: Optional[float] = None) -> Optional[float]:
+    """How long its last attempt ran (so far, for a running job)."""
+    start = parse_iso(job.get("started_at"))
+    if start is None:
+        return None
+    end = parse_iso(job.get("finished_at")) if job.get("finished_at") else None
+    return max(0.0, (end or (time.time() if now is None else now)) - start)
+
+
+def of_job(job: dict[str, Any], state: str, event: str = FINISHED, reason: Optional[str] = None) -> dict[str, Any]:
+    """The message of `event` for `job` in `state`; `reason`: what happened (default: the job's
+    failure reason, or its exit code)."""
+    seconds = run_seconds(job) if event == FINISHED else run_seconds(dict(job, finished_at=None))
+    if reason is None and event == FINISHED:
+        reason = job.get("reason") or (f"exit {job['exit_code']}" if job.get("exit_code") not in (None, 0) else None)
+    fields = {
+        "event": event,
+        "id": job["id"],
+        "name": job["name"],
+        "state": state,
+        "reason": reason,
+        "run_time": duration(seconds) or None,
+        "run_seconds": None if seconds is None else round(seconds, 1),
+        "host": host(),
+    }
+    what = state if event == FINISHED else _SAID.get(event, event)
+    title = f"gpuq: job #{job['id']} {what} on {fields['host']}"
+    lines = [f"{job['name']} (#{job['id']}): {state}"]
+    lines += [
+        f"{label}: {fields[key]}" for label, key in (("reason", "reason"), ("run time", "run_time")) if fields[key]
+    ]
+    lines.append(f"host: {fields['host']}")
+    return {"fields": fields, "title": title, "body": "\n".join(lines), "type": _type(event, state)}
+
+
+def queue_empty() -> dict[str, Any]:
+    """The worker's message when its last job ended and nothing waits that could start."""
+    fields = {"event": QUEUE_EMPTY, "host": host()}
+    body = f"nothing runs and nothing waits that could start (`gpuq status` on {fields['host']})"
+    return {"fields": fields, "title": f"gpuq: queue empty on {fields['host']}", "body": body, "type": "info"}
+
+
+def _type(event: str, state: str) -> str:
+    """Apprise's message type: how a service colours it."""
+    if event != FINISHED:
+        return "warning"
+    return "success" if state == DONE else "failure" if state in (FAILED, INTERRUPTED) else "warning"

@@ -1,0 +1,111 @@
+"""Starting a sender for a message and not waiting for it: the process that saw an event (a job's
+supervisor, the worker) goes on at once, whatever the destinations do. The sender (sender.py) runs
+in a session of its own, bounds itself to GPUQ_NOTIFY_TIMEOUT seconds per destination, writes its
+failures into the log it is given, and says in its exit status which destinations failed: the next
+message of this process to the same log keeps quiet about them, and about the destinations of a
+sender still under way (a failure is logged once per destination). A sender that outlives this
+process is reaped by init.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from importlib.util import find_spec
+from typing import Any
+
+TIMEOUT_ENV = "GPUQ_NOTIFY_TIMEOUT"  # seconds a destination may take
+DEFAULT_TIMEOUT = 10.0
+INSTALL = "notifications to URLs need Apprise, which is not installed: pip install 'gpuq[notify]'"
+TRACKED = 7  # destinations whose failure a sender's exit status can say (bits 0 to 6)
+MAX_TEXT = 2000  # characters of a reason or a name in a message (the whole goes through a pipe)
+
+_running: list[tuple[subprocess.Popen, str, list[str]]] = []  # (sender, log, its destinations)
+_failed: set[tuple[str, str]] = set()  # (log, URL): its failure has been logged there
+_said_missing: set[str] = set()  # the logs told that Apprise is missing
+
+
+def timeout_seconds() -> float:
+    """GPUQ_NOTIFY_TIMEOUT (0 < s <= 600), else 10 s."""
+    try:
+        value = float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    return value if 0 < value <= 600 else DEFAULT_TIMEOUT
+
+
+def send(urls: list[str], message: dict[str, Any], log_fd: int, log: str, prefix: str = "") -> None:
+    """Start a sender of `message` to `urls` (each once) with `log_fd` as its output, and return.
+    `log` names that log (for what was said there); `prefix` starts each line written there.
+    Never raises: a notification must not fail the queue."""
+    reap()
+    urls = list(dict.fromkeys(urls))
+    if not urls:
+        return
+    try:
+        if find_spec("apprise") is None:
+            if log not in _said_missing:
+                _said_missing.add(log)
+                os.write(log_fd, f"{prefix}{INSTALL}\n".encode())
+            return
+        _start(urls, message, log_fd, log, prefix)
+    except Exception as exc:  # noqa: BLE001 - out of processes, a closed log...: said, and the queue goes on
+        try:
+            os.write(log_fd, f"{prefix}notification not sent: {exc}\n".encode("utf-8", "replace"))
+        except OSError:
+            pass
+
+
+def _start(urls: list[str], message: dict[str, Any], log_fd: int, log: str, prefix: str) -> None:
+    # Quiet about a destination whose failure this log has (or may be about to get: a sender to
+    # it still under way), so that a destination that is down is said once, not at every event.
+    under_way = {(where, url) for _proc, where, sent in _running for url in sent}
+    quiet = [url for url in urls if (log, url) in _failed or (log, url) in under_way]
+    order = {"urls": urls, "quiet": quiet, "message": _trimmed(message), "timeout": timeout_seconds(), "prefix": prefix}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # this gpuq, and Apprise
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuq.run.notify.sender"],
+        stdin=subprocess.PIPE,
+        stdout=log_fd,
+        stderr=log_fd,
+        env=env,
+        start_new_session=True,  # its own process group: a signal to ours (Ctrl-C) does not cut a message short
+        close_fds=True,
+    )
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(json.dumps(order).encode())  # a few KiB: the pipe takes it without waiting
+    except OSError:
+        pass  # it died at once: nothing to say more than it said
+    finally:
+        proc.stdin.close()
+    _running.append((proc, log, urls))
+
+
+def _trimmed(message: dict[str, Any]) -> dict[str, Any]:
+    fields = {k: v[:MAX_TEXT] if isinstance(v, str) else v for k, v in message["fields"].items()}
+    return dict(message, fields=fields, body=message["body"][: 4 * MAX_TEXT])
+
+
+def reap() -> None:
+    """Collect the senders that have ended, and learn which destinations failed."""
+    for entry in list(_running):
+        proc, log, urls = entry
+        code = proc.poll()
+        if code is None:
+            continue
+        _running.remove(entry)
+        for n, url in enumerate(urls[:TRACKED]):
+            if code > 0 and code & (1 << n):
+                _failed.add((log, url))
+
+
+def wait_all(timeout: float) -> None:
+    """Wait (at most `timeout` s) for the senders still running: for tests and a process about to exit."""
+    deadline = time.monotonic() + timeout
+    while _running and time.monotonic() < deadline:
+        reap()
+        time.sleep(0.05)
