@@ -68,8 +68,9 @@ def request_from_options(
     parser: the same defaults, converters and one-line errors (UsageError) as `gpuq add`. `cwd`:
     the directory it runs in unless `options` has `dir` (default: this process's); `env`: the
     environment it is queued from (default: this process's)."""
-    from gpuq.cli.options import ADD, option_words
+    from gpuq.cli.options import ADD
     from gpuq.cli.parser import parse  # argparse: never on a plain `gpuq add`'s path
+    from gpuq.cli.table.words import option_words
 
     given = dict(options, dir=options.get("dir") or cwd)
     try:

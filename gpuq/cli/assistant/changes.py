@@ -82,8 +82,8 @@ def add(**given: Any) -> dict[str, Any]:
 def add_dry_run(**given: Any) -> dict[str, Any]:
     """What `add` would queue and whether and when it would start; nothing written (as `gpuq add
     --dry-run`, on a spool that is not made if it does not exist)."""
-    from gpuq.engine.lifecycle.dryrun import plan_add
-    from gpuq.spool import Spool
+    from gpuq.engine.lifecycle.dryrun import plan_add  # only when asked (the ETA's modules with it)
+    from gpuq.spool import Spool  # a spool not made when it does not exist, as `add --dry-run`
 
     return plan_add(Spool(), request(given))
 

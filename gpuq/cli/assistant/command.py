@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import PackageNotFoundError, version
+from importlib.util import find_spec
 from typing import Optional
 
 from gpuq.core.errors import Refused, UsageError
@@ -15,13 +17,13 @@ EXTRA = "pip install 'gpuq-spool[mcp]'"
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     if args.action == "install":
-        from gpuq.cli.assistant import install
+        from gpuq.cli.assistant import install  # the clients' files: only for `gpuq mcp install`
 
         return install.cmd_install(args, sdk_problem())
     if args.client or args.write or args.force:
         raise UsageError("--client, --write and --force go with `gpuq mcp install`")
     check_sdk()
-    from gpuq.cli.assistant import server
+    from gpuq.cli.assistant import server  # the SDK (pydantic, anyio): only once it is known to be there
 
     server.serve()
     return 0
@@ -31,9 +33,6 @@ def sdk_problem() -> Optional[str]:
     """Why the MCP SDK cannot serve here (one line), or None."""
     if sys.version_info < (3, 10):
         return f"the MCP SDK needs Python 3.10 or newer; this gpuq runs on {sys.version.split()[0]}"
-    from importlib.metadata import PackageNotFoundError, version
-    from importlib.util import find_spec
-
     if find_spec("mcp") is None:  # found without importing it (the SDK takes a second to import)
         return f"the MCP SDK is not installed: {EXTRA}"
     try:

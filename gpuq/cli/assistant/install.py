@@ -154,7 +154,7 @@ def _same_table(found: str, ours: str) -> bool:
     """Whether two TOML texts hold the same data (read with tomllib where Python has it), else the
     same lines, comments and blank lines aside."""
     try:
-        import tomllib
+        import tomllib  # only to compare with an entry that is already there
     except ImportError:  # Python 3.10
         meaningful = [line.strip() for line in found.splitlines() if line.strip() and not line.strip().startswith("#")]
         return meaningful == ours.strip().splitlines()

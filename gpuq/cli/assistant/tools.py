@@ -151,7 +151,7 @@ def triage_job(
     id: JobId,
     lines: Annotated[int, Field(description="the log's last lines to give (at most 500)", ge=1)] = 30,
 ) -> Any:
-    from gpuq.engine.views.triage import triage
+    from gpuq.engine.views.triage import triage  # only when asked: the log's patterns, the fixes
 
     return triage(spool(), id, lines)
 
@@ -251,6 +251,7 @@ TOOLS = READING + CHANGING
 
 # The commands of the skill's command list that have no tool, and why.
 CLI_ONLY = {
+    "top": "a full-screen view for the person at the terminal; the queue and gpus tools give its facts",
     "run": "starts a worker, a long-lived process: `gpuq run --daemon` in a shell",
     "stop": "stops the workers of the whole queue: the person's decision, in a shell",
     "wait": "blocks until jobs end; poll the queue tool instead",

@@ -19,7 +19,7 @@ from typing import Any
 
 TIMEOUT_ENV = "GPUQ_NOTIFY_TIMEOUT"  # seconds a destination may take
 DEFAULT_TIMEOUT = 10.0
-INSTALL = "notifications to URLs need Apprise, which is not installed: pip install 'gpuq[notify]'"
+INSTALL = "notifications to URLs need Apprise, which is not installed: pip install 'gpuq-spool[notify]'"
 TRACKED = 7  # destinations whose failure a sender's exit status can say (bits 0 to 6)
 MAX_TEXT = 2000  # characters of a reason or a name in a message (the whole goes through a pipe)
 

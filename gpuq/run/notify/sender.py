@@ -20,7 +20,7 @@ from typing import Any, Optional
 FAILED, UNKNOWN = 1, 2  # a child's exit status: not delivered; a URL Apprise does not know
 WHY = {FAILED: "not delivered", UNKNOWN: "not a URL Apprise knows"}
 TRACKED = 7  # as send.TRACKED (not imported: this process imports nothing of gpuq it does not need)
-INSTALL = "notifications to URLs need Apprise, which is not installed: pip install 'gpuq[notify]'"
+INSTALL = "notifications to URLs need Apprise, which is not installed: pip install 'gpuq-spool[notify]'"
 
 
 def shown(url: str) -> str:
