@@ -16,7 +16,7 @@ from gpuq.cli.cmd_queue import request_from_options
 from gpuq.cli.common import spool
 from gpuq.cli.options import ADD, APPEND, CONST, FLAG, Opt, gpu_count, ids, positive_id
 from gpuq.core.errors import GpuqError, Refused
-from gpuq.core.states import PREEMPTED, RUNNING
+from gpuq.core.states import CANCELLED, HELD, PENDING, PREEMPTED, RUNNING
 from gpuq.engine.lifecycle import actions, edit, enqueue, preempt
 
 JobIds = Annotated[list[int], Field(description="job ids", min_length=1)]
@@ -122,7 +122,7 @@ def cancel(ids: JobIds) -> dict[str, Any]:
     def one(job_id: int) -> dict[str, Any]:
         killed: list[int] = []
         job = actions.cancel(sp, job_id, lambda: killed.append(job_id))
-        return _said(job, "cancelled", killed=bool(killed), exit_code=job.exit_code)
+        return _said(job, CANCELLED, killed=bool(killed), exit_code=job.exit_code)
 
     return on_each(ids, one)
 
@@ -133,19 +133,19 @@ def kill(ids: JobIds) -> dict[str, Any]:
     def one(job_id: int) -> dict[str, Any]:
         actions.get(sp, job_id, (RUNNING,))  # refused before anything is sent
         job = actions.kill(sp, job_id)
-        return _said(job, "cancelled", exit_code=job.exit_code)
+        return _said(job, CANCELLED, exit_code=job.exit_code)
 
     return on_each(ids, one)
 
 
 def hold(ids: JobIds) -> dict[str, Any]:
     sp = spool()
-    return on_each(ids, lambda job_id: _said(actions.hold(sp, job_id), "held"))
+    return on_each(ids, lambda job_id: _said(actions.hold(sp, job_id), HELD))
 
 
 def release(ids: JobIds) -> dict[str, Any]:
     sp = spool()
-    return on_each(ids, lambda job_id: _said(actions.release(sp, job_id), "pending"))
+    return on_each(ids, lambda job_id: _said(actions.release(sp, job_id), PENDING))
 
 
 def retry(
@@ -155,7 +155,7 @@ def retry(
 
     def one(job_id: int) -> dict[str, Any]:
         job, how = actions.retry(sp, job_id, from_scratch)
-        return _said(job, "pending", how=how.text())
+        return _said(job, PENDING, how=how.text())
 
     return on_each(ids, one)
 
@@ -169,7 +169,7 @@ def resume(
 
     def one(job_id: int) -> dict[str, Any]:
         job = preempt.resume(sp, job_id, require_checkpoint, front=not back).job
-        return _said(job, "pending", note=job.note)
+        return _said(job, PENDING, note=job.note)
 
     return on_each(ids, one)
 
