@@ -267,41 +267,38 @@ def _dropped_gpu_request(obj: dict[str, Any]) -> dict[str, Any]:
     if not is_int(gpus) or not 0 <= gpus <= MAX_GPUS:
         raise InvalidJob(f"'gpus' must be how many GPUs the job needs, 0 to {MAX_GPUS}")
     out["gpu_request"] = gpus
-    mem = obj.get("gpu_mem")
+    mem = _dropped_size(obj, "gpu_mem", 'a size such as "20G" or a number of MiB')
     if mem is not None:
-        if is_int(mem) and mem > 0:
-            out["gpu_mem_mib"] = mem
-        elif isinstance(mem, str):
-            try:
-                from gpuq.core.timespec import parse_size_mib  # only for a dropped file's "20G": status never
-
-                out["gpu_mem_mib"] = parse_size_mib(mem, "'gpu_mem'")
-            except ValueError as exc:
-                raise InvalidJob(str(exc)) from None
-        else:
-            raise InvalidJob("'gpu_mem' must be a size such as \"20G\" or a number of MiB")
+        out["gpu_mem_mib"] = mem
         if gpus == 0:
             raise InvalidJob("'gpu_mem' needs 'gpus' of 1 or more ('gpus': 0 is a CPU job)")
     return out
+
+
+def _dropped_size(obj: dict[str, Any], key: str, what: str) -> Optional[int]:
+    """A dropped file's size field in MiB: "20G", or MiB as a positive number; None when absent."""
+    value = obj.get(key)
+    if value is None:
+        return None
+    if is_int(value) and value > 0:
+        return value
+    if not isinstance(value, str):
+        raise InvalidJob(f"'{key}' must be {what}")
+    from gpuq.core.timespec import parse_size_mib  # only for a dropped file's "20G": status never
+
+    try:
+        return parse_size_mib(value, f"'{key}'")
+    except ValueError as exc:
+        raise InvalidJob(str(exc)) from None
 
 
 def _dropped_host_request(obj: dict[str, Any]) -> dict[str, Any]:
     """`mem` (host memory: "32G", or MiB as a number) and `cpus` (a positive integer); absent or
     null: the job reserves none (stored as `mem_mib` and `cpus`)."""
     out: dict[str, Any] = {}
-    mem = obj.get("mem")
+    mem = _dropped_size(obj, "mem", 'a size of host memory such as "32G" or a number of MiB')
     if mem is not None:
-        if is_int(mem) and mem > 0:
-            out["mem_mib"] = mem
-        elif isinstance(mem, str):
-            try:
-                from gpuq.core.timespec import parse_size_mib  # only for a dropped file's "32G": status never
-
-                out["mem_mib"] = parse_size_mib(mem, "'mem'")
-            except ValueError as exc:
-                raise InvalidJob(str(exc)) from None
-        else:
-            raise InvalidJob("'mem' must be a size of host memory such as \"32G\" or a number of MiB")
+        out["mem_mib"] = mem
     cpus = obj.get("cpus")
     if cpus is not None:
         if not is_int(cpus) or cpus < 1:

@@ -342,30 +342,27 @@ def _preempt_options(
 
 def _gpu_options(request: Request) -> dict[str, Any]:
     """--gpus N and --gpu-mem SIZE (whether this machine can ever meet them: `publish`)."""
-    mem = None
-    if request.gpu_mem is not None:
-        from gpuq.core import timespec  # here and below: a plain `add` parses no size or time
-
-        try:
-            mem = timespec.parse_size_mib(request.gpu_mem, "--gpu-mem")
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        if request.gpus == 0:
-            raise UsageError("--gpu-mem needs --gpus 1 or more (--gpus 0 is a CPU job)")
+    mem = _size_mib(request.gpu_mem, "--gpu-mem")
+    if mem is not None and request.gpus == 0:
+        raise UsageError("--gpu-mem needs --gpus 1 or more (--gpus 0 is a CPU job)")
     return {"gpu_request": request.gpus, "gpu_mem_mib": mem}
 
 
 def _host_options(request: Request) -> dict[str, Any]:
     """--mem SIZE and --cpus N: what the job reserves of the machine while it runs."""
-    mem = None
-    if request.mem is not None:
-        from gpuq.core import timespec  # a plain `add` parses no size
+    return {"mem_mib": _size_mib(request.mem, "--mem"), "cpus": request.cpus}
 
-        try:
-            mem = timespec.parse_size_mib(request.mem, "--mem")
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-    return {"mem_mib": mem, "cpus": request.cpus}
+
+def _size_mib(text: Optional[str], flag: str) -> Optional[int]:
+    """A size option (20G) in MiB, or None when not given."""
+    if text is None:
+        return None
+    from gpuq.core import timespec  # a plain `add` parses no size
+
+    try:
+        return timespec.parse_size_mib(text, flag)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _safeguards(request: Request, cwd: str, git_cache: Optional[CacheFiles] = None) -> dict[str, Any]:
