@@ -26,38 +26,36 @@ class Action:
         return f"{self.verb} #{job_id} {name}? [y/N]"
 
 
-def _kill(sp: Spool, job_id: int) -> str:
-    from gpuq.engine.lifecycle import actions  # here: the first frame does not wait for it (~60 ms of imports)
+def lifecycle() -> Any:
+    """gpuq.engine.lifecycle with its actions and preempt modules."""
+    import gpuq.engine.lifecycle.actions  # by the first key that acts: the first frame does not wait
+    import gpuq.engine.lifecycle.preempt  # for them (about 60 ms of imports)
 
-    job = actions.kill(sp, job_id)
+    return gpuq.engine.lifecycle
+
+
+def _kill(sp: Spool, job_id: int) -> str:
+    job = lifecycle().actions.kill(sp, job_id)
     return f"#{job_id} {job.name} killed (exit {job.exit_code})"
 
 
 def _cancel(sp: Spool, job_id: int) -> str:
-    from gpuq.engine.lifecycle import actions  # here: the first frame does not wait for it (~60 ms of imports)
-
-    job = actions.cancel(sp, job_id)
+    job = lifecycle().actions.cancel(sp, job_id)
     return f"#{job_id} {job.name} cancelled"
 
 
 def _hold(sp: Spool, job_id: int) -> str:
-    from gpuq.engine.lifecycle import actions  # here: the first frame does not wait for it (~60 ms of imports)
-
-    job = actions.hold(sp, job_id)
+    job = lifecycle().actions.hold(sp, job_id)
     return f"#{job_id} {job.name} held (u puts it back in line)"
 
 
 def _release(sp: Spool, job_id: int) -> str:
-    from gpuq.engine.lifecycle import actions  # here: the first frame does not wait for it (~60 ms of imports)
-
-    job = actions.release(sp, job_id)
+    job = lifecycle().actions.release(sp, job_id)
     return f"#{job_id} {job.name} back in line"
 
 
 def _preempt(sp: Spool, job_id: int) -> str:
-    from gpuq.engine.lifecycle import preempt  # here: the first frame does not wait for it (~60 ms of imports)
-
-    outcome = preempt.preempt(sp, job_id)  # `gpuq preempt`'s default wait, in the app's worker thread
+    outcome = lifecycle().preempt.preempt(sp, job_id)  # `gpuq preempt`'s default wait, in the app's worker thread
     job = outcome.job
     if outcome.state == PREEMPTED:
         return f"#{job_id} {job.name} preempted: {job.note} (P resumes it)"
@@ -67,16 +65,12 @@ def _preempt(sp: Spool, job_id: int) -> str:
 
 
 def _resume(sp: Spool, job_id: int) -> str:
-    from gpuq.engine.lifecycle import preempt  # here: the first frame does not wait for it (~60 ms of imports)
-
-    job = preempt.resume(sp, job_id).job
+    job = lifecycle().preempt.resume(sp, job_id).job
     return f"#{job_id} {job.name} back in the queue (first in line): {job.note}"
 
 
 def _retry(sp: Spool, job_id: int) -> str:
-    from gpuq.engine.lifecycle import actions  # here: the first frame does not wait for it (~60 ms of imports)
-
-    job, how = actions.retry(sp, job_id)
+    job, how = lifecycle().actions.retry(sp, job_id)
     return f"#{job_id} {job.name} back in the queue: {how.text()}"
 
 
