@@ -57,9 +57,10 @@ def test_chain_of_three_runs_in_order_and_is_synced_to_done(cq: Env) -> None:
     body = f"{STAMP.format('begin')}; sleep 0.3; {STAMP.format('end')}"
     first = add(cq, body)
     second = add(cq, body, "--after", str(first))
-    third = add(cq, body, "--after", str(second))
+    third = add(cq, body, "--after", str(second), "--on-finish", "true")
     out = cq.gpuq("slurm", "submit", str(third), str(second), str(first)).stdout
     assert out.count("submitted") == 3, out
+    assert out.count("--on-finish are not sent on Slurm") == 1, out  # only the job that has one is told
     assert cq.files("pending") == [] and len(cq.files("slurm")) == 3  # `ls ~/.gpuq/slurm`
     marks = [cq.job(i)["slurm"] for i in (first, second, third)]
     assert marks[0]["job_id"] < marks[1]["job_id"] < marks[2]["job_id"]  # submitted in dependency order

@@ -41,6 +41,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     def say(item: slurm_handover.Handed) -> None:
         how = "found on Slurm (its hand-over had been cut short)" if item.repaired else "submitted"
         print(f"[>] Job #{item.job['id']}: {item.job['name']} -> Slurm job {item.slurm_id} ({how})", flush=True)
+        if item.job.get("notify_urls") or item.job.get("notify") or item.job.get("on_finish"):
+            print("    its --notify and --on-finish are not sent on Slurm (Slurm's own: --slurm-opt --mail-type=END)")
 
     result = slurm_handover.submit(sp, ids or None, args.slurm_opt, build, say=say)
     if not (result.handed or result.left):
