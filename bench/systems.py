@@ -125,12 +125,14 @@ class Gpuq(System):
         """Before start(): this queue's machine has `count` idle simulated GPUs (README, "Simulated
         GPUs"): the worker and every command read them from a file instead of NVML."""
         import json
+        import zlib
 
+        machine = format(zlib.crc32(str(self.root).encode()), "08x")
         gpus = [
             {
                 "index": n,
                 "name": "Fake H100",
-                "uuid": f"GPU-fake-{n}",
+                "uuid": f"GPU-fake-{machine}-{n}",  # leases go by UUID: each queue's GPUs are its own
                 "memory_total_mib": 81559,
                 "memory_used_mib": 0,
                 "processes": [],
