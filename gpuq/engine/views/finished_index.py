@@ -149,9 +149,9 @@ def id_bytes(ids: Sequence[int]) -> bytes:
     """The cached form of a state's ids."""
     if isinstance(ids, memoryview):
         return ids.tobytes()
-    from array import array  # only when a listing is written: see the top of this module
+    import struct  # only when a listing is written; not `array`, whose import brings collections
 
-    return array(_ID_FORMAT, ids).tobytes()
+    return struct.pack(f"{len(ids)}{_ID_FORMAT}", *ids)  # native, as memoryview.cast reads it
 
 
 def rows(spool: Spool, listing: Optional[Finished] = None) -> FinishedRows:
