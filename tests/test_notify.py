@@ -6,6 +6,7 @@ a stuck job (its GPU idle, its progress still) is told to the URLs and to `--on-
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -24,9 +25,9 @@ from gpuq.cli.parser import parse
 from gpuq.core import schema
 from gpuq.core.errors import UsageError
 from gpuq.core.times import parse_iso
+from gpuq.core.words import url_text as shown
 from gpuq.run.notify import config, send
 from gpuq.run.notify.queue import QueueWatch
-from gpuq.run.notify.sender import shown
 from gpuq.run.worker import Settings, StepResult
 from gpuq.spool import Spool
 
@@ -90,6 +91,16 @@ def test_notify_takes_the_next_word_as_a_url_only_when_it_has_a_scheme() -> None
     )
     with pytest.raises(UsageError, match="^--notify: not a URL such as ntfy://my-topic: 'nope'$"):
         cmd_worker._settings(parse(["run", "--notify=nope"]))
+
+
+def test_show_names_where_a_job_is_told_without_the_secrets(gq: Any) -> None:
+    job_id = gq.add("--notify", "--notify", "json://user:secret@127.0.0.1:9/hook", "--on-finish", "echo hi", "true")
+    shown_card = gq.gpuq("show", str(job_id)).stdout
+    assert re.search(r"notify +desktop, json://127\.0\.0\.1:9\n", shown_card), shown_card
+    assert re.search(r"on finish +echo hi\n", shown_card), shown_card
+    assert "secret" not in shown_card
+    plain = gq.gpuq("show", str(gq.add("true"))).stdout
+    assert "notify" not in plain and "on finish" not in plain
 
 
 def test_a_url_is_shown_by_its_scheme_and_host_only() -> None:

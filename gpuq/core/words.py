@@ -1,4 +1,5 @@
-"""Counts and job ids as a sentence says them: "1 step", "3 steps", "#3, #4", "#12-#15"."""
+"""Counts, job ids and notification URLs as a sentence says them: "1 step", "3 steps", "#3, #4",
+"#12-#15", "json://127.0.0.1:8080"."""
 
 from __future__ import annotations
 
@@ -24,3 +25,14 @@ def ids_text(ids: Iterable[int]) -> str:
     for run in runs:
         parts += [f"#{run[0]}-#{run[-1]}"] if len(run) > 2 else [f"#{i}" for i in run]
     return ", ".join(parts)
+
+
+def url_text(url: str) -> str:
+    """`json://127.0.0.1:8080` for `json://user:pass@127.0.0.1:8080/hook?token=x`: a URL's scheme
+    and host, the host only where it is a network name (`ntfy://TOPIC`, `tgram://BOT_TOKEN/...`:
+    it may be the secret), since the rest of a URL (user, password, token, path) often is."""
+    scheme, _, rest = url.partition("://")
+    host = rest.split("/", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1]
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    network = "." in name or name == "localhost" or name.startswith("[")
+    return f"{scheme}://{host if network else '...'}"

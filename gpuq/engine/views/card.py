@@ -17,7 +17,7 @@ from gpuq.core.states import CANCELLED, HELD, PENDING, RUNNING, SLURM, SOURCE_AD
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.timespec import format_duration
 from gpuq.core.transitions import describe_preemption
-from gpuq.core.words import plural
+from gpuq.core.words import plural, url_text
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.actions import sweep_jobs
 from gpuq.engine.schedule import hostroom, scheduler
@@ -56,6 +56,8 @@ def card(spool: Spool, ref: JobRef, job: Any, now: Optional[float] = None) -> li
         *_dependencies(spool, job),
         *_attempts(job),
         *_limits(job),
+        ("notify", _notify(job)),
+        ("on finish", job.on_finish or ""),
         *_sweep(spool, job),
         *_provenance(job),
         ("log", spool.logs.path_of(job)),
@@ -221,6 +223,11 @@ def _attempts(job: Any) -> list[Line]:
 def _limits(job: Any) -> list[Line]:
     limit = format_duration(job.time_limit) if job.time_limit else ""
     return [("time limit", limit), ("begins", _clock(job.begin_at))]
+
+
+def _notify(job: Any) -> str:
+    """Where its events go: the desktop, and each URL by its scheme and host (the rest may be a secret)."""
+    return ", ".join((["desktop"] if job.notify else []) + [url_text(url) for url in job.notify_urls or ()])
 
 
 def _host_limits(job: Any) -> str:

@@ -17,20 +17,12 @@ import sys
 import time
 from typing import Any, Optional
 
+from gpuq.core.words import url_text  # import-free, as this process needs
+
 FAILED, UNKNOWN = 1, 2  # a child's exit status: not delivered; a URL Apprise does not know
 WHY = {FAILED: "not delivered", UNKNOWN: "not a URL Apprise knows"}
 TRACKED = 7  # as send.TRACKED (not imported: this process imports nothing of gpuq it does not need)
 INSTALL = "notifications to URLs need Apprise, which is not installed: pip install 'gpuq-spool[notify]'"
-
-
-def shown(url: str) -> str:
-    """`json://127.0.0.1:8080` for `json://user:pass@127.0.0.1:8080/hook?token=x`; the host only
-    where it is a network name (`ntfy://TOPIC`, `tgram://BOT_TOKEN/...`: it may be the secret)."""
-    scheme, _, rest = url.partition("://")
-    host = rest.split("/", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1]
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    network = "." in name or name == "localhost" or name.startswith("[")
-    return f"{scheme}://{host if network else '...'}"
 
 
 def main() -> int:
@@ -58,7 +50,7 @@ def main() -> int:
         status |= (1 << n) if n < TRACKED else 0
         if urls[n] not in quiet:
             why = WHY.get(code or 0, f"no answer within {order['timeout']:g}s" if code is None else "not delivered")
-            _say(prefix, f"notification not sent to {shown(urls[n])}: {why}")
+            _say(prefix, f"notification not sent to {url_text(urls[n])}: {why}")
     return status
 
 
