@@ -29,7 +29,7 @@ def test_kill_stops_the_whole_process_group(gq: Env) -> None:
     )
     job_id = gq.add("parent.py")
     gq.start_worker("--watch")
-    wait_for(child_pid.exists, what="child started")
+    wait_for(lambda: child_pid.exists() and child_pid.read_text(), what="child started")  # its pid in it
     out = gq.gpuq("kill", str(job_id)).stdout
     assert "killed" in out
     job = gq.job(job_id)

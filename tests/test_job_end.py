@@ -42,7 +42,8 @@ def family(gq: Env, mode: str, *options: str) -> tuple[int, int, int]:
     job_id = gq.add(*options, "family.py", mode)
     gq.start_worker("--watch", "--kill-grace", "1")
     pid_file = gq.work / "child.pid"
-    wait_for(pid_file.exists, 15, what="the job's child")
+    # written by open().write(): the file exists a moment before its pid is in it
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 15, what="the job's child")
     return job_id, int(pid_file.read_text()), int((gq.work / "daemon.pid").read_text())
 
 
