@@ -109,6 +109,9 @@ def test_with_a_worker_a_free_slot_starts_now_and_a_busy_one_says_when(gq: Env) 
     gq.wait_state(running, "running")
     later = plan_add(sp, request)["jobs"][0]["would_start"]
     assert later["now"] is False and later["why_not"] == "every slot it could take is busy"
+    log = gq.home / "logs" / f"{running:06d}.log"
+    # the job's one line lands in its log a moment after it is `running`; until then the tree moves
+    wait_for(lambda: b"step 1/10" in log.read_bytes(), what="the job's line in its log")
     gq.gpuq("stop")  # the job runs on; nothing else writes to the spool now
     before = tree(gq.home)
     assert (
