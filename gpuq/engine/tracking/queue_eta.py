@@ -243,53 +243,129 @@ def plan_queue(
 ) -> dict[int, eta.Estimate]:
     """Expected start and end (seconds from now, None = unknown) of each pending job.
 
-    `running`: (job, seconds until it ends); `pending`: (job, scheduler wait) in queue order. Each
-    job takes the slot that frees first, once its dependencies have ended; its run time is the
-    median of earlier runs of the same command in the same directory. Whatever depends on an
-    unknown is unknown: no guessing. `outside`: per GPU slot, (MiB held by processes that are not
-    gpuq's, total MiB); a GPU such memory keeps a job off (`threshold`: the worker's
-    --foreign-mem-threshold) frees at an unknown time, so the job starts when another GPU frees,
-    or at a time unknown.
+    `running`: (job, seconds until it ends); `pending`: (job, scheduler wait) in queue order,
+    played forward as the worker starts them (`_Play`): a dependent starts when *its* dependency
+    ends, whatever job ends first. A job's run time is the median of earlier runs of the same
+    command in the same directory. Whatever depends on an unknown is unknown: no guessing.
+    `outside`: per GPU slot, (MiB held by processes that are not gpuq's, total MiB); a GPU such
+    memory keeps a job off (`threshold`: the worker's --foreign-mem-threshold) frees at an unknown
+    time, so the job starts when another GPU frees, or at a time unknown.
     """
     if not slots:
         return {j.id: eta.Estimate(None, None, "unknown: no worker is running (`gpuq run`)") for j, _w in pending}
-    free: dict[Optional[str], Optional[float]] = {s: 0.0 for s in slots}
-    ends: dict[int, Optional[float]] = {}
-    for job, until in running:
-        ends[job.id] = until
-        for slot in _slots_of(job, slots):
-            if slot in free:
-                free[slot] = _later(free[slot], until)
-    out: dict[int, eta.Estimate] = {}
-    for job, wait in _dependencies_first(pending):
+    play = _Play(slots, running, durations, outside or {}, threshold)
+    waiting = []
+    for job, wait in pending:
         if wait is not None and getattr(wait, "forever", False):
-            out[job.id] = eta.Estimate(None, None, f"will not start by itself: {wait.reason}")
-            ends[job.id] = None
+            play.out[job.id] = eta.Estimate(None, None, f"will not start by itself: {wait.reason}")
+            play.ends[job.id] = None
             continue
         ready: Optional[float] = 0.0
         begin = parse_iso(job.begin_at) if now is not None else None
         if begin is not None:
             ready = max(0.0, begin - now)  # --begin: not before
+        waiting.append((job, _later(ready, _host_room_at(job, wait, running))))
+    play.run(waiting)
+    return play.out
+
+
+class _Play:
+    """The queue played forward as the worker's steps start jobs (engine/schedule/planner.py):
+    whenever a slot frees or a wait ends, the jobs ready then (dependencies ended) take the free
+    slots they can use in queue order; a GPU job that must wait holds up the GPU jobs behind it
+    (placement.place_in_order, no backfill), one not ready holds up nobody."""
+
+    def __init__(
+        self,
+        slots: list[Optional[str]],
+        running: list[tuple[dict[str, Any], Optional[float]]],
+        durations: dict[str, list[float]],
+        outside: dict[str, tuple[int, int]],
+        threshold: int,
+    ) -> None:
+        self.slots, self.durations, self.outside, self.threshold = slots, durations, outside, threshold
+        self.free: dict[Optional[str], Optional[float]] = {s: 0.0 for s in slots}  # None: frees when unknown
+        self.ends: dict[int, Optional[float]] = {}  # running jobs, pending ones once placed; None: unknown
+        self.out: dict[int, eta.Estimate] = {}
+        for job, until in running:
+            self.ends[job.id] = until
+            for slot in _slots_of(job, slots):
+                if slot in self.free:
+                    self.free[slot] = _later(self.free[slot], until)
+
+    def run(self, waiting: list[tuple[dict[str, Any], Optional[float]]]) -> None:
+        """Place each (job, when its --begin or host room allows it; None: unknown) of `waiting`,
+        in queue order; a job that never gets its slots has an unknown start."""
+        unplaced = {job.id for job, _r in waiting}
+        # when anything can change: a slot frees (a dependency's end among them), a wait is over
+        moments = {t for t in self.free.values() if t is not None} | {r for _j, r in waiting if r is not None}
+        at, left = 0.0, waiting
+        while left:
+            left, placed = self._step(at, left, unplaced)
+            if placed:
+                moments.update(t for t in (self.ends[job.id] for job in placed) if t is not None)
+                continue  # a job that ran for no time may have made another ready now
+            moments = {t for t in moments if t > at}
+            if not moments:
+                break
+            at = min(moments)
+        for job, _ready in left:
+            usable, _count = _needs(job, self.slots)
+            held_off = _held_off(job, usable, self.outside, self.threshold)
+            unknown_elsewhere = all(self.free[s] is None or s in held_off for s in usable)
+            note = _queue_note(None, *self._run_time(job), _held_text(held_off), None if unknown_elsewhere else [])
+            self.out[job.id] = eta.Estimate(None, None, note)
+
+    def _step(
+        self, at: float, left: list[tuple[dict[str, Any], Optional[float]]], unplaced: set[int]
+    ) -> tuple[list[tuple[dict[str, Any], Optional[float]]], list[dict[str, Any]]]:
+        """The jobs of `left` that start at `at`, placed; (the others, those placed)."""
+        open_now = [s for s in self.slots if self.free[s] is not None and self.free[s] <= at]
+        behind, placed, still = False, [], []
+        for n, (job, own) in enumerate(left):
+            if not open_now:  # every slot taken: nothing else starts now
+                return still + left[n:], placed
+            ready = self._ready(job, own, unplaced)
+            if ready is None or ready > at:
+                still.append((job, own))
+                continue
+            usable, count = _needs(job, self.slots)
+            gpu_job = CPU_LANE in self.slots and CPU_LANE not in usable
+            held_off = _held_off(job, usable, self.outside, self.threshold)
+            can = [s for s in open_now if s in usable and s not in held_off]
+            if len(can) < count or (behind and gpu_job):
+                behind = behind or gpu_job
+                still.append((job, own))
+                continue
+            taken = can[:count]
+            open_now = [s for s in open_now if s not in taken]
+            self._place(job, at, taken, held_off)
+            unplaced.discard(job.id)
+            placed.append(job)
+        return still, placed
+
+    def _ready(self, job: dict[str, Any], own: Optional[float], unplaced: set[int]) -> Optional[float]:
+        """When `job`'s dependencies allow it to start (None: one is unplaced or ends when unknown)."""
+        ready = own
         for dep in _deps(job):
-            ready = _later(ready, ends.get(dep, 0.0))
-        ready = _later(ready, _host_room_at(job, wait, running))
-        usable, count = _needs(job, slots)
-        held_off = _held_off(job, usable, outside or {}, threshold)
-        known = sorted((s for s in usable if free[s] is not None and s not in held_off), key=lambda s: free[s])
-        taken = known[:count] if len(known) >= count else usable[:count]
-        start = ready
+            if dep in unplaced:
+                return None
+            ready = _later(ready, self.ends.get(dep, 0.0))
+        return ready
+
+    def _place(self, job: dict[str, Any], at: float, taken: list[Optional[str]], held_off: dict[str, int]) -> None:
+        run, runs = self._run_time(job)
+        end = None if run is None else at + run
         for slot in taken:
-            start = None if slot in held_off else _later(start, free[slot])
-        gpus_known = all(s not in held_off and free[s] is not None for s in taken)
-        past = durations.get(eta.command_key(job), [])[-RUNS:]
-        run = eta.median(past) if past else None
-        end = None if start is None or run is None else start + run
-        for slot in taken:
-            free[slot] = end
-        ends[job.id] = end
-        note = _queue_note(start, run, len(past), _held_text(held_off), taken if gpus_known else None)
-        out[job.id] = eta.Estimate(None, end, note, starts_in=start)
-    return out
+            self.free[slot] = end
+        self.ends[job.id] = end
+        note = _queue_note(at, run, runs, _held_text(held_off), taken)
+        self.out[job.id] = eta.Estimate(None, end, note, starts_in=at)
+
+    def _run_time(self, job: dict[str, Any]) -> tuple[Optional[float], int]:
+        """The median of the newest RUNS earlier runs of the job's command here, and how many."""
+        past = self.durations.get(eta.command_key(job), [])[-RUNS:]
+        return (eta.median(past) if past else None), len(past)
 
 
 def _host_room_at(
@@ -311,19 +387,6 @@ def _held_text(held_off: dict[str, int]) -> str:
     return "; ".join(
         f"GPU {slot}: {mib / 1024:.1f} GiB held by processes that are not gpuq's" for slot, mib in held_off.items()
     )
-
-
-def _dependencies_first(pending: list[tuple[dict[str, Any], Any]]) -> list[tuple[dict[str, Any], Any]]:
-    """Queue order, except that a job comes after pending jobs it depends on (a high-priority job
-    can wait for a lower-priority one)."""
-    left, done, out = list(pending), set(), []
-    ids = {j.id for j, _w in pending}
-    while left:
-        ready = [n for n, (job, _w) in enumerate(left) if not (_deps(job) & ids) - done]
-        job, wait = left.pop(ready[0] if ready else 0)  # none ready: a cycle; never loop forever
-        done.add(job.id)
-        out.append((job, wait))
-    return out
 
 
 def _deps(job: dict[str, Any]) -> set[int]:
