@@ -204,3 +204,32 @@ def test_an_adopted_training_whose_checkpoint_does_not_move_counts_from_its_real
     low, high = 70 / 30 * (before - born) - (after - before), 70 / 30 * (after - born)
     assert low - 0.1 <= row["eta_seconds"] <= high + 0.1, (row, low, high)
     (gq.work / "release").touch()
+
+
+# Writes checkpoint-30 of 100 as soon as it starts (a training that resumed on its own, or saves
+# early), then no other until its release file appears.
+CHECKPOINTED_AT_ONCE = CHECKPOINTED.replace("time.sleep(0.6)\n", "")
+
+
+def test_an_adopted_training_gets_an_eta_at_once_though_its_checkpoint_came_at_its_start(gq, outside) -> None:
+    """Its only checkpoint was written in its first instant and does not move: 30 steps in all
+    the time since the process's real start is still a rate, from the first look on."""
+    proc = outside("-c", CHECKPOINTED_AT_ONCE, str(gq.work / "release"), "--output_dir", "out")
+    wait_for((gq.work / "out" / "checkpoint-30" / "trainer_state.json").exists, 10, what="the checkpoint")
+    job_id = int(gq.gpuq("adopt", str(proc.pid)).stdout.split("#")[1].split(":")[0])
+    from gpuq.core.times import parse_iso
+
+    born = parse_iso(json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)["started_at"])
+    wait_for(lambda: time.time() - born > 2, 10, what="the process to be 2 s old")
+    before = time.time()
+    row = row_of(gq, job_id)
+    after = time.time()
+    assert row["progress"] == 0.3 and row["progress_source"] == "checkpoint"
+    assert row["eta_seconds"] is not None, row["eta_method"]
+    assert "elapsed x remaining / done (one sample so far)" in row["eta_method"], row
+    # 70 steps left at the pace of 30 in the process's whole life, as it was during the look
+    low, high = 70 / 30 * (before - born) - (after - before), 70 / 30 * (after - born)
+    assert low - 0.1 <= row["eta_seconds"] <= high + 0.1, (row, low, high)
+    again = row_of(gq, job_id)  # a second look at the same checkpoint: still the first-look rate
+    assert again["eta_seconds"] is not None and "elapsed x remaining / done" in again["eta_method"], again
+    (gq.work / "release").touch()

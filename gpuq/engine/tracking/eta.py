@@ -252,7 +252,9 @@ def _first_look(reading: progress.Reading, run: Optional[Attempt], now: float) -
     """elapsed x remaining / done, as a rate since the attempt started (or why not). Elapsed runs
     to now, not to when the reading was written: a checkpoint written long ago (the job has not
     written the next one since) says the job has done at least that much in all the time it has
-    run, and counted to the checkpoint's time its rate would have the job finished already."""
+    run, and counted to the checkpoint's time its rate would have the job finished already. So
+    the reading may be as old as the attempt (a checkpoint an adopted training wrote as it began):
+    only the attempt must have run long enough for a rate to mean anything."""
     if run is None:
         return None, "unknown until a second sample shows a rate; look again later"
     if run.start_step is None:
@@ -260,7 +262,7 @@ def _first_look(reading: progress.Reading, run: Optional[Attempt], now: float) -
     if run.start_step and reading.kind in NOT_STEPS:
         return None, "unknown: a resumed job counting in epochs or percent, until a second sample shows a rate"
     elapsed, done = max(now, reading.at) - run.started, reading.step - run.start_step
-    if reading.at - run.started < MIN_SPAN or done <= 0:
+    if elapsed < MIN_SPAN or done <= 0:
         return None, "unknown until a second sample shows a rate; look again later"
     since = f" since step {_num(run.start_step)}" if run.start_step else ""
     return done / elapsed, f"elapsed x remaining / done{since} (one sample so far)"
@@ -268,9 +270,12 @@ def _first_look(reading: progress.Reading, run: Optional[Attempt], now: float) -
 
 def _overdue(reading: progress.Reading, run: Attempt, now: float) -> Optional[float]:
     """How long ago the job should have ended had it kept the pace it had until its one reading
-    (None: not overdue): the first look's test for a job that stalled."""
-    done = reading.step - (run.start_step or 0.0)
-    pace = done / (reading.at - run.started)
+    (None: not overdue): the first look's test for a job that stalled. A reading from the
+    attempt's first instant shows no pace to hold the job to."""
+    done, spent = reading.step - (run.start_step or 0.0), reading.at - run.started
+    if spent < MIN_SPAN:
+        return None
+    pace = done / spent
     late = now - (reading.at + (reading.total - reading.step) / pace)
     return late if late > max(60.0, STALL_FACTOR / pace) else None
 
