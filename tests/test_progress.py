@@ -250,13 +250,14 @@ def make_checkpoint(out: Path, step: int, complete: bool = True, max_steps: int 
 
 def test_progress_from_checkpoint_directories(gq) -> None:
     out = gq.work / "runs" / "a"
+    gq.script("ckpt.py", "import time\ntime.sleep(60)\n")
+    job_id = gq.add("ckpt.py", "--output_dir", "runs/a", "--max-steps=100")
+    gq.start_worker()
+    gq.wait_state(job_id, "running")  # checkpoints it writes (one made before it began is another run's)
     make_checkpoint(out, 10)
     make_checkpoint(out, 20)
     make_checkpoint(out, 30, complete=False)  # cut short while saving: not a checkpoint
     make_checkpoint(gq.work / "elsewhere", 90)  # not in the job's output dir: ignored
-    gq.script("ckpt.py", "import time\ntime.sleep(60)\n")
-    job_id = gq.add("ckpt.py", "--output_dir", "runs/a", "--max-steps=100")
-    gq.start_worker()
     row = running_row(gq, job_id, lambda r: r["progress"] is not None)
     assert row["progress_source"] == "checkpoint"
     assert row["progress"] == pytest.approx(0.2)

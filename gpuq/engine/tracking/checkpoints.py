@@ -45,6 +45,7 @@ STEP_RE = lazyre.lazy(r"(?:step|checkpoint|iter|iteration|global_step)[=_-]?(\d+
 EPOCH_RE = lazyre.lazy(r"epoch[=_-]?(\d+)", lazyre.IGNORECASE)
 OUTPUT_DIR_FLAGS = ("--output_dir", "--output-dir")
 MAX_STEPS_FLAGS = ("--max_steps", "--max-steps")
+RESUME_FLAGS = ("--resume_from_checkpoint", "--resume-from-checkpoint")
 
 
 class Checkpoint(tuple):

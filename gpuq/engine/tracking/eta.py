@@ -39,7 +39,7 @@ HISTORY_FILES = 200  # newest done/ jobs read to learn run times and tails
 TAIL_RUNS = 5  # the tail is the median of this many newest earlier runs
 TAIL_REACH = 0.2  # a run's end may be extrapolated from a sample within this fraction of its total
 STALL_FACTOR = 5.0  # no new step for this many expected step-times past the ETA: say "stalled"
-RESUME_FLAGS = ("--resume_from_checkpoint", "--resume-from-checkpoint")
+RESUME_FLAGS = checkpoints.RESUME_FLAGS
 NOT_STEPS = ("Epoch N/M", "HF log (epoch)", "N%")  # counters that do not count steps
 
 
@@ -115,7 +115,8 @@ def _observe(
     if reading:
         return reading, [], log
     reading, points = progress.from_checkpoints(job)
-    return reading, [p for p in points if p[0] >= started - progress.MTIME_SLACK], log  # older: a previous run
+    # the checkpoint it resumed from is where the attempt began, not a sample of its pace
+    return reading, [p for p in points if progress.wrote_since(p[0], started, job.adopted)], log
 
 
 def log_reading(

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 TAIL_BYTES = 64 * 1024
 ATTEMPT_HEADER = ATTEMPT_HEADER_TEXT.encode()  # as the log's bytes are searched
 MTIME_SLACK = checkpoints.MTIME_SLACK
+CLOCK_SLACK = 0.05  # seconds: file times come from the kernel's coarse clock, a tick or two behind
 MAX_TRAINER_STATE_BYTES = 8 << 20
 # A longer segment (a dumped tensor, a sparse file's zeros) is read by its end only: progress is what
 # a bar prints last, and seven patterns over 64 KiB of one line cost `gpuq status` milliseconds.
@@ -320,30 +321,54 @@ def num_epochs(cmd: list[str]) -> Optional[float]:
 
 # ---- 3. checkpoints -----------------------------------------------------------------------------
 def checkpoint_points(job: dict[str, Any]) -> tuple[list[tuple[float, float, str]], Optional[float]]:
-    """(mtime, step, label) of every complete checkpoint of the job with a step number, oldest
-    first, and the total steps (--max_steps, else the newest trainer_state.json's max_steps)."""
-    cmd, cwd = job.cmd, job.cwd
+    """(mtime, step, label) of every complete checkpoint of the current attempt with a step number,
+    oldest first, and the total steps (--max_steps, else its newest trainer_state.json's max_steps).
+    A checkpoint is the attempt's when the attempt wrote it (`wrote_since` its start) or resumed
+    from it: the run before it in the same output dir (`--output_dir out` every time) left its own
+    last checkpoint there, which is not this run's progress."""
+    cmd, cwd, started = job.cmd, job.cwd, attempt_started(job)
     out = checkpoints.output_dir(cmd, cwd)
     if job.ckpt_glob:
         found = checkpoints.glob_checkpoints(job.ckpt_glob, cwd)
     else:
         found = checkpoints.hf_checkpoints(out) if out is not None else []
-    points = []
-    for ckpt in found:
-        if ckpt.step is not None:
-            points.append((_mtime(ckpt.path, checkpoints.HF_COMPLETE_MARKER), float(ckpt.step), _base(ckpt.path)))
+    dated = [(c, _mtime(c.path, checkpoints.HF_COMPLETE_MARKER)) for c in found if c.step is not None]
+    resumed = _resumed_from(job, dated, started)
+    ours = [(c, at) for c, at in dated if c.path == resumed or wrote_since(at, started, job.adopted)]
+    points = [(at, float(c.step), _base(c.path)) for c, at in ours]
     if out is not None:
-        points += _trl_completions(out)
+        points += [p for p in _trl_completions(out) if wrote_since(p[0], started, job.adopted)]
     points.sort(key=lambda p: (p[1], p[0]))
     total = checkpoints.max_steps(cmd)
-    if total is None and found:
-        total = _trainer_state_max_steps(found[-1].path)
+    if total is None and ours:
+        total = _trainer_state_max_steps(ours[-1][0].path)
     return points, float(total) if total else None
 
 
+def wrote_since(mtime: float, started: float, adopted: bool = False) -> bool:
+    """Whether a file completed at `mtime` was written after an attempt started at `started`.
+    gpuq records the start before it spawns the job, so what the job writes is later (a file's
+    time may trail the clock by CLOCK_SLACK); a whole-second time (a filesystem with coarse times)
+    and an adopted process's start (psutil's figure) are given MTIME_SLACK."""
+    return mtime >= started - (MTIME_SLACK if adopted or float(mtime).is_integer() else CLOCK_SLACK)
+
+
+def _resumed_from(job: dict[str, Any], dated: list[tuple[Any, float]], started: float) -> Optional[str]:
+    """The path of the checkpoint the attempt resumed from: gpuq's resume (`resumed_from`), else
+    the command's own --resume_from_checkpoint (`true`: the newest one that was there when the
+    attempt started, as HF Trainer picks it); `dated`: (checkpoint, when completed), by step."""
+    value = job.resumed_from or checkpoints.arg_value(job.cmd, checkpoints.RESUME_FLAGS)
+    if not value:
+        return None
+    if value.lower() == "true":
+        before = [c.path for c, at in dated if not wrote_since(at, started, job.adopted)]
+        return before[-1] if before else None
+    return os.path.abspath(os.path.join(job.cwd, os.path.expanduser(value)))
+
+
 def from_checkpoints(job: dict[str, Any]) -> tuple[Optional[Reading], list[tuple[float, float]]]:
-    """The newest checkpoint as a reading, plus every checkpoint as a (time, step) sample: the
-    times the checkpoints were written give a rate from a single look."""
+    """The current attempt's newest checkpoint as a reading, plus each of its checkpoints as a
+    (time, step) sample: the times they were written give a rate from a single look."""
     points, total = checkpoint_points(job)
     if not points:
         return None, []
