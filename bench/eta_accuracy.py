@@ -7,7 +7,7 @@ Every `--interval` seconds the script looks at the log exactly as `gpuq status` 
 the moment the process ends is the real end. Afterwards the looks are replayed through
 
 - the new method: eta.estimate with the attempt's start time and the tail learned from earlier runs
-  (eta.tail_of on each earlier run's samples, median of the newest 5), and
+  (eta.tail_and_pace on each earlier run's samples, eta.learned_tail over the newest 5), and
 - the old method: the arithmetic gpuq used before (rate over the newest 8 samples, nothing after the
   last step), copied below,
 
@@ -172,10 +172,11 @@ def run_once(script: Path, work: Path, steps: int, interval: float, load: str, h
 
 
 # ---- replaying the looks ------------------------------------------------------------------------
-def replay(run: dict[str, Any], tail: Optional[float], tail_runs: int, weight: float) -> dict[str, Any]:
-    """Errors of the new and old method at every scored look of one run, and the run's own tail."""
+def replay(run: dict[str, Any], learned: tuple, weight: float) -> dict[str, Any]:
+    """Errors of the new and old method at every scored look of one run (`learned`: the tail as
+    eta.learned_tail gives it), and the run's own tail and pace at its end."""
     started, ended = run["started"], run["ended"]
-    attempt = eta.Attempt(started, 0.0, tail, tail_runs)
+    attempt = eta.Attempt(started, 0.0, *learned)
     new_points: list[tuple[float, float]] = []
     old_points: list[tuple[float, float]] = []
     key, new_err, old_err, unknown = None, [], [], {"new": 0, "old": 0}
@@ -196,27 +197,52 @@ def replay(run: dict[str, Any], tail: Optional[float], tail_runs: int, weight: f
                 errors.append(abs(now + value - ended) / (ended - now))
     last = run["looks"][-1] if run["looks"] else None
     samples = {"total": last[3] if last else None, "points": [list(p) for p in new_points]}
-    own_tail = eta.tail_of(Job(started_at=iso_of(started), finished_at=iso_of(ended)), samples)
-    return {"new": new_err, "old": old_err, "unknown": unknown, "tail": own_tail}
+    own_tail, pace = eta.tail_and_pace(Job(started_at=iso_of(started), finished_at=iso_of(ended)), samples)
+    return {"new": new_err, "old": old_err, "unknown": unknown, "tail": own_tail, "pace": pace, "end": ended}
 
 
 def score(raw: dict[str, Any], weight: float = eta.WINDOW_WEIGHT) -> dict[str, dict[str, list[float]]]:
-    """Errors per load for both methods, each run's tail learned from the runs before it."""
-    tails: list[float] = []
+    """Errors per load for both methods, each run's tail learned from the runs before it, as gpuq
+    learns it (eta.learned_tail); `flat`: the new method with that tail not scaled to the pace
+    (gpuq before it was: its tail in steps left unknown)."""
+    ends: list[tuple[float, float, Optional[float]]] = []
     out: dict[str, dict[str, Any]] = {}
     for run in raw["runs"]:
-        learned = tails[-eta.TAIL_RUNS :]
-        result = replay(run, eta.median(learned) if learned else None, len(learned), weight)
+        learned = eta.learned_tail(ends)
+        result = replay(run, learned, weight)
+        result["flat"] = replay(run, (*learned[:2], None), weight)["new"]
         if result["tail"] is not None:
-            tails.append(result["tail"])
+            ends.append((result["end"], result["tail"], result["pace"]))
         if run.get("scored", True):
-            into = out.setdefault(run["load"], {"new": [], "old": [], "unknown_new": 0, "unknown_old": 0, "runs": 0})
+            empty = {"new": [], "old": [], "flat": [], "unknown_new": 0, "unknown_old": 0, "runs": 0}
+            into = out.setdefault(run["load"], empty)
+            into["flat"] += result["flat"]
             into["new"] += result["new"]
             into["old"] += result["old"]
             into["unknown_new"] += result["unknown"]["new"]
             into["unknown_old"] += result["unknown"]["old"]
             into["runs"] += 1
+            into.setdefault("each", []).append((run, result))
     return out
+
+
+def spread(run: dict[str, Any], span: float = 5.0) -> Optional[float]:
+    """How steady the run's pace was: the coefficient of variation of its steps/s over successive
+    `span`-second stretches of its main counter (the one of its last look). Another load on the
+    machine coming and going shows here; two hogs alone hardly do."""
+    if not run["looks"]:
+        return None
+    last = run["looks"][-1]
+    points = [(at, step) for _n, at, step, total, *_rest in run["looks"] if total == last[3]]
+    paces, start = [], points[0] if points else None
+    for at, step in points[1:]:
+        if at - start[0] >= span:
+            paces.append((step - start[1]) / (at - start[0]))
+            start = (at, step)
+    if len(paces) < 2 or not sum(paces):
+        return None
+    mean = sum(paces) / len(paces)
+    return (sum((p - mean) ** 2 for p in paces) / len(paces)) ** 0.5 / mean
 
 
 def stats(errors: list[float]) -> str:
@@ -230,22 +256,35 @@ def stats(errors: list[float]) -> str:
 def report(raw: dict[str, Any]) -> str:
     scored = score(raw)
     lines = [
-        "| load | runs | looks | old: median / p90 / worst | new: median / p90 / worst | unknown (old, new) |",
-        "|---|---|---|---|---|---|",
+        "| load | runs | looks | old: median / p90 / worst | tail not scaled | new: median / p90 / worst "
+        "| unknown (old, new) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for load, res in scored.items():
+        old, flat, new = (stats(res[m]).replace(" |", " /") for m in ("old", "flat", "new"))
         lines.append(
-            f"| {load} | {res['runs']} | {len(res['new'])} | {stats(res['old']).replace(' |', ' /')} "
-            f"| {stats(res['new']).replace(' |', ' /')} | {res['unknown_old']}, {res['unknown_new']} |"
+            f"| {load} | {res['runs']} | {len(res['new'])} | {old} | {flat} | {new} "
+            f"| {res['unknown_old']}, {res['unknown_new']} |"
         )
     lines += ["", "New method, window weight replayed (same looks; 1.0 = the window alone):", ""]
     lines += ["| window weight | load | median / p90 / worst |", "|---|---|---|"]
     for weight in WEIGHTS:
         for load, res in score(raw, weight).items():
             lines.append(f"| {weight} | {load} | {stats(res['new']).replace(' |', ' /')} |")
-    tails = [replay(r, None, 0, eta.WINDOW_WEIGHT)["tail"] for r in raw["runs"]]
-    shown = ", ".join(f"{t:.2f}s" if t is not None else "?" for t in tails)
+    own = [replay(r, eta.learned_tail([]), eta.WINDOW_WEIGHT) for r in raw["runs"]]
+    shown = ", ".join(f"{o['tail']:.2f}s" if o["tail"] is not None else "?" for o in own)
     lines += ["", f"Each run's own tail (process end minus reaching the last step): {shown}"]
+    paces = ", ".join(f"{o['pace']:.1f}" if o["pace"] else "?" for o in own)
+    lines += ["", f"Each run's pace before its last step (steps/s): {paces}"]
+    lines += ["", "Each scored run (spread: variation of its pace over 5 s stretches; see spread()):", ""]
+    lines += ["| load | spread | tail | old: median / p90 | tail not scaled | new: median / p90 |"]
+    lines += ["|---|---|---|---|---|---|"]
+    for load, res in scored.items():
+        for run, result in res["each"]:
+            cv, tail = spread(run), result["tail"]
+            old, flat, new = (" / ".join(stats(result[m]).split(" | ")[:2]) for m in ("old", "flat", "new"))
+            shown = f"| {'?' if cv is None else f'{100 * cv:.0f}%'} | {'?' if tail is None else f'{tail:.2f}s'}"
+            lines.append(f"| {load} {shown} | {old} | {flat} | {new} |")
     return "\n".join(lines)
 
 

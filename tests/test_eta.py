@@ -284,3 +284,41 @@ def test_status_and_eta_show_the_first_look_figure(gq) -> None:
     shown = gq.gpuq("eta", str(job_id)).stdout
     assert "one sample so far" in shown, shown
     assert os.path.exists(gq.home / "progress" / f"{job_id:06d}.samples.json")
+
+
+# ---- the tail at the job's pace ------------------------------------------------------------------
+def test_the_learned_tail_is_scaled_to_the_jobs_pace_beyond_the_runs_own_spread() -> None:
+    """Earlier runs went 50 steps/s and took 1 s after their last step (50 steps' worth): a job
+    going 10 steps/s on a busier machine gets 5 s, one going 45 steps/s their 1 s."""
+    run = eta.Attempt(started=900.0, tail=1.0, tail_runs=3, tail_steps=50.0)
+    points = [(900.0 + t, 10.0 * t) for t in range(0, 30, 3)]  # 10 steps/s
+    slow = eta.estimate(reading(270, at=927.0), points, now=927.0, run=run)
+    assert slow.eta_seconds == pytest.approx(3.0 + 5.0)
+    assert "+ 5.0s after the last step (median of 3 earlier runs, 1.0s at their pace)" in slow.method
+    near = [(900.0 + t, 45.0 * t) for t in range(0, 6)]  # 45 steps/s: within their own spread
+    kept = eta.estimate(reading(225, total=450, at=905.0), near, now=905.0, run=run)
+    assert kept.eta_seconds == pytest.approx(5.0 + 1.0) and "at their pace" not in kept.method
+    ended = eta.estimate(reading(300, at=930.0), points + [(930.0, 300.0)], now=930.0, run=run)
+    assert ended.eta_seconds == pytest.approx(5.0)  # finishing: at the pace it had before its last step
+    assert eta.estimate(reading(270, at=927.0), points, now=927.0, run=eta.Attempt(900.0, 0.0, 1.0, 3)).eta_seconds == (
+        pytest.approx(3.0 + 1.0)
+    )  # a tail learned without the runs' pace stays as it was
+
+
+def test_the_tail_in_steps_is_learned_with_the_runs_pace_and_kept(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool").ensure()
+    here, now = str(tmp_path), time.time()
+    for job_id, tail in ((1, 0.5), (2, 0.9), (3, 0.7)):
+        finished_run(spool, job_id, here, tail, now - 1000 + job_id)  # 1 step/s before their last step
+    job = schema.new_job(job_id=9, name="train", cmd=["python", "train.py"], cwd=here, log="")
+    job.update(state="running", started_at=iso_of(now - 60))
+    assert eta.learned_tail(eta.past_ends(spool, job, now - 60)) == (
+        pytest.approx(0.7, abs=0.01),
+        3,
+        pytest.approx(0.7, abs=0.01),
+    )
+    run = eta.record(spool, job, reading(10, total=50, at=now - 10), [])[1]
+    assert run.tail_steps == pytest.approx(0.7, abs=0.01)
+    assert spool.reports.read_samples(9)["tail"]["steps"] == pytest.approx(0.7, abs=0.01)
+    again = eta.attempt_of(spool, job, spool.reports.read_samples(9))  # from the samples, not learned again
+    assert again.tail_steps == pytest.approx(0.7, abs=0.01) and again.tail_runs == 3

@@ -80,6 +80,19 @@ def arg_value(cmd: Sequence[str], names: Sequence[str]) -> Optional[str]:
     return value
 
 
+def start_step(job: dict[str, Any]) -> Optional[float]:
+    """The step the current attempt started at: 0 from scratch, the checkpoint's step when resumed
+    (gpuq's own resume, or the command's own --resume_from_checkpoint: an adopted job), None when
+    it resumed from a checkpoint whose step cannot be told (`--resume_from_checkpoint=True`)."""
+    if job.resumed_from_step is not None:
+        return float(job.resumed_from_step)
+    ckpt = job.resumed_from or arg_value(job.cmd, RESUME_FLAGS)
+    if not ckpt:
+        return 0.0
+    m = STEP_RE.search(os.path.basename(str(ckpt).rstrip("/")))
+    return float(m.group(1)) if m else None
+
+
 def output_dir(cmd: Sequence[str], cwd: str) -> Optional[Path]:
     """The job's output directory as an absolute path (relative values are relative to `cwd`)."""
     value = arg_value(cmd, OUTPUT_DIR_FLAGS)

@@ -9,7 +9,9 @@ gives a rate.
 The rate blends the newest RATE_POINTS samples with the mean since the series' first sample
 (WINDOW_WEIGHT, measured in bench/eta_accuracy.py): the window alone follows every hiccup of a
 shared machine. The tail (saving, teardown) is learned from earlier runs of the same command in the
-same directory; without it every ETA ends early by that much.
+same directory; without it every ETA ends early by that much. It is work like the steps: on a machine
+busier than during those runs it slows down as they do, so it is scaled to the job's pace now
+(`tail_seconds`).
 
 Where samples come from (ARCHITECTURE.md, "Progress and ETA"): every look (`gpuq status`, `gpuq eta`,
 the worker every 30 s) records the current reading, stamped with the time the source wrote it, in
@@ -18,7 +20,6 @@ progress/NNNNNN.samples.json through the Spool. The queue's ETA is in queue_eta.
 
 from __future__ import annotations
 
-import os
 from operator import itemgetter
 
 from gpuq.core.states import DONE
@@ -38,9 +39,10 @@ MIN_SPAN = 0.5  # seconds between the first and last sample for a rate to mean a
 HISTORY_FILES = 200  # newest done/ jobs read to learn run times and tails
 TAIL_RUNS = 5  # the tail is the median of this many newest earlier runs
 TAIL_REACH = 0.2  # a run's end may be extrapolated from a sample within this fraction of its total
+PACE_BAND = 1.25  # a pace within this factor of the earlier runs' is their own spread: the tail is kept
 STALL_FACTOR = 5.0  # no new step for this many expected step-times past the ETA: say "stalled"
-RESUME_FLAGS = checkpoints.RESUME_FLAGS
 NOT_STEPS = ("Epoch N/M", "HF log (epoch)", "N%")  # counters that do not count steps
+start_step = checkpoints.start_step  # the step the current attempt started at
 
 
 class Estimate:
@@ -69,7 +71,8 @@ class Estimate:
 class Attempt(tuple):
     """What the ETA knows about the current attempt beyond its samples: `started` (epoch seconds),
     `start_step` (the step it resumed from; None: resumed from an unknown step), `tail` (seconds
-    earlier runs took after their last step, or None), `tail_runs` (how many runs `tail` is from).
+    earlier runs took after their last step, or None), `tail_runs` (how many runs `tail` is from),
+    `tail_steps` (the tail in steps: in those runs' own step times at their end, or None).
     A named tuple written out: dataclasses, typing's NamedTuple and collections.namedtuple each
     cost `gpuq status` its start-up (bench/PROFILE.md, section 6)."""
 
@@ -78,17 +81,24 @@ class Attempt(tuple):
     start_step = property(itemgetter(1))
     tail = property(itemgetter(2))
     tail_runs = property(itemgetter(3))
+    tail_steps = property(itemgetter(4))
 
     def __new__(
-        cls, started: float, start_step: Optional[float] = 0.0, tail: Optional[float] = None, tail_runs: int = 0
+        cls,
+        started: float,
+        start_step: Optional[float] = 0.0,
+        tail: Optional[float] = None,
+        tail_runs: int = 0,
+        tail_steps: Optional[float] = None,
     ) -> Attempt:
-        return tuple.__new__(cls, (started, start_step, tail, tail_runs))
+        return tuple.__new__(cls, (started, start_step, tail, tail_runs, tail_steps))
 
     def __getnewargs__(self) -> tuple:
         return tuple(self)
 
     def __repr__(self) -> str:
-        return f"Attempt(started={self[0]!r}, start_step={self[1]!r}, tail={self[2]!r}, tail_runs={self[3]!r})"
+        names = ("started", "start_step", "tail", "tail_runs", "tail_steps")
+        return "Attempt(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, self)) + ")"
 
 
 # ---- one running job ----------------------------------------------------------------------------
@@ -174,7 +184,7 @@ def record(
         "points": [list(p) for p in points],
         "incomplete": incomplete,
         "total": reading.total,
-        "tail": {"for": run.started, "seconds": run.tail, "runs": run.tail_runs},
+        "tail": {"for": run.started, "seconds": run.tail, "runs": run.tail_runs, "steps": run.tail_steps},
     }
     if log is not None:
         new["log"] = log
@@ -236,26 +246,12 @@ def rate_of(points: list[tuple[float, float]], window_weight: float = WINDOW_WEI
     return 1.0 / blended, f"{note}, blended {window_weight:.0%} with the mean over {len(points)} samples in {since}"
 
 
-def start_step(job: dict[str, Any]) -> Optional[float]:
-    """The step the current attempt started at: 0 from scratch, the checkpoint's step when resumed
-    (gpuq's own resume, or the command's own --resume_from_checkpoint: an adopted job), None when
-    it resumed from a checkpoint whose step cannot be told (`--resume_from_checkpoint=True`)."""
-    if job.resumed_from_step is not None:
-        return float(job.resumed_from_step)
-    ckpt = job.resumed_from or checkpoints.arg_value(job.cmd, RESUME_FLAGS)
-    if not ckpt:
-        return 0.0
-    m = checkpoints.STEP_RE.search(os.path.basename(str(ckpt).rstrip("/")))
-    return float(m.group(1)) if m else None
-
-
 def _first_look(reading: progress.Reading, run: Optional[Attempt], now: float) -> tuple[Optional[float], str]:
     """elapsed x remaining / done, as a rate since the attempt started (or why not). Elapsed runs
     to now, not to when the reading was written: a checkpoint written long ago (the job has not
     written the next one since) says the job has done at least that much in all the time it has
-    run, and counted to the checkpoint's time its rate would have the job finished already. So
-    the reading may be as old as the attempt (a checkpoint an adopted training wrote as it began):
-    only the attempt must have run long enough for a rate to mean anything."""
+    run, and counted to the checkpoint's time its rate would have the job finished already (even
+    one written as the attempt began: only the attempt must be old enough for a rate)."""
     if run is None:
         return None, "unknown until a second sample shows a rate; look again later"
     if run.start_step is None:
@@ -285,11 +281,21 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
 
 
-def _tail_note(run: Optional[Attempt]) -> str:
+def tail_seconds(run: Optional[Attempt], rate: Optional[float]) -> float:
+    """The learned tail at the job's pace now (`rate`, steps/s): its steps over `rate` when that
+    differs from its seconds by more than PACE_BAND (a pace within it is the runs' own spread)."""
+    if run is None or run.tail is None:
+        return 0.0
+    paced = run.tail_steps / rate if rate and run.tail_steps else run.tail
+    return paced if not 1 / PACE_BAND <= paced / max(run.tail, 1e-9) <= PACE_BAND else run.tail
+
+
+def _tail_note(run: Optional[Attempt], seconds: float) -> str:
     if run is None or run.tail is None:
         return ""
     runs = f"{run.tail_runs} earlier run{'s' if run.tail_runs != 1 else ''}"
-    return f" + {run.tail:.1f}s after the last step (median of {runs})"
+    scaled = f", {run.tail:.1f}s at their pace" if seconds != run.tail else ""
+    return f" + {seconds:.1f}s after the last step (median of {runs}{scaled})"
 
 
 def estimate(
@@ -305,12 +311,11 @@ def estimate(
     if reading is None:
         return Estimate(None, None, "unknown: no progress file, no progress in the log tail, no checkpoint")
     where = f"{reading.source} ({reading.kind})"
-    tail = run.tail if run is not None and run.tail is not None else 0.0
     if reading.finished or (reading.total and reading.step >= reading.total):
         reached = min((t for t, s in points if reading.total and s >= reading.total), default=reading.at)
-        return Estimate(
-            reading, max(0.0, reached + tail - now), f"{where}: at the end of its work; finishing{_tail_note(run)}"
-        )
+        tail = tail_seconds(run, rate_of([p for p in points if p[0] < reached])[0])
+        note = f"{where}: at the end of its work; finishing{_tail_note(run, tail)}"
+        return Estimate(reading, max(0.0, reached + tail - now), note)
     if not reading.total:
         return Estimate(reading, None, f"{where}: unknown: no total to measure against")
     rate, note = rate_of(points, window_weight)
@@ -324,16 +329,15 @@ def estimate(
         if _overdue(reading, run, now) is not None:
             return Estimate(reading, None, f"{where}: no progress for {duration(now - reading.at)}; stalled?")
         # the rate is counted to now: so is what remains
-        return Estimate(
-            reading,
-            (reading.total - reading.step) / rate + tail,
-            f"{where}: {rate:.3g} steps/s: {note}{_tail_note(run)}",
-        )
+        tail = tail_seconds(run, rate)
+        note = f"{where}: {rate:.3g} steps/s: {note}{_tail_note(run, tail)}"
+        return Estimate(reading, (reading.total - reading.step) / rate + tail, note)
     note = f"{rate:.3g} steps/s {note}".rstrip()
     eta = reading.at + (reading.total - reading.step) / rate - now
     if eta < 0 and -eta > max(60.0, STALL_FACTOR / rate):
         return Estimate(reading, None, f"{where}: no progress for {duration(now - reading.at)}; stalled?")
-    return Estimate(reading, max(0.0, eta + tail), f"{where}: {note}{_tail_note(run)}")
+    tail = tail_seconds(run, rate)
+    return Estimate(reading, max(0.0, eta + tail), f"{where}: {note}{_tail_note(run, tail)}")
 
 
 def running_estimate(spool: Spool, job: dict[str, Any], now: float, keep: bool = True) -> Estimate:
@@ -371,16 +375,31 @@ def attempt_of(spool: Spool, job: dict[str, Any], stored: dict[str, Any]) -> Att
     started = progress.attempt_started(job)
     cached = stored.get("tail")
     if isinstance(cached, dict) and cached.get("for") == started:
-        seconds, runs = cached.get("seconds"), cached.get("runs")
-        tail = float(seconds) if isinstance(seconds, (int, float)) else None
-        return Attempt(started, start_step(job), tail, runs if isinstance(runs, int) else 0)
-    tail, runs = past_tails(spool, job, started)
-    return Attempt(started, start_step(job), tail, runs)
+        tail, runs, steps = (cached.get(k) for k in ("seconds", "runs", "steps"))
+        tail, steps = (float(x) if isinstance(x, (int, float)) else None for x in (tail, steps))
+        return Attempt(started, start_step(job), tail, runs if isinstance(runs, int) else 0, steps)
+    return Attempt(started, start_step(job), *learned_tail(past_ends(spool, job, started)))
 
 
 def past_tails(spool: Spool, job: dict[str, Any], before: float) -> tuple[Optional[float], int]:
     """(median tail, runs) over the newest TAIL_RUNS successful, non-adopted runs of the same command
-    in the same directory that ended before `before`. Reads at most the newest HISTORY_FILES jobs."""
+    in the same directory that ended before `before`."""
+    return learned_tail(past_ends(spool, job, before))[:2]
+
+
+def learned_tail(found: list[tuple[float, float, Optional[float]]]) -> tuple[Optional[float], int, Optional[float]]:
+    """(tail, runs, tail_steps) of Attempt from (end, tail, pace at the end) of earlier runs: the
+    medians over the newest TAIL_RUNS (the steps over those whose pace is known)."""
+    newest = sorted(found)[-TAIL_RUNS:]
+    steps = [t * p for _e, t, p in newest if p]
+    if not newest:
+        return None, 0, None
+    return median([t for _e, t, _p in newest]), len(newest), median(steps) if steps else None
+
+
+def past_ends(spool: Spool, job: dict[str, Any], before: float) -> list[tuple[float, float, Optional[float]]]:
+    """(end, tail, pace at the end) of the successful, non-adopted runs of the same command in the
+    same directory that ended before `before`. Reads at most the newest HISTORY_FILES jobs."""
     key, found = command_key(job), []
     for ref in list(spool.jobs.refs((DONE,)))[-HISTORY_FILES:]:
         if ref.id == job.id:
@@ -392,20 +411,23 @@ def past_tails(spool: Spool, job: dict[str, Any], before: float) -> tuple[Option
         end = parse_iso(past.finished_at)
         if past.adopted or end is None or end > before or command_key(past) != key:
             continue
-        tail = tail_of(past, spool.reports.read_samples(ref.id))
+        tail, pace = tail_and_pace(past, spool.reports.read_samples(ref.id))
         if tail is not None:
-            found.append((end, tail))
-    newest = [t for _e, t in sorted(found)[-TAIL_RUNS:]]
-    return (median(newest), len(newest)) if newest else (None, 0)
+            found.append((end, tail, pace))
+    return found
 
 
 def tail_of(job: dict[str, Any], samples: dict[str, Any]) -> Optional[float]:
+    return tail_and_pace(job, samples)[0]
+
+
+def tail_and_pace(job: dict[str, Any], samples: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
     """Seconds between a finished run's last step and its end: `finished_at` minus when its samples
     reached the total (the first sample at the total, or, when earlier, an extrapolation from the
-    last sample within TAIL_REACH of the end)."""
+    last sample within TAIL_REACH of the end); and its rate (steps/s) before, as the ETA had it."""
     end, total = parse_iso(job.finished_at), samples.get("total")
     if end is None or not isinstance(total, (int, float)) or total <= 0:
-        return None
+        return None, None
     points = merge_points(samples.get("points") or [], [], progress.attempt_started(job))
     reached = [t for t, s in points if s >= total]
     before = [p for p in points if p[1] < total]
@@ -414,8 +436,8 @@ def tail_of(job: dict[str, Any], samples: dict[str, Any]) -> Optional[float]:
         t, s = before[-1]
         reached.append(t + (total - s) / rate)
     if not reached or min(reached) > end:
-        return None
-    return end - min(reached)
+        return None, None
+    return end - min(reached), rate
 
 
 def median(values: list[float]) -> float:
