@@ -120,9 +120,11 @@ class Worker:
         if not woken and not put_off and self._nothing_changed(now):
             return self._quiet_step(now)
         first = woken and not put_off and self.view.only_age_due(now)
+        # before the look: a job landing during the step, after the look, then reads as a change
+        before, read_at = self.spool.jobs.signature(), time.time()
         result = self._full_step(now, first, put_off)
         self._put_off = result.put_off = first or result.put_off
-        self._quiet_since = (self.spool.jobs.signature(), now, result)
+        self._quiet_since = None if self.spool.jobs.racy(before, read_at) else (before, now, result)
         return result
 
     def _nothing_changed(self, now: float) -> bool:
