@@ -277,14 +277,19 @@ def cmd_recover(args: argparse.Namespace) -> int:
     from gpuq.engine.lifecycle import actions  # here: `gpuq add` must not import it
 
     sp = spool()
-    if args.all or args.jobs:
-        ids = job_ids(args.jobs) if args.jobs else [job.id for job in actions.interrupted(sp)]
-        back, code = _recover(sp, ids, args.from_scratch, say=True)
+    if args.jobs:  # named: re-queued whatever they reached
+        back, code = _recover(sp, job_ids(args.jobs), args.from_scratch, say=True)
+        print(f"Re-queued {plural(back, 'job')}." + (" Run `gpuq run` to execute." if back else ""))
+        return code
+    ended = actions.reached_their_end(sp)
+    _say_ended(ended)
+    if args.all:
+        back, code = _recover(sp, [job.id for job in actions.to_recover(sp)], args.from_scratch, say=True)
         print(f"Re-queued {plural(back, 'job')}." + (" Run `gpuq run` to execute." if back else ""))
         return code
     plans = actions.recovery_plans(sp, args.from_scratch)
     if not plans:
-        print("no interrupted jobs")
+        print("nothing else to re-queue" if ended else "no interrupted jobs")
         return 0
     for job, how in plans:  # what will happen, before it happens
         print(f"  #{job.id} {job.name}: {how.text()}  ({job.note or INTERRUPTED})")
@@ -298,6 +303,17 @@ def cmd_recover(args: argparse.Namespace) -> int:
     back, code = _recover(sp, [job.id for job, _how in plans], args.from_scratch, say=False)
     print(f"Re-queued {plural(back, 'job')}.")
     return code
+
+
+def _say_ended(ended: list[tuple[Any, str]]) -> None:
+    """The interrupted jobs a plain `recover` leaves: they had reached their end."""
+    from gpuq.engine.lifecycle import repairs
+
+    for job, reached in ended:
+        print(
+            f"  #{job.id} {job.name}: {repairs.reached_end_text(reached)}: not re-queued "
+            f"(`gpuq recover --jobs {job.id}` runs it again)"
+        )
 
 
 def _recover(sp: Spool, ids: list[int], from_scratch: bool, say: bool) -> tuple[int, int]:

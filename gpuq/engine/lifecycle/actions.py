@@ -141,12 +141,27 @@ def interrupted(spool: Spool) -> list[dict[str, Any]]:
     return [job for _ref, job in spool.jobs.load_many(INTERRUPTED)]
 
 
+def reached_their_end(spool: Spool) -> list[tuple[dict[str, Any], str]]:
+    """The interrupted jobs whose last attempt had reached its end (its progress or log says so:
+    `step 10/10`) when it and its supervisor were killed: a re-run would do the work again, so
+    only a person who names them re-queues them (`recover --jobs ID`, `resume ID`)."""
+    ended = ((job, continuation.reached_end(spool, job)) for job in interrupted(spool))
+    return [(job, reached) for job, reached in ended if reached]
+
+
+def to_recover(spool: Spool) -> list[dict[str, Any]]:
+    """The interrupted jobs a plain `recover` (or `--all`) re-queues: all but those that reached their end."""
+    ended = {job.id for job, _reached in reached_their_end(spool)}
+    return [job for job in interrupted(spool) if job.id not in ended]
+
+
 def recover(
     spool: Spool, ids: Optional[list[int]] = None, from_scratch: bool = False
 ) -> list[tuple[dict[str, Any], Continuation]]:
-    """Interrupted jobs (all, or `ids`) go back to pending, keeping id, dependencies and history,
-    each continuing from its newest checkpoint unless `from_scratch`."""
-    targets = ids if ids is not None else [job.id for job in interrupted(spool)]
+    """Interrupted jobs (`ids`, or all but those that reached their end) go back to pending,
+    keeping id, dependencies and history, each continuing from its newest checkpoint unless
+    `from_scratch`."""
+    targets = ids if ids is not None else [job.id for job in to_recover(spool)]
     out = []
     for job_id in targets:
         with claimed(spool, job_id, (INTERRUPTED,)) as (ref, job):
@@ -157,18 +172,25 @@ def recover(
 
 
 def recovery_plans(spool: Spool, from_scratch: bool = False) -> list[tuple[dict[str, Any], Continuation]]:
-    """What `recover` would do with each interrupted job, without doing it."""
-    return [(job, continuation.plan(spool, job, from_scratch)) for job in interrupted(spool)]
+    """What a plain `recover` would do with each interrupted job it re-queues, without doing it."""
+    return [(job, continuation.plan(spool, job, from_scratch)) for job in to_recover(spool)]
 
 
-def recover_at_start(spool: Spool) -> tuple[list[tuple[dict[str, Any], Continuation]], list[dict[str, Any]]]:
+def recover_at_start(
+    spool: Spool,
+) -> tuple[list[tuple[dict[str, Any], Continuation]], list[tuple[dict[str, Any], str]]]:
     """`gpuq run --recover`: interrupted jobs back in the queue as the worker starts (after a
-    reboot). A job interrupted more times in a row than its --retries allow (a job that takes the
-    machine down with it) is left for a person: (recovered, left)."""
-    recovered, left = [], []
+    reboot). Left for a person, each with why: a job interrupted more times in a row than its
+    --retries allow (a job that takes the machine down with it), and one that had reached its
+    end (its work is done; only its exit code is unknown). Returns (recovered, left)."""
+    recovered: list[tuple[dict[str, Any], Continuation]] = []
+    left = [(job, repairs.reached_end_text(reached)) for job, reached in reached_their_end(spool)]
+    ended = {job.id for job, _why in left}
     for job in interrupted(spool):
+        if job.id in ended:
+            continue
         if _interrupted_in_a_row(job) > job.retries:
-            left.append(job)
+            left.append((job, "interrupted again"))
             continue
         try:
             recovered += recover(spool, [job.id])
