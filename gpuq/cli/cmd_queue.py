@@ -7,7 +7,7 @@ import sys
 
 from gpuq.cli.common import each_id, job_ids, spool
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.states import HELD, INTERRUPTED, RUNNING
+from gpuq.core.states import FINISHED, HELD, INTERRUPTED, RUNNING
 from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import enqueue
 from gpuq.system import procs
@@ -260,16 +260,38 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    from gpuq.engine.lifecycle import actions  # here: `gpuq add` must not import it
+    from gpuq.engine.lifecycle import clearing  # here: `gpuq add` must not import it
 
-    report = actions.clear(spool(), logs_only=args.logs)
+    sp = spool()
+    chosen = clearing.select(
+        sp, tuple(dict.fromkeys(s for group in args.state for s in group)) or FINISHED, args.older_than
+    )
+    what = "the logs of " if args.logs else ""
+    counts = ", ".join(f"{n} {state}" for state, n in chosen.counts().items())
+    if chosen.refs:  # what it will do, before it does it
+        print(
+            f"will remove {what}{plural(len(chosen.refs), 'finished job')} ({counts})"
+            + ("" if args.logs else " and their logs")
+            + "; their history and learned run times are kept"
+        )
+    if chosen.kept_for_dependents:
+        print("kept (waiting jobs depend on them): " + ", ".join(f"#{i}" for i in sorted(chosen.kept_for_dependents)))
+    if not chosen.refs:
+        print("no finished jobs to clear" + (" (of these states and age)" if args.state or args.older_than else ""))
+        return 0
+    # it asks on a terminal, as `recover` does; a script (no terminal) gets what it ran, as `tsp -C`, `pueue clean`
+    if not args.yes and sys.stdin.isatty() and input("Go ahead? [y/N] ").strip().lower() not in ("y", "yes"):
+        print("nothing removed")
+        return 0
+    report = clearing.clear(sp, chosen, logs_only=args.logs)
     freed = f"{report.freed_bytes / (1 << 20):.1f} MiB"
     if args.logs:
         print(f"dropped the logs of {plural(len(report.logs_dropped), 'finished job')}, freeing {freed}")
         return 0
     print(f"removed {plural(len(report.removed), 'finished job')}, freeing {freed}")
-    if report.kept_for_dependents:
-        print("kept (waiting jobs depend on them): " + ", ".join(f"#{i}" for i in sorted(report.kept_for_dependents)))
+    if report.no_room:
+        print(f"gpuq: left {ids_text(report.no_room)}: no room on the disk to keep their history", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,4 +1,5 @@
-"""What the everyday commands do, as a library: the CLI parses and prints, this module acts.
+"""What the everyday commands do, as a library: the CLI parses and prints, this module acts
+(`gpuq clear` is clearing.py).
 
 Every change to a job is made while holding its claim, so it cannot race a worker starting it.
 Refusals raise core.errors.Refused with a one-line message.
@@ -207,51 +208,6 @@ def _interrupted_in_a_row(job: dict[str, Any]) -> int:
             break
         count += 1
     return count
-
-
-@dataclass
-class ClearReport:
-    removed: list[int] = field(default_factory=list)
-    kept_for_dependents: list[int] = field(default_factory=list)
-    logs_dropped: list[int] = field(default_factory=list)
-    freed_bytes: int = 0
-
-
-def clear(spool: Spool, logs_only: bool = False) -> ClearReport:
-    """Remove finished jobs (done, failed, cancelled) and their logs, or with `logs_only` only
-    their logs (their records stay). A finished job that a waiting job still depends on is kept,
-    so the dependent is not stranded. Only deletions: it works on a full disk, to make room."""
-    if logs_only:
-        return _drop_logs(spool)
-    snap, _ = read_queue(spool)
-    needed = {d for j in snap.pending + snap.running for d in j.after + j.after_any}
-    report = ClearReport()
-    for ref in list(spool.jobs.refs(FINISHED)):
-        if ref.id in needed:
-            report.kept_for_dependents.append(ref.id)
-            continue
-        claim = spool.claims.take_over(ref.id, noting=False)  # an empty lock: no room needed on a full disk
-        if claim is None:
-            continue
-        try:
-            if spool.jobs.find(ref.id, (ref.state,)) == ref:
-                spool.jobs.remove(ref)
-                report.freed_bytes += spool.delete_outputs(ref.id)
-                report.removed.append(ref.id)
-        finally:
-            claim.release()
-    report.freed_bytes += spool.snapshots.release_unused(set(spool.jobs.index()))
-    return report
-
-
-def _drop_logs(spool: Spool) -> ClearReport:
-    report = ClearReport()
-    for ref in spool.jobs.refs(FINISHED):
-        freed = spool.delete_outputs(ref.id)
-        if freed:
-            report.logs_dropped.append(ref.id)
-            report.freed_bytes += freed
-    return report
 
 
 def sweep_jobs(spool: Spool, sweep_id: int) -> list[dict[str, Any]]:
