@@ -33,7 +33,7 @@ class Selection:
     kept_for_dependents: list[int] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        """How many of each finished state, in the states' order (none left out)."""
+        """How many of each finished state, in the states' order; a state with none is not named."""
         return {state: n for state in FINISHED if (n := sum(ref.state == state for ref in self.refs))}
 
 
