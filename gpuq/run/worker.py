@@ -255,8 +255,8 @@ class Worker:
         recovered, left = actions.recover_at_start(self.spool)
         for job, how in recovered:
             self.say(f"recovered job #{job.id} {job.name}: {how.text()}")
-        for job in left:
-            self.say(f"job #{job.id} {job.name} interrupted again: left for you (`gpuq recover --jobs {job.id}`)")
+        for job, why in left:
+            self.say(f"job #{job.id} {job.name} {why}: left for you (`gpuq recover --jobs {job.id}` runs it again)")
 
     def publish_gpus(self) -> GpuLook:
         """Look at the GPUs now and show `gpuq status` what was seen (the worker does at start)."""

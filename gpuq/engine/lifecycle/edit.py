@@ -10,13 +10,14 @@ pairs), checked, and written only if it has not changed meanwhile.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from gpuq.core import schema
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import WAITING
-from gpuq.engine.lifecycle import actions, enqueue
+from gpuq.engine.lifecycle import actions, enqueue, interpreter
 from gpuq.spool import Spool
 
 # The job fields behind each editable key (the keys of a dropped file).
@@ -76,4 +77,24 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> dict[s
         changes = {FIELD_OF.get(key, key): value for key, value in clean.items()}
         for key in UNSET_WHEN_NULL:
             changes.setdefault(FIELD_OF.get(key, key), None)
+        changes.update(_as_add_runs_it(job_id, job, changes))
         return spool.jobs.move(ref, job, ref.state, changes)[1]
+
+
+def _as_add_runs_it(job_id: int, job: Any, changes: dict[str, Any]) -> dict[str, Any]:
+    """A `*.py` first word of the edited command, run as `gpuq add` would run it (the python of the
+    job's conda environment or of the nearest .venv above its directory, else the one on the PATH
+    it runs with: its shell's, else this one's): the changes that says. Refused, with the reason,
+    where the script is not there."""
+    cwd = changes.get("cwd") or job.cwd
+    shell_path = (job.shell_env or {}).get("PATH")
+    path = shell_path if shell_path is not None else os.environ.get("PATH", "")
+    try:
+        conda = changes["conda"] if "conda" in changes else job.conda
+        resolved = interpreter.resolve_dropped(changes["cmd"], cwd, conda, path)
+    except (interpreter.EnqueueError, OSError) as exc:
+        why = str(exc) if isinstance(exc, interpreter.EnqueueError) else f"{exc.strerror}: {cwd}"
+        raise Refused(f"job #{job_id} not changed: {why}") from None
+    if resolved is None:
+        return {}
+    return {"cmd": resolved.cmd, "venv": resolved.venv, "interpreter_from": resolved.found_by}

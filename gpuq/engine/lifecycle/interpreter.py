@@ -131,6 +131,19 @@ def resolve_command(
     return Resolved([interpreter, script, *args], None, None, FROM_PATH)
 
 
+def resolve_dropped(cmd: list[str], cwd: str, conda: Optional[str], path: str) -> Optional[Resolved]:
+    """A command from a dropped file or `gpuq edit` as `gpuq add` would run it, when its first word
+    is a *.py script (relative to `cwd`): with the python of its `conda` environment, else of the
+    nearest .venv above `cwd`, else the python on `path` (the PATH the job will run with: no shell's
+    active conda environment stands behind such a command). None for any other command, which runs
+    as written. EnqueueError (the reason) for a script that is not there, or no python to run it."""
+    if not cmd[0].endswith(".py"):
+        return None
+    if conda and not exists(os.path.join(conda, "bin", "python")):
+        raise EnqueueError(f"conda: no bin/python in {conda} to run {cmd[0]} with")
+    return resolve_command(cmd[0], cmd[1:], cwd, conda=conda, env={"PATH": path})
+
+
 # ---- conda and mamba ---------------------------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ from operator import itemgetter
 
 from gpuq.core.states import DONE
 from gpuq.core.times import duration, parse_iso
-from gpuq.engine.tracking import checkpoints, progress
+from gpuq.engine.tracking import checkpoints, kept_runs, progress
 from gpuq.spool import Spool
 from gpuq.spool.cache import runs as past_runs
 
@@ -374,9 +374,11 @@ def attempt_of(spool: Spool, job: dict[str, Any], stored: dict[str, Any]) -> Att
 
 def past_tails(spool: Spool, job: dict[str, Any], before: float) -> tuple[Optional[float], int]:
     """(median tail, runs) over the newest TAIL_RUNS successful, non-adopted runs of the same command
-    in the same directory that ended before `before`. Reads at most the newest HISTORY_FILES jobs."""
-    key, found = command_key(job), []
+    in the same directory that ended before `before`: of the newest HISTORY_FILES done jobs, and of
+    those `gpuq clear` removed (kept_runs.py)."""
+    key, found, seen = command_key(job), [], set()
     for ref in list(spool.jobs.refs((DONE,)))[-HISTORY_FILES:]:
+        seen.add(ref.id)
         if ref.id == job.id:
             continue
         try:
@@ -389,6 +391,9 @@ def past_tails(spool: Spool, job: dict[str, Any], before: float) -> tuple[Option
         tail = tail_of(past, spool.reports.read_samples(ref.id))
         if tail is not None:
             found.append((end, tail))
+    # and those of the runs `gpuq clear` removed, which it kept (a job it kept that is still here counts once)
+    kept = kept_runs.summary(spool)[1].get(key, ())
+    found += [(end, tail) for end, tail, kept_id in kept if end <= before and kept_id not in seen and kept_id != job.id]
     newest = [t for _e, t in sorted(found)[-TAIL_RUNS:]]
     return (median(newest), len(newest)) if newest else (None, 0)
 

@@ -12,7 +12,7 @@ from itertools import compress, count
 from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
 from gpuq.core.times import duration, parse_iso
 from gpuq.engine.schedule import scheduler
-from gpuq.engine.tracking import eta
+from gpuq.engine.tracking import eta, kept_runs
 from gpuq.engine.views import finished_index, kept_jobs
 from gpuq.spool import Spool
 from gpuq.spool.cache import runs as past_runs
@@ -27,14 +27,15 @@ NEW_FILES = 200  # finished files newer than the cached rows read while done/ is
 
 
 RUNS_CACHE = "queue-runs"  # cache/queue-runs: each command's newest run times, for one done/ listing
-_RUNS_FORMAT = 1
+_RUNS_FORMAT = 2  # 2: with what `gpuq clear` kept
 
 
 def past_durations(spool: Spool, keys: set[str], listing: Optional[Any] = None) -> dict[str, list[float]]:
     """Run times of the newest RUNS successful jobs of each command and cwd of `keys`, oldest
     first, from the finished rows, which hold each job's command key and run time (adopted jobs
-    and unknown times left out). While done/ is settled and unchanged, from cache/queue-runs (the
-    rows' newest run times of every command, a few KB), not from the rows of every finished job.
+    and unknown times left out), and from what `gpuq clear` kept of the jobs it removed. While
+    done/ is settled and unchanged, from cache/queue-runs (the rows' newest run times of every
+    command, a few KB), not from the rows of every finished job.
     While done/ keeps changing (jobs finishing: its listing is not settled), checking every row
     against its file on each call would cost more than the files it spares (an lstat each): the
     rows as last cached serve then, with the few files finished since read. `listing`: the
@@ -44,7 +45,7 @@ def past_durations(spool: Spool, keys: set[str], listing: Optional[Any] = None) 
     if settled is not None:
         every = _settled_runs(spool, listing, settled)
         return {key: every[key][::-1] for key in keys if key in every}
-    found: dict[str, list[float]] = {}  # key -> run times, newest first
+    found: dict[str, list[tuple[int, float]]] = {}  # key -> (id, run time), newest first
     from gpuq.spool.cache.finished import cached_rows
 
     view = cached_rows(spool)
@@ -54,7 +55,8 @@ def past_durations(spool: Spool, keys: set[str], listing: Optional[Any] = None) 
     else:
         view = finished_index.rows(spool, listing)
     _newest_runs(keys, _row_runs(view, keys), found)
-    return {key: newest[::-1] for key, newest in found.items()}
+    merged = _with_kept(found, kept_runs.summary(spool)[0], keys)
+    return {key: newest[::-1] for key, newest in merged.items()}
 
 
 def durations_read_only(spool: Spool, keys: set[str]) -> dict[str, list[float]]:
@@ -66,19 +68,21 @@ def durations_read_only(spool: Spool, keys: set[str]) -> dict[str, list[float]]:
     view = cached_rows(spool)
     newest = view.ids[-1] if view is not None and len(view) else 0
     newer = [ref for ref in spool.jobs.refs((DONE,)) if ref.id > newest][-NEW_FILES:]
-    found: dict[str, list[float]] = {}
+    found: dict[str, list[tuple[int, float]]] = {}
     _newest_runs(keys, _loaded_runs(spool, newer, keys), found)
     if view is not None:
         _newest_runs(keys, _row_runs(view, keys), found)
-    return {key: runs[::-1] for key, runs in found.items()}
+    merged = _with_kept(found, kept_runs.summary(spool, write=False)[0], keys)
+    return {key: runs[::-1] for key, runs in merged.items()}
 
 
 def _settled_runs(spool: Spool, listing: Any, settled: tuple[int, int]) -> dict[str, list[float]]:
     """Every command's newest RUNS run times, newest first, while done/ has the signature
-    `settled`: from cache/queue-runs when it was made for that listing by this code, else from the
-    rows (and cached). Finished files are never edited in place, so while done/ keeps its inode and
-    mtime so do the rows made from its files."""
-    stamp = (_RUNS_FORMAT, marshal.version, tuple(settled), kept_jobs.code_stamp(*ROW_CODE))
+    `settled` and what clear kept is unchanged: from cache/queue-runs when it was made for them by
+    this code, else from the rows and the kept records (and cached). Finished files are never
+    edited in place, so while done/ keeps its inode and mtime so do the rows made from its files."""
+    kept_at = spool.kept.signature()
+    stamp = (_RUNS_FORMAT, marshal.version, tuple(settled), kept_at, kept_jobs.code_stamp(*ROW_CODE))
     data = spool.cache.read(RUNS_CACHE)
     try:
         cached = marshal.loads(data) if data else None
@@ -87,17 +91,33 @@ def _settled_runs(spool: Spool, listing: Any, settled: tuple[int, int]) -> dict[
     if type(cached) is tuple and len(cached) == 2 and cached[0] == stamp and _is_runs(cached[1]):
         return cached[1]
     view = finished_index.rows(spool, listing)
-    every: dict[str, list[float]] = {}
-    for key, run in _row_runs(view, None):
-        newest = every.setdefault(key, [])
+    found: dict[str, list[tuple[int, float]]] = {}
+    for job_id, key, run in _row_runs(view, None):
+        newest = found.setdefault(key, [])
         if len(newest) < RUNS:
-            newest.append(run)
+            newest.append((job_id, run))
+    kept = kept_runs.summary(spool)[0] if kept_at is not None else {}
+    every = _with_kept(found, kept, set(found) | set(kept))
     if kept_jobs.room_for_caches(spool):
         try:
             spool.cache.write(RUNS_CACHE, marshal.dumps((stamp, every)))
         except OSError:
             pass  # a read-only or full spool: the rows are read every time
     return every
+
+
+def _with_kept(
+    found: dict[str, list[tuple[int, float]]], kept: dict[str, list[tuple[int, float]]], keys: set[str]
+) -> dict[str, list[float]]:
+    """key -> the newest RUNS run times of `keys`, newest first, of the rows' (`found`) and the
+    kept records' (id, run time) together; a job in both (a clear cut short) counts once."""
+    out = {}
+    for key in keys:
+        by_id = dict(kept.get(key, ()))
+        by_id.update(found.get(key, ()))
+        if by_id:
+            out[key] = [run for _id, run in sorted(by_id.items(), reverse=True)[:RUNS]]
+    return out
 
 
 def _is_runs(value: Any) -> bool:
@@ -111,15 +131,15 @@ def _is_runs(value: Any) -> bool:
 ROW_CODE = ("spool/cache/journal", "spool/cache/runs", "core/shown", "core/schema", "core/times")
 
 
-def _row_runs(view: Any, keys: Optional[set[str]]) -> Iterator[tuple[str, float]]:
-    """(key, run time) of the successful rows of commands of `keys` (None: of every command),
+def _row_runs(view: Any, keys: Optional[set[str]]) -> Iterator[tuple[int, str, float]]:
+    """(id, key, run time) of the successful rows of commands of `keys` (None: of every command),
     newest first; the rows of these commands picked in C (10,000 rows, often most of them of
     these commands)."""
-    states, runs, row_keys = view.states, view.runs, view.keys
+    ids, states, runs, row_keys = view.ids, view.states, view.runs, view.keys
     picked = range(len(row_keys)) if keys is None else compress(count(), map(keys.__contains__, row_keys))
     for at in reversed(list(picked)):
         if states[at] == DONE and runs[at] is not None:
-            yield row_keys[at], runs[at]
+            yield ids[at], row_keys[at], runs[at]
 
 
 def _newer_refs(listing: Any, view: Any) -> list[Any]:
@@ -130,7 +150,7 @@ def _newer_refs(listing: Any, view: Any) -> list[Any]:
     return [ref for ref in listing.refs(DONE) if ref.id > newest]
 
 
-def _loaded_runs(spool: Spool, refs: list[Any], keys: set[str]) -> Iterator[tuple[str, float]]:
+def _loaded_runs(spool: Spool, refs: list[Any], keys: set[str]) -> Iterator[tuple[int, str, float]]:
     for ref in reversed(refs):
         try:
             job = spool.jobs.load(ref)
@@ -138,17 +158,19 @@ def _loaded_runs(spool: Spool, refs: list[Any], keys: set[str]) -> Iterator[tupl
             continue
         key, run = eta.command_key(job), past_runs.run_seconds(job)
         if key in keys and run is not None:
-            yield key, run
+            yield ref.id, key, run
 
 
-def _newest_runs(keys: set[str], newest_first: Iterable[tuple[str, float]], found: dict[str, list[float]]) -> None:
-    """`found` (key -> run times, newest first) filled up to RUNS each from `newest_first`; once
-    every key of `keys` has its RUNS, the rest is not looked at."""
+def _newest_runs(
+    keys: set[str], newest_first: Iterable[tuple[int, str, float]], found: dict[str, list[tuple[int, float]]]
+) -> None:
+    """`found` (key -> (id, run time), newest first) filled up to RUNS each from `newest_first`;
+    once every key of `keys` has its RUNS, the rest is not looked at."""
     wanted = sum(len(found.get(key, ())) < RUNS for key in keys)
-    for key, run in newest_first if wanted else ():
+    for job_id, key, run in newest_first if wanted else ():
         newest = found.setdefault(key, [])
         if len(newest) < RUNS:
-            newest.append(run)
+            newest.append((job_id, run))
             wanted -= len(newest) == RUNS
             if not wanted:
                 break
