@@ -218,9 +218,10 @@ def _refuse_late_options(command: str, own: list[str], job_words: list[str]) -> 
     kept = [word for i, word in enumerate(job_words) if i not in taken]
     script, one = job_words[0], len(late) == 1
     named = ", ".join(" ".join(found) for _at, found, _opt in late)
+    would = next(opt.before_script for _at, _found, opt in late if opt.before_script)
     exc = UsageError(
         f"{named} {'comes' if one else 'come'} after the script, so {script} would get {'it' if one else 'them'} "
-        f"and the job would {late[0][2].before_script}; put {'it' if one else 'them'} before the script: "
+        f"and the job would {would}; put {'it' if one else 'them'} before the script: "
         f"{shlex.join(['gpuq', command, *own, *moved, *kept])} (or `--` before the script to pass "
         f"{'it' if one else 'them'} to {script})"
     )
