@@ -4,7 +4,10 @@ or surprise. Each on the real CLI, in a subprocess, with real workers."""
 
 from __future__ import annotations
 
-from conftest import Env, wait_for
+import json
+
+from conftest import WAIT_FOR_GO, Env, wait_for
+from test_gpu_worker import Gpus, fake_gpus
 
 # ---- `--dry-run` after the script ------------------------------------------------------------
 
@@ -27,3 +30,39 @@ def test_a_dry_run_after_the_script_is_refused_and_nothing_runs(gq: Env) -> None
     assert gq.status_json() == [] and not (gq.work / "ran").exists()
     passed = gq.gpuq("add", "-q", "--", "eval.py", "--dry-run")  # `--`: the script gets it
     assert gq.job(int(passed.stdout))["cmd"][-2:] == ["eval.py", "--dry-run"]
+
+
+# ---- a dry run admits host memory and CPUs as the worker does ------------------------------------
+
+
+def test_a_dry_run_meets_the_workers_host_memory_and_cpus(gq: Env) -> None:
+    Gpus(gq, fake_gpus(2))
+    gq.script("wait.py", WAIT_FOR_GO)
+    gq.start_worker("--watch", "--mem", "4G", "--cpus", "4")
+    wait_for(lambda: "worker: running" in gq.gpuq("status").stdout, what="the worker to register")
+
+    def dry(*options: str) -> dict:
+        return json.loads(gq.gpuq("add", "--dry-run", "--json", *options, "wait.py").stdout)["jobs"][0]
+
+    huge = dry("--mem", "10T", "--cpus", "2")
+    assert (huge["mem_mib"], huge["cpus"]) == (10 << 20, 2)
+    never = "needs 10240G host memory; this worker hands out at most 4G"
+    assert huge["would_start"]["now"] is False and huge["would_start"]["why_not"] == never
+    text = gq.gpuq("add", "--dry-run", "--mem", "10T", "--cpus", "2", "wait.py").stdout
+    assert "    needs      1 GPU; 10240G host memory; 2 CPUs\n" in text
+    assert f"    would not start now: {never}\n" in text
+    queued = gq.add("--mem", "10T", "wait.py")  # the real job meets the same
+    wait_for(lambda: never in gq.gpuq("status").stdout, what="the worker's reason for the real job")
+    gq.gpuq("cancel", str(queued))
+
+    running = gq.add("--mem", "3G", "--cpus", "3", "wait.py")
+    gq.wait_state(running, "running")
+    memory = dry("--mem", "2G")
+    assert memory["would_start"]["now"] is False
+    assert memory["would_start"]["why_not"] == f"waiting for host memory: 3G of 4G reserved by #{running} (it needs 2G)"
+    cpus = dry("--cpus", "2")
+    assert cpus["would_start"]["why_not"] == f"waiting for CPUs: 3 of 4 reserved by #{running} (it needs 2)"
+    fits = dry("--mem", "1G", "--cpus", "1")
+    assert fits["would_start"]["now"] is True and (fits["mem_mib"], fits["cpus"]) == (1024, 1)
+    (gq.work / "go").write_text("")
+    gq.wait_state(running, "done")

@@ -113,6 +113,12 @@ def _planned_lines(job: dict[str, Any]) -> list[str]:
     if job["gpu_mem_mib"]:
         gpus += f", {job['gpu_mem_mib']} MiB each"
     limits = [gpus]
+    if job["mem_mib"]:
+        from gpuq.engine.schedule.hostroom import size_text  # as `gpuq show` says it
+
+        limits.append(f"{size_text(job['mem_mib'])} host memory")
+    if job["cpus"]:
+        limits.append(plural(job["cpus"], "CPU"))
     if job["time_limit_seconds"]:
         from gpuq.core.timespec import format_duration
 
@@ -129,8 +135,13 @@ def _planned_lines(job: dict[str, Any]) -> list[str]:
         *([f"    python     {job['interpreter']}{found}"] if job["interpreter"] else []),
         f"    env        {' '.join(f'{k}={shlex.quote(v)}' for k, v in job['env'].items())}",
         f"    needs      {'; '.join(limits)}",
-        f"    {when}" + ("" if start["estimate"].startswith("unknown") else f" ({start['estimate']})"),
+        f"    {when}" + ("" if _said(start["estimate"], start["why_not"]) else f" ({start['estimate']})"),
     ]
+
+
+def _said(estimate: str, why_not: Optional[str]) -> bool:
+    """Whether the queue's estimate adds nothing to the line: unknown, or the reason again."""
+    return estimate.startswith("unknown") or bool(why_not and why_not in estimate)
 
 
 def _say_no_worker(ids: list[int]) -> None:
