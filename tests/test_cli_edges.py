@@ -5,9 +5,20 @@ or surprise. Each on the real CLI, in a subprocess, with real workers."""
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
-from conftest import WAIT_FOR_GO, Env, wait_for
+from conftest import REPO, WAIT_FOR_GO, Env, wait_for
 from test_gpu_worker import Gpus, fake_gpus
+
+from gpuq.system.extras import PACKAGES, install_command, source_tree
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11: tomli, a dependency of gpuq there
+    import tomli as tomllib  # type: ignore[no-redef]
 
 # ---- `--dry-run` after the script ------------------------------------------------------------
 
@@ -66,3 +77,52 @@ def test_a_dry_run_meets_the_workers_host_memory_and_cpus(gq: Env) -> None:
     assert fits["would_start"]["now"] is True and (fits["mem_mib"], fits["cpus"]) == (1024, 1)
     (gq.work / "go").write_text("")
     gq.wait_state(running, "done")
+
+
+# ---- `--notify URL` where Apprise cannot be imported; the install hints of extras -------------------
+
+
+def without_apprise(gq: Env, tmp_path: Path) -> dict[str, str]:
+    """gq's environment for a Python where Apprise cannot be imported (as if not installed): a
+    sitecustomize that marks it missing, as the interpreter does for a module it could not find."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['apprise'] = None\n")
+    return dict(gq.env, PYTHONPATH=str(hide))
+
+
+def test_notify_url_without_apprise_is_refused_at_add_and_run_with_the_install_command(gq: Env, tmp_path: Path) -> None:
+    env = without_apprise(gq, tmp_path)
+    missing = f"notifications to URLs need Apprise, which is not installed: {install_command('notify')}"
+    added = gq.gpuq("add", "--notify", "ntfy://my-topic", "true", env=env, check=False)
+    assert (added.returncode, added.stdout) == (1, "")
+    assert added.stderr == f"gpuq add: --notify ntfy://my-topic: {missing}\n"
+    assert gq.files("pending") == []
+    run = gq.gpuq("run", "--notify", "ntfy://my-topic", env=env, check=False)
+    assert (run.returncode, run.stdout, run.stderr) == (1, "", f"gpuq run: --notify ntfy://my-topic: {missing}\n")
+    # the user's default URLs: said at start, and the worker runs (a service must not stay down for them)
+    job = gq.add("true")
+    defaults = gq.gpuq("run", env=dict(env, GPUQ_NOTIFY="ntfy://my-topic"))
+    assert defaults.stderr == f"gpuq run: warning: {missing}; until then, no job's events are sent\n"
+    assert gq.state_of(job) == "done"
+    assert gq.gpuq("add", "-q", "--notify", "ntfy://my-topic", "true").returncode == 0  # Apprise here: queued
+
+
+def test_every_install_hint_names_a_command_that_installs_from_gpuqs_source(gq: Env) -> None:
+    """`gpuq-spool[...]` is not on the package index: each hint installs the extra of the tree gpuq
+    came from, with this environment's pip; the extras' packages are pyproject.toml's."""
+    source, _editable = source_tree()
+    assert source == str(REPO)  # a checkout, or the directory the test environment was installed from
+    for extra in ("notify", "plot", "mcp"):
+        command = install_command(extra)
+        assert command.startswith(f"{sys.executable} -m pip install ") and "gpuq-spool[" not in command
+        assert command.endswith(f"{shlex.quote(f'{REPO}[{extra}]')}")
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {extra: tuple(p.split(";")[0] for p in declared[extra]) for extra in PACKAGES} == PACKAGES
+    if sys.version_info < (3, 10):
+        return  # `gpuq mcp` says the SDK needs a newer Python first
+    mcp = subprocess.run(  # `-S`: no site-packages, so no SDK, and gpuq found only as the checkout
+        [sys.executable, "-S", "-m", "gpuq", "mcp"], cwd=gq.work, env=dict(gq.env, PYTHONPATH=str(REPO)),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert mcp.stderr == f"gpuq mcp: the MCP SDK is not installed: {sys.executable} -m pip install '{REPO}[mcp]'\n"

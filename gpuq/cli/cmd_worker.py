@@ -27,8 +27,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpuq.run.worker import Settings  # (the same)
 
     settings = Settings(**_settings(args))
-    if not settings.notify_urls:  # the user's default: GPUQ_NOTIFY, else the config file's
+    typed = bool(settings.notify_urls)
+    if not typed:  # the user's default: GPUQ_NOTIFY, else the config file's
         settings.notify_urls = _default_notify_urls()
+    _check_notify(settings.notify_urls, typed)
     sp = spool()
     _warn_shared_spool(sp)
     if args.daemon:
@@ -61,6 +63,23 @@ def _default_notify_urls() -> list[str]:
         return config.default_urls()
     except ValueError as exc:
         raise Refused(str(exc)) from None
+
+
+def _check_notify(urls: list[str], typed: bool) -> None:
+    """`--notify URL` where Apprise cannot be imported: refused, with the command that installs
+    it. The user's default URLs (GPUQ_NOTIFY, the config file) only get the line on stderr: a
+    worker that a service starts must not stay down for its notifications."""
+    if not urls:
+        return
+    from gpuq.system.extras import notify_missing
+
+    missing = notify_missing()
+    if missing and typed:
+        exc = Refused(f"--notify {urls[0]}: {missing}")
+        exc.prefix = "gpuq run"
+        raise exc
+    if missing:
+        print(f"gpuq run: warning: {missing}; until then, no job's events are sent", file=sys.stderr)
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
