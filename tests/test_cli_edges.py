@@ -8,11 +8,14 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from conftest import REPO, WAIT_FOR_GO, Env, wait_for
 from test_gpu_worker import Gpus, fake_gpus
 
+from gpuq.engine.lifecycle import intake
+from gpuq.spool import Spool
 from gpuq.system.extras import PACKAGES, install_command, source_tree
 
 try:
@@ -126,3 +129,37 @@ def test_every_install_hint_names_a_command_that_installs_from_gpuqs_source(gq: 
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert mcp.stderr == f"gpuq mcp: the MCP SDK is not installed: {sys.executable} -m pip install '{REPO}[mcp]'\n"
+
+
+# ---- a bare number for a size of memory --------------------------------------------------------
+
+
+def test_a_bare_number_for_a_memory_size_is_refused_with_the_reading_meant(gq: Env) -> None:
+    for line, flag, text in (
+        (["add", "--gpu-mem", "20", "true"], "--gpu-mem", "20"),
+        (["add", "--gpu-mem", "0.5", "true"], "--gpu-mem", "0.5"),
+        (["add", "--mem", "32", "true"], "--mem", "32"),
+        (["add", "--dry-run", "--mem", "32", "true"], "--mem", "32"),
+        (["lease", "--gpu-mem", "20", "--", "true"], "--gpu-mem", "20"),
+        (["run", "--mem", "64"], "--mem", "64"),
+    ):
+        proc = gq.gpuq(*line, check=False)
+        said = f"gpuq {line[0]}: {flag}: '{text}' has no unit: did you mean {text}G? (write {text}M for MiB)\n"
+        assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", said), line
+    assert gq.files("pending") == []
+    job = gq.add("--gpu-mem", "20G", "--mem", "512M", "true")
+    assert (gq.job(job)["gpu_mem_mib"], gq.job(job)["mem_mib"]) == (20480, 512)
+    edit = gq.gpuq("edit", str(job), "--set", "gpu_mem=20", check=False)
+    assert (edit.returncode, edit.stderr) == (
+        2,
+        "gpuq edit: --set gpu_mem: '20' has no unit: did you mean gpu_mem=20G? (write 20M for MiB)\n",
+    )
+    assert gq.job(job)["gpu_mem_mib"] == 20480  # left as it was
+    gq.gpuq("edit", str(job), "--set", "gpu_mem=10G", "--set", "mem=null")
+    assert (gq.job(job)["gpu_mem_mib"], gq.job(job)["mem_mib"]) == (10240, None)
+    # a dropped file keeps its bare numbers as MiB (spool_layout.md, section 3): valid before, valid now
+    (gq.home / "pending" / "sized.json").write_text(json.dumps({"cmd": ["true"], "gpu_mem": 20480, "mem": "2048"}))
+    taken = dict(intake.take_in_some(Spool(gq.home), time.time() + 60)[0])  # every quiet period is over
+    assert taken["sized.json"].startswith("job #"), taken
+    dropped = int(taken["sized.json"].split("#")[1].split()[0])
+    assert (gq.job(dropped)["gpu_mem_mib"], gq.job(dropped)["mem_mib"]) == (20480, 2048)

@@ -12,7 +12,7 @@ from gpuq.cli.common import spool
 from gpuq.cli.table.run import RUN
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
-from gpuq.core.timespec import parse_size_mib
+from gpuq.core.timespec import parse_memory_mib
 from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import actions
 from gpuq.engine.schedule import adhoc
@@ -201,7 +201,7 @@ def cmd_lease(args: argparse.Namespace) -> int:
     if args.gpus == 0:
         raise UsageError("--gpus 0 leases no GPU: run the command without gpuq lease")
     try:
-        mem = None if args.gpu_mem is None else parse_size_mib(args.gpu_mem, "--gpu-mem")
+        mem = None if args.gpu_mem is None else parse_memory_mib(args.gpu_mem, "--gpu-mem")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     request = Request(gpus=1 if args.gpus is None else args.gpus, gpu_mem_mib=mem)

@@ -369,7 +369,7 @@ def _size_mib(text: Optional[str], flag: str) -> Optional[int]:
     from gpuq.core import timespec  # a plain `add` parses no size
 
     try:
-        return timespec.parse_size_mib(text, flag)
+        return timespec.parse_memory_mib(text, flag)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
