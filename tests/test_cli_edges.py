@@ -5,7 +5,9 @@ or surprise. Each on the real CLI, in a subprocess, with real workers."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -163,3 +165,30 @@ def test_a_bare_number_for_a_memory_size_is_refused_with_the_reading_meant(gq: E
     assert taken["sized.json"].startswith("job #"), taken
     dropped = int(taken["sized.json"].split("#")[1].split()[0])
     assert (gq.job(dropped)["gpu_mem_mib"], gq.job(dropped)["mem_mib"]) == (20480, 2048)
+
+
+# ---- `gpuq cancel` of a running job --------------------------------------------------------------
+
+
+def test_cancel_of_a_running_job_says_cancel_and_the_gpu_line_drops_it_at_once(gq: Env) -> None:
+    Gpus(gq, fake_gpus(1))
+    gq.script("wait.py", WAIT_FOR_GO)
+    worker = gq.start_worker("--watch")
+    running, waiting = gq.add("wait.py"), gq.add("wait.py")  # the second waits for the GPU: the worker keeps looking
+    gq.wait_state(running, "running")
+    fresh = lambda: json.loads(gq.gpuq("gpus", "--json").stdout)[0]  # noqa: E731
+    wait_for(lambda: fresh()["jobs"] == [running] and fresh()["seen_by_worker"] == worker.pid, what="the view")
+    os.kill(worker.pid, signal.SIGSTOP)  # its view stays as it last wrote it: listing the job
+    try:
+        cancelled = gq.gpuq("cancel", str(running))
+        assert f"[-] Job #{running}: work/wait cancelled: it was running, killed" in cancelled.stdout
+        gpu_line = next(line for line in gq.gpuq("status").stdout.splitlines() if line.startswith("  GPU 0"))
+        assert f"#{running}" not in gpu_line, gpu_line
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    job = gq.job(running)
+    assert (job["state"], job["note"]) == ("cancelled", "cancelled by user (gpuq cancel)")
+    assert "cancelled by user (gpuq cancel)" in gq.gpuq("show", str(running)).stdout
+    gq.wait_state(waiting, "running")
+    gq.gpuq("kill", str(waiting))  # `gpuq kill` is still said so
+    assert gq.job(waiting)["note"] == "killed by user (gpuq kill)"
