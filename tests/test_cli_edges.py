@@ -192,3 +192,36 @@ def test_cancel_of_a_running_job_says_cancel_and_the_gpu_line_drops_it_at_once(g
     gq.wait_state(waiting, "running")
     gq.gpuq("kill", str(waiting))  # `gpuq kill` is still said so
     assert gq.job(waiting)["note"] == "killed by user (gpuq kill)"
+
+
+# ---- command lines: name the command, say what was meant -------------------------------------------
+
+
+def test_a_bad_add_line_names_add_and_a_bare_add_says_what_to_write(gq: Env) -> None:
+    gq.script("train.py", "")
+    short = gq.gpuq("add", "-n", "x", "train.py", check=False)
+    assert (short.returncode, short.stderr) == (2, "gpuq add: unrecognized arguments: -n (see `gpuq add --help`)\n")
+    other = gq.gpuq("log", "1", "--bogus", check=False)
+    assert (other.returncode, other.stderr) == (
+        2,
+        "gpuq log: unrecognized arguments: --bogus (see `gpuq log --help`)\n",
+    )
+    for line in (["add"], ["add", "-q"], ["add", "--dry-run", "--gpus", "2"], ["add", "--"]):
+        bare = gq.gpuq(*line, check=False)
+        assert (bare.returncode, bare.stdout) == (2, ""), line
+        assert bare.stderr == (
+            "gpuq add: say what to queue: a script or a command, after gpuq's options (gpuq add train.py --lr "
+            "3e-4, gpuq add --gpus 2 torchrun train.py; see `gpuq add --help`)\n"
+        ), line
+    assert gq.status_json() == []
+
+
+def test_a_mistyped_command_offers_the_one_meant_and_never_the_hidden_ones(gq: Env) -> None:
+    typo = gq.gpuq("stauts", check=False)
+    assert (typo.returncode, typo.stdout) == (2, "")
+    assert typo.stderr == "gpuq: unknown command 'stauts'; did you mean status? (`gpuq --help` lists the commands)\n"
+    for word, meant in (("cancle", "cancel"), ("retyr", "retry"), ("ids", None), ("xyzzy", None)):
+        proc = gq.gpuq(word, check=False)
+        assert proc.returncode == 2 and "_ids" not in proc.stderr, proc.stderr
+        assert (f"did you mean {meant}?" in proc.stderr) if meant else ("did you mean" not in proc.stderr)
+    assert gq.gpuq("_ids").returncode == 0  # hidden, not gone: shell completion runs it
