@@ -225,3 +225,19 @@ def test_a_mistyped_command_offers_the_one_meant_and_never_the_hidden_ones(gq: E
         assert proc.returncode == 2 and "_ids" not in proc.stderr, proc.stderr
         assert (f"did you mean {meant}?" in proc.stderr) if meant else ("did you mean" not in proc.stderr)
     assert gq.gpuq("_ids").returncode == 0  # hidden, not gone: shell completion runs it
+
+
+# ---- a held row ------------------------------------------------------------------------------------
+
+
+def test_a_held_row_says_held_once(gq: Env) -> None:
+    at_add = gq.add("--hold", "true")
+    by_hold = gq.add("true")
+    gq.gpuq("hold", str(by_hold))
+    rows = gq.gpuq("status").stdout.splitlines()
+    for job in (at_add, by_hold):
+        row = next(line for line in rows if line.split()[:1] == [str(job)])
+        assert row.count("held") == 1 and row.endswith(f"held: `gpuq release {job}` puts it back in line"), row
+        shown = gq.gpuq("show", str(job)).stdout
+        assert f"  state      held: `gpuq release {job}` puts it back in line\n" in shown and "held by" not in shown
+    assert gq.job(by_hold)["note"] == "held by user (`gpuq release` puts it back in line)"  # kept in its file

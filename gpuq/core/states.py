@@ -85,6 +85,9 @@ ACTIONS = (KILL, CANCEL, PREEMPT, PREEMPT_RESUME)
 # who asked, as each kill action's note says it
 KILLED_BY = {KILL: "killed by user (gpuq kill)", CANCEL: "cancelled by user (gpuq cancel)"}
 
+# the note `gpuq hold` leaves on a job it holds: a held row says "held" once, so displays leave it out
+HELD_NOTE = "held by user (`gpuq release` puts it back in line)"
+
 URGENT_FORCE = "force"  # `urgent` of a job queued with --urgent=force: it may preempt a job without a checkpoint
 
 # Where a job came from (its `source` field); a dropped file's is "dropped:" + its file name.

@@ -235,7 +235,7 @@ def cancel(note: str = "cancelled by user") -> Changes:
 
 def hold() -> Changes:
     """pending -> held: out of the queue, its place (priority, id) kept for its release."""
-    return {"note": "held by user (`gpuq release` puts it back in line)"}
+    return {"note": states.HELD_NOTE}
 
 
 def release() -> Changes:
