@@ -241,3 +241,27 @@ def test_a_held_row_says_held_once(gq: Env) -> None:
         shown = gq.gpuq("show", str(job)).stdout
         assert f"  state      held: `gpuq release {job}` puts it back in line\n" in shown and "held by" not in shown
     assert gq.job(by_hold)["note"] == "held by user (`gpuq release` puts it back in line)"  # kept in its file
+
+
+# ---- `gpuq add` while the worker drains -----------------------------------------------------------
+
+
+def test_add_while_the_worker_drains_says_the_job_waits_for_a_worker_to_run_again(gq: Env) -> None:
+    gq.script("wait.py", WAIT_FOR_GO)
+    worker = gq.start_worker("--watch")
+    running = gq.add("wait.py")
+    gq.wait_state(running, "running")
+    gq.gpuq("stop", "--drain")
+    wait_for(lambda: "draining: starting nothing new" in gq.gpuq("status").stdout, what="the worker to drain")
+    added = gq.gpuq("add", "true")
+    queued = int(added.stdout.split("#", 1)[1].split(":", 1)[0])
+    assert added.stderr == (
+        f"gpuq add: the worker is draining (`gpuq stop --drain`); #{queued} will not start until a worker runs "
+        "again (`gpuq run --daemon` once the draining one has exited)\n"
+    )
+    dry = json.loads(gq.gpuq("add", "--dry-run", "--json", "true").stdout)["jobs"][0]["would_start"]
+    assert dry["now"] is False and dry["why_not"].startswith("the worker is draining (`gpuq stop --drain`)")
+    (gq.work / "go").write_text("")
+    assert worker.wait(30) == 0  # its job ended: the worker exits, and the new job was never started
+    assert gq.state_of(queued) == "pending"
+    assert "no worker is running" in gq.gpuq("add", "true").stderr

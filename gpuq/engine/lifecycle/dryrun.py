@@ -151,9 +151,12 @@ def _env_added(job: Job) -> dict[str, str]:
 # ---- whether and when it would start -------------------------------------------------------------
 
 
+NO_WORKER = "no worker is running; `gpuq run --daemon` starts one"
+DRAINING = "the worker is draining (`gpuq stop --drain`): it starts nothing new; `gpuq run --daemon` once it has exited"
+
+
 def _no_spool(jobs: list[Job]) -> dict[int, dict[str, Any]]:
-    why = "no worker is running; `gpuq run --daemon` starts one"
-    return {job.id: _start(False, why, None) for job in jobs}
+    return {job.id: _start(False, NO_WORKER, None) for job in jobs}
 
 
 def _start(now: bool, why: Optional[str], starts_in: Optional[float], estimate: str = "") -> dict[str, Any]:
@@ -175,7 +178,8 @@ def _would_start(spool: Spool, jobs: list[Job], state: str) -> dict[int, dict[st
         snap.states[job.id] = PENDING
     snap.pending += jobs
     views = spool.workers.gpu_views(tidy=False)
-    workers = spool.workers.live(tidy=False)
+    live = spool.workers.live(tidy=False)
+    workers = [info for info in live if not info.get("draining")]  # `gpuq stop --drain`: it starts nothing new
     waits = {**space_waits(spool, snap), **gpu_waits(views)}
     waits.update({i: wait for i, wait in _host_waits(snap, workers, jobs).items() if i not in waits})
     reasons = scheduler.waiting_reasons(snap, waits)
@@ -189,7 +193,7 @@ def _would_start(spool: Spool, jobs: list[Job], state: str) -> dict[int, dict[st
         if wait is not None and wait.forever:  # whatever the workers do
             out[job.id] = _start(False, wait.reason, None, note)
         elif not workers:
-            out[job.id] = _start(False, "no worker is running; `gpuq run --daemon` starts one", None, note)
+            out[job.id] = _start(False, DRAINING if live else NO_WORKER, None, note)
         elif wait is not None:
             out[job.id] = _start(False, wait.reason, starts_in, note)
         elif starts_in is not None and starts_in <= 0:
