@@ -265,3 +265,24 @@ def test_add_while_the_worker_drains_says_the_job_waits_for_a_worker_to_run_agai
     assert worker.wait(30) == 0  # its job ended: the worker exits, and the new job was never started
     assert gq.state_of(queued) == "pending"
     assert "no worker is running" in gq.gpuq("add", "true").stderr
+
+
+# ---- a whole command quoted as one word --------------------------------------------------------------
+
+
+def test_a_whole_command_in_one_quoted_word_is_refused_with_the_line_to_type(gq: Env) -> None:
+    gq.script("train.py", "")
+    for words, fix in (
+        (["python train.py --steps 2"], "gpuq add python train.py --steps 2"),
+        (["python train.py", "--lr", "3"], "gpuq add python train.py --lr 3"),
+        (["python train.py | tee out.log"], "gpuq add bash -c 'python train.py | tee out.log'"),
+    ):
+        proc = gq.gpuq("add", *words, check=False)
+        assert (proc.returncode, proc.stdout) == (2, ""), words
+        assert proc.stderr.startswith(f"gpuq add: no file or command is named {words[0]!r}, one word with spaces: ")
+        assert proc.stderr.endswith(f": {fix}\n") and proc.stderr.count("\n") == 1, proc.stderr
+    assert gq.status_json() == []
+    spaced = gq.script("my run.sh", "echo ran\n")  # a file whose name has a space is still a script
+    spaced.chmod(0o755)
+    job = gq.add("./my run.sh")
+    assert gq.job(job)["cmd"] == ["./my run.sh"]
