@@ -17,6 +17,7 @@ from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import actions
 from gpuq.engine.schedule import adhoc
 from gpuq.engine.schedule.placement import Request
+from gpuq.system.extras import notify_missing
 
 RUN_NEEDS = ("psutil", "watchdog")  # what the worker and the supervisors import
 
@@ -71,8 +72,6 @@ def _check_notify(urls: list[str], typed: bool) -> None:
     worker that a service starts must not stay down for its notifications."""
     if not urls:
         return
-    from gpuq.system.extras import notify_missing
-
     missing = notify_missing()
     if missing and typed:
         exc = Refused(f"--notify {urls[0]}: {missing}")

@@ -59,7 +59,7 @@ def figure(runs: Sequence[PastRun], title: Optional[str] = None, utilisation: Op
         from matplotlib import dates as mdates  # matplotlib is optional (the plot extra)
         from matplotlib.figure import Figure  # (optional, as above)
     except ImportError:
-        from gpuq.system.extras import install_command
+        from gpuq.system.extras import install_command  # only to say what to install
 
         raise PlotUnavailable(f"{MISSING}: {install_command('plot')}") from None
     lanes = lane_order(runs)

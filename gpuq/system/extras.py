@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import sys
+from importlib.util import find_spec
 from typing import Optional
 from urllib.parse import unquote, urlparse
 
@@ -74,8 +75,6 @@ def notify_missing() -> Optional[str]:
     """One line saying that `--notify URL` cannot be served here (Apprise cannot be imported) and
     the command that installs it; None when Apprise is there. Looked for, never imported (Apprise
     takes a while to import)."""
-    from importlib.util import find_spec
-
     try:
         found = find_spec("apprise") is not None
     except (ImportError, ValueError):
