@@ -46,8 +46,8 @@ def cmd_add(args: argparse.Namespace) -> int:
         print(f"[+] Job #{job.id}: {job.name}{after}{'  (held)' if args.hold else ''}")
     if outlook:
         print(f"    {enqueue.urgent_outlook(published[0][1], running)}")
-    if not args.quiet and not args.hold and not sp.workers.live():
-        _say_no_worker([job.id for _ref, job in published])
+    if not args.quiet and not args.hold:
+        _say_who_starts_it(sp.workers.live(), [job.id for _ref, job in published])
     return 0
 
 
@@ -113,6 +113,12 @@ def _planned_lines(job: dict[str, Any]) -> list[str]:
     if job["gpu_mem_mib"]:
         gpus += f", {job['gpu_mem_mib']} MiB each"
     limits = [gpus]
+    if job["mem_mib"]:
+        from gpuq.engine.schedule.hostroom import size_text  # as `gpuq show` says it
+
+        limits.append(f"{size_text(job['mem_mib'])} host memory")
+    if job["cpus"]:
+        limits.append(plural(job["cpus"], "CPU"))
     if job["time_limit_seconds"]:
         from gpuq.core.timespec import format_duration
 
@@ -129,17 +135,31 @@ def _planned_lines(job: dict[str, Any]) -> list[str]:
         *([f"    python     {job['interpreter']}{found}"] if job["interpreter"] else []),
         f"    env        {' '.join(f'{k}={shlex.quote(v)}' for k, v in job['env'].items())}",
         f"    needs      {'; '.join(limits)}",
-        f"    {when}" + ("" if start["estimate"].startswith("unknown") else f" ({start['estimate']})"),
+        f"    {when}" + ("" if _said(start["estimate"], start["why_not"]) else f" ({start['estimate']})"),
     ]
 
 
-def _say_no_worker(ids: list[int]) -> None:
-    """The line `gpuq add` says on stderr when no worker is running to start what it queued."""
-    waits = "waits" if len(ids) == 1 else "wait"
-    print(
-        f"gpuq add: no worker is running; {ids_text(ids)} {waits} for `gpuq run --daemon` (or `gpuq service install`)",
-        file=sys.stderr,
-    )
+def _said(estimate: str, why_not: Optional[str]) -> bool:
+    """Whether the queue's estimate adds nothing to the line: unknown, or the reason again."""
+    return estimate.startswith("unknown") or bool(why_not and why_not in estimate)
+
+
+def _say_who_starts_it(workers: list[dict[str, Any]], ids: list[int]) -> None:
+    """The line `gpuq add` says on stderr when no worker will start what it queued: none runs, or
+    every one drains (`gpuq stop --drain`: it starts nothing new, and holds its locks until its
+    jobs end, so a new worker can start only then)."""
+    if not workers:
+        waits = "waits" if len(ids) == 1 else "wait"
+        said = f"no worker is running; {ids_text(ids)} {waits} for `gpuq run --daemon` (or `gpuq service install`)"
+    elif all(worker.get("draining") for worker in workers):
+        who = "the worker is" if len(workers) == 1 else "every worker is"
+        said = (
+            f"{who} draining (`gpuq stop --drain`); {ids_text(ids)} will not start until a worker runs again "
+            f"(`gpuq run --daemon` once the draining one has exited)"
+        )
+    else:
+        return
+    print(f"gpuq add: {said}", file=sys.stderr)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

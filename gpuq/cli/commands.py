@@ -340,7 +340,7 @@ COMMANDS = (
                 "--plot",
                 metavar="FILE",
                 group="out",
-                help="draw a timeline into FILE.png or .svg (needs gpuq-spool[plot])",
+                help="draw a timeline into FILE.png or .svg (needs the plot extra)",
             ),
         ),
     ),

@@ -17,6 +17,7 @@ from gpuq.core import schema, states, transitions
 from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.states import (
     ACTIVE,
+    CANCEL,
     CANCELLED,
     DONE,
     FAILED,
@@ -60,7 +61,7 @@ def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: No
     `kill`, `killing` told just before)."""
     if spool.jobs.find(job_id, (RUNNING,)):
         killing()
-        return kill(spool, job_id)
+        return kill(spool, job_id, action=CANCEL)
     if spool.jobs.find(job_id, (SLURM,)):
         return slurm_handover.cancel(spool, job_id)
     with claimed(spool, job_id, (PENDING, HELD, PREEMPTED, INTERRUPTED)) as (ref, job):
@@ -88,11 +89,12 @@ def release(spool: Spool, job_id: int) -> dict[str, Any]:
         return spool.jobs.move(ref, job, PENDING, transitions.release())[1]
 
 
-def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS) -> dict[str, Any]:
-    """SIGTERM the running job's process group, SIGKILL after `grace`; it ends in cancelled/."""
+def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS, action: str = KILL) -> dict[str, Any]:
+    """SIGTERM the running job's process group, SIGKILL after `grace`; it ends in cancelled/,
+    its note saying who asked (`action`: KILL, or CANCEL for `gpuq cancel`)."""
     _ref, job = running_with_pid(spool, job_id)
     try:
-        spool.control.request(job_id, KILL)
+        spool.control.request(job_id, action)
     except SpoolFull:
         pass  # a full disk: the job is still stopped; its supervisor records it as failed (143)
     if not procs.terminate_tree(job, grace, force=True):

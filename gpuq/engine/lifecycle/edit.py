@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpuq.core import schema
+from gpuq.core import schema, timespec
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import WAITING
 from gpuq.engine.lifecycle import actions, enqueue, interpreter
@@ -24,6 +24,9 @@ from gpuq.spool import Spool
 FIELD_OF = {"gpus": "gpu_request", "gpu_mem": "gpu_mem_mib", "mem": "mem_mib"}
 # Keys left out of what a person edits while null (no request): a key they delete clears the field.
 UNSET_WHEN_NULL = ("gpu_mem", "mem", "cpus")
+# Sizes typed with --set need a unit, as `add --gpu-mem`/`--mem` do: `--set gpu_mem=20` would be
+# 20 MiB (a job file's bare number), nothing a job needs. A file edited in the editor keeps its MiB.
+TYPED_SIZES = ("gpu_mem", "mem")
 EDITABLE = sorted(schema.DROPPED_FIELDS)
 
 
@@ -41,7 +44,7 @@ def read(spool: Spool, job_id: int) -> tuple[dict[str, Any], int]:
 
 def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
     """`fields` with KEY=VALUE pairs applied; VALUE is JSON when it parses (5, ["python", "t.py"],
-    {"A": "1"}), else a string (`name=exp 2`)."""
+    {"A": "1"}), else a string (`name=exp 2`); a size (TYPED_SIZES) is a size with its unit, or null."""
     out = dict(fields)
     for pair in pairs:
         key, sep, text = pair.partition("=")
@@ -49,6 +52,13 @@ def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
             raise UsageError(f"--set wants KEY=VALUE, not {pair!r}")
         if key not in EDITABLE:
             raise UsageError(f"--set {key}: not editable; these are: {', '.join(EDITABLE)}")
+        if key in TYPED_SIZES and text.strip() != "null":
+            try:
+                timespec.parse_memory_mib(text, f"--set {key}")
+            except ValueError as exc:
+                raise UsageError(str(exc).replace("did you mean ", f"did you mean {key}=", 1)) from None
+            out[key] = text.strip()  # read again by the dropped file's rules, with its unit
+            continue
         try:
             out[key] = json.loads(text)
         except ValueError:
