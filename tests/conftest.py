@@ -167,6 +167,21 @@ class Env:
                         pass
 
 
+def fake_venv(where: Path) -> str:
+    """A .venv in `where` whose python records in `where`/venv-used that it was used, then runs the
+    real interpreter; its bin/ also has `venvtool`, which prints its VIRTUAL_ENV. Its python's path."""
+    bindir = where / ".venv" / "bin"
+    bindir.mkdir(parents=True)
+    marker = where / "venv-used"
+    python = bindir / "python"
+    python.write_text(f'#!/bin/sh\necho venv >> {marker}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    tool = bindir / "venvtool"
+    tool.write_text('#!/bin/sh\necho "tool from venv: $VIRTUAL_ENV"\n')
+    tool.chmod(0o755)
+    return str(python)
+
+
 @pytest.fixture(autouse=True)
 def own_lease_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Each test's GPU leases in a directory of its own (GPUQ_LEASE_DIR, made by the first gpuq that

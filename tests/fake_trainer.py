@@ -7,6 +7,7 @@ It prints `Step N/M` once per step, writes a checkpoint every K steps the way HF
 
 Options: --output_dir D  --max_steps M  --save_steps K  --step_time S (its own pace)
   --save_on_sigterm       on SIGTERM, save a checkpoint at the current step and exit 0
+  --save_time S           such a save takes S seconds (a big model's), default 0
   --ignore_sigterm        the main process ignores SIGTERM (only SIGKILL stops it)
   --child_ignoring_sigterm  start a child in the same process group that ignores SIGTERM;
                           its pid goes to D/child.pid
@@ -29,7 +30,7 @@ import time
 
 def parse(argv: list[str]) -> dict:
     opts = {"output_dir": "out", "max_steps": 100, "save_steps": 10, "step_time": 0.05, "style": "hf"}
-    opts.update(fail_at=0, partial_save_at=0)
+    opts.update(fail_at=0, partial_save_at=0, save_time=0.0)
     flags = {"save_on_sigterm", "ignore_sigterm", "child_ignoring_sigterm", "fail_once"}
     opts.update({f: False for f in flags})
     opts["resume"] = None
@@ -122,6 +123,7 @@ def main() -> int:
             print(f"crashed at step {step}", flush=True)
             return 1
         if stop["requested"]:
+            time.sleep(opts["save_time"])
             save(opts, step)
             print(f"SIGTERM: saved checkpoint at step {step}", flush=True)
             break

@@ -8,7 +8,7 @@ import stat
 import subprocess
 import sys
 
-from conftest import Env
+from conftest import Env, fake_venv
 
 
 def test_add_writes_a_complete_job_file(gq: Env) -> None:
@@ -103,23 +103,9 @@ def test_quiet_prints_only_the_id(gq: Env) -> None:
     assert gq.gpuq("add", "-q", "t.py").stdout == "1\n"
 
 
-def _fake_venv(gq: Env, where) -> str:
-    """A .venv whose python records that it was used, then runs the real interpreter."""
-    bindir = where / ".venv" / "bin"
-    bindir.mkdir(parents=True)
-    marker = where / "venv-used"
-    python = bindir / "python"
-    python.write_text(f'#!/bin/sh\necho venv >> {marker}\nexec {sys.executable} "$@"\n')
-    python.chmod(0o755)
-    tool = bindir / "venvtool"
-    tool.write_text('#!/bin/sh\necho "tool from venv: $VIRTUAL_ENV"\n')
-    tool.chmod(0o755)
-    return str(python)
-
-
 def test_venv_is_found_by_walking_up_and_used(gq: Env) -> None:
     project = gq.work / "exp02"
-    python = _fake_venv(gq, project)
+    python = fake_venv(project)
     gq.script("src/deep/train.py", "import sys; print('argv', sys.argv[1:])\n", where=project)
     py_job = gq.add("--dir", str(project / "src" / "deep"), "train.py", "--epochs", "1")
     assert gq.job(py_job)["cmd"][0] == python
@@ -132,7 +118,7 @@ def test_venv_is_found_by_walking_up_and_used(gq: Env) -> None:
 
 
 def test_explicit_python_wins_over_discovery(gq: Env) -> None:
-    _fake_venv(gq, gq.work)
+    fake_venv(gq.work)
     gq.script("t.py", "")
     job = gq.job(gq.add("--python", sys.executable, "t.py"))
     assert job["cmd"][0] == sys.executable

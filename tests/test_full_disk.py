@@ -141,6 +141,20 @@ def test_clear_needs_no_room_at_all(gq_full: Env) -> None:
     assert not os.listdir(gq.home / "locks")
 
 
+def test_clear_on_a_full_disk_keeps_the_history_in_the_room_its_logs_free(gq_full: Env) -> None:
+    """`clear` drops the logs first, then keeps the jobs' runs in the room that made (kept-runs)."""
+    gq = gq_full
+    gq.script("chatty.py", "import sys\nsys.stdout.write('x' * (2 << 20))\n")
+    job_id = gq.add("chatty.py")
+    gq.gpuq("run")
+    assert json.loads(gq.gpuq("history", "--json").stdout)[0]["runs"] == 1
+    (gq.home / "reserve").unlink(missing_ok=True)
+    fill_up(gq.work)
+    out = gq.gpuq("clear").stdout
+    assert "removed 1 finished job," in out and gq.state_of(job_id) is None
+    assert json.loads(gq.gpuq("history", "--json").stdout)[0]["runs"] == 1
+
+
 def test_a_filesystem_too_small_for_the_full_room_gets_a_smaller_one(tmp_path: Path) -> None:
     from gpuq.engine.lifecycle import actions, enqueue
     from gpuq.spool import Spool

@@ -18,6 +18,7 @@ import pytest
 from gpuq.core.job import Job
 from gpuq.engine.views import history
 from gpuq.engine.views.history import PastRun
+from gpuq.system.extras import install_command
 
 REPO = Path(__file__).resolve().parent.parent
 HOUR = 3600.0
@@ -261,8 +262,8 @@ def svg_ids(path: Path) -> list[str]:
 
 
 def test_plot_svg_has_one_bar_per_run_and_lane(tmp_path: Path) -> None:
-    plot = pytest.importorskip("gpuq.cli.plot", reason="needs matplotlib (gpuq-spool[plot])")
-    pytest.importorskip("matplotlib", reason="needs matplotlib (gpuq-spool[plot])")
+    plot = pytest.importorskip("gpuq.cli.plot", reason="needs matplotlib (the plot extra)")
+    pytest.importorskip("matplotlib", reason="needs matplotlib (the plot extra)")
     runs = history.runs(timeline_jobs())
     assert plot.lane_order(runs) == ["0", "1", "2", "machine", "cpu"]
     path = tmp_path / "timeline.svg"
@@ -279,8 +280,8 @@ def test_plot_svg_has_one_bar_per_run_and_lane(tmp_path: Path) -> None:
 
 
 def test_plot_png_is_a_real_png(tmp_path: Path) -> None:
-    plot = pytest.importorskip("gpuq.cli.plot", reason="needs matplotlib (gpuq-spool[plot])")
-    image = pytest.importorskip("matplotlib.image", reason="needs matplotlib (gpuq-spool[plot])")
+    plot = pytest.importorskip("gpuq.cli.plot", reason="needs matplotlib (the plot extra)")
+    image = pytest.importorskip("matplotlib.image", reason="needs matplotlib (the plot extra)")
     runs = history.runs(timeline_jobs())
     path = tmp_path / "timeline.PNG"  # the suffix is case-insensitive
     plot.plot(runs, str(path))
@@ -290,8 +291,8 @@ def test_plot_png_is_a_real_png(tmp_path: Path) -> None:
 
 
 def test_plot_with_no_runs_is_a_valid_picture(tmp_path: Path) -> None:
-    plot = pytest.importorskip("gpuq.cli.plot", reason="needs matplotlib (gpuq-spool[plot])")
-    image = pytest.importorskip("matplotlib.image", reason="needs matplotlib (gpuq-spool[plot])")
+    plot = pytest.importorskip("gpuq.cli.plot", reason="needs matplotlib (the plot extra)")
+    image = pytest.importorskip("matplotlib.image", reason="needs matplotlib (the plot extra)")
     plot.plot([], str(tmp_path / "empty.png"))
     assert image.imread(str(tmp_path / "empty.png")).shape[:2] == (205, 1200)
     plot.plot([], str(tmp_path / "empty.svg"))
@@ -300,8 +301,8 @@ def test_plot_with_no_runs_is_a_valid_picture(tmp_path: Path) -> None:
 
 
 def test_plot_thousands_of_runs(tmp_path: Path) -> None:
-    plot = pytest.importorskip("gpuq.cli.plot", reason="needs matplotlib (gpuq-spool[plot])")
-    pytest.importorskip("matplotlib", reason="needs matplotlib (gpuq-spool[plot])")
+    plot = pytest.importorskip("gpuq.cli.plot", reason="needs matplotlib (the plot extra)")
+    pytest.importorskip("matplotlib", reason="needs matplotlib (the plot extra)")
     jobs = [
         (
             "done",
@@ -344,7 +345,7 @@ def test_missing_matplotlib_names_the_extra(tmp_path: Path) -> None:
     proc = child_python(code)
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         3,
-        "history --plot needs matplotlib: pip install 'gpuq-spool[plot]'\n",
+        f"history --plot needs matplotlib: {install_command('plot')}\n",
         "",
     )
     assert not out.exists()
@@ -364,7 +365,7 @@ def test_history_modules_do_not_import_matplotlib() -> None:
     ("module", "allowed"),
     [
         ("engine/views/history.py", {"gpuq.core", "gpuq.spool.cache.runs"}),  # the rules the finished rows are made by
-        ("cli/plot.py", {"gpuq.core", "gpuq.engine.views.history"}),
+        ("cli/plot.py", {"gpuq.core", "gpuq.engine.views.history", "gpuq.system.extras"}),  # extras: what to install
     ],
 )
 def test_imports_only_core_and_history(module: str, allowed: set) -> None:

@@ -69,8 +69,8 @@ def band_colours(fig: object) -> list[tuple[float, tuple]]:
 
 
 def test_plot_bands_a_bar_by_utilisation_and_leaves_unrecorded_bars_plain() -> None:
-    plot = pytest.importorskip("gpuq.cli.plot", reason="needs matplotlib (gpuq-spool[plot])")
-    pytest.importorskip("matplotlib", reason="needs matplotlib (gpuq-spool[plot])")
+    plot = pytest.importorskip("gpuq.cli.plot", reason="needs matplotlib (the plot extra)")
+    pytest.importorskip("matplotlib", reason="needs matplotlib (the plot extra)")
     runs = two_runs()
     busy_then_idle = recorded([0], T0, [(T0 + 1800, [100]), (T0 + 3600, [0])])
     shaded = {(1, T0): gpuseries.of_run({"attempts": {"1": busy_then_idle}}, T0, T0 + 3600)}
@@ -127,7 +127,7 @@ def svg_band_fills(path: Path) -> list[str]:
 
 
 def test_history_plot_shades_a_real_jobs_busy_then_idle_gpu(gq: Env) -> None:
-    pytest.importorskip("matplotlib", reason="needs matplotlib (gpuq-spool[plot])")
+    pytest.importorskip("matplotlib", reason="needs matplotlib (the plot extra)")
     gpus = Gpus(gq, fake_gpus(1))
     gq.env.update(GPUQ_GPU_SAMPLE_SECONDS=str(PERIOD))
     gq.start_worker()

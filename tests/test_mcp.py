@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 from conftest import REPO, WAIT_FOR_GO, Env, wait_for
 
-pytest.importorskip("mcp.server.mcpserver", reason="the MCP SDK 2 (gpuq-spool[mcp], Python >= 3.10) is not installed")
+pytest.importorskip("mcp.server.mcpserver", reason="the MCP SDK 2 (the mcp extra, Python >= 3.10) is not installed")
 
 import anyio  # noqa: E402  (after the skip: the SDK brings it)
 from mcp import Client  # noqa: E402
@@ -297,7 +297,7 @@ def test_without_the_sdk_gpuq_mcp_says_what_to_install(gq: Env) -> None:
         [sys.executable, "-S", "-m", "gpuq", "mcp"], cwd=gq.work, env=env, capture_output=True, text=True, timeout=60
     )
     assert (proc.returncode, proc.stdout) == (1, "")
-    assert proc.stderr == "gpuq mcp: the MCP SDK is not installed: pip install 'gpuq-spool[mcp]'\n"
+    assert proc.stderr == f"gpuq mcp: the MCP SDK is not installed: {sys.executable} -m pip install '{REPO}[mcp]'\n"
 
 
 # ---- gpuq mcp install ---------------------------------------------------------------------------

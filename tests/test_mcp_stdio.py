@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import Env
 
-pytest.importorskip("mcp.server.mcpserver", reason="the MCP SDK 2 (gpuq-spool[mcp], Python >= 3.10) is not installed")
+pytest.importorskip("mcp.server.mcpserver", reason="the MCP SDK 2 (the mcp extra, Python >= 3.10) is not installed")
 
 
 class Peer:

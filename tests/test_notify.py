@@ -230,8 +230,8 @@ def test_without_apprise_one_line_says_what_to_install(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-S", "-c", code, str(REPO)], capture_output=True, text=True, timeout=30)
     assert (out.returncode, out.stderr) == (0, "")
-    said = "[x] notifications to URLs need Apprise, which is not installed: pip install 'gpuq-spool[notify]'\n"
-    assert out.stdout == said
+    install = f"{sys.executable} -m pip install '{REPO}[notify]'"  # the checkout's extra: no metadata under -S
+    assert out.stdout == f"[x] notifications to URLs need Apprise, which is not installed: {install}\n"
 
 
 def test_the_queue_empty_message_is_sent_once(gq: Env, receiver: Receiver) -> None:

@@ -5,6 +5,7 @@ Real files; the last test runs a real worker with its real observer."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -254,3 +255,37 @@ def test_a_job_seen_in_two_places_is_looked_up_until_it_settles(tmp_path: Path) 
     assert view.full_at == now, "no full look: the doubled job alone was looked up"
     assert snap.states[ref.id] == PENDING and [j.id for j in snap.pending] == [ref.id]
     assert not view.unsettled
+
+
+def test_a_polling_worker_starts_a_job_that_landed_during_its_step(tmp_path: Path, monkeypatch) -> None:
+    """Without file events (no watchdog, a network filesystem, an inotify overflow) the worker
+    looks every few seconds, and a look that finds the spool unchanged since the last step does
+    nothing more. A job queued while a step runs, after its look (here: while the step moves a
+    broken file to rejected/, which it does after the look), must count as a change: the
+    signature compared is the one taken before the step's look, not after it."""
+    from gpuq.run.worker import Worker
+
+    no_gpus = tmp_path / "gpus.json"
+    no_gpus.write_text('{"gpus": []}')
+    monkeypatch.setenv("GPUQ_FAKE_GPUS", str(no_gpus))  # a machine without GPUs: one slot
+    spool = _spool(tmp_path)
+    broken = Path(spool.layout.state_dir(PENDING)) / "000050-broken.json"
+    broken.write_text("{not json")
+    for path in (broken, *(spool.layout.state_dir(d) for d in (PENDING, RUNNING, "locks", "control"))):
+        os.utime(path, (time.time() - 60, time.time() - 60))  # the file's writer long done; a quiet spool
+    landed: list[JobRef] = []
+
+    def say(line: str) -> None:  # the worker's log, written while its step runs
+        if "rejected" in line and not landed:
+            landed.append(_add(spool, tmp_path)[0])
+
+    worker = Worker(spool, say=say)
+    try:
+        now = time.time()
+        result = worker.step(now, woken=False)
+        assert landed and result.started == [] and not result.put_off
+        later = worker.step(now + 1, woken=False)  # the loop's next periodic look, no event
+        assert later.started == [landed[0].id]
+        wait_for(lambda: spool.jobs.find(landed[0].id, (DONE,)), 20, what="the job to run")
+    finally:
+        worker.launcher.close_spare()

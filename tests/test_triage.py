@@ -71,7 +71,7 @@ def test_a_cuda_oom_a_job_after_it_and_a_held_job(gq: Env) -> None:
     assert found["checkpoint"]["latest"] is None
     smaller, bigger, retry = commands(found)
     assert "--batch_size 16" in smaller and smaller.startswith("gpuq add ")
-    assert "--gpu-mem 6144" in bigger  # the 4 GiB it had and the 2 GiB it tried to allocate
+    assert "--gpu-mem 6144M " in bigger  # the 4 GiB it had and the 2 GiB it tried to allocate
     assert retry == f"gpuq retry {oom}"
     proc = gq.gpuq(*shlex.split(smaller)[1:])  # the fix queues what it says
     requeued = int(proc.stdout.split("#", 1)[1].split(":", 1)[0])

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import Env
 
+from gpuq.system.extras import install_command
+
 ECHO = "import json, sys\nopen(sys.argv[-1], 'w').write(json.dumps(sys.argv[1:-1]))\n"
 
 
@@ -168,7 +170,7 @@ def test_history_sums_gpu_hours_and_draws_a_timeline(gq: Env, tmp_path: Path) ->
     assert groups[0]["gpu_hours"] == 4.5 and (groups[0]["runs"], groups[0]["done"], groups[0]["failed"]) == (3, 2, 1)
     assert "4.50 GPU-hours" in gq.gpuq("history").stdout
 
-    pytest.importorskip("matplotlib", reason="the plot extra (gpuq-spool[plot]) is not installed")
+    pytest.importorskip("matplotlib", reason="the plot extra is not installed")
     png, svg = tmp_path / "week.png", tmp_path / "week.svg"
     gq.gpuq("history", "--plot", str(png))
     gq.gpuq("history", "--plot", str(svg))
@@ -192,5 +194,5 @@ def test_history_plot_without_matplotlib_says_which_extra(gq: Env, tmp_path: Pat
         text=True,
     )
     assert proc.returncode == 1
-    assert proc.stderr.strip() == "gpuq: history --plot needs matplotlib: pip install 'gpuq-spool[plot]'"
+    assert proc.stderr.strip() == f"gpuq: history --plot needs matplotlib: {install_command('plot')}"
     assert not os.path.exists(tmp_path / "x.png")

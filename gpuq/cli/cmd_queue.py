@@ -7,7 +7,7 @@ import sys
 
 from gpuq.cli.common import each_id, job_ids, spool
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.states import HELD, INTERRUPTED, RUNNING
+from gpuq.core.states import FINISHED, HELD, INTERRUPTED, RUNNING
 from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import enqueue
 from gpuq.system import procs
@@ -46,8 +46,8 @@ def cmd_add(args: argparse.Namespace) -> int:
         print(f"[+] Job #{job.id}: {job.name}{after}{'  (held)' if args.hold else ''}")
     if outlook:
         print(f"    {enqueue.urgent_outlook(published[0][1], running)}")
-    if not args.quiet and not args.hold and not sp.workers.live():
-        _say_no_worker([job.id for _ref, job in published])
+    if not args.quiet and not args.hold:
+        _say_who_starts_it(sp.workers.live(), [job.id for _ref, job in published])
     return 0
 
 
@@ -113,6 +113,12 @@ def _planned_lines(job: dict[str, Any]) -> list[str]:
     if job["gpu_mem_mib"]:
         gpus += f", {job['gpu_mem_mib']} MiB each"
     limits = [gpus]
+    if job["mem_mib"]:
+        from gpuq.engine.schedule.hostroom import size_text  # as `gpuq show` says it
+
+        limits.append(f"{size_text(job['mem_mib'])} host memory")
+    if job["cpus"]:
+        limits.append(plural(job["cpus"], "CPU"))
     if job["time_limit_seconds"]:
         from gpuq.core.timespec import format_duration
 
@@ -129,17 +135,31 @@ def _planned_lines(job: dict[str, Any]) -> list[str]:
         *([f"    python     {job['interpreter']}{found}"] if job["interpreter"] else []),
         f"    env        {' '.join(f'{k}={shlex.quote(v)}' for k, v in job['env'].items())}",
         f"    needs      {'; '.join(limits)}",
-        f"    {when}" + ("" if start["estimate"].startswith("unknown") else f" ({start['estimate']})"),
+        f"    {when}" + ("" if _said(start["estimate"], start["why_not"]) else f" ({start['estimate']})"),
     ]
 
 
-def _say_no_worker(ids: list[int]) -> None:
-    """The line `gpuq add` says on stderr when no worker is running to start what it queued."""
-    waits = "waits" if len(ids) == 1 else "wait"
-    print(
-        f"gpuq add: no worker is running; {ids_text(ids)} {waits} for `gpuq run --daemon` (or `gpuq service install`)",
-        file=sys.stderr,
-    )
+def _said(estimate: str, why_not: Optional[str]) -> bool:
+    """Whether the queue's estimate adds nothing to the line: unknown, or the reason again."""
+    return estimate.startswith("unknown") or bool(why_not and why_not in estimate)
+
+
+def _say_who_starts_it(workers: list[dict[str, Any]], ids: list[int]) -> None:
+    """The line `gpuq add` says on stderr when no worker will start what it queued: none runs, or
+    every one drains (`gpuq stop --drain`: it starts nothing new, and holds its locks until its
+    jobs end, so a new worker can start only then)."""
+    if not workers:
+        waits = "waits" if len(ids) == 1 else "wait"
+        said = f"no worker is running; {ids_text(ids)} {waits} for `gpuq run --daemon` (or `gpuq service install`)"
+    elif all(worker.get("draining") for worker in workers):
+        who = "the worker is" if len(workers) == 1 else "every worker is"
+        said = (
+            f"{who} draining (`gpuq stop --drain`); {ids_text(ids)} will not start until a worker runs again "
+            f"(`gpuq run --daemon` once the draining one has exited)"
+        )
+    else:
+        return
+    print(f"gpuq add: {said}", file=sys.stderr)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -260,16 +280,38 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    from gpuq.engine.lifecycle import actions  # here: `gpuq add` must not import it
+    from gpuq.engine.lifecycle import clearing  # here: `gpuq add` must not import it
 
-    report = actions.clear(spool(), logs_only=args.logs)
+    sp = spool()
+    chosen = clearing.select(
+        sp, tuple(dict.fromkeys(s for group in args.state for s in group)) or FINISHED, args.older_than
+    )
+    what = "the logs of " if args.logs else ""
+    counts = ", ".join(f"{n} {state}" for state, n in chosen.counts().items())
+    if chosen.refs:  # what it will do, before it does it
+        print(
+            f"will remove {what}{plural(len(chosen.refs), 'finished job')} ({counts})"
+            + ("" if args.logs else " and their logs")
+            + "; their history and learned run times are kept"
+        )
+    if chosen.kept_for_dependents:
+        print("kept (waiting jobs depend on them): " + ", ".join(f"#{i}" for i in sorted(chosen.kept_for_dependents)))
+    if not chosen.refs:
+        print("no finished jobs to clear" + (" (of these states and age)" if args.state or args.older_than else ""))
+        return 0
+    # it asks on a terminal, as `recover` does; a script (no terminal) gets what it ran, as `tsp -C`, `pueue clean`
+    if not args.yes and sys.stdin.isatty() and input("Go ahead? [y/N] ").strip().lower() not in ("y", "yes"):
+        print("nothing removed")
+        return 0
+    report = clearing.clear(sp, chosen, logs_only=args.logs)
     freed = f"{report.freed_bytes / (1 << 20):.1f} MiB"
     if args.logs:
         print(f"dropped the logs of {plural(len(report.logs_dropped), 'finished job')}, freeing {freed}")
         return 0
     print(f"removed {plural(len(report.removed), 'finished job')}, freeing {freed}")
-    if report.kept_for_dependents:
-        print("kept (waiting jobs depend on them): " + ", ".join(f"#{i}" for i in sorted(report.kept_for_dependents)))
+    if report.no_room:
+        print(f"gpuq: left {ids_text(report.no_room)}: no room on the disk to keep their history", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -277,14 +319,19 @@ def cmd_recover(args: argparse.Namespace) -> int:
     from gpuq.engine.lifecycle import actions  # here: `gpuq add` must not import it
 
     sp = spool()
-    if args.all or args.jobs:
-        ids = job_ids(args.jobs) if args.jobs else [job.id for job in actions.interrupted(sp)]
-        back, code = _recover(sp, ids, args.from_scratch, say=True)
+    if args.jobs:  # named: re-queued whatever they reached
+        back, code = _recover(sp, job_ids(args.jobs), args.from_scratch, say=True)
+        print(f"Re-queued {plural(back, 'job')}." + (" Run `gpuq run` to execute." if back else ""))
+        return code
+    ended = actions.reached_their_end(sp)
+    _say_ended(ended)
+    if args.all:
+        back, code = _recover(sp, [job.id for job in actions.to_recover(sp)], args.from_scratch, say=True)
         print(f"Re-queued {plural(back, 'job')}." + (" Run `gpuq run` to execute." if back else ""))
         return code
     plans = actions.recovery_plans(sp, args.from_scratch)
     if not plans:
-        print("no interrupted jobs")
+        print("nothing else to re-queue" if ended else "no interrupted jobs")
         return 0
     for job, how in plans:  # what will happen, before it happens
         print(f"  #{job.id} {job.name}: {how.text()}  ({job.note or INTERRUPTED})")
@@ -298,6 +345,17 @@ def cmd_recover(args: argparse.Namespace) -> int:
     back, code = _recover(sp, [job.id for job, _how in plans], args.from_scratch, say=False)
     print(f"Re-queued {plural(back, 'job')}.")
     return code
+
+
+def _say_ended(ended: list[tuple[Any, str]]) -> None:
+    """The interrupted jobs a plain `recover` leaves: they had reached their end."""
+    from gpuq.engine.lifecycle import repairs
+
+    for job, reached in ended:
+        print(
+            f"  #{job.id} {job.name}: {repairs.reached_end_text(reached)}: not re-queued "
+            f"(`gpuq recover --jobs {job.id}` runs it again)"
+        )
 
 
 def _recover(sp: Spool, ids: list[int], from_scratch: bool, say: bool) -> tuple[int, int]:

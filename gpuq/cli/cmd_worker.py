@@ -12,11 +12,12 @@ from gpuq.cli.common import spool
 from gpuq.cli.table.run import RUN
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
-from gpuq.core.timespec import parse_size_mib
+from gpuq.core.timespec import parse_memory_mib
 from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import actions
 from gpuq.engine.schedule import adhoc
 from gpuq.engine.schedule.placement import Request
+from gpuq.system.extras import notify_missing
 
 RUN_NEEDS = ("psutil", "watchdog")  # what the worker and the supervisors import
 
@@ -27,8 +28,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpuq.run.worker import Settings  # (the same)
 
     settings = Settings(**_settings(args))
-    if not settings.notify_urls:  # the user's default: GPUQ_NOTIFY, else the config file's
+    typed = bool(settings.notify_urls)
+    if not typed:  # the user's default: GPUQ_NOTIFY, else the config file's
         settings.notify_urls = _default_notify_urls()
+    _check_notify(settings.notify_urls, typed)
     sp = spool()
     _warn_shared_spool(sp)
     if args.daemon:
@@ -61,6 +64,21 @@ def _default_notify_urls() -> list[str]:
         return config.default_urls()
     except ValueError as exc:
         raise Refused(str(exc)) from None
+
+
+def _check_notify(urls: list[str], typed: bool) -> None:
+    """`--notify URL` where Apprise cannot be imported: refused, with the command that installs
+    it. The user's default URLs (GPUQ_NOTIFY, the config file) only get the line on stderr: a
+    worker that a service starts must not stay down for its notifications."""
+    if not urls:
+        return
+    missing = notify_missing()
+    if missing and typed:
+        exc = Refused(f"--notify {urls[0]}: {missing}")
+        exc.prefix = "gpuq run"
+        raise exc
+    if missing:
+        print(f"gpuq run: warning: {missing}; until then, no job's events are sent", file=sys.stderr)
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
@@ -182,7 +200,7 @@ def cmd_lease(args: argparse.Namespace) -> int:
     if args.gpus == 0:
         raise UsageError("--gpus 0 leases no GPU: run the command without gpuq lease")
     try:
-        mem = None if args.gpu_mem is None else parse_size_mib(args.gpu_mem, "--gpu-mem")
+        mem = None if args.gpu_mem is None else parse_memory_mib(args.gpu_mem, "--gpu-mem")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     request = Request(gpus=1 if args.gpus is None else args.gpus, gpu_mem_mib=mem)

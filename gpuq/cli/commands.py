@@ -38,6 +38,27 @@ def state_names(text: str) -> tuple[str, ...]:
     return names
 
 
+def finished_states(text: str) -> tuple[str, ...]:
+    """`clear --state done,failed`: finished states only, each checked."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    wrong = [name for name in names if name not in states.FINISHED]
+    if wrong or not names:
+        raise ValueError(f"not a finished state: {text!r} (clear removes only {', '.join(states.FINISHED)} jobs)")
+    return names
+
+
+def age(text: str) -> float:
+    """`clear --older-than 7d`: seconds, with a unit (a bare number would be minutes for `--time`)."""
+    from gpuq.core.timespec import parse_duration
+
+    if text.strip().replace(".", "", 1).isdigit():
+        raise ValueError(f"{text!r} needs a unit: {text.strip()}d, {text.strip()}h or {text.strip()}m?")
+    try:
+        return parse_duration(text, "--older-than")
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as an age; use 7d, 12h, 90m or 1d12h") from None
+
+
 # ---- the commands ----------------------------------------------------------------------------
 
 SEVERAL = (
@@ -258,8 +279,22 @@ COMMANDS = (
     Command(
         "clear",
         handler="cmd_queue:cmd_clear",
-        help="remove finished jobs (keeps preempted and interrupted ones)",
-        options=(Opt("--logs", kind=FLAG, help="only drop the logs of finished jobs (their records stay)"),),
+        help="remove finished jobs and their logs, keeping their history and run times",
+        description="Remove finished jobs (done, failed, cancelled) and their logs; preempted and interrupted "
+        "ones stay, and so do finished jobs a waiting job depends on. What `gpuq history` counts of them and "
+        "the run times the ETA learns from are kept. It says what it will remove and, on a terminal, asks.",
+        options=(
+            Opt("--logs", kind=FLAG, help="only drop the logs of finished jobs (their records stay)"),
+            Opt(
+                "--state",
+                kind=APPEND,
+                convert=finished_states,
+                metavar="STATE",
+                help="only jobs in these states (done, failed, cancelled; repeat it or give a list: done,failed)",
+            ),
+            Opt("--older-than", convert=age, metavar="DURATION", help="only jobs that ended this long ago (7d, 12h)"),
+            Opt("-y", "--yes", kind=FLAG, help="do not ask, also on a terminal"),
+        ),
     ),
     Command(
         "recover",
@@ -305,7 +340,7 @@ COMMANDS = (
                 "--plot",
                 metavar="FILE",
                 group="out",
-                help="draw a timeline into FILE.png or .svg (needs gpuq-spool[plot])",
+                help="draw a timeline into FILE.png or .svg (needs the plot extra)",
             ),
         ),
     ),

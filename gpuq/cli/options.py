@@ -62,9 +62,11 @@ class Opt:
         self.dash_value = dash_value  # its value may start with "-" (`--slurm-opt --time=4:00:00`)
         self.setting = setting  # `gpuq run`: the worker's Settings field it sets (forwarded to a --daemon)
         self.read = read  # `gpuq run`: (text, flag) -> the setting's value; ValueError for bad text
-        # `add`'s dependency and scheduling options: what the job would do if the script got the
-        # option instead of gpuq (the original gpuq's `add eval.py --after 1`). After SCRIPT such
-        # an option is refused with this said; any other of gpuq's options there only gets a note.
+        # `add`'s options whose loss would change whether or when the job runs (dependencies,
+        # scheduling, --dry-run): what the job would do if the script got the option instead of
+        # gpuq (the original gpuq's `add eval.py --after 1`). After SCRIPT such an option is
+        # refused with this said; any other of gpuq's options there only gets a note. A new
+        # option of that kind sets it too.
         self.before_script = before_script
 
     @property
@@ -178,8 +180,8 @@ ADD = Command(
     help="queue SCRIPT [ARGS...] (options before SCRIPT are gpuq's)",
     description="Queue a job. Only options before SCRIPT belong to gpuq; SCRIPT and "
     "everything after it are passed to the job verbatim. A dependency or scheduling option of gpuq's "
-    "(--after, --after-any, --begin, --hold, --urgent, --priority, --time) after SCRIPT is refused, as the "
-    "job would run without it; `--` before SCRIPT passes it to the job.",
+    "(--after, --after-any, --begin, --hold, --urgent, --priority, --time), or --dry-run, after SCRIPT is "
+    "refused, as the job would run without it; `--` before SCRIPT passes it to the job.",
     options=(
         Opt("-d", "--dir", help="working directory (default: the current one)"),
         Opt("-p", "--python", help="interpreter for a .py SCRIPT (default: nearest .venv, active conda env, PATH)"),
@@ -325,7 +327,12 @@ ADD = Command(
             help="extra environment variable for the job (repeatable)",
         ),
         Opt("-q", "--quiet", kind=FLAG, help="print only the new job id"),
-        Opt("--dry-run", kind=FLAG, help="print what would be queued and whether it would start; write nothing"),
+        Opt(
+            "--dry-run",
+            kind=FLAG,
+            before_script="be queued and run for real",
+            help="print what would be queued and whether it would start; write nothing",
+        ),
         Opt("--json", kind=FLAG, help="with --dry-run: print it as JSON"),
         Opt("script", metavar="SCRIPT", help="a .py file, or any command (bash, torchrun, ...)"),
         Opt("args", nargs=REST, metavar="ARGS", help="passed to SCRIPT verbatim"),
@@ -409,8 +416,13 @@ def misplaced_option(command: Command, words: list[str]) -> list[str]:
 
 def late_options(command: Command, words: list[str]) -> list[tuple[int, list[str], Opt]]:
     """gpuq's dependency and scheduling options (Opt.before_script) among the job's words: (where,
-    the option with its value, the option). The job would run without them: parser.py refuses."""
-    return [(at, found, opt) for at, found, opt in _own_options(command, words) if opt and opt.before_script]
+    the option with its value, the option). The job would run without them: parser.py refuses.
+    With a late --dry-run, a late --json (which goes only with it) is moved with it."""
+    own = [(at, found, opt) for at, found, opt in _own_options(command, words) if opt is not None]
+    late = [(at, found, opt) for at, found, opt in own if opt.before_script]
+    if any(opt.dest == "dry_run" for _at, _found, opt in late):
+        late = [(at, found, opt) for at, found, opt in own if opt.before_script or opt.dest == "json"]
+    return late
 
 
 def _own_options(command: Command, words: list[str]) -> Iterator[tuple[int, list[str], Optional[Opt]]]:

@@ -171,16 +171,51 @@ def parse(argv: list[str]) -> argparse.Namespace:
     wanted = argv[0] if argv and not argv[0].startswith("-") else None
     parser = build_parser(only=wanted)
     if wanted is not None and wanted not in _commands(parser):
-        parser = build_parser()  # not a command: the full parser says so and lists them
+        raise _unknown_command(wanted)
     if argv and argv[0] in ADD.names:
         return _parse_add(parser, [argv[0], *spell_notify_urls(ADD, argv[1:])])
     if argv and argv[0] == RUN.names[0]:
         argv = [argv[0], *spell_notify_urls(RUN, argv[1:])]
-    args = parser.parse_args(argv)
+    args = _parse_args(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         raise SystemExit(UsageError.exit_code)
     return args
+
+
+def _parse_args(parser: Parser, argv: list[str]) -> argparse.Namespace:
+    """argparse's reading of `argv`; what the main parser says of a command's words (`gpuq add
+    -n x`: "unrecognized arguments") is said by the command, as its own errors are."""
+    try:
+        return parser.parse_args(argv)
+    except UsageError as exc:
+        if exc.prefix != parser.prog or not argv or argv[0] not in _commands(parser):
+            raise
+        command = _command_words(argv)
+        told = UsageError(str(exc).replace(f"`{parser.prog} --help`", f"`gpuq {command} --help`"))
+        told.prefix = f"gpuq {command}"
+        raise told from None
+
+
+def _command_words(argv: list[str]) -> str:
+    """`add`, or with its action `slurm submit`: the command a command line names."""
+    command = next((c for c in COMMANDS if argv[0] in c.names), None)
+    if command is not None and len(argv) > 1 and any(argv[1] in action.names for action in command.actions):
+        return f"{argv[0]} {argv[1]}"
+    return argv[0]
+
+
+def _unknown_command(word: str) -> UsageError:
+    """`gpuq stauts`: one line with the command most likely meant, among those `--help` lists
+    (never the hidden ones, as `_ids`)."""
+    import difflib  # only for a mistyped command
+
+    listed = [name for command in COMMANDS if command.help is not None for name in command.names]
+    close = difflib.get_close_matches(word, listed, n=1)
+    meant = f"; did you mean {close[0]}?" if close else ""
+    exc = UsageError(f"unknown command {word!r}{meant} (`gpuq --help` lists the commands)")
+    exc.prefix = "gpuq"
+    return exc
 
 
 def _parse_add(parser: Parser, argv: list[str]) -> argparse.Namespace:
@@ -200,9 +235,15 @@ def _parse_add(parser: Parser, argv: list[str]) -> argparse.Namespace:
             f"options go before the script ({fix} ...); `--` before the script silences this note",
             file=sys.stderr,
         )
-    args = parser.parse_args([argv[0], *own, "--", "_"]) if job_words else parser.parse_args(argv)
-    if job_words:
-        args.script, args.args = job_words[0], job_words[1:]
+    args = _parse_args(parser, [argv[0], *own, "--", "_"])  # gpuq's options, read (or `--help` shown)
+    if not job_words:
+        exc = UsageError(
+            f"say what to queue: a script or a command, after gpuq's options (gpuq {argv[0]} train.py --lr 3e-4, "
+            f"gpuq {argv[0]} --gpus 2 torchrun train.py; see `gpuq {argv[0]} --help`)"
+        )
+        exc.prefix = f"gpuq {argv[0]}"
+        raise exc
+    args.script, args.args = job_words[0], job_words[1:]
     return args
 
 
@@ -218,9 +259,10 @@ def _refuse_late_options(command: str, own: list[str], job_words: list[str]) -> 
     kept = [word for i, word in enumerate(job_words) if i not in taken]
     script, one = job_words[0], len(late) == 1
     named = ", ".join(" ".join(found) for _at, found, _opt in late)
+    would = next(opt.before_script for _at, _found, opt in late if opt.before_script)
     exc = UsageError(
         f"{named} {'comes' if one else 'come'} after the script, so {script} would get {'it' if one else 'them'} "
-        f"and the job would {late[0][2].before_script}; put {'it' if one else 'them'} before the script: "
+        f"and the job would {would}; put {'it' if one else 'them'} before the script: "
         f"{shlex.join(['gpuq', command, *own, *moved, *kept])} (or `--` before the script to pass "
         f"{'it' if one else 'them'} to {script})"
     )

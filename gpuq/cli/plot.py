@@ -1,9 +1,10 @@
 """`gpuq history --plot FILE`: a timeline of runs, one lane per GPU, bars coloured by outcome and
 banded inside by GPU utilisation where the job's supervisor recorded it.
 
-matplotlib is an optional extra (`gpuq-spool[plot]`), imported only inside `plot`, so nothing
-else in gpuq pays for it. The figure is drawn with matplotlib's object API (`Figure`, no pyplot),
-which never opens a display and does not change the process's global backend.
+matplotlib is an optional extra (`plot`; system/extras.py names the command that installs it),
+imported only inside `plot`, so nothing else in gpuq pays for it. The figure is drawn with
+matplotlib's object API (`Figure`, no pyplot), which never opens a display and does not change the
+process's global backend.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from gpuq.core.words import plural
 from gpuq.engine.views.history import PastRun
 
 FORMATS = (".png", ".svg")
-MISSING = "history --plot needs matplotlib: pip install 'gpuq-spool[plot]'"
+MISSING = "history --plot needs matplotlib"  # and the command that installs it (system/extras.py)
 # Attempt outcome -> (legend label, colour), in legend order: the states an attempt ends in.
 OUTCOMES = {s.name: (s.label, s.colour) for s in sorted((s for s in TABLE if s.label), key=lambda s: s.legend)}
 OTHER = ("other", "#bcbd22")
@@ -58,7 +59,9 @@ def figure(runs: Sequence[PastRun], title: Optional[str] = None, utilisation: Op
         from matplotlib import dates as mdates  # matplotlib is optional (the plot extra)
         from matplotlib.figure import Figure  # (optional, as above)
     except ImportError:
-        raise PlotUnavailable(MISSING) from None
+        from gpuq.system.extras import install_command  # only to say what to install
+
+        raise PlotUnavailable(f"{MISSING}: {install_command('plot')}") from None
     lanes = lane_order(runs)
     given = utilisation or {}
     shaded = {key: given[key] for key in ((r.job_id, r.start) for r in runs) if key in given}  # what is drawn

@@ -10,7 +10,7 @@ from operator import getitem
 
 from gpuq.core import schema
 from gpuq.core.job import Job
-from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, PENDING, RUNNING, SLURM, TABLE
+from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, HELD_NOTE, PENDING, RUNNING, SLURM, TABLE
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.words import plural
 from gpuq.system import security
@@ -40,7 +40,6 @@ def width(text: str) -> int:
 
 
 _WIDTHS: dict[str, int] = {}
-
 
 HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
 
@@ -202,7 +201,8 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
     else:
         exit_code = job.exit_code
     slurm_job = (job.slurm or {}).get("job_id") if state != SLURM else None
-    notes = (job.signal, slurm_job, job.reason, job.code_changed, job.note)
+    note = None if state == HELD and job.note == HELD_NOTE else job.note  # the row says "held" already
+    notes = (job.signal, slurm_job, job.reason, job.code_changed, note)
     tail = finished_info(state, exit_code, *notes, job.priority)
     return "  ".join([*parts, tail] if tail else parts)
 

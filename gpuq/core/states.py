@@ -76,10 +76,17 @@ REJECTED = "rejected"  # not a state: the directory for dropped files that are n
 
 # Control requests left in control/ for a running job's supervisor, saying why it is signalled.
 KILL = "kill"  # `gpuq kill`: the job ends in cancelled/
+CANCEL = "cancel"  # `gpuq cancel` of a running job: killed, and it ends in cancelled/, said so
 PREEMPT = "preempt"  # `gpuq preempt`: preempted/, until `gpuq resume`
 PREEMPT_RESUME = "preempt-resume"  # the worker made room for an urgent job: resumed by itself
+KILL_ACTIONS = (KILL, CANCEL)  # the job ends in cancelled/
 PREEMPT_ACTIONS = (PREEMPT, PREEMPT_RESUME)
-ACTIONS = (KILL, PREEMPT, PREEMPT_RESUME)
+ACTIONS = (KILL, CANCEL, PREEMPT, PREEMPT_RESUME)
+# who asked, as each kill action's note says it
+KILLED_BY = {KILL: "killed by user (gpuq kill)", CANCEL: "cancelled by user (gpuq cancel)"}
+
+# the note `gpuq hold` leaves on a job it holds: a held row says "held" once, so displays leave it out
+HELD_NOTE = "held by user (`gpuq release` puts it back in line)"
 
 URGENT_FORCE = "force"  # `urgent` of a job queued with --urgent=force: it may preempt a job without a checkpoint
 

@@ -220,13 +220,30 @@ def parse_size_mib(text: str, flag: str = "size") -> int:
     MiB (`81559`, as nvidia-smi reports memory). Every unit is binary: G means GiB, since GPU memory
     is quoted in GiB (nvidia-smi's MiB / 1024). A fraction of a MiB rounds up, so a requirement is
     never understated. Zero, negative and `K` sizes are refused."""
-    number, unit = _size_parts(text, flag, "20G, 20GiB, 1.5G, 512M or 81559 (MiB)")
+    return _size_mib(text, flag, "20G, 20GiB, 1.5G, 512M or 81559 (MiB)")[0]
+
+
+def parse_memory_mib(text: str, flag: str = "size") -> int:
+    """MiB in a size of memory typed on the command line (`--gpu-mem`, `--mem`): as
+    parse_size_mib, but a bare number is refused with the reading most likely meant: `--gpu-mem
+    20` would be 20 MiB, nothing a job needs, where 20G was meant. A job file keeps its bare
+    numbers as MiB (spool_layout.md, section 3): a program writes them."""
+    mib, unit = _size_mib(text, flag, "20G, 20GiB, 1.5G or 512M")
+    if unit == "":
+        shown = text.strip()
+        raise ValueError(f"{flag}: {shown!r} has no unit: did you mean {shown}G? (write {shown}M for MiB)")
+    return mib
+
+
+def _size_mib(text: str, flag: str, forms: str) -> tuple[int, str]:
+    """MiB in a size, and its unit's letter ('' for a bare number)."""
+    number, unit = _size_parts(text, flag, forms)
     if unit == "" and text.strip()[-1:].isalpha():  # `20B`: bytes, not MiB
-        raise ValueError(f"{flag}: cannot read {text!r} as a size; use 20G, 20GiB, 1.5G, 512M or 81559 (MiB)")
+        raise ValueError(f"{flag}: cannot read {text!r} as a size; use {forms}")
     if unit == "k":
-        raise ValueError(f"{flag}: {text!r} is below a MiB; use 20G, 20GiB, 1.5G, 512M or 81559 (MiB)")
+        raise ValueError(f"{flag}: {text!r} is below a MiB; use {forms}")
     mib = math.ceil(number * 2 ** (_SIZE_SHIFT[unit or "m"] - 20))
-    return _positive(mib, text, flag)
+    return _positive(mib, text, flag), unit
 
 
 def parse_size_bytes(text: str, flag: str = "size") -> int:

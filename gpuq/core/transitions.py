@@ -106,8 +106,8 @@ def destination(
     """Where an attempt whose exit code is known goes, and the note that says why. `time_limit`,
     `host_memory` (their text): the run was stopped for reaching it, so it failed, whatever its exit
     code, and is not retried (it would reach it again)."""
-    if request == states.KILL:
-        return states.CANCELLED, "killed by user (gpuq kill)"
+    if request in states.KILL_ACTIONS:
+        return states.CANCELLED, states.KILLED_BY[request]
     if request in states.PREEMPT_ACTIONS:
         why = f"its time limit of {time_limit} was reached" if time_limit else "gpuq preempt"
         return states.PREEMPTED, f"preempted ({why})"
@@ -186,9 +186,9 @@ def end_attempt(
 def ended_unseen(job: Job, request: Optional[str]) -> tuple[str, str]:
     """Where a running job goes whose process and supervisor are both gone, so its exit code
     cannot be known (reboot, kill of both, or an adopted process that ended): state and note."""
-    if request == states.KILL:
+    if request in states.KILL_ACTIONS:
         why = "an adopted process has no supervisor" if job.adopted else "its supervisor was gone"
-        return states.CANCELLED, f"killed by user (gpuq kill); exit code unknown: {why}"
+        return states.CANCELLED, f"{states.KILLED_BY[request]}; exit code unknown: {why}"
     if request in states.PREEMPT_ACTIONS:
         if job.adopted:
             return states.PREEMPTED, "an adopted process has no supervisor, so its exit code cannot be known"
@@ -235,7 +235,7 @@ def cancel(note: str = "cancelled by user") -> Changes:
 
 def hold() -> Changes:
     """pending -> held: out of the queue, its place (priority, id) kept for its release."""
-    return {"note": "held by user (`gpuq release` puts it back in line)"}
+    return {"note": states.HELD_NOTE}
 
 
 def release() -> Changes:

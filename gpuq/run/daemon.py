@@ -48,6 +48,10 @@ def run_foreground(spool: Spool, settings: Settings, watch: bool, ready_fd: Opti
         if ready_fd is not None:
             _tell(ready_fd, f"ok {os.getpid()}")
         worker = Worker(spool, settings, say=_say)
+        cap = worker.planner.host  # what jobs may reserve of the machine: `add --dry-run` admits as the worker does
+        if cap is not None:
+            info["host_cap"] = {"mem_mib": cap.mem_mib, "cpus": cap.cpus}
+            lease.update(info)
         where = _where(worker)
         _say(f"worker {os.getpid()} started ({where}, spool {spool.home}){'; watching for new jobs' if watch else ''}")
         if settings.recover:

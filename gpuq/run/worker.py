@@ -120,9 +120,11 @@ class Worker:
         if not woken and not put_off and self._nothing_changed(now):
             return self._quiet_step(now)
         first = woken and not put_off and self.view.only_age_due(now)
+        # before the look: a job landing during the step, after the look, then reads as a change
+        before, read_at = self.spool.jobs.signature(), time.time()
         result = self._full_step(now, first, put_off)
         self._put_off = result.put_off = first or result.put_off
-        self._quiet_since = (self.spool.jobs.signature(), now, result)
+        self._quiet_since = None if self.spool.jobs.racy(before, read_at) else (before, now, result)
         return result
 
     def _nothing_changed(self, now: float) -> bool:
@@ -253,8 +255,8 @@ class Worker:
         recovered, left = actions.recover_at_start(self.spool)
         for job, how in recovered:
             self.say(f"recovered job #{job.id} {job.name}: {how.text()}")
-        for job in left:
-            self.say(f"job #{job.id} {job.name} interrupted again: left for you (`gpuq recover --jobs {job.id}`)")
+        for job, why in left:
+            self.say(f"job #{job.id} {job.name} {why}: left for you (`gpuq recover --jobs {job.id}` runs it again)")
 
     def publish_gpus(self) -> GpuLook:
         """Look at the GPUs now and show `gpuq status` what was seen (the worker does at start)."""

@@ -11,7 +11,8 @@ A Spool is composed of small parts, one module each, that share only the Layout 
 (atomic writes) below them: `spool.jobs` (job files), `spool.ids`, `spool.claims`,
 `spool.control` (requests to supervisors), `spool.workers` (registry), `spool.logs`,
 `spool.reports` (progress files and samples), `spool.cache`, `spool.dropbox` (hand-dropped files),
-`spool.imports` (queues imported from the original gpuq), `spool.snapshots` (copies of code).
+`spool.imports` (queues imported from the original gpuq), `spool.snapshots` (copies of code),
+`spool.kept` (what `gpuq clear` keeps of the jobs it removes).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from gpuq.spool.dropbox import Dropbox
     from gpuq.spool.ids import IdCounter
     from gpuq.spool.imports import ImportRecords
+    from gpuq.spool.kept import KeptRuns
     from gpuq.spool.logs import Logs
     from gpuq.spool.reports import Reports
     from gpuq.spool.snapshots import Snapshots
@@ -158,6 +160,12 @@ class Spool:
 
         return Snapshots(self.layout, self.files)
 
+    @_part
+    def kept(self) -> KeptRuns:
+        from gpuq.spool.kept import KeptRuns
+
+        return KeptRuns(self.layout)
+
     def ensure(self) -> Spool:
         """Create the tree on first use and refuse one that others could write into. A new tree
         gets its emergency room at once (spool_layout.md section 14): a spool that only ever sees
@@ -182,5 +190,10 @@ class Spool:
         return _disk_space(self.home)
 
     def delete_outputs(self, job_id: int) -> int:
-        """A job's log, progress file and samples (`gpuq clear`); the bytes that frees."""
+        """A job's log, progress file, samples and GPU record (`gpuq clear`); the bytes that frees."""
         return self.logs.delete(job_id) + self.reports.delete(job_id)
+
+    def delete_log(self, job_id: int) -> int:
+        """A job's log and the progress file it wrote (`gpuq clear --logs`), not what gpuq learned from
+        them (its samples, its GPU record: the ETA's tail, history's GPU figures); the bytes that frees."""
+        return self.logs.delete(job_id) + self.reports.delete_progress(job_id)

@@ -1,5 +1,9 @@
 """Control requests: a note in control/NNNNNN.json telling a running job's supervisor why its job
-is about to be signalled (kill, preempt), so that it records the right end."""
+is about to be signalled (kill, cancel, preempt), so that it records the right end.
+
+A cancel is written as a kill said to be by `gpuq cancel` (`{"action": "kill", "by": "cancel"}`):
+a supervisor of an older gpuq, still running its job, records it cancelled as it always did, where
+an action it does not know would have left the job failed (and retried, with --retries)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import os
 import time
 from typing import Optional
 
+from gpuq.core.states import CANCEL, KILL
 from gpuq.spool.files import Files, read_small, unlink_quietly
 from gpuq.spool.layout import Layout
 
@@ -17,16 +22,20 @@ class ControlRequests:
         self.layout, self.files = layout, files
 
     def request(self, job_id: int, action: str) -> None:
-        data = json.dumps({"action": action, "at": time.time()}).encode()
+        said = {"action": KILL, "by": CANCEL} if action == CANCEL else {"action": action}
+        data = json.dumps({**said, "at": time.time()}).encode()
         self.files.with_room(lambda: self.files.replace(self.layout.control_path(job_id), data, "ctl"))
 
     def peek(self, job_id: int) -> Optional[str]:
         """The pending request for a job, left in place."""
         data = read_small(self.layout.control_path(job_id), 65536)
         try:
-            action = json.loads(data).get("action") if data else None
+            found = json.loads(data) if data else {}
+            action, by = found.get("action"), found.get("by")
         except (ValueError, AttributeError):
             return None
+        if action == KILL and by == CANCEL:
+            return CANCEL
         return action if isinstance(action, str) else None
 
     def take(self, job_id: int) -> Optional[str]:

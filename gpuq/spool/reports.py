@@ -68,6 +68,10 @@ class Reports:
         data = jsontext.dumps(record, separators=(",", ":")).encode()
         self.files.replace(self.layout.gpu_use_path(job_id), data, "gpu-use", durable=False)
 
+    def delete_progress(self, job_id: int) -> int:
+        """Remove the progress file the job wrote (not gpuq's samples of it); the bytes that frees."""
+        return remove_counting(self.layout.progress_path(job_id))
+
     def delete(self, job_id: int) -> int:
         """Remove the job's progress files; the bytes that frees."""
         paths = (self.layout.progress_path(job_id), self.layout.samples_path(job_id), self.layout.gpu_use_path(job_id))

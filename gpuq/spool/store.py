@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 MAX_JOB_BYTES = 1 << 20
 MANY_NAMES = 20_000  # from here a listing is filtered by JOB_NAME_RE (importing `re` costs about 8 ms once)
+RACY_SECONDS = 0.1  # see JobStore.racy
 
 
 class JobRef(tuple):
@@ -114,6 +115,13 @@ class JobStore:
             sig = self.dir_signature(sub)
             out.append((sig[0], sig[1]) if sig else (0, 0))
         return tuple(out)
+
+    @staticmethod
+    def racy(signature: tuple[tuple[int, int], ...], read_at: float) -> bool:
+        """Whether a signature read at `read_at` proves nothing: a directory's mtime advances in
+        clock ticks (a few ms), so a change in the same tick as the reading, after it, would leave
+        the same signature (git's "racily clean" index entries)."""
+        return max(mtime_ns for _ino, mtime_ns in signature) >= (read_at - RACY_SECONDS) * 1e9
 
     def dir_signature(self, state: str) -> Optional[tuple[int, int, float]]:
         """(inode, mtime_ns, mtime) of a directory of the spool: it changes whenever a file is

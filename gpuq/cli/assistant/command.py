@@ -11,8 +11,7 @@ from importlib.util import find_spec
 from typing import Optional
 
 from gpuq.core.errors import Refused, UsageError
-
-EXTRA = "pip install 'gpuq-spool[mcp]'"
+from gpuq.system.extras import install_command
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -34,13 +33,13 @@ def sdk_problem() -> Optional[str]:
     if sys.version_info < (3, 10):
         return f"the MCP SDK needs Python 3.10 or newer; this gpuq runs on {sys.version.split()[0]}"
     if find_spec("mcp") is None:  # found without importing it (the SDK takes a second to import)
-        return f"the MCP SDK is not installed: {EXTRA}"
+        return f"the MCP SDK is not installed: {install_command('mcp')}"
     try:
         installed = version("mcp")
     except PackageNotFoundError:  # importable but not installed by pip (a checkout): let it try
         return None
     if not installed.split(".")[0].isdigit() or int(installed.split(".")[0]) < 2:  # 1.x: FastMCP, another API
-        return f"the MCP SDK 2 or newer is needed, mcp {installed} is installed: {EXTRA} --upgrade"
+        return f"the MCP SDK 2 or newer is needed, mcp {installed} is installed: {install_command('mcp')} --upgrade"
     return None
 
 

@@ -8,7 +8,7 @@ from gpuq.cli.options import FLAG, Opt
 
 CLIENTS = ("claude", "claude-desktop", "codex")  # the clients `gpuq mcp install` knows
 
-HELP = "an MCP server on stdio: the queue as tools for an AI assistant (needs gpuq-spool[mcp])"
+HELP = "an MCP server on stdio: the queue as tools for an AI assistant (needs the mcp extra)"
 OPTIONS = (
     Opt("action", nargs="?", choices=("install",), help="install: how a client starts it"),
     Opt("--client", choices=CLIENTS, help="install: for this client only"),

@@ -261,6 +261,6 @@ CLI_ONLY = {
     "service": "installs a systemd service: setting up the machine",
     "slurm": "hands jobs to a cluster: needs Slurm and the person's say",
     "import": "brings the original gpuq's queue in, once",
-    "clear": "removes every finished job's record and log: the person's decision",
+    "clear": "removes finished jobs and their logs (their history is kept): the person's decision",
     "rejected": "hand-dropped job files that were not jobs: for the person who dropped them",
 }

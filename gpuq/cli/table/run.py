@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gpuq.cli.options as options
 from gpuq.cli.options import APPEND, FLAG, HIDDEN, Command, Opt
-from gpuq.core.timespec import parse_duration, parse_size_bytes, parse_size_mib
+from gpuq.core.timespec import parse_duration, parse_memory_mib, parse_size_bytes
 
 
 def gpu_labels(text: str, flag: str) -> list[str]:
@@ -51,7 +51,7 @@ RUN = Command(
             "--foreign-mem-threshold",
             metavar="SIZE",
             setting="foreign_threshold_mib",
-            read=parse_size_mib,
+            read=parse_memory_mib,
             help="memory that processes outside gpuq may hold on a GPU before a whole-GPU job waits for it "
             "(default 1G)",
         ),
@@ -96,7 +96,7 @@ RUN = Command(
             "--mem",
             metavar="SIZE",
             setting="host_mem_mib",
-            read=parse_size_mib,
+            read=parse_memory_mib,
             help="host memory jobs may reserve in all with `add --mem` "
             "(default: the machine's, less GPUQ_HOST_MEM_MARGIN)",
         ),

@@ -1,4 +1,5 @@
-"""What the everyday commands do, as a library: the CLI parses and prints, this module acts.
+"""What the everyday commands do, as a library: the CLI parses and prints, this module acts
+(`gpuq clear` is clearing.py).
 
 Every change to a job is made while holding its claim, so it cannot race a worker starting it.
 Refusals raise core.errors.Refused with a one-line message.
@@ -16,6 +17,7 @@ from gpuq.core import schema, states, transitions
 from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.states import (
     ACTIVE,
+    CANCEL,
     CANCELLED,
     DONE,
     FAILED,
@@ -59,7 +61,7 @@ def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: No
     `kill`, `killing` told just before)."""
     if spool.jobs.find(job_id, (RUNNING,)):
         killing()
-        return kill(spool, job_id)
+        return kill(spool, job_id, action=CANCEL)
     if spool.jobs.find(job_id, (SLURM,)):
         return slurm_handover.cancel(spool, job_id)
     with claimed(spool, job_id, (PENDING, HELD, PREEMPTED, INTERRUPTED)) as (ref, job):
@@ -87,11 +89,12 @@ def release(spool: Spool, job_id: int) -> dict[str, Any]:
         return spool.jobs.move(ref, job, PENDING, transitions.release())[1]
 
 
-def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS) -> dict[str, Any]:
-    """SIGTERM the running job's process group, SIGKILL after `grace`; it ends in cancelled/."""
+def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS, action: str = KILL) -> dict[str, Any]:
+    """SIGTERM the running job's process group, SIGKILL after `grace`; it ends in cancelled/,
+    its note saying who asked (`action`: KILL, or CANCEL for `gpuq cancel`)."""
     _ref, job = running_with_pid(spool, job_id)
     try:
-        spool.control.request(job_id, KILL)
+        spool.control.request(job_id, action)
     except SpoolFull:
         pass  # a full disk: the job is still stopped; its supervisor records it as failed (143)
     if not procs.terminate_tree(job, grace, force=True):
@@ -141,12 +144,27 @@ def interrupted(spool: Spool) -> list[dict[str, Any]]:
     return [job for _ref, job in spool.jobs.load_many(INTERRUPTED)]
 
 
+def reached_their_end(spool: Spool) -> list[tuple[dict[str, Any], str]]:
+    """The interrupted jobs whose last attempt had reached its end (its progress or log says so:
+    `step 10/10`) when it and its supervisor were killed: a re-run would do the work again, so
+    only a person who names them re-queues them (`recover --jobs ID`, `resume ID`)."""
+    ended = ((job, continuation.reached_end(spool, job)) for job in interrupted(spool))
+    return [(job, reached) for job, reached in ended if reached]
+
+
+def to_recover(spool: Spool) -> list[dict[str, Any]]:
+    """The interrupted jobs a plain `recover` (or `--all`) re-queues: all but those that reached their end."""
+    ended = {job.id for job, _reached in reached_their_end(spool)}
+    return [job for job in interrupted(spool) if job.id not in ended]
+
+
 def recover(
     spool: Spool, ids: Optional[list[int]] = None, from_scratch: bool = False
 ) -> list[tuple[dict[str, Any], Continuation]]:
-    """Interrupted jobs (all, or `ids`) go back to pending, keeping id, dependencies and history,
-    each continuing from its newest checkpoint unless `from_scratch`."""
-    targets = ids if ids is not None else [job.id for job in interrupted(spool)]
+    """Interrupted jobs (`ids`, or all but those that reached their end) go back to pending,
+    keeping id, dependencies and history, each continuing from its newest checkpoint unless
+    `from_scratch`."""
+    targets = ids if ids is not None else [job.id for job in to_recover(spool)]
     out = []
     for job_id in targets:
         with claimed(spool, job_id, (INTERRUPTED,)) as (ref, job):
@@ -157,18 +175,25 @@ def recover(
 
 
 def recovery_plans(spool: Spool, from_scratch: bool = False) -> list[tuple[dict[str, Any], Continuation]]:
-    """What `recover` would do with each interrupted job, without doing it."""
-    return [(job, continuation.plan(spool, job, from_scratch)) for job in interrupted(spool)]
+    """What a plain `recover` would do with each interrupted job it re-queues, without doing it."""
+    return [(job, continuation.plan(spool, job, from_scratch)) for job in to_recover(spool)]
 
 
-def recover_at_start(spool: Spool) -> tuple[list[tuple[dict[str, Any], Continuation]], list[dict[str, Any]]]:
+def recover_at_start(
+    spool: Spool,
+) -> tuple[list[tuple[dict[str, Any], Continuation]], list[tuple[dict[str, Any], str]]]:
     """`gpuq run --recover`: interrupted jobs back in the queue as the worker starts (after a
-    reboot). A job interrupted more times in a row than its --retries allow (a job that takes the
-    machine down with it) is left for a person: (recovered, left)."""
-    recovered, left = [], []
+    reboot). Left for a person, each with why: a job interrupted more times in a row than its
+    --retries allow (a job that takes the machine down with it), and one that had reached its
+    end (its work is done; only its exit code is unknown). Returns (recovered, left)."""
+    recovered: list[tuple[dict[str, Any], Continuation]] = []
+    left = [(job, repairs.reached_end_text(reached)) for job, reached in reached_their_end(spool)]
+    ended = {job.id for job, _why in left}
     for job in interrupted(spool):
+        if job.id in ended:
+            continue
         if _interrupted_in_a_row(job) > job.retries:
-            left.append(job)
+            left.append((job, "interrupted again"))
             continue
         try:
             recovered += recover(spool, [job.id])
@@ -185,51 +210,6 @@ def _interrupted_in_a_row(job: dict[str, Any]) -> int:
             break
         count += 1
     return count
-
-
-@dataclass
-class ClearReport:
-    removed: list[int] = field(default_factory=list)
-    kept_for_dependents: list[int] = field(default_factory=list)
-    logs_dropped: list[int] = field(default_factory=list)
-    freed_bytes: int = 0
-
-
-def clear(spool: Spool, logs_only: bool = False) -> ClearReport:
-    """Remove finished jobs (done, failed, cancelled) and their logs, or with `logs_only` only
-    their logs (their records stay). A finished job that a waiting job still depends on is kept,
-    so the dependent is not stranded. Only deletions: it works on a full disk, to make room."""
-    if logs_only:
-        return _drop_logs(spool)
-    snap, _ = read_queue(spool)
-    needed = {d for j in snap.pending + snap.running for d in j.after + j.after_any}
-    report = ClearReport()
-    for ref in list(spool.jobs.refs(FINISHED)):
-        if ref.id in needed:
-            report.kept_for_dependents.append(ref.id)
-            continue
-        claim = spool.claims.take_over(ref.id, noting=False)  # an empty lock: no room needed on a full disk
-        if claim is None:
-            continue
-        try:
-            if spool.jobs.find(ref.id, (ref.state,)) == ref:
-                spool.jobs.remove(ref)
-                report.freed_bytes += spool.delete_outputs(ref.id)
-                report.removed.append(ref.id)
-        finally:
-            claim.release()
-    report.freed_bytes += spool.snapshots.release_unused(set(spool.jobs.index()))
-    return report
-
-
-def _drop_logs(spool: Spool) -> ClearReport:
-    report = ClearReport()
-    for ref in spool.jobs.refs(FINISHED):
-        freed = spool.delete_outputs(ref.id)
-        if freed:
-            report.logs_dropped.append(ref.id)
-            report.freed_bytes += freed
-    return report
 
 
 def sweep_jobs(spool: Spool, sweep_id: int) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from gpuq.core.errors import UsageError
 from gpuq.core.job import Job
 from gpuq.core.states import HELD, PENDING
 from gpuq.engine.lifecycle import enqueue
-from gpuq.engine.schedule import gpuview, scheduler
+from gpuq.engine.schedule import gpuview, hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import eta, queue_eta
 from gpuq.engine.views.status import gpu_waits, space_waits
@@ -116,6 +116,8 @@ def _entry(job: Job, fields: dict[str, Any], starts: dict[str, Any]) -> dict[str
         "env": _env_added(job),
         "gpus": job.gpu_request,
         "gpu_mem_mib": job.gpu_mem_mib,
+        "mem_mib": job.mem_mib,
+        "cpus": job.cpus,
         "time_limit_seconds": job.time_limit,
         "begin_at": job.begin_at,
         "after": job.after,
@@ -149,9 +151,12 @@ def _env_added(job: Job) -> dict[str, str]:
 # ---- whether and when it would start -------------------------------------------------------------
 
 
+NO_WORKER = "no worker is running; `gpuq run --daemon` starts one"
+DRAINING = "the worker is draining (`gpuq stop --drain`): it starts nothing new; `gpuq run --daemon` once it has exited"
+
+
 def _no_spool(jobs: list[Job]) -> dict[int, dict[str, Any]]:
-    why = "no worker is running; `gpuq run --daemon` starts one"
-    return {job.id: _start(False, why, None) for job in jobs}
+    return {job.id: _start(False, NO_WORKER, None) for job in jobs}
 
 
 def _start(now: bool, why: Optional[str], starts_in: Optional[float], estimate: str = "") -> dict[str, Any]:
@@ -173,8 +178,11 @@ def _would_start(spool: Spool, jobs: list[Job], state: str) -> dict[int, dict[st
         snap.states[job.id] = PENDING
     snap.pending += jobs
     views = spool.workers.gpu_views(tidy=False)
-    reasons = scheduler.waiting_reasons(snap, {**space_waits(spool, snap), **gpu_waits(views)})
-    workers = spool.workers.live(tidy=False)
+    live = spool.workers.live(tidy=False)
+    workers = [info for info in live if not info.get("draining")]  # `gpuq stop --drain`: it starts nothing new
+    waits = {**space_waits(spool, snap), **gpu_waits(views)}
+    waits.update({i: wait for i, wait in _host_waits(snap, workers, jobs).items() if i not in waits})
+    reasons = scheduler.waiting_reasons(snap, waits)
     now = time.time()
     plan = _plan(spool, snap, reasons, workers, gpuview.current(spool, snap.running, views), now)
     out = {}
@@ -185,7 +193,7 @@ def _would_start(spool: Spool, jobs: list[Job], state: str) -> dict[int, dict[st
         if wait is not None and wait.forever:  # whatever the workers do
             out[job.id] = _start(False, wait.reason, None, note)
         elif not workers:
-            out[job.id] = _start(False, "no worker is running; `gpuq run --daemon` starts one", None, note)
+            out[job.id] = _start(False, DRAINING if live else NO_WORKER, None, note)
         elif wait is not None:
             out[job.id] = _start(False, wait.reason, starts_in, note)
         elif starts_in is not None and starts_in <= 0:
@@ -193,6 +201,37 @@ def _would_start(spool: Spool, jobs: list[Job], state: str) -> dict[int, dict[st
         else:
             out[job.id] = _start(False, "every slot it could take is busy", starts_in, note)
     return out
+
+
+def _host_waits(
+    snap: scheduler.QueueState, workers: list[dict[str, Any]], jobs: list[Job]
+) -> dict[int, scheduler.Wait]:
+    """Why each of `jobs` that asks for host memory or CPUs would wait for them, as a worker's
+    planner admits it (engine/schedule/hostroom.py): its cap (`gpuq run --mem/--cpus`, else this
+    machine's, as the worker's registry entry says it) less what the running jobs reserved and
+    what the ready jobs ahead of it in line would take. With several workers, a job any of them
+    admits does not wait; else the first one's reason is given. No worker: nothing (it waits for one)."""
+    if not workers or not any(hostroom.asks(job) for job in jobs):
+        return {}
+    new = {job.id for job in jobs}
+    order = scheduler.queue_order(snap.pending)
+    ready = [j for j in order if scheduler.waiting_reason(j, snap.states, now=snap.now) is None]
+    found: list[dict[int, scheduler.Wait]] = []
+    for info in workers:
+        room = hostroom.Room(lambda info=info: _cap_of(info), lambda: snap.running)
+        waits: dict[int, scheduler.Wait] = {}
+        list(room.admitted(ready, waits))  # each ready job in line, admitted or told why not
+        found.append({i: wait for i, wait in waits.items() if i in new})
+    return {i: wait for i, wait in found[0].items() if all(i in waits for waits in found)}
+
+
+def _cap_of(info: dict[str, Any]) -> hostroom.Cap:
+    """A worker's cap as its registry entry says it (`host_cap`), else as a worker started here
+    without --mem/--cpus has it (an entry written before it said its cap)."""
+    cap = info.get("host_cap")
+    if isinstance(cap, dict) and all(isinstance(cap.get(k), int) for k in ("mem_mib", "cpus")):
+        return hostroom.Cap(cap["mem_mib"], cap["cpus"])
+    return hostroom.cap(None, None)
 
 
 def _plan(

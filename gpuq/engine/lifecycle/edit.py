@@ -10,19 +10,23 @@ pairs), checked, and written only if it has not changed meanwhile.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-from gpuq.core import schema
+from gpuq.core import schema, timespec
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import WAITING
-from gpuq.engine.lifecycle import actions, enqueue
+from gpuq.engine.lifecycle import actions, enqueue, interpreter
 from gpuq.spool import Spool
 
 # The job fields behind each editable key (the keys of a dropped file).
 FIELD_OF = {"gpus": "gpu_request", "gpu_mem": "gpu_mem_mib", "mem": "mem_mib"}
 # Keys left out of what a person edits while null (no request): a key they delete clears the field.
 UNSET_WHEN_NULL = ("gpu_mem", "mem", "cpus")
+# Sizes typed with --set need a unit, as `add --gpu-mem`/`--mem` do: `--set gpu_mem=20` would be
+# 20 MiB (a job file's bare number), nothing a job needs. A file edited in the editor keeps its MiB.
+TYPED_SIZES = ("gpu_mem", "mem")
 EDITABLE = sorted(schema.DROPPED_FIELDS)
 
 
@@ -40,7 +44,7 @@ def read(spool: Spool, job_id: int) -> tuple[dict[str, Any], int]:
 
 def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
     """`fields` with KEY=VALUE pairs applied; VALUE is JSON when it parses (5, ["python", "t.py"],
-    {"A": "1"}), else a string (`name=exp 2`)."""
+    {"A": "1"}), else a string (`name=exp 2`); a size (TYPED_SIZES) is a size with its unit, or null."""
     out = dict(fields)
     for pair in pairs:
         key, sep, text = pair.partition("=")
@@ -48,6 +52,13 @@ def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
             raise UsageError(f"--set wants KEY=VALUE, not {pair!r}")
         if key not in EDITABLE:
             raise UsageError(f"--set {key}: not editable; these are: {', '.join(EDITABLE)}")
+        if key in TYPED_SIZES and text.strip() != "null":
+            try:
+                timespec.parse_memory_mib(text, f"--set {key}")
+            except ValueError as exc:
+                raise UsageError(str(exc).replace("did you mean ", f"did you mean {key}=", 1)) from None
+            out[key] = text.strip()  # read again by the dropped file's rules, with its unit
+            continue
         try:
             out[key] = json.loads(text)
         except ValueError:
@@ -76,4 +87,24 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> dict[s
         changes = {FIELD_OF.get(key, key): value for key, value in clean.items()}
         for key in UNSET_WHEN_NULL:
             changes.setdefault(FIELD_OF.get(key, key), None)
+        changes.update(_as_add_runs_it(job_id, job, changes))
         return spool.jobs.move(ref, job, ref.state, changes)[1]
+
+
+def _as_add_runs_it(job_id: int, job: Any, changes: dict[str, Any]) -> dict[str, Any]:
+    """A `*.py` first word of the edited command, run as `gpuq add` would run it (the python of the
+    job's conda environment or of the nearest .venv above its directory, else the one on the PATH
+    it runs with: its shell's, else this one's): the changes that says. Refused, with the reason,
+    where the script is not there."""
+    cwd = changes.get("cwd") or job.cwd
+    shell_path = (job.shell_env or {}).get("PATH")
+    path = shell_path if shell_path is not None else os.environ.get("PATH", "")
+    try:
+        conda = changes["conda"] if "conda" in changes else job.conda
+        resolved = interpreter.resolve_dropped(changes["cmd"], cwd, conda, path)
+    except (interpreter.EnqueueError, OSError) as exc:
+        why = str(exc) if isinstance(exc, interpreter.EnqueueError) else f"{exc.strerror}: {cwd}"
+        raise Refused(f"job #{job_id} not changed: {why}") from None
+    if resolved is None:
+        return {}
+    return {"cmd": resolved.cmd, "venv": resolved.venv, "interpreter_from": resolved.found_by}

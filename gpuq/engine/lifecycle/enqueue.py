@@ -212,10 +212,19 @@ class Prepared:
 
 
 def _notify_urls(urls: list[str]) -> list[str]:
-    """`--notify URL`s, each once, in the order given."""
+    """`--notify URL`s, each once, in the order given; refused where Apprise, which sends them,
+    cannot be imported (the job would end with nobody told)."""
     for url in urls:
         if not is_url(url):
             raise UsageError(f"--notify: not a URL such as ntfy://my-topic: {url!r}")
+    if urls:
+        from gpuq.system.extras import notify_missing  # only with --notify URL
+
+        missing = notify_missing()
+        if missing:
+            exc = Refused(f"--notify {urls[0]}: {missing}")
+            exc.prefix = "gpuq add"
+            raise exc
     return list(dict.fromkeys(urls))
 
 
@@ -360,7 +369,7 @@ def _size_mib(text: Optional[str], flag: str) -> Optional[int]:
     from gpuq.core import timespec  # a plain `add` parses no size
 
     try:
-        return timespec.parse_size_mib(text, flag)
+        return timespec.parse_memory_mib(text, flag)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -178,13 +178,19 @@ def _publish_claimed(spool: Spool, job_id: int, original: str, fields: dict[str,
         if conda is not None and not interpreter.is_conda_prefix(conda):
             raise _Rejected(f"conda: not a conda environment (no conda-meta/ in it): {conda}")
         venv = None if conda else interpreter.find_venv(cwd)
+        # a script runs as `gpuq add` would run it: the job runs with the worker's PATH
+        resolved = interpreter.resolve_dropped(fields["cmd"], str(cwd), conda, os.environ.get("PATH", ""))
     except OSError as exc:  # not ours to read, name too long...: the file's problem, not the worker's
         raise _Rejected(f"cwd cannot be used: {exc.strerror}: {cwd}") from None
+    except interpreter.EnqueueError as exc:
+        raise _Rejected(str(exc)) from None
     found_by = interpreter.FROM_CONDA if conda else interpreter.FROM_VENV if venv else interpreter.FROM_PATH
+    if resolved is not None:
+        venv, found_by = resolved.venv, resolved.found_by
     job = schema.new_job(
         job_id=job_id,
         name=fields.get("name") or enqueue.default_name(cwd, fields["cmd"]),
-        cmd=fields["cmd"],
+        cmd=resolved.cmd if resolved is not None else fields["cmd"],
         cwd=str(cwd),
         log=str(spool.layout.log_path(job_id)),
         env=fields["env"],

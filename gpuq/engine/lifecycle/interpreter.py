@@ -95,6 +95,8 @@ def resolve_command(
     env = os.environ if env is None else env
     is_py = script.endswith(".py")
     path = os.path.join(cwd, script)
+    if any(c.isspace() for c in script) and script.strip() and not exists(path):
+        raise EnqueueError(quoted_whole(script, args))
     if is_py and not os.path.isfile(path):
         raise EnqueueError(f"script not found: {path}")
     venv = None if conda else find_venv(cwd)
@@ -129,6 +131,19 @@ def resolve_command(
     if base and os.path.dirname(interpreter) == os.path.join(base, "bin") and is_base(base, env):
         return Resolved([interpreter, script, *args], None, base, FROM_ACTIVE_CONDA)
     return Resolved([interpreter, script, *args], None, None, FROM_PATH)
+
+
+def resolve_dropped(cmd: list[str], cwd: str, conda: Optional[str], path: str) -> Optional[Resolved]:
+    """A command from a dropped file or `gpuq edit` as `gpuq add` would run it, when its first word
+    is a *.py script (relative to `cwd`): with the python of its `conda` environment, else of the
+    nearest .venv above `cwd`, else the python on `path` (the PATH the job will run with: no shell's
+    active conda environment stands behind such a command). None for any other command, which runs
+    as written. EnqueueError (the reason) for a script that is not there, or no python to run it."""
+    if not cmd[0].endswith(".py"):
+        return None
+    if conda and not exists(os.path.join(conda, "bin", "python")):
+        raise EnqueueError(f"conda: no bin/python in {conda} to run {cmd[0]} with")
+    return resolve_command(cmd[0], cmd[1:], cwd, conda=conda, env={"PATH": path})
 
 
 # ---- conda and mamba ---------------------------------------------------------------------------
@@ -184,6 +199,29 @@ def envs_dirs(env: Mapping[str, str]) -> list[str]:
     if env.get("HOME"):
         dirs.append(os.path.join(env["HOME"], ".conda", "envs"))
     return list(dict.fromkeys(os.path.abspath(os.path.expanduser(d)) for d in dirs))
+
+
+def quoted_whole(script: str, args: list[str]) -> str:
+    """Why `gpuq add 'python train.py --steps 2'` is refused: one word with spaces that names no
+    file, a whole command quoted as one (pueue and tsp take a command as one string, and so did
+    the original gpuq's `-c`); what to write instead. Refused rather than split: a split guesses
+    at quoting inside it, and a shell line (pipes, `&&`, redirections) needs a shell."""
+    import shlex  # only for this refusal
+
+    try:
+        words = shlex.split(script)
+    except ValueError:  # an unclosed quote: its words as they stand
+        words = script.split()
+    if any(word in SHELL_WORDS or any(c in word for c in "|<>;$`") for word in words):
+        fix = shlex.join(["gpuq", "add", "bash", "-c", script, *args])
+        how = "it is a shell line: give it to a shell"
+    else:
+        fix = shlex.join(["gpuq", "add", *words, *args])
+        how = "write its words apart, not quoted as one"
+    return f"no file or command is named {script!r}, one word with spaces: {how}: {fix}"
+
+
+SHELL_WORDS = ("&&", "||", "&", "|", ";", ">", ">>", "<", "2>&1")
 
 
 def find_conda(name: str, env: Mapping[str, str]) -> str:

@@ -10,7 +10,7 @@ spool_layout.md (section 10) lists each crash point and which repair here resolv
 from __future__ import annotations
 
 from gpuq.core import schema
-from gpuq.core.states import PREEMPT, PREEMPT_ACTIONS, PREEMPT_RESUME, RUNNING, STATES
+from gpuq.core.states import INTERRUPTED, PREEMPT, PREEMPT_ACTIONS, PREEMPT_RESUME, RUNNING, STATES
 from gpuq.spool import JobRef, Spool
 from gpuq.system import procs
 
@@ -116,6 +116,7 @@ def end_unseen(spool: Spool, ref: JobRef, job: dict, noted: Optional[dict] = Non
     # imported here: `gpuq status` runs reconcile() every time and settles a job almost never
     from gpuq.core import transitions
     from gpuq.engine.lifecycle import ending
+    from gpuq.engine.tracking import continuation
 
     request = spool.control.take(job.id)
     if noted and isinstance(noted.get("exit_code"), int) and noted.get("state") in STATES:
@@ -127,10 +128,18 @@ def end_unseen(spool: Spool, ref: JobRef, job: dict, noted: Optional[dict] = Non
         end = ending.End(state, code, note=note, preempt_action=action, preempted_by=by)
     else:
         state, note = transitions.ended_unseen(job, request)
+        reached = continuation.reached_end(spool, job) if state == INTERRUPTED else None
+        if reached:  # killed as it completed: said, so that recovery does not run it again unasked
+            note = f"{note}; {reached_end_text(reached)}"
         action = request if request in PREEMPT_ACTIONS else PREEMPT
         end = ending.End(state, None, note=note, preempt_action=action)
     ending.record_end(spool, ref, job, state, ending.attempt_end(spool, job, end))
     return state
+
+
+def reached_end_text(reached: str) -> str:
+    """What an interrupted job that had reached its end (`step 10/10`) says of it."""
+    return f"reached its end: {reached}; exit code unknown"
 
 
 def clear_stale_claims(spool: Spool, report: Report) -> None:

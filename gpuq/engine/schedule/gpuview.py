@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 
+from gpuq.core.states import PENDING
 from gpuq.core.times import iso_of
 from gpuq.system.gpu_presence import may_have_gpus
 
@@ -151,7 +152,9 @@ def current(
     views = [v for v in (spool.workers.gpu_views() if views is None else views) if isinstance(v.get("gpus"), list)]
     newest = max(views, key=lambda v: v.get("at") or 0) if views else None
     if newest is not None and (stale_after is None or time.time() - (newest.get("at") or 0) <= stale_after):
-        return None if _none(newest.get("gpus"), newest.get("source"), newest.get("problem")) else newest
+        if _none(newest.get("gpus"), newest.get("source"), newest.get("problem")):
+            return None
+        return _without_ended(spool, newest, running)
     if not may_have_gpus():  # what a look would say here: no driver, no GPUs
         return None
     look = look_now()
@@ -161,6 +164,26 @@ def current(
     if newest is not None and "foreign_threshold_mib" in newest:  # the gate the worker applies
         shown["foreign_threshold_mib"] = newest["foreign_threshold_mib"]
     return shown
+
+
+def _without_ended(spool: Spool, shown: dict[str, Any], running: list[dict[str, Any]]) -> dict[str, Any]:
+    """A worker's view less the jobs that left running/ since it was written, and their leases:
+    `gpuq cancel` or `kill` returns once the job's end is recorded, and the worker writes its view
+    only at its next step. A job listed that is neither in `running` nor still in pending/ (handed
+    to its supervisor, not moved yet) has ended."""
+    live = {job.id for job in running}
+    listed = {j for gpu in shown["gpus"] if isinstance(gpu, dict) for j in gpu.get("jobs") or ()}
+    ended = {j for j in listed - live if isinstance(j, int) and spool.jobs.find(j, (PENDING,)) is None}
+    if not ended:
+        return shown
+    gpus = []
+    for gpu in shown["gpus"]:
+        gpu = dict(gpu, jobs=[j for j in gpu.get("jobs") or () if j not in ended])
+        if isinstance(gpu.get("leases"), list):
+            mine = lambda lease: isinstance(lease, dict) and lease.get("spool") == spool.home  # noqa: E731
+            gpu["leases"] = [lease for lease in gpu["leases"] if not (mine(lease) and lease.get("job") in ended)]
+        gpus.append(gpu)
+    return dict(shown, gpus=gpus)
 
 
 def listed(shown: Optional[dict[str, Any]], now: float) -> list[dict[str, Any]]:

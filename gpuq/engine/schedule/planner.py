@@ -117,6 +117,9 @@ class Planner:
         hold their place though they are not (or no longer) in running/; `preempting` holds the
         ids of jobs whose preemption is under way (never chosen again)."""
         self._trees, self._leased = {}, []
+        starting = [job for job in snap.pending if job.id in busy]
+        if starting:  # handed to their supervisors, not yet in running/: they no longer wait
+            snap = _queue_without(snap, {job.id for job in starting})
         found = _ready(snap)
         first = next(found, None)
         if first is None:
@@ -124,13 +127,13 @@ class Planner:
         look = self.look()
         mode = placement.mode_of(look)
         if mode == placement.CPU_ONLY:  # only as many ready jobs as there are free slots are looked for
-            return self._plan_slots(snap, busy, chain((first,), found), preempting, look)
+            return self._plan_slots(snap, busy, chain((first,), found), preempting, look, starting)
         if mode == placement.GPUS and self.leases is not None:
             listed = any(g.processes for g in look.gpus)  # a holder's tree only says whose a listed process is
             leases = self.leases()
             self._leased = [Leased(lease, frozenset(self._tree(lease.pid) if listed else ())) for lease in leases]
         ready = [first, *islice(found, MAX_PLACED - 1)]
-        return self._plan_gpus(snap, busy, ready, preempting, look, mode)
+        return self._plan_gpus(snap, busy, ready, preempting, look, mode, starting)
 
     def successors(
         self,
@@ -158,13 +161,7 @@ class Planner:
         if ending.id in waited:
             return []
         busy = {job_id: where for job_id, where in busy.items() if job_id != ending.id}
-        rest = scheduler.QueueState(
-            snap.states,
-            [job for job in snap.pending if job.id not in busy and job.id != ending.id],
-            [job for job in snap.running if job.id != ending.id],
-            snap.now,
-        )
-        rest.ordered = snap.ordered
+        rest = _queue_without(snap, {*busy, ending.id}, frozenset({ending.id}))
         ready = list(islice(_ready(rest), limit if mode == placement.CPU_ONLY else 1))
         # a job that reserves host memory or CPUs is admitted by the worker, which sees what runs then
         ready = list(takewhile(lambda job: not hostroom.asks(job), ready))
@@ -196,6 +193,7 @@ class Planner:
         ready: Iterator[dict[str, Any]],
         preempting: set[int],
         look: gpu_info.GpuLook,
+        starting: list[dict[str, Any]] = (),
     ) -> Plan:
         slots = placement.cpu_only_slots(self.labels)
         taken = scheduler.occupied_slots(snap.running, slots) | {a.slot for a in busy.values()}
@@ -208,7 +206,7 @@ class Planner:
         )
         for job in unserved:  # they wait for a slot like any other job, first in line
             plan.waits[job.id] = scheduler.Wait(f"urgent, but {victims.NO_VICTIM}", False)
-        for job in islice(self._room(snap, busy).admitted(ready, plan.waits), len(free)):
+        for job in islice(self._room(snap, starting).admitted(ready, plan.waits), len(free)):
             plan.starts.append((job, Assignment(free[len(plan.starts)])))
         return plan
 
@@ -221,11 +219,12 @@ class Planner:
         preempting: set[int],
         look: gpu_info.GpuLook,
         mode: str,
+        starting: list[dict[str, Any]] = (),
     ) -> Plan:
         plan = Plan(look=look)
         allowed = self._allowed()
         # before placement: a job the machine has no room for leaves its GPUs to the jobs behind it
-        ready = list(self._room(snap, busy).admitted(ready, plan.waits))
+        ready = list(self._room(snap, starting).admitted(ready, plan.waits))
         holdings, own_pids, cpu_lane = self._holdings(snap.running, busy)
         if mode == placement.UNREADABLE:
             blocked = placement.unreadable(look)
@@ -250,14 +249,13 @@ class Planner:
             plan.victims = self._victims(snap, ready, plan, holdings, own_pids, preempting, look, allowed)
         return plan
 
-    def _room(self, snap: scheduler.QueueState, busy: dict[int, Assignment]) -> hostroom.Room:
+    def _room(self, snap: scheduler.QueueState, starting: list[dict[str, Any]]) -> hostroom.Room:
         """The host memory and CPUs left for this plan: the cap less what running jobs, and those
         this worker is starting (still in pending/), reserved."""
 
         def holders() -> Iterator[dict[str, Any]]:
             running = {job.id for job in snap.running}
-            starting = [job for job in snap.pending if job.id in busy and job.id not in running]
-            return chain(snap.running, starting)
+            return chain(snap.running, (job for job in starting if job.id not in running))
 
         return hostroom.Room(self._host_cap, holders)
 
@@ -319,15 +317,10 @@ class Planner:
         """Running jobs to preempt so that the first urgent job the GPUs hold back can start: those
         that can continue (engine/schedule/victims.py; any, for --urgent=force), the lowest priority first
         (among equals the one started last), as few as will make room."""
-        urgent = next((j for j in ready if j.urgent and j.id in plan.waits), None)
+        urgent = next((j for j in ready if scheduler.may_preempt(j) and j.id in plan.waits), None)
         if urgent is None or plan.waits[urgent.id].forever or preempting:
             return []
-        candidates = [
-            j
-            for j in snap.running
-            if j.pid and j.gpus and not j.urgent and not j.adopted and (allowed is None or set(j.gpus) <= allowed)
-        ]
-        candidates.sort(key=scheduler.victim_key)
+        candidates = [j for j in victims.candidates(urgent, snap.running) if allowed is None or set(j.gpus) <= allowed]
         allowed_victims = victims.in_preference(candidates, victims.forced(urgent), victims.how_it_continues)
         chosen = self._making_room(urgent, allowed_victims, holdings, own_pids, look, allowed)
         if not chosen and len(allowed_victims) < len(candidates):
@@ -345,20 +338,46 @@ class Planner:
         look: gpu_info.GpuLook,
         allowed: Optional[set[int]],
     ) -> list[dict[str, Any]]:
-        """The first of `candidates` whose preemption lets `urgent` be placed; [] if none would."""
+        """As few of `candidates` as let `urgent` be placed, the first ones preferred: they are
+        taken in order until it fits, then each that it also fits without is left out (a victim
+        whose GPU someone else's memory fills is no help); [] if preempting would not make room."""
+
+        def fits_without(chosen: list[dict[str, Any]]) -> bool:
+            ids = {victim.id for victim in chosen}
+            theirs = {p for h in holdings if h.job_id in ids for p in h.pids}
+            left = [h for h in holdings if h.job_id not in ids]
+            gpus = [_without(gpu, theirs) for gpu in look.gpus]
+            decision = placement.place(
+                request_of(urgent), gpus, allowed, left, own_pids - theirs, self.threshold, leased=self._leased
+            )
+            return isinstance(decision, Placement)
+
         chosen: list[dict[str, Any]] = []
-        left, gpus, pids = list(holdings), list(look.gpus), set(own_pids)
         for victim in candidates:
             chosen.append(victim)
-            theirs = {p for h in left if h.job_id == victim.id for p in h.pids}
-            left = [h for h in left if h.job_id != victim.id]
-            gpus, pids = [_without(gpu, theirs) for gpu in gpus], pids - theirs
-            decision = placement.place(
-                request_of(urgent), gpus, allowed, left, pids, self.threshold, leased=self._leased
-            )
-            if isinstance(decision, Placement):
-                return chosen
-        return []  # preempting would not make room (someone else's memory): do not
+            if fits_without(chosen):
+                break
+        else:
+            return []  # preempting would not make room (someone else's memory): do not
+        for victim in chosen[:-1]:
+            fewer = [other for other in chosen if other is not victim]
+            if fits_without(fewer):
+                chosen = fewer
+        return chosen
+
+
+def _queue_without(
+    snap: scheduler.QueueState, pending: set[int], running: frozenset[int] = frozenset()
+) -> scheduler.QueueState:
+    """The queue less the pending jobs `pending` and the running jobs `running`, in the same order."""
+    rest = scheduler.QueueState(
+        snap.states,
+        [job for job in snap.pending if job.id not in pending],
+        [job for job in snap.running if job.id not in running],
+        snap.now,
+    )
+    rest.ordered = snap.ordered
+    return rest
 
 
 def _ready(snap: scheduler.QueueState) -> Iterator[dict[str, Any]]:

@@ -149,13 +149,15 @@ def preemption_victims(
     first; among equals the one started last (it loses the least work). Urgent and adopted jobs,
     jobs of other workers' slots and jobs without a process yet are never chosen."""
     urgent = [j for j in snapshot.pending if j.urgent]  # few or none: filter before the costly part
-    if not urgent:
+    if not any(map(may_preempt, urgent)):
         return [], []
     urgent = queue_order([j for j in urgent if waiting_reason(j, snapshot.states, now=snapshot.now) is None])
     need = len(urgent) - len(free_slots) - len(preempting)
-    if need <= 0:
+    # the free slots and preemptions under way serve those ahead; the others may preempt
+    unserved = [j for j in urgent[max(0, len(urgent) - need) :] if may_preempt(j)] if need > 0 else []
+    need = len(unserved)
+    if need == 0:
         return [], []
-    unserved = urgent[-need:]  # the free slots and preemptions under way serve those ahead of them
     victims, would_lose = [], []
     for job in sorted(_victim_candidates(snapshot, slots, preempting), key=victim_key):
         if len(victims) == need:
@@ -164,6 +166,13 @@ def preemption_victims(
     forced = sum(1 for j in unserved if j.urgent == URGENT_FORCE)
     victims += would_lose[: max(0, min(forced, need - len(victims)))]
     return victims, unserved[len(victims) :]
+
+
+def may_preempt(job: dict[str, Any]) -> bool:
+    """Whether a pending job is a reason to preempt a running one: an urgent job that was never
+    preempted itself. A job put back by a preemption goes first in line but takes no one's place,
+    or two urgent jobs could take turns preempting each other."""
+    return bool(job.urgent) and not job.preemptions
 
 
 def _victim_candidates(snapshot: QueueState, slots: list[Optional[str]], preempting: set[int]) -> list[dict[str, Any]]:

@@ -47,15 +47,27 @@ def in_preference(
     return able + others if force else able
 
 
+def candidates(urgent: dict[str, Any], running: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The running jobs `urgent` may preempt, in the order they are chosen (lowest priority, then
+    started last): those with a process, neither urgent nor adopted. Where jobs hold GPUs, only
+    GPU jobs, and only for an urgent job that asks for a GPU: the CPU lane is not made room in."""
+    found = [j for j in running if j.pid and not j.urgent and not j.adopted]
+    if any(j.gpus is not None for j in found):
+        found = [j for j in found if j.gpus] if urgent.gpu_request != 0 else []
+    return sorted(found, key=victim_key)
+
+
 def foreseen(urgent: dict[str, Any], running: list[dict[str, Any]]) -> str:
     """What `gpuq add --urgent` tells the user will happen if no slot is free when a worker looks:
-    which running job it would preempt and how that job goes on, or that it waits."""
-    candidates = sorted((j for j in running if j.pid and not j.urgent and not j.adopted), key=victim_key)
-    if not candidates:
+    which running job it would preempt and how that job goes on, or that it waits. The worker
+    preempts the same job if nothing changed meanwhile (`candidates`, in the same order; only a
+    GPU that someone else's memory fills makes it pass over one)."""
+    choices = candidates(urgent, running)
+    if not choices:
         return "urgent: first in line (nothing running that it could preempt)"
-    chosen = next(iter(in_preference(candidates, forced(urgent), how_it_continues)), None)
+    chosen = next(iter(in_preference(choices, forced(urgent), how_it_continues)), None)
     if chosen is None:
-        first = candidates[0]
+        first = choices[0]
         return (
             f"urgent: first in line; {NO_VICTIM.split(' (')[0]} (#{first['id']} {first['name']} has no checkpoint "
             "and is not --preemptible), so it waits for a free slot; `--urgent=force` preempts one anyway"

@@ -46,6 +46,38 @@ def last_step(spool: Spool, job: dict[str, Any]) -> Optional[int]:
     return max(steps) if steps else None
 
 
+def reached_end(spool: Spool, job: dict[str, Any]) -> Optional[str]:
+    """`step 10/10` when what the current attempt wrote says its work was done: its progress file
+    at its total (or `finished`), or its log's progress counter at its total or HF's final summary
+    (read by the ETA's rules, so a stray `100%` or an eval bar does not count); None otherwise.
+    An attempt whose supervisor was killed as the job completed left no exit code: this is how
+    recovery tells it from one cut short."""
+    if not job.started_at:
+        return None
+    readings = []
+    report = progress.progress_report(spool, job)
+    if report is not None:
+        readings.append(progress.from_report(*report))
+    tail, mtime = progress.log_tail(spool, job, progress.TAIL_BYTES)
+    if tail:
+        text = tail.decode("utf-8", "replace")
+        readings.append(progress.from_log_text(text, mtime, progress.num_epochs(job.cmd)))
+    for reading in readings:
+        if reading is not None and reading.fraction == 1.0:
+            return _end_text(reading)
+    return None
+
+
+def _end_text(reading: progress.Reading) -> str:
+    """`step 10/10`, `epoch 3/3`, `100%`, or `its final summary` (HF's train_runtime line, without a total)."""
+    if not reading.total:
+        return "its final summary"
+    if reading.kind == "N%":
+        return f"{reading.step:g}%"
+    word = "epoch" if reading.kind.startswith(progress.EPOCH_KINDS) else "step"
+    return f"{word} {reading.step:g}/{reading.total:g}"
+
+
 def record_preemption(
     spool: Spool, job: dict[str, Any], exit_code: Optional[int], action: str, by: Optional[str] = None
 ) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from operator import itemgetter
 
 from gpuq.core.states import DONE
 from gpuq.core.times import duration, parse_iso
-from gpuq.engine.tracking import checkpoints, progress
+from gpuq.engine.tracking import checkpoints, kept_runs, progress
 from gpuq.spool import Spool
 from gpuq.spool.cache import runs as past_runs
 
@@ -382,8 +382,7 @@ def attempt_of(spool: Spool, job: dict[str, Any], stored: dict[str, Any]) -> Att
 
 
 def past_tails(spool: Spool, job: dict[str, Any], before: float) -> tuple[Optional[float], int]:
-    """(median tail, runs) over the newest TAIL_RUNS successful, non-adopted runs of the same command
-    in the same directory that ended before `before`."""
+    """(median tail, runs) of the runs of past_ends, the newest TAIL_RUNS."""
     return learned_tail(past_ends(spool, job, before))[:2]
 
 
@@ -399,9 +398,11 @@ def learned_tail(found: list[tuple[float, float, Optional[float]]]) -> tuple[Opt
 
 def past_ends(spool: Spool, job: dict[str, Any], before: float) -> list[tuple[float, float, Optional[float]]]:
     """(end, tail, pace at the end) of the successful, non-adopted runs of the same command in the
-    same directory that ended before `before`. Reads at most the newest HISTORY_FILES jobs."""
-    key, found = command_key(job), []
+    same directory that ended before `before`: of the newest HISTORY_FILES done jobs, and of those
+    `gpuq clear` removed (kept_runs.py, which keeps no pace)."""
+    key, found, seen = command_key(job), [], set()
     for ref in list(spool.jobs.refs((DONE,)))[-HISTORY_FILES:]:
+        seen.add(ref.id)
         if ref.id == job.id:
             continue
         try:
@@ -414,7 +415,10 @@ def past_ends(spool: Spool, job: dict[str, Any], before: float) -> list[tuple[fl
         tail, pace = tail_and_pace(past, spool.reports.read_samples(ref.id))
         if tail is not None:
             found.append((end, tail, pace))
-    return found
+    kept = kept_runs.summary(spool)[1].get(key, ())  # a job kept by a clear that is still here counts once
+    return found + [
+        (end, tail, None) for end, tail, kept_id in kept if end <= before and kept_id not in seen | {job.id}
+    ]
 
 
 def tail_of(job: dict[str, Any], samples: dict[str, Any]) -> Optional[float]:

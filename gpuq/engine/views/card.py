@@ -13,7 +13,7 @@ import shlex
 import time
 from typing import Any, Optional
 
-from gpuq.core.states import CANCELLED, HELD, PENDING, RUNNING, SLURM, SOURCE_ADOPT, SOURCE_CLI
+from gpuq.core.states import CANCELLED, HELD, HELD_NOTE, PENDING, RUNNING, SLURM, SOURCE_ADOPT, SOURCE_CLI
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.timespec import format_duration
 from gpuq.core.transitions import describe_preemption
@@ -116,8 +116,8 @@ def _inherited(job_id: int, count: int) -> str:
 
 def _state(spool: Spool, state: str, job: Any) -> list[Line]:
     why = ""
-    if state == HELD and job.note:
-        why = job.note  # `gpuq hold` says how it is released
+    if state == HELD and job.note and job.note != HELD_NOTE:
+        why = job.note  # another note on a held job (`gpuq hold`'s own says what status says: below)
     elif state in (PENDING, HELD):
         why = why_waiting(spool, state, job)
     elif state == RUNNING:
@@ -129,7 +129,7 @@ def _state(spool: Spool, state: str, job: Any) -> list[Line]:
         why = f"Slurm job {job.slurm.get('job_id') or '(being submitted)'}: {job.slurm.get('state')}"
     flags = [f"priority {job.priority}" if job.priority else "", "urgent" if job.urgent else ""]
     shown = state + (f": {why}" if why else "")
-    note = job.note if job.note != why else ""
+    note = job.note if job.note != why and not (state == HELD and job.note == HELD_NOTE) else ""
     return [("state", shown), ("note", note or ""), ("flags", ", ".join(f for f in flags if f))]
 
 

@@ -173,8 +173,9 @@ def whole_rows(spool: Spool) -> list[tuple[str, Any, Any]]:
 
 def history_records(spool: Spool) -> list[Any]:
     """The history record of every job (engine/views/history.py's JobRecord): finished ones from
-    their rows, the others from their files (those that are valid jobs). A job a crash left two
-    copies of counts twice, as it always did."""
+    their rows, the others from their files (those that are valid jobs), then those `gpuq clear`
+    removed, from what it kept (spool/kept.py; one whose job still has a file, a clear cut short,
+    is left out). A job a crash left two copies of counts twice, as it always did."""
     from gpuq.engine.views import history  # dataclasses, statistics: only for `gpuq history`
 
     finished_rows = {state: (ids, rows) for state, ids, rows in whole_rows(spool)}
@@ -184,4 +185,6 @@ def history_records(spool: Spool) -> list[Any]:
             out += history.row_records(*finished_rows[state])
         else:
             out += [history.record_of(state, job) for _ref, job in spool.jobs.load_many(state)]
-    return out
+    here = set(spool.jobs.index())
+    kept = {record[0]: record for record in spool.kept.read() if record[0] not in here}  # the last kept wins
+    return out + history.kept_records(list(kept.values()))

@@ -153,7 +153,7 @@ def _smaller(job: Any, facts: dict[str, Any], edit: bool) -> list[Fix]:
         more = _more_memory(job.gpu_mem_mib, facts.get("tried_to_allocate"))
         why = f"a bigger share of a GPU ({job.gpu_mem_mib} -> {more} MiB)"
         if edit:
-            out.append(_fix(["edit", job.id, "--set", f"gpu_mem={more}"], why))
+            out.append(_fix(["edit", job.id, "--set", f"gpu_mem={more}M"], why))
         else:
             out.append({"command": add_line(job, gpu_mem_mib=more), "why": f"queue it again with {why}"})
     return out
@@ -205,7 +205,7 @@ def add_line(
         words += ["--gpus", str(job.gpu_request)]
     mem = gpu_mem_mib or job.gpu_mem_mib
     if mem:
-        words += ["--gpu-mem", str(mem)]  # a bare number is MiB
+        words += ["--gpu-mem", f"{mem}M"]  # a typed size needs its unit
     limit = time_limit or job.time_limit
     if limit:
         words += ["--time", format_duration(limit)]

@@ -210,10 +210,21 @@ def row_records(ids: Iterable[int], rows: Iterable[tuple]) -> list[JobRecord]:
     """The records of finished jobs from their ids and rows (spool/cache/journal.py's ROW, whole:
     engine/views/finished_index.py's whole_rows); a file that is not a valid job has none."""
     valid = [(job_id, row) for job_id, row in zip(ids, rows) if row[6]]  # ROW's past: "" for no job
-    commands = read_keys([row[4] for _id, row in valid])
+    return _records_of([(job_id, row[0], row[4], row[6]) for job_id, row in valid])
+
+
+def kept_records(kept: Iterable[tuple]) -> list[JobRecord]:
+    """The records of the jobs `gpuq clear` removed, from what it kept of each (spool/kept.py's
+    RECORD: id, state, name, key, run, past, ...): the same key and past as their rows held."""
+    return _records_of([(record[0], record[2], record[3], record[5]) for record in kept])
+
+
+def _records_of(jobs: list[tuple[int, str, str, str]]) -> list[JobRecord]:
+    """JobRecords of (id, name, command key, past) each, the key and past as runs.py writes them."""
+    commands = read_keys([key for _id, _name, key, _past in jobs])
     places = {key: (cwd if isinstance(cwd, str) else "?", script_of(cmd)) for key, (cmd, cwd) in commands.items()}
-    pasts = read_pasts([row[6] for _id, row in valid])
-    return [JobRecord(job_id, row[0], *places[row[4]], *facts) for (job_id, row), facts in zip(valid, pasts)]
+    pasts = read_pasts([past for _id, _name, _key, past in jobs])
+    return [JobRecord(job_id, name, *places[key], *facts) for (job_id, name, key, _past), facts in zip(jobs, pasts)]
 
 
 def _records(jobs: Iterable[Union[JobPair, JobRecord]]) -> Iterable[JobRecord]:

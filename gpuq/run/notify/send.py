@@ -19,7 +19,6 @@ from typing import Any
 
 TIMEOUT_ENV = "GPUQ_NOTIFY_TIMEOUT"  # seconds a destination may take
 DEFAULT_TIMEOUT = 10.0
-INSTALL = "notifications to URLs need Apprise, which is not installed: pip install 'gpuq-spool[notify]'"
 TRACKED = 7  # destinations whose failure a sender's exit status can say (bits 0 to 6)
 MAX_TEXT = 2000  # characters of a reason or a name in a message (the whole goes through a pipe)
 
@@ -48,8 +47,10 @@ def send(urls: list[str], message: dict[str, Any], log_fd: int, log: str, prefix
     try:
         if find_spec("apprise") is None:
             if log not in _said_missing:
+                from gpuq.system.extras import notify_missing  # only to say what to install
+
                 _said_missing.add(log)
-                os.write(log_fd, f"{prefix}{INSTALL}\n".encode())
+                os.write(log_fd, f"{prefix}{notify_missing()}\n".encode())
             return
         _start(urls, message, log_fd, log, prefix)
     except Exception as exc:  # noqa: BLE001 - out of processes, a closed log...: said, and the queue goes on

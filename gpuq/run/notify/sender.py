@@ -22,7 +22,6 @@ from gpuq.core.words import url_text  # import-free, as this process needs
 FAILED, UNKNOWN = 1, 2  # a child's exit status: not delivered; a URL Apprise does not know
 WHY = {FAILED: "not delivered", UNKNOWN: "not a URL Apprise knows"}
 TRACKED = 7  # as send.TRACKED (not imported: this process imports nothing of gpuq it does not need)
-INSTALL = "notifications to URLs need Apprise, which is not installed: pip install 'gpuq-spool[notify]'"
 
 
 def main() -> int:
@@ -31,7 +30,9 @@ def main() -> int:
     try:
         import apprise  # here, to say in one line when it is missing
     except ImportError:
-        _say(prefix, INSTALL)
+        from gpuq.system.extras import notify_missing  # only to say what to install
+
+        _say(prefix, notify_missing() or "notifications to URLs need Apprise, which cannot be imported")
         return (1 << min(len(urls), TRACKED)) - 1
     logging.disable(logging.CRITICAL)  # Apprise's own lines would name the URL with its secrets
     kids = {}

@@ -11,7 +11,7 @@ import time
 from typing import Any, Optional
 
 from gpuq.core import failure, transitions
-from gpuq.core.states import FAILED, KILL, PENDING, PREEMPT, PREEMPTED
+from gpuq.core.states import FAILED, KILL_ACTIONS, PENDING, PREEMPT, PREEMPTED
 from gpuq.core.times import parse_iso
 from gpuq.engine.lifecycle import ending
 from gpuq.run.room import released
@@ -94,5 +94,5 @@ def _failure_reason(
     tail, _mtime = run.spool.logs.tail(run.job, failure.TAIL_BYTES)
     limit = time_limit(run) if run.timed_out else None
     return failure.reason(
-        tail, exit_code, sig_name, killed_by_user=request == KILL, time_limit=limit, host_memory=memory
+        tail, exit_code, sig_name, killed_by_user=request in KILL_ACTIONS, time_limit=limit, host_memory=memory
     )

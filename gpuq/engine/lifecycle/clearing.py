@@ -1,0 +1,151 @@
+"""`gpuq clear`: remove finished jobs and their logs (or only the logs), chosen by state and age,
+keeping what `gpuq history` counts and what the ETA learns from them (spool_layout.md, section 1,
+"What clear keeps").
+
+Before a job's file goes, its record (its runs, its run time, the tail its run took after its
+last step) is appended to the spool's `kept-runs` and synced; history and the ETA read those
+records beside the finished jobs that are left. A finished job that a waiting job depends on is
+kept, so the dependent is not stranded. Everything else it does is a deletion: on a full disk the
+logs go first, which makes the room the records need; jobs whose records still find none are left.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from gpuq.core import schema
+from gpuq.core.states import DONE, FINISHED
+from gpuq.engine.schedule.queue_read import read_queue
+from gpuq.engine.tracking import eta
+from gpuq.spool import JobRef, Spool, SpoolFull
+from gpuq.spool.cache import runs
+
+BATCH = 256  # jobs whose claims are held at once while their records are kept and their files removed
+
+
+@dataclass
+class Selection:
+    """The finished jobs a clear would remove, and those it keeps because waiting jobs depend on them."""
+
+    refs: list[JobRef] = field(default_factory=list)
+    kept_for_dependents: list[int] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """How many of each finished state, in the states' order; a state with none is not named."""
+        return {state: n for state in FINISHED if (n := sum(ref.state == state for ref in self.refs))}
+
+
+@dataclass
+class ClearReport:
+    removed: list[int] = field(default_factory=list)
+    kept_for_dependents: list[int] = field(default_factory=list)
+    logs_dropped: list[int] = field(default_factory=list)
+    no_room: list[int] = field(default_factory=list)  # left: no room on the disk to keep their records
+    freed_bytes: int = 0
+
+
+def select(
+    spool: Spool, states: tuple[str, ...] = FINISHED, older_than: Optional[float] = None, now: Optional[float] = None
+) -> Selection:
+    """The finished jobs of `states` that ended more than `older_than` seconds ago (None: any),
+    less those a pending or running job waits for. A job whose end is unknown is not old."""
+    if any(state not in FINISHED for state in states):
+        raise ValueError(f"only finished jobs are cleared ({', '.join(FINISHED)}), not {states}")
+    now = time.time() if now is None else now
+    snap, _ = read_queue(spool)
+    needed = {d for j in snap.pending + snap.running for d in j.after + j.after_any}
+    chosen = Selection()
+    for ref in spool.jobs.refs(states):
+        if ref.id in needed:
+            chosen.kept_for_dependents.append(ref.id)
+        elif older_than is None or _ended_before(spool, ref, now - older_than):
+            chosen.refs.append(ref)
+    return chosen
+
+
+def _ended_before(spool: Spool, ref: JobRef, cutoff: float) -> bool:
+    try:
+        job = spool.jobs.load(ref)
+    except (FileNotFoundError, schema.InvalidJob):
+        return False  # gone, or not a job: its age cannot be told
+    ended = runs.parse_time(job.finished_at) or runs.parse_time(job.created_at)
+    return ended is not None and ended < cutoff
+
+
+def clear(spool: Spool, chosen: Selection, logs_only: bool = False) -> ClearReport:
+    """Remove the jobs of `chosen` (each still where it was chosen), their logs and progress
+    files, once their records are kept; with `logs_only` only their logs. Only a job's own claim
+    is taken, empty (no room needed)."""
+    report = ClearReport(kept_for_dependents=list(chosen.kept_for_dependents))
+    if logs_only:
+        for ref in chosen.refs:
+            freed = spool.delete_log(ref.id)
+            if freed:
+                report.logs_dropped.append(ref.id)
+                report.freed_bytes += freed
+        return report
+    for start in range(0, len(chosen.refs), BATCH):
+        _clear_batch(spool, chosen.refs[start : start + BATCH], report)
+    report.freed_bytes += spool.snapshots.release_unused(set(spool.jobs.index()))
+    return report
+
+
+def _clear_batch(spool: Spool, refs: list[JobRef], report: ClearReport) -> None:
+    claims, ready = [], []
+    try:
+        for ref in refs:
+            claim = spool.claims.take_over(ref.id, noting=False)  # an empty lock: no room needed on a full disk
+            if claim is None:
+                continue  # being changed (a retry): left as it is
+            claims.append(claim)
+            if spool.jobs.find(ref.id, (ref.state,)) == ref:
+                ready.append(ref)
+        records = [record for record in (record_of(spool, ref) for ref in ready) if record is not None]
+        if not _keep(spool, records, ready, report):
+            report.no_room += [ref.id for ref in ready]
+            return
+        for ref in ready:
+            spool.jobs.remove(ref)
+            report.freed_bytes += spool.delete_outputs(ref.id)
+            report.removed.append(ref.id)
+    finally:
+        for claim in claims:
+            claim.release()
+
+
+def _keep(spool: Spool, records: list[tuple[Any, ...]], refs: list[JobRef], report: ClearReport) -> bool:
+    """Append the records durably; on a full disk, first make room by dropping the jobs' logs.
+    False when there is still none (the jobs are then left, logs dropped)."""
+    if not records:
+        return True
+    for attempt in range(2):
+        try:
+            spool.files.with_room(lambda: spool.kept.append(records))
+            return True
+        except SpoolFull:
+            if attempt:
+                return False
+            for ref in refs:
+                report.freed_bytes += spool.delete_log(ref.id)
+    return False
+
+
+def record_of(spool: Spool, ref: JobRef) -> Optional[tuple[Any, ...]]:
+    """What clear keeps of a finished job (spool/kept.py's RECORD), or None when there is nothing
+    to keep (a job that never ran: no runs, no run time) or its file is not a job."""
+    try:
+        job = spool.jobs.load(ref)
+    except (FileNotFoundError, schema.InvalidJob):
+        return None
+    _sweep, adopted, attempts, preempted = runs.facts(ref.state, job)
+    run = runs.run_seconds(job)
+    tail = None
+    if ref.state == DONE and not adopted:
+        tail = eta.tail_of(job, spool.reports.read_samples(ref.id))
+    if not attempts and not preempted and run is None and tail is None:
+        return None
+    key = runs.command_key(job.cmd, job.cwd)
+    past = runs.past_text(ref.state, job)
+    return ref.id, ref.state, job.name, key, run, past, runs.parse_time(job.finished_at), tail

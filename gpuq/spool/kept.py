@@ -1,0 +1,101 @@
+"""`kept-runs`: what `gpuq clear` keeps of the finished jobs it removes (spool_layout.md, section 1,
+"What clear keeps"): each job's runs as `gpuq history` counts them and the run time and tail the
+ETA learns from, so that clearing old jobs and their logs forgets neither.
+
+One line per job, a JSON array: `[FORMAT, id, state, name, key, run, past, end, tail]` (RECORD). The
+lines of one clear are appended with a single `write` on a descriptor opened `O_APPEND` and fsynced
+before any of those jobs' files is removed: a crash in between leaves a record whose job still has
+its file, which readers skip by its id. Unlike cache/, this is not derived from anything that is
+left: losing it loses that history, so it is written durably, and only `gpuq clear` writes it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from gpuq.core import jsontext
+from gpuq.spool.errors import SpoolFull
+from gpuq.spool.files import read_small
+from gpuq.system import fsutil, security
+
+TYPE_CHECKING = (
+    False  # typing only for annotations: `status` with jobs waiting reads this (tests/test_startup_imports.py)
+)
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+    from gpuq.spool.layout import Layout
+
+NAME = "kept-runs"
+FORMAT = 1
+# A record: the job's id, the finished state it was cleared from, its name, its command key and
+# past (spool/cache/runs.py's JSON texts, as a finished row holds them), its run time in seconds
+# (null: unknown or adopted), its end (epoch seconds, null: unknown) and its tail (seconds its run
+# took after its last step, null: not known).
+RECORD = ("id", "state", "name", "key", "run", "past", "end", "tail")
+_TYPES = (int, str, str, str, (int, float, type(None)), str, (int, float, type(None)), (int, float, type(None)))
+MAX_READ = 1 << 34
+
+
+class KeptRuns:
+    def __init__(self, layout: Layout):
+        self.layout = layout
+
+    def path(self) -> str:
+        return self.layout.top_file(NAME)
+
+    def append(self, records: list[tuple[Any, ...]]) -> None:
+        """Append `records` (RECORD tuples) durably: one write, then fsync (and the spool directory's
+        when the file is new). SpoolFull, with nothing of them left in the file, when there is no room."""
+        if not records:
+            return
+        data = b"".join(jsontext.dumps([FORMAT, *record]).encode() + b"\n" for record in records)
+        path = self.path()
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # read: its last byte
+        try:
+            before = os.fstat(fd).st_size
+            if before and not _ends_a_line(fd, before):
+                data = b"\n" + data  # after a torn line (a crash mid-write): ours start on a line of their own
+            try:
+                written = os.write(fd, data)
+                if written != len(data):
+                    raise OSError(errno.ENOSPC, "short write")
+                os.fsync(fd)
+            except OSError as exc:
+                if os.fstat(fd).st_size > before:
+                    os.ftruncate(fd, before)  # not a half record: they are all kept, or none
+                if exc.errno in security.FULL_ERRNOS:
+                    raise SpoolFull(self.layout.home, exc) from None
+                raise
+        finally:
+            os.close(fd)
+        if before == 0:
+            fsutil.fsync_dir(self.layout.home)
+
+    def read(self) -> list[tuple[Any, ...]]:
+        """Every valid record (RECORD tuples) in the order appended; torn, damaged or other formats' lines skipped."""
+        data = read_small(self.path(), cap=MAX_READ, mine=True)
+        out = []
+        for line in data.split(b"\n") if data else ():
+            try:
+                value = jsontext.loads(line)
+            except ValueError:
+                continue
+            if type(value) is list and len(value) == len(RECORD) + 1 and value[0] == FORMAT:
+                record = tuple(value[1:])
+                if all(isinstance(v, t) for v, t in zip(record, _TYPES)) and type(record[0]) is int:
+                    out.append(record)
+        return out
+
+    def signature(self) -> Optional[tuple[int, int, int]]:
+        """(inode, mtime_ns, size) of the file, or None when there is none: what caches of it check."""
+        try:
+            st = os.stat(self.path(), follow_symlinks=False)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _ends_a_line(fd: int, size: int) -> bool:
+    return os.pread(fd, 1, size - 1) == b"\n"

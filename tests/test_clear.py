@@ -1,0 +1,176 @@
+"""`gpuq clear` removes finished jobs and their logs but keeps what `gpuq history` counts and the run
+times the ETA learns from (the spool's kept-runs); `--state` and `--older-than` choose which jobs;
+it says what it will remove and, on a terminal, asks."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+from datetime import datetime, timedelta
+
+from conftest import Env, wait_for
+
+from gpuq.engine.tracking import eta
+from gpuq.spool import Spool
+
+# Five steps, then it waits for the test (its gate, named by its id) before it ends: the time after
+# its last step is the tail the ETA learns.
+TRAIN = """\
+import os, time
+for step in range(1, 6):
+    print(f'Step {step}/5', flush=True)
+gate = 'go-' + os.environ['GPUQ_JOB_ID']
+while not os.path.exists(gate):
+    time.sleep(0.02)
+"""
+
+
+def _run_to_its_end(gq: Env, job_id: int) -> None:
+    """Let the job reach its last step, look at it (the look records the sample the tail is learned
+    from), then let it end."""
+    wait_for(lambda: "Step 5/5" in gq.log(job_id), 30, what=f"job {job_id} at its last step")
+    gq.gpuq("eta", str(job_id))
+    (gq.work / f"go-{job_id}").touch()
+    gq.wait_state(job_id, "done", timeout=30)
+
+
+def _pending_line(gq: Env, job_id: int) -> str:
+    return next(line for line in gq.gpuq("eta").stdout.splitlines() if line.startswith(f"#{job_id} "))
+
+
+def test_history_and_learned_run_times_are_the_same_after_a_clear(gq: Env) -> None:
+    gq.script("train.py", TRAIN)
+    gq.script("bad.py", "raise SystemExit(3)\n")
+    worker = gq.start_worker("--watch")
+    learned = [gq.add("train.py") for _ in range(3)]
+    for job_id in learned:
+        _run_to_its_end(gq, job_id)
+    failed = gq.add("bad.py")
+    gq.wait_state(failed, "failed")
+    blocker = gq.add("train.py")  # holds the one slot, so that the next one waits with an ETA
+    wait_for(lambda: "Step 5/5" in gq.log(blocker), 30, what="the blocker running")
+    waiting = gq.add("train.py")
+
+    history = gq.gpuq("history", "--json").stdout
+    line = _pending_line(gq, waiting)
+    assert "median of 3 earlier runs" in line
+    spool = Spool(gq.home)
+    tail = eta.past_tails(spool, spool.jobs.load(spool.jobs.find(waiting)), float("inf"))
+    assert tail[1] == 3 and tail[0] > 0
+
+    out = gq.gpuq("clear").stdout  # no terminal: it does what it says
+    assert gq.files("done") == gq.files("failed") == []
+    assert not any((gq.home / "logs" / f"{i:06d}.log").exists() for i in [*learned, failed])
+    assert gq.gpuq("history", "--json").stdout == history
+    assert json.loads(history)[0]["runs"] == 4
+    assert _pending_line(gq, waiting) == line
+    assert eta.past_tails(spool, spool.jobs.load(spool.jobs.find(waiting)), float("inf")) == tail
+    assert out.splitlines()[0] == (
+        "will remove 4 finished jobs (3 done, 1 failed) and their logs; their history and learned run times are kept"
+    )
+    assert "removed 4 finished jobs" in out
+    (gq.work / f"go-{blocker}").touch()
+    (gq.work / f"go-{waiting}").touch()
+    gq.wait_state(waiting, "done", timeout=30)
+    worker.terminate()
+    worker.wait(30)
+    assert json.loads(gq.gpuq("history", "--json").stdout)[0]["runs"] == 6  # the kept runs and the new ones
+
+
+def _age(gq: Env, job_id: int, days: float) -> None:
+    """The job as if it had run `days` ago: its times moved back (its file rewritten through the spool)."""
+    spool = Spool(gq.home)
+    ref = spool.jobs.find(job_id)
+    job = spool.jobs.load(ref)
+    back = {}
+    for field in ("created_at", "started_at", "finished_at"):
+        if job.get(field):
+            back[field] = (datetime.fromisoformat(job[field]) - timedelta(days=days)).isoformat()
+    spool.jobs.rewrite(ref, job, **back)
+
+
+def test_state_and_older_than_choose_what_is_cleared(gq: Env) -> None:
+    gq.script("ok.py", "")
+    gq.script("bad.py", "raise SystemExit(3)\n")
+    old_done, new_done, old_failed = gq.add("ok.py"), gq.add("ok.py"), gq.add("bad.py")
+    gq.gpuq("run")
+    cancelled = gq.add("ok.py")
+    gq.gpuq("cancel", str(cancelled))
+    _age(gq, old_done, 10)
+    _age(gq, old_failed, 10)
+
+    out = gq.gpuq("clear", "--older-than", "7d", "--state", "done").stdout
+    assert out.startswith("will remove 1 finished job (1 done) and their logs")
+    assert [gq.state_of(i) for i in (old_done, new_done, old_failed, cancelled)] == [
+        None,
+        "done",
+        "failed",
+        "cancelled",
+    ]
+
+    out = gq.gpuq("clear", "--state", "failed,cancelled", "--older-than", "7d").stdout
+    assert out.startswith("will remove 1 finished job (1 failed)")
+    assert [gq.state_of(i) for i in (new_done, old_failed, cancelled)] == ["done", None, "cancelled"]
+
+    out = gq.gpuq("clear", "--state", "cancelled", "--state", "failed").stdout
+    assert out.startswith("will remove 1 finished job (1 cancelled)")
+    assert "no finished jobs to clear" in gq.gpuq("clear", "--state", "failed").stdout
+    assert [gq.state_of(i) for i in (new_done, cancelled)] == ["done", None]
+
+    for bad, why in (("--state=running", "not a finished state"), ("--older-than=7", "needs a unit")):
+        refused = gq.gpuq("clear", bad, check=False)
+        assert refused.returncode == 2 and why in refused.stderr and len(refused.stderr.splitlines()) == 1
+    assert gq.state_of(new_done) == "done"
+
+
+def _on_a_terminal(gq: Env, args: list[str], answer: bytes = b"") -> str:
+    """`gpuq ARGS` with a terminal for stdin and stdout (a pty); `answer` typed once it asks."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuq", *args], cwd=gq.work, env=gq.env, stdin=slave, stdout=slave, stderr=slave
+    )
+    os.close(slave)
+    seen = bytearray()
+
+    def read() -> bool:
+        if select.select([master], [], [], 0.05)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the other side closed: it exited
+                return True
+            seen.extend(chunk)
+            return not chunk
+        return proc.poll() is not None and not select.select([master], [], [], 0)[0]
+
+    try:
+        if answer:
+            wait_for(lambda: read() or b"[y/N]" in seen, 60, what="the question")
+            os.write(master, answer)
+        wait_for(read, 60, what="gpuq to end")
+        proc.wait(60)
+    finally:
+        os.close(master)
+    return seen.decode().replace("\r\n", "\n")
+
+
+def test_it_asks_on_a_terminal(gq: Env) -> None:
+    gq.script("ok.py", "")
+    first, second = gq.add("ok.py"), gq.add("ok.py")
+    gq.gpuq("run")
+
+    out = _on_a_terminal(gq, ["clear"], b"n\n")
+    assert "will remove 2 finished jobs (2 done) and their logs" in out and "Go ahead? [y/N]" in out
+    assert "nothing removed" in out and gq.state_of(first) == "done"
+
+    out = _on_a_terminal(gq, ["clear", "--state", "done"], b"y\n")
+    assert "Go ahead? [y/N] y\nremoved 2 finished jobs" in out
+    assert gq.state_of(first) is None and gq.state_of(second) is None
+
+    third = gq.add("ok.py")
+    gq.gpuq("run")
+    out = _on_a_terminal(gq, ["clear", "--yes"])  # -y: not asked, on a terminal too
+    assert "Go ahead" not in out and "removed 1 finished job" in out and gq.state_of(third) is None

@@ -1,0 +1,68 @@
+"""A command whose first word is a `.py` script, from a job file dropped into pending/ or from
+`gpuq edit --set cmd=`, runs as `gpuq add` would run it: with the python of the directory's
+environment (its .venv) or the python on PATH; a script that is not there is refused with the
+reason (rejected at intake, the edit refused), never queued to fail with exit 127."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from conftest import Env, fake_venv
+
+TRAIN = "import sys; print('trained', sys.argv[1:], 'with', sys.executable)\n"
+
+
+def _drop(gq: Env, name: str, fields: dict) -> None:
+    gq.gpuq("status")  # creates the spool
+    tmp = gq.work / f".{name}.tmp"
+    tmp.write_text(json.dumps(fields))
+    os.chmod(tmp, 0o600)
+    os.rename(tmp, gq.home / "pending" / name)
+
+
+def test_a_dropped_script_runs_with_its_directorys_venv_or_the_python_on_path(gq: Env) -> None:
+    with_venv, plain = gq.work / "exp01", gq.work / "exp02"
+    python = fake_venv(with_venv)
+    gq.script("train.py", TRAIN, where=with_venv)
+    gq.script("train.py", TRAIN, where=plain)
+    _drop(gq, "a.json", {"cmd": ["train.py", "--steps", "2"], "cwd": str(with_venv)})
+    _drop(gq, "b.json", {"cmd": "train.py --steps 3", "cwd": str(plain)})
+    gq.gpuq("run", timeout=60)
+    first, second = gq.job(1), gq.job(2)
+    assert (first["state"], second["state"]) == ("done", "done")
+    assert first["cmd"] == [python, "train.py", "--steps", "2"] and first["venv"] == str(with_venv / ".venv")
+    assert first["interpreter_from"] == ".venv" and first["name"] == "exp01/train"
+    assert (with_venv / "venv-used").read_text() == "venv\n"
+    assert "trained ['--steps', '2']" in gq.log(1)
+    assert os.path.basename(second["cmd"][0]).startswith("python") and second["cmd"][1:] == ["train.py", "--steps", "3"]
+    assert second["interpreter_from"] == "PATH" and second["venv"] is None
+    assert "trained ['--steps', '3']" in gq.log(2)
+
+
+def test_a_dropped_script_that_is_not_there_is_rejected_with_the_reason(gq: Env) -> None:
+    _drop(gq, "missing.json", {"cmd": ["nothere.py"], "cwd": str(gq.work)})
+    gq.gpuq("run", timeout=60)
+    assert gq.files("rejected") == ["missing.json", "missing.json.reason"]
+    reason = (gq.home / "rejected" / "missing.json.reason").read_text()
+    assert reason.strip() == f"script not found: {gq.work / 'nothere.py'}"
+    assert gq.files("pending") == [] and gq.files("failed") == []
+
+
+def test_edit_set_cmd_to_a_script_runs_it_with_the_venv(gq: Env) -> None:
+    project = gq.work / "exp03"
+    python = fake_venv(project)
+    gq.script("train.py", TRAIN, where=project)
+    job_id = gq.add("--hold", "--dir", str(project), "train.py", "--steps", "1")
+    refused = gq.gpuq("edit", str(job_id), "--set", 'cmd=["gone.py"]', check=False)
+    assert refused.returncode == 1
+    assert refused.stderr == f"gpuq: job #{job_id} not changed: script not found: {project / 'gone.py'}\n"
+    assert gq.job(job_id)["cmd"] == [python, "train.py", "--steps", "1"]
+    gq.gpuq("edit", str(job_id), "--set", 'cmd=["train.py", "--steps", "5"]')
+    edited = gq.job(job_id)
+    assert edited["cmd"] == [python, "train.py", "--steps", "5"] and edited["interpreter_from"] == ".venv"
+    gq.gpuq("release", str(job_id))
+    gq.gpuq("run", timeout=60)
+    assert gq.state_of(job_id) == "done"
+    assert "trained ['--steps', '5']" in gq.log(job_id)
+    assert (project / "venv-used").read_text() == "venv\n"

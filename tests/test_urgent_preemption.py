@@ -1,0 +1,170 @@
+"""An urgent job preempts at most what it needs, the job `add --urgent` named, and a job put back
+by a preemption never preempts another (spool_layout.md section 11, "Who may preempt").
+
+The victims here take a moment to let go, as a trainer saving its state on SIGTERM does: the urgent
+job is then started while its own file is still in pending/, which once made the worker count it as
+an urgent job still waiting and preempt a second victim for it.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Env, wait_for
+from test_gpu_worker import Gpus, fake_gpus
+
+from gpuq.core.job import Job
+from gpuq.core.states import PENDING, RUNNING
+from gpuq.engine.schedule import victims
+from gpuq.engine.schedule.planner import Assignment, Planner
+from gpuq.engine.schedule.scheduler import QueueState
+from gpuq.system.gpus import Gpu, GpuLook, GpuProcess
+
+FAKE = Path(__file__).with_name("fake_trainer.py")
+SLOW_SAVE = ("--save_on_sigterm", "--save_time", "2.5", "--save_steps", "100000", "--max_steps", "100000")
+
+
+def trainer(gq: Env, name: str, *gpuq_opts: str, steps: tuple[str, ...] = SLOW_SAVE) -> list[str]:
+    shutil.copy(FAKE, gq.work / "fake_trainer.py")
+    return [*gpuq_opts, "--name", name, "-p", sys.executable, "fake_trainer.py", "--output_dir", name, *steps]
+
+
+def steps_of(gq: Env, job_id: int) -> int:
+    found = re.findall(r"Step (\d+)/", gq.log(job_id))
+    return int(found[-1]) if found else 0
+
+
+def runs(gq: Env, name: str) -> list[str]:
+    path = gq.work / name / "runs.txt"
+    return path.read_text().split("\n")[:-1] if path.exists() else []
+
+
+@pytest.mark.parametrize("urgent", ["--urgent", "--urgent=force"])
+def test_one_urgent_job_preempts_one_job_the_one_add_named(gq: Env, urgent: str) -> None:
+    Gpus(gq, fake_gpus(2))
+    pa = gq.add(*trainer(gq, "PA", "--preemptible"))
+    pb = gq.add(*trainer(gq, "PB", "--preemptible"))
+    gq.start_worker("--watch")
+    wait_for(lambda: steps_of(gq, pa) >= 3 and steps_of(gq, pb) >= 3, 30, what="both trainings to run")
+
+    added = gq.gpuq("add", *trainer(gq, "U2", urgent, steps=("--max_steps", "3")))
+    named = re.search(r"job #(\d+) (P[AB]) is preempted and resumed after", added.stdout)
+    assert named, added.stdout
+    victim, name = int(named.group(1)), named.group(2)
+    spared, spared_name = (pa, "PA") if victim == pb else (pb, "PB")
+    spared_pid = gq.job(spared)["pid"]
+    u2 = int(re.search(r"Job #(\d+)", added.stdout).group(1))
+
+    gq.wait_state(u2, "done", timeout=40)
+    # the victim goes back first in line and waits for a GPU: it starts again when U2's GPU is free
+    wait_for(lambda: len(gq.job(victim)["preemptions"]) == 1 and gq.state_of(victim) == RUNNING, 30, what="resumed")
+    wait_for(lambda: "Resumed from step" in gq.log(victim).rsplit("=== gpuq: job #", 1)[-1], 20, what="2nd run")
+
+    assert gq.state_of(spared) == RUNNING and gq.job(spared)["pid"] == spared_pid
+    assert gq.job(spared)["preemptions"] == [] and runs(gq, spared_name) == []  # never stopped
+    assert runs(gq, name) and len(runs(gq, name)) == 1  # the victim stopped once, saving its step
+    out = gq.worker_output()
+    assert f"preempting job #{spared} " not in out and out.count("preempting job #") == 1, out
+    for job_id in (pa, pb):
+        gq.gpuq("kill", str(job_id))
+
+
+def _gpus(count: int) -> GpuLook:
+    gpus = tuple(
+        Gpu(index=i, uuid=f"GPU-{i}", name="g", memory_total_mib=80000, memory_used_mib=0, processes=())
+        for i in range(count)
+    )
+    return GpuLook(gpus=gpus, source="fake", problem=None, at=time.time())
+
+
+def _job(job_id: int, **fields: Any) -> Job:
+    base = {"id": job_id, "name": f"j{job_id}", "rev": 0, "priority": 0, "after": [], "after_any": []}
+    base.update(cmd=["train.py"], cwd="/nonexistent")  # no checkpoints to be found there
+    return Job({**base, **fields})
+
+
+def _running(job_id: int, gpu: int, started: str) -> Job:
+    return _job(
+        job_id,
+        slot=str(gpu),
+        gpus=[gpu],
+        pid=10_000_000 + job_id,
+        preemptible=True,
+        started_at=started,
+        cmd=["x"],
+        cwd="/nonexistent",
+    )
+
+
+def _snap(pending: list[Job], running: list[Job]) -> QueueState:
+    states = {j.id: PENDING for j in pending} | {j.id: RUNNING for j in running}
+    return QueueState(states, pending, running, time.time())
+
+
+def test_an_urgent_job_being_started_is_not_waiting_for_a_victim() -> None:
+    """The step after the worker handed the urgent job to its supervisor (its file still in
+    pending/, its GPU held for it as `busy`), it is no reason to preempt anyone."""
+    pa = _running(1, 0, "2026-01-01T00:00:00+00:00")
+    urgent = _job(3, urgent=True)
+    planner = Planner(look=lambda: _gpus(2))
+    plan = planner.plan(_snap([urgent], [pa]), busy={3: Assignment("1", (1,))})
+    assert plan.victims == [] and plan.starts == []
+
+
+def test_without_gpus_an_urgent_job_being_started_is_not_waiting_either() -> None:
+    pa = _job(
+        1,
+        slot="a",
+        gpus=None,
+        pid=10_000_001,
+        preemptible=True,
+        started_at="2026-01-01T00:00:00+00:00",
+        cmd=["x"],
+        cwd="/nonexistent",
+    )
+    urgent = _job(3, urgent=True)
+    planner = Planner(["a", "b"], look=lambda: GpuLook(gpus=(), source="none", problem=None, at=time.time()))
+    plan = planner.plan(_snap([urgent], [pa]), busy={3: Assignment("b")})
+    assert plan.victims == [] and plan.starts == []
+
+
+def test_a_job_put_back_by_a_preemption_preempts_no_one() -> None:
+    """An urgent job that was itself preempted (by a person) and resumed waits for a free GPU."""
+    pa = _running(1, 0, "2026-01-01T00:00:00+00:00")
+    pb = _running(2, 1, "2026-01-01T00:00:01+00:00")
+    record = {"at": "2026-01-01T00:00:02+00:00", "by": "user", "exit_code": 0, "checkpoint": None}
+    back = _job(3, urgent=True, queue_front=True, preemptions=[record])
+    plan = Planner(look=lambda: _gpus(2)).plan(_snap([back], [pa, pb]), busy={})
+    assert plan.victims == [] and 3 in plan.waits
+
+
+def test_a_victim_whose_gpu_would_not_free_up_is_not_preempted_beside_the_one_that_helps() -> None:
+    """GPU 0 also holds someone else's 70 GiB: preempting the job there (the first in preference,
+    lowest priority) would not make room, so only the job on GPU 1 is preempted, not both."""
+    foreign = GpuProcess(pid=999_999_999, used_memory_mib=70000)
+    gpus = (
+        Gpu(index=0, uuid="GPU-0", name="g", memory_total_mib=80000, memory_used_mib=70000, processes=(foreign,)),
+        Gpu(index=1, uuid="GPU-1", name="g", memory_total_mib=80000, memory_used_mib=0, processes=()),
+    )
+    look = GpuLook(gpus=gpus, source="fake", problem=None, at=time.time())
+    low = _job(1, **{**_running(1, 0, "2026-01-01T00:00:00+00:00"), "priority": -1})
+    other = _running(2, 1, "2026-01-01T00:00:01+00:00")
+    plan = Planner(look=lambda: look).plan(_snap([_job(3, urgent=True)], [low, other]), busy={})
+    assert [victim.id for victim in plan.victims] == [2]
+
+
+def test_add_names_the_job_the_worker_would_preempt_not_a_cpu_job() -> None:
+    """`add --urgent` names the job the worker's plan chooses: with GPUs, a GPU job, even where a
+    CPU job (the CPU lane) started later."""
+    gpu_job = _running(1, 0, "2026-01-01T00:00:00+00:00")
+    cpu_job = _job(2, slot="", gpus=[], pid=10_000_002, preemptible=True, started_at="2026-01-01T00:00:05+00:00")
+    urgent = _job(3, urgent=True, gpu_request=1)
+    assert "job #1 j1 is preempted" in victims.foreseen(urgent, [gpu_job, cpu_job])
+    plan = Planner(look=lambda: _gpus(1)).plan(_snap([urgent], [gpu_job, cpu_job]), busy={})
+    assert [victim.id for victim in plan.victims] == [1]
