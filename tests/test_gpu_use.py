@@ -62,8 +62,8 @@ def util_gpus(util: int) -> dict:
 def test_a_job_busy_then_idle_is_recorded_within_a_sample_period(gq: Env) -> None:
     gpus = Gpus(gq, fake_gpus(1))
     gq.env.update(GPUQ_GPU_SAMPLE_SECONDS=str(PERIOD), GPUQ_GPU_IDLE_MINUTES=str(1.0 / 60))
-    gq.start_worker()
     job_id = add(gq, "--gpus", "1")
+    gq.start_worker()  # after the add: a foreground worker that finds nothing to do exits
     gq.wait_state(job_id, "running")
     gpus.set(util_gpus(100))  # its memory is now the job's (a job's own memory is never foreign)
     wait_for(lambda: len(gpu_record(gq, job_id).get("attempts", {}).get("1", {}).get("points", ())) >= 5, 15)
@@ -103,8 +103,8 @@ def test_a_sampled_gpu_job_still_stops_at_its_time_limit(gq: Env) -> None:
     doc["gpus"][0]["utilization_gpu"] = 50  # and no memory held by anyone else: the job starts at once
     Gpus(gq, doc)
     gq.env.update(GPUQ_GPU_SAMPLE_SECONDS=str(PERIOD))
-    gq.start_worker()
     job_id = add(gq, "--gpus", "1", "--time", "0:00:01")
+    gq.start_worker()  # after the add: a foreground worker that finds nothing to do exits
     job = gq.wait_state(job_id, "failed", timeout=15)
     assert "time limit of 1s reached" in job["reason"]
     points = gpu_record(gq, job_id)["attempts"]["1"]["points"]

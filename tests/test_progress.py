@@ -325,8 +325,9 @@ def test_queue_plan_is_unknown_rather_than_a_guess() -> None:
 def test_pending_job_behind_a_running_one_has_a_start_time(gq) -> None:
     gq.script("short.py", "import time\ntime.sleep(1)\n")
     first = gq.add("short.py")
-    gq.start_worker()
+    foreground = gq.start_worker()
     wait_state(gq, first, "done")
+    foreground.wait(30)  # it leaves once the queue is empty: one worker at a time for the spool
     gq.script("long.py", REPORTER)
     gq.start_worker("--watch")
     running = gq.add("long.py")

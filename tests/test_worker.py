@@ -213,13 +213,14 @@ def test_stop_kill_jobs_passes_over_a_job_that_ended_meanwhile(gq: Env) -> None:
     from gpuq.spool import Spool
 
     gq.script("short.py", WAIT_FOR_GO)
-    gq.start_worker()
     job_id = gq.add("short.py")
+    gq.start_worker()  # after the add: a foreground worker that finds nothing to do exits
     gq.wait_state(job_id, "running")
     sp = Spool(gq.home)
     listing = actions.jobs_in(sp, ("running",))  # the listing stop --kill-jobs takes...
     (gq.work / "go").write_text("")  # ...then the job ends by itself before its turn
-    gq.wait_state(job_id, "done")
+    gq.wait_state(job_id, "done")  # its done copy written: the running one may still be there
+    wait_for(lambda: not gq.files("running"), what="the move's second half (the running copy removed)")
     assert [(job.id, ended) for job, ended in actions.kill_each(sp, listing)] == [(job_id, "done")]
 
 
