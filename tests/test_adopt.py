@@ -164,8 +164,12 @@ def test_concurrent_adopts_of_one_process_make_one_job(gq, outside) -> None:
 
 
 def test_adopted_process_that_ends_goes_to_done_with_unknown_exit(gq, outside) -> None:
-    proc = outside("-c", "import sys, time; time.sleep(0.5); sys.exit(3)")
+    # It ends when told, once adopted: `gpuq adopt` may take a while on a loaded machine.
+    code = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.02)\nsys.exit(3)\n"
+    proc = outside("-c", code, str(gq.work / "end"))
     job_id = int(gq.gpuq("adopt", str(proc.pid)).stdout.split("#")[1].split(":")[0])
+    assert row_of(gq, job_id)["state"] == "running"
+    (gq.work / "end").touch()
     proc.wait(10)  # reaped by its real parent (us): gpuq never sees the 3
     row = wait_state(gq, job_id, "done")
     assert row["exit_code"] is None and "cannot be known" in row["note"]

@@ -203,9 +203,18 @@ def test_slowly_written_dropped_file_is_not_rejected(gq: Env) -> None:
     with open(path, "w") as fh:  # like `cat > pending/slow.json` typed by hand
         fh.write(text[:10])
         fh.flush()
-        time.sleep(1.5)  # the pace of the typist: longer than GPUQ_INTAKE_QUIET (0.3 s in tests)
+        # The typist pauses past GPUQ_INTAKE_QUIET (0.3 s in tests) while the worker looks: it took
+        # in two files dropped one after the other since, named after this one (a pass goes by
+        # name), so a look that began after the quiet period found this file half-written.
+        quiet = float(gq.env["GPUQ_INTAKE_QUIET"])
+        wait_for(lambda: time.time() - path.stat().st_mtime > quiet, what="the quiet period to pass")
+        for n in range(2):
+            marker = gq.home / "pending" / f"zz-marker{n}.json"
+            marker.write_text(json.dumps({"cmd": ["true"]}))
+            wait_for(lambda: not marker.exists(), timeout=30, what="the worker to take in a file dropped since")  # noqa: B023
+        assert path.exists() and gq.files("rejected") == []  # seen half-written, and left to its writer
         fh.write(text[10:])
-    wait_for(out.exists, timeout=15, what="slow job to run")
+    wait_for(out.exists, timeout=30, what="slow job to run")
     assert gq.files("rejected") == []
 
 

@@ -130,8 +130,8 @@ def test_history_plot_shades_a_real_jobs_busy_then_idle_gpu(gq: Env) -> None:
     pytest.importorskip("matplotlib", reason="needs matplotlib (the plot extra)")
     gpus = Gpus(gq, fake_gpus(1))
     gq.env.update(GPUQ_GPU_SAMPLE_SECONDS=str(PERIOD))
-    gq.start_worker()
     job_id = add(gq, "--gpus", "1")
+    gq.start_worker()  # after the add: a foreground worker that finds nothing to do exits
     gq.wait_state(job_id, "running")
     gpus.set(util_gpus(100))
     wait_for(lambda: len(gpu_record(gq, job_id).get("attempts", {}).get("1", {}).get("points", ())) >= 4, 15)

@@ -80,7 +80,7 @@ def test_a_hanging_hook_and_its_child_are_killed(tmp_path: Path):
     started = time.monotonic()
     run_on_finish(cmd, hook_env(2, "b", "done", 0, "/l"), lines.append, timeout=1.5)
     elapsed = time.monotonic() - started
-    assert 1.5 <= elapsed < 8, elapsed
+    assert 1.5 <= elapsed < 30, elapsed  # its time, then the grace: not the 1000 s its processes would run
     assert lines == ["on-finish hook killed after 1.5s (it had not finished)"]
     for pid in (read_pid(child_file), read_pid(shell_file)):
         wait_for(lambda pid=pid: gone(pid), timeout=10, what=f"process {pid} to be gone")
@@ -146,7 +146,7 @@ def test_notify_desktop_that_hangs_is_bounded(tmp_path: Path, monkeypatch):
     fake_tool(bin_dir, f"echo $$ > {pid_file}\nexec sleep 1000\n")
     started = time.monotonic()
     reason = notify_desktop({"id": 1, "name": "x", "state": "done", "exit_code": 0}, timeout=1)
-    assert time.monotonic() - started < 8
+    assert time.monotonic() - started < 30  # not the 1000 s it would run
     assert reason == "notify-send killed after 1s (it had not finished)"
     pid = read_pid(pid_file)
     wait_for(lambda: gone(pid), timeout=10, what="the hanging notify-send to be gone")

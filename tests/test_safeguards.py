@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Env, wait_for
+from conftest import Env, spool_with_true_jobs, wait_for
 
 from gpuq.core.times import parse_iso
 
@@ -43,7 +43,7 @@ def test_a_job_over_its_time_limit_is_stopped_and_fails_with_a_note(gq: Env) -> 
     ]
     job = gq.wait_state(job_id, "failed", timeout=30)
     ran = parse_iso(job["finished_at"]) - parse_iso(job["started_at"])
-    assert 2 <= ran < 8 and job["time_limit"] == 2
+    assert 2 <= ran < 20 and job["time_limit"] == 2  # stopped at its limit: it would run forever
     assert "time limit of 2s was reached" in job["note"] and job["reason"] == "time limit of 2s reached"
     wait_for(lambda: all(gone(pid) for pid in pids), 15, what="the job's whole process group to be gone")
     assert "time limit of 2s" in gq.gpuq("status").stdout
@@ -120,6 +120,26 @@ def test_wait_returns_when_the_jobs_end_with_the_right_exit_code(gq: Env) -> Non
     last = gq.add("ok.py")
     assert gq.gpuq("wait").returncode == 0  # default: what is queued now (only #last; the others ended)
     assert gq.state_of(last) == "done"
+
+
+def test_wait_tells_a_job_that_just_failed_by_its_new_copy(tmp_path: Path) -> None:
+    """A move writes the new copy before it removes the old one: `gpuq wait` looking in between
+    (the supervisor still holds the claim) said `#N failed: failed`, read from the running copy,
+    where the failed one says `exit 4` (seen on a loaded machine in the test above)."""
+    from gpuq.core.states import FAILED, RUNNING
+    from gpuq.engine.lifecycle import actions
+
+    spool, [(ref, job)] = spool_with_true_jobs(tmp_path)
+    claim = spool.claims.claim(ref.id)  # the supervisor's, held through the move
+    assert claim is not None
+    try:
+        ref, job = spool.jobs.move(ref, job, RUNNING, {})
+        spool.jobs.move(ref, job, FAILED, {"exit_code": 4}, keep_old=True)  # its running copy not yet removed
+        assert spool.jobs.find(ref.id, (RUNNING,)) is not None
+        waited = actions.wait_for(spool, [ref.id], timeout=5)
+    finally:
+        claim.release()
+    assert waited.ends == {ref.id: (FAILED, "exit 4")}
 
 
 OOM = """import sys

@@ -324,10 +324,12 @@ def _sync_slurm(spool: Spool) -> None:
 
 
 def _why_not_done(spool: Spool, job_id: int, state: Optional[str]) -> str:
-    try:
-        job = get(spool, job_id)[1]
+    if state is None:
+        return "gone"
+    try:  # the copy in the state the look found: during a move the old one is still there too
+        job = get(spool, job_id, (state,))[1]
     except Refused:
-        return state or "gone"
+        return state
     code = f"exit {job.exit_code}" if job.exit_code is not None else ""
     return ": ".join(p for p in (code, job.reason or job.note or "") if p) or (state or "")
 
