@@ -100,9 +100,17 @@ def test_eta_accuracy_scores_recorded_looks(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if line.startswith("| o")}
+    rows: dict[str, str] = {}
+    for line in proc.stdout.splitlines():  # the first table: one row per load (later tables: per run)
+        if line.startswith("| o"):
+            rows.setdefault(line.split("|")[1].strip(), line)
     assert set(rows) == {"off", "on"}, proc.stdout
-    old, new = (cell.split(" / ") for cell in rows["off"].split("|")[4:6])
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("| load | runs"))
+    columns = [cell.strip() for cell in header.split("|")]
+    cells = rows["off"].split("|")
+    old, new = (
+        cells[columns.index(name)].split(" / ") for name in ("old: median / p90 / worst", "new: median / p90 / worst")
+    )
     # the old method never counts the second after the last step; the learned tail does
     assert float(new[2].strip(" %")) < 1.0 < float(old[2].strip(" %")), rows["off"]
     assert "1.00s" in proc.stdout  # each run's own tail, as learned
