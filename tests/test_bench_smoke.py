@@ -116,6 +116,17 @@ def test_eta_accuracy_scores_recorded_looks(tmp_path: Path) -> None:
     assert "1.00s" in proc.stdout  # each run's own tail, as learned
 
 
+def test_eta_rates_replays_each_rate_on_recorded_looks(tmp_path: Path) -> None:
+    raw = {"runs": [synthetic_run("off", scored=False), synthetic_run("on")]}
+    path = tmp_path / "raw.json"
+    path.write_text(json.dumps(raw))
+    script = str(REPO / "bench" / "eta_rates.py")
+    proc = subprocess.run([sys.executable, script, str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| raw.json |")]
+    assert len(rows) == 6 and all("on: " in row for row in rows), proc.stdout
+
+
 def test_eta_accuracy_bad_option_is_a_usage_error() -> None:
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "eta_accuracy.py"), "--runs", "0"],
