@@ -45,6 +45,7 @@ from gpuq.engine.tracking import eta, progress  # noqa: E402
 LOADS = ("off", "on", "midway")
 WEIGHTS = (0.0, 0.25, 0.5, 1.0)  # window weights replayed side by side (1.0: the window alone)
 SCORED_FROM = 0.25
+MIN_LEFT = 0.0  # --min-left: only looks with at least this many seconds really left are scored
 
 TRAIN = """
 import sys
@@ -188,7 +189,7 @@ def replay(run: dict[str, Any], learned: tuple, weight: float) -> dict[str, Any]
         old_points = old_merge(old_points, (at, step))
         new = eta.estimate(reading, new_points, now, attempt, weight).eta_seconds
         old = old_estimate(reading, old_points, now)
-        if not total or step / total < SCORED_FROM or step >= total or ended <= now:
+        if not total or step / total < SCORED_FROM or step >= total or ended - now <= MIN_LEFT:
             continue
         for name, value, errors in (("new", new, new_err), ("old", old, old_err)):
             if value is None:
@@ -308,14 +309,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--hogs", type=int, default=2, help="busy-loop processes in the loaded conditions")
     ap.add_argument("--raw", type=Path, help="write every look and end here (JSON)")
     ap.add_argument("--from-raw", type=Path, help="score looks recorded earlier instead of running")
+    ap.add_argument("--min-left", type=float, default=0.0, help="score only looks with more than this many s left")
     args = ap.parse_args(argv)
-    if args.runs < 1 or args.steps < 10 or args.interval <= 0 or args.learn < 0 or args.hogs < 0:
-        ap.error("--runs >= 1, --steps >= 10, --interval > 0, --learn >= 0, --hogs >= 0")
+    if args.runs < 1 or args.steps < 10 or args.interval <= 0 or args.learn < 0 or args.hogs < 0 or args.min_left < 0:
+        ap.error("--runs >= 1, --steps >= 10, --interval > 0, --learn >= 0, --hogs >= 0, --min-left >= 0")
     return args
 
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    global MIN_LEFT
+    MIN_LEFT = args.min_left
     if args.from_raw:
         raw = json.loads(args.from_raw.read_text())
     else:
