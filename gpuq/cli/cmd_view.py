@@ -92,8 +92,7 @@ def _status_once(args: argparse.Namespace) -> int:
         print("\n".join(render.gpu_lines(st.gpus, home=sp.home)))
     if st.rows or st.finished:
         rows = st.rows if args.all else render.group_sweeps(st.rows)
-        block = _finished_block(sp, st.finished) if st.finished is not None else None
-        print("\n".join(render.status_table(rows, finished=st.finished, block=block)))
+        print("\n".join(render.status_table(rows, finished=st.finished)))
     else:
         print("no jobs")
     if st.hidden_finished:
@@ -105,37 +104,6 @@ def _status_once(args: argparse.Namespace) -> int:
     for warning in st.warnings:
         print(f"warning: {warning}")
     return 0
-
-
-TABLE_CACHE = "finished-table"  # render.finished_block of the finished rows, under their token
-
-
-def _finished_block(sp: Any, finished: Any) -> tuple[tuple[int, ...], str]:
-    """The lines of the finished rows' table, kept in the spool's cache while those rows and this
-    rendering code are unchanged: a later `status -a` over 100,000 of them prints it as it is."""
-    import marshal
-    import os
-    import sys
-
-    code = os.stat(render.__file__ or "")
-    key = (marshal.version, sys.version_info[:2], code.st_mtime_ns, code.st_size, finished.token)
-    data = sp.cache.read(TABLE_CACHE)
-    try:
-        stored_key, block = marshal.loads(data) if data else (None, None)
-    except (EOFError, ValueError, TypeError):
-        stored_key, block = None, None  # damaged or from another Python: made again
-    if stored_key == key and _is_block(block):
-        return block
-    block = render.finished_block(finished)
-    try:
-        sp.cache.write(TABLE_CACHE, marshal.dumps((key, block)))
-    except OSError:
-        pass  # a read-only or full spool: made again next time
-    return block
-
-
-def _is_block(block: Any) -> bool:
-    return isinstance(block, tuple) and len(block) == 2 and isinstance(block[1], str) and len(block[0]) == 5
 
 
 def json_row(row: Row) -> dict[str, Any]:

@@ -38,7 +38,6 @@ import psutil  # noqa: F401
 from gpuq.run.launcher import FORK_REQUEST
 from gpuq.run.supervisor.main import name_process, serve_spare
 from gpuq.spool import control, logs, reports  # noqa: F401
-from gpuq.spool.cache import journal  # noqa: F401  (a supervisor appends its job's row there at the end)
 from gpuq.system import fsutil
 from gpuq.system.gpu_presence import may_have_gpus
 

@@ -8,38 +8,33 @@ spool_layout.md is the contract it implements. In short:
 - whoever changes a job's file holds the job's claim lock (claims.py).
 
 A Spool is composed of small parts, one module each, that share only the Layout (paths) and Files
-(atomic writes) below them: `spool.jobs` (job files), `spool.ids`, `spool.claims`,
-`spool.control` (requests to supervisors), `spool.workers` (registry), `spool.logs`,
-`spool.reports` (progress files and samples), `spool.cache`, `spool.dropbox` (hand-dropped files),
-`spool.imports` (queues imported from the original gpuq), `spool.snapshots` (copies of code),
-`spool.kept` (what `gpuq clear` keeps of the jobs it removes).
+(atomic writes) below them; each part is built the first time it is used.
 """
 
 from __future__ import annotations
 
+import os
+from contextlib import AbstractContextManager
+from functools import cached_property
+from typing import Optional, Union
+
+from gpuq.spool import mutex
+from gpuq.spool.cache.index import FinishedIndex
+from gpuq.spool.claims import Claim, Claims
+from gpuq.spool.control import ControlRequests
+from gpuq.spool.dropbox import Dropbox
 from gpuq.spool.errors import SpoolError, SpoolFull
-from gpuq.spool.files import Caches, Files
-from gpuq.spool.files import disk_space as _disk_space
+from gpuq.spool.files import Caches, Files, disk_space
+from gpuq.spool.ids import IdCounter
+from gpuq.spool.imports import ImportRecords
+from gpuq.spool.kept import KeptRuns
 from gpuq.spool.layout import Layout, default_home
+from gpuq.spool.logs import Logs
+from gpuq.spool.reports import Reports
+from gpuq.spool.snapshots import Snapshots
 from gpuq.spool.store import MAX_JOB_BYTES, JobRef, JobStore
-from gpuq.system.fsutil import network_filesystem as _network_filesystem
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-    from pathlib import Path
-    from typing import Any, Optional
-
-    from gpuq.spool.claims import Claim, Claims
-    from gpuq.spool.control import ControlRequests
-    from gpuq.spool.dropbox import Dropbox
-    from gpuq.spool.ids import IdCounter
-    from gpuq.spool.imports import ImportRecords
-    from gpuq.spool.kept import KeptRuns
-    from gpuq.spool.logs import Logs
-    from gpuq.spool.reports import Reports
-    from gpuq.spool.snapshots import Snapshots
-    from gpuq.spool.workers import WorkerBusy, WorkerLease, WorkerRegistry
+from gpuq.spool.workers import WorkerBusy, WorkerLease, WorkerRegistry
+from gpuq.system.fsutil import network_filesystem
 
 __all__ = [
     "MAX_JOB_BYTES",
@@ -53,117 +48,69 @@ __all__ = [
     "default_home",
 ]
 
-_LAZY = {"Claim": "claims", "WorkerBusy": "workers", "WorkerLease": "workers"}
-
-
-def __getattr__(name: str) -> Any:
-    """`from gpuq.spool import Claim` (and WorkerBusy, WorkerLease): their modules are imported
-    by whoever asks, not by every command that opens the spool."""
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    return getattr(import_module(f"gpuq.spool.{_LAZY[name]}"), name)
-
-
-class _part:
-    """functools.cached_property without importing functools (which imports collections, a few
-    ms of every `gpuq status` and `gpuq add`: bench/PROFILE.md section 1): built on first use,
-    then an attribute of the instance."""
-
-    def __init__(self, build: Any) -> None:
-        self.build = build
-        self.__doc__ = build.__doc__
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, spool: Any, owner: Optional[type] = None) -> Any:
-        if spool is None:
-            return self
-        value = spool.__dict__[self.name] = self.build(spool)
-        return value
-
 
 class Spool:
-    """The spool at `home` (default: $GPUQ_HOME or ~/.gpuq). Each part is built (and its module
-    imported) the first time it is used: `gpuq status` needs about half of them, `gpuq add` fewer,
-    and every module imported is start-up time (bench/PROFILE.md, section 1)."""
+    """The spool at `home` (default: $GPUQ_HOME or ~/.gpuq)."""
 
-    def __init__(self, home: Optional[Path] = None):
+    def __init__(self, home: Optional[Union[str, os.PathLike[str]]] = None):
         self.layout = Layout(home)
         self.home = self.layout.home
 
-    @_part
+    @cached_property
     def files(self) -> Files:
         return Files(self.layout)
 
-    @_part
+    @cached_property
     def jobs(self) -> JobStore:
         return JobStore(self.layout, self.files)
 
-    @_part
+    @cached_property
     def ids(self) -> IdCounter:
-        from gpuq.spool.ids import IdCounter
-
         return IdCounter(self.layout, self.files, self.jobs)
 
-    @_part
+    @cached_property
     def claims(self) -> Claims:
-        from gpuq.spool.claims import Claims
-
         return Claims(self.layout, self.files)
 
-    @_part
+    @cached_property
     def control(self) -> ControlRequests:
-        from gpuq.spool.control import ControlRequests
-
         return ControlRequests(self.layout, self.files)
 
-    @_part
+    @cached_property
     def workers(self) -> WorkerRegistry:
-        from gpuq.spool.workers import WorkerRegistry
-
         return WorkerRegistry(self.layout, self.files)
 
-    @_part
+    @cached_property
     def logs(self) -> Logs:
-        from gpuq.spool.logs import Logs
-
         return Logs(self.layout)
 
-    @_part
+    @cached_property
     def reports(self) -> Reports:
-        from gpuq.spool.reports import Reports
-
         return Reports(self.layout, self.files)
 
-    @_part
+    @cached_property
     def cache(self) -> Caches:
         return Caches(self.layout, self.files)
 
-    @_part
-    def dropbox(self) -> Dropbox:
-        from gpuq.spool.dropbox import Dropbox
+    @cached_property
+    def finished(self) -> FinishedIndex:
+        """The index of finished jobs (cache/finished-jobs)."""
+        return FinishedIndex(self.layout, self.files, self.jobs, self.kept)
 
+    @cached_property
+    def dropbox(self) -> Dropbox:
         return Dropbox(self.layout, self.files)
 
-    @_part
+    @cached_property
     def imports(self) -> ImportRecords:
-        from gpuq.spool.imports import ImportRecords
-
         return ImportRecords(self.layout, self.files)
 
-    @_part
+    @cached_property
     def snapshots(self) -> Snapshots:
-        from gpuq.spool.snapshots import Snapshots
-
         return Snapshots(self.layout, self.files)
 
-    @_part
+    @cached_property
     def kept(self) -> KeptRuns:
-        from gpuq.spool.kept import KeptRuns
-
         return KeptRuns(self.layout)
 
     def ensure(self) -> Spool:
@@ -177,17 +124,15 @@ class Spool:
     def adopt_lock(self) -> AbstractContextManager[None]:
         """Held by `gpuq adopt` from "is this process tracked yet?" to publishing it, so two
         adopters of one process cannot both create a job."""
-        from gpuq.spool import mutex  # contextlib (with functools, collections): not for status or add
-
         return mutex.held(self.layout, "adopt")
 
     def network_filesystem(self) -> Optional[str]:
         """The network filesystem the spool is on (`nfs4`, `lustre`...), or None (local, or unknown)."""
-        return _network_filesystem(self.home)
+        return network_filesystem(self.home)
 
     def disk_space(self) -> tuple[int, int]:
         """(total, free) bytes of the filesystem the spool lives on."""
-        return _disk_space(self.home)
+        return disk_space(self.home)
 
     def delete_outputs(self, job_id: int) -> int:
         """A job's log, progress file, samples and GPU record (`gpuq clear`); the bytes that frees."""

@@ -11,20 +11,15 @@ import errno
 import os
 import stat
 import time
+from typing import Callable, Optional, TypeVar, Union
 
 from gpuq.core.schema import InvalidJob
 from gpuq.spool.errors import SpoolFull
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil, procs, security
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Callable, Optional, TypeVar
-
-    from gpuq.system.fsutil import StrPath
-
-    T = TypeVar("T")
-    Signature = tuple[int, int, int]  # (inode, mtime_ns, size) of a file: what the finished caches check
+T = TypeVar("T")
+StrPath = Union[str, "os.PathLike[str]"]
 
 STALE_TMP_SECONDS = 600.0
 MIN_FREE_TO_START = 1 << 20  # bytes the spool's filesystem needs before a job is started
@@ -59,17 +54,16 @@ class Files:
         self._counter += 1
         return os.path.join(self.layout.tmp_dir(), f".{kind}-{os.getpid()}-{self._counter}-{os.urandom(4).hex()}")
 
-    def _write_tmp(self, data: bytes, kind: str, durable: bool = True) -> tuple[StrPath, Signature]:
-        """A complete file in tmp/ and its signature; SpoolFull (the partial file removed) if there
-        is no room."""
+    def _write_tmp(self, data: bytes, kind: str, durable: bool = True) -> StrPath:
+        """A complete file in tmp/; SpoolFull (the partial file removed) if there is no room."""
         path = self.tmp_path(kind)
         try:
-            st = fsutil.write_new_file(path, data, durable=durable)
+            fsutil.write_new_file(path, data, durable=durable)
         except OSError as exc:
             if exc.errno in security.FULL_ERRNOS:
                 raise SpoolFull(self.layout.home, exc) from None
             raise
-        return path, (st.st_ino, st.st_mtime_ns, st.st_size)
+        return path
 
     # ---- room for a full disk -----------------------------------------------------------------
     def reserve(self, size: int) -> Reservation:
@@ -86,17 +80,15 @@ class Files:
             raise
         return Reservation(path, fd, size)
 
-    def place_into(self, reservation: Reservation, target: StrPath, data: bytes, replace: bool) -> Optional[Signature]:
+    def place_into(self, reservation: Reservation, target: StrPath, data: bytes, replace: bool) -> bool:
         """Write `data` into the reservation's blocks and rename it to `target` (durably); the
-        reservation is used up. The file's signature as written, or None when `data` does not fit
-        in it (the reservation untouched) or the reservation's name is gone from tmp/ (the caller
-        then writes the file the usual way)."""
+        reservation is used up. False when `data` does not fit in it (the reservation untouched)
+        or the reservation's name is gone from tmp/ (the caller then writes the file the usual way)."""
         if reservation.fd < 0 or len(data) > reservation.size:
-            return None
+            return False
         os.pwrite(reservation.fd, data, 0)
         os.ftruncate(reservation.fd, len(data))
         os.fsync(reservation.fd)
-        st = os.fstat(reservation.fd)
         os.close(reservation.fd)
         reservation.fd = -1
         try:
@@ -104,9 +96,9 @@ class Files:
         except FileNotFoundError:
             if not os.path.isdir(os.path.dirname(target)):
                 raise
-            return None  # its name was taken from tmp/ (by an older gpuq's cleaner): written the usual way
+            return False  # its name was taken from tmp/ (by an older gpuq's cleaner): written the usual way
         fsutil.fsync_dir(os.path.dirname(target))
-        return st.st_ino, st.st_mtime_ns, st.st_size
+        return True
 
     def keep_emergency_room(self) -> None:
         """Keep the spool's emergency room (the file `reserve`): full size while the disk has
@@ -146,22 +138,17 @@ class Files:
         already gone."""
         return unlink_quietly(self.layout.top_file("reserve"))
 
-    def replace(
-        self, target: StrPath, data: bytes, kind: str, durable: bool = True, sync_dir: bool = True
-    ) -> Signature:
-        """Atomically make `target` hold `data`, replacing what was there; its signature as written.
+    def replace(self, target: StrPath, data: bytes, kind: str, durable: bool = True, sync_dir: bool = True) -> None:
+        """Atomically make `target` hold `data`, replacing what was there.
         `sync_dir=False` (with `durable`): the file is fsynced, its directory is not, so after a
         power cut `target` holds the new data or the old, whole: for a caller whose other copy,
         synced, carries the change (spool/ids.py)."""
-        tmp, sig = self._write_tmp(data, kind, durable)
-        _rename_or_drop(tmp, target, replace=True)
+        _rename_or_drop(self._write_tmp(data, kind, durable), target, replace=True)
         if durable and sync_dir:
             fsutil.fsync_dir(os.path.dirname(target))
-        return sig
 
-    def place_new(self, target: StrPath, data: bytes, kind: str) -> Signature:
-        """Atomically create `target` with `data`, durably; FileExistsError if it exists. Its
-        signature as written."""
+    def place_new(self, target: StrPath, data: bytes, kind: str) -> None:
+        """Atomically create `target` with `data`, durably; FileExistsError if it exists."""
         try:
             st = fsutil.create_unnamed_first(target, data)
         except OSError as exc:
@@ -169,12 +156,8 @@ class Files:
                 raise SpoolFull(self.layout.home, exc) from None
             raise
         if st is None:  # no unnamed files here: a file in tmp/, renamed without replacing
-            tmp, sig = self._write_tmp(data, kind)
-            _rename_or_drop(tmp, target, replace=False)
-        else:
-            sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+            _rename_or_drop(self._write_tmp(data, kind), target, replace=False)
         fsutil.fsync_dir(os.path.dirname(target))
-        return sig
 
     def clean_tmp(self, now: Optional[float] = None) -> int:
         """Remove tmp files left by writers that died (or that are implausibly old)."""
@@ -284,7 +267,7 @@ def read_small(path: StrPath, cap: int = 1 << 20, mine: bool = False) -> Optiona
         st = os.fstat(fd)
         if mine and st.st_uid != os.geteuid():
             return None
-        first = os.read(fd, min(st.st_size + 1, cap))  # a cache of megabytes: one read, no joining
+        first = os.read(fd, min(st.st_size + 1, cap))
         if len(first) == st.st_size or len(first) == cap:
             return first
         chunks, total = [first], len(first)
@@ -329,11 +312,6 @@ def read_job_file(path: StrPath, cap: int) -> bytes:
     """Read a job file safely: no symlinks, regular, ours, one link, size-capped, checked on the
     open descriptor so it cannot be swapped in between. FileNotFoundError if it vanished;
     InvalidJob (with the reason) for anything refused; other OSErrors are not about the file."""
-    return read_job_file_stat(path, cap)[0]
-
-
-def read_job_file_stat(path: StrPath, cap: int) -> tuple[bytes, os.stat_result]:
-    """read_job_file, and the stat of the descriptor it read (the file's signature as read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO must not hang us
     except FileNotFoundError:
@@ -352,7 +330,7 @@ def read_job_file_stat(path: StrPath, cap: int) -> tuple[bytes, os.stat_result]:
             raise InvalidJob(problem)
         first = os.read(fd, st.st_size + 1)
         if len(first) == st.st_size:  # all the descriptor said, and no more: no read for the end
-            return first, st
+            return first
         chunks, total = [first], len(first)
         while total <= cap:
             chunk = os.read(fd, 65536)
@@ -362,13 +340,13 @@ def read_job_file_stat(path: StrPath, cap: int) -> tuple[bytes, os.stat_result]:
             total += len(chunk)
         if total > cap:
             raise InvalidJob(f"grew past the limit of {cap} bytes")
-        return b"".join(chunks), st
+        return b"".join(chunks)
     finally:
         os.close(fd)
 
 
 class Caches:
-    """The files of cache/ (spool/cache/ says what they hold)."""
+    """Files of cache/ other than the finished index: git's last answer for a work tree."""
 
     def __init__(self, layout: Layout, files: Files):
         self.layout, self.files = layout, files
@@ -380,7 +358,3 @@ class Caches:
     def write(self, name: str, data: bytes) -> None:
         """Replace cache/NAME atomically. Not fsynced: a cache lost in a power cut is rebuilt."""
         self.files.replace(self.layout.cache_path(name), data, "cache", durable=False)
-
-    def remove(self, name: str) -> None:
-        """Drop cache/NAME if it is there (one an older gpuq wrote and this one no longer reads)."""
-        unlink_quietly(self.layout.cache_path(name))

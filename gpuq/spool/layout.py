@@ -3,70 +3,35 @@
 Every other part of gpuq.spool asks a Layout for its paths; nothing outside gpuq.spool builds one.
 spool_layout.md (section 1, "The tree") is the contract this module implements.
 
-Paths are plain strings (os.path), not pathlib.Path: importing pathlib (with urllib.parse and
-ipaddress) cost `gpuq status` and `gpuq add` more than the rest of the spool (bench/PROFILE.md).
+Paths are plain strings (os.path).
 """
 
 from __future__ import annotations
 
 import os
-from itertools import repeat
-from operator import getitem
+import re
+from pathlib import Path
+from typing import Optional, Union
 
-from gpuq.core.lazyre import lazy
 from gpuq.core.states import REJECTED, STATES
 from gpuq.spool.errors import SpoolError
 from gpuq.system import security
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from pathlib import Path
-    from typing import Optional
-
 # gpuq's own directories beside the states (see spool_layout.md for what each holds).
 INTERNAL = ("tmp", "locks", "logs", "workers", "control", "progress", "cache", "imports", "snapshots")
-PLAIN_NAME_RE = lazy(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.json$")  # a dropped file gpuq takes in
-INTAKE_RE = lazy(r"^\.intake-(\d{6,})-(.+)$")  # a dropped file being taken in, with its new id
-JOB_NAME_RE = lazy(r"^(\d{6,})-[A-Za-z0-9._-]*\.json$")  # what is_job_name tests, for listings of thousands
-_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
-_NAME_BYTES = "".join(sorted(_NAME_CHARS)).encode()
+PLAIN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.json$")  # a dropped file gpuq takes in
+INTAKE_RE = re.compile(r"^\.intake-(\d{6,})-(.+)$")  # a dropped file being taken in, with its new id
+JOB_NAME_RE = re.compile(r"^(\d{6,})-[A-Za-z0-9._-]*\.json$")  # a published job file's name
 
 
 def is_job_name(name: str) -> bool:
-    """A published job file's name: `^(\\d{6,})-[A-Za-z0-9._-]*\\.json$` (the id ends at the first
-    "-"). Tested with str methods rather than a pattern: `gpuq status` and `gpuq add` list names
-    at every start, and importing `re` alone costs them about 8 ms (bench/PROFILE.md)."""
-    dash = name.find("-")
-    if dash < 6 or not name[:dash].isdecimal():  # isdecimal: the Unicode digits \d matches
-        return False
-    if name.endswith(".json\n"):  # `$` also matches before a final newline
-        name = name[:-1]
-    return name.endswith(".json") and _NAME_CHARS.issuperset(name[dash + 1 : -5])
+    """A published job file's name (the id ends at the first "-")."""
+    return JOB_NAME_RE.match(name) is not None
 
 
 def job_names(entries: list[str]) -> list[str]:
-    """The entries that are job names (is_job_name), in listing order. A listing of finished jobs
-    holds thousands of names, nearly always all valid: that case is decided by C loops over the
-    whole list (one `bytes.translate` of the joined names for the charset, then `map` of str methods), about 0.2 us a
-    name against 1 us for is_job_name called per name; any other listing is tested name by name,
-    so the answer is is_job_name's either way."""
-    if not _all_job_names(entries):
-        return list(filter(is_job_name, entries))
-    return entries
-
-
-def _all_job_names(entries: list[str]) -> bool:
-    if not entries:
-        return True
-    # Every character a name may hold (a digit of the id, or the rest's charset), every name ending
-    # in ".json", and every id six digits or more: the three parts of is_job_name, for all at once.
-    joined = "".join(entries)
-    if not joined.isascii() or joined.encode().translate(None, _NAME_BYTES):  # a byte outside the charset
-        return False
-    if not all(map(str.endswith, entries, repeat(".json"))):
-        return False
-    dashes = list(map(str.find, entries, repeat("-")))
-    return min(dashes) >= 6 and all(map(str.isdecimal, map(getitem, entries, map(slice, dashes))))
+    """The entries that are job names, in listing order."""
+    return list(filter(JOB_NAME_RE.match, entries))
 
 
 def default_home() -> str:
@@ -76,7 +41,7 @@ def default_home() -> str:
 class Layout:
     """The paths of one spool. Building a path touches nothing; `ensure()` creates the tree."""
 
-    def __init__(self, home: Optional[str | os.PathLike[str]] = None):
+    def __init__(self, home: Optional[Union[str, os.PathLike[str]]] = None):
         self.home = os.path.abspath(home) if home is not None else default_home()
 
     def ensure(self) -> bool:
@@ -173,7 +138,7 @@ LEGACY_DB_NAME = "gpuq.db"
 LEGACY_JSON_NAME = "queue.json"
 
 
-def find_legacy(home: str | os.PathLike[str]) -> Optional[Path]:
+def find_legacy(home: Union[str, os.PathLike[str]]) -> Optional[Path]:
     """The file an import would take from `home`: `gpuq.db` first, then `queue.json`.
 
     `.bak` files are never returned: they are what an import (the original's own migration
@@ -182,7 +147,5 @@ def find_legacy(home: str | os.PathLike[str]) -> Optional[Path]:
     for name in (LEGACY_DB_NAME, LEGACY_JSON_NAME):
         path = os.path.join(home, name)
         if os.path.isfile(path):
-            from pathlib import Path  # only then: `gpuq status` finds none and does not import pathlib
-
             return Path(path)
     return None

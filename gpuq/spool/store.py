@@ -8,43 +8,27 @@ job's file holds the job's claim (spool/claims.py); this module does not check t
 
 from __future__ import annotations
 
+import json
 import os
-from itertools import repeat
-from operator import attrgetter, getitem, itemgetter
+from typing import Any, Iterator, NamedTuple, Optional
 
-from gpuq.core import jsontext, schema
+from gpuq.core import schema
 from gpuq.core.job import Job
-from gpuq.core.states import FINISHED, PENDING, RUNNING, STATES
-from gpuq.spool.files import Files, Reservation, read_job_file, read_job_file_stat, unlink_quietly
-from gpuq.spool.layout import JOB_NAME_RE, Layout, is_job_name, job_names
+from gpuq.core.states import PENDING, RUNNING, STATES
+from gpuq.spool.files import Files, Reservation, read_job_file, unlink_quietly
+from gpuq.spool.layout import Layout, is_job_name, job_names
 from gpuq.system import fsutil
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Iterator, Optional
-
 MAX_JOB_BYTES = 1 << 20
-MANY_NAMES = 20_000  # from here a listing is filtered by JOB_NAME_RE (importing `re` costs about 8 ms once)
 RACY_SECONDS = 0.1  # see JobStore.racy
 
 
-class JobRef(tuple):
-    """A job file: its id (int), state (its directory) and file name. A named tuple written out:
-    collections.namedtuple would import collections on every start (bench/PROFILE.md)."""
+class JobRef(NamedTuple):
+    """A job file: its id, state (its directory) and file name."""
 
-    __slots__ = ()
-    id = property(itemgetter(0))
-    state = property(itemgetter(1))
-    name = property(itemgetter(2))
-
-    def __new__(cls, id: int, state: str, name: str) -> JobRef:  # noqa: A002 - the field's name
-        return tuple.__new__(cls, (id, state, name))
-
-    def __getnewargs__(self) -> tuple:
-        return tuple(self)
-
-    def __repr__(self) -> str:
-        return f"JobRef(id={self[0]!r}, state={self[1]!r}, name={self[2]!r})"
+    id: int
+    state: str
+    name: str
 
 
 class JobStore:
@@ -58,26 +42,12 @@ class JobStore:
             entries = os.listdir(self.layout.state_dir(state))
         except FileNotFoundError:
             return []
-        if len(entries) > MANY_NAMES:  # the pattern's C match: faster still, once `re` is imported
-            return sorted(filter(JOB_NAME_RE.match, entries))
-        return sorted(job_names(entries))
-
-    def listed(self, state: str) -> tuple[list[str], list[int]]:
-        """The job file names of a state directory and their ids, in id order (a name sorts as its
-        id until ids pass six digits)."""
-        names = self.names(state)
-        # int(name[: name.find("-")]) for each name, in C loops (thousands of names in done/)
-        ids = list(map(int, map(getitem, names, map(slice, map(str.find, names, repeat("-"))))))
-        if ids != sorted(ids):
-            pairs = sorted(zip(ids, names))
-            ids, names = [i for i, _n in pairs], [n for _i, n in pairs]
-        return names, ids
+        return sorted(job_names(entries), key=_id_order)
 
     def refs(self, states: tuple[str, ...] = STATES) -> Iterator[JobRef]:
-        new = tuple.__new__  # JobRef(...) calls its Python-level __new__: ms per 10,000 jobs
         for state in states:
-            for name in self.names(state):  # names() passed is_job_name: the id ends at the first "-"
-                yield new(JobRef, (int(name[: name.index("-")]), state, name))
+            for name in self.names(state):
+                yield JobRef(int(name[: name.index("-")]), state, name)
 
     def index(self) -> dict[int, list[JobRef]]:
         """id -> every copy of that job in the tree (more than one only after a crash mid-move)."""
@@ -132,30 +102,6 @@ class JobStore:
             return None
         return st.st_ino, st.st_mtime_ns, st.st_mtime
 
-    def file_signatures(self, state: str, names: list[str]) -> dict[str, tuple[int, int, int]]:
-        """name -> (inode, mtime_ns, size) of job files in `state`; vanished ones are left out."""
-        return {n: sig for n, sig in zip(names, self.signatures_in_order(state, names)) if sig is not None}
-
-    def signatures_in_order(self, state: str, names: list[str]) -> list[Optional[tuple[int, int, int]]]:
-        """(inode, mtime_ns, size) of each of `names` in `state`, None for one that vanished."""
-        from functools import partial  # only `status -a` comes here: not on every start-up
-
-        try:
-            fd = os.open(self.layout.state_dir(state), os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
-            return [None] * len(names)
-        try:  # relative to the directory's descriptor: 100,000 paths not joined
-            try:
-                stats = list(map(partial(os.stat, dir_fd=fd, follow_symlinks=False), names))
-            except FileNotFoundError:  # one vanished since the listing: one by one
-                stats = list(map(partial(_stat_or_none, fd), names))
-        finally:
-            os.close(fd)
-        signature = attrgetter("st_ino", "st_mtime_ns", "st_size")
-        if None not in stats:
-            return list(map(signature, stats))
-        return [None if st is None else signature(st) for st in stats]
-
     # ---- reading ------------------------------------------------------------------------------
     def read_bytes(self, state: str, name: str) -> bytes:
         """A file of a state directory, read safely (see files.read_job_file)."""
@@ -165,18 +111,6 @@ class JobStore:
         """A valid job for `ref`; schema.InvalidJob or FileNotFoundError otherwise."""
         obj = schema.parse_bytes(self.read_bytes(ref.state, ref.name))
         return schema.validate(obj, expected_id=ref.id)
-
-    def load_shown(
-        self, state: str, name: str, job_id: int, fields: tuple[str, ...]
-    ) -> tuple[dict[str, Any], tuple[int, int, int]]:
-        """Only `fields` of a job file (and its version and id) checked (core/shown.py): what a row
-        of `gpuq status -a` shows; and the file's (inode, mtime_ns, size) as read.
-        schema.InvalidJob or FileNotFoundError otherwise."""
-        from gpuq.core.shown import load_shown  # only `status -a` reads files this way
-
-        path = f"{self.layout.home}/{state}/{name}"  # a string: pathlib per file is slow here
-        data, st = read_job_file_stat(path, MAX_JOB_BYTES)
-        return load_shown(data, job_id, fields), (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def load_many(self, state: str) -> list[tuple[JobRef, Job]]:
         """Every valid job of a state directory; vanished or invalid files are skipped."""
@@ -210,9 +144,7 @@ class JobStore:
         """Publish a new job file; once this returns it survives a power cut. FileExistsError if
         that name is taken."""
         name, data = schema.filename(job.id, job.name), encode(job)
-        written = self.files.place_new(self.layout.job_path(state, name), data, "job")
-        if state in FINISHED:
-            self._journal(state, name, data, written)
+        self.files.place_new(self.layout.job_path(state, name), data, "job")
         return JobRef(job.id, state, name)
 
     def move(
@@ -238,24 +170,15 @@ class JobStore:
         name = schema.filename(new.id, new.name)
         in_place = state == ref.state and name == ref.name  # else a new file, then the old one goes
         target = self.layout.job_path(state, name)
-        written = self.files.place_into(reservation, target, data, in_place) if reservation is not None else None
-        if written is None:
+        placed = reservation is not None and self.files.place_into(reservation, target, data, in_place) is not None
+        if not placed:
             if in_place:  # replaces our own file, by design
-                written = self.files.with_room(lambda: self.files.replace(target, data, "job"))
+                self.files.with_room(lambda: self.files.replace(target, data, "job"))
             else:
-                written = self.files.with_room(lambda: self.files.place_new(target, data, "job"))
+                self.files.with_room(lambda: self.files.place_new(target, data, "job"))
         if not in_place and not keep_old:
             self.remove(ref)  # a recovery scan may have removed the old copy already
-        if state in FINISHED:  # after the move is whole: whoever waits for the job's end sees it first
-            self._journal(state, name, data, written)
         return (ref, new) if in_place else (JobRef(new.id, state, name), new)
-
-    def _journal(self, state: str, name: str, data: bytes, written: tuple[int, int, int]) -> None:
-        """The row `gpuq status -a` shows for a file just written in a finished state, appended to
-        cache/finished-journal so that the first `status -a` need not read the file (spool/cache/journal.py)."""
-        from gpuq.spool.cache.journal import append  # only where a job finishes: `add` and `status` never need it
-
-        append(self.layout, state, name, data, written)
 
     def rewrite(self, ref: JobRef, job: Job, reservation: Optional[Reservation] = None, **changes: Any) -> Job:
         """A new version of a job in its current state (never an edit of the published file)."""
@@ -294,17 +217,14 @@ class JobStore:
         return newer
 
 
-def _stat_or_none(directory_fd: int, name: str) -> Optional[os.stat_result]:
-    try:
-        return os.stat(name, dir_fd=directory_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-
-
 def encode(job: dict[str, Any]) -> bytes:
     try:
-        return (jsontext.dumps(job, indent=2, ensure_ascii=False) + "\n").encode()
+        return (json.dumps(job, indent=2, ensure_ascii=False) + "\n").encode()
     except UnicodeEncodeError:
         # an argument or variable holding bytes that are not UTF-8 (kept by Python as \udcXX):
         # \u escapes keep them exactly, in a file that is still valid UTF-8
-        return (jsontext.dumps(job, indent=2, ensure_ascii=True) + "\n").encode()
+        return (json.dumps(job, indent=2, ensure_ascii=True) + "\n").encode()
+
+
+def _id_order(name: str) -> tuple[int, str]:
+    return int(name[: name.index("-")]), name

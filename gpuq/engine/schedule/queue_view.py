@@ -1,10 +1,10 @@
-"""The worker's view of the queue, kept from one step to the next (issue 15).
+"""The worker's view of the queue, kept from one step to the next.
 
 Reading the whole queue at every step cost O(pending) per job started: a listing of every state
 (done/ included) and a stat of every pending file to validate its parse. A busy worker is woken by
 file events that name the files that changed, so the view rereads only those: the step costs what
 changed, not what waits. It takes a full look (engine/schedule/queue_read.py's parse cache, the finished states
-from engine/views/finished_index.py) whenever it cannot be sure the events told it everything:
+from the spool's index of finished jobs) whenever it cannot be sure the events told it everything:
 
 - at the first step, and whenever the loop has no working observer (`watching(False)`), which is
   also the case of a test that calls `Worker.step()` one step at a time: every step is then a full
@@ -32,7 +32,6 @@ from gpuq.core import schema
 from gpuq.core.states import ACTIVE, FINISHED, PENDING, RUNNING, STATES
 from gpuq.engine.schedule.queue_read import PendingCache, later
 from gpuq.engine.schedule.scheduler import QueueState, queue_key
-from gpuq.engine.views.finished_index import finished as finished_listing
 from gpuq.spool import JobRef, Spool
 from gpuq.spool.layout import INTAKE_RE, is_job_name
 
@@ -131,9 +130,7 @@ class QueueView:
         self._named = set()  # what the hints name happened before the listing below, which sees it
         self._doubt, self.full_at = False, now
         cache = self.cache
-        cache.begin(spool)
-        done = finished_listing(spool)
-        elsewhere = done.states()
+        elsewhere = spool.finished.read().states()
         jobs: dict[str, dict[str, Any]] = {PENDING: {}, RUNNING: {}}
         places: dict[int, set[tuple[str, str]]] = {}
         present = set()

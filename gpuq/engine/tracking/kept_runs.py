@@ -1,53 +1,28 @@
 """The runs `gpuq clear` kept of the jobs it removed (spool/kept.py), as the ETA reads them beside
 the finished jobs that are left: per command, the newest successful run times (the queue's ETA)
-and the newest tails (a running job's, eta.py).
-
-`gpuq status` with jobs waiting asks for them at every call, and the file only grows: so they are
-summed up once per version of the file and kept in cache/kept-runs (marshal data under the file's
-inode, mtime and size), read again only after a clear changed it.
+and the newest tails (a running job's, eta.py). The records come from the finished index, which
+holds them while `kept-runs` is unchanged.
 """
 
 from __future__ import annotations
 
-import marshal
+from typing import Any
 
 from gpuq.core.states import DONE
-from gpuq.engine.views import kept_jobs
 from gpuq.spool import Spool
 
-TYPE_CHECKING = False  # typing only for annotations: `status` with jobs waiting imports this (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any
-
-    Runs = dict[str, list[tuple[int, float]]]  # command key -> (job id, run seconds), newest id first
-    Tails = dict[str, list[tuple[float, float, int]]]  # command key -> (end, tail seconds, job id), newest end first
+Runs = dict[str, list[tuple[int, float]]]  # command key -> (job id, run seconds), newest id first
+Tails = dict[str, list[tuple[float, float, int]]]  # command key -> (end, tail seconds, job id), newest end first
 
 NEWEST = 5  # per command: as many as the ETA takes a median of (run_times.RUNS, eta.TAIL_RUNS)
-CACHE = "kept-runs"
-_FORMAT = 1
 
 
 def summary(spool: Spool, write: bool = True) -> tuple[Runs, Tails]:
     """(run times, tails) of the kept records, per command key; ({}, {}) when nothing was cleared.
-    `write=False`: no cache made (a look that writes nothing, `gpuq add --dry-run`)."""
-    signature = spool.kept.signature()
-    if signature is None:
+    `write=False`: the index is not rewritten (a look that writes nothing, `gpuq add --dry-run`)."""
+    if spool.kept.signature() is None:
         return {}, {}
-    stamp = (_FORMAT, marshal.version, signature)
-    data = spool.cache.read(CACHE)
-    try:
-        cached = marshal.loads(data) if data else None
-    except (EOFError, ValueError, TypeError):
-        cached = None  # damaged: made again
-    if type(cached) is tuple and len(cached) == 3 and cached[0] == stamp and _is_summary(cached[1], cached[2]):
-        return cached[1], cached[2]
-    runs, tails = summarise(spool.kept.read())
-    if write and kept_jobs.room_for_caches(spool):
-        try:
-            spool.cache.write(CACHE, marshal.dumps((stamp, runs, tails)))
-        except OSError:
-            pass  # a read-only or full spool: summed up every time
-    return runs, tails
+    return summarise(spool.finished.read(write).kept)
 
 
 def summarise(records: list[tuple[Any, ...]]) -> tuple[Runs, Tails]:
@@ -66,18 +41,3 @@ def summarise(records: list[tuple[Any, ...]]) -> tuple[Runs, Tails]:
     for key, found in tails.items():
         tails[key] = sorted(found, reverse=True)[:NEWEST]
     return {key: found for key, found in runs.items() if found}, tails
-
-
-def _is_summary(runs: Any, tails: Any) -> bool:
-    return (
-        type(runs) is dict
-        and type(tails) is dict
-        and all(
-            type(k) is str and type(v) is list and all(type(x) is tuple and len(x) == 2 for x in v)
-            for k, v in runs.items()
-        )
-        and all(
-            type(k) is str and type(v) is list and all(type(x) is tuple and len(x) == 3 for x in v)
-            for k, v in tails.items()
-        )
-    )

@@ -12,7 +12,7 @@ from gpuq.engine.schedule import scheduler
 from gpuq.engine.tracking import eta
 
 # the run times of earlier runs live in run_times.py; their names stay reachable from here
-from gpuq.engine.tracking.run_times import RUNS, RUNS_CACHE, durations_read_only, past_durations  # noqa: F401
+from gpuq.engine.tracking.run_times import RUNS, durations_read_only, past_durations  # noqa: F401
 from gpuq.spool import Spool
 
 TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)

@@ -2,10 +2,10 @@
 
 Pure functions over `JobRecord`s, or over `(state, job)` pairs (the state being the job's
 directory); no spool access, so the caller decides which jobs to read. A finished job's record
-comes from its row of the finished-jobs cache (`row_records`: its command key and its runs as
-data, kept since it finished, so that a history of 10,000 jobs opens no job file), another job's
-from its file (`record_of`); the rules are the same for both (spool/cache/runs.py, where the rows
-are made). engine/views/finished_index.py's `history_records` reads them from the spool.
+comes from its row in the index of finished jobs (`row_records`: its command key and its runs as
+data, so that a history of 10,000 jobs opens no job file), another job's from its file
+(`record_of`); the rules are the same for both (spool/cache/runs.py).
+engine/views/finished_index.py's `history_records` reads them from the spool.
 
 Counting rules:
 - A run is one entry of a job's `history` (one attempt) with a known start and end, so a job
@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from statistics import median
+from typing import Any, Iterable, NamedTuple, Optional, Union
 
+from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED
-from gpuq.core.times import datetime, timezone
 from gpuq.spool.cache.runs import facts, gpus_held, parse_time, preemption_times, read_keys, read_pasts
-
-TYPE_CHECKING = False  # typing only for annotations: every `gpuq history` would import it (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Iterable, Optional, Union
 
 __all__ = ["gpus_held", "preemption_times"]  # the rules, from where the finished rows are made
 
@@ -40,53 +40,25 @@ GROUP_KEYS = ("dir", "script", "day", "sweep")
 FAILED_OUTCOMES = (FAILED, PENDING)
 SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".zsh", ".jl", ".r", ".lua", ".pl", ".rb", ".js", ".ts")
 
-JobPair = tuple[str, dict]
+JobPair = tuple[str, Job]
 
 
-class _Plain:
-    """Equality and repr by the fields in __slots__: what a dataclass would give, without the
-    `dataclasses` module (with `inspect`, about 11 ms of every `gpuq history`)."""
+@dataclass(frozen=True)
+class PastRun:
+    """One attempt of one job, from its start to its end (epoch seconds)."""
 
-    __slots__: tuple[str, ...] = ()
-
-    def _fields(self) -> tuple:
-        return tuple(getattr(self, name) for name in self.__slots__)
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self._fields() == other._fields()  # type: ignore[attr-defined]
-
-    def __repr__(self) -> str:
-        shown = (f"{name}={getattr(self, name)!r}" for name in self.__slots__ if not name.startswith("_"))
-        return f"{type(self).__name__}({', '.join(shown)})"
-
-
-class PastRun(_Plain):
-    """One attempt of one job, from its start to its end (epoch seconds). Read-only by convention."""
-
-    __slots__ = ("job_id", "name", "cwd", "script", "attempt", "start", "end", "outcome")
-    __slots__ += ("gpus", "gpu_count", "sweep", "adopted")
-
-    def __init__(
-        self,
-        job_id: int,
-        name: str,
-        cwd: str,
-        script: str,
-        attempt: Optional[int],
-        start: float,
-        end: float,
-        outcome: str,
-        gpus: tuple[str, ...],  # GPU indices held, as strings; () when unknown or none
-        gpu_count: int,
-        sweep: Optional[Union[int, str]],  # the sweep id, or None
-        adopted: bool = False,  # start/end known only roughly (see the module docstring)
-    ) -> None:
-        self.job_id, self.name, self.cwd, self.script, self.attempt = job_id, name, cwd, script, attempt
-        self.start, self.end, self.outcome, self.gpus, self.gpu_count = start, end, outcome, gpus, gpu_count
-        self.sweep, self.adopted = sweep, adopted
-
-    def __hash__(self) -> int:
-        return hash(self._fields())
+    job_id: int
+    name: str
+    cwd: str
+    script: str
+    attempt: Optional[int]
+    start: float
+    end: float
+    outcome: str
+    gpus: tuple[str, ...]  # GPU indices held, as strings; () when unknown or none
+    gpu_count: int
+    sweep: Optional[Union[int, str]]  # the sweep id, or None
+    adopted: bool = False  # start/end known only roughly (see the module docstring)
 
     @property
     def seconds(self) -> float:
@@ -104,52 +76,42 @@ class PastRun(_Plain):
         return ("cpu",) if self.gpu_count == 0 else ("machine",)
 
 
-class JobRecord:
+class JobRecord(NamedTuple):
     """What history reads of one job: who it is, and its runs and preemptions as data
     (spool/cache/runs.py: `attempts` are [attempt, start, end, outcome, GPUs, GPU count])."""
 
-    __slots__ = ("job_id", "name", "cwd", "script", "sweep", "adopted", "attempts", "preempted")
+    job_id: int
+    name: str
+    cwd: str
+    script: str
+    sweep: Any
+    adopted: bool
+    attempts: list
+    preempted: list
 
-    def __init__(
-        self, job_id: int, name: str, cwd: str, script: str, sweep: Any, adopted: bool, attempts: list, preempted: list
-    ) -> None:
-        self.job_id, self.name, self.cwd, self.script = job_id, name, cwd, script
-        self.sweep, self.adopted, self.attempts, self.preempted = sweep, adopted, attempts, preempted
 
-
-class Group(_Plain):
+@dataclass
+class Group:
     """Totals of one group of runs. `preempted` counts preemption records, not runs."""
 
-    __slots__ = (
-        "key",  # cwd, script, "YYYY-MM-DD" (local) or sweep id; None: not in a sweep
-        "runs", "jobs", "done",
-        "failed",  # failed attempts, including ones that were retried
-        "cancelled", "interrupted", "preempted",
-        "adopted",  # runs whose times are approximate
-        "gpu_hours", "median_seconds",
-        "first",  # earliest start of its runs (epoch seconds)
-        "last",  # latest end of its runs
-        "gpu_use",  # what its jobs' GPUs did (engine/tracking/gpuuse.summary), once the caller adds it
-        "_seconds", "_job_ids",
-    )  # fmt: skip
-
-    def __init__(self, key: Union[int, str, None]) -> None:
-        self.key = key
-        self.runs = self.jobs = self.done = self.failed = self.cancelled = self.interrupted = 0
-        self.preempted = self.adopted = 0
-        self.gpu_hours = 0.0
-        self.median_seconds: Optional[float] = None
-        self.first: Optional[float] = None
-        self.last: Optional[float] = None
-        self._seconds: list[float] = []
-        self._job_ids: set[int] = set()
-        self.gpu_use: Optional[dict[str, Any]] = None
-
-
-def median(values: list[float]) -> float:
-    """statistics.median, without importing `statistics` (with `fractions` and `decimal`, 6 ms)."""
-    ordered, mid = sorted(values), len(values) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    key: Union[int, str, None]  # cwd, script, "YYYY-MM-DD" (local) or sweep id; None: not in a sweep
+    runs: int = 0
+    jobs: int = 0
+    done: int = 0
+    failed: int = 0  # failed attempts, including ones that were retried
+    cancelled: int = 0
+    interrupted: int = 0
+    preempted: int = 0
+    adopted: int = 0  # runs whose times are approximate
+    gpu_hours: float = 0.0
+    median_seconds: Optional[float] = None
+    first: Optional[float] = None  # earliest start of its runs (epoch seconds)
+    last: Optional[float] = None  # latest end of its runs
+    gpu_use: Optional[dict[str, Any]] = (
+        None  # what its jobs' GPUs did (engine/tracking/gpuuse.summary), once the caller adds it
+    )
+    _seconds: list[float] = field(default_factory=list, repr=False)
+    _job_ids: set[int] = field(default_factory=set, repr=False)
 
 
 SINCE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -186,29 +148,17 @@ def script_of(cmd: Any) -> str:
     return os.path.basename(cmd[0]) or cmd[0]
 
 
-def record_of(state: str, job: dict) -> JobRecord:
+def record_of(state: str, job: Job) -> JobRecord:
     """A job file's record (`state`: its directory)."""
-    job_id = job.get("id")
-    job_id = job_id if isinstance(job_id, int) and not isinstance(job_id, bool) else -1
-    name = job.get("name")
-    cwd = job.get("cwd")
-    sweep, adopted, attempts, preempted = facts(state, job)
-    name = name if isinstance(name, str) else str(job_id)
-    return JobRecord(
-        job_id,
-        name,
-        cwd if isinstance(cwd, str) else "?",
-        script_of(job.get("cmd")),
-        sweep,
-        adopted,
-        attempts,
-        preempted,
-    )
+    job_id = job.id if isinstance(job.id, int) and not isinstance(job.id, bool) else -1
+    name = job.name if isinstance(job.name, str) else str(job_id)
+    cwd = job.cwd if isinstance(job.cwd, str) else "?"
+    return JobRecord(job_id, name, cwd, script_of(job.cmd), *facts(state, job))
 
 
 def row_records(ids: Iterable[int], rows: Iterable[tuple]) -> list[JobRecord]:
-    """The records of finished jobs from their ids and rows (spool/cache/journal.py's ROW, whole:
-    engine/views/finished_index.py's whole_rows); a file that is not a valid job has none."""
+    """The records of finished jobs from their ids and rows (spool/cache/index.py's ROW); a file
+    that is not a valid job has none."""
     valid = [(job_id, row) for job_id, row in zip(ids, rows) if row[6]]  # ROW's past: "" for no job
     return _records_of([(job_id, row[0], row[4], row[6]) for job_id, row in valid])
 
@@ -242,10 +192,8 @@ def _record_runs(record: JobRecord) -> list[PastRun]:
     ]
 
 
-def job_runs(state: str, job: dict) -> list[PastRun]:
+def job_runs(state: str, job: Job) -> list[PastRun]:
     """The runs of one job, in attempt order."""
-    if not isinstance(job, dict):
-        return []
     return _record_runs(record_of(state, job))
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from itertools import repeat
+from typing import Any, Callable, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
@@ -13,39 +13,23 @@ from gpuq.engine.lifecycle import repairs
 from gpuq.engine.schedule import gpuview, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import gpuuse
-from gpuq.engine.views.finished_index import finished as finished_listing
-from gpuq.engine.views.finished_index import settled_key
-from gpuq.engine.views.kept_jobs import KeptJobs
+from gpuq.spool import JobRef, Spool
+from gpuq.spool.cache.index import Finished, FinishedRows
 from gpuq.spool.files import MIN_FREE_TO_START
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
-
-    from gpuq.engine.tracking import eta
-    from gpuq.engine.views.finished_index import Finished
-    from gpuq.spool import JobRef, Spool
-    from gpuq.spool.cache.finished import FinishedRows
-
-# Imported only when needed (each module is start-up time, bench/PROFILE.md section 1): the ETA
-# machinery (queue_eta, eta, progress, checkpoints) when a job runs or waits, the finished-row
-# cache with `-a`.
 
 RECENT_FINISHED = 10
 LOOKS = 3  # listings taken at most while jobs keep moving under one `gpuq status`
 
 
 class Row:
-    """A plain class, not a dataclass (see scheduler.QueueState)."""
-
     __slots__ = ("job", "state", "wait", "estimate", "gpu_idle")
 
     def __init__(
         self,
-        job: dict[str, Any],
+        job: Job,
         state: str,
         wait: Optional[scheduler.Wait] = None,
-        estimate: Optional[eta.Estimate] = None,  # running and pending rows
+        estimate: Any = None,  # running and pending rows: engine/tracking/eta.py's Estimate
     ) -> None:
         self.job, self.state, self.wait, self.estimate = job, state, wait, estimate
         self.gpu_idle: list[tuple[int, float]] = []  # a running job's GPUs idle too long: (index, seconds)
@@ -58,7 +42,7 @@ class CachedRow:
     __slots__ = ("job", "state", "cells")
     wait = None
     estimate = None
-    gpu_idle: list = []
+    gpu_idle: list[tuple[int, float]] = []
 
     def __init__(self, job_id: int, state: str, cells: tuple) -> None:
         self.job, self.state, self.cells = Job(id=job_id), state, cells
@@ -118,15 +102,14 @@ class Rejected:
 def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str, str], tuple]] = None) -> Status:
     """Every row of the queue. With `damaged` (the CLI's cells of a finished file that is not a
     valid job, from its name and why), such a file is a row saying so, and `show_all` gives the
-    finished rows as data from their cache (spool/cache/finished.py)."""
+    finished rows as data from the index of finished jobs (spool/cache/index.py)."""
     warned_slurm = sync_slurm(spool)
-    kept = KeptJobs(spool)  # the job files the last status read, where they did not change
     for _look in range(LOOKS):
         # a dead job is shown as interrupted as soon as anyone looks; one listing serves it all
         listing, done, done_states = _listing(spool)
         finished_jobs, also_elsewhere = len(done_states), [r.id for r in listing if r.id in done_states]
         vanished: list[JobRef] = []
-        snap, invalid = read_queue(spool, kept, refs=listing, finished=done_states, vanished=vanished)
+        snap, invalid = read_queue(spool, refs=listing, finished=done_states, vanished=vanished)
         if not vanished:
             break  # else a job started or ended between the listing and its read: look again
     # a job with a copy in a later state too (a crash mid-move) is shown in that state
@@ -137,12 +120,10 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     name_the_first_in_line(snap, reasons)
     rows += [Row(j, PENDING, reasons[j.id]) for j in scheduler.queue_order(snap.pending)]
     for state in (HELD, PREEMPTED, INTERRUPTED, SLURM):
-        rows += [Row(j, state) for j in map(kept.load, repeat(spool), spool.jobs.refs((state,))) if type(j) is Job]
+        rows += [Row(job, state) for _ref, job in spool.jobs.load_many(state)]
     view = None
     if show_all and damaged is not None and done.count() > RECENT_FINISHED:
-        from gpuq.spool.cache.finished import finished_rows
-
-        view = finished_rows(spool, done, lambda state: settled_key(spool, done, state))
+        view = done.rows()
         finished: list[JobRef] = []
     elif show_all:
         finished = sorted((r for state in FINISHED for r in done.refs(state)), key=lambda r: r.id)
@@ -153,20 +134,19 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     hidden_failed = _hidden_failed(done, finished, len(moved_on)) if hidden else 0
     for ref in finished:
         try:
-            rows.append(Row(kept.job(ref), ref.state))
+            rows.append(Row(spool.jobs.load(ref), ref.state))
         except FileNotFoundError:
             continue
         except schema.InvalidJob as exc:
             if damaged is not None:
                 rows.append(CachedRow(ref.id, ref.state, damaged(ref.name, str(exc))))
-    rows.sort(key=lambda r: (r.state not in IN_LINE, r.job["id"]))  # held ones in their place in line
+    rows.sort(key=lambda r: (r.state not in IN_LINE, r.job.id))  # held ones in their place in line
     workers = spool.workers.live()
     shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old
     if any(r.state in (RUNNING, PENDING, SLURM) for r in rows):  # else there is nothing to estimate
-        from gpuq.engine.tracking import queue_eta
+        from gpuq.engine.tracking import queue_eta  # the ETA subsystem: only when a job runs or waits
 
         queue_eta.annotate(spool, rows, workers, time.time(), shown, done)  # progress, ETA, when pending ones start
-    kept.save()
     warned = warned_slurm + disk_warnings(spool, snap.running) + _idle_gpus(spool, rows)
     out = Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned, view)
     out.hidden_failed, out.rejected = hidden_failed, unseen_rejected(spool)
@@ -181,10 +161,10 @@ def _idle_gpus(spool: Spool, rows: list[Any]) -> list[str]:
     their supervisors' last samples say: marked on their rows and said in a line each."""
     limit, lines = gpuuse.idle_limit_seconds(), []
     for row in rows:
-        if row.state == RUNNING and row.job.get("gpus"):
-            row.gpu_idle = gpuuse.idle_now(spool.reports.read_gpu_use(row.job["id"]), row.job["attempts"], limit)
+        if row.state == RUNNING and row.job.gpus:
+            row.gpu_idle = gpuuse.idle_now(spool.reports.read_gpu_use(row.job.id), row.job.attempts, limit)
             if row.gpu_idle:
-                lines.append(f"job {row.job['id']} ({row.job['name']}): {gpuuse.idle_text(row.gpu_idle)}")
+                lines.append(f"job {row.job.id} ({row.job.name}): {gpuuse.idle_text(row.gpu_idle)}")
     return lines
 
 
@@ -246,13 +226,13 @@ OTHER_STATES = tuple(s for s in STATES if s not in FINISHED)
 
 
 def _listing(spool: Spool) -> tuple[list[JobRef], Finished, dict[int, str]]:
-    """The tree after the cheap repairs: the refs of the unfinished states, the finished jobs'
-    listing (from its cache while their directories are unchanged) and their states by id."""
+    """The tree after the cheap repairs: the refs of the unfinished states, the finished jobs
+    (from their index) and their states by id."""
     for _attempt in range(2):  # a repair moved files: listed again
         # The unfinished states first: a job that ends between the two listings is then seen in
         # running/ or in done/ (it only moves forward), never in neither.
         listing = list(spool.jobs.refs(OTHER_STATES))
-        done = finished_listing(spool)
+        done = spool.finished.read()
         done_states = done.states()  # handed over to the snapshot, which adds the other states
         report = repairs.reconcile(spool, listing=listing, finished=(done_states, done.count()))
         if not (report.duplicates_removed or report.settled):
@@ -265,7 +245,7 @@ def sync_slurm(spool: Spool) -> list[str]:
     are and record it (engine/lifecycle/slurm_handover.py). A Slurm that cannot be asked is a warning."""
     if not spool.jobs.names(SLURM):
         return []
-    from gpuq.engine.lifecycle import slurm_handover
+    from gpuq.engine.lifecycle import slurm_handover  # the Slurm subsystem: only with jobs handed to it
     from gpuq.system.slurm import SlurmError
 
     try:
@@ -279,7 +259,7 @@ LOW_SPACE_FRACTION = 0.05  # status warns below 5% free on the spool's filesyste
 BIG_LOG_BYTES = 1 << 30  # and when a running job's log passes this (no cap by default)
 
 
-def disk_warnings(spool: Spool, running: list[dict[str, Any]]) -> list[str]:
+def disk_warnings(spool: Spool, running: list[Job]) -> list[str]:
     """A spool filesystem running out of room, a log growing past BIG_LOG_BYTES, and jobs whose
     end waits for room to be recorded."""
     out = []

@@ -1,0 +1,233 @@
+"""cache/finished-jobs: the one index of finished jobs, derived from done/, failed/ and cancelled/
+and from `kept-runs`, rebuildable at any time (spool_layout.md, "Derived data").
+
+It holds one row per finished job file (ROW): what `status -a` shows of it, and what the queue's
+ETA and `gpuq history` read of it. Each state's rows are stamped with its directory's inode and
+mtime, which move whenever a file is added, removed or replaced there: while the stamp holds,
+nothing is listed or read. Otherwise the directory is listed, and only the files the index does
+not hold under the same name and inode are read (a job file is never edited in place: a change is
+a new file); names that went are dropped. A directory changed within SETTLE_SECONDS is not stamped
+(timestamps are coarse: a change in the same tick would leave its mtime as it was), so the next
+reader lists it again. The records of `kept-runs` (what `gpuq clear` kept, primary data) are held
+under that file's inode, mtime and size. The index is rewritten whole (tmp + rename, not fsynced)
+when it changed, if the caller may write and the disk has room; any damage, and it is rebuilt.
+Nothing appends to it when a job moves: the store knows nothing of it.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import time
+from operator import itemgetter
+from typing import Any, NamedTuple, Optional
+
+from gpuq.core import schema
+from gpuq.core.job import Job
+from gpuq.core.states import FINISHED
+from gpuq.core.times import parse_iso
+from gpuq.spool.cache import runs
+from gpuq.spool.files import MIN_FREE_TO_START, Files, free_bytes, read_small, unlink_quietly
+from gpuq.spool.kept import KeptRuns
+from gpuq.spool.layout import Layout, is_job_name
+from gpuq.spool.store import JobRef, JobStore
+
+NAME = "finished-jobs"
+FORMAT = 1
+SETTLE_SECONDS = 2.0
+# What gpuq before this index kept in cache/: removed when the index is written.
+OLD_NAMES = ("finished-journal", "finished-view", "finished-index", "finished-table", "queue-runs")
+OLD_NAMES += ("status-jobs", "kept-runs", "finished-rows")
+
+# A row: the job's name, its script (schema.display_script), whole seconds run (None: unknown) and
+# its end, a tuple of END ("" for an absent string, None for an absent number; `unreadable`: why
+# the file is not a valid job). Then what the ETA and history read (runs.py): the command key,
+# the run time in seconds (None: unknown or adopted) and the past, its runs as a JSON text.
+ROW = ("name", "script", "seconds", "end", "key", "run", "past")
+END = ("exit_code", "signal", "slurm_job", "reason", "code_changed", "note", "priority", "unreadable")
+
+
+def row_of(job: Job, state: str, now: float) -> tuple:
+    """The row of a valid job file in finished `state`; a start without an end counts up to `now`."""
+    start = parse_iso(job.started_at)
+    seconds = None
+    if start is not None:
+        spent = (parse_iso(job.finished_at) or now) - start
+        seconds = int(spent) if spent >= 0 else None
+    slurm = job.slurm
+    end = (
+        job.exit_code,
+        job.signal or "",
+        slurm.get("job_id") if isinstance(slurm, dict) else None,
+        job.reason or "",
+        job.code_changed or "",
+        job.note or "",
+        job.priority,
+        "",
+    )
+    key = runs.command_key(job.cmd, job.cwd)
+    return (
+        job.name,
+        schema.display_script(job.cmd),
+        seconds,
+        end,
+        key,
+        runs.run_seconds(job),
+        runs.past_text(state, job),
+    )
+
+
+def unreadable_row(file_name: str, reason: str) -> tuple:
+    """The row of a finished file that is not a valid job: its name and why."""
+    return file_name, "", None, (None, "", None, "", "", "", None, reason), "", None, ""
+
+
+class Entry(NamedTuple):
+    """One finished state: its directory's stamp (None: list it again), and its files in id order."""
+
+    stamp: Optional[tuple[int, int]]
+    ids: tuple[int, ...]
+    names: tuple[str, ...]
+    inodes: tuple[int, ...]
+    rows: tuple[tuple, ...]
+
+
+EMPTY = Entry(None, (), (), (), ())
+
+
+class FinishedRows:
+    """Every finished row in id order, as columns: what `status -a` prints (cli/render.py)."""
+
+    def __init__(self, entries: dict[str, Entry]) -> None:
+        merged = [(i, s, r) for s in FINISHED for i, r in zip(entries[s].ids, entries[s].rows)]
+        merged.sort(key=itemgetter(0))  # stable: of two copies of a job, the later state's stays after
+        self.ids = [i for i, _s, _r in merged]
+        self.states = [s for _i, s, _r in merged]
+        rows = [r for _i, _s, r in merged]
+        self.columns = tuple(zip(*[r[:4] for r in rows])) if rows else ((), (), (), ())
+        self.keys = [r[4] for r in rows]
+        self.runs = [r[5] for r in rows]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class Finished:
+    """The finished jobs as the index holds them, brought up to date."""
+
+    def __init__(self, entries: dict[str, Entry], kept: list[tuple]) -> None:
+        self.entries, self.kept = entries, kept
+        self.ids = {state: entry.ids for state, entry in entries.items()}
+
+    def count(self) -> int:
+        return sum(len(entry.ids) for entry in self.entries.values())
+
+    def states(self) -> dict[int, str]:
+        """id -> state of every finished job (the later state if a crash left two copies)."""
+        out: dict[int, str] = {}
+        for state in FINISHED:  # in the order of STATES: a later one wins
+            out.update(dict.fromkeys(self.entries[state].ids, state))
+        return out
+
+    def refs(self, state: str) -> list[JobRef]:
+        entry = self.entries[state]
+        return [JobRef(i, state, n) for i, n in zip(entry.ids, entry.names)]
+
+    def newest(self, limit: int) -> list[JobRef]:
+        """The `limit` finished jobs with the highest ids, in id order."""
+        found = [JobRef(i, s, n) for s, e in self.entries.items() for i, n in zip(e.ids[-limit:], e.names[-limit:])]
+        found.sort(key=lambda ref: ref.id)
+        return found[-limit:]
+
+    def rows(self) -> FinishedRows:
+        return FinishedRows(self.entries)
+
+
+class FinishedIndex:
+    """Reads and keeps cache/finished-jobs (`spool.finished`)."""
+
+    def __init__(self, layout: Layout, files: Files, jobs: JobStore, kept: KeptRuns) -> None:
+        self.layout, self.files, self.jobs, self.kept = layout, files, jobs, kept
+
+    def read(self, write: bool = True) -> Finished:
+        """The index as the directories are now. `write=False`: nothing is written (a look that
+        leaves no trace, `gpuq add --dry-run`)."""
+        stored, kept_stamp, kept = self._load()
+        entries, changed, now = {}, False, time.time()
+        for state in FINISHED:
+            old = stored.get(state, EMPTY)
+            try:
+                st = os.stat(self.layout.state_dir(state), follow_symlinks=False)
+            except FileNotFoundError:
+                entries[state], changed = EMPTY, changed or old != EMPTY
+                continue
+            stamp = (st.st_ino, st.st_mtime_ns)
+            if old.stamp == stamp:
+                entries[state] = old
+                continue
+            entries[state] = self._refresh(state, old, stamp if now - st.st_mtime > SETTLE_SECONDS else None, now)
+            changed = changed or entries[state] != old
+        signature = self.kept.signature()
+        if signature != kept_stamp:
+            kept, kept_stamp, changed = self.kept.read(), signature, True
+        if changed and write:
+            self._write(entries, kept_stamp, kept)
+        return Finished(entries, kept)
+
+    def _refresh(self, state: str, old: Entry, stamp: Optional[tuple[int, int]], now: float) -> Entry:
+        """A state's entry for its files now: the rows of files listed under the same name and
+        inode kept, the others read."""
+        try:
+            with os.scandir(self.layout.state_dir(state)) as listing:
+                listed = sorted(
+                    (int(e.name[: e.name.index("-")]), e.name, e.inode()) for e in listing if is_job_name(e.name)
+                )
+        except FileNotFoundError:
+            listed = []
+        if [n for _i, n, _ino in listed] == list(old.names) and [ino for _i, _n, ino in listed] == list(old.inodes):
+            return old._replace(stamp=stamp)
+        known = {name: (inode, row) for name, inode, row in zip(old.names, old.inodes, old.rows)}
+        ids, names, inodes, rows = [], [], [], []
+        for job_id, name, inode in listed:
+            hit = known.get(name)
+            row = hit[1] if hit is not None and hit[0] == inode else self._row(state, job_id, name, now)
+            if row is not None:
+                ids.append(job_id)
+                names.append(name)
+                inodes.append(inode)
+                rows.append(row)
+        return Entry(stamp, tuple(ids), tuple(names), tuple(inodes), tuple(rows))
+
+    def _row(self, state: str, job_id: int, name: str, now: float) -> Optional[tuple]:
+        """The row of one file (None: gone since the listing)."""
+        try:
+            return row_of(self.jobs.load(JobRef(job_id, state, name)), state, now)
+        except FileNotFoundError:
+            return None
+        except schema.InvalidJob as exc:  # shown as what it is: never left out, never a traceback
+            return unreadable_row(name, str(exc))
+
+    def _load(self) -> tuple[dict[str, Entry], Any, list[tuple]]:
+        """(state -> entry, the stamp of the kept records, those records) as last written; empty
+        where the file is missing, damaged or of another format."""
+        data = read_small(self.layout.cache_path(NAME), cap=1 << 34, mine=True)
+        try:
+            form, stored, kept_stamp, kept = marshal.loads(data) if data else (None, None, None, None)
+            if form == FORMAT:
+                entries = {state: Entry(*stored[state]) for state in FINISHED if state in stored}
+                if all(len(e.ids) == len(e.names) == len(e.inodes) == len(e.rows) for e in entries.values()):
+                    return entries, kept_stamp, list(kept)
+        except (EOFError, ValueError, TypeError, KeyError):
+            pass
+        return {}, False, []  # False: no kept-runs signature, so they are read again
+
+    def _write(self, entries: dict[str, Entry], kept_stamp: Any, kept: list[tuple]) -> None:
+        if free_bytes(self.layout.home) < MIN_FREE_TO_START:
+            return  # the disk's last room is for job files (spool_layout.md section 14)
+        data = marshal.dumps((FORMAT, {state: tuple(entry) for state, entry in entries.items()}, kept_stamp, kept))
+        try:
+            self.files.replace(self.layout.cache_path(NAME), data, "cache", durable=False)
+            for name in OLD_NAMES:
+                unlink_quietly(self.layout.cache_path(name))
+        except OSError:
+            pass  # a read-only or full spool reads its files every time
