@@ -18,7 +18,6 @@ from contextlib import AbstractContextManager
 from functools import cached_property
 from typing import Optional, Union
 
-from gpuq.spool import mutex
 from gpuq.spool.cache.index import FinishedIndex
 from gpuq.spool.claims import Claim, Claims
 from gpuq.spool.control import ControlRequests
@@ -30,6 +29,7 @@ from gpuq.spool.imports import ImportRecords
 from gpuq.spool.kept import KeptRuns
 from gpuq.spool.layout import Layout, default_home
 from gpuq.spool.logs import Logs
+from gpuq.spool.mutex import held
 from gpuq.spool.reports import Reports
 from gpuq.spool.snapshots import Snapshots
 from gpuq.spool.store import MAX_JOB_BYTES, JobRef, JobStore
@@ -124,7 +124,7 @@ class Spool:
     def adopt_lock(self) -> AbstractContextManager[None]:
         """Held by `gpuq adopt` from "is this process tracked yet?" to publishing it, so two
         adopters of one process cannot both create a job."""
-        return mutex.held(self.layout, "adopt")
+        return held(self.layout, "adopt")
 
     def network_filesystem(self) -> Optional[str]:
         """The network filesystem the spool is on (`nfs4`, `lustre`...), or None (local, or unknown)."""

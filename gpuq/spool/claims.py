@@ -8,20 +8,15 @@ The kernel drops the flock when its owner dies: liveness is a question to the ke
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
+from typing import Optional
 
-from gpuq.core import jsontext
 from gpuq.spool.errors import SpoolFull
 from gpuq.spool.files import Files, read_small
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil, security
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Optional
-
-    from gpuq.system.fsutil import StrPath
 
 LOCK_NOTE_BYTES = 1024  # within the first block every lock file has
 
@@ -29,7 +24,7 @@ LOCK_NOTE_BYTES = 1024  # within the first block every lock file has
 class Claim:
     """An owned claim lock: the flock lives on `fd` until release() or process death."""
 
-    def __init__(self, job_id: int, fd: int, path: StrPath):
+    def __init__(self, job_id: int, fd: int, path: str):
         self.job_id, self.fd, self.path = job_id, fd, path
 
     def release(self) -> None:
@@ -44,7 +39,7 @@ class Claim:
     def note(self, info: dict) -> None:
         """Write `info` into the lock file itself, in place: the lock file already has its block,
         so this needs no new room (how a job ended, while the disk is too full to record it)."""
-        data = jsontext.dumps(info).encode()[:LOCK_NOTE_BYTES]
+        data = json.dumps(info).encode()[:LOCK_NOTE_BYTES]
         os.pwrite(self.fd, data.ljust(LOCK_NOTE_BYTES), 0)
         os.fsync(self.fd)
 
@@ -65,7 +60,7 @@ class Claims:
         tmp = self.files.tmp_path("claim")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        owner = jsontext.dumps({"pid": os.getpid(), "host": os.uname().nodename, "at": time.time()}).encode()
+        owner = json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "at": time.time()}).encode()
         try:
             if noting:  # padded: its block is then there for a later note, even on a full disk
                 os.write(fd, owner.ljust(LOCK_NOTE_BYTES))
@@ -120,7 +115,7 @@ class Claims:
         """What the claim's owner noted in the lock file (see Claim.note), or None."""
         data = read_small(self.layout.lock_path(job_id), LOCK_NOTE_BYTES)
         try:
-            info = jsontext.loads(data.rstrip(b" \0")) if data else None
+            info = json.loads(data.rstrip(b" \0")) if data else None
         except ValueError:
             return None
         return info if isinstance(info, dict) else None

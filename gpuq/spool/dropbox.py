@@ -8,18 +8,17 @@ crash cannot take it in twice; the job is then published and the hidden file rem
 from __future__ import annotations
 
 import os
+import zlib
+from contextlib import AbstractContextManager
 
 from gpuq.core.states import PENDING
 from gpuq.spool.files import Files, read_small
 from gpuq.spool.layout import INTAKE_RE, Layout, is_job_name
+from gpuq.spool.mutex import turn
 from gpuq.system import fsutil
 
 REASON = ".reason"  # rejected/NAME.reason: why NAME was rejected
 SEEN_STAMP = ".seen"  # rejected/.seen: the rejected files `gpuq rejected` has listed
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
 
 
 class Dropbox:
@@ -29,8 +28,6 @@ class Dropbox:
     def turn(self) -> AbstractContextManager[bool]:
         """True for the one process taking in dropped files right now (others skip their turn),
         so several workers do not race for the same file and waste ids on it."""
-        from gpuq.spool.mutex import turn  # contextlib: not for `gpuq status`, which only lists
-
         return turn(self.layout, "intake")
 
     def dropped(self) -> list[str]:
@@ -120,6 +117,4 @@ def _short_name(name: str, limit: int = 200) -> str:
     raw = os.fsencode(name)
     if len(raw) <= limit:
         return name
-    import hashlib  # rare, and hashlib costs start-up time every command would pay
-
-    return os.fsdecode(raw[: limit - 17]) + "~" + hashlib.sha1(raw).hexdigest()[:16]
+    return os.fsdecode(raw[: limit - 9]) + f"~{zlib.crc32(raw):08x}"

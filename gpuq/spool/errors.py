@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from gpuq.core.errors import GpuqError
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from gpuq.system.fsutil import StrPath
-
 
 class SpoolError(GpuqError):
     """Something in the spool prevents the operation; the message is meant for the user."""
@@ -17,7 +13,7 @@ class SpoolFull(SpoolError, OSError):
     """A write failed for lack of space (disk, quota, file-size limit); the partial file is gone.
     Also an OSError, so code that handles write errors keeps handling this one."""
 
-    def __init__(self, home: StrPath, exc: OSError):
+    def __init__(self, home: str, exc: OSError):
         self.message = f"cannot write to the spool {home}: {exc.strerror}; free some space and try again"
         super().__init__(exc.errno, exc.strerror)
 

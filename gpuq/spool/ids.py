@@ -8,7 +8,6 @@ had the highest ids. Only if both are lost is the counter rebuilt from the ids f
 
 from __future__ import annotations
 
-import _thread
 import fcntl
 import os
 
@@ -18,10 +17,6 @@ from gpuq.spool.files import Files
 from gpuq.spool.layout import INTAKE_RE, Layout
 from gpuq.spool.store import JobStore
 from gpuq.system.security import FULL_ERRNOS
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
 
 
 class IdCounter:
@@ -39,21 +34,18 @@ class IdCounter:
                 next_id = self._highest_in_tree() + 1
             next_id = max(next_id, at_least)
             after = f"{next_id + count}\n".encode()
-            # Both copies are fsynced before the id is given out; the one in ids.lock by a second
-            # thread meanwhile, so that the two fsyncs share a journal commit (bench/PROFILE.md,
-            # "add -> first instruction"). The spool directory is not fsynced for next_id's rename:
-            # ids.lock, written in place and fsynced, holds the counter over a power cut whichever
-            # next_id survives (the larger copy counts); only a new ids.lock needs its name synced.
+            # Both copies are fsynced before the id is given out. The spool directory is not
+            # fsynced for next_id's rename: ids.lock, written in place and fsynced, holds the
+            # counter over a power cut whichever next_id survives (the larger copy counts); only a
+            # new ids.lock needs its name synced.
             new_lock = os.fstat(fd).st_size == 0
-            copying = _meanwhile(_overwrite, os.dup(fd), after)  # its own descriptor, closed when done
             try:
-                self.files.replace(self.layout.top_file("next_id"), after, "id", sync_dir=new_lock)
-            finally:
-                failed = copying()  # waited for also when next_id failed: that error is the one told
-            if isinstance(failed, OSError) and failed.errno in FULL_ERRNOS:
-                raise SpoolFull(self.layout.home, failed) from None
-            if failed is not None:
-                raise failed
+                _overwrite(fd, after)
+            except OSError as exc:
+                if exc.errno in FULL_ERRNOS:
+                    raise SpoolFull(self.layout.home, exc) from None
+                raise
+            self.files.replace(self.layout.top_file("next_id"), after, "id", sync_dir=new_lock)
             return next_id
         finally:
             os.close(fd)
@@ -100,33 +92,6 @@ def _number(data: bytes) -> int:
 
 def _overwrite(fd: int, data: bytes) -> None:
     """The copy in ids.lock: written in place (the file is ours and locked), padded so a longer
-    old number never leaves digits behind. fsynced like next_id: both must survive a power cut.
-    `fd` is closed (a duplicate: the flock stays held by the caller's)."""
-    try:
-        os.pwrite(fd, data.ljust(32), 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _meanwhile(work: Callable[..., None], *args: Any) -> Callable[[], Optional[BaseException]]:
-    """Run `work(*args)` in a thread of its own (`_thread`, built into the interpreter: `threading`
-    is a module to import); the function returned waits for it and returns what it raised."""
-    done, failed = _thread.allocate_lock(), []
-    done.acquire()
-
-    def run() -> None:
-        try:
-            work(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-            failed.append(exc)
-        finally:
-            done.release()
-
-    _thread.start_new_thread(run, ())
-
-    def wait() -> Optional[BaseException]:
-        done.acquire()
-        return failed[0] if failed else None
-
-    return wait
+    old number never leaves digits behind. fsynced like next_id: both must survive a power cut."""
+    os.pwrite(fd, data.ljust(32), 0)
+    os.fsync(fd)

@@ -12,20 +12,14 @@ left: losing it loses that history, so it is written durably, and only `gpuq cle
 from __future__ import annotations
 
 import errno
+import json
 import os
+from typing import Any, Optional
 
-from gpuq.core import jsontext
 from gpuq.spool.errors import SpoolFull
 from gpuq.spool.files import read_small
+from gpuq.spool.layout import Layout
 from gpuq.system import fsutil, security
-
-TYPE_CHECKING = (
-    False  # typing only for annotations: `status` with jobs waiting reads this (tests/test_startup_imports.py)
-)
-if TYPE_CHECKING:
-    from typing import Any, Optional
-
-    from gpuq.spool.layout import Layout
 
 NAME = "kept-runs"
 FORMAT = 1
@@ -50,7 +44,7 @@ class KeptRuns:
         when the file is new). SpoolFull, with nothing of them left in the file, when there is no room."""
         if not records:
             return
-        data = b"".join(jsontext.dumps([FORMAT, *record]).encode() + b"\n" for record in records)
+        data = b"".join(json.dumps([FORMAT, *record]).encode() + b"\n" for record in records)
         path = self.path()
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # read: its last byte
         try:
@@ -79,7 +73,7 @@ class KeptRuns:
         out = []
         for line in data.split(b"\n") if data else ():
             try:
-                value = jsontext.loads(line)
+                value = json.loads(line)
             except ValueError:
                 continue
             if type(value) is list and len(value) == len(RECORD) + 1 and value[0] == FORMAT:

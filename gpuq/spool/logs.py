@@ -8,16 +8,11 @@ adopt`), read but never written by gpuq.
 from __future__ import annotations
 
 import os
+from typing import Any, Optional
 
 from gpuq.core.states import SOURCE_IMPORTED
 from gpuq.spool.files import read_from, remove_counting, tail
 from gpuq.spool.layout import Layout
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional
-
-    from gpuq.system.fsutil import StrPath
 
 TAIL_LINES_MAX_BYTES = 4 << 20  # a log with no line breaks must not make `gpuq log` read all of it
 
@@ -89,5 +84,5 @@ class Logs:
         return remove_counting(self.layout.log_path(job_id))
 
 
-def _open_append(path: StrPath) -> int:
+def _open_append(path: str) -> int:
     return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)

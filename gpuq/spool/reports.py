@@ -3,15 +3,12 @@ gpuq's own samples of it over time (progress/NNNNNN.samples.json), read by the E
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any, Optional
 
-from gpuq.core import jsontext
 from gpuq.spool.files import Files, open_regular, read_small, remove_counting
 from gpuq.spool.layout import Layout
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional
 
 
 class Reports:
@@ -28,7 +25,7 @@ class Reports:
         if fd is None:
             return None
         try:
-            data = jsontext.loads(os.read(fd, 65536))
+            data = json.loads(os.read(fd, 65536))
             mtime = os.fstat(fd).st_mtime
         except (OSError, ValueError):
             return None
@@ -44,7 +41,7 @@ class Reports:
         """Replace a job's samples atomically. Two lookers at once may each drop the other's
         newest sample; that costs a little precision, never a wrong value. Not fsynced: losing
         samples in a power cut only delays the next ETA."""
-        data = jsontext.dumps(samples, separators=(",", ":")).encode()
+        data = json.dumps(samples, separators=(",", ":")).encode()
         self.files.replace(self.layout.samples_path(job_id), data, "samples", durable=False)
 
     def read_gpu_use(self, job_id: int) -> dict[str, Any]:
@@ -65,7 +62,7 @@ class Reports:
     def write_gpu_use(self, job_id: int, record: dict[str, Any]) -> None:
         """Replace it atomically; written by the job's supervisor only. Not fsynced: losing it
         costs only figures."""
-        data = jsontext.dumps(record, separators=(",", ":")).encode()
+        data = json.dumps(record, separators=(",", ":")).encode()
         self.files.replace(self.layout.gpu_use_path(job_id), data, "gpu-use", durable=False)
 
     def delete_progress(self, job_id: int) -> int:
@@ -82,7 +79,7 @@ def _small_object(path: Any) -> dict[str, Any]:
     """A small JSON object file of ours ({} if missing, unreadable or not an object)."""
     data = read_small(path)
     try:
-        found = jsontext.loads(data) if data else {}
+        found = json.loads(data) if data else {}
     except ValueError:
         return {}
     return found if isinstance(found, dict) else {}

@@ -9,19 +9,14 @@ by the next reader (every `gpuq status`, and every worker as it starts).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+from typing import Any, Optional
 
-from gpuq.core import jsontext
 from gpuq.spool.errors import SpoolError
 from gpuq.spool.files import Files, read_small, unlink_quietly
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional
-
-    from gpuq.system.fsutil import StrPath
 
 
 class WorkerBusy(SpoolError):
@@ -37,13 +32,13 @@ class WorkerBusy(SpoolError):
 class WorkerLease:
     """The locks a running worker holds; release() gives them up (death does too)."""
 
-    def __init__(self, fds: list[int], info_path: StrPath):
+    def __init__(self, fds: list[int], info_path: str):
         self.fds, self.info_path = fds, info_path
 
     def update(self, info: dict[str, Any]) -> None:
         """Rewrite the worker's registry entry in place (its file stays flocked)."""
         fd = self.fds[-1]  # the info file's descriptor, taken last by register()
-        data = jsontext.dumps(info).encode()
+        data = json.dumps(info).encode()
         os.pwrite(fd, data, 0)
         os.ftruncate(fd, len(data))
 
@@ -77,7 +72,7 @@ class WorkerRegistry:
             info_fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             fds.append(info_fd)
             fcntl.flock(info_fd, fcntl.LOCK_EX)  # locked before it is visible, like a claim
-            os.write(info_fd, jsontext.dumps(info).encode())
+            os.write(info_fd, json.dumps(info).encode())
             info_path = self.layout.worker_info_path(os.getpid())
             os.replace(tmp, info_path)
         except BaseException:
@@ -91,7 +86,7 @@ class WorkerRegistry:
 
     def write_gpu_view(self, view: dict[str, Any]) -> None:
         """This worker's last view of the GPUs (not fsynced: it is only shown, never trusted)."""
-        data = jsontext.dumps(view).encode()
+        data = json.dumps(view).encode()
         self.files.replace(self.layout.worker_gpus_path(os.getpid()), data, "gpus", durable=False)
 
     def gpu_views(self, tidy: bool = True) -> list[dict[str, Any]]:
@@ -142,7 +137,7 @@ class WorkerRegistry:
                         os.unlink(path)  # its worker died without cleaning up
                     continue
                 try:
-                    out.append(jsontext.loads(os.read(fd, 65536)))
+                    out.append(json.loads(os.read(fd, 65536)))
                 except ValueError:
                     continue
             finally:
@@ -154,7 +149,7 @@ def _read_object(path: str) -> Optional[dict[str, Any]]:
     """A worker file's JSON object; None when it is empty, gone, damaged or not an object."""
     data = read_small(path, mine=True)
     try:
-        obj = jsontext.loads(data) if data else None
+        obj = json.loads(data) if data else None
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
