@@ -1,9 +1,10 @@
-"""What the queue's ETA and `gpuq history` need of finished jobs is in their rows (spool/cache/runs.py,
-journal.ROW's key, run and past), so neither opens a finished job's file (issue 27).
+"""What the queue's ETA and `gpuq history` need of finished jobs is in their rows of the finished
+index (spool/cache/index.py's ROW: key, run and past; spool/cache/runs.py), so neither opens a
+finished job's file.
 
-To show that no file is read, the finished files are overwritten in place with garbage of the same
-size and their mtime put back: their signature (inode, mtime, size) is the one their rows were
-made with, so a row still holds, and a read of the file would find no job at all.
+To show that no file is read, the finished files are overwritten in place with garbage (their
+inode kept, their directory unchanged): the index still holds their rows, and a read of the file
+would find no job at all.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import marshal
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from gpuq.core.times import iso_of, parse_iso
 from gpuq.engine.tracking import eta, queue_eta
 from gpuq.engine.views import finished_index, history
 from gpuq.spool import Spool
+from gpuq.spool.cache import index
 
 T0 = 1714557600.0  # 2024-05-01 10:00 UTC
 
@@ -43,10 +46,8 @@ def garble_in_place(gq: Env, states: tuple[str, ...] = FINISHED) -> int:
 
 
 def as_the_commands_run(gq: Env, expression: str) -> Any:
-    """`expression` (JSON-able) computed by the gpuq the commands run. Where gpuq is installed
-    beside the checkout (CI's `pip install .`), tests import the checkout and commands the
-    installed copy; the cached rows name the code that made them (by its files' stat) and each
-    copy rebuilds the other's from the files, which garble_in_place has made unreadable."""
+    """`expression` (JSON-able) computed by the gpuq the commands run (where gpuq is installed
+    beside the checkout, CI's `pip install .`, the installed copy)."""
     code = (
         "import json; from gpuq.spool import Spool; from gpuq.engine.tracking import queue_eta; "
         f"print(json.dumps({expression}))"
@@ -84,70 +85,52 @@ def test_the_queue_eta_reads_run_times_from_the_finished_rows(gq: Env) -> None:
     assert "(median of 3 earlier runs)" in line, line
 
 
-def test_rows_of_an_older_gpuq_are_filled_from_the_files_once(gq: Env) -> None:
+def test_an_index_of_another_format_is_filled_from_the_files_once(gq: Env) -> None:
     spool = Spool(gq.home).ensure()
     for n in range(1, 13):
         publish(spool, DONE, [attempt(n, 600 + n, DONE)], cmd=["python3", "train.py"])
-    view = finished_index.rows(spool)  # the cache as this gpuq writes it
-    path = gq.home / "cache" / "finished-view"
-    header, entries, _view = marshal.loads(path.read_bytes())
-    old = {}  # as issue 25's gpuq wrote it: format 4, rows of four fields, a view of three parts
-    for state, (key, packed) in entries.items():
-        ids, names, sigs, rows = marshal.loads(packed)
-        old[state] = (key, marshal.dumps((ids, names, sigs, tuple(row[:4] for row in rows))))
-    id_bytes, states, columns, _eta = marshal.loads(view._packed)
-    old_view = (marshal.dumps((id_bytes, states, marshal.loads(columns))), view.count, "an old token")
-    path.write_bytes(marshal.dumps(((4, *header[1:-1]), old, old_view)))
-
+    path = gq.home / "cache" / index.NAME
+    path.write_bytes(marshal.dumps((index.FORMAT - 1, {DONE: (None, (), (), ())}, None, [])))
     key = eta.command_key(spool.jobs.load(next(spool.jobs.refs((DONE,)))))
     expected = run_times(gq, DONE)[-queue_eta.RUNS :]  # the newest runs
     assert queue_eta.past_durations(spool, {key}) == {key: expected}  # filled from the files
-    assert marshal.loads(path.read_bytes())[0] == header  # and cached as this gpuq makes rows
+    assert marshal.loads(path.read_bytes())[0] == index.FORMAT  # and written as this gpuq makes it
     garble_in_place(gq)
     assert queue_eta.past_durations(spool, {key}) == {key: expected}  # once: now from the rows
 
 
-def test_while_jobs_keep_finishing_the_cached_rows_and_the_newer_files_serve(gq: Env) -> None:
+def test_while_jobs_keep_finishing_only_the_new_files_are_read(gq: Env) -> None:
     spool = Spool(gq.home).ensure()
     for n in range(1, 7):
         publish(spool, DONE, [attempt(n, 600 + n, DONE)], cmd=["python3", "train.py"])
-    finished_index.rows(spool)  # cached
+    spool.finished.read()  # indexed
     key = eta.command_key(spool.jobs.load(next(spool.jobs.refs((DONE,)))))
     before = run_times(gq, DONE)
     garble_in_place(gq)
     publish(spool, DONE, [attempt(20, 42, DONE)], cmd=["python3", "train.py"])  # a job just finished
-    assert finished_index.finished(spool).signatures[DONE] is None  # so done/ is not settled
-    cached = os.stat(gq.home / "cache" / "finished-view").st_mtime_ns
     assert queue_eta.past_durations(spool, {key}) == {key: (before + [42.0])[-queue_eta.RUNS :]}
-    assert os.stat(gq.home / "cache" / "finished-view").st_mtime_ns == cached  # no lstat of every file, no rewrite
 
 
 def settle(directory: Path, ago: float) -> None:
-    """The directory's last change put `ago` seconds back: its listing is trusted (settled) at once."""
-    import time
-
+    """The directory's last change put `ago` seconds back: its stamp is trusted at once."""
     then = time.time() - ago
     os.utime(directory, (then, then))
 
 
-def test_while_done_is_settled_the_run_times_come_from_a_small_cache(gq: Env) -> None:
-    """cache/queue-runs holds each command's newest run times for one listing of done/: while
-    done/ is unchanged, the queue's ETA reads no rows (the finished-view is neither read nor made
-    again); a job finished since, or a damaged cache, makes them again from the rows."""
+def test_while_done_is_settled_the_index_is_neither_listed_nor_written(gq: Env) -> None:
     spool = Spool(gq.home).ensure()
     for n in range(1, 8):
         publish(spool, DONE, [attempt(n, 600 + n, DONE)], cmd=["python3", "train.py"])
     settle(gq.home / DONE, 100)
     key = eta.command_key(spool.jobs.load(next(spool.jobs.refs((DONE,)))))
     expected = run_times(gq, DONE)[-queue_eta.RUNS :]
-    assert queue_eta.past_durations(spool, {key}) == {key: expected}  # from the rows, and cached
-    view = gq.home / "cache" / "finished-view"
-    view.unlink()
+    assert queue_eta.past_durations(spool, {key}) == {key: expected}  # from the files, and indexed
+    written = os.stat(gq.home / "cache" / index.NAME).st_mtime_ns
+    st = os.stat(gq.home / DONE)
+    (gq.home / DONE / "000001-stray.json").symlink_to("/nonexistent")  # a listing would see it
+    os.utime(gq.home / DONE, ns=(st.st_atime_ns, st.st_mtime_ns))  # the stamp as it was
     assert queue_eta.past_durations(spool, {key, "another command"}) == {key: expected}
-    assert not view.exists()  # no row was read or made
-    (gq.home / "cache" / queue_eta.RUNS_CACHE).write_bytes(b"\0damaged")
-    assert queue_eta.past_durations(spool, {key}) == {key: expected}  # made again from the rows
-    assert view.exists()
+    assert os.stat(gq.home / "cache" / index.NAME).st_mtime_ns == written
     publish(spool, DONE, [attempt(20, 42, DONE)], cmd=["python3", "train.py"])  # a job finishes
     settle(gq.home / DONE, 50)
     assert queue_eta.past_durations(spool, {key}) == {key: (expected + [42.0])[-queue_eta.RUNS :]}

@@ -1,19 +1,21 @@
-"""`gpuq status -a` reads finished jobs' rows from a cache in the spool (spool/cache/finished.py).
-These tests change finished job files the ways gpuq does and check that the cache never shows
-a stale row."""
+"""`gpuq status -a` reads finished jobs' rows from the spool's index of finished jobs
+(spool/cache/index.py, cache/finished-jobs). These tests change finished job files the ways gpuq
+does and check that the index never shows a stale row."""
 
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from conftest import Env, wait_for
+from conftest import Env
 
 from gpuq.core import schema, times
 from gpuq.spool import Spool
+from gpuq.spool.cache import index
 
 
 def _finish(spool: Spool, work: Path, state: str, exit_code: int, name: str) -> dict[str, Any]:
@@ -33,12 +35,11 @@ def _many(gq: Env, count: int) -> Spool:
 
 def test_cached_rows_are_the_rows_of_the_files(gq: Env) -> None:
     spool = _many(gq, 30)
-    spool.cache.write("finished-rows", b"an older gpuq's cache")
+    spool.cache.write("finished-view", b"an older gpuq's cache")
     first = gq.gpuq("status", "-a").stdout
-    assert (gq.home / "cache" / "finished-view").is_file()
-    assert (gq.home / "cache" / "finished-table").is_file()  # the rows' text, kept by the CLI
-    assert not (gq.home / "cache" / "finished-rows").exists()  # no longer read: not left behind
-    assert gq.gpuq("status", "-a").stdout == first  # now from the cache
+    assert (gq.home / "cache" / index.NAME).is_file()
+    assert not (gq.home / "cache" / "finished-view").exists()  # no longer read: not left behind
+    assert gq.gpuq("status", "-a").stdout == first  # now from the index
     assert first.count("exp/run-") == 30 and first.count("exit=3") == 6
     default = gq.gpuq("status").stdout
     assert "(20 older finished jobs hidden" in default and default.count("exp/run-") == 10
@@ -72,12 +73,10 @@ def test_a_trusted_directory_signature_still_sees_later_changes(gq: Env) -> None
 def test_a_damaged_cache_is_rebuilt(gq: Env) -> None:
     spool = _many(gq, 15)
     first = gq.gpuq("status", "-a").stdout
-    for name in ("finished-view", "finished-index", "finished-table"):
-        spool.cache.write(name, b"\x00not marshal at all")
+    for damage in (b"\x00not marshal at all", b"", marshal.dumps((index.FORMAT, {"done": (1, 2)}, None, []))):
+        spool.cache.write(index.NAME, damage)
         proc = gq.gpuq("status", "-a")
         assert proc.stdout == first and proc.stderr == ""
-        spool.cache.write(name, b"")
-        assert gq.gpuq("status", "-a").stdout == first
 
 
 def test_json_reads_the_files_not_the_cache(gq: Env) -> None:
@@ -94,41 +93,12 @@ def _settle(spool: Spool) -> None:
         os.utime(spool.layout.state_dir(state), (old, old))
 
 
-def test_a_big_fill_shared_with_forked_children_gives_the_same_rows(gq: Env) -> None:
-    """Past PARALLEL_FROM files to read, children forked per CPU read shares of them (issue 15):
-    the rows must be those of a fill by one process, a file that is not a job included."""
-    from gpuq.spool.cache import finished as finished_rows
-
-    spool = _many(gq, 40)
-    broken = Path(spool.layout.job_path("done", "999999-broken.json"))
-    broken.write_text("{not json")
-    todo = [(r.name, r.id) for r in spool.jobs.refs(("done",))]  # 32 valid jobs and the broken file
-    assert len(todo) == 33
-    alone = finished_rows._make_some(spool, "done", todo)
-    assert finished_rows.PARALLEL_FROM > len(todo)  # a fill of 33 files stays in one process
-    old = finished_rows.PARALLEL_FROM
-    finished_rows.PARALLEL_FROM = 2
-    try:
-        shared = finished_rows._make_all(spool, "done", todo)
-    finally:
-        finished_rows.PARALLEL_FROM = old
-    assert len(alone) == 33 and shared == alone
-    assert "unreadable job file: not valid JSON" in _cells(alone["999999-broken.json"][1], "done")[3]
-
-
 def _cells(row: tuple, state: str) -> tuple[str, ...]:
     """The name, script, time and info cells the CLI makes of a finished row's data."""
     from gpuq.cli import render
     from gpuq.core.times import duration
 
     return (row[0], row[1], duration(row[2]), render.finished_info(state, *row[3]))
-
-
-def finished_cells(job: dict[str, Any], state: str) -> tuple[str, ...]:
-    """The cells of a finished job's row, from its fields (spool/cache/journal.py's row_of)."""
-    from gpuq.spool.cache import journal
-
-    return _cells(journal.row_of(job, time.time(), state), state)
 
 
 def _varied(spool: Spool, work: Path) -> list[dict[str, Any]]:
@@ -156,31 +126,8 @@ def _varied(spool: Spool, work: Path) -> list[dict[str, Any]]:
     return jobs
 
 
-def test_the_fields_a_row_reads_give_the_rows_of_the_whole_files(gq: Env) -> None:
-    """The rows `status -a` makes from only the fields it reads (journal.READS, core/shown.py) are
-    those made from the whole, fully validated files."""
-    from gpuq.core import shown
-    from gpuq.spool.cache.journal import READS
-
-    spool = Spool(gq.home).ensure()
-    for job in _varied(spool, gq.work):
-        state = next(s for s in ("done", "failed", "cancelled") if spool.jobs.find(job["id"], (s,)))
-        ref = spool.jobs.find(job["id"], (state,))
-        assert ref is not None
-        data = spool.jobs.read_bytes(state, ref.name)
-        assert shown._parse_fast(data) is not None  # gpuq's own layout takes the fast path
-        part, _sig = spool.jobs.load_shown(state, ref.name, ref.id, READS)
-        whole = spool.jobs.load(ref)
-        assert finished_cells(part, state) == finished_cells(whole, state)
-        # and the same file written another way (no indentation) takes the full parse, same row
-        compact = json.dumps(whole).encode()
-        assert shown._parse_fast(compact) is None
-        again = shown.load_shown(compact, ref.id, READS)
-        assert finished_cells(again, state) == finished_cells(whole, state)
-
-
 def test_status_a_shows_the_table_of_the_whole_files(gq: Env) -> None:
-    """Past RECENT_FINISHED finished jobs, `status -a` prints rows from the cache's view; they
+    """Past RECENT_FINISHED finished jobs, `status -a` prints rows from the index; they
     are the rows the whole files give, in id order, with interrupted ones merged in (held ones
     stand in line with the pending ones, first)."""
     from gpuq.cli import render
@@ -191,7 +138,7 @@ def test_status_a_shows_the_table_of_the_whole_files(gq: Env) -> None:
     held = schema.new_job(job_id=spool.ids.allocate(), name="held-one", cmd=["true"], cwd=str(gq.work), log="")
     spool.jobs.publish(held, "held")
     _finish(spool, gq.work, "done", 0, "after-held")
-    for attempt in range(2):  # the fill, then from the cache
+    for attempt in range(2):  # the fill, then from the index
         out = gq.gpuq("status", "-a").stdout.splitlines()
         table = out[out.index(next(line for line in out if line.lstrip().startswith("ID"))) :]
         rows = [
@@ -206,7 +153,7 @@ def test_status_a_shows_the_table_of_the_whole_files(gq: Env) -> None:
 
 def test_a_damaged_finished_file_is_a_row_saying_so(gq: Env) -> None:
     """A hand-edited file in done/ is shown with why it cannot be read: by `status -a` from the
-    cache, and by `status` among the newest; never left out silently, never a traceback."""
+    index, and by `status` among the newest; never left out silently, never a traceback."""
     spool = _many(gq, 14)
     done = Path(spool.layout.state_dir("done"))
     ref = spool.jobs.find(14, ("done",))
@@ -228,8 +175,8 @@ def test_a_damaged_finished_file_is_a_row_saying_so(gq: Env) -> None:
 
 
 def test_removed_added_and_rewritten_files_show_at_once_in_settled_directories(gq: Env) -> None:
-    """With every finished directory's signature trusted (old enough), the caches of rows and of
-    the listing still see a file removed, one added and one rewritten."""
+    """With every finished directory's stamp trusted (old enough), the index still sees a file
+    removed, one added and one rewritten."""
     spool = _many(gq, 20)
     _settle(spool)
     for _ in range(2):
@@ -256,55 +203,48 @@ def test_removed_added_and_rewritten_files_show_at_once_in_settled_directories(g
     assert gq.gpuq("status", "-a").stdout.count("exp/run-") == 19
 
 
-def test_a_fill_right_after_jobs_finished_is_cached_once_settled(gq: Env) -> None:
-    """The first `status -a` often runs while done/ is still being written (its signature not yet
-    trusted); once the directory settled unchanged, what it read is kept, not read again."""
-    from gpuq.engine.views import finished_index
-
+def test_a_fill_right_after_jobs_finished_is_stamped_once_settled(gq: Env) -> None:
+    """The first `status -a` often runs while done/ is still being written: its stamp is not
+    trusted yet, so the next reader lists it again (reading nothing it holds); once the directory
+    settled, the index is stamped and a later file is seen all the same."""
     spool = _many(gq, 15)
-    listing = finished_index.finished(spool)
-    assert listing.signatures["done"] is None  # just written: not trusted yet
-    assert finished_index.settled_key(spool, listing, "done") is None
-    wait_for(lambda: finished_index.settled_key(spool, listing, "done"), 10, what="done/ to settle")
+    assert spool.finished.read().entries["done"].stamp is None  # just written: not trusted yet
+    old = time.time() - 60
+    os.utime(spool.layout.state_dir("done"), (old, old))
+    assert spool.finished.read().entries["done"].stamp is not None
+    written = os.stat(gq.home / "cache" / index.NAME).st_mtime_ns
     assert gq.gpuq("status", "-a").stdout.count("exp/run-") == 15
+    assert os.stat(gq.home / "cache" / index.NAME).st_mtime_ns == written  # nothing new: not rewritten
     _finish(spool, gq.work, "done", 0, "one-more")
-    wait_for(lambda: finished_index.finished(spool).signatures["done"], 10, what="done/ to settle again")
-    assert finished_index.settled_key(spool, listing, "done") is None  # changed since it was listed
     assert "one-more" in gq.gpuq("status", "-a").stdout
 
 
-def test_the_block_of_finished_lines_is_the_table_the_columns_give() -> None:
-    """A later `status -a` prints the cached block of finished lines as it is when no running or
-    pending row is wider; with a wider one, or interrupted rows to merge in by id, the columns are used.
-    Every way gives the table of all the rows as rows."""
-    import marshal
-    from array import array
-
+def test_the_table_of_finished_rows_is_the_table_the_rows_give() -> None:
+    """`status -a` prints the finished rows from the index's columns, with running, pending and
+    interrupted rows merged in by id: the table of all the rows as rows."""
     from gpuq.cli import render
     from gpuq.engine.views.status import CachedRow
-    from gpuq.spool.cache.finished import FinishedRows
 
     ends = [(0 if n % 3 else 1, "", None, "", "" if n % 3 else "ünï", "", None, "") for n in range(1, 30)]
-    data = [(f"exp/run-{n}", "train.py", n, end) for n, end in enumerate(ends, 1)]
+    data = [(f"exp/run-{n}", "train.py", n, end, "", None, "") for n, end in enumerate(ends, 1)]
     ids = list(range(10, 39))
     states = ["done" if n % 3 else "failed" for n in range(1, 30)]
     cells = [_cells(row, state) for row, state in zip(data, states)]
     assert cells[2] == ("exp/run-3", "train.py", "3s", "exit=1  ünï")
-    eta = marshal.dumps((("",) * len(ids), (None,) * len(ids)))  # FinishedRows: the ETA's columns, packed apart
-    parts = (array("q", ids).tobytes(), tuple(states), marshal.dumps(tuple(zip(*data))), eta)
     finished = [CachedRow(i, s, c) for i, s, c in zip(ids, states, cells)]
-    made = FinishedRows(marshal.dumps(parts), len(ids), "a token")
+    entries = {
+        state: index.Entry(None, *zip(*[(i, "", 0, r) for i, s, r in zip(ids, states, data) if s == state]))
+        for state in ("done", "failed")
+    }
+    made = index.Finished({**entries, "cancelled": index.EMPTY}, []).rows()
+    assert made.ids == ids and made.states == states
 
     narrow = CachedRow(40, "running", ("r", "x.py", "1s", ""))
     wide = CachedRow(41, "pending", ("a-much-longer-name-than-any-finished-one", "x.py", "", ""))
     stopped = [CachedRow(5, "interrupted", ("h", "x.py", "", "")), CachedRow(20, "preempted", ("h2", "x.py", "", ""))]
     for rows in ([], [narrow], [narrow, wide], [narrow, *stopped]):
-        whole = render.status_table(sorted(rows + finished, key=lambda r: (r.state not in render.IN_LINE, r.job["id"])))
-        for with_block in (True, False):
-            block = render.finished_block(made) if with_block else None
-            lines = render.status_table(rows, now=0.0, finished=made, block=block)
-            assert "\n".join(lines).split("\n") == whole, (rows, with_block)
-            assert ("\n" in lines[-1]) == (with_block and len(rows) < 2)  # the block, as it was cached
+        whole = render.status_table(sorted(rows + finished, key=lambda r: (r.state not in render.IN_LINE, r.job.id)))
+        assert render.status_table(rows, now=0.0, finished=made) == whole, rows
 
 
 def test_status_resolves_a_copy_left_in_another_state_with_the_finished_listing(gq: Env) -> None:
@@ -329,48 +269,15 @@ def test_status_resolves_a_copy_left_in_another_state_with_the_finished_listing(
         assert proc.stdout.count(f"exp/run-{job_id - 1} ") == 1
 
 
-def test_finished_cells_read_no_field_beyond_finished_fields(gq: Env) -> None:
-    """`status -a` reads only journal.READS of a finished file, and the ETA and history the
-    fields of runs.READS (read as they are, unchecked): its row must need no other."""
-    from gpuq.spool.cache.journal import READS, row_of
-    from gpuq.spool.cache.runs import READS as RUNS_READS
-
-    class Watched(dict):
-        seen: set[str] = set()
-
-        def get(self, key: str, default: Any = None) -> Any:
-            Watched.seen.add(key)
-            return super().get(key, default)
-
-        def __getitem__(self, key: str) -> Any:
-            Watched.seen.add(key)
-            return super().__getitem__(key)
-
-        def __contains__(self, key: object) -> bool:
-            Watched.seen.add(str(key))
-            return super().__contains__(key)
-
-    spool = Spool(gq.home).ensure()
-    for job in _varied(spool, gq.work):
-        row_of(Watched(job), 0.0, "done")
-    assert Watched.seen and Watched.seen <= set(READS + RUNS_READS), Watched.seen - set(READS + RUNS_READS)
-
-
-def test_status_keeps_the_job_files_it_read_while_they_do_not_change(gq: Env) -> None:
-    """engine/views/kept_jobs.py: a job file that keeps its name, inode, mtime and size is not read
-    again by the next `status`; one that changed, the way gpuq changes them or any other, is."""
+def test_status_reads_the_pending_files_as_they_are_now(gq: Env) -> None:
+    """A job file changed the way gpuq changes them, or any other, shows as it is now."""
     first, second = gq.add("--name", "first", "true"), gq.add("--name", "second", "true")
     names = lambda: {r["id"]: r["name"] for r in gq.status_json()}  # noqa: E731
     assert names() == {first: "first", second: "second"}
-    assert (gq.home / "cache" / "status-jobs").is_file()
     gq.gpuq("edit", str(second), "--set", "name=renamed")  # a new file in its place
     assert names() == {first: "first", second: "renamed"}
     path = gq.home / "pending" / gq.files("pending")[0]
-    st = os.stat(path)
-    path.write_bytes(b"\0" * st.st_size)  # unreadable, its signature kept: the job kept is shown
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert names() == {first: "first", second: "renamed"}
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))  # a file changed: read, found broken
+    path.write_bytes(b"\0" * os.stat(path).st_size)  # broken in place
     assert names() == {second: "renamed"}
     os.chmod(gq.home / "pending" / gq.files("pending")[1], 0o660)  # a read refuses it now
     assert names() == {}

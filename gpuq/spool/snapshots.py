@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Any, Callable
 
 from gpuq.spool.files import Files, read_small, unlink_quietly
@@ -24,7 +23,7 @@ class Snapshots:
         try:
             self.files.replace(dest + ".ids", json.dumps(ids).encode(), "snapshot")
         except BaseException:
-            shutil.rmtree(dest, ignore_errors=True)
+            _remove_tree(dest)
             raise
         return info
 
@@ -45,7 +44,7 @@ class Snapshots:
         if ids & remaining or not os.path.isdir(dest) or os.path.islink(dest):
             return 0
         freed = sum(entry.stat(follow_symlinks=False).st_blocks * 512 for entry in _walk(dest))
-        shutil.rmtree(dest, ignore_errors=True)
+        _remove_tree(dest)
         unlink_quietly(ids_file)
         return freed
 
@@ -59,3 +58,9 @@ def _walk(top: Any) -> list[os.DirEntry]:
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
     return out
+
+
+def _remove_tree(path: str) -> None:
+    import shutil  # copies of code (`add --snapshot`, `clear`): not on every command's path
+
+    shutil.rmtree(path, ignore_errors=True)
