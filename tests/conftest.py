@@ -222,13 +222,16 @@ def small_tmpfs(tmp_path: Path, size: str) -> Iterator[Path]:
 def fill_up(where: Path) -> Path:
     """Take the rest of the filesystem, as another program would."""
     filler = where / "filler"
-    with open(filler, "ab") as fh:
-        try:
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-        except OSError:
-            pass
+    fd = os.open(filler, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        for size in (65536, 4096, 1):  # unbuffered, down to the last byte
+            try:
+                while os.write(fd, b"\0" * size):
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
     return filler
 
 

@@ -267,12 +267,9 @@ def read_small(path: StrPath, cap: int = 1 << 20, mine: bool = False) -> Optiona
         st = os.fstat(fd)
         if mine and st.st_uid != os.geteuid():
             return None
-        first = os.read(fd, min(st.st_size + 1, cap))
-        if len(first) == st.st_size or len(first) == cap:
-            return first
-        chunks, total = [first], len(first)
-        while total < cap:
-            chunk = os.read(fd, min(1 << 20, cap - total))
+        chunks, total = [], 0
+        while total < cap:  # usually one read: the file's size and one byte more
+            chunk = os.read(fd, min(cap - total, max(st.st_size + 1, 1 << 16)))
             if not chunk:
                 break
             chunks.append(chunk)

@@ -8,8 +8,9 @@ adopt`), read but never written by gpuq.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Optional
 
+from gpuq.core.job import Job
 from gpuq.core.states import SOURCE_IMPORTED
 from gpuq.spool.files import read_from, remove_counting, tail
 from gpuq.spool.layout import Layout
@@ -21,7 +22,7 @@ class Logs:
     def __init__(self, layout: Layout):
         self.layout = layout
 
-    def path_of(self, job: dict[str, Any]) -> str:
+    def path_of(self, job: Job) -> str:
         """Where the job's output is: the spool's log, or the file named by its `log` field for
         an adopted process (the file it writes) and a job imported from the original gpuq (its
         old log), which gpuq reads but never writes."""
@@ -40,11 +41,11 @@ class Logs:
     def worker_log_path(self) -> str:
         return self.layout.worker_log_path()
 
-    def tail(self, job: dict[str, Any], limit: int = 65536) -> tuple[bytes, float]:
+    def tail(self, job: Job, limit: int = 65536) -> tuple[bytes, float]:
         """The last `limit` bytes of the job's log and its mtime ((b"", 0.0) if none)."""
         return tail(self.path_of(job), limit)
 
-    def tail_lines(self, job: dict[str, Any], count: int) -> list[str]:
+    def tail_lines(self, job: Job, count: int) -> list[str]:
         """The last `count` lines of the job's log; tqdm's carriage returns count as line breaks."""
         if count <= 0:
             return []
@@ -60,11 +61,11 @@ class Logs:
             lines.pop()
         return lines[-count:]
 
-    def read_from(self, job: dict[str, Any], offset: int) -> bytes:
+    def read_from(self, job: Job, offset: int) -> bytes:
         """Up to 1 MiB of the job's log from `offset` on (for `gpuq log -f`)."""
         return read_from(self.path_of(job), offset)
 
-    def signature(self, job: dict[str, Any]) -> Optional[list[int]]:
+    def signature(self, job: Job) -> Optional[list[int]]:
         """[inode, size, mtime in ns] of the job's log (None if it has none): a log that still has
         those has not been written to since (the ETA keeps its reading of the log under them)."""
         try:
@@ -73,7 +74,7 @@ class Logs:
             return None
         return [st.st_ino, st.st_size, st.st_mtime_ns]
 
-    def size(self, job: dict[str, Any]) -> int:
+    def size(self, job: Job) -> int:
         try:
             return os.stat(self.path_of(job)).st_size
         except OSError:

@@ -122,22 +122,9 @@ class JobStore:
                 continue
         return out
 
-    def load_all(self, written_since: Optional[float] = None) -> list[tuple[str, Job]]:
-        """(state, job) of every valid job; with `written_since`, only files last written at or
-        after it (a stat each; a file not rewritten since cannot record anything later)."""
-        out = []
-        for ref in self.refs():
-            if written_since is not None:
-                try:
-                    if os.stat(self.layout.job_path(ref.state, ref.name)).st_mtime < written_since:
-                        continue
-                except FileNotFoundError:
-                    continue
-            try:
-                out.append((ref.state, self.load(ref)))
-            except (FileNotFoundError, schema.InvalidJob):
-                continue
-        return out
+    def load_all(self) -> list[tuple[str, Job]]:
+        """(state, job) of every valid job."""
+        return [(ref.state, job) for state in STATES for ref, job in self.load_many(state)]
 
     # ---- writing ------------------------------------------------------------------------------
     def publish(self, job: Job, state: str = PENDING) -> JobRef:
@@ -170,7 +157,7 @@ class JobStore:
         name = schema.filename(new.id, new.name)
         in_place = state == ref.state and name == ref.name  # else a new file, then the old one goes
         target = self.layout.job_path(state, name)
-        placed = reservation is not None and self.files.place_into(reservation, target, data, in_place) is not None
+        placed = reservation is not None and self.files.place_into(reservation, target, data, in_place)
         if not placed:
             if in_place:  # replaces our own file, by design
                 self.files.with_room(lambda: self.files.replace(target, data, "job"))
@@ -217,7 +204,7 @@ class JobStore:
         return newer
 
 
-def encode(job: dict[str, Any]) -> bytes:
+def encode(job: Job) -> bytes:
     try:
         return (json.dumps(job, indent=2, ensure_ascii=False) + "\n").encode()
     except UnicodeEncodeError:

@@ -29,8 +29,9 @@ from operator import itemgetter
 from typing import Any, Optional
 
 from gpuq.core import schema
+from gpuq.core.job import Job
 from gpuq.core.states import ACTIVE, FINISHED, PENDING, RUNNING, STATES
-from gpuq.engine.schedule.queue_read import PendingCache, later
+from gpuq.engine.schedule.queue_read import Loaded, PendingCache, later
 from gpuq.engine.schedule.scheduler import QueueState, queue_key
 from gpuq.spool import JobRef, Spool
 from gpuq.spool.layout import INTAKE_RE, is_job_name
@@ -46,7 +47,7 @@ class QueueView:
 
     def __init__(self) -> None:
         self.cache = PendingCache()  # the parse cache of full looks (and of `read_queue()` calls)
-        self.jobs: dict[str, dict[str, Any]] = {PENDING: {}, RUNNING: {}}  # name -> job or InvalidJob
+        self.jobs: dict[str, dict[str, Loaded]] = {PENDING: {}, RUNNING: {}}  # name -> job or InvalidJob
         self.keys: dict[str, Any] = {}  # pending file name -> its job's scheduler.queue_key
         self.places: dict[int, set[tuple[str, str]]] = {}  # id -> (state, name) of its pending/running files
         self.elsewhere: dict[int, str] = {}  # id -> its state outside pending/ and running/
@@ -131,7 +132,7 @@ class QueueView:
         self._doubt, self.full_at = False, now
         cache = self.cache
         elsewhere = spool.finished.read().states()
-        jobs: dict[str, dict[str, Any]] = {PENDING: {}, RUNNING: {}}
+        jobs: dict[str, dict[str, Loaded]] = {PENDING: {}, RUNNING: {}}
         places: dict[int, set[tuple[str, str]]] = {}
         present = set()
         for ref in spool.jobs.refs(LISTED):
@@ -210,7 +211,7 @@ class QueueView:
         snap = QueueState(states=self.states, now=now)
         invalid: list[tuple[JobRef, str]] = []
         states = self.states
-        pending: list[tuple[Any, dict[str, Any]]] = []  # (its queue key, the job)
+        pending: list[tuple[Any, Job]] = []  # (its queue key, the job)
         keys = self.keys
         for name, value in self.jobs[PENDING].items():
             if isinstance(value, schema.InvalidJob):
@@ -242,5 +243,5 @@ def _dropped_name(name: str) -> bool:
     return not name.startswith(".") or INTAKE_RE.match(name) is not None
 
 
-def _job_id(job: dict[str, Any]) -> int:
+def _job_id(job: Job) -> int:
     return job.id

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from typing import Any, Optional
+from typing import Optional
 
+from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, HELD, HELD_NOTE, PENDING, RUNNING, SLURM, SOURCE_ADOPT, SOURCE_CLI
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.timespec import format_duration
@@ -40,7 +41,7 @@ FOUND_BY = {
 }
 
 
-def card(spool: Spool, ref: JobRef, job: Any, now: Optional[float] = None) -> list[Line]:
+def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> list[Line]:
     """The lines of `gpuq show`, in the order a person reads them; an empty field has none."""
     now = time.time() if now is None else now
     lines = [
@@ -65,7 +66,7 @@ def card(spool: Spool, ref: JobRef, job: Any, now: Optional[float] = None) -> li
     return [(label, text) for label, text in lines if text]
 
 
-def not_started(spool: Spool, ref: JobRef, job: Any) -> Optional[str]:
+def not_started(spool: Spool, ref: JobRef, job: Job) -> Optional[str]:
     """Why `gpuq log` has nothing to show for a job that never ran (pending, held, or cancelled
     before it started, with an empty log): `pending: after #3 (running)`, `held: ...` or
     `cancelled before it ran`; None for a job that has run or has a log."""
@@ -76,7 +77,7 @@ def not_started(spool: Spool, ref: JobRef, job: Any) -> Optional[str]:
     return f"{ref.state}: {why_waiting(spool, ref.state, job)}"
 
 
-def why_waiting(spool: Spool, state: str, job: Any) -> str:
+def why_waiting(spool: Spool, state: str, job: Job) -> str:
     """Why a pending or held job has not started, as `gpuq status` says it."""
     if state == HELD:
         return f"`gpuq release {job.id}` puts it back in line"
@@ -90,8 +91,8 @@ def why_waiting(spool: Spool, state: str, job: Any) -> str:
     return "next in line for a worker"
 
 
-def _what_runs(job: Any) -> list[Line]:
-    how = job.get("interpreter_from")
+def _what_runs(job: Job) -> list[Line]:
+    how = job.interpreter_from
     python = job.cmd[0] if _runs_python(job.cmd) else ""  # `bash run.sh` has none of its own
     found = f" (from {FOUND_BY.get(how, how)})" if how else ""
     inherited = job.shell_env
@@ -100,7 +101,7 @@ def _what_runs(job: Any) -> list[Line]:
         ("directory", job.cwd),
         ("python", python and python + found),
         ("venv", job.venv or ""),
-        ("conda", job.get("conda") or ""),
+        ("conda", job.conda or ""),
         ("env", " ".join(f"{k}={shlex.quote(v)}" for k, v in job.env.items())),
         ("shell env", inherited is not None and _inherited(job.id, len(inherited)) or ""),
     ]
@@ -114,7 +115,7 @@ def _inherited(job_id: int, count: int) -> str:
     return f"{plural(count, 'variable')} inherited from the shell (`gpuq show {job_id} --env` lists them)"
 
 
-def _state(spool: Spool, state: str, job: Any) -> list[Line]:
+def _state(spool: Spool, state: str, job: Job) -> list[Line]:
     why = ""
     if state == HELD and job.note and job.note != HELD_NOTE:
         why = job.note  # another note on a held job (`gpuq hold`'s own says what status says: below)
@@ -138,7 +139,7 @@ def _clock(iso: Optional[str]) -> str:
     return "" if when is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
 
 
-def _times(state: str, job: Any, now: float) -> list[Line]:
+def _times(state: str, job: Job, now: float) -> list[Line]:
     queued, started, finished = (parse_iso(t) for t in (job.created_at, job.started_at, job.finished_at))
     first = job.attempts <= 1 and len(job.history) <= 1  # a later attempt's start says nothing of the queue
     waited = f" (after {duration(started - queued)} in the queue)" if started and queued and first else ""
@@ -155,13 +156,13 @@ def _times(state: str, job: Any, now: float) -> list[Line]:
     ]
 
 
-def _outcome(job: Any) -> list[Line]:
+def _outcome(job: Job) -> list[Line]:
     code = "" if job.exit_code is None else str(job.exit_code) + (f" ({job.signal})" if job.signal else "")
     previous = "" if job.previous_exit_code is None else str(job.previous_exit_code)
     return [("exit code", code), ("failed because", job.reason or ""), ("previous exit", previous)]
 
 
-def _checkpoints(job: Any) -> list[Line]:
+def _checkpoints(job: Job) -> list[Line]:
     resumed = ""
     if job.resumed_from:
         step = f" (step {job.resumed_from_step})" if job.resumed_from_step is not None else ""
@@ -180,7 +181,7 @@ def _checkpoints(job: Any) -> list[Line]:
     return [("checkpoint", job.checkpoint or ""), ("resumes from", resumed), ("resume", how)]
 
 
-def _gpus(job: Any) -> list[Line]:
+def _gpus(job: Job) -> list[Line]:
     if job.gpu_request == 0:
         return [("GPUs", "none (a CPU job)")]
     if job.gpu_request == 1 and not job.gpu_mem_mib and not job.gpus and not may_have_gpus():
@@ -190,12 +191,12 @@ def _gpus(job: Any) -> list[Line]:
     return [("GPUs", asked + held)]
 
 
-def _gpu_use(spool: Spool, job: Any) -> str:
+def _gpu_use(spool: Spool, job: Job) -> str:
     figures = gpuuse.of_job(spool, job.id) if job.gpu_request else None
     return gpuuse.summary_text(figures) if figures else ""
 
 
-def _dependencies(spool: Spool, job: Any) -> list[Line]:
+def _dependencies(spool: Spool, job: Job) -> list[Line]:
     if not (job.after or job.after_any):
         return []
     index = spool.jobs.index()
@@ -206,7 +207,7 @@ def _dependencies(spool: Spool, job: Any) -> list[Line]:
     return [("after", listed(job.after)), ("after any", listed(job.after_any))]
 
 
-def _attempts(job: Any) -> list[Line]:
+def _attempts(job: Job) -> list[Line]:
     attempts = ""
     if job.attempts > 1 or job.retries:
         attempts = str(job.attempts) + (
@@ -220,17 +221,17 @@ def _attempts(job: Any) -> list[Line]:
     return [("attempts", attempts), ("history", earlier), ("preemptions", preempted)]
 
 
-def _limits(job: Any) -> list[Line]:
+def _limits(job: Job) -> list[Line]:
     limit = format_duration(job.time_limit) if job.time_limit else ""
     return [("time limit", limit), ("begins", _clock(job.begin_at))]
 
 
-def _notify(job: Any) -> str:
+def _notify(job: Job) -> str:
     """Where its events go: the desktop, and each URL by its scheme and host (the rest may be a secret)."""
     return ", ".join((["desktop"] if job.notify else []) + [url_text(url) for url in job.notify_urls or ()])
 
 
-def _host_limits(job: Any) -> str:
+def _host_limits(job: Job) -> str:
     """How its latest attempt's --mem and --cpus were kept (run/supervisor/hostlimits.py)."""
     by = job.host_limits_by
     if not by:
@@ -242,7 +243,7 @@ def _host_limits(job: Any) -> str:
     return kept
 
 
-def _sweep(spool: Spool, job: Any) -> list[Line]:
+def _sweep(spool: Spool, job: Job) -> list[Line]:
     if not isinstance(job.sweep, dict):
         return []
     members = sweep_jobs(spool, job.sweep["id"])
@@ -254,7 +255,7 @@ def _sweep(spool: Spool, job: Any) -> list[Line]:
     return [("sweep", f"{values}; {plural(len(members), 'job')} from #{job.sweep['id']}: {states}")]
 
 
-def _provenance(job: Any) -> list[Line]:
+def _provenance(job: Job) -> list[Line]:
     code = ""
     if isinstance(job.code, dict) and job.code.get("repo"):
         commit = (job.code.get("commit") or "no commit yet")[:12]

@@ -21,6 +21,7 @@ import math
 import shlex
 from typing import Any, Optional
 
+from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED
 from gpuq.core.timespec import format_duration
 from gpuq.spool import Spool
@@ -47,7 +48,7 @@ KILLED_BY_USER = "killed_by_user"
 OTHER = "other"
 
 
-def suggest(spool: Spool, job: Any, state: str, facts: dict[str, Any]) -> list[Fix]:
+def suggest(spool: Spool, job: Job, state: str, facts: dict[str, Any]) -> list[Fix]:
     """The fixes for `job` in `state`, most likely first; `facts`: what the triage found (its
     `cause`, `tried_to_allocate`, `checkpoint`)."""
     if state == HELD:
@@ -68,7 +69,7 @@ def _fix(words: list[Any], why: str) -> Fix:
 # ---- a waiting job -----------------------------------------------------------------------------
 
 
-def _waiting(spool: Spool, job: Any, facts: dict[str, Any]) -> list[Fix]:
+def _waiting(spool: Spool, job: Job, facts: dict[str, Any]) -> list[Fix]:
     out = _dependencies(spool, job)
     if facts.get("cause") in (GPU_OOM, HOST_OOM):  # waits to run again after a failed attempt
         out += _smaller(job, facts, edit=True)
@@ -77,7 +78,7 @@ def _waiting(spool: Spool, job: Any, facts: dict[str, Any]) -> list[Fix]:
     return out
 
 
-def _dependencies(spool: Spool, job: Any) -> list[Fix]:
+def _dependencies(spool: Spool, job: Job) -> list[Fix]:
     """What frees a job whose dependencies will not end well by themselves."""
     index = spool.jobs.index()
     out, gone = [], []
@@ -112,7 +113,7 @@ def _reason_of(spool: Spool, ref: Any) -> str:
 # ---- a job that failed -------------------------------------------------------------------------
 
 
-def _failed(job: Any, state: str, facts: dict[str, Any]) -> list[Fix]:
+def _failed(job: Job, state: str, facts: dict[str, Any]) -> list[Fix]:
     cause, ckpt = facts.get("cause"), facts.get("checkpoint") or {}
     resumable = bool(ckpt.get("latest")) and ckpt.get("resumes")
     retry_why = f"back in the queue, continuing from {ckpt['latest']}" if resumable else "back in the queue"
@@ -137,7 +138,7 @@ def _failed(job: Any, state: str, facts: dict[str, Any]) -> list[Fix]:
     return [_fix(["retry", job.id], f"{retry_why}, once the cause in its log is fixed")]
 
 
-def _smaller(job: Any, facts: dict[str, Any], edit: bool) -> list[Fix]:
+def _smaller(job: Job, facts: dict[str, Any], edit: bool) -> list[Fix]:
     """Out of memory: a smaller batch, and a bigger share of a GPU; for a waiting job by `gpuq
     edit` (`edit`), else by queueing it again."""
     out = []
@@ -196,7 +197,7 @@ def halve_batch(cmd: list[str]) -> Optional[tuple[list[str], int, int]]:
 
 
 def add_line(
-    job: Any, cmd: Optional[list[str]] = None, time_limit: Optional[float] = None, gpu_mem_mib: Optional[int] = None
+    job: Job, cmd: Optional[list[str]] = None, time_limit: Optional[float] = None, gpu_mem_mib: Optional[int] = None
 ) -> str:
     """`gpuq add ...` that queues the job again as it was (command, directory, name, GPUs, time
     limit, priority, checkpoints, environment gpuq added), with the changes given."""

@@ -192,11 +192,6 @@ def _record_runs(record: JobRecord) -> list[PastRun]:
     ]
 
 
-def job_runs(state: str, job: Job) -> list[PastRun]:
-    """The runs of one job, in attempt order."""
-    return _record_runs(record_of(state, job))
-
-
 def runs(jobs: Iterable[Union[JobPair, JobRecord]]) -> list[PastRun]:
     """Every run of every job (records, or `(state, job)` pairs), ordered by start time (then job
     id, attempt)."""

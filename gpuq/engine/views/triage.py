@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from gpuq.core import failure
+from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, FAILED, FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING
 from gpuq.core.times import iso_of, parse_iso
 from gpuq.engine.lifecycle import actions
@@ -62,7 +63,7 @@ def triage(spool: Spool, job_id: int, lines: int = LOG_LINES) -> dict[str, Any]:
     return out
 
 
-def _ending(job: Any, state: str, tail: bytes) -> dict[str, Any]:
+def _ending(job: Job, state: str, tail: bytes) -> dict[str, Any]:
     """How its latest attempt ended: exit code, signal, reason and its cause, run time. A pending
     job that failed before (`--retries`) says how that attempt ended."""
     ended = state in (*FINISHED, PREEMPTED, INTERRUPTED) or job.exit_code is not None
@@ -115,7 +116,7 @@ def log_lines(tail: bytes, count: int = LOG_LINES) -> list[str]:
     return [line if len(line) <= MAX_LINE_CHARS else line[: MAX_LINE_CHARS - 3] + "..." for line in shown]
 
 
-def checkpoint_facts(job: Any) -> dict[str, Any]:
+def checkpoint_facts(job: Job) -> dict[str, Any]:
     """What gpuq knows of the job's checkpoints: the newest complete one on disk (and its step),
     where it looked, the one it last recorded, and whether a retry or resume continues from one."""
     try:
