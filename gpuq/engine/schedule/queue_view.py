@@ -25,8 +25,7 @@ event, so the view is never left behind for good.
 from __future__ import annotations
 
 from collections import deque
-from operator import itemgetter
-from typing import Any, Optional
+from typing import Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
@@ -48,7 +47,6 @@ class QueueView:
     def __init__(self) -> None:
         self.cache = PendingCache()  # the parse cache of full looks (and of `read_queue()` calls)
         self.jobs: dict[str, dict[str, Loaded]] = {PENDING: {}, RUNNING: {}}  # name -> job or InvalidJob
-        self.keys: dict[str, Any] = {}  # pending file name -> its job's scheduler.queue_key
         self.places: dict[int, set[tuple[str, str]]] = {}  # id -> (state, name) of its pending/running files
         self.elsewhere: dict[int, str] = {}  # id -> its state outside pending/ and running/
         self.states: dict[int, str] = {}
@@ -146,8 +144,6 @@ class QueueView:
             if value is not None:
                 jobs[ref.state][ref.name] = value
         cache.forget_missing(present)
-        before = self.jobs[PENDING]  # a key stays with the very version it was made from (a cache hit)
-        self.keys = {n: k for n, k in self.keys.items() if n in jobs[PENDING] and jobs[PENDING][n] is before.get(n)}
         self.jobs, self.places, self.elsewhere = jobs, places, elsewhere
         self._doubled = {i: min(name for _state, name in places[i]) for i in places if i in elsewhere}
         self.states = dict(elsewhere)
@@ -172,7 +168,6 @@ class QueueView:
             # look finds this very version (one parse per version, also for the memory it keeps).
             self.cache.forget(state, name)
             value = self.cache.load(spool, JobRef(job_id, state, name))
-            self.keys.pop(name, None)  # made again from the version just read
             key = (state, name)
             if value is None:
                 self.jobs[state].pop(name, None)
@@ -211,25 +206,18 @@ class QueueView:
         snap = QueueState(states=self.states, now=now)
         invalid: list[tuple[JobRef, str]] = []
         states = self.states
-        pending: list[tuple[Any, Job]] = []  # (its queue key, the job)
-        keys = self.keys
+        pending: list[Job] = []
         for name, value in self.jobs[PENDING].items():
             if isinstance(value, schema.InvalidJob):
                 invalid.append((JobRef(int(name[: name.index("-")]), PENDING, name), str(value)))
-            elif states.get(value.id) == PENDING:  # else a stale copy a crash mid-move left: never started
-                key = keys.get(name)
-                if key is None:
-                    key = keys[name] = queue_key(value)
-                pending.append((key, value))
+            elif value is not None and states.get(value.id) == PENDING:  # else a stale copy a crash left
+                pending.append(value)
         for name, value in self.jobs[RUNNING].items():
             if isinstance(value, schema.InvalidJob):
                 invalid.append((JobRef(int(name[: name.index("-")]), RUNNING, name), str(value)))
             else:
                 snap.running.append(value)
-        # In queue order, by keys made once per version read: sorting 500 jobs by a key made on
-        # every step cost about 1 ms of every step.
-        pending.sort(key=itemgetter(0))
-        snap.pending = [job for _key, job in pending]
+        snap.pending = sorted(pending, key=queue_key)
         snap.ordered = True
         snap.running.sort(key=_job_id)  # the order of `ls running/`, as a listing gave it
         return snap, invalid

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
@@ -48,36 +48,24 @@ class CachedRow:
         self.job, self.state, self.cells = Job(id=job_id), state, cells
 
 
-class Status:
-    __slots__ = (
-        "workers",
-        "rows",
-        "finished",
-        "hidden_finished",
-        "hidden_failed",
-        "invalid",
-        "dropped",
-        "rejected",
-        "gpus",
-        "warnings",
-    )
+class Rejected:
+    """Dropped files rejected that the user has not seen yet: how many, and the newest one."""
 
-    def __init__(
-        self,
-        workers: list[dict[str, Any]],
-        rows: list[Any],  # Row and CachedRow
-        hidden_finished: int = 0,
-        invalid: Optional[list[tuple[JobRef, str]]] = None,
-        dropped: Optional[list[str]] = None,
-        gpus: Optional[dict[str, Any]] = None,  # engine/schedule/gpuview.py's view; None without GPUs
-        warnings: Optional[list[str]] = None,  # a full disk, a runaway log
-        finished: Optional[FinishedRows] = None,  # `status -a`: the finished rows, not in `rows`
-    ) -> None:
-        self.workers, self.rows, self.hidden_finished, self.gpus = workers, rows, hidden_finished, gpus
-        self.invalid, self.dropped, self.warnings = invalid or [], dropped or [], warnings or []
-        self.finished = finished
-        self.hidden_failed = 0  # of the hidden finished jobs, how many failed
-        self.rejected: Optional[Rejected] = None  # dropped files rejected since `gpuq rejected` last listed them
+    def __init__(self, count: int, newest: str, reason: str, at: float) -> None:
+        self.count, self.newest, self.reason, self.at = count, newest, reason, at
+
+
+class Status(NamedTuple):
+    workers: list[dict[str, Any]]
+    rows: list[Any]  # Row and CachedRow
+    hidden_finished: int
+    hidden_failed: int  # of the hidden finished jobs, how many failed
+    invalid: list[tuple[JobRef, str]]
+    dropped: list[str]
+    gpus: Optional[dict[str, Any]]  # engine/schedule/gpuview.py's view; None without GPUs
+    warnings: list[str]  # a full disk, a runaway log
+    finished: Optional[FinishedRows]  # `status -a`: the finished rows, not in `rows`
+    rejected: Optional[Rejected]  # dropped files rejected since `gpuq rejected` last listed them
 
     def outlook(self, now: Optional[float] = None) -> tuple[int, int, int]:
         """The pending jobs as (startable: a worker would start them, now or once the jobs they
@@ -88,15 +76,6 @@ class Status:
         blocked = sum(1 for r in rows if r.wait is not None and r.wait.forever)
         later = sum(1 for r in rows if not (r.wait and r.wait.forever) and (parse_iso(r.job.begin_at) or 0.0) > now)
         return len(rows) - blocked - later, later, blocked
-
-
-class Rejected:
-    """Dropped files rejected that the user has not seen yet: how many, and the newest one."""
-
-    __slots__ = ("count", "newest", "reason", "at")
-
-    def __init__(self, count: int, newest: str, reason: str, at: float) -> None:
-        self.count, self.newest, self.reason, self.at = count, newest, reason, at
 
 
 def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str, str], tuple]] = None) -> Status:
@@ -148,9 +127,8 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
 
         queue_eta.annotate(spool, rows, workers, time.time(), shown, done)  # progress, ETA, when pending ones start
     warned = warned_slurm + disk_warnings(spool, snap.running) + _idle_gpus(spool, rows)
-    out = Status(workers, rows, hidden, invalid, spool.dropbox.dropped(), shown, warned, view)
-    out.hidden_failed, out.rejected = hidden_failed, unseen_rejected(spool)
-    return out
+    dropped, rejected = spool.dropbox.dropped(), unseen_rejected(spool)
+    return Status(workers, rows, hidden, hidden_failed, invalid, dropped, shown, warned, view, rejected)
 
 
 IN_LINE = (RUNNING, PENDING, HELD)  # the rows shown first, by id; the others come after them
