@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from typing import Optional, Union
 
 from gpuq.core.states import REJECTED, STATES
@@ -138,8 +137,8 @@ LEGACY_DB_NAME = "gpuq.db"
 LEGACY_JSON_NAME = "queue.json"
 
 
-def find_legacy(home: Union[str, os.PathLike[str]]) -> Optional[Path]:
-    """The file an import would take from `home`: `gpuq.db` first, then `queue.json`.
+def find_legacy(home: Union[str, os.PathLike[str]]) -> Optional[os.PathLike[str]]:
+    """The file an import would take from `home` (a pathlib.Path): `gpuq.db` first, then `queue.json`.
 
     `.bak` files are never returned: they are what an import (the original's own migration
     included) leaves behind.
@@ -147,5 +146,7 @@ def find_legacy(home: Union[str, os.PathLike[str]]) -> Optional[Path]:
     for name in (LEGACY_DB_NAME, LEGACY_JSON_NAME):
         path = os.path.join(home, name)
         if os.path.isfile(path):
+            from pathlib import Path  # the original gpuq's queue found: its import starts here
+
             return Path(path)
     return None

@@ -32,8 +32,7 @@ def _durations(done: Finished, keys: set[str]) -> dict[str, list[float]]:
     entry = done.entries[DONE]
     found: dict[str, dict[int, float]] = {}  # key -> id -> run time
     wanted = len(keys)
-    for job_id, row in zip(reversed(entry.ids), reversed(entry.rows)):  # newest first
-        key, run = row[4], row[5]
+    for job_id, key, run in zip(reversed(entry.ids), reversed(entry.keys), reversed(entry.runs)):  # newest first
         if run is not None and key in keys:
             newest = found.setdefault(key, {})
             if len(newest) < RUNS:

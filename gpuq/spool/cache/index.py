@@ -20,7 +20,7 @@ import marshal
 import os
 import time
 from operator import itemgetter
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
@@ -33,7 +33,7 @@ from gpuq.spool.layout import Layout, is_job_name
 from gpuq.spool.store import JobRef, JobStore
 
 NAME = "finished-jobs"
-FORMAT = 1
+FORMAT = 2  # 1: the rows not packed apart
 SETTLE_SECONDS = 2.0
 # What gpuq before this index kept in cache/: removed when the index is written.
 OLD_NAMES = ("finished-journal", "finished-view", "finished-index", "finished-table", "queue-runs")
@@ -82,24 +82,67 @@ def unreadable_row(file_name: str, reason: str) -> tuple:
     return file_name, "", None, (None, "", None, "", "", "", None, reason), "", None, ""
 
 
-class Entry(NamedTuple):
-    """One finished state: its directory's stamp (None: list it again), and its files in id order."""
+class Entry:
+    """One finished state: its directory's stamp (None: list it again), its ids in order, and,
+    packed apart until first read (a plain `status` reads none of them, the ETA only its keys and
+    run times), its files' names and inodes, the ETA's columns and the rows."""
 
-    stamp: Optional[tuple[int, int]]
-    ids: tuple[int, ...]
-    names: tuple[str, ...]
-    inodes: tuple[int, ...]
-    rows: tuple[tuple, ...]
+    def __init__(self, stamp: Optional[tuple[int, int]], ids: tuple[int, ...], *parts: Any) -> None:
+        self.stamp, self.ids, self._parts = stamp, ids, list(parts)  # files, eta, rows: bytes or unpacked
+
+    @classmethod
+    def made(cls, stamp: Optional[tuple[int, int]], ids: Any, names: Any, inodes: Any, rows: Any) -> Entry:
+        one: dict[Any, Any] = {}  # each script, end and key one object: marshal writes it once
+        rows = tuple(
+            (r[0], one.setdefault(r[1], r[1]), r[2], one.setdefault(r[3], r[3]), one.setdefault(r[4], r[4]), *r[5:])
+            for r in rows
+        )
+        eta = (tuple(row[4] for row in rows), tuple(row[5] for row in rows))
+        return cls(stamp, tuple(ids), (tuple(names), tuple(inodes)), eta, rows)
+
+    def _part(self, at: int) -> Any:
+        part = self._parts[at]
+        if type(part) is bytes:
+            part = self._parts[at] = marshal.loads(part)
+        return part
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self._part(0)[0]
+
+    @property
+    def inodes(self) -> tuple[int, ...]:
+        return self._part(0)[1]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Each row's command key (runs.command_key; "" for a file that is not a valid job)."""
+        return self._part(1)[0]
+
+    @property
+    def runs(self) -> tuple[Optional[float], ...]:
+        """Each row's run time in seconds, None where unknown (runs.run_seconds)."""
+        return self._part(1)[1]
+
+    @property
+    def rows(self) -> tuple[tuple, ...]:
+        return self._part(2)
+
+    def stamped(self, stamp: Optional[tuple[int, int]]) -> Entry:
+        return Entry(stamp, self.ids, *self._parts)
+
+    def packed(self) -> tuple:
+        return (self.stamp, self.ids, *(p if type(p) is bytes else marshal.dumps(p) for p in self._parts))
 
 
-EMPTY = Entry(None, (), (), (), ())
+EMPTY = Entry.made(None, (), (), (), ())
 
 
 class FinishedRows:
     """Every finished row in id order, as columns: what `status -a` prints (cli/render.py)."""
 
     def __init__(self, entries: dict[str, Entry]) -> None:
-        merged = [(i, s, r) for s in FINISHED for i, r in zip(entries[s].ids, entries[s].rows)]
+        merged = [(i, s, r) for s in FINISHED if entries[s].ids for i, r in zip(entries[s].ids, entries[s].rows)]
         merged.sort(key=itemgetter(0))  # stable: of two copies of a job, the later state's stays after
         self.ids = [i for i, _s, _r in merged]
         self.states = [s for _i, s, _r in merged]
@@ -135,7 +178,9 @@ class Finished:
 
     def newest(self, limit: int) -> list[JobRef]:
         """The `limit` finished jobs with the highest ids, in id order."""
-        found = [JobRef(i, s, n) for s, e in self.entries.items() for i, n in zip(e.ids[-limit:], e.names[-limit:])]
+        found = [
+            JobRef(i, s, n) for s, e in self.entries.items() if e.ids for i, n in zip(e.ids[-limit:], e.names[-limit:])
+        ]
         found.sort(key=lambda ref: ref.id)
         return found[-limit:]
 
@@ -159,14 +204,15 @@ class FinishedIndex:
             try:
                 st = os.stat(self.layout.state_dir(state), follow_symlinks=False)
             except FileNotFoundError:
-                entries[state], changed = EMPTY, changed or old != EMPTY
+                entries[state], changed = EMPTY, changed or bool(old.ids)
                 continue
             stamp = (st.st_ino, st.st_mtime_ns)
             if old.stamp == stamp:
                 entries[state] = old
                 continue
-            entries[state] = self._refresh(state, old, stamp if now - st.st_mtime > SETTLE_SECONDS else None, now)
-            changed = changed or entries[state] != old
+            settled = stamp if now - st.st_mtime > SETTLE_SECONDS else None
+            entries[state], listed_anew = self._refresh(state, old, settled, now)
+            changed = changed or listed_anew or settled != old.stamp
         signature = self.kept.signature()
         if signature != kept_stamp:
             kept, kept_stamp, changed = self.kept.read(), signature, True
@@ -174,9 +220,9 @@ class FinishedIndex:
             self._write(entries, kept_stamp, kept)
         return Finished(entries, kept)
 
-    def _refresh(self, state: str, old: Entry, stamp: Optional[tuple[int, int]], now: float) -> Entry:
-        """A state's entry for its files now: the rows of files listed under the same name and
-        inode kept, the others read."""
+    def _refresh(self, state: str, old: Entry, stamp: Optional[tuple[int, int]], now: float) -> tuple[Entry, bool]:
+        """A state's entry for its files now, and whether they differ from `old`'s: the rows of
+        files listed under the same name and inode kept, the others read."""
         try:
             with os.scandir(self.layout.state_dir(state)) as listing:
                 listed = sorted(
@@ -185,7 +231,7 @@ class FinishedIndex:
         except FileNotFoundError:
             listed = []
         if [n for _i, n, _ino in listed] == list(old.names) and [ino for _i, _n, ino in listed] == list(old.inodes):
-            return old._replace(stamp=stamp)
+            return old.stamped(stamp), False
         known = {name: (inode, row) for name, inode, row in zip(old.names, old.inodes, old.rows)}
         ids, names, inodes, rows = [], [], [], []
         for job_id, name, inode in listed:
@@ -196,7 +242,7 @@ class FinishedIndex:
                 names.append(name)
                 inodes.append(inode)
                 rows.append(row)
-        return Entry(stamp, tuple(ids), tuple(names), tuple(inodes), tuple(rows))
+        return Entry.made(stamp, ids, names, inodes, rows), True
 
     def _row(self, state: str, job_id: int, name: str, now: float) -> Optional[tuple]:
         """The row of one file (None: gone since the listing)."""
@@ -215,7 +261,7 @@ class FinishedIndex:
             form, stored, kept_stamp, kept = marshal.loads(data) if data else (None, None, None, None)
             if form == FORMAT:
                 entries = {state: Entry(*stored[state]) for state in FINISHED if state in stored}
-                if all(len(e.ids) == len(e.names) == len(e.inodes) == len(e.rows) for e in entries.values()):
+                if all(len(e._parts) == 3 and type(e.ids) is tuple for e in entries.values()):
                     return entries, kept_stamp, list(kept)
         except (EOFError, ValueError, TypeError, KeyError):
             pass
@@ -224,7 +270,7 @@ class FinishedIndex:
     def _write(self, entries: dict[str, Entry], kept_stamp: Any, kept: list[tuple]) -> None:
         if free_bytes(self.layout.home) < MIN_FREE_TO_START:
             return  # the disk's last room is for job files (spool_layout.md section 14)
-        data = marshal.dumps((FORMAT, {state: tuple(entry) for state, entry in entries.items()}, kept_stamp, kept))
+        data = marshal.dumps((FORMAT, {state: entry.packed() for state, entry in entries.items()}, kept_stamp, kept))
         try:
             self.files.replace(self.layout.cache_path(NAME), data, "cache", durable=False)
             for name in OLD_NAMES:
