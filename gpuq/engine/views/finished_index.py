@@ -20,13 +20,14 @@ def history_records(spool: Spool) -> list[history.JobRecord]:
     still has a file, a clear cut short, is left out). A job a crash left two copies of counts
     twice, as it always did."""
     done = finished(spool)
-    out = []
+    out, here = [], set(done.states())
     for state in STATES:  # in the order the files were always read: summed times come out the same
         entry = done.entries.get(state)
         if entry is not None:
             out += history.row_records(entry.ids, entry.rows)
         else:
-            out += [history.record_of(state, job) for _ref, job in spool.jobs.load_many(state)]
-    here = set(spool.jobs.index())
+            loaded = spool.jobs.load_many(state)
+            out += [history.record_of(state, job) for _ref, job in loaded]
+            here.update(ref.id for ref, _job in loaded)
     kept = {record[0]: record for record in done.kept if record[0] not in here}  # the last kept wins
     return out + history.kept_records(list(kept.values()))
