@@ -12,25 +12,22 @@ retried, resumed or recovered keeps its id, so its progress file and log may sti
 attempt's): the supervisor starts each attempt's part of the log with ATTEMPT_HEADER, and a
 progress file older than the attempt's start is an earlier attempt's.
 
-A reading is a plain value object; eta.py turns readings over time into a rate and an ETA. Only
-cheap standard-library imports here: `gpuq status` computes readings for every running job.
+A reading is a plain value; eta.py turns readings over time into a rate and an ETA.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
+from typing import Any, Iterable, NamedTuple, Optional
 
-from gpuq.core import jsontext, lazyre
 from gpuq.core.job import ATTEMPT_HEADER as ATTEMPT_HEADER_TEXT
+from gpuq.core.job import Job
 from gpuq.core.times import parse_iso
 from gpuq.engine.tracking import checkpoints
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Iterable, Optional
-
-    from gpuq.spool import Spool
+from gpuq.spool import Spool
 
 TAIL_BYTES = 64 * 1024
 ATTEMPT_HEADER = ATTEMPT_HEADER_TEXT.encode()  # as the log's bytes are searched
@@ -42,61 +39,50 @@ MAX_TRAINER_STATE_BYTES = 8 << 20
 LONG_SEGMENT = 1024
 
 # Each log pattern yields (kind, step, total). Earlier patterns win within one line.
-TQDM_RE = lazyre.lazy(r"(\d+)/(\d+)\s*\[([\d:]+)<([\d:?]+)(?:,\s*([\d.]+|\?)\s*([A-Za-z]+/s|s/[A-Za-z]+))?[^\]\r\n]*\]")
+TQDM_RE = re.compile(r"(\d+)/(\d+)\s*\[([\d:]+)<([\d:?]+)(?:,\s*([\d.]+|\?)\s*([A-Za-z]+/s|s/[A-Za-z]+))?[^\]\r\n]*\]")
 LINE_PATTERNS = [
-    ("Step N/M", lazyre.lazy(r"\bsteps?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", lazyre.IGNORECASE)),
-    ("Iteration N of M", lazyre.lazy(r"\biter(?:ation)?s?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", lazyre.IGNORECASE)),
-    ("[N/M]", lazyre.lazy(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")),
-    ("Epoch N/M", lazyre.lazy(r"\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", lazyre.IGNORECASE)),
+    ("Step N/M", re.compile(r"\bsteps?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("Iteration N of M", re.compile(r"\biter(?:ation)?s?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("[N/M]", re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")),
+    ("Epoch N/M", re.compile(r"\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
 ]
 # A percentage is progress when it is the whole line (`6.0%`), or in a progress context: a tqdm bar
 # (`45%|`) or a word that says so. `accuracy 93.5%` and `6.0%x` are not.
-PERCENT_RE = lazyre.lazy(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(?:(\|)|(?!\w))")
-LONE_PERCENT_RE = lazyre.lazy(r"\s*\d{1,3}(?:\.\d+)?\s?%\s*")
-PERCENT_CONTEXT_RE = lazyre.lazy(r"\b(progress|complete[d]?|done|finished)\b", lazyre.IGNORECASE)
+PERCENT_RE = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(?:(\|)|(?!\w))")
+LONE_PERCENT_RE = re.compile(r"\s*\d{1,3}(?:\.\d+)?\s?%\s*")
+PERCENT_CONTEXT_RE = re.compile(r"\b(progress|complete[d]?|done|finished)\b", re.IGNORECASE)
 # Every pattern above needs one of these; lines without are skipped with a single cheap search.
-CANDIDATE_RE = lazyre.lazy(r"\d\s*(?:/|%|of\b)|'epoch'", lazyre.IGNORECASE)
-NOT_LETTERS_RE = lazyre.lazy(r"[^A-Za-z]+")
-LINE_BREAKS_RE = lazyre.lazy(r"[\r\n]+")
-HF_PAIR_RE = lazyre.lazy(r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?")
-TRL_COMPLETIONS_RE = lazyre.lazy(r"^completions_(\d+)\.parquet$")
+CANDIDATE_RE = re.compile(r"\d\s*(?:/|%|of\b)|'epoch'", re.IGNORECASE)
+NOT_LETTERS_RE = re.compile(r"[^A-Za-z]+")
+LINE_BREAKS_RE = re.compile(r"[\r\n]+")
+HF_PAIR_RE = re.compile(r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?")
+TRL_COMPLETIONS_RE = re.compile(r"^completions_(\d+)\.parquet$")
 EPOCHS_FLAGS = ("--num_train_epochs", "--num-train-epochs")
 EPOCH_KINDS = ("Epoch N/M:", "HF log (epoch):")  # counters of epochs, not steps
 
 
-class Reading:
+class Reading(NamedTuple):
     """One observation of a job's progress. `at` is when the value was true (the writer's time or the
-    file's mtime), not when we looked; `rate` is a rate the source itself states (steps/s). A plain
-    class (see scheduler.QueueState)."""
+    file's mtime), not when we looked; `rate` is a rate the source itself states (steps/s)."""
 
-    __slots__ = ("step", "total", "source", "kind", "at", "rate", "rate_note", "finished", "counter")
-
-    def __init__(
-        self,
-        step: float,
-        total: Optional[float],
-        source: str,  # "reported", "log" or "checkpoint"
-        kind: str,  # what exactly produced it, for people: "tqdm", "Step N/M", "checkpoint-50", ...
-        at: float,
-        rate: Optional[float] = None,
-        rate_note: str = "",
-        finished: bool = False,  # the source says the work loop is over (HF's final train_runtime dict)
-        counter: str = "",  # which counter of a log it came from (kind + label), to match later looks
-    ) -> None:
-        self.step, self.total, self.source, self.kind, self.at = step, total, source, kind, at
-        self.rate, self.rate_note, self.finished, self.counter = rate, rate_note, finished, counter
-
-    def _fields(self) -> tuple:
-        return tuple(getattr(self, name) for name in self.__slots__)
+    step: float
+    total: Optional[float]
+    source: str  # "reported", "log" or "checkpoint"
+    kind: str  # what exactly produced it, for people: "tqdm", "Step N/M", "checkpoint-50", ...
+    at: float
+    rate: Optional[float] = None
+    rate_note: str = ""
+    finished: bool = False  # the source says the work loop is over (HF's final train_runtime dict)
+    counter: str = ""  # which counter of a log it came from (kind + label), to match later looks
 
     def fields(self) -> list[Any]:
         """The reading as a JSON list (what `Reading.of` reads back)."""
-        return list(self._fields())
+        return list(self)
 
     @classmethod
     def of(cls, fields: Any) -> Optional[Reading]:
         """The reading `fields()` gave, or None for anything else (gpuq's samples file, read back)."""
-        if not isinstance(fields, list) or len(fields) != len(cls.__slots__):
+        if not isinstance(fields, list) or len(fields) != len(cls._fields):
             return None
         step, total, source, kind, at, rate, rate_note, finished, counter = fields
         numbers = (
@@ -109,14 +95,6 @@ class Reading:
         if not (all(numbers) and texts and isinstance(finished, bool)):
             return None
         return cls(*fields)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Reading) and self._fields() == other._fields()
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
-
-    def __repr__(self) -> str:
-        return "Reading(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
     @property
     def fraction(self) -> Optional[float]:
@@ -158,10 +136,8 @@ def from_report(data: Any, mtime: float) -> Optional[Reading]:
         return None
     total = total if _is_number(total) and total > 0 else None
     at = data["time"] if _is_number(data.get("time")) else mtime
-    reading = Reading(float(step), total, "reported", "progress file", float(at))
-    reading.rate, reading.rate_note = _rate_from_recent(data.get("recent"))
-    reading.finished = data.get("finished") is True
-    return reading
+    rate, note = _rate_from_recent(data.get("recent"))
+    return Reading(float(step), total, "reported", "progress file", float(at), rate, note, data.get("finished") is True)
 
 
 def recent_points(data: Any) -> list[tuple[float, float]]:
@@ -239,8 +215,7 @@ def segments(text: str, ends_open: bool) -> list[str]:
     return [p for p in parts if p.strip()]
 
 
-if TYPE_CHECKING:
-    Found = tuple[str, float, Optional[float], Optional[float], bool]  # counter, step, total, rate, finished
+Found = tuple[str, float, Optional[float], Optional[float], bool]  # counter, step, total, rate, finished
 
 
 def log_readings(text: str, epochs: Optional[float] = None) -> list[Found]:
@@ -320,7 +295,7 @@ def num_epochs(cmd: list[str]) -> Optional[float]:
 
 
 # ---- 3. checkpoints -----------------------------------------------------------------------------
-def checkpoint_points(job: dict[str, Any]) -> tuple[list[tuple[float, float, str]], Optional[float]]:
+def checkpoint_points(job: Job) -> tuple[list[tuple[float, float, str]], Optional[float]]:
     """(mtime, step, label) of every complete checkpoint of the current attempt with a step number,
     oldest first, and the total steps (--max_steps, else its newest trainer_state.json's max_steps).
     A checkpoint is the attempt's when the attempt wrote it (`wrote_since` its start) or resumed
@@ -353,7 +328,7 @@ def wrote_since(mtime: float, started: float, adopted: bool = False) -> bool:
     return mtime >= started - (MTIME_SLACK if adopted or float(mtime).is_integer() else CLOCK_SLACK)
 
 
-def _resumed_from(job: dict[str, Any], dated: list[tuple[Any, float]], started: float) -> Optional[str]:
+def _resumed_from(job: Job, dated: list[tuple[Any, float]], started: float) -> Optional[str]:
     """The path of the checkpoint the attempt resumed from: gpuq's resume (`resumed_from`), else
     the command's own --resume_from_checkpoint (`true`: the newest one that was there when the
     attempt started, as HF Trainer picks it); `dated`: (checkpoint, when completed), by step."""
@@ -366,7 +341,7 @@ def _resumed_from(job: dict[str, Any], dated: list[tuple[Any, float]], started: 
     return os.path.abspath(os.path.join(job.cwd, os.path.expanduser(value)))
 
 
-def from_checkpoints(job: dict[str, Any]) -> tuple[Optional[Reading], list[tuple[float, float]]]:
+def from_checkpoints(job: Job) -> tuple[Optional[Reading], list[tuple[float, float]]]:
     """The current attempt's newest checkpoint as a reading, plus each of its checkpoints as a
     (time, step) sample: the times they were written give a rate from a single look."""
     points, total = checkpoint_points(job)
@@ -414,17 +389,17 @@ def _trainer_state_max_steps(ckpt_path: str) -> Optional[int]:
         if os.path.getsize(path) > MAX_TRAINER_STATE_BYTES:
             return None
         with open(path, "rb") as fh:
-            value = jsontext.loads(fh.read()).get("max_steps")
+            value = json.loads(fh.read()).get("max_steps")
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def attempt_started(job: dict[str, Any]) -> float:
+def attempt_started(job: Job) -> float:
     return parse_iso(job.started_at) or 0.0
 
 
-def progress_report(spool: Spool, job: dict[str, Any]) -> Optional[tuple[dict[str, Any], float]]:
+def progress_report(spool: Spool, job: Job) -> Optional[tuple[dict[str, Any], float]]:
     """(contents, mtime) of the job's progress file if the current attempt wrote it."""
     report = spool.reports.read_progress(job.id)
     if report is None or report[1] < attempt_started(job) - MTIME_SLACK:
@@ -432,7 +407,7 @@ def progress_report(spool: Spool, job: dict[str, Any]) -> Optional[tuple[dict[st
     return report
 
 
-def log_tail(spool: Spool, job: dict[str, Any], limit: int) -> tuple[bytes, float]:
+def log_tail(spool: Spool, job: Job, limit: int) -> tuple[bytes, float]:
     """The last `limit` bytes of the job's log that the current attempt wrote, and the log's mtime."""
     tail, mtime = spool.logs.tail(job, limit)
     cut = tail.rfind(ATTEMPT_HEADER)
