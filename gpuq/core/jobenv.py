@@ -18,7 +18,7 @@ def add_job_variables(env: dict[str, str], job: Job) -> dict[str, str]:
         env["VIRTUAL_ENV"] = venv
         env["PATH"] = f"{venv}/bin" + (os.pathsep + env["PATH"] if env.get("PATH") else "")
         env.pop("PYTHONHOME", None)  # a venv's python must find its own standard library
-    env.update(job.env or {})
+    env.update(job.get("env") or {})  # a partial Job (as tests build them) may lack this required field
     env["GPUQ_JOB_ID"] = str(job.id)
     return env
 

@@ -57,7 +57,7 @@ class GpuProcess(NamedTuple):
 
 
 class Gpu(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # the GPU's, named as NVML names it (tuple.index is hidden)
     name: str
     uuid: str
     memory_total_mib: int

@@ -73,7 +73,8 @@ class Held:
     __slots__ = ("lease", "fd", "path")
 
     def __init__(self, lease: Lease, fd: int, path: str) -> None:
-        self.lease, self.fd, self.path = lease, fd, path
+        self.lease, self.path = lease, path
+        self.fd: Optional[int] = fd
 
     def release(self) -> None:
         """Unlink, then close (which drops the lock): in that order, no reader ever sees our file
@@ -175,7 +176,7 @@ class LeaseDir:
         uid = os.geteuid()
         n = lease_io.next_number()
         final = os.path.join(self.path, f"{PREFIX}{lease_io.safe_name(gpu_uuid)}.{uid}.{pid}.{n}{SUFFIX}")
-        record = {
+        record: dict[str, Any] = {
             "lease_version": lease_io.LEASE_VERSION,
             "gpu_uuid": gpu_uuid,
             "gpu_index": gpu_index,
@@ -223,7 +224,8 @@ class LeaseDir:
             return self._skip(name, f"names uid {lease.uid} but is owned by uid {st.st_uid}")
         return lease._replace(user=lease_io.user_name(lease.uid) or display(lease.user))
 
-    def _skip(self, name: str, why: str) -> None:
+    def _skip(self, name: str, why: str) -> Optional[Lease]:
+        """None, with a line in `problems` saying why the file is no lease."""
         self.problems.append(f"lease file {os.path.join(self.path, display(name))} {why}: ignored")
         return None
 

@@ -205,7 +205,7 @@ def _convert_all(records: list[Any], kind: str) -> tuple[list[LegacyJob], list[L
         if not isinstance(record, dict):
             problems.append(LegacyProblem(None, "not an object", {"value": record}))
             continue
-        raw_id = record.get("id")
+        raw_id: Any = record.get("id")
         job_id = raw_id if _is_int(raw_id) and raw_id > 0 else None
         try:
             if job_id is None:
@@ -240,7 +240,8 @@ def _convert(record: dict[str, Any], job_id: int, kind: str) -> LegacyJob:
     legacy_status = record.get("status")
     if not isinstance(legacy_status, str):
         raise _Unreadable(f"status {legacy_status!r} is not a word")
-    pid = record.get("pid") if _is_int(record.get("pid")) and record.get("pid") > 0 else None
+    pid: Any = record.get("pid")
+    pid = pid if _is_int(pid) and pid > 0 else None
     started_at = _time(record.get("started_at"), "started_at", notes)
     exit_code, signal_name = _exit(record.get("exit_code"), notes)
     status, create_time = _state(legacy_status, pid, started_at, kind, notes)

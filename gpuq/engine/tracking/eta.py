@@ -238,7 +238,7 @@ def _overdue(reading: progress.Reading, run: Attempt, now: float) -> Optional[fl
     if spent < MIN_SPAN:
         return None
     pace = done / spent
-    late = now - (reading.at + (reading.total - reading.step) / pace)
+    late = now - (reading.at + ((reading.total or 0.0) - reading.step) / pace)
     return late if late > max(60.0, STALL_FACTOR / pace) else None
 
 
@@ -311,8 +311,9 @@ def running_estimate(spool: Spool, job: Job, now: float, keep: bool = True) -> E
     try:
         stored = spool.reports.read_samples(job.id)
         reading, extra, log = _observe(spool, job, stored)
+        points: list[tuple[float, float]] = []
+        run: Optional[Attempt] = None
         if reading is None:
-            points, run = [], None
             if log is not None and keep:  # no reading in the log: not read again until it changes
                 _keep(spool, job, stored, {**stored, "log": log})
         else:

@@ -129,7 +129,8 @@ def from_report(data: Any, mtime: float) -> Optional[Reading]:
     `time` (epoch seconds) and `recent` ([[time, step], ...]) are optional."""
     if not isinstance(data, dict):
         return None
-    step, total = data.get("step"), data.get("total")
+    step: Any = data.get("step")
+    total: Any = data.get("total")
     if not _is_number(step) and _is_number(data.get("fraction")):
         step, total = float(data["fraction"]) * 100, 100.0
     if not _is_number(step) or step < 0:
@@ -310,7 +311,7 @@ def checkpoint_points(job: Job) -> tuple[list[tuple[float, float, str]], Optiona
     dated = [(c, _mtime(c.path, checkpoints.HF_COMPLETE_MARKER)) for c in found if c.step is not None]
     resumed = _resumed_from(job, dated, started)
     ours = [(c, at) for c, at in dated if c.path == resumed or wrote_since(at, started, job.adopted)]
-    points = [(at, float(c.step), _base(c.path)) for c, at in ours]
+    points = [(at, float(c.step or 0), _base(c.path)) for c, at in ours]
     if out is not None:
         points += [p for p in _trl_completions(out) if wrote_since(p[0], started, job.adopted)]
     points.sort(key=lambda p: (p[1], p[0]))

@@ -7,7 +7,7 @@ runs of the same command in the same directory (run_times.py).
 from __future__ import annotations
 
 from statistics import median
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING, RUNNING, SLURM
@@ -32,7 +32,8 @@ def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None
     whole = any(not w.get("gpus") for w in workers)
     if gpus:
         labels = {g for w in workers for g in w.get("gpus") or []}
-        return [str(i) for i in gpus if whole or str(i) in labels] + [CPU_LANE]
+        served: list[Optional[str]] = [str(i) for i in gpus if whole or str(i) in labels]
+        return served + [CPU_LANE]
     if whole:
         return [None]
     return sorted({g for w in workers for g in w["gpus"]})
@@ -63,7 +64,7 @@ def _later(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 def _held_off(
     job: Job, usable: list[Optional[str]], outside: dict[str, tuple[int, int]], threshold: int
-) -> dict[str, int]:
+) -> dict[Optional[str], int]:
     """The GPUs among `usable` that memory of processes not gpuq's keeps `job` off (slot -> MiB
     they hold), as engine/schedule/placement.py's gate decides: a whole GPU while they hold more than the
     threshold, a share while it does not fit beside them. When they free it cannot be known."""
@@ -125,8 +126,8 @@ def plan_queue(
             play.ends[job.id] = None
             continue
         ready: Optional[float] = 0.0
-        begin = parse_iso(job.begin_at) if now is not None else None
-        if begin is not None:
+        begin = parse_iso(job.begin_at)
+        if begin is not None and now is not None:
             ready = max(0.0, begin - now)  # --begin: not before
         waiting.append((job, _later(ready, _host_room_at(job, wait, running))))
     play.run(waiting)
@@ -184,8 +185,8 @@ class _Play:
         self, at: float, left: list[tuple[Job, Optional[float]]], unplaced: set[int]
     ) -> tuple[list[tuple[Job, Optional[float]]], list[Job]]:
         """The jobs of `left` that start at `at`, placed; (the others, those placed)."""
-        open_now = [s for s in self.slots if self.free[s] is not None and self.free[s] <= at]
-        behind, placed, still = False, [], []
+        open_now = [s for s in self.slots if (free := self.free[s]) is not None and free <= at]
+        behind, placed, still = False, [], []  # type: tuple[bool, list[Job], list[tuple[Job, Optional[float]]]]
         for n, (job, own) in enumerate(left):
             if not open_now:  # every slot taken: nothing else starts now
                 return still + left[n:], placed
@@ -217,7 +218,7 @@ class _Play:
             ready = _later(ready, self.ends.get(dep, 0.0))
         return ready
 
-    def _place(self, job: Job, at: float, taken: list[Optional[str]], held_off: dict[str, int]) -> None:
+    def _place(self, job: Job, at: float, taken: list[Optional[str]], held_off: dict[Optional[str], int]) -> None:
         run, runs = self._run_time(job)
         end = None if run is None else at + run
         for slot in taken:
@@ -247,7 +248,7 @@ def _host_room_at(job: Job, wait: Any, running: list[tuple[Job, Optional[float]]
     return min(ends) if ends else None
 
 
-def _held_text(held_off: dict[str, int]) -> str:
+def _held_text(held_off: dict[Optional[str], int]) -> str:
     return "; ".join(
         f"GPU {slot}: {mib / 1024:.1f} GiB held by processes that are not gpuq's" for slot, mib in held_off.items()
     )
@@ -294,7 +295,8 @@ def annotate(
     for row in rows:  # a job Slurm runs writes the same log: its progress is read the same way
         if row.state == SLURM and (row.job.slurm or {}).get("state") == "RUNNING":
             row.estimate = eta.running_estimate(spool, row.job, now)
-    order = {j.id: n for n, j in enumerate(scheduler.queue_order([r.job for r in rows if r.state == PENDING]))}
+    in_order = cast(list[Job], scheduler.queue_order([r.job for r in rows if r.state == PENDING]))
+    order = {j.id: n for n, j in enumerate(in_order)}
     pending = sorted((r for r in rows if r.state == PENDING), key=lambda r: order[r.job.id])
     if not pending:
         return
