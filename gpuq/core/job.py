@@ -57,13 +57,11 @@ def _opt(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
 
 
 def _iso(value: Any) -> bool:
-    if not isinstance(value, str):
-        return False
     try:
         parse_iso(value)
-    except (ValueError, OverflowError, OSError):
+    except (ValueError, OverflowError, OSError, TypeError):
         return False
-    return True
+    return isinstance(value, str)
 
 
 def _number(value: Any) -> bool:
@@ -82,10 +80,6 @@ def _sweep(value: Any) -> bool:
     return is_int(value["id"]) and 0 < value["id"] <= MAX_ID and ok_values
 
 
-def _id_list(value: Any) -> bool:
-    return isinstance(value, list) and all(is_int(x) and 0 < x <= MAX_ID for x in value)
-
-
 def _slurm(value: Any) -> bool:
     """The `slurm` field of a job handed to Slurm (or being handed over: job_id still null)."""
     if not isinstance(value, dict) or not isinstance(value.get("state"), str):
@@ -100,29 +94,22 @@ def _slurm(value: Any) -> bool:
     )
 
 
-def _objects(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(x, dict) for x in value)
-
-
-def _bool(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
 def is_url(value: Any) -> bool:
     """A notification URL as --notify takes it: SCHEME://..., one line, at most 4096 characters."""
     return os_str(value) and "://" in value and value.isprintable() and len(value) <= 4096
 
 
-def _urls(value: Any) -> bool:
-    return isinstance(value, list) and all(map(is_url, value))
+def _kind(kind: type) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, kind)
 
 
-def _str(value: Any) -> bool:
-    return isinstance(value, str)
+def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(map(check, v))
 
 
-def _dict(value: Any) -> bool:
-    return isinstance(value, dict)
+_str, _dict, _bool = _kind(str), _kind(dict), _kind(bool)
+_objects, _urls = _list_of(_dict), _list_of(is_url)
+_id_list = _list_of(lambda x: is_int(x) and 0 < x <= MAX_ID)
 
 
 def _count(value: Any) -> bool:

@@ -95,23 +95,17 @@ def to_json(look: GpuLook) -> dict[str, Any]:
 
 
 def _gpu_to_json(gpu: Gpu) -> dict[str, Any]:
-    out = {
-        "index": gpu.index,
-        "name": gpu.name,
-        "uuid": gpu.uuid,
-        "memory_total_mib": gpu.memory_total_mib,
-        "memory_used_mib": gpu.memory_used_mib,
-        "processes": [
-            _with_utilization({"pid": p.pid, "used_memory_mib": p.used_memory_mib}, p) for p in gpu.processes
-        ],
-    }
-    if gpu.compute_mode != DEFAULT_MODE:  # optional in the format: files without it stay as they were
-        out["compute_mode"] = gpu.compute_mode
-    return _with_utilization(out, gpu)
+    out = _without_unknown(gpu._asdict())
+    out["processes"] = [_without_unknown(p._asdict()) for p in gpu.processes]
+    if gpu.compute_mode == DEFAULT_MODE:  # optional in the format: files without it stay as they were
+        del out["compute_mode"]
+    return out
 
 
-def _with_utilization(out: dict[str, Any], item: Any) -> dict[str, Any]:
-    return out if item.utilization_gpu is None else {**out, "utilization_gpu": item.utilization_gpu}
+def _without_unknown(out: dict[str, Any]) -> dict[str, Any]:
+    if out["utilization_gpu"] is None:
+        del out["utilization_gpu"]
+    return out
 
 
 def from_json(obj: Any) -> tuple[Gpu, ...]:
@@ -199,12 +193,10 @@ def _text(value: Any, where: str) -> str:
     return value
 
 
-def _no_duplicates(values: list, message: str) -> None:
-    seen: set = set()
-    for value in values:
-        if value in seen:
-            raise ValueError(message.format(value))
-        seen.add(value)
+def _no_duplicates(values: list[Any], message: str) -> None:
+    twice = [value for n, value in enumerate(values) if value in values[:n]]
+    if twice:
+        raise ValueError(message.format(twice[0]))
 
 
 def _kind(value: Any) -> str:
@@ -240,7 +232,7 @@ def _look_fake(path: str) -> GpuLook:
     return GpuLook((), "fake", f"{FAKE_ENV}={path}: {problem}", at)
 
 
-# NVML is initialised once per process and kept so (nvmlInit costs tens of ms on a real driver).
+# NVML is initialised once per process and kept so (nvmlInit is slow on a real driver).
 # A missing library or driver is remembered too: it does not appear while a process runs.
 _nvml_lock = threading.Lock()
 _pynvml: Any = None  # the NVML binding, once NVML started

@@ -1,4 +1,4 @@
-"""GPU leases: who is using which GPU of this machine, in a directory every user's gpuq reads (issue 28).
+"""GPU leases: who is using which GPU of this machine, in a directory every user's gpuq reads.
 
 The protocol is lease_layout.md's; in short: a sticky directory shared by all users (`/dev/shm`
 itself by default: root's, so no user's gpuq owns it), one file per lease

@@ -21,8 +21,8 @@ _boot_id: Optional[str] = None
 
 
 def load_psutil() -> Any:
-    """psutil, imported when first needed (gpuq's modules that need it call this): about 20 ms that
-    `gpuq status` and `gpuq add`, which check liveness with os.kill alone, never pay."""
+    """psutil, imported when first needed (gpuq's modules that need it call this): a heavy import
+    that `gpuq status` and `gpuq add`, which check liveness with os.kill alone, never pay."""
     import psutil  # see above: gpuq's one import of psutil
 
     return psutil

@@ -100,8 +100,7 @@ def log_reading(
     """The reading of the job's log tail, and the memo of it to keep in the samples (`log`: what it
     was read from, and the reading). The same log (inode, size and mtime), read with the same
     counters seen earlier and --num_train_epochs, gives the same reading: a look at a log not
-    written to since the last one reads and parses nothing, and imports no `re` for it
-    (bench/PROFILE.md, section 6)."""
+    written to since the last one reads and parses nothing."""
     signature = spool.logs.signature(job)
     if signature is None:
         return None, None

@@ -35,7 +35,7 @@ MTIME_SLACK = checkpoints.MTIME_SLACK
 CLOCK_SLACK = 0.05  # seconds: file times come from the kernel's coarse clock, a tick or two behind
 MAX_TRAINER_STATE_BYTES = 8 << 20
 # A longer segment (a dumped tensor, a sparse file's zeros) is read by its end only: progress is what
-# a bar prints last, and seven patterns over 64 KiB of one line cost `gpuq status` milliseconds.
+# a bar prints last, and seven patterns over 64 KiB of one line would slow every `gpuq status`.
 LONG_SEGMENT = 1024
 
 # Each log pattern yields (kind, step, total). Earlier patterns win within one line.
