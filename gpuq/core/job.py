@@ -64,7 +64,8 @@ def _iso(value: Any) -> bool:
     return isinstance(value, str)
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A finite int or float (a file may hold anything: NaN, 1e999, true)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -283,7 +284,7 @@ class Job(dict[str, Any]):
 
     # Safeguards (spool_layout.md section 15)
     time_limit: Optional[float] = field(
-        None, _opt(lambda v: _number(v) and v > 0), "null or a positive number of seconds", option=True
+        None, _opt(lambda v: is_number(v) and v > 0), "null or a positive number of seconds", option=True
     )  # --time: seconds a run may take before it is stopped
     begin_at: Optional[str] = field(None, _opt(_iso), _NULL_ISO, option=True)  # --begin: not started before
     # the git commit, branch, dirty flag and diff hash of its directory when queued

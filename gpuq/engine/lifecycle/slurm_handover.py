@@ -1,16 +1,6 @@
-"""Handing pending jobs to Slurm, and keeping the spool the truth about them.
-
-Public API:
-
-- `submit(spool, ids, extra_opts, build, env=None) -> Submitted`: hand pending jobs (`ids`; None:
-  every pending job) to Slurm in dependency order, each one that can go; those that cannot stay
-  here, each with the reason. `build(job, slurm_ids, opts) -> (script, sbatch options)` writes the
-  batch script (gpuq.run.slurm_batch: this layer cannot import it).
-- `sync(spool, env=None) -> SyncReport`: what Slurm says of the jobs in slurm/: their state and
-  reason written into their files (only when changed); finished ones moved to done/failed/cancelled
-  with their exit code. Also finishes hand-overs cut short whose Slurm job exists.
-- `cancel(spool, job_id, env=None) -> dict`: scancel a job in slurm/, then move it to cancelled/.
-- `spool_key(spool)`, `spool_marker(spool, job_id)`: the `--comment` that names the job in Slurm.
+"""Handing pending jobs to Slurm (`submit`), keeping the spool the truth about them (`sync`), and
+cancelling them there (`cancel`). The batch script is written by the caller's `build` (run/slurm_batch.py:
+this layer cannot import it).
 
 The protocol (spool_layout.md, section 16): under the job's claim, the pending job is first marked
 (`slurm.state` SUBMITTING: the scheduler no longer starts it here), then sbatch is asked, then the

@@ -1,12 +1,5 @@
-"""Finding a job's newest *complete* checkpoint, and reading training flags from its argv.
-
-Public API (small on purpose; progress/ETA code imports it too):
-
-- `latest_checkpoint(job) -> Optional[Checkpoint]`: the newest complete checkpoint this job wrote
-  (uses `cmd`, `cwd`, and the optional `ckpt_glob` and `ckpt_since` fields), or None.
-- `output_dir(cmd, cwd) -> Optional[Path]`: the absolute `--output_dir` / `--output-dir` of an argv.
-- `max_steps(cmd) -> Optional[int]`: `--max_steps` / `--max-steps` of an argv.
-- `arg_value(cmd, names) -> Optional[str]`: the value of the last `--flag X` or `--flag=X` in an argv.
+"""Finding a job's newest *complete* checkpoint (`latest_checkpoint`), and reading training flags
+from its argv (`output_dir`, `max_steps`, `arg_value`).
 
 Rules:
 - Hugging Face: `checkpoint-N` directories directly under the output dir. The Trainer writes

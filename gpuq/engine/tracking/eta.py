@@ -225,7 +225,7 @@ def _first_look(reading: progress.Reading, run: Optional[Attempt], now: float) -
     elapsed, done = max(now, reading.at) - run.started, reading.step - run.start_step
     if elapsed < MIN_SPAN or done <= 0:
         return None, "unknown until a second sample shows a rate; look again later"
-    since = f" since step {_num(run.start_step)}" if run.start_step else ""
+    since = f" since step {progress.num_text(run.start_step)}" if run.start_step else ""
     return done / elapsed, f"elapsed x remaining / done{since} (one sample so far)"
 
 
@@ -239,10 +239,6 @@ def _overdue(reading: progress.Reading, run: Attempt, now: float) -> Optional[fl
     pace = done / spent
     late = now - (reading.at + ((reading.total or 0.0) - reading.step) / pace)
     return late if late > max(60.0, STALL_FACTOR / pace) else None
-
-
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
 
 
 def tail_seconds(run: Optional[Attempt], rate: Optional[float]) -> float:

@@ -18,13 +18,12 @@ A reading is a plain value; eta.py turns readings over time into a rate and an E
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from typing import Any, Iterable, NamedTuple, Optional
 
 from gpuq.core.job import ATTEMPT_HEADER as ATTEMPT_HEADER_TEXT
-from gpuq.core.job import Job
+from gpuq.core.job import Job, is_number
 from gpuq.core.times import parse_iso
 from gpuq.engine.tracking import checkpoints
 from gpuq.spool import Spool
@@ -86,10 +85,10 @@ class Reading(NamedTuple):
             return None
         step, total, source, kind, at, rate, rate_note, finished, counter = fields
         numbers = (
-            _is_number(step),
-            total is None or _is_number(total),
-            _is_number(at),
-            rate is None or _is_number(rate),
+            is_number(step),
+            total is None or is_number(total),
+            is_number(at),
+            rate is None or is_number(rate),
         )
         texts = all(isinstance(x, str) for x in (source, kind, rate_note, counter))
         if not (all(numbers) and texts and isinstance(finished, bool)):
@@ -108,19 +107,15 @@ class Reading(NamedTuple):
         """`120/300 (40%)`, `epoch 0.48`, ... for people."""
         pct = self.fraction
         if self.total:
-            shown = f"{_num(self.step)}/{_num(self.total)}"
+            shown = f"{num_text(self.step)}/{num_text(self.total)}"
         else:
-            shown = f"{'epoch' if 'epoch' in self.kind else 'step'} {_num(self.step)}"
+            shown = f"{'epoch' if 'epoch' in self.kind else 'step'} {num_text(self.step)}"
         return shown + (f" ({pct * 100:.0f}%)" if pct is not None else "")
 
 
-def _num(value: float) -> str:
+def num_text(value: float) -> str:
+    """`120`, or `0.48`."""
     return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
-
-
-def _is_number(value: Any) -> bool:
-    """A finite int or float (a job's file may hold anything: NaN, 1e999, true)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ---- 1. reported by the job ---------------------------------------------------------------------
@@ -131,12 +126,12 @@ def from_report(data: Any, mtime: float) -> Optional[Reading]:
         return None
     step: Any = data.get("step")
     total: Any = data.get("total")
-    if not _is_number(step) and _is_number(data.get("fraction")):
+    if not is_number(step) and is_number(data.get("fraction")):
         step, total = float(data["fraction"]) * 100, 100.0
-    if not _is_number(step) or step < 0:
+    if not is_number(step) or step < 0:
         return None
-    total = total if _is_number(total) and total > 0 else None
-    at = data["time"] if _is_number(data.get("time")) else mtime
+    total = total if is_number(total) and total > 0 else None
+    at = data["time"] if is_number(data.get("time")) else mtime
     rate, note = _rate_from_recent(data.get("recent"))
     return Reading(float(step), total, "reported", "progress file", float(at), rate, note, data.get("finished") is True)
 
@@ -147,7 +142,7 @@ def recent_points(data: Any) -> list[tuple[float, float]]:
         return []
     out = []
     for item in data["recent"][-64:]:
-        if isinstance(item, list) and len(item) == 2 and all(_is_number(x) for x in item):
+        if isinstance(item, list) and len(item) == 2 and all(is_number(x) for x in item):
             out.append((float(item[0]), float(item[1])))
     return out
 
