@@ -8,14 +8,11 @@ import shutil
 import stat
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Optional
 
 import pytest
-from test_startup_imports import imported_by
 
-from gpuq.spool import Spool
-from gpuq.system import gitinfo, gitstate
+from gpuq.system import gitinfo
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs the git binary")
 
@@ -303,9 +300,8 @@ def test_snapshot_cwd(repo: Path, tmp_path: Path) -> None:
         gitinfo.snapshot_cwd(str(tmp_path), str(repo), snap)
 
 
-@pytest.mark.parametrize("module", [gitinfo, gitstate])
-def test_imports_only_core(module: Any) -> None:
-    source = Path(module.__file__).read_text()
+def test_imports_only_core() -> None:
+    source = Path(gitinfo.__file__).read_text()
     modules = [
         f"{node.module}.{alias.name}" if isinstance(node, ast.ImportFrom) else alias.name
         for node in ast.walk(ast.parse(source))
@@ -313,66 +309,23 @@ def test_imports_only_core(module: Any) -> None:
         for alias in node.names
     ]
     gpuq_modules = [m for m in modules if m and m.startswith("gpuq")]
-    assert all(m.startswith(("gpuq.core", "gpuq.system.gitstate")) for m in gpuq_modules), gpuq_modules
+    assert all(m.startswith("gpuq.core") for m in gpuq_modules), gpuq_modules
 
 
-# -- provenance from the cache (system/gitstate.py): only where git would answer the same --
+# -- every change of the work tree is seen by the next look --
 
 
-@pytest.fixture
-def cache(tmp_path: Path) -> Any:
-    return Spool(tmp_path / "spool").ensure().cache
+def look(cwd: Path) -> Optional[dict[str, Any]]:
+    return gitinfo.provenance(str(cwd))
 
 
-def fast(cwd: Path, cache: Any) -> Optional[dict[str, Any]]:
-    """provenance with the cache, checked against what git alone says (today's answer)."""
-    answer = gitinfo.provenance(str(cwd), cache=cache)
-    assert answer == gitinfo.provenance(str(cwd))
-    return answer
-
-
-def from_cache(cwd: Path, cache: Any) -> Optional[dict[str, Any]]:
-    """What the cache answers for `cwd` now without git (None: git would run)."""
-    now = gitstate.look(str(cwd))
-    return gitstate.cached(cache, now) if now is not None else None
-
-
-def kept(cwd: Path, cache: Any) -> Optional[dict[str, Any]]:
-    """What the cache answers for `cwd` once a look has kept git's answer. A look after which git
-    refreshed the index's stat (`git diff` does, GIT_OPTIONAL_LOCKS or not) keeps nothing: the
-    index changed while git ran. The next one keeps it."""
-    if from_cache(cwd, cache) is None:
-        fast(cwd, cache)
-    return from_cache(cwd, cache)
-
-
-def test_an_unchanged_work_tree_is_answered_without_git(
-    repo: Path, cache: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for i in range(40):
-        (repo / "src" / f"m{i}.py").write_text(f"X = {i}\n")
-    git(repo, "add", ".")
-    git(repo, "commit", "-qm", "more")
-    (repo / "train.py").write_text("print('v2')\n")  # a dirty tree
-    (repo / "out.log").write_text("untracked\n")
-    first = fast(repo / "src", cache)
-    assert first is not None and first["dirty"] is True
-    assert kept(repo, cache) == first
-    empty_bin = tmp_path / "bin"
-    empty_bin.mkdir()
-    monkeypatch.setenv("PATH", str(empty_bin))  # no git to run now
-    assert gitinfo.provenance(str(repo), cache=cache) == first
-    assert gitinfo.provenance(str(repo)) is None
-
-
-def test_every_change_is_seen_by_the_next_look(repo: Path, cache: Any) -> None:
-    clean = fast(repo, cache)
+def test_every_change_is_seen_by_the_next_look(repo: Path) -> None:
+    clean = look(repo)
     seen = [clean]
 
     def step(expect_dirty: bool) -> dict[str, Any]:
-        answer = fast(repo, cache)
+        answer = look(repo)
         assert answer is not None and answer["dirty"] is expect_dirty and answer not in seen[-1:]
-        assert kept(repo, cache) == answer  # the next look with no change needs no git
         seen.append(answer)
         return answer
 
@@ -381,11 +334,11 @@ def test_every_change_is_seen_by_the_next_look(repo: Path, cache: Any) -> None:
     (repo / "train.py").write_text("print('v3')\n")  # same size again
     step(True)
     (repo / "train.py").write_text("print('v1')\n")  # back as committed
-    assert fast(repo, cache) == clean
+    assert look(repo) == clean
     (repo / "src" / "model.py").write_text("LAYERS = 3\n")
     unstaged = step(True)
     git(repo, "add", "src/model.py")  # staged: the same change
-    assert fast(repo, cache) == unstaged
+    assert look(repo) == unstaged
     git(repo, "commit", "-qm", "three layers")
     step(False)
     os.chmod(repo / "train.py", 0o755)
@@ -415,81 +368,45 @@ def test_every_change_is_seen_by_the_next_look(repo: Path, cache: Any) -> None:
     step(True)
 
 
-def test_a_linked_worktree(repo: Path, cache: Any, tmp_path: Path) -> None:
+def test_a_linked_worktree(repo: Path, tmp_path: Path) -> None:
     linked = tmp_path / "linked"
     git(repo, "worktree", "add", "-q", "-b", "feature", str(linked))
-    here = fast(linked, cache)
+    here = look(linked)
     assert here is not None and here["branch"] == "feature" and here["repo"] == os.path.realpath(linked)
-    assert kept(linked, cache) == here  # read through its commondir, as git reads it
     (linked / "train.py").write_text("print('feature')\n")
-    assert fast(linked, cache)["dirty"] is True
+    assert look(linked)["dirty"] is True
     git(linked, "commit", "-qam", "feature")  # moves refs/heads/feature in the main repository
-    assert fast(linked, cache)["commit"] == git(linked, "rev-parse", "HEAD") != here["commit"]
-    assert fast(repo, cache)["branch"] == git(repo, "symbolic-ref", "--short", "HEAD")
+    assert look(linked)["commit"] == git(linked, "rev-parse", "HEAD") != here["commit"]
+    assert look(repo)["branch"] == git(repo, "symbolic-ref", "--short", "HEAD")
 
 
-def test_a_racy_entry_is_checked_by_its_content(repo: Path, cache: Any) -> None:
-    """A file whose index entry is not older than the index itself may have changed within the
-    same clock tick without its stat showing it: git reads it, so the key holds its content."""
-    index = repo / ".git" / "index"
-    written = (repo / "train.py").stat().st_mtime_ns
-    os.utime(index, ns=(written + 10**10, written + 10**10))
-    settled = gitstate._index(os.path.realpath(repo), str(index))
-    assert not any(part.startswith("train.py ") for part in settled)
-    os.utime(index, ns=(written, written))  # the entry is as new as the index: racy
-    racy = gitstate._index(os.path.realpath(repo), str(index))
-    assert any(part.startswith("train.py ") for part in racy)
-    first = fast(repo, cache)
-    (repo / "train.py").write_text("print('v9')\n")
-    assert fast(repo, cache) != first
-
-
-def test_a_corrupt_index_gives_what_git_gives(repo: Path, cache: Any) -> None:
+def test_a_corrupt_index_gives_what_git_gives(repo: Path) -> None:
     (repo / "train.py").write_text("print('v2')\n")
-    assert fast(repo, cache)["dirty"] is True
+    assert look(repo)["dirty"] is True
     index = repo / ".git" / "index"
     good = index.read_bytes()
-    index.write_bytes(good[:40] + b"\xff" * 8 + good[48:])  # an entry's fields: git reads on, and so do we
-    fast(repo, cache)
-    index.write_bytes(b"DIRX" + good[4:])  # not an index: git refuses it, and so do we
-    assert fast(repo, cache) is None
+    index.write_bytes(b"DIRX" + good[4:])  # not an index: git refuses it
+    assert look(repo) is None
     index.write_bytes(good[:30])  # cut short
-    assert fast(repo, cache) is None
+    assert look(repo) is None
 
 
-def test_unusual_repositories_are_left_to_git(repo: Path, cache: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    (repo / "new.py").write_text("print('new')\n")
-    git(repo, "add", "-N", "new.py")  # intent to add
-    assert gitstate.look(str(repo)) is None and fast(repo, cache)["dirty"] is True
-    git(repo, "reset", "-q")
-    assert gitstate.look(str(repo)) is not None
-    monkeypatch.setenv("GIT_DIR", str(repo / ".git"))
-    assert gitstate.look(str(repo)) is None
-    monkeypatch.delenv("GIT_DIR")
-    empty = new_repo(repo.parent / "empty", commit=False)  # no commit, no index yet
-    assert fast(empty, cache)["commit"] is None
-    (empty / "a.py").write_text("print(1)\n")
-    git(empty, "add", "a.py")
-    assert fast(empty, cache)["dirty"] is True and kept(empty, cache) is not None
-
-
-def test_add_keeps_gits_answer_in_the_spool(gq: Any) -> None:
+def test_add_records_gits_answer_and_keeps_nothing_of_it(gq: Any) -> None:
+    """`add` asks git each time: the job's `code` is git's answer now, and nothing of it is kept in
+    the spool's cache (a change made between two adds is seen by the second)."""
     repo = new_repo(gq.work / "repo")
     (repo / "train.py").write_text("print('v2')\n")
     ids = [gq.add("-q", "--hold", "-d", str(repo), "true") for _ in range(3)]
-    kept = [p for p in (gq.home / "cache").iterdir() if p.name.startswith("git-")]
-    assert len(kept) == 1 and kept[0].stat().st_mode & 0o077 == 0
     today = gitinfo.provenance(str(repo))
     assert [gq.job(i)["code"] for i in ids] == [today] * 3
-    modules = imported_by(SimpleNamespace(work=repo, env=gq.env), "add", "-q", "--hold", "true")
-    assert "gpuq.system.gitinfo" in modules and "subprocess" not in modules  # no git was started
+    assert not [p for p in (gq.home / "cache").iterdir() if p.name.startswith("git-")]
     (repo / "train.py").write_text("print('v3')\n")
     changed = gq.job(gq.add("-q", "--hold", "-d", str(repo), "true"))["code"]
     assert changed == gitinfo.provenance(str(repo)) and changed["diff_hash"] != today["diff_hash"]
 
 
-def test_a_directory_replaced_by_a_link(repo: Path, cache: Any) -> None:
-    assert fast(repo, cache)["dirty"] is False and kept(repo, cache) is not None
+def test_a_directory_replaced_by_a_link(repo: Path) -> None:
+    assert look(repo)["dirty"] is False
     os.rename(repo / "src", repo / "moved")
     os.symlink("moved", repo / "src")  # the same files, reached through a link: deleted, for git
-    assert fast(repo, cache)["dirty"] is True
+    assert look(repo)["dirty"] is True

@@ -256,7 +256,7 @@ def nvml_look(monkeypatch: pytest.MonkeyPatch, binding: types.ModuleType) -> Gpu
     monkeypatch.delenv(gpus.FAKE_ENV, raising=False)
     monkeypatch.setattr(gpus, "NVIDIA_CONTROL_DEVICE", "/dev/null")
     monkeypatch.setitem(sys.modules, "pynvml", binding)
-    monkeypatch.setattr(gpus, "_nvml_ready", False)
+    monkeypatch.setattr(gpus, "_pynvml", None)
     monkeypatch.setattr(gpus, "_nvml_absent", None)
     return gpus.look()
 

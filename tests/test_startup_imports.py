@@ -25,10 +25,6 @@ DENIED = (
     "dataclasses",
     "inspect",
     "shutil",
-    "statistics",
-    "decimal",
-    "fractions",
-    "random",
     "logging",
     "sqlite3",
     "hashlib",
@@ -41,8 +37,6 @@ DENIED = (
     "argparse",
     "gettext",
     "locale",
-    "signal",
-    "shlex",
     "importlib",
     # third-party: a start-up must not need them at all
     "watchdog",
@@ -61,6 +55,13 @@ DENIED = (
 # Also denied when nothing runs or waits (and no GPU is there to show): the ETA machinery, the GPUs.
 DENIED_WHEN_IDLE = (
     "array",
+    # the ETA's: statistics.median (with decimal, fractions, random), pathlib for output directories
+    "statistics",
+    "decimal",
+    "fractions",
+    "random",
+    "pathlib",
+    "urllib",
     "gpuq.engine.tracking.queue_eta",
     "gpuq.engine.tracking.eta",
     "gpuq.engine.tracking.progress",

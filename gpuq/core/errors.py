@@ -7,9 +7,7 @@ request that cannot be carried out.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Optional
+from typing import Optional
 
 
 class GpuqError(Exception):

@@ -1,19 +1,13 @@
-"""One job record: every field of a job file declared once, with its default and what it must be.
+"""One job record: every field of a job file declared once, with its type, its default and its check.
 
 A `Job` is the dict that is the job file (JSON in and out exactly as before, copies made with
-`dict(job)` or `Job(job, **changes)`), whose fields also read as attributes: `job.gpu_request` is
-the file's value, or the field's default when the file lacks it (one written before the field
-existed); `job["gpu_request"]` too, while `job.get(...)` stays the plain dict's. Each field below
-says its type (the annotation), its default (`NO_DEFAULT`: a required field, every valid file has it) and its check,
-with the words an error shows ("field 'x' must be ..."). core/schema.py derives its tables,
-`new_job` and `validate` from FIELDS; tests/test_spool_contract.py holds the field table of
-spool_layout.md to it.
-
-A dict subclass rather than a class with `__slots__`: loading a job file stays one C-level JSON
-parse and one dict copy (no per-field Python code on `gpuq status`'s path), and every attribute is
-a property over `itemgetter` (C; `__missing__` gives the defaults): about 2.5 times a plain
-`job.get(...)`, a tenth of a microsecond, where `methodcaller("get", ...)` or a Python
-descriptor cost 4 to 6 times it.
+`dict(job)` or `Job(job, **changes)`), whose fields are read and written as attributes:
+`job.gpu_request` is the file's value, or the field's default when the file lacks it (one written
+before the field existed). Each field below says its type (the annotation, which a type checker
+reads), its default (`NO_DEFAULT`: a required field, every valid file has it) and its check, with
+the words an error shows ("field 'x' must be ..."). core/schema.py derives its tables, `new_job`
+and `validate` from FIELDS; tests/test_spool_contract.py holds the field table of spool_layout.md
+to it. A dict rather than a class of its own: loading a job file stays one JSON parse.
 """
 
 from __future__ import annotations
@@ -21,12 +15,9 @@ from __future__ import annotations
 import math
 import os
 from operator import itemgetter
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 from gpuq.core.times import parse_iso
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
 
 SCHEMA_VERSION = 1
 MAX_ID = 10**15  # far beyond any real queue; keeps file names (NNNNNN-...) well under 255 bytes
@@ -66,16 +57,15 @@ def _opt(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
 
 
 def _iso(value: Any) -> bool:
-    if not isinstance(value, str):
-        return False
     try:
         parse_iso(value)
-    except (ValueError, OverflowError, OSError):
+    except (ValueError, OverflowError, OSError, TypeError):
         return False
-    return True
+    return isinstance(value, str)
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A finite int or float (a file may hold anything: NaN, 1e999, true)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -89,10 +79,6 @@ def _sweep(value: Any) -> bool:
     values = value["values"]
     ok_values = isinstance(values, dict) and all(isinstance(k, str) and no_nul(v) for k, v in values.items())
     return is_int(value["id"]) and 0 < value["id"] <= MAX_ID and ok_values
-
-
-def _id_list(value: Any) -> bool:
-    return isinstance(value, list) and all(is_int(x) and 0 < x <= MAX_ID for x in value)
 
 
 def _slurm(value: Any) -> bool:
@@ -109,29 +95,22 @@ def _slurm(value: Any) -> bool:
     )
 
 
-def _objects(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(x, dict) for x in value)
-
-
-def _bool(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
 def is_url(value: Any) -> bool:
     """A notification URL as --notify takes it: SCHEME://..., one line, at most 4096 characters."""
     return os_str(value) and "://" in value and value.isprintable() and len(value) <= 4096
 
 
-def _urls(value: Any) -> bool:
-    return isinstance(value, list) and all(map(is_url, value))
+def _kind(kind: type) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, kind)
 
 
-def _str(value: Any) -> bool:
-    return isinstance(value, str)
+def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(map(check, v))
 
 
-def _dict(value: Any) -> bool:
-    return isinstance(value, dict)
+_str, _dict, _bool = _kind(str), _kind(dict), _kind(bool)
+_objects, _urls = _list_of(_dict), _list_of(is_url)
+_id_list = _list_of(lambda x: is_int(x) and 0 < x <= MAX_ID)
 
 
 def _count(value: Any) -> bool:
@@ -148,18 +127,17 @@ NO_DEFAULT = object()  # the default of a field every valid job file holds
 _SHARED = (type(None), bool, int, float, str)  # defaults that need no copy per job
 
 
-class Field:
+class Field(NamedTuple):
     """One field of a job file: its default (NO_DEFAULT: none), its check and the words for it.
     `option`: `gpuq add`'s options set it (new_job's `options`); `later`: a new job lacks it,
     a change of state writes it (new_job writes every other field, in the order declared)."""
 
-    __slots__ = ("name", "default", "check", "what", "option", "later")
-
-    def __init__(
-        self, default: Any, check: Callable[[Any], bool], what: str, *, option: bool = False, later: bool = False
-    ) -> None:
-        self.name = ""  # set by _record, from the attribute's name
-        self.default, self.check, self.what, self.option, self.later = default, check, what, option, later
+    default: Any
+    check: Callable[[Any], bool]
+    what: str
+    option: bool = False
+    later: bool = False
+    name: str = ""  # set by _record, from the attribute's name
 
     @property
     def required(self) -> bool:
@@ -172,10 +150,10 @@ class Field:
             return None
         return self.default if isinstance(self.default, _SHARED) else type(self.default)(self.default)
 
-    def attribute(self) -> property:
-        """What `job.<name>` is: `job[name]` (a C-level getter: no Python frame per read), which
-        Job.__missing__ answers with the default for a field the file lacks."""
-        return property(itemgetter(self.name), doc=self.what)  # written through Job.__setattr__
+
+def field(default: Any, check: Callable[[Any], bool], what: str, *, option: bool = False, later: bool = False) -> Any:
+    """A Field, typed Any so that the annotation beside it is the attribute's type."""
+    return Field(default, check, what, option, later)
 
 
 _STR_LIST = "a non-empty list of strings without NUL, the first one non-empty"
@@ -183,7 +161,7 @@ _NULL_STR = "null or a string"
 _NULL_ISO = "null or an ISO 8601 time"
 
 
-class Job(dict):
+class Job(dict[str, Any]):
     """A job file's fields, as the dict itself and as attributes (see the module's docstring).
     The order below is the order of a new job file's fields."""
 
@@ -192,152 +170,153 @@ class Job(dict):
     def __missing__(self, key: str) -> Any:
         """A field this file lacks (written before the field existed) reads as its default; a
         required field or a name that is no field is a KeyError, as in a plain dict."""
-        field = FIELDS.get(key)
-        if field is None or field.required:
+        found = FIELDS.get(key)
+        if found is None or found.required:
             raise KeyError(key)
-        return field.fresh()
+        return found.fresh()
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """`job.note = ...` writes the field into the dict (one method rather than a setter per
-        field: the class is built on every start-up); a name that is no field is refused."""
+        """`job.note = ...` writes the field into the dict; a name that is no field is refused."""
         if name not in FIELDS:
             raise AttributeError(f"a job has no field {name!r}")
         self[name] = value
 
-    schema_version: int = Field(NO_DEFAULT, lambda v: type(v) is int and v == SCHEMA_VERSION, str(SCHEMA_VERSION))
-    id: int = Field(NO_DEFAULT, lambda v: is_int(v) and 0 < v <= MAX_ID, f"an integer from 1 to {MAX_ID}")
-    name: str = Field(NO_DEFAULT, lambda v: no_nul(v) and bool(v), "a non-empty string")
-    cmd: list[str] = Field(
+    schema_version: int = field(NO_DEFAULT, lambda v: type(v) is int and v == SCHEMA_VERSION, str(SCHEMA_VERSION))
+    id: int = field(NO_DEFAULT, lambda v: is_int(v) and 0 < v <= MAX_ID, f"an integer from 1 to {MAX_ID}")
+    name: str = field(NO_DEFAULT, lambda v: no_nul(v) and bool(v), "a non-empty string")
+    cmd: list[str] = field(
         NO_DEFAULT, lambda v: isinstance(v, list) and bool(v) and all(map(os_str, v)) and bool(v[0]), _STR_LIST
     )
-    cwd: str = Field(NO_DEFAULT, lambda v: os_str(v) and v.startswith("/"), "an absolute path")
-    env: dict[str, str] = Field(NO_DEFAULT, _dict, "an object of strings")
-    shell_env: Optional[dict[str, str]] = Field(None, _opt(_dict), "null or an object of strings")
-    venv: Optional[str] = Field(None, _opt(os_str), "null or a path")
+    cwd: str = field(NO_DEFAULT, lambda v: os_str(v) and v.startswith("/"), "an absolute path")
+    env: dict[str, str] = field(NO_DEFAULT, _dict, "an object of strings")
+    shell_env: Optional[dict[str, str]] = field(None, _opt(_dict), "null or an object of strings")
+    venv: Optional[str] = field(None, _opt(os_str), "null or a path")
     # its conda environment (a prefix) and how its interpreter was chosen (engine/lifecycle/interpreter.py)
-    conda: Optional[str] = Field(
+    conda: Optional[str] = field(
         None, _opt(lambda v: os_str(v) and v.startswith("/")), "null or an absolute path", option=True
     )
-    interpreter_from: Optional[str] = Field(None, _opt(_str), _NULL_STR, option=True)
-    umask: Optional[int] = Field(
+    interpreter_from: Optional[str] = field(None, _opt(_str), _NULL_STR, option=True)
+    umask: Optional[int] = field(
         None, _opt(lambda v: is_int(v) and 0 <= v <= 0o777), "null or a file mode mask (0 to 511)"
     )
-    after: list[int] = Field(NO_DEFAULT, _id_list, "a list of job ids")
-    after_any: list[int] = Field([], _id_list, "a list of job ids")
-    retries: int = Field(0, _count, "an integer of 0 or more")
-    priority: int = Field(0, is_int, "an integer")
-    attempts: int = Field(0, _count, "an integer of 0 or more")
-    created_at: Optional[str] = Field(None, _opt(_iso), _NULL_ISO)
-    started_at: Optional[str] = Field(None, _opt(_iso), _NULL_ISO)
-    finished_at: Optional[str] = Field(None, _opt(_iso), _NULL_ISO)
+    after: list[int] = field(NO_DEFAULT, _id_list, "a list of job ids")
+    after_any: list[int] = field([], _id_list, "a list of job ids")
+    retries: int = field(0, _count, "an integer of 0 or more")
+    priority: int = field(0, is_int, "an integer")
+    attempts: int = field(0, _count, "an integer of 0 or more")
+    created_at: Optional[str] = field(None, _opt(_iso), _NULL_ISO)
+    started_at: Optional[str] = field(None, _opt(_iso), _NULL_ISO)
+    finished_at: Optional[str] = field(None, _opt(_iso), _NULL_ISO)
     # 0 would signal our own process group
-    pid: Optional[int] = Field(None, _opt(lambda v: is_int(v) and 0 < v < 2**31), "null or a process id")
-    pid_create_time: Optional[float] = Field(
+    pid: Optional[int] = field(None, _opt(lambda v: is_int(v) and 0 < v < 2**31), "null or a process id")
+    pid_create_time: Optional[float] = field(
         None, _opt(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)), "null or a number"
     )
-    boot_id: Optional[str] = Field(None, _opt(_str), _NULL_STR)
-    host: Optional[str] = Field(None, _opt(_str), _NULL_STR)
-    supervisor: Optional[dict[str, Any]] = Field(None, _opt(_dict), "null or an object")
-    slot: Optional[str] = Field(None, _opt(no_nul), _NULL_STR)
-    exit_code: Optional[int] = Field(None, _opt(is_int), "null or an integer")
-    signal: Optional[str] = Field(None, _opt(_str), _NULL_STR)
-    log: str = Field(NO_DEFAULT, _str, "a string")
-    note: Optional[str] = Field(None, _opt(_str), _NULL_STR)
-    history: list[dict[str, Any]] = Field([], _objects, "a list of objects")
-    source: str = Field("", _str, "a string")  # cli, adopt, dropped:NAME, import:sqlite (core/states.py)
+    boot_id: Optional[str] = field(None, _opt(_str), _NULL_STR)
+    host: Optional[str] = field(None, _opt(_str), _NULL_STR)
+    supervisor: Optional[dict[str, Any]] = field(None, _opt(_dict), "null or an object")
+    slot: Optional[str] = field(None, _opt(no_nul), _NULL_STR)
+    exit_code: Optional[int] = field(None, _opt(is_int), "null or an integer")
+    signal: Optional[str] = field(None, _opt(_str), _NULL_STR)
+    log: str = field(NO_DEFAULT, _str, "a string")
+    note: Optional[str] = field(None, _opt(_str), _NULL_STR)
+    history: list[dict[str, Any]] = field([], _objects, "a list of objects")
+    source: str = field("", _str, "a string")  # cli, adopt, dropped:NAME, import:sqlite (core/states.py)
 
     # Preemption and resume (engine/lifecycle/preempt.py; spool_layout.md section 11)
-    preemptible: bool = Field(False, _bool, "true or false", option=True)  # HF JIT checkpoint / GPUQ_PREEMPTIBLE=1
-    # --urgent, or "force" (--urgent=force): starts first, preempting if needed (engine/victims)
-    urgent: Any = Field(False, lambda v: isinstance(v, bool) or v == "force", 'true, false or "force"', option=True)
-    ckpt_glob: Optional[str] = Field(None, _opt(os_str), _NULL_STR, option=True)  # where its checkpoints are
-    resume_arg: Optional[str] = Field(None, _opt(os_str), _NULL_STR, option=True)  # e.g. "ckpt_path={ckpt}"
-    checkpoint: Optional[str] = Field(None, _opt(os_str), _NULL_STR, option=True)  # newest when last preempted
+    preemptible: bool = field(False, _bool, "true or false", option=True)  # HF JIT checkpoint / GPUQ_PREEMPTIBLE=1
+    # --urgent, or "force" (--urgent=force): starts first, preempting if needed (engine/schedule/victims.py)
+    urgent: Union[bool, str] = field(
+        False, lambda v: isinstance(v, bool) or v == "force", 'true, false or "force"', option=True
+    )
+    ckpt_glob: Optional[str] = field(None, _opt(os_str), _NULL_STR, option=True)  # where its checkpoints are
+    resume_arg: Optional[str] = field(None, _opt(os_str), _NULL_STR, option=True)  # e.g. "ckpt_path={ckpt}"
+    checkpoint: Optional[str] = field(None, _opt(os_str), _NULL_STR, option=True)  # newest when last preempted
     # one record per preemption: at, by, exit_code, checkpoint(_step), last_step, lost_steps
-    preemptions: list[dict[str, Any]] = Field([], _objects, "a list of objects", option=True)
+    preemptions: list[dict[str, Any]] = field([], _objects, "a list of objects", option=True)
     # the checkpoint its current command resumes from (None: from scratch), and that checkpoint's step
-    resumed_from: Optional[str] = Field(None, _opt(os_str), _NULL_STR, option=True)
-    resumed_from_step: Optional[int] = Field(None, _opt(is_int), "null or an integer", option=True)
-    auto_resume: bool = Field(False, _bool, "true or false", option=True)  # preempted for an urgent job
-    queue_front: bool = Field(False, _bool, "true or false", option=True)  # resumed: before other pending jobs
+    resumed_from: Optional[str] = field(None, _opt(os_str), _NULL_STR, option=True)
+    resumed_from_step: Optional[int] = field(None, _opt(is_int), "null or an integer", option=True)
+    auto_resume: bool = field(False, _bool, "true or false", option=True)  # preempted for an urgent job
+    queue_front: bool = field(False, _bool, "true or false", option=True)  # resumed: before other pending jobs
 
     # GPUs (engine/schedule/placement.py; spool_layout.md section 12)
     # --gpus N: how many GPUs it needs; 0 is a CPU job
-    gpu_request: int = Field(
+    gpu_request: int = field(
         1, lambda v: is_int(v) and 0 <= v <= MAX_GPUS, f"an integer from 0 to {MAX_GPUS}", option=True
     )
     # --gpu-mem: MiB it needs on each GPU, shared with others; None: whole GPUs
-    gpu_mem_mib: Optional[int] = Field(None, _opt(_positive), "null or a positive integer (MiB)", option=True)
+    gpu_mem_mib: Optional[int] = field(None, _opt(_positive), "null or a positive integer (MiB)", option=True)
     # the GPU indices it holds while it runs ([] for a CPU job; None: no GPUs known)
-    gpus: Optional[list[int]] = Field(
+    gpus: Optional[list[int]] = field(
         None,
         _opt(lambda v: isinstance(v, list) and all(is_int(x) and 0 <= x < 2**31 for x in v)),
         "null or a list of GPU indices",
         option=True,
     )
 
-    # Host memory and CPUs (issue 31; spool_layout.md section 12a): what it reserves of the machine
+    # Host memory and CPUs (spool_layout.md section 12a): what it reserves of the machine
     # while it runs; None: nothing (it starts whatever the others hold, as before)
-    mem_mib: Optional[int] = Field(None, _opt(_positive), "null or a positive integer (MiB)", option=True)  # --mem
-    cpus: Optional[int] = Field(None, _opt(_positive), "null or a positive integer", option=True)  # --cpus
+    mem_mib: Optional[int] = field(None, _opt(_positive), "null or a positive integer (MiB)", option=True)  # --mem
+    cpus: Optional[int] = field(None, _opt(_positive), "null or a positive integer", option=True)  # --cpus
 
     # When it ends (run/hooks.py; spool_layout.md section 13)
-    notify: bool = Field(False, _bool, "true or false", option=True)  # --notify: a desktop notification
+    notify: bool = field(False, _bool, "true or false", option=True)  # --notify: a desktop notification
     # --notify URL: where the job's events are sent, through Apprise (run/notify/)
-    notify_urls: list[str] = Field([], _urls, "a list of URLs (SCHEME://...)", option=True)
-    on_finish: Optional[str] = Field(None, _opt(os_str), "null or a shell command", option=True)  # --on-finish
+    notify_urls: list[str] = field([], _urls, "a list of URLs (SCHEME://...)", option=True)
+    on_finish: Optional[str] = field(None, _opt(os_str), "null or a shell command", option=True)  # --on-finish
     # --max-log-size: its log keeps its head and newest tail within this (run/logcap.py)
-    max_log_bytes: Optional[int] = Field(None, _opt(_positive), "null or a positive number of bytes", option=True)
+    max_log_bytes: Optional[int] = field(None, _opt(_positive), "null or a positive number of bytes", option=True)
 
     # Continuing from checkpoints after a crash (engine/tracking/continuation.py; spool_layout.md section 11)
-    no_resume: bool = Field(False, _bool, "true or false", option=True)  # --no-resume: every attempt starts over
+    no_resume: bool = field(False, _bool, "true or false", option=True)  # --no-resume: every attempt starts over
     # when this run began: checkpoints completed before are an earlier run's
-    ckpt_since: Optional[str] = Field(None, _opt(_iso), _NULL_ISO, option=True)
+    ckpt_since: Optional[str] = field(None, _opt(_iso), _NULL_ISO, option=True)
     # steps the interruption before the current attempt cost (done - checkpoint)
-    lost_steps: Optional[int] = Field(
+    lost_steps: Optional[int] = field(
         None, _opt(lambda v: is_int(v) and v >= 0), "null or an integer of 0 or more", option=True
     )
 
     # A job of a sweep (`gpuq add --sweep lr=1e-4,3e-4`): {"id": the sweep's first job id, "values": {"lr": "1e-4"}}
-    sweep: Optional[dict[str, Any]] = Field(
+    sweep: Optional[dict[str, Any]] = field(
         None, _opt(_sweep), 'null or {"id": a job id, "values": an object of strings}', option=True
     )
 
-    # Safeguards (issue 17; spool_layout.md section 15)
-    time_limit: Optional[float] = Field(
-        None, _opt(lambda v: _number(v) and v > 0), "null or a positive number of seconds", option=True
+    # Safeguards (spool_layout.md section 15)
+    time_limit: Optional[float] = field(
+        None, _opt(lambda v: is_number(v) and v > 0), "null or a positive number of seconds", option=True
     )  # --time: seconds a run may take before it is stopped
-    begin_at: Optional[str] = Field(None, _opt(_iso), _NULL_ISO, option=True)  # --begin: not started before
+    begin_at: Optional[str] = field(None, _opt(_iso), _NULL_ISO, option=True)  # --begin: not started before
     # the git commit, branch, dirty flag and diff hash of its directory when queued
-    code: Optional[dict[str, Any]] = Field(None, _opt(_dict), "null or an object", option=True)
+    code: Optional[dict[str, Any]] = field(None, _opt(_dict), "null or an object", option=True)
     # --snapshot: the copy of its repository it runs ({path, files, bytes, repo})
-    snapshot: Optional[dict[str, Any]] = Field(
+    snapshot: Optional[dict[str, Any]] = field(
         None, _opt(_snapshot), 'null or {"path": an absolute path, ...}', option=True
     )
 
-    rev: int = Field(NO_DEFAULT, lambda v: is_int(v) and v >= 0, "an integer of 0 or more")
+    rev: int = field(NO_DEFAULT, lambda v: is_int(v) and v >= 0, "an integer of 0 or more")
 
-    # Written by changes of state only (core/transitions.py, engine/lifecycle/adopt.py, run/supervisor.py)
-    previous_exit_code: Optional[int] = Field(None, _opt(is_int), "null or an integer", later=True)
-    adopted: bool = Field(False, _bool, "true or false", later=True)
-    code_changed: Optional[str] = Field(None, _opt(_str), _NULL_STR, later=True)
-    code_at_start: Optional[dict[str, Any]] = Field(None, _opt(_dict), "null or an object", later=True)
-    reason: Optional[str] = Field(None, _opt(_str), _NULL_STR, later=True)  # why its last attempt failed
+    # Written by changes of state only (core/transitions.py, engine/lifecycle/adopt.py, run/supervisor/)
+    previous_exit_code: Optional[int] = field(None, _opt(is_int), "null or an integer", later=True)
+    adopted: bool = field(False, _bool, "true or false", later=True)
+    code_changed: Optional[str] = field(None, _opt(_str), _NULL_STR, later=True)
+    code_at_start: Optional[dict[str, Any]] = field(None, _opt(_dict), "null or an object", later=True)
+    reason: Optional[str] = field(None, _opt(_str), _NULL_STR, later=True)  # why its last attempt failed
     # how its --mem/--cpus were kept in its latest attempt: "cgroup2", "systemd-run" or "watch:SECONDS"
-    host_limits_by: Optional[str] = Field(None, _opt(_str), _NULL_STR, later=True)
-    slurm: Optional[dict[str, Any]] = Field(
+    host_limits_by: Optional[str] = field(None, _opt(_str), _NULL_STR, later=True)
+    slurm: Optional[dict[str, Any]] = field(
         None, _opt(_slurm), 'null or {"job_id": null or a Slurm job id, "state": a string, ...}', later=True
     )
 
 
 def _record(cls: type) -> dict[str, Field]:
-    """The Fields declared in `cls`, in order, each replaced there by its attribute."""
+    """The Fields declared in `cls`, in order, each replaced there by its attribute: `job[name]`,
+    which Job.__missing__ answers with the default for a field the file lacks."""
     fields = {}
     for name, value in list(vars(cls).items()):
         if isinstance(value, Field):
-            value.name = name
-            fields[name] = value
-            setattr(cls, name, value.attribute())
+            fields[name] = value._replace(name=name)
+            setattr(cls, name, property(itemgetter(name), doc=value.what))
     return fields
 
 

@@ -4,22 +4,22 @@ batch script): its conda environment or venv first on PATH, its own `env`, its i
 from __future__ import annotations
 
 import os
-from typing import Any
+
+from gpuq.core.job import Job
 
 
-def add_job_variables(env: dict[str, str], job: dict[str, Any]) -> dict[str, str]:
+def add_job_variables(env: dict[str, str], job: Job) -> dict[str, str]:
     """`env` (changed in place and returned) with the job's conda environment, venv, `env` and
     `GPUQ_JOB_ID`."""
-    conda = job.get("conda")
-    if conda:
-        activate_conda(env, conda)
-    venv = job.get("venv")
+    if job.conda:
+        activate_conda(env, job.conda)
+    venv = job.venv
     if venv:
         env["VIRTUAL_ENV"] = venv
         env["PATH"] = f"{venv}/bin" + (os.pathsep + env["PATH"] if env.get("PATH") else "")
         env.pop("PYTHONHOME", None)  # a venv's python must find its own standard library
-    env.update(job.get("env") or {})
-    env["GPUQ_JOB_ID"] = str(job["id"])
+    env.update(job.get("env") or {})  # a partial Job (as tests build them) may lack this required field
+    env["GPUQ_JOB_ID"] = str(job.id)
     return env
 
 

@@ -7,21 +7,20 @@ module knows what a valid job file looks like; it never touches the filesystem.
 
 from __future__ import annotations
 
+import json
 import math
-import os
+import re
+import shlex
+from typing import Any, Callable, Optional
 
-from gpuq.core import jsontext
 from gpuq.core.errors import GpuqError
 from gpuq.core.job import FIELDS, MAX_GPUS, NOT_OS_TEXT, SCHEMA_VERSION, Job, is_int, is_url, os_str
 from gpuq.core.states import SOURCE_CLI
 from gpuq.core.times import now_iso
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional
+from gpuq.core.timespec import parse_size_mib
 
 MAX_NAME_LEN = 200
-_SLUG_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class InvalidJob(GpuqError, ValueError):
@@ -33,13 +32,9 @@ class IncompleteJob(InvalidJob):
 
 
 def slug(name: str) -> str:
-    """The part of a file name that shows the job's name: safe characters only."""
-    if not _SLUG_CHARS.issuperset(name):  # each run of other characters becomes one "-"
-        # (by hand rather than re.sub: importing `re` would cost every `gpuq add` about 8 ms)
-        kept = [c if c in _SLUG_CHARS else "\0" for c in name]
-        name = "-".join(filter(None, "".join(kept).split("\0")))
-    text = name.strip("-.")
-    return text[:60] or "job"
+    """The part of a file name that shows the job's name: safe characters only, each run of
+    others one "-"."""
+    return _UNSAFE.sub("-", name).strip("-.")[:60] or "job"
 
 
 def filename(job_id: int, name: str) -> str:
@@ -93,10 +88,12 @@ def new_job(
 # What the job record (core/job.py) says, as the tables this module and core/shown.py read:
 # field -> (check, what it must be). Every field some part of gpuq reads from a job file is there,
 # so that a file that passes validate() cannot crash the scheduler, the supervisor or `status`.
-REQUIRED: dict[str, tuple[Any, str]] = {
+REQUIRED: dict[str, tuple[Callable[[Any], bool], str]] = {
     f.name: (f.check, f.what) for f in FIELDS.values() if f.required and f.name != "schema_version"
 }
-OPTIONAL: dict[str, tuple[Any, str]] = {f.name: (f.check, f.what) for f in FIELDS.values() if not f.required}
+OPTIONAL: dict[str, tuple[Callable[[Any], bool], str]] = {
+    f.name: (f.check, f.what) for f in FIELDS.values() if not f.required
+}
 # Fields `gpuq add`'s options set when a job is queued; absent from older files (read as attributes).
 OPTION_DEFAULTS: dict[str, Any] = {f.name: f.default for f in FIELDS.values() if f.option}
 # Every field a job file may hold; a write of any other field is a bug (spool.store.JobStore.move).
@@ -133,18 +130,16 @@ def parse_bytes(data: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise IncompleteJob(f"not valid UTF-8 (byte {exc.start})") from None
     try:
-        obj = jsontext.loads(
+        obj = json.loads(
             text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_no_constant, parse_float=_finite_float
         )
     except RecursionError:  # a parse cut short by depth: judged like any unparsable text
         raise IncompleteJob("not valid JSON: nested too deeply") from None
     except InvalidJob:
         raise
-    except ValueError as exc:
-        from json import JSONDecodeError  # jsontext raised json's own error, which imported json
-
-        if isinstance(exc, JSONDecodeError):
-            raise IncompleteJob(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except json.JSONDecodeError as exc:
+        raise IncompleteJob(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError:
         raise InvalidJob("not usable JSON: a number has too many digits") from None  # over 4300 digits
     if not isinstance(obj, dict):
         raise InvalidJob(f"a job file must hold a JSON object, not {type(obj).__name__}")
@@ -164,9 +159,7 @@ def _check_str_list(value: Any, field: str) -> list[str]:
 def _check_env(value: Any, field: str = "env") -> dict[str, str]:
     if not isinstance(value, dict):
         raise InvalidJob(f"{field!r} must be an object of strings")
-    if _env_ok(value):
-        return value
-    for key, val in value.items():  # something is wrong: find it, to say which variable
+    for key, val in value.items():
         if not isinstance(val, str):
             raise InvalidJob(f"{field!r} value for {key!r} must be a string, not {type(val).__name__}")
         if not key or "=" in key or "\x00" in key or "\x00" in val:
@@ -174,26 +167,6 @@ def _check_env(value: Any, field: str = "env") -> dict[str, str]:
         if not (os_str(key) and os_str(val)):
             raise InvalidJob(f"{field!r} variable {key!r} {NOT_OS_TEXT}")
     return value
-
-
-def _env_ok(env: dict[str, Any]) -> bool:
-    """All of _check_env's rules at once, for the usual valid environment: a job file holds the
-    shell's fifty-odd variables, and `gpuq status -a` may read 100,000 files, so one join and one
-    encode instead of two checks per variable. Python never merges two lone surrogates into a pair,
-    so the joined text encodes exactly when every part does."""
-    if "" in env:
-        return False
-    try:
-        keys, texts = "".join(env), "".join(env.values())
-    except TypeError:  # a value that is not a string
-        return False
-    if "=" in keys or "\x00" in keys or "\x00" in texts:
-        return False
-    try:
-        os.fsencode(keys + texts)
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _check_ids(value: Any, field: str) -> list[int]:
@@ -205,9 +178,7 @@ def _check_ids(value: Any, field: str) -> list[int]:
 
 
 def _check_cmd(value: Any) -> list[str]:
-    if isinstance(value, str):  # a hand-written job file's command line (shlex: not on status's path)
-        import shlex
-
+    if isinstance(value, str):  # a hand-written job file's command line
         try:
             value = shlex.split(value)
         except ValueError as exc:
@@ -219,7 +190,7 @@ def _check_cmd(value: Any) -> list[str]:
 
 
 DROPPED_FIELDS = {"cmd", "cwd", "name", "env", "after", "after_any", "retries", "priority", "gpus", "gpu_mem", "conda"}
-DROPPED_FIELDS |= {"mem", "cpus", "notify_urls"}  # --mem/--cpus (issue 31); --notify URL (run/notify/)
+DROPPED_FIELDS |= {"mem", "cpus", "notify_urls"}  # --mem/--cpus; --notify URL (run/notify/)
 
 
 def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
@@ -284,8 +255,6 @@ def _dropped_size(obj: dict[str, Any], key: str, what: str) -> Optional[int]:
         return value
     if not isinstance(value, str):
         raise InvalidJob(f"'{key}' must be {what}")
-    from gpuq.core.timespec import parse_size_mib  # only for a dropped file's "20G": status never
-
     try:
         return parse_size_mib(value, f"'{key}'")
     except ValueError as exc:
@@ -341,7 +310,7 @@ def validate(obj: dict[str, Any], expected_id: Optional[int] = None) -> Job:
 def _shown(value: Any) -> str:
     """A short description of a bad value for an error message."""
     try:
-        text = jsontext.dumps(value, ensure_ascii=True)
+        text = json.dumps(value, ensure_ascii=True)
     except ValueError:
         text = ""
     return text if 0 < len(text) <= 40 else f"a {type(value).__name__}"

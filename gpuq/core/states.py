@@ -8,6 +8,10 @@ one constant and one row here (tests/test_states_table.py finds a state spelled 
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
+from gpuq.core.job import Job
+
 PENDING = "pending"
 RUNNING = "running"
 DONE = "done"
@@ -19,38 +23,24 @@ HELD = "held"  # `gpuq hold`: kept out of the queue until `gpuq release`
 SLURM = "slurm"  # handed to a Slurm cluster (`gpuq slurm submit`); Slurm runs it, `gpuq slurm sync` records its end
 
 
-class State:
-    """One row of TABLE. A plain class: `enum` and `typing` would cost `gpuq status` and `gpuq add`
-    their import at every start (tests/test_startup_imports.py)."""
+class State(NamedTuple):
+    """One row of TABLE."""
 
-    __slots__ = ("name", "finished", "glyph", "rank", "shows_note", "label", "colour", "legend")
-
-    def __init__(
-        self,
-        name: str,
-        finished: bool,
-        glyph: str,
-        rank: int,
-        shows_note: bool,
-        label: str | None = None,
-        colour: str | None = None,
-        legend: int | None = None,
-    ) -> None:
-        self.name = name  # the directory, and the word every display shows
-        self.finished = finished  # ended for good: `gpuq clear` may remove it
-        self.glyph = glyph  # the St column of `gpuq status`
-        self.rank = rank  # the state that stands for a sweep in `gpuq status`: the lowest of its jobs'
-        self.shows_note = shows_note  # the Info cell of `gpuq status` ends with the job's `note`
-        # For a state an attempt ends in (a run of `gpuq history`; an attempt that ends in pending/
-        # failed and was retried): its name in the legend of `history --plot`, the colour of its
-        # bars there, and its place in that legend.
-        self.label = label
-        self.colour = colour
-        self.legend = legend
+    name: str  # the directory, and the word every display shows
+    finished: bool  # ended for good: `gpuq clear` may remove it
+    glyph: str  # the St column of `gpuq status`
+    rank: int  # the state that stands for a sweep in `gpuq status`: the lowest of its jobs'
+    shows_note: bool  # the Info cell of `gpuq status` ends with the job's `note`
+    # For a state an attempt ends in (a run of `gpuq history`; an attempt that ends in pending/
+    # failed and was retried): its name in the legend of `history --plot`, the colour of its
+    # bars there, and its place in that legend.
+    label: Optional[str] = None
+    colour: Optional[str] = None
+    legend: Optional[int] = None
 
 
 # Every state a valid job can be in, in the order a job moves through them: when a crash leaves
-# two copies with the same rev, the later one in this order is shown (see engine.snapshot).
+# two copies with the same rev, the later one in this order is kept (engine/lifecycle/repairs.py).
 # fmt: off
 TABLE = (
     #     name         finished glyph rank  note   label              colour     legend
@@ -99,9 +89,9 @@ SOURCE_IMPORTED = "import:"  # + "sqlite" or "json": brought over from the origi
 SLURM_SUBMITTING = "SUBMITTING"  # the `slurm.state` of a pending job while sbatch is being asked
 
 
-def handing_over(job: dict) -> bool:
+def handing_over(job: Job) -> bool:
     """Whether a pending job is marked by a hand-over to Slurm that has not ended (a pending job in
     this sub-state never starts here; transitions.slurm_submitting sets it). Here, not in
     transitions, because the scheduler asks it on `gpuq status`'s path."""
-    mark = job.get("slurm")
+    mark = job.slurm
     return isinstance(mark, dict) and mark.get("state") == SLURM_SUBMITTING

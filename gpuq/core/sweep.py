@@ -22,7 +22,8 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections import namedtuple
+import shlex
+from typing import NamedTuple
 
 DEFAULT_LIMIT = 1000
 HARD_LIMIT = 100_000  # even with --yes: past this a typo is far likelier than a plan
@@ -35,13 +36,11 @@ _PLACEHOLDER = re.compile(rf"\{{\{{({_IDENT})\}}\}}|\{{({_IDENT})\}}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-class Combination(namedtuple("Combination", "values words")):
-    """One job of a sweep: its `values` (a dict, in --sweep order) and its command (`words`, a
-    list) with them filled in. collections.namedtuple, not a dataclass or typing's NamedTuple:
-    `gpuq add --after 3-5` reads ids with this module, and those would cost every `add` a few
-    milliseconds."""
+class Combination(NamedTuple):
+    """One job of a sweep: its values (in --sweep order) and its command with them filled in."""
 
-    __slots__ = ()
+    values: dict[str, str]
+    words: list[str]
 
 
 def parse_sweep(text: str) -> tuple[str, list[str]]:
@@ -172,11 +171,7 @@ def sweep_name(base: str, values: dict[str, str]) -> str:
 
 
 def _quoted(value: str) -> str:
-    if not re.search(r"[\s'\"]", value):
-        return value
-    import shlex  # here: `add --after 3-5` reads its ids with this module
-
-    return shlex.quote(value)
+    return shlex.quote(value) if re.search(r"[\s'\"]", value) else value
 
 
 # -- job id ranges (--after 12-17) --

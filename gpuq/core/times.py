@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-try:  # CPython's C datetime itself: datetime.py first builds a pure-Python twin, 2-3 ms of every start-up
-    from _datetime import datetime, timezone
-except ImportError:  # another Python
-    from datetime import datetime, timezone
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Optional
+from datetime import datetime, timezone
+from typing import Optional
 
 
 def now_iso() -> str:

@@ -19,26 +19,18 @@ option out instead), and so is anything over 365 days, which is a typo rather th
 from __future__ import annotations
 
 import math
-
-try:  # CPython's C datetime itself, as in core/times.py: `gpuq status` imports this module
-    from _datetime import date, datetime, time, timedelta, timezone
-except ImportError:  # another Python
-    from datetime import date, datetime, time, timedelta, timezone
-
-from gpuq.core import lazyre
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Optional
+import re
+from datetime import date, datetime, time, timedelta, timezone
+from typing import Optional
 
 MAX_DURATION = 365 * 86400.0
 
 _UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 _NUMBER = r"\d+(?:\.\d*)?|\.\d+"
-_UNIT_PART = lazyre.lazy(rf"({_NUMBER})\s*([dhms])")
-_UNITS_WHOLE = lazyre.lazy(rf"(?:(?:{_NUMBER})\s*[dhms]\s*)+")  # `1h 30m`, when quoted
-_BARE = lazyre.lazy(rf"(?:{_NUMBER})")
-_COLONS = lazyre.lazy(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+_UNIT_PART = re.compile(rf"({_NUMBER})\s*([dhms])")
+_UNITS_WHOLE = re.compile(rf"(?:(?:{_NUMBER})\s*[dhms]\s*)+")  # `1h 30m`, when quoted
+_BARE = re.compile(rf"(?:{_NUMBER})")
+_COLONS = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 
 DURATION_FORMS = "45s, 90m, 4h, 2d, 1h30m, 90 (minutes), 90:00 (mm:ss), 1:30:00 (h:mm:ss) or 2-12:00:00 (d-hh:mm:ss)"
 
@@ -120,8 +112,8 @@ def format_duration(seconds: float) -> str:
 # -- start times (--begin) --
 
 BEGIN_FORMS = "02:00 (the next 2 am), +2h, +1h30m, 2026-12-03T02:00 (local unless an offset is given) or now"
-_CLOCK = lazyre.lazy(r"(\d{1,2}):(\d{2})(?::(\d{2}))?")
-_ISO = lazyre.lazy(
+_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?")
+_ISO = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})"
     r"(?:[T ](\d{1,2}):(\d{2})(?::(\d{2})(?:\.(\d{1,6}))?)?)?"
     r"\s*(Z|[+-]\d{2}(?::?\d{2})?)?"
@@ -211,7 +203,7 @@ def _zone(offset: Optional[str]) -> Optional[timezone]:
 
 # -- sizes --
 
-_SIZE = lazyre.lazy(rf"({_NUMBER})\s*([kmgt]?)(i?b?)")
+_SIZE = re.compile(rf"({_NUMBER})\s*([kmgt]?)(i?b?)")
 _SIZE_SHIFT = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
 
 

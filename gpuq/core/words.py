@@ -1,11 +1,9 @@
-"""Counts, job ids and notification URLs as a sentence says them: "1 step", "3 steps", "#3, #4",
-"#12-#15", "json://127.0.0.1:8080"."""
+"""Counts, job ids, notification URLs and sizes as a sentence says them: "1 step", "3 steps",
+"#3, #4", "#12-#15", "json://127.0.0.1:8080", "9.1 GiB"."""
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Iterable, Optional
+from typing import Iterable, Optional
 
 
 def plural(count: int, word: str, many: Optional[str] = None) -> str:
@@ -36,3 +34,10 @@ def url_text(url: str) -> str:
     name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
     network = "." in name or name == "localhost" or name.startswith("[")
     return f"{scheme}://{host if network else '...'}"
+
+
+def mib_text(mib: int) -> str:
+    """'512 MiB' below a GiB, else GiB with one decimal ('9.1 GiB' for 9300 MiB)."""
+    if mib < 1024:
+        return f"{mib} MiB"
+    return f"{mib / 1024:.1f} GiB"

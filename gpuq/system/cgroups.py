@@ -1,4 +1,4 @@
-"""The kernel's hold on a job's host memory and CPUs (issue 31): a cgroup v2 of its own, or a scope
+"""The kernel's hold on a job's host memory and CPUs: a cgroup v2 of its own, or a scope
 of the user's systemd. What the machine allows is found out once per process (a supervisor runs
 the jobs of its slot one after another) and said in one line when it does not.
 

@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import sys
+from importlib import metadata
 from importlib.util import find_spec
 from typing import Optional
 from urllib.parse import unquote, urlparse
@@ -48,8 +49,6 @@ def source_tree() -> tuple[Optional[str], bool]:
 
 def _recorded() -> tuple[Optional[str], bool]:
     """The local directory pip installed this distribution from, and whether editable."""
-    from importlib import metadata  # only to say what to install
-
     found = None
     try:  # the first of its metadata on the path that says where it came from (an egg-info in a checkout does not)
         texts = (dist.read_text("direct_url.json") for dist in metadata.distributions(name=DISTRIBUTION))

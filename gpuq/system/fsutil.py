@@ -6,18 +6,17 @@ Within gpuq, only gpuq.spool writes through this module.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
 import sys
+from typing import Optional, Union
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Optional, Union
+StrPath = Union[str, "os.PathLike[str]"]  # a path: the spool's are strings (spool/layout.py)
 
-    StrPath = Union[str, os.PathLike]  # a path: the spool's are strings (spool/layout.py)
-
-_renameat2 = None  # resolved lazily: ctypes costs a few ms that `gpuq status` should not pay
+_libc = ctypes.CDLL(None, use_errno=True)
+_RENAMEAT2 = getattr(_libc, "renameat2", None) if sys.platform.startswith("linux") else None
 
 
 def fsync_dir(path: StrPath) -> None:
@@ -63,10 +62,9 @@ def create_unnamed_first(path: str, data: bytes) -> Optional[os.stat_result]:
     """Create `path` with `data`, durably, without replacing a file of that name
     (FileExistsError): an unnamed file (O_TMPFILE) in its directory, written and fsynced, then given
     its name by linkat through /proc/self/fd. Nobody sees it half-written, or with a second link
-    (security.py refuses a job file with two), and no `ctypes` is loaded for renameat2 (about 5 ms
-    of every `gpuq add`, bench/PROFILE.md section 1). The stat as written, or None where unnamed
-    files cannot be made here (not Linux, a filesystem without O_TMPFILE, no /proc): the caller
-    then writes a temporary file and renames it."""
+    (security.py refuses a job file with two), and no temporary name is left by a crash. The stat
+    as written, or None where unnamed files cannot be made here (not Linux, a filesystem without
+    O_TMPFILE, no /proc): the caller then writes a temporary file and renames it."""
     global _unnamed_files
     if not _unnamed_files:
         return None
@@ -113,22 +111,8 @@ def _unlink_quietly(path: StrPath) -> None:
         pass
 
 
-def _linux_renameat2():
-    global _renameat2
-    if _renameat2 is None:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        func = getattr(libc, "renameat2", None)
-        _renameat2 = (ctypes, func) if func is not None else (ctypes, False)
-    return _renameat2
-
-
 def preload() -> None:
-    """Load what rename_noreplace needs (ctypes and libc's renameat2, several ms) now: for a
-    process whose forked children each rename files (run/zygote.py), so they do not each load it."""
-    if sys.platform.startswith("linux"):
-        _linux_renameat2()
+    """Nothing left to load ahead: libc's rename calls are found when this module is imported."""
 
 
 def rename_noreplace(src: StrPath, dst: StrPath) -> None:
@@ -138,28 +122,19 @@ def rename_noreplace(src: StrPath, dst: StrPath) -> None:
     renamex_np(RENAME_EXCL) on macOS; where neither works (old kernels, some network filesystems)
     falls back to link + unlink, which is also no-clobber but briefly shows two links.
     """
-    if sys.platform.startswith("linux"):
-        ctypes, func = _linux_renameat2()
-        if func:
-            at_fdcwd, rename_noreplace_flag = -100, 1
-            if func(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace_flag) == 0:
-                return
-            err = ctypes.get_errno()
-            if err == errno.EEXIST:
-                raise FileExistsError(err, os.strerror(err), str(dst))
-            if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
-                raise OSError(err, os.strerror(err), str(src))
-    elif sys.platform == "darwin":
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        rename_excl = 0x4
-        if libc.renamex_np(os.fsencode(src), os.fsencode(dst), rename_excl) == 0:
+    if _RENAMEAT2 is not None or sys.platform == "darwin":
+        if _RENAMEAT2 is not None:
+            at_fdcwd, noreplace = -100, 1
+            failed = _RENAMEAT2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), noreplace) != 0
+        else:
+            rename_excl = 0x4
+            failed = _libc.renamex_np(os.fsencode(src), os.fsencode(dst), rename_excl) != 0
+        if not failed:
             return
         err = ctypes.get_errno()
         if err == errno.EEXIST:
             raise FileExistsError(err, os.strerror(err), str(dst))
-        if err not in (errno.ENOTSUP, errno.EINVAL):
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
             raise OSError(err, os.strerror(err), str(src))
     os.link(src, dst)
     os.unlink(src)

@@ -1,10 +1,8 @@
 """Which code a job runs: git facts about its working directory, and snapshots of a repository.
 
-Everything here runs the `git` binary (no library) with a timeout, read-only: `GIT_OPTIONAL_LOCKS=0`
-stops `git status` from rewriting the index, so looking never races the user's own git commands.
-Given a cache (`gpuq add` and the check at a job's start give spool.cache), `provenance` runs git
-only when the work tree changed since git last answered for it (system/gitstate.py says how that
-is known without git), and keeps git's new answer there.
+Everything here runs the `git` binary (no library), each call bounded by a timeout, read-only:
+`GIT_OPTIONAL_LOCKS=0` stops `git status` from rewriting the index, so looking never races the
+user's own git commands.
 
 What the provenance records (`provenance`):
 - `dirty` is about *tracked* files only (staged or not, against HEAD), as `git describe --dirty`
@@ -18,16 +16,13 @@ What the provenance records (`provenance`):
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import stat
-
-from gpuq.system import gitstate
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional
-
-    from gpuq.system.gitstate import CacheFiles
+import subprocess
+import threading
+from typing import Any, Optional
 
 GIT_TIMEOUT = 5.0
 SNAPSHOT_MAX_BYTES = 200 * 1024 * 1024
@@ -56,18 +51,13 @@ class GitFailed(Exception):
 def _git_io(cwd: str) -> dict[str, Any]:
     """How every git gpuq runs is started: in `cwd`, never prompting or taking optional locks,
     stdout piped, stderr swallowed."""
-    import subprocess  # here and below: `gpuq add` in an unchanged work tree starts no git (bench/PROFILE.md)
-
-    env = dict(os.environ)
-    env.update(GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+    env = dict(os.environ, GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", LC_ALL="C")
     quiet = subprocess.DEVNULL
     return {"cwd": cwd, "env": env, "stdin": quiet, "stdout": subprocess.PIPE, "stderr": quiet}
 
 
 def _git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
     """stdout of `git ARGS` run in `cwd`; GitFailed on any failure (stderr is swallowed)."""
-    import subprocess
-
     try:
         proc = subprocess.run(["git", *args], **_git_io(cwd), timeout=timeout)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -77,34 +67,28 @@ def _git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
     return proc.stdout
 
 
-def _git_sha256(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> tuple[str, int]:
-    """(sha256 hex, byte count) of the output of `git ARGS`, read in chunks so a diff touching a
-    large file is never held in memory whole."""
-    import subprocess
-
+def _git_sha256(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> str:
+    """sha256 hex of the output of `git ARGS`, read in chunks so a diff touching a large file is
+    never held in memory whole."""
     try:
         proc = subprocess.Popen(["git", *args], **_git_io(cwd))
     except OSError as exc:
         raise GitFailed(str(exc)) from None
-    import hashlib  # here and below: `gpuq add` in a clean repository needs neither
-    import threading
-
     # A blocking read cannot time out by itself: a timer kills git, which ends the read.
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
-    digest, size = hashlib.sha256(), 0
+    digest = hashlib.sha256()
     try:
         assert proc.stdout is not None
-        for chunk in iter(lambda: proc.stdout.read(CHUNK), b""):
+        for chunk in iter(lambda: proc.stdout.read(CHUNK), b""):  # type: ignore[union-attr]
             digest.update(chunk)
-            size += len(chunk)
         proc.stdout.close()
         code = proc.wait()
     finally:
         timer.cancel()
     if code != 0:
         raise GitFailed(f"git {args[0]} exited {code}")
-    return digest.hexdigest(), size
+    return digest.hexdigest()
 
 
 def _status(cwd: str, timeout: float) -> tuple[Optional[str], Optional[str], bool]:
@@ -130,7 +114,7 @@ def _empty_tree(cwd: str, timeout: float) -> str:
     return _git(cwd, "hash-object", "-t", "tree", "/dev/null", timeout=timeout).decode().strip()
 
 
-def provenance(cwd: str, timeout: float = GIT_TIMEOUT, cache: Optional[CacheFiles] = None) -> Optional[dict[str, Any]]:
+def provenance(cwd: str, timeout: float = GIT_TIMEOUT, cache: object = None) -> Optional[dict[str, Any]]:
     """Git facts about the code in `cwd`, or None when `cwd` is not in a git work tree, git is
     missing, refuses the repository (`safe.directory`) or does not answer within `timeout`
     seconds (per git call). Never prints anything and never raises for those cases.
@@ -138,22 +122,7 @@ def provenance(cwd: str, timeout: float = GIT_TIMEOUT, cache: Optional[CacheFile
     Returns {"repo": toplevel, "commit": sha or None (no commit yet), "branch": name or None
     (detached HEAD), "dirty": tracked files differ from HEAD, "diff_hash": sha256 hex of the
     diff or None when clean}. A repository without commits counts every tracked file as a change.
-
-    With a `cache`: git's last answer for this work tree when its look is the same (nothing
-    git would see changed since, so git would answer the same); else git's answer, kept there."""
-    before = gitstate.look(cwd) if cache is not None else None
-    if before is not None:
-        answer = gitstate.cached(cache, before)
-        if answer is not None:
-            return answer
-    answer = _ask_git(cwd, timeout)
-    if before is not None and answer is not None:
-        gitstate.remember(cache, before, answer, cwd)
-    return answer
-
-
-def _ask_git(cwd: str, timeout: float) -> Optional[dict[str, Any]]:
-    """`provenance` as git answers it."""
+    `cache` is ignored: git is asked every time (callers that still pass one may stop)."""
     try:
         top = _git(cwd, "rev-parse", "--show-toplevel", timeout=timeout).decode("utf-8", "surrogateescape").strip()
         if not top:  # inside .git itself: no work tree
@@ -162,7 +131,7 @@ def _ask_git(cwd: str, timeout: float) -> Optional[dict[str, Any]]:
         diff_hash: Optional[str] = None
         if dirty:
             base = commit or _empty_tree(top, timeout)
-            diff_hash, _ = _git_sha256(top, "diff", *DIFF_OPTIONS, base, "--", timeout=timeout)
+            diff_hash = _git_sha256(top, "diff", *DIFF_OPTIONS, base, "--", timeout=timeout)
     except GitFailed:
         return None
     return {"repo": top, "commit": commit, "branch": branch, "dirty": dirty, "diff_hash": diff_hash}
@@ -229,8 +198,6 @@ def snapshot(repo: str, dest: str, max_bytes: int = SNAPSHOT_MAX_BYTES, timeout:
             f"refusing to snapshot {top}: its tracked files hold {total / 2**20:.0f} MiB, over the "
             f"{max_bytes / 2**20:.0f} MiB limit; run the job without --snapshot"
         )
-    import shutil  # only a snapshot copies files
-
     tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     os.mkdir(tmp)
@@ -271,8 +238,6 @@ def _plan(top: str, paths: list[str]) -> tuple[list[tuple[str, os.stat_result]],
 
 def _copy(top: str, into: str, plan: list[tuple[str, os.stat_result]], max_bytes: int) -> tuple[int, int, int]:
     """Copy the plan into `into`: (files and links copied, bytes copied, paths that vanished meanwhile)."""
-    import shutil
-
     files = copied = vanished = 0
     made: set[str] = set()
     for rel, st in plan:

@@ -17,24 +17,20 @@ A GPU may also say `"compute_mode"`: "default" (when absent), "exclusive_process
 A GPU and a process may say `"utilization_gpu"`: 0-100, NVML's busy percent (absent or null: not known).
 
 No driver, no GPU: `look()` returns no GPUs with source "none" and a one-line `problem` saying why;
-that is the CPU-only case, not an error. pynvml and psutil are imported only inside the functions
-that need them, so that `gpuq add` and `gpuq status` start fast.
+that is the CPU-only case, not an error. NVML's binding is imported only where a driver is there.
 """
 
 from __future__ import annotations
 
-import _thread  # threading's Lock without importing threading (`gpuq status` may look)
 import json
 import os
+import threading
 import time
-from collections import namedtuple
-from pathlib import Path
+from typing import Any, Iterable, NamedTuple, Optional
 
+from gpuq.core.words import mib_text  # noqa: F401 (gpus.mib_text, where GPU sizes are said)
 from gpuq.system.gpu_presence import FAKE_ENV, NVIDIA_CONTROL_DEVICE, WSL_GPU_DEVICE
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Iterable, Optional
+from gpuq.system.procs import load_psutil
 
 MIB = 1024 * 1024
 
@@ -54,24 +50,21 @@ PROCESS_KEYS = ("pid", "used_memory_mib")
 TOP_KEYS = ("gpus", "source", "problem", "at")  # the last three: what to_json adds about the look
 
 
-# collections.namedtuple, not dataclasses or typing's NamedTuple: both cost start-up (engine/scheduler.QueueState)
-class GpuProcess(namedtuple("GpuProcess", "pid used_memory_mib utilization_gpu", defaults=(None,))):
-    """`pid`, `used_memory_mib` (int; None: NVML could not tell), `utilization_gpu` (0-100 or None)."""
+class GpuProcess(NamedTuple):
+    pid: int
+    used_memory_mib: Optional[int]  # None: NVML could not tell
+    utilization_gpu: Optional[int] = None  # 0-100, None: not known
 
-    __slots__ = ()
 
-
-class Gpu(
-    namedtuple(
-        "Gpu",
-        "index name uuid memory_total_mib memory_used_mib processes compute_mode utilization_gpu",
-        defaults=(DEFAULT_MODE, None),
-    )
-):
-    """`index`, `name`, `uuid`, `memory_total_mib`, `memory_used_mib`, `processes` (a tuple of
-    GpuProcess), `compute_mode` (one of COMPUTE_MODES), `utilization_gpu` (0-100, or None: not known)."""
-
-    __slots__ = ()
+class Gpu(NamedTuple):
+    index: int  # type: ignore[assignment]  # the GPU's, named as NVML names it (tuple.index is hidden)
+    name: str
+    uuid: str
+    memory_total_mib: int
+    memory_used_mib: int
+    processes: tuple[GpuProcess, ...]
+    compute_mode: str = DEFAULT_MODE  # one of COMPUTE_MODES
+    utilization_gpu: Optional[int] = None  # 0-100, None: not known
 
     @property
     def exclusive(self) -> bool:
@@ -79,11 +72,11 @@ class Gpu(
         return self.compute_mode in EXCLUSIVE_MODES
 
 
-class GpuLook(namedtuple("GpuLook", "gpus source problem at")):
-    """`gpus` (a tuple of Gpu), `source` ("fake", "nvml" or "none"), `problem` (one line: why there
-    are no GPUs, or what part of the look failed; or None), `at` (time.time() of the look)."""
-
-    __slots__ = ()
+class GpuLook(NamedTuple):
+    gpus: tuple[Gpu, ...]
+    source: str  # "fake", "nvml" or "none"
+    problem: Optional[str]  # one line: why there are no GPUs, or what part of the look failed
+    at: float  # time.time() of the look
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,23 +95,17 @@ def to_json(look: GpuLook) -> dict[str, Any]:
 
 
 def _gpu_to_json(gpu: Gpu) -> dict[str, Any]:
-    out = {
-        "index": gpu.index,
-        "name": gpu.name,
-        "uuid": gpu.uuid,
-        "memory_total_mib": gpu.memory_total_mib,
-        "memory_used_mib": gpu.memory_used_mib,
-        "processes": [
-            _with_utilization({"pid": p.pid, "used_memory_mib": p.used_memory_mib}, p) for p in gpu.processes
-        ],
-    }
-    if gpu.compute_mode != DEFAULT_MODE:  # optional in the format: files without it stay as they were
-        out["compute_mode"] = gpu.compute_mode
-    return _with_utilization(out, gpu)
+    out = _without_unknown(gpu._asdict())
+    out["processes"] = [_without_unknown(p._asdict()) for p in gpu.processes]
+    if gpu.compute_mode == DEFAULT_MODE:  # optional in the format: files without it stay as they were
+        del out["compute_mode"]
+    return out
 
 
-def _with_utilization(out: dict[str, Any], item: Any) -> dict[str, Any]:
-    return out if item.utilization_gpu is None else {**out, "utilization_gpu": item.utilization_gpu}
+def _without_unknown(out: dict[str, Any]) -> dict[str, Any]:
+    if out["utilization_gpu"] is None:
+        del out["utilization_gpu"]
+    return out
 
 
 def from_json(obj: Any) -> tuple[Gpu, ...]:
@@ -206,12 +193,10 @@ def _text(value: Any, where: str) -> str:
     return value
 
 
-def _no_duplicates(values: list, message: str) -> None:
-    seen: set = set()
-    for value in values:
-        if value in seen:
-            raise ValueError(message.format(value))
-        seen.add(value)
+def _no_duplicates(values: list[Any], message: str) -> None:
+    twice = [value for n, value in enumerate(values) if value in values[:n]]
+    if twice:
+        raise ValueError(message.format(twice[0]))
 
 
 def _kind(value: Any) -> str:
@@ -228,14 +213,15 @@ def look() -> GpuLook:
     """The GPUs now. Never raises: what went wrong is in `problem` (see the module docstring)."""
     fake = os.environ.get(FAKE_ENV)
     if fake:
-        return _look_fake(Path(fake))
+        return _look_fake(fake)
     return _look_nvml()
 
 
-def _look_fake(path: Path) -> GpuLook:
+def _look_fake(path: str) -> GpuLook:
     at = time.time()
     try:
-        document = json.loads(path.read_text())
+        with open(path, encoding="utf-8") as fh:
+            document = json.load(fh)
         return GpuLook(from_json(document), "fake", None, at)
     except OSError as exc:
         problem = f"cannot read it: {exc.strerror or exc}"
@@ -246,10 +232,10 @@ def _look_fake(path: Path) -> GpuLook:
     return GpuLook((), "fake", f"{FAKE_ENV}={path}: {problem}", at)
 
 
-# NVML is initialised once per process and kept so (nvmlInit costs tens of ms on a real driver).
+# NVML is initialised once per process and kept so (nvmlInit is slow on a real driver).
 # A missing library or driver is remembered too: it does not appear while a process runs.
-_nvml_lock = _thread.allocate_lock()
-_nvml_ready = False
+_nvml_lock = threading.Lock()
+_pynvml: Any = None  # the NVML binding, once NVML started
 _nvml_absent: Optional[str] = None  # set once we know there is no NVIDIA driver here
 
 
@@ -259,8 +245,7 @@ def _look_nvml() -> GpuLook:
         failure = _start_nvml()
         if failure is not None:
             return GpuLook((), failure[0], failure[1], at)
-        import pynvml
-
+        pynvml = _pynvml
         try:
             count = pynvml.nvmlDeviceGetCount()
         except Exception as exc:
@@ -276,8 +261,8 @@ def _look_nvml() -> GpuLook:
 
 def _start_nvml() -> Optional[tuple[str, str]]:
     """None once NVML is up, else (source, problem) for a look without GPUs."""
-    global _nvml_ready, _nvml_absent
-    if _nvml_ready:
+    global _pynvml, _nvml_absent
+    if _pynvml is not None:
         return None
     if _nvml_absent is not None:
         return "none", _nvml_absent
@@ -287,7 +272,7 @@ def _start_nvml() -> Optional[tuple[str, str]]:
         _nvml_absent = f"no NVIDIA driver (no {NVIDIA_CONTROL_DEVICE})"
         return "none", _nvml_absent
     try:
-        import pynvml
+        import pynvml  # NVML's binding, only where a driver is there
     except ImportError:
         if driver_loaded:  # GPUs we cannot see: refuse rather than start jobs onto them blindly
             return "nvml", "an NVIDIA driver is loaded but the NVML binding is missing (pip install nvidia-ml-py)"
@@ -303,7 +288,7 @@ def _start_nvml() -> Optional[tuple[str, str]]:
         # A driver that is there but fails (permissions, a GPU fallen off the bus...): tried again
         # at the next look, and meanwhile GPU jobs wait with this as their reason.
         return "nvml", f"NVML failed to start: {exc}"
-    _nvml_ready = True
+    _pynvml = pynvml
     return None
 
 
@@ -416,8 +401,7 @@ def _as_text(value: Any) -> str:
 def describe_pid(pid: int) -> str:
     """'python, user alice' for a process this machine shows us; 'not visible here' when it cannot
     be seen (gone, or in another container's pid namespace, where NVML still reports it)."""
-    import psutil
-
+    psutil = load_psutil()
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
@@ -429,8 +413,7 @@ def describe_pid(pid: int) -> str:
 def tree_pids(roots: Iterable[int]) -> set[int]:
     """The roots that exist now and all their descendants now. A root that is gone is left out:
     its pid may already belong to someone else, who must not pass for one of gpuq's jobs."""
-    import psutil
-
+    psutil = load_psutil()
     pids: set[int] = set()
     for root in roots:
         try:
@@ -441,10 +424,3 @@ def tree_pids(roots: Iterable[int]) -> set[int]:
         pids.add(root)
         pids.update(child.pid for child in children)
     return pids
-
-
-def mib_text(mib: int) -> str:
-    """'512 MiB' below a GiB, else GiB with one decimal ('9.1 GiB' for 9300 MiB)."""
-    if mib < 1024:
-        return f"{mib} MiB"
-    return f"{mib / 1024:.1f} GiB"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 
+from gpuq.system.procs import load_psutil
+
 
 def memory_mib() -> int:
     """The machine's physical memory in MiB (psutil: /proc/meminfo's MemTotal on Linux)."""
-    import psutil  # only where a worker admits jobs by host memory: `status` and `add` never come here
-
-    return psutil.virtual_memory().total >> 20
+    return load_psutil().virtual_memory().total >> 20
 
 
 def usable_cpus() -> int:

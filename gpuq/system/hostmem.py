@@ -1,4 +1,4 @@
-"""The host memory a job's process tree holds, as the supervisor's watch reads it (issue 31).
+"""The host memory a job's process tree holds, as the supervisor's watch reads it.
 
 PSS, not RSS: forked DataLoader workers share their parent's pages (copy-on-write: the dataset, the
 model, the interpreter), and a sum of RSS counts each shared page once per process, so eight
@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from gpuq.system.procs import load_psutil
+
 
 def tree_bytes(pid: int) -> int:
     """Bytes of memory process `pid` and its descendants hold (0 once it is gone)."""
-    import psutil  # the supervisor has it loaded (wait_for_order): `status` and `add` never come here
+    psutil = load_psutil()
 
     try:
         root = psutil.Process(pid)

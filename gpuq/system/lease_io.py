@@ -1,25 +1,21 @@
 """The file-level pieces of the lease protocol (lease_layout.md) that gpuq/system/leases.py puts
 together: the directory's checks, a lease line parsed and checked, flock probes, files created
 readable by all whatever the umask, user names. Here so that leases.py stays the API alone.
-
-Imported by `gpuq status` with leases.py: nothing heavy at the top (psutil inside `start_time`).
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import pwd
 import stat
 import time
+from typing import Any, Optional
 
-from gpuq.core import jsontext
+from gpuq.system.procs import load_psutil
 from gpuq.system.security import display
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional
 
 LEASE_VERSION = 1
 MAX_LEASE_BYTES = 4096  # a lease is one short line; a larger file is not one
@@ -167,7 +163,7 @@ def parse(data: bytes) -> dict[str, Any]:
     if len(data) > MAX_LEASE_BYTES:
         raise ValueError(f"is larger than {MAX_LEASE_BYTES} bytes")
     try:
-        obj = jsontext.loads(data)
+        obj = json.loads(data)
     except ValueError:  # json.JSONDecodeError, and undecodable bytes
         raise ValueError("is not JSON") from None
     if not isinstance(obj, dict):
@@ -254,8 +250,7 @@ def user_name(uid: int) -> Optional[str]:
 
 
 def start_time(pid: int) -> float:
-    import psutil  # only a lease taker needs it; `gpuq status` reads leases without it
-
+    psutil = load_psutil()
     try:
         return psutil.Process(pid).create_time()
     except psutil.Error:

@@ -1,4 +1,4 @@
-"""GPU leases: who is using which GPU of this machine, in a directory every user's gpuq reads (issue 28).
+"""GPU leases: who is using which GPU of this machine, in a directory every user's gpuq reads.
 
 The protocol is lease_layout.md's; in short: a sticky directory shared by all users (`/dev/shm`
 itself by default: root's, so no user's gpuq owns it), one file per lease
@@ -13,27 +13,20 @@ must be owned by the uid they name; a directory that others could tamper with, o
 held past `PLACING_TIMEOUT`, raises `LeaseDirProblem`, whose one line callers say once
 (`say_once`) before they go on with the GPU memory gate alone.
 
-`gpuq status` may read the leases (`live()`), so the module imports nothing heavy at the top:
-`Lease` is a named tuple as `system/gpus.py`'s are, JSON goes through `core/jsontext.py`, paths
-are strings, and psutil is imported by `take()` alone.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import stat
 import time
-from collections import namedtuple
+from typing import Any, Callable, Iterable, NamedTuple, Optional
 
-from gpuq.core import jsontext
 from gpuq.system import lease_io
 from gpuq.system.lease_io import OFF, LeaseDirProblem
 from gpuq.system.security import display
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Callable, Iterable, Optional
 
 LEASE_DIR_ENV = "GPUQ_LEASE_DIR"
 PLACING_TIMEOUT = 2.0  # seconds: a placement takes milliseconds; a lock held longer is stuck or hostile
@@ -41,14 +34,24 @@ PREFIX, SUFFIX = "gpuq-lease.", ".lease"  # a lease's name: PREFIX<UUID>.<uid>.<
 STALE_TMP_SECONDS = 60.0  # a writer's temporary file older than this, unlocked, was left by a crash
 _POLL_SECONDS = 0.005
 
-_FIELDS = "gpu_uuid gpu_index mem_mib user uid pid pid_start job name spool since host"
 
-
-class Lease(namedtuple("Lease", "file " + _FIELDS)):
+class Lease(NamedTuple):
     """One live lease of one GPU: `file` (its name in the directory), then the fields of its JSON
-    line (lease_layout.md). `mem_mib` None: the whole GPU; `job` None: a `gpuq lease` command."""
+    line (lease_layout.md)."""
 
-    __slots__ = ()
+    file: str
+    gpu_uuid: str
+    gpu_index: int
+    mem_mib: Optional[int]  # None: the whole GPU
+    user: str
+    uid: int
+    pid: int
+    pid_start: float
+    job: Optional[int]  # None: a `gpuq lease` command
+    name: str
+    spool: Optional[str]
+    since: float
+    host: str
 
     @property
     def whole(self) -> bool:
@@ -70,7 +73,8 @@ class Held:
     __slots__ = ("lease", "fd", "path")
 
     def __init__(self, lease: Lease, fd: int, path: str) -> None:
-        self.lease, self.fd, self.path = lease, fd, path
+        self.lease, self.path = lease, path
+        self.fd: Optional[int] = fd
 
     def release(self) -> None:
         """Unlink, then close (which drops the lock): in that order, no reader ever sees our file
@@ -172,7 +176,7 @@ class LeaseDir:
         uid = os.geteuid()
         n = lease_io.next_number()
         final = os.path.join(self.path, f"{PREFIX}{lease_io.safe_name(gpu_uuid)}.{uid}.{pid}.{n}{SUFFIX}")
-        record = {
+        record: dict[str, Any] = {
             "lease_version": lease_io.LEASE_VERSION,
             "gpu_uuid": gpu_uuid,
             "gpu_index": gpu_index,
@@ -187,9 +191,9 @@ class LeaseDir:
             "since": time.time(),
             "host": os.uname().nodename,
         }
-        data = (jsontext.dumps(record) + "\n").encode()
+        data = (json.dumps(record) + "\n").encode()
         fd = lease_io.write_locked(self.path, f"{lease_io.TMP_PREFIX}{uid}.{pid}.{n}", data, final)
-        return Held(Lease(os.path.basename(final), *(record[k] for k in _FIELDS.split())), fd, final)
+        return Held(Lease(os.path.basename(final), **{k: record[k] for k in Lease._fields[1:]}), fd, final)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -220,7 +224,8 @@ class LeaseDir:
             return self._skip(name, f"names uid {lease.uid} but is owned by uid {st.st_uid}")
         return lease._replace(user=lease_io.user_name(lease.uid) or display(lease.user))
 
-    def _skip(self, name: str, why: str) -> None:
+    def _skip(self, name: str, why: str) -> Optional[Lease]:
+        """None, with a line in `problems` saying why the file is no lease."""
         self.problems.append(f"lease file {os.path.join(self.path, display(name))} {why}: ignored")
         return None
 

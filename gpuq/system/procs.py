@@ -1,23 +1,31 @@
 """Processes: identity (pid + start time + boot id), liveness, and killing a job's whole tree.
 
 A pid alone is reused by the kernel, so a job's process is "the same" only if its pid, its start
-time and the boot it was recorded in all match. psutil is imported lazily: `gpuq add` never needs it.
+time and the boot it was recorded in all match.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
+from typing import Any, Optional
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional
+from gpuq.core.job import Job
 
 CREATE_TIME_TOLERANCE = 0.05  # seconds; psutil derives it from clock ticks, so it is stable
 END_POLL_SECONDS = 0.1  # how often end_group looks whether a job's leftovers have gone
 KILL_WAIT = 5.0  # seconds for SIGKILLed processes to go before they count as surviving it
 KILL_GRACE_SECONDS = 10.0  # SIGTERM, then SIGKILL after this (`gpuq kill`, a job's end; `gpuq run --kill-grace`)
 _boot_id: Optional[str] = None
+
+
+def load_psutil() -> Any:
+    """psutil, imported when first needed (gpuq's modules that need it call this): a heavy import
+    that `gpuq status` and `gpuq add`, which check liveness with os.kill alone, never pay."""
+    import psutil  # see above: gpuq's one import of psutil
+
+    return psutil
 
 
 def boot_id() -> str:
@@ -28,8 +36,7 @@ def boot_id() -> str:
             with open("/proc/sys/kernel/random/boot_id") as fh:
                 _boot_id = fh.read().strip()
         except OSError:
-            import psutil  # macOS and others: the boot time identifies the boot well enough
-
+            psutil = load_psutil()
             _boot_id = f"boot-{int(psutil.boot_time())}"
     return _boot_id
 
@@ -55,8 +62,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def create_time(pid: int) -> Optional[float]:
-    import psutil
-
+    psutil = load_psutil()
     try:
         return psutil.Process(pid).create_time()
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
@@ -74,8 +80,7 @@ def is_same_process(pid: Optional[int], recorded_create_time: Optional[float], r
         return False
     if recorded_boot and recorded_boot != boot_id():
         return False
-    import psutil
-
+    psutil = load_psutil()
     try:
         proc = psutil.Process(pid)
         if abs(proc.create_time() - recorded_create_time) > CREATE_TIME_TOLERANCE:
@@ -87,7 +92,7 @@ def is_same_process(pid: Optional[int], recorded_create_time: Optional[float], r
         return True
 
 
-def job_alive(job: dict[str, Any]) -> bool:
+def job_alive(job: Job) -> bool:
     return is_same_process(job.pid, job.pid_create_time, job.boot_id)
 
 
@@ -109,8 +114,7 @@ def ungrouped_tree(pid: int) -> list[Any]:
 
     psutil.Process objects remember the start time, so killing them later cannot hit a reused pid.
     """
-    import psutil
-
+    psutil = load_psutil()
     try:
         if os.getpgid(pid) == pid:
             return []
@@ -125,8 +129,7 @@ def group_members(pgid: int) -> list[Any]:
     """Live (non-zombie) processes of process group `pgid`."""
     if not pgid or not signal_group(pgid, 0):
         return []  # nobody left in the group: the cheap, common answer
-    import psutil
-
+    psutil = load_psutil()
     out = []
     for proc in psutil.process_iter():
         try:
@@ -140,8 +143,7 @@ def group_members(pgid: int) -> list[Any]:
 def leftovers(pgid: int, snapshot: list[Any]) -> list[Any]:
     """What still lives of a job: its group, plus what `ungrouped_tree` saw of a process that leads
     no group (psutil.Process remembers the start time, so a reused pid is not mistaken for them)."""
-    import psutil
-
+    psutil = load_psutil()
     alive = {p.pid: p for p in group_members(pgid)}
     for proc in snapshot:
         try:
@@ -164,8 +166,6 @@ def wait_gone(pgid: int, snapshot: list[Any], timeout: float) -> list[Any]:
 
 def terminate(pgid: int, snapshot: list[Any]) -> None:
     """SIGTERM the job's group; a process that leads no group (adopted) is signalled itself."""
-    import signal  # here: an enum module, and `gpuq status` imports this module for pid_alive
-
     if not signal_group(pgid, signal.SIGTERM):
         signal_each(snapshot[:1], "terminate")
 
@@ -199,8 +199,6 @@ def end_group(pgid: int, grace: float, since: Optional[float] = None) -> Optiona
     still there `grace` seconds after `since` (time.monotonic(); default now), then up to
     KILL_WAIT seconds for the kernel to take them. None when nothing was left: one killpg, the
     common case. While a member lives, the group's id cannot be given to a new process."""
-    import signal  # here: see terminate()
-
     seen: dict[int, str] = {}
     if not signal_group(pgid, 0):
         return None
@@ -228,8 +226,7 @@ def end_group(pgid: int, grace: float, since: Optional[float] = None) -> Optiona
 
 def _note_members(pgid: int, seen: dict[int, str]) -> set[int]:
     """The live members of the group now; each one's "PID NAME" noted in `seen`."""
-    import psutil
-
+    psutil = load_psutil()
     alive = set()
     for proc in group_members(pgid):
         alive.add(proc.pid)
@@ -242,8 +239,7 @@ def _note_members(pgid: int, seen: dict[int, str]) -> set[int]:
 
 
 def signal_each(processes: list[Any], method: str) -> None:
-    import psutil
-
+    psutil = load_psutil()
     for proc in processes:
         try:
             getattr(proc, method)()
@@ -251,7 +247,7 @@ def signal_each(processes: list[Any], method: str) -> None:
             continue
 
 
-def terminate_tree(job: dict[str, Any], grace: float, force: bool = True) -> bool:
+def terminate_tree(job: Job, grace: float, force: bool = True) -> bool:
     """SIGTERM the job's process group, wait up to `grace` for all of it to go, then (if `force`)
     SIGKILL whatever is left of it. True once nothing of the job lives."""
     pgid = job.pid

@@ -11,12 +11,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import Optional
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Optional
-
-    from gpuq.system.fsutil import StrPath
+from gpuq.system.fsutil import StrPath
 
 # Errors from opening a job file that say "this file cannot be a job" (rather than "try again"):
 # a socket (ENXIO), a symlink (ELOOP; EMLINK on FreeBSD), a file we may not read.

@@ -1,38 +1,20 @@
-"""The Slurm client: sbatch, scancel, squeue and sacct as subprocesses with timeouts.
+"""The Slurm client: sbatch, scancel, squeue and sacct as subprocesses, each bounded by `timeout`
+seconds and run in `env` (default: this process's, where `SLURM_CONF` points at the cluster).
 
-Public API:
-
-- `submit(script, options) -> int`: hands a batch script (its text, starting with `#!`, or a path)
-  to `sbatch --parsable OPTIONS`; returns the Slurm job id.
-- `cancel(slurm_id, signal=None) -> bool`: `scancel ID`, or with a signal `scancel -b -s SIG ID`
-  (to the batch shell only, which forwards it to its payload). False when the job already ended
-  or Slurm does not know it.
-- `query(ids) -> dict[int, SlurmJob]`: what Slurm knows of these jobs: `squeue` for the jobs the
-  controller still holds, `sacct` for the ones it forgot (after `MinJobAge`). Ids Slurm knows
-  nothing of are absent from the result.
-- `find_by_comment(marker, name=..., since=...) -> list[(slurm_id, state)]`: the jobs carrying
-  `marker` in their `--comment` (see `comment_marker`), to repair a hand-over cut short between
-  `sbatch`'s answer and the spool's record of it.
-- `SlurmError(GpuqError)`: one line a person can act on; `SlurmNoAnswer(SlurmError)` when a command
-  timed out (what it asked for may have been done); `SlurmUnreachable(SlurmError)` when the
-  controller could not be contacted (nothing was done).
-
-Every function takes `env` (the environment of the Slurm commands; default: this process's,
-where `SLURM_CONF` points at the cluster) and `timeout` (seconds per command).
+`submit` hands a batch script to sbatch; `cancel` scancels (or signals the batch shell); `query`
+asks squeue for the jobs the controller holds, then sacct for those it forgot (after
+`MinJobAge`); `find_by_comment` finds the jobs a hand-over cut short made (by their `--comment`).
+`SlurmError` is one line a person can act on; `SlurmNoAnswer` a command that timed out (what it
+asked may have been done), `SlurmUnreachable` a controller not reached (nothing was done).
 
 Formats, as observed with Slurm 22.05.8 (Debian bookworm):
-- `squeue -h -t all -j IDS -O 'JobID:|,State:|,...'`: one line per job, fields ending in `|`.
-  Its `exit_code` is a raw wait status (768 = exit 3); a `N:S` pair is accepted too. A field
-  squeue does not know is an error on stderr with exit 0: on a Slurm without one of these fields,
-  `scontrol -o show job ID` is read per job instead (`ExitCode=3:0`, `Restarts=1`, values may
-  contain spaces).
-- `squeue -j` with only unknown ids exits 1 ("Invalid job id specified"): that is an empty answer.
-- `sacct` needs slurmdbd ("Slurm accounting storage is disabled" otherwise); without it,
-  `sacct -c` reads the jobcomp/filetxt completion log, which has no comment and cannot store
-  a job name with spaces (its record is `Name=a b JobState=...`, which sacct misreads):
-  gpuq's Slurm job names have no spaces (`slurm_job_name`).
-  `sacct -c` reads the file named by `JobCompLoc` on the machine it runs on.
-- `sacct` prints a cancelled job's state as `CANCELLED by UID`: only the first word is kept.
+- `squeue -O 'JobID:|,...'` ends each field in `|`; its `exit_code` is a raw wait status (768 =
+  exit 3). A field squeue does not know is an error on stderr with exit 0: then `scontrol -o show
+  job ID` is read per job (`ExitCode=3:0`; values may contain spaces). `squeue -j` with only
+  unknown ids exits 1 ("Invalid job id specified"): an empty answer.
+- `sacct` needs slurmdbd; without it, `sacct -c` reads the jobcomp/filetxt log (`JobCompLoc`, on
+  the machine it runs on), which keeps no comment and cannot store a job name with spaces: gpuq's
+  Slurm job names have none (`slurm_job_name`). A cancelled job's state reads `CANCELLED by UID`.
 """
 
 from __future__ import annotations
@@ -49,17 +31,7 @@ from gpuq.core.errors import GpuqError
 TIMEOUT = 30.0  # seconds per command; squeue alone retries ~18 s against a dead controller
 BATCH = 100  # job ids per squeue/sacct call
 FINAL_STATES = frozenset(
-    {
-        "BOOT_FAIL",
-        "CANCELLED",
-        "COMPLETED",
-        "DEADLINE",
-        "FAILED",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "TIMEOUT",
-    }
+    ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT")
 )
 SQUEUE_FIELDS = ("JobID", "State", "Reason", "exit_code", "RestartCnt", "StartTime", "EndTime", "Name")
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "Start", "End", "JobName")
@@ -129,8 +101,9 @@ def _run(
     except FileNotFoundError:
         raise SlurmError(f"Slurm's {argv[0]} is not on PATH: run gpuq on the cluster's login node") from None
     except subprocess.TimeoutExpired:
-        answer = f"{argv[0]} gave no answer in {timeout:g} s"
-        raise SlurmNoAnswer(f"the Slurm controller does not answer ({answer})") from None
+        raise SlurmNoAnswer(
+            f"the Slurm controller does not answer ({argv[0]} gave no answer in {timeout:g} s)"
+        ) from None
 
 
 def _last_error(stderr: str) -> str:
@@ -148,8 +121,7 @@ def _failure(what: str, proc: subprocess.CompletedProcess) -> SlurmError:
 
 
 def _chunks(ids: Sequence[int]) -> Iterable[list[int]]:
-    for i in range(0, len(ids), BATCH):
-        yield list(ids[i : i + BATCH])
+    return (list(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH))
 
 
 # ---- submit, cancel ---------------------------------------------------------------------------
@@ -161,14 +133,14 @@ def submit(
     timeout: float = TIMEOUT,
 ) -> int:
     """`sbatch --parsable OPTIONS` with the script's text on stdin (a str starting with `#!`) or
-    its path; returns the new Slurm job id. Raises SlurmError with sbatch's reason on refusal.
-    After a timeout the job may still have been submitted: `find_by_comment` tells."""
+    its path; the new Slurm job id. After a timeout the job may have been submitted:
+    `find_by_comment` tells."""
     text = script if isinstance(script, str) and script.startswith("#!") else None
     argv = ["sbatch", "--parsable", *options] + ([] if text is not None else [os.fspath(script)])
     proc = _run(argv, env, timeout, stdin_text=text)
     if proc.returncode != 0:
         if NO_CONTROLLER in proc.stderr:
-            raise SlurmUnreachable(f"the Slurm controller does not answer ({_last_error(proc.stderr)})")
+            raise _failure("sbatch", proc)
         raise SlurmError(f"sbatch refused the job: {_last_error(proc.stderr)}")
     return parse_parsable(proc.stdout)
 
@@ -240,19 +212,27 @@ def parse_squeue_line(line: str) -> Optional[SlurmJob]:
         return None
     job_id, state, reason, status, restarts, start, end = fields[:7]
     name = "|".join(fields[7:]).rstrip("|").strip()  # the last field: may itself contain `|`
+    return _job(job_id, state, status, start, end, name, "squeue", reason, restarts)
+
+
+def _job(
+    job_id: str,
+    state: str,
+    ended: str,
+    start: str,
+    end: str,
+    name: str,
+    source: str,
+    reason: str = "",
+    restarts: str = "",
+) -> SlurmJob:
+    """A SlurmJob from the texts Slurm's commands print (its exit status only once it ended)."""
     state = _state(state)
-    exit_code, sig = _exit_status(status) if state in FINAL_STATES else (None, None)
+    exit_code, sig = _exit_status(ended) if state in FINAL_STATES else (None, None)
     return SlurmJob(
-        id=int(job_id),
-        state=state,
-        reason=_none_if_empty(reason),
-        exit_code=exit_code,
-        signal=sig,
-        restarts=int(restarts) if restarts.isdigit() else None,
-        start=slurm_time(start),
-        end=slurm_time(end),
-        name=name or None,
-    )
+        int(job_id), state, _none_if_empty(reason), exit_code, sig, int(restarts) if restarts.isdigit() else None,
+        slurm_time(start), slurm_time(end), name or None, source,
+    )  # fmt: skip
 
 
 def _scontrol(ids: list[int], env: Optional[Mapping[str, str]], timeout: float) -> dict[int, SlurmJob]:
@@ -289,21 +269,11 @@ def parse_scontrol_line(line: str) -> Optional[SlurmJob]:
     values = parse_key_values(line)
     if not values.get("JobId", "").isdigit():
         return None
-    state = _state(values.get("JobState", ""))
-    exit_code, sig = _exit_status(values.get("ExitCode", "")) if state in FINAL_STATES else (None, None)
-    restarts = values.get("Restarts", "")
-    return SlurmJob(
-        id=int(values["JobId"]),
-        state=state,
-        reason=_none_if_empty(values.get("Reason", "")),
-        exit_code=exit_code,
-        signal=sig,
-        restarts=int(restarts) if restarts.isdigit() else None,
-        start=slurm_time(values.get("StartTime", "")),
-        end=slurm_time(values.get("EndTime", "")),
-        name=values.get("JobName") or None,
-        source="scontrol",
-    )
+    get = values.get
+    return _job(
+        values["JobId"], get("JobState", ""), get("ExitCode", ""), get("StartTime", ""), get("EndTime", ""),
+        get("JobName", ""), "scontrol", get("Reason", ""), get("Restarts", ""),
+    )  # fmt: skip
 
 
 # ---- sacct: jobs the controller forgot ---------------------------------------------------------
@@ -334,18 +304,7 @@ def parse_sacct_row(row: Sequence[str]) -> Optional[SlurmJob]:
     job_id, state, exit_pair, start, end, name = (f.strip() for f in row)
     if not job_id.isdigit():
         return None  # a step (`4.batch`) or a job-array element
-    state = _state(state)
-    exit_code, sig = _exit_status(exit_pair) if state in FINAL_STATES else (None, None)
-    return SlurmJob(
-        id=int(job_id),
-        state=state,
-        exit_code=exit_code,
-        signal=sig,
-        start=slurm_time(start),
-        end=slurm_time(end),
-        name=name or None,
-        source="sacct",
-    )
+    return _job(job_id, state, exit_pair, start, end, name, "sacct")
 
 
 # ---- finding a job by its comment ---------------------------------------------------------------

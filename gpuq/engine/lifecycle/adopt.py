@@ -3,7 +3,7 @@
 An adopted job is a running/ job file with `adopted: true`, the process's real argv, cwd and start
 time, its identity (pid + create time + boot id) and `slot: null`, which occupies every slot of the
 worker: nothing else starts while it runs. No supervisor holds its claim; it cannot have one, since
-only a process's parent can learn its exit code. engine/repairs.py moves it to done/ with
+only a process's parent can learn its exit code. Recovery (engine/lifecycle/repairs.py) moves it to done/ with
 `exit_code: null` and a note once its process is gone, so `--after` on it starts then.
 
 psutil gives the same answers on Linux and macOS.
@@ -20,6 +20,7 @@ import psutil
 
 from gpuq.core import schema
 from gpuq.core.errors import Refused
+from gpuq.core.job import Job
 from gpuq.core.states import RUNNING, SOURCE_ADOPT
 from gpuq.core.times import iso_of
 from gpuq.engine.lifecycle import repairs
@@ -97,7 +98,7 @@ def _same(ident: tuple[Any, Any], info: dict[str, Any]) -> bool:
     )
 
 
-def adopt(spool: Spool, pid: int, name: Optional[str] = None, log: Optional[str] = None) -> tuple[JobRef, dict]:
+def adopt(spool: Spool, pid: int, name: Optional[str] = None, log: Optional[str] = None) -> tuple[JobRef, Job]:
     """Publish `pid` as a running adopted job and return it; AdoptError with the reason if not."""
     log_path = _check_log(log)
     if pid == os.getpid():
@@ -128,7 +129,7 @@ def _check_log(log: Optional[str]) -> Optional[str]:
     return str(path)
 
 
-def _job(spool: Spool, info: dict[str, Any], name: Optional[str], log: Optional[str]) -> dict[str, Any]:
+def _job(spool: Spool, info: dict[str, Any], name: Optional[str], log: Optional[str]) -> Job:
     cmd, cwd = info["cmd"], info["cwd"]
     job = schema.new_job(
         job_id=spool.ids.allocate(),

@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from gpuq.core import schema, transitions
 from gpuq.core.errors import Refused
+from gpuq.core.job import Job
 from gpuq.core.states import PENDING, PREEMPT, PREEMPTED, STATES
 from gpuq.engine.tracking import continuation
 from gpuq.spool import JobRef, Spool, SpoolFull
@@ -27,8 +27,7 @@ from gpuq.spool.files import Reservation
 FULL_RETRY_MAX_SECONDS = 30.0  # a full disk: the end is tried again, waiting longer each time up to this
 
 
-@dataclass(frozen=True)
-class End:
+class End(NamedTuple):
     """How an attempt ended, as its recorder knows it."""
 
     state: str  # where the job goes (core/transitions.destination, ended_unseen)
@@ -41,7 +40,7 @@ class End:
     preempted_by: Optional[str] = None  # for state PREEMPTED: who, when not the user or an urgent job
 
 
-def attempt_end(spool: Spool, job: dict[str, Any], end: End) -> dict[str, Any]:
+def attempt_end(spool: Spool, job: Job, end: End) -> dict[str, Any]:
     """The changes an attempt's end writes: its history entry; for a job that goes back to the
     queue, how it continues (from its newest checkpoint, said in the note); for a preempted one,
     the preemption's record (its checkpoint, the steps lost)."""
@@ -62,13 +61,13 @@ def attempt_end(spool: Spool, job: dict[str, Any], end: End) -> dict[str, Any]:
 def record_end(
     spool: Spool,
     ref: JobRef,
-    job: dict[str, Any],
+    job: Job,
     state: str,
     changes: dict[str, Any],
     *,
     room: Optional[Reservation] = None,
     while_full: Optional[Callable[[], None]] = None,
-) -> tuple[JobRef, dict[str, Any]]:
+) -> tuple[JobRef, Job]:
     """Move the ended job to `state` with `changes` (the caller holds its claim). `room`: blocks
     set aside at its start, so that a disk the job filled cannot lose its end. SpoolFull is
     raised, unless `while_full` is given: it is called (the supervisor notes the end in the
@@ -87,7 +86,7 @@ def record_end(
             delay = min(FULL_RETRY_MAX_SECONDS, delay * 2)
 
 
-def get(spool: Spool, job_id: int, states: tuple[str, ...] = STATES) -> tuple[JobRef, dict[str, Any]]:
+def get(spool: Spool, job_id: int, states: tuple[str, ...] = STATES) -> tuple[JobRef, Job]:
     """The job, in one of `states`; Refused (saying where it is) if it is not there or unreadable."""
     ref = spool.jobs.find(job_id, states)
     if ref is None:
@@ -104,7 +103,7 @@ def get(spool: Spool, job_id: int, states: tuple[str, ...] = STATES) -> tuple[Jo
 
 
 @contextmanager
-def claimed(spool: Spool, job_id: int, states: tuple[str, ...]) -> Iterator[tuple[JobRef, dict[str, Any]]]:
+def claimed(spool: Spool, job_id: int, states: tuple[str, ...]) -> Iterator[tuple[JobRef, Job]]:
     """The job (in one of `states`) with its claim held for the block; Refused if someone else
     holds it (a worker starting it, another command) or the job is elsewhere."""
     claim = spool.claims.take_over(job_id)

@@ -37,7 +37,7 @@ class Writers:
 
     MAX_AGE = 0.25  # seconds a scan is trusted: a writer may open a file after we looked
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: str) -> None:
         self.directory = os.path.realpath(directory)  # /proc shows resolved paths
         self._paths: set[str] = set()
         self._scanned_at: Optional[float] = None
@@ -74,7 +74,7 @@ def _scan_writers(prefix: str) -> set[str]:
     return found
 
 
-def still_being_written(path: Path, now: float, writers: Optional[Writers] = None) -> bool:
+def still_being_written(path: str, now: float, writers: Optional[Writers] = None) -> bool:
     try:
         mtime = os.stat(path, follow_symlinks=False).st_mtime
     except FileNotFoundError:
@@ -93,7 +93,7 @@ def take_in_some(
     now = time.time() if now is None else now
     stop_at = None if budget is None else time.monotonic() + budget
     writers = Writers(spool.layout.state_dir(PENDING))
-    outcomes = []
+    outcomes: list[tuple[str, str]] = []
     for job_id, hidden in spool.dropbox.leftovers():
         outcomes.append((security.display(hidden), _resume_intake(spool, job_id, hidden)))
     for name in spool.dropbox.dropped():
@@ -248,7 +248,7 @@ def reject_broken(
     for the log and True if some were left for the next step."""
     writers = Writers(spool.layout.state_dir(PENDING))  # one /proc scan for all of them
     stop_at = time.monotonic() + budget
-    outcomes = []
+    outcomes: list[tuple[str, str]] = []
     for ref, reason in invalid:
         if time.monotonic() > stop_at:
             return outcomes, True

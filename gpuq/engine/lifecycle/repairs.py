@@ -9,18 +9,17 @@ spool_layout.md (section 10) lists each crash point and which repair here resolv
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 from gpuq.core import schema
+from gpuq.core.job import Job
 from gpuq.core.states import INTERRUPTED, PREEMPT, PREEMPT_ACTIONS, PREEMPT_RESUME, RUNNING, STATES
 from gpuq.spool import JobRef, Spool
 from gpuq.system import procs
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Optional
-
 
 class Report:
-    """What reconcile() repaired. A plain class (see scheduler.QueueState)."""
+    """What reconcile() repaired."""
 
     def __init__(self) -> None:
         self.duplicates_removed: list[JobRef] = []
@@ -109,14 +108,14 @@ def settle_unsupervised(spool: Spool, report: Report) -> None:
             claim.release()
 
 
-def end_unseen(spool: Spool, ref: JobRef, job: dict, noted: Optional[dict] = None) -> str:
+def end_unseen(spool: Spool, ref: JobRef, job: Job, noted: Optional[dict[str, Any]] = None) -> str:
     """Record the end of a running job whose supervisor is gone; returns its new state. The
     caller holds the claim and has made sure its process is gone. `noted`: what the supervisor
     left in the claim's lock file when the disk was too full to record the end itself."""
-    # imported here: `gpuq status` runs reconcile() every time and settles a job almost never
-    from gpuq.core import transitions
-    from gpuq.engine.lifecycle import ending
-    from gpuq.engine.tracking import continuation
+    # here: `gpuq status` runs reconcile() every time and settles a job almost never (these three)
+    from gpuq.core import transitions  # (see above)
+    from gpuq.engine.lifecycle import ending  # (see above)
+    from gpuq.engine.tracking import continuation  # (see above)
 
     request = spool.control.take(job.id)
     if noted and isinstance(noted.get("exit_code"), int) and noted.get("state") in STATES:

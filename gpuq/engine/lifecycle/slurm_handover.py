@@ -1,16 +1,6 @@
-"""Handing pending jobs to Slurm, and keeping the spool the truth about them.
-
-Public API:
-
-- `submit(spool, ids, extra_opts, build, env=None) -> Submitted`: hand pending jobs (`ids`; None:
-  every pending job) to Slurm in dependency order, each one that can go; those that cannot stay
-  here, each with the reason. `build(job, slurm_ids, opts) -> (script, sbatch options)` writes the
-  batch script (gpuq.run.slurm_batch: this layer cannot import it).
-- `sync(spool, env=None) -> SyncReport`: what Slurm says of the jobs in slurm/: their state and
-  reason written into their files (only when changed); finished ones moved to done/failed/cancelled
-  with their exit code. Also finishes hand-overs cut short whose Slurm job exists.
-- `cancel(spool, job_id, env=None) -> dict`: scancel a job in slurm/, then move it to cancelled/.
-- `spool_key(spool)`, `spool_marker(spool, job_id)`: the `--comment` that names the job in Slurm.
+"""Handing pending jobs to Slurm (`submit`), keeping the spool the truth about them (`sync`), and
+cancelling them there (`cancel`). The batch script is written by the caller's `build` (run/slurm_batch.py:
+this layer cannot import it).
 
 The protocol (spool_layout.md, section 16): under the job's claim, the pending job is first marked
 (`slurm.state` SUBMITTING: the scheduler no longer starts it here), then sbatch is asked, then the
@@ -25,7 +15,7 @@ import hashlib
 import shutil
 import signal
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from gpuq.core import states, transitions
 from gpuq.core.errors import GpuqError, Refused
@@ -37,7 +27,7 @@ from gpuq.spool import Spool
 from gpuq.system import slurm as client
 from gpuq.system.slurm import SlurmError, SlurmNoAnswer, SlurmUnreachable
 
-Build = Callable[[dict[str, Any], Mapping[int, int], list[str]], tuple[str, list[str]]]
+Build = Callable[[Job, Mapping[int, int], list[str]], tuple[str, list[str]]]
 Env = Optional[Mapping[str, str]]
 # A Slurm job submitted before the mark was written is not the marked one; seconds of slack for the
 # controller's clock. (Matters where Slurm has forgotten the job and its completion log keeps no
@@ -47,15 +37,15 @@ REPAIR_SLACK = 5.0
 
 @dataclass
 class Handed:
-    job: dict[str, Any]
+    job: Job
     slurm_id: int
     repaired: bool = False  # found in Slurm after a hand-over cut short, not submitted again
 
 
 @dataclass
 class SyncReport:
-    changed: list[dict[str, Any]] = field(default_factory=list)  # still in slurm/, state or reason new
-    ended: list[tuple[dict[str, Any], str]] = field(default_factory=list)  # (job, its gpuq state)
+    changed: list[Job] = field(default_factory=list)  # still in slurm/, state or reason new
+    ended: list[tuple[Job, str]] = field(default_factory=list)  # (job, its gpuq state)
     repaired: list[Handed] = field(default_factory=list)
 
 
@@ -124,7 +114,7 @@ def submit(
     return out
 
 
-def _targets(spool: Spool, ids: Optional[Sequence[int]], left: dict[int, str]) -> list[dict[str, Any]]:
+def _targets(spool: Spool, ids: Optional[Sequence[int]], left: dict[int, str]) -> list[Job]:
     """The pending jobs to hand over; a job named that is not pending goes into `left`."""
     if ids is None:
         return [job for _ref, job in spool.jobs.load_many(PENDING)]
@@ -137,7 +127,7 @@ def _targets(spool: Spool, ids: Optional[Sequence[int]], left: dict[int, str]) -
     return jobs
 
 
-def _deps(job: dict[str, Any]) -> list[int]:
+def _deps(job: Job) -> list[int]:
     return job.after + job.after_any
 
 
@@ -150,11 +140,11 @@ def _slurm_ids(spool: Spool) -> dict[int, int]:
     return {job.id: job.slurm["job_id"] for _ref, job in spool.jobs.load_many(SLURM) if job.slurm}
 
 
-def _in_dependency_order(jobs: list[dict[str, Any]], left: dict[int, str]) -> list[dict[str, Any]]:
+def _in_dependency_order(jobs: list[Job], left: dict[int, str]) -> list[Job]:
     """The jobs, each after those of them it depends on (ids break ties). Jobs that depend on each
     other in a circle go into `left` instead."""
     by_id = {job.id: job for job in jobs}
-    done: dict[int, dict[str, Any]] = {}
+    done: dict[int, Job] = {}
 
     def visit(job_id: int, path: tuple[int, ...]) -> None:
         if job_id in done or job_id in left:
@@ -175,7 +165,7 @@ def _in_dependency_order(jobs: list[dict[str, Any]], left: dict[int, str]) -> li
     return list(done.values())
 
 
-def _check_dependencies(job: dict[str, Any], states: dict[int, str], slurm_ids: dict, left: dict[int, str]) -> None:
+def _check_dependencies(job: Job, states: dict[int, str], slurm_ids: dict, left: dict[int, str]) -> None:
     """Refuse a dependency Slurm cannot be given: one on a job that will not end well (after),
     one on a job left behind in this queue, one on a job gone (Slurm would take an id it does
     not know as satisfied). Done jobs (and, for after_any, any end) are satisfied: dropped. A job
@@ -196,7 +186,7 @@ def _check_dependencies(job: dict[str, Any], states: dict[int, str], slurm_ids: 
 
 def _hand_over_one(spool: Spool, job_id: int, extra: list[str], slurm_ids: dict, build: Build, env: Env) -> Handed:
     with claimed(spool, job_id, (PENDING,)) as (ref, job):
-        mark = job.slurm
+        mark = job.slurm or {}
         if states.handing_over(job):  # a hand-over cut short: Slurm may have the job already
             found = _find(spool, job, env)
             if found is not None:
@@ -206,7 +196,7 @@ def _hand_over_one(spool: Spool, job_id: int, extra: list[str], slurm_ids: dict,
             job = spool.jobs.rewrite(ref, job, **transitions.slurm_submitting(extra))
         try:
             # The script resumes from checkpoints written since ckpt_since, as hand_over records it.
-            since = job.ckpt_since or job.slurm["submitted_at"]
+            since = job.ckpt_since or (job.slurm or {})["submitted_at"]
             script, options = build(Job(job, ckpt_since=since), slurm_ids, extra)
             slurm_id = client.submit(script, options, env=env)
         except (SlurmNoAnswer, KeyboardInterrupt):
@@ -217,9 +207,9 @@ def _hand_over_one(spool: Spool, job_id: int, extra: list[str], slurm_ids: dict,
         return Handed(spool.jobs.move(ref, job, SLURM, transitions.hand_over(job, slurm_id))[1], slurm_id)
 
 
-def _find(spool: Spool, job: dict[str, Any], env: Env) -> Optional[int]:
+def _find(spool: Spool, job: Job, env: Env) -> Optional[int]:
     """The Slurm job a cut-short hand-over of `job` made, if any (the oldest, should there be two)."""
-    mark = job.slurm
+    mark = job.slurm or {}
     since = (parse_iso(mark.get("submitted_at")) or 0.0) - REPAIR_SLACK
     name = client.slurm_job_name(job.name or str(job.id))
     found = client.find_by_comment(spool_marker(spool, job.id), name=name, since=since, env=env)
@@ -243,6 +233,7 @@ def sync(spool: Spool, env: Env = None) -> SyncReport:
 def _record(spool: Spool, job_id: int, seen: Optional[client.SlurmJob], report: SyncReport) -> None:
     try:
         with claimed(spool, job_id, (SLURM,)) as (ref, job):
+            reason: Optional[str]
             if seen is None:
                 state, reason = "UNKNOWN", "Slurm knows this job no more (`gpuq cancel` drops it)"
             elif seen.finished:
@@ -260,7 +251,7 @@ def _record(spool: Spool, job_id: int, seen: Optional[client.SlurmJob], report: 
             else:
                 state, reason = seen.state, seen.reason
             started = iso_of(seen.start) if seen is not None and seen.state == "RUNNING" and seen.start else None
-            mark = job.slurm
+            mark = job.slurm or {}
             if (mark.get("state"), mark.get("reason")) != (state, reason) or (started and not job.started_at):
                 changes = transitions.slurm_seen(job, state, reason, started)
                 report.changed.append(spool.jobs.rewrite(ref, job, **changes))
@@ -289,11 +280,11 @@ def _repair_marked(spool: Spool, env: Env) -> list[Handed]:
 
 
 # ---- cancel ---------------------------------------------------------------------------------------
-def cancel(spool: Spool, job_id: int, env: Env = None) -> dict[str, Any]:
+def cancel(spool: Spool, job_id: int, env: Env = None) -> Job:
     """scancel the job's Slurm job, then move it to cancelled/ (also when Slurm no longer knows it).
     One Slurm ended meanwhile is recorded as it ended instead."""
     with claimed(spool, job_id, (SLURM,)) as (ref, job):
-        slurm_id = job.slurm["job_id"]
+        slurm_id = (job.slurm or {})["job_id"]
         if not client.cancel(slurm_id, env=env):
             seen = client.query([slurm_id], env=env).get(slurm_id)
             if seen is not None and seen.finished and seen.state != "CANCELLED":

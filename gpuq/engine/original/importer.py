@@ -141,7 +141,7 @@ def _job(spool: Spool, queue: reader.LegacyQueue, old: reader.LegacyJob) -> tupl
         rev=1,
     )
     if old.status in states.FINISHED + states.NEEDS_USER and old.started_at:
-        job["history"] = [
+        job.history = [
             {
                 "attempt": old.attempts,
                 "started_at": old.started_at,

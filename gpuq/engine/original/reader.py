@@ -28,6 +28,7 @@ from urllib.parse import quote
 import psutil
 
 from gpuq.core.errors import GpuqError
+from gpuq.core.job import is_int
 from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED, RUNNING
 from gpuq.spool.layout import LEGACY_DB_NAME as DB_NAME
 from gpuq.spool.layout import LEGACY_JSON_NAME as JSON_NAME
@@ -175,7 +176,7 @@ def _read_json(path: Path) -> tuple[list[Any], Optional[int]]:
     if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
         raise LegacyError(f"{path} is JSON but not the original gpuq's queue (no list 'jobs')")
     declared = data.get("next_id")
-    return data["jobs"], declared if _is_int(declared) else None
+    return data["jobs"], declared if is_int(declared) else None
 
 
 def _fingerprint(kind: str, records: list[Any], declared_next: Optional[int]) -> str:
@@ -205,8 +206,8 @@ def _convert_all(records: list[Any], kind: str) -> tuple[list[LegacyJob], list[L
         if not isinstance(record, dict):
             problems.append(LegacyProblem(None, "not an object", {"value": record}))
             continue
-        raw_id = record.get("id")
-        job_id = raw_id if _is_int(raw_id) and raw_id > 0 else None
+        raw_id: Any = record.get("id")
+        job_id = raw_id if is_int(raw_id) and raw_id > 0 else None
         try:
             if job_id is None:
                 raise _Unreadable(f"id {raw_id!r} is not a positive integer")
@@ -240,7 +241,8 @@ def _convert(record: dict[str, Any], job_id: int, kind: str) -> LegacyJob:
     legacy_status = record.get("status")
     if not isinstance(legacy_status, str):
         raise _Unreadable(f"status {legacy_status!r} is not a word")
-    pid = record.get("pid") if _is_int(record.get("pid")) and record.get("pid") > 0 else None
+    pid: Any = record.get("pid")
+    pid = pid if is_int(pid) and pid > 0 else None
     started_at = _time(record.get("started_at"), "started_at", notes)
     exit_code, signal_name = _exit(record.get("exit_code"), notes)
     status, create_time = _state(legacy_status, pid, started_at, kind, notes)
@@ -358,7 +360,7 @@ def _after(value: Any, job_id: int) -> list[int]:
         return []
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
-    if not _is_int(value) or value < 0:
+    if not is_int(value) or value < 0:
         raise _Unreadable(f"waits for {value!r}, which is not a job id")
     if value == job_id:
         raise _Unreadable("waits for itself, so the original could never start it")
@@ -368,7 +370,7 @@ def _after(value: Any, job_id: int) -> list[int]:
 def _count(value: Any, what: str, notes: list[str]) -> int:
     if value is None:
         return 0
-    if _is_int(value) and value >= 0:
+    if is_int(value) and value >= 0:
         return value
     notes.append(f"{what} {value!r} is not a count; taken as 0")
     return 0
@@ -391,7 +393,7 @@ def _exit(value: Any, notes: list[str]) -> tuple[Optional[int], Optional[str]]:
     not start the job at all. The spool says 128+N and names the signal."""
     if value is None:
         return None, None
-    if not _is_int(value):
+    if not is_int(value):
         notes.append(f"exit code {value!r} is not a number; left empty")
         return None, None
     if value == -1:
@@ -413,10 +415,6 @@ def _log_file(value: Any, notes: list[str]) -> Optional[str]:
         notes.append(f"log file {value!r} was relative to a directory nobody recorded; not kept")
         return None
     return value
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_scalar(value: Any) -> bool:

@@ -1,12 +1,5 @@
-"""Finding a job's newest *complete* checkpoint, and reading training flags from its argv.
-
-Public API (small on purpose; progress/ETA code imports it too):
-
-- `latest_checkpoint(job) -> Optional[Checkpoint]`: the newest complete checkpoint this job wrote
-  (uses `cmd`, `cwd`, and the optional `ckpt_glob` and `ckpt_since` fields), or None.
-- `output_dir(cmd, cwd) -> Optional[Path]`: the absolute `--output_dir` / `--output-dir` of an argv.
-- `max_steps(cmd) -> Optional[int]`: `--max_steps` / `--max-steps` of an argv.
-- `arg_value(cmd, names) -> Optional[str]`: the value of the last `--flag X` or `--flag=X` in an argv.
+"""Finding a job's newest *complete* checkpoint (`latest_checkpoint`), and reading training flags
+from its argv (`output_dir`, `max_steps`, `arg_value`).
 
 Rules:
 - Hugging Face: `checkpoint-N` directories directly under the output dir. The Trainer writes
@@ -25,47 +18,30 @@ Nothing here writes anything; it only lists directories the job itself writes.
 
 from __future__ import annotations
 
+import glob
 import os
-from operator import itemgetter
+import re
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
-from gpuq.core import lazyre
+from gpuq.core.job import Job
 from gpuq.core.times import parse_iso
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    import re
-    from pathlib import Path
-    from typing import Any, Optional, Sequence
-
-HF_DIR_RE = lazyre.lazy(r"^checkpoint-(\d+)$")
+HF_DIR_RE = re.compile(r"^checkpoint-(\d+)$")
 HF_COMPLETE_MARKER = "trainer_state.json"
 HF_INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # HF 5's JIT save removes it when done
 MTIME_SLACK = 1.0  # seconds: file times are coarser than the ISO start time
-STEP_RE = lazyre.lazy(r"(?:step|checkpoint|iter|iteration|global_step)[=_-]?(\d+)", lazyre.IGNORECASE)
-EPOCH_RE = lazyre.lazy(r"epoch[=_-]?(\d+)", lazyre.IGNORECASE)
+STEP_RE = re.compile(r"(?:step|checkpoint|iter|iteration|global_step)[=_-]?(\d+)", re.IGNORECASE)
+EPOCH_RE = re.compile(r"epoch[=_-]?(\d+)", re.IGNORECASE)
 OUTPUT_DIR_FLAGS = ("--output_dir", "--output-dir")
 MAX_STEPS_FLAGS = ("--max_steps", "--max-steps")
 RESUME_FLAGS = ("--resume_from_checkpoint", "--resume-from-checkpoint")
 
 
-class Checkpoint(tuple):
-    """`path` (str, absolute), `step` (int: the global step when the name tells it, else None),
-    `epoch` (int or None). A named tuple written out: collections.namedtuple would import
-    collections on every `gpuq status` with a running job (bench/PROFILE.md, section 6)."""
-
-    __slots__ = ()
-    path = property(itemgetter(0))
-    step = property(itemgetter(1))
-    epoch = property(itemgetter(2))
-
-    def __new__(cls, path: str, step: Optional[int], epoch: Optional[int] = None) -> Checkpoint:
-        return tuple.__new__(cls, (path, step, epoch))
-
-    def __getnewargs__(self) -> tuple:
-        return tuple(self)
-
-    def __repr__(self) -> str:
-        return f"Checkpoint(path={self[0]!r}, step={self[1]!r}, epoch={self[2]!r})"
+class Checkpoint(NamedTuple):
+    path: str  # absolute
+    step: Optional[int]  # the global step when the name tells it
+    epoch: Optional[int] = None
 
 
 def arg_value(cmd: Sequence[str], names: Sequence[str]) -> Optional[str]:
@@ -80,7 +56,7 @@ def arg_value(cmd: Sequence[str], names: Sequence[str]) -> Optional[str]:
     return value
 
 
-def start_step(job: dict[str, Any]) -> Optional[float]:
+def start_step(job: Job) -> Optional[float]:
     """The step the current attempt started at: 0 from scratch, the checkpoint's step when resumed
     (gpuq's own resume, or the command's own --resume_from_checkpoint: an adopted job), None when
     it resumed from a checkpoint whose step cannot be told (`--resume_from_checkpoint=True`)."""
@@ -98,8 +74,6 @@ def output_dir(cmd: Sequence[str], cwd: str) -> Optional[Path]:
     value = arg_value(cmd, OUTPUT_DIR_FLAGS)
     if not value:
         return None
-    from pathlib import Path  # only then: `gpuq status` estimates jobs without it
-
     return Path(cwd, os.path.expanduser(value)).absolute()
 
 
@@ -159,22 +133,19 @@ def _mtime(path: str) -> float:
 def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
     """Usable matches of `pattern` (relative to `cwd`), oldest first by the rules above."""
     full = os.path.join(cwd, os.path.expanduser(pattern))
-    import glob  # here: `gpuq status` imports this module, and rarely has a job with checkpoints
-
     paths = [os.path.abspath(p) for p in glob.glob(full, recursive=True) if _usable(p)]
     found = [
         Checkpoint(p, _number(STEP_RE, os.path.basename(p)), _number(EPOCH_RE, os.path.basename(p))) for p in paths
     ]
+    key: Callable[[Checkpoint], Any] = lambda c: _mtime(c.path)  # noqa: E731
     if found and all(c.step is not None for c in found):
-        key: Any = lambda c: (c.step, _mtime(c.path))  # noqa: E731
+        key = lambda c: (c.step, _mtime(c.path))  # noqa: E731
     elif found and all(c.epoch is not None for c in found):
         key = lambda c: (c.epoch, _mtime(c.path))  # noqa: E731
-    else:
-        key = lambda c: _mtime(c.path)  # noqa: E731
     return sorted(found, key=key)
 
 
-def job_checkpoints(job: dict[str, Any]) -> list[Checkpoint]:
+def job_checkpoints(job: Job) -> list[Checkpoint]:
     """Every complete checkpoint of `job`, oldest first: from its `ckpt_glob` if set, else from the
     HF output dir in its argv. Those written before the job's run began (`ckpt_since`: its first
     start, or the start of a run from scratch) belong to an earlier run in the same directory, which
@@ -192,7 +163,7 @@ def job_checkpoints(job: dict[str, Any]) -> list[Checkpoint]:
     return found
 
 
-def latest_checkpoint(job: dict[str, Any]) -> Optional[Checkpoint]:
+def latest_checkpoint(job: Job) -> Optional[Checkpoint]:
     """The newest complete checkpoint this job wrote (see job_checkpoints), or None."""
     found = job_checkpoints(job)
     return found[-1] if found else None
@@ -215,7 +186,7 @@ def written_at(path: str) -> float:
     return newest
 
 
-def where_looked(job: dict[str, Any]) -> str:
+def where_looked(job: Job) -> str:
     if job.ckpt_glob:
         return f"looked for {job.ckpt_glob!r} in {job.cwd}"
     out = output_dir(job.cmd, job.cwd)

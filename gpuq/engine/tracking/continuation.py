@@ -16,12 +16,13 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from gpuq.core import transitions
+from gpuq.core.job import Job
 from gpuq.core.transitions import Continuation
 from gpuq.engine.tracking import checkpoints, progress
 from gpuq.spool import Spool
 
 
-def plan(spool: Spool, job: dict[str, Any], from_scratch: bool = False) -> Continuation:
+def plan(spool: Spool, job: Job, from_scratch: bool = False) -> Continuation:
     """How `job` goes on after the attempt it has just ended (or that was interrupted)."""
     last = last_step(spool, job) if job.started_at else None
     if from_scratch or job.no_resume:
@@ -32,7 +33,7 @@ def plan(spool: Spool, job: dict[str, Any], from_scratch: bool = False) -> Conti
     return Continuation(found.path, found.step, last)
 
 
-def last_step(spool: Spool, job: dict[str, Any]) -> Optional[int]:
+def last_step(spool: Spool, job: Job) -> Optional[int]:
     """The furthest step the current attempt reported: its progress file or its log."""
     steps = []
     report = progress.progress_report(spool, job)
@@ -46,7 +47,7 @@ def last_step(spool: Spool, job: dict[str, Any]) -> Optional[int]:
     return max(steps) if steps else None
 
 
-def reached_end(spool: Spool, job: dict[str, Any]) -> Optional[str]:
+def reached_end(spool: Spool, job: Job) -> Optional[str]:
     """`step 10/10` when what the current attempt wrote says its work was done: its progress file
     at its total (or `finished`), or its log's progress counter at its total or HF's final summary
     (read by the ETA's rules, so a stray `100%` or an eval bar does not count); None otherwise.
@@ -79,7 +80,7 @@ def _end_text(reading: progress.Reading) -> str:
 
 
 def record_preemption(
-    spool: Spool, job: dict[str, Any], exit_code: Optional[int], action: str, by: Optional[str] = None
+    spool: Spool, job: Job, exit_code: Optional[int], action: str, by: Optional[str] = None
 ) -> dict[str, Any]:
     """The changes for a job entering preempted/ (see transitions.preemption); `by`: who or what
     preempted it, when not the user or an urgent job (its time limit)."""

@@ -20,17 +20,15 @@ progress/NNNNNN.samples.json through the Spool. The queue's ETA is in queue_eta.
 
 from __future__ import annotations
 
-from operator import itemgetter
+from statistics import median
+from typing import Any, NamedTuple, Optional
 
+from gpuq.core.job import Job
 from gpuq.core.states import DONE
 from gpuq.core.times import duration, parse_iso
 from gpuq.engine.tracking import checkpoints, kept_runs, progress
 from gpuq.spool import Spool
 from gpuq.spool.cache import runs as past_runs
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional
 
 MAX_POINTS = 32  # samples kept per job: the series' first one and the newest 31
 RATE_POINTS = 8  # the window: this many newest samples ("recent")
@@ -45,65 +43,32 @@ NOT_STEPS = ("Epoch N/M", "HF log (epoch)", "N%")  # counters that do not count 
 start_step = checkpoints.start_step  # the step the current attempt started at
 
 
-class Estimate:
-    """What `gpuq status`, `gpuq eta` and `status --json` show for one job. A plain class (see
-    scheduler.QueueState)."""
+class Estimate(NamedTuple):
+    """What `gpuq status`, `gpuq eta` and `status --json` show for one job."""
 
-    __slots__ = ("reading", "eta_seconds", "method", "starts_in")
-
-    def __init__(
-        self,
-        reading: Optional[progress.Reading],
-        eta_seconds: Optional[float],  # running: until it ends; pending: until its expected end
-        method: str,  # how eta_seconds was produced, or why it is unknown
-        starts_in: Optional[float] = None,  # pending only: until its expected start
-    ) -> None:
-        self.reading, self.eta_seconds, self.method, self.starts_in = reading, eta_seconds, method, starts_in
-
-    def __repr__(self) -> str:
-        return f"Estimate({self.reading!r}, {self.eta_seconds!r}, {self.method!r}, {self.starts_in!r})"
+    reading: Optional[progress.Reading]
+    eta_seconds: Optional[float]  # running: until it ends; pending: until its expected end
+    method: str  # how eta_seconds was produced, or why it is unknown
+    starts_in: Optional[float] = None  # pending only: until its expected start
 
     @property
     def fraction(self) -> Optional[float]:
         return self.reading.fraction if self.reading else None
 
 
-class Attempt(tuple):
-    """What the ETA knows about the current attempt beyond its samples: `started` (epoch seconds),
-    `start_step` (the step it resumed from; None: resumed from an unknown step), `tail` (seconds
-    earlier runs took after their last step, or None), `tail_runs` (how many runs `tail` is from),
-    `tail_steps` (the tail in steps: in those runs' own step times at their end, or None).
-    A named tuple written out: dataclasses, typing's NamedTuple and collections.namedtuple each
-    cost `gpuq status` its start-up (bench/PROFILE.md, section 6)."""
+class Attempt(NamedTuple):
+    """What the ETA knows about the current attempt beyond its samples."""
 
-    __slots__ = ()
-    started = property(itemgetter(0))
-    start_step = property(itemgetter(1))
-    tail = property(itemgetter(2))
-    tail_runs = property(itemgetter(3))
-    tail_steps = property(itemgetter(4))
-
-    def __new__(
-        cls,
-        started: float,
-        start_step: Optional[float] = 0.0,
-        tail: Optional[float] = None,
-        tail_runs: int = 0,
-        tail_steps: Optional[float] = None,
-    ) -> Attempt:
-        return tuple.__new__(cls, (started, start_step, tail, tail_runs, tail_steps))
-
-    def __getnewargs__(self) -> tuple:
-        return tuple(self)
-
-    def __repr__(self) -> str:
-        names = ("started", "start_step", "tail", "tail_runs", "tail_steps")
-        return "Attempt(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, self)) + ")"
+    started: float  # epoch seconds
+    start_step: Optional[float] = 0.0  # the step it resumed from; None: resumed from an unknown step
+    tail: Optional[float] = None  # seconds earlier runs took after their last step
+    tail_runs: int = 0  # how many runs `tail` is from
+    tail_steps: Optional[float] = None  # the tail in steps: in those runs' own step times at their end
 
 
 # ---- one running job ----------------------------------------------------------------------------
 def observe(
-    spool: Spool, job: dict[str, Any], stored: Optional[dict[str, Any]] = None
+    spool: Spool, job: Job, stored: Optional[dict[str, Any]] = None
 ) -> tuple[Optional[progress.Reading], list[tuple[float, float]]]:
     """The most trusted reading available now, plus extra (time, step) points its source carries
     (`stored`: the job's samples, read here if not given)."""
@@ -112,7 +77,7 @@ def observe(
 
 
 def _observe(
-    spool: Spool, job: dict[str, Any], stored: dict[str, Any]
+    spool: Spool, job: Job, stored: dict[str, Any]
 ) -> tuple[Optional[progress.Reading], list[tuple[float, float]], Optional[dict[str, Any]]]:
     """observe(), and what to keep in the samples of the log's reading (None: nothing)."""
     started = progress.attempt_started(job)
@@ -130,13 +95,12 @@ def _observe(
 
 
 def log_reading(
-    spool: Spool, job: dict[str, Any], stored: dict[str, Any]
+    spool: Spool, job: Job, stored: dict[str, Any]
 ) -> tuple[Optional[progress.Reading], Optional[dict[str, Any]]]:
     """The reading of the job's log tail, and the memo of it to keep in the samples (`log`: what it
     was read from, and the reading). The same log (inode, size and mtime), read with the same
     counters seen earlier and --num_train_epochs, gives the same reading: a look at a log not
-    written to since the last one reads and parses nothing, and imports no `re` for it
-    (bench/PROFILE.md, section 6)."""
+    written to since the last one reads and parses nothing."""
     signature = spool.logs.signature(job)
     if signature is None:
         return None, None
@@ -160,7 +124,7 @@ def _series_key(reading: progress.Reading) -> str:
 
 def record(
     spool: Spool,
-    job: dict[str, Any],
+    job: Job,
     reading: progress.Reading,
     extra: list[tuple[float, float]],
     stored: Optional[dict[str, Any]] = None,
@@ -193,7 +157,7 @@ def record(
     return points, run
 
 
-def _keep(spool: Spool, job: dict[str, Any], stored: dict[str, Any], new: dict[str, Any]) -> None:
+def _keep(spool: Spool, job: Job, stored: dict[str, Any], new: dict[str, Any]) -> None:
     """Write the job's samples if this look changed them."""
     if new != stored:
         try:
@@ -261,7 +225,7 @@ def _first_look(reading: progress.Reading, run: Optional[Attempt], now: float) -
     elapsed, done = max(now, reading.at) - run.started, reading.step - run.start_step
     if elapsed < MIN_SPAN or done <= 0:
         return None, "unknown until a second sample shows a rate; look again later"
-    since = f" since step {_num(run.start_step)}" if run.start_step else ""
+    since = f" since step {progress.num_text(run.start_step)}" if run.start_step else ""
     return done / elapsed, f"elapsed x remaining / done{since} (one sample so far)"
 
 
@@ -273,12 +237,8 @@ def _overdue(reading: progress.Reading, run: Attempt, now: float) -> Optional[fl
     if spent < MIN_SPAN:
         return None
     pace = done / spent
-    late = now - (reading.at + (reading.total - reading.step) / pace)
+    late = now - (reading.at + ((reading.total or 0.0) - reading.step) / pace)
     return late if late > max(60.0, STALL_FACTOR / pace) else None
-
-
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
 
 
 def tail_seconds(run: Optional[Attempt], rate: Optional[float]) -> float:
@@ -340,14 +300,15 @@ def estimate(
     return Estimate(reading, max(0.0, eta + tail), f"{where}: {note}{_tail_note(run, tail)}")
 
 
-def running_estimate(spool: Spool, job: dict[str, Any], now: float, keep: bool = True) -> Estimate:
+def running_estimate(spool: Spool, job: Job, now: float, keep: bool = True) -> Estimate:
     """The running job's ETA from its reading now, recorded in its samples unless not `keep`
     (`gpuq add --dry-run` writes nothing)."""
     try:
         stored = spool.reports.read_samples(job.id)
         reading, extra, log = _observe(spool, job, stored)
+        points: list[tuple[float, float]] = []
+        run: Optional[Attempt] = None
         if reading is None:
-            points, run = [], None
             if log is not None and keep:  # no reading in the log: not read again until it changes
                 _keep(spool, job, stored, {**stored, "log": log})
         else:
@@ -357,7 +318,7 @@ def running_estimate(spool: Spool, job: dict[str, Any], now: float, keep: bool =
     return estimate(reading, points, now, run)
 
 
-def sample_running(spool: Spool, running: list[dict[str, Any]], now: float) -> None:
+def sample_running(spool: Spool, running: list[Job], now: float) -> None:
     """Record a progress sample of every running job. Meant for the worker's periodic step, so a
     log-only job already has a rate when someone first runs `gpuq status`."""
     for job in running:
@@ -365,12 +326,12 @@ def sample_running(spool: Spool, running: list[dict[str, Any]], now: float) -> N
 
 
 # ---- the tail, learned from earlier runs --------------------------------------------------------
-def command_key(job: dict[str, Any]) -> str:
+def command_key(job: Job) -> str:
     """The same command in the same directory (what the finished rows hold: spool/cache/runs.py)."""
     return past_runs.command_key(job.cmd, job.cwd)
 
 
-def attempt_of(spool: Spool, job: dict[str, Any], stored: dict[str, Any]) -> Attempt:
+def attempt_of(spool: Spool, job: Job, stored: dict[str, Any]) -> Attempt:
     """The current attempt; its tail is learned once (at its first look) and kept in its samples."""
     started = progress.attempt_started(job)
     cached = stored.get("tail")
@@ -381,7 +342,7 @@ def attempt_of(spool: Spool, job: dict[str, Any], stored: dict[str, Any]) -> Att
     return Attempt(started, start_step(job), *learned_tail(past_ends(spool, job, started)))
 
 
-def past_tails(spool: Spool, job: dict[str, Any], before: float) -> tuple[Optional[float], int]:
+def past_tails(spool: Spool, job: Job, before: float) -> tuple[Optional[float], int]:
     """(median tail, runs) of the runs of past_ends, the newest TAIL_RUNS."""
     return learned_tail(past_ends(spool, job, before))[:2]
 
@@ -396,7 +357,7 @@ def learned_tail(found: list[tuple[float, float, Optional[float]]]) -> tuple[Opt
     return median([t for _e, t, _p in newest]), len(newest), median(steps) if steps else None
 
 
-def past_ends(spool: Spool, job: dict[str, Any], before: float) -> list[tuple[float, float, Optional[float]]]:
+def past_ends(spool: Spool, job: Job, before: float) -> list[tuple[float, float, Optional[float]]]:
     """(end, tail, pace at the end) of the successful, non-adopted runs of the same command in the
     same directory that ended before `before`: of the newest HISTORY_FILES done jobs, and of those
     `gpuq clear` removed (kept_runs.py, which keeps no pace)."""
@@ -421,11 +382,11 @@ def past_ends(spool: Spool, job: dict[str, Any], before: float) -> list[tuple[fl
     ]
 
 
-def tail_of(job: dict[str, Any], samples: dict[str, Any]) -> Optional[float]:
+def tail_of(job: Job, samples: dict[str, Any]) -> Optional[float]:
     return tail_and_pace(job, samples)[0]
 
 
-def tail_and_pace(job: dict[str, Any], samples: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
+def tail_and_pace(job: Job, samples: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
     """Seconds between a finished run's last step and its end: `finished_at` minus when its samples
     reached the total (the first sample at the total, or, when earlier, an extrapolation from the
     last sample within TAIL_REACH of the end); and its rate (steps/s) before, as the ETA had it."""
@@ -442,9 +403,3 @@ def tail_and_pace(job: dict[str, Any], samples: dict[str, Any]) -> tuple[Optiona
     if not reached or min(reached) > end:
         return None, None
     return end - min(reached), rate
-
-
-def median(values: list[float]) -> float:
-    """The median (the statistics module costs `gpuq status` several ms to import)."""
-    ordered, mid = sorted(values), len(values) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

@@ -8,13 +8,11 @@ a time without a known utilisation (null, or after the last sample) is in no spa
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing only for annotations
-if TYPE_CHECKING:
-    from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional
 
-    from gpuq.spool import Spool
+from gpuq.spool import Spool
 
-    Span = tuple[float, float, float]
+Span = tuple[float, float, float]
 
 START_SLACK = 1.0  # seconds: a record's attempt and a run are the same when their starts are this close
 SPANS_ACROSS = 1000  # at most this many spans across the whole timeline: finer than a figure's pixels

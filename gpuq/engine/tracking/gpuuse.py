@@ -9,12 +9,11 @@ A GPU is idle below IDLE_PERCENT; `idle_since` is the first sample time of the c
 from __future__ import annotations
 
 import os
+from typing import Any, Optional
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional
-
-    from gpuq.spool import Spool
+from gpuq.core.timespec import format_duration
+from gpuq.core.words import mib_text
+from gpuq.spool import Spool
 
 SAMPLE_ENV, IDLE_ENV = "GPUQ_GPU_SAMPLE_SECONDS", "GPUQ_GPU_IDLE_MINUTES"
 DEFAULT_SAMPLE_SECONDS, DEFAULT_IDLE_MINUTES = 10.0, 15.0
@@ -134,9 +133,6 @@ def of_job(spool: Spool, job_id: int) -> Optional[dict[str, Any]]:
 
 def summary_text(figures: dict[str, Any]) -> str:
     """'mean 51% utilisation, peak 3.9 GiB, 0.12 GPU-hours idle (7m 12s)'"""
-    from gpuq.core.timespec import format_duration
-    from gpuq.system.gpus import mib_text  # here: gpus imports json, which `gpuq status` must not pay for
-
     mean = figures["mean_util"]
     idle = figures["gpu_hours_idle"]
     return (

@@ -12,25 +12,21 @@ retried, resumed or recovered keeps its id, so its progress file and log may sti
 attempt's): the supervisor starts each attempt's part of the log with ATTEMPT_HEADER, and a
 progress file older than the attempt's start is an earlier attempt's.
 
-A reading is a plain value object; eta.py turns readings over time into a rate and an ETA. Only
-cheap standard-library imports here: `gpuq status` computes readings for every running job.
+A reading is a plain value; eta.py turns readings over time into a rate and an ETA.
 """
 
 from __future__ import annotations
 
-import math
+import json
 import os
+import re
+from typing import Any, Iterable, NamedTuple, Optional
 
-from gpuq.core import jsontext, lazyre
 from gpuq.core.job import ATTEMPT_HEADER as ATTEMPT_HEADER_TEXT
+from gpuq.core.job import Job, is_number
 from gpuq.core.times import parse_iso
 from gpuq.engine.tracking import checkpoints
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Iterable, Optional
-
-    from gpuq.spool import Spool
+from gpuq.spool import Spool
 
 TAIL_BYTES = 64 * 1024
 ATTEMPT_HEADER = ATTEMPT_HEADER_TEXT.encode()  # as the log's bytes are searched
@@ -38,85 +34,66 @@ MTIME_SLACK = checkpoints.MTIME_SLACK
 CLOCK_SLACK = 0.05  # seconds: file times come from the kernel's coarse clock, a tick or two behind
 MAX_TRAINER_STATE_BYTES = 8 << 20
 # A longer segment (a dumped tensor, a sparse file's zeros) is read by its end only: progress is what
-# a bar prints last, and seven patterns over 64 KiB of one line cost `gpuq status` milliseconds.
+# a bar prints last, and seven patterns over 64 KiB of one line would slow every `gpuq status`.
 LONG_SEGMENT = 1024
 
 # Each log pattern yields (kind, step, total). Earlier patterns win within one line.
-TQDM_RE = lazyre.lazy(r"(\d+)/(\d+)\s*\[([\d:]+)<([\d:?]+)(?:,\s*([\d.]+|\?)\s*([A-Za-z]+/s|s/[A-Za-z]+))?[^\]\r\n]*\]")
+TQDM_RE = re.compile(r"(\d+)/(\d+)\s*\[([\d:]+)<([\d:?]+)(?:,\s*([\d.]+|\?)\s*([A-Za-z]+/s|s/[A-Za-z]+))?[^\]\r\n]*\]")
 LINE_PATTERNS = [
-    ("Step N/M", lazyre.lazy(r"\bsteps?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", lazyre.IGNORECASE)),
-    ("Iteration N of M", lazyre.lazy(r"\biter(?:ation)?s?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", lazyre.IGNORECASE)),
-    ("[N/M]", lazyre.lazy(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")),
-    ("Epoch N/M", lazyre.lazy(r"\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", lazyre.IGNORECASE)),
+    ("Step N/M", re.compile(r"\bsteps?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("Iteration N of M", re.compile(r"\biter(?:ation)?s?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("[N/M]", re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")),
+    ("Epoch N/M", re.compile(r"\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
 ]
 # A percentage is progress when it is the whole line (`6.0%`), or in a progress context: a tqdm bar
 # (`45%|`) or a word that says so. `accuracy 93.5%` and `6.0%x` are not.
-PERCENT_RE = lazyre.lazy(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(?:(\|)|(?!\w))")
-LONE_PERCENT_RE = lazyre.lazy(r"\s*\d{1,3}(?:\.\d+)?\s?%\s*")
-PERCENT_CONTEXT_RE = lazyre.lazy(r"\b(progress|complete[d]?|done|finished)\b", lazyre.IGNORECASE)
+PERCENT_RE = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(?:(\|)|(?!\w))")
+LONE_PERCENT_RE = re.compile(r"\s*\d{1,3}(?:\.\d+)?\s?%\s*")
+PERCENT_CONTEXT_RE = re.compile(r"\b(progress|complete[d]?|done|finished)\b", re.IGNORECASE)
 # Every pattern above needs one of these; lines without are skipped with a single cheap search.
-CANDIDATE_RE = lazyre.lazy(r"\d\s*(?:/|%|of\b)|'epoch'", lazyre.IGNORECASE)
-NOT_LETTERS_RE = lazyre.lazy(r"[^A-Za-z]+")
-LINE_BREAKS_RE = lazyre.lazy(r"[\r\n]+")
-HF_PAIR_RE = lazyre.lazy(r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?")
-TRL_COMPLETIONS_RE = lazyre.lazy(r"^completions_(\d+)\.parquet$")
+CANDIDATE_RE = re.compile(r"\d\s*(?:/|%|of\b)|'epoch'", re.IGNORECASE)
+NOT_LETTERS_RE = re.compile(r"[^A-Za-z]+")
+LINE_BREAKS_RE = re.compile(r"[\r\n]+")
+HF_PAIR_RE = re.compile(r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?")
+TRL_COMPLETIONS_RE = re.compile(r"^completions_(\d+)\.parquet$")
 EPOCHS_FLAGS = ("--num_train_epochs", "--num-train-epochs")
 EPOCH_KINDS = ("Epoch N/M:", "HF log (epoch):")  # counters of epochs, not steps
 
 
-class Reading:
+class Reading(NamedTuple):
     """One observation of a job's progress. `at` is when the value was true (the writer's time or the
-    file's mtime), not when we looked; `rate` is a rate the source itself states (steps/s). A plain
-    class (see scheduler.QueueState)."""
+    file's mtime), not when we looked; `rate` is a rate the source itself states (steps/s)."""
 
-    __slots__ = ("step", "total", "source", "kind", "at", "rate", "rate_note", "finished", "counter")
-
-    def __init__(
-        self,
-        step: float,
-        total: Optional[float],
-        source: str,  # "reported", "log" or "checkpoint"
-        kind: str,  # what exactly produced it, for people: "tqdm", "Step N/M", "checkpoint-50", ...
-        at: float,
-        rate: Optional[float] = None,
-        rate_note: str = "",
-        finished: bool = False,  # the source says the work loop is over (HF's final train_runtime dict)
-        counter: str = "",  # which counter of a log it came from (kind + label), to match later looks
-    ) -> None:
-        self.step, self.total, self.source, self.kind, self.at = step, total, source, kind, at
-        self.rate, self.rate_note, self.finished, self.counter = rate, rate_note, finished, counter
-
-    def _fields(self) -> tuple:
-        return tuple(getattr(self, name) for name in self.__slots__)
+    step: float
+    total: Optional[float]
+    source: str  # "reported", "log" or "checkpoint"
+    kind: str  # what exactly produced it, for people: "tqdm", "Step N/M", "checkpoint-50", ...
+    at: float
+    rate: Optional[float] = None
+    rate_note: str = ""
+    finished: bool = False  # the source says the work loop is over (HF's final train_runtime dict)
+    counter: str = ""  # which counter of a log it came from (kind + label), to match later looks
 
     def fields(self) -> list[Any]:
         """The reading as a JSON list (what `Reading.of` reads back)."""
-        return list(self._fields())
+        return list(self)
 
     @classmethod
     def of(cls, fields: Any) -> Optional[Reading]:
         """The reading `fields()` gave, or None for anything else (gpuq's samples file, read back)."""
-        if not isinstance(fields, list) or len(fields) != len(cls.__slots__):
+        if not isinstance(fields, list) or len(fields) != len(cls._fields):
             return None
         step, total, source, kind, at, rate, rate_note, finished, counter = fields
         numbers = (
-            _is_number(step),
-            total is None or _is_number(total),
-            _is_number(at),
-            rate is None or _is_number(rate),
+            is_number(step),
+            total is None or is_number(total),
+            is_number(at),
+            rate is None or is_number(rate),
         )
         texts = all(isinstance(x, str) for x in (source, kind, rate_note, counter))
         if not (all(numbers) and texts and isinstance(finished, bool)):
             return None
         return cls(*fields)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Reading) and self._fields() == other._fields()
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
-
-    def __repr__(self) -> str:
-        return "Reading(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
     @property
     def fraction(self) -> Optional[float]:
@@ -130,19 +107,15 @@ class Reading:
         """`120/300 (40%)`, `epoch 0.48`, ... for people."""
         pct = self.fraction
         if self.total:
-            shown = f"{_num(self.step)}/{_num(self.total)}"
+            shown = f"{num_text(self.step)}/{num_text(self.total)}"
         else:
-            shown = f"{'epoch' if 'epoch' in self.kind else 'step'} {_num(self.step)}"
+            shown = f"{'epoch' if 'epoch' in self.kind else 'step'} {num_text(self.step)}"
         return shown + (f" ({pct * 100:.0f}%)" if pct is not None else "")
 
 
-def _num(value: float) -> str:
+def num_text(value: float) -> str:
+    """`120`, or `0.48`."""
     return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
-
-
-def _is_number(value: Any) -> bool:
-    """A finite int or float (a job's file may hold anything: NaN, 1e999, true)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ---- 1. reported by the job ---------------------------------------------------------------------
@@ -151,17 +124,16 @@ def from_report(data: Any, mtime: float) -> Optional[Reading]:
     `time` (epoch seconds) and `recent` ([[time, step], ...]) are optional."""
     if not isinstance(data, dict):
         return None
-    step, total = data.get("step"), data.get("total")
-    if not _is_number(step) and _is_number(data.get("fraction")):
+    step: Any = data.get("step")
+    total: Any = data.get("total")
+    if not is_number(step) and is_number(data.get("fraction")):
         step, total = float(data["fraction"]) * 100, 100.0
-    if not _is_number(step) or step < 0:
+    if not is_number(step) or step < 0:
         return None
-    total = total if _is_number(total) and total > 0 else None
-    at = data["time"] if _is_number(data.get("time")) else mtime
-    reading = Reading(float(step), total, "reported", "progress file", float(at))
-    reading.rate, reading.rate_note = _rate_from_recent(data.get("recent"))
-    reading.finished = data.get("finished") is True
-    return reading
+    total = total if is_number(total) and total > 0 else None
+    at = data["time"] if is_number(data.get("time")) else mtime
+    rate, note = _rate_from_recent(data.get("recent"))
+    return Reading(float(step), total, "reported", "progress file", float(at), rate, note, data.get("finished") is True)
 
 
 def recent_points(data: Any) -> list[tuple[float, float]]:
@@ -170,7 +142,7 @@ def recent_points(data: Any) -> list[tuple[float, float]]:
         return []
     out = []
     for item in data["recent"][-64:]:
-        if isinstance(item, list) and len(item) == 2 and all(_is_number(x) for x in item):
+        if isinstance(item, list) and len(item) == 2 and all(is_number(x) for x in item):
             out.append((float(item[0]), float(item[1])))
     return out
 
@@ -239,8 +211,7 @@ def segments(text: str, ends_open: bool) -> list[str]:
     return [p for p in parts if p.strip()]
 
 
-if TYPE_CHECKING:
-    Found = tuple[str, float, Optional[float], Optional[float], bool]  # counter, step, total, rate, finished
+Found = tuple[str, float, Optional[float], Optional[float], bool]  # counter, step, total, rate, finished
 
 
 def log_readings(text: str, epochs: Optional[float] = None) -> list[Found]:
@@ -320,7 +291,7 @@ def num_epochs(cmd: list[str]) -> Optional[float]:
 
 
 # ---- 3. checkpoints -----------------------------------------------------------------------------
-def checkpoint_points(job: dict[str, Any]) -> tuple[list[tuple[float, float, str]], Optional[float]]:
+def checkpoint_points(job: Job) -> tuple[list[tuple[float, float, str]], Optional[float]]:
     """(mtime, step, label) of every complete checkpoint of the current attempt with a step number,
     oldest first, and the total steps (--max_steps, else its newest trainer_state.json's max_steps).
     A checkpoint is the attempt's when the attempt wrote it (`wrote_since` its start) or resumed
@@ -335,7 +306,7 @@ def checkpoint_points(job: dict[str, Any]) -> tuple[list[tuple[float, float, str
     dated = [(c, _mtime(c.path, checkpoints.HF_COMPLETE_MARKER)) for c in found if c.step is not None]
     resumed = _resumed_from(job, dated, started)
     ours = [(c, at) for c, at in dated if c.path == resumed or wrote_since(at, started, job.adopted)]
-    points = [(at, float(c.step), _base(c.path)) for c, at in ours]
+    points = [(at, float(c.step or 0), _base(c.path)) for c, at in ours]
     if out is not None:
         points += [p for p in _trl_completions(out) if wrote_since(p[0], started, job.adopted)]
     points.sort(key=lambda p: (p[1], p[0]))
@@ -353,7 +324,7 @@ def wrote_since(mtime: float, started: float, adopted: bool = False) -> bool:
     return mtime >= started - (MTIME_SLACK if adopted or float(mtime).is_integer() else CLOCK_SLACK)
 
 
-def _resumed_from(job: dict[str, Any], dated: list[tuple[Any, float]], started: float) -> Optional[str]:
+def _resumed_from(job: Job, dated: list[tuple[Any, float]], started: float) -> Optional[str]:
     """The path of the checkpoint the attempt resumed from: gpuq's resume (`resumed_from`), else
     the command's own --resume_from_checkpoint (`true`: the newest one that was there when the
     attempt started, as HF Trainer picks it); `dated`: (checkpoint, when completed), by step."""
@@ -366,7 +337,7 @@ def _resumed_from(job: dict[str, Any], dated: list[tuple[Any, float]], started: 
     return os.path.abspath(os.path.join(job.cwd, os.path.expanduser(value)))
 
 
-def from_checkpoints(job: dict[str, Any]) -> tuple[Optional[Reading], list[tuple[float, float]]]:
+def from_checkpoints(job: Job) -> tuple[Optional[Reading], list[tuple[float, float]]]:
     """The current attempt's newest checkpoint as a reading, plus each of its checkpoints as a
     (time, step) sample: the times they were written give a rate from a single look."""
     points, total = checkpoint_points(job)
@@ -414,17 +385,17 @@ def _trainer_state_max_steps(ckpt_path: str) -> Optional[int]:
         if os.path.getsize(path) > MAX_TRAINER_STATE_BYTES:
             return None
         with open(path, "rb") as fh:
-            value = jsontext.loads(fh.read()).get("max_steps")
+            value = json.loads(fh.read()).get("max_steps")
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def attempt_started(job: dict[str, Any]) -> float:
+def attempt_started(job: Job) -> float:
     return parse_iso(job.started_at) or 0.0
 
 
-def progress_report(spool: Spool, job: dict[str, Any]) -> Optional[tuple[dict[str, Any], float]]:
+def progress_report(spool: Spool, job: Job) -> Optional[tuple[dict[str, Any], float]]:
     """(contents, mtime) of the job's progress file if the current attempt wrote it."""
     report = spool.reports.read_progress(job.id)
     if report is None or report[1] < attempt_started(job) - MTIME_SLACK:
@@ -432,7 +403,7 @@ def progress_report(spool: Spool, job: dict[str, Any]) -> Optional[tuple[dict[st
     return report
 
 
-def log_tail(spool: Spool, job: dict[str, Any], limit: int) -> tuple[bytes, float]:
+def log_tail(spool: Spool, job: Job, limit: int) -> tuple[bytes, float]:
     """The last `limit` bytes of the job's log that the current attempt wrote, and the log's mtime."""
     tail, mtime = spool.logs.tail(job, limit)
     cut = tail.rfind(ATTEMPT_HEADER)

@@ -6,6 +6,10 @@ runs of the same command in the same directory (run_times.py).
 
 from __future__ import annotations
 
+from statistics import median
+from typing import Any, Optional, cast
+
+from gpuq.core.job import Job
 from gpuq.core.states import PENDING, RUNNING, SLURM
 from gpuq.core.times import duration, parse_iso
 from gpuq.engine.schedule import scheduler
@@ -15,14 +19,8 @@ from gpuq.engine.tracking import eta
 from gpuq.engine.tracking.run_times import RUNS, durations_read_only, past_durations  # noqa: F401
 from gpuq.spool import Spool
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional
-
-
 CPU_LANE = "cpu"  # with GPUs, CPU jobs run one at a time beside them (engine/schedule/planner.py)
-# placement.DEFAULT_FOREIGN_THRESHOLD_MIB, for views that do not say the worker's own (placement is
-# not imported: it imports dataclasses and typing, which `gpuq status` must not)
+# placement.DEFAULT_FOREIGN_THRESHOLD_MIB, for views that do not say the worker's own
 DEFAULT_FOREIGN_THRESHOLD_MIB = 1024
 
 
@@ -34,13 +32,14 @@ def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None
     whole = any(not w.get("gpus") for w in workers)
     if gpus:
         labels = {g for w in workers for g in w.get("gpus") or []}
-        return [str(i) for i in gpus if whole or str(i) in labels] + [CPU_LANE]
+        served: list[Optional[str]] = [str(i) for i in gpus if whole or str(i) in labels]
+        return served + [CPU_LANE]
     if whole:
         return [None]
     return sorted({g for w in workers for g in w["gpus"]})
 
 
-def _slots_of(job: dict[str, Any], slots: list[Optional[str]]) -> list[Optional[str]]:
+def _slots_of(job: Job, slots: list[Optional[str]]) -> list[Optional[str]]:
     """The slots a running job occupies."""
     if job.gpus is not None and CPU_LANE in slots:
         return [str(g) for g in job.gpus] or [CPU_LANE]
@@ -49,7 +48,7 @@ def _slots_of(job: dict[str, Any], slots: list[Optional[str]]) -> list[Optional[
     return [job.slot]
 
 
-def _needs(job: dict[str, Any], slots: list[Optional[str]]) -> tuple[list[Optional[str]], int]:
+def _needs(job: Job, slots: list[Optional[str]]) -> tuple[list[Optional[str]], int]:
     """The slots a pending job can take and how many of them it needs."""
     if CPU_LANE not in slots:
         return list(slots), 1
@@ -64,8 +63,8 @@ def _later(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 
 def _held_off(
-    job: dict[str, Any], usable: list[Optional[str]], outside: dict[str, tuple[int, int]], threshold: int
-) -> dict[str, int]:
+    job: Job, usable: list[Optional[str]], outside: dict[str, tuple[int, int]], threshold: int
+) -> dict[Optional[str], int]:
     """The GPUs among `usable` that memory of processes not gpuq's keeps `job` off (slot -> MiB
     they hold), as engine/schedule/placement.py's gate decides: a whole GPU while they hold more than the
     threshold, a share while it does not fit beside them. When they free it cannot be known."""
@@ -99,8 +98,8 @@ def outside_memory(gpus: list[dict[str, Any]], home: Optional[str] = None) -> di
 
 
 def plan_queue(
-    running: list[tuple[dict[str, Any], Optional[float]]],
-    pending: list[tuple[dict[str, Any], Any]],
+    running: list[tuple[Job, Optional[float]]],
+    pending: list[tuple[Job, Any]],
     slots: list[Optional[str]],
     durations: dict[str, list[float]],
     now: Optional[float] = None,
@@ -127,8 +126,8 @@ def plan_queue(
             play.ends[job.id] = None
             continue
         ready: Optional[float] = 0.0
-        begin = parse_iso(job.begin_at) if now is not None else None
-        if begin is not None:
+        begin = parse_iso(job.begin_at)
+        if begin is not None and now is not None:
             ready = max(0.0, begin - now)  # --begin: not before
         waiting.append((job, _later(ready, _host_room_at(job, wait, running))))
     play.run(waiting)
@@ -144,7 +143,7 @@ class _Play:
     def __init__(
         self,
         slots: list[Optional[str]],
-        running: list[tuple[dict[str, Any], Optional[float]]],
+        running: list[tuple[Job, Optional[float]]],
         durations: dict[str, list[float]],
         outside: dict[str, tuple[int, int]],
         threshold: int,
@@ -159,7 +158,7 @@ class _Play:
                 if slot in self.free:
                     self.free[slot] = _later(self.free[slot], until)
 
-    def run(self, waiting: list[tuple[dict[str, Any], Optional[float]]]) -> None:
+    def run(self, waiting: list[tuple[Job, Optional[float]]]) -> None:
         """Place each (job, when its --begin or host room allows it; None: unknown) of `waiting`,
         in queue order; a job that never gets its slots has an unknown start."""
         unplaced = {job.id for job, _r in waiting}
@@ -183,11 +182,11 @@ class _Play:
             self.out[job.id] = eta.Estimate(None, None, note)
 
     def _step(
-        self, at: float, left: list[tuple[dict[str, Any], Optional[float]]], unplaced: set[int]
-    ) -> tuple[list[tuple[dict[str, Any], Optional[float]]], list[dict[str, Any]]]:
+        self, at: float, left: list[tuple[Job, Optional[float]]], unplaced: set[int]
+    ) -> tuple[list[tuple[Job, Optional[float]]], list[Job]]:
         """The jobs of `left` that start at `at`, placed; (the others, those placed)."""
-        open_now = [s for s in self.slots if self.free[s] is not None and self.free[s] <= at]
-        behind, placed, still = False, [], []
+        open_now = [s for s in self.slots if (free := self.free[s]) is not None and free <= at]
+        behind, placed, still = False, [], []  # type: tuple[bool, list[Job], list[tuple[Job, Optional[float]]]]
         for n, (job, own) in enumerate(left):
             if not open_now:  # every slot taken: nothing else starts now
                 return still + left[n:], placed
@@ -210,7 +209,7 @@ class _Play:
             placed.append(job)
         return still, placed
 
-    def _ready(self, job: dict[str, Any], own: Optional[float], unplaced: set[int]) -> Optional[float]:
+    def _ready(self, job: Job, own: Optional[float], unplaced: set[int]) -> Optional[float]:
         """When `job`'s dependencies allow it to start (None: one is unplaced or ends when unknown)."""
         ready = own
         for dep in _deps(job):
@@ -219,7 +218,7 @@ class _Play:
             ready = _later(ready, self.ends.get(dep, 0.0))
         return ready
 
-    def _place(self, job: dict[str, Any], at: float, taken: list[Optional[str]], held_off: dict[str, int]) -> None:
+    def _place(self, job: Job, at: float, taken: list[Optional[str]], held_off: dict[Optional[str], int]) -> None:
         run, runs = self._run_time(job)
         end = None if run is None else at + run
         for slot in taken:
@@ -228,34 +227,34 @@ class _Play:
         note = _queue_note(at, run, runs, _held_text(held_off), taken)
         self.out[job.id] = eta.Estimate(None, end, note, starts_in=at)
 
-    def _run_time(self, job: dict[str, Any]) -> tuple[Optional[float], int]:
+    def _run_time(self, job: Job) -> tuple[Optional[float], int]:
         """The median of the newest RUNS earlier runs of the job's command here, and how many."""
         past = self.durations.get(eta.command_key(job), [])[-RUNS:]
-        return (eta.median(past) if past else None), len(past)
+        return (median(past) if past else None), len(past)
 
 
-def _host_room_at(
-    job: dict[str, Any], wait: Any, running: list[tuple[dict[str, Any], Optional[float]]]
-) -> Optional[float]:
+def _host_room_at(job: Job, wait: Any, running: list[tuple[Job, Optional[float]]]) -> Optional[float]:
     """A job its worker holds back for host memory or CPUs (engine/schedule/hostroom.py) starts, at
     the earliest, when a running job that holds some of it ends (None: none ends at a known time)."""
     reason = getattr(wait, "reason", "")
     asked = [
-        field for field, word in (("mem_mib", "host memory"), ("cpus", "CPUs")) if word in reason and job.get(field)
+        field
+        for field, word in (("mem_mib", "host memory"), ("cpus", "CPUs"))
+        if word in reason and getattr(job, field)
     ]
     if not asked:
         return 0.0
-    ends = [until for held, until in running if until is not None and any(held.get(f) for f in asked)]
+    ends = [until for held, until in running if until is not None and any(getattr(held, f) for f in asked)]
     return min(ends) if ends else None
 
 
-def _held_text(held_off: dict[str, int]) -> str:
+def _held_text(held_off: dict[Optional[str], int]) -> str:
     return "; ".join(
         f"GPU {slot}: {mib / 1024:.1f} GiB held by processes that are not gpuq's" for slot, mib in held_off.items()
     )
 
 
-def _deps(job: dict[str, Any]) -> set[int]:
+def _deps(job: Job) -> set[int]:
     return set(job.after) | set(job.after_any)
 
 
@@ -296,7 +295,8 @@ def annotate(
     for row in rows:  # a job Slurm runs writes the same log: its progress is read the same way
         if row.state == SLURM and (row.job.slurm or {}).get("state") == "RUNNING":
             row.estimate = eta.running_estimate(spool, row.job, now)
-    order = {j.id: n for n, j in enumerate(scheduler.queue_order([r.job for r in rows if r.state == PENDING]))}
+    in_order = cast(list[Job], scheduler.queue_order([r.job for r in rows if r.state == PENDING]))
+    order = {j.id: n for n, j in enumerate(in_order)}
     pending = sorted((r for r in rows if r.state == PENDING), key=lambda r: order[r.job.id])
     if not pending:
         return
@@ -313,4 +313,4 @@ def annotate(
         threshold if isinstance(threshold, int) else DEFAULT_FOREIGN_THRESHOLD_MIB,
     )
     for row in pending:
-        row.estimate = plan.get(row.job["id"])
+        row.estimate = plan.get(row.job.id)
