@@ -24,7 +24,6 @@ from gpuq.system.security import FULL_ERRNOS
 
 ADOPTED_RESCAN_SECONDS = 1.0
 CLAIM_BUSY_RESCAN_SECONDS = 0.1  # a claim is held for milliseconds; nothing announces its release
-PUT_OFF_SECONDS = 0.05  # a full look put off for a start (Worker.step) waits until the job is under way
 # A job reaches any other state by leaving running/ or pending/, so these two directories say
 # everything the scheduler needs; events elsewhere would only cost steps.
 WATCHED = (PENDING, RUNNING)
@@ -97,7 +96,7 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
                 if not result.busy:
                     worker.say("drained: every job of this worker has ended; worker exits")
                     break
-            settling = not watch and not result.busy and not result.startable_later and not result.put_off
+            settling = not watch and not result.busy and not result.startable_later
             if settling and not worker.moving():
                 for line in worker.why_done():
                     worker.say(line)
@@ -110,7 +109,7 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
     except KeyboardInterrupt:
         pass
     finally:
-        worker.launcher.close_spare()
+        worker.launcher.close()
         if observer is not None:
             _stop_observer(observer)
     if worker.stopping:
@@ -143,8 +142,6 @@ def _next_look(result: StepResult, held_for: int = 0, settling: bool = False) ->
 
 
 def _usual_look(result: StepResult, held_for: int, settling: bool) -> float:
-    if result.put_off:
-        return PUT_OFF_SECONDS
     if result.claim_busy or settling:
         return min(RESCAN_SECONDS, CLAIM_BUSY_RESCAN_SECONDS * 2 ** max(0, held_for - 1))
     if result.watch_closely:

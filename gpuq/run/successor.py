@@ -1,25 +1,18 @@
 """Handing a slot on: the worker names, ahead of time, the jobs a supervisor may start when its own
-job ends (spool_layout.md, section 6, "Handing the slot on").
+job ends (spool_layout.md, section 6, "Handing the slot on"), so that no round trip through the
+worker (the end's file event, its step, the claim, a spare woken) lies between two jobs.
 
-Between two jobs, the worker was a round trip: the end of job A written, the worker woken by the
-file event, its step, the claim, the hand-over to a spare supervisor, that process woken. When A's
-supervisor starts the next job itself, none of that is on the way.
-The worker still decides which jobs those are: whenever its answer changes, it tells the supervisor
-of each job of its own the jobs it would start in that slot, in order, were that job to end now
-(engine/schedule/planner.py, `Planner.successors`), or that there are none. The supervisor acts on the worker's
-last word only when its job has ended by itself (while it runs, a job named only has its room set
-aside: run/supervisor/main.py), and then under the same rules as the worker:
-it takes a job's claim, and starts it only if its file is still the version the worker chose
-(`rev`). A job already gone from pending/ (started elsewhere, cancelled) is passed over; a claim
-someone else holds or a changed file ends the chain, and the worker starts what comes next.
+The worker still decides: whenever its answer changes, it tells the supervisor of each job of its
+own the jobs it would start in that slot, in order, were that job to end now
+(engine/schedule/planner.py, `Planner.successors`), or that there are none. The supervisor acts
+on the worker's last word only when its job has ended by itself, and then as the worker would: it
+takes a job's claim, and starts it only if its file is still the version named (`rev`). A job
+gone from pending/ is passed over; a claim someone else holds or a changed file ends the chain.
 
 The line is the socket over which the worker handed the first job to its supervisor
-(run/launcher.py): one JSON object per line, the slot's start order (run/supervisor/order.py: the
-running job's, `slot`, `gpus` and the worker's settings) with `"next": [[id, rev, file], ...]`
-added. What the worker sends while a job runs waits in the socket; should a send ever fail (a full
-buffer), the worker closes its side, and a supervisor that reads the end of the line starts nothing:
-a word it was sent earlier may be stale. The end of the line is also what a supervisor sees once the
-worker has gone: then nobody stands behind what it said, and it starts nothing.
+(run/launcher.py): one JSON object per line, the slot's start order (run/supervisor/order.py) with
+`"next": [[id, rev, file], ...]` added. A send that cannot go whole closes the worker's side, and
+a supervisor that reads the end of the line starts nothing: nobody stands behind an earlier word.
 """
 
 from __future__ import annotations

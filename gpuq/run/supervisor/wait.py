@@ -17,8 +17,8 @@ from gpuq.core.times import parse_iso
 from gpuq.core.timespec import format_duration
 from gpuq.run.supervisor import hostlimits, watch
 from gpuq.run.supervisor.gpusample import Sampler
-from gpuq.run.supervisor.start import Run, log_line
-from gpuq.spool.files import Reservation
+from gpuq.run.supervisor.start import Pump, Run, log_line
+from gpuq.spool import SpoolFull
 from gpuq.system import procs
 
 PUMP_DRAIN_SECONDS = 2.0  # what is still in a capped log's pipe once the job has ended
@@ -31,17 +31,20 @@ def stopped() -> bool:
     return _stopped
 
 
-def record_process(run: Run, child: subprocess.Popen) -> tuple[dict[str, Any], list[Reservation]]:
+def record_process(run: Run, child: subprocess.Popen) -> dict[str, Any]:
     """The job's pid and this supervisor, recorded now if the job still runs, so that a crash of
-    ours leaves it findable. A job that has ended already (a short one): its pid goes with its end
-    record (returned, to be recorded then), and its room to the next job of the slot (returned)."""
+    ours leaves it findable. For a job that has ended already (a short one), or a disk too full to
+    record them, they are returned, to go with its end record."""
     ident = procs.identity(child.pid)  # before poll(): an ended child is still there, unreaped
     process = {"pid": child.pid, "pid_create_time": ident["create_time"], "supervisor": _identity()}
     process.update(hostlimits.recorded(run.host, run.job))
     if child.poll() is None:
-        run.job = run.spool.jobs.rewrite(run.ref, run.job, run.room.pop(0), **process)
-        return {}, []
-    return process, [run.room.pop(0)]
+        try:
+            run.job = run.spool.jobs.rewrite(run.ref, run.job, **process)
+            return {}
+        except SpoolFull:
+            pass
+    return process
 
 
 # While the job runs: a descriptor to watch beside it (the worker's line), and what to do when it
@@ -50,7 +53,7 @@ Listener = tuple[int, Callable[[], bool]]
 
 
 def wait_for_end(
-    run: Run, child: subprocess.Popen, pump: Optional[Any], listener: Optional[Listener] = None
+    run: Run, child: subprocess.Popen, pump: Optional[Pump], listener: Optional[Listener] = None
 ) -> tuple[int, Optional[int]]:
     """Wait for the job, end what is left of its group, drain its log: its exit code and the
     signal that ended it, if one did. `listener`: called whenever its descriptor is readable while
@@ -188,6 +191,6 @@ def _end_leftovers(run: Run, pgid: int) -> None:
 def _identity() -> dict[str, Any]:
     """This supervisor's identity (it does not change from one job of its slot to the next)."""
     global _me
-    if _me is None or _me["pid"] != os.getpid():  # (a spare is a fork: never its zygote's)
+    if _me is None:
         _me = procs.identity(os.getpid())
     return _me
