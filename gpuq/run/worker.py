@@ -37,17 +37,15 @@ STARTED, CLAIM_HELD, LAUNCH_FAILED = "started", "claim held", "launch failed"  #
 HANDED_ON_STATES = (RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED)  # a job named for a slot that was started
 
 
-class Line(Protocol):
-    """The worker's side of a supervisor it handed a job to (run/launcher.Supervisor)."""
-
-    listening: bool  # the line is open: the supervisor may be told what follows in its slot
+class Line(Protocol):  # the worker's end of a supervisor's socket (run/launcher.Supervisor)
+    listening: bool  # open: the supervisor may be told what follows in its slot
 
     def poll(self) -> Optional[int]: ...  # None while it runs
 
     def tell(self, line: bytes) -> bool: ...  # False: the line is closed now
 
 
-class Launcher(Protocol):
+class Launcher(Protocol):  # run/launcher.Launcher, or a test's fake
     def launch(self, claim: Claim, order: StartOrder) -> Line: ...  # OSError: none reached, the claim is ours
 
     def tend(self, spare: bool) -> None: ...  # reap exited supervisors; with `spare`, keep one ready
@@ -55,9 +53,7 @@ class Launcher(Protocol):
     def close(self) -> None: ...
 
 
-class Named(NamedTuple):
-    """A job named to a supervisor, to start in its slot when its job ends."""
-
+class Named(NamedTuple):  # a job named to a supervisor, to start in its slot when its job ends
     id: int
     rev: int
     file: str
@@ -65,10 +61,7 @@ class Named(NamedTuple):
 
 
 @dataclass
-class Launch:
-    """A supervisor this worker handed a job to, followed while its job is starting or while the
-    worker has a line to it."""
-
+class Launch:  # a supervisor followed while its job is starting, or while the worker has a line to it
     process: Line
     where: Assignment
     starting: bool = True  # its job is still in pending/
@@ -133,10 +126,9 @@ class Worker:
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self, now: Optional[float] = None, woken: bool = True) -> StepResult:
-        """One scheduling step. A periodic look (`woken` False) at a spool whose pending/,
-        running/, locks/ and control/ have not changed only checks the running jobs' processes:
-        with a thousand blocked jobs, reading the queue every few seconds would cost more CPU than
-        an idle worker may."""
+        """One scheduling step. A periodic look (`woken` False) at a spool whose pending/, running/,
+        locks/ and control/ have not changed only checks the running jobs' processes: a thousand
+        blocked jobs read every few seconds would cost more CPU than an idle worker may."""
         now = time.time() if now is None else now
         if not woken and self._nothing_changed(now):
             return self._quiet_step(now)
@@ -196,8 +188,10 @@ class Worker:
         busy.update((job_id, s.where) for job_id, s in self.supervisors.items() if s.starting)
         handing_on = not (idle or plan.victims or self.urgent.under_way or resume_due or result.space_wait)
         self._tell_successors(snap, plan.look, busy, preempting, handing_on)
-        if plan.look is not None and (plan.look.gpus or self._shown_changed(plan)):
-            self._write_gpu_view(plan.look, snap.running, plan.waits)  # after the starts: they come first
+        if plan.look is not None:  # after the starts; without GPUs only when it says something new
+            shown, self.shown = self.shown, (plan.look.problem, {i: w.reason for i, w in plan.waits.items()})
+            if plan.look.gpus or shown != self.shown:
+                self._write_gpu_view(plan.look, snap.running, plan.waits)
         # after starting jobs: a pile of broken files must not delay them
         rejected, left = intake.reject_broken(self.spool, invalid, now, INTAKE_BUDGET_SECONDS)
         for name, outcome in rejected:
@@ -228,10 +222,9 @@ class Worker:
             result.claim_busy = result.claim_busy or outcome == CLAIM_HELD
 
     def _resume_preempted(self) -> tuple[bool, bool]:
-        """Jobs preempted for urgent ones go back in the queue, first in line, as soon as they
-        have left running/, and the view looks again (nothing has announced their files yet):
-        else the urgent job's supervisor would be told, and start when it ends, a job queued
-        behind them. Whether any did, and whether one was still held by its supervisor."""
+        """Jobs preempted for urgent ones go back in the queue, first in line, once they have left
+        running/, and the view looks again (else the urgent job's supervisor would be named a job
+        queued behind them). Whether any did, and whether one was still held by its supervisor."""
         resumed, busy = resume_auto(self.spool)
         for r in resumed:
             self.say(f"job #{r.job.id} back in the queue (first in line): {r.job.note}")
@@ -255,15 +248,15 @@ class Worker:
             if not mine:
                 return False
             outcomes, more = intake.take_in_some(self.spool, now, budget=INTAKE_BUDGET_SECONDS)
-            # files still being written stay: the next step looks at them again
+            # files still being written stay for the next step
             self.view.dropped = more or bool(self.spool.dropbox.dropped() or self.spool.dropbox.leftovers())
         for name, outcome in outcomes:
             self.say(f"{name}: {outcome}")
         return more
 
     def _disk_full(self, plan: Plan, waiting: bool) -> bool:
-        """Whether the spool's filesystem is too full to start jobs; the planned starts then wait,
-        saying why (and no supervisor is told to start any)."""
+        """Whether the spool's filesystem is too full to start the jobs `waiting`; the planned
+        starts then wait, saying why, and no supervisor is named any."""
         free = free_bytes(self.spool.home)
         if free >= MIN_FREE_TO_START:
             if self.said_disk_full:
@@ -281,8 +274,7 @@ class Worker:
 
     def recover_interrupted(self) -> None:
         """`gpuq run --recover`: jobs a reboot interrupted go back in the queue, each from its
-        newest checkpoint, before the first step (engine/lifecycle/actions.py has the rule for jobs that
-        keep being interrupted)."""
+        newest checkpoint, before the first step (the rule: engine/lifecycle/actions.py)."""
         repairs.reconcile(self.spool, full=True)  # after a reboot: running jobs are interrupted now
         recovered, left = actions.recover_at_start(self.spool)
         for job, how in recovered:
@@ -308,13 +300,6 @@ class Worker:
         except OSError:
             pass  # only shown by `gpuq status`: a full disk must not stop the worker
 
-    def _shown_changed(self, plan: Plan) -> bool:
-        """Whether a view without GPUs says something new (`gpuq status` reads the waits from it)."""
-        assert plan.look is not None
-        shown = (plan.look.problem, {job_id: wait.reason for job_id, wait in plan.waits.items()})
-        changed, self.shown = shown != self.shown, shown
-        return changed
-
     def _mine(self, job: Job) -> bool:
         """A running job in this worker's slots or on its GPUs."""
         labels = self.settings.gpus
@@ -324,11 +309,10 @@ class Worker:
 
     # ---- supervisors and handing a slot on (run/successor.py) ---------------------------------
     def _follow_supervisors(self, snap: scheduler.QueueState) -> None:
-        """A launch stops counting once its job left pending/ (running/ then holds the slot) or
-        its supervisor exited; the supervisor is followed on while the worker has a line to it.
-        A job of ours that left running/: the jobs named for its slot that have left pending/
-        since were started by its supervisor (or cancelled, or taken by another worker); the one
-        of them running now is that supervisor's job."""
+        """A launch stops counting once its job left pending/ (running/ then holds the slot) or its
+        supervisor exited; it is followed on while the worker has a line to it. Of the jobs named
+        for the slot of a job that left running/, those that have left pending/ were started by its
+        supervisor (or cancelled, or taken by another worker): the running one is its job now."""
         for job_id, s in list(self.supervisors.items()):
             state = snap.states.get(job_id)
             if s.starting:
@@ -356,9 +340,8 @@ class Worker:
         preempting: set[int],
         allowed: bool,
     ) -> None:
-        """Tell the supervisor of each job of ours (being started or running) which jobs it may
-        start in its slot, in order, as its jobs end: those we would start there (none while
-        draining, stopping, preempting or waiting for disk space). Only a change is sent."""
+        """Tell the supervisor of each job of ours which jobs it may start in its slot, in order, as
+        its jobs end: those we would start there (none unless `allowed`). Only a change is sent."""
         for job_id, s in self.supervisors.items():
             if not s.process.listening:
                 continue
@@ -378,16 +361,14 @@ class Worker:
 
     def _launch(self, job: Job, where: Assignment) -> str:
         """STARTED, CLAIM_HELD (someone holds the job: another worker, a cancel, or its own
-        supervisor just putting it back in the queue) or LAUNCH_FAILED."""
+        supervisor just putting it back in the queue; or it changed since the look) or LAUNCH_FAILED."""
         claim = self.spool.claims.claim(job.id)
-        if claim is None:
-            self.view.doubt()  # someone else is changing it: its file may not say what the view does
-            return CLAIM_HELD
         name = self.view.pending_name(job.id)
-        if not self._as_planned(job, name):
-            claim.release()
-            self.view.doubt()
-            return CLAIM_HELD  # look again soon, at everything
+        if claim is None or not self._as_planned(job, name):
+            if claim is not None:
+                claim.release()
+            self.view.doubt()  # its file may not say what the view does: look again soon, at everything
+            return CLAIM_HELD
         try:
             process = self.launcher.launch(claim, self._order(job.id, name, where))
         except OSError as exc:
@@ -399,9 +380,8 @@ class Worker:
         return STARTED
 
     def _as_planned(self, job: Job, name: Optional[str]) -> bool:
-        """Whether the job's file, read now that we hold its claim (nobody can change it until its
-        supervisor has started it), is the version the plan was made from: every write raises
-        `rev`. A view left behind by a lost event then starts nothing it has not seen."""
+        """Whether the job's file, read under its claim, is the version the plan was made from
+        (every write raises `rev`): a view a lost event left behind starts nothing it has not seen."""
         if name is None:
             return False
         try:
@@ -410,8 +390,8 @@ class Worker:
             return False
 
     def _order(self, job_id: int, file: Optional[str], where: Assignment) -> StartOrder:
-        """What the supervisor of job `job_id` is told (run/supervisor/order.py). `file`: its name
-        in pending/, so that the supervisor need not list pending/ (its `rev` was checked here)."""
+        """What the supervisor of job `job_id` is told; `file`: its name in pending/ (its `rev` was
+        checked here)."""
         s = self.settings
         return StartOrder(
             id=job_id, file=file, rev=None, slot=where.slot, gpus=where.gpus, notify=s.notify, on_finish=s.on_finish,
@@ -430,10 +410,8 @@ class Worker:
     # ---- what the loop asks before it ends ------------------------------------------------------
     def moving(self) -> bool:
         """Whether work may still appear although the last step saw none: a job claimed by a live
-        owner but not running (a supervisor putting it back in pending/ for a retry: a scan of
-        pending/ then running/ can miss it mid-move), or a job that became startable since. The
-        claims are read before the fresh look, so a move that ends in between shows in the look.
-        A foreground worker must not exit on a stale verdict."""
+        owner but not running (a retry being moved back to pending/), or one startable since. The
+        claims are read before the fresh look, so a move that ends in between shows in the look."""
         held = [job_id for job_id in self.spool.claims.ids() if self.spool.claims.held(job_id)]
         snap, _ = read_queue(self.spool, self.view.cache)
         if any(snap.states.get(job_id) != RUNNING for job_id in held):
