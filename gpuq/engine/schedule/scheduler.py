@@ -7,7 +7,7 @@ start; tests call these directly.
 
 from __future__ import annotations
 
-from datetime import datetime
+import time
 from typing import Any, Callable, NamedTuple, Optional
 
 from gpuq.core import states
@@ -96,8 +96,7 @@ def waiting_reason(
 
 def _clock(when: float, now: float) -> str:
     """`02:00`, or `Dec 3 02:00` when it is not within a day."""
-    stamp = datetime.fromtimestamp(when)
-    return stamp.strftime("%H:%M" if when - now < 86400 else "%b %d %H:%M")
+    return time.strftime("%H:%M" if when - now < 86400 else "%b %d %H:%M", time.localtime(when))
 
 
 def next_begin(pending: list[Job], now: float) -> Optional[float]:
