@@ -43,7 +43,7 @@ LAUNCHER_FIELDS += ("conda",)  # its environment, as core/jobenv.py applies it
 def batch_script(job: Job, *, python: str, package_parent: str, log_path: str) -> str:
     """The bash script for `job`. `python`: an interpreter the compute node can run (gpuq's own, on
     a shared filesystem); `package_parent`: the directory holding `gpuq`; `log_path`: the job's log."""
-    payload = {field: job[field] for field in LAUNCHER_FIELDS}
+    payload = {field: job.get(field) for field in LAUNCHER_FIELDS}  # what the file holds, as it holds it
     payload["ckpt_since"] = job.ckpt_since or now_iso()
     umask = job.umask if job.umask is not None else DEFAULT_JOB_UMASK
     launcher = "import sys; sys.path.insert(0, sys.argv[1]); from gpuq.run.slurm_batch import launch; launch()"
@@ -138,7 +138,7 @@ def gpu_request(job: Job) -> int:
 def _dependency(job: Job, slurm_ids: Mapping[int, int]) -> str:
     parts = []
     for kind, field in (("afterok", "after"), ("afterany", "after_any")):
-        ids = sorted({slurm_ids[i] for i in job[field] if i in slurm_ids})
+        ids = sorted({slurm_ids[i] for i in job.get(field) or [] if i in slurm_ids})
         if ids:
             parts.append(kind + "".join(f":{i}" for i in ids))
     return ",".join(parts)  # a comma: every one of them must hold

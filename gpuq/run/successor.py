@@ -51,34 +51,22 @@ def send(sock: Optional[socket.socket], line: bytes) -> bool:
 
 
 class Heard:
-    """The supervisor's side: the worker's last word, read from the line when a job has ended."""
+    """The supervisor's side: the worker's last whole word on the line."""
 
     def __init__(self, fd: int, received: bytes = b""):
         self.fd = fd
-        self.word: Optional[tuple[StartOrder, list[Any]]] = None  # the slot's order, the jobs named
         self.gone = False
+        self.named: list[StartOrder] = []  # the orders of the jobs last named for this slot
         self._partial = received  # what came with the hand-over, and then any line not whole yet
 
     def next_jobs(self) -> list[StartOrder]:
-        """The orders for the jobs the worker last named for this slot; none once the worker has
-        gone or closed the line."""
-        self._read()
-        if self.gone or self.word is None:
-            return []
-        slot, named = self.word
-        return [slot.for_job(*job) for job in named]
-
-    def named(self) -> bool:
-        """Whether the last whole line heard names a job (without reading the line again)."""
-        return not self.gone and self.word is not None and bool(self.word[1])
+        """The orders of the jobs the worker last named for this slot; none once it has gone or
+        closed the line."""
+        self.listen()
+        return [] if self.gone else self.named
 
     def listen(self) -> bool:
-        """Read what the worker has said so far (while the job still runs: nothing is acted on
-        before it ends); whether the line is still open, and so worth listening to."""
-        self._read()
-        return not self.gone
-
-    def _read(self) -> None:
+        """Read what the worker has said so far; whether the line is still open."""
         data, self._partial = self._partial, b""
         while not self.gone:
             try:
@@ -87,17 +75,17 @@ class Heard:
                 break
             except OSError:
                 chunk = b""
-            if not chunk:
-                self.gone = True
+            self.gone = not chunk
             data += chunk
         *lines, self._partial = data.split(b"\n")  # what follows the last newline is not a whole line
         for line in lines:
-            word = _parse(line)
-            if word is not None:
-                self.word = word
+            named = _parse(line)
+            if named is not None:
+                self.named = named
+        return not self.gone
 
 
-def _parse(line: bytes) -> Optional[tuple[StartOrder, list[Any]]]:
+def _parse(line: bytes) -> Optional[list[StartOrder]]:
     try:
         word = json.loads(line) if len(line) <= MAX_LINE_BYTES else None
         if not isinstance(word, dict) or not isinstance(word.get("next"), list):
@@ -105,8 +93,10 @@ def _parse(line: bytes) -> Optional[tuple[StartOrder, list[Any]]]:
         slot = StartOrder.from_fields(word)
     except ValueError:
         return None
-    ok = all(
-        isinstance(job, list) and len(job) == 3 and all(isinstance(v, int) for v in job[:2]) and isinstance(job[2], str)
-        for job in word["next"]
-    )
-    return (slot, word["next"]) if ok else None
+    named = word["next"]
+    ok = all(isinstance(j, list) and len(j) == 3 and _int(j[0]) and _int(j[1]) and isinstance(j[2], str) for j in named)
+    return [slot.for_job(*job) for job in named] if ok else None
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
