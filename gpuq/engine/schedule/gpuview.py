@@ -3,7 +3,7 @@ hold it, the processes of others on it and the leases of it. The worker writes i
 spool (workers/gpus-PID.json) whenever it looks, so that `gpuq status` need not wake NVML itself; a
 command looks for itself only when no worker's view is younger than STALE_SECONDS, and never on a
 machine that cannot have GPUs. Leases are read where a look is taken, so that a lease and the memory
-its processes hold are seen at one moment. system/gpus.py (with pathlib: some 7 ms) is imported
+its processes hold are seen at one moment. system/gpus.py (which brings pathlib) is imported
 only where GPUs are looked at or shown: a `status` without GPUs never needs it.
 """
 

@@ -15,6 +15,8 @@ import time
 from importlib.util import find_spec
 from typing import Any
 
+from gpuq.system.extras import notify_missing
+
 TIMEOUT_ENV = "GPUQ_NOTIFY_TIMEOUT"  # seconds a destination may take
 DEFAULT_TIMEOUT = 10.0
 TRACKED = 7  # destinations whose failure a sender's exit status can say (bits 0 to 6)
@@ -45,8 +47,6 @@ def send(urls: list[str], message: dict[str, Any], log_fd: int, log: str, prefix
     try:
         if find_spec("apprise") is None:
             if log not in _said_missing:
-                from gpuq.system.extras import notify_missing  # only to say what to install
-
                 _said_missing.add(log)
                 os.write(log_fd, f"{prefix}{notify_missing()}\n".encode())
             return

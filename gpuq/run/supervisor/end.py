@@ -47,7 +47,7 @@ def finish(
     state, why = transitions.destination(job, exit_code, request, retry, run.timed_out, host_memory=reached(run.host))
     sig_name = signal.Signals(sig).name if sig else None
     if state == PREEMPTED:
-        why = None  # the preemption's record says it (engine/ending.attempt_end)
+        why = None  # the preemption's record says it (engine/lifecycle/ending.attempt_end)
     else:
         if exit_code != 0 and free_bytes(spool.home) < DISK_FULL_BYTES:
             why = f"{why or f'exit {exit_code}'}; {DISK_FULL_NOTE}"
