@@ -228,7 +228,7 @@ def targets(results: dict[str, Any], sizes: dict[str, int]) -> list[str]:
         "on top of the interpreter's own start: some 35 small gpuq modules of a fraction of a millisecond each "
         "(no `re`, `json` or `collections` with an idle queue) and `add`'s five fsyncs; between jobs (on a "
         "machine without GPUs the ended job's supervisor starts the next one the worker named to it), the "
-        "claim, the next job's room set aside and its move to `running/` (four fsyncs), its fork and exec, "
+        "claim, the next job's move to `running/` (two fsyncs), its fork and exec, "
         "then the ended job's end record (three fsyncs), with the worker following every file on the other "
         "CPU; the first `status -a` over "
         "100,000 jobs is one `lstat` per file and the parse of the rows journalled when they finished.",

@@ -76,7 +76,7 @@ def dispatch_git_section(data: dict[str, dict[str, list[float]]], sizes: dict[st
         f"As section 1, every queue's commands run from inside one git repository ({sizes['git_files']} tracked "
         "files, one changed since the last commit), where `gpuq add` records the code's commit and state. Each "
         f"round of samples follows {sizes['dispatch_idle']:g} s in which no queue had anything to do (after 5 s of "
-        "that, gpuq's worker has a full look due and its zygote has exited, as when a user's job comes).",
+        "that, gpuq's worker has a full look due, as when a user's job comes).",
         "",
         *md_table(["system", "median add invoked->start (ms)", "p95 (ms)", "median queued->start (ms)", "jobs"], rows),
     ]

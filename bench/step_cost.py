@@ -25,6 +25,7 @@ from pathlib import Path
 from gpuq.engine.lifecycle import enqueue
 from gpuq.engine.lifecycle.preempt import resume_auto
 from gpuq.engine.schedule.queue_view import QueueView
+from gpuq.run.launcher import Launcher
 from gpuq.run.worker import Worker
 from gpuq.spool import Spool
 
@@ -41,7 +42,7 @@ def main(pending: int, steps: int = 30) -> dict[str, float]:
                 spool, cmd=["true"], cwd=work, name=None, venv=None, env={}, shell_env=dict(os.environ),
                 after=[], after_any=[], retries=0,
             )  # fmt: skip
-        worker = Worker(spool, say=lambda _line: None)
+        worker = Worker(spool, Launcher(spool), say=lambda _line: None)
         worker.view.watching(True)  # as under the loop's observer
         full = QueueView()  # a second view, looking in full every time
         parts: dict[str, list[float]] = {k: [] for k in PARTS}

@@ -201,8 +201,8 @@ class Gpuq(System):
         return [self.worker.pid] if self.worker and alive(self.worker.pid) else []
 
     def supervisor_only_pids(self) -> list[int]:
-        """The running jobs' supervisors, the spare and the zygote (python processes of this spool
-        other than the worker; the zygote and its children name themselves `gpuq-...`)."""
+        """The running jobs' supervisors and the spare (python processes of this spool other than
+        the worker; they name themselves `gpuq-...`)."""
         worker = self.worker.pid if self.worker else -1
         ours = [p for p in pids_with_env(self.marker, str(self.home)) if p != worker]
         return [p for p in ours if _comm(p).startswith(("python", "gpuq-"))]

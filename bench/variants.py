@@ -14,10 +14,9 @@ from researcher import make_repo
 from systems import Gpuq, System, Tsp, make, settle
 
 # Between two rounds of dispatch_git, every queue is left alone this long: longer than anything
-# gpuq's worker does differently once idle (FULL_LOOK_SECONDS: the full look and repair are due;
-# the zygote's IDLE_SECONDS: it has exited), so each `add` meets a worker idle as a user's is. The
-# other thing that ages, a spare's room (60 s), is kept fresh while the spare waits, so that a
-# longer pause would measure the same (bench/PROFILE.md, "the gap and the idle dispatch").
+# gpuq's worker does differently once idle (FULL_LOOK_SECONDS: the full look and repair are due),
+# so each `add` meets a worker idle as a user's is; its spare supervisor waits as long as it must, so
+# that a longer pause would measure the same.
 IDLE_ROUND_SECONDS = 6.0
 
 

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import wait_for
 
+from gpuq.run.launcher import Launcher
 from gpuq.run.worker import Worker
 from gpuq.spool import Spool
 
@@ -92,7 +93,8 @@ def test_adopt_a_real_process_and_a_job_after_it(gq, outside) -> None:
     after = gq.add("--after", str(job_id), "-q", sys.executable, "-c", "print('eval ran')")
     other = gq.add(sys.executable, "-c", "print('other ran')")
     # While the adopted process runs, nothing starts: it occupies the worker's slot(s).
-    step = Worker(Spool(gq.home), say=lambda _text: None).step()
+    spool = Spool(gq.home)
+    step = Worker(spool, Launcher(spool), say=lambda _text: None).step()
     assert step.started == [] and step.busy
     assert row_of(gq, after)["state"] == "pending" and row_of(gq, other)["state"] == "pending"
 

@@ -206,7 +206,7 @@ job = spool.jobs.load(ref)
 claim = spool.claims.claim(job_id)
 started = transitions.start(job, slot=None, gpus=None, boot_id="b", host="h", log=job["log"])
 ref, job = spool.jobs.move(ref, job, "running", started)
-run = start.Run(spool, claim, ref, job, order=StartOrder(job_id, None, None, None, None), room=[])
+run = start.Run(spool, claim, ref, job, order=StartOrder(job_id, None, None, None, None))
 run.log_fd = spool.logs.open_job_log(job_id)
 print("running", flush=True)
 sys.stdin.readline()  # the job has saved a checkpoint and been preempted; the disk is full
@@ -272,21 +272,17 @@ def test_a_capped_log_keeps_its_head_and_newest_tail(gq: Env) -> None:
     assert json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)["max_log_bytes"] == cap
 
 
-def test_the_room_of_a_long_job_outlives_the_tmp_cleaner(gq: Env) -> None:
-    """A job's room for its end stays in tmp/ for as long as its supervisor lives: the cleaner's
-    10-minute rule is for other files (it once took the room of every job longer than that, and the
-    job's end was lost: `interrupted`). The cleaner is asked to look as if 11 minutes had passed."""
+def test_a_long_job_keeps_its_end_through_the_tmp_cleaner(gq: Env) -> None:
+    """The cleaner's 10-minute rule for tmp/ must not take anything a supervisor needs to record
+    its job's end (it once took the room of every job longer than that, and the job's end was lost:
+    `interrupted`). The cleaner is asked to look as if 11 minutes had passed."""
     from gpuq.spool import Spool
 
     gq.script("wait.py", WAIT_FOR_GO)
     job_id = gq.add("wait.py")
     gq.start_worker("--watch")
-    supervisor = wait_for(lambda: (gq.job(job_id).get("supervisor") or {}).get("pid"), 20, what="the job running")
-    tmp = gq.home / "tmp"
-    room = [p for p in tmp.iterdir() if p.name.startswith(f".reserve-{supervisor}-")]
-    assert room, "the running job's supervisor has its room set aside"
+    wait_for(lambda: gq.job(job_id).get("pid"), 20, what="the job running")
     Spool(gq.home).files.clean_tmp(now=time.time() + 660)  # what the worker's repair runs every few seconds
-    assert all(path.exists() for path in room)
     (gq.work / "go").write_text("")
     done = gq.wait_state(job_id, "done", 20)
     assert done["exit_code"] == 0
@@ -324,21 +320,3 @@ def test_an_end_is_written_even_if_its_room_lost_its_name(tmp_path: Path) -> Non
         moved.state == "done"
         and json.loads(Path(spool.layout.job_path("done", moved.name)).read_text())["exit_code"] == 0
     )
-
-
-def test_room_left_over_is_used_and_stale_room_set_aside_again(tmp_path: Path) -> None:
-    """run/room.py: a handed-on job takes the room its slot's ended job did not need, if it
-    is still there, recent and big enough; anything else is released and set aside anew."""
-    from gpuq.run import room as rooms
-    from gpuq.spool import Spool
-
-    spool = Spool(tmp_path / "spool").ensure()
-    left, small, old = spool.files.reserve(65536), spool.files.reserve(4096), spool.files.reserve(65536)
-    past = time.time() - rooms.FRESH_ROOM_SECONDS - 5
-    os.utime(old.path, (past, past))
-    room = rooms.room_for(spool, [left, small, old], 65536)
-    assert len(room) == 2 and room[0] is left and room[1] not in (small, old)
-    assert not os.path.exists(small.path) and not os.path.exists(old.path) and os.path.exists(left.path)
-    assert all(os.path.getsize(r.path) >= 65536 for r in room)
-    for reservation in room:
-        reservation.release()

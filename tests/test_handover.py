@@ -15,6 +15,7 @@ from gpuq.core.states import INTERRUPTED, PENDING, RUNNING
 from gpuq.engine.lifecycle import enqueue, repairs
 from gpuq.engine.schedule.planner import Assignment
 from gpuq.engine.schedule.queue_view import QueueView
+from gpuq.run.launcher import Launcher
 from gpuq.run.worker import CLAIM_HELD, Worker
 from gpuq.spool import JobRef, Spool
 
@@ -78,13 +79,13 @@ def test_a_job_changed_since_the_plan_is_not_started(tmp_path: Path) -> None:
     """The worker's view missed a change (a lost event): once it holds the claim it reads the file
     again, and a version other than the planned one starts nothing; the next look is a full one."""
     spool, (ref,) = _spool_with_jobs(tmp_path, 1)
-    worker = Worker(spool, say=lambda _line: None)
+    worker = Worker(spool, Launcher(spool), say=lambda _line: None)
     worker.view.watching(True)
     snap, _ = worker.view.look(spool, time.time())
     [planned] = snap.pending
     spool.jobs.rewrite(ref, planned, priority=5)  # nobody tells the view
     assert worker._launch(planned, Assignment(None)) == CLAIM_HELD
-    assert worker.launching == {} and spool.claims.held(ref.id) is None, "the claim is given back"
+    assert worker.supervisors == {} and spool.claims.held(ref.id) is None, "the claim is given back"
     snap, _ = worker.view.look(spool, time.time())
     assert [j["priority"] for j in snap.pending] == [5], "a doubt: the next look read it again"
 
@@ -114,11 +115,9 @@ def test_a_supervisor_told_no_proper_order_leaves_the_job_pending(tmp_path: Path
     order exits, and the job stays pending with nobody holding its claim."""
     import socket
 
-    from gpuq.run.launcher import Launcher
-
     spool, (ref,) = _spool_with_jobs(tmp_path, 1)
     launcher = Launcher(spool)
-    spare = launcher._new_interpreter()
+    spare = launcher._start()
     claim = spool.claims.claim(ref.id)
     assert claim is not None and spare.sock is not None
     socket.send_fds(spare.sock, [b'{"id": "not a number"}\n'], [claim.fd])

@@ -452,15 +452,15 @@ def test_a_job_whose_gpu_was_leased_since_the_worker_looked_is_given_back(
     leases = LeaseDir.open(own_lease_dir)
     theirs = leases.take("GPU-fake-0", 0, None, job=12, name="train", spool="/home/someone/.gpuq")
     claim = spool.claims.claim(ref.id)
-    assert begin(spool, claim, _order(ref, job), []) is None
+    assert begin(spool, claim, _order(ref, job)) is None
     assert spool.jobs.states_holding(ref.name, (PENDING, RUNNING)) == [PENDING]
     assert spool.claims.held(ref.id) is None, "the claim is given up"
     assert [lease.job for lease in leases.live()] == [12], "and no lease of ours is left"
     theirs.release()
-    run = begin(spool, spool.claims.claim(ref.id), _order(ref, job), [])
+    run = begin(spool, spool.claims.claim(ref.id), _order(ref, job))
     assert run is not None and [held.lease.job for held in run.leases] == [ref.id]
     # its slot handed on: the next job's lease is taken beside the ended job's, which then goes
-    following = begin(spool, spool.claims.claim(ref2.id), _order(ref2, job2), [], run.leases)
+    following = begin(spool, spool.claims.claim(ref2.id), _order(ref2, job2), run.leases)
     assert following is not None and [lease.job for lease in leases.live()] == [ref2.id]
     supervisor_lease.release(following.leases)
     for started in (run, following):
@@ -474,7 +474,7 @@ def test_without_gpus_and_for_a_cpu_job_no_lease_is_taken(
     _one_gpu(tmp_path, monkeypatch)
     spool, jobs = spool_with_true_jobs(tmp_path, 2)
     for (ref, job), gpus in zip(jobs, (None, ())):
-        run = begin(spool, spool.claims.claim(ref.id), _order(ref, job, gpus), [])
+        run = begin(spool, spool.claims.claim(ref.id), _order(ref, job, gpus))
         assert run is not None and run.leases == []
         os.close(run.log_fd)
         run.claim.release()
@@ -490,7 +490,7 @@ def test_a_supervisor_that_cannot_use_the_lease_directory_says_so_in_the_log_and
     loose.chmod(0o777)  # not sticky
     monkeypatch.setenv("GPUQ_LEASE_DIR", str(loose))
     spool, [(ref, job)] = spool_with_true_jobs(tmp_path)
-    run = begin(spool, spool.claims.claim(ref.id), _order(ref, job), [])
+    run = begin(spool, spool.claims.claim(ref.id), _order(ref, job))
     assert run is not None and run.leases == [], "the GPU memory gate alone decided"
     os.close(run.log_fd)
     run.claim.release()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import WAIT_FOR_GO, Env, wait_for
 
-from gpuq.core.states import CANCELLED, DONE, HELD, PENDING, RUNNING
+from gpuq.core.states import DONE, HELD, PENDING, RUNNING
 from gpuq.engine.lifecycle import enqueue
 from gpuq.engine.schedule.queue_view import FULL_LOOK_SECONDS, QueueView
 from gpuq.spool import JobRef, Spool
@@ -146,11 +146,12 @@ def test_the_observer_names_a_file_written_in_place_once(tmp_path: Path) -> None
     a file rewritten in place in pending/ by three writes is named once, when its writer closes it
     (watchdog unfiltered reported a `modified` event per write, besides the opens and reads)."""
     from gpuq.run import loop
+    from gpuq.run.launcher import Launcher
     from gpuq.run.worker import Worker
 
     spool = _spool(tmp_path)
     ref, _job = _add(spool, tmp_path)
-    worker = Worker(spool, say=lambda _line: None)
+    worker = Worker(spool, Launcher(spool), say=lambda _line: None)
     observer = loop._ensure_observer(None, worker, loop.Waker())
     assert observer is not None
     try:
@@ -169,68 +170,6 @@ def test_the_observer_names_a_file_written_in_place_once(tmp_path: Path) -> None
         assert [h for h in hints if h[1] == ref.name] == [(PENDING, ref.name)]
     finally:
         loop._stop_observer(observer)
-
-
-def test_an_idle_worker_starts_a_new_job_before_its_full_look(tmp_path: Path) -> None:
-    """An idle worker woken by new jobs' events, its last full look older than FULL_LOOK_SECONDS,
-    starts what the events named and leaves the full look (and the full repair and the intake) to
-    the step right after, which the loop takes within PUT_OFF_SECONDS: with thousands of finished
-    jobs they cost about 10 ms before the start (bench/PROFILE.md, "add -> first instruction").
-    That step finds what no event said (a job cancelled behind the worker's back), as any full
-    look, and keeps the next spare ready, as the first step would have, also once the job it
-    started has ended."""
-    from gpuq.run import loop
-    from gpuq.run.worker import Worker
-
-    spool = _spool(tmp_path)
-    worker = Worker(spool, say=lambda _line: None)
-    worker.view.watching(True)
-    then = time.time() - FULL_LOOK_SECONDS - 1  # the idle worker's last full look
-    worker.step(then)
-    ref, _job = _add(spool, tmp_path)
-    other_ref, other = _add(spool, tmp_path)  # behind it: one job at a time
-    worker.view.note(PENDING, ref.name)
-    worker.view.note(PENDING, other_ref.name)
-    try:
-        result = worker.step(time.time())
-        assert result.started == [ref.id]
-        assert worker.view.full_at == then, "the full look came before the start"
-        assert result.put_off and loop._next_look(result) == loop.PUT_OFF_SECONDS
-        spool.jobs.move(other_ref, other, CANCELLED, {})  # its event lost
-        wait_for(lambda: spool.jobs.find(ref.id, (DONE,)), 20, what="the job to run")
-        worker.launcher.close_spare()  # so that the next spare is a new one
-        now = time.time()
-        assert not worker.step(now, woken=False).put_off
-        assert worker.view.full_at == now and worker.view.states[other.id] == CANCELLED
-        assert worker.launcher.spare is not None, "no spare kept for the next job"
-    finally:
-        worker.launcher.close_spare()
-
-
-def test_a_new_zygote_waits_for_the_step_after_a_start(tmp_path: Path) -> None:
-    """A worker whose zygote has gone (idle 5 s, or killed) starts a job, not a new zygote, in the
-    step that hands the job over: the zygote's interpreter would take the CPU the job's start
-    needs. The step right after (within PUT_OFF_SECONDS) starts it and keeps the next spare."""
-    from gpuq.run import loop
-    from gpuq.run.worker import Worker
-
-    spool = _spool(tmp_path)
-    worker = Worker(spool, say=lambda _line: None)
-    try:
-        worker.launcher.keep_a_spare()  # a spare forked by a zygote, which then exits
-        assert worker.launcher.zygote is not None
-        worker.launcher.zygote.kill()
-        wait_for(lambda: not worker.launcher.zygote_ready(), 10, what="the zygote gone")
-        ref, _job = _add(spool, tmp_path)
-        result = worker.step(time.time())
-        assert result.started == [ref.id]
-        assert worker.launcher.zygote is None, "no zygote started beside the job's start"
-        assert result.put_off and loop._next_look(result) == loop.PUT_OFF_SECONDS
-        worker.step(time.time())
-        assert worker.launcher.zygote_ready() and worker.launcher.spare is not None
-        wait_for(lambda: spool.jobs.find(ref.id, (DONE,)), 20, what="the job to run")
-    finally:
-        worker.launcher.close_spare()
 
 
 def test_a_job_seen_in_two_places_is_looked_up_until_it_settles(tmp_path: Path) -> None:
@@ -263,6 +202,7 @@ def test_a_polling_worker_starts_a_job_that_landed_during_its_step(tmp_path: Pat
     nothing more. A job queued while a step runs, after its look (here: while the step moves a
     broken file to rejected/, which it does after the look), must count as a change: the
     signature compared is the one taken before the step's look, not after it."""
+    from gpuq.run.launcher import Launcher
     from gpuq.run.worker import Worker
 
     no_gpus = tmp_path / "gpus.json"
@@ -279,13 +219,13 @@ def test_a_polling_worker_starts_a_job_that_landed_during_its_step(tmp_path: Pat
         if "rejected" in line and not landed:
             landed.append(_add(spool, tmp_path)[0])
 
-    worker = Worker(spool, say=say)
+    worker = Worker(spool, Launcher(spool), say=say)
     try:
         now = time.time()
         result = worker.step(now, woken=False)
-        assert landed and result.started == [] and not result.put_off
+        assert landed and result.started == []
         later = worker.step(now + 1, woken=False)  # the loop's next periodic look, no event
         assert later.started == [landed[0].id]
         wait_for(lambda: spool.jobs.find(landed[0].id, (DONE,)), 20, what="the job to run")
     finally:
-        worker.launcher.close_spare()
+        worker.launcher.close()

@@ -150,7 +150,7 @@ def test_a_running_jobs_log_unchanged_since_the_last_look_needs_no_patterns(gq: 
     for command in (("status",), ("status", "--json"), ("eta",)):
         modules = imported_by(gq, *command)
         assert "gpuq.engine.tracking.eta" in modules  # the probe did estimate the running job
-        assert not denied(modules, deny), f"`gpuq {' '.join(command)}` imports {denied(modules, deny)}"
+        assert not denied(modules, DENIED), f"`gpuq {' '.join(command)}` imports {denied(modules, DENIED)}"
     (gq.work / "go").write_text("")
 
 

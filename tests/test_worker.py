@@ -233,8 +233,7 @@ def _gone(pid: int) -> bool:
 
 
 def _spares(worker_pid: int) -> list:
-    """Spare supervisors of this worker: started by it (`--spare-fd`) or forked by its zygote
-    (named `gpuq-spare` until a job comes)."""
+    """Spare supervisors of this worker (`--spare-fd`, named `gpuq-spare` until a job comes)."""
     import psutil
 
     found = []

@@ -13,7 +13,7 @@ from typing import Optional
 
 from gpuq.core.errors import Refused
 from gpuq.run import loop
-from gpuq.run.launcher import PACKAGE_PARENT
+from gpuq.run.launcher import PACKAGE_PARENT, Launcher
 from gpuq.run.worker import Settings, Worker
 from gpuq.spool import Spool, WorkerBusy
 
@@ -47,7 +47,7 @@ def run_foreground(spool: Spool, settings: Settings, watch: bool, ready_fd: Opti
     try:
         if ready_fd is not None:
             _tell(ready_fd, f"ok {os.getpid()}")
-        worker = Worker(spool, settings, say=_say)
+        worker = Worker(spool, Launcher(spool), settings, say=_say)
         cap = worker.planner.host  # what jobs may reserve of the machine: `add --dry-run` admits as the worker does
         if cap is not None:
             info["host_cap"] = {"mem_mib": cap.mem_mib, "cpus": cap.cpus}
@@ -63,13 +63,13 @@ def run_foreground(spool: Spool, settings: Settings, watch: bool, ready_fd: Opti
 
 def _where(worker: Worker) -> str:
     """What the worker runs jobs on, as it first looks at the GPUs (and shows them to `status`)."""
-    look = worker.publish_gpus()
+    look, labels = worker.publish_gpus(), worker.settings.gpus
     if look.gpus:
-        chosen = [g for g in look.gpus if worker.labels is None or str(g.index) in worker.labels]
+        chosen = [g for g in look.gpus if labels is None or str(g.index) in labels]
         return f"GPUs {','.join(str(g.index) for g in chosen)} of {len(look.gpus)} ({look.source})"
     if look.problem and look.source != "none":
         return f"GPUs unreadable: {look.problem}"
-    return f"no GPUs found: slots {','.join(worker.labels)}" if worker.labels else "no GPUs found: one job at a time"
+    return f"no GPUs found: slots {','.join(labels)}" if labels else "no GPUs found: one job at a time"
 
 
 def _tell(fd: int, message: str) -> None:

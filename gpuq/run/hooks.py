@@ -1,14 +1,11 @@
-"""What happens when a job ends: a desktop notification, the user's own shell command, and
-messages to the job's and the worker's `--notify URL`s (run/notify/). The shell command and the
-desktop notification also hear of a job stuck while it runs (`during_run`), with GPUQ_EVENT saying
-which event it is.
+"""What happens when a job ends (`after_end`) or is stuck while it runs (`during_run`): the user's
+`--on-finish` shell command, a desktop notification, and messages to the job's and the worker's
+`--notify URL`s (run/notify/). GPUQ_EVENT says which event it is.
 
-Both run a program nobody here controls, so both are bounded: the program gets its own session
-(its own process group), /dev/null as stdin and a pipe for its output, of which only the first
-OUTPUT_CAP bytes are kept. When its time is up, or as soon as the program itself has exited,
-whatever is left of its process group is killed, so a hook can neither hang the caller nor leave
-processes behind. (A hook that wants something to outlive it must start it in a new session,
-e.g. with `setsid`.) Nothing here raises: a hook that fails is reported through `log`.
+A hook is a program nobody here controls, so it is bounded: its own session, /dev/null as stdin, a
+pipe for its output of which the first OUTPUT_CAP bytes are kept, and when its time is up, or as soon
+as it has exited, whatever is left of its process group is killed (a hook that wants something to
+outlive it starts it with `setsid`). Nothing here raises: a hook that fails is reported in the log.
 """
 
 from __future__ import annotations
@@ -22,6 +19,7 @@ import time
 from typing import Any, Callable, Mapping, Optional
 
 from gpuq.core import schema
+from gpuq.core.job import Job
 from gpuq.core.states import FAILED, INTERRUPTED, PENDING, RUNNING
 from gpuq.run.notify import message, send
 from gpuq.run.supervisor.start import LOG_PREFIX
@@ -56,9 +54,8 @@ def hook_env(
 
 
 def run_on_finish(cmd: str, env_vars: Mapping[str, Any], log: Callable[[str], None], timeout: float = 30) -> None:
-    """Run `sh -c CMD` with `env_vars` added to this process's environment, for at most `timeout`
-    seconds. Its output (the first OUTPUT_CAP bytes) goes to `log` line by line, then how it
-    ended. Returns when the hook and its whole process group are gone; never raises."""
+    """Run `sh -c CMD` with `env_vars` added to the environment, for at most `timeout` seconds; its
+    output (the first OUTPUT_CAP bytes) to `log` line by line, then how it ended."""
     try:
         env = dict(os.environ)
         env.update({str(k): "" if v is None else str(v) for k, v in env_vars.items()})
@@ -74,8 +71,8 @@ def run_on_finish(cmd: str, env_vars: Mapping[str, Any], log: Callable[[str], No
 
 
 def notify_desktop(job_summary: Mapping[str, Any], timeout: float = NOTIFY_TIMEOUT) -> Optional[str]:
-    """A desktop notification through `notify-send`, for a summary with `id`, `name`, `state`
-    and `exit_code`. Returns None when it was shown, else why not (one line)."""
+    """A desktop notification through `notify-send` of a summary with `id`, `name`, `state` and
+    `exit_code`: None when it was shown, else why not (one line)."""
     tool = procs.which("notify-send")  # not shutil's: every supervisor imports this module
     if tool is None:
         return "notify-send not found (install libnotify-bin to get desktop notifications)"
@@ -96,7 +93,7 @@ def notify_desktop(job_summary: Mapping[str, Any], timeout: float = NOTIFY_TIMEO
 
 
 class _Outcome:
-    """How a hook ended. A plain class (see core/transitions.Continuation)."""
+    """How a hook ended."""
 
     def __init__(self, returncode: Optional[int], timed_out: bool, output: bytes, dropped: int) -> None:
         self.returncode, self.timed_out, self.output = returncode, timed_out, output
@@ -142,8 +139,8 @@ def _run_bounded(argv: list[str], env: dict[str, str], timeout: float) -> _Outco
 
 
 def _collect(proc: subprocess.Popen, fd: int, deadline: float) -> tuple[bytes, int, bool]:
-    """Read the output until the program has exited and either the pipe is closed or nothing
-    more is waiting in it (a leftover background child may hold it open forever)."""
+    """Its output, until the program has exited and the pipe is closed or empty (a leftover
+    background child may hold it open forever); whether its time ran out."""
     kept = bytearray()
     dropped = 0
     closed = False
@@ -203,9 +200,8 @@ def _say(log: Callable[[str], None], line: str) -> None:
 
 def after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
     """The job's and the worker's hooks, once the job's end is recorded and its claim released:
-    whatever they do (fail, hang), the queue is already as it must be. Their output goes to the
-    worker's log; the messages to its URLs are sent without waiting (their failures go to the
-    job's log)."""
+    whatever they do, the queue is already as it must be. Their output goes to the worker's log;
+    the messages to its URLs are sent without waiting (their failures go to the job's log)."""
     for thread in _during:  # hooks of events while it ran: bounded by their own time limits
         thread.join()
     _during.clear()
@@ -220,9 +216,9 @@ def after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
     _run_hooks(spool, job, found.state, message.FINISHED, worker_hooks)
 
 
-def during_run(spool: Spool, job: dict[str, Any], event: str, reason: str, worker_hooks: dict[str, Any]) -> None:
-    """An event of a running job (GPU_IDLE, STUCK): its URLs are sent the message, and its hooks
-    run in a thread of their own, so that the wait for the job (its time limit) goes on."""
+def during_run(spool: Spool, job: Job, event: str, reason: str, worker_hooks: dict[str, Any]) -> None:
+    """An event of a running job (GPU_IDLE, STUCK): the message to its URLs, and its hooks in a
+    thread of their own, so that the wait for the job (its time limit) goes on."""
     notify_urls(spool, job, RUNNING, event, worker_hooks, reason)
     thread = threading.Thread(target=_run_hooks, args=(spool, job, RUNNING, event, worker_hooks), daemon=True)
     thread.start()
@@ -231,32 +227,32 @@ def during_run(spool: Spool, job: dict[str, Any], event: str, reason: str, worke
 
 def notify_urls(
     spool: Spool,
-    job: dict[str, Any],
+    job: Job,
     state: str,
     event: str,
     worker_hooks: dict[str, Any],
     reason: Optional[str] = None,
 ) -> None:
     """The message of `event` to the job's and the worker's `--notify URL`s, failures said in the job's log."""
-    urls = [*job.get("notify_urls", ()), *(worker_hooks.get("notify_urls") or ())]
+    urls = [*job.notify_urls, *(worker_hooks.get("notify_urls") or ())]
     if not urls:
         return
     try:
-        log_fd = spool.logs.open_job_log(job["id"])
+        log_fd = spool.logs.open_job_log(job.id)
     except OSError:
         return  # no log to say anything in: nothing is sent either, rather than sent unaccounted
     try:
-        send.send(urls, message.of_job(job, state, event, reason), log_fd, f"job {job['id']}", LOG_PREFIX)
+        send.send(urls, message.of_job(job, state, event, reason), log_fd, f"job {job.id}", LOG_PREFIX)
     finally:
         os.close(log_fd)
 
 
-def _run_hooks(spool: Spool, job: dict[str, Any], state: str, event: str, worker_hooks: dict[str, Any]) -> None:
-    commands = [c for c in (job.get("on_finish"), worker_hooks.get("on_finish")) if c]
-    notify = job.get("notify") or worker_hooks.get("notify")
+def _run_hooks(spool: Spool, job: Job, state: str, event: str, worker_hooks: dict[str, Any]) -> None:
+    commands = [c for c in (job.on_finish, worker_hooks.get("on_finish")) if c]
+    notify = job.notify or worker_hooks.get("notify")
     if not (commands or notify):
         return
-    job_id = job["id"]
+    job_id = job.id
 
     def log(line: str) -> None:
         _worker_log(spool, f"job #{job_id}: {line}")
@@ -264,11 +260,11 @@ def _run_hooks(spool: Spool, job: dict[str, Any], state: str, event: str, worker
     log_path = str(spool.logs.path_of(job))
     timeout = timeout_seconds()
     for command in commands:
-        env = hook_env(job_id, job["name"], state, job.get("exit_code"), log_path, event)
+        env = hook_env(job_id, job.name, state, job.exit_code, log_path, event)
         run_on_finish(command, env, log, timeout)
     if notify:
         shown = state if event == message.FINISHED else event.replace("_", " ")
-        problem = notify_desktop({"id": job_id, "name": job["name"], "state": shown, "exit_code": job.get("exit_code")})
+        problem = notify_desktop({"id": job_id, "name": job.name, "state": shown, "exit_code": job.exit_code})
         if problem:
             log(f"no desktop notification: {problem}")
 

@@ -1,22 +1,15 @@
-"""A job's log with a size cap (`--max-log-size`): its head and its newest tail are kept, the middle
-is cut out while the job runs, and the cut is marked. What `gpuq log`, the ETA and the progress
-readers look at (the end of the log) is therefore always there, and a runaway job cannot fill the
-disk with its output.
-
-A capped job writes into a pipe; a thread of its supervisor copies the pipe into the log. When the
-log reaches the cap, everything between the head (a quarter of the cap) and the newest quarter is
-dropped: the newest quarter is copied down behind the head and a marker, and the file truncated, so
-the log stays between half the cap and the cap, at the cost of copying a quarter of the cap each time
-half of it is written anew. Without a cap (the default) the job writes its log directly.
+"""A job's log with a size cap (`--max-log-size`): its head and its newest tail are kept and the
+middle cut out, marked, while the job runs, so that what `gpuq log`, the ETA and the progress
+readers look at (the end) is always there and a runaway job cannot fill the disk. A capped job
+writes into a pipe that a thread of its supervisor copies into the log; at the cap the newest
+quarter is copied down behind the head (a quarter) and a marker, and the file truncated.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Optional
-
-if TYPE_CHECKING:
-    import threading
+import threading
+from typing import Optional
 
 MARKER = "\n=== gpuq: log cut here (--max-log-size): {dropped:>15} bytes left out ===\n"
 MIN_CAP = 64 * 1024
@@ -81,8 +74,6 @@ def pump(read_fd: int, log: CappedLog) -> threading.Thread:
                     continue  # a full disk: this output is lost, the job goes on
         finally:
             os.close(read_fd)
-
-    import threading  # only for a capped log: every supervisor imports this module
 
     thread = threading.Thread(target=run, name="gpuq-log", daemon=True)
     thread.start()

@@ -1,10 +1,9 @@
 """The worker's event loop: a thin shell around Worker.step().
 
 File events from watchdog say "look again soon" and name the files of pending/ and running/ that
-changed, which the worker's view reads again (engine/schedule/queue_view.py). They are hints: the view takes
-a full look at least every 5 s and after any doubt (a new observer), and the loop also looks every
-RESCAN_SECONDS in case an event was lost (inotify overflow, a network filesystem, a dead observer
-thread).
+changed, which the worker's view reads again (engine/schedule/queue_view.py). They are hints: the
+view takes a full look at least every 5 s and after any doubt, and the loop looks every
+RESCAN_SECONDS in case an event was lost (inotify overflow, a network filesystem, a dead observer).
 """
 
 from __future__ import annotations
@@ -16,6 +15,9 @@ import signal
 import time
 from typing import Any, Callable, Optional
 
+from watchdog import events
+from watchdog.observers import Observer
+
 from gpuq.core.states import PENDING, RUNNING
 from gpuq.engine.schedule.planner import GPU_WAIT_RESCAN_SECONDS
 from gpuq.run.notify.queue import QueueWatch
@@ -24,7 +26,6 @@ from gpuq.system.security import FULL_ERRNOS
 
 ADOPTED_RESCAN_SECONDS = 1.0
 CLAIM_BUSY_RESCAN_SECONDS = 0.1  # a claim is held for milliseconds; nothing announces its release
-PUT_OFF_SECONDS = 0.05  # a full look put off for a start (Worker.step) waits until the job is under way
 # A job reaches any other state by leaving running/ or pending/, so these two directories say
 # everything the scheduler needs; events elsewhere would only cost steps.
 WATCHED = (PENDING, RUNNING)
@@ -97,7 +98,7 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
                 if not result.busy:
                     worker.say("drained: every job of this worker has ended; worker exits")
                     break
-            settling = not watch and not result.busy and not result.startable_later and not result.put_off
+            settling = not watch and not result.busy and not result.startable_later
             if settling and not worker.moving():
                 for line in worker.why_done():
                     worker.say(line)
@@ -110,7 +111,7 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
     except KeyboardInterrupt:
         pass
     finally:
-        worker.launcher.close_spare()
+        worker.launcher.close()
         if observer is not None:
             _stop_observer(observer)
     if worker.stopping:
@@ -143,8 +144,6 @@ def _next_look(result: StepResult, held_for: int = 0, settling: bool = False) ->
 
 
 def _usual_look(result: StepResult, held_for: int, settling: bool) -> float:
-    if result.put_off:
-        return PUT_OFF_SECONDS
     if result.claim_busy or settling:
         return min(RESCAN_SECONDS, CLAIM_BUSY_RESCAN_SECONDS * 2 ** max(0, held_for - 1))
     if result.watch_closely:
@@ -154,31 +153,33 @@ def _usual_look(result: StepResult, held_for: int, settling: bool) -> float:
     return RESCAN_SECONDS
 
 
+class _Handler(events.FileSystemEventHandler):
+    def __init__(self, worker: Worker, wake: Waker):
+        self.worker, self.wake = worker, wake
+
+    def on_any_event(self, event: Any) -> None:
+        """Tell the worker's view which files of pending/ and running/ the event names (a move names
+        two), so that its next step reads them again; wake the loop if they may change what starts."""
+        for path in (event.src_path, getattr(event, "dest_path", "")):
+            directory, name = os.path.split(path)
+            if path and os.path.basename(directory) in WATCHED:
+                self.worker.view.note(os.path.basename(directory), name)
+        if _worth_a_step(event):
+            self.wake.set()
+
+
 def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any]:
     """(Re)start the watchdog observer; a dead one (an exception in its thread) is replaced."""
     if observer is not None and observer.is_alive():
         return observer
     worker.view.watching(False)  # until a new observer runs, every step is a full look
-    try:
-        from watchdog import events  # here: without watchdog the worker still runs, by polling
-        from watchdog.observers import Observer  # (the same)
-    except ImportError:
-        return None  # polling every RESCAN_SECONDS still works
-
-    class Handler(events.FileSystemEventHandler):
-        def on_any_event(self, event: Any) -> None:
-            _note(worker, event)
-            if _worth_a_step(event):
-                wake.set()
-
     # Only the events that can change the queue: on Linux the filter becomes the inotify mask, so
-    # the kernel never reports the opens, reads and writes of every job file (about three in four
-    # events, each carried across watchdog's three threads). A file edited in place is seen when
-    # its writer closes it.
+    # the kernel never reports the opens and reads of every job file (the worker's own included).
+    # A file edited in place is seen when its writer closes it.
     wanted = [events.FileCreatedEvent, events.FileMovedEvent, events.FileDeletedEvent, events.FileClosedEvent]
     new = Observer()
     for state in WATCHED:
-        new.schedule(Handler(), str(worker.spool.layout.state_dir(state)), recursive=False, event_filter=wanted)
+        new.schedule(_Handler(worker, wake), worker.spool.layout.state_dir(state), recursive=False, event_filter=wanted)
     try:
         new.start()
     except OSError as exc:  # e.g. inotify watch limit reached: fall back to rescans
@@ -187,18 +188,6 @@ def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any
     worker.view.watching(True)  # the watches are in place once start() returns
     wake.set()  # files that arrived before the observer started produce no event
     return new
-
-
-def _note(worker: Worker, event: Any) -> None:
-    """Tell the worker's view which files of pending/ and running/ the event names (a move names
-    two), so that its next step reads them again (engine/schedule/queue_view.py). The observer's filter
-    already keeps out opens, reads and directories: the worker's own reads never come back as hints."""
-    for path in (event.src_path, getattr(event, "dest_path", "")):
-        if path:
-            directory, name = os.path.split(path)
-            state = os.path.basename(directory)
-            if state in WATCHED:
-                worker.view.note(state, name)
 
 
 def _stop_observer(observer: Any) -> None:

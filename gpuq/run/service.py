@@ -1,17 +1,12 @@
 """A systemd user service that keeps a `gpuq run --watch --recover` worker up: the unit's text, and
-writing or removing it in `~/.config/systemd/user` (or `$XDG_CONFIG_HOME/systemd/user`).
+writing or removing it in `~/.config/systemd/user` (or `$XDG_CONFIG_HOME/systemd/user`). Nothing
+here runs systemctl; the CLI prints the commands.
 
-The worker recovers by default: after a reboot, the jobs it interrupted go back in the queue when the
-service starts, each from its newest checkpoint (a job interrupted more times in a row than its
---retries allow is left for a person); `--no-recover` leaves them for `gpuq recover`.
-
-The one decision that matters is `KillMode=process`. Jobs run under their own supervisors, in
-sessions of their own, but still inside the service's control group; systemd's default
-(`control-group`) would kill every one of them on `systemctl --user restart` or `stop`, setsid or
-not. With `KillMode=process` only the worker is signalled: the supervisors stay where they are,
-record how their jobs end, and the next worker finds those jobs in `running/` and keeps their
-slots busy, exactly as after a `gpuq stop`. Nothing here runs systemctl; the CLI prints the
-commands.
+The one decision that matters is `KillMode=process`: jobs run under their own supervisors, in
+sessions of their own but inside the service's control group, and systemd's default would kill
+every one of them on `systemctl --user restart` or `stop`. With `KillMode=process` only the worker
+is signalled; the supervisors record how their jobs end and the next worker finds those jobs in
+`running/`, as after a `gpuq stop`.
 """
 
 from __future__ import annotations
@@ -76,13 +71,9 @@ def default_spool_home() -> str:
 def unit_text(
     gpuq_argv: list[str], spool_home: str, recover: bool = True, extra_env: Optional[dict[str, str]] = None
 ) -> str:
-    """The unit running `<gpuq_argv> run --watch --recover` (without `--recover` when not `recover`)
-    with GPUQ_HOME=spool_home.
-
-    `gpuq_argv[0]` and `spool_home` must be absolute (systemd resolves nothing against a
-    directory). Raises ValueError for those, for a line break or NUL in any value, and for an
-    environment name that is not one.
-    """
+    """The unit running `<gpuq_argv> run --watch [--recover]` with GPUQ_HOME=spool_home. ValueError
+    for a relative command or spool (systemd resolves nothing against a directory), a line break or
+    NUL in any value, or an environment name that is not one."""
     if not gpuq_argv or not os.path.isabs(gpuq_argv[0]):
         raise ValueError(f"the gpuq command must start with an absolute path, not {gpuq_argv[:1]}")
     if not os.path.isabs(spool_home):
@@ -130,8 +121,7 @@ def install(
     extra_env: Optional[dict[str, str]] = None,
 ) -> InstallResult:
     """Write the unit (default: `default_dir()/gpuq.service`). An identical file is left alone; one
-    written by gpuq is replaced (kept as `.bak`); any other file is replaced only with `force`,
-    else Refused. Call `supported()` first: this writes the file wherever it is asked to."""
+    written by gpuq is replaced (kept as `.bak`); any other only with `force`, else Refused."""
     path = Path(dest_dir or default_dir()) / UNIT_NAME
     try:
         text = unit_text(gpuq_argv or default_gpuq_argv(), spool_home or default_spool_home(), recover, extra_env)
@@ -154,9 +144,8 @@ def install(
 
 
 def uninstall(dest_dir: Optional[Path] = None, force: bool = False) -> InstallResult:
-    """Remove the unit and its `default.target.wants` link (what `systemctl disable` removes).
-    A file gpuq did not write is Refused unless `force`. Stopping the service afterwards ends
-    the worker only; running jobs go on."""
+    """Remove the unit and its `default.target.wants` link (what `systemctl disable` removes). A
+    file gpuq did not write is Refused unless `force`."""
     directory = Path(dest_dir or default_dir())
     path = directory / UNIT_NAME
     old = _read(path)

@@ -1,35 +1,16 @@
-"""The batch script gpuq hands to Slurm, the sbatch options that go with it, and the launcher the
-script runs on the compute node.
+"""The batch script gpuq hands to Slurm (`batch_script`), the sbatch options that go with it
+(`sbatch_options`), and the launcher the script runs on the compute node (`launch`).
 
-Public API:
-
-- `batch_script(job, *, python, package_parent, log_path) -> str`: a bash script that runs the job
-  as gpuq runs it locally (same cwd, environment, venv, umask), resuming from the job's newest
-  checkpoint written since it was handed over.
-- `sbatch_options(job, *, spool_id, slurm_ids, extra, grace_seconds, gres=True) -> list[str]`.
-- `slurm_job_name(name) -> str`: the job's name as Slurm gets it (from gpuq.system.slurm).
-- `launch_plan(job, restart)`, `launch_environment(job, runtime_env)`: the launcher's decisions,
-  as plain functions.
-- `launch()`: the launcher itself (run by the script, never by gpuq on the login node).
-
-How the script behaves on the compute node:
-- `cd` to the job's cwd, its umask, then the launcher (`python -E -S`, the gpuq package on
-  `sys.path`, the job as JSON on descriptor 3 from a here-document: the script is self-contained,
-  Slurm keeps its own copy). The launcher builds the environment, picks the checkpoint, prints its
-  `=== gpuq:` lines into the log and `exec`s the command, so the payload is the script's child.
-- The payload runs as `cmd & wait`: a trapped TERM (`scancel -b`, a preemption) is forwarded to
-  the job's process group, which Slurm tracks and which the payload shares with the script. A
-  plain `scancel` signals that whole group itself, so the payload may see TERM twice.
-- The time-limit warning is `--signal=B:USR1@GRACE`, not TERM: TERM also comes from `scancel`
-  and preemption, and only at the time limit must the job requeue itself. On USR1 the script
-  forwards TERM (trainers save on TERM), waits for the payload, then `scontrol requeue`s its own
-  job; Slurm runs it again with `SLURM_RESTART_COUNT` > 0 and it resumes from its checkpoint.
-  (Slurm does not requeue a job at its time limit by itself; it does on preemption with
-  `PreemptMode=REQUEUE`, node failure, and `scontrol requeue`.)
-- Only checkpoints written since the job's `ckpt_since` (set at the hand-over when the job has none)
-  count, as for `gpuq resume` (engine.checkpoints.latest_checkpoint): a `checkpoint-50` left in the
-  same `--output_dir` by an earlier run must not be resumed from.
-- The script writes nothing but the job's log.
+The script `cd`s to the job's cwd, sets its umask and runs the launcher (`python -E -S`, the job as
+JSON on descriptor 3 from a here-document: the script is self-contained), which builds the
+environment as the local supervisor does, picks the newest checkpoint written since `ckpt_since`
+(an earlier run's checkpoint in the same output directory is not resumed from), says so in the log
+and `exec`s the command. The payload runs as `cmd & wait`, so a trapped TERM (`scancel -b`, a
+preemption) is forwarded to the job's process group. The time-limit warning is
+`--signal=B:USR1@GRACE`, not TERM (TERM also comes from `scancel`): on USR1 the script forwards TERM
+(trainers save on TERM), waits for the payload and `scontrol requeue`s its own job, which Slurm runs
+again with `SLURM_RESTART_COUNT` > 0, resuming from its checkpoint. The script writes nothing but
+the job's log.
 """
 
 from __future__ import annotations
@@ -40,7 +21,7 @@ import re
 import shlex
 import sys
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from gpuq.core.job import Job
 from gpuq.core.jobenv import add_job_variables
@@ -59,12 +40,10 @@ LAUNCHER_FIELDS = ("id", "name", "cmd", "cwd", "env", "shell_env", "venv", "ckpt
 LAUNCHER_FIELDS += ("conda",)  # its environment, as core/jobenv.py applies it
 
 
-# ---- the script ---------------------------------------------------------------------------------
-def batch_script(job: dict[str, Any], *, python: str, package_parent: str, log_path: str) -> str:
-    """The bash script for `job` (a gpuq job dict). `python`: an interpreter the compute node can
-    run (gpuq's own, on a shared filesystem); `package_parent`: the directory holding the `gpuq`
-    package; `log_path`: the job's log, which the script appends to (as `--output` does)."""
-    payload = {field: job.get(field) for field in LAUNCHER_FIELDS}
+def batch_script(job: Job, *, python: str, package_parent: str, log_path: str) -> str:
+    """The bash script for `job`. `python`: an interpreter the compute node can run (gpuq's own, on
+    a shared filesystem); `package_parent`: the directory holding `gpuq`; `log_path`: the job's log."""
+    payload = {field: job.get(field) for field in LAUNCHER_FIELDS}  # what the file holds, as it holds it
     payload["ckpt_since"] = job.ckpt_since or now_iso()
     umask = job.umask if job.umask is not None else DEFAULT_JOB_UMASK
     launcher = "import sys; sys.path.insert(0, sys.argv[1]); from gpuq.run.slurm_batch import launch; launch()"
@@ -107,9 +86,8 @@ def _echo_safe(text: str) -> str:
     return re.sub(r'[$`"\\!]', "?", text)
 
 
-# ---- sbatch options -------------------------------------------------------------------------------
 def sbatch_options(
-    job: dict[str, Any],
+    job: Job,
     *,
     spool_id: str,
     slurm_ids: Mapping[int, int],
@@ -117,11 +95,10 @@ def sbatch_options(
     grace_seconds: int,
     gres: bool = True,
 ) -> list[str]:
-    """sbatch's command-line options for `job`. `slurm_ids`: gpuq id -> Slurm id of the jobs of
-    this hand-over already submitted; `after`/`after_any` ids not in it are left to the caller
-    (they must have ended). `grace_seconds`: how long before the time limit the job is told to
-    save and stop (Slurm may tell it up to a minute earlier). `gres=False` for clusters without
-    GRES. Raises ValueError (one line) for a job field or argument Slurm cannot take."""
+    """sbatch's options for `job`. `slurm_ids`: gpuq id -> Slurm id of the jobs of this hand-over
+    already submitted (other `after`/`after_any` ids must have ended). `grace_seconds`: how long
+    before the time limit the job is told to save and stop. `gres=False` for clusters without GRES.
+    ValueError (one line) for a job field or argument Slurm cannot take."""
     if not 0 <= grace_seconds <= 65535:
         raise ValueError(f"the grace period must be 0 to 65535 seconds, not {grace_seconds}")
     if not job.log:
@@ -151,14 +128,14 @@ def sbatch_options(
     return options + list(extra)
 
 
-def gpu_request(job: dict[str, Any]) -> int:
+def gpu_request(job: Job) -> int:
     value = job.gpu_request
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"job #{job.id}: gpu_request must be a whole number of GPUs (0 or more), not {value!r}")
     return value
 
 
-def _dependency(job: dict[str, Any], slurm_ids: Mapping[int, int]) -> str:
+def _dependency(job: Job, slurm_ids: Mapping[int, int]) -> str:
     parts = []
     for kind, field in (("afterok", "after"), ("afterany", "after_any")):
         ids = sorted({slurm_ids[i] for i in job.get(field) or [] if i in slurm_ids})
@@ -167,8 +144,7 @@ def _dependency(job: dict[str, Any], slurm_ids: Mapping[int, int]) -> str:
     return ",".join(parts)  # a comma: every one of them must hold
 
 
-# ---- the launcher (on the compute node) ------------------------------------------------------------
-def launch_plan(job: dict[str, Any], restart: int) -> tuple[list[str], list[str]]:
+def launch_plan(job: Job, restart: int) -> tuple[list[str], list[str]]:
     """(argv to run, `=== gpuq:` lines saying why) for this start: the job's command, with the
     newest checkpoint written since `ckpt_since` passed in its resume form when there is one."""
     ckpt = checkpoints.latest_checkpoint(job)  # only those written since the job's ckpt_since
@@ -184,10 +160,9 @@ def launch_plan(job: dict[str, Any], restart: int) -> tuple[list[str], list[str]
     return list(job.cmd), []
 
 
-def launch_environment(job: dict[str, Any], runtime_env: Mapping[str, str]) -> dict[str, str]:
-    """As the local supervisor builds it: `shell_env` (or, when null, the environment Slurm gave the
-    script: the submitter's, `--export=ALL`), the venv first on PATH, the job's `env`, gpuq's
-    variables; plus what Slurm set for this allocation (SLURM_*, visible GPUs, TMPDIR)."""
+def launch_environment(job: Job, runtime_env: Mapping[str, str]) -> dict[str, str]:
+    """As the local supervisor builds it (`shell_env`, else the submitter's environment Slurm gave
+    the script), plus what Slurm set for this allocation (SLURM_*, visible GPUs, TMPDIR)."""
     shell_env = job.shell_env
     env = dict(shell_env if shell_env is not None else runtime_env)
     for name in RUNTIME_VARS:

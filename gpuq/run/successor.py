@@ -1,25 +1,18 @@
 """Handing a slot on: the worker names, ahead of time, the jobs a supervisor may start when its own
-job ends (spool_layout.md, section 6, "Handing the slot on").
+job ends (spool_layout.md, section 6, "Handing the slot on"), so that no round trip through the
+worker (the end's file event, its step, the claim, a spare woken) lies between two jobs.
 
-Between two jobs, the worker was a round trip: the end of job A written, the worker woken by the
-file event, its step, the claim, the hand-over to a spare supervisor, that process woken. When A's
-supervisor starts the next job itself, none of that is on the way.
-The worker still decides which jobs those are: whenever its answer changes, it tells the supervisor
-of each job of its own the jobs it would start in that slot, in order, were that job to end now
-(engine/schedule/planner.py, `Planner.successors`), or that there are none. The supervisor acts on the worker's
-last word only when its job has ended by itself (while it runs, a job named only has its room set
-aside: run/supervisor/main.py), and then under the same rules as the worker:
-it takes a job's claim, and starts it only if its file is still the version the worker chose
-(`rev`). A job already gone from pending/ (started elsewhere, cancelled) is passed over; a claim
-someone else holds or a changed file ends the chain, and the worker starts what comes next.
+The worker still decides: whenever its answer changes, it tells the supervisor of each job of its
+own the jobs it would start in that slot, in order, were that job to end now
+(engine/schedule/planner.py, `Planner.successors`), or that there are none. The supervisor acts
+on the worker's last word only when its job has ended by itself, and then as the worker would: it
+takes a job's claim, and starts it only if its file is still the version named (`rev`). A job
+gone from pending/ is passed over; a claim someone else holds or a changed file ends the chain.
 
 The line is the socket over which the worker handed the first job to its supervisor
-(run/launcher.py): one JSON object per line, the slot's start order (run/supervisor/order.py: the
-running job's, `slot`, `gpus` and the worker's settings) with `"next": [[id, rev, file], ...]`
-added. What the worker sends while a job runs waits in the socket; should a send ever fail (a full
-buffer), the worker closes its side, and a supervisor that reads the end of the line starts nothing:
-a word it was sent earlier may be stale. The end of the line is also what a supervisor sees once the
-worker has gone: then nobody stands behind what it said, and it starts nothing.
+(run/launcher.py): one JSON object per line, the slot's start order (run/supervisor/order.py) with
+`"next": [[id, rev, file], ...]` added. A send that cannot go whole closes the worker's side, and
+a supervisor that reads the end of the line starts nothing: nobody stands behind an earlier word.
 """
 
 from __future__ import annotations
@@ -58,34 +51,22 @@ def send(sock: Optional[socket.socket], line: bytes) -> bool:
 
 
 class Heard:
-    """The supervisor's side: the worker's last word, read from the line when a job has ended."""
+    """The supervisor's side: the worker's last whole word on the line."""
 
     def __init__(self, fd: int, received: bytes = b""):
         self.fd = fd
-        self.word: Optional[tuple[StartOrder, list[Any]]] = None  # the slot's order, the jobs named
         self.gone = False
+        self.named: list[StartOrder] = []  # the orders of the jobs last named for this slot
         self._partial = received  # what came with the hand-over, and then any line not whole yet
 
     def next_jobs(self) -> list[StartOrder]:
-        """The orders for the jobs the worker last named for this slot; none once the worker has
-        gone or closed the line."""
-        self._read()
-        if self.gone or self.word is None:
-            return []
-        slot, named = self.word
-        return [slot.for_job(*job) for job in named]
-
-    def named(self) -> bool:
-        """Whether the last whole line heard names a job (without reading the line again)."""
-        return not self.gone and self.word is not None and bool(self.word[1])
+        """The orders of the jobs the worker last named for this slot; none once it has gone or
+        closed the line."""
+        self.listen()
+        return [] if self.gone else self.named
 
     def listen(self) -> bool:
-        """Read what the worker has said so far (while the job still runs: nothing is acted on
-        before it ends); whether the line is still open, and so worth listening to."""
-        self._read()
-        return not self.gone
-
-    def _read(self) -> None:
+        """Read what the worker has said so far; whether the line is still open."""
         data, self._partial = self._partial, b""
         while not self.gone:
             try:
@@ -94,17 +75,17 @@ class Heard:
                 break
             except OSError:
                 chunk = b""
-            if not chunk:
-                self.gone = True
+            self.gone = not chunk
             data += chunk
         *lines, self._partial = data.split(b"\n")  # what follows the last newline is not a whole line
         for line in lines:
-            word = _parse(line)
-            if word is not None:
-                self.word = word
+            named = _parse(line)
+            if named is not None:
+                self.named = named
+        return not self.gone
 
 
-def _parse(line: bytes) -> Optional[tuple[StartOrder, list[Any]]]:
+def _parse(line: bytes) -> Optional[list[StartOrder]]:
     try:
         word = json.loads(line) if len(line) <= MAX_LINE_BYTES else None
         if not isinstance(word, dict) or not isinstance(word.get("next"), list):
@@ -112,8 +93,10 @@ def _parse(line: bytes) -> Optional[tuple[StartOrder, list[Any]]]:
         slot = StartOrder.from_fields(word)
     except ValueError:
         return None
-    ok = all(
-        isinstance(job, list) and len(job) == 3 and all(isinstance(v, int) for v in job[:2]) and isinstance(job[2], str)
-        for job in word["next"]
-    )
-    return (slot, word["next"]) if ok else None
+    named = word["next"]
+    ok = all(isinstance(j, list) and len(j) == 3 and _int(j[0]) and _int(j[1]) and isinstance(j[2], str) for j in named)
+    return [slot.for_job(*job) for job in named] if ok else None
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

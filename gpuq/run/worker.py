@@ -1,8 +1,8 @@
-"""The worker's scheduling step: a plain call that tests can make one step at a time.
+"""The worker's scheduling step: a plain function of `now` that tests call one step at a time.
 
-`Worker.step()` repairs what crashes left (engine/lifecycle/repairs.py), takes in dropped files, reads the
-tree, and starts what can start, each job under a supervisor of its own (run/launcher.py). The event
-loop around it is run/loop.py. The truth is always a fresh look at the spool.
+`Worker.step()` repairs what crashes left (engine/lifecycle/repairs.py), takes in dropped files,
+looks at the queue, and hands each job it starts to a supervisor through the launcher it was given
+(run/launcher.py; tests give a fake one). The event loop around it is run/loop.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, NamedTuple, Optional, Protocol
 
 from gpuq.core import schema
 from gpuq.core.job import Job
@@ -24,9 +24,8 @@ from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.schedule.queue_view import QueueView
 from gpuq.engine.tracking import eta
 from gpuq.run import successor
-from gpuq.run.launcher import Launcher, Supervisor
 from gpuq.run.supervisor.order import StartOrder
-from gpuq.spool import JobRef, Spool
+from gpuq.spool import Claim, JobRef, Spool
 from gpuq.spool.files import MIN_FREE_TO_START, free_bytes
 from gpuq.system.gpus import GpuLook
 
@@ -38,11 +37,35 @@ STARTED, CLAIM_HELD, LAUNCH_FAILED = "started", "claim held", "launch failed"  #
 HANDED_ON_STATES = (RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED)  # a job named for a slot that was started
 
 
+class Line(Protocol):  # the worker's end of a supervisor's socket (run/launcher.Supervisor)
+    listening: bool  # open: the supervisor may be told what follows in its slot
+
+    def poll(self) -> Optional[int]: ...  # None while it runs
+
+    def tell(self, line: bytes) -> bool: ...  # False: the line is closed now
+
+
+class Launcher(Protocol):  # run/launcher.Launcher, or a test's fake
+    def launch(self, claim: Claim, order: StartOrder) -> Line: ...  # OSError: none reached, the claim is ours
+
+    def tend(self, spare: bool) -> None: ...  # reap exited supervisors; with `spare`, keep one ready
+
+    def close(self) -> None: ...
+
+
+class Named(NamedTuple):  # a job named to a supervisor, to start in its slot when its job ends
+    id: int
+    rev: int
+    file: str
+    name: str
+
+
 @dataclass
-class Launch:
-    job_id: int
-    process: Supervisor
+class Launch:  # a supervisor followed while its job is starting, or while the worker has a line to it
+    process: Line
     where: Assignment
+    starting: bool = True  # its job is still in pending/
+    told: list[Named] = field(default_factory=list)  # what it was last told follows in its slot
 
 
 @dataclass
@@ -55,7 +78,6 @@ class StepResult:
     gpu_wait: bool = False  # a job waits for GPUs that may free up unannounced, or a GPU job may be given back
     claim_busy: bool = False  # a ready job's claim was held (its supervisor just requeued it): look again soon
     space_wait: bool = False  # jobs wait for disk space: look again soon, as space comes back unannounced
-    put_off: bool = False  # the full look, repair, intake or a new zygote were left to a step right after its starts
     next_begin: Optional[float] = None  # the earliest --begin time to come: the worker wakes for it
 
 
@@ -77,166 +99,81 @@ class Settings:
 
 
 class Worker:
-    def __init__(self, spool: Spool, settings: Optional[Settings] = None, say: Callable[[str], None] = print):
-        self.spool = spool
-        self.settings = settings or Settings()
-        self.labels = list(self.settings.gpus) if self.settings.gpus else None
-        self.planner = Planner(self.labels, self.settings.foreign_threshold_mib, leases=OtherLeases(spool.home, say))
-        self.planner.host = hostroom.cap(self.settings.host_mem_mib, self.settings.host_cpus, say=say)
-        self.say = say
-        self.launcher = Launcher(spool)
-        self.launching: dict[int, Launch] = {}  # job id -> its supervisor, until it runs
-        self.supervising: dict[int, Launch] = {}  # running job -> its supervisor, if we can tell it what follows
-        self.told: dict[int, list[tuple[int, int, str]]] = {}  # running job -> what its supervisor was told follows
-        self.names: dict[int, str] = {}  # names of the jobs told, for the worker's own log
-        self._planned_with: tuple[dict[int, Assignment], set[int], Any] = ({}, set(), None)  # busy, preempting, look
-        self.supervisors: list[Supervisor] = []  # started by us (or our zygote), job under way
-        self.urgent = UrgentPreemptions(spool)
-        self.waits: dict[int, scheduler.Wait] = {}  # why ready jobs could not start at the last step
-        self._shown_problem: Optional[str] = None  # without GPUs the view changes only with its problem...
-        self._shown_waits: dict[int, str] = {}  # ...or with why ready jobs wait (an urgent job without a victim)
-        self.said_disk_full = False  # the worker's log says "disk full" once, not at every look
+    def __init__(
+        self,
+        spool: Spool,
+        launcher: Launcher,
+        settings: Optional[Settings] = None,
+        say: Callable[[str], None] = print,
+        planner: Optional[Planner] = None,
+    ):
+        self.spool, self.launcher, self.say = spool, launcher, say
+        self.settings = s = settings or Settings()
+        if planner is None:
+            planner = Planner(s.gpus, s.foreign_threshold_mib, leases=OtherLeases(spool.home, say))
+            planner.host = hostroom.cap(s.host_mem_mib, s.host_cpus, say=say)
+        self.planner = planner
         self.view = QueueView()  # pending/ and running/ kept between steps, read again as events say
-        self.cache = self.view.cache
+        self.urgent = UrgentPreemptions(spool)
+        self.supervisors: dict[int, Launch] = {}  # job id -> the supervisor it was handed to
+        self.waits: dict[int, scheduler.Wait] = {}  # why ready jobs could not start at the last step
+        self.shown: tuple = (None, {})  # without GPUs the GPU view changes only with its problem and waits
+        self.said_disk_full = False  # the worker's log says "disk full" once, not at every look
         self.stopping = False
         self.draining = False  # `gpuq stop --drain`: start nothing new, exit once our jobs end
-        self._last_full_reconcile = 0.0
-        self._last_sample = 0.0
-        self._quiet_since: Optional[tuple[Any, float, StepResult]] = None  # (signature, time, result)
-        self._put_off = False  # the last step left its full look to this one
+        self.last_repair = self.last_sample = 0.0
+        self.quiet: Optional[tuple[object, float, StepResult]] = None  # (signature, time, result)
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self, now: Optional[float] = None, woken: bool = True) -> StepResult:
-        """One scheduling step. A periodic look (`woken` False) at a spool whose pending/,
-        running/, locks/ and control/ have not changed only checks the running jobs' processes:
-        with a thousand blocked jobs, re-reading the queue every few seconds would cost more CPU
-        than an idle worker may. Woken by an event when only the full look's age calls for one (an
-        idle worker meets a new job), it starts what the events name first and leaves the full look,
-        repair, intake and next spare to the step after (`put_off`): ~10 ms with 2,000 finished jobs.
-        A step that started jobs while no zygote runs leaves the next spare too (Launcher.keep_a_spare)."""
+        """One scheduling step. A periodic look (`woken` False) at a spool whose pending/, running/,
+        locks/ and control/ have not changed only checks the running jobs' processes: a thousand
+        blocked jobs read every few seconds would cost more CPU than an idle worker may."""
         now = time.time() if now is None else now
-        self.launcher.reap_zygote()
-        put_off, self._put_off = self._put_off, False
-        if not woken and not put_off and self._nothing_changed(now):
+        if not woken and self._nothing_changed(now):
             return self._quiet_step(now)
-        first = woken and not put_off and self.view.only_age_due(now)
         # before the look: a job landing during the step, after the look, then reads as a change
         before, read_at = self.spool.jobs.signature(), time.time()
-        result = self._full_step(now, first, put_off)
-        self._put_off = result.put_off = first or result.put_off
-        self._quiet_since = None if self.spool.jobs.racy(before, read_at) else (before, now, result)
+        result = self._full_step(now)
+        self.quiet = None if self.spool.jobs.racy(before, read_at) else (before, now, result)
         return result
 
     def _nothing_changed(self, now: float) -> bool:
-        if self._quiet_since is None or self.launching or self.urgent.under_way:
+        if self.quiet is None or self.urgent.under_way or any(s.starting for s in self.supervisors.values()):
             return False
-        signature, since, result = self._quiet_since
+        signature, since, result = self.quiet
         if result.gpu_wait or result.space_wait or result.claim_busy:
             return False  # GPU memory, disk space and a claim free up without pending/ changing
         if result.next_begin is not None and now >= result.next_begin:
             return False  # a --begin time has come
         if now - since >= FULL_STEP_SECONDS or signature != self.spool.jobs.signature():
             return False
+        if (result.busy or result.startable_later) and free_bytes(self.spool.home) < MIN_FREE_TO_START:
+            return False  # the disk filled up: the jobs named to supervisors are taken back
         return not self.spool.dropbox.dropped()  # a dropped file waiting to be complete needs looks
 
     def _quiet_step(self, now: float) -> StepResult:
         report = repairs.Report()
         repairs.settle_unsupervised(self.spool, report)
         if report.settled:  # a job ended unseen: look at everything again
-            self._quiet_since = None
+            self.quiet = None
             return self.step(now)
         self._sample_progress(now, [])
-        assert self._quiet_since is not None
-        return self._quiet_since[2]
+        assert self.quiet is not None
+        return self.quiet[2]
 
-    def _full_step(self, now: float, first: bool = False, after_first: bool = False) -> StepResult:  # see step()
+    def _full_step(self, now: float) -> StepResult:
         result = StepResult()
-        self._repair(now, put_off=first)
-        if not first and self.view.intake_due(now):  # else nothing in pending/ waits to be taken in
+        self._repair(now)
+        if self.view.intake_due(now):  # else nothing in pending/ waits to be taken in
             result.more_work = self._take_in_dropped(now)
-        snap, invalid = self.view.look(self.spool, now, put_off=first)
+        snap, invalid = self.view.look(self.spool, now)
         resumed, resume_due = self._resume_preempted()  # after the look: see its docstring
         result.claim_busy = resume_due or self.view.unsettled  # a move under way: look again soon
         if resumed:
             snap, invalid = self.view.look(self.spool, now)
-        self._forget_finished_launches(snap)
-        plan = self._plan(snap, now)
-        if plan.starts and not self._room_to_start(plan):
-            result.space_wait = True
-        if not (self.stopping or self.draining):
-            for victim in plan.victims:
-                self.urgent.begin(victim, now)
-                how = victims.how_it_continues(victim)
-                then = f"it continues {how}" if how else "it will start over (--urgent=force)"
-                self.say(f"preempting job #{victim['id']} {victim['name']} to make room for an urgent job: {then}")
-            for job, where in plan.starts:
-                outcome = self._launch(job, where)
-                if outcome == STARTED:
-                    result.started.append(job.id)
-                result.claim_busy = result.claim_busy or outcome == CLAIM_HELD
-        handing_on = not (self.stopping or self.draining or plan.victims or self.urgent.under_way or resume_due)
-        self._tell_successors(snap, handing_on)
-        if plan.look is not None and (plan.look.gpus or self._shown_changed(plan)):
-            self._write_gpu_view(plan.look, snap.running, plan.waits)  # after the starts: they come first
-        # after starting jobs: a pile of broken files must not delay them
-        rejected, left = intake.reject_broken(self.spool, invalid, now, INTAKE_BUDGET_SECONDS)
-        for name, outcome in rejected:
-            self.say(f"{name}: {outcome}")
-        result.more_work = result.more_work or left
-        result.busy = bool(self.launching or self.urgent.under_way or any(map(self._mine, snap.running)))
-        result.startable_later = result.more_work or scheduler.has_startable_future(snap, plan.waits)
-        result.gpu_wait = plan.gpu_wait or any(launch.where.gpus for launch in self.launching.values())
-        result.next_begin = scheduler.next_begin(snap.pending, now)
-        # Nothing reports an adopted process's exit: look at it more often than usual.
-        result.watch_closely = any(job.adopted for job in snap.running)
-        if snap.running:
-            self._sample_progress(now, snap.running)
-        # after a first step's starts, here (its job may have ended): a new zygote would compete with the job
-        if not (first or self.stopping or self.draining) and (result.busy or snap.pending or after_first):
-            result.put_off = not self.launcher.keep_a_spare(beside_starts=bool(result.started))
-        return result
-
-    def _resume_preempted(self) -> tuple[bool, bool]:
-        """Jobs preempted for urgent ones go back in the queue, first in line, as soon as they
-        have left running/, and the view looks again (nothing has announced their files yet):
-        else the urgent job's supervisor would be told, and start when it ends, a job queued
-        behind them (nothing wakes the worker while the urgent job runs). (Whether any did, and
-        whether one was still held by its supervisor: the loop then looks again within ms.)"""
-        resumed, busy = resume_auto(self.spool)
-        for r in resumed:
-            self.say(f"job #{r.job['id']} back in the queue (first in line): {r.job.get('note')}")
-        if resumed:
-            self.view.doubt()
-        return bool(resumed), busy
-
-    def _repair(self, now: float, put_off: bool = False) -> None:
-        full = not put_off and now - self._last_full_reconcile >= RESCAN_SECONDS
-        if full:
-            self._last_full_reconcile = now
-        report = repairs.reconcile(self.spool, full=full)
-        for job_id, state in report.settled:
-            self.say(f"job #{job_id} had lost its process and supervisor: now {state}")
-        if full:
-            self.spool.files.keep_emergency_room()
-            if self.said_disk_full and free_bytes(self.spool.home) >= MIN_FREE_TO_START:
-                self.say("disk space is back: starting jobs again")
-                self.said_disk_full = False
-
-    def _take_in_dropped(self, now: float) -> bool:
-        """Take in hand-dropped files for a slice of time; True if some were left for later."""
-        with self.spool.dropbox.turn() as mine:
-            if not mine:
-                return False
-            outcomes, more = intake.take_in_some(self.spool, now, budget=INTAKE_BUDGET_SECONDS)
-            # files still being written stay: the next step looks at them again
-            self.view.dropped = more or bool(self.spool.dropbox.dropped() or self.spool.dropbox.leftovers())
-        for name, outcome in outcomes:
-            self.say(f"{name}: {outcome}")
-        return more
-
-    def _plan(self, snap: scheduler.QueueState, now: float) -> Plan:
-        """Ask the planner what to start, and publish what it saw of the GPUs for `gpuq status`."""
-        busy = {job_id: launch.where for job_id, launch in self.launching.items()}
+        self._follow_supervisors(snap)
+        busy = {job_id: s.where for job_id, s in self.supervisors.items() if s.starting}
         busy.update(self.urgent.holding(snap.states, now))
         # a job of ours with a control request is already being killed or preempted by a person:
         # its place is about to free up, and it must not be turned into an auto-resumed victim
@@ -244,13 +181,100 @@ class Worker:
         preempting = set(self.urgent.under_way) | (mine & set(self.spool.control.ids()))
         plan = self.planner.plan(snap, busy, preempting)
         self.waits = plan.waits
-        self._planned_with = (busy, preempting, plan.look)
-        return plan
+        result.space_wait = self._disk_full(plan, bool(snap.pending))
+        idle = self.stopping or self.draining
+        if not idle:
+            self._start(plan, now, result)
+        busy.update((job_id, s.where) for job_id, s in self.supervisors.items() if s.starting)
+        handing_on = not (idle or plan.victims or self.urgent.under_way or resume_due or result.space_wait)
+        self._tell_successors(snap, plan.look, busy, preempting, handing_on)
+        if plan.look is not None:  # after the starts; without GPUs only when it says something new
+            shown, self.shown = self.shown, (plan.look.problem, {i: w.reason for i, w in plan.waits.items()})
+            if plan.look.gpus or shown != self.shown:
+                self._write_gpu_view(plan.look, snap.running, plan.waits)
+        # after starting jobs: a pile of broken files must not delay them
+        rejected, left = intake.reject_broken(self.spool, invalid, now, INTAKE_BUDGET_SECONDS)
+        for name, outcome in rejected:
+            self.say(f"{name}: {outcome}")
+        starting = [s for s in self.supervisors.values() if s.starting]
+        result.more_work = result.more_work or left
+        result.busy = bool(starting or self.urgent.under_way or any(map(self._mine, snap.running)))
+        result.startable_later = result.more_work or scheduler.has_startable_future(snap, plan.waits)
+        result.gpu_wait = plan.gpu_wait or any(s.where.gpus for s in starting)
+        result.next_begin = scheduler.next_begin(snap.pending, now)
+        # Nothing reports an adopted process's exit: look at it more often than usual.
+        result.watch_closely = any(job.adopted for job in snap.running)
+        if snap.running:
+            self._sample_progress(now, snap.running)
+        self.launcher.tend(spare=not idle and (result.busy or bool(snap.pending)))  # after the starts
+        return result
+
+    def _start(self, plan: Plan, now: float, result: StepResult) -> None:
+        for victim in plan.victims:
+            self.urgent.begin(victim, now)
+            how = victims.how_it_continues(victim)
+            then = f"it continues {how}" if how else "it will start over (--urgent=force)"
+            self.say(f"preempting job #{victim.id} {victim.name} to make room for an urgent job: {then}")
+        for job, where in plan.starts:
+            outcome = self._launch(job, where)
+            if outcome == STARTED:
+                result.started.append(job.id)
+            result.claim_busy = result.claim_busy or outcome == CLAIM_HELD
+
+    def _resume_preempted(self) -> tuple[bool, bool]:
+        """Jobs preempted for urgent ones go back in the queue, first in line, once they have left
+        running/, and the view looks again (else the urgent job's supervisor would be named a job
+        queued behind them). Whether any did, and whether one was still held by its supervisor."""
+        resumed, busy = resume_auto(self.spool)
+        for r in resumed:
+            self.say(f"job #{r.job.id} back in the queue (first in line): {r.job.note}")
+        if resumed:
+            self.view.doubt()
+        return bool(resumed), busy
+
+    def _repair(self, now: float) -> None:
+        full = now - self.last_repair >= RESCAN_SECONDS
+        if full:
+            self.last_repair = now
+        report = repairs.reconcile(self.spool, full=full)
+        for job_id, state in report.settled:
+            self.say(f"job #{job_id} had lost its process and supervisor: now {state}")
+        if full:
+            self.spool.files.keep_emergency_room()
+
+    def _take_in_dropped(self, now: float) -> bool:
+        """Take in hand-dropped files for a slice of time; True if some were left for later."""
+        with self.spool.dropbox.turn() as mine:
+            if not mine:
+                return False
+            outcomes, more = intake.take_in_some(self.spool, now, budget=INTAKE_BUDGET_SECONDS)
+            # files still being written stay for the next step
+            self.view.dropped = more or bool(self.spool.dropbox.dropped() or self.spool.dropbox.leftovers())
+        for name, outcome in outcomes:
+            self.say(f"{name}: {outcome}")
+        return more
+
+    def _disk_full(self, plan: Plan, waiting: bool) -> bool:
+        """Whether the spool's filesystem is too full to start the jobs `waiting`; the planned
+        starts then wait, saying why, and no supervisor is named any."""
+        free = free_bytes(self.spool.home)
+        if free >= MIN_FREE_TO_START:
+            if self.said_disk_full:
+                self.say("disk space is back: starting jobs again")
+                self.said_disk_full = False
+            return False
+        reason = f"waiting for disk space: the spool's filesystem has {free // 1024} KiB free"
+        for job, _where in plan.starts:
+            plan.waits[job.id] = scheduler.Wait(reason, False)
+        plan.starts = []
+        if waiting and not self.said_disk_full:
+            self.say(f"disk full ({free // 1024} KiB free in {self.spool.home}): starting nothing until there is room")
+            self.said_disk_full = True
+        return waiting
 
     def recover_interrupted(self) -> None:
         """`gpuq run --recover`: jobs a reboot interrupted go back in the queue, each from its
-        newest checkpoint, before the first step (engine/lifecycle/actions.py has the rule for jobs that
-        keep being interrupted)."""
+        newest checkpoint, before the first step (the rule: engine/lifecycle/actions.py)."""
         repairs.reconcile(self.spool, full=True)  # after a reboot: running jobs are interrupted now
         recovered, left = actions.recover_at_start(self.spool)
         for job, how in recovered:
@@ -261,13 +285,12 @@ class Worker:
     def publish_gpus(self) -> GpuLook:
         """Look at the GPUs now and show `gpuq status` what was seen (the worker does at start)."""
         look = self.planner.look()
-        self._write_gpu_view(look, read_queue(self.spool, self.cache)[0].running, {})
+        self._write_gpu_view(look, read_queue(self.spool, self.view.cache)[0].running, {})
         return look
 
-    def _write_gpu_view(self, look: GpuLook, running: list[dict[str, Any]], waits: dict[int, scheduler.Wait]) -> None:
-        self._shown_problem = look.problem
+    def _write_gpu_view(self, look: GpuLook, running: list[Job], waits: dict[int, scheduler.Wait]) -> None:
         # jobs handed to their supervisors (this step's starts among them) are not in running/ yet
-        starting = {job_id: launch.where.gpus or () for job_id, launch in self.launching.items()}
+        starting = {job_id: s.where.gpus or () for job_id, s in self.supervisors.items() if s.starting}
         shown = gpuview.view(look, running, starting)
         shown["waiting"] = {str(i): {"reason": w.reason, "forever": w.forever} for i, w in waits.items()}
         shown["worker"] = os.getpid()
@@ -277,83 +300,98 @@ class Worker:
         except OSError:
             pass  # only shown by `gpuq status`: a full disk must not stop the worker
 
-    def _shown_changed(self, plan: Plan) -> bool:
-        """Whether a view without GPUs says something new (`gpuq status` reads the waits from it)."""
-        waits = {job_id: wait.reason for job_id, wait in plan.waits.items()}
-        assert plan.look is not None
-        changed = plan.look.problem != self._shown_problem or waits != self._shown_waits
-        self._shown_waits = waits
-        return changed
-
-    def _room_to_start(self, plan: Plan) -> bool:
-        """Whether the spool's filesystem has room to start jobs (their supervisors set room aside
-        for recording each job's end); if not, the jobs stay pending, saying why."""
-        free = free_bytes(self.spool.home)
-        if free >= MIN_FREE_TO_START:
-            return True
-        reason = f"waiting for disk space: the spool's filesystem has {free // 1024} KiB free"
-        for job, _where in plan.starts:
-            plan.waits[job.id] = scheduler.Wait(reason, False)
-        plan.starts = []
-        if not self.said_disk_full:
-            self.say(f"disk full ({free // 1024} KiB free in {self.spool.home}): starting nothing until there is room")
-        self.said_disk_full = True
-        return False
-
-    def _mine(self, job: dict[str, Any]) -> bool:
+    def _mine(self, job: Job) -> bool:
         """A running job in this worker's slots or on its GPUs."""
-        if self.labels is None or job.slot is None:
+        labels = self.settings.gpus
+        if labels is None or job.slot is None:
             return True
-        held = {str(g) for g in job.gpus or []}
-        return job.slot in self.labels or bool(held & set(self.labels))
+        return job.slot in labels or bool({str(g) for g in job.gpus or []} & set(labels))
 
-    def _forget_finished_launches(self, snap: scheduler.QueueState) -> None:
-        """A launch stops counting once its job left pending/ (running/ then holds the slot) or
-        its supervisor exited."""
-        for job_id, launch in list(self.launching.items()):
-            ended = launch.process.poll() is not None
-            if ended or snap.states.get(job_id) != PENDING:
-                if ended and snap.states.get(job_id) == PENDING:
+    # ---- supervisors and handing a slot on (run/successor.py) ---------------------------------
+    def _follow_supervisors(self, snap: scheduler.QueueState) -> None:
+        """A launch stops counting once its job left pending/ (running/ then holds the slot) or its
+        supervisor exited; it is followed on while the worker has a line to it. Of the jobs named
+        for the slot of a job that left running/, those that have left pending/ were started by its
+        supervisor (or cancelled, or taken by another worker): the running one is its job now."""
+        for job_id, s in list(self.supervisors.items()):
+            state = snap.states.get(job_id)
+            if s.starting:
+                ended = s.process.poll() is not None
+                if state == PENDING and not ended:
+                    continue
+                if state == PENDING:
                     self.view.doubt()  # its supervisor found it gone, or gave it back: look at everything
-                del self.launching[job_id]
-                self.supervisors.append(launch.process)
-                if self.launcher.can_tell(launch.process):
-                    self.supervising[job_id] = launch  # (its job may have ended already, handing on)
-                else:
-                    self.told.pop(job_id, None)
-        self._follow_handed_on(snap)
-        # reap supervisors that have exited, so none lingers as a zombie
-        self.supervisors = [p for p in self.supervisors if p.poll() is None]
-
-    # ---- handing a slot on (run/successor.py) ----------------------------------------------------
-    def _tell_successors(self, snap: scheduler.QueueState, allowed: bool) -> None:
-        """Tell the supervisor of each job of ours (being started or running) which jobs it may
-        start in its slot, in order, as its jobs end: those we would start there (none while
-        draining, stopping or preempting). Only a change is sent."""
-        planned, preempting, look = self._planned_with
-        busy = {**planned, **{job_id: launch.where for job_id, launch in self.launching.items()}}
-        for job_id, launch in [*self.launching.items(), *self.supervising.items()]:
-            if not self.launcher.can_tell(launch.process):
+                s.starting = False
+            if state in (PENDING, RUNNING) and s.process.listening:
                 continue
-            following = []
+            del self.supervisors[job_id]
+            for named in s.told:
+                if named.id in self.supervisors or snap.states.get(named.id) not in HANDED_ON_STATES:
+                    continue
+                self.say(f"starting job #{named.id} {named.name}{s.where.text()} (handed on in its slot)")
+                if snap.states.get(named.id) == RUNNING and s.process.poll() is None and s.process.listening:
+                    self.supervisors[named.id] = Launch(s.process, s.where, starting=False)
+
+    def _tell_successors(
+        self,
+        snap: scheduler.QueueState,
+        look: Optional[GpuLook],
+        busy: dict[int, Assignment],
+        preempting: set[int],
+        allowed: bool,
+    ) -> None:
+        """Tell the supervisor of each job of ours which jobs it may start in its slot, in order, as
+        its jobs end: those we would start there (none unless `allowed`). Only a change is sent."""
+        for job_id, s in self.supervisors.items():
+            if not s.process.listening:
+                continue
+            following: list[Job] = []
             if allowed and snap.states.get(job_id) in (PENDING, RUNNING):
                 pid = next((j.pid for j in snap.running if j.id == job_id), None)
-                ending = Job(id=job_id, slot=launch.where.slot, gpus=launch.where.gpus, pid=pid)
+                ending = Job(id=job_id, slot=s.where.slot, gpus=s.where.gpus, pid=pid)
                 following = self.planner.successors(snap, ending, busy, preempting, look)
-            named = [(job.id, job.rev, self.view.pending_name(job.id)) for job in following]
-            named = [job for job in named if job[2] is not None]
-            if self.told.get(job_id) == named:
+            named = [Named(job.id, job.rev, self.view.pending_name(job.id) or "", job.name) for job in following]
+            named = [n for n in named if n.file]
+            if named == s.told:
                 continue
-            if self.launcher.tell(launch.process, successor.offer(self._order(job_id, None, launch.where), named)):
-                self.told[job_id] = named
-                self.names.update((job.id, job.name) for job in following)
-            else:  # the line is closed: this supervisor hands nothing on
-                self.supervising.pop(job_id, None)
-                self.told.pop(job_id, None)
+            if s.process.tell(successor.offer(self._order(job_id, None, s.where), [n[:3] for n in named])):
+                s.told = named
+            else:
+                s.told = []  # the line is closed: this supervisor hands nothing on
+
+    def _launch(self, job: Job, where: Assignment) -> str:
+        """STARTED, CLAIM_HELD (someone holds the job: another worker, a cancel, or its own
+        supervisor just putting it back in the queue; or it changed since the look) or LAUNCH_FAILED."""
+        claim = self.spool.claims.claim(job.id)
+        name = self.view.pending_name(job.id)
+        if claim is None or not self._as_planned(job, name):
+            if claim is not None:
+                claim.release()
+            self.view.doubt()  # its file may not say what the view does: look again soon, at everything
+            return CLAIM_HELD
+        try:
+            process = self.launcher.launch(claim, self._order(job.id, name, where))
+        except OSError as exc:
+            claim.release()
+            self.say(f"job #{job.id}: could not start its supervisor: {exc}")
+            return LAUNCH_FAILED
+        self.supervisors[job.id] = Launch(process, where)
+        self.say(f"starting job #{job.id} {job.name}{where.text()}")
+        return STARTED
+
+    def _as_planned(self, job: Job, name: Optional[str]) -> bool:
+        """Whether the job's file, read under its claim, is the version the plan was made from
+        (every write raises `rev`): a view a lost event left behind starts nothing it has not seen."""
+        if name is None:
+            return False
+        try:
+            return self.spool.jobs.load(JobRef(job.id, PENDING, name)).rev == job.rev
+        except (FileNotFoundError, schema.InvalidJob):
+            return False
 
     def _order(self, job_id: int, file: Optional[str], where: Assignment) -> StartOrder:
-        """What the supervisor of job `job_id` is told (run/supervisor/order.py). `file`: its name
-        in pending/, so that the supervisor need not list pending/ (its `rev` was checked here)."""
+        """What the supervisor of job `job_id` is told; `file`: its name in pending/ (its `rev` was
+        checked here)."""
         s = self.settings
         return StartOrder(
             id=job_id, file=file, rev=None, slot=where.slot, gpus=where.gpus, notify=s.notify, on_finish=s.on_finish,
@@ -361,79 +399,27 @@ class Worker:
             foreign_threshold_mib=s.foreign_threshold_mib, notify_urls=tuple(s.notify_urls),
         )  # fmt: skip
 
-    def _follow_handed_on(self, snap: scheduler.QueueState) -> None:
-        """A job of ours that left running/: the jobs we had named for its slot that have left
-        pending/ since were started by its supervisor (or cancelled, or taken by another worker);
-        the one of them running now is that supervisor's job."""
-        for job_id, launch in list(self.supervising.items()):
-            if snap.states.get(job_id) in (PENDING, RUNNING):
-                continue
-            del self.supervising[job_id]
-            told = [i for i, _rev, _name in self.told.pop(job_id, []) if i not in self.launching]
-            for other in (i for i in told if snap.states.get(i) in HANDED_ON_STATES):
-                where = launch.where.text()
-                self.say(f"starting job #{other} {self.names.get(other, '')}{where} (handed on in its slot)")
-                if snap.states.get(other) == RUNNING and launch.process.poll() is None:
-                    self.supervising[other] = Launch(other, launch.process, launch.where)
-        live = set(self.supervising) | {i for told in self.told.values() for i, _r, _n in told}
-        self.names = {i: name for i, name in self.names.items() if i in live}
-
-    def _launch(self, job: dict[str, Any], where: Assignment) -> str:
-        """STARTED, CLAIM_HELD (someone holds the job: another worker, a cancel, or its own
-        supervisor just putting it back in the queue) or LAUNCH_FAILED."""
-        claim = self.spool.claims.claim(job.id)
-        if claim is None:
-            self.view.doubt()  # someone else is changing it: its file may not say what the view does
-            return CLAIM_HELD
-        name = self.view.pending_name(job.id)
-        if not self._as_planned(job, name):
-            claim.release()
-            self.view.doubt()
-            return CLAIM_HELD  # look again soon, at everything
-        try:
-            process = self.launcher.launch(claim, self._order(job.id, name, where))
-        except OSError as exc:
-            claim.release()
-            self.say(f"job #{job.id}: could not start its supervisor: {exc}")
-            return LAUNCH_FAILED
-        self.launching[job.id] = Launch(job.id, process, where)
-        self.say(f"starting job #{job.id} {job.name}{where.text()}")
-        return STARTED
-
-    def _as_planned(self, job: dict[str, Any], name: Optional[str]) -> bool:
-        """Whether the job's file, read now that we hold its claim (nobody can change it until its
-        supervisor has started it), is the version the plan was made from: every write raises
-        `rev`. A view left behind by a lost event then starts nothing it has not seen."""
-        if name is None:
-            return False
-        try:
-            return self.spool.jobs.load(JobRef(job.id, PENDING, name))["rev"] == job.rev
-        except (FileNotFoundError, schema.InvalidJob):
-            return False
-
-    def _sample_progress(self, now: float, running: list[dict[str, Any]]) -> None:
-        if now - self._last_sample < SAMPLE_SECONDS:
+    def _sample_progress(self, now: float, running: list[Job]) -> None:
+        if now - self.last_sample < SAMPLE_SECONDS:
             return
-        self._last_sample = now
+        self.last_sample = now
         if not running:
             running = [job for _ref, job in self.spool.jobs.load_many(RUNNING)]
         eta.sample_running(self.spool, running, now)  # so a first `gpuq status` has a rate
 
+    # ---- what the loop asks before it ends ------------------------------------------------------
     def moving(self) -> bool:
         """Whether work may still appear although the last step saw none: a job claimed by a live
-        owner but not running (a supervisor putting it back in pending/ for a retry: a scan of
-        pending/ then running/ can miss it mid-move), or a job that became startable since. The
-        claims are read before the fresh look, so a move that ends in between shows in the look.
-        A foreground worker must not exit on a stale verdict."""
+        owner but not running (a retry being moved back to pending/), or one startable since. The
+        claims are read before the fresh look, so a move that ends in between shows in the look."""
         held = [job_id for job_id in self.spool.claims.ids() if self.spool.claims.held(job_id)]
-        snap, _ = read_queue(self.spool, self.cache)
+        snap, _ = read_queue(self.spool, self.view.cache)
         if any(snap.states.get(job_id) != RUNNING for job_id in held):
             return True
         return scheduler.has_startable_future(snap, self.waits)
 
-    # ---- what the loop says when it ends ---------------------------------------------------------
     def why_done(self) -> list[str]:
-        snap, _ = read_queue(self.spool, self.cache)
+        snap, _ = read_queue(self.spool, self.view.cache)
         reasons = scheduler.waiting_reasons(snap, self.waits)
         blocked = [(j, reasons[j.id]) for j in snap.pending]
         if not blocked:
@@ -444,6 +430,6 @@ class Worker:
             lines.append(f"  #{job.id} {job.name}: {wait.reason if wait else 'waiting'}")
         return lines
 
-    def still_running(self) -> list[dict[str, Any]]:
+    def still_running(self) -> list[Job]:
         """Running jobs of this worker's slots (they go on under their supervisors)."""
-        return [j for j in read_queue(self.spool, self.cache)[0].running if self._mine(j)]
+        return [j for j in read_queue(self.spool, self.view.cache)[0].running if self._mine(j)]

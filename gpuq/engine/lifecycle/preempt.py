@@ -1,15 +1,12 @@
-"""Preempt, resume and urgent jobs, as a library (the CLI and the worker call it).
+"""Preempt, resume and urgent jobs, as a library (the CLI and the worker call it; spool_layout.md
+section 11).
 
 Preempting leaves a control request (`preempt`, or `preempt-resume` when the worker makes room for
 an urgent job), then SIGTERMs the job's whole process group. The job's supervisor sees the request
-when the job's main process exits, keeps the job in running/ (its slot taken) until nothing of the
-group is left, records the newest complete checkpoint and the steps lost since it
-(engine/tracking/continuation.py), and moves the job to preempted/, whatever its exit code (0 after a graceful
-save, 143 after a plain SIGTERM death).
-
-The job keeps its id: `resume` puts the same file back in pending/ with the checkpoint argument
-replaced, so dependents (`--after ID`) keep waiting and start after the continuation finishes, and
-resuming twice cannot create a second job. spool_layout.md (section 11) has the rules.
+when the job's main process exits, keeps the job in running/ until nothing of the group is left,
+records the newest complete checkpoint and the steps lost since it, and moves the job to
+preempted/. The job keeps its id: `resume` puts the same file back in pending/ with its checkpoint
+argument, so dependents keep waiting for the continuation, and resuming twice makes no second job.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ from typing import Any, Callable, Optional
 
 from gpuq.core import transitions
 from gpuq.core.errors import Refused
+from gpuq.core.job import Job
 from gpuq.core.states import ACTIVE, INTERRUPTED, PENDING, PREEMPT, PREEMPT_RESUME, PREEMPTED, RUNNING
 from gpuq.engine.lifecycle import actions
 from gpuq.engine.schedule.planner import Assignment
@@ -30,10 +28,9 @@ DEFAULT_TIMEOUT = 60.0  # HF's JIT save waits 3 s after SIGTERM, then saves: all
 FORCE_WAIT = 10.0
 
 
-# ---- preempt (gpuq preempt) -------------------------------------------------------------------
 @dataclass
 class Outcome:
-    job: dict[str, Any]
+    job: Job
     state: str  # where the job is now
     left: list[int]  # pids still alive (timeout without --force)
 
@@ -69,10 +66,9 @@ def _pids(processes: list[Any]) -> str:
     return ", ".join(str(p.pid) for p in processes)
 
 
-# ---- resume -----------------------------------------------------------------------------------
 @dataclass
 class Resumed:
-    job: dict[str, Any]
+    job: Job
     checkpoint: Optional[checkpoints.Checkpoint]
 
 
@@ -99,8 +95,8 @@ def resume(spool: Spool, job_id: int, require_checkpoint: bool = False, front: b
 
 
 def resume_auto(spool: Spool) -> tuple[list[Resumed], bool]:
-    """Resume every job the worker preempted for an urgent job (they go first in line); and
-    whether one was busy (its supervisor still letting go of it: try again in a moment)."""
+    """Resume every job the worker preempted for an urgent job (first in line); and whether one was
+    busy (its supervisor still letting go of it: try again in a moment)."""
     out, busy = [], False
     for _ref, job in spool.jobs.load_many(PREEMPTED):
         if job.auto_resume:
@@ -111,7 +107,6 @@ def resume_auto(spool: Spool) -> tuple[list[Resumed], bool]:
     return out, busy
 
 
-# ---- urgent jobs (the worker's side) ----------------------------------------------------------
 @dataclass
 class Preemption:
     job_id: int
@@ -122,15 +117,15 @@ class Preemption:
 
 
 class UrgentPreemptions:
-    """The preemptions one worker has under way to make room for urgent jobs. A victim's slot
-    stays unused until every process of it is gone (SIGKILLed once its grace is over)."""
+    """A worker's preemptions under way for urgent jobs: a victim's slot stays unused until every
+    process of it is gone (SIGKILLed once its grace is over)."""
 
     def __init__(self, spool: Spool, grace: float = DEFAULT_TIMEOUT):
         self.spool, self.grace = spool, grace
         self.under_way: dict[int, Preemption] = {}  # job id -> its preemption
 
-    def begin(self, victim: dict[str, Any], now: float) -> None:
-        """Start preempting `victim` without waiting: `busy_slots` finishes it at later steps."""
+    def begin(self, victim: Job, now: float) -> None:
+        """Start preempting `victim` without waiting: `holding` follows it at later steps."""
         pgid = victim.pid
         snapshot = procs.ungrouped_tree(pgid)
         self.spool.control.request(victim.id, PREEMPT_RESUME)
@@ -139,9 +134,8 @@ class UrgentPreemptions:
         self.under_way[victim.id] = Preemption(victim.id, where, pgid, snapshot, now + self.grace)
 
     def holding(self, state_of: dict[int, str], now: float) -> dict[int, Assignment]:
-        """Where victims with processes still alive hold their place; SIGKILL what is left once
-        the grace is over (again at each look: a process may have been forked meanwhile).
-        Finished ones are dropped."""
+        """Where victims with processes still alive hold their place; what is left once the grace is
+        over is SIGKILLed (again at each look: a process may have been forked meanwhile)."""
         for job_id, p in list(self.under_way.items()):
             left = procs.leftovers(p.pgid, p.snapshot)
             if state_of.get(job_id) != RUNNING and not left:

@@ -1,15 +1,11 @@
 """`gpuq lease -- CMD`: a command outside the queue (a notebook server, a quick script) run under
-GPU leases that every user's gpuq honours (issue 28).
+GPU leases that every user's gpuq honours: it waits until `leasing.claim_gpus` gives it GPUs (with
+`wait=False`, exit 75, EX_TEMPFAIL, naming the holders), runs the command with CUDA_VISIBLE_DEVICES
+set as a gpuq job gets it, and holds the leases in this process (the lease's pid, so the command's
+processes are its tree) until the command ends. The lease descriptors are close-on-exec.
 
-It waits until `leasing.claim_gpus` gives it GPUs (or, with `wait=False`, gives up at once with
-exit 75, EX_TEMPFAIL, naming the holders), runs the command with CUDA_VISIBLE_DEVICES set to them as
-a gpuq job gets it, and holds the leases in this process until the command ends: the lease's pid is
-this process, so the command's processes are its tree and their memory is the lease's, not outside
-memory. The lease descriptors are close-on-exec: the command never holds a lease past our end.
-
-Signals: SIGTERM and SIGHUP are forwarded to the command, and SIGINT too unless stdin is a
-terminal: there the command shares our process group and the terminal's Ctrl-C reaches it directly
-(forwarding it as well would deliver it twice, which Jupyter reads as "shut down now").
+SIGTERM and SIGHUP are forwarded to the command, and SIGINT too unless stdin is a terminal: there
+the terminal's Ctrl-C reaches the command directly (twice would read to Jupyter as "shut down now").
 """
 
 from __future__ import annotations
@@ -46,8 +42,8 @@ def lease_and_run(
     look: Callable[[], Any] = gpus.look,
     say: Optional[Callable[[str], None]] = None,
 ) -> int:
-    """Run `cmd` under leases of the GPUs `request` asks for; its exit code (128 + N when signal
-    N ended it). Refused for a command that cannot be found or GPUs that can never be had here."""
+    """Run `cmd` under leases of the GPUs `request` asks for; its exit code (128 + N for signal N).
+    Refused for a command that cannot be found or GPUs that can never be had here."""
     say = say or _stderr
     program = _program(cmd[0])
     claim = _claim(request, os.path.basename(cmd[0]), wait, lease_dir, look, say)
@@ -93,8 +89,7 @@ def _program(word: str) -> str:
 
 
 def _run(argv: list[str], env: dict[str, str]) -> int:
-    """The command's exit status, signals forwarded to it while it runs (one that comes before it
-    exists is sent to it once it does)."""
+    """The command's exit status, signals forwarded to it (one that comes before it exists, once it does)."""
     interactive = sys.stdin is not None and sys.stdin.isatty()
     forwarded = (signal.SIGTERM, signal.SIGHUP) + (() if interactive else (signal.SIGINT,))
     child: list[subprocess.Popen] = []

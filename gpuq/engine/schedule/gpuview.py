@@ -1,51 +1,39 @@
 """The GPUs as `gpuq status` and `gpuq gpus` show them: each GPU with its memory, the gpuq jobs that
-hold it and the processes of others that use it. The worker writes its view into the spool
-(workers/gpus-PID.json) whenever it looks, so that `gpuq status` need not wake NVML itself. A worker
-looks only while it places jobs or jobs wait for GPUs, so an idle worker's view grows old: a command
-looks for itself when no worker's view is younger than STALE_SECONDS (one NVML call, or a read of
-the simulated GPUs' file), and never on a machine that cannot have GPUs."""
+hold it, the processes of others on it and the leases of it. The worker writes its view into the
+spool (workers/gpus-PID.json) whenever it looks, so that `gpuq status` need not wake NVML itself; a
+command looks for itself only when no worker's view is younger than STALE_SECONDS, and never on a
+machine that cannot have GPUs. Leases are read where a look is taken, so that a lease and the memory
+its processes hold are seen at one moment. system/gpus.py (which brings pathlib) is imported
+only where GPUs are looked at or shown: a `status` without GPUs never needs it.
+"""
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Any, Optional, Sequence
 
+from gpuq.core.job import Job
 from gpuq.core.states import PENDING
 from gpuq.core.times import iso_of
+from gpuq.spool import Spool
 from gpuq.system.gpu_presence import may_have_gpus
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional, Sequence
-
-    from gpuq.spool import Spool
-    from gpuq.system.gpus import GpuLook
-    from gpuq.system.leases import Lease
-
-# system/gpus.py is imported where a look is taken or shown: on a machine without GPUs, `gpuq
-# status` needs neither. Leases are read where a look is taken (by the worker, into its view, or by
-# the command itself): a lease and the memory its processes hold are then seen at one moment, and
-# `gpuq status` shows a fresh worker's view without psutil, which finding a holder's processes needs.
-
 
 STALE_SECONDS = 3.0  # a view older than this is looked at again (a waiting job makes the worker look every 2 s)
 
 
-def view(
-    look: GpuLook, running: list[dict[str, Any]], starting: Optional[dict[int, Sequence[int]]] = None
-) -> dict[str, Any]:
+def view(look: Any, running: list[Job], starting: Optional[dict[int, Sequence[int]]] = None) -> dict[str, Any]:
     """{"at", "source", "problem", "gpus": [...]}: per GPU its index, name, uuid, memory, the ids of
-    the gpuq jobs holding it (`running` ones, and `starting`: job id -> GPUs, those a worker has
-    just handed to their supervisors, not in running/ yet), every other process on it (pid, MiB,
-    who) and `foreign_mib`, the memory held by others (theirs, and what no listed process
-    explains: engine/schedule/placement.py's "outside" memory)."""
-    from gpuq.system import gpus as gpu_info
+    the gpuq jobs holding it (`running` ones, and `starting`: job id -> GPUs, those a worker just
+    handed to their supervisors), every other process on it (pid, MiB, who) and `foreign_mib`, the
+    memory held by others (theirs, and what no listed process explains: placement's "outside").
+    `look`: a system/gpus.GpuLook."""
+    from gpuq.system import gpus as gpu_info  # the GPUs are shown
 
-    own: set[int] = set()
-    holders: dict[int, list[int]] = {}
     pids = [job.pid for job in running if job.pid]
-    if pids and any(gpu.processes for gpu in look.gpus):  # (psutil is imported only to tell them apart)
-        own = gpu_info.tree_pids(pids)
+    # psutil is imported only to tell processes apart, where there are some
+    own = gpu_info.tree_pids(pids) if pids and any(gpu.processes for gpu in look.gpus) else set()
+    holders: dict[int, list[int]] = {}
     held = {job_id: list(gpus or ()) for job_id, gpus in (starting or {}).items()}
     held.update((job.id, job.gpus or []) for job in running)
     for job_id, indices in held.items():
@@ -73,21 +61,18 @@ def view(
             }
         )
     out = {"at": look.at, "source": look.source, "problem": look.problem, "gpus": shown}
-    if shown:
-        add_leases(out)
-    return out
+    return add_leases(out) if shown else out
 
 
 def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
-    """`shown` (a view) with the leases live now: per GPU `leases` (every live lease of it, from
-    every user and spool of the machine, as `lease_entry` gives them) and each `foreign` process's
-    `lease` (the file of the lease on this GPU whose holder's process tree it is in; None: it
-    holds memory without a lease); and `lease_problems`, one line each: the lease directory that
-    cannot be trusted (leases then read as none), or lease files skipped."""
-    from gpuq.system import gpus as gpu_info
-    from gpuq.system import leases
+    """`shown` (a view) with the leases live now: per GPU `leases` (every user's and spool's, as
+    `lease_entry` gives them), each `foreign` process's `lease` (the file of the lease whose holder's
+    process tree it is in; None: it holds memory without one), and `lease_problems`: the lease
+    directory that cannot be trusted (leases then read as none), or lease files skipped."""
+    from gpuq.system import gpus as gpu_info  # the GPUs are shown
+    from gpuq.system import leases  # (and their leases)
 
-    live: list[Lease] = []
+    live: list[Any] = []
     problems: list[str] = []
     try:
         # A view never creates a GPUQ_LEASE_DIR that is missing: whoever creates it owns it.
@@ -113,9 +98,9 @@ def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-def lease_entry(lease: Lease, viewer_uid: int) -> dict[str, Any]:
-    """A lease as views show it: `who` says it for people (a job's name only for one's own jobs,
-    and `name` is given on the same terms), `mem_mib` null for a whole-GPU lease, `since` ISO."""
+def lease_entry(lease: Any, viewer_uid: int) -> dict[str, Any]:
+    """A lease (system/leases.Lease) as views show it: `who` says it for people (a job's name only
+    for one's own jobs, and `name` on the same terms), `mem_mib` null for a whole GPU, `since` ISO."""
     named = lease.uid == viewer_uid or lease.job is None
     return {
         "file": lease.file,
@@ -133,22 +118,22 @@ def lease_entry(lease: Lease, viewer_uid: int) -> dict[str, Any]:
     }
 
 
-def look_now() -> GpuLook:
-    """A look at the GPUs by this process (system/gpus.py imported here, where it is needed)."""
-    from gpuq.system import gpus as gpu_info
+def look_now() -> Any:
+    """A look at the GPUs by this process (a system/gpus.GpuLook)."""
+    from gpuq.system import gpus as gpu_info  # the GPUs are looked at
 
     return gpu_info.look()
 
 
 def current(
     spool: Spool,
-    running: list[dict[str, Any]],
+    running: list[Job],
     views: Optional[list[dict[str, Any]]] = None,
     stale_after: Optional[float] = STALE_SECONDS,
 ) -> Optional[dict[str, Any]]:
-    """What the workers last saw of the GPUs (the newest view; `views` if already read), unless
-    it is older than `stale_after` seconds (None: any age will do): then a look of our own, as
-    without any view. None on a machine without GPUs (and no simulated ones)."""
+    """What the workers last saw of the GPUs (the newest view; `views` if already read), unless it is
+    older than `stale_after` seconds (None: any age will do): then a look of our own. None on a
+    machine without GPUs (and no simulated ones)."""
     views = [v for v in (spool.workers.gpu_views() if views is None else views) if isinstance(v.get("gpus"), list)]
     newest = max(views, key=lambda v: v.get("at") or 0) if views else None
     if newest is not None and (stale_after is None or time.time() - (newest.get("at") or 0) <= stale_after):
@@ -166,11 +151,10 @@ def current(
     return shown
 
 
-def _without_ended(spool: Spool, shown: dict[str, Any], running: list[dict[str, Any]]) -> dict[str, Any]:
-    """A worker's view less the jobs that left running/ since it was written, and their leases:
-    `gpuq cancel` or `kill` returns once the job's end is recorded, and the worker writes its view
-    only at its next step. A job listed that is neither in `running` nor still in pending/ (handed
-    to its supervisor, not moved yet) has ended."""
+def _without_ended(spool: Spool, shown: dict[str, Any], running: list[Job]) -> dict[str, Any]:
+    """A worker's view less the jobs that left running/ since it was written, and their leases
+    (`gpuq cancel` returns once the job's end is recorded; the worker writes its view at its next
+    step). A listed job neither in `running` nor still in pending/ (being started) has ended."""
     live = {job.id for job in running}
     listed = {j for gpu in shown["gpus"] if isinstance(gpu, dict) for j in gpu.get("jobs") or ()}
     ended = {j for j in listed - live if isinstance(j, int) and spool.jobs.find(j, (PENDING,)) is None}
@@ -187,9 +171,9 @@ def _without_ended(spool: Spool, shown: dict[str, Any], running: list[dict[str, 
 
 
 def listed(shown: Optional[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-    """`gpuq gpus --json`: one object per GPU, each saying when its figures were seen (`seen_at`,
-    ISO 8601 in local time; `seen_seconds_ago`) and by whom (`seen_by_worker`: a worker's pid, or
-    null when this command looked itself), with the view's `lease_problems` (the same on each)."""
+    """`gpuq gpus --json`: one object per GPU, with when its figures were seen (`seen_at`, ISO in
+    local time; `seen_seconds_ago`) and by whom (`seen_by_worker`: a pid, or null when this command
+    looked itself), and the view's `lease_problems` (the same on each)."""
     if shown is None:
         return []
     at = shown.get("at")
@@ -206,10 +190,8 @@ def _none(gpus: Any, source: Any, problem: Any) -> bool:
 def never_fits(
     spool: Spool, count: int, mem_mib: Optional[int], views: Optional[list[dict[str, Any]]] = None
 ) -> Optional[str]:
-    """Why a job asking for `count` GPUs (with `mem_mib` on each) can never run on this machine,
-    or None (`views`: the workers' GPU views, if the caller read them). Only a request beyond one
-    whole GPU needs the GPUs looked at; on a machine without GPUs every job runs in a slot, as gpuq
-    always did."""
+    """Why a job asking for `count` GPUs (`mem_mib` on each) can never run on this machine, or None.
+    Only a request beyond one whole GPU needs the GPUs looked at; without GPUs every job runs."""
     if count <= 1 and mem_mib is None:
         return None
     shown = current(spool, [], views, stale_after=None)  # only the totals, which do not change
@@ -219,8 +201,7 @@ def never_fits(
     if count > len(totals):
         return f"needs {count} GPUs; this machine has {len(totals)}"
     if mem_mib is not None and totals[count - 1] < mem_mib:
-        from gpuq.system.gpus import mib_text
+        from gpuq.system import gpus as gpu_info  # the GPUs are shown
 
-        largest = mib_text(totals[0])
-        return f"needs {mib_text(mem_mib)} on each GPU; the largest here has {largest}"
+        return f"needs {gpu_info.mib_text(mem_mib)} on each GPU; the largest here has {gpu_info.mib_text(totals[0])}"
     return None

@@ -1,27 +1,22 @@
 """Host memory and CPUs: whether the machine has room for a job that says what it needs of it
 (`gpuq add --mem 32G --cpus 8`; spool_layout.md section 12a).
 
-A worker hands out at most its cap: `gpuq run --mem SIZE --cpus N`, else what the machine has (its
-memory less a margin left to the system, GPUQ_HOST_MEM_MARGIN; the CPUs this process may run on).
-A job that asks starts only when what the spool's running jobs reserved, plus what this plan already
-admitted, plus its own request fits the cap. A job that asks for nothing reserves nothing and is
-never held back here (gpuq's behaviour before requests existed).
-
-No overtaking, as for GPUs (planner.py): once a job waits for host memory (or CPUs), later jobs that
-ask for that resource wait behind it, so a stream of small jobs cannot starve a big one. Jobs that
-ask only for the other resource, or for none, go on. A request bigger than the whole cap can never
-be met: it waits for good, saying so, and holds no one back.
-
-With GPUs the room is asked before placement, so that a job held back here leaves its GPUs to the
-jobs behind it; a job admitted that then waits for GPUs keeps its claim on the room within that
-look (first in line), as the GPU jobs behind it wait for it there.
+A worker hands out at most its cap (`gpuq run --mem SIZE --cpus N`, else the machine's memory less a
+margin left to the system, GPUQ_HOST_MEM_MARGIN, and the CPUs this process may run on). A job that
+asks starts only when what running jobs reserved, plus what this plan already admitted, plus its
+own request fits the cap; a job that asks for nothing is never held back here. No overtaking, as
+for GPUs: once a job waits for a resource, later jobs that ask for it wait behind it, so a stream of
+small jobs cannot starve a big one. A request bigger than the whole cap waits for good and holds no
+one back. With GPUs the room is asked before placement, so a job held back here leaves its GPUs to
+the jobs behind it.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, NamedTuple, Optional
 
+from gpuq.core.job import Job
 from gpuq.core.timespec import parse_size_mib
 from gpuq.engine.schedule.scheduler import Wait
 from gpuq.system import host
@@ -39,12 +34,12 @@ def size_text(mib: int) -> str:
     return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib / 1024:.1f}G"
 
 
-def asks(job: dict[str, Any]) -> bool:
+def asks(job: Job) -> bool:
     """Whether a job reserves host memory or CPUs."""
     return bool(job.mem_mib or job.cpus)
 
 
-def request_text(job: dict[str, Any]) -> str:
+def request_text(job: Job) -> str:
     """`10G host memory, 4 CPUs` (what `gpuq show` says a job reserves); '' for none."""
     parts = [f"{size_text(job.mem_mib)} host memory"] if job.mem_mib else []
     if job.cpus:
@@ -52,22 +47,14 @@ def request_text(job: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-class Cap:
-    """What a worker may hand out: MiB of host memory and CPUs, and lines for its log (a setting
-    beyond what the machine has, a margin it could not read). A plain class (see scheduler.QueueState)."""
-
-    __slots__ = ("mem_mib", "cpus", "notes")
-
-    def __init__(self, mem_mib: int, cpus: int, notes: Optional[list[str]] = None) -> None:
-        self.mem_mib, self.cpus, self.notes = mem_mib, cpus, notes or []
-
-    def __repr__(self) -> str:
-        return f"Cap(mem_mib={self.mem_mib}, cpus={self.cpus})"
+class Cap(NamedTuple):  # what a worker may hand out
+    mem_mib: int
+    cpus: int
 
 
 def margin_mib(machine_mib: int, text: Optional[str]) -> tuple[int, str]:
-    """The memory left to the system: GPUQ_HOST_MEM_MARGIN's size, else the larger of 2 GiB and 5%
-    of the machine's; and a line for the worker's log when the variable could not be read."""
+    """The memory left to the system (GPUQ_HOST_MEM_MARGIN's size, else the larger of 2 GiB and 5%
+    of the machine's), and a line for the worker's log when the variable could not be read."""
     default = max(MIN_MARGIN_MIB, int(machine_mib * MARGIN_SHARE))
     if not text:
         return default, ""
@@ -84,9 +71,8 @@ def cap(
     machine_cpus: Optional[int] = None,
     say: Optional[Callable[[str], None]] = None,
 ) -> Cap:
-    """A worker's cap: its `gpuq run --mem`/`--cpus`, else the machine's memory less the margin
-    and its usable CPUs. A setting above what the machine has is kept as given (the person knows
-    their jobs), and said (`say`: the worker's log)."""
+    """A worker's cap: its `--mem`/`--cpus`, else the machine's memory less the margin and its
+    usable CPUs. A setting above what the machine has is kept as given, and said (`say`)."""
     machine_mib = host.memory_mib() if machine_mib is None else machine_mib
     machine_cpus = host.usable_cpus() if machine_cpus is None else machine_cpus
     margin, note = margin_mib(machine_mib, os.environ.get(MARGIN_ENV))
@@ -99,31 +85,25 @@ def cap(
         )
     if cpus_setting is not None and cpus_setting > machine_cpus:
         notes.append(f"--cpus {cpus_setting} is more than the {machine_cpus} CPUs this worker may use: as asked")
-    for note in notes if say else ():
-        say(note)
-    cpus = machine_cpus if cpus_setting is None else cpus_setting
-    return Cap(mem if mem_setting is None else mem_setting, cpus, notes)
+    for line in notes if say else ():
+        say(line)
+    return Cap(mem if mem_setting is None else mem_setting, machine_cpus if cpus_setting is None else cpus_setting)
 
 
 class _Pool:
     """One resource of the cap: who holds how much of it, and the first job that waits for it."""
-
-    __slots__ = ("what", "total", "show", "held", "first_waiting")
 
     def __init__(self, what: str, total: int, show: Callable[[int], str]) -> None:
         self.what, self.total, self.show = what, total, show
         self.held: dict[int, int] = {}  # job id -> what it reserved
         self.first_waiting: Optional[int] = None
 
-    def never(self, amount: int) -> Optional[Wait]:
-        if amount <= self.total:
-            return None
-        return Wait(
-            f"needs {self.show(amount)} {self.what}; this worker hands out at most {self.show(self.total)}", True
-        )
-
     def wait(self, job_id: int, amount: int) -> Optional[Wait]:
         """Why `amount` cannot be had now (None: it can); a job refused is the one others wait behind."""
+        if amount > self.total:
+            return Wait(
+                f"needs {self.show(amount)} {self.what}; this worker hands out at most {self.show(self.total)}", True
+            )
         if self.first_waiting is not None:
             return Wait(f"waiting behind #{self.first_waiting} for {self.what}", False)
         used = sum(self.held.values())
@@ -136,13 +116,10 @@ class _Pool:
 
 
 class Room:
-    """What is left of a cap at one plan. Built lazily: the cap and the jobs that hold host
-    resources (running ones, and those being started) are asked for only when a job that asks
-    is met, so a queue of jobs without requests pays nothing."""
+    """What is left of a cap at one plan, made when a job that asks is first met: a queue of jobs
+    without requests reads neither the cap nor what running jobs hold."""
 
-    __slots__ = ("_cap", "_holders", "_pools")
-
-    def __init__(self, cap: Callable[[], Cap], holders: Callable[[], Iterable[dict[str, Any]]]) -> None:
+    def __init__(self, cap: Callable[[], Cap], holders: Callable[[], Iterable[Job]]) -> None:
         self._cap, self._holders = cap, holders
         self._pools: Optional[tuple[_Pool, _Pool]] = None
 
@@ -158,25 +135,22 @@ class Room:
             self._pools = mem, cpus
         return self._pools
 
-    def admit(self, job: dict[str, Any]) -> Optional[Wait]:
+    def admit(self, job: Job) -> Optional[Wait]:
         """None: the job may start, and what it asks is now reserved in this room; else why it waits."""
         if not asks(job):
             return None
         asked = [(pool, amount) for pool, amount in zip(self._made(), (job.mem_mib, job.cpus)) if amount]
         if any(job.id in pool.held for pool, _amount in asked):
             return None  # being started already (its claim keeps it from starting twice): counted once
-        for pool, amount in asked:
-            never = pool.never(amount)
-            if never is not None:
-                return never
-        waits = [wait for wait in (pool.wait(job.id, amount) for pool, amount in asked) if wait is not None]
+        never = [w for w in (pool.wait(job.id, a) for pool, a in asked if a > pool.total) if w is not None]
+        waits = never or [w for w in (pool.wait(job.id, amount) for pool, amount in asked) if w is not None]
         if waits:
             return waits[0]
         for pool, amount in asked:
             pool.held[job.id] = amount
         return None
 
-    def admitted(self, ready: Iterable[dict[str, Any]], waits: dict[int, Wait]) -> Iterator[dict[str, Any]]:
+    def admitted(self, ready: Iterable[Job], waits: dict[int, Wait]) -> Iterator[Job]:
         """The jobs of `ready` this room takes, lazily, in order; why each other one waits goes in `waits`."""
         for job in ready:
             wait = self.admit(job)

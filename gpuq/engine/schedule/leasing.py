@@ -1,15 +1,9 @@
-"""Taking GPUs for a start under the machine-wide lease protocol (issue 28, lease_layout.md).
-
-`claim_gpus` is the one place where a decision to start on GPUs and the leases that record it are
-made together: under the placing locks of the candidate GPUs it looks at the GPUs, reads the live
-leases, decides with `placement.place` (counting the others' leases), and takes a lease per GPU
-chosen. Two parties that claim at once, whoever they are, are thereby serialised per GPU: the
-second sees the first's lease. Whoever calls it (a job's supervisor, `gpuq lease`) holds the
-leases for as long as the GPUs are in use and releases them after.
-
-A lease directory that cannot be trusted or used (`LeaseDirProblem`) is said once through `log`,
-and the decision is then the GPU memory gate alone, as before leases: a `Claim` of those GPUs
-without leases.
+"""Taking GPUs for a start under the machine-wide lease protocol (lease_layout.md): `claim_gpus`
+decides and leases together. Under the placing locks of the candidate GPUs it looks at the GPUs,
+reads the live leases, decides with `placement.place` and takes a lease per GPU chosen, so that two
+parties that claim at once, whoever they are, are serialised per GPU. The caller (a job's
+supervisor, `gpuq lease`) holds the leases while the GPUs are in use. A lease directory that cannot
+be trusted or used is said once through `log`, and the GPU memory gate alone decides.
 """
 
 from __future__ import annotations
@@ -37,8 +31,7 @@ from gpuq.system.leases import Held, Lease, LeaseDir, LeaseDirProblem, say_once
 
 
 class Claim(list):
-    """The leases taken for a start (`Held`, one per GPU; empty while leases are off) and `gpus`,
-    the indices of the GPUs chosen, ascending."""
+    """The leases taken (`Held`, one per GPU; none while leases are off), and `gpus` chosen, ascending."""
 
     def __init__(self, held: Iterable[Held], gpus: tuple[int, ...]) -> None:
         super().__init__(held)
@@ -71,10 +64,9 @@ def claim_gpus(
     log: Callable[[str], None] = _say,
 ) -> Union[Claim, Blocked]:
     """Choose GPUs among `candidates` (indices; None: all) for `request` and lease them to `job`/
-    `name` of `spool` (None, None for `gpuq lease`), held by `pid` (this process by default), or
-    say why it must wait. Every live lease counts except those `exclude` names (a worker: its own
-    spool's, which its `holdings` already count). `threshold`: the foreign-memory gate of a
-    whole-GPU request. A CPU request (gpus=0) takes nothing."""
+    `name` of `spool` (None, None for `gpuq lease`), held by `pid` (default: this process), or say
+    why it must wait. Every live lease counts but those `exclude` names. `threshold`: the
+    foreign-memory gate of a whole-GPU request."""
     if request.gpus == 0:
         return Claim([], ())
     allowed = None if candidates is None else sorted(set(candidates))
@@ -97,8 +89,7 @@ def claim_gpus(
             live = directory.live()
             for problem in directory.problems:
                 say_once(problem, log)
-            # A holder's processes only tell which listed process is whose: with none listed on these
-            # GPUs (a job handing its slot on, most starts), its tree (a ms or two of psutil) is not read.
+            # a holder's tree only tells which listed process is whose: not read where none is listed
             listed = any(g.processes for g in seen.gpus)
             counted = [lease for lease in live if not exclude(lease)]
             others = [Leased(lease, _holder_tree(lease) if listed else frozenset()) for lease in counted]
@@ -121,8 +112,7 @@ def _no_gpus(seen: GpuLook) -> Blocked:
 
 
 def _holder_tree(lease: Lease) -> frozenset[int]:
-    """The processes of a lease's holder: its pid and descendants, if that pid is still the process
-    that took the lease (a start time recorded and matching); otherwise none."""
+    """A lease holder's pid and descendants, if that pid is still the process that took the lease."""
     if lease.pid_start and not procs.is_same_process(lease.pid, lease.pid_start, None):
         return frozenset()
     return frozenset(gpus.tree_pids([lease.pid]))

@@ -1,53 +1,23 @@
-"""Which GPUs a job may start on now, or why it waits: pure decisions over one look at the GPUs.
+"""Which GPUs a job may start on now, or why it waits: pure decisions over one look at the GPUs
+(`gpuq.system.gpus.look`), the gpuq jobs holding GPUs (`Holding`, with their process trees) and the
+other parties' live leases (`Leased`: lease_layout.md "Counting").
 
-Nothing here reads files, processes or NVML: the scheduler passes a look (`gpuq.system.gpus.look`),
-the gpuq jobs that hold GPUs (`Holding`) with their process trees, and a `describe(pid)` function
-for the messages; it gets back a `Placement` or a `Blocked` per job.
+A GPU's memory is committed (gpuq jobs holding it: a shared job for the larger of its declared
+`gpu_mem_mib` and what its processes use; a whole-GPU job takes the GPU; a memory lease for its size
+or its holder's use), outside (listed processes of no holding or lease, plus the used memory no
+listed process explains: on Linux NVML lists nearly everything, so a large remainder means hidden
+processes, another container, and counting it errs towards waiting), or free.
 
-Memory on a GPU falls into three parts:
+A whole-GPU request takes GPUs that nothing of gpuq's and no lease holds and whose outside memory is
+at most `foreign_threshold_mib` (room for a display server or an idle CUDA context). A shared request
+takes GPUs without a whole holding or lease where committed + leased + outside + request <= total,
+the best fit first (ties by index) so that big GPUs stay free for big jobs; with `gpus=2` each GPU
+must fit. A GPU in an exclusive compute mode takes one process: any holding holds it whole, and any
+outside process keeps jobs off it.
 
-* committed: gpuq jobs holding the GPU. A shared job (declared `gpu_mem_mib`) counts for the larger
-  of its declared size and what its processes use now; a whole-GPU job takes the GPU for itself.
-* outside: listed processes that are not those of a gpuq job holding this GPU (someone else's, or
-  a gpuq job's process straying onto a GPU it does not hold), plus the used memory that no listed
-  process explains (`memory_used - sum of listed sizes`, never below zero).
-* free: the rest.
-
-The unexplained memory counts as outside, that is as someone else's. On Linux NVML lists nearly
-every process, and the driver's own reserve is kept out of `memory_used` by the system layer, so
-on a healthy machine it is a few MiB; it is large when processes are hidden from us (another
-container, another pid namespace) or when a process's size is not reported, which are exactly the
-cases where starting a job blindly would hurt. A gpuq process whose size NVML does not report
-therefore also makes its GPU look fuller than it is: it errs towards waiting, never towards
-overcommitting. On a driver too old for NVML's v2 memory figures the reserve is in `memory_used`
-and shows as outside memory too; `foreign_threshold_mib` must then exceed it.
-
-Leases (issue 28, lease_layout.md "Counting"): the live leases of other parties on this machine
-(`Leased`: a lease with its holder's process tree; the caller leaves out its own) count too. A
-whole-GPU lease keeps everything else off its GPU; memory leases add up as committed memory (each
-for the larger of its size and what its holder's processes use there); a leaseholder's processes
-are not outside memory.
-
-Rules: a whole-GPU request takes GPUs without any gpuq holding or lease whose outside memory is at
-most `foreign_threshold_mib` (room for a display server or an idle CUDA context). A shared request
-takes GPUs without a whole-GPU holding or lease where committed + leased + outside + request <=
-total, preferring the GPU
-where the least room would be left (best fit, ties by index) so that big GPUs stay free for big
-jobs; `gpus=2, gpu_mem_mib=20480` needs two GPUs that each fit. The foreign threshold does not
-apply to shared requests: their declared size is checked against the real free memory instead.
-
-A GPU in an exclusive compute mode (`Gpu.exclusive`: `nvidia-smi -c EXCLUSIVE_PROCESS`) takes one
-process at a time: a shared request takes it only as a whole-GPU one would, alone, any holding
-there holds it whole, and any listed outside process, however small, keeps jobs off it (a second
-CUDA context there fails).
-
-No GPUs: when a look finds none and says why benignly (`mode_of(look) == CPU_ONLY`: no driver, or
-a machine without GPUs), the scheduler does not call `place` at all and runs as gpuq always has:
-`cpu_only_slots(allowed)` gives the slots (one per `--gpus` label, else one for the whole
-machine), every job takes one slot whatever its request, and `--gpus N`/`--gpu-mem` are not
-checked, so that a GPU job still runs on a laptop or in CI. When the look failed
-(`mode_of(look) == UNREADABLE`: a broken fake file, NVML erring on a machine with a driver), GPU
-jobs wait with `unreadable(look)` as their reason and CPU jobs start.
+`mode_of(look)`: GPUS (place), CPU_ONLY (no GPUs, benignly: every job takes a slot, one per `--gpus`
+label or one for the machine, its GPU request unchecked, as gpuq always ran), UNREADABLE (the look
+failed: GPU jobs wait, CPU jobs start).
 """
 
 from __future__ import annotations
@@ -152,13 +122,7 @@ class _GpuState:
         return max(0, self.gpu.memory_total_mib - self.committed - self.leased_mib - self.outside_mib)
 
 
-# ---------------------------------------------------------------------------------------------
-# Modes
-
-
 def mode_of(look: GpuLook) -> str:
-    """GPUS: place jobs with `place_in_order`. CPU_ONLY: no GPUs, benignly (no driver, or none
-    installed): slots as gpuq always had them. UNREADABLE: the look failed; GPU jobs wait."""
     if look.gpus:
         return GPUS
     if look.source == "none" or look.problem is None:
@@ -167,18 +131,12 @@ def mode_of(look: GpuLook) -> str:
 
 
 def cpu_only_slots(allowed: Optional[Sequence[T]]) -> list[Optional[T]]:
-    """The slots of a worker on a machine without GPUs: one per `--gpus` label (its jobs still get
-    CUDA_VISIBLE_DEVICES, unchecked), else a single slot for the whole machine."""
+    """The slots of a worker without GPUs: one per `--gpus` label, else one for the whole machine."""
     return list(allowed) if allowed else [None]
 
 
 def unreadable(look: GpuLook) -> Blocked:
-    """The reason a GPU job waits while the GPUs cannot be read (mode UNREADABLE)."""
     return Blocked(f"waiting for the GPUs to be readable: {look.problem}", forever=False)
-
-
-# ---------------------------------------------------------------------------------------------
-# Placing
 
 
 def place(

@@ -1,17 +1,9 @@
-"""Which pending jobs start now, and where: GPUs by placement, or slots on a machine without GPUs.
-
-One call of `Planner.plan` per worker step. It looks at the GPUs only when a job is ready to be
-placed, so an idle worker costs nothing. With GPUs (real, or simulated by GPUQ_FAKE_GPUS) each
-job gets the GPUs `engine/schedule/placement.py` chooses and CPU jobs (`--gpus 0`) run one at a time in a CPU
-lane beside them; without GPUs every job takes one slot, as gpuq always did (one slot for the whole
-machine, or one per `gpuq run --gpus` label).
-
-With GPUs the planner also counts the GPU leases of everyone else on the machine (other users' jobs,
-other spools', `gpuq lease`: lease_layout.md), read afresh at each look, as leases end without an
-event; its own spool's jobs are counted as its own running jobs instead.
-
-A job that reserves host memory or CPUs (`--mem`, `--cpus`) starts only where it is placed and
-`engine/schedule/hostroom.py` finds room for it on the machine; else it waits, saying for what.
+"""Which pending jobs start now, and where: GPUs by placement (engine/schedule/placement.py; CPU
+jobs one at a time in a CPU lane beside them), or slots on a machine without GPUs (one for the
+machine, or one per `gpuq run --gpus` label). The GPUs are looked at only when a job is ready, and
+the leases of every other party on the machine (lease_layout.md) are read afresh at each look, as
+leases end without an event. A job that reserves host memory or CPUs starts only where
+engine/schedule/hostroom.py finds room for it.
 """
 
 from __future__ import annotations
@@ -20,6 +12,7 @@ from dataclasses import dataclass, field
 from itertools import chain, islice, takewhile
 from typing import Any, Callable, Iterator, Optional
 
+from gpuq.core.job import Job
 from gpuq.engine.schedule import hostroom, placement, scheduler, victims
 from gpuq.engine.schedule.placement import Blocked, Holding, Leased, Placement, Request
 from gpuq.system import gpus as gpu_info
@@ -38,12 +31,12 @@ class Assignment:
     gpus: Optional[tuple[int, ...]] = None
 
     @classmethod
-    def of_job(cls, job: dict[str, Any]) -> Assignment:
+    def of_job(cls, job: Job) -> Assignment:
         held = job.gpus
         return cls(job.slot, tuple(held) if held is not None else None)
 
     def text(self) -> str:
-        """Where the worker's log says a job starts: ` on GPU 0,1`, ` (CPU job)`, '' (the whole machine)."""
+        """` on GPU 0,1`, ` (CPU job)`, or '' (the whole machine), for the worker's log."""
         if self.gpus is not None:
             return f" on GPU {self.slot}" if self.gpus else " (CPU job)"
         return f" on GPU {self.slot}" if self.slot is not None else ""
@@ -51,14 +44,14 @@ class Assignment:
 
 @dataclass
 class Plan:
-    starts: list[tuple[dict[str, Any], Assignment]] = field(default_factory=list)
+    starts: list[tuple[Job, Assignment]] = field(default_factory=list)
     waits: dict[int, scheduler.Wait] = field(default_factory=dict)  # ready jobs the GPUs hold back
-    victims: list[dict[str, Any]] = field(default_factory=list)  # running jobs to preempt for urgent ones
+    victims: list[Job] = field(default_factory=list)  # running jobs to preempt for urgent ones
     look: Optional[gpu_info.GpuLook] = None  # the GPUs, when they were looked at
 
     @property
     def gpu_wait(self) -> bool:
-        """Some job waits for GPUs that may free up without an event: look again soon."""
+        """Some job waits for what may free up without an event: look again soon."""
         return any(not w.forever for w in self.waits.values())
 
 
@@ -66,9 +59,9 @@ MAX_SUCCESSORS = 8  # jobs named ahead to a supervisor for its slot (run/success
 
 
 class OtherLeases:
-    """The live GPU leases of every party but this spool's jobs, for a worker's looks. The lease
-    directory is opened once; a problem with it (or with a lease file in it) is said once in the
-    worker's log, and planning goes on without those leases: the GPU memory gate alone decides."""
+    """The live GPU leases of every party but this spool's jobs. A problem with the lease directory
+    (or a file in it) is said once, and planning goes on without those leases: the GPU memory gate
+    alone decides."""
 
     def __init__(self, spool_home: Any, say: Callable[[str], None], path: Optional[str] = None):
         self.spool_home = str(spool_home)  # as its jobs' leases name it
@@ -113,9 +106,8 @@ class Planner:
         busy: dict[int, Assignment],
         preempting: set[int] = frozenset(),
     ) -> Plan:
-        """What to start now. `busy`: jobs this worker is starting or still preempting, which
-        hold their place though they are not (or no longer) in running/; `preempting` holds the
-        ids of jobs whose preemption is under way (never chosen again)."""
+        """What to start now. `busy`: jobs this worker is starting or still preempting, which hold
+        their place though not (or no longer) in running/; `preempting`: never chosen again."""
         self._trees, self._leased = {}, []
         starting = [job for job in snap.pending if job.id in busy]
         if starting:  # handed to their supervisors, not yet in running/: they no longer wait
@@ -138,24 +130,20 @@ class Planner:
     def successors(
         self,
         snap: scheduler.QueueState,
-        ending: dict[str, Any],
+        ending: Job,
         busy: dict[int, Assignment],
         preempting: set[int],
         look: Optional[gpu_info.GpuLook],
         limit: int = MAX_SUCCESSORS,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Job]:
         """The jobs this planner would start, one after another, in `ending`'s slot were `ending`
-        to end now and each of them in turn: what that job's supervisor may start itself
-        (spool_layout.md, section 6, "Handing the slot on"). The list stops after a job that a
-        queued job waits for (its end decides whether that one may go first), and is empty
-        whenever what comes next cannot be known ahead: when a queued job waits for `ending`, while
-        preemptions are under way, or while another slot is free too (the worker fills that one
-        first). With GPUs, only the next job, and only if it would get `ending`'s GPUs, once
-        `ending`'s processes are gone (its supervisor looks at the GPUs again before it starts it).
-        `look`: the GPUs as this step's plan saw them (None: it found no ready job, so there is
-        nothing to name either)."""
+        to end now and each of them in turn (spool_layout.md section 6, "Handing the slot on"). The
+        list stops after a job another waits for, and is empty whenever what comes next cannot be
+        known ahead: a queued job waits for `ending`, a preemption is under way, another slot is free
+        too. With GPUs only the next job, and only if it would get `ending`'s GPUs once `ending`'s
+        processes are gone. `look`: the GPUs as this step's plan saw them (None: no ready job)."""
         mode = placement.mode_of(look) if look is not None else None
-        if mode not in (placement.CPU_ONLY, placement.GPUS) or (mode == placement.GPUS and not ending.get("gpus")):
+        if mode not in (placement.CPU_ONLY, placement.GPUS) or (mode == placement.GPUS and not ending.gpus):
             return []
         waited = {dep for job in snap.pending for dep in (*job.after, *job.after_any)}
         if ending.id in waited:
@@ -171,7 +159,7 @@ class Planner:
             now = scheduler.QueueState(snap.states, rest.pending, snap.running, snap.now)
             if self._plan_gpus(now, busy, ready, preempting, look, mode).starts:
                 return []  # it can start now on other GPUs: the worker starts it there
-            gone = self._tree(ending["pid"]) if ending.get("pid") else set()
+            gone = self._tree(ending.pid) if ending.pid else set()
             ended = look._replace(gpus=tuple(_without(gpu, gone) for gpu in look.gpus))
             plan = self._plan_gpus(rest, busy, ready, preempting, ended, mode)
         else:
@@ -185,15 +173,14 @@ class Planner:
                 break
         return picks
 
-    # ---- without GPUs: slots, as gpuq always had them ----------------------------------------
     def _plan_slots(
         self,
         snap: scheduler.QueueState,
         busy: dict[int, Assignment],
-        ready: Iterator[dict[str, Any]],
+        ready: Iterator[Job],
         preempting: set[int],
         look: gpu_info.GpuLook,
-        starting: list[dict[str, Any]] = (),
+        starting: list[Job] = (),
     ) -> Plan:
         slots = placement.cpu_only_slots(self.labels)
         taken = scheduler.occupied_slots(snap.running, slots) | {a.slot for a in busy.values()}
@@ -210,16 +197,15 @@ class Planner:
             plan.starts.append((job, Assignment(free[len(plan.starts)])))
         return plan
 
-    # ---- with GPUs: placement ----------------------------------------------------------------
     def _plan_gpus(
         self,
         snap: scheduler.QueueState,
         busy: dict[int, Assignment],
-        ready: list[dict[str, Any]],
+        ready: list[Job],
         preempting: set[int],
         look: gpu_info.GpuLook,
         mode: str,
-        starting: list[dict[str, Any]] = (),
+        starting: list[Job] = (),
     ) -> Plan:
         plan = Plan(look=look)
         allowed = self._allowed()
@@ -249,11 +235,11 @@ class Planner:
             plan.victims = self._victims(snap, ready, plan, holdings, own_pids, preempting, look, allowed)
         return plan
 
-    def _room(self, snap: scheduler.QueueState, starting: list[dict[str, Any]]) -> hostroom.Room:
-        """The host memory and CPUs left for this plan: the cap less what running jobs, and those
-        this worker is starting (still in pending/), reserved."""
+    def _room(self, snap: scheduler.QueueState, starting: list[Job]) -> hostroom.Room:
+        """The host memory and CPUs left: the cap less what running jobs, and those being started
+        (still in pending/), reserved."""
 
-        def holders() -> Iterator[dict[str, Any]]:
+        def holders() -> Iterator[Job]:
             running = {job.id for job in snap.running}
             return chain(snap.running, (job for job in starting if job.id not in running))
 
@@ -265,8 +251,7 @@ class Planner:
         return self.host
 
     def _tree(self, pid: int) -> set[int]:
-        """The process tree of a running job's (or a lease holder's) pid, read once per step
-        (`successors` plans again)."""
+        """The process tree of a pid, read once per step (`successors` plans again)."""
         if pid not in self._trees:
             self._trees[pid] = gpu_info.tree_pids([pid])
         return self._trees[pid]
@@ -280,7 +265,7 @@ class Planner:
             return set()  # labels that are not GPU indices: nothing here matches them
 
     def _holdings(
-        self, running: list[dict[str, Any]], busy: dict[int, Assignment]
+        self, running: list[Job], busy: dict[int, Assignment]
     ) -> tuple[list[Holding], frozenset[int], Optional[int]]:
         """gpuq's jobs on the GPUs (running ones with their process trees, and those this worker is
         starting or preempting), every pid of gpuq's jobs, and the job in the CPU lane."""
@@ -306,17 +291,16 @@ class Planner:
     def _victims(
         self,
         snap: scheduler.QueueState,
-        ready: list[dict[str, Any]],
+        ready: list[Job],
         plan: Plan,
         holdings: list[Holding],
         own_pids: frozenset[int],
         preempting: set[int],
         look: gpu_info.GpuLook,
         allowed: Optional[set[int]],
-    ) -> list[dict[str, Any]]:
-        """Running jobs to preempt so that the first urgent job the GPUs hold back can start: those
-        that can continue (engine/schedule/victims.py; any, for --urgent=force), the lowest priority first
-        (among equals the one started last), as few as will make room."""
+    ) -> list[Job]:
+        """Running jobs to preempt so that the first urgent job the GPUs hold back can start: as
+        few as will make room, in engine/schedule/victims.py's order."""
         urgent = next((j for j in ready if scheduler.may_preempt(j) and j.id in plan.waits), None)
         if urgent is None or plan.waits[urgent.id].forever or preempting:
             return []
@@ -331,18 +315,17 @@ class Planner:
 
     def _making_room(
         self,
-        urgent: dict[str, Any],
-        candidates: list[dict[str, Any]],
+        urgent: Job,
+        candidates: list[Job],
         holdings: list[Holding],
         own_pids: frozenset[int],
         look: gpu_info.GpuLook,
         allowed: Optional[set[int]],
-    ) -> list[dict[str, Any]]:
-        """As few of `candidates` as let `urgent` be placed, the first ones preferred: they are
-        taken in order until it fits, then each that it also fits without is left out (a victim
-        whose GPU someone else's memory fills is no help); [] if preempting would not make room."""
+    ) -> list[Job]:
+        """As few of `candidates` as let `urgent` be placed, the first ones preferred: taken in
+        order until it fits, then each it also fits without left out; [] if none would make room."""
 
-        def fits_without(chosen: list[dict[str, Any]]) -> bool:
+        def fits_without(chosen: list[Job]) -> bool:
             ids = {victim.id for victim in chosen}
             theirs = {p for h in holdings if h.job_id in ids for p in h.pids}
             left = [h for h in holdings if h.job_id not in ids]
@@ -352,7 +335,7 @@ class Planner:
             )
             return isinstance(decision, Placement)
 
-        chosen: list[dict[str, Any]] = []
+        chosen: list[Job] = []
         for victim in candidates:
             chosen.append(victim)
             if fits_without(chosen):
@@ -380,9 +363,8 @@ def _queue_without(
     return rest
 
 
-def _ready(snap: scheduler.QueueState) -> Iterator[dict[str, Any]]:
-    """Pending jobs whose dependencies allow them to start, in queue order, found lazily: a long
-    queue costs only as much as the jobs looked at."""
+def _ready(snap: scheduler.QueueState) -> Iterator[Job]:
+    """Pending jobs whose dependencies allow them to start, in queue order, found lazily."""
     for job in snap.pending if snap.ordered else scheduler.queue_order(snap.pending):
         if scheduler.waiting_reason(job, snap.states, now=snap.now) is None:
             yield job
@@ -398,6 +380,6 @@ def _without(gpu: gpu_info.Gpu, pids: set[int]) -> gpu_info.Gpu:
     return gpu._replace(memory_used_mib=max(0, gpu.memory_used_mib - freed), processes=kept)
 
 
-def request_of(job: dict[str, Any]) -> Request:
+def request_of(job: Job) -> Request:
     """What a job asks of the GPUs (job files from before GPUs were known ask for one, whole)."""
     return Request(job.gpu_request, job.gpu_mem_mib if job.gpu_request != 0 else None)

@@ -7,33 +7,21 @@ start; tests call these directly.
 
 from __future__ import annotations
 
-from operator import itemgetter
+import time
+from typing import Any, Callable, NamedTuple, Optional
 
 from gpuq.core import states
+from gpuq.core.job import Job
 from gpuq.core.states import FINISHED, NEEDS_USER, URGENT_FORCE
 from gpuq.core.times import parse_iso
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
 
-
-class Wait(tuple):
+class Wait(NamedTuple):
     """Why a pending job waits: `reason` (one line), `forever` (True: it cannot start unless a
-    person acts: the dependency failed, vanished...). A named tuple written out, as JobRef is."""
+    person acts: the dependency failed, vanished...)."""
 
-    __slots__ = ()
-    reason = property(itemgetter(0))
-    forever = property(itemgetter(1))
-
-    def __new__(cls, reason: str, forever: bool) -> Wait:
-        return tuple.__new__(cls, (reason, forever))
-
-    def __getnewargs__(self) -> tuple:
-        return tuple(self)
-
-    def __repr__(self) -> str:
-        return f"Wait(reason={self[0]!r}, forever={self[1]!r})"
+    reason: str
+    forever: bool
 
 
 # How placement starts the reason of a GPU job that waits behind the first in line (no backfill):
@@ -42,16 +30,13 @@ BEHIND = "waiting behind job #"
 
 
 class QueueState:
-    """A plain class, not a dataclass: `gpuq status` and `gpuq add` do not import dataclasses
-    (and inspect with it), a few milliseconds of every command's start-up."""
-
-    __slots__ = ("states", "pending", "running", "now", "ordered")
+    """The pending and running jobs of one look (not a dataclass: `status` does not import it)."""
 
     def __init__(
         self,
         states: dict[int, str],  # id -> state of every job in the tree
-        pending: Optional[list[dict[str, Any]]] = None,
-        running: Optional[list[dict[str, Any]]] = None,
+        pending: Optional[list[Job]] = None,
+        running: Optional[list[Job]] = None,
         now: Optional[float] = None,  # when it was taken (for --begin times); None: times are not looked at
     ) -> None:
         self.states = states
@@ -89,7 +74,7 @@ def _unmet(job_id: int, dep: int, state: Optional[str], stuck: frozenset) -> Wai
 
 
 def waiting_reason(
-    job: dict[str, Any], state_of: dict[int, str], stuck: frozenset = frozenset(), now: Optional[float] = None
+    job: Job, state_of: dict[int, str], stuck: frozenset = frozenset(), now: Optional[float] = None
 ) -> Optional[Wait]:
     """Why a pending job cannot start yet, or None if its dependencies (and, given `now`, its
     --begin time) allow it to. `stuck` holds pending jobs known to be blocked for good, so that
@@ -111,26 +96,23 @@ def waiting_reason(
 
 def _clock(when: float, now: float) -> str:
     """`02:00`, or `Dec 3 02:00` when it is not within a day."""
-    from datetime import datetime
-
-    stamp = datetime.fromtimestamp(when)
-    return stamp.strftime("%H:%M" if when - now < 86400 else "%b %d %H:%M")
+    return time.strftime("%H:%M" if when - now < 86400 else "%b %d %H:%M", time.localtime(when))
 
 
-def next_begin(pending: list[dict[str, Any]], now: float) -> Optional[float]:
+def next_begin(pending: list[Job], now: float) -> Optional[float]:
     """The earliest --begin time still to come among pending jobs (the worker wakes for it)."""
     times = [parse_iso(job.begin_at) or 0.0 for job in pending if job.begin_at]
     future = [t for t in times if t > now]
     return min(future) if future else None
 
 
-def queue_order(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def queue_order(pending: list[Job]) -> list[Job]:
     """Urgent jobs first, then resumed continuations (`queue_front`), then higher priority, then
     by id (the order of `ls pending/`)."""
     return sorted(pending, key=queue_key)
 
 
-def queue_key(job: dict[str, Any]) -> tuple[bool, bool, int, int]:
+def queue_key(job: Job) -> tuple[bool, bool, int, int]:
     """A job's place in queue_order."""
     return (not job.urgent, not job.queue_front, -job.priority, job.id)
 
@@ -140,8 +122,8 @@ def preemption_victims(
     free_slots: list[Optional[str]],
     slots: list[Optional[str]],
     preempting: set[int],
-    continues: Callable[[dict[str, Any]], Any],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    continues: Callable[[Job], Any],
+) -> tuple[list[Job], list[Job]]:
     """Running jobs to preempt so that ready urgent jobs can start: one for each such job that
     neither a free slot nor a preemption already under way will serve, and the urgent jobs left
     without one. A victim must be able to continue (`continues(job)`: engine/schedule/victims.py), unless
@@ -168,14 +150,14 @@ def preemption_victims(
     return victims, unserved[len(victims) :]
 
 
-def may_preempt(job: dict[str, Any]) -> bool:
+def may_preempt(job: Job) -> bool:
     """Whether a pending job is a reason to preempt a running one: an urgent job that was never
     preempted itself. A job put back by a preemption goes first in line but takes no one's place,
     or two urgent jobs could take turns preempting each other."""
     return bool(job.urgent) and not job.preemptions
 
 
-def _victim_candidates(snapshot: QueueState, slots: list[Optional[str]], preempting: set[int]) -> list[dict[str, Any]]:
+def _victim_candidates(snapshot: QueueState, slots: list[Optional[str]], preempting: set[int]) -> list[Job]:
     return [
         j
         for j in snapshot.running
@@ -183,12 +165,12 @@ def _victim_candidates(snapshot: QueueState, slots: list[Optional[str]], preempt
     ]
 
 
-def victim_key(job: dict[str, Any]) -> tuple[int, float]:
+def victim_key(job: Job) -> tuple[int, float]:
     """Which running job an urgent job preempts first: the lowest priority, then the one started last."""
     return job.priority, -(parse_iso(job.started_at) or 0.0)
 
 
-def occupied_slots(running: list[dict[str, Any]], slots: list[Optional[str]]) -> set[Optional[str]]:
+def occupied_slots(running: list[Job], slots: list[Optional[str]]) -> set[Optional[str]]:
     """Slots taken by running jobs. A job with slot None (whole machine, or adopted) takes all."""
     taken: set[Optional[str]] = set()
     for job in running:

@@ -1,17 +1,15 @@
-"""Which running job an urgent job may preempt: one that can go on afterwards.
-
-Preempting a job that has no checkpoint, and saves none when stopped, throws its whole run away
-(hours, in real use). So an urgent job preempts only a job that can continue: one queued with
-`--preemptible` (it saves a checkpoint when told to stop) or one with a complete checkpoint of its
-own. When no running job can, the urgent job waits for a free slot, first in line, unless it was
-queued with `--urgent=force` (`"urgent": "force"` in its file), which takes one anyway.
+"""Which running job an urgent job may preempt: one that can go on afterwards, queued with
+`--preemptible` (it saves a checkpoint when told to stop) or with a complete checkpoint of its own;
+preempting any other throws its whole run away. When none can, the urgent job waits for a free slot,
+first in line, unless it is `--urgent=force` (`"urgent": "force"`), which takes one anyway.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
+from gpuq.core.job import Job
 from gpuq.core.states import URGENT_FORCE
 from gpuq.engine.schedule.scheduler import victim_key
 from gpuq.engine.tracking import checkpoints
@@ -19,13 +17,13 @@ from gpuq.engine.tracking import checkpoints
 NO_VICTIM = "no running job can be preempted without losing its progress (`--urgent=force` takes one anyway)"
 
 
-def forced(job: dict[str, Any]) -> bool:
+def forced(job: Job) -> bool:
     return job.urgent == URGENT_FORCE
 
 
-def how_it_continues(job: dict[str, Any]) -> Optional[str]:
-    """How a running job would go on after a preemption ("from checkpoint-400", "saves a
-    checkpoint when preempted"), or None when it would start over. Looks at its checkpoints."""
+def how_it_continues(job: Job) -> Optional[str]:
+    """How a running job would go on after a preemption ("from checkpoint-400", ...), or None when
+    it would start over."""
     if job.no_resume:
         return None
     found = checkpoints.latest_checkpoint(job)
@@ -36,9 +34,7 @@ def how_it_continues(job: dict[str, Any]) -> Optional[str]:
     return None
 
 
-def in_preference(
-    candidates: list[dict[str, Any]], force: bool, continues: Callable[[dict[str, Any]], Optional[str]]
-) -> list[dict[str, Any]]:
+def in_preference(candidates: list[Job], force: bool, continues: Callable[[Job], Optional[str]]) -> list[Job]:
     """The candidates an urgent job may preempt, best first: those that can continue, in the
     order given; with `force`, then the others."""
     able, others = [], []
@@ -47,21 +43,19 @@ def in_preference(
     return able + others if force else able
 
 
-def candidates(urgent: dict[str, Any], running: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The running jobs `urgent` may preempt, in the order they are chosen (lowest priority, then
-    started last): those with a process, neither urgent nor adopted. Where jobs hold GPUs, only
-    GPU jobs, and only for an urgent job that asks for a GPU: the CPU lane is not made room in."""
+def candidates(urgent: Job, running: list[Job]) -> list[Job]:
+    """The running jobs `urgent` may preempt, lowest priority (then started last) first: those with
+    a process, neither urgent nor adopted; where jobs hold GPUs, only GPU jobs, and only for an
+    urgent job that asks for a GPU (the CPU lane is not made room in)."""
     found = [j for j in running if j.pid and not j.urgent and not j.adopted]
     if any(j.gpus is not None for j in found):
         found = [j for j in found if j.gpus] if urgent.gpu_request != 0 else []
     return sorted(found, key=victim_key)
 
 
-def foreseen(urgent: dict[str, Any], running: list[dict[str, Any]]) -> str:
-    """What `gpuq add --urgent` tells the user will happen if no slot is free when a worker looks:
-    which running job it would preempt and how that job goes on, or that it waits. The worker
-    preempts the same job if nothing changed meanwhile (`candidates`, in the same order; only a
-    GPU that someone else's memory fills makes it pass over one)."""
+def foreseen(urgent: Job, running: list[Job]) -> str:
+    """What `gpuq add --urgent` says will happen if no slot is free when a worker looks: the running
+    job the worker would preempt (`candidates`, in the same order) and how it goes on, or that it waits."""
     choices = candidates(urgent, running)
     if not choices:
         return "urgent: first in line (nothing running that it could preempt)"
@@ -69,9 +63,9 @@ def foreseen(urgent: dict[str, Any], running: list[dict[str, Any]]) -> str:
     if chosen is None:
         first = choices[0]
         return (
-            f"urgent: first in line; {NO_VICTIM.split(' (')[0]} (#{first['id']} {first['name']} has no checkpoint "
+            f"urgent: first in line; {NO_VICTIM.split(' (')[0]} (#{first.id} {first.name} has no checkpoint "
             "and is not --preemptible), so it waits for a free slot; `--urgent=force` preempts one anyway"
         )
     how = how_it_continues(chosen)
     then = f"it continues {how}" if how else "it starts over (no checkpoint: --urgent=force)"
-    return f"urgent: if no slot is free, job #{chosen['id']} {chosen['name']} is preempted and resumed after; {then}"
+    return f"urgent: if no slot is free, job #{chosen.id} {chosen.name} is preempted and resumed after; {then}"

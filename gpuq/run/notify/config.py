@@ -15,6 +15,11 @@ from typing import Any
 
 from gpuq.core.job import is_url
 
+try:
+    import tomllib  # Python 3.11 and later
+except ImportError:  # pragma: no cover - Python 3.9 and 3.10: the tomli dependency
+    import tomli as tomllib  # type: ignore[no-redef]
+
 ENV = "GPUQ_NOTIFY"
 
 
@@ -41,10 +46,6 @@ def default_urls() -> list[str]:
 
 
 def _read_config(path: str) -> dict[str, Any]:
-    try:
-        import tomllib  # Python 3.11 and later
-    except ImportError:  # pragma: no cover - Python 3.9 and 3.10: the tomli dependency
-        import tomli as tomllib  # type: ignore[no-redef]
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)

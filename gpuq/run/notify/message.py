@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any, Optional
 
+from gpuq.core.job import Job
 from gpuq.core.states import DONE, FAILED, INTERRUPTED
 from gpuq.core.times import duration, parse_iso
 
@@ -25,25 +26,19 @@ def host() -> str:
     return os.uname().nodename
 
 
-def run_seconds(job: dict[str, Any], now: Optional[float] = None) -> Optional[float]:
-    """How long its last attempt ran (so far, for a running job)."""
-    start = parse_iso(job.get("started_at"))
-    if start is None:
-        return None
-    end = parse_iso(job.get("finished_at")) if job.get("finished_at") else None
-    return max(0.0, (end or (time.time() if now is None else now)) - start)
-
-
-def of_job(job: dict[str, Any], state: str, event: str = FINISHED, reason: Optional[str] = None) -> dict[str, Any]:
+def of_job(job: Job, state: str, event: str = FINISHED, reason: Optional[str] = None) -> dict[str, Any]:
     """The message of `event` for `job` in `state`; `reason`: what happened (default: the job's
     failure reason, or its exit code)."""
-    seconds = run_seconds(job) if event == FINISHED else run_seconds(dict(job, finished_at=None))
+    start = parse_iso(job.started_at)
+    # how long its last attempt ran (so far, for a running job)
+    end = (parse_iso(job.finished_at) if event == FINISHED and job.finished_at else None) or time.time()
+    seconds = None if start is None else max(0.0, end - start)
     if reason is None and event == FINISHED:
-        reason = job.get("reason") or (f"exit {job['exit_code']}" if job.get("exit_code") not in (None, 0) else None)
+        reason = job.reason or (f"exit {job.exit_code}" if job.exit_code not in (None, 0) else None)
     fields = {
         "event": event,
-        "id": job["id"],
-        "name": job["name"],
+        "id": job.id,
+        "name": job.name,
         "state": state,
         "reason": reason,
         "run_time": duration(seconds) or None,
@@ -51,8 +46,8 @@ def of_job(job: dict[str, Any], state: str, event: str = FINISHED, reason: Optio
         "host": host(),
     }
     what = state if event == FINISHED else _SAID.get(event, event)
-    title = f"gpuq: job #{job['id']} {what} on {fields['host']}"
-    lines = [f"{job['name']} (#{job['id']}): {state}"]
+    title = f"gpuq: job #{job.id} {what} on {fields['host']}"
+    lines = [f"{job.name} (#{job.id}): {state}"]
     lines += [
         f"{label}: {fields[key]}" for label, key in (("reason", "reason"), ("run time", "run_time")) if fields[key]
     ]

@@ -22,7 +22,7 @@ class QueueWatch:
         if result.busy or result.started:
             self.had_work = True
             return
-        if not self.had_work or result.startable_later or result.claim_busy or result.put_off:
+        if not self.had_work or result.startable_later or result.claim_busy:
             return  # more may start, or a job is being moved (a retry): not empty yet
         self.had_work = False
         urls = self.worker.settings.notify_urls

@@ -1,10 +1,8 @@
-"""Starting a sender for a message and not waiting for it: the process that saw an event (a job's
-supervisor, the worker) goes on at once, whatever the destinations do. The sender (sender.py) runs
-in a session of its own, bounds itself to GPUQ_NOTIFY_TIMEOUT seconds per destination, writes its
-failures into the log it is given, and says in its exit status which destinations failed: the next
-message of this process to the same log keeps quiet about them, and about the destinations of a
-sender still under way (a failure is logged once per destination). A sender that outlives this
-process is reaped by init.
+"""Starting a sender for a message (sender.py, in a session of its own) and not waiting for it: the
+process that saw the event goes on at once. The sender bounds itself to GPUQ_NOTIFY_TIMEOUT seconds
+per destination, writes its failures into the log it is given, and says in its exit status which
+destinations failed, so that this process's next message to the same log keeps quiet about them
+(and about those of a sender still under way): a destination that is down is said once.
 """
 
 from __future__ import annotations
@@ -16,6 +14,8 @@ import sys
 import time
 from importlib.util import find_spec
 from typing import Any
+
+from gpuq.system.extras import notify_missing
 
 TIMEOUT_ENV = "GPUQ_NOTIFY_TIMEOUT"  # seconds a destination may take
 DEFAULT_TIMEOUT = 10.0
@@ -47,8 +47,6 @@ def send(urls: list[str], message: dict[str, Any], log_fd: int, log: str, prefix
     try:
         if find_spec("apprise") is None:
             if log not in _said_missing:
-                from gpuq.system.extras import notify_missing  # only to say what to install
-
                 _said_missing.add(log)
                 os.write(log_fd, f"{prefix}{notify_missing()}\n".encode())
             return

@@ -14,7 +14,6 @@ from gpuq.core import failure, transitions
 from gpuq.core.states import FAILED, KILL_ACTIONS, PENDING, PREEMPT, PREEMPTED
 from gpuq.core.times import parse_iso
 from gpuq.engine.lifecycle import ending
-from gpuq.run.room import released
 from gpuq.run.supervisor.hostlimits import reached
 from gpuq.run.supervisor.lease import release
 from gpuq.run.supervisor.start import Run, log_line
@@ -36,10 +35,10 @@ def finish(
     ended_at: Optional[str] = None,
     recorded: Optional[dict[str, Any]] = None,
 ) -> int:
-    """Record how the attempt ended, move the job on and give up the claim. The end goes into the
-    blocks set aside at the start, so a disk the job filled cannot lose it; should even that fail,
-    it is noted in the claim's lock file and written as soon as there is room. `recorded`: the
-    job's process and this supervisor, for a job that ended before they were recorded."""
+    """Record how the attempt ended, move the job on and give up the claim. On a disk the job
+    filled, the move takes the spool's emergency room; should even that fail, the end is noted in
+    the claim's lock file and written as soon as there is room. `recorded`: the job's process and
+    this supervisor, for a job that ended before they were recorded."""
     spool, job = run.spool, run.job
     # Its processes are gone: its GPUs are free. Released before its end is recorded, so that the
     # worker, which starts the next job once this one leaves running/, never finds its lease there.
@@ -48,7 +47,7 @@ def finish(
     state, why = transitions.destination(job, exit_code, request, retry, run.timed_out, host_memory=reached(run.host))
     sig_name = signal.Signals(sig).name if sig else None
     if state == PREEMPTED:
-        why = None  # the preemption's record says it (engine/ending.attempt_end)
+        why = None  # the preemption's record says it (engine/lifecycle/ending.attempt_end)
     else:
         if exit_code != 0 and free_bytes(spool.home) < DISK_FULL_BYTES:
             why = f"{why or f'exit {exit_code}'}; {DISK_FULL_NOTE}"
@@ -68,9 +67,7 @@ def finish(
         run.log_fd, f"exit {exit_code}{f' ({sig_name})' if sig_name else ''} at {ended} after {elapsed:.1f}s -> {state}"
     )
     os.close(run.log_fd)
-    room = run.room[-1] if run.room else None
-    ending.record_end(spool, run.ref, job, state, changes, room=room, while_full=lambda: _note_end(run, state, changes))
-    released(run.room)
+    ending.record_end(spool, run.ref, job, state, changes, while_full=lambda: _note_end(run, state, changes))
     run.claim.release()
     return exit_code
 

@@ -1,16 +1,11 @@
-"""A job's host limits (`--mem`, `--cpus`: its `mem_mib` and `cpus`) kept while it runs (issue 31;
-spool_layout.md section 12a). The way is chosen when the job starts, the first that works here:
-1. a cgroup v2 of its own (system/cgroups.py): the kernel holds its memory (its OOM killer ends the
-   job's processes past it) and its CPU time;
-2. a scope of the user's systemd (`systemd-run --user --scope`), which does the same;
-3. the watch: this supervisor reads the PSS of the job's process tree every GPUQ_MEM_WATCH_SECONDS
-   (system/hostmem.py says why PSS) and, past `mem_mib`, stops the job as its time limit would
-   (run/supervisor/wait.py). CPUs are then counted (the worker's admission) and its threads set,
-   not capped.
-GPUQ_HOST_LIMITS=watch skips 1 and 2 (tests; a machine whose cgroups gpuq should leave alone).
-Whichever it is, it is recorded in the job's `host_limits_by`, and a job ended at its memory
-limit, by the watch or by the kernel inside its cgroup or scope, fails with "host memory limit of
-32G reached" rather than a bare exit 137.
+"""A job's host limits (`--mem`, `--cpus`) kept while it runs (spool_layout.md section 12a), the
+first way that works here: its own cgroup v2 (system/cgroups.py: the kernel holds its memory and CPU
+time), a scope of the user's systemd (`systemd-run --user --scope`, the same), else the watch: this
+supervisor reads the PSS of the job's process tree every GPUQ_MEM_WATCH_SECONDS (system/hostmem.py)
+and past `mem_mib` stops the job as its time limit would (its CPUs then counted by the worker's
+admission and its threads set, not capped). GPUQ_HOST_LIMITS=watch skips the first two. The way is
+recorded in `host_limits_by`; a job ended at its memory limit fails with "host memory limit of 32G
+reached" rather than a bare exit 137.
 """
 
 from __future__ import annotations
@@ -20,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from gpuq.core.job import Job
 from gpuq.engine.schedule.hostroom import size_text
 from gpuq.system import cgroups, hostmem
 
@@ -32,9 +28,7 @@ Say = Callable[[str], None]  # a line for the job's log
 
 
 @dataclass(eq=False)
-class Keeper:
-    """How one run's host limits are kept, and whether its memory limit ended it."""
-
+class Keeper:  # how one run's host limits are kept, and whether its memory limit ended it
     by: str  # CGROUP, SCOPE or WATCH
     mem_mib: Optional[int]
     cpus: Optional[int]
@@ -57,7 +51,7 @@ def watch_seconds() -> float:
     return value if 0 < value < float("inf") else DEFAULT_WATCH_SECONDS
 
 
-def keep(job: Any, say: Say) -> Optional[Keeper]:
+def keep(job: Job, say: Say) -> Optional[Keeper]:
     """The way this run's limits are kept (its cgroup made, if that is the way); None for a job
     that asks for neither memory nor CPUs. Why the kernel does not keep them is said in its log."""
     if not (job.mem_mib or job.cpus):
@@ -75,7 +69,7 @@ def keep(job: Any, say: Say) -> Optional[Keeper]:
     return Keeper(WATCH, job.mem_mib, job.cpus, period=watch_seconds())
 
 
-def _in_cgroup(job: Any, why: list[str]) -> Optional[Keeper]:
+def _in_cgroup(job: Job, why: list[str]) -> Optional[Keeper]:
     tree, not_here = cgroups.gpuq_tree()
     if tree is None:
         why.append(not_here)
@@ -89,7 +83,7 @@ def _in_cgroup(job: Any, why: list[str]) -> Optional[Keeper]:
     return Keeper(CGROUP, job.mem_mib, job.cpus, cgroup=path)
 
 
-def _in_scope(job: Any, why: list[str]) -> Optional[Keeper]:
+def _in_scope(job: Job, why: list[str]) -> Optional[Keeper]:
     usable, not_here = cgroups.user_scope()
     if not usable:
         why.append(not_here)
@@ -114,7 +108,7 @@ def entering(keeper: Optional[Keeper]) -> Optional[Callable[[], None]]:
     return lambda: cgroups.join(path)
 
 
-def add_variables(env: dict[str, str], job: Any, keeper: Optional[Keeper]) -> None:
+def add_variables(env: dict[str, str], job: Job, keeper: Optional[Keeper]) -> None:
     """OMP_NUM_THREADS and MKL_NUM_THREADS from `cpus`, unless the job's own env sets them (a
     variable of the shell that queued it is not the job's choice: it was set for the shell's
     machine). systemd-run needs the user's runtime directory to find its manager."""
@@ -126,7 +120,7 @@ def add_variables(env: dict[str, str], job: Any, keeper: Optional[Keeper]) -> No
         env.setdefault("XDG_RUNTIME_DIR", cgroups.runtime_dir())
 
 
-def recorded(keeper: Optional[Keeper], job: Any) -> dict[str, Any]:
+def recorded(keeper: Optional[Keeper], job: Job) -> dict[str, Any]:
     """What the job's file says of it from its start on: `host_limits_by` (spool_layout.md
     section 2); an earlier attempt's, cleared, for an attempt that asks for neither any more."""
     if keeper is None:
@@ -135,8 +129,8 @@ def recorded(keeper: Optional[Keeper], job: Any) -> dict[str, Any]:
 
 
 class MemoryWatch:
-    """The watch, looking beside the GPU sampler (if any) while the supervisor waits for the job:
-    `take_if_due` says True once the job's tree holds more than its limit."""
+    """The watch, driven as a sampler (run/supervisor/watch.py) and around one: `take_if_due` says
+    True once the job's tree holds more than its limit."""
 
     def __init__(self, keeper: Keeper, pid: int, inner: Optional[Any]):
         self.keeper, self.pid, self.inner = keeper, pid, inner

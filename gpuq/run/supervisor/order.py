@@ -1,9 +1,6 @@
 """What a supervisor is told: one typed message, the same for every start (spool_layout.md, section 6,
-"What a supervisor is told").
-
-The worker builds a `StartOrder` for each job it hands to a supervisor (run/worker.py, `_order`)
-and sends it, encoded as one JSON line, with the claim's descriptor (run/launcher.py). A supervisor
-that may hand its slot on gets further orders for the same slot over the same socket
+"What a supervisor is told"), sent as one JSON line with the claim's descriptor (run/launcher.py).
+A supervisor that may hand its slot on gets the orders of the jobs to follow over the same socket
 (run/successor.py): the slot's order with the named jobs' `id`, `rev` and `file` put in.
 """
 
@@ -11,9 +8,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-JOB_FIELDS = ("id", "rev", "file")  # what differs between two orders for the same slot
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _opt(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or check(value)
+
+
+_number = _opt(lambda v: _int(v) or isinstance(v, float))
+_text = _opt(lambda v: isinstance(v, str))
 
 
 @dataclass(frozen=True)
@@ -47,13 +54,12 @@ class StartOrder:
         if not isinstance(data, dict):
             raise ValueError("a start order is a JSON object")
         try:
-            order = cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+            given = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+            order = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
         except TypeError as exc:  # a field missing
             raise ValueError(f"bad start order: {exc}") from None
-        gpus = tuple(order.gpus) if isinstance(order.gpus, list) else order.gpus
-        urls = tuple(order.notify_urls) if isinstance(order.notify_urls, list) else order.notify_urls
-        order = replace(order, gpus=gpus, notify_urls=urls)
-        _check(order)
+        if not all(check(getattr(order, name)) for name, check in CHECKS.items()):
+            raise ValueError(f"bad start order: {order}")
         return order
 
     @classmethod
@@ -65,29 +71,17 @@ class StartOrder:
         return replace(self, id=job_id, rev=rev, file=file)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
-
-
-def _check(order: StartOrder) -> None:
-    ok = (
-        _is_int(order.id)
-        and (order.file is None or isinstance(order.file, str))
-        and (order.rev is None or _is_int(order.rev))
-        and (order.slot is None or isinstance(order.slot, str))
-        and (order.gpus is None or (isinstance(order.gpus, tuple) and all(map(_is_int, order.gpus))))
-        and isinstance(order.notify, bool)
-        and (order.on_finish is None or isinstance(order.on_finish, str))
-        and (order.max_log_bytes is None or _is_int(order.max_log_bytes))
-        and _is_number(order.default_time)
-        and _is_number(order.kill_grace)
-        and (order.foreign_threshold_mib is None or _is_int(order.foreign_threshold_mib))
-        and isinstance(order.notify_urls, tuple)
-        and all(isinstance(url, str) for url in order.notify_urls)
-    )
-    if not ok:
-        raise ValueError(f"bad start order: {order}")
+CHECKS: dict[str, Callable[[Any], bool]] = {
+    "id": _int,
+    "file": _text,
+    "rev": _opt(_int),
+    "slot": _text,
+    "gpus": _opt(lambda v: isinstance(v, tuple) and all(map(_int, v))),
+    "notify": lambda v: isinstance(v, bool),
+    "on_finish": _text,
+    "max_log_bytes": _opt(_int),
+    "default_time": _number,
+    "kill_grace": _number,
+    "foreign_threshold_mib": _opt(_int),
+    "notify_urls": lambda v: isinstance(v, tuple) and all(isinstance(url, str) for url in v),
+}

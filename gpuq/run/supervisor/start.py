@@ -10,23 +10,18 @@ import shlex
 import subprocess
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import Iterable, Optional
 
 from gpuq.core import schema, transitions
-from gpuq.core.job import ATTEMPT_HEADER
+from gpuq.core.job import ATTEMPT_HEADER, Job
 from gpuq.core.jobenv import add_job_variables
 from gpuq.core.states import RUNNING
 from gpuq.run import logcap
-from gpuq.run.room import RESERVE_MIN, released, room_for
 from gpuq.run.supervisor import hostlimits, lease
 from gpuq.run.supervisor.order import StartOrder
 from gpuq.spool import Claim, JobRef, Spool, SpoolFull
-from gpuq.spool.files import Reservation
-from gpuq.spool.store import encode
 from gpuq.system import gitinfo, procs
-
-if TYPE_CHECKING:
-    from gpuq.system.leases import Held
+from gpuq.system.leases import Held
 
 
 @dataclass(eq=False)
@@ -36,9 +31,8 @@ class Run:
     spool: Spool
     claim: Claim
     ref: JobRef
-    job: dict[str, Any]
+    job: Job
     order: StartOrder  # what the worker said: where it runs, the worker's settings
-    room: list[Reservation]  # blocks set aside: for recording the pid, then the end
     log_fd: int = -1
     timed_out: Optional[str] = None  # the time limit (as text) that stopped the run
     termed_at: Optional[float] = None  # when we sent the job's group SIGTERM (time.monotonic())
@@ -48,7 +42,8 @@ class Run:
     host: Optional[hostlimits.Keeper] = None  # how its --mem and --cpus are kept (run/supervisor/hostlimits.py)
 
 
-Started = tuple[Run, subprocess.Popen, Optional[Any]]  # a job under way: its run, process and log pump
+Pump = threading.Thread  # copies a capped log's pipe into the log (run/logcap.py)
+Started = tuple[Run, subprocess.Popen, Optional[Pump]]  # a job under way: its run, process and log pump
 
 
 LOG_PREFIX = "=== gpuq: "  # gpuq's own lines in a job's log; ATTEMPT_HEADER is the first of each attempt
@@ -61,19 +56,14 @@ def log_line(log_fd: int, text: str) -> None:
         pass  # a full disk: the log loses a line, the job file still records everything
 
 
-def begin(
-    spool: Spool, claim: Claim, order: StartOrder, ready: list[Reservation], replacing: Iterable[Held] = ()
-) -> Optional[Run]:
-    """pending -> running, with room set aside to record the job's pid and its end even if its
-    output fills the disk (`ready`, if big and fresh enough), and its GPUs leased (run/supervisor/
-    lease.py; `replacing`: the leases of the job before it in the slot, released once these are
-    taken). None (the claim given up, the job left as it is) when the job is gone, changed since it
-    was named, its GPUs were leased by someone else since, or there is no room to start it."""
-    room: list[Reservation] = list(ready)
+def begin(spool: Spool, claim: Claim, order: StartOrder, replacing: Iterable[Held] = ()) -> Optional[Run]:
+    """pending -> running, its GPUs leased first (run/supervisor/lease.py; `replacing`: the leases
+    of the job before it in the slot, released once these are taken). None (the claim given up,
+    the job left as it is) when the job is gone, changed since it was named, its GPUs were leased
+    by someone else since, or the disk has no room for the move."""
     leases: list[Held] = []
     ref = spool.jobs.pending_ref(claim.job_id, order.file)
     if ref is None:  # cancelled or already run by someone else since the worker looked
-        released(room)
         claim.release()
         return None
     try:
@@ -84,9 +74,6 @@ def begin(
             spool.jobs.remove(ref)
             raise FileNotFoundError(ref.name)
         leases = lease.take(str(spool.home), order, job, replacing)
-        room = room_for(spool, room, max(RESERVE_MIN, 2 * len(encode(job)) + 16384))
-        # The supervisor's own identity needs psutil (an import of several ms): it is recorded with
-        # the job's pid after the job has started, so the job does not wait for it.
         changes = transitions.start(
             job,
             slot=order.slot,
@@ -99,11 +86,10 @@ def begin(
         ref, job = spool.jobs.move(ref, job, RUNNING, changes, keep_old=True)  # pending/'s copy goes once it runs
     except (FileNotFoundError, schema.InvalidJob, SpoolFull, lease.GpusTaken):
         lease.release(leases)
-        released(room)
         claim.release()
         return None
     lease.release(replacing)  # the job before it has ended: these GPUs are held by the new leases now
-    run = Run(spool, claim, ref, job, order, room, queued=queued, leases=leases)
+    run = Run(spool, claim, ref, job, order, queued=queued, leases=leases)
     run.log_fd = spool.logs.open_job_log(job.id)
     slot = order.slot
     log_line(run.log_fd, f"{ATTEMPT_HEADER[len(LOG_PREFIX) :]}{job.id} {job.name} (attempt {job.attempts})")
@@ -115,7 +101,7 @@ def begin(
     return run
 
 
-def spawn(run: Run) -> tuple[subprocess.Popen, Optional[Any]]:
+def spawn(run: Run) -> tuple[subprocess.Popen, Optional[Pump]]:
     """Start the job in its own session, its output into its log (through a pipe and the cap's
     pump when the log is capped). OSError if it cannot start. Its pending/ copy goes once it runs."""
     job = run.job
@@ -157,7 +143,7 @@ def spawn(run: Run) -> tuple[subprocess.Popen, Optional[Any]]:
     return child, logcap.pump(read_fd, log)
 
 
-def job_environment(spool: Spool, job: dict[str, Any], slot: Optional[str]) -> dict[str, str]:
+def job_environment(spool: Spool, job: Job, slot: Optional[str]) -> dict[str, str]:
     """The environment of `gpuq add`'s shell (or the worker's, for hand-dropped jobs), the
     job's venv first on PATH, the job's own --env, and gpuq's variables."""
     env = dict(job.shell_env if job.shell_env is not None else os.environ)

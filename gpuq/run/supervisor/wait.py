@@ -16,12 +16,13 @@ from gpuq.core.states import PREEMPT
 from gpuq.core.times import parse_iso
 from gpuq.core.timespec import format_duration
 from gpuq.run.supervisor import hostlimits, watch
-from gpuq.run.supervisor.gpusample import Sampler
-from gpuq.run.supervisor.start import Run, log_line
-from gpuq.spool.files import Reservation
+from gpuq.run.supervisor.start import Pump, Run, log_line
+from gpuq.run.supervisor.watch import Sampler
+from gpuq.spool import SpoolFull
 from gpuq.system import procs
 
 PUMP_DRAIN_SECONDS = 2.0  # what is still in a capped log's pipe once the job has ended
+POLL_SECONDS = 0.05  # how often the job is looked at where its exit cannot be waited for with a pidfd
 _stopped = False  # someone stopped this supervisor (its job was told to stop too)
 _me: Optional[dict[str, Any]] = None  # this supervisor's identity, once known
 
@@ -31,17 +32,20 @@ def stopped() -> bool:
     return _stopped
 
 
-def record_process(run: Run, child: subprocess.Popen) -> tuple[dict[str, Any], list[Reservation]]:
+def record_process(run: Run, child: subprocess.Popen) -> dict[str, Any]:
     """The job's pid and this supervisor, recorded now if the job still runs, so that a crash of
-    ours leaves it findable. A job that has ended already (a short one): its pid goes with its end
-    record (returned, to be recorded then), and its room to the next job of the slot (returned)."""
+    ours leaves it findable. For a job that has ended already (a short one), or a disk too full to
+    record them, they are returned, to go with its end record."""
     ident = procs.identity(child.pid)  # before poll(): an ended child is still there, unreaped
     process = {"pid": child.pid, "pid_create_time": ident["create_time"], "supervisor": _identity()}
     process.update(hostlimits.recorded(run.host, run.job))
     if child.poll() is None:
-        run.job = run.spool.jobs.rewrite(run.ref, run.job, run.room.pop(0), **process)
-        return {}, []
-    return process, [run.room.pop(0)]
+        try:
+            run.job = run.spool.jobs.rewrite(run.ref, run.job, **process)
+            return {}
+        except SpoolFull:
+            pass
+    return process
 
 
 # While the job runs: a descriptor to watch beside it (the worker's line), and what to do when it
@@ -50,7 +54,7 @@ Listener = tuple[int, Callable[[], bool]]
 
 
 def wait_for_end(
-    run: Run, child: subprocess.Popen, pump: Optional[Any], listener: Optional[Listener] = None
+    run: Run, child: subprocess.Popen, pump: Optional[Pump], listener: Optional[Listener] = None
 ) -> tuple[int, Optional[int]]:
     """Wait for the job, end what is left of its group, drain its log: its exit code and the
     signal that ended it, if one did. `listener`: called whenever its descriptor is readable while
@@ -110,47 +114,34 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
 def _wait_until(
     child: subprocess.Popen, deadline: Optional[float], listener: Optional[Listener], sampler: Optional[Sampler]
 ) -> Optional[int]:
-    """The job's exit code once it ends, or None if it still runs at `deadline` (time.time();
-    None: no limit) or once the sampler says it must stop (the memory watch). With a listener or
-    a sampler, the job's exit is watched through a pidfd beside the listener's descriptor and the
-    sampler's next look (where there is none, the job is waited for in slices until the next look)."""
-    pidfd = _pidfd(child.pid) if listener is not None or sampler is not None else -1
-    if pidfd < 0:
-        return _wait_in_slices(child, deadline, sampler)
-    watched = [pidfd] if listener is None else [pidfd, listener[0]]
+    """The job's exit code once it ends, or None if it still runs at `deadline` (time.time(); None:
+    no limit) or once the sampler says it must stop (the memory watch). The job's exit is watched
+    through a pidfd beside the listener's descriptor, until the sampler's next look."""
+    pidfd = _pidfd(child.pid)
+    watched = [fd for fd in (pidfd, listener[0] if listener else -1) if fd >= 0]
     try:
-        while True:
+        while (code := child.poll()) is None:
             left = None if deadline is None else deadline - time.time()
             if left is not None and left <= 0:
-                return child.poll()
-            ready = select.select(watched, [], [], _until_sample(left, sampler))[0]
-            if pidfd in ready:
-                return child.wait()
-            if listener is not None and len(watched) > 1 and watched[1] in ready and not listener[1]():
-                del watched[1]  # the line is closed: only the job is left to wait for
+                return None
+            wait = (
+                left
+                if sampler is None
+                else sampler.seconds_left()
+                if left is None
+                else min(left, sampler.seconds_left())
+            )
+            if pidfd < 0:  # no pidfd (macOS, Linux before 5.3): look again in a moment
+                wait = POLL_SECONDS if wait is None else min(wait, POLL_SECONDS)
+            ready = select.select(watched, [], [], wait)[0]
+            if listener is not None and listener[0] in ready and not listener[1]():
+                watched.remove(listener[0])  # the line is closed: only the job is left to wait for
             if sampler is not None and sampler.take_if_due():  # the memory watch: past the job's --mem
                 return child.poll()
+        return code
     finally:
-        os.close(pidfd)
-
-
-def _wait_in_slices(child: subprocess.Popen, deadline: Optional[float], sampler: Optional[Sampler]) -> Optional[int]:
-    while True:
-        left = None if deadline is None else max(0.0, deadline - time.time())
-        try:
-            return child.wait(timeout=_until_sample(left, sampler))
-        except subprocess.TimeoutExpired:
-            if deadline is not None and time.time() >= deadline:
-                return None
-        if sampler is not None and sampler.take_if_due():  # the memory watch: past the job's --mem
-            return child.poll()
-
-
-def _until_sample(left: Optional[float], sampler: Optional[Sampler]) -> Optional[float]:
-    """How long to wait: until the deadline (`left` seconds; None: none) or the next GPU sample."""
-    if sampler is None:
-        return left
-    return sampler.seconds_left() if left is None else min(left, sampler.seconds_left())
+        if pidfd >= 0:
+            os.close(pidfd)
 
 
 def _pidfd(pid: int) -> int:
@@ -188,6 +179,6 @@ def _end_leftovers(run: Run, pgid: int) -> None:
 def _identity() -> dict[str, Any]:
     """This supervisor's identity (it does not change from one job of its slot to the next)."""
     global _me
-    if _me is None or _me["pid"] != os.getpid():  # (a spare is a fork: never its zygote's)
+    if _me is None:
         _me = procs.identity(os.getpid())
     return _me

@@ -1,35 +1,71 @@
-"""What a supervisor watches while its job runs, besides the job's exit and time limit: the GPU
-sampler (gpusample.py) and, for a job whose events someone listens to (`--notify`, `--notify URL`,
-`--on-finish`, its own or the worker's), whether it is stuck:
+"""What a supervisor watches while its job runs, besides the job's exit and time limit:
 
-- its GPU sat idle (below 10%) longer than GPUQ_GPU_IDLE_MINUTES, as the sampler's record says (the
-  flag `status` shows): GPU_IDLE, once per idle episode of each GPU (a new one begins after a busy
-  sample);
-- its progress did not move for GPUQ_STUCK_MINUTES (default 60; 0: never): its log gained no line
-  of its own (what it gained since the last look is read, up to 64 KiB) and its progress file did
-  not change size or time: STUCK, once until the job writes again.
+- a GPU job's GPUs, sampled every GPUQ_GPU_SAMPLE_SECONDS into the attempt's record
+  (engine/tracking/gpuuse.py); a CPU job, or a machine without GPUs, has no sampler;
+- for a job whose events someone listens to (`--notify`, `--notify URL`, `--on-finish`, its own or
+  the worker's), whether it is stuck: its GPU idle (below 10%) longer than GPUQ_GPU_IDLE_MINUTES
+  (GPU_IDLE, once per idle episode of each GPU), or its log and progress file unchanged for
+  GPUQ_STUCK_MINUTES (default 60; 0: never; STUCK, once until the job writes again). gpuq's own
+  lines in the log do not count as the job's.
 
-Each event goes to run/hooks.during_run, which does not wait for the messages it sends.
+Each event goes to run/hooks.during_run, which does not wait for the messages it sends. A watch
+is driven by the wait (run/supervisor/wait.py): `seconds_left` until something is due, `take_if_due`.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from typing import Any, Optional, Union
 
+from gpuq.core.times import parse_iso
 from gpuq.engine.tracking import gpuuse
 from gpuq.run import hooks
 from gpuq.run.notify.message import GPU_IDLE, STUCK
-from gpuq.run.supervisor import gpusample
-from gpuq.run.supervisor.gpusample import Sampler
 from gpuq.run.supervisor.start import LOG_PREFIX, Run, log_line
+from gpuq.system import gpus
 
 STUCK_ENV = "GPUQ_STUCK_MINUTES"
 DEFAULT_STUCK_MINUTES = 60.0
 MAX_LOOK_SECONDS = 60.0  # how often progress is looked at, at most (a quarter of the limit below that)
 READ_AT_MOST = 65536  # bytes of what the log gained read per look: more than that is the job's own
 PREFIX = LOG_PREFIX.encode()
+
+
+class Sampler:
+    """A GPU job's samples of its GPUs, added to the attempt's record (earlier attempts' stay)."""
+
+    def __init__(self, run: Run, held: tuple[int, ...]):
+        self.run, self.held = run, list(held)
+        self.period = gpuuse.sample_seconds()
+        started = parse_iso(run.job.started_at) or time.time()
+        self.record = run.spool.reports.read_gpu_use(run.job.id)
+        attempts = self.record.get("attempts")
+        self.record["attempts"] = attempts = attempts if isinstance(attempts, dict) else {}
+        self.attempt = attempts[str(run.job.attempts)] = gpuuse.new_attempt(self.held, started)
+        self.due = started + self.period
+        self.failed = False
+
+    def seconds_left(self) -> float:
+        return max(0.0, self.due - time.time())
+
+    def take_if_due(self) -> bool:
+        now = time.time()
+        if now < self.due:
+            return False
+        self.due = now + self.period
+        try:
+            by_index = {gpu.index: gpu for gpu in gpus.look().gpus}
+            seen = [by_index.get(index) for index in self.held]
+            utils = [None if gpu is None else gpu.utilization_gpu for gpu in seen]
+            mems = [None if gpu is None else gpu.memory_used_mib for gpu in seen]
+            gpuuse.add_sample(self.attempt, now, utils, mems)
+            self.run.spool.reports.write_gpu_use(self.run.job.id, self.record)
+        except Exception as exc:  # noqa: BLE001 - figures only: the wait for the job must not end for this
+            if not self.failed:
+                log_line(self.run.log_fd, f"GPU utilisation not recorded: {exc}")
+            self.failed = True
+        return False
 
 
 def stuck_seconds() -> float:
@@ -42,8 +78,7 @@ def stuck_seconds() -> float:
 
 
 class Watch:
-    """The sampler (if any) and the stuck checks, as wait.py calls a sampler: `seconds_left`
-    until something is due, `take_if_due`."""
+    """The sampler (if any) and the stuck checks, driven as a sampler is."""
 
     def __init__(self, run: Run, sampler: Optional[Sampler]) -> None:
         self.run, self.sampler = run, sampler
@@ -62,19 +97,19 @@ class Watch:
         left = max(0.0, self.due - time.monotonic())
         return left if self.sampler is None else min(left, self.sampler.seconds_left())
 
-    def take_if_due(self) -> None:
+    def take_if_due(self) -> bool:
         if self.sampler is not None:
             self.sampler.take_if_due()
-            self._check_idle()
+            self._check_idle(self.sampler)
         now = time.monotonic()
         if now >= self.due:
             self.due = now + self.period
             self._check_stuck(now)
+        return False
 
-    def _check_idle(self) -> None:
-        assert self.sampler is not None
-        attempt = self.sampler.attempt
-        for gpu, seconds in gpuuse.idle_now(self.sampler.record, self.run.job["attempts"], self.idle_limit):
+    def _check_idle(self, sampler: Sampler) -> None:
+        attempt = sampler.attempt
+        for gpu, seconds in gpuuse.idle_now(sampler.record, self.run.job.attempts, self.idle_limit):
             since = attempt["idle_since"][attempt["gpus"].index(gpu)]
             if self.idle_said.get(gpu) != since:
                 self.idle_said[gpu] = since
@@ -89,11 +124,10 @@ class Watch:
             self._event(STUCK, f"no progress for {minutes:.0f} min (its log and progress file did not change)")
 
     def _moved(self) -> bool:
-        """Whether the job wrote to its log (gpuq's own lines there do not count: an event's, a
-        failed message's) or its progress file since the last look."""
+        """Whether the job wrote to its log (lines of its own) or its progress file since the last look."""
         try:
-            progress = os.stat(self.progress_path())
-            mark = (progress.st_size, progress.st_mtime_ns)
+            progress = os.stat(self.run.spool.reports.progress_path(self.run.job.id))
+            mark: Optional[tuple[int, int]] = (progress.st_size, progress.st_mtime_ns)
         except OSError:
             mark = None
         moved, self.progress_mark = mark != self.progress_mark, mark
@@ -107,9 +141,6 @@ class Watch:
         self.log_size = size
         return moved or jobs_own
 
-    def progress_path(self) -> str:
-        return self.run.spool.reports.progress_path(self.run.job["id"])
-
     def _event(self, event: str, reason: str) -> None:
         log_line(self.run.log_fd, f"{event.replace('_', ' ')}: {reason}")
         try:
@@ -118,11 +149,11 @@ class Watch:
             log_line(self.run.log_fd, f"could not tell of it: {exc!r}")
 
 
-def for_run(run: Run) -> Optional[Watch | Sampler]:
+def for_run(run: Run) -> Optional[Union[Watch, Sampler]]:
     """What to watch while `run`'s job runs: its GPU sampler alone (or nothing, for a CPU job),
     unless someone listens to its events."""
-    sampler = gpusample.for_run(run)
+    held: Any = run.order.gpus
+    sampler = Sampler(run, tuple(held)) if held else None
     job, order = run.job, run.order
-    listened = job.get("notify") or job.get("notify_urls") or job.get("on_finish")
-    listened = listened or order.notify or order.notify_urls or order.on_finish
+    listened = job.notify or job.notify_urls or job.on_finish or order.notify or order.notify_urls or order.on_finish
     return Watch(run, sampler) if listened else sampler
