@@ -79,7 +79,7 @@ def _job(first: int, job_id: int, variant: enqueue.Variant, fields: dict[str, An
     """The job `add` would publish as `job_id` (`first`: the id of the first job of the `add`), as
     `enqueue_many` makes it, less its log's path and its code's copy (`--snapshot` copies the
     repository only when it queues the job: `snapshot_of` names it)."""
-    options = {**fields["options"], **variant.options, "snapshot": None}
+    options = {**fields["options"], **(variant.options or {}), "snapshot": None}
     if options.get("sweep") is not None:
         options["sweep"] = dict(options["sweep"], id=first)  # a sweep is named by its first job's id
     return schema.new_job(
