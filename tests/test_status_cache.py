@@ -36,7 +36,6 @@ def test_cached_rows_are_the_rows_of_the_files(gq: Env) -> None:
     spool.cache.write("finished-rows", b"an older gpuq's cache")
     first = gq.gpuq("status", "-a").stdout
     assert (gq.home / "cache" / "finished-view").is_file()
-    assert (gq.home / "cache" / "finished-table").is_file()  # the rows' text, kept by the CLI
     assert not (gq.home / "cache" / "finished-rows").exists()  # no longer read: not left behind
     assert gq.gpuq("status", "-a").stdout == first  # now from the cache
     assert first.count("exp/run-") == 30 and first.count("exit=3") == 6
@@ -72,7 +71,7 @@ def test_a_trusted_directory_signature_still_sees_later_changes(gq: Env) -> None
 def test_a_damaged_cache_is_rebuilt(gq: Env) -> None:
     spool = _many(gq, 15)
     first = gq.gpuq("status", "-a").stdout
-    for name in ("finished-view", "finished-index", "finished-table"):
+    for name in ("finished-view", "finished-index"):
         spool.cache.write(name, b"\x00not marshal at all")
         proc = gq.gpuq("status", "-a")
         assert proc.stdout == first and proc.stderr == ""
@@ -300,11 +299,7 @@ def test_the_block_of_finished_lines_is_the_table_the_columns_give() -> None:
     stopped = [CachedRow(5, "interrupted", ("h", "x.py", "", "")), CachedRow(20, "preempted", ("h2", "x.py", "", ""))]
     for rows in ([], [narrow], [narrow, wide], [narrow, *stopped]):
         whole = render.status_table(sorted(rows + finished, key=lambda r: (r.state not in render.IN_LINE, r.job["id"])))
-        for with_block in (True, False):
-            block = render.finished_block(made) if with_block else None
-            lines = render.status_table(rows, now=0.0, finished=made, block=block)
-            assert "\n".join(lines).split("\n") == whole, (rows, with_block)
-            assert ("\n" in lines[-1]) == (with_block and len(rows) < 2)  # the block, as it was cached
+        assert render.status_table(rows, now=0.0, finished=made) == whole, rows
 
 
 def test_status_resolves_a_copy_left_in_another_state_with_the_finished_listing(gq: Env) -> None:

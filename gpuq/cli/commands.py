@@ -133,7 +133,7 @@ SLURM = Command(
 
 STATUS = Command(
     "status",
-    handler="cmd_view:cmd_status",
+    handler="cmd_status:cmd_status",
     help="show the queue",
     options=(
         Opt("-a", "--all", kind=FLAG, help="every finished job, not only the recent ones"),
@@ -352,7 +352,7 @@ COMMANDS = (
     ),
     Command(
         "eta",
-        handler="cmd_view:cmd_eta",
+        handler="cmd_status:cmd_eta",
         help="progress and expected end of running jobs, expected start of pending ones",
         id_states=ACTIVE,
         options=(Opt("id", convert=positive_id, nargs="?", help="one job (default: every running and pending job)"),),

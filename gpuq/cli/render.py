@@ -7,6 +7,7 @@ import unicodedata
 from bisect import bisect_left
 from itertools import repeat
 from operator import getitem
+from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
@@ -17,10 +18,6 @@ from gpuq.system import security
 
 IN_LINE = (RUNNING, PENDING, HELD)  # rows shown first, by id (engine/views/status.py's order)
 NOTE_SHOWN = tuple(state.name for state in TABLE if state.shows_note)  # the states whose Info ends with the note
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional
 
 SYMBOLS = {state.name: state.glyph for state in TABLE}  # a dict: `status -a` maps it over every row
 
@@ -44,10 +41,9 @@ _WIDTHS: dict[str, int] = {}
 HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
 
 
-def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = None, block: Any = None) -> list[str]:
+def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = None) -> list[str]:
     """The table of `rows`, and of `finished` (spool/cache/finished.py's FinishedRows: finished
-    rows in id order) merged in by id after the running, pending and held rows. Given `block`, the
-    finished_block of `finished`, its lines may come as it is: one string, last in the list."""
+    rows in id order) merged in by id after the running, pending and held rows."""
     now = time.time() if now is None else now
     columns: list[list[str]] = [[title] for title in HEADER]
     tail: list[Any] = []  # rows after those in line, which merge with `finished`
@@ -56,38 +52,23 @@ def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = N
             tail.append(row)
             continue
         _add(columns, row, now)
-    block = block if finished is not None and not tail else None
-    if block is not None:
-        widths, lines = _table(columns, block[0])
-        if widths == list(block[0]):  # no running or pending row wider than the finished ones
-            return lines + [block[1]] if block[1] else lines
     if finished is not None:
         _merge_finished(columns, tail, finished, now)
-    return _table(columns)[1]
+    return _table(columns)
 
 
-def finished_block(finished: Any) -> tuple[tuple[int, ...], str]:
-    """A FinishedRows' rows as the lines of a table of them alone, and that table's widths."""
-    columns: list[list[str]] = [[title] for title in HEADER]
-    _merge_finished(columns, [], finished, 0.0)
-    widths, lines = _table(columns)
-    return tuple(widths), "\n".join(lines[2:])
-
-
-def _table(columns: list[list[str]], at_least: Optional[tuple[int, ...]] = None) -> tuple[list[int], list[str]]:
-    """(widths, lines) of a table given as columns whose first cells are the header's. Column by
+def _table(columns: list[list[str]]) -> list[str]:
+    """The lines of a table given as columns whose first cells are the header's. Column by
     column, with maps rather than a Python step per row: `status -a` shows 100,000 rows."""
     ascii_columns = ["".join(column).isascii() for column in columns[:5]]
     widths = [_column_width(column, plain) for column, plain in zip(columns[:5], ascii_columns)]
-    if at_least is not None:
-        widths = list(map(max, widths, at_least))
     padded = [
         _padded(column, w, right, plain)
         for column, w, right, plain in zip(columns, widths, (True, False, False, False, True), ascii_columns)
     ]
     lines = list(map(str.rstrip, map("  ".join, zip(*padded, columns[5]))))
     lines.insert(1, "─" * (sum(widths) + 14))
-    return widths, lines
+    return lines
 
 
 def _column_width(column: list[str], plain: bool) -> int:

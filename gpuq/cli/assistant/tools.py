@@ -18,14 +18,14 @@ from typing import Annotated, Any, Callable, Optional
 
 from pydantic import Field
 
-from gpuq.cli import cmd_history, cmd_view
+from gpuq.cli import cmd_history, cmd_status, cmd_view
 from gpuq.cli.assistant import changes
 from gpuq.cli.commands import COMMANDS
 from gpuq.cli.common import spool
 from gpuq.core.errors import UsageError
 from gpuq.engine.lifecycle import actions, edit
 from gpuq.engine.schedule import gpuview
-from gpuq.engine.views import history
+from gpuq.engine.views import finished_index, history
 from gpuq.engine.views.card import not_started
 from gpuq.engine.views.status import status
 
@@ -87,7 +87,7 @@ class Tool:
 
 def queue(all: Annotated[bool, Field(description="every finished job, not only the newest (as -a)")] = False) -> Any:
     sp = spool()
-    return [cmd_view.json_row(row) for row in status(sp, show_all=all).rows]
+    return [cmd_status.json_row(row) for row in status(sp, show_all=all).rows]
 
 
 def job(
@@ -125,7 +125,7 @@ def eta(id: Annotated[Optional[int], Field(description="one job (default: every 
     if id is not None:
         actions.get(sp, id)  # "no such job #N"
     fields = ("id", "name", "state", "progress", "eta_seconds", "starts_in_seconds", "eta_method", "progress_source")
-    rows = [cmd_view.json_row(r) for r in status(sp).rows if r.estimate is not None]
+    rows = [cmd_status.json_row(r) for r in status(sp).rows if r.estimate is not None]
     return [{k: row[k] for k in fields} for row in rows if id is None or row["id"] == id]
 
 
@@ -143,7 +143,7 @@ def history_groups(
         start = history.parse_since(since, time.time()) if since else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    groups = cmd_history.history_groups(cmd_history.history_jobs(start), start, by)
+    groups = cmd_history.history_groups(finished_index.history_records(spool()), start, by)
     return history.to_json(groups)
 
 
