@@ -76,14 +76,6 @@ def _snapshot_env(snap: dict[str, Any], env: dict[str, str], shell_env: Optional
     return {"PYTHONPATH": snap["cwd"] + (os.pathsep + before if before else ""), "GPUQ_SNAPSHOT": snap["path"]}
 
 
-def _own(common: Optional[dict[str, Any]], own: dict[str, Any], first: int) -> dict[str, Any]:
-    """A variant's fields: a sweep is named by the id of its first job."""
-    out = {**(common or {}), **own}
-    if out.get("sweep") is not None:
-        out["sweep"] = dict(out["sweep"], id=first)
-    return out
-
-
 class Variant(NamedTuple):
     """One job of an `add`: its command, name and fields of its own (a sweep has several)."""
 
@@ -98,13 +90,44 @@ def enqueue(spool: Spool, *, cmd: list[str], **common: Any) -> tuple[JobRef, Job
 
 
 def enqueue_many(
-    spool: Spool,
+    spool: Spool, variants: list[Variant], *, cwd: Union[str, os.PathLike], state: str = PENDING, **common: Any
+) -> list[tuple[JobRef, Job]]:
+    """Publish one job per variant (`common`: new_jobs' fields), with consecutive ids, durably, in
+    `state` (pending/, or held/ for `add --hold`). All or nothing: should one fail (a full disk),
+    those published are removed."""
+    if not os.path.isdir(cwd):
+        raise EnqueueError(f"directory not found: {cwd}")
+    missing = missing_jobs(spool, common["after"] + common["after_any"])
+    if missing:
+        raise NoSuchDependency(f"--after: no such job {missing}")
+    first = spool.ids.allocate(count=len(variants))
+    cwd, options, env = os.fspath(cwd), common.pop("options", None) or {}, common.pop("env")
+    if options.get("snapshot"):
+        snap = _snapshot(spool, first, list(range(first, first + len(variants))), options["snapshot"]["repo"], cwd)
+        options = dict(options, snapshot=snap)
+        env = dict(env, **_snapshot_env(snap, env, common["shell_env"]))
+        variants = [variant._replace(cmd=_snapshot_cmd(variant.cmd, cwd, snap)) for variant in variants]
+    published: list[tuple[JobRef, Job]] = []
+    try:
+        log = spool.layout.log_path
+        for job in new_jobs(first, variants, cwd=cwd, options=options, env=env, log=lambda i: str(log(i)), **common):
+            published.append((spool.jobs.publish(job, state), job))
+    except BaseException:
+        for ref, _job in published:
+            spool.jobs.remove(ref)
+        raise
+    spool.files.keep_emergency_room()  # a stat, unless the room was used up: then made again if it fits
+    return published
+
+
+def new_jobs(
+    first: int,
     variants: list[Variant],
     *,
-    cwd: Union[str, os.PathLike],
+    cwd: str,
     venv: Optional[str],
     env: dict[str, str],
-    shell_env: Optional[Mapping[str, str]],
+    shell_env: Optional[dict[str, str]],
     after: list[int],
     after_any: list[int],
     retries: int,
@@ -112,32 +135,21 @@ def enqueue_many(
     source: str = SOURCE_CLI,
     options: Optional[dict[str, Any]] = None,
     umask: Optional[int] = None,
-    state: str = PENDING,
-) -> list[tuple[JobRef, Job]]:
-    """Publish one job per variant, with consecutive ids, durably, in `state` (pending/, or held/
-    for `add --hold`). All or nothing: should one fail (a full disk), those published are removed."""
-    if not os.path.isdir(cwd):
-        raise EnqueueError(f"directory not found: {cwd}")
-    missing = missing_jobs(spool, after + after_any)
-    if missing:
-        raise NoSuchDependency(f"--after: no such job {missing}")
-    first = spool.ids.allocate(count=len(variants))
-    ids = list(range(first, first + len(variants)))
-    cwd = os.fspath(cwd)
-    if (options or {}).get("snapshot"):
-        options = dict(options or {})
-        options["snapshot"] = snap = _snapshot(spool, first, ids, options["snapshot"]["repo"], cwd)
-        env = dict(env, **_snapshot_env(snap, env, shell_env))
-        variants = [variant._replace(cmd=_snapshot_cmd(variant.cmd, cwd, snap)) for variant in variants]
-    published: list[tuple[JobRef, Job]] = []
-    try:
-        for job_id, variant in enumerate(variants, first):
-            job = schema.new_job(
+    log: Callable[[int], str] = lambda _job_id: "",
+) -> list[Job]:
+    """The jobs of `variants`, with ids from `first` (a sweep is named by its first job's id)."""
+    jobs = []
+    for job_id, variant in enumerate(variants, first):
+        own = {**(options or {}), **(variant.options or {})}
+        if own.get("sweep") is not None:
+            own["sweep"] = dict(own["sweep"], id=first)
+        jobs.append(
+            schema.new_job(
                 job_id=job_id,
                 name=variant.name or default_name(cwd, variant.cmd),
                 cmd=variant.cmd,
                 cwd=cwd,
-                log=str(spool.layout.log_path(job_id)),
+                log=log(job_id),
                 env=env,
                 shell_env=shell_env,
                 venv=venv,
@@ -146,16 +158,11 @@ def enqueue_many(
                 retries=retries,
                 priority=priority,
                 source=source,
-                options=_own(options, variant.options or {}, first),
+                options=own,
                 umask=umask,
             )
-            published.append((spool.jobs.publish(job, state), job))
-    except BaseException:
-        for ref, _job in published:
-            spool.jobs.remove(ref)
-        raise
-    spool.files.keep_emergency_room()  # a stat, unless the room was used up: then made again if it fits
-    return published
+        )
+    return jobs
 
 
 # ---- `gpuq add` ------------------------------------------------------------------------------
@@ -299,13 +306,22 @@ def _notify_urls(urls: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(urls))
 
 
-def publish(spool: Spool, prepared: Prepared) -> list[tuple[JobRef, Job]]:
-    """Queue the prepared jobs (see enqueue_many); refused if this machine can never run them."""
+def check(spool: Spool, prepared: Prepared, views: Any = None, gpus: bool = True) -> None:
+    """The refusals that come before anything is written: a job this machine can never start
+    (its GPUs as the workers' `views` say them, else as they are), a dependency that is no job."""
     options = prepared.fields["options"]
-    if options["gpu_request"] > 1 or options["gpu_mem_mib"] is not None:  # only then are the GPUs looked at
-        problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"])
+    if gpus and (options["gpu_request"] > 1 or options["gpu_mem_mib"] is not None):
+        problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"], views)
         if problem:
             raise UsageError(f"{problem}: this job could never start")
+    missing = missing_jobs(spool, prepared.fields["after"] + prepared.fields["after_any"])
+    if missing:
+        raise NoSuchDependency(f"--after: no such job {missing}")
+
+
+def publish(spool: Spool, prepared: Prepared) -> list[tuple[JobRef, Job]]:
+    """Queue the prepared jobs (see enqueue_many), once `check` finds nothing to refuse."""
+    check(spool, prepared)
     return enqueue_many(spool, prepared.variants, **prepared.fields)
 
 
