@@ -16,9 +16,9 @@ from typing import Any, Callable, Optional
 
 from gpuq.cli.common import job_ids, say_refused, spool
 from gpuq.core.errors import GpuqError, Refused, UsageError
-from gpuq.core.states import CANCELLED, FINISHED, INTERRUPTED, PREEMPTED, RUNNING
+from gpuq.core.states import CANCELLED, INTERRUPTED, PREEMPTED, RUNNING
 from gpuq.core.words import ids_text, plural
-from gpuq.engine.lifecycle import actions, clearing, edit, repairs, requests
+from gpuq.engine.lifecycle import actions, edit, repairs, requests
 from gpuq.engine.lifecycle.requests import Done
 from gpuq.system.procs import KILL_GRACE_SECONDS
 
@@ -194,7 +194,8 @@ def _in_editor(fields: dict[str, Any], job_id: int) -> dict[str, Any]:
 
 def cmd_clear(args: argparse.Namespace) -> int:
     sp = spool()
-    chosen = clearing.select(sp, tuple(dict.fromkeys(args.state)) or FINISHED, args.older_than)
+    request = requests.Clear(states=args.state, older_than=args.older_than, logs_only=args.logs)
+    chosen = request.select(sp)
     what = "the logs of " if args.logs else ""
     counts = ", ".join(f"{n} {state}" for state, n in chosen.counts().items())
     if chosen.refs:  # what it will do, before it does it
@@ -212,7 +213,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
     if not args.yes and sys.stdin.isatty() and input("Go ahead? [y/N] ").strip().lower() not in ("y", "yes"):
         print("nothing removed")
         return 0
-    report = clearing.clear(sp, chosen, logs_only=args.logs)
+    report = request.run(sp, chosen)
     freed = f"{report.freed_bytes / (1 << 20):.1f} MiB"
     if args.logs:
         print(f"dropped the logs of {plural(len(report.logs_dropped), 'finished job')}, freeing {freed}")

@@ -326,14 +326,7 @@ COMMANDS = (
         id_states=(INTERRUPTED,),
         options=(
             Opt("--all", kind=FLAG, group="which", help="recover every interrupted job"),
-            Opt(
-                "--jobs",
-                convert=job_ids,
-                nargs="+",
-                metavar="ID",
-                group="which",
-                help="recover these jobs (3-7 too)",
-            ),
+            Opt("--jobs", convert=job_ids, nargs="+", metavar="ID", group="which", help="recover these jobs (3-7 too)"),
             Opt("--from-scratch", kind=FLAG, help="start them over, ignoring their checkpoints"),
         ),
     ),
@@ -388,11 +381,7 @@ COMMANDS = (
         handler="cmd_tools:cmd_skill",
         help="the assistant skill: show it, or install it for Claude Code",
         options=(
-            Opt(
-                "action",
-                choices=("show", "install"),
-                help="show: print it; install: copy it for Claude Code",
-            ),
+            Opt("action", choices=("show", "install"), help="show: print it; install: copy it for Claude Code"),
             Opt("--dest", metavar="DIR", help="where to install it (default: ~/.claude/commands)"),
             Opt("--force", kind=FLAG, help="replace a copy you changed (yours is kept as .bak)"),
         ),
@@ -423,9 +412,7 @@ COMMANDS = (
         options=(Opt("shell", choices=("bash", "zsh")),),
     ),
     Command(  # job ids for shell completion; not a command for people
-        "_ids",
-        handler="common:cmd_ids",
-        options=(Opt("--state", convert=state_names, help=HIDDEN),),
+        "_ids", handler="common:cmd_ids", options=(Opt("--state", convert=state_names, help=HIDDEN),)
     ),
     Command(
         "demo",

@@ -41,39 +41,28 @@ class NoSuchDependency(Refused):
     """--after names a job that does not exist."""
 
 
-def _snapshot(spool: Spool, first: int, ids: list[int], repo: str, cwd: str) -> dict[str, Any]:
-    """Copy the repository's tracked files now (`add --snapshot`): the jobs run this code."""
+def _snapshot(spool: Spool, ids: list[int], repo: str, cwd: str, variants: list[Variant]) -> tuple[dict, list[Variant]]:
+    """`add --snapshot`: the repository's tracked files copied now, and the jobs pointed at the copy:
+    every argument that names a file of it (the script, a config). They run in their own
+    directory, with its data and outputs, but the code they were queued with."""
     from gpuq.system import gitinfo  # git: only inside a repository
 
     try:
-        info = spool.snapshots.create(first, ids, lambda dest: gitinfo.snapshot(repo, dest))
+        info = spool.snapshots.create(ids[0], ids, lambda dest: gitinfo.snapshot(repo, dest))
         here = gitinfo.snapshot_cwd(cwd, repo, info["path"])
     except ValueError as exc:
         raise EnqueueError(f"--snapshot: {exc}") from None
-    keep = ("path", "files", "bytes", "commit")
-    return {**{k: info[k] for k in keep}, "repo": repo, "cwd": here}
+    real = os.path.realpath(repo)
 
-
-def _snapshot_cmd(cmd: list[str], cwd: str, snap: dict[str, Any]) -> list[str]:
-    """The command with every argument that names a file of the repository (the script, a config)
-    pointing at its copy: the job runs in its own directory, with its data and outputs, but the
-    code it was queued with."""
-    repo = os.path.realpath(snap["repo"])
-    out = []
-    for word in cmd:
+    def copied(word: str) -> str:
         path = os.path.realpath(os.path.join(cwd, word))
-        rel = os.path.relpath(path, repo)
-        inside = rel != os.pardir and not rel.startswith(os.pardir + os.sep)
-        inside = inside and not word.startswith("-") and os.path.isfile(path)
-        copy = os.path.join(snap["path"], rel)
-        out.append(copy if inside and os.path.isfile(copy) else word)
-    return out
+        rel = os.path.relpath(path, real)
+        copy = os.path.join(info["path"], rel)
+        inside = rel != os.pardir and not rel.startswith(os.pardir + os.sep) and not word.startswith("-")
+        return copy if inside and os.path.isfile(path) and os.path.isfile(copy) else word
 
-
-def _snapshot_env(snap: dict[str, Any], env: dict[str, str], shell_env: Optional[Mapping[str, str]]) -> dict[str, str]:
-    """Modules beside the job's directory come from the copy too (PYTHONPATH first)."""
-    before = env.get("PYTHONPATH") or (shell_env or os.environ).get("PYTHONPATH")
-    return {"PYTHONPATH": snap["cwd"] + (os.pathsep + before if before else ""), "GPUQ_SNAPSHOT": snap["path"]}
+    snap = {**{k: info[k] for k in ("path", "files", "bytes", "commit")}, "repo": repo, "cwd": here}
+    return snap, [variant._replace(cmd=[copied(word) for word in variant.cmd]) for variant in variants]
 
 
 class Variant(NamedTuple):
@@ -103,10 +92,12 @@ def enqueue_many(
     first = spool.ids.allocate(count=len(variants))
     cwd, options, env = os.fspath(cwd), common.pop("options", None) or {}, common.pop("env")
     if options.get("snapshot"):
-        snap = _snapshot(spool, first, list(range(first, first + len(variants))), options["snapshot"]["repo"], cwd)
+        ids = list(range(first, first + len(variants)))
+        snap, variants = _snapshot(spool, ids, options["snapshot"]["repo"], cwd, variants)
         options = dict(options, snapshot=snap)
-        env = dict(env, **_snapshot_env(snap, env, common["shell_env"]))
-        variants = [variant._replace(cmd=_snapshot_cmd(variant.cmd, cwd, snap)) for variant in variants]
+        # modules beside the job's directory come from the copy too (PYTHONPATH first)
+        before = env.get("PYTHONPATH") or (common["shell_env"] or os.environ).get("PYTHONPATH")
+        env = dict(env, PYTHONPATH=snap["cwd"] + (os.pathsep + before if before else ""), GPUQ_SNAPSHOT=snap["path"])
     published: list[tuple[JobRef, Job]] = []
     try:
         log = spool.layout.log_path
@@ -252,8 +243,9 @@ def prepare(request: Request, git_cache: Any = None) -> Prepared:
         variants = [variant._replace(cmd=cmd) for variant, (cmd, _message) in zip(variants, made)]
         env[hf.PREEMPTIBLE_ENV] = "1"
         notes.append(f"preemptible: {made[-1][1]}")
-    if request.resume_arg is not None and check_resume_arg(request.resume_arg):
-        raise UsageError(check_resume_arg(request.resume_arg))
+    problem = request.resume_arg is not None and check_resume_arg(request.resume_arg)
+    if problem:
+        raise UsageError(problem)
     options = {
         "urgent": request.urgent,
         "preemptible": request.preemptible,

@@ -11,8 +11,8 @@ from typing import Callable, Iterator, NamedTuple, Optional, Sequence, Union
 
 from gpuq.core.errors import GpuqError, UsageError
 from gpuq.core.job import Job
-from gpuq.core.states import RUNNING
-from gpuq.engine.lifecycle import actions, edit, preempt
+from gpuq.core.states import FINISHED, RUNNING
+from gpuq.engine.lifecycle import actions, clearing, edit, preempt
 from gpuq.spool import Spool
 
 Stopping = Callable[[int], object]  # told a running job's id just before its process group is signalled
@@ -29,7 +29,7 @@ class Done(NamedTuple):
 
 @dataclass(frozen=True)
 class OnJobs:
-    """A change asked of each of several jobs."""
+    """A change asked of each of several jobs (actions.py says what each does)."""
 
     ids: Sequence[int]
 
@@ -39,9 +39,6 @@ class OnJobs:
 
 @dataclass(frozen=True)
 class Cancel(OnJobs):
-    """To cancelled/: a waiting job at once, one on Slurm after scancel, a running one killed first
-    (as Slurm's scancel does)."""
-
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
         killed: list[int] = []
         job = actions.cancel(spool, job_id, lambda: (killed.append(job_id), stopping(job_id)))
@@ -50,8 +47,6 @@ class Cancel(OnJobs):
 
 @dataclass(frozen=True)
 class Kill(OnJobs):
-    """SIGTERM to a running job's process group, SIGKILL after the grace: it ends cancelled."""
-
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
         actions.get(spool, job_id, (RUNNING,))  # refused before anything is said or sent
         stopping(job_id)
@@ -72,8 +67,6 @@ class Release(OnJobs):
 
 @dataclass(frozen=True)
 class Retry(OnJobs):
-    """Failed or cancelled jobs back in the queue, each from its newest checkpoint unless `from_scratch`."""
-
     from_scratch: bool = False
 
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
@@ -83,8 +76,8 @@ class Retry(OnJobs):
 
 @dataclass(frozen=True)
 class Recover(OnJobs):
-    """Interrupted jobs back in the queue, whatever they reached, each from its newest checkpoint
-    unless `from_scratch`."""
+    """Interrupted jobs back in the queue, whatever they reached (actions.to_recover: the ones a
+    plain `gpuq recover` takes)."""
 
     from_scratch: bool = False
 
@@ -95,8 +88,7 @@ class Recover(OnJobs):
 
 @dataclass(frozen=True)
 class Resume(OnJobs):
-    """Preempted or interrupted jobs back in the queue from their newest checkpoint: first in line
-    unless `back`; refused without a checkpoint if `require_checkpoint`."""
+    """Preempted or interrupted jobs back in the queue (preempt.resume): first in line unless `back`."""
 
     require_checkpoint: bool = False
     back: bool = False
@@ -149,3 +141,20 @@ class Edit:
         if not keys:
             return None, []
         return edit.apply(spool, self.id, changed, rev), keys
+
+
+@dataclass(frozen=True)
+class Clear:
+    """Finished jobs removed, their records kept (with `logs_only`, only their logs): those of
+    `states` that ended more than `older_than` seconds ago, less those a waiting job depends on.
+    `select` says which, `run` removes them."""
+
+    states: Sequence[str] = FINISHED
+    older_than: Optional[float] = None
+    logs_only: bool = False
+
+    def select(self, spool: Spool) -> clearing.Selection:
+        return clearing.select(spool, tuple(dict.fromkeys(self.states)) or FINISHED, self.older_than)
+
+    def run(self, spool: Spool, chosen: clearing.Selection) -> clearing.ClearReport:
+        return clearing.clear(spool, chosen, logs_only=self.logs_only)
