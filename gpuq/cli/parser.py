@@ -9,7 +9,6 @@ from the command that gives them (`gpuq add: ...`). `add`'s words from SCRIPT on
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import shlex
 import sys
@@ -214,6 +213,8 @@ def _command_words(argv: list[str]) -> str:
 def _unknown_command(word: str) -> UsageError:
     """`gpuq stauts`: one line with the command most likely meant, among those `--help` lists
     (never the hidden ones, as `_ids`)."""
+    import difflib  # only for a command that is not one
+
     listed = [name for command in COMMANDS if command.help is not None for name in command.names]
     close = difflib.get_close_matches(word, listed, n=1)
     meant = f"; did you mean {close[0]}?" if close else ""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, NamedTuple, Optional
 
 from pydantic import Field
 
@@ -37,26 +37,19 @@ LOG_CHARS_MAX = 64 * 1024  # a log of one endless line (tqdm without \r) must no
 JobId = Annotated[int, Field(description="the job id", gt=0)]
 
 
-class Tool:
+class Tool(NamedTuple):
     """One tool: `name` (the tool's), `cli` (the command line it stands for), `effect`, `run`
     (keyword arguments, typed: the SDK builds the input schema from its signature, or from
-    `parameters` where it takes **keywords), `summary` (after the command's own help)."""
+    `parameters` where it takes **keywords), `summary` (after the command's own help, unless
+    not `with_help`)."""
 
-    __slots__ = ("name", "cli", "effect", "run", "summary", "parameters", "with_help")
-
-    def __init__(
-        self,
-        name: str,
-        cli: str,
-        effect: str,
-        run: Callable[..., Any],
-        summary: str = "",
-        parameters: Optional[Callable[[], list[inspect.Parameter]]] = None,
-        with_help: bool = True,
-    ) -> None:
-        self.name, self.cli, self.effect, self.run, self.summary = name, cli, effect, run, summary
-        self.parameters = parameters
-        self.with_help = with_help  # the description begins with the command's help (commands.py)
+    name: str
+    cli: str
+    effect: str
+    run: Callable[..., Any]
+    summary: str = ""
+    parameters: Optional[Callable[[], list[inspect.Parameter]]] = None
+    with_help: bool = True
 
     def signature(self) -> inspect.Signature:
         """What the tool takes, its annotations evaluated (this module's are strings)."""
