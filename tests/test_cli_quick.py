@@ -95,7 +95,7 @@ def test_the_job_gets_its_words_verbatim(argv: list[str], script: str, words: li
 
 def test_plain_status_and_eta_lines() -> None:
     assert quietly(["status", "--interval=0.5", "-a"]) == dict(
-        command="status", all=True, json=False, watch=False, interval=0.5, func="cmd_view:cmd_status"
+        command="status", all=True, json=False, watch=False, interval=0.5, func="cmd_status:cmd_status"
     )
     assert quietly(["eta"])["id"] is None and quietly(["eta", "12"])["id"] == 12
 

@@ -42,8 +42,8 @@ HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
 
 
 def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = None) -> list[str]:
-    """The table of `rows`, and of `finished` (spool/cache/finished.py's FinishedRows: finished
-    rows in id order) merged in by id after the running, pending and held rows."""
+    """The table of `rows`, and of `finished` (the spool's FinishedRows: finished rows in id order,
+    as columns) merged in by id after the running, pending and held rows."""
     now = time.time() if now is None else now
     columns: list[list[str]] = [[title] for title in HEADER]
     tail: list[Any] = []  # rows after those in line, which merge with `finished`
@@ -105,7 +105,7 @@ def _merge_finished(columns: list[list[str]], tail: list[Any], finished: Any, no
     put in by id."""
     parts = _finished_cells(finished)
     start = 0
-    for row in sorted(tail, key=lambda r: r.job["id"]):
+    for row in sorted(tail, key=lambda r: r.job.id):
         at = bisect_left(finished.ids, row.job.id, start)
         for column, part in zip(columns, parts):
             column += part[start:at]
@@ -116,13 +116,13 @@ def _merge_finished(columns: list[list[str]], tail: list[Any], finished: Any, no
 
 
 def _finished_cells(finished: Any) -> tuple[Any, ...]:
-    """The cells of a FinishedRows, column by column (spool/cache/journal.py's ROW): the id, the
+    """The cells of a FinishedRows, column by column (name, script, seconds, end): the id, the
     state's symbol, name, script, time and info. Each distinct time and info (a state and an end)
     is made once: 100,000 rows hold a few hundred."""
     names, scripts, seconds, ends = finished.columns
     states = finished.states
     times = {s: duration(s) for s in set(seconds)}
-    distinct = set(ends)  # the same few objects (spool/cache/finished.py): a state's info of each
+    distinct = set(ends)  # rows share the same few ends: a state's info of each
     infos = {state: {end: finished_info(state, *end) for end in distinct} for state in set(states)}
     return (
         list(map(str, finished.ids)),
@@ -134,7 +134,7 @@ def _finished_cells(finished: Any) -> tuple[Any, ...]:
     )
 
 
-def row_cells(job: dict[str, Any], state: str, wait: Any, estimate: Any, now: float) -> list[str]:
+def row_cells(job: Job, state: str, wait: Any, estimate: Any, now: float) -> list[str]:
     """Name, script, time and info of one status row."""
     return [
         job.name,
@@ -144,7 +144,7 @@ def row_cells(job: dict[str, Any], state: str, wait: Any, estimate: Any, now: fl
     ]
 
 
-def elapsed(job: dict[str, Any], now: float) -> Optional[float]:
+def elapsed(job: Job, now: float) -> Optional[float]:
     start = parse_iso(job.started_at)
     if start is None:
         return None
@@ -152,7 +152,7 @@ def elapsed(job: dict[str, Any], now: float) -> Optional[float]:
     return end - start
 
 
-def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
+def info(job: Job, state: str, wait: Any = None) -> str:
     parts = []
     exit_code = None  # shown for the states after a run
     if state == RUNNING:
@@ -188,7 +188,7 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
     return "  ".join([*parts, tail] if tail else parts)
 
 
-def _dependencies(job: dict[str, Any]) -> str:
+def _dependencies(job: Job) -> str:
     """`after #3, after-any #4`: --after waits for a success, --after-any for any end."""
     after = ["after " + ", ".join(f"#{d}" for d in job.after)] if job.after else []
     after_any = ["after-any " + ", ".join(f"#{d}" for d in job.after_any)] if job.after_any else []
@@ -206,8 +206,8 @@ def finished_info(
     priority: Optional[int],
     unreadable: str = "",
 ) -> str:
-    """The info cell of a finished job's row (its state and end: spool/cache/journal.py's END),
-    and the end of any row's: how it ended, where, why, its priority."""
+    """The info cell of a finished job's row (its state and end, as the finished rows hold it), and
+    the end of any row's: how it ended, where, why, its priority."""
     if unreadable:
         return f"unreadable job file: {unreadable}"
     parts = []
@@ -414,12 +414,12 @@ def _sweep_row(sweep_id: int, group: list[Any]) -> SweepRow:
     }
     state = min(states, key=lambda s: BY_NAME[s].rank)  # the state that says most of the sweep
     first = group[0].job
-    keys = list(first["sweep"]["values"])
-    base = first["name"].split(f" {keys[0]}=", 1)[0] if keys else first["name"]
+    keys = list(first.sweep["values"])
+    base = first.name.split(f" {keys[0]}=", 1)[0] if keys else first.name
     summary = ", ".join(f"{n} {what}" for what, n in counts.items())
     info = f"sweep of {len(group)} over {', '.join(keys)}: {summary} (`gpuq status -a` lists them)"
     info = _join(_members_progress(group), info)
-    return SweepRow(sweep_id, state, (f"sweep #{sweep_id} {base}", schema.display_script(first["cmd"]), "", info))
+    return SweepRow(sweep_id, state, (f"sweep #{sweep_id} {base}", schema.display_script(first.cmd), "", info))
 
 
 def _members_progress(group: list[Any]) -> str:
