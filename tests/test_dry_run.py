@@ -128,7 +128,7 @@ def test_the_tools_request_is_the_request_of_the_same_command_line() -> None:
     pytest.importorskip("mcp")
     from gpuq.cli.assistant import changes
 
-    given = {"gpus": 2, "after": [3, 4], "env": ["A=1"], "sweep": ["lr=1,2"], "time": "4h", "urgent": "force"}
+    given = {"gpus": 2, "after": [3, 4], "env": {"A": "1"}, "sweep": ["lr=1,2"], "time": "4h", "urgent": "force"}
     from_tool = changes.request({"cmd": ["t.py", "--lr", "{lr}"], "dir": "/data", **given, "notify": False})
     line = ["add", "--gpus", "2", "--after", "3", "--after", "4", "-e", "A=1", "--sweep", "lr=1,2", "--time", "4h"]
     from_line = cmd_add.request(parse([*line, "--urgent=force", "-d", "/data", "t.py", "--lr", "{lr}"]))

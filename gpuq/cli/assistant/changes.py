@@ -9,13 +9,13 @@ what happened as a dict.
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any, Callable, Literal, Optional
+from typing import Annotated, Any, Callable, get_type_hints
 
 from pydantic import Field
 
 from gpuq.cli.common import spool
-from gpuq.cli.options import ADD, APPEND, CONST, EXTEND, FLAG, NOTIFY, Opt, cpu_count, env_pair, gpu_count, positive_id
-from gpuq.core.errors import GpuqError, Refused, UsageError
+from gpuq.cli.options import ADD, HIDDEN
+from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.states import CANCELLED, HELD, PENDING, PREEMPTED, RUNNING
 from gpuq.engine.lifecycle import enqueue, requests
 from gpuq.engine.lifecycle.dryrun import plan_add
@@ -26,41 +26,33 @@ JobIds = Annotated[list[int], Field(description="job ids", min_length=1)]
 JobId = Annotated[int, Field(description="the job id", gt=0)]
 
 # `gpuq add`'s options that are no request: how the CLI prints (-q, --json), --dry-run (a tool of
-# its own); SCRIPT and ARGS are `cmd`
-NOT_PARAMETERS = ("quiet", "cmd", "dry_run", "json")
-INTEGERS = (int, gpu_count, cpu_count, positive_id)  # converters of options whose value is a number
+# its own)
+NOT_PARAMETERS = ("quiet", "dry_run", "json")
+NOT_ASKED = ("umask", "shell_env")  # the request's fields the server fills in: its own
 
 
-# ---- add: its parameters, from the options table ----------------------------------------------
+# ---- add: its parameters, the request's fields ------------------------------------------------
 
 
 def add_parameters() -> list[inspect.Parameter]:
-    """The `add` tool's parameters: `cmd` (SCRIPT and ARGS), then one per option of `gpuq add`
-    (options sharing a name, `--urgent` and `--urgent=force`, are one parameter of their values)."""
-    words = Field(description="SCRIPT and ARGS, one word each: a .py file or any command", min_length=1)
-    params = [inspect.Parameter("cmd", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[list[str], words])]
-    seen: dict[str, list[Opt]] = {}
+    """The `add` tool's parameters: the fields of `gpuq add`'s request (enqueue.Request), typed as
+    it types them, each described by the help of its options (`--urgent` and `--urgent=force`
+    are one parameter of their values)."""
+    helps: dict[str, list[str]] = {"cmd": ["SCRIPT and ARGS, one word each: a .py file or any command"]}
     for opt in ADD.options:
-        if opt.dest not in NOT_PARAMETERS:
-            seen.setdefault(opt.dest, []).append(opt)
-    for dest, opts in seen.items():
-        kind, default = _parameter_type(opts), opts[0].initial()
-        default = None if opts[0].kind in (APPEND, EXTEND) else default
-        helps = "; ".join(f"`{o.flags[-1]}`: {o.help}" for o in opts)
-        annotation = Annotated[kind, Field(description=f"{helps} (gpuq add)")]
-        params.append(inspect.Parameter(dest, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
+        if opt.help != HIDDEN and not opt.positional:
+            helps.setdefault(opt.dest, []).append(f"`{opt.flags[-1]}`: {opt.help}")
+    helps["notify_url"] = ["URLs its events are sent to, as `--notify URL`"]
+    types = get_type_hints(enqueue.Request)
+    params = []
+    for name in enqueue.Request._fields:
+        if name not in NOT_ASKED:
+            said = "; ".join(helps[name]) + ("" if name == "cmd" else " (gpuq add)")
+            field = Field(description=said, min_length=1 if name == "cmd" else None)
+            default = enqueue.Request._field_defaults.get(name, inspect.Parameter.empty)
+            kind = inspect.Parameter.KEYWORD_ONLY
+            params.append(inspect.Parameter(name, kind, default=default, annotation=Annotated[types[name], field]))
     return params
-
-
-def _parameter_type(opts: list[Opt]) -> Any:
-    opt = opts[0]
-    if opt.kind in (FLAG, NOTIFY):
-        return bool
-    if opt.kind == CONST:  # `--urgent` (true) or `--urgent=force` ("force")
-        return Literal[(opt.default, *(o.const for o in opts))]
-    if opt.kind == EXTEND:  # job ids
-        return Optional[list[int]]
-    return Optional[list[str]] if opt.kind == APPEND else Optional[int if opt.convert in INTEGERS else str]
 
 
 def add(**given: Any) -> dict[str, Any]:
@@ -90,13 +82,8 @@ def add_dry_run(**given: Any) -> dict[str, Any]:
 
 
 def request(given: dict[str, Any]) -> enqueue.Request:
-    """The tool's arguments as `gpuq add`'s request, whose fields they are (`env` as KEY=VALUE
-    words), in the server's environment."""
-    try:
-        env = dict(env_pair(pair) for pair in given.get("env") or ())
-    except ValueError as exc:
-        raise UsageError(f"env: {exc}") from None
-    return enqueue.Request(**dict({k: v for k, v in given.items() if v is not None}, env=env))
+    """The tool's arguments as `gpuq add`'s request, whose fields they are, in the server's environment."""
+    return enqueue.Request(**given)
 
 
 # ---- commands of job ids ----------------------------------------------------------------------

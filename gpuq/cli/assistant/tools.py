@@ -219,7 +219,7 @@ CHANGING = (
         CHANGE,
         changes.add,
         "Takes `cmd` (the script and its arguments, one word each) and every option of `gpuq add` by its "
-        "name (dir, gpus, gpu_mem, after, time, sweep, priority, env as KEY=VALUE...). Returns the new ids.",
+        "name (dir, gpus, gpu_mem, after, time, sweep, priority, env as an object...). Returns the new ids.",
         parameters=changes.add_parameters,
     ),
     Tool("cancel", "gpuq cancel", DESTROY, changes.cancel),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Optional, Sequence, Union
 
 from gpuq.core import schema, sweep, timespec
 from gpuq.core.errors import Refused, UsageError
@@ -190,7 +190,7 @@ class Request(NamedTuple):
     mem: Optional[str] = None
     cpus: Optional[int] = None
     priority: int = 0
-    urgent: Union[bool, str] = False
+    urgent: Union[bool, Literal["force"]] = False
     preemptible: bool = False
     ckpt_glob: Optional[str] = None
     no_resume: bool = False
