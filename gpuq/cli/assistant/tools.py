@@ -28,6 +28,7 @@ from gpuq.engine.schedule import gpuview
 from gpuq.engine.views import finished_index, history
 from gpuq.engine.views.card import not_started
 from gpuq.engine.views.status import status
+from gpuq.engine.views.triage import triage
 
 READ, CHANGE, DESTROY = "read", "change", "destroy"  # a tool's effect
 
@@ -144,8 +145,6 @@ def triage_job(
     id: JobId,
     lines: Annotated[int, Field(description="the log's last lines to give (at most 500)", ge=1)] = 30,
 ) -> Any:
-    from gpuq.engine.views.triage import triage  # only when asked: the log's patterns, the fixes
-
     return triage(spool(), id, lines)
 
 
