@@ -1,3 +1,5 @@
-from gpuq.cli import exit_fast, main
+import sys
 
-exit_fast(main())
+from gpuq.cli import main
+
+sys.exit(main())

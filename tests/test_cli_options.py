@@ -1,7 +1,7 @@
 """The table of options (cli/options.py, cli/commands.py) is the one list: `gpuq run`'s options are
 the worker's Settings and reach a background worker as typed; `add`'s are what engine.enqueue's
-Request holds; every handler is named, whole, in the table. (Parser and quick reading against each
-other: tests/test_cli_quick.py.)"""
+Request holds; every handler is named, whole, in the table. (The parser's reading of `add`:
+tests/test_cli_quick.py.)"""
 
 from __future__ import annotations
 
@@ -28,9 +28,7 @@ def test_every_handler_is_named_whole_and_exists() -> None:
     """A reader who greps for `cmd_hold` finds the command that runs it."""
     import importlib
 
-    from gpuq.cli.table import run as run_table
-
-    table = "".join(Path(m.__file__).read_text() for m in (commands, options, run_table))
+    table = "".join(Path(m.__file__).read_text() for m in (commands, options))
     handlers = [c.handler for c in every_command() if c.handler]
     for handler in handlers:
         assert f'"{handler}"' in table, handler
@@ -107,7 +105,7 @@ def _worker_pid(gq: Env) -> int:
 
 def test_an_add_request_holds_every_add_option() -> None:
     printing = {"quiet", "dry_run", "json"}  # what `add` prints (and whether it queues), not what it asks for
-    assert set(Request.OPTIONS) == {opt.dest for opt in options.ADD.options} - printing
+    assert set(Request._fields) - {"umask", "shell_env"} == {opt.dest for opt in options.ADD.options} - printing
 
 
 def test_a_refused_add_leaves_no_spool_behind(gq: Env) -> None:

@@ -1,5 +1,7 @@
-"""cli/quick.py reads plain `status`, `add` and `eta` command lines without argparse: whatever it reads, it
-must read exactly as parser.py does, and whatever it cannot, it must leave to parser.py (None)."""
+"""The one parser (cli/parser.py, argparse built from cli/options.py's table) reads `add` as a user
+types it: every option before SCRIPT is gpuq's, every word from SCRIPT on is the job's, verbatim
+(a `--` after SCRIPT included). It replaced a second, hand-written reading of plain `status`,
+`add` and `eta` lines (cli/quick.py), whose agreement with argparse this file used to check."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ import io
 
 import pytest
 
-from gpuq.cli import quick
-from gpuq.cli.parser import _add_parser, _commands, build_parser, parse
+from gpuq.cli.options import ADD
+from gpuq.cli.parser import parse
+from gpuq.core.errors import UsageError
 
 EVERY_ADD_OPTION = [
     *(
@@ -37,95 +40,68 @@ EVERY_ADD_OPTION = [
     *("-e", "A=1", "--env", "B=2=3", "--quiet", "--dry-run", "--json", "bash", "-c", "exit 0"),
 ]
 
-SAME = [
-    ["status"],
-    ["status", "-a"],
-    ["status", "--all", "--json"],
-    ["status", "--watch", "--interval", "5"],
-    ["status", "--interval=0.5", "-a"],
-    ["add", "-q", "true"],
-    ["add", "true"],
-    ["enqueue", "-q", "python", "train.py", "--lr", "3"],
-    EVERY_ADD_OPTION,
-    ["add", "--name=a=b", "--dir=/tmp", "true"],
-    ["add", "--", "-q", "x"],
-    ["add", "-q", "--", "true", "--name", "x"],
-    ["add", "--name", "", "true"],
-    ["add", "true", "-q", "--x"],
-    ["add", "--retries", " 3", "--gpus", "0", "true"],
-    ["add", "--name", "last", "--name", "wins", "--after", "3", "--after", "3", "true"],
-    ["add", "--urgent=force", "true"],
-    ["add", "--urgent=force", "--urgent", "true"],
-    ["add", "--notify", "python", "train.py"],
-    ["add", "--notify", "ntfy://t", "--notify", "python", "train.py"],
-    ["eta"],
-    ["eta", "12"],
+JOB_WORDS = [  # a line, and the SCRIPT and ARGS the job gets
+    (["add", "-q", "true"], "true", []),
+    (["enqueue", "-q", "python", "train.py", "--lr", "3"], "python", ["train.py", "--lr", "3"]),
+    (["add", "--", "-q", "x"], "-q", ["x"]),
+    (["add", "-q", "--", "true", "--name", "x"], "true", ["--name", "x"]),
+    (["add", "true", "--", "x"], "true", ["--", "x"]),
+    (["add", "true", "-q", "--x"], "true", ["-q", "--x"]),
+    (["add", "-", "x"], "-", ["x"]),
+    (["add", "--name=a=b", "--dir=/tmp", "python", "-u", "t.py"], "python", ["-u", "t.py"]),
+    (["add", "--urgent=force", "--urgent", "true"], "true", []),
+    (["add", "--notify", "python", "train.py"], "python", ["train.py"]),
 ]
 
-LEFT_TO_ARGPARSE = [
+REFUSED = [
     ["status", "--json", "--watch"],  # mutually exclusive
     ["status", "x"],
-    ["status", "-h"],
     ["status", "--interval", "0"],
-    ["status", "--al"],  # an abbreviation
-    ["add", "-q", "true", "--name", "x"],  # a misplaced option: parser.py notes it
-    ["add", "true", "--help=1"],
-    ["add", "--retries", "-1", "true"],
-    ["add", "--pri", "2", "true"],
-    ["add", "-qd", "x", "true"],
     ["add"],
     ["add", "-q"],
     ["add", "--gpus", "x", "true"],
     ["add", "--after", "0", "true"],
     ["add", "-e", "noeq", "true"],
     ["add", "--name", "-x", "true"],
-    ["add", "--resume-arg", "--resume {ckpt}", "true"],
-    ["add", "-", "x"],
-    ["add", "-h"],
     ["add", "--quiet=1", "true"],
     ["add", "--retries", "2x", "true"],
-    ["add", "-dx", "true"],
-    ["cancel", "3"],
-    ["--version"],
+    ["add", "true", "--after", "1"],  # a scheduling option after SCRIPT (tests/test_first_hour_cli.py)
     ["eta", "0"],
     ["eta", "x"],
-    ["eta", "-1"],
-    ["eta", "-h"],
-    ["eta", "--", "3"],
     ["eta", "3", "4"],
 ]
 
 
-def full(argv: list[str]) -> dict:
+def quietly(argv: list[str]) -> dict:
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         return vars(parse(list(argv)))
 
 
-@pytest.mark.parametrize("argv", SAME, ids=" ".join)
-def test_quick_reads_as_argparse_does(argv: list[str]) -> None:
-    args = quick.parse(list(argv))
-    assert args is not None, "the quick reading should take this plain command line"
-    assert vars(args) == full(argv)
-
-
-@pytest.mark.parametrize("argv", LEFT_TO_ARGPARSE, ids=" ".join)
-def test_quick_leaves_the_rest_to_argparse(argv: list[str]) -> None:
-    assert quick.parse(list(argv)) is None
-
-
-def test_every_add_and_status_option_is_known() -> None:
-    """A new option in parser.py must be taught to quick.py (else plain lines would lack its default)."""
-    add, status = _add_parser(build_parser()), _commands(build_parser())["status"]
-    add_options = {s for a in add._actions for s in a.option_strings} - {"-h", "--help"}
-    assert add_options == set(quick.ADD_FLAGS) | set(quick.ADD_VALUES)
-    status_options = {s for a in status._actions for s in a.option_strings} - {"-h", "--help"}
-    assert status_options == set(quick.STATUS_FLAGS) | set(quick.STATUS_VALUES)
-    assert {a.dest for a in add._actions} - {"help", "script", "args"} == set(quick.ADD_DEFAULTS)
-    eta = _commands(build_parser())["eta"]
-    assert {a.dest for a in eta._actions} - {"help"} == {quick.ETA_ID.dest}
-
-
 def test_the_whole_add_line_is_read() -> None:
-    """Every option of EVERY_ADD_OPTION is away from its default: the comparison above saw them all."""
-    args = vars(quick.parse(list(EVERY_ADD_OPTION)))
-    assert all(args[dest] != default for dest, default in quick.ADD_DEFAULTS.items())
+    """Every option of EVERY_ADD_OPTION is read, away from its default."""
+    args = quietly(EVERY_ADD_OPTION)
+    defaults = {opt.dest: opt.initial() for opt in ADD.options if not opt.positional}
+    assert [dest for dest, default in defaults.items() if args[dest] == default] == []
+    assert (args["script"], args["args"]) == ("bash", ["-c", "exit 0"])
+    assert (args["after"], args["after_any"], args["env"]) == ([1, 2, 3], [4, 5], [("A", "1"), ("B", "2=3")])
+    assert (args["notify"], args["notify_url"], args["urgent"]) == (True, ["ntfy://topic", "json://host/path"], True)
+
+
+@pytest.mark.parametrize("argv, script, words", JOB_WORDS, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_the_job_gets_its_words_verbatim(argv: list[str], script: str, words: list[str]) -> None:
+    args = quietly(argv)
+    assert (args["script"], args["args"]) == (script, words)
+
+
+def test_plain_status_and_eta_lines() -> None:
+    assert quietly(["status", "--interval=0.5", "-a"]) == dict(
+        command="status", all=True, json=False, watch=False, interval=0.5, func="cmd_status:cmd_status"
+    )
+    assert quietly(["eta"])["id"] is None and quietly(["eta", "12"])["id"] == 12
+
+
+@pytest.mark.parametrize("argv", REFUSED, ids=" ".join)
+def test_a_bad_line_is_one_usage_error(argv: list[str]) -> None:
+    with pytest.raises(UsageError) as refused:
+        quietly(argv)
+    assert "\n" not in str(refused.value)

@@ -9,15 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import WAIT_FOR_GO, Env, wait_for
 from test_gpu_worker import fake_gpus
 
-from gpuq.cli import parse
-from gpuq.cli.cmd_queue import request_from_options
+from gpuq.cli import cmd_add, parse
 from gpuq.engine.lifecycle import enqueue
 from gpuq.engine.lifecycle.dryrun import plan_add
 from gpuq.spool import Spool
-from gpuq.system import procs
 
 
 def tree(root: Path) -> dict[str, tuple]:
@@ -98,7 +97,7 @@ def test_with_a_worker_a_free_slot_starts_now_and_a_busy_one_says_when(gq: Env) 
     gq.start_worker("--watch")
     sp = Spool(gq.home)
     wait_for(lambda: (gq.home / "workers").is_dir() and sp.workers.live(), what="the worker to register")
-    request = request_from_options(["wait.py"], {}, cwd=str(gq.work))
+    request = enqueue.Request(cmd=["wait.py"], dir=str(gq.work))
     assert plan_add(sp, request)["jobs"][0]["would_start"] == {
         "now": True,
         "why_not": None,
@@ -123,10 +122,18 @@ def test_with_a_worker_a_free_slot_starts_now_and_a_busy_one_says_when(gq: Env) 
     gq.wait_state(running, "done")
 
 
-def test_request_from_options_is_the_request_of_the_same_command_line(gq: Env) -> None:
-    options = {"gpus": 2, "after": [3, 4], "env": {"A": "1"}, "sweep": ["lr=1,2"], "time": "4h", "urgent": "force"}
-    plain = request_from_options(["t.py", "--lr", "{lr}"], options, cwd="/data", env={"HOME": "/h"})
+def test_the_tools_request_is_the_request_of_the_same_command_line() -> None:
+    """The MCP server's add makes, from its keyword arguments, the request the CLI makes from the
+    same command line (no command line is rebuilt from the values)."""
+    pytest.importorskip("mcp")
+    from gpuq.cli.assistant import changes
+
+    given = {"gpus": 2, "after": [3, 4], "env": {"A": "1"}, "sweep": ["lr=1,2"], "time": "4h", "urgent": "force"}
+    from_tool = changes.request({"cmd": ["t.py", "--lr", "{lr}"], "dir": "/data", **given, "notify": False})
     line = ["add", "--gpus", "2", "--after", "3", "--after", "4", "-e", "A=1", "--sweep", "lr=1,2", "--time", "4h"]
-    args = parse([*line, "--urgent=force", "-d", "/data", "t.py", "--lr", "{lr}"])
-    typed = enqueue.Request(vars(args), umask=procs.current_umask(), shell_env={"HOME": "/h"})
-    assert {n: getattr(plain, n) for n in plain.__slots__} == {n: getattr(typed, n) for n in typed.__slots__}
+    from_line = cmd_add.request(parse([*line, "--urgent=force", "-d", "/data", "t.py", "--lr", "{lr}"]))
+    values = [
+        {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in r._asdict().items()}
+        for r in (from_tool, from_line)
+    ]
+    assert values[0] == values[1]

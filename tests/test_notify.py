@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, Env, wait_for
 from test_gpu_worker import Gpus, add, fake_gpus, release
 
-from gpuq.cli import cmd_worker, quick
+from gpuq.cli import cmd_worker
 from gpuq.cli.parser import parse
 from gpuq.core import schema
 from gpuq.core.errors import UsageError
@@ -76,13 +76,10 @@ def test_notify_takes_the_next_word_as_a_url_only_when_it_has_a_scheme() -> None
     for line in (["add", "--notify", "python", "x.py"], ["add", "--notify", "--", "python", "x.py"]):
         args = parse(line)
         assert (args.notify, args.notify_url, args.script, args.args) == (True, [], "python", ["x.py"])
-        assert vars(quick.parse(line)) == vars(args)
     line = ["add", "--notify", "ntfy://a", "--notify=json://h:1/p", "--notify", "python", "x.py", "--notify", "y"]
     args = parse(line)
     assert (args.notify, args.notify_url) == (True, ["ntfy://a", "json://h:1/p"])
     assert (args.script, args.args) == ("python", ["x.py", "--notify", "y"])  # after SCRIPT: the job's
-    assert quick.parse(line) is None  # a gpuq option after SCRIPT: parser.py notes it
-    assert vars(quick.parse(line[:-2])) == vars(parse(line[:-2]))
     run = parse(["run", "--notify", "tgram://t/c", "--notify", "--notify=tgram://t/c"])
     assert cmd_worker._settings(run) == dict(
         cmd_worker._settings(parse(["run"])), notify=True, notify_urls=["tgram://t/c"]

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from typing import Any, Optional
 
 from gpuq.cli.common import spool
-from gpuq.core import jsontext
 from gpuq.core.errors import UsageError
 from gpuq.core.states import DONE, FAILED, PREEMPTED
 from gpuq.core.times import duration
 from gpuq.core.words import plural
 from gpuq.engine.tracking import gpuseries, gpuuse
 from gpuq.engine.views import finished_index, history
-
-TYPE_CHECKING = False  # typing only for annotations
-if TYPE_CHECKING:
-    from typing import Optional
+from gpuq.system.gpus import mib_text
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -25,9 +23,9 @@ def cmd_history(args: argparse.Namespace) -> int:
         since = history.parse_since(args.since, now) if args.since else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    pairs = history_jobs(since)
+    pairs = finished_index.history_records(spool())  # every job's runs; those before `since` are left out below
     if args.plot:
-        from gpuq.cli.plot import plot  # matplotlib: only for --plot
+        from gpuq.cli.plot import plot  # the plot extra (matplotlib): only for --plot
 
         chosen = [run for run in history.runs(pairs) if since is None or run.end >= since]
         try:
@@ -38,7 +36,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         return 0
     groups = history_groups(pairs, since, args.by)
     if args.json:
-        print(jsontext.dumps(history.to_json(groups), indent=2))
+        print(json.dumps(history.to_json(groups), indent=2))
         return 0
     print(_table(groups, args.by))
     return 0
@@ -54,12 +52,7 @@ def history_groups(pairs: list[history.JobRecord], since: Optional[float], by: s
     return groups
 
 
-def history_jobs(since: Optional[float]) -> list[history.JobRecord]:
-    """The record of every job (the runs before `since` are left out by the caller)."""
-    return finished_index.history_records(spool())
-
-
-def _table(groups: list, by: str) -> str:
+def _table(groups: list[history.Group], by: str) -> str:
     header = (by, "runs", DONE, FAILED, "GPU-h", "median", PREEMPTED)
     rows = [header] + [
         (
@@ -85,11 +78,9 @@ def _table(groups: list, by: str) -> str:
     return "\n".join(lines + [f"total: {plural(sum(g.runs for g in groups), 'run')}, {total:.2f} GPU-hours"])
 
 
-def _gpu_use_cells(figures: Optional[dict]) -> tuple[str, str, str]:
+def _gpu_use_cells(figures: Optional[dict[str, Any]]) -> tuple[str, str, str]:
     if not figures:
         return ("-", "-", "-")
-    from gpuq.system.gpus import mib_text
-
     mean = figures["mean_util"]
     return (
         "-" if mean is None else f"{mean:.0f}%",

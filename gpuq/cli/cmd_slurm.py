@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Mapping
+from typing import Mapping
 
 import gpuq
 from gpuq.cli import render
 from gpuq.cli.common import job_ids, say_refused, spool
 from gpuq.core.errors import Refused, UsageError
+from gpuq.core.job import Job
 from gpuq.core.states import DONE
 from gpuq.engine.lifecycle import slurm_handover
 from gpuq.run import slurm_batch
@@ -27,7 +28,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     # The compute nodes run this interpreter and this gpuq: both on the shared filesystem.
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(gpuq.__file__)))
 
-    def build(job: dict[str, Any], slurm_ids: Mapping[int, int], opts: list[str]) -> tuple[str, list[str]]:
+    def build(job: Job, slurm_ids: Mapping[int, int], opts: list[str]) -> tuple[str, list[str]]:
         log = job.log
         script = slurm_batch.batch_script(job, python=sys.executable, package_parent=package_parent, log_path=log)
         try:
@@ -40,8 +41,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     def say(item: slurm_handover.Handed) -> None:
         how = "found on Slurm (its hand-over had been cut short)" if item.repaired else "submitted"
-        print(f"[>] Job #{item.job['id']}: {item.job['name']} -> Slurm job {item.slurm_id} ({how})", flush=True)
-        if item.job.get("notify_urls") or item.job.get("notify") or item.job.get("on_finish"):
+        print(f"[>] Job #{item.job.id}: {item.job.name} -> Slurm job {item.slurm_id} ({how})", flush=True)
+        if item.job.notify_urls or item.job.notify or item.job.on_finish:
             print("    its --notify and --on-finish are not sent on Slurm (Slurm's own: --slurm-opt --mail-type=END)")
 
     result = slurm_handover.submit(sp, ids or None, args.slurm_opt, build, say=say)
@@ -55,7 +56,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_sync(args: argparse.Namespace) -> int:
     report = slurm_handover.sync(spool())
     for item in report.repaired:
-        print(f"[>] Job #{item.job['id']}: {item.job['name']} -> Slurm job {item.slurm_id} (hand-over repaired)")
+        print(f"[>] Job #{item.job.id}: {item.job.name} -> Slurm job {item.slurm_id} (hand-over repaired)")
     for job in report.changed:
         print(f"[~] Job #{job.id}: {job.name}  {render.slurm_text(job.slurm)}")
     for job, state in report.ended:

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from gpuq.cli.common import spool
-from gpuq.cli.table.run import RUN
+from gpuq.cli.options import RUN
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
 from gpuq.core.timespec import parse_memory_mib

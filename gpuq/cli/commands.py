@@ -1,16 +1,29 @@
 """Every command of the `gpuq` command line, in the order `gpuq --help` lists them: the table that
-parser.py builds argparse's parser from (the vocabulary, and the commands quick.py reads too, are
-in options.py).
+parser.py builds argparse's parser from (the vocabulary, `add` and `run` are in options.py).
 """
 
 from __future__ import annotations
 
 from gpuq.cli.assistant import entry as mcp
-from gpuq.cli.options import ADD, APPEND, ETA, FLAG, HIDDEN, REST, STATUS, Command, Opt, gpu_count, ids, positive_id
-from gpuq.cli.table.run import RUN
+from gpuq.cli.options import (
+    ADD,
+    APPEND,
+    EXTEND,
+    FLAG,
+    HIDDEN,
+    REST,
+    RUN,
+    Command,
+    Opt,
+    gpu_count,
+    ids,
+    interval,
+    positive_id,
+)
 from gpuq.core import states
 from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, WAITING
 from gpuq.core.sweep import parse_id_ranges
+from gpuq.core.timespec import parse_duration
 
 # ---- value converters (as options.py's: ValueError for a bad value) ----------------------------
 
@@ -49,8 +62,6 @@ def finished_states(text: str) -> tuple[str, ...]:
 
 def age(text: str) -> float:
     """`clear --older-than 7d`: seconds, with a unit (a bare number would be minutes for `--time`)."""
-    from gpuq.core.timespec import parse_duration
-
     if text.strip().replace(".", "", 1).isdigit():
         raise ValueError(f"{text!r} needs a unit: {text.strip()}d, {text.strip()}h or {text.strip()}m?")
     try:
@@ -117,6 +128,18 @@ SLURM = Command(
             handler="cmd_slurm:cmd_sync",
             help="record what Slurm says of the jobs handed to it (also done by status)",
         ),
+    ),
+)
+
+STATUS = Command(
+    "status",
+    handler="cmd_status:cmd_status",
+    help="show the queue",
+    options=(
+        Opt("-a", "--all", kind=FLAG, help="every finished job, not only the recent ones"),
+        Opt("--json", kind=FLAG, group="look", help="machine-readable list of jobs"),
+        Opt("--watch", kind=FLAG, group="look", help="a live view, redrawn in place until Ctrl-C"),
+        Opt("--interval", convert=interval, default=2.0, metavar="S", help="with --watch: redraw every S seconds"),
     ),
 )
 
@@ -214,38 +237,38 @@ COMMANDS = (
     ),
     _on_each(
         "cancel",
-        "cmd_queue:cmd_cancel",
+        "cmd_jobs:cmd_cancel",
         "cancel jobs; a running one is killed first (as by `gpuq kill`), as Slurm's scancel does",
         id_states=UNFINISHED,
     ),
     _on_each(
         "kill",
-        "cmd_queue:cmd_kill",
+        "cmd_jobs:cmd_kill",
         "stop running jobs (SIGTERM to each one's process group, SIGKILL after a grace period)",
         id_states=(RUNNING,),
     ),
     _on_each(
         "retry",
-        "cmd_queue:cmd_retry",
+        "cmd_jobs:cmd_retry",
         "put failed or cancelled jobs back in the queue, each from its newest checkpoint",
         Opt("--from-scratch", kind=FLAG, help="start over, ignoring its checkpoints"),
         id_states=(FAILED, CANCELLED),
     ),
     _on_each(
         "hold",
-        "cmd_queue:cmd_hold",
+        "cmd_jobs:cmd_hold",
         "keep pending jobs from starting (in held/) until `gpuq release`; their dependents wait too",
         id_states=(PENDING,),
     ),
     _on_each(
         "release",
-        "cmd_queue:cmd_release",
+        "cmd_jobs:cmd_release",
         "put held jobs back in line, where their priority and id put them",
         id_states=(HELD,),
     ),
     Command(
         "edit",
-        handler="cmd_queue:cmd_edit",
+        handler="cmd_jobs:cmd_edit",
         help="change a pending or held job: in $VISUAL/$EDITOR, or with --set KEY=VALUE",
         description="Edit what a waiting job will run (the fields a hand-dropped job file may have: cmd, cwd, "
         "name, env, after, after_any, retries, priority, gpus, gpu_mem, mem, cpus). The result is checked like a "
@@ -258,7 +281,7 @@ COMMANDS = (
     ),
     Command(
         "preempt",
-        handler="cmd_preempt:cmd_preempt",
+        handler="cmd_jobs:cmd_preempt",
         help="stop a running job so it can be resumed from its checkpoint",
         id_states=(RUNNING,),
         options=(
@@ -269,7 +292,7 @@ COMMANDS = (
     ),
     _on_each(
         "resume",
-        "cmd_preempt:cmd_resume",
+        "cmd_jobs:cmd_resume",
         "queue preempted jobs again, each from its newest complete checkpoint",
         Opt("--require-checkpoint", kind=FLAG, help="refuse a job without a checkpoint"),
         Opt("--back", kind=FLAG, help="queue it in normal order instead of first in line"),
@@ -278,7 +301,7 @@ COMMANDS = (
     ),
     Command(
         "clear",
-        handler="cmd_queue:cmd_clear",
+        handler="cmd_jobs:cmd_clear",
         help="remove finished jobs and their logs, keeping their history and run times",
         description="Remove finished jobs (done, failed, cancelled) and their logs; preempted and interrupted "
         "ones stay, and so do finished jobs a waiting job depends on. What `gpuq history` counts of them and "
@@ -287,7 +310,7 @@ COMMANDS = (
             Opt("--logs", kind=FLAG, help="only drop the logs of finished jobs (their records stay)"),
             Opt(
                 "--state",
-                kind=APPEND,
+                kind=EXTEND,
                 convert=finished_states,
                 metavar="STATE",
                 help="only jobs in these states (done, failed, cancelled; repeat it or give a list: done,failed)",
@@ -298,25 +321,18 @@ COMMANDS = (
     ),
     Command(
         "recover",
-        handler="cmd_queue:cmd_recover",
+        handler="cmd_jobs:cmd_recover",
         help="put interrupted jobs back in the queue, each from its newest checkpoint",
         id_states=(INTERRUPTED,),
         options=(
             Opt("--all", kind=FLAG, group="which", help="recover every interrupted job"),
-            Opt(
-                "--jobs",
-                convert=job_ids,
-                nargs="+",
-                metavar="ID",
-                group="which",
-                help="recover these jobs (3-7 too)",
-            ),
+            Opt("--jobs", convert=job_ids, nargs="+", metavar="ID", group="which", help="recover these jobs (3-7 too)"),
             Opt("--from-scratch", kind=FLAG, help="start them over, ignoring their checkpoints"),
         ),
     ),
     Command(
         "adopt",
-        handler="cmd_preempt:cmd_adopt",
+        handler="cmd_jobs:cmd_adopt",
         help="track a process started outside gpuq as a running job",
         description="Take a running process of yours into the queue: nothing else starts while it runs, and "
         "jobs can wait for it (--after). Its exit code cannot be known: when it ends it is recorded as done "
@@ -327,7 +343,13 @@ COMMANDS = (
             Opt("--log", metavar="FILE", help="the log file the process writes (for progress and ETA)"),
         ),
     ),
-    ETA,
+    Command(
+        "eta",
+        handler="cmd_status:cmd_eta",
+        help="progress and expected end of running jobs, expected start of pending ones",
+        id_states=ACTIVE,
+        options=(Opt("id", convert=positive_id, nargs="?", help="one job (default: every running and pending job)"),),
+    ),
     Command(
         "history",
         handler="cmd_history:cmd_history",
@@ -359,11 +381,7 @@ COMMANDS = (
         handler="cmd_tools:cmd_skill",
         help="the assistant skill: show it, or install it for Claude Code",
         options=(
-            Opt(
-                "action",
-                choices=("show", "install"),
-                help="show: print it; install: copy it for Claude Code",
-            ),
+            Opt("action", choices=("show", "install"), help="show: print it; install: copy it for Claude Code"),
             Opt("--dest", metavar="DIR", help="where to install it (default: ~/.claude/commands)"),
             Opt("--force", kind=FLAG, help="replace a copy you changed (yours is kept as .bak)"),
         ),
@@ -394,13 +412,11 @@ COMMANDS = (
         options=(Opt("shell", choices=("bash", "zsh")),),
     ),
     Command(  # job ids for shell completion; not a command for people
-        "_ids",
-        handler="cli:cmd_ids",
-        options=(Opt("--state", convert=state_names, help=HIDDEN),),
+        "_ids", handler="common:cmd_ids", options=(Opt("--state", convert=state_names, help=HIDDEN),)
     ),
     Command(
         "demo",
-        handler="cli:cmd_demo",
+        handler="demo:cmd_demo",
         help="queue and run a small example chain in a throw-away spool (no GPU needed)",
     ),
 )

@@ -1,17 +1,17 @@
-"""What every command shares: the spool it works on, and how a command of several job ids acts on
-each one and says which it could not."""
+"""What every command shares: the spool it works on, the ids a command line names, a refusal
+that names its job; `gpuq _ids`, the ids shell completion offers (here, light,
+because it runs on every TAB)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import Iterable
 
 from gpuq.core.errors import GpuqError
+from gpuq.core.states import STATES
 from gpuq.spool import Spool
 from gpuq.spool.layout import find_legacy
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Callable, Iterable
 
 
 def spool() -> Spool:
@@ -19,8 +19,8 @@ def spool() -> Spool:
     time, a queue of the original gpuq found there is imported (as the original imported its
     queue.json), and what happened is said on stderr, where it never mixes with JSON output."""
     sp = Spool().ensure()
-    if find_legacy(sp.home) is not None:  # two stats; engine.original is imported only when there is one
-        from gpuq.engine.original.importer import import_on_first_use
+    if find_legacy(sp.home) is not None:
+        from gpuq.engine.original.importer import import_on_first_use  # the original's reader (sqlite3): only then
 
         try:
             report = import_on_first_use(sp)
@@ -37,20 +37,6 @@ def job_ids(groups: Iterable[Iterable[int]]) -> list[int]:
     return list(dict.fromkeys(i for group in groups for i in group))
 
 
-def each_id(ids: Iterable[int], act: Callable[[int], object]) -> int:
-    """`act` on each job id in turn, as every command of several ids does: one refused (a
-    GpuqError) is said in one line on stderr and the others are still acted on. The exit code: 0,
-    or the refusal's (1) when any id was refused."""
-    code = 0
-    for job_id in ids:
-        try:
-            act(job_id)
-        except GpuqError as exc:
-            say_refused(job_id, exc)
-            code = max(code, exc.exit_code)
-    return code
-
-
 def say_refused(job_id: int, why: object) -> None:
     """One line on stderr, like the CLI's other refusals, that names the job (most reasons do)."""
     text = str(why)
@@ -58,3 +44,12 @@ def say_refused(job_id: int, why: object) -> None:
     prefix = (why.prefix if isinstance(why, GpuqError) else None) or "gpuq"
     sys.stdout.flush()  # a terminal shows the lines in the order they happened
     print(f"{prefix}: {text if named else f'job #{job_id}: {text}'}", file=sys.stderr)
+
+
+def cmd_ids(args: argparse.Namespace) -> int:
+    """`gpuq _ids [--state S,S]`: the ids of the jobs in those states (default: every job), one a
+    line, for shell completion (cmd_tools.cmd_completion): file names only, no job file read."""
+    found = sorted({ref.id for ref in spool().jobs.refs(args.state or STATES)})
+    if found:
+        print("\n".join(map(str, found)))
+    return 0

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
 
-Main = Callable[[list[str]], int]  # gpuq.cli.main, handed in: the demo drives the real command line
+from gpuq.cli import main
 
 TRAIN = """import sys, time
 steps = int(sys.argv[sys.argv.index("--steps") + 1])
@@ -24,14 +24,15 @@ print("evaluating", pathlib.Path("model.txt").read_text().strip(), "model: accur
 """
 
 
-def _run(main: Main, args: list[str]) -> int:
+def _run(args: list[str]) -> int:
     print(f"$ gpuq {shlex.join(args)}", flush=True)
     code = main(args)
     sys.stdout.flush()
     return code
 
 
-def run_demo(main: Main) -> int:
+def cmd_demo(_args: argparse.Namespace) -> int:
+    """The demo drives the real command line (`main`), step by step."""
     root = Path(tempfile.mkdtemp(prefix="gpuq-demo-"))
     project = root / "exp01"
     project.mkdir()
@@ -52,7 +53,7 @@ def run_demo(main: Main) -> int:
             ["log", "2", "-n", "3"],
         ]
         for step in steps:
-            if _run(main, step) != 0:
+            if _run(step) != 0:
                 return 1
         return 0
     finally:

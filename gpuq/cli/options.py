@@ -1,40 +1,33 @@
-"""The options of the `gpuq` command line as data: what a command and an option are, `add`,
-`status` and `eta` (the commands cli/quick.py reads without argparse), and where gpuq's own options end
-on an `add` line. cli/commands.py lists every command, these two included; parser.py builds
-argparse's parser from that list, and quick.py reads with the same entries, so a spelling, a
+"""The options of the `gpuq` command line as data: what a command and an option are, the value
+converters, and the two long lists, `add`'s and `run`'s. cli/commands.py lists every command (these
+two included), and parser.py builds argparse's parser from that list, so that a spelling, a
 default or a converter is written once.
 
 A `Command` names its handler as "module:function" of gpuq.cli, imported only when it runs; its
-`Opt`s are in the order `--help` lists them. A converter raises ValueError with a one-line message:
-parser.py hands it to argparse, quick.py leaves such a line to argparse.
-
-Plain classes with __slots__ and no typing at run time: every `gpuq status` and `gpuq add` imports
-this module (bench/PROFILE.md, section 1).
+`Opt`s are in the order `--help` lists them. A converter raises ValueError with a one-line message.
 """
 
 from __future__ import annotations
 
-from gpuq.core.states import ACTIVE
+from typing import Any, Callable, Optional
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Callable, Iterator, Optional
+from gpuq.core.job import is_url
+from gpuq.core.sweep import parse_id_ranges
+from gpuq.core.timespec import parse_duration, parse_memory_mib, parse_size_bytes
 
 # what an option does with what follows it
 VALUE = "value"  # takes a value (or, for a positional, the word)
 FLAG = "flag"  # True when given
 CONST = "const"  # `const` when given
 APPEND = "append"  # takes a value each time it is given; a list
+EXTEND = "extend"  # takes a list each time it is given (`--after 3,5`); one list of them all
+NOTIFY = "notify"  # `--notify`: True when given alone; `--notify URL`, `--notify=URL`: a URL of `notify_url`
 REST = "..."  # nargs of the positional that takes every word from there on (argparse.REMAINDER)
 HIDDEN = "==SUPPRESS=="  # the help of an option `--help` does not show (argparse.SUPPRESS)
-NOTIFY_URL = "--notify-url"  # `--notify URL` and `--notify=URL` as both readings see them (spell_notify_urls)
 
 
 class Opt:
     """One option (`-d`, `--dir`) or positional (`script`) of a command."""
-
-    __slots__ = ("flags", "dest", "kind", "convert", "default", "const", "metavar", "nargs", "choices", "help")
-    __slots__ += ("group", "dash_value", "setting", "read", "before_script")
 
     def __init__(
         self,
@@ -54,8 +47,7 @@ class Opt:
         read: Optional[Callable[[str, str], Any]] = None,
         before_script: Optional[str] = None,
     ) -> None:
-        self.flags, self.kind, self.convert, self.const = flags, kind, convert, const
-        self.default = default
+        self.flags, self.kind, self.convert, self.default, self.const = flags, kind, convert, default, const
         self.metavar, self.nargs, self.choices, self.help = metavar, nargs, choices, help
         self.dest = dest or flags[-1].lstrip("-").replace("-", "_")  # argparse's: the long spelling, last
         self.group = group  # options of one group exclude each other
@@ -65,8 +57,7 @@ class Opt:
         # `add`'s options whose loss would change whether or when the job runs (dependencies,
         # scheduling, --dry-run): what the job would do if the script got the option instead of
         # gpuq (the original gpuq's `add eval.py --after 1`). After SCRIPT such an option is
-        # refused with this said; any other of gpuq's options there only gets a note. A new
-        # option of that kind sets it too.
+        # refused with this said; any other of gpuq's options there only gets a note.
         self.before_script = before_script
 
     @property
@@ -75,17 +66,17 @@ class Opt:
 
     @property
     def takes_value(self) -> bool:
-        return not self.positional and self.kind in (VALUE, APPEND)
+        return not self.positional and self.kind in (VALUE, APPEND, EXTEND)
 
     def initial(self) -> Any:
         """The value when not given (a new list for an option that appends)."""
-        return [] if self.kind == APPEND else False if self.kind == FLAG else self.default
+        if self.kind in (APPEND, EXTEND):
+            return []
+        return False if self.kind in (FLAG, NOTIFY) else self.default
 
 
 class Command:
     """A command (`add`, or its other name `enqueue`), or with `actions` a group of them (`slurm`)."""
-
-    __slots__ = ("names", "handler", "help", "description", "options", "actions", "id_states", "_by_flag")
 
     def __init__(
         self,
@@ -102,13 +93,10 @@ class Command:
         # the states of the jobs its job ids may name: shell completion offers only their ids
         # (`gpuq _ids --state ...`); None: any job's
         self.id_states = id_states
-        self._by_flag: Optional[dict[str, Opt]] = None
 
     def option(self, flag: str) -> Optional[Opt]:
-        """The option spelled `flag` (exactly: no abbreviation, no `=VALUE`), or None."""
-        if self._by_flag is None:
-            self._by_flag = {s: opt for opt in self.options for s in opt.flags if s.startswith("-")}
-        return self._by_flag.get(flag)
+        """The option spelled `flag` exactly (no abbreviation, no `=VALUE`), or None."""
+        return next((opt for opt in self.options if flag in opt.flags and not opt.positional), None)
 
 
 # ---- value converters ------------------------------------------------------------------------
@@ -116,8 +104,6 @@ class Command:
 
 def ids(text: str) -> list[int]:
     """Job ids: `12`, `3,5`, ranges `12-17` (a whole sweep)."""
-    from gpuq.core.sweep import parse_id_ranges  # re and collections: not on a plain `status`'s path
-
     return parse_id_ranges(text)
 
 
@@ -144,17 +130,6 @@ def positive_id(text: str) -> int:
     return int(text)
 
 
-def notify_urls(values: list[str], _flag: str = "") -> list[str]:
-    """`--notify URL`s, each once; ValueError for one that is not SCHEME://... (checked here and
-    not by argparse, which would name the option as spell_notify_urls spells it)."""
-    from gpuq.core.job import is_url  # (the job record; `add` loads it anyway, `status` never gets here)
-
-    for url in values:
-        if not is_url(url):
-            raise ValueError(f"--notify: not a URL such as ntfy://my-topic: {url!r}")
-    return list(dict.fromkeys(values))
-
-
 def gpu_count(text: str) -> int:
     if not text.isdigit():
         raise ValueError(f"not a number of GPUs: {text!r}")
@@ -167,16 +142,48 @@ def cpu_count(text: str) -> int:
     return int(text)
 
 
+# `gpuq run`'s readers: (text, flag) -> the worker's setting
+
+
+def notify_urls(values: list[str], _flag: str = "") -> list[str]:
+    """`--notify URL`s, each once; ValueError for one that is not SCHEME://..."""
+    for url in values:
+        if not is_url(url):
+            raise ValueError(f"--notify: not a URL such as ntfy://my-topic: {url!r}")
+    return list(dict.fromkeys(values))
+
+
+def gpu_labels(text: str, flag: str) -> list[str]:
+    labels = [label.strip() for label in text.split(",") if label.strip()]
+    if not labels:
+        raise ValueError(f"{flag} needs a list such as 0 or 0,1")
+    return labels
+
+
+def grace_seconds(text: str, flag: str) -> float:
+    try:
+        grace = float(text)
+    except ValueError:
+        grace = -1.0
+    if not 0 <= grace <= 3600:
+        raise ValueError(f"{flag}: expected seconds from 0 to 3600, got {text!r}")
+    return grace
+
+
+def cpu_total(text: str, flag: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{flag}: expected a number of CPUs (1 or more), got {text!r}")
+    return int(text)
+
+
 # what a job would do if the script got one of these options (Opt.before_script)
 UNWAITED = "start without waiting"
 IN_TURN = "wait its turn"
 
-# ---- the two commands quick.py reads too (commands.py lists them with the others) --------------
-
 ADD = Command(
     "add",
     "enqueue",
-    handler="cmd_queue:cmd_add",
+    handler="cmd_add:cmd_add",
     help="queue SCRIPT [ARGS...] (options before SCRIPT are gpuq's)",
     description="Queue a job. Only options before SCRIPT belong to gpuq; SCRIPT and "
     "everything after it are passed to the job verbatim. A dependency or scheduling option of gpuq's "
@@ -189,7 +196,7 @@ ADD = Command(
         Opt("--name", help="job name (default: <dir name>/<script stem>)"),
         Opt(
             "--after",
-            kind=APPEND,
+            kind=EXTEND,
             convert=ids,
             metavar="ID",
             before_script=UNWAITED,
@@ -197,7 +204,7 @@ ADD = Command(
         ),
         Opt(
             "--after-any",
-            kind=APPEND,
+            kind=EXTEND,
             convert=ids,
             metavar="ID",
             before_script=UNWAITED,
@@ -245,11 +252,11 @@ ADD = Command(
         ),
         Opt(
             "--notify",
-            kind=FLAG,
+            kind=NOTIFY,
             help="a desktop notification when it ends (notify-send); --notify URL: its events sent to URL "
             "through Apprise (ntfy://, tgram://, slack://, discord://, mailto://, json://...; repeatable)",
         ),
-        Opt(NOTIFY_URL, kind=APPEND, help=HIDDEN),  # `--notify URL`, as spell_notify_urls reads it
+        Opt("--notify-url", kind=APPEND, help=HIDDEN),  # where `--notify URL` puts its URLs
         Opt(
             "--max-log-size",
             metavar="SIZE",
@@ -334,110 +341,97 @@ ADD = Command(
             help="print what would be queued and whether it would start; write nothing",
         ),
         Opt("--json", kind=FLAG, help="with --dry-run: print it as JSON"),
-        Opt("script", metavar="SCRIPT", help="a .py file, or any command (bash, torchrun, ...)"),
-        Opt("args", nargs=REST, metavar="ARGS", help="passed to SCRIPT verbatim"),
+        Opt(
+            "cmd",
+            nargs=REST,
+            metavar="SCRIPT [ARGS...]",
+            help="a .py file, or any command (bash, torchrun, ...), and its arguments, passed verbatim",
+        ),
     ),
 )
 
-STATUS = Command(
-    "status",
-    handler="cmd_view:cmd_status",
-    help="show the queue",
+RUN = Command(
+    "run",
+    handler="cmd_worker:cmd_run",
+    help="start a worker",
+    description="Run queued jobs, one at a time per slot.",
     options=(
-        Opt("-a", "--all", kind=FLAG, help="every finished job, not only the recent ones"),
-        Opt("--json", kind=FLAG, group="look", help="machine-readable list of jobs"),
-        Opt("--watch", kind=FLAG, group="look", help="a live view, redrawn in place until Ctrl-C"),
-        Opt("--interval", convert=interval, default=2.0, metavar="S", help="with --watch: redraw every S seconds"),
+        Opt("--watch", kind=FLAG, group="mode", help="stay up and wait for new jobs"),
+        Opt("--daemon", kind=FLAG, group="mode", help="start a resident background worker and return"),
+        Opt(
+            "--gpus",
+            metavar="LIST",
+            setting="gpus",
+            read=gpu_labels,
+            help="use only these GPUs (e.g. 0,2; default: every GPU found). Workers with disjoint --gpus "
+            "can share a spool. Without GPUs: one slot per listed label",
+        ),
+        Opt(
+            "--foreign-mem-threshold",
+            metavar="SIZE",
+            setting="foreign_threshold_mib",
+            read=parse_memory_mib,
+            help="memory that processes outside gpuq may hold on a GPU before a whole-GPU job waits for it "
+            "(default 1G)",
+        ),
+        Opt(
+            "--recover",
+            kind=FLAG,
+            setting="recover",
+            help="first put interrupted jobs back in the queue (after a reboot), each from its newest checkpoint",
+        ),
+        Opt(
+            "--notify",
+            kind=NOTIFY,
+            setting="notify",
+            help="a desktop notification whenever a job ends; --notify URL: every job's events sent to URL "
+            "(see `add --notify`; default: GPUQ_NOTIFY, else notify in ~/.config/gpuq/config.toml)",
+        ),
+        Opt("--notify-url", kind=APPEND, setting="notify_urls", read=notify_urls, help=HIDDEN),
+        Opt(
+            "--max-log-size",
+            metavar="SIZE",
+            setting="max_log_bytes",
+            read=parse_size_bytes,
+            help="cap every job's log (a job's own cap comes first)",
+        ),
+        Opt(
+            "--default-time",
+            metavar="LIMIT",
+            setting="default_time",
+            read=parse_duration,
+            help="the time limit of jobs without their own --time (4h, 90m; a bare number is minutes)",
+        ),
+        Opt(
+            "--kill-grace",
+            metavar="SECONDS",
+            setting="kill_grace",
+            read=grace_seconds,
+            help="when a job ends, what is left of its process group gets SIGTERM, then SIGKILL after this "
+            "(default 10)",
+        ),
+        # what jobs may reserve of the machine in all (engine/schedule/hostroom.py)
+        Opt(
+            "--mem",
+            metavar="SIZE",
+            setting="host_mem_mib",
+            read=parse_memory_mib,
+            help="host memory jobs may reserve in all with `add --mem` "
+            "(default: the machine's, less GPUQ_HOST_MEM_MARGIN)",
+        ),
+        Opt(
+            "--cpus",
+            metavar="N",
+            setting="host_cpus",
+            read=cpu_total,
+            help="CPUs jobs may reserve in all with `add --cpus` (default: those the worker may run on)",
+        ),
+        Opt(
+            "--on-finish",
+            metavar="CMD",
+            setting="on_finish",
+            help="a shell command run whenever a job ends (see `add --on-finish`)",
+        ),
+        Opt("--ready-fd", convert=int, help=HIDDEN),  # the background worker tells its starter it holds its locks
     ),
 )
-
-ETA = Command(
-    "eta",
-    handler="cmd_view:cmd_eta",
-    help="progress and expected end of running jobs, expected start of pending ones",
-    id_states=ACTIVE,
-    options=(Opt("id", convert=positive_id, nargs="?", help="one job (default: every running and pending job)"),),
-)
-
-# ---- where gpuq's own options end on an `add` line --------------------------------------------
-
-
-def spell_notify_urls(command: Command, words: list[str]) -> list[str]:
-    """`--notify URL` (the next word has `://`, and is no option) and `--notify=URL` among gpuq's options at the start
-    of `words` (up to `--` or SCRIPT), each as `--notify-url URL`. A plain `--notify` stays the
-    desktop notification: `gpuq add --notify python train.py` keeps meaning what it always did."""
-    out, i = [], 0
-    while i < len(words):
-        word = words[i]
-        if word == "--" or not word.startswith("-") or word == "-":
-            return out + words[i:]
-        following = words[i + 1] if i + 1 < len(words) else "-"
-        if word == "--notify" and "://" in following and not following.startswith("-"):
-            out += [NOTIFY_URL, words[i + 1]]
-            i += 2
-            continue
-        if word.startswith("--notify="):
-            out += [NOTIFY_URL, word[len("--notify=") :]]
-            i += 1
-            continue
-        opt = command.option(word)
-        step = 2 if opt is not None and opt.takes_value else 1
-        out += words[i : i + step]
-        i += step
-    return out
-
-
-def split_at_script(command: Command, words: list[str]) -> tuple[list[str], list[str]]:
-    """`add`'s words split at SCRIPT: gpuq's options before it, the job's words from it on (a `--`
-    between them dropped)."""
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word == "--":
-            return words[:i], words[i + 1 :]
-        opt = command.option(word)
-        if opt is not None and opt.takes_value:
-            i += 2
-        elif word.startswith("-") and word != "-":
-            i += 1
-        else:
-            return words[:i], words[i:]
-    return words, []
-
-
-def misplaced_option(command: Command, words: list[str]) -> list[str]:
-    """The first of gpuq's own long options among the job's words, with its value: most likely
-    meant for gpuq (the original gpuq took them from anywhere on the line). parser.py notes it, or
-    refuses the line if it is one of `late_options`; quick.py leaves such a line to parser.py."""
-    for _at, found, _opt in _own_options(command, words):
-        return found
-    return []
-
-
-def late_options(command: Command, words: list[str]) -> list[tuple[int, list[str], Opt]]:
-    """gpuq's dependency and scheduling options (Opt.before_script) among the job's words: (where,
-    the option with its value, the option). The job would run without them: parser.py refuses.
-    With a late --dry-run, a late --json (which goes only with it) is moved with it."""
-    own = [(at, found, opt) for at, found, opt in _own_options(command, words) if opt is not None]
-    late = [(at, found, opt) for at, found, opt in own if opt.before_script]
-    if any(opt.dest == "dry_run" for _at, _found, opt in late):
-        late = [(at, found, opt) for at, found, opt in own if opt.before_script or opt.dest == "json"]
-    return late
-
-
-def _own_options(command: Command, words: list[str]) -> Iterator[tuple[int, list[str], Optional[Opt]]]:
-    """Each of gpuq's own long options among `words`, in order: (where, the option with its value,
-    the option; None for `--help`)."""
-    i = 0
-    while i < len(words):
-        word = words[i]
-        name = word.split("=", 1)[0]
-        opt = command.option(name) if word.startswith("--") and word != "--help" else None
-        if name == "--help" and word != "--help":
-            yield i, [word], None
-        elif opt is not None and opt.takes_value and "=" not in word:
-            yield i, words[i : i + 2], opt
-            i += 1  # its value is not an option, whatever it looks like
-        elif opt is not None:
-            yield i, [word], opt
-        i += 1

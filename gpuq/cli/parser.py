@@ -1,8 +1,9 @@
 """The `gpuq` command line's argparse parser, built from the table of cli/commands.py.
 
 `parse` builds only the subparser of the command typed (building all of them costs more than most
-commands' own work); `build_parser()` builds all (help, shell completion). A plain `status` or
-`add` line never comes here: cli/quick.py reads it from the same table.
+commands' own work); `build_parser()` builds all (help, shell completion). Errors are one line
+from the command that gives them (`gpuq add: ...`). `add`'s words from SCRIPT on are the job's
+(argparse.REMAINDER); `check_job_words` is the one look at them for gpuq's own options.
 """
 
 from __future__ import annotations
@@ -11,29 +12,12 @@ import argparse
 import os
 import shlex
 import sys
+from typing import Any, Optional
 
 from gpuq import __version__
-from gpuq.cli.commands import COMMANDS, RUN
-from gpuq.cli.options import (
-    ADD,
-    APPEND,
-    CONST,
-    FLAG,
-    HIDDEN,
-    NOTIFY_URL,
-    REST,
-    Command,
-    Opt,
-    late_options,
-    misplaced_option,
-    spell_notify_urls,
-    split_at_script,
-)
-from gpuq.core.errors import UsageError
-
-TYPE_CHECKING = False  # typing only for annotations: about 4 ms of every command parsed here
-if TYPE_CHECKING:
-    from typing import Any, Optional
+from gpuq.cli.commands import COMMANDS
+from gpuq.cli.options import ADD, CONST, EXTEND, FLAG, HIDDEN, NOTIFY, REST, Command, Opt
+from gpuq.core.errors import GpuqError, UsageError
 
 DESCRIPTION = (
     "A GPU job queue for one machine, kept in a spool directory ($GPUQ_HOME, default ~/.gpuq). "
@@ -43,10 +27,22 @@ DESCRIPTION = (
 
 class Formatter(argparse.HelpFormatter):
     """argparse's formatter, told the terminal's width so that it does not import shutil (and bz2,
-    lzma with it) for each argument it checks while the parser is built."""
+    lzma with it) for each argument it checks while the parser is built; `SCRIPT [ARGS...]` shown
+    as such rather than as argparse's `...`."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: Any = None):
         super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
+
+    def _format_args(self, action: argparse.Action, default_metavar: str) -> str:
+        if action.nargs == argparse.REMAINDER and action.metavar:
+            return str(action.metavar)
+        return super()._format_args(action, default_metavar)
+
+
+def said_by(prefix: str, exc: GpuqError) -> GpuqError:
+    """`exc`, said by `prefix` (`gpuq add: ...`) rather than by plain `gpuq`."""
+    exc.prefix = prefix
+    return exc
 
 
 def _columns() -> int:
@@ -71,9 +67,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        exc = UsageError(f"{message} (see `{self.prog} --help`)")
-        exc.prefix = self.prog
-        raise exc
+        raise said_by(self.prog, UsageError(f"{message} (see `{self.prog} --help`)"))
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
         """`--slurm-opt --time=4:00:00`: argparse takes a value that starts with `-` for an
@@ -84,6 +78,18 @@ class Parser(argparse.ArgumentParser):
                 word = words.pop(0)
                 args.append(f"{word}={words.pop(0)}" if word in self.joined and words else word)
         return super().parse_known_args(args, namespace)
+
+
+class Notify(argparse.Action):
+    """`--notify`: alone, True; with a URL (`--notify URL`, `--notify=URL`), the URL added to
+    `notify_url`. argparse gives it the next word whatever it is: `parse` reads a word that is
+    no URL (`gpuq add --notify python train.py`) as the next of the command line's words."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option_string: Any = None) -> None:
+        if value is None:
+            namespace.notify = True
+        else:
+            namespace.notify_url = [*namespace.notify_url, value]
 
 
 def build_parser(only: Optional[str] = None) -> Parser:
@@ -126,8 +132,10 @@ def _argument(opt: Opt) -> dict[str, Any]:
         return dict(out, action="store_true")
     if opt.kind == CONST:
         return dict(out, action="store_const", const=opt.const, default=opt.default)
-    if opt.kind == APPEND:
-        out.update(action="append", default=opt.initial())
+    if opt.kind == NOTIFY:
+        return dict(out, action=Notify, nargs="?", default=False, metavar="URL")
+    if opt.kind in (EXTEND, "append"):
+        out.update(action=opt.kind, default=opt.initial())
     elif opt.default is not None:
         out["default"] = opt.default
     if opt.convert is not None:
@@ -161,40 +169,37 @@ def _commands(parser: Parser) -> dict[str, Parser]:
     return parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
 
 
-def _add_parser(parser: Parser) -> Parser:
-    """`add`'s subparser (or `enqueue`'s, the same options), whichever was built."""
-    built = _commands(parser)
-    return built["add"] if "add" in built else built["enqueue"]
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     wanted = argv[0] if argv and not argv[0].startswith("-") else None
     parser = build_parser(only=wanted)
     if wanted is not None and wanted not in _commands(parser):
         raise _unknown_command(wanted)
-    if argv and argv[0] in ADD.names:
-        return _parse_add(parser, [argv[0], *spell_notify_urls(ADD, argv[1:])])
-    if argv and argv[0] == RUN.names[0]:
-        argv = [argv[0], *spell_notify_urls(RUN, argv[1:])]
     args = _parse_args(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         raise SystemExit(UsageError.exit_code)
+    if args.command in ADD.names:
+        script_and_args(args, argv)
     return args
 
 
 def _parse_args(parser: Parser, argv: list[str]) -> argparse.Namespace:
     """argparse's reading of `argv`; what the main parser says of a command's words (`gpuq add
-    -n x`: "unrecognized arguments") is said by the command, as its own errors are."""
+    -n x`: "unrecognized arguments") is said by the command, as its own errors are. `--notify
+    WORD` where WORD is no URL: `--notify` alone, and WORD the command line's next word."""
     try:
-        return parser.parse_args(argv)
+        args = parser.parse_args(argv)
     except UsageError as exc:
         if exc.prefix != parser.prog or not argv or argv[0] not in _commands(parser):
             raise
         command = _command_words(argv)
         told = UsageError(str(exc).replace(f"`{parser.prog} --help`", f"`gpuq {command} --help`"))
-        told.prefix = f"gpuq {command}"
-        raise told from None
+        raise said_by(f"gpuq {command}", told) from None
+    taken = [url for url in getattr(args, "notify_url", ()) if "://" not in url]
+    at = next((i for i in range(len(argv) - 1) if argv[i] == "--notify" and argv[i + 1] in taken), None)
+    if at is None:
+        return args
+    return _parse_args(parser, [*argv[: at + 1], "--", *argv[at + 1 :]])
 
 
 def _command_words(argv: list[str]) -> str:
@@ -208,63 +213,73 @@ def _command_words(argv: list[str]) -> str:
 def _unknown_command(word: str) -> UsageError:
     """`gpuq stauts`: one line with the command most likely meant, among those `--help` lists
     (never the hidden ones, as `_ids`)."""
-    import difflib  # only for a mistyped command
+    import difflib  # only for a command that is not one
 
     listed = [name for command in COMMANDS if command.help is not None for name in command.names]
     close = difflib.get_close_matches(word, listed, n=1)
     meant = f"; did you mean {close[0]}?" if close else ""
-    exc = UsageError(f"unknown command {word!r}{meant} (`gpuq --help` lists the commands)")
-    exc.prefix = "gpuq"
-    return exc
+    return said_by("gpuq", UsageError(f"unknown command {word!r}{meant} (`gpuq --help` lists the commands)"))
 
 
-def _parse_add(parser: Parser, argv: list[str]) -> argparse.Namespace:
-    """`add`: gpuq's options up to SCRIPT, the job's words verbatim from SCRIPT on. One of gpuq's
-    dependency or scheduling options after SCRIPT is refused (the job would run without it); any
-    other of gpuq's own options there gets a note on stderr."""
-    own, job_words = split_at_script(ADD, argv[1:])
-    separated = argv[1 + len(own) : 2 + len(own)] == ["--"]
-    if job_words and not separated:
-        _refuse_late_options(argv[0], own, job_words)
-    stray = misplaced_option(ADD, job_words[1:]) if job_words and not separated else []
-    if stray:
-        typed = ["--notify" if word == NOTIFY_URL else word for word in own]  # as spell_notify_urls found it
-        fix = shlex.join(["gpuq", argv[0], *typed, *stray, job_words[0]])
+def script_and_args(args: argparse.Namespace, argv: list[str]) -> None:
+    """`add`'s SCRIPT and ARGS (`args.script`, `args.args`) from the words argparse left to the
+    job (a `--` before SCRIPT dropped), checked by `check_job_words`."""
+    words: list[str] = args.cmd
+    del args.cmd
+    separated = words[:1] == ["--"]
+    job = words[1:] if separated else words
+    if not job:
+        raise said_by(
+            f"gpuq {argv[0]}",
+            UsageError(
+                f"say what to queue: a script or a command, after gpuq's options (gpuq {argv[0]} train.py --lr "
+                f"3e-4, gpuq {argv[0]} --gpus 2 torchrun train.py; see `gpuq {argv[0]} --help`)"
+            ),
+        )
+    if not separated:
+        check_job_words(argv[0], argv[1 : len(argv) - len(words)], job)
+    args.script, args.args = job[0], job[1:]
+
+
+def check_job_words(command: str, typed: list[str], job: list[str]) -> None:
+    """gpuq's own long options among the job's words (`gpuq add eval.py --after 1`: the original
+    gpuq took them from anywhere on the line). A dependency or scheduling one (Opt.before_script)
+    is refused, as the job would run without it, with the line that works: them before SCRIPT, the
+    rest as typed (a late --json goes with a late --dry-run). Any other gets a note on stderr."""
+    found, i = [], 1
+    while i < len(job):
+        name = job[i].split("=", 1)[0]
+        opt = ADD.option(name) if job[i].startswith("--") else None
+        if opt is not None or (name == "--help" and job[i] != "--help"):
+            n = 2 if opt is not None and opt.takes_value and "=" not in job[i] else 1
+            found.append((i, job[i : i + n], opt))
+            i += n - 1
+        i += 1
+    own = [(at, words, opt) for at, words, opt in found if opt is not None]
+    late = [(at, words, opt) for at, words, opt in own if opt.before_script]
+    if any(opt.dest == "dry_run" for _at, _words, opt in late):
+        late = [(at, words, opt) for at, words, opt in own if opt.before_script or opt.dest == "json"]
+    if late:
+        moved = [word for _at, words, _opt in late for word in words]
+        taken = {at + k for at, words, _opt in late for k in range(len(words))}
+        kept = [word for i, word in enumerate(job) if i not in taken]
+        script, them = job[0], "it" if len(late) == 1 else "them"
+        named = ", ".join(" ".join(words) for _at, words, _opt in late)
+        would = next(opt.before_script for _at, _words, opt in late if opt.before_script)
+        raise said_by(
+            f"gpuq {command}",
+            UsageError(
+                f"{named} {'comes' if len(late) == 1 else 'come'} after the script, so {script} would get {them} "
+                f"and the job would {would}; put {them} before the script: "
+                f"{shlex.join(['gpuq', command, *typed, *moved, *kept])} (or `--` before the script to pass {them} "
+                f"to {script})"
+            ),
+        )
+    if found:
+        stray = found[0][1]
+        fix = shlex.join(["gpuq", command, *typed, *stray, job[0]])
         print(
-            f"gpuq {argv[0]}: note: {stray[0]} comes after the script, so {job_words[0]} gets it; gpuq's "
+            f"gpuq {command}: note: {stray[0]} comes after the script, so {job[0]} gets it; gpuq's "
             f"options go before the script ({fix} ...); `--` before the script silences this note",
             file=sys.stderr,
         )
-    args = _parse_args(parser, [argv[0], *own, "--", "_"])  # gpuq's options, read (or `--help` shown)
-    if not job_words:
-        exc = UsageError(
-            f"say what to queue: a script or a command, after gpuq's options (gpuq {argv[0]} train.py --lr 3e-4, "
-            f"gpuq {argv[0]} --gpus 2 torchrun train.py; see `gpuq {argv[0]} --help`)"
-        )
-        exc.prefix = f"gpuq {argv[0]}"
-        raise exc
-    args.script, args.args = job_words[0], job_words[1:]
-    return args
-
-
-def _refuse_late_options(command: str, own: list[str], job_words: list[str]) -> None:
-    """A UsageError when gpuq's dependency or scheduling options follow SCRIPT (the original
-    gpuq's `add eval.py --after 1`): eval.py would get them and the job would start at once. The
-    fix given moves them before SCRIPT, the rest of the line as typed."""
-    late = late_options(ADD, job_words[1:])
-    if not late:
-        return
-    moved = [word for _at, found, _opt in late for word in found]
-    taken = {at + 1 + k for at, found, _opt in late for k in range(len(found))}
-    kept = [word for i, word in enumerate(job_words) if i not in taken]
-    script, one = job_words[0], len(late) == 1
-    named = ", ".join(" ".join(found) for _at, found, _opt in late)
-    would = next(opt.before_script for _at, _found, opt in late if opt.before_script)
-    exc = UsageError(
-        f"{named} {'comes' if one else 'come'} after the script, so {script} would get {'it' if one else 'them'} "
-        f"and the job would {would}; put {'it' if one else 'them'} before the script: "
-        f"{shlex.join(['gpuq', command, *own, *moved, *kept])} (or `--` before the script to pass "
-        f"{'it' if one else 'them'} to {script})"
-    )
-    exc.prefix = f"gpuq {command}"
-    raise exc

@@ -2,7 +2,7 @@
 banded inside by GPU utilisation where the job's supervisor recorded it.
 
 matplotlib is an optional extra (`plot`; system/extras.py names the command that installs it),
-imported only inside `plot`, so nothing else in gpuq pays for it. The figure is drawn with
+imported only by `figure`, so nothing else in gpuq pays for it. The figure is drawn with
 matplotlib's object API (`Figure`, no pyplot), which never opens a display and does not change the
 process's global backend.
 """
@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from datetime import datetime, timezone
+from types import SimpleNamespace
 from typing import Any, Optional, Sequence
 
 from gpuq.core.errors import GpuqError
 from gpuq.core.states import PREEMPTED, TABLE
 from gpuq.core.words import plural
 from gpuq.engine.views.history import PastRun
+from gpuq.system.extras import install_command
 
 FORMATS = (".png", ".svg")
 MISSING = "history --plot needs matplotlib"  # and the command that installs it (system/extras.py)
@@ -56,20 +58,20 @@ def plot(
 def figure(runs: Sequence[PastRun], title: Optional[str] = None, utilisation: Optional[Utilisation] = None) -> Any:
     """The matplotlib Figure `plot` saves."""
     try:
-        from matplotlib import dates as mdates  # matplotlib is optional (the plot extra)
-        from matplotlib.figure import Figure  # (optional, as above)
+        from matplotlib import collections, colors, dates, figure, lines, patches  # the plot extra: here only
     except ImportError:
-        from gpuq.system.extras import install_command  # only to say what to install
-
         raise PlotUnavailable(f"{MISSING}: {install_command('plot')}") from None
+    mpl = SimpleNamespace(
+        collections=collections, colors=colors, dates=dates, figure=figure, lines=lines, patches=patches
+    )
     lanes = lane_order(runs)
     given = utilisation or {}
     shaded = {key: given[key] for key in ((r.job_id, r.start) for r in runs) if key in given}  # what is drawn
     colour_bar = 0.7 if shaded else 0.0  # room for it below the time axis
-    fig = Figure(figsize=(12, 1.6 + colour_bar + 0.45 * max(1, len(lanes))), layout="constrained")
+    fig = mpl.figure.Figure(figsize=(12, 1.6 + colour_bar + 0.45 * max(1, len(lanes))), layout="constrained")
     ax = fig.add_subplot()
     if runs:
-        _draw(ax, runs, lanes, mdates, shaded)
+        _draw(ax, runs, lanes, mpl, shaded)
     else:
         ax.text(0.5, 0.5, "no finished runs in this period", ha="center", va="center", transform=ax.transAxes)
         ax.set_yticks([])
@@ -98,7 +100,8 @@ def _default_title(runs: Sequence[PastRun]) -> str:
     return f"gpuq history: {plural(len(runs), 'run')}, {hours:.1f} GPU-hours"
 
 
-def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mdates: Any, shaded: Utilisation) -> None:
+def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mpl: Any, shaded: Utilisation) -> None:
+    mdates = mpl.dates
     tz = datetime.now(timezone.utc).astimezone().tzinfo  # show local time, as `gpuq status` does
     row = {lane: index for index, lane in enumerate(lanes)}
 
@@ -107,7 +110,7 @@ def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mdates: Any, shade
 
     shown = _draw_bars(ax, runs, row, num)
     markers = _mark_preemptions(ax, runs, row, num)
-    bands = _draw_bands(ax, runs, row, num, shaded)
+    bands = _draw_bands(ax, runs, row, num, shaded, mpl)
     if bands is not None:
         ax.figure.colorbar(bands, ax=ax, location="bottom", shrink=0.3, aspect=40, label="GPU utilisation %")
     ax.set_yticks(range(len(lanes)), [_label(lane) for lane in lanes])
@@ -117,7 +120,7 @@ def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mdates: Any, shade
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=tz))
     ax.grid(axis="x", alpha=0.3)
     plain = bands is not None and any(run.gpu_count and (run.job_id, run.start) not in shaded for run in runs)
-    _legend(ax, shown, markers, any(run.adopted for run in runs), bands is not None, plain)
+    _legend(ax, shown, markers, any(run.adopted for run in runs), bands is not None, plain, mpl)
 
 
 def _draw_bars(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any) -> list[str]:
@@ -153,12 +156,9 @@ def _draw_bars(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any) 
     return order
 
 
-def _draw_bands(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any, shaded: Utilisation) -> Any:
+def _draw_bands(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any, shaded: Utilisation, mpl: Any) -> Any:
     """The utilisation spans inside the bars, as one collection (thousands of spans stay quick);
     None when no run has any. A time without a known utilisation has no band there."""
-    from matplotlib.collections import PolyCollection  # matplotlib is optional (the plot extra)
-    from matplotlib.colors import Normalize  # (optional, as above)
-
     boxes, values = [], []
     for run in runs:
         series = shaded.get((run.job_id, run.start)) or {}
@@ -170,7 +170,8 @@ def _draw_bands(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any,
                 values.append(util)
     if not boxes:
         return None
-    bands = PolyCollection(boxes, array=values, cmap=CMAP, norm=Normalize(0, 100), edgecolors="none", zorder=2)
+    norm = mpl.colors.Normalize(0, 100)
+    bands = mpl.collections.PolyCollection(boxes, array=values, cmap=CMAP, norm=norm, edgecolors="none", zorder=2)
     bands.set_gid(BAND_GID)
     ax.add_collection(bands)
     return bands
@@ -205,13 +206,11 @@ def _mark_preemptions(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num
 
 
 def _legend(
-    ax: Any, outcomes: list[str], markers: list[tuple[str, str]], adopted: bool, banded: bool, plain: bool
+    ax: Any, outcomes: list[str], markers: list[tuple[str, str]], adopted: bool, banded: bool, plain: bool, mpl: Any
 ) -> None:
     # Handles made here, not taken from the bars: a hatched (adopted) first bar must not make
     # its whole outcome look hatched in the legend.
-    from matplotlib.lines import Line2D  # matplotlib is optional (the plot extra)
-    from matplotlib.patches import Patch  # (optional, as above)
-
+    Line2D, Patch = mpl.lines.Line2D, mpl.patches.Patch
     handles: list[Any] = [Patch(color=OUTCOMES.get(o, OTHER)[1], label=OUTCOMES.get(o, OTHER)[0]) for o in outcomes]
     handles += [Line2D([], [], marker=m, color="black", linestyle="none", label=label) for m, label in markers]
     if adopted:

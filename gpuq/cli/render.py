@@ -7,6 +7,7 @@ import unicodedata
 from bisect import bisect_left
 from itertools import repeat
 from operator import getitem
+from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
@@ -17,10 +18,6 @@ from gpuq.system import security
 
 IN_LINE = (RUNNING, PENDING, HELD)  # rows shown first, by id (engine/views/status.py's order)
 NOTE_SHOWN = tuple(state.name for state in TABLE if state.shows_note)  # the states whose Info ends with the note
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional
 
 SYMBOLS = {state.name: state.glyph for state in TABLE}  # a dict: `status -a` maps it over every row
 
@@ -44,10 +41,9 @@ _WIDTHS: dict[str, int] = {}
 HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
 
 
-def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = None, block: Any = None) -> list[str]:
-    """The table of `rows`, and of `finished` (spool/cache/finished.py's FinishedRows: finished
-    rows in id order) merged in by id after the running, pending and held rows. Given `block`, the
-    finished_block of `finished`, its lines may come as it is: one string, last in the list."""
+def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = None) -> list[str]:
+    """The table of `rows`, and of `finished` (the spool's FinishedRows: finished rows in id order,
+    as columns) merged in by id after the running, pending and held rows."""
     now = time.time() if now is None else now
     columns: list[list[str]] = [[title] for title in HEADER]
     tail: list[Any] = []  # rows after those in line, which merge with `finished`
@@ -56,38 +52,23 @@ def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = N
             tail.append(row)
             continue
         _add(columns, row, now)
-    block = block if finished is not None and not tail else None
-    if block is not None:
-        widths, lines = _table(columns, block[0])
-        if widths == list(block[0]):  # no running or pending row wider than the finished ones
-            return lines + [block[1]] if block[1] else lines
     if finished is not None:
         _merge_finished(columns, tail, finished, now)
-    return _table(columns)[1]
+    return _table(columns)
 
 
-def finished_block(finished: Any) -> tuple[tuple[int, ...], str]:
-    """A FinishedRows' rows as the lines of a table of them alone, and that table's widths."""
-    columns: list[list[str]] = [[title] for title in HEADER]
-    _merge_finished(columns, [], finished, 0.0)
-    widths, lines = _table(columns)
-    return tuple(widths), "\n".join(lines[2:])
-
-
-def _table(columns: list[list[str]], at_least: Optional[tuple[int, ...]] = None) -> tuple[list[int], list[str]]:
-    """(widths, lines) of a table given as columns whose first cells are the header's. Column by
+def _table(columns: list[list[str]]) -> list[str]:
+    """The lines of a table given as columns whose first cells are the header's. Column by
     column, with maps rather than a Python step per row: `status -a` shows 100,000 rows."""
     ascii_columns = ["".join(column).isascii() for column in columns[:5]]
     widths = [_column_width(column, plain) for column, plain in zip(columns[:5], ascii_columns)]
-    if at_least is not None:
-        widths = list(map(max, widths, at_least))
     padded = [
         _padded(column, w, right, plain)
         for column, w, right, plain in zip(columns, widths, (True, False, False, False, True), ascii_columns)
     ]
     lines = list(map(str.rstrip, map("  ".join, zip(*padded, columns[5]))))
     lines.insert(1, "─" * (sum(widths) + 14))
-    return widths, lines
+    return lines
 
 
 def _column_width(column: list[str], plain: bool) -> int:
@@ -124,7 +105,7 @@ def _merge_finished(columns: list[list[str]], tail: list[Any], finished: Any, no
     put in by id."""
     parts = _finished_cells(finished)
     start = 0
-    for row in sorted(tail, key=lambda r: r.job["id"]):
+    for row in sorted(tail, key=lambda r: r.job.id):
         at = bisect_left(finished.ids, row.job.id, start)
         for column, part in zip(columns, parts):
             column += part[start:at]
@@ -135,13 +116,13 @@ def _merge_finished(columns: list[list[str]], tail: list[Any], finished: Any, no
 
 
 def _finished_cells(finished: Any) -> tuple[Any, ...]:
-    """The cells of a FinishedRows, column by column (spool/cache/journal.py's ROW): the id, the
+    """The cells of a FinishedRows, column by column (name, script, seconds, end): the id, the
     state's symbol, name, script, time and info. Each distinct time and info (a state and an end)
     is made once: 100,000 rows hold a few hundred."""
     names, scripts, seconds, ends = finished.columns
     states = finished.states
     times = {s: duration(s) for s in set(seconds)}
-    distinct = set(ends)  # the same few objects (spool/cache/finished.py): a state's info of each
+    distinct = set(ends)  # rows share the same few ends: a state's info of each
     infos = {state: {end: finished_info(state, *end) for end in distinct} for state in set(states)}
     return (
         list(map(str, finished.ids)),
@@ -153,7 +134,7 @@ def _finished_cells(finished: Any) -> tuple[Any, ...]:
     )
 
 
-def row_cells(job: dict[str, Any], state: str, wait: Any, estimate: Any, now: float) -> list[str]:
+def row_cells(job: Job, state: str, wait: Any, estimate: Any, now: float) -> list[str]:
     """Name, script, time and info of one status row."""
     return [
         job.name,
@@ -163,7 +144,7 @@ def row_cells(job: dict[str, Any], state: str, wait: Any, estimate: Any, now: fl
     ]
 
 
-def elapsed(job: dict[str, Any], now: float) -> Optional[float]:
+def elapsed(job: Job, now: float) -> Optional[float]:
     start = parse_iso(job.started_at)
     if start is None:
         return None
@@ -171,7 +152,7 @@ def elapsed(job: dict[str, Any], now: float) -> Optional[float]:
     return end - start
 
 
-def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
+def info(job: Job, state: str, wait: Any = None) -> str:
     parts = []
     exit_code = None  # shown for the states after a run
     if state == RUNNING:
@@ -207,7 +188,7 @@ def info(job: dict[str, Any], state: str, wait: Any = None) -> str:
     return "  ".join([*parts, tail] if tail else parts)
 
 
-def _dependencies(job: dict[str, Any]) -> str:
+def _dependencies(job: Job) -> str:
     """`after #3, after-any #4`: --after waits for a success, --after-any for any end."""
     after = ["after " + ", ".join(f"#{d}" for d in job.after)] if job.after else []
     after_any = ["after-any " + ", ".join(f"#{d}" for d in job.after_any)] if job.after_any else []
@@ -225,8 +206,8 @@ def finished_info(
     priority: Optional[int],
     unreadable: str = "",
 ) -> str:
-    """The info cell of a finished job's row (its state and end: spool/cache/journal.py's END),
-    and the end of any row's: how it ended, where, why, its priority."""
+    """The info cell of a finished job's row (its state and end, as the finished rows hold it), and
+    the end of any row's: how it ended, where, why, its priority."""
     if unreadable:
         return f"unreadable job file: {unreadable}"
     parts = []
@@ -433,12 +414,12 @@ def _sweep_row(sweep_id: int, group: list[Any]) -> SweepRow:
     }
     state = min(states, key=lambda s: BY_NAME[s].rank)  # the state that says most of the sweep
     first = group[0].job
-    keys = list(first["sweep"]["values"])
-    base = first["name"].split(f" {keys[0]}=", 1)[0] if keys else first["name"]
+    keys = list(first.sweep["values"])
+    base = first.name.split(f" {keys[0]}=", 1)[0] if keys else first.name
     summary = ", ".join(f"{n} {what}" for what, n in counts.items())
     info = f"sweep of {len(group)} over {', '.join(keys)}: {summary} (`gpuq status -a` lists them)"
     info = _join(_members_progress(group), info)
-    return SweepRow(sweep_id, state, (f"sweep #{sweep_id} {base}", schema.display_script(first["cmd"]), "", info))
+    return SweepRow(sweep_id, state, (f"sweep #{sweep_id} {base}", schema.display_script(first.cmd), "", info))
 
 
 def _members_progress(group: list[Any]) -> str:

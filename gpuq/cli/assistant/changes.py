@@ -1,62 +1,58 @@
 """The tools of `gpuq mcp` that change the queue: `add` (and `add_dry_run`, which changes nothing
 but takes the same parameters), whose parameters are `gpuq add`'s options read from the one
 options table (cli/options.py: an option added there is a parameter here), and the commands of
-one or several job ids. Each calls what its CLI command calls (cli/cmd_queue.py,
-cmd_preempt.py) and returns what happened as a dict.
+one or several job ids. Each makes the engine's typed request (enqueue.Request,
+engine/lifecycle/requests.py) from its arguments, as the CLI does from its options, and returns
+what happened as a dict.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any, Callable, Literal, Optional, Union
+from typing import Annotated, Any, Callable, get_type_hints
 
 from pydantic import Field
 
-from gpuq.cli.cmd_queue import request_from_options
 from gpuq.cli.common import spool
-from gpuq.cli.options import ADD, APPEND, CONST, FLAG, Opt, gpu_count, ids, positive_id
+from gpuq.cli.options import ADD, HIDDEN
 from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.states import CANCELLED, HELD, PENDING, PREEMPTED, RUNNING
-from gpuq.engine.lifecycle import actions, edit, enqueue, preempt
+from gpuq.engine.lifecycle import enqueue, requests
+from gpuq.engine.lifecycle.dryrun import plan_add
+from gpuq.engine.lifecycle.requests import Done
+from gpuq.spool import Spool
 
 JobIds = Annotated[list[int], Field(description="job ids", min_length=1)]
 JobId = Annotated[int, Field(description="the job id", gt=0)]
 
 # `gpuq add`'s options that are no request: how the CLI prints (-q, --json), --dry-run (a tool of
-# its own); SCRIPT and ARGS are `cmd`
-NOT_PARAMETERS = ("quiet", "script", "args", "dry_run", "json")
-INTEGERS = (int, gpu_count, positive_id)  # converters of options whose value is a number
+# its own)
+NOT_PARAMETERS = ("quiet", "dry_run", "json")
+NOT_ASKED = ("umask", "shell_env")  # the request's fields the server fills in: its own
 
 
-# ---- add: its parameters, from the options table ----------------------------------------------
+# ---- add: its parameters, the request's fields ------------------------------------------------
 
 
 def add_parameters() -> list[inspect.Parameter]:
-    """The `add` tool's parameters: `cmd` (SCRIPT and ARGS), then one per option of `gpuq add`
-    (options sharing a name, `--urgent` and `--urgent=force`, are one parameter of their values)."""
-    words = Field(description="SCRIPT and ARGS, one word each: a .py file or any command", min_length=1)
-    params = [inspect.Parameter("cmd", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[list[str], words])]
-    seen: dict[str, list[Opt]] = {}
+    """The `add` tool's parameters: the fields of `gpuq add`'s request (enqueue.Request), typed as
+    it types them, each described by the help of its options (`--urgent` and `--urgent=force`
+    are one parameter of their values)."""
+    helps: dict[str, list[str]] = {"cmd": ["SCRIPT and ARGS, one word each: a .py file or any command"]}
     for opt in ADD.options:
-        if opt.dest not in NOT_PARAMETERS:
-            seen.setdefault(opt.dest, []).append(opt)
-    for dest, opts in seen.items():
-        kind, default = _parameter_type(opts), opts[0].initial()
-        default = None if opts[0].kind == APPEND else default
-        helps = "; ".join(f"`{o.flags[-1]}`: {o.help}" for o in opts)
-        annotation = Annotated[kind, Field(description=f"{helps} (gpuq add)")]
-        params.append(inspect.Parameter(dest, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
+        if opt.help != HIDDEN and not opt.positional:
+            helps.setdefault(opt.dest, []).append(f"`{opt.flags[-1]}`: {opt.help}")
+    helps["notify_url"] = ["URLs its events are sent to, as `--notify URL`"]
+    types = get_type_hints(enqueue.Request)
+    params = []
+    for name in enqueue.Request._fields:
+        if name not in NOT_ASKED:
+            said = "; ".join(helps[name]) + ("" if name == "cmd" else " (gpuq add)")
+            field = Field(description=said, min_length=1 if name == "cmd" else None)
+            default = enqueue.Request._field_defaults.get(name, inspect.Parameter.empty)
+            kind = inspect.Parameter.KEYWORD_ONLY
+            params.append(inspect.Parameter(name, kind, default=default, annotation=Annotated[types[name], field]))
     return params
-
-
-def _parameter_type(opts: list[Opt]) -> Any:
-    opt = opts[0]
-    if opt.kind == FLAG:
-        return bool
-    if opt.kind == CONST:  # `--urgent` (true) or `--urgent=force` ("force")
-        return Literal[(opt.default, *(o.const for o in opts))]
-    item: Any = int if opt.convert in INTEGERS else Union[int, str] if opt.convert is ids else str
-    return Optional[list[item]] if opt.kind == APPEND else Optional[item]
 
 
 def add(**given: Any) -> dict[str, Any]:
@@ -82,82 +78,57 @@ def add(**given: Any) -> dict[str, Any]:
 def add_dry_run(**given: Any) -> dict[str, Any]:
     """What `add` would queue and whether and when it would start; nothing written (as `gpuq add
     --dry-run`, on a spool that is not made if it does not exist)."""
-    from gpuq.engine.lifecycle.dryrun import plan_add  # only when asked (the ETA's modules with it)
-    from gpuq.spool import Spool  # a spool not made when it does not exist, as `add --dry-run`
-
     return plan_add(Spool(), request(given))
 
 
 def request(given: dict[str, Any]) -> enqueue.Request:
-    """What `gpuq add` would be asked: the tool's arguments made the command line's words and read
-    by its parser (cmd_queue.request_from_options), in the server's environment."""
-    options = {name: value for name, value in given.items() if name != "cmd"}
-    return request_from_options(given["cmd"], options)
+    """The tool's arguments as `gpuq add`'s request, whose fields they are, in the server's environment."""
+    return enqueue.Request(**given)
 
 
 # ---- commands of job ids ----------------------------------------------------------------------
 
 
-def on_each(ids: list[int], act: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
-    """`act` on each id, as the CLI's commands of several ids do: the ones refused are listed with
-    gpuq's one-line reason; when every one was refused, that is the tool's error."""
+def on_each(request: requests.OnJobs, said: Callable[[Done], dict[str, Any]]) -> dict[str, Any]:
+    """The request carried out on each job, as the CLI's commands of several ids do: the ones
+    refused are listed with gpuq's one-line reason; when every one was refused, that is the tool's error."""
     done, refused = [], []
-    for job_id in dict.fromkeys(ids):
-        try:
-            done.append(act(job_id))
-        except GpuqError as exc:
-            refused.append({"id": job_id, "error": str(exc)})
+    for job_id, outcome in requests.each(spool(), request):
+        if isinstance(outcome, GpuqError):
+            refused.append({"id": job_id, "error": str(outcome)})
+        else:
+            done.append(said(outcome))
     if refused and not done:
         raise Refused("; ".join(r["error"] for r in refused))
     return {"jobs": done, "refused": refused}
 
 
-def _said(job: dict[str, Any], state: str, **more: Any) -> dict[str, Any]:
+def _said(job: Any, state: str, **more: Any) -> dict[str, Any]:
     return dict({"id": job.id, "name": job.name, "state": state}, **more)
 
 
 def cancel(ids: JobIds) -> dict[str, Any]:
-    sp = spool()
-
-    def one(job_id: int) -> dict[str, Any]:
-        killed: list[int] = []
-        job = actions.cancel(sp, job_id, lambda: killed.append(job_id))
-        return _said(job, CANCELLED, killed=bool(killed), exit_code=job.exit_code)
-
-    return on_each(ids, one)
+    return on_each(
+        requests.Cancel(ids=ids), lambda d: _said(d.job, CANCELLED, killed=d.killed, exit_code=d.job.exit_code)
+    )
 
 
 def kill(ids: JobIds) -> dict[str, Any]:
-    sp = spool()
-
-    def one(job_id: int) -> dict[str, Any]:
-        actions.get(sp, job_id, (RUNNING,))  # refused before anything is sent
-        job = actions.kill(sp, job_id)
-        return _said(job, CANCELLED, exit_code=job.exit_code)
-
-    return on_each(ids, one)
+    return on_each(requests.Kill(ids=ids), lambda d: _said(d.job, CANCELLED, exit_code=d.job.exit_code))
 
 
 def hold(ids: JobIds) -> dict[str, Any]:
-    sp = spool()
-    return on_each(ids, lambda job_id: _said(actions.hold(sp, job_id), HELD))
+    return on_each(requests.Hold(ids=ids), lambda d: _said(d.job, HELD))
 
 
 def release(ids: JobIds) -> dict[str, Any]:
-    sp = spool()
-    return on_each(ids, lambda job_id: _said(actions.release(sp, job_id), PENDING))
+    return on_each(requests.Release(ids=ids), lambda d: _said(d.job, PENDING))
 
 
 def retry(
     ids: JobIds, from_scratch: Annotated[bool, Field(description="start over, ignoring checkpoints")] = False
 ) -> dict[str, Any]:
-    sp = spool()
-
-    def one(job_id: int) -> dict[str, Any]:
-        job, how = actions.retry(sp, job_id, from_scratch)
-        return _said(job, PENDING, how=how.text())
-
-    return on_each(ids, one)
+    return on_each(requests.Retry(ids=ids, from_scratch=from_scratch), lambda d: _said(d.job, PENDING, how=d.how))
 
 
 def resume(
@@ -165,13 +136,8 @@ def resume(
     require_checkpoint: Annotated[bool, Field(description="refuse a job without a checkpoint")] = False,
     back: Annotated[bool, Field(description="queue it in normal order instead of first in line")] = False,
 ) -> dict[str, Any]:
-    sp = spool()
-
-    def one(job_id: int) -> dict[str, Any]:
-        job = preempt.resume(sp, job_id, require_checkpoint, front=not back).job
-        return _said(job, PENDING, note=job.note)
-
-    return on_each(ids, one)
+    request = requests.Resume(ids=ids, require_checkpoint=require_checkpoint, back=back)
+    return on_each(request, lambda d: _said(d.job, PENDING, note=d.job.note))
 
 
 def preempt_job(
@@ -179,8 +145,7 @@ def preempt_job(
     timeout: Annotated[float, Field(description="seconds to wait for it to exit", ge=0, le=600)] = 60.0,
     force: Annotated[bool, Field(description="SIGKILL whatever is left when the timeout is up")] = False,
 ) -> dict[str, Any]:
-    said: list[str] = []
-    outcome = preempt.preempt(spool(), id, timeout, force, say=said.append)
+    outcome = requests.Preempt(id=id, timeout=timeout, force=force).run(spool())
     job = outcome.job
     if outcome.state == PREEMPTED:
         record = (job.preemptions or [{}])[-1]
@@ -198,10 +163,5 @@ def edit_job(
         list[str], Field(description='KEY=VALUE each, as `gpuq edit --set` (VALUE as JSON: 5, ["a"], or text)')
     ],
 ) -> dict[str, Any]:
-    sp = spool()
-    fields, rev = edit.read(sp, id)
-    changed = edit.with_pairs(fields, changes)
-    if changed == fields:
-        return {"id": id, "changed": []}
-    job = edit.apply(sp, id, changed, rev)
-    return {"id": id, "name": job.name, "changed": [k for k in changed if changed[k] != fields.get(k)]}
+    job, changed = requests.Edit(id=id, changes=changes).run(spool())
+    return {"id": id, "changed": []} if job is None else {"id": id, "name": job.name, "changed": changed}

@@ -8,6 +8,7 @@ the CLI says it, anything else as one line naming its type.
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any, Awaitable, Callable
 
@@ -17,7 +18,6 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
 from gpuq import __version__
 from gpuq.cli.assistant import tools
-from gpuq.core import jsontext
 from gpuq.core.errors import GpuqError
 
 INSTRUCTIONS = (
@@ -87,7 +87,7 @@ def result_of(run: Callable[..., Any], arguments: dict[str, Any]) -> CallToolRes
         value = run(**arguments)
     except Exception as exc:  # noqa: BLE001 - every failure is one line for the assistant
         return CallToolResult(content=[TextContent(type="text", text=one_line(exc))], is_error=True)
-    text = jsontext.dumps(value, ensure_ascii=False)
+    text = json.dumps(value, ensure_ascii=False)
     structured = value if isinstance(value, dict) else {"result": value}
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
@@ -121,7 +121,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def _queue() -> str:
-    return _resource(lambda: jsontext.dumps(tools.queue(), ensure_ascii=False))
+    return _resource(lambda: json.dumps(tools.queue(), ensure_ascii=False))
 
 
 def _log(id: str) -> str:

@@ -14,20 +14,21 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, NamedTuple, Optional
 
 from pydantic import Field
 
-from gpuq.cli import cmd_history, cmd_view
+from gpuq.cli import cmd_history, cmd_status, cmd_view
 from gpuq.cli.assistant import changes
 from gpuq.cli.commands import COMMANDS
 from gpuq.cli.common import spool
 from gpuq.core.errors import UsageError
 from gpuq.engine.lifecycle import actions, edit
 from gpuq.engine.schedule import gpuview
-from gpuq.engine.views import history
+from gpuq.engine.views import finished_index, history
 from gpuq.engine.views.card import not_started
 from gpuq.engine.views.status import status
+from gpuq.engine.views.triage import triage
 
 READ, CHANGE, DESTROY = "read", "change", "destroy"  # a tool's effect
 
@@ -37,26 +38,19 @@ LOG_CHARS_MAX = 64 * 1024  # a log of one endless line (tqdm without \r) must no
 JobId = Annotated[int, Field(description="the job id", gt=0)]
 
 
-class Tool:
+class Tool(NamedTuple):
     """One tool: `name` (the tool's), `cli` (the command line it stands for), `effect`, `run`
     (keyword arguments, typed: the SDK builds the input schema from its signature, or from
-    `parameters` where it takes **keywords), `summary` (after the command's own help)."""
+    `parameters` where it takes **keywords), `summary` (after the command's own help, unless
+    not `with_help`)."""
 
-    __slots__ = ("name", "cli", "effect", "run", "summary", "parameters", "with_help")
-
-    def __init__(
-        self,
-        name: str,
-        cli: str,
-        effect: str,
-        run: Callable[..., Any],
-        summary: str = "",
-        parameters: Optional[Callable[[], list[inspect.Parameter]]] = None,
-        with_help: bool = True,
-    ) -> None:
-        self.name, self.cli, self.effect, self.run, self.summary = name, cli, effect, run, summary
-        self.parameters = parameters
-        self.with_help = with_help  # the description begins with the command's help (commands.py)
+    name: str
+    cli: str
+    effect: str
+    run: Callable[..., Any]
+    summary: str = ""
+    parameters: Optional[Callable[[], list[inspect.Parameter]]] = None
+    with_help: bool = True
 
     def signature(self) -> inspect.Signature:
         """What the tool takes, its annotations evaluated (this module's are strings)."""
@@ -87,7 +81,7 @@ class Tool:
 
 def queue(all: Annotated[bool, Field(description="every finished job, not only the newest (as -a)")] = False) -> Any:
     sp = spool()
-    return [cmd_view.json_row(row) for row in status(sp, show_all=all).rows]
+    return [cmd_status.json_row(row) for row in status(sp, show_all=all).rows]
 
 
 def job(
@@ -125,7 +119,7 @@ def eta(id: Annotated[Optional[int], Field(description="one job (default: every 
     if id is not None:
         actions.get(sp, id)  # "no such job #N"
     fields = ("id", "name", "state", "progress", "eta_seconds", "starts_in_seconds", "eta_method", "progress_source")
-    rows = [cmd_view.json_row(r) for r in status(sp).rows if r.estimate is not None]
+    rows = [cmd_status.json_row(r) for r in status(sp).rows if r.estimate is not None]
     return [{k: row[k] for k in fields} for row in rows if id is None or row["id"] == id]
 
 
@@ -143,7 +137,7 @@ def history_groups(
         start = history.parse_since(since, time.time()) if since else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    groups = cmd_history.history_groups(cmd_history.history_jobs(start), start, by)
+    groups = cmd_history.history_groups(finished_index.history_records(spool()), start, by)
     return history.to_json(groups)
 
 
@@ -151,8 +145,6 @@ def triage_job(
     id: JobId,
     lines: Annotated[int, Field(description="the log's last lines to give (at most 500)", ge=1)] = 30,
 ) -> Any:
-    from gpuq.engine.views.triage import triage  # only when asked: the log's patterns, the fixes
-
     return triage(spool(), id, lines)
 
 
@@ -226,7 +218,7 @@ CHANGING = (
         CHANGE,
         changes.add,
         "Takes `cmd` (the script and its arguments, one word each) and every option of `gpuq add` by its "
-        "name (dir, gpus, gpu_mem, after, time, sweep, priority, env as KEY=VALUE...). Returns the new ids.",
+        "name (dir, gpus, gpu_mem, after, time, sweep, priority, env as an object...). Returns the new ids.",
         parameters=changes.add_parameters,
     ),
     Tool("cancel", "gpuq cancel", DESTROY, changes.cancel),

@@ -1,61 +1,42 @@
-"""The keys of `gpuq top` that act on the selected job: each calls the library function its CLI
-command calls (gpuq/engine/lifecycle/), so it is refused for the same reasons, in the same words.
-The ones that stop a job ask first, and only `y` does it. The engine's actions are imported by the
-first key that needs them: looking needs none of them."""
+"""The keys of `gpuq top` that act on the selected job: each makes the request its CLI command makes
+(engine/lifecycle/requests.py), so it is refused for the same reasons, in the same words. The ones
+that stop a job ask first, and only `y` does it."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from gpuq.core.states import CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM
+from gpuq.engine.lifecycle import requests
 from gpuq.spool import Spool
 
 
-class Action:
+class Action(NamedTuple):
     """A key, what it does in words (`kill`), the states it applies to, whether it asks first, and
     the call: (spool, job id) -> the line to show once done."""
 
-    __slots__ = ("key", "verb", "states", "asks", "call")
-
-    def __init__(
-        self, key: str, verb: str, states: tuple[str, ...], asks: bool, call: Callable[[Spool, int], str]
-    ) -> None:
-        self.key, self.verb, self.states, self.asks, self.call = key, verb, states, asks, call
+    key: str
+    verb: str
+    states: tuple[str, ...]
+    asks: bool
+    call: Callable[[Spool, int], str]
 
     def question(self, job_id: int, name: str) -> str:
         return f"{self.verb} #{job_id} {name}? [y/N]"
 
 
-def lifecycle() -> Any:
-    """gpuq.engine.lifecycle with its actions and preempt modules."""
-    import gpuq.engine.lifecycle.actions  # by the first key that acts: the first frame does not wait
-    import gpuq.engine.lifecycle.preempt  # for them (about 60 ms of imports)
+def _on(request: Callable[..., requests.OnJobs], said: Callable[[requests.Done], str]) -> Callable[[Spool, int], str]:
+    """The call of a key: `request` of the one job, and `said` of what it made of it."""
 
-    return gpuq.engine.lifecycle
+    def call(sp: Spool, job_id: int) -> str:
+        done = request(ids=[job_id]).one(sp, job_id, lambda _job_id: None)
+        return f"#{job_id} {done.job.name} {said(done)}"
 
-
-def _kill(sp: Spool, job_id: int) -> str:
-    job = lifecycle().actions.kill(sp, job_id)
-    return f"#{job_id} {job.name} killed (exit {job.exit_code})"
-
-
-def _cancel(sp: Spool, job_id: int) -> str:
-    job = lifecycle().actions.cancel(sp, job_id)
-    return f"#{job_id} {job.name} cancelled"
-
-
-def _hold(sp: Spool, job_id: int) -> str:
-    job = lifecycle().actions.hold(sp, job_id)
-    return f"#{job_id} {job.name} held (u puts it back in line)"
-
-
-def _release(sp: Spool, job_id: int) -> str:
-    job = lifecycle().actions.release(sp, job_id)
-    return f"#{job_id} {job.name} back in line"
+    return call
 
 
 def _preempt(sp: Spool, job_id: int) -> str:
-    outcome = lifecycle().preempt.preempt(sp, job_id)  # `gpuq preempt`'s default wait, in the app's worker thread
+    outcome = requests.Preempt(id=job_id).run(sp)  # `gpuq preempt`'s default wait, in the app's worker thread
     job = outcome.job
     if outcome.state == PREEMPTED:
         return f"#{job_id} {job.name} preempted: {job.note} (P resumes it)"
@@ -64,24 +45,26 @@ def _preempt(sp: Spool, job_id: int) -> str:
     return f"#{job_id} ended on its own meanwhile: {outcome.state}"
 
 
-def _resume(sp: Spool, job_id: int) -> str:
-    job = lifecycle().preempt.resume(sp, job_id).job
-    return f"#{job_id} {job.name} back in the queue (first in line): {job.note}"
-
-
-def _retry(sp: Spool, job_id: int) -> str:
-    job, how = lifecycle().actions.retry(sp, job_id)
-    return f"#{job_id} {job.name} back in the queue: {how.text()}"
-
-
 ACTIONS = (
-    Action("x", "kill", (RUNNING,), True, _kill),
-    Action("c", "cancel", (RUNNING, PENDING, HELD, PREEMPTED, INTERRUPTED, SLURM), True, _cancel),
-    Action("h", "hold", (PENDING,), False, _hold),
-    Action("u", "release", (HELD,), False, _release),
+    Action("x", "kill", (RUNNING,), True, _on(requests.Kill, lambda d: f"killed (exit {d.job.exit_code})")),
+    Action(
+        "c",
+        "cancel",
+        (RUNNING, PENDING, HELD, PREEMPTED, INTERRUPTED, SLURM),
+        True,
+        _on(requests.Cancel, lambda d: CANCELLED),
+    ),
+    Action("h", "hold", (PENDING,), False, _on(requests.Hold, lambda d: "held (u puts it back in line)")),
+    Action("u", "release", (HELD,), False, _on(requests.Release, lambda d: "back in line")),
     Action("p", "preempt", (RUNNING,), True, _preempt),
-    Action("P", "resume", (PREEMPTED, INTERRUPTED), False, _resume),
-    Action("r", "retry", (FAILED, CANCELLED), False, _retry),
+    Action(
+        "P",
+        "resume",
+        (PREEMPTED, INTERRUPTED),
+        False,
+        _on(requests.Resume, lambda d: f"back in the queue (first in line): {d.how}"),
+    ),
+    Action("r", "retry", (FAILED, CANCELLED), False, _on(requests.Retry, lambda d: f"back in the queue: {d.how}")),
 )
 BY_KEY = {action.key: action for action in ACTIONS}
 

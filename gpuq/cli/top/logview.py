@@ -4,8 +4,8 @@ reads it (the spool's log reader: the tail, then the bytes from where it stopped
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
+from gpuq.core.job import Job
 from gpuq.core.states import ACTIVE, CANCELLED, HELD, PENDING
 from gpuq.spool import Spool
 
@@ -13,7 +13,7 @@ KEPT_LINES = 2000  # enough for any screen; the log itself stays in the spool
 
 
 class LogFollow:
-    def __init__(self, spool: Spool, job: dict[str, Any], state: str, lines: int = 200) -> None:
+    def __init__(self, spool: Spool, job: Job, state: str, lines: int = 200) -> None:
         self.spool, self.job, self.state = spool, job, state
         self.lines: deque[str] = deque(maxlen=KEPT_LINES)
         self.partial = ""  # a line not ended yet (a tqdm bar ends it with \r)

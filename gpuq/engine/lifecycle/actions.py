@@ -1,8 +1,6 @@
-"""What the everyday commands do, as a library: the CLI parses and prints, this module acts
-(`gpuq clear` is clearing.py).
-
-Every change to a job is made while holding its claim, so it cannot race a worker starting it.
-Refusals raise core.errors.Refused with a one-line message.
+"""What the everyday commands do to jobs and workers, as a library (requests.py is what the
+commands ask of it; `gpuq clear` is clearing.py). Every change to a job is made while holding
+its claim, so it cannot race a worker starting it. Refusals are Refused, with a one-line message.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from typing import Any, Callable, Optional
 
 from gpuq.core import schema, states, transitions
 from gpuq.core.errors import GpuqError, Refused
+from gpuq.core.job import Job
 from gpuq.core.states import (
     ACTIVE,
     CANCEL,
@@ -44,7 +43,7 @@ from gpuq.system.procs import KILL_GRACE_SECONDS
 PID_WAIT_SECONDS = 5.0  # a job just handed to its supervisor gets its pid within milliseconds
 
 
-def running_with_pid(spool: Spool, job_id: int) -> tuple[JobRef, dict[str, Any]]:
+def running_with_pid(spool: Spool, job_id: int) -> tuple[JobRef, Job]:
     """A running job, once its supervisor has recorded its pid if it is starting right now (the
     pid stays null only if the supervisor died in that instant)."""
     ref, job = get(spool, job_id, (RUNNING,))
@@ -55,7 +54,7 @@ def running_with_pid(spool: Spool, job_id: int) -> tuple[JobRef, dict[str, Any]]
     return ref, job
 
 
-def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: None) -> dict[str, Any]:
+def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: None) -> Job:
     """The job goes to cancelled/: one waiting (pending, held, preempted, interrupted) at once;
     one handed to Slurm after scancel; a running one is killed first, as Slurm's scancel does (by
     `kill`, `killing` told just before)."""
@@ -73,7 +72,7 @@ def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: No
         return spool.jobs.move(ref, job, CANCELLED, transitions.cancel())[1]
 
 
-def hold(spool: Spool, job_id: int) -> dict[str, Any]:
+def hold(spool: Spool, job_id: int) -> Job:
     """A pending job goes to held/: it never starts (nor do the jobs waiting for it) until released."""
     if spool.jobs.find(job_id, (RUNNING,)):
         raise Refused(
@@ -83,13 +82,13 @@ def hold(spool: Spool, job_id: int) -> dict[str, Any]:
         return spool.jobs.move(ref, job, HELD, transitions.hold())[1]
 
 
-def release(spool: Spool, job_id: int) -> dict[str, Any]:
+def release(spool: Spool, job_id: int) -> Job:
     """A held job goes back to pending/, in line where its priority and id put it."""
     with claimed(spool, job_id, (HELD,)) as (ref, job):
         return spool.jobs.move(ref, job, PENDING, transitions.release())[1]
 
 
-def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS, action: str = KILL) -> dict[str, Any]:
+def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS, action: str = KILL) -> Job:
     """SIGTERM the running job's process group, SIGKILL after `grace`; it ends in cancelled/,
     its note saying who asked (`action`: KILL, or CANCEL for `gpuq cancel`)."""
     _ref, job = running_with_pid(spool, job_id)
@@ -102,11 +101,11 @@ def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS, action: s
     return wait_until_settled(spool, job_id)
 
 
-def kill_each(spool: Spool, jobs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Optional[str]]]:
+def kill_each(spool: Spool, jobs: list[Job]) -> list[tuple[Job, Optional[str]]]:
     """`gpuq stop --kill-jobs`: kill each of `jobs` (a listing of running/ a moment ago), as
     (job, None); a job that ended by itself since the listing is not a failure: (job, the state
     it ended in)."""
-    outcomes: list[tuple[dict[str, Any], Optional[str]]] = []
+    outcomes: list[tuple[Job, Optional[str]]] = []
     for job in jobs:
         try:
             kill(spool, job.id)
@@ -119,7 +118,7 @@ def kill_each(spool: Spool, jobs: list[dict[str, Any]]) -> list[tuple[dict[str, 
     return outcomes
 
 
-def wait_until_settled(spool: Spool, job_id: int, timeout: float = 10.0) -> dict[str, Any]:
+def wait_until_settled(spool: Spool, job_id: int, timeout: float = 10.0) -> Job:
     """After a job's process ended: wait for its supervisor to record it (or settle it ourselves
     if the supervisor is gone) and return the job in its new state."""
     deadline = time.monotonic() + timeout
@@ -131,7 +130,7 @@ def wait_until_settled(spool: Spool, job_id: int, timeout: float = 10.0) -> dict
     return get(spool, job_id)[1]
 
 
-def retry(spool: Spool, job_id: int, from_scratch: bool = False) -> tuple[dict[str, Any], Continuation]:
+def retry(spool: Spool, job_id: int, from_scratch: bool = False) -> tuple[Job, Continuation]:
     """A failed or cancelled job goes back to pending with the same id, its history kept,
     continuing from its newest checkpoint unless `from_scratch`."""
     with claimed(spool, job_id, (FAILED, CANCELLED)) as (ref, job):
@@ -140,11 +139,11 @@ def retry(spool: Spool, job_id: int, from_scratch: bool = False) -> tuple[dict[s
         return spool.jobs.move(ref, job, PENDING, changes)[1], how
 
 
-def interrupted(spool: Spool) -> list[dict[str, Any]]:
+def interrupted(spool: Spool) -> list[Job]:
     return [job for _ref, job in spool.jobs.load_many(INTERRUPTED)]
 
 
-def reached_their_end(spool: Spool) -> list[tuple[dict[str, Any], str]]:
+def reached_their_end(spool: Spool) -> list[tuple[Job, str]]:
     """The interrupted jobs whose last attempt had reached its end (its progress or log says so:
     `step 10/10`) when it and its supervisor were killed: a re-run would do the work again, so
     only a person who names them re-queues them (`recover --jobs ID`, `resume ID`)."""
@@ -152,7 +151,7 @@ def reached_their_end(spool: Spool) -> list[tuple[dict[str, Any], str]]:
     return [(job, reached) for job, reached in ended if reached]
 
 
-def to_recover(spool: Spool) -> list[dict[str, Any]]:
+def to_recover(spool: Spool) -> list[Job]:
     """The interrupted jobs a plain `recover` (or `--all`) re-queues: all but those that reached their end."""
     ended = {job.id for job, _reached in reached_their_end(spool)}
     return [job for job in interrupted(spool) if job.id not in ended]
@@ -160,7 +159,7 @@ def to_recover(spool: Spool) -> list[dict[str, Any]]:
 
 def recover(
     spool: Spool, ids: Optional[list[int]] = None, from_scratch: bool = False
-) -> list[tuple[dict[str, Any], Continuation]]:
+) -> list[tuple[Job, Continuation]]:
     """Interrupted jobs (`ids`, or all but those that reached their end) go back to pending,
     keeping id, dependencies and history, each continuing from its newest checkpoint unless
     `from_scratch`."""
@@ -174,19 +173,19 @@ def recover(
     return out
 
 
-def recovery_plans(spool: Spool, from_scratch: bool = False) -> list[tuple[dict[str, Any], Continuation]]:
+def recovery_plans(spool: Spool, from_scratch: bool = False) -> list[tuple[Job, Continuation]]:
     """What a plain `recover` would do with each interrupted job it re-queues, without doing it."""
     return [(job, continuation.plan(spool, job, from_scratch)) for job in to_recover(spool)]
 
 
 def recover_at_start(
     spool: Spool,
-) -> tuple[list[tuple[dict[str, Any], Continuation]], list[tuple[dict[str, Any], str]]]:
+) -> tuple[list[tuple[Job, Continuation]], list[tuple[Job, str]]]:
     """`gpuq run --recover`: interrupted jobs back in the queue as the worker starts (after a
     reboot). Left for a person, each with why: a job interrupted more times in a row than its
     --retries allow (a job that takes the machine down with it), and one that had reached its
     end (its work is done; only its exit code is unknown). Returns (recovered, left)."""
-    recovered: list[tuple[dict[str, Any], Continuation]] = []
+    recovered: list[tuple[Job, Continuation]] = []
     left = [(job, repairs.reached_end_text(reached)) for job, reached in reached_their_end(spool)]
     ended = {job.id for job, _why in left}
     for job in interrupted(spool):
@@ -202,7 +201,7 @@ def recover_at_start(
     return recovered, left
 
 
-def _interrupted_in_a_row(job: dict[str, Any]) -> int:
+def _interrupted_in_a_row(job: Job) -> int:
     """How many of the job's latest attempts ended interrupted, the last one excepted."""
     count = 0
     for entry in reversed(job.history[:-1]):
@@ -334,5 +333,5 @@ def _why_not_done(spool: Spool, job_id: int, state: Optional[str]) -> str:
     return ": ".join(p for p in (code, job.reason or job.note or "") if p) or (state or "")
 
 
-def jobs_in(spool: Spool, states: tuple[str, ...] = ACTIVE) -> list[dict[str, Any]]:
+def jobs_in(spool: Spool, states: tuple[str, ...] = ACTIVE) -> list[Job]:
     return [job for state in states for _ref, job in spool.jobs.load_many(state)]

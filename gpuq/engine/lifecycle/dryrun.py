@@ -18,8 +18,7 @@ import shlex
 import time
 from typing import Any, Optional
 
-from gpuq.core import jobenv, schema
-from gpuq.core.errors import UsageError
+from gpuq.core import jobenv
 from gpuq.core.job import Job
 from gpuq.core.states import HELD, PENDING
 from gpuq.engine.lifecycle import enqueue
@@ -34,10 +33,7 @@ class _ReadOnlyCache:
     """The spool's cache/ for git's answer about the code: read as `add` reads it, never written."""
 
     def __init__(self, spool: Spool) -> None:
-        self.spool = spool
-
-    def read(self, name: str) -> Optional[bytes]:
-        return self.spool.cache.read(name)
+        self.read = spool.cache.read
 
     def write(self, name: str, data: bytes) -> None:
         pass
@@ -48,56 +44,21 @@ def plan_add(spool: Spool, request: enqueue.Request) -> dict[str, Any]:
     whether and when each would start; UsageError or Refused (one line) where `add` would give
     them. JSON-ready: {"dry_run", "jobs": [...], "notes", "warnings"}."""
     prepared = enqueue.prepare(request, git_cache=_ReadOnlyCache(spool))
-    fields, options = prepared.fields, prepared.fields["options"]
     exists = os.path.isdir(spool.layout.internal_dir("workers"))  # a spool made (its last parts too)
-    _check_as_publish_does(spool, fields, options, exists)
-    first = spool.ids.peek() if exists else 1
-    jobs = [_job(first, first + n, variant, fields) for n, variant in enumerate(prepared.variants)]
-    starts = _would_start(spool, jobs, fields["state"]) if exists else _no_spool(jobs)
+    enqueue.check(spool, prepared, spool.workers.gpu_views(tidy=False) if exists else None, gpus=exists)
+    fields = {k: v for k, v in prepared.fields.items() if k != "state"}
+    # as `enqueue_many` makes them, less their log's path and their code's copy (`--snapshot`
+    # copies the repository only when it queues them: `snapshot_of` names it)
+    fields["options"] = dict(fields["options"], snapshot=None)
+    jobs = enqueue.new_jobs(spool.ids.peek() if exists else 1, prepared.variants, **fields)
+    state = prepared.fields["state"]
+    starts = _would_start(spool, jobs, state) if exists else {job.id: _start(False, NO_WORKER, None) for job in jobs}
     return {
         "dry_run": True,
-        "jobs": [_entry(job, fields, starts[job.id]) for job in jobs],
+        "jobs": [_entry(job, prepared.fields, starts[job.id]) for job in jobs],
         "notes": prepared.notes,
         "warnings": prepared.warnings,
     }
-
-
-def _check_as_publish_does(spool: Spool, fields: dict[str, Any], options: dict[str, Any], exists: bool) -> None:
-    """The refusals of `publish` and `enqueue_many` that come before anything is written (the
-    GPUs this machine has: where the spool `exists`, whose workers' views say them)."""
-    if exists and (options["gpu_request"] > 1 or options["gpu_mem_mib"] is not None):
-        views = spool.workers.gpu_views(tidy=False)
-        problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"], views)
-        if problem:
-            raise UsageError(f"{problem}: this job could never start")
-    missing = enqueue.missing_jobs(spool, fields["after"] + fields["after_any"])
-    if missing:
-        raise enqueue.NoSuchDependency(f"--after: no such job {missing}")
-
-
-def _job(first: int, job_id: int, variant: enqueue.Variant, fields: dict[str, Any]) -> Job:
-    """The job `add` would publish as `job_id` (`first`: the id of the first job of the `add`), as
-    `enqueue_many` makes it, less its log's path and its code's copy (`--snapshot` copies the
-    repository only when it queues the job: `snapshot_of` names it)."""
-    options = {**fields["options"], **variant.options, "snapshot": None}
-    if options.get("sweep") is not None:
-        options["sweep"] = dict(options["sweep"], id=first)  # a sweep is named by its first job's id
-    return schema.new_job(
-        job_id=job_id,
-        name=variant.name or enqueue.default_name(fields["cwd"], variant.cmd),
-        cmd=variant.cmd,
-        cwd=fields["cwd"],
-        log="",
-        env=fields["env"],
-        shell_env=fields["shell_env"],
-        venv=fields["venv"],
-        after=fields["after"],
-        after_any=fields["after_any"],
-        retries=fields["retries"],
-        priority=fields["priority"],
-        options=options,
-        umask=fields["umask"],
-    )
 
 
 def _entry(job: Job, fields: dict[str, Any], starts: dict[str, Any]) -> dict[str, Any]:
@@ -109,9 +70,9 @@ def _entry(job: Job, fields: dict[str, Any], starts: dict[str, Any]) -> dict[str
         "command": job.cmd,
         "command_line": shlex.join(job.cmd),
         "interpreter": job.cmd[0] if _runs_python(job.cmd) else None,
-        "interpreter_from": job.get("interpreter_from"),
+        "interpreter_from": job.interpreter_from,
         "venv": job.venv,
-        "conda": job.get("conda"),
+        "conda": job.conda,
         "cwd": job.cwd,
         "env": _env_added(job),
         "gpus": job.gpu_request,
@@ -153,10 +114,6 @@ def _env_added(job: Job) -> dict[str, str]:
 
 NO_WORKER = "no worker is running; `gpuq run --daemon` starts one"
 DRAINING = "the worker is draining (`gpuq stop --drain`): it starts nothing new; `gpuq run --daemon` once it has exited"
-
-
-def _no_spool(jobs: list[Job]) -> dict[int, dict[str, Any]]:
-    return {job.id: _start(False, NO_WORKER, None) for job in jobs}
 
 
 def _start(now: bool, why: Optional[str], starts_in: Optional[float], estimate: str = "") -> dict[str, Any]:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 from gpuq.core import schema, timespec
 from gpuq.core.errors import Refused, UsageError
+from gpuq.core.job import Job
 from gpuq.core.states import WAITING
 from gpuq.engine.lifecycle import actions, enqueue, interpreter
 from gpuq.spool import Spool
@@ -30,9 +30,9 @@ TYPED_SIZES = ("gpu_mem", "mem")
 EDITABLE = sorted(schema.DROPPED_FIELDS)
 
 
-def editable(job: dict[str, Any]) -> dict[str, Any]:
+def editable(job: Job) -> dict[str, Any]:
     """The job as a dropped file would say it: what a person may edit."""
-    out = {key: job[FIELD_OF.get(key, key)] for key in EDITABLE}  # a field the file lacks: its default
+    out = {key: getattr(job, FIELD_OF.get(key, key)) for key in EDITABLE}  # a field the file lacks: its default
     return {k: v for k, v in out.items() if not (k in UNSET_WHEN_NULL and v is None)}
 
 
@@ -66,7 +66,7 @@ def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> dict[str, Any]:
+def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
     """Check `fields` as a dropped file is checked and write them into the job, under its claim,
     if it is still waiting and unchanged since `rev` was read. Refused (the job left as it was)
     with the reason otherwise."""
@@ -79,7 +79,7 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> dict[s
         raise Refused(f"job #{job_id} not changed: after: no such job {missing}")
     if job_id in clean["after"] + clean["after_any"]:
         raise Refused(f"job #{job_id} not changed: a job cannot wait for itself")
-    if clean.get("cwd") is not None and not Path(clean["cwd"]).is_dir():
+    if clean.get("cwd") is not None and not os.path.isdir(clean["cwd"]):
         raise Refused(f"job #{job_id} not changed: cwd does not exist: {clean['cwd']}")
     with actions.claimed(spool, job_id, WAITING) as (ref, job):
         if job.rev != rev:
@@ -91,7 +91,7 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> dict[s
         return spool.jobs.move(ref, job, ref.state, changes)[1]
 
 
-def _as_add_runs_it(job_id: int, job: Any, changes: dict[str, Any]) -> dict[str, Any]:
+def _as_add_runs_it(job_id: int, job: Job, changes: dict[str, Any]) -> dict[str, Any]:
     """A `*.py` first word of the edited command, run as `gpuq add` would run it (the python of the
     job's conda environment or of the nearest .venv above its directory, else the one on the PATH
     it runs with: its shell's, else this one's): the changes that says. Refused, with the reason,

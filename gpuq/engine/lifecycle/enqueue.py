@@ -1,32 +1,29 @@
 """Turning what a user asked for (`gpuq add ...` or a hand-dropped file) into a queued job.
 
 `gpuq add`: its `Request` is checked and resolved by `prepare` (no spool needed: a bad request
-leaves none behind), then `publish` queues the jobs. Directories are plain strings (os.path):
-`gpuq add` does not import pathlib (bench/PROFILE.md).
+leaves none behind), then `publish` queues the jobs.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Optional, Sequence, Union
 
-from gpuq.core import schema
+from gpuq.core import schema, sweep, timespec
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.job import Job, is_url
+from gpuq.core.resume_arg import check_resume_arg
 from gpuq.core.states import HELD, PENDING, RUNNING, SOURCE_CLI
+from gpuq.core.times import iso_of
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.interpreter import EnqueueError, upward
+from gpuq.engine.schedule import gpuview
 from gpuq.spool import JobRef, Spool
-
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Any, Optional
-
-    from gpuq.system.fsutil import StrPath
-    from gpuq.system.gitstate import CacheFiles
+from gpuq.system.procs import current_umask
 
 
-def default_name(cwd: StrPath, cmd: list[str]) -> str:
+def default_name(cwd: Union[str, os.PathLike], cmd: list[str]) -> str:
     """`<dir name>/<script stem>`, as the original gpuq named jobs (`root/...` in `/`)."""
     stem = schema.display_script(cmd).rsplit(".", 1)[0] or "job"
     return f"{os.path.basename(os.path.normpath(cwd)) or 'root'}/{stem}"
@@ -44,74 +41,81 @@ class NoSuchDependency(Refused):
     """--after names a job that does not exist."""
 
 
-def _snapshot(spool: Spool, first: int, ids: list[int], repo: str, cwd: StrPath) -> dict[str, Any]:
-    """Copy the repository's tracked files now (`add --snapshot`): the jobs run this code."""
-    from gpuq.system import gitinfo  # git, only for --snapshot
+def _snapshot(spool: Spool, ids: list[int], repo: str, cwd: str, variants: list[Variant]) -> tuple[dict, list[Variant]]:
+    """`add --snapshot`: the repository's tracked files copied now, and the jobs pointed at the copy:
+    every argument that names a file of it (the script, a config). They run in their own
+    directory, with its data and outputs, but the code they were queued with."""
+    from gpuq.system import gitinfo  # git: only inside a repository
 
     try:
-        info = spool.snapshots.create(first, ids, lambda dest: gitinfo.snapshot(repo, dest))
-        here = gitinfo.snapshot_cwd(os.fspath(cwd), repo, info["path"])
+        info = spool.snapshots.create(ids[0], ids, lambda dest: gitinfo.snapshot(repo, dest))
+        here = gitinfo.snapshot_cwd(cwd, repo, info["path"])
     except ValueError as exc:
         raise EnqueueError(f"--snapshot: {exc}") from None
-    keep = ("path", "files", "bytes", "commit")
-    return {**{k: info[k] for k in keep}, "repo": repo, "cwd": here}
+    real = os.path.realpath(repo)
+
+    def copied(word: str) -> str:
+        path = os.path.realpath(os.path.join(cwd, word))
+        rel = os.path.relpath(path, real)
+        copy = os.path.join(info["path"], rel)
+        inside = rel != os.pardir and not rel.startswith(os.pardir + os.sep) and not word.startswith("-")
+        return copy if inside and os.path.isfile(path) and os.path.isfile(copy) else word
+
+    snap = {**{k: info[k] for k in ("path", "files", "bytes", "commit")}, "repo": repo, "cwd": here}
+    return snap, [variant._replace(cmd=[copied(word) for word in variant.cmd]) for variant in variants]
 
 
-def _snapshot_cmd(cmd: list[str], cwd: StrPath, snap: dict[str, Any]) -> list[str]:
-    """The command with every argument that names a file of the repository (the script, a config)
-    pointing at its copy: the job runs in its own directory, with its data and outputs, but the
-    code it was queued with."""
-    from pathlib import Path  # only for --snapshot
+class Variant(NamedTuple):
+    """One job of an `add`: its command, name and fields of its own (a sweep has several)."""
 
-    base = Path(cwd)
-    out = []
-    for word in cmd:
-        path = (base / word) if not os.path.isabs(word) else Path(word)
-        inside = not word.startswith("-") and path.is_file() and _within(path, snap["repo"])
-        copy = Path(snap["path"]) / os.path.relpath(os.path.realpath(path), os.path.realpath(snap["repo"]))
-        out.append(str(copy) if inside and copy.is_file() else word)
-    return out
+    cmd: list[str]
+    name: Optional[str] = None
+    options: Optional[dict[str, Any]] = None
 
 
-def _within(path: StrPath, repo: str) -> bool:
-    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(repo))
-    return not (rel == os.pardir or rel.startswith(os.pardir + os.sep))
-
-
-def _snapshot_env(snap: dict[str, Any], env: dict[str, str], shell_env: Optional[dict[str, str]]) -> dict[str, str]:
-    """Modules beside the job's directory come from the copy too (PYTHONPATH first)."""
-    before = env.get("PYTHONPATH") or (shell_env or os.environ).get("PYTHONPATH")
-    return {"PYTHONPATH": snap["cwd"] + (os.pathsep + before if before else ""), "GPUQ_SNAPSHOT": snap["path"]}
-
-
-def _own(common: Optional[dict[str, Any]], own: dict[str, Any], first: int) -> dict[str, Any]:
-    """A variant's fields: a sweep is named by the id of its first job."""
-    out = {**(common or {}), **own}
-    if out.get("sweep") is not None:
-        out["sweep"] = dict(out["sweep"], id=first)
-    return out
-
-
-class Variant:
-    """One job of an `add`: its command, name and fields of its own (a sweep has several). A plain
-    class (see scheduler.QueueState)."""
-
-    __slots__ = ("cmd", "name", "options")
-
-    def __init__(self, cmd: list[str], name: Optional[str] = None, options: Optional[dict[str, Any]] = None) -> None:
-        self.cmd, self.name, self.options = cmd, name, {} if options is None else options
-
-
-def enqueue(spool: Spool, *, cmd: list[str], **common: Any) -> tuple[JobRef, dict[str, Any]]:
+def enqueue(spool: Spool, *, cmd: list[str], **common: Any) -> tuple[JobRef, Job]:
     """Allocate an id and publish the job durably in pending/ (see enqueue_many)."""
     return enqueue_many(spool, [Variant(cmd, common.pop("name", None))], **common)[0]
 
 
 def enqueue_many(
-    spool: Spool,
+    spool: Spool, variants: list[Variant], *, cwd: Union[str, os.PathLike], state: str = PENDING, **common: Any
+) -> list[tuple[JobRef, Job]]:
+    """Publish one job per variant (`common`: new_jobs' fields), with consecutive ids, durably, in
+    `state` (pending/, or held/ for `add --hold`). All or nothing: should one fail (a full disk),
+    those published are removed."""
+    if not os.path.isdir(cwd):
+        raise EnqueueError(f"directory not found: {cwd}")
+    missing = missing_jobs(spool, common["after"] + common["after_any"])
+    if missing:
+        raise NoSuchDependency(f"--after: no such job {missing}")
+    first = spool.ids.allocate(count=len(variants))
+    cwd, options, env = os.fspath(cwd), common.pop("options", None) or {}, common.pop("env")
+    if options.get("snapshot"):
+        ids = list(range(first, first + len(variants)))
+        snap, variants = _snapshot(spool, ids, options["snapshot"]["repo"], cwd, variants)
+        options = dict(options, snapshot=snap)
+        # modules beside the job's directory come from the copy too (PYTHONPATH first)
+        before = env.get("PYTHONPATH") or (common["shell_env"] or os.environ).get("PYTHONPATH")
+        env = dict(env, PYTHONPATH=snap["cwd"] + (os.pathsep + before if before else ""), GPUQ_SNAPSHOT=snap["path"])
+    published: list[tuple[JobRef, Job]] = []
+    try:
+        log = spool.layout.log_path
+        for job in new_jobs(first, variants, cwd=cwd, options=options, env=env, log=lambda i: str(log(i)), **common):
+            published.append((spool.jobs.publish(job, state), job))
+    except BaseException:
+        for ref, _job in published:
+            spool.jobs.remove(ref)
+        raise
+    spool.files.keep_emergency_room()  # a stat, unless the room was used up: then made again if it fits
+    return published
+
+
+def new_jobs(
+    first: int,
     variants: list[Variant],
     *,
-    cwd: StrPath,
+    cwd: str,
     venv: Optional[str],
     env: dict[str, str],
     shell_env: Optional[dict[str, str]],
@@ -122,32 +126,21 @@ def enqueue_many(
     source: str = SOURCE_CLI,
     options: Optional[dict[str, Any]] = None,
     umask: Optional[int] = None,
-    state: str = PENDING,
-) -> list[tuple[JobRef, dict[str, Any]]]:
-    """Publish one job per variant, with consecutive ids, durably, in `state` (pending/, or held/
-    for `add --hold`). All or nothing: should one fail (a full disk), those published are removed."""
-    if not os.path.isdir(cwd):
-        raise EnqueueError(f"directory not found: {cwd}")
-    missing = missing_jobs(spool, after + after_any)
-    if missing:
-        raise NoSuchDependency(f"--after: no such job {missing}")
-    first = spool.ids.allocate(count=len(variants))
-    ids = list(range(first, first + len(variants)))
-    if (options or {}).get("snapshot"):
-        options = dict(options or {})
-        options["snapshot"] = _snapshot(spool, first, ids, options["snapshot"]["repo"], cwd)
-        env = dict(env, **_snapshot_env(options["snapshot"], env, shell_env))
-        for variant in variants:
-            variant.cmd = _snapshot_cmd(variant.cmd, cwd, options["snapshot"])
-    published: list[tuple[JobRef, dict[str, Any]]] = []
-    try:
-        for job_id, variant in enumerate(variants, first):
-            job = schema.new_job(
+    log: Callable[[int], str] = lambda _job_id: "",
+) -> list[Job]:
+    """The jobs of `variants`, with ids from `first` (a sweep is named by its first job's id)."""
+    jobs = []
+    for job_id, variant in enumerate(variants, first):
+        own = {**(options or {}), **(variant.options or {})}
+        if own.get("sweep") is not None:
+            own["sweep"] = dict(own["sweep"], id=first)
+        jobs.append(
+            schema.new_job(
                 job_id=job_id,
                 name=variant.name or default_name(cwd, variant.cmd),
                 cmd=variant.cmd,
-                cwd=os.fspath(cwd),
-                log=str(spool.layout.log_path(job_id)),
+                cwd=cwd,
+                log=log(job_id),
                 env=env,
                 shell_env=shell_env,
                 venv=venv,
@@ -156,69 +149,146 @@ def enqueue_many(
                 retries=retries,
                 priority=priority,
                 source=source,
-                options=_own(options, variant.options, first),
+                options=own,
                 umask=umask,
             )
-            published.append((spool.jobs.publish(job, state), job))
-    except BaseException:
-        for ref, _job in published:
-            spool.jobs.remove(ref)
-        raise
-    spool.files.keep_emergency_room()  # a stat, unless the room was used up: then made again if it fits
-    return published
+        )
+    return jobs
 
 
 # ---- `gpuq add` ------------------------------------------------------------------------------
 
 
-class Request:
-    """What `gpuq add` asks for: SCRIPT, ARGS and each `add` option, by its name in cli/options.py
-    and as its converter gives it (text, lists of ids, KEY=VALUE pairs), with the user's umask and
-    environment (taken before the spool sets gpuq's own umask). A plain class (see scheduler.QueueState)."""
+class Request(NamedTuple):
+    """What `gpuq add` asks for, by keyword: `cmd` (SCRIPT and its ARGS) and each of add's
+    options by its name in cli/options.py, as values (`gpus=2`, `after=[3]`, `time="4h"`,
+    `env={"A": "1"}`, `urgent="force"`); the CLI maps its options to it, the MCP server its tool's
+    arguments. `umask` and `shell_env`: the user's, taken before the spool sets gpuq's own umask
+    (default: this process's). A NamedTuple rather than a dataclass: `gpuq add` starts without
+    importing `dataclasses` (and `inspect`)."""
 
-    OPTIONS = (
-        "script",
-        "args",
-        "dir",
-        "python",
-        "conda",
-        "name",
-        "after",
-        "after_any",
-        "retries",
-        "sweep",
-        "yes",
-        "hold",
-    )
-    OPTIONS += ("time", "begin", "snapshot", "gpus", "notify", "max_log_size", "on_finish", "gpu_mem", "priority")
-    OPTIONS += ("urgent", "preemptible", "ckpt_glob", "no_resume", "resume_arg", "env", "mem", "cpus", "notify_url")
-    __slots__ = (*OPTIONS, "umask", "shell_env")
+    cmd: Sequence[str]
+    dir: Optional[str] = None
+    python: Optional[str] = None
+    conda: Optional[str] = None
+    name: Optional[str] = None
+    after: Sequence[int] = ()
+    after_any: Sequence[int] = ()
+    retries: int = 0
+    sweep: Sequence[str] = ()
+    yes: bool = False
+    hold: bool = False
+    time: Optional[str] = None
+    begin: Optional[str] = None
+    snapshot: bool = False
+    gpus: int = 1
+    notify: bool = False
+    notify_url: Sequence[str] = ()
+    max_log_size: Optional[str] = None
+    on_finish: Optional[str] = None
+    gpu_mem: Optional[str] = None
+    mem: Optional[str] = None
+    cpus: Optional[int] = None
+    priority: int = 0
+    urgent: Union[bool, Literal["force"]] = False
+    preemptible: bool = False
+    ckpt_glob: Optional[str] = None
+    no_resume: bool = False
+    resume_arg: Optional[str] = None
+    env: Optional[Mapping[str, str]] = None
+    umask: Optional[int] = None
+    shell_env: Optional[Mapping[str, str]] = None
 
-    def __init__(self, options: dict[str, Any], umask: int, shell_env: dict[str, str]) -> None:
-        for name in self.OPTIONS:
-            setattr(self, name, options[name])
-        self.umask, self.shell_env = umask, shell_env
 
-
-class Prepared:
+class Prepared(NamedTuple):
     """A request checked and resolved: the jobs to queue (`variants`), what `enqueue_many` is told
     of all of them (`fields`), and what the user should read before they are queued (`notes`; on
     stderr, `warnings`)."""
 
-    __slots__ = ("variants", "fields", "notes", "warnings")
+    variants: list[Variant]
+    fields: dict[str, Any]
+    notes: list[str]
+    warnings: list[str]
 
-    def __init__(self, variants: list[Variant], fields: dict[str, Any], notes: list[str], warnings: list[str]) -> None:
-        self.variants, self.fields, self.notes, self.warnings = variants, fields, notes, warnings
+
+def prepare(request: Request, git_cache: Any = None) -> Prepared:
+    """Check `request` and resolve its commands; UsageError (one line) for anything wrong, before
+    anything is queued. `git_cache`: where git's answer about the code is kept (default: the
+    spool's cache/; a dry run passes one that writes nothing)."""
+    cwd = os.path.abspath(os.path.expanduser(request.dir)) if request.dir else os.getcwd()
+    if not os.path.isdir(cwd):
+        raise UsageError(f"directory not found: {cwd}")
+    if not request.cmd:
+        raise UsageError("say what to queue: a script or a command")
+    for wrong, why in (
+        (request.retries < 0, "--retries must be 0 or more"),
+        (request.gpus < 0, "--gpus must be 0 or more"),
+        (request.cpus is not None and request.cpus < 1, "--cpus must be 1 or more"),
+        (request.gpu_mem is not None and request.gpus == 0, "--gpu-mem needs --gpus 1 or more (--gpus 0 is a CPU job)"),
+    ):
+        if wrong:
+            raise UsageError(why)
+    if request.name is not None:
+        try:
+            schema.check_name(request.name)
+        except schema.InvalidJob as exc:
+            raise UsageError(f"--name: {exc}") from None
+    variants, resolved = _variants(request, cwd)
+    env = dict(request.env or {})
+    notes = []
+    if request.preemptible:
+        from gpuq.engine.lifecycle import hf  # HF Trainer's preemption: it looks at the job's packages
+
+        made = [hf.make_preemptible(variant.cmd, resolved.venv) for variant in variants]
+        variants = [variant._replace(cmd=cmd) for variant, (cmd, _message) in zip(variants, made)]
+        env[hf.PREEMPTIBLE_ENV] = "1"
+        notes.append(f"preemptible: {made[-1][1]}")
+    problem = request.resume_arg is not None and check_resume_arg(request.resume_arg)
+    if problem:
+        raise UsageError(problem)
+    options = {
+        "urgent": request.urgent,
+        "preemptible": request.preemptible,
+        "ckpt_glob": request.ckpt_glob,
+        "resume_arg": request.resume_arg,
+        "conda": resolved.conda,
+        "interpreter_from": resolved.found_by,
+        "gpu_request": request.gpus,
+        "gpu_mem_mib": _size(timespec.parse_memory_mib, request.gpu_mem, "--gpu-mem"),
+        "mem_mib": _size(timespec.parse_memory_mib, request.mem, "--mem"),
+        "cpus": request.cpus,
+        "notify": request.notify,
+        "notify_urls": _notify_urls(request.notify_url),
+        "on_finish": request.on_finish,
+        "no_resume": request.no_resume,
+        "max_log_bytes": _size(timespec.parse_size_bytes, request.max_log_size, "--max-log-size"),
+        **_safeguards(request, cwd, git_cache),
+    }
+    fields = {
+        "cwd": cwd,
+        "venv": resolved.venv,
+        "env": env,
+        "shell_env": dict(os.environ if request.shell_env is None else request.shell_env),
+        "after": list(request.after),
+        "after_any": list(request.after_any),
+        "retries": request.retries,
+        "priority": request.priority,
+        "options": options,
+        "umask": current_umask() if request.umask is None else request.umask,
+        "state": HELD if request.hold else PENDING,
+    }
+    hint = interpreter.uv_hint(cwd, resolved)
+    return Prepared(variants, fields, notes, [hint] if hint else [])
 
 
-def _notify_urls(urls: list[str]) -> list[str]:
+def _notify_urls(urls: Sequence[str]) -> list[str]:
     """`--notify URL`s, each once, in the order given; refused where Apprise, which sends them,
     cannot be imported (the job would end with nobody told)."""
     for url in urls:
         if not is_url(url):
             raise UsageError(f"--notify: not a URL such as ntfy://my-topic: {url!r}")
     if urls:
-        from gpuq.system.extras import notify_missing  # only with --notify URL
+        from gpuq.system.extras import notify_missing  # notifications: only with --notify URL
 
         missing = notify_missing()
         if missing:
@@ -228,58 +298,22 @@ def _notify_urls(urls: list[str]) -> list[str]:
     return list(dict.fromkeys(urls))
 
 
-def prepare(request: Request, git_cache: Optional[CacheFiles] = None) -> Prepared:
-    """Check `request` and resolve its commands; UsageError (one line) for anything wrong, before
-    anything is queued. `git_cache`: where git's answer about the code is kept (default: the
-    spool's cache/; a dry run passes one that writes nothing)."""
-    cwd = os.path.abspath(os.path.expanduser(request.dir)) if request.dir else os.getcwd()
-    if not os.path.isdir(cwd):
-        raise UsageError(f"directory not found: {cwd}")
-    if request.retries < 0:
-        raise UsageError("--retries must be 0 or more")
-    if request.name is not None:
-        try:
-            schema.check_name(request.name)
-        except schema.InvalidJob as exc:
-            raise UsageError(f"--name: {exc}") from None
-    variants, resolved = _variants(request, cwd)
-    venv = resolved.venv
-    env = dict(request.env)
-    options, notes = _preempt_options(request, variants, venv, env)
-    options.update(conda=resolved.conda, interpreter_from=resolved.found_by)
-    options.update(_gpu_options(request))
-    options.update(_host_options(request))
-    options.update(notify=request.notify, on_finish=request.on_finish, no_resume=request.no_resume)
-    options["notify_urls"] = _notify_urls(request.notify_url)
-    if request.max_log_size is not None:
-        options["max_log_bytes"] = _size_bytes(request.max_log_size, "--max-log-size")
-    options.update(_safeguards(request, cwd, git_cache))
-    fields = {
-        "cwd": cwd,
-        "venv": venv,
-        "env": env,
-        "shell_env": request.shell_env,
-        "after": [i for ids in request.after for i in ids],
-        "after_any": [i for ids in request.after_any for i in ids],
-        "retries": request.retries,
-        "priority": request.priority,
-        "options": options,
-        "umask": request.umask,
-        "state": HELD if request.hold else PENDING,
-    }
-    hint = interpreter.uv_hint(cwd, resolved)
-    return Prepared(variants, fields, notes, [hint] if hint else [])
-
-
-def publish(spool: Spool, prepared: Prepared) -> list[tuple[JobRef, dict[str, Any]]]:
-    """Queue the prepared jobs (see enqueue_many); refused if this machine can never run them."""
+def check(spool: Spool, prepared: Prepared, views: Any = None, gpus: bool = True) -> None:
+    """The refusals that come before anything is written: a job this machine can never start
+    (its GPUs as the workers' `views` say them, else as they are), a dependency that is no job."""
     options = prepared.fields["options"]
-    if options["gpu_request"] > 1 or options["gpu_mem_mib"] is not None:  # only then are the GPUs looked at
-        from gpuq.engine.schedule import gpuview
-
-        problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"])
+    if gpus and (options["gpu_request"] > 1 or options["gpu_mem_mib"] is not None):
+        problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"], views)
         if problem:
             raise UsageError(f"{problem}: this job could never start")
+    missing = missing_jobs(spool, prepared.fields["after"] + prepared.fields["after_any"])
+    if missing:
+        raise NoSuchDependency(f"--after: no such job {missing}")
+
+
+def publish(spool: Spool, prepared: Prepared) -> list[tuple[JobRef, Job]]:
+    """Queue the prepared jobs (see enqueue_many), once `check` finds nothing to refuse."""
+    check(spool, prepared)
     return enqueue_many(spool, prepared.variants, **prepared.fields)
 
 
@@ -290,7 +324,7 @@ def running_jobs(spool: Spool) -> list[Job]:
 def urgent_outlook(job: Job, running: list[Job]) -> str:
     """What an urgent job will do if no slot is free when a worker looks: which of the `running`
     jobs it would preempt and how that job goes on, or that it waits."""
-    from gpuq.engine.schedule import victims  # only for --urgent: it may look at running jobs' checkpoints
+    from gpuq.engine.schedule import victims  # urgent preemption: it looks at running jobs' checkpoints
 
     return victims.foreseen(job, running)
 
@@ -298,19 +332,17 @@ def urgent_outlook(job: Job, running: list[Job]) -> str:
 def _variants(request: Request, cwd: str) -> tuple[list[Variant], interpreter.Resolved]:
     """The job to queue, or with --sweep one per combination of values: its command resolved (the
     interpreter, its environment), its name, and its sweep values. Nothing is queued if any is wrong."""
-    words = [request.script, *request.args]
-    conda = interpreter.find_conda(request.conda, request.shell_env) if request.conda else None
+    conda = interpreter.find_conda(request.conda, request.shell_env or os.environ) if request.conda else None
 
-    def resolve(words: list[str]) -> interpreter.Resolved:
-        return interpreter.resolve_command(words[0], words[1:], cwd, request.python, conda, request.shell_env)
+    def resolve(words: Sequence[str]) -> interpreter.Resolved:
+        env = request.shell_env
+        return interpreter.resolve_command(words[0], list(words[1:]), cwd, request.python, conda, env)
 
     if not request.sweep:
-        resolved = resolve(words)
+        resolved = resolve(request.cmd)
         return [Variant(resolved.cmd, request.name)], resolved
-    from gpuq.core import sweep  # only for --sweep (it imports re and collections)
-
     try:
-        combinations = sweep.expand([sweep.parse_sweep(t) for t in request.sweep], words, allow_more=request.yes)
+        combinations = sweep.expand([sweep.parse_sweep(t) for t in request.sweep], request.cmd, allow_more=request.yes)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     variants = []
@@ -321,78 +353,29 @@ def _variants(request: Request, cwd: str) -> tuple[list[Variant], interpreter.Re
     return variants, resolved
 
 
-def _preempt_options(
-    request: Request, variants: list[Variant], venv: Optional[str], env: dict[str, str]
-) -> tuple[dict[str, Any], list[str]]:
-    """The job fields for --urgent/--preemptible/--ckpt-glob/--resume-arg, and a note for the user;
-    --preemptible may add a flag to the commands and adds GPUQ_PREEMPTIBLE=1 to `env`."""
-    options: dict[str, Any] = {
-        "urgent": request.urgent,
-        "preemptible": request.preemptible,
-        "ckpt_glob": request.ckpt_glob,
-    }
-    if request.resume_arg is not None:
-        from gpuq.core.resume_arg import check_resume_arg
-
-        problem = check_resume_arg(request.resume_arg)
-        if problem:
-            raise UsageError(problem)
-        options["resume_arg"] = request.resume_arg
-    if not request.preemptible:
-        return options, []
-    from gpuq.engine.lifecycle import hf
-
-    message = ""
-    for variant in variants:
-        variant.cmd, message = hf.make_preemptible(variant.cmd, venv)
-    env[hf.PREEMPTIBLE_ENV] = "1"
-    return options, [f"preemptible: {message}"]
-
-
-def _gpu_options(request: Request) -> dict[str, Any]:
-    """--gpus N and --gpu-mem SIZE (whether this machine can ever meet them: `publish`)."""
-    mem = _size_mib(request.gpu_mem, "--gpu-mem")
-    if mem is not None and request.gpus == 0:
-        raise UsageError("--gpu-mem needs --gpus 1 or more (--gpus 0 is a CPU job)")
-    return {"gpu_request": request.gpus, "gpu_mem_mib": mem}
-
-
-def _host_options(request: Request) -> dict[str, Any]:
-    """--mem SIZE and --cpus N: what the job reserves of the machine while it runs."""
-    return {"mem_mib": _size_mib(request.mem, "--mem"), "cpus": request.cpus}
-
-
-def _size_mib(text: Optional[str], flag: str) -> Optional[int]:
-    """A size option (20G) in MiB, or None when not given."""
-    if text is None:
-        return None
-    from gpuq.core import timespec  # a plain `add` parses no size
-
+def _size(parse: Callable[[str, str], int], text: Optional[str], flag: str) -> Optional[int]:
+    """A size option (20G) read by `parse`, or None when not given."""
     try:
-        return timespec.parse_memory_mib(text, flag)
+        return None if text is None else parse(text, flag)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
-def _safeguards(request: Request, cwd: str, git_cache: Optional[CacheFiles] = None) -> dict[str, Any]:
+def _safeguards(request: Request, cwd: str, git_cache: Any = None) -> dict[str, Any]:
     """--time, --begin, and the code the job was queued with (--snapshot: a copy of it)."""
     out: dict[str, Any] = {}
-    if request.time is not None or request.begin is not None:
-        from gpuq.core import timespec
     try:
         if request.time is not None:
             out["time_limit"] = timespec.parse_duration(request.time, "--time")
         if request.begin is not None:
-            from gpuq.core.times import iso_of
-
             out["begin_at"] = iso_of(timespec.parse_begin(request.begin, time.time(), "--begin"))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if not _in_git_work_tree(cwd):
+    if not any(os.path.exists(os.path.join(directory, ".git")) for directory in upward(cwd)):
         if request.snapshot:
             raise UsageError(f"--snapshot needs a git repository; {cwd} is not in one")
         return out
-    from gpuq.system import gitinfo  # only inside a repository
+    from gpuq.system import gitinfo  # git: only inside a repository
 
     # git runs only when the work tree changed since it last answered: its answer is kept in the
     # spool's cache/, read (and written) here without creating the spool, which is opened later
@@ -402,18 +385,3 @@ def _safeguards(request: Request, cwd: str, git_cache: Optional[CacheFiles] = No
     if request.snapshot:
         out["snapshot"] = {"repo": out["code"]["repo"]}  # copied once the job has its id
     return out
-
-
-def _in_git_work_tree(cwd: str) -> bool:
-    """A `.git` in `cwd` or above it: a stat per level, so that `add` outside a repository does
-    not pay for starting git."""
-    return any(os.path.exists(os.path.join(directory, ".git")) for directory in upward(cwd))
-
-
-def _size_bytes(text: str, flag: str) -> int:
-    from gpuq.core import timespec
-
-    try:
-        return timespec.parse_size_bytes(text, flag)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None

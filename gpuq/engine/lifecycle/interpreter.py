@@ -3,23 +3,20 @@
 In this order: `--python`, `--conda NAME` (resolved here to its prefix), the nearest `.venv` above
 the job's directory, the active conda environment (`CONDA_PREFIX`, unless it is the base one), the
 python on PATH. The job records the environment (`venv` or `conda`, which core/jobenv.py puts first
-on PATH when it starts) and how it was chosen (`interpreter_from`). On `gpuq add`'s path: a few
-stats and small reads, no `pathlib`, no `json` (bench/PROFILE.md).
+on PATH when it starts) and how it was chosen (`interpreter_from`).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shlex
+from typing import Iterator, Mapping, NamedTuple, Optional, Union
 
 from gpuq.core.errors import Refused, UsageError
 from gpuq.system import procs
 
-TYPE_CHECKING = False  # typing only for annotations: importing it costs every start-up (bench/PROFILE.md)
-if TYPE_CHECKING:
-    from typing import Iterator, Mapping, Optional
-
-    from gpuq.system.fsutil import StrPath
+StrPath = Union[str, "os.PathLike[str]"]  # a directory, as a string or a Path
 
 # How the interpreter was chosen: the job's `interpreter_from` (spool_layout.md).
 FROM_PYTHON, FROM_CONDA, FROM_VENV, FROM_ACTIVE_CONDA, FROM_PATH = "--python", "--conda", ".venv", "conda env", "PATH"
@@ -35,14 +32,14 @@ class NoSuchConda(Refused):
     """--conda names no conda environment of this machine."""
 
 
-class Resolved:
+class Resolved(NamedTuple):
     """A command as it will run: its argv, its environment (a `.venv` or a conda prefix, at most
-    one) and how its interpreter was chosen. A plain class (see scheduler.QueueState)."""
+    one) and how its interpreter was chosen."""
 
-    __slots__ = ("cmd", "venv", "conda", "found_by")
-
-    def __init__(self, cmd: list[str], venv: Optional[str], conda: Optional[str], found_by: str) -> None:
-        self.cmd, self.venv, self.conda, self.found_by = cmd, venv, conda, found_by
+    cmd: list[str]
+    venv: Optional[str]
+    conda: Optional[str]
+    found_by: str
 
 
 def upward(start: StrPath) -> Iterator[str]:
@@ -206,8 +203,6 @@ def quoted_whole(script: str, args: list[str]) -> str:
     file, a whole command quoted as one (pueue and tsp take a command as one string, and so did
     the original gpuq's `-c`); what to write instead. Refused rather than split: a split guesses
     at quoting inside it, and a shell line (pipes, `&&`, redirections) needs a shell."""
-    import shlex  # only for this refusal
-
     try:
         words = shlex.split(script)
     except ValueError:  # an unclosed quote: its words as they stand

@@ -1,0 +1,68 @@
+"""`gpuq add`: its options made the engine's request (engine/lifecycle/enqueue.py), the jobs
+queued, and what happened said."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from gpuq.cli.common import spool
+from gpuq.core.errors import UsageError
+from gpuq.core.words import ids_text
+from gpuq.engine.lifecycle import enqueue
+
+
+def request(args: argparse.Namespace) -> enqueue.Request:
+    """`add`'s options as the engine's request: each option's dest is the request's field of that name."""
+    given = {name: getattr(args, name) for name in enqueue.Request._fields if hasattr(args, name)}
+    return enqueue.Request(**dict(given, cmd=[args.script, *args.args], env=dict(args.env)))
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    if args.json and not args.dry_run:
+        raise UsageError("--json goes with --dry-run (a real add prints the ids with -q)")
+    if args.dry_run:
+        from gpuq.cli import dry_run  # the queue's ETA machinery: only for --dry-run
+
+        return dry_run.show(request(args), args.json)
+    prepared = enqueue.prepare(request(args))  # checked before the spool is opened
+    for note in [] if args.quiet else prepared.notes:
+        print(note)
+    for warning in prepared.warnings:  # also with -q: the job would likely fail, and stdout keeps only the id
+        print(warning, file=sys.stderr)
+    sp = spool()
+    outlook = args.urgent and not args.quiet and not args.hold
+    # the running jobs as they are before it is queued: a watching worker may preempt one at once
+    running = enqueue.running_jobs(sp) if outlook else []
+    published = enqueue.publish(sp, prepared)
+    for _ref, job in published:
+        if args.quiet:
+            print(job.id)
+            continue
+        deps = job.after + job.after_any
+        after = f"  after {', '.join(f'#{d}' for d in deps)}" if deps else ""
+        print(f"[+] Job #{job.id}: {job.name}{after}{'  (held)' if args.hold else ''}")
+    if outlook:
+        print(f"    {enqueue.urgent_outlook(published[0][1], running)}")
+    if not args.quiet and not args.hold:
+        _say_who_starts_it(sp.workers.live(), [job.id for _ref, job in published])
+    return 0
+
+
+def _say_who_starts_it(workers: list[dict[str, Any]], ids: list[int]) -> None:
+    """The line `gpuq add` says on stderr when no worker will start what it queued: none runs, or
+    every one drains (`gpuq stop --drain`: it starts nothing new, and holds its locks until its
+    jobs end, so a new worker can start only then)."""
+    if not workers:
+        waits = "waits" if len(ids) == 1 else "wait"
+        said = f"no worker is running; {ids_text(ids)} {waits} for `gpuq run --daemon` (or `gpuq service install`)"
+    elif all(worker.get("draining") for worker in workers):
+        who = "the worker is" if len(workers) == 1 else "every worker is"
+        said = (
+            f"{who} draining (`gpuq stop --drain`); {ids_text(ids)} will not start until a worker runs again "
+            f"(`gpuq run --daemon` once the draining one has exited)"
+        )
+    else:
+        return
+    print(f"gpuq add: {said}", file=sys.stderr)

@@ -1,0 +1,234 @@
+"""The commands that change jobs already queued: `cancel`, `kill`, `hold`, `release`, `retry`,
+`resume`, `recover`, `preempt`, `edit`, `clear`, and `adopt`, which takes a process in. Each maps
+its options to the engine's request (engine/lifecycle/requests.py), calls it, and says what
+happened."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from typing import Any, Callable, Optional
+
+from gpuq.cli.common import job_ids, say_refused, spool
+from gpuq.core.errors import GpuqError, Refused, UsageError
+from gpuq.core.states import CANCELLED, INTERRUPTED, PREEMPTED, RUNNING
+from gpuq.core.words import ids_text, plural
+from gpuq.engine.lifecycle import actions, edit, repairs, requests
+from gpuq.engine.lifecycle.requests import Done
+from gpuq.system.procs import KILL_GRACE_SECONDS
+
+
+def _on_each(request: requests.OnJobs, said: Callable[[Done], Optional[str]]) -> int:
+    """A command of several job ids: what `said` says of each job changed, on stdout; each one
+    refused named on stderr with the reason, and then exit 1."""
+    code = 0
+    for job_id, outcome in requests.each(spool(), request, _say_killing):
+        if isinstance(outcome, GpuqError):
+            say_refused(job_id, outcome)
+            code = max(code, outcome.exit_code)
+        elif (line := said(outcome)) is not None:
+            print(line)
+    return code
+
+
+def _say_killing(job_id: int) -> None:
+    print(f"sending SIGTERM to job #{job_id}'s process group (SIGKILL after {KILL_GRACE_SECONDS:.0f}s)...", flush=True)
+
+
+def _job_line(mark: str, what: Callable[[Done], str]) -> Callable[[Done], str]:
+    """`[+] Job #3: exp/train ` and what happened to it."""
+    return lambda done: f"[{mark}] Job #{done.job.id}: {done.job.name} {what(done)}"
+
+
+def _cancelled(done: Done) -> str:
+    if done.killed:
+        return f"{CANCELLED}: it was running, killed (exit {done.job.exit_code})"
+    slurm = done.job.slurm
+    return CANCELLED + (f" (scancel of Slurm job {slurm['job_id']})" if slurm else "")
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    return _on_each(requests.Cancel(ids=job_ids(args.ids)), _job_line("-", _cancelled))
+
+
+def cmd_kill(args: argparse.Namespace) -> int:
+    return _on_each(requests.Kill(ids=job_ids(args.ids)), _job_line("-", lambda d: f"killed (exit {d.job.exit_code})"))
+
+
+def cmd_hold(args: argparse.Namespace) -> int:
+    said = _job_line("=", lambda d: f"held (`gpuq release {d.job.id}` puts it back in line)")
+    return _on_each(requests.Hold(ids=job_ids(args.ids)), said)
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    return _on_each(requests.Release(ids=job_ids(args.ids)), _job_line("+", lambda d: "back in line"))
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    request = requests.Retry(ids=job_ids(args.ids), from_scratch=args.from_scratch)
+    return _on_each(request, _job_line("+", lambda d: f"back in the queue: {d.how}"))
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    where = "in normal order" if args.back else "first in line"
+    request = requests.Resume(ids=job_ids(args.ids), require_checkpoint=args.require_checkpoint, back=args.back)
+    return _on_each(request, _job_line("+", lambda d: f"back in the queue ({where}): {d.how}"))
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    sp = spool()
+    if args.jobs:  # named: re-queued whatever they reached
+        return _requeue(job_ids(args.jobs), args.from_scratch, say=True)
+    ended = actions.reached_their_end(sp)
+    for job, reached in ended:
+        print(
+            f"  #{job.id} {job.name}: {repairs.reached_end_text(reached)}: not re-queued "
+            f"(`gpuq recover --jobs {job.id}` runs it again)"
+        )
+    if args.all:
+        return _requeue([job.id for job in actions.to_recover(sp)], args.from_scratch, say=True)
+    plans = actions.recovery_plans(sp, args.from_scratch)
+    if not plans:
+        print("nothing else to re-queue" if ended else "no interrupted jobs")
+        return 0
+    for job, how in plans:  # what will happen, before it happens
+        print(f"  #{job.id} {job.name}: {how.text()}  ({job.note or INTERRUPTED})")
+    if not sys.stdin.isatty():
+        flag = " --from-scratch" if args.from_scratch else ""
+        print(f"would re-queue {plural(len(plans), 'job')}; run `gpuq recover --all{flag}` (or --jobs ID...) to do it")
+        return 0
+    these = "this job" if len(plans) == 1 else f"these {len(plans)} jobs"
+    if input(f"Re-queue {these}? [y/N] ").strip().lower() not in ("y", "yes"):
+        return 0
+    return _requeue([job.id for job, _how in plans], args.from_scratch, say=False)
+
+
+def _requeue(ids: list[int], from_scratch: bool, say: bool) -> int:
+    """Each interrupted job of `ids` back in the queue, each named with how it goes on if `say`."""
+    back: list[Done] = []
+
+    def said(done: Done) -> Optional[str]:
+        back.append(done)
+        return f"  #{done.job.id} {done.job.name}: {done.how}" if say else None
+
+    code = _on_each(requests.Recover(ids=ids, from_scratch=from_scratch), said)
+    print(f"Re-queued {plural(len(back), 'job')}." + (" Run `gpuq run` to execute." if back and say else ""))
+    return code
+
+
+def cmd_preempt(args: argparse.Namespace) -> int:
+    outcome = requests.Preempt(id=args.id, timeout=args.timeout, force=args.force).run(spool(), say=print)
+    job = outcome.job
+    if outcome.state == PREEMPTED:
+        code = "exit code unknown" if job.exit_code is None else f"exit {job.exit_code}"
+        print(f"[~] Job #{job.id}: {job.name} preempted ({code}): {job.note}")
+        print(f"    {_what_resume_does(job)}")
+        return 0
+    if outcome.left and outcome.state == RUNNING and job.pid in outcome.left:
+        print(f"job #{job.id} did not exit within {args.timeout:g}s; left running, unchanged (--force kills it)")
+    elif outcome.left:
+        print(
+            f"job #{job.id}: its main process exited but {', '.join(map(str, outcome.left))} ignore SIGTERM; "
+            "it keeps its slot until they are gone: its supervisor SIGKILLs them once the worker's --kill-grace "
+            f"is over (`gpuq preempt {job.id} --force` does it now)"
+        )
+    else:
+        print(f"job #{job.id} ended on its own meanwhile: {outcome.state}")
+    return 1
+
+
+def _what_resume_does(job: Any) -> str:
+    """What `gpuq resume` will do with the job just preempted, from what its preemption recorded."""
+    resume = f"`gpuq resume {job.id}`"
+    if job.no_resume:
+        return f"{resume} starts it over from scratch: it was queued with --no-resume"
+    record = (job.preemptions or [{}])[-1]
+    if not record.get("checkpoint"):
+        return f"{resume} starts it over from scratch: it left no complete checkpoint"
+    return f"{resume} continues it from {record['checkpoint']}"
+
+
+def cmd_edit(args: argparse.Namespace) -> int:
+    sp = spool()
+    if args.set:
+        job, changed = requests.Edit(id=args.id, changes=args.set).run(sp)
+    else:
+        fields, rev = edit.read(sp, args.id)
+        edited = _in_editor(fields, args.id)
+        changed = [key for key in edited if edited[key] != fields.get(key)]
+        job = edit.apply(sp, args.id, edited, rev) if edited != fields else None
+    if job is None:
+        print(f"job #{args.id}: nothing changed")
+    else:
+        print(f"[~] Job #{args.id}: {job.name} changed: " + ", ".join(changed))
+    return 0
+
+
+def _in_editor(fields: dict[str, Any], job_id: int) -> dict[str, Any]:
+    """`fields` as edited by the person in $VISUAL or $EDITOR (a copy in a temporary file)."""
+    editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+    with tempfile.TemporaryDirectory(prefix="gpuq-edit-") as tmp:
+        path = os.path.join(tmp, f"job-{job_id}.json")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(fields, indent=2, ensure_ascii=False) + "\n")
+        try:
+            code = subprocess.call([*shlex.split(editor), path])
+        except OSError as exc:
+            raise UsageError(f"cannot run the editor {editor!r}: {exc.strerror or exc}") from None
+        if code != 0:
+            raise UsageError(f"the editor exited with {code}; job #{job_id} not changed")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                edited = json.load(fh)
+        except ValueError as exc:
+            raise Refused(f"job #{job_id} not changed: the edited file is not JSON: {exc}") from None
+    if not isinstance(edited, dict):
+        raise Refused(f"job #{job_id} not changed: the edited file must hold a JSON object")
+    return edited
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    sp = spool()
+    request = requests.Clear(states=args.state, older_than=args.older_than, logs_only=args.logs)
+    chosen = request.select(sp)
+    what = "the logs of " if args.logs else ""
+    counts = ", ".join(f"{n} {state}" for state, n in chosen.counts().items())
+    if chosen.refs:  # what it will do, before it does it
+        print(
+            f"will remove {what}{plural(len(chosen.refs), 'finished job')} ({counts})"
+            + ("" if args.logs else " and their logs")
+            + "; their history and learned run times are kept"
+        )
+    if chosen.kept_for_dependents:
+        print("kept (waiting jobs depend on them): " + ", ".join(f"#{i}" for i in sorted(chosen.kept_for_dependents)))
+    if not chosen.refs:
+        print("no finished jobs to clear" + (" (of these states and age)" if args.state or args.older_than else ""))
+        return 0
+    # it asks on a terminal, as `recover` does; a script (no terminal) gets what it ran, as `tsp -C`, `pueue clean`
+    if not args.yes and sys.stdin.isatty() and input("Go ahead? [y/N] ").strip().lower() not in ("y", "yes"):
+        print("nothing removed")
+        return 0
+    report = request.run(sp, chosen)
+    freed = f"{report.freed_bytes / (1 << 20):.1f} MiB"
+    if args.logs:
+        print(f"dropped the logs of {plural(len(report.logs_dropped), 'finished job')}, freeing {freed}")
+        return 0
+    print(f"removed {plural(len(report.removed), 'finished job')}, freeing {freed}")
+    if report.no_room:
+        print(f"gpuq: left {ids_text(report.no_room)}: no room on the disk to keep their history", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    from gpuq.engine.lifecycle import adopt  # psutil: of these commands only `adopt` looks at processes
+
+    _ref, job = adopt.adopt(spool(), args.pid, name=args.name, log=args.log)
+    print(f"[+] Job #{job.id}: {job.name} adopted (pid {job.pid}, started {job.started_at})")
+    print(f"    log: {job.log}" if job.log else "    no log: progress only from checkpoints (use --log FILE)")
+    return 0

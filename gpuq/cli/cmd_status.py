@@ -1,0 +1,91 @@
+"""`gpuq status` and `gpuq eta`: the queue as engine/views/status.py reads it, printed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from gpuq.cli import render
+from gpuq.cli.common import spool
+from gpuq.core.errors import Refused
+from gpuq.engine.views.status import Row, status
+from gpuq.system import security
+
+# the fields of a job `status --json` gives, besides those of its row
+JSON_FIELDS = """id name pid exit_code after after_any cmd cwd created_at started_at finished_at attempts retries
+priority slot log note urgent preemptible checkpoint resumed_from resumed_from_step lost_steps no_resume preemptions
+gpu_request gpu_mem_mib gpus mem_mib cpus reason time_limit begin_at code code_changed snapshot sweep slurm""".split()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if not args.watch:
+        return _status_once(args)
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else "\n"
+    try:
+        while True:  # redrawn in place until Ctrl-C
+            sys.stdout.write(clear)
+            _status_once(args)
+            print(f"(every {args.interval:g}s; Ctrl-C to stop)", flush=True)
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _status_once(args: argparse.Namespace) -> int:
+    sp = spool()
+    st = status(sp, show_all=args.all, damaged=None if args.json else render.damaged_cells)
+    if args.json:
+        print(json.dumps([json_row(r) for r in st.rows], indent=2))
+        return 0
+    print(render.worker_line(st.workers, st.outlook()))
+    if st.gpus is not None:
+        print("\n".join(render.gpu_lines(st.gpus, home=sp.home)))
+    if st.rows or st.finished:
+        rows = st.rows if args.all else render.group_sweeps(st.rows)
+        print("\n".join(render.status_table(rows, finished=st.finished)))
+    else:
+        print("no jobs")
+    if st.hidden_finished:
+        print(render.hidden_line(st.hidden_finished, st.hidden_failed))
+    for name in st.dropped:
+        print(f"pending/{security.display(name)}: dropped file, not taken in yet (a worker takes it in)")
+    if st.rejected is not None:
+        print(render.rejected_line(st.rejected))
+    for warning in st.warnings:
+        print(f"warning: {warning}")
+    return 0
+
+
+def json_row(row: Row) -> dict[str, Any]:
+    """One job of `status --json` (also the MCP server's queue tool): its fields, its state, why it
+    waits, its progress and ETA."""
+    job, est = row.job, row.estimate
+    out = {key: job.get(key) for key in JSON_FIELDS}
+    out["state"] = row.state
+    out["waiting"] = row.wait.reason if row.wait else None
+    out["progress"] = round(est.fraction, 4) if est and est.fraction is not None else None
+    out["eta_seconds"] = round(est.eta_seconds, 1) if est and est.eta_seconds is not None else None
+    out["starts_in_seconds"] = round(est.starts_in, 1) if est and est.starts_in is not None else None
+    out["eta_method"] = est.method if est else None
+    out["progress_source"] = est.reading.source if est and est.reading else None
+    out["adopted"] = bool(job.adopted)
+    out["gpu_idle"] = [{"gpu": gpu, "idle_seconds": round(seconds, 1)} for gpu, seconds in row.gpu_idle]
+    return out
+
+
+def cmd_eta(args: argparse.Namespace) -> int:
+    sp = spool()
+    if args.id is not None and sp.jobs.find(args.id) is None:
+        raise Refused(f"no such job #{args.id}")
+    rows = [r for r in status(sp).rows if r.estimate is not None and args.id in (None, r.job.id)]
+    if args.id is not None and not rows:
+        state = sp.jobs.find(args.id).state
+        print(f"#{args.id}: {state}; an ETA is given for running and pending jobs only")
+    elif not rows:
+        print("no running or pending jobs")
+    for line in render.eta_lines(rows):
+        print(line)
+    return 0

@@ -1,0 +1,160 @@
+"""The commands that change jobs, as typed requests with keyword fields: what the CLI's options,
+the MCP server's tool arguments and `gpuq top`'s keys all become (`gpuq add`'s is
+enqueue.Request). A request of several jobs acts on each in turn (`each`): one refused is given
+with its reason, and the others are still acted on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, NamedTuple, Optional, Sequence, Union
+
+from gpuq.core.errors import GpuqError, UsageError
+from gpuq.core.job import Job
+from gpuq.core.states import FINISHED, RUNNING
+from gpuq.engine.lifecycle import actions, clearing, edit, preempt
+from gpuq.spool import Spool
+
+Stopping = Callable[[int], object]  # told a running job's id just before its process group is signalled
+
+
+class Done(NamedTuple):
+    """What a request made of one job: the job as written; how it goes on (retry, resume, recover:
+    from which checkpoint); for cancel, whether it was running and was killed."""
+
+    job: Job
+    how: str = ""
+    killed: bool = False
+
+
+@dataclass(frozen=True)
+class OnJobs:
+    """A change asked of each of several jobs (actions.py says what each does)."""
+
+    ids: Sequence[int]
+
+    def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Cancel(OnJobs):
+    def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
+        killed: list[int] = []
+        job = actions.cancel(spool, job_id, lambda: (killed.append(job_id), stopping(job_id)))
+        return Done(job, killed=bool(killed))
+
+
+@dataclass(frozen=True)
+class Kill(OnJobs):
+    def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
+        actions.get(spool, job_id, (RUNNING,))  # refused before anything is said or sent
+        stopping(job_id)
+        return Done(actions.kill(spool, job_id))
+
+
+@dataclass(frozen=True)
+class Hold(OnJobs):
+    def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
+        return Done(actions.hold(spool, job_id))
+
+
+@dataclass(frozen=True)
+class Release(OnJobs):
+    def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
+        return Done(actions.release(spool, job_id))
+
+
+@dataclass(frozen=True)
+class Retry(OnJobs):
+    from_scratch: bool = False
+
+    def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
+        job, how = actions.retry(spool, job_id, self.from_scratch)
+        return Done(job, how.text())
+
+
+@dataclass(frozen=True)
+class Recover(OnJobs):
+    """Interrupted jobs back in the queue, whatever they reached (actions.to_recover: the ones a
+    plain `gpuq recover` takes)."""
+
+    from_scratch: bool = False
+
+    def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
+        ((job, how),) = actions.recover(spool, [job_id], self.from_scratch)
+        return Done(job, how.text())
+
+
+@dataclass(frozen=True)
+class Resume(OnJobs):
+    """Preempted or interrupted jobs back in the queue (preempt.resume): first in line unless `back`."""
+
+    require_checkpoint: bool = False
+    back: bool = False
+
+    def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
+        job = preempt.resume(spool, job_id, self.require_checkpoint, front=not self.back).job
+        return Done(job, job.note or "")
+
+
+def each(
+    spool: Spool, request: OnJobs, stopping: Stopping = lambda _job_id: None
+) -> Iterator[tuple[int, Union[Done, GpuqError]]]:
+    """The request carried out on each of its jobs in turn (each id once): what it made of the
+    job, or why it was refused."""
+    for job_id in dict.fromkeys(request.ids):
+        try:
+            yield job_id, request.one(spool, job_id, stopping)
+        except GpuqError as exc:
+            yield job_id, exc
+
+
+@dataclass(frozen=True)
+class Preempt:
+    """Stop a running job so that it can be resumed from its checkpoint: SIGTERM, up to `timeout`
+    seconds for it to exit, then with `force` SIGKILL to what is left."""
+
+    id: int
+    timeout: float = preempt.DEFAULT_TIMEOUT
+    force: bool = False
+
+    def run(self, spool: Spool, say: Callable[[str], object] = lambda _text: None) -> preempt.Outcome:
+        if self.timeout < 0:
+            raise UsageError("--timeout must be 0 or more")
+        return preempt.preempt(spool, self.id, self.timeout, self.force, say=say)
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Change a waiting job: `changes` are KEY=VALUE pairs of edit.EDITABLE (VALUE as JSON, else
+    text), checked as a dropped file is. Returns the job as written (None if nothing changed) and
+    the keys that changed."""
+
+    id: int
+    changes: Sequence[str]
+
+    def run(self, spool: Spool) -> tuple[Optional[Job], list[str]]:
+        fields, rev = edit.read(spool, self.id)
+        changed = edit.with_pairs(fields, self.changes)
+        keys = [key for key in changed if changed[key] != fields.get(key)]
+        if not keys:
+            return None, []
+        return edit.apply(spool, self.id, changed, rev), keys
+
+
+@dataclass(frozen=True)
+class Clear:
+    """Finished jobs removed, their records kept (with `logs_only`, only their logs): those of
+    `states` that ended more than `older_than` seconds ago, less those a waiting job depends on.
+    `select` says which, `run` removes them."""
+
+    states: Sequence[str] = FINISHED
+    older_than: Optional[float] = None
+    logs_only: bool = False
+
+    def select(self, spool: Spool) -> clearing.Selection:
+        return clearing.select(spool, tuple(dict.fromkeys(self.states)) or FINISHED, self.older_than)
+
+    def run(self, spool: Spool, chosen: clearing.Selection) -> clearing.ClearReport:
+        return clearing.clear(spool, chosen, logs_only=self.logs_only)
