@@ -146,7 +146,6 @@ def test_a_running_job_is_estimated_without_heavy_imports(gq: Any) -> None:
     job_id = gq.add("steps.py")
     gq.start_worker()
     wait_for(lambda: "Step 3/10" in gq.log(job_id), 15, what="the job's first step")
-    deny = DENIED
     for command in (("status",), ("status", "--json"), ("eta",)):
         modules = imported_by(gq, *command)
         assert "gpuq.engine.tracking.eta" in modules  # the probe did estimate the running job
