@@ -7,7 +7,8 @@ baseline. So the benchmark builds such a venv from the checkout (`pip install .`
 index pip is configured for), keeps it under bench/.cache/ keyed by the checkout's content, and
 times `<venv>/bin/gpuq` against `<venv>/bin/python -c pass`.
 
-`python bench/honest.py` builds (or finds) it and prints its path.
+`python bench/honest.py` builds (or finds) it and prints its path. `revision_venv(REV)` does the same
+for a git revision's tree (`bench/run.py --compare REV`), kept beside it.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ CACHE = Path(__file__).resolve().parent / ".cache"
 PACKAGE_PARTS = ("pyproject.toml", "README.md", "gpuq", "skill")  # what `pip install .` reads
 
 
-def checkout_key() -> str:
-    """A digest of the interpreter's version and every file the install takes from the checkout."""
+def checkout_key(tree: Path = REPO) -> str:
+    """A digest of the interpreter's version and every file the install takes from the tree."""
     digest = hashlib.sha256(sys.version.encode())
     for part in PACKAGE_PARTS:
-        root = REPO / part
+        root = tree / part
         files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if _packaged(p))
         for path in files:
-            digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+            digest.update(str(path.relative_to(tree)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 
@@ -40,19 +41,23 @@ def _packaged(path: Path) -> bool:
     return path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
 
 
-def honest_venv(log: Optional[Path] = None) -> Path:
-    """The venv for the checkout as it is now: built once (about 15 s), then reused."""
-    venv = CACHE / f"venv-{checkout_key()}"
-    if (venv / ".ready").exists():
-        return venv
+def honest_venv(log: Optional[Path] = None, tree: Path = REPO, kind: str = "venv") -> Path:
+    """The venv for the tree (the checkout) as it is now: built once (about 15 s), then reused.
+    One venv of each `kind` is kept: "venv" for the checkout, "compare" for a `--compare` revision."""
+    key = checkout_key(tree)
+    for ready in sorted(CACHE.glob(f"*-{key}/.ready")):  # the same tree's venv, of either kind
+        return ready.parent
+    venv = CACHE / f"{kind}-{key}"
     CACHE.mkdir(exist_ok=True)
-    for old in CACHE.glob("venv-*"):  # an older checkout's venv: never measured again
+    for old in CACHE.glob(f"{kind}-*"):  # an older tree's venv: never measured again
         shutil.rmtree(old, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix="gpuq-src-") as tmp:
         source = Path(tmp) / "gpuq"
         source.mkdir()
         for part in PACKAGE_PARTS:  # a clean copy: the build leaves build/ and *.egg-info beside it
-            src = REPO / part
+            src = tree / part
+            if not src.exists():  # an older revision may lack one
+                continue
             if src.is_dir():
                 shutil.copytree(src, source / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
             else:
@@ -70,6 +75,15 @@ def honest_venv(log: Optional[Path] = None) -> Path:
                 out.close()  # type: ignore[union-attr]
     (venv / ".ready").write_text("")
     return venv
+
+
+def revision_venv(rev: str, log: Optional[Path] = None) -> Path:
+    """The venv of git revision `rev` of this repository (`git archive` of its tree), built as the
+    checkout's is."""
+    with tempfile.TemporaryDirectory(prefix="gpuq-rev-") as tmp:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        return honest_venv(log, tree=Path(tmp), kind="compare")
 
 
 def packages(venv: Path) -> str:
