@@ -21,10 +21,10 @@ import random
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from common import BenchError, timed_run, wait_for
-from systems import Gpuq, Nq, System, Tsp, bare_python
+from systems import Gpuq, Nq, System, Tsp, bare_python, forget_pending
 
 # Finished jobs come in blocks of this pattern (by id): one sweep of 12, then single runs.
 SWEEP = ("--sweep", "lr=1e-4,3e-4,1e-3", "--sweep", "seed=0,1,2,3")
@@ -76,22 +76,25 @@ def gpuq_add(gpuq: Gpuq, *words: str) -> str:
 def templates(gpuq: Gpuq) -> dict[str, Any]:
     """Job files of real `gpuq add`s of each command (queued held, read, then removed): what the
     finished jobs are made of. Keys: the command's words, or "sweep" for the list of variants."""
-    from gpuq.core.states import HELD
-
     out: dict[str, Any] = {}
     for words in SINGLES:
         gpuq_add(gpuq, "--hold", *words)
-        out[" ".join(words)] = _take_held(gpuq, HELD)[0]
+        out[" ".join(words)] = gpuq.lib(take_held, str(gpuq.home))[0]
     gpuq_add(gpuq, "--hold", *SWEEP, *SWEEP_WORDS)
-    out["sweep"] = _take_held(gpuq, HELD)
+    out["sweep"] = gpuq.lib(take_held, str(gpuq.home))
     return out
 
 
-def _take_held(gpuq: Gpuq, held: str) -> list[dict[str, Any]]:
+def take_held(home: str) -> list[dict[str, Any]]:
+    """The held jobs of the spool at `home`, removed from it (in its gpuq's own library)."""
+    from gpuq.core.states import HELD
+    from gpuq.spool import Spool
+
+    spool = Spool(Path(home))
     jobs = []
-    for ref, job in sorted(gpuq.spool.jobs.load_many(held), key=lambda pair: pair[1]["id"]):
+    for ref, job in sorted(spool.jobs.load_many(HELD), key=lambda pair: pair[1]["id"]):
         jobs.append(dict(job))
-        gpuq.spool.jobs.remove(ref)
+        spool.jobs.remove(ref)
     return jobs
 
 
@@ -109,19 +112,29 @@ def finished_count(gpuq: Gpuq) -> int:
     return len(gpuq.spool.jobs.names("done")) + len(gpuq.spool.jobs.names(FAILED))
 
 
-def fill(gpuq: Gpuq, made: dict[str, Any], total: int, epoch: float, processes: int = 2) -> None:
-    """Grow the finished jobs to `total`, ids reserved the way `gpuq add` takes them; each file is
-    published by spool.jobs.publish (written, fsynced, renamed, its row journalled) in one of two
-    processes. Job `id` ends at epoch + id * SPACING, so ids and ends go together."""
+def fill(gpuq: Gpuq, made: dict[str, Any], total: int, epoch: float) -> None:
+    """Grow the finished jobs to `total`, in gpuq's own library (fill_at)."""
+    gpuq.lib(fill_at, str(gpuq.home), made, total, epoch)
+
+
+def fill_at(home: str, made: dict[str, Any], total: int, epoch: float, processes: int = 2) -> None:
+    """`fill` for the spool at `home`: ids reserved the way `gpuq add` takes them; each file is
+    published by spool.jobs.publish (written, fsynced, renamed, recorded in the derived data of
+    finished jobs) in one of two processes. Job `id` ends at epoch + id * SPACING, so ids and ends
+    go together."""
     import multiprocessing
 
-    count = total - finished_count(gpuq)
+    from gpuq.core.states import FAILED
+    from gpuq.spool import Spool
+
+    spool = Spool(Path(home))
+    count = total - len(spool.jobs.names("done")) - len(spool.jobs.names(FAILED))
     if count <= 0:
         return
-    first = gpuq.spool.ids.allocate(count)
+    first = spool.ids.allocate(count)
     bounds = [first + count * n // processes for n in range(processes + 1)]
     block = pattern(made)
-    args = [(str(gpuq.home), block, lo, hi, epoch) for lo, hi in zip(bounds, bounds[1:])]
+    args = [(home, block, lo, hi, epoch) for lo, hi in zip(bounds, bounds[1:])]
     with multiprocessing.get_context("fork").Pool(processes) as pool:
         pool.starmap(_publish_range, args)
 
@@ -207,17 +220,21 @@ def forget_peer_job(system: System, out: str) -> None:
     Path(system.env["NQDIR"], job).unlink(missing_ok=True)
 
 
-def time_round(gpuq: Gpuq, peers: list[System], reps: int) -> dict[str, list[float]]:
-    """`reps` rounds of every command, the order rotating each round."""
+def time_round(gpuqs: list[Gpuq], peers: list[System], reps: int) -> dict[str, list[float]]:
+    """`reps` rounds of every command, the order rotating each round; the baseline is the first
+    gpuq's venv's (the one under test)."""
     add_words = list(next(iter(SINGLES)))
+    first = gpuqs[0]
     tasks: list[tuple[str, Callable[[], float]]] = [
-        ("python -c pass", lambda: timed_run(bare_python(), gpuq.env, gpuq.work)[0]),
-        ("gpuq status", lambda: timed_run([*gpuq.cli, "status"], gpuq.env, gpuq.work)[0]),
-        ("gpuq status --json", lambda: timed_run([*gpuq.cli, "status", "--json"], gpuq.env, gpuq.work)[0]),
-        ("gpuq add", lambda: _gpuq_add_and_forget(gpuq, add_words)),
-        ("gpuq eta", lambda: timed_run([*gpuq.cli, "eta"], gpuq.env, gpuq.work)[0]),
-        ("gpuq history", lambda: timed_run([*gpuq.cli, "history"], gpuq.env, gpuq.work)[0]),
+        ("python -c pass", lambda: timed_run(bare_python(), first.env, first.work)[0]),
     ]
+    for gpuq in gpuqs:
+        for words in (["status"], ["status", "--json"], ["add"], ["eta"], ["history"]):
+            label = " ".join([gpuq.name, *words])
+            if words == ["add"]:
+                tasks.append((label, lambda g=gpuq: _gpuq_add_and_forget(g, add_words)))
+            else:
+                tasks.append((label, lambda g=gpuq, w=words: timed_run([*g.cli, *w], g.env, g.work)[0]))
     for system in peers:
         listing = " ".join(system.list_argv())
         tasks.append((listing, lambda s=system: timed_run(s.list_argv(), s.env, s.work)[0]))
@@ -230,13 +247,9 @@ def time_round(gpuq: Gpuq, peers: list[System], reps: int) -> dict[str, list[flo
 
 
 def _gpuq_add_and_forget(gpuq: Gpuq, words: list[str]) -> float:
-    from gpuq.core.states import PENDING
-
     elapsed, out = timed_run([*gpuq.cli, "add", "-q", *words], gpuq.env, gpuq.work)
-    ref = gpuq.spool.jobs.find(int(out.strip()), (PENDING,))
-    if ref is None:
-        raise BenchError(f"gpuq job {out.strip()} was not pending after its add")
-    gpuq.spool.jobs.remove(ref)
+    if not gpuq.lib(forget_pending, str(gpuq.home), int(out.strip())):
+        raise BenchError(f"{gpuq.name} job {out.strip()} was not pending after its add")
     return elapsed
 
 
@@ -246,12 +259,15 @@ def _peer_add_and_forget(system: System, words: list[str]) -> float:
     return elapsed
 
 
-def build(root: Path, files: int, sizes: list[int], pending: int) -> tuple[Gpuq, Callable[[int], None]]:
+def build(
+    root: Path, files: int, sizes: list[int], pending: int, venv: Optional[Path] = None, name: str = "gpuq"
+) -> tuple[Gpuq, Callable[[int], None]]:
     """The researcher's gpuq queue with `sizes[0]` finished jobs, its worker running (the caller
-    stops it: `gpuq.stop()`), and the function that grows it to a later size of `sizes`."""
+    stops it: `gpuq.stop()`), and the function that grows it to a later size of `sizes`. `venv`,
+    `name`: a compared gpuq's (systems.Gpuq)."""
     import time
 
-    gpuq = Gpuq(root / "gpuq")
+    gpuq = Gpuq(root / "gpuq", venv, name)
     gpuq.simulate_gpus(2)
     gpuq.work = make_repo(root / "repo", files)
     # the newest finished job of the largest size ends some hours ago; ids above the largest size
@@ -274,18 +290,28 @@ def build(root: Path, files: int, sizes: list[int], pending: int) -> tuple[Gpuq,
     return gpuq, grow
 
 
-def researcher(root: Path, peer_names: list[str], sizes: dict[str, Any]) -> dict[str, Any]:
+def researcher(
+    root: Path, peer_names: list[str], sizes: dict[str, Any], compared: Optional[dict[str, Path]] = None
+) -> dict[str, Any]:
     """The scenario: for each size of `researcher_finished`, every command timed `researcher_reps`
     times; the peers only up to `researcher_peer_max` finished jobs (they get finished jobs only by
-    running them). Returns {"finished": {finished: {command: samples}}, "failed": {finished: how many
-    of them failed}, "tracked files": the repository's}."""
+    running them). `compared`: other gpuqs ({"gpuq@REV": venv}), each with a spool, repository and
+    worker of its own, timed in the same rounds. Returns {"finished": {finished: {command: samples}},
+    "failed": {finished: how many of them failed}, "tracked files": the repository's}."""
     from gpuq.core.states import FAILED
 
     finished, pending = sizes["researcher_finished"], sizes["researcher_pending"]
-    gpuq, grow = build(root, sizes["git_files"], finished, pending)
-    peers: list[System] = [(Tsp if name == "tsp" else Nq)(root / name) for name in peer_names]
+    gpuqs: list[Gpuq] = []
+    grows: list[Callable[[int], None]] = []
+    peers: list[System] = []
     out: dict[str, Any] = {"finished": {}, "failed": {}}
     try:
+        for name, venv in [("gpuq", None), *(compared or {}).items()]:
+            queue, grow = build(root / name, sizes["git_files"], finished, pending, venv, name)
+            gpuqs.append(queue)
+            grows.append(grow)
+        gpuq = gpuqs[0]
+        peers = [(Tsp if name == "tsp" else Nq)(root / name) for name in peer_names]
         for system in peers:
             system.work = gpuq.work
             if isinstance(system, Tsp):
@@ -293,15 +319,15 @@ def researcher(root: Path, peer_names: list[str], sizes: dict[str, Any]) -> dict
             system.start()
             queue_peer(system, min(finished[0], sizes["researcher_peer_max"]), pending)
         for total in finished:
-            grow(total)
+            for grow in grows:
+                grow(total)
             live = peers if total <= sizes["researcher_peer_max"] else []
-            out["finished"][total] = time_round(gpuq, live, sizes["researcher_reps"])
+            out["finished"][total] = time_round(gpuqs, live, sizes["researcher_reps"])
             out["failed"][total] = len(gpuq.spool.jobs.names(FAILED))
         listed = subprocess.run(["git", "-C", str(gpuq.work), "ls-files"], capture_output=True, text=True).stdout
         out["tracked files"] = len(listed.split())
     finally:
-        gpuq.stop()
-        for system in peers:
+        for system in [*gpuqs, *peers]:
             system.stop()
     return out
 

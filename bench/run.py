@@ -74,6 +74,7 @@ SMOKE = {
 }
 STEPS = ("dispatch", "back_to_back", "throughput", "cli", "idle", "log", "scale")
 STEPS += ("dispatch_git", "back_to_back_gpus", "researcher")  # issue 27: where users are
+COMPARED_STEPS = ("dispatch", "dispatch_git", "back_to_back", "throughput", "cli", "researcher")  # issue 40's budgets
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -86,6 +87,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps (default all: {','.join(STEPS)})")
     p.add_argument("--idle-seconds", type=float, help="length of each idle-cost window")
     p.add_argument("--keep", action="store_true", help="keep the temporary queues for inspection")
+    p.add_argument(
+        "--compare",
+        metavar="REV",
+        help="also measure gpuq of git revision REV (e.g. pre40), as `gpuq@REV`: its own venv (`pip install .` "
+        f"of that tree), spool and worker, in the same rounds; steps {','.join(COMPARED_STEPS)}",
+    )
     p.add_argument(
         "--no-venv",
         action="store_true",
@@ -117,6 +124,13 @@ def main(argv: list[str]) -> int:
     load_before = os.getloadavg()
     systems.snapshot_gpuq(root)
     baseline = _honest_baseline(args.no_venv)
+    if args.compare:
+        try:
+            compared = _compared_venv(args.compare)
+        except (OSError, honest.subprocess.CalledProcessError) as exc:
+            print(f"bench: could not build the venv of {args.compare}: {exc}", file=sys.stderr)
+            return 2
+        systems.COMPARED[compared[0]] = compared[1]
     results: dict[str, Any] = {}
     errors: dict[str, str] = {}
     try:
@@ -128,7 +142,8 @@ def main(argv: list[str]) -> int:
         "smoke": args.smoke,
         "skipped": skipped,
         "errors": errors,
-        "facts": {**facts(names, root, time.monotonic() - began, argv, load_before), **baseline},
+        "facts": {**facts([*names, *systems.COMPARED], root, time.monotonic() - began, argv, load_before), **baseline},
+        "compared": next(iter(systems.COMPARED), None),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report.render(results, meta, sizes))
@@ -159,22 +174,31 @@ def _honest_baseline(skip: bool) -> dict[str, str]:
     }
 
 
+def _compared_venv(rev: str) -> tuple[str, Path]:
+    """("gpuq@REV", the venv of that revision's tree), built once per tree like the checkout's."""
+    print(f"bench: the venv of {rev} (`pip install .` of `git archive {rev}`, built once)...", flush=True)
+    venv = honest.revision_venv(rev, log=Path(tempfile.gettempdir()) / "gpuq-bench-venv.log")
+    return f"gpuq@{rev}", venv
+
+
 def run_steps(
     steps: list[str], names: list[str], root: Path, sizes: dict[str, Any], results: dict, errors: dict
 ) -> None:
-    """Each step in turn; a failing step is reported and the others still run."""
+    """Each step in turn; a failing step is reported and the others still run. The compared gpuqs
+    (systems.COMPARED) take part, beside gpuq and the peers, in COMPARED_STEPS."""
     cli_gpuq = systems.Gpuq(root / "cli-gpuq")  # grows from 0 to 10,000 and then to the scale size
+    every = [names[0], *systems.COMPARED, *names[1:]]  # gpuq, gpuq@REV, the peers
     plan: list[tuple[str, Callable[[], Any]]] = [
-        ("dispatch", lambda: _with_started(names, root / "dispatch", scenarios.dispatch, sizes["dispatch"])),
-        ("back_to_back", lambda: _with_started(names, root / "b2b", scenarios.back_to_back, sizes["pairs"])),
-        ("throughput", lambda: scenarios.throughput(systems.make, names, root, sizes["jobs"], sizes["tp_rounds"])),
+        ("dispatch", lambda: _with_started(every, root / "dispatch", scenarios.dispatch, sizes["dispatch"])),
+        ("back_to_back", lambda: _with_started(every, root / "b2b", scenarios.back_to_back, sizes["pairs"])),
+        ("throughput", lambda: scenarios.throughput(systems.make, every, root, sizes["jobs"], sizes["tp_rounds"])),
         ("cli", lambda: _cli(cli_gpuq, names[1:], root, sizes)),
         ("idle", lambda: scenarios.idle_cost(systems.make, names, root, *_idle_sizes(sizes))),
         ("log", lambda: scenarios.log_size(root, sizes["log_bytes"], sizes["log_reps"])),
         ("scale", lambda: scenarios.scale(cli_gpuq, sizes["scale"], sizes["scale_reps"])),
-        ("dispatch_git", lambda: variants.dispatch_git(names, root / "dgit", sizes)),
+        ("dispatch_git", lambda: variants.dispatch_git(every, root / "dgit", sizes)),
         ("back_to_back_gpus", lambda: variants.back_to_back_gpus(names, root / "b2b-gpus", sizes["pairs"])),
-        ("researcher", lambda: researcher.researcher(root / "researcher", names[1:], sizes)),
+        ("researcher", lambda: researcher.researcher(root / "researcher", names[1:], sizes, systems.COMPARED)),
     ]
     for name, step in plan:
         if name not in steps:
@@ -205,9 +229,11 @@ def _with_started(names: list[str], root: Path, measure: Callable[..., Any], sam
 
 
 def _cli(gpuq: systems.Gpuq, peers: list[str], root: Path, sizes: dict[str, Any]) -> Any:
+    """The CLI step; the compared gpuqs' spools are grown beside gpuq's (which `scale` grows on)."""
+    compared = [systems.Gpuq(root / f"cli-{name}", venv, name) for name, venv in systems.COMPARED.items()]
     queues = [systems.make(name, root / f"cli-{name}") for name in peers]
     try:
-        return scenarios.cli_latency(gpuq, queues, sizes["cli_sizes"], sizes["cli_reps"])
+        return scenarios.cli_latency([gpuq, *compared], queues, sizes["cli_sizes"], sizes["cli_reps"])
     finally:
         for queue in queues:
             queue.stop()

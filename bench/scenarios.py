@@ -19,7 +19,7 @@ from common import (
     timed_run,
     wait_for,
 )
-from systems import REPO, Gpuq, System, bare_python, settle
+from systems import REPO, Gpuq, System, bare_python, forget_pending, settle
 
 IDLE_PAUSE = 0.25  # seconds between dispatch samples, so that each job meets an idle worker
 
@@ -111,20 +111,28 @@ def throughput(make: Callable[[str, Path], System], names: list[str], root: Path
 
 
 # ---- 4. CLI latency ---------------------------------------------------------------------------
-def fill_finished(gpuq: Gpuq, total: int, processes: int = 2) -> None:
+def fill_finished(gpuq: Gpuq, total: int) -> None:
     """Grow gpuq's done/ to `total` finished jobs by publishing valid job files through gpuq's
-    own library (a run per job would take minutes and measure something else). Two processes
-    publish disjoint id ranges; each file is still written, fsynced and renamed by spool.jobs.publish,
-    which also appends its row to cache/finished-journal, as it does for a job that finishes: the
-    first `status -a` of `scale` measures that path (bench/status_scale.py measures it without)."""
+    own library (a run per job would take minutes and measure something else)."""
+    gpuq.lib(fill_finished_at, str(gpuq.home), str(gpuq.work), total)
+
+
+def fill_finished_at(home: str, work: str, total: int, processes: int = 2) -> None:
+    """fill_finished in the library of the gpuq that owns `home`. Two processes publish disjoint id
+    ranges; each file is still written, fsynced and renamed by spool.jobs.publish, which also records
+    it in the derived data of finished jobs as for a job that finishes: the first `status -a` of
+    `scale` measures that path (bench/status_scale.py measures it without)."""
     import multiprocessing
 
-    count = total - len(gpuq.spool.jobs.names("done"))
+    from gpuq.spool import Spool
+
+    spool = Spool(Path(home))
+    count = total - len(spool.jobs.names("done"))
     if count <= 0:
         return
-    first = gpuq.spool.ids.allocate(count)  # the whole range, reserved the way `gpuq add` takes one
+    first = spool.ids.allocate(count)  # the whole range, reserved the way `gpuq add` takes one
     bounds = [first + count * n // processes for n in range(processes + 1)]
-    ranges = [(str(gpuq.home), str(gpuq.work), lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+    ranges = [(home, work, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
     with multiprocessing.get_context("fork").Pool(processes) as pool:
         pool.starmap(_publish_finished, ranges)
 
@@ -162,33 +170,37 @@ def fill_peer(system: System, total: int, have: int) -> None:
         system.wait_all_done(last, total)
 
 
-def cli_latency(gpuq: Gpuq, peers: list[System], sizes: list[int], reps: int) -> dict:
-    """Wall time of add and status/list with N finished jobs, beside `python -c pass`."""
+def cli_latency(gpuqs: list[Gpuq], peers: list[System], sizes: list[int], reps: int) -> dict:
+    """Wall time of add and status/list with N finished jobs, beside `python -c pass` (of the first
+    gpuq's venv: the one under test)."""
     bare = bare_python()
     out: dict[int, dict[str, list[float]]] = {}
     for system in peers:
         system.start()
     peer_have = 0
     for size in sizes:
-        fill_finished(gpuq, size)
+        for gpuq in gpuqs:
+            fill_finished(gpuq, size)
         if size <= max(1000, sizes[0]):
             for system in peers:
                 fill_peer(system, size, peer_have)
             peer_have, live_peers = size, peers
         else:
             live_peers = []  # peers keep 10,000 finished jobs only by running 10,000 jobs: skipped
-        out[size] = _time_commands(gpuq, live_peers, bare, reps)
+        out[size] = _time_commands(gpuqs, live_peers, bare, reps)
     return out
 
 
-def _time_commands(gpuq: Gpuq, peers: list[System], bare: list[str], reps: int) -> dict[str, list[float]]:
+def _time_commands(gpuqs: list[Gpuq], peers: list[System], bare: list[str], reps: int) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {}
+    first = gpuqs[0]
     for n in range(reps):
         tasks: list[tuple[str, Callable[[], float]]] = [
-            ("python -c pass", lambda: timed_run(bare, gpuq.env, gpuq.work)[0]),
-            ("gpuq add", lambda: _gpuq_add_and_forget(gpuq)),
-            ("gpuq status", lambda: timed_run(gpuq.list_argv(), gpuq.env, gpuq.work)[0]),
+            ("python -c pass", lambda: timed_run(bare, first.env, first.work)[0]),
         ]
+        for gpuq in gpuqs:
+            tasks.append((f"{gpuq.name} add", lambda g=gpuq: _gpuq_add_and_forget(g)))
+            tasks.append((f"{gpuq.name} status", lambda g=gpuq: timed_run(g.list_argv(), g.env, g.work)[0]))
         for system in peers:
             tasks.append((f"{system.name} add", lambda s=system: timed_run(s.add_argv(["true"]), s.env, s.work)[0]))
             list_name = " ".join(system.list_argv()[:1] + system.list_argv()[1:])
@@ -202,9 +214,7 @@ def _gpuq_add_and_forget(gpuq: Gpuq) -> float:
     """Time one `gpuq add`, then remove the new pending job (no worker runs here), so that the
     queue the next sample sees has not grown."""
     elapsed, out = timed_run(gpuq.add_argv(["true"]), gpuq.env, gpuq.work)
-    ref = gpuq.spool.jobs.find(int(out.strip()), ("pending",))
-    if ref is not None:
-        gpuq.spool.jobs.remove(ref)
+    gpuq.lib(forget_pending, str(gpuq.home), int(out.strip()))
     return elapsed
 
 

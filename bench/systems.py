@@ -6,6 +6,7 @@ benchmark never touches a user's real queue. Processes are found and stopped by 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -13,11 +14,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from common import BenchError, alive, pids_with_env, timed_run, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
 PEER_PACKAGES = {"tsp": "task-spooler", "nq": "nq"}
 SOURCE = {"parent": REPO}  # where the gpuq under test is imported from (see snapshot_gpuq)
 # The venv of bench/honest.py: gpuq's commands run as its `gpuq` entry point, and the baseline is its
@@ -102,29 +104,58 @@ def _comm(pid: int) -> str:
 
 
 class Gpuq(System):
+    """gpuq run from `venv` (default: the checkout's, bench/honest.py). A compared gpuq (`run.py
+    --compare REV`, `name` "gpuq@REV") has its own venv, spool and worker; whatever the benchmark
+    writes into its spool by library (lib) is written by its own gpuq, in its venv's python. Reads
+    (job states, directory listings) use the checkout's library: gpuq reads every older spool."""
+
     name = "gpuq"
     marker = "GPUQ_HOME"
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, venv: Optional[Path] = None, name: str = "gpuq"):
         super().__init__(root)
         from gpuq.spool import Spool
 
+        self.name = name
         self.home = root / "spool"
-        self.spool = Spool(self.home).ensure()
         self.env.update(GPUQ_HOME=str(self.home))
-        venv = VENV["path"]
-        if venv is not None:  # as a user runs it: the entry point, with the venv's own sys.path
+        self.venv = venv or VENV["path"]
+        self.own = venv is None  # the gpuq under test: its library is the one imported here
+        if self.venv is not None:  # as a user runs it: the entry point, with the venv's own sys.path
             self.env.pop("PYTHONPATH", None)
-            self.cli = [str(venv / "bin" / "gpuq")]
+            self.cli = [str(self.venv / "bin" / "gpuq")]
         else:
             self.env["PYTHONPATH"] = str(SOURCE["parent"])
             self.cli = [sys.executable, "-m", "gpuq"]
+        self.lib(ensure_spool, str(self.home))
+        self.spool = Spool(self.home)
         self.worker: Optional[subprocess.Popen] = None
+
+    def lib(self, func: Callable[..., Any], *args: Any) -> Any:
+        """`func(*args)` (a bench module's function of plain JSON values) with this gpuq's own
+        library: here for the gpuq under test, else in its venv's python (isolated: no PYTHONPATH,
+        no current directory on its path), its result passed back as JSON."""
+        if self.own:
+            return func(*args)
+        code = (
+            f"import json, sys; sys.path.insert(0, {str(BENCH)!r}); from {func.__module__} import {func.__name__}; "
+            f"print(json.dumps({func.__name__}(*json.loads(sys.argv[1]))))"
+        )
+        assert self.venv is not None
+        proc = subprocess.run(
+            [str(self.venv / "bin" / "python"), "-I", "-c", code, json.dumps(args)],
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if proc.returncode != 0:
+            raise BenchError(f"{self.name}: {func.__name__} failed: {proc.stderr.strip()[-500:]}")
+        return json.loads(proc.stdout.splitlines()[-1])
 
     def simulate_gpus(self, count: int) -> None:
         """Before start(): this queue's machine has `count` idle simulated GPUs (README, "Simulated
         GPUs"): the worker and every command read them from a file instead of NVML."""
-        import json
         import zlib
 
         machine = format(zlib.crc32(str(self.root).encode()), "08x")
@@ -178,24 +209,7 @@ class Gpuq(System):
     def enqueue_many(self, cmd: list[str], count: int) -> str:
         """Queue `count` jobs through gpuq's own library (what `gpuq add` calls), without paying
         an interpreter start per job: the throughput and idle runs measure the worker, not add."""
-        from gpuq.engine.lifecycle import enqueue
-
-        last = ""
-        for _ in range(count):
-            _ref, job = enqueue.enqueue(
-                self.spool,
-                cmd=cmd,
-                cwd=self.work,
-                name=None,
-                venv=None,
-                env={},
-                shell_env=dict(self.env),
-                after=[],
-                after_any=[],
-                retries=0,
-            )
-            last = str(job["id"])
-        return last
+        return self.lib(enqueue_at, str(self.home), str(self.work), cmd, count, dict(self.env))
 
     def queue_pids(self) -> list[int]:
         return [self.worker.pid] if self.worker and alive(self.worker.pid) else []
@@ -279,8 +293,56 @@ class Nq(System):
         subprocess.run(["nq", "-w"], env=self.env, capture_output=True, timeout=timeout)
 
 
+def ensure_spool(home: str) -> None:
+    from gpuq.spool import Spool
+
+    Spool(Path(home)).ensure()
+
+
+def enqueue_at(home: str, work: str, cmd: list[str], count: int, env: dict[str, str]) -> str:
+    """Gpuq.enqueue_many, in the library of the gpuq that owns `home`."""
+    from gpuq.engine.lifecycle import enqueue
+    from gpuq.spool import Spool
+
+    spool = Spool(Path(home))
+    last = ""
+    for _ in range(count):
+        _ref, job = enqueue.enqueue(
+            spool,
+            cmd=cmd,
+            cwd=Path(work),
+            name=None,
+            venv=None,
+            env={},
+            shell_env=env,
+            after=[],
+            after_any=[],
+            retries=0,
+        )
+        last = str(job["id"])
+    return last
+
+
+def forget_pending(home: str, job_id: int) -> bool:
+    """Remove a pending job a timed `gpuq add` queued (no worker takes it), so that the next sample
+    sees the same queue; False if it was not pending."""
+    from gpuq.spool import Spool
+
+    spool = Spool(Path(home))
+    ref = spool.jobs.find(job_id, ("pending",))
+    if ref is None:
+        return False
+    spool.jobs.remove(ref)
+    return True
+
+
 # ---- versions and installation ----------------------------------------------------------------
 def version_of(system: str) -> str:
+    if system in COMPARED:
+        commit = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", system.split("@", 1)[1]], capture_output=True, text=True
+        ).stdout.strip()
+        return f"{system} ({commit}, venv {COMPARED[system]})"
     if system == "gpuq":
         import gpuq
 
@@ -315,9 +377,12 @@ def install_peers(wanted: list[str], allow_install: bool) -> dict[str, str]:
 
 
 PEERS = {"tsp": Tsp, "nq": Nq}
+COMPARED: dict[str, Path] = {}  # "gpuq@REV" -> its venv (run.py --compare REV)
 
 
 def make(name: str, root: Path) -> System:
+    if name in COMPARED:
+        return Gpuq(root, COMPARED[name], name)
     return Gpuq(root) if name == "gpuq" else PEERS[name](root)
 
 
