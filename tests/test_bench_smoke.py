@@ -69,6 +69,41 @@ def test_smoke_run_measures_every_item(tmp_path: Path) -> None:
     assert target_rows and all(re.search(r"\| -?\d+\.\d+ ", row) for row in target_rows)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the benchmark reads /proc (Linux only)")
+def test_compare_measures_a_second_gpuq_in_the_same_rounds(tmp_path: Path) -> None:
+    """`--compare REV` (issue 40: beside the main of before it) at smoke sizes, on the steps whose
+    wiring differs most: the shared dispatch rounds, the CLI spools grown through each gpuq's own
+    library, and a researcher's spool per gpuq. HEAD stands in for the revision (any clone has it)."""
+    if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout: no revision to compare with")
+    out, raw = tmp_path / "RESULTS.md", tmp_path / "raw.json"
+    argv = ["--smoke", "--compare", "HEAD", "--only", "dispatch,cli,researcher", "--out", str(out), "--raw", str(raw)]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run.py"), *argv], capture_output=True, text=True, timeout=240
+    )
+    if proc.returncode == 2 and "could not build the venv of HEAD" in proc.stderr:
+        pytest.skip(f"no venv could be built here (pip): {proc.stderr.strip()[-300:]}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(raw.read_text())["results"]
+    other = "gpuq@HEAD"
+    assert set(data["dispatch"]) == {"gpuq", other}
+    assert len(data["dispatch"][other]["submitted"]) == 3 and all(
+        -1 < d < 10 for d in data["dispatch"][other]["queued"]
+    )
+    for commands in data["cli"].values():
+        assert set(commands) == {"python -c pass", "gpuq add", "gpuq status", f"{other} add", f"{other} status"}
+        assert min(commands[f"{other} status"]) > 0
+    for commands in data["researcher"]["finished"].values():
+        mine = {f"{other} {c}" for c in ("status", "status --json", "add", "eta", "history")}
+        assert mine <= set(commands) and all(min(commands[label]) > 0 for label in mine)
+    text = out.read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| target |"))
+    assert [cell.strip() for cell in header.split("|")[1:4]] == ["target", "gpuq", other], header
+    rows = [line.split("|") for line in text.split("## 1.")[0].splitlines() if line.startswith("| `add` launched")]
+    assert rows and all(re.fullmatch(r" -?\d+\.\d ms ", row[3]) for row in rows), rows  # its figure, beside gpuq's
+    assert "<= 80 ms (issue 40)" in text and f"{other} (" in text  # issue 40's budget; its version in the facts
+
+
 def test_bad_option_is_a_usage_error() -> None:
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "run.py"), "--only", "nonsense", "--smoke"],
