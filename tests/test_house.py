@@ -47,7 +47,9 @@ def exists(named: str) -> bool:
 def test_every_package_path_named_in_code_or_docs_exists() -> None:
     missing = []
     for path in modules():
-        missing += [f"{path.relative_to(REPO)}: {n}" for n in named_paths(comments_and_docstrings(path)) if not exists(n)]
+        missing += [
+            f"{path.relative_to(REPO)}: {n}" for n in named_paths(comments_and_docstrings(path)) if not exists(n)
+        ]
     for doc in DOCS:
         missing += [f"{doc}: {n}" for n in named_paths((REPO / doc).read_text()) if not exists(n)]
     assert not missing, "\n".join(missing)
