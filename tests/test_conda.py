@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpuq.core.job import Job
 from gpuq.core.jobenv import add_job_variables
 from gpuq.engine.lifecycle import intake, interpreter
 from gpuq.spool import Spool
@@ -179,10 +180,10 @@ def test_a_conda_env_replaces_the_active_one_on_path() -> None:
     """As `conda activate` does: the job's environment first, the shell's active one (base here) off PATH."""
     shell = {"PATH": "/opt/conda/bin:/opt/conda/condabin:/usr/bin", "CONDA_PREFIX": "/opt/conda"}
     shell["CONDA_DEFAULT_ENV"] = "base"
-    env = add_job_variables(dict(shell), {"id": 7, "conda": "/opt/conda/envs/torch", "env": {}})
+    env = add_job_variables(dict(shell), Job({"id": 7, "conda": "/opt/conda/envs/torch", "env": {}}))
     assert env["PATH"] == "/opt/conda/envs/torch/bin:/opt/conda/condabin:/usr/bin"
     assert (env["CONDA_PREFIX"], env["CONDA_DEFAULT_ENV"]) == ("/opt/conda/envs/torch", "torch")
-    by_path = add_job_variables({"PATH": "/usr/bin"}, {"id": 8, "conda": "/scratch/exp-env", "env": {}})
+    by_path = add_job_variables({"PATH": "/usr/bin"}, Job({"id": 8, "conda": "/scratch/exp-env", "env": {}}))
     assert (by_path["PATH"], by_path["CONDA_DEFAULT_ENV"]) == ("/scratch/exp-env/bin:/usr/bin", "/scratch/exp-env")
 
 

@@ -33,11 +33,8 @@ DENIED = (
     "tempfile",
     "platform",
     "asyncio",
-    # cheaper, but each a few milliseconds of every `status` and `add` (bench/PROFILE.md, section 1):
-    # times need only the C `_datetime` (datetime.py builds a pure-Python copy first). (`typing`,
-    # `argparse` with `gettext` and `locale`, `re`, `json` and `shlex` are on the path: the one
-    # parser and plain Python, measured in bench/PROFILE.md)
-    "datetime",
+    # (`typing`, `argparse`, `re`, `json`, `datetime` and `shlex` are on the path: the one parser
+    # and plain Python, within the start-up budget: bench/RESULTS.md)
     "importlib",
     # third-party: a start-up must not need them at all
     "watchdog",
