@@ -1,13 +1,9 @@
 """One job record: every field of a job file declared once, with its type, its default and its check.
 
-A `Job` is the dict that is the job file (JSON in and out exactly as before, copies made with
-`dict(job)` or `Job(job, **changes)`), whose fields are read and written as attributes:
-`job.gpu_request` is the file's value, or the field's default when the file lacks it (one written
-before the field existed). Each field below says its type (the annotation, which a type checker
-reads), its default (`NO_DEFAULT`: a required field, every valid file has it) and its check, with
-the words an error shows ("field 'x' must be ..."). core/schema.py derives its tables, `new_job`
-and `validate` from FIELDS; tests/test_spool_contract.py holds the field table of spool_layout.md
-to it. A dict rather than a class of its own: loading a job file stays one JSON parse.
+A `Job` is the dict that is the job file, its fields read and written as attributes (a field a file
+lacks reads as its default). core/schema.py derives its tables from FIELDS, and
+tests/test_spool_contract.py holds spool_layout.md's field table to it. A dict rather than a class
+of its own: loading a job file stays one JSON parse.
 """
 
 from __future__ import annotations

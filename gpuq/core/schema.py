@@ -85,7 +85,7 @@ def new_job(
     return job
 
 
-# What the job record (core/job.py) says, as the tables this module and core/shown.py read:
+# What the job record (core/job.py) says, as the tables validate() reads:
 # field -> (check, what it must be). Every field some part of gpuq reads from a job file is there,
 # so that a file that passes validate() cannot crash the scheduler, the supervisor or `status`.
 REQUIRED: dict[str, tuple[Callable[[Any], bool], str]] = {

@@ -1,20 +1,9 @@
 """Sweeps: one `gpuq add` that queues a job per combination of values, and job id ranges.
 
-Pure functions, standard library only. Errors are `ValueError` with one line a user can act on
-(the CLI prints it, or wraps it in `UsageError`, exit 2); nothing is returned half-done.
-
-Placeholders. In a sweep, `{name}` anywhere in any word of the command (the script included) is
-replaced by that sweep's value; a word may hold several and other text (`--out=runs/{lr}-{seed}`).
-Only braces around an identifier (`[A-Za-z_][A-Za-z0-9_]*`) are placeholders, so JSON (`{"a": 1}`,
-`{"a": {"b": 1}}`), `{}` in a find command, `{0}` or `{ lr }` pass through untouched. To pass a
-literal `{lr}` write `{{lr}}`: a doubled pair around an identifier is the one escape. Other doubled
-braces are left as they are, unlike str.format, because `}}` ends nested JSON. Without any sweep the
-command is not read for placeholders at all.
-
-Values. `--sweep lr=1e-4,3e-4` splits on commas; a literal comma is written `\\,` and a literal
-backslash before a comma `\\\\`; any other backslash is kept as typed. Spaces around a value are
-dropped. Empty values, repeated values and control characters (which would break a one-line job
-name) are refused.
+Pure; errors are `ValueError` with one line a user can act on, nothing returned half-done. The
+placeholder and value syntax is README's ("Sweeps, holds and edits"). Only braces around an identifier are
+placeholders, so JSON, `{}` of a find command or `{0}` pass through; other doubled braces are left
+as they are, unlike str.format, because `}}` ends nested JSON.
 """
 
 from __future__ import annotations

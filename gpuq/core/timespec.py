@@ -1,19 +1,9 @@
 """Durations, start times and sizes as people type them on a command line, read into numbers.
 
-Pure functions (standard library only, no I/O). Every parser raises `ValueError` with a one-line
-message that starts with the option it reads (`--time: ...`) and lists the forms it accepts, so the
-CLI can print it as it is (or wrap it in `UsageError`, exit 2).
-
-Durations (`--time`, `--default-time`) follow Slurm where Slurm has a convention, because many
-people who share a GPU workstation also use a cluster:
-  - with units: `45s`, `90m`, `4h`, `2d`, `1h30m`, `1.5h` (units s m h d, largest first, each once;
-    any case; spaces between the parts are ignored);
-  - a bare number is MINUTES (`90` = 1h30m), as in Slurm's `--time`;
-  - colon forms as in Slurm: `MM:SS` for two fields (`90:00` = 90 minutes), `HH:MM:SS` for three
-    (`1:30:00`), and `D-HH`, `D-HH:MM`, `D-HH:MM:SS` with days. After the first field, minutes and
-    seconds must be below 60 and hours below 24.
-Zero, negative and non-finite durations are refused (Slurm reads 0 as "no limit": here, leave the
-option out instead), and so is anything over 365 days, which is a typo rather than a plan.
+Pure. Every parser raises `ValueError` with a one-line message that starts with the option it
+reads (`--time: ...`) and lists the forms it accepts. Durations follow Slurm's `--time` (a bare
+number is minutes; `MM:SS`, `HH:MM:SS`, `D-HH[:MM[:SS]]`), since many who share a workstation also
+use a cluster; zero, negative and over 365 days (a typo rather than a plan) are refused.
 """
 
 from __future__ import annotations

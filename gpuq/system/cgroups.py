@@ -1,24 +1,14 @@
-"""The kernel's hold on a job's host memory and CPUs: a cgroup v2 of its own, or a scope
-of the user's systemd. What the machine allows is found out once per process (a supervisor runs
-the jobs of its slot one after another) and said in one line when it does not.
+"""The kernel's hold on a job's host memory and CPUs: a cgroup v2 of its own, or a scope of the
+user's systemd; what the machine allows is found out once per process and said in one line when
+it does not.
 
-cgroup v2 forbids processes in a cgroup whose children have controllers enabled ("no internal
-processes", the root cgroup excepted), and a process may only enable for its children the
-controllers its own cgroup has. So jobs are not made children of the supervisor's cgroup, which
-holds the supervisor and the worker: gpuq makes one sub-tree `gpuq` beside them, in the nearest
-cgroup that has (or may be given) `memory` and `cpu` for its children:
-- the supervisor's own cgroup where it is the hierarchy's root, which the rule exempts (root on a
-  machine without a cgroup namespace: /sys/fs/cgroup/gpuq);
-- else its parent (root in a systemd service or session: /sys/fs/cgroup/system.slice/gpuq; a
-  user whose systemd delegates its sub-tree: .../user@1000.service/app.slice/gpuq).
-`gpuq` holds no process of its own, so both controllers can be enabled in it; each job gets a
-child `gpuq/job-...` with `memory.max`, `memory.swap.max` = 0 (the limit is RAM: a job swapping
-past it is what freezes a machine), `memory.oom.group` = 1 (the kernel's OOM kill takes the job's
-whole tree, DataLoader workers included) and `cpu.max`. In a container the cgroup file system is
-usually read-only, or the container's root cgroup holds its processes (EBUSY), and a machine with
-cgroup v1 and v2 side by side (v2 at /sys/fs/cgroup/unified) has memory and cpu on v1 only, as the
-one gpuq is developed on: the probe says why and the caller falls through to systemd-run, then to
-watching memory.
+cgroup v2 forbids processes in a cgroup whose children have controllers enabled (the root
+excepted), so jobs are not children of the supervisor's cgroup: gpuq makes a sub-tree `gpuq` beside
+it, in the nearest cgroup that has (or may be given) `memory` and `cpu` (the root itself, or the
+supervisor's parent), and each job a child `gpuq/job-...` with `memory.max`, `memory.swap.max` = 0
+(a job swapping past its limit is what freezes a machine), `memory.oom.group` = 1 (the OOM kill
+takes the whole tree) and `cpu.max`. Where that cannot be (a container, cgroup v1 controllers), the
+probe says why and the caller falls through to systemd-run, then to watching memory.
 """
 
 from __future__ import annotations

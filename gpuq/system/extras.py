@@ -1,9 +1,6 @@
-"""The command that installs one of gpuq's optional extras (`notify`, `plot`, `mcp`) for the
-Python gpuq runs on. gpuq is not on the package index under its distribution's name (`gpuq` there
-is another project), so `pip install 'gpuq-spool[notify]'` finds nothing: the extra is installed
-from the source tree gpuq came from (a checkout, or the directory pip recorded it was installed
-from), editable where gpuq was; with no source tree at hand, the extra's own packages are named.
-Only called to say what is missing: nothing here runs on a command's ordinary path.
+"""The command that installs one of gpuq's optional extras (`notify`, `plot`, `mcp`). `gpuq` on the
+package index is another project, so the extra is installed from the source tree gpuq came from
+(editable where gpuq was), else its own packages are named. Only called to say what is missing.
 """
 
 from __future__ import annotations

@@ -30,78 +30,21 @@ def fsync_dir(path: StrPath) -> None:
 
 def write_new_file(path: StrPath, data: bytes, durable: bool = True) -> os.stat_result:
     """Create `path` (must not exist), write `data` fully and (if `durable`) fsync it; the stat of
-    the file as written (a rename keeps its inode, mtime and size).
-
-    On ENOSPC or any other error the partial file is removed, so nothing half-written remains.
-    """
+    the file as written (a rename keeps its inode, mtime and size). On ENOSPC or any other error
+    the partial file is removed, so nothing half-written remains."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        written = _write_whole(fd, data, durable)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if durable:
+            os.fsync(fd)
+        return os.fstat(fd)
     except BaseException:
-        os.close(fd)
         _unlink_quietly(path)
         raise
-    os.close(fd)
-    return written
-
-
-def _write_whole(fd: int, data: bytes, durable: bool) -> os.stat_result:
-    """Write all of `data` to the new file `fd`, fsync it if `durable`; its stat as written."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    if durable:
-        os.fsync(fd)
-    return os.fstat(fd)
-
-
-_unnamed_files = sys.platform.startswith("linux") and hasattr(os, "O_TMPFILE")  # cleared at the first refusal
-
-
-def create_unnamed_first(path: str, data: bytes) -> Optional[os.stat_result]:
-    """Create `path` with `data`, durably, without replacing a file of that name
-    (FileExistsError): an unnamed file (O_TMPFILE) in its directory, written and fsynced, then given
-    its name by linkat through /proc/self/fd. Nobody sees it half-written, or with a second link
-    (security.py refuses a job file with two), and no temporary name is left by a crash. The stat
-    as written, or None where unnamed files cannot be made here (not Linux, a filesystem without
-    O_TMPFILE, no /proc): the caller then writes a temporary file and renames it."""
-    global _unnamed_files
-    if not _unnamed_files:
-        return None
-    try:
-        fd = os.open(os.path.dirname(path) or ".", os.O_TMPFILE | os.O_WRONLY, 0o600)
-    except OSError as exc:
-        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-            _unnamed_files = False  # this filesystem cannot: the rename, from now on
-            return None
-        raise
-    try:
-        written = _write_whole(fd, data, durable=True)
-        if not _link_unnamed(fd, path):
-            _unnamed_files = False  # linking through /proc refused here: the rename, from now on
-            return None
     finally:
-        os.close(fd)  # an unnamed file that got no name is freed here
-    return written
-
-
-def _link_unnamed(fd: int, path: str) -> bool:
-    """Give the unnamed file `fd` the name `path`: linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/FD
-    (os.link calls linkat, rather than link, only when given a directory descriptor). False where
-    that is refused (no /proc, a kernel or filesystem that will not); FileExistsError if `path`
-    exists; a full disk's error as it comes."""
-    directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.link(f"/proc/self/fd/{fd}", os.path.basename(path), dst_dir_fd=directory)
-    except FileExistsError:
-        raise
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        return False
-    finally:
-        os.close(directory)
-    return True
+        os.close(fd)
 
 
 def _unlink_quietly(path: StrPath) -> None:
@@ -112,7 +55,7 @@ def _unlink_quietly(path: StrPath) -> None:
 
 
 def preload() -> None:
-    """Nothing left to load ahead: libc's rename calls are found when this module is imported."""
+    """Nothing left to load ahead (the supervisor still calls it)."""
 
 
 def rename_noreplace(src: StrPath, dst: StrPath) -> None:

@@ -1,17 +1,9 @@
 """Which code a job runs: git facts about its working directory, and snapshots of a repository.
 
-Everything here runs the `git` binary (no library), each call bounded by a timeout, read-only:
-`GIT_OPTIONAL_LOCKS=0` stops `git status` from rewriting the index, so looking never races the
-user's own git commands.
-
-What the provenance records (`provenance`):
-- `dirty` is about *tracked* files only (staged or not, against HEAD), as `git describe --dirty`
-  counts it. Untracked files are left out on purpose: jobs often write outputs into the
-  repository, and counting those would report every later job of a queue as "code changed".
-- `diff_hash` is the sha256 of `git diff HEAD --binary` (tracked files, working tree against HEAD,
-  with the output options pinned so a user's diff config cannot change the hash); null when clean.
-- A snapshot copies the same set: tracked files as they are in the working tree; untracked files
-  are not copied (their number is returned so the caller can say so).
+Everything runs the `git` binary, bounded by a timeout, read-only (`GIT_OPTIONAL_LOCKS=0`: looking
+never races the user's own git commands). `dirty`, `diff_hash` and snapshots cover *tracked* files
+only: jobs often write outputs into the repository, and counting those would report every later
+job of a queue as "code changed".
 """
 
 from __future__ import annotations

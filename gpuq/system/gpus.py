@@ -1,23 +1,9 @@
 """The machine's GPUs: what each one is, how much memory it has and uses, and which processes hold it.
 
-`look()` answers from NVML (through `pynvml`, the `nvidia-ml-py` package) or, when the environment
-variable GPUQ_FAKE_GPUS names a JSON file, from that file, read afresh at every look so that a test
-can change the GPUs while a worker runs. Everything above this module treats both the same.
-
-The JSON format (`to_json` writes it, `from_json` reads it, and a fake file is written in it):
-
-    {"gpus": [{"index": 0, "name": "Fake H100", "uuid": "GPU-fake-0",
-               "memory_total_mib": 81559, "memory_used_mib": 9300,
-               "processes": [{"pid": 4242, "used_memory_mib": 9300}]}]}
-
-Memory is in MiB (whole numbers); a process's `used_memory_mib` is null when NVML cannot tell.
-A GPU may also say `"compute_mode"`: "default" (when absent), "exclusive_process" (an admin's
-`nvidia-smi -c EXCLUSIVE_PROCESS`: one process at a time, so gpuq never shares it between jobs),
-"exclusive_thread" or "prohibited", as NVML names them; `to_json` writes it only when not default.
-A GPU and a process may say `"utilization_gpu"`: 0-100, NVML's busy percent (absent or null: not known).
-
-No driver, no GPU: `look()` returns no GPUs with source "none" and a one-line `problem` saying why;
-that is the CPU-only case, not an error. NVML's binding is imported only where a driver is there.
+`look()` answers from NVML (`pynvml`, imported only where a driver is there) or, when GPUQ_FAKE_GPUS
+names a JSON file (spool_layout.md, section 12), from that file, read afresh at every look so that a
+test can change the GPUs while a worker runs. No driver, no GPU: no GPUs, source "none", and a
+one-line `problem` saying why; that is the CPU-only case, not an error.
 """
 
 from __future__ import annotations
@@ -33,9 +19,6 @@ from gpuq.system.gpu_presence import FAKE_ENV, NVIDIA_CONTROL_DEVICE, WSL_GPU_DE
 from gpuq.system.procs import load_psutil
 
 MIB = 1024 * 1024
-
-# NVIDIA_CONTROL_DEVICE is used only to tell "no NVIDIA driver here" (fine: CPU-only) from "a
-# driver, but NVML cannot be read" (not fine: gpuq must not start jobs onto GPUs it cannot see).
 
 GPU_KEYS = ("index", "name", "uuid", "memory_total_mib", "memory_used_mib", "processes")
 OPTIONAL_GPU_KEYS = ("compute_mode", "utilization_gpu")
@@ -79,13 +62,9 @@ class GpuLook(NamedTuple):
     at: float  # time.time() of the look
 
 
-# ---------------------------------------------------------------------------------------------
-# The JSON format
-
-
 def to_json(look: GpuLook) -> dict[str, Any]:
-    """The look in the format above, plus `source`, `problem` and `at` (which from_json accepts
-    and ignores, so `gpuq gpus --json` output can serve as a fake file)."""
+    """The look as JSON, with `source`, `problem` and `at`, which from_json ignores (so `gpuq gpus
+    --json` output can serve as a fake file)."""
     return {
         "gpus": [_gpu_to_json(gpu) for gpu in look.gpus],
         "source": look.source,
@@ -109,9 +88,8 @@ def _without_unknown(out: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_json(obj: Any) -> tuple[Gpu, ...]:
-    """The GPUs of a document in the format above, in the order written. ValueError with a one-line
-    reason naming the offending field (`gpus[1].memory_total_mib: ...`) on anything else: unknown
-    or missing keys, wrong types, negative sizes, used > total, duplicate indices, uuids or pids."""
+    """The GPUs of a document, in the order written; ValueError with a one-line reason naming the
+    offending field (`gpus[1].memory_total_mib: ...`)."""
     if not isinstance(obj, dict):
         raise ValueError(f'expected an object {{"gpus": [...]}}, got {_kind(obj)}')
     _exact_keys(obj, ("gpus",), TOP_KEYS, "the document")
@@ -203,10 +181,6 @@ def _kind(value: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
         type(value), "a number"
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Looking
 
 
 def look() -> GpuLook:
@@ -330,8 +304,7 @@ def _process_utilization(pynvml: Any, handle: Any, processes: tuple) -> tuple:
 
 
 def _nvml_compute_mode(pynvml: Any, handle: Any) -> str:
-    """The GPU's compute mode; "default" where NVML cannot tell (a driver or binding without the
-    call), and the GPU is then shared as it always was."""
+    """The GPU's compute mode; "default" where NVML cannot tell (the GPU is then shared)."""
     try:
         number = pynvml.nvmlDeviceGetComputeMode(handle)
     except Exception:  # NVMLError_NotSupported mostly, or a binding without the call
@@ -340,14 +313,10 @@ def _nvml_compute_mode(pynvml: Any, handle: Any) -> str:
 
 
 def _memory(pynvml: Any, handle: Any) -> tuple[int, int]:
-    """(total, used) in MiB such that total - used is what can still be allocated now.
-
-    NVML's v2 figures: `used` is what processes and contexts allocated (nvidia-smi's memory.used)
-    and `reserved` is the driver's own share, a few hundred MiB to a GiB that no process can ever
-    have. That share is left out of the total rather than counted as used, so that on an idle
-    GPU no memory looks held by someone unknown. A driver without the v2 call (older than about
-    R510) gives v1 figures, where `used` includes the reserve: there, an idle GPU shows that
-    reserve as used memory no listed process explains (see gpuq.engine.schedule.placement)."""
+    """(total, used) in MiB such that total - used is what can still be allocated now. NVML v2's
+    `reserved` (the driver's own share) is left out of the total rather than counted as used, so
+    an idle GPU shows no memory held by someone unknown; a driver without v2 (before about R510)
+    counts that reserve as used."""
     names = ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch", "NVMLError_NotSupported")
     no_v2 = tuple(getattr(pynvml, n) for n in names if hasattr(pynvml, n)) + (AttributeError, TypeError)
     try:
@@ -392,10 +361,6 @@ def _error_text(pynvml: Any, exc: Exception) -> str:
 
 def _as_text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-# ---------------------------------------------------------------------------------------------
-# Processes and sizes, for deciding and for messages
 
 
 def describe_pid(pid: int) -> str:

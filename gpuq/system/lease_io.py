@@ -1,7 +1,5 @@
-"""The file-level pieces of the lease protocol (lease_layout.md) that gpuq/system/leases.py puts
-together: the directory's checks, a lease line parsed and checked, flock probes, files created
-readable by all whatever the umask, user names. Here so that leases.py stays the API alone.
-"""
+"""The file-level pieces of the lease protocol (lease_layout.md), kept apart so that
+gpuq/system/leases.py reads as the API alone."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ import stat
 import time
 from typing import Any, Optional
 
-from gpuq.system.procs import load_psutil
+from gpuq.system.fsutil import try_flock
 from gpuq.system.security import display
 
 LEASE_VERSION = 1
@@ -36,10 +34,6 @@ def link_error(exc: OSError) -> str:
     return "is a symbolic link" if exc.errno in (errno.ELOOP, errno.EMLINK) else f"cannot be opened: {exc.strerror}"
 
 
-# ---------------------------------------------------------------------------------------------
-# Files
-
-
 def write_locked(directory: str, tmp_name: str, data: bytes, final: str) -> int:
     """A new file at `final` holding `data`, readable by all, with our exclusive lock on the
     returned descriptor from before the name appears (written aside, then renamed)."""
@@ -51,7 +45,9 @@ def write_locked(directory: str, tmp_name: str, data: bytes, final: str) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.fchmod(fd, 0o644)  # readable by every user whatever our umask
-        _write_all(fd, data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
         os.rename(tmp, final)
     except OSError as exc:
         os.close(fd)
@@ -121,10 +117,6 @@ def remove_if_ours(path: str, st: os.stat_result) -> None:
             os.unlink(path)
     except OSError:
         pass
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers
 
 
 def directory_problem(path: str) -> Optional[str]:
@@ -204,16 +196,8 @@ def _number(value: Any) -> bool:
 
 def locked_by_someone(fd: int) -> bool:
     """Whether another open file holds an exclusive lock on this file (its holder is alive)."""
-    if try_lock(fd, fcntl.LOCK_SH):
+    if try_flock(fd, exclusive=False):
         fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    return True
-
-
-def try_lock(fd: int, kind: int) -> bool:
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-    except BlockingIOError:
         return False
     return True
 
@@ -247,20 +231,6 @@ def user_name(uid: int) -> Optional[str]:
             kept = (None, now)
         _user_names[uid] = kept
     return kept[0]
-
-
-def start_time(pid: int) -> float:
-    psutil = load_psutil()
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return 0.0
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def unlink_quietly(path: str) -> None:

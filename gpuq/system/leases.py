@@ -1,30 +1,18 @@
-"""GPU leases: who is using which GPU of this machine, in a directory every user's gpuq reads.
-
-The protocol is lease_layout.md's; in short: a sticky directory shared by all users (`/dev/shm`
-itself by default: root's, so no user's gpuq owns it), one file per lease
-(`gpuq-lease.<UUID>.<uid>.<pid>.<n>.lease`, a JSON line saying who, which GPU, whole or how much
-memory, since when), alive exactly while its holder keeps an `flock` on it, so that a crashed
-holder's lease is stale the moment the kernel drops its lock. Deciding and writing a lease happen
-under a per-GPU placing lock (`gpuq-lock.<UUID>`) held for milliseconds. The directory holds other
-programs' files too: only names with gpuq's prefixes are ever opened, reported or removed.
-
-Nothing here trusts the directory's other users: files are opened without following links and
-must be owned by the uid they name; a directory that others could tamper with, or a placing lock
-held past `PLACING_TIMEOUT`, raises `LeaseDirProblem`, whose one line callers say once
-(`say_once`) before they go on with the GPU memory gate alone.
-
-"""
+"""GPU leases: who is using which GPU of this machine, in a sticky directory every user's gpuq
+reads (the protocol: lease_layout.md). A lease is alive exactly while its holder keeps an flock on
+its file, so a crashed holder's lease is stale the moment the kernel drops the lock. Nothing here
+trusts the directory's other users: files are opened without following links and must be owned by
+the uid they name; what cannot be trusted raises LeaseDirProblem, said once (`say_once`)."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import stat
 import time
 from typing import Any, Callable, Iterable, NamedTuple, Optional
 
-from gpuq.system import lease_io
+from gpuq.system import fsutil, lease_io, procs
 from gpuq.system.lease_io import OFF, LeaseDirProblem
 from gpuq.system.security import display
 
@@ -94,10 +82,6 @@ class Held:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-# ---------------------------------------------------------------------------------------------
-# The directory
 
 
 def default_dir() -> str:
@@ -184,7 +168,7 @@ class LeaseDir:
             "user": lease_io.user_name(uid) or str(uid),
             "uid": uid,
             "pid": pid,
-            "pid_start": lease_io.start_time(pid),
+            "pid_start": procs.create_time(pid) or 0.0,
             "job": job,
             "name": name,
             "spool": spool,
@@ -271,7 +255,7 @@ class _Placing:
         while True:
             fd = lease_io.lock_file(self._dir.path, uuid)
             try:
-                while not lease_io.try_lock(fd, fcntl.LOCK_EX):
+                while not fsutil.try_flock(fd):
                     if time.monotonic() > deadline:
                         raise LeaseDirProblem(
                             f"the placing lock of GPU {display(uuid)} in {self._dir.path} has been held for more "
@@ -294,10 +278,6 @@ class _Placing:
         for fd in self._fds:
             os.close(fd)  # drops the lock
         self._fds = []
-
-
-# ---------------------------------------------------------------------------------------------
-# Reporting
 
 
 _said: set[str] = set()

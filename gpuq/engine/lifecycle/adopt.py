@@ -1,12 +1,8 @@
 """`gpuq adopt PID`: take a process started outside gpuq into the queue as a running job.
 
-An adopted job is a running/ job file with `adopted: true`, the process's real argv, cwd and start
-time, its identity (pid + create time + boot id) and `slot: null`, which occupies every slot of the
-worker: nothing else starts while it runs. No supervisor holds its claim; it cannot have one, since
-only a process's parent can learn its exit code. Recovery (engine/lifecycle/repairs.py) moves it to done/ with
-`exit_code: null` and a note once its process is gone, so `--after` on it starts then.
-
-psutil gives the same answers on Linux and macOS.
+An adopted job is a running/ job file with `adopted: true` and `slot: null` (it occupies every slot:
+nothing else starts while it runs). No supervisor holds its claim (only a process's parent can learn
+its exit code); recovery moves it to done/ with `exit_code: null` once its process is gone.
 """
 
 from __future__ import annotations

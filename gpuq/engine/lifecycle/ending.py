@@ -1,13 +1,7 @@
 """A job's end, recorded: the one way a job that ran leaves running/ (or slurm/) (spool_layout.md,
-section 6, step 4; section 10; section 16).
-
-Three callers record ends, each holding the job's claim: the job's supervisor, which knows the exit
-code (run/supervisor/end.py); recovery, for a job whose supervisor and process are gone
-(engine/lifecycle/repairs.py: `end_unseen`); and the Slurm sync, for a job that ended on Slurm
-(engine/lifecycle/slurm_handover.py). They differ in what they know of the end; what the end writes is made
-here (`attempt_end`) and written here (`record_end`). `claimed` is how a command (and the Slurm
-sync) holds a job's claim while it changes it, `get` how it reads the job.
-"""
+sections 6, 10 and 16). Its supervisor, recovery and the Slurm sync each know a different part of
+the end; what the end writes is made here (`attempt_end`) and written here (`record_end`), under
+the job's claim (`claimed`)."""
 
 from __future__ import annotations
 

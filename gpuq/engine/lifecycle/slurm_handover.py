@@ -1,12 +1,8 @@
 """Handing pending jobs to Slurm (`submit`), keeping the spool the truth about them (`sync`), and
-cancelling them there (`cancel`). The batch script is written by the caller's `build` (run/slurm_batch.py:
-this layer cannot import it).
-
-The protocol (spool_layout.md, section 16): under the job's claim, the pending job is first marked
-(`slurm.state` SUBMITTING: the scheduler no longer starts it here), then sbatch is asked, then the
-job moves pending -> slurm with its Slurm id. A job marked but not moved (gpuq killed in between,
-sbatch timed out) is repaired from Slurm's side by the comment marker: found, it is moved with the
-id Slurm gave it; not found, it is submitted then. Nothing leaves pending/ unless Slurm accepted it.
+cancelling them there (`cancel`). The batch script is written by the caller's `build`
+(run/slurm_batch.py: this layer cannot import it). The protocol is spool_layout.md's section 16:
+the job is marked before sbatch is asked, so a hand-over cut short is repaired from Slurm's side
+(the comment marker) and never submitted twice; nothing leaves pending/ unless Slurm accepted it.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Reading the queue of the original single-file gpuq, as plain data (nothing here writes anywhere).
 
-The original kept its queue in `~/.gpuq/gpuq.db` (SQLite in WAL mode, one table `jobs`) or, in its
-first version, in `~/.gpuq/queue.json` (`{"next_id": N, "jobs": [...]}`). Both store times as naive
-local ISO strings, `args` as a list and `env` as an object (JSON text in SQLite), and the job ran as
-`<python> -u <script> <args...>` in `cwd`, where `python` is what `add` stored: `--python`, else the
-`.venv/bin/python` of `cwd` or its parent, else the word `python3` (found on PATH at run time).
-
-`read_queue` turns such a file into `LegacyJob`s in gpuq's terms, and every row it cannot take
-into a `LegacyProblem`, so that an import can say exactly what it took and what it could not.
-A dependency of the original (`after`) was met once the other job ended in any way (done, failed
-or cancelled): that is the spool's `after_any`, not its `after`.
+The original kept its queue in `~/.gpuq/gpuq.db` (SQLite, table `jobs`) or `~/.gpuq/queue.json`;
+times are naive local ISO strings, and a job ran as `<python> -u <script> <args...>` in `cwd`.
+`read_queue` turns each row into a `LegacyJob`, or a `LegacyProblem` saying why not. The original's
+`after` was met once the other job ended in any way: that is the spool's `after_any`.
 """
 
 from __future__ import annotations
