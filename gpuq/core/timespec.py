@@ -111,20 +111,11 @@ _ISO = re.compile(
 
 
 def parse_begin(text: str, now: float, flag: str = "--begin") -> float:
-    """Epoch seconds at which a job may start.
-
-    - `now`: `now`.
-    - `+2h`, `+90m`, `+1h30m`, `now+2h`: that long after `now`. Any duration `parse_duration`
-      reads with a unit or colons; a bare `+90` is refused because Slurm reads it as minutes for
-      `--time` but as seconds for `--begin`, and a guess could be off by 60 times.
-    - `02:00`, `2:00`, `14:30:15`: the next time the local clock shows it, today if that is still
-      to come (or is `now` to the second), else tomorrow. Across a daylight-saving change the
-      platform's mktime decides what a skipped or repeated clock time means.
-    - `2026-12-03T02:00`, `2026-12-03 02:00`, `2026-12-03T02:00:30+01:00`, `...Z`, `2026-12-03`
-      (midnight): a date-time, local time when it has no offset. A time already past is returned
-      as it is, and the job may start at once, as Slurm does; the caller can compare with `now` to
-      say so. Nothing is moved forward silently.
-    """
+    """Epoch seconds at which a job may start: `now`; `+2h` or `now+1h30m` (a bare `+90` is
+    refused: Slurm reads it as minutes for `--time` but seconds for `--begin`); `02:00` or
+    `14:30:15`, the next time the local clock shows it (today if still to come, else tomorrow);
+    a date-time (`2026-12-03T02:00`, `...+01:00`, `...Z`, `2026-12-03`), local without an offset.
+    A time already past is returned as it is, as Slurm does: nothing is moved forward silently."""
     cleaned = text.strip()
     lowered = cleaned.lower()
     if lowered == "now":

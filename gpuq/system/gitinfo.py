@@ -107,14 +107,9 @@ def _empty_tree(cwd: str, timeout: float) -> str:
 
 
 def provenance(cwd: str, timeout: float = GIT_TIMEOUT, cache: object = None) -> Optional[dict[str, Any]]:
-    """Git facts about the code in `cwd`, or None when `cwd` is not in a git work tree, git is
-    missing, refuses the repository (`safe.directory`) or does not answer within `timeout`
-    seconds (per git call). Never prints anything and never raises for those cases.
-
-    Returns {"repo": toplevel, "commit": sha or None (no commit yet), "branch": name or None
-    (detached HEAD), "dirty": tracked files differ from HEAD, "diff_hash": sha256 hex of the
-    diff or None when clean}. A repository without commits counts every tracked file as a change.
-    `cache` is ignored: git is asked every time (callers that still pass one may stop)."""
+    """{"repo", "commit" (None: no commit yet), "branch" (None: detached), "dirty", "diff_hash"
+    (None: clean)} of the code in `cwd`; None when it is not in a work tree git will answer for
+    within `timeout` s a call. Never prints or raises. `cache` is ignored (callers may stop)."""
     try:
         top = _git(cwd, "rev-parse", "--show-toplevel", timeout=timeout).decode("utf-8", "surrogateescape").strip()
         if not top:  # inside .git itself: no work tree
@@ -157,20 +152,11 @@ def _short(commit: Optional[str]) -> str:
 
 
 def snapshot(repo: str, dest: str, max_bytes: int = SNAPSHOT_MAX_BYTES, timeout: float = 60.0) -> dict[str, Any]:
-    """Copy the tracked files of `repo` (its work tree as it is now: uncommitted changes included,
-    tracked files deleted from the work tree skipped; files of checked-out submodules included)
-    to the new directory `dest`, keeping relative paths, permission bits (less group and other
-    write) and symbolic links (as links, with the same target, even one that points outside).
-    Untracked files are not copied; directories get the process's umask (0700 under gpuq's 077).
-
-    The copy is made in a hidden sibling of `dest` and renamed into place, so `dest` either does
-    not exist or is complete. ValueError (one line) when `repo` is not a git work tree, `dest`
-    exists, or the tracked files exceed `max_bytes`; OSError from the copy itself (disk full...)
-    after removing the partial copy.
-
-    Returns {"path": dest, "files": files and links copied, "bytes": bytes of file content,
-    "commit": HEAD or None, "skipped": tracked paths missing from the work tree, "untracked":
-    untracked, not ignored files that were left out}."""
+    """Copy the tracked files of `repo`'s work tree as it is now (submodules' included, links as
+    links, modes less group/other write) to the new directory `dest`, made aside and renamed into
+    place so it is either absent or complete. ValueError (one line) for no work tree, an existing
+    `dest` or more than `max_bytes`. {"path", "files", "bytes", "commit", "skipped" (tracked but
+    missing), "untracked" (left out)}."""
     dest = os.path.abspath(dest)
     if os.path.lexists(dest):
         raise ValueError(f"snapshot destination already exists: {dest}")

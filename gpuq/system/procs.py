@@ -107,13 +107,10 @@ def signal_group(pgid: int, sig: int) -> bool:
 
 
 def ungrouped_tree(pid: int) -> list[Any]:
-    """What ending a job must reach besides its process group. [] for a process that leads its
-    own group, as every job gpuq starts does: the group is the job, and a descendant that left it on
-    purpose (`setsid`, a daemon) is not the job's. For a process that leads no group (one adopted
-    from a shell), the process and its descendants now.
-
-    psutil.Process objects remember the start time, so killing them later cannot hit a reused pid.
-    """
+    """What ending a job must reach besides its process group: [] for a group leader (every job
+    gpuq starts; a descendant that left the group on purpose is not the job's), else (one adopted
+    from a shell) the process and its descendants now, as psutil.Process objects, which remember
+    their start time so a later kill cannot hit a reused pid."""
     psutil = load_psutil()
     try:
         if os.getpgid(pid) == pid:

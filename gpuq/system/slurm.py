@@ -1,20 +1,11 @@
 """The Slurm client: sbatch, scancel, squeue and sacct as subprocesses, each bounded by `timeout`
 seconds and run in `env` (default: this process's, where `SLURM_CONF` points at the cluster).
 
-`submit` hands a batch script to sbatch; `cancel` scancels (or signals the batch shell); `query`
-asks squeue for the jobs the controller holds, then sacct for those it forgot (after
-`MinJobAge`); `find_by_comment` finds the jobs a hand-over cut short made (by their `--comment`).
-`SlurmError` is one line a person can act on; `SlurmNoAnswer` a command that timed out (what it
-asked may have been done), `SlurmUnreachable` a controller not reached (nothing was done).
-
-Formats, as observed with Slurm 22.05.8 (Debian bookworm):
-- `squeue -O 'JobID:|,...'` ends each field in `|`; its `exit_code` is a raw wait status (768 =
-  exit 3). A field squeue does not know is an error on stderr with exit 0: then `scontrol -o show
-  job ID` is read per job (`ExitCode=3:0`; values may contain spaces). `squeue -j` with only
-  unknown ids exits 1 ("Invalid job id specified"): an empty answer.
-- `sacct` needs slurmdbd; without it, `sacct -c` reads the jobcomp/filetxt log (`JobCompLoc`, on
-  the machine it runs on), which keeps no comment and cannot store a job name with spaces: gpuq's
-  Slurm job names have none (`slurm_job_name`). A cancelled job's state reads `CANCELLED by UID`.
+`query` asks squeue, then sacct for the jobs the controller forgot (after `MinJobAge`). Formats as
+observed with Slurm 22.05.8: squeue's `exit_code` is a raw wait status (768 = exit 3); a field it
+does not know is an error on stderr with exit 0 (then `scontrol -o show job` is read per job);
+without slurmdbd, `sacct -c` reads the jobcomp/filetxt log, which keeps no comment and no job name
+with spaces.
 """
 
 from __future__ import annotations
@@ -47,13 +38,11 @@ class SlurmError(GpuqError):
 
 
 class SlurmUnreachable(SlurmError):
-    """The Slurm controller could not be reached: nothing was done, and asking again at once only
-    waits again."""
+    """The Slurm controller could not be reached: nothing was done."""
 
 
 class SlurmNoAnswer(SlurmError):
-    """A Slurm command ran past its timeout: what it asked for may or may not have been done
-    (an sbatch that timed out may have submitted the job)."""
+    """A Slurm command ran past its timeout: what it asked for may or may not have been done."""
 
 
 @dataclass(frozen=True)
