@@ -54,10 +54,6 @@ def _unlink_quietly(path: StrPath) -> None:
         pass
 
 
-def preload() -> None:
-    """Nothing left to load ahead (the supervisor still calls it)."""
-
-
 def rename_noreplace(src: StrPath, dst: StrPath) -> None:
     """Atomically rename src to dst, failing with FileExistsError if dst exists.
 

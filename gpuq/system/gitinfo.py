@@ -59,7 +59,7 @@ def _git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
     return proc.stdout
 
 
-def _git_sha256(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> str:
+def _git_sha256(cwd: str, *args: str) -> str:
     """sha256 hex of the output of `git ARGS`, read in chunks so a diff touching a large file is
     never held in memory whole."""
     try:
@@ -67,7 +67,7 @@ def _git_sha256(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> str:
     except OSError as exc:
         raise GitFailed(str(exc)) from None
     # A blocking read cannot time out by itself: a timer kills git, which ends the read.
-    timer = threading.Timer(timeout, proc.kill)
+    timer = threading.Timer(GIT_TIMEOUT, proc.kill)
     timer.start()
     digest = hashlib.sha256()
     try:
@@ -101,24 +101,19 @@ def _status(cwd: str, timeout: float) -> tuple[Optional[str], Optional[str], boo
     return commit, branch, dirty
 
 
-def _empty_tree(cwd: str, timeout: float) -> str:
-    """The id of the empty tree in this repository's hash (sha1 or sha256)."""
-    return _git(cwd, "hash-object", "-t", "tree", "/dev/null", timeout=timeout).decode().strip()
-
-
-def provenance(cwd: str, timeout: float = GIT_TIMEOUT, cache: object = None) -> Optional[dict[str, Any]]:
+def provenance(cwd: str) -> Optional[dict[str, Any]]:
     """{"repo", "commit" (None: no commit yet), "branch" (None: detached), "dirty", "diff_hash"
-    (None: clean)} of the code in `cwd`; None when it is not in a work tree git will answer for
-    within `timeout` s a call. Never prints or raises. `cache` is ignored (callers may stop)."""
+    (None: clean)} of the code in `cwd`; None when it is not in a work tree git will answer for.
+    Never prints or raises."""
     try:
-        top = _git(cwd, "rev-parse", "--show-toplevel", timeout=timeout).decode("utf-8", "surrogateescape").strip()
+        top = _git(cwd, "rev-parse", "--show-toplevel").decode("utf-8", "surrogateescape").strip()
         if not top:  # inside .git itself: no work tree
             return None
-        commit, branch, dirty = _status(top, timeout)
+        commit, branch, dirty = _status(top, GIT_TIMEOUT)
         diff_hash: Optional[str] = None
         if dirty:
-            base = commit or _empty_tree(top, timeout)
-            diff_hash = _git_sha256(top, "diff", *DIFF_OPTIONS, base, "--", timeout=timeout)
+            base = commit or _git(top, "hash-object", "-t", "tree", "/dev/null").decode().strip()  # the empty tree
+            diff_hash = _git_sha256(top, "diff", *DIFF_OPTIONS, base, "--")
     except GitFailed:
         return None
     return {"repo": top, "commit": commit, "branch": branch, "dirty": dirty, "diff_hash": diff_hash}

@@ -1,4 +1,4 @@
-"""The Slurm client: sbatch, scancel, squeue and sacct as subprocesses, each bounded by `timeout`
+"""The Slurm client: sbatch, scancel, squeue and sacct as subprocesses, each bounded by TIMEOUT
 seconds and run in `env` (default: this process's, where `SLURM_CONF` points at the cluster).
 
 `query` asks squeue, then sacct for the jobs the controller forgot (after `MinJobAge`). Formats as
@@ -15,7 +15,7 @@ import re
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Sequence, Union
+from typing import Iterable, Mapping, Optional, Sequence
 
 from gpuq.core.errors import GpuqError
 
@@ -75,23 +75,14 @@ def comment_marker(spool_id: str, job_id: int) -> str:
 
 
 # ---- running the commands ----------------------------------------------------------------------
-def _run(
-    argv: Sequence[str], env: Optional[Mapping[str, str]], timeout: float, stdin_text: Optional[str] = None
-) -> subprocess.CompletedProcess:
+def _run(argv: Sequence[str], env: Optional[Mapping[str, str]], stdin_text: str = "") -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(
-            list(argv),
-            input=stdin_text if stdin_text is not None else "",
-            capture_output=True,
-            text=True,
-            env=dict(env) if env is not None else None,
-            timeout=timeout,
-        )
+        return subprocess.run(list(argv), input=stdin_text, capture_output=True, text=True, env=env, timeout=TIMEOUT)
     except FileNotFoundError:
         raise SlurmError(f"Slurm's {argv[0]} is not on PATH: run gpuq on the cluster's login node") from None
     except subprocess.TimeoutExpired:
         raise SlurmNoAnswer(
-            f"the Slurm controller does not answer ({argv[0]} gave no answer in {timeout:g} s)"
+            f"the Slurm controller does not answer ({argv[0]} gave no answer in {TIMEOUT:g} s)"
         ) from None
 
 
@@ -109,24 +100,11 @@ def _failure(what: str, proc: subprocess.CompletedProcess) -> SlurmError:
     return SlurmError(f"{what} failed (exit {proc.returncode}): {line}")
 
 
-def _chunks(ids: Sequence[int]) -> Iterable[list[int]]:
-    return (list(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH))
-
-
 # ---- submit, cancel ---------------------------------------------------------------------------
-def submit(
-    script: Union[str, os.PathLike],
-    options: Sequence[str],
-    *,
-    env: Optional[Mapping[str, str]] = None,
-    timeout: float = TIMEOUT,
-) -> int:
-    """`sbatch --parsable OPTIONS` with the script's text on stdin (a str starting with `#!`) or
-    its path; the new Slurm job id. After a timeout the job may have been submitted:
-    `find_by_comment` tells."""
-    text = script if isinstance(script, str) and script.startswith("#!") else None
-    argv = ["sbatch", "--parsable", *options] + ([] if text is not None else [os.fspath(script)])
-    proc = _run(argv, env, timeout, stdin_text=text)
+def submit(script: str, options: Sequence[str], *, env: Optional[Mapping[str, str]] = None) -> int:
+    """`sbatch --parsable OPTIONS` with the script's text on stdin; the new Slurm job id. After a
+    timeout the job may have been submitted: `find_by_comment` tells."""
+    proc = _run(["sbatch", "--parsable", *options], env, stdin_text=script)
     if proc.returncode != 0:
         if NO_CONTROLLER in proc.stderr:
             raise _failure("sbatch", proc)
@@ -144,19 +122,13 @@ def parse_parsable(stdout: str) -> int:
     raise SlurmError(f"sbatch answered without a job id: {stdout.strip()[:200]!r}")
 
 
-def cancel(
-    slurm_id: int,
-    signal: Optional[str] = None,
-    *,
-    env: Optional[Mapping[str, str]] = None,
-    timeout: float = TIMEOUT,
-) -> bool:
+def cancel(slurm_id: int, signal: Optional[str] = None, *, env: Optional[Mapping[str, str]] = None) -> bool:
     """Cancel a job (`scancel ID`) or, with `signal` (`TERM`, `USR1`...), send it to the job's batch
     shell only (`scancel -b -s SIG ID`). True when Slurm took the request; False when it does not
     know the job or the job already ended; SlurmError when the controller does not answer.
     (`-v`: without it a plain `scancel` of an unknown or ended job exits 0 without a word.)"""
     argv = ["scancel", "-v"] + (["-b", "-s", signal] if signal else []) + [str(slurm_id)]
-    proc = _run(argv, env, timeout)
+    proc = _run(argv, env)
     if UNKNOWN_JOB in proc.stderr or "already completing or completed" in proc.stderr:
         return False
     if proc.returncode != 0:
@@ -165,30 +137,30 @@ def cancel(
 
 
 # ---- query ------------------------------------------------------------------------------------
-def query(
-    ids: Iterable[int], *, env: Optional[Mapping[str, str]] = None, timeout: float = TIMEOUT
-) -> dict[int, SlurmJob]:
+def query(ids: Iterable[int], *, env: Optional[Mapping[str, str]] = None) -> dict[int, SlurmJob]:
     """What Slurm knows of `ids`: the controller's view (squeue) and, for jobs it has forgotten,
     the accounting or completion log (sacct). Unknown ids are left out."""
     wanted = sorted({int(i) for i in ids})
     found: dict[int, SlurmJob] = {}
-    for chunk in _chunks(wanted):
-        found.update(_squeue(chunk, env, timeout))
+    for i in range(0, len(wanted), BATCH):
+        found.update(_squeue(wanted[i : i + BATCH], env))
     missing = [i for i in wanted if i not in found]
-    for chunk in _chunks(missing):
-        found.update({job.id: job for job in _sacct_jobs(chunk, env, timeout) if job.id in missing})
+    for i in range(0, len(missing), BATCH):
+        # The last record of a job wins: a requeued job has one per run in the completion log.
+        rows = _sacct(["-j", ",".join(map(str, missing[i : i + BATCH]))], SACCT_FIELDS, env)
+        found.update({job.id: job for job in map(parse_sacct_row, rows) if job is not None and job.id in missing})
     return found
 
 
-def _squeue(ids: list[int], env: Optional[Mapping[str, str]], timeout: float) -> dict[int, SlurmJob]:
+def _squeue(ids: list[int], env: Optional[Mapping[str, str]]) -> dict[int, SlurmJob]:
     fmt = ",".join(f"{field}:|" for field in SQUEUE_FIELDS)
-    proc = _run(["squeue", "-h", "-t", "all", "-j", ",".join(map(str, ids)), "-O", fmt], env, timeout)
+    proc = _run(["squeue", "-h", "-t", "all", "-j", ",".join(map(str, ids)), "-O", fmt], env)
     if proc.returncode != 0:
         if UNKNOWN_JOB in proc.stderr:
             return {}
         raise _failure("squeue", proc)
     if BAD_FORMAT in proc.stderr:  # a Slurm without one of the fields: ask scontrol, job by job
-        return _scontrol(ids, env, timeout)
+        return _scontrol(ids, env)
     jobs = (parse_squeue_line(line) for line in proc.stdout.splitlines())
     return {job.id: job for job in jobs if job is not None}
 
@@ -224,10 +196,10 @@ def _job(
     )  # fmt: skip
 
 
-def _scontrol(ids: list[int], env: Optional[Mapping[str, str]], timeout: float) -> dict[int, SlurmJob]:
+def _scontrol(ids: list[int], env: Optional[Mapping[str, str]]) -> dict[int, SlurmJob]:
     found = {}
     for job_id in ids:
-        proc = _run(["scontrol", "-o", "show", "job", str(job_id)], env, timeout)
+        proc = _run(["scontrol", "-o", "show", "job", str(job_id)], env)
         if proc.returncode != 0:
             if UNKNOWN_JOB in proc.stderr:
                 continue
@@ -266,26 +238,20 @@ def parse_scontrol_line(line: str) -> Optional[SlurmJob]:
 
 
 # ---- sacct: jobs the controller forgot ---------------------------------------------------------
-def _sacct(args: list[str], fields: Sequence[str], env: Optional[Mapping[str, str]], timeout: float) -> list[list[str]]:
+def _sacct(args: list[str], fields: Sequence[str], env: Optional[Mapping[str, str]]) -> list[list[str]]:
     """Rows of `sacct -X -P -n ARGS -o FIELDS` from slurmdbd, else (`accounting storage is
     disabled`) from the jobcomp/filetxt log with `-c`. [] when neither knows anything."""
     base = ["sacct", "-X", "-P", "-n", *args, "-o", ",".join(fields)]
     try:
-        proc = _run(base, env, timeout)
+        proc = _run(base, env)
         if proc.returncode != 0 and NO_ACCOUNTING in proc.stderr + proc.stdout:
-            proc = _run(base[:1] + ["-c"] + base[1:], env, timeout)
+            proc = _run(base[:1] + ["-c"] + base[1:], env)
     except SlurmError:
         return []  # no sacct: squeue's answer is all there is
     if proc.returncode != 0:
         return []
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.strip()]
     return [row for row in rows if len(row) == len(fields)]
-
-
-def _sacct_jobs(ids: list[int], env: Optional[Mapping[str, str]], timeout: float) -> list[SlurmJob]:
-    rows = _sacct(["-j", ",".join(map(str, ids))], SACCT_FIELDS, env, timeout)
-    # The last record of a job wins: a requeued job has one per run in the completion log.
-    return [job for job in (parse_sacct_row(row) for row in rows) if job is not None]
 
 
 def parse_sacct_row(row: Sequence[str]) -> Optional[SlurmJob]:
@@ -298,12 +264,7 @@ def parse_sacct_row(row: Sequence[str]) -> Optional[SlurmJob]:
 
 # ---- finding a job by its comment ---------------------------------------------------------------
 def find_by_comment(
-    marker: str,
-    *,
-    name: Optional[str] = None,
-    since: Optional[float] = None,
-    env: Optional[Mapping[str, str]] = None,
-    timeout: float = TIMEOUT,
+    marker: str, *, name: Optional[str] = None, since: Optional[float] = None, env: Optional[Mapping[str, str]] = None
 ) -> list[tuple[int, str]]:
     """This user's Slurm jobs whose comment is `marker`, as (slurm_id, state), oldest first: the
     controller's jobs (squeue), then jobs it has forgotten from slurmdbd (by comment, which needs
@@ -311,7 +272,7 @@ def find_by_comment(
     there, a job named `name` submitted at or after `since` (seconds since the epoch; default a day
     ago) counts. Includes jobs sbatch refused after giving them an id (state FAILED)."""
     uid = str(os.getuid())
-    proc = _run(["squeue", "-h", "-t", "all", "-u", uid, "-O", "JobID:|,State:|,Comment:|"], env, timeout)
+    proc = _run(["squeue", "-h", "-t", "all", "-u", uid, "-O", "JobID:|,State:|,Comment:|"], env)
     if proc.returncode != 0:
         raise _failure("squeue", proc)
     found: dict[int, str] = {}
@@ -323,7 +284,7 @@ def find_by_comment(
     since = time.time() - 86400 if since is None else since
     start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
     fields = ("JobID", "State", "JobName", "Submit", "Comment")
-    for job_id, state, job_name, submitted, comment in _sacct(["-u", uid, "-S", start], fields, env, timeout):
+    for job_id, state, job_name, submitted, comment in _sacct(["-u", uid, "-S", start], fields, env):
         if not job_id.isdigit() or int(job_id) in found:
             continue
         if comment == marker or (
