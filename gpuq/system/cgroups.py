@@ -14,6 +14,7 @@ probe says why and the caller falls through to systemd-run, then to watching mem
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import subprocess
@@ -26,9 +27,6 @@ CPU_PERIOD_US = 100_000  # cpu.max's period: a quota of N CPUs is N periods of C
 # swap accounting): set where the kernel has them
 OPTIONAL_MEMORY_FILES = {"memory.oom.group": "1", "memory.swap.max": "0"}
 PROBE_SECONDS = 10.0  # the systemd-run probe and the scope's questions at the end, each at most
-
-_tree: Optional[tuple[Optional[str], str]] = None  # (the gpuq sub-tree or None, why not), once found
-_scope: Optional[tuple[bool, str]] = None  # (systemd-run --user --scope usable, why not), once found
 
 
 def cgroup2_mount() -> Optional[str]:
@@ -56,16 +54,10 @@ def own_cgroup() -> Optional[str]:
     return None
 
 
+@functools.cache
 def gpuq_tree() -> tuple[Optional[str], str]:
     """The gpuq sub-tree (a directory under the cgroup v2 mount, `memory` and `cpu` enabled for its
     children), made once per process; or None and why a job cannot have a cgroup here."""
-    global _tree
-    if _tree is None:
-        _tree = _find_tree()
-    return _tree
-
-
-def _find_tree() -> tuple[Optional[str], str]:
     mount, own = cgroup2_mount(), own_cgroup()
     if mount is None or own is None:
         return None, "no cgroup v2 hierarchy here"
@@ -99,9 +91,8 @@ def _make_tree(parent: str) -> str:
 
 def _enable(cgroup: str) -> None:
     path = os.path.join(cgroup, "cgroup.subtree_control")
-    if all(c in _words(path) for c in CONTROLLERS):
-        return
-    _write(path, " ".join(f"+{c}" for c in CONTROLLERS))
+    if not all(c in _words(path) for c in CONTROLLERS):
+        _write(path, " ".join(f"+{c}" for c in CONTROLLERS))
 
 
 def _why(parent: str, exc: OSError) -> str:
@@ -157,27 +148,21 @@ def remove(path: str) -> bool:
     process group is not ended by gpuq: its cgroup stays until it ends)."""
     try:
         os.rmdir(path)
-        return True
     except FileNotFoundError:
-        return True
+        pass
     except OSError:
         return False
-
-
-def user_scope() -> tuple[bool, str]:
-    """Whether `systemd-run --user --scope` can hold a job here, probed once per process: a user
-    systemd whose socket exists, then one real scope around `true`; else why not."""
-    global _scope
-    if _scope is None:
-        _scope = _probe_scope()
-    return _scope
+    return True
 
 
 def runtime_dir() -> str:
     return os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
 
 
-def _probe_scope() -> tuple[bool, str]:
+@functools.cache
+def user_scope() -> tuple[bool, str]:
+    """Whether `systemd-run --user --scope` can hold a job here, probed once per process: a user
+    systemd whose socket exists, then one real scope around `true`; else why not."""
     if not os.path.exists(os.path.join(runtime_dir(), "systemd", "private")):
         return False, "no user systemd running"
     if shutil.which("systemd-run") is None:

@@ -41,16 +41,16 @@ def write_new_file(path: StrPath, data: bytes, durable: bool = True) -> os.stat_
             os.fsync(fd)
         return os.fstat(fd)
     except BaseException:
-        _unlink_quietly(path)
+        unlink_quietly(path)
         raise
     finally:
         os.close(fd)
 
 
-def _unlink_quietly(path: StrPath) -> None:
+def unlink_quietly(path: StrPath) -> None:
     try:
         os.unlink(path)
-    except FileNotFoundError:
+    except OSError:
         pass
 
 
@@ -104,7 +104,7 @@ def same_inode(fd: int, path: StrPath) -> bool:
     """True while `path` still names the file open on `fd` (nobody replaced or removed it)."""
     try:
         st = os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
+    except OSError:
         return False
     fst = os.fstat(fd)
     return (st.st_ino, st.st_dev) == (fst.st_ino, fst.st_dev)

@@ -185,13 +185,9 @@ def _kind(value: Any) -> str:
 
 def look() -> GpuLook:
     """The GPUs now. Never raises: what went wrong is in `problem` (see the module docstring)."""
-    fake = os.environ.get(FAKE_ENV)
-    if fake:
-        return _look_fake(fake)
-    return _look_nvml()
-
-
-def _look_fake(path: str) -> GpuLook:
+    path = os.environ.get(FAKE_ENV)
+    if not path:
+        return _look_nvml()
     at = time.time()
     try:
         with open(path, encoding="utf-8") as fh:
@@ -282,9 +278,13 @@ def _read_device(pynvml: Any, index: int, problems: list[str]) -> Optional[Gpu]:
         # Kept with no processes: all its used memory then counts as held by someone unknown.
         problems.append(f"GPU {index}: no process list (NVML: {_error_text(pynvml, exc)})")
         processes = ()
-    mode = _nvml_compute_mode(pynvml, handle)
+    number = _nvml_or_none(lambda: pynvml.nvmlDeviceGetComputeMode(handle))  # None: shared, as default
+    mode = COMPUTE_MODES[number] if isinstance(number, int) and 0 <= number < len(COMPUTE_MODES) else DEFAULT_MODE
     busy = _nvml_or_none(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-    processes = _process_utilization(pynvml, handle, processes)
+    # each process's SM share over NVML's recent samples, where the driver keeps them
+    samples = _nvml_or_none(lambda: pynvml.nvmlDeviceGetProcessUtilization(handle, 0)) or ()
+    share = {s.pid: min(int(s.smUtil), 100) for s in samples}
+    processes = tuple(p._replace(utilization_gpu=share.get(p.pid)) for p in processes)
     return Gpu(index, name, uuid, total, used, processes, compute_mode=mode, utilization_gpu=busy)
 
 
@@ -294,22 +294,6 @@ def _nvml_or_none(read: Any) -> Any:
         return read()
     except Exception:  # NVMLError_NotSupported mostly (MIG slices, some drivers)
         return None
-
-
-def _process_utilization(pynvml: Any, handle: Any, processes: tuple) -> tuple:
-    """Each process's SM share over NVML's recent samples, where the driver keeps them."""
-    samples = _nvml_or_none(lambda: pynvml.nvmlDeviceGetProcessUtilization(handle, 0)) or ()
-    share = {s.pid: min(int(s.smUtil), 100) for s in samples}
-    return tuple(p._replace(utilization_gpu=share.get(p.pid)) for p in processes)
-
-
-def _nvml_compute_mode(pynvml: Any, handle: Any) -> str:
-    """The GPU's compute mode; "default" where NVML cannot tell (the GPU is then shared)."""
-    try:
-        number = pynvml.nvmlDeviceGetComputeMode(handle)
-    except Exception:  # NVMLError_NotSupported mostly, or a binding without the call
-        return DEFAULT_MODE
-    return COMPUTE_MODES[number] if isinstance(number, int) and 0 <= number < len(COMPUTE_MODES) else DEFAULT_MODE
 
 
 def _memory(pynvml: Any, handle: Any) -> tuple[int, int]:

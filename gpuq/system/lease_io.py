@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import os
 import pwd
@@ -12,7 +13,7 @@ import stat
 import time
 from typing import Any, Optional
 
-from gpuq.system.fsutil import try_flock
+from gpuq.system.fsutil import try_flock, unlink_quietly
 from gpuq.system.security import display
 
 LEASE_VERSION = 1
@@ -95,16 +96,6 @@ def _create_lock_file(directory: str, path: str) -> None:
         raise LeaseDirProblem(f"cannot create a placing lock in {directory}: {exc.strerror}; {OFF}") from None
     finally:
         unlink_quietly(tmp)
-
-
-def still_named(fd: int, path: str) -> bool:
-    """Whether `path` still names the file open as `fd` (lstat: a link put there is not it)."""
-    try:
-        now = os.lstat(path)
-    except OSError:
-        return False
-    here = os.fstat(fd)
-    return (now.st_dev, now.st_ino) == (here.st_dev, here.st_ino)
 
 
 def remove_if_ours(path: str, st: os.stat_result) -> None:
@@ -207,12 +198,7 @@ def safe_name(uuid: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c == "-") else "_" for c in uuid)
 
 
-_counter = [0]
-
-
-def next_number() -> int:
-    _counter[0] += 1
-    return _counter[0]
+next_number = itertools.count(1).__next__  # tells apart the files one process writes
 
 
 _user_names: dict[int, tuple[Optional[str], float]] = {}  # uid -> (name, when asked)
@@ -231,10 +217,3 @@ def user_name(uid: int) -> Optional[str]:
             kept = (None, now)
         _user_names[uid] = kept
     return kept[0]
-
-
-def unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

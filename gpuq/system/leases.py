@@ -265,7 +265,7 @@ class _Placing:
             except BaseException:
                 os.close(fd)
                 raise
-            if lease_io.still_named(fd, path):
+            if fsutil.same_inode(fd, path):  # lstat: a link put there is not it
                 return fd
             os.close(fd)
             if time.monotonic() > deadline:

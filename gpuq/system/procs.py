@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from gpuq.core.job import Job
 
@@ -56,8 +56,8 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # someone else's: alive all the same
+        pass
     return True
 
 
@@ -99,9 +99,7 @@ def job_alive(job: Job) -> bool:
 def signal_group(pgid: int, sig: int) -> bool:
     try:
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 
@@ -151,14 +149,18 @@ def leftovers(pgid: int, snapshot: list[Any]) -> list[Any]:
     return list(alive.values())
 
 
-def wait_gone(pgid: int, snapshot: list[Any], timeout: float) -> list[Any]:
-    """Wait until nothing of the job is left or `timeout` passes; returns what is still alive."""
+def wait_gone(pgid: int, snapshot: list[Any], timeout: float, kill: bool = False) -> list[Any]:
+    """Wait until nothing of the job is left or `timeout` passes, SIGKILLing what lives meanwhile
+    if `kill` (again while new ones appear); returns what is still alive. A kill goes through
+    psutil, which checks the start time, so a reused pid is never hit."""
     deadline = time.monotonic() + timeout
     while True:
         left = leftovers(pgid, snapshot)
         if not left or time.monotonic() >= deadline:
             return left
-        time.sleep(0.1)
+        if kill:
+            signal_each(left, "kill")
+        time.sleep(0.05 if kill else 0.1)
 
 
 def terminate(pgid: int, snapshot: list[Any]) -> None:
@@ -167,27 +169,13 @@ def terminate(pgid: int, snapshot: list[Any]) -> None:
         signal_each(snapshot[:1], "terminate")
 
 
-def kill_leftovers(pgid: int, snapshot: list[Any], timeout: float) -> list[Any]:
-    """SIGKILL every process still alive of the job (again while new ones appear) until none is
-    left or `timeout` passes; returns the survivors. Each kill goes through psutil, which checks
-    the start time, so a reused pid is never hit."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = leftovers(pgid, snapshot)
-        if not left or time.monotonic() >= deadline:
-            return left
-        signal_each(left, "kill")
-        time.sleep(0.05)
-
-
-class GroupEnd:
+class GroupEnd(NamedTuple):
     """What `end_group` found of a job's group after its main process had ended: "PID NAME" of
     each process gone after SIGTERM, gone after SIGKILL, and still alive (uninterruptible)."""
 
-    def __init__(self) -> None:
-        self.by_term: list[str] = []
-        self.by_kill: list[str] = []
-        self.survivors: list[str] = []
+    by_term: list[str]
+    by_kill: list[str]
+    survivors: list[str]
 
 
 def end_group(pgid: int, grace: float, since: Optional[float] = None) -> Optional[GroupEnd]:
@@ -214,11 +202,8 @@ def end_group(pgid: int, grace: float, since: Optional[float] = None) -> Optiona
         signal_group(pgid, signal.SIGKILL)  # again while new ones appear
         time.sleep(0.05)
         left = _note_members(pgid, seen)
-    end = GroupEnd()
-    end.by_term = [seen[pid] for pid in sorted(termed)]
-    end.by_kill = [seen[pid] for pid in sorted(set(seen) - termed - left)]
-    end.survivors = [seen[pid] for pid in sorted(left)]
-    return end
+    names = [[seen[pid] for pid in sorted(pids)] for pids in (termed, set(seen) - termed - left, left)]
+    return GroupEnd(*names)
 
 
 def _note_members(pgid: int, seen: dict[int, str]) -> set[int]:
@@ -244,19 +229,15 @@ def signal_each(processes: list[Any], method: str) -> None:
             continue
 
 
-def terminate_tree(job: Job, grace: float, force: bool = True) -> bool:
-    """SIGTERM the job's process group, wait up to `grace` for all of it to go, then (if `force`)
-    SIGKILL whatever is left of it. True once nothing of the job lives."""
+def terminate_tree(job: Job, grace: float) -> bool:
+    """SIGTERM the job's process group, wait up to `grace` for all of it to go, then SIGKILL
+    whatever is left of it. True once nothing of the job lives."""
     pgid = job.pid
     if not pgid:
         return True
     snapshot = ungrouped_tree(pgid) if job_alive(job) else []
     terminate(pgid, snapshot)
-    if not wait_gone(pgid, snapshot, grace):
-        return True
-    if not force:
-        return False
-    return not kill_leftovers(pgid, snapshot, 10.0)
+    return not wait_gone(pgid, snapshot, grace) or not wait_gone(pgid, snapshot, KILL_GRACE_SECONDS, kill=True)
 
 
 def which(command: str, path: Optional[str] = None) -> Optional[str]:
