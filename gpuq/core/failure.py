@@ -69,12 +69,8 @@ def reason(
     time_limit: Optional[float] = None,
     host_memory: Optional[str] = None,
 ) -> Optional[str]:
-    """One short line naming why the job failed, or None when nothing is recognised.
-
-    `signal_name` is the signal that ended the job as the supervisor records it (`SIGKILL`, or
-    `KILL`); `time_limit` is the limit in seconds when gpuq ended the job for reaching it;
-    `host_memory` the `--mem` it reached ("32G"), when that ended it.
-    """
+    """One short line naming why the job failed, or None. `signal_name`: as the supervisor records
+    it (`SIGKILL` or `KILL`); `time_limit` (seconds), `host_memory` ("32G"): the limit that ended it."""
     if time_limit is not None:
         return f"time limit of {format_duration(time_limit)} reached"
     if host_memory is not None:
@@ -207,8 +203,7 @@ def _is_wrapper(exception_line: str) -> bool:
 
 
 def _exception_after(lines: list[str], header: int) -> Optional[str]:
-    """The exception line of the traceback whose header is lines[header]: the first line after the
-    frames that is not indented (a message may go on over more lines; its first is enough)."""
+    """The exception line of the traceback at lines[header]: the first unindented line after its frames."""
     for line in lines[header + 1 : header + 2000]:
         if not line.strip() or line.startswith(_FRAME_CHARS):
             continue

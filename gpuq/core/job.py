@@ -1,9 +1,5 @@
 """One job record: every field of a job file declared once, with its type, its default and its check.
-
-A `Job` is the dict that is the job file, its fields read and written as attributes (a field a file
-lacks reads as its default). core/schema.py derives its tables from FIELDS, and
-tests/test_spool_contract.py holds spool_layout.md's field table to it. A dict rather than a class
-of its own: loading a job file stays one JSON parse.
+A `Job` is the dict that is the file (so loading one stays one JSON parse), its fields also attributes.
 """
 
 from __future__ import annotations
@@ -61,7 +57,7 @@ def _iso(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-    """A finite int or float (a file may hold anything: NaN, 1e999, true)."""
+    """A finite int or float (not NaN, 1e999, true)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -140,8 +136,7 @@ class Field(NamedTuple):
         return self.default is NO_DEFAULT
 
     def fresh(self) -> Any:
-        """The default as a new job holds it: a list or object of its own (None for a required
-        field: new_job gives each its value)."""
+        """The default as a new job holds it: a list or object of its own (required: None)."""
         if self.required:
             return None
         return self.default if isinstance(self.default, _SHARED) else type(self.default)(self.default)
@@ -158,14 +153,12 @@ _NULL_ISO = "null or an ISO 8601 time"
 
 
 class Job(dict[str, Any]):
-    """A job file's fields, as the dict itself and as attributes (see the module's docstring).
-    The order below is the order of a new job file's fields."""
+    """A job file's fields, as the dict itself and as attributes, in a new job file's order."""
 
     __slots__ = ()
 
     def __missing__(self, key: str) -> Any:
-        """A field this file lacks (written before the field existed) reads as its default; a
-        required field or a name that is no field is a KeyError, as in a plain dict."""
+        """A field this (older) file lacks reads as its default; else KeyError, as in a plain dict."""
         found = FIELDS.get(key)
         if found is None or found.required:
             raise KeyError(key)
@@ -306,8 +299,7 @@ class Job(dict[str, Any]):
 
 
 def _record(cls: type) -> dict[str, Field]:
-    """The Fields declared in `cls`, in order, each replaced there by its attribute: `job[name]`,
-    which Job.__missing__ answers with the default for a field the file lacks."""
+    """The Fields declared in `cls`, in order, each replaced there by its attribute `job[name]`."""
     fields = {}
     for name, value in list(vars(cls).items()):
         if isinstance(value, Field):

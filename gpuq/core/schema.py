@@ -1,9 +1,4 @@
-"""The job-file schema: building, parsing and validating jobs.
-
-A job is a `Job` (core/job.py: a dict that round-trips through JSON, its fields declared there
-once); spool_layout.md documents every field, and a test compares that table with the record. This
-module knows what a valid job file looks like; it never touches the filesystem.
-"""
+"""The job-file schema: building, parsing and validating jobs (core/job.py declares the fields)."""
 
 from __future__ import annotations
 
@@ -32,8 +27,7 @@ class IncompleteJob(InvalidJob):
 
 
 def slug(name: str) -> str:
-    """The part of a file name that shows the job's name: safe characters only, each run of
-    others one "-"."""
+    """The job's name as part of a file name: each run of unsafe characters one "-"."""
     return _UNSAFE.sub("-", name).strip("-.")[:60] or "job"
 
 
@@ -59,8 +53,8 @@ def new_job(
     options: Optional[dict[str, Any]] = None,
     umask: Optional[int] = None,
 ) -> Job:
-    """A new job: every field of core/job.py a new file holds, in order, at its default unless
-    given here. `options` sets fields of OPTION_DEFAULTS (see there)."""
+    """A new job: every field a new file holds, in order, at its default unless given here (or, of
+    OPTION_DEFAULTS, in `options`)."""
     job = Job((f.name, f.fresh()) for f in FIELDS.values() if not f.later)
     job.update(
         schema_version=SCHEMA_VERSION,
@@ -101,15 +95,12 @@ KNOWN_FIELDS = frozenset(FIELDS)
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    made = dict(pairs)  # in C; a key given twice shows as fewer keys
-    if len(made) == len(pairs):
-        return made
-    seen: set[str] = set()
-    for key, _value in pairs:
-        if key in seen:
-            raise InvalidJob(f"duplicate key {key!r}")
-        seen.add(key)
-    return made  # not reached
+    made = dict(pairs)
+    if len(made) < len(pairs):
+        keys = [key for key, _ in pairs]
+        key = next(key for n, key in enumerate(keys) if key in keys[:n])
+        raise InvalidJob(f"duplicate key {key!r}")
+    return made
 
 
 def _no_constant(word: str) -> Any:
@@ -262,8 +253,7 @@ def _dropped_size(obj: dict[str, Any], key: str, what: str) -> Optional[int]:
 
 
 def _dropped_host_request(obj: dict[str, Any]) -> dict[str, Any]:
-    """`mem` (host memory: "32G", or MiB as a number) and `cpus` (a positive integer); absent or
-    null: the job reserves none (stored as `mem_mib` and `cpus`)."""
+    """`mem` ("32G", or MiB) and `cpus`, stored as `mem_mib` and `cpus`; absent or null: none."""
     out: dict[str, Any] = {}
     mem = _dropped_size(obj, "mem", 'a size of host memory such as "32G" or a number of MiB')
     if mem is not None:

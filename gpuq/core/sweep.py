@@ -1,9 +1,6 @@
-"""Sweeps: one `gpuq add` that queues a job per combination of values, and job id ranges.
-
-Pure; errors are `ValueError` with one line a user can act on, nothing returned half-done. The
-placeholder and value syntax is README's ("Sweeps, holds and edits"). Only braces around an identifier are
-placeholders, so JSON, `{}` of a find command or `{0}` pass through; other doubled braces are left
-as they are, unlike str.format, because `}}` ends nested JSON.
+"""Sweeps: one `gpuq add` that queues a job per combination of values, and job id ranges. Only braces
+around an identifier are placeholders, so JSON, `{}` of find or `{0}` pass through; other doubled
+braces are left as they are, unlike str.format, because `}}` ends nested JSON.
 """
 
 from __future__ import annotations
@@ -78,8 +75,8 @@ def expand(
     limit: int = DEFAULT_LIMIT,
     allow_more: bool = False,
 ) -> list[Combination]:
-    """Every combination of the sweeps' values, the first sweep varying slowest (like nested loops
-    written in the order given), each with `words` filled in. No sweeps: `words` as they are."""
+    """Every combination of the sweeps' values, the first sweep varying slowest, each with `words`
+    filled in."""
     if not sweeps:
         return [Combination({}, list(words))]
     _check_sweeps(sweeps)
@@ -95,8 +92,7 @@ def expand(
 
 
 def fill(word: str, values: dict[str, str]) -> str:
-    """`word` with each `{name}` replaced by values[name] and each `{{name}}` by a literal `{name}`.
-    A name missing from `values` raises KeyError (expand checks every name first)."""
+    """`word` with each `{name}` replaced by values[name] and each `{{name}}` by a literal `{name}`."""
 
     def replace(match: re.Match) -> str:
         escaped, name = match.groups()

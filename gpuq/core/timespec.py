@@ -26,10 +26,7 @@ DURATION_FORMS = "45s, 90m, 4h, 2d, 1h30m, 90 (minutes), 90:00 (mm:ss), 1:30:00 
 
 
 def parse_duration(text: str, flag: str = "--time") -> float:
-    """Seconds in a duration such as `4h`, `90m`, `1h30m`, `1:30:00` or `90` (minutes, as Slurm).
-
-    `flag` names the option in error messages. Raises ValueError (one line) for anything else.
-    """
+    """Seconds in a duration such as `4h`, `90m`, `1h30m`, `1:30:00` or `90` (minutes, as Slurm)."""
     try:
         seconds = _duration_or_none(text.strip().lower())
     except OverflowError:  # more digits than a float holds
@@ -60,18 +57,13 @@ def _units_seconds(text: str) -> Optional[float]:
 
 
 def _colon_seconds(days: Optional[str], first: str, second: Optional[str], third: Optional[str]) -> Optional[float]:
-    if days is not None:  # D-HH[:MM[:SS]]: the hours are bounded like a clock's
-        fields = [int(first), int(second or 0), int(third or 0)]
-        if fields[0] > 23 or fields[1] > 59 or fields[2] > 59:
-            return None
-        return int(days) * 86400.0 + fields[0] * 3600.0 + fields[1] * 60.0 + fields[2]
-    if third is None:  # MM:SS (Slurm); the minutes may exceed 59
-        if int(second) > 59:  # type: ignore[arg-type]
-            return None
-        return int(first) * 60.0 + int(second)  # type: ignore[arg-type]
-    if int(second) > 59 or int(third) > 59:  # type: ignore[arg-type]
+    numbers = [int(n) for n in (first, second, third) if n is not None]
+    if days is None and len(numbers) == 2:  # MM:SS (Slurm); the minutes may exceed 59
+        numbers = [numbers[0] // 60, numbers[0] % 60, numbers[1]]
+    numbers += [0] * (3 - len(numbers))  # D-HH[:MM[:SS]]: the hours are bounded like a clock's
+    if numbers[1] > 59 or numbers[2] > 59 or (days is not None and numbers[0] > 23):
         return None
-    return int(first) * 3600.0 + int(second) * 60.0 + int(third)  # type: ignore[arg-type]
+    return int(days or 0) * 86400.0 + numbers[0] * 3600.0 + numbers[1] * 60.0 + numbers[2]
 
 
 def _checked_duration(seconds: float, text: str, flag: str) -> float:
@@ -83,8 +75,8 @@ def _checked_duration(seconds: float, text: str, flag: str) -> float:
 
 
 def format_duration(seconds: float) -> str:
-    """A compact duration: `45s`, `1m30s`, `4h00m`, `2d03h`. Two units at most, the smaller one
-    rounded down so that a limit never reads longer than it is. `parse_duration` reads it back."""
+    """`45s`, `1m30s`, `4h00m`, `2d03h`: two units at most, the smaller rounded down (a limit never
+    reads longer than it is); `parse_duration` reads it back."""
     sign = "-" if seconds < 0 else ""
     whole = int(abs(seconds))
     days, rest = divmod(whole, 86400)
@@ -111,11 +103,9 @@ _ISO = re.compile(
 
 
 def parse_begin(text: str, now: float, flag: str = "--begin") -> float:
-    """Epoch seconds at which a job may start: `now`; `+2h` or `now+1h30m` (a bare `+90` is
-    refused: Slurm reads it as minutes for `--time` but seconds for `--begin`); `02:00` or
-    `14:30:15`, the next time the local clock shows it (today if still to come, else tomorrow);
-    a date-time (`2026-12-03T02:00`, `...+01:00`, `...Z`, `2026-12-03`), local without an offset.
-    A time already past is returned as it is, as Slurm does: nothing is moved forward silently."""
+    """Epoch seconds at which a job may start: `now`; `+2h` or `now+1h30m` (a bare `+90` is refused:
+    Slurm reads it as minutes for `--time` but seconds for `--begin`); `02:00`, the next time the
+    local clock shows it; a date-time, local without an offset. A time past is returned as it is."""
     cleaned = text.strip()
     lowered = cleaned.lower()
     if lowered == "now":
@@ -189,18 +179,15 @@ _SIZE_SHIFT = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
 
 
 def parse_size_mib(text: str, flag: str = "size") -> int:
-    """MiB in a GPU memory size: `20G`, `20GB`, `20GiB`, `1.5G`, `512M`, `1T`, or a bare number of
-    MiB (`81559`, as nvidia-smi reports memory). Every unit is binary: G means GiB, since GPU memory
-    is quoted in GiB (nvidia-smi's MiB / 1024). A fraction of a MiB rounds up, so a requirement is
-    never understated. Zero, negative and `K` sizes are refused."""
+    """MiB in a GPU memory size: `20G`, `20GiB`, `1.5G`, `512M`, `1T`, or a bare number of MiB (as
+    nvidia-smi reports it). Units are binary (G is GiB, as GPU memory is quoted); a fraction of a
+    MiB rounds up, so a requirement is never understated."""
     return _size_mib(text, flag, "20G, 20GiB, 1.5G, 512M or 81559 (MiB)")[0]
 
 
 def parse_memory_mib(text: str, flag: str = "size") -> int:
-    """MiB in a size of memory typed on the command line (`--gpu-mem`, `--mem`): as
-    parse_size_mib, but a bare number is refused with the reading most likely meant: `--gpu-mem
-    20` would be 20 MiB, nothing a job needs, where 20G was meant. A job file keeps its bare
-    numbers as MiB (spool_layout.md, section 3): a program writes them."""
+    """MiB in a size typed on the command line (`--gpu-mem`, `--mem`): as parse_size_mib, but a bare
+    number is refused (`--gpu-mem 20` meant 20G, not 20 MiB); a job file's bare numbers stay MiB."""
     mib, unit = _size_mib(text, flag, "20G, 20GiB, 1.5G or 512M")
     if unit == "":
         shown = text.strip()
@@ -220,8 +207,8 @@ def _size_mib(text: str, flag: str, forms: str) -> tuple[int, str]:
 
 
 def parse_size_bytes(text: str, flag: str = "size") -> int:
-    """Bytes in a size such as a log cap: `1G`, `500M`, `64K`, `1.5G`, `2GiB`, `10MB`, or a bare
-    number of bytes. Units are binary (K = 1024). A fraction of a byte rounds up; zero is refused."""
+    """Bytes in a size such as a log cap: `1G`, `500M`, `64K`, `2GiB`, or a bare number of bytes
+    (binary units; a fraction rounds up)."""
     number, unit = _size_parts(text, flag, "1G, 500M, 64K or 4096 (bytes)")
     return _positive(math.ceil(number * 2 ** _SIZE_SHIFT[unit]), text, flag)
 

@@ -1,14 +1,10 @@
 """The kernel's hold on a job's host memory and CPUs: a cgroup v2 of its own, or a scope of the
-user's systemd; what the machine allows is found out once per process and said in one line when
-it does not.
+user's systemd (else the caller watches memory).
 
 cgroup v2 forbids processes in a cgroup whose children have controllers enabled (the root
 excepted), so jobs are not children of the supervisor's cgroup: gpuq makes a sub-tree `gpuq` beside
-it, in the nearest cgroup that has (or may be given) `memory` and `cpu` (the root itself, or the
-supervisor's parent), and each job a child `gpuq/job-...` with `memory.max`, `memory.swap.max` = 0
-(a job swapping past its limit is what freezes a machine), `memory.oom.group` = 1 (the OOM kill
-takes the whole tree) and `cpu.max`. Where that cannot be (a container, cgroup v1 controllers), the
-probe says why and the caller falls through to systemd-run, then to watching memory.
+it, in the nearest cgroup that has (or may be given) `memory` and `cpu`, and each job a child with
+its limits, no swap (a job swapping past its limit is what freezes a machine) and a group OOM kill.
 """
 
 from __future__ import annotations
@@ -20,26 +16,19 @@ import shutil
 import subprocess
 from typing import Optional
 
+from gpuq.system import fsutil
+
 TREE_NAME = "gpuq"
 CONTROLLERS = ("memory", "cpu")
 CPU_PERIOD_US = 100_000  # cpu.max's period: a quota of N CPUs is N periods of CPU time per period
-# the whole job killed at once by an OOM (Linux 4.19), and no swap past memory.max (absent without
-# swap accounting): set where the kernel has them
+# set where the kernel has them (memory.oom.group: Linux 4.19; memory.swap.max: swap accounting)
 OPTIONAL_MEMORY_FILES = {"memory.oom.group": "1", "memory.swap.max": "0"}
 PROBE_SECONDS = 10.0  # the systemd-run probe and the scope's questions at the end, each at most
 
 
 def cgroup2_mount() -> Optional[str]:
     """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or .../unified on a hybrid)."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
-            for line in fh:
-                before, _sep, after = line.partition(" - ")
-                if after.split(" ", 1)[0] == "cgroup2":
-                    return before.split(" ")[4].replace("\\040", " ")
-    except OSError:
-        pass
-    return None
+    return next((point for point, kind in fsutil.mounts() if kind == "cgroup2"), None)
 
 
 def own_cgroup() -> Optional[str]:
@@ -56,8 +45,7 @@ def own_cgroup() -> Optional[str]:
 
 @functools.cache
 def gpuq_tree() -> tuple[Optional[str], str]:
-    """The gpuq sub-tree (a directory under the cgroup v2 mount, `memory` and `cpu` enabled for its
-    children), made once per process; or None and why a job cannot have a cgroup here."""
+    """The gpuq sub-tree, made once per process; or None and why a job cannot have a cgroup here."""
     mount, own = cgroup2_mount(), own_cgroup()
     if mount is None or own is None:
         return None, "no cgroup v2 hierarchy here"
@@ -144,8 +132,7 @@ def oom_kills(path: str) -> int:
 
 
 def remove(path: str) -> bool:
-    """Remove an empty job cgroup; False while processes remain in it (one that left the job's
-    process group is not ended by gpuq: its cgroup stays until it ends)."""
+    """Remove an empty job cgroup; False while processes (that left the job's group) remain in it."""
     try:
         os.rmdir(path)
     except FileNotFoundError:
@@ -194,8 +181,7 @@ def scope_argv(unit: str, mem_mib: Optional[int], cpus: Optional[int]) -> list[s
 
 
 def scope_oom_killed(unit: str) -> bool:
-    """Whether the kernel's OOM killer ended the scope `unit` (its Result), which is then
-    forgotten (a failed scope stays loaded until reset)."""
+    """Whether the kernel's OOM killer ended the scope `unit`, which is then reset (else it stays loaded)."""
     env = dict(os.environ, XDG_RUNTIME_DIR=runtime_dir())
     try:
         result = subprocess.run(

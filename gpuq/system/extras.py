@@ -68,9 +68,8 @@ def _is_tree(directory: str) -> bool:
 
 
 def notify_missing() -> Optional[str]:
-    """One line saying that `--notify URL` cannot be served here (Apprise cannot be imported) and
-    the command that installs it; None when Apprise is there. Looked for, never imported (Apprise
-    takes a while to import)."""
+    """Why `--notify URL` cannot be served here and the command that fixes it; None when Apprise is
+    there (looked for, never imported: it is slow to import)."""
     try:
         found = find_spec("apprise") is not None
     except (ImportError, ValueError):

@@ -1,8 +1,5 @@
-"""Low-level file primitives the spool is built from: fsync, no-clobber rename, flock probes.
-
-Kept apart from the gpuq.spool package so that the spool reads as the protocol, not as system calls.
-Within gpuq, only gpuq.spool writes through this module.
-"""
+"""Low-level file primitives the spool is built from (fsync, no-clobber rename, flock probes), kept
+apart so that gpuq.spool reads as the protocol, not as system calls."""
 
 from __future__ import annotations
 
@@ -55,12 +52,9 @@ def unlink_quietly(path: StrPath) -> None:
 
 
 def rename_noreplace(src: StrPath, dst: StrPath) -> None:
-    """Atomically rename src to dst, failing with FileExistsError if dst exists.
-
-    A plain os.rename would silently replace dst. Uses renameat2(RENAME_NOREPLACE) on Linux and
-    renamex_np(RENAME_EXCL) on macOS; where neither works (old kernels, some network filesystems)
-    falls back to link + unlink, which is also no-clobber but briefly shows two links.
-    """
+    """Atomically rename src to dst; FileExistsError if dst exists (os.rename would replace it).
+    renameat2(RENAME_NOREPLACE) on Linux, renamex_np(RENAME_EXCL) on macOS; else (old kernels, some
+    network filesystems) link + unlink, also no-clobber but briefly showing two links."""
     if _RENAMEAT2 is not None or sys.platform == "darwin":
         if _RENAMEAT2 is not None:
             at_fdcwd, noreplace = -100, 1
@@ -118,27 +112,33 @@ NETWORK_FILESYSTEMS = frozenset(
 )
 
 
-def network_filesystem(path: StrPath, mountinfo: Optional[str] = None) -> Optional[str]:
-    """The type of the network filesystem `path` lives on (`nfs4`, `lustre`...), or None for a
-    local one and where that cannot be told (no /proc/self/mountinfo: macOS). `mountinfo`: the
-    text of /proc/self/mountinfo (read when None)."""
+def mounts(mountinfo: Optional[str] = None) -> list[tuple[str, str]]:
+    """(mount point, filesystem type) of each mount in /proc/self/mountinfo (or the text
+    `mountinfo`), the visible one of equal mount points last; [] where there is none (macOS)."""
     if mountinfo is None:
         try:
             with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
                 mountinfo = f.read()
         except OSError:
-            return None
-    target = os.path.realpath(path)
-    best, fstype = "", None
+            return []
+    out = []
     for line in mountinfo.splitlines():
         head, sep, tail = line.partition(" - ")
         fields = head.split()
-        if not sep or len(fields) < 5 or not tail.split():
-            continue
-        point = _unescape_mount(fields[4])
+        if sep and len(fields) >= 5 and tail.split():
+            out.append((_unescape_mount(fields[4]), tail.split()[0]))
+    return out
+
+
+def network_filesystem(path: StrPath, mountinfo: Optional[str] = None) -> Optional[str]:
+    """The type of the network filesystem `path` lives on (`nfs4`, `lustre`...), or None for a local
+    one or where that cannot be told (macOS)."""
+    target = os.path.realpath(path)
+    best, fstype = "", None
+    for point, kind in mounts(mountinfo):
         inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):  # the last of equal mount points is the visible one
-            best, fstype = point, tail.split()[0]
+        if inside and len(point) >= len(best):
+            best, fstype = point, kind
     return fstype if fstype in NETWORK_FILESYSTEMS else None
 
 

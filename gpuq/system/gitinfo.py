@@ -41,15 +41,14 @@ class GitFailed(Exception):
 
 
 def _git_io(cwd: str) -> dict[str, Any]:
-    """How every git gpuq runs is started: in `cwd`, never prompting or taking optional locks,
-    stdout piped, stderr swallowed."""
+    """How every git gpuq runs is started: never prompting or taking optional locks, stderr swallowed."""
     env = dict(os.environ, GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", LC_ALL="C")
     quiet = subprocess.DEVNULL
     return {"cwd": cwd, "env": env, "stdin": quiet, "stdout": subprocess.PIPE, "stderr": quiet}
 
 
 def _git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
-    """stdout of `git ARGS` run in `cwd`; GitFailed on any failure (stderr is swallowed)."""
+    """stdout of `git ARGS` run in `cwd`; GitFailed on any failure."""
     try:
         proc = subprocess.run(["git", *args], **_git_io(cwd), timeout=timeout)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -60,8 +59,7 @@ def _git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
 
 
 def _git_sha256(cwd: str, *args: str) -> str:
-    """sha256 hex of the output of `git ARGS`, read in chunks so a diff touching a large file is
-    never held in memory whole."""
+    """sha256 of the output of `git ARGS`, read in chunks (a diff of a large file is never held whole)."""
     try:
         proc = subprocess.Popen(["git", *args], **_git_io(cwd))
     except OSError as exc:
@@ -72,7 +70,7 @@ def _git_sha256(cwd: str, *args: str) -> str:
     digest = hashlib.sha256()
     try:
         assert proc.stdout is not None
-        for chunk in iter(lambda: proc.stdout.read(CHUNK), b""):  # type: ignore[union-attr]
+        while chunk := proc.stdout.read(CHUNK):
             digest.update(chunk)
         proc.stdout.close()
         code = proc.wait()
@@ -123,9 +121,8 @@ PREFIX = "code changed since it was queued: "
 
 
 def changed(queued: Optional[dict[str, Any]], now: Optional[dict[str, Any]]) -> Optional[str]:
-    """One line saying how the code at start differs from the code at add time, or None when it
-    does not (or there was no repository at add time). A branch switch that keeps the same commit
-    and changes is not a change of code."""
+    """One line saying how the code at start differs from the code at add time, or None (a branch
+    switch that keeps the commit and changes is no change of code)."""
     if not queued:
         return None
     if not now:
@@ -147,11 +144,10 @@ def _short(commit: Optional[str]) -> str:
 
 
 def snapshot(repo: str, dest: str, max_bytes: int = SNAPSHOT_MAX_BYTES, timeout: float = 60.0) -> dict[str, Any]:
-    """Copy the tracked files of `repo`'s work tree as it is now (submodules' included, links as
-    links, modes less group/other write) to the new directory `dest`, made aside and renamed into
-    place so it is either absent or complete. ValueError (one line) for no work tree, an existing
-    `dest` or more than `max_bytes`. {"path", "files", "bytes", "commit", "skipped" (tracked but
-    missing), "untracked" (left out)}."""
+    """Copy the tracked files of `repo`'s work tree (submodules' included, links as links, modes less
+    group/other write) to the new directory `dest`, made aside and renamed into place. ValueError
+    for no work tree, an existing `dest` or more than `max_bytes`. {"path", "files", "bytes",
+    "commit", "skipped" (tracked but missing), "untracked" (left out)}."""
     dest = os.path.abspath(dest)
     if os.path.lexists(dest):
         raise ValueError(f"snapshot destination already exists: {dest}")
@@ -239,9 +235,8 @@ def _copy(top: str, into: str, plan: list[tuple[str, os.stat_result]], max_bytes
 
 
 def snapshot_cwd(job_cwd: str, repo: str, snap: str) -> str:
-    """The directory in snapshot `snap` that corresponds to `job_cwd` in `repo` (same relative
-    path). Pure path arithmetic on resolved paths; ValueError when `job_cwd` is not inside `repo`.
-    The directory may be missing from the snapshot if it holds no tracked file: create it then."""
+    """The directory in snapshot `snap` at `job_cwd`'s place in `repo` (it may be missing if it holds
+    no tracked file); ValueError when `job_cwd` is not inside `repo`."""
     rel = os.path.relpath(os.path.realpath(job_cwd), os.path.realpath(repo))
     if rel == os.pardir or rel.startswith(os.pardir + os.sep):
         raise ValueError(f"{job_cwd} is not inside the repository {repo}")

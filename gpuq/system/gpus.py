@@ -1,10 +1,6 @@
-"""The machine's GPUs: what each one is, how much memory it has and uses, and which processes hold it.
-
-`look()` answers from NVML (`pynvml`, imported only where a driver is there) or, when GPUQ_FAKE_GPUS
-names a JSON file (spool_layout.md, section 12), from that file, read afresh at every look so that a
-test can change the GPUs while a worker runs. No driver, no GPU: no GPUs, source "none", and a
-one-line `problem` saying why; that is the CPU-only case, not an error.
-"""
+"""The machine's GPUs: what each one is, how much memory it has and uses, and which processes hold it,
+from NVML or from the JSON file GPUQ_FAKE_GPUS names (spool_layout.md, section 12), read afresh at
+every look so that a test can change the GPUs while a worker runs."""
 
 from __future__ import annotations
 
@@ -63,8 +59,7 @@ class GpuLook(NamedTuple):
 
 
 def to_json(look: GpuLook) -> dict[str, Any]:
-    """The look as JSON, with `source`, `problem` and `at`, which from_json ignores (so `gpuq gpus
-    --json` output can serve as a fake file)."""
+    """The look as JSON; from_json ignores `source`, `problem` and `at` (it reads `gpuq gpus --json`)."""
     return {
         "gpus": [_gpu_to_json(gpu) for gpu in look.gpus],
         "source": look.source,
@@ -88,8 +83,7 @@ def _without_unknown(out: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_json(obj: Any) -> tuple[Gpu, ...]:
-    """The GPUs of a document, in the order written; ValueError with a one-line reason naming the
-    offending field (`gpus[1].memory_total_mib: ...`)."""
+    """The GPUs of a document, in order; ValueError naming the field (`gpus[1].memory_total_mib: ...`)."""
     if not isinstance(obj, dict):
         raise ValueError(f'expected an object {{"gpus": [...]}}, got {_kind(obj)}')
     _exact_keys(obj, ("gpus",), TOP_KEYS, "the document")
@@ -184,7 +178,8 @@ def _kind(value: Any) -> str:
 
 
 def look() -> GpuLook:
-    """The GPUs now. Never raises: what went wrong is in `problem` (see the module docstring)."""
+    """The GPUs now. Never raises: what went wrong is in `problem` (no driver: no GPUs, source "none":
+    the CPU-only case, not an error)."""
     path = os.environ.get(FAKE_ENV)
     if not path:
         return _look_nvml()
@@ -297,10 +292,9 @@ def _nvml_or_none(read: Any) -> Any:
 
 
 def _memory(pynvml: Any, handle: Any) -> tuple[int, int]:
-    """(total, used) in MiB such that total - used is what can still be allocated now. NVML v2's
-    `reserved` (the driver's own share) is left out of the total rather than counted as used, so
-    an idle GPU shows no memory held by someone unknown; a driver without v2 (before about R510)
-    counts that reserve as used."""
+    """(total, used) in MiB, total - used allocatable now. NVML v2's `reserved` (the driver's share)
+    is left out of the total, so an idle GPU shows no memory held by someone unknown; a driver
+    without v2 (before about R510) counts it as used."""
     names = ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch", "NVMLError_NotSupported")
     no_v2 = tuple(getattr(pynvml, n) for n in names if hasattr(pynvml, n)) + (AttributeError, TypeError)
     try:
@@ -348,8 +342,7 @@ def _as_text(value: Any) -> str:
 
 
 def describe_pid(pid: int) -> str:
-    """'python, user alice' for a process this machine shows us; 'not visible here' when it cannot
-    be seen (gone, or in another container's pid namespace, where NVML still reports it)."""
+    """'python, user alice'; 'not visible here' when gone or in another pid namespace (NVML sees it)."""
     psutil = load_psutil()
     try:
         proc = psutil.Process(pid)
@@ -360,8 +353,7 @@ def describe_pid(pid: int) -> str:
 
 
 def tree_pids(roots: Iterable[int]) -> set[int]:
-    """The roots that exist now and all their descendants now. A root that is gone is left out:
-    its pid may already belong to someone else, who must not pass for one of gpuq's jobs."""
+    """The roots that exist now and their descendants (a root gone is left out: its pid may be reused)."""
     psutil = load_psutil()
     pids: set[int] = set()
     for root in roots:

@@ -13,6 +13,7 @@ import stat
 import time
 from typing import Any, Optional
 
+from gpuq.core.job import is_int, is_number
 from gpuq.system.fsutil import try_flock, unlink_quietly
 from gpuq.system.security import display
 
@@ -21,7 +22,6 @@ MAX_LEASE_BYTES = 4096  # a lease is one short line; a larger file is not one
 OFF = "leases are off, the GPU memory gate alone decides"
 LOCK_PREFIX = "gpuq-lock."  # a GPU's placing lock: LOCK_PREFIX<UUID>
 TMP_PREFIX = ".gpuq-tmp."  # a file being written: TMP_PREFIX<uid>.<pid>.<n>; the only names ever cleaned up
-_NUMBER = (int, float)
 OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # never a link; a FIFO never blocks
 OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -39,11 +39,9 @@ def write_locked(directory: str, tmp_name: str, data: bytes, final: str) -> int:
     """A new file at `final` holding `data`, readable by all, with our exclusive lock on the
     returned descriptor from before the name appears (written aside, then renamed)."""
     tmp = os.path.join(directory, tmp_name)
+    fd = -1
     try:
         fd = os.open(tmp, OPEN_NEW, 0o644)
-    except OSError as exc:
-        raise LeaseDirProblem(f"cannot write a lease in {directory}: {exc.strerror}; {OFF}") from None
-    try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.fchmod(fd, 0o644)  # readable by every user whatever our umask
         view = memoryview(data)
@@ -51,8 +49,9 @@ def write_locked(directory: str, tmp_name: str, data: bytes, final: str) -> int:
             view = view[os.write(fd, view) :]
         os.rename(tmp, final)
     except OSError as exc:
-        os.close(fd)
-        unlink_quietly(tmp)
+        if fd >= 0:  # else the name may be another writer's
+            os.close(fd)
+            unlink_quietly(tmp)
         raise LeaseDirProblem(f"cannot write a lease in {directory}: {exc.strerror}; {OFF}") from None
     return fd
 
@@ -132,15 +131,6 @@ def directory_problem(path: str) -> Optional[str]:
     return None
 
 
-def open_to_all(path: str) -> None:
-    """Mode 1777 on the directory just made (after mkdir: the umask would strip it)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.fchmod(fd, 0o1777)
-    finally:
-        os.close(fd)
-
-
 def parse(data: bytes) -> dict[str, Any]:
     """The fields of a lease line (lease_layout.md); ValueError naming what is wrong."""
     if len(data) > MAX_LEASE_BYTES:
@@ -155,16 +145,16 @@ def parse(data: bytes) -> dict[str, Any]:
         raise ValueError(f"has lease_version {display(repr(obj.get('lease_version')))}, not {LEASE_VERSION}")
     checks = {
         "gpu_uuid": lambda v: isinstance(v, str) and v != "",
-        "gpu_index": lambda v: _whole(v, 0),
-        "mem_mib": lambda v: v is None or _whole(v, 1),
+        "gpu_index": lambda v: is_int(v) and v >= 0,
+        "mem_mib": lambda v: v is None or is_int(v) and v >= 1,
         "user": lambda v: isinstance(v, str),
-        "uid": lambda v: _whole(v, 0),
-        "pid": lambda v: _whole(v, 1),
-        "pid_start": lambda v: _number(v),
-        "job": lambda v: v is None or _whole(v, 1),
+        "uid": lambda v: is_int(v) and v >= 0,
+        "pid": lambda v: is_int(v) and v >= 1,
+        "pid_start": lambda v: is_number(v) and v >= 0,
+        "job": lambda v: v is None or is_int(v) and v >= 1,
         "name": lambda v: isinstance(v, str),
         "spool": lambda v: v is None or isinstance(v, str),
-        "since": lambda v: _number(v),
+        "since": lambda v: is_number(v) and v >= 0,
         "host": lambda v: isinstance(v, str),
     }
     for key, good in checks.items():
@@ -175,14 +165,6 @@ def parse(data: bytes) -> dict[str, Any]:
     values = {key: obj[key] for key in checks}
     values["name"] = display(values["name"])  # another user's text, printed in our reasons
     return values
-
-
-def _whole(value: Any, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, _NUMBER) and not isinstance(value, bool) and value >= 0
 
 
 def locked_by_someone(fd: int) -> bool:

@@ -10,7 +10,8 @@ import json
 import os
 import stat
 import time
-from typing import Any, Callable, Iterable, NamedTuple, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
 from gpuq.system import fsutil, lease_io, procs
 from gpuq.system.lease_io import OFF, LeaseDirProblem
@@ -46,8 +47,8 @@ class Lease(NamedTuple):
         return self.mem_mib is None
 
     def who(self, viewer_uid: int) -> str:
-        """ "bob's job #12", "your job #3 (train)", "bob's `jupyter` (gpuq lease, pid 4242)": a job's
-        name only for one's own jobs (another user's job names are theirs to show)."""
+        """ "bob's job #12", "your job #3 (train)", "bob's `jupyter` (gpuq lease, pid 4242)": another
+        user's job names are theirs to show."""
         mine = self.uid == viewer_uid
         owner = "your" if mine else f"{self.user}'s"
         if self.job is None:
@@ -85,11 +86,10 @@ class Held:
 
 
 def default_dir() -> str:
-    """$GPUQ_LEASE_DIR if set; else /dev/shm itself (cleared at reboot, as leases must be), else /tmp.
-    Not a directory of gpuq's own in them: its maker would own it, and every other user's gpuq rightly
-    refuses a sticky directory that someone else owns (its owner may remove anyone's files in it).
-    /dev/shm and /tmp are root's, sticky and there on every machine. The real path, as the directory
-    is checked with lstat (/tmp is a link on macOS; /dev/shm one on some older Linux systems)."""
+    """$GPUQ_LEASE_DIR if set; else /dev/shm itself (cleared at reboot, as leases must be), else /tmp:
+    root's and sticky. Not a directory of gpuq's own in them: every other user's gpuq would rightly
+    refuse a sticky directory its maker owns. The real path, as it is checked with lstat (/tmp is a
+    link on macOS)."""
     configured = os.environ.get(LEASE_DIR_ENV)
     if configured:
         return configured
@@ -113,16 +113,20 @@ class LeaseDir:
             pass
         except OSError as exc:
             raise LeaseDirProblem(f"cannot create the lease directory {path}: {exc.strerror}; {OFF}") from None
-        else:
-            lease_io.open_to_all(path)
+        else:  # mode 1777, set after mkdir (the umask would strip it)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fchmod(fd, 0o1777)
+            finally:
+                os.close(fd)
         problem = lease_io.directory_problem(path)
         if problem:
             raise LeaseDirProblem(f"{problem}; {OFF}")
         return cls(path)
 
     def live(self) -> list[Lease]:
-        """Every live lease, sorted by (gpu_index, since). Stale ones are skipped (and removed when
-        ours, or when we are root); files that cannot be leases are skipped with a line in `problems`."""
+        """Every live lease, by (gpu_index, since). Stale ones are skipped (removed when ours, or we
+        are root); files that cannot be leases are skipped with a line in `problems`."""
         self.problems = []
         try:
             names = os.listdir(self.path)
@@ -138,10 +142,42 @@ class LeaseDir:
                     found.append(lease)
         return sorted(found, key=lambda lease: (lease.gpu_index, lease.since, lease.file))
 
-    def placing(self, uuids: Iterable[str], timeout: float = PLACING_TIMEOUT) -> _Placing:
+    @contextmanager
+    def placing(self, uuids: Iterable[str], timeout: float = PLACING_TIMEOUT) -> Iterator[None]:
         """A context holding the placing locks of these GPUs (taken in the order of their file names, so
         that two parties never wait for each other); LeaseDirProblem when one is held past `timeout` s."""
-        return _Placing(self, sorted(set(uuids), key=lease_io.safe_name), timeout)
+        deadline = time.monotonic() + timeout
+        fds: list[int] = []
+        try:
+            for uuid in sorted(set(uuids), key=lease_io.safe_name):
+                fds.append(self._lock(uuid, deadline, timeout))
+            yield
+        finally:
+            for fd in fds:
+                os.close(fd)  # drops the lock
+
+    def _lock(self, uuid: str, deadline: float, timeout: float) -> int:
+        """The GPU's placing lock, taken by the returned descriptor. The file may be removed and made
+        anew while we wait, and a lock on the old one excludes nobody: then the new one is locked."""
+        path = lease_io.lock_path(self.path, uuid)
+        while True:
+            fd = lease_io.lock_file(self.path, uuid)
+            try:
+                while not fsutil.try_flock(fd):
+                    if time.monotonic() > deadline:
+                        raise LeaseDirProblem(
+                            f"the placing lock of GPU {display(uuid)} in {self.path} has been held for more "
+                            f"than {timeout:g} s (a stuck or hostile process?); {OFF}"
+                        )
+                    time.sleep(_POLL_SECONDS)
+            except BaseException:
+                os.close(fd)
+                raise
+            if fsutil.same_inode(fd, path):  # lstat: a link put there is not it
+                return fd
+            os.close(fd)
+            if time.monotonic() > deadline:
+                raise LeaseDirProblem(f"placing lock {display(path)} keeps being replaced; {OFF}")
 
     def take(
         self,
@@ -154,8 +190,8 @@ class LeaseDir:
         spool: Optional[str],
         pid: Optional[int] = None,
     ) -> Held:
-        """Write a lease of this GPU, locked by this process (`pid`: the process named as its holder,
-        this one by default). Call it under `placing`. LeaseDirProblem if it cannot be written."""
+        """Write a lease of this GPU, locked by this process (`pid`: the holder named, default this
+        one), under `placing`."""
         pid = os.getpid() if pid is None else pid
         uid = os.geteuid()
         n = lease_io.next_number()
@@ -182,7 +218,7 @@ class LeaseDir:
     # -- reading -------------------------------------------------------------------------------
 
     def _read(self, name: str) -> Optional[Lease]:
-        """The lease in `name` if it is alive and sound; None otherwise (with a problem if unsound)."""
+        """The lease in `name` if it is alive and sound (unsound: a line in `problems`)."""
         path = os.path.join(self.path, name)
         try:
             fd = os.open(path, lease_io.OPEN_READ)
@@ -228,56 +264,6 @@ class LeaseDir:
                 lease_io.remove_if_ours(path, st)
         finally:
             os.close(fd)
-
-
-class _Placing:
-    """The context `LeaseDir.placing` returns."""
-
-    def __init__(self, lease_dir: LeaseDir, uuids: list[str], timeout: float) -> None:
-        self._dir, self._uuids, self._timeout = lease_dir, uuids, timeout
-        self._fds: list[int] = []
-
-    def __enter__(self) -> None:
-        deadline = time.monotonic() + self._timeout
-        try:
-            for uuid in self._uuids:
-                self._fds.append(self._lock(uuid, deadline))
-        except BaseException:
-            self._close()
-            raise
-
-    def _lock(self, uuid: str, deadline: float) -> int:
-        """The GPU's placing lock, taken by the returned descriptor. The lock file may be removed (by
-        its owner, or root) and made anew while we wait: a lock on the old file excludes nobody who
-        opens the new one, so a lock taken on a file no longer under the name is let go and the
-        name's file locked instead."""
-        path = lease_io.lock_path(self._dir.path, uuid)
-        while True:
-            fd = lease_io.lock_file(self._dir.path, uuid)
-            try:
-                while not fsutil.try_flock(fd):
-                    if time.monotonic() > deadline:
-                        raise LeaseDirProblem(
-                            f"the placing lock of GPU {display(uuid)} in {self._dir.path} has been held for more "
-                            f"than {self._timeout:g} s (a stuck or hostile process?); {OFF}"
-                        )
-                    time.sleep(_POLL_SECONDS)
-            except BaseException:
-                os.close(fd)
-                raise
-            if fsutil.same_inode(fd, path):  # lstat: a link put there is not it
-                return fd
-            os.close(fd)
-            if time.monotonic() > deadline:
-                raise LeaseDirProblem(f"placing lock {display(path)} keeps being replaced; {OFF}")
-
-    def __exit__(self, *exc: object) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        for fd in self._fds:
-            os.close(fd)  # drops the lock
-        self._fds = []
 
 
 _said: set[str] = set()

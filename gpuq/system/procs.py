@@ -1,8 +1,5 @@
-"""Processes: identity (pid + start time + boot id), liveness, and killing a job's whole tree.
-
-A pid alone is reused by the kernel, so a job's process is "the same" only if its pid, its start
-time and the boot it was recorded in all match.
-"""
+"""Processes: identity (pid + start time + boot id: a pid alone is reused), liveness, and killing a
+job's whole tree."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ _boot_id: Optional[str] = None
 
 
 def load_psutil() -> Any:
-    """psutil, imported when first needed (gpuq's modules that need it call this): a heavy import
-    that `gpuq status` and `gpuq add`, which check liveness with os.kill alone, never pay."""
+    """psutil, imported when first needed: a heavy import `gpuq status` and `gpuq add` never pay."""
     import psutil  # see above: gpuq's one import of psutil
 
     return psutil
@@ -105,10 +101,9 @@ def signal_group(pgid: int, sig: int) -> bool:
 
 
 def ungrouped_tree(pid: int) -> list[Any]:
-    """What ending a job must reach besides its process group: [] for a group leader (every job
-    gpuq starts; a descendant that left the group on purpose is not the job's), else (one adopted
-    from a shell) the process and its descendants now, as psutil.Process objects, which remember
-    their start time so a later kill cannot hit a reused pid."""
+    """What ending a job must reach besides its process group: [] for a group leader (every job gpuq
+    starts), else (adopted) the process and its descendants now, as psutil.Process objects, whose
+    start time keeps a later kill off a reused pid."""
     psutil = load_psutil()
     try:
         if os.getpgid(pid) == pid:
@@ -136,8 +131,7 @@ def group_members(pgid: int) -> list[Any]:
 
 
 def leftovers(pgid: int, snapshot: list[Any]) -> list[Any]:
-    """What still lives of a job: its group, plus what `ungrouped_tree` saw of a process that leads
-    no group (psutil.Process remembers the start time, so a reused pid is not mistaken for them)."""
+    """What still lives of a job: its group, plus what `ungrouped_tree` saw."""
     psutil = load_psutil()
     alive = {p.pid: p for p in group_members(pgid)}
     for proc in snapshot:
@@ -179,11 +173,10 @@ class GroupEnd(NamedTuple):
 
 
 def end_group(pgid: int, grace: float, since: Optional[float] = None) -> Optional[GroupEnd]:
-    """End what is left of a job's process group once its main process has ended and been reaped,
-    as Slurm ends a job step: SIGTERM (and SIGCONT, for a stopped process), then SIGKILL to what is
-    still there `grace` seconds after `since` (time.monotonic(); default now), then up to
-    KILL_WAIT seconds for the kernel to take them. None when nothing was left: one killpg, the
-    common case. While a member lives, the group's id cannot be given to a new process."""
+    """End what is left of a job's process group once its main process was reaped, as Slurm ends a
+    job step: SIGTERM (and SIGCONT), then SIGKILL to what is still there `grace` seconds after
+    `since` (time.monotonic(); default now), then up to KILL_WAIT seconds for the kernel to take
+    them. None when nothing was left (one killpg). While a member lives, its pgid is not reused."""
     seen: dict[int, str] = {}
     if not signal_group(pgid, 0):
         return None
@@ -241,8 +234,7 @@ def terminate_tree(job: Job, grace: float) -> bool:
 
 
 def which(command: str, path: Optional[str] = None) -> Optional[str]:
-    """The executable `command` would run, as `shutil.which` finds it (a word with a slash is
-    taken as it is), without importing shutil (bz2, lzma, fnmatch) on `gpuq add`'s path."""
+    """`shutil.which`, without importing shutil (bz2, lzma, fnmatch) on `gpuq add`'s path."""
     if "/" in command:
         return command if os.path.isfile(command) and os.access(command, os.X_OK) else None
     search = os.environ.get("PATH", os.defpath) if path is None else path

@@ -34,7 +34,7 @@ NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._+@:/-]+")
 
 
 class SlurmError(GpuqError):
-    """Slurm could not be asked or refused (one line; exit 1)."""
+    """Slurm could not be asked or refused."""
 
 
 class SlurmUnreachable(SlurmError):
@@ -87,7 +87,7 @@ def _run(argv: Sequence[str], env: Optional[Mapping[str, str]], stdin_text: str 
 
 
 def _last_error(stderr: str) -> str:
-    """The line of a Slurm command's stderr that says what went wrong (the last non-empty one)."""
+    """The line of a Slurm command's stderr that says what went wrong."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if "error" in line.lower()]
     return (errors or lines or ["no message"])[-1]
@@ -123,10 +123,8 @@ def parse_parsable(stdout: str) -> int:
 
 
 def cancel(slurm_id: int, signal: Optional[str] = None, *, env: Optional[Mapping[str, str]] = None) -> bool:
-    """Cancel a job (`scancel ID`) or, with `signal` (`TERM`, `USR1`...), send it to the job's batch
-    shell only (`scancel -b -s SIG ID`). True when Slurm took the request; False when it does not
-    know the job or the job already ended; SlurmError when the controller does not answer.
-    (`-v`: without it a plain `scancel` of an unknown or ended job exits 0 without a word.)"""
+    """Cancel a job or, with `signal` (`TERM`...), send it to its batch shell only. True when Slurm
+    took the request; False when the job is unknown or ended (`-v`: else scancel says nothing)."""
     argv = ["scancel", "-v"] + (["-b", "-s", signal] if signal else []) + [str(slurm_id)]
     proc = _run(argv, env)
     if UNKNOWN_JOB in proc.stderr or "already completing or completed" in proc.stderr:
@@ -138,8 +136,7 @@ def cancel(slurm_id: int, signal: Optional[str] = None, *, env: Optional[Mapping
 
 # ---- query ------------------------------------------------------------------------------------
 def query(ids: Iterable[int], *, env: Optional[Mapping[str, str]] = None) -> dict[int, SlurmJob]:
-    """What Slurm knows of `ids`: the controller's view (squeue) and, for jobs it has forgotten,
-    the accounting or completion log (sacct). Unknown ids are left out."""
+    """What Slurm knows of `ids`: squeue, then sacct for the jobs the controller forgot."""
     wanted = sorted({int(i) for i in ids})
     found: dict[int, SlurmJob] = {}
     for i in range(0, len(wanted), BATCH):
@@ -166,8 +163,7 @@ def _squeue(ids: list[int], env: Optional[Mapping[str, str]]) -> dict[int, Slurm
 
 
 def parse_squeue_line(line: str) -> Optional[SlurmJob]:
-    """One line of `squeue -O` with SQUEUE_FIELDS, each ending in `|`; None for a line that is
-    not one (a job step, a header)."""
+    """One line of `squeue -O` with SQUEUE_FIELDS, each ending in `|`; None for a step or header."""
     fields = [f.strip() for f in line.split("|")]
     if len(fields) < len(SQUEUE_FIELDS) or not fields[0].isdigit():
         return None
@@ -239,8 +235,7 @@ def parse_scontrol_line(line: str) -> Optional[SlurmJob]:
 
 # ---- sacct: jobs the controller forgot ---------------------------------------------------------
 def _sacct(args: list[str], fields: Sequence[str], env: Optional[Mapping[str, str]]) -> list[list[str]]:
-    """Rows of `sacct -X -P -n ARGS -o FIELDS` from slurmdbd, else (`accounting storage is
-    disabled`) from the jobcomp/filetxt log with `-c`. [] when neither knows anything."""
+    """Rows of `sacct -X -P -n ARGS -o FIELDS` from slurmdbd, else from the jobcomp/filetxt log (`-c`)."""
     base = ["sacct", "-X", "-P", "-n", *args, "-o", ",".join(fields)]
     try:
         proc = _run(base, env)
@@ -266,11 +261,9 @@ def parse_sacct_row(row: Sequence[str]) -> Optional[SlurmJob]:
 def find_by_comment(
     marker: str, *, name: Optional[str] = None, since: Optional[float] = None, env: Optional[Mapping[str, str]] = None
 ) -> list[tuple[int, str]]:
-    """This user's Slurm jobs whose comment is `marker`, as (slurm_id, state), oldest first: the
-    controller's jobs (squeue), then jobs it has forgotten from slurmdbd (by comment, which needs
-    `AccountingStoreFlags=job_comment`), else from the jobcomp/filetxt log, which keeps no comment:
-    there, a job named `name` submitted at or after `since` (seconds since the epoch; default a day
-    ago) counts. Includes jobs sbatch refused after giving them an id (state FAILED)."""
+    """This user's Slurm jobs whose comment is `marker`, as (slurm_id, state), oldest first: from
+    squeue, then sacct (the comment needs `AccountingStoreFlags=job_comment`; the jobcomp/filetxt
+    log keeps none: there a job named `name` submitted since `since`, default a day ago, counts)."""
     uid = str(os.getuid())
     proc = _run(["squeue", "-h", "-t", "all", "-u", uid, "-O", "JobID:|,State:|,Comment:|"], env)
     if proc.returncode != 0:
@@ -322,8 +315,7 @@ def _exit_status(text: str) -> tuple[Optional[int], Optional[int]]:
 
 
 def slurm_time(text: str) -> Optional[float]:
-    """Seconds since the epoch from Slurm's local `2026-12-02T18:11:32`; None for N/A, NONE,
-    Unknown and empty."""
+    """Seconds since the epoch from Slurm's local `2026-12-02T18:11:32`; None for N/A and the like."""
     try:
         return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
     except ValueError:

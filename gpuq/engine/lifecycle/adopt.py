@@ -1,9 +1,5 @@
-"""`gpuq adopt PID`: take a process started outside gpuq into the queue as a running job.
-
-An adopted job is a running/ job file with `adopted: true` and `slot: null` (it occupies every slot:
-nothing else starts while it runs). No supervisor holds its claim (only a process's parent can learn
-its exit code); recovery moves it to done/ with `exit_code: null` once its process is gone.
-"""
+"""`gpuq adopt PID`: take a process started outside gpuq into the queue as a running job, with no
+supervisor (only a process's parent can learn its exit code): recovery ends it once it is gone."""
 
 from __future__ import annotations
 
@@ -46,9 +42,9 @@ def describe(pid: int) -> dict[str, Any]:
                 "cmd": proc.cmdline(),
                 "cwd": proc.cwd(),
                 "create_time": proc.create_time(),
+                "stdout": _stdout_file(proc),
+                "ancestors": [p.pid for p in proc.parents()],
             }
-            info["stdout"] = _stdout_file(proc)
-            info["ancestors"] = [p.pid for p in proc.parents()]
     except psutil.NoSuchProcess:
         raise AdoptError(f"no such process: {pid}") from None
     except psutil.AccessDenied:
@@ -71,8 +67,7 @@ def _stdout_file(proc: Any) -> Optional[str]:
 
 
 def tracked_by(spool: Spool, info: dict[str, Any]) -> Optional[str]:
-    """Why gpuq already tracks this process (a job's own process, its supervisor, or a process
-    inside a job's tree), or None."""
+    """Why gpuq already tracks this process (a job's, its supervisor, or inside a job), or None."""
     for _ref, job in spool.jobs.load_many(RUNNING):
         ident = (job.pid, job.pid_create_time)
         sup = job.supervisor or {}

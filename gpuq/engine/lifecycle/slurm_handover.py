@@ -1,8 +1,6 @@
 """Handing pending jobs to Slurm (`submit`), keeping the spool the truth about them (`sync`), and
-cancelling them there (`cancel`). The batch script is written by the caller's `build`
-(run/slurm_batch.py: this layer cannot import it). The protocol is spool_layout.md's section 16:
-the job is marked before sbatch is asked, so a hand-over cut short is repaired from Slurm's side
-(the comment marker) and never submitted twice; nothing leaves pending/ unless Slurm accepted it.
+cancelling them there (`cancel`), by spool_layout.md's section 16. The batch script is written by the
+caller's `build` (run/slurm_batch.py: this layer cannot import it).
 """
 
 from __future__ import annotations
@@ -71,15 +69,14 @@ def submit(
     env: Env = None,
     say: Callable[[Handed], None] = lambda handed: None,
 ) -> Submitted:
-    """Hand over every job that can go, each on its own and in dependency order, telling `say` as
-    each one is. A job that cannot (not pending, a dependency Slurm could not honour, one refused
-    by sbatch, one that runs after a job left here) stays here, with the reason. A controller that
-    cannot be reached or does not answer stops the rest (each would wait for it again)."""
+    """Hand over every job that can go, in dependency order, telling `say` of each; one that cannot
+    stays here, with the reason. A controller that does not answer stops the rest."""
     if shutil.which("sbatch", path=env.get("PATH") if env is not None else None) is None:
         raise SlurmError("Slurm's sbatch is not on PATH: run gpuq on the cluster's login node")
     out = Submitted()
     jobs = _targets(spool, ids, out.left)
-    if any(d in _ids_in(spool, SLURM) for j in jobs for d in _deps(j)):
+    on_slurm = {ref.id for ref in spool.jobs.refs((SLURM,))}
+    if any(d in on_slurm for j in jobs for d in j.after + j.after_any):
         sync(spool, env)  # a dependency Slurm finished (and may forget) must be seen as ended
     slurm_ids = _slurm_ids(spool)
     states = {ref.id: ref.state for ref in spool.jobs.refs()}
@@ -123,14 +120,6 @@ def _targets(spool: Spool, ids: Optional[Sequence[int]], left: dict[int, str]) -
     return jobs
 
 
-def _deps(job: Job) -> list[int]:
-    return job.after + job.after_any
-
-
-def _ids_in(spool: Spool, state: str) -> set[int]:
-    return {ref.id for ref in spool.jobs.refs((state,))}
-
-
 def _slurm_ids(spool: Spool) -> dict[int, int]:
     """gpuq id -> Slurm id of every job in slurm/."""
     return {job.id: job.slurm["job_id"] for _ref, job in spool.jobs.load_many(SLURM) if job.slurm}
@@ -150,7 +139,7 @@ def _in_dependency_order(jobs: list[Job], left: dict[int, str]) -> list[Job]:
             for member in circle:
                 left[member] = f"jobs {', '.join(f'#{i}' for i in circle)} depend on each other in a circle"
             return
-        for dep in sorted(_deps(by_id[job_id])):
+        for dep in sorted(by_id[job_id].after + by_id[job_id].after_any):
             if dep in by_id:
                 visit(dep, path + (job_id,))
         if job_id not in left:
@@ -162,10 +151,9 @@ def _in_dependency_order(jobs: list[Job], left: dict[int, str]) -> list[Job]:
 
 
 def _check_dependencies(job: Job, states: dict[int, str], slurm_ids: dict, left: dict[int, str]) -> None:
-    """Refuse a dependency Slurm cannot be given: one on a job that will not end well (after),
-    one on a job left behind in this queue, one on a job gone (Slurm would take an id it does
-    not know as satisfied). Done jobs (and, for after_any, any end) are satisfied: dropped. A job
-    on Slurm (in slurm/, or handed over just now) is a Slurm dependency."""
+    """Refuse a dependency Slurm cannot be given: on a job that will not end well, one left here,
+    or one gone (Slurm takes an unknown id as satisfied). Satisfied ones are dropped; a job on
+    Slurm is a Slurm dependency."""
     for dep, any_end in [(d, False) for d in job.after] + [(d, True) for d in job.after_any]:
         state = states.get(dep)
         if dep in slurm_ids or state == DONE or (any_end and state in FINISHED):

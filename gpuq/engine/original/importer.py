@@ -1,9 +1,6 @@
-"""Bringing the original gpuq's queue (`~/.gpuq/gpuq.db` or `queue.json`) into the spool, ids kept.
-
-The import is recorded under the queue's fingerprint before anything is published, so the same
-queue is never imported twice (not even from its `.bak`) and an import cut short by a crash is
-finished by the next one. The old file is then renamed to `.bak`; nothing is deleted.
-"""
+"""Bringing the original gpuq's queue into the spool, ids kept. The import is recorded under the
+queue's fingerprint before anything is published, so a queue is never imported twice (not even from
+its `.bak`) and one cut short by a crash is finished by the next; the old file is renamed to `.bak`."""
 
 from __future__ import annotations
 

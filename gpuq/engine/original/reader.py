@@ -1,10 +1,5 @@
-"""Reading the queue of the original single-file gpuq, as plain data (nothing here writes anywhere).
-
-The original kept its queue in `~/.gpuq/gpuq.db` (SQLite, table `jobs`) or `~/.gpuq/queue.json`;
-times are naive local ISO strings, and a job ran as `<python> -u <script> <args...>` in `cwd`.
-`read_queue` turns each row into a `LegacyJob`, or a `LegacyProblem` saying why not. The original's
-`after` was met once the other job ended in any way: that is the spool's `after_any`.
-"""
+"""Reading the queue of the original single-file gpuq (`~/.gpuq/gpuq.db`, SQLite, or `queue.json`) as
+plain data: each row a `LegacyJob`, or a `LegacyProblem` saying why not. Nothing here writes."""
 
 from __future__ import annotations
 
@@ -87,14 +82,9 @@ class LegacyQueue:
 
 
 def read_queue(path: Path) -> LegacyQueue:
-    """Read an original gpuq queue (`gpuq.db`, `queue.json`, or a renamed copy such as a `.bak`).
-
-    The kind is told by content, not by name. SQLite is opened read-only and sees rows still in
-    the `-wal` file. A job recorded as running stays "running" only if its pid is a live,
-    non-zombie process of this user created no later than its start; otherwise it is
-    "interrupted" (a queue.json job has no pid: always interrupted). Raises LegacyError for a
-    file that is not such a queue; a row that cannot be taken becomes a LegacyProblem.
-    """
+    """Read an original gpuq queue (`gpuq.db`, `queue.json`, or a renamed copy), its kind told by
+    content. A job recorded as running stays so only if its pid is a live process of this user
+    created no later than its start; else it is interrupted. LegacyError for no such queue."""
     path = Path(path).absolute()
     try:
         with open(path, "rb") as handle:
@@ -113,14 +103,9 @@ def read_queue(path: Path) -> LegacyQueue:
 
 
 def retire_plan(path: Path) -> list[tuple[Path, Path]]:
-    """The renames that put an imported file out of the way, in the order to do them.
-
-    `NAME` becomes `NAME.bak` (or `NAME.bak.1`, ... when that exists: the original's own JSON
-    migration left a `queue.json.bak`). An SQLite file's `-wal` and `-shm` move first, to the new
-    name's companions: the `-wal` may hold committed rows, and one left behind under the old name
-    would be replayed into any new `gpuq.db` the original creates. A crash midway leaves the old
-    file plus a `.bak-wal` that pairs up once the file follows. Use no-replace renames.
-    """
+    """The renames that put an imported file out of the way, in order: `NAME` -> `NAME.bak` (or
+    `.bak.1`...), after its `-wal` and `-shm`: a `-wal` left under the old name would be replayed
+    into any new `gpuq.db` the original creates. Use no-replace renames."""
     path = Path(path)
     target = path.with_name(path.name + ".bak")
     n = 0
