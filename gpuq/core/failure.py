@@ -12,7 +12,7 @@ killer). A traceback printed and caught still counts: a log cannot tell it from 
 from __future__ import annotations
 
 import re
-from typing import Callable, Optional
+from typing import Optional
 
 from gpuq.core.job import ATTEMPT_HEADER
 from gpuq.core.timespec import format_duration
@@ -79,21 +79,17 @@ def reason(
         return "stopped by `gpuq kill`"
     lines = latest_attempt_lines(log_tail)
     signal = _signal(exit_code, signal_name)
-    checks: list[Callable[[list[str]], Optional[str]]] = [
-        _gpu_oom,
-        _cuda_error,
-        _nccl,
-        _disk_full,
-        _exception,
-        lambda lines: _abort(lines, signal),
-        lambda lines: _sigkill(lines, signal),
-        lambda lines: _segfault(lines, signal),
-    ]
-    for check in checks:
-        found = check(lines)
-        if found:
-            return _trim(found)
-    return None
+    found = (
+        _gpu_oom(lines)
+        or _cuda_error(lines)
+        or _nccl(lines)
+        or _disk_full(lines)
+        or _exception(lines)
+        or _abort(lines, signal)
+        or _sigkill(lines, signal)
+        or _segfault(lines, signal)
+    )
+    return _trim(found) if found else None
 
 
 def latest_attempt_lines(log_tail: bytes) -> list[str]:

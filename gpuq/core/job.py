@@ -20,9 +20,6 @@ ATTEMPT_HEADER = "=== gpuq: job #"
 NOT_OS_TEXT = "has text that cannot be passed to a program (a lone surrogate such as \\ud800)"
 
 
-# ---- the checks ------------------------------------------------------------------------------
-
-
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -112,8 +109,6 @@ def _count(value: Any) -> bool:
 def _positive(value: Any) -> bool:
     return is_int(value) and value > 0
 
-
-# ---- the record --------------------------------------------------------------------------------
 
 NO_DEFAULT = object()  # the default of a field every valid job file holds
 _SHARED = (type(None), bool, int, float, str)  # defaults that need no copy per job

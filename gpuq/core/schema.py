@@ -213,28 +213,28 @@ def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
         if not is_int(value) or (field == "retries" and not 0 <= value <= 100):
             raise InvalidJob(f"{field!r} must be an integer" + (" from 0 to 100" if field == "retries" else ""))
         clean[field] = value
-    clean.update(_dropped_gpu_request(obj))
-    clean.update(_dropped_host_request(obj))
+    gpus = obj.get("gpus", 1)  # how many; 0 is a CPU job
+    if not is_int(gpus) or not 0 <= gpus <= MAX_GPUS:
+        raise InvalidJob(f"'gpus' must be how many GPUs the job needs, 0 to {MAX_GPUS}")
+    clean["gpu_request"] = gpus
+    gpu_mem = _dropped_size(obj, "gpu_mem", 'a size such as "20G" or a number of MiB')
+    if gpu_mem is not None:
+        if gpus == 0:
+            raise InvalidJob("'gpu_mem' needs 'gpus' of 1 or more ('gpus': 0 is a CPU job)")
+        clean["gpu_mem_mib"] = gpu_mem
+    mem = _dropped_size(obj, "mem", 'a size of host memory such as "32G" or a number of MiB')
+    if mem is not None:  # absent or null: the job reserves none
+        clean["mem_mib"] = mem
+    cpus = obj.get("cpus")
+    if cpus is not None:
+        if not is_int(cpus) or cpus < 1:
+            raise InvalidJob("'cpus' must be how many CPUs the job needs: a whole number of 1 or more")
+        clean["cpus"] = cpus
     urls = obj.get("notify_urls", [])
     if not isinstance(urls, list) or not all(map(is_url, urls)):
         raise InvalidJob("'notify_urls' must be a list of URLs such as \"ntfy://my-topic\"")
     clean["notify_urls"] = urls
     return clean
-
-
-def _dropped_gpu_request(obj: dict[str, Any]) -> dict[str, Any]:
-    """`gpus` (how many, default 1; 0 is a CPU job) and `gpu_mem` ("20G", or MiB as a number)."""
-    out: dict[str, Any] = {}
-    gpus = obj.get("gpus", 1)
-    if not is_int(gpus) or not 0 <= gpus <= MAX_GPUS:
-        raise InvalidJob(f"'gpus' must be how many GPUs the job needs, 0 to {MAX_GPUS}")
-    out["gpu_request"] = gpus
-    mem = _dropped_size(obj, "gpu_mem", 'a size such as "20G" or a number of MiB')
-    if mem is not None:
-        out["gpu_mem_mib"] = mem
-        if gpus == 0:
-            raise InvalidJob("'gpu_mem' needs 'gpus' of 1 or more ('gpus': 0 is a CPU job)")
-    return out
 
 
 def _dropped_size(obj: dict[str, Any], key: str, what: str) -> Optional[int]:
@@ -250,20 +250,6 @@ def _dropped_size(obj: dict[str, Any], key: str, what: str) -> Optional[int]:
         return parse_size_mib(value, f"'{key}'")
     except ValueError as exc:
         raise InvalidJob(str(exc)) from None
-
-
-def _dropped_host_request(obj: dict[str, Any]) -> dict[str, Any]:
-    """`mem` ("32G", or MiB) and `cpus`, stored as `mem_mib` and `cpus`; absent or null: none."""
-    out: dict[str, Any] = {}
-    mem = _dropped_size(obj, "mem", 'a size of host memory such as "32G" or a number of MiB')
-    if mem is not None:
-        out["mem_mib"] = mem
-    cpus = obj.get("cpus")
-    if cpus is not None:
-        if not is_int(cpus) or cpus < 1:
-            raise InvalidJob("'cpus' must be how many CPUs the job needs: a whole number of 1 or more")
-        out["cpus"] = cpus
-    return out
 
 
 def check_name(value: Any) -> str:

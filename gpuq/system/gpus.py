@@ -60,26 +60,15 @@ class GpuLook(NamedTuple):
 
 def to_json(look: GpuLook) -> dict[str, Any]:
     """The look as JSON; from_json ignores `source`, `problem` and `at` (it reads `gpuq gpus --json`)."""
-    return {
-        "gpus": [_gpu_to_json(gpu) for gpu in look.gpus],
-        "source": look.source,
-        "problem": look.problem,
-        "at": look.at,
-    }
+    gpus = [dict(_known(gpu), processes=[_known(p) for p in gpu.processes]) for gpu in look.gpus]
+    return {"gpus": gpus, "source": look.source, "problem": look.problem, "at": look.at}
 
 
-def _gpu_to_json(gpu: Gpu) -> dict[str, Any]:
-    out = _without_unknown(gpu._asdict())
-    out["processes"] = [_without_unknown(p._asdict()) for p in gpu.processes]
-    if gpu.compute_mode == DEFAULT_MODE:  # optional in the format: files without it stay as they were
-        del out["compute_mode"]
-    return out
-
-
-def _without_unknown(out: dict[str, Any]) -> dict[str, Any]:
-    if out["utilization_gpu"] is None:
-        del out["utilization_gpu"]
-    return out
+def _known(row: Any) -> dict[str, Any]:
+    """A Gpu's or GpuProcess's fields, less an unknown utilization and a default compute mode
+    (optional in the format: files without them stay as they were)."""
+    left_out = (("utilization_gpu", None), ("compute_mode", DEFAULT_MODE))
+    return {key: value for key, value in row._asdict().items() if (key, value) not in left_out}
 
 
 def from_json(obj: Any) -> tuple[Gpu, ...]:

@@ -68,13 +68,8 @@ class Held:
     def release(self) -> None:
         """Unlink, then close (which drops the lock): in that order, no reader ever sees our file
         unlocked and takes it for a crashed holder's. Idempotent."""
-        if self.fd is None:
-            return
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:  # root, or its owner's other gpuq, cleaned a stale copy: not ours to mind
-            pass
-        finally:
+        if self.fd is not None:
+            fsutil.unlink_quietly(self.path)  # gone: root, or its owner's other gpuq, cleaned a stale copy
             os.close(self.fd)
             self.fd = None
 
@@ -214,8 +209,6 @@ class LeaseDir:
         data = (json.dumps(record) + "\n").encode()
         fd = lease_io.write_locked(self.path, f"{lease_io.TMP_PREFIX}{uid}.{pid}.{n}", data, final)
         return Held(Lease(os.path.basename(final), **{k: record[k] for k in Lease._fields[1:]}), fd, final)
-
-    # -- reading -------------------------------------------------------------------------------
 
     def _read(self, name: str) -> Optional[Lease]:
         """The lease in `name` if it is alive and sound (unsound: a line in `problems`)."""

@@ -114,7 +114,6 @@ def ungrouped_tree(pid: int) -> list[Any]:
         return []
 
 
-# ---- process groups -------------------------------------------------------------------------------
 def group_members(pgid: int) -> list[Any]:
     """Live (non-zombie) processes of process group `pgid`."""
     if not pgid or not signal_group(pgid, 0):

@@ -74,7 +74,6 @@ def comment_marker(spool_id: str, job_id: int) -> str:
     return f"gpuq:{spool_id}:{job_id}"
 
 
-# ---- running the commands ----------------------------------------------------------------------
 def _run(argv: Sequence[str], env: Optional[Mapping[str, str]], stdin_text: str = "") -> subprocess.CompletedProcess:
     try:
         return subprocess.run(list(argv), input=stdin_text, capture_output=True, text=True, env=env, timeout=TIMEOUT)
@@ -100,7 +99,6 @@ def _failure(what: str, proc: subprocess.CompletedProcess) -> SlurmError:
     return SlurmError(f"{what} failed (exit {proc.returncode}): {line}")
 
 
-# ---- submit, cancel ---------------------------------------------------------------------------
 def submit(script: str, options: Sequence[str], *, env: Optional[Mapping[str, str]] = None) -> int:
     """`sbatch --parsable OPTIONS` with the script's text on stdin; the new Slurm job id. After a
     timeout the job may have been submitted: `find_by_comment` tells."""
@@ -134,7 +132,6 @@ def cancel(slurm_id: int, signal: Optional[str] = None, *, env: Optional[Mapping
     return True
 
 
-# ---- query ------------------------------------------------------------------------------------
 def query(ids: Iterable[int], *, env: Optional[Mapping[str, str]] = None) -> dict[int, SlurmJob]:
     """What Slurm knows of `ids`: squeue, then sacct for the jobs the controller forgot."""
     wanted = sorted({int(i) for i in ids})
@@ -233,7 +230,6 @@ def parse_scontrol_line(line: str) -> Optional[SlurmJob]:
     )  # fmt: skip
 
 
-# ---- sacct: jobs the controller forgot ---------------------------------------------------------
 def _sacct(args: list[str], fields: Sequence[str], env: Optional[Mapping[str, str]]) -> list[list[str]]:
     """Rows of `sacct -X -P -n ARGS -o FIELDS` from slurmdbd, else from the jobcomp/filetxt log (`-c`)."""
     base = ["sacct", "-X", "-P", "-n", *args, "-o", ",".join(fields)]
@@ -257,7 +253,6 @@ def parse_sacct_row(row: Sequence[str]) -> Optional[SlurmJob]:
     return _job(job_id, state, exit_pair, start, end, name, "sacct")
 
 
-# ---- finding a job by its comment ---------------------------------------------------------------
 def find_by_comment(
     marker: str, *, name: Optional[str] = None, since: Optional[float] = None, env: Optional[Mapping[str, str]] = None
 ) -> list[tuple[int, str]]:
@@ -287,7 +282,6 @@ def find_by_comment(
     return sorted(found.items())
 
 
-# ---- small parsers ------------------------------------------------------------------------------
 def _state(text: str) -> str:
     """`CANCELLED by 0` -> `CANCELLED`; `COMPLETED+` (a truncated column) -> `COMPLETED`."""
     words = text.strip().split()

@@ -54,7 +54,6 @@ def spool_marker(spool: Spool, job_id: int) -> str:
     return client.comment_marker(spool_key(spool), job_id)
 
 
-# ---- submit ---------------------------------------------------------------------------------------
 @dataclass
 class Submitted:
     handed: list[Handed] = field(default_factory=list)  # in the order they were handed over
@@ -200,7 +199,6 @@ def _find(spool: Spool, job: Job, env: Env) -> Optional[int]:
     return found[0][0] if found else None
 
 
-# ---- sync -----------------------------------------------------------------------------------------
 def sync(spool: Spool, env: Env = None) -> SyncReport:
     """Bring the files of jobs in slurm/ up to date with Slurm (see the module's docstring)."""
     report = SyncReport()
@@ -263,7 +261,6 @@ def _repair_marked(spool: Spool, env: Env) -> list[Handed]:
     return out
 
 
-# ---- cancel ---------------------------------------------------------------------------------------
 def cancel(spool: Spool, job_id: int, env: Env = None) -> Job:
     """scancel the job's Slurm job, then move it to cancelled/ (also when Slurm no longer knows it).
     One Slurm ended meanwhile is recorded as it ended instead."""

@@ -116,9 +116,6 @@ def retire_plan(path: Path) -> list[tuple[Path, Path]]:
     return [m for m in moves if m[0].exists()] + [(path, target)]
 
 
-# -- reading the two formats ---------------------------------------------------------------------
-
-
 def _read_sqlite(path: Path) -> tuple[list[dict[str, Any]], Optional[int]]:
     try:
         # mode=ro: never written; unlike immutable=1 it still reads committed rows from the -wal.
@@ -170,9 +167,6 @@ def _plain(value: Any) -> Any:
     return value.hex() if isinstance(value, (bytes, bytearray)) else repr(value)
 
 
-# -- converting rows -----------------------------------------------------------------------------
-
-
 class _Unreadable(Exception):
     """A row that cannot become a job; the message is the reason."""
 
@@ -211,8 +205,8 @@ def _convert(record: dict[str, Any], job_id: int, kind: str) -> LegacyJob:
     script = record.get("script")
     if not isinstance(script, str) or not script:
         raise _Unreadable("no script")
-    args = _str_list(_decoded(record.get("args", []), "args"), "args")
-    env = _str_dict(_decoded(record.get("env", {}), "env"), "env")
+    args = [str(v) for v in _scalars(record, "args", [], "a list of words")]
+    env = {str(k): str(v) for k, v in _scalars(record, "env", {}, "an object of strings").items()}
     python = record.get("python")
     if not isinstance(python, str) or not python:
         python = _venv_python(cwd)
@@ -283,29 +277,20 @@ def _live_start(pid: int, started_at: Optional[str]) -> Optional[float]:
     return created
 
 
-def _decoded(value: Any, what: str) -> Any:
+def _scalars(record: dict[str, Any], key: str, empty: Any, kind: str) -> Any:
+    """record[key]: a list or object (as `empty` is) of strings or numbers; null reads as empty."""
+    value = record.get(key, empty)
     if isinstance(value, str):  # SQLite keeps args and env as JSON text
         try:
-            return json.loads(value)
+            value = json.loads(value)
         except ValueError:
-            raise _Unreadable(f"{what} is not valid JSON: {value[:80]!r}") from None
+            raise _Unreadable(f"{key} is not valid JSON: {value[:80]!r}") from None
+    if value is None:
+        return empty
+    items = value.values() if isinstance(value, dict) else value
+    if type(value) is not type(empty) or not all(_is_scalar(v) for v in items):
+        raise _Unreadable(f"{key} is not {kind}")
     return value
-
-
-def _str_list(value: Any, what: str) -> list[str]:
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(_is_scalar(v) for v in value):
-        raise _Unreadable(f"{what} is not a list of words")
-    return [str(v) for v in value]
-
-
-def _str_dict(value: Any, what: str) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(_is_scalar(v) for v in value.values()):
-        raise _Unreadable(f"{what} is not an object of strings")
-    return {str(k): str(v) for k, v in value.items()}
 
 
 def _cwd(value: Any, notes: list[str]) -> str:
