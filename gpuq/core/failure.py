@@ -1,12 +1,7 @@
-"""Why a job failed, in one short line, read from the tail of its log and how it ended.
-
-Pure: the caller passes at most `TAIL_BYTES` from the end of the log with the recorded exit code and
-signal; None when nothing is recognised. Only the latest attempt's text is read (after the last
-`=== gpuq: job #...` header), each line as a terminal shows it (ANSI colours, `\r` redraws and
-torchrun's `[rank0]:` dropped). The first match of `reason`'s order wins, because several causes
-leave traces in one log and the first listed explains the others (a kill explains what follows it;
-NCCL reports a CUDA error again as its own; a SIGKILL gpuq did not send is only *likely* the OOM
-killer). A traceback printed and caught still counts: a log cannot tell it from an uncaught one.
+"""Why a job failed, in one short line, read from the tail of its latest attempt's log and how it
+ended. The first match of `reason`'s order wins, because several causes leave traces in one log and
+the first listed explains the others (a kill explains what follows it; NCCL reports a CUDA error
+again as its own; a SIGKILL gpuq did not send is only *likely* the OOM killer).
 """
 
 from __future__ import annotations

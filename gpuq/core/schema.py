@@ -54,7 +54,7 @@ def new_job(
     umask: Optional[int] = None,
 ) -> Job:
     """A new job: every field a new file holds, in order, at its default unless given here (or, of
-    OPTION_DEFAULTS, in `options`)."""
+    `gpuq add`'s options, in `options`)."""
     job = Job((f.name, f.fresh()) for f in FIELDS.values() if not f.later)
     job.update(
         schema_version=SCHEMA_VERSION,
@@ -75,21 +75,14 @@ def new_job(
         source=source,
         rev=0,
     )
-    job.update((k, v) for k, v in (options or {}).items() if k in OPTION_DEFAULTS)
+    job.update((k, v) for k, v in (options or {}).items() if k in FIELDS and FIELDS[k].option)
     return job
 
 
-# What the job record (core/job.py) says, as the tables validate() reads:
-# field -> (check, what it must be). Every field some part of gpuq reads from a job file is there,
-# so that a file that passes validate() cannot crash the scheduler, the supervisor or `status`.
+# The fields every job file holds (schema_version apart): field -> (check, what it must be).
 REQUIRED: dict[str, tuple[Callable[[Any], bool], str]] = {
     f.name: (f.check, f.what) for f in FIELDS.values() if f.required and f.name != "schema_version"
 }
-OPTIONAL: dict[str, tuple[Callable[[Any], bool], str]] = {
-    f.name: (f.check, f.what) for f in FIELDS.values() if not f.required
-}
-# Fields `gpuq add`'s options set when a job is queued; absent from older files (read as attributes).
-OPTION_DEFAULTS: dict[str, Any] = {f.name: f.default for f in FIELDS.values() if f.option}
 # Every field a job file may hold; a write of any other field is a bug (spool.store.JobStore.move).
 KNOWN_FIELDS = frozenset(FIELDS)
 
@@ -137,16 +130,6 @@ def parse_bytes(data: bytes) -> dict[str, Any]:
     return obj
 
 
-def _check_str_list(value: Any, field: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-        raise InvalidJob(f"{field!r} must be a list of strings")
-    if any("\x00" in x for x in value):
-        raise InvalidJob(f"{field!r} must not contain NUL characters")
-    if not all(map(os_str, value)):
-        raise InvalidJob(f"{field!r} {NOT_OS_TEXT}")
-    return value
-
-
 def _check_env(value: Any, field: str = "env") -> dict[str, str]:
     if not isinstance(value, dict):
         raise InvalidJob(f"{field!r} must be an object of strings")
@@ -174,10 +157,15 @@ def _check_cmd(value: Any) -> list[str]:
             value = shlex.split(value)
         except ValueError as exc:
             raise InvalidJob(f"'cmd' cannot be split like a shell line: {exc}") from None
-    cmd = _check_str_list(value, "cmd")
-    if not cmd or not cmd[0]:
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise InvalidJob("'cmd' must be a list of strings")
+    if any("\x00" in x for x in value):
+        raise InvalidJob("'cmd' must not contain NUL characters")
+    if not all(map(os_str, value)):
+        raise InvalidJob(f"'cmd' {NOT_OS_TEXT}")
+    if not value or not value[0]:
         raise InvalidJob("'cmd' is empty")
-    return cmd
+    return value
 
 
 DROPPED_FIELDS = {"cmd", "cwd", "name", "env", "after", "after_any", "retries", "priority", "gpus", "gpu_mem", "conda"}
@@ -265,14 +253,14 @@ def validate(obj: dict[str, Any], expected_id: Optional[int] = None) -> Job:
     version = obj.get("schema_version")
     if type(version) is not int or version != SCHEMA_VERSION:  # `true` and 1.0 compare equal to 1
         raise InvalidJob(f"unknown schema_version {version!r} (this gpuq reads {SCHEMA_VERSION})")
-    for field, (ok, what) in REQUIRED.items():
-        if field not in obj:
-            raise InvalidJob(f"missing field {field!r}")
-        if not ok(obj[field]):
-            raise InvalidJob(f"field {field!r} must be {what}, not {_shown(obj[field])}")
-    for field, (ok, what) in OPTIONAL.items():
-        if field in obj and not ok(obj[field]):
-            raise InvalidJob(f"field {field!r} must be {what}, not {_shown(obj[field])}")
+    # Every field some part of gpuq reads is checked: a file that passes cannot crash the scheduler,
+    # the supervisor or `status`.
+    for field in FIELDS.values():
+        if field.name not in obj:
+            if field.required:
+                raise InvalidJob(f"missing field {field.name!r}")
+        elif not field.check(obj[field.name]):
+            raise InvalidJob(f"field {field.name!r} must be {field.what}, not {_shown(obj[field.name])}")
     _check_env(obj["env"])
     if obj.get("shell_env") is not None:
         _check_env(obj["shell_env"], "shell_env")

@@ -1,10 +1,6 @@
-"""Durations, start times and sizes as people type them on a command line, read into numbers.
-
-Pure. Every parser raises `ValueError` with a one-line message that starts with the option it
-reads (`--time: ...`) and lists the forms it accepts. Durations follow Slurm's `--time` (a bare
-number is minutes; `MM:SS`, `HH:MM:SS`, `D-HH[:MM[:SS]]`), since many who share a workstation also
-use a cluster; zero, negative and over 365 days (a typo rather than a plan) are refused.
-"""
+"""Durations, start times and sizes as people type them on a command line, read into numbers; errors
+are one-line ValueErrors naming the option and the forms it takes. Durations follow Slurm's `--time`,
+since many who share a workstation also use a cluster."""
 
 from __future__ import annotations
 
@@ -67,7 +63,7 @@ def _colon_seconds(days: Optional[str], first: str, second: Optional[str], third
 
 
 def _checked_duration(seconds: float, text: str, flag: str) -> float:
-    if not math.isfinite(seconds) or seconds > MAX_DURATION:
+    if not math.isfinite(seconds) or seconds > MAX_DURATION:  # a typo rather than a plan
         raise ValueError(f"{flag}: {text!r} is longer than 365 days")
     if seconds <= 0:
         raise ValueError(f"{flag}: {text!r} is not a positive duration (leave {flag} out for no limit)")
