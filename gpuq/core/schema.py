@@ -6,7 +6,7 @@ import json
 import math
 import re
 import shlex
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from gpuq.core.errors import GpuqError
 from gpuq.core.job import FIELDS, MAX_GPUS, NOT_OS_TEXT, SCHEMA_VERSION, Job, is_int, is_url, os_str
@@ -79,10 +79,6 @@ def new_job(
     return job
 
 
-# The fields every job file holds (schema_version apart): field -> (check, what it must be).
-REQUIRED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    f.name: (f.check, f.what) for f in FIELDS.values() if f.required and f.name != "schema_version"
-}
 # Every field a job file may hold; a write of any other field is a bug (spool.store.JobStore.move).
 KNOWN_FIELDS = frozenset(FIELDS)
 

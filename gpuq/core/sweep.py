@@ -149,8 +149,7 @@ def _check_count(count: int, limit: int, allow_more: bool) -> None:
 
 
 def sweep_name(base: str, values: dict[str, str]) -> str:
-    """`exp02/train lr=1e-4 seed=0`. A value with spaces or quotes is shell-quoted, so the name
-    still reads as NAME=VALUE pairs."""
+    """`exp02/train lr=1e-4 seed=0`, a value with spaces or quotes shell-quoted."""
     pairs = " ".join(f"{name}={_quoted(value)}" for name, value in values.items())
     return f"{base} {pairs}" if base and pairs else base or pairs
 
@@ -166,8 +165,7 @@ _RANGE = re.compile(rf"{_ID}(?:\s*-\s*{_ID})?")
 
 
 def parse_id_ranges(text: str, flag: str = "--after") -> list[int]:
-    """`12-17`, `3,5,9-11`, `#12-#17` -> job ids in the order given, each once. Spaces are allowed,
-    stray commas ignored (as the plain `--after ID,ID` already was)."""
+    """`12-17`, `3,5,9-11`, `#12-#17` -> job ids in the order given, each once."""
     ids: dict[int, None] = {}
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:

@@ -148,8 +148,7 @@ def runtime_dir() -> str:
 
 @functools.cache
 def user_scope() -> tuple[bool, str]:
-    """Whether `systemd-run --user --scope` can hold a job here, probed once per process: a user
-    systemd whose socket exists, then one real scope around `true`; else why not."""
+    """Whether `systemd-run --user --scope` can hold a job here (probed once, with a real scope)."""
     if not os.path.exists(os.path.join(runtime_dir(), "systemd", "private")):
         return False, "no user systemd running"
     if shutil.which("systemd-run") is None:

@@ -22,8 +22,7 @@ PACKAGES = {"notify": ("apprise>=1.6",), "plot": ("matplotlib>=3.5",), "mcp": ("
 
 
 def install_command(extra: str) -> str:
-    """`/venv/bin/python -m pip install '/src/gpuq[notify]'` (with `-e` for an editable install),
-    else `... -m pip install 'apprise>=1.6'`."""
+    """`/venv/bin/python -m pip install [-e] '/src/gpuq[notify]'`, else `... install 'apprise>=1.6'`."""
     python = shlex.quote(sys.executable or "python3")
     tree, editable = source_tree()
     if tree is not None:

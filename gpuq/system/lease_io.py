@@ -36,8 +36,8 @@ def link_error(exc: OSError) -> str:
 
 
 def write_locked(directory: str, tmp_name: str, data: bytes, final: str) -> int:
-    """A new file at `final` holding `data`, readable by all, with our exclusive lock on the
-    returned descriptor from before the name appears (written aside, then renamed)."""
+    """A new file at `final` holding `data`, readable by all, locked by the returned descriptor
+    before the name appears."""
     tmp = os.path.join(directory, tmp_name)
     fd = -1
     try:

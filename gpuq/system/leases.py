@@ -25,8 +25,7 @@ _POLL_SECONDS = 0.005
 
 
 class Lease(NamedTuple):
-    """One live lease of one GPU: `file` (its name in the directory), then the fields of its JSON
-    line (lease_layout.md)."""
+    """One live lease of one GPU: its file's name, then the fields of its line (lease_layout.md)."""
 
     file: str
     gpu_uuid: str
@@ -185,8 +184,7 @@ class LeaseDir:
         spool: Optional[str],
         pid: Optional[int] = None,
     ) -> Held:
-        """Write a lease of this GPU, locked by this process (`pid`: the holder named, default this
-        one), under `placing`."""
+        """Write a lease of this GPU, locked by this process, under `placing` (`pid`: the holder named)."""
         pid = os.getpid() if pid is None else pid
         uid = os.geteuid()
         n = lease_io.next_number()

@@ -67,8 +67,7 @@ def job_file_problem(st: os.stat_result, size_cap: int) -> Optional[str]:
 
 
 def open_error_reason(exc: OSError) -> Optional[str]:
-    """The rejection reason for an error opening a job file, or None if the error is not about
-    the file (out of descriptors, ...) and the caller should let it propagate."""
+    """The rejection reason for an error opening a job file; None for one not about the file."""
     if exc.errno in (errno.ELOOP, errno.EMLINK):
         return "is a symbolic link (gpuq never follows links in the spool)"
     if exc.errno in UNREADABLE_ERRNOS:

@@ -14,8 +14,7 @@ import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from gpuq.core.errors import GpuqError
 
@@ -45,8 +44,7 @@ class SlurmNoAnswer(SlurmError):
     """A Slurm command ran past its timeout: what it asked for may or may not have been done."""
 
 
-@dataclass(frozen=True)
-class SlurmJob:
+class SlurmJob(NamedTuple):
     id: int
     state: str  # PENDING, RUNNING, COMPLETING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
     reason: Optional[str] = None  # Dependency, DependencyNeverSatisfied, BeginTime, None...
@@ -100,8 +98,7 @@ def _failure(what: str, proc: subprocess.CompletedProcess) -> SlurmError:
 
 
 def submit(script: str, options: Sequence[str], *, env: Optional[Mapping[str, str]] = None) -> int:
-    """`sbatch --parsable OPTIONS` with the script's text on stdin; the new Slurm job id. After a
-    timeout the job may have been submitted: `find_by_comment` tells."""
+    """The new Slurm job's id. After a timeout it may have been submitted: `find_by_comment` tells."""
     proc = _run(["sbatch", "--parsable", *options], env, stdin_text=script)
     if proc.returncode != 0:
         if NO_CONTROLLER in proc.stderr:
@@ -111,8 +108,7 @@ def submit(script: str, options: Sequence[str], *, env: Optional[Mapping[str, st
 
 
 def parse_parsable(stdout: str) -> int:
-    """The job id in `sbatch --parsable`'s answer: `123`, or `123;cluster` on a multi-cluster site
-    (also accepts the plain `Submitted batch job 123`)."""
+    """The job id in `sbatch --parsable`'s answer: `123`, `123;cluster` or `Submitted batch job 123`."""
     for line in stdout.splitlines():
         word = line.strip().split(";", 1)[0].split()[-1:] if line.strip() else []
         if word and word[0].isdigit():

@@ -55,8 +55,7 @@ def describe(pid: int) -> dict[str, Any]:
 
 
 def _stdout_file(proc: Any) -> Optional[str]:
-    """The regular file the process writes its stdout to (`nohup python train.py > train.log &`),
-    so an adopted job has a log for progress without --log."""
+    """The file the process writes its stdout to (`nohup python train.py > train.log &`): its log."""
     try:
         for entry in proc.open_files():
             if entry.fd == 1 and os.path.isfile(entry.path):

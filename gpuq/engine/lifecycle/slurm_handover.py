@@ -9,7 +9,7 @@ import hashlib
 import shutil
 import signal
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 
 from gpuq.core import states, transitions
 from gpuq.core.errors import GpuqError, Refused
@@ -29,8 +29,7 @@ Env = Optional[Mapping[str, str]]
 REPAIR_SLACK = 5.0
 
 
-@dataclass
-class Handed:
+class Handed(NamedTuple):
     job: Job
     slurm_id: int
     repaired: bool = False  # found in Slurm after a hand-over cut short, not submitted again

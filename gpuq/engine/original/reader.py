@@ -27,9 +27,6 @@ __all__ = ["DB_NAME", "JSON_NAME", "find_legacy"]  # spool.layout's, kept import
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # The states the original wrote; `preempted` came with its `preempt` command.
 KNOWN_STATES = (PENDING, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED, PREEMPTED)  # spelled as ours
-# What the original added to every job's environment under the job's own `env`. Not copied into
-# LegacyJob.env: CUDA_VISIBLE_DEVICES=0 would fight gpuq's own GPU slots.
-ORIGINAL_DEFAULT_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "CUDA_VISIBLE_DEVICES": "0"}
 # The original recorded started_at just before it forked the job, so the job's process was created
 # a moment after it; a process created later than this is another one that reused the pid.
 START_SLACK_SECONDS = 30.0
@@ -47,7 +44,7 @@ class LegacyJob:
     name: str
     cmd: list[str]  # argv exactly as the original ran it, to be run in `cwd`
     cwd: str
-    env: dict[str, str]  # the job's own variables (see ORIGINAL_DEFAULT_ENV)
+    env: dict[str, str]  # its own, not the original's defaults (CUDA_VISIBLE_DEVICES=0 would fight gpuq's)
     status: str  # one of KNOWN_STATES, already decided for running jobs (see read_queue)
     legacy_status: str  # what the file said
     after: list[int]  # ids it waited for, satisfied by any end: the spool's `after_any`
