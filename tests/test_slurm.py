@@ -320,7 +320,7 @@ def test_query_exit_codes_live_and_after_slurm_forgot(slurm: Any, tmp_path: Path
     assert (live[2].state, live[2].exit_code, live[2].source) == ("FAILED", 3, "squeue")
     assert live[2].start is not None and live[2].end is not None and live[2].end >= live[2].start
     # What query falls back to where squeue lacks a field (older Slurm): `scontrol -o show job`.
-    via_scontrol = client._scontrol(sorted(ids.values()), slurm.env, client.TIMEOUT)
+    via_scontrol = client._scontrol(sorted(ids.values()), slurm.env)
     assert {j.id: (j.state, j.exit_code, j.restarts, j.source) for j in via_scontrol.values()} == {
         ids[1]: ("COMPLETED", 0, 0, "scontrol"),
         ids[2]: ("FAILED", 3, 0, "scontrol"),

@@ -129,8 +129,6 @@ def test_no_eta_or_gpu_modules_for_an_idle_queue(gq: Any, command: tuple[str, ..
     gq.gpuq("cancel", *(str(i) for i in range(1, 13)))
     modules = imported_by(gq, *command)
     deny = DENIED + DENIED_WHEN_IDLE
-    if unnamed_files_work(gq.home):  # `add` publishes without renameat2 (system/fsutil.py)
-        deny += ("ctypes",)
     assert "gpuq.engine.schedule.gpuview" in modules or command[0] == "add"  # the probe got as far as the GPUs
     assert not denied(modules, deny), f"`gpuq {' '.join(command)}` imports {denied(modules, deny)}"
 
@@ -183,31 +181,8 @@ def test_the_probe_sees_a_heavy_import(gq: Any) -> None:
     assert "gpuq.engine.lifecycle.actions" in denied(imported_by(gq, "cancel", "1"))
 
 
-def unnamed_files_work(directory: Any) -> bool:
-    """Whether an O_TMPFILE file can be made and linked into `directory` (some filesystems, overlayfs
-    before Linux 6.6 among them, refuse: gpuq then renames a file from tmp/, which needs ctypes)."""
-    import os
-
-    if not hasattr(os, "O_TMPFILE"):
-        return False
-    try:
-        fd = os.open(str(directory), os.O_TMPFILE | os.O_WRONLY, 0o600)
-    except OSError:
-        return False
-    dir_fd = os.open(str(directory), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.link(f"/proc/self/fd/{fd}", "probe", dst_dir_fd=dir_fd)
-        os.unlink("probe", dir_fd=dir_fd)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-        os.close(dir_fd)
-
-
 def test_add_publishes_a_job_with_one_link_and_no_clobber(gq: Any) -> None:
-    """The unnamed-file publish: one link, the writer's mode, nothing left in tmp/, and a name that
+    """The publish of a new job file: one link, the writer's mode, nothing left in tmp/, and a name that
     exists is refused and left as it was."""
     import os
 

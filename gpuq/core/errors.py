@@ -1,9 +1,5 @@
-"""gpuq's errors: one base class that carries the exit code the CLI turns it into.
-
-The message of every error is one line meant for the user. The CLI prints `gpuq: MESSAGE` (a
-usage error prints its own prefix) and exits with `exit_code`: 2 for a bad command line, 1 for a
-request that cannot be carried out.
-"""
+"""gpuq's errors: one base class that carries the exit code the CLI exits with; every message is one
+line meant for the user."""
 
 from __future__ import annotations
 

@@ -1,45 +1,13 @@
-"""Why a job failed, in one short line, read from the tail of its log and how it ended.
-
-Pure: the caller reads at most `TAIL_BYTES` from the end of the log (never the whole file) and
-passes the bytes with the exit code and signal the supervisor recorded. `reason` returns None when
-it recognises nothing; the caller then says `exit N` as before.
-
-Which part of the tail is read: only what the latest attempt wrote, i.e. the text after the last
-`=== gpuq: job #...` header (a retried job's log holds the earlier attempts too), and no line of
-gpuq's own (`=== gpuq: `). Each line is taken as a terminal would show it: ANSI colours dropped,
-and of a line that tqdm redrew with `\\r` only the last drawing. The `[rank0]:` prefix torchrun
-adds to each line is dropped.
-
-Order of precedence, first match wins (several causes leave traces in one log, and the first
-listed is the one that explains the others):
-  1. a time limit gpuq enforced (`time_limit` given): the kill explains everything after it; then
-     the host memory limit (`host_memory`: `--mem`, reached under gpuq's watch or the kernel's
-     OOM kill in the job's own cgroup), which explains the SIGKILL and a bare exit 137;
-  2. `gpuq kill` (`killed_by_user`): the person who asked knows why;
-  3. out of memory: the GPU's (PyTorch, CUDA runtime, cuBLAS, JAX/XLA), then PyTorch's CPU
-     allocator's: its traceback ends in an exception too, and under torchrun the OOM is far above
-     the launcher's own traceback;
-  4. another CUDA error (`CUDA error: an illegal memory access was encountered`, a device-side
-     assert): NCCL reports such errors again as its own, so the CUDA error is the root;
-  5. NCCL: a watchdog collective timeout, an `ncclXxxError`, `NCCL error in: ...`, a NCCL WARN
-     line about a timeout;
-  6. disk full (`No space left on device`);
-  7. a Python exception: the final exception of the last traceback (chained ones end with the one
-     that escaped), skipping a launcher's wrapper (`ChildFailedError`, `CalledProcessError`) when
-     an earlier traceback holds the child's own error; a SyntaxError printed without a traceback;
-     `python: can't open file ...`;
-  8. a C++ abort (`terminate called after throwing ...`, `what(): ...`; exit 134 / SIGABRT);
-  9. SIGKILL that gpuq did not send (exit 137, SIGKILL, or a shell's `Killed` line): reported as
-     *likely* the kernel's OOM killer, which is the usual sender but not the only one;
- 10. segmentation fault (exit 139, SIGSEGV, or a shell's `Segmentation fault` line).
-A traceback printed earlier and caught does count at step 7, even if SIGKILL ended the job later:
-the log cannot tell a caught traceback from an uncaught one.
+"""Why a job failed, in one short line, read from the tail of its latest attempt's log and how it
+ended. The first match of `reason`'s order wins, because several causes leave traces in one log and
+the first listed explains the others (a kill explains what follows it; NCCL reports a CUDA error
+again as its own; a SIGKILL gpuq did not send is only *likely* the OOM killer).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Callable, Optional
+from typing import Optional
 
 from gpuq.core.job import ATTEMPT_HEADER
 from gpuq.core.timespec import format_duration
@@ -96,12 +64,8 @@ def reason(
     time_limit: Optional[float] = None,
     host_memory: Optional[str] = None,
 ) -> Optional[str]:
-    """One short line naming why the job failed, or None when nothing is recognised.
-
-    `signal_name` is the signal that ended the job as the supervisor records it (`SIGKILL`, or
-    `KILL`); `time_limit` is the limit in seconds when gpuq ended the job for reaching it;
-    `host_memory` the `--mem` it reached ("32G"), when that ended it.
-    """
+    """One short line naming why the job failed, or None. `signal_name`: as the supervisor records
+    it (`SIGKILL` or `KILL`); `time_limit` (seconds), `host_memory` ("32G"): the limit that ended it."""
     if time_limit is not None:
         return f"time limit of {format_duration(time_limit)} reached"
     if host_memory is not None:
@@ -110,21 +74,17 @@ def reason(
         return "stopped by `gpuq kill`"
     lines = latest_attempt_lines(log_tail)
     signal = _signal(exit_code, signal_name)
-    checks: list[Callable[[list[str]], Optional[str]]] = [
-        _gpu_oom,
-        _cuda_error,
-        _nccl,
-        _disk_full,
-        _exception,
-        lambda lines: _abort(lines, signal),
-        lambda lines: _sigkill(lines, signal),
-        lambda lines: _segfault(lines, signal),
-    ]
-    for check in checks:
-        found = check(lines)
-        if found:
-            return _trim(found)
-    return None
+    found = (
+        _gpu_oom(lines)
+        or _cuda_error(lines)
+        or _nccl(lines)
+        or _disk_full(lines)
+        or _exception(lines)
+        or _abort(lines, signal)
+        or _sigkill(lines, signal)
+        or _segfault(lines, signal)
+    )
+    return _trim(found) if found else None
 
 
 def latest_attempt_lines(log_tail: bytes) -> list[str]:
@@ -234,8 +194,7 @@ def _is_wrapper(exception_line: str) -> bool:
 
 
 def _exception_after(lines: list[str], header: int) -> Optional[str]:
-    """The exception line of the traceback whose header is lines[header]: the first line after the
-    frames that is not indented (a message may go on over more lines; its first is enough)."""
+    """The exception line of the traceback at lines[header]: the first unindented line after its frames."""
     for line in lines[header + 1 : header + 2000]:
         if not line.strip() or line.startswith(_FRAME_CHARS):
             continue

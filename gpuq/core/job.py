@@ -1,13 +1,5 @@
 """One job record: every field of a job file declared once, with its type, its default and its check.
-
-A `Job` is the dict that is the job file (JSON in and out exactly as before, copies made with
-`dict(job)` or `Job(job, **changes)`), whose fields are read and written as attributes:
-`job.gpu_request` is the file's value, or the field's default when the file lacks it (one written
-before the field existed). Each field below says its type (the annotation, which a type checker
-reads), its default (`NO_DEFAULT`: a required field, every valid file has it) and its check, with
-the words an error shows ("field 'x' must be ..."). core/schema.py derives its tables, `new_job`
-and `validate` from FIELDS; tests/test_spool_contract.py holds the field table of spool_layout.md
-to it. A dict rather than a class of its own: loading a job file stays one JSON parse.
+A `Job` is the dict that is the file (so loading one stays one JSON parse), its fields also attributes.
 """
 
 from __future__ import annotations
@@ -26,9 +18,6 @@ MAX_GPUS = 1024
 # what came before it is an earlier attempt's (engine/tracking/progress.py, core/failure.py).
 ATTEMPT_HEADER = "=== gpuq: job #"
 NOT_OS_TEXT = "has text that cannot be passed to a program (a lone surrogate such as \\ud800)"
-
-
-# ---- the checks ------------------------------------------------------------------------------
 
 
 def is_int(value: Any) -> bool:
@@ -65,7 +54,7 @@ def _iso(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-    """A finite int or float (a file may hold anything: NaN, 1e999, true)."""
+    """A finite int or float (not NaN, 1e999, true)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -121,8 +110,6 @@ def _positive(value: Any) -> bool:
     return is_int(value) and value > 0
 
 
-# ---- the record --------------------------------------------------------------------------------
-
 NO_DEFAULT = object()  # the default of a field every valid job file holds
 _SHARED = (type(None), bool, int, float, str)  # defaults that need no copy per job
 
@@ -144,8 +131,7 @@ class Field(NamedTuple):
         return self.default is NO_DEFAULT
 
     def fresh(self) -> Any:
-        """The default as a new job holds it: a list or object of its own (None for a required
-        field: new_job gives each its value)."""
+        """The default as a new job holds it: a list or object of its own (required: None)."""
         if self.required:
             return None
         return self.default if isinstance(self.default, _SHARED) else type(self.default)(self.default)
@@ -162,14 +148,13 @@ _NULL_ISO = "null or an ISO 8601 time"
 
 
 class Job(dict[str, Any]):
-    """A job file's fields, as the dict itself and as attributes (see the module's docstring).
-    The order below is the order of a new job file's fields."""
+    """A job file's fields (spool_layout.md describes each), as the dict itself and as attributes, in
+    a new job file's order."""
 
     __slots__ = ()
 
     def __missing__(self, key: str) -> Any:
-        """A field this file lacks (written before the field existed) reads as its default; a
-        required field or a name that is no field is a KeyError, as in a plain dict."""
+        """A field this (older) file lacks reads as its default; else KeyError, as in a plain dict."""
         found = FIELDS.get(key)
         if found is None or found.required:
             raise KeyError(key)
@@ -191,7 +176,6 @@ class Job(dict[str, Any]):
     env: dict[str, str] = field(NO_DEFAULT, _dict, "an object of strings")
     shell_env: Optional[dict[str, str]] = field(None, _opt(_dict), "null or an object of strings")
     venv: Optional[str] = field(None, _opt(os_str), "null or a path")
-    # its conda environment (a prefix) and how its interpreter was chosen (engine/lifecycle/interpreter.py)
     conda: Optional[str] = field(
         None, _opt(lambda v: os_str(v) and v.startswith("/")), "null or an absolute path", option=True
     )
@@ -225,29 +209,23 @@ class Job(dict[str, Any]):
 
     # Preemption and resume (engine/lifecycle/preempt.py; spool_layout.md section 11)
     preemptible: bool = field(False, _bool, "true or false", option=True)  # HF JIT checkpoint / GPUQ_PREEMPTIBLE=1
-    # --urgent, or "force" (--urgent=force): starts first, preempting if needed (engine/schedule/victims.py)
     urgent: Union[bool, str] = field(
         False, lambda v: isinstance(v, bool) or v == "force", 'true, false or "force"', option=True
     )
     ckpt_glob: Optional[str] = field(None, _opt(os_str), _NULL_STR, option=True)  # where its checkpoints are
     resume_arg: Optional[str] = field(None, _opt(os_str), _NULL_STR, option=True)  # e.g. "ckpt_path={ckpt}"
     checkpoint: Optional[str] = field(None, _opt(os_str), _NULL_STR, option=True)  # newest when last preempted
-    # one record per preemption: at, by, exit_code, checkpoint(_step), last_step, lost_steps
     preemptions: list[dict[str, Any]] = field([], _objects, "a list of objects", option=True)
-    # the checkpoint its current command resumes from (None: from scratch), and that checkpoint's step
     resumed_from: Optional[str] = field(None, _opt(os_str), _NULL_STR, option=True)
     resumed_from_step: Optional[int] = field(None, _opt(is_int), "null or an integer", option=True)
     auto_resume: bool = field(False, _bool, "true or false", option=True)  # preempted for an urgent job
     queue_front: bool = field(False, _bool, "true or false", option=True)  # resumed: before other pending jobs
 
     # GPUs (engine/schedule/placement.py; spool_layout.md section 12)
-    # --gpus N: how many GPUs it needs; 0 is a CPU job
     gpu_request: int = field(
         1, lambda v: is_int(v) and 0 <= v <= MAX_GPUS, f"an integer from 0 to {MAX_GPUS}", option=True
     )
-    # --gpu-mem: MiB it needs on each GPU, shared with others; None: whole GPUs
     gpu_mem_mib: Optional[int] = field(None, _opt(_positive), "null or a positive integer (MiB)", option=True)
-    # the GPU indices it holds while it runs ([] for a CPU job; None: no GPUs known)
     gpus: Optional[list[int]] = field(
         None,
         _opt(lambda v: isinstance(v, list) and all(is_int(x) and 0 <= x < 2**31 for x in v)),
@@ -255,29 +233,23 @@ class Job(dict[str, Any]):
         option=True,
     )
 
-    # Host memory and CPUs (spool_layout.md section 12a): what it reserves of the machine
-    # while it runs; None: nothing (it starts whatever the others hold, as before)
+    # Host memory and CPUs it reserves while it runs (spool_layout.md section 12a)
     mem_mib: Optional[int] = field(None, _opt(_positive), "null or a positive integer (MiB)", option=True)  # --mem
     cpus: Optional[int] = field(None, _opt(_positive), "null or a positive integer", option=True)  # --cpus
 
     # When it ends (run/hooks.py; spool_layout.md section 13)
     notify: bool = field(False, _bool, "true or false", option=True)  # --notify: a desktop notification
-    # --notify URL: where the job's events are sent, through Apprise (run/notify/)
     notify_urls: list[str] = field([], _urls, "a list of URLs (SCHEME://...)", option=True)
     on_finish: Optional[str] = field(None, _opt(os_str), "null or a shell command", option=True)  # --on-finish
-    # --max-log-size: its log keeps its head and newest tail within this (run/logcap.py)
     max_log_bytes: Optional[int] = field(None, _opt(_positive), "null or a positive number of bytes", option=True)
 
     # Continuing from checkpoints after a crash (engine/tracking/continuation.py; spool_layout.md section 11)
     no_resume: bool = field(False, _bool, "true or false", option=True)  # --no-resume: every attempt starts over
-    # when this run began: checkpoints completed before are an earlier run's
     ckpt_since: Optional[str] = field(None, _opt(_iso), _NULL_ISO, option=True)
-    # steps the interruption before the current attempt cost (done - checkpoint)
     lost_steps: Optional[int] = field(
         None, _opt(lambda v: is_int(v) and v >= 0), "null or an integer of 0 or more", option=True
     )
 
-    # A job of a sweep (`gpuq add --sweep lr=1e-4,3e-4`): {"id": the sweep's first job id, "values": {"lr": "1e-4"}}
     sweep: Optional[dict[str, Any]] = field(
         None, _opt(_sweep), 'null or {"id": a job id, "values": an object of strings}', option=True
     )
@@ -287,9 +259,7 @@ class Job(dict[str, Any]):
         None, _opt(lambda v: is_number(v) and v > 0), "null or a positive number of seconds", option=True
     )  # --time: seconds a run may take before it is stopped
     begin_at: Optional[str] = field(None, _opt(_iso), _NULL_ISO, option=True)  # --begin: not started before
-    # the git commit, branch, dirty flag and diff hash of its directory when queued
     code: Optional[dict[str, Any]] = field(None, _opt(_dict), "null or an object", option=True)
-    # --snapshot: the copy of its repository it runs ({path, files, bytes, repo})
     snapshot: Optional[dict[str, Any]] = field(
         None, _opt(_snapshot), 'null or {"path": an absolute path, ...}', option=True
     )
@@ -302,7 +272,6 @@ class Job(dict[str, Any]):
     code_changed: Optional[str] = field(None, _opt(_str), _NULL_STR, later=True)
     code_at_start: Optional[dict[str, Any]] = field(None, _opt(_dict), "null or an object", later=True)
     reason: Optional[str] = field(None, _opt(_str), _NULL_STR, later=True)  # why its last attempt failed
-    # how its --mem/--cpus were kept in its latest attempt: "cgroup2", "systemd-run" or "watch:SECONDS"
     host_limits_by: Optional[str] = field(None, _opt(_str), _NULL_STR, later=True)
     slurm: Optional[dict[str, Any]] = field(
         None, _opt(_slurm), 'null or {"job_id": null or a Slurm job id, "state": a string, ...}', later=True
@@ -310,8 +279,7 @@ class Job(dict[str, Any]):
 
 
 def _record(cls: type) -> dict[str, Field]:
-    """The Fields declared in `cls`, in order, each replaced there by its attribute: `job[name]`,
-    which Job.__missing__ answers with the default for a field the file lacks."""
+    """The Fields declared in `cls`, in order, each replaced there by its attribute `job[name]`."""
     fields = {}
     for name, value in list(vars(cls).items()):
         if isinstance(value, Field):

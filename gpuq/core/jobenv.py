@@ -9,8 +9,7 @@ from gpuq.core.job import Job
 
 
 def add_job_variables(env: dict[str, str], job: Job) -> dict[str, str]:
-    """`env` (changed in place and returned) with the job's conda environment, venv, `env` and
-    `GPUQ_JOB_ID`."""
+    """`env` (changed in place) with the job's conda environment, venv, `env` and `GPUQ_JOB_ID`."""
     if job.conda:
         activate_conda(env, job.conda)
     venv = job.venv

@@ -1,9 +1,4 @@
-"""The job-file schema: building, parsing and validating jobs.
-
-A job is a `Job` (core/job.py: a dict that round-trips through JSON, its fields declared there
-once); spool_layout.md documents every field, and a test compares that table with the record. This
-module knows what a valid job file looks like; it never touches the filesystem.
-"""
+"""The job-file schema: building, parsing and validating jobs (core/job.py declares the fields)."""
 
 from __future__ import annotations
 
@@ -11,7 +6,7 @@ import json
 import math
 import re
 import shlex
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from gpuq.core.errors import GpuqError
 from gpuq.core.job import FIELDS, MAX_GPUS, NOT_OS_TEXT, SCHEMA_VERSION, Job, is_int, is_url, os_str
@@ -32,8 +27,7 @@ class IncompleteJob(InvalidJob):
 
 
 def slug(name: str) -> str:
-    """The part of a file name that shows the job's name: safe characters only, each run of
-    others one "-"."""
+    """The job's name as part of a file name: each run of unsafe characters one "-"."""
     return _UNSAFE.sub("-", name).strip("-.")[:60] or "job"
 
 
@@ -59,8 +53,8 @@ def new_job(
     options: Optional[dict[str, Any]] = None,
     umask: Optional[int] = None,
 ) -> Job:
-    """A new job: every field of core/job.py a new file holds, in order, at its default unless
-    given here. `options` sets fields of OPTION_DEFAULTS (see there)."""
+    """A new job: every field a new file holds, in order, at its default unless given here (or, of
+    `gpuq add`'s options, in `options`)."""
     job = Job((f.name, f.fresh()) for f in FIELDS.values() if not f.later)
     job.update(
         schema_version=SCHEMA_VERSION,
@@ -81,35 +75,21 @@ def new_job(
         source=source,
         rev=0,
     )
-    job.update((k, v) for k, v in (options or {}).items() if k in OPTION_DEFAULTS)
+    job.update((k, v) for k, v in (options or {}).items() if k in FIELDS and FIELDS[k].option)
     return job
 
 
-# What the job record (core/job.py) says, as the tables this module and core/shown.py read:
-# field -> (check, what it must be). Every field some part of gpuq reads from a job file is there,
-# so that a file that passes validate() cannot crash the scheduler, the supervisor or `status`.
-REQUIRED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    f.name: (f.check, f.what) for f in FIELDS.values() if f.required and f.name != "schema_version"
-}
-OPTIONAL: dict[str, tuple[Callable[[Any], bool], str]] = {
-    f.name: (f.check, f.what) for f in FIELDS.values() if not f.required
-}
-# Fields `gpuq add`'s options set when a job is queued; absent from older files (read as attributes).
-OPTION_DEFAULTS: dict[str, Any] = {f.name: f.default for f in FIELDS.values() if f.option}
 # Every field a job file may hold; a write of any other field is a bug (spool.store.JobStore.move).
 KNOWN_FIELDS = frozenset(FIELDS)
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    made = dict(pairs)  # in C; a key given twice shows as fewer keys
-    if len(made) == len(pairs):
-        return made
-    seen: set[str] = set()
-    for key, _value in pairs:
-        if key in seen:
-            raise InvalidJob(f"duplicate key {key!r}")
-        seen.add(key)
-    return made  # not reached
+    made = dict(pairs)
+    if len(made) < len(pairs):
+        keys = [key for key, _ in pairs]
+        key = next(key for n, key in enumerate(keys) if key in keys[:n])
+        raise InvalidJob(f"duplicate key {key!r}")
+    return made
 
 
 def _no_constant(word: str) -> Any:
@@ -146,16 +126,6 @@ def parse_bytes(data: bytes) -> dict[str, Any]:
     return obj
 
 
-def _check_str_list(value: Any, field: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-        raise InvalidJob(f"{field!r} must be a list of strings")
-    if any("\x00" in x for x in value):
-        raise InvalidJob(f"{field!r} must not contain NUL characters")
-    if not all(map(os_str, value)):
-        raise InvalidJob(f"{field!r} {NOT_OS_TEXT}")
-    return value
-
-
 def _check_env(value: Any, field: str = "env") -> dict[str, str]:
     if not isinstance(value, dict):
         raise InvalidJob(f"{field!r} must be an object of strings")
@@ -183,10 +153,15 @@ def _check_cmd(value: Any) -> list[str]:
             value = shlex.split(value)
         except ValueError as exc:
             raise InvalidJob(f"'cmd' cannot be split like a shell line: {exc}") from None
-    cmd = _check_str_list(value, "cmd")
-    if not cmd or not cmd[0]:
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise InvalidJob("'cmd' must be a list of strings")
+    if any("\x00" in x for x in value):
+        raise InvalidJob("'cmd' must not contain NUL characters")
+    if not all(map(os_str, value)):
+        raise InvalidJob(f"'cmd' {NOT_OS_TEXT}")
+    if not value or not value[0]:
         raise InvalidJob("'cmd' is empty")
-    return cmd
+    return value
 
 
 DROPPED_FIELDS = {"cmd", "cwd", "name", "env", "after", "after_any", "retries", "priority", "gpus", "gpu_mem", "conda"}
@@ -222,28 +197,28 @@ def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
         if not is_int(value) or (field == "retries" and not 0 <= value <= 100):
             raise InvalidJob(f"{field!r} must be an integer" + (" from 0 to 100" if field == "retries" else ""))
         clean[field] = value
-    clean.update(_dropped_gpu_request(obj))
-    clean.update(_dropped_host_request(obj))
+    gpus = obj.get("gpus", 1)  # how many; 0 is a CPU job
+    if not is_int(gpus) or not 0 <= gpus <= MAX_GPUS:
+        raise InvalidJob(f"'gpus' must be how many GPUs the job needs, 0 to {MAX_GPUS}")
+    clean["gpu_request"] = gpus
+    gpu_mem = _dropped_size(obj, "gpu_mem", 'a size such as "20G" or a number of MiB')
+    if gpu_mem is not None:
+        if gpus == 0:
+            raise InvalidJob("'gpu_mem' needs 'gpus' of 1 or more ('gpus': 0 is a CPU job)")
+        clean["gpu_mem_mib"] = gpu_mem
+    mem = _dropped_size(obj, "mem", 'a size of host memory such as "32G" or a number of MiB')
+    if mem is not None:  # absent or null: the job reserves none
+        clean["mem_mib"] = mem
+    cpus = obj.get("cpus")
+    if cpus is not None:
+        if not is_int(cpus) or cpus < 1:
+            raise InvalidJob("'cpus' must be how many CPUs the job needs: a whole number of 1 or more")
+        clean["cpus"] = cpus
     urls = obj.get("notify_urls", [])
     if not isinstance(urls, list) or not all(map(is_url, urls)):
         raise InvalidJob("'notify_urls' must be a list of URLs such as \"ntfy://my-topic\"")
     clean["notify_urls"] = urls
     return clean
-
-
-def _dropped_gpu_request(obj: dict[str, Any]) -> dict[str, Any]:
-    """`gpus` (how many, default 1; 0 is a CPU job) and `gpu_mem` ("20G", or MiB as a number)."""
-    out: dict[str, Any] = {}
-    gpus = obj.get("gpus", 1)
-    if not is_int(gpus) or not 0 <= gpus <= MAX_GPUS:
-        raise InvalidJob(f"'gpus' must be how many GPUs the job needs, 0 to {MAX_GPUS}")
-    out["gpu_request"] = gpus
-    mem = _dropped_size(obj, "gpu_mem", 'a size such as "20G" or a number of MiB')
-    if mem is not None:
-        out["gpu_mem_mib"] = mem
-        if gpus == 0:
-            raise InvalidJob("'gpu_mem' needs 'gpus' of 1 or more ('gpus': 0 is a CPU job)")
-    return out
 
 
 def _dropped_size(obj: dict[str, Any], key: str, what: str) -> Optional[int]:
@@ -261,21 +236,6 @@ def _dropped_size(obj: dict[str, Any], key: str, what: str) -> Optional[int]:
         raise InvalidJob(str(exc)) from None
 
 
-def _dropped_host_request(obj: dict[str, Any]) -> dict[str, Any]:
-    """`mem` (host memory: "32G", or MiB as a number) and `cpus` (a positive integer); absent or
-    null: the job reserves none (stored as `mem_mib` and `cpus`)."""
-    out: dict[str, Any] = {}
-    mem = _dropped_size(obj, "mem", 'a size of host memory such as "32G" or a number of MiB')
-    if mem is not None:
-        out["mem_mib"] = mem
-    cpus = obj.get("cpus")
-    if cpus is not None:
-        if not is_int(cpus) or cpus < 1:
-            raise InvalidJob("'cpus' must be how many CPUs the job needs: a whole number of 1 or more")
-        out["cpus"] = cpus
-    return out
-
-
 def check_name(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidJob("'name' must be a non-empty string")
@@ -289,14 +249,14 @@ def validate(obj: dict[str, Any], expected_id: Optional[int] = None) -> Job:
     version = obj.get("schema_version")
     if type(version) is not int or version != SCHEMA_VERSION:  # `true` and 1.0 compare equal to 1
         raise InvalidJob(f"unknown schema_version {version!r} (this gpuq reads {SCHEMA_VERSION})")
-    for field, (ok, what) in REQUIRED.items():
-        if field not in obj:
-            raise InvalidJob(f"missing field {field!r}")
-        if not ok(obj[field]):
-            raise InvalidJob(f"field {field!r} must be {what}, not {_shown(obj[field])}")
-    for field, (ok, what) in OPTIONAL.items():
-        if field in obj and not ok(obj[field]):
-            raise InvalidJob(f"field {field!r} must be {what}, not {_shown(obj[field])}")
+    # Every field some part of gpuq reads is checked: a file that passes cannot crash the scheduler,
+    # the supervisor or `status`.
+    for field in FIELDS.values():
+        if field.name not in obj:
+            if field.required:
+                raise InvalidJob(f"missing field {field.name!r}")
+        elif not field.check(obj[field.name]):
+            raise InvalidJob(f"field {field.name!r} must be {field.what}, not {_shown(obj[field.name])}")
     _check_env(obj["env"])
     if obj.get("shell_env") is not None:
         _check_env(obj["shell_env"], "shell_env")

@@ -1,9 +1,6 @@
-"""The names a job's life is spelled with: its states, the control actions, where it came from.
-
-A state is the name of the directory a job file sits in (spool_layout.md, section 1); these
-constants are the only place they are spelled, so a typo is a NameError, not a silent miss.
-`TABLE` holds what every display looks up per state (glyph, order, colour...): a new state is
-one constant and one row here (tests/test_states_table.py finds a state spelled elsewhere).
+"""The names a job's life is spelled with: its states (the directories job files sit in), the control
+actions, where it came from. Spelled only here, so a typo is a NameError, not a silent miss; `TABLE`
+holds what every display looks up per state, so a new state is one constant and one row here.
 """
 
 from __future__ import annotations
@@ -90,8 +87,7 @@ SLURM_SUBMITTING = "SUBMITTING"  # the `slurm.state` of a pending job while sbat
 
 
 def handing_over(job: Job) -> bool:
-    """Whether a pending job is marked by a hand-over to Slurm that has not ended (a pending job in
-    this sub-state never starts here; transitions.slurm_submitting sets it). Here, not in
-    transitions, because the scheduler asks it on `gpuq status`'s path."""
+    """Whether a pending job is marked by a hand-over to Slurm under way (it never starts here). Here,
+    not in transitions, because the scheduler asks it on `gpuq status`'s path."""
     mark = job.slurm
     return isinstance(mark, dict) and mark.get("state") == SLURM_SUBMITTING

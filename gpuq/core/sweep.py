@@ -1,20 +1,6 @@
-"""Sweeps: one `gpuq add` that queues a job per combination of values, and job id ranges.
-
-Pure functions, standard library only. Errors are `ValueError` with one line a user can act on
-(the CLI prints it, or wraps it in `UsageError`, exit 2); nothing is returned half-done.
-
-Placeholders. In a sweep, `{name}` anywhere in any word of the command (the script included) is
-replaced by that sweep's value; a word may hold several and other text (`--out=runs/{lr}-{seed}`).
-Only braces around an identifier (`[A-Za-z_][A-Za-z0-9_]*`) are placeholders, so JSON (`{"a": 1}`,
-`{"a": {"b": 1}}`), `{}` in a find command, `{0}` or `{ lr }` pass through untouched. To pass a
-literal `{lr}` write `{{lr}}`: a doubled pair around an identifier is the one escape. Other doubled
-braces are left as they are, unlike str.format, because `}}` ends nested JSON. Without any sweep the
-command is not read for placeholders at all.
-
-Values. `--sweep lr=1e-4,3e-4` splits on commas; a literal comma is written `\\,` and a literal
-backslash before a comma `\\\\`; any other backslash is kept as typed. Spaces around a value are
-dropped. Empty values, repeated values and control characters (which would break a one-line job
-name) are refused.
+"""Sweeps: one `gpuq add` that queues a job per combination of values, and job id ranges. Only braces
+around an identifier are placeholders, so JSON, `{}` of find or `{0}` pass through; other doubled
+braces are left as they are, unlike str.format, because `}}` ends nested JSON.
 """
 
 from __future__ import annotations
@@ -89,8 +75,8 @@ def expand(
     limit: int = DEFAULT_LIMIT,
     allow_more: bool = False,
 ) -> list[Combination]:
-    """Every combination of the sweeps' values, the first sweep varying slowest (like nested loops
-    written in the order given), each with `words` filled in. No sweeps: `words` as they are."""
+    """Every combination of the sweeps' values, the first sweep varying slowest, each with `words`
+    filled in."""
     if not sweeps:
         return [Combination({}, list(words))]
     _check_sweeps(sweeps)
@@ -106,8 +92,7 @@ def expand(
 
 
 def fill(word: str, values: dict[str, str]) -> str:
-    """`word` with each `{name}` replaced by values[name] and each `{{name}}` by a literal `{name}`.
-    A name missing from `values` raises KeyError (expand checks every name first)."""
+    """`word` with each `{name}` replaced by values[name] and each `{{name}}` by a literal `{name}`."""
 
     def replace(match: re.Match) -> str:
         escaped, name = match.groups()
@@ -164,8 +149,7 @@ def _check_count(count: int, limit: int, allow_more: bool) -> None:
 
 
 def sweep_name(base: str, values: dict[str, str]) -> str:
-    """`exp02/train lr=1e-4 seed=0`. A value with spaces or quotes is shell-quoted, so the name
-    still reads as NAME=VALUE pairs."""
+    """`exp02/train lr=1e-4 seed=0`, a value with spaces or quotes shell-quoted."""
     pairs = " ".join(f"{name}={_quoted(value)}" for name, value in values.items())
     return f"{base} {pairs}" if base and pairs else base or pairs
 
@@ -181,8 +165,7 @@ _RANGE = re.compile(rf"{_ID}(?:\s*-\s*{_ID})?")
 
 
 def parse_id_ranges(text: str, flag: str = "--after") -> list[int]:
-    """`12-17`, `3,5,9-11`, `#12-#17` -> job ids in the order given, each once. Spaces are allowed,
-    stray commas ignored (as the plain `--after ID,ID` already was)."""
+    """`12-17`, `3,5,9-11`, `#12-#17` -> job ids in the order given, each once."""
     ids: dict[int, None] = {}
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:

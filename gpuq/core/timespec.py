@@ -1,20 +1,6 @@
-"""Durations, start times and sizes as people type them on a command line, read into numbers.
-
-Pure functions (standard library only, no I/O). Every parser raises `ValueError` with a one-line
-message that starts with the option it reads (`--time: ...`) and lists the forms it accepts, so the
-CLI can print it as it is (or wrap it in `UsageError`, exit 2).
-
-Durations (`--time`, `--default-time`) follow Slurm where Slurm has a convention, because many
-people who share a GPU workstation also use a cluster:
-  - with units: `45s`, `90m`, `4h`, `2d`, `1h30m`, `1.5h` (units s m h d, largest first, each once;
-    any case; spaces between the parts are ignored);
-  - a bare number is MINUTES (`90` = 1h30m), as in Slurm's `--time`;
-  - colon forms as in Slurm: `MM:SS` for two fields (`90:00` = 90 minutes), `HH:MM:SS` for three
-    (`1:30:00`), and `D-HH`, `D-HH:MM`, `D-HH:MM:SS` with days. After the first field, minutes and
-    seconds must be below 60 and hours below 24.
-Zero, negative and non-finite durations are refused (Slurm reads 0 as "no limit": here, leave the
-option out instead), and so is anything over 365 days, which is a typo rather than a plan.
-"""
+"""Durations, start times and sizes as people type them on a command line, read into numbers; errors
+are one-line ValueErrors naming the option and the forms it takes. Durations follow Slurm's `--time`,
+since many who share a workstation also use a cluster."""
 
 from __future__ import annotations
 
@@ -36,10 +22,7 @@ DURATION_FORMS = "45s, 90m, 4h, 2d, 1h30m, 90 (minutes), 90:00 (mm:ss), 1:30:00 
 
 
 def parse_duration(text: str, flag: str = "--time") -> float:
-    """Seconds in a duration such as `4h`, `90m`, `1h30m`, `1:30:00` or `90` (minutes, as Slurm).
-
-    `flag` names the option in error messages. Raises ValueError (one line) for anything else.
-    """
+    """Seconds in a duration such as `4h`, `90m`, `1h30m`, `1:30:00` or `90` (minutes, as Slurm)."""
     try:
         seconds = _duration_or_none(text.strip().lower())
     except OverflowError:  # more digits than a float holds
@@ -70,22 +53,17 @@ def _units_seconds(text: str) -> Optional[float]:
 
 
 def _colon_seconds(days: Optional[str], first: str, second: Optional[str], third: Optional[str]) -> Optional[float]:
-    if days is not None:  # D-HH[:MM[:SS]]: the hours are bounded like a clock's
-        fields = [int(first), int(second or 0), int(third or 0)]
-        if fields[0] > 23 or fields[1] > 59 or fields[2] > 59:
-            return None
-        return int(days) * 86400.0 + fields[0] * 3600.0 + fields[1] * 60.0 + fields[2]
-    if third is None:  # MM:SS (Slurm); the minutes may exceed 59
-        if int(second) > 59:  # type: ignore[arg-type]
-            return None
-        return int(first) * 60.0 + int(second)  # type: ignore[arg-type]
-    if int(second) > 59 or int(third) > 59:  # type: ignore[arg-type]
+    numbers = [int(n) for n in (first, second, third) if n is not None]
+    if days is None and len(numbers) == 2:  # MM:SS (Slurm); the minutes may exceed 59
+        numbers = [numbers[0] // 60, numbers[0] % 60, numbers[1]]
+    numbers += [0] * (3 - len(numbers))  # D-HH[:MM[:SS]]: the hours are bounded like a clock's
+    if numbers[1] > 59 or numbers[2] > 59 or (days is not None and numbers[0] > 23):
         return None
-    return int(first) * 3600.0 + int(second) * 60.0 + int(third)  # type: ignore[arg-type]
+    return int(days or 0) * 86400.0 + numbers[0] * 3600.0 + numbers[1] * 60.0 + numbers[2]
 
 
 def _checked_duration(seconds: float, text: str, flag: str) -> float:
-    if not math.isfinite(seconds) or seconds > MAX_DURATION:
+    if not math.isfinite(seconds) or seconds > MAX_DURATION:  # a typo rather than a plan
         raise ValueError(f"{flag}: {text!r} is longer than 365 days")
     if seconds <= 0:
         raise ValueError(f"{flag}: {text!r} is not a positive duration (leave {flag} out for no limit)")
@@ -93,8 +71,8 @@ def _checked_duration(seconds: float, text: str, flag: str) -> float:
 
 
 def format_duration(seconds: float) -> str:
-    """A compact duration: `45s`, `1m30s`, `4h00m`, `2d03h`. Two units at most, the smaller one
-    rounded down so that a limit never reads longer than it is. `parse_duration` reads it back."""
+    """`45s`, `1m30s`, `4h00m`, `2d03h`: two units at most, the smaller rounded down (a limit never
+    reads longer than it is); `parse_duration` reads it back."""
     sign = "-" if seconds < 0 else ""
     whole = int(abs(seconds))
     days, rest = divmod(whole, 86400)
@@ -121,20 +99,9 @@ _ISO = re.compile(
 
 
 def parse_begin(text: str, now: float, flag: str = "--begin") -> float:
-    """Epoch seconds at which a job may start.
-
-    - `now`: `now`.
-    - `+2h`, `+90m`, `+1h30m`, `now+2h`: that long after `now`. Any duration `parse_duration`
-      reads with a unit or colons; a bare `+90` is refused because Slurm reads it as minutes for
-      `--time` but as seconds for `--begin`, and a guess could be off by 60 times.
-    - `02:00`, `2:00`, `14:30:15`: the next time the local clock shows it, today if that is still
-      to come (or is `now` to the second), else tomorrow. Across a daylight-saving change the
-      platform's mktime decides what a skipped or repeated clock time means.
-    - `2026-12-03T02:00`, `2026-12-03 02:00`, `2026-12-03T02:00:30+01:00`, `...Z`, `2026-12-03`
-      (midnight): a date-time, local time when it has no offset. A time already past is returned
-      as it is, and the job may start at once, as Slurm does; the caller can compare with `now` to
-      say so. Nothing is moved forward silently.
-    """
+    """Epoch seconds at which a job may start: `now`; `+2h` or `now+1h30m` (a bare `+90` is refused:
+    Slurm reads it as minutes for `--time` but seconds for `--begin`); `02:00`, the next time the
+    local clock shows it; a date-time, local without an offset. A time past is returned as it is."""
     cleaned = text.strip()
     lowered = cleaned.lower()
     if lowered == "now":
@@ -208,18 +175,15 @@ _SIZE_SHIFT = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
 
 
 def parse_size_mib(text: str, flag: str = "size") -> int:
-    """MiB in a GPU memory size: `20G`, `20GB`, `20GiB`, `1.5G`, `512M`, `1T`, or a bare number of
-    MiB (`81559`, as nvidia-smi reports memory). Every unit is binary: G means GiB, since GPU memory
-    is quoted in GiB (nvidia-smi's MiB / 1024). A fraction of a MiB rounds up, so a requirement is
-    never understated. Zero, negative and `K` sizes are refused."""
+    """MiB in a GPU memory size: `20G`, `20GiB`, `1.5G`, `512M`, `1T`, or a bare number of MiB (as
+    nvidia-smi reports it). Units are binary (G is GiB, as GPU memory is quoted); a fraction of a
+    MiB rounds up, so a requirement is never understated."""
     return _size_mib(text, flag, "20G, 20GiB, 1.5G, 512M or 81559 (MiB)")[0]
 
 
 def parse_memory_mib(text: str, flag: str = "size") -> int:
-    """MiB in a size of memory typed on the command line (`--gpu-mem`, `--mem`): as
-    parse_size_mib, but a bare number is refused with the reading most likely meant: `--gpu-mem
-    20` would be 20 MiB, nothing a job needs, where 20G was meant. A job file keeps its bare
-    numbers as MiB (spool_layout.md, section 3): a program writes them."""
+    """MiB in a size typed on the command line (`--gpu-mem`, `--mem`): as parse_size_mib, but a bare
+    number is refused (`--gpu-mem 20` meant 20G, not 20 MiB); a job file's bare numbers stay MiB."""
     mib, unit = _size_mib(text, flag, "20G, 20GiB, 1.5G or 512M")
     if unit == "":
         shown = text.strip()
@@ -239,8 +203,8 @@ def _size_mib(text: str, flag: str, forms: str) -> tuple[int, str]:
 
 
 def parse_size_bytes(text: str, flag: str = "size") -> int:
-    """Bytes in a size such as a log cap: `1G`, `500M`, `64K`, `1.5G`, `2GiB`, `10MB`, or a bare
-    number of bytes. Units are binary (K = 1024). A fraction of a byte rounds up; zero is refused."""
+    """Bytes in a size such as a log cap: `1G`, `500M`, `64K`, `2GiB`, or a bare number of bytes
+    (binary units; a fraction rounds up)."""
     number, unit = _size_parts(text, flag, "1G, 500M, 64K or 4096 (bytes)")
     return _positive(math.ceil(number * 2 ** _SIZE_SHIFT[unit]), text, flag)
 

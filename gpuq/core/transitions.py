@@ -1,8 +1,5 @@
 """What each change of state does to a job file, as pure functions: the one place each is written.
-
-Each function returns the fields to change (`changes`); the caller applies them while holding the
-job's claim with `spool.jobs.move(ref, job, new_state, changes)`. Nothing here reads files, looks at
-processes or the clock beyond `now_iso()`.
+Each returns the fields to change; the caller applies them under the job's claim (`spool.jobs.move`).
 
     pending --start--> running --end_attempt--> done | failed | cancelled | preempted | pending (retry)
     running --ended_unseen--> interrupted | cancelled | preempted | done (adopted)   (no supervisor)
@@ -70,8 +67,8 @@ _RUN_FIELDS: Changes = {
 
 
 def start(job: Job, *, slot: Optional[str], gpus: Optional[list[int]], boot_id: str, host: str, log: str) -> Changes:
-    """pending -> running, by the job's supervisor (its own identity and the pid come later).
-    `slot` is the CUDA_VISIBLE_DEVICES it gets, `gpus` the GPU indices it holds."""
+    """pending -> running, by the job's supervisor (its identity and pid come later). `slot`: its
+    CUDA_VISIBLE_DEVICES; `gpus`: the GPU indices it holds."""
     started = now_iso()
     return {
         "started_at": started,
@@ -101,9 +98,8 @@ def destination(
     *,
     host_memory: Optional[str] = None,
 ) -> tuple[str, Optional[str]]:
-    """Where an attempt whose exit code is known goes, and the note that says why. `time_limit`,
-    `host_memory` (their text): the run was stopped for reaching it, so it failed, whatever its exit
-    code, and is not retried (it would reach it again)."""
+    """Where an attempt whose exit code is known goes, and why. A run stopped at its `time_limit` or
+    `host_memory` failed whatever its exit code, and is not retried (it would reach it again)."""
     if request in states.KILL_ACTIONS:
         return states.CANCELLED, states.KILLED_BY[request]
     if request in states.PREEMPT_ACTIONS:
@@ -150,9 +146,8 @@ def end_attempt(
     continuation: Optional[Continuation] = None,
     reason: Optional[str] = None,
 ) -> Changes:
-    """running -> `state`: the attempt's end and its history entry. Going back to pending (an
-    automatic retry) also clears the run's fields and sets how it goes on (`continuation`); the
-    attempt count goes on. `reason`: why it failed, when that could be told (core/failure.py)."""
+    """running -> `state`: the attempt's end and its history entry. Back to pending (a retry) also
+    clears the run's fields and sets how it goes on; the attempt count goes on."""
     finished_at = finished_at or now_iso()
     entry = {
         "attempt": job.attempts,
@@ -182,8 +177,7 @@ def end_attempt(
 
 
 def ended_unseen(job: Job, request: Optional[str]) -> tuple[str, str]:
-    """Where a running job goes whose process and supervisor are both gone, so its exit code
-    cannot be known (reboot, kill of both, or an adopted process that ended): state and note."""
+    """State and note of a running job whose process and supervisor are both gone (exit unknown)."""
     if request in states.KILL_ACTIONS:
         why = "an adopted process has no supervisor" if job.adopted else "its supervisor was gone"
         return states.CANCELLED, f"{states.KILLED_BY[request]}; exit code unknown: {why}"
@@ -197,8 +191,8 @@ def ended_unseen(job: Job, request: Optional[str]) -> tuple[str, str]:
 
 
 def requeue(job: Job, note: str, continuation: Optional[Continuation] = None) -> Changes:
-    """failed | cancelled | interrupted | preempted -> pending, by a person (retry, recover,
-    resume): same id and history, a fresh count of attempts, going on as `continuation` says."""
+    """failed | cancelled | interrupted | preempted -> pending, by a person: same id and history, a
+    fresh count of attempts."""
     changes = {
         **_RUN_FIELDS,
         "note": note,
@@ -212,8 +206,8 @@ def requeue(job: Job, note: str, continuation: Optional[Continuation] = None) ->
 
 
 def continue_from(job: Job, continuation: Continuation) -> Changes:
-    """The command and fields of the next attempt: the checkpoint in the job's resume form in
-    place of any earlier one, or, from scratch, an earlier resume argument taken out again."""
+    """The command and fields of the next attempt: the checkpoint in the job's resume form in place
+    of any earlier one (from scratch: none)."""
     changes: Changes = {
         "resumed_from": continuation.checkpoint,
         "resumed_from_step": continuation.step if continuation.checkpoint else None,
@@ -251,9 +245,8 @@ def preemption(
     last_step: Optional[int],
     by: Optional[str] = None,
 ) -> Changes:
-    """running -> preempted: the record of this preemption and the fields that go with it.
-    Lost steps = the last step reached minus the checkpoint's (0 for a run that started from
-    scratch and has no checkpoint; unknown when no progress was seen)."""
+    """running -> preempted: the record of this preemption. Lost steps: the last step reached minus
+    the checkpoint's (from scratch without one: all; no progress seen: unknown)."""
     base = checkpoint_step if checkpoint is not None else (None if job.resumed_from else 0)
     # max(0, ...): a save can be newer than the last progress line seen (tqdm refreshes lazily)
     lost = max(0, last_step - base) if last_step is not None and base is not None else None
@@ -290,13 +283,12 @@ def resume(job: Job, continuation: Continuation, front: bool, note: str) -> Chan
     return changes
 
 
-# ---- Slurm (engine/lifecycle/slurm_handover.py) -------------------------------------------------------------
+# ---- Slurm (engine/lifecycle/slurm_handover.py) ----
 
 
 def slurm_submitting(cluster_opts: list[str]) -> Changes:
-    """pending -> pending, marked: the hand-over is under way. Written before sbatch is asked, so a
-    hand-over cut short is found (this mark) and repaired from Slurm's side (the comment marker),
-    never submitted twice; the local scheduler does not start a marked job."""
+    """pending -> pending, marked before sbatch is asked: a hand-over cut short is found by this mark
+    and repaired from Slurm's side, never submitted twice; the scheduler does not start it."""
     return {
         "slurm": {
             "job_id": None,
@@ -315,8 +307,7 @@ def slurm_abandoned() -> Changes:
 
 
 def hand_over(job: Job, slurm_id: int, state: str = "PENDING") -> Changes:
-    """pending (marked) -> slurm: Slurm accepted it as job `slurm_id`. Only checkpoints written
-    from now on (`ckpt_since`) are the Slurm run's to resume from."""
+    """pending (marked) -> slurm as job `slurm_id`; only checkpoints from now on are its to resume."""
     mark = dict(job.slurm or {})
     mark.update(job_id=slurm_id, state=state, reason=None, exit_code=None)
     mark.setdefault("submitted_at", now_iso())
@@ -355,8 +346,7 @@ def slurm_end(
     finished_at: Optional[str],
     note: Optional[str] = None,
 ) -> Changes:
-    """slurm -> done | failed | cancelled: Slurm's end of the job, with its exit code and a
-    history entry (outcome: the gpuq state, `slurm_state`: Slurm's)."""
+    """slurm -> done | failed | cancelled: Slurm's end, with a history entry."""
     finished_at = finished_at or now_iso()
     started_at = job.started_at or started_at
     outcome = slurm_destination(slurm_state, exit_code)

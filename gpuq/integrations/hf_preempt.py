@@ -1,18 +1,10 @@
-"""Save a checkpoint and stop when gpuq preempts a Hugging Face Trainer run (any transformers).
+"""Save a checkpoint and stop when gpuq preempts a Hugging Face Trainer run:
+`Trainer(..., callbacks=[GpuqPreemptCallback()])`.
 
-    from gpuq.integrations.hf_preempt import GpuqPreemptCallback
-    trainer = Trainer(model=..., args=..., callbacks=[GpuqPreemptCallback()])
-
-Active when the job was queued with `gpuq add --preemptible` (gpuq then sets GPUQ_PREEMPTIBLE=1),
-or always when built with `always=True`. On SIGTERM it lets the step in flight finish, has the
-Trainer save `checkpoint-<global step>` the normal way (trainer_state.json last, so gpuq sees a
-complete checkpoint) and stops training, so the script exits 0 and no step is lost.
-
-transformers >= 5 has a built-in equivalent (`--enable_jit_checkpoint true`, which `--preemptible`
-adds): it waits 3 s after SIGTERM and can save before the optimizer update of the step in flight,
-losing that one step. When both are present this callback's handler, installed when training
-begins (after the Trainer installed its own), is the one that answers SIGTERM.
-Imports transformers (only scripts that use it import this module).
+Active for a job queued with `--preemptible` (GPUQ_PREEMPTIBLE=1) or with `always=True`. On SIGTERM
+the step in flight finishes, the Trainer saves `checkpoint-<global step>` the normal way and stops,
+so no step is lost. Its handler is installed when training begins, after the Trainer's own (that of
+transformers >= 5's `--enable_jit_checkpoint`, which may lose the step in flight), so it answers.
 """
 
 from __future__ import annotations

@@ -19,10 +19,8 @@ RECENT = 20
 
 
 class ProgressWriter:
-    """Writes the progress file at most every `min_interval` seconds (and always when forced).
-
-    Never raises: a training run must not die because its progress could not be written.
-    """
+    """Writes the progress file at most every `min_interval` seconds (and always when forced). Never
+    raises: a training run must not die because its progress could not be written."""
 
     def __init__(self, path: Optional[str] = None, min_interval: float = 1.0):
         self.path = path if path is not None else os.environ.get(ENV_VAR)
@@ -45,19 +43,17 @@ class ProgressWriter:
             return False
         data = {"step": step, "total": total, "time": now, "recent": [list(p) for p in self.recent]}
         data.update({k: v for k, v in extra.items() if _plain(v)})
+        folder, name = os.path.split(self.path)
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
         try:
-            self._write(json.dumps(data))
+            text = json.dumps(data)
+            with open(tmp, "w") as fh:
+                fh.write(text)
+            os.replace(tmp, self.path)
         except (OSError, TypeError, ValueError):
             return False
         self._last_write = now
         return True
-
-    def _write(self, text: str) -> None:
-        folder, name = os.path.split(self.path or "")
-        tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, self.path or "")
 
 
 def _plain(value: Any) -> bool:

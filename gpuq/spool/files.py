@@ -149,14 +149,7 @@ class Files:
 
     def place_new(self, target: StrPath, data: bytes, kind: str) -> None:
         """Atomically create `target` with `data`, durably; FileExistsError if it exists."""
-        try:
-            st = fsutil.create_unnamed_first(target, data)
-        except OSError as exc:
-            if exc.errno in security.FULL_ERRNOS:
-                raise SpoolFull(self.layout.home, exc) from None
-            raise
-        if st is None:  # no unnamed files here: a file in tmp/, renamed without replacing
-            _rename_or_drop(self._write_tmp(data, kind), target, replace=False)
+        _rename_or_drop(self._write_tmp(data, kind), target, replace=False)
         fsutil.fsync_dir(os.path.dirname(target))
 
     def clean_tmp(self, now: Optional[float] = None) -> int:

@@ -1,57 +1,34 @@
-"""The kernel's hold on a job's host memory and CPUs: a cgroup v2 of its own, or a scope
-of the user's systemd. What the machine allows is found out once per process (a supervisor runs
-the jobs of its slot one after another) and said in one line when it does not.
+"""The kernel's hold on a job's host memory and CPUs: a cgroup v2 of its own, or a scope of the
+user's systemd (else the caller watches memory).
 
-cgroup v2 forbids processes in a cgroup whose children have controllers enabled ("no internal
-processes", the root cgroup excepted), and a process may only enable for its children the
-controllers its own cgroup has. So jobs are not made children of the supervisor's cgroup, which
-holds the supervisor and the worker: gpuq makes one sub-tree `gpuq` beside them, in the nearest
-cgroup that has (or may be given) `memory` and `cpu` for its children:
-- the supervisor's own cgroup where it is the hierarchy's root, which the rule exempts (root on a
-  machine without a cgroup namespace: /sys/fs/cgroup/gpuq);
-- else its parent (root in a systemd service or session: /sys/fs/cgroup/system.slice/gpuq; a
-  user whose systemd delegates its sub-tree: .../user@1000.service/app.slice/gpuq).
-`gpuq` holds no process of its own, so both controllers can be enabled in it; each job gets a
-child `gpuq/job-...` with `memory.max`, `memory.swap.max` = 0 (the limit is RAM: a job swapping
-past it is what freezes a machine), `memory.oom.group` = 1 (the kernel's OOM kill takes the job's
-whole tree, DataLoader workers included) and `cpu.max`. In a container the cgroup file system is
-usually read-only, or the container's root cgroup holds its processes (EBUSY), and a machine with
-cgroup v1 and v2 side by side (v2 at /sys/fs/cgroup/unified) has memory and cpu on v1 only, as the
-one gpuq is developed on: the probe says why and the caller falls through to systemd-run, then to
-watching memory.
+cgroup v2 forbids processes in a cgroup whose children have controllers enabled (the root
+excepted), so jobs are not children of the supervisor's cgroup: gpuq makes a sub-tree `gpuq` beside
+it, in the nearest cgroup that has (or may be given) `memory` and `cpu`, and each job a child with
+its limits, no swap (a job swapping past its limit is what freezes a machine) and a group OOM kill.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import subprocess
 from typing import Optional
 
+from gpuq.system import fsutil
+
 TREE_NAME = "gpuq"
 CONTROLLERS = ("memory", "cpu")
 CPU_PERIOD_US = 100_000  # cpu.max's period: a quota of N CPUs is N periods of CPU time per period
-# the whole job killed at once by an OOM (Linux 4.19), and no swap past memory.max (absent without
-# swap accounting): set where the kernel has them
+# set where the kernel has them (memory.oom.group: Linux 4.19; memory.swap.max: swap accounting)
 OPTIONAL_MEMORY_FILES = {"memory.oom.group": "1", "memory.swap.max": "0"}
 PROBE_SECONDS = 10.0  # the systemd-run probe and the scope's questions at the end, each at most
-
-_tree: Optional[tuple[Optional[str], str]] = None  # (the gpuq sub-tree or None, why not), once found
-_scope: Optional[tuple[bool, str]] = None  # (systemd-run --user --scope usable, why not), once found
 
 
 def cgroup2_mount() -> Optional[str]:
     """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or .../unified on a hybrid)."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
-            for line in fh:
-                before, _sep, after = line.partition(" - ")
-                if after.split(" ", 1)[0] == "cgroup2":
-                    return before.split(" ")[4].replace("\\040", " ")
-    except OSError:
-        pass
-    return None
+    return next((point for point, kind in fsutil.mounts() if kind == "cgroup2"), None)
 
 
 def own_cgroup() -> Optional[str]:
@@ -66,16 +43,9 @@ def own_cgroup() -> Optional[str]:
     return None
 
 
+@functools.cache
 def gpuq_tree() -> tuple[Optional[str], str]:
-    """The gpuq sub-tree (a directory under the cgroup v2 mount, `memory` and `cpu` enabled for its
-    children), made once per process; or None and why a job cannot have a cgroup here."""
-    global _tree
-    if _tree is None:
-        _tree = _find_tree()
-    return _tree
-
-
-def _find_tree() -> tuple[Optional[str], str]:
+    """The gpuq sub-tree, made once per process; or None and why a job cannot have a cgroup here."""
     mount, own = cgroup2_mount(), own_cgroup()
     if mount is None or own is None:
         return None, "no cgroup v2 hierarchy here"
@@ -109,9 +79,8 @@ def _make_tree(parent: str) -> str:
 
 def _enable(cgroup: str) -> None:
     path = os.path.join(cgroup, "cgroup.subtree_control")
-    if all(c in _words(path) for c in CONTROLLERS):
-        return
-    _write(path, " ".join(f"+{c}" for c in CONTROLLERS))
+    if not all(c in _words(path) for c in CONTROLLERS):
+        _write(path, " ".join(f"+{c}" for c in CONTROLLERS))
 
 
 def _why(parent: str, exc: OSError) -> str:
@@ -163,31 +132,23 @@ def oom_kills(path: str) -> int:
 
 
 def remove(path: str) -> bool:
-    """Remove an empty job cgroup; False while processes remain in it (one that left the job's
-    process group is not ended by gpuq: its cgroup stays until it ends)."""
+    """Remove an empty job cgroup; False while processes (that left the job's group) remain in it."""
     try:
         os.rmdir(path)
-        return True
     except FileNotFoundError:
-        return True
+        pass
     except OSError:
         return False
-
-
-def user_scope() -> tuple[bool, str]:
-    """Whether `systemd-run --user --scope` can hold a job here, probed once per process: a user
-    systemd whose socket exists, then one real scope around `true`; else why not."""
-    global _scope
-    if _scope is None:
-        _scope = _probe_scope()
-    return _scope
+    return True
 
 
 def runtime_dir() -> str:
     return os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
 
 
-def _probe_scope() -> tuple[bool, str]:
+@functools.cache
+def user_scope() -> tuple[bool, str]:
+    """Whether `systemd-run --user --scope` can hold a job here (probed once, with a real scope)."""
     if not os.path.exists(os.path.join(runtime_dir(), "systemd", "private")):
         return False, "no user systemd running"
     if shutil.which("systemd-run") is None:
@@ -219,8 +180,7 @@ def scope_argv(unit: str, mem_mib: Optional[int], cpus: Optional[int]) -> list[s
 
 
 def scope_oom_killed(unit: str) -> bool:
-    """Whether the kernel's OOM killer ended the scope `unit` (its Result), which is then
-    forgotten (a failed scope stays loaded until reset)."""
+    """Whether the kernel's OOM killer ended the scope `unit`, which is then reset (else it stays loaded)."""
     env = dict(os.environ, XDG_RUNTIME_DIR=runtime_dir())
     try:
         result = subprocess.run(

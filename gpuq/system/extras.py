@@ -1,9 +1,6 @@
-"""The command that installs one of gpuq's optional extras (`notify`, `plot`, `mcp`) for the
-Python gpuq runs on. gpuq is not on the package index under its distribution's name (`gpuq` there
-is another project), so `pip install 'gpuq-spool[notify]'` finds nothing: the extra is installed
-from the source tree gpuq came from (a checkout, or the directory pip recorded it was installed
-from), editable where gpuq was; with no source tree at hand, the extra's own packages are named.
-Only called to say what is missing: nothing here runs on a command's ordinary path.
+"""The command that installs one of gpuq's optional extras (`notify`, `plot`, `mcp`). `gpuq` on the
+package index is another project, so the extra is installed from the source tree gpuq came from
+(editable where gpuq was), else its own packages are named. Only called to say what is missing.
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ PACKAGES = {"notify": ("apprise>=1.6",), "plot": ("matplotlib>=3.5",), "mcp": ("
 
 
 def install_command(extra: str) -> str:
-    """`/venv/bin/python -m pip install '/src/gpuq[notify]'` (with `-e` for an editable install),
-    else `... -m pip install 'apprise>=1.6'`."""
+    """`/venv/bin/python -m pip install [-e] '/src/gpuq[notify]'`, else `... install 'apprise>=1.6'`."""
     python = shlex.quote(sys.executable or "python3")
     tree, editable = source_tree()
     if tree is not None:
@@ -71,9 +67,8 @@ def _is_tree(directory: str) -> bool:
 
 
 def notify_missing() -> Optional[str]:
-    """One line saying that `--notify URL` cannot be served here (Apprise cannot be imported) and
-    the command that installs it; None when Apprise is there. Looked for, never imported (Apprise
-    takes a while to import)."""
+    """Why `--notify URL` cannot be served here and the command that fixes it; None when Apprise is
+    there (looked for, never imported: it is slow to import)."""
     try:
         found = find_spec("apprise") is not None
     except (ImportError, ValueError):

@@ -1,8 +1,5 @@
-"""Low-level file primitives the spool is built from: fsync, no-clobber rename, flock probes.
-
-Kept apart from the gpuq.spool package so that the spool reads as the protocol, not as system calls.
-Within gpuq, only gpuq.spool writes through this module.
-"""
+"""Low-level file primitives the spool is built from (fsync, no-clobber rename, flock probes), kept
+apart so that gpuq.spool reads as the protocol, not as system calls."""
 
 from __future__ import annotations
 
@@ -30,98 +27,34 @@ def fsync_dir(path: StrPath) -> None:
 
 def write_new_file(path: StrPath, data: bytes, durable: bool = True) -> os.stat_result:
     """Create `path` (must not exist), write `data` fully and (if `durable`) fsync it; the stat of
-    the file as written (a rename keeps its inode, mtime and size).
-
-    On ENOSPC or any other error the partial file is removed, so nothing half-written remains.
-    """
+    the file as written (a rename keeps its inode, mtime and size). On ENOSPC or any other error
+    the partial file is removed, so nothing half-written remains."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        written = _write_whole(fd, data, durable)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if durable:
+            os.fsync(fd)
+        return os.fstat(fd)
     except BaseException:
+        unlink_quietly(path)
+        raise
+    finally:
         os.close(fd)
-        _unlink_quietly(path)
-        raise
-    os.close(fd)
-    return written
 
 
-def _write_whole(fd: int, data: bytes, durable: bool) -> os.stat_result:
-    """Write all of `data` to the new file `fd`, fsync it if `durable`; its stat as written."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    if durable:
-        os.fsync(fd)
-    return os.fstat(fd)
-
-
-_unnamed_files = sys.platform.startswith("linux") and hasattr(os, "O_TMPFILE")  # cleared at the first refusal
-
-
-def create_unnamed_first(path: str, data: bytes) -> Optional[os.stat_result]:
-    """Create `path` with `data`, durably, without replacing a file of that name
-    (FileExistsError): an unnamed file (O_TMPFILE) in its directory, written and fsynced, then given
-    its name by linkat through /proc/self/fd. Nobody sees it half-written, or with a second link
-    (security.py refuses a job file with two), and no temporary name is left by a crash. The stat
-    as written, or None where unnamed files cannot be made here (not Linux, a filesystem without
-    O_TMPFILE, no /proc): the caller then writes a temporary file and renames it."""
-    global _unnamed_files
-    if not _unnamed_files:
-        return None
-    try:
-        fd = os.open(os.path.dirname(path) or ".", os.O_TMPFILE | os.O_WRONLY, 0o600)
-    except OSError as exc:
-        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-            _unnamed_files = False  # this filesystem cannot: the rename, from now on
-            return None
-        raise
-    try:
-        written = _write_whole(fd, data, durable=True)
-        if not _link_unnamed(fd, path):
-            _unnamed_files = False  # linking through /proc refused here: the rename, from now on
-            return None
-    finally:
-        os.close(fd)  # an unnamed file that got no name is freed here
-    return written
-
-
-def _link_unnamed(fd: int, path: str) -> bool:
-    """Give the unnamed file `fd` the name `path`: linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/FD
-    (os.link calls linkat, rather than link, only when given a directory descriptor). False where
-    that is refused (no /proc, a kernel or filesystem that will not); FileExistsError if `path`
-    exists; a full disk's error as it comes."""
-    directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.link(f"/proc/self/fd/{fd}", os.path.basename(path), dst_dir_fd=directory)
-    except FileExistsError:
-        raise
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        return False
-    finally:
-        os.close(directory)
-    return True
-
-
-def _unlink_quietly(path: StrPath) -> None:
+def unlink_quietly(path: StrPath) -> None:
     try:
         os.unlink(path)
-    except FileNotFoundError:
+    except OSError:
         pass
 
 
-def preload() -> None:
-    """Nothing left to load ahead: libc's rename calls are found when this module is imported."""
-
-
 def rename_noreplace(src: StrPath, dst: StrPath) -> None:
-    """Atomically rename src to dst, failing with FileExistsError if dst exists.
-
-    A plain os.rename would silently replace dst. Uses renameat2(RENAME_NOREPLACE) on Linux and
-    renamex_np(RENAME_EXCL) on macOS; where neither works (old kernels, some network filesystems)
-    falls back to link + unlink, which is also no-clobber but briefly shows two links.
-    """
+    """Atomically rename src to dst; FileExistsError if dst exists (os.rename would replace it).
+    renameat2(RENAME_NOREPLACE) on Linux, renamex_np(RENAME_EXCL) on macOS; else (old kernels, some
+    network filesystems) link + unlink, also no-clobber but briefly showing two links."""
     if _RENAMEAT2 is not None or sys.platform == "darwin":
         if _RENAMEAT2 is not None:
             at_fdcwd, noreplace = -100, 1
@@ -165,7 +98,7 @@ def same_inode(fd: int, path: StrPath) -> bool:
     """True while `path` still names the file open on `fd` (nobody replaced or removed it)."""
     try:
         st = os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
+    except OSError:
         return False
     fst = os.fstat(fd)
     return (st.st_ino, st.st_dev) == (fst.st_ino, fst.st_dev)
@@ -179,27 +112,33 @@ NETWORK_FILESYSTEMS = frozenset(
 )
 
 
-def network_filesystem(path: StrPath, mountinfo: Optional[str] = None) -> Optional[str]:
-    """The type of the network filesystem `path` lives on (`nfs4`, `lustre`...), or None for a
-    local one and where that cannot be told (no /proc/self/mountinfo: macOS). `mountinfo`: the
-    text of /proc/self/mountinfo (read when None)."""
+def mounts(mountinfo: Optional[str] = None) -> list[tuple[str, str]]:
+    """(mount point, filesystem type) of each mount in /proc/self/mountinfo (or the text
+    `mountinfo`), the visible one of equal mount points last; [] where there is none (macOS)."""
     if mountinfo is None:
         try:
             with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
                 mountinfo = f.read()
         except OSError:
-            return None
-    target = os.path.realpath(path)
-    best, fstype = "", None
+            return []
+    out = []
     for line in mountinfo.splitlines():
         head, sep, tail = line.partition(" - ")
         fields = head.split()
-        if not sep or len(fields) < 5 or not tail.split():
-            continue
-        point = _unescape_mount(fields[4])
+        if sep and len(fields) >= 5 and tail.split():
+            out.append((_unescape_mount(fields[4]), tail.split()[0]))
+    return out
+
+
+def network_filesystem(path: StrPath, mountinfo: Optional[str] = None) -> Optional[str]:
+    """The type of the network filesystem `path` lives on (`nfs4`, `lustre`...), or None for a local
+    one or where that cannot be told (macOS)."""
+    target = os.path.realpath(path)
+    best, fstype = "", None
+    for point, kind in mounts(mountinfo):
         inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):  # the last of equal mount points is the visible one
-            best, fstype = point, tail.split()[0]
+        if inside and len(point) >= len(best):
+            best, fstype = point, kind
     return fstype if fstype in NETWORK_FILESYSTEMS else None
 
 

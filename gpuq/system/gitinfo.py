@@ -1,17 +1,9 @@
 """Which code a job runs: git facts about its working directory, and snapshots of a repository.
 
-Everything here runs the `git` binary (no library), each call bounded by a timeout, read-only:
-`GIT_OPTIONAL_LOCKS=0` stops `git status` from rewriting the index, so looking never races the
-user's own git commands.
-
-What the provenance records (`provenance`):
-- `dirty` is about *tracked* files only (staged or not, against HEAD), as `git describe --dirty`
-  counts it. Untracked files are left out on purpose: jobs often write outputs into the
-  repository, and counting those would report every later job of a queue as "code changed".
-- `diff_hash` is the sha256 of `git diff HEAD --binary` (tracked files, working tree against HEAD,
-  with the output options pinned so a user's diff config cannot change the hash); null when clean.
-- A snapshot copies the same set: tracked files as they are in the working tree; untracked files
-  are not copied (their number is returned so the caller can say so).
+Everything runs the `git` binary, bounded by a timeout, read-only (`GIT_OPTIONAL_LOCKS=0`: looking
+never races the user's own git commands). `dirty`, `diff_hash` and snapshots cover *tracked* files
+only: jobs often write outputs into the repository, and counting those would report every later
+job of a queue as "code changed".
 """
 
 from __future__ import annotations
@@ -49,15 +41,14 @@ class GitFailed(Exception):
 
 
 def _git_io(cwd: str) -> dict[str, Any]:
-    """How every git gpuq runs is started: in `cwd`, never prompting or taking optional locks,
-    stdout piped, stderr swallowed."""
+    """How every git gpuq runs is started: never prompting or taking optional locks, stderr swallowed."""
     env = dict(os.environ, GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", LC_ALL="C")
     quiet = subprocess.DEVNULL
     return {"cwd": cwd, "env": env, "stdin": quiet, "stdout": subprocess.PIPE, "stderr": quiet}
 
 
 def _git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
-    """stdout of `git ARGS` run in `cwd`; GitFailed on any failure (stderr is swallowed)."""
+    """stdout of `git ARGS` run in `cwd`; GitFailed on any failure."""
     try:
         proc = subprocess.run(["git", *args], **_git_io(cwd), timeout=timeout)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -67,20 +58,19 @@ def _git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
     return proc.stdout
 
 
-def _git_sha256(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> str:
-    """sha256 hex of the output of `git ARGS`, read in chunks so a diff touching a large file is
-    never held in memory whole."""
+def _git_sha256(cwd: str, *args: str) -> str:
+    """sha256 of the output of `git ARGS`, read in chunks (a diff of a large file is never held whole)."""
     try:
         proc = subprocess.Popen(["git", *args], **_git_io(cwd))
     except OSError as exc:
         raise GitFailed(str(exc)) from None
     # A blocking read cannot time out by itself: a timer kills git, which ends the read.
-    timer = threading.Timer(timeout, proc.kill)
+    timer = threading.Timer(GIT_TIMEOUT, proc.kill)
     timer.start()
     digest = hashlib.sha256()
     try:
         assert proc.stdout is not None
-        for chunk in iter(lambda: proc.stdout.read(CHUNK), b""):  # type: ignore[union-attr]
+        while chunk := proc.stdout.read(CHUNK):
             digest.update(chunk)
         proc.stdout.close()
         code = proc.wait()
@@ -109,29 +99,19 @@ def _status(cwd: str, timeout: float) -> tuple[Optional[str], Optional[str], boo
     return commit, branch, dirty
 
 
-def _empty_tree(cwd: str, timeout: float) -> str:
-    """The id of the empty tree in this repository's hash (sha1 or sha256)."""
-    return _git(cwd, "hash-object", "-t", "tree", "/dev/null", timeout=timeout).decode().strip()
-
-
-def provenance(cwd: str, timeout: float = GIT_TIMEOUT, cache: object = None) -> Optional[dict[str, Any]]:
-    """Git facts about the code in `cwd`, or None when `cwd` is not in a git work tree, git is
-    missing, refuses the repository (`safe.directory`) or does not answer within `timeout`
-    seconds (per git call). Never prints anything and never raises for those cases.
-
-    Returns {"repo": toplevel, "commit": sha or None (no commit yet), "branch": name or None
-    (detached HEAD), "dirty": tracked files differ from HEAD, "diff_hash": sha256 hex of the
-    diff or None when clean}. A repository without commits counts every tracked file as a change.
-    `cache` is ignored: git is asked every time (callers that still pass one may stop)."""
+def provenance(cwd: str) -> Optional[dict[str, Any]]:
+    """{"repo", "commit" (None: no commit yet), "branch" (None: detached), "dirty", "diff_hash"
+    (None: clean)} of the code in `cwd`; None when it is not in a work tree git will answer for.
+    Never prints or raises."""
     try:
-        top = _git(cwd, "rev-parse", "--show-toplevel", timeout=timeout).decode("utf-8", "surrogateescape").strip()
+        top = _git(cwd, "rev-parse", "--show-toplevel").decode("utf-8", "surrogateescape").strip()
         if not top:  # inside .git itself: no work tree
             return None
-        commit, branch, dirty = _status(top, timeout)
+        commit, branch, dirty = _status(top, GIT_TIMEOUT)
         diff_hash: Optional[str] = None
         if dirty:
-            base = commit or _empty_tree(top, timeout)
-            diff_hash = _git_sha256(top, "diff", *DIFF_OPTIONS, base, "--", timeout=timeout)
+            base = commit or _git(top, "hash-object", "-t", "tree", "/dev/null").decode().strip()  # the empty tree
+            diff_hash = _git_sha256(top, "diff", *DIFF_OPTIONS, base, "--")
     except GitFailed:
         return None
     return {"repo": top, "commit": commit, "branch": branch, "dirty": dirty, "diff_hash": diff_hash}
@@ -141,9 +121,8 @@ PREFIX = "code changed since it was queued: "
 
 
 def changed(queued: Optional[dict[str, Any]], now: Optional[dict[str, Any]]) -> Optional[str]:
-    """One line saying how the code at start differs from the code at add time, or None when it
-    does not (or there was no repository at add time). A branch switch that keeps the same commit
-    and changes is not a change of code."""
+    """One line saying how the code at start differs from the code at add time, or None (a branch
+    switch that keeps the commit and changes is no change of code)."""
     if not queued:
         return None
     if not now:
@@ -165,20 +144,10 @@ def _short(commit: Optional[str]) -> str:
 
 
 def snapshot(repo: str, dest: str, max_bytes: int = SNAPSHOT_MAX_BYTES, timeout: float = 60.0) -> dict[str, Any]:
-    """Copy the tracked files of `repo` (its work tree as it is now: uncommitted changes included,
-    tracked files deleted from the work tree skipped; files of checked-out submodules included)
-    to the new directory `dest`, keeping relative paths, permission bits (less group and other
-    write) and symbolic links (as links, with the same target, even one that points outside).
-    Untracked files are not copied; directories get the process's umask (0700 under gpuq's 077).
-
-    The copy is made in a hidden sibling of `dest` and renamed into place, so `dest` either does
-    not exist or is complete. ValueError (one line) when `repo` is not a git work tree, `dest`
-    exists, or the tracked files exceed `max_bytes`; OSError from the copy itself (disk full...)
-    after removing the partial copy.
-
-    Returns {"path": dest, "files": files and links copied, "bytes": bytes of file content,
-    "commit": HEAD or None, "skipped": tracked paths missing from the work tree, "untracked":
-    untracked, not ignored files that were left out}."""
+    """Copy the tracked files of `repo`'s work tree (submodules' included, links as links, modes less
+    group/other write) to the new directory `dest`, made aside and renamed into place. ValueError
+    for no work tree, an existing `dest` or more than `max_bytes`. {"path", "files", "bytes",
+    "commit", "skipped" (tracked but missing), "untracked" (left out)}."""
     dest = os.path.abspath(dest)
     if os.path.lexists(dest):
         raise ValueError(f"snapshot destination already exists: {dest}")
@@ -266,9 +235,8 @@ def _copy(top: str, into: str, plan: list[tuple[str, os.stat_result]], max_bytes
 
 
 def snapshot_cwd(job_cwd: str, repo: str, snap: str) -> str:
-    """The directory in snapshot `snap` that corresponds to `job_cwd` in `repo` (same relative
-    path). Pure path arithmetic on resolved paths; ValueError when `job_cwd` is not inside `repo`.
-    The directory may be missing from the snapshot if it holds no tracked file: create it then."""
+    """The directory in snapshot `snap` at `job_cwd`'s place in `repo` (it may be missing if it holds
+    no tracked file); ValueError when `job_cwd` is not inside `repo`."""
     rel = os.path.relpath(os.path.realpath(job_cwd), os.path.realpath(repo))
     if rel == os.pardir or rel.startswith(os.pardir + os.sep):
         raise ValueError(f"{job_cwd} is not inside the repository {repo}")

@@ -1,24 +1,6 @@
-"""The machine's GPUs: what each one is, how much memory it has and uses, and which processes hold it.
-
-`look()` answers from NVML (through `pynvml`, the `nvidia-ml-py` package) or, when the environment
-variable GPUQ_FAKE_GPUS names a JSON file, from that file, read afresh at every look so that a test
-can change the GPUs while a worker runs. Everything above this module treats both the same.
-
-The JSON format (`to_json` writes it, `from_json` reads it, and a fake file is written in it):
-
-    {"gpus": [{"index": 0, "name": "Fake H100", "uuid": "GPU-fake-0",
-               "memory_total_mib": 81559, "memory_used_mib": 9300,
-               "processes": [{"pid": 4242, "used_memory_mib": 9300}]}]}
-
-Memory is in MiB (whole numbers); a process's `used_memory_mib` is null when NVML cannot tell.
-A GPU may also say `"compute_mode"`: "default" (when absent), "exclusive_process" (an admin's
-`nvidia-smi -c EXCLUSIVE_PROCESS`: one process at a time, so gpuq never shares it between jobs),
-"exclusive_thread" or "prohibited", as NVML names them; `to_json` writes it only when not default.
-A GPU and a process may say `"utilization_gpu"`: 0-100, NVML's busy percent (absent or null: not known).
-
-No driver, no GPU: `look()` returns no GPUs with source "none" and a one-line `problem` saying why;
-that is the CPU-only case, not an error. NVML's binding is imported only where a driver is there.
-"""
+"""The machine's GPUs: what each one is, how much memory it has and uses, and which processes hold it,
+from NVML or from the JSON file GPUQ_FAKE_GPUS names (spool_layout.md, section 12), read afresh at
+every look so that a test can change the GPUs while a worker runs."""
 
 from __future__ import annotations
 
@@ -33,9 +15,6 @@ from gpuq.system.gpu_presence import FAKE_ENV, NVIDIA_CONTROL_DEVICE, WSL_GPU_DE
 from gpuq.system.procs import load_psutil
 
 MIB = 1024 * 1024
-
-# NVIDIA_CONTROL_DEVICE is used only to tell "no NVIDIA driver here" (fine: CPU-only) from "a
-# driver, but NVML cannot be read" (not fine: gpuq must not start jobs onto GPUs it cannot see).
 
 GPU_KEYS = ("index", "name", "uuid", "memory_total_mib", "memory_used_mib", "processes")
 OPTIONAL_GPU_KEYS = ("compute_mode", "utilization_gpu")
@@ -79,39 +58,21 @@ class GpuLook(NamedTuple):
     at: float  # time.time() of the look
 
 
-# ---------------------------------------------------------------------------------------------
-# The JSON format
-
-
 def to_json(look: GpuLook) -> dict[str, Any]:
-    """The look in the format above, plus `source`, `problem` and `at` (which from_json accepts
-    and ignores, so `gpuq gpus --json` output can serve as a fake file)."""
-    return {
-        "gpus": [_gpu_to_json(gpu) for gpu in look.gpus],
-        "source": look.source,
-        "problem": look.problem,
-        "at": look.at,
-    }
+    """The look as JSON; from_json ignores `source`, `problem` and `at` (it reads `gpuq gpus --json`)."""
+    gpus = [dict(_known(gpu), processes=[_known(p) for p in gpu.processes]) for gpu in look.gpus]
+    return {"gpus": gpus, "source": look.source, "problem": look.problem, "at": look.at}
 
 
-def _gpu_to_json(gpu: Gpu) -> dict[str, Any]:
-    out = _without_unknown(gpu._asdict())
-    out["processes"] = [_without_unknown(p._asdict()) for p in gpu.processes]
-    if gpu.compute_mode == DEFAULT_MODE:  # optional in the format: files without it stay as they were
-        del out["compute_mode"]
-    return out
-
-
-def _without_unknown(out: dict[str, Any]) -> dict[str, Any]:
-    if out["utilization_gpu"] is None:
-        del out["utilization_gpu"]
-    return out
+def _known(row: Any) -> dict[str, Any]:
+    """A Gpu's or GpuProcess's fields, less an unknown utilization and a default compute mode
+    (optional in the format: files without them stay as they were)."""
+    left_out = (("utilization_gpu", None), ("compute_mode", DEFAULT_MODE))
+    return {key: value for key, value in row._asdict().items() if (key, value) not in left_out}
 
 
 def from_json(obj: Any) -> tuple[Gpu, ...]:
-    """The GPUs of a document in the format above, in the order written. ValueError with a one-line
-    reason naming the offending field (`gpus[1].memory_total_mib: ...`) on anything else: unknown
-    or missing keys, wrong types, negative sizes, used > total, duplicate indices, uuids or pids."""
+    """The GPUs of a document, in order; ValueError naming the field (`gpus[1].memory_total_mib: ...`)."""
     if not isinstance(obj, dict):
         raise ValueError(f'expected an object {{"gpus": [...]}}, got {_kind(obj)}')
     _exact_keys(obj, ("gpus",), TOP_KEYS, "the document")
@@ -205,19 +166,12 @@ def _kind(value: Any) -> str:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Looking
-
-
 def look() -> GpuLook:
-    """The GPUs now. Never raises: what went wrong is in `problem` (see the module docstring)."""
-    fake = os.environ.get(FAKE_ENV)
-    if fake:
-        return _look_fake(fake)
-    return _look_nvml()
-
-
-def _look_fake(path: str) -> GpuLook:
+    """The GPUs now. Never raises: what went wrong is in `problem` (no driver: no GPUs, source "none":
+    the CPU-only case, not an error)."""
+    path = os.environ.get(FAKE_ENV)
+    if not path:
+        return _look_nvml()
     at = time.time()
     try:
         with open(path, encoding="utf-8") as fh:
@@ -308,9 +262,13 @@ def _read_device(pynvml: Any, index: int, problems: list[str]) -> Optional[Gpu]:
         # Kept with no processes: all its used memory then counts as held by someone unknown.
         problems.append(f"GPU {index}: no process list (NVML: {_error_text(pynvml, exc)})")
         processes = ()
-    mode = _nvml_compute_mode(pynvml, handle)
+    number = _nvml_or_none(lambda: pynvml.nvmlDeviceGetComputeMode(handle))  # None: shared, as default
+    mode = COMPUTE_MODES[number] if isinstance(number, int) and 0 <= number < len(COMPUTE_MODES) else DEFAULT_MODE
     busy = _nvml_or_none(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-    processes = _process_utilization(pynvml, handle, processes)
+    # each process's SM share over NVML's recent samples, where the driver keeps them
+    samples = _nvml_or_none(lambda: pynvml.nvmlDeviceGetProcessUtilization(handle, 0)) or ()
+    share = {s.pid: min(int(s.smUtil), 100) for s in samples}
+    processes = tuple(p._replace(utilization_gpu=share.get(p.pid)) for p in processes)
     return Gpu(index, name, uuid, total, used, processes, compute_mode=mode, utilization_gpu=busy)
 
 
@@ -322,32 +280,10 @@ def _nvml_or_none(read: Any) -> Any:
         return None
 
 
-def _process_utilization(pynvml: Any, handle: Any, processes: tuple) -> tuple:
-    """Each process's SM share over NVML's recent samples, where the driver keeps them."""
-    samples = _nvml_or_none(lambda: pynvml.nvmlDeviceGetProcessUtilization(handle, 0)) or ()
-    share = {s.pid: min(int(s.smUtil), 100) for s in samples}
-    return tuple(p._replace(utilization_gpu=share.get(p.pid)) for p in processes)
-
-
-def _nvml_compute_mode(pynvml: Any, handle: Any) -> str:
-    """The GPU's compute mode; "default" where NVML cannot tell (a driver or binding without the
-    call), and the GPU is then shared as it always was."""
-    try:
-        number = pynvml.nvmlDeviceGetComputeMode(handle)
-    except Exception:  # NVMLError_NotSupported mostly, or a binding without the call
-        return DEFAULT_MODE
-    return COMPUTE_MODES[number] if isinstance(number, int) and 0 <= number < len(COMPUTE_MODES) else DEFAULT_MODE
-
-
 def _memory(pynvml: Any, handle: Any) -> tuple[int, int]:
-    """(total, used) in MiB such that total - used is what can still be allocated now.
-
-    NVML's v2 figures: `used` is what processes and contexts allocated (nvidia-smi's memory.used)
-    and `reserved` is the driver's own share, a few hundred MiB to a GiB that no process can ever
-    have. That share is left out of the total rather than counted as used, so that on an idle
-    GPU no memory looks held by someone unknown. A driver without the v2 call (older than about
-    R510) gives v1 figures, where `used` includes the reserve: there, an idle GPU shows that
-    reserve as used memory no listed process explains (see gpuq.engine.schedule.placement)."""
+    """(total, used) in MiB, total - used allocatable now. NVML v2's `reserved` (the driver's share)
+    is left out of the total, so an idle GPU shows no memory held by someone unknown; a driver
+    without v2 (before about R510) counts it as used."""
     names = ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch", "NVMLError_NotSupported")
     no_v2 = tuple(getattr(pynvml, n) for n in names if hasattr(pynvml, n)) + (AttributeError, TypeError)
     try:
@@ -394,13 +330,8 @@ def _as_text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-# ---------------------------------------------------------------------------------------------
-# Processes and sizes, for deciding and for messages
-
-
 def describe_pid(pid: int) -> str:
-    """'python, user alice' for a process this machine shows us; 'not visible here' when it cannot
-    be seen (gone, or in another container's pid namespace, where NVML still reports it)."""
+    """'python, user alice'; 'not visible here' when gone or in another pid namespace (NVML sees it)."""
     psutil = load_psutil()
     try:
         proc = psutil.Process(pid)
@@ -411,8 +342,7 @@ def describe_pid(pid: int) -> str:
 
 
 def tree_pids(roots: Iterable[int]) -> set[int]:
-    """The roots that exist now and all their descendants now. A root that is gone is left out:
-    its pid may already belong to someone else, who must not pass for one of gpuq's jobs."""
+    """The roots that exist now and their descendants (a root gone is left out: its pid may be reused)."""
     psutil = load_psutil()
     pids: set[int] = set()
     for root in roots:

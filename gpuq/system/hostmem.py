@@ -1,12 +1,8 @@
 """The host memory a job's process tree holds, as the supervisor's watch reads it.
 
-PSS, not RSS: forked DataLoader workers share their parent's pages (copy-on-write: the dataset, the
-model, the interpreter), and a sum of RSS counts each shared page once per process, so eight
-workers of a 10 GiB trainer would read as 90 GiB. PSS splits each shared page among the processes
-that map it, so the tree's sum is what it really holds. Linux gives it per process in one short
-file (/proc/PID/smaps_rollup, 4.14 and later; the kernel adds up the page tables it walks, a few
-ms for a process of tens of GiB); where that file cannot be read (another system, an older
-kernel), RSS is summed instead, which can only overstate.
+PSS, not RSS: forked DataLoader workers share their parent's pages, and a sum of RSS counts each
+shared page once per process (eight workers of a 10 GiB trainer would read as 90 GiB). Linux gives
+PSS in /proc/PID/smaps_rollup; where that cannot be read, RSS is summed, which can only overstate.
 """
 
 from __future__ import annotations

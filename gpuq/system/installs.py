@@ -1,9 +1,6 @@
-"""Installing a file that the user may later edit (the assistant skill): never lose their edits.
-
-The installed copy ends with a line recording the hash of what gpuq wrote. A copy whose content
-still has that hash was not changed and may be replaced by a newer one; a changed copy is kept (the
-new one is written beside it as NAME.new), or, with `force`, moved to NAME.bak first.
-"""
+"""Installing a file that the user may later edit (the assistant skill), never losing their edits:
+the copy ends with the hash of what gpuq wrote; a changed copy is kept (the new one beside it as
+NAME.new) or, with `force`, moved to NAME.bak first."""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
-"""The file-level pieces of the lease protocol (lease_layout.md) that gpuq/system/leases.py puts
-together: the directory's checks, a lease line parsed and checked, flock probes, files created
-readable by all whatever the umask, user names. Here so that leases.py stays the API alone.
-"""
+"""The file-level pieces of the lease protocol (lease_layout.md), kept apart so that
+gpuq/system/leases.py reads as the API alone."""
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import os
 import pwd
@@ -14,7 +13,8 @@ import stat
 import time
 from typing import Any, Optional
 
-from gpuq.system.procs import load_psutil
+from gpuq.core.job import is_int, is_number
+from gpuq.system.fsutil import try_flock, unlink_quietly
 from gpuq.system.security import display
 
 LEASE_VERSION = 1
@@ -22,7 +22,6 @@ MAX_LEASE_BYTES = 4096  # a lease is one short line; a larger file is not one
 OFF = "leases are off, the GPU memory gate alone decides"
 LOCK_PREFIX = "gpuq-lock."  # a GPU's placing lock: LOCK_PREFIX<UUID>
 TMP_PREFIX = ".gpuq-tmp."  # a file being written: TMP_PREFIX<uid>.<pid>.<n>; the only names ever cleaned up
-_NUMBER = (int, float)
 OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # never a link; a FIFO never blocks
 OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -36,26 +35,23 @@ def link_error(exc: OSError) -> str:
     return "is a symbolic link" if exc.errno in (errno.ELOOP, errno.EMLINK) else f"cannot be opened: {exc.strerror}"
 
 
-# ---------------------------------------------------------------------------------------------
-# Files
-
-
 def write_locked(directory: str, tmp_name: str, data: bytes, final: str) -> int:
-    """A new file at `final` holding `data`, readable by all, with our exclusive lock on the
-    returned descriptor from before the name appears (written aside, then renamed)."""
+    """A new file at `final` holding `data`, readable by all, locked by the returned descriptor
+    before the name appears."""
     tmp = os.path.join(directory, tmp_name)
+    fd = -1
     try:
         fd = os.open(tmp, OPEN_NEW, 0o644)
-    except OSError as exc:
-        raise LeaseDirProblem(f"cannot write a lease in {directory}: {exc.strerror}; {OFF}") from None
-    try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.fchmod(fd, 0o644)  # readable by every user whatever our umask
-        _write_all(fd, data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
         os.rename(tmp, final)
     except OSError as exc:
-        os.close(fd)
-        unlink_quietly(tmp)
+        if fd >= 0:  # else the name may be another writer's
+            os.close(fd)
+            unlink_quietly(tmp)
         raise LeaseDirProblem(f"cannot write a lease in {directory}: {exc.strerror}; {OFF}") from None
     return fd
 
@@ -101,16 +97,6 @@ def _create_lock_file(directory: str, path: str) -> None:
         unlink_quietly(tmp)
 
 
-def still_named(fd: int, path: str) -> bool:
-    """Whether `path` still names the file open as `fd` (lstat: a link put there is not it)."""
-    try:
-        now = os.lstat(path)
-    except OSError:
-        return False
-    here = os.fstat(fd)
-    return (now.st_dev, now.st_ino) == (here.st_dev, here.st_ino)
-
-
 def remove_if_ours(path: str, st: os.stat_result) -> None:
     """A stale file goes when it is ours (or we are root): the sticky bit lets no one else."""
     if os.geteuid() not in (0, st.st_uid):
@@ -121,10 +107,6 @@ def remove_if_ours(path: str, st: os.stat_result) -> None:
             os.unlink(path)
     except OSError:
         pass
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers
 
 
 def directory_problem(path: str) -> Optional[str]:
@@ -149,15 +131,6 @@ def directory_problem(path: str) -> Optional[str]:
     return None
 
 
-def open_to_all(path: str) -> None:
-    """Mode 1777 on the directory just made (after mkdir: the umask would strip it)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.fchmod(fd, 0o1777)
-    finally:
-        os.close(fd)
-
-
 def parse(data: bytes) -> dict[str, Any]:
     """The fields of a lease line (lease_layout.md); ValueError naming what is wrong."""
     if len(data) > MAX_LEASE_BYTES:
@@ -172,16 +145,16 @@ def parse(data: bytes) -> dict[str, Any]:
         raise ValueError(f"has lease_version {display(repr(obj.get('lease_version')))}, not {LEASE_VERSION}")
     checks = {
         "gpu_uuid": lambda v: isinstance(v, str) and v != "",
-        "gpu_index": lambda v: _whole(v, 0),
-        "mem_mib": lambda v: v is None or _whole(v, 1),
+        "gpu_index": lambda v: is_int(v) and v >= 0,
+        "mem_mib": lambda v: v is None or is_int(v) and v >= 1,
         "user": lambda v: isinstance(v, str),
-        "uid": lambda v: _whole(v, 0),
-        "pid": lambda v: _whole(v, 1),
-        "pid_start": lambda v: _number(v),
-        "job": lambda v: v is None or _whole(v, 1),
+        "uid": lambda v: is_int(v) and v >= 0,
+        "pid": lambda v: is_int(v) and v >= 1,
+        "pid_start": lambda v: is_number(v) and v >= 0,
+        "job": lambda v: v is None or is_int(v) and v >= 1,
         "name": lambda v: isinstance(v, str),
         "spool": lambda v: v is None or isinstance(v, str),
-        "since": lambda v: _number(v),
+        "since": lambda v: is_number(v) and v >= 0,
         "host": lambda v: isinstance(v, str),
     }
     for key, good in checks.items():
@@ -194,26 +167,10 @@ def parse(data: bytes) -> dict[str, Any]:
     return values
 
 
-def _whole(value: Any, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, _NUMBER) and not isinstance(value, bool) and value >= 0
-
-
 def locked_by_someone(fd: int) -> bool:
     """Whether another open file holds an exclusive lock on this file (its holder is alive)."""
-    if try_lock(fd, fcntl.LOCK_SH):
+    if try_flock(fd, exclusive=False):
         fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    return True
-
-
-def try_lock(fd: int, kind: int) -> bool:
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-    except BlockingIOError:
         return False
     return True
 
@@ -223,12 +180,7 @@ def safe_name(uuid: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c == "-") else "_" for c in uuid)
 
 
-_counter = [0]
-
-
-def next_number() -> int:
-    _counter[0] += 1
-    return _counter[0]
+next_number = itertools.count(1).__next__  # tells apart the files one process writes
 
 
 _user_names: dict[int, tuple[Optional[str], float]] = {}  # uid -> (name, when asked)
@@ -247,24 +199,3 @@ def user_name(uid: int) -> Optional[str]:
             kept = (None, now)
         _user_names[uid] = kept
     return kept[0]
-
-
-def start_time(pid: int) -> float:
-    psutil = load_psutil()
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return 0.0
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

@@ -1,30 +1,19 @@
-"""GPU leases: who is using which GPU of this machine, in a directory every user's gpuq reads.
-
-The protocol is lease_layout.md's; in short: a sticky directory shared by all users (`/dev/shm`
-itself by default: root's, so no user's gpuq owns it), one file per lease
-(`gpuq-lease.<UUID>.<uid>.<pid>.<n>.lease`, a JSON line saying who, which GPU, whole or how much
-memory, since when), alive exactly while its holder keeps an `flock` on it, so that a crashed
-holder's lease is stale the moment the kernel drops its lock. Deciding and writing a lease happen
-under a per-GPU placing lock (`gpuq-lock.<UUID>`) held for milliseconds. The directory holds other
-programs' files too: only names with gpuq's prefixes are ever opened, reported or removed.
-
-Nothing here trusts the directory's other users: files are opened without following links and
-must be owned by the uid they name; a directory that others could tamper with, or a placing lock
-held past `PLACING_TIMEOUT`, raises `LeaseDirProblem`, whose one line callers say once
-(`say_once`) before they go on with the GPU memory gate alone.
-
-"""
+"""GPU leases: who is using which GPU of this machine, in a sticky directory every user's gpuq
+reads (the protocol: lease_layout.md). A lease is alive exactly while its holder keeps an flock on
+its file, so a crashed holder's lease is stale the moment the kernel drops the lock. Nothing here
+trusts the directory's other users: files are opened without following links and must be owned by
+the uid they name; what cannot be trusted raises LeaseDirProblem, said once (`say_once`)."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import stat
 import time
-from typing import Any, Callable, Iterable, NamedTuple, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
-from gpuq.system import lease_io
+from gpuq.system import fsutil, lease_io, procs
 from gpuq.system.lease_io import OFF, LeaseDirProblem
 from gpuq.system.security import display
 
@@ -36,8 +25,7 @@ _POLL_SECONDS = 0.005
 
 
 class Lease(NamedTuple):
-    """One live lease of one GPU: `file` (its name in the directory), then the fields of its JSON
-    line (lease_layout.md)."""
+    """One live lease of one GPU: its file's name, then the fields of its line (lease_layout.md)."""
 
     file: str
     gpu_uuid: str
@@ -58,8 +46,8 @@ class Lease(NamedTuple):
         return self.mem_mib is None
 
     def who(self, viewer_uid: int) -> str:
-        """ "bob's job #12", "your job #3 (train)", "bob's `jupyter` (gpuq lease, pid 4242)": a job's
-        name only for one's own jobs (another user's job names are theirs to show)."""
+        """ "bob's job #12", "your job #3 (train)", "bob's `jupyter` (gpuq lease, pid 4242)": another
+        user's job names are theirs to show."""
         mine = self.uid == viewer_uid
         owner = "your" if mine else f"{self.user}'s"
         if self.job is None:
@@ -79,13 +67,8 @@ class Held:
     def release(self) -> None:
         """Unlink, then close (which drops the lock): in that order, no reader ever sees our file
         unlocked and takes it for a crashed holder's. Idempotent."""
-        if self.fd is None:
-            return
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:  # root, or its owner's other gpuq, cleaned a stale copy: not ours to mind
-            pass
-        finally:
+        if self.fd is not None:
+            fsutil.unlink_quietly(self.path)  # gone: root, or its owner's other gpuq, cleaned a stale copy
             os.close(self.fd)
             self.fd = None
 
@@ -96,16 +79,11 @@ class Held:
         self.release()
 
 
-# ---------------------------------------------------------------------------------------------
-# The directory
-
-
 def default_dir() -> str:
-    """$GPUQ_LEASE_DIR if set; else /dev/shm itself (cleared at reboot, as leases must be), else /tmp.
-    Not a directory of gpuq's own in them: its maker would own it, and every other user's gpuq rightly
-    refuses a sticky directory that someone else owns (its owner may remove anyone's files in it).
-    /dev/shm and /tmp are root's, sticky and there on every machine. The real path, as the directory
-    is checked with lstat (/tmp is a link on macOS; /dev/shm one on some older Linux systems)."""
+    """$GPUQ_LEASE_DIR if set; else /dev/shm itself (cleared at reboot, as leases must be), else /tmp:
+    root's and sticky. Not a directory of gpuq's own in them: every other user's gpuq would rightly
+    refuse a sticky directory its maker owns. The real path, as it is checked with lstat (/tmp is a
+    link on macOS)."""
     configured = os.environ.get(LEASE_DIR_ENV)
     if configured:
         return configured
@@ -129,16 +107,20 @@ class LeaseDir:
             pass
         except OSError as exc:
             raise LeaseDirProblem(f"cannot create the lease directory {path}: {exc.strerror}; {OFF}") from None
-        else:
-            lease_io.open_to_all(path)
+        else:  # mode 1777, set after mkdir (the umask would strip it)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fchmod(fd, 0o1777)
+            finally:
+                os.close(fd)
         problem = lease_io.directory_problem(path)
         if problem:
             raise LeaseDirProblem(f"{problem}; {OFF}")
         return cls(path)
 
     def live(self) -> list[Lease]:
-        """Every live lease, sorted by (gpu_index, since). Stale ones are skipped (and removed when
-        ours, or when we are root); files that cannot be leases are skipped with a line in `problems`."""
+        """Every live lease, by (gpu_index, since). Stale ones are skipped (removed when ours, or we
+        are root); files that cannot be leases are skipped with a line in `problems`."""
         self.problems = []
         try:
             names = os.listdir(self.path)
@@ -154,10 +136,42 @@ class LeaseDir:
                     found.append(lease)
         return sorted(found, key=lambda lease: (lease.gpu_index, lease.since, lease.file))
 
-    def placing(self, uuids: Iterable[str], timeout: float = PLACING_TIMEOUT) -> _Placing:
+    @contextmanager
+    def placing(self, uuids: Iterable[str], timeout: float = PLACING_TIMEOUT) -> Iterator[None]:
         """A context holding the placing locks of these GPUs (taken in the order of their file names, so
         that two parties never wait for each other); LeaseDirProblem when one is held past `timeout` s."""
-        return _Placing(self, sorted(set(uuids), key=lease_io.safe_name), timeout)
+        deadline = time.monotonic() + timeout
+        fds: list[int] = []
+        try:
+            for uuid in sorted(set(uuids), key=lease_io.safe_name):
+                fds.append(self._lock(uuid, deadline, timeout))
+            yield
+        finally:
+            for fd in fds:
+                os.close(fd)  # drops the lock
+
+    def _lock(self, uuid: str, deadline: float, timeout: float) -> int:
+        """The GPU's placing lock, taken by the returned descriptor. The file may be removed and made
+        anew while we wait, and a lock on the old one excludes nobody: then the new one is locked."""
+        path = lease_io.lock_path(self.path, uuid)
+        while True:
+            fd = lease_io.lock_file(self.path, uuid)
+            try:
+                while not fsutil.try_flock(fd):
+                    if time.monotonic() > deadline:
+                        raise LeaseDirProblem(
+                            f"the placing lock of GPU {display(uuid)} in {self.path} has been held for more "
+                            f"than {timeout:g} s (a stuck or hostile process?); {OFF}"
+                        )
+                    time.sleep(_POLL_SECONDS)
+            except BaseException:
+                os.close(fd)
+                raise
+            if fsutil.same_inode(fd, path):  # lstat: a link put there is not it
+                return fd
+            os.close(fd)
+            if time.monotonic() > deadline:
+                raise LeaseDirProblem(f"placing lock {display(path)} keeps being replaced; {OFF}")
 
     def take(
         self,
@@ -170,8 +184,7 @@ class LeaseDir:
         spool: Optional[str],
         pid: Optional[int] = None,
     ) -> Held:
-        """Write a lease of this GPU, locked by this process (`pid`: the process named as its holder,
-        this one by default). Call it under `placing`. LeaseDirProblem if it cannot be written."""
+        """Write a lease of this GPU, locked by this process, under `placing` (`pid`: the holder named)."""
         pid = os.getpid() if pid is None else pid
         uid = os.geteuid()
         n = lease_io.next_number()
@@ -184,7 +197,7 @@ class LeaseDir:
             "user": lease_io.user_name(uid) or str(uid),
             "uid": uid,
             "pid": pid,
-            "pid_start": lease_io.start_time(pid),
+            "pid_start": procs.create_time(pid) or 0.0,
             "job": job,
             "name": name,
             "spool": spool,
@@ -195,10 +208,8 @@ class LeaseDir:
         fd = lease_io.write_locked(self.path, f"{lease_io.TMP_PREFIX}{uid}.{pid}.{n}", data, final)
         return Held(Lease(os.path.basename(final), **{k: record[k] for k in Lease._fields[1:]}), fd, final)
 
-    # -- reading -------------------------------------------------------------------------------
-
     def _read(self, name: str) -> Optional[Lease]:
-        """The lease in `name` if it is alive and sound; None otherwise (with a problem if unsound)."""
+        """The lease in `name` if it is alive and sound (unsound: a line in `problems`)."""
         path = os.path.join(self.path, name)
         try:
             fd = os.open(path, lease_io.OPEN_READ)
@@ -244,60 +255,6 @@ class LeaseDir:
                 lease_io.remove_if_ours(path, st)
         finally:
             os.close(fd)
-
-
-class _Placing:
-    """The context `LeaseDir.placing` returns."""
-
-    def __init__(self, lease_dir: LeaseDir, uuids: list[str], timeout: float) -> None:
-        self._dir, self._uuids, self._timeout = lease_dir, uuids, timeout
-        self._fds: list[int] = []
-
-    def __enter__(self) -> None:
-        deadline = time.monotonic() + self._timeout
-        try:
-            for uuid in self._uuids:
-                self._fds.append(self._lock(uuid, deadline))
-        except BaseException:
-            self._close()
-            raise
-
-    def _lock(self, uuid: str, deadline: float) -> int:
-        """The GPU's placing lock, taken by the returned descriptor. The lock file may be removed (by
-        its owner, or root) and made anew while we wait: a lock on the old file excludes nobody who
-        opens the new one, so a lock taken on a file no longer under the name is let go and the
-        name's file locked instead."""
-        path = lease_io.lock_path(self._dir.path, uuid)
-        while True:
-            fd = lease_io.lock_file(self._dir.path, uuid)
-            try:
-                while not lease_io.try_lock(fd, fcntl.LOCK_EX):
-                    if time.monotonic() > deadline:
-                        raise LeaseDirProblem(
-                            f"the placing lock of GPU {display(uuid)} in {self._dir.path} has been held for more "
-                            f"than {self._timeout:g} s (a stuck or hostile process?); {OFF}"
-                        )
-                    time.sleep(_POLL_SECONDS)
-            except BaseException:
-                os.close(fd)
-                raise
-            if lease_io.still_named(fd, path):
-                return fd
-            os.close(fd)
-            if time.monotonic() > deadline:
-                raise LeaseDirProblem(f"placing lock {display(path)} keeps being replaced; {OFF}")
-
-    def __exit__(self, *exc: object) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        for fd in self._fds:
-            os.close(fd)  # drops the lock
-        self._fds = []
-
-
-# ---------------------------------------------------------------------------------------------
-# Reporting
 
 
 _said: set[str] = set()

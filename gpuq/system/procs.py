@@ -1,15 +1,12 @@
-"""Processes: identity (pid + start time + boot id), liveness, and killing a job's whole tree.
-
-A pid alone is reused by the kernel, so a job's process is "the same" only if its pid, its start
-time and the boot it was recorded in all match.
-"""
+"""Processes: identity (pid + start time + boot id: a pid alone is reused), liveness, and killing a
+job's whole tree."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from gpuq.core.job import Job
 
@@ -21,8 +18,7 @@ _boot_id: Optional[str] = None
 
 
 def load_psutil() -> Any:
-    """psutil, imported when first needed (gpuq's modules that need it call this): a heavy import
-    that `gpuq status` and `gpuq add`, which check liveness with os.kill alone, never pay."""
+    """psutil, imported when first needed: a heavy import `gpuq status` and `gpuq add` never pay."""
     import psutil  # see above: gpuq's one import of psutil
 
     return psutil
@@ -56,8 +52,8 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # someone else's: alive all the same
+        pass
     return True
 
 
@@ -99,21 +95,15 @@ def job_alive(job: Job) -> bool:
 def signal_group(pgid: int, sig: int) -> bool:
     try:
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 
 
 def ungrouped_tree(pid: int) -> list[Any]:
-    """What ending a job must reach besides its process group. [] for a process that leads its
-    own group, as every job gpuq starts does: the group is the job, and a descendant that left it on
-    purpose (`setsid`, a daemon) is not the job's. For a process that leads no group (one adopted
-    from a shell), the process and its descendants now.
-
-    psutil.Process objects remember the start time, so killing them later cannot hit a reused pid.
-    """
+    """What ending a job must reach besides its process group: [] for a group leader (every job gpuq
+    starts), else (adopted) the process and its descendants now, as psutil.Process objects, whose
+    start time keeps a later kill off a reused pid."""
     psutil = load_psutil()
     try:
         if os.getpgid(pid) == pid:
@@ -124,7 +114,6 @@ def ungrouped_tree(pid: int) -> list[Any]:
         return []
 
 
-# ---- process groups -------------------------------------------------------------------------------
 def group_members(pgid: int) -> list[Any]:
     """Live (non-zombie) processes of process group `pgid`."""
     if not pgid or not signal_group(pgid, 0):
@@ -141,8 +130,7 @@ def group_members(pgid: int) -> list[Any]:
 
 
 def leftovers(pgid: int, snapshot: list[Any]) -> list[Any]:
-    """What still lives of a job: its group, plus what `ungrouped_tree` saw of a process that leads
-    no group (psutil.Process remembers the start time, so a reused pid is not mistaken for them)."""
+    """What still lives of a job: its group, plus what `ungrouped_tree` saw."""
     psutil = load_psutil()
     alive = {p.pid: p for p in group_members(pgid)}
     for proc in snapshot:
@@ -154,14 +142,18 @@ def leftovers(pgid: int, snapshot: list[Any]) -> list[Any]:
     return list(alive.values())
 
 
-def wait_gone(pgid: int, snapshot: list[Any], timeout: float) -> list[Any]:
-    """Wait until nothing of the job is left or `timeout` passes; returns what is still alive."""
+def wait_gone(pgid: int, snapshot: list[Any], timeout: float, kill: bool = False) -> list[Any]:
+    """Wait until nothing of the job is left or `timeout` passes, SIGKILLing what lives meanwhile
+    if `kill` (again while new ones appear); returns what is still alive. A kill goes through
+    psutil, which checks the start time, so a reused pid is never hit."""
     deadline = time.monotonic() + timeout
     while True:
         left = leftovers(pgid, snapshot)
         if not left or time.monotonic() >= deadline:
             return left
-        time.sleep(0.1)
+        if kill:
+            signal_each(left, "kill")
+        time.sleep(0.05 if kill else 0.1)
 
 
 def terminate(pgid: int, snapshot: list[Any]) -> None:
@@ -170,35 +162,20 @@ def terminate(pgid: int, snapshot: list[Any]) -> None:
         signal_each(snapshot[:1], "terminate")
 
 
-def kill_leftovers(pgid: int, snapshot: list[Any], timeout: float) -> list[Any]:
-    """SIGKILL every process still alive of the job (again while new ones appear) until none is
-    left or `timeout` passes; returns the survivors. Each kill goes through psutil, which checks
-    the start time, so a reused pid is never hit."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = leftovers(pgid, snapshot)
-        if not left or time.monotonic() >= deadline:
-            return left
-        signal_each(left, "kill")
-        time.sleep(0.05)
-
-
-class GroupEnd:
+class GroupEnd(NamedTuple):
     """What `end_group` found of a job's group after its main process had ended: "PID NAME" of
     each process gone after SIGTERM, gone after SIGKILL, and still alive (uninterruptible)."""
 
-    def __init__(self) -> None:
-        self.by_term: list[str] = []
-        self.by_kill: list[str] = []
-        self.survivors: list[str] = []
+    by_term: list[str]
+    by_kill: list[str]
+    survivors: list[str]
 
 
 def end_group(pgid: int, grace: float, since: Optional[float] = None) -> Optional[GroupEnd]:
-    """End what is left of a job's process group once its main process has ended and been reaped,
-    as Slurm ends a job step: SIGTERM (and SIGCONT, for a stopped process), then SIGKILL to what is
-    still there `grace` seconds after `since` (time.monotonic(); default now), then up to
-    KILL_WAIT seconds for the kernel to take them. None when nothing was left: one killpg, the
-    common case. While a member lives, the group's id cannot be given to a new process."""
+    """End what is left of a job's process group once its main process was reaped, as Slurm ends a
+    job step: SIGTERM (and SIGCONT), then SIGKILL to what is still there `grace` seconds after
+    `since` (time.monotonic(); default now), then up to KILL_WAIT seconds for the kernel to take
+    them. None when nothing was left (one killpg). While a member lives, its pgid is not reused."""
     seen: dict[int, str] = {}
     if not signal_group(pgid, 0):
         return None
@@ -217,11 +194,8 @@ def end_group(pgid: int, grace: float, since: Optional[float] = None) -> Optiona
         signal_group(pgid, signal.SIGKILL)  # again while new ones appear
         time.sleep(0.05)
         left = _note_members(pgid, seen)
-    end = GroupEnd()
-    end.by_term = [seen[pid] for pid in sorted(termed)]
-    end.by_kill = [seen[pid] for pid in sorted(set(seen) - termed - left)]
-    end.survivors = [seen[pid] for pid in sorted(left)]
-    return end
+    names = [[seen[pid] for pid in sorted(pids)] for pids in (termed, set(seen) - termed - left, left)]
+    return GroupEnd(*names)
 
 
 def _note_members(pgid: int, seen: dict[int, str]) -> set[int]:
@@ -247,24 +221,19 @@ def signal_each(processes: list[Any], method: str) -> None:
             continue
 
 
-def terminate_tree(job: Job, grace: float, force: bool = True) -> bool:
-    """SIGTERM the job's process group, wait up to `grace` for all of it to go, then (if `force`)
-    SIGKILL whatever is left of it. True once nothing of the job lives."""
+def terminate_tree(job: Job, grace: float) -> bool:
+    """SIGTERM the job's process group, wait up to `grace` for all of it to go, then SIGKILL
+    whatever is left of it. True once nothing of the job lives."""
     pgid = job.pid
     if not pgid:
         return True
     snapshot = ungrouped_tree(pgid) if job_alive(job) else []
     terminate(pgid, snapshot)
-    if not wait_gone(pgid, snapshot, grace):
-        return True
-    if not force:
-        return False
-    return not kill_leftovers(pgid, snapshot, 10.0)
+    return not wait_gone(pgid, snapshot, grace) or not wait_gone(pgid, snapshot, KILL_GRACE_SECONDS, kill=True)
 
 
 def which(command: str, path: Optional[str] = None) -> Optional[str]:
-    """The executable `command` would run, as `shutil.which` finds it (a word with a slash is
-    taken as it is), without importing shutil (bz2, lzma, fnmatch) on `gpuq add`'s path."""
+    """`shutil.which`, without importing shutil (bz2, lzma, fnmatch) on `gpuq add`'s path."""
     if "/" in command:
         return command if os.path.isfile(command) and os.access(command, os.X_OK) else None
     search = os.environ.get("PATH", os.defpath) if path is None else path

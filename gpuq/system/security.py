@@ -1,10 +1,6 @@
-"""Who may put files in the spool: the checks that keep a spool that runs commands from being a back door.
-
-Whoever can create a file in pending/ runs commands as the worker's user, so (like cron and at) gpuq
-trusts a spool directory only if it is a real directory, owned by the user, and writable by nobody
-else. Each check returns a message that says what is wrong and how to fix it; gpuq.spool raises it.
-Nothing here changes files.
-"""
+"""Who may put files in the spool. Whoever can create a file in pending/ runs commands as the worker's
+user, so (like cron and at) gpuq trusts only a real directory, owned by the user, writable by nobody
+else. Each check returns what is wrong and how to fix it."""
 
 from __future__ import annotations
 
@@ -23,11 +19,8 @@ FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 def directory_problem(path: StrPath, is_home: bool = False) -> Optional[str]:
-    """Why `path` cannot be trusted as (part of) a spool, or None if it can.
-
-    Only the last component is checked: a spool may sit under a symlinked home directory, but the
-    spool itself and its state directories must be plain directories that only the user can change.
-    """
+    """Why `path` cannot be trusted as (part of) a spool, or None. Only the last component is checked:
+    a spool may sit under a symlinked home directory."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -74,8 +67,7 @@ def job_file_problem(st: os.stat_result, size_cap: int) -> Optional[str]:
 
 
 def open_error_reason(exc: OSError) -> Optional[str]:
-    """The rejection reason for an error opening a job file, or None if the error is not about
-    the file (out of descriptors, ...) and the caller should let it propagate."""
+    """The rejection reason for an error opening a job file; None for one not about the file."""
     if exc.errno in (errno.ELOOP, errno.EMLINK):
         return "is a symbolic link (gpuq never follows links in the spool)"
     if exc.errno in UNREADABLE_ERRNOS:

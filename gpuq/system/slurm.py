@@ -1,20 +1,11 @@
-"""The Slurm client: sbatch, scancel, squeue and sacct as subprocesses, each bounded by `timeout`
+"""The Slurm client: sbatch, scancel, squeue and sacct as subprocesses, each bounded by TIMEOUT
 seconds and run in `env` (default: this process's, where `SLURM_CONF` points at the cluster).
 
-`submit` hands a batch script to sbatch; `cancel` scancels (or signals the batch shell); `query`
-asks squeue for the jobs the controller holds, then sacct for those it forgot (after
-`MinJobAge`); `find_by_comment` finds the jobs a hand-over cut short made (by their `--comment`).
-`SlurmError` is one line a person can act on; `SlurmNoAnswer` a command that timed out (what it
-asked may have been done), `SlurmUnreachable` a controller not reached (nothing was done).
-
-Formats, as observed with Slurm 22.05.8 (Debian bookworm):
-- `squeue -O 'JobID:|,...'` ends each field in `|`; its `exit_code` is a raw wait status (768 =
-  exit 3). A field squeue does not know is an error on stderr with exit 0: then `scontrol -o show
-  job ID` is read per job (`ExitCode=3:0`; values may contain spaces). `squeue -j` with only
-  unknown ids exits 1 ("Invalid job id specified"): an empty answer.
-- `sacct` needs slurmdbd; without it, `sacct -c` reads the jobcomp/filetxt log (`JobCompLoc`, on
-  the machine it runs on), which keeps no comment and cannot store a job name with spaces: gpuq's
-  Slurm job names have none (`slurm_job_name`). A cancelled job's state reads `CANCELLED by UID`.
+`query` asks squeue, then sacct for the jobs the controller forgot (after `MinJobAge`). Formats as
+observed with Slurm 22.05.8: squeue's `exit_code` is a raw wait status (768 = exit 3); a field it
+does not know is an error on stderr with exit 0 (then `scontrol -o show job` is read per job);
+without slurmdbd, `sacct -c` reads the jobcomp/filetxt log, which keeps no comment and no job name
+with spaces.
 """
 
 from __future__ import annotations
@@ -23,8 +14,7 @@ import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Sequence, Union
+from typing import Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from gpuq.core.errors import GpuqError
 
@@ -43,21 +33,18 @@ NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._+@:/-]+")
 
 
 class SlurmError(GpuqError):
-    """Slurm could not be asked or refused (one line; exit 1)."""
+    """Slurm could not be asked or refused."""
 
 
 class SlurmUnreachable(SlurmError):
-    """The Slurm controller could not be reached: nothing was done, and asking again at once only
-    waits again."""
+    """The Slurm controller could not be reached: nothing was done."""
 
 
 class SlurmNoAnswer(SlurmError):
-    """A Slurm command ran past its timeout: what it asked for may or may not have been done
-    (an sbatch that timed out may have submitted the job)."""
+    """A Slurm command ran past its timeout: what it asked for may or may not have been done."""
 
 
-@dataclass(frozen=True)
-class SlurmJob:
+class SlurmJob(NamedTuple):
     id: int
     state: str  # PENDING, RUNNING, COMPLETING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
     reason: Optional[str] = None  # Dependency, DependencyNeverSatisfied, BeginTime, None...
@@ -85,29 +72,19 @@ def comment_marker(spool_id: str, job_id: int) -> str:
     return f"gpuq:{spool_id}:{job_id}"
 
 
-# ---- running the commands ----------------------------------------------------------------------
-def _run(
-    argv: Sequence[str], env: Optional[Mapping[str, str]], timeout: float, stdin_text: Optional[str] = None
-) -> subprocess.CompletedProcess:
+def _run(argv: Sequence[str], env: Optional[Mapping[str, str]], stdin_text: str = "") -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(
-            list(argv),
-            input=stdin_text if stdin_text is not None else "",
-            capture_output=True,
-            text=True,
-            env=dict(env) if env is not None else None,
-            timeout=timeout,
-        )
+        return subprocess.run(list(argv), input=stdin_text, capture_output=True, text=True, env=env, timeout=TIMEOUT)
     except FileNotFoundError:
         raise SlurmError(f"Slurm's {argv[0]} is not on PATH: run gpuq on the cluster's login node") from None
     except subprocess.TimeoutExpired:
         raise SlurmNoAnswer(
-            f"the Slurm controller does not answer ({argv[0]} gave no answer in {timeout:g} s)"
+            f"the Slurm controller does not answer ({argv[0]} gave no answer in {TIMEOUT:g} s)"
         ) from None
 
 
 def _last_error(stderr: str) -> str:
-    """The line of a Slurm command's stderr that says what went wrong (the last non-empty one)."""
+    """The line of a Slurm command's stderr that says what went wrong."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if "error" in line.lower()]
     return (errors or lines or ["no message"])[-1]
@@ -120,24 +97,9 @@ def _failure(what: str, proc: subprocess.CompletedProcess) -> SlurmError:
     return SlurmError(f"{what} failed (exit {proc.returncode}): {line}")
 
 
-def _chunks(ids: Sequence[int]) -> Iterable[list[int]]:
-    return (list(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH))
-
-
-# ---- submit, cancel ---------------------------------------------------------------------------
-def submit(
-    script: Union[str, os.PathLike],
-    options: Sequence[str],
-    *,
-    env: Optional[Mapping[str, str]] = None,
-    timeout: float = TIMEOUT,
-) -> int:
-    """`sbatch --parsable OPTIONS` with the script's text on stdin (a str starting with `#!`) or
-    its path; the new Slurm job id. After a timeout the job may have been submitted:
-    `find_by_comment` tells."""
-    text = script if isinstance(script, str) and script.startswith("#!") else None
-    argv = ["sbatch", "--parsable", *options] + ([] if text is not None else [os.fspath(script)])
-    proc = _run(argv, env, timeout, stdin_text=text)
+def submit(script: str, options: Sequence[str], *, env: Optional[Mapping[str, str]] = None) -> int:
+    """The new Slurm job's id. After a timeout it may have been submitted: `find_by_comment` tells."""
+    proc = _run(["sbatch", "--parsable", *options], env, stdin_text=script)
     if proc.returncode != 0:
         if NO_CONTROLLER in proc.stderr:
             raise _failure("sbatch", proc)
@@ -146,8 +108,7 @@ def submit(
 
 
 def parse_parsable(stdout: str) -> int:
-    """The job id in `sbatch --parsable`'s answer: `123`, or `123;cluster` on a multi-cluster site
-    (also accepts the plain `Submitted batch job 123`)."""
+    """The job id in `sbatch --parsable`'s answer: `123`, `123;cluster` or `Submitted batch job 123`."""
     for line in stdout.splitlines():
         word = line.strip().split(";", 1)[0].split()[-1:] if line.strip() else []
         if word and word[0].isdigit():
@@ -155,19 +116,11 @@ def parse_parsable(stdout: str) -> int:
     raise SlurmError(f"sbatch answered without a job id: {stdout.strip()[:200]!r}")
 
 
-def cancel(
-    slurm_id: int,
-    signal: Optional[str] = None,
-    *,
-    env: Optional[Mapping[str, str]] = None,
-    timeout: float = TIMEOUT,
-) -> bool:
-    """Cancel a job (`scancel ID`) or, with `signal` (`TERM`, `USR1`...), send it to the job's batch
-    shell only (`scancel -b -s SIG ID`). True when Slurm took the request; False when it does not
-    know the job or the job already ended; SlurmError when the controller does not answer.
-    (`-v`: without it a plain `scancel` of an unknown or ended job exits 0 without a word.)"""
+def cancel(slurm_id: int, signal: Optional[str] = None, *, env: Optional[Mapping[str, str]] = None) -> bool:
+    """Cancel a job or, with `signal` (`TERM`...), send it to its batch shell only. True when Slurm
+    took the request; False when the job is unknown or ended (`-v`: else scancel says nothing)."""
     argv = ["scancel", "-v"] + (["-b", "-s", signal] if signal else []) + [str(slurm_id)]
-    proc = _run(argv, env, timeout)
+    proc = _run(argv, env)
     if UNKNOWN_JOB in proc.stderr or "already completing or completed" in proc.stderr:
         return False
     if proc.returncode != 0:
@@ -175,38 +128,35 @@ def cancel(
     return True
 
 
-# ---- query ------------------------------------------------------------------------------------
-def query(
-    ids: Iterable[int], *, env: Optional[Mapping[str, str]] = None, timeout: float = TIMEOUT
-) -> dict[int, SlurmJob]:
-    """What Slurm knows of `ids`: the controller's view (squeue) and, for jobs it has forgotten,
-    the accounting or completion log (sacct). Unknown ids are left out."""
+def query(ids: Iterable[int], *, env: Optional[Mapping[str, str]] = None) -> dict[int, SlurmJob]:
+    """What Slurm knows of `ids`: squeue, then sacct for the jobs the controller forgot."""
     wanted = sorted({int(i) for i in ids})
     found: dict[int, SlurmJob] = {}
-    for chunk in _chunks(wanted):
-        found.update(_squeue(chunk, env, timeout))
+    for i in range(0, len(wanted), BATCH):
+        found.update(_squeue(wanted[i : i + BATCH], env))
     missing = [i for i in wanted if i not in found]
-    for chunk in _chunks(missing):
-        found.update({job.id: job for job in _sacct_jobs(chunk, env, timeout) if job.id in missing})
+    for i in range(0, len(missing), BATCH):
+        # The last record of a job wins: a requeued job has one per run in the completion log.
+        rows = _sacct(["-j", ",".join(map(str, missing[i : i + BATCH]))], SACCT_FIELDS, env)
+        found.update({job.id: job for job in map(parse_sacct_row, rows) if job is not None and job.id in missing})
     return found
 
 
-def _squeue(ids: list[int], env: Optional[Mapping[str, str]], timeout: float) -> dict[int, SlurmJob]:
+def _squeue(ids: list[int], env: Optional[Mapping[str, str]]) -> dict[int, SlurmJob]:
     fmt = ",".join(f"{field}:|" for field in SQUEUE_FIELDS)
-    proc = _run(["squeue", "-h", "-t", "all", "-j", ",".join(map(str, ids)), "-O", fmt], env, timeout)
+    proc = _run(["squeue", "-h", "-t", "all", "-j", ",".join(map(str, ids)), "-O", fmt], env)
     if proc.returncode != 0:
         if UNKNOWN_JOB in proc.stderr:
             return {}
         raise _failure("squeue", proc)
     if BAD_FORMAT in proc.stderr:  # a Slurm without one of the fields: ask scontrol, job by job
-        return _scontrol(ids, env, timeout)
+        return _scontrol(ids, env)
     jobs = (parse_squeue_line(line) for line in proc.stdout.splitlines())
     return {job.id: job for job in jobs if job is not None}
 
 
 def parse_squeue_line(line: str) -> Optional[SlurmJob]:
-    """One line of `squeue -O` with SQUEUE_FIELDS, each ending in `|`; None for a line that is
-    not one (a job step, a header)."""
+    """One line of `squeue -O` with SQUEUE_FIELDS, each ending in `|`; None for a step or header."""
     fields = [f.strip() for f in line.split("|")]
     if len(fields) < len(SQUEUE_FIELDS) or not fields[0].isdigit():
         return None
@@ -235,10 +185,10 @@ def _job(
     )  # fmt: skip
 
 
-def _scontrol(ids: list[int], env: Optional[Mapping[str, str]], timeout: float) -> dict[int, SlurmJob]:
+def _scontrol(ids: list[int], env: Optional[Mapping[str, str]]) -> dict[int, SlurmJob]:
     found = {}
     for job_id in ids:
-        proc = _run(["scontrol", "-o", "show", "job", str(job_id)], env, timeout)
+        proc = _run(["scontrol", "-o", "show", "job", str(job_id)], env)
         if proc.returncode != 0:
             if UNKNOWN_JOB in proc.stderr:
                 continue
@@ -276,27 +226,19 @@ def parse_scontrol_line(line: str) -> Optional[SlurmJob]:
     )  # fmt: skip
 
 
-# ---- sacct: jobs the controller forgot ---------------------------------------------------------
-def _sacct(args: list[str], fields: Sequence[str], env: Optional[Mapping[str, str]], timeout: float) -> list[list[str]]:
-    """Rows of `sacct -X -P -n ARGS -o FIELDS` from slurmdbd, else (`accounting storage is
-    disabled`) from the jobcomp/filetxt log with `-c`. [] when neither knows anything."""
+def _sacct(args: list[str], fields: Sequence[str], env: Optional[Mapping[str, str]]) -> list[list[str]]:
+    """Rows of `sacct -X -P -n ARGS -o FIELDS` from slurmdbd, else from the jobcomp/filetxt log (`-c`)."""
     base = ["sacct", "-X", "-P", "-n", *args, "-o", ",".join(fields)]
     try:
-        proc = _run(base, env, timeout)
+        proc = _run(base, env)
         if proc.returncode != 0 and NO_ACCOUNTING in proc.stderr + proc.stdout:
-            proc = _run(base[:1] + ["-c"] + base[1:], env, timeout)
+            proc = _run(base[:1] + ["-c"] + base[1:], env)
     except SlurmError:
         return []  # no sacct: squeue's answer is all there is
     if proc.returncode != 0:
         return []
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.strip()]
     return [row for row in rows if len(row) == len(fields)]
-
-
-def _sacct_jobs(ids: list[int], env: Optional[Mapping[str, str]], timeout: float) -> list[SlurmJob]:
-    rows = _sacct(["-j", ",".join(map(str, ids))], SACCT_FIELDS, env, timeout)
-    # The last record of a job wins: a requeued job has one per run in the completion log.
-    return [job for job in (parse_sacct_row(row) for row in rows) if job is not None]
 
 
 def parse_sacct_row(row: Sequence[str]) -> Optional[SlurmJob]:
@@ -307,22 +249,14 @@ def parse_sacct_row(row: Sequence[str]) -> Optional[SlurmJob]:
     return _job(job_id, state, exit_pair, start, end, name, "sacct")
 
 
-# ---- finding a job by its comment ---------------------------------------------------------------
 def find_by_comment(
-    marker: str,
-    *,
-    name: Optional[str] = None,
-    since: Optional[float] = None,
-    env: Optional[Mapping[str, str]] = None,
-    timeout: float = TIMEOUT,
+    marker: str, *, name: Optional[str] = None, since: Optional[float] = None, env: Optional[Mapping[str, str]] = None
 ) -> list[tuple[int, str]]:
-    """This user's Slurm jobs whose comment is `marker`, as (slurm_id, state), oldest first: the
-    controller's jobs (squeue), then jobs it has forgotten from slurmdbd (by comment, which needs
-    `AccountingStoreFlags=job_comment`), else from the jobcomp/filetxt log, which keeps no comment:
-    there, a job named `name` submitted at or after `since` (seconds since the epoch; default a day
-    ago) counts. Includes jobs sbatch refused after giving them an id (state FAILED)."""
+    """This user's Slurm jobs whose comment is `marker`, as (slurm_id, state), oldest first: from
+    squeue, then sacct (the comment needs `AccountingStoreFlags=job_comment`; the jobcomp/filetxt
+    log keeps none: there a job named `name` submitted since `since`, default a day ago, counts)."""
     uid = str(os.getuid())
-    proc = _run(["squeue", "-h", "-t", "all", "-u", uid, "-O", "JobID:|,State:|,Comment:|"], env, timeout)
+    proc = _run(["squeue", "-h", "-t", "all", "-u", uid, "-O", "JobID:|,State:|,Comment:|"], env)
     if proc.returncode != 0:
         raise _failure("squeue", proc)
     found: dict[int, str] = {}
@@ -334,7 +268,7 @@ def find_by_comment(
     since = time.time() - 86400 if since is None else since
     start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
     fields = ("JobID", "State", "JobName", "Submit", "Comment")
-    for job_id, state, job_name, submitted, comment in _sacct(["-u", uid, "-S", start], fields, env, timeout):
+    for job_id, state, job_name, submitted, comment in _sacct(["-u", uid, "-S", start], fields, env):
         if not job_id.isdigit() or int(job_id) in found:
             continue
         if comment == marker or (
@@ -344,7 +278,6 @@ def find_by_comment(
     return sorted(found.items())
 
 
-# ---- small parsers ------------------------------------------------------------------------------
 def _state(text: str) -> str:
     """`CANCELLED by 0` -> `CANCELLED`; `COMPLETED+` (a truncated column) -> `COMPLETED`."""
     words = text.strip().split()
@@ -372,8 +305,7 @@ def _exit_status(text: str) -> tuple[Optional[int], Optional[int]]:
 
 
 def slurm_time(text: str) -> Optional[float]:
-    """Seconds since the epoch from Slurm's local `2026-12-02T18:11:32`; None for N/A, NONE,
-    Unknown and empty."""
+    """Seconds since the epoch from Slurm's local `2026-12-02T18:11:32`; None for N/A and the like."""
     try:
         return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
     except ValueError:

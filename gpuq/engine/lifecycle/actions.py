@@ -96,7 +96,7 @@ def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS, action: s
         spool.control.request(job_id, action)
     except SpoolFull:
         pass  # a full disk: the job is still stopped; its supervisor records it as failed (143)
-    if not procs.terminate_tree(job, grace, force=True):
+    if not procs.terminate_tree(job, grace):
         raise Refused(f"job #{job_id} (pid {job.pid}) did not die")
     return wait_until_settled(spool, job_id)
 

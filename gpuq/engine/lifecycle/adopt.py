@@ -1,13 +1,5 @@
-"""`gpuq adopt PID`: take a process started outside gpuq into the queue as a running job.
-
-An adopted job is a running/ job file with `adopted: true`, the process's real argv, cwd and start
-time, its identity (pid + create time + boot id) and `slot: null`, which occupies every slot of the
-worker: nothing else starts while it runs. No supervisor holds its claim; it cannot have one, since
-only a process's parent can learn its exit code. Recovery (engine/lifecycle/repairs.py) moves it to done/ with
-`exit_code: null` and a note once its process is gone, so `--after` on it starts then.
-
-psutil gives the same answers on Linux and macOS.
-"""
+"""`gpuq adopt PID`: take a process started outside gpuq into the queue as a running job, with no
+supervisor (only a process's parent can learn its exit code): recovery ends it once it is gone."""
 
 from __future__ import annotations
 
@@ -50,9 +42,9 @@ def describe(pid: int) -> dict[str, Any]:
                 "cmd": proc.cmdline(),
                 "cwd": proc.cwd(),
                 "create_time": proc.create_time(),
+                "stdout": _stdout_file(proc),
+                "ancestors": [p.pid for p in proc.parents()],
             }
-            info["stdout"] = _stdout_file(proc)
-            info["ancestors"] = [p.pid for p in proc.parents()]
     except psutil.NoSuchProcess:
         raise AdoptError(f"no such process: {pid}") from None
     except psutil.AccessDenied:
@@ -63,8 +55,7 @@ def describe(pid: int) -> dict[str, Any]:
 
 
 def _stdout_file(proc: Any) -> Optional[str]:
-    """The regular file the process writes its stdout to (`nohup python train.py > train.log &`),
-    so an adopted job has a log for progress without --log."""
+    """The file the process writes its stdout to (`nohup python train.py > train.log &`): its log."""
     try:
         for entry in proc.open_files():
             if entry.fd == 1 and os.path.isfile(entry.path):
@@ -75,8 +66,7 @@ def _stdout_file(proc: Any) -> Optional[str]:
 
 
 def tracked_by(spool: Spool, info: dict[str, Any]) -> Optional[str]:
-    """Why gpuq already tracks this process (a job's own process, its supervisor, or a process
-    inside a job's tree), or None."""
+    """Why gpuq already tracks this process (a job's, its supervisor, or inside a job), or None."""
     for _ref, job in spool.jobs.load_many(RUNNING):
         ident = (job.pid, job.pid_create_time)
         sup = job.supervisor or {}

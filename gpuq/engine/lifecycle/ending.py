@@ -1,13 +1,7 @@
 """A job's end, recorded: the one way a job that ran leaves running/ (or slurm/) (spool_layout.md,
-section 6, step 4; section 10; section 16).
-
-Three callers record ends, each holding the job's claim: the job's supervisor, which knows the exit
-code (run/supervisor/end.py); recovery, for a job whose supervisor and process are gone
-(engine/lifecycle/repairs.py: `end_unseen`); and the Slurm sync, for a job that ended on Slurm
-(engine/lifecycle/slurm_handover.py). They differ in what they know of the end; what the end writes is made
-here (`attempt_end`) and written here (`record_end`). `claimed` is how a command (and the Slurm
-sync) holds a job's claim while it changes it, `get` how it reads the job.
-"""
+sections 6, 10 and 16). Its supervisor, recovery and the Slurm sync each know a different part of
+the end; what the end writes is made here (`attempt_end`) and written here (`record_end`), under
+the job's claim (`claimed`)."""
 
 from __future__ import annotations
 
@@ -41,9 +35,8 @@ class End(NamedTuple):
 
 
 def attempt_end(spool: Spool, job: Job, end: End) -> dict[str, Any]:
-    """The changes an attempt's end writes: its history entry; for a job that goes back to the
-    queue, how it continues (from its newest checkpoint, said in the note); for a preempted one,
-    the preemption's record (its checkpoint, the steps lost)."""
+    """The changes an attempt's end writes: its history entry; back to the queue, how it continues;
+    preempted, the preemption's record."""
     how = continuation.plan(spool, job) if end.state == PENDING else None
     note = end.note
     if how is not None:
@@ -68,11 +61,10 @@ def record_end(
     room: Optional[Reservation] = None,
     while_full: Optional[Callable[[], None]] = None,
 ) -> tuple[JobRef, Job]:
-    """Move the ended job to `state` with `changes` (the caller holds its claim). `room`: blocks
-    set aside at its start, so that a disk the job filled cannot lose its end. SpoolFull is
-    raised, unless `while_full` is given: it is called (the supervisor notes the end in the
-    claim's lock file, for recovery should it die) and the move is tried again, with the spool's
-    own room, after a wait that doubles up to FULL_RETRY_MAX_SECONDS."""
+    """Move the ended job to `state` with `changes` (the caller holds its claim). `room`: blocks set
+    aside at its start, so that a disk the job filled cannot lose its end. On SpoolFull, if
+    `while_full` is given, it is called (the supervisor notes the end for recovery) and the move
+    tried again, with the spool's own room, after a wait that doubles up to FULL_RETRY_MAX_SECONDS."""
     delay = 1.0
     while True:
         try:

@@ -377,9 +377,7 @@ def _safeguards(request: Request, cwd: str, git_cache: Any = None) -> dict[str, 
         return out
     from gpuq.system import gitinfo  # git: only inside a repository
 
-    # git runs only when the work tree changed since it last answered: its answer is kept in the
-    # spool's cache/, read (and written) here without creating the spool, which is opened later
-    out["code"] = gitinfo.provenance(cwd, cache=Spool().cache if git_cache is None else git_cache)
+    out["code"] = gitinfo.provenance(cwd)
     if request.snapshot and out["code"] is None:
         raise UsageError(f"--snapshot: git cannot read the repository of {cwd}")
     if request.snapshot:

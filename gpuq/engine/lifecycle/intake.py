@@ -1,9 +1,6 @@
-"""Taking in job files that people (or programs) drop into pending/ by hand.
-
-A dropped file is read only when it is complete: a file that does not parse yet is left alone
-while a process still has it open for writing or it changed in the last GPUQ_INTAKE_QUIET seconds,
-so `cat > pending/x.json` typed slowly is never rejected half-way. Once complete, it is either
-turned into a proper job (new id, canonical name) or moved to rejected/ with the reason.
+"""Taking in job files dropped into pending/ by hand: each becomes a proper job or goes to rejected/.
+A file that does not parse yet is left alone while a process has it open for writing or it changed
+in the last GPUQ_INTAKE_QUIET seconds, so `cat > pending/x.json` typed slowly is never rejected.
 """
 
 from __future__ import annotations
@@ -31,9 +28,8 @@ def quiet_seconds() -> float:
 
 
 class Writers:
-    """Which files of one directory some process holds open for writing (Linux /proc; none
-    elsewhere). /proc is scanned at most once per intake pass, and only if a file needs it: a scan
-    reads every descriptor of every process, so one per file made a burst of broken files slow."""
+    """Which files of one directory some process holds open for writing (Linux /proc; none elsewhere),
+    scanned once per pass and only if a file needs it: a scan reads every process's descriptors."""
 
     MAX_AGE = 0.25  # seconds a scan is trusted: a writer may open a file after we looked
 
@@ -87,9 +83,8 @@ def still_being_written(path: str, now: float, writers: Optional[Writers] = None
 def take_in_some(
     spool: Spool, now: Optional[float] = None, budget: Optional[float] = None
 ) -> tuple[list[tuple[str, str]], bool]:
-    """Process dropped files for at most `budget` seconds (None: all of them), so that a burst of
-    thousands of files cannot hold up the jobs already queued. Returns the (printable file name,
-    outcome) pairs for the log, and True if files were left for the next pass."""
+    """Process dropped files for at most `budget` seconds (None: all), so that a burst cannot hold up
+    the queue: (printable file name, outcome) pairs, and True if files were left for the next pass."""
     now = time.time() if now is None else now
     stop_at = None if budget is None else time.monotonic() + budget
     writers = Writers(spool.layout.state_dir(PENDING))
@@ -147,8 +142,7 @@ def _read_dropped(spool: Spool, name: str, hidden: Optional[str] = None) -> dict
 
 
 def _publish(spool: Spool, job_id: int, hidden: str, original: str, fields: dict[str, Any]) -> str:
-    """Publish the job under the claim of its id, so two workers finishing the same interrupted
-    intake cannot both publish it."""
+    """Publish the job under its id's claim (two workers finishing one intake cannot both)."""
     claim = spool.claims.claim(job_id)
     if claim is None:
         return "waiting"
@@ -243,9 +237,8 @@ def _reject(spool: Spool, name: str, reason: str, hidden: Optional[str] = None) 
 def reject_broken(
     spool: Spool, invalid: list[tuple[JobRef, str]], now: float, budget: float
 ) -> tuple[list[tuple[str, str]], bool]:
-    """Move canonical-looking pending files that are not valid jobs to rejected/ (once their
-    writer is done with them), for at most `budget` seconds. Returns (file name, outcome) pairs
-    for the log and True if some were left for the next step."""
+    """Move canonical-looking pending files that are not valid jobs to rejected/ once written, for at
+    most `budget` seconds: (file name, outcome) pairs, and True if some were left."""
     writers = Writers(spool.layout.state_dir(PENDING))  # one /proc scan for all of them
     stop_at = time.monotonic() + budget
     outcomes: list[tuple[str, str]] = []

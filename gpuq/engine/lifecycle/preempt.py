@@ -49,7 +49,7 @@ def preempt(
     left = procs.wait_gone(pgid, snapshot, timeout)
     if left and force:
         say(f"still alive after {timeout:g}s: {_pids(left)}; sending SIGKILL")
-        left = procs.kill_leftovers(pgid, snapshot, FORCE_WAIT)
+        left = procs.wait_gone(pgid, snapshot, FORCE_WAIT, kill=True)
         if left:
             raise Refused(f"job #{job_id}: processes {_pids(left)} survived SIGKILL")
     if left:

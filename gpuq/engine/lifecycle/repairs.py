@@ -1,10 +1,6 @@
-"""Crash recovery: bring the spool back to the truth after any crash, at any point.
-
-`reconcile()` is run by every worker step (the cheap part, and everything at the worker's start
-and then every few seconds) and by `gpuq status` (the cheap part). Each repair is safe to run by
-several processes at once: every change to a job is made while holding the job's claim lock, and a
-claim whose owner died can be taken over by exactly one process (see spool/claims.py).
-spool_layout.md (section 10) lists each crash point and which repair here resolves it.
+"""Crash recovery: bring the spool back to the truth after any crash, at any point (spool_layout.md,
+section 10, lists each crash point and its repair). Each repair is safe to run by several processes
+at once: every change to a job is made under its claim, which exactly one process can take over.
 """
 
 from __future__ import annotations
@@ -35,12 +31,11 @@ def reconcile(
     listing: Optional[list[JobRef]] = None,
     finished: Optional[tuple[dict[int, str], int]] = None,
 ) -> Report:
-    """Repair what crashes leave behind. The cheap part (always): duplicate copies seen in
-    `listing` (a listing of every state just taken, if the caller has one) and running jobs whose
-    process and supervisor are gone. `full` also resolves duplicates without a listing and clears
-    stale claims and tmp files. With `listing`, `report.listing` is the tree after the repairs, so
-    a caller with 100,000 finished jobs lists it once, not three times. `finished`: when `listing`
-    holds only the other states, (id -> state of the finished jobs, how many files they are)."""
+    """Repair what crashes leave behind: always duplicates seen in `listing` (every state, just
+    listed) and running jobs whose process and supervisor are gone; with `full`, every duplicate,
+    stale claims and tmp files. With `listing`, `report.listing` is the tree after the repairs (a
+    big spool is listed once). `finished`: (id -> state, file count) of the finished jobs when
+    `listing` holds only the other states."""
     report = Report()
     if full or (listing is not None and _copies(listing, finished)):
         resolve_duplicates(spool, report)  # meanwhile read_queue() ignores a stale pending copy
@@ -109,9 +104,9 @@ def settle_unsupervised(spool: Spool, report: Report) -> None:
 
 
 def end_unseen(spool: Spool, ref: JobRef, job: Job, noted: Optional[dict[str, Any]] = None) -> str:
-    """Record the end of a running job whose supervisor is gone; returns its new state. The
-    caller holds the claim and has made sure its process is gone. `noted`: what the supervisor
-    left in the claim's lock file when the disk was too full to record the end itself."""
+    """Record the end of a running job whose supervisor and process are gone (the caller holds its
+    claim); its new state. `noted`: what the supervisor left in the claim's lock file when the disk
+    was too full to record the end itself."""
     # here: `gpuq status` runs reconcile() every time and settles a job almost never (these three)
     from gpuq.core import transitions  # (see above)
     from gpuq.engine.lifecycle import ending  # (see above)
@@ -142,9 +137,7 @@ def reached_end_text(reached: str) -> str:
 
 
 def clear_stale_claims(spool: Spool, report: Report) -> None:
-    """A claim lock whose owner died (a worker killed between claiming and handing the job to
-    its supervisor, or a supervisor killed after moving the job on) is removed; the job itself
-    stays where it is, so it is started at most once."""
+    """Remove claim locks whose owner died; the job stays where it is, so it starts at most once."""
     running = {ref.id for ref in spool.jobs.refs((RUNNING,))}
     for job_id in spool.claims.ids():
         if job_id in running or spool.claims.held(job_id) is not False:

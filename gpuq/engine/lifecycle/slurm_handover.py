@@ -1,12 +1,6 @@
 """Handing pending jobs to Slurm (`submit`), keeping the spool the truth about them (`sync`), and
-cancelling them there (`cancel`). The batch script is written by the caller's `build` (run/slurm_batch.py:
-this layer cannot import it).
-
-The protocol (spool_layout.md, section 16): under the job's claim, the pending job is first marked
-(`slurm.state` SUBMITTING: the scheduler no longer starts it here), then sbatch is asked, then the
-job moves pending -> slurm with its Slurm id. A job marked but not moved (gpuq killed in between,
-sbatch timed out) is repaired from Slurm's side by the comment marker: found, it is moved with the
-id Slurm gave it; not found, it is submitted then. Nothing leaves pending/ unless Slurm accepted it.
+cancelling them there (`cancel`), by spool_layout.md's section 16. The batch script is written by the
+caller's `build` (run/slurm_batch.py: this layer cannot import it).
 """
 
 from __future__ import annotations
@@ -15,7 +9,7 @@ import hashlib
 import shutil
 import signal
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 
 from gpuq.core import states, transitions
 from gpuq.core.errors import GpuqError, Refused
@@ -35,8 +29,7 @@ Env = Optional[Mapping[str, str]]
 REPAIR_SLACK = 5.0
 
 
-@dataclass
-class Handed:
+class Handed(NamedTuple):
     job: Job
     slurm_id: int
     repaired: bool = False  # found in Slurm after a hand-over cut short, not submitted again
@@ -60,7 +53,6 @@ def spool_marker(spool: Spool, job_id: int) -> str:
     return client.comment_marker(spool_key(spool), job_id)
 
 
-# ---- submit ---------------------------------------------------------------------------------------
 @dataclass
 class Submitted:
     handed: list[Handed] = field(default_factory=list)  # in the order they were handed over
@@ -75,15 +67,14 @@ def submit(
     env: Env = None,
     say: Callable[[Handed], None] = lambda handed: None,
 ) -> Submitted:
-    """Hand over every job that can go, each on its own and in dependency order, telling `say` as
-    each one is. A job that cannot (not pending, a dependency Slurm could not honour, one refused
-    by sbatch, one that runs after a job left here) stays here, with the reason. A controller that
-    cannot be reached or does not answer stops the rest (each would wait for it again)."""
+    """Hand over every job that can go, in dependency order, telling `say` of each; one that cannot
+    stays here, with the reason. A controller that does not answer stops the rest."""
     if shutil.which("sbatch", path=env.get("PATH") if env is not None else None) is None:
         raise SlurmError("Slurm's sbatch is not on PATH: run gpuq on the cluster's login node")
     out = Submitted()
     jobs = _targets(spool, ids, out.left)
-    if any(d in _ids_in(spool, SLURM) for j in jobs for d in _deps(j)):
+    on_slurm = {ref.id for ref in spool.jobs.refs((SLURM,))}
+    if any(d in on_slurm for j in jobs for d in j.after + j.after_any):
         sync(spool, env)  # a dependency Slurm finished (and may forget) must be seen as ended
     slurm_ids = _slurm_ids(spool)
     states = {ref.id: ref.state for ref in spool.jobs.refs()}
@@ -127,14 +118,6 @@ def _targets(spool: Spool, ids: Optional[Sequence[int]], left: dict[int, str]) -
     return jobs
 
 
-def _deps(job: Job) -> list[int]:
-    return job.after + job.after_any
-
-
-def _ids_in(spool: Spool, state: str) -> set[int]:
-    return {ref.id for ref in spool.jobs.refs((state,))}
-
-
 def _slurm_ids(spool: Spool) -> dict[int, int]:
     """gpuq id -> Slurm id of every job in slurm/."""
     return {job.id: job.slurm["job_id"] for _ref, job in spool.jobs.load_many(SLURM) if job.slurm}
@@ -154,7 +137,7 @@ def _in_dependency_order(jobs: list[Job], left: dict[int, str]) -> list[Job]:
             for member in circle:
                 left[member] = f"jobs {', '.join(f'#{i}' for i in circle)} depend on each other in a circle"
             return
-        for dep in sorted(_deps(by_id[job_id])):
+        for dep in sorted(by_id[job_id].after + by_id[job_id].after_any):
             if dep in by_id:
                 visit(dep, path + (job_id,))
         if job_id not in left:
@@ -166,10 +149,9 @@ def _in_dependency_order(jobs: list[Job], left: dict[int, str]) -> list[Job]:
 
 
 def _check_dependencies(job: Job, states: dict[int, str], slurm_ids: dict, left: dict[int, str]) -> None:
-    """Refuse a dependency Slurm cannot be given: one on a job that will not end well (after),
-    one on a job left behind in this queue, one on a job gone (Slurm would take an id it does
-    not know as satisfied). Done jobs (and, for after_any, any end) are satisfied: dropped. A job
-    on Slurm (in slurm/, or handed over just now) is a Slurm dependency."""
+    """Refuse a dependency Slurm cannot be given: on a job that will not end well, one left here,
+    or one gone (Slurm takes an unknown id as satisfied). Satisfied ones are dropped; a job on
+    Slurm is a Slurm dependency."""
     for dep, any_end in [(d, False) for d in job.after] + [(d, True) for d in job.after_any]:
         state = states.get(dep)
         if dep in slurm_ids or state == DONE or (any_end and state in FINISHED):
@@ -216,7 +198,6 @@ def _find(spool: Spool, job: Job, env: Env) -> Optional[int]:
     return found[0][0] if found else None
 
 
-# ---- sync -----------------------------------------------------------------------------------------
 def sync(spool: Spool, env: Env = None) -> SyncReport:
     """Bring the files of jobs in slurm/ up to date with Slurm (see the module's docstring)."""
     report = SyncReport()
@@ -279,7 +260,6 @@ def _repair_marked(spool: Spool, env: Env) -> list[Handed]:
     return out
 
 
-# ---- cancel ---------------------------------------------------------------------------------------
 def cancel(spool: Spool, job_id: int, env: Env = None) -> Job:
     """scancel the job's Slurm job, then move it to cancelled/ (also when Slurm no longer knows it).
     One Slurm ended meanwhile is recorded as it ended instead."""

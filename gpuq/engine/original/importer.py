@@ -1,12 +1,6 @@
-"""Bringing the original gpuq's queue (`~/.gpuq/gpuq.db` or `queue.json`) into the spool.
-
-Ids are kept, so `after` links, logs and habits carry over. Pending jobs are queued, finished ones
-land in done/, failed/ or cancelled/ with their exit codes and times, a running one whose process
-still lives is adopted, and one whose process is gone is interrupted. The import is recorded under
-the queue's fingerprint before anything is published, so that the same queue is never imported
-twice (not even from its `.bak`), and an import cut short by a crash is finished by the next one.
-The old file is then renamed to `.bak`; nothing is deleted.
-"""
+"""Bringing the original gpuq's queue into the spool, ids kept. The import is recorded under the
+queue's fingerprint before anything is published, so a queue is never imported twice (not even from
+its `.bak`) and one cut short by a crash is finished by the next; the old file is renamed to `.bak`."""
 
 from __future__ import annotations
 
@@ -18,6 +12,7 @@ from typing import Any, Optional
 
 from gpuq.core import schema, states
 from gpuq.core.errors import Refused
+from gpuq.core.job import Job
 from gpuq.core.times import now_iso
 from gpuq.engine.original import reader
 from gpuq.spool import Spool
@@ -118,7 +113,7 @@ def _import_job(spool: Spool, queue: reader.LegacyQueue, old: reader.LegacyJob, 
     report.notes += [f"#{old.id}: {note}" for note in old.notes]
 
 
-def _job(spool: Spool, queue: reader.LegacyQueue, old: reader.LegacyJob) -> tuple[str, dict[str, Any]]:
+def _job(spool: Spool, queue: reader.LegacyQueue, old: reader.LegacyJob) -> tuple[str, Job]:
     job = schema.new_job(
         job_id=old.id,
         name=old.name,
@@ -181,4 +176,4 @@ def import_on_first_use(spool: Spool) -> Optional[ImportReport]:
     """The original gpuq's queue in the spool's own directory, imported the first time any gpuq
     command runs there (as the original imported its queue.json). None when there is none."""
     found = reader.find_legacy(spool.home)
-    return import_queue(spool, found) if found is not None else None
+    return import_queue(spool, Path(found)) if found is not None else None

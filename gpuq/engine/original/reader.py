@@ -1,16 +1,5 @@
-"""Reading the queue of the original single-file gpuq, as plain data (nothing here writes anywhere).
-
-The original kept its queue in `~/.gpuq/gpuq.db` (SQLite in WAL mode, one table `jobs`) or, in its
-first version, in `~/.gpuq/queue.json` (`{"next_id": N, "jobs": [...]}`). Both store times as naive
-local ISO strings, `args` as a list and `env` as an object (JSON text in SQLite), and the job ran as
-`<python> -u <script> <args...>` in `cwd`, where `python` is what `add` stored: `--python`, else the
-`.venv/bin/python` of `cwd` or its parent, else the word `python3` (found on PATH at run time).
-
-`read_queue` turns such a file into `LegacyJob`s in gpuq's terms, and every row it cannot take
-into a `LegacyProblem`, so that an import can say exactly what it took and what it could not.
-A dependency of the original (`after`) was met once the other job ended in any way (done, failed
-or cancelled): that is the spool's `after_any`, not its `after`.
-"""
+"""Reading the queue of the original single-file gpuq (`~/.gpuq/gpuq.db`, SQLite, or `queue.json`) as
+plain data: each row a `LegacyJob`, or a `LegacyProblem` saying why not. Nothing here writes."""
 
 from __future__ import annotations
 
@@ -38,9 +27,6 @@ __all__ = ["DB_NAME", "JSON_NAME", "find_legacy"]  # spool.layout's, kept import
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # The states the original wrote; `preempted` came with its `preempt` command.
 KNOWN_STATES = (PENDING, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED, PREEMPTED)  # spelled as ours
-# What the original added to every job's environment under the job's own `env`. Not copied into
-# LegacyJob.env: CUDA_VISIBLE_DEVICES=0 would fight gpuq's own GPU slots.
-ORIGINAL_DEFAULT_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "CUDA_VISIBLE_DEVICES": "0"}
 # The original recorded started_at just before it forked the job, so the job's process was created
 # a moment after it; a process created later than this is another one that reused the pid.
 START_SLACK_SECONDS = 30.0
@@ -58,7 +44,7 @@ class LegacyJob:
     name: str
     cmd: list[str]  # argv exactly as the original ran it, to be run in `cwd`
     cwd: str
-    env: dict[str, str]  # the job's own variables (see ORIGINAL_DEFAULT_ENV)
+    env: dict[str, str]  # its own, not the original's defaults (CUDA_VISIBLE_DEVICES=0 would fight gpuq's)
     status: str  # one of KNOWN_STATES, already decided for running jobs (see read_queue)
     legacy_status: str  # what the file said
     after: list[int]  # ids it waited for, satisfied by any end: the spool's `after_any`
@@ -93,14 +79,9 @@ class LegacyQueue:
 
 
 def read_queue(path: Path) -> LegacyQueue:
-    """Read an original gpuq queue (`gpuq.db`, `queue.json`, or a renamed copy such as a `.bak`).
-
-    The kind is told by content, not by name. SQLite is opened read-only and sees rows still in
-    the `-wal` file. A job recorded as running stays "running" only if its pid is a live,
-    non-zombie process of this user created no later than its start; otherwise it is
-    "interrupted" (a queue.json job has no pid: always interrupted). Raises LegacyError for a
-    file that is not such a queue; a row that cannot be taken becomes a LegacyProblem.
-    """
+    """Read an original gpuq queue (`gpuq.db`, `queue.json`, or a renamed copy), its kind told by
+    content. A job recorded as running stays so only if its pid is a live process of this user
+    created no later than its start; else it is interrupted. LegacyError for no such queue."""
     path = Path(path).absolute()
     try:
         with open(path, "rb") as handle:
@@ -119,14 +100,9 @@ def read_queue(path: Path) -> LegacyQueue:
 
 
 def retire_plan(path: Path) -> list[tuple[Path, Path]]:
-    """The renames that put an imported file out of the way, in the order to do them.
-
-    `NAME` becomes `NAME.bak` (or `NAME.bak.1`, ... when that exists: the original's own JSON
-    migration left a `queue.json.bak`). An SQLite file's `-wal` and `-shm` move first, to the new
-    name's companions: the `-wal` may hold committed rows, and one left behind under the old name
-    would be replayed into any new `gpuq.db` the original creates. A crash midway leaves the old
-    file plus a `.bak-wal` that pairs up once the file follows. Use no-replace renames.
-    """
+    """The renames that put an imported file out of the way, in order: `NAME` -> `NAME.bak` (or
+    `.bak.1`...), after its `-wal` and `-shm`: a `-wal` left under the old name would be replayed
+    into any new `gpuq.db` the original creates. Use no-replace renames."""
     path = Path(path)
     target = path.with_name(path.name + ".bak")
     n = 0
@@ -135,9 +111,6 @@ def retire_plan(path: Path) -> list[tuple[Path, Path]]:
         target = path.with_name(f"{path.name}.bak.{n}")
     moves = [(Path(str(path) + s), Path(str(target) + s)) for s in ("-wal", "-shm")]
     return [m for m in moves if m[0].exists()] + [(path, target)]
-
-
-# -- reading the two formats ---------------------------------------------------------------------
 
 
 def _read_sqlite(path: Path) -> tuple[list[dict[str, Any]], Optional[int]]:
@@ -191,9 +164,6 @@ def _plain(value: Any) -> Any:
     return value.hex() if isinstance(value, (bytes, bytearray)) else repr(value)
 
 
-# -- converting rows -----------------------------------------------------------------------------
-
-
 class _Unreadable(Exception):
     """A row that cannot become a job; the message is the reason."""
 
@@ -232,8 +202,8 @@ def _convert(record: dict[str, Any], job_id: int, kind: str) -> LegacyJob:
     script = record.get("script")
     if not isinstance(script, str) or not script:
         raise _Unreadable("no script")
-    args = _str_list(_decoded(record.get("args", []), "args"), "args")
-    env = _str_dict(_decoded(record.get("env", {}), "env"), "env")
+    args = [str(v) for v in _scalars(record, "args", [], "a list of words")]
+    env = {str(k): str(v) for k, v in _scalars(record, "env", {}, "an object of strings").items()}
     python = record.get("python")
     if not isinstance(python, str) or not python:
         python = _venv_python(cwd)
@@ -304,29 +274,20 @@ def _live_start(pid: int, started_at: Optional[str]) -> Optional[float]:
     return created
 
 
-def _decoded(value: Any, what: str) -> Any:
+def _scalars(record: dict[str, Any], key: str, empty: Any, kind: str) -> Any:
+    """record[key]: a list or object (as `empty` is) of strings or numbers; null reads as empty."""
+    value = record.get(key, empty)
     if isinstance(value, str):  # SQLite keeps args and env as JSON text
         try:
-            return json.loads(value)
+            value = json.loads(value)
         except ValueError:
-            raise _Unreadable(f"{what} is not valid JSON: {value[:80]!r}") from None
+            raise _Unreadable(f"{key} is not valid JSON: {value[:80]!r}") from None
+    if value is None:
+        return empty
+    items = value.values() if isinstance(value, dict) else value
+    if type(value) is not type(empty) or not all(_is_scalar(v) for v in items):
+        raise _Unreadable(f"{key} is not {kind}")
     return value
-
-
-def _str_list(value: Any, what: str) -> list[str]:
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(_is_scalar(v) for v in value):
-        raise _Unreadable(f"{what} is not a list of words")
-    return [str(v) for v in value]
-
-
-def _str_dict(value: Any, what: str) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(_is_scalar(v) for v in value.values()):
-        raise _Unreadable(f"{what} is not an object of strings")
-    return {str(k): str(v) for k, v in value.items()}
 
 
 def _cwd(value: Any, notes: list[str]) -> str:

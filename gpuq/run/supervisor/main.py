@@ -22,7 +22,6 @@ from gpuq.run.supervisor import end, start, wait
 from gpuq.run.supervisor.order import StartOrder
 from gpuq.run.supervisor.start import Run, Started
 from gpuq.spool import Claim, Spool
-from gpuq.system import fsutil
 
 
 def supervise(spool: Spool, claim: Claim, order: StartOrder, heard: Optional[successor.Heard]) -> int:
@@ -141,7 +140,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     os.umask(0o077)
     name_process("gpuq-spare")
     spool = Spool(args[1])
-    fsutil.preload()  # ctypes, for the no-clobber rename of a claim: off the way between two jobs
     assignment = wait_for_order(int(args[3]))
     if assignment is None:
         return 0

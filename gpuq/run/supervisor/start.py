@@ -182,7 +182,7 @@ def note_code_change(run: Run) -> None:
     queued = run.job.code
     if not queued or run.job.snapshot:
         return
-    now = gitinfo.provenance(run.job.cwd, cache=run.spool.cache)  # git only if the work tree changed
+    now = gitinfo.provenance(run.job.cwd)
     changed = gitinfo.changed(queued, now)
     if changed:  # an unchanged start needs no write: `code` is what runs
         log_line(run.log_fd, changed)
