@@ -53,8 +53,8 @@ def history_groups(pairs: list[history.JobRecord], since: Optional[float], by: s
 
 
 def _table(groups: list[history.Group], by: str) -> str:
-    header = (by, "runs", DONE, FAILED, "GPU-h", "median", PREEMPTED)
-    rows = [header] + [
+    header: tuple[str, ...] = (by, "runs", DONE, FAILED, "GPU-h", "median", PREEMPTED)
+    rows: list[tuple[str, ...]] = [header] + [
         (
             str(g.key if g.key is not None else "-"),
             str(g.runs),

@@ -58,7 +58,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
     for item in report.repaired:
         print(f"[>] Job #{item.job.id}: {item.job.name} -> Slurm job {item.slurm_id} (hand-over repaired)")
     for job in report.changed:
-        print(f"[~] Job #{job.id}: {job.name}  {render.slurm_text(job.slurm)}")
+        print(f"[~] Job #{job.id}: {job.name}  {render.slurm_text(job.slurm or {})}")
     for job, state in report.ended:
         code = f" (exit {job.exit_code})" if job.exit_code is not None else ""
         print(f"[{'+' if state == DONE else '-'}] Job #{job.id}: {job.name} {state}{code}")

@@ -78,12 +78,12 @@ def json_row(row: Row) -> dict[str, Any]:
 
 def cmd_eta(args: argparse.Namespace) -> int:
     sp = spool()
-    if args.id is not None and sp.jobs.find(args.id) is None:
+    found = sp.jobs.find(args.id) if args.id is not None else None
+    if args.id is not None and found is None:
         raise Refused(f"no such job #{args.id}")
     rows = [r for r in status(sp).rows if r.estimate is not None and args.id in (None, r.job.id)]
-    if args.id is not None and not rows:
-        state = sp.jobs.find(args.id).state
-        print(f"#{args.id}: {state}; an ETA is given for running and pending jobs only")
+    if found is not None and not rows:
+        print(f"#{args.id}: {found.state}; an ETA is given for running and pending jobs only")
     elif not rows:
         print("no running or pending jobs")
     for line in render.eta_lines(rows):

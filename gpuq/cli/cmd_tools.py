@@ -11,7 +11,7 @@ import gpuq
 from gpuq.cli.commands import COMMANDS
 from gpuq.cli.common import spool
 from gpuq.cli.options import Command
-from gpuq.cli.parser import build_parser
+from gpuq.cli.parser import build_parser, subparsers
 from gpuq.core.errors import Refused
 from gpuq.engine.original import importer, reader
 from gpuq.run import service
@@ -28,7 +28,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         path = found
     else:
         path = Path(args.path).expanduser().absolute()
-    report = importer.import_queue(sp, path)
+    report = importer.import_queue(sp, Path(path))
     print("\n".join(report.lines()))
     return 0
 
@@ -92,10 +92,10 @@ def _complete_ids(parser: argparse.ArgumentParser, commands: tuple[Command, ...]
     """Tell shtab, with `cmd` (shtab.cmd), how each command's job id arguments complete."""
     for command in commands:
         for name in command.names:
-            sub = _subparsers(parser)[name]
+            sub = subparsers(parser)[name]
             for action in sub._actions:
                 if action.dest in ID_ARGUMENTS:
-                    action.complete = cmd(ids_command(command.id_states))  # type: ignore[attr-defined]
+                    action.complete = cmd(ids_command(command.id_states))  # type: ignore[attr-defined]  # shtab reads it
             _complete_ids(sub, command.actions, cmd)
 
 
@@ -103,11 +103,3 @@ def ids_command(id_states: Optional[tuple[str, ...]]) -> str:
     """The shell command that lists the ids a command takes (`gpuq _ids`, cli.cmd_ids)."""
     only = f" --state {','.join(id_states)}" if id_states else ""
     return f"gpuq _ids{only} 2>/dev/null"
-
-
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """The parsers of `parser`'s commands (or of a command's actions), by name."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices
-    return {}

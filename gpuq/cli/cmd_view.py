@@ -51,9 +51,9 @@ def cmd_log(args: argparse.Namespace) -> int:
             print(f"#{job.id} has not started yet ({why})", file=sys.stderr)
             return 0
         print(f"waiting for #{job.id} to start ({why})...", file=sys.stderr, flush=True)
-        job = _await_start(sp, job)
-        if job is not None:
-            _follow(sp, job, offset=0)
+        started = _await_start(sp, job)
+        if started is not None:
+            _follow(sp, started, offset=0)
         return 0
     for line in sp.logs.tail_lines(job, args.lines):
         print(line)

@@ -94,7 +94,7 @@ def _on_each(
     )
 
 
-SLURM = Command(
+SLURM_ACTIONS = Command(
     "slurm",
     help="hand queued jobs to a Slurm cluster (sbatch); the spool keeps their state",
     actions=(
@@ -366,7 +366,7 @@ COMMANDS = (
             ),
         ),
     ),
-    SLURM,
+    SLURM_ACTIONS,
     Command(
         "import",
         handler="cmd_tools:cmd_import",

@@ -44,7 +44,7 @@ class Opt:
         group: Optional[str] = None,
         dash_value: bool = False,
         setting: Optional[str] = None,
-        read: Optional[Callable[[str, str], Any]] = None,
+        read: Optional[Callable[[Any, str], Any]] = None,
         before_script: Optional[str] = None,
     ) -> None:
         self.flags, self.kind, self.convert, self.default, self.const = flags, kind, convert, default, const

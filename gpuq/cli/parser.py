@@ -12,12 +12,14 @@ import argparse
 import os
 import shlex
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from gpuq import __version__
 from gpuq.cli.commands import COMMANDS
 from gpuq.cli.options import ADD, CONST, EXTEND, FLAG, HIDDEN, NOTIFY, REST, Command, Opt
 from gpuq.core.errors import GpuqError, UsageError
+
+E = TypeVar("E", bound=GpuqError)
 
 DESCRIPTION = (
     "A GPU job queue for one machine, kept in a spool directory ($GPUQ_HOME, default ~/.gpuq). "
@@ -39,7 +41,7 @@ class Formatter(argparse.HelpFormatter):
         return super()._format_args(action, default_metavar)
 
 
-def said_by(prefix: str, exc: GpuqError) -> GpuqError:
+def said_by(prefix: str, exc: E) -> E:
     """`exc`, said by `prefix` (`gpuq add: ...`) rather than by plain `gpuq`."""
     exc.prefix = prefix
     return exc
@@ -52,7 +54,7 @@ def _columns() -> int:
     except (KeyError, ValueError):
         pass
     try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+        return os.get_terminal_size().columns or 80  # stdout's file descriptor, as shutil asks
     except (AttributeError, ValueError, OSError):
         return 80
 
@@ -69,7 +71,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise said_by(self.prog, UsageError(f"{message} (see `{self.prog} --help`)"))
 
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         """`--slurm-opt --time=4:00:00`: argparse takes a value that starts with `-` for an
         option, so such an option and its value are made one word first."""
         if self.joined:
@@ -165,14 +167,18 @@ def _typed(convert: Any) -> Any:
     return typed
 
 
-def _commands(parser: Parser) -> dict[str, Parser]:
-    return parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parsers of `parser`'s commands (or of a command's actions), by name."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     wanted = argv[0] if argv and not argv[0].startswith("-") else None
     parser = build_parser(only=wanted)
-    if wanted is not None and wanted not in _commands(parser):
+    if wanted is not None and wanted not in subparsers(parser):
         raise _unknown_command(wanted)
     args = _parse_args(parser, argv)
     if not getattr(args, "func", None):
@@ -190,7 +196,7 @@ def _parse_args(parser: Parser, argv: list[str]) -> argparse.Namespace:
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:
-        if exc.prefix != parser.prog or not argv or argv[0] not in _commands(parser):
+        if exc.prefix != parser.prog or not argv or argv[0] not in subparsers(parser):
             raise
         command = _command_words(argv)
         told = UsageError(str(exc).replace(f"`{parser.prog} --help`", f"`gpuq {command} --help`"))

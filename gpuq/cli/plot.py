@@ -24,7 +24,7 @@ from gpuq.system.extras import install_command
 FORMATS = (".png", ".svg")
 MISSING = "history --plot needs matplotlib"  # and the command that installs it (system/extras.py)
 # Attempt outcome -> (legend label, colour), in legend order: the states an attempt ends in.
-OUTCOMES = {s.name: (s.label, s.colour) for s in sorted((s for s in TABLE if s.label), key=lambda s: s.legend)}
+OUTCOMES = {s.name: (s.label, s.colour) for s in sorted((s for s in TABLE if s.label), key=lambda s: s.legend or 0)}
 OTHER = ("other", "#bcbd22")
 BAR_GID = "gpuq-run"  # SVG id of each bar: gpuq-run-JOB-N-LANE, N the job's Nth run by start time
 MIN_WIDTH_FRACTION = 0.001  # a 2-second failure stays visible on a week-long axis

@@ -92,7 +92,8 @@ def request(given: dict[str, Any]) -> enqueue.Request:
 def on_each(request: requests.OnJobs, said: Callable[[Done], dict[str, Any]]) -> dict[str, Any]:
     """The request carried out on each job, as the CLI's commands of several ids do: the ones
     refused are listed with gpuq's one-line reason; when every one was refused, that is the tool's error."""
-    done, refused = [], []
+    done: list[dict[str, Any]] = []
+    refused: list[dict[str, Any]] = []
     for job_id, outcome in requests.each(spool(), request):
         if isinstance(outcome, GpuqError):
             refused.append({"id": job_id, "error": str(outcome)})

@@ -137,7 +137,9 @@ def _with_toml_entry(path: Path, old: Optional[str], force: bool) -> Optional[st
     if not any(TABLE.match(line) for line in lines):
         text = "".join(lines)
         return text + ("\n" if text and not text.endswith("\n") else "") + ("\n" if text else "") + toml_table()
-    kept, dropped, dropping = [], [], False
+    kept: list[str] = []
+    dropped: list[str] = []
+    dropping = False
     for line in lines:
         if line.lstrip().startswith("["):
             dropping = bool(TABLE.match(line))

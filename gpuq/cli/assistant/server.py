@@ -34,7 +34,9 @@ def build() -> MCPServer:
         "gpuq", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING", middleware=[one_line_errors]
     )
     for tool in tools.TOOLS:
-        server.add_tool(_handler(tool), name=tool.name, description=tool.description, annotations=annotations(tool))
+        server.add_tool(
+            _handler(tool), name=tool.name, description=tool.description, annotations=tool_annotations(tool)
+        )
     server.resource(
         "gpuq://queue",
         name="queue",
@@ -57,7 +59,7 @@ def serve() -> None:
     build().run("stdio")
 
 
-def annotations(tool: tools.Tool) -> ToolAnnotations:
+def tool_annotations(tool: tools.Tool) -> ToolAnnotations:
     """What the client is told of the tool. Said in full: the protocol's defaults for a tool that is
     not read-only are destructive and not idempotent."""
     read = tool.effect == tools.READ

@@ -30,7 +30,7 @@ class App:
         self.ring = model.Ring()
         self.snap = model.take(spool, self.ring)
         self.next_look = time.monotonic() + interval
-        self.selected: Optional[int] = (self.snap.ids() or [None])[0]
+        self.selected: Optional[int] = next(iter(self.snap.ids()), None)
         self.mode = "list"  # or "log", "help"
         self.log: Optional[LogFollow] = None
         self.asking: Optional[tuple[keys.Action, int, str]] = None  # the question on the bottom line

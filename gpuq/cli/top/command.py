@@ -38,7 +38,7 @@ def _once(sp: Spool) -> int:
     $LINES, else 100x30)."""
     size = shutil.get_terminal_size((100, 30))
     snap = model.take(sp, model.Ring())
-    first = (snap.ids() or [None])[0]  # selected, as on the screen
+    first = next(iter(snap.ids()), None)  # selected, as on the screen
     frame = draw.frame(snap, draw.Screen(size.columns, size.lines, first, _unicode()))
     text = "\n".join(line.rstrip() for line, attr in frame if line or attr)  # not the screen's blank rows
     print(text if _unicode() else text.encode("ascii", "replace").decode("ascii"))

@@ -10,6 +10,7 @@ from collections import deque
 from typing import Any, Optional
 
 from gpuq.cli import render
+from gpuq.core.job import Job
 from gpuq.core.states import FINISHED, PENDING, RUNNING
 from gpuq.core.times import duration
 from gpuq.engine.tracking import gpuuse
@@ -42,7 +43,7 @@ class JobLine:
         self.job_id, self.state, self.name, self.progress, self.info = job_id, state, name, progress, info
         self.fraction: Optional[float] = None  # a running job's progress, 0 to 1
         self.util: Optional[int] = None  # mean utilisation of a running job's GPUs now
-        self.job: Optional[dict[str, Any]] = None  # the job's record (its log is found from it)
+        self.job: Optional[Job] = None  # the job's record (its log is found from it)
         self.idle = ""  # a running job that held a GPU idle too long: what `status` says of it
 
 

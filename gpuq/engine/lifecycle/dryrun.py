@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
+from functools import partial
 from typing import Any, Optional
 
 from gpuq.core import jobenv
@@ -175,7 +176,7 @@ def _host_waits(
     ready = [j for j in order if scheduler.waiting_reason(j, snap.states, now=snap.now) is None]
     found: list[dict[int, scheduler.Wait]] = []
     for info in workers:
-        room = hostroom.Room(lambda info=info: _cap_of(info), lambda: snap.running)
+        room = hostroom.Room(partial(_cap_of, info), lambda: snap.running)
         waits: dict[int, scheduler.Wait] = {}
         list(room.admitted(ready, waits))  # each ready job in line, admitted or told why not
         found.append({i: wait for i, wait in waits.items() if i in new})

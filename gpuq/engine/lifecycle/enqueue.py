@@ -342,7 +342,9 @@ def _variants(request: Request, cwd: str) -> tuple[list[Variant], interpreter.Re
         resolved = resolve(request.cmd)
         return [Variant(resolved.cmd, request.name)], resolved
     try:
-        combinations = sweep.expand([sweep.parse_sweep(t) for t in request.sweep], request.cmd, allow_more=request.yes)
+        combinations = sweep.expand(
+            [sweep.parse_sweep(t) for t in request.sweep], list(request.cmd), allow_more=request.yes
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     variants = []

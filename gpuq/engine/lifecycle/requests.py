@@ -41,8 +41,12 @@ class OnJobs:
 class Cancel(OnJobs):
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
         killed: list[int] = []
-        job = actions.cancel(spool, job_id, lambda: (killed.append(job_id), stopping(job_id)))
-        return Done(job, killed=bool(killed))
+
+        def killing() -> None:
+            killed.append(job_id)
+            stopping(job_id)
+
+        return Done(actions.cancel(spool, job_id, killing), killed=bool(killed))
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,7 @@ class Edit:
 
     def run(self, spool: Spool) -> tuple[Optional[Job], list[str]]:
         fields, rev = edit.read(spool, self.id)
-        changed = edit.with_pairs(fields, self.changes)
+        changed = edit.with_pairs(fields, list(self.changes))
         keys = [key for key in changed if changed[key] != fields.get(key)]
         if not keys:
             return None, []
