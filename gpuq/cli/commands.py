@@ -1,6 +1,5 @@
-"""Every command of the `gpuq` command line, in the order `gpuq --help` lists them: the table that
-parser.py builds argparse's parser from (the vocabulary, `add` and `run` are in options.py).
-"""
+"""Every command of the `gpuq` command line, in the order `gpuq --help` lists them (the vocabulary,
+`add` and `run` are in options.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ from gpuq.cli.options import (
     RUN,
     Command,
     Opt,
+    counter,
     gpu_count,
-    ids,
     interval,
     positive_id,
 )
@@ -25,25 +24,16 @@ from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDI
 from gpuq.core.sweep import parse_id_ranges
 from gpuq.core.timespec import parse_duration
 
-# ---- value converters (as options.py's: ValueError for a bad value) ----------------------------
-
 
 def job_ids(text: str) -> list[int]:
-    """The job ids of a command that acts on several: as `ids`, the flag's name left out."""
+    """The job ids of a command that acts on several, the flag's name left out."""
     try:
         return parse_id_ranges(text, "ID")
     except ValueError as exc:
         raise ValueError(str(exc).replace("ID: ", "", 1)) from None
 
 
-def pid(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise ValueError(f"not a process id: {text!r}")
-    return int(text)
-
-
 def state_names(text: str) -> tuple[str, ...]:
-    """`_ids --state pending,held`: state names, each checked."""
     names = tuple(name for name in text.split(",") if name)
     unknown = [name for name in names if name not in states.STATES]
     if unknown or not names:
@@ -52,7 +42,6 @@ def state_names(text: str) -> tuple[str, ...]:
 
 
 def finished_states(text: str) -> tuple[str, ...]:
-    """`clear --state done,failed`: finished states only, each checked."""
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     wrong = [name for name in names if name not in states.FINISHED]
     if wrong or not names:
@@ -70,8 +59,6 @@ def age(text: str) -> float:
         raise ValueError(f"cannot read {text!r} as an age; use 7d, 12h, 90m or 1d12h") from None
 
 
-# ---- the commands ----------------------------------------------------------------------------
-
 SEVERAL = (
     "Each job named is acted on; one that cannot be is named on stderr with the reason, and the command then exits 1."
 )
@@ -86,7 +73,6 @@ ENDING = (*ACTIVE, SLURM)  # what `wait` waits for: jobs that end without a pers
 def _on_each(
     name: str, handler: str, help: str, *options: Opt, id_states: tuple[str, ...], description: str = ""
 ) -> Command:
-    """A command of several job ids (common.each_id): its description says how it answers."""
     description = description or f"{help[0].upper()}{help[1:]}."
     description = f"{description} {SEVERAL}"
     return Command(
@@ -164,7 +150,7 @@ COMMANDS = (
         "all are done, 1 otherwise, naming the ones that failed, were cancelled, or cannot start by themselves.",
         id_states=ENDING,
         options=(
-            Opt("ids", convert=ids, nargs="*", metavar="ID"),
+            Opt("ids", convert=parse_id_ranges, nargs="*", metavar="ID"),
             Opt("--timeout", convert=float, metavar="S", help="give up after S seconds (exit 1)"),
         ),
     ),
@@ -338,7 +324,7 @@ COMMANDS = (
         "jobs can wait for it (--after). Its exit code cannot be known: when it ends it is recorded as done "
         "with exit_code null, so `--after` on it starts whatever its result.",
         options=(
-            Opt("pid", convert=pid, metavar="PID"),
+            Opt("pid", convert=counter(1, "a process id"), metavar="PID"),
             Opt("--name", help="job name (default: <cwd name>/<script stem>)"),
             Opt("--log", metavar="FILE", help="the log file the process writes (for progress and ETA)"),
         ),

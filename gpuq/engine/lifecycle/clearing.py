@@ -1,12 +1,6 @@
-"""`gpuq clear`: remove finished jobs and their logs (or only the logs), chosen by state and age,
-keeping what `gpuq history` counts and what the ETA learns from them (spool_layout.md, section 1,
-"What clear keeps").
-
-Before a job's file goes, its record (its runs, its run time, the tail its run took after its
-last step) is appended to the spool's `kept-runs` and synced; history and the ETA read those
-records beside the finished jobs that are left. A finished job that a waiting job depends on is
-kept, so the dependent is not stranded. Everything else it does is a deletion: on a full disk the
-logs go first, which makes the room the records need; jobs whose records still find none are left.
+"""`gpuq clear`: remove finished jobs and their logs, keeping what `gpuq history` counts and what
+the ETA learns from them: before a job's file goes, its record is appended to the spool's
+`kept-runs`, synced. On a full disk the logs go first, which makes the room the records need.
 """
 
 from __future__ import annotations
@@ -27,13 +21,10 @@ BATCH = 256  # jobs whose claims are held at once while their records are kept a
 
 @dataclass
 class Selection:
-    """The finished jobs a clear would remove, and those it keeps because waiting jobs depend on them."""
-
     refs: list[JobRef] = field(default_factory=list)
     kept_for_dependents: list[int] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        """How many of each finished state, in the states' order; a state with none is not named."""
         return {state: n for state in FINISHED if (n := sum(ref.state == state for ref in self.refs))}
 
 
@@ -49,8 +40,7 @@ class ClearReport:
 def select(
     spool: Spool, states: tuple[str, ...] = FINISHED, older_than: Optional[float] = None, now: Optional[float] = None
 ) -> Selection:
-    """The finished jobs of `states` that ended more than `older_than` seconds ago (None: any),
-    less those a pending or running job waits for. A job whose end is unknown is not old."""
+    """Less those a pending or running job waits for. A job whose end is unknown is not old."""
     if any(state not in FINISHED for state in states):
         raise ValueError(f"only finished jobs are cleared ({', '.join(FINISHED)}), not {states}")
     now = time.time() if now is None else now
@@ -75,9 +65,7 @@ def _ended_before(spool: Spool, ref: JobRef, cutoff: float) -> bool:
 
 
 def clear(spool: Spool, chosen: Selection, logs_only: bool = False) -> ClearReport:
-    """Remove the jobs of `chosen` (each still where it was chosen), their logs and progress
-    files, once their records are kept; with `logs_only` only their logs. Only a job's own claim
-    is taken, empty (no room needed)."""
+    """Remove the jobs of `chosen` still where they were chosen, once their records are kept."""
     report = ClearReport(kept_for_dependents=list(chosen.kept_for_dependents))
     if logs_only:
         for ref in chosen.refs:
@@ -116,8 +104,7 @@ def _clear_batch(spool: Spool, refs: list[JobRef], report: ClearReport) -> None:
 
 
 def _keep(spool: Spool, records: list[tuple[Any, ...]], refs: list[JobRef], report: ClearReport) -> bool:
-    """Append the records durably; on a full disk, first make room by dropping the jobs' logs.
-    False when there is still none (the jobs are then left, logs dropped)."""
+    """Append the records durably; on a full disk, first make room by dropping the jobs' logs."""
     if not records:
         return True
     for attempt in range(2):
@@ -133,8 +120,7 @@ def _keep(spool: Spool, records: list[tuple[Any, ...]], refs: list[JobRef], repo
 
 
 def record_of(spool: Spool, ref: JobRef) -> Optional[tuple[Any, ...]]:
-    """What clear keeps of a finished job (spool/kept.py's RECORD), or None when there is nothing
-    to keep (a job that never ran: no runs, no run time) or its file is not a job."""
+    """What clear keeps of a finished job (spool/kept.py's RECORD), or None for a job that never ran."""
     try:
         job = spool.jobs.load(ref)
     except (FileNotFoundError, schema.InvalidJob):

@@ -1,14 +1,7 @@
-"""`gpuq add --dry-run`: what an `add` would queue and whether and when it would start, with
-nothing written.
-
-The request goes through the same `enqueue.prepare` as a real `add` (the same checks, the same
-one-line errors, the same interpreter found), and through the checks `publish` makes before it
-writes (the GPUs this machine has, the dependencies that exist); then, instead of publishing,
-the jobs are put into an in-memory copy of the queue, where the scheduler says why each would
-wait and the queue's ETA (engine/tracking/queue_eta.py) when it would start. Nothing is written
-to the spool: no id is taken (the ids shown are those the next `add` would get, unreserved), no
-job file, no cache (git's answer about the code, the ETA's samples, the finished rows' caches
-are read, never made), and a spool that does not exist yet is not created.
+"""`gpuq add --dry-run`: the request goes through the same `enqueue.prepare` and `enqueue.check` as
+a real `add`; then, instead of publishing, the jobs join an in-memory copy of the queue, where the
+scheduler and the queue's ETA say whether and when each would start. Nothing is written: no id
+taken, no cache made, no spool created.
 """
 
 from __future__ import annotations
@@ -31,8 +24,6 @@ from gpuq.spool import Spool
 
 
 class _ReadOnlyCache:
-    """The spool's cache/ for git's answer about the code: read as `add` reads it, never written."""
-
     def __init__(self, spool: Spool) -> None:
         self.read = spool.cache.read
 
@@ -41,9 +32,7 @@ class _ReadOnlyCache:
 
 
 def plan_add(spool: Spool, request: enqueue.Request) -> dict[str, Any]:
-    """What `add` would queue for `request`, one entry per job (a sweep's variants each), and
-    whether and when each would start; UsageError or Refused (one line) where `add` would give
-    them. JSON-ready: {"dry_run", "jobs": [...], "notes", "warnings"}."""
+    """JSON-ready: {"dry_run", "jobs": [...], "notes", "warnings"}."""
     prepared = enqueue.prepare(request, git_cache=_ReadOnlyCache(spool))
     exists = os.path.isdir(spool.layout.internal_dir("workers"))  # a spool made (its last parts too)
     enqueue.check(spool, prepared, spool.workers.gpu_views(tidy=False) if exists else None, gpus=exists)
@@ -63,7 +52,6 @@ def plan_add(spool: Spool, request: enqueue.Request) -> dict[str, Any]:
 
 
 def _entry(job: Job, fields: dict[str, Any], starts: dict[str, Any]) -> dict[str, Any]:
-    """One job of the plan, as a person or an assistant checks it before queueing it."""
     snapshot = (fields["options"] or {}).get("snapshot")
     return {
         "id": job.id,
@@ -101,16 +89,12 @@ def _runs_python(cmd: list[str]) -> bool:
 
 
 def _env_added(job: Job) -> dict[str, str]:
-    """What gpuq adds to the environment the job starts in (core/jobenv.py): its conda
-    environment or venv first on PATH, its `env` (-e, --preemptible), GPUQ_JOB_ID."""
+    """What gpuq adds to the environment the job starts in (core/jobenv.py)."""
     env: dict[str, str] = {}
     jobenv.add_job_variables(env, job)
     if "PATH" in env:
         env["PATH"] += os.pathsep + "$PATH"  # put before the PATH it starts with
     return env
-
-
-# ---- whether and when it would start -------------------------------------------------------------
 
 
 NO_WORKER = "no worker is running; `gpuq run --daemon` starts one"
@@ -127,8 +111,7 @@ def _start(now: bool, why: Optional[str], starts_in: Optional[float], estimate: 
 
 
 def _would_start(spool: Spool, jobs: list[Job], state: str) -> dict[int, dict[str, Any]]:
-    """Job id -> whether it would start at once, why not, and the queue's estimate of when: the
-    queue as it is now with these jobs added, read as `gpuq status` reads it, nothing written."""
+    """Job id -> whether it would start at once, why not, and the queue's estimate of when."""
     if state == HELD:
         return {job.id: _start(False, "held (--hold): it starts after `gpuq release`", None) for job in jobs}
     snap, _invalid = read_queue(spool)
@@ -164,11 +147,8 @@ def _would_start(spool: Spool, jobs: list[Job], state: str) -> dict[int, dict[st
 def _host_waits(
     snap: scheduler.QueueState, workers: list[dict[str, Any]], jobs: list[Job]
 ) -> dict[int, scheduler.Wait]:
-    """Why each of `jobs` that asks for host memory or CPUs would wait for them, as a worker's
-    planner admits it (engine/schedule/hostroom.py): its cap (`gpuq run --mem/--cpus`, else this
-    machine's, as the worker's registry entry says it) less what the running jobs reserved and
-    what the ready jobs ahead of it in line would take. With several workers, a job any of them
-    admits does not wait; else the first one's reason is given. No worker: nothing (it waits for one)."""
+    """Why each of `jobs` would wait for host memory or CPUs, as a worker's planner admits it. With
+    several workers, a job any of them admits does not wait; else the first one's reason is given."""
     if not workers or not any(hostroom.asks(job) for job in jobs):
         return {}
     new = {job.id for job in jobs}
@@ -184,8 +164,7 @@ def _host_waits(
 
 
 def _cap_of(info: dict[str, Any]) -> hostroom.Cap:
-    """A worker's cap as its registry entry says it (`host_cap`), else as a worker started here
-    without --mem/--cpus has it (an entry written before it said its cap)."""
+    """A worker's cap as its registry entry says it, else a default one (an older entry)."""
     cap = info.get("host_cap")
     if isinstance(cap, dict) and all(isinstance(cap.get(k), int) for k in ("mem_mib", "cpus")):
         return hostroom.Cap(cap["mem_mib"], cap["cpus"])
@@ -200,8 +179,7 @@ def _plan(
     shown: Optional[dict[str, Any]],
     now: float,
 ) -> dict[int, eta.Estimate]:
-    """queue_eta.plan_queue over the queue with the new jobs, as `queue_eta.annotate` calls it for
-    `gpuq status`, with the running jobs' ETAs and the past run times read, not recorded."""
+    """queue_eta.plan_queue, as `queue_eta.annotate` calls it, with nothing recorded."""
     pending = scheduler.queue_order(snap.pending)
     running = [(job, eta.running_estimate(spool, job, now, keep=False).eta_seconds) for job in snap.running]
     durations = queue_eta.durations_read_only(spool, {eta.command_key(job) for job in pending})

@@ -1,10 +1,5 @@
-"""`gpuq edit`: change a job that is still waiting (pending or held), with the checks a job file
-dropped into pending/ gets, replacing it atomically under its claim.
-
-What can be edited is what a dropped file may say (its command, directory, name, environment,
-dependencies, retries, priority, GPUs, host memory and CPUs); the id, the history and the rest of
-gpuq's bookkeeping cannot. The job is read, edited (by a person in an editor, or with KEY=VALUE
-pairs), checked, and written only if it has not changed meanwhile.
+"""`gpuq edit`: change a waiting job's fields that a dropped file may say, with the checks a dropped
+file gets; written under its claim only if the job has not changed meanwhile.
 """
 
 from __future__ import annotations
@@ -31,20 +26,17 @@ EDITABLE = sorted(schema.DROPPED_FIELDS)
 
 
 def editable(job: Job) -> dict[str, Any]:
-    """The job as a dropped file would say it: what a person may edit."""
     out = {key: getattr(job, FIELD_OF.get(key, key)) for key in EDITABLE}  # a field the file lacks: its default
     return {k: v for k, v in out.items() if not (k in UNSET_WHEN_NULL and v is None)}
 
 
 def read(spool: Spool, job_id: int) -> tuple[dict[str, Any], int]:
-    """(what may be edited, the job's rev) of a waiting job."""
     _ref, job = actions.get(spool, job_id, WAITING)
     return editable(job), job.rev
 
 
 def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
-    """`fields` with KEY=VALUE pairs applied; VALUE is JSON when it parses (5, ["python", "t.py"],
-    {"A": "1"}), else a string (`name=exp 2`); a size (TYPED_SIZES) is a size with its unit, or null."""
+    """VALUE is JSON when it parses, else a string (`name=exp 2`); a size needs its unit."""
     out = dict(fields)
     for pair in pairs:
         key, sep, text = pair.partition("=")
@@ -67,9 +59,6 @@ def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
 
 
 def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
-    """Check `fields` as a dropped file is checked and write them into the job, under its claim,
-    if it is still waiting and unchanged since `rev` was read. Refused (the job left as it was)
-    with the reason otherwise."""
     try:
         clean = schema.normalize_dropped(fields)
     except schema.InvalidJob as exc:
@@ -92,10 +81,8 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
 
 
 def _as_add_runs_it(job_id: int, job: Job, changes: dict[str, Any]) -> dict[str, Any]:
-    """A `*.py` first word of the edited command, run as `gpuq add` would run it (the python of the
-    job's conda environment or of the nearest .venv above its directory, else the one on the PATH
-    it runs with: its shell's, else this one's): the changes that says. Refused, with the reason,
-    where the script is not there."""
+    """A `*.py` first word of the edited command run as a dropped file's is, on the PATH the job
+    runs with (its shell's, else this one's)."""
     cwd = changes.get("cwd") or job.cwd
     shell_path = (job.shell_env or {}).get("PATH")
     path = shell_path if shell_path is not None else os.environ.get("PATH", "")

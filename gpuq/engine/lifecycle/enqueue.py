@@ -1,8 +1,5 @@
-"""Turning what a user asked for (`gpuq add ...` or a hand-dropped file) into a queued job.
-
-`gpuq add`: its `Request` is checked and resolved by `prepare` (no spool needed: a bad request
-leaves none behind), then `publish` queues the jobs.
-"""
+"""Turning what a user asked for (`gpuq add ...` or a hand-dropped file) into queued jobs: `prepare`
+checks and resolves a `Request` without a spool (a bad request leaves none behind), `publish` queues."""
 
 from __future__ import annotations
 
@@ -30,9 +27,9 @@ def default_name(cwd: Union[str, os.PathLike], cmd: list[str]) -> str:
 
 
 def missing_jobs(spool: Spool, ids: list[int]) -> str:
-    """ "#7, #9" for the ids that name no job in the spool, "" when all exist."""
+    """ "#7, #9" for the ids that name no job in the spool."""
     if not ids:
-        return ""  # listing every state costs ~0.1 s per 100,000 finished jobs: only when needed
+        return ""  # listing every state is slow with many finished jobs: only when needed
     known = set(spool.jobs.index())
     return ", ".join(f"#{i}" for i in ids if i not in known)
 
@@ -42,9 +39,8 @@ class NoSuchDependency(Refused):
 
 
 def _snapshot(spool: Spool, ids: list[int], repo: str, cwd: str, variants: list[Variant]) -> tuple[dict, list[Variant]]:
-    """`add --snapshot`: the repository's tracked files copied now, and the jobs pointed at the copy:
-    every argument that names a file of it (the script, a config). They run in their own
-    directory, with its data and outputs, but the code they were queued with."""
+    """`add --snapshot`: the repository's tracked files copied now, and every argument that names a
+    file of it pointed at the copy: the jobs run in their own directory but with that code."""
     from gpuq.system import gitinfo  # git: only inside a repository
 
     try:
@@ -66,7 +62,7 @@ def _snapshot(spool: Spool, ids: list[int], repo: str, cwd: str, variants: list[
 
 
 class Variant(NamedTuple):
-    """One job of an `add`: its command, name and fields of its own (a sweep has several)."""
+    """One job of an `add` (a sweep has several)."""
 
     cmd: list[str]
     name: Optional[str] = None
@@ -74,16 +70,14 @@ class Variant(NamedTuple):
 
 
 def enqueue(spool: Spool, *, cmd: list[str], **common: Any) -> tuple[JobRef, Job]:
-    """Allocate an id and publish the job durably in pending/ (see enqueue_many)."""
     return enqueue_many(spool, [Variant(cmd, common.pop("name", None))], **common)[0]
 
 
 def enqueue_many(
     spool: Spool, variants: list[Variant], *, cwd: Union[str, os.PathLike], state: str = PENDING, **common: Any
 ) -> list[tuple[JobRef, Job]]:
-    """Publish one job per variant (`common`: new_jobs' fields), with consecutive ids, durably, in
-    `state` (pending/, or held/ for `add --hold`). All or nothing: should one fail (a full disk),
-    those published are removed."""
+    """Publish one job per variant, with consecutive ids, durably, in `state`. All or nothing:
+    should one fail (a full disk), those published are removed."""
     if not os.path.isdir(cwd):
         raise EnqueueError(f"directory not found: {cwd}")
     missing = missing_jobs(spool, common["after"] + common["after_any"])
@@ -128,7 +122,7 @@ def new_jobs(
     umask: Optional[int] = None,
     log: Callable[[int], str] = lambda _job_id: "",
 ) -> list[Job]:
-    """The jobs of `variants`, with ids from `first` (a sweep is named by its first job's id)."""
+    """The jobs of `variants` (a sweep is named by its first job's id)."""
     jobs = []
     for job_id, variant in enumerate(variants, first):
         own = {**(options or {}), **(variant.options or {})}
@@ -160,12 +154,9 @@ def new_jobs(
 
 
 class Request(NamedTuple):
-    """What `gpuq add` asks for, by keyword: `cmd` (SCRIPT and its ARGS) and each of add's
-    options by its name in cli/options.py, as values (`gpus=2`, `after=[3]`, `time="4h"`,
-    `env={"A": "1"}`, `urgent="force"`); the CLI maps its options to it, the MCP server its tool's
-    arguments. `umask` and `shell_env`: the user's, taken before the spool sets gpuq's own umask
-    (default: this process's). A NamedTuple rather than a dataclass: `gpuq add` starts without
-    importing `dataclasses` (and `inspect`)."""
+    """What `gpuq add` asks for: `cmd` and each of add's options by its dest in cli/options.py, as
+    values (`after=[3]`, `env={"A": "1"}`). `umask`, `shell_env`: the user's (default: this
+    process's). A NamedTuple: `gpuq add` starts without importing `dataclasses`."""
 
     cmd: Sequence[str]
     dir: Optional[str] = None
@@ -201,9 +192,7 @@ class Request(NamedTuple):
 
 
 class Prepared(NamedTuple):
-    """A request checked and resolved: the jobs to queue (`variants`), what `enqueue_many` is told
-    of all of them (`fields`), and what the user should read before they are queued (`notes`; on
-    stderr, `warnings`)."""
+    """A request checked and resolved: the jobs, `enqueue_many`'s fields, what the user should read."""
 
     variants: list[Variant]
     fields: dict[str, Any]
@@ -212,9 +201,8 @@ class Prepared(NamedTuple):
 
 
 def prepare(request: Request, git_cache: Any = None) -> Prepared:
-    """Check `request` and resolve its commands; UsageError (one line) for anything wrong, before
-    anything is queued. `git_cache`: where git's answer about the code is kept (default: the
-    spool's cache/; a dry run passes one that writes nothing)."""
+    """UsageError for anything wrong. `git_cache`: where git's answer about the code is kept
+    (default: the spool's cache/; a dry run passes one that writes nothing)."""
     cwd = os.path.abspath(os.path.expanduser(request.dir)) if request.dir else os.getcwd()
     if not os.path.isdir(cwd):
         raise UsageError(f"directory not found: {cwd}")
@@ -282,8 +270,7 @@ def prepare(request: Request, git_cache: Any = None) -> Prepared:
 
 
 def _notify_urls(urls: Sequence[str]) -> list[str]:
-    """`--notify URL`s, each once, in the order given; refused where Apprise, which sends them,
-    cannot be imported (the job would end with nobody told)."""
+    """Refused where Apprise cannot be imported (the job would end with nobody told)."""
     for url in urls:
         if not is_url(url):
             raise UsageError(f"--notify: not a URL such as ntfy://my-topic: {url!r}")
@@ -299,8 +286,7 @@ def _notify_urls(urls: Sequence[str]) -> list[str]:
 
 
 def check(spool: Spool, prepared: Prepared, views: Any = None, gpus: bool = True) -> None:
-    """The refusals that come before anything is written: a job this machine can never start
-    (its GPUs as the workers' `views` say them, else as they are), a dependency that is no job."""
+    """Refused before anything is written: a job this machine can never start, a dependency that is no job."""
     options = prepared.fields["options"]
     if gpus and (options["gpu_request"] > 1 or options["gpu_mem_mib"] is not None):
         problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"], views)
@@ -312,7 +298,6 @@ def check(spool: Spool, prepared: Prepared, views: Any = None, gpus: bool = True
 
 
 def publish(spool: Spool, prepared: Prepared) -> list[tuple[JobRef, Job]]:
-    """Queue the prepared jobs (see enqueue_many), once `check` finds nothing to refuse."""
     check(spool, prepared)
     return enqueue_many(spool, prepared.variants, **prepared.fields)
 
@@ -322,16 +307,13 @@ def running_jobs(spool: Spool) -> list[Job]:
 
 
 def urgent_outlook(job: Job, running: list[Job]) -> str:
-    """What an urgent job will do if no slot is free when a worker looks: which of the `running`
-    jobs it would preempt and how that job goes on, or that it waits."""
     from gpuq.engine.schedule import victims  # urgent preemption: it looks at running jobs' checkpoints
 
     return victims.foreseen(job, running)
 
 
 def _variants(request: Request, cwd: str) -> tuple[list[Variant], interpreter.Resolved]:
-    """The job to queue, or with --sweep one per combination of values: its command resolved (the
-    interpreter, its environment), its name, and its sweep values. Nothing is queued if any is wrong."""
+    """The job to queue, or with --sweep one per combination of values, its command resolved."""
     conda = interpreter.find_conda(request.conda, request.shell_env or os.environ) if request.conda else None
 
     def resolve(words: Sequence[str]) -> interpreter.Resolved:
@@ -356,7 +338,6 @@ def _variants(request: Request, cwd: str) -> tuple[list[Variant], interpreter.Re
 
 
 def _size(parse: Callable[[str, str], int], text: Optional[str], flag: str) -> Optional[int]:
-    """A size option (20G) read by `parse`, or None when not given."""
     try:
         return None if text is None else parse(text, flag)
     except ValueError as exc:
@@ -364,7 +345,6 @@ def _size(parse: Callable[[str, str], int], text: Optional[str], flag: str) -> O
 
 
 def _safeguards(request: Request, cwd: str, git_cache: Any = None) -> dict[str, Any]:
-    """--time, --begin, and the code the job was queued with (--snapshot: a copy of it)."""
     out: dict[str, Any] = {}
     try:
         if request.time is not None:
@@ -379,8 +359,7 @@ def _safeguards(request: Request, cwd: str, git_cache: Any = None) -> dict[str, 
         return out
     from gpuq.system import gitinfo  # git: only inside a repository
 
-    # git runs only when the work tree changed since it last answered: its answer is kept in the
-    # spool's cache/, read (and written) here without creating the spool, which is opened later
+    # git's answer is cached in the spool's cache/, read here without creating the spool
     out["code"] = gitinfo.provenance(cwd, cache=Spool().cache if git_cache is None else git_cache)
     if request.snapshot and out["code"] is None:
         raise UsageError(f"--snapshot: git cannot read the repository of {cwd}")
