@@ -43,7 +43,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def history_groups(pairs: list[history.JobRecord], since: Optional[float], by: str) -> list[history.Group]:
-    """`gpuq history`'s groups (also the assistant server's `history` tool), with what their GPUs did."""
+    """Also the assistant server's `history` tool."""
     groups = history.summarize(pairs, since, by)
     sp = spool()
     recorded = sp.reports.gpu_use_ids()

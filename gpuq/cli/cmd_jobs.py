@@ -1,7 +1,5 @@
-"""The commands that change jobs already queued: `cancel`, `kill`, `hold`, `release`, `retry`,
-`resume`, `recover`, `preempt`, `edit`, `clear`, and `adopt`, which takes a process in. Each maps
-its options to the engine's request (engine/lifecycle/requests.py), calls it, and says what
-happened."""
+"""The commands that change jobs already queued (and `adopt`): each maps its options to the engine's
+request, calls it, and says what happened."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ from gpuq.system.procs import KILL_GRACE_SECONDS
 
 
 def _on_each(request: requests.OnJobs, said: Callable[[Done], Optional[str]]) -> int:
-    """A command of several job ids: what `said` says of each job changed, on stdout; each one
-    refused named on stderr with the reason, and then exit 1."""
+    """Each job refused is named on stderr with the reason, and then exit 1."""
     code = 0
     for job_id, outcome in requests.each(spool(), request, _say_killing):
         if isinstance(outcome, GpuqError):
@@ -41,7 +38,6 @@ def _say_killing(job_id: int) -> None:
 
 
 def _job_line(mark: str, what: Callable[[Done], str]) -> Callable[[Done], str]:
-    """`[+] Job #3: exp/train ` and what happened to it."""
     return lambda done: f"[{mark}] Job #{done.job.id}: {done.job.name} {what(done)}"
 
 
@@ -109,7 +105,6 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def _requeue(ids: list[int], from_scratch: bool, say: bool) -> int:
-    """Each interrupted job of `ids` back in the queue, each named with how it goes on if `say`."""
     back: list[Done] = []
 
     def said(done: Done) -> Optional[str]:
@@ -143,7 +138,6 @@ def cmd_preempt(args: argparse.Namespace) -> int:
 
 
 def _what_resume_does(job: Any) -> str:
-    """What `gpuq resume` will do with the job just preempted, from what its preemption recorded."""
     resume = f"`gpuq resume {job.id}`"
     if job.no_resume:
         return f"{resume} starts it over from scratch: it was queued with --no-resume"
@@ -170,7 +164,6 @@ def cmd_edit(args: argparse.Namespace) -> int:
 
 
 def _in_editor(fields: dict[str, Any], job_id: int) -> dict[str, Any]:
-    """`fields` as edited by the person in $VISUAL or $EDITOR (a copy in a temporary file)."""
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
     with tempfile.TemporaryDirectory(prefix="gpuq-edit-") as tmp:
         path = os.path.join(tmp, f"job-{job_id}.json")

@@ -60,8 +60,7 @@ def _status_once(args: argparse.Namespace) -> int:
 
 
 def json_row(row: Row) -> dict[str, Any]:
-    """One job of `status --json` (also the MCP server's queue tool): its fields, its state, why it
-    waits, its progress and ETA."""
+    """One job of `status --json` (also the MCP server's queue tool)."""
     job, est = row.job, row.estimate
     out = {key: job.get(key) for key in JSON_FIELDS}
     out["state"] = row.state

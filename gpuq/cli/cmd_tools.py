@@ -77,9 +77,7 @@ ID_ARGUMENTS = ("id", "ids", "jobs")  # positional and option arguments that tak
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    """A completion script generated from gpuq's own parser by shtab; where a command takes job
-    ids, they complete from the spool: the ids of the jobs it acts on (`gpuq _ids --state ...`,
-    from the command's `id_states`)."""
+    """shtab's script from gpuq's own parser; job ids complete from the spool (`gpuq _ids`)."""
     import shtab  # an optional dependency, needed by this command only
 
     parser = build_parser()
@@ -89,7 +87,6 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 
 def _complete_ids(parser: argparse.ArgumentParser, commands: tuple[Command, ...], cmd: Any) -> None:
-    """Tell shtab, with `cmd` (shtab.cmd), how each command's job id arguments complete."""
     for command in commands:
         for name in command.names:
             sub = subparsers(parser)[name]
@@ -100,6 +97,5 @@ def _complete_ids(parser: argparse.ArgumentParser, commands: tuple[Command, ...]
 
 
 def ids_command(id_states: Optional[tuple[str, ...]]) -> str:
-    """The shell command that lists the ids a command takes (`gpuq _ids`, cli.cmd_ids)."""
     only = f" --state {','.join(id_states)}" if id_states else ""
     return f"gpuq _ids{only} 2>/dev/null"

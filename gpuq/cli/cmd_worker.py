@@ -43,8 +43,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The worker's Settings given on the command line (RUN's options that name one), read from
-    their text; a bad one is a UsageError."""
     out = {}
     for opt in RUN.options:
         value = getattr(args, opt.dest)
@@ -67,9 +65,8 @@ def _default_notify_urls() -> list[str]:
 
 
 def _check_notify(urls: list[str], typed: bool) -> None:
-    """`--notify URL` where Apprise cannot be imported: refused, with the command that installs
-    it. The user's default URLs (GPUQ_NOTIFY, the config file) only get the line on stderr: a
-    worker that a service starts must not stay down for its notifications."""
+    """Typed URLs Apprise cannot send are refused; the user's default ones only get a line on
+    stderr: a worker that a service starts must not stay down for its notifications."""
     if not urls:
         return
     missing = notify_missing()
@@ -82,8 +79,7 @@ def _check_notify(urls: list[str], typed: bool) -> None:
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
-    """The options of `gpuq run --daemon` that the background worker gets too: those of a setting,
-    as they were typed."""
+    """The options of `gpuq run --daemon` that the background worker gets too, as typed."""
     out: list[str] = []
     for opt in RUN.options:
         value = getattr(args, opt.dest)
@@ -95,8 +91,7 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
 
 
 def _warn_shared_spool(sp: Any) -> None:
-    """One line on stderr when the spool is on a network filesystem and a worker of another host
-    holds it: claims and renames are only sure on one host (spool_layout.md, section 16)."""
+    """Claims and renames on a network filesystem are only sure on one host."""
     fstype = sp.network_filesystem()
     if fstype is None:
         return
@@ -112,8 +107,7 @@ def _warn_shared_spool(sp: Any) -> None:
 
 
 def _check_dependencies() -> None:
-    """A worker without psutil would start jobs whose supervisors die at once: refuse to start,
-    naming what is missing, and leave the jobs pending (gpuq add runs without them)."""
+    """A worker without psutil would start jobs whose supervisors die at once."""
     missing = []
     for name in RUN_NEEDS:
         try:
@@ -154,8 +148,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    """Exit 0 once every job waited for is done; 1 (naming the others) when any is not, or at
-    once when the jobs left are pending and no worker is running to start them."""
     sp = spool()
     ids = sorted({i for group in args.ids for i in group}) or actions.queued_now(sp)
     if not ids:
@@ -181,8 +173,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def _note_no_worker(sp: Any, ids: list[int]) -> None:
-    """Before waiting for running jobs: say on stderr that the pending ones among `ids` will not
-    start after them unless a worker comes (wait_for stops once only those are left)."""
+    """The pending jobs among `ids` will not start after the running ones unless a worker comes."""
     states = {i: refs[-1].state for i, refs in sp.jobs.index().items() if i in set(ids)}
     pending = [i for i, state in states.items() if state == PENDING]
     if pending and any(state in (RUNNING, SLURM) for state in states.values()) and not sp.workers.live():

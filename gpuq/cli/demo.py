@@ -32,7 +32,6 @@ def _run(args: list[str]) -> int:
 
 
 def cmd_demo(_args: argparse.Namespace) -> int:
-    """The demo drives the real command line (`main`), step by step."""
     root = Path(tempfile.mkdtemp(prefix="gpuq-demo-"))
     project = root / "exp01"
     project.mkdir()

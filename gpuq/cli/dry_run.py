@@ -1,5 +1,4 @@
-"""`gpuq add --dry-run`: what would be queued, and whether and when it would start; nothing written
-(engine/lifecycle/dryrun.py), not even a spool that does not exist yet."""
+"""`gpuq add --dry-run`, printed (engine/lifecycle/dryrun.py)."""
 
 from __future__ import annotations
 
@@ -34,7 +33,6 @@ def show(request: enqueue.Request, as_json: bool) -> int:
 
 
 def _planned_lines(job: dict[str, Any]) -> list[str]:
-    """One planned job, a few lines, its figures as `gpuq show` says them."""
     how = job["interpreter_from"]
     found = f" (from {FOUND_BY.get(how, how)})" if how else ""
     gpus = "a CPU job" if job["gpus"] == 0 else plural(job["gpus"], "GPU")
@@ -64,5 +62,4 @@ def _planned_lines(job: dict[str, Any]) -> list[str]:
 
 
 def _said(estimate: str, why_not: Optional[str]) -> bool:
-    """Whether the queue's estimate adds nothing to the line: unknown, or the reason again."""
     return estimate.startswith("unknown") or bool(why_not and why_not in estimate)

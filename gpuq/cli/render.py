@@ -23,7 +23,7 @@ SYMBOLS = {state.name: state.glyph for state in TABLE}  # a dict: `status -a` ma
 
 
 def width(text: str) -> int:
-    """Columns a string takes in a terminal (emoji and CJK take two)."""
+    """Columns in a terminal (emoji and CJK take two)."""
     if text.isascii():  # nearly every cell: per-character lookups made `status -a` slow
         return len(text)
     known = _WIDTHS.get(text)  # the state symbols, on every row
@@ -42,8 +42,7 @@ HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
 
 
 def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = None) -> list[str]:
-    """The table of `rows`, and of `finished` (the spool's FinishedRows: finished rows in id order,
-    as columns) merged in by id after the running, pending and held rows."""
+    """`finished` (the spool's FinishedRows, as columns) merged in by id after the rows in line."""
     now = time.time() if now is None else now
     columns: list[list[str]] = [[title] for title in HEADER]
     tail: list[Any] = []  # rows after those in line, which merge with `finished`
@@ -58,8 +57,7 @@ def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = N
 
 
 def _table(columns: list[list[str]]) -> list[str]:
-    """The lines of a table given as columns whose first cells are the header's. Column by
-    column, with maps rather than a Python step per row: `status -a` shows 100,000 rows."""
+    """Column by column, with maps rather than a Python step per row: `status -a` shows 100,000 rows."""
     ascii_columns = ["".join(column).isascii() for column in columns[:5]]
     widths = [_column_width(column, plain) for column, plain in zip(columns[:5], ascii_columns)]
     padded = [
@@ -76,8 +74,6 @@ def _column_width(column: list[str], plain: bool) -> int:
 
 
 def _padded(column: list[str], columns: int, right: bool, plain: bool) -> list[str]:
-    """The cells of a column filled with spaces to `columns` terminal columns, on the right (or on
-    the left with `right`). `plain`: all of them ASCII, one column per character."""
     if plain:
         return list(map(str.rjust if right else str.ljust, column, repeat(columns)))
     distinct = set(column)
@@ -101,8 +97,7 @@ def _add(columns: list[list[str]], row: Any, now: float) -> None:
 
 
 def _merge_finished(columns: list[list[str]], tail: list[Any], finished: Any, now: float) -> None:
-    """Append the cells of the finished rows, with the few `tail` rows (interrupted, preempted...)
-    put in by id."""
+    """The finished rows' cells, with the few `tail` rows (interrupted, preempted...) put in by id."""
     parts = _finished_cells(finished)
     start = 0
     for row in sorted(tail, key=lambda r: r.job.id):
@@ -116,9 +111,7 @@ def _merge_finished(columns: list[list[str]], tail: list[Any], finished: Any, no
 
 
 def _finished_cells(finished: Any) -> tuple[Any, ...]:
-    """The cells of a FinishedRows, column by column (name, script, seconds, end): the id, the
-    state's symbol, name, script, time and info. Each distinct time and info (a state and an end)
-    is made once: 100,000 rows hold a few hundred."""
+    """Each distinct time and info (a state and an end) is made once: 100,000 rows hold a few hundred."""
     names, scripts, seconds, ends = finished.columns
     states = finished.states
     times = {s: duration(s) for s in set(seconds)}
@@ -135,7 +128,6 @@ def _finished_cells(finished: Any) -> tuple[Any, ...]:
 
 
 def row_cells(job: Job, state: str, wait: Any, estimate: Any, now: float) -> list[str]:
-    """Name, script, time and info of one status row."""
     return [
         job.name,
         schema.display_script(job.cmd),
@@ -189,7 +181,6 @@ def info(job: Job, state: str, wait: Any = None) -> str:
 
 
 def _dependencies(job: Job) -> str:
-    """`after #3, after-any #4`: --after waits for a success, --after-any for any end."""
     after = ["after " + ", ".join(f"#{d}" for d in job.after)] if job.after else []
     after_any = ["after-any " + ", ".join(f"#{d}" for d in job.after_any)] if job.after_any else []
     return ", ".join(after + after_any)
@@ -206,8 +197,7 @@ def finished_info(
     priority: Optional[int],
     unreadable: str = "",
 ) -> str:
-    """The info cell of a finished job's row (its state and end, as the finished rows hold it), and
-    the end of any row's: how it ended, where, why, its priority."""
+    """The info cell of a finished job's row, and the end of any row's."""
     if unreadable:
         return f"unreadable job file: {unreadable}"
     parts = []
@@ -229,13 +219,12 @@ def finished_info(
 
 
 def slurm_text(mark: dict[str, Any]) -> str:
-    """`slurm 123 PENDING (Dependency)`: the Slurm job, its state and why it waits."""
+    """`slurm 123 PENDING (Dependency)`."""
     reason = f" ({mark['reason']})" if mark.get("reason") else ""
     return f"slurm {mark.get('job_id') or '?'} {mark.get('state') or '?'}{reason}"
 
 
 def damaged_cells(file_name: str, reason: str) -> tuple[str, ...]:
-    """The row of a finished file that is not a valid job: its name and why, never a traceback."""
     return (file_name, "", "", f"unreadable job file: {reason}")
 
 
@@ -243,7 +232,7 @@ BAR_CELLS = 10
 
 
 def progress_bar(fraction: float, cells: int = BAR_CELLS) -> str:
-    """A compact bar: `[████▌     ]`, eighths of a cell where the font has them."""
+    """`[████▌     ]`, eighths of a cell where the font has them."""
     eighths = int(round(max(0.0, min(1.0, fraction)) * cells * 8))
     full, part = divmod(eighths, 8)
     partial = " ▏▎▍▌▋▊▉"[part] if full < cells else ""
@@ -251,8 +240,7 @@ def progress_bar(fraction: float, cells: int = BAR_CELLS) -> str:
 
 
 def progress_text(estimate: Any, state: str, bar: bool = True) -> str:
-    """`[███▌      ] 35% ETA 4m10s` for a running job (without `bar`: `35% ETA 4m10s`),
-    `starts ~2m05s` for a pending one."""
+    """`[███▌      ] 35% ETA 4m10s` for a running job, `starts ~2m05s` for a pending one."""
     if estimate is None:
         return ""
     if state == PENDING:
@@ -271,7 +259,6 @@ def progress_text(estimate: Any, state: str, bar: bool = True) -> str:
 
 
 def eta_lines(rows: list[Any]) -> list[str]:
-    """`gpuq eta`: one line per job with its figures and the method behind each."""
     lines = []
     for row in rows:
         est, job = row.estimate, row.job
@@ -292,8 +279,7 @@ def _join(*parts: str) -> str:
 
 
 def worker_line(workers: list[dict[str, Any]], outlook: tuple[int, int, int] = (0, 0, 0)) -> str:
-    """The first line of `gpuq status`. Without a worker, what that means for the pending jobs
-    (`outlook`: engine/views/status.Status.outlook)."""
+    """The first line of `gpuq status`; without a worker, what that means for the pending jobs."""
     if not workers:
         return "worker: none running" + _without_worker(*outlook)
     parts = []
@@ -317,14 +303,11 @@ def _without_worker(startable: int, later: int, blocked: int) -> str:
 
 
 def hidden_line(hidden: int, failed: int) -> str:
-    """The footer under the newest finished jobs: how many older ones are not shown, and how many
-    of those failed."""
     of_them = f", {failed} of them failed" if failed else ""
     return f"({hidden} older finished {'job' if hidden == 1 else 'jobs'} hidden{of_them}: `gpuq status -a`)"
 
 
 def rejected_line(rejected: Any) -> str:
-    """Dropped files rejected since `gpuq rejected` last listed them (engine/views/status.Rejected)."""
     what = "dropped file" if rejected.count == 1 else "dropped files"
     reason = f": {security.display(rejected.reason)}" if rejected.reason else ""  # may quote the file's content
     newest = f"{security.display(rejected.newest)}{reason}"
@@ -332,9 +315,8 @@ def rejected_line(rejected: Any) -> str:
 
 
 def gpu_lines(view: dict[str, Any], now: Optional[float] = None, home: Optional[str] = None) -> list[str]:
-    """One line per GPU: index, name, memory used / total, gpuq's jobs on it, other processes
-    (those under no lease), then one line per lease of it (every user's: engine/schedule/gpuview.py)
-    but those of this spool's (`home`) jobs named already; last, a few lease problems."""
+    """One line per GPU, then one per lease of it but those of this spool's (`home`) jobs named
+    already; last, a few lease problems."""
     now = time.time() if now is None else now
     age = duration(now - view["at"]) if view.get("at") else ""
     seen = f"seen {age or '0s'} ago" + (f" by worker {view['worker']}" if view.get("worker") else "")
@@ -357,7 +339,6 @@ def gpu_lines(view: dict[str, Any], now: Optional[float] = None, home: Optional[
 
 
 def _lease_line(lease: dict[str, Any], processes: list[dict[str, Any]]) -> str:
-    """'leased whole by bob's job #12 since 09:14 (pid 4243 30.0 GiB)', '20.0 GiB leased by ...'."""
     size = "leased whole" if lease.get("whole") else f"{_gib(lease.get('mem_mib'))} GiB leased"
     since = time.strftime("%H:%M", time.localtime(parse_iso(lease.get("since")) or 0))
     using = f" ({', '.join(_process(p, who=False) for p in processes)})" if processes else ""
@@ -374,8 +355,6 @@ def _gib(mib: Optional[int]) -> str:
 
 
 class SweepRow:
-    """The one line `gpuq status` shows for the jobs of a sweep (`status -a` lists them)."""
-
     __slots__ = ("job", "state", "cells")
     wait = None
     estimate = None
@@ -385,8 +364,7 @@ class SweepRow:
 
 
 def group_sweeps(rows: list[Any]) -> list[Any]:
-    """Rows with each sweep's jobs (two or more of them shown) folded into one SweepRow, where
-    its first job stood, saying how many of them are done, running, waiting and failed."""
+    """Each sweep's jobs (two or more of them shown) folded into one SweepRow, where its first job stood."""
     members: dict[int, list[Any]] = {}
     for row in rows:
         sweep = row.job.sweep
@@ -423,7 +401,7 @@ def _sweep_row(sweep_id: int, group: list[Any]) -> SweepRow:
 
 
 def _members_progress(group: list[Any]) -> str:
-    """The progress and ETA of a sweep's running jobs: the bar of one, `#12 35% ETA 4m10s` each of more."""
+    """The bar of one running job, `#12 35% ETA 4m10s` each of more."""
     running = [row for row in group if row.state == RUNNING and row.estimate is not None]
     if len(running) == 1:
         return progress_text(running[0].estimate, RUNNING)

@@ -1,9 +1,5 @@
-"""The tools of `gpuq mcp` that change the queue: `add` (and `add_dry_run`, which changes nothing
-but takes the same parameters), whose parameters are `gpuq add`'s options read from the one
-options table (cli/options.py: an option added there is a parameter here), and the commands of
-one or several job ids. Each makes the engine's typed request (enqueue.Request,
-engine/lifecycle/requests.py) from its arguments, as the CLI does from its options, and returns
-what happened as a dict.
+"""The tools of `gpuq mcp` that change the queue (and `add_dry_run`). `add`'s parameters are read
+from the options table: an option added there is a parameter here.
 """
 
 from __future__ import annotations
@@ -35,9 +31,7 @@ NOT_ASKED = ("umask", "shell_env")  # the request's fields the server fills in: 
 
 
 def add_parameters() -> list[inspect.Parameter]:
-    """The `add` tool's parameters: the fields of `gpuq add`'s request (enqueue.Request), typed as
-    it types them, each described by the help of its options (`--urgent` and `--urgent=force`
-    are one parameter of their values)."""
+    """The fields of enqueue.Request, each described by the help of its options."""
     helps: dict[str, list[str]] = {"cmd": ["SCRIPT and ARGS, one word each: a .py file or any command"]}
     for opt in ADD.options:
         if opt.help != HIDDEN and not opt.positional:
@@ -76,13 +70,10 @@ def add(**given: Any) -> dict[str, Any]:
 
 
 def add_dry_run(**given: Any) -> dict[str, Any]:
-    """What `add` would queue and whether and when it would start; nothing written (as `gpuq add
-    --dry-run`, on a spool that is not made if it does not exist)."""
     return plan_add(Spool(), request(given))
 
 
 def request(given: dict[str, Any]) -> enqueue.Request:
-    """The tool's arguments as `gpuq add`'s request, whose fields they are, in the server's environment."""
     return enqueue.Request(**given)
 
 
@@ -90,8 +81,7 @@ def request(given: dict[str, Any]) -> enqueue.Request:
 
 
 def on_each(request: requests.OnJobs, said: Callable[[Done], dict[str, Any]]) -> dict[str, Any]:
-    """The request carried out on each job, as the CLI's commands of several ids do: the ones
-    refused are listed with gpuq's one-line reason; when every one was refused, that is the tool's error."""
+    """When every job was refused, that is the tool's error."""
     done: list[dict[str, Any]] = []
     refused: list[dict[str, Any]] = []
     for job_id, outcome in requests.each(spool(), request):

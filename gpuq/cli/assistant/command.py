@@ -1,6 +1,5 @@
-"""`gpuq mcp` and `gpuq mcp install`: the handlers. The server's modules import the MCP SDK, so
-they are imported only once the SDK is known to be there: without it (or on a Python it does not
-support), one line says what to install."""
+"""`gpuq mcp` and `gpuq mcp install`. The server's modules are imported only once the SDK is known
+to be there: without it, one line says what to install."""
 
 from __future__ import annotations
 

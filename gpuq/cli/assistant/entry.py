@@ -1,6 +1,5 @@
-"""`gpuq mcp`'s help and options, which cli/commands.py's entry of it takes from here (beside the
-server, and keeping commands.py within 450 lines). It imports nothing but the table's vocabulary:
-every command parsed by argparse imports it, and nothing of the server or the SDK comes with it."""
+"""`gpuq mcp`'s help and options for cli/commands.py: every command imports it, so it imports
+nothing of the server or the SDK."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""`gpuq mcp install [--client C] [--write] [--force]`: what an MCP client needs to start `gpuq mcp`,
-with the absolute path of this gpuq (and GPUQ_HOME when it is set, since a client starts servers
-with its own environment). Printed; with --write added to the client's configuration file.
-
-Writing keeps everything else in the file, copies the old file to FILE.bak-<timestamp> first, and
-refuses (one line) where a `gpuq` entry that differs is there already, unless --force. JSON files
-(Claude Code's ~/.claude.json, Claude Desktop's) are read and written whole; Codex's TOML file is
-edited as text (Python has no TOML writer): the `[mcp_servers.gpuq]` table is appended, or with
---force put in place of the old one.
+"""`gpuq mcp install`: what an MCP client needs to start `gpuq mcp` (GPUQ_HOME too: a client starts
+servers with its own environment), printed, or with --write added to its configuration file.
+Codex's TOML file is edited as text: Python has no TOML writer.
 """
 
 from __future__ import annotations
@@ -73,7 +67,6 @@ def toml_table() -> str:
 
 
 def instructions(client: str) -> list[str]:
-    """What to do by hand for `client`."""
     path = config_path(client)
     if client == "claude":
         env = "".join(f" -e {k}={shlex.quote(v)}" for k, v in server_env().items())
@@ -86,7 +79,6 @@ def instructions(client: str) -> list[str]:
 
 
 def cmd_install(args: argparse.Namespace, problem: Optional[str]) -> int:
-    """`problem`: why `gpuq mcp` could not serve here (command.sdk_problem), or None."""
     if problem:  # the lines are right all the same: the SDK may be installed afterwards
         print(f"note: {problem}", file=sys.stderr)
     if not args.write:
@@ -100,7 +92,6 @@ def cmd_install(args: argparse.Namespace, problem: Optional[str]) -> int:
 
 
 def write(client: str, force: bool) -> str:
-    """Add the entry to the client's file; what was done, in one line."""
     path = config_path(client)
     old = path.read_text(encoding="utf-8") if path.exists() else None
     new = _with_toml_entry(path, old, force) if client == "codex" else _with_json_entry(client, path, old, force)
@@ -153,8 +144,6 @@ def _with_toml_entry(path: Path, old: Optional[str], force: bool) -> Optional[st
 
 
 def _same_table(found: str, ours: str) -> bool:
-    """Whether two TOML texts hold the same data (read with tomllib where Python has it), else the
-    same lines, comments and blank lines aside."""
     try:
         import tomllib  # only to compare with an entry that is already there
     except ImportError:  # Python 3.10
@@ -176,7 +165,6 @@ def _backup(path: Path) -> Path:
 
 
 def _replace(path: Path, text: str) -> None:
-    """Write `text` to `path` at once (a temporary file renamed over it), with the old file's mode."""
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o600
     tmp = path.with_name(f".{path.name}.gpuq-{os.getpid()}")

@@ -1,9 +1,5 @@
-"""The MCP server of `gpuq mcp`, built on the SDK's `MCPServer`: the tools of tools.py, each
-annotated with what it does to the queue, and two resources, the queue and a job's log (bounded).
-
-A tool's result is the JSON its CLI command prints (as text, and as structured content); an error
-is the tool's error (isError) carrying gpuq's one-line message, never a traceback: a gpuq error as
-the CLI says it, anything else as one line naming its type.
+"""The MCP server of `gpuq mcp`: the tools of tools.py and two resources. An error is the tool's
+error carrying gpuq's one-line message, never a traceback.
 """
 
 from __future__ import annotations
@@ -60,8 +56,7 @@ def serve() -> None:
 
 
 def tool_annotations(tool: tools.Tool) -> ToolAnnotations:
-    """What the client is told of the tool. Said in full: the protocol's defaults for a tool that is
-    not read-only are destructive and not idempotent."""
+    """Said in full: the protocol's defaults for a tool that is not read-only are destructive."""
     read = tool.effect == tools.READ
     return ToolAnnotations(
         title=tool.cli,
@@ -73,8 +68,6 @@ def tool_annotations(tool: tools.Tool) -> ToolAnnotations:
 
 
 def _handler(tool: tools.Tool) -> Callable[..., CallToolResult]:
-    """The tool's function as the SDK calls it: its signature (the input schema), its result or
-    its error as a CallToolResult."""
 
     def handler(**arguments: Any) -> CallToolResult:
         return result_of(tool.run, arguments)
@@ -95,9 +88,8 @@ def result_of(run: Callable[..., Any], arguments: dict[str, Any]) -> CallToolRes
 
 
 async def one_line_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
-    """A tool's error in one line also where the SDK wrote it: arguments that do not fit the
-    input schema (pydantic's lines, less the links to its documentation). The result comes here
-    as the dict about to be sent."""
+    """A tool's error in one line also where the SDK wrote it (arguments that do not fit the
+    input schema: pydantic's lines, less its links)."""
     result = await call_next(ctx)
     if isinstance(result, dict) and result.get("isError"):
         for content in result.get("content") or []:
@@ -111,8 +103,6 @@ PYDANTIC_LINK = "For further information visit"
 
 
 def one_line(exc: BaseException) -> str:
-    """What the CLI would say of the error (gpuq's message; an OSError's text and file), else its
-    type and text; on one line whatever it holds."""
     if isinstance(exc, GpuqError):
         text = str(exc)
     elif isinstance(exc, OSError):

@@ -1,13 +1,5 @@
-"""The tools of `gpuq mcp`, as a table: each one the CLI command it stands for (`cli`), whether it
-only reads, changes the queue, or ends or throws away work (`effect`), and the function it runs.
-
-Each function is a thin call into the library functions the CLI command calls, and returns what
-that command's `--json` prints (or, for a command without `--json`, the same fields as a dict). A
-gpuq error (a one-line `GpuqError`) is raised as it is: server.py makes it the tool's error.
-
-The skill (skill/gpuq.md) and these tools are tested against each other (tests/test_mcp.py): every
-tool's command appears in the skill's command lines, and every command there is a tool's or is on
-`CLI_ONLY`, with the reason.
+"""The tools of `gpuq mcp`, as a table: each a thin call into what its CLI command calls, returning
+what that command's `--json` prints. The skill names every tool's command (tests/test_mcp.py).
 """
 
 from __future__ import annotations
@@ -39,10 +31,8 @@ JobId = Annotated[int, Field(description="the job id", gt=0)]
 
 
 class Tool(NamedTuple):
-    """One tool: `name` (the tool's), `cli` (the command line it stands for), `effect`, `run`
-    (keyword arguments, typed: the SDK builds the input schema from its signature, or from
-    `parameters` where it takes **keywords), `summary` (after the command's own help, unless
-    not `with_help`)."""
+    """The SDK builds the input schema from `run`'s signature, or from `parameters` where it takes
+    **keywords; `summary` follows the command's own help, unless not `with_help`."""
 
     name: str
     cli: str
@@ -53,14 +43,12 @@ class Tool(NamedTuple):
     with_help: bool = True
 
     def signature(self) -> inspect.Signature:
-        """What the tool takes, its annotations evaluated (this module's are strings)."""
         if self.parameters is not None:
             return inspect.Signature(self.parameters())
         return inspect.signature(self.run, eval_str=True)
 
     @property
     def command(self) -> str:
-        """The gpuq command it stands for (`status` for `gpuq status --json`)."""
         return self.cli.split()[1]
 
     @property
@@ -102,8 +90,6 @@ def log_tail(
     id: JobId,
     lines: Annotated[int, Field(description=f"how many lines (at most {LOG_LINES_MAX})", ge=1)] = LOG_LINES_DEFAULT,
 ) -> Any:
-    """The last lines of a job's log, read from its end (spool.logs: a bounded number of bytes
-    whatever the log's size), at most LOG_LINES_MAX lines and LOG_CHARS_MAX characters."""
     sp = spool()
     ref, found = actions.get(sp, id)
     why = not_started(sp, ref, found)

@@ -1,8 +1,5 @@
-"""The curses loop of `gpuq top`: a snapshot every --interval seconds and after each action, keys
-read in between (every 0.2 s, so the log view follows and a key answers at once). An action runs in
-a thread of its own (a kill waits up to its grace, a preemption for the job's checkpoint) while
-the screen goes on; `q` waits for it before leaving. curses.wrapper gives the terminal back as it
-found it, whatever happens."""
+"""The curses loop of `gpuq top`. An action runs in a thread of its own (a kill waits up to its
+grace, a preemption for the job's checkpoint) while the screen goes on; `q` waits for it."""
 
 from __future__ import annotations
 
@@ -166,7 +163,6 @@ ATTRS: dict[str, int] = {}
 
 
 def _setup(screen: Any) -> None:
-    """Hidden cursor, keys polled every tick, colours where the terminal has them."""
     try:
         curses.curs_set(0)
     except curses.error:

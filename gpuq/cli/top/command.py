@@ -1,8 +1,5 @@
-"""`gpuq top`: the machine's GPUs and the queue, live, full screen (curses, from the standard
-library: it works after a plain install and draws its first frame in a fraction of a second, where
-Textual's import alone costs more; bench/top_start.py measures both).
-It only looks and acts through the library calls of the CLI's commands: it starts no worker and
-leaves no process behind."""
+"""`gpuq top`: curses, from the standard library, works after a plain install and draws its first
+frame at once, where Textual's import alone costs more (bench/top_start.py measures both)."""
 
 from __future__ import annotations
 
@@ -34,8 +31,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 
 def _once(sp: Spool) -> int:
-    """One frame, as the screen would show it, on stdout (the terminal's size, else $COLUMNS and
-    $LINES, else 100x30)."""
+    """One frame, as the screen would show it, on stdout."""
     size = shutil.get_terminal_size((100, 30))
     snap = model.take(sp, model.Ring())
     first = next(iter(snap.ids()), None)  # selected, as on the screen

@@ -1,6 +1,5 @@
-"""The keys of `gpuq top` that act on the selected job: each makes the request its CLI command makes
-(engine/lifecycle/requests.py), so it is refused for the same reasons, in the same words. The ones
-that stop a job ask first, and only `y` does it."""
+"""The keys of `gpuq top` that act on the selected job: each makes the request its CLI command makes,
+so it is refused for the same reasons, in the same words."""
 
 from __future__ import annotations
 
@@ -12,9 +11,6 @@ from gpuq.spool import Spool
 
 
 class Action(NamedTuple):
-    """A key, what it does in words (`kill`), the states it applies to, whether it asks first, and
-    the call: (spool, job id) -> the line to show once done."""
-
     key: str
     verb: str
     states: tuple[str, ...]
@@ -26,7 +22,6 @@ class Action(NamedTuple):
 
 
 def _on(request: Callable[..., requests.OnJobs], said: Callable[[requests.Done], str]) -> Callable[[Spool, int], str]:
-    """The call of a key: `request` of the one job, and `said` of what it made of it."""
 
     def call(sp: Spool, job_id: int) -> str:
         done = request(ids=[job_id]).one(sp, job_id, lambda _job_id: None)
@@ -82,5 +77,4 @@ HELP = [
 
 
 def refusal(action: Action, state: str, job_id: Any) -> str:
-    """Said instead of asking when the key does not apply to the job's state: the CLI would refuse."""
     return f"#{job_id} is {state}: {action.verb} applies to {', '.join(action.states)} jobs"

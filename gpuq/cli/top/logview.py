@@ -1,5 +1,4 @@
-"""The selected job's log in `gpuq top`: its last lines, then what it writes, as `gpuq log -f`
-reads it (the spool's log reader: the tail, then the bytes from where it stopped)."""
+"""The selected job's log in `gpuq top`, read as `gpuq log -f` reads it."""
 
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ class LogFollow:
         return self.spool.jobs.find(self.job.id, ACTIVE) is not None
 
     def poll(self) -> bool:
-        """Read what the log gained; True when there was something."""
         chunk = self.spool.logs.read_from(self.job, self.offset)
         if not chunk:
             return False

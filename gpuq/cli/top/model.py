@@ -1,7 +1,5 @@
-"""What `gpuq top` shows, as plain data: one snapshot of the GPUs and the queue, built only from
-the library calls `gpuq status --json`, `gpuq gpus` and `gpuq log` make, and a small in-memory
-ring of each GPU's recent utilisation and memory for the sparklines (sampled at each refresh;
-nothing of it is written anywhere)."""
+"""What `gpuq top` shows, as plain data, from the library calls `status`, `gpus` and `log` make, and
+an in-memory ring of each GPU's recent utilisation and memory for the sparklines."""
 
 from __future__ import annotations
 
@@ -22,8 +20,6 @@ FINISHED_SHOWN = 5  # the newest finished jobs listed (status gives ten)
 
 
 class GpuLine:
-    """One GPU of the panel: its figures now, its recent samples, and who holds it."""
-
     __slots__ = ("index", "name", "util", "used_mib", "total_mib", "holders", "utils", "mems")
 
     def __init__(self, gpu: dict[str, Any], holders: list[str], ring: Ring) -> None:
@@ -60,7 +56,6 @@ class Snapshot:
         self.warnings: list[str] = []
 
     def lines(self) -> list[JobLine]:
-        """Every row in the order shown."""
         return self.running + self.waiting + self.finished
 
     def ids(self) -> list[int]:
@@ -69,8 +64,8 @@ class Snapshot:
 
 
 class Ring:
-    """Per GPU the utilisation and memory (percent of total) of the last RING_SAMPLES looks; a look
-    is added once however many refreshes show it (the workers' view is kept a few seconds)."""
+    """Per GPU the utilisation and memory of the last looks; a look is added once however many
+    refreshes show it (the workers' view is kept a few seconds)."""
 
     def __init__(self, size: int = RING_SAMPLES) -> None:
         self.size = size
@@ -92,8 +87,6 @@ class Ring:
 
 
 def take(spool: Spool, ring: Ring, now: Optional[float] = None) -> Snapshot:
-    """The queue and the GPUs as `gpuq status` reads them now (its GPU view is `gpuq gpus`'s: the
-    workers' if fresh, else a look of this process's own)."""
     now = time.time() if now is None else now
     st = status(spool)
     snap = Snapshot(now, render.worker_line(st.workers, st.outlook(now)))
@@ -117,8 +110,6 @@ def take(spool: Spool, ring: Ring, now: Optional[float] = None) -> Snapshot:
 
 
 def _job_line(row: Any, now: float, utils: dict[int, Optional[int]]) -> JobLine:
-    """A status row as top shows it: a sweep folded as `status` folds it, else the job with its
-    progress (running), when it may start (pending) or how long it ran (the others)."""
     if isinstance(row, render.SweepRow):
         name, _script, _time, info = row.cells
         return JobLine(None, row.state, name, "", info)
@@ -150,8 +141,7 @@ def _gpu_title(view: dict[str, Any], now: float) -> str:
 
 
 def holders(gpu: dict[str, Any], names: dict[Optional[int], str], home: str) -> list[str]:
-    """Who holds the GPU: gpuq's jobs (`#3 train`), other users' leases and other processes (as
-    `gpuq gpus` names them); a lease of this spool's own job is that job, said once."""
+    """gpuq's jobs, other users' leases and other processes; a lease of this spool's own job is that job."""
     out = [f"#{job_id} {names.get(job_id, '')}".rstrip() for job_id in gpu.get("jobs") or ()]
     for lease in gpu.get("leases") or ():
         if lease.get("spool") != home or lease.get("job") not in (gpu.get("jobs") or ()):
