@@ -1,5 +1,5 @@
-"""The curses loop of `gpuq top`. An action runs in a thread of its own (a kill waits up to its
-grace, a preemption for the job's checkpoint) while the screen goes on; `q` waits for it."""
+"""The curses loop of `gpuq top`, its keys and its log view. An action runs in a thread of its own
+(a kill waits up to its grace, a preemption for the job's checkpoint) while the screen goes on."""
 
 from __future__ import annotations
 
@@ -8,17 +8,124 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Optional
+from collections import deque
+from typing import Any, Callable, NamedTuple, Optional
 
-from gpuq.cli.top import draw, keys, model
-from gpuq.cli.top.logview import LogFollow
+from gpuq.cli.top import draw, model
 from gpuq.core.errors import GpuqError, Refused
+from gpuq.core.job import Job
+from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM
+from gpuq.engine.lifecycle import requests
 from gpuq.spool import Spool
 
 TICK_MS = 200
-ESCAPE = "\x1b"
 UP, DOWN = ("KEY_UP", "k"), ("KEY_DOWN", "j")
 ENTER = ("\n", "\r", "KEY_ENTER", "l")
+KEPT_LINES = 2000  # of a log followed: enough for any screen; the log itself stays in the spool
+
+
+# A key that acts on the selected job makes the request its CLI command makes: refused for the
+# same reasons, in the same words.
+class Action(NamedTuple):
+    key: str
+    verb: str
+    states: tuple[str, ...]
+    asks: bool
+    call: Callable[[Spool, int], str]
+
+    def question(self, job_id: int, name: str) -> str:
+        return f"{self.verb} #{job_id} {name}? [y/N]"
+
+
+def _on(request: Callable[..., requests.OnJobs], said: Callable[[requests.Done], str]) -> Callable[[Spool, int], str]:
+
+    def call(sp: Spool, job_id: int) -> str:
+        done = request(ids=[job_id]).one(sp, job_id, lambda _job_id: None)
+        return f"#{job_id} {done.job.name} {said(done)}"
+
+    return call
+
+
+def _preempt(sp: Spool, job_id: int) -> str:
+    outcome = requests.Preempt(id=job_id).run(sp)  # `gpuq preempt`'s default wait, in the app's worker thread
+    job = outcome.job
+    if outcome.state == PREEMPTED:
+        return f"#{job_id} {job.name} preempted: {job.note} (P resumes it)"
+    if outcome.left:
+        return f"#{job_id} did not stop; left running (`gpuq preempt {job_id} --force` kills what is left)"
+    return f"#{job_id} ended on its own meanwhile: {outcome.state}"
+
+
+ACTIONS = (
+    Action("x", "kill", (RUNNING,), True, _on(requests.Kill, lambda d: f"killed (exit {d.job.exit_code})")),
+    Action(
+        "c",
+        "cancel",
+        (RUNNING, PENDING, HELD, PREEMPTED, INTERRUPTED, SLURM),
+        True,
+        _on(requests.Cancel, lambda d: CANCELLED),
+    ),
+    Action("h", "hold", (PENDING,), False, _on(requests.Hold, lambda d: "held (u puts it back in line)")),
+    Action("u", "release", (HELD,), False, _on(requests.Release, lambda d: "back in line")),
+    Action("p", "preempt", (RUNNING,), True, _preempt),
+    Action(
+        "P",
+        "resume",
+        (PREEMPTED, INTERRUPTED),
+        False,
+        _on(requests.Resume, lambda d: f"back in the queue (first in line): {d.how}"),
+    ),
+    Action("r", "retry", (FAILED, CANCELLED), False, _on(requests.Retry, lambda d: f"back in the queue: {d.how}")),
+)
+BY_KEY = {action.key: action for action in ACTIONS}
+
+HELP = [
+    ("up/down, j/k", "select a job"),
+    ("enter, l", "its log, following while it runs (esc or q: back)"),
+    ("x", "kill the running job (asks)"),
+    ("c", "cancel the job; a running one is killed first (asks)"),
+    ("h / u", "hold a pending job / release a held one"),
+    ("p / P", "preempt a running job, keeping its checkpoint (asks) / resume a preempted one"),
+    ("r", "retry a failed or cancelled job"),
+    ("?", "this help"),
+    ("q", "leave (the jobs and the worker go on)"),
+]
+
+
+def refusal(action: Action, state: str, job_id: Any) -> str:
+    return f"#{job_id} is {state}: {action.verb} applies to {', '.join(action.states)} jobs"
+
+
+class LogFollow:
+    def __init__(self, spool: Spool, job: Job, state: str, lines: int = 200) -> None:
+        self.spool, self.job, self.state = spool, job, state
+        self.lines: deque[str] = deque(maxlen=KEPT_LINES)
+        self.partial = ""  # a line not ended yet (a tqdm bar ends it with \r)
+        self.offset = spool.logs.size(job)
+        if self.offset == 0 and state in (PENDING, HELD, CANCELLED):
+            self.lines.append(f"(#{job.id} has not started: no log yet)")
+        else:
+            self.lines.extend(spool.logs.tail_lines(job, lines))
+
+    def title(self) -> str:
+        following = ", following" if self.running() else ""
+        return f"log of #{self.job.id} {self.job.name} ({self.state}{following})"
+
+    def running(self) -> bool:
+        return self.spool.jobs.find(self.job.id, ACTIVE) is not None
+
+    def poll(self) -> bool:
+        chunk = self.spool.logs.read_from(self.job, self.offset)
+        if not chunk:
+            return False
+        self.offset += len(chunk)
+        text = self.partial + chunk.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+        *complete, self.partial = text.split("\n")
+        self.lines.extend(complete)
+        return True
+
+    def shown(self) -> list[str]:
+        return list(self.lines) + ([self.partial] if self.partial else [])
 
 
 class App:
@@ -30,7 +137,7 @@ class App:
         self.selected: Optional[int] = next(iter(self.snap.ids()), None)
         self.mode = "list"  # or "log", "help"
         self.log: Optional[LogFollow] = None
-        self.asking: Optional[tuple[keys.Action, int, str]] = None  # the question on the bottom line
+        self.asking: Optional[tuple[Action, int, str]] = None  # the question on the bottom line
         self.bottom: Optional[draw.Line] = None
         self.done: queue.Queue[draw.Line] = queue.Queue()  # outcomes of actions, from their threads
         self.busy: Optional[threading.Thread] = None
@@ -72,7 +179,7 @@ class App:
         view = draw.Screen(width, height, self.selected, self.unicode)
         view.bottom = bottom or self._bottom_line()
         if self.mode == "help":
-            lines = draw.help_frame(keys.HELP, view)
+            lines = draw.help_frame(HELP, view)
         elif self.mode == "log" and self.log is not None:
             lines = draw.log_frame(self.log.title(), self.log.shown(), view)
         else:
@@ -121,26 +228,26 @@ class App:
             line = self._line(self.selected)
             if line.job is not None:
                 self.log, self.mode = LogFollow(self.spool, line.job, line.state), "log"
-        elif key in keys.BY_KEY and self.selected is not None:
-            self._ask(keys.BY_KEY[key], self._line(self.selected))
+        elif key in BY_KEY and self.selected is not None:
+            self._ask(BY_KEY[key], self._line(self.selected))
         return True
 
-    def _ask(self, action: keys.Action, line: model.JobLine) -> None:
+    def _ask(self, action: Action, line: model.JobLine) -> None:
         if self.busy is not None:
             self.bottom = ("one action at a time: the one under way has not finished", draw.WARN)
         elif line.state not in action.states:
-            self.bottom = (keys.refusal(action, line.state, line.job_id), draw.BAD)
+            self.bottom = (refusal(action, line.state, line.job_id), draw.BAD)
         elif action.asks:
             self.asking = (action, line.job_id, line.name)  # type: ignore[assignment]
         else:
             self._start(action, line.job_id)  # type: ignore[arg-type]
 
-    def _start(self, action: keys.Action, job_id: int) -> None:
+    def _start(self, action: Action, job_id: int) -> None:
         self.bottom = (f"{action.verb} #{job_id}...", draw.DIM)
         self.busy = threading.Thread(target=self._act, args=(action, job_id), name=f"top-{action.verb}")
         self.busy.start()
 
-    def _act(self, action: keys.Action, job_id: int) -> None:
+    def _act(self, action: Action, job_id: int) -> None:
         try:
             self.done.put((action.call(self.spool, job_id), ""))
         except GpuqError as exc:  # a refusal, in the CLI's words
