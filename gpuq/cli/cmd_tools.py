@@ -20,14 +20,10 @@ from gpuq.system import installs
 
 def cmd_import(args: argparse.Namespace) -> int:
     sp = spool()  # a queue lying in the spool itself has just been imported by this
-    if args.path is None:
-        found = reader.find_legacy(sp.home)
-        if found is None:
-            print(f"no queue of the original gpuq in {sp.home} (gpuq.db or queue.json); give its path")
-            return 0
-        path = found
-    else:
-        path = Path(args.path).expanduser().absolute()
+    path = Path(args.path).expanduser().absolute() if args.path is not None else reader.find_legacy(sp.home)
+    if path is None:
+        print(f"no queue of the original gpuq in {sp.home} (gpuq.db or queue.json); give its path")
+        return 0
     report = importer.import_queue(sp, Path(path))
     print("\n".join(report.lines()))
     return 0

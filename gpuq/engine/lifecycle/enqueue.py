@@ -11,7 +11,7 @@ from gpuq.core import schema, sweep, timespec
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.job import Job, is_url
 from gpuq.core.resume_arg import check_resume_arg
-from gpuq.core.states import HELD, PENDING, RUNNING, SOURCE_CLI
+from gpuq.core.states import HELD, PENDING, RUNNING
 from gpuq.core.times import iso_of
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.interpreter import EnqueueError, upward
@@ -110,42 +110,19 @@ def new_jobs(
     variants: list[Variant],
     *,
     cwd: str,
-    venv: Optional[str],
-    env: dict[str, str],
-    shell_env: Optional[dict[str, str]],
-    after: list[int],
-    after_any: list[int],
-    retries: int,
-    priority: int = 0,
-    source: str = SOURCE_CLI,
     options: Optional[dict[str, Any]] = None,
-    umask: Optional[int] = None,
     log: Callable[[int], str] = lambda _job_id: "",
+    **common: Any,
 ) -> list[Job]:
-    """The jobs of `variants` (a sweep is named by its first job's id)."""
+    """The jobs of `variants` (a sweep is named by its first job's id); `common`: schema.new_job's fields."""
     jobs = []
     for job_id, variant in enumerate(variants, first):
         own = {**(options or {}), **(variant.options or {})}
         if own.get("sweep") is not None:
             own["sweep"] = dict(own["sweep"], id=first)
+        name = variant.name or default_name(cwd, variant.cmd)
         jobs.append(
-            schema.new_job(
-                job_id=job_id,
-                name=variant.name or default_name(cwd, variant.cmd),
-                cmd=variant.cmd,
-                cwd=cwd,
-                log=log(job_id),
-                env=env,
-                shell_env=shell_env,
-                venv=venv,
-                after=after,
-                after_any=after_any,
-                retries=retries,
-                priority=priority,
-                source=source,
-                options=own,
-                umask=umask,
-            )
+            schema.new_job(job_id=job_id, name=name, cmd=variant.cmd, cwd=cwd, log=log(job_id), options=own, **common)
         )
     return jobs
 
