@@ -30,7 +30,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = Settings(**_settings(args))
     typed = bool(settings.notify_urls)
     if not typed:  # the user's default: GPUQ_NOTIFY, else the config file's
-        settings.notify_urls = _default_notify_urls()
+        from gpuq.run.notify import config  # as gpuq.run above: after the dependency check
+
+        try:
+            settings.notify_urls = config.default_urls()
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
     _check_notify(settings.notify_urls, typed)
     sp = spool()
     _warn_shared_spool(sp)
@@ -53,15 +58,6 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     return out
-
-
-def _default_notify_urls() -> list[str]:
-    from gpuq.run.notify import config  # as gpuq.run above: after the dependency check
-
-    try:
-        return config.default_urls()
-    except ValueError as exc:
-        raise Refused(str(exc)) from None
 
 
 def _check_notify(urls: list[str], typed: bool) -> None:

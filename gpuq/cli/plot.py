@@ -65,27 +65,22 @@ def figure(runs: Sequence[PastRun], title: Optional[str] = None, utilisation: Op
         ax.text(0.5, 0.5, "no finished runs in this period", ha="center", va="center", transform=ax.transAxes)
         ax.set_yticks([])
         ax.set_xticks([])
-    ax.set_title(title or _default_title(runs))
+    hours = sum(run.gpu_hours for run in runs)
+    ax.set_title(title or f"gpuq history: {plural(len(runs), 'run')}, {hours:.1f} GPU-hours")
     return fig
 
 
 def lane_order(runs: Sequence[PastRun]) -> list[str]:
     names = {lane for run in runs for lane in run.lanes}
-    gpus = sorted((n for n in names if n not in ("machine", "cpu")), key=lambda n: (not n.isdigit(), _num(n), n))
+    gpus = sorted(
+        (n for n in names if n not in ("machine", "cpu")),
+        key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n),
+    )
     return gpus + [n for n in ("machine", "cpu") if n in names]
-
-
-def _num(text: str) -> int:
-    return int(text) if text.isdigit() else 0
 
 
 def _label(lane: str) -> str:
     return lane if lane in ("machine", "cpu") else f"GPU {lane}"
-
-
-def _default_title(runs: Sequence[PastRun]) -> str:
-    hours = sum(run.gpu_hours for run in runs)
-    return f"gpuq history: {plural(len(runs), 'run')}, {hours:.1f} GPU-hours"
 
 
 def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mpl: Any, shaded: Utilisation) -> None:

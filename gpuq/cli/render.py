@@ -59,7 +59,9 @@ def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = N
 def _table(columns: list[list[str]]) -> list[str]:
     """Column by column, with maps rather than a Python step per row: `status -a` shows 100,000 rows."""
     ascii_columns = ["".join(column).isascii() for column in columns[:5]]
-    widths = [_column_width(column, plain) for column, plain in zip(columns[:5], ascii_columns)]
+    widths = [
+        max(map(len, column) if plain else map(width, set(column))) for column, plain in zip(columns[:5], ascii_columns)
+    ]
     padded = [
         _padded(column, w, right, plain)
         for column, w, right, plain in zip(columns, widths, (True, False, False, False, True), ascii_columns)
@@ -67,10 +69,6 @@ def _table(columns: list[list[str]]) -> list[str]:
     lines = list(map(str.rstrip, map("  ".join, zip(*padded, columns[5]))))
     lines.insert(1, "─" * (sum(widths) + 14))
     return lines
-
-
-def _column_width(column: list[str], plain: bool) -> int:
-    return max(map(len, column)) if plain else max(map(width, set(column)))
 
 
 def _padded(column: list[str], columns: int, right: bool, plain: bool) -> list[str]:

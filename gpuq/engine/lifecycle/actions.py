@@ -269,7 +269,10 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
     while True:
         repairs.settle_unsupervised(spool, repairs.Report())  # a dead job ends as soon as we look
         if left & {ref.id for ref in spool.jobs.refs((SLURM,))}:
-            _sync_slurm(spool)
+            try:  # jobs on Slurm end when Slurm says so; one that does not answer is asked again later
+                slurm_handover.sync(spool)
+            except GpuqError:
+                pass
         snap, _ = read_queue(spool, cache)
         reasons = scheduler.waiting_reasons(snap)
         for job_id in sorted(left):
@@ -291,14 +294,6 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
                 out.ends[job_id] = (snap.states.get(job_id, "gone"), "still waiting when --timeout ran out")
             return out
         time.sleep(poll)
-
-
-def _sync_slurm(spool: Spool) -> None:
-    """Jobs on Slurm end when Slurm says so (one that does not answer: ask again later)."""
-    try:
-        slurm_handover.sync(spool)
-    except GpuqError:
-        pass
 
 
 def _why_not_done(spool: Spool, job_id: int, state: Optional[str]) -> str:
