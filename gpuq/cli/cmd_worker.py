@@ -10,6 +10,7 @@ from typing import Any
 
 from gpuq.cli.common import spool
 from gpuq.cli.options import RUN
+from gpuq.cli.parser import said_by
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
 from gpuq.core.timespec import parse_memory_mib
@@ -67,9 +68,7 @@ def _check_notify(urls: list[str], typed: bool) -> None:
         return
     missing = notify_missing()
     if missing and typed:
-        exc = Refused(f"--notify {urls[0]}: {missing}")
-        exc.prefix = "gpuq run"
-        raise exc
+        raise said_by("gpuq run", Refused(f"--notify {urls[0]}: {missing}"))
     if missing:
         print(f"gpuq run: warning: {missing}; until then, no job's events are sent", file=sys.stderr)
 

@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from importlib.util import find_spec
 from typing import Optional
 
+from gpuq.cli.parser import said_by
 from gpuq.core.errors import Refused, UsageError
 from gpuq.system.extras import install_command
 
@@ -20,7 +21,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         return install.cmd_install(args, sdk_problem())
     if args.client or args.write or args.force:
         raise UsageError("--client, --write and --force go with `gpuq mcp install`")
-    check_sdk()
+    problem = sdk_problem()
+    if problem:
+        raise said_by("gpuq mcp", Refused(problem))
     from gpuq.cli.assistant import server  # the SDK (pydantic, anyio): only once it is known to be there
 
     server.serve()
@@ -40,11 +43,3 @@ def sdk_problem() -> Optional[str]:
     if not installed.split(".")[0].isdigit() or int(installed.split(".")[0]) < 2:  # 1.x: FastMCP, another API
         return f"the MCP SDK 2 or newer is needed, mcp {installed} is installed: {install_command('mcp')} --upgrade"
     return None
-
-
-def check_sdk() -> None:
-    problem = sdk_problem()
-    if problem:
-        exc = Refused(problem)
-        exc.prefix = "gpuq mcp"
-        raise exc

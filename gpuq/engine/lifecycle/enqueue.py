@@ -168,6 +168,10 @@ class Request(NamedTuple):
     shell_env: Optional[Mapping[str, str]] = None
 
 
+# the options a job keeps as they were asked for
+AS_ASKED = ("urgent", "preemptible", "ckpt_glob", "resume_arg", "cpus", "notify", "on_finish", "no_resume")
+
+
 class Prepared(NamedTuple):
     """A request checked and resolved: the jobs, `enqueue_many`'s fields, what the user should read."""
 
@@ -212,20 +216,13 @@ def prepare(request: Request, git_cache: Any = None) -> Prepared:
     if problem:
         raise UsageError(problem)
     options = {
-        "urgent": request.urgent,
-        "preemptible": request.preemptible,
-        "ckpt_glob": request.ckpt_glob,
-        "resume_arg": request.resume_arg,
+        **{key: getattr(request, key) for key in AS_ASKED},
         "conda": resolved.conda,
         "interpreter_from": resolved.found_by,
         "gpu_request": request.gpus,
         "gpu_mem_mib": _size(timespec.parse_memory_mib, request.gpu_mem, "--gpu-mem"),
         "mem_mib": _size(timespec.parse_memory_mib, request.mem, "--mem"),
-        "cpus": request.cpus,
-        "notify": request.notify,
         "notify_urls": _notify_urls(request.notify_url),
-        "on_finish": request.on_finish,
-        "no_resume": request.no_resume,
         "max_log_bytes": _size(timespec.parse_size_bytes, request.max_log_size, "--max-log-size"),
         **_safeguards(request, cwd, git_cache),
     }
