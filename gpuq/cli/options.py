@@ -48,10 +48,8 @@ class Opt:
         self.dash_value = dash_value  # its value may start with "-" (`--slurm-opt --time=4:00:00`)
         self.setting = setting  # `gpuq run`: the worker's Settings field it sets (forwarded to a --daemon)
         self.read = read  # `gpuq run`: (text, flag) -> the setting's value; ValueError for bad text
-        # `add`'s options whose loss would change whether or when the job runs (dependencies,
-        # scheduling, --dry-run): what the job would do if the script got the option instead of
-        # gpuq (the original gpuq's `add eval.py --after 1`). After SCRIPT such an option is
-        # refused with this said; any other of gpuq's options there only gets a note.
+        # what the job would do if the script got this option of `add` instead of gpuq (`add eval.py
+        # --after 1`, as the original gpuq allowed): after SCRIPT it is refused, with this said
         self.before_script = before_script
 
     @property
@@ -84,16 +82,12 @@ class Command:
     ) -> None:
         self.names, self.handler, self.help, self.description = names, handler, help, description
         self.options, self.actions = options, actions
-        # the states of the jobs its job ids may name: shell completion offers only their ids
-        # (`gpuq _ids --state ...`); None: any job's
+        # the states of the jobs its ids may name, whose ids shell completion offers; None: any
         self.id_states = id_states
 
     def option(self, flag: str) -> Optional[Opt]:
         """The option spelled `flag` exactly (no abbreviation, no `=VALUE`)."""
         return next((opt for opt in self.options if flag in opt.flags and not opt.positional), None)
-
-
-# ---- value converters ------------------------------------------------------------------------
 
 
 def env_pair(text: str) -> tuple[str, str]:

@@ -27,9 +27,6 @@ NOT_PARAMETERS = ("quiet", "dry_run", "json")
 NOT_ASKED = ("umask", "shell_env")  # the request's fields the server fills in: its own
 
 
-# ---- add: its parameters, the request's fields ------------------------------------------------
-
-
 def add_parameters() -> list[inspect.Parameter]:
     """The fields of enqueue.Request, each described by the help of its options."""
     helps: dict[str, list[str]] = {"cmd": ["SCRIPT and ARGS, one word each: a .py file or any command"]}
@@ -75,9 +72,6 @@ def add_dry_run(**given: Any) -> dict[str, Any]:
 
 def request(given: dict[str, Any]) -> enqueue.Request:
     return enqueue.Request(**given)
-
-
-# ---- commands of job ids ----------------------------------------------------------------------
 
 
 def on_each(request: requests.OnJobs, said: Callable[[Done], dict[str, Any]]) -> dict[str, Any]:

@@ -64,9 +64,6 @@ class Tool(NamedTuple):
         return f"{text} Ends or throws away work: confirm with the user before calling it, naming the jobs."
 
 
-# ---- read-only tools --------------------------------------------------------------------------
-
-
 def queue(all: Annotated[bool, Field(description="every finished job, not only the newest (as -a)")] = False) -> Any:
     sp = spool()
     return [cmd_status.json_row(row) for row in status(sp, show_all=all).rows]

@@ -142,7 +142,6 @@ class App:
         self.done: queue.Queue[draw.Line] = queue.Queue()  # outcomes of actions, from their threads
         self.busy: Optional[threading.Thread] = None
 
-    # ---- the loop -------------------------------------------------------------------------
     def run(self, screen: Any) -> None:
         _setup(screen)
         while True:
@@ -198,7 +197,6 @@ class App:
             return action.question(job_id, name), draw.WARN
         return self.bottom
 
-    # ---- keys -----------------------------------------------------------------------------
     def press(self, key: str) -> bool:
         """Act on one key; False: leave."""
         if key == "KEY_RESIZE":

@@ -127,9 +127,6 @@ def new_jobs(
     return jobs
 
 
-# ---- `gpuq add` ------------------------------------------------------------------------------
-
-
 class Request(NamedTuple):
     """What `gpuq add` asks for: `cmd` and each of add's options by its dest in cli/options.py, as
     values (`after=[3]`, `env={"A": "1"}`). `umask`, `shell_env`: the user's (default: this
