@@ -22,9 +22,9 @@ def cmd_add(args: argparse.Namespace) -> int:
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run (a real add prints the ids with -q)")
     if args.dry_run:
-        from gpuq.cli import dry_run  # the queue's ETA machinery: only for --dry-run
+        from gpuq.engine.lifecycle import dryrun  # the queue's ETA machinery: only for --dry-run
 
-        return dry_run.show(request(args), args.json)
+        return dryrun.show(request(args), args.json)
     prepared = enqueue.prepare(request(args))  # checked before the spool is opened
     for note in [] if args.quiet else prepared.notes:
         print(note)

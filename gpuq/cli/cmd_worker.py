@@ -10,12 +10,11 @@ from typing import Any
 
 from gpuq.cli.common import spool
 from gpuq.cli.options import RUN
-from gpuq.cli.parser import said_by
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
 from gpuq.core.timespec import parse_memory_mib
 from gpuq.core.words import ids_text, plural
-from gpuq.engine.lifecycle import actions
+from gpuq.engine.lifecycle import actions, enqueue
 from gpuq.engine.schedule import adhoc
 from gpuq.engine.schedule.placement import Request
 from gpuq.system.extras import notify_missing
@@ -29,15 +28,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpuq.run.worker import Settings  # (the same)
 
     settings = Settings(**_settings(args))
-    typed = bool(settings.notify_urls)
-    if not typed:  # the user's default: GPUQ_NOTIFY, else the config file's
+    if settings.notify_urls:
+        settings.notify_urls = enqueue.notify_urls(settings.notify_urls, "gpuq run")
+    else:  # the user's default: GPUQ_NOTIFY, else the config file's
         from gpuq.run.notify import config  # as gpuq.run above: after the dependency check
 
         try:
             settings.notify_urls = config.default_urls()
         except ValueError as exc:
             raise Refused(str(exc)) from None
-    _check_notify(settings.notify_urls, typed)
+        missing = settings.notify_urls and notify_missing()
+        if missing:  # a worker that a service starts must not stay down for its notifications
+            print(f"gpuq run: warning: {missing}; until then, no job's events are sent", file=sys.stderr)
     sp = spool()
     _warn_shared_spool(sp)
     if args.daemon:
@@ -59,18 +61,6 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     return out
-
-
-def _check_notify(urls: list[str], typed: bool) -> None:
-    """Typed URLs Apprise cannot send are refused; the user's default ones only get a line on
-    stderr: a worker that a service starts must not stay down for its notifications."""
-    if not urls:
-        return
-    missing = notify_missing()
-    if missing and typed:
-        raise said_by("gpuq run", Refused(f"--notify {urls[0]}: {missing}"))
-    if missing:
-        print(f"gpuq run: warning: {missing}; until then, no job's events are sent", file=sys.stderr)
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from gpuq.core.job import is_url
 from gpuq.core.sweep import parse_id_ranges
 from gpuq.core.timespec import parse_duration, parse_memory_mib, parse_size_bytes
 
@@ -124,13 +123,6 @@ cpu_count = counter(1, "a number of CPUs (1 or more)")
 
 
 # `gpuq run`'s readers: (text, flag) -> the worker's setting
-
-
-def notify_urls(values: list[str], _flag: str = "") -> list[str]:
-    for url in values:
-        if not is_url(url):
-            raise ValueError(f"--notify: not a URL such as ntfy://my-topic: {url!r}")
-    return list(dict.fromkeys(values))
 
 
 def gpu_labels(text: str, flag: str) -> list[str]:
@@ -367,7 +359,7 @@ RUN = Command(
             help="a desktop notification whenever a job ends; --notify URL: every job's events sent to URL "
             "(see `add --notify`; default: GPUQ_NOTIFY, else notify in ~/.config/gpuq/config.toml)",
         ),
-        Opt("--notify-url", kind=APPEND, setting="notify_urls", read=notify_urls, help=HIDDEN),
+        Opt("--notify-url", kind=APPEND, setting="notify_urls", help=HIDDEN),
         Opt(
             "--max-log-size",
             metavar="SIZE",

@@ -1,13 +1,15 @@
 """`gpuq add --dry-run`: the request goes through the same `enqueue.prepare` and `enqueue.check` as
 a real `add`; then, instead of publishing, the jobs join an in-memory copy of the queue, where the
 scheduler and the queue's ETA say whether and when each would start. Nothing is written: no id
-taken, no cache made, no spool created.
+taken, no cache made, no spool created. `show` prints it for `gpuq add --dry-run`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import sys
 import time
 from functools import partial
 from typing import Any, Optional
@@ -15,10 +17,13 @@ from typing import Any, Optional
 from gpuq.core import jobenv
 from gpuq.core.job import Job
 from gpuq.core.states import HELD, PENDING
+from gpuq.core.timespec import format_duration
+from gpuq.core.words import plural
 from gpuq.engine.lifecycle import enqueue
 from gpuq.engine.schedule import gpuview, hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import eta, queue_eta
+from gpuq.engine.views.card import FOUND_BY
 from gpuq.engine.views.status import gpu_waits, space_waits
 from gpuq.spool import Spool
 
@@ -29,6 +34,51 @@ class _ReadOnlyCache:
 
     def write(self, name: str, data: bytes) -> None:
         pass
+
+
+def show(request: enqueue.Request, as_json: bool) -> int:
+    plan = plan_add(Spool(), request)
+    if as_json:
+        print(json.dumps(plan, indent=2, ensure_ascii=False))
+        return 0
+    for warning in plan["warnings"]:
+        print(warning, file=sys.stderr)
+    print(f"would queue {plural(len(plan['jobs']), 'job')} (--dry-run: nothing queued):")
+    for job in plan["jobs"]:
+        print("\n".join(_planned_lines(job)))
+    for note in plan["notes"]:
+        print(note)
+    return 0
+
+
+def _planned_lines(job: dict[str, Any]) -> list[str]:
+    how = job["interpreter_from"]
+    found = f" (from {FOUND_BY.get(how, how)})" if how else ""
+    gpus = "a CPU job" if job["gpus"] == 0 else plural(job["gpus"], "GPU")
+    if job["gpu_mem_mib"]:
+        gpus += f", {job['gpu_mem_mib']} MiB each"
+    limits = [gpus]
+    if job["mem_mib"]:
+        limits.append(f"{hostroom.size_text(job['mem_mib'])} host memory")
+    if job["cpus"]:
+        limits.append(plural(job["cpus"], "CPU"))
+    if job["time_limit_seconds"]:
+        limits.append(f"time limit {format_duration(job['time_limit_seconds'])}")
+    deps = job["after"] + job["after_any"]
+    limits += [f"after {', '.join(f'#{d}' for d in deps)}"] if deps else []
+    limits += [f"begins {job['begin_at']}"] if job["begin_at"] else []
+    start = job["would_start"]
+    when = "would start now" if start["now"] else f"would not start now: {start['why_not']}"
+    said = start["estimate"].startswith("unknown") or bool(start["why_not"] and start["why_not"] in start["estimate"])
+    return [
+        f"  #{job['id']} {job['name']}{'  (held)' if job['state'] == HELD else ''}",
+        f"    command    {job['command_line']}",
+        f"    directory  {job['cwd']}",
+        *([f"    python     {job['interpreter']}{found}"] if job["interpreter"] else []),
+        f"    env        {' '.join(f'{k}={shlex.quote(v)}' for k, v in job['env'].items())}",
+        f"    needs      {'; '.join(limits)}",
+        f"    {when}" + ("" if said else f" ({start['estimate']})"),
+    ]
 
 
 def plan_add(spool: Spool, request: enqueue.Request) -> dict[str, Any]:

@@ -219,7 +219,7 @@ def prepare(request: Request, git_cache: Any = None) -> Prepared:
         "gpu_request": request.gpus,
         "gpu_mem_mib": _size(timespec.parse_memory_mib, request.gpu_mem, "--gpu-mem"),
         "mem_mib": _size(timespec.parse_memory_mib, request.mem, "--mem"),
-        "notify_urls": _notify_urls(request.notify_url),
+        "notify_urls": notify_urls(request.notify_url),
         "max_log_bytes": _size(timespec.parse_size_bytes, request.max_log_size, "--max-log-size"),
         **_safeguards(request, cwd, git_cache),
     }
@@ -240,8 +240,9 @@ def prepare(request: Request, git_cache: Any = None) -> Prepared:
     return Prepared(variants, fields, notes, [hint] if hint else [])
 
 
-def _notify_urls(urls: Sequence[str]) -> list[str]:
-    """Refused where Apprise cannot be imported (the job would end with nobody told)."""
+def notify_urls(urls: Sequence[str], who: str = "gpuq add") -> list[str]:
+    """`--notify URL` of `add` and `run`: refused where Apprise cannot be imported (the job would end
+    with nobody told)."""
     for url in urls:
         if not is_url(url):
             raise UsageError(f"--notify: not a URL such as ntfy://my-topic: {url!r}")
@@ -251,7 +252,7 @@ def _notify_urls(urls: Sequence[str]) -> list[str]:
         missing = notify_missing()
         if missing:
             exc = Refused(f"--notify {urls[0]}: {missing}")
-            exc.prefix = "gpuq add"
+            exc.prefix = who
             raise exc
     return list(dict.fromkeys(urls))
 
