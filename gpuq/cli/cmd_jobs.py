@@ -37,43 +37,35 @@ def _say_killing(job_id: int) -> None:
     print(f"sending SIGTERM to job #{job_id}'s process group (SIGKILL after {KILL_GRACE_SECONDS:.0f}s)...", flush=True)
 
 
-def _job_line(mark: str, what: Callable[[Done], str]) -> Callable[[Done], str]:
-    return lambda done: f"[{mark}] Job #{done.job.id}: {done.job.name} {what(done)}"
-
-
-def _cancelled(done: Done) -> str:
+def _cancelled(done: Done, _args: argparse.Namespace) -> str:
     if done.killed:
         return f"{CANCELLED}: it was running, killed (exit {done.job.exit_code})"
     slurm = done.job.slurm
     return CANCELLED + (f" (scancel of Slurm job {slurm['job_id']})" if slurm else "")
 
 
-def cmd_cancel(args: argparse.Namespace) -> int:
-    return _on_each(requests.Cancel(ids=job_ids(args.ids)), _job_line("-", _cancelled))
+def _on_ids(request: Callable[..., requests.OnJobs], mark: str, what: Callable[..., str], *flags: str) -> Any:
+    """A command on job ids: its request made of the ids and `flags`, one line per job."""
+
+    def handler(args: argparse.Namespace) -> int:
+        made = request(ids=job_ids(args.ids), **{flag: getattr(args, flag) for flag in flags})
+        return _on_each(made, lambda d: f"[{mark}] Job #{d.job.id}: {d.job.name} {what(d, args)}")
+
+    return handler
 
 
-def cmd_kill(args: argparse.Namespace) -> int:
-    return _on_each(requests.Kill(ids=job_ids(args.ids)), _job_line("-", lambda d: f"killed (exit {d.job.exit_code})"))
-
-
-def cmd_hold(args: argparse.Namespace) -> int:
-    said = _job_line("=", lambda d: f"held (`gpuq release {d.job.id}` puts it back in line)")
-    return _on_each(requests.Hold(ids=job_ids(args.ids)), said)
-
-
-def cmd_release(args: argparse.Namespace) -> int:
-    return _on_each(requests.Release(ids=job_ids(args.ids)), _job_line("+", lambda d: "back in line"))
-
-
-def cmd_retry(args: argparse.Namespace) -> int:
-    request = requests.Retry(ids=job_ids(args.ids), from_scratch=args.from_scratch)
-    return _on_each(request, _job_line("+", lambda d: f"back in the queue: {d.how}"))
-
-
-def cmd_resume(args: argparse.Namespace) -> int:
-    where = "in normal order" if args.back else "first in line"
-    request = requests.Resume(ids=job_ids(args.ids), require_checkpoint=args.require_checkpoint, back=args.back)
-    return _on_each(request, _job_line("+", lambda d: f"back in the queue ({where}): {d.how}"))
+cmd_cancel = _on_ids(requests.Cancel, "-", _cancelled)
+cmd_kill = _on_ids(requests.Kill, "-", lambda d, _a: f"killed (exit {d.job.exit_code})")
+cmd_hold = _on_ids(requests.Hold, "=", lambda d, _a: f"held (`gpuq release {d.job.id}` puts it back in line)")
+cmd_release = _on_ids(requests.Release, "+", lambda d, _a: "back in line")
+cmd_retry = _on_ids(requests.Retry, "+", lambda d, _a: f"back in the queue: {d.how}", "from_scratch")
+cmd_resume = _on_ids(
+    requests.Resume,
+    "+",
+    lambda d, a: f"back in the queue ({'in normal order' if a.back else 'first in line'}): {d.how}",
+    "require_checkpoint",
+    "back",
+)
 
 
 def cmd_recover(args: argparse.Namespace) -> int:

@@ -28,9 +28,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpuq.run.worker import Settings  # (the same)
 
     settings = Settings(**_settings(args))
-    if settings.notify_urls:
-        settings.notify_urls = enqueue.notify_urls(settings.notify_urls, "gpuq run")
-    else:  # the user's default: GPUQ_NOTIFY, else the config file's
+    if not settings.notify_urls:  # the user's default: GPUQ_NOTIFY, else the config file's
         from gpuq.run.notify import config  # as gpuq.run above: after the dependency check
 
         try:
@@ -60,6 +58,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
             out[opt.setting] = value if opt.read is None else opt.read(value, opt.flags[-1])
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    if out["notify_urls"]:  # typed: refused if they cannot be sent, as `add --notify URL`
+        out["notify_urls"] = enqueue.notify_urls(out["notify_urls"], "gpuq run")
     return out
 
 

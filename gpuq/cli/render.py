@@ -315,10 +315,7 @@ def rejected_line(rejected: Any) -> str:
 def gpu_lines(view: dict[str, Any], now: Optional[float] = None, home: Optional[str] = None) -> list[str]:
     """One line per GPU, then one per lease of it but those of this spool's (`home`) jobs named
     already; last, a few lease problems."""
-    now = time.time() if now is None else now
-    age = duration(now - view["at"]) if view.get("at") else ""
-    seen = f"seen {age or '0s'} ago" + (f" by worker {view['worker']}" if view.get("worker") else "")
-    lines = [f"GPUs ({view.get('source')}, {seen})" + (f": {view['problem']}" if view.get("problem") else "")]
+    lines = [gpu_title(view, time.time() if now is None else now)]
     for gpu in view.get("gpus") or []:
         used = f"{_gib(gpu['memory_used_mib'])}/{_gib(gpu['memory_total_mib'])} GiB"
         parts = [f"  GPU {gpu['index']}  {gpu['name']}  {used}"]
@@ -327,7 +324,7 @@ def gpu_lines(view: dict[str, Any], now: Optional[float] = None, home: Optional[
         if gpu.get("jobs"):
             parts.append("jobs " + " ".join(f"#{j}" for j in gpu["jobs"]))
         foreign = gpu.get("foreign") or []
-        lines.append("  ".join(parts + [f"other: {_process(p)}" for p in foreign if not p.get("lease")]))
+        lines.append("  ".join(parts + [f"other: {process_text(p)}" for p in foreign if not p.get("lease")]))
         for lease in gpu.get("leases") or []:
             if home is None or lease.get("spool") != home or lease.get("job") not in gpu.get("jobs", ()):
                 lines.append("    " + _lease_line(lease, [p for p in foreign if p.get("lease") == lease.get("file")]))
@@ -336,15 +333,23 @@ def gpu_lines(view: dict[str, Any], now: Optional[float] = None, home: Optional[
     return lines + [f"  {problem}" for problem in problems[:3] + more]
 
 
+def gpu_title(view: dict[str, Any], now: float) -> str:
+    at = view.get("at")
+    seen = f"seen {duration(now - at) or '0s'} ago" if at else "not seen"
+    by = f" by worker {view['worker']}" if view.get("worker") else ""
+    problem = f": {view['problem']}" if view.get("problem") else ""
+    return f"GPUs ({view.get('source')}, {seen}{by}){problem}"
+
+
 def _lease_line(lease: dict[str, Any], processes: list[dict[str, Any]]) -> str:
     size = "leased whole" if lease.get("whole") else f"{_gib(lease.get('mem_mib'))} GiB leased"
     since = time.strftime("%H:%M", time.localtime(parse_iso(lease.get("since")) or 0))
-    using = f" ({', '.join(_process(p, who=False) for p in processes)})" if processes else ""
+    using = f" ({', '.join(process_text(p, who=False) for p in processes)})" if processes else ""
     return f"{size} by {lease.get('who')} since {since}{using}"
 
 
-def _process(proc: dict[str, Any], who: bool = True) -> str:
-    size = f" {_gib(proc['used_memory_mib'])} GiB" if proc.get("used_memory_mib") is not None else ""
+def process_text(proc: dict[str, Any], who: bool = True, unit: str = " GiB") -> str:
+    size = f" {_gib(proc['used_memory_mib'])}{unit}" if proc.get("used_memory_mib") is not None else ""
     return f"pid {proc['pid']}" + (f" ({proc.get('who') or '?'})" if who else "") + size
 
 

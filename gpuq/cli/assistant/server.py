@@ -17,11 +17,11 @@ from gpuq.cli.assistant import tools
 from gpuq.core.errors import GpuqError
 
 INSTRUCTIONS = (
-    "gpuq is the GPU job queue of this machine. The read-only tools (queue, job, log_tail, eta, gpus, history, "
-    "triage, add_dry_run) "
-    "are safe to call at any time; every other tool changes the queue: say what it will do and ask the user "
-    "first. Errors are gpuq's one-line messages: report them, do not retry the same call. Nothing starts "
-    "unless a worker runs (the queue tool's jobs wait; `gpuq run --daemon` in a shell starts one)."
+    "gpuq is the GPU job queue of this machine. The read-only tools "
+    f"({', '.join(tool.name for tool in tools.READING)}) are safe to call at any time; every other tool "
+    "changes the queue: say what it will do and ask the user first. Errors are gpuq's one-line messages: "
+    "report them, do not retry the same call. Nothing starts unless a worker runs (the queue tool's jobs "
+    "wait; `gpuq run --daemon` in a shell starts one)."
 )
 
 

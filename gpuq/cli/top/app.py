@@ -11,10 +11,11 @@ import time
 from collections import deque
 from typing import Any, Callable, NamedTuple, Optional
 
+from gpuq.cli.commands import COMMANDS
 from gpuq.cli.top import draw, model
 from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.job import Job
-from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM
+from gpuq.core.states import ACTIVE, CANCELLED, HELD, PENDING, PREEMPTED
 from gpuq.engine.lifecycle import requests
 from gpuq.spool import Spool
 
@@ -25,13 +26,16 @@ KEPT_LINES = 2000  # of a log followed: enough for any screen; the log itself st
 
 
 # A key that acts on the selected job makes the request its CLI command makes: refused for the
-# same reasons, in the same words.
+# same reasons, in the same words, and for a job in a state other than the command's id_states.
 class Action(NamedTuple):
     key: str
     verb: str
-    states: tuple[str, ...]
     asks: bool
     call: Callable[[Spool, int], str]
+
+    @property
+    def states(self) -> tuple[str, ...]:
+        return next(c.id_states or () for c in COMMANDS if self.verb in c.names)
 
     def question(self, job_id: int, name: str) -> str:
         return f"{self.verb} #{job_id} {name}? [y/N]"
@@ -57,25 +61,13 @@ def _preempt(sp: Spool, job_id: int) -> str:
 
 
 ACTIONS = (
-    Action("x", "kill", (RUNNING,), True, _on(requests.Kill, lambda d: f"killed (exit {d.job.exit_code})")),
-    Action(
-        "c",
-        "cancel",
-        (RUNNING, PENDING, HELD, PREEMPTED, INTERRUPTED, SLURM),
-        True,
-        _on(requests.Cancel, lambda d: CANCELLED),
-    ),
-    Action("h", "hold", (PENDING,), False, _on(requests.Hold, lambda d: "held (u puts it back in line)")),
-    Action("u", "release", (HELD,), False, _on(requests.Release, lambda d: "back in line")),
-    Action("p", "preempt", (RUNNING,), True, _preempt),
-    Action(
-        "P",
-        "resume",
-        (PREEMPTED, INTERRUPTED),
-        False,
-        _on(requests.Resume, lambda d: f"back in the queue (first in line): {d.how}"),
-    ),
-    Action("r", "retry", (FAILED, CANCELLED), False, _on(requests.Retry, lambda d: f"back in the queue: {d.how}")),
+    Action("x", "kill", True, _on(requests.Kill, lambda d: f"killed (exit {d.job.exit_code})")),
+    Action("c", "cancel", True, _on(requests.Cancel, lambda d: CANCELLED)),
+    Action("h", "hold", False, _on(requests.Hold, lambda d: "held (u puts it back in line)")),
+    Action("u", "release", False, _on(requests.Release, lambda d: "back in line")),
+    Action("p", "preempt", True, _preempt),
+    Action("P", "resume", False, _on(requests.Resume, lambda d: f"back in the queue (first in line): {d.how}")),
+    Action("r", "retry", False, _on(requests.Retry, lambda d: f"back in the queue: {d.how}")),
 )
 BY_KEY = {action.key: action for action in ACTIONS}
 

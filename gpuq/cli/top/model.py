@@ -102,7 +102,7 @@ def take(spool: Spool, ring: Ring, now: Optional[float] = None) -> Snapshot:
             snap.waiting.append(line)
     snap.finished = sorted(snap.finished, key=lambda line: -(line.job_id or 0))[:FINISHED_SHOWN]
     if st.gpus is not None:
-        snap.gpu_title = _gpu_title(st.gpus, now)
+        snap.gpu_title = render.gpu_title(st.gpus, now)
         names = {row.job.id: row.job.name for row in st.rows if row.state == RUNNING}  # a sweep's too
         snap.gpus = [GpuLine(gpu, holders(gpu, names, spool.home), ring) for gpu in st.gpus["gpus"]]
     snap.warnings = list(st.warnings)
@@ -132,14 +132,6 @@ def _job_line(row: Any, now: float, utils: dict[int, Optional[int]]) -> JobLine:
     return line
 
 
-def _gpu_title(view: dict[str, Any], now: float) -> str:
-    at = view.get("at")
-    seen = f"seen {duration(now - at) or '0s'} ago" if at else "not seen"
-    by = f" by worker {view['worker']}" if view.get("worker") else ""
-    problem = f": {view['problem']}" if view.get("problem") else ""
-    return f"GPUs ({view.get('source')}, {seen}{by}){problem}"
-
-
 def holders(gpu: dict[str, Any], names: dict[Optional[int], str], home: str) -> list[str]:
     """gpuq's jobs, other users' leases and other processes; a lease of this spool's own job is that job."""
     out = [f"#{job_id} {names.get(job_id, '')}".rstrip() for job_id in gpu.get("jobs") or ()]
@@ -148,6 +140,5 @@ def holders(gpu: dict[str, Any], names: dict[Optional[int], str], home: str) -> 
             out.append(f"lease {lease.get('who') or '?'}")
     for proc in gpu.get("foreign") or ():
         if not proc.get("lease"):
-            size = f" {(proc['used_memory_mib'] or 0) / 1024:.1f}G" if proc.get("used_memory_mib") is not None else ""
-            out.append(f"pid {proc['pid']} ({proc.get('who') or '?'}){size}")
+            out.append(render.process_text(proc, unit="G"))
     return out

@@ -135,50 +135,41 @@ def _requeue(
         return spool.jobs.move(ref, job, PENDING, changes)[1], how
 
 
-def interrupted(spool: Spool) -> list[Job]:
-    return [job for _ref, job in spool.jobs.load_many(INTERRUPTED)]
-
-
 def reached_their_end(spool: Spool) -> list[tuple[Job, str]]:
     """The interrupted jobs whose last attempt had reached its end (`step 10/10`): a re-run would do
     the work again, so only a person who names them re-queues them."""
-    ended = ((job, continuation.reached_end(spool, job)) for job in interrupted(spool))
+    ended = ((job, continuation.reached_end(spool, job)) for job in jobs_in(spool, (INTERRUPTED,)))
     return [(job, reached) for job, reached in ended if reached]
 
 
 def to_recover(spool: Spool) -> list[Job]:
     ended = {job.id for job, _reached in reached_their_end(spool)}
-    return [job for job in interrupted(spool) if job.id not in ended]
+    return [job for job in jobs_in(spool, (INTERRUPTED,)) if job.id not in ended]
 
 
-def recover(
-    spool: Spool, ids: Optional[list[int]] = None, from_scratch: bool = False
-) -> list[tuple[Job, Continuation]]:
-    targets = ids if ids is not None else [job.id for job in to_recover(spool)]
-    return [_requeue(spool, i, (INTERRUPTED,), "recovered after interruption", from_scratch) for i in targets]
+def recover(spool: Spool, job_id: int, from_scratch: bool = False) -> tuple[Job, Continuation]:
+    return _requeue(spool, job_id, (INTERRUPTED,), "recovered after interruption", from_scratch)
 
 
 def recovery_plans(spool: Spool, from_scratch: bool = False) -> list[tuple[Job, Continuation]]:
     return [(job, continuation.plan(spool, job, from_scratch)) for job in to_recover(spool)]
 
 
-def recover_at_start(
-    spool: Spool,
-) -> tuple[list[tuple[Job, Continuation]], list[tuple[Job, str]]]:
+def recover_at_start(spool: Spool) -> tuple[list[tuple[Job, Continuation]], list[tuple[Job, str]]]:
     """`gpuq run --recover`: (recovered, left). Left for a person, with why: a job interrupted more
     times in a row than its --retries allow (one that takes the machine down with it), and one
     that had reached its end."""
     recovered: list[tuple[Job, Continuation]] = []
     left = [(job, repairs.reached_end_text(reached)) for job, reached in reached_their_end(spool)]
     ended = {job.id for job, _why in left}
-    for job in interrupted(spool):
+    for job in jobs_in(spool, (INTERRUPTED,)):
         if job.id in ended:
             continue
         if _interrupted_in_a_row(job) > job.retries:
             left.append((job, "interrupted again"))
             continue
         try:
-            recovered += recover(spool, [job.id])
+            recovered.append(recover(spool, job.id))
         except Refused:
             continue  # being changed right now: a person is on it
     return recovered, left

@@ -80,7 +80,7 @@ class Recover(OnJobs):
     from_scratch: bool = False
 
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
-        ((job, how),) = actions.recover(spool, [job_id], self.from_scratch)
+        job, how = actions.recover(spool, job_id, self.from_scratch)
         return Done(job, how.text())
 
 
