@@ -29,8 +29,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(gpuq.__file__)))
 
     def build(job: Job, slurm_ids: Mapping[int, int], opts: list[str]) -> tuple[str, list[str]]:
-        log = job.log
-        script = slurm_batch.batch_script(job, python=sys.executable, package_parent=package_parent, log_path=log)
+        script = slurm_batch.batch_script(job, python=sys.executable, package_parent=package_parent, log_path=job.log)
         try:
             options = slurm_batch.sbatch_options(
                 job, spool_id=key, slurm_ids=slurm_ids, extra=opts, grace_seconds=args.grace

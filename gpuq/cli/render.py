@@ -229,8 +229,11 @@ def damaged_cells(file_name: str, reason: str) -> tuple[str, ...]:
 BAR_CELLS = 10
 
 
-def progress_bar(fraction: float, cells: int = BAR_CELLS) -> str:
-    """`[████▌     ]`, eighths of a cell where the font has them."""
+def progress_bar(fraction: float, cells: int = BAR_CELLS, unicode: bool = True) -> str:
+    """`[████▌     ]`, eighths of a cell where the font has them; `[####      ]` without."""
+    if not unicode:
+        full = int(round(max(0.0, min(1.0, fraction)) * cells))
+        return "[" + "#" * full + " " * (cells - full) + "]"
     eighths = int(round(max(0.0, min(1.0, fraction)) * cells * 8))
     full, part = divmod(eighths, 8)
     partial = " ▏▎▍▌▋▊▉"[part] if full < cells else ""

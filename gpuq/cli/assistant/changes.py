@@ -12,7 +12,7 @@ from pydantic import Field
 from gpuq.cli.common import spool
 from gpuq.cli.options import ADD, HIDDEN
 from gpuq.core.errors import GpuqError, Refused
-from gpuq.core.states import CANCELLED, HELD, PENDING, PREEMPTED, RUNNING
+from gpuq.core.states import PREEMPTED, RUNNING
 from gpuq.engine.lifecycle import enqueue, requests
 from gpuq.engine.lifecycle.dryrun import plan_add
 from gpuq.engine.lifecycle.requests import Done
@@ -88,41 +88,8 @@ def on_each(request: requests.OnJobs, said: Callable[[Done], dict[str, Any]]) ->
     return {"jobs": done, "refused": refused}
 
 
-def _said(job: Any, state: str, **more: Any) -> dict[str, Any]:
+def job_said(job: Any, state: str, **more: Any) -> dict[str, Any]:
     return dict({"id": job.id, "name": job.name, "state": state}, **more)
-
-
-def cancel(ids: JobIds) -> dict[str, Any]:
-    return on_each(
-        requests.Cancel(ids=ids), lambda d: _said(d.job, CANCELLED, killed=d.killed, exit_code=d.job.exit_code)
-    )
-
-
-def kill(ids: JobIds) -> dict[str, Any]:
-    return on_each(requests.Kill(ids=ids), lambda d: _said(d.job, CANCELLED, exit_code=d.job.exit_code))
-
-
-def hold(ids: JobIds) -> dict[str, Any]:
-    return on_each(requests.Hold(ids=ids), lambda d: _said(d.job, HELD))
-
-
-def release(ids: JobIds) -> dict[str, Any]:
-    return on_each(requests.Release(ids=ids), lambda d: _said(d.job, PENDING))
-
-
-def retry(
-    ids: JobIds, from_scratch: Annotated[bool, Field(description="start over, ignoring checkpoints")] = False
-) -> dict[str, Any]:
-    return on_each(requests.Retry(ids=ids, from_scratch=from_scratch), lambda d: _said(d.job, PENDING, how=d.how))
-
-
-def resume(
-    ids: JobIds,
-    require_checkpoint: Annotated[bool, Field(description="refuse a job without a checkpoint")] = False,
-    back: Annotated[bool, Field(description="queue it in normal order instead of first in line")] = False,
-) -> dict[str, Any]:
-    request = requests.Resume(ids=ids, require_checkpoint=require_checkpoint, back=back)
-    return on_each(request, lambda d: _said(d.job, PENDING, note=d.job.note))
 
 
 def preempt_job(
@@ -134,7 +101,7 @@ def preempt_job(
     job = outcome.job
     if outcome.state == PREEMPTED:
         record = (job.preemptions or [{}])[-1]
-        return _said(job, PREEMPTED, exit_code=job.exit_code, note=job.note, checkpoint=record.get("checkpoint"))
+        return job_said(job, PREEMPTED, exit_code=job.exit_code, note=job.note, checkpoint=record.get("checkpoint"))
     if outcome.left and outcome.state == RUNNING and job.pid in outcome.left:
         raise Refused(f"job #{id} did not exit within {timeout:g}s; left running, unchanged (force=true kills it)")
     if outcome.left:

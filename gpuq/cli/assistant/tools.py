@@ -12,10 +12,14 @@ from pydantic import Field
 
 from gpuq.cli import cmd_history, cmd_status, cmd_view
 from gpuq.cli.assistant import changes
+from gpuq.cli.assistant.changes import JobId
 from gpuq.cli.commands import COMMANDS
 from gpuq.cli.common import spool
+from gpuq.cli.options import FLAG
 from gpuq.core.errors import UsageError
-from gpuq.engine.lifecycle import actions, edit
+from gpuq.core.states import CANCELLED, HELD, PENDING
+from gpuq.engine.lifecycle import actions, edit, requests
+from gpuq.engine.lifecycle.requests import Done
 from gpuq.engine.schedule import gpuview
 from gpuq.engine.views import finished_index, history
 from gpuq.engine.views.card import not_started
@@ -26,8 +30,6 @@ READ, CHANGE, DESTROY = "read", "change", "destroy"  # a tool's effect
 
 LOG_LINES_DEFAULT, LOG_LINES_MAX = 50, 500
 LOG_CHARS_MAX = 64 * 1024  # a log of one endless line (tqdm without \r) must not flood the assistant
-
-JobId = Annotated[int, Field(description="the job id", gt=0)]
 
 
 class Tool(NamedTuple):
@@ -62,6 +64,33 @@ class Tool(NamedTuple):
         if self.effect == CHANGE:
             return f"{text} Changes the queue: confirm with the user before calling it."
         return f"{text} Ends or throws away work: confirm with the user before calling it, naming the jobs."
+
+
+def on_ids(
+    name: str,
+    effect: str,
+    request: Any,
+    state: str,
+    said: Callable[[Done], dict[str, Any]] = lambda _d: {},
+    summary: str = "",
+) -> Tool:
+    """The tool of `gpuq NAME ID...`: `ids`, and the flags of the command's options."""
+    flags = [opt for opt in next(c for c in COMMANDS if name in c.names).options if opt.kind == FLAG]
+
+    def run(ids: list[int], **given: bool) -> dict[str, Any]:
+        return changes.on_each(request(ids=ids, **given), lambda d: changes.job_said(d.job, state, **said(d)))
+
+    def parameters() -> list[inspect.Parameter]:
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        return [inspect.Parameter("ids", keyword, annotation=changes.JobIds)] + [
+            inspect.Parameter(opt.dest, keyword, default=False, annotation=Annotated[bool, Field(description=opt.help)])
+            for opt in flags
+        ]
+
+    return Tool(name, f"gpuq {name}", effect, run, summary, parameters)
+
+
+LOST = "The steps since each one's last checkpoint are lost."
 
 
 def queue(all: Annotated[bool, Field(description="every finished job, not only the newest (as -a)")] = False) -> Any:
@@ -204,13 +233,13 @@ CHANGING = (
         "name (dir, gpus, gpu_mem, after, time, sweep, priority, env as an object...). Returns the new ids.",
         parameters=changes.add_parameters,
     ),
-    Tool("cancel", "gpuq cancel", DESTROY, changes.cancel),
-    Tool("kill", "gpuq kill", DESTROY, changes.kill, "The steps since each one's last checkpoint are lost."),
-    Tool("hold", "gpuq hold", CHANGE, changes.hold),
-    Tool("release", "gpuq release", CHANGE, changes.release),
-    Tool("retry", "gpuq retry", CHANGE, changes.retry),
+    on_ids("cancel", DESTROY, requests.Cancel, CANCELLED, lambda d: {"killed": d.killed, "exit_code": d.job.exit_code}),
+    on_ids("kill", DESTROY, requests.Kill, CANCELLED, lambda d: {"exit_code": d.job.exit_code}, LOST),
+    on_ids("hold", CHANGE, requests.Hold, HELD),
+    on_ids("release", CHANGE, requests.Release, PENDING),
+    on_ids("retry", CHANGE, requests.Retry, PENDING, lambda d: {"how": d.how}),
     Tool("preempt", "gpuq preempt", DESTROY, changes.preempt_job, "Steps since its last checkpoint are lost."),
-    Tool("resume", "gpuq resume", CHANGE, changes.resume),
+    on_ids("resume", CHANGE, requests.Resume, PENDING, lambda d: {"note": d.job.note}),
     Tool(
         "edit",
         "gpuq edit --set",

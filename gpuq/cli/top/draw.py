@@ -15,7 +15,6 @@ Line = tuple[str, str]
 
 SPARKS = " ▁▂▃▄▅▆▇█"
 ASCII_SPARKS = " .:-=+*#%"
-BAR_CELLS = 10
 HINT = "? help  q quit  enter log  x kill  c cancel  h/u hold/release  p/P preempt/resume  r retry"
 WENT_WRONG = (FAILED, CANCELLED, PREEMPTED, INTERRUPTED)
 WAITING_STATES = tuple(state for state in STATES if state not in FINISHED and state != RUNNING)
@@ -88,19 +87,13 @@ def _row_text(line: JobLine, name_w: int, unicode: bool) -> str:
     if line.job_id is None:  # a folded sweep: its summary says its progress and its jobs' states
         return f"{mark:>5} {name} {line.info}"
     if line.state == RUNNING:
-        progress = f"{bar(line.fraction, unicode)} {line.progress}" if line.fraction is not None else line.progress
+        bar = progress_bar(line.fraction, unicode=unicode) if line.fraction is not None else ""
+        progress = f"{bar} {line.progress}" if bar else line.progress
         util = f"{line.util}%" if line.util is not None else ""
         info = "  ".join(part for part in (line.idle, line.info) if part)
         return f"{mark:>5} {name} {progress:<24} {util:>4}  {info}"
     wide = 13 if line.state in WAITING_STATES else 10  # `starts ~4m10s`, `ran 2h10m`
     return f"{mark:>5} {line.state:<9} {name} {line.progress:<{wide}} {line.info}"
-
-
-def bar(fraction: float, unicode: bool = True) -> str:
-    if unicode:
-        return progress_bar(fraction, BAR_CELLS)
-    full = int(round(max(0.0, min(1.0, fraction)) * BAR_CELLS))
-    return "[" + "#" * full + " " * (BAR_CELLS - full) + "]"
 
 
 def _attr(line: JobLine) -> str:

@@ -76,13 +76,10 @@ def enqueue(spool: Spool, *, cmd: list[str], **common: Any) -> tuple[JobRef, Job
 def enqueue_many(
     spool: Spool, variants: list[Variant], *, cwd: Union[str, os.PathLike], state: str = PENDING, **common: Any
 ) -> list[tuple[JobRef, Job]]:
-    """Publish one job per variant, with consecutive ids, durably, in `state`. All or nothing:
-    should one fail (a full disk), those published are removed."""
+    """Publish one job per variant, with consecutive ids, durably, in `state` (`check` has looked at
+    their dependencies). All or nothing: should one fail (a full disk), those published are removed."""
     if not os.path.isdir(cwd):
         raise EnqueueError(f"directory not found: {cwd}")
-    missing = missing_jobs(spool, common["after"] + common["after_any"])
-    if missing:
-        raise NoSuchDependency(f"--after: no such job {missing}")
     first = spool.ids.allocate(count=len(variants))
     cwd, options, env = os.fspath(cwd), common.pop("options", None) or {}, common.pop("env")
     if options.get("snapshot"):
