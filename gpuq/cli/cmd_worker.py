@@ -8,10 +8,10 @@ import socket
 import sys
 from typing import Any
 
-from gpuq.cli.common import spool
+from gpuq.cli.common import job_ids, spool
 from gpuq.cli.options import RUN
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
+from gpuq.core.states import DONE, HELD, PENDING, RUNNING, SLURM
 from gpuq.core.timespec import parse_memory_mib
 from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import actions, enqueue
@@ -134,7 +134,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     sp = spool()
-    ids = sorted({i for group in args.ids for i in group}) or actions.queued_now(sp)
+    ids = sorted(job_ids(args.ids) or (ref.id for ref in sp.jobs.refs((PENDING, RUNNING, HELD, SLURM))))
     if not ids:
         print("nothing queued or running")
         return 0
@@ -175,9 +175,6 @@ def cmd_lease(args: argparse.Namespace) -> int:
         raise UsageError("give the command to run: gpuq lease [--gpus N | --gpu-mem SIZE] -- CMD...")
     if args.gpus == 0:
         raise UsageError("--gpus 0 leases no GPU: run the command without gpuq lease")
-    try:
-        mem = None if args.gpu_mem is None else parse_memory_mib(args.gpu_mem, "--gpu-mem")
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    mem = enqueue.usage(parse_memory_mib, args.gpu_mem, "--gpu-mem")
     request = Request(gpus=1 if args.gpus is None else args.gpus, gpu_mem_mib=mem)
     return adhoc.lease_and_run(cmd, request, wait=not args.no_wait)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from gpuq.cli.assistant import entry as mcp
 from gpuq.cli.options import (
     ADD,
     APPEND,
@@ -59,6 +58,7 @@ def age(text: str) -> float:
         raise ValueError(f"cannot read {text!r} as an age; use 7d, 12h, 90m or 1d12h") from None
 
 
+MCP_CLIENTS = ("claude", "claude-desktop", "codex")  # the clients `gpuq mcp install` knows
 SEVERAL = (
     "Each job named is acted on; one that cannot be is named on stderr with the reason, and the command then exits 1."
 )
@@ -372,7 +372,17 @@ COMMANDS = (
             Opt("--force", kind=FLAG, help="replace a copy you changed (yours is kept as .bak)"),
         ),
     ),
-    Command("mcp", handler="assistant.command:cmd_mcp", help=mcp.HELP, options=mcp.OPTIONS),
+    Command(
+        "mcp",
+        handler="assistant.command:cmd_mcp",  # gpuq/cli/assistant/: the server and the SDK only when it runs
+        help="an MCP server on stdio: the queue as tools for an AI assistant (needs the mcp extra)",
+        options=(
+            Opt("action", nargs="?", choices=("install",), help="install: how a client starts it"),
+            Opt("--client", choices=MCP_CLIENTS, help="install: for this client only"),
+            Opt("--write", kind=FLAG, help="install: add it to the client's configuration file (kept as .bak-TIME)"),
+            Opt("--force", kind=FLAG, help="install --write: replace a different gpuq entry"),
+        ),
+    ),
     Command(
         "service",
         handler="cmd_tools:cmd_service",

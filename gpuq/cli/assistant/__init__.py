@@ -1,3 +1,2 @@
 """`gpuq mcp`: an MCP server on stdio, the queue as typed tools for an AI assistant. No other
-command imports the server or the SDK, only its help and options for the command table (entry.py).
-"""
+command imports the server or the SDK (its help and options are in the command table)."""

@@ -21,9 +21,6 @@ from gpuq.spool import Spool
 JobIds = Annotated[list[int], Field(description="job ids", min_length=1)]
 JobId = Annotated[int, Field(description="the job id", gt=0)]
 
-# `gpuq add`'s options that are no request: how the CLI prints (-q, --json), --dry-run (a tool of
-# its own)
-NOT_PARAMETERS = ("quiet", "dry_run", "json")
 NOT_ASKED = ("umask", "shell_env")  # the request's fields the server fills in: its own
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuq.cli.assistant.entry import CLIENTS
+from gpuq.cli.commands import MCP_CLIENTS
 from gpuq.core.errors import Refused, UsageError
 
 NAME = "gpuq"  # the server's name in every client's configuration
@@ -82,11 +82,11 @@ def cmd_install(args: argparse.Namespace, problem: Optional[str]) -> int:
     if problem:  # the lines are right all the same: the SDK may be installed afterwards
         print(f"note: {problem}", file=sys.stderr)
     if not args.write:
-        for client in [args.client] if args.client else CLIENTS:
+        for client in [args.client] if args.client else MCP_CLIENTS:
             print("\n".join(instructions(client)))
         return 0
     if not args.client:
-        raise UsageError(f"--write needs --client ({', '.join(CLIENTS)})")
+        raise UsageError(f"--write needs --client ({', '.join(MCP_CLIENTS)})")
     print(write(args.client, args.force))
     return 0
 

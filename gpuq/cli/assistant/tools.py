@@ -18,7 +18,7 @@ from gpuq.cli.common import spool
 from gpuq.cli.options import FLAG
 from gpuq.core.errors import UsageError
 from gpuq.core.states import CANCELLED, HELD, PENDING
-from gpuq.engine.lifecycle import actions, edit, requests
+from gpuq.engine.lifecycle import actions, edit, enqueue, requests
 from gpuq.engine.lifecycle.requests import Done
 from gpuq.engine.schedule import gpuview
 from gpuq.engine.views import finished_index, history
@@ -145,10 +145,7 @@ def history_groups(
 ) -> Any:
     if by not in ("dir", "script", "day", "sweep"):
         raise UsageError(f"by: expected dir, script, day or sweep, got {by!r}")
-    try:
-        start = history.parse_since(since, time.time()) if since else None
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    start = enqueue.usage(history.parse_since, since or None, time.time())
     groups = cmd_history.history_groups(finished_index.history_records(spool()), start, by)
     return history.to_json(groups)
 

@@ -242,10 +242,6 @@ class Waited:
         return all(state == DONE for state, _why in self.ends.values())
 
 
-def queued_now(spool: Spool) -> list[int]:
-    return sorted(ref.id for ref in spool.jobs.refs((PENDING, RUNNING, HELD, SLURM)))
-
-
 def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll: float = 0.5) -> Waited:
     """Block until each job has ended (or can no longer start without a person) or `timeout`
     passes. A running job is waited for even without a worker (its supervisor goes on); once every

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Literal, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Optional, Sequence, TypeVar, Union
 
 from gpuq.core import schema, sweep, timespec
 from gpuq.core.errors import Refused, UsageError
@@ -18,6 +18,8 @@ from gpuq.engine.lifecycle.interpreter import EnqueueError, upward
 from gpuq.engine.schedule import gpuview
 from gpuq.spool import JobRef, Spool
 from gpuq.system.procs import current_umask
+
+T = TypeVar("T")
 
 
 def default_name(cwd: Union[str, os.PathLike], cmd: list[str]) -> str:
@@ -214,10 +216,10 @@ def prepare(request: Request, git_cache: Any = None) -> Prepared:
         "conda": resolved.conda,
         "interpreter_from": resolved.found_by,
         "gpu_request": request.gpus,
-        "gpu_mem_mib": _size(timespec.parse_memory_mib, request.gpu_mem, "--gpu-mem"),
-        "mem_mib": _size(timespec.parse_memory_mib, request.mem, "--mem"),
+        "gpu_mem_mib": usage(timespec.parse_memory_mib, request.gpu_mem, "--gpu-mem"),
+        "mem_mib": usage(timespec.parse_memory_mib, request.mem, "--mem"),
         "notify_urls": notify_urls(request.notify_url),
-        "max_log_bytes": _size(timespec.parse_size_bytes, request.max_log_size, "--max-log-size"),
+        "max_log_bytes": usage(timespec.parse_size_bytes, request.max_log_size, "--max-log-size"),
         **_safeguards(request, cwd, git_cache),
     }
     fields = {
@@ -306,22 +308,20 @@ def _variants(request: Request, cwd: str) -> tuple[list[Variant], interpreter.Re
     return variants, resolved
 
 
-def _size(parse: Callable[[str, str], int], text: Optional[str], flag: str) -> Optional[int]:
+def usage(parse: Callable[..., T], text: Optional[str], *more: Any) -> Optional[T]:
+    """`parse(text, *more)`, None for None; its ValueError a UsageError."""
     try:
-        return None if text is None else parse(text, flag)
+        return None if text is None else parse(text, *more)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
 def _safeguards(request: Request, cwd: str, git_cache: Any = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    try:
-        if request.time is not None:
-            out["time_limit"] = timespec.parse_duration(request.time, "--time")
-        if request.begin is not None:
-            out["begin_at"] = iso_of(timespec.parse_begin(request.begin, time.time(), "--begin"))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    if request.time is not None:
+        out["time_limit"] = usage(timespec.parse_duration, request.time, "--time")
+    if request.begin is not None:
+        out["begin_at"] = usage(lambda text: iso_of(timespec.parse_begin(text, time.time(), "--begin")), request.begin)
     if not any(os.path.exists(os.path.join(directory, ".git")) for directory in upward(cwd)):
         if request.snapshot:
             raise UsageError(f"--snapshot needs a git repository; {cwd} is not in one")
