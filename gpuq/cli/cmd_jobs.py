@@ -145,9 +145,7 @@ def cmd_edit(args: argparse.Namespace) -> int:
         job, changed = requests.Edit(id=args.id, changes=args.set).run(sp)
     else:
         fields, rev = edit.read(sp, args.id)
-        edited = _in_editor(fields, args.id)
-        changed = [key for key in edited if edited[key] != fields.get(key)]
-        job = edit.apply(sp, args.id, edited, rev) if edited != fields else None
+        job, changed = edit.apply_edited(sp, args.id, fields, _in_editor(fields, args.id), rev)
     if job is None:
         print(f"job #{args.id}: nothing changed")
     else:

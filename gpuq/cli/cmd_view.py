@@ -138,11 +138,6 @@ def cmd_triage(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(found, indent=2, ensure_ascii=False))
         return 0
-    print("\n".join(_triage_card(found)))
-    return 0
-
-
-def _triage_card(found: dict[str, Any]) -> list[str]:
     code = found.get("exit_code")
     ckpt = found["checkpoint"]
     step = f" (step {ckpt['step']})" if ckpt["step"] is not None else ""
@@ -163,4 +158,5 @@ def _triage_card(found: dict[str, Any]) -> list[str]:
     out.append("  to fix it:" if found["fixes"] else "  nothing to fix")
     for fix in found["fixes"]:
         out += [f"    {fix['command']}", f"      {fix['why']}"]
-    return out
+    print("\n".join(out))
+    return 0

@@ -138,7 +138,15 @@ def cmd_wait(args: argparse.Namespace) -> int:
     if not ids:
         print("nothing queued or running")
         return 0
-    _note_no_worker(sp, ids)
+    # the pending ones will not start after the running ones unless a worker comes
+    states = {i: refs[-1].state for i, refs in sp.jobs.index().items() if i in set(ids)}
+    pending = [i for i, state in states.items() if state == PENDING]
+    if pending and any(state in (RUNNING, SLURM) for state in states.values()) and not sp.workers.live():
+        print(
+            f"gpuq wait: no worker is running; {ids_text(pending)} will not start unless one does "
+            "(`gpuq run --daemon`); waiting for the running ones",
+            file=sys.stderr,
+        )
     waited = actions.wait_for(sp, ids, args.timeout)
     for job_id, (state, why) in sorted(waited.ends.items()):
         if state != DONE and job_id not in waited.stranded:
@@ -155,18 +163,6 @@ def cmd_wait(args: argparse.Namespace) -> int:
         print(f"{'all ' if len(ids) > 1 else ''}{plural(len(ids), 'job')} done")
         return 0
     return 1
-
-
-def _note_no_worker(sp: Any, ids: list[int]) -> None:
-    """The pending jobs among `ids` will not start after the running ones unless a worker comes."""
-    states = {i: refs[-1].state for i, refs in sp.jobs.index().items() if i in set(ids)}
-    pending = [i for i, state in states.items() if state == PENDING]
-    if pending and any(state in (RUNNING, SLURM) for state in states.values()) and not sp.workers.live():
-        print(
-            f"gpuq wait: no worker is running; {ids_text(pending)} will not start unless one does "
-            "(`gpuq run --daemon`); waiting for the running ones",
-            file=sys.stderr,
-        )
 
 
 def cmd_lease(args: argparse.Namespace) -> int:

@@ -86,7 +86,7 @@ SLURM_ACTIONS = Command(
     actions=(
         Command(
             "submit",
-            handler="cmd_slurm:cmd_submit",
+            handler="cmd_tools:cmd_submit",
             help="hand pending jobs to Slurm (sbatch), dependencies kept",
             description="Hand pending jobs to Slurm: each becomes a batch script running its command in its "
             "directory with its environment and venv, --gres=gpu:N from --gpus, --after/--after-any as Slurm "
@@ -111,7 +111,7 @@ SLURM_ACTIONS = Command(
         ),
         Command(
             "sync",
-            handler="cmd_slurm:cmd_sync",
+            handler="cmd_tools:cmd_sync",
             help="record what Slurm says of the jobs handed to it (also done by status)",
         ),
     ),
@@ -374,7 +374,7 @@ COMMANDS = (
     ),
     Command(
         "mcp",
-        handler="assistant.command:cmd_mcp",  # gpuq/cli/assistant/: the server and the SDK only when it runs
+        handler="assistant.install:cmd_mcp",  # gpuq/cli/assistant/: the server and the SDK only when it runs
         help="an MCP server on stdio: the queue as tools for an AI assistant (needs the mcp extra)",
         options=(
             Opt("action", nargs="?", choices=("install",), help="install: how a client starts it"),
@@ -412,7 +412,7 @@ COMMANDS = (
     ),
     Command(
         "demo",
-        handler="demo:cmd_demo",
+        handler="cmd_tools:cmd_demo",
         help="queue and run a small example chain in a throw-away spool (no GPU needed)",
     ),
 )

@@ -79,10 +79,6 @@ def lane_order(runs: Sequence[PastRun]) -> list[str]:
     return gpus + [n for n in ("machine", "cpu") if n in names]
 
 
-def _label(lane: str) -> str:
-    return lane if lane in ("machine", "cpu") else f"GPU {lane}"
-
-
 def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mpl: Any, shaded: Utilisation) -> None:
     mdates = mpl.dates
     tz = datetime.now(timezone.utc).astimezone().tzinfo  # show local time, as `gpuq status` does
@@ -96,7 +92,7 @@ def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mpl: Any, shaded: 
     bands = _draw_bands(ax, runs, row, num, shaded, mpl)
     if bands is not None:
         ax.figure.colorbar(bands, ax=ax, location="bottom", shrink=0.3, aspect=40, label="GPU utilisation %")
-    ax.set_yticks(range(len(lanes)), [_label(lane) for lane in lanes])
+    ax.set_yticks(range(len(lanes)), [lane if lane in ("machine", "cpu") else f"GPU {lane}" for lane in lanes])
     ax.set_ylim(len(lanes) - 0.5, -0.5)  # first GPU at the top
     locator = mdates.AutoDateLocator(tz=tz)
     ax.xaxis.set_major_locator(locator)

@@ -26,17 +26,9 @@ def width(text: str) -> int:
     """Columns in a terminal (emoji and CJK take two)."""
     if text.isascii():  # nearly every cell: per-character lookups made `status -a` slow
         return len(text)
-    known = _WIDTHS.get(text)  # the state symbols, on every row
-    if known is None:
-        known = sum(
-            2 if unicodedata.east_asian_width(c) in ("W", "F") else 0 if unicodedata.combining(c) else 1 for c in text
-        )
-        if len(_WIDTHS) < 4096:
-            _WIDTHS[text] = known
-    return known
+    wide = ("W", "F")
+    return sum(2 if unicodedata.east_asian_width(c) in wide else 0 if unicodedata.combining(c) else 1 for c in text)
 
-
-_WIDTHS: dict[str, int] = {}
 
 HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
 

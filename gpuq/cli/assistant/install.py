@@ -1,6 +1,7 @@
-"""`gpuq mcp install`: what an MCP client needs to start `gpuq mcp` (GPUQ_HOME too: a client starts
-servers with its own environment), printed, or with --write added to its configuration file.
-Codex's TOML file is edited as text: Python has no TOML writer.
+"""`gpuq mcp`, which imports the server only once the SDK is known to be there (without it, one line
+says what to install), and `gpuq mcp install`: what a client needs to start it (GPUQ_HOME too: a
+client starts servers with its own environment), printed, or with --write added to its
+configuration file. Codex's TOML file is edited as text: Python has no TOML writer.
 """
 
 from __future__ import annotations
@@ -13,13 +14,55 @@ import shlex
 import shutil
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Optional
 
 from gpuq.cli.commands import MCP_CLIENTS
+from gpuq.cli.parser import said_by
 from gpuq.core.errors import Refused, UsageError
+from gpuq.system.extras import install_command
 
 NAME = "gpuq"  # the server's name in every client's configuration
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    problem = sdk_problem()
+    if args.action == "install":
+        if problem:  # the lines are right all the same: the SDK may be installed afterwards
+            print(f"note: {problem}", file=sys.stderr)
+        if not args.write:
+            for client in [args.client] if args.client else MCP_CLIENTS:
+                print("\n".join(instructions(client)))
+            return 0
+        if not args.client:
+            raise UsageError(f"--write needs --client ({', '.join(MCP_CLIENTS)})")
+        print(write(args.client, args.force))
+        return 0
+    if args.client or args.write or args.force:
+        raise UsageError("--client, --write and --force go with `gpuq mcp install`")
+    if problem:
+        raise said_by("gpuq mcp", Refused(problem))
+    from gpuq.cli.assistant import server  # the SDK (pydantic, anyio): only once it is known to be there
+
+    server.serve()
+    return 0
+
+
+def sdk_problem() -> Optional[str]:
+    """Why the MCP SDK cannot serve here (one line), or None."""
+    if sys.version_info < (3, 10):
+        return f"the MCP SDK needs Python 3.10 or newer; this gpuq runs on {sys.version.split()[0]}"
+    if find_spec("mcp") is None:  # found without importing it (the SDK takes a second to import)
+        return f"the MCP SDK is not installed: {install_command('mcp')}"
+    try:
+        installed = version("mcp")
+    except PackageNotFoundError:  # importable but not installed by pip (a checkout): let it try
+        return None
+    if not installed.split(".")[0].isdigit() or int(installed.split(".")[0]) < 2:  # 1.x: FastMCP, another API
+        return f"the MCP SDK 2 or newer is needed, mcp {installed} is installed: {install_command('mcp')} --upgrade"
+    return None
 
 
 def server_command() -> list[str]:
@@ -76,19 +119,6 @@ def instructions(client: str) -> list[str]:
         return [f"Codex: add to {path}", *(f"  {line}" for line in toml_table().splitlines())]
     text = json.dumps({"mcpServers": {NAME: json_entry(client)}}, indent=2)
     return [f"Claude Desktop: add to {path}", *(f"  {line}" for line in text.splitlines())]
-
-
-def cmd_install(args: argparse.Namespace, problem: Optional[str]) -> int:
-    if problem:  # the lines are right all the same: the SDK may be installed afterwards
-        print(f"note: {problem}", file=sys.stderr)
-    if not args.write:
-        for client in [args.client] if args.client else MCP_CLIENTS:
-            print("\n".join(instructions(client)))
-        return 0
-    if not args.client:
-        raise UsageError(f"--write needs --client ({', '.join(MCP_CLIENTS)})")
-    print(write(args.client, args.force))
-    return 0
 
 
 def write(client: str, force: bool) -> str:

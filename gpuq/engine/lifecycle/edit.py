@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 from gpuq.core import schema, timespec
 from gpuq.core.errors import Refused, UsageError
@@ -56,6 +56,14 @@ def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
         except ValueError:
             out[key] = text
     return out
+
+
+def apply_edited(
+    spool: Spool, job_id: int, fields: dict[str, Any], edited: dict[str, Any], rev: int
+) -> tuple[Optional[Job], list[str]]:
+    """The job as written (None if nothing changed: a key deleted is a change), the keys changed."""
+    changed = [key for key in edited if edited[key] != fields.get(key)]
+    return (apply(spool, job_id, edited, rev) if edited != fields else None), changed
 
 
 def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:

@@ -36,10 +36,6 @@ def missing_jobs(spool: Spool, ids: list[int]) -> str:
     return ", ".join(f"#{i}" for i in ids if i not in known)
 
 
-class NoSuchDependency(Refused):
-    """--after names a job that does not exist."""
-
-
 def _snapshot(spool: Spool, ids: list[int], repo: str, cwd: str, variants: list[Variant]) -> tuple[dict, list[Variant]]:
     """`add --snapshot`: the repository's tracked files copied now, and every argument that names a
     file of it pointed at the copy: the jobs run in their own directory but with that code."""
@@ -265,7 +261,7 @@ def check(spool: Spool, prepared: Prepared, views: Any = None, gpus: bool = True
             raise UsageError(f"{problem}: this job could never start")
     missing = missing_jobs(spool, prepared.fields["after"] + prepared.fields["after_any"])
     if missing:
-        raise NoSuchDependency(f"--after: no such job {missing}")
+        raise Refused(f"--after: no such job {missing}")
 
 
 def publish(spool: Spool, prepared: Prepared) -> list[tuple[JobRef, Job]]:

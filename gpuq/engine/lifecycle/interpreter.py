@@ -25,10 +25,6 @@ class EnqueueError(UsageError):
     """What was asked for cannot become a job (no such script, directory, interpreter)."""
 
 
-class NoSuchConda(Refused):
-    """--conda names no conda environment of this machine."""
-
-
 class Resolved(NamedTuple):
     """A command as it will run, its environment (a `.venv` or a conda prefix, at most one)."""
 
@@ -162,21 +158,6 @@ def is_base(prefix: str, env: Mapping[str, str]) -> bool:
     return any(os.path.realpath(root) == real for root in conda_roots(env))
 
 
-def envs_dirs(env: Mapping[str, str]) -> list[str]:
-    """Where named environments are, in conda's order."""
-    dirs = []
-    for variable in ("CONDA_ENVS_DIRS", "CONDA_ENVS_PATH"):
-        dirs += [d for d in env.get(variable, "").split(os.pathsep) if d]
-    active = env.get("CONDA_PREFIX")
-    if active:
-        parent = os.path.dirname(os.path.normpath(active))
-        dirs.append(os.path.join(active, "envs") if is_base(active, env) else parent)
-    dirs += [os.path.join(root, "envs") for root in conda_roots(env)]
-    if env.get("HOME"):
-        dirs.append(os.path.join(env["HOME"], ".conda", "envs"))
-    return list(dict.fromkeys(os.path.abspath(os.path.expanduser(d)) for d in dirs))
-
-
 def quoted_whole(script: str, args: list[str]) -> str:
     """Why `gpuq add 'python train.py --steps 2'` is refused, and what to write instead. Refused
     rather than split: a split guesses at quoting inside it, and a shell line needs a shell."""
@@ -202,7 +183,7 @@ def find_conda(name: str, env: Mapping[str, str]) -> str:
     if "/" in name or name in (".", ".."):
         path = os.path.abspath(os.path.expanduser(name))
         if not is_conda_prefix(path):
-            raise NoSuchConda(f"--conda: not a conda environment (no conda-meta/ in it): {path}")
+            raise Refused(f"--conda: not a conda environment (no conda-meta/ in it): {path}")
         return path
     if name == "base":
         roots = [r for r in conda_roots(env) if is_conda_prefix(r)]
@@ -211,8 +192,18 @@ def find_conda(name: str, env: Mapping[str, str]) -> str:
             roots.insert(0, active)
         if roots:
             return roots[0]
-        raise NoSuchConda("--conda base: no conda installation found (CONDA_EXE and MAMBA_ROOT_PREFIX are unset)")
-    dirs = envs_dirs(env)
+        raise Refused("--conda base: no conda installation found (CONDA_EXE and MAMBA_ROOT_PREFIX are unset)")
+    dirs = [
+        d for variable in ("CONDA_ENVS_DIRS", "CONDA_ENVS_PATH") for d in env.get(variable, "").split(os.pathsep) if d
+    ]
+    active = env.get("CONDA_PREFIX")  # conda's order: the variables, the active one's, the roots', ~/.conda's
+    if active:
+        parent = os.path.dirname(os.path.normpath(active))
+        dirs.append(os.path.join(active, "envs") if is_base(active, env) else parent)
+    dirs += [os.path.join(root, "envs") for root in conda_roots(env)]
+    if env.get("HOME"):
+        dirs.append(os.path.join(env["HOME"], ".conda", "envs"))
+    dirs = list(dict.fromkeys(os.path.abspath(os.path.expanduser(d)) for d in dirs))
     for directory in dirs:
         candidate = os.path.join(directory, name)
         if is_conda_prefix(candidate):
@@ -221,7 +212,7 @@ def find_conda(name: str, env: Mapping[str, str]) -> str:
         if os.path.basename(prefix) == name and is_conda_prefix(prefix):
             return prefix
     looked = ", ".join(dirs) or "no envs directory: CONDA_EXE, MAMBA_ROOT_PREFIX and HOME are unset"
-    raise NoSuchConda(f"--conda: no conda environment named {name!r} (looked in {looked}); give its path")
+    raise Refused(f"--conda: no conda environment named {name!r} (looked in {looked}); give its path")
 
 
 def _listed_environments(env: Mapping[str, str]) -> list[str]:

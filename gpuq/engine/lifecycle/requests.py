@@ -119,18 +119,14 @@ class Preempt:
 
 @dataclass(frozen=True)
 class Edit:
-    """`changes`: KEY=VALUE pairs of edit.EDITABLE. The job as written (None if nothing changed), the keys changed."""
+    """`changes`: KEY=VALUE pairs of edit.EDITABLE."""
 
     id: int
     changes: Sequence[str]
 
     def run(self, spool: Spool) -> tuple[Optional[Job], list[str]]:
         fields, rev = edit.read(spool, self.id)
-        changed = edit.with_pairs(fields, list(self.changes))
-        keys = [key for key in changed if changed[key] != fields.get(key)]
-        if not keys:
-            return None, []
-        return edit.apply(spool, self.id, changed, rev), keys
+        return edit.apply_edited(spool, self.id, fields, edit.with_pairs(fields, list(self.changes)), rev)
 
 
 @dataclass(frozen=True)
