@@ -9,7 +9,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import gpuq
 from gpuq.cli import main, render
@@ -96,13 +96,9 @@ def _complete_ids(parser: argparse.ArgumentParser, commands: tuple[Command, ...]
             sub = subparsers(parser)[name]
             for action in sub._actions:
                 if action.dest in ID_ARGUMENTS:
-                    action.complete = cmd(ids_command(command.id_states))  # type: ignore[attr-defined]  # shtab reads it
+                    only = f" --state {','.join(command.id_states)}" if command.id_states else ""
+                    action.complete = cmd(f"gpuq _ids{only} 2>/dev/null")  # type: ignore[attr-defined]  # shtab reads it
             _complete_ids(sub, command.actions, cmd)
-
-
-def ids_command(id_states: Optional[tuple[str, ...]]) -> str:
-    only = f" --state {','.join(id_states)}" if id_states else ""
-    return f"gpuq _ids{only} 2>/dev/null"
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

@@ -41,17 +41,18 @@ def cmd_log(args: argparse.Namespace) -> int:
     sp = spool()
     ref, job = actions.get(sp, args.id)
     why = not_started(sp, ref, job)
-    if why is not None:  # said on stderr: the log itself (stdout) is empty
-        if ref.state == CANCELLED:
-            print(f"#{job.id} never started ({why})", file=sys.stderr)
-            return 0
-        if not args.follow:
-            print(f"#{job.id} has not started yet ({why})", file=sys.stderr)
-            return 0
+    if why is not None and args.follow and ref.state != CANCELLED:
         print(f"waiting for #{job.id} to start ({why})...", file=sys.stderr, flush=True)
-        started = _await_start(sp, job)
-        if started is not None:
-            _follow(sp, started, offset=0)
+        while sp.jobs.find(job.id, (PENDING, HELD)) is not None and not sp.logs.size(job):
+            time.sleep(FOLLOW_POLL_SECONDS)
+        ref, job = actions.get(sp, job.id)
+        why = not_started(sp, ref, job)  # not None: cancelled while it waited
+        if why is None:
+            _follow(sp, job, offset=0)
+            return 0
+    if why is not None:  # said on stderr: the log itself (stdout) is empty
+        started = "never started" if ref.state == CANCELLED or args.follow else "has not started yet"
+        print(f"#{job.id} {started} ({why})", file=sys.stderr)
         return 0
     for line in sp.logs.tail_lines(job, args.lines):
         print(line)
@@ -61,18 +62,6 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 FOLLOW_POLL_SECONDS = 0.2  # a log has no event to wait on that works everywhere
-
-
-def _await_start(sp: Spool, job: Job) -> Optional[Job]:
-    """The job once it has started (or written to its log); None if it was cancelled first."""
-    while sp.jobs.find(job.id, (PENDING, HELD)) is not None and not sp.logs.size(job):
-        time.sleep(FOLLOW_POLL_SECONDS)
-    ref, job = actions.get(sp, job.id)
-    why = not_started(sp, ref, job)
-    if why is not None:  # cancelled while it waited
-        print(f"#{job.id} never started ({why})", file=sys.stderr)
-        return None
-    return job
 
 
 def _follow(sp: Spool, job: Job, offset: Optional[int] = None) -> None:

@@ -39,7 +39,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         if missing:  # a worker that a service starts must not stay down for its notifications
             print(f"gpuq run: warning: {missing}; until then, no job's events are sent", file=sys.stderr)
     sp = spool()
-    _warn_shared_spool(sp)
+    fstype = sp.network_filesystem()  # claims and renames on a network filesystem are only sure on one host
+    here = socket.gethostname()
+    others = [w for w in sp.workers.recorded() if w.get("host") and w.get("host") != here] if fstype else []
+    if others:
+        print(
+            f"gpuq run: warning: the spool {sp.home} is on a network filesystem ({fstype}) and a worker on "
+            f"{others[0]['host']} (pid {others[0].get('pid')}) holds it: run gpuq's workers and commands on one host "
+            "only",
+            file=sys.stderr,
+        )
     if args.daemon:
         pid = daemon.start_background(sp, _forwarded(args))
         print(f"[+] worker started in the background: pid {pid}, log {sp.logs.worker_log_path()}")
@@ -73,22 +82,6 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
         values = value if isinstance(value, list) else [value]  # an option given several times: each
         out += [opt.flags[-1]] if value is True else [word for v in values for word in (opt.flags[-1], v)]
     return out
-
-
-def _warn_shared_spool(sp: Any) -> None:
-    """Claims and renames on a network filesystem are only sure on one host."""
-    fstype = sp.network_filesystem()
-    if fstype is None:
-        return
-    here = socket.gethostname()
-    others = [w for w in sp.workers.recorded() if w.get("host") and w.get("host") != here]
-    if others:
-        w = others[0]
-        print(
-            f"gpuq run: warning: the spool {sp.home} is on a network filesystem ({fstype}) and a worker on "
-            f"{w['host']} (pid {w.get('pid')}) holds it: run gpuq's workers and commands on one host only",
-            file=sys.stderr,
-        )
 
 
 def _check_dependencies() -> None:

@@ -14,7 +14,6 @@ from gpuq.core.job import Job
 from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, HELD_NOTE, PENDING, RUNNING, SLURM, TABLE
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.words import plural
-from gpuq.system import security
 
 IN_LINE = (RUNNING, PENDING, HELD)  # rows shown first, by id (engine/views/status.py's order)
 NOTE_SHOWN = tuple(state.name for state in TABLE if state.shows_note)  # the states whose Info ends with the note
@@ -79,10 +78,16 @@ def _pad(cell: str, columns: int, right: bool) -> str:
 
 
 def _add(columns: list[list[str]], row: Any, now: float) -> None:
-    cells = getattr(row, "cells", None)  # some rows come with their cells
+    job, cells = row.job, getattr(row, "cells", None)  # some rows come with their cells
     if cells is None:
-        cells = row_cells(row.job, row.state, row.wait, getattr(row, "estimate", None), now)
-    for column, cell in zip(columns, (str(row.job.id), SYMBOLS.get(row.state, "?"), *cells)):
+        progress = progress_text(getattr(row, "estimate", None), row.state)
+        cells = [
+            job.name,
+            schema.display_script(job.cmd),
+            duration(elapsed(job, now)),
+            _join(progress, info(job, row.state, row.wait)),
+        ]
+    for column, cell in zip(columns, (str(job.id), SYMBOLS.get(row.state, "?"), *cells)):
         column.append(cell)
 
 
@@ -115,15 +120,6 @@ def _finished_cells(finished: Any) -> tuple[Any, ...]:
         list(map(times.__getitem__, seconds)),
         list(map(getitem, map(infos.__getitem__, states), ends)),
     )
-
-
-def row_cells(job: Job, state: str, wait: Any, estimate: Any, now: float) -> list[str]:
-    return [
-        job.name,
-        schema.display_script(job.cmd),
-        duration(elapsed(job, now)),
-        _join(progress_text(estimate, state), info(job, state, wait)),
-    ]
 
 
 def elapsed(job: Job, now: float) -> Optional[float]:
@@ -251,22 +247,6 @@ def progress_text(estimate: Any, state: str, bar: bool = True) -> str:
     return " ".join(parts)
 
 
-def eta_lines(rows: list[Any]) -> list[str]:
-    lines = []
-    for row in rows:
-        est, job = row.estimate, row.job
-        head = f"#{job.id} {job.name} ({row.state}{', adopted' if job.adopted else ''})"
-        if row.state == PENDING:
-            end = f"; ends in ~{duration(est.eta_seconds) or '0s'}" if est.eta_seconds is not None else ""
-            lines.append(f"{head}: {est.method}{end}")
-            continue
-        done = est.reading.text() if est.reading else "progress unknown"
-        when = f"ETA {duration(est.eta_seconds) or '0s'}" if est.eta_seconds is not None else "ETA unknown"
-        lines.append(f"{head}: {done}, {when}")
-        lines.append(f"    method: {est.method}")
-    return lines
-
-
 def _join(*parts: str) -> str:
     return "  ".join(p for p in parts if p)
 
@@ -295,18 +275,6 @@ def _without_worker(startable: int, later: int, blocked: int) -> str:
     return ""
 
 
-def hidden_line(hidden: int, failed: int) -> str:
-    of_them = f", {failed} of them failed" if failed else ""
-    return f"({hidden} older finished {'job' if hidden == 1 else 'jobs'} hidden{of_them}: `gpuq status -a`)"
-
-
-def rejected_line(rejected: Any) -> str:
-    what = "dropped file" if rejected.count == 1 else "dropped files"
-    reason = f": {security.display(rejected.reason)}" if rejected.reason else ""  # may quote the file's content
-    newest = f"{security.display(rejected.newest)}{reason}"
-    return f"{rejected.count} {what} rejected ({'' if rejected.count == 1 else 'newest: '}{newest}): `gpuq rejected`"
-
-
 def gpu_lines(view: dict[str, Any], now: Optional[float] = None, home: Optional[str] = None) -> list[str]:
     """One line per GPU, then one per lease of it but those of this spool's (`home`) jobs named
     already; last, a few lease problems."""
@@ -322,7 +290,12 @@ def gpu_lines(view: dict[str, Any], now: Optional[float] = None, home: Optional[
         lines.append("  ".join(parts + [f"other: {process_text(p)}" for p in foreign if not p.get("lease")]))
         for lease in gpu.get("leases") or []:
             if home is None or lease.get("spool") != home or lease.get("job") not in gpu.get("jobs", ()):
-                lines.append("    " + _lease_line(lease, [p for p in foreign if p.get("lease") == lease.get("file")]))
+                size = "leased whole" if lease.get("whole") else f"{_gib(lease.get('mem_mib'))} GiB leased"
+                since = time.strftime("%H:%M", time.localtime(parse_iso(lease.get("since")) or 0))
+                using = [process_text(p, who=False) for p in foreign if p.get("lease") == lease.get("file")]
+                lines.append(
+                    f"    {size} by {lease.get('who')} since {since}" + (f" ({', '.join(using)})" if using else "")
+                )
     problems = view.get("lease_problems") or []  # a hostile directory may hold any number of bad files
     more = [f"and {len(problems) - 3} more lease problems (`gpuq gpus --json`)"] if len(problems) > 3 else []
     return lines + [f"  {problem}" for problem in problems[:3] + more]
@@ -334,13 +307,6 @@ def gpu_title(view: dict[str, Any], now: float) -> str:
     by = f" by worker {view['worker']}" if view.get("worker") else ""
     problem = f": {view['problem']}" if view.get("problem") else ""
     return f"GPUs ({view.get('source')}, {seen}{by}){problem}"
-
-
-def _lease_line(lease: dict[str, Any], processes: list[dict[str, Any]]) -> str:
-    size = "leased whole" if lease.get("whole") else f"{_gib(lease.get('mem_mib'))} GiB leased"
-    since = time.strftime("%H:%M", time.localtime(parse_iso(lease.get("since")) or 0))
-    using = f" ({', '.join(process_text(p, who=False) for p in processes)})" if processes else ""
-    return f"{size} by {lease.get('who')} since {since}{using}"
 
 
 def process_text(proc: dict[str, Any], who: bool = True, unit: str = " GiB") -> str:

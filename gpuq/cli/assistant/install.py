@@ -127,7 +127,13 @@ def write(client: str, force: bool) -> str:
     new = _with_toml_entry(path, old, force) if client == "codex" else _with_json_entry(client, path, old, force)
     if new is None:
         return f"{path} already starts this gpuq: nothing to do"
-    backup = _backup(path) if old is not None else None
+    backup = None
+    if old is not None:  # kept beside it, a stamp in its name (and a number if that one is taken)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        backup, n = path.with_name(f"{path.name}.bak-{stamp}"), 1
+        while backup.exists():
+            backup, n = path.with_name(f"{path.name}.bak-{stamp}-{n}"), n + 1
+        shutil.copy2(path, backup)
     _replace(path, new)
     kept = f" (the old file is {backup})" if backup else ""
     return f"added the {NAME} MCP server to {path}{kept}; restart the client to use it"
@@ -183,15 +189,6 @@ def _same_table(found: str, ours: str) -> bool:
         return tomllib.loads(found) == tomllib.loads(ours)
     except ValueError:
         return False
-
-
-def _backup(path: Path) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    backup, n = path.with_name(f"{path.name}.bak-{stamp}"), 1
-    while backup.exists():
-        backup, n = path.with_name(f"{path.name}.bak-{stamp}-{n}"), n + 1
-    shutil.copy2(path, backup)
-    return backup
 
 
 def _replace(path: Path, text: str) -> None:

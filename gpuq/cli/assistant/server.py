@@ -30,9 +30,10 @@ def build() -> MCPServer:
         "gpuq", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING", middleware=[one_line_errors]
     )
     for tool in tools.TOOLS:
-        server.add_tool(
-            _handler(tool), name=tool.name, description=tool.description, annotations=tool_annotations(tool)
-        )
+        read = tool.effect == tools.READ  # said in full: the protocol's defaults for the others are destructive
+        hints = {"read_only_hint": read, "destructive_hint": tool.effect == tools.DESTROY, "idempotent_hint": read}
+        annotations = ToolAnnotations(title=tool.cli, open_world_hint=False, **hints)
+        server.add_tool(_handler(tool), name=tool.name, description=tool.description, annotations=annotations)
     server.resource(
         "gpuq://queue",
         name="queue",
@@ -55,36 +56,20 @@ def serve() -> None:
     build().run("stdio")
 
 
-def tool_annotations(tool: tools.Tool) -> ToolAnnotations:
-    """Said in full: the protocol's defaults for a tool that is not read-only are destructive."""
-    read = tool.effect == tools.READ
-    return ToolAnnotations(
-        title=tool.cli,
-        read_only_hint=read,
-        destructive_hint=tool.effect == tools.DESTROY,
-        idempotent_hint=read,
-        open_world_hint=False,
-    )
-
-
 def _handler(tool: tools.Tool) -> Callable[..., CallToolResult]:
 
     def handler(**arguments: Any) -> CallToolResult:
-        return result_of(tool.run, arguments)
+        try:
+            value = tool.run(**arguments)
+        except Exception as exc:  # noqa: BLE001 - every failure is one line for the assistant
+            return CallToolResult(content=[TextContent(type="text", text=one_line(exc))], is_error=True)
+        text = json.dumps(value, ensure_ascii=False)
+        structured = value if isinstance(value, dict) else {"result": value}
+        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
     handler.__signature__ = tool.signature().replace(return_annotation=CallToolResult)  # type: ignore[attr-defined]
     handler.__name__ = tool.name
     return handler
-
-
-def result_of(run: Callable[..., Any], arguments: dict[str, Any]) -> CallToolResult:
-    try:
-        value = run(**arguments)
-    except Exception as exc:  # noqa: BLE001 - every failure is one line for the assistant
-        return CallToolResult(content=[TextContent(type="text", text=one_line(exc))], is_error=True)
-    text = json.dumps(value, ensure_ascii=False)
-    structured = value if isinstance(value, dict) else {"result": value}
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
 
 async def one_line_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
