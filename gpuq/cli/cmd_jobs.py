@@ -114,7 +114,13 @@ def cmd_preempt(args: argparse.Namespace) -> int:
     if outcome.state == PREEMPTED:
         code = "exit code unknown" if job.exit_code is None else f"exit {job.exit_code}"
         print(f"[~] Job #{job.id}: {job.name} preempted ({code}): {job.note}")
-        print(f"    {_what_resume_does(job)}")
+        checkpoint = (job.preemptions or [{}])[-1].get("checkpoint")
+        if job.no_resume:
+            print(f"    `gpuq resume {job.id}` starts it over from scratch: it was queued with --no-resume")
+        elif not checkpoint:
+            print(f"    `gpuq resume {job.id}` starts it over from scratch: it left no complete checkpoint")
+        else:
+            print(f"    `gpuq resume {job.id}` continues it from {checkpoint}")
         return 0
     if outcome.left and outcome.state == RUNNING and job.pid in outcome.left:
         print(f"job #{job.id} did not exit within {args.timeout:g}s; left running, unchanged (--force kills it)")
@@ -127,16 +133,6 @@ def cmd_preempt(args: argparse.Namespace) -> int:
     else:
         print(f"job #{job.id} ended on its own meanwhile: {outcome.state}")
     return 1
-
-
-def _what_resume_does(job: Any) -> str:
-    resume = f"`gpuq resume {job.id}`"
-    if job.no_resume:
-        return f"{resume} starts it over from scratch: it was queued with --no-resume"
-    record = (job.preemptions or [{}])[-1]
-    if not record.get("checkpoint"):
-        return f"{resume} starts it over from scratch: it left no complete checkpoint"
-    return f"{resume} continues it from {record['checkpoint']}"
 
 
 def cmd_edit(args: argparse.Namespace) -> int:

@@ -37,17 +37,12 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _skill_text() -> str:
-    """The skill as shipped in the package (gpuq/skill/gpuq.md), or from a checkout's skill/."""
-    package = Path(gpuq.__file__).resolve().parent
-    for candidate in (package / "skill" / "gpuq.md", package.parent / "skill" / "gpuq.md"):
-        if candidate.is_file():
-            return candidate.read_text(encoding="utf-8")
-    raise Refused("the skill file is missing from this installation (gpuq/skill/gpuq.md)")
-
-
 def cmd_skill(args: argparse.Namespace) -> int:
-    text = _skill_text()
+    package = Path(gpuq.__file__).resolve().parent  # shipped in the package (gpuq/skill/), or a checkout's skill/
+    found = [p for p in (package / "skill" / "gpuq.md", package.parent / "skill" / "gpuq.md") if p.is_file()]
+    if not found:
+        raise Refused("the skill file is missing from this installation (gpuq/skill/gpuq.md)")
+    text = found[0].read_text(encoding="utf-8")
     if args.action == "show":
         sys.stdout.write(text)
         return 0

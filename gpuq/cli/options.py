@@ -84,10 +84,6 @@ class Command:
         # the states of the jobs its ids may name, whose ids shell completion offers; None: any
         self.id_states = id_states
 
-    def option(self, flag: str) -> Optional[Opt]:
-        """The option spelled `flag` exactly (no abbreviation, no `=VALUE`)."""
-        return next((opt for opt in self.options if flag in opt.flags and not opt.positional), None)
-
 
 def env_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")

@@ -237,7 +237,7 @@ def check_job_words(command: str, typed: list[str], job: list[str]) -> None:
     found, i = [], 1
     while i < len(job):
         name = job[i].split("=", 1)[0]
-        opt = ADD.option(name) if job[i].startswith("--") else None
+        opt = next((o for o in ADD.options if name in o.flags), None) if job[i].startswith("--") else None
         if opt is not None or (name == "--help" and job[i] != "--help"):
             n = 2 if opt is not None and opt.takes_value and "=" not in job[i] else 1
             found.append((i, job[i : i + n], opt))

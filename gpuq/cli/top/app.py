@@ -135,7 +135,23 @@ class App:
         self.busy: Optional[threading.Thread] = None
 
     def run(self, screen: Any) -> None:
-        _setup(screen)
+        try:
+            curses.curs_set(0)
+        except curses.error:
+            pass  # a terminal that cannot hide it
+        if hasattr(curses, "set_escdelay"):
+            curses.set_escdelay(25)  # esc answers at once, not after ncurses' second of waiting for a sequence
+        screen.timeout(TICK_MS)
+        screen.keypad(True)
+        ATTRS.update({draw.TITLE: curses.A_BOLD, draw.HEAD: curses.A_BOLD, draw.SELECTED: curses.A_REVERSE})
+        ATTRS.update({draw.BAD: curses.A_BOLD, draw.WARN: curses.A_BOLD, draw.DIM: curses.A_DIM})
+        if curses.has_colors():
+            curses.start_color()
+            curses.use_default_colors()
+            colours = ((draw.BAD, curses.COLOR_RED), (draw.WARN, curses.COLOR_YELLOW))
+            for number, (attr, colour) in enumerate(colours, 1):
+                curses.init_pair(number, colour, -1)
+                ATTRS[attr] = curses.color_pair(number) | curses.A_BOLD
         while True:
             self.tick()
             self._paint(screen)
@@ -257,25 +273,6 @@ class App:
 
 
 ATTRS: dict[str, int] = {}
-
-
-def _setup(screen: Any) -> None:
-    try:
-        curses.curs_set(0)
-    except curses.error:
-        pass  # a terminal that cannot hide it
-    if hasattr(curses, "set_escdelay"):
-        curses.set_escdelay(25)  # esc answers at once, not after ncurses' second of waiting for a sequence
-    screen.timeout(TICK_MS)
-    screen.keypad(True)
-    ATTRS.update({draw.TITLE: curses.A_BOLD, draw.HEAD: curses.A_BOLD, draw.SELECTED: curses.A_REVERSE})
-    ATTRS.update({draw.BAD: curses.A_BOLD, draw.WARN: curses.A_BOLD, draw.DIM: curses.A_DIM})
-    if curses.has_colors():
-        curses.start_color()
-        curses.use_default_colors()
-        for number, (attr, colour) in enumerate(((draw.BAD, curses.COLOR_RED), (draw.WARN, curses.COLOR_YELLOW)), 1):
-            curses.init_pair(number, colour, -1)
-            ATTRS[attr] = curses.color_pair(number) | curses.A_BOLD
 
 
 def _ascii(text: str) -> str:

@@ -91,9 +91,16 @@ def _clear_batch(spool: Spool, refs: list[JobRef], report: ClearReport) -> None:
             if spool.jobs.find(ref.id, (ref.state,)) == ref:
                 ready.append(ref)
         records = [record for record in (record_of(spool, ref) for ref in ready) if record is not None]
-        if not _keep(spool, records, ready, report):
-            report.no_room += [ref.id for ref in ready]
-            return
+        for attempt in range(2 if records else 0):  # appended durably; on a full disk, the jobs' logs go first
+            try:
+                spool.files.with_room(lambda: spool.kept.append(records))
+                break
+            except SpoolFull:
+                if attempt:
+                    report.no_room += [ref.id for ref in ready]
+                    return
+                for ref in ready:
+                    report.freed_bytes += spool.delete_log(ref.id)
         for ref in ready:
             spool.jobs.remove(ref)
             report.freed_bytes += spool.delete_outputs(ref.id)
@@ -101,22 +108,6 @@ def _clear_batch(spool: Spool, refs: list[JobRef], report: ClearReport) -> None:
     finally:
         for claim in claims:
             claim.release()
-
-
-def _keep(spool: Spool, records: list[tuple[Any, ...]], refs: list[JobRef], report: ClearReport) -> bool:
-    """Append the records durably; on a full disk, first make room by dropping the jobs' logs."""
-    if not records:
-        return True
-    for attempt in range(2):
-        try:
-            spool.files.with_room(lambda: spool.kept.append(records))
-            return True
-        except SpoolFull:
-            if attempt:
-                return False
-            for ref in refs:
-                report.freed_bytes += spool.delete_log(ref.id)
-    return False
 
 
 def record_of(spool: Spool, ref: JobRef) -> Optional[tuple[Any, ...]]:
