@@ -360,14 +360,10 @@ def _sweep_row(sweep_id: int, group: list[Any]) -> SweepRow:
     base = first.name.split(f" {keys[0]}=", 1)[0] if keys else first.name
     summary = ", ".join(f"{n} {what}" for what, n in counts.items())
     info = f"sweep of {len(group)} over {', '.join(keys)}: {summary} (`gpuq status -a` lists them)"
-    info = _join(_members_progress(group), info)
-    return SweepRow(sweep_id, state, (f"sweep #{sweep_id} {base}", schema.display_script(first.cmd), "", info))
-
-
-def _members_progress(group: list[Any]) -> str:
-    """The bar of one running job, `#12 35% ETA 4m10s` each of more."""
     running = [row for row in group if row.state == RUNNING and row.estimate is not None]
-    if len(running) == 1:
-        return progress_text(running[0].estimate, RUNNING)
-    shown = ((row.job.id, progress_text(row.estimate, RUNNING, bar=False)) for row in running)
-    return ", ".join(f"#{job_id} {text}" for job_id, text in shown if text)
+    if len(running) == 1:  # its bar; `#12 35% ETA 4m10s` each of more
+        info = _join(progress_text(running[0].estimate, RUNNING), info)
+    else:
+        shown = ((row.job.id, progress_text(row.estimate, RUNNING, bar=False)) for row in running)
+        info = _join(", ".join(f"#{job_id} {text}" for job_id, text in shown if text), info)
+    return SweepRow(sweep_id, state, (f"sweep #{sweep_id} {base}", schema.display_script(first.cmd), "", info))

@@ -58,8 +58,7 @@ class Tool(NamedTuple):
 
     @property
     def description(self) -> str:
-        help_text = next((c.help for c in COMMANDS if self.command in c.names), "") if self.with_help else ""
-        help_text = help_text or ""
+        help_text = (next(c.help for c in COMMANDS if self.command in c.names) or "") if self.with_help else ""
         parts = [f"{help_text[:1].upper()}{help_text[1:]}." if help_text else "", self.summary]
         text = " ".join(p for p in parts if p) + f" Stands for `{self.cli}`."
         if self.effect == READ:

@@ -25,14 +25,10 @@ TYPED_SIZES = ("gpu_mem", "mem")
 EDITABLE = sorted(schema.DROPPED_FIELDS)
 
 
-def editable(job: Job) -> dict[str, Any]:
-    out = {key: getattr(job, FIELD_OF.get(key, key)) for key in EDITABLE}  # a field the file lacks: its default
-    return {k: v for k, v in out.items() if not (k in UNSET_WHEN_NULL and v is None)}
-
-
 def read(spool: Spool, job_id: int) -> tuple[dict[str, Any], int]:
     _ref, job = actions.get(spool, job_id, WAITING)
-    return editable(job), job.rev
+    out = {key: getattr(job, FIELD_OF.get(key, key)) for key in EDITABLE}  # a field the file lacks: its default
+    return {k: v for k, v in out.items() if not (k in UNSET_WHEN_NULL and v is None)}, job.rev
 
 
 def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
