@@ -164,8 +164,13 @@ def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPa
 def parse(argv: list[str]) -> argparse.Namespace:
     wanted = argv[0] if argv and not argv[0].startswith("-") else None
     parser = build_parser(only=wanted)
-    if wanted is not None and wanted not in subparsers(parser):
-        raise _unknown_command(wanted)
+    if wanted is not None and wanted not in subparsers(parser):  # `gpuq stauts`: the command most likely meant
+        import difflib  # only for a command that is not one
+
+        listed = [name for command in COMMANDS if command.help is not None for name in command.names]
+        close = difflib.get_close_matches(wanted, listed, n=1)
+        meant = f"; did you mean {close[0]}?" if close else ""
+        raise said_by("gpuq", UsageError(f"unknown command {wanted!r}{meant} (`gpuq --help` lists the commands)"))
     args = _parse_args(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -199,16 +204,6 @@ def _command_words(argv: list[str]) -> str:
     if command is not None and len(argv) > 1 and any(argv[1] in action.names for action in command.actions):
         return f"{argv[0]} {argv[1]}"
     return argv[0]
-
-
-def _unknown_command(word: str) -> UsageError:
-    """`gpuq stauts`: the command most likely meant, of those `--help` lists."""
-    import difflib  # only for a command that is not one
-
-    listed = [name for command in COMMANDS if command.help is not None for name in command.names]
-    close = difflib.get_close_matches(word, listed, n=1)
-    meant = f"; did you mean {close[0]}?" if close else ""
-    return said_by("gpuq", UsageError(f"unknown command {word!r}{meant} (`gpuq --help` lists the commands)"))
 
 
 def script_and_args(args: argparse.Namespace, argv: list[str]) -> None:

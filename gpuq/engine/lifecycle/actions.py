@@ -165,7 +165,12 @@ def recover_at_start(spool: Spool) -> tuple[list[tuple[Job, Continuation]], list
     for job in jobs_in(spool, (INTERRUPTED,)):
         if job.id in ended:
             continue
-        if _interrupted_in_a_row(job) > job.retries:
+        in_a_row = 0
+        for entry in reversed(job.history[:-1]):
+            if entry.get("outcome") != INTERRUPTED:
+                break
+            in_a_row += 1
+        if in_a_row > job.retries:
             left.append((job, "interrupted again"))
             continue
         try:
@@ -173,15 +178,6 @@ def recover_at_start(spool: Spool) -> tuple[list[tuple[Job, Continuation]], list
         except Refused:
             continue  # being changed right now: a person is on it
     return recovered, left
-
-
-def _interrupted_in_a_row(job: Job) -> int:
-    count = 0
-    for entry in reversed(job.history[:-1]):
-        if entry.get("outcome") != INTERRUPTED:
-            break
-        count += 1
-    return count
 
 
 def sweep_jobs(spool: Spool, sweep_id: int) -> list[dict[str, Any]]:

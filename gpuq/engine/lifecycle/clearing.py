@@ -50,18 +50,17 @@ def select(
     for ref in spool.jobs.refs(states):
         if ref.id in needed:
             chosen.kept_for_dependents.append(ref.id)
-        elif older_than is None or _ended_before(spool, ref, now - older_than):
+        elif older_than is None:
             chosen.refs.append(ref)
+        else:  # a job gone, or not a job, has no age that can be told: not old
+            try:
+                job = spool.jobs.load(ref)
+            except (FileNotFoundError, schema.InvalidJob):
+                continue
+            ended = runs.parse_time(job.finished_at) or runs.parse_time(job.created_at)
+            if ended is not None and ended < now - older_than:
+                chosen.refs.append(ref)
     return chosen
-
-
-def _ended_before(spool: Spool, ref: JobRef, cutoff: float) -> bool:
-    try:
-        job = spool.jobs.load(ref)
-    except (FileNotFoundError, schema.InvalidJob):
-        return False  # gone, or not a job: its age cannot be told
-    ended = runs.parse_time(job.finished_at) or runs.parse_time(job.created_at)
-    return ended is not None and ended < cutoff
 
 
 def clear(spool: Spool, chosen: Selection, logs_only: bool = False) -> ClearReport:

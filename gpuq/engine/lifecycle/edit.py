@@ -80,22 +80,17 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
         changes = {FIELD_OF.get(key, key): value for key, value in clean.items()}
         for key in UNSET_WHEN_NULL:
             changes.setdefault(FIELD_OF.get(key, key), None)
-        changes.update(_as_add_runs_it(job_id, job, changes))
+        # a `*.py` first word of the edited command runs as a dropped file's does, on the PATH the job
+        # runs with (its shell's, else this one's)
+        cwd = changes.get("cwd") or job.cwd
+        shell_path = (job.shell_env or {}).get("PATH")
+        path = shell_path if shell_path is not None else os.environ.get("PATH", "")
+        try:
+            conda = changes["conda"] if "conda" in changes else job.conda
+            resolved = interpreter.resolve_dropped(changes["cmd"], cwd, conda, path)
+        except (interpreter.EnqueueError, OSError) as exc:
+            why = str(exc) if isinstance(exc, interpreter.EnqueueError) else f"{exc.strerror}: {cwd}"
+            raise Refused(f"job #{job_id} not changed: {why}") from None
+        if resolved is not None:
+            changes.update(cmd=resolved.cmd, venv=resolved.venv, interpreter_from=resolved.found_by)
         return spool.jobs.move(ref, job, ref.state, changes)[1]
-
-
-def _as_add_runs_it(job_id: int, job: Job, changes: dict[str, Any]) -> dict[str, Any]:
-    """A `*.py` first word of the edited command run as a dropped file's is, on the PATH the job
-    runs with (its shell's, else this one's)."""
-    cwd = changes.get("cwd") or job.cwd
-    shell_path = (job.shell_env or {}).get("PATH")
-    path = shell_path if shell_path is not None else os.environ.get("PATH", "")
-    try:
-        conda = changes["conda"] if "conda" in changes else job.conda
-        resolved = interpreter.resolve_dropped(changes["cmd"], cwd, conda, path)
-    except (interpreter.EnqueueError, OSError) as exc:
-        why = str(exc) if isinstance(exc, interpreter.EnqueueError) else f"{exc.strerror}: {cwd}"
-        raise Refused(f"job #{job_id} not changed: {why}") from None
-    if resolved is None:
-        return {}
-    return {"cmd": resolved.cmd, "venv": resolved.venv, "interpreter_from": resolved.found_by}
