@@ -37,9 +37,6 @@ class Action(NamedTuple):
     def states(self) -> tuple[str, ...]:
         return next(c.id_states or () for c in COMMANDS if self.verb in c.names)
 
-    def question(self, job_id: int, name: str) -> str:
-        return f"{self.verb} #{job_id} {name}? [y/N]"
-
 
 def _on(request: Callable[..., requests.OnJobs], said: Callable[[requests.Done], str]) -> Callable[[Spool, int], str]:
 
@@ -84,10 +81,6 @@ HELP = [
 ]
 
 
-def refusal(action: Action, state: str, job_id: Any) -> str:
-    return f"#{job_id} is {state}: {action.verb} applies to {', '.join(action.states)} jobs"
-
-
 class LogFollow:
     def __init__(self, spool: Spool, job: Job, state: str, lines: int = 200) -> None:
         self.spool, self.job, self.state = spool, job, state
@@ -100,11 +93,8 @@ class LogFollow:
             self.lines.extend(spool.logs.tail_lines(job, lines))
 
     def title(self) -> str:
-        following = ", following" if self.running() else ""
+        following = ", following" if self.spool.jobs.find(self.job.id, ACTIVE) is not None else ""
         return f"log of #{self.job.id} {self.job.name} ({self.state}{following})"
-
-    def running(self) -> bool:
-        return self.spool.jobs.find(self.job.id, ACTIVE) is not None
 
     def poll(self) -> bool:
         chunk = self.spool.logs.read_from(self.job, self.offset)
@@ -202,7 +192,7 @@ class App:
     def _bottom_line(self) -> Optional[draw.Line]:
         if self.asking is not None:
             action, job_id, name = self.asking  # asked of the job as it was shown, even if a look since lost it
-            return action.question(job_id, name), draw.WARN
+            return f"{action.verb} #{job_id} {name}? [y/N]", draw.WARN
         return self.bottom
 
     def press(self, key: str) -> bool:
@@ -242,7 +232,8 @@ class App:
         if self.busy is not None:
             self.bottom = ("one action at a time: the one under way has not finished", draw.WARN)
         elif line.state not in action.states:
-            self.bottom = (refusal(action, line.state, line.job_id), draw.BAD)
+            applies = f"{action.verb} applies to {', '.join(action.states)} jobs"
+            self.bottom = (f"#{line.job_id} is {line.state}: {applies}", draw.BAD)
         elif action.asks:
             self.asking = (action, line.job_id, line.name)  # type: ignore[assignment]
         else:
