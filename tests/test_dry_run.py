@@ -126,10 +126,10 @@ def test_the_tools_request_is_the_request_of_the_same_command_line() -> None:
     """The MCP server's add makes, from its keyword arguments, the request the CLI makes from the
     same command line (no command line is rebuilt from the values)."""
     pytest.importorskip("mcp")
-    from gpuq.cli.assistant import changes
+    from gpuq.cli.assistant import tools
 
     given = {"gpus": 2, "after": [3, 4], "env": {"A": "1"}, "sweep": ["lr=1,2"], "time": "4h", "urgent": "force"}
-    from_tool = changes.request({"cmd": ["t.py", "--lr", "{lr}"], "dir": "/data", **given, "notify": False})
+    from_tool = tools.request({"cmd": ["t.py", "--lr", "{lr}"], "dir": "/data", **given, "notify": False})
     line = ["add", "--gpus", "2", "--after", "3", "--after", "4", "-e", "A=1", "--sweep", "lr=1,2", "--time", "4h"]
     from_line = cmd_add.request(parse([*line, "--urgent=force", "-d", "/data", "t.py", "--lr", "{lr}"]))
     values = [

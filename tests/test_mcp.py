@@ -21,7 +21,7 @@ pytest.importorskip("mcp.server.mcpserver", reason="the MCP SDK 2 (the mcp extra
 import anyio  # noqa: E402  (after the skip: the SDK brings it)
 from mcp import Client  # noqa: E402
 
-from gpuq.cli.assistant import changes, install, server, tools  # noqa: E402
+from gpuq.cli.assistant import install, server, tools  # noqa: E402
 from gpuq.cli.options import ADD  # noqa: E402
 from gpuq.spool.logs import TAIL_LINES_MAX_BYTES  # noqa: E402
 
@@ -77,7 +77,8 @@ def test_the_tools_are_listed_with_their_hints() -> None:
         assert ("confirm with the user" in tool.description) is (name not in READ_ONLY), name
     # every option of `gpuq add` is a parameter of the add tool, with its help
     parameters = listed["add"].input_schema["properties"]
-    options = {opt.dest for opt in ADD.options if opt.dest not in changes.NOT_PARAMETERS}
+    # add's options that are no request: how the CLI prints (-q, --json), --dry-run (a tool of its own)
+    options = {opt.dest for opt in ADD.options if opt.dest not in ("quiet", "dry_run", "json")}
     assert options | {"cmd"} == set(parameters) and listed["add"].input_schema["required"] == ["cmd"]
     assert "GPU memory it needs" in parameters["gpu_mem"]["description"]
     assert listed["add_dry_run"].input_schema == listed["add"].input_schema | {"title": "add_dry_runArguments"}

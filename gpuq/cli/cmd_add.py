@@ -1,5 +1,4 @@
-"""`gpuq add`: its options made the engine's request (engine/lifecycle/enqueue.py), the jobs
-queued, and what happened said."""
+"""`gpuq add`: its options made the engine's request, the jobs queued, and what happened said."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from gpuq.engine.lifecycle import enqueue
 
 
 def request(args: argparse.Namespace) -> enqueue.Request:
-    """`add`'s options as the engine's request: each option's dest is the request's field of that name."""
+    """Each option's dest is the request's field of that name."""
     given = {name: getattr(args, name) for name in enqueue.Request._fields if hasattr(args, name)}
     return enqueue.Request(**dict(given, cmd=[args.script, *args.args], env=dict(args.env)))
 
@@ -23,9 +22,9 @@ def cmd_add(args: argparse.Namespace) -> int:
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run (a real add prints the ids with -q)")
     if args.dry_run:
-        from gpuq.cli import dry_run  # the queue's ETA machinery: only for --dry-run
+        from gpuq.engine.lifecycle import dryrun  # the queue's ETA machinery: only for --dry-run
 
-        return dry_run.show(request(args), args.json)
+        return dryrun.show(request(args), args.json)
     prepared = enqueue.prepare(request(args))  # checked before the spool is opened
     for note in [] if args.quiet else prepared.notes:
         print(note)
@@ -51,9 +50,8 @@ def cmd_add(args: argparse.Namespace) -> int:
 
 
 def _say_who_starts_it(workers: list[dict[str, Any]], ids: list[int]) -> None:
-    """The line `gpuq add` says on stderr when no worker will start what it queued: none runs, or
-    every one drains (`gpuq stop --drain`: it starts nothing new, and holds its locks until its
-    jobs end, so a new worker can start only then)."""
+    """When no worker will start what it queued: none runs, or every one drains (and holds its
+    locks until its jobs end, so a new worker can start only then)."""
     if not workers:
         waits = "waits" if len(ids) == 1 else "wait"
         said = f"no worker is running; {ids_text(ids)} {waits} for `gpuq run --daemon` (or `gpuq service install`)"

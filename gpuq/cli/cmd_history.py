@@ -38,23 +38,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(history.to_json(groups), indent=2))
         return 0
-    print(_table(groups, args.by))
-    return 0
-
-
-def history_groups(pairs: list[history.JobRecord], since: Optional[float], by: str) -> list[history.Group]:
-    """`gpuq history`'s groups (also the assistant server's `history` tool), with what their GPUs did."""
-    groups = history.summarize(pairs, since, by)
-    sp = spool()
-    recorded = sp.reports.gpu_use_ids()
-    for group in groups:  # what the jobs' GPUs did, from their supervisors' records
-        group.gpu_use = gpuuse.of_jobs(sp, history.job_ids(group), recorded)
-    return groups
-
-
-def _table(groups: list[history.Group], by: str) -> str:
-    header = (by, "runs", DONE, FAILED, "GPU-h", "median", PREEMPTED)
-    rows = [header] + [
+    header: tuple[str, ...] = (args.by, "runs", DONE, FAILED, "GPU-h", "median", PREEMPTED)
+    rows: list[tuple[str, ...]] = [header] + [
         (
             str(g.key if g.key is not None else "-"),
             str(g.runs),
@@ -67,7 +52,8 @@ def _table(groups: list[history.Group], by: str) -> str:
         for g in groups
     ]
     if len(rows) == 1:
-        return "no finished runs in this period"
+        print("no finished runs in this period")
+        return 0
     if any(g.gpu_use for g in groups):  # the GPUs' figures, where supervisors recorded them
         rows[0] += ("GPU%", "peak mem", "idle GPU-h")
         rows[1:] = [row + _gpu_use_cells(g.gpu_use) for row, g in zip(rows[1:], groups)]
@@ -75,7 +61,18 @@ def _table(groups: list[history.Group], by: str) -> str:
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "─" * len(lines[0]))
     total = sum(g.gpu_hours for g in groups)
-    return "\n".join(lines + [f"total: {plural(sum(g.runs for g in groups), 'run')}, {total:.2f} GPU-hours"])
+    print("\n".join(lines + [f"total: {plural(sum(g.runs for g in groups), 'run')}, {total:.2f} GPU-hours"]))
+    return 0
+
+
+def history_groups(pairs: list[history.JobRecord], since: Optional[float], by: str) -> list[history.Group]:
+    """Also the assistant server's `history` tool."""
+    groups = history.summarize(pairs, since, by)
+    sp = spool()
+    recorded = sp.reports.gpu_use_ids()
+    for group in groups:  # what the jobs' GPUs did, from their supervisors' records
+        group.gpu_use = gpuuse.of_jobs(sp, history.job_ids(group), recorded)
+    return groups
 
 
 def _gpu_use_cells(figures: Optional[dict[str, Any]]) -> tuple[str, str, str]:

@@ -1,7 +1,5 @@
-"""The commands that change jobs already queued: `cancel`, `kill`, `hold`, `release`, `retry`,
-`resume`, `recover`, `preempt`, `edit`, `clear`, and `adopt`, which takes a process in. Each maps
-its options to the engine's request (engine/lifecycle/requests.py), calls it, and says what
-happened."""
+"""The commands that change jobs already queued (and `adopt`): each maps its options to the engine's
+request, calls it, and says what happened."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ from gpuq.system.procs import KILL_GRACE_SECONDS
 
 
 def _on_each(request: requests.OnJobs, said: Callable[[Done], Optional[str]]) -> int:
-    """A command of several job ids: what `said` says of each job changed, on stdout; each one
-    refused named on stderr with the reason, and then exit 1."""
+    """Each job refused is named on stderr with the reason, and then exit 1."""
     code = 0
     for job_id, outcome in requests.each(spool(), request, _say_killing):
         if isinstance(outcome, GpuqError):
@@ -40,44 +37,35 @@ def _say_killing(job_id: int) -> None:
     print(f"sending SIGTERM to job #{job_id}'s process group (SIGKILL after {KILL_GRACE_SECONDS:.0f}s)...", flush=True)
 
 
-def _job_line(mark: str, what: Callable[[Done], str]) -> Callable[[Done], str]:
-    """`[+] Job #3: exp/train ` and what happened to it."""
-    return lambda done: f"[{mark}] Job #{done.job.id}: {done.job.name} {what(done)}"
-
-
-def _cancelled(done: Done) -> str:
+def _cancelled(done: Done, _args: argparse.Namespace) -> str:
     if done.killed:
         return f"{CANCELLED}: it was running, killed (exit {done.job.exit_code})"
     slurm = done.job.slurm
     return CANCELLED + (f" (scancel of Slurm job {slurm['job_id']})" if slurm else "")
 
 
-def cmd_cancel(args: argparse.Namespace) -> int:
-    return _on_each(requests.Cancel(ids=job_ids(args.ids)), _job_line("-", _cancelled))
+def _on_ids(request: Callable[..., requests.OnJobs], mark: str, what: Callable[..., str], *flags: str) -> Any:
+    """A command on job ids: its request made of the ids and `flags`, one line per job."""
+
+    def handler(args: argparse.Namespace) -> int:
+        made = request(ids=job_ids(args.ids), **{flag: getattr(args, flag) for flag in flags})
+        return _on_each(made, lambda d: f"[{mark}] Job #{d.job.id}: {d.job.name} {what(d, args)}")
+
+    return handler
 
 
-def cmd_kill(args: argparse.Namespace) -> int:
-    return _on_each(requests.Kill(ids=job_ids(args.ids)), _job_line("-", lambda d: f"killed (exit {d.job.exit_code})"))
-
-
-def cmd_hold(args: argparse.Namespace) -> int:
-    said = _job_line("=", lambda d: f"held (`gpuq release {d.job.id}` puts it back in line)")
-    return _on_each(requests.Hold(ids=job_ids(args.ids)), said)
-
-
-def cmd_release(args: argparse.Namespace) -> int:
-    return _on_each(requests.Release(ids=job_ids(args.ids)), _job_line("+", lambda d: "back in line"))
-
-
-def cmd_retry(args: argparse.Namespace) -> int:
-    request = requests.Retry(ids=job_ids(args.ids), from_scratch=args.from_scratch)
-    return _on_each(request, _job_line("+", lambda d: f"back in the queue: {d.how}"))
-
-
-def cmd_resume(args: argparse.Namespace) -> int:
-    where = "in normal order" if args.back else "first in line"
-    request = requests.Resume(ids=job_ids(args.ids), require_checkpoint=args.require_checkpoint, back=args.back)
-    return _on_each(request, _job_line("+", lambda d: f"back in the queue ({where}): {d.how}"))
+cmd_cancel = _on_ids(requests.Cancel, "-", _cancelled)
+cmd_kill = _on_ids(requests.Kill, "-", lambda d, _a: f"killed (exit {d.job.exit_code})")
+cmd_hold = _on_ids(requests.Hold, "=", lambda d, _a: f"held (`gpuq release {d.job.id}` puts it back in line)")
+cmd_release = _on_ids(requests.Release, "+", lambda d, _a: "back in line")
+cmd_retry = _on_ids(requests.Retry, "+", lambda d, _a: f"back in the queue: {d.how}", "from_scratch")
+cmd_resume = _on_ids(
+    requests.Resume,
+    "+",
+    lambda d, a: f"back in the queue ({'in normal order' if a.back else 'first in line'}): {d.how}",
+    "require_checkpoint",
+    "back",
+)
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
@@ -109,7 +97,6 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def _requeue(ids: list[int], from_scratch: bool, say: bool) -> int:
-    """Each interrupted job of `ids` back in the queue, each named with how it goes on if `say`."""
     back: list[Done] = []
 
     def said(done: Done) -> Optional[str]:
@@ -127,7 +114,13 @@ def cmd_preempt(args: argparse.Namespace) -> int:
     if outcome.state == PREEMPTED:
         code = "exit code unknown" if job.exit_code is None else f"exit {job.exit_code}"
         print(f"[~] Job #{job.id}: {job.name} preempted ({code}): {job.note}")
-        print(f"    {_what_resume_does(job)}")
+        checkpoint = (job.preemptions or [{}])[-1].get("checkpoint")
+        if job.no_resume:
+            print(f"    `gpuq resume {job.id}` starts it over from scratch: it was queued with --no-resume")
+        elif not checkpoint:
+            print(f"    `gpuq resume {job.id}` starts it over from scratch: it left no complete checkpoint")
+        else:
+            print(f"    `gpuq resume {job.id}` continues it from {checkpoint}")
         return 0
     if outcome.left and outcome.state == RUNNING and job.pid in outcome.left:
         print(f"job #{job.id} did not exit within {args.timeout:g}s; left running, unchanged (--force kills it)")
@@ -142,26 +135,13 @@ def cmd_preempt(args: argparse.Namespace) -> int:
     return 1
 
 
-def _what_resume_does(job: Any) -> str:
-    """What `gpuq resume` will do with the job just preempted, from what its preemption recorded."""
-    resume = f"`gpuq resume {job.id}`"
-    if job.no_resume:
-        return f"{resume} starts it over from scratch: it was queued with --no-resume"
-    record = (job.preemptions or [{}])[-1]
-    if not record.get("checkpoint"):
-        return f"{resume} starts it over from scratch: it left no complete checkpoint"
-    return f"{resume} continues it from {record['checkpoint']}"
-
-
 def cmd_edit(args: argparse.Namespace) -> int:
     sp = spool()
     if args.set:
         job, changed = requests.Edit(id=args.id, changes=args.set).run(sp)
     else:
         fields, rev = edit.read(sp, args.id)
-        edited = _in_editor(fields, args.id)
-        changed = [key for key in edited if edited[key] != fields.get(key)]
-        job = edit.apply(sp, args.id, edited, rev) if edited != fields else None
+        job, changed = edit.apply_edited(sp, args.id, fields, _in_editor(fields, args.id), rev)
     if job is None:
         print(f"job #{args.id}: nothing changed")
     else:
@@ -170,7 +150,6 @@ def cmd_edit(args: argparse.Namespace) -> int:
 
 
 def _in_editor(fields: dict[str, Any], job_id: int) -> dict[str, Any]:
-    """`fields` as edited by the person in $VISUAL or $EDITOR (a copy in a temporary file)."""
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
     with tempfile.TemporaryDirectory(prefix="gpuq-edit-") as tmp:
         path = os.path.join(tmp, f"job-{job_id}.json")

@@ -11,6 +11,8 @@ from typing import Any
 from gpuq.cli import render
 from gpuq.cli.common import spool
 from gpuq.core.errors import Refused
+from gpuq.core.states import PENDING
+from gpuq.core.times import duration
 from gpuq.engine.views.status import Row, status
 from gpuq.system import security
 
@@ -49,19 +51,23 @@ def _status_once(args: argparse.Namespace) -> int:
     else:
         print("no jobs")
     if st.hidden_finished:
-        print(render.hidden_line(st.hidden_finished, st.hidden_failed))
+        hidden, of_them = st.hidden_finished, f", {st.hidden_failed} of them failed" if st.hidden_failed else ""
+        print(f"({hidden} older finished {'job' if hidden == 1 else 'jobs'} hidden{of_them}: `gpuq status -a`)")
     for name in st.dropped:
         print(f"pending/{security.display(name)}: dropped file, not taken in yet (a worker takes it in)")
-    if st.rejected is not None:
-        print(render.rejected_line(st.rejected))
+    rejected = st.rejected
+    if rejected is not None:
+        reason = f": {security.display(rejected.reason)}" if rejected.reason else ""  # may quote the file's content
+        newest = f"{'' if rejected.count == 1 else 'newest: '}{security.display(rejected.newest)}{reason}"
+        files = "dropped file" if rejected.count == 1 else "dropped files"
+        print(f"{rejected.count} {files} rejected ({newest}): `gpuq rejected`")
     for warning in st.warnings:
         print(f"warning: {warning}")
     return 0
 
 
 def json_row(row: Row) -> dict[str, Any]:
-    """One job of `status --json` (also the MCP server's queue tool): its fields, its state, why it
-    waits, its progress and ETA."""
+    """One job of `status --json` (also the MCP server's queue tool)."""
     job, est = row.job, row.estimate
     out = {key: job.get(key) for key in JSON_FIELDS}
     out["state"] = row.state
@@ -78,14 +84,23 @@ def json_row(row: Row) -> dict[str, Any]:
 
 def cmd_eta(args: argparse.Namespace) -> int:
     sp = spool()
-    if args.id is not None and sp.jobs.find(args.id) is None:
+    found = sp.jobs.find(args.id) if args.id is not None else None
+    if args.id is not None and found is None:
         raise Refused(f"no such job #{args.id}")
     rows = [r for r in status(sp).rows if r.estimate is not None and args.id in (None, r.job.id)]
-    if args.id is not None and not rows:
-        state = sp.jobs.find(args.id).state
-        print(f"#{args.id}: {state}; an ETA is given for running and pending jobs only")
+    if found is not None and not rows:
+        print(f"#{args.id}: {found.state}; an ETA is given for running and pending jobs only")
     elif not rows:
         print("no running or pending jobs")
-    for line in render.eta_lines(rows):
-        print(line)
+    for row in rows:
+        est, job = row.estimate, row.job
+        head = f"#{job.id} {job.name} ({row.state}{', adopted' if job.adopted else ''})"
+        if row.state == PENDING:
+            end = f"; ends in ~{duration(est.eta_seconds) or '0s'}" if est.eta_seconds is not None else ""
+            print(f"{head}: {est.method}{end}")
+            continue
+        done = est.reading.text() if est.reading else "progress unknown"
+        when = f"ETA {duration(est.eta_seconds) or '0s'}" if est.eta_seconds is not None else "ETA unknown"
+        print(f"{head}: {done}, {when}")
+        print(f"    method: {est.method}")
     return 0

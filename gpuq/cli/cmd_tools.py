@@ -1,49 +1,48 @@
-"""`gpuq import`, `skill`, `service` and `completion`: what connects gpuq to the rest of the day."""
+"""`gpuq import`, `skill`, `service`, `completion`, `slurm` and `demo`: what connects gpuq to the rest of the day."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import shutil
 import sys
+import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping
 
 import gpuq
+from gpuq.cli import main, render
 from gpuq.cli.commands import COMMANDS
-from gpuq.cli.common import spool
+from gpuq.cli.common import job_ids, say_refused, spool
 from gpuq.cli.options import Command
-from gpuq.cli.parser import build_parser
-from gpuq.core.errors import Refused
+from gpuq.cli.parser import build_parser, subparsers
+from gpuq.core.errors import Refused, UsageError
+from gpuq.core.job import Job
+from gpuq.core.states import DONE
+from gpuq.engine.lifecycle import slurm_handover
 from gpuq.engine.original import importer, reader
-from gpuq.run import service
+from gpuq.run import service, slurm_batch
 from gpuq.system import installs
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     sp = spool()  # a queue lying in the spool itself has just been imported by this
-    if args.path is None:
-        found = reader.find_legacy(sp.home)
-        if found is None:
-            print(f"no queue of the original gpuq in {sp.home} (gpuq.db or queue.json); give its path")
-            return 0
-        path = found
-    else:
-        path = Path(args.path).expanduser().absolute()
-    report = importer.import_queue(sp, path)
+    path = Path(args.path).expanduser().absolute() if args.path is not None else reader.find_legacy(sp.home)
+    if path is None:
+        print(f"no queue of the original gpuq in {sp.home} (gpuq.db or queue.json); give its path")
+        return 0
+    report = importer.import_queue(sp, Path(path))
     print("\n".join(report.lines()))
     return 0
 
 
-def _skill_text() -> str:
-    """The skill as shipped in the package (gpuq/skill/gpuq.md), or from a checkout's skill/."""
-    package = Path(gpuq.__file__).resolve().parent
-    for candidate in (package / "skill" / "gpuq.md", package.parent / "skill" / "gpuq.md"):
-        if candidate.is_file():
-            return candidate.read_text(encoding="utf-8")
-    raise Refused("the skill file is missing from this installation (gpuq/skill/gpuq.md)")
-
-
 def cmd_skill(args: argparse.Namespace) -> int:
-    text = _skill_text()
+    package = Path(gpuq.__file__).resolve().parent  # shipped in the package (gpuq/skill/), or a checkout's skill/
+    found = [p for p in (package / "skill" / "gpuq.md", package.parent / "skill" / "gpuq.md") if p.is_file()]
+    if not found:
+        raise Refused("the skill file is missing from this installation (gpuq/skill/gpuq.md)")
+    text = found[0].read_text(encoding="utf-8")
     if args.action == "show":
         sys.stdout.write(text)
         return 0
@@ -77,9 +76,7 @@ ID_ARGUMENTS = ("id", "ids", "jobs")  # positional and option arguments that tak
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    """A completion script generated from gpuq's own parser by shtab; where a command takes job
-    ids, they complete from the spool: the ids of the jobs it acts on (`gpuq _ids --state ...`,
-    from the command's `id_states`)."""
+    """shtab's script from gpuq's own parser; job ids complete from the spool (`gpuq _ids`)."""
     import shtab  # an optional dependency, needed by this command only
 
     parser = build_parser()
@@ -89,25 +86,111 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 
 def _complete_ids(parser: argparse.ArgumentParser, commands: tuple[Command, ...], cmd: Any) -> None:
-    """Tell shtab, with `cmd` (shtab.cmd), how each command's job id arguments complete."""
     for command in commands:
         for name in command.names:
-            sub = _subparsers(parser)[name]
+            sub = subparsers(parser)[name]
             for action in sub._actions:
                 if action.dest in ID_ARGUMENTS:
-                    action.complete = cmd(ids_command(command.id_states))  # type: ignore[attr-defined]
+                    only = f" --state {','.join(command.id_states)}" if command.id_states else ""
+                    action.complete = cmd(f"gpuq _ids{only} 2>/dev/null")  # type: ignore[attr-defined]  # shtab reads it
             _complete_ids(sub, command.actions, cmd)
 
 
-def ids_command(id_states: Optional[tuple[str, ...]]) -> str:
-    """The shell command that lists the ids a command takes (`gpuq _ids`, cli.cmd_ids)."""
-    only = f" --state {','.join(id_states)}" if id_states else ""
-    return f"gpuq _ids{only} 2>/dev/null"
+def cmd_submit(args: argparse.Namespace) -> int:
+    ids = job_ids(args.ids)
+    if bool(ids) == bool(args.all):
+        raise UsageError("name the jobs to hand over (`gpuq slurm submit 3 4`) or give --all")
+    if not 0 <= args.grace <= 65535:
+        raise UsageError(f"--grace must be 0 to 65535 seconds, not {args.grace}")
+    sp = spool()
+    key = slurm_handover.spool_key(sp)
+    # The compute nodes run this interpreter and this gpuq: both on the shared filesystem.
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(gpuq.__file__)))
+
+    def build(job: Job, slurm_ids: Mapping[int, int], opts: list[str]) -> tuple[str, list[str]]:
+        script = slurm_batch.batch_script(job, python=sys.executable, package_parent=package_parent, log_path=job.log)
+        try:
+            options = slurm_batch.sbatch_options(
+                job, spool_id=key, slurm_ids=slurm_ids, extra=opts, grace_seconds=args.grace
+            )
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
+        return script, options
+
+    def say(item: slurm_handover.Handed) -> None:
+        how = "found on Slurm (its hand-over had been cut short)" if item.repaired else "submitted"
+        print(f"[>] Job #{item.job.id}: {item.job.name} -> Slurm job {item.slurm_id} ({how})", flush=True)
+        if item.job.notify_urls or item.job.notify or item.job.on_finish:
+            print("    its --notify and --on-finish are not sent on Slurm (Slurm's own: --slurm-opt --mail-type=END)")
+
+    result = slurm_handover.submit(sp, ids or None, args.slurm_opt, build, say=say)
+    if not (result.handed or result.left):
+        print("no pending jobs to hand over")
+    for job_id in sorted(result.left):  # each on its own line, the reason with it
+        say_refused(job_id, result.left[job_id])
+    return 1 if result.left else 0
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """The parsers of `parser`'s commands (or of a command's actions), by name."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices
-    return {}
+def cmd_sync(args: argparse.Namespace) -> int:
+    report = slurm_handover.sync(spool())
+    for item in report.repaired:
+        print(f"[>] Job #{item.job.id}: {item.job.name} -> Slurm job {item.slurm_id} (hand-over repaired)")
+    for job in report.changed:
+        print(f"[~] Job #{job.id}: {job.name}  {render.slurm_text(job.slurm or {})}")
+    for job, state in report.ended:
+        code = f" (exit {job.exit_code})" if job.exit_code is not None else ""
+        print(f"[{'+' if state == DONE else '-'}] Job #{job.id}: {job.name} {state}{code}")
+    if not (report.repaired or report.changed or report.ended):
+        print("nothing changed")
+    return 0
+
+
+TRAIN = """import sys, time
+steps = int(sys.argv[sys.argv.index("--steps") + 1])
+for step in range(1, steps + 1):
+    time.sleep(0.2)
+    print(f"Step {step}/{steps} loss={1 / step:.3f}", flush=True)
+open("model.txt", "w").write("trained\\n")
+"""
+EVAL = """import pathlib
+print("evaluating", pathlib.Path("model.txt").read_text().strip(), "model: accuracy 0.93")
+"""
+
+
+def _run(args: list[str]) -> int:
+    print(f"$ gpuq {shlex.join(args)}", flush=True)
+    code = main(args)
+    sys.stdout.flush()
+    return code
+
+
+def cmd_demo(_args: argparse.Namespace) -> int:
+    root = Path(tempfile.mkdtemp(prefix="gpuq-demo-"))
+    project = root / "exp01"
+    project.mkdir()
+    (project / "train.py").write_text(TRAIN)
+    (project / "eval.py").write_text(EVAL)
+    saved = os.environ.get("GPUQ_HOME")
+    os.environ["GPUQ_HOME"] = str(root / "spool")
+    print(f"demo spool: {root / 'spool'} (removed at the end)")
+    try:
+        py = ["--python", sys.executable, "--dir", str(project)]
+        steps = [
+            ["add", *py, "train.py", "--steps", "5"],
+            ["add", *py, "--after", "1", "eval.py"],
+            ["add", "--dir", str(project), "--name", "exp01/report", "--after", "2", "ls", "-1"],
+            ["status"],
+            ["run"],
+            ["status"],
+            ["log", "2", "-n", "3"],
+        ]
+        for step in steps:
+            if _run(step) != 0:
+                return 1
+        return 0
+    finally:
+        if saved is None:
+            os.environ.pop("GPUQ_HOME", None)
+        else:
+            os.environ["GPUQ_HOME"] = saved
+        shutil.rmtree(root, ignore_errors=True)

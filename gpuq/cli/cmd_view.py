@@ -1,5 +1,4 @@
-"""`gpuq log`, `show`, `triage`, `gpus` and `rejected`: one job, the GPUs, the files that were not
-jobs, read and printed."""
+"""`gpuq log`, `show`, `triage`, `gpus` and `rejected`: read and printed."""
 
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ from gpuq.system import security
 
 
 def cmd_rejected(args: argparse.Namespace) -> int:
-    """The dropped files that were not jobs, each with why; `status` stops mentioning them."""
     listed = rejected_files(spool())
     if args.json:
         shown = [{"file": name, "rejected_at": iso_of(at) if at else None, "reason": why} for name, at, why in listed]
@@ -43,17 +41,18 @@ def cmd_log(args: argparse.Namespace) -> int:
     sp = spool()
     ref, job = actions.get(sp, args.id)
     why = not_started(sp, ref, job)
-    if why is not None:  # said on stderr: the log itself (stdout) is empty
-        if ref.state == CANCELLED:
-            print(f"#{job.id} never started ({why})", file=sys.stderr)
-            return 0
-        if not args.follow:
-            print(f"#{job.id} has not started yet ({why})", file=sys.stderr)
-            return 0
+    if why is not None and args.follow and ref.state != CANCELLED:
         print(f"waiting for #{job.id} to start ({why})...", file=sys.stderr, flush=True)
-        job = _await_start(sp, job)
-        if job is not None:
+        while sp.jobs.find(job.id, (PENDING, HELD)) is not None and not sp.logs.size(job):
+            time.sleep(FOLLOW_POLL_SECONDS)
+        ref, job = actions.get(sp, job.id)
+        why = not_started(sp, ref, job)  # not None: cancelled while it waited
+        if why is None:
             _follow(sp, job, offset=0)
+            return 0
+    if why is not None:  # said on stderr: the log itself (stdout) is empty
+        started = "never started" if ref.state == CANCELLED or args.follow else "has not started yet"
+        print(f"#{job.id} {started} ({why})", file=sys.stderr)
         return 0
     for line in sp.logs.tail_lines(job, args.lines):
         print(line)
@@ -65,22 +64,7 @@ def cmd_log(args: argparse.Namespace) -> int:
 FOLLOW_POLL_SECONDS = 0.2  # a log has no event to wait on that works everywhere
 
 
-def _await_start(sp: Spool, job: Job) -> Optional[Job]:
-    """`gpuq log -f` of a job that has not started: the job once it has (or has written to its
-    log); None, said on stderr, if it was cancelled first."""
-    while sp.jobs.find(job.id, (PENDING, HELD)) is not None and not sp.logs.size(job):
-        time.sleep(FOLLOW_POLL_SECONDS)
-    ref, job = actions.get(sp, job.id)
-    why = not_started(sp, ref, job)
-    if why is not None:  # cancelled while it waited
-        print(f"#{job.id} never started ({why})", file=sys.stderr)
-        return None
-    return job
-
-
 def _follow(sp: Spool, job: Job, offset: Optional[int] = None) -> None:
-    """`gpuq log -f`: print the log as it grows (from `offset`, else its end) until its job
-    stops running."""
     offset = sp.logs.size(job) if offset is None else offset
     while True:
         running = sp.jobs.find(job.id, ACTIVE) is not None
@@ -96,9 +80,6 @@ def _follow(sp: Spool, job: Job, offset: Optional[int] = None) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    """What a person asks about the job, one labelled line each (engine/views/card.py). The
-    environment inherited from the shell that queued it (tens of variables, tokens included) is
-    only counted: --env lists it; --json is the file as it is, with its state."""
     sp = spool()
     ref, job = actions.get(sp, args.id)
     if args.env:
@@ -114,7 +95,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def show_json(sp: Spool, ref: JobRef, job: Job) -> dict[str, Any]:
-    """`gpuq show ID --json` (also the assistant server's `job` tool): the file, with its state."""
+    """Also the assistant server's `job` tool."""
     shown = dict(job, state=ref.state, file=ref.name, gpu_use=gpuuse.of_job(sp, job.id))
     if isinstance(job.sweep, dict):
         shown["sweep_jobs"] = actions.sweep_jobs(sp, job.sweep["id"])
@@ -122,7 +103,7 @@ def show_json(sp: Spool, ref: JobRef, job: Job) -> dict[str, Any]:
 
 
 def gpus_view(sp: Spool) -> Optional[dict[str, Any]]:
-    """What `gpuq gpus` shows (also the assistant server's `gpus` tool); None without GPUs."""
+    """Also the assistant server's `gpus` tool; None without GPUs."""
     shown = gpuview.current(sp, actions.jobs_in(sp, (RUNNING,)))  # a look of its own if the workers' is old
     if shown is not None and shown.get("worker"):
         gpuview.add_leases(shown)  # the leases as they are now, not as the worker last saw them
@@ -142,17 +123,10 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
 
 def cmd_triage(args: argparse.Namespace) -> int:
-    """Why the job waits or failed, its log's end, its checkpoint and the fixes (engine/views/triage.py)."""
     found = triage(spool(), args.id, args.lines)
     if args.json:
         print(json.dumps(found, indent=2, ensure_ascii=False))
         return 0
-    print("\n".join(_triage_card(found)))
-    return 0
-
-
-def _triage_card(found: dict[str, Any]) -> list[str]:
-    """`gpuq triage`'s text: a few labelled lines, the log's end, then each fix and why."""
     code = found.get("exit_code")
     ckpt = found["checkpoint"]
     step = f" (step {ckpt['step']})" if ckpt["step"] is not None else ""
@@ -173,4 +147,5 @@ def _triage_card(found: dict[str, Any]) -> list[str]:
     out.append("  to fix it:" if found["fixes"] else "  nothing to fix")
     for fix in found["fixes"]:
         out += [f"    {fix['command']}", f"      {fix['why']}"]
-    return out
+    print("\n".join(out))
+    return 0

@@ -8,13 +8,13 @@ import socket
 import sys
 from typing import Any
 
-from gpuq.cli.common import spool
+from gpuq.cli.common import job_ids, spool
 from gpuq.cli.options import RUN
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
+from gpuq.core.states import DONE, HELD, PENDING, RUNNING, SLURM
 from gpuq.core.timespec import parse_memory_mib
 from gpuq.core.words import ids_text, plural
-from gpuq.engine.lifecycle import actions
+from gpuq.engine.lifecycle import actions, enqueue
 from gpuq.engine.schedule import adhoc
 from gpuq.engine.schedule.placement import Request
 from gpuq.system.extras import notify_missing
@@ -28,12 +28,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpuq.run.worker import Settings  # (the same)
 
     settings = Settings(**_settings(args))
-    typed = bool(settings.notify_urls)
-    if not typed:  # the user's default: GPUQ_NOTIFY, else the config file's
-        settings.notify_urls = _default_notify_urls()
-    _check_notify(settings.notify_urls, typed)
+    if not settings.notify_urls:  # the user's default: GPUQ_NOTIFY, else the config file's
+        from gpuq.run.notify import config  # as gpuq.run above: after the dependency check
+
+        try:
+            settings.notify_urls = config.default_urls()
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
+        missing = settings.notify_urls and notify_missing()
+        if missing:  # a worker that a service starts must not stay down for its notifications
+            print(f"gpuq run: warning: {missing}; until then, no job's events are sent", file=sys.stderr)
     sp = spool()
-    _warn_shared_spool(sp)
+    fstype = sp.network_filesystem()  # claims and renames on a network filesystem are only sure on one host
+    here = socket.gethostname()
+    others = [w for w in sp.workers.recorded() if w.get("host") and w.get("host") != here] if fstype else []
+    if others:
+        print(
+            f"gpuq run: warning: the spool {sp.home} is on a network filesystem ({fstype}) and a worker on "
+            f"{others[0]['host']} (pid {others[0].get('pid')}) holds it: run gpuq's workers and commands on one host "
+            "only",
+            file=sys.stderr,
+        )
     if args.daemon:
         pid = daemon.start_background(sp, _forwarded(args))
         print(f"[+] worker started in the background: pid {pid}, log {sp.logs.worker_log_path()}")
@@ -43,8 +58,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The worker's Settings given on the command line (RUN's options that name one), read from
-    their text; a bad one is a UsageError."""
     out = {}
     for opt in RUN.options:
         value = getattr(args, opt.dest)
@@ -54,36 +67,13 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
             out[opt.setting] = value if opt.read is None else opt.read(value, opt.flags[-1])
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    if out["notify_urls"]:  # typed: refused if they cannot be sent, as `add --notify URL`
+        out["notify_urls"] = enqueue.notify_urls(out["notify_urls"], "gpuq run")
     return out
 
 
-def _default_notify_urls() -> list[str]:
-    from gpuq.run.notify import config  # as gpuq.run above: after the dependency check
-
-    try:
-        return config.default_urls()
-    except ValueError as exc:
-        raise Refused(str(exc)) from None
-
-
-def _check_notify(urls: list[str], typed: bool) -> None:
-    """`--notify URL` where Apprise cannot be imported: refused, with the command that installs
-    it. The user's default URLs (GPUQ_NOTIFY, the config file) only get the line on stderr: a
-    worker that a service starts must not stay down for its notifications."""
-    if not urls:
-        return
-    missing = notify_missing()
-    if missing and typed:
-        exc = Refused(f"--notify {urls[0]}: {missing}")
-        exc.prefix = "gpuq run"
-        raise exc
-    if missing:
-        print(f"gpuq run: warning: {missing}; until then, no job's events are sent", file=sys.stderr)
-
-
 def _forwarded(args: argparse.Namespace) -> list[str]:
-    """The options of `gpuq run --daemon` that the background worker gets too: those of a setting,
-    as they were typed."""
+    """The options of `gpuq run --daemon` that the background worker gets too, as typed."""
     out: list[str] = []
     for opt in RUN.options:
         value = getattr(args, opt.dest)
@@ -94,26 +84,8 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def _warn_shared_spool(sp: Any) -> None:
-    """One line on stderr when the spool is on a network filesystem and a worker of another host
-    holds it: claims and renames are only sure on one host (spool_layout.md, section 16)."""
-    fstype = sp.network_filesystem()
-    if fstype is None:
-        return
-    here = socket.gethostname()
-    others = [w for w in sp.workers.recorded() if w.get("host") and w.get("host") != here]
-    if others:
-        w = others[0]
-        print(
-            f"gpuq run: warning: the spool {sp.home} is on a network filesystem ({fstype}) and a worker on "
-            f"{w['host']} (pid {w.get('pid')}) holds it: run gpuq's workers and commands on one host only",
-            file=sys.stderr,
-        )
-
-
 def _check_dependencies() -> None:
-    """A worker without psutil would start jobs whose supervisors die at once: refuse to start,
-    naming what is missing, and leave the jobs pending (gpuq add runs without them)."""
+    """A worker without psutil would start jobs whose supervisors die at once."""
     missing = []
     for name in RUN_NEEDS:
         try:
@@ -154,14 +126,20 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    """Exit 0 once every job waited for is done; 1 (naming the others) when any is not, or at
-    once when the jobs left are pending and no worker is running to start them."""
     sp = spool()
-    ids = sorted({i for group in args.ids for i in group}) or actions.queued_now(sp)
+    ids = sorted(job_ids(args.ids) or (ref.id for ref in sp.jobs.refs((PENDING, RUNNING, HELD, SLURM))))
     if not ids:
         print("nothing queued or running")
         return 0
-    _note_no_worker(sp, ids)
+    # the pending ones will not start after the running ones unless a worker comes
+    states = {i: refs[-1].state for i, refs in sp.jobs.index().items() if i in set(ids)}
+    pending = [i for i, state in states.items() if state == PENDING]
+    if pending and any(state in (RUNNING, SLURM) for state in states.values()) and not sp.workers.live():
+        print(
+            f"gpuq wait: no worker is running; {ids_text(pending)} will not start unless one does "
+            "(`gpuq run --daemon`); waiting for the running ones",
+            file=sys.stderr,
+        )
     waited = actions.wait_for(sp, ids, args.timeout)
     for job_id, (state, why) in sorted(waited.ends.items()):
         if state != DONE and job_id not in waited.stranded:
@@ -180,28 +158,12 @@ def cmd_wait(args: argparse.Namespace) -> int:
     return 1
 
 
-def _note_no_worker(sp: Any, ids: list[int]) -> None:
-    """Before waiting for running jobs: say on stderr that the pending ones among `ids` will not
-    start after them unless a worker comes (wait_for stops once only those are left)."""
-    states = {i: refs[-1].state for i, refs in sp.jobs.index().items() if i in set(ids)}
-    pending = [i for i, state in states.items() if state == PENDING]
-    if pending and any(state in (RUNNING, SLURM) for state in states.values()) and not sp.workers.live():
-        print(
-            f"gpuq wait: no worker is running; {ids_text(pending)} will not start unless one does "
-            "(`gpuq run --daemon`); waiting for the running ones",
-            file=sys.stderr,
-        )
-
-
 def cmd_lease(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         raise UsageError("give the command to run: gpuq lease [--gpus N | --gpu-mem SIZE] -- CMD...")
     if args.gpus == 0:
         raise UsageError("--gpus 0 leases no GPU: run the command without gpuq lease")
-    try:
-        mem = None if args.gpu_mem is None else parse_memory_mib(args.gpu_mem, "--gpu-mem")
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    mem = enqueue.usage(parse_memory_mib, args.gpu_mem, "--gpu-mem")
     request = Request(gpus=1 if args.gpus is None else args.gpus, gpu_mem_mib=mem)
     return adhoc.lease_and_run(cmd, request, wait=not args.no_wait)

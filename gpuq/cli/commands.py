@@ -1,10 +1,8 @@
-"""Every command of the `gpuq` command line, in the order `gpuq --help` lists them: the table that
-parser.py builds argparse's parser from (the vocabulary, `add` and `run` are in options.py).
-"""
+"""Every command of the `gpuq` command line, in the order `gpuq --help` lists them (the vocabulary,
+`add` and `run` are in options.py)."""
 
 from __future__ import annotations
 
-from gpuq.cli.assistant import entry as mcp
 from gpuq.cli.options import (
     ADD,
     APPEND,
@@ -15,8 +13,8 @@ from gpuq.cli.options import (
     RUN,
     Command,
     Opt,
+    counter,
     gpu_count,
-    ids,
     interval,
     positive_id,
 )
@@ -25,25 +23,16 @@ from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDI
 from gpuq.core.sweep import parse_id_ranges
 from gpuq.core.timespec import parse_duration
 
-# ---- value converters (as options.py's: ValueError for a bad value) ----------------------------
-
 
 def job_ids(text: str) -> list[int]:
-    """The job ids of a command that acts on several: as `ids`, the flag's name left out."""
+    """The job ids of a command that acts on several, the flag's name left out."""
     try:
         return parse_id_ranges(text, "ID")
     except ValueError as exc:
         raise ValueError(str(exc).replace("ID: ", "", 1)) from None
 
 
-def pid(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise ValueError(f"not a process id: {text!r}")
-    return int(text)
-
-
 def state_names(text: str) -> tuple[str, ...]:
-    """`_ids --state pending,held`: state names, each checked."""
     names = tuple(name for name in text.split(",") if name)
     unknown = [name for name in names if name not in states.STATES]
     if unknown or not names:
@@ -52,7 +41,6 @@ def state_names(text: str) -> tuple[str, ...]:
 
 
 def finished_states(text: str) -> tuple[str, ...]:
-    """`clear --state done,failed`: finished states only, each checked."""
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     wrong = [name for name in names if name not in states.FINISHED]
     if wrong or not names:
@@ -70,8 +58,7 @@ def age(text: str) -> float:
         raise ValueError(f"cannot read {text!r} as an age; use 7d, 12h, 90m or 1d12h") from None
 
 
-# ---- the commands ----------------------------------------------------------------------------
-
+MCP_CLIENTS = ("claude", "claude-desktop", "codex")  # the clients `gpuq mcp install` knows
 SEVERAL = (
     "Each job named is acted on; one that cannot be is named on stderr with the reason, and the command then exits 1."
 )
@@ -86,7 +73,6 @@ ENDING = (*ACTIVE, SLURM)  # what `wait` waits for: jobs that end without a pers
 def _on_each(
     name: str, handler: str, help: str, *options: Opt, id_states: tuple[str, ...], description: str = ""
 ) -> Command:
-    """A command of several job ids (common.each_id): its description says how it answers."""
     description = description or f"{help[0].upper()}{help[1:]}."
     description = f"{description} {SEVERAL}"
     return Command(
@@ -94,13 +80,13 @@ def _on_each(
     )
 
 
-SLURM = Command(
+SLURM_ACTIONS = Command(
     "slurm",
     help="hand queued jobs to a Slurm cluster (sbatch); the spool keeps their state",
     actions=(
         Command(
             "submit",
-            handler="cmd_slurm:cmd_submit",
+            handler="cmd_tools:cmd_submit",
             help="hand pending jobs to Slurm (sbatch), dependencies kept",
             description="Hand pending jobs to Slurm: each becomes a batch script running its command in its "
             "directory with its environment and venv, --gres=gpu:N from --gpus, --after/--after-any as Slurm "
@@ -125,7 +111,7 @@ SLURM = Command(
         ),
         Command(
             "sync",
-            handler="cmd_slurm:cmd_sync",
+            handler="cmd_tools:cmd_sync",
             help="record what Slurm says of the jobs handed to it (also done by status)",
         ),
     ),
@@ -164,7 +150,7 @@ COMMANDS = (
         "all are done, 1 otherwise, naming the ones that failed, were cancelled, or cannot start by themselves.",
         id_states=ENDING,
         options=(
-            Opt("ids", convert=ids, nargs="*", metavar="ID"),
+            Opt("ids", convert=parse_id_ranges, nargs="*", metavar="ID"),
             Opt("--timeout", convert=float, metavar="S", help="give up after S seconds (exit 1)"),
         ),
     ),
@@ -338,7 +324,7 @@ COMMANDS = (
         "jobs can wait for it (--after). Its exit code cannot be known: when it ends it is recorded as done "
         "with exit_code null, so `--after` on it starts whatever its result.",
         options=(
-            Opt("pid", convert=pid, metavar="PID"),
+            Opt("pid", convert=counter(1, "a process id"), metavar="PID"),
             Opt("--name", help="job name (default: <cwd name>/<script stem>)"),
             Opt("--log", metavar="FILE", help="the log file the process writes (for progress and ETA)"),
         ),
@@ -366,7 +352,7 @@ COMMANDS = (
             ),
         ),
     ),
-    SLURM,
+    SLURM_ACTIONS,
     Command(
         "import",
         handler="cmd_tools:cmd_import",
@@ -386,7 +372,17 @@ COMMANDS = (
             Opt("--force", kind=FLAG, help="replace a copy you changed (yours is kept as .bak)"),
         ),
     ),
-    Command("mcp", handler="assistant.command:cmd_mcp", help=mcp.HELP, options=mcp.OPTIONS),
+    Command(
+        "mcp",
+        handler="assistant.install:cmd_mcp",  # gpuq/cli/assistant/: the server and the SDK only when it runs
+        help="an MCP server on stdio: the queue as tools for an AI assistant (needs the mcp extra)",
+        options=(
+            Opt("action", nargs="?", choices=("install",), help="install: how a client starts it"),
+            Opt("--client", choices=MCP_CLIENTS, help="install: for this client only"),
+            Opt("--write", kind=FLAG, help="install: add it to the client's configuration file (kept as .bak-TIME)"),
+            Opt("--force", kind=FLAG, help="install --write: replace a different gpuq entry"),
+        ),
+    ),
     Command(
         "service",
         handler="cmd_tools:cmd_service",
@@ -416,7 +412,7 @@ COMMANDS = (
     ),
     Command(
         "demo",
-        handler="demo:cmd_demo",
+        handler="cmd_tools:cmd_demo",
         help="queue and run a small example chain in a throw-away spool (no GPU needed)",
     ),
 )

@@ -1,17 +1,12 @@
-"""The options of the `gpuq` command line as data: what a command and an option are, the value
-converters, and the two long lists, `add`'s and `run`'s. cli/commands.py lists every command (these
-two included), and parser.py builds argparse's parser from that list, so that a spelling, a
-default or a converter is written once.
-
-A `Command` names its handler as "module:function" of gpuq.cli, imported only when it runs; its
-`Opt`s are in the order `--help` lists them. A converter raises ValueError with a one-line message.
+"""The command line's options as data (with `add`'s and `run`'s long lists), so that a spelling, a
+default or a converter is written once: parser.py, the MCP server and completion all read it.
+A converter raises ValueError with a one-line message.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from gpuq.core.job import is_url
 from gpuq.core.sweep import parse_id_ranges
 from gpuq.core.timespec import parse_duration, parse_memory_mib, parse_size_bytes
 
@@ -27,8 +22,6 @@ HIDDEN = "==SUPPRESS=="  # the help of an option `--help` does not show (argpars
 
 
 class Opt:
-    """One option (`-d`, `--dir`) or positional (`script`) of a command."""
-
     def __init__(
         self,
         *flags: str,
@@ -44,7 +37,7 @@ class Opt:
         group: Optional[str] = None,
         dash_value: bool = False,
         setting: Optional[str] = None,
-        read: Optional[Callable[[str, str], Any]] = None,
+        read: Optional[Callable[[Any, str], Any]] = None,
         before_script: Optional[str] = None,
     ) -> None:
         self.flags, self.kind, self.convert, self.default, self.const = flags, kind, convert, default, const
@@ -54,10 +47,8 @@ class Opt:
         self.dash_value = dash_value  # its value may start with "-" (`--slurm-opt --time=4:00:00`)
         self.setting = setting  # `gpuq run`: the worker's Settings field it sets (forwarded to a --daemon)
         self.read = read  # `gpuq run`: (text, flag) -> the setting's value; ValueError for bad text
-        # `add`'s options whose loss would change whether or when the job runs (dependencies,
-        # scheduling, --dry-run): what the job would do if the script got the option instead of
-        # gpuq (the original gpuq's `add eval.py --after 1`). After SCRIPT such an option is
-        # refused with this said; any other of gpuq's options there only gets a note.
+        # what the job would do if the script got this option of `add` instead of gpuq (`add eval.py
+        # --after 1`, as the original gpuq allowed): after SCRIPT it is refused, with this said
         self.before_script = before_script
 
     @property
@@ -69,14 +60,14 @@ class Opt:
         return not self.positional and self.kind in (VALUE, APPEND, EXTEND)
 
     def initial(self) -> Any:
-        """The value when not given (a new list for an option that appends)."""
         if self.kind in (APPEND, EXTEND):
             return []
         return False if self.kind in (FLAG, NOTIFY) else self.default
 
 
 class Command:
-    """A command (`add`, or its other name `enqueue`), or with `actions` a group of them (`slurm`)."""
+    """A command and its other names; its handler "module:function" of gpuq.cli is imported only
+    when it runs. With `actions`, a group of commands (`slurm`)."""
 
     def __init__(
         self,
@@ -90,21 +81,8 @@ class Command:
     ) -> None:
         self.names, self.handler, self.help, self.description = names, handler, help, description
         self.options, self.actions = options, actions
-        # the states of the jobs its job ids may name: shell completion offers only their ids
-        # (`gpuq _ids --state ...`); None: any job's
+        # the states of the jobs its ids may name, whose ids shell completion offers; None: any
         self.id_states = id_states
-
-    def option(self, flag: str) -> Optional[Opt]:
-        """The option spelled `flag` exactly (no abbreviation, no `=VALUE`), or None."""
-        return next((opt for opt in self.options if flag in opt.flags and not opt.positional), None)
-
-
-# ---- value converters ------------------------------------------------------------------------
-
-
-def ids(text: str) -> list[int]:
-    """Job ids: `12`, `3,5`, ranges `12-17` (a whole sweep)."""
-    return parse_id_ranges(text)
 
 
 def env_pair(text: str) -> tuple[str, str]:
@@ -124,33 +102,23 @@ def interval(text: str) -> float:
     return value
 
 
-def positive_id(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise ValueError(f"not a job id: {text!r}")
-    return int(text)
+def counter(least: int, what: str) -> Callable[[str], int]:
+    """A converter of a whole number, `least` or more, said `what` it is not."""
+
+    def count(text: str) -> int:
+        if not text.isdigit() or int(text) < least:
+            raise ValueError(f"not {what}: {text!r}")
+        return int(text)
+
+    return count
 
 
-def gpu_count(text: str) -> int:
-    if not text.isdigit():
-        raise ValueError(f"not a number of GPUs: {text!r}")
-    return int(text)
-
-
-def cpu_count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"not a number of CPUs (1 or more): {text!r}")
-    return int(text)
+positive_id = counter(1, "a job id")
+gpu_count = counter(0, "a number of GPUs")
+cpu_count = counter(1, "a number of CPUs (1 or more)")
 
 
 # `gpuq run`'s readers: (text, flag) -> the worker's setting
-
-
-def notify_urls(values: list[str], _flag: str = "") -> list[str]:
-    """`--notify URL`s, each once; ValueError for one that is not SCHEME://..."""
-    for url in values:
-        if not is_url(url):
-            raise ValueError(f"--notify: not a URL such as ntfy://my-topic: {url!r}")
-    return list(dict.fromkeys(values))
 
 
 def gpu_labels(text: str, flag: str) -> list[str]:
@@ -197,7 +165,7 @@ ADD = Command(
         Opt(
             "--after",
             kind=EXTEND,
-            convert=ids,
+            convert=parse_id_ranges,
             metavar="ID",
             before_script=UNWAITED,
             help="start only after job ID finished successfully (repeatable, ID,ID, or a range 12-17)",
@@ -205,7 +173,7 @@ ADD = Command(
         Opt(
             "--after-any",
             kind=EXTEND,
-            convert=ids,
+            convert=parse_id_ranges,
             metavar="ID",
             before_script=UNWAITED,
             help="start after job ID ended, whatever its result",
@@ -387,7 +355,7 @@ RUN = Command(
             help="a desktop notification whenever a job ends; --notify URL: every job's events sent to URL "
             "(see `add --notify`; default: GPUQ_NOTIFY, else notify in ~/.config/gpuq/config.toml)",
         ),
-        Opt("--notify-url", kind=APPEND, setting="notify_urls", read=notify_urls, help=HIDDEN),
+        Opt("--notify-url", kind=APPEND, setting="notify_urls", help=HIDDEN),
         Opt(
             "--max-log-size",
             metavar="SIZE",

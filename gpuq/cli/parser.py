@@ -1,9 +1,5 @@
-"""The `gpuq` command line's argparse parser, built from the table of cli/commands.py.
-
-`parse` builds only the subparser of the command typed (building all of them costs more than most
-commands' own work); `build_parser()` builds all (help, shell completion). Errors are one line
-from the command that gives them (`gpuq add: ...`). `add`'s words from SCRIPT on are the job's
-(argparse.REMAINDER); `check_job_words` is the one look at them for gpuq's own options.
+"""The argparse parser, built from the table of cli/commands.py. `parse` builds only the subparser
+of the command typed (building all of them costs more than most commands' own work).
 """
 
 from __future__ import annotations
@@ -12,12 +8,14 @@ import argparse
 import os
 import shlex
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from gpuq import __version__
 from gpuq.cli.commands import COMMANDS
 from gpuq.cli.options import ADD, CONST, EXTEND, FLAG, HIDDEN, NOTIFY, REST, Command, Opt
 from gpuq.core.errors import GpuqError, UsageError
+
+E = TypeVar("E", bound=GpuqError)
 
 DESCRIPTION = (
     "A GPU job queue for one machine, kept in a spool directory ($GPUQ_HOME, default ~/.gpuq). "
@@ -26,9 +24,8 @@ DESCRIPTION = (
 
 
 class Formatter(argparse.HelpFormatter):
-    """argparse's formatter, told the terminal's width so that it does not import shutil (and bz2,
-    lzma with it) for each argument it checks while the parser is built; `SCRIPT [ARGS...]` shown
-    as such rather than as argparse's `...`."""
+    """Told the terminal's width, so that argparse does not import shutil (and bz2, lzma with it);
+    `SCRIPT [ARGS...]` shown as such rather than as argparse's `...`."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: Any = None):
         super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
@@ -39,20 +36,18 @@ class Formatter(argparse.HelpFormatter):
         return super()._format_args(action, default_metavar)
 
 
-def said_by(prefix: str, exc: GpuqError) -> GpuqError:
-    """`exc`, said by `prefix` (`gpuq add: ...`) rather than by plain `gpuq`."""
+def said_by(prefix: str, exc: E) -> E:
     exc.prefix = prefix
     return exc
 
 
 def _columns() -> int:
-    """shutil.get_terminal_size().columns: $COLUMNS, else the terminal's, else 80."""
     try:
         return int(os.environ["COLUMNS"])
     except (KeyError, ValueError):
         pass
     try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+        return os.get_terminal_size().columns or 80  # stdout's file descriptor, as shutil asks
     except (AttributeError, ValueError, OSError):
         return 80
 
@@ -69,9 +64,8 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise said_by(self.prog, UsageError(f"{message} (see `{self.prog} --help`)"))
 
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
-        """`--slurm-opt --time=4:00:00`: argparse takes a value that starts with `-` for an
-        option, so such an option and its value are made one word first."""
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # argparse takes a value that starts with `-` for an option: made one word with it first
         if self.joined:
             words, args = list(args or []), []
             while words:
@@ -81,9 +75,8 @@ class Parser(argparse.ArgumentParser):
 
 
 class Notify(argparse.Action):
-    """`--notify`: alone, True; with a URL (`--notify URL`, `--notify=URL`), the URL added to
-    `notify_url`. argparse gives it the next word whatever it is: `parse` reads a word that is
-    no URL (`gpuq add --notify python train.py`) as the next of the command line's words."""
+    """`--notify` alone: True; with a URL, the URL added to `notify_url`. argparse gives it the
+    next word whatever it is: `_parse_args` puts back a word that is no URL."""
 
     def __call__(self, parser: Any, namespace: Any, value: Any, option_string: Any = None) -> None:
         if value is None:
@@ -93,7 +86,6 @@ class Notify(argparse.Action):
 
 
 def build_parser(only: Optional[str] = None) -> Parser:
-    """The parser of every command, or with `only` of that command alone."""
     parser = Parser(prog="gpuq", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"gpuq {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -105,7 +97,6 @@ def build_parser(only: Optional[str] = None) -> Parser:
 
 
 def _add_command(sub: Any, name: str, command: Command) -> Parser:
-    """The subparser of `command` under `name`, with its options (and its own commands)."""
     extra = {"help": command.help} if command.help is not None else {}  # one without help is not listed
     p = sub.add_parser(name, description=command.description, **extra)
     groups: dict[str, Any] = {}
@@ -124,7 +115,6 @@ def _add_command(sub: Any, name: str, command: Command) -> Parser:
 
 
 def _argument(opt: Opt) -> dict[str, Any]:
-    """add_argument's keywords for `opt`."""
     out: dict[str, Any] = {"help": argparse.SUPPRESS if opt.help == HIDDEN else opt.help}
     if not opt.positional:
         out["dest"] = opt.dest
@@ -150,8 +140,7 @@ def _argument(opt: Opt) -> dict[str, Any]:
 
 
 def _typed(convert: Any) -> Any:
-    """`convert` as an argparse type: its ValueError's message is the one argparse shows (a plain
-    `int` or `float` keeps argparse's own "invalid int value")."""
+    """`convert` whose ValueError's message is the one argparse shows (`int`, `float`: argparse's own)."""
     if convert in (int, float):
         return convert
 
@@ -165,15 +154,23 @@ def _typed(convert: Any) -> Any:
     return typed
 
 
-def _commands(parser: Parser) -> dict[str, Parser]:
-    return parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     wanted = argv[0] if argv and not argv[0].startswith("-") else None
     parser = build_parser(only=wanted)
-    if wanted is not None and wanted not in _commands(parser):
-        raise _unknown_command(wanted)
+    if wanted is not None and wanted not in subparsers(parser):  # `gpuq stauts`: the command most likely meant
+        import difflib  # only for a command that is not one
+
+        listed = [name for command in COMMANDS if command.help is not None for name in command.names]
+        close = difflib.get_close_matches(wanted, listed, n=1)
+        meant = f"; did you mean {close[0]}?" if close else ""
+        raise said_by("gpuq", UsageError(f"unknown command {wanted!r}{meant} (`gpuq --help` lists the commands)"))
     args = _parse_args(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -184,13 +181,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _parse_args(parser: Parser, argv: list[str]) -> argparse.Namespace:
-    """argparse's reading of `argv`; what the main parser says of a command's words (`gpuq add
-    -n x`: "unrecognized arguments") is said by the command, as its own errors are. `--notify
-    WORD` where WORD is no URL: `--notify` alone, and WORD the command line's next word."""
+    """What the main parser says of a command's words ("unrecognized arguments") is said by the
+    command. `--notify WORD` where WORD is no URL: `--notify` alone, WORD the next word."""
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:
-        if exc.prefix != parser.prog or not argv or argv[0] not in _commands(parser):
+        if exc.prefix != parser.prog or not argv or argv[0] not in subparsers(parser):
             raise
         command = _command_words(argv)
         told = UsageError(str(exc).replace(f"`{parser.prog} --help`", f"`gpuq {command} --help`"))
@@ -203,27 +199,15 @@ def _parse_args(parser: Parser, argv: list[str]) -> argparse.Namespace:
 
 
 def _command_words(argv: list[str]) -> str:
-    """`add`, or with its action `slurm submit`: the command a command line names."""
+    """`add`, or with its action `slurm submit`."""
     command = next((c for c in COMMANDS if argv[0] in c.names), None)
     if command is not None and len(argv) > 1 and any(argv[1] in action.names for action in command.actions):
         return f"{argv[0]} {argv[1]}"
     return argv[0]
 
 
-def _unknown_command(word: str) -> UsageError:
-    """`gpuq stauts`: one line with the command most likely meant, among those `--help` lists
-    (never the hidden ones, as `_ids`)."""
-    import difflib  # only for a command that is not one
-
-    listed = [name for command in COMMANDS if command.help is not None for name in command.names]
-    close = difflib.get_close_matches(word, listed, n=1)
-    meant = f"; did you mean {close[0]}?" if close else ""
-    return said_by("gpuq", UsageError(f"unknown command {word!r}{meant} (`gpuq --help` lists the commands)"))
-
-
 def script_and_args(args: argparse.Namespace, argv: list[str]) -> None:
-    """`add`'s SCRIPT and ARGS (`args.script`, `args.args`) from the words argparse left to the
-    job (a `--` before SCRIPT dropped), checked by `check_job_words`."""
+    """`args.script`, `args.args` from the words argparse left to the job (a `--` before SCRIPT dropped)."""
     words: list[str] = args.cmd
     del args.cmd
     separated = words[:1] == ["--"]
@@ -242,14 +226,13 @@ def script_and_args(args: argparse.Namespace, argv: list[str]) -> None:
 
 
 def check_job_words(command: str, typed: list[str], job: list[str]) -> None:
-    """gpuq's own long options among the job's words (`gpuq add eval.py --after 1`: the original
-    gpuq took them from anywhere on the line). A dependency or scheduling one (Opt.before_script)
-    is refused, as the job would run without it, with the line that works: them before SCRIPT, the
-    rest as typed (a late --json goes with a late --dry-run). Any other gets a note on stderr."""
+    """gpuq's own long options among the job's words (the original gpuq took them from anywhere on
+    the line): one of Opt.before_script is refused with the line that works (a late --json goes
+    with a late --dry-run); any other gets a note on stderr."""
     found, i = [], 1
     while i < len(job):
         name = job[i].split("=", 1)[0]
-        opt = ADD.option(name) if job[i].startswith("--") else None
+        opt = next((o for o in ADD.options if name in o.flags), None) if job[i].startswith("--") else None
         if opt is not None or (name == "--help" and job[i] != "--help"):
             n = 2 if opt is not None and opt.takes_value and "=" not in job[i] else 1
             found.append((i, job[i : i + n], opt))

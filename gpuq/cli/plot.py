@@ -1,10 +1,5 @@
-"""`gpuq history --plot FILE`: a timeline of runs, one lane per GPU, bars coloured by outcome and
-banded inside by GPU utilisation where the job's supervisor recorded it.
-
-matplotlib is an optional extra (`plot`; system/extras.py names the command that installs it),
-imported only by `figure`, so nothing else in gpuq pays for it. The figure is drawn with
-matplotlib's object API (`Figure`, no pyplot), which never opens a display and does not change the
-process's global backend.
+"""`gpuq history --plot FILE`: a timeline of runs, one lane per GPU. matplotlib (an optional extra)
+is imported only by `figure`; its object API (no pyplot) never opens a display.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from gpuq.system.extras import install_command
 FORMATS = (".png", ".svg")
 MISSING = "history --plot needs matplotlib"  # and the command that installs it (system/extras.py)
 # Attempt outcome -> (legend label, colour), in legend order: the states an attempt ends in.
-OUTCOMES = {s.name: (s.label, s.colour) for s in sorted((s for s in TABLE if s.label), key=lambda s: s.legend)}
+OUTCOMES = {s.name: (s.label, s.colour) for s in sorted((s for s in TABLE if s.label), key=lambda s: s.legend or 0)}
 OTHER = ("other", "#bcbd22")
 BAR_GID = "gpuq-run"  # SVG id of each bar: gpuq-run-JOB-N-LANE, N the job's Nth run by start time
 MIN_WIDTH_FRACTION = 0.001  # a 2-second failure stays visible on a week-long axis
@@ -36,19 +31,14 @@ Utilisation = dict[tuple[int, float], dict[str, list[tuple[float, float, float]]
 
 
 class PlotUnavailable(GpuqError, ImportError):
-    """matplotlib is not installed; the message names the extra to install."""
+    """matplotlib is not installed."""
 
 
 def plot(
     runs: Sequence[PastRun], path: str, title: Optional[str] = None, utilisation: Optional[Utilisation] = None
 ) -> None:
-    """Draw `runs` as a timeline into `path` (.png or .svg, chosen by the suffix; ValueError for
-    any other). One lane per GPU (a run on GPUs 0,1 is drawn in both lanes), then "machine" (no GPU
-    detail) and "cpu" lanes; bars coloured by the attempt's outcome, adopted runs hatched
-    (approximate times); a preempted attempt gets a marker at its end, the attempt that resumed
-    it one at its start. A run with spans in `utilisation` gets a band inside its bar coloured
-    by GPU utilisation over time, with a colour bar. No runs gives a valid picture that says so.
-    PlotUnavailable (an ImportError and a GpuqError) when matplotlib is missing."""
+    """Bars coloured by the attempt's outcome, adopted runs hatched (approximate times), markers where
+    a preemption stopped and resumed a job, a band inside a bar for its GPU utilisation."""
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in FORMATS:
         raise ValueError(f"history --plot {path}: the file name must end in .png or .svg")
@@ -56,7 +46,6 @@ def plot(
 
 
 def figure(runs: Sequence[PastRun], title: Optional[str] = None, utilisation: Optional[Utilisation] = None) -> Any:
-    """The matplotlib Figure `plot` saves."""
     try:
         from matplotlib import collections, colors, dates, figure, lines, patches  # the plot extra: here only
     except ImportError:
@@ -76,28 +65,18 @@ def figure(runs: Sequence[PastRun], title: Optional[str] = None, utilisation: Op
         ax.text(0.5, 0.5, "no finished runs in this period", ha="center", va="center", transform=ax.transAxes)
         ax.set_yticks([])
         ax.set_xticks([])
-    ax.set_title(title or _default_title(runs))
+    hours = sum(run.gpu_hours for run in runs)
+    ax.set_title(title or f"gpuq history: {plural(len(runs), 'run')}, {hours:.1f} GPU-hours")
     return fig
 
 
 def lane_order(runs: Sequence[PastRun]) -> list[str]:
-    """GPU lanes by index (numerically when they are numbers), then "machine", then "cpu"."""
     names = {lane for run in runs for lane in run.lanes}
-    gpus = sorted((n for n in names if n not in ("machine", "cpu")), key=lambda n: (not n.isdigit(), _num(n), n))
+    gpus = sorted(
+        (n for n in names if n not in ("machine", "cpu")),
+        key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n),
+    )
     return gpus + [n for n in ("machine", "cpu") if n in names]
-
-
-def _num(text: str) -> int:
-    return int(text) if text.isdigit() else 0
-
-
-def _label(lane: str) -> str:
-    return lane if lane in ("machine", "cpu") else f"GPU {lane}"
-
-
-def _default_title(runs: Sequence[PastRun]) -> str:
-    hours = sum(run.gpu_hours for run in runs)
-    return f"gpuq history: {plural(len(runs), 'run')}, {hours:.1f} GPU-hours"
 
 
 def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mpl: Any, shaded: Utilisation) -> None:
@@ -113,7 +92,7 @@ def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mpl: Any, shaded: 
     bands = _draw_bands(ax, runs, row, num, shaded, mpl)
     if bands is not None:
         ax.figure.colorbar(bands, ax=ax, location="bottom", shrink=0.3, aspect=40, label="GPU utilisation %")
-    ax.set_yticks(range(len(lanes)), [_label(lane) for lane in lanes])
+    ax.set_yticks(range(len(lanes)), [lane if lane in ("machine", "cpu") else f"GPU {lane}" for lane in lanes])
     ax.set_ylim(len(lanes) - 0.5, -0.5)  # first GPU at the top
     locator = mdates.AutoDateLocator(tz=tz)
     ax.xaxis.set_major_locator(locator)
@@ -124,7 +103,7 @@ def _draw(ax: Any, runs: Sequence[PastRun], lanes: list[str], mpl: Any, shaded: 
 
 
 def _draw_bars(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any) -> list[str]:
-    """One bar per run and lane; returns the outcomes drawn, in legend order."""
+    """The outcomes drawn, in legend order."""
     span = max(run.end for run in runs) - min(run.start for run in runs)
     min_days = span * MIN_WIDTH_FRACTION / 86400.0
     # Bar ids number a job's runs by start time: attempt numbers repeat after a retry or recovery
@@ -157,8 +136,7 @@ def _draw_bars(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any) 
 
 
 def _draw_bands(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any, shaded: Utilisation, mpl: Any) -> Any:
-    """The utilisation spans inside the bars, as one collection (thousands of spans stay quick);
-    None when no run has any. A time without a known utilisation has no band there."""
+    """One collection: thousands of spans stay quick."""
     boxes, values = [], []
     for run in runs:
         series = shaded.get((run.job_id, run.start)) or {}
@@ -178,8 +156,6 @@ def _draw_bands(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any,
 
 
 def _mark_preemptions(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any) -> list[tuple[str, str]]:
-    """A marker at the end of each preempted attempt, and at the start of the attempt after it;
-    returns (marker, label) of those drawn."""
     by_job: dict[int, list[PastRun]] = defaultdict(list)
     for run in runs:
         by_job[run.job_id].append(run)

@@ -14,7 +14,6 @@ from gpuq.core.job import Job
 from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, HELD_NOTE, PENDING, RUNNING, SLURM, TABLE
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.words import plural
-from gpuq.system import security
 
 IN_LINE = (RUNNING, PENDING, HELD)  # rows shown first, by id (engine/views/status.py's order)
 NOTE_SHOWN = tuple(state.name for state in TABLE if state.shows_note)  # the states whose Info ends with the note
@@ -23,27 +22,18 @@ SYMBOLS = {state.name: state.glyph for state in TABLE}  # a dict: `status -a` ma
 
 
 def width(text: str) -> int:
-    """Columns a string takes in a terminal (emoji and CJK take two)."""
+    """Columns in a terminal (emoji and CJK take two)."""
     if text.isascii():  # nearly every cell: per-character lookups made `status -a` slow
         return len(text)
-    known = _WIDTHS.get(text)  # the state symbols, on every row
-    if known is None:
-        known = sum(
-            2 if unicodedata.east_asian_width(c) in ("W", "F") else 0 if unicodedata.combining(c) else 1 for c in text
-        )
-        if len(_WIDTHS) < 4096:
-            _WIDTHS[text] = known
-    return known
+    wide = ("W", "F")
+    return sum(2 if unicodedata.east_asian_width(c) in wide else 0 if unicodedata.combining(c) else 1 for c in text)
 
-
-_WIDTHS: dict[str, int] = {}
 
 HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
 
 
 def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = None) -> list[str]:
-    """The table of `rows`, and of `finished` (the spool's FinishedRows: finished rows in id order,
-    as columns) merged in by id after the running, pending and held rows."""
+    """`finished` (the spool's FinishedRows, as columns) merged in by id after the rows in line."""
     now = time.time() if now is None else now
     columns: list[list[str]] = [[title] for title in HEADER]
     tail: list[Any] = []  # rows after those in line, which merge with `finished`
@@ -58,10 +48,11 @@ def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = N
 
 
 def _table(columns: list[list[str]]) -> list[str]:
-    """The lines of a table given as columns whose first cells are the header's. Column by
-    column, with maps rather than a Python step per row: `status -a` shows 100,000 rows."""
+    """Column by column, with maps rather than a Python step per row: `status -a` shows 100,000 rows."""
     ascii_columns = ["".join(column).isascii() for column in columns[:5]]
-    widths = [_column_width(column, plain) for column, plain in zip(columns[:5], ascii_columns)]
+    widths = [
+        max(map(len, column) if plain else map(width, set(column))) for column, plain in zip(columns[:5], ascii_columns)
+    ]
     padded = [
         _padded(column, w, right, plain)
         for column, w, right, plain in zip(columns, widths, (True, False, False, False, True), ascii_columns)
@@ -71,13 +62,7 @@ def _table(columns: list[list[str]]) -> list[str]:
     return lines
 
 
-def _column_width(column: list[str], plain: bool) -> int:
-    return max(map(len, column)) if plain else max(map(width, set(column)))
-
-
 def _padded(column: list[str], columns: int, right: bool, plain: bool) -> list[str]:
-    """The cells of a column filled with spaces to `columns` terminal columns, on the right (or on
-    the left with `right`). `plain`: all of them ASCII, one column per character."""
     if plain:
         return list(map(str.rjust if right else str.ljust, column, repeat(columns)))
     distinct = set(column)
@@ -93,16 +78,21 @@ def _pad(cell: str, columns: int, right: bool) -> str:
 
 
 def _add(columns: list[list[str]], row: Any, now: float) -> None:
-    cells = getattr(row, "cells", None)  # some rows come with their cells
+    job, cells = row.job, getattr(row, "cells", None)  # some rows come with their cells
     if cells is None:
-        cells = row_cells(row.job, row.state, row.wait, getattr(row, "estimate", None), now)
-    for column, cell in zip(columns, (str(row.job.id), SYMBOLS.get(row.state, "?"), *cells)):
+        progress = progress_text(getattr(row, "estimate", None), row.state)
+        cells = [
+            job.name,
+            schema.display_script(job.cmd),
+            duration(elapsed(job, now)),
+            _join(progress, info(job, row.state, row.wait)),
+        ]
+    for column, cell in zip(columns, (str(job.id), SYMBOLS.get(row.state, "?"), *cells)):
         column.append(cell)
 
 
 def _merge_finished(columns: list[list[str]], tail: list[Any], finished: Any, now: float) -> None:
-    """Append the cells of the finished rows, with the few `tail` rows (interrupted, preempted...)
-    put in by id."""
+    """The finished rows' cells, with the few `tail` rows (interrupted, preempted...) put in by id."""
     parts = _finished_cells(finished)
     start = 0
     for row in sorted(tail, key=lambda r: r.job.id):
@@ -116,9 +106,7 @@ def _merge_finished(columns: list[list[str]], tail: list[Any], finished: Any, no
 
 
 def _finished_cells(finished: Any) -> tuple[Any, ...]:
-    """The cells of a FinishedRows, column by column (name, script, seconds, end): the id, the
-    state's symbol, name, script, time and info. Each distinct time and info (a state and an end)
-    is made once: 100,000 rows hold a few hundred."""
+    """Each distinct time and info (a state and an end) is made once: 100,000 rows hold a few hundred."""
     names, scripts, seconds, ends = finished.columns
     states = finished.states
     times = {s: duration(s) for s in set(seconds)}
@@ -132,16 +120,6 @@ def _finished_cells(finished: Any) -> tuple[Any, ...]:
         list(map(times.__getitem__, seconds)),
         list(map(getitem, map(infos.__getitem__, states), ends)),
     )
-
-
-def row_cells(job: Job, state: str, wait: Any, estimate: Any, now: float) -> list[str]:
-    """Name, script, time and info of one status row."""
-    return [
-        job.name,
-        schema.display_script(job.cmd),
-        duration(elapsed(job, now)),
-        _join(progress_text(estimate, state), info(job, state, wait)),
-    ]
 
 
 def elapsed(job: Job, now: float) -> Optional[float]:
@@ -189,7 +167,6 @@ def info(job: Job, state: str, wait: Any = None) -> str:
 
 
 def _dependencies(job: Job) -> str:
-    """`after #3, after-any #4`: --after waits for a success, --after-any for any end."""
     after = ["after " + ", ".join(f"#{d}" for d in job.after)] if job.after else []
     after_any = ["after-any " + ", ".join(f"#{d}" for d in job.after_any)] if job.after_any else []
     return ", ".join(after + after_any)
@@ -206,8 +183,7 @@ def finished_info(
     priority: Optional[int],
     unreadable: str = "",
 ) -> str:
-    """The info cell of a finished job's row (its state and end, as the finished rows hold it), and
-    the end of any row's: how it ended, where, why, its priority."""
+    """The info cell of a finished job's row, and the end of any row's."""
     if unreadable:
         return f"unreadable job file: {unreadable}"
     parts = []
@@ -229,21 +205,23 @@ def finished_info(
 
 
 def slurm_text(mark: dict[str, Any]) -> str:
-    """`slurm 123 PENDING (Dependency)`: the Slurm job, its state and why it waits."""
+    """`slurm 123 PENDING (Dependency)`."""
     reason = f" ({mark['reason']})" if mark.get("reason") else ""
     return f"slurm {mark.get('job_id') or '?'} {mark.get('state') or '?'}{reason}"
 
 
 def damaged_cells(file_name: str, reason: str) -> tuple[str, ...]:
-    """The row of a finished file that is not a valid job: its name and why, never a traceback."""
     return (file_name, "", "", f"unreadable job file: {reason}")
 
 
 BAR_CELLS = 10
 
 
-def progress_bar(fraction: float, cells: int = BAR_CELLS) -> str:
-    """A compact bar: `[████▌     ]`, eighths of a cell where the font has them."""
+def progress_bar(fraction: float, cells: int = BAR_CELLS, unicode: bool = True) -> str:
+    """`[████▌     ]`, eighths of a cell where the font has them; `[####      ]` without."""
+    if not unicode:
+        full = int(round(max(0.0, min(1.0, fraction)) * cells))
+        return "[" + "#" * full + " " * (cells - full) + "]"
     eighths = int(round(max(0.0, min(1.0, fraction)) * cells * 8))
     full, part = divmod(eighths, 8)
     partial = " ▏▎▍▌▋▊▉"[part] if full < cells else ""
@@ -251,8 +229,7 @@ def progress_bar(fraction: float, cells: int = BAR_CELLS) -> str:
 
 
 def progress_text(estimate: Any, state: str, bar: bool = True) -> str:
-    """`[███▌      ] 35% ETA 4m10s` for a running job (without `bar`: `35% ETA 4m10s`),
-    `starts ~2m05s` for a pending one."""
+    """`[███▌      ] 35% ETA 4m10s` for a running job, `starts ~2m05s` for a pending one."""
     if estimate is None:
         return ""
     if state == PENDING:
@@ -270,30 +247,12 @@ def progress_text(estimate: Any, state: str, bar: bool = True) -> str:
     return " ".join(parts)
 
 
-def eta_lines(rows: list[Any]) -> list[str]:
-    """`gpuq eta`: one line per job with its figures and the method behind each."""
-    lines = []
-    for row in rows:
-        est, job = row.estimate, row.job
-        head = f"#{job.id} {job.name} ({row.state}{', adopted' if job.adopted else ''})"
-        if row.state == PENDING:
-            end = f"; ends in ~{duration(est.eta_seconds) or '0s'}" if est.eta_seconds is not None else ""
-            lines.append(f"{head}: {est.method}{end}")
-            continue
-        done = est.reading.text() if est.reading else "progress unknown"
-        when = f"ETA {duration(est.eta_seconds) or '0s'}" if est.eta_seconds is not None else "ETA unknown"
-        lines.append(f"{head}: {done}, {when}")
-        lines.append(f"    method: {est.method}")
-    return lines
-
-
 def _join(*parts: str) -> str:
     return "  ".join(p for p in parts if p)
 
 
 def worker_line(workers: list[dict[str, Any]], outlook: tuple[int, int, int] = (0, 0, 0)) -> str:
-    """The first line of `gpuq status`. Without a worker, what that means for the pending jobs
-    (`outlook`: engine/views/status.Status.outlook)."""
+    """The first line of `gpuq status`; without a worker, what that means for the pending jobs."""
     if not workers:
         return "worker: none running" + _without_worker(*outlook)
     parts = []
@@ -316,29 +275,10 @@ def _without_worker(startable: int, later: int, blocked: int) -> str:
     return ""
 
 
-def hidden_line(hidden: int, failed: int) -> str:
-    """The footer under the newest finished jobs: how many older ones are not shown, and how many
-    of those failed."""
-    of_them = f", {failed} of them failed" if failed else ""
-    return f"({hidden} older finished {'job' if hidden == 1 else 'jobs'} hidden{of_them}: `gpuq status -a`)"
-
-
-def rejected_line(rejected: Any) -> str:
-    """Dropped files rejected since `gpuq rejected` last listed them (engine/views/status.Rejected)."""
-    what = "dropped file" if rejected.count == 1 else "dropped files"
-    reason = f": {security.display(rejected.reason)}" if rejected.reason else ""  # may quote the file's content
-    newest = f"{security.display(rejected.newest)}{reason}"
-    return f"{rejected.count} {what} rejected ({'' if rejected.count == 1 else 'newest: '}{newest}): `gpuq rejected`"
-
-
 def gpu_lines(view: dict[str, Any], now: Optional[float] = None, home: Optional[str] = None) -> list[str]:
-    """One line per GPU: index, name, memory used / total, gpuq's jobs on it, other processes
-    (those under no lease), then one line per lease of it (every user's: engine/schedule/gpuview.py)
-    but those of this spool's (`home`) jobs named already; last, a few lease problems."""
-    now = time.time() if now is None else now
-    age = duration(now - view["at"]) if view.get("at") else ""
-    seen = f"seen {age or '0s'} ago" + (f" by worker {view['worker']}" if view.get("worker") else "")
-    lines = [f"GPUs ({view.get('source')}, {seen})" + (f": {view['problem']}" if view.get("problem") else "")]
+    """One line per GPU, then one per lease of it but those of this spool's (`home`) jobs named
+    already; last, a few lease problems."""
+    lines = [gpu_title(view, time.time() if now is None else now)]
     for gpu in view.get("gpus") or []:
         used = f"{_gib(gpu['memory_used_mib'])}/{_gib(gpu['memory_total_mib'])} GiB"
         parts = [f"  GPU {gpu['index']}  {gpu['name']}  {used}"]
@@ -347,25 +287,30 @@ def gpu_lines(view: dict[str, Any], now: Optional[float] = None, home: Optional[
         if gpu.get("jobs"):
             parts.append("jobs " + " ".join(f"#{j}" for j in gpu["jobs"]))
         foreign = gpu.get("foreign") or []
-        lines.append("  ".join(parts + [f"other: {_process(p)}" for p in foreign if not p.get("lease")]))
+        lines.append("  ".join(parts + [f"other: {process_text(p)}" for p in foreign if not p.get("lease")]))
         for lease in gpu.get("leases") or []:
             if home is None or lease.get("spool") != home or lease.get("job") not in gpu.get("jobs", ()):
-                lines.append("    " + _lease_line(lease, [p for p in foreign if p.get("lease") == lease.get("file")]))
+                size = "leased whole" if lease.get("whole") else f"{_gib(lease.get('mem_mib'))} GiB leased"
+                since = time.strftime("%H:%M", time.localtime(parse_iso(lease.get("since")) or 0))
+                using = [process_text(p, who=False) for p in foreign if p.get("lease") == lease.get("file")]
+                lines.append(
+                    f"    {size} by {lease.get('who')} since {since}" + (f" ({', '.join(using)})" if using else "")
+                )
     problems = view.get("lease_problems") or []  # a hostile directory may hold any number of bad files
     more = [f"and {len(problems) - 3} more lease problems (`gpuq gpus --json`)"] if len(problems) > 3 else []
     return lines + [f"  {problem}" for problem in problems[:3] + more]
 
 
-def _lease_line(lease: dict[str, Any], processes: list[dict[str, Any]]) -> str:
-    """'leased whole by bob's job #12 since 09:14 (pid 4243 30.0 GiB)', '20.0 GiB leased by ...'."""
-    size = "leased whole" if lease.get("whole") else f"{_gib(lease.get('mem_mib'))} GiB leased"
-    since = time.strftime("%H:%M", time.localtime(parse_iso(lease.get("since")) or 0))
-    using = f" ({', '.join(_process(p, who=False) for p in processes)})" if processes else ""
-    return f"{size} by {lease.get('who')} since {since}{using}"
+def gpu_title(view: dict[str, Any], now: float) -> str:
+    at = view.get("at")
+    seen = f"seen {duration(now - at) or '0s'} ago" if at else "not seen"
+    by = f" by worker {view['worker']}" if view.get("worker") else ""
+    problem = f": {view['problem']}" if view.get("problem") else ""
+    return f"GPUs ({view.get('source')}, {seen}{by}){problem}"
 
 
-def _process(proc: dict[str, Any], who: bool = True) -> str:
-    size = f" {_gib(proc['used_memory_mib'])} GiB" if proc.get("used_memory_mib") is not None else ""
+def process_text(proc: dict[str, Any], who: bool = True, unit: str = " GiB") -> str:
+    size = f" {_gib(proc['used_memory_mib'])}{unit}" if proc.get("used_memory_mib") is not None else ""
     return f"pid {proc['pid']}" + (f" ({proc.get('who') or '?'})" if who else "") + size
 
 
@@ -374,8 +319,6 @@ def _gib(mib: Optional[int]) -> str:
 
 
 class SweepRow:
-    """The one line `gpuq status` shows for the jobs of a sweep (`status -a` lists them)."""
-
     __slots__ = ("job", "state", "cells")
     wait = None
     estimate = None
@@ -385,8 +328,7 @@ class SweepRow:
 
 
 def group_sweeps(rows: list[Any]) -> list[Any]:
-    """Rows with each sweep's jobs (two or more of them shown) folded into one SweepRow, where
-    its first job stood, saying how many of them are done, running, waiting and failed."""
+    """Each sweep's jobs (two or more of them shown) folded into one SweepRow, where its first job stood."""
     members: dict[int, list[Any]] = {}
     for row in rows:
         sweep = row.job.sweep
@@ -418,14 +360,10 @@ def _sweep_row(sweep_id: int, group: list[Any]) -> SweepRow:
     base = first.name.split(f" {keys[0]}=", 1)[0] if keys else first.name
     summary = ", ".join(f"{n} {what}" for what, n in counts.items())
     info = f"sweep of {len(group)} over {', '.join(keys)}: {summary} (`gpuq status -a` lists them)"
-    info = _join(_members_progress(group), info)
-    return SweepRow(sweep_id, state, (f"sweep #{sweep_id} {base}", schema.display_script(first.cmd), "", info))
-
-
-def _members_progress(group: list[Any]) -> str:
-    """The progress and ETA of a sweep's running jobs: the bar of one, `#12 35% ETA 4m10s` each of more."""
     running = [row for row in group if row.state == RUNNING and row.estimate is not None]
-    if len(running) == 1:
-        return progress_text(running[0].estimate, RUNNING)
-    shown = ((row.job.id, progress_text(row.estimate, RUNNING, bar=False)) for row in running)
-    return ", ".join(f"#{job_id} {text}" for job_id, text in shown if text)
+    if len(running) == 1:  # its bar; `#12 35% ETA 4m10s` each of more
+        info = _join(progress_text(running[0].estimate, RUNNING), info)
+    else:
+        shown = ((row.job.id, progress_text(row.estimate, RUNNING, bar=False)) for row in running)
+        info = _join(", ".join(f"#{job_id} {text}" for job_id, text in shown if text), info)
+    return SweepRow(sweep_id, state, (f"sweep #{sweep_id} {base}", schema.display_script(first.cmd), "", info))

@@ -1,12 +1,7 @@
-"""`gpuq mcp install [--client C] [--write] [--force]`: what an MCP client needs to start `gpuq mcp`,
-with the absolute path of this gpuq (and GPUQ_HOME when it is set, since a client starts servers
-with its own environment). Printed; with --write added to the client's configuration file.
-
-Writing keeps everything else in the file, copies the old file to FILE.bak-<timestamp> first, and
-refuses (one line) where a `gpuq` entry that differs is there already, unless --force. JSON files
-(Claude Code's ~/.claude.json, Claude Desktop's) are read and written whole; Codex's TOML file is
-edited as text (Python has no TOML writer): the `[mcp_servers.gpuq]` table is appended, or with
---force put in place of the old one.
+"""`gpuq mcp`, which imports the server only once the SDK is known to be there (without it, one line
+says what to install), and `gpuq mcp install`: what a client needs to start it (GPUQ_HOME too: a
+client starts servers with its own environment), printed, or with --write added to its
+configuration file. Codex's TOML file is edited as text: Python has no TOML writer.
 """
 
 from __future__ import annotations
@@ -19,13 +14,55 @@ import shlex
 import shutil
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Optional
 
-from gpuq.cli.assistant.entry import CLIENTS
+from gpuq.cli.commands import MCP_CLIENTS
+from gpuq.cli.parser import said_by
 from gpuq.core.errors import Refused, UsageError
+from gpuq.system.extras import install_command
 
 NAME = "gpuq"  # the server's name in every client's configuration
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    problem = sdk_problem()
+    if args.action == "install":
+        if problem:  # the lines are right all the same: the SDK may be installed afterwards
+            print(f"note: {problem}", file=sys.stderr)
+        if not args.write:
+            for client in [args.client] if args.client else MCP_CLIENTS:
+                print("\n".join(instructions(client)))
+            return 0
+        if not args.client:
+            raise UsageError(f"--write needs --client ({', '.join(MCP_CLIENTS)})")
+        print(write(args.client, args.force))
+        return 0
+    if args.client or args.write or args.force:
+        raise UsageError("--client, --write and --force go with `gpuq mcp install`")
+    if problem:
+        raise said_by("gpuq mcp", Refused(problem))
+    from gpuq.cli.assistant import server  # the SDK (pydantic, anyio): only once it is known to be there
+
+    server.serve()
+    return 0
+
+
+def sdk_problem() -> Optional[str]:
+    """Why the MCP SDK cannot serve here (one line), or None."""
+    if sys.version_info < (3, 10):
+        return f"the MCP SDK needs Python 3.10 or newer; this gpuq runs on {sys.version.split()[0]}"
+    if find_spec("mcp") is None:  # found without importing it (the SDK takes a second to import)
+        return f"the MCP SDK is not installed: {install_command('mcp')}"
+    try:
+        installed = version("mcp")
+    except PackageNotFoundError:  # importable but not installed by pip (a checkout): let it try
+        return None
+    if not installed.split(".")[0].isdigit() or int(installed.split(".")[0]) < 2:  # 1.x: FastMCP, another API
+        return f"the MCP SDK 2 or newer is needed, mcp {installed} is installed: {install_command('mcp')} --upgrade"
+    return None
 
 
 def server_command() -> list[str]:
@@ -73,7 +110,6 @@ def toml_table() -> str:
 
 
 def instructions(client: str) -> list[str]:
-    """What to do by hand for `client`."""
     path = config_path(client)
     if client == "claude":
         env = "".join(f" -e {k}={shlex.quote(v)}" for k, v in server_env().items())
@@ -85,28 +121,19 @@ def instructions(client: str) -> list[str]:
     return [f"Claude Desktop: add to {path}", *(f"  {line}" for line in text.splitlines())]
 
 
-def cmd_install(args: argparse.Namespace, problem: Optional[str]) -> int:
-    """`problem`: why `gpuq mcp` could not serve here (command.sdk_problem), or None."""
-    if problem:  # the lines are right all the same: the SDK may be installed afterwards
-        print(f"note: {problem}", file=sys.stderr)
-    if not args.write:
-        for client in [args.client] if args.client else CLIENTS:
-            print("\n".join(instructions(client)))
-        return 0
-    if not args.client:
-        raise UsageError(f"--write needs --client ({', '.join(CLIENTS)})")
-    print(write(args.client, args.force))
-    return 0
-
-
 def write(client: str, force: bool) -> str:
-    """Add the entry to the client's file; what was done, in one line."""
     path = config_path(client)
     old = path.read_text(encoding="utf-8") if path.exists() else None
     new = _with_toml_entry(path, old, force) if client == "codex" else _with_json_entry(client, path, old, force)
     if new is None:
         return f"{path} already starts this gpuq: nothing to do"
-    backup = _backup(path) if old is not None else None
+    backup = None
+    if old is not None:  # kept beside it, a stamp in its name (and a number if that one is taken)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        backup, n = path.with_name(f"{path.name}.bak-{stamp}"), 1
+        while backup.exists():
+            backup, n = path.with_name(f"{path.name}.bak-{stamp}-{n}"), n + 1
+        shutil.copy2(path, backup)
     _replace(path, new)
     kept = f" (the old file is {backup})" if backup else ""
     return f"added the {NAME} MCP server to {path}{kept}; restart the client to use it"
@@ -137,7 +164,9 @@ def _with_toml_entry(path: Path, old: Optional[str], force: bool) -> Optional[st
     if not any(TABLE.match(line) for line in lines):
         text = "".join(lines)
         return text + ("\n" if text and not text.endswith("\n") else "") + ("\n" if text else "") + toml_table()
-    kept, dropped, dropping = [], [], False
+    kept: list[str] = []
+    dropped: list[str] = []
+    dropping = False
     for line in lines:
         if line.lstrip().startswith("["):
             dropping = bool(TABLE.match(line))
@@ -151,8 +180,6 @@ def _with_toml_entry(path: Path, old: Optional[str], force: bool) -> Optional[st
 
 
 def _same_table(found: str, ours: str) -> bool:
-    """Whether two TOML texts hold the same data (read with tomllib where Python has it), else the
-    same lines, comments and blank lines aside."""
     try:
         import tomllib  # only to compare with an entry that is already there
     except ImportError:  # Python 3.10
@@ -164,17 +191,7 @@ def _same_table(found: str, ours: str) -> bool:
         return False
 
 
-def _backup(path: Path) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    backup, n = path.with_name(f"{path.name}.bak-{stamp}"), 1
-    while backup.exists():
-        backup, n = path.with_name(f"{path.name}.bak-{stamp}-{n}"), n + 1
-    shutil.copy2(path, backup)
-    return backup
-
-
 def _replace(path: Path, text: str) -> None:
-    """Write `text` to `path` at once (a temporary file renamed over it), with the old file's mode."""
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o600
     tmp = path.with_name(f".{path.name}.gpuq-{os.getpid()}")

@@ -1,9 +1,5 @@
-"""The MCP server of `gpuq mcp`, built on the SDK's `MCPServer`: the tools of tools.py, each
-annotated with what it does to the queue, and two resources, the queue and a job's log (bounded).
-
-A tool's result is the JSON its CLI command prints (as text, and as structured content); an error
-is the tool's error (isError) carrying gpuq's one-line message, never a traceback: a gpuq error as
-the CLI says it, anything else as one line naming its type.
+"""The MCP server of `gpuq mcp`: the tools of tools.py and two resources. An error is the tool's
+error carrying gpuq's one-line message, never a traceback.
 """
 
 from __future__ import annotations
@@ -21,11 +17,11 @@ from gpuq.cli.assistant import tools
 from gpuq.core.errors import GpuqError
 
 INSTRUCTIONS = (
-    "gpuq is the GPU job queue of this machine. The read-only tools (queue, job, log_tail, eta, gpus, history, "
-    "triage, add_dry_run) "
-    "are safe to call at any time; every other tool changes the queue: say what it will do and ask the user "
-    "first. Errors are gpuq's one-line messages: report them, do not retry the same call. Nothing starts "
-    "unless a worker runs (the queue tool's jobs wait; `gpuq run --daemon` in a shell starts one)."
+    "gpuq is the GPU job queue of this machine. The read-only tools "
+    f"({', '.join(tool.name for tool in tools.READING)}) are safe to call at any time; every other tool "
+    "changes the queue: say what it will do and ask the user first. Errors are gpuq's one-line messages: "
+    "report them, do not retry the same call. Nothing starts unless a worker runs (the queue tool's jobs "
+    "wait; `gpuq run --daemon` in a shell starts one)."
 )
 
 
@@ -34,7 +30,10 @@ def build() -> MCPServer:
         "gpuq", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING", middleware=[one_line_errors]
     )
     for tool in tools.TOOLS:
-        server.add_tool(_handler(tool), name=tool.name, description=tool.description, annotations=annotations(tool))
+        read = tool.effect == tools.READ  # said in full: the protocol's defaults for the others are destructive
+        hints = {"read_only_hint": read, "destructive_hint": tool.effect == tools.DESTROY, "idempotent_hint": read}
+        annotations = ToolAnnotations(title=tool.cli, open_world_hint=False, **hints)
+        server.add_tool(_handler(tool), name=tool.name, description=tool.description, annotations=annotations)
     server.resource(
         "gpuq://queue",
         name="queue",
@@ -57,45 +56,25 @@ def serve() -> None:
     build().run("stdio")
 
 
-def annotations(tool: tools.Tool) -> ToolAnnotations:
-    """What the client is told of the tool. Said in full: the protocol's defaults for a tool that is
-    not read-only are destructive and not idempotent."""
-    read = tool.effect == tools.READ
-    return ToolAnnotations(
-        title=tool.cli,
-        read_only_hint=read,
-        destructive_hint=tool.effect == tools.DESTROY,
-        idempotent_hint=read,
-        open_world_hint=False,
-    )
-
-
 def _handler(tool: tools.Tool) -> Callable[..., CallToolResult]:
-    """The tool's function as the SDK calls it: its signature (the input schema), its result or
-    its error as a CallToolResult."""
 
     def handler(**arguments: Any) -> CallToolResult:
-        return result_of(tool.run, arguments)
+        try:
+            value = tool.run(**arguments)
+        except Exception as exc:  # noqa: BLE001 - every failure is one line for the assistant
+            return CallToolResult(content=[TextContent(type="text", text=one_line(exc))], is_error=True)
+        text = json.dumps(value, ensure_ascii=False)
+        structured = value if isinstance(value, dict) else {"result": value}
+        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
     handler.__signature__ = tool.signature().replace(return_annotation=CallToolResult)  # type: ignore[attr-defined]
     handler.__name__ = tool.name
     return handler
 
 
-def result_of(run: Callable[..., Any], arguments: dict[str, Any]) -> CallToolResult:
-    try:
-        value = run(**arguments)
-    except Exception as exc:  # noqa: BLE001 - every failure is one line for the assistant
-        return CallToolResult(content=[TextContent(type="text", text=one_line(exc))], is_error=True)
-    text = json.dumps(value, ensure_ascii=False)
-    structured = value if isinstance(value, dict) else {"result": value}
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
-
-
 async def one_line_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
-    """A tool's error in one line also where the SDK wrote it: arguments that do not fit the
-    input schema (pydantic's lines, less the links to its documentation). The result comes here
-    as the dict about to be sent."""
+    """A tool's error in one line also where the SDK wrote it (arguments that do not fit the
+    input schema: pydantic's lines, less its links)."""
     result = await call_next(ctx)
     if isinstance(result, dict) and result.get("isError"):
         for content in result.get("content") or []:
@@ -109,8 +88,6 @@ PYDANTIC_LINK = "For further information visit"
 
 
 def one_line(exc: BaseException) -> str:
-    """What the CLI would say of the error (gpuq's message; an OSError's text and file), else its
-    type and text; on one line whatever it holds."""
     if isinstance(exc, GpuqError):
         text = str(exc)
     elif isinstance(exc, OSError):

@@ -1,48 +1,43 @@
-"""The tools of `gpuq mcp`, as a table: each one the CLI command it stands for (`cli`), whether it
-only reads, changes the queue, or ends or throws away work (`effect`), and the function it runs.
-
-Each function is a thin call into the library functions the CLI command calls, and returns what
-that command's `--json` prints (or, for a command without `--json`, the same fields as a dict). A
-gpuq error (a one-line `GpuqError`) is raised as it is: server.py makes it the tool's error.
-
-The skill (skill/gpuq.md) and these tools are tested against each other (tests/test_mcp.py): every
-tool's command appears in the skill's command lines, and every command there is a tool's or is on
-`CLI_ONLY`, with the reason.
+"""The tools of `gpuq mcp`, as a table: each a thin call into what its CLI command calls, returning
+what that command's `--json` prints. The skill names every tool's command (tests/test_mcp.py).
+`add`'s parameters are read from the options table: an option added there is a parameter here.
 """
 
 from __future__ import annotations
 
 import inspect
 import time
-from typing import Annotated, Any, Callable, NamedTuple, Optional
+from typing import Annotated, Any, Callable, NamedTuple, Optional, get_type_hints
 
 from pydantic import Field
 
 from gpuq.cli import cmd_history, cmd_status, cmd_view
-from gpuq.cli.assistant import changes
 from gpuq.cli.commands import COMMANDS
 from gpuq.cli.common import spool
-from gpuq.core.errors import UsageError
-from gpuq.engine.lifecycle import actions, edit
+from gpuq.cli.options import ADD, FLAG, HIDDEN
+from gpuq.core.errors import GpuqError, Refused, UsageError
+from gpuq.core.states import CANCELLED, HELD, PENDING, PREEMPTED, RUNNING
+from gpuq.engine.lifecycle import actions, edit, enqueue, requests
+from gpuq.engine.lifecycle.dryrun import plan_add
+from gpuq.engine.lifecycle.requests import Done
 from gpuq.engine.schedule import gpuview
 from gpuq.engine.views import finished_index, history
 from gpuq.engine.views.card import not_started
 from gpuq.engine.views.status import status
 from gpuq.engine.views.triage import triage
+from gpuq.spool import Spool
 
 READ, CHANGE, DESTROY = "read", "change", "destroy"  # a tool's effect
 
 LOG_LINES_DEFAULT, LOG_LINES_MAX = 50, 500
 LOG_CHARS_MAX = 64 * 1024  # a log of one endless line (tqdm without \r) must not flood the assistant
-
+JobIds = Annotated[list[int], Field(description="job ids", min_length=1)]
 JobId = Annotated[int, Field(description="the job id", gt=0)]
 
 
 class Tool(NamedTuple):
-    """One tool: `name` (the tool's), `cli` (the command line it stands for), `effect`, `run`
-    (keyword arguments, typed: the SDK builds the input schema from its signature, or from
-    `parameters` where it takes **keywords), `summary` (after the command's own help, unless
-    not `with_help`)."""
+    """The SDK builds the input schema from `run`'s signature, or from `parameters` where it takes
+    **keywords; `summary` follows the command's own help, unless not `with_help`."""
 
     name: str
     cli: str
@@ -53,20 +48,17 @@ class Tool(NamedTuple):
     with_help: bool = True
 
     def signature(self) -> inspect.Signature:
-        """What the tool takes, its annotations evaluated (this module's are strings)."""
         if self.parameters is not None:
             return inspect.Signature(self.parameters())
         return inspect.signature(self.run, eval_str=True)
 
     @property
     def command(self) -> str:
-        """The gpuq command it stands for (`status` for `gpuq status --json`)."""
         return self.cli.split()[1]
 
     @property
     def description(self) -> str:
-        help_text = next((c.help for c in COMMANDS if self.command in c.names), "") if self.with_help else ""
-        help_text = help_text or ""
+        help_text = (next(c.help for c in COMMANDS if self.command in c.names) or "") if self.with_help else ""
         parts = [f"{help_text[:1].upper()}{help_text[1:]}." if help_text else "", self.summary]
         text = " ".join(p for p in parts if p) + f" Stands for `{self.cli}`."
         if self.effect == READ:
@@ -76,7 +68,41 @@ class Tool(NamedTuple):
         return f"{text} Ends or throws away work: confirm with the user before calling it, naming the jobs."
 
 
-# ---- read-only tools --------------------------------------------------------------------------
+def on_ids(
+    name: str,
+    effect: str,
+    request: Any,
+    state: str,
+    said: Callable[[Done], dict[str, Any]] = lambda _d: {},
+    summary: str = "",
+) -> Tool:
+    """The tool of `gpuq NAME ID...`: `ids`, and the flags of the command's options."""
+    flags = [opt for opt in next(c for c in COMMANDS if name in c.names).options if opt.kind == FLAG]
+
+    def run(ids: list[int], **given: bool) -> dict[str, Any]:
+        """When every job was refused, that is the tool's error."""
+        done: list[dict[str, Any]] = []
+        refused: list[dict[str, Any]] = []
+        for job_id, outcome in requests.each(spool(), request(ids=ids, **given)):
+            if isinstance(outcome, GpuqError):
+                refused.append({"id": job_id, "error": str(outcome)})
+            else:
+                done.append(job_said(outcome.job, state, **said(outcome)))
+        if refused and not done:
+            raise Refused("; ".join(r["error"] for r in refused))
+        return {"jobs": done, "refused": refused}
+
+    def parameters() -> list[inspect.Parameter]:
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        return [inspect.Parameter("ids", keyword, annotation=JobIds)] + [
+            inspect.Parameter(opt.dest, keyword, default=False, annotation=Annotated[bool, Field(description=opt.help)])
+            for opt in flags
+        ]
+
+    return Tool(name, f"gpuq {name}", effect, run, summary, parameters)
+
+
+LOST = "The steps since each one's last checkpoint are lost."
 
 
 def queue(all: Annotated[bool, Field(description="every finished job, not only the newest (as -a)")] = False) -> Any:
@@ -102,8 +128,6 @@ def log_tail(
     id: JobId,
     lines: Annotated[int, Field(description=f"how many lines (at most {LOG_LINES_MAX})", ge=1)] = LOG_LINES_DEFAULT,
 ) -> Any:
-    """The last lines of a job's log, read from its end (spool.logs: a bounded number of bytes
-    whatever the log's size), at most LOG_LINES_MAX lines and LOG_CHARS_MAX characters."""
     sp = spool()
     ref, found = actions.get(sp, id)
     why = not_started(sp, ref, found)
@@ -133,10 +157,7 @@ def history_groups(
 ) -> Any:
     if by not in ("dir", "script", "day", "sweep"):
         raise UsageError(f"by: expected dir, script, day or sweep, got {by!r}")
-    try:
-        start = history.parse_since(since, time.time()) if since else None
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    start = enqueue.usage(history.parse_since, since or None, time.time())
     groups = cmd_history.history_groups(finished_index.history_records(spool()), start, by)
     return history.to_json(groups)
 
@@ -146,6 +167,87 @@ def triage_job(
     lines: Annotated[int, Field(description="the log's last lines to give (at most 500)", ge=1)] = 30,
 ) -> Any:
     return triage(spool(), id, lines)
+
+
+NOT_ASKED = ("umask", "shell_env")  # the request's fields the server fills in: its own
+
+
+def add_parameters() -> list[inspect.Parameter]:
+    """The fields of enqueue.Request, each described by the help of its options."""
+    helps: dict[str, list[str]] = {"cmd": ["SCRIPT and ARGS, one word each: a .py file or any command"]}
+    for opt in ADD.options:
+        if opt.help != HIDDEN and not opt.positional:
+            helps.setdefault(opt.dest, []).append(f"`{opt.flags[-1]}`: {opt.help}")
+    helps["notify_url"] = ["URLs its events are sent to, as `--notify URL`"]
+    types = get_type_hints(enqueue.Request)
+    params = []
+    for name in enqueue.Request._fields:
+        if name not in NOT_ASKED:
+            said = "; ".join(helps[name]) + ("" if name == "cmd" else " (gpuq add)")
+            field = Field(description=said, min_length=1 if name == "cmd" else None)
+            default = enqueue.Request._field_defaults.get(name, inspect.Parameter.empty)
+            kind = inspect.Parameter.KEYWORD_ONLY
+            params.append(inspect.Parameter(name, kind, default=default, annotation=Annotated[types[name], field]))
+    return params
+
+
+def add(**given: Any) -> dict[str, Any]:
+    prepared = enqueue.prepare(request(given))
+    sp = spool()
+    running = enqueue.running_jobs(sp) if given.get("urgent") and not given.get("hold") else None
+    published = enqueue.publish(sp, prepared)
+    jobs = [
+        {"id": j.id, "name": j.name, "state": ref.state, "after": j.after, "after_any": j.after_any}
+        for ref, j in published
+    ]
+    out: dict[str, Any] = {
+        "jobs": jobs,
+        "notes": prepared.notes,
+        "warnings": prepared.warnings,
+        "worker_running": bool(sp.workers.live()),
+    }
+    if running is not None:
+        out["urgent_outlook"] = enqueue.urgent_outlook(published[0][1], running)
+    return out
+
+
+def add_dry_run(**given: Any) -> dict[str, Any]:
+    return plan_add(Spool(), request(given))
+
+
+def request(given: dict[str, Any]) -> enqueue.Request:
+    return enqueue.Request(**given)
+
+
+def job_said(job: Any, state: str, **more: Any) -> dict[str, Any]:
+    return dict({"id": job.id, "name": job.name, "state": state}, **more)
+
+
+def preempt_job(
+    id: JobId,
+    timeout: Annotated[float, Field(description="seconds to wait for it to exit", ge=0, le=600)] = 60.0,
+    force: Annotated[bool, Field(description="SIGKILL whatever is left when the timeout is up")] = False,
+) -> dict[str, Any]:
+    outcome = requests.Preempt(id=id, timeout=timeout, force=force).run(spool())
+    job = outcome.job
+    if outcome.state == PREEMPTED:
+        record = (job.preemptions or [{}])[-1]
+        return job_said(job, PREEMPTED, exit_code=job.exit_code, note=job.note, checkpoint=record.get("checkpoint"))
+    if outcome.left and outcome.state == RUNNING and job.pid in outcome.left:
+        raise Refused(f"job #{id} did not exit within {timeout:g}s; left running, unchanged (force=true kills it)")
+    if outcome.left:
+        raise Refused(f"job #{id}: processes {', '.join(map(str, outcome.left))} ignore SIGTERM; it keeps its slot")
+    raise Refused(f"job #{id} ended on its own meanwhile: {outcome.state}")
+
+
+def edit_job(
+    id: JobId,
+    changes: Annotated[
+        list[str], Field(description='KEY=VALUE each, as `gpuq edit --set` (VALUE as JSON: 5, ["a"], or text)')
+    ],
+) -> dict[str, Any]:
+    job, changed = requests.Edit(id=id, changes=changes).run(spool())
+    return {"id": id, "changed": []} if job is None else {"id": id, "name": job.name, "changed": changed}
 
 
 READING = (
@@ -202,11 +304,11 @@ READING = (
         "add_dry_run",
         "gpuq add --dry-run",
         READ,
-        changes.add_dry_run,
+        add_dry_run,
         "What `add` with the same parameters would queue (per job of a sweep: the command, the interpreter found, "
         "directory, environment, GPUs, limits, dependencies) and `would_start`: now, or why not and when. "
         "Nothing is written.",
-        parameters=changes.add_parameters,
+        parameters=add_parameters,
         with_help=False,  # add's help says it queues
     ),
 )
@@ -216,23 +318,23 @@ CHANGING = (
         "add",
         "gpuq add",
         CHANGE,
-        changes.add,
+        add,
         "Takes `cmd` (the script and its arguments, one word each) and every option of `gpuq add` by its "
         "name (dir, gpus, gpu_mem, after, time, sweep, priority, env as an object...). Returns the new ids.",
-        parameters=changes.add_parameters,
+        parameters=add_parameters,
     ),
-    Tool("cancel", "gpuq cancel", DESTROY, changes.cancel),
-    Tool("kill", "gpuq kill", DESTROY, changes.kill, "The steps since each one's last checkpoint are lost."),
-    Tool("hold", "gpuq hold", CHANGE, changes.hold),
-    Tool("release", "gpuq release", CHANGE, changes.release),
-    Tool("retry", "gpuq retry", CHANGE, changes.retry),
-    Tool("preempt", "gpuq preempt", DESTROY, changes.preempt_job, "Steps since its last checkpoint are lost."),
-    Tool("resume", "gpuq resume", CHANGE, changes.resume),
+    on_ids("cancel", DESTROY, requests.Cancel, CANCELLED, lambda d: {"killed": d.killed, "exit_code": d.job.exit_code}),
+    on_ids("kill", DESTROY, requests.Kill, CANCELLED, lambda d: {"exit_code": d.job.exit_code}, LOST),
+    on_ids("hold", CHANGE, requests.Hold, HELD),
+    on_ids("release", CHANGE, requests.Release, PENDING),
+    on_ids("retry", CHANGE, requests.Retry, PENDING, lambda d: {"how": d.how}),
+    Tool("preempt", "gpuq preempt", DESTROY, preempt_job, "Steps since its last checkpoint are lost."),
+    on_ids("resume", CHANGE, requests.Resume, PENDING, lambda d: {"note": d.job.note}),
     Tool(
         "edit",
         "gpuq edit --set",
         CHANGE,
-        changes.edit_job,
+        edit_job,
         f"Change a pending or held job: `changes` are KEY=VALUE pairs of the keys {', '.join(edit.EDITABLE)} "
         "(a dropped job file's), checked as such a file is.",
         with_help=False,  # the command's help names the editor, which a tool has not

@@ -1,8 +1,5 @@
-"""The curses loop of `gpuq top`: a snapshot every --interval seconds and after each action, keys
-read in between (every 0.2 s, so the log view follows and a key answers at once). An action runs in
-a thread of its own (a kill waits up to its grace, a preemption for the job's checkpoint) while
-the screen goes on; `q` waits for it before leaving. curses.wrapper gives the terminal back as it
-found it, whatever happens."""
+"""The curses loop of `gpuq top`, its keys and its log view. An action runs in a thread of its own
+(a kill waits up to its grace, a preemption for the job's checkpoint) while the screen goes on."""
 
 from __future__ import annotations
 
@@ -11,17 +8,106 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Optional
+from collections import deque
+from typing import Any, Callable, NamedTuple, Optional
 
-from gpuq.cli.top import draw, keys, model
-from gpuq.cli.top.logview import LogFollow
+from gpuq.cli.commands import COMMANDS
+from gpuq.cli.top import draw, model
 from gpuq.core.errors import GpuqError, Refused
+from gpuq.core.job import Job
+from gpuq.core.states import ACTIVE, CANCELLED, HELD, PENDING, PREEMPTED
+from gpuq.engine.lifecycle import requests
 from gpuq.spool import Spool
 
 TICK_MS = 200
-ESCAPE = "\x1b"
 UP, DOWN = ("KEY_UP", "k"), ("KEY_DOWN", "j")
 ENTER = ("\n", "\r", "KEY_ENTER", "l")
+KEPT_LINES = 2000  # of a log followed: enough for any screen; the log itself stays in the spool
+
+
+# A key that acts on the selected job makes the request its CLI command makes: refused for the
+# same reasons, in the same words, and for a job in a state other than the command's id_states.
+class Action(NamedTuple):
+    key: str
+    verb: str
+    asks: bool
+    call: Callable[[Spool, int], str]
+
+    @property
+    def states(self) -> tuple[str, ...]:
+        return next(c.id_states or () for c in COMMANDS if self.verb in c.names)
+
+
+def _on(request: Callable[..., requests.OnJobs], said: Callable[[requests.Done], str]) -> Callable[[Spool, int], str]:
+
+    def call(sp: Spool, job_id: int) -> str:
+        done = request(ids=[job_id]).one(sp, job_id, lambda _job_id: None)
+        return f"#{job_id} {done.job.name} {said(done)}"
+
+    return call
+
+
+def _preempt(sp: Spool, job_id: int) -> str:
+    outcome = requests.Preempt(id=job_id).run(sp)  # `gpuq preempt`'s default wait, in the app's worker thread
+    job = outcome.job
+    if outcome.state == PREEMPTED:
+        return f"#{job_id} {job.name} preempted: {job.note} (P resumes it)"
+    if outcome.left:
+        return f"#{job_id} did not stop; left running (`gpuq preempt {job_id} --force` kills what is left)"
+    return f"#{job_id} ended on its own meanwhile: {outcome.state}"
+
+
+ACTIONS = (
+    Action("x", "kill", True, _on(requests.Kill, lambda d: f"killed (exit {d.job.exit_code})")),
+    Action("c", "cancel", True, _on(requests.Cancel, lambda d: CANCELLED)),
+    Action("h", "hold", False, _on(requests.Hold, lambda d: "held (u puts it back in line)")),
+    Action("u", "release", False, _on(requests.Release, lambda d: "back in line")),
+    Action("p", "preempt", True, _preempt),
+    Action("P", "resume", False, _on(requests.Resume, lambda d: f"back in the queue (first in line): {d.how}")),
+    Action("r", "retry", False, _on(requests.Retry, lambda d: f"back in the queue: {d.how}")),
+)
+BY_KEY = {action.key: action for action in ACTIONS}
+
+HELP = [
+    ("up/down, j/k", "select a job"),
+    ("enter, l", "its log, following while it runs (esc or q: back)"),
+    ("x", "kill the running job (asks)"),
+    ("c", "cancel the job; a running one is killed first (asks)"),
+    ("h / u", "hold a pending job / release a held one"),
+    ("p / P", "preempt a running job, keeping its checkpoint (asks) / resume a preempted one"),
+    ("r", "retry a failed or cancelled job"),
+    ("?", "this help"),
+    ("q", "leave (the jobs and the worker go on)"),
+]
+
+
+class LogFollow:
+    def __init__(self, spool: Spool, job: Job, state: str, lines: int = 200) -> None:
+        self.spool, self.job, self.state = spool, job, state
+        self.lines: deque[str] = deque(maxlen=KEPT_LINES)
+        self.partial = ""  # a line not ended yet (a tqdm bar ends it with \r)
+        self.offset = spool.logs.size(job)
+        if self.offset == 0 and state in (PENDING, HELD, CANCELLED):
+            self.lines.append(f"(#{job.id} has not started: no log yet)")
+        else:
+            self.lines.extend(spool.logs.tail_lines(job, lines))
+
+    def title(self) -> str:
+        following = ", following" if self.spool.jobs.find(self.job.id, ACTIVE) is not None else ""
+        return f"log of #{self.job.id} {self.job.name} ({self.state}{following})"
+
+    def poll(self) -> bool:
+        chunk = self.spool.logs.read_from(self.job, self.offset)
+        if not chunk:
+            return False
+        self.offset += len(chunk)
+        text = self.partial + chunk.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+        *complete, self.partial = text.split("\n")
+        self.lines.extend(complete)
+        return True
+
+    def shown(self) -> list[str]:
+        return list(self.lines) + ([self.partial] if self.partial else [])
 
 
 class App:
@@ -30,17 +116,32 @@ class App:
         self.ring = model.Ring()
         self.snap = model.take(spool, self.ring)
         self.next_look = time.monotonic() + interval
-        self.selected: Optional[int] = (self.snap.ids() or [None])[0]
+        self.selected: Optional[int] = next(iter(self.snap.ids()), None)
         self.mode = "list"  # or "log", "help"
         self.log: Optional[LogFollow] = None
-        self.asking: Optional[tuple[keys.Action, int, str]] = None  # the question on the bottom line
+        self.asking: Optional[tuple[Action, int, str]] = None  # the question on the bottom line
         self.bottom: Optional[draw.Line] = None
         self.done: queue.Queue[draw.Line] = queue.Queue()  # outcomes of actions, from their threads
         self.busy: Optional[threading.Thread] = None
 
-    # ---- the loop -------------------------------------------------------------------------
     def run(self, screen: Any) -> None:
-        _setup(screen)
+        try:
+            curses.curs_set(0)
+        except curses.error:
+            pass  # a terminal that cannot hide it
+        if hasattr(curses, "set_escdelay"):
+            curses.set_escdelay(25)  # esc answers at once, not after ncurses' second of waiting for a sequence
+        screen.timeout(TICK_MS)
+        screen.keypad(True)
+        ATTRS.update({draw.TITLE: curses.A_BOLD, draw.HEAD: curses.A_BOLD, draw.SELECTED: curses.A_REVERSE})
+        ATTRS.update({draw.BAD: curses.A_BOLD, draw.WARN: curses.A_BOLD, draw.DIM: curses.A_DIM})
+        if curses.has_colors():
+            curses.start_color()
+            curses.use_default_colors()
+            colours = ((draw.BAD, curses.COLOR_RED), (draw.WARN, curses.COLOR_YELLOW))
+            for number, (attr, colour) in enumerate(colours, 1):
+                curses.init_pair(number, colour, -1)
+                ATTRS[attr] = curses.color_pair(number) | curses.A_BOLD
         while True:
             self.tick()
             self._paint(screen)
@@ -75,7 +176,7 @@ class App:
         view = draw.Screen(width, height, self.selected, self.unicode)
         view.bottom = bottom or self._bottom_line()
         if self.mode == "help":
-            lines = draw.help_frame(keys.HELP, view)
+            lines = draw.help_frame(HELP, view)
         elif self.mode == "log" and self.log is not None:
             lines = draw.log_frame(self.log.title(), self.log.shown(), view)
         else:
@@ -91,10 +192,9 @@ class App:
     def _bottom_line(self) -> Optional[draw.Line]:
         if self.asking is not None:
             action, job_id, name = self.asking  # asked of the job as it was shown, even if a look since lost it
-            return action.question(job_id, name), draw.WARN
+            return f"{action.verb} #{job_id} {name}? [y/N]", draw.WARN
         return self.bottom
 
-    # ---- keys -----------------------------------------------------------------------------
     def press(self, key: str) -> bool:
         """Act on one key; False: leave."""
         if key == "KEY_RESIZE":
@@ -124,26 +224,27 @@ class App:
             line = self._line(self.selected)
             if line.job is not None:
                 self.log, self.mode = LogFollow(self.spool, line.job, line.state), "log"
-        elif key in keys.BY_KEY and self.selected is not None:
-            self._ask(keys.BY_KEY[key], self._line(self.selected))
+        elif key in BY_KEY and self.selected is not None:
+            self._ask(BY_KEY[key], self._line(self.selected))
         return True
 
-    def _ask(self, action: keys.Action, line: model.JobLine) -> None:
+    def _ask(self, action: Action, line: model.JobLine) -> None:
         if self.busy is not None:
             self.bottom = ("one action at a time: the one under way has not finished", draw.WARN)
         elif line.state not in action.states:
-            self.bottom = (keys.refusal(action, line.state, line.job_id), draw.BAD)
+            applies = f"{action.verb} applies to {', '.join(action.states)} jobs"
+            self.bottom = (f"#{line.job_id} is {line.state}: {applies}", draw.BAD)
         elif action.asks:
             self.asking = (action, line.job_id, line.name)  # type: ignore[assignment]
         else:
             self._start(action, line.job_id)  # type: ignore[arg-type]
 
-    def _start(self, action: keys.Action, job_id: int) -> None:
+    def _start(self, action: Action, job_id: int) -> None:
         self.bottom = (f"{action.verb} #{job_id}...", draw.DIM)
         self.busy = threading.Thread(target=self._act, args=(action, job_id), name=f"top-{action.verb}")
         self.busy.start()
 
-    def _act(self, action: keys.Action, job_id: int) -> None:
+    def _act(self, action: Action, job_id: int) -> None:
         try:
             self.done.put((action.call(self.spool, job_id), ""))
         except GpuqError as exc:  # a refusal, in the CLI's words
@@ -163,26 +264,6 @@ class App:
 
 
 ATTRS: dict[str, int] = {}
-
-
-def _setup(screen: Any) -> None:
-    """Hidden cursor, keys polled every tick, colours where the terminal has them."""
-    try:
-        curses.curs_set(0)
-    except curses.error:
-        pass  # a terminal that cannot hide it
-    if hasattr(curses, "set_escdelay"):
-        curses.set_escdelay(25)  # esc answers at once, not after ncurses' second of waiting for a sequence
-    screen.timeout(TICK_MS)
-    screen.keypad(True)
-    ATTRS.update({draw.TITLE: curses.A_BOLD, draw.HEAD: curses.A_BOLD, draw.SELECTED: curses.A_REVERSE})
-    ATTRS.update({draw.BAD: curses.A_BOLD, draw.WARN: curses.A_BOLD, draw.DIM: curses.A_DIM})
-    if curses.has_colors():
-        curses.start_color()
-        curses.use_default_colors()
-        for number, (attr, colour) in enumerate(((draw.BAD, curses.COLOR_RED), (draw.WARN, curses.COLOR_YELLOW)), 1):
-            curses.init_pair(number, colour, -1)
-            ATTRS[attr] = curses.color_pair(number) | curses.A_BOLD
 
 
 def _ascii(text: str) -> str:

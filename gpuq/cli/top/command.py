@@ -1,8 +1,5 @@
-"""`gpuq top`: the machine's GPUs and the queue, live, full screen (curses, from the standard
-library: it works after a plain install and draws its first frame in a fraction of a second, where
-Textual's import alone costs more; bench/top_start.py measures both).
-It only looks and acts through the library calls of the CLI's commands: it starts no worker and
-leaves no process behind."""
+"""`gpuq top`: curses, from the standard library, works after a plain install and draws its first
+frame at once, where Textual's import alone costs more (bench/top_start.py measures both)."""
 
 from __future__ import annotations
 
@@ -15,14 +12,18 @@ import sys
 from gpuq.cli.common import spool
 from gpuq.cli.top import draw, model
 from gpuq.core.errors import Refused, UsageError
-from gpuq.spool import Spool
 
 
 def cmd_top(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise UsageError("--interval must be more than 0 seconds")
-    if args.once:
-        return _once(spool())
+    if args.once:  # one frame, as the screen would show it (the first job selected), less its blank rows
+        size = shutil.get_terminal_size((100, 30))
+        snap = model.take(spool(), model.Ring())
+        frame = draw.frame(snap, draw.Screen(size.columns, size.lines, next(iter(snap.ids()), None), _unicode()))
+        text = "\n".join(line.rstrip() for line, attr in frame if line or attr)
+        print(text if _unicode() else text.encode("ascii", "replace").decode("ascii"))
+        return 0
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("needs a terminal (stdin and stdout); `gpuq top --once` prints one frame")
     try:
@@ -30,18 +31,6 @@ def cmd_top(args: argparse.Namespace) -> int:
     except ImportError as exc:  # a Python built without curses (its _curses module)
         raise Refused(f"gpuq top needs Python's curses module, which this Python lacks ({exc})") from None
     app.run(spool(), args.interval, _unicode())
-    return 0
-
-
-def _once(sp: Spool) -> int:
-    """One frame, as the screen would show it, on stdout (the terminal's size, else $COLUMNS and
-    $LINES, else 100x30)."""
-    size = shutil.get_terminal_size((100, 30))
-    snap = model.take(sp, model.Ring())
-    first = (snap.ids() or [None])[0]  # selected, as on the screen
-    frame = draw.frame(snap, draw.Screen(size.columns, size.lines, first, _unicode()))
-    text = "\n".join(line.rstrip() for line, attr in frame if line or attr)  # not the screen's blank rows
-    print(text if _unicode() else text.encode("ascii", "replace").decode("ascii"))
     return 0
 
 

@@ -1,7 +1,5 @@
-"""The frames of `gpuq top`, pure: a snapshot (model.py), the screen's size and what is selected in,
-a list of (text, attribute) lines out, each at most `width - 1` columns (curses refuses the last
-cell of the screen). Attributes are names (app.py maps them to the terminal's): "" plain, TITLE,
-HEAD, SELECTED, BAD, WARN, DIM. Tested without a terminal (tests/test_top.py)."""
+"""The frames of `gpuq top`, pure, so that they are tested without a terminal: (text, attribute)
+lines, each at most `width - 1` columns (curses refuses the last cell of the screen)."""
 
 from __future__ import annotations
 
@@ -17,24 +15,18 @@ Line = tuple[str, str]
 
 SPARKS = " ▁▂▃▄▅▆▇█"
 ASCII_SPARKS = " .:-=+*#%"
-BAR_CELLS = 10
 HINT = "? help  q quit  enter log  x kill  c cancel  h/u hold/release  p/P preempt/resume  r retry"
 WENT_WRONG = (FAILED, CANCELLED, PREEMPTED, INTERRUPTED)
 WAITING_STATES = tuple(state for state in STATES if state not in FINISHED and state != RUNNING)
 
 
 class Screen:
-    """What the app shows besides the snapshot: the size, the selected job, a question or a
-    message for the bottom line, and whether the terminal takes Unicode blocks."""
-
     def __init__(self, width: int, height: int, selected: Optional[int] = None, unicode: bool = True) -> None:
         self.width, self.height, self.selected, self.unicode = width, height, selected, unicode
         self.bottom: Optional[Line] = None  # a question (WARN) or the outcome of an action
 
 
 def frame(snap: Snapshot, screen: Screen) -> list[Line]:
-    """The whole list view: a title, the GPU panel, the queue (scrolled to keep the selected row
-    in view), and the bottom line."""
     width = max(20, screen.width)
     clock = time.strftime("%H:%M:%S", time.localtime(snap.at))
     head: list[Line] = [(_fit(f"gpuq top  {snap.worker}", width, clock), TITLE)]
@@ -65,8 +57,7 @@ def _gpu_text(gpu: GpuLine, spark: int, unicode: bool) -> str:
 
 
 def sparkline(values: list[Optional[int]], cells: int, unicode: bool = True) -> str:
-    """The newest `cells` percentages as one character each, right-aligned: a space where not known,
-    the lowest mark for anything known below 1/16 (an idle GPU is seen, not blank)."""
+    """A space where not known; the lowest mark for anything known (an idle GPU is seen, not blank)."""
     marks = SPARKS if unicode else ASCII_SPARKS
     shown = values[-cells:]
     text = "".join(" " if v is None else marks[min(8, max(1, round(v * 8 / 100)))] for v in shown)
@@ -74,7 +65,6 @@ def sparkline(values: list[Optional[int]], cells: int, unicode: bool = True) -> 
 
 
 def queue_lines(snap: Snapshot, width: int, screen: Screen) -> list[tuple[str, str, Optional[int]]]:
-    """The queue's sections, each row with the job id it stands for (None: a heading or a sweep)."""
     name_w = max(12, min(30, width // 5))
     out: list[tuple[str, str, Optional[int]]] = []
     sections = (("Running", snap.running), ("Waiting", snap.waiting), ("Finished, newest", snap.finished))
@@ -92,27 +82,18 @@ def queue_lines(snap: Snapshot, width: int, screen: Screen) -> list[tuple[str, s
 
 
 def _row_text(line: JobLine, name_w: int, unicode: bool) -> str:
-    """A row's columns, as wide as its section needs: a running job's bar, ETA and GPU use; a
-    waiting one's start and why it waits; a finished one's run time and end. The reason gets the
-    room that is left."""
     mark = f"#{line.job_id}" if line.job_id is not None else ""
     name = f"{_cut(line.name, name_w + 1):<{name_w}}"
     if line.job_id is None:  # a folded sweep: its summary says its progress and its jobs' states
         return f"{mark:>5} {name} {line.info}"
     if line.state == RUNNING:
-        progress = f"{bar(line.fraction, unicode)} {line.progress}" if line.fraction is not None else line.progress
+        bar = progress_bar(line.fraction, unicode=unicode) if line.fraction is not None else ""
+        progress = f"{bar} {line.progress}" if bar else line.progress
         util = f"{line.util}%" if line.util is not None else ""
         info = "  ".join(part for part in (line.idle, line.info) if part)
         return f"{mark:>5} {name} {progress:<24} {util:>4}  {info}"
     wide = 13 if line.state in WAITING_STATES else 10  # `starts ~4m10s`, `ran 2h10m`
     return f"{mark:>5} {line.state:<9} {name} {line.progress:<{wide}} {line.info}"
-
-
-def bar(fraction: float, unicode: bool = True) -> str:
-    if unicode:
-        return progress_bar(fraction, BAR_CELLS)
-    full = int(round(max(0.0, min(1.0, fraction)) * BAR_CELLS))
-    return "[" + "#" * full + " " * (BAR_CELLS - full) + "]"
 
 
 def _attr(line: JobLine) -> str:
@@ -122,7 +103,6 @@ def _attr(line: JobLine) -> str:
 
 
 def _scrolled(body: list[tuple[str, str, Optional[int]]], room: int, selected: Optional[int]) -> list[Line]:
-    """The `room` lines of `body` that hold the selected row, from the top while they fit."""
     start = 0
     if len(body) > room:
         at = next((n for n, (_t, _a, job_id) in enumerate(body) if job_id is not None and job_id == selected), 0)
@@ -132,7 +112,6 @@ def _scrolled(body: list[tuple[str, str, Optional[int]]], room: int, selected: O
 
 
 def log_frame(title: str, lines: list[str], screen: Screen) -> list[Line]:
-    """The log view: a title, the newest lines that fit, the bottom line."""
     width = max(20, screen.width)
     room = max(1, screen.height - 2)
     shown = [(_cut(text.expandtabs(), width), "") for text in lines[-room:]]
@@ -149,11 +128,9 @@ def help_frame(keys: list[tuple[str, str]], screen: Screen) -> list[Line]:
 
 
 def _cut(text: str, width: int) -> str:
-    """`text` in at most width - 1 columns (the last one of a row is never written)."""
     return text if len(text) < width else text[: width - 2] + "…"
 
 
 def _fit(left: str, width: int, right: str) -> str:
-    """`left` and `right` on one line, `right` at its end, `left` cut to make room."""
     room = width - 1 - len(right) - 2
     return (_cut(left, room + 1) if len(left) > room else left).ljust(room) + "  " + right

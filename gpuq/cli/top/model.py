@@ -1,7 +1,5 @@
-"""What `gpuq top` shows, as plain data: one snapshot of the GPUs and the queue, built only from
-the library calls `gpuq status --json`, `gpuq gpus` and `gpuq log` make, and a small in-memory
-ring of each GPU's recent utilisation and memory for the sparklines (sampled at each refresh;
-nothing of it is written anywhere)."""
+"""What `gpuq top` shows, as plain data, from the library calls `status`, `gpus` and `log` make, and
+an in-memory ring of each GPU's recent utilisation and memory for the sparklines."""
 
 from __future__ import annotations
 
@@ -10,6 +8,7 @@ from collections import deque
 from typing import Any, Optional
 
 from gpuq.cli import render
+from gpuq.core.job import Job
 from gpuq.core.states import FINISHED, PENDING, RUNNING
 from gpuq.core.times import duration
 from gpuq.engine.tracking import gpuuse
@@ -21,8 +20,6 @@ FINISHED_SHOWN = 5  # the newest finished jobs listed (status gives ten)
 
 
 class GpuLine:
-    """One GPU of the panel: its figures now, its recent samples, and who holds it."""
-
     __slots__ = ("index", "name", "util", "used_mib", "total_mib", "holders", "utils", "mems")
 
     def __init__(self, gpu: dict[str, Any], holders: list[str], ring: Ring) -> None:
@@ -42,7 +39,7 @@ class JobLine:
         self.job_id, self.state, self.name, self.progress, self.info = job_id, state, name, progress, info
         self.fraction: Optional[float] = None  # a running job's progress, 0 to 1
         self.util: Optional[int] = None  # mean utilisation of a running job's GPUs now
-        self.job: Optional[dict[str, Any]] = None  # the job's record (its log is found from it)
+        self.job: Optional[Job] = None  # the job's record (its log is found from it)
         self.idle = ""  # a running job that held a GPU idle too long: what `status` says of it
 
 
@@ -59,7 +56,6 @@ class Snapshot:
         self.warnings: list[str] = []
 
     def lines(self) -> list[JobLine]:
-        """Every row in the order shown."""
         return self.running + self.waiting + self.finished
 
     def ids(self) -> list[int]:
@@ -68,8 +64,8 @@ class Snapshot:
 
 
 class Ring:
-    """Per GPU the utilisation and memory (percent of total) of the last RING_SAMPLES looks; a look
-    is added once however many refreshes show it (the workers' view is kept a few seconds)."""
+    """Per GPU the utilisation and memory of the last looks; a look is added once however many
+    refreshes show it (the workers' view is kept a few seconds)."""
 
     def __init__(self, size: int = RING_SAMPLES) -> None:
         self.size = size
@@ -91,8 +87,6 @@ class Ring:
 
 
 def take(spool: Spool, ring: Ring, now: Optional[float] = None) -> Snapshot:
-    """The queue and the GPUs as `gpuq status` reads them now (its GPU view is `gpuq gpus`'s: the
-    workers' if fresh, else a look of this process's own)."""
     now = time.time() if now is None else now
     st = status(spool)
     snap = Snapshot(now, render.worker_line(st.workers, st.outlook(now)))
@@ -108,7 +102,7 @@ def take(spool: Spool, ring: Ring, now: Optional[float] = None) -> Snapshot:
             snap.waiting.append(line)
     snap.finished = sorted(snap.finished, key=lambda line: -(line.job_id or 0))[:FINISHED_SHOWN]
     if st.gpus is not None:
-        snap.gpu_title = _gpu_title(st.gpus, now)
+        snap.gpu_title = render.gpu_title(st.gpus, now)
         names = {row.job.id: row.job.name for row in st.rows if row.state == RUNNING}  # a sweep's too
         snap.gpus = [GpuLine(gpu, holders(gpu, names, spool.home), ring) for gpu in st.gpus["gpus"]]
     snap.warnings = list(st.warnings)
@@ -116,8 +110,6 @@ def take(spool: Spool, ring: Ring, now: Optional[float] = None) -> Snapshot:
 
 
 def _job_line(row: Any, now: float, utils: dict[int, Optional[int]]) -> JobLine:
-    """A status row as top shows it: a sweep folded as `status` folds it, else the job with its
-    progress (running), when it may start (pending) or how long it ran (the others)."""
     if isinstance(row, render.SweepRow):
         name, _script, _time, info = row.cells
         return JobLine(None, row.state, name, "", info)
@@ -140,23 +132,13 @@ def _job_line(row: Any, now: float, utils: dict[int, Optional[int]]) -> JobLine:
     return line
 
 
-def _gpu_title(view: dict[str, Any], now: float) -> str:
-    at = view.get("at")
-    seen = f"seen {duration(now - at) or '0s'} ago" if at else "not seen"
-    by = f" by worker {view['worker']}" if view.get("worker") else ""
-    problem = f": {view['problem']}" if view.get("problem") else ""
-    return f"GPUs ({view.get('source')}, {seen}{by}){problem}"
-
-
 def holders(gpu: dict[str, Any], names: dict[Optional[int], str], home: str) -> list[str]:
-    """Who holds the GPU: gpuq's jobs (`#3 train`), other users' leases and other processes (as
-    `gpuq gpus` names them); a lease of this spool's own job is that job, said once."""
+    """gpuq's jobs, other users' leases and other processes; a lease of this spool's own job is that job."""
     out = [f"#{job_id} {names.get(job_id, '')}".rstrip() for job_id in gpu.get("jobs") or ()]
     for lease in gpu.get("leases") or ():
         if lease.get("spool") != home or lease.get("job") not in (gpu.get("jobs") or ()):
             out.append(f"lease {lease.get('who') or '?'}")
     for proc in gpu.get("foreign") or ():
         if not proc.get("lease"):
-            size = f" {(proc['used_memory_mib'] or 0) / 1024:.1f}G" if proc.get("used_memory_mib") is not None else ""
-            out.append(f"pid {proc['pid']} ({proc.get('who') or '?'}){size}")
+            out.append(render.process_text(proc, unit="G"))
     return out

@@ -1,6 +1,5 @@
-"""What the everyday commands do to jobs and workers, as a library (requests.py is what the
-commands ask of it; `gpuq clear` is clearing.py). Every change to a job is made while holding
-its claim, so it cannot race a worker starting it. Refusals are Refused, with a one-line message.
+"""What the everyday commands do to jobs and workers. Every change to a job is made while holding
+its claim, so it cannot race a worker starting it.
 """
 
 from __future__ import annotations
@@ -44,8 +43,7 @@ PID_WAIT_SECONDS = 5.0  # a job just handed to its supervisor gets its pid withi
 
 
 def running_with_pid(spool: Spool, job_id: int) -> tuple[JobRef, Job]:
-    """A running job, once its supervisor has recorded its pid if it is starting right now (the
-    pid stays null only if the supervisor died in that instant)."""
+    """A running job, once its supervisor has recorded its pid if it is starting right now."""
     ref, job = get(spool, job_id, (RUNNING,))
     deadline = time.monotonic() + PID_WAIT_SECONDS
     while job.pid is None and time.monotonic() < deadline:
@@ -55,9 +53,7 @@ def running_with_pid(spool: Spool, job_id: int) -> tuple[JobRef, Job]:
 
 
 def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: None) -> Job:
-    """The job goes to cancelled/: one waiting (pending, held, preempted, interrupted) at once;
-    one handed to Slurm after scancel; a running one is killed first, as Slurm's scancel does (by
-    `kill`, `killing` told just before)."""
+    """A running job is killed first (`killing` told just before), as Slurm's scancel does."""
     if spool.jobs.find(job_id, (RUNNING,)):
         killing()
         return kill(spool, job_id, action=CANCEL)
@@ -73,7 +69,6 @@ def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: No
 
 
 def hold(spool: Spool, job_id: int) -> Job:
-    """A pending job goes to held/: it never starts (nor do the jobs waiting for it) until released."""
     if spool.jobs.find(job_id, (RUNNING,)):
         raise Refused(
             f"job #{job_id} is running and cannot be held; `gpuq preempt {job_id}` stops it, keeping its checkpoint"
@@ -83,14 +78,12 @@ def hold(spool: Spool, job_id: int) -> Job:
 
 
 def release(spool: Spool, job_id: int) -> Job:
-    """A held job goes back to pending/, in line where its priority and id put it."""
     with claimed(spool, job_id, (HELD,)) as (ref, job):
         return spool.jobs.move(ref, job, PENDING, transitions.release())[1]
 
 
 def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS, action: str = KILL) -> Job:
-    """SIGTERM the running job's process group, SIGKILL after `grace`; it ends in cancelled/,
-    its note saying who asked (`action`: KILL, or CANCEL for `gpuq cancel`)."""
+    """SIGTERM the running job's process group, SIGKILL after `grace`; its note says who asked."""
     _ref, job = running_with_pid(spool, job_id)
     try:
         spool.control.request(job_id, action)
@@ -102,9 +95,8 @@ def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS, action: s
 
 
 def kill_each(spool: Spool, jobs: list[Job]) -> list[tuple[Job, Optional[str]]]:
-    """`gpuq stop --kill-jobs`: kill each of `jobs` (a listing of running/ a moment ago), as
-    (job, None); a job that ended by itself since the listing is not a failure: (job, the state
-    it ended in)."""
+    """`gpuq stop --kill-jobs`: (job, None) each, or (job, the state it ended in) for one that ended
+    by itself since `jobs` were listed."""
     outcomes: list[tuple[Job, Optional[str]]] = []
     for job in jobs:
         try:
@@ -119,8 +111,7 @@ def kill_each(spool: Spool, jobs: list[Job]) -> list[tuple[Job, Optional[str]]]:
 
 
 def wait_until_settled(spool: Spool, job_id: int, timeout: float = 10.0) -> Job:
-    """After a job's process ended: wait for its supervisor to record it (or settle it ourselves
-    if the supervisor is gone) and return the job in its new state."""
+    """The job once its end is recorded (by us if its supervisor is gone)."""
     deadline = time.monotonic() + timeout
     while spool.jobs.find(job_id, (RUNNING,)) is not None:
         repairs.settle_unsupervised(spool, repairs.Report())
@@ -131,88 +122,66 @@ def wait_until_settled(spool: Spool, job_id: int, timeout: float = 10.0) -> Job:
 
 
 def retry(spool: Spool, job_id: int, from_scratch: bool = False) -> tuple[Job, Continuation]:
-    """A failed or cancelled job goes back to pending with the same id, its history kept,
-    continuing from its newest checkpoint unless `from_scratch`."""
-    with claimed(spool, job_id, (FAILED, CANCELLED)) as (ref, job):
+    return _requeue(spool, job_id, (FAILED, CANCELLED), "retried by user", from_scratch)
+
+
+def _requeue(
+    spool: Spool, job_id: int, states: tuple[str, ...], why: str, from_scratch: bool
+) -> tuple[Job, Continuation]:
+    """Back to pending with the same id, its history kept, from its newest checkpoint unless `from_scratch`."""
+    with claimed(spool, job_id, states) as (ref, job):
         how = continuation.plan(spool, job, from_scratch)
-        changes = transitions.requeue(job, f"retried by user; {how.text()}", how)
+        changes = transitions.requeue(job, f"{why}; {how.text()}", how)
         return spool.jobs.move(ref, job, PENDING, changes)[1], how
 
 
-def interrupted(spool: Spool) -> list[Job]:
-    return [job for _ref, job in spool.jobs.load_many(INTERRUPTED)]
-
-
 def reached_their_end(spool: Spool) -> list[tuple[Job, str]]:
-    """The interrupted jobs whose last attempt had reached its end (its progress or log says so:
-    `step 10/10`) when it and its supervisor were killed: a re-run would do the work again, so
-    only a person who names them re-queues them (`recover --jobs ID`, `resume ID`)."""
-    ended = ((job, continuation.reached_end(spool, job)) for job in interrupted(spool))
+    """The interrupted jobs whose last attempt had reached its end (`step 10/10`): a re-run would do
+    the work again, so only a person who names them re-queues them."""
+    ended = ((job, continuation.reached_end(spool, job)) for job in jobs_in(spool, (INTERRUPTED,)))
     return [(job, reached) for job, reached in ended if reached]
 
 
 def to_recover(spool: Spool) -> list[Job]:
-    """The interrupted jobs a plain `recover` (or `--all`) re-queues: all but those that reached their end."""
     ended = {job.id for job, _reached in reached_their_end(spool)}
-    return [job for job in interrupted(spool) if job.id not in ended]
+    return [job for job in jobs_in(spool, (INTERRUPTED,)) if job.id not in ended]
 
 
-def recover(
-    spool: Spool, ids: Optional[list[int]] = None, from_scratch: bool = False
-) -> list[tuple[Job, Continuation]]:
-    """Interrupted jobs (`ids`, or all but those that reached their end) go back to pending,
-    keeping id, dependencies and history, each continuing from its newest checkpoint unless
-    `from_scratch`."""
-    targets = ids if ids is not None else [job.id for job in to_recover(spool)]
-    out = []
-    for job_id in targets:
-        with claimed(spool, job_id, (INTERRUPTED,)) as (ref, job):
-            how = continuation.plan(spool, job, from_scratch)
-            changes = transitions.requeue(job, f"recovered after interruption; {how.text()}", how)
-            out.append((spool.jobs.move(ref, job, PENDING, changes)[1], how))
-    return out
+def recover(spool: Spool, job_id: int, from_scratch: bool = False) -> tuple[Job, Continuation]:
+    return _requeue(spool, job_id, (INTERRUPTED,), "recovered after interruption", from_scratch)
 
 
 def recovery_plans(spool: Spool, from_scratch: bool = False) -> list[tuple[Job, Continuation]]:
-    """What a plain `recover` would do with each interrupted job it re-queues, without doing it."""
     return [(job, continuation.plan(spool, job, from_scratch)) for job in to_recover(spool)]
 
 
-def recover_at_start(
-    spool: Spool,
-) -> tuple[list[tuple[Job, Continuation]], list[tuple[Job, str]]]:
-    """`gpuq run --recover`: interrupted jobs back in the queue as the worker starts (after a
-    reboot). Left for a person, each with why: a job interrupted more times in a row than its
-    --retries allow (a job that takes the machine down with it), and one that had reached its
-    end (its work is done; only its exit code is unknown). Returns (recovered, left)."""
+def recover_at_start(spool: Spool) -> tuple[list[tuple[Job, Continuation]], list[tuple[Job, str]]]:
+    """`gpuq run --recover`: (recovered, left). Left for a person, with why: a job interrupted more
+    times in a row than its --retries allow (one that takes the machine down with it), and one
+    that had reached its end."""
     recovered: list[tuple[Job, Continuation]] = []
     left = [(job, repairs.reached_end_text(reached)) for job, reached in reached_their_end(spool)]
     ended = {job.id for job, _why in left}
-    for job in interrupted(spool):
+    for job in jobs_in(spool, (INTERRUPTED,)):
         if job.id in ended:
             continue
-        if _interrupted_in_a_row(job) > job.retries:
+        in_a_row = 0
+        for entry in reversed(job.history[:-1]):
+            if entry.get("outcome") != INTERRUPTED:
+                break
+            in_a_row += 1
+        if in_a_row > job.retries:
             left.append((job, "interrupted again"))
             continue
         try:
-            recovered += recover(spool, [job.id])
+            recovered.append(recover(spool, job.id))
         except Refused:
             continue  # being changed right now: a person is on it
     return recovered, left
 
 
-def _interrupted_in_a_row(job: Job) -> int:
-    """How many of the job's latest attempts ended interrupted, the last one excepted."""
-    count = 0
-    for entry in reversed(job.history[:-1]):
-        if entry.get("outcome") != INTERRUPTED:
-            break
-        count += 1
-    return count
-
-
 def sweep_jobs(spool: Spool, sweep_id: int) -> list[dict[str, Any]]:
-    """The jobs of a sweep (consecutive ids from `sweep_id`): id, name, state and values of each."""
+    """The jobs of a sweep (consecutive ids from `sweep_id`)."""
     out = []
     index = spool.jobs.index()
     job_id = sweep_id
@@ -232,12 +201,7 @@ def sweep_jobs(spool: Spool, sweep_id: int) -> list[dict[str, Any]]:
 
 def stop_workers(spool: Spool, timeout: float = 10.0) -> list[dict[str, Any]]:
     """SIGTERM every live worker and wait for them to exit. Jobs are left running."""
-    workers = spool.workers.live()
-    for info in workers:
-        try:
-            os.kill(int(info["pid"]), signal.SIGTERM)
-        except (ProcessLookupError, KeyError, ValueError):
-            pass
+    workers = _signal_workers(spool, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while spool.workers.live():
         if time.monotonic() > deadline:
@@ -247,11 +211,15 @@ def stop_workers(spool: Spool, timeout: float = 10.0) -> list[dict[str, Any]]:
 
 
 def drain_workers(spool: Spool) -> list[dict[str, Any]]:
-    """Ask every live worker to start nothing new and to exit once its jobs have ended (SIGUSR1)."""
+    """Ask every live worker to start nothing new and to exit once its jobs have ended."""
+    return _signal_workers(spool, signal.SIGUSR1)
+
+
+def _signal_workers(spool: Spool, signum: int) -> list[dict[str, Any]]:
     workers = spool.workers.live()
     for info in workers:
         try:
-            os.kill(int(info["pid"]), signal.SIGUSR1)
+            os.kill(int(info["pid"]), signum)
         except (ProcessLookupError, KeyError, ValueError):
             pass
     return workers
@@ -260,7 +228,7 @@ def drain_workers(spool: Spool) -> list[dict[str, Any]]:
 @dataclass
 class Waited:
     """How the jobs `gpuq wait` waited for ended: id -> (state, why it is not done, or None).
-    `stranded`: the pending jobs it stopped waiting for because no worker is running to start them."""
+    `stranded`: pending jobs no worker is running to start."""
 
     ends: dict[int, tuple[str, Optional[str]]] = field(default_factory=dict)
     stranded: list[int] = field(default_factory=list)
@@ -270,16 +238,10 @@ class Waited:
         return all(state == DONE for state, _why in self.ends.values())
 
 
-def queued_now(spool: Spool) -> list[int]:
-    """The jobs `gpuq wait` waits for by default: every job queued, held or running now (here or on Slurm)."""
-    return sorted(ref.id for ref in spool.jobs.refs((PENDING, RUNNING, HELD, SLURM)))
-
-
 def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll: float = 0.5) -> Waited:
-    """Block until each job has ended (or can no longer start without a person: failed
-    dependency, held, preempted, interrupted) or `timeout` passes. Refused for an unknown id.
-    While a job waited for runs (its supervisor goes on without a worker), wait; once every job
-    left is pending and no worker is running, nothing will start them: stop (`stranded`)."""
+    """Block until each job has ended (or can no longer start without a person) or `timeout`
+    passes. A running job is waited for even without a worker (its supervisor goes on); once every
+    job left is pending and no worker runs, nothing will start them: stop (`stranded`)."""
     index = spool.jobs.index()
     unknown = [i for i in ids if i not in index]
     if unknown:
@@ -290,7 +252,10 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
     while True:
         repairs.settle_unsupervised(spool, repairs.Report())  # a dead job ends as soon as we look
         if left & {ref.id for ref in spool.jobs.refs((SLURM,))}:
-            _sync_slurm(spool)
+            try:  # jobs on Slurm end when Slurm says so; one that does not answer is asked again later
+                slurm_handover.sync(spool)
+            except GpuqError:
+                pass
         snap, _ = read_queue(spool, cache)
         reasons = scheduler.waiting_reasons(snap)
         for job_id in sorted(left):
@@ -312,14 +277,6 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
                 out.ends[job_id] = (snap.states.get(job_id, "gone"), "still waiting when --timeout ran out")
             return out
         time.sleep(poll)
-
-
-def _sync_slurm(spool: Spool) -> None:
-    """Jobs on Slurm end when Slurm says so: ask it (a Slurm that does not answer: ask again later)."""
-    try:
-        slurm_handover.sync(spool)
-    except GpuqError:
-        pass
 
 
 def _why_not_done(spool: Spool, job_id: int, state: Optional[str]) -> str:

@@ -1,12 +1,6 @@
-"""`gpuq clear`: remove finished jobs and their logs (or only the logs), chosen by state and age,
-keeping what `gpuq history` counts and what the ETA learns from them (spool_layout.md, section 1,
-"What clear keeps").
-
-Before a job's file goes, its record (its runs, its run time, the tail its run took after its
-last step) is appended to the spool's `kept-runs` and synced; history and the ETA read those
-records beside the finished jobs that are left. A finished job that a waiting job depends on is
-kept, so the dependent is not stranded. Everything else it does is a deletion: on a full disk the
-logs go first, which makes the room the records need; jobs whose records still find none are left.
+"""`gpuq clear`: remove finished jobs and their logs, keeping what `gpuq history` counts and what
+the ETA learns from them: before a job's file goes, its record is appended to the spool's
+`kept-runs`, synced. On a full disk the logs go first, which makes the room the records need.
 """
 
 from __future__ import annotations
@@ -27,13 +21,10 @@ BATCH = 256  # jobs whose claims are held at once while their records are kept a
 
 @dataclass
 class Selection:
-    """The finished jobs a clear would remove, and those it keeps because waiting jobs depend on them."""
-
     refs: list[JobRef] = field(default_factory=list)
     kept_for_dependents: list[int] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        """How many of each finished state, in the states' order; a state with none is not named."""
         return {state: n for state in FINISHED if (n := sum(ref.state == state for ref in self.refs))}
 
 
@@ -49,8 +40,7 @@ class ClearReport:
 def select(
     spool: Spool, states: tuple[str, ...] = FINISHED, older_than: Optional[float] = None, now: Optional[float] = None
 ) -> Selection:
-    """The finished jobs of `states` that ended more than `older_than` seconds ago (None: any),
-    less those a pending or running job waits for. A job whose end is unknown is not old."""
+    """Less those a pending or running job waits for. A job whose end is unknown is not old."""
     if any(state not in FINISHED for state in states):
         raise ValueError(f"only finished jobs are cleared ({', '.join(FINISHED)}), not {states}")
     now = time.time() if now is None else now
@@ -60,24 +50,21 @@ def select(
     for ref in spool.jobs.refs(states):
         if ref.id in needed:
             chosen.kept_for_dependents.append(ref.id)
-        elif older_than is None or _ended_before(spool, ref, now - older_than):
+        elif older_than is None:
             chosen.refs.append(ref)
+        else:  # a job gone, or not a job, has no age that can be told: not old
+            try:
+                job = spool.jobs.load(ref)
+            except (FileNotFoundError, schema.InvalidJob):
+                continue
+            ended = runs.parse_time(job.finished_at) or runs.parse_time(job.created_at)
+            if ended is not None and ended < now - older_than:
+                chosen.refs.append(ref)
     return chosen
 
 
-def _ended_before(spool: Spool, ref: JobRef, cutoff: float) -> bool:
-    try:
-        job = spool.jobs.load(ref)
-    except (FileNotFoundError, schema.InvalidJob):
-        return False  # gone, or not a job: its age cannot be told
-    ended = runs.parse_time(job.finished_at) or runs.parse_time(job.created_at)
-    return ended is not None and ended < cutoff
-
-
 def clear(spool: Spool, chosen: Selection, logs_only: bool = False) -> ClearReport:
-    """Remove the jobs of `chosen` (each still where it was chosen), their logs and progress
-    files, once their records are kept; with `logs_only` only their logs. Only a job's own claim
-    is taken, empty (no room needed)."""
+    """Remove the jobs of `chosen` still where they were chosen, once their records are kept."""
     report = ClearReport(kept_for_dependents=list(chosen.kept_for_dependents))
     if logs_only:
         for ref in chosen.refs:
@@ -103,9 +90,16 @@ def _clear_batch(spool: Spool, refs: list[JobRef], report: ClearReport) -> None:
             if spool.jobs.find(ref.id, (ref.state,)) == ref:
                 ready.append(ref)
         records = [record for record in (record_of(spool, ref) for ref in ready) if record is not None]
-        if not _keep(spool, records, ready, report):
-            report.no_room += [ref.id for ref in ready]
-            return
+        for attempt in range(2 if records else 0):  # appended durably; on a full disk, the jobs' logs go first
+            try:
+                spool.files.with_room(lambda: spool.kept.append(records))
+                break
+            except SpoolFull:
+                if attempt:
+                    report.no_room += [ref.id for ref in ready]
+                    return
+                for ref in ready:
+                    report.freed_bytes += spool.delete_log(ref.id)
         for ref in ready:
             spool.jobs.remove(ref)
             report.freed_bytes += spool.delete_outputs(ref.id)
@@ -115,26 +109,8 @@ def _clear_batch(spool: Spool, refs: list[JobRef], report: ClearReport) -> None:
             claim.release()
 
 
-def _keep(spool: Spool, records: list[tuple[Any, ...]], refs: list[JobRef], report: ClearReport) -> bool:
-    """Append the records durably; on a full disk, first make room by dropping the jobs' logs.
-    False when there is still none (the jobs are then left, logs dropped)."""
-    if not records:
-        return True
-    for attempt in range(2):
-        try:
-            spool.files.with_room(lambda: spool.kept.append(records))
-            return True
-        except SpoolFull:
-            if attempt:
-                return False
-            for ref in refs:
-                report.freed_bytes += spool.delete_log(ref.id)
-    return False
-
-
 def record_of(spool: Spool, ref: JobRef) -> Optional[tuple[Any, ...]]:
-    """What clear keeps of a finished job (spool/kept.py's RECORD), or None when there is nothing
-    to keep (a job that never ran: no runs, no run time) or its file is not a job."""
+    """What clear keeps of a finished job (spool/kept.py's RECORD), or None for a job that never ran."""
     try:
         job = spool.jobs.load(ref)
     except (FileNotFoundError, schema.InvalidJob):

@@ -1,49 +1,81 @@
-"""`gpuq add --dry-run`: what an `add` would queue and whether and when it would start, with
-nothing written.
-
-The request goes through the same `enqueue.prepare` as a real `add` (the same checks, the same
-one-line errors, the same interpreter found), and through the checks `publish` makes before it
-writes (the GPUs this machine has, the dependencies that exist); then, instead of publishing,
-the jobs are put into an in-memory copy of the queue, where the scheduler says why each would
-wait and the queue's ETA (engine/tracking/queue_eta.py) when it would start. Nothing is written
-to the spool: no id is taken (the ids shown are those the next `add` would get, unreserved), no
-job file, no cache (git's answer about the code, the ETA's samples, the finished rows' caches
-are read, never made), and a spool that does not exist yet is not created.
+"""`gpuq add --dry-run`: the request goes through the same `enqueue.prepare` and `enqueue.check` as
+a real `add`; then, instead of publishing, the jobs join an in-memory copy of the queue, where the
+scheduler and the queue's ETA say whether and when each would start. Nothing is written: no id
+taken, no cache made, no spool created. `show` prints it for `gpuq add --dry-run`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import sys
 import time
+from functools import partial
 from typing import Any, Optional
 
 from gpuq.core import jobenv
 from gpuq.core.job import Job
 from gpuq.core.states import HELD, PENDING
+from gpuq.core.timespec import format_duration
+from gpuq.core.words import plural
 from gpuq.engine.lifecycle import enqueue
 from gpuq.engine.schedule import gpuview, hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import eta, queue_eta
+from gpuq.engine.views.card import FOUND_BY
 from gpuq.engine.views.status import gpu_waits, space_waits
 from gpuq.spool import Spool
 
 
-class _ReadOnlyCache:
-    """The spool's cache/ for git's answer about the code: read as `add` reads it, never written."""
+def show(request: enqueue.Request, as_json: bool) -> int:
+    plan = plan_add(Spool(), request)
+    if as_json:
+        print(json.dumps(plan, indent=2, ensure_ascii=False))
+        return 0
+    for warning in plan["warnings"]:
+        print(warning, file=sys.stderr)
+    print(f"would queue {plural(len(plan['jobs']), 'job')} (--dry-run: nothing queued):")
+    for job in plan["jobs"]:
+        print("\n".join(_planned_lines(job)))
+    for note in plan["notes"]:
+        print(note)
+    return 0
 
-    def __init__(self, spool: Spool) -> None:
-        self.read = spool.cache.read
 
-    def write(self, name: str, data: bytes) -> None:
-        pass
+def _planned_lines(job: dict[str, Any]) -> list[str]:
+    how = job["interpreter_from"]
+    found = f" (from {FOUND_BY.get(how, how)})" if how else ""
+    gpus = "a CPU job" if job["gpus"] == 0 else plural(job["gpus"], "GPU")
+    if job["gpu_mem_mib"]:
+        gpus += f", {job['gpu_mem_mib']} MiB each"
+    limits = [gpus]
+    if job["mem_mib"]:
+        limits.append(f"{hostroom.size_text(job['mem_mib'])} host memory")
+    if job["cpus"]:
+        limits.append(plural(job["cpus"], "CPU"))
+    if job["time_limit_seconds"]:
+        limits.append(f"time limit {format_duration(job['time_limit_seconds'])}")
+    deps = job["after"] + job["after_any"]
+    limits += [f"after {', '.join(f'#{d}' for d in deps)}"] if deps else []
+    limits += [f"begins {job['begin_at']}"] if job["begin_at"] else []
+    start = job["would_start"]
+    when = "would start now" if start["now"] else f"would not start now: {start['why_not']}"
+    said = start["estimate"].startswith("unknown") or bool(start["why_not"] and start["why_not"] in start["estimate"])
+    return [
+        f"  #{job['id']} {job['name']}{'  (held)' if job['state'] == HELD else ''}",
+        f"    command    {job['command_line']}",
+        f"    directory  {job['cwd']}",
+        *([f"    python     {job['interpreter']}{found}"] if job["interpreter"] else []),
+        f"    env        {' '.join(f'{k}={shlex.quote(v)}' for k, v in job['env'].items())}",
+        f"    needs      {'; '.join(limits)}",
+        f"    {when}" + ("" if said else f" ({start['estimate']})"),
+    ]
 
 
 def plan_add(spool: Spool, request: enqueue.Request) -> dict[str, Any]:
-    """What `add` would queue for `request`, one entry per job (a sweep's variants each), and
-    whether and when each would start; UsageError or Refused (one line) where `add` would give
-    them. JSON-ready: {"dry_run", "jobs": [...], "notes", "warnings"}."""
-    prepared = enqueue.prepare(request, git_cache=_ReadOnlyCache(spool))
+    """JSON-ready: {"dry_run", "jobs": [...], "notes", "warnings"}."""
+    prepared = enqueue.prepare(request)
     exists = os.path.isdir(spool.layout.internal_dir("workers"))  # a spool made (its last parts too)
     enqueue.check(spool, prepared, spool.workers.gpu_views(tidy=False) if exists else None, gpus=exists)
     fields = {k: v for k, v in prepared.fields.items() if k != "state"}
@@ -62,7 +94,6 @@ def plan_add(spool: Spool, request: enqueue.Request) -> dict[str, Any]:
 
 
 def _entry(job: Job, fields: dict[str, Any], starts: dict[str, Any]) -> dict[str, Any]:
-    """One job of the plan, as a person or an assistant checks it before queueing it."""
     snapshot = (fields["options"] or {}).get("snapshot")
     return {
         "id": job.id,
@@ -100,16 +131,12 @@ def _runs_python(cmd: list[str]) -> bool:
 
 
 def _env_added(job: Job) -> dict[str, str]:
-    """What gpuq adds to the environment the job starts in (core/jobenv.py): its conda
-    environment or venv first on PATH, its `env` (-e, --preemptible), GPUQ_JOB_ID."""
+    """What gpuq adds to the environment the job starts in (core/jobenv.py)."""
     env: dict[str, str] = {}
     jobenv.add_job_variables(env, job)
     if "PATH" in env:
         env["PATH"] += os.pathsep + "$PATH"  # put before the PATH it starts with
     return env
-
-
-# ---- whether and when it would start -------------------------------------------------------------
 
 
 NO_WORKER = "no worker is running; `gpuq run --daemon` starts one"
@@ -126,8 +153,7 @@ def _start(now: bool, why: Optional[str], starts_in: Optional[float], estimate: 
 
 
 def _would_start(spool: Spool, jobs: list[Job], state: str) -> dict[int, dict[str, Any]]:
-    """Job id -> whether it would start at once, why not, and the queue's estimate of when: the
-    queue as it is now with these jobs added, read as `gpuq status` reads it, nothing written."""
+    """Job id -> whether it would start at once, why not, and the queue's estimate of when."""
     if state == HELD:
         return {job.id: _start(False, "held (--hold): it starts after `gpuq release`", None) for job in jobs}
     snap, _invalid = read_queue(spool)
@@ -163,11 +189,8 @@ def _would_start(spool: Spool, jobs: list[Job], state: str) -> dict[int, dict[st
 def _host_waits(
     snap: scheduler.QueueState, workers: list[dict[str, Any]], jobs: list[Job]
 ) -> dict[int, scheduler.Wait]:
-    """Why each of `jobs` that asks for host memory or CPUs would wait for them, as a worker's
-    planner admits it (engine/schedule/hostroom.py): its cap (`gpuq run --mem/--cpus`, else this
-    machine's, as the worker's registry entry says it) less what the running jobs reserved and
-    what the ready jobs ahead of it in line would take. With several workers, a job any of them
-    admits does not wait; else the first one's reason is given. No worker: nothing (it waits for one)."""
+    """Why each of `jobs` would wait for host memory or CPUs, as a worker's planner admits it. With
+    several workers, a job any of them admits does not wait; else the first one's reason is given."""
     if not workers or not any(hostroom.asks(job) for job in jobs):
         return {}
     new = {job.id for job in jobs}
@@ -175,7 +198,7 @@ def _host_waits(
     ready = [j for j in order if scheduler.waiting_reason(j, snap.states, now=snap.now) is None]
     found: list[dict[int, scheduler.Wait]] = []
     for info in workers:
-        room = hostroom.Room(lambda info=info: _cap_of(info), lambda: snap.running)
+        room = hostroom.Room(partial(_cap_of, info), lambda: snap.running)
         waits: dict[int, scheduler.Wait] = {}
         list(room.admitted(ready, waits))  # each ready job in line, admitted or told why not
         found.append({i: wait for i, wait in waits.items() if i in new})
@@ -183,8 +206,7 @@ def _host_waits(
 
 
 def _cap_of(info: dict[str, Any]) -> hostroom.Cap:
-    """A worker's cap as its registry entry says it (`host_cap`), else as a worker started here
-    without --mem/--cpus has it (an entry written before it said its cap)."""
+    """A worker's cap as its registry entry says it, else a default one (an older entry)."""
     cap = info.get("host_cap")
     if isinstance(cap, dict) and all(isinstance(cap.get(k), int) for k in ("mem_mib", "cpus")):
         return hostroom.Cap(cap["mem_mib"], cap["cpus"])
@@ -199,8 +221,7 @@ def _plan(
     shown: Optional[dict[str, Any]],
     now: float,
 ) -> dict[int, eta.Estimate]:
-    """queue_eta.plan_queue over the queue with the new jobs, as `queue_eta.annotate` calls it for
-    `gpuq status`, with the running jobs' ETAs and the past run times read, not recorded."""
+    """queue_eta.plan_queue, as `queue_eta.annotate` calls it, with nothing recorded."""
     pending = scheduler.queue_order(snap.pending)
     running = [(job, eta.running_estimate(spool, job, now, keep=False).eta_seconds) for job in snap.running]
     durations = queue_eta.durations_read_only(spool, {eta.command_key(job) for job in pending})

@@ -1,17 +1,12 @@
-"""`gpuq edit`: change a job that is still waiting (pending or held), with the checks a job file
-dropped into pending/ gets, replacing it atomically under its claim.
-
-What can be edited is what a dropped file may say (its command, directory, name, environment,
-dependencies, retries, priority, GPUs, host memory and CPUs); the id, the history and the rest of
-gpuq's bookkeeping cannot. The job is read, edited (by a person in an editor, or with KEY=VALUE
-pairs), checked, and written only if it has not changed meanwhile.
+"""`gpuq edit`: change a waiting job's fields that a dropped file may say, with the checks a dropped
+file gets; written under its claim only if the job has not changed meanwhile.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 from gpuq.core import schema, timespec
 from gpuq.core.errors import Refused, UsageError
@@ -30,21 +25,14 @@ TYPED_SIZES = ("gpu_mem", "mem")
 EDITABLE = sorted(schema.DROPPED_FIELDS)
 
 
-def editable(job: Job) -> dict[str, Any]:
-    """The job as a dropped file would say it: what a person may edit."""
-    out = {key: getattr(job, FIELD_OF.get(key, key)) for key in EDITABLE}  # a field the file lacks: its default
-    return {k: v for k, v in out.items() if not (k in UNSET_WHEN_NULL and v is None)}
-
-
 def read(spool: Spool, job_id: int) -> tuple[dict[str, Any], int]:
-    """(what may be edited, the job's rev) of a waiting job."""
     _ref, job = actions.get(spool, job_id, WAITING)
-    return editable(job), job.rev
+    out = {key: getattr(job, FIELD_OF.get(key, key)) for key in EDITABLE}  # a field the file lacks: its default
+    return {k: v for k, v in out.items() if not (k in UNSET_WHEN_NULL and v is None)}, job.rev
 
 
 def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
-    """`fields` with KEY=VALUE pairs applied; VALUE is JSON when it parses (5, ["python", "t.py"],
-    {"A": "1"}), else a string (`name=exp 2`); a size (TYPED_SIZES) is a size with its unit, or null."""
+    """VALUE is JSON when it parses, else a string (`name=exp 2`); a size needs its unit."""
     out = dict(fields)
     for pair in pairs:
         key, sep, text = pair.partition("=")
@@ -66,10 +54,15 @@ def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def apply_edited(
+    spool: Spool, job_id: int, fields: dict[str, Any], edited: dict[str, Any], rev: int
+) -> tuple[Optional[Job], list[str]]:
+    """The job as written (None if nothing changed: a key deleted is a change), the keys changed."""
+    changed = [key for key in edited if edited[key] != fields.get(key)]
+    return (apply(spool, job_id, edited, rev) if edited != fields else None), changed
+
+
 def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
-    """Check `fields` as a dropped file is checked and write them into the job, under its claim,
-    if it is still waiting and unchanged since `rev` was read. Refused (the job left as it was)
-    with the reason otherwise."""
     try:
         clean = schema.normalize_dropped(fields)
     except schema.InvalidJob as exc:
@@ -87,24 +80,17 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
         changes = {FIELD_OF.get(key, key): value for key, value in clean.items()}
         for key in UNSET_WHEN_NULL:
             changes.setdefault(FIELD_OF.get(key, key), None)
-        changes.update(_as_add_runs_it(job_id, job, changes))
+        # a `*.py` first word of the edited command runs as a dropped file's does, on the PATH the job
+        # runs with (its shell's, else this one's)
+        cwd = changes.get("cwd") or job.cwd
+        shell_path = (job.shell_env or {}).get("PATH")
+        path = shell_path if shell_path is not None else os.environ.get("PATH", "")
+        try:
+            conda = changes["conda"] if "conda" in changes else job.conda
+            resolved = interpreter.resolve_dropped(changes["cmd"], cwd, conda, path)
+        except (interpreter.EnqueueError, OSError) as exc:
+            why = str(exc) if isinstance(exc, interpreter.EnqueueError) else f"{exc.strerror}: {cwd}"
+            raise Refused(f"job #{job_id} not changed: {why}") from None
+        if resolved is not None:
+            changes.update(cmd=resolved.cmd, venv=resolved.venv, interpreter_from=resolved.found_by)
         return spool.jobs.move(ref, job, ref.state, changes)[1]
-
-
-def _as_add_runs_it(job_id: int, job: Job, changes: dict[str, Any]) -> dict[str, Any]:
-    """A `*.py` first word of the edited command, run as `gpuq add` would run it (the python of the
-    job's conda environment or of the nearest .venv above its directory, else the one on the PATH
-    it runs with: its shell's, else this one's): the changes that says. Refused, with the reason,
-    where the script is not there."""
-    cwd = changes.get("cwd") or job.cwd
-    shell_path = (job.shell_env or {}).get("PATH")
-    path = shell_path if shell_path is not None else os.environ.get("PATH", "")
-    try:
-        conda = changes["conda"] if "conda" in changes else job.conda
-        resolved = interpreter.resolve_dropped(changes["cmd"], cwd, conda, path)
-    except (interpreter.EnqueueError, OSError) as exc:
-        why = str(exc) if isinstance(exc, interpreter.EnqueueError) else f"{exc.strerror}: {cwd}"
-        raise Refused(f"job #{job_id} not changed: {why}") from None
-    if resolved is None:
-        return {}
-    return {"cmd": resolved.cmd, "venv": resolved.venv, "interpreter_from": resolved.found_by}

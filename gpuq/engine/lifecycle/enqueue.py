@@ -1,26 +1,25 @@
-"""Turning what a user asked for (`gpuq add ...` or a hand-dropped file) into a queued job.
-
-`gpuq add`: its `Request` is checked and resolved by `prepare` (no spool needed: a bad request
-leaves none behind), then `publish` queues the jobs.
-"""
+"""Turning what a user asked for (`gpuq add ...` or a hand-dropped file) into queued jobs: `prepare`
+checks and resolves a `Request` without a spool (a bad request leaves none behind), `publish` queues."""
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Literal, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Optional, Sequence, TypeVar, Union
 
 from gpuq.core import schema, sweep, timespec
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.job import Job, is_url
 from gpuq.core.resume_arg import check_resume_arg
-from gpuq.core.states import HELD, PENDING, RUNNING, SOURCE_CLI
+from gpuq.core.states import HELD, PENDING, RUNNING
 from gpuq.core.times import iso_of
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.interpreter import EnqueueError, upward
 from gpuq.engine.schedule import gpuview
 from gpuq.spool import JobRef, Spool
 from gpuq.system.procs import current_umask
+
+T = TypeVar("T")
 
 
 def default_name(cwd: Union[str, os.PathLike], cmd: list[str]) -> str:
@@ -30,21 +29,16 @@ def default_name(cwd: Union[str, os.PathLike], cmd: list[str]) -> str:
 
 
 def missing_jobs(spool: Spool, ids: list[int]) -> str:
-    """ "#7, #9" for the ids that name no job in the spool, "" when all exist."""
+    """ "#7, #9" for the ids that name no job in the spool."""
     if not ids:
-        return ""  # listing every state costs ~0.1 s per 100,000 finished jobs: only when needed
+        return ""  # listing every state is slow with many finished jobs: only when needed
     known = set(spool.jobs.index())
     return ", ".join(f"#{i}" for i in ids if i not in known)
 
 
-class NoSuchDependency(Refused):
-    """--after names a job that does not exist."""
-
-
 def _snapshot(spool: Spool, ids: list[int], repo: str, cwd: str, variants: list[Variant]) -> tuple[dict, list[Variant]]:
-    """`add --snapshot`: the repository's tracked files copied now, and the jobs pointed at the copy:
-    every argument that names a file of it (the script, a config). They run in their own
-    directory, with its data and outputs, but the code they were queued with."""
+    """`add --snapshot`: the repository's tracked files copied now, and every argument that names a
+    file of it pointed at the copy: the jobs run in their own directory but with that code."""
     from gpuq.system import gitinfo  # git: only inside a repository
 
     try:
@@ -66,7 +60,7 @@ def _snapshot(spool: Spool, ids: list[int], repo: str, cwd: str, variants: list[
 
 
 class Variant(NamedTuple):
-    """One job of an `add`: its command, name and fields of its own (a sweep has several)."""
+    """One job of an `add` (a sweep has several)."""
 
     cmd: list[str]
     name: Optional[str] = None
@@ -74,21 +68,16 @@ class Variant(NamedTuple):
 
 
 def enqueue(spool: Spool, *, cmd: list[str], **common: Any) -> tuple[JobRef, Job]:
-    """Allocate an id and publish the job durably in pending/ (see enqueue_many)."""
     return enqueue_many(spool, [Variant(cmd, common.pop("name", None))], **common)[0]
 
 
 def enqueue_many(
     spool: Spool, variants: list[Variant], *, cwd: Union[str, os.PathLike], state: str = PENDING, **common: Any
 ) -> list[tuple[JobRef, Job]]:
-    """Publish one job per variant (`common`: new_jobs' fields), with consecutive ids, durably, in
-    `state` (pending/, or held/ for `add --hold`). All or nothing: should one fail (a full disk),
-    those published are removed."""
+    """Publish one job per variant, with consecutive ids, durably, in `state` (`check` has looked at
+    their dependencies). All or nothing: should one fail (a full disk), those published are removed."""
     if not os.path.isdir(cwd):
         raise EnqueueError(f"directory not found: {cwd}")
-    missing = missing_jobs(spool, common["after"] + common["after_any"])
-    if missing:
-        raise NoSuchDependency(f"--after: no such job {missing}")
     first = spool.ids.allocate(count=len(variants))
     cwd, options, env = os.fspath(cwd), common.pop("options", None) or {}, common.pop("env")
     if options.get("snapshot"):
@@ -116,56 +105,27 @@ def new_jobs(
     variants: list[Variant],
     *,
     cwd: str,
-    venv: Optional[str],
-    env: dict[str, str],
-    shell_env: Optional[dict[str, str]],
-    after: list[int],
-    after_any: list[int],
-    retries: int,
-    priority: int = 0,
-    source: str = SOURCE_CLI,
     options: Optional[dict[str, Any]] = None,
-    umask: Optional[int] = None,
     log: Callable[[int], str] = lambda _job_id: "",
+    **common: Any,
 ) -> list[Job]:
-    """The jobs of `variants`, with ids from `first` (a sweep is named by its first job's id)."""
+    """The jobs of `variants` (a sweep is named by its first job's id); `common`: schema.new_job's fields."""
     jobs = []
     for job_id, variant in enumerate(variants, first):
         own = {**(options or {}), **(variant.options or {})}
         if own.get("sweep") is not None:
             own["sweep"] = dict(own["sweep"], id=first)
+        name = variant.name or default_name(cwd, variant.cmd)
         jobs.append(
-            schema.new_job(
-                job_id=job_id,
-                name=variant.name or default_name(cwd, variant.cmd),
-                cmd=variant.cmd,
-                cwd=cwd,
-                log=log(job_id),
-                env=env,
-                shell_env=shell_env,
-                venv=venv,
-                after=after,
-                after_any=after_any,
-                retries=retries,
-                priority=priority,
-                source=source,
-                options=own,
-                umask=umask,
-            )
+            schema.new_job(job_id=job_id, name=name, cmd=variant.cmd, cwd=cwd, log=log(job_id), options=own, **common)
         )
     return jobs
 
 
-# ---- `gpuq add` ------------------------------------------------------------------------------
-
-
 class Request(NamedTuple):
-    """What `gpuq add` asks for, by keyword: `cmd` (SCRIPT and its ARGS) and each of add's
-    options by its name in cli/options.py, as values (`gpus=2`, `after=[3]`, `time="4h"`,
-    `env={"A": "1"}`, `urgent="force"`); the CLI maps its options to it, the MCP server its tool's
-    arguments. `umask` and `shell_env`: the user's, taken before the spool sets gpuq's own umask
-    (default: this process's). A NamedTuple rather than a dataclass: `gpuq add` starts without
-    importing `dataclasses` (and `inspect`)."""
+    """What `gpuq add` asks for: `cmd` and each of add's options by its dest in cli/options.py, as
+    values (`after=[3]`, `env={"A": "1"}`). `umask`, `shell_env`: the user's (default: this
+    process's). A NamedTuple: `gpuq add` starts without importing `dataclasses`."""
 
     cmd: Sequence[str]
     dir: Optional[str] = None
@@ -200,10 +160,12 @@ class Request(NamedTuple):
     shell_env: Optional[Mapping[str, str]] = None
 
 
+# the options a job keeps as they were asked for
+AS_ASKED = ("urgent", "preemptible", "ckpt_glob", "resume_arg", "cpus", "notify", "on_finish", "no_resume")
+
+
 class Prepared(NamedTuple):
-    """A request checked and resolved: the jobs to queue (`variants`), what `enqueue_many` is told
-    of all of them (`fields`), and what the user should read before they are queued (`notes`; on
-    stderr, `warnings`)."""
+    """A request checked and resolved: the jobs, `enqueue_many`'s fields, what the user should read."""
 
     variants: list[Variant]
     fields: dict[str, Any]
@@ -211,10 +173,8 @@ class Prepared(NamedTuple):
     warnings: list[str]
 
 
-def prepare(request: Request, git_cache: Any = None) -> Prepared:
-    """Check `request` and resolve its commands; UsageError (one line) for anything wrong, before
-    anything is queued. `git_cache`: where git's answer about the code is kept (default: the
-    spool's cache/; a dry run passes one that writes nothing)."""
+def prepare(request: Request) -> Prepared:
+    """UsageError for anything wrong."""
     cwd = os.path.abspath(os.path.expanduser(request.dir)) if request.dir else os.getcwd()
     if not os.path.isdir(cwd):
         raise UsageError(f"directory not found: {cwd}")
@@ -247,22 +207,15 @@ def prepare(request: Request, git_cache: Any = None) -> Prepared:
     if problem:
         raise UsageError(problem)
     options = {
-        "urgent": request.urgent,
-        "preemptible": request.preemptible,
-        "ckpt_glob": request.ckpt_glob,
-        "resume_arg": request.resume_arg,
+        **{key: getattr(request, key) for key in AS_ASKED},
         "conda": resolved.conda,
         "interpreter_from": resolved.found_by,
         "gpu_request": request.gpus,
-        "gpu_mem_mib": _size(timespec.parse_memory_mib, request.gpu_mem, "--gpu-mem"),
-        "mem_mib": _size(timespec.parse_memory_mib, request.mem, "--mem"),
-        "cpus": request.cpus,
-        "notify": request.notify,
-        "notify_urls": _notify_urls(request.notify_url),
-        "on_finish": request.on_finish,
-        "no_resume": request.no_resume,
-        "max_log_bytes": _size(timespec.parse_size_bytes, request.max_log_size, "--max-log-size"),
-        **_safeguards(request, cwd, git_cache),
+        "gpu_mem_mib": usage(timespec.parse_memory_mib, request.gpu_mem, "--gpu-mem"),
+        "mem_mib": usage(timespec.parse_memory_mib, request.mem, "--mem"),
+        "notify_urls": notify_urls(request.notify_url),
+        "max_log_bytes": usage(timespec.parse_size_bytes, request.max_log_size, "--max-log-size"),
+        **_safeguards(request, cwd),
     }
     fields = {
         "cwd": cwd,
@@ -281,9 +234,9 @@ def prepare(request: Request, git_cache: Any = None) -> Prepared:
     return Prepared(variants, fields, notes, [hint] if hint else [])
 
 
-def _notify_urls(urls: Sequence[str]) -> list[str]:
-    """`--notify URL`s, each once, in the order given; refused where Apprise, which sends them,
-    cannot be imported (the job would end with nobody told)."""
+def notify_urls(urls: Sequence[str], who: str = "gpuq add") -> list[str]:
+    """`--notify URL` of `add` and `run`: refused where Apprise cannot be imported (the job would end
+    with nobody told)."""
     for url in urls:
         if not is_url(url):
             raise UsageError(f"--notify: not a URL such as ntfy://my-topic: {url!r}")
@@ -293,14 +246,13 @@ def _notify_urls(urls: Sequence[str]) -> list[str]:
         missing = notify_missing()
         if missing:
             exc = Refused(f"--notify {urls[0]}: {missing}")
-            exc.prefix = "gpuq add"
+            exc.prefix = who
             raise exc
     return list(dict.fromkeys(urls))
 
 
 def check(spool: Spool, prepared: Prepared, views: Any = None, gpus: bool = True) -> None:
-    """The refusals that come before anything is written: a job this machine can never start
-    (its GPUs as the workers' `views` say them, else as they are), a dependency that is no job."""
+    """Refused before anything is written: a job this machine can never start, a dependency that is no job."""
     options = prepared.fields["options"]
     if gpus and (options["gpu_request"] > 1 or options["gpu_mem_mib"] is not None):
         problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"], views)
@@ -308,11 +260,10 @@ def check(spool: Spool, prepared: Prepared, views: Any = None, gpus: bool = True
             raise UsageError(f"{problem}: this job could never start")
     missing = missing_jobs(spool, prepared.fields["after"] + prepared.fields["after_any"])
     if missing:
-        raise NoSuchDependency(f"--after: no such job {missing}")
+        raise Refused(f"--after: no such job {missing}")
 
 
 def publish(spool: Spool, prepared: Prepared) -> list[tuple[JobRef, Job]]:
-    """Queue the prepared jobs (see enqueue_many), once `check` finds nothing to refuse."""
     check(spool, prepared)
     return enqueue_many(spool, prepared.variants, **prepared.fields)
 
@@ -322,16 +273,13 @@ def running_jobs(spool: Spool) -> list[Job]:
 
 
 def urgent_outlook(job: Job, running: list[Job]) -> str:
-    """What an urgent job will do if no slot is free when a worker looks: which of the `running`
-    jobs it would preempt and how that job goes on, or that it waits."""
     from gpuq.engine.schedule import victims  # urgent preemption: it looks at running jobs' checkpoints
 
     return victims.foreseen(job, running)
 
 
 def _variants(request: Request, cwd: str) -> tuple[list[Variant], interpreter.Resolved]:
-    """The job to queue, or with --sweep one per combination of values: its command resolved (the
-    interpreter, its environment), its name, and its sweep values. Nothing is queued if any is wrong."""
+    """The job to queue, or with --sweep one per combination of values, its command resolved."""
     conda = interpreter.find_conda(request.conda, request.shell_env or os.environ) if request.conda else None
 
     def resolve(words: Sequence[str]) -> interpreter.Resolved:
@@ -342,7 +290,9 @@ def _variants(request: Request, cwd: str) -> tuple[list[Variant], interpreter.Re
         resolved = resolve(request.cmd)
         return [Variant(resolved.cmd, request.name)], resolved
     try:
-        combinations = sweep.expand([sweep.parse_sweep(t) for t in request.sweep], request.cmd, allow_more=request.yes)
+        combinations = sweep.expand(
+            [sweep.parse_sweep(t) for t in request.sweep], list(request.cmd), allow_more=request.yes
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     variants = []
@@ -353,24 +303,20 @@ def _variants(request: Request, cwd: str) -> tuple[list[Variant], interpreter.Re
     return variants, resolved
 
 
-def _size(parse: Callable[[str, str], int], text: Optional[str], flag: str) -> Optional[int]:
-    """A size option (20G) read by `parse`, or None when not given."""
+def usage(parse: Callable[..., T], text: Optional[str], *more: Any) -> Optional[T]:
+    """`parse(text, *more)`, None for None; its ValueError a UsageError."""
     try:
-        return None if text is None else parse(text, flag)
+        return None if text is None else parse(text, *more)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
-def _safeguards(request: Request, cwd: str, git_cache: Any = None) -> dict[str, Any]:
-    """--time, --begin, and the code the job was queued with (--snapshot: a copy of it)."""
+def _safeguards(request: Request, cwd: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    try:
-        if request.time is not None:
-            out["time_limit"] = timespec.parse_duration(request.time, "--time")
-        if request.begin is not None:
-            out["begin_at"] = iso_of(timespec.parse_begin(request.begin, time.time(), "--begin"))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    if request.time is not None:
+        out["time_limit"] = usage(timespec.parse_duration, request.time, "--time")
+    if request.begin is not None:
+        out["begin_at"] = usage(lambda text: iso_of(timespec.parse_begin(text, time.time(), "--begin")), request.begin)
     if not any(os.path.exists(os.path.join(directory, ".git")) for directory in upward(cwd)):
         if request.snapshot:
             raise UsageError(f"--snapshot needs a git repository; {cwd} is not in one")

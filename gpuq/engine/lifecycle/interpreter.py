@@ -1,9 +1,6 @@
-"""Which interpreter and environment a queued command runs with.
-
-In this order: `--python`, `--conda NAME` (resolved here to its prefix), the nearest `.venv` above
-the job's directory, the active conda environment (`CONDA_PREFIX`, unless it is the base one), the
-python on PATH. The job records the environment (`venv` or `conda`, which core/jobenv.py puts first
-on PATH when it starts) and how it was chosen (`interpreter_from`).
+"""Which interpreter and environment a queued command runs with: `--python`, `--conda NAME`, the
+nearest `.venv` above the job's directory, the active conda environment (unless it is the base
+one), the python on PATH, in this order.
 """
 
 from __future__ import annotations
@@ -28,13 +25,8 @@ class EnqueueError(UsageError):
     """What was asked for cannot become a job (no such script, directory, interpreter)."""
 
 
-class NoSuchConda(Refused):
-    """--conda names no conda environment of this machine."""
-
-
 class Resolved(NamedTuple):
-    """A command as it will run: its argv, its environment (a `.venv` or a conda prefix, at most
-    one) and how its interpreter was chosen."""
+    """A command as it will run, its environment (a `.venv` or a conda prefix, at most one)."""
 
     cmd: list[str]
     venv: Optional[str]
@@ -43,7 +35,6 @@ class Resolved(NamedTuple):
 
 
 def upward(start: StrPath) -> Iterator[str]:
-    """`start` (made absolute) and every directory above it, up to the root."""
     directory = os.path.abspath(start)
     while True:
         yield directory
@@ -54,8 +45,8 @@ def upward(start: StrPath) -> Iterator[str]:
 
 
 def exists(path: str) -> bool:
-    """As pathlib's Path.exists: False for a missing path, OSError for one that cannot be looked
-    at (a name too long, no permission), which intake reports as the file's problem."""
+    """False for a missing path, OSError for one that cannot be looked at (no permission), which
+    intake reports as the file's problem."""
     try:
         os.stat(path)
     except OSError as exc:
@@ -66,7 +57,6 @@ def exists(path: str) -> bool:
 
 
 def find_venv(start: StrPath) -> Optional[str]:
-    """The nearest `.venv` (with a bin/python) in `start` or any directory above it."""
     for directory in upward(start):
         candidate = os.path.join(directory, ".venv")
         if exists(os.path.join(candidate, "bin", "python")):
@@ -82,13 +72,8 @@ def resolve_command(
     conda: Optional[str] = None,
     env: Optional[Mapping[str, str]] = None,
 ) -> Resolved:
-    """SCRIPT ARGS as they will run in `cwd`, for a user whose environment is `env` (default:
-    this process's). `conda`: the prefix `--conda` named (see `find_conda`).
-
-    A *.py SCRIPT runs with --python if given, else the python of its environment (the conda
-    prefix named, the nearest .venv, the active conda environment), else the python on PATH.
-    Anything else is a command, found on PATH with its environment's bin/ first.
-    """
+    """SCRIPT ARGS as they will run in `cwd` for a user whose environment is `env`. Anything but a
+    *.py SCRIPT is a command, found on PATH with its environment's bin/ first."""
     env = os.environ if env is None else env
     is_py = script.endswith(".py")
     path = os.path.join(cwd, script)
@@ -131,11 +116,9 @@ def resolve_command(
 
 
 def resolve_dropped(cmd: list[str], cwd: str, conda: Optional[str], path: str) -> Optional[Resolved]:
-    """A command from a dropped file or `gpuq edit` as `gpuq add` would run it, when its first word
-    is a *.py script (relative to `cwd`): with the python of its `conda` environment, else of the
-    nearest .venv above `cwd`, else the python on `path` (the PATH the job will run with: no shell's
-    active conda environment stands behind such a command). None for any other command, which runs
-    as written. EnqueueError (the reason) for a script that is not there, or no python to run it."""
+    """A command from a dropped file or `gpuq edit` whose first word is a *.py script, as `gpuq add`
+    would run it, on `path` (no shell's active conda environment stands behind it); None for any
+    other command, which runs as written."""
     if not cmd[0].endswith(".py"):
         return None
     if conda and not exists(os.path.join(conda, "bin", "python")):
@@ -143,17 +126,13 @@ def resolve_dropped(cmd: list[str], cwd: str, conda: Optional[str], path: str) -
     return resolve_command(cmd[0], cmd[1:], cwd, conda=conda, env={"PATH": path})
 
 
-# ---- conda and mamba ---------------------------------------------------------------------------
-
-
 def is_conda_prefix(path: str) -> bool:
-    """A conda environment's directory: conda, mamba and micromamba all keep `conda-meta/` there."""
+    # conda, mamba and micromamba all keep `conda-meta/` in an environment
     return os.path.isdir(os.path.join(path, "conda-meta"))
 
 
 def active_conda(env: Mapping[str, str], need_python: bool = True) -> Optional[str]:
-    """The conda environment activated in `env` (`CONDA_PREFIX`), unless it is the base one (which
-    `conda init` activates in every shell: it is used only when the python on PATH is its own)."""
+    """`CONDA_PREFIX`, unless it is the base one (which `conda init` activates in every shell)."""
     prefix = env.get("CONDA_PREFIX")
     if not prefix or not os.path.isabs(prefix) or not is_conda_prefix(prefix) or is_base(prefix, env):
         return None
@@ -163,8 +142,7 @@ def active_conda(env: Mapping[str, str], need_python: bool = True) -> Optional[s
 
 
 def conda_roots(env: Mapping[str, str]) -> list[str]:
-    """The installations' own directories (their base environments): where `conda` (CONDA_EXE is
-    ROOT/bin/conda) and micromamba (MAMBA_ROOT_PREFIX) are installed."""
+    """Where conda (CONDA_EXE is ROOT/bin/conda) and micromamba are installed: their base environments."""
     roots = []
     if env.get("CONDA_EXE"):
         roots.append(os.path.dirname(os.path.dirname(env["CONDA_EXE"])))
@@ -174,35 +152,15 @@ def conda_roots(env: Mapping[str, str]) -> list[str]:
 
 
 def is_base(prefix: str, env: Mapping[str, str]) -> bool:
-    """Whether `prefix` is an installation's base environment: conda names the active one "base",
-    or it is the directory conda or micromamba is installed in."""
     if env.get("CONDA_DEFAULT_ENV") == "base" and env.get("CONDA_PREFIX") == prefix:
         return True
     real = os.path.realpath(prefix)
     return any(os.path.realpath(root) == real for root in conda_roots(env))
 
 
-def envs_dirs(env: Mapping[str, str]) -> list[str]:
-    """Where named environments are, in conda's order: CONDA_ENVS_DIRS (or the older
-    CONDA_ENVS_PATH), the active installation's envs/, each installation's envs/, ~/.conda/envs."""
-    dirs = []
-    for variable in ("CONDA_ENVS_DIRS", "CONDA_ENVS_PATH"):
-        dirs += [d for d in env.get(variable, "").split(os.pathsep) if d]
-    active = env.get("CONDA_PREFIX")
-    if active:
-        parent = os.path.dirname(os.path.normpath(active))
-        dirs.append(os.path.join(active, "envs") if is_base(active, env) else parent)
-    dirs += [os.path.join(root, "envs") for root in conda_roots(env)]
-    if env.get("HOME"):
-        dirs.append(os.path.join(env["HOME"], ".conda", "envs"))
-    return list(dict.fromkeys(os.path.abspath(os.path.expanduser(d)) for d in dirs))
-
-
 def quoted_whole(script: str, args: list[str]) -> str:
-    """Why `gpuq add 'python train.py --steps 2'` is refused: one word with spaces that names no
-    file, a whole command quoted as one (pueue and tsp take a command as one string, and so did
-    the original gpuq's `-c`); what to write instead. Refused rather than split: a split guesses
-    at quoting inside it, and a shell line (pipes, `&&`, redirections) needs a shell."""
+    """Why `gpuq add 'python train.py --steps 2'` is refused, and what to write instead. Refused
+    rather than split: a split guesses at quoting inside it, and a shell line needs a shell."""
     try:
         words = shlex.split(script)
     except ValueError:  # an unclosed quote: its words as they stand
@@ -220,13 +178,12 @@ SHELL_WORDS = ("&&", "||", "&", "|", ";", ">", ">>", "<", "2>&1")
 
 
 def find_conda(name: str, env: Mapping[str, str]) -> str:
-    """The prefix of the conda environment `--conda NAME` names: a path (with a /), "base", or
-    the name of an environment in an envs dir or in ~/.conda/environments.txt (conda's list of
-    the environments it made). `conda env list` would say the same in about a second."""
+    """The prefix `--conda NAME` names: a path, "base", or a name in an envs dir or in
+    ~/.conda/environments.txt (`conda env list` would say the same in about a second)."""
     if "/" in name or name in (".", ".."):
         path = os.path.abspath(os.path.expanduser(name))
         if not is_conda_prefix(path):
-            raise NoSuchConda(f"--conda: not a conda environment (no conda-meta/ in it): {path}")
+            raise Refused(f"--conda: not a conda environment (no conda-meta/ in it): {path}")
         return path
     if name == "base":
         roots = [r for r in conda_roots(env) if is_conda_prefix(r)]
@@ -235,8 +192,18 @@ def find_conda(name: str, env: Mapping[str, str]) -> str:
             roots.insert(0, active)
         if roots:
             return roots[0]
-        raise NoSuchConda("--conda base: no conda installation found (CONDA_EXE and MAMBA_ROOT_PREFIX are unset)")
-    dirs = envs_dirs(env)
+        raise Refused("--conda base: no conda installation found (CONDA_EXE and MAMBA_ROOT_PREFIX are unset)")
+    dirs = [
+        d for variable in ("CONDA_ENVS_DIRS", "CONDA_ENVS_PATH") for d in env.get(variable, "").split(os.pathsep) if d
+    ]
+    active = env.get("CONDA_PREFIX")  # conda's order: the variables, the active one's, the roots', ~/.conda's
+    if active:
+        parent = os.path.dirname(os.path.normpath(active))
+        dirs.append(os.path.join(active, "envs") if is_base(active, env) else parent)
+    dirs += [os.path.join(root, "envs") for root in conda_roots(env)]
+    if env.get("HOME"):
+        dirs.append(os.path.join(env["HOME"], ".conda", "envs"))
+    dirs = list(dict.fromkeys(os.path.abspath(os.path.expanduser(d)) for d in dirs))
     for directory in dirs:
         candidate = os.path.join(directory, name)
         if is_conda_prefix(candidate):
@@ -245,7 +212,7 @@ def find_conda(name: str, env: Mapping[str, str]) -> str:
         if os.path.basename(prefix) == name and is_conda_prefix(prefix):
             return prefix
     looked = ", ".join(dirs) or "no envs directory: CONDA_EXE, MAMBA_ROOT_PREFIX and HOME are unset"
-    raise NoSuchConda(f"--conda: no conda environment named {name!r} (looked in {looked}); give its path")
+    raise Refused(f"--conda: no conda environment named {name!r} (looked in {looked}); give its path")
 
 
 def _listed_environments(env: Mapping[str, str]) -> list[str]:
@@ -258,13 +225,8 @@ def _listed_environments(env: Mapping[str, str]) -> list[str]:
         return []
 
 
-# ---- uv projects -------------------------------------------------------------------------------
-
-
 def uv_hint(cwd: str, resolved: Resolved) -> str:
-    """A line for the user when the job's directory belongs to a uv project whose `.venv` is not
-    made yet (its python would lack the project's packages), or "". Not when gpuq was told the
-    interpreter, nor for `uv run ...` (uv makes the .venv itself)."""
+    """A line for the user when the job's directory is a uv project whose `.venv` is not made yet."""
     if resolved.venv or resolved.found_by in (FROM_PYTHON, FROM_CONDA) or resolved.cmd[0] in UV_TOOLS:
         return ""
     project = uv_project(cwd)
@@ -278,9 +240,7 @@ def uv_hint(cwd: str, resolved: Resolved) -> str:
 
 
 def uv_project(cwd: str) -> Optional[str]:
-    """The directory of the nearest pyproject.toml above `cwd` if uv manages it (a `uv.lock`
-    beside it, or a `[tool.uv...]` table in it), else None: poetry and other projects are not
-    ours to set up."""
+    """The directory of the nearest pyproject.toml above `cwd` if uv manages it (not poetry's)."""
     for directory in upward(cwd):
         pyproject = os.path.join(directory, "pyproject.toml")
         if not os.path.isfile(pyproject):

@@ -1,7 +1,5 @@
-"""The commands that change jobs, as typed requests with keyword fields: what the CLI's options,
-the MCP server's tool arguments and `gpuq top`'s keys all become (`gpuq add`'s is
-enqueue.Request). A request of several jobs acts on each in turn (`each`): one refused is given
-with its reason, and the others are still acted on.
+"""The commands that change jobs, as typed requests: what the CLI's options, the MCP server's tool
+arguments and `gpuq top`'s keys all become (`gpuq add`'s is enqueue.Request).
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ Stopping = Callable[[int], object]  # told a running job's id just before its pr
 
 
 class Done(NamedTuple):
-    """What a request made of one job: the job as written; how it goes on (retry, resume, recover:
-    from which checkpoint); for cancel, whether it was running and was killed."""
+    """What a request made of one job: how it goes on (from which checkpoint), whether it was killed."""
 
     job: Job
     how: str = ""
@@ -29,8 +26,6 @@ class Done(NamedTuple):
 
 @dataclass(frozen=True)
 class OnJobs:
-    """A change asked of each of several jobs (actions.py says what each does)."""
-
     ids: Sequence[int]
 
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
@@ -41,8 +36,12 @@ class OnJobs:
 class Cancel(OnJobs):
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
         killed: list[int] = []
-        job = actions.cancel(spool, job_id, lambda: (killed.append(job_id), stopping(job_id)))
-        return Done(job, killed=bool(killed))
+
+        def killing() -> None:
+            killed.append(job_id)
+            stopping(job_id)
+
+        return Done(actions.cancel(spool, job_id, killing), killed=bool(killed))
 
 
 @dataclass(frozen=True)
@@ -76,20 +75,17 @@ class Retry(OnJobs):
 
 @dataclass(frozen=True)
 class Recover(OnJobs):
-    """Interrupted jobs back in the queue, whatever they reached (actions.to_recover: the ones a
-    plain `gpuq recover` takes)."""
+    """Interrupted jobs back in the queue, whatever they reached."""
 
     from_scratch: bool = False
 
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
-        ((job, how),) = actions.recover(spool, [job_id], self.from_scratch)
+        job, how = actions.recover(spool, job_id, self.from_scratch)
         return Done(job, how.text())
 
 
 @dataclass(frozen=True)
 class Resume(OnJobs):
-    """Preempted or interrupted jobs back in the queue (preempt.resume): first in line unless `back`."""
-
     require_checkpoint: bool = False
     back: bool = False
 
@@ -101,8 +97,7 @@ class Resume(OnJobs):
 def each(
     spool: Spool, request: OnJobs, stopping: Stopping = lambda _job_id: None
 ) -> Iterator[tuple[int, Union[Done, GpuqError]]]:
-    """The request carried out on each of its jobs in turn (each id once): what it made of the
-    job, or why it was refused."""
+    """Each id once: what the request made of the job, or why it was refused."""
     for job_id in dict.fromkeys(request.ids):
         try:
             yield job_id, request.one(spool, job_id, stopping)
@@ -112,9 +107,6 @@ def each(
 
 @dataclass(frozen=True)
 class Preempt:
-    """Stop a running job so that it can be resumed from its checkpoint: SIGTERM, up to `timeout`
-    seconds for it to exit, then with `force` SIGKILL to what is left."""
-
     id: int
     timeout: float = preempt.DEFAULT_TIMEOUT
     force: bool = False
@@ -127,28 +119,18 @@ class Preempt:
 
 @dataclass(frozen=True)
 class Edit:
-    """Change a waiting job: `changes` are KEY=VALUE pairs of edit.EDITABLE (VALUE as JSON, else
-    text), checked as a dropped file is. Returns the job as written (None if nothing changed) and
-    the keys that changed."""
+    """`changes`: KEY=VALUE pairs of edit.EDITABLE."""
 
     id: int
     changes: Sequence[str]
 
     def run(self, spool: Spool) -> tuple[Optional[Job], list[str]]:
         fields, rev = edit.read(spool, self.id)
-        changed = edit.with_pairs(fields, self.changes)
-        keys = [key for key in changed if changed[key] != fields.get(key)]
-        if not keys:
-            return None, []
-        return edit.apply(spool, self.id, changed, rev), keys
+        return edit.apply_edited(spool, self.id, fields, edit.with_pairs(fields, list(self.changes)), rev)
 
 
 @dataclass(frozen=True)
 class Clear:
-    """Finished jobs removed, their records kept (with `logs_only`, only their logs): those of
-    `states` that ended more than `older_than` seconds ago, less those a waiting job depends on.
-    `select` says which, `run` removes them."""
-
     states: Sequence[str] = FINISHED
     older_than: Optional[float] = None
     logs_only: bool = False
