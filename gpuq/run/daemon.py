@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime
-from typing import Optional
+from typing import Any, Optional
 
 from gpuq.core.errors import Refused
 from gpuq.run import loop
@@ -30,7 +30,7 @@ def _say(text: str) -> None:
 
 def run_foreground(spool: Spool, settings: Settings, watch: bool, ready_fd: Optional[int] = None) -> int:
     gpus = settings.gpus
-    info = {
+    info: dict[str, Any] = {
         "pid": os.getpid(),
         "started": time.time(),
         "gpus": gpus,

@@ -137,7 +137,7 @@ class Launcher:
 def _hand_over(supervisor: Supervisor, claim: Claim, order: StartOrder) -> bool:
     """Give a job and its claim to a waiting supervisor; False if it is gone."""
     try:
-        if supervisor.poll() is not None:
+        if supervisor.poll() is not None or supervisor.sock is None:
             return False
         socket.send_fds(supervisor.sock, [order.encode()], [claim.fd])
         return True

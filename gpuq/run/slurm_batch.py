@@ -36,8 +36,7 @@ JSON_FD = 3
 JSON_END = "GPUQ_JOB_JSON"  # here-document delimiter; json.dumps output is one line, never this word
 # Set by Slurm on the compute node for this allocation: they win over the submitter's values.
 RUNTIME_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "TMPDIR")
-LAUNCHER_FIELDS = ("id", "name", "cmd", "cwd", "env", "shell_env", "venv", "ckpt_glob", "resume_arg", "ckpt_since")
-LAUNCHER_FIELDS += ("conda",)  # its environment, as core/jobenv.py applies it
+LAUNCHER_FIELDS = "id name cmd cwd env shell_env venv conda ckpt_glob resume_arg ckpt_since".split()
 
 
 def batch_script(job: Job, *, python: str, package_parent: str, log_path: str) -> str:

@@ -38,7 +38,8 @@ HANDED_ON_STATES = (RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED)  # a job name
 
 
 class Line(Protocol):  # the worker's end of a supervisor's socket (run/launcher.Supervisor)
-    listening: bool  # open: the supervisor may be told what follows in its slot
+    @property
+    def listening(self) -> bool: ...  # open: the supervisor may be told what follows in its slot
 
     def poll(self) -> Optional[int]: ...  # None while it runs
 

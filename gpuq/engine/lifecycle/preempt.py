@@ -127,6 +127,7 @@ class UrgentPreemptions:
     def begin(self, victim: Job, now: float) -> None:
         """Start preempting `victim` without waiting: `holding` follows it at later steps."""
         pgid = victim.pid
+        assert pgid is not None  # victims are chosen among jobs with a process
         snapshot = procs.ungrouped_tree(pgid)
         self.spool.control.request(victim.id, PREEMPT_RESUME)
         procs.terminate(pgid, snapshot)

@@ -67,9 +67,10 @@ def _claim(
                 say(f"GPU {','.join(map(str, got.gpus))} leased; starting {name}")
             return got
         if got.forever or not wait:
-            exc = Refused(got.reason.replace("this worker has", "this machine has"))
             would = got.reason.replace("waiting for", "it would wait for", 1)
-            exc = exc if got.forever else NotFree(f"not started (--no-wait): {would}")
+            exc: GpuqError = NotFree(f"not started (--no-wait): {would}")
+            if got.forever:
+                exc = Refused(got.reason.replace("this worker has", "this machine has"))
             exc.prefix = "gpuq lease"
             raise exc
         if not told:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING
@@ -22,7 +22,7 @@ from gpuq.system.gpu_presence import may_have_gpus
 STALE_SECONDS = 3.0  # a view older than this is looked at again (a waiting job makes the worker look every 2 s)
 
 
-def view(look: Any, running: list[Job], starting: Optional[dict[int, Sequence[int]]] = None) -> dict[str, Any]:
+def view(look: Any, running: list[Job], starting: Optional[Mapping[int, Sequence[int]]] = None) -> dict[str, Any]:
     """{"at", "source", "problem", "gpus": [...]}: per GPU its index, name, uuid, memory, the ids of
     the gpuq jobs holding it (`running` ones, and `starting`: job id -> GPUs, those a worker just
     handed to their supervisors), every other process on it (pid, MiB, who) and `foreign_mib`, the

@@ -69,7 +69,7 @@ def cap(
     cpus_setting: Optional[int],
     machine_mib: Optional[int] = None,
     machine_cpus: Optional[int] = None,
-    say: Optional[Callable[[str], None]] = None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> Cap:
     """A worker's cap: its `--mem`/`--cpus`, else the machine's memory less the margin and its
     usable CPUs. A setting above what the machine has is kept as given, and said (`say`)."""
@@ -85,7 +85,7 @@ def cap(
         )
     if cpus_setting is not None and cpus_setting > machine_cpus:
         notes.append(f"--cpus {cpus_setting} is more than the {machine_cpus} CPUs this worker may use: as asked")
-    for line in notes if say else ():
+    for line in notes:
         say(line)
     return Cap(mem if mem_setting is None else mem_setting, machine_cpus if cpus_setting is None else cpus_setting)
 

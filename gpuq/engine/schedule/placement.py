@@ -338,7 +338,7 @@ class _Texts:
     def holders(self, state: _GpuState, threshold: int) -> str:
         """'9.1 GiB held by pid 4242 (python, user alice), 2.0 GiB by pid 77 (...)': the two
         largest, then a count; the unexplained memory when the listed ones do not block alone."""
-        shown = []
+        shown: list[str] = []
         for pid, mib in state.outside[:2]:
             size = mib_text(mib) if mib is not None else "an unreported amount"
             shown.append(f"{size} {'held ' if not shown else ''}by {self.who(pid)}")
@@ -372,6 +372,6 @@ def _lease_text(lease: Lease) -> str:
     # the viewer is whoever decides: the reason tells them "your job" or another user's
     who = lease.who(os.geteuid())
     since = time.strftime("%H:%M", time.localtime(lease.since))
-    if lease.whole:
+    if lease.mem_mib is None:
         return f"leased whole by {who} since {since}"
     return f"{mib_text(lease.mem_mib)} leased by {who} since {since}"

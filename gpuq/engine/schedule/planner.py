@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain, islice, takewhile
-from typing import Any, Callable, Iterator, Optional
+from typing import AbstractSet, Any, Callable, Iterator, Optional, Sequence
 
 from gpuq.core.job import Job
 from gpuq.engine.schedule import hostroom, placement, scheduler, victims
@@ -104,7 +104,7 @@ class Planner:
         self,
         snap: scheduler.QueueState,
         busy: dict[int, Assignment],
-        preempting: set[int] = frozenset(),
+        preempting: AbstractSet[int] = frozenset(),
     ) -> Plan:
         """What to start now. `busy`: jobs this worker is starting or still preempting, which hold
         their place though not (or no longer) in running/; `preempting`: never chosen again."""
@@ -132,7 +132,7 @@ class Planner:
         snap: scheduler.QueueState,
         ending: Job,
         busy: dict[int, Assignment],
-        preempting: set[int],
+        preempting: AbstractSet[int],
         look: Optional[gpu_info.GpuLook],
         limit: int = MAX_SUCCESSORS,
     ) -> list[Job]:
@@ -142,7 +142,9 @@ class Planner:
         known ahead: a queued job waits for `ending`, a preemption is under way, another slot is free
         too. With GPUs only the next job, and only if it would get `ending`'s GPUs once `ending`'s
         processes are gone. `look`: the GPUs as this step's plan saw them (None: no ready job)."""
-        mode = placement.mode_of(look) if look is not None else None
+        if look is None:
+            return []
+        mode = placement.mode_of(look)
         if mode not in (placement.CPU_ONLY, placement.GPUS) or (mode == placement.GPUS and not ending.gpus):
             return []
         waited = {dep for job in snap.pending for dep in (*job.after, *job.after_any)}
@@ -178,9 +180,9 @@ class Planner:
         snap: scheduler.QueueState,
         busy: dict[int, Assignment],
         ready: Iterator[Job],
-        preempting: set[int],
+        preempting: AbstractSet[int],
         look: gpu_info.GpuLook,
-        starting: list[Job] = (),
+        starting: Sequence[Job] = (),
     ) -> Plan:
         slots = placement.cpu_only_slots(self.labels)
         taken = scheduler.occupied_slots(snap.running, slots) | {a.slot for a in busy.values()}
@@ -202,10 +204,10 @@ class Planner:
         snap: scheduler.QueueState,
         busy: dict[int, Assignment],
         ready: list[Job],
-        preempting: set[int],
+        preempting: AbstractSet[int],
         look: gpu_info.GpuLook,
         mode: str,
-        starting: list[Job] = (),
+        starting: Sequence[Job] = (),
     ) -> Plan:
         plan = Plan(look=look)
         allowed = self._allowed()
@@ -235,7 +237,7 @@ class Planner:
             plan.victims = self._victims(snap, ready, plan, holdings, own_pids, preempting, look, allowed)
         return plan
 
-    def _room(self, snap: scheduler.QueueState, starting: list[Job]) -> hostroom.Room:
+    def _room(self, snap: scheduler.QueueState, starting: Sequence[Job]) -> hostroom.Room:
         """The host memory and CPUs left: the cap less what running jobs, and those being started
         (still in pending/), reserved."""
 
@@ -295,7 +297,7 @@ class Planner:
         plan: Plan,
         holdings: list[Holding],
         own_pids: frozenset[int],
-        preempting: set[int],
+        preempting: AbstractSet[int],
         look: gpu_info.GpuLook,
         allowed: Optional[set[int]],
     ) -> list[Job]:
@@ -304,7 +306,8 @@ class Planner:
         urgent = next((j for j in ready if scheduler.may_preempt(j) and j.id in plan.waits), None)
         if urgent is None or plan.waits[urgent.id].forever or preempting:
             return []
-        candidates = [j for j in victims.candidates(urgent, snap.running) if allowed is None or set(j.gpus) <= allowed]
+        candidates = victims.candidates(urgent, snap.running)
+        candidates = [j for j in candidates if allowed is None or set(j.gpus or ()) <= allowed]
         allowed_victims = victims.in_preference(candidates, victims.forced(urgent), victims.how_it_continues)
         chosen = self._making_room(urgent, allowed_victims, holdings, own_pids, look, allowed)
         if not chosen and len(allowed_victims) < len(candidates):

@@ -215,7 +215,7 @@ class QueueView:
         for name, value in self.jobs[RUNNING].items():
             if isinstance(value, schema.InvalidJob):
                 invalid.append((JobRef(int(name[: name.index("-")]), RUNNING, name), str(value)))
-            else:
+            elif value is not None:
                 snap.running.append(value)
         snap.pending = sorted(pending, key=queue_key)
         snap.ordered = True

@@ -83,15 +83,15 @@ def waiting_reason(
         return Wait(f"being handed to Slurm; if that was cut short, `gpuq slurm submit {job.id}` finishes it", True)
     waits = [_dependency_wait(job.id, d, state_of.get(d), False, stuck) for d in job.after]
     waits += [_dependency_wait(job.id, d, state_of.get(d), True, stuck) for d in job.after_any]
-    waits = [w for w in waits if w is not None]
+    found = [w for w in waits if w is not None]
     if now is not None and job.begin_at:
         begin = parse_iso(job.begin_at) or 0.0
         if begin > now:
-            waits.append(Wait(f"starts at {_clock(begin, now)} (--begin)", False))
-    if not waits:
+            found.append(Wait(f"starts at {_clock(begin, now)} (--begin)", False))
+    if not found:
         return None
-    blocking = [w for w in waits if w.forever]
-    return blocking[0] if blocking else waits[0]
+    blocking = [w for w in found if w.forever]
+    return blocking[0] if blocking else found[0]
 
 
 def _clock(when: float, now: float) -> str:
@@ -140,7 +140,8 @@ def preemption_victims(
     need = len(unserved)
     if need == 0:
         return [], []
-    victims, would_lose = [], []
+    victims: list[Job] = []
+    would_lose: list[Job] = []
     for job in sorted(_victim_candidates(snapshot, slots, preempting), key=victim_key):
         if len(victims) == need:
             break

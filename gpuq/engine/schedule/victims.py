@@ -37,7 +37,8 @@ def how_it_continues(job: Job) -> Optional[str]:
 def in_preference(candidates: list[Job], force: bool, continues: Callable[[Job], Optional[str]]) -> list[Job]:
     """The candidates an urgent job may preempt, best first: those that can continue, in the
     order given; with `force`, then the others."""
-    able, others = [], []
+    able: list[Job] = []
+    others: list[Job] = []
     for job in candidates:
         (able if continues(job) else others).append(job)
     return able + others if force else able

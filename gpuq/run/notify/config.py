@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Any
 
 from gpuq.core.job import is_url
 
-try:
-    import tomllib  # Python 3.11 and later
-except ImportError:  # pragma: no cover - Python 3.9 and 3.10: the tomli dependency
-    import tomli as tomllib  # type: ignore[no-redef]
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.9 and 3.10: the tomli dependency
+    import tomli as tomllib
 
 ENV = "GPUQ_NOTIFY"
 

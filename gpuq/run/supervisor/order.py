@@ -54,8 +54,8 @@ class StartOrder:
         if not isinstance(data, dict):
             raise ValueError("a start order is a JSON object")
         try:
-            given = {f.name: data[f.name] for f in fields(cls) if f.name in data}
-            order = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
+            given: dict[str, Any] = {f.name: _listless(data[f.name]) for f in fields(cls) if f.name in data}
+            order = cls(**given)
         except TypeError as exc:  # a field missing
             raise ValueError(f"bad start order: {exc}") from None
         if not all(check(getattr(order, name)) for name, check in CHECKS.items()):
@@ -69,6 +69,10 @@ class StartOrder:
     def for_job(self, job_id: int, rev: int, file: str) -> StartOrder:
         """The order for another job in the same slot (one the worker named to follow this one)."""
         return replace(self, id=job_id, rev=rev, file=file)
+
+
+def _listless(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value  # JSON has no tuples
 
 
 CHECKS: dict[str, Callable[[Any], bool]] = {

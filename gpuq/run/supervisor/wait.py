@@ -95,9 +95,10 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
     if returncode is not None:
         return returncode
     grace = kill_grace(run)
-    if hostlimits.stops(run.host):
+    if run.host is not None and hostlimits.stops(run.host):
         log_line(run.log_fd, hostlimits.stopping_line(run.host, grace))
     else:
+        assert limit is not None  # only the time limit or the memory watch ends the wait early
         run.timed_out = format_duration(limit)
         log_line(run.log_fd, f"time limit of {run.timed_out} reached: stopping the job (SIGKILL after {grace:g}s)")
         if run.job.preemptible:
