@@ -1,11 +1,7 @@
-"""What happens when a job ends (`after_end`) or is stuck while it runs (`during_run`): the user's
-`--on-finish` shell command, a desktop notification, and messages to the job's and the worker's
-`--notify URL`s (run/notify/). GPUQ_EVENT says which event it is.
-
-A hook is a program nobody here controls, so it is bounded: its own session, /dev/null as stdin, a
-pipe for its output of which the first OUTPUT_CAP bytes are kept, and when its time is up, or as soon
-as it has exited, whatever is left of its process group is killed (a hook that wants something to
-outlive it starts it with `setsid`). Nothing here raises: a hook that fails is reported in the log.
+"""What happens when a job ends (`after_end`) or is stuck while it runs (`during_run`): `--on-finish`,
+a desktop notification, messages to the `--notify URL`s. A hook is a program nobody here controls, so
+it is bounded: its own session, no stdin, the first OUTPUT_CAP bytes of its output kept, and whatever
+is left of its process group killed once it exited or its time is up. Nothing here raises.
 """
 
 from __future__ import annotations
@@ -37,7 +33,6 @@ _during: list[threading.Thread] = []  # hooks run for events while the job runs,
 
 
 def timeout_seconds() -> float:
-    """How long an --on-finish command may run: GPUQ_HOOK_TIMEOUT, else 30 s."""
     try:
         value = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
     except ValueError:
@@ -54,8 +49,8 @@ def hook_env(
 
 
 def run_on_finish(cmd: str, env_vars: Mapping[str, Any], log: Callable[[str], None], timeout: float = 30) -> None:
-    """Run `sh -c CMD` with `env_vars` added to the environment, for at most `timeout` seconds; its
-    output (the first OUTPUT_CAP bytes) to `log` line by line, then how it ended."""
+    """Run `sh -c CMD` with `env_vars` added, for at most `timeout` seconds; its output, then how it
+    ended, to `log`."""
     try:
         env = dict(os.environ)
         env.update({str(k): "" if v is None else str(v) for k, v in env_vars.items()})
@@ -71,8 +66,7 @@ def run_on_finish(cmd: str, env_vars: Mapping[str, Any], log: Callable[[str], No
 
 
 def notify_desktop(job_summary: Mapping[str, Any], timeout: float = NOTIFY_TIMEOUT) -> Optional[str]:
-    """A desktop notification through `notify-send` of a summary with `id`, `name`, `state` and
-    `exit_code`: None when it was shown, else why not (one line)."""
+    """A desktop notification through `notify-send`: None when it was shown, else why not."""
     tool = procs.which("notify-send")  # not shutil's: every supervisor imports this module
     if tool is None:
         return "notify-send not found (install libnotify-bin to get desktop notifications)"
@@ -93,8 +87,6 @@ def notify_desktop(job_summary: Mapping[str, Any], timeout: float = NOTIFY_TIMEO
 
 
 class _Outcome:
-    """How a hook ended."""
-
     def __init__(self, returncode: Optional[int], timed_out: bool, output: bytes, dropped: int) -> None:
         self.returncode, self.timed_out, self.output = returncode, timed_out, output
         self.dropped = dropped  # bytes of output beyond OUTPUT_CAP, read and thrown away
@@ -200,8 +192,7 @@ def _say(log: Callable[[str], None], line: str) -> None:
 
 def after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
     """The job's and the worker's hooks, once the job's end is recorded and its claim released:
-    whatever they do, the queue is already as it must be. Their output goes to the worker's log;
-    the messages to its URLs are sent without waiting (their failures go to the job's log)."""
+    whatever they do, the queue is already as it must be."""
     for thread in _during:  # hooks of events while it ran: bounded by their own time limits
         thread.join()
     _during.clear()
@@ -217,8 +208,7 @@ def after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
 
 
 def during_run(spool: Spool, job: Job, event: str, reason: str, worker_hooks: dict[str, Any]) -> None:
-    """An event of a running job (GPU_IDLE, STUCK): the message to its URLs, and its hooks in a
-    thread of their own, so that the wait for the job (its time limit) goes on."""
+    """An event of a running job (GPU_IDLE, STUCK): its hooks in a thread, so that the wait goes on."""
     notify_urls(spool, job, RUNNING, event, worker_hooks, reason)
     thread = threading.Thread(target=_run_hooks, args=(spool, job, RUNNING, event, worker_hooks), daemon=True)
     thread.start()
@@ -226,12 +216,7 @@ def during_run(spool: Spool, job: Job, event: str, reason: str, worker_hooks: di
 
 
 def notify_urls(
-    spool: Spool,
-    job: Job,
-    state: str,
-    event: str,
-    worker_hooks: dict[str, Any],
-    reason: Optional[str] = None,
+    spool: Spool, job: Job, state: str, event: str, worker_hooks: dict[str, Any], reason: Optional[str] = None
 ) -> None:
     """The message of `event` to the job's and the worker's `--notify URL`s, failures said in the job's log."""
     urls = [*job.notify_urls, *(worker_hooks.get("notify_urls") or ())]

@@ -1,16 +1,7 @@
-"""The batch script gpuq hands to Slurm (`batch_script`), the sbatch options that go with it
-(`sbatch_options`), and the launcher the script runs on the compute node (`launch`).
-
-The script `cd`s to the job's cwd, sets its umask and runs the launcher (`python -E -S`, the job as
-JSON on descriptor 3 from a here-document: the script is self-contained), which builds the
-environment as the local supervisor does, picks the newest checkpoint written since `ckpt_since`
-(an earlier run's checkpoint in the same output directory is not resumed from), says so in the log
-and `exec`s the command. The payload runs as `cmd & wait`, so a trapped TERM (`scancel -b`, a
-preemption) is forwarded to the job's process group. The time-limit warning is
+"""The batch script gpuq hands to Slurm, its sbatch options, and the launcher it runs on the compute
+node (the job as JSON on descriptor 3: the script is self-contained). The time-limit warning is
 `--signal=B:USR1@GRACE`, not TERM (TERM also comes from `scancel`): on USR1 the script forwards TERM
-(trainers save on TERM), waits for the payload and `scontrol requeue`s its own job, which Slurm runs
-again with `SLURM_RESTART_COUNT` > 0, resuming from its checkpoint. The script writes nothing but
-the job's log.
+(trainers save on TERM), waits, and `scontrol requeue`s its own job, which resumes from its checkpoint.
 """
 
 from __future__ import annotations
@@ -95,9 +86,7 @@ def sbatch_options(
     gres: bool = True,
 ) -> list[str]:
     """sbatch's options for `job`. `slurm_ids`: gpuq id -> Slurm id of the jobs of this hand-over
-    already submitted (other `after`/`after_any` ids must have ended). `grace_seconds`: how long
-    before the time limit the job is told to save and stop. `gres=False` for clusters without GRES.
-    ValueError (one line) for a job field or argument Slurm cannot take."""
+    already submitted. ValueError (one line) for a job field or argument Slurm cannot take."""
     if not 0 <= grace_seconds <= 65535:
         raise ValueError(f"the grace period must be 0 to 65535 seconds, not {grace_seconds}")
     if not job.log:
@@ -144,8 +133,8 @@ def _dependency(job: Job, slurm_ids: Mapping[int, int]) -> str:
 
 
 def launch_plan(job: Job, restart: int) -> tuple[list[str], list[str]]:
-    """(argv to run, `=== gpuq:` lines saying why) for this start: the job's command, with the
-    newest checkpoint written since `ckpt_since` passed in its resume form when there is one."""
+    """(argv to run, `=== gpuq:` lines saying why): the job's command, resuming from the newest
+    checkpoint written since `ckpt_since` if there is one."""
     ckpt = checkpoints.latest_checkpoint(job)  # only those written since the job's ckpt_since
     when = f"slurm restart {restart}" if restart > 0 else "slurm start"
     if ckpt is not None:
@@ -160,8 +149,7 @@ def launch_plan(job: Job, restart: int) -> tuple[list[str], list[str]]:
 
 
 def launch_environment(job: Job, runtime_env: Mapping[str, str]) -> dict[str, str]:
-    """As the local supervisor builds it (`shell_env`, else the submitter's environment Slurm gave
-    the script), plus what Slurm set for this allocation (SLURM_*, visible GPUs, TMPDIR)."""
+    """As the local supervisor builds it, plus what Slurm set for this allocation."""
     shell_env = job.shell_env
     env = dict(shell_env if shell_env is not None else runtime_env)
     for name in RUNTIME_VARS:
