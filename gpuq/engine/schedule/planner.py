@@ -1,9 +1,6 @@
-"""Which pending jobs start now, and where: GPUs by placement (engine/schedule/placement.py; CPU
-jobs one at a time in a CPU lane beside them), or slots on a machine without GPUs (one for the
-machine, or one per `gpuq run --gpus` label). The GPUs are looked at only when a job is ready, and
-the leases of every other party on the machine (lease_layout.md) are read afresh at each look, as
-leases end without an event. A job that reserves host memory or CPUs starts only where
-engine/schedule/hostroom.py finds room for it.
+"""Which pending jobs start now, and where: GPUs by placement (CPU jobs one at a time in a CPU lane
+beside them), or slots on a machine without GPUs. The GPUs are looked at only when a job is ready,
+and other parties' leases are read afresh at each look, as leases end without an event.
 """
 
 from __future__ import annotations
@@ -24,8 +21,8 @@ MAX_PLACED = 256  # ready jobs placed per step; behind a waiting GPU job only CP
 
 @dataclass(frozen=True)
 class Assignment:
-    """Where a job runs: `slot` is the CUDA_VISIBLE_DEVICES it gets (None: unset, the whole
-    machine; "" for a CPU job beside GPU jobs), `gpus` the GPU indices it holds (None without GPUs)."""
+    """`slot`: its CUDA_VISIBLE_DEVICES (None: unset, the whole machine; "": a CPU job beside GPU
+    jobs); `gpus`: the GPU indices it holds (None without GPUs)."""
 
     slot: Optional[str]
     gpus: Optional[tuple[int, ...]] = None
@@ -36,7 +33,6 @@ class Assignment:
         return cls(job.slot, tuple(held) if held is not None else None)
 
     def text(self) -> str:
-        """` on GPU 0,1`, ` (CPU job)`, or '' (the whole machine), for the worker's log."""
         if self.gpus is not None:
             return f" on GPU {self.slot}" if self.gpus else " (CPU job)"
         return f" on GPU {self.slot}" if self.slot is not None else ""
@@ -51,7 +47,6 @@ class Plan:
 
     @property
     def gpu_wait(self) -> bool:
-        """Some job waits for what may free up without an event: look again soon."""
         return any(not w.forever for w in self.waits.values())
 
 
@@ -59,9 +54,8 @@ MAX_SUCCESSORS = 8  # jobs named ahead to a supervisor for its slot (run/success
 
 
 class OtherLeases:
-    """The live GPU leases of every party but this spool's jobs. A problem with the lease directory
-    (or a file in it) is said once, and planning goes on without those leases: the GPU memory gate
-    alone decides."""
+    """The live GPU leases of every party but this spool's jobs. A problem with the lease directory is
+    said once, and planning goes on without those leases."""
 
     def __init__(self, spool_home: Any, say: Callable[[str], None], path: Optional[str] = None):
         self.spool_home = str(spool_home)  # as its jobs' leases name it
@@ -106,8 +100,8 @@ class Planner:
         busy: dict[int, Assignment],
         preempting: AbstractSet[int] = frozenset(),
     ) -> Plan:
-        """What to start now. `busy`: jobs this worker is starting or still preempting, which hold
-        their place though not (or no longer) in running/; `preempting`: never chosen again."""
+        """What to start now. `busy`: jobs being started or preempted, which hold their place though
+        not in running/; `preempting`: never chosen again."""
         self._trees, self._leased = {}, []
         starting = [job for job in snap.pending if job.id in busy]
         if starting:  # handed to their supervisors, not yet in running/: they no longer wait
@@ -136,12 +130,9 @@ class Planner:
         look: Optional[gpu_info.GpuLook],
         limit: int = MAX_SUCCESSORS,
     ) -> list[Job]:
-        """The jobs this planner would start, one after another, in `ending`'s slot were `ending`
-        to end now and each of them in turn (spool_layout.md section 6, "Handing the slot on"). The
-        list stops after a job another waits for, and is empty whenever what comes next cannot be
-        known ahead: a queued job waits for `ending`, a preemption is under way, another slot is free
-        too. With GPUs only the next job, and only if it would get `ending`'s GPUs once `ending`'s
-        processes are gone. `look`: the GPUs as this step's plan saw them (None: no ready job)."""
+        """The jobs this planner would start one after another in `ending`'s slot were `ending` to end
+        now (spool_layout.md section 6); empty whenever what comes next cannot be known ahead. With
+        GPUs only the next job, and only if it would get `ending`'s GPUs. `look`: this step's."""
         if look is None:
             return []
         mode = placement.mode_of(look)
@@ -238,8 +229,7 @@ class Planner:
         return plan
 
     def _room(self, snap: scheduler.QueueState, starting: Sequence[Job]) -> hostroom.Room:
-        """The host memory and CPUs left: the cap less what running jobs, and those being started
-        (still in pending/), reserved."""
+        """The host memory and CPUs left: the cap less what running and starting jobs reserved."""
 
         def holders() -> Iterator[Job]:
             running = {job.id for job in snap.running}
@@ -253,7 +243,6 @@ class Planner:
         return self.host
 
     def _tree(self, pid: int) -> set[int]:
-        """The process tree of a pid, read once per step (`successors` plans again)."""
         if pid not in self._trees:
             self._trees[pid] = gpu_info.tree_pids([pid])
         return self._trees[pid]
@@ -269,8 +258,8 @@ class Planner:
     def _holdings(
         self, running: list[Job], busy: dict[int, Assignment]
     ) -> tuple[list[Holding], frozenset[int], Optional[int]]:
-        """gpuq's jobs on the GPUs (running ones with their process trees, and those this worker is
-        starting or preempting), every pid of gpuq's jobs, and the job in the CPU lane."""
+        """gpuq's jobs on the GPUs (running, starting or preempted), every pid of gpuq's jobs, and the
+        job in the CPU lane."""
         holdings, pids, cpu_lane = [], set(), None
         running_ids = {j.id for j in running}
         for job in running:
@@ -301,8 +290,7 @@ class Planner:
         look: gpu_info.GpuLook,
         allowed: Optional[set[int]],
     ) -> list[Job]:
-        """Running jobs to preempt so that the first urgent job the GPUs hold back can start: as
-        few as will make room, in engine/schedule/victims.py's order."""
+        """As few running jobs to preempt as let the first urgent job the GPUs hold back start."""
         urgent = next((j for j in ready if scheduler.may_preempt(j) and j.id in plan.waits), None)
         if urgent is None or plan.waits[urgent.id].forever or preempting:
             return []
@@ -325,8 +313,7 @@ class Planner:
         look: gpu_info.GpuLook,
         allowed: Optional[set[int]],
     ) -> list[Job]:
-        """As few of `candidates` as let `urgent` be placed, the first ones preferred: taken in
-        order until it fits, then each it also fits without left out; [] if none would make room."""
+        """As few of `candidates` as let `urgent` be placed, the first ones preferred."""
 
         def fits_without(chosen: list[Job]) -> bool:
             ids = {victim.id for victim in chosen}
@@ -355,7 +342,6 @@ class Planner:
 def _queue_without(
     snap: scheduler.QueueState, pending: set[int], running: frozenset[int] = frozenset()
 ) -> scheduler.QueueState:
-    """The queue less the pending jobs `pending` and the running jobs `running`, in the same order."""
     rest = scheduler.QueueState(
         snap.states,
         [job for job in snap.pending if job.id not in pending],
@@ -367,14 +353,12 @@ def _queue_without(
 
 
 def _ready(snap: scheduler.QueueState) -> Iterator[Job]:
-    """Pending jobs whose dependencies allow them to start, in queue order, found lazily."""
     for job in snap.pending if snap.ordered else scheduler.queue_order(snap.pending):
         if scheduler.waiting_reason(job, snap.states, now=snap.now) is None:
             yield job
 
 
 def _without(gpu: gpu_info.Gpu, pids: set[int]) -> gpu_info.Gpu:
-    """The GPU as it will be once `pids` are gone (a victim's processes and their memory)."""
     leaving = [p for p in gpu.processes if p.pid in pids]
     if not leaving:
         return gpu

@@ -1,15 +1,7 @@
-"""What a supervisor watches while its job runs, besides the job's exit and time limit:
-
-- a GPU job's GPUs, sampled every GPUQ_GPU_SAMPLE_SECONDS into the attempt's record
-  (engine/tracking/gpuuse.py); a CPU job, or a machine without GPUs, has no sampler;
-- for a job whose events someone listens to (`--notify`, `--notify URL`, `--on-finish`, its own or
-  the worker's), whether it is stuck: its GPU idle (below 10%) longer than GPUQ_GPU_IDLE_MINUTES
-  (GPU_IDLE, once per idle episode of each GPU), or its log and progress file unchanged for
-  GPUQ_STUCK_MINUTES (default 60; 0: never; STUCK, once until the job writes again). gpuq's own
-  lines in the log do not count as the job's.
-
-Each event goes to run/hooks.during_run, which does not wait for the messages it sends. A watch
-is driven by the wait (run/supervisor/wait.py): `seconds_left` until something is due, `take_if_due`.
+"""What a supervisor watches while its job runs, besides its exit and time limit: a GPU job's GPUs,
+sampled into the attempt's record, and, for a job whose events someone listens to, whether it is
+stuck: its GPU idle longer than GPUQ_GPU_IDLE_MINUTES (GPU_IDLE), or its log and progress file
+unchanged for GPUQ_STUCK_MINUTES (STUCK). Driven by the wait: `seconds_left`, `take_if_due`.
 """
 
 from __future__ import annotations
@@ -33,8 +25,6 @@ PREFIX = LOG_PREFIX.encode()
 
 
 class Sampler:
-    """A GPU job's samples of its GPUs, added to the attempt's record (earlier attempts' stay)."""
-
     def __init__(self, run: Run, held: tuple[int, ...]):
         self.run, self.held = run, list(held)
         self.period = gpuuse.sample_seconds()
@@ -69,7 +59,7 @@ class Sampler:
 
 
 def stuck_seconds() -> float:
-    """GPUQ_STUCK_MINUTES in seconds; 0: not watched. A bad value: the default."""
+    """GPUQ_STUCK_MINUTES in seconds; 0: not watched."""
     try:
         minutes = float(os.environ.get(STUCK_ENV) or DEFAULT_STUCK_MINUTES)
     except ValueError:
@@ -78,8 +68,6 @@ def stuck_seconds() -> float:
 
 
 class Watch:
-    """The sampler (if any) and the stuck checks, driven as a sampler is."""
-
     def __init__(self, run: Run, sampler: Optional[Sampler]) -> None:
         self.run, self.sampler = run, sampler
         self.idle_limit = gpuuse.idle_limit_seconds()
@@ -150,8 +138,7 @@ class Watch:
 
 
 def for_run(run: Run) -> Optional[Union[Watch, Sampler]]:
-    """What to watch while `run`'s job runs: its GPU sampler alone (or nothing, for a CPU job),
-    unless someone listens to its events."""
+    """Its GPU sampler alone (or nothing, for a CPU job), unless someone listens to its events."""
     held: Any = run.order.gpus
     sampler = Sampler(run, tuple(held)) if held else None
     job, order = run.job, run.order
