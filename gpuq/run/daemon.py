@@ -78,8 +78,7 @@ def _tell(fd: int, message: str) -> None:
 
 
 def start_background(spool: Spool, run_options: list[str]) -> int:
-    """Start `gpuq run --watch RUN_OPTIONS` detached from this terminal; return its pid once it
-    holds its locks. Refused (with the worker's own reason) if it could not start."""
+    """Start `gpuq run --watch RUN_OPTIONS` detached; its pid once it holds its locks, else Refused."""
     read_fd, write_fd = os.pipe()
     log = spool.logs.open_worker_log()
     cmd = [sys.executable, "-c", CLI_BOOT, PACKAGE_PARENT, "run", "--watch", "--ready-fd", str(write_fd), *run_options]

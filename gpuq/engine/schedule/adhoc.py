@@ -1,11 +1,7 @@
-"""`gpuq lease -- CMD`: a command outside the queue (a notebook server, a quick script) run under
-GPU leases that every user's gpuq honours: it waits until `leasing.claim_gpus` gives it GPUs (with
-`wait=False`, exit 75, EX_TEMPFAIL, naming the holders), runs the command with CUDA_VISIBLE_DEVICES
-set as a gpuq job gets it, and holds the leases in this process (the lease's pid, so the command's
-processes are its tree) until the command ends. The lease descriptors are close-on-exec.
-
-SIGTERM and SIGHUP are forwarded to the command, and SIGINT too unless stdin is a terminal: there
-the terminal's Ctrl-C reaches the command directly (twice would read to Jupyter as "shut down now").
+"""`gpuq lease -- CMD`: a command outside the queue run under GPU leases that every user's gpuq
+honours, held by this process (the lease's pid, so the command's processes are its tree) until the
+command ends. SIGINT is forwarded only when stdin is not a terminal: there Ctrl-C reaches the command
+directly (twice would read to Jupyter as "shut down now").
 """
 
 from __future__ import annotations
@@ -42,8 +38,7 @@ def lease_and_run(
     look: Callable[[], Any] = gpus.look,
     say: Optional[Callable[[str], None]] = None,
 ) -> int:
-    """Run `cmd` under leases of the GPUs `request` asks for; its exit code (128 + N for signal N).
-    Refused for a command that cannot be found or GPUs that can never be had here."""
+    """Run `cmd` under leases of the GPUs `request` asks for; its exit code (128 + N for signal N)."""
     say = say or _stderr
     program = _program(cmd[0])
     claim = _claim(request, os.path.basename(cmd[0]), wait, lease_dir, look, say)

@@ -1,9 +1,6 @@
 """Taking GPUs for a start under the machine-wide lease protocol (lease_layout.md): `claim_gpus`
-decides and leases together. Under the placing locks of the candidate GPUs it looks at the GPUs,
-reads the live leases, decides with `placement.place` and takes a lease per GPU chosen, so that two
-parties that claim at once, whoever they are, are serialised per GPU. The caller (a job's
-supervisor, `gpuq lease`) holds the leases while the GPUs are in use. A lease directory that cannot
-be trusted or used is said once through `log`, and the GPU memory gate alone decides.
+decides and leases together, under the placing locks of the candidate GPUs, so that two parties that
+claim at once, whoever they are, are serialised per GPU.
 """
 
 from __future__ import annotations
@@ -63,10 +60,9 @@ def claim_gpus(
     describe: Optional[Describe] = gpus.describe_pid,
     log: Callable[[str], None] = _say,
 ) -> Union[Claim, Blocked]:
-    """Choose GPUs among `candidates` (indices; None: all) for `request` and lease them to `job`/
-    `name` of `spool` (None, None for `gpuq lease`), held by `pid` (default: this process), or say
-    why it must wait. Every live lease counts but those `exclude` names. `threshold`: the
-    foreign-memory gate of a whole-GPU request."""
+    """Choose GPUs among `candidates` (None: all) for `request` and lease them to `job` of `spool`
+    (None, None for `gpuq lease`), held by `pid`, or say why it must wait. Every live lease counts
+    but those `exclude` names."""
     if request.gpus == 0:
         return Claim([], ())
     allowed = None if candidates is None else sorted(set(candidates))

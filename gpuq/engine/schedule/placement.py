@@ -1,23 +1,11 @@
-"""Which GPUs a job may start on now, or why it waits: pure decisions over one look at the GPUs
-(`gpuq.system.gpus.look`), the gpuq jobs holding GPUs (`Holding`, with their process trees) and the
-other parties' live leases (`Leased`: lease_layout.md "Counting").
+"""Which GPUs a job may start on now, or why it waits: pure decisions over one look at the GPUs, the
+gpuq jobs holding GPUs (with their process trees) and other parties' live leases.
 
-A GPU's memory is committed (gpuq jobs holding it: a shared job for the larger of its declared
-`gpu_mem_mib` and what its processes use; a whole-GPU job takes the GPU; a memory lease for its size
-or its holder's use), outside (listed processes of no holding or lease, plus the used memory no
-listed process explains: on Linux NVML lists nearly everything, so a large remainder means hidden
-processes, another container, and counting it errs towards waiting), or free.
-
-A whole-GPU request takes GPUs that nothing of gpuq's and no lease holds and whose outside memory is
-at most `foreign_threshold_mib` (room for a display server or an idle CUDA context). A shared request
-takes GPUs without a whole holding or lease where committed + leased + outside + request <= total,
-the best fit first (ties by index) so that big GPUs stay free for big jobs; with `gpus=2` each GPU
-must fit. A GPU in an exclusive compute mode takes one process: any holding holds it whole, and any
-outside process keeps jobs off it.
-
-`mode_of(look)`: GPUS (place), CPU_ONLY (no GPUs, benignly: every job takes a slot, one per `--gpus`
-label or one for the machine, its GPU request unchecked, as gpuq always ran), UNREADABLE (the look
-failed: GPU jobs wait, CPU jobs start).
+A GPU's memory is committed (gpuq's jobs and memory leases), outside (processes of no holding or
+lease, plus used memory no listed process explains: hidden processes, so counting it errs towards
+waiting), or free. A whole-GPU request takes GPUs nothing of gpuq's and no lease holds, with outside
+memory at most `foreign_threshold_mib`; a shared one takes the best fit among GPUs without a whole
+holding, so that big GPUs stay free for big jobs. A GPU in an exclusive compute mode takes one process.
 """
 
 from __future__ import annotations
@@ -47,8 +35,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Request:
-    """What a job asks for. gpus=0: a CPU job. gpu_mem_mib=None: its GPUs whole; else that many
-    MiB on each of its GPUs, shared with other such jobs. ValueError on a request that cannot be."""
+    """gpus=0: a CPU job. gpu_mem_mib=None: its GPUs whole; else MiB on each, shared."""
 
     gpus: int = 1
     gpu_mem_mib: Optional[int] = None
@@ -65,8 +52,6 @@ class Request:
 
 @dataclass(frozen=True)
 class Holding:
-    """A gpuq job running (or being started) on `gpus`, with its declared size and process tree."""
-
     job_id: int
     gpus: tuple[int, ...]
     gpu_mem_mib: Optional[int]
@@ -75,8 +60,6 @@ class Holding:
 
 @dataclass(frozen=True)
 class Leased:
-    """Another party's live lease, with the processes of its holder's tree (its pid's descendants)."""
-
     lease: Lease
     pids: frozenset[int] = frozenset()
 
@@ -98,8 +81,6 @@ Describe = Callable[[int], str]
 
 @dataclass
 class _GpuState:
-    """One GPU as placement sees it."""
-
     gpu: Gpu
     jobs: list[int] = field(default_factory=list)  # gpuq jobs holding it
     whole: bool = False  # one of them holds it whole
@@ -131,7 +112,6 @@ def mode_of(look: GpuLook) -> str:
 
 
 def cpu_only_slots(allowed: Optional[Sequence[T]]) -> list[Optional[T]]:
-    """The slots of a worker without GPUs: one per `--gpus` label, else one for the whole machine."""
     return list(allowed) if allowed else [None]
 
 
@@ -149,10 +129,8 @@ def place(
     describe: Optional[Describe] = None,
     leased: Sequence[Leased] = (),
 ) -> Decision:
-    """Where `request` can start now among `gpus` (those of a look) restricted to `allowed`
-    (indices; None: all), given the gpuq `holdings` and other parties' `leased` GPUs, or why not.
-    `own_pids` are every process of a gpuq job (adopted ones included); `describe(pid)` gives
-    "python, user alice", which the reason puts in parentheses (None: pids are named without it)."""
+    """Where `request` can start now among `gpus` restricted to `allowed` (None: all), or why not.
+    `own_pids`: every process of a gpuq job; `describe(pid)` gives "python, user alice"."""
     if request.gpus == 0:
         return Placement(())
     wanted = None if allowed is None else set(allowed)
@@ -180,13 +158,9 @@ def place_in_order(
     backfill: bool = False,
     leased: Sequence[Leased] = (),
 ) -> dict[int, Decision]:
-    """`place` for pending jobs given as (job id, request) in queue order (only those whose
-    dependencies allow them to start), each placement becoming a holding for the jobs after it,
-    so that one step never gives a whole GPU twice nor overcommits a shared one.
-
-    Once a GPU job waits (not forever), the GPU jobs behind it wait too ("waiting behind job #N"),
-    unless `backfill`: otherwise a stream of one-GPU jobs could keep a two-GPU job waiting forever.
-    CPU jobs always start; a job that can never fit is skipped, and does not hold up the others."""
+    """`place` for ready jobs in queue order, each placement a holding for the jobs after it. Once a
+    GPU job waits, the GPU jobs behind it wait too unless `backfill`: otherwise a stream of one-GPU
+    jobs could keep a two-GPU job waiting forever. A job that can never fit holds no one up."""
     allowed = None if allowed is None else set(allowed)
     own = frozenset(own_pids)
     held = list(holdings)
@@ -206,8 +180,7 @@ def place_in_order(
 
 
 def _owners(holdings: list[Holding], own_pids: Iterable[int]) -> dict[int, Optional[int]]:
-    """Every gpuq process -> the job holding GPUs it belongs to (None: a gpuq job without GPUs,
-    such as an adopted one), to name a gpuq process found on a GPU its job does not hold."""
+    """Every gpuq process -> the job holding GPUs it belongs to (None: one without GPUs)."""
     owners: dict[int, Optional[int]] = {pid: None for pid in own_pids}
     owners.update({pid: h.job_id for h in holdings for pid in h.pids})
     return owners
@@ -241,7 +214,6 @@ def _states(candidates: list[Gpu], holdings: list[Holding], leased: Sequence[Lea
 
 
 def _lease_commits(held: Leased, gpu: Gpu) -> int:
-    """A memory lease commits its size, or what its holder's processes use on the GPU if more."""
     using = sum(p.used_memory_mib or 0 for p in gpu.processes if p.pid in held.pids)
     return max(held.lease.mem_mib or 0, using)
 
@@ -296,13 +268,10 @@ def _place_shared(count: int, need: int, states: list[_GpuState], text: _Texts) 
 
 
 def _outside_blocks(state: _GpuState, threshold: int) -> bool:
-    """Whether others' memory keeps a whole-GPU job off the GPU: more than the threshold, or any
-    listed process at all on a GPU in an exclusive compute mode."""
     return state.outside_mib > threshold or (state.gpu.exclusive and bool(state.outside))
 
 
 def _taken(state: _GpuState) -> bool:
-    """Whether a GPU in an exclusive compute mode is someone's: any other process or lease there."""
     return state.gpu.exclusive and bool(state.outside or state.leases)
 
 
@@ -316,7 +285,7 @@ def _too_few(count: int, candidates: list[Gpu], missing: set[int]) -> str:
 
 
 class _Texts:
-    """The pieces of the reasons, describing each pid at most once."""
+    """The pieces of the reasons, describing each pid once."""
 
     def __init__(self, describe: Optional[Describe], owners: dict[int, Optional[int]]):
         self._describe = describe

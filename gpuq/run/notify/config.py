@@ -1,10 +1,5 @@
-"""A user's default destinations: GPUQ_NOTIFY (URLs separated by spaces or commas), else `notify`
-in ~/.config/gpuq/config.toml ($XDG_CONFIG_HOME/gpuq/config.toml):
-
-    notify = ["ntfy://my-topic", "mailto://me:app-password@gmail.com"]
-
-Read by `gpuq run` when it starts, when it is given no `--notify URL`: the worker's default for all
-its jobs (a job's own `--notify URL` adds to it).
+"""A user's default destinations: GPUQ_NOTIFY (URLs separated by spaces or commas), else `notify = [...]`
+in ~/.config/gpuq/config.toml; the worker's default when it is given no `--notify URL`.
 """
 
 from __future__ import annotations
@@ -30,8 +25,7 @@ def config_path() -> str:
 
 
 def default_urls() -> list[str]:
-    """GPUQ_NOTIFY's URLs, else the config file's (none if it does not exist). ValueError (one
-    line) for a URL that is not one or a config file that cannot be read."""
+    """GPUQ_NOTIFY's URLs, else the config file's; ValueError for a bad URL or an unreadable file."""
     text = os.environ.get(ENV, "").strip()
     if text:
         return _checked([u for u in re.split(r"[\s,]+", text) if u], ENV)

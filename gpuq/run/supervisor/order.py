@@ -1,7 +1,5 @@
-"""What a supervisor is told: one typed message, the same for every start (spool_layout.md, section 6,
-"What a supervisor is told"), sent as one JSON line with the claim's descriptor (run/launcher.py).
-A supervisor that may hand its slot on gets the orders of the jobs to follow over the same socket
-(run/successor.py): the slot's order with the named jobs' `id`, `rev` and `file` put in.
+"""What a supervisor is told: one typed message, the same for every start (spool_layout.md, section 6),
+sent as one JSON line with the claim's descriptor.
 """
 
 from __future__ import annotations
