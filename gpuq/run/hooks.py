@@ -43,7 +43,6 @@ def timeout_seconds() -> float:
 def hook_env(
     job_id: int, name: str, state: str, exit_code: Optional[int], log_path: str, event: str = message.FINISHED
 ) -> dict[str, str]:
-    """The variables a finish hook gets; an unknown exit code is the empty string."""
     values = (str(job_id), name, state, "" if exit_code is None else str(exit_code), log_path)
     return {**dict(zip(HOOK_VARIABLES, values)), EVENT_VARIABLE: event}
 

@@ -76,5 +76,4 @@ def pump(read_fd: int, log: CappedLog) -> threading.Thread:
 
 
 def cap_of(job_cap: Optional[int], worker_cap: Optional[int]) -> Optional[int]:
-    """The cap that applies: the job's own, else the worker's (None: no cap)."""
     return job_cap or worker_cap or None

@@ -131,20 +131,15 @@ def _step(worker: Worker, woken: bool) -> StepResult:
 def _next_look(result: StepResult, held_for: int = 0, settling: bool = False) -> float:
     """Seconds until the next look without an event (a claim held long, by a person's command, is
     looked at less and less often), and never past the next --begin time."""
-    wait = _usual_look(result, held_for, settling)
+    if result.claim_busy or settling:
+        wait = min(RESCAN_SECONDS, CLAIM_BUSY_RESCAN_SECONDS * 2 ** max(0, held_for - 1))
+    elif result.watch_closely:
+        wait = ADOPTED_RESCAN_SECONDS
+    else:
+        wait = GPU_WAIT_RESCAN_SECONDS if result.gpu_wait or result.space_wait else RESCAN_SECONDS
     if result.next_begin is not None:
         wait = min(wait, max(0.0, result.next_begin - time.time()))
     return wait
-
-
-def _usual_look(result: StepResult, held_for: int, settling: bool) -> float:
-    if result.claim_busy or settling:
-        return min(RESCAN_SECONDS, CLAIM_BUSY_RESCAN_SECONDS * 2 ** max(0, held_for - 1))
-    if result.watch_closely:
-        return ADOPTED_RESCAN_SECONDS
-    if result.gpu_wait or result.space_wait:
-        return GPU_WAIT_RESCAN_SECONDS
-    return RESCAN_SECONDS
 
 
 class _Handler(events.FileSystemEventHandler):

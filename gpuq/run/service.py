@@ -36,7 +36,6 @@ class InstallResult:
 
 
 def supported() -> Optional[str]:
-    """Why a systemd user service cannot work here, or None when it can."""
     if not sys.platform.startswith("linux"):
         return f"systemd services exist only on Linux (this is {sys.platform})"
     if shutil.which("systemctl") is None:

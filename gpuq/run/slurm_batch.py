@@ -161,7 +161,6 @@ def launch_environment(job: Job, runtime_env: Mapping[str, str]) -> dict[str, st
 
 
 def launch() -> None:
-    """Read the job from descriptor 3, say what this start does, exec the job's command."""
     with os.fdopen(JSON_FD, encoding="utf-8") as stream:
         job = Job(json.loads(stream.read()))
     runtime = dict(os.environ)

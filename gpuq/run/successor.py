@@ -41,8 +41,6 @@ def send(sock: Optional[socket.socket], line: bytes) -> bool:
 
 
 class Heard:
-    """The supervisor's side: the worker's last whole word on the line."""
-
     def __init__(self, fd: int, received: bytes = b""):
         self.fd = fd
         self.gone = False
@@ -56,7 +54,6 @@ class Heard:
         return [] if self.gone else self.named
 
     def listen(self) -> bool:
-        """Read what the worker has said so far; whether the line is still open."""
         data, self._partial = self._partial, b""
         while not self.gone:
             try:

@@ -239,7 +239,6 @@ class Worker:
             self.spool.files.keep_emergency_room()
 
     def _take_in_dropped(self, now: float) -> bool:
-        """Take in hand-dropped files for a slice of time; True if some were left."""
         with self.spool.dropbox.turn() as mine:
             if not mine:
                 return False

@@ -53,7 +53,6 @@ def lease_and_run(
 def _claim(
     request: Request, name: str, wait: bool, lease_dir: Optional[str], look: Callable[[], Any], say: Callable
 ) -> Claim:
-    """The GPUs, once free; NotFree or Refused otherwise."""
     told = False
     while True:
         got = claim_gpus(request, job=None, name=name, spool=None, lease_dir=lease_dir, look=look, log=say)

@@ -170,7 +170,6 @@ def listed(shown: Optional[dict[str, Any]], now: float) -> list[dict[str, Any]]:
 
 
 def _none(gpus: Any, source: Any, problem: Any) -> bool:
-    """No GPUs here, benignly (no driver, or none installed): nothing to show."""
     return not gpus and (source == "none" or problem is None)
 
 

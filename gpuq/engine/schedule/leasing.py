@@ -101,7 +101,6 @@ def claim_gpus(
 
 
 def _no_gpus(seen: GpuLook) -> Blocked:
-    """No GPU to lease: none here (for good), or none readable now."""
     if mode_of(seen) == CPU_ONLY:
         return Blocked(f"no GPU to lease here: {seen.problem or 'none found'}", forever=True)
     return unreadable(seen)

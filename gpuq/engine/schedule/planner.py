@@ -368,5 +368,4 @@ def _without(gpu: gpu_info.Gpu, pids: set[int]) -> gpu_info.Gpu:
 
 
 def request_of(job: Job) -> Request:
-    """What a job asks of the GPUs (job files from before GPUs were known ask for one, whole)."""
     return Request(job.gpu_request, job.gpu_mem_mib if job.gpu_request != 0 else None)

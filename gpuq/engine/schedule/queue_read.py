@@ -36,7 +36,6 @@ class PendingCache:
         return value
 
     def forget(self, state: str, name: str) -> None:
-        """Drop what is kept for a file, so that the next load reads it whatever its stat says."""
         self._cache.pop((state, name), None)
 
     def forget_missing(self, present: set[tuple[str, str]]) -> None:

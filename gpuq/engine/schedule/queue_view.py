@@ -78,7 +78,6 @@ class QueueView:
         return any(state == PENDING and _dropped_name(name) for state, name in self._named)
 
     def look(self, spool: Spool, now: float) -> tuple[QueueState, list[tuple[JobRef, str]]]:
-        """The scheduler's view at `now`, plus pending files that are not valid jobs."""
         self._collect()
         if self._full_due(now):
             self._full(spool, now)

@@ -107,7 +107,6 @@ def queue_order(pending: list[Job]) -> list[Job]:
 
 
 def queue_key(job: Job) -> tuple[bool, bool, int, int]:
-    """A job's place in queue_order."""
     return (not job.urgent, not job.queue_front, -job.priority, job.id)
 
 
@@ -187,11 +186,4 @@ def waiting_reasons(snapshot: QueueState, extra: Optional[dict[int, Wait]] = Non
 
 
 def has_startable_future(snapshot: QueueState, extra: Optional[dict[int, Wait]] = None) -> bool:
-    """True while some pending job can still start without a person acting."""
-    extra = extra or {}
-    for job in snapshot.pending:  # the common case, decided without following dependency chains
-        if waiting_reason(job, snapshot.states, now=snapshot.now) is None and not (
-            job.id in extra and extra[job.id].forever
-        ):
-            return True
     return any(w is None or not w.forever for w in waiting_reasons(snapshot, extra).values())

@@ -49,14 +49,12 @@ def of_job(job: Job, state: str, event: str = FINISHED, reason: Optional[str] = 
 
 
 def queue_empty() -> dict[str, Any]:
-    """The worker's message when its last job ended and nothing waits that could start."""
     fields = {"event": QUEUE_EMPTY, "host": host()}
     body = f"nothing runs and nothing waits that could start (`gpuq status` on {fields['host']})"
     return {"fields": fields, "title": f"gpuq: queue empty on {fields['host']}", "body": body, "type": "info"}
 
 
 def _type(event: str, state: str) -> str:
-    """Apprise's message type: how a service colours it."""
     if event != FINISHED:
         return "warning"
     return "success" if state == DONE else "failure" if state in (FAILED, INTERRUPTED) else "warning"

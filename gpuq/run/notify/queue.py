@@ -12,8 +12,6 @@ from gpuq.run.notify import message, send
 
 
 class QueueWatch:
-    """Told the result of every step of the worker's loop (run/loop.py)."""
-
     def __init__(self, worker: Any) -> None:
         self.worker = worker
         self.had_work = False  # a job of this worker ran since the queue was last empty

@@ -28,7 +28,6 @@ _said_missing: set[str] = set()  # the logs told that Apprise is missing
 
 
 def timeout_seconds() -> float:
-    """GPUQ_NOTIFY_TIMEOUT (0 < s <= 600), else 10 s."""
     try:
         value = float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
     except ValueError:
@@ -90,7 +89,6 @@ def _trimmed(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def reap() -> None:
-    """Collect the senders that have ended, and learn which destinations failed."""
     for entry in list(_running):
         proc, log, urls = entry
         code = proc.poll()

@@ -33,7 +33,7 @@ def finish(
     retry: bool,
     ended_at: Optional[str] = None,
     recorded: Optional[dict[str, Any]] = None,
-) -> int:
+) -> None:
     """Record how the attempt ended, move the job on and give up the claim. On a full disk the end
     is noted in the claim's lock file and written once there is room."""
     spool, job = run.spool, run.job
@@ -66,7 +66,6 @@ def finish(
     os.close(run.log_fd)
     ending.record_end(spool, run.ref, job, state, changes, while_full=lambda: _note_end(run, state, changes))
     run.claim.release()
-    return exit_code
 
 
 def _note_end(run: Run, state: str, changes: dict[str, Any]) -> None:

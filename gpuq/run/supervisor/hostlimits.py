@@ -161,7 +161,6 @@ def stops(keeper: Optional[Keeper], grace: float) -> Optional[str]:
 
 
 def reached(keeper: Optional[Keeper]) -> Optional[str]:
-    """The memory limit as text ("32G") if reaching it ended the run, else None."""
     return size_text(keeper.mem_mib) if keeper is not None and keeper.reached and keeper.mem_mib else None
 
 

@@ -32,7 +32,6 @@ def supervise(spool: Spool, claim: Claim, order: StartOrder, heard: Optional[suc
 
 
 def _start(run: Run) -> Optional[Started]:
-    """Start a begun job; if it cannot start, its end is recorded (exit 127)."""
     try:
         child, pump = start.spawn(run)
     except OSError as exc:

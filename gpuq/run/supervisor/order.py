@@ -37,7 +37,6 @@ class StartOrder:
     notify_urls: tuple[str, ...] = ()  # the worker's --notify URLs (or GPUQ_NOTIFY's, the config file's)
 
     def hooks(self) -> dict[str, Any]:
-        """The worker's hooks, as run/hooks.after_end takes them."""
         return {"notify": self.notify, "on_finish": self.on_finish, "notify_urls": self.notify_urls}
 
     def to_fields(self) -> dict[str, Any]:
@@ -65,7 +64,6 @@ class StartOrder:
         return cls.from_fields(json.loads(line))
 
     def for_job(self, job_id: int, rev: int, file: str) -> StartOrder:
-        """The order for another job in the same slot (one the worker named to follow this one)."""
         return replace(self, id=job_id, rev=rev, file=file)
 
 

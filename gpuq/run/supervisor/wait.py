@@ -27,7 +27,6 @@ _me: Optional[dict[str, Any]] = None  # this supervisor's identity, once known
 
 
 def stopped() -> bool:
-    """Whether this supervisor was told to stop (it then starts nothing more)."""
     return _stopped
 
 
