@@ -247,7 +247,7 @@ def test_the_queue_empty_message_is_sent_once(gq: Env, receiver: Receiver) -> No
     watch.after_step(StepResult(startable_later=True))  # a job still to start
     for _ in range(3):
         watch.after_step(StepResult())
-    send.wait_all(15)
+    wait_for(lambda: not (send.reap() or send._running), 15, what="the sender to end")
     (only,) = receiver.at("empty")
     assert only["gpuq"]["event"] == "queue_empty" and only["title"].startswith("gpuq: queue empty on ")
 

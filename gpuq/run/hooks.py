@@ -120,7 +120,9 @@ def _run_bounded(argv: list[str], env: dict[str, str], timeout: float) -> _Outco
     finally:
         if timed_out:
             procs.signal_group(proc.pid, signal.SIGTERM)
-            _wait_exit(proc, time.monotonic() + TERM_GRACE)
+            deadline = time.monotonic() + TERM_GRACE
+            while not _has_exited(proc) and time.monotonic() < deadline:
+                time.sleep(0.02)
         # The leader has exited but is not reaped yet, so its pid (the group's id) cannot have been
         # given to another process: killing the group reaches only what the hook left behind.
         procs.signal_group(proc.pid, signal.SIGKILL)
@@ -163,11 +165,6 @@ def _has_exited(proc: subprocess.Popen) -> bool:
         return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
         return True
-
-
-def _wait_exit(proc: subprocess.Popen, deadline: float) -> None:
-    while not _has_exited(proc) and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 def _signal_name(number: int) -> str:
@@ -239,7 +236,11 @@ def _run_hooks(spool: Spool, job: Job, state: str, event: str, worker_hooks: dic
     job_id = job.id
 
     def log(line: str) -> None:
-        _worker_log(spool, f"job #{job_id}: {line}")
+        fd = spool.logs.open_worker_log()
+        try:
+            os.write(fd, f"[{time.strftime('%H:%M:%S')}] job #{job_id}: {line}\n".encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
 
     log_path = str(spool.logs.path_of(job))
     timeout = timeout_seconds()
@@ -251,11 +252,3 @@ def _run_hooks(spool: Spool, job: Job, state: str, event: str, worker_hooks: dic
         problem = notify_desktop({"id": job_id, "name": job.name, "state": shown, "exit_code": job.exit_code})
         if problem:
             log(f"no desktop notification: {problem}")
-
-
-def _worker_log(spool: Spool, line: str) -> None:
-    fd = spool.logs.open_worker_log()
-    try:
-        os.write(fd, f"[{time.strftime('%H:%M:%S')}] {line}\n".encode("utf-8", "replace"))
-    finally:
-        os.close(fd)

@@ -25,11 +25,6 @@ BOOT = (
 )
 
 
-def supervisor_path() -> list[str]:
-    """This package's parent, then the worker's path (not the current directory, a blank entry)."""
-    return [PACKAGE_PARENT] + [p for p in sys.path if p and p != PACKAGE_PARENT]
-
-
 class Supervisor:
     def __init__(self, sock: socket.socket, process: subprocess.Popen):
         self.sock: Optional[socket.socket] = sock
@@ -97,7 +92,8 @@ class Launcher:
 
     def _start(self) -> Supervisor:
         mine, theirs = socket.socketpair()
-        path = supervisor_path()
+        # this package's parent, then the worker's path (not the current directory, a blank entry)
+        path = [PACKAGE_PARENT] + [p for p in sys.path if p and p != PACKAGE_PARENT]
         cmd = [sys.executable, "-S", "-c", BOOT, str(len(path)), *path, "--home", str(self.spool.home)]
         try:
             log = self.spool.logs.open_worker_log()

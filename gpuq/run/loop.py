@@ -110,7 +110,10 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
         if observer is not None:
             _stop_observer(observer)
     if worker.stopping:
-        _say_left_running(worker)
+        running = worker.still_running()
+        names = ", ".join(f"#{j.id} {j.name} (pid {j.pid})" for j in running)
+        left = f"; still running under their supervisors: {names}. `gpuq kill ID` stops one." if running else ""
+        worker.say(f"worker stopped{left}")
         return 130 if interrupted["signal"] == signal.SIGINT else 0
     return 0
 
@@ -151,7 +154,11 @@ class _Handler(events.FileSystemEventHandler):
             directory, name = os.path.split(path)
             if path and os.path.basename(directory) in WATCHED:
                 self.worker.view.note(os.path.basename(directory), name)
-        if _worth_a_step(event):
+        # What can change what may start: anything arriving in pending/ (a job leaving it starts
+        # nothing; `--after-any` on a cancelled job waits for the periodic look), and a job leaving
+        # running/ (a pid recorded in place frees nothing).
+        parent = os.path.basename(os.path.dirname(event.src_path))
+        if event.event_type in ("deleted", "moved") if parent == RUNNING else event.event_type != "deleted":
             self.wake.set()
 
 
@@ -181,22 +188,3 @@ def _stop_observer(observer: Any) -> None:
     logging.getLogger("watchdog").setLevel(logging.CRITICAL)
     observer.stop()
     observer.join(timeout=5)
-
-
-def _say_left_running(worker: Worker) -> None:
-    running = worker.still_running()
-    if running:
-        names = ", ".join(f"#{j.id} {j.name} (pid {j.pid})" for j in running)
-        worker.say(f"worker stopped; still running under their supervisors: {names}. `gpuq kill ID` stops one.")
-    else:
-        worker.say("worker stopped")
-
-
-def _worth_a_step(event: Any) -> bool:
-    """Anything arriving in pending/, and a job leaving running/ (a pid recorded in place frees nothing)."""
-    parent = os.path.basename(os.path.dirname(event.src_path))
-    if parent == RUNNING:
-        return event.event_type in ("deleted", "moved")
-    # In pending/, a job leaving (a supervisor taking it, a cancel) starts nothing; the rare
-    # case where it matters (`--after-any` on a cancelled job) waits for the periodic look.
-    return event.event_type != "deleted"

@@ -110,9 +110,13 @@ def sbatch_options(
         options.append(f"--mem={job.mem_mib}M")
     if job.cpus:
         options.append(f"--cpus-per-task={job.cpus}")
-    dependency = _dependency(job, slurm_ids)
-    if dependency:
-        options.append(f"--dependency={dependency}")
+    parts = []
+    for kind, field in (("afterok", "after"), ("afterany", "after_any")):
+        ids = sorted({slurm_ids[i] for i in job.get(field) or [] if i in slurm_ids})
+        if ids:
+            parts.append(kind + "".join(f":{i}" for i in ids))
+    if parts:
+        options.append(f"--dependency={','.join(parts)}")  # a comma: every one of them must hold
     return options + list(extra)
 
 
@@ -121,15 +125,6 @@ def gpu_request(job: Job) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"job #{job.id}: gpu_request must be a whole number of GPUs (0 or more), not {value!r}")
     return value
-
-
-def _dependency(job: Job, slurm_ids: Mapping[int, int]) -> str:
-    parts = []
-    for kind, field in (("afterok", "after"), ("afterany", "after_any")):
-        ids = sorted({slurm_ids[i] for i in job.get(field) or [] if i in slurm_ids})
-        if ids:
-            parts.append(kind + "".join(f":{i}" for i in ids))
-    return ",".join(parts)  # a comma: every one of them must hold
 
 
 def launch_plan(job: Job, restart: int) -> tuple[list[str], list[str]]:
@@ -171,7 +166,11 @@ def launch() -> None:
     env = launch_environment(job, runtime)
     gpus = f"  CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in env else ""
     lines = [f"job #{job.id} {job.name or ''} (slurm job {slurm_id}{where}, restart {restart})"]
-    lines += why + [f"cmd: {shlex.join(argv)}", f"cwd: {os.getcwd()}{gpus}", f"started: {_now_iso()}"]
+    lines += why + [
+        f"cmd: {shlex.join(argv)}",
+        f"cwd: {os.getcwd()}{gpus}",
+        f"started: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}",
+    ]
     sys.stdout.write("".join(f"=== gpuq: {line}\n" for line in lines))
     sys.stdout.flush()
     try:
@@ -188,7 +187,3 @@ def _int(text: Optional[str]) -> int:
         return int(text or 0)
     except ValueError:
         return 0
-
-
-def _now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

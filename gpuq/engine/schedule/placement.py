@@ -91,10 +91,6 @@ class _GpuState:
     leased_mib: int = 0  # what its memory leases commit
 
     @property
-    def leased_whole(self) -> bool:
-        return any(held.lease.whole for held in self.leases)
-
-    @property
     def outside_mib(self) -> int:
         return sum(mib or 0 for _, mib in self.outside) + self.unexplained
 
@@ -207,15 +203,12 @@ def _states(candidates: list[Gpu], holdings: list[Holding], leased: Sequence[Lea
             state.jobs.append(holding.job_id)
             state.whole = state.whole or holding.gpu_mem_mib is None or gpu.exclusive
             state.committed += max(holding.gpu_mem_mib or 0, using[holding.job_id])
-        state.leased_mib = sum(_lease_commits(held, gpu) for held in state.leases if not held.lease.whole)
+        for held in state.leases:  # a memory lease commits its size, or what its holder uses if more
+            held_mib = sum(p.used_memory_mib or 0 for p in gpu.processes if p.pid in held.pids)
+            state.leased_mib += 0 if held.lease.whole else max(held.lease.mem_mib or 0, held_mib)
         state.outside.sort(key=lambda item: (-(item[1] or 0), item[0]))
         states.append(state)
     return states
-
-
-def _lease_commits(held: Leased, gpu: Gpu) -> int:
-    using = sum(p.used_memory_mib or 0 for p in gpu.processes if p.pid in held.pids)
-    return max(held.lease.mem_mib or 0, using)
 
 
 def _place_whole(count: int, states: list[_GpuState], threshold: int, text: _Texts) -> Decision:
@@ -242,7 +235,7 @@ def _place_shared(count: int, need: int, states: list[_GpuState], text: _Texts) 
             f"with {mib_text(largest.gpu.memory_total_mib)}",
             forever=True,
         )
-    fits = [s for s in big_enough if not s.whole and not s.leased_whole and s.free_mib >= need and not _taken(s)]
+    fits = [s for s in big_enough if not s.whole and s.free_mib >= need and not _taken(s)]
     if len(fits) >= count:
         best = sorted(fits, key=lambda s: (s.free_mib - need, s.gpu.index))[:count]
         return Placement(tuple(sorted(s.gpu.index for s in best)))
@@ -271,8 +264,10 @@ def _outside_blocks(state: _GpuState, threshold: int) -> bool:
     return state.outside_mib > threshold or (state.gpu.exclusive and bool(state.outside))
 
 
-def _taken(state: _GpuState) -> bool:
-    return state.gpu.exclusive and bool(state.outside or state.leases)
+def _taken(state: _GpuState) -> bool:  # in an exclusive compute mode, or leased whole, it is someone's
+    return any(held.lease.whole for held in state.leases) or (
+        state.gpu.exclusive and bool(state.outside or state.leases)
+    )
 
 
 def _too_few(count: int, candidates: list[Gpu], missing: set[int]) -> str:

@@ -32,20 +32,16 @@ def default_urls() -> list[str]:
     path = config_path()
     if not os.path.exists(path):
         return []
-    urls = _read_config(path).get("notify", [])
+    try:
+        with open(path, "rb") as fh:
+            urls = tomllib.load(fh).get("notify", [])
+    except (OSError, ValueError) as exc:  # TOMLDecodeError is a ValueError
+        raise ValueError(f"{path}: {exc}") from None
     if isinstance(urls, str):
         urls = [urls]
     if not isinstance(urls, list):
         raise ValueError(f"{path}: notify must be a list of URLs")
     return _checked(urls, f"{path}: notify")
-
-
-def _read_config(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except (OSError, ValueError) as exc:  # TOMLDecodeError is a ValueError
-        raise ValueError(f"{path}: {exc}") from None
 
 
 def _checked(urls: list[Any], where: str) -> list[str]:

@@ -45,16 +45,12 @@ def of_job(job: Job, state: str, event: str = FINISHED, reason: Optional[str] = 
         f"{label}: {fields[key]}" for label, key in (("reason", "reason"), ("run time", "run_time")) if fields[key]
     ]
     lines.append(f"host: {fields['host']}")
-    return {"fields": fields, "title": title, "body": "\n".join(lines), "type": _type(event, state)}
+    kind = "success" if state == DONE else "failure" if state in (FAILED, INTERRUPTED) else "warning"
+    kind = kind if event == FINISHED else "warning"
+    return {"fields": fields, "title": title, "body": "\n".join(lines), "type": kind}
 
 
 def queue_empty() -> dict[str, Any]:
     fields = {"event": QUEUE_EMPTY, "host": host()}
     body = f"nothing runs and nothing waits that could start (`gpuq status` on {fields['host']})"
     return {"fields": fields, "title": f"gpuq: queue empty on {fields['host']}", "body": body, "type": "info"}
-
-
-def _type(event: str, state: str) -> str:
-    if event != FINISHED:
-        return "warning"
-    return "success" if state == DONE else "failure" if state in (FAILED, INTERRUPTED) else "warning"

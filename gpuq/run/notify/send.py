@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from importlib.util import find_spec
 from typing import Any
 
@@ -62,7 +61,9 @@ def _start(urls: list[str], message: dict[str, Any], log_fd: int, log: str, pref
     # it still under way), so that a destination that is down is said once, not at every event.
     under_way = {(where, url) for _proc, where, sent in _running for url in sent}
     quiet = [url for url in urls if (log, url) in _failed or (log, url) in under_way]
-    order = {"urls": urls, "quiet": quiet, "message": _trimmed(message), "timeout": timeout_seconds(), "prefix": prefix}
+    fields = {k: v[:MAX_TEXT] if isinstance(v, str) else v for k, v in message["fields"].items()}
+    trimmed = dict(message, fields=fields, body=message["body"][: 4 * MAX_TEXT])
+    order = {"urls": urls, "quiet": quiet, "message": trimmed, "timeout": timeout_seconds(), "prefix": prefix}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # this gpuq, and Apprise
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuq.run.notify.sender"],
@@ -83,11 +84,6 @@ def _start(urls: list[str], message: dict[str, Any], log_fd: int, log: str, pref
     _running.append((proc, log, urls))
 
 
-def _trimmed(message: dict[str, Any]) -> dict[str, Any]:
-    fields = {k: v[:MAX_TEXT] if isinstance(v, str) else v for k, v in message["fields"].items()}
-    return dict(message, fields=fields, body=message["body"][: 4 * MAX_TEXT])
-
-
 def reap() -> None:
     for entry in list(_running):
         proc, log, urls = entry
@@ -98,11 +94,3 @@ def reap() -> None:
         for n, url in enumerate(urls[:TRACKED]):
             if code > 0 and code & (1 << n):
                 _failed.add((log, url))
-
-
-def wait_all(timeout: float) -> None:
-    """Wait (at most `timeout` s) for the senders still running: for tests and a process about to exit."""
-    deadline = time.monotonic() + timeout
-    while _running and time.monotonic() < deadline:
-        reap()
-        time.sleep(0.05)

@@ -38,14 +38,6 @@ class Keeper:  # how one run's host limits are kept, and whether its memory limi
         return f"{WATCH}:{self.period:g}" if self.by == WATCH else self.by
 
 
-def watch_seconds() -> float:
-    try:
-        value = float(os.environ.get(WATCH_ENV, ""))
-    except ValueError:
-        return DEFAULT_WATCH_SECONDS
-    return value if 0 < value < float("inf") else DEFAULT_WATCH_SECONDS
-
-
 def keep(job: Job, say: Say) -> Optional[Keeper]:
     """The way this run's limits are kept (its cgroup made, if that is the way); None if it has none."""
     if not (job.mem_mib or job.cpus):
@@ -60,7 +52,12 @@ def keep(job: Job, say: Say) -> Optional[Keeper]:
             return keeper
     watched = "its memory is watched" if job.mem_mib else "nothing to watch"
     say(f"host limits not kept by the kernel ({'; '.join(why)}): {watched}, its CPUs counted, not capped")
-    return Keeper(WATCH, job.mem_mib, job.cpus, period=watch_seconds())
+    try:
+        period = float(os.environ.get(WATCH_ENV, ""))
+    except ValueError:
+        period = DEFAULT_WATCH_SECONDS
+    period = period if 0 < period < float("inf") else DEFAULT_WATCH_SECONDS
+    return Keeper(WATCH, job.mem_mib, job.cpus, period=period)
 
 
 def _in_cgroup(job: Job, why: list[str]) -> Optional[Keeper]:

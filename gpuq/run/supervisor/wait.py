@@ -112,7 +112,10 @@ def _wait_until(
 ) -> Optional[int]:
     """The job's exit code once it ends, or None if it still runs at `deadline` (time.time()) or once
     the sampler says it must stop (the memory watch)."""
-    pidfd = _pidfd(child.pid)
+    try:
+        pidfd = os.pidfd_open(child.pid)
+    except (AttributeError, OSError):
+        pidfd = -1  # no pidfd (macOS, Linux before 5.3): the job is looked at every POLL_SECONDS
     watched = [fd for fd in (pidfd, listener[0] if listener else -1) if fd >= 0]
     try:
         while (code := child.poll()) is None:
@@ -120,10 +123,9 @@ def _wait_until(
             if left is not None and left <= 0:
                 return None
             waits = [w for w in (left, sampler.seconds_left() if sampler else None) if w is not None]
-            wait = min(waits) if waits else None
-            if pidfd < 0:  # no pidfd (macOS, Linux before 5.3): look again in a moment
-                wait = POLL_SECONDS if wait is None else min(wait, POLL_SECONDS)
-            ready = select.select(watched, [], [], wait)[0]
+            if pidfd < 0:
+                waits.append(POLL_SECONDS)
+            ready = select.select(watched, [], [], min(waits) if waits else None)[0]
             if listener is not None and listener[0] in ready and not listener[1]():
                 watched.remove(listener[0])  # the line is closed: only the job is left to wait for
             if sampler is not None and sampler.take_if_due():  # the memory watch: past the job's --mem
@@ -132,13 +134,6 @@ def _wait_until(
     finally:
         if pidfd >= 0:
             os.close(pidfd)
-
-
-def _pidfd(pid: int) -> int:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return -1
 
 
 def kill_grace(run: Run) -> float:

@@ -58,21 +58,17 @@ class Sampler:
         return False
 
 
-def stuck_seconds() -> float:
-    """GPUQ_STUCK_MINUTES in seconds; 0: not watched."""
-    try:
-        minutes = float(os.environ.get(STUCK_ENV) or DEFAULT_STUCK_MINUTES)
-    except ValueError:
-        minutes = DEFAULT_STUCK_MINUTES
-    return max(0.0, minutes * 60) if minutes == minutes else DEFAULT_STUCK_MINUTES * 60  # NaN: the default
-
-
 class Watch:
     def __init__(self, run: Run, sampler: Optional[Sampler]) -> None:
         self.run, self.sampler = run, sampler
         self.idle_limit = gpuuse.idle_limit_seconds()
         self.idle_said: dict[int, float] = {}  # GPU -> the idle episode (its start) already said
-        self.stuck_limit = stuck_seconds()
+        try:
+            minutes = float(os.environ.get(STUCK_ENV) or DEFAULT_STUCK_MINUTES)
+        except ValueError:
+            minutes = DEFAULT_STUCK_MINUTES
+        minutes = minutes if minutes == minutes else DEFAULT_STUCK_MINUTES  # NaN: the default
+        self.stuck_limit = max(0.0, minutes * 60)  # 0: not watched
         self.period = min(MAX_LOOK_SECONDS, self.stuck_limit / 4)
         self.progress_mark: Optional[tuple[int, int]] = None
         self.log_size = 0
