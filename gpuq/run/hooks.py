@@ -99,7 +99,10 @@ class _Outcome:
             return f"killed after {timeout:g}s (it had not finished)"
         code = self.returncode
         if code is not None and code < 0:
-            return f"failed: killed by {_signal_name(-code)}"
+            try:
+                return f"failed: killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"failed: killed by signal {-code}"
         return "exited 0" if code == 0 else f"failed: exit {code}"
 
 
@@ -165,13 +168,6 @@ def _has_exited(proc: subprocess.Popen) -> bool:
         return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
         return True
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def _printable(line: str) -> str:

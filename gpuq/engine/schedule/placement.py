@@ -135,7 +135,9 @@ def place(
     if request.gpus > len(candidates):
         return Blocked(_too_few(request.gpus, candidates, (wanted or set()) - present), forever=True)
     holdings = list(holdings)
-    owners = _owners(holdings, own_pids)
+    # every gpuq process -> the job holding GPUs it belongs to (None: one without GPUs)
+    owners: dict[int, Optional[int]] = {pid: None for pid in own_pids}
+    owners.update({pid: h.job_id for h in holdings for pid in h.pids})
     states = _states(candidates, holdings, leased)
     text = _Texts(describe, owners)
     if request.gpu_mem_mib is None:
@@ -173,13 +175,6 @@ def place_in_order(
             first_waiting = job_id
         decisions[job_id] = decision
     return decisions
-
-
-def _owners(holdings: list[Holding], own_pids: Iterable[int]) -> dict[int, Optional[int]]:
-    """Every gpuq process -> the job holding GPUs it belongs to (None: one without GPUs)."""
-    owners: dict[int, Optional[int]] = {pid: None for pid in own_pids}
-    owners.update({pid: h.job_id for h in holdings for pid in h.pids})
-    return owners
 
 
 def _states(candidates: list[Gpu], holdings: list[Holding], leased: Sequence[Leased]) -> list[_GpuState]:

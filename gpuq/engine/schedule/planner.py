@@ -87,6 +87,10 @@ class Planner:
         host: Optional[hostroom.Cap] = None,
     ):
         self.labels = labels  # `gpuq run --gpus` (None: every GPU found)
+        try:
+            self.allowed = None if labels is None else {int(label) for label in labels}
+        except ValueError:
+            self.allowed = set()  # labels that are not GPU indices: nothing here matches them
         self.threshold = foreign_threshold_mib
         self.look = look
         self.leases = leases  # other parties' live leases (OtherLeases; None: none are counted)
@@ -201,7 +205,7 @@ class Planner:
         starting: Sequence[Job] = (),
     ) -> Plan:
         plan = Plan(look=look)
-        allowed = self._allowed()
+        allowed = self.allowed
         # before placement: a job the machine has no room for leaves its GPUs to the jobs behind it
         ready = list(self._room(snap, starting).admitted(ready, plan.waits))
         holdings, own_pids, cpu_lane = self._holdings(snap.running, busy)
@@ -246,14 +250,6 @@ class Planner:
         if pid not in self._trees:
             self._trees[pid] = gpu_info.tree_pids([pid])
         return self._trees[pid]
-
-    def _allowed(self) -> Optional[set[int]]:
-        if self.labels is None:
-            return None
-        try:
-            return {int(label) for label in self.labels}
-        except ValueError:
-            return set()  # labels that are not GPU indices: nothing here matches them
 
     def _holdings(
         self, running: list[Job], busy: dict[int, Assignment]

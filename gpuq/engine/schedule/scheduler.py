@@ -133,7 +133,9 @@ def preemption_victims(
         return [], []
     victims: list[Job] = []
     would_lose: list[Job] = []
-    for job in sorted(_victim_candidates(snapshot, slots, preempting), key=victim_key):
+    # never urgent or adopted jobs, jobs of other workers' slots, or jobs without a process yet
+    candidates = [j for j in snapshot.running if j.id not in preempting and j.pid and not (j.urgent or j.adopted)]
+    for job in sorted((j for j in candidates if slots == [None] or j.slot in slots), key=victim_key):
         if len(victims) == need:
             break
         (victims if continues(job) else would_lose).append(job)
@@ -145,14 +147,6 @@ def preemption_victims(
 def may_preempt(job: Job) -> bool:
     """An urgent job that was never preempted itself: else two urgent jobs could take turns."""
     return bool(job.urgent) and not job.preemptions
-
-
-def _victim_candidates(snapshot: QueueState, slots: list[Optional[str]], preempting: set[int]) -> list[Job]:
-    return [
-        j
-        for j in snapshot.running
-        if j.id not in preempting and j.pid and not j.urgent and not j.adopted and (slots == [None] or j.slot in slots)
-    ]
 
 
 def victim_key(job: Job) -> tuple[int, float]:

@@ -84,28 +84,23 @@ class Watch:
     def take_if_due(self) -> bool:
         if self.sampler is not None:
             self.sampler.take_if_due()
-            self._check_idle(self.sampler)
+            attempt = self.sampler.attempt
+            for gpu, seconds in gpuuse.idle_now(self.sampler.record, self.run.job.attempts, self.idle_limit):
+                since = attempt["idle_since"][attempt["gpus"].index(gpu)]
+                if self.idle_said.get(gpu) != since:  # once per idle episode of each GPU
+                    self.idle_said[gpu] = since
+                    self._event(GPU_IDLE, gpuuse.idle_text([(gpu, seconds)]))
         now = time.monotonic()
-        if now >= self.due:
-            self.due = now + self.period
-            self._check_stuck(now)
-        return False
-
-    def _check_idle(self, sampler: Sampler) -> None:
-        attempt = sampler.attempt
-        for gpu, seconds in gpuuse.idle_now(sampler.record, self.run.job.attempts, self.idle_limit):
-            since = attempt["idle_since"][attempt["gpus"].index(gpu)]
-            if self.idle_said.get(gpu) != since:
-                self.idle_said[gpu] = since
-                self._event(GPU_IDLE, gpuuse.idle_text([(gpu, seconds)]))
-
-    def _check_stuck(self, now: float) -> None:
+        if now < self.due:
+            return False
+        self.due = now + self.period
         if self._moved():
             self.moved_at, self.stuck_said = now, False
         elif not self.stuck_said and now - self.moved_at >= self.stuck_limit:
             self.stuck_said = True
             minutes = (now - self.moved_at) / 60
             self._event(STUCK, f"no progress for {minutes:.0f} min (its log and progress file did not change)")
+        return False
 
     def _moved(self) -> bool:
         """Whether the job wrote to its log (lines of its own) or its progress file since the last look."""
