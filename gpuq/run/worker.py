@@ -122,7 +122,6 @@ class Worker:
         self.last_repair = self.last_sample = 0.0
         self.quiet: Optional[tuple[object, float, StepResult]] = None  # (signature, time, result)
 
-    # ---- one step -----------------------------------------------------------------------------
     def step(self, now: Optional[float] = None, woken: bool = True) -> StepResult:
         """One scheduling step. A periodic look (`woken` False) at an unchanged spool only checks the
         running jobs' processes: a thousand blocked jobs read every few seconds would cost too much."""
@@ -298,7 +297,6 @@ class Worker:
             return True
         return job.slot in labels or bool({str(g) for g in job.gpus or []} & set(labels))
 
-    # ---- supervisors and handing a slot on (run/successor.py) ---------------------------------
     def _follow_supervisors(self, snap: scheduler.QueueState) -> None:
         """A launch stops counting once its job left pending/ (running/ then holds the slot) or its
         supervisor exited; it is followed on while the worker has a line to it. Of the jobs named
@@ -395,7 +393,6 @@ class Worker:
             running = [job for _ref, job in self.spool.jobs.load_many(RUNNING)]
         eta.sample_running(self.spool, running, now)  # so a first `gpuq status` has a rate
 
-    # ---- what the loop asks before it ends ------------------------------------------------------
     def moving(self) -> bool:
         """Whether work may still appear: a job claimed but not running (a retry being moved back),
         or one startable since. The claims are read before the look, so no move falls in between."""

@@ -110,12 +110,6 @@ def lease_entry(lease: Any, viewer_uid: int) -> dict[str, Any]:
     }
 
 
-def look_now() -> Any:
-    from gpuq.system import gpus as gpu_info  # the GPUs are looked at
-
-    return gpu_info.look()
-
-
 def current(
     spool: Spool,
     running: list[Job],
@@ -132,7 +126,9 @@ def current(
         return _without_ended(spool, newest, running)
     if not may_have_gpus():  # what a look would say here: no driver, no GPUs
         return None
-    look = look_now()
+    from gpuq.system import gpus as gpu_info  # the GPUs are looked at
+
+    look = gpu_info.look()
     if _none(look.gpus, look.source, look.problem):
         return None
     shown = view(look, running)

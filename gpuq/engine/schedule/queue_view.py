@@ -45,7 +45,6 @@ class QueueView:
         self._events = False  # an observer reports every change of pending/ and running/
         self._doubt = True
 
-    # ---- told by the loop ---------------------------------------------------------------------
     def watching(self, events: bool) -> None:
         """Whether file events now reach `note()`; a new observer may have missed what came before."""
         if events and not self._events:
@@ -69,7 +68,6 @@ class QueueView:
         names = sorted(name for state, name in self.places.get(job_id, ()) if state == PENDING)
         return names[0] if names else None
 
-    # ---- the step's look ----------------------------------------------------------------------
     def intake_due(self, now: float) -> bool:
         """Whether pending/ may hold dropped files: seen before, named by an event, or a full look due."""
         self._collect()
