@@ -42,17 +42,6 @@ class Cap(NamedTuple):  # what a worker may hand out
     cpus: int
 
 
-def margin_mib(machine_mib: int, text: Optional[str]) -> tuple[int, str]:
-    """The memory left to the system, and a line for the worker's log when the variable is bad."""
-    default = max(MIN_MARGIN_MIB, int(machine_mib * MARGIN_SHARE))
-    if not text:
-        return default, ""
-    try:
-        return parse_size_mib(text, MARGIN_ENV), ""
-    except ValueError as exc:
-        return default, f"{exc}; leaving the default {size_text(default)} to the system"
-
-
 def cap(
     mem_setting: Optional[int],
     cpus_setting: Optional[int],
@@ -64,8 +53,12 @@ def cap(
     the machine has is kept as given, and said."""
     machine_mib = host.memory_mib() if machine_mib is None else machine_mib
     machine_cpus = host.usable_cpus() if machine_cpus is None else machine_cpus
-    margin, note = margin_mib(machine_mib, os.environ.get(MARGIN_ENV))
-    notes = [note] if note else []
+    margin, notes = max(MIN_MARGIN_MIB, int(machine_mib * MARGIN_SHARE)), []  # left to the system
+    if os.environ.get(MARGIN_ENV):
+        try:
+            margin = parse_size_mib(os.environ[MARGIN_ENV], MARGIN_ENV)
+        except ValueError as exc:
+            notes.append(f"{exc}; leaving the default {size_text(margin)} to the system")
     mem = max(machine_mib - margin, 0)
     if mem_setting is not None and mem_setting > mem:
         notes.append(

@@ -133,7 +133,13 @@ def place(
     present = {g.index for g in gpus}
     candidates = [g for g in sorted(gpus, key=lambda g: g.index) if wanted is None or g.index in wanted]
     if request.gpus > len(candidates):
-        return Blocked(_too_few(request.gpus, candidates, (wanted or set()) - present), forever=True)
+        have = ",".join(str(g.index) for g in candidates)
+        why = f"needs {request.gpus} GPU{'s' if request.gpus != 1 else ''}; this worker has {len(candidates)}"
+        why += f" ({have})" if have else ""
+        missing = (wanted or set()) - present
+        if missing:
+            why += f"; GPU {','.join(str(i) for i in sorted(missing))} not found on this machine"
+        return Blocked(why, forever=True)
     holdings = list(holdings)
     # every gpuq process -> the job holding GPUs it belongs to (None: one without GPUs)
     owners: dict[int, Optional[int]] = {pid: None for pid in own_pids}
@@ -263,15 +269,6 @@ def _taken(state: _GpuState) -> bool:  # in an exclusive compute mode, or leased
     return any(held.lease.whole for held in state.leases) or (
         state.gpu.exclusive and bool(state.outside or state.leases)
     )
-
-
-def _too_few(count: int, candidates: list[Gpu], missing: set[int]) -> str:
-    have = ",".join(str(g.index) for g in candidates)
-    text = f"needs {count} GPU{'s' if count != 1 else ''}; this worker has {len(candidates)}"
-    text += f" ({have})" if have else ""
-    if missing:
-        text += f"; GPU {','.join(str(i) for i in sorted(missing))} not found on this machine"
-    return text
 
 
 class _Texts:
