@@ -87,13 +87,6 @@ def start_background(spool: Spool, run_options: list[str]) -> int:
     )
     os.close(write_fd)
     os.close(log)
-    message = _read_ready(read_fd, proc)
-    if not message.startswith("ok"):
-        raise Refused(message[len("error: ") :] if message.startswith("error: ") else message)
-    return proc.pid
-
-
-def _read_ready(read_fd: int, proc: subprocess.Popen) -> str:
     data, deadline = b"", time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
         ready, _, _ = select.select([read_fd], [], [], 0.2)
@@ -105,4 +98,7 @@ def _read_ready(read_fd: int, proc: subprocess.Popen) -> str:
         elif proc.poll() is not None:
             break
     os.close(read_fd)
-    return data.decode().strip() or f"error: the worker exited at start (code {proc.poll()}); see the worker log"
+    message = data.decode().strip() or f"error: the worker exited at start (code {proc.poll()}); see the worker log"
+    if not message.startswith("ok"):
+        raise Refused(message[len("error: ") :] if message.startswith("error: ") else message)
+    return proc.pid

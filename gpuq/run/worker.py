@@ -164,9 +164,14 @@ class Worker:
         if self.view.intake_due(now):  # else nothing in pending/ waits to be taken in
             result.more_work = self._take_in_dropped(now)
         snap, invalid = self.view.look(self.spool, now)
-        resumed, resume_due = self._resume_preempted()  # after the look: see its docstring
+        # Jobs preempted for urgent ones back in the queue, first in line, after the look, and the
+        # view looks again (else the urgent job's supervisor would be named a job behind them).
+        resumed, resume_due = resume_auto(self.spool)
         result.claim_busy = resume_due or self.view.unsettled  # a move under way: look again soon
+        for r in resumed:
+            self.say(f"job #{r.job.id} back in the queue (first in line): {r.job.note}")
         if resumed:
+            self.view.doubt()
             snap, invalid = self.view.look(self.spool, now)
         self._follow_supervisors(snap)
         busy = {job_id: s.where for job_id, s in self.supervisors.items() if s.starting}
@@ -216,16 +221,6 @@ class Worker:
             if outcome == STARTED:
                 result.started.append(job.id)
             result.claim_busy = result.claim_busy or outcome == CLAIM_HELD
-
-    def _resume_preempted(self) -> tuple[bool, bool]:
-        """Jobs preempted for urgent ones back in the queue, first in line, and the view looks again
-        (else the urgent job's supervisor would be named a job behind them): (any did, one still held)."""
-        resumed, busy = resume_auto(self.spool)
-        for r in resumed:
-            self.say(f"job #{r.job.id} back in the queue (first in line): {r.job.note}")
-        if resumed:
-            self.view.doubt()
-        return bool(resumed), busy
 
     def _repair(self, now: float) -> None:
         full = now - self.last_repair >= RESCAN_SECONDS

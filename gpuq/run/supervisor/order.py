@@ -51,8 +51,9 @@ class StartOrder:
         if not isinstance(data, dict):
             raise ValueError("a start order is a JSON object")
         try:
-            given: dict[str, Any] = {f.name: _listless(data[f.name]) for f in fields(cls) if f.name in data}
-            order = cls(**given)
+            given = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+            kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
+            order = cls(**kwargs)
         except TypeError as exc:  # a field missing
             raise ValueError(f"bad start order: {exc}") from None
         if not all(check(getattr(order, name)) for name, check in CHECKS.items()):
@@ -65,10 +66,6 @@ class StartOrder:
 
     def for_job(self, job_id: int, rev: int, file: str) -> StartOrder:
         return replace(self, id=job_id, rev=rev, file=file)
-
-
-def _listless(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value  # JSON has no tuples
 
 
 CHECKS: dict[str, Callable[[Any], bool]] = {
