@@ -108,10 +108,7 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
     finally:
         worker.launcher.close()
         if observer is not None:
-            # its inotify thread can log a harmless error when it wakes up to a stop it raced with
-            logging.getLogger("watchdog").setLevel(logging.CRITICAL)
-            observer.stop()
-            observer.join(timeout=5)
+            _stop_observer(observer)
     if worker.stopping:
         running = worker.still_running()
         names = ", ".join(f"#{j.id} {j.name} (pid {j.pid})" for j in running)
@@ -184,3 +181,10 @@ def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any
     worker.view.watching(True)  # the watches are in place once start() returns
     wake.set()  # files that arrived before the observer started produce no event
     return new
+
+
+def _stop_observer(observer: Any) -> None:
+    # its inotify thread can log a harmless error when it wakes up to a stop it raced with
+    logging.getLogger("watchdog").setLevel(logging.CRITICAL)
+    observer.stop()
+    observer.join(timeout=5)
