@@ -32,14 +32,6 @@ EVENT_VARIABLE = "GPUQ_EVENT"  # finished, gpu_idle or stuck (run/notify/message
 _during: list[threading.Thread] = []  # hooks run for events while the job runs, joined at its end
 
 
-def timeout_seconds() -> float:
-    try:
-        value = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
-    except ValueError:
-        return DEFAULT_TIMEOUT
-    return value if 0 < value <= 3600 else DEFAULT_TIMEOUT
-
-
 def hook_env(
     job_id: int, name: str, state: str, exit_code: Optional[int], log_path: str, event: str = message.FINISHED
 ) -> dict[str, str]:
@@ -212,16 +204,9 @@ def notify_urls(
 ) -> None:
     """The message of `event` to the job's and the worker's `--notify URL`s, failures said in the job's log."""
     urls = [*job.notify_urls, *(worker_hooks.get("notify_urls") or ())]
-    if not urls:
-        return
-    try:
-        log_fd = spool.logs.open_job_log(job.id)
-    except OSError:
-        return  # no log to say anything in: nothing is sent either, rather than sent unaccounted
-    try:
-        send.send(urls, message.of_job(job, state, event, reason), log_fd, f"job {job.id}", LOG_PREFIX)
-    finally:
-        os.close(log_fd)
+    if urls:
+        said = message.of_job(job, state, event, reason)
+        send.send(urls, said, lambda: spool.logs.open_job_log(job.id), f"job {job.id}", LOG_PREFIX)
 
 
 def _run_hooks(spool: Spool, job: Job, state: str, event: str, worker_hooks: dict[str, Any]) -> None:
@@ -239,7 +224,7 @@ def _run_hooks(spool: Spool, job: Job, state: str, event: str, worker_hooks: dic
             os.close(fd)
 
     log_path = str(spool.logs.path_of(job))
-    timeout = timeout_seconds()
+    timeout = send.env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT, 3600)
     for command in commands:
         env = hook_env(job_id, job.name, state, job.exit_code, log_path, event)
         run_on_finish(command, env, log, timeout)

@@ -159,12 +159,11 @@ def place_in_order(
     own_pids: Iterable[int] = frozenset(),
     foreign_threshold_mib: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
     describe: Optional[Describe] = None,
-    backfill: bool = False,
     leased: Sequence[Leased] = (),
 ) -> dict[int, Decision]:
     """`place` for ready jobs in queue order, each placement a holding for the jobs after it. Once a
-    GPU job waits, the GPU jobs behind it wait too unless `backfill`: otherwise a stream of one-GPU
-    jobs could keep a two-GPU job waiting forever. A job that can never fit holds no one up."""
+    GPU job waits, the GPU jobs behind it wait too (no backfill): otherwise a stream of one-GPU jobs
+    could keep a two-GPU job waiting forever. A job that can never fit holds no one up."""
     allowed = None if allowed is None else set(allowed)
     own = frozenset(own_pids)
     held = list(holdings)
@@ -173,7 +172,7 @@ def place_in_order(
     decisions: dict[int, Decision] = {}
     for job_id, request in requests:
         decision = place(request, gpus, allowed, held, own, foreign_threshold_mib, text.describe, leased)
-        if isinstance(decision, Placement) and decision.gpus and first_waiting is not None and not backfill:
+        if isinstance(decision, Placement) and decision.gpus and first_waiting is not None:
             decision = Blocked(f"{BEHIND}{first_waiting} (first in line for a GPU)", forever=False)
         elif isinstance(decision, Placement) and decision.gpus:
             held.append(Holding(job_id, decision.gpus, request.gpu_mem_mib))
