@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from dataclasses import asdict
 from typing import Any, Optional
 
 from gpuq.run.supervisor.order import StartOrder
@@ -20,7 +21,7 @@ MAX_LINE_BYTES = 65536
 
 def offer(slot: StartOrder, following: list[tuple[int, int, str]]) -> bytes:
     """The line naming `following` ((id, rev, pending/ file name) each) after the job of order `slot`."""
-    return json.dumps({**slot.to_fields(), "next": [list(job) for job in following]}).encode() + b"\n"
+    return json.dumps({**asdict(slot), "next": [list(job) for job in following]}).encode() + b"\n"
 
 
 def send(sock: Optional[socket.socket], line: bytes) -> bool:

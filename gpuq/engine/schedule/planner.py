@@ -292,7 +292,7 @@ class Planner:
             return []
         candidates = victims.candidates(urgent, snap.running)
         candidates = [j for j in candidates if allowed is None or set(j.gpus or ()) <= allowed]
-        allowed_victims = victims.in_preference(candidates, victims.forced(urgent), victims.how_it_continues)
+        allowed_victims = victims.in_preference(candidates, urgent)
         chosen = self._making_room(urgent, allowed_victims, holdings, own_pids, look, allowed)
         if not chosen and len(allowed_victims) < len(candidates):
             if self._making_room(urgent, candidates, holdings, own_pids, look, allowed):

@@ -6,7 +6,7 @@ complete checkpoint of its own); preempting any other throws its whole run away,
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from typing import Optional
 
 from gpuq.core.job import Job
 from gpuq.core.states import URGENT_FORCE
@@ -14,10 +14,6 @@ from gpuq.engine.schedule.scheduler import victim_key
 from gpuq.engine.tracking import checkpoints
 
 NO_VICTIM = "no running job can be preempted without losing its progress (`--urgent=force` takes one anyway)"
-
-
-def forced(job: Job) -> bool:
-    return job.urgent == URGENT_FORCE
 
 
 def how_it_continues(job: Job) -> Optional[str]:
@@ -33,13 +29,13 @@ def how_it_continues(job: Job) -> Optional[str]:
     return None
 
 
-def in_preference(candidates: list[Job], force: bool, continues: Callable[[Job], Optional[str]]) -> list[Job]:
-    """Those that can continue, in the order given; with `force`, then the others."""
+def in_preference(candidates: list[Job], urgent: Job) -> list[Job]:
+    """Those that can continue, in the order given; for an `--urgent=force` job, then the others."""
     able: list[Job] = []
     others: list[Job] = []
     for job in candidates:
-        (able if continues(job) else others).append(job)
-    return able + others if force else able
+        (able if how_it_continues(job) else others).append(job)
+    return able + others if urgent.urgent == URGENT_FORCE else able
 
 
 def candidates(urgent: Job, running: list[Job]) -> list[Job]:
@@ -56,7 +52,7 @@ def foreseen(urgent: Job, running: list[Job]) -> str:
     choices = candidates(urgent, running)
     if not choices:
         return "urgent: first in line (nothing running that it could preempt)"
-    chosen = next(iter(in_preference(choices, forced(urgent), how_it_continues)), None)
+    chosen = next(iter(in_preference(choices, urgent)), None)
     if chosen is None:
         first = choices[0]
         return (

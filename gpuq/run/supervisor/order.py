@@ -39,11 +39,8 @@ class StartOrder:
     def hooks(self) -> dict[str, Any]:
         return {"notify": self.notify, "on_finish": self.on_finish, "notify_urls": self.notify_urls}
 
-    def to_fields(self) -> dict[str, Any]:
-        return asdict(self)
-
     def encode(self) -> bytes:
-        return json.dumps(self.to_fields()).encode() + b"\n"
+        return json.dumps(asdict(self)).encode() + b"\n"
 
     @classmethod
     def from_fields(cls, data: Any) -> StartOrder:
