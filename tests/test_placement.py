@@ -17,7 +17,6 @@ from gpuq.engine.schedule.placement import (
     Holding,
     Placement,
     Request,
-    cpu_only_slots,
     mode_of,
     place,
     place_in_order,
@@ -254,11 +253,6 @@ def test_modes_of_a_look() -> None:
     assert unreadable(broken) == Blocked(
         "waiting for the GPUs to be readable: GPUQ_FAKE_GPUS=/x.json: not JSON: Expecting value", forever=False
     )
-
-
-def test_cpu_only_slots_are_todays() -> None:
-    assert cpu_only_slots(None) == [None]
-    assert cpu_only_slots(["0", "1"]) == ["0", "1"]
 
 
 def test_no_gpus_present_means_gpu_requests_never_fit_here() -> None:

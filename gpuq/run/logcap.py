@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Optional
 
 MARKER = "\n=== gpuq: log cut here (--max-log-size): {dropped:>15} bytes left out ===\n"
 MIN_CAP = 64 * 1024
@@ -73,7 +72,3 @@ def pump(read_fd: int, log: CappedLog) -> threading.Thread:
     thread = threading.Thread(target=run, name="gpuq-log", daemon=True)
     thread.start()
     return thread
-
-
-def cap_of(job_cap: Optional[int], worker_cap: Optional[int]) -> Optional[int]:
-    return job_cap or worker_cap or None

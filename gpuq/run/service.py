@@ -51,15 +51,6 @@ def default_dir() -> Path:
     return base / "systemd" / "user"
 
 
-def default_gpuq_argv() -> list[str]:
-    # a venv's python keeps its venv
-    return [os.path.abspath(sys.executable), "-m", "gpuq"]
-
-
-def default_spool_home() -> str:
-    return os.path.abspath(os.path.expanduser(os.environ.get("GPUQ_HOME") or "~/.gpuq"))
-
-
 def unit_text(
     gpuq_argv: list[str], spool_home: str, recover: bool = True, extra_env: Optional[dict[str, str]] = None
 ) -> str:
@@ -113,8 +104,10 @@ def install(
 ) -> InstallResult:
     """Write the unit. One written by gpuq is replaced (kept as `.bak`); any other only with `force`."""
     path = Path(dest_dir or default_dir()) / UNIT_NAME
+    argv = gpuq_argv or [os.path.abspath(sys.executable), "-m", "gpuq"]  # a venv's python keeps its venv
+    home = spool_home or os.path.abspath(os.path.expanduser(os.environ.get("GPUQ_HOME") or "~/.gpuq"))
     try:
-        text = unit_text(gpuq_argv or default_gpuq_argv(), spool_home or default_spool_home(), recover, extra_env)
+        text = unit_text(argv, home, recover, extra_env)
     except ValueError as exc:
         raise Refused(f"cannot write {path}: {exc}") from None
     commands = list(ENABLE_COMMANDS)

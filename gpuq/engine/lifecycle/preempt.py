@@ -101,7 +101,6 @@ def resume_auto(spool: Spool) -> tuple[list[Resumed], bool]:
 
 @dataclass
 class Preemption:
-    job_id: int
     where: Assignment  # the slot or GPUs it holds until every process of it is gone
     pgid: int
     snapshot: list[Any]
@@ -111,8 +110,8 @@ class Preemption:
 class UrgentPreemptions:
     """A worker's preemptions under way: a victim's slot stays unused until every process of it is gone."""
 
-    def __init__(self, spool: Spool, grace: float = DEFAULT_TIMEOUT):
-        self.spool, self.grace = spool, grace
+    def __init__(self, spool: Spool):
+        self.spool = spool
         self.under_way: dict[int, Preemption] = {}  # job id -> its preemption
 
     def begin(self, victim: Job, now: float) -> None:
@@ -121,8 +120,7 @@ class UrgentPreemptions:
         snapshot = procs.ungrouped_tree(pgid)
         self.spool.control.request(victim.id, PREEMPT_RESUME)
         procs.terminate(pgid, snapshot)
-        where = Assignment.of_job(victim)
-        self.under_way[victim.id] = Preemption(victim.id, where, pgid, snapshot, now + self.grace)
+        self.under_way[victim.id] = Preemption(Assignment.of_job(victim), pgid, snapshot, now + DEFAULT_TIMEOUT)
 
     def holding(self, state_of: dict[int, str], now: float) -> dict[int, Assignment]:
         """Where victims still alive hold their place; past the grace, SIGKILL (at each look: a process

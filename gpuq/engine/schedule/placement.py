@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Sequence, TypeVar, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 from gpuq.engine.schedule.scheduler import BEHIND
 from gpuq.system.gpus import Gpu, GpuLook, mib_text
@@ -29,8 +29,6 @@ UNEXPLAINED_NAMED_MIB = 1024
 GPUS = "gpus"
 CPU_ONLY = "cpu-only"
 UNREADABLE = "unreadable"
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -105,10 +103,6 @@ def mode_of(look: GpuLook) -> str:
     if look.source == "none" or look.problem is None:
         return CPU_ONLY
     return UNREADABLE
-
-
-def cpu_only_slots(allowed: Optional[Sequence[T]]) -> list[Optional[T]]:
-    return list(allowed) if allowed else [None]
 
 
 def unreadable(look: GpuLook) -> Blocked:

@@ -132,7 +132,6 @@ class Planner:
         busy: dict[int, Assignment],
         preempting: AbstractSet[int],
         look: Optional[gpu_info.GpuLook],
-        limit: int = MAX_SUCCESSORS,
     ) -> list[Job]:
         """The jobs this planner would start one after another in `ending`'s slot were `ending` to end
         now (spool_layout.md section 6); empty whenever what comes next cannot be known ahead. With
@@ -147,7 +146,7 @@ class Planner:
             return []
         busy = {job_id: where for job_id, where in busy.items() if job_id != ending.id}
         rest = _queue_without(snap, {*busy, ending.id}, frozenset({ending.id}))
-        ready = list(islice(_ready(rest), limit if mode == placement.CPU_ONLY else 1))
+        ready = list(islice(_ready(rest), MAX_SUCCESSORS if mode == placement.CPU_ONLY else 1))
         # a job that reserves host memory or CPUs is admitted by the worker, which sees what runs then
         ready = list(takewhile(lambda job: not hostroom.asks(job), ready))
         if not ready:
@@ -179,7 +178,7 @@ class Planner:
         look: gpu_info.GpuLook,
         starting: Sequence[Job] = (),
     ) -> Plan:
-        slots = placement.cpu_only_slots(self.labels)
+        slots: list[Optional[str]] = list(self.labels) if self.labels else [None]
         taken = scheduler.occupied_slots(snap.running, slots) | {a.slot for a in busy.values()}
         if None in taken:
             taken = set(slots)
@@ -235,11 +234,9 @@ class Planner:
     def _room(self, snap: scheduler.QueueState, starting: Sequence[Job]) -> hostroom.Room:
         """The host memory and CPUs left: the cap less what running and starting jobs reserved."""
 
-        def holders() -> Iterator[Job]:
-            running = {job.id for job in snap.running}
-            return chain(snap.running, (job for job in starting if job.id not in running))
-
-        return hostroom.Room(self._host_cap, holders)
+        running = {job.id for job in snap.running}
+        holders = [*snap.running, *(job for job in starting if job.id not in running)]
+        return hostroom.Room(self._host_cap, lambda: holders)
 
     def _host_cap(self) -> hostroom.Cap:
         if self.host is None:

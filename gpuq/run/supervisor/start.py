@@ -101,7 +101,7 @@ def spawn(run: Run) -> tuple[subprocess.Popen, Optional[Pump]]:
     """Start the job in its own session, its output into its log (through the cap's pump when capped).
     OSError if it cannot start."""
     job = run.job
-    cap = logcap.cap_of(job.max_log_bytes, run.order.max_log_bytes)
+    cap = job.max_log_bytes or run.order.max_log_bytes  # the job's own cap first
     out_fd, read_fd = run.log_fd, -1
     if cap:
         read_fd, out_fd = os.pipe()
