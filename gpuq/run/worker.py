@@ -201,7 +201,7 @@ class Worker:
         result.more_work = result.more_work or left
         result.busy = bool(starting or self.urgent.under_way or any(map(self._mine, snap.running)))
         result.startable_later = result.more_work or scheduler.has_startable_future(snap, plan.waits)
-        result.gpu_wait = plan.gpu_wait or any(s.where.gpus for s in starting)
+        result.gpu_wait = any(not w.forever for w in plan.waits.values()) or any(s.where.gpus for s in starting)
         result.next_begin = scheduler.next_begin(snap.pending, now)
         # Nothing reports an adopted process's exit: look at it more often than usual.
         result.watch_closely = any(job.adopted for job in snap.running)

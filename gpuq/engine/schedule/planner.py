@@ -45,10 +45,6 @@ class Plan:
     victims: list[Job] = field(default_factory=list)  # running jobs to preempt for urgent ones
     look: Optional[gpu_info.GpuLook] = None  # the GPUs, when they were looked at
 
-    @property
-    def gpu_wait(self) -> bool:
-        return any(not w.forever for w in self.waits.values())
-
 
 MAX_SUCCESSORS = 8  # jobs named ahead to a supervisor for its slot (run/successor.py)
 

@@ -184,7 +184,7 @@ class QueueView:
         snap.running = found[RUNNING]
         snap.pending = sorted(found[PENDING], key=queue_key)
         snap.ordered = True
-        snap.running.sort(key=_job_id)  # the order of `ls running/`, as a listing gave it
+        snap.running.sort(key=lambda job: job.id)  # the order of `ls running/`, as a listing gave it
         return snap, invalid
 
 
@@ -193,7 +193,3 @@ def _dropped_name(name: str) -> bool:
     if is_job_name(name):
         return False
     return not name.startswith(".") or INTAKE_RE.match(name) is not None
-
-
-def _job_id(job: Job) -> int:
-    return job.id

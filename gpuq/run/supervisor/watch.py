@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 from gpuq.core.times import parse_iso
 from gpuq.engine.tracking import gpuuse
@@ -130,8 +130,7 @@ class Watch:
 
 def for_run(run: Run) -> Optional[Union[Watch, Sampler]]:
     """Its GPU sampler alone (or nothing, for a CPU job), unless someone listens to its events."""
-    held: Any = run.order.gpus
-    sampler = Sampler(run, tuple(held)) if held else None
     job, order = run.job, run.order
+    sampler = Sampler(run, order.gpus) if order.gpus else None
     listened = job.notify or job.notify_urls or job.on_finish or order.notify or order.notify_urls or order.on_finish
     return Watch(run, sampler) if listened else sampler
