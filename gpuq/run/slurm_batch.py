@@ -12,7 +12,7 @@ import re
 import shlex
 import sys
 import time
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 from gpuq.core.job import Job
 from gpuq.core.jobenv import add_job_variables
@@ -38,10 +38,11 @@ def batch_script(job: Job, *, python: str, package_parent: str, log_path: str) -
     umask = job.umask if job.umask is not None else DEFAULT_JOB_UMASK
     launcher = "import sys; sys.path.insert(0, sys.argv[1]); from gpuq.run.slurm_batch import launch; launch()"
     q = shlex.quote
+    said_cwd = re.sub(r'[$`"\\!]', "?", job.cwd)  # inside a double-quoted echo: no expansions, no quote
     return f"""#!/bin/bash
 # gpuq job #{job.id}: handed to Slurm by gpuq; runs the job's command as gpuq runs it locally.
 exec >>{q(log_path)} 2>&1
-cd -- {q(job.cwd)} || {{ echo "=== gpuq: could not start: cannot enter {_echo_safe(job.cwd)}"; exit 127; }}
+cd -- {q(job.cwd)} || {{ echo "=== gpuq: could not start: cannot enter {said_cwd}"; exit 127; }}
 umask {umask:04o}
 gpuq_requeue=0
 gpuq_forward() {{ trap '' TERM {TIME_LIMIT_SIGNAL}; kill -TERM 0 2>/dev/null; }}
@@ -69,11 +70,6 @@ if [ "$gpuq_requeue" = 1 ] && [ "$(squeue -h -j "$SLURM_JOB_ID" -o %T 2>/dev/nul
 fi
 exit "$gpuq_status"
 """
-
-
-def _echo_safe(text: str) -> str:
-    """`text` for inside a double-quoted echo: no expansions, no quote."""
-    return re.sub(r'[$`"\\!]', "?", text)
 
 
 def sbatch_options(
@@ -159,7 +155,10 @@ def launch() -> None:
     with os.fdopen(JSON_FD, encoding="utf-8") as stream:
         job = Job(json.loads(stream.read()))
     runtime = dict(os.environ)
-    restart = _int(runtime.get("SLURM_RESTART_COUNT"))
+    try:
+        restart = int(runtime.get("SLURM_RESTART_COUNT") or 0)
+    except ValueError:
+        restart = 0
     slurm_id = runtime.get("SLURM_JOB_ID", "?")
     where = f" on {runtime['SLURMD_NODENAME']}" if runtime.get("SLURMD_NODENAME") else ""
     argv, why = launch_plan(job, restart)
@@ -180,10 +179,3 @@ def launch() -> None:
         sys.stdout.write(f"=== gpuq: {reason}\n")
         sys.stdout.flush()
         os._exit(127)
-
-
-def _int(text: Optional[str]) -> int:
-    try:
-        return int(text or 0)
-    except ValueError:
-        return 0

@@ -53,16 +53,15 @@ class OtherLeases:
     """The live GPU leases of every party but this spool's jobs. A problem with the lease directory is
     said once, and planning goes on without those leases."""
 
-    def __init__(self, spool_home: Any, say: Callable[[str], None], path: Optional[str] = None):
+    def __init__(self, spool_home: Any, say: Callable[[str], None]):
         self.spool_home = str(spool_home)  # as its jobs' leases name it
         self.say = say
-        self.path = path  # None: GPUQ_LEASE_DIR, else the machine's default
         self._dir: Optional[LeaseDir] = None
 
     def __call__(self) -> list[Lease]:
         try:
             if self._dir is None:
-                self._dir = LeaseDir.open(self.path)
+                self._dir = LeaseDir.open()  # GPUQ_LEASE_DIR, else the machine's default
             found = self._dir.live()
         except LeaseDirProblem as exc:
             say_once(str(exc), self.say)
