@@ -109,13 +109,6 @@ def add_variables(env: dict[str, str], job: Job, keeper: Optional[Keeper]) -> No
         env.setdefault("XDG_RUNTIME_DIR", cgroups.runtime_dir())
 
 
-def recorded(keeper: Optional[Keeper], job: Job) -> dict[str, Any]:
-    """`host_limits_by` for the job's file (an earlier attempt's cleared)."""
-    if keeper is None:
-        return {"host_limits_by": None} if job.host_limits_by else {}
-    return {"host_limits_by": keeper.recorded()}
-
-
 class MemoryWatch:
     """The watch, as a sampler around the GPU one: `take_if_due` is True once the tree is past its limit."""
 

@@ -35,7 +35,8 @@ def record_process(run: Run, child: subprocess.Popen) -> dict[str, Any]:
     leaves it findable; else (or on a full disk) returned, to go with its end record."""
     ident = procs.identity(child.pid)  # before poll(): an ended child is still there, unreaped
     process = {"pid": child.pid, "pid_create_time": ident["create_time"], "supervisor": _identity()}
-    process.update(hostlimits.recorded(run.host, run.job))
+    if run.host is not None or run.job.host_limits_by:  # `host_limits_by`: an earlier attempt's cleared
+        process["host_limits_by"] = run.host.recorded() if run.host is not None else None
     if child.poll() is None:
         try:
             run.job = run.spool.jobs.rewrite(run.ref, run.job, **process)
