@@ -14,7 +14,6 @@ from gpuq.engine.schedule.placement import (
     GPUS,
     Blocked,
     Describe,
-    Holding,
     Leased,
     Placement,
     Request,
@@ -52,16 +51,13 @@ def claim_gpus(
     job: Optional[int],
     name: str,
     spool: Optional[str],
-    pid: Optional[int] = None,
     lease_dir: Optional[str] = None,
     look: Callable[[], GpuLook] = gpus.look,
-    holdings: Sequence[Holding] = (),
-    own_pids: Iterable[int] = frozenset(),
     describe: Optional[Describe] = gpus.describe_pid,
     log: Callable[[str], None] = _say,
 ) -> Union[Claim, Blocked]:
     """Choose GPUs among `candidates` (None: all) for `request` and lease them to `job` of `spool`
-    (None, None for `gpuq lease`), held by `pid`, or say why it must wait. Every live lease counts
+    (None, None for `gpuq lease`), held by this process, or say why it must wait. Every live lease counts
     but those `exclude` names."""
     if request.gpus == 0:
         return Claim([], ())
@@ -69,10 +65,9 @@ def claim_gpus(
     first = look()
     if mode_of(first) != GPUS:
         return _no_gpus(first)
-    own = frozenset(own_pids)
 
     def decide(seen: GpuLook, others: Sequence[Leased]) -> Union[Placement, Blocked]:
-        return place(request, seen.gpus, allowed, holdings, own, threshold, describe, others)
+        return place(request, seen.gpus, allowed, (), frozenset(), threshold, describe, others)
 
     try:
         directory = LeaseDir.open(lease_dir)
@@ -92,7 +87,7 @@ def claim_gpus(
             decision = decide(seen, others)
             if isinstance(decision, Blocked):
                 return decision
-            return Claim(_take(directory, seen, decision, request, job, name, spool, pid), decision.gpus)
+            return Claim(_take(directory, seen, decision, request, job, name, spool), decision.gpus)
     except LeaseDirProblem as exc:
         say_once(str(exc), log)
     seen = look()
@@ -121,7 +116,6 @@ def _take(
     job: Optional[int],
     name: str,
     spool: Optional[str],
-    pid: Optional[int],
 ) -> list[Held]:
     """A lease per GPU of the decision; none at all if one cannot be written (LeaseDirProblem)."""
     by_index = {g.index: g for g in seen.gpus}
@@ -130,7 +124,7 @@ def _take(
         for index in decision.gpus:
             gpu = by_index[index]
             mem = None if gpu.exclusive else request.gpu_mem_mib  # one process at a time: it is had whole
-            held.append(directory.take(gpu.uuid, index, mem, job=job, name=name, spool=spool, pid=pid))
+            held.append(directory.take(gpu.uuid, index, mem, job=job, name=name, spool=spool))
     except LeaseDirProblem:
         for lease in held:
             lease.release()

@@ -55,15 +55,14 @@ def read_queue(
     spool: Spool,
     cache: Optional[PendingCache] = None,
     refs: Optional[list[JobRef]] = None,
-    now: Optional[float] = None,
     finished: Optional[dict[int, str]] = None,
     vanished: Optional[list[JobRef]] = None,
 ) -> tuple[QueueState, list[tuple[JobRef, str]]]:
-    """The scheduler's view at `now`, plus pending files that are not valid jobs. `refs`: a listing
+    """The scheduler's view now, plus pending files that are not valid jobs. `refs`: a listing
     just taken (of every state; or of the others, with `finished`: id -> state, which becomes the
     snapshot's `states`). `vanished` collects listed files gone when read."""
     states: dict[int, str] = finished if finished is not None else {}
-    snap = QueueState(states=states, now=time.time() if now is None else now)
+    snap = QueueState(states=states, now=time.time())
     invalid: list[tuple[JobRef, str]] = []
     present = set()
     active = []
