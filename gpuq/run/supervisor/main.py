@@ -80,7 +80,7 @@ def _start_successor(run: Run, heard: Optional[successor.Heard]) -> Optional[Sta
 def _claim_successor(run: Run, heard: Optional[successor.Heard]) -> Optional[tuple[Claim, StartOrder]]:
     """The claim on the first named job still pending, if this job ended by itself (no time limit, no
     request to stop, kill or preempt it)."""
-    if heard is None or run.timed_out or wait.stopped() or run.spool.control.peek(run.job.id) is not None:
+    if heard is None or run.timed_out or wait.stopped or run.spool.control.peek(run.job.id) is not None:
         return None
     for order in heard.next_jobs():
         if run.spool.jobs.pending_ref(order.id, order.file) is None:

@@ -22,12 +22,8 @@ from gpuq.system import procs
 
 PUMP_DRAIN_SECONDS = 2.0  # what is still in a capped log's pipe once the job has ended
 POLL_SECONDS = 0.05  # how often the job is looked at where its exit cannot be waited for with a pidfd
-_stopped = False  # someone stopped this supervisor (its job was told to stop too)
+stopped = False  # someone stopped this supervisor (its job was told to stop too)
 _me: Optional[dict[str, Any]] = None  # this supervisor's identity, once known
-
-
-def stopped() -> bool:
-    return _stopped
 
 
 def record_process(run: Run, child: subprocess.Popen) -> dict[str, Any]:
@@ -69,8 +65,8 @@ def forward_termination_to(pgid: int) -> None:
     """If someone stops the supervisor itself, stop its job the same way instead of orphaning it."""
 
     def forward(signum: int, _frame: Any) -> None:
-        global _stopped
-        _stopped = True  # and nothing more is started by this supervisor
+        global stopped
+        stopped = True  # and nothing more is started by this supervisor
         procs.signal_group(pgid, signal.SIGTERM)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
