@@ -35,9 +35,11 @@ def test_memory_requests_never_share_an_exclusive_gpu() -> None:
         2: Placement((0,)),
         3: Blocked("waiting for a free GPU (0: job #1, job #2)", forever=False),
     }
-    decisions = place_in_order(requests, [gpu(0, "exclusive_process")], backfill=True)
+    decisions = place_in_order(requests, [gpu(0, "exclusive_process")])
     assert decisions[1] == Placement((0,))
-    assert decisions[2] == decisions[3] == Blocked("waiting for a free GPU (0: job #1)", forever=False)
+    assert decisions[2] == Blocked("waiting for a free GPU (0: job #1)", forever=False)
+    alone = place(Request(), [gpu(0, "exclusive_process")], holdings=[Holding(1, (0,), 10240)])
+    assert alone == decisions[2]
     # a share already running there holds it whole; another GPU beside it takes the next share
     held = [Holding(7, (0,), 10240)]
     assert place(shared, [gpu(0, "exclusive_process"), gpu(1)], holdings=held) == Placement((1,))

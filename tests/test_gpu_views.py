@@ -17,6 +17,7 @@ from gpuq.core.times import parse_iso
 from gpuq.engine.schedule import gpuview
 from gpuq.engine.tracking import queue_eta
 from gpuq.spool import Spool
+from gpuq.system import gpus as gpu_info
 
 
 def worker_view(gq: Env, pid: int) -> dict[str, Any]:
@@ -60,7 +61,7 @@ def test_a_fresh_view_is_shown_as_it_is_and_an_old_one_replaced(gq: Env, monkeyp
     spool = Spool(gq.home)
     spool.ensure()
     now = time.time()
-    worker_saw = gpuview.view(gpuview.look_now(), [])
+    worker_saw = gpuview.view(gpu_info.look(), [])
     gpus.set(fake_gpus(1, foreign={0: (4242, 9300)}))
     fresh = dict(worker_saw, at=now - 1, worker=1, foreign_threshold_mib=2048)
     assert gpuview.current(spool, [], [fresh]) is fresh  # a worker looked a second ago: its view

@@ -518,12 +518,15 @@ def test_the_planner_counts_the_leases_of_others_but_not_of_its_own_spool(tmp_pa
     theirs.release()
 
 
-def test_a_lease_directory_that_cannot_be_trusted_is_said_once_and_planning_goes_on(tmp_path: Path) -> None:
+def test_a_lease_directory_that_cannot_be_trusted_is_said_once_and_planning_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     loose = tmp_path / "loose"
     loose.mkdir()
     loose.chmod(0o777)  # not sticky: other users could remove our leases
     said: list[str] = []
-    others = OtherLeases(str(tmp_path / "spool"), said.append, str(loose))
+    monkeypatch.setenv("GPUQ_LEASE_DIR", str(loose))
+    others = OtherLeases(str(tmp_path / "spool"), said.append)
     assert others() == [] and others() == []
     assert len(said) == 1 and "sticky" in said[0], said
 

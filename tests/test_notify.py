@@ -224,8 +224,9 @@ def test_a_hanging_or_refusing_receiver_delays_nothing_and_is_logged_once(gq: En
 def test_without_apprise_one_line_says_what_to_install(tmp_path: Path) -> None:
     """A Python without Apprise (-S: no site-packages) sends nothing and says so once per log."""
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from gpuq.run.notify import message, send\n"
-        "for _ in range(3): send.send(['ntfy://t', 'json://h/p'], message.queue_empty(), 1, 'worker', '[x] ')"
+        "import os, sys; sys.path.insert(0, sys.argv[1]); from gpuq.run.notify import message, send\n"
+        "for _ in range(3):\n"
+        "    send.send(['ntfy://t', 'json://h/p'], message.queue_empty(), lambda: os.dup(1), 'worker', '[x] ')"
     )
     out = subprocess.run([sys.executable, "-S", "-c", code, str(REPO)], capture_output=True, text=True, timeout=30)
     assert (out.returncode, out.stderr) == (0, "")
@@ -247,7 +248,7 @@ def test_the_queue_empty_message_is_sent_once(gq: Env, receiver: Receiver) -> No
     watch.after_step(StepResult(startable_later=True))  # a job still to start
     for _ in range(3):
         watch.after_step(StepResult())
-    send.wait_all(15)
+    wait_for(lambda: not (send.reap() or send._running), 15, what="the sender to end")
     (only,) = receiver.at("empty")
     assert only["gpuq"]["event"] == "queue_empty" and only["title"].startswith("gpuq: queue empty on ")
 

@@ -17,7 +17,6 @@ from gpuq.engine.schedule.placement import (
     Holding,
     Placement,
     Request,
-    cpu_only_slots,
     mode_of,
     place,
     place_in_order,
@@ -195,12 +194,10 @@ def test_a_never_job_does_not_hold_up_the_queue_but_a_waiting_one_does() -> None
     assert decisions[2].forever and decisions[3] == Placement((1,))
     assert decisions[4] == Blocked("waiting for 2 free GPUs (0: job #1, 1: job #3)", forever=False)
     assert decisions[5] == Blocked("waiting for a free GPU (0: job #1, 1: job #3)", forever=False)
-    # job 4 first in line: job 5 would fit but waits behind it, unless backfilling is asked for
+    # job 4 first in line: job 5 would fit (alone it is placed) but waits behind it
     later = place_in_order([(4, Request(gpus=2)), (5, Request())], TWO, None, holdings)
     assert later[5] == Blocked("waiting behind job #4 (first in line for a GPU)", forever=False)
-    assert place_in_order([(4, Request(gpus=2)), (5, Request())], TWO, None, holdings, backfill=True)[5] == (
-        Placement((1,))
-    )
+    assert place(Request(), TWO, None, holdings) == Placement((1,))
 
 
 # ------------------------------------------------------------------ one step never double-books
@@ -223,10 +220,10 @@ def scenes(draw: st.DrawFn) -> tuple[list[Gpu], list[tuple[int, Request]]]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(scenes(), st.booleans())
-def test_place_in_order_never_double_books(scene: tuple, backfill: bool) -> None:
+@given(scenes())
+def test_place_in_order_never_double_books(scene: tuple) -> None:
     gpus, requests = scene
-    decisions = place_in_order(requests, gpus, backfill=backfill)
+    decisions = place_in_order(requests, gpus)
     asked = dict(requests)
     by_gpu: dict[int, list[int]] = {g.index: [] for g in gpus}
     for job, decision in decisions.items():
@@ -256,11 +253,6 @@ def test_modes_of_a_look() -> None:
     assert unreadable(broken) == Blocked(
         "waiting for the GPUs to be readable: GPUQ_FAKE_GPUS=/x.json: not JSON: Expecting value", forever=False
     )
-
-
-def test_cpu_only_slots_are_todays() -> None:
-    assert cpu_only_slots(None) == [None]
-    assert cpu_only_slots(["0", "1"]) == ["0", "1"]
 
 
 def test_no_gpus_present_means_gpu_requests_never_fit_here() -> None:

@@ -41,14 +41,14 @@ def write_unit(directory: Path, text: str) -> Path:
 
 
 def test_unit_passes_systemd_verify(tmp_path: Path):
-    text = service.unit_text(service.default_gpuq_argv(), str(tmp_path / "spool"), recover=True)
+    text = service.unit_text([sys.executable, "-m", "gpuq"], str(tmp_path / "spool"), recover=True)
     proc = verify(write_unit(tmp_path / "units", text), tmp_path / "run")
     assert (proc.returncode, proc.stdout + proc.stderr) == (0, "")
 
 
 def test_verify_catches_a_broken_unit(tmp_path: Path):
     """The check above can fail: systemd reports a bad setting and an executable that is not there."""
-    text = service.unit_text(service.default_gpuq_argv(), str(tmp_path / "spool"))
+    text = service.unit_text([sys.executable, "-m", "gpuq"], str(tmp_path / "spool"))
     broken = text.replace("KillMode=process", "KillMode=sometimes").replace(sys.executable, "/nonexistent/python")
     proc = verify(write_unit(tmp_path / "units", broken), tmp_path / "run")
     assert "kill mode" in proc.stderr.lower() and "/nonexistent/python" in proc.stderr
@@ -151,7 +151,6 @@ def test_default_places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert service.default_dir() == tmp_path / "home" / ".config" / "systemd" / "user"
     monkeypatch.setenv("GPUQ_HOME", "~/queue")
-    assert service.default_spool_home() == str(tmp_path / "home" / "queue")
     monkeypatch.setenv("HOME", str(tmp_path / "h2"))
     result = service.install(gpuq_argv=["/usr/bin/gpuq"])
     assert result.path == tmp_path / "h2" / ".config" / "systemd" / "user" / "gpuq.service"

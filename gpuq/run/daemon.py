@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime
-from typing import Optional
+from typing import Any, Optional
 
 from gpuq.core.errors import Refused
 from gpuq.run import loop
@@ -30,7 +30,7 @@ def _say(text: str) -> None:
 
 def run_foreground(spool: Spool, settings: Settings, watch: bool, ready_fd: Optional[int] = None) -> int:
     gpus = settings.gpus
-    info = {
+    info: dict[str, Any] = {
         "pid": os.getpid(),
         "started": time.time(),
         "gpus": gpus,
@@ -78,8 +78,7 @@ def _tell(fd: int, message: str) -> None:
 
 
 def start_background(spool: Spool, run_options: list[str]) -> int:
-    """Start `gpuq run --watch RUN_OPTIONS` detached from this terminal; return its pid once it
-    holds its locks. Refused (with the worker's own reason) if it could not start."""
+    """Start `gpuq run --watch RUN_OPTIONS` detached; its pid once it holds its locks, else Refused."""
     read_fd, write_fd = os.pipe()
     log = spool.logs.open_worker_log()
     cmd = [sys.executable, "-c", CLI_BOOT, PACKAGE_PARENT, "run", "--watch", "--ready-fd", str(write_fd), *run_options]
@@ -88,13 +87,6 @@ def start_background(spool: Spool, run_options: list[str]) -> int:
     )
     os.close(write_fd)
     os.close(log)
-    message = _read_ready(read_fd, proc)
-    if not message.startswith("ok"):
-        raise Refused(message[len("error: ") :] if message.startswith("error: ") else message)
-    return proc.pid
-
-
-def _read_ready(read_fd: int, proc: subprocess.Popen) -> str:
     data, deadline = b"", time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
         ready, _, _ = select.select([read_fd], [], [], 0.2)
@@ -106,4 +98,7 @@ def _read_ready(read_fd: int, proc: subprocess.Popen) -> str:
         elif proc.poll() is not None:
             break
     os.close(read_fd)
-    return data.decode().strip() or f"error: the worker exited at start (code {proc.poll()}); see the worker log"
+    message = data.decode().strip() or f"error: the worker exited at start (code {proc.poll()}); see the worker log"
+    if not message.startswith("ok"):
+        raise Refused(message[len("error: ") :] if message.startswith("error: ") else message)
+    return proc.pid

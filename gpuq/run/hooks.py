@@ -1,11 +1,7 @@
-"""What happens when a job ends (`after_end`) or is stuck while it runs (`during_run`): the user's
-`--on-finish` shell command, a desktop notification, and messages to the job's and the worker's
-`--notify URL`s (run/notify/). GPUQ_EVENT says which event it is.
-
-A hook is a program nobody here controls, so it is bounded: its own session, /dev/null as stdin, a
-pipe for its output of which the first OUTPUT_CAP bytes are kept, and when its time is up, or as soon
-as it has exited, whatever is left of its process group is killed (a hook that wants something to
-outlive it starts it with `setsid`). Nothing here raises: a hook that fails is reported in the log.
+"""What happens when a job ends (`after_end`) or is stuck while it runs (`during_run`): `--on-finish`,
+a desktop notification, messages to the `--notify URL`s. A hook is a program nobody here controls, so
+it is bounded: its own session, no stdin, the first OUTPUT_CAP bytes of its output kept, and whatever
+is left of its process group killed once it exited or its time is up. Nothing here raises.
 """
 
 from __future__ import annotations
@@ -36,26 +32,16 @@ EVENT_VARIABLE = "GPUQ_EVENT"  # finished, gpu_idle or stuck (run/notify/message
 _during: list[threading.Thread] = []  # hooks run for events while the job runs, joined at its end
 
 
-def timeout_seconds() -> float:
-    """How long an --on-finish command may run: GPUQ_HOOK_TIMEOUT, else 30 s."""
-    try:
-        value = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
-    except ValueError:
-        return DEFAULT_TIMEOUT
-    return value if 0 < value <= 3600 else DEFAULT_TIMEOUT
-
-
 def hook_env(
     job_id: int, name: str, state: str, exit_code: Optional[int], log_path: str, event: str = message.FINISHED
 ) -> dict[str, str]:
-    """The variables a finish hook gets; an unknown exit code is the empty string."""
     values = (str(job_id), name, state, "" if exit_code is None else str(exit_code), log_path)
     return {**dict(zip(HOOK_VARIABLES, values)), EVENT_VARIABLE: event}
 
 
 def run_on_finish(cmd: str, env_vars: Mapping[str, Any], log: Callable[[str], None], timeout: float = 30) -> None:
-    """Run `sh -c CMD` with `env_vars` added to the environment, for at most `timeout` seconds; its
-    output (the first OUTPUT_CAP bytes) to `log` line by line, then how it ended."""
+    """Run `sh -c CMD` with `env_vars` added, for at most `timeout` seconds; its output, then how it
+    ended, to `log`."""
     try:
         env = dict(os.environ)
         env.update({str(k): "" if v is None else str(v) for k, v in env_vars.items()})
@@ -71,8 +57,7 @@ def run_on_finish(cmd: str, env_vars: Mapping[str, Any], log: Callable[[str], No
 
 
 def notify_desktop(job_summary: Mapping[str, Any], timeout: float = NOTIFY_TIMEOUT) -> Optional[str]:
-    """A desktop notification through `notify-send` of a summary with `id`, `name`, `state` and
-    `exit_code`: None when it was shown, else why not (one line)."""
+    """A desktop notification through `notify-send`: None when it was shown, else why not."""
     tool = procs.which("notify-send")  # not shutil's: every supervisor imports this module
     if tool is None:
         return "notify-send not found (install libnotify-bin to get desktop notifications)"
@@ -93,8 +78,6 @@ def notify_desktop(job_summary: Mapping[str, Any], timeout: float = NOTIFY_TIMEO
 
 
 class _Outcome:
-    """How a hook ended."""
-
     def __init__(self, returncode: Optional[int], timed_out: bool, output: bytes, dropped: int) -> None:
         self.returncode, self.timed_out, self.output = returncode, timed_out, output
         self.dropped = dropped  # bytes of output beyond OUTPUT_CAP, read and thrown away
@@ -108,7 +91,10 @@ class _Outcome:
             return f"killed after {timeout:g}s (it had not finished)"
         code = self.returncode
         if code is not None and code < 0:
-            return f"failed: killed by {_signal_name(-code)}"
+            try:
+                return f"failed: killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"failed: killed by signal {-code}"
         return "exited 0" if code == 0 else f"failed: exit {code}"
 
 
@@ -129,7 +115,9 @@ def _run_bounded(argv: list[str], env: dict[str, str], timeout: float) -> _Outco
     finally:
         if timed_out:
             procs.signal_group(proc.pid, signal.SIGTERM)
-            _wait_exit(proc, time.monotonic() + TERM_GRACE)
+            deadline = time.monotonic() + TERM_GRACE
+            while not _has_exited(proc) and time.monotonic() < deadline:
+                time.sleep(0.02)
         # The leader has exited but is not reaped yet, so its pid (the group's id) cannot have been
         # given to another process: killing the group reaches only what the hook left behind.
         procs.signal_group(proc.pid, signal.SIGKILL)
@@ -174,18 +162,6 @@ def _has_exited(proc: subprocess.Popen) -> bool:
         return True
 
 
-def _wait_exit(proc: subprocess.Popen, deadline: float) -> None:
-    while not _has_exited(proc) and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 def _printable(line: str) -> str:
     """No control characters: a hook's output must not forge lines or escapes in a log."""
     return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in line.rstrip())
@@ -200,8 +176,7 @@ def _say(log: Callable[[str], None], line: str) -> None:
 
 def after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
     """The job's and the worker's hooks, once the job's end is recorded and its claim released:
-    whatever they do, the queue is already as it must be. Their output goes to the worker's log;
-    the messages to its URLs are sent without waiting (their failures go to the job's log)."""
+    whatever they do, the queue is already as it must be."""
     for thread in _during:  # hooks of events while it ran: bounded by their own time limits
         thread.join()
     _during.clear()
@@ -217,8 +192,7 @@ def after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
 
 
 def during_run(spool: Spool, job: Job, event: str, reason: str, worker_hooks: dict[str, Any]) -> None:
-    """An event of a running job (GPU_IDLE, STUCK): the message to its URLs, and its hooks in a
-    thread of their own, so that the wait for the job (its time limit) goes on."""
+    """An event of a running job (GPU_IDLE, STUCK): its hooks in a thread, so that the wait goes on."""
     notify_urls(spool, job, RUNNING, event, worker_hooks, reason)
     thread = threading.Thread(target=_run_hooks, args=(spool, job, RUNNING, event, worker_hooks), daemon=True)
     thread.start()
@@ -226,25 +200,13 @@ def during_run(spool: Spool, job: Job, event: str, reason: str, worker_hooks: di
 
 
 def notify_urls(
-    spool: Spool,
-    job: Job,
-    state: str,
-    event: str,
-    worker_hooks: dict[str, Any],
-    reason: Optional[str] = None,
+    spool: Spool, job: Job, state: str, event: str, worker_hooks: dict[str, Any], reason: Optional[str] = None
 ) -> None:
     """The message of `event` to the job's and the worker's `--notify URL`s, failures said in the job's log."""
     urls = [*job.notify_urls, *(worker_hooks.get("notify_urls") or ())]
-    if not urls:
-        return
-    try:
-        log_fd = spool.logs.open_job_log(job.id)
-    except OSError:
-        return  # no log to say anything in: nothing is sent either, rather than sent unaccounted
-    try:
-        send.send(urls, message.of_job(job, state, event, reason), log_fd, f"job {job.id}", LOG_PREFIX)
-    finally:
-        os.close(log_fd)
+    if urls:
+        said = message.of_job(job, state, event, reason)
+        send.send(urls, said, lambda: spool.logs.open_job_log(job.id), f"job {job.id}", LOG_PREFIX)
 
 
 def _run_hooks(spool: Spool, job: Job, state: str, event: str, worker_hooks: dict[str, Any]) -> None:
@@ -255,10 +217,14 @@ def _run_hooks(spool: Spool, job: Job, state: str, event: str, worker_hooks: dic
     job_id = job.id
 
     def log(line: str) -> None:
-        _worker_log(spool, f"job #{job_id}: {line}")
+        fd = spool.logs.open_worker_log()
+        try:
+            os.write(fd, f"[{time.strftime('%H:%M:%S')}] job #{job_id}: {line}\n".encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
 
     log_path = str(spool.logs.path_of(job))
-    timeout = timeout_seconds()
+    timeout = send.env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT, 3600)
     for command in commands:
         env = hook_env(job_id, job.name, state, job.exit_code, log_path, event)
         run_on_finish(command, env, log, timeout)
@@ -267,11 +233,3 @@ def _run_hooks(spool: Spool, job: Job, state: str, event: str, worker_hooks: dic
         problem = notify_desktop({"id": job_id, "name": job.name, "state": shown, "exit_code": job.exit_code})
         if problem:
             log(f"no desktop notification: {problem}")
-
-
-def _worker_log(spool: Spool, line: str) -> None:
-    fd = spool.logs.open_worker_log()
-    try:
-        os.write(fd, f"[{time.strftime('%H:%M:%S')}] {line}\n".encode("utf-8", "replace"))
-    finally:
-        os.close(fd)

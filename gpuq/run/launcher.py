@@ -1,12 +1,6 @@
-"""Handing a claimed job to its supervisor.
-
-Every supervisor is a spare first: a new `python -S` waiting on one end of a socket pair for its
-start order (run/supervisor/main.py). The job's order and its claim's descriptor go to it over the
-socket (SCM_RIGHTS); the worker keeps its end, which is its line to that supervisor (the jobs to
-follow in the slot: run/successor.py) and, at end of file, the supervisor's exit. The launcher keeps
-one spare ready, so that a job does not wait for an interpreter to start and import the supervisor
-(most of the add -> start budget on two CPUs); a job that finds none gets a new one, its order
-already waiting in the socket.
+"""Handing a claimed job to its supervisor: its order and the claim's descriptor go over a socket
+pair (SCM_RIGHTS), whose worker end stays the line to it (run/successor.py). One spare supervisor
+is kept ready, so that a job does not wait for an interpreter to start (ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -31,15 +25,7 @@ BOOT = (
 )
 
 
-def supervisor_path() -> list[str]:
-    """This package's parent, then the worker's import path (a blank entry is the current
-    directory, which the supervisor must not search)."""
-    return [PACKAGE_PARENT] + [p for p in sys.path if p and p != PACKAGE_PARENT]
-
-
 class Supervisor:
-    """A supervisor (the worker's child), seen through the worker's end of its socket."""
-
     def __init__(self, sock: socket.socket, process: subprocess.Popen):
         self.sock: Optional[socket.socket] = sock
         self.process = process
@@ -55,7 +41,6 @@ class Supervisor:
         return self.process.poll()
 
     def tell(self, line: bytes) -> bool:
-        """Send a line (run/successor.py); False if it could not go: the line is closed then."""
         if successor.send(self.sock, line):
             return True
         self.close()
@@ -66,7 +51,7 @@ class Supervisor:
         return self.sock is not None
 
     def close(self) -> None:
-        """Close our end: a spare without a job exits; a supervisor with one hands nothing on."""
+        # a spare without a job exits; a supervisor with one hands nothing on
         if self.sock is not None:
             self.sock.close()
             self.sock = None
@@ -79,8 +64,7 @@ class Launcher:
         self.children: list[subprocess.Popen] = []  # reaped once they exit
 
     def launch(self, claim: Claim, order: StartOrder) -> Supervisor:
-        """Hand the claimed job to the spare (else a new supervisor) with its start order; the
-        supervisor then owns the claim. OSError if none could be reached (the claim is still ours)."""
+        """Hand the claimed job to the spare (else a new supervisor); OSError if none could be reached."""
         supervisor, self.spare = self.spare, None
         if supervisor is None or not _hand_over(supervisor, claim, order):
             if supervisor is not None:
@@ -93,7 +77,6 @@ class Launcher:
         return supervisor
 
     def tend(self, spare: bool) -> None:
-        """Reap the supervisors that have exited; with `spare`, keep one ready for the next job."""
         self.children = [child for child in self.children if child.poll() is None]
         if spare and (self.spare is None or self.spare.poll() is not None):
             try:
@@ -102,15 +85,15 @@ class Launcher:
                 self.spare = None  # jobs then start the slower way
 
     def close(self) -> None:
-        """The spare exits when its socket closes (also when the worker dies)."""
+        # the spare exits when its socket closes (also when the worker dies)
         if self.spare is not None:
             self.spare.close()
             self.spare = None
 
     def _start(self) -> Supervisor:
-        """A new supervisor in its own session, waiting on its socket; OSError if it could not start."""
         mine, theirs = socket.socketpair()
-        path = supervisor_path()
+        # this package's parent, then the worker's path (not the current directory, a blank entry)
+        path = [PACKAGE_PARENT] + [p for p in sys.path if p and p != PACKAGE_PARENT]
         cmd = [sys.executable, "-S", "-c", BOOT, str(len(path)), *path, "--home", str(self.spool.home)]
         try:
             log = self.spool.logs.open_worker_log()
@@ -135,9 +118,8 @@ class Launcher:
 
 
 def _hand_over(supervisor: Supervisor, claim: Claim, order: StartOrder) -> bool:
-    """Give a job and its claim to a waiting supervisor; False if it is gone."""
     try:
-        if supervisor.poll() is not None:
+        if supervisor.poll() is not None or supervisor.sock is None:
             return False
         socket.send_fds(supervisor.sock, [order.encode()], [claim.fd])
         return True

@@ -1,15 +1,11 @@
-"""A job's log with a size cap (`--max-log-size`): its head and its newest tail are kept and the
-middle cut out, marked, while the job runs, so that what `gpuq log`, the ETA and the progress
-readers look at (the end) is always there and a runaway job cannot fill the disk. A capped job
-writes into a pipe that a thread of its supervisor copies into the log; at the cap the newest
-quarter is copied down behind the head (a quarter) and a marker, and the file truncated.
+"""A job's log with a size cap (`--max-log-size`): its head and newest tail kept and the middle cut out,
+so that what `gpuq log`, the ETA and the progress readers look at (the end) is always there.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import Optional
 
 MARKER = "\n=== gpuq: log cut here (--max-log-size): {dropped:>15} bytes left out ===\n"
 MIN_CAP = 64 * 1024
@@ -38,8 +34,7 @@ class CappedLog:
             os.write(self.append_fd, part)
 
     def _cut(self) -> None:
-        """Drop the middle: keep the head, a marker (the bytes left out so far), and the newest
-        `keep` bytes, copied down behind the marker."""
+        """Keep the head, a marker, and the newest `keep` bytes copied down behind it."""
         size = os.fstat(self.edit_fd).st_size
         marker = MARKER.format(dropped=0).encode()
         start = self.head + len(marker)  # where the kept tail begins after the cut
@@ -59,8 +54,7 @@ class CappedLog:
 
 
 def pump(read_fd: int, log: CappedLog) -> threading.Thread:
-    """Copy what the job writes into the pipe to the capped log, in a thread, until the pipe closes
-    (the job and every process holding the pipe are gone)."""
+    """Copy the pipe into the capped log, in a thread, until every process holding it is gone."""
 
     def run() -> None:
         try:
@@ -78,8 +72,3 @@ def pump(read_fd: int, log: CappedLog) -> threading.Thread:
     thread = threading.Thread(target=run, name="gpuq-log", daemon=True)
     thread.start()
     return thread
-
-
-def cap_of(job_cap: Optional[int], worker_cap: Optional[int]) -> Optional[int]:
-    """The cap that applies: the job's own, else the worker's (None: no cap)."""
-    return job_cap or worker_cap or None

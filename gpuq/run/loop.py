@@ -1,9 +1,7 @@
 """The worker's event loop: a thin shell around Worker.step().
 
-File events from watchdog say "look again soon" and name the files of pending/ and running/ that
-changed, which the worker's view reads again (engine/schedule/queue_view.py). They are hints: the
-view takes a full look at least every 5 s and after any doubt, and the loop looks every
-RESCAN_SECONDS in case an event was lost (inotify overflow, a network filesystem, a dead observer).
+File events are hints (they name the files the view reads again); the loop also looks every
+RESCAN_SECONDS in case one was lost (inotify overflow, a network filesystem, a dead observer).
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ WATCHED = (PENDING, RUNNING)
 
 
 class Waker:
-    """Wakes the loop from a signal handler or the observer thread. A pipe, not an Event:
-    setting an Event inside a signal handler can deadlock on the Event's own lock."""
+    """A pipe, not an Event: setting an Event inside a signal handler can deadlock on its own lock."""
 
     def __init__(self) -> None:
         self.read_fd, self.write_fd = os.pipe()
@@ -53,15 +50,13 @@ class Waker:
         except BlockingIOError:
             pass
 
-    def wait(self, timeout: float) -> bool:
-        """True if woken, False if the timeout passed."""
+    def wait(self, timeout: float) -> bool:  # False: the timeout passed
         return bool(select.select([self.read_fd], [], [], timeout)[0])
 
 
 def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = None) -> int:
-    """Run until stopped (watch) or until nothing is left to do. Returns an exit code. SIGUSR1
-    (`gpuq stop --drain`) drains: nothing new starts, and the loop ends once this worker's jobs
-    have ended; `on_drain` is told (to say so in the worker's registry)."""
+    """Run until stopped (watch) or until nothing is left to do; the exit code. SIGUSR1 (`gpuq stop
+    --drain`): nothing new starts, the loop ends once this worker's jobs have; `on_drain` is told."""
     wake = Waker()
     observer = None
     interrupted = {"signal": 0}
@@ -115,7 +110,10 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
         if observer is not None:
             _stop_observer(observer)
     if worker.stopping:
-        _say_left_running(worker)
+        running = worker.still_running()
+        names = ", ".join(f"#{j.id} {j.name} (pid {j.pid})" for j in running)
+        left = f"; still running under their supervisors: {names}. `gpuq kill ID` stops one." if running else ""
+        worker.say(f"worker stopped{left}")
         return 130 if interrupted["signal"] == signal.SIGINT else 0
     return 0
 
@@ -134,42 +132,37 @@ def _step(worker: Worker, woken: bool) -> StepResult:
 
 
 def _next_look(result: StepResult, held_for: int = 0, settling: bool = False) -> float:
-    """Seconds until the next look without an event: soon while something changes unseen (a
-    claim held a long time, by a person's command, is looked at less and less often), and at
-    the next --begin time, not later."""
-    wait = _usual_look(result, held_for, settling)
+    """Seconds until the next look without an event (a claim held long, by a person's command, is
+    looked at less and less often), and never past the next --begin time."""
+    if result.claim_busy or settling:
+        wait = min(RESCAN_SECONDS, CLAIM_BUSY_RESCAN_SECONDS * 2 ** max(0, held_for - 1))
+    elif result.watch_closely:
+        wait = ADOPTED_RESCAN_SECONDS
+    else:
+        wait = GPU_WAIT_RESCAN_SECONDS if result.gpu_wait or result.space_wait else RESCAN_SECONDS
     if result.next_begin is not None:
         wait = min(wait, max(0.0, result.next_begin - time.time()))
     return wait
-
-
-def _usual_look(result: StepResult, held_for: int, settling: bool) -> float:
-    if result.claim_busy or settling:
-        return min(RESCAN_SECONDS, CLAIM_BUSY_RESCAN_SECONDS * 2 ** max(0, held_for - 1))
-    if result.watch_closely:
-        return ADOPTED_RESCAN_SECONDS
-    if result.gpu_wait or result.space_wait:
-        return GPU_WAIT_RESCAN_SECONDS
-    return RESCAN_SECONDS
 
 
 class _Handler(events.FileSystemEventHandler):
     def __init__(self, worker: Worker, wake: Waker):
         self.worker, self.wake = worker, wake
 
-    def on_any_event(self, event: Any) -> None:
-        """Tell the worker's view which files of pending/ and running/ the event names (a move names
-        two), so that its next step reads them again; wake the loop if they may change what starts."""
+    def on_any_event(self, event: Any) -> None:  # a move names two files
         for path in (event.src_path, getattr(event, "dest_path", "")):
             directory, name = os.path.split(path)
             if path and os.path.basename(directory) in WATCHED:
                 self.worker.view.note(os.path.basename(directory), name)
-        if _worth_a_step(event):
+        # What can change what may start: anything arriving in pending/ (a job leaving it starts
+        # nothing; `--after-any` on a cancelled job waits for the periodic look), and a job leaving
+        # running/ (a pid recorded in place frees nothing).
+        parent = os.path.basename(os.path.dirname(event.src_path))
+        if event.event_type in ("deleted", "moved") if parent == RUNNING else event.event_type != "deleted":
             self.wake.set()
 
 
 def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any]:
-    """(Re)start the watchdog observer; a dead one (an exception in its thread) is replaced."""
     if observer is not None and observer.is_alive():
         return observer
     worker.view.watching(False)  # until a new observer runs, every step is a full look
@@ -191,30 +184,7 @@ def _ensure_observer(observer: Any, worker: Worker, wake: Waker) -> Optional[Any
 
 
 def _stop_observer(observer: Any) -> None:
-    """Stop watchdog's threads. Its inotify thread can log an error when it wakes up to a stop it
-    raced with ("queue_events() called when the thread is inactive"): harmless, and not ours to
-    print on a user's terminal."""
+    # its inotify thread can log a harmless error when it wakes up to a stop it raced with
     logging.getLogger("watchdog").setLevel(logging.CRITICAL)
     observer.stop()
     observer.join(timeout=5)
-
-
-def _say_left_running(worker: Worker) -> None:
-    running = worker.still_running()
-    if running:
-        names = ", ".join(f"#{j.id} {j.name} (pid {j.pid})" for j in running)
-        worker.say(f"worker stopped; still running under their supervisors: {names}. `gpuq kill ID` stops one.")
-    else:
-        worker.say("worker stopped")
-
-
-def _worth_a_step(event: Any) -> bool:
-    """Events that can change what may start: anything arriving in pending/ (a hand-written file
-    counts once it is closed), and a job leaving running/. A file rewritten in place inside
-    running/ (the supervisor recording a pid) frees nothing."""
-    parent = os.path.basename(os.path.dirname(event.src_path))
-    if parent == RUNNING:
-        return event.event_type in ("deleted", "moved")
-    # In pending/, a job leaving (a supervisor taking it, a cancel) starts nothing; the rare
-    # case where it matters (`--after-any` on a cancelled job) waits for the periodic look.
-    return event.event_type != "deleted"

@@ -1,12 +1,6 @@
 """A systemd user service that keeps a `gpuq run --watch --recover` worker up: the unit's text, and
-writing or removing it in `~/.config/systemd/user` (or `$XDG_CONFIG_HOME/systemd/user`). Nothing
-here runs systemctl; the CLI prints the commands.
-
-The one decision that matters is `KillMode=process`: jobs run under their own supervisors, in
-sessions of their own but inside the service's control group, and systemd's default would kill
-every one of them on `systemctl --user restart` or `stop`. With `KillMode=process` only the worker
-is signalled; the supervisors record how their jobs end and the next worker finds those jobs in
-`running/`, as after a `gpuq stop`.
+writing or removing it (the CLI prints the systemctl commands). The one decision that matters is
+`KillMode=process`: systemd's default would kill every job's supervisor with the worker.
 """
 
 from __future__ import annotations
@@ -42,7 +36,6 @@ class InstallResult:
 
 
 def supported() -> Optional[str]:
-    """Why a systemd user service cannot work here, or None when it can."""
     if not sys.platform.startswith("linux"):
         return f"systemd services exist only on Linux (this is {sys.platform})"
     if shutil.which("systemctl") is None:
@@ -53,27 +46,16 @@ def supported() -> Optional[str]:
 
 
 def default_dir() -> Path:
-    """Where systemd looks for a user's own units."""
     config = os.environ.get("XDG_CONFIG_HOME") or ""
     base = Path(config) if os.path.isabs(config) else Path.home() / ".config"
     return base / "systemd" / "user"
 
 
-def default_gpuq_argv() -> list[str]:
-    """This interpreter running this gpuq: `python -m gpuq`. A venv's python keeps its venv."""
-    return [os.path.abspath(sys.executable), "-m", "gpuq"]
-
-
-def default_spool_home() -> str:
-    return os.path.abspath(os.path.expanduser(os.environ.get("GPUQ_HOME") or "~/.gpuq"))
-
-
 def unit_text(
     gpuq_argv: list[str], spool_home: str, recover: bool = True, extra_env: Optional[dict[str, str]] = None
 ) -> str:
-    """The unit running `<gpuq_argv> run --watch [--recover]` with GPUQ_HOME=spool_home. ValueError
-    for a relative command or spool (systemd resolves nothing against a directory), a line break or
-    NUL in any value, or an environment name that is not one."""
+    """The unit running `<gpuq_argv> run --watch [--recover]`. ValueError for a relative path (systemd
+    resolves nothing against a directory), a line break or NUL, or a bad environment name."""
     if not gpuq_argv or not os.path.isabs(gpuq_argv[0]):
         raise ValueError(f"the gpuq command must start with an absolute path, not {gpuq_argv[:1]}")
     if not os.path.isabs(spool_home):
@@ -120,11 +102,12 @@ def install(
     force: bool = False,
     extra_env: Optional[dict[str, str]] = None,
 ) -> InstallResult:
-    """Write the unit (default: `default_dir()/gpuq.service`). An identical file is left alone; one
-    written by gpuq is replaced (kept as `.bak`); any other only with `force`, else Refused."""
+    """Write the unit. One written by gpuq is replaced (kept as `.bak`); any other only with `force`."""
     path = Path(dest_dir or default_dir()) / UNIT_NAME
+    argv = gpuq_argv or [os.path.abspath(sys.executable), "-m", "gpuq"]  # a venv's python keeps its venv
+    home = spool_home or os.path.abspath(os.path.expanduser(os.environ.get("GPUQ_HOME") or "~/.gpuq"))
     try:
-        text = unit_text(gpuq_argv or default_gpuq_argv(), spool_home or default_spool_home(), recover, extra_env)
+        text = unit_text(argv, home, recover, extra_env)
     except ValueError as exc:
         raise Refused(f"cannot write {path}: {exc}") from None
     commands = list(ENABLE_COMMANDS)
@@ -144,8 +127,7 @@ def install(
 
 
 def uninstall(dest_dir: Optional[Path] = None, force: bool = False) -> InstallResult:
-    """Remove the unit and its `default.target.wants` link (what `systemctl disable` removes). A
-    file gpuq did not write is Refused unless `force`."""
+    """Remove the unit and its `default.target.wants` link; one gpuq did not write only with `force`."""
     directory = Path(dest_dir or default_dir())
     path = directory / UNIT_NAME
     old = _read(path)
@@ -169,7 +151,6 @@ def _read(path: Path) -> Optional[str]:
 
 
 def _write(path: Path, text: str) -> None:
-    """Complete file or none: written beside, fsynced, renamed over."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -193,7 +174,6 @@ def _specifiers(value: str) -> str:
 
 
 def _quoted(value: str) -> str:
-    """A double-quoted unit-file word: C-style escapes and % specifiers are undone by systemd."""
     escaped = _one_line(value).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{_specifiers(escaped)}"'
 

@@ -1,16 +1,7 @@
-"""The batch script gpuq hands to Slurm (`batch_script`), the sbatch options that go with it
-(`sbatch_options`), and the launcher the script runs on the compute node (`launch`).
-
-The script `cd`s to the job's cwd, sets its umask and runs the launcher (`python -E -S`, the job as
-JSON on descriptor 3 from a here-document: the script is self-contained), which builds the
-environment as the local supervisor does, picks the newest checkpoint written since `ckpt_since`
-(an earlier run's checkpoint in the same output directory is not resumed from), says so in the log
-and `exec`s the command. The payload runs as `cmd & wait`, so a trapped TERM (`scancel -b`, a
-preemption) is forwarded to the job's process group. The time-limit warning is
+"""The batch script gpuq hands to Slurm, its sbatch options, and the launcher it runs on the compute
+node (the job as JSON on descriptor 3: the script is self-contained). The time-limit warning is
 `--signal=B:USR1@GRACE`, not TERM (TERM also comes from `scancel`): on USR1 the script forwards TERM
-(trainers save on TERM), waits for the payload and `scontrol requeue`s its own job, which Slurm runs
-again with `SLURM_RESTART_COUNT` > 0, resuming from its checkpoint. The script writes nothing but
-the job's log.
+(trainers save on TERM), waits, and `scontrol requeue`s its own job, which resumes from its checkpoint.
 """
 
 from __future__ import annotations
@@ -21,7 +12,7 @@ import re
 import shlex
 import sys
 import time
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 from gpuq.core.job import Job
 from gpuq.core.jobenv import add_job_variables
@@ -36,8 +27,7 @@ JSON_FD = 3
 JSON_END = "GPUQ_JOB_JSON"  # here-document delimiter; json.dumps output is one line, never this word
 # Set by Slurm on the compute node for this allocation: they win over the submitter's values.
 RUNTIME_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "TMPDIR")
-LAUNCHER_FIELDS = ("id", "name", "cmd", "cwd", "env", "shell_env", "venv", "ckpt_glob", "resume_arg", "ckpt_since")
-LAUNCHER_FIELDS += ("conda",)  # its environment, as core/jobenv.py applies it
+LAUNCHER_FIELDS = "id name cmd cwd env shell_env venv conda ckpt_glob resume_arg ckpt_since".split()
 
 
 def batch_script(job: Job, *, python: str, package_parent: str, log_path: str) -> str:
@@ -48,10 +38,11 @@ def batch_script(job: Job, *, python: str, package_parent: str, log_path: str) -
     umask = job.umask if job.umask is not None else DEFAULT_JOB_UMASK
     launcher = "import sys; sys.path.insert(0, sys.argv[1]); from gpuq.run.slurm_batch import launch; launch()"
     q = shlex.quote
+    said_cwd = re.sub(r'[$`"\\!]', "?", job.cwd)  # inside a double-quoted echo: no expansions, no quote
     return f"""#!/bin/bash
 # gpuq job #{job.id}: handed to Slurm by gpuq; runs the job's command as gpuq runs it locally.
 exec >>{q(log_path)} 2>&1
-cd -- {q(job.cwd)} || {{ echo "=== gpuq: could not start: cannot enter {_echo_safe(job.cwd)}"; exit 127; }}
+cd -- {q(job.cwd)} || {{ echo "=== gpuq: could not start: cannot enter {said_cwd}"; exit 127; }}
 umask {umask:04o}
 gpuq_requeue=0
 gpuq_forward() {{ trap '' TERM {TIME_LIMIT_SIGNAL}; kill -TERM 0 2>/dev/null; }}
@@ -81,11 +72,6 @@ exit "$gpuq_status"
 """
 
 
-def _echo_safe(text: str) -> str:
-    """`text` for inside a double-quoted echo: no expansions, no quote."""
-    return re.sub(r'[$`"\\!]', "?", text)
-
-
 def sbatch_options(
     job: Job,
     *,
@@ -96,9 +82,7 @@ def sbatch_options(
     gres: bool = True,
 ) -> list[str]:
     """sbatch's options for `job`. `slurm_ids`: gpuq id -> Slurm id of the jobs of this hand-over
-    already submitted (other `after`/`after_any` ids must have ended). `grace_seconds`: how long
-    before the time limit the job is told to save and stop. `gres=False` for clusters without GRES.
-    ValueError (one line) for a job field or argument Slurm cannot take."""
+    already submitted. ValueError (one line) for a job field or argument Slurm cannot take."""
     if not 0 <= grace_seconds <= 65535:
         raise ValueError(f"the grace period must be 0 to 65535 seconds, not {grace_seconds}")
     if not job.log:
@@ -122,9 +106,13 @@ def sbatch_options(
         options.append(f"--mem={job.mem_mib}M")
     if job.cpus:
         options.append(f"--cpus-per-task={job.cpus}")
-    dependency = _dependency(job, slurm_ids)
-    if dependency:
-        options.append(f"--dependency={dependency}")
+    parts = []
+    for kind, field in (("afterok", "after"), ("afterany", "after_any")):
+        ids = sorted({slurm_ids[i] for i in job.get(field) or [] if i in slurm_ids})
+        if ids:
+            parts.append(kind + "".join(f":{i}" for i in ids))
+    if parts:
+        options.append(f"--dependency={','.join(parts)}")  # a comma: every one of them must hold
     return options + list(extra)
 
 
@@ -135,18 +123,9 @@ def gpu_request(job: Job) -> int:
     return value
 
 
-def _dependency(job: Job, slurm_ids: Mapping[int, int]) -> str:
-    parts = []
-    for kind, field in (("afterok", "after"), ("afterany", "after_any")):
-        ids = sorted({slurm_ids[i] for i in job.get(field) or [] if i in slurm_ids})
-        if ids:
-            parts.append(kind + "".join(f":{i}" for i in ids))
-    return ",".join(parts)  # a comma: every one of them must hold
-
-
 def launch_plan(job: Job, restart: int) -> tuple[list[str], list[str]]:
-    """(argv to run, `=== gpuq:` lines saying why) for this start: the job's command, with the
-    newest checkpoint written since `ckpt_since` passed in its resume form when there is one."""
+    """(argv to run, `=== gpuq:` lines saying why): the job's command, resuming from the newest
+    checkpoint written since `ckpt_since` if there is one."""
     ckpt = checkpoints.latest_checkpoint(job)  # only those written since the job's ckpt_since
     when = f"slurm restart {restart}" if restart > 0 else "slurm start"
     if ckpt is not None:
@@ -161,8 +140,7 @@ def launch_plan(job: Job, restart: int) -> tuple[list[str], list[str]]:
 
 
 def launch_environment(job: Job, runtime_env: Mapping[str, str]) -> dict[str, str]:
-    """As the local supervisor builds it (`shell_env`, else the submitter's environment Slurm gave
-    the script), plus what Slurm set for this allocation (SLURM_*, visible GPUs, TMPDIR)."""
+    """As the local supervisor builds it, plus what Slurm set for this allocation."""
     shell_env = job.shell_env
     env = dict(shell_env if shell_env is not None else runtime_env)
     for name in RUNTIME_VARS:
@@ -174,18 +152,24 @@ def launch_environment(job: Job, runtime_env: Mapping[str, str]) -> dict[str, st
 
 
 def launch() -> None:
-    """Read the job from descriptor 3, say what this start does, exec the job's command."""
     with os.fdopen(JSON_FD, encoding="utf-8") as stream:
         job = Job(json.loads(stream.read()))
     runtime = dict(os.environ)
-    restart = _int(runtime.get("SLURM_RESTART_COUNT"))
+    try:
+        restart = int(runtime.get("SLURM_RESTART_COUNT") or 0)
+    except ValueError:
+        restart = 0
     slurm_id = runtime.get("SLURM_JOB_ID", "?")
     where = f" on {runtime['SLURMD_NODENAME']}" if runtime.get("SLURMD_NODENAME") else ""
     argv, why = launch_plan(job, restart)
     env = launch_environment(job, runtime)
     gpus = f"  CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in env else ""
     lines = [f"job #{job.id} {job.name or ''} (slurm job {slurm_id}{where}, restart {restart})"]
-    lines += why + [f"cmd: {shlex.join(argv)}", f"cwd: {os.getcwd()}{gpus}", f"started: {_now_iso()}"]
+    lines += why + [
+        f"cmd: {shlex.join(argv)}",
+        f"cwd: {os.getcwd()}{gpus}",
+        f"started: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}",
+    ]
     sys.stdout.write("".join(f"=== gpuq: {line}\n" for line in lines))
     sys.stdout.flush()
     try:
@@ -195,14 +179,3 @@ def launch() -> None:
         sys.stdout.write(f"=== gpuq: {reason}\n")
         sys.stdout.flush()
         os._exit(127)
-
-
-def _int(text: Optional[str]) -> int:
-    try:
-        return int(text or 0)
-    except ValueError:
-        return 0
-
-
-def _now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

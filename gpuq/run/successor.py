@@ -1,18 +1,9 @@
-"""Handing a slot on: the worker names, ahead of time, the jobs a supervisor may start when its own
-job ends (spool_layout.md, section 6, "Handing the slot on"), so that no round trip through the
-worker (the end's file event, its step, the claim, a spare woken) lies between two jobs.
+"""Handing a slot on: the line on which the worker names, ahead of time, the jobs a supervisor may
+start when its own job ends (spool_layout.md, section 6, "Handing the slot on").
 
-The worker still decides: whenever its answer changes, it tells the supervisor of each job of its
-own the jobs it would start in that slot, in order, were that job to end now
-(engine/schedule/planner.py, `Planner.successors`), or that there are none. The supervisor acts
-on the worker's last word only when its job has ended by itself, and then as the worker would: it
-takes a job's claim, and starts it only if its file is still the version named (`rev`). A job
-gone from pending/ is passed over; a claim someone else holds or a changed file ends the chain.
-
-The line is the socket over which the worker handed the first job to its supervisor
-(run/launcher.py): one JSON object per line, the slot's start order (run/supervisor/order.py) with
-`"next": [[id, rev, file], ...]` added. A send that cannot go whole closes the worker's side, and
-a supervisor that reads the end of the line starts nothing: nobody stands behind an earlier word.
+One JSON object per line: the slot's start order with `"next": [[id, rev, file], ...]` added. A send
+that cannot go whole closes the worker's side, and a supervisor that reads the end of the line starts
+nothing: nobody stands behind an earlier word.
 """
 
 from __future__ import annotations
@@ -20,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from dataclasses import asdict
 from typing import Any, Optional
 
 from gpuq.run.supervisor.order import StartOrder
@@ -28,14 +20,13 @@ MAX_LINE_BYTES = 65536
 
 
 def offer(slot: StartOrder, following: list[tuple[int, int, str]]) -> bytes:
-    """The line naming `following` ((id, rev, pending/ file name) each, in order) as the jobs to
-    start in this slot; `slot`: the order of the job running there (its slot, GPUs, settings)."""
-    return json.dumps({**slot.to_fields(), "next": [list(job) for job in following]}).encode() + b"\n"
+    """The line naming `following` ((id, rev, pending/ file name) each) after the job of order `slot`."""
+    return json.dumps({**asdict(slot), "next": [list(job) for job in following]}).encode() + b"\n"
 
 
 def send(sock: Optional[socket.socket], line: bytes) -> bool:
-    """Send `line` without waiting; False if it could not go whole (the line is then closed on our
-    side, so that an earlier word is never taken for the last)."""
+    """Send `line` without waiting; False if it could not go whole (our side is then closed, so that
+    an earlier word is never taken for the last)."""
     if sock is None:
         return False
     try:
@@ -51,8 +42,6 @@ def send(sock: Optional[socket.socket], line: bytes) -> bool:
 
 
 class Heard:
-    """The supervisor's side: the worker's last whole word on the line."""
-
     def __init__(self, fd: int, received: bytes = b""):
         self.fd = fd
         self.gone = False
@@ -66,7 +55,6 @@ class Heard:
         return [] if self.gone else self.named
 
     def listen(self) -> bool:
-        """Read what the worker has said so far; whether the line is still open."""
         data, self._partial = self._partial, b""
         while not self.gone:
             try:

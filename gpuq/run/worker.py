@@ -1,8 +1,5 @@
-"""The worker's scheduling step: a plain function of `now` that tests call one step at a time.
-
-`Worker.step()` repairs what crashes left (engine/lifecycle/repairs.py), takes in dropped files,
-looks at the queue, and hands each job it starts to a supervisor through the launcher it was given
-(run/launcher.py; tests give a fake one). The event loop around it is run/loop.py.
+"""The worker's scheduling step: a plain function of `now` that tests call one step at a time; the
+event loop around it is run/loop.py, and the launcher it is given starts supervisors (tests give a fake).
 """
 
 from __future__ import annotations
@@ -38,7 +35,8 @@ HANDED_ON_STATES = (RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED)  # a job name
 
 
 class Line(Protocol):  # the worker's end of a supervisor's socket (run/launcher.Supervisor)
-    listening: bool  # open: the supervisor may be told what follows in its slot
+    @property
+    def listening(self) -> bool: ...  # open: the supervisor may be told what follows in its slot
 
     def poll(self) -> Optional[int]: ...  # None while it runs
 
@@ -83,7 +81,7 @@ class StepResult:
 
 @dataclass
 class Settings:
-    """How `gpuq run` was asked to work: a field per option that names it (cli/commands.py, RUN; test_cli_options)."""
+    """How `gpuq run` was asked to work: a field per option (test_cli_options)."""
 
     gpus: Optional[list[str]] = None  # --gpus: the GPUs (or, without GPUs, the slots) it uses; None: all
     foreign_threshold_mib: int = placement.DEFAULT_FOREIGN_THRESHOLD_MIB  # --foreign-mem-threshold
@@ -124,11 +122,9 @@ class Worker:
         self.last_repair = self.last_sample = 0.0
         self.quiet: Optional[tuple[object, float, StepResult]] = None  # (signature, time, result)
 
-    # ---- one step -----------------------------------------------------------------------------
     def step(self, now: Optional[float] = None, woken: bool = True) -> StepResult:
-        """One scheduling step. A periodic look (`woken` False) at a spool whose pending/, running/,
-        locks/ and control/ have not changed only checks the running jobs' processes: a thousand
-        blocked jobs read every few seconds would cost more CPU than an idle worker may."""
+        """One scheduling step. A periodic look (`woken` False) at an unchanged spool only checks the
+        running jobs' processes: a thousand blocked jobs read every few seconds would cost too much."""
         now = time.time() if now is None else now
         if not woken and self._nothing_changed(now):
             return self._quiet_step(now)
@@ -168,9 +164,14 @@ class Worker:
         if self.view.intake_due(now):  # else nothing in pending/ waits to be taken in
             result.more_work = self._take_in_dropped(now)
         snap, invalid = self.view.look(self.spool, now)
-        resumed, resume_due = self._resume_preempted()  # after the look: see its docstring
+        # Jobs preempted for urgent ones back in the queue, first in line, after the look, and the
+        # view looks again (else the urgent job's supervisor would be named a job behind them).
+        resumed, resume_due = resume_auto(self.spool)
         result.claim_busy = resume_due or self.view.unsettled  # a move under way: look again soon
+        for r in resumed:
+            self.say(f"job #{r.job.id} back in the queue (first in line): {r.job.note}")
         if resumed:
+            self.view.doubt()
             snap, invalid = self.view.look(self.spool, now)
         self._follow_supervisors(snap)
         busy = {job_id: s.where for job_id, s in self.supervisors.items() if s.starting}
@@ -200,7 +201,7 @@ class Worker:
         result.more_work = result.more_work or left
         result.busy = bool(starting or self.urgent.under_way or any(map(self._mine, snap.running)))
         result.startable_later = result.more_work or scheduler.has_startable_future(snap, plan.waits)
-        result.gpu_wait = plan.gpu_wait or any(s.where.gpus for s in starting)
+        result.gpu_wait = any(not w.forever for w in plan.waits.values()) or any(s.where.gpus for s in starting)
         result.next_begin = scheduler.next_begin(snap.pending, now)
         # Nothing reports an adopted process's exit: look at it more often than usual.
         result.watch_closely = any(job.adopted for job in snap.running)
@@ -221,17 +222,6 @@ class Worker:
                 result.started.append(job.id)
             result.claim_busy = result.claim_busy or outcome == CLAIM_HELD
 
-    def _resume_preempted(self) -> tuple[bool, bool]:
-        """Jobs preempted for urgent ones go back in the queue, first in line, once they have left
-        running/, and the view looks again (else the urgent job's supervisor would be named a job
-        queued behind them). Whether any did, and whether one was still held by its supervisor."""
-        resumed, busy = resume_auto(self.spool)
-        for r in resumed:
-            self.say(f"job #{r.job.id} back in the queue (first in line): {r.job.note}")
-        if resumed:
-            self.view.doubt()
-        return bool(resumed), busy
-
     def _repair(self, now: float) -> None:
         full = now - self.last_repair >= RESCAN_SECONDS
         if full:
@@ -243,7 +233,6 @@ class Worker:
             self.spool.files.keep_emergency_room()
 
     def _take_in_dropped(self, now: float) -> bool:
-        """Take in hand-dropped files for a slice of time; True if some were left for later."""
         with self.spool.dropbox.turn() as mine:
             if not mine:
                 return False
@@ -255,8 +244,7 @@ class Worker:
         return more
 
     def _disk_full(self, plan: Plan, waiting: bool) -> bool:
-        """Whether the spool's filesystem is too full to start the jobs `waiting`; the planned
-        starts then wait, saying why, and no supervisor is named any."""
+        """Whether the spool's filesystem is too full to start jobs; the planned starts then wait."""
         free = free_bytes(self.spool.home)
         if free >= MIN_FREE_TO_START:
             if self.said_disk_full:
@@ -273,8 +261,7 @@ class Worker:
         return waiting
 
     def recover_interrupted(self) -> None:
-        """`gpuq run --recover`: jobs a reboot interrupted go back in the queue, each from its
-        newest checkpoint, before the first step (the rule: engine/lifecycle/actions.py)."""
+        """`gpuq run --recover`: jobs a reboot interrupted back in the queue before the first step."""
         repairs.reconcile(self.spool, full=True)  # after a reboot: running jobs are interrupted now
         recovered, left = actions.recover_at_start(self.spool)
         for job, how in recovered:
@@ -283,7 +270,6 @@ class Worker:
             self.say(f"job #{job.id} {job.name} {why}: left for you (`gpuq recover --jobs {job.id}` runs it again)")
 
     def publish_gpus(self) -> GpuLook:
-        """Look at the GPUs now and show `gpuq status` what was seen (the worker does at start)."""
         look = self.planner.look()
         self._write_gpu_view(look, read_queue(self.spool, self.view.cache)[0].running, {})
         return look
@@ -301,13 +287,11 @@ class Worker:
             pass  # only shown by `gpuq status`: a full disk must not stop the worker
 
     def _mine(self, job: Job) -> bool:
-        """A running job in this worker's slots or on its GPUs."""
         labels = self.settings.gpus
         if labels is None or job.slot is None:
             return True
         return job.slot in labels or bool({str(g) for g in job.gpus or []} & set(labels))
 
-    # ---- supervisors and handing a slot on (run/successor.py) ---------------------------------
     def _follow_supervisors(self, snap: scheduler.QueueState) -> None:
         """A launch stops counting once its job left pending/ (running/ then holds the slot) or its
         supervisor exited; it is followed on while the worker has a line to it. Of the jobs named
@@ -340,8 +324,8 @@ class Worker:
         preempting: set[int],
         allowed: bool,
     ) -> None:
-        """Tell the supervisor of each job of ours which jobs it may start in its slot, in order, as
-        its jobs end: those we would start there (none unless `allowed`). Only a change is sent."""
+        """Tell each supervisor of ours the jobs we would start in its slot (none unless `allowed`),
+        when that changed."""
         for job_id, s in self.supervisors.items():
             if not s.process.listening:
                 continue
@@ -360,8 +344,7 @@ class Worker:
                 s.told = []  # the line is closed: this supervisor hands nothing on
 
     def _launch(self, job: Job, where: Assignment) -> str:
-        """STARTED, CLAIM_HELD (someone holds the job: another worker, a cancel, or its own
-        supervisor just putting it back in the queue; or it changed since the look) or LAUNCH_FAILED."""
+        """STARTED, CLAIM_HELD (someone holds the job, or it changed since the look) or LAUNCH_FAILED."""
         claim = self.spool.claims.claim(job.id)
         name = self.view.pending_name(job.id)
         if claim is None or not self._as_planned(job, name):
@@ -380,8 +363,8 @@ class Worker:
         return STARTED
 
     def _as_planned(self, job: Job, name: Optional[str]) -> bool:
-        """Whether the job's file, read under its claim, is the version the plan was made from
-        (every write raises `rev`): a view a lost event left behind starts nothing it has not seen."""
+        """Whether the job's file, read under its claim, has the `rev` the plan saw: a view a lost event
+        left behind starts nothing it has not seen."""
         if name is None:
             return False
         try:
@@ -390,8 +373,6 @@ class Worker:
             return False
 
     def _order(self, job_id: int, file: Optional[str], where: Assignment) -> StartOrder:
-        """What the supervisor of job `job_id` is told; `file`: its name in pending/ (its `rev` was
-        checked here)."""
         s = self.settings
         return StartOrder(
             id=job_id, file=file, rev=None, slot=where.slot, gpus=where.gpus, notify=s.notify, on_finish=s.on_finish,
@@ -407,11 +388,9 @@ class Worker:
             running = [job for _ref, job in self.spool.jobs.load_many(RUNNING)]
         eta.sample_running(self.spool, running, now)  # so a first `gpuq status` has a rate
 
-    # ---- what the loop asks before it ends ------------------------------------------------------
     def moving(self) -> bool:
-        """Whether work may still appear although the last step saw none: a job claimed by a live
-        owner but not running (a retry being moved back to pending/), or one startable since. The
-        claims are read before the fresh look, so a move that ends in between shows in the look."""
+        """Whether work may still appear: a job claimed but not running (a retry being moved back),
+        or one startable since. The claims are read before the look, so no move falls in between."""
         held = [job_id for job_id in self.spool.claims.ids() if self.spool.claims.held(job_id)]
         snap, _ = read_queue(self.spool, self.view.cache)
         if any(snap.states.get(job_id) != RUNNING for job_id in held):
@@ -431,5 +410,4 @@ class Worker:
         return lines
 
     def still_running(self) -> list[Job]:
-        """Running jobs of this worker's slots (they go on under their supervisors)."""
         return [j for j in read_queue(self.spool, self.view.cache)[0].running if self._mine(j)]

@@ -1,12 +1,5 @@
-"""Preempt, resume and urgent jobs, as a library (the CLI and the worker call it; spool_layout.md
-section 11).
-
-Preempting leaves a control request (`preempt`, or `preempt-resume` when the worker makes room for
-an urgent job), then SIGTERMs the job's whole process group. The job's supervisor sees the request
-when the job's main process exits, keeps the job in running/ until nothing of the group is left,
-records the newest complete checkpoint and the steps lost since it, and moves the job to
-preempted/. The job keeps its id: `resume` puts the same file back in pending/ with its checkpoint
-argument, so dependents keep waiting for the continuation, and resuming twice makes no second job.
+"""Preempt, resume and urgent jobs, as a library (spool_layout.md section 11). A preempted job keeps
+its id: `resume` puts the same file back in pending/, so dependents wait for the continuation.
 """
 
 from __future__ import annotations
@@ -95,8 +88,7 @@ def resume(spool: Spool, job_id: int, require_checkpoint: bool = False, front: b
 
 
 def resume_auto(spool: Spool) -> tuple[list[Resumed], bool]:
-    """Resume every job the worker preempted for an urgent job (first in line); and whether one was
-    busy (its supervisor still letting go of it: try again in a moment)."""
+    """Resume every job the worker preempted for an urgent job; and whether one was still busy."""
     out, busy = [], False
     for _ref, job in spool.jobs.load_many(PREEMPTED):
         if job.auto_resume:
@@ -109,7 +101,6 @@ def resume_auto(spool: Spool) -> tuple[list[Resumed], bool]:
 
 @dataclass
 class Preemption:
-    job_id: int
     where: Assignment  # the slot or GPUs it holds until every process of it is gone
     pgid: int
     snapshot: list[Any]
@@ -117,25 +108,23 @@ class Preemption:
 
 
 class UrgentPreemptions:
-    """A worker's preemptions under way for urgent jobs: a victim's slot stays unused until every
-    process of it is gone (SIGKILLed once its grace is over)."""
+    """A worker's preemptions under way: a victim's slot stays unused until every process of it is gone."""
 
-    def __init__(self, spool: Spool, grace: float = DEFAULT_TIMEOUT):
-        self.spool, self.grace = spool, grace
+    def __init__(self, spool: Spool):
+        self.spool = spool
         self.under_way: dict[int, Preemption] = {}  # job id -> its preemption
 
     def begin(self, victim: Job, now: float) -> None:
-        """Start preempting `victim` without waiting: `holding` follows it at later steps."""
         pgid = victim.pid
+        assert pgid is not None  # victims are chosen among jobs with a process
         snapshot = procs.ungrouped_tree(pgid)
         self.spool.control.request(victim.id, PREEMPT_RESUME)
         procs.terminate(pgid, snapshot)
-        where = Assignment.of_job(victim)
-        self.under_way[victim.id] = Preemption(victim.id, where, pgid, snapshot, now + self.grace)
+        self.under_way[victim.id] = Preemption(Assignment.of_job(victim), pgid, snapshot, now + DEFAULT_TIMEOUT)
 
     def holding(self, state_of: dict[int, str], now: float) -> dict[int, Assignment]:
-        """Where victims with processes still alive hold their place; what is left once the grace is
-        over is SIGKILLed (again at each look: a process may have been forked meanwhile)."""
+        """Where victims still alive hold their place; past the grace, SIGKILL (at each look: a process
+        may have been forked meanwhile)."""
         for job_id, p in list(self.under_way.items()):
             left = procs.leftovers(p.pgid, p.snapshot)
             if state_of.get(job_id) != RUNNING and not left:

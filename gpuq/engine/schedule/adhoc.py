@@ -1,11 +1,7 @@
-"""`gpuq lease -- CMD`: a command outside the queue (a notebook server, a quick script) run under
-GPU leases that every user's gpuq honours: it waits until `leasing.claim_gpus` gives it GPUs (with
-`wait=False`, exit 75, EX_TEMPFAIL, naming the holders), runs the command with CUDA_VISIBLE_DEVICES
-set as a gpuq job gets it, and holds the leases in this process (the lease's pid, so the command's
-processes are its tree) until the command ends. The lease descriptors are close-on-exec.
-
-SIGTERM and SIGHUP are forwarded to the command, and SIGINT too unless stdin is a terminal: there
-the terminal's Ctrl-C reaches the command directly (twice would read to Jupyter as "shut down now").
+"""`gpuq lease -- CMD`: a command outside the queue run under GPU leases that every user's gpuq
+honours, held by this process (the lease's pid, so the command's processes are its tree) until the
+command ends. SIGINT is forwarded only when stdin is not a terminal: there Ctrl-C reaches the command
+directly (twice would read to Jupyter as "shut down now").
 """
 
 from __future__ import annotations
@@ -16,12 +12,11 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any
 
 from gpuq.core.errors import GpuqError, Refused
 from gpuq.engine.schedule.leasing import Claim, claim_gpus
 from gpuq.engine.schedule.placement import Blocked, Request
-from gpuq.system import gpus
 
 POLL_SECONDS = 0.5  # how often a waiting `gpuq lease` asks again: a claim is a look and a few files
 EX_TEMPFAIL = 75  # sysexits.h: "try again later", what --no-wait exits with when no GPU is free
@@ -33,20 +28,10 @@ class NotFree(GpuqError):
     exit_code = EX_TEMPFAIL
 
 
-def lease_and_run(
-    cmd: list[str],
-    request: Request,
-    *,
-    wait: bool = True,
-    lease_dir: Optional[str] = None,
-    look: Callable[[], Any] = gpus.look,
-    say: Optional[Callable[[str], None]] = None,
-) -> int:
-    """Run `cmd` under leases of the GPUs `request` asks for; its exit code (128 + N for signal N).
-    Refused for a command that cannot be found or GPUs that can never be had here."""
-    say = say or _stderr
+def lease_and_run(cmd: list[str], request: Request, *, wait: bool = True) -> int:
+    """Run `cmd` under leases of the GPUs `request` asks for; its exit code (128 + N for signal N)."""
     program = _program(cmd[0])
-    claim = _claim(request, os.path.basename(cmd[0]), wait, lease_dir, look, say)
+    claim = _claim(request, os.path.basename(cmd[0]), wait)
     try:
         env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID")
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in claim.gpus)
@@ -55,25 +40,23 @@ def lease_and_run(
         claim.release()
 
 
-def _claim(
-    request: Request, name: str, wait: bool, lease_dir: Optional[str], look: Callable[[], Any], say: Callable
-) -> Claim:
-    """The GPUs, once free; NotFree or Refused otherwise."""
+def _claim(request: Request, name: str, wait: bool) -> Claim:
     told = False
     while True:
-        got = claim_gpus(request, job=None, name=name, spool=None, lease_dir=lease_dir, look=look, log=say)
+        got = claim_gpus(request, job=None, name=name, spool=None, log=_stderr)
         if not isinstance(got, Blocked):
             if told:
-                say(f"GPU {','.join(map(str, got.gpus))} leased; starting {name}")
+                _stderr(f"GPU {','.join(map(str, got.gpus))} leased; starting {name}")
             return got
         if got.forever or not wait:
-            exc = Refused(got.reason.replace("this worker has", "this machine has"))
             would = got.reason.replace("waiting for", "it would wait for", 1)
-            exc = exc if got.forever else NotFree(f"not started (--no-wait): {would}")
+            exc: GpuqError = NotFree(f"not started (--no-wait): {would}")
+            if got.forever:
+                exc = Refused(got.reason.replace("this worker has", "this machine has"))
             exc.prefix = "gpuq lease"
             raise exc
         if not told:
-            say(f"{got.reason} (Ctrl-C to give up)")
+            _stderr(f"{got.reason} (Ctrl-C to give up)")
             told = True
         time.sleep(POLL_SECONDS)
 

@@ -1,17 +1,14 @@
-"""The GPUs as `gpuq status` and `gpuq gpus` show them: each GPU with its memory, the gpuq jobs that
-hold it, the processes of others on it and the leases of it. The worker writes its view into the
-spool (workers/gpus-PID.json) whenever it looks, so that `gpuq status` need not wake NVML itself; a
-command looks for itself only when no worker's view is younger than STALE_SECONDS, and never on a
-machine that cannot have GPUs. Leases are read where a look is taken, so that a lease and the memory
-its processes hold are seen at one moment. system/gpus.py (which brings pathlib) is imported
-only where GPUs are looked at or shown: a `status` without GPUs never needs it.
+"""The GPUs as `gpuq status` and `gpuq gpus` show them. The worker writes its view into the spool
+whenever it looks, so that `gpuq status` need not wake NVML itself; a command looks for itself only
+when no view is younger than STALE_SECONDS. system/gpus.py (which brings pathlib) is imported only
+where GPUs are looked at or shown: a `status` without GPUs never needs it.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING
@@ -22,12 +19,10 @@ from gpuq.system.gpu_presence import may_have_gpus
 STALE_SECONDS = 3.0  # a view older than this is looked at again (a waiting job makes the worker look every 2 s)
 
 
-def view(look: Any, running: list[Job], starting: Optional[dict[int, Sequence[int]]] = None) -> dict[str, Any]:
-    """{"at", "source", "problem", "gpus": [...]}: per GPU its index, name, uuid, memory, the ids of
-    the gpuq jobs holding it (`running` ones, and `starting`: job id -> GPUs, those a worker just
-    handed to their supervisors), every other process on it (pid, MiB, who) and `foreign_mib`, the
-    memory held by others (theirs, and what no listed process explains: placement's "outside").
-    `look`: a system/gpus.GpuLook."""
+def view(look: Any, running: list[Job], starting: Optional[Mapping[int, Sequence[int]]] = None) -> dict[str, Any]:
+    """{"at", "source", "problem", "gpus": [...]} of a system/gpus.GpuLook: per GPU the gpuq jobs
+    holding it (`running`, and `starting`: job id -> GPUs), every other process on it and
+    `foreign_mib`, the memory held by others (placement's "outside")."""
     from gpuq.system import gpus as gpu_info  # the GPUs are shown
 
     pids = [job.pid for job in running if job.pid]
@@ -65,10 +60,8 @@ def view(look: Any, running: list[Job], starting: Optional[dict[int, Sequence[in
 
 
 def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
-    """`shown` (a view) with the leases live now: per GPU `leases` (every user's and spool's, as
-    `lease_entry` gives them), each `foreign` process's `lease` (the file of the lease whose holder's
-    process tree it is in; None: it holds memory without one), and `lease_problems`: the lease
-    directory that cannot be trusted (leases then read as none), or lease files skipped."""
+    """`shown` with the leases live now: per GPU `leases`, each `foreign` process's `lease` (the
+    lease whose holder's tree it is in, or None), and `lease_problems`."""
     from gpuq.system import gpus as gpu_info  # the GPUs are shown
     from gpuq.system import leases  # (and their leases)
 
@@ -99,8 +92,7 @@ def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
 
 
 def lease_entry(lease: Any, viewer_uid: int) -> dict[str, Any]:
-    """A lease (system/leases.Lease) as views show it: `who` says it for people (a job's name only
-    for one's own jobs, and `name` on the same terms), `mem_mib` null for a whole GPU, `since` ISO."""
+    """A system/leases.Lease as views show it (a job's name only for one's own jobs)."""
     named = lease.uid == viewer_uid or lease.job is None
     return {
         "file": lease.file,
@@ -118,22 +110,14 @@ def lease_entry(lease: Any, viewer_uid: int) -> dict[str, Any]:
     }
 
 
-def look_now() -> Any:
-    """A look at the GPUs by this process (a system/gpus.GpuLook)."""
-    from gpuq.system import gpus as gpu_info  # the GPUs are looked at
-
-    return gpu_info.look()
-
-
 def current(
     spool: Spool,
     running: list[Job],
     views: Optional[list[dict[str, Any]]] = None,
     stale_after: Optional[float] = STALE_SECONDS,
 ) -> Optional[dict[str, Any]]:
-    """What the workers last saw of the GPUs (the newest view; `views` if already read), unless it is
-    older than `stale_after` seconds (None: any age will do): then a look of our own. None on a
-    machine without GPUs (and no simulated ones)."""
+    """The newest view the workers wrote (`views` if already read), unless older than `stale_after`
+    seconds (None: any age): then a look of our own. None on a machine without GPUs."""
     views = [v for v in (spool.workers.gpu_views() if views is None else views) if isinstance(v.get("gpus"), list)]
     newest = max(views, key=lambda v: v.get("at") or 0) if views else None
     if newest is not None and (stale_after is None or time.time() - (newest.get("at") or 0) <= stale_after):
@@ -142,7 +126,9 @@ def current(
         return _without_ended(spool, newest, running)
     if not may_have_gpus():  # what a look would say here: no driver, no GPUs
         return None
-    look = look_now()
+    from gpuq.system import gpus as gpu_info  # the GPUs are looked at
+
+    look = gpu_info.look()
     if _none(look.gpus, look.source, look.problem):
         return None
     shown = view(look, running)
@@ -152,9 +138,8 @@ def current(
 
 
 def _without_ended(spool: Spool, shown: dict[str, Any], running: list[Job]) -> dict[str, Any]:
-    """A worker's view less the jobs that left running/ since it was written, and their leases
-    (`gpuq cancel` returns once the job's end is recorded; the worker writes its view at its next
-    step). A listed job neither in `running` nor still in pending/ (being started) has ended."""
+    """A worker's view less the jobs that ended since it was written, and their leases (`gpuq cancel`
+    returns before the worker's next view)."""
     live = {job.id for job in running}
     listed = {j for gpu in shown["gpus"] if isinstance(gpu, dict) for j in gpu.get("jobs") or ()}
     ended = {j for j in listed - live if isinstance(j, int) and spool.jobs.find(j, (PENDING,)) is None}
@@ -171,9 +156,7 @@ def _without_ended(spool: Spool, shown: dict[str, Any], running: list[Job]) -> d
 
 
 def listed(shown: Optional[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-    """`gpuq gpus --json`: one object per GPU, with when its figures were seen (`seen_at`, ISO in
-    local time; `seen_seconds_ago`) and by whom (`seen_by_worker`: a pid, or null when this command
-    looked itself), and the view's `lease_problems` (the same on each)."""
+    """`gpuq gpus --json`: one object per GPU, with when and by whom (a worker's pid, or null) it was seen."""
     if shown is None:
         return []
     at = shown.get("at")
@@ -183,15 +166,13 @@ def listed(shown: Optional[dict[str, Any]], now: float) -> list[dict[str, Any]]:
 
 
 def _none(gpus: Any, source: Any, problem: Any) -> bool:
-    """No GPUs here, benignly (no driver, or none installed): nothing to show."""
     return not gpus and (source == "none" or problem is None)
 
 
 def never_fits(
     spool: Spool, count: int, mem_mib: Optional[int], views: Optional[list[dict[str, Any]]] = None
 ) -> Optional[str]:
-    """Why a job asking for `count` GPUs (`mem_mib` on each) can never run on this machine, or None.
-    Only a request beyond one whole GPU needs the GPUs looked at; without GPUs every job runs."""
+    """Why a job asking for `count` GPUs (`mem_mib` on each) can never run on this machine, or None."""
     if count <= 1 and mem_mib is None:
         return None
     shown = current(spool, [], views, stale_after=None)  # only the totals, which do not change

@@ -1,14 +1,6 @@
 """Host memory and CPUs: whether the machine has room for a job that says what it needs of it
-(`gpuq add --mem 32G --cpus 8`; spool_layout.md section 12a).
-
-A worker hands out at most its cap (`gpuq run --mem SIZE --cpus N`, else the machine's memory less a
-margin left to the system, GPUQ_HOST_MEM_MARGIN, and the CPUs this process may run on). A job that
-asks starts only when what running jobs reserved, plus what this plan already admitted, plus its
-own request fits the cap; a job that asks for nothing is never held back here. No overtaking, as
-for GPUs: once a job waits for a resource, later jobs that ask for it wait behind it, so a stream of
-small jobs cannot starve a big one. A request bigger than the whole cap waits for good and holds no
-one back. With GPUs the room is asked before placement, so a job held back here leaves its GPUs to
-the jobs behind it.
+(`gpuq add --mem 32G --cpus 8`; spool_layout.md section 12a). No overtaking, as for GPUs: once a job
+waits for a resource, later jobs that ask for it wait behind it, so small jobs cannot starve a big one.
 """
 
 from __future__ import annotations
@@ -28,14 +20,12 @@ MEMORY, CPUS = "host memory", "CPUs"
 
 
 def size_text(mib: int) -> str:
-    """MiB as `--mem` takes them: `10G`, `1.5G`, `512M`."""
     if mib < 1024:
         return f"{mib}M"
     return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib / 1024:.1f}G"
 
 
 def asks(job: Job) -> bool:
-    """Whether a job reserves host memory or CPUs."""
     return bool(job.mem_mib or job.cpus)
 
 
@@ -52,31 +42,23 @@ class Cap(NamedTuple):  # what a worker may hand out
     cpus: int
 
 
-def margin_mib(machine_mib: int, text: Optional[str]) -> tuple[int, str]:
-    """The memory left to the system (GPUQ_HOST_MEM_MARGIN's size, else the larger of 2 GiB and 5%
-    of the machine's), and a line for the worker's log when the variable could not be read."""
-    default = max(MIN_MARGIN_MIB, int(machine_mib * MARGIN_SHARE))
-    if not text:
-        return default, ""
-    try:
-        return parse_size_mib(text, MARGIN_ENV), ""
-    except ValueError as exc:
-        return default, f"{exc}; leaving the default {size_text(default)} to the system"
-
-
 def cap(
     mem_setting: Optional[int],
     cpus_setting: Optional[int],
     machine_mib: Optional[int] = None,
     machine_cpus: Optional[int] = None,
-    say: Optional[Callable[[str], None]] = None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> Cap:
-    """A worker's cap: its `--mem`/`--cpus`, else the machine's memory less the margin and its
-    usable CPUs. A setting above what the machine has is kept as given, and said (`say`)."""
+    """A worker's cap: its `--mem`/`--cpus`, else the machine's (less the margin). A setting above what
+    the machine has is kept as given, and said."""
     machine_mib = host.memory_mib() if machine_mib is None else machine_mib
     machine_cpus = host.usable_cpus() if machine_cpus is None else machine_cpus
-    margin, note = margin_mib(machine_mib, os.environ.get(MARGIN_ENV))
-    notes = [note] if note else []
+    margin, notes = max(MIN_MARGIN_MIB, int(machine_mib * MARGIN_SHARE)), []  # left to the system
+    if os.environ.get(MARGIN_ENV):
+        try:
+            margin = parse_size_mib(os.environ[MARGIN_ENV], MARGIN_ENV)
+        except ValueError as exc:
+            notes.append(f"{exc}; leaving the default {size_text(margin)} to the system")
     mem = max(machine_mib - margin, 0)
     if mem_setting is not None and mem_setting > mem:
         notes.append(
@@ -85,14 +67,12 @@ def cap(
         )
     if cpus_setting is not None and cpus_setting > machine_cpus:
         notes.append(f"--cpus {cpus_setting} is more than the {machine_cpus} CPUs this worker may use: as asked")
-    for line in notes if say else ():
+    for line in notes:
         say(line)
     return Cap(mem if mem_setting is None else mem_setting, machine_cpus if cpus_setting is None else cpus_setting)
 
 
 class _Pool:
-    """One resource of the cap: who holds how much of it, and the first job that waits for it."""
-
     def __init__(self, what: str, total: int, show: Callable[[int], str]) -> None:
         self.what, self.total, self.show = what, total, show
         self.held: dict[int, int] = {}  # job id -> what it reserved
@@ -116,8 +96,7 @@ class _Pool:
 
 
 class Room:
-    """What is left of a cap at one plan, made when a job that asks is first met: a queue of jobs
-    without requests reads neither the cap nor what running jobs hold."""
+    """What is left of a cap at one plan, made only when a job that asks is met."""
 
     def __init__(self, cap: Callable[[], Cap], holders: Callable[[], Iterable[Job]]) -> None:
         self._cap, self._holders = cap, holders
@@ -151,7 +130,6 @@ class Room:
         return None
 
     def admitted(self, ready: Iterable[Job], waits: dict[int, Wait]) -> Iterator[Job]:
-        """The jobs of `ready` this room takes, lazily, in order; why each other one waits goes in `waits`."""
         for job in ready:
             wait = self.admit(job)
             if wait is None:

@@ -1,9 +1,6 @@
 """Taking GPUs for a start under the machine-wide lease protocol (lease_layout.md): `claim_gpus`
-decides and leases together. Under the placing locks of the candidate GPUs it looks at the GPUs,
-reads the live leases, decides with `placement.place` and takes a lease per GPU chosen, so that two
-parties that claim at once, whoever they are, are serialised per GPU. The caller (a job's
-supervisor, `gpuq lease`) holds the leases while the GPUs are in use. A lease directory that cannot
-be trusted or used is said once through `log`, and the GPU memory gate alone decides.
+decides and leases together, under the placing locks of the candidate GPUs, so that two parties that
+claim at once, whoever they are, are serialised per GPU.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ from gpuq.engine.schedule.placement import (
     GPUS,
     Blocked,
     Describe,
-    Holding,
     Leased,
     Placement,
     Request,
@@ -55,28 +51,23 @@ def claim_gpus(
     job: Optional[int],
     name: str,
     spool: Optional[str],
-    pid: Optional[int] = None,
     lease_dir: Optional[str] = None,
     look: Callable[[], GpuLook] = gpus.look,
-    holdings: Sequence[Holding] = (),
-    own_pids: Iterable[int] = frozenset(),
     describe: Optional[Describe] = gpus.describe_pid,
     log: Callable[[str], None] = _say,
 ) -> Union[Claim, Blocked]:
-    """Choose GPUs among `candidates` (indices; None: all) for `request` and lease them to `job`/
-    `name` of `spool` (None, None for `gpuq lease`), held by `pid` (default: this process), or say
-    why it must wait. Every live lease counts but those `exclude` names. `threshold`: the
-    foreign-memory gate of a whole-GPU request."""
+    """Choose GPUs among `candidates` (None: all) for `request` and lease them to `job` of `spool`
+    (None, None for `gpuq lease`), held by this process, or say why it must wait. Every live lease counts
+    but those `exclude` names."""
     if request.gpus == 0:
         return Claim([], ())
     allowed = None if candidates is None else sorted(set(candidates))
     first = look()
     if mode_of(first) != GPUS:
         return _no_gpus(first)
-    own = frozenset(own_pids)
 
     def decide(seen: GpuLook, others: Sequence[Leased]) -> Union[Placement, Blocked]:
-        return place(request, seen.gpus, allowed, holdings, own, threshold, describe, others)
+        return place(request, seen.gpus, allowed, (), frozenset(), threshold, describe, others)
 
     try:
         directory = LeaseDir.open(lease_dir)
@@ -96,7 +87,7 @@ def claim_gpus(
             decision = decide(seen, others)
             if isinstance(decision, Blocked):
                 return decision
-            return Claim(_take(directory, seen, decision, request, job, name, spool, pid), decision.gpus)
+            return Claim(_take(directory, seen, decision, request, job, name, spool), decision.gpus)
     except LeaseDirProblem as exc:
         say_once(str(exc), log)
     seen = look()
@@ -105,7 +96,6 @@ def claim_gpus(
 
 
 def _no_gpus(seen: GpuLook) -> Blocked:
-    """No GPU to lease: none here (for good), or none readable now."""
     if mode_of(seen) == CPU_ONLY:
         return Blocked(f"no GPU to lease here: {seen.problem or 'none found'}", forever=True)
     return unreadable(seen)
@@ -126,7 +116,6 @@ def _take(
     job: Optional[int],
     name: str,
     spool: Optional[str],
-    pid: Optional[int],
 ) -> list[Held]:
     """A lease per GPU of the decision; none at all if one cannot be written (LeaseDirProblem)."""
     by_index = {g.index: g for g in seen.gpus}
@@ -135,7 +124,7 @@ def _take(
         for index in decision.gpus:
             gpu = by_index[index]
             mem = None if gpu.exclusive else request.gpu_mem_mib  # one process at a time: it is had whole
-            held.append(directory.take(gpu.uuid, index, mem, job=job, name=name, spool=spool, pid=pid))
+            held.append(directory.take(gpu.uuid, index, mem, job=job, name=name, spool=spool))
     except LeaseDirProblem:
         for lease in held:
             lease.release()

@@ -1,23 +1,11 @@
-"""Which GPUs a job may start on now, or why it waits: pure decisions over one look at the GPUs
-(`gpuq.system.gpus.look`), the gpuq jobs holding GPUs (`Holding`, with their process trees) and the
-other parties' live leases (`Leased`: lease_layout.md "Counting").
+"""Which GPUs a job may start on now, or why it waits: pure decisions over one look at the GPUs, the
+gpuq jobs holding GPUs (with their process trees) and other parties' live leases.
 
-A GPU's memory is committed (gpuq jobs holding it: a shared job for the larger of its declared
-`gpu_mem_mib` and what its processes use; a whole-GPU job takes the GPU; a memory lease for its size
-or its holder's use), outside (listed processes of no holding or lease, plus the used memory no
-listed process explains: on Linux NVML lists nearly everything, so a large remainder means hidden
-processes, another container, and counting it errs towards waiting), or free.
-
-A whole-GPU request takes GPUs that nothing of gpuq's and no lease holds and whose outside memory is
-at most `foreign_threshold_mib` (room for a display server or an idle CUDA context). A shared request
-takes GPUs without a whole holding or lease where committed + leased + outside + request <= total,
-the best fit first (ties by index) so that big GPUs stay free for big jobs; with `gpus=2` each GPU
-must fit. A GPU in an exclusive compute mode takes one process: any holding holds it whole, and any
-outside process keeps jobs off it.
-
-`mode_of(look)`: GPUS (place), CPU_ONLY (no GPUs, benignly: every job takes a slot, one per `--gpus`
-label or one for the machine, its GPU request unchecked, as gpuq always ran), UNREADABLE (the look
-failed: GPU jobs wait, CPU jobs start).
+A GPU's memory is committed (gpuq's jobs and memory leases), outside (processes of no holding or
+lease, plus used memory no listed process explains: hidden processes, so counting it errs towards
+waiting), or free. A whole-GPU request takes GPUs nothing of gpuq's and no lease holds, with outside
+memory at most `foreign_threshold_mib`; a shared one takes the best fit among GPUs without a whole
+holding, so that big GPUs stay free for big jobs. A GPU in an exclusive compute mode takes one process.
 """
 
 from __future__ import annotations
@@ -25,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Sequence, TypeVar, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 from gpuq.engine.schedule.scheduler import BEHIND
 from gpuq.system.gpus import Gpu, GpuLook, mib_text
@@ -42,13 +30,10 @@ GPUS = "gpus"
 CPU_ONLY = "cpu-only"
 UNREADABLE = "unreadable"
 
-T = TypeVar("T")
-
 
 @dataclass(frozen=True)
 class Request:
-    """What a job asks for. gpus=0: a CPU job. gpu_mem_mib=None: its GPUs whole; else that many
-    MiB on each of its GPUs, shared with other such jobs. ValueError on a request that cannot be."""
+    """gpus=0: a CPU job. gpu_mem_mib=None: its GPUs whole; else MiB on each, shared."""
 
     gpus: int = 1
     gpu_mem_mib: Optional[int] = None
@@ -65,8 +50,6 @@ class Request:
 
 @dataclass(frozen=True)
 class Holding:
-    """A gpuq job running (or being started) on `gpus`, with its declared size and process tree."""
-
     job_id: int
     gpus: tuple[int, ...]
     gpu_mem_mib: Optional[int]
@@ -75,8 +58,6 @@ class Holding:
 
 @dataclass(frozen=True)
 class Leased:
-    """Another party's live lease, with the processes of its holder's tree (its pid's descendants)."""
-
     lease: Lease
     pids: frozenset[int] = frozenset()
 
@@ -98,8 +79,6 @@ Describe = Callable[[int], str]
 
 @dataclass
 class _GpuState:
-    """One GPU as placement sees it."""
-
     gpu: Gpu
     jobs: list[int] = field(default_factory=list)  # gpuq jobs holding it
     whole: bool = False  # one of them holds it whole
@@ -108,10 +87,6 @@ class _GpuState:
     unexplained: int = 0
     leases: list[Leased] = field(default_factory=list)  # other parties' leases of it
     leased_mib: int = 0  # what its memory leases commit
-
-    @property
-    def leased_whole(self) -> bool:
-        return any(held.lease.whole for held in self.leases)
 
     @property
     def outside_mib(self) -> int:
@@ -130,11 +105,6 @@ def mode_of(look: GpuLook) -> str:
     return UNREADABLE
 
 
-def cpu_only_slots(allowed: Optional[Sequence[T]]) -> list[Optional[T]]:
-    """The slots of a worker without GPUs: one per `--gpus` label, else one for the whole machine."""
-    return list(allowed) if allowed else [None]
-
-
 def unreadable(look: GpuLook) -> Blocked:
     return Blocked(f"waiting for the GPUs to be readable: {look.problem}", forever=False)
 
@@ -149,19 +119,25 @@ def place(
     describe: Optional[Describe] = None,
     leased: Sequence[Leased] = (),
 ) -> Decision:
-    """Where `request` can start now among `gpus` (those of a look) restricted to `allowed`
-    (indices; None: all), given the gpuq `holdings` and other parties' `leased` GPUs, or why not.
-    `own_pids` are every process of a gpuq job (adopted ones included); `describe(pid)` gives
-    "python, user alice", which the reason puts in parentheses (None: pids are named without it)."""
+    """Where `request` can start now among `gpus` restricted to `allowed` (None: all), or why not.
+    `own_pids`: every process of a gpuq job; `describe(pid)` gives "python, user alice"."""
     if request.gpus == 0:
         return Placement(())
     wanted = None if allowed is None else set(allowed)
     present = {g.index for g in gpus}
     candidates = [g for g in sorted(gpus, key=lambda g: g.index) if wanted is None or g.index in wanted]
     if request.gpus > len(candidates):
-        return Blocked(_too_few(request.gpus, candidates, (wanted or set()) - present), forever=True)
+        have = ",".join(str(g.index) for g in candidates)
+        why = f"needs {request.gpus} GPU{'s' if request.gpus != 1 else ''}; this worker has {len(candidates)}"
+        why += f" ({have})" if have else ""
+        missing = (wanted or set()) - present
+        if missing:
+            why += f"; GPU {','.join(str(i) for i in sorted(missing))} not found on this machine"
+        return Blocked(why, forever=True)
     holdings = list(holdings)
-    owners = _owners(holdings, own_pids)
+    # every gpuq process -> the job holding GPUs it belongs to (None: one without GPUs)
+    owners: dict[int, Optional[int]] = {pid: None for pid in own_pids}
+    owners.update({pid: h.job_id for h in holdings for pid in h.pids})
     states = _states(candidates, holdings, leased)
     text = _Texts(describe, owners)
     if request.gpu_mem_mib is None:
@@ -177,16 +153,11 @@ def place_in_order(
     own_pids: Iterable[int] = frozenset(),
     foreign_threshold_mib: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
     describe: Optional[Describe] = None,
-    backfill: bool = False,
     leased: Sequence[Leased] = (),
 ) -> dict[int, Decision]:
-    """`place` for pending jobs given as (job id, request) in queue order (only those whose
-    dependencies allow them to start), each placement becoming a holding for the jobs after it,
-    so that one step never gives a whole GPU twice nor overcommits a shared one.
-
-    Once a GPU job waits (not forever), the GPU jobs behind it wait too ("waiting behind job #N"),
-    unless `backfill`: otherwise a stream of one-GPU jobs could keep a two-GPU job waiting forever.
-    CPU jobs always start; a job that can never fit is skipped, and does not hold up the others."""
+    """`place` for ready jobs in queue order, each placement a holding for the jobs after it. Once a
+    GPU job waits, the GPU jobs behind it wait too (no backfill): otherwise a stream of one-GPU jobs
+    could keep a two-GPU job waiting forever. A job that can never fit holds no one up."""
     allowed = None if allowed is None else set(allowed)
     own = frozenset(own_pids)
     held = list(holdings)
@@ -195,7 +166,7 @@ def place_in_order(
     decisions: dict[int, Decision] = {}
     for job_id, request in requests:
         decision = place(request, gpus, allowed, held, own, foreign_threshold_mib, text.describe, leased)
-        if isinstance(decision, Placement) and decision.gpus and first_waiting is not None and not backfill:
+        if isinstance(decision, Placement) and decision.gpus and first_waiting is not None:
             decision = Blocked(f"{BEHIND}{first_waiting} (first in line for a GPU)", forever=False)
         elif isinstance(decision, Placement) and decision.gpus:
             held.append(Holding(job_id, decision.gpus, request.gpu_mem_mib))
@@ -203,14 +174,6 @@ def place_in_order(
             first_waiting = job_id
         decisions[job_id] = decision
     return decisions
-
-
-def _owners(holdings: list[Holding], own_pids: Iterable[int]) -> dict[int, Optional[int]]:
-    """Every gpuq process -> the job holding GPUs it belongs to (None: a gpuq job without GPUs,
-    such as an adopted one), to name a gpuq process found on a GPU its job does not hold."""
-    owners: dict[int, Optional[int]] = {pid: None for pid in own_pids}
-    owners.update({pid: h.job_id for h in holdings for pid in h.pids})
-    return owners
 
 
 def _states(candidates: list[Gpu], holdings: list[Holding], leased: Sequence[Leased]) -> list[_GpuState]:
@@ -234,16 +197,12 @@ def _states(candidates: list[Gpu], holdings: list[Holding], leased: Sequence[Lea
             state.jobs.append(holding.job_id)
             state.whole = state.whole or holding.gpu_mem_mib is None or gpu.exclusive
             state.committed += max(holding.gpu_mem_mib or 0, using[holding.job_id])
-        state.leased_mib = sum(_lease_commits(held, gpu) for held in state.leases if not held.lease.whole)
+        for held in state.leases:  # a memory lease commits its size, or what its holder uses if more
+            held_mib = sum(p.used_memory_mib or 0 for p in gpu.processes if p.pid in held.pids)
+            state.leased_mib += 0 if held.lease.whole else max(held.lease.mem_mib or 0, held_mib)
         state.outside.sort(key=lambda item: (-(item[1] or 0), item[0]))
         states.append(state)
     return states
-
-
-def _lease_commits(held: Leased, gpu: Gpu) -> int:
-    """A memory lease commits its size, or what its holder's processes use on the GPU if more."""
-    using = sum(p.used_memory_mib or 0 for p in gpu.processes if p.pid in held.pids)
-    return max(held.lease.mem_mib or 0, using)
 
 
 def _place_whole(count: int, states: list[_GpuState], threshold: int, text: _Texts) -> Decision:
@@ -270,7 +229,7 @@ def _place_shared(count: int, need: int, states: list[_GpuState], text: _Texts) 
             f"with {mib_text(largest.gpu.memory_total_mib)}",
             forever=True,
         )
-    fits = [s for s in big_enough if not s.whole and not s.leased_whole and s.free_mib >= need and not _taken(s)]
+    fits = [s for s in big_enough if not s.whole and s.free_mib >= need and not _taken(s)]
     if len(fits) >= count:
         best = sorted(fits, key=lambda s: (s.free_mib - need, s.gpu.index))[:count]
         return Placement(tuple(sorted(s.gpu.index for s in best)))
@@ -296,27 +255,17 @@ def _place_shared(count: int, need: int, states: list[_GpuState], text: _Texts) 
 
 
 def _outside_blocks(state: _GpuState, threshold: int) -> bool:
-    """Whether others' memory keeps a whole-GPU job off the GPU: more than the threshold, or any
-    listed process at all on a GPU in an exclusive compute mode."""
     return state.outside_mib > threshold or (state.gpu.exclusive and bool(state.outside))
 
 
-def _taken(state: _GpuState) -> bool:
-    """Whether a GPU in an exclusive compute mode is someone's: any other process or lease there."""
-    return state.gpu.exclusive and bool(state.outside or state.leases)
-
-
-def _too_few(count: int, candidates: list[Gpu], missing: set[int]) -> str:
-    have = ",".join(str(g.index) for g in candidates)
-    text = f"needs {count} GPU{'s' if count != 1 else ''}; this worker has {len(candidates)}"
-    text += f" ({have})" if have else ""
-    if missing:
-        text += f"; GPU {','.join(str(i) for i in sorted(missing))} not found on this machine"
-    return text
+def _taken(state: _GpuState) -> bool:  # in an exclusive compute mode, or leased whole, it is someone's
+    return any(held.lease.whole for held in state.leases) or (
+        state.gpu.exclusive and bool(state.outside or state.leases)
+    )
 
 
 class _Texts:
-    """The pieces of the reasons, describing each pid at most once."""
+    """The pieces of the reasons, describing each pid once."""
 
     def __init__(self, describe: Optional[Describe], owners: dict[int, Optional[int]]):
         self._describe = describe
@@ -338,7 +287,7 @@ class _Texts:
     def holders(self, state: _GpuState, threshold: int) -> str:
         """'9.1 GiB held by pid 4242 (python, user alice), 2.0 GiB by pid 77 (...)': the two
         largest, then a count; the unexplained memory when the listed ones do not block alone."""
-        shown = []
+        shown: list[str] = []
         for pid, mib in state.outside[:2]:
             size = mib_text(mib) if mib is not None else "an unreported amount"
             shown.append(f"{size} {'held ' if not shown else ''}by {self.who(pid)}")
@@ -372,6 +321,6 @@ def _lease_text(lease: Lease) -> str:
     # the viewer is whoever decides: the reason tells them "your job" or another user's
     who = lease.who(os.geteuid())
     since = time.strftime("%H:%M", time.localtime(lease.since))
-    if lease.whole:
+    if lease.mem_mib is None:
         return f"leased whole by {who} since {since}"
     return f"{mib_text(lease.mem_mib)} leased by {who} since {since}"

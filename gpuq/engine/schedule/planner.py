@@ -1,16 +1,13 @@
-"""Which pending jobs start now, and where: GPUs by placement (engine/schedule/placement.py; CPU
-jobs one at a time in a CPU lane beside them), or slots on a machine without GPUs (one for the
-machine, or one per `gpuq run --gpus` label). The GPUs are looked at only when a job is ready, and
-the leases of every other party on the machine (lease_layout.md) are read afresh at each look, as
-leases end without an event. A job that reserves host memory or CPUs starts only where
-engine/schedule/hostroom.py finds room for it.
+"""Which pending jobs start now, and where: GPUs by placement (CPU jobs one at a time in a CPU lane
+beside them), or slots on a machine without GPUs. The GPUs are looked at only when a job is ready,
+and other parties' leases are read afresh at each look, as leases end without an event.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain, islice, takewhile
-from typing import Any, Callable, Iterator, Optional
+from typing import AbstractSet, Any, Callable, Iterator, Optional, Sequence
 
 from gpuq.core.job import Job
 from gpuq.engine.schedule import hostroom, placement, scheduler, victims
@@ -24,8 +21,8 @@ MAX_PLACED = 256  # ready jobs placed per step; behind a waiting GPU job only CP
 
 @dataclass(frozen=True)
 class Assignment:
-    """Where a job runs: `slot` is the CUDA_VISIBLE_DEVICES it gets (None: unset, the whole
-    machine; "" for a CPU job beside GPU jobs), `gpus` the GPU indices it holds (None without GPUs)."""
+    """`slot`: its CUDA_VISIBLE_DEVICES (None: unset, the whole machine; "": a CPU job beside GPU
+    jobs); `gpus`: the GPU indices it holds (None without GPUs)."""
 
     slot: Optional[str]
     gpus: Optional[tuple[int, ...]] = None
@@ -36,7 +33,6 @@ class Assignment:
         return cls(job.slot, tuple(held) if held is not None else None)
 
     def text(self) -> str:
-        """` on GPU 0,1`, ` (CPU job)`, or '' (the whole machine), for the worker's log."""
         if self.gpus is not None:
             return f" on GPU {self.slot}" if self.gpus else " (CPU job)"
         return f" on GPU {self.slot}" if self.slot is not None else ""
@@ -49,30 +45,23 @@ class Plan:
     victims: list[Job] = field(default_factory=list)  # running jobs to preempt for urgent ones
     look: Optional[gpu_info.GpuLook] = None  # the GPUs, when they were looked at
 
-    @property
-    def gpu_wait(self) -> bool:
-        """Some job waits for what may free up without an event: look again soon."""
-        return any(not w.forever for w in self.waits.values())
-
 
 MAX_SUCCESSORS = 8  # jobs named ahead to a supervisor for its slot (run/successor.py)
 
 
 class OtherLeases:
-    """The live GPU leases of every party but this spool's jobs. A problem with the lease directory
-    (or a file in it) is said once, and planning goes on without those leases: the GPU memory gate
-    alone decides."""
+    """The live GPU leases of every party but this spool's jobs. A problem with the lease directory is
+    said once, and planning goes on without those leases."""
 
-    def __init__(self, spool_home: Any, say: Callable[[str], None], path: Optional[str] = None):
+    def __init__(self, spool_home: Any, say: Callable[[str], None]):
         self.spool_home = str(spool_home)  # as its jobs' leases name it
         self.say = say
-        self.path = path  # None: GPUQ_LEASE_DIR, else the machine's default
         self._dir: Optional[LeaseDir] = None
 
     def __call__(self) -> list[Lease]:
         try:
             if self._dir is None:
-                self._dir = LeaseDir.open(self.path)
+                self._dir = LeaseDir.open()  # GPUQ_LEASE_DIR, else the machine's default
             found = self._dir.live()
         except LeaseDirProblem as exc:
             say_once(str(exc), self.say)
@@ -93,6 +82,10 @@ class Planner:
         host: Optional[hostroom.Cap] = None,
     ):
         self.labels = labels  # `gpuq run --gpus` (None: every GPU found)
+        try:
+            self.allowed = None if labels is None else {int(label) for label in labels}
+        except ValueError:
+            self.allowed = set()  # labels that are not GPU indices: nothing here matches them
         self.threshold = foreign_threshold_mib
         self.look = look
         self.leases = leases  # other parties' live leases (OtherLeases; None: none are counted)
@@ -104,10 +97,10 @@ class Planner:
         self,
         snap: scheduler.QueueState,
         busy: dict[int, Assignment],
-        preempting: set[int] = frozenset(),
+        preempting: AbstractSet[int] = frozenset(),
     ) -> Plan:
-        """What to start now. `busy`: jobs this worker is starting or still preempting, which hold
-        their place though not (or no longer) in running/; `preempting`: never chosen again."""
+        """What to start now. `busy`: jobs being started or preempted, which hold their place though
+        not in running/; `preempting`: never chosen again."""
         self._trees, self._leased = {}, []
         starting = [job for job in snap.pending if job.id in busy]
         if starting:  # handed to their supervisors, not yet in running/: they no longer wait
@@ -132,17 +125,15 @@ class Planner:
         snap: scheduler.QueueState,
         ending: Job,
         busy: dict[int, Assignment],
-        preempting: set[int],
+        preempting: AbstractSet[int],
         look: Optional[gpu_info.GpuLook],
-        limit: int = MAX_SUCCESSORS,
     ) -> list[Job]:
-        """The jobs this planner would start, one after another, in `ending`'s slot were `ending`
-        to end now and each of them in turn (spool_layout.md section 6, "Handing the slot on"). The
-        list stops after a job another waits for, and is empty whenever what comes next cannot be
-        known ahead: a queued job waits for `ending`, a preemption is under way, another slot is free
-        too. With GPUs only the next job, and only if it would get `ending`'s GPUs once `ending`'s
-        processes are gone. `look`: the GPUs as this step's plan saw them (None: no ready job)."""
-        mode = placement.mode_of(look) if look is not None else None
+        """The jobs this planner would start one after another in `ending`'s slot were `ending` to end
+        now (spool_layout.md section 6); empty whenever what comes next cannot be known ahead. With
+        GPUs only the next job, and only if it would get `ending`'s GPUs. `look`: this step's."""
+        if look is None:
+            return []
+        mode = placement.mode_of(look)
         if mode not in (placement.CPU_ONLY, placement.GPUS) or (mode == placement.GPUS and not ending.gpus):
             return []
         waited = {dep for job in snap.pending for dep in (*job.after, *job.after_any)}
@@ -150,7 +141,7 @@ class Planner:
             return []
         busy = {job_id: where for job_id, where in busy.items() if job_id != ending.id}
         rest = _queue_without(snap, {*busy, ending.id}, frozenset({ending.id}))
-        ready = list(islice(_ready(rest), limit if mode == placement.CPU_ONLY else 1))
+        ready = list(islice(_ready(rest), MAX_SUCCESSORS if mode == placement.CPU_ONLY else 1))
         # a job that reserves host memory or CPUs is admitted by the worker, which sees what runs then
         ready = list(takewhile(lambda job: not hostroom.asks(job), ready))
         if not ready:
@@ -178,11 +169,11 @@ class Planner:
         snap: scheduler.QueueState,
         busy: dict[int, Assignment],
         ready: Iterator[Job],
-        preempting: set[int],
+        preempting: AbstractSet[int],
         look: gpu_info.GpuLook,
-        starting: list[Job] = (),
+        starting: Sequence[Job] = (),
     ) -> Plan:
-        slots = placement.cpu_only_slots(self.labels)
+        slots: list[Optional[str]] = list(self.labels) if self.labels else [None]
         taken = scheduler.occupied_slots(snap.running, slots) | {a.slot for a in busy.values()}
         if None in taken:
             taken = set(slots)
@@ -202,13 +193,13 @@ class Planner:
         snap: scheduler.QueueState,
         busy: dict[int, Assignment],
         ready: list[Job],
-        preempting: set[int],
+        preempting: AbstractSet[int],
         look: gpu_info.GpuLook,
         mode: str,
-        starting: list[Job] = (),
+        starting: Sequence[Job] = (),
     ) -> Plan:
         plan = Plan(look=look)
-        allowed = self._allowed()
+        allowed = self.allowed
         # before placement: a job the machine has no room for leaves its GPUs to the jobs behind it
         ready = list(self._room(snap, starting).admitted(ready, plan.waits))
         holdings, own_pids, cpu_lane = self._holdings(snap.running, busy)
@@ -235,15 +226,12 @@ class Planner:
             plan.victims = self._victims(snap, ready, plan, holdings, own_pids, preempting, look, allowed)
         return plan
 
-    def _room(self, snap: scheduler.QueueState, starting: list[Job]) -> hostroom.Room:
-        """The host memory and CPUs left: the cap less what running jobs, and those being started
-        (still in pending/), reserved."""
+    def _room(self, snap: scheduler.QueueState, starting: Sequence[Job]) -> hostroom.Room:
+        """The host memory and CPUs left: the cap less what running and starting jobs reserved."""
 
-        def holders() -> Iterator[Job]:
-            running = {job.id for job in snap.running}
-            return chain(snap.running, (job for job in starting if job.id not in running))
-
-        return hostroom.Room(self._host_cap, holders)
+        running = {job.id for job in snap.running}
+        holders = [*snap.running, *(job for job in starting if job.id not in running)]
+        return hostroom.Room(self._host_cap, lambda: holders)
 
     def _host_cap(self) -> hostroom.Cap:
         if self.host is None:
@@ -251,24 +239,15 @@ class Planner:
         return self.host
 
     def _tree(self, pid: int) -> set[int]:
-        """The process tree of a pid, read once per step (`successors` plans again)."""
         if pid not in self._trees:
             self._trees[pid] = gpu_info.tree_pids([pid])
         return self._trees[pid]
 
-    def _allowed(self) -> Optional[set[int]]:
-        if self.labels is None:
-            return None
-        try:
-            return {int(label) for label in self.labels}
-        except ValueError:
-            return set()  # labels that are not GPU indices: nothing here matches them
-
     def _holdings(
         self, running: list[Job], busy: dict[int, Assignment]
     ) -> tuple[list[Holding], frozenset[int], Optional[int]]:
-        """gpuq's jobs on the GPUs (running ones with their process trees, and those this worker is
-        starting or preempting), every pid of gpuq's jobs, and the job in the CPU lane."""
+        """gpuq's jobs on the GPUs (running, starting or preempted), every pid of gpuq's jobs, and the
+        job in the CPU lane."""
         holdings, pids, cpu_lane = [], set(), None
         running_ids = {j.id for j in running}
         for job in running:
@@ -295,17 +274,17 @@ class Planner:
         plan: Plan,
         holdings: list[Holding],
         own_pids: frozenset[int],
-        preempting: set[int],
+        preempting: AbstractSet[int],
         look: gpu_info.GpuLook,
         allowed: Optional[set[int]],
     ) -> list[Job]:
-        """Running jobs to preempt so that the first urgent job the GPUs hold back can start: as
-        few as will make room, in engine/schedule/victims.py's order."""
+        """As few running jobs to preempt as let the first urgent job the GPUs hold back start."""
         urgent = next((j for j in ready if scheduler.may_preempt(j) and j.id in plan.waits), None)
         if urgent is None or plan.waits[urgent.id].forever or preempting:
             return []
-        candidates = [j for j in victims.candidates(urgent, snap.running) if allowed is None or set(j.gpus) <= allowed]
-        allowed_victims = victims.in_preference(candidates, victims.forced(urgent), victims.how_it_continues)
+        candidates = victims.candidates(urgent, snap.running)
+        candidates = [j for j in candidates if allowed is None or set(j.gpus or ()) <= allowed]
+        allowed_victims = victims.in_preference(candidates, urgent)
         chosen = self._making_room(urgent, allowed_victims, holdings, own_pids, look, allowed)
         if not chosen and len(allowed_victims) < len(candidates):
             if self._making_room(urgent, candidates, holdings, own_pids, look, allowed):
@@ -322,8 +301,7 @@ class Planner:
         look: gpu_info.GpuLook,
         allowed: Optional[set[int]],
     ) -> list[Job]:
-        """As few of `candidates` as let `urgent` be placed, the first ones preferred: taken in
-        order until it fits, then each it also fits without left out; [] if none would make room."""
+        """As few of `candidates` as let `urgent` be placed, the first ones preferred."""
 
         def fits_without(chosen: list[Job]) -> bool:
             ids = {victim.id for victim in chosen}
@@ -352,7 +330,6 @@ class Planner:
 def _queue_without(
     snap: scheduler.QueueState, pending: set[int], running: frozenset[int] = frozenset()
 ) -> scheduler.QueueState:
-    """The queue less the pending jobs `pending` and the running jobs `running`, in the same order."""
     rest = scheduler.QueueState(
         snap.states,
         [job for job in snap.pending if job.id not in pending],
@@ -364,14 +341,12 @@ def _queue_without(
 
 
 def _ready(snap: scheduler.QueueState) -> Iterator[Job]:
-    """Pending jobs whose dependencies allow them to start, in queue order, found lazily."""
     for job in snap.pending if snap.ordered else scheduler.queue_order(snap.pending):
         if scheduler.waiting_reason(job, snap.states, now=snap.now) is None:
             yield job
 
 
 def _without(gpu: gpu_info.Gpu, pids: set[int]) -> gpu_info.Gpu:
-    """The GPU as it will be once `pids` are gone (a victim's processes and their memory)."""
     leaving = [p for p in gpu.processes if p.pid in pids]
     if not leaving:
         return gpu
@@ -381,5 +356,4 @@ def _without(gpu: gpu_info.Gpu, pids: set[int]) -> gpu_info.Gpu:
 
 
 def request_of(job: Job) -> Request:
-    """What a job asks of the GPUs (job files from before GPUs were known ask for one, whole)."""
     return Request(job.gpu_request, job.gpu_mem_mib if job.gpu_request != 0 else None)

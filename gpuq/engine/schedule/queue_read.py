@@ -16,9 +16,8 @@ Loaded = Union[Job, schema.InvalidJob, None]  # a job, why its file is not one, 
 
 
 class PendingCache:
-    """Parsed pending/running files kept by (state, name) under their inode, mtime and size, so
-    that a worker with a thousand blocked jobs does not parse them at every look: a job file is
-    never edited in place, so a file that keeps its signature holds what it held."""
+    """Parsed pending/running files kept under their inode, mtime and size: a job file is never
+    edited in place, so a file that keeps its signature holds what it held."""
 
     def __init__(self) -> None:
         self._cache: dict[tuple[str, str], tuple[tuple[int, int, int], Loaded]] = {}
@@ -37,7 +36,6 @@ class PendingCache:
         return value
 
     def forget(self, state: str, name: str) -> None:
-        """Drop what is kept for a file, so that the next load reads it whatever its stat says."""
         self._cache.pop((state, name), None)
 
     def forget_missing(self, present: set[tuple[str, str]]) -> None:
@@ -57,17 +55,14 @@ def read_queue(
     spool: Spool,
     cache: Optional[PendingCache] = None,
     refs: Optional[list[JobRef]] = None,
-    now: Optional[float] = None,
     finished: Optional[dict[int, str]] = None,
     vanished: Optional[list[JobRef]] = None,
 ) -> tuple[QueueState, list[tuple[JobRef, str]]]:
-    """The scheduler's view at `now` (default: the clock), plus canonical-looking pending files
-    that are not valid jobs. `refs`: a listing of every state just taken, to spare listing a big
-    done/ again; or of the other states, with `finished` (id -> state of the finished jobs; it
-    becomes the snapshot's `states`, so the caller hands it over). `vanished` collects the listed
-    pending/running files that were gone when read (moved on in between)."""
+    """The scheduler's view now, plus pending files that are not valid jobs. `refs`: a listing
+    just taken (of every state; or of the others, with `finished`: id -> state, which becomes the
+    snapshot's `states`). `vanished` collects listed files gone when read."""
     states: dict[int, str] = finished if finished is not None else {}
-    snap = QueueState(states=states, now=time.time() if now is None else now)
+    snap = QueueState(states=states, now=time.time())
     invalid: list[tuple[JobRef, str]] = []
     present = set()
     active = []

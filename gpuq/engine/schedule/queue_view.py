@@ -1,25 +1,12 @@
-"""The worker's view of the queue, kept from one step to the next.
+"""The worker's view of the queue, kept from one step to the next: file events name the files that
+changed, and the view rereads only those, so that a step costs what changed, not what waits.
 
-Reading the whole queue at every step cost O(pending) per job started: a listing of every state
-(done/ included) and a stat of every pending file to validate its parse. A busy worker is woken by
-file events that name the files that changed, so the view rereads only those: the step costs what
-changed, not what waits. It takes a full look (engine/schedule/queue_read.py's parse cache, the finished states
-from the spool's index of finished jobs) whenever it cannot be sure the events told it everything:
-
-- at the first step, and whenever the loop has no working observer (`watching(False)`), which is
-  also the case of a test that calls `Worker.step()` one step at a time: every step is then a full
-  look, as before;
-- at least every FULL_LOOK_SECONDS (an inotify queue that overflowed says nothing to the handler);
-- after any doubt (`doubt()`): a job the view saw pending was not there for its supervisor.
-
-Why events and not a cheaper validation: a job that leaves pending/ and comes back between two
-steps (a quick retry, a hold and release) may get the same inode number, so a listing with inode
-numbers cannot tell its new version from the old. Events name the file in both moves, and a named
-file is always read again, whatever its inode.
-
-The observer thread calls `note()`; the worker's thread calls everything else. A hint that arrives
-after the step drained the others is read at the next step: a change is always followed by its
-event, so the view is never left behind for good.
+It takes a full look whenever it cannot be sure the events told it everything: at the first step,
+while no observer works (`watching(False)`: also a test stepping the worker), every
+FULL_LOOK_SECONDS (an overflowed inotify queue says nothing), and after a `doubt()`. Why events and
+not a cheaper validation: a job that leaves pending/ and comes back between two steps may get the
+same inode number, but events name the file in both moves. The observer thread calls `note()`; the
+worker's thread everything else.
 """
 
 from __future__ import annotations
@@ -41,8 +28,8 @@ LISTED = tuple(s for s in STATES if s not in FINISHED)  # listed at a full look;
 
 
 class QueueView:
-    """pending/ and running/ as parsed jobs, and the state of every job the scheduler may ask
-    about (`states`, handed to the QueueState as it is: its readers do not change it)."""
+    """pending/ and running/ as parsed jobs, and the state of every job (`states`, handed to the
+    QueueState as it is: its readers do not change it)."""
 
     def __init__(self) -> None:
         self.cache = PendingCache()  # the parse cache of full looks (and of `read_queue()` calls)
@@ -58,55 +45,39 @@ class QueueView:
         self._events = False  # an observer reports every change of pending/ and running/
         self._doubt = True
 
-    # ---- told by the loop ---------------------------------------------------------------------
     def watching(self, events: bool) -> None:
-        """Whether file events now reach `note()`. A new observer may have missed what happened
-        before it started: the next look is a full one."""
+        """Whether file events now reach `note()`; a new observer may have missed what came before."""
         if events and not self._events:
             self._doubt = True
         self._events = events
 
     def note(self, state: str, name: str) -> None:
-        """A file event named `name` in `state`'s directory (called from the observer's thread)."""
         self._hints.append((state, name))  # deque.append is atomic: no lock shared with the step
 
     def doubt(self) -> None:
-        """Something did not go as the view said: the next look is a full one."""
         self._doubt = True
 
     @property
     def unsettled(self) -> bool:
-        """Whether some job was seen in pending/ or running/ and in another state at once: a move
-        under way (its new copy is written before the old one goes) or a crash's leftover, which
-        the repair removes. The other copy may go without an event (only pending/ and running/
-        are watched), so where it is is looked at again on every look until it settles."""
+        """Whether some job was seen in pending/ or running/ and in another state at once (a move under
+        way, or a crash's leftover): its other copy may go without an event, so it is looked at again."""
         return bool(self._doubled)
 
     def pending_name(self, job_id: int) -> Optional[str]:
-        """The name of the job's file in pending/ as last seen (the first, should a crash have left
-        two), or None."""
+        """The name of the job's file in pending/ as last seen (the first, should a crash have left two)."""
         names = sorted(name for state, name in self.places.get(job_id, ()) if state == PENDING)
         return names[0] if names else None
 
-    # ---- the step's look ----------------------------------------------------------------------
     def intake_due(self, now: float) -> bool:
-        """Whether pending/ may hold dropped files to take in: seen there before, named by an
-        event since, or a full look is due (it may find some)."""
+        """Whether pending/ may hold dropped files: seen before, named by an event, or a full look due."""
         self._collect()
         if self.dropped or self._full_due(now):
             return True
         return any(state == PENDING and _dropped_name(name) for state, name in self._named)
 
-    def only_age_due(self, now: float) -> bool:
-        """Whether the next look would be full only because the last one is old: the events are
-        trusted (an observer runs, no doubt), so what they named can be acted on first."""
-        return self._events and not self._doubt and self.full_at is not None and self._full_due(now)
-
-    def look(self, spool: Spool, now: float, put_off: bool = False) -> tuple[QueueState, list[tuple[JobRef, str]]]:
-        """The scheduler's view at `now`, plus pending files that are not valid jobs. `put_off`:
-        a full look due only by age (`only_age_due`) is left to the caller's next look."""
+    def look(self, spool: Spool, now: float) -> tuple[QueueState, list[tuple[JobRef, str]]]:
         self._collect()
-        if self._full_due(now) and not (put_off and self.only_age_due(now)):
+        if self._full_due(now):
             self._full(spool, now)
         else:
             try:
@@ -117,7 +88,6 @@ class QueueView:
         return self._snapshot(now)
 
     def _collect(self) -> None:
-        """Move the observer's hints to the worker's side."""
         hints, named = self._hints, self._named
         while hints:
             named.add(hints.popleft())
@@ -152,7 +122,6 @@ class QueueView:
         self.dropped = bool(spool.dropbox.dropped() or spool.dropbox.leftovers())
 
     def _update(self, spool: Spool) -> None:
-        """Read again every file the events named since the last look."""
         named, self._named = self._named, set()
         # id -> a file name it had; a doubled job is looked up again: its other copy may have gone
         moved: dict[int, str] = dict(self._doubled)
@@ -205,31 +174,22 @@ class QueueView:
     def _snapshot(self, now: float) -> tuple[QueueState, list[tuple[JobRef, str]]]:
         snap = QueueState(states=self.states, now=now)
         invalid: list[tuple[JobRef, str]] = []
-        states = self.states
-        pending: list[Job] = []
-        for name, value in self.jobs[PENDING].items():
-            if isinstance(value, schema.InvalidJob):
-                invalid.append((JobRef(int(name[: name.index("-")]), PENDING, name), str(value)))
-            elif value is not None and states.get(value.id) == PENDING:  # else a stale copy a crash left
-                pending.append(value)
-        for name, value in self.jobs[RUNNING].items():
-            if isinstance(value, schema.InvalidJob):
-                invalid.append((JobRef(int(name[: name.index("-")]), RUNNING, name), str(value)))
-            else:
-                snap.running.append(value)
-        snap.pending = sorted(pending, key=queue_key)
+        found: dict[str, list[Job]] = {PENDING: [], RUNNING: []}
+        for state, jobs in self.jobs.items():
+            for name, value in jobs.items():
+                if isinstance(value, schema.InvalidJob):
+                    invalid.append((JobRef(int(name[: name.index("-")]), state, name), str(value)))
+                elif value is not None and (state == RUNNING or self.states.get(value.id) == PENDING):
+                    found[state].append(value)  # a pending/ copy of a job in another state: a crash's leftover
+        snap.running = found[RUNNING]
+        snap.pending = sorted(found[PENDING], key=queue_key)
         snap.ordered = True
-        snap.running.sort(key=_job_id)  # the order of `ls running/`, as a listing gave it
+        snap.running.sort(key=lambda job: job.id)  # the order of `ls running/`, as a listing gave it
         return snap, invalid
 
 
 def _dropped_name(name: str) -> bool:
-    """A name in pending/ that intake looks at: not a job file's, not a dot-file unless an intake
-    a crash cut short."""
+    """A name in pending/ that intake looks at: not a job file's, nor a dot-file but a cut-short intake's."""
     if is_job_name(name):
         return False
     return not name.startswith(".") or INTAKE_RE.match(name) is not None
-
-
-def _job_id(job: Job) -> int:
-    return job.id

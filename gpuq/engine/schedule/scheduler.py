@@ -1,8 +1,5 @@
-"""Scheduling decisions as plain functions over a snapshot of the spool.
-
-Nothing here touches files or processes: which jobs wait for what (their dependencies), in which
-order the ready ones go, which slots are taken. engine/schedule/planner.py decides where the ready jobs
-start; tests call these directly.
+"""Scheduling decisions as plain functions over a snapshot of the spool (no files, no processes):
+which jobs wait for what, in which order the ready ones go, which slots are taken.
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from gpuq.core.times import parse_iso
 
 
 class Wait(NamedTuple):
-    """Why a pending job waits: `reason` (one line), `forever` (True: it cannot start unless a
-    person acts: the dependency failed, vanished...)."""
+    """Why a pending job waits; `forever`: it cannot start unless a person acts."""
 
     reason: str
     forever: bool
@@ -76,22 +72,21 @@ def _unmet(job_id: int, dep: int, state: Optional[str], stuck: frozenset) -> Wai
 def waiting_reason(
     job: Job, state_of: dict[int, str], stuck: frozenset = frozenset(), now: Optional[float] = None
 ) -> Optional[Wait]:
-    """Why a pending job cannot start yet, or None if its dependencies (and, given `now`, its
-    --begin time) allow it to. `stuck` holds pending jobs known to be blocked for good, so that
-    their dependents are too."""
+    """Why a pending job cannot start yet (its dependencies; given `now`, its --begin time), or None.
+    `stuck`: pending jobs blocked for good, so that their dependents are too."""
     if states.handing_over(job):  # marked by a hand-over to Slurm (engine/lifecycle/slurm_handover.py): never run here
         return Wait(f"being handed to Slurm; if that was cut short, `gpuq slurm submit {job.id}` finishes it", True)
     waits = [_dependency_wait(job.id, d, state_of.get(d), False, stuck) for d in job.after]
     waits += [_dependency_wait(job.id, d, state_of.get(d), True, stuck) for d in job.after_any]
-    waits = [w for w in waits if w is not None]
+    found = [w for w in waits if w is not None]
     if now is not None and job.begin_at:
         begin = parse_iso(job.begin_at) or 0.0
         if begin > now:
-            waits.append(Wait(f"starts at {_clock(begin, now)} (--begin)", False))
-    if not waits:
+            found.append(Wait(f"starts at {_clock(begin, now)} (--begin)", False))
+    if not found:
         return None
-    blocking = [w for w in waits if w.forever]
-    return blocking[0] if blocking else waits[0]
+    blocking = [w for w in found if w.forever]
+    return blocking[0] if blocking else found[0]
 
 
 def _clock(when: float, now: float) -> str:
@@ -107,13 +102,11 @@ def next_begin(pending: list[Job], now: float) -> Optional[float]:
 
 
 def queue_order(pending: list[Job]) -> list[Job]:
-    """Urgent jobs first, then resumed continuations (`queue_front`), then higher priority, then
-    by id (the order of `ls pending/`)."""
+    """Urgent jobs first, then resumed continuations (`queue_front`), then priority, then id."""
     return sorted(pending, key=queue_key)
 
 
 def queue_key(job: Job) -> tuple[bool, bool, int, int]:
-    """A job's place in queue_order."""
     return (not job.urgent, not job.queue_front, -job.priority, job.id)
 
 
@@ -124,12 +117,10 @@ def preemption_victims(
     preempting: set[int],
     continues: Callable[[Job], Any],
 ) -> tuple[list[Job], list[Job]]:
-    """Running jobs to preempt so that ready urgent jobs can start: one for each such job that
-    neither a free slot nor a preemption already under way will serve, and the urgent jobs left
-    without one. A victim must be able to continue (`continues(job)`: engine/schedule/victims.py), unless
-    the urgent job it serves is `--urgent=force`. Among those allowed, the lowest priority goes
-    first; among equals the one started last (it loses the least work). Urgent and adopted jobs,
-    jobs of other workers' slots and jobs without a process yet are never chosen."""
+    """Running jobs to preempt so that ready urgent jobs can start (one for each that neither a free
+    slot nor a preemption under way serves), and the urgent jobs left without one. A victim must be
+    able to continue unless the urgent job is `--urgent=force`; the lowest priority goes first, then
+    the one started last (it loses the least work)."""
     urgent = [j for j in snapshot.pending if j.urgent]  # few or none: filter before the costly part
     if not any(map(may_preempt, urgent)):
         return [], []
@@ -140,8 +131,11 @@ def preemption_victims(
     need = len(unserved)
     if need == 0:
         return [], []
-    victims, would_lose = [], []
-    for job in sorted(_victim_candidates(snapshot, slots, preempting), key=victim_key):
+    victims: list[Job] = []
+    would_lose: list[Job] = []
+    # never urgent or adopted jobs, jobs of other workers' slots, or jobs without a process yet
+    candidates = [j for j in snapshot.running if j.id not in preempting and j.pid and not (j.urgent or j.adopted)]
+    for job in sorted((j for j in candidates if slots == [None] or j.slot in slots), key=victim_key):
         if len(victims) == need:
             break
         (victims if continues(job) else would_lose).append(job)
@@ -151,27 +145,16 @@ def preemption_victims(
 
 
 def may_preempt(job: Job) -> bool:
-    """Whether a pending job is a reason to preempt a running one: an urgent job that was never
-    preempted itself. A job put back by a preemption goes first in line but takes no one's place,
-    or two urgent jobs could take turns preempting each other."""
+    """An urgent job that was never preempted itself: else two urgent jobs could take turns."""
     return bool(job.urgent) and not job.preemptions
 
 
-def _victim_candidates(snapshot: QueueState, slots: list[Optional[str]], preempting: set[int]) -> list[Job]:
-    return [
-        j
-        for j in snapshot.running
-        if j.id not in preempting and j.pid and not j.urgent and not j.adopted and (slots == [None] or j.slot in slots)
-    ]
-
-
 def victim_key(job: Job) -> tuple[int, float]:
-    """Which running job an urgent job preempts first: the lowest priority, then the one started last."""
     return job.priority, -(parse_iso(job.started_at) or 0.0)
 
 
 def occupied_slots(running: list[Job], slots: list[Optional[str]]) -> set[Optional[str]]:
-    """Slots taken by running jobs. A job with slot None (whole machine, or adopted) takes all."""
+    """Slots taken by running jobs; one with slot None (whole machine, or adopted) takes all."""
     taken: set[Optional[str]] = set()
     for job in running:
         slot = job.slot
@@ -182,9 +165,8 @@ def occupied_slots(running: list[Job], slots: list[Optional[str]]) -> set[Option
 
 
 def waiting_reasons(snapshot: QueueState, extra: Optional[dict[int, Wait]] = None) -> dict[int, Optional[Wait]]:
-    """waiting_reason for every pending job, with blockage passed down dependency chains
-    (a job after a job that can never start can never start either). `extra`: reasons beyond
-    dependencies (the GPUs a ready job waits for), for the jobs whose dependencies allow them."""
+    """waiting_reason for every pending job, blockage passed down dependency chains. `extra`: reasons
+    beyond dependencies (the GPUs a ready job waits for)."""
     extra = extra or {}
     stuck = frozenset(i for i, w in extra.items() if w.forever)
     while True:
@@ -198,12 +180,4 @@ def waiting_reasons(snapshot: QueueState, extra: Optional[dict[int, Wait]] = Non
 
 
 def has_startable_future(snapshot: QueueState, extra: Optional[dict[int, Wait]] = None) -> bool:
-    """True while some pending job can still start without a person acting (`extra`: as for
-    waiting_reasons; a job the GPUs can never take cannot start)."""
-    extra = extra or {}
-    for job in snapshot.pending:  # the common case, decided without following dependency chains
-        if waiting_reason(job, snapshot.states, now=snapshot.now) is None and not (
-            job.id in extra and extra[job.id].forever
-        ):
-            return True
     return any(w is None or not w.forever for w in waiting_reasons(snapshot, extra).values())

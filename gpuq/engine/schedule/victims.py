@@ -1,13 +1,12 @@
-"""Which running job an urgent job may preempt: one that can go on afterwards, queued with
-`--preemptible` (it saves a checkpoint when told to stop) or with a complete checkpoint of its own;
-preempting any other throws its whole run away. When none can, the urgent job waits for a free slot,
-first in line, unless it is `--urgent=force` (`"urgent": "force"`), which takes one anyway.
+"""Which running job an urgent job may preempt: one that can go on afterwards (`--preemptible`, or a
+complete checkpoint of its own); preempting any other throws its whole run away, so only
+`--urgent=force` does.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from typing import Optional
 
 from gpuq.core.job import Job
 from gpuq.core.states import URGENT_FORCE
@@ -15,10 +14,6 @@ from gpuq.engine.schedule.scheduler import victim_key
 from gpuq.engine.tracking import checkpoints
 
 NO_VICTIM = "no running job can be preempted without losing its progress (`--urgent=force` takes one anyway)"
-
-
-def forced(job: Job) -> bool:
-    return job.urgent == URGENT_FORCE
 
 
 def how_it_continues(job: Job) -> Optional[str]:
@@ -34,19 +29,18 @@ def how_it_continues(job: Job) -> Optional[str]:
     return None
 
 
-def in_preference(candidates: list[Job], force: bool, continues: Callable[[Job], Optional[str]]) -> list[Job]:
-    """The candidates an urgent job may preempt, best first: those that can continue, in the
-    order given; with `force`, then the others."""
-    able, others = [], []
+def in_preference(candidates: list[Job], urgent: Job) -> list[Job]:
+    """Those that can continue, in the order given; for an `--urgent=force` job, then the others."""
+    able: list[Job] = []
+    others: list[Job] = []
     for job in candidates:
-        (able if continues(job) else others).append(job)
-    return able + others if force else able
+        (able if how_it_continues(job) else others).append(job)
+    return able + others if urgent.urgent == URGENT_FORCE else able
 
 
 def candidates(urgent: Job, running: list[Job]) -> list[Job]:
-    """The running jobs `urgent` may preempt, lowest priority (then started last) first: those with
-    a process, neither urgent nor adopted; where jobs hold GPUs, only GPU jobs, and only for an
-    urgent job that asks for a GPU (the CPU lane is not made room in)."""
+    """The running jobs `urgent` may preempt, lowest priority (then started last) first; where jobs
+    hold GPUs only GPU jobs, for a GPU job (the CPU lane is not made room in)."""
     found = [j for j in running if j.pid and not j.urgent and not j.adopted]
     if any(j.gpus is not None for j in found):
         found = [j for j in found if j.gpus] if urgent.gpu_request != 0 else []
@@ -54,12 +48,11 @@ def candidates(urgent: Job, running: list[Job]) -> list[Job]:
 
 
 def foreseen(urgent: Job, running: list[Job]) -> str:
-    """What `gpuq add --urgent` says will happen if no slot is free when a worker looks: the running
-    job the worker would preempt (`candidates`, in the same order) and how it goes on, or that it waits."""
+    """What `gpuq add --urgent` says will happen if no slot is free: whom the worker would preempt."""
     choices = candidates(urgent, running)
     if not choices:
         return "urgent: first in line (nothing running that it could preempt)"
-    chosen = next(iter(in_preference(choices, forced(urgent), how_it_continues)), None)
+    chosen = next(iter(in_preference(choices, urgent)), None)
     if chosen is None:
         first = choices[0]
         return (

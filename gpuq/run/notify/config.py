@@ -1,24 +1,20 @@
-"""A user's default destinations: GPUQ_NOTIFY (URLs separated by spaces or commas), else `notify`
-in ~/.config/gpuq/config.toml ($XDG_CONFIG_HOME/gpuq/config.toml):
-
-    notify = ["ntfy://my-topic", "mailto://me:app-password@gmail.com"]
-
-Read by `gpuq run` when it starts, when it is given no `--notify URL`: the worker's default for all
-its jobs (a job's own `--notify URL` adds to it).
+"""A user's default destinations: GPUQ_NOTIFY (URLs separated by spaces or commas), else `notify = [...]`
+in ~/.config/gpuq/config.toml; the worker's default when it is given no `--notify URL`.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Any
 
 from gpuq.core.job import is_url
 
-try:
-    import tomllib  # Python 3.11 and later
-except ImportError:  # pragma: no cover - Python 3.9 and 3.10: the tomli dependency
-    import tomli as tomllib  # type: ignore[no-redef]
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.9 and 3.10: the tomli dependency
+    import tomli as tomllib
 
 ENV = "GPUQ_NOTIFY"
 
@@ -29,28 +25,23 @@ def config_path() -> str:
 
 
 def default_urls() -> list[str]:
-    """GPUQ_NOTIFY's URLs, else the config file's (none if it does not exist). ValueError (one
-    line) for a URL that is not one or a config file that cannot be read."""
+    """GPUQ_NOTIFY's URLs, else the config file's; ValueError for a bad URL or an unreadable file."""
     text = os.environ.get(ENV, "").strip()
     if text:
         return _checked([u for u in re.split(r"[\s,]+", text) if u], ENV)
     path = config_path()
     if not os.path.exists(path):
         return []
-    urls = _read_config(path).get("notify", [])
+    try:
+        with open(path, "rb") as fh:
+            urls = tomllib.load(fh).get("notify", [])
+    except (OSError, ValueError) as exc:  # TOMLDecodeError is a ValueError
+        raise ValueError(f"{path}: {exc}") from None
     if isinstance(urls, str):
         urls = [urls]
     if not isinstance(urls, list):
         raise ValueError(f"{path}: notify must be a list of URLs")
     return _checked(urls, f"{path}: notify")
-
-
-def _read_config(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except (OSError, ValueError) as exc:  # TOMLDecodeError is a ValueError
-        raise ValueError(f"{path}: {exc}") from None
 
 
 def _checked(urls: list[Any], where: str) -> list[str]:

@@ -1,11 +1,5 @@
-"""What a notification says. Every message is a dict of plain fields (`event`, `id`, `name`,
-`state`, `reason`, `run_time`, `run_seconds`, `host`), a `title` and a `body` made from them, and
-the Apprise message type; the sender passes the fields as JSON where a service takes them (json://).
-
-Events: FINISHED (a job ended: done, failed with its reason, cancelled, preempted, stopped at its
-time limit), GPU_IDLE (it held a GPU below 10% longer than GPUQ_GPU_IDLE_MINUTES), STUCK (its log and
-progress file did not change for GPUQ_STUCK_MINUTES), QUEUE_EMPTY (the worker's last job ended and
-nothing waits that could start). The first three also reach `--on-finish` as GPUQ_EVENT.
+"""What a notification says: plain fields, a `title` and a `body` made from them, and the Apprise
+message type. FINISHED, GPU_IDLE and STUCK also reach `--on-finish` as GPUQ_EVENT.
 """
 
 from __future__ import annotations
@@ -27,8 +21,7 @@ def host() -> str:
 
 
 def of_job(job: Job, state: str, event: str = FINISHED, reason: Optional[str] = None) -> dict[str, Any]:
-    """The message of `event` for `job` in `state`; `reason`: what happened (default: the job's
-    failure reason, or its exit code)."""
+    """The message of `event` for `job`; `reason` defaults to its failure reason, or its exit code."""
     start = parse_iso(job.started_at)
     # how long its last attempt ran (so far, for a running job)
     end = (parse_iso(job.finished_at) if event == FINISHED and job.finished_at else None) or time.time()
@@ -52,18 +45,12 @@ def of_job(job: Job, state: str, event: str = FINISHED, reason: Optional[str] = 
         f"{label}: {fields[key]}" for label, key in (("reason", "reason"), ("run time", "run_time")) if fields[key]
     ]
     lines.append(f"host: {fields['host']}")
-    return {"fields": fields, "title": title, "body": "\n".join(lines), "type": _type(event, state)}
+    kind = "success" if state == DONE else "failure" if state in (FAILED, INTERRUPTED) else "warning"
+    kind = kind if event == FINISHED else "warning"
+    return {"fields": fields, "title": title, "body": "\n".join(lines), "type": kind}
 
 
 def queue_empty() -> dict[str, Any]:
-    """The worker's message when its last job ended and nothing waits that could start."""
     fields = {"event": QUEUE_EMPTY, "host": host()}
     body = f"nothing runs and nothing waits that could start (`gpuq status` on {fields['host']})"
     return {"fields": fields, "title": f"gpuq: queue empty on {fields['host']}", "body": body, "type": "info"}
-
-
-def _type(event: str, state: str) -> str:
-    """Apprise's message type: how a service colours it."""
-    if event != FINISHED:
-        return "warning"
-    return "success" if state == DONE else "failure" if state in (FAILED, INTERRUPTED) else "warning"

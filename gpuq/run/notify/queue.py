@@ -4,7 +4,6 @@ start without a person (a held job, or one whose dependency failed, does not cou
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -12,8 +11,6 @@ from gpuq.run.notify import message, send
 
 
 class QueueWatch:
-    """Told the result of every step of the worker's loop (run/loop.py)."""
-
     def __init__(self, worker: Any) -> None:
         self.worker = worker
         self.had_work = False  # a job of this worker ran since the queue was last empty
@@ -25,15 +22,6 @@ class QueueWatch:
         if not self.had_work or result.startable_later or result.claim_busy:
             return  # more may start, or a job is being moved (a retry): not empty yet
         self.had_work = False
-        urls = self.worker.settings.notify_urls
-        if not urls:
-            return
-        spool = self.worker.spool
-        try:
-            log_fd = spool.logs.open_worker_log()
-        except OSError:
-            return
-        try:
-            send.send(urls, message.queue_empty(), log_fd, "worker", f"[{time.strftime('%H:%M:%S')}] ")
-        finally:
-            os.close(log_fd)
+        open_log = self.worker.spool.logs.open_worker_log
+        prefix = f"[{time.strftime('%H:%M:%S')}] "
+        send.send(self.worker.settings.notify_urls, message.queue_empty(), open_log, "worker", prefix)

@@ -11,9 +11,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 from importlib.util import find_spec
-from typing import Any
+from typing import Any, Callable
 
 from gpuq.system.extras import notify_missing
 
@@ -27,23 +26,27 @@ _failed: set[tuple[str, str]] = set()  # (log, URL): its failure has been logged
 _said_missing: set[str] = set()  # the logs told that Apprise is missing
 
 
-def timeout_seconds() -> float:
-    """GPUQ_NOTIFY_TIMEOUT (0 < s <= 600), else 10 s."""
+def env_seconds(name: str, default: float, most: float) -> float:
+    """Seconds from the environment variable `name`: `default` when unset, unreadable or not in (0, most]."""
     try:
-        value = float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+        value = float(os.environ.get(name) or default)
     except ValueError:
-        return DEFAULT_TIMEOUT
-    return value if 0 < value <= 600 else DEFAULT_TIMEOUT
+        return default
+    return value if 0 < value <= most else default
 
 
-def send(urls: list[str], message: dict[str, Any], log_fd: int, log: str, prefix: str = "") -> None:
-    """Start a sender of `message` to `urls` (each once) with `log_fd` as its output, and return.
-    `log` names that log (for what was said there); `prefix` starts each line written there.
-    Never raises: a notification must not fail the queue."""
+def send(urls: list[str], message: dict[str, Any], open_log: Callable[[], int], log: str, prefix: str = "") -> None:
+    """Start a sender of `message` to `urls` (each once) with the log `open_log` opens as its output,
+    and return. `log` names that log (for what was said there); `prefix` starts each line written
+    there. Never raises: a notification must not fail the queue."""
     reap()
     urls = list(dict.fromkeys(urls))
     if not urls:
         return
+    try:
+        log_fd = open_log()
+    except OSError:
+        return  # no log to say anything in: nothing is sent either, rather than sent unaccounted
     try:
         if find_spec("apprise") is None:
             if log not in _said_missing:
@@ -56,6 +59,8 @@ def send(urls: list[str], message: dict[str, Any], log_fd: int, log: str, prefix
             os.write(log_fd, f"{prefix}notification not sent: {exc}\n".encode("utf-8", "replace"))
         except OSError:
             pass
+    finally:
+        os.close(log_fd)
 
 
 def _start(urls: list[str], message: dict[str, Any], log_fd: int, log: str, prefix: str) -> None:
@@ -63,7 +68,10 @@ def _start(urls: list[str], message: dict[str, Any], log_fd: int, log: str, pref
     # it still under way), so that a destination that is down is said once, not at every event.
     under_way = {(where, url) for _proc, where, sent in _running for url in sent}
     quiet = [url for url in urls if (log, url) in _failed or (log, url) in under_way]
-    order = {"urls": urls, "quiet": quiet, "message": _trimmed(message), "timeout": timeout_seconds(), "prefix": prefix}
+    fields = {k: v[:MAX_TEXT] if isinstance(v, str) else v for k, v in message["fields"].items()}
+    trimmed = dict(message, fields=fields, body=message["body"][: 4 * MAX_TEXT])
+    timeout = env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT, 600)
+    order = {"urls": urls, "quiet": quiet, "message": trimmed, "timeout": timeout, "prefix": prefix}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # this gpuq, and Apprise
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuq.run.notify.sender"],
@@ -84,13 +92,7 @@ def _start(urls: list[str], message: dict[str, Any], log_fd: int, log: str, pref
     _running.append((proc, log, urls))
 
 
-def _trimmed(message: dict[str, Any]) -> dict[str, Any]:
-    fields = {k: v[:MAX_TEXT] if isinstance(v, str) else v for k, v in message["fields"].items()}
-    return dict(message, fields=fields, body=message["body"][: 4 * MAX_TEXT])
-
-
 def reap() -> None:
-    """Collect the senders that have ended, and learn which destinations failed."""
     for entry in list(_running):
         proc, log, urls = entry
         code = proc.poll()
@@ -100,11 +102,3 @@ def reap() -> None:
         for n, url in enumerate(urls[:TRACKED]):
             if code > 0 and code & (1 << n):
                 _failed.add((log, url))
-
-
-def wait_all(timeout: float) -> None:
-    """Wait (at most `timeout` s) for the senders still running: for tests and a process about to exit."""
-    deadline = time.monotonic() + timeout
-    while _running and time.monotonic() < deadline:
-        reap()
-        time.sleep(0.05)

@@ -41,7 +41,10 @@ def main() -> int:
         if pid == 0:
             os.setpgid(0, 0)
             os._exit(_deliver(apprise, url, order["message"]))
-        _own_group(pid)
+        try:
+            os.setpgid(pid, pid)  # also here: the child may not have run yet when its time is up
+        except OSError:
+            pass  # it has already (or has exited)
         kids[pid] = n
     outcomes = _wait(kids, time.monotonic() + float(order["timeout"]))
     status = 0
@@ -53,13 +56,6 @@ def main() -> int:
             why = WHY.get(code or 0, f"no answer within {order['timeout']:g}s" if code is None else "not delivered")
             _say(prefix, f"notification not sent to {url_text(urls[n])}: {why}")
     return status
-
-
-def _own_group(pid: int) -> None:
-    try:
-        os.setpgid(pid, pid)  # also here: the child may not have run yet when its time is up
-    except OSError:
-        pass  # it has already (or has exited)
 
 
 def _deliver(apprise: Any, url: str, message: dict[str, Any]) -> int:

@@ -1,6 +1,5 @@
-"""The end phase: how the attempt ended, recorded through engine/lifecycle/ending.py (the record recovery and
-the Slurm sync make too), the claim given up (spool_layout.md, section 6, steps 4 and 5; section 14
-for a full disk).
+"""The end phase: how the attempt ended, recorded through engine/lifecycle/ending.py, and the claim
+given up (spool_layout.md, section 6; section 14 for a full disk).
 """
 
 from __future__ import annotations
@@ -34,11 +33,9 @@ def finish(
     retry: bool,
     ended_at: Optional[str] = None,
     recorded: Optional[dict[str, Any]] = None,
-) -> int:
-    """Record how the attempt ended, move the job on and give up the claim. On a disk the job
-    filled, the move takes the spool's emergency room; should even that fail, the end is noted in
-    the claim's lock file and written as soon as there is room. `recorded`: the job's process and
-    this supervisor, for a job that ended before they were recorded."""
+) -> None:
+    """Record how the attempt ended, move the job on and give up the claim. On a full disk the end
+    is noted in the claim's lock file and written once there is room."""
     spool, job = run.spool, run.job
     # Its processes are gone: its GPUs are free. Released before its end is recorded, so that the
     # worker, which starts the next job once this one leaves running/, never finds its lease there.
@@ -69,12 +66,10 @@ def finish(
     os.close(run.log_fd)
     ending.record_end(spool, run.ref, job, state, changes, while_full=lambda: _note_end(run, state, changes))
     run.claim.release()
-    return exit_code
 
 
 def _note_end(run: Run, state: str, changes: dict[str, Any]) -> None:
-    """The end, noted in the claim's lock file while the disk is too full to record it: what
-    recovery records should this supervisor die meanwhile (engine/lifecycle/repairs.py, `end_unseen`)."""
+    """The end in the claim's lock file: what recovery records should this supervisor die meanwhile."""
     waiting = {"pid": os.getpid(), "exit_code": changes["exit_code"], "state": state, "waiting": "disk full"}
     if state == PREEMPTED:  # its request is taken: what recovery needs to record the preemption
         waiting.update(by=changes["preemptions"][-1]["by"], auto_resume=changes["auto_resume"])

@@ -1,11 +1,7 @@
 """A job's host limits (`--mem`, `--cpus`) kept while it runs (spool_layout.md section 12a), the
-first way that works here: its own cgroup v2 (system/cgroups.py: the kernel holds its memory and CPU
-time), a scope of the user's systemd (`systemd-run --user --scope`, the same), else the watch: this
-supervisor reads the PSS of the job's process tree every GPUQ_MEM_WATCH_SECONDS (system/hostmem.py)
-and past `mem_mib` stops the job as its time limit would (its CPUs then counted by the worker's
-admission and its threads set, not capped). GPUQ_HOST_LIMITS=watch skips the first two. The way is
-recorded in `host_limits_by`; a job ended at its memory limit fails with "host memory limit of 32G
-reached" rather than a bare exit 137.
+first way that works here: its own cgroup v2, a scope of the user's systemd, else the watch (the PSS
+of the job's tree read every GPUQ_MEM_WATCH_SECONDS; past `mem_mib` the job is stopped as its time
+limit would). A job ended at its memory limit fails saying so rather than with a bare exit 137.
 """
 
 from __future__ import annotations
@@ -42,18 +38,8 @@ class Keeper:  # how one run's host limits are kept, and whether its memory limi
         return f"{WATCH}:{self.period:g}" if self.by == WATCH else self.by
 
 
-def watch_seconds() -> float:
-    """GPUQ_MEM_WATCH_SECONDS (a bad value: the default)."""
-    try:
-        value = float(os.environ.get(WATCH_ENV, ""))
-    except ValueError:
-        return DEFAULT_WATCH_SECONDS
-    return value if 0 < value < float("inf") else DEFAULT_WATCH_SECONDS
-
-
 def keep(job: Job, say: Say) -> Optional[Keeper]:
-    """The way this run's limits are kept (its cgroup made, if that is the way); None for a job
-    that asks for neither memory nor CPUs. Why the kernel does not keep them is said in its log."""
+    """The way this run's limits are kept (its cgroup made, if that is the way); None if it has none."""
     if not (job.mem_mib or job.cpus):
         return None
     why: list[str] = []
@@ -66,7 +52,12 @@ def keep(job: Job, say: Say) -> Optional[Keeper]:
             return keeper
     watched = "its memory is watched" if job.mem_mib else "nothing to watch"
     say(f"host limits not kept by the kernel ({'; '.join(why)}): {watched}, its CPUs counted, not capped")
-    return Keeper(WATCH, job.mem_mib, job.cpus, period=watch_seconds())
+    try:
+        period = float(os.environ.get(WATCH_ENV, ""))
+    except ValueError:
+        period = DEFAULT_WATCH_SECONDS
+    period = period if 0 < period < float("inf") else DEFAULT_WATCH_SECONDS
+    return Keeper(WATCH, job.mem_mib, job.cpus, period=period)
 
 
 def _in_cgroup(job: Job, why: list[str]) -> Optional[Keeper]:
@@ -100,8 +91,7 @@ def command(keeper: Optional[Keeper], cmd: list[str]) -> list[str]:
 
 
 def entering(keeper: Optional[Keeper]) -> Optional[Callable[[], None]]:
-    """What the job's process does between fork and exec: join its cgroup, so that nothing it
-    starts, not even its first child, runs outside it."""
+    """Between fork and exec: join its cgroup, so that not even its first child runs outside it."""
     if keeper is None or keeper.cgroup is None:
         return None
     path = keeper.cgroup
@@ -109,9 +99,8 @@ def entering(keeper: Optional[Keeper]) -> Optional[Callable[[], None]]:
 
 
 def add_variables(env: dict[str, str], job: Job, keeper: Optional[Keeper]) -> None:
-    """OMP_NUM_THREADS and MKL_NUM_THREADS from `cpus`, unless the job's own env sets them (a
-    variable of the shell that queued it is not the job's choice: it was set for the shell's
-    machine). systemd-run needs the user's runtime directory to find its manager."""
+    """OMP_NUM_THREADS and MKL_NUM_THREADS from `cpus`, unless the job's own env sets them (the
+    queuing shell's were set for its machine). systemd-run needs XDG_RUNTIME_DIR to find its manager."""
     if job.cpus:
         for name in THREAD_VARIABLES:
             if name not in job.env:
@@ -120,17 +109,8 @@ def add_variables(env: dict[str, str], job: Job, keeper: Optional[Keeper]) -> No
         env.setdefault("XDG_RUNTIME_DIR", cgroups.runtime_dir())
 
 
-def recorded(keeper: Optional[Keeper], job: Job) -> dict[str, Any]:
-    """What the job's file says of it from its start on: `host_limits_by` (spool_layout.md
-    section 2); an earlier attempt's, cleared, for an attempt that asks for neither any more."""
-    if keeper is None:
-        return {"host_limits_by": None} if job.host_limits_by else {}
-    return {"host_limits_by": keeper.recorded()}
-
-
 class MemoryWatch:
-    """The watch, driven as a sampler (run/supervisor/watch.py) and around one: `take_if_due` says
-    True once the job's tree holds more than its limit."""
+    """The watch, as a sampler around the GPU one: `take_if_due` is True once the tree is past its limit."""
 
     def __init__(self, keeper: Keeper, pid: int, inner: Optional[Any]):
         self.keeper, self.pid, self.inner = keeper, pid, inner
@@ -156,35 +136,27 @@ class MemoryWatch:
 
 
 def watching(keeper: Optional[Keeper], pid: int, sampler: Optional[Any]) -> Optional[Any]:
-    """The GPU sampler, with the memory watch around it where the watch keeps the job's memory."""
     if keeper is None or keeper.by != WATCH or not keeper.mem_mib:
         return sampler
     return MemoryWatch(keeper, pid, sampler)
 
 
-def stops(keeper: Optional[Keeper]) -> bool:
-    """Whether the watch ended the wait for a job that still runs: it is past its --mem, and its
-    end will say so. (One that ended by itself meanwhile is not said to have reached it.)"""
+def stops(keeper: Optional[Keeper], grace: float) -> Optional[str]:
+    """The log's line if the watch ended the wait for a job that still runs (past its --mem)."""
     if keeper is None or not keeper.seen:
-        return False
+        return None
     keeper.reached = True
-    return True
-
-
-def reached(keeper: Optional[Keeper]) -> Optional[str]:
-    """The memory limit as text ("32G") if reaching it ended the run, else None."""
-    return size_text(keeper.mem_mib) if keeper is not None and keeper.reached and keeper.mem_mib else None
-
-
-def stopping_line(keeper: Keeper, grace: float) -> str:
-    """The log's line when the watch stops the job."""
     limit, held = size_text(keeper.mem_mib or 0), f"{keeper.seen / (1 << 20):.0f}M"
     return f"host memory limit of {limit} reached ({held} held): stopping the job (SIGKILL after {grace:g}s)"
 
 
+def reached(keeper: Optional[Keeper]) -> Optional[str]:
+    return size_text(keeper.mem_mib) if keeper is not None and keeper.reached and keeper.mem_mib else None
+
+
 def close(keeper: Optional[Keeper], say: Say) -> None:
-    """Once the job's processes are gone: whether the kernel ended it at its memory limit (its
-    cgroup's oom_kill, its scope's result), and its cgroup removed."""
+    """Once the job's processes are gone: whether the kernel ended it at its memory limit, and its
+    cgroup removed."""
     if keeper is None:
         return
     if keeper.cgroup is not None:

@@ -1,7 +1,5 @@
-"""A job's GPU leases (lease_layout.md): taken by its supervisor before the job starts, on the GPUs
-the worker chose, and held by this process until the job's processes are gone (released just
-before its end is recorded), so that every user's gpuq on the machine sees those GPUs taken. Should
-this process be killed, the kernel drops the leases' locks at once. A CPU job takes none.
+"""A job's GPU leases (lease_layout.md): taken by its supervisor before the job starts and held until
+its processes are gone, so that every user's gpuq on the machine sees those GPUs taken.
 """
 
 from __future__ import annotations
@@ -16,16 +14,13 @@ from gpuq.system.leases import Held
 
 
 class GpusTaken(Exception):
-    """The GPUs the worker chose are no longer free: another party (another user's job, a
-    `gpuq lease`) leased them, or processes took their memory, since the worker looked."""
+    """The GPUs the worker chose were leased by another party, or filled, since it looked."""
 
 
 def take(home: str, order: StartOrder, job: Job, replacing: Iterable[Held] = ()) -> list[Held]:
-    """The leases of the order's GPUs for `job`, decided under the GPUs' placing locks against every
-    live lease but those `replacing` (the ended job's, when its supervisor hands the slot on) and the
-    memory that processes hold on them: the one check of a start that is made again here, because
-    it is atomic. GpusTaken if they no longer fit; [] for a CPU job, and where the lease directory
-    cannot be used (said once, in the job's log: `unsaid`)."""
+    """The leases of the order's GPUs for `job`, against every live lease but those `replacing`: the
+    one check of a start made again here, because it is atomic. GpusTaken if they no longer fit; []
+    for a CPU job, and where the lease directory cannot be used (`unsaid` says why)."""
     if not order.gpus:
         return []
     replaced = {held.lease.file for held in replacing}
@@ -54,8 +49,7 @@ _unsaid: list[str] = []  # problems with the lease directory (each once per proc
 
 
 def unsaid() -> list[str]:
-    """What was met with the lease directory since the last call, for the log of the job it
-    concerns (begin writes them after the job's attempt header)."""
+    """What was met with the lease directory since the last call, for the job's log."""
     lines = _unsaid[:]
     _unsaid.clear()
     return lines

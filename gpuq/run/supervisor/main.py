@@ -1,10 +1,5 @@
-"""The supervisor's process: a spare that waits for its start order, then runs the job through its
-phases (start, wait, end) and, when the job ended by itself, the next job the worker named for its
-slot (run/successor.py).
-
-The worker starts it as a new `python -S` on one end of a socket pair (run/launcher.py) and sends
-the order and the claim's descriptor over the socket, which then stays open until this process
-exits, as the worker's line to it.
+"""The supervisor's process: a spare waiting for its start order, then the job's phases (start,
+wait, end) and, when the job ended by itself, the next job the worker named for its slot.
 """
 
 from __future__ import annotations
@@ -25,8 +20,7 @@ from gpuq.spool import Claim, Spool
 
 
 def supervise(spool: Spool, claim: Claim, order: StartOrder, heard: Optional[successor.Heard]) -> int:
-    """Run the claimed job to the end; the job's exit code (-1 if it did not run). `heard`: the
-    worker's line, on which it names the jobs this supervisor may start next in its slot."""
+    """Run the claimed job (then those `heard` names for its slot) to the end; the last exit code."""
     run = start.begin(spool, claim, order)
     if run is None:
         return -1
@@ -37,7 +31,6 @@ def supervise(spool: Spool, claim: Claim, order: StartOrder, heard: Optional[suc
 
 
 def _start(run: Run) -> Optional[Started]:
-    """Start a begun job; if it cannot start, its end is recorded (exit 127) and None returned."""
     try:
         child, pump = start.spawn(run)
     except OSError as exc:
@@ -52,7 +45,6 @@ def _start(run: Run) -> Optional[Started]:
 def _run_to_end(
     run: Run, child: subprocess.Popen, pump: Optional[start.Pump], heard: Optional[successor.Heard]
 ) -> tuple[int, Optional[Started]]:
-    """One started job to its end: its exit code, and the job started in its place, if any."""
     recorded = wait.record_process(run, child)
     wait.forward_termination_to(child.pid)
     checking = start.check_code_while_running(run)
@@ -71,9 +63,8 @@ def _run_to_end(
 
 
 def _start_successor(run: Run, heard: Optional[successor.Heard]) -> Optional[Started]:
-    """The next job of the slot begun and started, if any. Whatever goes wrong with it, the ended
-    job's end is recorded next: an error is said in its log, and what was left half done (a claim,
-    a job moved but not started) is repaired as after a crash of ours (spool_layout.md §10)."""
+    """The next job of the slot started, if any. Whatever goes wrong with it, the ended job's end is
+    recorded next; what was left half done is repaired as after a crash (spool_layout.md §10)."""
     try:
         named = _claim_successor(run, heard)
         if named is None:
@@ -86,9 +77,9 @@ def _start_successor(run: Run, heard: Optional[successor.Heard]) -> Optional[Sta
 
 
 def _claim_successor(run: Run, heard: Optional[successor.Heard]) -> Optional[tuple[Claim, StartOrder]]:
-    """The claim on the first job the worker named that is still pending, if this job ended by
-    itself (no time limit, nobody asking to stop, kill or preempt it)."""
-    if heard is None or run.timed_out or wait.stopped() or run.spool.control.peek(run.job.id) is not None:
+    """The claim on the first named job still pending, if this job ended by itself (no time limit, no
+    request to stop, kill or preempt it)."""
+    if heard is None or run.timed_out or wait.stopped or run.spool.control.peek(run.job.id) is not None:
         return None
     for order in heard.next_jobs():
         if run.spool.jobs.pending_ref(order.id, order.file) is None:
@@ -101,10 +92,9 @@ def _claim_successor(run: Run, heard: Optional[successor.Heard]) -> Optional[tup
 
 
 def wait_for_order(spare_fd: int) -> Optional[tuple[int, StartOrder, successor.Heard]]:
-    """Block until the worker sends the claim's descriptor and the job's start order over the
-    socket. None if the worker closed the socket (it stopped or died) without a job, or sent
-    something else. With a job, the socket stays open until this process exits: its end of file
-    is how the worker learns that this supervisor has exited."""
+    """The claim's descriptor and start order, once the worker sends them; None if it closed the
+    socket or sent something else. The socket then stays open: its end of file tells the worker
+    this process has exited."""
     sock = socket.socket(fileno=spare_fd)
     try:
         message, fds, _flags, _addr = socket.recv_fds(sock, 4096, 1)
@@ -124,7 +114,7 @@ def wait_for_order(spare_fd: int) -> Optional[tuple[int, StartOrder, successor.H
 
 
 def name_process(name: str) -> None:
-    """What `ps` and `top` show for this process (Linux: at most 15 bytes); nothing elsewhere."""
+    """What `ps` and `top` show (Linux: at most 15 bytes); nothing elsewhere."""
     try:
         with open("/proc/self/comm", "w") as fh:
             fh.write(name)
@@ -133,7 +123,6 @@ def name_process(name: str) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """`--home H --spare-fd F`, as the worker's launcher starts a supervisor (run/launcher.py)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 4 or args[0] != "--home" or args[2] != "--spare-fd" or not args[3].isdigit():
         raise SystemExit(f"gpuq-supervisor: internal use only; expected --home H --spare-fd F, got {args}")

@@ -1,7 +1,5 @@
-"""What a supervisor is told: one typed message, the same for every start (spool_layout.md, section 6,
-"What a supervisor is told"), sent as one JSON line with the claim's descriptor (run/launcher.py).
-A supervisor that may hand its slot on gets the orders of the jobs to follow over the same socket
-(run/successor.py): the slot's order with the named jobs' `id`, `rev` and `file` put in.
+"""What a supervisor is told: one typed message, the same for every start (spool_layout.md, section 6),
+sent as one JSON line with the claim's descriptor.
 """
 
 from __future__ import annotations
@@ -39,14 +37,10 @@ class StartOrder:
     notify_urls: tuple[str, ...] = ()  # the worker's --notify URLs (or GPUQ_NOTIFY's, the config file's)
 
     def hooks(self) -> dict[str, Any]:
-        """The worker's hooks, as run/hooks.after_end takes them."""
         return {"notify": self.notify, "on_finish": self.on_finish, "notify_urls": self.notify_urls}
 
-    def to_fields(self) -> dict[str, Any]:
-        return asdict(self)
-
     def encode(self) -> bytes:
-        return json.dumps(self.to_fields()).encode() + b"\n"
+        return json.dumps(asdict(self)).encode() + b"\n"
 
     @classmethod
     def from_fields(cls, data: Any) -> StartOrder:
@@ -55,7 +49,8 @@ class StartOrder:
             raise ValueError("a start order is a JSON object")
         try:
             given = {f.name: data[f.name] for f in fields(cls) if f.name in data}
-            order = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
+            kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
+            order = cls(**kwargs)
         except TypeError as exc:  # a field missing
             raise ValueError(f"bad start order: {exc}") from None
         if not all(check(getattr(order, name)) for name, check in CHECKS.items()):
@@ -67,7 +62,6 @@ class StartOrder:
         return cls.from_fields(json.loads(line))
 
     def for_job(self, job_id: int, rev: int, file: str) -> StartOrder:
-        """The order for another job in the same slot (one the worker named to follow this one)."""
         return replace(self, id=job_id, rev=rev, file=file)
 
 

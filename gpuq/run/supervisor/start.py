@@ -1,6 +1,5 @@
 """The start phase: a claimed job moved to running/ and started in a session of its own
-(spool_layout.md, section 6, steps 2 and 3), for a job the worker handed over or for the next job
-of the slot the worker named (run/successor.py, "Handing the slot on").
+(spool_layout.md, section 6, steps 2 and 3).
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ from gpuq.system.leases import Held
 
 @dataclass(eq=False)
 class Run:
-    """One run of a job under this supervisor."""
-
     spool: Spool
     claim: Claim
     ref: JobRef
@@ -57,10 +54,9 @@ def log_line(log_fd: int, text: str) -> None:
 
 
 def begin(spool: Spool, claim: Claim, order: StartOrder, replacing: Iterable[Held] = ()) -> Optional[Run]:
-    """pending -> running, its GPUs leased first (run/supervisor/lease.py; `replacing`: the leases
-    of the job before it in the slot, released once these are taken). None (the claim given up,
-    the job left as it is) when the job is gone, changed since it was named, its GPUs were leased
-    by someone else since, or the disk has no room for the move."""
+    """pending -> running, its GPUs leased first (`replacing`: the leases of the job before it in the
+    slot, released once these are taken). None (the claim given up) when the job is gone or changed,
+    its GPUs were leased by someone else since, or the disk has no room for the move."""
     leases: list[Held] = []
     ref = spool.jobs.pending_ref(claim.job_id, order.file)
     if ref is None:  # cancelled or already run by someone else since the worker looked
@@ -102,10 +98,10 @@ def begin(spool: Spool, claim: Claim, order: StartOrder, replacing: Iterable[Hel
 
 
 def spawn(run: Run) -> tuple[subprocess.Popen, Optional[Pump]]:
-    """Start the job in its own session, its output into its log (through a pipe and the cap's
-    pump when the log is capped). OSError if it cannot start. Its pending/ copy goes once it runs."""
+    """Start the job in its own session, its output into its log (through the cap's pump when capped).
+    OSError if it cannot start."""
     job = run.job
-    cap = logcap.cap_of(job.max_log_bytes, run.order.max_log_bytes)
+    cap = job.max_log_bytes or run.order.max_log_bytes  # the job's own cap first
     out_fd, read_fd = run.log_fd, -1
     if cap:
         read_fd, out_fd = os.pipe()
@@ -131,11 +127,11 @@ def spawn(run: Run) -> tuple[subprocess.Popen, Optional[Pump]]:
         if cap:
             os.close(read_fd)
             os.close(out_fd)
-        drop_queued_copy(run)
         if isinstance(exc, subprocess.SubprocessError):  # only the join of its cgroup runs before exec
             raise OSError(f"could not join its cgroup ({hostlimits.MODE_ENV}=watch does without)") from exc
         raise
-    drop_queued_copy(run)
+    finally:
+        drop_queued_copy(run)  # the running copy has the higher rev meanwhile (spool_layout.md, section 6)
     if not cap:
         return child, None
     os.close(out_fd)
@@ -144,8 +140,7 @@ def spawn(run: Run) -> tuple[subprocess.Popen, Optional[Pump]]:
 
 
 def job_environment(spool: Spool, job: Job, slot: Optional[str]) -> dict[str, str]:
-    """The environment of `gpuq add`'s shell (or the worker's, for hand-dropped jobs), the
-    job's venv first on PATH, the job's own --env, and gpuq's variables."""
+    """The environment of `gpuq add`'s shell (or the worker's, for hand-dropped jobs) and the job's."""
     env = dict(job.shell_env if job.shell_env is not None else os.environ)
     add_job_variables(env, job)
     env["GPUQ_HOME"] = str(spool.home)
@@ -157,18 +152,14 @@ def job_environment(spool: Spool, job: Job, slot: Optional[str]) -> dict[str, st
 
 
 def drop_queued_copy(run: Run) -> None:
-    """Unlink the job's pending/ copy, left by the move to running/ until the job was started (the
-    running copy has the higher rev meanwhile: spool_layout.md, section 6)."""
     if run.queued is not None:
         run.spool.jobs.remove(run.queued)
         run.queued = None
 
 
 def check_code_while_running(run: Run) -> Optional[threading.Thread]:
-    """`note_code_change` in a thread of its own, started once the job runs and its pid is
-    recorded: neither the wait for the job nor the start of the next job of the slot waits for
-    git. Until it is joined the thread alone writes the job's file (the wait phase writes none):
-    join it before the job's end is recorded. None when there is nothing to check."""
+    """`note_code_change` in a thread, so that nothing waits for git. Until it is joined it alone
+    writes the job's file: join it before the job's end is recorded."""
     if not run.job.code or run.job.snapshot:
         return None
     thread = threading.Thread(target=note_code_change, args=(run,), name="gpuq-code-check", daemon=True)
@@ -177,11 +168,8 @@ def check_code_while_running(run: Run) -> Optional[threading.Thread]:
 
 
 def note_code_change(run: Run) -> None:
-    """Whether the code of the job's repository changed since it was queued (not for a snapshot,
-    which runs the queued copy): said in its file, so `status` and `show` can say it."""
+    """Whether the code of the job's repository changed since it was queued, said in its file."""
     queued = run.job.code
-    if not queued or run.job.snapshot:
-        return
     now = gitinfo.provenance(run.job.cwd)
     changed = gitinfo.changed(queued, now)
     if changed:  # an unchanged start needs no write: `code` is what runs

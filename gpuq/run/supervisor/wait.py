@@ -1,6 +1,5 @@
 """The wait phase: a started job's pid recorded, then waited for within its time limit, and what is
-left of its process group ended before its end is recorded (spool_layout.md, section 6, steps 3
-and 4; section 15).
+left of its process group ended before its end is recorded (spool_layout.md, section 6).
 """
 
 from __future__ import annotations
@@ -23,22 +22,17 @@ from gpuq.system import procs
 
 PUMP_DRAIN_SECONDS = 2.0  # what is still in a capped log's pipe once the job has ended
 POLL_SECONDS = 0.05  # how often the job is looked at where its exit cannot be waited for with a pidfd
-_stopped = False  # someone stopped this supervisor (its job was told to stop too)
+stopped = False  # someone stopped this supervisor (its job was told to stop too)
 _me: Optional[dict[str, Any]] = None  # this supervisor's identity, once known
 
 
-def stopped() -> bool:
-    """Whether this supervisor was told to stop (then it starts nothing more)."""
-    return _stopped
-
-
 def record_process(run: Run, child: subprocess.Popen) -> dict[str, Any]:
-    """The job's pid and this supervisor, recorded now if the job still runs, so that a crash of
-    ours leaves it findable. For a job that has ended already (a short one), or a disk too full to
-    record them, they are returned, to go with its end record."""
+    """The job's pid and this supervisor, recorded now if the job still runs, so that a crash of ours
+    leaves it findable; else (or on a full disk) returned, to go with its end record."""
     ident = procs.identity(child.pid)  # before poll(): an ended child is still there, unreaped
     process = {"pid": child.pid, "pid_create_time": ident["create_time"], "supervisor": _identity()}
-    process.update(hostlimits.recorded(run.host, run.job))
+    if run.host is not None or run.job.host_limits_by:  # `host_limits_by`: an earlier attempt's cleared
+        process["host_limits_by"] = run.host.recorded() if run.host is not None else None
     if child.poll() is None:
         try:
             run.job = run.spool.jobs.rewrite(run.ref, run.job, **process)
@@ -56,9 +50,8 @@ Listener = tuple[int, Callable[[], bool]]
 def wait_for_end(
     run: Run, child: subprocess.Popen, pump: Optional[Pump], listener: Optional[Listener] = None
 ) -> tuple[int, Optional[int]]:
-    """Wait for the job, end what is left of its group, drain its log: its exit code and the
-    signal that ended it, if one did. `listener`: called whenever its descriptor is readable while
-    the job runs, until it says to stop."""
+    """Wait for the job, end what is left of its group, drain its log: its exit code and the signal
+    that ended it, if one did."""
     returncode = _wait_within_limit(run, child, listener)
     _end_leftovers(run, child.pid)  # the job ends when the last process of its group does
     hostlimits.close(run.host, lambda text: log_line(run.log_fd, text))  # did the kernel end it at its --mem?
@@ -72,8 +65,8 @@ def forward_termination_to(pgid: int) -> None:
     """If someone stops the supervisor itself, stop its job the same way instead of orphaning it."""
 
     def forward(signum: int, _frame: Any) -> None:
-        global _stopped
-        _stopped = True  # and nothing more is started by this supervisor
+        global stopped
+        stopped = True  # and nothing more is started by this supervisor
         procs.signal_group(pgid, signal.SIGTERM)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -81,23 +74,23 @@ def forward_termination_to(pgid: int) -> None:
 
 
 def time_limit(run: Run) -> Optional[float]:
-    """The job's time limit in seconds (`--time`, else the worker's `--default-time`), if any."""
     return run.job.time_limit or run.order.default_time
 
 
 def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Listener]) -> int:
-    """Wait for the job; past its time limit stop it as `gpuq kill` does (SIGTERM to its group,
-    SIGKILL after a grace), or, for a --preemptible job, preempt it so that it keeps its checkpoint.
-    Past its --mem, where the memory watch keeps it, it is stopped the same way (not preempted)."""
+    """Wait for the job; past its time limit (or its --mem, under the watch) stop it as `gpuq kill`
+    does, or preempt a --preemptible job so that it keeps its checkpoint."""
     limit = time_limit(run)
     deadline = (parse_iso(run.job.started_at) or time.time()) + limit if limit else None
     returncode = _wait_until(child, deadline, listener, hostlimits.watching(run.host, child.pid, watch.for_run(run)))
     if returncode is not None:
         return returncode
     grace = kill_grace(run)
-    if hostlimits.stops(run.host):
-        log_line(run.log_fd, hostlimits.stopping_line(run.host, grace))
+    stopping = hostlimits.stops(run.host, grace)
+    if stopping is not None:
+        log_line(run.log_fd, stopping)
     else:
+        assert limit is not None  # only the time limit or the memory watch ends the wait early
         run.timed_out = format_duration(limit)
         log_line(run.log_fd, f"time limit of {run.timed_out} reached: stopping the job (SIGKILL after {grace:g}s)")
         if run.job.preemptible:
@@ -114,26 +107,22 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
 def _wait_until(
     child: subprocess.Popen, deadline: Optional[float], listener: Optional[Listener], sampler: Optional[Sampler]
 ) -> Optional[int]:
-    """The job's exit code once it ends, or None if it still runs at `deadline` (time.time(); None:
-    no limit) or once the sampler says it must stop (the memory watch). The job's exit is watched
-    through a pidfd beside the listener's descriptor, until the sampler's next look."""
-    pidfd = _pidfd(child.pid)
+    """The job's exit code once it ends, or None if it still runs at `deadline` (time.time()) or once
+    the sampler says it must stop (the memory watch)."""
+    try:
+        pidfd = os.pidfd_open(child.pid)
+    except (AttributeError, OSError):
+        pidfd = -1  # no pidfd (macOS, Linux before 5.3): the job is looked at every POLL_SECONDS
     watched = [fd for fd in (pidfd, listener[0] if listener else -1) if fd >= 0]
     try:
         while (code := child.poll()) is None:
             left = None if deadline is None else deadline - time.time()
             if left is not None and left <= 0:
                 return None
-            wait = (
-                left
-                if sampler is None
-                else sampler.seconds_left()
-                if left is None
-                else min(left, sampler.seconds_left())
-            )
-            if pidfd < 0:  # no pidfd (macOS, Linux before 5.3): look again in a moment
-                wait = POLL_SECONDS if wait is None else min(wait, POLL_SECONDS)
-            ready = select.select(watched, [], [], wait)[0]
+            waits = [w for w in (left, sampler.seconds_left() if sampler else None) if w is not None]
+            if pidfd < 0:
+                waits.append(POLL_SECONDS)
+            ready = select.select(watched, [], [], min(waits) if waits else None)[0]
             if listener is not None and listener[0] in ready and not listener[1]():
                 watched.remove(listener[0])  # the line is closed: only the job is left to wait for
             if sampler is not None and sampler.take_if_due():  # the memory watch: past the job's --mem
@@ -144,25 +133,14 @@ def _wait_until(
             os.close(pidfd)
 
 
-def _pidfd(pid: int) -> int:
-    """A descriptor readable once process `pid` has ended (Linux 5.3 and later), or -1."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return -1
-
-
 def kill_grace(run: Run) -> float:
-    """Seconds between SIGTERM and SIGKILL for this job's processes (`gpuq run --kill-grace`)."""
     grace = run.order.kill_grace
     return float(grace) if grace is not None else procs.KILL_GRACE_SECONDS
 
 
 def _end_leftovers(run: Run, pgid: int) -> None:
-    """Whatever is left of the job's process group once its main process has ended (DataLoader
-    workers, torchrun ranks, a pipeline's other end, a child that ignores SIGTERM) is ended, as
-    Slurm ends a job step, before the job's end is recorded: they may hold the GPU the next job
-    needs. Said in the job's log. A process that left the group (setsid, a daemon) is not touched."""
+    """What is left of the job's process group (DataLoader workers, torchrun ranks...) ended, as Slurm
+    ends a job step, before the end is recorded: it may hold the GPU the next job needs."""
     grace = kill_grace(run)
     end = procs.end_group(pgid, grace, since=run.termed_at)
     if end is None:
@@ -177,7 +155,6 @@ def _end_leftovers(run: Run, pgid: int) -> None:
 
 
 def _identity() -> dict[str, Any]:
-    """This supervisor's identity (it does not change from one job of its slot to the next)."""
     global _me
     if _me is None:
         _me = procs.identity(os.getpid())

@@ -1,22 +1,14 @@
-"""What a supervisor watches while its job runs, besides the job's exit and time limit:
-
-- a GPU job's GPUs, sampled every GPUQ_GPU_SAMPLE_SECONDS into the attempt's record
-  (engine/tracking/gpuuse.py); a CPU job, or a machine without GPUs, has no sampler;
-- for a job whose events someone listens to (`--notify`, `--notify URL`, `--on-finish`, its own or
-  the worker's), whether it is stuck: its GPU idle (below 10%) longer than GPUQ_GPU_IDLE_MINUTES
-  (GPU_IDLE, once per idle episode of each GPU), or its log and progress file unchanged for
-  GPUQ_STUCK_MINUTES (default 60; 0: never; STUCK, once until the job writes again). gpuq's own
-  lines in the log do not count as the job's.
-
-Each event goes to run/hooks.during_run, which does not wait for the messages it sends. A watch
-is driven by the wait (run/supervisor/wait.py): `seconds_left` until something is due, `take_if_due`.
+"""What a supervisor watches while its job runs, besides its exit and time limit: a GPU job's GPUs,
+sampled into the attempt's record, and, for a job whose events someone listens to, whether it is
+stuck: its GPU idle longer than GPUQ_GPU_IDLE_MINUTES (GPU_IDLE), or its log and progress file
+unchanged for GPUQ_STUCK_MINUTES (STUCK). Driven by the wait: `seconds_left`, `take_if_due`.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 from gpuq.core.times import parse_iso
 from gpuq.engine.tracking import gpuuse
@@ -33,8 +25,6 @@ PREFIX = LOG_PREFIX.encode()
 
 
 class Sampler:
-    """A GPU job's samples of its GPUs, added to the attempt's record (earlier attempts' stay)."""
-
     def __init__(self, run: Run, held: tuple[int, ...]):
         self.run, self.held = run, list(held)
         self.period = gpuuse.sample_seconds()
@@ -68,23 +58,17 @@ class Sampler:
         return False
 
 
-def stuck_seconds() -> float:
-    """GPUQ_STUCK_MINUTES in seconds; 0: not watched. A bad value: the default."""
-    try:
-        minutes = float(os.environ.get(STUCK_ENV) or DEFAULT_STUCK_MINUTES)
-    except ValueError:
-        minutes = DEFAULT_STUCK_MINUTES
-    return max(0.0, minutes * 60) if minutes == minutes else DEFAULT_STUCK_MINUTES * 60  # NaN: the default
-
-
 class Watch:
-    """The sampler (if any) and the stuck checks, driven as a sampler is."""
-
     def __init__(self, run: Run, sampler: Optional[Sampler]) -> None:
         self.run, self.sampler = run, sampler
         self.idle_limit = gpuuse.idle_limit_seconds()
         self.idle_said: dict[int, float] = {}  # GPU -> the idle episode (its start) already said
-        self.stuck_limit = stuck_seconds()
+        try:
+            minutes = float(os.environ.get(STUCK_ENV) or DEFAULT_STUCK_MINUTES)
+        except ValueError:
+            minutes = DEFAULT_STUCK_MINUTES
+        minutes = minutes if minutes == minutes else DEFAULT_STUCK_MINUTES  # NaN: the default
+        self.stuck_limit = max(0.0, minutes * 60)  # 0: not watched
         self.period = min(MAX_LOOK_SECONDS, self.stuck_limit / 4)
         self.progress_mark: Optional[tuple[int, int]] = None
         self.log_size = 0
@@ -100,28 +84,23 @@ class Watch:
     def take_if_due(self) -> bool:
         if self.sampler is not None:
             self.sampler.take_if_due()
-            self._check_idle(self.sampler)
+            attempt = self.sampler.attempt
+            for gpu, seconds in gpuuse.idle_now(self.sampler.record, self.run.job.attempts, self.idle_limit):
+                since = attempt["idle_since"][attempt["gpus"].index(gpu)]
+                if self.idle_said.get(gpu) != since:  # once per idle episode of each GPU
+                    self.idle_said[gpu] = since
+                    self._event(GPU_IDLE, gpuuse.idle_text([(gpu, seconds)]))
         now = time.monotonic()
-        if now >= self.due:
-            self.due = now + self.period
-            self._check_stuck(now)
-        return False
-
-    def _check_idle(self, sampler: Sampler) -> None:
-        attempt = sampler.attempt
-        for gpu, seconds in gpuuse.idle_now(sampler.record, self.run.job.attempts, self.idle_limit):
-            since = attempt["idle_since"][attempt["gpus"].index(gpu)]
-            if self.idle_said.get(gpu) != since:
-                self.idle_said[gpu] = since
-                self._event(GPU_IDLE, gpuuse.idle_text([(gpu, seconds)]))
-
-    def _check_stuck(self, now: float) -> None:
+        if now < self.due:
+            return False
+        self.due = now + self.period
         if self._moved():
             self.moved_at, self.stuck_said = now, False
         elif not self.stuck_said and now - self.moved_at >= self.stuck_limit:
             self.stuck_said = True
             minutes = (now - self.moved_at) / 60
             self._event(STUCK, f"no progress for {minutes:.0f} min (its log and progress file did not change)")
+        return False
 
     def _moved(self) -> bool:
         """Whether the job wrote to its log (lines of its own) or its progress file since the last look."""
@@ -150,10 +129,8 @@ class Watch:
 
 
 def for_run(run: Run) -> Optional[Union[Watch, Sampler]]:
-    """What to watch while `run`'s job runs: its GPU sampler alone (or nothing, for a CPU job),
-    unless someone listens to its events."""
-    held: Any = run.order.gpus
-    sampler = Sampler(run, tuple(held)) if held else None
+    """Its GPU sampler alone (or nothing, for a CPU job), unless someone listens to its events."""
     job, order = run.job, run.order
+    sampler = Sampler(run, order.gpus) if order.gpus else None
     listened = job.notify or job.notify_urls or job.on_finish or order.notify or order.notify_urls or order.on_finish
     return Watch(run, sampler) if listened else sampler
