@@ -1,17 +1,10 @@
-"""cache/finished-jobs: the one index of finished jobs, derived from done/, failed/ and cancelled/
-and from `kept-runs`, rebuildable at any time (spool_layout.md, "Derived data").
+"""cache/finished-jobs: the one index of finished jobs, derived from done/, failed/, cancelled/ and
+`kept-runs`, rebuildable at any time (ARCHITECTURE.md and spool_layout.md, "Derived data").
 
-It holds one row per finished job file (ROW): what `status -a` shows of it, and what the queue's
-ETA and `gpuq history` read of it. Each state's rows are stamped with its directory's inode and
-mtime, which move whenever a file is added, removed or replaced there: while the stamp holds,
-nothing is listed or read. Otherwise the directory is listed, and only the files the index does
-not hold under the same name and inode are read (a job file is never edited in place: a change is
-a new file); names that went are dropped. A directory changed within SETTLE_SECONDS is not stamped
-(timestamps are coarse: a change in the same tick would leave its mtime as it was), so the next
-reader lists it again. The records of `kept-runs` (what `gpuq clear` kept, primary data) are held
-under that file's inode, mtime and size. The index is rewritten whole (tmp + rename, not fsynced)
-when it changed, if the caller may write and the disk has room; any damage, and it is rebuilt.
-Nothing appends to it when a job moves: the store knows nothing of it.
+Each state's rows are stamped with its directory's inode and mtime: while the stamp holds, nothing
+is listed. Otherwise only files not held under the same name and inode are read (a job file is never
+edited in place). A directory changed within SETTLE_SECONDS is not stamped: timestamps are coarse,
+so a change in the same tick would leave its mtime as it was.
 """
 
 from __future__ import annotations
@@ -20,7 +13,7 @@ import marshal
 import os
 import time
 from operator import itemgetter
-from typing import Any, Optional
+from typing import Any, Iterable, Optional, Union
 
 from gpuq.core import schema
 from gpuq.core.job import Job
@@ -33,10 +26,10 @@ from gpuq.spool.layout import Layout, is_job_name
 from gpuq.spool.store import JobRef, JobStore
 
 NAME = "finished-jobs"
-FORMAT = 2  # 1: the rows not packed apart
+FORMAT = 3  # 1: the rows not packed apart; 2: every column packed apart
 SETTLE_SECONDS = 2.0
 # What gpuq before this index kept in cache/: removed when the index is written.
-OLD_NAMES = ("finished-journal", "finished-view", "finished-index", "finished-table", "queue-runs")
+OLD_NAMES: tuple[str, ...] = ("finished-journal", "finished-view", "finished-index", "finished-table", "queue-runs")
 OLD_NAMES += ("status-jobs", "kept-runs", "finished-rows")
 
 # A row: the job's name, its script (schema.display_script), whole seconds run (None: unknown) and
@@ -78,64 +71,45 @@ def row_of(job: Job, state: str, now: float) -> tuple:
 
 
 def unreadable_row(file_name: str, reason: str) -> tuple:
-    """The row of a finished file that is not a valid job: its name and why."""
     return file_name, "", None, (None, "", None, "", "", "", None, reason), "", None, ""
 
 
 class Entry:
-    """One finished state: its directory's stamp (None: list it again), its ids in order, and,
-    packed apart until first read (a plain `status` reads none of them, the ETA only its keys and
-    run times), its files' names and inodes, the ETA's columns and the rows."""
+    """One finished state: its directory's stamp (None: list it again), its files' ids, names and
+    inodes, each row's command key and run time (what the ETA reads), and the rows, kept as marshal
+    bytes until first read: a plain `status` reads none, and they are most of the index."""
 
-    def __init__(self, stamp: Optional[tuple[int, int]], ids: tuple[int, ...], *parts: Any) -> None:
-        self.stamp, self.ids, self._parts = stamp, ids, list(parts)  # files, eta, rows: bytes or unpacked
-
-    @classmethod
-    def made(cls, stamp: Optional[tuple[int, int]], ids: Any, names: Any, inodes: Any, rows: Any) -> Entry:
-        one: dict[Any, Any] = {}  # each script, end and key one object: marshal writes it once
-        rows = tuple(
-            (r[0], one.setdefault(r[1], r[1]), r[2], one.setdefault(r[3], r[3]), one.setdefault(r[4], r[4]), *r[5:])
-            for r in rows
-        )
-        eta = (tuple(row[4] for row in rows), tuple(row[5] for row in rows))
-        return cls(stamp, tuple(ids), (tuple(names), tuple(inodes)), eta, rows)
-
-    def _part(self, at: int) -> Any:
-        part = self._parts[at]
-        if type(part) is bytes:
-            part = self._parts[at] = marshal.loads(part)
-        return part
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return self._part(0)[0]
-
-    @property
-    def inodes(self) -> tuple[int, ...]:
-        return self._part(0)[1]
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        """Each row's command key (runs.command_key; "" for a file that is not a valid job)."""
-        return self._part(1)[0]
-
-    @property
-    def runs(self) -> tuple[Optional[float], ...]:
-        """Each row's run time in seconds, None where unknown (runs.run_seconds)."""
-        return self._part(1)[1]
+    def __init__(
+        self,
+        stamp: Optional[tuple[int, int]],
+        ids: Iterable[int],
+        names: Iterable[str],
+        inodes: Iterable[int],
+        rows: Union[bytes, Iterable[tuple]],
+        keys: Optional[Iterable[str]] = None,
+        runs: Optional[Iterable[Optional[float]]] = None,
+    ) -> None:
+        self.stamp, self.ids, self.names, self.inodes = stamp, tuple(ids), tuple(names), tuple(inodes)
+        self._rows = rows if isinstance(rows, bytes) else tuple(rows)
+        self.keys = tuple(row[4] for row in self.rows) if keys is None else tuple(keys)  # "": not a job
+        self.runs = tuple(row[5] for row in self.rows) if runs is None else tuple(runs)  # None: unknown
 
     @property
     def rows(self) -> tuple[tuple, ...]:
-        return self._part(2)
+        rows = self._rows
+        if isinstance(rows, bytes):
+            rows = self._rows = marshal.loads(rows)
+        return rows
 
     def stamped(self, stamp: Optional[tuple[int, int]]) -> Entry:
-        return Entry(stamp, self.ids, *self._parts)
+        return Entry(stamp, self.ids, self.names, self.inodes, self._rows, self.keys, self.runs)
 
     def packed(self) -> tuple:
-        return (self.stamp, self.ids, *(p if type(p) is bytes else marshal.dumps(p) for p in self._parts))
+        rows = self._rows if isinstance(self._rows, bytes) else marshal.dumps(self._rows)
+        return self.stamp, self.ids, self.names, self.inodes, rows, self.keys, self.runs
 
 
-EMPTY = Entry.made(None, (), (), (), ())
+EMPTY = Entry(None, (), (), (), ())
 
 
 class FinishedRows:
@@ -242,7 +216,7 @@ class FinishedIndex:
                 names.append(name)
                 inodes.append(inode)
                 rows.append(row)
-        return Entry.made(stamp, ids, names, inodes, rows), True
+        return Entry(stamp, ids, names, inodes, rows), True
 
     def _row(self, state: str, job_id: int, name: str, now: float) -> Optional[tuple]:
         """The row of one file (None: gone since the listing)."""
@@ -258,12 +232,12 @@ class FinishedIndex:
         where the file is missing, damaged or of another format."""
         data = read_small(self.layout.cache_path(NAME), cap=1 << 34, mine=True)
         try:
-            form, stored, kept_stamp, kept = marshal.loads(data) if data else (None, None, None, None)
+            loaded: Any = marshal.loads(data) if data else None
+            form, stored, kept_stamp, kept = loaded if loaded else (None, {}, None, [])
             if form == FORMAT:
                 entries = {state: Entry(*stored[state]) for state in FINISHED if state in stored}
-                if all(len(e._parts) == 3 and type(e.ids) is tuple for e in entries.values()):
-                    return entries, kept_stamp, list(kept)
-        except (EOFError, ValueError, TypeError, KeyError):
+                return entries, kept_stamp, list(kept)
+        except (EOFError, ValueError, TypeError, KeyError, IndexError):
             pass
         return {}, False, []  # False: no kept-runs signature, so they are read again
 
