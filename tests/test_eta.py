@@ -164,13 +164,13 @@ def test_merge_keeps_the_series_first_sample_and_the_newest() -> None:
 def test_tail_of_a_finished_run() -> None:
     job = Job({"started_at": iso_of(900.0), "finished_at": iso_of(1001.5)})
     at_total = {"total": 100, "points": [[990.0, 90.0], [1000.0, 100.0]]}
-    assert eta.tail_of(job, at_total) == pytest.approx(1.5)
+    assert eta.tail_and_pace(job, at_total)[0] == pytest.approx(1.5)
     # the last look came late; a sample within 20% of the end says when the last step happened
     late = {"total": 100, "points": [[980.0, 80.0], [990.0, 90.0], [1001.0, 100.0]]}
-    assert eta.tail_of(job, late) == pytest.approx(1.5)
-    assert eta.tail_of(job, {"total": 100, "points": [[980.0, 80.0], [990.0, 90.0]]}) == pytest.approx(1.5)
-    assert eta.tail_of(job, {"total": 100, "points": [[940.0, 40.0], [950.0, 50.0]]}) is None  # too far
-    assert eta.tail_of(job, {"points": [[1000.0, 100.0]]}) is None  # no total recorded
+    assert eta.tail_and_pace(job, late)[0] == pytest.approx(1.5)
+    assert eta.tail_and_pace(job, {"total": 100, "points": [[980.0, 80.0], [990.0, 90.0]]})[0] == pytest.approx(1.5)
+    assert eta.tail_and_pace(job, {"total": 100, "points": [[940.0, 40.0], [950.0, 50.0]]})[0] is None  # too far
+    assert eta.tail_and_pace(job, {"points": [[1000.0, 100.0]]})[0] is None  # no total recorded
 
 
 def test_the_tail_is_added_and_counts_from_when_the_counter_reached_its_total() -> None:
@@ -209,7 +209,7 @@ def test_the_tail_is_learned_from_earlier_runs_of_the_same_command_here(tmp_path
 
     job = schema.new_job(job_id=9, name="train", cmd=["python", "train.py"], cwd=here, log="")
     job.update(state="running", started_at=iso_of(now - 60))
-    assert eta.past_tails(spool, job, now - 60) == (pytest.approx(0.7, abs=0.01), 3)
+    assert eta.learned_tail(eta.past_ends(spool, job, now - 60))[:2] == (pytest.approx(0.7, abs=0.01), 3)
 
     got = reading(10, total=50, at=now - 10)
     points, run = eta.record(spool, job, got, [])

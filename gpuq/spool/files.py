@@ -150,7 +150,7 @@ class Files:
     def place_new(self, target: StrPath, data: bytes, kind: str) -> None:
         """Atomically create `target` with `data`, durably; FileExistsError if it exists."""
         try:
-            st = fsutil.create_unnamed_first(target, data)
+            st = fsutil.create_unnamed_first(os.fspath(target), data)
         except OSError as exc:
             if exc.errno in security.FULL_ERRNOS:
                 raise SpoolFull(self.layout.home, exc) from None

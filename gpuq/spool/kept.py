@@ -16,6 +16,7 @@ import json
 import os
 from typing import Any, Optional
 
+from gpuq.core.states import DONE
 from gpuq.spool.errors import SpoolFull
 from gpuq.spool.files import read_small
 from gpuq.spool.layout import Layout
@@ -28,8 +29,20 @@ FORMAT = 1
 # (null: unknown or adopted), its end (epoch seconds, null: unknown) and its tail (seconds its run
 # took after its last step, null: not known).
 RECORD = ("id", "state", "name", "key", "run", "past", "end", "tail")
-_TYPES = (int, str, str, str, (int, float, type(None)), str, (int, float, type(None)), (int, float, type(None)))
+_TYPES: tuple[Any, ...] = (
+    int,
+    str,
+    str,
+    str,
+    (int, float, type(None)),
+    str,
+    (int, float, type(None)),
+    (int, float, type(None)),
+)
 MAX_READ = 1 << 34
+NEWEST = 5  # per command: as many as the ETA takes a median of (queue_eta.RUNS, eta.TAIL_RUNS)
+Runs = dict[str, list[tuple[int, float]]]  # command key -> (job id, run seconds), newest id first
+Tails = dict[str, list[tuple[float, float, int]]]  # command key -> (end, tail seconds, job id), newest end first
 
 
 class KeptRuns:
@@ -93,3 +106,21 @@ class KeptRuns:
 
 def _ends_a_line(fd: int, size: int) -> bool:
     return os.pread(fd, 1, size - 1) == b"\n"
+
+
+def summarise(records: list[tuple[Any, ...]]) -> tuple[Runs, Tails]:
+    """The newest NEWEST run times (of done jobs) and tails of each command in `records`, as the
+    ETA learns from them; a job kept twice (a clear cut short, then run again) counts once."""
+    latest = {record[0]: record for record in records}
+    runs: Runs = {}
+    tails: Tails = {}
+    for job_id in sorted(latest, reverse=True):
+        _id, state, _name, key, run, _past, end, tail = latest[job_id]
+        newest = runs.setdefault(key, [])
+        if state == DONE and run is not None and len(newest) < NEWEST:
+            newest.append((job_id, float(run)))
+        if tail is not None and end is not None:
+            tails.setdefault(key, []).append((float(end), float(tail), job_id))
+    for key, found in tails.items():
+        tails[key] = sorted(found, reverse=True)[:NEWEST]
+    return {key: found for key, found in runs.items() if found}, tails

@@ -1,27 +1,59 @@
 """The queue's ETA: when each pending job is expected to start and end, behind the running ones.
 
-Running jobs' ETAs come from eta.py; a pending job's run time is the median of earlier successful
-runs of the same command in the same directory (run_times.py).
+Running jobs' ETAs come from eta.py; a pending job's run time is the median of the newest RUNS
+successful runs of the same command in the same directory: the finished index's rows (each holds
+its command key and run time) and what `gpuq clear` kept (spool/kept.py).
 """
 
 from __future__ import annotations
 
 from statistics import median
-from typing import Any, Optional, cast
+from typing import Any, Optional
 
 from gpuq.core.job import Job
-from gpuq.core.states import PENDING, RUNNING, SLURM
+from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
 from gpuq.core.times import duration, parse_iso
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.tracking import eta
-
-# the run times of earlier runs live in run_times.py; their names stay reachable from here
-from gpuq.engine.tracking.run_times import RUNS, durations_read_only, past_durations  # noqa: F401
 from gpuq.spool import Spool
+from gpuq.spool.cache.index import Finished
+from gpuq.spool.kept import summarise
 
 CPU_LANE = "cpu"  # with GPUs, CPU jobs run one at a time beside them (engine/schedule/planner.py)
 # placement.DEFAULT_FOREIGN_THRESHOLD_MIB, for views that do not say the worker's own
 DEFAULT_FOREIGN_THRESHOLD_MIB = 1024
+RUNS = 5  # a pending job's run time: the median of the newest RUNS successful runs of its command
+
+
+def past_durations(spool: Spool, keys: set[str], listing: Optional[Finished] = None) -> dict[str, list[float]]:
+    """Run times of the newest RUNS successful jobs of each command and cwd of `keys`, oldest
+    first (adopted jobs and unknown times left out). `listing`: the finished index, if the caller
+    has it."""
+    done = spool.finished.read() if listing is None else listing
+    entry = done.entries[DONE]
+    found: dict[str, dict[int, float]] = {}  # key -> id -> run time
+    wanted = len(keys)
+    for job_id, key, run in zip(reversed(entry.ids), reversed(entry.keys), reversed(entry.runs)):  # newest first
+        if run is not None and key in keys:
+            newest = found.setdefault(key, {})
+            if len(newest) < RUNS:
+                newest[job_id] = run
+                wanted -= len(newest) == RUNS
+                if not wanted:
+                    break
+    kept = summarise(done.kept)[0]
+    out = {}
+    for key in keys:
+        by_id = dict(kept.get(key, ()))
+        by_id.update(found.get(key, {}))  # a job in both (a clear cut short) counts once
+        if by_id:
+            out[key] = [run for _id, run in sorted(by_id.items(), reverse=True)[:RUNS]][::-1]
+    return out
+
+
+def durations_read_only(spool: Spool, keys: set[str]) -> dict[str, list[float]]:
+    """past_durations for a look that writes nothing (`gpuq add --dry-run`)."""
+    return past_durations(spool, keys, spool.finished.read(write=False))
 
 
 def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None) -> list[Optional[str]]:
@@ -295,7 +327,7 @@ def annotate(
     for row in rows:  # a job Slurm runs writes the same log: its progress is read the same way
         if row.state == SLURM and (row.job.slurm or {}).get("state") == "RUNNING":
             row.estimate = eta.running_estimate(spool, row.job, now)
-    in_order = cast(list[Job], scheduler.queue_order([r.job for r in rows if r.state == PENDING]))
+    in_order = scheduler.queue_order([r.job for r in rows if r.state == PENDING])
     order = {j.id: n for n, j in enumerate(in_order)}
     pending = sorted((r for r in rows if r.state == PENDING), key=lambda r: order[r.job.id])
     if not pending:
