@@ -1,14 +1,6 @@
-"""The spool directory: the only package that builds paths under $GPUQ_HOME or opens files there.
-
-spool_layout.md is the contract it implements. In short:
-- a job is one JSON file; the state directory it sits in is its state (store.py);
-- new files are written complete in tmp/, then renamed into place (files.py);
-- a state change writes the new version (rev + 1) into the target directory, then unlinks the old
-  one, so a crash in between leaves two copies and the higher rev wins (engine/lifecycle/repairs.py);
-- whoever changes a job's file holds the job's claim lock (claims.py).
-
-A Spool is composed of small parts, one module each, that share only the Layout (paths) and Files
-(atomic writes) below them; each part is built the first time it is used.
+"""The spool directory: the only package that builds paths under $GPUQ_HOME or opens files there
+(spool_layout.md is its contract). A Spool is small parts, one module each, sharing only the
+Layout (paths) and Files (atomic writes); each part is built the first time it is used.
 """
 
 from __future__ import annotations
@@ -94,7 +86,6 @@ class Spool:
 
     @cached_property
     def finished(self) -> FinishedIndex:
-        """The index of finished jobs (cache/finished-jobs)."""
         return FinishedIndex(self.layout, self.files, self.jobs, self.kept)
 
     @cached_property
@@ -115,8 +106,7 @@ class Spool:
 
     def ensure(self) -> Spool:
         """Create the tree on first use and refuse one that others could write into. A new tree
-        gets its emergency room at once (spool_layout.md section 14): a spool that only ever sees
-        `add` and `cancel`, no worker, has one too."""
+        gets its emergency room at once (spool_layout.md section 14), worker or not."""
         if self.layout.ensure():
             self.files.keep_emergency_room()
         return self
@@ -131,7 +121,6 @@ class Spool:
         return network_filesystem(self.home)
 
     def disk_space(self) -> tuple[int, int]:
-        """(total, free) bytes of the filesystem the spool lives on."""
         return disk_space(self.home)
 
     def delete_outputs(self, job_id: int) -> int:

@@ -1,9 +1,7 @@
-"""Job ids: unique and increasing across concurrent adders, and never given out twice.
-
-The counter lives in `next_id` (replaced atomically) and, as a copy, inside `ids.lock`, the file
-whose flock serialises every allocation. If one of them is lost the other still knows the
-high-water mark, so an id is not given out again even after `gpuq clear` removed the jobs that
-had the highest ids. Only if both are lost is the counter rebuilt from the ids found in the tree.
+"""Job ids: unique and increasing across concurrent adders, and never given out twice. The counter
+is in `next_id` and, as a copy, in `ids.lock` (whose flock serialises allocations): either one
+keeps the high-water mark after `gpuq clear` removed the highest ids; only without both is it
+rebuilt from the tree.
 """
 
 from __future__ import annotations

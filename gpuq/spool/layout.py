@@ -1,9 +1,5 @@
-"""Where everything lives in the spool: the one place that builds a path under $GPUQ_HOME.
-
-Every other part of gpuq.spool asks a Layout for its paths; nothing outside gpuq.spool builds one.
-spool_layout.md (section 1, "The tree") is the contract this module implements.
-
-Paths are plain strings (os.path).
+"""Where everything lives in the spool: the one place that builds a path under $GPUQ_HOME (plain
+strings, os.path), as spool_layout.md section 1 ("The tree") lays it out.
 """
 
 from __future__ import annotations
@@ -123,7 +119,6 @@ class Layout:
         return os.path.join(self.home, name)
 
     def internal_dir(self, name: str) -> str:
-        """One of INTERNAL: tmp, locks, logs, workers, control, progress, cache, imports, snapshots."""
         assert name in INTERNAL, name
         return os.path.join(self.home, name)
 
@@ -138,11 +133,8 @@ LEGACY_JSON_NAME = "queue.json"
 
 
 def find_legacy(home: Union[str, os.PathLike[str]]) -> Optional[os.PathLike[str]]:
-    """The file an import would take from `home` (a pathlib.Path): `gpuq.db` first, then `queue.json`.
-
-    `.bak` files are never returned: they are what an import (the original's own migration
-    included) leaves behind.
-    """
+    """The file an import would take from `home` (a pathlib.Path): `gpuq.db` first, then
+    `queue.json`; never the `.bak` files an import leaves behind."""
     for name in (LEGACY_DB_NAME, LEGACY_JSON_NAME):
         path = os.path.join(home, name)
         if os.path.isfile(path):

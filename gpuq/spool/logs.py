@@ -1,8 +1,6 @@
-"""Job logs (logs/NNNNNN.log) and the worker's log: opening them for writing, and reading their tails.
-
-Every log is opened without following links. A job's log is always the spool's own file, except for
-an adopted job, whose log is the file its process writes itself (its `log` field, set by `gpuq
-adopt`), read but never written by gpuq.
+"""Job logs (logs/NNNNNN.log) and the worker's log: opened for writing without following links,
+and their tails read. An adopted or imported job's log is the file its `log` field names,
+read but never written by gpuq.
 """
 
 from __future__ import annotations
@@ -23,9 +21,6 @@ class Logs:
         self.layout = layout
 
     def path_of(self, job: Job) -> str:
-        """Where the job's output is: the spool's log, or the file named by its `log` field for
-        an adopted process (the file it writes) and a job imported from the original gpuq (its
-        old log), which gpuq reads but never writes."""
         own = job.adopted or job.source.startswith(SOURCE_IMPORTED)
         if own and job.log:
             return job.log
@@ -42,7 +37,6 @@ class Logs:
         return self.layout.worker_log_path()
 
     def tail(self, job: Job, limit: int = 65536) -> tuple[bytes, float]:
-        """The last `limit` bytes of the job's log and its mtime ((b"", 0.0) if none)."""
         return tail(self.path_of(job), limit)
 
     def tail_lines(self, job: Job, count: int) -> list[str]:
@@ -81,7 +75,6 @@ class Logs:
             return 0
 
     def delete(self, job_id: int) -> int:
-        """Remove the job's log; the bytes that frees."""
         return remove_counting(self.layout.log_path(job_id))
 
 

@@ -1,9 +1,6 @@
-"""Job files: listing them, reading them safely, publishing them, and moving them between states.
-
-A job's state is the directory its file sits in. A state change writes the new version (rev + 1)
-into the target directory without clobbering, then unlinks the old one, so a crash in between
-leaves two copies and the higher rev wins (engine/lifecycle/repairs.py resolves them). Whoever changes a
-job's file holds the job's claim (spool/claims.py); this module does not check that.
+"""Job files: listing them, reading them safely, publishing them, and moving them between states
+(a state change writes rev + 1 into the target directory, then unlinks the old file: after a crash
+the higher rev wins, engine/lifecycle/repairs.py). The caller holds the job's claim (claims.py).
 """
 
 from __future__ import annotations

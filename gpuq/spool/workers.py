@@ -1,9 +1,6 @@
 """The worker registry: which workers hold which GPUs, kept by flocks the kernel drops on death.
-
-A whole-machine worker holds workers/machine.lock exclusively; a --gpus worker holds it shared plus
-workers/gpu-N.lock exclusively for each of its GPUs. Each live worker keeps
-workers/worker-PID.json flocked; a file whose flock is free belongs to a dead worker and is removed
-by the next reader (every `gpuq status`, and every worker as it starts).
+A whole-machine worker holds workers/machine.lock exclusively; a --gpus worker holds it shared and
+workers/gpu-N.lock for each GPU. workers/worker-PID.json stays flocked while its worker lives.
 """
 
 from __future__ import annotations

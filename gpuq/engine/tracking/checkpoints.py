@@ -1,19 +1,10 @@
-"""Finding a job's newest *complete* checkpoint (`latest_checkpoint`), and reading training flags
-from its argv (`output_dir`, `max_steps`, `arg_value`).
+"""A job's newest *complete* checkpoint (`latest_checkpoint`), and training flags from its argv.
 
-Rules:
-- Hugging Face: `checkpoint-N` directories directly under the output dir. The Trainer writes
-  `trainer_state.json` last, so a directory without it was cut short (the process died while
-  saving) and is skipped; so is one that still holds HF 5's JIT-save sentinel
-  `checkpoint-is-incomplete.txt`. N is the global step.
-- `ckpt_glob` (per job, relative to the job's cwd unless absolute) names checkpoints of other
-  frameworks: Lightning's `*.ckpt`, `torch.save("model_epoch_5.pt")`, Accelerate's `step_N` dirs.
-  Newest is decided by the step number in the name when every match has one (`step=1200`,
-  `step_1200`, `checkpoint-1200`), else by the epoch number when every match has one, else by
-  modification time. Empty files and HF-style directories without trainer_state.json are skipped.
-- A checkpoint completed before the job's run began (`ckpt_since`) is another run's, and skipped.
-
-Nothing here writes anything; it only lists directories the job itself writes.
+- Hugging Face: `checkpoint-N` directories under the output dir; one without trainer_state.json
+  (written last) or still holding HF 5's `checkpoint-is-incomplete.txt` was cut short.
+- `ckpt_glob` names other frameworks' checkpoints; the newest is told by the step number in the
+  name when every match has one, else by the epoch number, else by modification time.
+- A checkpoint completed before the job's run began (`ckpt_since`) is another run's.
 """
 
 from __future__ import annotations
@@ -70,7 +61,7 @@ def start_step(job: Job) -> Optional[float]:
 
 
 def output_dir(cmd: Sequence[str], cwd: str) -> Optional[Path]:
-    """The job's output directory as an absolute path (relative values are relative to `cwd`)."""
+    """The job's --output_dir, absolute."""
     value = arg_value(cmd, OUTPUT_DIR_FLAGS)
     if not value:
         return None
@@ -113,8 +104,7 @@ def _number(regex: re.Pattern, name: str) -> Optional[int]:
 
 
 def _usable(path: str) -> bool:
-    """A glob match that can be a checkpoint: a non-empty file, or a directory that is not an
-    HF checkpoint cut short."""
+    """A non-empty file, or a directory that is not an HF checkpoint cut short."""
     try:
         if os.path.isdir(path):
             return not HF_DIR_RE.match(os.path.basename(path)) or _hf_complete(path)
@@ -131,7 +121,7 @@ def _mtime(path: str) -> float:
 
 
 def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
-    """Usable matches of `pattern` (relative to `cwd`), oldest first by the rules above."""
+    """Usable matches of `pattern` (relative to `cwd`), oldest first."""
     full = os.path.join(cwd, os.path.expanduser(pattern))
     paths = [os.path.abspath(p) for p in glob.glob(full, recursive=True) if _usable(p)]
     found = [
@@ -146,10 +136,8 @@ def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
 
 
 def job_checkpoints(job: Job) -> list[Checkpoint]:
-    """Every complete checkpoint of `job`, oldest first: from its `ckpt_glob` if set, else from the
-    HF output dir in its argv. Those written before the job's run began (`ckpt_since`: its first
-    start, or the start of a run from scratch) belong to an earlier run in the same directory, which
-    is how most people run (`--output_dir out` every time), and are left out."""
+    """Every complete checkpoint of `job`, oldest first, less those of an earlier run in the same
+    directory (`--output_dir out` every time): written before `ckpt_since`."""
     cmd, cwd = job.cmd, job.cwd
     pattern = job.ckpt_glob
     if pattern:
@@ -164,7 +152,6 @@ def job_checkpoints(job: Job) -> list[Checkpoint]:
 
 
 def latest_checkpoint(job: Job) -> Optional[Checkpoint]:
-    """The newest complete checkpoint this job wrote (see job_checkpoints), or None."""
     found = job_checkpoints(job)
     return found[-1] if found else None
 

@@ -1,14 +1,6 @@
-"""What an interrupted attempt leaves behind, and how a job that goes back to the queue
-continues: from the newest complete checkpoint it wrote itself, so that a ten-hour training
-interrupted at 90% does not start again from step 0.
-
-Used wherever a job that has already run is queued again: `gpuq retry`, `gpuq recover` (and
-`gpuq run --recover`), an automatic retry after a failure, `gpuq resume`. The checkpoint rules are
-engine/tracking/checkpoints.py's: complete ones only, and only those written since the job's run began
-(`ckpt_since`), never a stale one of an earlier run in the same output directory.
-
-A preemption records the newest complete checkpoint, the last step reached, and how many steps
-were lost in between (spool_layout.md, section 11).
+"""What an interrupted attempt leaves behind, and how a job queued again (retry, recover, resume)
+continues: from the newest complete checkpoint it wrote itself (checkpoints.py's rules), so that a
+ten-hour training interrupted at 90% does not start again from step 0.
 """
 
 from __future__ import annotations
@@ -48,11 +40,9 @@ def last_step(spool: Spool, job: Job) -> Optional[int]:
 
 
 def reached_end(spool: Spool, job: Job) -> Optional[str]:
-    """`step 10/10` when what the current attempt wrote says its work was done: its progress file
-    at its total (or `finished`), or its log's progress counter at its total or HF's final summary
-    (read by the ETA's rules, so a stray `100%` or an eval bar does not count); None otherwise.
-    An attempt whose supervisor was killed as the job completed left no exit code: this is how
-    recovery tells it from one cut short."""
+    """`step 10/10` when the current attempt's progress file or log (read by the ETA's rules) says
+    its work was done; None otherwise. An attempt whose supervisor was killed as the job completed
+    left no exit code: this is how recovery tells it from one cut short."""
     if not job.started_at:
         return None
     readings = []
@@ -70,7 +60,6 @@ def reached_end(spool: Spool, job: Job) -> Optional[str]:
 
 
 def _end_text(reading: progress.Reading) -> str:
-    """`step 10/10`, `epoch 3/3`, `100%`, or `its final summary` (HF's train_runtime line, without a total)."""
     if not reading.total:
         return "its final summary"
     if reading.kind == "N%":

@@ -1,9 +1,6 @@
-"""What the GPUs did for each job: a running GPU job's supervisor samples its GPUs every
-GPUQ_GPU_SAMPLE_SECONDS and keeps, per attempt, running totals (exact) and a compact series (for
-plots; halved when long) in `progress/NNNNNN.gpu.json` (spool_layout.md, section 9).
-
-A sample's figures stand for the time since the sample before it (the first: since the start).
-A GPU is idle below IDLE_PERCENT; `idle_since` is the first sample time of the current idle run.
+"""What the GPUs did for each job: a running GPU job's supervisor samples its GPUs and keeps, per
+attempt, exact running totals and a compact series (halved when long) in progress/NNNNNN.gpu.json
+(spool_layout.md, section 9). A sample stands for the time since the one before it.
 """
 
 from __future__ import annotations
@@ -30,12 +27,10 @@ def _positive(name: str, default: float) -> float:
 
 
 def sample_seconds() -> float:
-    """GPUQ_GPU_SAMPLE_SECONDS (a bad value: the default)."""
     return _positive(SAMPLE_ENV, DEFAULT_SAMPLE_SECONDS)
 
 
 def idle_limit_seconds() -> float:
-    """GPUQ_GPU_IDLE_MINUTES in seconds (a bad value: the default)."""
     return _positive(IDLE_ENV, DEFAULT_IDLE_MINUTES) * 60
 
 
@@ -127,7 +122,6 @@ def of_jobs(spool: Spool, job_ids: list[int], recorded: Optional[set[int]] = Non
 
 
 def of_job(spool: Spool, job_id: int) -> Optional[dict[str, Any]]:
-    """The job's summary (above) from its record in the spool; None if it has none."""
     return summary(spool.reports.read_gpu_use(job_id))
 
 

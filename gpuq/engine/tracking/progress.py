@@ -1,18 +1,8 @@
-"""How far a job has got: readings from what the job reports, from its log, from its checkpoints.
-
-In order of trust (the first source that yields a reading wins):
-1. "reported": the JSON file named by GPUQ_PROGRESS_FILE (`{"step": 120, "total": 300}`), written by
-   the job itself (gpuq.integrations does it for HF Trainer and Lightning);
-2. "log": the tail of the job's log only (TAIL_BYTES, whatever the log's size), split on \\r and \\n;
-3. "checkpoint": the newest complete checkpoint in the job's --output_dir (gpuq.checkpoints), or
-   TRL's completions/completions_NNNNN.parquet, against --max_steps or trainer_state.json's max_steps.
-
-What the *current attempt* wrote is told from earlier attempts' output by one rule (a job that is
-retried, resumed or recovered keeps its id, so its progress file and log may still hold an earlier
-attempt's): the supervisor starts each attempt's part of the log with ATTEMPT_HEADER, and a
-progress file older than the attempt's start is an earlier attempt's.
-
-A reading is a plain value; eta.py turns readings over time into a rate and an ETA.
+"""How far a job has got, from the first source that yields a reading: its progress file
+(GPUQ_PROGRESS_FILE, "reported"), the tail of its log ("log"), its checkpoints ("checkpoint").
+A retried or resumed job keeps its id, so its files may hold an earlier attempt's output: the log
+part after the last ATTEMPT_HEADER and a progress file newer than the attempt's start are its own.
+eta.py turns readings over time into a rate.
 """
 
 from __future__ import annotations
@@ -75,12 +65,11 @@ class Reading(NamedTuple):
     counter: str = ""  # which counter of a log it came from (kind + label), to match later looks
 
     def fields(self) -> list[Any]:
-        """The reading as a JSON list (what `Reading.of` reads back)."""
         return list(self)
 
     @classmethod
     def of(cls, fields: Any) -> Optional[Reading]:
-        """The reading `fields()` gave, or None for anything else (gpuq's samples file, read back)."""
+        """The reading `fields()` gave, or None for anything else."""
         if not isinstance(fields, list) or len(fields) != len(cls._fields):
             return None
         step, total, source, kind, at, rate, rate_note, finished, counter = fields
@@ -114,14 +103,12 @@ class Reading(NamedTuple):
 
 
 def num_text(value: float) -> str:
-    """`120`, or `0.48`."""
     return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
 
 
 # ---- 1. reported by the job ---------------------------------------------------------------------
 def from_report(data: Any, mtime: float) -> Optional[Reading]:
-    """A progress-file dict -> Reading. Accepts `step` + optional `total`, or `fraction` alone;
-    `time` (epoch seconds) and `recent` ([[time, step], ...]) are optional."""
+    """A progress file's reading: `step` (+ `total`) or `fraction`; `time` and `recent` optional."""
     if not isinstance(data, dict):
         return None
     step: Any = data.get("step")
@@ -137,7 +124,6 @@ def from_report(data: Any, mtime: float) -> Optional[Reading]:
 
 
 def recent_points(data: Any) -> list[tuple[float, float]]:
-    """The `recent` [[time, step], ...] list of a progress file, cleaned."""
     if not isinstance(data, dict) or not isinstance(data.get("recent"), list):
         return []
     out = []
@@ -215,7 +201,6 @@ Found = tuple[str, float, Optional[float], Optional[float], bool]  # counter, st
 
 
 def log_readings(text: str, epochs: Optional[float] = None) -> list[Found]:
-    """Every progress reading in a log tail, oldest first."""
     found: list[Found] = []
     for line in segments(text, ends_open=not text.endswith(("\n", "\r"))):
         if len(line) > LONG_SEGMENT:
@@ -338,8 +323,8 @@ def _resumed_from(job: Job, dated: list[tuple[Any, float]], started: float) -> O
 
 
 def from_checkpoints(job: Job) -> tuple[Optional[Reading], list[tuple[float, float]]]:
-    """The current attempt's newest checkpoint as a reading, plus each of its checkpoints as a
-    (time, step) sample: the times they were written give a rate from a single look."""
+    """The current attempt's newest checkpoint as a reading, and each of its checkpoints as a
+    (time, step) sample: a rate from a single look."""
     points, total = checkpoint_points(job)
     if not points:
         return None, []
@@ -352,7 +337,6 @@ def _base(path: str) -> str:
 
 
 def _mtime(path: str, marker: str) -> float:
-    """When a checkpoint was completed: its HF marker file's mtime if any, else its own."""
     for candidate in (os.path.join(path, marker), path):
         try:
             return os.stat(candidate).st_mtime
@@ -379,7 +363,6 @@ def _trl_completions(out_dir: Any) -> list[tuple[float, float, str]]:
 
 
 def _trainer_state_max_steps(ckpt_path: str) -> Optional[int]:
-    """HF's trainer_state.json knows the run's max_steps even when the argv does not say it."""
     path = os.path.join(ckpt_path, checkpoints.HF_COMPLETE_MARKER)
     try:
         if os.path.getsize(path) > MAX_TRAINER_STATE_BYTES:
