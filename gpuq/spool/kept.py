@@ -1,12 +1,8 @@
-"""`kept-runs`: what `gpuq clear` keeps of the finished jobs it removes (spool_layout.md, section 1,
-"What clear keeps"): each job's runs as `gpuq history` counts them and the run time and tail the
-ETA learns from, so that clearing old jobs and their logs forgets neither.
-
-One line per job, a JSON array: `[FORMAT, id, state, name, key, run, past, end, tail]` (RECORD). The
-lines of one clear are appended with a single `write` on a descriptor opened `O_APPEND` and fsynced
-before any of those jobs' files is removed: a crash in between leaves a record whose job still has
-its file, which readers skip by its id. Unlike cache/, this is not derived from anything that is
-left: losing it loses that history, so it is written durably, and only `gpuq clear` writes it.
+"""`kept-runs`: what `gpuq clear` keeps of the finished jobs it removes (spool_layout.md, "What clear
+keeps"), so that history and the ETA forget nothing: one JSON line per job, RECORD. One clear's lines
+are appended in one `write` and fsynced before any of those jobs' files goes: a crash in between
+leaves a record whose job still has its file, which readers skip by its id. Primary data, not a
+cache: written durably, and only by `gpuq clear`.
 """
 
 from __future__ import annotations
@@ -53,8 +49,7 @@ class KeptRuns:
         return self.layout.top_file(NAME)
 
     def append(self, records: list[tuple[Any, ...]]) -> None:
-        """Append `records` (RECORD tuples) durably: one write, then fsync (and the spool directory's
-        when the file is new). SpoolFull, with nothing of them left in the file, when there is no room."""
+        """Append `records` (RECORD tuples) durably; SpoolFull, none of them left, without room."""
         if not records:
             return
         data = b"".join(json.dumps([FORMAT, *record]).encode() + b"\n" for record in records)

@@ -76,7 +76,7 @@ class JobStore:
 
     def signature(self) -> tuple[tuple[int, int], ...]:
         """Changes whenever a job enters or leaves pending/ or running/, or a claim or request
-        appears or goes: a worker that sees the same signature has nothing new to schedule."""
+        appears or goes: a worker that sees the same has nothing new to schedule."""
         out = []
         for sub in (PENDING, RUNNING, "locks", "control"):
             sig = self.dir_signature(sub)
@@ -91,8 +91,7 @@ class JobStore:
         return max(mtime_ns for _ino, mtime_ns in signature) >= (read_at - RACY_SECONDS) * 1e9
 
     def dir_signature(self, state: str) -> Optional[tuple[int, int, float]]:
-        """(inode, mtime_ns, mtime) of a directory of the spool: it changes whenever a file is
-        added, removed or replaced there. None if it is missing."""
+        """(inode, mtime_ns, mtime) of a directory of the spool; None if it is missing."""
         try:
             st = os.stat(self.layout.state_dir(state), follow_symlinks=False)
         except FileNotFoundError:
@@ -101,7 +100,6 @@ class JobStore:
 
     # ---- reading ------------------------------------------------------------------------------
     def read_bytes(self, state: str, name: str) -> bytes:
-        """A file of a state directory, read safely (see files.read_job_file)."""
         return read_job_file(self.layout.job_path(state, name), MAX_JOB_BYTES)
 
     def load(self, ref: JobRef) -> Job:
@@ -110,7 +108,6 @@ class JobStore:
         return schema.validate(obj, expected_id=ref.id)
 
     def load_many(self, state: str) -> list[tuple[JobRef, Job]]:
-        """Every valid job of a state directory; vanished or invalid files are skipped."""
         out = []
         for ref in self.refs((state,)):
             try:
@@ -120,7 +117,6 @@ class JobStore:
         return out
 
     def load_all(self) -> list[tuple[str, Job]]:
-        """(state, job) of every valid job."""
         return [(ref.state, job) for state in STATES for ref, job in self.load_many(state)]
 
     # ---- writing ------------------------------------------------------------------------------
@@ -173,10 +169,9 @@ class JobStore:
             fsutil.fsync_dir(self.layout.state_dir(ref.state))
 
     def newer_copy_elsewhere(self, ref: JobRef, job: Job) -> bool:
-        """Whether a crash mid-move left this job in another state (or, after an edit that renamed
-        it, under another name in its own), with a higher rev: then `ref` is the stale copy. Older
-        copies found are removed. The caller holds the claim. A job keeps its file name in every
-        state, so this is a handful of exact-name lookups and one listing of its own directory."""
+        """Whether a crash mid-move left this job in another state (or, renamed by an edit, under
+        another name in its own) with a higher rev: then `ref` is the stale copy. Older copies are
+        removed. A job keeps its file name in every state: exact-name lookups and one listing."""
         others = [JobRef(ref.id, state, ref.name) for state in STATES if state != ref.state]
         prefix = f"{ref.id:06d}-"
         try:  # a plain listing: only this job's names are matched (the queue may be long)

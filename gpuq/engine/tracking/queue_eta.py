@@ -72,7 +72,6 @@ def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None
 
 
 def _slots_of(job: Job, slots: list[Optional[str]]) -> list[Optional[str]]:
-    """The slots a running job occupies."""
     if job.gpus is not None and CPU_LANE in slots:
         return [str(g) for g in job.gpus] or [CPU_LANE]
     if job.slot is None or slots == [None]:
@@ -81,7 +80,6 @@ def _slots_of(job: Job, slots: list[Optional[str]]) -> list[Optional[str]]:
 
 
 def _needs(job: Job, slots: list[Optional[str]]) -> tuple[list[Optional[str]], int]:
-    """The slots a pending job can take and how many of them it needs."""
     if CPU_LANE not in slots:
         return list(slots), 1
     count = job.gpu_request
@@ -141,12 +139,9 @@ def plan_queue(
     """Expected start and end (seconds from now, None = unknown) of each pending job.
 
     `running`: (job, seconds until it ends); `pending`: (job, scheduler wait) in queue order,
-    played forward as the worker starts them (`_Play`): a dependent starts when *its* dependency
-    ends, whatever job ends first. A job's run time is the median of earlier runs of the same
-    command in the same directory. Whatever depends on an unknown is unknown: no guessing.
+    played forward as the worker starts them (`_Play`). Whatever depends on an unknown is unknown.
     `outside`: per GPU slot, (MiB held by processes that are not gpuq's, total MiB); a GPU such
-    memory keeps a job off (`threshold`: the worker's --foreign-mem-threshold) frees at an unknown
-    time, so the job starts when another GPU frees, or at a time unknown.
+    memory keeps a job off (`threshold`) frees at an unknown time.
     """
     if not slots:
         return {j.id: eta.Estimate(None, None, "unknown: no worker is running (`gpuq run`)") for j, _w in pending}
@@ -191,8 +186,7 @@ class _Play:
                     self.free[slot] = _later(self.free[slot], until)
 
     def run(self, waiting: list[tuple[Job, Optional[float]]]) -> None:
-        """Place each (job, when its --begin or host room allows it; None: unknown) of `waiting`,
-        in queue order; a job that never gets its slots has an unknown start."""
+        """Place each (job, when its --begin or host room allows it; None: unknown) in queue order."""
         unplaced = {job.id for job, _r in waiting}
         # when anything can change: a slot frees (a dependency's end among them), a wait is over
         moments = {t for t in self.free.values() if t is not None} | {r for _j, r in waiting if r is not None}
@@ -260,7 +254,6 @@ class _Play:
         self.out[job.id] = eta.Estimate(None, end, note, starts_in=at)
 
     def _run_time(self, job: Job) -> tuple[Optional[float], int]:
-        """The median of the newest RUNS earlier runs of the job's command here, and how many."""
         past = self.durations.get(eta.command_key(job), [])[-RUNS:]
         return (median(past) if past else None), len(past)
 
@@ -318,9 +311,8 @@ def annotate(
     gpus: Optional[dict[str, Any]] = None,
     finished: Optional[Any] = None,
 ) -> None:
-    """Set `row.estimate` for every running and pending row of a status listing, and for jobs
-    Slurm runs (`gpus`: the GPU view of engine/schedule/gpuview.py, when the machine has GPUs;
-    `finished`: the finished listing the status was made from)."""
+    """Set `row.estimate` for every running, pending and Slurm-run row of a status listing (`gpus`:
+    the GPU view, when the machine has GPUs; `finished`: the listing the status was made from)."""
     running = [r for r in rows if r.state == RUNNING]
     for row in running:
         row.estimate = eta.running_estimate(spool, row.job, now)

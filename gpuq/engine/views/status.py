@@ -69,8 +69,7 @@ class Status(NamedTuple):
 
     def outlook(self, now: Optional[float] = None) -> tuple[int, int, int]:
         """The pending jobs as (startable: a worker would start them, now or once the jobs they
-        wait for end; later: only once their --begin time comes; blocked: not without a person
-        acting). Held jobs are not pending."""
+        wait for end; later: once their --begin time comes; blocked: not without a person)."""
         now = time.time() if now is None else now
         rows = [r for r in self.rows if r.state == PENDING]
         blocked = sum(1 for r in rows if r.wait is not None and r.wait.forever)
@@ -147,16 +146,14 @@ def _idle_gpus(spool: Spool, rows: list[Any]) -> list[str]:
 
 
 def _hidden_failed(done: Finished, shown: list[JobRef], moved_on: int) -> int:
-    """How many failed jobs the finished rows shown leave out, from the listing's counts alone
-    (no file read): failed/'s ids, less those shown and the `moved_on` a crash mid-move (a retry)
-    left a later copy of."""
+    """How many failed jobs the rows shown leave out, from the listing alone: failed/'s ids, less
+    those shown and the `moved_on` a crash mid-move (a retry) left a later copy of."""
     failed = len(done.ids.get(FAILED, ()))
     return max(0, failed - sum(1 for r in shown if r.state == FAILED) - moved_on) if failed else 0
 
 
 def unseen_rejected(spool: Spool) -> Optional[Rejected]:
-    """The rejected files `gpuq rejected` has not listed yet (one listing of rejected/, empty on
-    nearly every spool; a stat per unseen file and one reason read when there are some)."""
+    """The rejected files `gpuq rejected` has not listed yet."""
     box = spool.dropbox
     unseen = box.unseen(box.rejected())
     if not unseen:
@@ -191,7 +188,7 @@ def name_the_first_in_line(snap: scheduler.QueueState, reasons: dict[int, Option
 
 
 def _request_text(job: Job) -> str:
-    """What a job asks of the GPUs, as a person says it: `40.0 GiB on a GPU`, `2 whole GPUs`."""
+    """`40.0 GiB on a GPU`, `2 whole GPUs`."""
     from gpuq.system.gpus import mib_text  # only where a worker places jobs on GPUs: it imports it too
 
     count, mem = job.gpu_request, job.gpu_mem_mib
@@ -219,8 +216,8 @@ def _listing(spool: Spool) -> tuple[list[JobRef], Finished, dict[int, str]]:
 
 
 def sync_slurm(spool: Spool) -> list[str]:
-    """With jobs in slurm/ (only then: the Slurm client imports subprocess), ask Slurm how they
-    are and record it (engine/lifecycle/slurm_handover.py). A Slurm that cannot be asked is a warning."""
+    """With jobs in slurm/ (only then: the Slurm client imports subprocess), record how Slurm says
+    they are; a Slurm that cannot be asked is a warning."""
     if not spool.jobs.names(SLURM):
         return []
     from gpuq.engine.lifecycle import slurm_handover  # the Slurm subsystem: only with jobs handed to it
@@ -238,8 +235,7 @@ BIG_LOG_BYTES = 1 << 30  # and when a running job's log passes this (no cap by d
 
 
 def disk_warnings(spool: Spool, running: list[Job]) -> list[str]:
-    """A spool filesystem running out of room, a log growing past BIG_LOG_BYTES, and jobs whose
-    end waits for room to be recorded."""
+    """A spool filesystem running out of room, a log past BIG_LOG_BYTES, an end waiting for room."""
     out = []
     total, free = spool.disk_space()
     if total and free < LOW_SPACE_FRACTION * total:

@@ -1,10 +1,6 @@
-"""What `gpuq history` and the queue's ETA read of a job: its command key, its run time and its
-runs, as the finished index holds them (index.py's ROW: `key`, `run`, `past`) and `kept-runs` keeps
-them (spool/kept.py). The rules are here, below the engine, because the index is made in the
-spool; engine/views/history.py applies the same rules to the jobs that are not finished.
-
-Tolerant, as history always was: a bad value in one job file gives an unknown (a run left out, a
-default), never an error.
+"""What `gpuq history` and the queue's ETA read of a job (its command key, run time and runs), as
+the finished index's rows and `kept-runs` hold them: here, below the engine, because the index is
+made in the spool. Tolerant: a bad value in one job file gives an unknown, never an error.
 """
 
 from __future__ import annotations
@@ -23,8 +19,7 @@ def command_key(cmd: Any, cwd: Any) -> str:
 
 
 def parse_time(value: Any) -> Optional[float]:
-    """ISO 8601 -> epoch seconds; None for null or anything unreadable (a bad field in one job
-    file must not stop the history). A time without offset is local time."""
+    """ISO 8601 -> epoch seconds (no offset: local time); None for null or anything unreadable."""
     if not isinstance(value, str) or not value:
         return None
     text = value[:-1] + "+00:00" if value.endswith("Z") else value  # fromisoformat of 3.9 lacks "Z"
@@ -102,7 +97,6 @@ def attempts(state: str, job: Job) -> list[list[Any]]:
 
 
 def preemption_times(job: Job) -> list[float]:
-    """When the job was preempted (epoch seconds), from its `preemptions` records."""
     records = job.preemptions
     if not isinstance(records, list):
         return []
@@ -111,12 +105,11 @@ def preemption_times(job: Job) -> list[float]:
 
 
 def facts(state: str, job: Job) -> list[Any]:
-    """What history reads of a job besides its key: [sweep id, adopted, attempts, preemption times]."""
+    """[sweep id, adopted, attempts, preemption times]: what history reads besides the key."""
     return [sweep_id(job), bool(job.adopted), attempts(state, job), preemption_times(job)]
 
 
 def past_text(state: str, job: Job) -> str:
-    """A row's `past`: the job's facts as one JSON text, parsed only by `gpuq history`."""
     return json.dumps(facts(state, job))
 
 
