@@ -78,10 +78,9 @@ def observe(
 def log_reading(
     spool: Spool, job: Job, stored: dict[str, Any]
 ) -> tuple[Optional[progress.Reading], Optional[dict[str, Any]]]:
-    """The reading of the job's log tail, and the memo of it to keep in the samples (`log`: what it
-    was read from, and the reading). The same log (inode, size and mtime), read with the same
-    counters seen earlier and --num_train_epochs, gives the same reading: a look at a log not
-    written to since the last one reads and parses nothing."""
+    """The reading of the job's log tail, and the memo of it to keep in the samples: a look at a log
+    not written to since (same inode, size, mtime, counters seen and --num_train_epochs) reads and
+    parses nothing."""
     signature = spool.logs.signature(job)
     if signature is None:
         return None, None
@@ -100,10 +99,6 @@ def log_reading(
     return reading, {"of": of, "reading": None if reading is None else reading.fields()}
 
 
-def _series_key(reading: progress.Reading) -> str:
-    return f"{reading.source}|{reading.counter or reading.kind}|{reading.total}"
-
-
 def record(
     spool: Spool,
     job: Job,
@@ -113,11 +108,10 @@ def record(
     log: Optional[dict[str, Any]] = None,
     keep: bool = True,
 ) -> tuple[list[tuple[float, float]], Attempt]:
-    """Add this look to the job's samples (`stored`: as read before it, read here if not given;
-    `log`: the log's reading to keep, from log_reading; not `keep`: nothing written); the points
-    of the reading's series and the attempt."""
+    """Add this look to the job's samples (not `keep`: nothing written); the points of the
+    reading's series, and the attempt."""
     stored = spool.reports.read_samples(job.id) if stored is None else stored
-    key = _series_key(reading)
+    key = f"{reading.source}|{reading.counter or reading.kind}|{reading.total}"
     old = stored.get("points", []) if stored.get("key") == key else []
     points = merge_points(old, extra + [(reading.at, reading.step)], progress.attempt_started(job))
     incomplete = [x for x in stored.get("incomplete", []) if isinstance(x, list)]
@@ -282,8 +276,7 @@ def estimate(
 
 
 def running_estimate(spool: Spool, job: Job, now: float, keep: bool = True) -> Estimate:
-    """The running job's ETA from its reading now, recorded in its samples unless not `keep`
-    (`gpuq add --dry-run` writes nothing)."""
+    """The running job's ETA now, recorded in its samples unless not `keep` (`add --dry-run`)."""
     try:
         stored = spool.reports.read_samples(job.id)
         reading, extra, log = observe(spool, job, stored)

@@ -1,9 +1,6 @@
-"""What `gpuq show ID` and `gpuq log ID` tell a person about one job.
-
-A job file holds some 60 fields, most of them empty or for gpuq itself; `show` gives the ones a
-person asks about (what runs where, its state and why, its times and outcome, checkpoints, GPUs,
-dependencies, attempts, limits, sweep, code and log), each as a label and one line of text, and
-leaves out what is empty. `--json` is the file as it is (cli/cmd_view.py).
+"""What `gpuq show ID` and `gpuq log ID` tell a person about one job: of its some 60 fields, the
+ones a person asks about, each as a label and one line of text, empty ones left out (`--json` is
+the file as it is).
 """
 
 from __future__ import annotations
@@ -67,9 +64,8 @@ def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> li
 
 
 def not_started(spool: Spool, ref: JobRef, job: Job) -> Optional[str]:
-    """Why `gpuq log` has nothing to show for a job that never ran (pending, held, or cancelled
-    before it started, with an empty log): `pending: after #3 (running)`, `held: ...` or
-    `cancelled before it ran`; None for a job that has run or has a log."""
+    """Why `gpuq log` has nothing to show for a job that never ran (`pending: after #3 (running)`,
+    `cancelled before it ran`); None for a job that has run or has a log."""
     if ref.state not in (PENDING, HELD, CANCELLED) or spool.logs.size(job) or job.started_at:
         return None
     if ref.state == CANCELLED:
@@ -227,7 +223,7 @@ def _limits(job: Job) -> list[Line]:
 
 
 def _notify(job: Job) -> str:
-    """Where its events go: the desktop, and each URL by its scheme and host (the rest may be a secret)."""
+    """The desktop, and each URL by its scheme and host (the rest may be a secret)."""
     return ", ".join((["desktop"] if job.notify else []) + [url_text(url) for url in job.notify_urls or ()])
 
 

@@ -23,9 +23,7 @@ from typing import Any, Iterable, NamedTuple, Optional, Union
 
 from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED
-from gpuq.spool.cache.runs import facts, gpus_held, parse_time, preemption_times, read_keys, read_pasts
-
-__all__ = ["gpus_held", "preemption_times"]  # the rules, from where the finished rows are made
+from gpuq.spool.cache.runs import facts, parse_time, read_keys, read_pasts
 
 GROUP_KEYS = ("dir", "script", "day", "sweep")
 # What each attempt outcome counts as. "pending" is an attempt that failed and was retried.

@@ -122,8 +122,6 @@ class FinishedRows:
         self.states = [s for _i, s, _r in merged]
         rows = [r for _i, _s, r in merged]
         self.columns = tuple(zip(*[r[:4] for r in rows])) if rows else ((), (), (), ())
-        self.keys = [r[4] for r in rows]
-        self.runs = [r[5] for r in rows]
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -6,10 +6,10 @@ made in the spool. Tolerant: a bad value in one job file gives an unknown, never
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any, Callable, Optional, Union
 
 from gpuq.core.job import Job
+from gpuq.core.times import parse_iso
 
 
 def command_key(cmd: Any, cwd: Any) -> str:
@@ -24,7 +24,7 @@ def parse_time(value: Any) -> Optional[float]:
         return None
     text = value[:-1] + "+00:00" if value.endswith("Z") else value  # fromisoformat of 3.9 lacks "Z"
     try:
-        return datetime.fromisoformat(text).timestamp()
+        return parse_iso(text)
     except ValueError:
         return None
 
