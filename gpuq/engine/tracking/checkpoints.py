@@ -113,7 +113,7 @@ def _usable(path: str) -> bool:
         return False
 
 
-def _mtime(path: str) -> float:
+def mtime(path: str) -> float:
     try:
         return os.stat(path).st_mtime
     except OSError:
@@ -127,11 +127,11 @@ def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
     found = [
         Checkpoint(p, _number(STEP_RE, os.path.basename(p)), _number(EPOCH_RE, os.path.basename(p))) for p in paths
     ]
-    key: Callable[[Checkpoint], Any] = lambda c: _mtime(c.path)  # noqa: E731
+    key: Callable[[Checkpoint], Any] = lambda c: mtime(c.path)  # noqa: E731
     if found and all(c.step is not None for c in found):
-        key = lambda c: (c.step, _mtime(c.path))  # noqa: E731
+        key = lambda c: (c.step, mtime(c.path))  # noqa: E731
     elif found and all(c.epoch is not None for c in found):
-        key = lambda c: (c.epoch, _mtime(c.path))  # noqa: E731
+        key = lambda c: (c.epoch, mtime(c.path))  # noqa: E731
     return sorted(found, key=key)
 
 
@@ -159,7 +159,7 @@ def latest_checkpoint(job: Job) -> Optional[Checkpoint]:
 def written_at(path: str) -> float:
     """When a checkpoint was completed: for a directory the newest time of it and its entries
     (trainers write files into it, and HF writes trainer_state.json last), else its own mtime."""
-    newest = _mtime(path)
+    newest = mtime(path)
     if os.path.isdir(path):
         try:
             with os.scandir(path) as entries:

@@ -288,10 +288,15 @@ def checkpoint_points(job: Job) -> tuple[list[tuple[float, float, str]], Optiona
         found = checkpoints.glob_checkpoints(job.ckpt_glob, cwd)
     else:
         found = checkpoints.hf_checkpoints(out) if out is not None else []
-    dated = [(c, _mtime(c.path, checkpoints.HF_COMPLETE_MARKER)) for c in found if c.step is not None]
+    marker = checkpoints.HF_COMPLETE_MARKER  # when a checkpoint was completed: its marker's mtime, else its own
+    dated = [
+        (c, checkpoints.mtime(os.path.join(c.path, marker)) or checkpoints.mtime(c.path))
+        for c in found
+        if c.step is not None
+    ]
     resumed = _resumed_from(job, dated, started)
     ours = [(c, at) for c, at in dated if c.path == resumed or wrote_since(at, started, job.adopted)]
-    points = [(at, float(c.step or 0), _base(c.path)) for c, at in ours]
+    points = [(at, float(c.step or 0), os.path.basename(c.path.rstrip("/"))) for c, at in ours]
     if out is not None:
         points += [p for p in _trl_completions(out) if wrote_since(p[0], started, job.adopted)]
     points.sort(key=lambda p: (p[1], p[0]))
@@ -330,19 +335,6 @@ def from_checkpoints(job: Job) -> tuple[Optional[Reading], list[tuple[float, flo
         return None, []
     at, step, label = points[-1]
     return Reading(step, total, "checkpoint", label, at), [(t, s) for t, s, _l in points]
-
-
-def _base(path: str) -> str:
-    return os.path.basename(path.rstrip("/"))
-
-
-def _mtime(path: str, marker: str) -> float:
-    for candidate in (os.path.join(path, marker), path):
-        try:
-            return os.stat(candidate).st_mtime
-        except OSError:
-            continue
-    return 0.0
 
 
 def _trl_completions(out_dir: Any) -> list[tuple[float, float, str]]:

@@ -238,7 +238,7 @@ class _Play:
     def _ready(self, job: Job, own: Optional[float], unplaced: set[int]) -> Optional[float]:
         """When `job`'s dependencies allow it to start (None: one is unplaced or ends when unknown)."""
         ready = own
-        for dep in _deps(job):
+        for dep in {*job.after, *job.after_any}:
             if dep in unplaced:
                 return None
             ready = _later(ready, self.ends.get(dep, 0.0))
@@ -277,10 +277,6 @@ def _held_text(held_off: dict[Optional[str], int]) -> str:
     return "; ".join(
         f"GPU {slot}: {mib / 1024:.1f} GiB held by processes that are not gpuq's" for slot, mib in held_off.items()
     )
-
-
-def _deps(job: Job) -> set[int]:
-    return set(job.after) | set(job.after_any)
 
 
 def _queue_note(

@@ -27,6 +27,7 @@ from gpuq.system.gpu_presence import may_have_gpus
 from gpuq.system.gpus import mib_text
 
 Line = tuple[str, str]  # (label, text)
+INHERITED = "inherited from the shell (`gpuq show %d --env` lists them)"
 
 # How the interpreter was found (the job's `interpreter_from`), as the card says it
 FOUND_BY = {
@@ -99,16 +100,12 @@ def _what_runs(job: Job) -> list[Line]:
         ("venv", job.venv or ""),
         ("conda", job.conda or ""),
         ("env", " ".join(f"{k}={shlex.quote(v)}" for k, v in job.env.items())),
-        ("shell env", inherited is not None and _inherited(job.id, len(inherited)) or ""),
+        ("shell env", inherited is not None and f"{plural(len(inherited), 'variable')} {INHERITED % job.id}" or ""),
     ]
 
 
 def _runs_python(cmd: list[str]) -> bool:
     return len(cmd) > 1 and cmd[1].endswith(".py") and os.path.basename(cmd[0]).startswith("python")
-
-
-def _inherited(job_id: int, count: int) -> str:
-    return f"{plural(count, 'variable')} inherited from the shell (`gpuq show {job_id} --env` lists them)"
 
 
 def _state(spool: Spool, state: str, job: Job) -> list[Line]:
