@@ -10,9 +10,10 @@ import fcntl
 import os
 
 from gpuq.core.states import PENDING
+from gpuq.spool.dropbox import Dropbox
 from gpuq.spool.errors import SpoolFull
 from gpuq.spool.files import Files
-from gpuq.spool.layout import INTAKE_RE, Layout
+from gpuq.spool.layout import Layout
 from gpuq.spool.store import JobStore
 from gpuq.system.security import FULL_ERRNOS
 
@@ -37,8 +38,9 @@ class IdCounter:
             # counter over a power cut whichever next_id survives (the larger copy counts); only a
             # new ids.lock needs its name synced.
             new_lock = os.fstat(fd).st_size == 0
-            try:
-                _overwrite(fd, after)
+            try:  # padded, so that a longer old number leaves no digits behind
+                os.pwrite(fd, after.ljust(32), 0)
+                os.fsync(fd)
             except OSError as exc:
                 if exc.errno in FULL_ERRNOS:
                     raise SpoolFull(self.layout.home, exc) from None
@@ -73,12 +75,8 @@ class IdCounter:
             return 0
 
     def _highest_in_tree(self) -> int:
-        ids = [ref.id for ref in self.store.refs()]
-        for name in os.listdir(self.layout.state_dir(PENDING)):
-            m = name.startswith(".intake-") and INTAKE_RE.match(name)  # no pattern compiled for plain names
-            if m:
-                ids.append(int(m.group(1)))
-        return max(ids, default=0)
+        intakes = Dropbox(self.layout, self.files).leftovers()  # ids given to dropped files mid-intake
+        return max([ref.id for ref in self.store.refs()] + [job_id for job_id, _name in intakes], default=0)
 
 
 def _number(data: bytes) -> int:
@@ -86,10 +84,3 @@ def _number(data: bytes) -> int:
         return int(data.split(b"\n", 1)[0] or b"0")
     except ValueError:
         return 0
-
-
-def _overwrite(fd: int, data: bytes) -> None:
-    """The copy in ids.lock: written in place (the file is ours and locked), padded so a longer
-    old number never leaves digits behind. fsynced like next_id: both must survive a power cut."""
-    os.pwrite(fd, data.ljust(32), 0)
-    os.fsync(fd)

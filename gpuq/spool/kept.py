@@ -57,7 +57,7 @@ class KeptRuns:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # read: its last byte
         try:
             before = os.fstat(fd).st_size
-            if before and not _ends_a_line(fd, before):
+            if before and os.pread(fd, 1, before - 1) != b"\n":
                 data = b"\n" + data  # after a torn line (a crash mid-write): ours start on a line of their own
             try:
                 written = os.write(fd, data)
@@ -97,10 +97,6 @@ class KeptRuns:
         except OSError:
             return None
         return st.st_ino, st.st_mtime_ns, st.st_size
-
-
-def _ends_a_line(fd: int, size: int) -> bool:
-    return os.pread(fd, 1, size - 1) == b"\n"
 
 
 def summarise(records: list[tuple[Any, ...]]) -> tuple[Runs, Tails]:

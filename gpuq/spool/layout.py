@@ -24,11 +24,6 @@ def is_job_name(name: str) -> bool:
     return JOB_NAME_RE.match(name) is not None
 
 
-def job_names(entries: list[str]) -> list[str]:
-    """The entries that are job names, in listing order."""
-    return list(filter(JOB_NAME_RE.match, entries))
-
-
 def default_home() -> str:
     return os.path.abspath(os.environ.get("GPUQ_HOME") or os.path.join(os.path.expanduser("~"), ".gpuq"))
 

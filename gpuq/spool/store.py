@@ -13,7 +13,7 @@ from gpuq.core import schema
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING, RUNNING, STATES
 from gpuq.spool.files import Files, Reservation, read_job_file, unlink_quietly
-from gpuq.spool.layout import Layout, is_job_name, job_names
+from gpuq.spool.layout import JOB_NAME_RE, Layout, is_job_name
 from gpuq.system import fsutil
 
 MAX_JOB_BYTES = 1 << 20
@@ -39,7 +39,7 @@ class JobStore:
             entries = os.listdir(self.layout.state_dir(state))
         except FileNotFoundError:
             return []
-        return sorted(job_names(entries), key=_id_order)
+        return sorted(filter(JOB_NAME_RE.match, entries), key=_id_order)
 
     def refs(self, states: tuple[str, ...] = STATES) -> Iterator[JobRef]:
         for state in states:
