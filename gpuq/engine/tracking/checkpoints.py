@@ -135,24 +135,17 @@ def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
     return sorted(found, key=key)
 
 
-def job_checkpoints(job: Job) -> list[Checkpoint]:
-    """Every complete checkpoint of `job`, oldest first, less those of an earlier run in the same
+def latest_checkpoint(job: Job) -> Optional[Checkpoint]:
+    """The newest complete checkpoint of `job`, not counting those of an earlier run in the same
     directory (`--output_dir out` every time): written before `ckpt_since`."""
-    cmd, cwd = job.cmd, job.cwd
-    pattern = job.ckpt_glob
-    if pattern:
-        found = glob_checkpoints(pattern, cwd)
+    if job.ckpt_glob:
+        found = glob_checkpoints(job.ckpt_glob, job.cwd)
     else:
-        out = output_dir(cmd, cwd)
+        out = output_dir(job.cmd, job.cwd)
         found = hf_checkpoints(out) if out is not None else []
     since = parse_iso(job.ckpt_since)
     if since is not None:
         found = [c for c in found if written_at(c.path) >= since - MTIME_SLACK]
-    return found
-
-
-def latest_checkpoint(job: Job) -> Optional[Checkpoint]:
-    found = job_checkpoints(job)
     return found[-1] if found else None
 
 

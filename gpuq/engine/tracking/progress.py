@@ -188,21 +188,17 @@ def hf_dict_reading(line: str, epochs: Optional[float]) -> Optional[tuple[str, f
     return "HF log (epoch):", float(pairs["epoch"]), epochs, "train_runtime" in pairs
 
 
-def segments(text: str, ends_open: bool) -> list[str]:
-    """Lines of a log tail split on \\r and \\n. The last segment, when the file does not end in a
-    separator, may be cut mid-write: it is kept only if it holds a whole tqdm bar."""
-    parts = LINE_BREAKS_RE.split(text)
-    if ends_open and parts and not TQDM_RE.search(parts[-1]):
-        parts.pop()
-    return [p for p in parts if p.strip()]
-
-
 Found = tuple[str, float, Optional[float], Optional[float], bool]  # counter, step, total, rate, finished
 
 
 def log_readings(text: str, epochs: Optional[float] = None) -> list[Found]:
     found: list[Found] = []
-    for line in segments(text, ends_open=not text.endswith(("\n", "\r"))):
+    lines = LINE_BREAKS_RE.split(text)
+    if lines and not text.endswith(("\n", "\r")) and not TQDM_RE.search(lines[-1]):
+        lines.pop()  # the last line may be cut mid-write: kept only if it holds a whole tqdm bar
+    for line in lines:
+        if not line.strip():
+            continue
         if len(line) > LONG_SEGMENT:
             line = line[-LONG_SEGMENT:]
         if not CANDIDATE_RE.search(line):
