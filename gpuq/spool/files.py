@@ -6,10 +6,11 @@ SpoolFull, its temporary file removed.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import time
-from typing import Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 from gpuq.core.schema import InvalidJob
 from gpuq.spool.errors import SpoolFull
@@ -265,6 +266,16 @@ def read_small(path: StrPath, cap: int = 1 << 20, mine: bool = False) -> Optiona
         return None
     finally:
         os.close(fd)
+
+
+def read_object(path: StrPath, mine: bool = False) -> Optional[dict[str, Any]]:
+    """A small JSON object file; None when it is missing, unreadable or not an object."""
+    data = read_small(path, mine=mine)
+    try:
+        found = json.loads(data) if data else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def tail(path: StrPath, limit: int) -> tuple[bytes, float]:

@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any, Optional
 
-from gpuq.spool.files import Files, open_regular, read_small, remove_counting
+from gpuq.spool.files import Files, open_regular, read_object, remove_counting
 from gpuq.spool.layout import Layout
 
 
@@ -34,7 +34,7 @@ class Reports:
 
     def read_samples(self, job_id: int) -> dict[str, Any]:
         """The progress samples recorded by earlier looks at a job ({} if none or unreadable)."""
-        return _small_object(self.layout.samples_path(job_id))
+        return read_object(self.layout.samples_path(job_id)) or {}
 
     def write_samples(self, job_id: int, samples: dict[str, Any]) -> None:
         """Not fsynced: samples lost in a power cut only delay the next ETA. Two lookers at once may
@@ -44,7 +44,7 @@ class Reports:
 
     def read_gpu_use(self, job_id: int) -> dict[str, Any]:
         """What the job's GPUs did, per attempt (engine/tracking/gpuuse.py; {} if none or unreadable)."""
-        return _small_object(self.layout.gpu_use_path(job_id))
+        return read_object(self.layout.gpu_use_path(job_id)) or {}
 
     def gpu_use_ids(self) -> set[int]:
         """The jobs that have a GPU record: one listing, so that `history` over thousands of jobs
@@ -69,12 +69,3 @@ class Reports:
     def delete(self, job_id: int) -> int:
         paths = (self.layout.progress_path(job_id), self.layout.samples_path(job_id), self.layout.gpu_use_path(job_id))
         return sum(remove_counting(path) for path in paths)
-
-
-def _small_object(path: Any) -> dict[str, Any]:
-    data = read_small(path)
-    try:
-        found = json.loads(data) if data else {}
-    except ValueError:
-        return {}
-    return found if isinstance(found, dict) else {}

@@ -11,7 +11,7 @@ import os
 from typing import Any, Optional
 
 from gpuq.spool.errors import SpoolError
-from gpuq.spool.files import Files, read_small, unlink_quietly
+from gpuq.spool.files import Files, read_object, unlink_quietly
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil
 
@@ -99,7 +99,7 @@ class WorkerRegistry:
                 if tidy:
                     unlink_quietly(os.path.join(directory, name))
                 continue
-            view = _read_object(os.path.join(directory, name))
+            view = read_object(os.path.join(directory, name), mine=True)
             if view is not None:
                 out.append(view)
         return out
@@ -111,7 +111,7 @@ class WorkerRegistry:
         directory = self.layout.internal_dir("workers")
         for name in sorted(os.listdir(directory)):
             if name.startswith("worker-") and name.endswith(".json"):
-                info = _read_object(os.path.join(directory, name))
+                info = read_object(os.path.join(directory, name), mine=True)
                 if info is not None:
                     out.append(info)
         return out
@@ -140,13 +140,3 @@ class WorkerRegistry:
             finally:
                 os.close(fd)
         return out
-
-
-def _read_object(path: str) -> Optional[dict[str, Any]]:
-    """A worker file's JSON object; None when it is empty, gone, damaged or not an object."""
-    data = read_small(path, mine=True)
-    try:
-        obj = json.loads(data) if data else None
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
