@@ -11,10 +11,10 @@ import os
 import time
 from typing import Optional
 
-from gpuq.spool.errors import SpoolFull
+from gpuq.spool.errors import full_or
 from gpuq.spool.files import Files, read_small
 from gpuq.spool.layout import Layout
-from gpuq.system import fsutil, security
+from gpuq.system import fsutil
 
 LOCK_NOTE_BYTES = 1024  # within the first block every lock file has
 
@@ -65,9 +65,7 @@ class Claims:
         except OSError as exc:
             os.close(fd)
             os.unlink(tmp)
-            if exc.errno in security.FULL_ERRNOS:
-                raise SpoolFull(self.layout.home, exc) from None
-            raise
+            raise full_or(self.layout.home, exc) from None
         try:
             fsutil.rename_noreplace(tmp, self.layout.lock_path(job_id))
         except FileExistsError:

@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from gpuq.core.schema import InvalidJob
-from gpuq.spool.errors import SpoolFull
+from gpuq.spool.errors import SpoolFull, full_or
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil, procs, security
 
@@ -58,9 +58,7 @@ class Files:
         try:
             fsutil.write_new_file(path, data, durable=durable)
         except OSError as exc:
-            if exc.errno in security.FULL_ERRNOS:
-                raise SpoolFull(self.layout.home, exc) from None
-            raise
+            raise full_or(self.layout.home, exc) from None
         return path
 
     def reserve(self, size: int) -> Reservation:
@@ -72,9 +70,7 @@ class Files:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         except OSError as exc:
             unlink_quietly(path)
-            if exc.errno in security.FULL_ERRNOS:
-                raise SpoolFull(self.layout.home, exc) from None
-            raise
+            raise full_or(self.layout.home, exc) from None
         return Reservation(path, fd, size)
 
     def place_into(self, reservation: Reservation, target: StrPath, data: bytes, replace: bool) -> bool:
@@ -143,9 +139,7 @@ class Files:
         try:
             st = fsutil.create_unnamed_first(os.fspath(target), data)
         except OSError as exc:
-            if exc.errno in security.FULL_ERRNOS:
-                raise SpoolFull(self.layout.home, exc) from None
-            raise
+            raise full_or(self.layout.home, exc) from None
         if st is None:  # no unnamed files here: a file in tmp/, renamed without replacing
             _rename_or_drop(self._write_tmp(data, kind), target, replace=False)
         fsutil.fsync_dir(os.path.dirname(target))

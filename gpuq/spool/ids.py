@@ -11,11 +11,10 @@ import os
 
 from gpuq.core.states import PENDING
 from gpuq.spool.dropbox import Dropbox
-from gpuq.spool.errors import SpoolFull
+from gpuq.spool.errors import full_or
 from gpuq.spool.files import Files
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import JobStore
-from gpuq.system.security import FULL_ERRNOS
 
 
 class IdCounter:
@@ -42,9 +41,7 @@ class IdCounter:
                 os.pwrite(fd, after.ljust(32), 0)
                 os.fsync(fd)
             except OSError as exc:
-                if exc.errno in FULL_ERRNOS:
-                    raise SpoolFull(self.layout.home, exc) from None
-                raise
+                raise full_or(self.layout.home, exc) from None
             self.files.replace(self.layout.top_file("next_id"), after, "id", sync_dir=new_lock)
             return next_id
         finally:

@@ -13,10 +13,10 @@ import os
 from typing import Any, Optional
 
 from gpuq.core.states import DONE
-from gpuq.spool.errors import SpoolFull
+from gpuq.spool.errors import full_or
 from gpuq.spool.files import read_small
 from gpuq.spool.layout import Layout
-from gpuq.system import fsutil, security
+from gpuq.system import fsutil
 
 NAME = "kept-runs"
 FORMAT = 1
@@ -67,9 +67,7 @@ class KeptRuns:
             except OSError as exc:
                 if os.fstat(fd).st_size > before:
                     os.ftruncate(fd, before)  # not a half record: they are all kept, or none
-                if exc.errno in security.FULL_ERRNOS:
-                    raise SpoolFull(self.layout.home, exc) from None
-                raise
+                raise full_or(self.layout.home, exc) from None
         finally:
             os.close(fd)
         if before == 0:
