@@ -107,14 +107,10 @@ class WorkerRegistry:
     def recorded(self) -> list[dict[str, Any]]:
         """Every worker info file as it is, without the liveness test of `live()` (whose flock
         probe tells nothing about a worker on another host where flocks do not reach across)."""
-        out = []
         directory = self.layout.internal_dir("workers")
-        for name in sorted(os.listdir(directory)):
-            if name.startswith("worker-") and name.endswith(".json"):
-                info = read_object(os.path.join(directory, name), mine=True)
-                if info is not None:
-                    out.append(info)
-        return out
+        names = [n for n in sorted(os.listdir(directory)) if n.startswith("worker-") and n.endswith(".json")]
+        found = [read_object(os.path.join(directory, name), mine=True) for name in names]
+        return [info for info in found if info is not None]
 
     def live(self, tidy: bool = True) -> list[dict[str, Any]]:
         """Info of every worker alive now (its info file is flocked); stale files are removed
