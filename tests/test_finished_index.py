@@ -81,10 +81,10 @@ def _rename_row(gq: Env, state: str, file_name: str, shown: str) -> None:
     """Make the index's row of `file_name` show `shown` as its name, its stamp kept."""
     path = gq.home / "cache" / index.NAME
     form, entries, kept_stamp, kept = marshal.loads(path.read_bytes())
-    stamp, ids, names, inodes, rows, keys, runs = entries[state]
-    at, rows = names.index(file_name), marshal.loads(rows)
+    stamp, ids, names, inodes, rows = entries[state]
+    at = names.index(file_name)
     rows = rows[:at] + ((shown, *rows[at][1:]),) + rows[at + 1 :]
-    entries[state] = (stamp, ids, names, inodes, marshal.dumps(rows), keys, runs)
+    entries[state] = (stamp, ids, names, inodes, rows)
     path.write_bytes(marshal.dumps((form, entries, kept_stamp, kept)))
 
 

@@ -25,16 +25,8 @@ FORMAT = 1
 # (null: unknown or adopted), its end (epoch seconds, null: unknown) and its tail (seconds its run
 # took after its last step, null: not known).
 RECORD = ("id", "state", "name", "key", "run", "past", "end", "tail")
-_TYPES: tuple[Any, ...] = (
-    int,
-    str,
-    str,
-    str,
-    (int, float, type(None)),
-    str,
-    (int, float, type(None)),
-    (int, float, type(None)),
-)
+_NUMBER = (int, float, type(None))
+_TYPES: tuple[Any, ...] = (int, str, str, str, _NUMBER, str, _NUMBER, _NUMBER)
 MAX_READ = 1 << 34
 NEWEST = 5  # per command: as many as the ETA takes a median of (queue_eta.RUNS, eta.TAIL_RUNS)
 Runs = dict[str, list[tuple[int, float]]]  # command key -> (job id, run seconds), newest id first

@@ -116,9 +116,6 @@ class JobStore:
                 continue
         return out
 
-    def load_all(self) -> list[tuple[str, Job]]:
-        return [(ref.state, job) for state in STATES for ref, job in self.load_many(state)]
-
     # ---- writing ------------------------------------------------------------------------------
     def publish(self, job: Job, state: str = PENDING) -> JobRef:
         """Publish a new job file; once this returns it survives a power cut. FileExistsError if

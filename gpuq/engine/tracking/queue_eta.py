@@ -33,7 +33,8 @@ def past_durations(spool: Spool, keys: set[str], listing: Optional[Finished] = N
     entry = done.entries[DONE]
     found: dict[str, dict[int, float]] = {}  # key -> id -> run time
     wanted = len(keys)
-    for job_id, key, run in zip(reversed(entry.ids), reversed(entry.keys), reversed(entry.runs)):  # newest first
+    for job_id, row in zip(reversed(entry.ids), reversed(entry.rows)):  # newest first
+        key, run = row[4], row[5]  # index.ROW
         if run is not None and key in keys:
             newest = found.setdefault(key, {})
             if len(newest) < RUNS:

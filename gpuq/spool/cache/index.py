@@ -13,7 +13,7 @@ import marshal
 import os
 import time
 from operator import itemgetter
-from typing import Any, Iterable, Optional, Union
+from typing import Any, NamedTuple, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
@@ -26,7 +26,7 @@ from gpuq.spool.layout import Layout, is_job_name
 from gpuq.spool.store import JobRef, JobStore
 
 NAME = "finished-jobs"
-FORMAT = 3  # 1: the rows not packed apart; 2: every column packed apart
+FORMAT = 4  # 3: the rows packed apart, keys and run times beside them
 SETTLE_SECONDS = 2.0
 # What gpuq before this index kept in cache/: removed when the index is written.
 OLD_NAMES: tuple[str, ...] = ("finished-journal", "finished-view", "finished-index", "finished-table", "queue-runs")
@@ -58,13 +58,12 @@ def row_of(job: Job, state: str, now: float) -> tuple:
         job.priority,
         "",
     )
-    key = runs.command_key(job.cmd, job.cwd)
     return (
         job.name,
         schema.display_script(job.cmd),
         seconds,
         end,
-        key,
+        runs.command_key(job.cmd, job.cwd),
         runs.run_seconds(job),
         runs.past_text(state, job),
     )
@@ -74,39 +73,15 @@ def unreadable_row(file_name: str, reason: str) -> tuple:
     return file_name, "", None, (None, "", None, "", "", "", None, reason), "", None, ""
 
 
-class Entry:
+class Entry(NamedTuple):
     """One finished state: its directory's stamp (None: list it again), its files' ids, names and
-    inodes, each row's command key and run time (what the ETA reads), and the rows, kept as marshal
-    bytes until first read: a plain `status` reads none, and they are most of the index."""
+    inodes, and their rows."""
 
-    def __init__(
-        self,
-        stamp: Optional[tuple[int, int]],
-        ids: Iterable[int],
-        names: Iterable[str],
-        inodes: Iterable[int],
-        rows: Union[bytes, Iterable[tuple]],
-        keys: Optional[Iterable[str]] = None,
-        runs: Optional[Iterable[Optional[float]]] = None,
-    ) -> None:
-        self.stamp, self.ids, self.names, self.inodes = stamp, tuple(ids), tuple(names), tuple(inodes)
-        self._rows = rows if isinstance(rows, bytes) else tuple(rows)
-        self.keys = tuple(row[4] for row in self.rows) if keys is None else tuple(keys)  # "": not a job
-        self.runs = tuple(row[5] for row in self.rows) if runs is None else tuple(runs)  # None: unknown
-
-    @property
-    def rows(self) -> tuple[tuple, ...]:
-        rows = self._rows
-        if isinstance(rows, bytes):
-            rows = self._rows = marshal.loads(rows)
-        return rows
-
-    def stamped(self, stamp: Optional[tuple[int, int]]) -> Entry:
-        return Entry(stamp, self.ids, self.names, self.inodes, self._rows, self.keys, self.runs)
-
-    def packed(self) -> tuple:
-        rows = self._rows if isinstance(self._rows, bytes) else marshal.dumps(self._rows)
-        return self.stamp, self.ids, self.names, self.inodes, rows, self.keys, self.runs
+    stamp: Optional[tuple[int, int]]
+    ids: tuple[int, ...]
+    names: tuple[str, ...]
+    inodes: tuple[int, ...]
+    rows: tuple[tuple, ...]
 
 
 EMPTY = Entry(None, (), (), (), ())
@@ -203,7 +178,7 @@ class FinishedIndex:
         except FileNotFoundError:
             listed = []
         if [n for _i, n, _ino in listed] == list(old.names) and [ino for _i, _n, ino in listed] == list(old.inodes):
-            return old.stamped(stamp), False
+            return old._replace(stamp=stamp), False
         known = {name: (inode, row) for name, inode, row in zip(old.names, old.inodes, old.rows)}
         ids, names, inodes, rows = [], [], [], []
         for job_id, name, inode in listed:
@@ -214,7 +189,7 @@ class FinishedIndex:
                 names.append(name)
                 inodes.append(inode)
                 rows.append(row)
-        return Entry(stamp, ids, names, inodes, rows), True
+        return Entry(stamp, tuple(ids), tuple(names), tuple(inodes), tuple(rows)), True
 
     def _row(self, state: str, job_id: int, name: str, now: float) -> Optional[tuple]:
         """The row of one file (None: gone since the listing)."""
@@ -242,7 +217,7 @@ class FinishedIndex:
     def _write(self, entries: dict[str, Entry], kept_stamp: Any, kept: list[tuple]) -> None:
         if free_bytes(self.layout.home) < MIN_FREE_TO_START:
             return  # the disk's last room is for job files (spool_layout.md section 14)
-        data = marshal.dumps((FORMAT, {state: entry.packed() for state, entry in entries.items()}, kept_stamp, kept))
+        data = marshal.dumps((FORMAT, {state: tuple(entry) for state, entry in entries.items()}, kept_stamp, kept))
         try:
             self.files.replace(self.layout.cache_path(NAME), data, "cache", durable=False)
             for name in OLD_NAMES:

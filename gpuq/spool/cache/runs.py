@@ -6,7 +6,7 @@ made in the spool. Tolerant: a bad value in one job file gives an unknown, never
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 from gpuq.core.job import Job
 from gpuq.core.times import parse_iso
@@ -61,13 +61,6 @@ def gpus_held(job: Job, attempt: Optional[dict[str, Any]] = None) -> tuple[list[
     return [], request
 
 
-def sweep_id(job: Job) -> Optional[Union[int, str]]:
-    sweep = job.sweep
-    if isinstance(sweep, dict) and isinstance(sweep.get("id"), (int, str)) and not isinstance(sweep.get("id"), bool):
-        return sweep["id"]
-    return None
-
-
 def attempts(state: str, job: Job) -> list[list[Any]]:
     """[attempt (None: unknown), start, end, outcome, GPUs, GPU count] of each attempt with a known
     start and end, in attempt order; the outcome is `state` where the attempt does not say. A file
@@ -96,17 +89,17 @@ def attempts(state: str, job: Job) -> list[list[Any]]:
     return out
 
 
-def preemption_times(job: Job) -> list[float]:
-    records = job.preemptions
-    if not isinstance(records, list):
-        return []
-    times = (parse_time(record.get("at")) for record in records if isinstance(record, dict))
-    return [at for at in times if at is not None]
-
-
 def facts(state: str, job: Job) -> list[Any]:
     """[sweep id, adopted, attempts, preemption times]: what history reads besides the key."""
-    return [sweep_id(job), bool(job.adopted), attempts(state, job), preemption_times(job)]
+    sweep = job.sweep.get("id") if isinstance(job.sweep, dict) else None
+    records = job.preemptions if isinstance(job.preemptions, list) else []
+    times = [parse_time(record.get("at")) for record in records if isinstance(record, dict)]
+    return [
+        sweep if isinstance(sweep, (int, str)) and not isinstance(sweep, bool) else None,
+        bool(job.adopted),
+        attempts(state, job),
+        [at for at in times if at is not None],
+    ]
 
 
 def past_text(state: str, job: Job) -> str:
@@ -114,14 +107,7 @@ def past_text(state: str, job: Job) -> str:
 
 
 def read_pasts(texts: list[str]) -> list[list[Any]]:
-    """The facts of many rows' `past` texts (a damaged one reads as no runs): one parse of them
-    all, as `gpuq history` of 10,000 jobs needs; one by one if that fails."""
-    try:
-        values = json.loads("[" + ",".join(texts) + "]") if texts else []
-        if len(values) == len(texts) and all(map(_is_past, values)):
-            return values
-    except (ValueError, RecursionError):
-        pass
+    """The facts of many rows' `past` texts (a damaged one reads as no runs)."""
     return [_read_one(text, [None, False, [], []], _is_past) for text in texts]
 
 
