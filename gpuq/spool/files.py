@@ -246,20 +246,23 @@ def read_small(path: StrPath, cap: int = 1 << 20, mine: bool = False) -> Optiona
         return None
     try:
         st = os.fstat(fd)
-        if mine and st.st_uid != os.geteuid():
-            return None
-        chunks, total = [], 0
-        while total < cap:  # usually one read: the file's size and one byte more
-            chunk = os.read(fd, min(cap - total, max(st.st_size + 1, 1 << 16)))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        return b"".join(chunks)
+        return None if mine and st.st_uid != os.geteuid() else _read_upto(fd, st.st_size, cap)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def _read_upto(fd: int, size: int, cap: int) -> bytes:
+    """What is left of an open file, up to `cap` bytes: usually one read of its size and one byte more."""
+    chunks, total = [], 0
+    while total < cap:
+        chunk = os.read(fd, min(cap - total, max(size + 1, 1 << 16)))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
 
 
 def read_object(path: StrPath, mine: bool = False) -> Optional[dict[str, Any]]:
@@ -270,28 +273,6 @@ def read_object(path: StrPath, mine: bool = False) -> Optional[dict[str, Any]]:
     except ValueError:
         return None
     return found if isinstance(found, dict) else None
-
-
-def tail(path: StrPath, limit: int) -> tuple[bytes, float]:
-    """The last `limit` bytes of a regular file and its mtime; (b"", 0.0) if there is none."""
-    fd = open_regular(path)
-    if fd is None:
-        return b"", 0.0
-    try:
-        st = os.fstat(fd)
-        return os.pread(fd, min(limit, st.st_size), max(0, st.st_size - limit)), st.st_mtime
-    finally:
-        os.close(fd)
-
-
-def read_from(path: StrPath, offset: int, limit: int = 1 << 20) -> bytes:
-    fd = open_regular(path)
-    if fd is None:
-        return b""
-    try:
-        return os.pread(fd, limit, offset)
-    finally:
-        os.close(fd)
 
 
 def read_job_file(path: StrPath, cap: int) -> bytes:
@@ -314,19 +295,10 @@ def read_job_file(path: StrPath, cap: int) -> bytes:
         problem = security.job_file_problem(st, cap)
         if problem:
             raise InvalidJob(problem)
-        first = os.read(fd, st.st_size + 1)
-        if len(first) == st.st_size:  # all the descriptor said, and no more: no read for the end
-            return first
-        chunks, total = [first], len(first)
-        while total <= cap:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > cap:
+        data = _read_upto(fd, st.st_size, cap + 1)
+        if len(data) > cap:
             raise InvalidJob(f"grew past the limit of {cap} bytes")
-        return b"".join(chunks)
+        return data
     finally:
         os.close(fd)
 
