@@ -12,7 +12,7 @@ import os
 from gpuq.core.states import PENDING
 from gpuq.spool.dropbox import Dropbox
 from gpuq.spool.errors import full_or
-from gpuq.spool.files import Files
+from gpuq.spool.files import Files, read_small
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import JobStore
 
@@ -50,26 +50,13 @@ class IdCounter:
     def peek(self) -> int:
         """The id the next `allocate` would give now, read without the lock and with nothing
         reserved or written (`gpuq add --dry-run`): another `add` may take it first."""
-        try:
-            fd = os.open(self.layout.top_file("ids.lock"), os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            locked = 0
-        else:
-            try:
-                locked = _number(os.pread(fd, 32, 0))
-            finally:
-                os.close(fd)
-        next_id = max(self._stored(), locked, 1)
+        next_id = max(self._stored(), _number(read_small(self.layout.top_file("ids.lock"), 32) or b""), 1)
         if next_id == 1 and os.path.isdir(self.layout.state_dir(PENDING)):
             next_id = self._highest_in_tree() + 1
         return next_id
 
     def _stored(self) -> int:
-        try:
-            with open(self.layout.top_file("next_id"), "rb") as f:
-                return _number(f.read())
-        except OSError:
-            return 0
+        return _number(read_small(self.layout.top_file("next_id"), 32) or b"")
 
     def _highest_in_tree(self) -> int:
         intakes = Dropbox(self.layout, self.files).leftovers()  # ids given to dropped files mid-intake

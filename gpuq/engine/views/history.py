@@ -1,15 +1,10 @@
-"""What ran: one `PastRun` per attempt, and per-group totals for `gpuq history`.
+"""What ran: one `PastRun` per attempt, and per-group totals for `gpuq history`, as pure functions
+over `JobRecord`s or `(state, job)` pairs (finished_index.history_records gives a finished job's
+record from its row: a history of 10,000 jobs opens no job file).
 
-Pure functions over `JobRecord`s or `(state, job)` pairs: no spool access, so the caller decides
-which jobs to read (finished_index.history_records: a finished job's record from its row, so a
-history of 10,000 jobs opens no job file). The rules are spool/cache/runs.py's.
-
-Counting rules:
-- A run is one attempt (an entry of the job's `history`) with a known start and end; an older
-  file without entries gives one run, its outcome being the job's state.
-- GPU-hours = run time x GPUs held (runs.gpus_held). Adopted jobs count but approximately: their
-  end is when gpuq noticed the process gone.
-- Time window: a run counts when it ended at or after `since`; a preemption when its `at` is.
+A run is one attempt with a known start and end (spool/cache/runs.py's rules); GPU-hours are its
+time x the GPUs it held. Adopted jobs count, approximately: their end is when gpuq noticed the
+process gone. A run counts in a time window when it ended in it; a preemption when its `at` is.
 """
 
 from __future__ import annotations
