@@ -15,7 +15,7 @@ from conftest import wait_for
 from gpuq.core import schema
 from gpuq.core.job import Job
 from gpuq.core.times import iso_of
-from gpuq.engine.tracking import eta, progress
+from gpuq.engine.tracking import checkpoints, eta, progress
 from gpuq.spool import Spool
 
 
@@ -104,7 +104,7 @@ def test_adopted_job_with_a_checkpoint_that_never_moves_gets_the_first_look(tmp_
     (ckpt / "trainer_state.json").write_text(json.dumps({"max_steps": 100}))
     written = (ckpt / "trainer_state.json").stat().st_mtime
     job = Job({"cmd": ["python", "train.py", "--output_dir", "out"], "cwd": str(tmp_path), "adopted": True})
-    run = eta.Attempt(written - 40.0, eta.start_step(job))
+    run = eta.Attempt(written - 40.0, checkpoints.start_step(job))
     for look in range(3):  # every look finds the same single checkpoint: still one sample
         got, points = progress.from_checkpoints(job)
         points = eta.merge_points(points, [(got.at, got.step)], run.started)
@@ -133,12 +133,12 @@ def test_the_samples_rate_comes_first_then_the_sources_own_then_the_first_look()
 
 
 def test_start_step() -> None:
-    assert eta.start_step(Job({"cmd": ["python", "t.py"]})) == 0.0
-    assert eta.start_step(Job({"resumed_from_step": 120, "resumed_from": "/o/checkpoint-999"})) == 120.0
-    assert eta.start_step(Job({"resumed_from": "/o/checkpoint-150/"})) == 150.0
+    assert checkpoints.start_step(Job({"cmd": ["python", "t.py"]})) == 0.0
+    assert checkpoints.start_step(Job({"resumed_from_step": 120, "resumed_from": "/o/checkpoint-999"})) == 120.0
+    assert checkpoints.start_step(Job({"resumed_from": "/o/checkpoint-150/"})) == 150.0
     adopted = Job({"cmd": ["python", "t.py", "--resume_from_checkpoint", "out/checkpoint-80"], "adopted": True})
-    assert eta.start_step(adopted) == 80.0
-    assert eta.start_step(Job({"cmd": ["python", "t.py", "--resume_from_checkpoint=True"]})) is None
+    assert checkpoints.start_step(adopted) == 80.0
+    assert checkpoints.start_step(Job({"cmd": ["python", "t.py", "--resume_from_checkpoint=True"]})) is None
 
 
 # ---- the rate: a blend, and the first sample kept --------------------------------------------------
@@ -237,7 +237,7 @@ def test_the_reading_of_a_log_is_kept_until_the_log_changes(tmp_path: Path) -> N
     assert first.reading is not None and first.reading.step == 3
     eta.running_estimate(spool, job, now)  # the counter it saw running is kept: read once more with it
     kept = spool.reports.read_samples(4)["log"]
-    assert kept["reading"] == first.reading.fields() and kept["of"][:3] == spool.logs.signature(job)
+    assert kept["reading"] == list(first.reading) and kept["of"][:3] == spool.logs.signature(job)
 
     def look(at: Job) -> float:
         got = eta.running_estimate(spool, at, time.time()).reading

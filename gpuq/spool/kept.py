@@ -28,9 +28,8 @@ RECORD = ("id", "state", "name", "key", "run", "past", "end", "tail")
 _NUMBER = (int, float, type(None))
 _TYPES: tuple[Any, ...] = (int, str, str, str, _NUMBER, str, _NUMBER, _NUMBER)
 MAX_READ = 1 << 34
-NEWEST = 5  # per command: as many as the ETA takes a median of (queue_eta.RUNS, eta.TAIL_RUNS)
-Runs = dict[str, list[tuple[int, float]]]  # command key -> (job id, run seconds), newest id first
-Tails = dict[str, list[tuple[float, float, int]]]  # command key -> (end, tail seconds, job id), newest end first
+Runs = dict[str, list[tuple[int, float]]]  # command key -> (job id, run seconds)
+Tails = dict[str, list[tuple[float, float, int]]]  # command key -> (end, tail seconds, job id)
 
 
 class KeptRuns:
@@ -90,18 +89,13 @@ class KeptRuns:
 
 
 def summarise(records: list[tuple[Any, ...]]) -> tuple[Runs, Tails]:
-    """The newest NEWEST run times (of done jobs) and tails of each command in `records`, as the
-    ETA learns from them; a job kept twice (a clear cut short, then run again) counts once."""
-    latest = {record[0]: record for record in records}
+    """The run times (of done jobs) and tails of each command in `records`, as the ETA learns from
+    them (it takes the newest); a job kept twice (a clear cut short, then run again) counts once."""
     runs: Runs = {}
     tails: Tails = {}
-    for job_id in sorted(latest, reverse=True):
-        _id, state, _name, key, run, _past, end, tail = latest[job_id]
-        newest = runs.setdefault(key, [])
-        if state == DONE and run is not None and len(newest) < NEWEST:
-            newest.append((job_id, float(run)))
+    for job_id, state, _name, key, run, _past, end, tail in {record[0]: record for record in records}.values():
+        if state == DONE and run is not None:
+            runs.setdefault(key, []).append((job_id, float(run)))
         if tail is not None and end is not None:
             tails.setdefault(key, []).append((float(end), float(tail), job_id))
-    for key, found in tails.items():
-        tails[key] = sorted(found, reverse=True)[:NEWEST]
-    return {key: found for key, found in runs.items() if found}, tails
+    return runs, tails

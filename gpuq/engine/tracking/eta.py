@@ -29,7 +29,6 @@ TAIL_REACH = 0.2  # a run's end may be extrapolated from a sample within this fr
 PACE_BAND = 1.25  # a pace within this factor of the earlier runs' is their own spread: the tail is kept
 STALL_FACTOR = 5.0  # no new step for this many expected step-times past the ETA: say "stalled"
 NOT_STEPS = ("Epoch N/M", "HF log (epoch)", "N%")  # counters that do not count steps
-start_step = checkpoints.start_step  # the step the current attempt started at
 
 
 class Estimate(NamedTuple):
@@ -96,7 +95,7 @@ def log_reading(
     if not tail:
         return None, None
     reading = progress.from_log_text(tail.decode("utf-8", "replace"), mtime, epochs, [tuple(x) for x in seen])
-    return reading, {"of": of, "reading": None if reading is None else reading.fields()}
+    return reading, {"of": of, "reading": None if reading is None else list(reading)}
 
 
 def record(
@@ -310,8 +309,8 @@ def attempt_of(spool: Spool, job: Job, stored: dict[str, Any]) -> Attempt:
     if isinstance(cached, dict) and cached.get("for") == started:
         tail, runs, steps = (cached.get(k) for k in ("seconds", "runs", "steps"))
         tail, steps = (float(x) if isinstance(x, (int, float)) else None for x in (tail, steps))
-        return Attempt(started, start_step(job), tail, runs if isinstance(runs, int) else 0, steps)
-    return Attempt(started, start_step(job), *learned_tail(past_ends(spool, job, started)))
+        return Attempt(started, checkpoints.start_step(job), tail, runs if isinstance(runs, int) else 0, steps)
+    return Attempt(started, checkpoints.start_step(job), *learned_tail(past_ends(spool, job, started)))
 
 
 def learned_tail(found: list[tuple[float, float, Optional[float]]]) -> tuple[Optional[float], int, Optional[float]]:

@@ -20,7 +20,6 @@ from gpuq.spool import Spool
 
 TAIL_BYTES = 64 * 1024
 ATTEMPT_HEADER = ATTEMPT_HEADER_TEXT.encode()  # as the log's bytes are searched
-MTIME_SLACK = checkpoints.MTIME_SLACK
 CLOCK_SLACK = 0.05  # seconds: file times come from the kernel's coarse clock, a tick or two behind
 MAX_TRAINER_STATE_BYTES = 8 << 20
 # A longer segment (a dumped tensor, a sparse file's zeros) is read by its end only: progress is what
@@ -64,12 +63,9 @@ class Reading(NamedTuple):
     finished: bool = False  # the source says the work loop is over (HF's final train_runtime dict)
     counter: str = ""  # which counter of a log it came from (kind + label), to match later looks
 
-    def fields(self) -> list[Any]:
-        return list(self)
-
     @classmethod
     def of(cls, fields: Any) -> Optional[Reading]:
-        """The reading `fields()` gave, or None for anything else."""
+        """The reading `list(reading)` gave, or None for anything else."""
         if not isinstance(fields, list) or len(fields) != len(cls._fields):
             return None
         step, total, source, kind, at, rate, rate_note, finished, counter = fields
@@ -307,7 +303,7 @@ def wrote_since(mtime: float, started: float, adopted: bool = False) -> bool:
     gpuq records the start before it spawns the job, so what the job writes is later (a file's
     time may trail the clock by CLOCK_SLACK); a whole-second time (a filesystem with coarse times)
     and an adopted process's start (psutil's figure) are given MTIME_SLACK."""
-    return mtime >= started - (MTIME_SLACK if adopted or float(mtime).is_integer() else CLOCK_SLACK)
+    return mtime >= started - (checkpoints.MTIME_SLACK if adopted or float(mtime).is_integer() else CLOCK_SLACK)
 
 
 def _resumed_from(job: Job, dated: list[tuple[Any, float]], started: float) -> Optional[str]:
@@ -369,7 +365,7 @@ def attempt_started(job: Job) -> float:
 def progress_report(spool: Spool, job: Job) -> Optional[tuple[dict[str, Any], float]]:
     """(contents, mtime) of the job's progress file if the current attempt wrote it."""
     report = spool.reports.read_progress(job.id)
-    if report is None or report[1] < attempt_started(job) - MTIME_SLACK:
+    if report is None or report[1] < attempt_started(job) - checkpoints.MTIME_SLACK:
         return None
     return report
 
