@@ -69,10 +69,6 @@ def row_of(job: Job, state: str, now: float) -> tuple:
     )
 
 
-def unreadable_row(file_name: str, reason: str) -> tuple:
-    return file_name, "", None, (None, "", None, "", "", "", None, reason), "", None, ""
-
-
 class Entry(NamedTuple):
     """One finished state: its directory's stamp (None: list it again), its files' ids, names and
     inodes, and their rows."""
@@ -107,7 +103,6 @@ class Finished:
 
     def __init__(self, entries: dict[str, Entry], kept: list[tuple]) -> None:
         self.entries, self.kept = entries, kept
-        self.ids = {state: entry.ids for state, entry in entries.items()}
 
     def count(self) -> int:
         return sum(len(entry.ids) for entry in self.entries.values())
@@ -180,16 +175,13 @@ class FinishedIndex:
         if [n for _i, n, _ino in listed] == list(old.names) and [ino for _i, _n, ino in listed] == list(old.inodes):
             return old._replace(stamp=stamp), False
         known = {name: (inode, row) for name, inode, row in zip(old.names, old.inodes, old.rows)}
-        ids, names, inodes, rows = [], [], [], []
+        found = []
         for job_id, name, inode in listed:
             hit = known.get(name)
             row = hit[1] if hit is not None and hit[0] == inode else self._row(state, job_id, name, now)
             if row is not None:
-                ids.append(job_id)
-                names.append(name)
-                inodes.append(inode)
-                rows.append(row)
-        return Entry(stamp, tuple(ids), tuple(names), tuple(inodes), tuple(rows)), True
+                found.append((job_id, name, inode, row))
+        return Entry(stamp, *(tuple(zip(*found)) or ((), (), (), ()))), True
 
     def _row(self, state: str, job_id: int, name: str, now: float) -> Optional[tuple]:
         """The row of one file (None: gone since the listing)."""
@@ -198,7 +190,7 @@ class FinishedIndex:
         except FileNotFoundError:
             return None
         except schema.InvalidJob as exc:  # shown as what it is: never left out, never a traceback
-            return unreadable_row(name, str(exc))
+            return name, "", None, (None, "", None, "", "", "", None, str(exc)), "", None, ""
 
     def _load(self) -> tuple[dict[str, Entry], Any, list[tuple]]:
         """(state -> entry, the stamp of the kept records, those records) as last written; empty
