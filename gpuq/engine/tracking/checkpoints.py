@@ -135,14 +135,18 @@ def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
     return sorted(found, key=key)
 
 
+def candidates(job: Job) -> list[Checkpoint]:
+    """The complete checkpoints its --ckpt-glob matches, else HF's under its --output_dir, oldest first."""
+    if job.ckpt_glob:
+        return glob_checkpoints(job.ckpt_glob, job.cwd)
+    out = output_dir(job.cmd, job.cwd)
+    return hf_checkpoints(out) if out is not None else []
+
+
 def latest_checkpoint(job: Job) -> Optional[Checkpoint]:
     """The newest complete checkpoint of `job`, not counting those of an earlier run in the same
     directory (`--output_dir out` every time): written before `ckpt_since`."""
-    if job.ckpt_glob:
-        found = glob_checkpoints(job.ckpt_glob, job.cwd)
-    else:
-        out = output_dir(job.cmd, job.cwd)
-        found = hf_checkpoints(out) if out is not None else []
+    found = candidates(job)
     since = parse_iso(job.ckpt_since)
     if since is not None:
         found = [c for c in found if written_at(c.path) >= since - MTIME_SLACK]

@@ -276,14 +276,10 @@ def checkpoint_points(job: Job) -> tuple[list[tuple[float, float, str]], Optiona
     last checkpoint there, which is not this run's progress."""
     cmd, cwd, started = job.cmd, job.cwd, attempt_started(job)
     out = checkpoints.output_dir(cmd, cwd)
-    if job.ckpt_glob:
-        found = checkpoints.glob_checkpoints(job.ckpt_glob, cwd)
-    else:
-        found = checkpoints.hf_checkpoints(out) if out is not None else []
     marker = checkpoints.HF_COMPLETE_MARKER  # when a checkpoint was completed: its marker's mtime, else its own
     dated = [
         (c, checkpoints.mtime(os.path.join(c.path, marker)) or checkpoints.mtime(c.path))
-        for c in found
+        for c in checkpoints.candidates(job)
         if c.step is not None
     ]
     resumed = _resumed_from(job, dated, started)
