@@ -1,11 +1,5 @@
-"""A job's newest *complete* checkpoint (`latest_checkpoint`), and training flags from its argv.
-
-- Hugging Face: `checkpoint-N` directories under the output dir; one without trainer_state.json
-  (written last) or still holding HF 5's `checkpoint-is-incomplete.txt` was cut short.
-- `ckpt_glob` names other frameworks' checkpoints; the newest is told by the step number in the
-  name when every match has one, else by the epoch number, else by modification time.
-- A checkpoint completed before the job's run began (`ckpt_since`) is another run's.
-"""
+"""A job's newest *complete* checkpoint (`latest_checkpoint`): HF's `checkpoint-N` directories, or
+what its --ckpt-glob matches; and training flags from its argv."""
 
 from __future__ import annotations
 
@@ -121,7 +115,8 @@ def mtime(path: str) -> float:
 
 
 def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
-    """Usable matches of `pattern` (relative to `cwd`), oldest first."""
+    """Usable matches of `pattern` (relative to `cwd`), oldest first: by the step number in the name
+    when every match has one, else by the epoch number, else by modification time."""
     full = os.path.join(cwd, os.path.expanduser(pattern))
     paths = [os.path.abspath(p) for p in glob.glob(full, recursive=True) if _usable(p)]
     found = [

@@ -1,9 +1,5 @@
-"""The queue's ETA: when each pending job is expected to start and end, behind the running ones.
-
-Running jobs' ETAs come from eta.py; a pending job's run time is the median of the newest RUNS
-successful runs of the same command in the same directory: the finished index's rows (each holds
-its command key and run time) and what `gpuq clear` kept (spool/kept.py).
-"""
+"""The queue's ETA: when each pending job is expected to start and end, behind the running ones
+(whose ETAs are eta.py's), from the run times of its command's earlier runs."""
 
 from __future__ import annotations
 
@@ -26,30 +22,17 @@ RUNS = 5  # a pending job's run time: the median of the newest RUNS successful r
 
 
 def past_durations(spool: Spool, keys: set[str], listing: Optional[Finished] = None) -> dict[str, list[float]]:
-    """Run times of the newest RUNS successful jobs of each command and cwd of `keys`, oldest
-    first (adopted jobs and unknown times left out). `listing`: the finished index, if the caller
-    has it."""
+    """Run times of the newest RUNS successful runs of each command and cwd of `keys` (the finished
+    rows and what `gpuq clear` kept), oldest first; adopted jobs and unknown times left out.
+    `listing`: the finished index, if the caller has it."""
     done = spool.finished.read() if listing is None else listing
-    entry = done.entries[DONE]
-    found: dict[str, dict[int, float]] = {}  # key -> id -> run time
-    wanted = len(keys)
-    for job_id, row in zip(reversed(entry.ids), reversed(entry.rows)):  # newest first
-        key, run = row[4], row[5]  # index.ROW
-        if run is not None and key in keys:
-            newest = found.setdefault(key, {})
-            if len(newest) < RUNS:
-                newest[job_id] = run
-                wanted -= len(newest) == RUNS
-                if not wanted:
-                    break
     kept = summarise(done.kept)[0]
-    out = {}
-    for key in keys:
-        by_id = dict(kept.get(key, ()))
-        by_id.update(found.get(key, {}))  # a job in both (a clear cut short) counts once
-        if by_id:
-            out[key] = [run for _id, run in sorted(by_id.items(), reverse=True)[:RUNS]][::-1]
-    return out
+    found = {key: dict(kept.get(key, ())) for key in keys}  # id -> run time: a job in both counts once
+    entry = done.entries[DONE]
+    for job_id, row in zip(entry.ids, entry.rows):
+        if row[5] is not None and row[4] in found:  # index.ROW's run and key
+            found[row[4]][job_id] = row[5]
+    return {key: [run for _id, run in sorted(by_id.items())[-RUNS:]] for key, by_id in found.items() if by_id}
 
 
 def durations_read_only(spool: Spool, keys: set[str]) -> dict[str, list[float]]:

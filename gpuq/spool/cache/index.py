@@ -2,9 +2,8 @@
 `kept-runs`, rebuildable at any time (ARCHITECTURE.md and spool_layout.md, "Derived data").
 
 Each state's rows are stamped with its directory's inode and mtime: while the stamp holds, nothing
-is listed. Otherwise only files not held under the same name and inode are read (a job file is never
-edited in place). A directory changed within SETTLE_SECONDS is not stamped: timestamps are coarse,
-so a change in the same tick would leave its mtime as it was.
+is listed. A directory changed within SETTLE_SECONDS is not stamped: timestamps are coarse, so a
+change in the same tick would leave its mtime as it was.
 """
 
 from __future__ import annotations
@@ -164,7 +163,7 @@ class FinishedIndex:
 
     def _refresh(self, state: str, old: Entry, stamp: Optional[tuple[int, int]], now: float) -> tuple[Entry, bool]:
         """A state's entry for its files now, and whether they differ from `old`'s: the rows of
-        files listed under the same name and inode kept, the others read."""
+        files listed under the same name and inode kept (a job file is never edited in place)."""
         try:
             with os.scandir(self.layout.state_dir(state)) as listing:
                 listed = sorted(
