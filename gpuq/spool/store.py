@@ -79,8 +79,11 @@ class JobStore:
         appears or goes: a worker that sees the same has nothing new to schedule."""
         out = []
         for sub in (PENDING, RUNNING, "locks", "control"):
-            sig = self.dir_signature(sub)
-            out.append((sig[0], sig[1]) if sig else (0, 0))
+            try:
+                st = os.stat(self.layout.state_dir(sub), follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            out.append((st.st_ino, st.st_mtime_ns) if st else (0, 0))
         return tuple(out)
 
     @staticmethod
@@ -89,14 +92,6 @@ class JobStore:
         clock ticks (a few ms), so a change in the same tick as the reading, after it, would leave
         the same signature (git's "racily clean" index entries)."""
         return max(mtime_ns for _ino, mtime_ns in signature) >= (read_at - RACY_SECONDS) * 1e9
-
-    def dir_signature(self, state: str) -> Optional[tuple[int, int, float]]:
-        """(inode, mtime_ns, mtime) of a directory of the spool; None if it is missing."""
-        try:
-            st = os.stat(self.layout.state_dir(state), follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-        return st.st_ino, st.st_mtime_ns, st.st_mtime
 
     # ---- reading ------------------------------------------------------------------------------
     def read_bytes(self, state: str, name: str) -> bytes:

@@ -45,15 +45,12 @@ def reached_end(spool: Spool, job: Job) -> Optional[str]:
     left no exit code: this is how recovery tells it from one cut short."""
     if not job.started_at:
         return None
-    readings = []
     report = progress.progress_report(spool, job)
-    if report is not None:
-        readings.append(progress.from_report(*report))
     tail, mtime = progress.log_tail(spool, job, progress.TAIL_BYTES)
-    if tail:
-        text = tail.decode("utf-8", "replace")
-        readings.append(progress.from_log_text(text, mtime, progress.num_epochs(job.cmd)))
-    for reading in readings:
+    for reading in (
+        progress.from_report(*report) if report else None,
+        progress.from_log_text(tail.decode("utf-8", "replace"), mtime, progress.num_epochs(job.cmd)) if tail else None,
+    ):
         if reading is not None and reading.fraction == 1.0:
             return _end_text(reading)
     return None
