@@ -91,19 +91,15 @@ class Layout:
         return os.path.join(self.home, "workers", f"worker-{pid}.json")
 
     def worker_gpus_path(self, pid: int) -> str:
-        """What worker PID last saw of the GPUs (written by it, read by `gpuq status`)."""
         return os.path.join(self.home, "workers", f"gpus-{pid}.json")
 
     def worker_lock_path(self, name: str) -> str:
-        """workers/machine.lock or workers/gpu-N.lock."""
         return os.path.join(self.home, "workers", f"{name}.lock")
 
     def import_path(self, fingerprint: str) -> str:
-        """The record of one queue imported from the original gpuq (named by its fingerprint)."""
         return os.path.join(self.home, "imports", f"{fingerprint}.json")
 
     def snapshot_path(self, first_id: int) -> str:
-        """The copy of a repository that the jobs of one `add --snapshot` run (named by its first id)."""
         return os.path.join(self.home, "snapshots", f"{first_id:06d}")
 
     def cache_path(self, name: str) -> str:

@@ -48,26 +48,20 @@ def _reading(point: Any, position: int) -> tuple[Optional[float], Optional[float
     return _number(point[0]), _number(utils[position]) if position < len(utils) else None
 
 
-def attempt_of(record: dict[str, Any], start: float) -> Optional[dict[str, Any]]:
-    """The record's attempt that started at `start` (epoch seconds, as the run says), if any.
-    Found by its start rather than its number: a recovered job's attempts can repeat a number."""
+def of_run(record: dict[str, Any], start: float, end: float, resolution: float = 0.0) -> dict[str, list[Span]]:
+    """Per GPU (its index as a string, as a run's lanes name it): the spans of the run from `start`
+    to `end`; {} when the record has no attempt of that run. The attempt is found by its start
+    rather than its number: a recovered job's attempts can repeat a number."""
     attempts = record.get("attempts")
     for attempt in attempts.values() if isinstance(attempts, dict) else ():
         started = _number(attempt.get("started")) if isinstance(attempt, dict) else None
         if started is not None and abs(started - start) <= START_SLACK:
-            return attempt
-    return None
-
-
-def of_run(record: dict[str, Any], start: float, end: float, resolution: float = 0.0) -> dict[str, list[Span]]:
-    """Per GPU (its index as a string, as a run's lanes name it): the spans of the run from
-    `start` to `end`; {} when the record has no attempt of that run."""
-    attempt = attempt_of(record, start)
-    gpus = attempt.get("gpus") if attempt else None
-    if attempt is None or not isinstance(gpus, list):
-        return {}
-    found = {str(gpu): spans(attempt, n, end, resolution) for n, gpu in enumerate(gpus)}
-    return {gpu: series for gpu, series in found.items() if series}
+            gpus = attempt.get("gpus")
+            if not isinstance(gpus, list):
+                return {}
+            found = {str(gpu): spans(attempt, n, end, resolution) for n, gpu in enumerate(gpus)}
+            return {gpu: series for gpu, series in found.items() if series}
+    return {}
 
 
 def of_runs(spool: Spool, runs: Iterable[Any]) -> dict[tuple[int, float], dict[str, list[Span]]]:

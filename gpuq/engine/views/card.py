@@ -42,6 +42,7 @@ FOUND_BY = {
 def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> list[Line]:
     """The lines of `gpuq show`, in the order a person reads them; an empty field has none."""
     now = time.time() if now is None else now
+    figures = gpuuse.of_job(spool, job.id) if job.gpu_request else None
     lines = [
         *_what_runs(job),
         *_state(spool, ref.state, job),
@@ -49,12 +50,13 @@ def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> li
         *_outcome(job),
         *_checkpoints(job),
         *_gpus(job),
-        ("GPU use", _gpu_use(spool, job)),
+        ("GPU use", gpuuse.summary_text(figures) if figures else ""),
         ("host", hostroom.request_text(job)),  # what it reserves of the machine (--mem, --cpus)
         ("host limits", _host_limits(job)),  # how its latest attempt was held to it
         *_dependencies(spool, job),
         *_attempts(job),
-        *_limits(job),
+        ("time limit", format_duration(job.time_limit) if job.time_limit else ""),
+        ("begins", _clock(job.begin_at)),
         ("notify", _notify(job)),
         ("on finish", job.on_finish or ""),
         *_sweep(spool, job),
@@ -90,7 +92,9 @@ def why_waiting(spool: Spool, state: str, job: Job) -> str:
 
 def _what_runs(job: Job) -> list[Line]:
     how = job.interpreter_from
-    python = job.cmd[0] if _runs_python(job.cmd) else ""  # `bash run.sh` has none of its own
+    cmd = job.cmd
+    runs_python = len(cmd) > 1 and cmd[1].endswith(".py") and os.path.basename(cmd[0]).startswith("python")
+    python = cmd[0] if runs_python else ""  # `bash run.sh` has none of its own
     found = f" (from {FOUND_BY.get(how, how)})" if how else ""
     inherited = job.shell_env
     return [
@@ -102,10 +106,6 @@ def _what_runs(job: Job) -> list[Line]:
         ("env", " ".join(f"{k}={shlex.quote(v)}" for k, v in job.env.items())),
         ("shell env", inherited is not None and f"{plural(len(inherited), 'variable')} {INHERITED % job.id}" or ""),
     ]
-
-
-def _runs_python(cmd: list[str]) -> bool:
-    return len(cmd) > 1 and cmd[1].endswith(".py") and os.path.basename(cmd[0]).startswith("python")
 
 
 def _state(spool: Spool, state: str, job: Job) -> list[Line]:
@@ -184,11 +184,6 @@ def _gpus(job: Job) -> list[Line]:
     return [("GPUs", asked + held)]
 
 
-def _gpu_use(spool: Spool, job: Job) -> str:
-    figures = gpuuse.of_job(spool, job.id) if job.gpu_request else None
-    return gpuuse.summary_text(figures) if figures else ""
-
-
 def _dependencies(spool: Spool, job: Job) -> list[Line]:
     if not (job.after or job.after_any):
         return []
@@ -212,11 +207,6 @@ def _attempts(job: Job) -> list[Line]:
     if job.preemptions:
         preempted = f"{plural(len(job.preemptions), 'time')}; last: {describe_preemption(job.preemptions[-1])}"
     return [("attempts", attempts), ("history", earlier), ("preemptions", preempted)]
-
-
-def _limits(job: Job) -> list[Line]:
-    limit = format_duration(job.time_limit) if job.time_limit else ""
-    return [("time limit", limit), ("begins", _clock(job.begin_at))]
 
 
 def _notify(job: Job) -> str:

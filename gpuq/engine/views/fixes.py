@@ -153,20 +153,15 @@ def _smaller(job: Job, facts: dict[str, Any], edit: bool) -> list[Fix]:
 
 
 def _more_memory(mib: int, tried: Optional[str]) -> int:
-    """What it had plus what it tried to allocate (else half again), in whole GiB."""
-    extra = _mib_of(tried) if tried else None
-    wanted = mib + (extra if extra else mib // 2)
-    return math.ceil(wanted / 1024) * 1024
-
-
-def _mib_of(size: str) -> Optional[int]:
-    """MiB of `2.00 GiB`, `512.00 MiB` (PyTorch's wording)."""
-    number, _, unit = size.partition(" ")
+    """What it had plus what it tried to allocate (`2.00 GiB`, PyTorch's wording; else half again),
+    in whole GiB."""
+    number, _, unit = (tried or "").partition(" ")
     scale = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024, "TiB": 1 << 20}.get(unit)
     try:
-        return math.ceil(float(number) * scale) if scale else None
+        extra = math.ceil(float(number) * scale) if scale else 0
     except ValueError:
-        return None
+        extra = 0
+    return math.ceil((mib + (extra or mib // 2)) / 1024) * 1024
 
 
 def halve_batch(cmd: list[str]) -> Optional[tuple[list[str], int, int]]:

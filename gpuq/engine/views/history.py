@@ -21,8 +21,8 @@ from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREE
 from gpuq.spool.cache.runs import facts, parse_time, read_keys, read_pasts
 
 GROUP_KEYS = ("dir", "script", "day", "sweep")
-# What each attempt outcome counts as. "pending" is an attempt that failed and was retried.
-FAILED_OUTCOMES = (FAILED, PENDING)
+# The Group counter of each attempt outcome. "pending" is an attempt that failed and was retried.
+COUNTERS = {DONE: "done", FAILED: "failed", PENDING: "failed", CANCELLED: "cancelled", INTERRUPTED: "interrupted"}
 SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".zsh", ".jl", ".r", ".lua", ".pl", ".rb", ".js", ".ts")
 
 JobPair = tuple[str, Job]
@@ -229,14 +229,9 @@ def _add_run(group: Group, record: JobRecord, start: float, end: float, outcome:
     """One run into its group's totals (as PastRun counts it, but no object made for each)."""
     group.runs += 1
     group._job_ids.add(record.job_id)
-    if outcome == DONE:
-        group.done += 1
-    elif outcome in FAILED_OUTCOMES:
-        group.failed += 1
-    elif outcome == CANCELLED:
-        group.cancelled += 1
-    elif outcome == INTERRUPTED:
-        group.interrupted += 1
+    counter = COUNTERS.get(outcome)
+    if counter:
+        setattr(group, counter, getattr(group, counter) + 1)
     group.adopted += record.adopted
     seconds = max(0.0, end - start)
     group.gpu_hours += seconds * gpu_count / 3600.0

@@ -75,8 +75,8 @@ def _ending(job: Job, state: str, tail: bytes) -> dict[str, Any]:
         "cause": cause_of(reason, job.note) if (reason or job.note) else None,
         "run_seconds": None if run is None else round(run, 1),
     }
-    tried = _tried(reason)
-    if tried is not None:
+    tried = reason.split(_TRIED, 1)[1].split(")", 1)[0].strip() if reason and _TRIED in reason else ""
+    if tried:  # `2.00 GiB` of `CUDA out of memory (tried to allocate 2.00 GiB)`
         out["tried_to_allocate"] = tried
     return out
 
@@ -90,13 +90,6 @@ def cause_of(reason: Optional[str], note: Optional[str] = None) -> str:
     if note and "time limit of" in note:
         return TIME_LIMIT
     return OTHER
-
-
-def _tried(reason: Optional[str]) -> Optional[str]:
-    """`2.00 GiB` of `CUDA out of memory (tried to allocate 2.00 GiB)`."""
-    if not reason or _TRIED not in reason:
-        return None
-    return reason.split(_TRIED, 1)[1].split(")", 1)[0].strip() or None
 
 
 def log_lines(tail: bytes, count: int = LOG_LINES) -> list[str]:
