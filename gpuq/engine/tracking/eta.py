@@ -260,15 +260,14 @@ def estimate(
         if rate is None:
             return Estimate(reading, None, f"{where}: {note}")
         assert run is not None
-        if _overdue(reading, run, now) is not None:
-            return Estimate(reading, None, f"{where}: no progress for {duration(now - reading.at)}; stalled?")
-        # the rate is counted to now: so is what remains
-        tail = tail_seconds(run, rate)
-        note = f"{where}: {rate:.3g} steps/s: {note}{_tail_note(run, tail)}"
-        return Estimate(reading, (reading.total - reading.step) / rate + tail, note)
-    note = f"{rate:.3g} steps/s {note}".rstrip()
-    eta = reading.at + (reading.total - reading.step) / rate - now
-    if eta < 0 and -eta > max(60.0, STALL_FACTOR / rate):
+        stalled = _overdue(reading, run, now) is not None
+        eta = (reading.total - reading.step) / rate  # the rate is counted to now: so is what remains
+        note = f"{rate:.3g} steps/s: {note}"
+    else:
+        eta = reading.at + (reading.total - reading.step) / rate - now
+        stalled = eta < 0 and -eta > max(60.0, STALL_FACTOR / rate)
+        note = f"{rate:.3g} steps/s {note}".rstrip()
+    if stalled:
         return Estimate(reading, None, f"{where}: no progress for {duration(now - reading.at)}; stalled?")
     tail = tail_seconds(run, rate)
     return Estimate(reading, max(0.0, eta + tail), f"{where}: {note}{_tail_note(run, tail)}")

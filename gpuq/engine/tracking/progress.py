@@ -69,16 +69,9 @@ class Reading(NamedTuple):
         if not isinstance(fields, list) or len(fields) != len(cls._fields):
             return None
         step, total, source, kind, at, rate, rate_note, finished, counter = fields
-        numbers = (
-            is_number(step),
-            total is None or is_number(total),
-            is_number(at),
-            rate is None or is_number(rate),
-        )
+        numbers = is_number(step) and is_number(at) and all(x is None or is_number(x) for x in (total, rate))
         texts = all(isinstance(x, str) for x in (source, kind, rate_note, counter))
-        if not (all(numbers) and texts and isinstance(finished, bool)):
-            return None
-        return cls(*fields)
+        return cls(*fields) if numbers and texts and isinstance(finished, bool) else None
 
     @property
     def fraction(self) -> Optional[float]:

@@ -120,13 +120,9 @@ def plan_queue(
     outside: Optional[dict[str, tuple[int, int]]] = None,
     threshold: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
 ) -> dict[int, eta.Estimate]:
-    """Expected start and end (seconds from now, None = unknown) of each pending job.
-
-    `running`: (job, seconds until it ends); `pending`: (job, scheduler wait) in queue order,
-    played forward as the worker starts them (`_Play`). Whatever depends on an unknown is unknown.
-    `outside`: per GPU slot, (MiB held by processes that are not gpuq's, total MiB); a GPU such
-    memory keeps a job off (`threshold`) frees at an unknown time.
-    """
+    """Expected start and end (seconds from now, None = unknown) of each pending job: `running`,
+    (job, seconds until it ends), and `pending`, (job, scheduler wait) in queue order, played
+    forward (`_Play`); whatever depends on an unknown is unknown. `outside`: outside_memory's."""
     if not slots:
         return {j.id: eta.Estimate(None, None, "unknown: no worker is running (`gpuq run`)") for j, _w in pending}
     play = _Play(slots, running, durations, outside or {}, threshold)
