@@ -28,7 +28,6 @@ TAIL_RUNS = 5  # the tail is the median of this many newest earlier runs
 TAIL_REACH = 0.2  # a run's end may be extrapolated from a sample within this fraction of its total
 PACE_BAND = 1.25  # a pace within this factor of the earlier runs' is their own spread: the tail is kept
 STALL_FACTOR = 5.0  # no new step for this many expected step-times past the ETA: say "stalled"
-NOT_STEPS = ("Epoch N/M", "HF log (epoch)", "N%")  # counters that do not count steps
 
 
 class Estimate(NamedTuple):
@@ -194,7 +193,7 @@ def _first_look(reading: progress.Reading, run: Optional[Attempt], now: float) -
         return None, "unknown until a second sample shows a rate; look again later"
     if run.start_step is None:
         return None, "unknown: resumed from a checkpoint whose step is unknown, until a second sample shows a rate"
-    if run.start_step and reading.kind in NOT_STEPS:
+    if run.start_step and reading.kind in (*progress.EPOCH_KINDS, "N%"):
         return None, "unknown: a resumed job counting in epochs or percent, until a second sample shows a rate"
     elapsed, done = max(now, reading.at) - run.started, reading.step - run.start_step
     if elapsed < MIN_SPAN or done <= 0:

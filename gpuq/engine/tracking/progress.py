@@ -46,7 +46,7 @@ LINE_BREAKS_RE = re.compile(r"[\r\n]+")
 HF_PAIR_RE = re.compile(r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?")
 TRL_COMPLETIONS_RE = re.compile(r"^completions_(\d+)\.parquet$")
 EPOCHS_FLAGS = ("--num_train_epochs", "--num-train-epochs")
-EPOCH_KINDS = ("Epoch N/M:", "HF log (epoch):")  # counters of epochs, not steps
+EPOCH_KINDS = ("Epoch N/M", "HF log (epoch)")  # counters of epochs, not steps
 
 
 class Reading(NamedTuple):
@@ -319,20 +319,18 @@ def from_checkpoints(job: Job) -> tuple[Optional[Reading], list[tuple[float, flo
 
 
 def _trl_completions(out_dir: Any) -> list[tuple[float, float, str]]:
+    """TRL's completions/completions_N.parquet, as (mtime, step, label); one gone since the listing
+    has mtime 0, which no attempt wrote."""
     folder = os.path.join(str(out_dir), "completions")
-    points = []
     try:
-        entries = list(os.scandir(folder))
+        names = os.listdir(folder)
     except OSError:
         return []
-    for entry in entries:
-        m = TRL_COMPLETIONS_RE.match(entry.name)
-        if m:
-            try:
-                points.append((entry.stat().st_mtime, float(m.group(1)), f"completions/{entry.name}"))
-            except OSError:
-                continue
-    return points
+    return [
+        (checkpoints.mtime(os.path.join(folder, name)), float(m.group(1)), f"completions/{name}")
+        for name in names
+        if (m := TRL_COMPLETIONS_RE.match(name))
+    ]
 
 
 def _trainer_state_max_steps(ckpt_path: str) -> Optional[int]:

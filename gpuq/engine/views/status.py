@@ -162,13 +162,13 @@ def unseen_rejected(spool: Spool) -> Optional[Rejected]:
     return Rejected(len(unseen), newest, box.reason(newest), at)
 
 
-def rejected_files(spool: Spool, mark_seen: bool = True) -> list[tuple[str, float, str]]:
+def rejected_files(spool: Spool) -> list[tuple[str, float, str]]:
     """`gpuq rejected`: (name, when rejected, why) of every file in rejected/, oldest first; from
-    now on `status` no longer mentions them (`mark_seen`)."""
+    now on `status` no longer mentions them."""
     box = spool.dropbox
     names = box.rejected()
     listed = sorted(((name, box.rejected_at(name), box.reason(name)) for name in names), key=lambda r: (r[1], r[0]))
-    if mark_seen and names:
+    if names:
         box.mark_seen(names)
     return listed
 
