@@ -74,18 +74,9 @@ def attempts(state: str, job: Job) -> list[list[Any]]:
         start, end = parse_time(entry.get("started_at")), parse_time(entry.get("finished_at"))
         if start is None or end is None:
             continue
-        gpus, count = gpus_held(job, entry)
         number, outcome = entry.get("attempt"), entry.get("outcome")
-        out.append(
-            [
-                number if isinstance(number, int) else None,
-                start,
-                end,
-                outcome if isinstance(outcome, str) else state,
-                gpus,
-                count,
-            ]
-        )
+        number = number if isinstance(number, int) else None
+        out.append([number, start, end, outcome if isinstance(outcome, str) else state, *gpus_held(job, entry)])
     return out
 
 
