@@ -236,7 +236,7 @@ def test_the_table_of_finished_rows_is_the_table_the_rows_give() -> None:
         state: index.Entry(None, *zip(*[(i, "", 0, r) for i, s, r in zip(ids, states, data) if s == state]))
         for state in ("done", "failed")
     }
-    made = index.Finished({**entries, "cancelled": index.EMPTY}, []).rows()
+    made = index.FinishedRows({**entries, "cancelled": index.EMPTY})
     assert made.ids == ids and made.states == states
 
     narrow = CachedRow(40, "running", ("r", "x.py", "1s", ""))

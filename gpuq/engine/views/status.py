@@ -24,14 +24,9 @@ LOOKS = 3  # listings taken at most while jobs keep moving under one `gpuq statu
 class Row:
     __slots__ = ("job", "state", "wait", "estimate", "gpu_idle")
 
-    def __init__(
-        self,
-        job: Job,
-        state: str,
-        wait: Optional[scheduler.Wait] = None,
-        estimate: Any = None,  # running and pending rows: engine/tracking/eta.py's Estimate
-    ) -> None:
-        self.job, self.state, self.wait, self.estimate = job, state, wait, estimate
+    def __init__(self, job: Job, state: str, wait: Optional[scheduler.Wait] = None) -> None:
+        self.job, self.state, self.wait = job, state, wait
+        self.estimate: Any = None  # running and pending rows: engine/tracking/eta.py's Estimate
         self.gpu_idle: list[tuple[int, float]] = []  # a running job's GPUs idle too long: (index, seconds)
 
 
@@ -101,7 +96,7 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
         rows += [Row(job, state) for _ref, job in spool.jobs.load_many(state)]
     view = None
     if show_all and damaged is not None and done.count() > RECENT_FINISHED:
-        view = done.rows()
+        view = FinishedRows(done.entries)
         finished: list[JobRef] = []
     elif show_all:
         finished = sorted((r for state in FINISHED for r in done.refs(state)), key=lambda r: r.id)

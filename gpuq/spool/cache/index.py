@@ -125,9 +125,6 @@ class Finished:
         found.sort(key=lambda ref: ref.id)
         return found[-limit:]
 
-    def rows(self) -> FinishedRows:
-        return FinishedRows(self.entries)
-
 
 class FinishedIndex:
     """Reads and keeps cache/finished-jobs (`spool.finished`)."""
