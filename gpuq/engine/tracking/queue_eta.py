@@ -35,11 +35,6 @@ def past_durations(spool: Spool, keys: set[str], listing: Optional[Finished] = N
     return {key: [run for _id, run in sorted(by_id.items())[-RUNS:]] for key, by_id in found.items() if by_id}
 
 
-def durations_read_only(spool: Spool, keys: set[str]) -> dict[str, list[float]]:
-    """past_durations for a look that writes nothing (`gpuq add --dry-run`)."""
-    return past_durations(spool, keys, spool.finished.read(write=False))
-
-
 def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None) -> list[Optional[str]]:
     """The slots live workers serve. With GPUs (`gpus`: the machine's indices): the GPUs they
     use and the CPU lane. Without: [None] for a whole-machine worker, else their --gpus labels."""
