@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from gpuq.core import transitions
-from gpuq.core.job import Job
+from gpuq.core.job import Job, is_number
 from gpuq.core.transitions import Continuation
 from gpuq.engine.tracking import checkpoints, progress
 from gpuq.spool import Spool
@@ -27,15 +27,10 @@ def plan(spool: Spool, job: Job, from_scratch: bool = False) -> Continuation:
 
 def last_step(spool: Spool, job: Job) -> Optional[int]:
     """The furthest step the current attempt reported: its progress file or its log."""
-    steps = []
     report = progress.progress_report(spool, job)
     reported = report[0].get("step") if report else None
-    if isinstance(reported, (int, float)) and not isinstance(reported, bool):
-        steps.append(int(reported))
-    tail, _mtime = progress.log_tail(spool, job, progress.TAIL_BYTES)
-    logged = progress.last_step(tail)
-    if logged is not None:
-        steps.append(logged)
+    logged = progress.last_step(progress.log_tail(spool, job, progress.TAIL_BYTES)[0])
+    steps = [int(step) for step in (reported, logged) if step is not None and is_number(step)]  # not NaN
     return max(steps) if steps else None
 
 

@@ -165,16 +165,13 @@ def _records(jobs: Iterable[Union[JobPair, JobRecord]]) -> Iterable[JobRecord]:
         yield item if isinstance(item, JobRecord) else record_of(*item)
 
 
-def _record_runs(r: JobRecord) -> list[PastRun]:
-    return [
-        PastRun(r.job_id, r.name, r.cwd, r.script, number, start, end, outcome, tuple(gpus), count, r.sweep, r.adopted)
-        for number, start, end, outcome, gpus, count in r.attempts
-    ]
-
-
 def runs(jobs: Iterable[Union[JobPair, JobRecord]]) -> list[PastRun]:
     """Every run of every job, ordered by start time (then job id, attempt)."""
-    result = [run for record in _records(jobs) for run in _record_runs(record)]
+    result = [
+        PastRun(r.job_id, r.name, r.cwd, r.script, number, start, end, outcome, tuple(gpus), count, r.sweep, r.adopted)
+        for r in _records(jobs)
+        for number, start, end, outcome, gpus, count in r.attempts
+    ]
     result.sort(key=lambda r: (r.start, r.job_id, r.attempt if r.attempt is not None else -1))
     return result
 
