@@ -21,10 +21,8 @@ RACY_SECONDS = 0.1  # see JobStore.racy
 
 
 class JobRef(NamedTuple):
-    """A job file: its id, state (its directory) and file name."""
-
     id: int
-    state: str
+    state: str  # its directory
     name: str
 
 

@@ -98,8 +98,6 @@ class FinishedRows:
 
 
 class Finished:
-    """The finished jobs as the index holds them, brought up to date."""
-
     def __init__(self, entries: dict[str, Entry], kept: list[tuple]) -> None:
         self.entries, self.kept = entries, kept
 
@@ -127,8 +125,6 @@ class Finished:
 
 
 class FinishedIndex:
-    """Reads and keeps cache/finished-jobs (`spool.finished`)."""
-
     def __init__(self, layout: Layout, files: Files, jobs: JobStore, kept: KeptRuns) -> None:
         self.layout, self.files, self.jobs, self.kept = layout, files, jobs, kept
 
