@@ -21,8 +21,9 @@ from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREE
 from gpuq.spool.cache.runs import facts, parse_time, read_keys, read_pasts
 
 GROUP_KEYS = ("dir", "script", "day", "sweep")
-# The Group counter of each attempt outcome. "pending" is an attempt that failed and was retried.
-COUNTERS = {DONE: "done", FAILED: "failed", PENDING: "failed", CANCELLED: "cancelled", INTERRUPTED: "interrupted"}
+# The Group field (named as the state) counting each attempt outcome; a "pending" attempt failed
+# and was retried.
+COUNTERS = {PENDING: FAILED, **{state: state for state in (DONE, FAILED, CANCELLED, INTERRUPTED)}}
 SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".zsh", ".jl", ".r", ".lua", ".pl", ".rb", ".js", ".ts")
 
 JobPair = tuple[str, Job]
