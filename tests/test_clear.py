@@ -59,7 +59,7 @@ def test_history_and_learned_run_times_are_the_same_after_a_clear(gq: Env) -> No
     line = _pending_line(gq, waiting)
     assert "median of 3 earlier runs" in line
     spool = Spool(gq.home)
-    tail = eta.past_tails(spool, spool.jobs.load(spool.jobs.find(waiting)), float("inf"))
+    tail = eta.learned_tail(eta.past_ends(spool, spool.jobs.load(spool.jobs.find(waiting)), float("inf")))[:2]
     assert tail[1] == 3 and tail[0] > 0
 
     out = gq.gpuq("clear").stdout  # no terminal: it does what it says
@@ -68,7 +68,7 @@ def test_history_and_learned_run_times_are_the_same_after_a_clear(gq: Env) -> No
     assert gq.gpuq("history", "--json").stdout == history
     assert json.loads(history)[0]["runs"] == 4
     assert _pending_line(gq, waiting) == line
-    assert eta.past_tails(spool, spool.jobs.load(spool.jobs.find(waiting)), float("inf")) == tail
+    assert eta.learned_tail(eta.past_ends(spool, spool.jobs.load(spool.jobs.find(waiting)), float("inf")))[:2] == tail
     assert out.splitlines()[0] == (
         "will remove 4 finished jobs (3 done, 1 failed) and their logs; their history and learned run times are kept"
     )

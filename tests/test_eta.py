@@ -15,7 +15,7 @@ from conftest import wait_for
 from gpuq.core import schema
 from gpuq.core.job import Job
 from gpuq.core.times import iso_of
-from gpuq.engine.tracking import eta, progress
+from gpuq.engine.tracking import checkpoints, eta, progress
 from gpuq.spool import Spool
 
 
@@ -104,7 +104,7 @@ def test_adopted_job_with_a_checkpoint_that_never_moves_gets_the_first_look(tmp_
     (ckpt / "trainer_state.json").write_text(json.dumps({"max_steps": 100}))
     written = (ckpt / "trainer_state.json").stat().st_mtime
     job = Job({"cmd": ["python", "train.py", "--output_dir", "out"], "cwd": str(tmp_path), "adopted": True})
-    run = eta.Attempt(written - 40.0, eta.start_step(job))
+    run = eta.Attempt(written - 40.0, checkpoints.start_step(job))
     for look in range(3):  # every look finds the same single checkpoint: still one sample
         got, points = progress.from_checkpoints(job)
         points = eta.merge_points(points, [(got.at, got.step)], run.started)
@@ -133,12 +133,12 @@ def test_the_samples_rate_comes_first_then_the_sources_own_then_the_first_look()
 
 
 def test_start_step() -> None:
-    assert eta.start_step(Job({"cmd": ["python", "t.py"]})) == 0.0
-    assert eta.start_step(Job({"resumed_from_step": 120, "resumed_from": "/o/checkpoint-999"})) == 120.0
-    assert eta.start_step(Job({"resumed_from": "/o/checkpoint-150/"})) == 150.0
+    assert checkpoints.start_step(Job({"cmd": ["python", "t.py"]})) == 0.0
+    assert checkpoints.start_step(Job({"resumed_from_step": 120, "resumed_from": "/o/checkpoint-999"})) == 120.0
+    assert checkpoints.start_step(Job({"resumed_from": "/o/checkpoint-150/"})) == 150.0
     adopted = Job({"cmd": ["python", "t.py", "--resume_from_checkpoint", "out/checkpoint-80"], "adopted": True})
-    assert eta.start_step(adopted) == 80.0
-    assert eta.start_step(Job({"cmd": ["python", "t.py", "--resume_from_checkpoint=True"]})) is None
+    assert checkpoints.start_step(adopted) == 80.0
+    assert checkpoints.start_step(Job({"cmd": ["python", "t.py", "--resume_from_checkpoint=True"]})) is None
 
 
 # ---- the rate: a blend, and the first sample kept --------------------------------------------------
@@ -164,13 +164,13 @@ def test_merge_keeps_the_series_first_sample_and_the_newest() -> None:
 def test_tail_of_a_finished_run() -> None:
     job = Job({"started_at": iso_of(900.0), "finished_at": iso_of(1001.5)})
     at_total = {"total": 100, "points": [[990.0, 90.0], [1000.0, 100.0]]}
-    assert eta.tail_of(job, at_total) == pytest.approx(1.5)
+    assert eta.tail_and_pace(job, at_total)[0] == pytest.approx(1.5)
     # the last look came late; a sample within 20% of the end says when the last step happened
     late = {"total": 100, "points": [[980.0, 80.0], [990.0, 90.0], [1001.0, 100.0]]}
-    assert eta.tail_of(job, late) == pytest.approx(1.5)
-    assert eta.tail_of(job, {"total": 100, "points": [[980.0, 80.0], [990.0, 90.0]]}) == pytest.approx(1.5)
-    assert eta.tail_of(job, {"total": 100, "points": [[940.0, 40.0], [950.0, 50.0]]}) is None  # too far
-    assert eta.tail_of(job, {"points": [[1000.0, 100.0]]}) is None  # no total recorded
+    assert eta.tail_and_pace(job, late)[0] == pytest.approx(1.5)
+    assert eta.tail_and_pace(job, {"total": 100, "points": [[980.0, 80.0], [990.0, 90.0]]})[0] == pytest.approx(1.5)
+    assert eta.tail_and_pace(job, {"total": 100, "points": [[940.0, 40.0], [950.0, 50.0]]})[0] is None  # too far
+    assert eta.tail_and_pace(job, {"points": [[1000.0, 100.0]]})[0] is None  # no total recorded
 
 
 def test_the_tail_is_added_and_counts_from_when_the_counter_reached_its_total() -> None:
@@ -209,7 +209,7 @@ def test_the_tail_is_learned_from_earlier_runs_of_the_same_command_here(tmp_path
 
     job = schema.new_job(job_id=9, name="train", cmd=["python", "train.py"], cwd=here, log="")
     job.update(state="running", started_at=iso_of(now - 60))
-    assert eta.past_tails(spool, job, now - 60) == (pytest.approx(0.7, abs=0.01), 3)
+    assert eta.learned_tail(eta.past_ends(spool, job, now - 60))[:2] == (pytest.approx(0.7, abs=0.01), 3)
 
     got = reading(10, total=50, at=now - 10)
     points, run = eta.record(spool, job, got, [])
@@ -237,7 +237,7 @@ def test_the_reading_of_a_log_is_kept_until_the_log_changes(tmp_path: Path) -> N
     assert first.reading is not None and first.reading.step == 3
     eta.running_estimate(spool, job, now)  # the counter it saw running is kept: read once more with it
     kept = spool.reports.read_samples(4)["log"]
-    assert kept["reading"] == first.reading.fields() and kept["of"][:3] == spool.logs.signature(job)
+    assert kept["reading"] == list(first.reading) and kept["of"][:3] == spool.logs.signature(job)
 
     def look(at: Job) -> float:
         got = eta.running_estimate(spool, at, time.time()).reading

@@ -81,10 +81,10 @@ def _rename_row(gq: Env, state: str, file_name: str, shown: str) -> None:
     """Make the index's row of `file_name` show `shown` as its name, its stamp kept."""
     path = gq.home / "cache" / index.NAME
     form, entries, kept_stamp, kept = marshal.loads(path.read_bytes())
-    stamp, ids, files, eta, rows = entries[state]
-    at, rows = marshal.loads(files)[0].index(file_name), marshal.loads(rows)
+    stamp, ids, names, inodes, rows = entries[state]
+    at = names.index(file_name)
     rows = rows[:at] + ((shown, *rows[at][1:]),) + rows[at + 1 :]
-    entries[state] = (stamp, ids, files, eta, marshal.dumps(rows))
+    entries[state] = (stamp, ids, names, inodes, rows)
     path.write_bytes(marshal.dumps((form, entries, kept_stamp, kept)))
 
 

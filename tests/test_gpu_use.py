@@ -22,7 +22,7 @@ def test_record_sums_busy_and_idle_time_and_halves_long_series() -> None:
     for n in range(1, 11):  # GPU 0 busy for 5 s then idle for 5 s; GPU 1 never known
         gpuuse.add_sample(attempt, 1000.0 + n, [100 if n <= 5 else 3, None], [2000 + n, None])
     record = {"attempts": {"1": attempt}}
-    assert gpuuse.summary(record) == {"mean_util": 51.5, "peak_mem_mib": 2010, "gpu_hours_idle": round(5 / 3600, 4)}
+    assert gpuuse.summary([attempt]) == {"mean_util": 51.5, "peak_mem_mib": 2010, "gpu_hours_idle": round(5 / 3600, 4)}
     assert gpuuse.idle_now(record, 1, limit=4.0) == [(0, 5.0)]
     assert gpuuse.idle_now(record, 1, limit=5.0) == []
     assert gpuuse.idle_text([(0, 22 * 60 + 5)]) == "GPU 0 idle 22 min: stuck in data loading or a debugger?"

@@ -214,7 +214,7 @@ def test_progress_from_the_tail_of_a_log_over_100_mb(gq) -> None:
     read = {}
     for name, which in (("big", job), ("small", small)):
         before = bytes_read()
-        reading, _extra = eta.observe(spool, which, {})  # no samples yet: the log itself is read
+        reading, _extra, _log = eta.observe(spool, which, {})  # no samples yet: the log itself is read
         read[name] = bytes_read() - before  # counted by the kernel, whatever the load (timed: bench/latencies.py)
         assert reading.step == 40
     # only the tail is read: the 100 MB log costs a one-line log's reads and its last TAIL_BYTES at most

@@ -233,10 +233,10 @@ def test_the_table_of_finished_rows_is_the_table_the_rows_give() -> None:
     assert cells[2] == ("exp/run-3", "train.py", "3s", "exit=1  ünï")
     finished = [CachedRow(i, s, c) for i, s, c in zip(ids, states, cells)]
     entries = {
-        state: index.Entry.made(None, *zip(*[(i, "", 0, r) for i, s, r in zip(ids, states, data) if s == state]))
+        state: index.Entry(None, *zip(*[(i, "", 0, r) for i, s, r in zip(ids, states, data) if s == state]))
         for state in ("done", "failed")
     }
-    made = index.Finished({**entries, "cancelled": index.EMPTY}, []).rows()
+    made = index.FinishedRows({**entries, "cancelled": index.EMPTY})
     assert made.ids == ids and made.states == states
 
     narrow = CachedRow(40, "running", ("r", "x.py", "1s", ""))

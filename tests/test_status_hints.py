@@ -173,7 +173,9 @@ def test_a_sweep_with_several_running_members_shows_each_without_bars() -> None:
         sweep = {"id": 1, "values": {"seed": str(job_id)}}
         job = Job(id=job_id, name=f"exp/train seed={job_id}", cmd=["python3", "train.py"], sweep=sweep)
         reading = Reading(step, 100.0, "log", "Step N/M", at=0.0)
-        return Row(job, state, estimate=Estimate(reading, 60.0 * job_id, "rate") if state == "running" else None)
+        row = Row(job, state)
+        row.estimate = Estimate(reading, 60.0 * job_id, "rate") if state == "running" else None
+        return row
 
     (folded,) = render.group_sweeps([member(1, "running", 30), member(2, "running", 55), member(3, "pending")])
     info = folded.cells[3]

@@ -1,21 +1,12 @@
-"""The spool directory: the only package that builds paths under $GPUQ_HOME or opens files there.
-
-spool_layout.md is the contract it implements. In short:
-- a job is one JSON file; the state directory it sits in is its state (store.py);
-- new files are written complete in tmp/, then renamed into place (files.py);
-- a state change writes the new version (rev + 1) into the target directory, then unlinks the old
-  one, so a crash in between leaves two copies and the higher rev wins (engine/lifecycle/repairs.py);
-- whoever changes a job's file holds the job's claim lock (claims.py).
-
-A Spool is composed of small parts, one module each, that share only the Layout (paths) and Files
-(atomic writes) below them; each part is built the first time it is used.
+"""The spool directory: the only package that builds paths under $GPUQ_HOME or opens files there
+(spool_layout.md is its contract). A Spool is small parts, one module each, sharing only the
+Layout (paths) and Files (atomic writes).
 """
 
 from __future__ import annotations
 
 import os
 from contextlib import AbstractContextManager
-from functools import cached_property
 from typing import Optional, Union
 
 from gpuq.spool.cache.index import FinishedIndex
@@ -53,70 +44,26 @@ class Spool:
     """The spool at `home` (default: $GPUQ_HOME or ~/.gpuq)."""
 
     def __init__(self, home: Optional[Union[str, os.PathLike[str]]] = None):
-        self.layout = Layout(home)
-        self.home = self.layout.home
-
-    @cached_property
-    def files(self) -> Files:
-        return Files(self.layout)
-
-    @cached_property
-    def jobs(self) -> JobStore:
-        return JobStore(self.layout, self.files)
-
-    @cached_property
-    def ids(self) -> IdCounter:
-        return IdCounter(self.layout, self.files, self.jobs)
-
-    @cached_property
-    def claims(self) -> Claims:
-        return Claims(self.layout, self.files)
-
-    @cached_property
-    def control(self) -> ControlRequests:
-        return ControlRequests(self.layout, self.files)
-
-    @cached_property
-    def workers(self) -> WorkerRegistry:
-        return WorkerRegistry(self.layout, self.files)
-
-    @cached_property
-    def logs(self) -> Logs:
-        return Logs(self.layout)
-
-    @cached_property
-    def reports(self) -> Reports:
-        return Reports(self.layout, self.files)
-
-    @cached_property
-    def cache(self) -> Caches:
-        return Caches(self.layout, self.files)
-
-    @cached_property
-    def finished(self) -> FinishedIndex:
-        """The index of finished jobs (cache/finished-jobs)."""
-        return FinishedIndex(self.layout, self.files, self.jobs, self.kept)
-
-    @cached_property
-    def dropbox(self) -> Dropbox:
-        return Dropbox(self.layout, self.files)
-
-    @cached_property
-    def imports(self) -> ImportRecords:
-        return ImportRecords(self.layout, self.files)
-
-    @cached_property
-    def snapshots(self) -> Snapshots:
-        return Snapshots(self.layout, self.files)
-
-    @cached_property
-    def kept(self) -> KeptRuns:
-        return KeptRuns(self.layout)
+        layout = self.layout = Layout(home)
+        self.home = layout.home
+        files = self.files = Files(layout)  # the parts only keep their arguments: building them is free
+        self.jobs = JobStore(layout, files)
+        self.ids = IdCounter(layout, files, self.jobs)
+        self.claims = Claims(layout, files)
+        self.control = ControlRequests(layout, files)
+        self.workers = WorkerRegistry(layout, files)
+        self.logs = Logs(layout)
+        self.reports = Reports(layout, files)
+        self.cache = Caches(layout, files)
+        self.kept = KeptRuns(layout)
+        self.finished = FinishedIndex(layout, files, self.jobs, self.kept)
+        self.dropbox = Dropbox(layout, files)
+        self.imports = ImportRecords(layout, files)
+        self.snapshots = Snapshots(layout, files)
 
     def ensure(self) -> Spool:
         """Create the tree on first use and refuse one that others could write into. A new tree
-        gets its emergency room at once (spool_layout.md section 14): a spool that only ever sees
-        `add` and `cancel`, no worker, has one too."""
+        gets its emergency room at once (spool_layout.md section 14), worker or not."""
         if self.layout.ensure():
             self.files.keep_emergency_room()
         return self
@@ -131,7 +78,6 @@ class Spool:
         return network_filesystem(self.home)
 
     def disk_space(self) -> tuple[int, int]:
-        """(total, free) bytes of the filesystem the spool lives on."""
         return disk_space(self.home)
 
     def delete_outputs(self, job_id: int) -> int:

@@ -1,8 +1,6 @@
-"""Claims: who may change a job. See spool_layout.md, section 5.
-
-A claim is the lock file locks/NNNNNN.lock, created hidden in tmp/, flocked, then renamed into
-place without clobbering, so a visible lock file is always locked by a live owner or by nobody.
-The kernel drops the flock when its owner dies: liveness is a question to the kernel, not a pid.
+"""Claims: who may change a job (spool_layout.md, section 5). A claim is locks/NNNNNN.lock, created
+in tmp/, flocked, then renamed into place without clobbering, so a visible lock file is locked by a
+live owner or by nobody: the kernel drops the flock when its owner dies.
 """
 
 from __future__ import annotations
@@ -13,10 +11,10 @@ import os
 import time
 from typing import Optional
 
-from gpuq.spool.errors import SpoolFull
+from gpuq.spool.errors import full_or
 from gpuq.spool.files import Files, read_small
 from gpuq.spool.layout import Layout
-from gpuq.system import fsutil, security
+from gpuq.system import fsutil
 
 LOCK_NOTE_BYTES = 1024  # within the first block every lock file has
 
@@ -67,9 +65,7 @@ class Claims:
         except OSError as exc:
             os.close(fd)
             os.unlink(tmp)
-            if exc.errno in security.FULL_ERRNOS:
-                raise SpoolFull(self.layout.home, exc) from None
-            raise
+            raise full_or(self.layout.home, exc) from None
         try:
             fsutil.rename_noreplace(tmp, self.layout.lock_path(job_id))
         except FileExistsError:
@@ -93,13 +89,9 @@ class Claims:
             os.close(fd)
 
     def take_over(self, job_id: int, noting: bool = True) -> Optional[Claim]:
-        """Own the job's claim: a fresh one if there is no lock, the stale one if its owner died.
-        `noting=False` (for whoever only deletes, `gpuq clear`): a fresh lock is empty, so that
-        it needs no room on a full disk (see claim).
-
-        Two processes doing this at once cannot both win: only one gets the flock, and the other
-        then finds the path gone or naming another inode.
-        """
+        """Own the job's claim: a fresh one if there is no lock, the stale one if its owner died
+        (of two at once only one gets the flock; the other finds the path gone or another inode).
+        `noting=False` (`gpuq clear`, which only deletes): a fresh lock is empty, needing no room."""
         path = self.layout.lock_path(job_id)
         fd = fsutil.open_existing(path, os.O_RDWR)
         if fd is None:
@@ -121,7 +113,6 @@ class Claims:
         return info if isinstance(info, dict) else None
 
     def ids(self) -> list[int]:
-        """Jobs that have a lock file now (held or stale)."""
         out = []
         for name in os.listdir(self.layout.internal_dir("locks")):
             if name.endswith(".lock") and name[:-5].isdigit():

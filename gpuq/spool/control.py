@@ -13,7 +13,7 @@ import time
 from typing import Optional
 
 from gpuq.core.states import CANCEL, KILL
-from gpuq.spool.files import Files, read_small, unlink_quietly
+from gpuq.spool.files import Files, read_object, unlink_quietly
 from gpuq.spool.layout import Layout
 
 
@@ -28,13 +28,9 @@ class ControlRequests:
 
     def peek(self, job_id: int) -> Optional[str]:
         """The pending request for a job, left in place."""
-        data = read_small(self.layout.control_path(job_id), 65536)
-        try:
-            found = json.loads(data) if data else {}
-            action, by = found.get("action"), found.get("by")
-        except (ValueError, AttributeError):
-            return None
-        if action == KILL and by == CANCEL:
+        found = read_object(self.layout.control_path(job_id)) or {}
+        action = found.get("action")
+        if action == KILL and found.get("by") == CANCEL:
             return CANCEL
         return action if isinstance(action, str) else None
 

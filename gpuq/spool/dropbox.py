@@ -1,8 +1,6 @@
-"""Files people drop into pending/ by hand: finding them, taking them in without losing or doubling
-one across a crash, and moving the ones that are not jobs to rejected/ with the reason.
-
-Taking a file in renames it to a hidden name that carries its new id (.intake-NNNNNN-NAME), so a
-crash cannot take it in twice; the job is then published and the hidden file removed.
+"""Files people drop into pending/ by hand: taking them in without losing or doubling one across a
+crash (renamed first to .intake-NNNNNN-NAME, carrying the new id), and moving those that are not
+jobs to rejected/ with the reason.
 """
 
 from __future__ import annotations
@@ -48,7 +46,6 @@ class Dropbox:
         return sorted(out)
 
     def begin(self, name: str, job_id: int) -> str:
-        """Rename a dropped file to its hidden intake name; returns that name."""
         hidden = f".intake-{job_id:06d}-{name}"
         pending = self.layout.state_dir(PENDING)
         fsutil.rename_noreplace(os.path.join(pending, name), os.path.join(pending, hidden))
@@ -106,8 +103,7 @@ class Dropbox:
         return [n for n in names if n not in seen]
 
     def mark_seen(self, names: list[str]) -> None:
-        """Record that the user has seen these rejected files (rejected/.seen: their names,
-        NUL-separated, as no file name holds a NUL)."""
+        """rejected/.seen: the names seen, NUL-separated (no file name holds a NUL)."""
         data = b"\0".join(os.fsencode(n) for n in names)
         self.files.replace(self.layout.rejected_path(SEEN_STAMP), data, "seen", durable=False)
 

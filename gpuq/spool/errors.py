@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpuq.core.errors import GpuqError
+from gpuq.system.security import FULL_ERRNOS
 
 
 class SpoolError(GpuqError):
@@ -19,3 +20,8 @@ class SpoolFull(SpoolError, OSError):
 
     def __str__(self) -> str:
         return self.message
+
+
+def full_or(home: str, exc: OSError) -> OSError:
+    """SpoolFull for a write that failed for lack of space (disk, quota, file size), else `exc`."""
+    return SpoolFull(home, exc) if exc.errno in FULL_ERRNOS else exc

@@ -1,20 +1,19 @@
-"""How the spool writes and reads files: one way to write atomically, safe reads, tails.
-
-Every file gpuq writes in the spool is written complete in tmp/ first and then renamed into place,
-so a reader never sees half a file and a crash never leaves one where it counts. A temporary file is
-removed on any error, and a write that fails for lack of space raises SpoolFull.
+"""How the spool writes and reads files. Every file is written complete in tmp/ and then renamed
+into place, so a reader never sees half a file; a write that fails for lack of space raises
+SpoolFull, its temporary file removed.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import time
-from typing import Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 from gpuq.core.schema import InvalidJob
-from gpuq.spool.errors import SpoolFull
+from gpuq.spool.errors import SpoolFull, full_or
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil, procs, security
 
@@ -50,40 +49,33 @@ class Files:
         self._counter = 0
 
     def tmp_path(self, kind: str) -> StrPath:
-        """A fresh hidden name in tmp/ that says who wrote it (for clean_tmp) and what it is."""
+        """A fresh hidden name in tmp/ that says who wrote it (for clean_tmp)."""
         self._counter += 1
         return os.path.join(self.layout.tmp_dir(), f".{kind}-{os.getpid()}-{self._counter}-{os.urandom(4).hex()}")
 
     def _write_tmp(self, data: bytes, kind: str, durable: bool = True) -> StrPath:
-        """A complete file in tmp/; SpoolFull (the partial file removed) if there is no room."""
         path = self.tmp_path(kind)
         try:
             fsutil.write_new_file(path, data, durable=durable)
         except OSError as exc:
-            if exc.errno in security.FULL_ERRNOS:
-                raise SpoolFull(self.layout.home, exc) from None
-            raise
+            raise full_or(self.layout.home, exc) from None
         return path
 
-    # ---- room for a full disk -----------------------------------------------------------------
     def reserve(self, size: int) -> Reservation:
-        """A reservation of `size` bytes of real blocks (written, fsynced); SpoolFull if there is
-        no room. Its file is named after this process, so clean_tmp removes it if we die."""
+        """`size` bytes of real blocks (written, fsynced), named after this process so that
+        clean_tmp removes them if we die."""
         path = self.tmp_path("reserve")
         try:
             fsutil.write_new_file(path, bytes(size))
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         except OSError as exc:
             unlink_quietly(path)
-            if exc.errno in security.FULL_ERRNOS:
-                raise SpoolFull(self.layout.home, exc) from None
-            raise
+            raise full_or(self.layout.home, exc) from None
         return Reservation(path, fd, size)
 
     def place_into(self, reservation: Reservation, target: StrPath, data: bytes, replace: bool) -> bool:
-        """Write `data` into the reservation's blocks and rename it to `target` (durably); the
-        reservation is used up. False when `data` does not fit in it (the reservation untouched)
-        or the reservation's name is gone from tmp/ (the caller then writes the file the usual way)."""
+        """Write `data` into the reservation's blocks and rename it to `target`, durably. False when
+        it does not fit or the reservation's name is gone: the caller writes it the usual way."""
         if reservation.fd < 0 or len(data) > reservation.size:
             return False
         os.pwrite(reservation.fd, data, 0)
@@ -101,9 +93,8 @@ class Files:
         return True
 
     def keep_emergency_room(self) -> None:
-        """Keep the spool's emergency room (the file `reserve`): full size while the disk has
-        plenty of space, else what fits (emergency_room_size), grown back once there is room.
-        Costs one stat while the room is there at full size: `gpuq add` calls it every time."""
+        """Keep the spool's emergency room (the file `reserve`), as big as emergency_room_size
+        allows; one stat while it is full size (`gpuq add` calls it every time)."""
         path = self.layout.top_file("reserve")
         try:
             have = os.stat(path, follow_symlinks=False).st_size
@@ -120,10 +111,9 @@ class Files:
             pass  # the disk filled up meanwhile: next time
 
     def with_room(self, write: Callable[[], T]) -> T:
-        """Run `write`; if the disk is full, give up the emergency room, run it once more, and keep
-        what is left of the room as a smaller one. For the writes a person needs on a full disk
-        (cancel, kill, retry) and for recording how jobs ended: never for new jobs, which would
-        only fill the room up."""
+        """Run `write`; on a full disk, give up the emergency room and run it once more. For what a
+        person needs on a full disk (cancel, kill, retry) and how jobs ended: never for new jobs,
+        which would only fill the room up."""
         try:
             return write()
         except SpoolFull:
@@ -134,15 +124,12 @@ class Files:
             return written
 
     def give_up_emergency_room(self) -> bool:
-        """Free the emergency room so that a write can go through on a full disk; False if it is
-        already gone."""
         return unlink_quietly(self.layout.top_file("reserve"))
 
     def replace(self, target: StrPath, data: bytes, kind: str, durable: bool = True, sync_dir: bool = True) -> None:
-        """Atomically make `target` hold `data`, replacing what was there.
-        `sync_dir=False` (with `durable`): the file is fsynced, its directory is not, so after a
-        power cut `target` holds the new data or the old, whole: for a caller whose other copy,
-        synced, carries the change (spool/ids.py)."""
+        """Atomically make `target` hold `data`. `sync_dir=False`: the directory is not fsynced, so
+        after a power cut `target` holds the new data or the old, for a caller with another synced
+        copy (ids.py)."""
         _rename_or_drop(self._write_tmp(data, kind, durable), target, replace=True)
         if durable and sync_dir:
             fsutil.fsync_dir(os.path.dirname(target))
@@ -153,7 +140,6 @@ class Files:
         fsutil.fsync_dir(os.path.dirname(target))
 
     def clean_tmp(self, now: Optional[float] = None) -> int:
-        """Remove tmp files left by writers that died (or that are implausibly old)."""
         now = time.time() if now is None else now
         removed = 0
         for name in os.listdir(self.layout.tmp_dir()):
@@ -195,9 +181,8 @@ def _rename_or_drop(tmp: StrPath, target: StrPath, replace: bool) -> None:
 
 
 def emergency_room_size(free: int) -> int:
-    """How big an emergency room to keep with `free` bytes left: RESERVE_BYTES where there are
-    four times that, else a quarter of what is free (whole 4 KiB blocks), so that a small
-    filesystem has a room too; 0 where that is less than RESERVE_FLOOR."""
+    """RESERVE_BYTES with four times that free, else a quarter of what is free (whole 4 KiB
+    blocks), so that a small filesystem has a room too; 0 below RESERVE_FLOOR."""
     if free >= 4 * RESERVE_BYTES:
         return RESERVE_BYTES
     size = free // 4 & ~4095
@@ -205,7 +190,6 @@ def emergency_room_size(free: int) -> int:
 
 
 def free_bytes(path: StrPath) -> int:
-    """Bytes an unprivileged process may still write on the filesystem of `path`."""
     return disk_space(path)[1]
 
 
@@ -229,7 +213,6 @@ def remove_counting(path: StrPath) -> int:
 
 
 def unlink_quietly(path: StrPath) -> bool:
-    """Remove a file; False if it was already gone."""
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -258,44 +241,33 @@ def read_small(path: StrPath, cap: int = 1 << 20, mine: bool = False) -> Optiona
         return None
     try:
         st = os.fstat(fd)
-        if mine and st.st_uid != os.geteuid():
-            return None
-        chunks, total = [], 0
-        while total < cap:  # usually one read: the file's size and one byte more
-            chunk = os.read(fd, min(cap - total, max(st.st_size + 1, 1 << 16)))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        return b"".join(chunks)
+        return None if mine and st.st_uid != os.geteuid() else _read_upto(fd, st.st_size, cap)
     except OSError:
         return None
     finally:
         os.close(fd)
 
 
-def tail(path: StrPath, limit: int) -> tuple[bytes, float]:
-    """The last `limit` bytes of a regular file and its mtime; (b"", 0.0) if there is none. The
-    cost does not grow with the file: a 1 GB log costs what a 1 KB one does."""
-    fd = open_regular(path)
-    if fd is None:
-        return b"", 0.0
-    try:
-        st = os.fstat(fd)
-        return os.pread(fd, min(limit, st.st_size), max(0, st.st_size - limit)), st.st_mtime
-    finally:
-        os.close(fd)
+def _read_upto(fd: int, size: int, cap: int) -> bytes:
+    """What is left of an open file, up to `cap` bytes: usually one read of its size and one byte more."""
+    chunks, total = [], 0
+    while total < cap:
+        chunk = os.read(fd, min(cap - total, max(size + 1, 1 << 16)))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
 
 
-def read_from(path: StrPath, offset: int, limit: int = 1 << 20) -> bytes:
-    """Up to `limit` bytes of a regular file from `offset` on (b"" if none)."""
-    fd = open_regular(path)
-    if fd is None:
-        return b""
+def read_object(path: StrPath, mine: bool = False) -> Optional[dict[str, Any]]:
+    """A small JSON object file; None when it is missing, unreadable or not an object."""
+    data = read_small(path, mine=mine)
     try:
-        return os.pread(fd, limit, offset)
-    finally:
-        os.close(fd)
+        found = json.loads(data) if data else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def read_job_file(path: StrPath, cap: int) -> bytes:
@@ -318,19 +290,10 @@ def read_job_file(path: StrPath, cap: int) -> bytes:
         problem = security.job_file_problem(st, cap)
         if problem:
             raise InvalidJob(problem)
-        first = os.read(fd, st.st_size + 1)
-        if len(first) == st.st_size:  # all the descriptor said, and no more: no read for the end
-            return first
-        chunks, total = [first], len(first)
-        while total <= cap:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > cap:
+        data = _read_upto(fd, st.st_size, cap + 1)
+        if len(data) > cap:
             raise InvalidJob(f"grew past the limit of {cap} bytes")
-        return b"".join(chunks)
+        return data
     finally:
         os.close(fd)
 
@@ -342,9 +305,7 @@ class Caches:
         self.layout, self.files = layout, files
 
     def read(self, name: str) -> Optional[bytes]:
-        """cache/NAME if it is a regular file of ours, else None."""
         return read_small(self.layout.cache_path(name), cap=1 << 34, mine=True)
 
     def write(self, name: str, data: bytes) -> None:
-        """Replace cache/NAME atomically. Not fsynced: a cache lost in a power cut is rebuilt."""
         self.files.replace(self.layout.cache_path(name), data, "cache", durable=False)

@@ -1,9 +1,7 @@
-"""Job ids: unique and increasing across concurrent adders, and never given out twice.
-
-The counter lives in `next_id` (replaced atomically) and, as a copy, inside `ids.lock`, the file
-whose flock serialises every allocation. If one of them is lost the other still knows the
-high-water mark, so an id is not given out again even after `gpuq clear` removed the jobs that
-had the highest ids. Only if both are lost is the counter rebuilt from the ids found in the tree.
+"""Job ids: unique and increasing across concurrent adders, and never given out twice. The counter
+is in `next_id` and, as a copy, in `ids.lock` (whose flock serialises allocations): either one
+keeps the high-water mark after `gpuq clear` removed the highest ids; only without both is it
+rebuilt from the tree.
 """
 
 from __future__ import annotations
@@ -12,11 +10,11 @@ import fcntl
 import os
 
 from gpuq.core.states import PENDING
-from gpuq.spool.errors import SpoolFull
-from gpuq.spool.files import Files
-from gpuq.spool.layout import INTAKE_RE, Layout
+from gpuq.spool.dropbox import Dropbox
+from gpuq.spool.errors import full_or
+from gpuq.spool.files import Files, read_small
+from gpuq.spool.layout import Layout
 from gpuq.spool.store import JobStore
-from gpuq.system.security import FULL_ERRNOS
 
 
 class IdCounter:
@@ -39,12 +37,11 @@ class IdCounter:
             # counter over a power cut whichever next_id survives (the larger copy counts); only a
             # new ids.lock needs its name synced.
             new_lock = os.fstat(fd).st_size == 0
-            try:
-                _overwrite(fd, after)
+            try:  # padded, so that a longer old number leaves no digits behind
+                os.pwrite(fd, after.ljust(32), 0)
+                os.fsync(fd)
             except OSError as exc:
-                if exc.errno in FULL_ERRNOS:
-                    raise SpoolFull(self.layout.home, exc) from None
-                raise
+                raise full_or(self.layout.home, exc) from None
             self.files.replace(self.layout.top_file("next_id"), after, "id", sync_dir=new_lock)
             return next_id
         finally:
@@ -53,34 +50,17 @@ class IdCounter:
     def peek(self) -> int:
         """The id the next `allocate` would give now, read without the lock and with nothing
         reserved or written (`gpuq add --dry-run`): another `add` may take it first."""
-        try:
-            fd = os.open(self.layout.top_file("ids.lock"), os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            locked = 0
-        else:
-            try:
-                locked = _number(os.pread(fd, 32, 0))
-            finally:
-                os.close(fd)
-        next_id = max(self._stored(), locked, 1)
+        next_id = max(self._stored(), _number(read_small(self.layout.top_file("ids.lock"), 32) or b""), 1)
         if next_id == 1 and os.path.isdir(self.layout.state_dir(PENDING)):
             next_id = self._highest_in_tree() + 1
         return next_id
 
     def _stored(self) -> int:
-        try:
-            with open(self.layout.top_file("next_id"), "rb") as f:
-                return _number(f.read())
-        except OSError:
-            return 0
+        return _number(read_small(self.layout.top_file("next_id"), 32) or b"")
 
     def _highest_in_tree(self) -> int:
-        ids = [ref.id for ref in self.store.refs()]
-        for name in os.listdir(self.layout.state_dir(PENDING)):
-            m = name.startswith(".intake-") and INTAKE_RE.match(name)  # no pattern compiled for plain names
-            if m:
-                ids.append(int(m.group(1)))
-        return max(ids, default=0)
+        intakes = Dropbox(self.layout, self.files).leftovers()  # ids given to dropped files mid-intake
+        return max([ref.id for ref in self.store.refs()] + [job_id for job_id, _name in intakes], default=0)
 
 
 def _number(data: bytes) -> int:
@@ -88,10 +68,3 @@ def _number(data: bytes) -> int:
         return int(data.split(b"\n", 1)[0] or b"0")
     except ValueError:
         return 0
-
-
-def _overwrite(fd: int, data: bytes) -> None:
-    """The copy in ids.lock: written in place (the file is ours and locked), padded so a longer
-    old number never leaves digits behind. fsynced like next_id: both must survive a power cut."""
-    os.pwrite(fd, data.ljust(32), 0)
-    os.fsync(fd)

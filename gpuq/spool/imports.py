@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any, Optional
 
-from gpuq.spool.files import Files, read_small
+from gpuq.spool.files import Files, read_object
 from gpuq.spool.layout import Layout
 
 FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16,128}$")
@@ -20,12 +20,7 @@ class ImportRecords:
     def find(self, fingerprint: str) -> Optional[dict[str, Any]]:
         if not FINGERPRINT_RE.match(fingerprint):
             return None
-        data = read_small(self.layout.import_path(fingerprint), mine=True)
-        try:
-            record = json.loads(data) if data else None
-        except ValueError:
-            return None
-        return record if isinstance(record, dict) else None
+        return read_object(self.layout.import_path(fingerprint), mine=True)
 
     def write(self, fingerprint: str, record: dict[str, Any]) -> None:
         if not FINGERPRINT_RE.match(fingerprint):

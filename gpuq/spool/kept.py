@@ -1,12 +1,8 @@
-"""`kept-runs`: what `gpuq clear` keeps of the finished jobs it removes (spool_layout.md, section 1,
-"What clear keeps"): each job's runs as `gpuq history` counts them and the run time and tail the
-ETA learns from, so that clearing old jobs and their logs forgets neither.
-
-One line per job, a JSON array: `[FORMAT, id, state, name, key, run, past, end, tail]` (RECORD). The
-lines of one clear are appended with a single `write` on a descriptor opened `O_APPEND` and fsynced
-before any of those jobs' files is removed: a crash in between leaves a record whose job still has
-its file, which readers skip by its id. Unlike cache/, this is not derived from anything that is
-left: losing it loses that history, so it is written durably, and only `gpuq clear` writes it.
+"""`kept-runs`: what `gpuq clear` keeps of the finished jobs it removes (spool_layout.md, "What clear
+keeps"), so that history and the ETA forget nothing: one JSON line per job, RECORD. One clear's lines
+are appended in one `write` and fsynced before any of those jobs' files goes: a crash in between
+leaves a record whose job still has its file, which readers skip by its id. Primary data, not a
+cache: written durably, and only by `gpuq clear`.
 """
 
 from __future__ import annotations
@@ -16,10 +12,11 @@ import json
 import os
 from typing import Any, Optional
 
-from gpuq.spool.errors import SpoolFull
+from gpuq.core.states import DONE
+from gpuq.spool.errors import full_or
 from gpuq.spool.files import read_small
 from gpuq.spool.layout import Layout
-from gpuq.system import fsutil, security
+from gpuq.system import fsutil
 
 NAME = "kept-runs"
 FORMAT = 1
@@ -28,8 +25,11 @@ FORMAT = 1
 # (null: unknown or adopted), its end (epoch seconds, null: unknown) and its tail (seconds its run
 # took after its last step, null: not known).
 RECORD = ("id", "state", "name", "key", "run", "past", "end", "tail")
-_TYPES = (int, str, str, str, (int, float, type(None)), str, (int, float, type(None)), (int, float, type(None)))
+_NUMBER = (int, float, type(None))
+_TYPES: tuple[Any, ...] = (int, str, str, str, _NUMBER, str, _NUMBER, _NUMBER)
 MAX_READ = 1 << 34
+Runs = dict[str, list[tuple[int, float]]]  # command key -> (job id, run seconds)
+Tails = dict[str, list[tuple[float, float, int]]]  # command key -> (end, tail seconds, job id)
 
 
 class KeptRuns:
@@ -40,8 +40,7 @@ class KeptRuns:
         return self.layout.top_file(NAME)
 
     def append(self, records: list[tuple[Any, ...]]) -> None:
-        """Append `records` (RECORD tuples) durably: one write, then fsync (and the spool directory's
-        when the file is new). SpoolFull, with nothing of them left in the file, when there is no room."""
+        """Append `records` (RECORD tuples) durably; SpoolFull, none of them left, without room."""
         if not records:
             return
         data = b"".join(json.dumps([FORMAT, *record]).encode() + b"\n" for record in records)
@@ -49,7 +48,7 @@ class KeptRuns:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # read: its last byte
         try:
             before = os.fstat(fd).st_size
-            if before and not _ends_a_line(fd, before):
+            if before and os.pread(fd, 1, before - 1) != b"\n":
                 data = b"\n" + data  # after a torn line (a crash mid-write): ours start on a line of their own
             try:
                 written = os.write(fd, data)
@@ -59,9 +58,7 @@ class KeptRuns:
             except OSError as exc:
                 if os.fstat(fd).st_size > before:
                     os.ftruncate(fd, before)  # not a half record: they are all kept, or none
-                if exc.errno in security.FULL_ERRNOS:
-                    raise SpoolFull(self.layout.home, exc) from None
-                raise
+                raise full_or(self.layout.home, exc) from None
         finally:
             os.close(fd)
         if before == 0:
@@ -91,5 +88,14 @@ class KeptRuns:
         return st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def _ends_a_line(fd: int, size: int) -> bool:
-    return os.pread(fd, 1, size - 1) == b"\n"
+def summarise(records: list[tuple[Any, ...]]) -> tuple[Runs, Tails]:
+    """The run times (of done jobs) and tails of each command in `records`, as the ETA learns from
+    them (it takes the newest); a job kept twice (a clear cut short, then run again) counts once."""
+    runs: Runs = {}
+    tails: Tails = {}
+    for job_id, state, _name, key, run, _past, end, tail in {record[0]: record for record in records}.values():
+        if state == DONE and run is not None:
+            runs.setdefault(key, []).append((job_id, float(run)))
+        if tail is not None and end is not None:
+            tails.setdefault(key, []).append((float(end), float(tail), job_id))
+    return runs, tails

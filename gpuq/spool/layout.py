@@ -1,9 +1,5 @@
-"""Where everything lives in the spool: the one place that builds a path under $GPUQ_HOME.
-
-Every other part of gpuq.spool asks a Layout for its paths; nothing outside gpuq.spool builds one.
-spool_layout.md (section 1, "The tree") is the contract this module implements.
-
-Paths are plain strings (os.path).
+"""Where everything lives in the spool: the one place that builds a path under $GPUQ_HOME (plain
+strings, os.path), as spool_layout.md section 1 ("The tree") lays it out.
 """
 
 from __future__ import annotations
@@ -26,11 +22,6 @@ JOB_NAME_RE = re.compile(r"^(\d{6,})-[A-Za-z0-9._-]*\.json$")  # a published job
 def is_job_name(name: str) -> bool:
     """A published job file's name (the id ends at the first "-")."""
     return JOB_NAME_RE.match(name) is not None
-
-
-def job_names(entries: list[str]) -> list[str]:
-    """The entries that are job names, in listing order."""
-    return list(filter(JOB_NAME_RE.match, entries))
 
 
 def default_home() -> str:
@@ -100,19 +91,15 @@ class Layout:
         return os.path.join(self.home, "workers", f"worker-{pid}.json")
 
     def worker_gpus_path(self, pid: int) -> str:
-        """What worker PID last saw of the GPUs (written by it, read by `gpuq status`)."""
         return os.path.join(self.home, "workers", f"gpus-{pid}.json")
 
     def worker_lock_path(self, name: str) -> str:
-        """workers/machine.lock or workers/gpu-N.lock."""
         return os.path.join(self.home, "workers", f"{name}.lock")
 
     def import_path(self, fingerprint: str) -> str:
-        """The record of one queue imported from the original gpuq (named by its fingerprint)."""
         return os.path.join(self.home, "imports", f"{fingerprint}.json")
 
     def snapshot_path(self, first_id: int) -> str:
-        """The copy of a repository that the jobs of one `add --snapshot` run (named by its first id)."""
         return os.path.join(self.home, "snapshots", f"{first_id:06d}")
 
     def cache_path(self, name: str) -> str:
@@ -123,7 +110,6 @@ class Layout:
         return os.path.join(self.home, name)
 
     def internal_dir(self, name: str) -> str:
-        """One of INTERNAL: tmp, locks, logs, workers, control, progress, cache, imports, snapshots."""
         assert name in INTERNAL, name
         return os.path.join(self.home, name)
 
@@ -138,11 +124,8 @@ LEGACY_JSON_NAME = "queue.json"
 
 
 def find_legacy(home: Union[str, os.PathLike[str]]) -> Optional[os.PathLike[str]]:
-    """The file an import would take from `home` (a pathlib.Path): `gpuq.db` first, then `queue.json`.
-
-    `.bak` files are never returned: they are what an import (the original's own migration
-    included) leaves behind.
-    """
+    """The file an import would take from `home` (a pathlib.Path): `gpuq.db` first, then
+    `queue.json`; never the `.bak` files an import leaves behind."""
     for name in (LEGACY_DB_NAME, LEGACY_JSON_NAME):
         path = os.path.join(home, name)
         if os.path.isfile(path):

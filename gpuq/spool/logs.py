@@ -1,8 +1,6 @@
-"""Job logs (logs/NNNNNN.log) and the worker's log: opening them for writing, and reading their tails.
-
-Every log is opened without following links. A job's log is always the spool's own file, except for
-an adopted job, whose log is the file its process writes itself (its `log` field, set by `gpuq
-adopt`), read but never written by gpuq.
+"""Job logs (logs/NNNNNN.log) and the worker's log: opened for writing without following links,
+and their tails read. An adopted or imported job's log is the file its `log` field names,
+read but never written by gpuq.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ from typing import Optional
 
 from gpuq.core.job import Job
 from gpuq.core.states import SOURCE_IMPORTED
-from gpuq.spool.files import read_from, remove_counting, tail
+from gpuq.spool.files import open_regular, remove_counting
 from gpuq.spool.layout import Layout
 
 TAIL_LINES_MAX_BYTES = 4 << 20  # a log with no line breaks must not make `gpuq log` read all of it
@@ -23,9 +21,6 @@ class Logs:
         self.layout = layout
 
     def path_of(self, job: Job) -> str:
-        """Where the job's output is: the spool's log, or the file named by its `log` field for
-        an adopted process (the file it writes) and a job imported from the original gpuq (its
-        old log), which gpuq reads but never writes."""
         own = job.adopted or job.source.startswith(SOURCE_IMPORTED)
         if own and job.log:
             return job.log
@@ -42,8 +37,7 @@ class Logs:
         return self.layout.worker_log_path()
 
     def tail(self, job: Job, limit: int = 65536) -> tuple[bytes, float]:
-        """The last `limit` bytes of the job's log and its mtime ((b"", 0.0) if none)."""
-        return tail(self.path_of(job), limit)
+        return _tail(self.path_of(job), limit)
 
     def tail_lines(self, job: Job, count: int) -> list[str]:
         """The last `count` lines of the job's log; tqdm's carriage returns count as line breaks."""
@@ -51,7 +45,7 @@ class Logs:
             return []
         path, limit = self.path_of(job), 65536
         while True:
-            data, _mtime = tail(path, limit)
+            data, _mtime = _tail(path, limit)
             if data.count(b"\n") + data.count(b"\r") > count or len(data) < limit or limit >= TAIL_LINES_MAX_BYTES:
                 break
             limit *= 4
@@ -63,7 +57,13 @@ class Logs:
 
     def read_from(self, job: Job, offset: int) -> bytes:
         """Up to 1 MiB of the job's log from `offset` on (for `gpuq log -f`)."""
-        return read_from(self.path_of(job), offset)
+        fd = open_regular(self.path_of(job))
+        if fd is None:
+            return b""
+        try:
+            return os.pread(fd, 1 << 20, offset)
+        finally:
+            os.close(fd)
 
     def signature(self, job: Job) -> Optional[list[int]]:
         """[inode, size, mtime in ns] of the job's log (None if it has none): a log that still has
@@ -81,9 +81,20 @@ class Logs:
             return 0
 
     def delete(self, job_id: int) -> int:
-        """Remove the job's log; the bytes that frees."""
         return remove_counting(self.layout.log_path(job_id))
 
 
 def _open_append(path: str) -> int:
     return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+
+
+def _tail(path: str, limit: int) -> tuple[bytes, float]:
+    """The last `limit` bytes of a regular file and its mtime; (b"", 0.0) if there is none."""
+    fd = open_regular(path)
+    if fd is None:
+        return b"", 0.0
+    try:
+        st = os.fstat(fd)
+        return os.pread(fd, min(limit, st.st_size), max(0, st.st_size - limit)), st.st_mtime
+    finally:
+        os.close(fd)

@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any, Optional
 
-from gpuq.spool.files import Files, open_regular, read_small, remove_counting
+from gpuq.spool.files import Files, open_regular, read_object, remove_counting
 from gpuq.spool.layout import Layout
 
 
@@ -20,7 +20,6 @@ class Reports:
         return self.layout.progress_path(job_id)
 
     def read_progress(self, job_id: int) -> Optional[tuple[dict[str, Any], float]]:
-        """(contents, mtime) of the job's progress file, or None."""
         fd = open_regular(self.layout.progress_path(job_id))
         if fd is None:
             return None
@@ -35,18 +34,17 @@ class Reports:
 
     def read_samples(self, job_id: int) -> dict[str, Any]:
         """The progress samples recorded by earlier looks at a job ({} if none or unreadable)."""
-        return _small_object(self.layout.samples_path(job_id))
+        return read_object(self.layout.samples_path(job_id)) or {}
 
     def write_samples(self, job_id: int, samples: dict[str, Any]) -> None:
-        """Replace a job's samples atomically. Two lookers at once may each drop the other's
-        newest sample; that costs a little precision, never a wrong value. Not fsynced: losing
-        samples in a power cut only delays the next ETA."""
+        """Not fsynced: samples lost in a power cut only delay the next ETA. Two lookers at once may
+        each drop the other's newest sample: a little precision, never a wrong value."""
         data = json.dumps(samples, separators=(",", ":")).encode()
         self.files.replace(self.layout.samples_path(job_id), data, "samples", durable=False)
 
     def read_gpu_use(self, job_id: int) -> dict[str, Any]:
         """What the job's GPUs did, per attempt (engine/tracking/gpuuse.py; {} if none or unreadable)."""
-        return _small_object(self.layout.gpu_use_path(job_id))
+        return read_object(self.layout.gpu_use_path(job_id)) or {}
 
     def gpu_use_ids(self) -> set[int]:
         """The jobs that have a GPU record: one listing, so that `history` over thousands of jobs
@@ -60,8 +58,7 @@ class Reports:
         return {int(stem) for stem in stems if len(stem) >= 6 and stem.isascii() and stem.isdecimal()}
 
     def write_gpu_use(self, job_id: int, record: dict[str, Any]) -> None:
-        """Replace it atomically; written by the job's supervisor only. Not fsynced: losing it
-        costs only figures."""
+        """Written by the job's supervisor only; not fsynced: losing it costs only figures."""
         data = json.dumps(record, separators=(",", ":")).encode()
         self.files.replace(self.layout.gpu_use_path(job_id), data, "gpu-use", durable=False)
 
@@ -70,16 +67,5 @@ class Reports:
         return remove_counting(self.layout.progress_path(job_id))
 
     def delete(self, job_id: int) -> int:
-        """Remove the job's progress files; the bytes that frees."""
         paths = (self.layout.progress_path(job_id), self.layout.samples_path(job_id), self.layout.gpu_use_path(job_id))
         return sum(remove_counting(path) for path in paths)
-
-
-def _small_object(path: Any) -> dict[str, Any]:
-    """A small JSON object file of ours ({} if missing, unreadable or not an object)."""
-    data = read_small(path)
-    try:
-        found = json.loads(data) if data else {}
-    except ValueError:
-        return {}
-    return found if isinstance(found, dict) else {}

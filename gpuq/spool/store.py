@@ -1,9 +1,6 @@
-"""Job files: listing them, reading them safely, publishing them, and moving them between states.
-
-A job's state is the directory its file sits in. A state change writes the new version (rev + 1)
-into the target directory without clobbering, then unlinks the old one, so a crash in between
-leaves two copies and the higher rev wins (engine/lifecycle/repairs.py resolves them). Whoever changes a
-job's file holds the job's claim (spool/claims.py); this module does not check that.
+"""Job files: listing them, reading them safely, publishing them, and moving them between states
+(a state change writes rev + 1 into the target directory, then unlinks the old file: after a crash
+the higher rev wins, engine/lifecycle/repairs.py). The caller holds the job's claim (claims.py).
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from gpuq.core import schema
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING, RUNNING, STATES
 from gpuq.spool.files import Files, Reservation, read_job_file, unlink_quietly
-from gpuq.spool.layout import Layout, is_job_name, job_names
+from gpuq.spool.layout import JOB_NAME_RE, Layout, is_job_name
 from gpuq.system import fsutil
 
 MAX_JOB_BYTES = 1 << 20
@@ -24,10 +21,8 @@ RACY_SECONDS = 0.1  # see JobStore.racy
 
 
 class JobRef(NamedTuple):
-    """A job file: its id, state (its directory) and file name."""
-
     id: int
-    state: str
+    state: str  # its directory
     name: str
 
 
@@ -42,7 +37,7 @@ class JobStore:
             entries = os.listdir(self.layout.state_dir(state))
         except FileNotFoundError:
             return []
-        return sorted(job_names(entries), key=_id_order)
+        return sorted(filter(JOB_NAME_RE.match, entries), key=_id_order)
 
     def refs(self, states: tuple[str, ...] = STATES) -> Iterator[JobRef]:
         for state in states:
@@ -79,11 +74,14 @@ class JobStore:
 
     def signature(self) -> tuple[tuple[int, int], ...]:
         """Changes whenever a job enters or leaves pending/ or running/, or a claim or request
-        appears or goes: a worker that sees the same signature has nothing new to schedule."""
+        appears or goes: a worker that sees the same has nothing new to schedule."""
         out = []
         for sub in (PENDING, RUNNING, "locks", "control"):
-            sig = self.dir_signature(sub)
-            out.append((sig[0], sig[1]) if sig else (0, 0))
+            try:
+                st = os.stat(self.layout.state_dir(sub), follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            out.append((st.st_ino, st.st_mtime_ns) if st else (0, 0))
         return tuple(out)
 
     @staticmethod
@@ -93,18 +91,8 @@ class JobStore:
         the same signature (git's "racily clean" index entries)."""
         return max(mtime_ns for _ino, mtime_ns in signature) >= (read_at - RACY_SECONDS) * 1e9
 
-    def dir_signature(self, state: str) -> Optional[tuple[int, int, float]]:
-        """(inode, mtime_ns, mtime) of a directory of the spool: it changes whenever a file is
-        added, removed or replaced there. None if it is missing."""
-        try:
-            st = os.stat(self.layout.state_dir(state), follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-        return st.st_ino, st.st_mtime_ns, st.st_mtime
-
     # ---- reading ------------------------------------------------------------------------------
     def read_bytes(self, state: str, name: str) -> bytes:
-        """A file of a state directory, read safely (see files.read_job_file)."""
         return read_job_file(self.layout.job_path(state, name), MAX_JOB_BYTES)
 
     def load(self, ref: JobRef) -> Job:
@@ -113,7 +101,6 @@ class JobStore:
         return schema.validate(obj, expected_id=ref.id)
 
     def load_many(self, state: str) -> list[tuple[JobRef, Job]]:
-        """Every valid job of a state directory; vanished or invalid files are skipped."""
         out = []
         for ref in self.refs((state,)):
             try:
@@ -121,10 +108,6 @@ class JobStore:
             except (FileNotFoundError, schema.InvalidJob):
                 continue
         return out
-
-    def load_all(self) -> list[tuple[str, Job]]:
-        """(state, job) of every valid job."""
-        return [(ref.state, job) for state in STATES for ref, job in self.load_many(state)]
 
     # ---- writing ------------------------------------------------------------------------------
     def publish(self, job: Job, state: str = PENDING) -> JobRef:
@@ -176,10 +159,9 @@ class JobStore:
             fsutil.fsync_dir(self.layout.state_dir(ref.state))
 
     def newer_copy_elsewhere(self, ref: JobRef, job: Job) -> bool:
-        """Whether a crash mid-move left this job in another state (or, after an edit that renamed
-        it, under another name in its own), with a higher rev: then `ref` is the stale copy. Older
-        copies found are removed. The caller holds the claim. A job keeps its file name in every
-        state, so this is a handful of exact-name lookups and one listing of its own directory."""
+        """Whether a crash mid-move left this job in another state (or, renamed by an edit, under
+        another name in its own) with a higher rev: then `ref` is the stale copy. Older copies are
+        removed. A job keeps its file name in every state: exact-name lookups and one listing."""
         others = [JobRef(ref.id, state, ref.name) for state in STATES if state != ref.state]
         prefix = f"{ref.id:06d}-"
         try:  # a plain listing: only this job's names are matched (the queue may be long)

@@ -1,9 +1,6 @@
 """The worker registry: which workers hold which GPUs, kept by flocks the kernel drops on death.
-
-A whole-machine worker holds workers/machine.lock exclusively; a --gpus worker holds it shared plus
-workers/gpu-N.lock exclusively for each of its GPUs. Each live worker keeps
-workers/worker-PID.json flocked; a file whose flock is free belongs to a dead worker and is removed
-by the next reader (every `gpuq status`, and every worker as it starts).
+A whole-machine worker holds workers/machine.lock exclusively; a --gpus worker holds it shared and
+workers/gpu-N.lock for each GPU. workers/worker-PID.json stays flocked while its worker lives.
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ import os
 from typing import Any, Optional
 
 from gpuq.spool.errors import SpoolError
-from gpuq.spool.files import Files, read_small, unlink_quietly
+from gpuq.spool.files import Files, read_object, unlink_quietly
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil
 
@@ -102,7 +99,7 @@ class WorkerRegistry:
                 if tidy:
                     unlink_quietly(os.path.join(directory, name))
                 continue
-            view = _read_object(os.path.join(directory, name))
+            view = read_object(os.path.join(directory, name), mine=True)
             if view is not None:
                 out.append(view)
         return out
@@ -110,14 +107,10 @@ class WorkerRegistry:
     def recorded(self) -> list[dict[str, Any]]:
         """Every worker info file as it is, without the liveness test of `live()` (whose flock
         probe tells nothing about a worker on another host where flocks do not reach across)."""
-        out = []
         directory = self.layout.internal_dir("workers")
-        for name in sorted(os.listdir(directory)):
-            if name.startswith("worker-") and name.endswith(".json"):
-                info = _read_object(os.path.join(directory, name))
-                if info is not None:
-                    out.append(info)
-        return out
+        names = [n for n in sorted(os.listdir(directory)) if n.startswith("worker-") and n.endswith(".json")]
+        found = [read_object(os.path.join(directory, name), mine=True) for name in names]
+        return [info for info in found if info is not None]
 
     def live(self, tidy: bool = True) -> list[dict[str, Any]]:
         """Info of every worker alive now (its info file is flocked); stale files are removed
@@ -143,13 +136,3 @@ class WorkerRegistry:
             finally:
                 os.close(fd)
         return out
-
-
-def _read_object(path: str) -> Optional[dict[str, Any]]:
-    """A worker file's JSON object; None when it is empty, gone, damaged or not an object."""
-    data = read_small(path, mine=True)
-    try:
-        obj = json.loads(data) if data else None
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None

@@ -119,7 +119,7 @@ def record_of(spool: Spool, ref: JobRef) -> Optional[tuple[Any, ...]]:
     run = runs.run_seconds(job)
     tail = None
     if ref.state == DONE and not adopted:
-        tail = eta.tail_of(job, spool.reports.read_samples(ref.id))
+        tail = eta.tail_and_pace(job, spool.reports.read_samples(ref.id))[0]
     if not attempts and not preempted and run is None and tail is None:
         return None
     key = runs.command_key(job.cmd, job.cwd)

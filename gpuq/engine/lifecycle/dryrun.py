@@ -224,7 +224,8 @@ def _plan(
     """queue_eta.plan_queue, as `queue_eta.annotate` calls it, with nothing recorded."""
     pending = scheduler.queue_order(snap.pending)
     running = [(job, eta.running_estimate(spool, job, now, keep=False).eta_seconds) for job in snap.running]
-    durations = queue_eta.durations_read_only(spool, {eta.command_key(job) for job in pending})
+    keys = {eta.command_key(job) for job in pending}
+    durations = queue_eta.past_durations(spool, keys, spool.finished.read(write=False))  # writes nothing
     gpus = shown["gpus"] if shown else []
     threshold = shown.get("foreign_threshold_mib") if shown else None
     return queue_eta.plan_queue(

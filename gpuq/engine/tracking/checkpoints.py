@@ -1,20 +1,5 @@
-"""Finding a job's newest *complete* checkpoint (`latest_checkpoint`), and reading training flags
-from its argv (`output_dir`, `max_steps`, `arg_value`).
-
-Rules:
-- Hugging Face: `checkpoint-N` directories directly under the output dir. The Trainer writes
-  `trainer_state.json` last, so a directory without it was cut short (the process died while
-  saving) and is skipped; so is one that still holds HF 5's JIT-save sentinel
-  `checkpoint-is-incomplete.txt`. N is the global step.
-- `ckpt_glob` (per job, relative to the job's cwd unless absolute) names checkpoints of other
-  frameworks: Lightning's `*.ckpt`, `torch.save("model_epoch_5.pt")`, Accelerate's `step_N` dirs.
-  Newest is decided by the step number in the name when every match has one (`step=1200`,
-  `step_1200`, `checkpoint-1200`), else by the epoch number when every match has one, else by
-  modification time. Empty files and HF-style directories without trainer_state.json are skipped.
-- A checkpoint completed before the job's run began (`ckpt_since`) is another run's, and skipped.
-
-Nothing here writes anything; it only lists directories the job itself writes.
-"""
+"""A job's newest *complete* checkpoint (`latest_checkpoint`): HF's `checkpoint-N` directories, or
+what its --ckpt-glob matches; and training flags from its argv."""
 
 from __future__ import annotations
 
@@ -70,7 +55,7 @@ def start_step(job: Job) -> Optional[float]:
 
 
 def output_dir(cmd: Sequence[str], cwd: str) -> Optional[Path]:
-    """The job's output directory as an absolute path (relative values are relative to `cwd`)."""
+    """The job's --output_dir, absolute."""
     value = arg_value(cmd, OUTPUT_DIR_FLAGS)
     if not value:
         return None
@@ -113,8 +98,7 @@ def _number(regex: re.Pattern, name: str) -> Optional[int]:
 
 
 def _usable(path: str) -> bool:
-    """A glob match that can be a checkpoint: a non-empty file, or a directory that is not an
-    HF checkpoint cut short."""
+    """A non-empty file, or a directory that is not an HF checkpoint cut short."""
     try:
         if os.path.isdir(path):
             return not HF_DIR_RE.match(os.path.basename(path)) or _hf_complete(path)
@@ -123,7 +107,7 @@ def _usable(path: str) -> bool:
         return False
 
 
-def _mtime(path: str) -> float:
+def mtime(path: str) -> float:
     try:
         return os.stat(path).st_mtime
     except OSError:
@@ -131,48 +115,43 @@ def _mtime(path: str) -> float:
 
 
 def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
-    """Usable matches of `pattern` (relative to `cwd`), oldest first by the rules above."""
+    """Usable matches of `pattern` (relative to `cwd`), oldest first: by the step number in the name
+    when every match has one, else by the epoch number, else by modification time."""
     full = os.path.join(cwd, os.path.expanduser(pattern))
     paths = [os.path.abspath(p) for p in glob.glob(full, recursive=True) if _usable(p)]
     found = [
         Checkpoint(p, _number(STEP_RE, os.path.basename(p)), _number(EPOCH_RE, os.path.basename(p))) for p in paths
     ]
-    key: Callable[[Checkpoint], Any] = lambda c: _mtime(c.path)  # noqa: E731
+    key: Callable[[Checkpoint], Any] = lambda c: mtime(c.path)  # noqa: E731
     if found and all(c.step is not None for c in found):
-        key = lambda c: (c.step, _mtime(c.path))  # noqa: E731
+        key = lambda c: (c.step, mtime(c.path))  # noqa: E731
     elif found and all(c.epoch is not None for c in found):
-        key = lambda c: (c.epoch, _mtime(c.path))  # noqa: E731
+        key = lambda c: (c.epoch, mtime(c.path))  # noqa: E731
     return sorted(found, key=key)
 
 
-def job_checkpoints(job: Job) -> list[Checkpoint]:
-    """Every complete checkpoint of `job`, oldest first: from its `ckpt_glob` if set, else from the
-    HF output dir in its argv. Those written before the job's run began (`ckpt_since`: its first
-    start, or the start of a run from scratch) belong to an earlier run in the same directory, which
-    is how most people run (`--output_dir out` every time), and are left out."""
-    cmd, cwd = job.cmd, job.cwd
-    pattern = job.ckpt_glob
-    if pattern:
-        found = glob_checkpoints(pattern, cwd)
-    else:
-        out = output_dir(cmd, cwd)
-        found = hf_checkpoints(out) if out is not None else []
-    since = parse_iso(job.ckpt_since)
-    if since is not None:
-        found = [c for c in found if written_at(c.path) >= since - MTIME_SLACK]
-    return found
+def candidates(job: Job) -> list[Checkpoint]:
+    """The complete checkpoints its --ckpt-glob matches, else HF's under its --output_dir, oldest first."""
+    if job.ckpt_glob:
+        return glob_checkpoints(job.ckpt_glob, job.cwd)
+    out = output_dir(job.cmd, job.cwd)
+    return hf_checkpoints(out) if out is not None else []
 
 
 def latest_checkpoint(job: Job) -> Optional[Checkpoint]:
-    """The newest complete checkpoint this job wrote (see job_checkpoints), or None."""
-    found = job_checkpoints(job)
+    """The newest complete checkpoint of `job`, not counting those of an earlier run in the same
+    directory (`--output_dir out` every time): written before `ckpt_since`."""
+    found = candidates(job)
+    since = parse_iso(job.ckpt_since)
+    if since is not None:
+        found = [c for c in found if written_at(c.path) >= since - MTIME_SLACK]
     return found[-1] if found else None
 
 
 def written_at(path: str) -> float:
     """When a checkpoint was completed: for a directory the newest time of it and its entries
     (trainers write files into it, and HF writes trainer_state.json last), else its own mtime."""
-    newest = _mtime(path)
+    newest = mtime(path)
     if os.path.isdir(path):
         try:
             with os.scandir(path) as entries:

@@ -1,14 +1,6 @@
-"""What an interrupted attempt leaves behind, and how a job that goes back to the queue
-continues: from the newest complete checkpoint it wrote itself, so that a ten-hour training
-interrupted at 90% does not start again from step 0.
-
-Used wherever a job that has already run is queued again: `gpuq retry`, `gpuq recover` (and
-`gpuq run --recover`), an automatic retry after a failure, `gpuq resume`. The checkpoint rules are
-engine/tracking/checkpoints.py's: complete ones only, and only those written since the job's run began
-(`ckpt_since`), never a stale one of an earlier run in the same output directory.
-
-A preemption records the newest complete checkpoint, the last step reached, and how many steps
-were lost in between (spool_layout.md, section 11).
+"""What an interrupted attempt leaves behind, and how a job queued again (retry, recover, resume)
+continues: from the newest complete checkpoint it wrote itself (checkpoints.py's rules), so that a
+ten-hour training interrupted at 90% does not start again from step 0.
 """
 
 from __future__ import annotations
@@ -16,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from gpuq.core import transitions
-from gpuq.core.job import Job
+from gpuq.core.job import Job, is_number
 from gpuq.core.transitions import Continuation
 from gpuq.engine.tracking import checkpoints, progress
 from gpuq.spool import Spool
@@ -35,42 +27,31 @@ def plan(spool: Spool, job: Job, from_scratch: bool = False) -> Continuation:
 
 def last_step(spool: Spool, job: Job) -> Optional[int]:
     """The furthest step the current attempt reported: its progress file or its log."""
-    steps = []
     report = progress.progress_report(spool, job)
     reported = report[0].get("step") if report else None
-    if isinstance(reported, (int, float)) and not isinstance(reported, bool):
-        steps.append(int(reported))
-    tail, _mtime = progress.log_tail(spool, job, progress.TAIL_BYTES)
-    logged = progress.last_step(tail)
-    if logged is not None:
-        steps.append(logged)
+    logged = progress.last_step(progress.log_tail(spool, job, progress.TAIL_BYTES)[0])
+    steps = [int(step) for step in (reported, logged) if step is not None and is_number(step)]  # not NaN
     return max(steps) if steps else None
 
 
 def reached_end(spool: Spool, job: Job) -> Optional[str]:
-    """`step 10/10` when what the current attempt wrote says its work was done: its progress file
-    at its total (or `finished`), or its log's progress counter at its total or HF's final summary
-    (read by the ETA's rules, so a stray `100%` or an eval bar does not count); None otherwise.
-    An attempt whose supervisor was killed as the job completed left no exit code: this is how
-    recovery tells it from one cut short."""
+    """`step 10/10` when the current attempt's progress file or log (read by the ETA's rules) says
+    its work was done; None otherwise. An attempt whose supervisor was killed as the job completed
+    left no exit code: this is how recovery tells it from one cut short."""
     if not job.started_at:
         return None
-    readings = []
     report = progress.progress_report(spool, job)
-    if report is not None:
-        readings.append(progress.from_report(*report))
     tail, mtime = progress.log_tail(spool, job, progress.TAIL_BYTES)
-    if tail:
-        text = tail.decode("utf-8", "replace")
-        readings.append(progress.from_log_text(text, mtime, progress.num_epochs(job.cmd)))
-    for reading in readings:
+    for reading in (
+        progress.from_report(*report) if report else None,
+        progress.from_log_text(tail.decode("utf-8", "replace"), mtime, progress.num_epochs(job.cmd)) if tail else None,
+    ):
         if reading is not None and reading.fraction == 1.0:
             return _end_text(reading)
     return None
 
 
 def _end_text(reading: progress.Reading) -> str:
-    """`step 10/10`, `epoch 3/3`, `100%`, or `its final summary` (HF's train_runtime line, without a total)."""
     if not reading.total:
         return "its final summary"
     if reading.kind == "N%":

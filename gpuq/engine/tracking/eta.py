@@ -1,21 +1,9 @@
-"""ETA of a running job: from the *rate* of progress seen over its samples, plus the time its
-command's earlier runs took after their last step.
-
-Why a rate and not "elapsed x remaining / done": a job resumed at step 150 of 300 has done 150 steps
-in its first minute of elapsed time, so the naive formula says it is nearly finished. The formula is
-used only at the first look, counted from the step the attempt started at, until a second sample
-gives a rate.
-
-The rate blends the newest RATE_POINTS samples with the mean since the series' first sample
-(WINDOW_WEIGHT, measured in bench/eta_accuracy.py): the window alone follows every hiccup of a
-shared machine. The tail (saving, teardown) is learned from earlier runs of the same command in the
-same directory; without it every ETA ends early by that much. It is work like the steps: on a machine
-busier than during those runs it slows down as they do, so it is scaled to the job's pace now
-(`tail_seconds`).
-
-Where samples come from (ARCHITECTURE.md, "Progress and ETA"): every look (`gpuq status`, `gpuq eta`,
-the worker every 30 s) records the current reading, stamped with the time the source wrote it, in
-progress/NNNNNN.samples.json through the Spool. The queue's ETA is in queue_eta.py.
+"""ETA of a running job: from the *rate* of progress over its samples (not elapsed x remaining /
+done, which calls a job resumed at step 150 of 300 nearly finished after a minute; that formula
+serves only the first look), plus the tail its command's earlier runs took after their last step,
+scaled to the job's pace now. The rate blends the newest RATE_POINTS samples with the mean since
+the first (WINDOW_WEIGHT, bench/eta_accuracy.py): the window alone follows every hiccup of a shared
+machine. The queue's ETA is in queue_eta.py.
 """
 
 from __future__ import annotations
@@ -26,9 +14,10 @@ from typing import Any, NamedTuple, Optional
 from gpuq.core.job import Job
 from gpuq.core.states import DONE
 from gpuq.core.times import duration, parse_iso
-from gpuq.engine.tracking import checkpoints, kept_runs, progress
+from gpuq.engine.tracking import checkpoints, progress
 from gpuq.spool import Spool
 from gpuq.spool.cache import runs as past_runs
+from gpuq.spool.kept import summarise
 
 MAX_POINTS = 32  # samples kept per job: the series' first one and the newest 31
 RATE_POINTS = 8  # the window: this many newest samples ("recent")
@@ -39,8 +28,6 @@ TAIL_RUNS = 5  # the tail is the median of this many newest earlier runs
 TAIL_REACH = 0.2  # a run's end may be extrapolated from a sample within this fraction of its total
 PACE_BAND = 1.25  # a pace within this factor of the earlier runs' is their own spread: the tail is kept
 STALL_FACTOR = 5.0  # no new step for this many expected step-times past the ETA: say "stalled"
-NOT_STEPS = ("Epoch N/M", "HF log (epoch)", "N%")  # counters that do not count steps
-start_step = checkpoints.start_step  # the step the current attempt started at
 
 
 class Estimate(NamedTuple):
@@ -68,18 +55,10 @@ class Attempt(NamedTuple):
 
 # ---- one running job ----------------------------------------------------------------------------
 def observe(
-    spool: Spool, job: Job, stored: Optional[dict[str, Any]] = None
-) -> tuple[Optional[progress.Reading], list[tuple[float, float]]]:
-    """The most trusted reading available now, plus extra (time, step) points its source carries
-    (`stored`: the job's samples, read here if not given)."""
-    reading, extra, _log = _observe(spool, job, spool.reports.read_samples(job.id) if stored is None else stored)
-    return reading, extra
-
-
-def _observe(
     spool: Spool, job: Job, stored: dict[str, Any]
 ) -> tuple[Optional[progress.Reading], list[tuple[float, float]], Optional[dict[str, Any]]]:
-    """observe(), and what to keep in the samples of the log's reading (None: nothing)."""
+    """The most trusted reading available now, extra (time, step) points its source carries, and
+    what to keep in the samples of the log's reading (None: nothing)."""
     started = progress.attempt_started(job)
     report = progress.progress_report(spool, job)
     if report:
@@ -97,15 +76,15 @@ def _observe(
 def log_reading(
     spool: Spool, job: Job, stored: dict[str, Any]
 ) -> tuple[Optional[progress.Reading], Optional[dict[str, Any]]]:
-    """The reading of the job's log tail, and the memo of it to keep in the samples (`log`: what it
-    was read from, and the reading). The same log (inode, size and mtime), read with the same
-    counters seen earlier and --num_train_epochs, gives the same reading: a look at a log not
-    written to since the last one reads and parses nothing."""
+    """The reading of the job's log tail, and the memo of it to keep in the samples: a look at a log
+    not written to since (same inode, size, mtime, counters seen and --num_train_epochs) reads and
+    parses nothing."""
     signature = spool.logs.signature(job)
     if signature is None:
         return None, None
     seen = [x for x in stored.get("incomplete", []) if isinstance(x, list)]
-    of = [*signature, progress.num_epochs(job.cmd), seen]
+    epochs = progress.num_epochs(job.cmd)
+    of = [*signature, epochs, seen]
     memo = stored.get("log")
     if isinstance(memo, dict) and memo.get("of") == of:
         kept = progress.Reading.of(memo.get("reading"))
@@ -114,12 +93,8 @@ def log_reading(
     tail, mtime = spool.logs.tail(job, progress.TAIL_BYTES)
     if not tail:
         return None, None
-    reading = progress.from_log_text(tail.decode("utf-8", "replace"), mtime, of[3], [tuple(x) for x in seen])
-    return reading, {"of": of, "reading": None if reading is None else reading.fields()}
-
-
-def _series_key(reading: progress.Reading) -> str:
-    return f"{reading.source}|{reading.counter or reading.kind}|{reading.total}"
+    reading = progress.from_log_text(tail.decode("utf-8", "replace"), mtime, epochs, [tuple(x) for x in seen])
+    return reading, {"of": of, "reading": None if reading is None else list(reading)}
 
 
 def record(
@@ -131,11 +106,10 @@ def record(
     log: Optional[dict[str, Any]] = None,
     keep: bool = True,
 ) -> tuple[list[tuple[float, float]], Attempt]:
-    """Add this look to the job's samples (`stored`: as read before it, read here if not given;
-    `log`: the log's reading to keep, from log_reading; not `keep`: nothing written); the points
-    of the reading's series and the attempt."""
+    """Add this look to the job's samples (not `keep`: nothing written); the points of the
+    reading's series, and the attempt."""
     stored = spool.reports.read_samples(job.id) if stored is None else stored
-    key = _series_key(reading)
+    key = f"{reading.source}|{reading.counter or reading.kind}|{reading.total}"
     old = stored.get("points", []) if stored.get("key") == key else []
     points = merge_points(old, extra + [(reading.at, reading.step)], progress.attempt_started(job))
     incomplete = [x for x in stored.get("incomplete", []) if isinstance(x, list)]
@@ -158,7 +132,6 @@ def record(
 
 
 def _keep(spool: Spool, job: Job, stored: dict[str, Any], new: dict[str, Any]) -> None:
-    """Write the job's samples if this look changed them."""
     if new != stored:
         try:
             spool.reports.write_samples(job.id, new)
@@ -220,7 +193,7 @@ def _first_look(reading: progress.Reading, run: Optional[Attempt], now: float) -
         return None, "unknown until a second sample shows a rate; look again later"
     if run.start_step is None:
         return None, "unknown: resumed from a checkpoint whose step is unknown, until a second sample shows a rate"
-    if run.start_step and reading.kind in NOT_STEPS:
+    if run.start_step and reading.kind in (*progress.EPOCH_KINDS, "N%"):
         return None, "unknown: a resumed job counting in epochs or percent, until a second sample shows a rate"
     elapsed, done = max(now, reading.at) - run.started, reading.step - run.start_step
     if elapsed < MIN_SPAN or done <= 0:
@@ -286,26 +259,24 @@ def estimate(
         if rate is None:
             return Estimate(reading, None, f"{where}: {note}")
         assert run is not None
-        if _overdue(reading, run, now) is not None:
-            return Estimate(reading, None, f"{where}: no progress for {duration(now - reading.at)}; stalled?")
-        # the rate is counted to now: so is what remains
-        tail = tail_seconds(run, rate)
-        note = f"{where}: {rate:.3g} steps/s: {note}{_tail_note(run, tail)}"
-        return Estimate(reading, (reading.total - reading.step) / rate + tail, note)
-    note = f"{rate:.3g} steps/s {note}".rstrip()
-    eta = reading.at + (reading.total - reading.step) / rate - now
-    if eta < 0 and -eta > max(60.0, STALL_FACTOR / rate):
+        stalled = _overdue(reading, run, now) is not None
+        eta = (reading.total - reading.step) / rate  # the rate is counted to now: so is what remains
+        note = f"{rate:.3g} steps/s: {note}"
+    else:
+        eta = reading.at + (reading.total - reading.step) / rate - now
+        stalled = eta < 0 and -eta > max(60.0, STALL_FACTOR / rate)
+        note = f"{rate:.3g} steps/s {note}".rstrip()
+    if stalled:
         return Estimate(reading, None, f"{where}: no progress for {duration(now - reading.at)}; stalled?")
     tail = tail_seconds(run, rate)
     return Estimate(reading, max(0.0, eta + tail), f"{where}: {note}{_tail_note(run, tail)}")
 
 
 def running_estimate(spool: Spool, job: Job, now: float, keep: bool = True) -> Estimate:
-    """The running job's ETA from its reading now, recorded in its samples unless not `keep`
-    (`gpuq add --dry-run` writes nothing)."""
+    """The running job's ETA now, recorded in its samples unless not `keep` (`add --dry-run`)."""
     try:
         stored = spool.reports.read_samples(job.id)
-        reading, extra, log = _observe(spool, job, stored)
+        reading, extra, log = observe(spool, job, stored)
         points: list[tuple[float, float]] = []
         run: Optional[Attempt] = None
         if reading is None:
@@ -319,15 +290,13 @@ def running_estimate(spool: Spool, job: Job, now: float, keep: bool = True) -> E
 
 
 def sample_running(spool: Spool, running: list[Job], now: float) -> None:
-    """Record a progress sample of every running job. Meant for the worker's periodic step, so a
-    log-only job already has a rate when someone first runs `gpuq status`."""
+    """A sample of every running job (the worker's step: a first `gpuq status` has a rate)."""
     for job in running:
         running_estimate(spool, job, now)
 
 
 # ---- the tail, learned from earlier runs --------------------------------------------------------
 def command_key(job: Job) -> str:
-    """The same command in the same directory (what the finished rows hold: spool/cache/runs.py)."""
     return past_runs.command_key(job.cmd, job.cwd)
 
 
@@ -338,13 +307,8 @@ def attempt_of(spool: Spool, job: Job, stored: dict[str, Any]) -> Attempt:
     if isinstance(cached, dict) and cached.get("for") == started:
         tail, runs, steps = (cached.get(k) for k in ("seconds", "runs", "steps"))
         tail, steps = (float(x) if isinstance(x, (int, float)) else None for x in (tail, steps))
-        return Attempt(started, start_step(job), tail, runs if isinstance(runs, int) else 0, steps)
-    return Attempt(started, start_step(job), *learned_tail(past_ends(spool, job, started)))
-
-
-def past_tails(spool: Spool, job: Job, before: float) -> tuple[Optional[float], int]:
-    """(median tail, runs) of the runs of past_ends, the newest TAIL_RUNS."""
-    return learned_tail(past_ends(spool, job, before))[:2]
+        return Attempt(started, checkpoints.start_step(job), tail, runs if isinstance(runs, int) else 0, steps)
+    return Attempt(started, checkpoints.start_step(job), *learned_tail(past_ends(spool, job, started)))
 
 
 def learned_tail(found: list[tuple[float, float, Optional[float]]]) -> tuple[Optional[float], int, Optional[float]]:
@@ -360,7 +324,7 @@ def learned_tail(found: list[tuple[float, float, Optional[float]]]) -> tuple[Opt
 def past_ends(spool: Spool, job: Job, before: float) -> list[tuple[float, float, Optional[float]]]:
     """(end, tail, pace at the end) of the successful, non-adopted runs of the same command in the
     same directory that ended before `before`: of the newest HISTORY_FILES done jobs, and of those
-    `gpuq clear` removed (kept_runs.py, which keeps no pace)."""
+    `gpuq clear` removed (spool/kept.py, which keeps no pace)."""
     key, found, seen = command_key(job), [], set()
     for ref in list(spool.jobs.refs((DONE,)))[-HISTORY_FILES:]:
         seen.add(ref.id)
@@ -376,14 +340,10 @@ def past_ends(spool: Spool, job: Job, before: float) -> list[tuple[float, float,
         tail, pace = tail_and_pace(past, spool.reports.read_samples(ref.id))
         if tail is not None:
             found.append((end, tail, pace))
-    kept = kept_runs.summary(spool)[1].get(key, ())  # a job kept by a clear that is still here counts once
+    kept = summarise(spool.finished.read().kept)[1].get(key, ())  # a job kept by a clear that is still here counts once
     return found + [
         (end, tail, None) for end, tail, kept_id in kept if end <= before and kept_id not in seen | {job.id}
     ]
-
-
-def tail_of(job: Job, samples: dict[str, Any]) -> Optional[float]:
-    return tail_and_pace(job, samples)[0]
 
 
 def tail_and_pace(job: Job, samples: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:

@@ -1,9 +1,5 @@
-"""A job's recorded GPU utilisation as spans of time, for `history --plot` to shade its bars by.
-
-The series is the `points` of an attempt's GPU record (engine/tracking/gpuuse.py, spool_layout.md
-section 9): a point's utilisation stands for the time since the point before it (the first: since
-the attempt's start). Spans are (start, end, utilisation percent), in time order, within the run;
-a time without a known utilisation (null, or after the last sample) is in no span.
+"""A job's recorded GPU utilisation as spans (start, end, percent) of time, for `history --plot`:
+a point of an attempt's GPU record (gpuuse.py) stands for the time since the point before it.
 """
 
 from __future__ import annotations
@@ -46,33 +42,26 @@ def _number(value: Any) -> Optional[float]:
 
 
 def _reading(point: Any, position: int) -> tuple[Optional[float], Optional[float]]:
-    """(time, utilisation) of one point; None for what is missing or malformed."""
     if not isinstance(point, list) or len(point) < 2 or not isinstance(point[1], list):
         return None, None
     utils = point[1]
     return _number(point[0]), _number(utils[position]) if position < len(utils) else None
 
 
-def attempt_of(record: dict[str, Any], start: float) -> Optional[dict[str, Any]]:
-    """The record's attempt that started at `start` (epoch seconds, as the run says), if any.
-    Found by its start rather than its number: a recovered job's attempts can repeat a number."""
+def of_run(record: dict[str, Any], start: float, end: float, resolution: float = 0.0) -> dict[str, list[Span]]:
+    """Per GPU (its index as a string, as a run's lanes name it): the spans of the run from `start`
+    to `end`; {} when the record has no attempt of that run. The attempt is found by its start
+    rather than its number: a recovered job's attempts can repeat a number."""
     attempts = record.get("attempts")
     for attempt in attempts.values() if isinstance(attempts, dict) else ():
         started = _number(attempt.get("started")) if isinstance(attempt, dict) else None
         if started is not None and abs(started - start) <= START_SLACK:
-            return attempt
-    return None
-
-
-def of_run(record: dict[str, Any], start: float, end: float, resolution: float = 0.0) -> dict[str, list[Span]]:
-    """Per GPU (its index as a string, as a run's lanes name it): the spans of the run from
-    `start` to `end`; {} when the record has no attempt of that run."""
-    attempt = attempt_of(record, start)
-    gpus = attempt.get("gpus") if attempt else None
-    if not isinstance(gpus, list):
-        return {}
-    found = {str(gpu): spans(attempt, n, end, resolution) for n, gpu in enumerate(gpus)}  # type: ignore[arg-type]
-    return {gpu: series for gpu, series in found.items() if series}
+            gpus = attempt.get("gpus")
+            if not isinstance(gpus, list):
+                return {}
+            found = {str(gpu): spans(attempt, n, end, resolution) for n, gpu in enumerate(gpus)}
+            return {gpu: series for gpu, series in found.items() if series}
+    return {}
 
 
 def of_runs(spool: Spool, runs: Iterable[Any]) -> dict[tuple[int, float], dict[str, list[Span]]]:

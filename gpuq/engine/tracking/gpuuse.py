@@ -1,9 +1,6 @@
-"""What the GPUs did for each job: a running GPU job's supervisor samples its GPUs every
-GPUQ_GPU_SAMPLE_SECONDS and keeps, per attempt, running totals (exact) and a compact series (for
-plots; halved when long) in `progress/NNNNNN.gpu.json` (spool_layout.md, section 9).
-
-A sample's figures stand for the time since the sample before it (the first: since the start).
-A GPU is idle below IDLE_PERCENT; `idle_since` is the first sample time of the current idle run.
+"""What the GPUs did for each job: a running GPU job's supervisor samples its GPUs and keeps, per
+attempt, exact running totals and a compact series (halved when long) in progress/NNNNNN.gpu.json
+(spool_layout.md, section 9). A sample stands for the time since the one before it.
 """
 
 from __future__ import annotations
@@ -30,12 +27,10 @@ def _positive(name: str, default: float) -> float:
 
 
 def sample_seconds() -> float:
-    """GPUQ_GPU_SAMPLE_SECONDS (a bad value: the default)."""
     return _positive(SAMPLE_ENV, DEFAULT_SAMPLE_SECONDS)
 
 
 def idle_limit_seconds() -> float:
-    """GPUQ_GPU_IDLE_MINUTES in seconds (a bad value: the default)."""
     return _positive(IDLE_ENV, DEFAULT_IDLE_MINUTES) * 60
 
 
@@ -93,18 +88,14 @@ def _mean2(a: Optional[int], b: Optional[int]) -> Optional[int]:
     return round(sum(known) / len(known)) if known else None
 
 
-def summary(record: dict[str, Any]) -> Optional[dict[str, Any]]:
-    """Over all attempts of a job's record: `mean_util` (percent, time-weighted, null where never
-    known), `peak_mem_mib`, `gpu_hours_idle`; None for a job never sampled."""
-    return _summarise(_attempts(record))
-
-
 def _attempts(record: dict[str, Any]) -> list[dict[str, Any]]:
     attempts = record.get("attempts")
     return [a for a in attempts.values() if isinstance(a, dict)] if isinstance(attempts, dict) else []
 
 
-def _summarise(attempts: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+def summary(attempts: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """Over `attempts` (of one job's record or several): `mean_util` (percent, time-weighted, null
+    where never known), `peak_mem_mib`, `gpu_hours_idle`; None when there are none."""
     if not attempts:
         return None
     seconds = sum(sum(a.get("seconds") or ()) for a in attempts)
@@ -123,12 +114,11 @@ def of_jobs(spool: Spool, job_ids: list[int], recorded: Optional[set[int]] = Non
     one. `recorded`: spool.reports.gpu_use_ids(), when the caller asks for several groups."""
     recorded = spool.reports.gpu_use_ids() if recorded is None else recorded
     jobs = [job_id for job_id in job_ids if job_id in recorded]
-    return _summarise([a for job_id in jobs for a in _attempts(spool.reports.read_gpu_use(job_id))])
+    return summary([a for job_id in jobs for a in _attempts(spool.reports.read_gpu_use(job_id))])
 
 
 def of_job(spool: Spool, job_id: int) -> Optional[dict[str, Any]]:
-    """The job's summary (above) from its record in the spool; None if it has none."""
-    return summary(spool.reports.read_gpu_use(job_id))
+    return summary(_attempts(spool.reports.read_gpu_use(job_id)))
 
 
 def summary_text(figures: dict[str, Any]) -> str:

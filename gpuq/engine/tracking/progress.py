@@ -1,18 +1,8 @@
-"""How far a job has got: readings from what the job reports, from its log, from its checkpoints.
-
-In order of trust (the first source that yields a reading wins):
-1. "reported": the JSON file named by GPUQ_PROGRESS_FILE (`{"step": 120, "total": 300}`), written by
-   the job itself (gpuq.integrations does it for HF Trainer and Lightning);
-2. "log": the tail of the job's log only (TAIL_BYTES, whatever the log's size), split on \\r and \\n;
-3. "checkpoint": the newest complete checkpoint in the job's --output_dir (gpuq.checkpoints), or
-   TRL's completions/completions_NNNNN.parquet, against --max_steps or trainer_state.json's max_steps.
-
-What the *current attempt* wrote is told from earlier attempts' output by one rule (a job that is
-retried, resumed or recovered keeps its id, so its progress file and log may still hold an earlier
-attempt's): the supervisor starts each attempt's part of the log with ATTEMPT_HEADER, and a
-progress file older than the attempt's start is an earlier attempt's.
-
-A reading is a plain value; eta.py turns readings over time into a rate and an ETA.
+"""How far a job has got, from the first source that yields a reading: its progress file
+(GPUQ_PROGRESS_FILE, "reported"), the tail of its log ("log"), its checkpoints ("checkpoint").
+A retried or resumed job keeps its id, so its files may hold an earlier attempt's output: the log
+part after the last ATTEMPT_HEADER and a progress file newer than the attempt's start are its own.
+eta.py turns readings over time into a rate.
 """
 
 from __future__ import annotations
@@ -30,7 +20,6 @@ from gpuq.spool import Spool
 
 TAIL_BYTES = 64 * 1024
 ATTEMPT_HEADER = ATTEMPT_HEADER_TEXT.encode()  # as the log's bytes are searched
-MTIME_SLACK = checkpoints.MTIME_SLACK
 CLOCK_SLACK = 0.05  # seconds: file times come from the kernel's coarse clock, a tick or two behind
 MAX_TRAINER_STATE_BYTES = 8 << 20
 # A longer segment (a dumped tensor, a sparse file's zeros) is read by its end only: progress is what
@@ -57,7 +46,7 @@ LINE_BREAKS_RE = re.compile(r"[\r\n]+")
 HF_PAIR_RE = re.compile(r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?")
 TRL_COMPLETIONS_RE = re.compile(r"^completions_(\d+)\.parquet$")
 EPOCHS_FLAGS = ("--num_train_epochs", "--num-train-epochs")
-EPOCH_KINDS = ("Epoch N/M:", "HF log (epoch):")  # counters of epochs, not steps
+EPOCH_KINDS = ("Epoch N/M", "HF log (epoch)")  # counters of epochs, not steps
 
 
 class Reading(NamedTuple):
@@ -74,26 +63,15 @@ class Reading(NamedTuple):
     finished: bool = False  # the source says the work loop is over (HF's final train_runtime dict)
     counter: str = ""  # which counter of a log it came from (kind + label), to match later looks
 
-    def fields(self) -> list[Any]:
-        """The reading as a JSON list (what `Reading.of` reads back)."""
-        return list(self)
-
     @classmethod
     def of(cls, fields: Any) -> Optional[Reading]:
-        """The reading `fields()` gave, or None for anything else (gpuq's samples file, read back)."""
+        """The reading `list(reading)` gave, or None for anything else."""
         if not isinstance(fields, list) or len(fields) != len(cls._fields):
             return None
         step, total, source, kind, at, rate, rate_note, finished, counter = fields
-        numbers = (
-            is_number(step),
-            total is None or is_number(total),
-            is_number(at),
-            rate is None or is_number(rate),
-        )
+        numbers = is_number(step) and is_number(at) and all(x is None or is_number(x) for x in (total, rate))
         texts = all(isinstance(x, str) for x in (source, kind, rate_note, counter))
-        if not (all(numbers) and texts and isinstance(finished, bool)):
-            return None
-        return cls(*fields)
+        return cls(*fields) if numbers and texts and isinstance(finished, bool) else None
 
     @property
     def fraction(self) -> Optional[float]:
@@ -114,14 +92,12 @@ class Reading(NamedTuple):
 
 
 def num_text(value: float) -> str:
-    """`120`, or `0.48`."""
     return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
 
 
 # ---- 1. reported by the job ---------------------------------------------------------------------
 def from_report(data: Any, mtime: float) -> Optional[Reading]:
-    """A progress-file dict -> Reading. Accepts `step` + optional `total`, or `fraction` alone;
-    `time` (epoch seconds) and `recent` ([[time, step], ...]) are optional."""
+    """A progress file's reading: `step` (+ `total`) or `fraction`; `time` and `recent` optional."""
     if not isinstance(data, dict):
         return None
     step: Any = data.get("step")
@@ -137,7 +113,6 @@ def from_report(data: Any, mtime: float) -> Optional[Reading]:
 
 
 def recent_points(data: Any) -> list[tuple[float, float]]:
-    """The `recent` [[time, step], ...] list of a progress file, cleaned."""
     if not isinstance(data, dict) or not isinstance(data.get("recent"), list):
         return []
     out = []
@@ -202,22 +177,17 @@ def hf_dict_reading(line: str, epochs: Optional[float]) -> Optional[tuple[str, f
     return "HF log (epoch):", float(pairs["epoch"]), epochs, "train_runtime" in pairs
 
 
-def segments(text: str, ends_open: bool) -> list[str]:
-    """Lines of a log tail split on \\r and \\n. The last segment, when the file does not end in a
-    separator, may be cut mid-write: it is kept only if it holds a whole tqdm bar."""
-    parts = LINE_BREAKS_RE.split(text)
-    if ends_open and parts and not TQDM_RE.search(parts[-1]):
-        parts.pop()
-    return [p for p in parts if p.strip()]
-
-
 Found = tuple[str, float, Optional[float], Optional[float], bool]  # counter, step, total, rate, finished
 
 
 def log_readings(text: str, epochs: Optional[float] = None) -> list[Found]:
-    """Every progress reading in a log tail, oldest first."""
     found: list[Found] = []
-    for line in segments(text, ends_open=not text.endswith(("\n", "\r"))):
+    lines = LINE_BREAKS_RE.split(text)
+    if lines and not text.endswith(("\n", "\r")) and not TQDM_RE.search(lines[-1]):
+        lines.pop()  # the last line may be cut mid-write: kept only if it holds a whole tqdm bar
+    for line in lines:
+        if not line.strip():
+            continue
         if len(line) > LONG_SEGMENT:
             line = line[-LONG_SEGMENT:]
         if not CANDIDATE_RE.search(line):
@@ -299,14 +269,15 @@ def checkpoint_points(job: Job) -> tuple[list[tuple[float, float, str]], Optiona
     last checkpoint there, which is not this run's progress."""
     cmd, cwd, started = job.cmd, job.cwd, attempt_started(job)
     out = checkpoints.output_dir(cmd, cwd)
-    if job.ckpt_glob:
-        found = checkpoints.glob_checkpoints(job.ckpt_glob, cwd)
-    else:
-        found = checkpoints.hf_checkpoints(out) if out is not None else []
-    dated = [(c, _mtime(c.path, checkpoints.HF_COMPLETE_MARKER)) for c in found if c.step is not None]
+    marker = checkpoints.HF_COMPLETE_MARKER  # when a checkpoint was completed: its marker's mtime, else its own
+    dated = [
+        (c, checkpoints.mtime(os.path.join(c.path, marker)) or checkpoints.mtime(c.path))
+        for c in checkpoints.candidates(job)
+        if c.step is not None
+    ]
     resumed = _resumed_from(job, dated, started)
     ours = [(c, at) for c, at in dated if c.path == resumed or wrote_since(at, started, job.adopted)]
-    points = [(at, float(c.step or 0), _base(c.path)) for c, at in ours]
+    points = [(at, float(c.step or 0), os.path.basename(c.path.rstrip("/"))) for c, at in ours]
     if out is not None:
         points += [p for p in _trl_completions(out) if wrote_since(p[0], started, job.adopted)]
     points.sort(key=lambda p: (p[1], p[0]))
@@ -321,7 +292,7 @@ def wrote_since(mtime: float, started: float, adopted: bool = False) -> bool:
     gpuq records the start before it spawns the job, so what the job writes is later (a file's
     time may trail the clock by CLOCK_SLACK); a whole-second time (a filesystem with coarse times)
     and an adopted process's start (psutil's figure) are given MTIME_SLACK."""
-    return mtime >= started - (MTIME_SLACK if adopted or float(mtime).is_integer() else CLOCK_SLACK)
+    return mtime >= started - (checkpoints.MTIME_SLACK if adopted or float(mtime).is_integer() else CLOCK_SLACK)
 
 
 def _resumed_from(job: Job, dated: list[tuple[Any, float]], started: float) -> Optional[str]:
@@ -338,8 +309,8 @@ def _resumed_from(job: Job, dated: list[tuple[Any, float]], started: float) -> O
 
 
 def from_checkpoints(job: Job) -> tuple[Optional[Reading], list[tuple[float, float]]]:
-    """The current attempt's newest checkpoint as a reading, plus each of its checkpoints as a
-    (time, step) sample: the times they were written give a rate from a single look."""
+    """The current attempt's newest checkpoint as a reading, and each of its checkpoints as a
+    (time, step) sample: a rate from a single look."""
     points, total = checkpoint_points(job)
     if not points:
         return None, []
@@ -347,39 +318,22 @@ def from_checkpoints(job: Job) -> tuple[Optional[Reading], list[tuple[float, flo
     return Reading(step, total, "checkpoint", label, at), [(t, s) for t, s, _l in points]
 
 
-def _base(path: str) -> str:
-    return os.path.basename(path.rstrip("/"))
-
-
-def _mtime(path: str, marker: str) -> float:
-    """When a checkpoint was completed: its HF marker file's mtime if any, else its own."""
-    for candidate in (os.path.join(path, marker), path):
-        try:
-            return os.stat(candidate).st_mtime
-        except OSError:
-            continue
-    return 0.0
-
-
 def _trl_completions(out_dir: Any) -> list[tuple[float, float, str]]:
+    """TRL's completions/completions_N.parquet, as (mtime, step, label); one gone since the listing
+    has mtime 0, which no attempt wrote."""
     folder = os.path.join(str(out_dir), "completions")
-    points = []
     try:
-        entries = list(os.scandir(folder))
+        names = os.listdir(folder)
     except OSError:
         return []
-    for entry in entries:
-        m = TRL_COMPLETIONS_RE.match(entry.name)
-        if m:
-            try:
-                points.append((entry.stat().st_mtime, float(m.group(1)), f"completions/{entry.name}"))
-            except OSError:
-                continue
-    return points
+    return [
+        (checkpoints.mtime(os.path.join(folder, name)), float(m.group(1)), f"completions/{name}")
+        for name in names
+        if (m := TRL_COMPLETIONS_RE.match(name))
+    ]
 
 
 def _trainer_state_max_steps(ckpt_path: str) -> Optional[int]:
-    """HF's trainer_state.json knows the run's max_steps even when the argv does not say it."""
     path = os.path.join(ckpt_path, checkpoints.HF_COMPLETE_MARKER)
     try:
         if os.path.getsize(path) > MAX_TRAINER_STATE_BYTES:
@@ -398,7 +352,7 @@ def attempt_started(job: Job) -> float:
 def progress_report(spool: Spool, job: Job) -> Optional[tuple[dict[str, Any], float]]:
     """(contents, mtime) of the job's progress file if the current attempt wrote it."""
     report = spool.reports.read_progress(job.id)
-    if report is None or report[1] < attempt_started(job) - MTIME_SLACK:
+    if report is None or report[1] < attempt_started(job) - checkpoints.MTIME_SLACK:
         return None
     return report
 

@@ -1,27 +1,38 @@
-"""The queue's ETA: when each pending job is expected to start and end, behind the running ones.
-
-Running jobs' ETAs come from eta.py; a pending job's run time is the median of earlier successful
-runs of the same command in the same directory (run_times.py).
-"""
+"""The queue's ETA: when each pending job is expected to start and end, behind the running ones
+(whose ETAs are eta.py's), from the run times of its command's earlier runs."""
 
 from __future__ import annotations
 
 from statistics import median
-from typing import Any, Optional, cast
+from typing import Any, Optional
 
 from gpuq.core.job import Job
-from gpuq.core.states import PENDING, RUNNING, SLURM
+from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
 from gpuq.core.times import duration, parse_iso
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.tracking import eta
-
-# the run times of earlier runs live in run_times.py; their names stay reachable from here
-from gpuq.engine.tracking.run_times import RUNS, durations_read_only, past_durations  # noqa: F401
 from gpuq.spool import Spool
+from gpuq.spool.cache.index import Finished
+from gpuq.spool.kept import summarise
 
 CPU_LANE = "cpu"  # with GPUs, CPU jobs run one at a time beside them (engine/schedule/planner.py)
 # placement.DEFAULT_FOREIGN_THRESHOLD_MIB, for views that do not say the worker's own
 DEFAULT_FOREIGN_THRESHOLD_MIB = 1024
+RUNS = 5  # a pending job's run time: the median of the newest RUNS successful runs of its command
+
+
+def past_durations(spool: Spool, keys: set[str], listing: Optional[Finished] = None) -> dict[str, list[float]]:
+    """Run times of the newest RUNS successful runs of each command and cwd of `keys` (the finished
+    rows and what `gpuq clear` kept), oldest first; adopted jobs and unknown times left out.
+    `listing`: the finished index, if the caller has it."""
+    done = spool.finished.read() if listing is None else listing
+    kept = summarise(done.kept)[0]
+    found = {key: dict(kept.get(key, ())) for key in keys}  # id -> run time: a job in both counts once
+    entry = done.entries[DONE]
+    for job_id, row in zip(entry.ids, entry.rows):
+        if row[5] is not None and row[4] in found:  # index.ROW's run and key
+            found[row[4]][job_id] = row[5]
+    return {key: [run for _id, run in sorted(by_id.items())[-RUNS:]] for key, by_id in found.items() if by_id}
 
 
 def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None) -> list[Optional[str]]:
@@ -40,7 +51,6 @@ def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None
 
 
 def _slots_of(job: Job, slots: list[Optional[str]]) -> list[Optional[str]]:
-    """The slots a running job occupies."""
     if job.gpus is not None and CPU_LANE in slots:
         return [str(g) for g in job.gpus] or [CPU_LANE]
     if job.slot is None or slots == [None]:
@@ -49,7 +59,6 @@ def _slots_of(job: Job, slots: list[Optional[str]]) -> list[Optional[str]]:
 
 
 def _needs(job: Job, slots: list[Optional[str]]) -> tuple[list[Optional[str]], int]:
-    """The slots a pending job can take and how many of them it needs."""
     if CPU_LANE not in slots:
         return list(slots), 1
     count = job.gpu_request
@@ -106,16 +115,9 @@ def plan_queue(
     outside: Optional[dict[str, tuple[int, int]]] = None,
     threshold: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
 ) -> dict[int, eta.Estimate]:
-    """Expected start and end (seconds from now, None = unknown) of each pending job.
-
-    `running`: (job, seconds until it ends); `pending`: (job, scheduler wait) in queue order,
-    played forward as the worker starts them (`_Play`): a dependent starts when *its* dependency
-    ends, whatever job ends first. A job's run time is the median of earlier runs of the same
-    command in the same directory. Whatever depends on an unknown is unknown: no guessing.
-    `outside`: per GPU slot, (MiB held by processes that are not gpuq's, total MiB); a GPU such
-    memory keeps a job off (`threshold`: the worker's --foreign-mem-threshold) frees at an unknown
-    time, so the job starts when another GPU frees, or at a time unknown.
-    """
+    """Expected start and end (seconds from now, None = unknown) of each pending job: `running`,
+    (job, seconds until it ends), and `pending`, (job, scheduler wait) in queue order, played
+    forward (`_Play`); whatever depends on an unknown is unknown. `outside`: outside_memory's."""
     if not slots:
         return {j.id: eta.Estimate(None, None, "unknown: no worker is running (`gpuq run`)") for j, _w in pending}
     play = _Play(slots, running, durations, outside or {}, threshold)
@@ -159,8 +161,7 @@ class _Play:
                     self.free[slot] = _later(self.free[slot], until)
 
     def run(self, waiting: list[tuple[Job, Optional[float]]]) -> None:
-        """Place each (job, when its --begin or host room allows it; None: unknown) of `waiting`,
-        in queue order; a job that never gets its slots has an unknown start."""
+        """Place each (job, when its --begin or host room allows it; None: unknown) in queue order."""
         unplaced = {job.id for job, _r in waiting}
         # when anything can change: a slot frees (a dependency's end among them), a wait is over
         moments = {t for t in self.free.values() if t is not None} | {r for _j, r in waiting if r is not None}
@@ -212,7 +213,7 @@ class _Play:
     def _ready(self, job: Job, own: Optional[float], unplaced: set[int]) -> Optional[float]:
         """When `job`'s dependencies allow it to start (None: one is unplaced or ends when unknown)."""
         ready = own
-        for dep in _deps(job):
+        for dep in {*job.after, *job.after_any}:
             if dep in unplaced:
                 return None
             ready = _later(ready, self.ends.get(dep, 0.0))
@@ -228,7 +229,6 @@ class _Play:
         self.out[job.id] = eta.Estimate(None, end, note, starts_in=at)
 
     def _run_time(self, job: Job) -> tuple[Optional[float], int]:
-        """The median of the newest RUNS earlier runs of the job's command here, and how many."""
         past = self.durations.get(eta.command_key(job), [])[-RUNS:]
         return (median(past) if past else None), len(past)
 
@@ -252,10 +252,6 @@ def _held_text(held_off: dict[Optional[str], int]) -> str:
     return "; ".join(
         f"GPU {slot}: {mib / 1024:.1f} GiB held by processes that are not gpuq's" for slot, mib in held_off.items()
     )
-
-
-def _deps(job: Job) -> set[int]:
-    return set(job.after) | set(job.after_any)
 
 
 def _queue_note(
@@ -286,16 +282,15 @@ def annotate(
     gpus: Optional[dict[str, Any]] = None,
     finished: Optional[Any] = None,
 ) -> None:
-    """Set `row.estimate` for every running and pending row of a status listing, and for jobs
-    Slurm runs (`gpus`: the GPU view of engine/schedule/gpuview.py, when the machine has GPUs;
-    `finished`: the finished listing the status was made from)."""
+    """Set `row.estimate` for every running, pending and Slurm-run row of a status listing (`gpus`:
+    the GPU view, when the machine has GPUs; `finished`: the listing the status was made from)."""
     running = [r for r in rows if r.state == RUNNING]
     for row in running:
         row.estimate = eta.running_estimate(spool, row.job, now)
     for row in rows:  # a job Slurm runs writes the same log: its progress is read the same way
         if row.state == SLURM and (row.job.slurm or {}).get("state") == "RUNNING":
             row.estimate = eta.running_estimate(spool, row.job, now)
-    in_order = cast(list[Job], scheduler.queue_order([r.job for r in rows if r.state == PENDING]))
+    in_order = scheduler.queue_order([r.job for r in rows if r.state == PENDING])
     order = {j.id: n for n, j in enumerate(in_order)}
     pending = sorted((r for r in rows if r.state == PENDING), key=lambda r: order[r.job.id])
     if not pending:

@@ -1,9 +1,6 @@
-"""What `gpuq show ID` and `gpuq log ID` tell a person about one job.
-
-A job file holds some 60 fields, most of them empty or for gpuq itself; `show` gives the ones a
-person asks about (what runs where, its state and why, its times and outcome, checkpoints, GPUs,
-dependencies, attempts, limits, sweep, code and log), each as a label and one line of text, and
-leaves out what is empty. `--json` is the file as it is (cli/cmd_view.py).
+"""What `gpuq show ID` and `gpuq log ID` tell a person about one job: of its some 60 fields, the
+ones a person asks about, each as a label and one line of text, empty ones left out (`--json` is
+the file as it is).
 """
 
 from __future__ import annotations
@@ -30,6 +27,7 @@ from gpuq.system.gpu_presence import may_have_gpus
 from gpuq.system.gpus import mib_text
 
 Line = tuple[str, str]  # (label, text)
+INHERITED = "inherited from the shell (`gpuq show %d --env` lists them)"
 
 # How the interpreter was found (the job's `interpreter_from`), as the card says it
 FOUND_BY = {
@@ -44,6 +42,7 @@ FOUND_BY = {
 def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> list[Line]:
     """The lines of `gpuq show`, in the order a person reads them; an empty field has none."""
     now = time.time() if now is None else now
+    figures = gpuuse.of_job(spool, job.id) if job.gpu_request else None
     lines = [
         *_what_runs(job),
         *_state(spool, ref.state, job),
@@ -51,12 +50,13 @@ def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> li
         *_outcome(job),
         *_checkpoints(job),
         *_gpus(job),
-        ("GPU use", _gpu_use(spool, job)),
+        ("GPU use", gpuuse.summary_text(figures) if figures else ""),
         ("host", hostroom.request_text(job)),  # what it reserves of the machine (--mem, --cpus)
         ("host limits", _host_limits(job)),  # how its latest attempt was held to it
         *_dependencies(spool, job),
         *_attempts(job),
-        *_limits(job),
+        ("time limit", format_duration(job.time_limit) if job.time_limit else ""),
+        ("begins", _clock(job.begin_at)),
         ("notify", _notify(job)),
         ("on finish", job.on_finish or ""),
         *_sweep(spool, job),
@@ -67,9 +67,8 @@ def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> li
 
 
 def not_started(spool: Spool, ref: JobRef, job: Job) -> Optional[str]:
-    """Why `gpuq log` has nothing to show for a job that never ran (pending, held, or cancelled
-    before it started, with an empty log): `pending: after #3 (running)`, `held: ...` or
-    `cancelled before it ran`; None for a job that has run or has a log."""
+    """Why `gpuq log` has nothing to show for a job that never ran (`pending: after #3 (running)`,
+    `cancelled before it ran`); None for a job that has run or has a log."""
     if ref.state not in (PENDING, HELD, CANCELLED) or spool.logs.size(job) or job.started_at:
         return None
     if ref.state == CANCELLED:
@@ -93,7 +92,9 @@ def why_waiting(spool: Spool, state: str, job: Job) -> str:
 
 def _what_runs(job: Job) -> list[Line]:
     how = job.interpreter_from
-    python = job.cmd[0] if _runs_python(job.cmd) else ""  # `bash run.sh` has none of its own
+    cmd = job.cmd
+    runs_python = len(cmd) > 1 and cmd[1].endswith(".py") and os.path.basename(cmd[0]).startswith("python")
+    python = cmd[0] if runs_python else ""  # `bash run.sh` has none of its own
     found = f" (from {FOUND_BY.get(how, how)})" if how else ""
     inherited = job.shell_env
     return [
@@ -103,16 +104,8 @@ def _what_runs(job: Job) -> list[Line]:
         ("venv", job.venv or ""),
         ("conda", job.conda or ""),
         ("env", " ".join(f"{k}={shlex.quote(v)}" for k, v in job.env.items())),
-        ("shell env", inherited is not None and _inherited(job.id, len(inherited)) or ""),
+        ("shell env", inherited is not None and f"{plural(len(inherited), 'variable')} {INHERITED % job.id}" or ""),
     ]
-
-
-def _runs_python(cmd: list[str]) -> bool:
-    return len(cmd) > 1 and cmd[1].endswith(".py") and os.path.basename(cmd[0]).startswith("python")
-
-
-def _inherited(job_id: int, count: int) -> str:
-    return f"{plural(count, 'variable')} inherited from the shell (`gpuq show {job_id} --env` lists them)"
 
 
 def _state(spool: Spool, state: str, job: Job) -> list[Line]:
@@ -191,11 +184,6 @@ def _gpus(job: Job) -> list[Line]:
     return [("GPUs", asked + held)]
 
 
-def _gpu_use(spool: Spool, job: Job) -> str:
-    figures = gpuuse.of_job(spool, job.id) if job.gpu_request else None
-    return gpuuse.summary_text(figures) if figures else ""
-
-
 def _dependencies(spool: Spool, job: Job) -> list[Line]:
     if not (job.after or job.after_any):
         return []
@@ -221,13 +209,8 @@ def _attempts(job: Job) -> list[Line]:
     return [("attempts", attempts), ("history", earlier), ("preemptions", preempted)]
 
 
-def _limits(job: Job) -> list[Line]:
-    limit = format_duration(job.time_limit) if job.time_limit else ""
-    return [("time limit", limit), ("begins", _clock(job.begin_at))]
-
-
 def _notify(job: Job) -> str:
-    """Where its events go: the desktop, and each URL by its scheme and host (the rest may be a secret)."""
+    """The desktop, and each URL by its scheme and host (the rest may be a secret)."""
     return ", ".join((["desktop"] if job.notify else []) + [url_text(url) for url in job.notify_urls or ()])
 
 

@@ -6,12 +6,6 @@ from __future__ import annotations
 from gpuq.core.states import STATES
 from gpuq.engine.views import history
 from gpuq.spool import Spool
-from gpuq.spool.cache.index import Finished
-
-
-def finished(spool: Spool, write: bool = True) -> Finished:
-    """The finished jobs as they are now (`write=False`: the index is not rewritten)."""
-    return spool.finished.read(write)
 
 
 def history_records(spool: Spool) -> list[history.JobRecord]:
@@ -19,7 +13,7 @@ def history_records(spool: Spool) -> list[history.JobRecord]:
     (those that are valid jobs), then those `gpuq clear` removed, from what it kept (one whose job
     still has a file, a clear cut short, is left out). A job a crash left two copies of counts
     twice, as it always did."""
-    done = finished(spool)
+    done = spool.finished.read()
     out, here = [], set(done.states())
     for state in STATES:  # in the order the files were always read: summed times come out the same
         entry = done.entries.get(state)

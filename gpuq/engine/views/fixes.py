@@ -1,17 +1,9 @@
 """The gpuq command lines that would fix a job, chosen by why it waits or failed (`gpuq triage`).
 
-Each fix is `{"command": "gpuq retry 7", "why": "..."}`: a whole command line as a person would
-type it (shell-quoted), which gpuq's own parser reads (tests/test_triage.py parses every one).
-Only what gpuq can do is offered, with its real options:
-- a failed or cancelled job goes back with `gpuq retry ID` (from its newest checkpoint); a
-  preempted or interrupted one with `gpuq resume ID`; a held one with `gpuq release ID`;
-- `gpuq edit` changes only a waiting job, and only the fields a dropped file has (cmd, gpus,
-  gpu_mem, after, ...; not its time limit): a job that failed is changed by queueing it again
-  with `gpuq add` (its command, directory, name, GPUs, limits and environment, with the change),
-  and a job waiting after a failed attempt (`--retries`) by `gpuq edit ID --set ...`;
-- out of memory: a smaller batch where the command names one (`--batch_size 32` -> 16, and the
-  usual spellings), more GPU memory for a job that asked for a share (`--gpu-mem`); a time
-  limit: its checkpoint, or twice the time.
+Each fix is `{"command": "gpuq retry 7", "why": "..."}`: a whole, shell-quoted command line that
+gpuq's own parser reads (tests/test_triage.py parses every one). Only what gpuq can do is offered:
+`gpuq edit` changes only a waiting job, so a job that failed is changed by queueing it again with
+`gpuq add` (add_line: the job as it was, with the change).
 """
 
 from __future__ import annotations
@@ -161,26 +153,19 @@ def _smaller(job: Job, facts: dict[str, Any], edit: bool) -> list[Fix]:
 
 
 def _more_memory(mib: int, tried: Optional[str]) -> int:
-    """The share a job that ran out needs: what it had plus what it tried to allocate, or half as
-    much again; rounded up to whole GiB."""
-    extra = _mib_of(tried) if tried else None
-    wanted = mib + (extra if extra else mib // 2)
-    return math.ceil(wanted / 1024) * 1024
-
-
-def _mib_of(size: str) -> Optional[int]:
-    """MiB of `2.00 GiB`, `512.00 MiB` (PyTorch's wording)."""
-    number, _, unit = size.partition(" ")
+    """What it had plus what it tried to allocate (`2.00 GiB`, PyTorch's wording; else half again),
+    in whole GiB."""
+    number, _, unit = (tried or "").partition(" ")
     scale = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024, "TiB": 1 << 20}.get(unit)
     try:
-        return math.ceil(float(number) * scale) if scale else None
+        extra = math.ceil(float(number) * scale) if scale else 0
     except ValueError:
-        return None
+        extra = 0
+    return math.ceil((mib + (extra or mib // 2)) / 1024) * 1024
 
 
 def halve_batch(cmd: list[str]) -> Optional[tuple[list[str], int, int]]:
-    """`cmd` with its batch size halved, the size before and after; None when it names none (or
-    one of 1)."""
+    """`cmd` with its batch size halved, the size before and after; None without one above 1."""
     for i, word in enumerate(cmd):
         key, eq, value = word.partition("=")
         name = key.lstrip("-").replace("-", "_").rsplit(".", 1)[-1]  # `data.batch_size=32` (Hydra)
@@ -199,8 +184,7 @@ def halve_batch(cmd: list[str]) -> Optional[tuple[list[str], int, int]]:
 def add_line(
     job: Job, cmd: Optional[list[str]] = None, time_limit: Optional[float] = None, gpu_mem_mib: Optional[int] = None
 ) -> str:
-    """`gpuq add ...` that queues the job again as it was (command, directory, name, GPUs, time
-    limit, priority, checkpoints, environment gpuq added), with the changes given."""
+    """`gpuq add ...` that queues the job again as it was, with the changes given."""
     words = ["gpuq", "add", "--name", job.name, "-d", job.cwd]
     if job.gpu_request != 1:
         words += ["--gpus", str(job.gpu_request)]

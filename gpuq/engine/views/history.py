@@ -1,23 +1,10 @@
-"""What ran: one `PastRun` per attempt, and per-group totals for `gpuq history`.
+"""What ran: one `PastRun` per attempt, and per-group totals for `gpuq history`, as pure functions
+over `JobRecord`s or `(state, job)` pairs (finished_index.history_records gives a finished job's
+record from its row: a history of 10,000 jobs opens no job file).
 
-Pure functions over `JobRecord`s, or over `(state, job)` pairs (the state being the job's
-directory); no spool access, so the caller decides which jobs to read. A finished job's record
-comes from its row in the index of finished jobs (`row_records`: its command key and its runs as
-data, so that a history of 10,000 jobs opens no job file), another job's from its file
-(`record_of`); the rules are the same for both (spool/cache/runs.py).
-engine/views/finished_index.py's `history_records` reads them from the spool.
-
-Counting rules:
-- A run is one entry of a job's `history` (one attempt) with a known start and end, so a job
-  preempted and resumed gives two runs. A job file without `history` entries but with
-  `started_at`/`finished_at` (older files) gives one run, its outcome being the job's state.
-- GPUs held: the attempt's own `gpus`/`slot` if it recorded them, else the job's (the newest
-  attempt's, for a job that ran on several GPUs over its attempts); `gpus` (non-empty list) wins
-  over `slot` ("0,1"), which wins over `gpu_request` (default 1). `gpu_request: 0` is a CPU job:
-  0 GPUs, whatever else is recorded.
-- GPU-hours = run time x GPUs held. Adopted jobs are included but approximate: their start is the
-  process's real start, their end is when gpuq noticed the process gone (seconds to minutes late).
-- Time window: a run counts when it ended at or after `since`; a preemption when its `at` is.
+A run is one attempt with a known start and end (spool/cache/runs.py's rules); GPU-hours are its
+time x the GPUs it held. Adopted jobs count, approximately: their end is when gpuq noticed the
+process gone. A run counts in a time window when it ended in it; a preemption when its `at` is.
 """
 
 from __future__ import annotations
@@ -31,13 +18,12 @@ from typing import Any, Iterable, NamedTuple, Optional, Union
 
 from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED
-from gpuq.spool.cache.runs import facts, gpus_held, parse_time, preemption_times, read_keys, read_pasts
-
-__all__ = ["gpus_held", "preemption_times"]  # the rules, from where the finished rows are made
+from gpuq.spool.cache.runs import facts, parse_time, read_keys, read_pasts
 
 GROUP_KEYS = ("dir", "script", "day", "sweep")
-# What each attempt outcome counts as. "pending" is an attempt that failed and was retried.
-FAILED_OUTCOMES = (FAILED, PENDING)
+# The Group field (named as the state) counting each attempt outcome; a "pending" attempt failed
+# and was retried.
+COUNTERS = {PENDING: FAILED, **{state: state for state in (DONE, FAILED, CANCELLED, INTERRUPTED)}}
 SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".zsh", ".jl", ".r", ".lua", ".pl", ".rb", ".js", ".ts")
 
 JobPair = tuple[str, Job]
@@ -107,9 +93,7 @@ class Group:
     median_seconds: Optional[float] = None
     first: Optional[float] = None  # earliest start of its runs (epoch seconds)
     last: Optional[float] = None  # latest end of its runs
-    gpu_use: Optional[dict[str, Any]] = (
-        None  # what its jobs' GPUs did (engine/tracking/gpuuse.summary), once the caller adds it
-    )
+    gpu_use: Optional[dict[str, Any]] = None  # what its jobs' GPUs did (gpuuse.summary), added by the caller
     _seconds: list[float] = field(default_factory=list, repr=False)
     _job_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -182,32 +166,20 @@ def _records(jobs: Iterable[Union[JobPair, JobRecord]]) -> Iterable[JobRecord]:
         yield item if isinstance(item, JobRecord) else record_of(*item)
 
 
-def _record_runs(record: JobRecord) -> list[PastRun]:
-    job_id, name, cwd, script, sweep, adopted = (
-        record.job_id, record.name, record.cwd, record.script, record.sweep, record.adopted,
-    )  # fmt: skip
-    return [
-        PastRun(job_id, name, cwd, script, number, start, end, outcome, tuple(gpus), count, sweep, adopted)
-        for number, start, end, outcome, gpus, count in record.attempts
-    ]
-
-
 def runs(jobs: Iterable[Union[JobPair, JobRecord]]) -> list[PastRun]:
-    """Every run of every job (records, or `(state, job)` pairs), ordered by start time (then job
-    id, attempt)."""
-    result = [run for record in _records(jobs) for run in _record_runs(record)]
+    """Every run of every job, ordered by start time (then job id, attempt)."""
+    result = [
+        PastRun(r.job_id, r.name, r.cwd, r.script, number, start, end, outcome, tuple(gpus), count, r.sweep, r.adopted)
+        for r in _records(jobs)
+        for number, start, end, outcome, gpus, count in r.attempts
+    ]
     result.sort(key=lambda r: (r.start, r.job_id, r.attempt if r.attempt is not None else -1))
     return result
 
 
-def day_of(stamp: float) -> str:
-    """The local calendar day of an epoch time, YYYY-MM-DD."""
-    return datetime.fromtimestamp(stamp).strftime("%Y-%m-%d")
-
-
 def _key(by: str, record: JobRecord, stamp: float) -> Union[int, str, None]:
     if by == "day":
-        return day_of(stamp)
+        return datetime.fromtimestamp(stamp).strftime("%Y-%m-%d")  # the local calendar day
     return record.cwd if by == "dir" else record.script if by == "script" else record.sweep
 
 
@@ -219,13 +191,9 @@ def _order(key: Union[int, str, None]) -> tuple:
 
 
 def summarize(jobs: Iterable[Union[JobPair, JobRecord]], since: Optional[float] = None, by: str = "dir") -> list[Group]:
-    """Per-group totals of the runs of `jobs` (records, or `(state, job)` pairs) that ended at or
-    after `since` (epoch seconds; None: all),
-    grouped `by` "dir" (cwd), "script" (`script_of`), "day" (local day the run ended) or "sweep"
-    (sweep id; None groups the jobs outside sweeps). Groups are sorted by key: days
-    chronologically, directories and scripts alphabetically, sweep ids numerically, None last.
-    `median_seconds` is over all runs of the group, whatever their outcome.
-    ValueError for an unknown `by`."""
+    """Per-group totals of the runs of `jobs` that ended at or after `since` (None: all), grouped
+    `by` "dir", "script" (`script_of`), "day" (local day the run ended) or "sweep" (None: outside
+    sweeps), sorted by key (None last). `median_seconds` is over all runs, whatever their outcome."""
     if by not in GROUP_KEYS:
         raise ValueError(f"--by {by!r}: choose one of {', '.join(GROUP_KEYS)}")
     groups: dict[Union[int, str, None], Group] = {}
@@ -252,23 +220,16 @@ def summarize(jobs: Iterable[Union[JobPair, JobRecord]], since: Optional[float] 
 
 
 def job_ids(group: Group) -> list[int]:
-    """The jobs whose runs the group counts."""
     return sorted(group._job_ids)
 
 
 def _add_run(group: Group, record: JobRecord, start: float, end: float, outcome: str, gpu_count: int) -> None:
-    """One run into its group's totals (as PastRun's `seconds` and `gpu_hours` count it; 10,000
-    runs: no object made for each)."""
+    """One run into its group's totals (as PastRun counts it, but no object made for each)."""
     group.runs += 1
     group._job_ids.add(record.job_id)
-    if outcome == DONE:
-        group.done += 1
-    elif outcome in FAILED_OUTCOMES:
-        group.failed += 1
-    elif outcome == CANCELLED:
-        group.cancelled += 1
-    elif outcome == INTERRUPTED:
-        group.interrupted += 1
+    counter = COUNTERS.get(outcome)
+    if counter:
+        setattr(group, counter, getattr(group, counter) + 1)
     group.adopted += record.adopted
     seconds = max(0.0, end - start)
     group.gpu_hours += seconds * gpu_count / 3600.0
@@ -285,8 +246,7 @@ def iso(stamp: Optional[float]) -> Optional[str]:
 
 
 def to_json(groups: Iterable[Group]) -> list[dict[str, Any]]:
-    """`history --json`: one object per group, plain JSON types, times ISO 8601, GPU-hours
-    rounded to 0.001 h and seconds to 0.1 s."""
+    """`history --json`: one object per group, times ISO 8601."""
     return [
         {
             "key": group.key,

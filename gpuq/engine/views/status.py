@@ -24,14 +24,9 @@ LOOKS = 3  # listings taken at most while jobs keep moving under one `gpuq statu
 class Row:
     __slots__ = ("job", "state", "wait", "estimate", "gpu_idle")
 
-    def __init__(
-        self,
-        job: Job,
-        state: str,
-        wait: Optional[scheduler.Wait] = None,
-        estimate: Any = None,  # running and pending rows: engine/tracking/eta.py's Estimate
-    ) -> None:
-        self.job, self.state, self.wait, self.estimate = job, state, wait, estimate
+    def __init__(self, job: Job, state: str, wait: Optional[scheduler.Wait] = None) -> None:
+        self.job, self.state, self.wait = job, state, wait
+        self.estimate: Any = None  # running and pending rows: engine/tracking/eta.py's Estimate
         self.gpu_idle: list[tuple[int, float]] = []  # a running job's GPUs idle too long: (index, seconds)
 
 
@@ -69,8 +64,7 @@ class Status(NamedTuple):
 
     def outlook(self, now: Optional[float] = None) -> tuple[int, int, int]:
         """The pending jobs as (startable: a worker would start them, now or once the jobs they
-        wait for end; later: only once their --begin time comes; blocked: not without a person
-        acting). Held jobs are not pending."""
+        wait for end; later: once their --begin time comes; blocked: not without a person)."""
         now = time.time() if now is None else now
         rows = [r for r in self.rows if r.state == PENDING]
         blocked = sum(1 for r in rows if r.wait is not None and r.wait.forever)
@@ -102,7 +96,7 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
         rows += [Row(job, state) for _ref, job in spool.jobs.load_many(state)]
     view = None
     if show_all and damaged is not None and done.count() > RECENT_FINISHED:
-        view = done.rows()
+        view = FinishedRows(done.entries)
         finished: list[JobRef] = []
     elif show_all:
         finished = sorted((r for state in FINISHED for r in done.refs(state)), key=lambda r: r.id)
@@ -147,16 +141,14 @@ def _idle_gpus(spool: Spool, rows: list[Any]) -> list[str]:
 
 
 def _hidden_failed(done: Finished, shown: list[JobRef], moved_on: int) -> int:
-    """How many failed jobs the finished rows shown leave out, from the listing's counts alone
-    (no file read): failed/'s ids, less those shown and the `moved_on` a crash mid-move (a retry)
-    left a later copy of."""
-    failed = len(done.ids.get(FAILED, ()))
+    """How many failed jobs the rows shown leave out, from the listing alone: failed/'s ids, less
+    those shown and the `moved_on` a crash mid-move (a retry) left a later copy of."""
+    failed = len(done.entries[FAILED].ids)
     return max(0, failed - sum(1 for r in shown if r.state == FAILED) - moved_on) if failed else 0
 
 
 def unseen_rejected(spool: Spool) -> Optional[Rejected]:
-    """The rejected files `gpuq rejected` has not listed yet (one listing of rejected/, empty on
-    nearly every spool; a stat per unseen file and one reason read when there are some)."""
+    """The rejected files `gpuq rejected` has not listed yet."""
     box = spool.dropbox
     unseen = box.unseen(box.rejected())
     if not unseen:
@@ -165,13 +157,13 @@ def unseen_rejected(spool: Spool) -> Optional[Rejected]:
     return Rejected(len(unseen), newest, box.reason(newest), at)
 
 
-def rejected_files(spool: Spool, mark_seen: bool = True) -> list[tuple[str, float, str]]:
+def rejected_files(spool: Spool) -> list[tuple[str, float, str]]:
     """`gpuq rejected`: (name, when rejected, why) of every file in rejected/, oldest first; from
-    now on `status` no longer mentions them (`mark_seen`)."""
+    now on `status` no longer mentions them."""
     box = spool.dropbox
     names = box.rejected()
     listed = sorted(((name, box.rejected_at(name), box.reason(name)) for name in names), key=lambda r: (r[1], r[0]))
-    if mark_seen and names:
+    if names:
         box.mark_seen(names)
     return listed
 
@@ -191,7 +183,7 @@ def name_the_first_in_line(snap: scheduler.QueueState, reasons: dict[int, Option
 
 
 def _request_text(job: Job) -> str:
-    """What a job asks of the GPUs, as a person says it: `40.0 GiB on a GPU`, `2 whole GPUs`."""
+    """`40.0 GiB on a GPU`, `2 whole GPUs`."""
     from gpuq.system.gpus import mib_text  # only where a worker places jobs on GPUs: it imports it too
 
     count, mem = job.gpu_request, job.gpu_mem_mib
@@ -219,8 +211,8 @@ def _listing(spool: Spool) -> tuple[list[JobRef], Finished, dict[int, str]]:
 
 
 def sync_slurm(spool: Spool) -> list[str]:
-    """With jobs in slurm/ (only then: the Slurm client imports subprocess), ask Slurm how they
-    are and record it (engine/lifecycle/slurm_handover.py). A Slurm that cannot be asked is a warning."""
+    """With jobs in slurm/ (only then: the Slurm client imports subprocess), record how Slurm says
+    they are; a Slurm that cannot be asked is a warning."""
     if not spool.jobs.names(SLURM):
         return []
     from gpuq.engine.lifecycle import slurm_handover  # the Slurm subsystem: only with jobs handed to it
@@ -238,8 +230,7 @@ BIG_LOG_BYTES = 1 << 30  # and when a running job's log passes this (no cap by d
 
 
 def disk_warnings(spool: Spool, running: list[Job]) -> list[str]:
-    """A spool filesystem running out of room, a log growing past BIG_LOG_BYTES, and jobs whose
-    end waits for room to be recorded."""
+    """A spool filesystem running out of room, a log past BIG_LOG_BYTES, an end waiting for room."""
     out = []
     total, free = spool.disk_space()
     if total and free < LOW_SPACE_FRACTION * total:

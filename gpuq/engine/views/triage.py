@@ -1,12 +1,6 @@
-"""`gpuq triage ID`: one job's state, why it waits or why it failed, the end of its log, its
-checkpoint and the gpuq command lines that would fix it, as one JSON-ready dict (an assistant
-reads it through `gpuq triage ID --json` or the MCP server's tool; cli/cmd_view.py prints it as
-a card).
-
-Everything here is read: the job file, the log's last TAIL_BYTES (however big the log), the
-checkpoints on disk. The recorded failure reason (core/failure.py, written when the job ended)
-is used as it is; a job ended without one (recovered, or by an older gpuq) has it read again from
-its log. Which fixes are offered is engine/views/fixes.py.
+"""`gpuq triage ID`: one job's state, why it waits or failed, the end of its log, its checkpoint and
+the command lines that would fix it (fixes.py), as one JSON-ready dict. Only reads: the log's last
+TAIL_BYTES, whatever its size; a job that ended without a recorded reason has it read from its log.
 """
 
 from __future__ import annotations
@@ -45,8 +39,8 @@ _TRIED = "tried to allocate "
 
 
 def triage(spool: Spool, job_id: int, lines: int = LOG_LINES) -> dict[str, Any]:
-    """What is known about job `job_id` and what would fix it (see the module's doc). Refused
-    (one line, as `gpuq show`) for an id that names no job."""
+    """What is known about job `job_id` and what would fix it; refused, as `gpuq show`, for an id
+    that names no job."""
     ref, job = actions.get(spool, job_id)
     state = ref.state
     out: dict[str, Any] = {"id": job.id, "name": job.name, "state": state, "note": job.note}
@@ -81,8 +75,8 @@ def _ending(job: Job, state: str, tail: bytes) -> dict[str, Any]:
         "cause": cause_of(reason, job.note) if (reason or job.note) else None,
         "run_seconds": None if run is None else round(run, 1),
     }
-    tried = _tried(reason)
-    if tried is not None:
+    tried = reason.split(_TRIED, 1)[1].split(")", 1)[0].strip() if reason and _TRIED in reason else ""
+    if tried:  # `2.00 GiB` of `CUDA out of memory (tried to allocate 2.00 GiB)`
         out["tried_to_allocate"] = tried
     return out
 
@@ -98,13 +92,6 @@ def cause_of(reason: Optional[str], note: Optional[str] = None) -> str:
     return OTHER
 
 
-def _tried(reason: Optional[str]) -> Optional[str]:
-    """`2.00 GiB` of `CUDA out of memory (tried to allocate 2.00 GiB)`."""
-    if not reason or _TRIED not in reason:
-        return None
-    return reason.split(_TRIED, 1)[1].split(")", 1)[0].strip() or None
-
-
 def log_lines(tail: bytes, count: int = LOG_LINES) -> list[str]:
     """The last `count` lines (at most MAX_LOG_LINES) of what the latest attempt wrote, as a
     terminal shows them (core/failure.py), gpuq's own lines left out, each cut at MAX_LINE_CHARS."""
@@ -117,8 +104,8 @@ def log_lines(tail: bytes, count: int = LOG_LINES) -> list[str]:
 
 
 def checkpoint_facts(job: Job) -> dict[str, Any]:
-    """What gpuq knows of the job's checkpoints: the newest complete one on disk (and its step),
-    where it looked, the one it last recorded, and whether a retry or resume continues from one."""
+    """The newest complete checkpoint on disk, where gpuq looked, the one it recorded, and whether
+    a retry or resume continues from one."""
     try:
         latest = checkpoints.latest_checkpoint(job)
     except OSError:

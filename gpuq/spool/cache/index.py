@@ -1,17 +1,9 @@
-"""cache/finished-jobs: the one index of finished jobs, derived from done/, failed/ and cancelled/
-and from `kept-runs`, rebuildable at any time (spool_layout.md, "Derived data").
+"""cache/finished-jobs: the one index of finished jobs, derived from done/, failed/, cancelled/ and
+`kept-runs`, rebuildable at any time (ARCHITECTURE.md and spool_layout.md, "Derived data").
 
-It holds one row per finished job file (ROW): what `status -a` shows of it, and what the queue's
-ETA and `gpuq history` read of it. Each state's rows are stamped with its directory's inode and
-mtime, which move whenever a file is added, removed or replaced there: while the stamp holds,
-nothing is listed or read. Otherwise the directory is listed, and only the files the index does
-not hold under the same name and inode are read (a job file is never edited in place: a change is
-a new file); names that went are dropped. A directory changed within SETTLE_SECONDS is not stamped
-(timestamps are coarse: a change in the same tick would leave its mtime as it was), so the next
-reader lists it again. The records of `kept-runs` (what `gpuq clear` kept, primary data) are held
-under that file's inode, mtime and size. The index is rewritten whole (tmp + rename, not fsynced)
-when it changed, if the caller may write and the disk has room; any damage, and it is rebuilt.
-Nothing appends to it when a job moves: the store knows nothing of it.
+Each state's rows are stamped with its directory's inode and mtime: while the stamp holds, nothing
+is listed. A directory changed within SETTLE_SECONDS is not stamped: timestamps are coarse, so a
+change in the same tick would leave its mtime as it was.
 """
 
 from __future__ import annotations
@@ -20,7 +12,7 @@ import marshal
 import os
 import time
 from operator import itemgetter
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
@@ -33,10 +25,10 @@ from gpuq.spool.layout import Layout, is_job_name
 from gpuq.spool.store import JobRef, JobStore
 
 NAME = "finished-jobs"
-FORMAT = 2  # 1: the rows not packed apart
+FORMAT = 4  # 3: the rows packed apart, keys and run times beside them
 SETTLE_SECONDS = 2.0
 # What gpuq before this index kept in cache/: removed when the index is written.
-OLD_NAMES = ("finished-journal", "finished-view", "finished-index", "finished-table", "queue-runs")
+OLD_NAMES: tuple[str, ...] = ("finished-journal", "finished-view", "finished-index", "finished-table", "queue-runs")
 OLD_NAMES += ("status-jobs", "kept-runs", "finished-rows")
 
 # A row: the job's name, its script (schema.display_script), whole seconds run (None: unknown) and
@@ -65,77 +57,29 @@ def row_of(job: Job, state: str, now: float) -> tuple:
         job.priority,
         "",
     )
-    key = runs.command_key(job.cmd, job.cwd)
     return (
         job.name,
         schema.display_script(job.cmd),
         seconds,
         end,
-        key,
+        runs.command_key(job.cmd, job.cwd),
         runs.run_seconds(job),
         runs.past_text(state, job),
     )
 
 
-def unreadable_row(file_name: str, reason: str) -> tuple:
-    """The row of a finished file that is not a valid job: its name and why."""
-    return file_name, "", None, (None, "", None, "", "", "", None, reason), "", None, ""
+class Entry(NamedTuple):
+    """One finished state: its directory's stamp (None: list it again), its files' ids, names and
+    inodes, and their rows."""
+
+    stamp: Optional[tuple[int, int]]
+    ids: tuple[int, ...]
+    names: tuple[str, ...]
+    inodes: tuple[int, ...]
+    rows: tuple[tuple, ...]
 
 
-class Entry:
-    """One finished state: its directory's stamp (None: list it again), its ids in order, and,
-    packed apart until first read (a plain `status` reads none of them, the ETA only its keys and
-    run times), its files' names and inodes, the ETA's columns and the rows."""
-
-    def __init__(self, stamp: Optional[tuple[int, int]], ids: tuple[int, ...], *parts: Any) -> None:
-        self.stamp, self.ids, self._parts = stamp, ids, list(parts)  # files, eta, rows: bytes or unpacked
-
-    @classmethod
-    def made(cls, stamp: Optional[tuple[int, int]], ids: Any, names: Any, inodes: Any, rows: Any) -> Entry:
-        one: dict[Any, Any] = {}  # each script, end and key one object: marshal writes it once
-        rows = tuple(
-            (r[0], one.setdefault(r[1], r[1]), r[2], one.setdefault(r[3], r[3]), one.setdefault(r[4], r[4]), *r[5:])
-            for r in rows
-        )
-        eta = (tuple(row[4] for row in rows), tuple(row[5] for row in rows))
-        return cls(stamp, tuple(ids), (tuple(names), tuple(inodes)), eta, rows)
-
-    def _part(self, at: int) -> Any:
-        part = self._parts[at]
-        if type(part) is bytes:
-            part = self._parts[at] = marshal.loads(part)
-        return part
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return self._part(0)[0]
-
-    @property
-    def inodes(self) -> tuple[int, ...]:
-        return self._part(0)[1]
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        """Each row's command key (runs.command_key; "" for a file that is not a valid job)."""
-        return self._part(1)[0]
-
-    @property
-    def runs(self) -> tuple[Optional[float], ...]:
-        """Each row's run time in seconds, None where unknown (runs.run_seconds)."""
-        return self._part(1)[1]
-
-    @property
-    def rows(self) -> tuple[tuple, ...]:
-        return self._part(2)
-
-    def stamped(self, stamp: Optional[tuple[int, int]]) -> Entry:
-        return Entry(stamp, self.ids, *self._parts)
-
-    def packed(self) -> tuple:
-        return (self.stamp, self.ids, *(p if type(p) is bytes else marshal.dumps(p) for p in self._parts))
-
-
-EMPTY = Entry.made(None, (), (), (), ())
+EMPTY = Entry(None, (), (), (), ())
 
 
 class FinishedRows:
@@ -148,19 +92,14 @@ class FinishedRows:
         self.states = [s for _i, s, _r in merged]
         rows = [r for _i, _s, r in merged]
         self.columns = tuple(zip(*[r[:4] for r in rows])) if rows else ((), (), (), ())
-        self.keys = [r[4] for r in rows]
-        self.runs = [r[5] for r in rows]
 
     def __len__(self) -> int:
         return len(self.ids)
 
 
 class Finished:
-    """The finished jobs as the index holds them, brought up to date."""
-
     def __init__(self, entries: dict[str, Entry], kept: list[tuple]) -> None:
         self.entries, self.kept = entries, kept
-        self.ids = {state: entry.ids for state, entry in entries.items()}
 
     def count(self) -> int:
         return sum(len(entry.ids) for entry in self.entries.values())
@@ -184,13 +123,8 @@ class Finished:
         found.sort(key=lambda ref: ref.id)
         return found[-limit:]
 
-    def rows(self) -> FinishedRows:
-        return FinishedRows(self.entries)
-
 
 class FinishedIndex:
-    """Reads and keeps cache/finished-jobs (`spool.finished`)."""
-
     def __init__(self, layout: Layout, files: Files, jobs: JobStore, kept: KeptRuns) -> None:
         self.layout, self.files, self.jobs, self.kept = layout, files, jobs, kept
 
@@ -222,7 +156,7 @@ class FinishedIndex:
 
     def _refresh(self, state: str, old: Entry, stamp: Optional[tuple[int, int]], now: float) -> tuple[Entry, bool]:
         """A state's entry for its files now, and whether they differ from `old`'s: the rows of
-        files listed under the same name and inode kept, the others read."""
+        files listed under the same name and inode kept (a job file is never edited in place)."""
         try:
             with os.scandir(self.layout.state_dir(state)) as listing:
                 listed = sorted(
@@ -231,18 +165,15 @@ class FinishedIndex:
         except FileNotFoundError:
             listed = []
         if [n for _i, n, _ino in listed] == list(old.names) and [ino for _i, _n, ino in listed] == list(old.inodes):
-            return old.stamped(stamp), False
+            return old._replace(stamp=stamp), False
         known = {name: (inode, row) for name, inode, row in zip(old.names, old.inodes, old.rows)}
-        ids, names, inodes, rows = [], [], [], []
+        found = []
         for job_id, name, inode in listed:
             hit = known.get(name)
             row = hit[1] if hit is not None and hit[0] == inode else self._row(state, job_id, name, now)
             if row is not None:
-                ids.append(job_id)
-                names.append(name)
-                inodes.append(inode)
-                rows.append(row)
-        return Entry.made(stamp, ids, names, inodes, rows), True
+                found.append((job_id, name, inode, row))
+        return Entry(stamp, *(tuple(zip(*found)) or ((), (), (), ()))), True
 
     def _row(self, state: str, job_id: int, name: str, now: float) -> Optional[tuple]:
         """The row of one file (None: gone since the listing)."""
@@ -251,26 +182,26 @@ class FinishedIndex:
         except FileNotFoundError:
             return None
         except schema.InvalidJob as exc:  # shown as what it is: never left out, never a traceback
-            return unreadable_row(name, str(exc))
+            return name, "", None, (None, "", None, "", "", "", None, str(exc)), "", None, ""
 
     def _load(self) -> tuple[dict[str, Entry], Any, list[tuple]]:
         """(state -> entry, the stamp of the kept records, those records) as last written; empty
         where the file is missing, damaged or of another format."""
         data = read_small(self.layout.cache_path(NAME), cap=1 << 34, mine=True)
         try:
-            form, stored, kept_stamp, kept = marshal.loads(data) if data else (None, None, None, None)
+            loaded: Any = marshal.loads(data) if data else None
+            form, stored, kept_stamp, kept = loaded if loaded else (None, {}, None, [])
             if form == FORMAT:
                 entries = {state: Entry(*stored[state]) for state in FINISHED if state in stored}
-                if all(len(e._parts) == 3 and type(e.ids) is tuple for e in entries.values()):
-                    return entries, kept_stamp, list(kept)
-        except (EOFError, ValueError, TypeError, KeyError):
+                return entries, kept_stamp, list(kept)
+        except (EOFError, ValueError, TypeError, KeyError, IndexError):
             pass
         return {}, False, []  # False: no kept-runs signature, so they are read again
 
     def _write(self, entries: dict[str, Entry], kept_stamp: Any, kept: list[tuple]) -> None:
         if free_bytes(self.layout.home) < MIN_FREE_TO_START:
             return  # the disk's last room is for job files (spool_layout.md section 14)
-        data = marshal.dumps((FORMAT, {state: entry.packed() for state, entry in entries.items()}, kept_stamp, kept))
+        data = marshal.dumps((FORMAT, {state: tuple(entry) for state, entry in entries.items()}, kept_stamp, kept))
         try:
             self.files.replace(self.layout.cache_path(NAME), data, "cache", durable=False)
             for name in OLD_NAMES:

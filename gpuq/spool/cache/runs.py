@@ -1,19 +1,15 @@
-"""What `gpuq history` and the queue's ETA read of a job: its command key, its run time and its
-runs, as the finished index holds them (index.py's ROW: `key`, `run`, `past`) and `kept-runs` keeps
-them (spool/kept.py). The rules are here, below the engine, because the index is made in the
-spool; engine/views/history.py applies the same rules to the jobs that are not finished.
-
-Tolerant, as history always was: a bad value in one job file gives an unknown (a run left out, a
-default), never an error.
+"""What `gpuq history` and the queue's ETA read of a job (its command key, run time and runs), as
+the finished index's rows and `kept-runs` hold them: here, below the engine, because the index is
+made in the spool. Tolerant: a bad value in one job file gives an unknown, never an error.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 from gpuq.core.job import Job
+from gpuq.core.times import parse_iso
 
 
 def command_key(cmd: Any, cwd: Any) -> str:
@@ -23,13 +19,12 @@ def command_key(cmd: Any, cwd: Any) -> str:
 
 
 def parse_time(value: Any) -> Optional[float]:
-    """ISO 8601 -> epoch seconds; None for null or anything unreadable (a bad field in one job
-    file must not stop the history). A time without offset is local time."""
+    """ISO 8601 -> epoch seconds (no offset: local time); None for null or anything unreadable."""
     if not isinstance(value, str) or not value:
         return None
     text = value[:-1] + "+00:00" if value.endswith("Z") else value  # fromisoformat of 3.9 lacks "Z"
     try:
-        return datetime.fromisoformat(text).timestamp()
+        return parse_iso(text)
     except ValueError:
         return None
 
@@ -66,13 +61,6 @@ def gpus_held(job: Job, attempt: Optional[dict[str, Any]] = None) -> tuple[list[
     return [], request
 
 
-def sweep_id(job: Job) -> Optional[Union[int, str]]:
-    sweep = job.sweep
-    if isinstance(sweep, dict) and isinstance(sweep.get("id"), (int, str)) and not isinstance(sweep.get("id"), bool):
-        return sweep["id"]
-    return None
-
-
 def attempts(state: str, job: Job) -> list[list[Any]]:
     """[attempt (None: unknown), start, end, outcome, GPUs, GPU count] of each attempt with a known
     start and end, in attempt order; the outcome is `state` where the attempt does not say. A file
@@ -86,49 +74,31 @@ def attempts(state: str, job: Job) -> list[list[Any]]:
         start, end = parse_time(entry.get("started_at")), parse_time(entry.get("finished_at"))
         if start is None or end is None:
             continue
-        gpus, count = gpus_held(job, entry)
         number, outcome = entry.get("attempt"), entry.get("outcome")
-        out.append(
-            [
-                number if isinstance(number, int) else None,
-                start,
-                end,
-                outcome if isinstance(outcome, str) else state,
-                gpus,
-                count,
-            ]
-        )
+        number = number if isinstance(number, int) else None
+        out.append([number, start, end, outcome if isinstance(outcome, str) else state, *gpus_held(job, entry)])
     return out
 
 
-def preemption_times(job: Job) -> list[float]:
-    """When the job was preempted (epoch seconds), from its `preemptions` records."""
-    records = job.preemptions
-    if not isinstance(records, list):
-        return []
-    times = (parse_time(record.get("at")) for record in records if isinstance(record, dict))
-    return [at for at in times if at is not None]
-
-
 def facts(state: str, job: Job) -> list[Any]:
-    """What history reads of a job besides its key: [sweep id, adopted, attempts, preemption times]."""
-    return [sweep_id(job), bool(job.adopted), attempts(state, job), preemption_times(job)]
+    """[sweep id, adopted, attempts, preemption times]: what history reads besides the key."""
+    sweep = job.sweep.get("id") if isinstance(job.sweep, dict) else None
+    records = job.preemptions if isinstance(job.preemptions, list) else []
+    times = [parse_time(record.get("at")) for record in records if isinstance(record, dict)]
+    return [
+        sweep if isinstance(sweep, (int, str)) and not isinstance(sweep, bool) else None,
+        bool(job.adopted),
+        attempts(state, job),
+        [at for at in times if at is not None],
+    ]
 
 
 def past_text(state: str, job: Job) -> str:
-    """A row's `past`: the job's facts as one JSON text, parsed only by `gpuq history`."""
     return json.dumps(facts(state, job))
 
 
 def read_pasts(texts: list[str]) -> list[list[Any]]:
-    """The facts of many rows' `past` texts (a damaged one reads as no runs): one parse of them
-    all, as `gpuq history` of 10,000 jobs needs; one by one if that fails."""
-    try:
-        values = json.loads("[" + ",".join(texts) + "]") if texts else []
-        if len(values) == len(texts) and all(map(_is_past, values)):
-            return values
-    except (ValueError, RecursionError):
-        pass
+    """The facts of many rows' `past` texts (a damaged one reads as no runs)."""
     return [_read_one(text, [None, False, [], []], _is_past) for text in texts]
 
 
