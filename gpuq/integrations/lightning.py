@@ -14,7 +14,8 @@ from typing import Any, Optional
 try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # Lightning 1.x / the pytorch_lightning distribution
-    from pytorch_lightning.callbacks import Callback
+    # the two distributions' Callback are the same class under two names; a checker sees two types
+    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment, unused-ignore]
 
 from gpuq.integrations.report import ProgressWriter
 
