@@ -34,8 +34,8 @@ def _many(gq: Env, count: int) -> Spool:
 
 
 def test_cached_rows_are_the_rows_of_the_files(gq: Env) -> None:
-    spool = _many(gq, 30)
-    spool.cache.write("finished-view", b"an older gpuq's cache")
+    _many(gq, 30)
+    (gq.home / "cache" / "finished-view").write_bytes(b"an older gpuq's cache")
     first = gq.gpuq("status", "-a").stdout
     assert (gq.home / "cache" / index.NAME).is_file()
     assert not (gq.home / "cache" / "finished-view").exists()  # no longer read: not left behind
@@ -71,10 +71,10 @@ def test_a_trusted_directory_signature_still_sees_later_changes(gq: Env) -> None
 
 
 def test_a_damaged_cache_is_rebuilt(gq: Env) -> None:
-    spool = _many(gq, 15)
+    _many(gq, 15)
     first = gq.gpuq("status", "-a").stdout
     for damage in (b"\x00not marshal at all", b"", marshal.dumps((index.FORMAT, {"done": (1, 2)}, None, []))):
-        spool.cache.write(index.NAME, damage)
+        (gq.home / "cache" / index.NAME).write_bytes(damage)
         proc = gq.gpuq("status", "-a")
         assert proc.stdout == first and proc.stderr == ""
 

@@ -14,7 +14,7 @@ from gpuq.spool.claims import Claim, Claims
 from gpuq.spool.control import ControlRequests
 from gpuq.spool.dropbox import Dropbox
 from gpuq.spool.errors import SpoolError, SpoolFull
-from gpuq.spool.files import Caches, Files, disk_space
+from gpuq.spool.files import Files, disk_space
 from gpuq.spool.ids import IdCounter
 from gpuq.spool.imports import ImportRecords
 from gpuq.spool.kept import KeptRuns
@@ -54,7 +54,6 @@ class Spool:
         self.workers = WorkerRegistry(layout, files)
         self.logs = Logs(layout)
         self.reports = Reports(layout, files)
-        self.cache = Caches(layout, files)
         self.kept = KeptRuns(layout)
         self.finished = FinishedIndex(layout, files, self.jobs, self.kept)
         self.dropbox = Dropbox(layout, files)

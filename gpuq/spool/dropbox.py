@@ -70,7 +70,6 @@ class Dropbox:
         self.files.replace(self.layout.rejected_path(target + REASON), f"{reason}\n".encode(), "reason")
         return target
 
-    # ---- what was rejected, and what of it the user has seen ----------------------------------
     def rejected(self) -> list[str]:
         """The names of the files in rejected/ (not their `.reason` files, not the seen stamp)."""
         try:

@@ -296,16 +296,3 @@ def read_job_file(path: StrPath, cap: int) -> bytes:
         return data
     finally:
         os.close(fd)
-
-
-class Caches:
-    """Files of cache/ other than the finished index: git's last answer for a work tree."""
-
-    def __init__(self, layout: Layout, files: Files):
-        self.layout, self.files = layout, files
-
-    def read(self, name: str) -> Optional[bytes]:
-        return read_small(self.layout.cache_path(name), cap=1 << 34, mine=True)
-
-    def write(self, name: str, data: bytes) -> None:
-        self.files.replace(self.layout.cache_path(name), data, "cache", durable=False)

@@ -54,7 +54,6 @@ class Layout:
                 raise SpoolError(problem)
         return made
 
-    # ---- jobs and their states ----------------------------------------------------------------
     def state_dir(self, state: str) -> str:
         return os.path.join(self.home, state)
 
@@ -83,7 +82,6 @@ class Layout:
     def gpu_use_path(self, job_id: int) -> str:
         return os.path.join(self.home, "progress", f"{job_id:06d}.gpu.json")
 
-    # ---- gpuq's own files ---------------------------------------------------------------------
     def worker_log_path(self) -> str:
         return os.path.join(self.home, "logs", "worker.log")
 

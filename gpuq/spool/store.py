@@ -30,7 +30,6 @@ class JobStore:
     def __init__(self, layout: Layout, files: Files):
         self.layout, self.files = layout, files
 
-    # ---- listing ------------------------------------------------------------------------------
     def names(self, state: str) -> list[str]:
         """Job file names in a state directory, in id order (dot-files and strangers excluded)."""
         try:
@@ -91,7 +90,6 @@ class JobStore:
         the same signature (git's "racily clean" index entries)."""
         return max(mtime_ns for _ino, mtime_ns in signature) >= (read_at - RACY_SECONDS) * 1e9
 
-    # ---- reading ------------------------------------------------------------------------------
     def read_bytes(self, state: str, name: str) -> bytes:
         return read_job_file(self.layout.job_path(state, name), MAX_JOB_BYTES)
 
@@ -109,7 +107,6 @@ class JobStore:
                 continue
         return out
 
-    # ---- writing ------------------------------------------------------------------------------
     def publish(self, job: Job, state: str = PENDING) -> JobRef:
         """Publish a new job file; once this returns it survives a power cut. FileExistsError if
         that name is taken."""

@@ -53,7 +53,6 @@ class Attempt(NamedTuple):
     tail_steps: Optional[float] = None  # the tail in steps: in those runs' own step times at their end
 
 
-# ---- one running job ----------------------------------------------------------------------------
 def observe(
     spool: Spool, job: Job, stored: dict[str, Any]
 ) -> tuple[Optional[progress.Reading], list[tuple[float, float]], Optional[dict[str, Any]]]:
@@ -295,7 +294,6 @@ def sample_running(spool: Spool, running: list[Job], now: float) -> None:
         running_estimate(spool, job, now)
 
 
-# ---- the tail, learned from earlier runs --------------------------------------------------------
 def command_key(job: Job) -> str:
     return past_runs.command_key(job.cmd, job.cwd)
 

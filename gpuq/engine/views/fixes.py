@@ -58,9 +58,6 @@ def _fix(words: list[Any], why: str) -> Fix:
     return {"command": shlex.join(["gpuq", *map(str, words)]), "why": why}
 
 
-# ---- a waiting job -----------------------------------------------------------------------------
-
-
 def _waiting(spool: Spool, job: Job, facts: dict[str, Any]) -> list[Fix]:
     out = _dependencies(spool, job)
     if facts.get("cause") in (GPU_OOM, HOST_OOM):  # waits to run again after a failed attempt
@@ -100,9 +97,6 @@ def _reason_of(spool: Spool, ref: Any) -> str:
     except (OSError, ValueError):
         return ""
     return f": {reason}" if reason else ""
-
-
-# ---- a job that failed -------------------------------------------------------------------------
 
 
 def _failed(job: Job, state: str, facts: dict[str, Any]) -> list[Fix]:
