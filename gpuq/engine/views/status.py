@@ -216,11 +216,10 @@ def sync_slurm(spool: Spool) -> list[str]:
     if not spool.jobs.names(SLURM):
         return []
     from gpuq.engine.lifecycle import slurm_handover  # the Slurm subsystem: only with jobs handed to it
-    from gpuq.system.slurm import SlurmError
 
     try:
         slurm_handover.sync(spool)
-    except SlurmError as exc:
+    except slurm_handover.SlurmError as exc:
         return [f"Slurm's state of the jobs handed to it is not current: {exc}"]
     return []
 
