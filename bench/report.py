@@ -263,14 +263,13 @@ def targets(results: dict[str, Any], sizes: dict[str, int], compared: Optional[s
         *_table(header, rows),
     ]
     lines += [
-        "Where the remaining time goes (measured in `bench/PROFILE.md`): a command's start-up is mostly imports "
-        "on top of the interpreter's own start: some 35 small gpuq modules of a fraction of a millisecond each "
-        "(no `re`, `json` or `collections` with an idle queue) and `add`'s five fsyncs; between jobs (on a "
-        "machine without GPUs the ended job's supervisor starts the next one the worker named to it), the "
-        "claim, the next job's move to `running/` (two fsyncs), its fork and exec, "
-        "then the ended job's end record (three fsyncs), with the worker following every file on the other "
-        "CPU; the first `status -a` over "
-        "100,000 jobs is one `lstat` per file and the parse of the rows journalled when they finished.",
+        "Where the remaining time goes (measured in `bench/PROFILE.md`, section 11): a command's start-up is "
+        "mostly imports on top of the interpreter's own start: some 45 gpuq modules and the standard library's "
+        "`typing`, `re`, `json`, `argparse` and `datetime` (with running or waiting jobs also the ETA's), and "
+        "`add`'s fsyncs and git; between jobs (on a machine without GPUs the ended job's supervisor starts the "
+        "next one the worker named to it), the claim, the next job's move to `running/` (two fsyncs), its "
+        "fork and exec, then the ended job's end record (three fsyncs), with the worker following every file "
+        "on the other CPU; the first `status -a` over 100,000 jobs reads every file once into the index.",
         "",
     ]
     if any(row[-1] == "**no**" for row in rows):
