@@ -232,8 +232,7 @@ def targets(results: dict[str, Any], sizes: dict[str, int], compared: Optional[s
     if "scale" in results:
         s, n = results["scale"], sizes["scale"]
         first = next((k for k in s if k.startswith("gpuq status -a, first run")), "")
-        how = " (rows from the journal)" if "journal" in first else ""
-        add(f"`gpuq status -a`, {n:,} finished, first call{how}", of(s, first), 2000, "ms", 15)
+        add(f"`gpuq status -a`, {n:,} finished, first call (index built from the files)", of(s, first), 2000, "ms", 15)
         add(f"`gpuq status -a`, {n:,} finished, later calls", of(s, "gpuq status -a"), 500, "ms", 15)
         add(f"`gpuq status`, {n:,} finished", of(s, "gpuq status"), 1000, "ms", 4)
     if "idle" in results:

@@ -329,9 +329,9 @@ def log_size(root: Path, big_bytes: int, reps: int) -> dict[str, list[float]]:
 
 
 # ---- 7. scale ---------------------------------------------------------------------------------
-# The finished jobs were published by spool.jobs.publish, which journals their rows as a finishing
-# job's are: the first call measures that path (bench/status_scale.py measures the other).
-FIRST_STATUS_ALL = "gpuq status -a, first run (fills the cache from the journal)"
+# The first `status -a` reads every finished file once into the index (cache/finished-jobs); later
+# calls read the index.
+FIRST_STATUS_ALL = "gpuq status -a, first run (builds the index from the files)"
 
 
 def scale(gpuq: Gpuq, total: int, reps: int) -> dict[str, list[float]]:
@@ -343,7 +343,6 @@ def scale(gpuq: Gpuq, total: int, reps: int) -> dict[str, list[float]]:
         "python -c pass": bare_python(),
     }
     out: dict[str, list[float]] = {label: [] for label in commands}
-    # The first `status -a` after the finished jobs appeared parses them all and fills the cache.
     out[FIRST_STATUS_ALL] = [timed_run([*gpuq.list_argv(), "-a"], gpuq.env, gpuq.work)[0]]
     for n in range(reps):
         for label, argv in rotated(list(commands.items()), n):
