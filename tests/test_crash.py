@@ -64,6 +64,8 @@ def test_job_and_supervisor_killed_is_interrupted_then_recovered(gq: Env) -> Non
     evaluation = gq.add("--after", str(train), "eval.py")
     worker = gq.start_worker("--watch")
     wait_for(marker.exists, what="first run started")
+    # its supervisor records the job's pid and itself once the job runs, which may be just after
+    wait_for(lambda: gq.job(train).get("supervisor") is not None, what="the supervisor recorded")
     job = gq.job(train)
     worker.kill()  # the whole machine goes down: worker, supervisor and job
     worker.wait()

@@ -288,35 +288,18 @@ def test_a_long_job_keeps_its_end_through_the_tmp_cleaner(gq: Env) -> None:
     assert done["exit_code"] == 0
 
 
-def test_the_tmp_cleaner_takes_a_dead_or_reused_writers_room(tmp_path: Path) -> None:
-    import psutil
-
+def test_the_tmp_cleaner_takes_a_dead_or_stuck_writers_file(tmp_path: Path) -> None:
     from gpuq.spool import Spool
 
     spool = Spool(tmp_path / "spool").ensure()
-    mine = spool.files.reserve(4096)  # this process: alive, and started before the file was written
     tmp = Path(spool.layout.tmp_dir())
-    dead = tmp / ".reserve-999999999-1-00000000"
+    mine = tmp / f".job-{os.getpid()}-1-00000000"  # this process: alive, and writing now
+    mine.write_bytes(b"x")
+    dead = tmp / ".job-999999999-1-00000000"
     dead.write_bytes(b"x")
-    reused = tmp / f".reserve-{os.getpid()}-9-00000000"  # older than this process: another process's pid
-    reused.write_bytes(b"x")
-    before = psutil.Process().create_time() - 60
-    os.utime(reused, (before, before))
+    stuck = tmp / f".job-{os.getpid()}-2-00000000"  # alive, but 11 minutes on one file
+    stuck.write_bytes(b"x")
+    before = time.time() - 660
+    os.utime(stuck, (before, before))
     assert spool.files.clean_tmp() == 2
-    assert Path(mine.path).exists() and not dead.exists() and not reused.exists()
-    mine.release()
-
-
-def test_an_end_is_written_even_if_its_room_lost_its_name(tmp_path: Path) -> None:
-    """Room whose name an older gpuq's cleaner removed: the end is written the usual way."""
-    from gpuq.core import transitions
-
-    spool, [(ref, job)] = spool_with_true_jobs(tmp_path)
-    room = spool.files.reserve(65536)
-    os.unlink(room.path)
-    changes = transitions.end_attempt(job, "done", exit_code=0, signal=None, note=None, continuation=None, reason=None)
-    moved, _new = spool.jobs.move(ref, job, "done", changes, room)
-    assert (
-        moved.state == "done"
-        and json.loads(Path(spool.layout.job_path("done", moved.name)).read_text())["exit_code"] == 0
-    )
+    assert mine.exists() and not dead.exists() and not stuck.exists()

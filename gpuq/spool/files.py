@@ -26,20 +26,6 @@ RESERVE_BYTES = 256 * 1024  # the spool's emergency room: given up so a write ca
 RESERVE_FLOOR = 32 * 1024  # the least emergency room worth keeping: a claim and a job file, with blocks to spare
 
 
-class Reservation:
-    """Room set aside in tmp/ (a file of allocated blocks) for one later write, so that the write
-    needs no new blocks: the job's end, written by its supervisor on a disk its output filled."""
-
-    def __init__(self, path: StrPath, fd: int, size: int):
-        self.path, self.fd, self.size = path, fd, size
-
-    def release(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-            unlink_quietly(self.path)
-
-
 class Files:
     """Atomic writes into one spool. `durable=False` skips the fsyncs, for derived data that is
     cheaper to rebuild than to sync (caches, progress samples)."""
@@ -60,37 +46,6 @@ class Files:
         except OSError as exc:
             raise full_or(self.layout.home, exc) from None
         return path
-
-    def reserve(self, size: int) -> Reservation:
-        """`size` bytes of real blocks (written, fsynced), named after this process so that
-        clean_tmp removes them if we die."""
-        path = self.tmp_path("reserve")
-        try:
-            fsutil.write_new_file(path, bytes(size))
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-        except OSError as exc:
-            unlink_quietly(path)
-            raise full_or(self.layout.home, exc) from None
-        return Reservation(path, fd, size)
-
-    def place_into(self, reservation: Reservation, target: StrPath, data: bytes, replace: bool) -> bool:
-        """Write `data` into the reservation's blocks and rename it to `target`, durably. False when
-        it does not fit or the reservation's name is gone: the caller writes it the usual way."""
-        if reservation.fd < 0 or len(data) > reservation.size:
-            return False
-        os.pwrite(reservation.fd, data, 0)
-        os.ftruncate(reservation.fd, len(data))
-        os.fsync(reservation.fd)
-        os.close(reservation.fd)
-        reservation.fd = -1
-        try:
-            _rename_or_drop(reservation.path, target, replace)
-        except FileNotFoundError:
-            if not os.path.isdir(os.path.dirname(target)):
-                raise
-            return False  # its name was taken from tmp/ (by an older gpuq's cleaner): written the usual way
-        fsutil.fsync_dir(os.path.dirname(target))
-        return True
 
     def keep_emergency_room(self) -> None:
         """Keep the spool's emergency room (the file `reserve`), as big as emergency_room_size
@@ -150,23 +105,16 @@ class Files:
             except FileNotFoundError:
                 continue
             writer = int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else -1
-            if _abandoned(parts[0], writer, age, now):
+            if _abandoned(writer, age):
                 if unlink_quietly(path):
                     removed += 1
         return removed
 
 
-def _abandoned(kind: str, writer: int, age: float, now: float) -> bool:
-    """Whether a tmp file's writer is gone. Room set aside for a job's end (`.reserve`) is kept for
-    as long as its supervisor lives, however long the job runs: only a process of that pid started
-    after the file was written (the pid reused) does not count. Any other file is also given up
-    after STALE_TMP_SECONDS (a writer stuck that long is not coming back to it)."""
-    if not procs.pid_alive(writer):
-        return True
-    if kind != ".reserve":
-        return age > STALE_TMP_SECONDS
-    started = procs.create_time(writer)
-    return started is not None and started > now - age + 1.0
+def _abandoned(writer: int, age: float) -> bool:
+    """Whether a tmp file's writer is gone: its pid is dead, or it has been stuck on the file for
+    STALE_TMP_SECONDS (a writer stuck that long is not coming back to it)."""
+    return not procs.pid_alive(writer) or age > STALE_TMP_SECONDS
 
 
 def _rename_or_drop(tmp: StrPath, target: StrPath, replace: bool) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 from gpuq.core import schema
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING, RUNNING, STATES
-from gpuq.spool.files import Files, Reservation, read_job_file, unlink_quietly
+from gpuq.spool.files import Files, read_job_file, unlink_quietly
 from gpuq.spool.layout import JOB_NAME_RE, Layout, is_job_name
 from gpuq.system import fsutil
 
@@ -120,14 +120,12 @@ class JobStore:
         job: Job,
         state: str,
         changes: dict[str, Any],
-        reservation: Optional[Reservation] = None,
         keep_old: bool = False,
     ) -> tuple[JobRef, Job]:
         """Move a job to `state` (or write it anew in place when the state is the same) with
-        `changes` applied and rev + 1. The caller holds the job's claim. The new version goes into
-        `reservation`'s blocks when one is given (and it fits), so that it needs no new room; on a
-        full disk the spool's emergency room is given up for it. `keep_old`: the old file is left
-        for the caller to remove (a supervisor starts the job first, spool_layout.md section 6)."""
+        `changes` applied and rev + 1. The caller holds the job's claim. On a full disk the spool's
+        emergency room is given up for it. `keep_old`: the old file is left for the caller to remove
+        (a supervisor starts the job first, spool_layout.md section 6)."""
         unknown = set(changes) - schema.KNOWN_FIELDS
         if unknown:  # a misspelt field would otherwise be written and never read
             raise KeyError(f"not job fields: {', '.join(sorted(unknown))}")
@@ -137,19 +135,17 @@ class JobStore:
         name = schema.filename(new.id, new.name)
         in_place = state == ref.state and name == ref.name  # else a new file, then the old one goes
         target = self.layout.job_path(state, name)
-        placed = reservation is not None and self.files.place_into(reservation, target, data, in_place)
-        if not placed:
-            if in_place:  # replaces our own file, by design
-                self.files.with_room(lambda: self.files.replace(target, data, "job"))
-            else:
-                self.files.with_room(lambda: self.files.place_new(target, data, "job"))
+        if in_place:  # replaces our own file, by design
+            self.files.with_room(lambda: self.files.replace(target, data, "job"))
+        else:
+            self.files.with_room(lambda: self.files.place_new(target, data, "job"))
         if not in_place and not keep_old:
             self.remove(ref)  # a recovery scan may have removed the old copy already
         return (ref, new) if in_place else (JobRef(new.id, state, name), new)
 
-    def rewrite(self, ref: JobRef, job: Job, reservation: Optional[Reservation] = None, **changes: Any) -> Job:
+    def rewrite(self, ref: JobRef, job: Job, **changes: Any) -> Job:
         """A new version of a job in its current state (never an edit of the published file)."""
-        return self.move(ref, job, ref.state, changes, reservation)[1]
+        return self.move(ref, job, ref.state, changes)[1]
 
     def remove(self, ref: JobRef) -> None:
         if unlink_quietly(self.layout.job_path(ref.state, ref.name)):

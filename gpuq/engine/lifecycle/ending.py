@@ -16,7 +16,6 @@ from gpuq.core.job import Job
 from gpuq.core.states import PENDING, PREEMPT, PREEMPTED, STATES
 from gpuq.engine.tracking import continuation
 from gpuq.spool import JobRef, Spool, SpoolFull
-from gpuq.spool.files import Reservation
 
 FULL_RETRY_MAX_SECONDS = 30.0  # a full disk: the end is tried again, waiting longer each time up to this
 
@@ -58,21 +57,19 @@ def record_end(
     state: str,
     changes: dict[str, Any],
     *,
-    room: Optional[Reservation] = None,
     while_full: Optional[Callable[[], None]] = None,
 ) -> tuple[JobRef, Job]:
-    """Move the ended job to `state` with `changes` (the caller holds its claim). `room`: blocks set
-    aside at its start, so that a disk the job filled cannot lose its end. On SpoolFull, if
-    `while_full` is given, it is called (the supervisor notes the end for recovery) and the move
-    tried again, with the spool's own room, after a wait that doubles up to FULL_RETRY_MAX_SECONDS."""
+    """Move the ended job to `state` with `changes` (the caller holds its claim); the move gives up
+    the spool's emergency room on a full disk. Should it fail even so, and `while_full` is given, it
+    is called (the supervisor notes the end for recovery) and the move tried again after a wait that
+    doubles up to FULL_RETRY_MAX_SECONDS."""
     delay = 1.0
     while True:
         try:
-            return spool.jobs.move(ref, job, state, changes, room)
+            return spool.jobs.move(ref, job, state, changes)
         except SpoolFull:
             if while_full is None:
                 raise
-            room = None  # used up, or too small: from now on the spool's own room
             while_full()
             time.sleep(delay)
             delay = min(FULL_RETRY_MAX_SECONDS, delay * 2)
