@@ -8,7 +8,7 @@ import argparse
 import os
 import shlex
 import sys
-from typing import Any, Optional, TypeVar
+from typing import Any, NoReturn, Optional, TypeVar
 
 from gpuq import __version__
 from gpuq.cli.commands import COMMANDS
@@ -61,7 +61,7 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", Formatter)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise said_by(self.prog, UsageError(f"{message} (see `{self.prog} --help`)"))
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:

@@ -67,7 +67,7 @@ def _handler(tool: tools.Tool) -> Callable[..., CallToolResult]:
         structured = value if isinstance(value, dict) else {"result": value}
         return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
-    handler.__signature__ = tool.signature().replace(return_annotation=CallToolResult)  # type: ignore[attr-defined]
+    handler.__signature__ = tool.signature().replace(return_annotation=CallToolResult)  # type: ignore[attr-defined]  # the SDK reads it
     handler.__name__ = tool.name
     return handler
 

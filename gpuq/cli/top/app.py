@@ -235,9 +235,9 @@ class App:
             applies = f"{action.verb} applies to {', '.join(action.states)} jobs"
             self.bottom = (f"#{line.job_id} is {line.state}: {applies}", draw.BAD)
         elif action.asks:
-            self.asking = (action, line.job_id, line.name)  # type: ignore[assignment]
+            self.asking = (action, line.job_id, line.name)  # type: ignore[assignment]  # a job's line: an id
         else:
-            self._start(action, line.job_id)  # type: ignore[arg-type]
+            self._start(action, line.job_id)  # type: ignore[arg-type]  # a job's line: an id
 
     def _start(self, action: Action, job_id: int) -> None:
         self.bottom = (f"{action.verb} #{job_id}...", draw.DIM)

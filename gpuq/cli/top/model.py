@@ -126,7 +126,7 @@ def _job_line(row: Any, now: float, utils: dict[int, Optional[int]]) -> JobLine:
     if row.state == RUNNING:
         line.fraction = row.estimate.fraction if row.estimate is not None else None
         known = [utils[i] for i in job.gpus or () if utils.get(i) is not None]
-        line.util = round(sum(known) / len(known)) if known else None  # type: ignore[arg-type]
+        line.util = round(sum(known) / len(known)) if known else None  # type: ignore[arg-type]  # None filtered out
         if row.gpu_idle:
             line.idle = gpuuse.idle_text(row.gpu_idle)
     return line
