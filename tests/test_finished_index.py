@@ -79,12 +79,13 @@ def test_output_is_the_same_with_and_without_the_index(gq: Env) -> None:
 def _rename_row(gq: Env, state: str, file_name: str, shown: str) -> None:
     """Make the index's row of `file_name` show `shown` as its name, its stamp kept."""
     path = gq.home / "cache" / index.NAME
-    form, entries, kept_stamp, kept = marshal.loads(path.read_bytes())
-    stamp, ids, names, inodes, rows = entries[state]
-    at = names.index(file_name)
-    rows = rows[:at] + ((shown, *rows[at][1:]),) + rows[at + 1 :]
-    entries[state] = (stamp, ids, names, inodes, rows)
-    path.write_bytes(marshal.dumps((form, entries, kept_stamp, kept)))
+    data, size = path.read_bytes(), index.HEAD_SIZE_BYTES
+    at = size + int.from_bytes(data[:size], "little")  # the file: the head's length, the head, the rows
+    all_rows = marshal.loads(data[at:])
+    names, rows = marshal.loads(data[size:at])[1][state][2], all_rows[state]
+    at_row = names.index(file_name)
+    all_rows[state] = rows[:at_row] + ((shown, *rows[at_row][1:]),) + rows[at_row + 1 :]
+    path.write_bytes(data[:at] + marshal.dumps(all_rows))
 
 
 def test_a_row_is_used_while_its_directory_is_unchanged_and_a_new_file_is_read(gq: Env) -> None:

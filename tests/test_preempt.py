@@ -77,8 +77,8 @@ def test_argv_helpers() -> None:
     assert checkpoints.max_steps(cmd) == 400  # the last one wins, as with argparse
     assert checkpoints.max_steps(["t.py", "--max_steps", "-1"]) is None
     assert checkpoints.max_steps(["t.py", "--max_steps", "x"]) is None
-    assert checkpoints.output_dir(cmd, "/w") == Path("/w/o")
-    assert checkpoints.output_dir(["t.py", "--output_dir", "/abs"], "/w") == Path("/abs")
+    assert checkpoints.output_dir(cmd, "/w") == "/w/o"
+    assert checkpoints.output_dir(["t.py", "--output_dir", "/abs"], "/w") == "/abs"
 
 
 # ---- resume argv ------------------------------------------------------------------------------

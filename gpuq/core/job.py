@@ -34,6 +34,8 @@ def os_str(value: Any) -> bool:
     undecodable byte in `gpuq add`'s arguments round-trips to that byte)."""
     if not no_nul(value):
         return False
+    if value.isascii():  # the common case, and always encodable: no encoding needed to tell
+        return True
     try:
         os.fsencode(value)
     except UnicodeEncodeError:

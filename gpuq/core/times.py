@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Optional
+from typing import Optional, Sequence
 
 
 def now_iso() -> str:
@@ -32,3 +32,12 @@ def duration(seconds: Optional[float]) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of a non-empty sequence, as `statistics.median` gives it. Our own because
+    `statistics` brings `fractions`, `decimal` and `random` into every `gpuq status` that shows
+    an ETA (bench/PROFILE.md, section 12)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

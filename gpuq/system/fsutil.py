@@ -3,17 +3,19 @@ apart so that gpuq.spool reads as the protocol, not as system calls."""
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import os
 import sys
-from typing import Optional, Union
+from functools import cache
+from typing import Any, Optional, Union
 
 StrPath = Union[str, "os.PathLike[str]"]  # a path: the spool's are strings (spool/layout.py)
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_RENAMEAT2 = getattr(_libc, "renameat2", None) if sys.platform.startswith("linux") else None
+
+@cache
+def _libc(ctypes: Any) -> Any:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def fsync_dir(path: StrPath) -> None:
@@ -55,13 +57,19 @@ def rename_noreplace(src: StrPath, dst: StrPath) -> None:
     """Atomically rename src to dst; FileExistsError if dst exists (os.rename would replace it).
     renameat2(RENAME_NOREPLACE) on Linux, renamex_np(RENAME_EXCL) on macOS; else (old kernels, some
     network filesystems) link + unlink, also no-clobber but briefly showing two links."""
-    if _RENAMEAT2 is not None or sys.platform == "darwin":
-        if _RENAMEAT2 is not None:
+    # ctypes here, not at import: the commands that only read the spool (status, eta) never rename,
+    # and it costs their start-up (bench/PROFILE.md, section 12)
+    import ctypes
+
+    libc = _libc(ctypes)
+    renameat2 = getattr(libc, "renameat2", None) if sys.platform.startswith("linux") else None
+    if renameat2 is not None or sys.platform == "darwin":
+        if renameat2 is not None:
             at_fdcwd, noreplace = -100, 1
-            failed = _RENAMEAT2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), noreplace) != 0
+            failed = renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), noreplace) != 0
         else:
             rename_excl = 0x4
-            failed = _libc.renamex_np(os.fsencode(src), os.fsencode(dst), rename_excl) != 0
+            failed = libc.renamex_np(os.fsencode(src), os.fsencode(dst), rename_excl) != 0
         if not failed:
             return
         err = ctypes.get_errno()

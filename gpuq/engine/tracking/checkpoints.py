@@ -6,7 +6,6 @@ from __future__ import annotations
 import glob
 import os
 import re
-from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from gpuq.core.job import Job
@@ -54,12 +53,12 @@ def start_step(job: Job) -> Optional[float]:
     return float(m.group(1)) if m else None
 
 
-def output_dir(cmd: Sequence[str], cwd: str) -> Optional[Path]:
+def output_dir(cmd: Sequence[str], cwd: str) -> Optional[str]:
     """The job's --output_dir, absolute."""
     value = arg_value(cmd, OUTPUT_DIR_FLAGS)
     if not value:
         return None
-    return Path(cwd, os.path.expanduser(value)).absolute()
+    return os.path.abspath(os.path.join(cwd, os.path.expanduser(value)))
 
 
 def max_steps(cmd: Sequence[str]) -> Optional[int]:
@@ -72,7 +71,7 @@ def max_steps(cmd: Sequence[str]) -> Optional[int]:
     return steps if steps and steps > 0 else None
 
 
-def hf_checkpoints(out_dir: Path) -> list[Checkpoint]:
+def hf_checkpoints(out_dir: str) -> list[Checkpoint]:
     """Complete `checkpoint-N` directories under `out_dir`, oldest first."""
     found = []
     try:

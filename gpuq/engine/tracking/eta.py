@@ -8,12 +8,11 @@ machine. The queue's ETA is in queue_eta.py.
 
 from __future__ import annotations
 
-from statistics import median
 from typing import Any, NamedTuple, Optional
 
 from gpuq.core.job import Job
 from gpuq.core.states import DONE
-from gpuq.core.times import duration, parse_iso
+from gpuq.core.times import duration, median, parse_iso
 from gpuq.engine.tracking import checkpoints, progress
 from gpuq.spool import Spool
 from gpuq.spool.cache import runs as past_runs

@@ -318,10 +318,10 @@ def from_checkpoints(job: Job) -> tuple[Optional[Reading], list[tuple[float, flo
     return Reading(step, total, "checkpoint", label, at), [(t, s) for t, s, _l in points]
 
 
-def _trl_completions(out_dir: Any) -> list[tuple[float, float, str]]:
+def _trl_completions(out_dir: str) -> list[tuple[float, float, str]]:
     """TRL's completions/completions_N.parquet, as (mtime, step, label); one gone since the listing
     has mtime 0, which no attempt wrote."""
-    folder = os.path.join(str(out_dir), "completions")
+    folder = os.path.join(out_dir, "completions")
     try:
         names = os.listdir(folder)
     except OSError:

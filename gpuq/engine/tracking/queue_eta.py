@@ -3,35 +3,32 @@
 
 from __future__ import annotations
 
-from statistics import median
 from typing import Any, Optional
 
 from gpuq.core.job import Job
-from gpuq.core.states import DONE, PENDING, RUNNING, SLURM
-from gpuq.core.times import duration, parse_iso
+from gpuq.core.states import PENDING, RUNNING, SLURM
+from gpuq.core.times import duration, median, parse_iso
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.tracking import eta
 from gpuq.spool import Spool
-from gpuq.spool.cache.index import Finished
+from gpuq.spool.cache.index import RECENT_RUNS, Finished
 from gpuq.spool.kept import summarise
 
 CPU_LANE = "cpu"  # with GPUs, CPU jobs run one at a time beside them (engine/schedule/planner.py)
 # placement.DEFAULT_FOREIGN_THRESHOLD_MIB, for views that do not say the worker's own
 DEFAULT_FOREIGN_THRESHOLD_MIB = 1024
-RUNS = 5  # a pending job's run time: the median of the newest RUNS successful runs of its command
+RUNS = RECENT_RUNS  # a pending job's run time: the median of the newest RUNS successful runs of its command
 
 
 def past_durations(spool: Spool, keys: set[str], listing: Optional[Finished] = None) -> dict[str, list[float]]:
     """Run times of the newest RUNS successful runs of each command and cwd of `keys` (the finished
-    rows and what `gpuq clear` kept), oldest first; adopted jobs and unknown times left out.
-    `listing`: the finished index, if the caller has it."""
+    index's recent runs and what `gpuq clear` kept), oldest first; adopted jobs and unknown times
+    left out. `listing`: the finished index, if the caller has it."""
     done = spool.finished.read() if listing is None else listing
     kept = summarise(done.kept)[0]
     found = {key: dict(kept.get(key, ())) for key in keys}  # id -> run time: a job in both counts once
-    entry = done.entries[DONE]
-    for job_id, row in zip(entry.ids, entry.rows):
-        if row[5] is not None and row[4] in found:  # index.ROW's run and key
-            found[row[4]][job_id] = row[5]
+    for key in keys:
+        found[key].update(done.runs.get(key, ()))
     return {key: [run for _id, run in sorted(by_id.items())[-RUNS:]] for key, by_id in found.items() if by_id}
 
 

@@ -18,7 +18,7 @@ def history_records(spool: Spool) -> list[history.JobRecord]:
     for state in STATES:  # in the order the files were always read: summed times come out the same
         entry = done.entries.get(state)
         if entry is not None:
-            out += history.row_records(entry.ids, entry.rows)
+            out += history.row_records(entry.ids, entry.rows or ())
         else:
             loaded = spool.jobs.load_many(state)
             out += [history.record_of(state, job) for _ref, job in loaded]

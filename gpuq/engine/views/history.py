@@ -13,11 +13,11 @@ import os
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from statistics import median
 from typing import Any, Iterable, NamedTuple, Optional, Union
 
 from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED
+from gpuq.core.times import median
 from gpuq.spool.cache.runs import facts, parse_time, read_keys, read_pasts
 
 GROUP_KEYS = ("dir", "script", "day", "sweep")

@@ -143,7 +143,7 @@ def _idle_gpus(spool: Spool, rows: list[Any]) -> list[str]:
 def _hidden_failed(done: Finished, shown: list[JobRef], moved_on: int) -> int:
     """How many failed jobs the rows shown leave out, from the listing alone: failed/'s ids, less
     those shown and the `moved_on` a crash mid-move (a retry) left a later copy of."""
-    failed = len(done.entries[FAILED].ids)
+    failed = len(done.ids(FAILED))
     return max(0, failed - sum(1 for r in shown if r.state == FAILED) - moved_on) if failed else 0
 
 

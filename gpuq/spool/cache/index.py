@@ -4,6 +4,10 @@
 Each state's rows are stamped with its directory's inode and mtime: while the stamp holds, nothing
 is listed. A directory changed within SETTLE_SECONDS is not stamped: timestamps are coarse, so a
 change in the same tick would leave its mtime as it was.
+
+The file is the head's length, the head (stamps, ids, names, inodes, the kept records, each
+command's newest run times), then the rows: most of the file, unmarshalled only when something
+asks for them (`status -a`, `history`, a refresh), so a plain `status` reads the head alone.
 """
 
 from __future__ import annotations
@@ -11,12 +15,13 @@ from __future__ import annotations
 import marshal
 import os
 import time
+from functools import cached_property
 from operator import itemgetter
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
-from gpuq.core.states import FINISHED
+from gpuq.core.states import DONE, FINISHED
 from gpuq.core.times import parse_iso
 from gpuq.spool.cache import runs
 from gpuq.spool.files import MIN_FREE_TO_START, Files, free_bytes, read_small, unlink_quietly
@@ -25,7 +30,9 @@ from gpuq.spool.layout import Layout, is_job_name
 from gpuq.spool.store import JobRef, JobStore
 
 NAME = "finished-jobs"
-FORMAT = 4  # 3: the rows packed apart, keys and run times beside them
+FORMAT = 5  # 4: one marshal object, read whole by every look
+HEAD_SIZE_BYTES = 8  # the file starts with the head's length, so that the head alone is unmarshalled
+RECENT_RUNS = 5  # per command key, the newest run times of done jobs kept in the head (the queue's ETA)
 SETTLE_SECONDS = 2.0
 # What gpuq before this index kept in cache/: removed when the index is written.
 OLD_NAMES: tuple[str, ...] = ("finished-journal", "finished-view", "finished-index", "finished-table", "queue-runs")
@@ -70,23 +77,33 @@ def row_of(job: Job, state: str, now: float) -> tuple:
 
 class Entry(NamedTuple):
     """One finished state: its directory's stamp (None: list it again), its files' ids, names and
-    inodes, and their rows."""
+    inodes, and their rows (None in a head: not read yet)."""
 
     stamp: Optional[tuple[int, int]]
     ids: tuple[int, ...]
     names: tuple[str, ...]
     inodes: tuple[int, ...]
-    rows: tuple[tuple, ...]
+    rows: Optional[tuple[tuple, ...]]
 
 
 EMPTY = Entry(None, (), (), (), ())
+Runs = dict[str, tuple[tuple[int, float], ...]]  # command key -> (id, run seconds), oldest first
+
+
+def recent_runs(done: Entry) -> Runs:
+    """The newest RECENT_RUNS known run times of each command key among done/'s rows."""
+    found: dict[str, list[tuple[int, float]]] = {}
+    for job_id, row in zip(done.ids, done.rows or ()):
+        if row[5] is not None:  # ROW's run, then its key
+            found.setdefault(row[4], []).append((job_id, row[5]))
+    return {key: tuple(runs[-RECENT_RUNS:]) for key, runs in found.items()}
 
 
 class FinishedRows:
     """Every finished row in id order, as columns: what `status -a` prints (cli/render.py)."""
 
     def __init__(self, entries: dict[str, Entry]) -> None:
-        merged = [(i, s, r) for s in FINISHED if entries[s].ids for i, r in zip(entries[s].ids, entries[s].rows)]
+        merged = [(i, s, r) for s in FINISHED if entries[s].ids for i, r in zip(entries[s].ids, entries[s].rows or ())]
         merged.sort(key=itemgetter(0))  # stable: of two copies of a job, the later state's stays after
         self.ids = [i for i, _s, _r in merged]
         self.states = [s for _i, s, _r in merged]
@@ -98,27 +115,40 @@ class FinishedRows:
 
 
 class Finished:
-    def __init__(self, entries: dict[str, Entry], kept: list[tuple]) -> None:
-        self.entries, self.kept = entries, kept
+    """The index as read: `heads` (every state's ids and names; rows perhaps not read yet),
+    `entries` (the same with their rows, read at first use), the kept records and `runs`."""
+
+    def __init__(self, heads: dict[str, Entry], kept: list[tuple], runs: Runs, rows: Callable[[], dict]) -> None:
+        self.heads, self.kept, self.runs, self._rows = heads, kept, runs, rows
+
+    @cached_property
+    def entries(self) -> dict[str, Entry]:
+        if all(entry.rows is not None for entry in self.heads.values()):
+            return self.heads
+        rows = self._rows()
+        return {s: e if e.rows is not None else e._replace(rows=rows[s]) for s, e in self.heads.items()}
 
     def count(self) -> int:
-        return sum(len(entry.ids) for entry in self.entries.values())
+        return sum(len(entry.ids) for entry in self.heads.values())
+
+    def ids(self, state: str) -> tuple[int, ...]:
+        return self.heads[state].ids
 
     def states(self) -> dict[int, str]:
         """id -> state of every finished job (the later state if a crash left two copies)."""
         out: dict[int, str] = {}
         for state in FINISHED:  # in the order of STATES: a later one wins
-            out.update(dict.fromkeys(self.entries[state].ids, state))
+            out.update(dict.fromkeys(self.heads[state].ids, state))
         return out
 
     def refs(self, state: str) -> list[JobRef]:
-        entry = self.entries[state]
+        entry = self.heads[state]
         return [JobRef(i, state, n) for i, n in zip(entry.ids, entry.names)]
 
     def newest(self, limit: int) -> list[JobRef]:
         """The `limit` finished jobs with the highest ids, in id order."""
         found = [
-            JobRef(i, s, n) for s, e in self.entries.items() if e.ids for i, n in zip(e.ids[-limit:], e.names[-limit:])
+            JobRef(i, s, n) for s, e in self.heads.items() if e.ids for i, n in zip(e.ids[-limit:], e.names[-limit:])
         ]
         found.sort(key=lambda ref: ref.id)
         return found[-limit:]
@@ -131,7 +161,7 @@ class FinishedIndex:
     def read(self, write: bool = True) -> Finished:
         """The index as the directories are now. `write=False`: nothing is written (a look that
         leaves no trace, `gpuq add --dry-run`)."""
-        stored, kept_stamp, kept = self._load()
+        stored, kept_stamp, kept, runs, rows = self._load()
         entries, changed, now = {}, False, time.time()
         for state in FINISHED:
             old = stored.get(state, EMPTY)
@@ -142,17 +172,23 @@ class FinishedIndex:
                 continue
             stamp = (st.st_ino, st.st_mtime_ns)
             if old.stamp == stamp:
-                entries[state] = old
+                entries[state] = old  # as read: a head stays a head
                 continue
+            if old.rows is None:  # a head: its rows are read now that the directory is listed
+                old = old._replace(rows=rows()[state])
             settled = stamp if now - st.st_mtime > SETTLE_SECONDS else None
             entries[state], listed_anew = self._refresh(state, old, settled, now)
             changed = changed or listed_anew or settled != old.stamp
         signature = self.kept.signature()
         if signature != kept_stamp:
             kept, kept_stamp, changed = self.kept.read(), signature, True
-        if changed and write:
-            self._write(entries, kept_stamp, kept)
-        return Finished(entries, kept)
+        if not changed:
+            return Finished(entries, kept, runs, rows)
+        finished = Finished(entries, kept, {}, rows)
+        finished.runs = recent_runs(finished.entries[DONE])
+        if write:
+            self._write(finished.entries, kept_stamp, kept, finished.runs)
+        return finished
 
     def _refresh(self, state: str, old: Entry, stamp: Optional[tuple[int, int]], now: float) -> tuple[Entry, bool]:
         """A state's entry for its files now, and whether they differ from `old`'s: the rows of
@@ -166,7 +202,7 @@ class FinishedIndex:
             listed = []
         if [n for _i, n, _ino in listed] == list(old.names) and [ino for _i, _n, ino in listed] == list(old.inodes):
             return old._replace(stamp=stamp), False
-        known = {name: (inode, row) for name, inode, row in zip(old.names, old.inodes, old.rows)}
+        known = {name: (inode, row) for name, inode, row in zip(old.names, old.inodes, old.rows or ())}
         found = []
         for job_id, name, inode in listed:
             hit = known.get(name)
@@ -182,29 +218,73 @@ class FinishedIndex:
         except FileNotFoundError:
             return None
         except schema.InvalidJob as exc:  # shown as what it is: never left out, never a traceback
-            return name, "", None, (None, "", None, "", "", "", None, str(exc)), "", None, ""
+            return _unreadable_row(name, str(exc))
 
-    def _load(self) -> tuple[dict[str, Entry], Any, list[tuple]]:
-        """(state -> entry, the stamp of the kept records, those records) as last written; empty
-        where the file is missing, damaged or of another format."""
+    def _load(self) -> tuple[dict[str, Entry], Any, list[tuple], Runs, Callable[[], dict]]:
+        """(state -> head, the stamp of the kept records, those records, the recent runs, the
+        function that reads the rows) as last written; empty where the file is missing, damaged
+        or of another format."""
         data = read_small(self.layout.cache_path(NAME), cap=1 << 34, mine=True)
         try:
-            loaded: Any = marshal.loads(data) if data else None
-            form, stored, kept_stamp, kept = loaded if loaded else (None, {}, None, [])
+            data = data or b""
+            at = HEAD_SIZE_BYTES + int.from_bytes(data[:HEAD_SIZE_BYTES], "little")
+            head = marshal.loads(data[HEAD_SIZE_BYTES:at]) if data else (None, {}, None, [], {})
+            form, stored, kept_stamp, kept, runs = head
             if form == FORMAT:
-                entries = {state: Entry(*stored[state]) for state in FINISHED if state in stored}
-                return entries, kept_stamp, list(kept)
+                heads = {state: _head(*stored[state]) for state in FINISHED if state in stored}
+                return heads, kept_stamp, list(kept), runs, _rows_reader(data[at:], heads, self._rows_from_files)
         except (EOFError, ValueError, TypeError, KeyError, IndexError):
             pass
-        return {}, False, []  # False: no kept-runs signature, so they are read again
+        return {}, False, [], {}, dict  # False: no kept-runs signature, so they are read again
 
-    def _write(self, entries: dict[str, Entry], kept_stamp: Any, kept: list[tuple]) -> None:
+    def _rows_from_files(self, heads: dict[str, Entry]) -> dict[str, tuple]:
+        """The rows of `heads`, read from the job files: the index's rows were damaged."""
+        now = time.time()
+        return {
+            state: tuple(self._row(state, *ref, now) or _unreadable_row(ref[1], "gone") for ref in zip(e.ids, e.names))
+            for state, e in heads.items()
+        }
+
+    def _write(self, entries: dict[str, Entry], kept_stamp: Any, kept: list[tuple], runs: Runs) -> None:
         if free_bytes(self.layout.home) < MIN_FREE_TO_START:
             return  # the disk's last room is for job files (spool_layout.md section 14)
-        data = marshal.dumps((FORMAT, {state: tuple(entry) for state, entry in entries.items()}, kept_stamp, kept))
+        heads = {state: tuple(entry[:4]) for state, entry in entries.items()}
+        head = marshal.dumps((FORMAT, heads, kept_stamp, kept, runs))
+        rows = marshal.dumps({state: entry.rows for state, entry in entries.items()})
+        data = len(head).to_bytes(HEAD_SIZE_BYTES, "little") + head + rows
         try:
             self.files.replace(self.layout.cache_path(NAME), data, "cache", durable=False)
             for name in OLD_NAMES:
                 unlink_quietly(self.layout.cache_path(name))
         except OSError:
             pass  # a read-only or full spool reads its files every time
+
+
+def _unreadable_row(name: str, why: str) -> tuple:
+    return name, "", None, (None, "", None, "", "", "", None, why), "", None, ""
+
+
+def _head(stamp: Any, ids: tuple, names: tuple, inodes: tuple) -> Entry:
+    return Entry(stamp, ids, names, inodes, None)
+
+
+def _rows_reader(
+    data: bytes, heads: dict[str, Entry], from_files: Callable[[dict[str, Entry]], dict]
+) -> Callable[[], dict]:
+    """The function that unmarshals the rows (`data`, after the head) once; where they are
+    damaged (not one row a job of `heads`), they are read from the job files instead."""
+    read: list[dict] = []
+
+    def rows() -> dict:
+        if not read:
+            try:
+                loaded = marshal.loads(data)
+                found = {state: tuple(loaded[state]) for state in heads}
+                if any(len(found[state]) != len(entry.ids) for state, entry in heads.items()):
+                    raise ValueError("rows and ids differ")
+                read.append(found)
+            except (EOFError, ValueError, TypeError, KeyError):
+                read.append(from_files(heads))
+        return read[0]
+
+    return rows
