@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import pytest
 
-from gpuq.system import gitinfo
+from gpuq.system import gitinfo, gitsnapshot
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs the git binary")
 
@@ -166,7 +166,7 @@ def test_submodule(tmp_path: Path) -> None:
     assert inner["commit"] == git(lib, "rev-parse", "HEAD")
     (main / "vendor" / "lib" / "train.py").write_text("print('patched')\n")
     assert gitinfo.provenance(str(main))["dirty"] is True  # the superproject sees its submodule changed
-    snap = gitinfo.snapshot(str(main), str(tmp_path / "snap"))
+    snap = gitsnapshot.snapshot(str(main), str(tmp_path / "snap"))
     assert (tmp_path / "snap" / "vendor" / "lib" / "train.py").read_text() == "print('patched')\n"
     assert snap["files"] == 5  # .gitmodules, train.py, src/model.py, and the submodule's two files
 
@@ -227,7 +227,7 @@ def test_snapshot_copies_the_working_tree_of_tracked_files(repo: Path, tmp_path:
     (repo / "src" / "model.py").unlink()  # tracked but deleted: skipped
     (repo / "notes.txt").write_text("untracked\n")  # untracked: not copied
     dest = tmp_path / "spool" / "snapshots" / "000001"
-    info = gitinfo.snapshot(str(repo), str(dest))
+    info = gitsnapshot.snapshot(str(repo), str(dest))
     assert tree(dest) == {"staged.py": "print('staged')\n", "train.py": "print('uncommitted')\n"}
     assert info == {
         "path": str(dest),
@@ -251,14 +251,14 @@ def test_snapshot_keeps_modes_and_symlinks(repo: Path, tmp_path: Path) -> None:
     git(repo, "add", ".")
     git(repo, "commit", "-q", "-m", "script and links")
     dest = tmp_path / "snap"
-    gitinfo.snapshot(str(repo), str(dest))
+    gitsnapshot.snapshot(str(repo), str(dest))
     assert stat.S_IMODE(os.lstat(dest / "run.sh").st_mode) == 0o755
     assert stat.S_IMODE(os.lstat(dest / "train.py").st_mode) == stat.S_IMODE(os.lstat(repo / "train.py").st_mode)
     assert os.path.islink(dest / "model_link.py") and os.readlink(dest / "model_link.py") == "src/model.py"
     assert (dest / "model_link.py").read_text() == "LAYERS = 2\n"  # resolves inside the snapshot
     assert os.path.islink(dest / "dangling") and os.readlink(dest / "dangling") == "/nonexistent/outside"
     (repo / "train.py").chmod(0o666)  # a group/other-writable file is not copied writable by others
-    gitinfo.snapshot(str(repo), str(tmp_path / "snap2"))
+    gitsnapshot.snapshot(str(repo), str(tmp_path / "snap2"))
     assert stat.S_IMODE(os.lstat(tmp_path / "snap2" / "train.py").st_mode) == 0o644
     out = subprocess.run([str(dest / "run.sh")], capture_output=True, text=True, check=True)
     assert out.stdout == "hi\n"
@@ -269,35 +269,35 @@ def test_snapshot_size_cap_refuses_and_leaves_nothing(repo: Path, tmp_path: Path
     git(repo, "add", "weights.bin")
     dest = tmp_path / "out" / "snap"
     with pytest.raises(ValueError, match=r"^refusing to snapshot .*over the 0 MiB limit") as caught:
-        gitinfo.snapshot(str(repo), str(dest), max_bytes=40_000)
+        gitsnapshot.snapshot(str(repo), str(dest), max_bytes=40_000)
     assert "\n" not in str(caught.value)
     assert not dest.exists()
     assert not dest.parent.exists() or list(dest.parent.iterdir()) == []
-    assert gitinfo.snapshot(str(repo), str(dest), max_bytes=60_000)["bytes"] > 50_000
+    assert gitsnapshot.snapshot(str(repo), str(dest), max_bytes=60_000)["bytes"] > 50_000
 
 
 def test_snapshot_refusals(repo: Path, tmp_path: Path) -> None:
     taken = tmp_path / "taken"
     taken.mkdir()
     with pytest.raises(ValueError, match="already exists"):
-        gitinfo.snapshot(str(repo), str(taken))
+        gitsnapshot.snapshot(str(repo), str(taken))
     plain = tmp_path / "plain"
     plain.mkdir()
     if subprocess.run(["git", "rev-parse"], cwd=plain, capture_output=True).returncode != 0:
         with pytest.raises(ValueError, match="not a git work tree"):
-            gitinfo.snapshot(str(plain), str(tmp_path / "snap"))
+            gitsnapshot.snapshot(str(plain), str(tmp_path / "snap"))
         assert not (tmp_path / "snap").exists()
 
 
 def test_snapshot_cwd(repo: Path, tmp_path: Path) -> None:
     snap = str(tmp_path / "snap")
-    assert gitinfo.snapshot_cwd(str(repo / "src"), str(repo), snap) == os.path.join(snap, "src")
-    assert gitinfo.snapshot_cwd(str(repo), str(repo), snap) == snap
+    assert gitsnapshot.snapshot_cwd(str(repo / "src"), str(repo), snap) == os.path.join(snap, "src")
+    assert gitsnapshot.snapshot_cwd(str(repo), str(repo), snap) == snap
     link = tmp_path / "link-to-repo"
     os.symlink(repo, link)  # a cwd reached through a symlink still maps into the snapshot
-    assert gitinfo.snapshot_cwd(str(link / "src"), str(repo), snap) == os.path.join(snap, "src")
+    assert gitsnapshot.snapshot_cwd(str(link / "src"), str(repo), snap) == os.path.join(snap, "src")
     with pytest.raises(ValueError, match="not inside the repository"):
-        gitinfo.snapshot_cwd(str(tmp_path), str(repo), snap)
+        gitsnapshot.snapshot_cwd(str(tmp_path), str(repo), snap)
 
 
 def test_imports_only_core() -> None:

@@ -39,11 +39,11 @@ def missing_jobs(spool: Spool, ids: list[int]) -> str:
 def _snapshot(spool: Spool, ids: list[int], repo: str, cwd: str, variants: list[Variant]) -> tuple[dict, list[Variant]]:
     """`add --snapshot`: the repository's tracked files copied now, and every argument that names a
     file of it pointed at the copy: the jobs run in their own directory but with that code."""
-    from gpuq.system import gitinfo  # git: only inside a repository
+    from gpuq.system import gitsnapshot  # copying a repository: only for --snapshot
 
     try:
-        info = spool.snapshots.create(ids[0], ids, lambda dest: gitinfo.snapshot(repo, dest))
-        here = gitinfo.snapshot_cwd(cwd, repo, info["path"])
+        info = spool.snapshots.create(ids[0], ids, lambda dest: gitsnapshot.snapshot(repo, dest))
+        here = gitsnapshot.snapshot_cwd(cwd, repo, info["path"])
     except ValueError as exc:
         raise EnqueueError(f"--snapshot: {exc}") from None
     real = os.path.realpath(repo)
