@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Literal, Mapping, NamedTuple, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, NamedTuple, Optional, Sequence, TypeVar, Union
 
 from gpuq.core import schema, sweep, timespec
 from gpuq.core.errors import Refused, UsageError
@@ -14,6 +14,7 @@ from gpuq.core.resume_arg import check_resume_arg
 from gpuq.core.states import HELD, PENDING, RUNNING
 from gpuq.core.times import iso_of
 from gpuq.engine.lifecycle import interpreter
+from gpuq.engine.lifecycle.add_request import Request
 from gpuq.engine.lifecycle.interpreter import EnqueueError, upward
 from gpuq.engine.schedule import gpuview
 from gpuq.spool import JobRef, Spool
@@ -120,44 +121,6 @@ def new_jobs(
             schema.new_job(job_id=job_id, name=name, cmd=variant.cmd, cwd=cwd, log=log(job_id), options=own, **common)
         )
     return jobs
-
-
-class Request(NamedTuple):
-    """What `gpuq add` asks for: `cmd` and each of add's options by its dest in cli/options.py, as
-    values (`after=[3]`, `env={"A": "1"}`). `umask`, `shell_env`: the user's (default: this
-    process's). A NamedTuple: `gpuq add` starts without importing `dataclasses`."""
-
-    cmd: Sequence[str]
-    dir: Optional[str] = None
-    python: Optional[str] = None
-    conda: Optional[str] = None
-    name: Optional[str] = None
-    after: Sequence[int] = ()
-    after_any: Sequence[int] = ()
-    retries: int = 0
-    sweep: Sequence[str] = ()
-    yes: bool = False
-    hold: bool = False
-    time: Optional[str] = None
-    begin: Optional[str] = None
-    snapshot: bool = False
-    gpus: int = 1
-    notify: bool = False
-    notify_url: Sequence[str] = ()
-    max_log_size: Optional[str] = None
-    on_finish: Optional[str] = None
-    gpu_mem: Optional[str] = None
-    mem: Optional[str] = None
-    cpus: Optional[int] = None
-    priority: int = 0
-    urgent: Union[bool, Literal["force"]] = False
-    preemptible: bool = False
-    ckpt_glob: Optional[str] = None
-    no_resume: bool = False
-    resume_arg: Optional[str] = None
-    env: Optional[Mapping[str, str]] = None
-    umask: Optional[int] = None
-    shell_env: Optional[Mapping[str, str]] = None
 
 
 # the options a job keeps as they were asked for
