@@ -13,7 +13,7 @@ from typing import Optional
 import pytest
 from conftest import Env, alive, wait_for
 
-from gpuq.system import procs
+from gpuq.system import proctree
 
 # The job's main process starts a child in its own process group that ignores SIGTERM, and a
 # daemon that left the group (setsid); then it exits 0 ("exit") or runs until it is stopped.
@@ -90,7 +90,7 @@ def test_end_group_reports_what_it_ended(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    assert procs.end_group(os.getpid() + 10_000_000, 1.0) is None  # no such group
+    assert proctree.end_group(os.getpid() + 10_000_000, 1.0) is None  # no such group
     script = tmp_path / "leader.py"
     script.write_text(
         "import subprocess, sys\n"
@@ -105,8 +105,8 @@ def test_end_group_reports_what_it_ended(tmp_path: Path) -> None:
     assert leader.stdout is not None
     stubborn, obedient = int(leader.stdout.readline()), int(leader.stdout.readline())
     leader.wait()
-    end: Optional[procs.GroupEnd] = procs.end_group(leader.pid, 0.5)
+    end: Optional[proctree.GroupEnd] = proctree.end_group(leader.pid, 0.5)
     assert end is not None
     assert end.by_term == [f"{obedient} python"] and end.by_kill == [f"{stubborn} python"] and end.survivors == []
     assert not alive(stubborn) and not alive(obedient)
-    assert procs.end_group(leader.pid, 0.5) is None
+    assert proctree.end_group(leader.pid, 0.5) is None

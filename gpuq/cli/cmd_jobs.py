@@ -18,7 +18,7 @@ from gpuq.core.states import CANCELLED, INTERRUPTED, PREEMPTED, RUNNING
 from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import actions, edit, repairs, requests
 from gpuq.engine.lifecycle.requests import Done
-from gpuq.system.procs import KILL_GRACE_SECONDS
+from gpuq.system.proctree import KILL_GRACE_SECONDS
 
 
 def _on_each(request: requests.OnJobs, said: Callable[[Done], Optional[str]]) -> int:

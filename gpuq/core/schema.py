@@ -15,7 +15,7 @@ from gpuq.core.times import now_iso
 from gpuq.core.timespec import parse_size_mib
 
 MAX_NAME_LEN = 200
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_UNSAFE = r"[^A-Za-z0-9._-]+"
 
 
 class InvalidJob(GpuqError, ValueError):
@@ -28,7 +28,7 @@ class IncompleteJob(InvalidJob):
 
 def slug(name: str) -> str:
     """The job's name as part of a file name: each run of unsafe characters one "-"."""
-    return _UNSAFE.sub("-", name).strip("-.")[:60] or "job"
+    return re.sub(_UNSAFE, "-", name).strip("-.")[:60] or "job"
 
 
 def filename(job_id: int, name: str) -> str:

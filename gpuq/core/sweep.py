@@ -15,11 +15,13 @@ DEFAULT_LIMIT = 1000
 HARD_LIMIT = 100_000  # even with --yes: past this a typo is far likelier than a plan
 MAX_ID_SPAN = 100_000
 
+# Patterns are kept as text: `re` compiles (and caches) each at its first use, so a command that
+# never parses a sweep does not pay for compiling them at start-up.
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
-_NAME = re.compile(_IDENT)
+_NAME = _IDENT
 # The escape first: at a `{{lr}}` the first alternative wins, so it never reads as `{` + `{lr}` + `}`.
-_PLACEHOLDER = re.compile(rf"\{{\{{({_IDENT})\}}\}}|\{{({_IDENT})\}}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_PLACEHOLDER = rf"\{{\{{({_IDENT})\}}\}}|\{{({_IDENT})\}}"
+_CONTROL = r"[\x00-\x1f\x7f]"
 
 
 class Combination(NamedTuple):
@@ -35,7 +37,7 @@ def parse_sweep(text: str) -> tuple[str, list[str]]:
     name = name.strip()
     if not sep:
         raise ValueError(f"--sweep: expected NAME=V1,V2,... (e.g. lr=1e-4,3e-4), got {text!r}")
-    if not _NAME.fullmatch(name):
+    if not re.fullmatch(_NAME, name):
         raise ValueError(f"--sweep: {name!r} is not a name (letters, digits and _, not starting with a digit)")
     values = [value.strip() for value in _split_values(rest)]
     if not rest.strip():
@@ -43,7 +45,7 @@ def parse_sweep(text: str) -> tuple[str, list[str]]:
     if any(not value for value in values):
         raise ValueError(f"--sweep {name}: empty value in {rest!r} (a stray comma?)")
     for value in values:
-        if _CONTROL.search(value):
+        if re.search(_CONTROL, value):
             raise ValueError(f"--sweep {name}: value {value!r} holds a control character")
     repeated = sorted({value for value in values if values.count(value) > 1})
     if repeated:
@@ -98,12 +100,12 @@ def fill(word: str, values: dict[str, str]) -> str:
         escaped, name = match.groups()
         return "{" + escaped + "}" if escaped else values[name]
 
-    return _PLACEHOLDER.sub(replace, word)
+    return re.sub(_PLACEHOLDER, replace, word)
 
 
 def placeholders(word: str) -> list[str]:
     """The sweep names `word` refers to, in order (escaped `{{name}}` excluded)."""
-    return [name for escaped, name in _PLACEHOLDER.findall(word) if not escaped]
+    return [name for escaped, name in re.findall(_PLACEHOLDER, word) if not escaped]
 
 
 def _check_sweeps(sweeps: list[tuple[str, list[str]]]) -> None:
@@ -138,7 +140,7 @@ def _command_text(words: list[str], name: str) -> str:
     text = " ".join(words)
     if len(text) > 120:
         text = next(word for word in words if name in placeholders(word))
-    return _CONTROL.sub("?", text)
+    return re.sub(_CONTROL, "?", text)
 
 
 def _check_count(count: int, limit: int, allow_more: bool) -> None:
@@ -161,7 +163,7 @@ def _quoted(value: str) -> str:
 # -- job id ranges (--after 12-17) --
 
 _ID = r"#?\s*(\d+)"
-_RANGE = re.compile(rf"{_ID}(?:\s*-\s*{_ID})?")
+_RANGE = rf"{_ID}(?:\s*-\s*{_ID})?"
 
 
 def parse_id_ranges(text: str, flag: str = "--after") -> list[int]:
@@ -171,7 +173,7 @@ def parse_id_ranges(text: str, flag: str = "--after") -> list[int]:
     if not items:
         raise ValueError(f"{flag}: no job id in {text!r}; use 12, 3,5 or 12-17")
     for item in items:
-        match = _RANGE.fullmatch(item)
+        match = re.fullmatch(_RANGE, item)
         if not match:
             raise ValueError(f"{flag}: cannot read {item!r} as a job id or range; use 12, 3,5 or 12-17")
         first = int(match.group(1))

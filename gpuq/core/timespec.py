@@ -13,10 +13,11 @@ MAX_DURATION = 365 * 86400.0
 
 _UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 _NUMBER = r"\d+(?:\.\d*)?|\.\d+"
-_UNIT_PART = re.compile(rf"({_NUMBER})\s*([dhms])")
-_UNITS_WHOLE = re.compile(rf"(?:(?:{_NUMBER})\s*[dhms]\s*)+")  # `1h 30m`, when quoted
-_BARE = re.compile(rf"(?:{_NUMBER})")
-_COLONS = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+# Patterns as text, compiled by `re` at first use (start-up: see core/sweep.py).
+_UNIT_PART = rf"({_NUMBER})\s*([dhms])"
+_UNITS_WHOLE = rf"(?:(?:{_NUMBER})\s*[dhms]\s*)+"  # `1h 30m`, when quoted
+_BARE = rf"(?:{_NUMBER})"
+_COLONS = r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?"
 
 DURATION_FORMS = "45s, 90m, 4h, 2d, 1h30m, 90 (minutes), 90:00 (mm:ss), 1:30:00 (h:mm:ss) or 2-12:00:00 (d-hh:mm:ss)"
 
@@ -33,18 +34,18 @@ def parse_duration(text: str, flag: str = "--time") -> float:
 
 
 def _duration_or_none(text: str) -> Optional[float]:
-    if _BARE.fullmatch(text):
+    if re.fullmatch(_BARE, text):
         return float(text) * 60.0  # Slurm: a bare number is minutes
-    if _UNITS_WHOLE.fullmatch(text):
+    if re.fullmatch(_UNITS_WHOLE, text):
         return _units_seconds(text)
-    match = _COLONS.fullmatch(text)
+    match = re.fullmatch(_COLONS, text)
     if match and (match.group(1) is not None or match.group(3) is not None):
         return _colon_seconds(*match.groups())
     return None
 
 
 def _units_seconds(text: str) -> Optional[float]:
-    parts = _UNIT_PART.findall(text)
+    parts = re.findall(_UNIT_PART, text)
     units = [unit for _, unit in parts]
     # Largest unit first, each at most once: `30m1h` or `1h1h` is more likely a slip than a plan.
     if units != sorted(set(units), key="dhms".index):
@@ -90,8 +91,8 @@ def format_duration(seconds: float) -> str:
 # -- start times (--begin) --
 
 BEGIN_FORMS = "02:00 (the next 2 am), +2h, +1h30m, 2026-12-03T02:00 (local unless an offset is given) or now"
-_CLOCK = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?")
-_ISO = re.compile(
+_CLOCK = r"(\d{1,2}):(\d{2})(?::(\d{2}))?"
+_ISO = (
     r"(\d{4})-(\d{2})-(\d{2})"
     r"(?:[T ](\d{1,2}):(\d{2})(?::(\d{2})(?:\.(\d{1,6}))?)?)?"
     r"\s*(Z|[+-]\d{2}(?::?\d{2})?)?"
@@ -118,7 +119,7 @@ def parse_begin(text: str, now: float, flag: str = "--begin") -> float:
 
 def _relative(offset: str, text: str, flag: str) -> float:
     number = offset.strip()
-    if _BARE.fullmatch(number):
+    if re.fullmatch(_BARE, number):
         raise ValueError(f"{flag}: {text!r} needs a unit (+{number}m or +{number}s?); use {BEGIN_FORMS}")
     try:
         return parse_duration(offset, flag)
@@ -127,7 +128,7 @@ def _relative(offset: str, text: str, flag: str) -> float:
 
 
 def _clock_time(text: str, now: float) -> Optional[float]:
-    match = _CLOCK.fullmatch(text)
+    match = re.fullmatch(_CLOCK, text)
     if not match:
         return None
     hour, minute, second = int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
@@ -142,7 +143,7 @@ def _clock_time(text: str, now: float) -> Optional[float]:
 
 
 def _iso_time(text: str, original: str, flag: str) -> Optional[float]:
-    match = _ISO.fullmatch(text)
+    match = re.fullmatch(_ISO, text)
     if not match:
         return None
     year, month, day, hour, minute, second, fraction, offset = match.groups()
@@ -170,7 +171,7 @@ def _zone(offset: Optional[str]) -> Optional[timezone]:
 
 # -- sizes --
 
-_SIZE = re.compile(rf"({_NUMBER})\s*([kmgt]?)(i?b?)")
+_SIZE = rf"({_NUMBER})\s*([kmgt]?)(i?b?)"
 _SIZE_SHIFT = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
 
 
@@ -210,7 +211,7 @@ def parse_size_bytes(text: str, flag: str = "size") -> int:
 
 
 def _size_parts(text: str, flag: str, forms: str) -> tuple[float, str]:
-    match = _SIZE.fullmatch(text.strip().lower())
+    match = re.fullmatch(_SIZE, text.strip().lower())
     # `20i` or `20ib` alone is not a unit; `20b` is bytes, which only parse_size_bytes takes as is.
     if not match or (match.group(3).startswith("i") and not match.group(2)):
         raise ValueError(f"{flag}: cannot read {text!r} as a size; use {forms}")

@@ -20,7 +20,7 @@ from gpuq.core.states import FAILED, INTERRUPTED, PENDING, RUNNING
 from gpuq.run.notify import message, send
 from gpuq.run.supervisor.start import LOG_PREFIX
 from gpuq.spool import Spool
-from gpuq.system import procs
+from gpuq.system import procs, proctree
 
 OUTPUT_CAP = 16 * 1024  # bytes of a hook's output passed on to the log
 TERM_GRACE = 1.0  # seconds between SIGTERM and SIGKILL for a hook that ran out of time
@@ -114,13 +114,13 @@ def _run_bounded(argv: list[str], env: dict[str, str], timeout: float) -> _Outco
         output, dropped, timed_out = _collect(proc, proc.stdout.fileno(), time.monotonic() + timeout)
     finally:
         if timed_out:
-            procs.signal_group(proc.pid, signal.SIGTERM)
+            proctree.signal_group(proc.pid, signal.SIGTERM)
             deadline = time.monotonic() + TERM_GRACE
             while not _has_exited(proc) and time.monotonic() < deadline:
                 time.sleep(0.02)
         # The leader has exited but is not reaped yet, so its pid (the group's id) cannot have been
         # given to another process: killing the group reaches only what the hook left behind.
-        procs.signal_group(proc.pid, signal.SIGKILL)
+        proctree.signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
     return _Outcome(proc.returncode, timed_out, output, dropped)

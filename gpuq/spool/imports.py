@@ -10,7 +10,7 @@ from typing import Any, Optional
 from gpuq.spool.files import Files, read_object
 from gpuq.spool.layout import Layout
 
-FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16,128}$")
+FINGERPRINT_RE = r"^[0-9a-f]{16,128}$"
 
 
 class ImportRecords:
@@ -18,11 +18,11 @@ class ImportRecords:
         self.layout, self.files = layout, files
 
     def find(self, fingerprint: str) -> Optional[dict[str, Any]]:
-        if not FINGERPRINT_RE.match(fingerprint):
+        if not re.match(FINGERPRINT_RE, fingerprint):
             return None
         return read_object(self.layout.import_path(fingerprint), mine=True)
 
     def write(self, fingerprint: str, record: dict[str, Any]) -> None:
-        if not FINGERPRINT_RE.match(fingerprint):
+        if not re.match(FINGERPRINT_RE, fingerprint):
             raise ValueError(f"not a fingerprint: {fingerprint!r}")
         self.files.replace(self.layout.import_path(fingerprint), json.dumps(record, indent=2).encode(), "import")

@@ -36,8 +36,8 @@ from gpuq.engine.schedule import scheduler
 from gpuq.engine.schedule.queue_read import PendingCache, read_queue
 from gpuq.engine.tracking import continuation
 from gpuq.spool import JobRef, Spool, SpoolFull
-from gpuq.system import procs
-from gpuq.system.procs import KILL_GRACE_SECONDS
+from gpuq.system import proctree
+from gpuq.system.proctree import KILL_GRACE_SECONDS
 
 PID_WAIT_SECONDS = 5.0  # a job just handed to its supervisor gets its pid within milliseconds
 
@@ -89,7 +89,7 @@ def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS, action: s
         spool.control.request(job_id, action)
     except SpoolFull:
         pass  # a full disk: the job is still stopped; its supervisor records it as failed (143)
-    if not procs.terminate_tree(job, grace):
+    if not proctree.terminate_tree(job, grace):
         raise Refused(f"job #{job_id} (pid {job.pid}) did not die")
     return wait_until_settled(spool, job_id)
 

@@ -15,7 +15,7 @@ from gpuq.engine.lifecycle import actions
 from gpuq.engine.schedule.planner import Assignment
 from gpuq.engine.tracking import checkpoints, continuation
 from gpuq.spool import Spool
-from gpuq.system import procs
+from gpuq.system import procs, proctree
 
 DEFAULT_TIMEOUT = 60.0  # HF's JIT save waits 3 s after SIGTERM, then saves: allow for big models
 FORCE_WAIT = 10.0
@@ -35,14 +35,14 @@ def preempt(
     pgid = job.pid
     if not pgid:
         raise Refused(f"job #{job_id} has no process yet; try again")
-    snapshot = procs.ungrouped_tree(pgid)
+    snapshot = proctree.ungrouped_tree(pgid)
     spool.control.request(job_id, PREEMPT)
-    procs.terminate(pgid, snapshot)
+    proctree.terminate(pgid, snapshot)
     say(f"sent SIGTERM to job #{job_id}'s process group (pid {pgid}); waiting up to {timeout:g}s for it to exit...")
-    left = procs.wait_gone(pgid, snapshot, timeout)
+    left = proctree.wait_gone(pgid, snapshot, timeout)
     if left and force:
         say(f"still alive after {timeout:g}s: {_pids(left)}; sending SIGKILL")
-        left = procs.wait_gone(pgid, snapshot, FORCE_WAIT, kill=True)
+        left = proctree.wait_gone(pgid, snapshot, FORCE_WAIT, kill=True)
         if left:
             raise Refused(f"job #{job_id}: processes {_pids(left)} survived SIGKILL")
     if left:
@@ -117,18 +117,18 @@ class UrgentPreemptions:
     def begin(self, victim: Job, now: float) -> None:
         pgid = victim.pid
         assert pgid is not None  # victims are chosen among jobs with a process
-        snapshot = procs.ungrouped_tree(pgid)
+        snapshot = proctree.ungrouped_tree(pgid)
         self.spool.control.request(victim.id, PREEMPT_RESUME)
-        procs.terminate(pgid, snapshot)
+        proctree.terminate(pgid, snapshot)
         self.under_way[victim.id] = Preemption(Assignment.of_job(victim), pgid, snapshot, now + DEFAULT_TIMEOUT)
 
     def holding(self, state_of: dict[int, str], now: float) -> dict[int, Assignment]:
         """Where victims still alive hold their place; past the grace, SIGKILL (at each look: a process
         may have been forked meanwhile)."""
         for job_id, p in list(self.under_way.items()):
-            left = procs.leftovers(p.pgid, p.snapshot)
+            left = proctree.leftovers(p.pgid, p.snapshot)
             if state_of.get(job_id) != RUNNING and not left:
                 del self.under_way[job_id]
             elif left and now >= p.deadline:
-                procs.signal_each(left, "kill")
+                proctree.signal_each(left, "kill")
         return {job_id: p.where for job_id, p in self.under_way.items()}

@@ -11,12 +11,13 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 from gpuq.core.job import Job
 from gpuq.core.times import parse_iso
 
-HF_DIR_RE = re.compile(r"^checkpoint-(\d+)$")
+# Patterns as text, compiled by `re` at first use (start-up: see core/sweep.py).
+HF_DIR_RE = r"^checkpoint-(\d+)$"
 HF_COMPLETE_MARKER = "trainer_state.json"
 HF_INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # HF 5's JIT save removes it when done
 MTIME_SLACK = 1.0  # seconds: file times are coarser than the ISO start time
-STEP_RE = re.compile(r"(?:step|checkpoint|iter|iteration|global_step)[=_-]?(\d+)", re.IGNORECASE)
-EPOCH_RE = re.compile(r"epoch[=_-]?(\d+)", re.IGNORECASE)
+STEP_RE = r"(?i)(?:step|checkpoint|iter|iteration|global_step)[=_-]?(\d+)"
+EPOCH_RE = r"(?i)epoch[=_-]?(\d+)"
 OUTPUT_DIR_FLAGS = ("--output_dir", "--output-dir")
 MAX_STEPS_FLAGS = ("--max_steps", "--max-steps")
 RESUME_FLAGS = ("--resume_from_checkpoint", "--resume-from-checkpoint")
@@ -49,7 +50,7 @@ def start_step(job: Job) -> Optional[float]:
     ckpt = job.resumed_from or arg_value(job.cmd, RESUME_FLAGS)
     if not ckpt:
         return 0.0
-    m = STEP_RE.search(os.path.basename(str(ckpt).rstrip("/")))
+    m = re.search(STEP_RE, os.path.basename(str(ckpt).rstrip("/")))
     return float(m.group(1)) if m else None
 
 
@@ -79,7 +80,7 @@ def hf_checkpoints(out_dir: str) -> list[Checkpoint]:
     except OSError:
         return []
     for entry in entries:
-        m = HF_DIR_RE.match(entry.name)
+        m = re.match(HF_DIR_RE, entry.name)
         if m and entry.is_dir() and _hf_complete(entry.path):
             found.append(Checkpoint(os.path.abspath(entry.path), int(m.group(1))))
     return sorted(found, key=lambda c: c.step or 0)
@@ -91,8 +92,8 @@ def _hf_complete(path: str) -> bool:
     )
 
 
-def _number(regex: re.Pattern, name: str) -> Optional[int]:
-    found = regex.findall(name)
+def _number(regex: str, name: str) -> Optional[int]:
+    found = re.findall(regex, name)
     return int(found[-1]) if found else None
 
 
@@ -100,7 +101,7 @@ def _usable(path: str) -> bool:
     """A non-empty file, or a directory that is not an HF checkpoint cut short."""
     try:
         if os.path.isdir(path):
-            return not HF_DIR_RE.match(os.path.basename(path)) or _hf_complete(path)
+            return not re.match(HF_DIR_RE, os.path.basename(path)) or _hf_complete(path)
         return os.path.getsize(path) > 0
     except OSError:
         return False

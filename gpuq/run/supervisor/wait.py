@@ -18,7 +18,7 @@ from gpuq.run.supervisor import hostlimits, watch
 from gpuq.run.supervisor.start import Pump, Run, log_line
 from gpuq.run.supervisor.watch import Sampler
 from gpuq.spool import SpoolFull
-from gpuq.system import procs
+from gpuq.system import procs, proctree
 
 PUMP_DRAIN_SECONDS = 2.0  # what is still in a capped log's pipe once the job has ended
 POLL_SECONDS = 0.05  # how often the job is looked at where its exit cannot be waited for with a pidfd
@@ -67,7 +67,7 @@ def forward_termination_to(pgid: int) -> None:
     def forward(signum: int, _frame: Any) -> None:
         global stopped
         stopped = True  # and nothing more is started by this supervisor
-        procs.signal_group(pgid, signal.SIGTERM)
+        proctree.signal_group(pgid, signal.SIGTERM)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
@@ -96,11 +96,11 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
         if run.job.preemptible:
             run.spool.control.request(run.job.id, PREEMPT)
     run.termed_at = time.monotonic()
-    procs.signal_group(child.pid, signal.SIGTERM)
+    proctree.signal_group(child.pid, signal.SIGTERM)
     try:
         return child.wait(timeout=grace)
     except subprocess.TimeoutExpired:
-        procs.signal_group(child.pid, signal.SIGKILL)
+        proctree.signal_group(child.pid, signal.SIGKILL)
         return child.wait()
 
 
@@ -135,14 +135,14 @@ def _wait_until(
 
 def kill_grace(run: Run) -> float:
     grace = run.order.kill_grace
-    return float(grace) if grace is not None else procs.KILL_GRACE_SECONDS
+    return float(grace) if grace is not None else proctree.KILL_GRACE_SECONDS
 
 
 def _end_leftovers(run: Run, pgid: int) -> None:
     """What is left of the job's process group (DataLoader workers, torchrun ranks...) ended, as Slurm
     ends a job step, before the end is recorded: it may hold the GPU the next job needs."""
     grace = kill_grace(run)
-    end = procs.end_group(pgid, grace, since=run.termed_at)
+    end = proctree.end_group(pgid, grace, since=run.termed_at)
     if end is None:
         return
     if end.by_term:
