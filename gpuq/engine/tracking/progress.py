@@ -26,25 +26,26 @@ MAX_TRAINER_STATE_BYTES = 8 << 20
 # a bar prints last, and seven patterns over 64 KiB of one line would slow every `gpuq status`.
 LONG_SEGMENT = 1024
 
-# Each log pattern yields (kind, step, total). Earlier patterns win within one line.
-TQDM_RE = re.compile(r"(\d+)/(\d+)\s*\[([\d:]+)<([\d:?]+)(?:,\s*([\d.]+|\?)\s*([A-Za-z]+/s|s/[A-Za-z]+))?[^\]\r\n]*\]")
+# Each log pattern yields (kind, step, total). Earlier patterns win within one line. Patterns as
+# text, compiled by `re` at first use (start-up: see core/sweep.py).
+TQDM_RE = r"(\d+)/(\d+)\s*\[([\d:]+)<([\d:?]+)(?:,\s*([\d.]+|\?)\s*([A-Za-z]+/s|s/[A-Za-z]+))?[^\]\r\n]*\]"
 LINE_PATTERNS = [
-    ("Step N/M", re.compile(r"\bsteps?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
-    ("Iteration N of M", re.compile(r"\biter(?:ation)?s?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
-    ("[N/M]", re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")),
-    ("Epoch N/M", re.compile(r"\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)", re.IGNORECASE)),
+    ("Step N/M", r"(?i)\bsteps?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)"),
+    ("Iteration N of M", r"(?i)\biter(?:ation)?s?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)"),
+    ("[N/M]", r"\[\s*(\d+)\s*/\s*(\d+)\s*\]"),
+    ("Epoch N/M", r"(?i)\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)"),
 ]
 # A percentage is progress when it is the whole line (`6.0%`), or in a progress context: a tqdm bar
 # (`45%|`) or a word that says so. `accuracy 93.5%` and `6.0%x` are not.
-PERCENT_RE = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(?:(\|)|(?!\w))")
-LONE_PERCENT_RE = re.compile(r"\s*\d{1,3}(?:\.\d+)?\s?%\s*")
-PERCENT_CONTEXT_RE = re.compile(r"\b(progress|complete[d]?|done|finished)\b", re.IGNORECASE)
+PERCENT_RE = r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(?:(\|)|(?!\w))"
+LONE_PERCENT_RE = r"\s*\d{1,3}(?:\.\d+)?\s?%\s*"
+PERCENT_CONTEXT_RE = r"(?i)\b(progress|complete[d]?|done|finished)\b"
 # Every pattern above needs one of these; lines without are skipped with a single cheap search.
-CANDIDATE_RE = re.compile(r"\d\s*(?:/|%|of\b)|'epoch'", re.IGNORECASE)
-NOT_LETTERS_RE = re.compile(r"[^A-Za-z]+")
-LINE_BREAKS_RE = re.compile(r"[\r\n]+")
-HF_PAIR_RE = re.compile(r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?")
-TRL_COMPLETIONS_RE = re.compile(r"^completions_(\d+)\.parquet$")
+CANDIDATE_RE = r"(?i)\d\s*(?:/|%|of\b)|'epoch'"
+NOT_LETTERS_RE = r"[^A-Za-z]+"
+LINE_BREAKS_RE = r"[\r\n]+"
+HF_PAIR_RE = r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?"
+TRL_COMPLETIONS_RE = r"^completions_(\d+)\.parquet$"
 EPOCHS_FLAGS = ("--num_train_epochs", "--num-train-epochs")
 EPOCH_KINDS = ("Epoch N/M", "HF log (epoch)")  # counters of epochs, not steps
 
@@ -145,22 +146,22 @@ def _tqdm_rate(value: Optional[str], unit: Optional[str]) -> Optional[float]:
 def _label(prefix: str) -> str:
     """The words before a counter (tqdm's description, "train", "INFO"): digits, timestamps and bar
     characters dropped, so every update of one counter gets the same label."""
-    return NOT_LETTERS_RE.sub(" ", prefix).strip().lower()[-40:]
+    return re.sub(NOT_LETTERS_RE, " ", prefix).strip().lower()[-40:]
 
 
 def line_reading(line: str) -> Optional[tuple[str, float, Optional[float], Optional[float]]]:
     """(counter, step, total, rate) of the most specific progress pattern in one log line; the
     counter is the pattern's kind plus the label in front of it."""
-    m = TQDM_RE.search(line)
+    m = re.search(TQDM_RE, line)
     if m:
-        label = _label(PERCENT_RE.split(line[: m.start()], 1)[0])
+        label = _label(re.split(PERCENT_RE, line[: m.start()], maxsplit=1)[0])
         return f"tqdm:{label}", float(m.group(1)), float(m.group(2)), _tqdm_rate(m.group(5), m.group(6))
-    for kind, regex in LINE_PATTERNS:
-        m = regex.search(line)
+    for kind, pattern in LINE_PATTERNS:
+        m = re.search(pattern, line)
         if m:
             return f"{kind}:{_label(line[: m.start()])}", float(m.group(1)), float(m.group(2)), None
-    m = PERCENT_RE.search(line)
-    progress_like = m and (m.group(2) or LONE_PERCENT_RE.fullmatch(line) or PERCENT_CONTEXT_RE.search(line))
+    m = re.search(PERCENT_RE, line)
+    progress_like = m and (m.group(2) or re.fullmatch(LONE_PERCENT_RE, line) or re.search(PERCENT_CONTEXT_RE, line))
     if m and progress_like and float(m.group(1)) <= 100:
         return f"N%:{_label(line[: m.start()])}", float(m.group(1)), 100.0, None
     return None
@@ -171,7 +172,7 @@ def hf_dict_reading(line: str, epochs: Optional[float]) -> Optional[tuple[str, f
     text = line.strip()
     if not (text.startswith("{") and "'epoch'" in text):
         return None
-    pairs = dict(HF_PAIR_RE.findall(text))
+    pairs = dict(re.findall(HF_PAIR_RE, text))
     if "epoch" not in pairs:
         return None
     return "HF log (epoch):", float(pairs["epoch"]), epochs, "train_runtime" in pairs
@@ -182,15 +183,15 @@ Found = tuple[str, float, Optional[float], Optional[float], bool]  # counter, st
 
 def log_readings(text: str, epochs: Optional[float] = None) -> list[Found]:
     found: list[Found] = []
-    lines = LINE_BREAKS_RE.split(text)
-    if lines and not text.endswith(("\n", "\r")) and not TQDM_RE.search(lines[-1]):
+    lines = re.split(LINE_BREAKS_RE, text)
+    if lines and not text.endswith(("\n", "\r")) and not re.search(TQDM_RE, lines[-1]):
         lines.pop()  # the last line may be cut mid-write: kept only if it holds a whole tqdm bar
     for line in lines:
         if not line.strip():
             continue
         if len(line) > LONG_SEGMENT:
             line = line[-LONG_SEGMENT:]
-        if not CANDIDATE_RE.search(line):
+        if not re.search(CANDIDATE_RE, line):
             continue
         hf = hf_dict_reading(line, epochs)
         got = (hf[0], hf[1], hf[2], None, hf[3]) if hf else line_reading(line)
@@ -329,7 +330,7 @@ def _trl_completions(out_dir: str) -> list[tuple[float, float, str]]:
     return [
         (checkpoints.mtime(os.path.join(folder, name)), float(m.group(1)), f"completions/{name}")
         for name in names
-        if (m := TRL_COMPLETIONS_RE.match(name))
+        if (m := re.match(TRL_COMPLETIONS_RE, name))
     ]
 
 
