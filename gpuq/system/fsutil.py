@@ -57,9 +57,7 @@ def rename_noreplace(src: StrPath, dst: StrPath) -> None:
     """Atomically rename src to dst; FileExistsError if dst exists (os.rename would replace it).
     renameat2(RENAME_NOREPLACE) on Linux, renamex_np(RENAME_EXCL) on macOS; else (old kernels, some
     network filesystems) link + unlink, also no-clobber but briefly showing two links."""
-    # ctypes here, not at import: the commands that only read the spool (status, eta) never rename,
-    # and it costs their start-up (bench/PROFILE.md, section 12)
-    import ctypes
+    import ctypes  # the C library's binding, at the first rename: the reading commands never need it
 
     libc = _libc(ctypes)
     renameat2 = getattr(libc, "renameat2", None) if sys.platform.startswith("linux") else None
