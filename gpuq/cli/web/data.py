@@ -18,7 +18,7 @@ from gpuq.cli.commands import COMMANDS
 from gpuq.cli.top.model import Ring, holders
 from gpuq.core import schema
 from gpuq.core.errors import GpuqError, Refused
-from gpuq.core.states import FINISHED, PREEMPTED, RUNNING, TABLE
+from gpuq.core.states import FINISHED, PREEMPTED, RUNNING
 from gpuq.core.times import duration
 from gpuq.engine.lifecycle import actions, requests
 from gpuq.engine.schedule import gpuview
@@ -55,7 +55,6 @@ def _states_of(name: str) -> tuple[str, ...]:
 
 
 ACTION_STATES = {name: _states_of(name) for name in ACTIONS}
-GLYPHS = {state.name: state.glyph for state in TABLE}
 
 
 def clean(data: bytes) -> str:
@@ -90,7 +89,6 @@ def queue(sp: Spool, ring: Ring, page: int = 0, now: Optional[float] = None) -> 
         "pages": pages,
         "finished_total": total,
         "warnings": list(st.warnings),
-        "glyphs": GLYPHS,
     }
 
 
@@ -99,6 +97,7 @@ def _row(row: Any, rows: list[Any], utils: dict[int, Optional[int]]) -> dict[str
         name, script, _time, info = row.cells
         members = [r for r in rows if isinstance(r.job.sweep, dict) and r.job.sweep["id"] == row.job.id]
         return {
+            "folded": True,
             "sweep": row.job.id,
             "state": row.state,
             "name": name,

@@ -77,6 +77,7 @@
         const x = known.length === 1 ? 100 : ((p[0] - x0) / span) * 100;
         return x.toFixed(2) + "," + (30 - (Math.max(0, Math.min(100, p[1])) * 28) / 100 - 1).toFixed(2);
       });
+      if (coords.length === 1) coords.unshift("0," + coords[0].split(",")[1]); // one look: a level line
       line.setAttribute("points", coords.join(" "));
       svg.append(line);
     }
@@ -87,10 +88,10 @@
   const openSweeps = new Set();
   let page = Number(new URLSearchParams(location.search).get("page")) || 0;
 
-  function jobRow(job, glyphs) {
+  function jobRow(job) {
     const head = el("div", { class: "head" },
       el("a", { class: "id", href: jobHref(job.id) }, "#" + job.id),
-      el("span", { class: "state s-" + word(job.state) }, (glyphs[job.state] || "") + " " + job.state),
+      el("span", { class: "state s-" + word(job.state) }, job.state),
       el("span", { class: "name" }, job.name || ""));
     const parts = [head];
     if (job.state === "running") {
@@ -107,7 +108,7 @@
     return el("div", { class: "job s-" + word(job.state), "data-id": job.id }, ...parts);
   }
 
-  function sweepRow(sweep, glyphs) {
+  function sweepRow(sweep) {
     const details = el("details", { class: "job sweep s-" + word(sweep.state), "data-sweep": sweep.sweep });
     details.open = openSweeps.has(sweep.sweep);
     details.addEventListener("toggle", () => {
@@ -116,16 +117,16 @@
     });
     details.append(
       el("summary", {},
-        el("span", { class: "state s-" + word(sweep.state) }, (glyphs[sweep.state] || "") + " " + sweep.state),
-        el("span", { class: "name" }, sweep.name)),
-      el("div", { class: "info" }, sweep.info),
-      ...sweep.jobs.map((job) => jobRow(job, glyphs)));
+        el("span", { class: "state s-" + word(sweep.state) }, sweep.state),
+        el("span", { class: "name" }, sweep.name),
+        el("span", { class: "info" }, sweep.info.replace(" (`gpuq status -a` lists them)", ""))),
+      ...sweep.jobs.map((job) => jobRow(job)));
     return details;
   }
 
-  function rows(list, glyphs, empty) {
+  function rows(list, empty) {
     if (!list.length) return [el("p", { class: "muted" }, empty)];
-    return list.map((item) => (item.sweep !== undefined ? sweepRow(item, glyphs) : jobRow(item, glyphs)));
+    return list.map((item) => (item.folded ? sweepRow(item) : jobRow(item)));
   }
 
   function gpuCard(gpu) {
@@ -138,7 +139,9 @@
         el("span", { class: "util" }, gpu.util === null || gpu.util === undefined ? "util ?" : gpu.util + "%")),
       el("div", { class: "progress" }, bar(frac, "memory"),
         el("span", {}, gib(gpu.used_mib) + " / " + gib(gpu.total_mib) + " GiB")),
-      el("div", { class: "sparks" }, spark(gpu.utils, "util-line"), spark(gpu.mems, "mem-line")),
+      el("div", { class: "sparks" },
+        el("div", {}, el("span", { class: "muted small" }, "utilisation"), spark(gpu.utils, "util-line")),
+        el("div", {}, el("span", { class: "muted small" }, "memory"), spark(gpu.mems, "mem-line"))),
       el("div", { class: "holders" }, gpu.holders.length ? gpu.holders.join(", ") : "free"));
   }
 
@@ -154,9 +157,9 @@
     $("running-count").textContent = q.running.length ? String(q.running.length) : "";
     $("waiting-count").textContent = q.waiting.length ? String(q.waiting.length) : "";
     $("finished-count").textContent = q.finished_total ? String(q.finished_total) : "";
-    fill($("running"), rows(q.running, q.glyphs, "nothing running"));
-    fill($("waiting"), rows(q.waiting, q.glyphs, "nothing waiting"));
-    fill($("finished"), rows(q.finished, q.glyphs, "nothing finished yet"));
+    fill($("running"), rows(q.running, "nothing running"));
+    fill($("waiting"), rows(q.waiting, "nothing waiting"));
+    fill($("finished"), rows(q.finished, "nothing finished yet"));
     page = q.page;
     const nav = [];
     if (q.page > 0) nav.push(el("a", { href: "/?page=" + (q.page - 1), rel: "prev" }, "← newer"));
