@@ -62,7 +62,9 @@ class Web:
         headers = {"Cookie": cookie if isinstance(cookie, str) else self.cookie} if cookie else {}
         if origin is not None:
             headers["Origin"] = self.base if origin == "same" else origin
-        req = urllib.request.Request(self.base + path, method=method, headers=headers, data=b"" if method == "POST" else None)
+        req = urllib.request.Request(
+            self.base + path, method=method, headers=headers, data=b"" if method == "POST" else None
+        )
         try:
             with OPENER.open(req, timeout=30) as resp:
                 return resp.status, dict(resp.headers), resp.read()
@@ -176,7 +178,10 @@ def test_a_hostile_name_is_data_in_the_page_never_markup(gq: Env, web: Web) -> N
 
 
 def test_a_log_is_read_from_its_end_and_followed_from_an_offset(gq: Env, web: Web) -> None:
-    gq.script("job.py", "print('first', flush=True)\nprint('\\x1b[31mred\\x1b[0m', flush=True)\n" + WAIT_FOR_GO + "print('second')\n")
+    gq.script(
+        "job.py",
+        "print('first', flush=True)\nprint('\\x1b[31mred\\x1b[0m', flush=True)\n" + WAIT_FOR_GO + "print('second')\n",
+    )
     job_id = gq.add("job.py")
     gq.start_worker()
     gq.wait_state(job_id, "running")
@@ -231,3 +236,20 @@ def test_the_page_ships_inside_the_package() -> None:
     assert not re.search(r"(src|href)=\"(https?:)?//", text)  # no CDN: nothing fetched from elsewhere
     assert 'name="viewport" content="width=device-width' in (static / "index.html").read_text()
     assert os.path.getsize(static / "web.js") < 64 * 1024
+
+
+def test_service_install_web_keeps_the_page_running_beside_the_worker(gq: Env, tmp_path: Path) -> None:
+    from gpuq.run import service
+
+    dest = tmp_path / "units"
+    out = gq.gpuq("service", "install", "--dest", str(dest), "--web", "--web-port", "8123").stdout
+    unit = (dest / service.WEB_UNIT_NAME).read_text()
+    assert f"ExecStart={sys.executable} -m gpuq web --port 8123" in unit and f"GPUQ_HOME={gq.home}" in unit
+    assert "Restart=on-failure" in unit and (dest / service.UNIT_NAME).exists()
+    token = (gq.home / "web-token").read_text().strip()
+    assert f"http://127.0.0.1:8123/?token={token}" in out and "enable --now gpuq-web.service" in out
+    assert service.WEB_PORT == 8737 and "(default 8737)" in gq.gpuq("service", "--help").stdout
+    refused = gq.gpuq("service", "install", "--dest", str(dest), "--web-port", "9000", check=False)
+    assert refused.returncode == 2 and "--web-port goes with --web" in refused.stderr
+    gq.gpuq("service", "uninstall", "--dest", str(dest))
+    assert not (dest / service.WEB_UNIT_NAME).exists() and not (dest / service.UNIT_NAME).exists()

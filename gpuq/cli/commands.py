@@ -418,6 +418,8 @@ COMMANDS = (
                 "they go back in the queue, each from its newest checkpoint)",
             ),
             Opt("--recover", kind=FLAG, group="recovery", help=HIDDEN),  # the default now; older scripts give it
+            Opt("--web", kind=FLAG, help="install: also a unit keeping `gpuq web` running beside the worker"),
+            Opt("--web-port", convert=port_number, metavar="N", help="with --web: its port (default 8737)"),
             Opt("--force", kind=FLAG, help="replace or remove a unit gpuq did not write"),
         ),
     ),

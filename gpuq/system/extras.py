@@ -18,7 +18,12 @@ DISTRIBUTION = "gpuq-spool"
 # The packages of each extra, as pyproject.toml's [project.optional-dependencies] lists them
 # (tests/test_cli_edges.py compares the two), for an installation whose source tree is gone.
 NOTIFY_MISSING = "notifications to URLs need Apprise, which is not installed"  # and the command that installs it
-PACKAGES = {"notify": ("apprise>=1.6",), "plot": ("matplotlib>=3.5",), "mcp": ("mcp>=2",), "web": ("starlette>=0.27", "uvicorn>=0.20")}
+PACKAGES = {
+    "notify": ("apprise>=1.6",),
+    "plot": ("matplotlib>=3.5",),
+    "mcp": ("mcp>=2",),
+    "web": ("starlette>=0.27", "uvicorn>=0.20"),
+}
 
 
 def install_command(extra: str) -> str:

@@ -38,7 +38,7 @@ SECURITY_HEADERS = {
 }
 FORBIDDEN = "403 forbidden: open the URL `gpuq web` printed (it carries the token)\n"
 
-Asgi = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+Asgi = Callable[[Any, Any, Any], Awaitable[None]]  # an ASGI application: (scope, receive, send)
 
 
 def cookie_name(token: str) -> str:

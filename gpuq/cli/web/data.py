@@ -33,7 +33,9 @@ LOG_TAIL_BYTES = 64 * 1024  # what a job's page first shows of its log, read fro
 LOG_BEHIND_BYTES = 1 << 20  # a follower further behind than this jumps to the tail (a 1 GiB log is never read whole)
 TRIAGE_LINES = 30
 # Escape sequences of a terminal (colours, cursor moves, titles): the page shows text, never them.
-ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+ANSI_RE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
+)
 
 # The actions a job's page offers, each the request its CLI command makes, with the states it acts
 # on as the command table says them, and whether the page asks before it (work is lost or ended).
@@ -73,7 +75,8 @@ def queue(sp: Spool, ring: Ring, page: int = 0, now: Optional[float] = None) -> 
     ring.add(shown)
     unfinished = [row for row in st.rows if row.state not in FINISHED]
     utils = {g["index"]: g.get("utilization_gpu") for g in (shown or {}).get("gpus") or []}
-    running, waiting = [], []
+    running: list[dict[str, Any]] = []
+    waiting: list[dict[str, Any]] = []
     for row in render.group_sweeps(unfinished):
         (running if row.state == RUNNING else waiting).append(_row(row, unfinished, utils))
     finished, total = _finished_page(st, page, now)
@@ -148,14 +151,14 @@ def _finished_page(st: Any, page: int, now: float) -> tuple[list[dict[str, Any]]
         if not isinstance(job.cmd, list):  # a damaged file: its cells say why
             out.append({"id": job.id, "state": row.state, "name": row.cells[0], "info": row.cells[-1]})
             continue
-        ran = render.elapsed(job, now)
+        spent = render.elapsed(job, now)
         out.append(
             {
                 "id": job.id,
                 "state": row.state,
                 "name": job.name,
                 "script": schema.display_script(job.cmd),
-                "ran": duration(ran) if ran is not None else "",
+                "ran": duration(spent) if spent is not None else "",
                 "info": render.info(job, row.state),
                 "exit_code": job.exit_code,
                 "reason": job.reason,
@@ -268,13 +271,12 @@ def act(sp: Spool, name: str, job_id: int) -> str:
     """One action on one job through the request its command makes: what happened, in a line; a
     refusal raises GpuqError with the CLI's reason."""
     if name == "preempt":
-        outcome = requests.Preempt(id=job_id, timeout=PREEMPT_TIMEOUT).run(sp)
-        done = outcome.job
-        if outcome.state == PREEMPTED:
-            return f"job #{job_id} preempted: {done.note or 'it can be resumed'}"
-        if outcome.left:
+        stopped = requests.Preempt(id=job_id, timeout=PREEMPT_TIMEOUT).run(sp)
+        if stopped.state == PREEMPTED:
+            return f"job #{job_id} preempted: {stopped.job.note or 'it can be resumed'}"
+        if stopped.left:
             raise Refused(f"job #{job_id} did not stop within {PREEMPT_TIMEOUT:g}s; left running")
-        raise Refused(f"job #{job_id} ended on its own meanwhile: {outcome.state}")
+        raise Refused(f"job #{job_id} ended on its own meanwhile: {stopped.state}")
     request = ON_IDS.get(name)
     if request is None:
         raise Refused(f"no such action: {name}")
@@ -282,7 +284,8 @@ def act(sp: Spool, name: str, job_id: int) -> str:
         if isinstance(outcome, GpuqError):
             raise outcome
         said = {
-            "cancel": "cancelled" + (f" (it was running: killed, exit {outcome.job.exit_code})" if outcome.killed else ""),
+            "cancel": "cancelled"
+            + (f" (it was running: killed, exit {outcome.job.exit_code})" if outcome.killed else ""),
             "kill": f"killed (exit {outcome.job.exit_code})",
             "hold": "held",
             "release": "back in line",
