@@ -253,3 +253,29 @@ def test_service_install_web_keeps_the_page_running_beside_the_worker(gq: Env, t
     assert refused.returncode == 2 and "--web-port goes with --web" in refused.stderr
     gq.gpuq("service", "uninstall", "--dest", str(dest))
     assert not (dest / service.WEB_UNIT_NAME).exists() and not (dest / service.UNIT_NAME).exists()
+
+
+def test_the_first_page_benchmark_runs(tmp_path: Path) -> None:
+    """bench/web_first_page.py end to end, tiny, so it cannot rot (bench/WEB.md has its figures)."""
+    script = Path(__file__).resolve().parent.parent / "bench" / "web_first_page.py"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            str(tmp_path / "q"),
+            "--finished",
+            "30",
+            "--pending",
+            "1",
+            "--rounds",
+            "2",
+            "--starts",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert out["finished"] == 30 and out["first_median_ms"] > 0 and out["page_bytes"] > 1000

@@ -93,6 +93,9 @@ def same_origin(request: Request) -> bool:
 
 def build(sp: Spool, token: str, read_only: bool = False) -> Asgi:
     ring = Ring()  # the GPUs over the last minutes, from the looks of this server
+    # A first look before serving: the modules a look imports and the finished index it brings up
+    # to date are then ready for the first page, not paid for by it.
+    data.queue(sp, ring)
     files = {name: open(os.path.join(STATIC, name), encoding="utf-8").read() for name in (*ASSETS, *PAGES)}
 
     def page(name: str, initial: dict[str, Any]) -> Response:

@@ -63,13 +63,12 @@ def cmd_web(args: argparse.Namespace) -> int:
             "and nothing encrypted; `ssh -L` to a loopback address is safer",
             file=sys.stderr,
         )
-    print(url(sock, args.host, token), flush=True)
     import uvicorn  # the server: only now that it is known to be there (tens of ms)
 
     from gpuq.cli.web import app  # Starlette: with it
 
-    config = uvicorn.Config(
-        app.build(sp, token, read_only=args.read_only), log_level="warning", access_log=False, lifespan="off"
-    )
+    application = app.build(sp, token, read_only=args.read_only)  # the queue read once: the first page is quick
+    config = uvicorn.Config(application, log_level="warning", access_log=False, lifespan="off")
+    print(url(sock, args.host, token), flush=True)  # once it can answer at once
     uvicorn.Server(config).run(sockets=[sock])
     return 0
