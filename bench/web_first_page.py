@@ -7,9 +7,9 @@ The spool is filled as bench/status_scale.py's `build` fills it (plain writes of
 not gpuq's fsynced publish), plus a few pending jobs queued with `gpuq add --hold`. A real `gpuq web`
 is started on a free loopback port; each request is a new connection carrying the cookie, as a
 browser's load of the page. It prints, in milliseconds: the first page after the server printed
-its URL (median, min and max over `--starts` servers), the first with the finished index removed (`cold`: every finished file read, as after
-`rm -r cache/`), then the median, min and max of `--rounds` later loads of the page and of its
-poll (`/api/queue`).
+its URL (median, min and max over `--starts` servers), the median, min and max of `--rounds` later
+loads of the page and of its poll (`/api/queue`), then one page with the finished index removed
+(`cold`: every finished file read, as after `rm -r cache/`).
 """
 
 from __future__ import annotations
