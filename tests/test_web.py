@@ -76,14 +76,16 @@ class Web:
         assert status == 200, (status, body)
         return json.loads(body)
 
-    def stop(self) -> None:
+    def stop(self) -> Optional[int]:
+        """Ctrl-C; its exit code."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # Ctrl-C
+            self.proc.send_signal(signal.SIGINT)
             try:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        return self.proc.returncode
 
 
 @pytest.fixture
@@ -119,7 +121,7 @@ def test_the_url_token_becomes_an_httponly_strict_cookie_and_leaves_the_address(
 def test_the_token_is_kept_0600_in_the_spool_and_reused_until_renewed(gq: Env, web: Web) -> None:
     path = gq.home / "web-token"
     assert path.read_text().strip() == web.token and stat.S_IMODE(path.stat().st_mode) == 0o600
-    web.stop()
+    assert web.stop() == 0  # Ctrl-C ends it cleanly
     again = Web(gq)
     try:
         assert again.token == web.token  # an open page and a bookmark survive a restart

@@ -4,10 +4,11 @@ Starlette and uvicorn are imported only here, once they are known to be installe
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import sys
 from importlib.util import find_spec
-from typing import Optional
+from typing import Any, Optional
 
 from gpuq.cli.common import spool
 from gpuq.core.errors import Refused
@@ -68,7 +69,13 @@ def cmd_web(args: argparse.Namespace) -> int:
     from gpuq.cli.web import app  # Starlette: with it
 
     application = app.build(sp, token, read_only=args.read_only)  # the queue read once: the first page is quick
-    config = uvicorn.Config(application, log_level="warning", access_log=False, lifespan="off")
+    server = uvicorn.Server(uvicorn.Config(application, log_level="warning", access_log=False, lifespan="off"))
+
+    def stop(_signum: int, _frame: Any) -> None:
+        server.should_exit = True  # seen as soon as it serves; uvicorn's own handler takes over then
+
+    for signum in (signal.SIGINT, signal.SIGTERM):  # a Ctrl-C right after the URL is a clean exit too
+        signal.signal(signum, stop)
     print(url(sock, args.host, token), flush=True)  # once it can answer at once
-    uvicorn.Server(config).run(sockets=[sock])
+    server.run(sockets=[sock])
     return 0
