@@ -229,7 +229,7 @@ def test_bad_options_are_one_line_and_exit_2(gq: Env) -> None:
 
 def test_a_port_in_use_is_refused_in_one_line(gq: Env, web: Web) -> None:
     proc = gq.gpuq("web", "--port", str(web.port), check=False, timeout=30)
-    assert proc.returncode == 1 and proc.stderr.startswith(f"gpuq: cannot listen on 127.0.0.1:{web.port}")
+    assert proc.returncode == 1 and proc.stderr.startswith(f"gpuq web: cannot listen on 127.0.0.1:{web.port}")
 
 
 def test_the_page_ships_inside_the_package() -> None:
@@ -281,3 +281,41 @@ def test_the_first_page_benchmark_runs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert out["finished"] == 30 and out["first_median_ms"] > 0 and out["page_bytes"] > 1000
+
+
+def test_each_action_goes_through_the_request_its_command_makes(gq: Env, web: Web) -> None:
+    def act(job_id: int, name: str) -> tuple[int, str]:
+        status, _headers, body = web.request(f"/api/job/{job_id}/{name}", method="POST")
+        answer = json.loads(body)
+        return status, answer.get("said") or answer["error"]
+
+    gq.script("job.py", WAIT_FOR_GO)
+    gq.script("fail.py", "raise SystemExit(3)\n")
+    failed = gq.add("fail.py")
+    held = gq.add("--hold", "job.py")
+    gq.start_worker("--watch")
+    gq.wait_state(failed, "failed")
+    assert act(held, "release")[0] == 200 and gq.wait_state(held, "running")
+    assert web.json(f"/api/job/{held}")["actions"] == ["cancel", "kill", "preempt"]
+    status, said = act(held, "preempt")
+    assert status == 200 and "preempted" in said and gq.state_of(held) == "preempted"
+    assert act(held, "resume")[0] == 200 and gq.wait_state(held, "running")
+    gq.wait_state(held, "running")
+    wait_for(lambda: gq.job(held).get("pid"), what="its process recorded")
+    status, said = act(held, "kill")
+    assert status == 200 and "killed" in said and gq.wait_state(held, "cancelled")["exit_code"] is not None
+    status, said = act(held, "kill")
+    assert status == 409 and said in gq.gpuq("kill", str(held), check=False).stderr
+    status, said = act(failed, "retry")
+    assert status == 200 and "back in the queue" in said and gq.state_of(failed) in ("pending", "running", "failed")
+    wait_for(lambda: len(gq.job(failed).get("history") or []) == 2, 20, what="the retried job to fail again")
+    pending = gq.add("--after", str(held), "job.py")  # waits for a cancelled job: held back for ever
+    assert act(pending, "hold")[0] == 200 and gq.state_of(pending) == "held"
+    assert web.json(f"/api/job/{pending}")["actions"] == ["cancel", "release"]
+
+
+def test_without_the_web_extra_it_says_what_to_install(gq: Env) -> None:
+    hide = "import sys; sys.modules['uvicorn'] = None; from gpuq.cli import main; sys.exit(main(['web']))"
+    proc = subprocess.run([sys.executable, "-c", hide], env=gq.env, cwd=gq.work, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("gpuq web: needs uvicorn, not installed: ") and "[web]" in proc.stderr

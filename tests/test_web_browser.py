@@ -100,6 +100,10 @@ def test_a_job_page_follows_its_log(served: tuple[Env, Web, Any]) -> None:
     driver.get(f"{web.base}/job/{job_id}")
     wait_for(lambda: "epoch one" in text_of(driver, "log"), 20, what="the log's first line")
     assert "epoch two" not in text_of(driver, "log") and text_of(driver, "log-state") == "following"
+    card = text_of(driver, "card")  # `gpuq show`'s lines: what runs, where, with which python and why
+    assert "job.py" in card and str(gq.work) in card and "(from PATH)" in card
+    chart = wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "#chart .util-line polyline"), 20, what="GPU chart")
+    assert text_of(driver, "chart").startswith("GPU 0") and chart[0].get_attribute("points")  # the recorded series
     (gq.work / "go").write_text("")
     wait_for(lambda: "epoch two" in text_of(driver, "log"), 20, what="the next line, without a reload")
     (gq.work / "go2").write_text("")

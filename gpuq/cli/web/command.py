@@ -11,6 +11,7 @@ from importlib.util import find_spec
 from typing import Any, Optional
 
 from gpuq.cli.common import spool
+from gpuq.cli.parser import said_by
 from gpuq.core.errors import Refused
 from gpuq.system.extras import install_command
 
@@ -21,7 +22,7 @@ def missing() -> Optional[str]:
     """Why the web extra cannot serve here, with the command that installs it; None when it can."""
     absent = [name for name in ("starlette", "uvicorn") if find_spec(name) is None]
     if absent:
-        return f"gpuq web needs {' and '.join(absent)}, not installed: {install_command('web')}"
+        return f"needs {' and '.join(absent)}, not installed: {install_command('web')}"
     return None
 
 
@@ -30,7 +31,7 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise Refused(f"cannot listen on {host}: {exc.strerror}") from None
+        raise said_by("gpuq web", Refused(f"cannot listen on {host}: {exc.strerror}")) from None
     family, kind, proto, _name, address = infos[0]
     sock = socket.socket(family, kind, proto)
     try:
@@ -39,7 +40,7 @@ def listen(host: str, port: int) -> socket.socket:
         sock.listen(128)
     except OSError as exc:
         sock.close()
-        raise Refused(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise said_by("gpuq web", Refused(f"cannot listen on {host}:{port}: {exc.strerror or exc}")) from None
     sock.set_inheritable(True)
     return sock
 
@@ -54,7 +55,7 @@ def url(sock: socket.socket, host: str, token: str) -> str:
 def cmd_web(args: argparse.Namespace) -> int:
     problem = missing()
     if problem:
-        raise Refused(problem)
+        raise said_by("gpuq web", Refused(problem))
     sp = spool()
     token = sp.web_token.get(new=args.new_token)
     sock = listen(args.host, args.port)
