@@ -116,6 +116,8 @@ def test_the_url_token_becomes_an_httponly_strict_cookie_and_leaves_the_address(
     cookie = headers["set-cookie"]
     assert cookie.startswith(web.cookie + ";") and "HttpOnly" in cookie and "SameSite=strict" in cookie
     assert "default-src 'none'" in headers["content-security-policy"] and headers["cache-control"] == "no-store"
+    _status, headers, _body = web.request("//evil.example/?token=" + web.token, cookie=False)
+    assert headers["location"] == "/evil.example/"  # a path on this server, never another host
 
 
 def test_the_token_is_kept_0600_in_the_spool_and_reused_until_renewed(gq: Env, web: Web) -> None:
@@ -295,12 +297,14 @@ def test_each_action_goes_through_the_request_its_command_makes(gq: Env, web: We
     held = gq.add("--hold", "job.py")
     gq.start_worker("--watch")
     gq.wait_state(failed, "failed")
-    assert act(held, "release")[0] == 200 and gq.wait_state(held, "running")
+    assert act(held, "release")[0] == 200
+    # as the library finds it: during the move its pending copy may still be there a moment
+    wait_for(lambda: web.json(f"/api/job/{held}")["state"] == "running", 20, what="it running")
     assert web.json(f"/api/job/{held}")["actions"] == ["cancel", "kill", "preempt"]
     status, said = act(held, "preempt")
     assert status == 200 and "preempted" in said and gq.state_of(held) == "preempted"
-    assert act(held, "resume")[0] == 200 and gq.wait_state(held, "running")
-    gq.wait_state(held, "running")
+    assert act(held, "resume")[0] == 200
+    wait_for(lambda: web.json(f"/api/job/{held}")["state"] == "running", 20, what="it running again")
     wait_for(lambda: gq.job(held).get("pid"), what="its process recorded")
     status, said = act(held, "kill")
     assert status == 200 and "killed" in said and gq.wait_state(held, "cancelled")["exit_code"] is not None
@@ -319,3 +323,17 @@ def test_without_the_web_extra_it_says_what_to_install(gq: Env) -> None:
     proc = subprocess.run([sys.executable, "-c", hide], env=gq.env, cwd=gq.work, capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.startswith("gpuq web: needs uvicorn, not installed: ") and "[web]" in proc.stderr
+
+
+def test_many_finished_jobs_come_50_to_a_page_from_the_index(gq: Env, web: Web) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from status_scale import build  # the benchmark's finished job files: 120 of them in done/
+
+    build(gq.home, 120)
+    first = web.json("/api/queue")
+    assert first["finished_total"] == 120 and first["pages"] == 3
+    assert [j["id"] for j in first["finished"]] == list(range(120, 70, -1))
+    assert first["finished"][0]["info"] == "exit=0" and first["finished"][0]["ran"]
+    last = web.json("/api/queue?page=2")
+    assert [j["id"] for j in last["finished"]] == list(range(20, 0, -1)) and last["page"] == 2
+    assert web.json("/api/queue?page=9")["page"] == 2  # past the end: the last page

@@ -36,6 +36,7 @@ SECURITY_HEADERS = {
     "cache-control": "no-store",
     "x-frame-options": "DENY",
 }
+COOKIE_SECONDS = 30 * 24 * 3600
 FORBIDDEN = "403 forbidden: open the URL `gpuq web` printed (it carries the token)\n"
 
 Asgi = Callable[[Any, Any, Any], Awaitable[None]]  # an ASGI application: (scope, receive, send)
@@ -72,8 +73,12 @@ class TokenGate:
         given = dict(query).get("token")
         if given is not None and self._valid(given) and request.method == "GET":
             rest = urlencode([(k, v) for k, v in query if k != "token"])
-            response: Response = RedirectResponse(scope["path"] + (f"?{rest}" if rest else ""), status_code=303)
-            response.set_cookie(self.cookie, self.token, httponly=True, samesite="strict", path="/")
+            here = "/" + scope["path"].lstrip("/")  # never `//host`: a redirect elsewhere
+            response: Response = RedirectResponse(here + (f"?{rest}" if rest else ""), status_code=303)
+            # kept 30 days: a phone's browser that closes keeps the page's key (the token outlives restarts too)
+            response.set_cookie(
+                self.cookie, self.token, max_age=COOKIE_SECONDS, httponly=True, samesite="strict", path="/"
+            )
         elif self._valid(request.cookies.get(self.cookie)):
             await self.app(scope, receive, send)
             return
@@ -96,7 +101,7 @@ def build(sp: Spool, token: str, read_only: bool = False) -> Asgi:
     # A first look before serving: the modules a look imports and the finished index it brings up
     # to date are then ready for the first page, not paid for by it.
     data.queue(sp, ring)
-    files = {name: open(os.path.join(STATIC, name), encoding="utf-8").read() for name in (*ASSETS, *PAGES)}
+    files = {name: _read(name) for name in (*ASSETS, *PAGES)}
 
     def page(name: str, initial: dict[str, Any]) -> Response:
         initial["read_only"] = read_only
@@ -153,6 +158,11 @@ def build(sp: Spool, token: str, read_only: bool = False) -> Asgi:
         Route("/api/job/{id:int}/{action}", api_act, methods=["POST"]),
     ]
     return TokenGate(Starlette(routes=routes), token)
+
+
+def _read(name: str) -> str:
+    with open(os.path.join(STATIC, name), encoding="utf-8") as fh:
+        return fh.read()
 
 
 def _page(request: Request) -> int:

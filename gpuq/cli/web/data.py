@@ -18,7 +18,7 @@ from gpuq.cli.commands import COMMANDS
 from gpuq.cli.top.model import Ring, holders
 from gpuq.core import schema
 from gpuq.core.errors import GpuqError, Refused
-from gpuq.core.states import FINISHED, PREEMPTED, RUNNING
+from gpuq.core.states import CANCELLED, FINISHED, HELD, PREEMPTED, RUNNING
 from gpuq.core.times import duration
 from gpuq.engine.lifecycle import actions, requests
 from gpuq.engine.schedule import gpuview
@@ -34,7 +34,7 @@ LOG_BEHIND_BYTES = 1 << 20  # a follower further behind than this jumps to the t
 TRIAGE_LINES = 30
 # Escape sequences of a terminal (colours, cursor moves, titles): the page shows text, never them.
 ANSI_RE = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
 )
 
 # The actions a job's page offers, each the request its CLI command makes, with the states it acts
@@ -79,16 +79,18 @@ def queue(sp: Spool, ring: Ring, page: int = 0, now: Optional[float] = None) -> 
     waiting: list[dict[str, Any]] = []
     for row in render.group_sweeps(unfinished):
         (running if row.state == RUNNING else waiting).append(_row(row, unfinished, utils))
-    finished, total = _finished_page(st, page, now)
+    total = len(st.finished) if st.finished is not None else sum(1 for row in st.rows if row.state in FINISHED)
     pages = max(1, -(-total // PER_PAGE))
+    page = min(max(page, 0), pages - 1)  # a page past the end (jobs cleared meanwhile) is the last
+    finished = _finished_page(st, page, now)
     return {
         "at": now,
         "worker": render.worker_line(st.workers, st.outlook(now)),
         "gpus": _gpus(shown, st.rows, sp.home, ring, now),
-        "running": running,
+        RUNNING: running,  # the state's name as the page's key
         "waiting": waiting,
         "finished": finished,
-        "page": min(max(page, 0), pages - 1),
+        "page": page,
         "pages": pages,
         "finished_total": total,
         "warnings": list(st.warnings),
@@ -118,10 +120,10 @@ def _row(row: Any, rows: list[Any], utils: dict[int, Optional[int]]) -> dict[str
     return out
 
 
-def _finished_page(st: Any, page: int, now: float) -> tuple[list[dict[str, Any]], int]:
+def _finished_page(st: Any, page: int, now: float) -> list[dict[str, Any]]:
     """One page of the finished jobs, newest first, from the index's rows when `status -a` would
     read them (many jobs), else from the few rows the view loaded."""
-    start = max(page, 0) * PER_PAGE
+    start = page * PER_PAGE
     view = st.finished
     if view is not None:
         total = len(view)
@@ -143,7 +145,7 @@ def _finished_page(st: Any, page: int, now: float) -> tuple[list[dict[str, Any]]
                     "reason": ends[at][3] or None,
                 }
             )
-        return out, total
+        return out
     rows = sorted((r for r in st.rows if r.state in FINISHED), key=lambda r: -r.job.id)
     out = []
     for row in rows[start : start + PER_PAGE]:
@@ -164,7 +166,7 @@ def _finished_page(st: Any, page: int, now: float) -> tuple[list[dict[str, Any]]
                 "reason": job.reason,
             }
         )
-    return out, len(rows)
+    return out
 
 
 def _gpus(
@@ -243,6 +245,7 @@ def log(sp: Spool, job_id: int, offset: Optional[int]) -> dict[str, Any]:
     ref, found = actions.get(sp, job_id)
     size = sp.logs.size(found)
     skipped = 0
+    shrunk = offset is not None and offset > size  # cut by --max-log-size, or replaced: shown afresh
     if offset is None or offset > size or size - offset > LOG_BEHIND_BYTES:
         chunk, _mtime = sp.logs.tail(found, LOG_TAIL_BYTES)
         start = max(0, size - len(chunk))
@@ -262,6 +265,7 @@ def log(sp: Spool, job_id: int, offset: Optional[int]) -> dict[str, Any]:
         "offset": start + len(chunk),
         "size": size,
         "skipped": skipped,
+        "afresh": shrunk,
         "following": ref.state == RUNNING,
         "not_started": not_started(sp, ref, found),
     }
@@ -284,10 +288,10 @@ def act(sp: Spool, name: str, job_id: int) -> str:
         if isinstance(outcome, GpuqError):
             raise outcome
         said = {
-            "cancel": "cancelled"
+            "cancel": CANCELLED
             + (f" (it was running: killed, exit {outcome.job.exit_code})" if outcome.killed else ""),
             "kill": f"killed (exit {outcome.job.exit_code})",
-            "hold": "held",
+            "hold": HELD,
             "release": "back in line",
             "retry": f"back in the queue: {outcome.how}",
             "resume": f"back in the queue: {outcome.how}",

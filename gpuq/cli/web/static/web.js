@@ -262,6 +262,7 @@
   function drawLog(answer, fresh) {
     const pre = $("log");
     const atEnd = pre.scrollHeight - pre.scrollTop - pre.clientHeight < 40;
+    fresh = fresh || answer.afresh;
     if (fresh || answer.skipped) logLines = [answer.skipped ? "[… " + answer.skipped + " bytes skipped …]" : ""];
     if (answer.skipped) logLines.push("");
     addLog(answer.text);
