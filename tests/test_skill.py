@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -143,6 +144,27 @@ class Skill:
             self.wrong.append(f"gpuq {' '.join(words)}: exit {proc.returncode} (expected {expect})\n{proc.stderr}")
         return proc.stdout
 
+    def serve(self, line: str, **ids: int) -> str:
+        """A line that serves until Ctrl-C (`gpuq web`): its first line of output, then Ctrl-C,
+        after which it must exit 0."""
+        words = [str(ids.get(f"_{word}", word)) for word in shlex.split(line)[1:]]
+        proc = subprocess.Popen(
+            [*installed_gpuq(), *words],
+            cwd=self.gq.work,
+            env=self.gq.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+        self.ran.add(line)
+        if proc.returncode != 0 or "Traceback" in err or not first:
+            self.wrong.append(f"gpuq {' '.join(words)}: exit {proc.returncode}, printed {first!r}\n{err}")
+        return first
+
 
 def running(gq: Env, *job_ids: int) -> bool:
     return all(gq.state_of(i) == "running" and gq.job(i).get("supervisor") for i in job_ids)
@@ -207,6 +229,7 @@ def test_every_command_of_the_skill_runs(gq: Env, tmp_path: Path) -> None:
         run("gpuq adopt 4242 --name exp05/train", _4242=sleeper.pid)
         for line in ("gpuq status", "gpuq eta", "gpuq gpus --json", "gpuq status --json", "gpuq top --once"):
             run(line)
+        assert run.serve("gpuq web").startswith("http://127.0.0.1:")
         run("gpuq eta 3", _3=longs[0])
         run("gpuq preempt 3", _3=longs[0])
         run("gpuq resume 3", _3=longs[0])
@@ -232,6 +255,7 @@ def test_every_command_of_the_skill_runs(gq: Env, tmp_path: Path) -> None:
         run("gpuq add -q --notify ntfy://TOPIC train.py", **{"_ntfy://TOPIC": "json://127.0.0.1:9/x"})  # not ntfy.sh
         systemd = service_supported() is None  # else the one-line refusal, exit 1
         run("gpuq service install", expect=0 if systemd else 1)
+        run("gpuq service install --web", expect=0 if systemd else 1)
         assert (tmp_path / "config" / "systemd" / "user" / "gpuq.service").exists() == systemd
         run("gpuq stop --drain")
         run("gpuq stop --kill-jobs")

@@ -49,12 +49,15 @@ DENIED = (
     "pynvml",
     "matplotlib",
     "shtab",
+    "starlette",
+    "uvicorn",
     # gpuq's own heavy layers: the actions of other commands, the worker, the original's reader
     "gpuq.engine.lifecycle.actions",
     "gpuq.engine.original.reader",
     "gpuq.engine.views.history",
     "gpuq.core.transitions",
     "gpuq.run",
+    "gpuq.cli.web",  # `gpuq web`: only when it runs
 )
 # Also denied when nothing runs or waits (and no GPU is there to show): the ETA machinery, the GPUs.
 DENIED_WHEN_IDLE = (

@@ -60,15 +60,28 @@ def cmd_service(args: argparse.Namespace) -> int:
         problem = service.supported()
         if problem:
             raise Refused(f"a systemd user service is not supported here: {problem}")
+    if args.web_port is not None and not args.web:
+        raise UsageError("--web-port goes with --web")
+    sp = spool()
     if args.action == "install":
-        result = service.install(dest, spool_home=str(spool().home), recover=not args.no_recover, force=args.force)
+        result = service.install(dest, spool_home=str(sp.home), recover=not args.no_recover, force=args.force)
+        results = [result]
+        if args.web:
+            port = service.WEB_PORT if args.web_port is None else args.web_port
+            results.append(service.install_web(port, dest, spool_home=str(sp.home), force=args.force))
     else:
-        result = service.uninstall(dest, force=args.force)
-    print(result.summary)
-    for command in result.commands:
-        print(f"  {command}")
+        results = [service.uninstall(dest, force=args.force)]
+        web = service.uninstall(dest, force=args.force, name=service.WEB_UNIT_NAME)
+        results += [web] if web.action != "absent" else []
+    for result in results:
+        print(result.summary)
+        for command in result.commands:
+            print(f"  {command}")
     if args.action == "install":
         print(f"  ({service.LINGER_WHY})")
+    if args.action == "install" and args.web:  # the token is the spool's, so the URL is known now
+        print(f"the page, once started: http://127.0.0.1:{port}/?token={sp.web_token.get()}")
+        print(f"  (from a laptop: ssh -L {port}:127.0.0.1:{port} this-host, then the same URL)")
     return 0
 
 

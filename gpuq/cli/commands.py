@@ -40,6 +40,12 @@ def state_names(text: str) -> tuple[str, ...]:
     return names
 
 
+def port_number(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise ValueError(f"not a port number (0 to 65535): {text!r}")
+    return int(text)
+
+
 def finished_states(text: str) -> tuple[str, ...]:
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     wrong = [name for name in names if name not in states.FINISHED]
@@ -384,6 +390,20 @@ COMMANDS = (
         ),
     ),
     Command(
+        "web",
+        handler="web.command:cmd_web",  # gpuq/cli/web/: Starlette and uvicorn only when it runs
+        help="the queue in a browser: live queue, jobs, logs, GPUs and actions, behind a token (needs the web extra)",
+        description="Serve the queue as a web page until Ctrl-C, on 127.0.0.1 unless --host says otherwise. It "
+        "prints the URL to open, with the token every request needs (kept 0600 in the spool); through SSH: "
+        "`ssh -L 8080:127.0.0.1:PORT host`, then the same URL with port 8080.",
+        options=(
+            Opt("--port", convert=port_number, default=0, metavar="N", help="the port (default 0: a free one)"),
+            Opt("--host", default="127.0.0.1", metavar="ADDR", help="the address to listen on (default 127.0.0.1)"),
+            Opt("--read-only", kind=FLAG, help="show the queue, offer no action"),
+            Opt("--new-token", kind=FLAG, help="make a new token: pages opened with the old one get 403"),
+        ),
+    ),
+    Command(
         "service",
         handler="cmd_tools:cmd_service",
         help="a systemd user service that keeps a worker running (Linux)",
@@ -398,6 +418,8 @@ COMMANDS = (
                 "they go back in the queue, each from its newest checkpoint)",
             ),
             Opt("--recover", kind=FLAG, group="recovery", help=HIDDEN),  # the default now; older scripts give it
+            Opt("--web", kind=FLAG, help="install: also a unit keeping `gpuq web` running beside the worker"),
+            Opt("--web-port", convert=port_number, metavar="N", help="with --web: its port (default 8737)"),
             Opt("--force", kind=FLAG, help="replace or remove a unit gpuq did not write"),
         ),
     ),

@@ -16,6 +16,8 @@ from typing import Optional
 from gpuq.core.errors import Refused
 
 UNIT_NAME = "gpuq.service"
+WEB_UNIT_NAME = "gpuq-web.service"  # `service install --web`: `gpuq web` beside the worker
+WEB_PORT = 8737  # its port unless --web-port: fixed, so the URL stays the same across restarts
 MARKER = "# Written by `gpuq service install`; `gpuq service uninstall` removes it."
 ENABLE_COMMANDS = [
     "systemctl --user daemon-reload",
@@ -110,7 +112,57 @@ def install(
         text = unit_text(argv, home, recover, extra_env)
     except ValueError as exc:
         raise Refused(f"cannot write {path}: {exc}") from None
-    commands = list(ENABLE_COMMANDS)
+    return _place(path, text, force, list(ENABLE_COMMANDS))
+
+
+def web_unit_text(gpuq_argv: list[str], spool_home: str, port: int) -> str:
+    """The unit running `<gpuq_argv> web --port PORT` beside the worker's (on 127.0.0.1: the token
+    is in the spool, and `ssh -L` reaches it from a laptop). ValueError as unit_text."""
+    worker = unit_text(gpuq_argv, spool_home)  # the same checks of the command and the spool
+    environment = [line for line in worker.splitlines() if line.startswith("Environment=")]
+    argv = [*gpuq_argv, "web", "--port", str(port)]
+    lines = [
+        MARKER,
+        "[Unit]",
+        f"Description=gpuq web page of the queue in {_specifiers(_one_line(spool_home))}",
+        f"After={UNIT_NAME}",
+        "",
+        "[Service]",
+        "Type=exec",
+        *environment,
+        "ExecStart=" + " ".join(_exec_word(word, i == 0) for i, word in enumerate(argv)),
+        "WorkingDirectory=~",
+        "Restart=on-failure",
+        "RestartSec=5",
+        "",
+        "[Install]",
+        "WantedBy=default.target",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def install_web(
+    port: int,
+    dest_dir: Optional[Path] = None,
+    gpuq_argv: Optional[list[str]] = None,
+    spool_home: Optional[str] = None,
+    force: bool = False,
+) -> InstallResult:
+    """Write the web page's unit, as `install` writes the worker's."""
+    path = Path(dest_dir or default_dir()) / WEB_UNIT_NAME
+    argv = gpuq_argv or [os.path.abspath(sys.executable), "-m", "gpuq"]
+    home = spool_home or os.path.abspath(os.path.expanduser(os.environ.get("GPUQ_HOME") or "~/.gpuq"))
+    try:
+        text = web_unit_text(argv, home, port)
+    except ValueError as exc:
+        raise Refused(f"cannot write {path}: {exc}") from None
+    return _place(
+        path, text, force, ["systemctl --user daemon-reload", f"systemctl --user enable --now {WEB_UNIT_NAME}"]
+    )
+
+
+def _place(path: Path, text: str, force: bool, commands: list[str]) -> InstallResult:
     old = _read(path)
     if old == text:
         return InstallResult(path, "unchanged", f"{path} is already this unit", commands=commands)
@@ -118,7 +170,7 @@ def install(
         raise Refused(f"{path} exists and was not written by gpuq; look at it, then use --force to replace it")
     backup = None
     if old is not None:
-        backup = path.with_name(UNIT_NAME + ".bak")
+        backup = path.with_name(path.name + ".bak")
         _write(backup, old)
     _write(path, text)
     if backup is None:
@@ -126,20 +178,20 @@ def install(
     return InstallResult(path, "replaced", f"replaced {path} (the old one is {backup})", backup, commands)
 
 
-def uninstall(dest_dir: Optional[Path] = None, force: bool = False) -> InstallResult:
+def uninstall(dest_dir: Optional[Path] = None, force: bool = False, name: str = UNIT_NAME) -> InstallResult:
     """Remove the unit and its `default.target.wants` link; one gpuq did not write only with `force`."""
     directory = Path(dest_dir or default_dir())
-    path = directory / UNIT_NAME
+    path = directory / name
     old = _read(path)
     if old is None:
         return InstallResult(path, "absent", f"no gpuq unit at {path}")
     if MARKER not in old and not force:
         raise Refused(f"{path} was not written by gpuq; not removed (use --force to remove it anyway)")
-    wanted = directory / "default.target.wants" / UNIT_NAME
+    wanted = directory / "default.target.wants" / name
     if wanted.is_symlink() and os.path.abspath(os.path.join(wanted.parent, os.readlink(wanted))) == str(path):
         wanted.unlink()
     path.unlink()
-    commands = ["systemctl --user stop gpuq.service", "systemctl --user daemon-reload"]
+    commands = [f"systemctl --user stop {name}", "systemctl --user daemon-reload"]
     return InstallResult(path, "removed", f"removed {path}", commands=commands)
 
 

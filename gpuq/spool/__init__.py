@@ -24,6 +24,7 @@ from gpuq.spool.mutex import held
 from gpuq.spool.reports import Reports
 from gpuq.spool.snapshots import Snapshots
 from gpuq.spool.store import MAX_JOB_BYTES, JobRef, JobStore
+from gpuq.spool.webtoken import WebToken
 from gpuq.spool.workers import WorkerBusy, WorkerLease, WorkerRegistry
 from gpuq.system.fsutil import network_filesystem
 
@@ -59,6 +60,7 @@ class Spool:
         self.dropbox = Dropbox(layout, files)
         self.imports = ImportRecords(layout, files)
         self.snapshots = Snapshots(layout, files)
+        self.web_token = WebToken(layout, files)
 
     def ensure(self) -> Spool:
         """Create the tree on first use and refuse one that others could write into. A new tree

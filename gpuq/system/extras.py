@@ -1,4 +1,4 @@
-"""The command that installs one of gpuq's optional extras (`notify`, `plot`, `mcp`). `gpuq` on the
+"""The command that installs one of gpuq's optional extras (`notify`, `plot`, `mcp`, `web`). `gpuq` on the
 package index is another project, so the extra is installed from the source tree gpuq came from
 (editable where gpuq was), else its own packages are named. Only called to say what is missing.
 """
@@ -18,7 +18,12 @@ DISTRIBUTION = "gpuq-spool"
 # The packages of each extra, as pyproject.toml's [project.optional-dependencies] lists them
 # (tests/test_cli_edges.py compares the two), for an installation whose source tree is gone.
 NOTIFY_MISSING = "notifications to URLs need Apprise, which is not installed"  # and the command that installs it
-PACKAGES = {"notify": ("apprise>=1.6",), "plot": ("matplotlib>=3.5",), "mcp": ("mcp>=2",)}
+PACKAGES = {
+    "notify": ("apprise>=1.6",),
+    "plot": ("matplotlib>=3.5",),
+    "mcp": ("mcp>=2",),
+    "web": ("starlette>=0.27", "uvicorn>=0.20"),
+}
 
 
 def install_command(extra: str) -> str:

@@ -346,6 +346,7 @@ TOOLS = READING + CHANGING
 # The commands of the skill's command list that have no tool, and why.
 CLI_ONLY = {
     "top": "a full-screen view for the person at the terminal; the queue and gpus tools give its facts",
+    "web": "serves a page to the person's browser until Ctrl-C; the queue, job and log_tail tools give its facts",
     "run": "starts a worker, a long-lived process: `gpuq run --daemon` in a shell",
     "stop": "stops the workers of the whole queue: the person's decision, in a shell",
     "wait": "blocks until jobs end; poll the queue tool instead",

@@ -1,0 +1,300 @@
+"""What `gpuq web` shows and does, as JSON-ready data: the queue from the view `gpuq status` reads
+(rows as `status --json` gives them, sweeps folded as `status` folds them, the finished jobs paged
+from the index `status -a` reads), a job as `show --json`, `show` and `triage` tell it, its log read
+from the end as `gpuq log` reads it, and the actions through the engine's typed requests, refused
+for the reasons the CLI gives. Nothing here knows of HTTP (app.py) or HTML (static/).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Optional
+
+from gpuq.cli import render
+from gpuq.cli.cmd_status import json_row
+from gpuq.cli.cmd_view import show_json
+from gpuq.cli.commands import COMMANDS
+from gpuq.cli.top.model import Ring, holders
+from gpuq.core import schema
+from gpuq.core.errors import GpuqError, Refused
+from gpuq.core.states import CANCELLED, FINISHED, HELD, PREEMPTED, RUNNING
+from gpuq.core.times import duration
+from gpuq.engine.lifecycle import actions, requests
+from gpuq.engine.schedule import gpuview
+from gpuq.engine.tracking import gpuseries
+from gpuq.engine.views.card import card, not_started
+from gpuq.engine.views.status import status
+from gpuq.engine.views.triage import triage
+from gpuq.spool import Spool
+
+PER_PAGE = 50  # finished jobs on a page, newest first
+LOG_TAIL_BYTES = 64 * 1024  # what a job's page first shows of its log, read from the end
+LOG_BEHIND_BYTES = 1 << 20  # a follower further behind than this jumps to the tail (a 1 GiB log is never read whole)
+TRIAGE_LINES = 30
+# Escape sequences of a terminal (colours, cursor moves, titles): the page shows text, never them.
+ANSI_RE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
+)
+
+# The actions a job's page offers, each the request its CLI command makes, with the states it acts
+# on as the command table says them, and whether the page asks before it (work is lost or ended).
+ON_IDS: dict[str, Any] = {
+    "cancel": requests.Cancel,
+    "kill": requests.Kill,
+    "hold": requests.Hold,
+    "release": requests.Release,
+    "retry": requests.Retry,
+    "resume": requests.Resume,
+}
+ACTIONS = (*ON_IDS, "preempt")
+CONFIRMED = ("cancel", "kill", "preempt")
+PREEMPT_TIMEOUT = 60.0  # as `gpuq preempt`'s default
+
+
+def _states_of(name: str) -> tuple[str, ...]:
+    return next(c.id_states for c in COMMANDS if name in c.names) or ()
+
+
+ACTION_STATES = {name: _states_of(name) for name in ACTIONS}
+
+
+def clean(data: bytes) -> str:
+    """A log's bytes as text the page may show: invalid UTF-8 replaced, escape sequences dropped."""
+    return ANSI_RE.sub("", data.decode("utf-8", "replace"))
+
+
+def queue(sp: Spool, ring: Ring, page: int = 0, now: Optional[float] = None) -> dict[str, Any]:
+    """The queue: workers, GPUs (with their recent past from `ring`), running and waiting jobs
+    (sweeps folded), and one page of the finished jobs, newest first."""
+    now = time.time() if now is None else now
+    st = status(sp, show_all=True, damaged=render.damaged_cells)
+    shown = st.gpus
+    if shown is not None and shown.get("worker"):
+        gpuview.add_leases(shown)  # every user's leases as they are now, as `gpuq gpus` shows them
+    ring.add(shown)
+    unfinished = [row for row in st.rows if row.state not in FINISHED]
+    utils = {g["index"]: g.get("utilization_gpu") for g in (shown or {}).get("gpus") or []}
+    running: list[dict[str, Any]] = []
+    waiting: list[dict[str, Any]] = []
+    for row in render.group_sweeps(unfinished):
+        (running if row.state == RUNNING else waiting).append(_row(row, unfinished, utils))
+    total = len(st.finished) if st.finished is not None else sum(1 for row in st.rows if row.state in FINISHED)
+    pages = max(1, -(-total // PER_PAGE))
+    page = min(max(page, 0), pages - 1)  # a page past the end (jobs cleared meanwhile) is the last
+    finished = _finished_page(st, page, now)
+    return {
+        "at": now,
+        "worker": render.worker_line(st.workers, st.outlook(now)),
+        "gpus": _gpus(shown, st.rows, sp.home, ring, now),
+        RUNNING: running,  # the state's name as the page's key
+        "waiting": waiting,
+        "finished": finished,
+        "page": page,
+        "pages": pages,
+        "finished_total": total,
+        "warnings": list(st.warnings),
+    }
+
+
+def _row(row: Any, rows: list[Any], utils: dict[int, Optional[int]]) -> dict[str, Any]:
+    if isinstance(row, render.SweepRow):
+        name, script, _time, info = row.cells
+        members = [r for r in rows if isinstance(r.job.sweep, dict) and r.job.sweep["id"] == row.job.id]
+        return {
+            "folded": True,
+            "sweep": row.job.id,
+            "state": row.state,
+            "name": name,
+            "script": script,
+            "info": info,
+            "jobs": [_row(member, [], utils) for member in members],
+        }
+    out = json_row(row)
+    out["info"] = render.info(row.job, row.state, row.wait)
+    out["progress_text"] = render.progress_text(row.estimate, row.state, bar=False)
+    out["script"] = schema.display_script(row.job.cmd)
+    if row.state == RUNNING:
+        known = [utils[i] for i in row.job.gpus or () if utils.get(i) is not None]
+        out["util"] = round(sum(known) / len(known)) if known else None  # type: ignore[arg-type]  # None left out
+    return out
+
+
+def _finished_page(st: Any, page: int, now: float) -> list[dict[str, Any]]:
+    """One page of the finished jobs, newest first, from the index's rows when `status -a` would
+    read them (many jobs), else from the few rows the view loaded."""
+    start = page * PER_PAGE
+    view = st.finished
+    if view is not None:
+        total = len(view)
+        names, scripts, seconds, ends = view.columns
+        out = []
+        for at in range(total - 1 - start, max(total - 1 - start - PER_PAGE, -1), -1):
+            state = view.states[at]
+            info = render.finished_info(state, *ends[at])
+            ran = duration(seconds[at]) if seconds[at] is not None else ""
+            out.append(
+                {
+                    "id": view.ids[at],
+                    "state": state,
+                    "name": names[at],
+                    "script": scripts[at],
+                    "ran": ran,
+                    "info": info,
+                    "exit_code": ends[at][0],
+                    "reason": ends[at][3] or None,
+                }
+            )
+        return out
+    rows = sorted((r for r in st.rows if r.state in FINISHED), key=lambda r: -r.job.id)
+    out = []
+    for row in rows[start : start + PER_PAGE]:
+        job = row.job
+        if not isinstance(job.cmd, list):  # a damaged file: its cells say why
+            out.append({"id": job.id, "state": row.state, "name": row.cells[0], "info": row.cells[-1]})
+            continue
+        spent = render.elapsed(job, now)
+        out.append(
+            {
+                "id": job.id,
+                "state": row.state,
+                "name": job.name,
+                "script": schema.display_script(job.cmd),
+                "ran": duration(spent) if spent is not None else "",
+                "info": render.info(job, row.state),
+                "exit_code": job.exit_code,
+                "reason": job.reason,
+            }
+        )
+    return out
+
+
+def _gpus(
+    shown: Optional[dict[str, Any]], rows: list[Any], home: str, ring: Ring, now: float
+) -> Optional[dict[str, Any]]:
+    if shown is None:
+        return None
+    names = {row.job.id: row.job.name for row in rows if row.state == RUNNING}
+    out = []
+    for gpu in shown["gpus"]:
+        utils, mems = ring.series(gpu["index"])
+        out.append(
+            {
+                "index": gpu["index"],
+                "name": gpu.get("name") or "?",
+                "util": gpu.get("utilization_gpu"),
+                "used_mib": gpu.get("memory_used_mib") or 0,
+                "total_mib": gpu.get("memory_total_mib") or 0,
+                "holders": holders(gpu, names, home),
+                "utils": utils,
+                "mems": mems,
+            }
+        )
+    return {"title": render.gpu_title(shown, now), "gpus": out}
+
+
+def job(sp: Spool, job_id: int, now: Optional[float] = None) -> dict[str, Any]:
+    """A job's page: `show`'s lines, `show --json` (the shell's environment only by name, as the
+    assistant's tool gives it), `triage`, its GPU utilisation series, the actions its state allows."""
+    now = time.time() if now is None else now
+    ref, found = actions.get(sp, job_id)
+    shown = show_json(sp, ref, found)
+    shown["shell_env_names"] = sorted(shown.pop("shell_env", None) or {})
+    try:
+        triaged: Optional[dict[str, Any]] = triage(sp, job_id, TRIAGE_LINES)
+    except GpuqError:  # it moved or went meanwhile: the rest still says what it was
+        triaged = None
+    return {
+        "id": job_id,
+        "name": found.name,
+        "state": ref.state,
+        "card": card(sp, ref, found, now),
+        "job": shown,
+        "triage": triaged,
+        "gpu_series": gpu_series(sp, found, now),
+        "actions": [name for name in ACTIONS if ref.state in ACTION_STATES[name]],
+        "confirm": list(CONFIRMED),
+        "not_started": not_started(sp, ref, found),
+    }
+
+
+def gpu_series(sp: Spool, found: Any, now: float) -> list[dict[str, Any]]:
+    """Per GPU of the job's newest attempt that has a record: [seconds since its start, percent]
+    points from the spans the supervisor's samples make (engine/tracking/gpuseries.py)."""
+    record = sp.reports.read_gpu_use(found.id)
+    attempts = record.get("attempts") if isinstance(record, dict) else None
+    if not isinstance(attempts, dict) or not attempts:
+        return []
+    newest = max((a for a in attempts.values() if isinstance(a, dict)), key=lambda a: a.get("started") or 0, default={})
+    started, gpus = newest.get("started"), newest.get("gpus")
+    if not isinstance(started, (int, float)) or not isinstance(gpus, list):
+        return []
+    out = []
+    for position, gpu in enumerate(gpus):
+        spans = gpuseries.spans(newest, position, now)
+        points = [[round(a - started, 1), round(u)] for a, _b, u in spans]
+        if spans:
+            points.append([round(spans[-1][1] - started, 1), round(spans[-1][2])])
+            out.append({"gpu": gpu, "points": points})
+    return out
+
+
+def log(sp: Spool, job_id: int, offset: Optional[int]) -> dict[str, Any]:
+    """The log from `offset` (None: its tail), at most LOG_BEHIND_BYTES, ending at a line's end
+    while the job writes on; `offset` in the answer is where the next read starts."""
+    ref, found = actions.get(sp, job_id)
+    size = sp.logs.size(found)
+    skipped = 0
+    shrunk = offset is not None and offset > size  # cut by --max-log-size, or replaced: shown afresh
+    if offset is None or offset > size or size - offset > LOG_BEHIND_BYTES:
+        chunk, _mtime = sp.logs.tail(found, LOG_TAIL_BYTES)
+        start = max(0, size - len(chunk))
+        if start > 0 and b"\n" in chunk:  # begin at a whole line
+            cut = chunk.index(b"\n") + 1
+            chunk, start = chunk[cut:], start + cut
+        if offset is not None and offset < start:
+            skipped = start - offset
+    else:
+        chunk, start = sp.logs.read_from(found, offset), offset
+    if ref.state == RUNNING and chunk[-1:] not in (b"", b"\n", b"\r") and len(chunk) < LOG_TAIL_BYTES:
+        chunk = chunk[: max(chunk.rfind(b"\n"), chunk.rfind(b"\r")) + 1]  # the rest once its line is written
+    return {
+        "id": job_id,
+        "state": ref.state,
+        "text": clean(chunk),
+        "offset": start + len(chunk),
+        "size": size,
+        "skipped": skipped,
+        "afresh": shrunk,
+        "following": ref.state == RUNNING,
+        "not_started": not_started(sp, ref, found),
+    }
+
+
+def act(sp: Spool, name: str, job_id: int) -> str:
+    """One action on one job through the request its command makes: what happened, in a line; a
+    refusal raises GpuqError with the CLI's reason."""
+    if name == "preempt":
+        stopped = requests.Preempt(id=job_id, timeout=PREEMPT_TIMEOUT).run(sp)
+        if stopped.state == PREEMPTED:
+            return f"job #{job_id} preempted: {stopped.job.note or 'it can be resumed'}"
+        if stopped.left:
+            raise Refused(f"job #{job_id} did not stop within {PREEMPT_TIMEOUT:g}s; left running")
+        raise Refused(f"job #{job_id} ended on its own meanwhile: {stopped.state}")
+    request = ON_IDS.get(name)
+    if request is None:
+        raise Refused(f"no such action: {name}")
+    for _id, outcome in requests.each(sp, request(ids=[job_id])):
+        if isinstance(outcome, GpuqError):
+            raise outcome
+        said = {
+            "cancel": CANCELLED
+            + (f" (it was running: killed, exit {outcome.job.exit_code})" if outcome.killed else ""),
+            "kill": f"killed (exit {outcome.job.exit_code})",
+            "hold": HELD,
+            "release": "back in line",
+            "retry": f"back in the queue: {outcome.how}",
+            "resume": f"back in the queue: {outcome.how}",
+        }[name]
+        return f"job #{job_id} {outcome.job.name}: {said}"
+    raise Refused(f"no such job #{job_id}")

@@ -1,0 +1,339 @@
+"""`gpuq web` over HTTP, without a browser (tests/test_web_browser.py drives a real one): a real
+`gpuq web` process on a free loopback port in front of a real worker. The token is asked of every
+request, kept 0600 in the spool; actions are POSTs from the page's own origin; what the page shows
+of a job comes escaped; a log's tail is read from its end, whatever its size."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import pytest
+from conftest import WAIT_FOR_GO, Env, wait_for
+
+pytest.importorskip("starlette", reason="the web extra (starlette) is not installed")
+pytest.importorskip("uvicorn", reason="the web extra (uvicorn) is not installed")
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+OPENER = urllib.request.build_opener(NoRedirect)
+
+
+class Web:
+    """A `gpuq web` process of the test's spool; `url` is the line it printed."""
+
+    def __init__(self, gq: Env, *args: str) -> None:
+        self.gq = gq
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuq", "web", "--port", "0", *args],
+            cwd=gq.work,
+            env=gq.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()  # printed once it listens
+        found = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/\?token=([0-9a-f]{64})", self.url)
+        assert found, (self.url, self.proc.stderr.read() if self.proc.poll() is not None else "")
+        self.port, self.token = int(found.group(1)), found.group(2)
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.cookie = f"gpuq-{hashlib.sha256(self.token.encode()).hexdigest()[:12]}={self.token}"
+
+    def request(
+        self, path: str, method: str = "GET", cookie: Union[bool, str] = True, origin: Optional[str] = "same"
+    ) -> tuple[int, dict[str, str], bytes]:
+        """`cookie`: this server's, none (False), or the one given."""
+        headers = {"Cookie": cookie if isinstance(cookie, str) else self.cookie} if cookie else {}
+        if origin is not None:
+            headers["Origin"] = self.base if origin == "same" else origin
+        req = urllib.request.Request(
+            self.base + path, method=method, headers=headers, data=b"" if method == "POST" else None
+        )
+        try:
+            with OPENER.open(req, timeout=30) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read()
+
+    def json(self, path: str) -> Any:
+        status, _headers, body = self.request(path)
+        assert status == 200, (status, body)
+        return json.loads(body)
+
+    def stop(self) -> Optional[int]:
+        """Ctrl-C; its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def web(gq: Env) -> Any:
+    server = Web(gq)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_every_request_without_the_token_gets_403_and_no_data(gq: Env, web: Web) -> None:
+    job_id = gq.add("--name", "secret-project", "--hold", "--", "true")
+    for path in ("/", "/api/queue", f"/job/{job_id}", f"/api/job/{job_id}", f"/api/job/{job_id}/log", "/static/web.js"):
+        status, _headers, body = web.request(path, cookie=False)
+        assert status == 403 and b"secret-project" not in body and b"token" in body, (path, status)
+    status, _headers, body = web.request(f"/?token={'0' * 64}", cookie=False)  # a wrong token too
+    assert status == 403 and b"secret-project" not in body
+    status, _headers, _body = web.request(f"/api/job/{job_id}/cancel", method="POST", cookie=False)
+    assert status == 403 and gq.state_of(job_id) == "held"
+    status, _headers, body = web.request("/api/queue")  # with it: the data
+    assert status == 200 and b"secret-project" in body
+
+
+def test_the_url_token_becomes_an_httponly_strict_cookie_and_leaves_the_address(web: Web) -> None:
+    status, headers, _body = web.request("/?token=" + web.token + "&page=1", cookie=False)
+    assert status == 303 and headers["location"] == "/?page=1"
+    cookie = headers["set-cookie"]
+    assert cookie.startswith(web.cookie + ";") and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert "default-src 'none'" in headers["content-security-policy"] and headers["cache-control"] == "no-store"
+    _status, headers, _body = web.request("//evil.example/?token=" + web.token, cookie=False)
+    assert headers["location"] == "/evil.example/"  # a path on this server, never another host
+
+
+def test_the_token_is_kept_0600_in_the_spool_and_reused_until_renewed(gq: Env, web: Web) -> None:
+    path = gq.home / "web-token"
+    assert path.read_text().strip() == web.token and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert web.stop() == 0  # Ctrl-C ends it cleanly
+    again = Web(gq)
+    try:
+        assert again.token == web.token  # an open page and a bookmark survive a restart
+    finally:
+        again.stop()
+    renewed = Web(gq, "--new-token")
+    try:
+        assert renewed.token != web.token and path.read_text().strip() == renewed.token
+        status, _headers, _body = renewed.request("/api/queue", cookie=web.cookie)  # the old token is refused
+        assert status == 403
+        wrong_name = renewed.cookie.split("=")[0] + "=" + web.token  # under the new cookie's name too
+        assert renewed.request("/api/queue", cookie=wrong_name)[0] == 403
+    finally:
+        renewed.stop()
+
+
+def test_actions_are_posts_from_the_page_origin_through_the_library(gq: Env, web: Web) -> None:
+    job_id = gq.add("--hold", "--", "true")
+    status, _headers, _body = web.request(f"/api/job/{job_id}/release")  # a GET changes nothing
+    assert status == 405 and gq.state_of(job_id) == "held"
+    for origin in ("http://evil.example", None):
+        status, _headers, body = web.request(f"/api/job/{job_id}/cancel", method="POST", origin=origin)
+        assert status == 403 and b"did not come from this page" in body and gq.state_of(job_id) == "held"
+    status, _headers, body = web.request(f"/api/job/{job_id}/kill", method="POST")  # refused as `gpuq kill` is
+    assert status == 409 and gq.state_of(job_id) == "held"
+    refused = gq.gpuq("kill", str(job_id), check=False)
+    assert json.loads(body)["error"] in refused.stderr
+    status, _headers, body = web.request(f"/api/job/{job_id}/cancel", method="POST")
+    assert status == 200 and "cancelled" in json.loads(body)["said"] and gq.state_of(job_id) == "cancelled"
+    status, _headers, body = web.request("/api/job/999/cancel", method="POST")
+    assert status == 404 and json.loads(body)["error"] == "no such job #999"
+
+
+def test_read_only_serves_no_action(gq: Env) -> None:
+    job_id = gq.add("--hold", "--", "true")
+    server = Web(gq, "--read-only")
+    try:
+        assert server.json(f"/api/job/{job_id}")["actions"] == ["cancel", "release"]  # what the state allows
+        status, _headers, body = server.request(f"/api/job/{job_id}/cancel", method="POST")
+        assert status == 403 and b"read-only" in body and gq.state_of(job_id) == "held"
+        _status, _headers, page = server.request(f"/job/{job_id}")
+        assert b'"read_only": true' in page
+    finally:
+        server.stop()
+
+
+def test_a_hostile_name_is_data_in_the_page_never_markup(gq: Env, web: Web) -> None:
+    name = '</script><script>alert(1)</script><img src=x onerror="alert(2)">'
+    job_id = gq.add("--name", name, "--hold", "--", "true")
+    for path in ("/", f"/job/{job_id}"):
+        status, _headers, body = web.request(path)
+        page = body.decode()
+        assert status == 200 and "<script>alert" not in page and "<img" not in page
+        embedded = re.search(r'<script id="initial" type="application/json">(.*?)</script>', page, re.S)
+        assert embedded and name in embedded.group(1).encode().decode("unicode_escape")  # the same name, as JSON
+
+
+def test_a_log_is_read_from_its_end_and_followed_from_an_offset(gq: Env, web: Web) -> None:
+    gq.script(
+        "job.py",
+        "print('first', flush=True)\nprint('\\x1b[31mred\\x1b[0m', flush=True)\n" + WAIT_FOR_GO + "print('second')\n",
+    )
+    job_id = gq.add("job.py")
+    gq.start_worker()
+    gq.wait_state(job_id, "running")
+    log = wait_for(lambda: (got := web.json(f"/api/job/{job_id}/log")) and "red" in got["text"] and got, what="the log")
+    assert log["following"] and "\x1b" not in log["text"] and "first\nred\n" in log["text"]
+    assert web.json(f"/api/job/{job_id}/log?offset={log['offset']}")["text"] == ""
+    (gq.work / "go").write_text("")
+    gq.wait_state(job_id, "done")
+    rest = web.json(f"/api/job/{job_id}/log?offset={log['offset']}")
+    assert rest["text"].startswith("second\n") and not rest["following"] and rest["offset"] == rest["size"]
+
+
+def test_a_1_gib_log_is_never_read_whole(gq: Env, web: Web) -> None:
+    job_id = gq.add("--hold", "--", "true")
+    path = gq.home / "logs" / f"{job_id:06d}.log"
+    with open(path, "wb") as fh:  # sparse: 1 GiB of zeros but for its last lines
+        fh.truncate(1 << 30)
+        fh.seek(1 << 30)
+        fh.write(b"".join(b"line %d\n" % n for n in range(2000)))
+    got = web.json(f"/api/job/{job_id}/log")
+    assert got["text"].endswith("line 1999\n") and len(got["text"]) <= 64 * 1024
+    assert got["offset"] == got["size"] == path.stat().st_size
+    behind = web.json(f"/api/job/{job_id}/log?offset=5")  # far behind: the tail, saying what it skipped
+    assert behind["skipped"] > (1 << 30) - 100 and behind["text"].endswith("line 1999\n")
+
+
+def test_finished_jobs_are_paged_newest_first(gq: Env, web: Web) -> None:
+    ids = [gq.add("--", "sh", "-c", f"exit {n % 3}") for n in range(14)]
+    gq.start_worker()
+    wait_for(lambda: len(gq.files("done")) + len(gq.files("failed")) == 14, 60, what="14 jobs to end")
+    first = web.json("/api/queue")
+    assert first["finished_total"] == 14 and [j["id"] for j in first["finished"]] == ids[::-1]
+    failed = next(j for j in first["finished"] if j["id"] == ids[1])
+    assert failed["state"] == "failed" and failed["exit_code"] == 1 and "exit=1" in failed["info"]
+    assert first["pages"] == 1 and first["page"] == 0
+
+
+def test_bad_options_are_one_line_and_exit_2(gq: Env) -> None:
+    for args in (["--port", "x"], ["--port", "70000"], ["--nope"]):
+        proc = gq.gpuq("web", *args, check=False)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr)
+
+
+def test_a_port_in_use_is_refused_in_one_line(gq: Env, web: Web) -> None:
+    proc = gq.gpuq("web", "--port", str(web.port), check=False, timeout=30)
+    assert proc.returncode == 1 and proc.stderr.startswith(f"gpuq web: cannot listen on 127.0.0.1:{web.port}")
+
+
+def test_the_page_ships_inside_the_package() -> None:
+    static = Path(__file__).resolve().parent.parent / "gpuq" / "cli" / "web" / "static"
+    text = "".join(p.read_text() for p in static.iterdir())
+    assert not re.search(r"(src|href)=\"(https?:)?//", text)  # no CDN: nothing fetched from elsewhere
+    assert 'name="viewport" content="width=device-width' in (static / "index.html").read_text()
+    assert os.path.getsize(static / "web.js") < 64 * 1024
+
+
+def test_service_install_web_keeps_the_page_running_beside_the_worker(gq: Env, tmp_path: Path) -> None:
+    from gpuq.run import service
+
+    dest = tmp_path / "units"
+    out = gq.gpuq("service", "install", "--dest", str(dest), "--web", "--web-port", "8123").stdout
+    unit = (dest / service.WEB_UNIT_NAME).read_text()
+    assert f"ExecStart={sys.executable} -m gpuq web --port 8123" in unit and f"GPUQ_HOME={gq.home}" in unit
+    assert "Restart=on-failure" in unit and (dest / service.UNIT_NAME).exists()
+    token = (gq.home / "web-token").read_text().strip()
+    assert f"http://127.0.0.1:8123/?token={token}" in out and "enable --now gpuq-web.service" in out
+    assert service.WEB_PORT == 8737 and "(default 8737)" in gq.gpuq("service", "--help").stdout
+    refused = gq.gpuq("service", "install", "--dest", str(dest), "--web-port", "9000", check=False)
+    assert refused.returncode == 2 and "--web-port goes with --web" in refused.stderr
+    gq.gpuq("service", "uninstall", "--dest", str(dest))
+    assert not (dest / service.WEB_UNIT_NAME).exists() and not (dest / service.UNIT_NAME).exists()
+
+
+def test_the_first_page_benchmark_runs(tmp_path: Path) -> None:
+    """bench/web_first_page.py end to end, tiny, so it cannot rot (bench/WEB.md has its figures)."""
+    script = Path(__file__).resolve().parent.parent / "bench" / "web_first_page.py"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            str(tmp_path / "q"),
+            "--finished",
+            "30",
+            "--pending",
+            "1",
+            "--rounds",
+            "2",
+            "--starts",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert out["finished"] == 30 and out["first_median_ms"] > 0 and out["page_bytes"] > 1000
+
+
+def test_each_action_goes_through_the_request_its_command_makes(gq: Env, web: Web) -> None:
+    def act(job_id: int, name: str) -> tuple[int, str]:
+        status, _headers, body = web.request(f"/api/job/{job_id}/{name}", method="POST")
+        answer = json.loads(body)
+        return status, answer.get("said") or answer["error"]
+
+    gq.script("job.py", WAIT_FOR_GO)
+    gq.script("fail.py", "raise SystemExit(3)\n")
+    failed = gq.add("fail.py")
+    held = gq.add("--hold", "job.py")
+    gq.start_worker("--watch")
+    gq.wait_state(failed, "failed")
+    assert act(held, "release")[0] == 200
+    # as the library finds it: during the move its pending copy may still be there a moment
+    wait_for(lambda: web.json(f"/api/job/{held}")["state"] == "running", 20, what="it running")
+    assert web.json(f"/api/job/{held}")["actions"] == ["cancel", "kill", "preempt"]
+    status, said = act(held, "preempt")
+    assert status == 200 and "preempted" in said and gq.state_of(held) == "preempted"
+    assert act(held, "resume")[0] == 200
+    wait_for(lambda: web.json(f"/api/job/{held}")["state"] == "running", 20, what="it running again")
+    wait_for(lambda: gq.job(held).get("pid"), what="its process recorded")
+    status, said = act(held, "kill")
+    assert status == 200 and "killed" in said and gq.wait_state(held, "cancelled")["exit_code"] is not None
+    status, said = act(held, "kill")
+    assert status == 409 and said in gq.gpuq("kill", str(held), check=False).stderr
+    status, said = act(failed, "retry")
+    assert status == 200 and "back in the queue" in said and gq.state_of(failed) in ("pending", "running", "failed")
+    wait_for(lambda: len(gq.job(failed).get("history") or []) == 2, 20, what="the retried job to fail again")
+    pending = gq.add("--after", str(held), "job.py")  # waits for a cancelled job: held back for ever
+    assert act(pending, "hold")[0] == 200 and gq.state_of(pending) == "held"
+    assert web.json(f"/api/job/{pending}")["actions"] == ["cancel", "release"]
+
+
+def test_without_the_web_extra_it_says_what_to_install(gq: Env) -> None:
+    hide = "import sys; sys.modules['uvicorn'] = None; from gpuq.cli import main; sys.exit(main(['web']))"
+    proc = subprocess.run([sys.executable, "-c", hide], env=gq.env, cwd=gq.work, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("gpuq web: needs uvicorn, not installed: ") and "[web]" in proc.stderr
+
+
+def test_many_finished_jobs_come_50_to_a_page_from_the_index(gq: Env, web: Web) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from status_scale import build  # the benchmark's finished job files: 120 of them in done/
+
+    build(gq.home, 120)
+    first = web.json("/api/queue")
+    assert first["finished_total"] == 120 and first["pages"] == 3
+    assert [j["id"] for j in first["finished"]] == list(range(120, 70, -1))
+    assert first["finished"][0]["info"] == "exit=0" and first["finished"][0]["ran"]
+    last = web.json("/api/queue?page=2")
+    assert [j["id"] for j in last["finished"]] == list(range(20, 0, -1)) and last["page"] == 2
+    assert web.json("/api/queue?page=9")["page"] == 2  # past the end: the last page

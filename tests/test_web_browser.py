@@ -1,0 +1,225 @@
+"""`gpuq web` in a real browser: Debian's Chromium, headless, through Selenium, against a real
+`gpuq web` and a real worker with simulated GPUs (GPUQ_FAKE_GPUS). The queue changes by itself as
+jobs start and end, a job's page follows its log, a hostile job name is text, cancel from the page
+cancels, a phone's 360 px has no sideways scroll. Skipped, saying why, without the browser.
+
+The README's screenshots are taken here: with GPUQ_SAVE_SCREENSHOTS=1 they are written to docs/."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from conftest import REPO, WAIT_FOR_GO, Env, wait_for
+from test_gpu_worker import Gpus, fake_gpus
+from test_web import Web
+
+pytest.importorskip("starlette", reason="the web extra (starlette) is not installed")
+selenium = pytest.importorskip("selenium", reason="selenium is not installed (the test extra)")
+
+from selenium import webdriver  # noqa: E402  (after the skip: only with selenium)
+from selenium.common.exceptions import WebDriverException  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+
+CHROMIUM, DRIVER = shutil.which("chromium") or "/usr/bin/chromium", "/usr/bin/chromedriver"
+PHONE = {"width": 360, "height": 740, "deviceScaleFactor": 2, "mobile": True}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not (os.path.exists(CHROMIUM) and os.path.exists(DRIVER)):
+        pytest.skip("Chromium is not installed (apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900"):
+        options.add_argument(arg)
+    options.binary_location = CHROMIUM
+    try:
+        driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=DRIVER))
+    except WebDriverException as exc:
+        pytest.skip(f"Chromium does not start here: {exc.msg}")
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def served(gq: Env, browser: Any) -> Iterator[tuple[Env, Web, Any]]:
+    doc = fake_gpus(2)
+    doc["gpus"][0]["utilization_gpu"], doc["gpus"][1]["utilization_gpu"] = 87, 3
+    Gpus(gq, doc)
+    gq.env["GPUQ_GPU_SAMPLE_SECONDS"] = "0.2"
+    gq.start_worker("--watch")
+    web = Web(gq)
+    browser.delete_all_cookies()
+    try:
+        yield gq, web, browser
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+        web.stop()
+
+
+def text_of(driver: Any, element_id: str) -> str:
+    return driver.find_element(By.ID, element_id).text
+
+
+def job_box(driver: Any, section: str, job_id: int) -> Any:
+    found = driver.find_elements(By.CSS_SELECTOR, f"#{section} [data-id='{job_id}']")
+    return found[0] if found else None
+
+
+def test_the_queue_appears_and_changes_by_itself_as_a_job_starts_and_ends(served: tuple[Env, Web, Any]) -> None:
+    gq, web, driver = served
+    driver.get(web.url)
+    assert driver.current_url == web.base + "/"  # the token left the address
+    wait_for(lambda: "nothing running" in text_of(driver, "running"), what="the empty queue")
+    assert "GPU 0" in text_of(driver, "gpus") and "87%" in text_of(driver, "gpus")
+    gq.script("job.py", WAIT_FOR_GO)
+    job_id = gq.add("--name", "train-a", "job.py")
+    box = wait_for(lambda: job_box(driver, "running", job_id), 20, what="the job shown running, without a reload")
+    assert "train-a" in box.text
+    wait_for(lambda: f"#{job_id}" in text_of(driver, "gpus"), 20, what="the GPU's holder")
+    (gq.work / "go").write_text("")
+    done = wait_for(lambda: job_box(driver, "finished", job_id), 20, what="the job shown finished")
+    assert "done" in done.text and "exit=0" in done.text and job_box(driver, "running", job_id) is None
+
+
+def test_a_job_page_follows_its_log(served: tuple[Env, Web, Any]) -> None:
+    gq, web, driver = served
+    body = "print('epoch one', flush=True)\n" + WAIT_FOR_GO + "print('epoch two', flush=True)\n"
+    body += WAIT_FOR_GO.replace("'go'", "'go2'")
+    gq.script("job.py", body)
+    job_id = gq.add("job.py")
+    gq.wait_state(job_id, "running")
+    driver.get(f"{web.url}")
+    driver.get(f"{web.base}/job/{job_id}")
+    wait_for(lambda: "epoch one" in text_of(driver, "log"), 20, what="the log's first line")
+    assert "epoch two" not in text_of(driver, "log") and text_of(driver, "log-state") == "following"
+    card = text_of(driver, "card")  # `gpuq show`'s lines: what runs, where, with which python and why
+    assert "job.py" in card and str(gq.work) in card and "(from PATH)" in card
+    chart = wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "#chart .util-line polyline"), 20, what="GPU chart")
+    assert text_of(driver, "chart").startswith("GPU 0") and chart[0].get_attribute("points")  # the recorded series
+    (gq.work / "go").write_text("")
+    wait_for(lambda: "epoch two" in text_of(driver, "log"), 20, what="the next line, without a reload")
+    (gq.work / "go2").write_text("")
+    wait_for(lambda: "=== gpuq: exit 0" in text_of(driver, "log"), 20, what="the log's end")
+    wait_for(lambda: "done" in text_of(driver, "title"), 20, what="the page to say done")
+
+
+def test_a_hostile_job_name_renders_as_text_and_runs_nothing(served: tuple[Env, Web, Any]) -> None:
+    gq, web, driver = served
+    name = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
+    gq.script("job.py", "print('\\x1b[31m<b>red</b>\\x1b[0m')\n")
+    job_id = gq.add("--name", name, "job.py")
+    gq.wait_state(job_id, "done")
+    driver.get(web.url)
+    box = wait_for(lambda: job_box(driver, "finished", job_id), 20, what="the job")
+    assert box.find_element(By.CLASS_NAME, "name").text == name
+    driver.get(f"{web.base}/job/{job_id}")
+    wait_for(lambda: "<b>red</b>" in text_of(driver, "log"), 20, what="the log")
+    assert name in text_of(driver, "title") and "\x1b" not in text_of(driver, "log")
+    assert driver.execute_script("return window.pwned") is None
+    assert driver.find_elements(By.CSS_SELECTOR, "main img, #log b") == []
+
+
+def test_without_the_token_the_browser_gets_403(served: tuple[Env, Web, Any]) -> None:
+    gq, web, driver = served
+    gq.add("--name", "private-run", "--hold", "--", "true")
+    driver.get(web.base + "/")
+    assert "403 forbidden" in driver.find_element(By.TAG_NAME, "body").text
+    assert "private-run" not in driver.page_source
+    driver.get(web.url)
+    wait_for(lambda: "private-run" in text_of(driver, "waiting"), what="the queue with the token")
+
+
+def test_cancel_from_the_page_cancels_the_job(served: tuple[Env, Web, Any]) -> None:
+    gq, web, driver = served
+    gq.script("job.py", WAIT_FOR_GO)
+    job_id = gq.add("job.py")
+    gq.wait_state(job_id, "running")
+    driver.get(web.url)
+    driver.get(f"{web.base}/job/{job_id}")
+    button = wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "button[data-action='cancel']"), what="cancel")
+    button[0].click()
+    alert = wait_for(lambda: _alert(driver), what="the confirmation")
+    assert f"#{job_id}" in alert.text
+    alert.accept()
+    assert gq.wait_state(job_id, "cancelled")["exit_code"] is not None  # it was running: killed first
+    wait_for(lambda: "cancelled" in text_of(driver, "message"), 20, what="the page to say so")
+
+
+def _alert(driver: Any) -> Any:
+    try:
+        alert = driver.switch_to.alert
+        alert.text  # noqa: B018  (raises while there is none)
+        return alert
+    except WebDriverException:
+        return None
+
+
+def test_a_360px_phone_has_no_horizontal_scroll(served: tuple[Env, Web, Any], tmp_path: Path) -> None:
+    gq, web, driver = served
+    long = "a-very-long-experiment-name-without-spaces-" * 4
+    gq.script("job.py", "print('x' * 3000)\nprint('Step 40/100', flush=True)\n" + WAIT_FOR_GO)
+    running = gq.add("--name", long, "job.py", "--lr", "0.0003" * 20)
+    waiting = gq.add("--name", "eval", "--after", str(running), "--", "python3", "-c", "pass")
+    gq.wait_state(running, "running")
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", PHONE)
+    driver.get(web.url)
+    wait_for(lambda: job_box(driver, "running", running) and job_box(driver, "waiting", waiting), 20, what="jobs")
+    for path in ("/", f"/job/{running}"):
+        driver.get(web.base + path)
+        wait_for(lambda: driver.execute_script("return document.readyState") == "complete", what="the page")
+        width = driver.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+        assert width[1] == 360 and width[0] <= width[1], (path, width)
+    driver.get(web.base + "/")
+    wait_for(lambda: job_box(driver, "running", running), what="the queue")
+    where = REPO / "docs" if os.environ.get("GPUQ_SAVE_SCREENSHOTS") == "1" else tmp_path
+    shot = where / "web-phone.png"
+    assert driver.save_screenshot(str(shot)) and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (gq.work / "go").write_text("")
+
+
+def test_the_readme_screenshot(served: tuple[Env, Web, Any], tmp_path: Path) -> None:
+    """The queue as the README shows it: a running job with progress on a busy GPU, one waiting for
+    it, one failed; written to docs/web-queue.png with GPUQ_SAVE_SCREENSHOTS=1."""
+    gq, web, driver = served
+    gq.script("train.py", "import sys\nfor n in range(1, 43):\n    print(f'Step {n}/100', flush=True)\n" + WAIT_FOR_GO)
+    gq.script("oom.py", "raise SystemExit('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB')\n")
+    failed = gq.add("--name", "exp04/oom", "oom.py")
+    gq.wait_state(failed, "failed")
+    running = gq.add("--name", "exp05/train", "train.py", "--lr", "3e-4")
+    gq.add("--name", "exp05/eval", "--after", str(running), "--", "python3", "eval.py")
+    gq.gpuq("add", "-q", "--name", "exp06/sweep", "--sweep", "lr=1e-4,3e-4,1e-3", "--hold", "train.py", "--lr", "{lr}")
+    gq.wait_state(running, "running")
+    wait_for(lambda: "Step 42/100" in gq.log(running), 20, what="the job's progress")
+    gpus = Gpus(gq, fake_gpus(2))  # the file the worker reads afresh at every look
+    busy = iter(range(1000))
+
+    def history_drawn() -> bool:
+        """GPU 0 busier at each look, holding 41 GB, until the page's chart has a few points."""
+        doc = fake_gpus(2)
+        doc["gpus"][0].update(memory_used_mib=41000, utilization_gpu=min(100, 40 + 9 * next(busy)))
+        doc["gpus"][1]["utilization_gpu"] = 3
+        gpus.set(doc)
+        lines = driver.find_elements(By.CSS_SELECTOR, "#gpus .util-line polyline")
+        return bool(lines) and len((lines[0].get_attribute("points") or "").split()) >= 5
+
+    driver.set_window_size(1100, 1000)
+    driver.get(web.url)
+    wait_for(history_drawn, 60, interval=1.0, what="a few looks at the GPUs drawn")
+    wait_for(lambda: "42%" in text_of(driver, "running"), 30, what="its progress on the page")
+    wait_for(lambda: f"#{running}" in text_of(driver, "gpus"), 20, what="who holds the GPU")
+    assert "sweep of 3 over lr" in text_of(driver, "waiting")  # folded, as `gpuq status` folds it
+    assert "CUDA out of memory" in text_of(driver, "finished")
+    where = REPO / "docs" if os.environ.get("GPUQ_SAVE_SCREENSHOTS") == "1" else tmp_path
+    where.mkdir(exist_ok=True)
+    shot = where / "web-queue.png"
+    assert driver.save_screenshot(str(shot)) and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(web.request("/api/queue")[2])["running"][0]["progress"] == 0.42
+    (gq.work / "go").write_text("")
