@@ -87,10 +87,13 @@ def test_user_diff_config_does_not_change_the_hash(repo: Path, own_git_config: P
     (repo / "train.py").write_text("print('v2')\n")
     before = gitinfo.provenance(str(repo))["diff_hash"]
     (own_git_config / ".gitconfig").write_text(
-        "[diff]\n\tnoprefix = true\n\tcontext = 9\n\talgorithm = histogram\n[color]\n\tdiff = always\n"
+        "[diff]\n\tnoprefix = true\n\tcontext = 9\n\talgorithm = histogram\n\trelative = true\n"
+        "[color]\n\tdiff = always\n"
     )
     assert git(repo, "config", "diff.noprefix") == "true"  # the config is really read
     assert gitinfo.provenance(str(repo))["diff_hash"] == before
+    # asked from a subdirectory, with diff.relative: the change outside it still counts, the same
+    assert gitinfo.provenance(str(repo / "src"))["diff_hash"] == before
 
 
 def test_untracked_files_alone_are_not_dirty(repo: Path) -> None:

@@ -55,13 +55,16 @@ def git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
     return proc.stdout
 
 
-def _git_sha256(cwd: str, *args: str) -> tuple[int, str]:
-    """(size, sha256) of the output of `git ARGS`, read in chunks (a diff of a large file is never
-    held whole)."""
+def _start(cwd: str, *args: str) -> subprocess.Popen:
     try:
-        proc = subprocess.Popen(["git", *args], **_git_io(cwd))
+        return subprocess.Popen(["git", *args], **_git_io(cwd))
     except OSError as exc:
         raise GitFailed(str(exc)) from None
+
+
+def _sha256_of(proc: subprocess.Popen) -> tuple[int, str]:
+    """(size, sha256) of the output of a started git, read in chunks (a diff of a large file is
+    never held whole)."""
     # A blocking read cannot time out by itself: a timer kills git, which ends the read.
     timer = threading.Timer(GIT_TIMEOUT, proc.kill)
     timer.start()
@@ -76,7 +79,7 @@ def _git_sha256(cwd: str, *args: str) -> tuple[int, str]:
     finally:
         timer.cancel()
     if code != 0:
-        raise GitFailed(f"git {args[0]} exited {code}")
+        raise GitFailed(f"git diff exited {code}")
     return size, digest.hexdigest()
 
 
@@ -101,19 +104,37 @@ def status(cwd: str, timeout: float) -> tuple[Optional[str], Optional[str], bool
 def provenance(cwd: str) -> Optional[dict[str, Any]]:
     """{"repo", "commit" (None: no commit yet), "branch" (None: detached), "dirty", "diff_hash"
     (None: clean)} of the code in `cwd`; None when it is not in a work tree git will answer for.
-    Never prints or raises. Two git processes: `rev-parse` and `diff` against the commit, whose
-    output, empty or not, says whether tracked files changed (a third, `status`, before the
-    first commit)."""
+    Never prints or raises. Two git processes at once: `rev-parse` and `diff` against HEAD, whose
+    output, empty or not, says whether tracked files changed (before the first commit, one after
+    the other: `rev-parse`, `status`, `diff` against the empty tree)."""
+    diff = None
     try:
+        # started first, run from `cwd` while rev-parse finds the top: diff.relative=false makes it
+        # the whole tree's diff from a subdirectory too, whatever the user's config says
+        diff = _start(cwd, "-c", "diff.relative=false", "diff", *DIFF_OPTIONS, "HEAD", "--")
         top, commit, branch = _head(cwd)
         if not top:  # inside .git itself: no work tree
             return None
-        base = commit or git(top, "hash-object", "-t", "tree", "/dev/null").decode().strip()  # the empty tree
-        size, digest = _git_sha256(top, "diff", *DIFF_OPTIONS, base, "--")
+        if commit is None:
+            _stop(diff)
+            empty_tree = git(top, "hash-object", "-t", "tree", "/dev/null").decode().strip()
+            diff = _start(top, "diff", *DIFF_OPTIONS, empty_tree, "--")
+        size, digest = _sha256_of(diff)
     except GitFailed:
         return None
+    finally:
+        _stop(diff)
     dirty = size > 0
     return {"repo": top, "commit": commit, "branch": branch, "dirty": dirty, "diff_hash": digest if dirty else None}
+
+
+def _stop(proc: Optional[subprocess.Popen]) -> None:
+    """A git whose answer is not wanted (or was read) ended and reaped."""
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    if proc is not None and proc.stdout is not None:
+        proc.stdout.close()
 
 
 def _head(cwd: str) -> tuple[str, Optional[str], Optional[str]]:
@@ -122,11 +143,8 @@ def _head(cwd: str) -> tuple[str, Optional[str], Optional[str]]:
     try:
         lines = git(cwd, "rev-parse", "--show-toplevel", "HEAD", "--abbrev-ref", "HEAD").split(b"\n")
         if len(lines) > 3:
-            return (
-                os.fsdecode(lines[0]),
-                lines[1].decode(),
-                None if lines[2] == b"HEAD" else lines[2].decode("utf-8", "replace"),
-            )
+            branch = None if lines[2] == b"HEAD" else lines[2].decode("utf-8", "replace")
+            return os.fsdecode(lines[0]), lines[1].decode(), branch
     except GitFailed:
         pass
     top = os.fsdecode(git(cwd, "rev-parse", "--show-toplevel")).strip()
