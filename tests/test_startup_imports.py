@@ -157,6 +157,16 @@ def test_a_running_job_is_estimated_without_heavy_imports(gq: Any) -> None:
     (gq.work / "go").write_text("")
 
 
+def test_history_reads_the_index_without_dataclasses(gq: Any) -> None:
+    """`gpuq history` reads every finished row: its records and groups are plain classes, so it
+    pays neither `dataclasses` nor `inspect` on top."""
+    gq.gpuq("add", "-q", "--sweep", "x=" + ",".join(str(i) for i in range(12)), "true", "{x}")
+    gq.gpuq("cancel", *(str(i) for i in range(1, 13)))
+    modules = imported_by(gq, "history")
+    assert "gpuq.engine.views.history" in modules  # the probe did run history
+    assert not denied(modules, ("dataclasses", "inspect", "statistics")), denied(modules, ("dataclasses", "inspect"))
+
+
 def test_a_waiting_job_needs_no_new_index_while_done_is_unchanged(gq: Any) -> None:
     """The start of a waiting job is estimated from its command's earlier run times, read from the
     index of finished jobs; while done/ is settled and unchanged, `status` neither lists nor

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, NamedTuple, Optional, Union
 
@@ -29,8 +28,7 @@ SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".zsh", ".jl", ".r", ".lua", ".pl", ".
 JobPair = tuple[str, Job]
 
 
-@dataclass(frozen=True)
-class PastRun:
+class PastRun(NamedTuple):
     """One attempt of one job, from its start to its end (epoch seconds)."""
 
     job_id: int
@@ -76,26 +74,33 @@ class JobRecord(NamedTuple):
     preempted: list
 
 
-@dataclass
 class Group:
-    """Totals of one group of runs. `preempted` counts preemption records, not runs."""
+    """Totals of one group of runs. `preempted` counts preemption records, not runs. A plain class:
+    `dataclasses` (with `inspect`) would be most of `gpuq history`'s imports."""
 
-    key: Union[int, str, None]  # cwd, script, "YYYY-MM-DD" (local) or sweep id; None: not in a sweep
-    runs: int = 0
-    jobs: int = 0
-    done: int = 0
-    failed: int = 0  # failed attempts, including ones that were retried
-    cancelled: int = 0
-    interrupted: int = 0
-    preempted: int = 0
-    adopted: int = 0  # runs whose times are approximate
-    gpu_hours: float = 0.0
-    median_seconds: Optional[float] = None
-    first: Optional[float] = None  # earliest start of its runs (epoch seconds)
-    last: Optional[float] = None  # latest end of its runs
-    gpu_use: Optional[dict[str, Any]] = None  # what its jobs' GPUs did (gpuuse.summary), added by the caller
-    _seconds: list[float] = field(default_factory=list, repr=False)
-    _job_ids: set[int] = field(default_factory=set, repr=False)
+    def __init__(self, key: Union[int, str, None]) -> None:
+        self.key = key  # cwd, script, "YYYY-MM-DD" (local) or sweep id; None: not in a sweep
+        self.runs = 0
+        self.jobs = 0
+        self.done = 0
+        self.failed = 0  # failed attempts, including ones that were retried
+        self.cancelled = 0
+        self.interrupted = 0
+        self.preempted = 0
+        self.adopted = 0  # runs whose times are approximate
+        self.gpu_hours = 0.0
+        self.median_seconds: Optional[float] = None
+        self.first: Optional[float] = None  # earliest start of its runs (epoch seconds)
+        self.last: Optional[float] = None  # latest end of its runs
+        self.gpu_use: Optional[dict[str, Any]] = None  # what its jobs' GPUs did (gpuuse.summary), added by the caller
+        self._seconds: list[float] = []
+        self._job_ids: set[int] = set()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Group) and vars(self) == vars(other)
+
+    def __repr__(self) -> str:
+        return f"Group({vars(self)})"
 
 
 SINCE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -153,8 +158,9 @@ def kept_records(kept: Iterable[tuple]) -> list[JobRecord]:
     return _records_of([(record[0], record[2], record[3], record[5]) for record in kept])
 
 
-def _records_of(jobs: list[tuple[int, str, str, str]]) -> list[JobRecord]:
-    """JobRecords of (id, name, command key, past) each, the key and past as runs.py writes them."""
+def _records_of(jobs: list[tuple[int, str, str, Any]]) -> list[JobRecord]:
+    """JobRecords of (id, name, command key, past) each, the key and past as runs.py writes them
+    (the past as data from the index, as JSON text from kept-runs)."""
     commands = read_keys([key for _id, _name, key, _past in jobs])
     places = {key: (cwd if isinstance(cwd, str) else "?", script_of(cmd)) for key, (cmd, cwd) in commands.items()}
     pasts = read_pasts([past for _id, _name, _key, past in jobs])

@@ -41,7 +41,8 @@ OLD_NAMES += ("status-jobs", "kept-runs", "finished-rows")
 # A row: the job's name, its script (schema.display_script), whole seconds run (None: unknown) and
 # its end, a tuple of END ("" for an absent string, None for an absent number; `unreadable`: why
 # the file is not a valid job). Then what the ETA and history read (runs.py): the command key,
-# the run time in seconds (None: unknown or adopted) and the past, its runs as a JSON text.
+# the run time in seconds (None: unknown or adopted) and the past, its runs (runs.facts; "" for
+# a file that is no valid job).
 ROW = ("name", "script", "seconds", "end", "key", "run", "past")
 END = ("exit_code", "signal", "slurm_job", "reason", "code_changed", "note", "priority", "unreadable")
 
@@ -71,7 +72,7 @@ def row_of(job: Job, state: str, now: float) -> tuple:
         end,
         runs.command_key(job.cmd, job.cwd),
         runs.run_seconds(job),
-        runs.past_text(state, job),
+        runs.facts(state, job),
     )
 
 

@@ -97,9 +97,15 @@ def past_text(state: str, job: Job) -> str:
     return json.dumps(facts(state, job))
 
 
-def read_pasts(texts: list[str]) -> list[list[Any]]:
-    """The facts of many rows' `past` texts (a damaged one reads as no runs)."""
-    return [_read_one(text, [None, False, [], []], _is_past) for text in texts]
+def read_pasts(pasts: list[Any]) -> list[list[Any]]:
+    """The facts of many rows' pasts: the index holds them as data, kept-runs as JSON text (a
+    damaged one reads as no runs)."""
+    damaged: list[Any] = [None, False, [], []]
+    return [_read_one(past, damaged, _is_past) if isinstance(past, str) else _checked(past, damaged) for past in pasts]
+
+
+def _checked(past: Any, damaged: list[Any]) -> list[Any]:
+    return past if _is_past(past) else damaged
 
 
 def read_keys(keys: list[str]) -> dict[str, tuple[Any, Any]]:
