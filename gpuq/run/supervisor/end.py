@@ -14,7 +14,7 @@ from gpuq.core.states import FAILED, KILL_ACTIONS, PENDING, PREEMPT, PREEMPTED
 from gpuq.core.times import parse_iso
 from gpuq.engine.lifecycle import ending
 from gpuq.run.supervisor.hostlimits import reached
-from gpuq.run.supervisor.lease import release
+from gpuq.run.supervisor.lease import record_usage, release
 from gpuq.run.supervisor.start import Run, log_line
 from gpuq.run.supervisor.wait import time_limit
 from gpuq.spool.files import free_bytes
@@ -66,6 +66,7 @@ def finish(
     os.close(run.log_fd)
     ending.record_end(spool, run.ref, job, state, changes, while_full=lambda: _note_end(run, state, changes))
     run.claim.release()
+    record_usage(run.leases)
 
 
 def _note_end(run: Run, state: str, changes: dict[str, Any]) -> None:
