@@ -109,7 +109,8 @@ class Planner:
         self.turns.turn_waits, self.turns.capped = set(), set()
         plan = self._plan(snap, busy, preempting)
         gpus = [(g.index, g.uuid) for g in plan.look.gpus] if plan.look is not None else []
-        self.turns.upkeep(snap.pending, plan.waits, busy, gpus, self.allowed, self._leased)
+        starting = {*busy, *(job.id for job, _where in plan.starts)}  # a ticket is kept until the lease is taken
+        self.turns.upkeep(snap.pending, plan.waits, starting, gpus, self.allowed, self._leased)
         return plan
 
     def _plan(
