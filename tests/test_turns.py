@@ -188,9 +188,7 @@ def test_a_cap_of_one_gpu_keeps_the_second_job_waiting_and_says_why(
     run, process = _begin(spool, launcher.lines[1])
     _end(run, process)
     assert worker.step(time.time()).started == []
-    assert worker.waits[too_big.id] == Wait(
-        "waiting for one of your jobs to end: your limit of 1 GPU at once on this machine", True
-    ), "2 GPUs never fit a cap of 1: it waits for a person"
+    assert worker.waits[too_big.id] == Wait("asks for 2 GPUs, over your limit of 1 GPU at once on this machine", True)
 
 
 @pytest.mark.parametrize(

@@ -45,10 +45,9 @@ def turn_reason(ticket: Ticket, gpu_index: int) -> str:
     return f"waiting for its turn on GPU {gpu_index}: {ticket.who(os.geteuid())} has waited since {since}"
 
 
-def cap_reason(cap: int) -> str:
-    return (
-        f"waiting for one of your jobs to end: your limit of {cap} GPU{'s' if cap != 1 else ''} at once on this machine"
-    )
+def cap_reason(cap: int, asked: int) -> str:
+    limit = f"your limit of {cap} GPU{'s' if cap != 1 else ''} at once on this machine"
+    return f"asks for {asked} GPUs, over {limit}" if asked > cap else f"waiting for one of your jobs to end: {limit}"
 
 
 class Turns:
@@ -119,7 +118,7 @@ class Turns:
             return None
         if cap is not None and held + len(chosen) > cap:
             self.capped.add(job.id)
-            return scheduler.Wait(cap_reason(cap), len(chosen) > cap)
+            return scheduler.Wait(cap_reason(cap, len(chosen)), len(chosen) > cap)
         usage = lambda uids: directory.usage(uids, half_life=policy.half_life)  # noqa: E731
         for index in chosen:
             wanting = [t for t in tickets if t.wants(uuid_of.get(index, ""))]
