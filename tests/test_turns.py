@@ -135,7 +135,7 @@ def test_ties_go_to_the_user_with_the_fewest_recent_gpu_hours_divided_by_their_w
     def ticket(uid: int, user: str, since: float) -> Ticket:
         return Ticket(f"t{uid}", user, uid, 1, uid, None, 1, None, None, since, "h")
 
-    alice, bob = ticket(1, "alice", 100.0), ticket(2, "bob", 101.0)
+    alice, bob = ticket(1, "alice", 100.0), ticket(2, "bob", 100.2)
     used = {1: 10.0, 2: 4.0}
     plain = policy.Policy()
     assert first_in_line([alice, bob], lambda uids: used, plain) is bob, "a tie: fewer recent GPU-hours"

@@ -24,7 +24,10 @@ from gpuq.system.lease_io import user_name
 from gpuq.system.leases import HeldTicket, LeaseDir, LeaseDirProblem, Ticket, say_once
 from gpuq.system.policy import Policy
 
-TIE_SECONDS = 5.0  # two workers started together post their tickets within a look of each other
+# Tickets posted this close together wait "since the same moment": several users that waited for
+# one job to end. Far below a job's length, so that a user whose job just ended, waiting again at
+# once, never ties with the one that waited all through that job.
+TIE_SECONDS = 0.5
 TURN_RESCAN_SECONDS = 0.25  # a worker holding a ticket looks this often: the GPU waits for it meanwhile
 
 

@@ -40,6 +40,7 @@ def finish(
     # Its processes are gone: its GPUs are free. Released before its end is recorded, so that the
     # worker, which starts the next job once this one leaves running/, never finds its lease there.
     release(run.leases)
+    record_usage(run.leases)  # before the worker sees the job end, and ranks the waiting users by usage
     request = spool.control.take(job.id)
     state, why = transitions.destination(job, exit_code, request, retry, run.timed_out, host_memory=reached(run.host))
     sig_name = signal.Signals(sig).name if sig else None
@@ -66,7 +67,6 @@ def finish(
     os.close(run.log_fd)
     ending.record_end(spool, run.ref, job, state, changes, while_full=lambda: _note_end(run, state, changes))
     run.claim.release()
-    record_usage(run.leases)
 
 
 def _note_end(run: Run, state: str, changes: dict[str, Any]) -> None:
