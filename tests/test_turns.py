@@ -278,3 +278,21 @@ def test_gpus_and_status_show_who_waits_for_what(gq: Env, own_lease_dir: Path) -
     _unplant(own_lease_dir, "gpuq-lease.GPU-fake-0.65534.1.1.lease", fd)
     gq.wait_state(job_id, DONE)
     wait_for(lambda: not LeaseDir.open(own_lease_dir).tickets(), 10, what="its ticket released")
+
+
+@needs_root
+def test_a_draining_worker_holds_no_ticket(
+    tmp_path: Path, own_lease_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gpuq stop --drain`: the worker starts nothing more, so its job must not hold the GPU's turn."""
+    directory = LeaseDir.open(own_lease_dir)
+    spool = _spool(tmp_path)
+    job = _add(spool, tmp_path)
+    worker, _launcher, _ = _worker(spool, _planner(spool, 1, [], monkeypatch))
+    fd = _plant(own_lease_dir, "gpuq-lease.GPU-fake-0.65534.1.1.lease", _lease("GPU-fake-0"))
+    worker.step(time.time())
+    assert [t.job for t in directory.tickets()] == [job.id]
+    worker.draining = True
+    worker.step(time.time())
+    assert directory.tickets() == []
+    _unplant(own_lease_dir, "gpuq-lease.GPU-fake-0.65534.1.1.lease", fd)

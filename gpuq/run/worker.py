@@ -183,10 +183,12 @@ class Worker:
         # its place is about to free up, and it must not be turned into an auto-resumed victim
         mine = {j.id for j in snap.running if self._mine(j)}
         preempting = set(self.urgent.under_way) | (mine & set(self.spool.control.ids()))
+        idle = self.stopping or self.draining
+        if self.planner.turns is not None:
+            self.planner.turns.paused = idle  # a worker that starts nothing must not hold a GPU's turn
         plan = self.planner.plan(snap, busy, preempting)
         self.waits = plan.waits
         result.space_wait = self._disk_full(plan, bool(snap.pending))
-        idle = self.stopping or self.draining
         if not idle:
             self._start(plan, now, result)
         busy.update((job_id, s.where) for job_id, s in self.supervisors.items() if s.starting)

@@ -64,6 +64,7 @@ class Turns:
         self.ticket: Optional[HeldTicket] = None
         self.turn_waits: set[int] = set()  # jobs held back for another user's turn at this plan
         self.capped: set[int] = set()  # jobs held back by the cap at this plan
+        self.paused = False  # the worker starts nothing (stopping, draining): it waits for no turn
 
     def _dir(self) -> Optional[LeaseDir]:
         try:
@@ -143,6 +144,9 @@ class Turns:
     ) -> None:
         """Keep a ticket for the first pending job that waits for another user (their lease on a GPU it
         may use, or their turn), until that job is running; release it otherwise."""
+        if self.paused:
+            self.release()
+            return
         candidates = [uuid for index, uuid in gpus if allowed is None or index in allowed]
         others_hold = any(lease.lease.uid != self.me and lease.lease.gpu_uuid in candidates for lease in leased)
         waiting = None
