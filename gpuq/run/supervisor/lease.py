@@ -50,8 +50,8 @@ def release(leases: Iterable[Held]) -> None:
 def record_usage(leases: Iterable[Held]) -> None:
     """The GPU-hours these leases held, added to this user's recent usage beside the leases (whose
     ties it breaks when several users wait: engine/schedule/turns.py). Whole or shared, a lease
-    counts its GPU's hours. A handed-on slot records them after
-    the next job started, which never waits for it."""
+    counts its GPU's hours. A handed-on slot records them after the next job started, which never
+    waits for it."""
     now = time.time()
     hours = sum(max(0.0, now - held.lease.since) for held in leases) / 3600.0
     if not hours:
