@@ -14,9 +14,15 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from typing import Any, Callable, NamedTuple, Optional
 
 from gpuq.system.leases import HALF_LIFE_SECONDS
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.9 and 3.10: the tomli dependency
+    import tomli as tomllib
 from gpuq.system.security import display
 
 POLICY_ENV = "GPUQ_POLICY"
@@ -91,12 +97,6 @@ def _untrusted(st: os.stat_result) -> Optional[str]:
 
 def parse(data: bytes) -> Policy:
     """The policy a TOML text says; ValueError naming the first thing wrong."""
-    import sys
-
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.9 and 3.10: the tomli dependency
-        import tomli as tomllib
     try:
         table = tomllib.loads(data.decode())
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
