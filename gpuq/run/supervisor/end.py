@@ -14,7 +14,7 @@ from gpuq.core.states import FAILED, KILL_ACTIONS, PENDING, PREEMPT, PREEMPTED
 from gpuq.core.times import parse_iso
 from gpuq.engine.lifecycle import ending
 from gpuq.run.supervisor.hostlimits import reached
-from gpuq.run.supervisor.lease import release
+from gpuq.run.supervisor.lease import record_usage, release
 from gpuq.run.supervisor.start import Run, log_line
 from gpuq.run.supervisor.wait import time_limit
 from gpuq.spool.files import free_bytes
@@ -40,6 +40,7 @@ def finish(
     # Its processes are gone: its GPUs are free. Released before its end is recorded, so that the
     # worker, which starts the next job once this one leaves running/, never finds its lease there.
     release(run.leases)
+    record_usage(run.leases)  # before the worker sees the job end, and ranks the waiting users by usage
     request = spool.control.take(job.id)
     state, why = transitions.destination(job, exit_code, request, retry, run.timed_out, host_memory=reached(run.host))
     sig_name = signal.Signals(sig).name if sig else None
