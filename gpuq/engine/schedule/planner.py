@@ -233,6 +233,10 @@ class Planner:
         holders = [*snap.running, *(job for job in starting if job.id not in running)]
         return hostroom.Room(self._host_cap, lambda: holders)
 
+    def host_cap(self) -> hostroom.Cap:
+        """What jobs may reserve of the machine (an out-of-memory retry's --mem grows up to it)."""
+        return self._host_cap()
+
     def _host_cap(self) -> hostroom.Cap:
         if self.host is None:
             self.host = hostroom.cap(None, None)
@@ -356,4 +360,5 @@ def _without(gpu: gpu_info.Gpu, pids: set[int]) -> gpu_info.Gpu:
 
 
 def request_of(job: Job) -> Request:
-    return Request(job.gpu_request, job.gpu_mem_mib if job.gpu_request != 0 else None)
+    mem = job.gpu_mem_mib if job.gpu_request != 0 else None
+    return Request(job.gpu_request, mem, largest=job.gpu_largest and mem is None)

@@ -21,6 +21,7 @@ from gpuq.engine.lifecycle.actions import sweep_jobs
 from gpuq.engine.schedule import hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import gpuuse
+from gpuq.engine.views import attempts
 from gpuq.engine.views.status import gpu_waits, space_waits
 from gpuq.spool import JobRef, Spool
 from gpuq.system.gpu_presence import may_have_gpus
@@ -55,6 +56,8 @@ def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> li
         ("host limits", _host_limits(job)),  # how its latest attempt was held to it
         *_dependencies(spool, job),
         *_attempts(job),
+        ("out-of-memory retries", attempts.oom_retries_text(job)),
+        *(attempts.attempt_lines(job) if any(entry.get("change") for entry in job.history) else ()),
         ("time limit", format_duration(job.time_limit) if job.time_limit else ""),
         ("begins", _clock(job.begin_at)),
         ("notify", _notify(job)),

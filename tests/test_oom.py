@@ -1,0 +1,110 @@
+"""Out-of-memory retries with more room, through a real worker on simulated GPUs (GPUQ_FAKE_GPUS):
+the job's script prints PyTorch's CUDA out-of-memory error on its first attempt, as a real one
+would, and the retry must come with a larger share and GPUQ_OOM_RETRY set."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from conftest import Env, wait_for
+from test_gpu_worker import Gpus, fake_gpus, row
+
+G = 1024  # MiB
+
+# Dies of CUDA out-of-memory unless it is a retry after one; records what each attempt saw.
+OOM_ONCE = """import json, os, sys
+k = os.environ.get("GPUQ_OOM_RETRY")
+seen = {"retry": k, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
+with open(f"attempt-{k or 0}.json", "w") as fh:
+    json.dump(seen, fh)
+if int(k or 0) < int(sys.argv[1]):
+    print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+          "capacity of 79.10 GiB of which 1.2 GiB is free.", flush=True)
+    sys.exit(1)
+while not os.path.exists("go"):
+    import time
+    time.sleep(0.02)
+"""
+
+
+def _add(gq: Env, *options: str, fails: int = 1) -> int:
+    gq.script("oom.py", OOM_ONCE)
+    return gq.add(*options, "oom.py", str(fails))
+
+
+def _attempt(gq: Env, k: int) -> dict[str, Any]:
+    path = gq.work / f"attempt-{k}.json"
+    return json.loads(wait_for(lambda: path.exists() and path.read_text(), 20, what=f"attempt {k}"))
+
+
+def test_a_20g_job_that_runs_out_of_memory_is_retried_with_40g_and_ends_done(gq: Env) -> None:
+    """--gpu-mem 20G --retries 1: the out-of-memory attempt goes back with 40G and GPUQ_OOM_RETRY=1;
+    while 40G does not fit (a process not gpuq's holds 50G of the one GPU) status says it retries
+    after out-of-memory with 40G; once it fits, it runs and ends done; show and history say, per
+    attempt, what it had and why it changed."""
+    gpus = Gpus(gq, fake_gpus(1, total=80 * G, foreign={0: (4242, 50 * G)}))
+    job_id = _add(gq, "--gpu-mem", "20G", "--retries", "1")
+    gq.start_worker("--watch")
+    assert _attempt(gq, 0)["retry"] is None
+    job = wait_for(lambda: gq.job(job_id).get("oom_retries") == 1 and gq.job(job_id), 20, what="the OOM retry")
+    assert job["gpu_mem_mib"] == 40 * G and job["attempts"] == 1
+    assert job["history"][0]["gpu_mem_mib"] == 20 * G
+    assert job["history"][0]["reason"].startswith("CUDA out of memory (tried to allocate 2.00 GiB)")
+    assert "retrying after out-of-memory with 40G" in job["history"][0]["change"]
+    wait_for(lambda: "waiting for GPU 0" in (row(gq, job_id)["waiting"] or ""), 20, what="it to wait for 40G")
+    assert "retrying after out-of-memory with 40G" in gq.gpuq("status").stdout
+    gpus.set(fake_gpus(1, total=80 * G))
+    second = _attempt(gq, 1)
+    assert second == {"retry": "1", "gpus": "0"}
+    (gq.work / "go").write_text("")
+    done = gq.wait_state(job_id, "done", timeout=20)
+    assert done["gpu_mem_mib"] == 40 * G and done["attempts"] == 2
+    shown = gq.gpuq("show", str(job_id)).stdout
+    assert "failed, retried (exit 1)" in shown and "had 20G of a GPU on GPU 0" in shown
+    assert "retrying after out-of-memory with 40G" in shown and "had 40G of a GPU" in shown
+    history = gq.gpuq("history", str(job_id)).stdout
+    assert "had 20G of a GPU" in history and "CUDA out of memory" in history and "had 40G of a GPU" in history
+    assert "out of memory: the next attempt gets 40G (GPUQ_OOM_RETRY=1)" in gq.log(job_id)
+
+
+def test_a_whole_gpu_job_is_retried_on_the_gpu_with_the_most_memory(gq: Env) -> None:
+    """A whole-GPU job placed on the first (small) GPU goes, after out-of-memory, to the larger one;
+    --retry-oom alone pays for it (no --retries)."""
+    doc = fake_gpus(2, total=40 * G)
+    doc["gpus"][1]["memory_total_mib"] = 80 * G
+    Gpus(gq, doc)
+    job_id = _add(gq, "--retry-oom", "1")
+    gq.start_worker("--watch")
+    assert _attempt(gq, 0)["gpus"] == "0"
+    assert _attempt(gq, 1) == {"retry": "1", "gpus": "1"}
+    (gq.work / "go").write_text("")
+    job = gq.wait_state(job_id, "done", timeout=20)
+    assert job["gpu_largest"] is True and job["oom_retries"] == 1
+
+
+def test_a_share_that_doubles_past_the_largest_gpu_becomes_a_whole_gpu(gq: Env) -> None:
+    Gpus(gq, fake_gpus(1, total=80 * G))
+    job_id = _add(gq, "--gpu-mem", "50G", "--retry-oom", "1")
+    gq.start_worker("--watch")
+    assert _attempt(gq, 1)["retry"] == "1"
+    (gq.work / "go").write_text("")
+    job = gq.wait_state(job_id, "done", timeout=20)
+    assert job["gpu_mem_mib"] is None and "a whole GPU" in job["history"][0]["change"]
+
+
+def test_without_retries_the_failure_says_what_a_retry_would_get(gq: Env) -> None:
+    Gpus(gq, fake_gpus(1, total=80 * G))
+    job_id = _add(gq, "--gpu-mem", "20G")
+    gq.start_worker("--watch")
+    job = gq.wait_state(job_id, "failed", timeout=20)
+    assert job["reason"].startswith("CUDA out of memory")
+    assert "it would have been retried with 40G" in job["reason"]
+    assert job["gpu_mem_mib"] == 20 * G and job.get("oom_retries", 0) == 0
+
+
+def test_retry_oom_is_refused_unless_a_count(gq: Env) -> None:
+    gq.script("oom.py", OOM_ONCE)
+    for bad in ("-1", "x"):
+        proc = gq.gpuq("add", "--retry-oom", bad, "oom.py", check=False)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
