@@ -13,6 +13,8 @@ from gpuq.core import failure, oom, transitions
 from gpuq.core.states import FAILED, KILL_ACTIONS, PENDING, PREEMPT, PREEMPTED
 from gpuq.core.times import parse_iso
 from gpuq.engine.lifecycle import ending
+from gpuq.engine.tracking import retention
+from gpuq.run.supervisor import keeping
 from gpuq.run.supervisor.hostlimits import reached
 from gpuq.run.supervisor.lease import release
 from gpuq.run.supervisor.start import Run, log_line
@@ -66,6 +68,7 @@ def finish(
         preempted_by=f"its time limit of {run.timed_out}" if run.timed_out else None,
     )  # fmt: skip
     changes = ending.attempt_end(spool, job, end)
+    changes.update(_checkpoints_at_end(run))
     if oom_changes:
         changes.update(oom_changes)
         changes["history"][-1]["change"] = oom.note(grown) if grown else None
@@ -78,6 +81,13 @@ def finish(
     os.close(run.log_fd)
     ending.record_end(spool, run.ref, job, state, changes, while_full=lambda: _note_end(run, state, changes))
     run.claim.release()
+
+
+def _checkpoints_at_end(run: Run) -> dict[str, Any]:
+    """Its checkpoints pruned by its rule once more, and the newest one's size (the disk guard's)."""
+    keeping.prune(run, keeping.rule(run))
+    size = retention.newest_bytes(run.job)
+    return {} if size is None else {"ckpt_bytes": size}
 
 
 def _oom_growth(run: Run, state: str, reason: Optional[str]) -> Optional[oom.Growth]:
