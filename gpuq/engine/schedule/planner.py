@@ -10,7 +10,7 @@ from itertools import chain, islice, takewhile
 from typing import AbstractSet, Any, Callable, Iterator, Optional, Sequence
 
 from gpuq.core.job import Job
-from gpuq.engine.schedule import hostroom, placement, scheduler, victims
+from gpuq.engine.schedule import diskguard, hostroom, placement, scheduler, victims
 from gpuq.engine.schedule.placement import Blocked, Holding, Leased, Placement, Request
 from gpuq.system import gpus as gpu_info
 from gpuq.system.leases import Lease, LeaseDir, LeaseDirProblem, say_once
@@ -142,8 +142,9 @@ class Planner:
         busy = {job_id: where for job_id, where in busy.items() if job_id != ending.id}
         rest = _queue_without(snap, {*busy, ending.id}, frozenset({ending.id}))
         ready = list(islice(_ready(rest), MAX_SUCCESSORS if mode == placement.CPU_ONLY else 1))
-        # a job that reserves host memory or CPUs is admitted by the worker, which sees what runs then
-        ready = list(takewhile(lambda job: not hostroom.asks(job), ready))
+        # a job that reserves host memory or CPUs, or needs disk space, is admitted by the worker, which
+        # sees what runs and what is free then
+        ready = list(takewhile(lambda job: not hostroom.asks(job) and not diskguard.guarded(job), ready))
         if not ready:
             return []
         if mode == placement.GPUS:  # one at a time: the next job may ask for other GPUs than this one

@@ -36,22 +36,10 @@ class Removed(NamedTuple):
     bytes: int
 
 
-def base_dir(job: Job) -> Optional[str]:
-    """The directory its checkpoints are looked for in, links resolved: the --ckpt-glob's part
-    before its first wildcard, else its --output_dir."""
-    if job.ckpt_glob:
-        pattern = os.path.join(job.cwd, os.path.expanduser(job.ckpt_glob))
-        fixed = pattern[: min([pattern.find(c) for c in "*?[" if c in pattern] or [len(pattern)])]
-        where = fixed if fixed.endswith(os.sep) else os.path.dirname(fixed)
-    else:
-        where = checkpoints.output_dir(job.cmd, job.cwd) or ""
-    return os.path.realpath(where) if where else None
-
-
 def removable(job: Job, keep: Keep, now: Optional[float] = None) -> list[Checkpoint]:
     """The complete checkpoints `keep` lets go of, oldest first (none when any doubt remains)."""
     now = time.time() if now is None else now
-    base = base_dir(job)
+    base = checkpoints.base_dir(job)
     if base is None:
         return []
     found = [c for c in checkpoints.candidates(job) if c.step is not None]

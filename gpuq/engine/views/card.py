@@ -18,7 +18,7 @@ from gpuq.core.transitions import describe_preemption
 from gpuq.core.words import plural, url_text
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.actions import sweep_jobs
-from gpuq.engine.schedule import hostroom, scheduler
+from gpuq.engine.schedule import diskguard, hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views import attempts
@@ -84,7 +84,7 @@ def why_waiting(spool: Spool, state: str, job: Job) -> str:
     if state == HELD:
         return f"`gpuq release {job.id}` puts it back in line"
     snap, _ = read_queue(spool)
-    extra = {**space_waits(spool, snap), **gpu_waits(spool.workers.gpu_views())}
+    extra = {**diskguard.waits(snap.pending), **space_waits(spool, snap), **gpu_waits(spool.workers.gpu_views())}
     wait = scheduler.waiting_reasons(snap, extra).get(job.id)
     if wait is not None:
         return ("blocked: " if wait.forever else "") + wait.reason
