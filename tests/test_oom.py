@@ -10,6 +10,9 @@ from typing import Any
 from conftest import Env, wait_for
 from test_gpu_worker import Gpus, fake_gpus, row
 
+from gpuq.core import oom
+from gpuq.core.job import Job
+
 G = 1024  # MiB
 
 # Dies of CUDA out-of-memory unless it is a retry after one; records what each attempt saw.
@@ -108,3 +111,51 @@ def test_retry_oom_is_refused_unless_a_count(gq: Env) -> None:
     for bad in ("-1", "x"):
         proc = gq.gpuq("add", "--retry-oom", bad, "oom.py", check=False)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+# Grows to 150 MB (each step written, so resident), then ends.
+GROWS = """import os, time
+held = []
+for _ in range(15):
+    held.append(bytearray(b"x") * (10 << 20))
+    time.sleep(0.02)
+print("grown, retry", os.environ.get("GPUQ_OOM_RETRY"))
+"""
+
+
+def test_a_job_past_its_mem_is_retried_with_it_doubled_up_to_the_workers_cap(gq: Env) -> None:
+    """--mem 100M, held by the watch: the first attempt is stopped at 100M and goes back with 200M
+    (the worker hands out 1G), which its 150 MB fit."""
+    gq.env.update(GPUQ_HOST_LIMITS="watch", GPUQ_MEM_WATCH_SECONDS="0.2")
+    gq.script("grows.py", GROWS)
+    job_id = gq.add("--gpus", "0", "--mem", "100M", "--retry-oom", "1", "grows.py")
+    gq.start_worker("--watch", "--kill-grace", "1", "--mem", "1G")
+    job = gq.wait_state(job_id, "done", timeout=30)
+    assert job["mem_mib"] == 200 and job["oom_retries"] == 1
+    first = job["history"][0]
+    assert first["mem_mib"] == 100 and first["reason"] == "host memory limit of 100M reached"
+    assert first["change"] == "retrying after out-of-memory with 200M host memory"
+    assert "grown, retry 1" in gq.log(job_id)
+
+
+def test_the_larger_share_and_when_there_is_none() -> None:
+    def grown(reason: Any, memory: Any = None, largest: Any = 80 * G, cap: Any = 64 * G, **fields: Any) -> Any:
+        found = oom.grow(Job(cmd=["x"], cwd="/", **fields), reason, memory, largest, cap)
+        return found and (found.changes, found.text)
+
+    cuda = "CUDA out of memory (tried to allocate 2.00 GiB)"
+    assert grown(cuda, gpu_mem_mib=20 * G) == ({"gpu_mem_mib": 40 * G}, "40G")
+    assert grown(cuda, gpu_mem_mib=40 * G) == ({"gpu_mem_mib": None}, "a whole GPU")  # 80G is the whole GPU
+    assert grown(cuda) == ({"gpu_largest": True}, "the GPU with the most memory (80G)")
+    assert grown(cuda, gpu_request=0) is None  # a CPU job: no GPU to grow
+    assert grown("ValueError: bad shape", gpu_mem_mib=20 * G) is None  # not out of memory
+    assert grown(None, memory="16G", mem_mib=16 * G) == ({"mem_mib": 32 * G}, "32G host memory")
+    assert grown(None, memory="48G", mem_mib=48 * G) == ({"mem_mib": 64 * G}, "64G host memory")  # the cap
+    assert grown(None, memory="64G", mem_mib=64 * G) is None  # at the worker's cap: no more room
+    assert grown(None, memory="16G", mem_mib=16 * G, cap=None) is None  # the cap unknown
+
+
+def test_retry_oom_pays_for_its_own_attempts_only() -> None:
+    job = Job(cmd=["x"], cwd="/", retries=1, retry_oom=2, attempts=3, oom_retries=2)
+    assert oom.retry_left(job)  # two of three attempts paid by --retry-oom: --retries 1 has one left
+    assert not oom.retry_left(Job(cmd=["x"], cwd="/", retries=1, retry_oom=2, attempts=4, oom_retries=3))
