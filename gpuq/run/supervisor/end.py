@@ -95,6 +95,8 @@ def _oom_growth(run: Run, state: str, reason: Optional[str]) -> Optional[oom.Gro
     if state not in (FAILED, PENDING):
         return None
     memory, largest = reached(run.host), None
+    if memory is None and not run.order.gpus:
+        return None  # it held no GPU (a machine without any, a CPU job): there is no GPU share to grow
     if memory is None and oom.gpu_oom(reason) and run.job.gpu_request:
         sizes = [gpu.memory_total_mib for gpu in gpus.look().gpus]  # its sizes, as the worker sees them
         largest = max(sizes) if sizes else None
