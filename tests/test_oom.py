@@ -156,6 +156,10 @@ def test_the_larger_share_and_when_there_is_none() -> None:
 
 
 def test_retry_oom_pays_for_its_own_attempts_only() -> None:
-    job = Job(cmd=["x"], cwd="/", retries=1, retry_oom=2, attempts=3, oom_retries=2)
+    grown, plain = {"change": "retrying after out-of-memory with 40G"}, {"change": None}
+    job = Job(cmd=["x"], cwd="/", retries=1, retry_oom=2, attempts=3, history=[grown, grown])
     assert oom.retry_left(job)  # two of three attempts paid by --retry-oom: --retries 1 has one left
-    assert not oom.retry_left(Job(cmd=["x"], cwd="/", retries=1, retry_oom=2, attempts=4, oom_retries=3))
+    assert not oom.retry_left(Job(cmd=["x"], cwd="/", retries=1, retry_oom=2, attempts=4, history=[grown] * 3))
+    # a person's `gpuq retry` began a new round (attempts counted afresh): the earlier ones paid nothing
+    assert not oom.retry_left(Job(cmd=["x"], cwd="/", retry_oom=1, attempts=2, history=[plain, grown]))
+    assert oom.retry_left(Job(cmd=["x"], cwd="/", retry_oom=1, attempts=1, history=[plain, grown]))

@@ -59,15 +59,23 @@ def grow(
     return Growth({"gpu_largest": True}, f"the GPU with the most memory{where}")
 
 
+def retries_this_round(job: Job) -> int:
+    """Out-of-memory retries among the attempts since it was queued, retried or recovered (its
+    `attempts` count; their history entries say `change`). `oom_retries` counts them all, as
+    GPUQ_OOM_RETRY does: the share a person's `gpuq retry` keeps is still the grown one."""
+    earlier = job.history[-(job.attempts - 1) :] if job.attempts > 1 else []
+    return sum(1 for entry in earlier if entry.get("change"))
+
+
 def extra_attempts(job: Job) -> int:
     """The attempts --retry-oom paid for: they do not count against --retries."""
-    return min(job.oom_retries, job.retry_oom)
+    return min(retries_this_round(job), job.retry_oom)
 
 
 def retry_left(job: Job) -> bool:
     """Whether the attempt that has just ended (job.attempts of them) may be followed by an
     out-of-memory retry: --retry-oom has some left, or --retries has."""
-    return job.oom_retries < job.retry_oom or job.attempts - extra_attempts(job) <= job.retries
+    return retries_this_round(job) < job.retry_oom or job.attempts - extra_attempts(job) <= job.retries
 
 
 def retry(job: Job, growth: Growth) -> dict[str, Any]:

@@ -199,7 +199,6 @@ def requeue(job: Job, note: str, continuation: Optional[Continuation] = None) ->
         **_RUN_FIELDS,
         "note": note,
         "attempts": 0,
-        "oom_retries": 0,  # its --retry-oom counted afresh, as its attempts; a grown share is kept
         "exit_code": None,
         "signal": None,
         "previous_exit_code": job.exit_code,
