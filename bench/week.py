@@ -210,21 +210,17 @@ class Gpuq(Runner):
         )
 
     def crash(self) -> None:
-        """The machine goes down: the worker, every supervisor and every job killed at once."""
+        """The machine goes down: the worker, every supervisor and every job killed at once (each
+        process whose environment names this spool, looked for until none is left)."""
         assert self.worker is not None
-        running = self.root / "home" / "running"
-        pids = []
-        for name in os.listdir(running):
-            try:
-                data = json.loads((running / name).read_text())
-            except (OSError, ValueError):
-                continue
-            pids += [p for p in (data.get("pid"), (data.get("supervisor") or {}).get("pid")) if p]
-        os.killpg(self.worker.pid, signal.SIGKILL)
-        for pid in pids:
-            for kill in (os.killpg, os.kill):
+        mark = f"GPUQ_HOME={self.env['GPUQ_HOME']}".encode()
+        for _look in range(5):
+            found = [pid for pid in _pids() if mark in _environ(pid).split(b"\0")]
+            if not found:
+                break
+            for pid in found:
                 try:
-                    kill(pid, signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
         self.worker.wait()
@@ -239,6 +235,17 @@ class Gpuq(Runner):
         )
         if self.worker is not None and self.worker.poll() is None:
             self.worker.wait(30)
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != os.getpid()]
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
 
 
 class Tsp(Runner):
@@ -273,18 +280,19 @@ class Tsp(Runner):
         return {e["job"] for e in read_journal(self.journal) if e["event"] == "done"}
 
     def crash(self) -> None:
-        """Its running jobs killed, and its server (which holds the queue in memory) with them."""
-        for line in self.tsp("-l").splitlines()[1:]:
-            parts = line.split()
-            if len(parts) > 1 and parts[1] == "running":
-                pid = self.tsp("-p", parts[0]).strip()
-                if pid.isdigit():
-                    for kill in (os.killpg, os.kill):
-                        try:
-                            kill(int(pid), signal.SIGKILL)
-                        except (ProcessLookupError, PermissionError):
-                            pass
+        """Its server (which holds the queue in memory) killed, and then every job it had started."""
         self.tsp("-K")
+        mine = f"--journal {self.journal} "
+        for name in os.listdir("/proc"):
+            try:
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, ValueError):
+                continue
+            if name.isdigit() and mine in cmdline:
+                try:
+                    os.kill(int(name), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def finished(self) -> bool:
         return self.done_ids() >= set(self.jobs)
