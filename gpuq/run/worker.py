@@ -384,6 +384,7 @@ class Worker:
             id=job_id, file=file, rev=None, slot=where.slot, gpus=where.gpus, notify=s.notify, on_finish=s.on_finish,
             max_log_bytes=s.max_log_bytes, default_time=s.default_time, kill_grace=s.kill_grace,
             foreign_threshold_mib=s.foreign_threshold_mib, notify_urls=tuple(s.notify_urls),
+            host_mem_cap_mib=self.planner.host_cap().mem_mib,
         )  # fmt: skip
 
     def _sample_progress(self, now: float, running: list[Job]) -> None:

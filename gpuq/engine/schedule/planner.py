@@ -10,7 +10,7 @@ from itertools import chain, islice, takewhile
 from typing import AbstractSet, Any, Callable, Iterator, Optional, Sequence
 
 from gpuq.core.job import Job
-from gpuq.engine.schedule import hostroom, placement, scheduler, victims
+from gpuq.engine.schedule import diskguard, hostroom, placement, scheduler, victims
 from gpuq.engine.schedule.placement import Blocked, Holding, Leased, Placement, Request
 from gpuq.engine.schedule.turns import Turns
 from gpuq.system import gpus as gpu_info
@@ -160,8 +160,9 @@ class Planner:
         busy = {job_id: where for job_id, where in busy.items() if job_id != ending.id}
         rest = _queue_without(snap, {*busy, ending.id}, frozenset({ending.id}))
         ready = list(islice(_ready(rest), MAX_SUCCESSORS if mode == placement.CPU_ONLY else 1))
-        # a job that reserves host memory or CPUs is admitted by the worker, which sees what runs then
-        ready = list(takewhile(lambda job: not hostroom.asks(job), ready))
+        # a job that reserves host memory or CPUs, or needs disk space, is admitted by the worker, which
+        # sees what runs and what is free then
+        ready = list(takewhile(lambda job: not hostroom.asks(job) and not diskguard.guarded(job), ready))
         if not ready:
             return []
         if mode == placement.GPUS:  # one at a time: the next job may ask for other GPUs than this one
@@ -254,6 +255,10 @@ class Planner:
         running = {job.id for job in snap.running}
         holders = [*snap.running, *(job for job in starting if job.id not in running)]
         return hostroom.Room(self._host_cap, lambda: holders)
+
+    def host_cap(self) -> hostroom.Cap:
+        """What jobs may reserve of the machine (an out-of-memory retry's --mem grows up to it)."""
+        return self._host_cap()
 
     def _host_cap(self) -> hostroom.Cap:
         if self.host is None:
@@ -378,4 +383,5 @@ def _without(gpu: gpu_info.Gpu, pids: set[int]) -> gpu_info.Gpu:
 
 
 def request_of(job: Job) -> Request:
-    return Request(job.gpu_request, job.gpu_mem_mib if job.gpu_request != 0 else None)
+    mem = job.gpu_mem_mib if job.gpu_request != 0 else None
+    return Request(job.gpu_request, mem, largest=job.gpu_largest and mem is None)
