@@ -12,7 +12,7 @@ from gpuq.core.errors import UsageError
 from gpuq.core.states import DONE, FAILED, PREEMPTED
 from gpuq.core.times import duration
 from gpuq.core.words import plural
-from gpuq.engine.lifecycle import actions
+from gpuq.engine.lifecycle.ending import get
 from gpuq.engine.tracking import gpuseries, gpuuse
 from gpuq.engine.views import attempts, finished_index, history
 from gpuq.system.gpus import mib_text
@@ -70,7 +70,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def _one_job(job_id: int) -> int:
     """One job's attempts, a line each: how it ended, what it had, why the next one changed."""
-    _ref, job = actions.get(spool(), job_id)
+    _ref, job = get(spool(), job_id)
     lines = attempts.attempt_lines(job)
     print(f"#{job.id} {job.name}")
     if not lines:
