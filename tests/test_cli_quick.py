@@ -36,7 +36,7 @@ EVERY_ADD_OPTION = [
     *("--snapshot", "--gpus", "2", "--notify", "--max-log-size", "1G", "--on-finish", "echo hi", "--gpu-mem", "20G"),
     *("--notify", "ntfy://topic", "--notify=json://host/path"),
     *("--priority", "3", "--urgent", "--preemptible", "--ckpt-glob", "c*", "--no-resume", "--resume-arg", "r={ckpt}"),
-    *("--mem", "32G", "--cpus", "8"),
+    *("--mem", "32G", "--cpus", "8", "--retry-oom", "2", "--keep-checkpoints", "best", "--min-free", "10G"),
     *("-e", "A=1", "--env", "B=2=3", "--quiet", "--dry-run", "--json", "bash", "-c", "exit 0"),
 ]
 

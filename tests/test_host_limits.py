@@ -47,7 +47,11 @@ def test_the_watch_ends_a_job_past_its_mem(gq: Any) -> None:
     gq.start_worker("--watch", "--kill-grace", "1")
     job = gq.wait_state(job_id, "failed", timeout=15)
     assert not (gq.work / "grown").exists(), "the job reached 300 MB: it was not stopped at 100M"
-    assert job["reason"] == "host memory limit of 100M reached"
+    # without a retry left, the reason says what an out-of-memory retry would have had
+    assert job["reason"] == (
+        "host memory limit of 100M reached; with a retry left (--retry-oom N) it would have been retried with "
+        "200M host memory"
+    )
     assert job["exit_code"] == 143 and job["host_limits_by"] == "watch:0.2"
     assert "host memory limit of 100M reached (" in gq.log(job_id)
     shown = gq.gpuq("show", str(job_id)).stdout

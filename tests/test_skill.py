@@ -207,6 +207,7 @@ def test_every_command_of_the_skill_runs(gq: Env, tmp_path: Path) -> None:
         failures = [row["id"] for row in json.loads(run("gpuq status -a --json")) if row["state"] == "failed"]
         assert failures == failed
         run("gpuq history --since 7d --by dir")
+        run("gpuq history 3", _3=failed[0])
         run("gpuq show 3", _3=failed[0])
         run("gpuq show --json 3", _3=failed[0])
         run("gpuq triage 3 --json", _3=failed[0])
@@ -245,6 +246,8 @@ def test_every_command_of_the_skill_runs(gq: Env, tmp_path: Path) -> None:
             "gpuq add -q --gpus 2 train.py",
             "gpuq add -q --gpu-mem 20G train.py",
             "gpuq add -q --mem 32G --cpus 8 train.py",
+            "gpuq add -q --gpu-mem 20G --retry-oom 2 train.py",
+            "gpuq add -q --keep-checkpoints 2 train.py --output_dir out",
             "gpuq add -q --sweep lr=1e-4,3e-4 train.py --lr {lr}",
             "gpuq add --dry-run --json --sweep lr=1e-4,3e-4 train.py --lr {lr}",
             "gpuq add -q --time 4h train.py",

@@ -6,6 +6,7 @@ on) is done here with the supervisor's own functions (run/supervisor/start.py, e
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -234,3 +235,35 @@ def test_an_urgent_job_preempts_a_running_one_and_takes_its_slot(tmp_path: Path)
     back = spool.jobs.load(spool.jobs.find(victim.id))
     assert spool.jobs.find(victim.id).state == PENDING and back.queue_front and back.preemptions
     assert worker.step(time.time()).started == [], "it waits for the urgent job's slot"
+
+
+def test_an_out_of_memory_retry_is_placed_again_with_its_doubled_share(tmp_path: Path, monkeypatch: Any) -> None:
+    """A 20G job on a 32G GPU (the best fit) dies of CUDA out-of-memory: its end sends it back with
+    40G, and the next step places it on the 80G GPU, where 40G fits; GPUQ_OOM_RETRY=1 is in the
+    environment its next start gets."""
+    from gpuq.core.jobenv import add_job_variables
+
+    spool = _spool(tmp_path)
+    small = Gpu(index=0, uuid="GPU-0", name="g", memory_total_mib=32 * G, memory_used_mib=0, processes=())
+    seen = (small, _gpu(1))
+    fake = tmp_path / "gpus.json"
+    fake.write_text(json.dumps({"gpus": [{**g._asdict(), "processes": []} for g in seen]}))
+    monkeypatch.setenv("GPUQ_FAKE_GPUS", str(fake))  # what the supervisor's own look sees
+
+    def look() -> GpuLook:
+        return GpuLook(gpus=seen, source="fake", problem=None, at=time.time())
+
+    job = _add(spool, tmp_path, gpu_mem_mib=20 * G, retries=1)
+    worker, launcher, _said = _worker(spool, Planner(look=look))
+    assert worker.step(time.time()).started == [job.id] and launcher.lines[0].order.gpus == (0,)
+    run, process = _begin(spool, launcher.lines[0])
+    os.write(run.log_fd, b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+    process.kill()
+    process.wait()
+    end.finish(run, exit_code=1, sig=None, note=None, retry=True)
+    back = spool.jobs.load(spool.jobs.find(job.id, (PENDING,)))
+    assert (back.gpu_mem_mib, back.oom_retries) == (40 * G, 1)
+    assert add_job_variables({}, back)["GPUQ_OOM_RETRY"] == "1"
+    launcher.lines[0].code = 0  # its supervisor is gone
+    result = worker.step(time.time())
+    assert result.started == [job.id] and launcher.lines[-1].order.gpus == (1,)

@@ -12,12 +12,15 @@ from gpuq.core.errors import UsageError
 from gpuq.core.states import DONE, FAILED, PREEMPTED
 from gpuq.core.times import duration
 from gpuq.core.words import plural
+from gpuq.engine.lifecycle.ending import get
 from gpuq.engine.tracking import gpuseries, gpuuse
-from gpuq.engine.views import finished_index, history
+from gpuq.engine.views import attempts, finished_index, history
 from gpuq.system.gpus import mib_text
 
 
 def cmd_history(args: argparse.Namespace) -> int:
+    if args.id is not None:
+        return _one_job(args.id)
     now = time.time()
     try:
         since = history.parse_since(args.since, now) if args.since else None
@@ -62,6 +65,18 @@ def cmd_history(args: argparse.Namespace) -> int:
     lines.insert(1, "─" * len(lines[0]))
     total = sum(g.gpu_hours for g in groups)
     print("\n".join(lines + [f"total: {plural(sum(g.runs for g in groups), 'run')}, {total:.2f} GPU-hours"]))
+    return 0
+
+
+def _one_job(job_id: int) -> int:
+    """One job's attempts, a line each: how it ended, what it had, why the next one changed."""
+    _ref, job = get(spool(), job_id)
+    lines = attempts.attempt_lines(job)
+    print(f"#{job.id} {job.name}")
+    if not lines:
+        print("  no attempt has ended yet")
+    width = max((len(label) for label, _text in lines), default=0)
+    print("\n".join(f"  {label.ljust(width)}  {text}" for label, text in lines))
     return 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from gpuq.core.keep import parse_keep
 from gpuq.core.sweep import parse_id_ranges
 from gpuq.core.timespec import parse_duration, parse_memory_mib, parse_size_bytes
 
@@ -180,6 +181,14 @@ ADD = Command(
         ),
         Opt("--retries", convert=int, default=0, metavar="N", help="run again up to N times if it fails"),
         Opt(
+            "--retry-oom",
+            convert=counter(0, "a number of retries (0 or more)"),
+            default=0,
+            metavar="N",
+            help="after an out-of-memory failure run again up to N more times with more room: --gpu-mem doubled "
+            "(up to a whole GPU, then the GPU with the most memory), --mem doubled; GPUQ_OOM_RETRY=k is set",
+        ),
+        Opt(
             "--sweep",
             kind=APPEND,
             metavar="NAME=V1,V2",
@@ -283,6 +292,18 @@ ADD = Command(
             help="save a checkpoint when preempted (HF Trainer >= 5: adds --enable_jit_checkpoint true)",
         ),
         Opt("--ckpt-glob", metavar="GLOB", help="where its checkpoints are (default: HF checkpoint-N)"),
+        Opt(
+            "--keep-checkpoints",
+            convert=parse_keep,
+            metavar="N|best",
+            help="keep only its newest N complete checkpoints (best: the newest and the best by its metric), "
+            "removing older ones while it runs and when it ends (default: keep_checkpoints in the config file)",
+        ),
+        Opt(
+            "--min-free",
+            metavar="SIZE",
+            help="start it only while its output's filesystem has SIZE free (default: twice its last checkpoint)",
+        ),
         Opt(
             "--no-resume",
             kind=FLAG,

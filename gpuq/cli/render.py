@@ -296,9 +296,21 @@ def gpu_lines(view: dict[str, Any], now: Optional[float] = None, home: Optional[
                 lines.append(
                     f"    {size} by {lease.get('who')} since {since}" + (f" ({', '.join(using)})" if using else "")
                 )
+        for ticket in gpu.get("tickets") or []:
+            lines.append(f"    {ticket_text(ticket)}")
     problems = view.get("lease_problems") or []  # a hostile directory may hold any number of bad files
     more = [f"and {len(problems) - 3} more lease problems (`gpuq gpus --json`)"] if len(problems) > 3 else []
     return lines + [f"  {problem}" for problem in problems[:3] + more]
+
+
+def ticket_text(ticket: dict[str, Any]) -> str:
+    """ "waiting: bob's job #3 (1 GPU) since 14:02": a job that waits for its turn on the GPU."""
+    count = ticket.get("gpus") or 1
+    size = f"{count} GPU{'s' if count != 1 else ''}"
+    if ticket.get("mem_mib"):
+        size += f", {_gib(ticket['mem_mib'])} GiB each"
+    since = time.strftime("%H:%M", time.localtime(parse_iso(ticket.get("since")) or 0))
+    return f"waiting: {ticket.get('who')} ({size}) since {since}"
 
 
 def gpu_title(view: dict[str, Any], now: float) -> str:

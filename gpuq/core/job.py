@@ -188,6 +188,8 @@ class Job(dict[str, Any]):
     after: list[int] = field(NO_DEFAULT, _id_list, "a list of job ids")
     after_any: list[int] = field([], _id_list, "a list of job ids")
     retries: int = field(0, _count, "an integer of 0 or more")
+    # --retry-oom: attempts after an out-of-memory failure, beyond --retries (core/oom.py)
+    retry_oom: int = field(0, _count, "an integer of 0 or more", option=True)
     priority: int = field(0, is_int, "an integer")
     attempts: int = field(0, _count, "an integer of 0 or more")
     created_at: Optional[str] = field(None, _opt(_iso), _NULL_ISO)
@@ -251,6 +253,11 @@ class Job(dict[str, Any]):
     lost_steps: Optional[int] = field(
         None, _opt(lambda v: is_int(v) and v >= 0), "null or an integer of 0 or more", option=True
     )
+    # Checkpoints kept by rule (engine/tracking/retention.py) and the disk guard (engine/schedule/diskguard.py)
+    keep_checkpoints: Optional[Union[int, str]] = field(
+        None, _opt(lambda v: (is_int(v) and v > 0) or v == "best"), 'null, a positive integer or "best"', option=True
+    )
+    min_free_bytes: Optional[int] = field(None, _opt(_positive), "null or a positive number of bytes", option=True)
 
     sweep: Optional[dict[str, Any]] = field(
         None, _opt(_sweep), 'null or {"id": a job id, "values": an object of strings}', option=True
@@ -275,6 +282,9 @@ class Job(dict[str, Any]):
     code_at_start: Optional[dict[str, Any]] = field(None, _opt(_dict), "null or an object", later=True)
     reason: Optional[str] = field(None, _opt(_str), _NULL_STR, later=True)  # why its last attempt failed
     host_limits_by: Optional[str] = field(None, _opt(_str), _NULL_STR, later=True)
+    oom_retries: int = field(0, _count, "an integer of 0 or more", later=True)  # GPUQ_OOM_RETRY of the next attempt
+    gpu_largest: bool = field(False, _bool, "true or false", later=True)  # placed on the GPUs with the most memory
+    ckpt_bytes: Optional[int] = field(None, _opt(_count), "null or a number of bytes", later=True)  # last checkpoint
     slurm: Optional[dict[str, Any]] = field(
         None, _opt(_slurm), 'null or {"job_id": null or a Slurm job id, "state": a string, ...}', later=True
     )

@@ -19,6 +19,8 @@ def add_job_variables(env: dict[str, str], job: Job) -> dict[str, str]:
         env.pop("PYTHONHOME", None)  # a venv's python must find its own standard library
     env.update(job.get("env") or {})  # a partial Job (as tests build them) may lack this required field
     env["GPUQ_JOB_ID"] = str(job.id)
+    if job.oom_retries:  # the attempt after an out-of-memory failure: a script may shrink its batch
+        env["GPUQ_OOM_RETRY"] = str(job.oom_retries)
     return env
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple, Optional
 
-from gpuq.core import states
+from gpuq.core import oom, states
 from gpuq.core.job import Job
 from gpuq.core.resume_arg import resume_argv
 from gpuq.core.times import now_iso
@@ -111,7 +111,7 @@ def destination(
         return states.FAILED, f"stopped: its host memory limit of {host_memory} was reached"
     if exit_code == 0:
         return states.DONE, None
-    if retry and job.attempts <= job.retries:
+    if retry and job.attempts - oom.extra_attempts(job) <= job.retries:
         return states.PENDING, f"attempt {job.attempts} failed with exit {exit_code}; retrying"
     if retry and job.retries:
         return states.FAILED, _gave_up(job)
@@ -161,6 +161,8 @@ def end_attempt(
         "resumed_from": job.resumed_from,
         "lost_steps": job.lost_steps,
         "reason": reason,
+        "gpu_mem_mib": job.gpu_mem_mib,  # what it had: an out-of-memory retry gets more (core/oom.py)
+        "mem_mib": job.mem_mib,
     }
     changes: Changes = {
         "finished_at": finished_at,

@@ -18,6 +18,7 @@ from watchdog.observers import Observer
 
 from gpuq.core.states import PENDING, RUNNING
 from gpuq.engine.schedule.planner import GPU_WAIT_RESCAN_SECONDS
+from gpuq.engine.schedule.turns import TURN_RESCAN_SECONDS
 from gpuq.run.notify.queue import QueueWatch
 from gpuq.run.worker import RESCAN_SECONDS, StepResult, Worker
 from gpuq.system.security import FULL_ERRNOS
@@ -140,6 +141,8 @@ def _next_look(result: StepResult, held_for: int = 0, settling: bool = False) ->
         wait = ADOPTED_RESCAN_SECONDS
     else:
         wait = GPU_WAIT_RESCAN_SECONDS if result.gpu_wait or result.space_wait else RESCAN_SECONDS
+        if result.turn_wait:  # another user's job ends unannounced, and its GPU is ours for a moment only
+            wait = min(wait, TURN_RESCAN_SECONDS)
     if result.next_begin is not None:
         wait = min(wait, max(0.0, result.next_begin - time.time()))
     return wait

@@ -19,6 +19,7 @@ from gpuq.engine.schedule import gpuview, hostroom, placement, scheduler, victim
 from gpuq.engine.schedule.planner import Assignment, OtherLeases, Plan, Planner
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.schedule.queue_view import QueueView
+from gpuq.engine.schedule.turns import Turns
 from gpuq.engine.tracking import eta
 from gpuq.run import successor
 from gpuq.run.supervisor.order import StartOrder
@@ -74,6 +75,7 @@ class StepResult:
     watch_closely: bool = False  # an adopted job runs: its end is only seen by looking
     more_work: bool = False  # dropped or broken files were left for the next step: come back soon
     gpu_wait: bool = False  # a job waits for GPUs that may free up unannounced, or a GPU job may be given back
+    turn_wait: bool = False  # a job of ours holds a waiting ticket: another user's GPUs free up unannounced
     claim_busy: bool = False  # a ready job's claim was held (its supervisor just requeued it): look again soon
     space_wait: bool = False  # jobs wait for disk space: look again soon, as space comes back unannounced
     next_begin: Optional[float] = None  # the earliest --begin time to come: the worker wakes for it
@@ -108,7 +110,8 @@ class Worker:
         self.spool, self.launcher, self.say = spool, launcher, say
         self.settings = s = settings or Settings()
         if planner is None:
-            planner = Planner(s.gpus, s.foreign_threshold_mib, leases=OtherLeases(spool.home, say))
+            turns = Turns(str(spool.home), say)
+            planner = Planner(s.gpus, s.foreign_threshold_mib, leases=OtherLeases(spool.home, say), turns=turns)
             planner.host = hostroom.cap(s.host_mem_mib, s.host_cpus, say=say)
         self.planner = planner
         self.view = QueueView()  # pending/ and running/ kept between steps, read again as events say
@@ -180,10 +183,12 @@ class Worker:
         # its place is about to free up, and it must not be turned into an auto-resumed victim
         mine = {j.id for j in snap.running if self._mine(j)}
         preempting = set(self.urgent.under_way) | (mine & set(self.spool.control.ids()))
+        idle = self.stopping or self.draining
+        if self.planner.turns is not None:
+            self.planner.turns.paused = idle  # a worker that starts nothing must not hold a GPU's turn
         plan = self.planner.plan(snap, busy, preempting)
         self.waits = plan.waits
         result.space_wait = self._disk_full(plan, bool(snap.pending))
-        idle = self.stopping or self.draining
         if not idle:
             self._start(plan, now, result)
         busy.update((job_id, s.where) for job_id, s in self.supervisors.items() if s.starting)
@@ -202,6 +207,7 @@ class Worker:
         result.busy = bool(starting or self.urgent.under_way or any(map(self._mine, snap.running)))
         result.startable_later = result.more_work or scheduler.has_startable_future(snap, plan.waits)
         result.gpu_wait = any(not w.forever for w in plan.waits.values()) or any(s.where.gpus for s in starting)
+        result.turn_wait = self.planner.turns is not None and self.planner.turns.ticket is not None
         result.next_begin = scheduler.next_begin(snap.pending, now)
         # Nothing reports an adopted process's exit: look at it more often than usual.
         result.watch_closely = any(job.adopted for job in snap.running)
@@ -378,6 +384,7 @@ class Worker:
             id=job_id, file=file, rev=None, slot=where.slot, gpus=where.gpus, notify=s.notify, on_finish=s.on_finish,
             max_log_bytes=s.max_log_bytes, default_time=s.default_time, kill_grace=s.kill_grace,
             foreign_threshold_mib=s.foreign_threshold_mib, notify_urls=tuple(s.notify_urls),
+            host_mem_cap_mib=self.planner.host_cap().mem_mib,
         )  # fmt: skip
 
     def _sample_progress(self, now: float, running: list[Job]) -> None:

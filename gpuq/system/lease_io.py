@@ -199,3 +199,57 @@ def user_name(uid: int) -> Optional[str]:
             kept = (None, now)
         _user_names[uid] = kept
     return kept[0]
+
+
+def parse_ticket(data: bytes) -> dict[str, Any]:
+    """The fields of a waiting ticket (lease_layout.md section 7); ValueError naming what is wrong."""
+    obj = _object(data, "ticket_version")
+    checks = {
+        "user": lambda v: isinstance(v, str),
+        "uid": lambda v: is_int(v) and v >= 0,
+        "pid": lambda v: is_int(v) and v >= 1,
+        "job": lambda v: v is None or is_int(v) and v >= 1,
+        "spool": lambda v: v is None or isinstance(v, str),
+        "gpus": lambda v: is_int(v) and v >= 1,
+        "mem_mib": lambda v: v is None or is_int(v) and v >= 1,
+        "gpu_uuids": lambda v: v is None or isinstance(v, list) and all(isinstance(u, str) for u in v),
+        "since": lambda v: is_number(v) and v >= 0,
+        "host": lambda v: isinstance(v, str),
+    }
+    values = _checked(obj, checks)
+    values["gpu_uuids"] = None if values["gpu_uuids"] is None else tuple(values["gpu_uuids"])
+    return values
+
+
+def parse_usage(data: bytes) -> dict[str, Any]:
+    """The fields of a user's usage record (lease_layout.md section 8); ValueError naming what is wrong."""
+    obj = _object(data, "usage_version")
+    checks = {
+        "uid": lambda v: is_int(v) and v >= 0,
+        "gpu_hours": lambda v: is_number(v) and v >= 0,
+        "at": lambda v: is_number(v) and v >= 0,
+    }
+    return _checked(obj, checks)
+
+
+def _object(data: bytes, version_key: str) -> dict[str, Any]:
+    if len(data) > MAX_LEASE_BYTES:
+        raise ValueError(f"is larger than {MAX_LEASE_BYTES} bytes")
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        raise ValueError("is not JSON") from None
+    if not isinstance(obj, dict):
+        raise ValueError("is not a JSON object")
+    if obj.get(version_key) != LEASE_VERSION:
+        raise ValueError(f"has {version_key} {display(repr(obj.get(version_key)))}, not {LEASE_VERSION}")
+    return obj
+
+
+def _checked(obj: dict[str, Any], checks: dict[str, Any]) -> dict[str, Any]:
+    for key, good in checks.items():
+        if key not in obj:
+            raise ValueError(f"lacks {key}")
+        if not good(obj[key]):
+            raise ValueError(f"has a bad {key}")
+    return {key: obj[key] for key in checks}

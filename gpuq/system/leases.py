@@ -20,6 +20,9 @@ from gpuq.system.security import display
 LEASE_DIR_ENV = "GPUQ_LEASE_DIR"
 PLACING_TIMEOUT = 2.0  # seconds: a placement takes milliseconds; a lock held longer is stuck or hostile
 PREFIX, SUFFIX = "gpuq-lease.", ".lease"  # a lease's name: PREFIX<UUID>.<uid>.<pid>.<n>SUFFIX
+TICKET_PREFIX, TICKET_SUFFIX = "gpuq-ticket.", ".ticket"  # TICKET_PREFIX<uid>.<pid>.<n>TICKET_SUFFIX
+USAGE_PREFIX = "gpuq-usage."  # a user's recent GPU-hours: USAGE_PREFIX<uid>
+HALF_LIFE_SECONDS = 7 * 86400.0  # recent usage halves every week unless the machine's policy says otherwise
 STALE_TMP_SECONDS = 60.0  # a writer's temporary file older than this, unlocked, was left by a crash
 _POLL_SECONDS = 0.005
 
@@ -55,6 +58,30 @@ class Lease(NamedTuple):
         return f"{owner} job #{self.job} ({self.name})" if mine else f"{owner} job #{self.job}"
 
 
+class Ticket(NamedTuple):
+    """One live waiting ticket: a job that waits for GPUs another user holds (lease_layout.md section 7)."""
+
+    file: str
+    user: str
+    uid: int
+    pid: int
+    job: Optional[int]
+    spool: Optional[str]
+    gpus: int  # how many GPUs it needs
+    mem_mib: Optional[int]  # None: whole GPUs
+    gpu_uuids: Optional[tuple[str, ...]]  # the GPUs it may use (None: any)
+    since: float
+    host: str
+
+    def wants(self, gpu_uuid: str) -> bool:
+        return self.gpu_uuids is None or gpu_uuid in self.gpu_uuids
+
+    def who(self, viewer_uid: int) -> str:
+        """ "bob's job #3", "your job #7": whose job waits."""
+        owner = "your" if self.uid == viewer_uid else f"{self.user}'s"
+        return f"{owner} job #{self.job}" if self.job is not None else f"{owner} `gpuq lease`"
+
+
 class Held:
     """A lease this process holds: its lock lives in `fd` until `release()` (or the process's end)."""
 
@@ -77,6 +104,21 @@ class Held:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+class HeldTicket(Held):
+    """A waiting ticket this process holds alive until `release()`."""
+
+    __slots__ = ("ticket",)
+
+    def __init__(self, ticket: Ticket, fd: int, path: str) -> None:
+        self.ticket, self.path = ticket, path
+        self.fd = fd
+
+
+def decayed(gpu_hours: float, at: float, now: float, half_life: float) -> float:
+    """GPU-hours recorded at `at`, as they count at `now`: halved every `half_life` seconds."""
+    return gpu_hours * 0.5 ** (max(0.0, now - at) / half_life) if half_life > 0 else gpu_hours
 
 
 def default_dir() -> str:
@@ -208,36 +250,172 @@ class LeaseDir:
         fd = lease_io.write_locked(self.path, f"{lease_io.TMP_PREFIX}{uid}.{pid}.{n}", data, final)
         return Held(Lease(os.path.basename(final), **{k: record[k] for k in Lease._fields[1:]}), fd, final)
 
+    def post_ticket(
+        self,
+        *,
+        job: Optional[int],
+        spool: Optional[str],
+        gpus: int,
+        mem_mib: Optional[int],
+        gpu_uuids: Optional[Iterable[str]],
+        since: Optional[float] = None,
+    ) -> HeldTicket:
+        """A waiting ticket, alive while this process holds it (no placing lock: it decides nothing)."""
+        pid, uid, n = os.getpid(), os.geteuid(), lease_io.next_number()
+        final = os.path.join(self.path, f"{TICKET_PREFIX}{uid}.{pid}.{n}{TICKET_SUFFIX}")
+        record: dict[str, Any] = {
+            "ticket_version": lease_io.LEASE_VERSION,
+            "user": lease_io.user_name(uid) or str(uid),
+            "uid": uid,
+            "pid": pid,
+            "job": job,
+            "spool": spool,
+            "gpus": gpus,
+            "mem_mib": mem_mib,
+            "gpu_uuids": None if gpu_uuids is None else sorted(gpu_uuids),
+            "since": time.time() if since is None else since,
+            "host": os.uname().nodename,
+        }
+        data = (json.dumps(record) + "\n").encode()
+        fd = lease_io.write_locked(self.path, f"{lease_io.TMP_PREFIX}{uid}.{pid}.{n}", data, final)
+        record["gpu_uuids"] = None if gpu_uuids is None else tuple(record["gpu_uuids"])
+        ticket = Ticket(os.path.basename(final), **{k: record[k] for k in Ticket._fields[1:]})
+        return HeldTicket(ticket, fd, final)
+
+    def tickets(self) -> list[Ticket]:
+        """Every live waiting ticket, oldest first; unsound ones are skipped with a line in `problems`
+        (which this call adds to, after `live()`'s)."""
+        found = []
+        for name in self._names():
+            if name.startswith(TICKET_PREFIX) and name.endswith(TICKET_SUFFIX):
+                read = self._alive(name, kind="ticket")
+                if read is None:
+                    continue
+                data, owner = read
+                try:
+                    ticket = Ticket(name, **lease_io.parse_ticket(data))
+                except ValueError as exc:
+                    self._skip(name, str(exc), "ticket")
+                    continue
+                if ticket.uid != owner:
+                    self._skip(name, f"names uid {ticket.uid} but is owned by uid {owner}", "ticket")
+                    continue
+                found.append(ticket._replace(user=lease_io.user_name(ticket.uid) or display(ticket.user)))
+        return sorted(found, key=lambda t: (t.since, t.file))
+
+    def usage(
+        self, uids: Iterable[int], now: Optional[float] = None, half_life: float = HALF_LIFE_SECONDS
+    ) -> dict[int, float]:
+        """Each user's recent GPU-hours on this machine, decayed to `now` (0 for one without a sound record)."""
+        now = time.time() if now is None else now
+        out = {}
+        for uid in set(uids):
+            out[uid] = 0.0
+            read = self._alive(f"{USAGE_PREFIX}{uid}", locked=False, kind="usage")
+            if read is None:
+                continue
+            try:
+                record = lease_io.parse_usage(read[0])
+            except ValueError as exc:
+                self._skip(f"{USAGE_PREFIX}{uid}", str(exc), "usage")
+                continue
+            if record["uid"] != uid or read[1] != uid:
+                self._skip(f"{USAGE_PREFIX}{uid}", f"names uid {record['uid']} but is owned by uid {read[1]}", "usage")
+                continue
+            out[uid] = decayed(record["gpu_hours"], record["at"], now, half_life)
+        return out
+
+    def add_usage(self, gpu_hours: float, now: Optional[float] = None, half_life: float = HALF_LIFE_SECONDS) -> None:
+        """Add GPU-hours to this user's record (decayed to `now`). Its writers take turns on its flock,
+        and each replaces it whole, so a reader never sees half of one."""
+        now = time.time() if now is None else now
+        uid = os.geteuid()
+        path = os.path.join(self.path, f"{USAGE_PREFIX}{uid}")
+        deadline = time.monotonic() + PLACING_TIMEOUT
+        while True:
+            try:
+                fd = os.open(path, lease_io.OPEN_READ)
+            except FileNotFoundError:
+                fd = -1
+            except OSError as exc:
+                raise LeaseDirProblem(f"usage record {display(path)} {lease_io.link_error(exc)}") from None
+            try:
+                if fd >= 0 and not self._lock_usage(fd, path, uid, deadline):
+                    continue  # replaced while we waited: the new one is locked instead
+                old = 0.0
+                if fd >= 0:
+                    try:
+                        record = lease_io.parse_usage(os.read(fd, lease_io.MAX_LEASE_BYTES + 1))
+                        old = decayed(record["gpu_hours"], record["at"], now, half_life)
+                    except ValueError:
+                        pass  # a record we cannot read starts again from nothing
+                line = {"usage_version": lease_io.LEASE_VERSION, "uid": uid, "gpu_hours": old + gpu_hours, "at": now}
+                tmp = f"{lease_io.TMP_PREFIX}{uid}.{os.getpid()}.{lease_io.next_number()}"
+                os.close(lease_io.write_locked(self.path, tmp, (json.dumps(line) + "\n").encode(), path))
+                return
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+
+    def _lock_usage(self, fd: int, path: str, uid: int, deadline: float) -> bool:
+        """Whether the record open on `fd` is ours, locked, and still the one at `path`."""
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+            raise LeaseDirProblem(f"usage record {display(path)} is not a regular file of uid {uid}")
+        while not fsutil.try_flock(fd):
+            if time.monotonic() > deadline:
+                raise LeaseDirProblem(f"usage record {display(path)} has been locked too long")
+            time.sleep(_POLL_SECONDS)
+        return fsutil.same_inode(fd, path)
+
+    def _names(self) -> list[str]:
+        try:
+            return os.listdir(self.path)
+        except OSError as exc:
+            raise LeaseDirProblem(f"cannot list the lease directory {self.path}: {exc.strerror}; {OFF}") from None
+
     def _read(self, name: str) -> Optional[Lease]:
         """The lease in `name` if it is alive and sound (unsound: a line in `problems`)."""
+        found = self._alive(name)
+        if found is None:
+            return None
+        data, owner = found
+        try:
+            lease = Lease(name, **lease_io.parse(data))
+        except ValueError as exc:
+            self._skip(name, str(exc))
+            return None
+        if lease.uid != owner:
+            self._skip(name, f"names uid {lease.uid} but is owned by uid {owner}")
+            return None
+        return lease._replace(user=lease_io.user_name(lease.uid) or display(lease.user))
+
+    def _alive(self, name: str, locked: bool = True, kind: str = "lease") -> Optional[tuple[bytes, int]]:
+        """The content of the file `name` and its owner, if it is a regular file and (`locked`) held
+        alive by its writer's lock; a stale one is removed when ours (or we are root)."""
         path = os.path.join(self.path, name)
         try:
             fd = os.open(path, lease_io.OPEN_READ)
         except FileNotFoundError:  # released since the listing
             return None
         except OSError as exc:
-            return self._skip(name, lease_io.link_error(exc))
+            self._skip(name, lease_io.link_error(exc), kind)
+            return None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                return self._skip(name, "is not a regular file")
-            if not lease_io.locked_by_someone(fd):
+                self._skip(name, "is not a regular file", kind)
+                return None
+            if locked and not lease_io.locked_by_someone(fd):
                 lease_io.remove_if_ours(path, st)
                 return None
-            data = os.read(fd, lease_io.MAX_LEASE_BYTES + 1)
+            return os.read(fd, lease_io.MAX_LEASE_BYTES + 1), st.st_uid
         finally:
             os.close(fd)
-        try:
-            lease = Lease(name, **lease_io.parse(data))
-        except ValueError as exc:
-            return self._skip(name, str(exc))
-        if lease.uid != st.st_uid:
-            return self._skip(name, f"names uid {lease.uid} but is owned by uid {st.st_uid}")
-        return lease._replace(user=lease_io.user_name(lease.uid) or display(lease.user))
 
-    def _skip(self, name: str, why: str) -> Optional[Lease]:
-        """None, with a line in `problems` saying why the file is no lease."""
-        self.problems.append(f"lease file {os.path.join(self.path, display(name))} {why}: ignored")
+    def _skip(self, name: str, why: str, kind: str = "lease") -> None:
+        """None, with a line in `problems` saying why the file is no lease (ticket, usage record)."""
+        self.problems.append(f"{kind} file {os.path.join(self.path, display(name))} {why}: ignored")
         return None
 
     def _remove_if_abandoned(self, name: str) -> None:

@@ -18,6 +18,7 @@ class Request(NamedTuple):
     after: Sequence[int] = ()
     after_any: Sequence[int] = ()
     retries: int = 0
+    retry_oom: int = 0
     sweep: Sequence[str] = ()
     yes: bool = False
     hold: bool = False
@@ -37,6 +38,8 @@ class Request(NamedTuple):
     preemptible: bool = False
     ckpt_glob: Optional[str] = None
     no_resume: bool = False
+    keep_checkpoints: Optional[Union[int, str]] = None
+    min_free: Optional[str] = None
     resume_arg: Optional[str] = None
     env: Optional[Mapping[str, str]] = None
     umask: Optional[int] = None

@@ -10,6 +10,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence, TypeVar, Union
 from gpuq.core import schema, sweep, timespec
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.job import Job, is_url
+from gpuq.core.keep import parse_keep
 from gpuq.core.resume_arg import check_resume_arg
 from gpuq.core.states import HELD, PENDING, RUNNING
 from gpuq.core.times import iso_of
@@ -124,7 +125,9 @@ def new_jobs(
 
 
 # the options a job keeps as they were asked for
-AS_ASKED = ("urgent", "preemptible", "ckpt_glob", "resume_arg", "cpus", "notify", "on_finish", "no_resume")
+AS_ASKED = (
+    "urgent", "preemptible", "ckpt_glob", "resume_arg", "cpus", "notify", "on_finish", "no_resume", "retry_oom",
+)  # fmt: skip
 
 
 class Prepared(NamedTuple):
@@ -145,6 +148,7 @@ def prepare(request: Request) -> Prepared:
         raise UsageError("say what to queue: a script or a command")
     for wrong, why in (
         (request.retries < 0, "--retries must be 0 or more"),
+        (request.retry_oom < 0, "--retry-oom must be 0 or more"),
         (request.gpus < 0, "--gpus must be 0 or more"),
         (request.cpus is not None and request.cpus < 1, "--cpus must be 1 or more"),
         (request.gpu_mem is not None and request.gpus == 0, "--gpu-mem needs --gpus 1 or more (--gpus 0 is a CPU job)"),
@@ -178,6 +182,8 @@ def prepare(request: Request) -> Prepared:
         "mem_mib": usage(timespec.parse_memory_mib, request.mem, "--mem"),
         "notify_urls": notify_urls(request.notify_url),
         "max_log_bytes": usage(timespec.parse_size_bytes, request.max_log_size, "--max-log-size"),
+        "keep_checkpoints": _keep(request.keep_checkpoints),
+        "min_free_bytes": usage(timespec.parse_size_bytes, request.min_free, "--min-free"),
         **_safeguards(request, cwd),
     }
     fields = {
@@ -272,6 +278,14 @@ def usage(parse: Callable[..., T], text: Optional[str], *more: Any) -> Optional[
         return None if text is None else parse(text, *more)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _keep(value: Any) -> Any:
+    """--keep-checkpoints as asked (the CLI gives it parsed; the MCP server's tool as text)."""
+    try:
+        return None if value is None else parse_keep(value)
+    except ValueError as exc:
+        raise UsageError(f"--keep-checkpoints: {exc}") from None
 
 
 def _safeguards(request: Request, cwd: str) -> dict[str, Any]:

@@ -60,18 +60,22 @@ def view(look: Any, running: list[Job], starting: Optional[Mapping[int, Sequence
 
 
 def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
-    """`shown` with the leases live now: per GPU `leases`, each `foreign` process's `lease` (the
-    lease whose holder's tree it is in, or None), and `lease_problems`."""
+    """`shown` with the leases live now: per GPU `leases` and the waiting `tickets` that want it,
+    each `foreign` process's `lease` (the lease whose holder's tree it is in, or None), and
+    `lease_problems`."""
     from gpuq.system import gpus as gpu_info  # the GPUs are shown
     from gpuq.system import leases  # (and their leases)
 
     live: list[Any] = []
+    waiting: list[Any] = []
     problems: list[str] = []
     try:
         # A view never creates a GPUQ_LEASE_DIR that is missing: whoever creates it owns it.
         if os.path.lexists(leases.default_dir()):
             directory = leases.LeaseDir.open()
-            live, problems = directory.live(), list(directory.problems)
+            live = directory.live()
+            waiting = directory.tickets()  # adds its problems to live()'s
+            problems = list(directory.problems)
     except leases.LeaseDirProblem as exc:
         problems = [str(exc)]
     viewer = os.geteuid()
@@ -79,6 +83,7 @@ def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
     for gpu in shown["gpus"]:
         here = [lease for lease in live if lease.gpu_uuid == gpu["uuid"]]
         gpu["leases"] = [lease_entry(lease, viewer) for lease in here]
+        gpu["tickets"] = [ticket_entry(t, viewer) for t in waiting if t.wants(gpu["uuid"])]
         for proc in gpu["foreign"]:
             proc["lease"] = None
             for lease in here:
@@ -89,6 +94,22 @@ def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
                     break
     shown["lease_problems"] = problems
     return shown
+
+
+def ticket_entry(ticket: Any, viewer_uid: int) -> dict[str, Any]:
+    """A system/leases.Ticket as views show it: whose job waits, for what, since when."""
+    return {
+        "file": ticket.file,
+        "who": ticket.who(viewer_uid),
+        "user": ticket.user,
+        "uid": ticket.uid,
+        "job": ticket.job,
+        "gpus": ticket.gpus,
+        "mem_mib": ticket.mem_mib,
+        "since": iso_of(ticket.since),
+        "spool": ticket.spool,
+        "host": ticket.host,
+    }
 
 
 def lease_entry(lease: Any, viewer_uid: int) -> dict[str, Any]:

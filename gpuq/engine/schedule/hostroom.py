@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Optional
 
 from gpuq.core.job import Job
 from gpuq.core.timespec import parse_size_mib
+from gpuq.engine.schedule import diskguard
 from gpuq.engine.schedule.scheduler import Wait
 from gpuq.system import host
 
@@ -131,7 +132,7 @@ class Room:
 
     def admitted(self, ready: Iterable[Job], waits: dict[int, Wait]) -> Iterator[Job]:
         for job in ready:
-            wait = self.admit(job)
+            wait = diskguard.wait(job) or self.admit(job)  # no room for its next checkpoint: it waits
             if wait is None:
                 yield job
             else:

@@ -37,6 +37,7 @@ class Request:
 
     gpus: int = 1
     gpu_mem_mib: Optional[int] = None
+    largest: bool = False  # only the GPUs with the most memory (a whole-GPU job's out-of-memory retry)
 
     def __post_init__(self) -> None:
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
@@ -126,6 +127,9 @@ def place(
     wanted = None if allowed is None else set(allowed)
     present = {g.index for g in gpus}
     candidates = [g for g in sorted(gpus, key=lambda g: g.index) if wanted is None or g.index in wanted]
+    if request.largest and candidates:
+        most = max(g.memory_total_mib for g in candidates)
+        candidates = [g for g in candidates if g.memory_total_mib == most]
     if request.gpus > len(candidates):
         have = ",".join(str(g.index) for g in candidates)
         why = f"needs {request.gpus} GPU{'s' if request.gpus != 1 else ''}; this worker has {len(candidates)}"

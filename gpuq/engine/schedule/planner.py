@@ -10,8 +10,9 @@ from itertools import chain, islice, takewhile
 from typing import AbstractSet, Any, Callable, Iterator, Optional, Sequence
 
 from gpuq.core.job import Job
-from gpuq.engine.schedule import hostroom, placement, scheduler, victims
+from gpuq.engine.schedule import diskguard, hostroom, placement, scheduler, victims
 from gpuq.engine.schedule.placement import Blocked, Holding, Leased, Placement, Request
+from gpuq.engine.schedule.turns import Turns
 from gpuq.system import gpus as gpu_info
 from gpuq.system.leases import Lease, LeaseDir, LeaseDirProblem, say_once
 
@@ -80,6 +81,7 @@ class Planner:
         look: Callable[[], gpu_info.GpuLook] = gpu_info.look,
         leases: Optional[Callable[[], list[Lease]]] = None,
         host: Optional[hostroom.Cap] = None,
+        turns: Optional[Turns] = None,
     ):
         self.labels = labels  # `gpuq run --gpus` (None: every GPU found)
         try:
@@ -90,6 +92,7 @@ class Planner:
         self.look = look
         self.leases = leases  # other parties' live leases (OtherLeases; None: none are counted)
         self.host = host  # what jobs may reserve of the machine (None: the machine's, read when first needed)
+        self.turns = turns  # fair share with the machine's other users (None: their tickets are not read)
         self._trees: dict[int, set[int]] = {}  # a running job's (or lease holder's) pid -> its process tree, this step
         self._leased: list[Leased] = []  # the other parties' leases at this step's look
 
@@ -101,6 +104,21 @@ class Planner:
     ) -> Plan:
         """What to start now. `busy`: jobs being started or preempted, which hold their place though
         not in running/; `preempting`: never chosen again."""
+        if self.turns is None:
+            return self._plan(snap, busy, preempting)
+        self.turns.turn_waits, self.turns.capped = set(), set()
+        plan = self._plan(snap, busy, preempting)
+        gpus = [(g.index, g.uuid) for g in plan.look.gpus] if plan.look is not None else []
+        starting = {*busy, *(job.id for job, _where in plan.starts)}  # a ticket is kept until the lease is taken
+        self.turns.upkeep(snap.pending, plan.waits, starting, gpus, self.allowed, self._leased)
+        return plan
+
+    def _plan(
+        self,
+        snap: scheduler.QueueState,
+        busy: dict[int, Assignment],
+        preempting: AbstractSet[int],
+    ) -> Plan:
         self._trees, self._leased = {}, []
         starting = [job for job in snap.pending if job.id in busy]
         if starting:  # handed to their supervisors, not yet in running/: they no longer wait
@@ -142,8 +160,9 @@ class Planner:
         busy = {job_id: where for job_id, where in busy.items() if job_id != ending.id}
         rest = _queue_without(snap, {*busy, ending.id}, frozenset({ending.id}))
         ready = list(islice(_ready(rest), MAX_SUCCESSORS if mode == placement.CPU_ONLY else 1))
-        # a job that reserves host memory or CPUs is admitted by the worker, which sees what runs then
-        ready = list(takewhile(lambda job: not hostroom.asks(job), ready))
+        # a job that reserves host memory or CPUs, or needs disk space, is admitted by the worker, which
+        # sees what runs and what is free then
+        ready = list(takewhile(lambda job: not hostroom.asks(job) and not diskguard.guarded(job), ready))
         if not ready:
             return []
         if mode == placement.GPUS:  # one at a time: the next job may ask for other GPUs than this one
@@ -222,6 +241,10 @@ class Planner:
                 plan.starts.append((job, Assignment(",".join(map(str, decision.gpus)), decision.gpus)))
                 if not decision.gpus:
                     cpu_lane = job.id
+        if self.turns is not None and mode == placement.GPUS:  # other users' turns, the machine's caps
+            held_here = sum(len(h.gpus) for h in holdings)
+            seen = [(g.index, g.uuid) for g in look.gpus]
+            plan.starts = self.turns.hold_back(plan.starts, plan.waits, seen, held_here, self._leased)
         if mode == placement.GPUS:
             plan.victims = self._victims(snap, ready, plan, holdings, own_pids, preempting, look, allowed)
         return plan
@@ -232,6 +255,10 @@ class Planner:
         running = {job.id for job in snap.running}
         holders = [*snap.running, *(job for job in starting if job.id not in running)]
         return hostroom.Room(self._host_cap, lambda: holders)
+
+    def host_cap(self) -> hostroom.Cap:
+        """What jobs may reserve of the machine (an out-of-memory retry's --mem grows up to it)."""
+        return self._host_cap()
 
     def _host_cap(self) -> hostroom.Cap:
         if self.host is None:
@@ -356,4 +383,5 @@ def _without(gpu: gpu_info.Gpu, pids: set[int]) -> gpu_info.Gpu:
 
 
 def request_of(job: Job) -> Request:
-    return Request(job.gpu_request, job.gpu_mem_mib if job.gpu_request != 0 else None)
+    mem = job.gpu_mem_mib if job.gpu_request != 0 else None
+    return Request(job.gpu_request, mem, largest=job.gpu_largest and mem is None)

@@ -165,6 +165,18 @@ def written_at(path: str) -> float:
     return newest
 
 
+def base_dir(job: Job) -> Optional[str]:
+    """The directory its checkpoints are looked for in, links resolved: the --ckpt-glob's part
+    before its first wildcard, else its --output_dir."""
+    if job.ckpt_glob:
+        pattern = os.path.join(job.cwd, os.path.expanduser(job.ckpt_glob))
+        fixed = pattern[: min([pattern.find(c) for c in "*?[" if c in pattern] or [len(pattern)])]
+        where = fixed if fixed.endswith(os.sep) else os.path.dirname(fixed)
+    else:
+        where = output_dir(job.cmd, job.cwd) or ""
+    return os.path.realpath(where) if where else None
+
+
 def where_looked(job: Job) -> str:
     if job.ckpt_glob:
         return f"looked for {job.ckpt_glob!r} in {job.cwd}"

@@ -18,9 +18,10 @@ from gpuq.core.transitions import describe_preemption
 from gpuq.core.words import plural, url_text
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.actions import sweep_jobs
-from gpuq.engine.schedule import hostroom, scheduler
+from gpuq.engine.schedule import diskguard, hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import gpuuse
+from gpuq.engine.views import attempts
 from gpuq.engine.views.status import gpu_waits, space_waits
 from gpuq.spool import JobRef, Spool
 from gpuq.system.gpu_presence import may_have_gpus
@@ -55,6 +56,8 @@ def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> li
         ("host limits", _host_limits(job)),  # how its latest attempt was held to it
         *_dependencies(spool, job),
         *_attempts(job),
+        ("out-of-memory retries", attempts.oom_retries_text(job)),
+        *(attempts.attempt_lines(job) if any(entry.get("change") for entry in job.history) else ()),
         ("time limit", format_duration(job.time_limit) if job.time_limit else ""),
         ("begins", _clock(job.begin_at)),
         ("notify", _notify(job)),
@@ -81,7 +84,7 @@ def why_waiting(spool: Spool, state: str, job: Job) -> str:
     if state == HELD:
         return f"`gpuq release {job.id}` puts it back in line"
     snap, _ = read_queue(spool)
-    extra = {**space_waits(spool, snap), **gpu_waits(spool.workers.gpu_views())}
+    extra = {**diskguard.waits(snap.pending), **space_waits(spool, snap), **gpu_waits(spool.workers.gpu_views())}
     wait = scheduler.waiting_reasons(snap, extra).get(job.id)
     if wait is not None:
         return ("blocked: " if wait.forever else "") + wait.reason

@@ -10,7 +10,7 @@ from gpuq.core.job import Job
 from gpuq.core.states import FAILED, FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, STATES
 from gpuq.core.times import parse_iso
 from gpuq.engine.lifecycle import repairs
-from gpuq.engine.schedule import gpuview, scheduler
+from gpuq.engine.schedule import diskguard, gpuview, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import gpuuse
 from gpuq.spool import JobRef, Spool
@@ -89,7 +89,8 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     finished_jobs -= sum(1 for i in set(also_elsewhere) if snap.states[i] not in FINISHED)
     rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
     views = spool.workers.gpu_views()
-    reasons = scheduler.waiting_reasons(snap, {**space_waits(spool, snap), **gpu_waits(views)})
+    extra = {**diskguard.waits(snap.pending), **space_waits(spool, snap), **gpu_waits(views)}
+    reasons = scheduler.waiting_reasons(snap, extra)
     name_the_first_in_line(snap, reasons)
     rows += [Row(j, PENDING, reasons[j.id]) for j in scheduler.queue_order(snap.pending)]
     for state in (HELD, PREEMPTED, INTERRUPTED, SLURM):

@@ -9,15 +9,18 @@ import signal
 import time
 from typing import Any, Optional
 
-from gpuq.core import failure, transitions
+from gpuq.core import failure, oom, transitions
 from gpuq.core.states import FAILED, KILL_ACTIONS, PENDING, PREEMPT, PREEMPTED
 from gpuq.core.times import parse_iso
 from gpuq.engine.lifecycle import ending
+from gpuq.engine.tracking import retention
+from gpuq.run.supervisor import keeping
 from gpuq.run.supervisor.hostlimits import reached
-from gpuq.run.supervisor.lease import release
+from gpuq.run.supervisor.lease import record_usage, release
 from gpuq.run.supervisor.start import Run, log_line
 from gpuq.run.supervisor.wait import time_limit
 from gpuq.spool.files import free_bytes
+from gpuq.system import gpus
 
 DISK_FULL_BYTES = 64 * 1024  # a filesystem with less free than this counts as full
 DISK_FULL_NOTE = "the disk was full when it ended (its output may have failed for lack of space)"
@@ -40,6 +43,7 @@ def finish(
     # Its processes are gone: its GPUs are free. Released before its end is recorded, so that the
     # worker, which starts the next job once this one leaves running/, never finds its lease there.
     release(run.leases)
+    record_usage(run.leases)  # before the worker sees the job end, and ranks the waiting users by usage
     request = spool.control.take(job.id)
     state, why = transitions.destination(job, exit_code, request, retry, run.timed_out, host_memory=reached(run.host))
     sig_name = signal.Signals(sig).name if sig else None
@@ -51,12 +55,24 @@ def finish(
         if run.would_not_die:
             why = f"{why or f'exit {exit_code}'}; {WOULD_NOT_DIE}{', '.join(run.would_not_die)}"
     reason = _failure_reason(run, state, exit_code, sig_name, request)
+    oom_changes: dict[str, Any] = {}
+    grown = _oom_growth(run, state, reason) if request is None else None
+    if grown is not None and retry and oom.retry_left(job):
+        state, oom_changes = PENDING, oom.retry(job, grown)
+        why = f"attempt {job.attempts}: {reason or 'out of memory'}; {oom.note(grown)}"
+        log_line(run.log_fd, f"out of memory: the next attempt gets {grown.text} ({oom.ENV}={job.oom_retries + 1})")
+    elif grown is not None and state == FAILED:
+        reason = f"{reason}; {oom.would_get(grown)}"
     end = ending.End(
         state, exit_code, signal=sig_name, note=note or why, reason=reason, finished_at=ended_at,
         preempt_action=request or PREEMPT,
         preempted_by=f"its time limit of {run.timed_out}" if run.timed_out else None,
     )  # fmt: skip
     changes = ending.attempt_end(spool, job, end)
+    changes.update(_checkpoints_at_end(run))
+    if oom_changes:
+        changes.update(oom_changes)
+        changes["history"][-1]["change"] = oom.note(grown) if grown else None
     changes.update(recorded or {})
     elapsed = time.time() - (parse_iso(job.started_at) or time.time())
     ended = changes["history"][-1]["finished_at"]
@@ -66,6 +82,26 @@ def finish(
     os.close(run.log_fd)
     ending.record_end(spool, run.ref, job, state, changes, while_full=lambda: _note_end(run, state, changes))
     run.claim.release()
+
+
+def _checkpoints_at_end(run: Run) -> dict[str, Any]:
+    """Its checkpoints pruned by its rule once more, and the newest one's size (the disk guard's)."""
+    keeping.prune(run, keeping.rule(run))
+    size = retention.newest_bytes(run.job)
+    return {} if size is None else {"ckpt_bytes": size}
+
+
+def _oom_growth(run: Run, state: str, reason: Optional[str]) -> Optional[oom.Growth]:
+    """The larger share an out-of-memory failure would get (core/oom.py), or None."""
+    if state not in (FAILED, PENDING):
+        return None
+    memory, largest = reached(run.host), None
+    if memory is None and not run.order.gpus:
+        return None  # it held no GPU (a machine without any, a CPU job): there is no GPU share to grow
+    if memory is None and oom.gpu_oom(reason) and run.job.gpu_request:
+        sizes = [gpu.memory_total_mib for gpu in gpus.look().gpus]  # its sizes, as the worker sees them
+        largest = max(sizes) if sizes else None
+    return oom.grow(run.job, reason, memory, largest, run.order.host_mem_cap_mib)
 
 
 def _note_end(run: Run, state: str, changes: dict[str, Any]) -> None:

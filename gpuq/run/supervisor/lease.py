@@ -4,13 +4,15 @@ its processes are gone, so that every user's gpuq on the machine sees those GPUs
 
 from __future__ import annotations
 
+import time
 from typing import Iterable
 
 from gpuq.core.job import Job
 from gpuq.engine.schedule.leasing import claim_gpus
 from gpuq.engine.schedule.placement import DEFAULT_FOREIGN_THRESHOLD_MIB, Blocked, Request
 from gpuq.run.supervisor.order import StartOrder
-from gpuq.system.leases import Held
+from gpuq.system import policy
+from gpuq.system.leases import Held, LeaseDir, LeaseDirProblem
 
 
 class GpusTaken(Exception):
@@ -43,6 +45,21 @@ def take(home: str, order: StartOrder, job: Job, replacing: Iterable[Held] = ())
 def release(leases: Iterable[Held]) -> None:
     for held in leases:
         held.release()
+
+
+def record_usage(leases: Iterable[Held]) -> None:
+    """The GPU-hours these leases held, added to this user's recent usage beside the leases (whose
+    ties it breaks when several users wait: engine/schedule/turns.py). Whole or shared, a lease
+    counts its GPU's hours. A handed-on slot records them after the next job started, which never
+    waits for it."""
+    now = time.time()
+    hours = sum(max(0.0, now - held.lease.since) for held in leases) / 3600.0
+    if not hours:
+        return
+    try:
+        LeaseDir.open().add_usage(hours, now, policy.load(_unsaid.append).half_life)
+    except (LeaseDirProblem, OSError) as exc:
+        _unsaid.append(f"recent GPU usage not recorded: {exc}")
 
 
 _unsaid: list[str] = []  # problems with the lease directory (each once per process), for the job's log

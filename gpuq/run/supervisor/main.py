@@ -11,6 +11,7 @@ import sys
 from typing import Optional
 
 from gpuq.core.times import now_iso
+from gpuq.engine.schedule import turns
 from gpuq.run import successor
 from gpuq.run.hooks import after_end
 from gpuq.run.supervisor import end, start, wait
@@ -80,6 +81,10 @@ def _claim_successor(run: Run, heard: Optional[successor.Heard]) -> Optional[tup
     """The claim on the first named job still pending, if this job ended by itself (no time limit, no
     request to stop, kill or preempt it)."""
     if heard is None or run.timed_out or wait.stopped or run.spool.control.peek(run.job.id) is not None:
+        return None
+    waiting = turns.others_waiting(held.lease.gpu_uuid for held in run.leases)
+    if waiting is not None:  # another user's turn: the GPUs go back to every user's workers
+        start.log_line(run.log_fd, f"GPUs not handed on to the next job: {waiting.who(os.geteuid())} waits for them")
         return None
     for order in heard.next_jobs():
         if run.spool.jobs.pending_ref(order.id, order.file) is None:

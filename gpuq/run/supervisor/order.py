@@ -35,6 +35,7 @@ class StartOrder:
     kill_grace: Optional[float] = None  # the worker's --kill-grace (None: KILL_GRACE_SECONDS)
     foreign_threshold_mib: Optional[int] = None  # the worker's --foreign-mem-threshold (for a job handed on)
     notify_urls: tuple[str, ...] = ()  # the worker's --notify URLs (or GPUQ_NOTIFY's, the config file's)
+    host_mem_cap_mib: Optional[int] = None  # the worker's host memory cap: an out-of-memory retry's --mem grows to it
 
     def hooks(self) -> dict[str, Any]:
         return {"notify": self.notify, "on_finish": self.on_finish, "notify_urls": self.notify_urls}
@@ -77,5 +78,6 @@ CHECKS: dict[str, Callable[[Any], bool]] = {
     "default_time": _number,
     "kill_grace": _number,
     "foreign_threshold_mib": _opt(_int),
+    "host_mem_cap_mib": _opt(_int),
     "notify_urls": lambda v: isinstance(v, tuple) and all(isinstance(url, str) for url in v),
 }

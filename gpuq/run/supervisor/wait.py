@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 from gpuq.core.states import PREEMPT
 from gpuq.core.times import parse_iso
 from gpuq.core.timespec import format_duration
-from gpuq.run.supervisor import hostlimits, watch
+from gpuq.run.supervisor import hostlimits, keeping, watch
 from gpuq.run.supervisor.start import Pump, Run, log_line
 from gpuq.run.supervisor.watch import Sampler
 from gpuq.spool import SpoolFull
@@ -82,7 +82,8 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
     does, or preempt a --preemptible job so that it keeps its checkpoint."""
     limit = time_limit(run)
     deadline = (parse_iso(run.job.started_at) or time.time()) + limit if limit else None
-    returncode = _wait_until(child, deadline, listener, hostlimits.watching(run.host, child.pid, watch.for_run(run)))
+    samplers = keeping.keeping(run, watch.for_run(run))  # its checkpoints pruned by its rule as it runs
+    returncode = _wait_until(child, deadline, listener, hostlimits.watching(run.host, child.pid, samplers))
     if returncode is not None:
         return returncode
     grace = kill_grace(run)

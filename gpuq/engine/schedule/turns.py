@@ -1,0 +1,194 @@
+"""Fair share between the users of one machine (lease_layout.md sections 7-9), kept in the lease
+directory as everything shared is: no daemon decides.
+
+A job that waits for GPUs another user holds (or for its turn) leaves a waiting ticket there, held by
+its worker. Whose turn it is on a GPU is the oldest ticket that wants it; tickets posted within
+TIE_SECONDS of each other are a tie, won by the user with the fewest recent GPU-hours (divided by the
+weight the machine's policy gives them). A start on a GPU where another user's turn comes first
+waits, and a job's supervisor does not hand its GPUs on to its next job while another user's ticket
+waits for them. One user alone meets no ticket: nothing changes for them. The policy's caps hold a
+user's jobs back once their GPUs held at once reach the cap.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from gpuq.core.job import Job
+from gpuq.engine.schedule import scheduler
+from gpuq.engine.schedule.placement import Leased
+from gpuq.system import policy as machine_policy
+from gpuq.system.lease_io import user_name
+from gpuq.system.leases import HeldTicket, LeaseDir, LeaseDirProblem, Ticket, say_once
+from gpuq.system.policy import Policy
+
+# Tickets posted this close together wait "since the same moment": several users that waited for
+# one job to end. Far below a job's length, so that a user whose job just ended, waiting again at
+# once, never ties with the one that waited all through that job.
+TIE_SECONDS = 0.5
+TURN_RESCAN_SECONDS = 0.25  # a worker holding a ticket looks this often: the GPU waits for it meanwhile
+
+
+def first_in_line(
+    tickets: Sequence[Ticket], usage: Callable[[Iterable[int]], dict[int, float]], policy: Policy
+) -> Ticket:
+    """Whose turn it is among `tickets` (not empty): the oldest, a tie going to the least recent use."""
+    earliest = min(t.since for t in tickets)
+    tied = [t for t in tickets if t.since - earliest < TIE_SECONDS]
+    if len({t.uid for t in tied}) < 2:
+        return min(tied, key=lambda t: (t.since, t.file))
+    used = usage({t.uid for t in tied})
+    return min(tied, key=lambda t: (used.get(t.uid, 0.0) / policy.of(t.user).weight, t.since, t.file))
+
+
+def turn_reason(ticket: Ticket, gpu_index: int) -> str:
+    since = time.strftime("%H:%M:%S", time.localtime(ticket.since))
+    return f"waiting for its turn on GPU {gpu_index}: {ticket.who(os.geteuid())} has waited since {since}"
+
+
+def cap_reason(cap: int, asked: int) -> str:
+    limit = f"your limit of {cap} GPU{'s' if cap != 1 else ''} at once on this machine"
+    return f"asks for {asked} GPUs, over {limit}" if asked > cap else f"waiting for one of your jobs to end: {limit}"
+
+
+class Turns:
+    """A worker's part in the turns: holding its jobs back for others' turns and its user's cap, and
+    the ticket of its first job that waits for another user."""
+
+    def __init__(self, spool_home: str, say: Callable[[str], None], lease_dir: Optional[str] = None):
+        self.spool_home, self.say, self.lease_dir = spool_home, say, lease_dir
+        self.me = os.geteuid()
+        self.user = user_name(self.me)
+        self.ticket: Optional[HeldTicket] = None
+        self.turn_waits: set[int] = set()  # jobs held back for another user's turn at this plan
+        self.capped: set[int] = set()  # jobs held back by the cap at this plan
+        self.paused = False  # the worker starts nothing (stopping, draining): it waits for no turn
+
+    def _dir(self) -> Optional[LeaseDir]:
+        try:
+            return LeaseDir.open(self.lease_dir)
+        except LeaseDirProblem as exc:
+            say_once(str(exc), self.say)
+            return None
+
+    def hold_back(
+        self,
+        starts: list[tuple[Job, Any]],
+        waits: dict[int, scheduler.Wait],
+        gpus: Sequence[tuple[int, str]],
+        held_here: int,
+        leased: Sequence[Leased],
+    ) -> list[tuple[Job, Any]]:
+        """The planned starts (job, Assignment) less those another user's turn or this user's cap
+        forbids, which go to `waits`. `gpus`: (index, uuid) of the GPUs seen; `held_here`: GPUs this
+        spool's jobs hold or are starting on."""
+        self.turn_waits, self.capped = set(), set()
+        if not any(where.gpus for _job, where in starts):
+            return starts
+        directory = self._dir()
+        if directory is None:
+            return starts
+        policy = machine_policy.load(lambda line: say_once(line, self.say))
+        cap = policy.of(self.user).max_gpus
+        held = held_here + sum(1 for lease in leased if lease.lease.uid == self.me)
+        tickets = directory.tickets()
+        for problem in directory.problems:
+            say_once(problem, self.say)
+        uuid_of = dict(gpus)
+        kept = []
+        for job, where in starts:
+            wait = self._why_not(job, where.gpus or (), uuid_of, tickets, directory, policy, cap, held)
+            if wait is None:
+                kept.append((job, where))
+                held += len(where.gpus or ())
+            else:
+                waits[job.id] = wait
+        return kept
+
+    def _why_not(
+        self,
+        job: Job,
+        chosen: Sequence[int],
+        uuid_of: dict[int, str],
+        tickets: Sequence[Ticket],
+        directory: LeaseDir,
+        policy: Policy,
+        cap: Optional[int],
+        held: int,
+    ) -> Optional[scheduler.Wait]:
+        if not chosen:
+            return None
+        if cap is not None and held + len(chosen) > cap:
+            self.capped.add(job.id)
+            return scheduler.Wait(cap_reason(cap, len(chosen)), len(chosen) > cap)
+        usage = lambda uids: directory.usage(uids, half_life=policy.half_life)  # noqa: E731
+        for index in chosen:
+            wanting = [t for t in tickets if t.wants(uuid_of.get(index, ""))]
+            if wanting:
+                first = first_in_line(wanting, usage, policy)
+                if first.uid != self.me:
+                    self.turn_waits.add(job.id)
+                    return scheduler.Wait(turn_reason(first, index), False)
+        return None
+
+    def upkeep(
+        self,
+        pending: Sequence[Job],
+        waits: dict[int, scheduler.Wait],
+        busy: Iterable[int],
+        gpus: Sequence[tuple[int, str]],
+        allowed: Optional[set[int]],
+        leased: Sequence[Leased],
+    ) -> None:
+        """Keep a ticket for the first pending job that waits for another user (their lease on a GPU it
+        may use, or their turn), until that job is running; release it otherwise."""
+        if self.paused:
+            self.release()
+            return
+        candidates = [uuid for index, uuid in gpus if allowed is None or index in allowed]
+        others_hold = any(lease.lease.uid != self.me and lease.lease.gpu_uuid in candidates for lease in leased)
+        waiting = None
+        for job in pending:
+            wait = waits.get(job.id)
+            if wait is None or job.id in self.capped or not job.gpu_request:
+                continue
+            if job.id in self.turn_waits or (others_hold and not wait.forever):
+                waiting = job
+                break
+        held = self.ticket.ticket.job if self.ticket is not None else None
+        if held is not None and (held in set(busy) or (waiting is not None and waiting.id == held)):
+            return  # still waiting, or starting: its place is kept until its lease is taken
+        self.release()
+        if waiting is None:
+            return
+        directory = self._dir()
+        if directory is None:
+            return
+        try:
+            self.ticket = directory.post_ticket(
+                job=waiting.id, spool=self.spool_home, gpus=waiting.gpu_request, mem_mib=waiting.gpu_mem_mib,
+                gpu_uuids=None if allowed is None else candidates,
+            )  # fmt: skip
+        except LeaseDirProblem as exc:
+            say_once(str(exc), self.say)
+
+    def release(self) -> None:
+        if self.ticket is not None:
+            self.ticket.release()
+            self.ticket = None
+
+
+def others_waiting(uuids: Iterable[str], lease_dir: Optional[str] = None) -> Optional[Ticket]:
+    """The oldest live ticket of another user that wants one of these GPUs (a supervisor then hands
+    them to no next job of its own), or None; None also where the lease directory cannot be used."""
+    wanted = set(uuids)
+    if not wanted:
+        return None
+    try:
+        tickets = LeaseDir.open(lease_dir).tickets()
+    except LeaseDirProblem:
+        return None
+    me = os.geteuid()
+    return next((t for t in tickets if t.uid != me and any(t.wants(u) for u in wanted)), None)

@@ -1,0 +1,68 @@
+"""The disk guard, through a real worker: a job whose output's filesystem (a small tmpfs) has less
+free space than its --min-free, or than twice its last checkpoint, waits saying why, and starts once
+there is room (the tmpfs made larger, as a person would free space)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from conftest import Env, small_tmpfs, wait_for
+from test_gpu_worker import row
+
+from gpuq.core.job import Job
+from gpuq.engine.schedule import diskguard
+
+# Saves a checkpoint of 1.5 MiB; its first attempt then fails, the retry succeeds.
+SAVES_THEN_FAILS_ONCE = """import json, os, sys
+out = sys.argv[1]
+step = len(os.listdir(out)) + 1 if os.path.isdir(out) else 1
+d = os.path.join(out, f"checkpoint-{step}")
+os.makedirs(d)
+with open(os.path.join(d, "model.safetensors"), "wb") as fh:
+    fh.write(b"w" * (3 << 19))
+with open(os.path.join(d, "trainer_state.json"), "w") as fh:
+    json.dump({"global_step": step}, fh)
+sys.exit(1 if step == 1 else 0)
+"""
+
+
+def _grow(mount: Path, size: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(mount)], check=True)
+
+
+def test_a_job_waits_for_its_min_free_and_status_says_so(gq: Env, tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path, "2m") as mount:
+        gq.script("job.py", "print('ran')\n")
+        job_id = gq.add("--gpus", "0", "--min-free", "8M", "job.py", "--output_dir", str(mount / "out"))
+        gq.start_worker("--watch")
+        reason = wait_for(lambda: row(gq, job_id)["waiting"], 15, what="the guard's reason")
+        assert reason.startswith(f"waiting for disk space: {mount} has ") and "(--min-free 8.0M)" in reason
+        assert "waiting for disk space" in gq.gpuq("status").stdout
+        assert "waiting for disk space" in gq.gpuq("show", str(job_id)).stdout
+        assert gq.state_of(job_id) == "pending" and "ran" not in gq.log(job_id)
+        _grow(mount, "16m")
+        gq.wait_state(job_id, "done", timeout=20)
+
+
+def test_a_retry_waits_for_twice_its_last_checkpoint(gq: Env, tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path, "4m") as mount:
+        gq.script("train.py", SAVES_THEN_FAILS_ONCE)
+        job_id = gq.add(
+            "--gpus", "0", "--retries", "1", "train.py", str(mount / "out"), "--output_dir", str(mount / "out")
+        )
+        gq.start_worker("--watch")
+        reason = wait_for(lambda: gq.state_of(job_id) == "pending" and row(gq, job_id)["waiting"], 20, what="the wait")
+        assert "twice its last checkpoint, 1.5M" in reason
+        job = gq.job(job_id)
+        assert job["attempts"] == 1 and job["ckpt_bytes"] >= 3 << 19
+        _grow(mount, "16m")
+        gq.wait_state(job_id, "done", timeout=20)
+
+
+def test_a_job_with_nothing_to_measure_is_not_held(tmp_path: Path) -> None:
+    job = Job(cmd=["train"], cwd=str(tmp_path))
+    assert diskguard.wait(job) is None
+    held = Job(cmd=["train"], cwd=str(tmp_path), min_free_bytes=1 << 60)  # more than any disk
+    wait = diskguard.wait(held)
+    assert wait is not None and not wait.forever and str(tmp_path) in wait.reason
