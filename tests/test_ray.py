@@ -1,0 +1,175 @@
+"""Jobs handed to a Ray cluster (`gpuq ray submit | sync | status`) against a real one-node Ray head
+started here on loopback (tests/ray_cluster.py; skipped with the reason where Ray is not installed
+or does not start). What needs no cluster (no answer at the address, the address's forms) runs
+everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import WAIT_FOR_GO, alive, wait_for
+from ray_cluster import free_port, ray_head  # noqa: F401  (the fixture)
+
+from gpuq.system import rayjobs
+
+
+def on_ray(gq: Any, head: Any) -> Any:
+    gq.env["RAY_ADDRESS"] = head.address
+    return gq
+
+
+def synced_until(gq: Any, job_id: int, state: str, timeout: float = 60) -> dict:
+    """`gpuq ray sync` until the job is in `state` (each sync asks Ray once)."""
+
+    def there() -> bool:
+        gq.gpuq("ray", "sync")
+        return gq.state_of(job_id) == state
+
+    wait_for(there, timeout, interval=0.3, what=f"job {job_id} to be {state}")
+    return gq.job(job_id)
+
+
+def test_a_job_runs_on_ray_and_its_exit_code_and_log_come_back(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    good = gq.add("--gpus", "1", "--", "sh", "-c", 'echo "ran on ray gpus=$CUDA_VISIBLE_DEVICES id=$GPUQ_JOB_ID"')
+    bad = gq.add("--gpus", "0", "--", "sh", "-c", "echo about to fail; exit 3")
+    out = gq.gpuq("ray", "submit", str(good), str(bad))
+    assert f"Job #{good}" in out.stdout and f"Job #{bad}" in out.stdout
+    assert gq.state_of(good) == "ray" and gq.job(good)["ray"]["submission_id"]
+    done = synced_until(gq, good, "done")
+    failed = synced_until(gq, bad, "failed")
+    assert done["exit_code"] == 0 and failed["exit_code"] == 3
+    assert done["history"][-1]["ray_state"] == "SUCCEEDED" and failed["history"][-1]["ray_state"] == "FAILED"
+    log = gq.gpuq("log", str(good)).stdout
+    assert f"ran on ray gpus=0 id={good}" in log or f"ran on ray gpus=1 id={good}" in log
+    assert "about to fail" in gq.gpuq("log", str(bad)).stdout
+    shown = gq.gpuq("status", "-a").stdout
+    assert "exit=3" in shown
+
+
+def test_status_and_show_say_where_a_job_on_ray_is(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    job = gq.add("--gpus", "0", "--", "python3", "-c", WAIT_FOR_GO)
+    gq.gpuq("ray", "submit", str(job))
+    sub_id = gq.job(job)["ray"]["submission_id"]
+    wait_for(lambda: f"ray {sub_id} RUNNING" in gq.gpuq("status").stdout, 60, 0.3, "status to show it running")
+    assert f"Ray job {sub_id} at {ray_head.address}: RUNNING" in gq.gpuq("show", str(job)).stdout
+    cluster = gq.gpuq("ray", "status").stdout
+    assert "127.0.0.1 (head)  2 GPU" in cluster and f"runs #{job} " in cluster
+    (gq.work / "go").write_text("")
+    synced_until(gq, job, "done")
+
+
+def test_two_jobs_with_after_run_in_order(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    stamp = "import sys, time; time.sleep(float(sys.argv[2])); open(sys.argv[1], 'w').write(repr(time.time()))"
+    first = gq.add("--gpus", "0", "--", "python3", "-c", stamp, "first", "1.5")
+    second = gq.add("--gpus", "0", "--after", str(first), "--", "python3", "-c", stamp, "second", "0")
+    gq.gpuq("ray", "submit", str(first), str(second))
+    waiting = gq.job(second)["ray"]
+    assert waiting["state"] == "WAITING" and waiting["submission_id"] is None
+    synced_until(gq, second, "done", timeout=90)
+    assert float((gq.work / "second").read_text()) > float((gq.work / "first").read_text())
+    assert gq.state_of(first) == "done"
+
+
+def test_a_dependent_of_a_failed_job_never_goes(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    first = gq.add("--gpus", "0", "--", "sh", "-c", "exit 1")
+    second = gq.add("--gpus", "0", "--after", str(first), "--", "true")
+    gq.gpuq("ray", "submit", str(first), str(second))
+    synced_until(gq, first, "failed")
+    gq.gpuq("ray", "sync")
+    mark = gq.job(second)["ray"]
+    assert mark["state"] == "WAITING" and f"#{first} failed" in mark["reason"]
+    gq.gpuq("cancel", str(second))
+    assert gq.state_of(second) == "cancelled"
+
+
+def test_a_running_job_is_stopped_by_cancel(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    body = "import os\nopen('pid', 'w').write(str(os.getpid()))\n" + WAIT_FOR_GO
+    job = gq.add("--gpus", "1", "--", "python3", "-c", body)
+    gq.gpuq("ray", "submit", str(job))
+    wait_for(lambda: (gq.work / "pid").exists() and (gq.work / "pid").read_text(), 60, 0.2, "the job to start")
+    pid = int((gq.work / "pid").read_text())
+    out = gq.gpuq("cancel", str(job))
+    assert gq.state_of(job) == "cancelled", out.stdout
+    assert "Ray job" in gq.job(job)["note"]
+    wait_for(lambda: not alive(pid), 30, 0.1, "the job's process to end")
+    sub_id = gq.job(job)["ray"]["submission_id"]
+    wait_for(lambda: rayjobs.get(ray_head.address, sub_id).state == "STOPPED", 30, 0.2, "Ray to say STOPPED")
+
+
+def test_kill_stops_it_too(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    job = gq.add("--gpus", "0", "--", "python3", "-c", WAIT_FOR_GO)
+    gq.gpuq("ray", "submit", str(job))
+    sub_id = gq.job(job)["ray"]["submission_id"]
+    wait_for(lambda: rayjobs.get(ray_head.address, sub_id).state == "RUNNING", 60, 0.2, "Ray to run it")
+    gq.gpuq("kill", str(job))
+    assert gq.state_of(job) == "cancelled" and "killed" in gq.job(job)["note"]
+    wait_for(lambda: rayjobs.get(ray_head.address, sub_id).state == "STOPPED", 30, 0.2, "Ray to say STOPPED")
+
+
+def test_a_job_asking_more_gpus_than_any_node_has_stays_queued(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    big = gq.add("--gpus", "3", "--", "true")
+    small = gq.add("--gpus", "1", "--", "true")
+    out = gq.gpuq("ray", "submit", "--all", check=False)
+    assert out.returncode == 1
+    assert f"job #{big} stays here: it asks for 3 GPU(s)" in out.stderr and "(the most GPUs on one: 2)" in out.stderr
+    assert gq.state_of(big) == "pending" and gq.job(big).get("ray") is None
+    synced_until(gq, small, "done")
+
+
+def test_retries_bring_back_a_job_that_failed_once_from_its_checkpoint(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    body = (
+        "import os, sys\n"
+        "if not os.path.exists('ck/step_5.pt'):\n"
+        "    os.makedirs('ck', exist_ok=True); open('ck/step_5.pt', 'w').write('weights')\n"
+        "    print('first attempt fails', flush=True); sys.exit(4)\n"
+        "print('second attempt:', sys.argv[1:], flush=True)\n"
+    )
+    script = gq.script("train.py", body)
+    job = gq.add("--gpus", "0", "--retries", "1", "--ckpt-glob", "ck/step_*.pt", "--", "python3", str(script))
+    gq.gpuq("ray", "submit", str(job))
+    done = synced_until(gq, job, "done", timeout=90)
+    assert done["attempts"] == 2 and [h["exit_code"] for h in done["history"]] == [4, 0]
+    log = gq.gpuq("log", str(job)).stdout
+    assert "first attempt fails" in log
+    assert f"second attempt: ['--resume_from_checkpoint', '{gq.work / 'ck' / 'step_5.pt'}']" in log
+
+
+def test_no_cluster_at_the_address_leaves_the_jobs_queued(gq: Any) -> None:
+    job = gq.add("--", "true")
+    address = f"http://127.0.0.1:{free_port()}"
+    out = gq.gpuq("ray", "submit", str(job), "--address", address, check=False)
+    assert out.returncode == 1 and f"job #{job} stays here: no Ray cluster answers at {address}" in out.stderr
+    assert gq.state_of(job) == "pending"
+
+
+def test_ray_submit_needs_ids_or_all_and_an_address(gq: Any) -> None:
+    gq.add("--", "true")
+    out = gq.gpuq("ray", "submit", check=False)
+    assert out.returncode == 2 and "--all" in out.stderr
+    env = {k: v for k, v in gq.env.items() if k != "RAY_ADDRESS"}
+    out = gq.gpuq("ray", "submit", "--all", check=False, env=env)
+    assert out.returncode != 0 and "RAY_ADDRESS" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [("127.0.0.1:8265", "http://127.0.0.1:8265"), ("http://head:8265/", "http://head:8265")],
+)
+def test_address_forms(given: str, expected: str) -> None:
+    assert rayjobs.address(given, {}) == expected
+    assert rayjobs.address(None, {"RAY_ADDRESS": given}) == expected
+
+
+def test_a_ray_client_address_is_refused() -> None:
+    with pytest.raises(rayjobs.RayError, match="dashboard"):
+        rayjobs.address("ray://head:10001", {})
