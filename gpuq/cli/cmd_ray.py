@@ -52,6 +52,8 @@ def cmd_ray_sync(_args: argparse.Namespace) -> int:
 
 def cmd_ray_status(args: argparse.Namespace) -> int:
     sp = spool()
+    if sp.jobs.names(RAY):
+        ray_handover.sync(sp)  # what runs where, as of now
     ours = [job for _ref, job in sp.jobs.load_many(RAY)]
     known = [(job.ray or {}).get("address") for job in ours]
     address = rayjobs.address(args.address or next((a for a in known if a), None))

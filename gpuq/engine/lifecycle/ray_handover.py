@@ -31,6 +31,7 @@ MIB = 1 << 20
 LAUNCHER = "import sys; sys.path.insert(0, sys.argv[1]); from gpuq.run.ray_entry import launch; launch()"
 LAUNCHER_FIELDS = "id name cmd cwd env shell_env venv conda ckpt_glob resume_arg ckpt_since attempts umask".split()
 PAYLOAD_VARIABLE = "GPUQ_RAY_JOB"  # the job as JSON, in the entrypoint's environment (Ray prints the entrypoint)
+ENTRYPOINT_SHOWN = "Running entrypoint for job "  # Ray's log line before the entrypoint's output (Ray 2.60)
 COMMAND_ERROR = "JOB_ENTRYPOINT_COMMAND_ERROR"  # Ray's error type of a command that exited non-zero
 
 
@@ -226,13 +227,22 @@ def _sync_one(spool: Spool, ref, job: Job, report: SyncReport, states: dict) -> 
             report.changed.append(spool.jobs.rewrite(ref, job, **changes))
         return
     if seen.state == "RUNNING" or seen.finished:
-        spool.logs.put_from(job.id, int(mark.get("log_base") or 0), client.logs(address, sub_id).encode())
+        spool.logs.put_from(job.id, int(mark.get("log_base") or 0), _own_part(client.logs(address, sub_id)))
     started = iso_of(seen.start) if seen.start and seen.state != "PENDING" else None
     if not seen.finished:
         if mark.get("state") != seen.state or (started and not job.started_at):
             report.changed.append(spool.jobs.rewrite(ref, job, **rt.seen(job, seen.state, None, started)))
         return
     _record_end(spool, ref, job, seen, started, report, states)
+
+
+def _own_part(text: str) -> bytes:
+    """The job's output as Ray kept it, after Ray's line that shows the whole entrypoint: Ray's own
+    lines up to it (its runtime environment, the entrypoint) are not the job's. Kept whole when Ray
+    wrote no such line (it could not start the job: its lines say why)."""
+    shown = text.find(ENTRYPOINT_SHOWN)
+    start = text.find("\n", shown) + 1 if shown >= 0 else 0
+    return text[start:].encode("utf-8", "replace") if start > 0 else text.encode("utf-8", "replace")
 
 
 def _record_end(
@@ -243,7 +253,9 @@ def _record_end(
     if seen.state == "FAILED" and seen.error_type == COMMAND_ERROR:
         reason = failure.reason(spool.logs.tail(job)[0], seen.exit_code, None)  # as a local job's
     elif seen.state == "FAILED":
-        reason = "Ray: " + ((seen.message or "").strip().splitlines() or [seen.error_type or "failed"])[0][:200]
+        reason = (
+            "Ray: " + ((seen.message or "").strip().splitlines() or [seen.error_type or "no reason given"])[0][:200]
+        )
     new_state = rt.destination(seen.state, seen.exit_code)
     if new_state == FAILED and job.attempts < job.retries:
         changes = rt.retried(job, seen.state, exit_code=seen.exit_code, times=(started, finished), reason=reason)
@@ -256,6 +268,7 @@ def _record_end(
     )
     ended = record_end(spool, ref, job, new_state, changes)[1]
     report.ended.append((ended, new_state))
+    states[job.id] = new_state  # a job after it, later in this same sync, goes now
 
 
 def _submit_waiting(spool: Spool, ref, job: Job, report: SyncReport, states: dict) -> None:
