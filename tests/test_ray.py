@@ -51,10 +51,16 @@ def test_a_job_runs_on_ray_and_its_exit_code_and_log_come_back(gq: Any, ray_head
 
 def test_status_and_show_say_where_a_job_on_ray_is(gq: Any, ray_head: Any) -> None:  # noqa: F811
     on_ray(gq, ray_head)
-    job = gq.add("--gpus", "0", "--", "python3", "-c", WAIT_FOR_GO)
+    body = "import os\nprint('Step', '3/10')\nprint('progress at', os.environ['GPUQ_PROGRESS_FILE'], flush=True)\n"
+    body += WAIT_FOR_GO
+    job = gq.add("--gpus", "0", "--", "python3", "-c", body)
     gq.gpuq("ray", "submit", str(job))
     sub_id = gq.job(job)["ray"]["submission_id"]
     wait_for(lambda: f"ray {sub_id} RUNNING" in gq.gpuq("status").stdout, 60, 0.3, "status to show it running")
+    wanted = f"Step 3/10\nprogress at {gq.home / 'progress' / f'{job:06d}.json'}\n"  # on the shared filesystem
+    wait_for(lambda: wanted in gq.gpuq("log", str(job)).stdout, 30, 0.3, "its log to come back")
+    eta = gq.gpuq("eta", str(job)).stdout
+    assert f"#{job} " in eta and "(ray)" in eta and "3/10" in eta, eta
     assert f"Ray job {sub_id} at {ray_head.address}: RUNNING" in gq.gpuq("show", str(job)).stdout
     cluster = gq.gpuq("ray", "status").stdout
     assert "127.0.0.1 (head)  2 GPU" in cluster and f"runs #{job} " in cluster

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -165,12 +164,12 @@ def _hand_over_one(spool: Spool, job_id: int, address: str, states: dict) -> Job
     with claimed(spool, job_id, (PENDING,)) as (ref, job):
         ready, _why = _deps_state(job, states)
         base = spool.logs.size(job)
-        sub_id = rt.submission_id(secrets.token_hex(4), job) if ready else None
+        sub_id = rt.submission_id(os.urandom(4).hex(), job) if ready else None
         ref, job = spool.jobs.move(ref, job, RAY, rt.handing(job, address, sub_id, base))
         if sub_id is None:
             return job
         try:
-            client.submit(address, entrypoint(job), sub_id, **_resources(job))
+            client.submit(address, entrypoint(job), sub_id, **_resources(spool, job))
         except RayUnreachable:
             spool.jobs.move(ref, job, PENDING, rt.back_to_queue("not handed over: the Ray cluster did not answer"))
             raise
@@ -181,12 +180,16 @@ def _hand_over_one(spool: Spool, job_id: int, address: str, states: dict) -> Job
         return spool.jobs.rewrite(ref, job, **rt.seen(job, "PENDING", None, None))
 
 
-def _resources(job: Job) -> dict:
+def _resources(spool: Spool, job: Job) -> dict:
+    """Ray's submission fields for `job`: its resources, and itself for the launcher, with the
+    progress file on the shared filesystem where gpuq's ETA reads it."""
+    payload = {name: job.get(name) for name in LAUNCHER_FIELDS}
+    payload["env"] = dict(job.env, GPUQ_PROGRESS_FILE=spool.reports.progress_path(job.id))
     return {
         "gpus": float(job.gpu_request or 0),
         "cpus": float(job.cpus or 0),
         "memory": (job.mem_mib or 0) * MIB,
-        "env": {PAYLOAD_VARIABLE: json.dumps({name: job.get(name) for name in LAUNCHER_FIELDS})},
+        "env": {PAYLOAD_VARIABLE: json.dumps(payload)},
         "metadata": {"gpuq_job_id": str(job.id), "gpuq_name": job.name or ""},
     }
 
@@ -218,7 +221,7 @@ def _sync_one(spool: Spool, ref, job: Job, report: SyncReport, states: dict) -> 
         return
     seen = client.get(address, sub_id)
     if seen is None and mark.get("state") == rt.SUBMITTING:
-        client.submit(address, entrypoint(job), sub_id, **_resources(job))  # a hand-over cut short
+        client.submit(address, entrypoint(job), sub_id, **_resources(spool, job))  # a hand-over cut short
         report.changed.append(spool.jobs.rewrite(ref, job, **rt.seen(job, "PENDING", None, None)))
         return
     if seen is None:
@@ -284,9 +287,9 @@ def _submit_waiting(spool: Spool, ref, job: Job, report: SyncReport, states: dic
         moved = spool.jobs.move(ref, job, PENDING, rt.back_to_queue(f"not run on Ray: {refusal}"))[1]
         report.back.append((moved, refusal))
         return
-    sub_id = rt.submission_id(secrets.token_hex(4), job)
+    sub_id = rt.submission_id(os.urandom(4).hex(), job)
     ref, job = ref, spool.jobs.rewrite(ref, job, **rt.submitting(job, sub_id, spool.logs.size(job)))
-    client.submit(address, entrypoint(job), sub_id, **_resources(job))
+    client.submit(address, entrypoint(job), sub_id, **_resources(spool, job))
     report.changed.append(spool.jobs.rewrite(ref, job, **rt.seen(job, "PENDING", None, None)))
 
 
