@@ -6,12 +6,18 @@ everywhere.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 from conftest import WAIT_FOR_GO, alive, wait_for
 from ray_cluster import free_port, ray_head  # noqa: F401  (the fixture)
 
+from gpuq.core import ray_transitions as rt
+from gpuq.core.states import RAY
+from gpuq.engine.lifecycle.ray_handover import entrypoint, submission_fields
+from gpuq.spool import Spool
 from gpuq.system import rayjobs
 
 
@@ -179,3 +185,34 @@ def test_address_forms(given: str, expected: str) -> None:
 def test_a_ray_client_address_is_refused() -> None:
     with pytest.raises(rayjobs.RayError, match="dashboard"):
         rayjobs.address("ray://head:10001", {})
+
+
+def test_a_hand_over_cut_short_is_finished_by_the_next_sync_never_run_twice(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    body = "open('ran', 'a').write('{0}\\n')"
+    found = gq.add("--gpus", "0", "--", "python3", "-c", body.format("found"))
+    lost = gq.add("--gpus", "0", "--", "python3", "-c", body.format("lost"))
+    spool = Spool(gq.home)
+    # gpuq killed after the move to ray/ and before Ray's answer: the marks are there, as the engine
+    # writes them; for `found`, Ray had taken the job.
+    ids = {}
+    for job_id in (found, lost):
+        ref = spool.jobs.find(job_id)
+        assert ref is not None
+        job = spool.jobs.load(ref)
+        ids[job_id] = rt.submission_id(f"cut{job_id}", job)
+        ref, job = spool.jobs.move(ref, job, RAY, rt.handing(job, ray_head.address, ids[job_id], 0))
+        if job_id == found:
+            rayjobs.submit(ray_head.address, entrypoint(job), ids[job_id], **submission_fields(spool, job))
+    assert gq.job(found)["ray"]["state"] == gq.job(lost)["ray"]["state"] == "SUBMITTING"
+    synced_until(gq, found, "done")
+    synced_until(gq, lost, "done")
+    assert sorted((gq.work / "ran").read_text().split()) == ["found", "lost"]  # each ran once
+    assert gq.job(found)["ray"]["submission_id"] == ids[found] and gq.job(lost)["ray"]["submission_id"] == ids[lost]
+
+
+def test_status_without_ray_jobs_does_not_import_urllib(gq: Any) -> None:
+    gq.add("--gpus", "0", "--", "true")
+    probe = "import sys; from gpuq.cli import main; main(['status']); print('urllib.request' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], env=gq.env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout

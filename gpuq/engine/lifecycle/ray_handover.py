@@ -37,7 +37,7 @@ COMMAND_ERROR = "JOB_ENTRYPOINT_COMMAND_ERROR"  # Ray's error type of a command 
 def entrypoint(job: Job) -> str:
     """The shell command Ray runs for `job`: this interpreter and this gpuq (on the shared
     filesystem, as for Slurm) start the launcher in the job's directory; the job comes in
-    PAYLOAD_VARIABLE (`_resources`)."""
+    PAYLOAD_VARIABLE (`submission_fields`)."""
     package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     q = shlex.quote
     return (
@@ -169,7 +169,7 @@ def _hand_over_one(spool: Spool, job_id: int, address: str, states: dict) -> Job
         if sub_id is None:
             return job
         try:
-            client.submit(address, entrypoint(job), sub_id, **_resources(spool, job))
+            client.submit(address, entrypoint(job), sub_id, **submission_fields(spool, job))
         except RayUnreachable:
             spool.jobs.move(ref, job, PENDING, rt.back_to_queue("not handed over: the Ray cluster did not answer"))
             raise
@@ -180,7 +180,7 @@ def _hand_over_one(spool: Spool, job_id: int, address: str, states: dict) -> Job
         return spool.jobs.rewrite(ref, job, **rt.seen(job, "PENDING", None, None))
 
 
-def _resources(spool: Spool, job: Job) -> dict:
+def submission_fields(spool: Spool, job: Job) -> dict:
     """Ray's submission fields for `job`: its resources, and itself for the launcher, with the
     progress file on the shared filesystem where gpuq's ETA reads it."""
     payload = {name: job.get(name) for name in LAUNCHER_FIELDS}
@@ -221,7 +221,7 @@ def _sync_one(spool: Spool, ref, job: Job, report: SyncReport, states: dict) -> 
         return
     seen = client.get(address, sub_id)
     if seen is None and mark.get("state") == rt.SUBMITTING:
-        client.submit(address, entrypoint(job), sub_id, **_resources(spool, job))  # a hand-over cut short
+        client.submit(address, entrypoint(job), sub_id, **submission_fields(spool, job))  # a hand-over cut short
         report.changed.append(spool.jobs.rewrite(ref, job, **rt.seen(job, "PENDING", None, None)))
         return
     if seen is None:
@@ -289,7 +289,7 @@ def _submit_waiting(spool: Spool, ref, job: Job, report: SyncReport, states: dic
         return
     sub_id = rt.submission_id(os.urandom(4).hex(), job)
     ref, job = ref, spool.jobs.rewrite(ref, job, **rt.submitting(job, sub_id, spool.logs.size(job)))
-    client.submit(address, entrypoint(job), sub_id, **_resources(spool, job))
+    client.submit(address, entrypoint(job), sub_id, **submission_fields(spool, job))
     report.changed.append(spool.jobs.rewrite(ref, job, **rt.seen(job, "PENDING", None, None)))
 
 
