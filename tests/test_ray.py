@@ -15,6 +15,7 @@ from conftest import WAIT_FOR_GO, alive, wait_for
 from ray_cluster import free_port, ray_head  # noqa: F401  (the fixture)
 
 from gpuq.core import ray_transitions as rt
+from gpuq.core.errors import UsageError
 from gpuq.core.states import RAY
 from gpuq.engine.lifecycle.ray_handover import entrypoint, submission_fields
 from gpuq.spool import Spool
@@ -82,7 +83,8 @@ def test_two_jobs_with_after_run_in_order(gq: Any, ray_head: Any) -> None:  # no
     gq.gpuq("ray", "submit", str(first), str(second))
     waiting = gq.job(second)["ray"]
     assert waiting["state"] == "WAITING" and waiting["submission_id"] is None
-    synced_until(gq, second, "done", timeout=90)
+    gq.gpuq("wait", "--timeout", "90", timeout=120)  # `gpuq wait` asks Ray as it waits
+    assert gq.state_of(second) == "done"
     assert float((gq.work / "second").read_text()) > float((gq.work / "first").read_text())
     assert gq.state_of(first) == "done"
 
@@ -170,7 +172,9 @@ def test_ray_submit_needs_ids_or_all_and_an_address(gq: Any) -> None:
     assert out.returncode == 2 and "--all" in out.stderr
     env = {k: v for k, v in gq.env.items() if k != "RAY_ADDRESS"}
     out = gq.gpuq("ray", "submit", "--all", check=False, env=env)
-    assert out.returncode != 0 and "RAY_ADDRESS" in out.stderr
+    assert out.returncode == 2 and "RAY_ADDRESS" in out.stderr
+    out = gq.gpuq("ray", "submit", "--all", "--address", "ray://head:10001", check=False)
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and "dashboard" in out.stderr
 
 
 @pytest.mark.parametrize(
@@ -183,7 +187,7 @@ def test_address_forms(given: str, expected: str) -> None:
 
 
 def test_a_ray_client_address_is_refused() -> None:
-    with pytest.raises(rayjobs.RayError, match="dashboard"):
+    with pytest.raises(UsageError, match="dashboard"):
         rayjobs.address("ray://head:10001", {})
 
 

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any, Mapping, NamedTuple, Optional
 
-from gpuq.core.errors import GpuqError
+from gpuq.core.errors import GpuqError, UsageError
 
 TIMEOUT = 15.0  # seconds per request
 FINAL_STATES = frozenset(("STOPPED", "SUCCEEDED", "FAILED"))
@@ -54,13 +54,13 @@ def address(given: Optional[str], env: Optional[Mapping[str, str]] = None) -> st
     """The dashboard URL: `--address`, else RAY_ADDRESS; a bare host:port gets http://."""
     value = given or (os.environ if env is None else env).get(ADDRESS_VARIABLE) or ""
     if not value:
-        raise RayError("no Ray cluster named: give --address http://HEAD:8265 or set RAY_ADDRESS")
+        raise UsageError("no Ray cluster named: give --address http://HEAD:8265 or set RAY_ADDRESS")
     if value.startswith("ray://"):
-        raise RayError(f"{value} is a Ray Client address; gpuq needs the dashboard's: http://HEAD:8265")
+        raise UsageError(f"{value} is a Ray Client address; gpuq needs the dashboard's: http://HEAD:8265")
     if "://" not in value:
         value = "http://" + value
     if not value.startswith(("http://", "https://")):
-        raise RayError(f"not an HTTP address: {value}")
+        raise UsageError(f"not an HTTP address: {value}")
     return value.rstrip("/")
 
 
