@@ -158,6 +158,20 @@ def test_retries_bring_back_a_job_that_failed_once_from_its_checkpoint(gq: Any, 
     assert f"second attempt: ['--resume_from_checkpoint', '{gq.work / 'ck' / 'step_5.pt'}']" in log
 
 
+def test_a_job_whose_directory_is_gone_stays_queued_and_the_rest_go(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    gone = gq.work / "gone"
+    gone.mkdir()
+    lost = gq.add("--gpus", "0", "--dir", str(gone), "--", "true")
+    gone.rmdir()
+    good = gq.add("--gpus", "0", "--", "true")
+    out = gq.gpuq("ray", "submit", "--all", check=False)
+    assert out.returncode == 1 and f"job #{lost} stays here: its directory {gone} does not exist" in out.stderr
+    assert "a shared filesystem: not checked there" in out.stdout
+    assert gq.state_of(lost) == "pending"
+    synced_until(gq, good, "done")
+
+
 def test_no_cluster_at_the_address_leaves_the_jobs_queued(gq: Any) -> None:
     job = gq.add("--", "true")
     address = f"http://127.0.0.1:{free_port()}"

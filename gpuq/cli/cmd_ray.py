@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from gpuq.cli.common import job_ids, say_refused, spool
 from gpuq.cli.render import ray_text
@@ -29,6 +30,11 @@ def cmd_ray_submit(args: argparse.Namespace) -> int:
     result = ray_handover.submit(spool(), ids or None, address, say=say)
     if not (result.handed or result.left):
         print("no pending jobs to hand over")
+    if result.handed:  # what gpuq cannot check from here, said once
+        print(
+            f"    Ray's nodes run them with {sys.executable} in each job's directory, "
+            "which they must see (a shared filesystem: not checked there)"
+        )
     for job_id in sorted(result.left):
         say_refused(job_id, result.left[job_id])
     return 1 if result.left else 0

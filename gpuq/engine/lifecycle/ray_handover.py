@@ -75,6 +75,16 @@ def fits(job: Job, nodes: list[client.Node], address: str) -> Optional[str]:
     return f"it asks for {asks}; no node of the Ray cluster at {address} has that (the most GPUs on one: {most})"
 
 
+def missing_here(job: Job) -> Optional[str]:
+    """What the job needs that does not exist even on this machine (its directory, venv or conda
+    environment): the nodes see the same shared filesystem, so it would not start there either.
+    What the nodes see is not checked (it cannot be from here)."""
+    for what, path in (("directory", job.cwd), ("venv", job.venv), ("conda environment", job.conda)):
+        if path and not os.path.isdir(path):
+            return f"its {what} {path} does not exist"
+    return None
+
+
 def submit(
     spool: Spool,
     ids: Optional[Sequence[int]],
@@ -94,7 +104,7 @@ def submit(
     chosen = {job.id for job in jobs}
     states = {ref.id: ref.state for ref in spool.jobs.refs()}
     for job in sorted(jobs, key=lambda j: j.id):
-        why = fits(job, nodes, address) or _dependency_refusal(job, states, chosen, out.left)
+        why = missing_here(job) or fits(job, nodes, address) or _dependency_refusal(job, states, chosen, out.left)
         if why:
             out.left[job.id] = f"job #{job.id} stays here: {why}"
             continue
