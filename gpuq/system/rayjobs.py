@@ -65,10 +65,7 @@ def address(given: Optional[str], env: Optional[Mapping[str, str]] = None) -> st
 
 
 def _call(url: str, method: str = "GET", body: Optional[dict] = None) -> Any:
-    # urllib.request (with http.client, email, ssl) costs tens of ms: only when Ray is asked, not on
-    # every `gpuq cancel`, `kill` or `wait` that imports this module
-    import urllib.error
-    import urllib.request
+    import urllib.request  # with http.client, email and ssl, tens of ms: only when Ray is asked (brings urllib.error)
 
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
