@@ -65,7 +65,7 @@ def address(given: Optional[str], env: Optional[Mapping[str, str]] = None) -> st
 
 
 def _call(url: str, method: str = "GET", body: Optional[dict] = None) -> Any:
-    import urllib.request  # with http.client, email and ssl, tens of ms: only when Ray is asked (brings urllib.error)
+    import urllib.request  # with http.client, email and ssl: only when Ray is asked (it brings urllib.error)
 
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
