@@ -291,8 +291,8 @@ COMMANDS = (
     _on_each(
         "kill",
         "cmd_jobs:cmd_kill",
-        "stop running jobs (SIGTERM to each one's process group, SIGKILL after a grace period)",
-        id_states=(RUNNING,),
+        "stop running jobs (SIGTERM to each one's process group, SIGKILL after a grace period; on Ray, Ray's stop)",
+        id_states=(RUNNING, RAY),
     ),
     _on_each(
         "retry",
