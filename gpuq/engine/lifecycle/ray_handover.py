@@ -24,7 +24,7 @@ from gpuq.core.times import iso_of
 from gpuq.engine.lifecycle.ending import claimed, get, record_end
 from gpuq.spool import Spool
 from gpuq.system import rayjobs as client
-from gpuq.system.rayjobs import RayError, RayUnreachable
+from gpuq.system.rayjobs import RayError, RayNoAnswer, RayUnreachable
 
 MIB = 1 << 20
 LAUNCHER = "import sys; sys.path.insert(0, sys.argv[1]); from gpuq.run.ray_entry import launch; launch()"
@@ -110,6 +110,12 @@ def submit(
             continue
         try:
             handed = _hand_over_one(spool, job.id, address, states)
+        except RayNoAnswer as exc:  # it stays in ray/, marked SUBMITTING: a sync finds or submits it
+            out.left[job.id] = f"job #{job.id}: {exc}; it may be on Ray now: `gpuq ray sync` finishes the hand-over"
+            for other in jobs:
+                if other.id > job.id and other.id not in out.left:
+                    out.left[other.id] = f"job #{other.id} was not handed over: {exc}"
+            break
         except RayUnreachable as exc:
             out.left[job.id] = f"job #{job.id} stays here: {exc}"
             for other in jobs:
@@ -180,6 +186,8 @@ def _hand_over_one(spool: Spool, job_id: int, address: str, states: dict) -> Job
             return job
         try:
             client.submit(address, entrypoint(job), sub_id, **submission_fields(spool, job))
+        except RayNoAnswer:
+            raise  # Ray may have it: the mark stays, and the next sync asks Ray for its id
         except RayUnreachable:
             spool.jobs.move(ref, job, PENDING, rt.back_to_queue("not handed over: the Ray cluster did not answer"))
             raise
