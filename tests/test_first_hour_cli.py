@@ -113,7 +113,7 @@ def _id(*states: str) -> set[str]:
 
 
 OFFERED = {  # what TAB offers after each command: the jobs it acts on
-    ("kill",): _id(RUNNING, RAY),
+    ("kill",): _id(RUNNING),
     ("preempt",): _id(RUNNING),
     ("cancel",): _id(PENDING, RUNNING, PREEMPTED, INTERRUPTED, HELD, SLURM, RAY),
     ("retry",): _id(FAILED, CANCELLED),

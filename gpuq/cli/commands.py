@@ -292,7 +292,7 @@ COMMANDS = (
         "kill",
         "cmd_jobs:cmd_kill",
         "stop running jobs (SIGTERM to each one's process group, SIGKILL after a grace period; on Ray, Ray's stop)",
-        id_states=(RUNNING, RAY),
+        id_states=(RUNNING,),
     ),
     _on_each(
         "retry",

@@ -47,7 +47,8 @@ class Cancel(OnJobs):
 @dataclass(frozen=True)
 class Kill(OnJobs):
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
-        actions.get(spool, job_id, (RUNNING, RAY))  # refused before anything is said or sent
+        if not spool.jobs.find(job_id, (RAY,)):  # a job on Ray is stopped there (actions.kill)
+            actions.get(spool, job_id, (RUNNING,))  # refused before anything is said or sent
         stopping(job_id)
         return Done(actions.kill(spool, job_id))
 
