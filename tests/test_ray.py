@@ -16,8 +16,9 @@ from ray_cluster import free_port, ray_head  # noqa: F401  (the fixture)
 
 from gpuq.core import ray_transitions as rt
 from gpuq.core.errors import UsageError
+from gpuq.core.job import Job
 from gpuq.core.states import RAY
-from gpuq.engine.lifecycle.ray_handover import entrypoint, submission_fields
+from gpuq.engine.lifecycle.ray_handover import entrypoint, fits, own_part, submission_fields
 from gpuq.spool import Spool
 from gpuq.system import rayjobs
 
@@ -234,3 +235,25 @@ def test_status_without_ray_jobs_does_not_import_urllib(gq: Any) -> None:
     probe = "import sys; from gpuq.cli import main; main(['status']); print('urllib.request' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], env=gq.env, capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False", out.stdout
+
+
+# ---- what needs no cluster ----------------------------------------------------------------------
+def _node(gpus: float, cpus: float = 8, alive: bool = True) -> rayjobs.Node:
+    return rayjobs.Node("n", "10.0.0.1", alive, False, {"GPU": gpus, "CPU": cpus, "memory": 64 * 2**30})
+
+
+def test_fits_names_what_no_live_node_has() -> None:
+    job = Job({"id": 1, "gpu_request": 3, "cpus": None, "mem_mib": None})
+    assert fits(job, [_node(2), _node(4, alive=False)], "http://h:8265") == (
+        "it asks for 3 GPU(s); no node of the Ray cluster at http://h:8265 has that (the most GPUs on one: 2)"
+    )
+    assert fits(job, [_node(2), _node(4)], "http://h:8265") is None
+    assert "no live node" in str(fits(job, [_node(8, alive=False)], "http://h:8265"))
+    roomy = Job({"id": 2, "gpu_request": 1, "cpus": 16, "mem_mib": None})
+    assert "16 CPU(s)" in str(fits(roomy, [_node(2)], "http://h:8265"))
+
+
+def test_the_spool_log_holds_the_job_output_without_ray_s_lines() -> None:
+    ray_log = "2026 INFO job_manager.py -- Runtime env is setting up.\nRunning entrypoint for job x: cd -- /w\nout 1\n"
+    assert own_part(ray_log) == b"out 1\n"
+    assert own_part("Ray could not start it\n") == b"Ray could not start it\n"

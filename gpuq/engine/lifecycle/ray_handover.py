@@ -248,7 +248,7 @@ def _sync_one(spool: Spool, ref, job: Job, report: SyncReport, states: dict) -> 
             report.changed.append(spool.jobs.rewrite(ref, job, **changes))
         return
     if seen.state == "RUNNING" or seen.finished:
-        spool.logs.put_from(job.id, int(mark.get("log_base") or 0), _own_part(client.logs(address, sub_id)))
+        spool.logs.put_from(job.id, int(mark.get("log_base") or 0), own_part(client.logs(address, sub_id)))
     started = iso_of(seen.start) if seen.start and seen.state != "PENDING" else None
     if not seen.finished:
         if mark.get("state") != seen.state or (started and not job.started_at):
@@ -257,7 +257,7 @@ def _sync_one(spool: Spool, ref, job: Job, report: SyncReport, states: dict) -> 
     _record_end(spool, ref, job, seen, started, report, states)
 
 
-def _own_part(text: str) -> bytes:
+def own_part(text: str) -> bytes:
     """The job's output as Ray kept it, after Ray's line that shows the whole entrypoint: Ray's own
     lines up to it (its runtime environment, the entrypoint) are not the job's. Kept whole when Ray
     wrote no such line (it could not start the job: its lines say why)."""
