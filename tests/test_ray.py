@@ -17,7 +17,7 @@ from ray_cluster import free_port, ray_head  # noqa: F401  (the fixture)
 from gpuq.core import ray_transitions as rt
 from gpuq.core.errors import UsageError
 from gpuq.core.job import Job
-from gpuq.core.states import RAY
+from gpuq.core.states import FAILED, RAY
 from gpuq.engine.lifecycle.ray_handover import entrypoint, fits, own_part, submission_fields
 from gpuq.spool import Spool
 from gpuq.system import rayjobs
@@ -257,3 +257,18 @@ def test_the_spool_log_holds_the_job_output_without_ray_s_lines() -> None:
     ray_log = "2026 INFO job_manager.py -- Runtime env is setting up.\nRunning entrypoint for job x: cd -- /w\nout 1\n"
     assert own_part(ray_log) == b"out 1\n"
     assert own_part("Ray could not start it\n") == b"Ray could not start it\n"
+
+
+def test_a_retried_ray_job_runs_here_unless_handed_over_again(gq: Any) -> None:
+    job_id = gq.add("--gpus", "0", "--", "true")
+    spool = Spool(gq.home)
+    ref = spool.jobs.find(job_id)
+    assert ref is not None
+    ref, job = spool.jobs.move(
+        ref, spool.jobs.load(ref), RAY, rt.handing(spool.jobs.load(ref), "http://h:8265", None, 0)
+    )
+    ended = rt.ended(job, "FAILED", exit_code=3, started_at=None, finished_at=None, reason="boom")
+    spool.jobs.move(ref, job, FAILED, ended)
+    assert gq.job(job_id)["history"][-1]["ray_state"] == "FAILED"
+    gq.gpuq("retry", str(job_id))
+    assert gq.state_of(job_id) == "pending" and gq.job(job_id)["ray"] is None
