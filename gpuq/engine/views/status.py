@@ -9,6 +9,7 @@ from gpuq.core import schema
 from gpuq.core.job import Job
 from gpuq.core.states import FAILED, FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RAY, RUNNING, SLURM, STATES
 from gpuq.core.times import parse_iso
+from gpuq.core.words import mib_text
 from gpuq.engine.lifecycle import repairs
 from gpuq.engine.schedule import diskguard, gpuview, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
@@ -185,8 +186,6 @@ def name_the_first_in_line(snap: scheduler.QueueState, reasons: dict[int, Option
 
 def _request_text(job: Job) -> str:
     """`40.0 GiB on a GPU`, `2 whole GPUs`."""
-    from gpuq.system.gpus import mib_text  # only where a worker places jobs on GPUs: it imports it too
-
     count, mem = job.gpu_request, job.gpu_mem_mib
     if mem is None:
         return "a whole GPU" if count == 1 else f"{count} whole GPUs"
