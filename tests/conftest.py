@@ -17,7 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ["slurm_cluster"]  # the `slurm` fixture: a real single-node Slurm (tests/slurm_cluster.py)
-STATES = ("pending", "running", "done", "failed", "preempted", "interrupted", "cancelled", "held", "slurm")
+STATES = ("pending", "running", "done", "failed", "preempted", "interrupted", "cancelled", "held", "slurm", "ray")
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> Any:

@@ -24,6 +24,7 @@ from gpuq.core.states import (
     INTERRUPTED,
     PENDING,
     PREEMPTED,
+    RAY,
     RUNNING,
     SLURM,
     STATES,
@@ -104,7 +105,7 @@ def test_time_2_is_two_minutes_and_the_help_says_so(gq: Env) -> None:
 
 # ---- completion: the ids a command takes -------------------------------------------------------
 
-ONE_OF_EACH = (PENDING, RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED, CANCELLED, HELD, SLURM)  # ids 1-9
+ONE_OF_EACH = (PENDING, RUNNING, DONE, FAILED, PREEMPTED, INTERRUPTED, CANCELLED, HELD, SLURM, RAY)  # ids 1-10
 
 
 def _id(*states: str) -> set[str]:
@@ -114,7 +115,7 @@ def _id(*states: str) -> set[str]:
 OFFERED = {  # what TAB offers after each command: the jobs it acts on
     ("kill",): _id(RUNNING),
     ("preempt",): _id(RUNNING),
-    ("cancel",): _id(PENDING, RUNNING, PREEMPTED, INTERRUPTED, HELD, SLURM),
+    ("cancel",): _id(PENDING, RUNNING, PREEMPTED, INTERRUPTED, HELD, SLURM, RAY),
     ("retry",): _id(FAILED, CANCELLED),
     ("hold",): _id(PENDING),
     ("release",): _id(HELD),
@@ -122,8 +123,9 @@ OFFERED = {  # what TAB offers after each command: the jobs it acts on
     ("resume",): _id(PREEMPTED, INTERRUPTED),
     ("recover", "--jobs"): _id(INTERRUPTED),
     ("eta",): _id(PENDING, RUNNING),
-    ("wait",): _id(PENDING, RUNNING, SLURM),
+    ("wait",): _id(PENDING, RUNNING, SLURM, RAY),
     ("slurm", "submit"): _id(PENDING),
+    ("ray", "submit"): _id(PENDING),
     ("log",): _id(*STATES),
     ("show",): _id(*STATES),
 }
@@ -131,7 +133,7 @@ OFFERED = {  # what TAB offers after each command: the jobs it acts on
 
 @pytest.fixture
 def one_job_in_each_state(gq: Env, tmp_path: Path) -> Env:
-    """The gq spool with job 1 pending, 2 running, ... 9 on Slurm (ONE_OF_EACH): moved there
+    """The gq spool with job 1 pending, 2 running, ... 9 on Slurm, 10 on Ray (ONE_OF_EACH): moved there
     through the spool's own code, as the commands move them; completion reads only their names."""
     spool, jobs = spool_with_true_jobs(tmp_path, len(ONE_OF_EACH))
     assert spool.home == str(gq.home)
@@ -153,7 +155,7 @@ def test_bash_completion_offers_only_the_ids_each_command_takes(one_job_in_each_
 
 def test_ids_lists_the_jobs_of_the_states_asked(one_job_in_each_state: Env) -> None:
     gq = one_job_in_each_state
-    assert gq.gpuq("_ids").stdout.split() == [str(i) for i in range(1, 10)]
+    assert gq.gpuq("_ids").stdout.split() == [str(i) for i in range(1, len(ONE_OF_EACH) + 1)]
     assert gq.gpuq("_ids", "--state", "failed,cancelled").stdout.split() == ["4", "7"]
     assert gq.gpuq("_ids", "--state", "nope", check=False).returncode == 2
 

@@ -17,9 +17,9 @@ from gpuq.spool.layout import INTERNAL, Layout
 PACKAGE = REPO / "gpuq"
 STATES_MODULE = PACKAGE / "core" / "states.py"
 # Words spelled like a state that are also something else, allowed only where they are that thing:
-# the job field `slurm` (its Slurm job id and state) is read as job["slurm"], job.get("slurm"),
-# written as a dict key, or listed among other field names.
-ALSO_FIELDS = {states.SLURM}
+# the job fields `slurm` and `ray` (its Slurm or Ray job id and state) are read as job["slurm"],
+# job.get("slurm"), written as a dict key, or listed among other field names.
+ALSO_FIELDS = {states.SLURM, states.RAY}
 KEY_METHODS = ("get", "pop", "setdefault")
 # `gpuq slurm`: a subcommand named after Slurm, not the state (argparse's add_parser, cli/commands.py's Command)
 COMMAND_METHODS = ("add_parser", "Command")

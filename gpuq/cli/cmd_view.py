@@ -11,13 +11,13 @@ from typing import Any, Optional
 from gpuq.cli import render
 from gpuq.cli.common import spool
 from gpuq.core.job import Job
-from gpuq.core.states import ACTIVE, CANCELLED, HELD, PENDING, RUNNING
+from gpuq.core.states import ACTIVE, CANCELLED, HELD, PENDING, RAY, RUNNING
 from gpuq.core.times import duration, iso_of
 from gpuq.engine.lifecycle import actions
 from gpuq.engine.schedule import gpuview
 from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views.card import card, not_started
-from gpuq.engine.views.status import rejected_files
+from gpuq.engine.views.status import rejected_files, sync_ray
 from gpuq.engine.views.triage import triage
 from gpuq.spool import JobRef, Spool
 from gpuq.system import security
@@ -40,6 +40,10 @@ def cmd_rejected(args: argparse.Namespace) -> int:
 def cmd_log(args: argparse.Namespace) -> int:
     sp = spool()
     ref, job = actions.get(sp, args.id)
+    if ref.state == RAY:  # its log is what Ray kept, fetched into the spool by a sync
+        for warning in sync_ray(sp):
+            print(f"gpuq log: {warning}", file=sys.stderr)
+        ref, job = actions.get(sp, args.id)
     why = not_started(sp, ref, job)
     if why is not None and args.follow and ref.state != CANCELLED:
         print(f"waiting for #{job.id} to start ({why})...", file=sys.stderr, flush=True)

@@ -11,7 +11,7 @@ from typing import Any
 from gpuq.cli.common import job_ids, spool
 from gpuq.cli.options import RUN
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.states import DONE, HELD, PENDING, RUNNING, SLURM
+from gpuq.core.states import DONE, HELD, PENDING, RAY, RUNNING, SLURM
 from gpuq.core.timespec import parse_memory_mib
 from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import actions, enqueue
@@ -127,14 +127,14 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     sp = spool()
-    ids = sorted(job_ids(args.ids) or (ref.id for ref in sp.jobs.refs((PENDING, RUNNING, HELD, SLURM))))
+    ids = sorted(job_ids(args.ids) or (ref.id for ref in sp.jobs.refs((PENDING, RUNNING, HELD, SLURM, RAY))))
     if not ids:
         print("nothing queued or running")
         return 0
     # the pending ones will not start after the running ones unless a worker comes
     states = {i: refs[-1].state for i, refs in sp.jobs.index().items() if i in set(ids)}
     pending = [i for i, state in states.items() if state == PENDING]
-    if pending and any(state in (RUNNING, SLURM) for state in states.values()) and not sp.workers.live():
+    if pending and any(state in (RUNNING, SLURM, RAY) for state in states.values()) and not sp.workers.live():
         print(
             f"gpuq wait: no worker is running; {ids_text(pending)} will not start unless one does "
             "(`gpuq run --daemon`); waiting for the running ones",

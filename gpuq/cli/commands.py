@@ -19,7 +19,19 @@ from gpuq.cli.options import (
     positive_id,
 )
 from gpuq.core import states
-from gpuq.core.states import ACTIVE, CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, WAITING
+from gpuq.core.states import (
+    ACTIVE,
+    CANCELLED,
+    FAILED,
+    HELD,
+    INTERRUPTED,
+    PENDING,
+    PREEMPTED,
+    RAY,
+    RUNNING,
+    SLURM,
+    WAITING,
+)
 from gpuq.core.sweep import parse_id_ranges
 from gpuq.core.timespec import parse_duration
 
@@ -73,7 +85,7 @@ IDS = Opt("ids", convert=job_ids, nargs="+", metavar="ID", help="job ids (ranges
 
 # The states of the jobs each command acts on (Command.id_states), as engine/lifecycle checks them.
 UNFINISHED = tuple(state.name for state in states.TABLE if not state.finished)  # what `cancel` takes
-ENDING = (*ACTIVE, SLURM)  # what `wait` waits for: jobs that end without a person
+ENDING = (*ACTIVE, SLURM, RAY)  # what `wait` waits for: jobs that end without a person
 
 
 def _on_each(
@@ -119,6 +131,49 @@ SLURM_ACTIONS = Command(
             "sync",
             handler="cmd_tools:cmd_sync",
             help="record what Slurm says of the jobs handed to it (also done by status)",
+        ),
+    ),
+)
+
+RAY_ACTIONS = Command(
+    "ray",
+    help="hand queued jobs to a Ray cluster (its Jobs API); the spool keeps their state",
+    actions=(
+        Command(
+            "submit",
+            handler="cmd_ray:cmd_ray_submit",
+            help="hand pending jobs to a Ray cluster, dependencies and retries kept by gpuq",
+            description="Hand pending jobs to a Ray cluster through its Jobs REST API: each runs its command in its "
+            "directory with its interpreter and environment (a shared filesystem is assumed), with --gpus, --cpus "
+            "and --mem as Ray's entrypoint resources. They move to ray/; a job whose --after jobs have not "
+            "succeeded yet waits there and is submitted when they have (`gpuq ray sync`, also done by status). "
+            "A job that cannot go (no cluster, resources no node has, a dependency left here) stays pending, named "
+            "on stderr with the reason; the others are handed over, and the command exits 1.",
+            id_states=(PENDING,),
+            options=(
+                Opt("ids", convert=job_ids, nargs="*", metavar="ID", help="job ids (ranges like 3-7 too)"),
+                Opt("--all", kind=FLAG, help="every pending job"),
+                Opt(
+                    "--address", metavar="URL", help="the cluster's dashboard (default: $RAY_ADDRESS): http://HEAD:8265"
+                ),
+            ),
+        ),
+        Command(
+            "sync",
+            handler="cmd_ray:cmd_ray_sync",
+            help="record what Ray says of the jobs handed to it, submit those now ready (also done by status)",
+        ),
+        Command(
+            "status",
+            handler="cmd_ray:cmd_ray_status",
+            help="the Ray cluster's nodes, their GPUs, and which of our jobs run where",
+            options=(
+                Opt(
+                    "--address",
+                    metavar="URL",
+                    help="the cluster's dashboard (default: that of the jobs on Ray, else $RAY_ADDRESS)",
+                ),
+            ),
         ),
     ),
 )
@@ -236,7 +291,7 @@ COMMANDS = (
     _on_each(
         "kill",
         "cmd_jobs:cmd_kill",
-        "stop running jobs (SIGTERM to each one's process group, SIGKILL after a grace period)",
+        "stop running jobs (SIGTERM to each one's process group, SIGKILL after a grace period; on Ray, Ray's stop)",
         id_states=(RUNNING,),
     ),
     _on_each(
@@ -360,6 +415,7 @@ COMMANDS = (
         ),
     ),
     SLURM_ACTIONS,
+    RAY_ACTIONS,
     Command(
         "import",
         handler="cmd_tools:cmd_import",

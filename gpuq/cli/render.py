@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
-from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, HELD_NOTE, PENDING, RUNNING, SLURM, TABLE
+from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, HELD_NOTE, PENDING, RAY, RUNNING, SLURM, TABLE
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.words import plural
 
@@ -157,6 +157,8 @@ def info(job: Job, state: str, wait: Any = None) -> str:
             parts.append(_dependencies(job))
     elif state == SLURM:
         parts.append(slurm_text(job.slurm or {}))
+    elif state == RAY:
+        parts.append(ray_text(job.ray or {}))
     else:
         exit_code = job.exit_code
     slurm_job = (job.slurm or {}).get("job_id") if state != SLURM else None
@@ -208,6 +210,12 @@ def slurm_text(mark: dict[str, Any]) -> str:
     """`slurm 123 PENDING (Dependency)`."""
     reason = f" ({mark['reason']})" if mark.get("reason") else ""
     return f"slurm {mark.get('job_id') or '?'} {mark.get('state') or '?'}{reason}"
+
+
+def ray_text(mark: dict[str, Any]) -> str:
+    """`ray gpuq-ab12cd-3-1 RUNNING`, `ray - WAITING (waits for #2)`."""
+    reason = f" ({mark['reason']})" if mark.get("reason") else ""
+    return f"ray {mark.get('submission_id') or '-'} {mark.get('state') or '?'}{reason}"
 
 
 def damaged_cells(file_name: str, reason: str) -> tuple[str, ...]:

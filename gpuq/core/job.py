@@ -72,6 +72,19 @@ def _sweep(value: Any) -> bool:
     return is_int(value["id"]) and 0 < value["id"] <= MAX_ID and ok_values
 
 
+def _ray(value: Any) -> bool:
+    """The `ray` field of a job handed to a Ray cluster (submission_id null while it waits in ray/ for
+    its dependencies)."""
+    if not isinstance(value, dict) or not isinstance(value.get("state"), str):
+        return False
+    return (
+        (value.get("submission_id") is None or no_nul(value["submission_id"]))
+        and isinstance(value.get("address"), str)
+        and (value.get("exit_code") is None or is_int(value["exit_code"]))
+        and (value.get("reason") is None or isinstance(value["reason"], str))
+    )
+
+
 def _slurm(value: Any) -> bool:
     """The `slurm` field of a job handed to Slurm (or being handed over: job_id still null)."""
     if not isinstance(value, dict) or not isinstance(value.get("state"), str):
@@ -287,6 +300,12 @@ class Job(dict[str, Any]):
     ckpt_bytes: Optional[int] = field(None, _opt(_count), "null or a number of bytes", later=True)  # last checkpoint
     slurm: Optional[dict[str, Any]] = field(
         None, _opt(_slurm), 'null or {"job_id": null or a Slurm job id, "state": a string, ...}', later=True
+    )
+    ray: Optional[dict[str, Any]] = field(
+        None,
+        _opt(_ray),
+        'null or {"submission_id": null or a string, "address": a URL, "state": a string, ...}',
+        later=True,
     )
 
 

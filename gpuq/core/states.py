@@ -18,6 +18,7 @@ INTERRUPTED = "interrupted"
 CANCELLED = "cancelled"
 HELD = "held"  # `gpuq hold`: kept out of the queue until `gpuq release`
 SLURM = "slurm"  # handed to a Slurm cluster (`gpuq slurm submit`); Slurm runs it, `gpuq slurm sync` records its end
+RAY = "ray"  # handed to a Ray cluster (`gpuq ray submit`); Ray runs it, `gpuq ray sync` records its end
 
 
 class State(NamedTuple):
@@ -50,6 +51,7 @@ TABLE = (
     State(CANCELLED,   True,    "🚫", 6,    True,  "cancelled",       "#7f7f7f", 3),
     State(HELD,        False,   "⏸️", 2,    True),
     State(SLURM,       False,   "🚀", 8,    False),
+    State(RAY,         False,   "🛰️", 9,    False),
 )
 # fmt: on
 BY_NAME = {state.name: state for state in TABLE}

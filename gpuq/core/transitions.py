@@ -63,6 +63,7 @@ _RUN_FIELDS: Changes = {
     "code_changed": None,
     "code_at_start": None,
     "slurm": None,  # a job back in the queue runs here unless handed to Slurm again
+    "ray": None,  # and unless handed to Ray again
 }
 
 

@@ -26,11 +26,12 @@ from gpuq.core.states import (
     NEEDS_USER,
     PENDING,
     PREEMPTED,
+    RAY,
     RUNNING,
     SLURM,
 )
 from gpuq.core.transitions import Continuation
-from gpuq.engine.lifecycle import repairs, slurm_handover
+from gpuq.engine.lifecycle import ray_handover, repairs, slurm_handover
 from gpuq.engine.lifecycle.ending import claimed, get
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.schedule.queue_read import PendingCache, read_queue
@@ -59,6 +60,8 @@ def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: No
         return kill(spool, job_id, action=CANCEL)
     if spool.jobs.find(job_id, (SLURM,)):
         return slurm_handover.cancel(spool, job_id)
+    if spool.jobs.find(job_id, (RAY,)):
+        return ray_handover.cancel(spool, job_id)
     with claimed(spool, job_id, (PENDING, HELD, PREEMPTED, INTERRUPTED)) as (ref, job):
         if states.handing_over(job):  # Slurm may hold it: cancelled only here, it would run there
             raise Refused(
@@ -84,6 +87,8 @@ def release(spool: Spool, job_id: int) -> Job:
 
 def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS, action: str = KILL) -> Job:
     """SIGTERM the running job's process group, SIGKILL after `grace`; its note says who asked."""
+    if spool.jobs.find(job_id, (RAY,)):
+        return ray_handover.cancel(spool, job_id, note="killed by user (gpuq kill)")
     _ref, job = running_with_pid(spool, job_id)
     try:
         spool.control.request(job_id, action)
@@ -254,6 +259,11 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
         if left & {ref.id for ref in spool.jobs.refs((SLURM,))}:
             try:  # jobs on Slurm end when Slurm says so; one that does not answer is asked again later
                 slurm_handover.sync(spool)
+            except GpuqError:
+                pass
+        if left & {ref.id for ref in spool.jobs.refs((RAY,))}:
+            try:  # likewise for jobs on Ray
+                ray_handover.sync(spool)
             except GpuqError:
                 pass
         snap, _ = read_queue(spool, cache)

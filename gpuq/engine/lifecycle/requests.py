@@ -9,7 +9,7 @@ from typing import Callable, Iterator, NamedTuple, Optional, Sequence, Union
 
 from gpuq.core.errors import GpuqError, UsageError
 from gpuq.core.job import Job
-from gpuq.core.states import FINISHED, RUNNING
+from gpuq.core.states import FINISHED, RAY, RUNNING
 from gpuq.engine.lifecycle import actions, clearing, edit, preempt
 from gpuq.spool import Spool
 
@@ -47,7 +47,8 @@ class Cancel(OnJobs):
 @dataclass(frozen=True)
 class Kill(OnJobs):
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
-        actions.get(spool, job_id, (RUNNING,))  # refused before anything is said or sent
+        if not spool.jobs.find(job_id, (RAY,)):  # a job on Ray is stopped there (actions.kill)
+            actions.get(spool, job_id, (RUNNING,))  # refused before anything is said or sent
         stopping(job_id)
         return Done(actions.kill(spool, job_id))
 

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional, Sequence
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING
 from gpuq.core.times import iso_of
+from gpuq.core.words import mib_text
 from gpuq.spool import Spool
 from gpuq.system.gpu_presence import may_have_gpus
 
@@ -203,7 +204,5 @@ def never_fits(
     if count > len(totals):
         return f"needs {count} GPUs; this machine has {len(totals)}"
     if mem_mib is not None and totals[count - 1] < mem_mib:
-        from gpuq.system import gpus as gpu_info  # the GPUs are shown
-
-        return f"needs {gpu_info.mib_text(mem_mib)} on each GPU; the largest here has {gpu_info.mib_text(totals[0])}"
+        return f"needs {mib_text(mem_mib)} on each GPU; the largest here has {mib_text(totals[0])}"
     return None

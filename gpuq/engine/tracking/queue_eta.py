@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from gpuq.core.job import Job
-from gpuq.core.states import PENDING, RUNNING, SLURM
+from gpuq.core.states import PENDING, RAY, RUNNING, SLURM
 from gpuq.core.times import duration, median, parse_iso
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.tracking import eta
@@ -285,7 +285,8 @@ def annotate(
     for row in running:
         row.estimate = eta.running_estimate(spool, row.job, now)
     for row in rows:  # a job Slurm runs writes the same log: its progress is read the same way
-        if row.state == SLURM and (row.job.slurm or {}).get("state") == "RUNNING":
+        on_ray = row.state == RAY and (row.job.ray or {}).get("state") == "RUNNING"  # its log is fetched
+        if on_ray or row.state == SLURM and (row.job.slurm or {}).get("state") == "RUNNING":
             row.estimate = eta.running_estimate(spool, row.job, now)
     in_order = scheduler.queue_order([r.job for r in rows if r.state == PENDING])
     order = {j.id: n for n, j in enumerate(in_order)}

@@ -11,7 +11,7 @@ import time
 from typing import Optional
 
 from gpuq.core.job import Job
-from gpuq.core.states import CANCELLED, HELD, HELD_NOTE, PENDING, RUNNING, SLURM, SOURCE_ADOPT, SOURCE_CLI
+from gpuq.core.states import CANCELLED, HELD, HELD_NOTE, PENDING, RAY, RUNNING, SLURM, SOURCE_ADOPT, SOURCE_CLI
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.timespec import format_duration
 from gpuq.core.transitions import describe_preemption
@@ -124,6 +124,11 @@ def _state(spool: Spool, state: str, job: Job) -> list[Line]:
         )
     elif state == SLURM and isinstance(job.slurm, dict):
         why = f"Slurm job {job.slurm.get('job_id') or '(being submitted)'}: {job.slurm.get('state')}"
+    elif state == RAY and isinstance(job.ray, dict):
+        sub = job.ray.get("submission_id") or "(waiting for its dependencies)"
+        why = f"Ray job {sub} at {job.ray.get('address')}: {job.ray.get('state')}"
+        if job.ray.get("reason"):
+            why += f" ({job.ray['reason']})"
     flags = [f"priority {job.priority}" if job.priority else "", "urgent" if job.urgent else ""]
     shown = state + (f": {why}" if why else "")
     note = job.note if job.note != why and not (state == HELD and job.note == HELD_NOTE) else ""

@@ -7,8 +7,9 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
-from gpuq.core.states import FAILED, FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RUNNING, SLURM, STATES
+from gpuq.core.states import FAILED, FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RAY, RUNNING, SLURM, STATES
 from gpuq.core.times import parse_iso
+from gpuq.core.words import mib_text
 from gpuq.engine.lifecycle import repairs
 from gpuq.engine.schedule import diskguard, gpuview, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
@@ -76,7 +77,7 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     """Every row of the queue. With `damaged` (the CLI's cells of a finished file that is not a
     valid job, from its name and why), such a file is a row saying so, and `show_all` gives the
     finished rows as data from the index of finished jobs (spool/cache/index.py)."""
-    warned_slurm = sync_slurm(spool)
+    warned_slurm = sync_slurm(spool) + sync_ray(spool)
     for _look in range(LOOKS):
         # a dead job is shown as interrupted as soon as anyone looks; one listing serves it all
         listing, done, done_states = _listing(spool)
@@ -93,7 +94,7 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     reasons = scheduler.waiting_reasons(snap, extra)
     name_the_first_in_line(snap, reasons)
     rows += [Row(j, PENDING, reasons[j.id]) for j in scheduler.queue_order(snap.pending)]
-    for state in (HELD, PREEMPTED, INTERRUPTED, SLURM):
+    for state in (HELD, PREEMPTED, INTERRUPTED, SLURM, RAY):
         rows += [Row(job, state) for _ref, job in spool.jobs.load_many(state)]
     view = None
     if show_all and damaged is not None and done.count() > RECENT_FINISHED:
@@ -117,7 +118,7 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     rows.sort(key=lambda r: (r.state not in IN_LINE, r.job.id))  # held ones in their place in line
     workers = spool.workers.live()
     shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old
-    if any(r.state in (RUNNING, PENDING, SLURM) for r in rows):  # else there is nothing to estimate
+    if any(r.state in (RUNNING, PENDING, SLURM, RAY) for r in rows):  # else there is nothing to estimate
         from gpuq.engine.tracking import queue_eta  # the ETA subsystem: only when a job runs or waits
 
         queue_eta.annotate(spool, rows, workers, time.time(), shown, done)  # progress, ETA, when pending ones start
@@ -185,8 +186,6 @@ def name_the_first_in_line(snap: scheduler.QueueState, reasons: dict[int, Option
 
 def _request_text(job: Job) -> str:
     """`40.0 GiB on a GPU`, `2 whole GPUs`."""
-    from gpuq.system.gpus import mib_text  # only where a worker places jobs on GPUs: it imports it too
-
     count, mem = job.gpu_request, job.gpu_mem_mib
     if mem is None:
         return "a whole GPU" if count == 1 else f"{count} whole GPUs"
@@ -222,6 +221,20 @@ def sync_slurm(spool: Spool) -> list[str]:
         slurm_handover.sync(spool)
     except slurm_handover.SlurmError as exc:
         return [f"Slurm's state of the jobs handed to it is not current: {exc}"]
+    return []
+
+
+def sync_ray(spool: Spool) -> list[str]:
+    """With jobs in ray/ (only then: the Ray client imports urllib), record how Ray says they are
+    and submit those whose dependencies succeeded; a cluster that cannot be asked is a warning."""
+    if not spool.jobs.names(RAY):
+        return []
+    from gpuq.engine.lifecycle import ray_handover  # the Ray subsystem: only with jobs handed to it
+
+    try:
+        ray_handover.sync(spool)
+    except ray_handover.RayError as exc:
+        return [f"Ray's state of the jobs handed to it is not current: {exc}"]
     return []
 
 

@@ -1,0 +1,274 @@
+"""Jobs handed to a Ray cluster (`gpuq ray submit | sync | status`) against a real one-node Ray head
+started here on loopback (tests/ray_cluster.py; skipped with the reason where Ray is not installed
+or does not start). What needs no cluster (no answer at the address, the address's forms) runs
+everywhere.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from conftest import WAIT_FOR_GO, alive, wait_for
+from ray_cluster import free_port, ray_head  # noqa: F401  (the fixture)
+
+from gpuq.core import ray_transitions as rt
+from gpuq.core.errors import UsageError
+from gpuq.core.job import Job
+from gpuq.core.states import FAILED, RAY
+from gpuq.engine.lifecycle.ray_handover import entrypoint, fits, own_part, submission_fields
+from gpuq.spool import Spool
+from gpuq.system import rayjobs
+
+
+def on_ray(gq: Any, head: Any) -> Any:
+    gq.env["RAY_ADDRESS"] = head.address
+    return gq
+
+
+def synced_until(gq: Any, job_id: int, state: str, timeout: float = 60) -> dict:
+    """`gpuq ray sync` until the job is in `state` (each sync asks Ray once)."""
+
+    def there() -> bool:
+        gq.gpuq("ray", "sync")
+        return gq.state_of(job_id) == state
+
+    wait_for(there, timeout, interval=0.3, what=f"job {job_id} to be {state}")
+    return gq.job(job_id)
+
+
+def test_a_job_runs_on_ray_and_its_exit_code_and_log_come_back(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    good = gq.add("--gpus", "1", "--", "sh", "-c", 'echo "ran on ray gpus=$CUDA_VISIBLE_DEVICES id=$GPUQ_JOB_ID"')
+    bad = gq.add("--gpus", "0", "--", "sh", "-c", "echo about to fail; exit 3")
+    out = gq.gpuq("ray", "submit", str(good), str(bad))
+    assert f"Job #{good}" in out.stdout and f"Job #{bad}" in out.stdout
+    assert gq.state_of(good) == "ray" and gq.job(good)["ray"]["submission_id"]
+    done = synced_until(gq, good, "done")
+    failed = synced_until(gq, bad, "failed")
+    assert done["exit_code"] == 0 and failed["exit_code"] == 3
+    assert done["history"][-1]["ray_state"] == "SUCCEEDED" and failed["history"][-1]["ray_state"] == "FAILED"
+    log = gq.gpuq("log", str(good)).stdout
+    assert f"ran on ray gpus=0 id={good}" in log or f"ran on ray gpus=1 id={good}" in log
+    assert "about to fail" in gq.gpuq("log", str(bad)).stdout
+    shown = gq.gpuq("status", "-a").stdout
+    assert "exit=3" in shown
+
+
+def test_status_and_show_say_where_a_job_on_ray_is(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    body = "import os\nprint('Step', '3/10')\nprint('progress at', os.environ['GPUQ_PROGRESS_FILE'], flush=True)\n"
+    body += WAIT_FOR_GO
+    job = gq.add("--gpus", "0", "--", "python3", "-c", body)
+    gq.gpuq("ray", "submit", str(job))
+    sub_id = gq.job(job)["ray"]["submission_id"]
+    wait_for(lambda: f"ray {sub_id} RUNNING" in gq.gpuq("status").stdout, 60, 0.3, "status to show it running")
+    wanted = f"Step 3/10\nprogress at {gq.home / 'progress' / f'{job:06d}.json'}\n"  # on the shared filesystem
+    wait_for(lambda: wanted in gq.gpuq("log", str(job)).stdout, 30, 0.3, "its log to come back")
+    eta = gq.gpuq("eta", str(job)).stdout
+    assert f"#{job} " in eta and "(ray)" in eta and "3/10" in eta, eta
+    assert f"Ray job {sub_id} at {ray_head.address}: RUNNING" in gq.gpuq("show", str(job)).stdout
+    cluster = gq.gpuq("ray", "status").stdout
+    assert "127.0.0.1 (head)  2 GPU" in cluster and f"runs #{job} " in cluster
+    (gq.work / "go").write_text("")
+    synced_until(gq, job, "done")
+
+
+def test_two_jobs_with_after_run_in_order(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    stamp = "import sys, time; time.sleep(float(sys.argv[2])); open(sys.argv[1], 'w').write(repr(time.time()))"
+    first = gq.add("--gpus", "0", "--", "python3", "-c", stamp, "first", "1.5")
+    second = gq.add("--gpus", "0", "--after", str(first), "--", "python3", "-c", stamp, "second", "0")
+    gq.gpuq("ray", "submit", str(first), str(second))
+    waiting = gq.job(second)["ray"]
+    assert waiting["state"] == "WAITING" and waiting["submission_id"] is None
+    gq.gpuq("wait", "--timeout", "90", timeout=120)  # `gpuq wait` asks Ray as it waits
+    assert gq.state_of(second) == "done"
+    assert float((gq.work / "second").read_text()) > float((gq.work / "first").read_text())
+    assert gq.state_of(first) == "done"
+
+
+def test_a_dependent_of_a_failed_job_never_goes(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    first = gq.add("--gpus", "0", "--", "sh", "-c", "exit 1")
+    second = gq.add("--gpus", "0", "--after", str(first), "--", "true")
+    gq.gpuq("ray", "submit", str(first), str(second))
+    synced_until(gq, first, "failed")
+    gq.gpuq("ray", "sync")
+    mark = gq.job(second)["ray"]
+    assert mark["state"] == "WAITING" and f"#{first} failed" in mark["reason"]
+    gq.gpuq("cancel", str(second))
+    assert gq.state_of(second) == "cancelled"
+
+
+def test_a_running_job_is_stopped_by_cancel(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    body = "import os\nopen('pid', 'w').write(str(os.getpid()))\n" + WAIT_FOR_GO
+    job = gq.add("--gpus", "1", "--", "python3", "-c", body)
+    gq.gpuq("ray", "submit", str(job))
+    wait_for(lambda: (gq.work / "pid").exists() and (gq.work / "pid").read_text(), 60, 0.2, "the job to start")
+    pid = int((gq.work / "pid").read_text())
+    out = gq.gpuq("cancel", str(job))
+    assert gq.state_of(job) == "cancelled", out.stdout
+    assert "Ray job" in gq.job(job)["note"]
+    wait_for(lambda: not alive(pid), 30, 0.1, "the job's process to end")
+    sub_id = gq.job(job)["ray"]["submission_id"]
+    wait_for(lambda: rayjobs.get(ray_head.address, sub_id).state == "STOPPED", 30, 0.2, "Ray to say STOPPED")
+
+
+def test_kill_stops_it_too(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    job = gq.add("--gpus", "0", "--", "python3", "-c", WAIT_FOR_GO)
+    gq.gpuq("ray", "submit", str(job))
+    sub_id = gq.job(job)["ray"]["submission_id"]
+    wait_for(lambda: rayjobs.get(ray_head.address, sub_id).state == "RUNNING", 60, 0.2, "Ray to run it")
+    gq.gpuq("kill", str(job))
+    assert gq.state_of(job) == "cancelled" and "killed" in gq.job(job)["note"]
+    wait_for(lambda: rayjobs.get(ray_head.address, sub_id).state == "STOPPED", 30, 0.2, "Ray to say STOPPED")
+
+
+def test_a_job_asking_more_gpus_than_any_node_has_stays_queued(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    big = gq.add("--gpus", "3", "--", "true")
+    small = gq.add("--gpus", "1", "--", "true")
+    out = gq.gpuq("ray", "submit", "--all", check=False)
+    assert out.returncode == 1
+    assert f"job #{big} stays here: it asks for 3 GPU(s)" in out.stderr and "(the most GPUs on one: 2)" in out.stderr
+    assert gq.state_of(big) == "pending" and gq.job(big).get("ray") is None
+    synced_until(gq, small, "done")
+
+
+def test_retries_bring_back_a_job_that_failed_once_from_its_checkpoint(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    body = (
+        "import os, sys\n"
+        "if not os.path.exists('ck/step_5.pt'):\n"
+        "    os.makedirs('ck', exist_ok=True); open('ck/step_5.pt', 'w').write('weights')\n"
+        "    print('first attempt fails', flush=True); sys.exit(4)\n"
+        "print('second attempt:', sys.argv[1:], flush=True)\n"
+    )
+    script = gq.script("train.py", body)
+    job = gq.add("--gpus", "0", "--retries", "1", "--ckpt-glob", "ck/step_*.pt", "--", "python3", str(script))
+    gq.gpuq("ray", "submit", str(job))
+    done = synced_until(gq, job, "done", timeout=90)
+    assert done["attempts"] == 2 and [h["exit_code"] for h in done["history"]] == [4, 0]
+    log = gq.gpuq("log", str(job)).stdout
+    assert "first attempt fails" in log
+    assert f"second attempt: ['--resume_from_checkpoint', '{gq.work / 'ck' / 'step_5.pt'}']" in log
+
+
+def test_a_job_whose_directory_is_gone_stays_queued_and_the_rest_go(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    gone = gq.work / "gone"
+    gone.mkdir()
+    lost = gq.add("--gpus", "0", "--dir", str(gone), "--", "true")
+    gone.rmdir()
+    good = gq.add("--gpus", "0", "--", "true")
+    out = gq.gpuq("ray", "submit", "--all", check=False)
+    assert out.returncode == 1 and f"job #{lost} stays here: its directory {gone} does not exist" in out.stderr
+    assert "a shared filesystem: not checked there" in out.stdout
+    assert gq.state_of(lost) == "pending"
+    synced_until(gq, good, "done")
+
+
+def test_no_cluster_at_the_address_leaves_the_jobs_queued(gq: Any) -> None:
+    job = gq.add("--", "true")
+    address = f"http://127.0.0.1:{free_port()}"
+    out = gq.gpuq("ray", "submit", str(job), "--address", address, check=False)
+    assert out.returncode == 1 and f"job #{job} stays here: no Ray cluster answers at {address}" in out.stderr
+    assert gq.state_of(job) == "pending"
+
+
+def test_ray_submit_needs_ids_or_all_and_an_address(gq: Any) -> None:
+    gq.add("--", "true")
+    out = gq.gpuq("ray", "submit", check=False)
+    assert out.returncode == 2 and "--all" in out.stderr
+    env = {k: v for k, v in gq.env.items() if k != "RAY_ADDRESS"}
+    out = gq.gpuq("ray", "submit", "--all", check=False, env=env)
+    assert out.returncode == 2 and "RAY_ADDRESS" in out.stderr
+    out = gq.gpuq("ray", "submit", "--all", "--address", "ray://head:10001", check=False)
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and "dashboard" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [("127.0.0.1:8265", "http://127.0.0.1:8265"), ("http://head:8265/", "http://head:8265")],
+)
+def test_address_forms(given: str, expected: str) -> None:
+    assert rayjobs.address(given, {}) == expected
+    assert rayjobs.address(None, {"RAY_ADDRESS": given}) == expected
+
+
+def test_a_ray_client_address_is_refused() -> None:
+    with pytest.raises(UsageError, match="dashboard"):
+        rayjobs.address("ray://head:10001", {})
+
+
+def test_a_hand_over_cut_short_is_finished_by_the_next_sync_never_run_twice(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    body = "open('ran', 'a').write('{0}\\n')"
+    found = gq.add("--gpus", "0", "--", "python3", "-c", body.format("found"))
+    lost = gq.add("--gpus", "0", "--", "python3", "-c", body.format("lost"))
+    spool = Spool(gq.home)
+    # gpuq killed after the move to ray/ and before Ray's answer: the marks are there, as the engine
+    # writes them; for `found`, Ray had taken the job.
+    ids = {}
+    for job_id in (found, lost):
+        ref = spool.jobs.find(job_id)
+        assert ref is not None
+        job = spool.jobs.load(ref)
+        ids[job_id] = rt.submission_id(f"cut{job_id}", job)
+        ref, job = spool.jobs.move(ref, job, RAY, rt.handing(job, ray_head.address, ids[job_id], 0))
+        if job_id == found:
+            rayjobs.submit(ray_head.address, entrypoint(job), ids[job_id], **submission_fields(spool, job))
+    assert gq.job(found)["ray"]["state"] == gq.job(lost)["ray"]["state"] == "SUBMITTING"
+    synced_until(gq, found, "done")
+    synced_until(gq, lost, "done")
+    assert sorted((gq.work / "ran").read_text().split()) == ["found", "lost"]  # each ran once
+    assert gq.job(found)["ray"]["submission_id"] == ids[found] and gq.job(lost)["ray"]["submission_id"] == ids[lost]
+
+
+def test_status_without_ray_jobs_does_not_import_urllib(gq: Any) -> None:
+    gq.add("--gpus", "0", "--", "true")
+    probe = "import sys; from gpuq.cli import main; main(['status']); print('urllib.request' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], env=gq.env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout
+
+
+# ---- what needs no cluster ----------------------------------------------------------------------
+def _node(gpus: float, cpus: float = 8, alive: bool = True) -> rayjobs.Node:
+    return rayjobs.Node("n", "10.0.0.1", alive, False, {"GPU": gpus, "CPU": cpus, "memory": 64 * 2**30})
+
+
+def test_fits_names_what_no_live_node_has() -> None:
+    job = Job({"id": 1, "gpu_request": 3, "cpus": None, "mem_mib": None})
+    assert fits(job, [_node(2), _node(4, alive=False)], "http://h:8265") == (
+        "it asks for 3 GPU(s); no node of the Ray cluster at http://h:8265 has that (the most GPUs on one: 2)"
+    )
+    assert fits(job, [_node(2), _node(4)], "http://h:8265") is None
+    assert "no live node" in str(fits(job, [_node(8, alive=False)], "http://h:8265"))
+    roomy = Job({"id": 2, "gpu_request": 1, "cpus": 16, "mem_mib": None})
+    assert "16 CPU(s)" in str(fits(roomy, [_node(2)], "http://h:8265"))
+
+
+def test_the_spool_log_holds_the_job_output_without_ray_s_lines() -> None:
+    ray_log = "2026 INFO job_manager.py -- Runtime env is setting up.\nRunning entrypoint for job x: cd -- /w\nout 1\n"
+    assert own_part(ray_log) == b"out 1\n"
+    assert own_part("Ray could not start it\n") == b"Ray could not start it\n"
+
+
+def test_a_retried_ray_job_runs_here_unless_handed_over_again(gq: Any) -> None:
+    job_id = gq.add("--gpus", "0", "--", "true")
+    spool = Spool(gq.home)
+    ref = spool.jobs.find(job_id)
+    assert ref is not None
+    ref, job = spool.jobs.move(
+        ref, spool.jobs.load(ref), RAY, rt.handing(spool.jobs.load(ref), "http://h:8265", None, 0)
+    )
+    ended = rt.ended(job, "FAILED", exit_code=3, started_at=None, finished_at=None, reason="boom")
+    spool.jobs.move(ref, job, FAILED, ended)
+    assert gq.job(job_id)["history"][-1]["ray_state"] == "FAILED"
+    gq.gpuq("retry", str(job_id))
+    assert gq.state_of(job_id) == "pending" and gq.job(job_id)["ray"] is None
