@@ -30,7 +30,7 @@ from gpuq.spool.layout import Layout, is_job_name
 from gpuq.spool.store import JobRef, JobStore
 
 NAME = "finished-jobs"
-FORMAT = 5  # 4: one marshal object, read whole by every look
+FORMAT = 6  # 5: pasts as lists; 4: one marshal object, read whole by every look
 HEAD_SIZE_BYTES = 8  # the file starts with the head's length, so that the head alone is unmarshalled
 RECENT_RUNS = 5  # per command key, the newest run times of done jobs kept in the head (the queue's ETA)
 SETTLE_SECONDS = 2.0
@@ -41,8 +41,9 @@ OLD_NAMES += ("status-jobs", "kept-runs", "finished-rows")
 # A row: the job's name, its script (schema.display_script), whole seconds run (None: unknown) and
 # its end, a tuple of END ("" for an absent string, None for an absent number; `unreadable`: why
 # the file is not a valid job). Then what the ETA and history read (runs.py): the command key,
-# the run time in seconds (None: unknown or adopted) and the past, its runs (runs.facts; "" for
-# a file that is no valid job).
+# the run time in seconds (None: unknown or adopted) and the past, its runs (runs.facts, as marshal
+# bytes: one object per row, so that `status -a` unmarshals no lists it does not show; "" for a
+# file that is no valid job).
 ROW = ("name", "script", "seconds", "end", "key", "run", "past")
 END = ("exit_code", "signal", "slurm_job", "reason", "code_changed", "note", "priority", "unreadable")
 
@@ -72,7 +73,7 @@ def row_of(job: Job, state: str, now: float) -> tuple:
         end,
         runs.command_key(job.cmd, job.cwd),
         runs.run_seconds(job),
-        runs.facts(state, job),
+        marshal.dumps(runs.facts(state, job)),
     )
 
 

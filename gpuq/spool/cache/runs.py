@@ -6,6 +6,7 @@ made in the spool. Tolerant: a bad value in one job file gives an unknown, never
 from __future__ import annotations
 
 import json
+import marshal
 from typing import Any, Callable, Optional
 
 from gpuq.core.job import Job
@@ -98,14 +99,20 @@ def past_text(state: str, job: Job) -> str:
 
 
 def read_pasts(pasts: list[Any]) -> list[list[Any]]:
-    """The facts of many rows' pasts: the index holds them as data, kept-runs as JSON text (a
-    damaged one reads as no runs)."""
+    """The facts of many rows' pasts: the index holds them as marshal bytes, kept-runs as JSON text
+    (a damaged one reads as no runs)."""
     damaged: list[Any] = [None, False, [], []]
-    return [_read_one(past, damaged, _is_past) if isinstance(past, str) else _checked(past, damaged) for past in pasts]
+    return [
+        _read_one(past, damaged, _is_past) if isinstance(past, str) else _unmarshal(past, damaged) for past in pasts
+    ]
 
 
-def _checked(past: Any, damaged: list[Any]) -> list[Any]:
-    return past if _is_past(past) else damaged
+def _unmarshal(past: Any, damaged: list[Any]) -> list[Any]:
+    try:
+        value = marshal.loads(past)
+    except (EOFError, ValueError, TypeError):
+        return damaged
+    return value if _is_past(value) else damaged
 
 
 def read_keys(keys: list[str]) -> dict[str, tuple[Any, Any]]:
