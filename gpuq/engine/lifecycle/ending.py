@@ -6,7 +6,7 @@ the job's claim (`claimed`)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple, Optional
 
@@ -89,6 +89,20 @@ def get(spool: Spool, job_id: int, states: tuple[str, ...] = STATES) -> tuple[Jo
         raise Refused(f"job #{job_id} changed state while reading it; try again") from None
     except schema.InvalidJob as exc:
         raise Refused(f"job #{job_id}: file is damaged: {exc}") from None
+
+
+def pending_jobs(spool: Spool, ids: Optional[Sequence[int]], left: dict[int, str]) -> list[Job]:
+    """The pending jobs to hand over to a cluster (all of them for None); a job named that is not
+    pending goes into `left`, with why."""
+    if ids is None:
+        return [job for _ref, job in spool.jobs.load_many(PENDING)]
+    jobs = []
+    for job_id in dict.fromkeys(ids):
+        try:
+            jobs.append(get(spool, job_id, (PENDING,))[1])
+        except Refused as exc:
+            left[job_id] = str(exc)
+    return jobs
 
 
 @contextmanager

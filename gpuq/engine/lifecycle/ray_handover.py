@@ -21,7 +21,7 @@ from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, DONE, FAILED, FINISHED, PENDING, RAY
 from gpuq.core.times import iso_of
-from gpuq.engine.lifecycle.ending import claimed, get, record_end
+from gpuq.engine.lifecycle.ending import claimed, pending_jobs, record_end
 from gpuq.spool import Spool
 from gpuq.system import rayjobs as client
 from gpuq.system.rayjobs import RayError, RayNoAnswer, RayUnreachable
@@ -94,7 +94,7 @@ def submit(
     """Hand over every job that can go, in dependency order; one that cannot stays pending with the
     reason. A cluster that does not answer stops the rest."""
     out = Submitted()
-    jobs = _targets(spool, ids, out.left)
+    jobs = pending_jobs(spool, ids, out.left)
     try:
         nodes = client.nodes(address)
     except RayError as exc:
@@ -130,18 +130,6 @@ def submit(
         out.handed.append(handed)
         say(handed)
     return out
-
-
-def _targets(spool: Spool, ids: Optional[Sequence[int]], left: dict[int, str]) -> list[Job]:
-    if ids is None:
-        return [job for _ref, job in spool.jobs.load_many(PENDING)]
-    jobs = []
-    for job_id in dict.fromkeys(ids):
-        try:
-            jobs.append(get(spool, job_id, (PENDING,))[1])
-        except Refused as exc:
-            left[job_id] = str(exc)
-    return jobs
 
 
 def _dependency_refusal(job: Job, states: dict[int, str], chosen: set, left: dict[int, str]) -> Optional[str]:

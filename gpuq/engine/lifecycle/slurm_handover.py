@@ -16,7 +16,7 @@ from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, DONE, FAILED, FINISHED, PENDING, SLURM
 from gpuq.core.times import iso_of, parse_iso
-from gpuq.engine.lifecycle.ending import claimed, get, record_end
+from gpuq.engine.lifecycle.ending import claimed, pending_jobs, record_end
 from gpuq.spool import Spool
 from gpuq.system import slurm as client
 from gpuq.system.slurm import SlurmError, SlurmNoAnswer, SlurmUnreachable
@@ -72,7 +72,7 @@ def submit(
     if shutil.which("sbatch", path=env.get("PATH") if env is not None else None) is None:
         raise SlurmError("Slurm's sbatch is not on PATH: run gpuq on the cluster's login node")
     out = Submitted()
-    jobs = _targets(spool, ids, out.left)
+    jobs = pending_jobs(spool, ids, out.left)
     on_slurm = {ref.id for ref in spool.jobs.refs((SLURM,))}
     if any(d in on_slurm for j in jobs for d in j.after + j.after_any):
         sync(spool, env)  # a dependency Slurm finished (and may forget) must be seen as ended
@@ -103,19 +103,6 @@ def submit(
             out.handed.append(result)
             say(result)
     return out
-
-
-def _targets(spool: Spool, ids: Optional[Sequence[int]], left: dict[int, str]) -> list[Job]:
-    """The pending jobs to hand over; a job named that is not pending goes into `left`."""
-    if ids is None:
-        return [job for _ref, job in spool.jobs.load_many(PENDING)]
-    jobs = []
-    for job_id in dict.fromkeys(ids):
-        try:
-            jobs.append(get(spool, job_id, (PENDING,))[1])
-        except Refused as exc:
-            left[job_id] = str(exc)
-    return jobs
 
 
 def _slurm_ids(spool: Spool) -> dict[int, int]:
