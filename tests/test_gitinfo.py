@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -68,7 +69,8 @@ def test_dirty_repo_hash_follows_the_change_not_the_staging(repo: Path) -> None:
     (repo / "train.py").write_text("print('v2')\n")
     first = gitinfo.provenance(str(repo))
     assert first is not None and first["dirty"] is True
-    assert len(first["diff_hash"]) == 64 and int(first["diff_hash"], 16) >= 0
+    size, crc = first["diff_hash"].split("-")
+    assert int(size) > 0 and len(crc) == 8 and int(crc, 16) >= 0
     git(repo, "add", "train.py")  # staged or not, the code is the same
     assert gitinfo.provenance(str(repo))["diff_hash"] == first["diff_hash"]
     (repo / "train.py").write_text("print('v3')\n")
@@ -111,7 +113,8 @@ def test_repo_without_commits(tmp_path: Path) -> None:
     (empty / "a.py").write_text("print(1)\n")
     git(empty, "add", "a.py")
     staged = gitinfo.provenance(str(empty))
-    assert staged["commit"] is None and staged["dirty"] is True and len(staged["diff_hash"]) == 64
+    assert staged["commit"] is None and staged["dirty"] is True
+    assert re.fullmatch(r"\d+-[0-9a-f]{8}", staged["diff_hash"])
     (empty / "a.py").write_text("print(2)\n")
     assert gitinfo.provenance(str(empty))["diff_hash"] != staged["diff_hash"]
 
@@ -206,6 +209,16 @@ def test_changed_without_repository() -> None:
     info = {"repo": "/r", "commit": "a" * 40, "branch": "main", "dirty": False, "diff_hash": None}
     assert gitinfo.changed(None, info) is None
     assert gitinfo.changed(info, None) == "cannot tell whether the code changed: no git work tree when the job started"
+
+
+def test_a_fingerprint_queued_by_0_1_0_is_not_called_a_change(repo: Path) -> None:
+    (repo / "train.py").write_text("print('v2')\n")
+    now = gitinfo.provenance(str(repo))
+    queued = dict(now, diff_hash="ab" * 32)  # the sha256 that gpuq 0.1.0 wrote
+    assert gitinfo.changed(queued, now) is None
+    assert gitinfo.changed(dict(now, diff_hash="12-0badf00d"), now) == (
+        "code changed since it was queued: uncommitted changes differ"
+    )
 
 
 # -- snapshot() --

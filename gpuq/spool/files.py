@@ -91,7 +91,12 @@ class Files:
 
     def place_new(self, target: StrPath, data: bytes, kind: str) -> None:
         """Atomically create `target` with `data`, durably; FileExistsError if it exists."""
-        _rename_or_drop(self._write_tmp(data, kind), target, replace=False)
+        try:
+            written = fsutil.create_unnamed_first(str(target), data)
+        except OSError as exc:
+            raise full_or(self.layout.home, exc) from None
+        if written is None:
+            _rename_or_drop(self._write_tmp(data, kind), target, replace=False)
         fsutil.fsync_dir(os.path.dirname(target))
 
     def clean_tmp(self, now: Optional[float] = None) -> int:

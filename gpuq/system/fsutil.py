@@ -33,17 +33,68 @@ def write_new_file(path: StrPath, data: bytes, durable: bool = True) -> os.stat_
     the partial file is removed, so nothing half-written remains."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if durable:
-            os.fsync(fd)
-        return os.fstat(fd)
+        return _write_whole(fd, data, durable)
     except BaseException:
         unlink_quietly(path)
         raise
     finally:
         os.close(fd)
+
+
+def _write_whole(fd: int, data: bytes, durable: bool) -> os.stat_result:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    if durable:
+        os.fsync(fd)
+    return os.fstat(fd)
+
+
+# Linux can give a new file its name without a second name at any moment, and without ctypes (which
+# the no-clobber rename needs); cleared at the first refusal, so a filesystem without it costs one try.
+_unnamed_files = sys.platform.startswith("linux") and hasattr(os, "O_TMPFILE")
+
+
+def create_unnamed_first(path: str, data: bytes) -> Optional[os.stat_result]:
+    """Create `path` with `data`, durably; FileExistsError if it exists. An unnamed file (O_TMPFILE)
+    in its directory, written and fsynced, then named by linkat of /proc/self/fd/N: nobody sees it
+    half-written or with two links (security.py refuses a job file with two), and a crash leaves
+    no name behind. None where this cannot be done here: the caller renames a tmp/ file instead."""
+    global _unnamed_files
+    if not _unnamed_files:
+        return None
+    try:
+        fd = os.open(os.path.dirname(path) or ".", os.O_TMPFILE | os.O_WRONLY, 0o600)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
+        _unnamed_files = False
+        return None
+    try:
+        written = _write_whole(fd, data, durable=True)
+        if not _link_unnamed(fd, path):
+            _unnamed_files = False
+            return None
+    finally:
+        os.close(fd)  # an unnamed file that got no name is freed here
+    return written
+
+
+def _link_unnamed(fd: int, path: str) -> bool:
+    """linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/FD to `path` (os.link uses linkat only when given
+    a directory descriptor). False where refused (no /proc, a kernel or filesystem that will not)."""
+    directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.link(f"/proc/self/fd/{fd}", os.path.basename(path), dst_dir_fd=directory)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        return False
+    finally:
+        os.close(directory)
+    return True
 
 
 def unlink_quietly(path: StrPath) -> None:

@@ -8,10 +8,10 @@ job of a queue as "code changed".
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import threading
+import zlib
 from typing import Any, Optional
 
 GIT_TIMEOUT = 5.0
@@ -62,17 +62,19 @@ def _start(cwd: str, *args: str) -> subprocess.Popen:
         raise GitFailed(str(exc)) from None
 
 
-def _sha256_of(proc: subprocess.Popen) -> tuple[int, str]:
-    """(size, sha256) of the output of a started git, read in chunks (a diff of a large file is
-    never held whole)."""
+def _fingerprint_of(proc: subprocess.Popen) -> tuple[int, str]:
+    """(size, fingerprint) of the output of a started git, read in chunks (a diff of a large file is
+    never held whole). The fingerprint, "SIZE-CRC32", tells one diff from a later one; it is no
+    defence against a forged diff, which nobody here has a reason to make (a cryptographic hash
+    would load OpenSSL into every `gpuq add`)."""
     # A blocking read cannot time out by itself: a timer kills git, which ends the read.
     timer = threading.Timer(GIT_TIMEOUT, proc.kill)
     timer.start()
-    digest, size = hashlib.sha256(), 0
+    crc, size = 0, 0
     try:
         assert proc.stdout is not None
         while chunk := proc.stdout.read(CHUNK):
-            digest.update(chunk)
+            crc = zlib.crc32(chunk, crc)
             size += len(chunk)
         proc.stdout.close()
         code = proc.wait()
@@ -80,7 +82,7 @@ def _sha256_of(proc: subprocess.Popen) -> tuple[int, str]:
         timer.cancel()
     if code != 0:
         raise GitFailed(f"git diff exited {code}")
-    return size, digest.hexdigest()
+    return size, f"{size}-{crc:08x}"
 
 
 def status(cwd: str, timeout: float) -> tuple[Optional[str], Optional[str], bool]:
@@ -119,7 +121,7 @@ def provenance(cwd: str) -> Optional[dict[str, Any]]:
             _stop(diff)
             empty_tree = git(top, "hash-object", "-t", "tree", "/dev/null").decode().strip()
             diff = _start(top, "diff", *DIFF_OPTIONS, empty_tree, "--")
-        size, digest = _sha256_of(diff)
+        size, digest = _fingerprint_of(diff)
     except GitFailed:
         return None
     finally:
@@ -171,9 +173,17 @@ def changed(queued: Optional[dict[str, Any]], now: Optional[dict[str, Any]]) -> 
         return line + (" (with uncommitted changes)" if now.get("dirty") else "")
     if queued.get("dirty") != now.get("dirty"):
         return PREFIX + ("uncommitted changes made since" if now.get("dirty") else "uncommitted changes discarded")
-    if queued.get("diff_hash") != now.get("diff_hash"):
+    if _fingerprints_differ(queued.get("diff_hash"), now.get("diff_hash")):
         return PREFIX + "uncommitted changes differ"
     return None
+
+
+def _fingerprints_differ(queued: Optional[str], now: Optional[str]) -> bool:
+    """Whether two diff fingerprints differ; one of the 64-digit sha256 of job files queued by
+    gpuq 0.1.0 cannot be compared with a newer one, and is taken as the same."""
+    if queued and now and ("-" in queued) != ("-" in now):
+        return False
+    return queued != now
 
 
 def _short(commit: Optional[str]) -> str:
