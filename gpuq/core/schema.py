@@ -129,6 +129,8 @@ def parse_bytes(data: bytes) -> dict[str, Any]:
 def _check_env(value: Any, field: str = "env") -> dict[str, str]:
     if not isinstance(value, dict):
         raise InvalidJob(f"{field!r} must be an object of strings")
+    if _plain_env(value):
+        return value
     for key, val in value.items():
         if not isinstance(val, str):
             raise InvalidJob(f"{field!r} value for {key!r} must be a string, not {type(val).__name__}")
@@ -137,6 +139,20 @@ def _check_env(value: Any, field: str = "env") -> dict[str, str]:
         if not (os_str(key) and os_str(val)):
             raise InvalidJob(f"{field!r} variable {key!r} {NOT_OS_TEXT}")
     return value
+
+
+def _plain_env(value: dict[str, Any]) -> bool:
+    """The common case at a glance: every value a string, no empty name, and all names and values
+    ASCII without `=` in a name or NUL anywhere (a `shell_env` holds the whole environment of the
+    shell that queued the job, and every `status` reads the queue's files)."""
+    if "" in value or not all(isinstance(val, str) for val in value.values()):
+        return False
+    try:
+        names = "".join(value)
+    except TypeError:  # a name that is no string: the careful loop says which
+        return False
+    text = names + "".join(value.values())
+    return "=" not in names and "\x00" not in text and text.isascii()
 
 
 def _check_ids(value: Any, field: str) -> list[int]:
