@@ -80,6 +80,8 @@ def _entry(
         "reason": reason,
         "ray_submission_id": (job.ray or {}).get("submission_id"),
         "ray_state": ray_state,
+        "mem_mib": job.mem_mib,  # what it had: an out-of-memory retry gets more (core/oom.py)
+        **({"gpu_mem_mib": job.gpu_mem_mib} if job.gpu_request else {}),
     }
 
 
