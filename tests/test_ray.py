@@ -266,17 +266,19 @@ def test_an_out_of_memory_attempt_on_ray_is_retried_with_twice_the_share(gq: Any
     on_ray(gq, ray_head)
     Gpus(gq, fake_gpus(1, total=80 * G))  # the head's GPUs as gpuq sees them: Ray's declared ones have no size
     gq.script("oom.py", OOM_ONCE)
-    (gq.work / "go").write_text("")
     job_id = gq.add("--gpus", "1", "--gpu-mem", "20G", "--retries", "1", "oom.py", "1")
     gq.gpuq("ray", "submit", str(job_id))
     assert asked(ray_head, gq.job(job_id)["ray"]["submission_id"])["GPU"] == 0.25
+    wait_for(lambda: "retrying after out-of-memory with 40G" in gq.gpuq("status").stdout, 60, 0.3, "the retry")
+    second = gq.work / "attempt-1.json"
+    assert json.loads(wait_for(lambda: second.exists() and second.read_text(), 60, 0.2, "attempt 2"))["retry"] == "1"
+    (gq.work / "go").write_text("")
     done = synced_until(gq, job_id, "done", timeout=90)
     assert done["attempts"] == 2 and done["oom_retries"] == 1 and done["gpu_mem_mib"] == 40 * G
     first, second = done["history"]
     assert first["gpu_mem_mib"] == 20 * G and first["reason"].startswith("CUDA out of memory (tried to allocate 2.00")
     assert "retrying after out-of-memory with 40G" in first["change"]
     assert asked(ray_head, second["ray_submission_id"])["GPU"] == 0.5
-    assert json.loads((gq.work / "attempt-1.json").read_text())["retry"] == "1"
     shown = gq.gpuq("show", str(job_id)).stdout
     assert (
         "had 20G of a GPU" in shown and "retrying after out-of-memory with 40G" in shown and "had 40G of a GPU" in shown
@@ -300,25 +302,29 @@ def test_without_a_retry_left_it_fails_saying_what_a_retry_would_get(gq: Any, ra
 
 HOST_OOM_ONCE = """import os, sys
 if not os.environ.get("GPUQ_OOM_RETRY"):
+    os.makedirs("ck", exist_ok=True); open("ck/step_3.pt", "w").write("weights")
     print("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
           "you tried to allocate 8589934592 bytes.", flush=True)
     sys.exit(1)
-print("retry", os.environ["GPUQ_OOM_RETRY"], flush=True)
+print("retry", os.environ["GPUQ_OOM_RETRY"], sys.argv[1:], flush=True)
 """
 
 
 def test_a_job_out_of_host_memory_on_ray_is_retried_with_twice_its_mem(gq: Any, ray_head: Any) -> None:  # noqa: F811
-    """--mem 64M, Ray's `entrypoint_memory`: PyTorch's CPU allocator failing sends it back with 128M;
-    --retry-oom alone pays for it."""
+    """--mem 64M, Ray's `entrypoint_memory`: PyTorch's CPU allocator failing sends it back with 128M,
+    from the checkpoint it wrote; --retry-oom alone pays for it."""
     on_ray(gq, ray_head)
     gq.script("host.py", HOST_OOM_ONCE)
-    job_id = gq.add("--gpus", "0", "--mem", "64M", "--retry-oom", "1", "python3", "host.py")
+    job_id = gq.add(
+        "--gpus", "0", "--mem", "64M", "--retry-oom", "1", "--ckpt-glob", "ck/step_*.pt", "python3", "host.py"
+    )
     gq.gpuq("ray", "submit", str(job_id))
     assert asked(ray_head, gq.job(job_id)["ray"]["submission_id"])["memory"] == 64 * 2**20
     done = synced_until(gq, job_id, "done", timeout=90)
     assert done["mem_mib"] == 128 and done["history"][0]["reason"].startswith("out of CPU memory")
     assert asked(ray_head, done["history"][1]["ray_submission_id"])["memory"] == 128 * 2**20
-    assert "retry 1" in gq.gpuq("log", str(job_id)).stdout
+    ckpt = gq.work / "ck" / "step_3.pt"
+    assert f"retry 1 ['--resume_from_checkpoint', '{ckpt}']" in gq.gpuq("log", str(job_id)).stdout
 
 
 # ---- what needs no cluster ----------------------------------------------------------------------
