@@ -7,6 +7,8 @@ everywhere.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -325,6 +327,39 @@ def test_a_job_out_of_host_memory_on_ray_is_retried_with_twice_its_mem(gq: Any, 
     assert asked(ray_head, done["history"][1]["ray_submission_id"])["memory"] == 128 * 2**20
     ckpt = gq.work / "ck" / "step_3.pt"
     assert f"retry 1 ['--resume_from_checkpoint', '{ckpt}']" in gq.gpuq("log", str(job_id)).stdout
+
+
+DIES_WITH_ITS_NODE = """import os, sys, time
+if os.path.exists("first"):
+    print("second attempt", flush=True); sys.exit(0)
+open("first", "w").write(str(os.getpid()))
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_retries_bring_back_a_job_whose_ray_supervisor_died(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    """The nearest event to a node's death one loopback node can produce (a second node cannot join
+    a cluster kept on 127.0.0.1): the Ray job's supervisor actor and the job's process are killed,
+    and Ray fails the job without an exit code, as when its node goes away; --retries 1 submits it
+    again and it ends done."""
+    on_ray(gq, ray_head)
+    gq.script("node.py", DIES_WITH_ITS_NODE)
+    job_id = gq.add("--gpus", "1", "--retries", "1", "python3", "node.py")
+    gq.gpuq("ray", "submit", str(job_id))
+    first = gq.work / "first"
+    pid = int(wait_for(lambda: first.exists() and first.read_text(), 60, 0.2, "the first attempt"))
+    actor = supervisor(ray_head, gq.job(job_id)["ray"]["submission_id"])
+    with open(f"/proc/{pid}/stat") as fh:
+        assert int(fh.read().rsplit(")", 1)[1].split()[1]) == actor["pid"]  # the job runs under it
+    assert actor["pid"] in ray_head._ours()  # a process of the cluster this test started
+    os.kill(actor["pid"], signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)  # it would die with its node: left, it would run beside its retry
+    done = synced_until(gq, job_id, "done", timeout=90)
+    lost = done["history"][0]
+    assert lost["exit_code"] is None and lost["ray_state"] == "FAILED" and lost["outcome"] == "pending"
+    assert lost["reason"].startswith("Ray: Job supervisor actor died")
+    assert done["attempts"] == 2 and "second attempt" in gq.gpuq("log", str(job_id)).stdout
 
 
 # ---- what needs no cluster ----------------------------------------------------------------------
