@@ -362,6 +362,28 @@ def test_retries_bring_back_a_job_whose_ray_supervisor_died(gq: Any, ray_head: A
     assert done["attempts"] == 2 and "second attempt" in gq.gpuq("log", str(job_id)).stdout
 
 
+def test_log_follow_fetches_a_ray_job_s_log_until_it_ends(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    body = "print('first', 'line', flush=True)\n" + WAIT_FOR_GO + "print('last', 'line', flush=True)\n"
+    job = gq.add("--gpus", "0", "--", "python3", "-c", body)
+    gq.gpuq("ray", "submit", str(job))
+    out = gq.work / "follow.out"
+    with open(out, "w") as fh:
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "gpuq", "log", "-f", str(job)], cwd=gq.work, env=gq.env, stdout=fh, stderr=fh
+        )
+    try:
+        wait_for(lambda: "first line" in out.read_text(), 60, 0.2, "the first line, fetched from Ray")
+        assert follow.poll() is None and "last line" not in out.read_text()
+        (gq.work / "go").write_text("")
+        assert follow.wait(60) == 0
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
+    assert "last line" in out.read_text() and gq.state_of(job) == "done"
+
+
 # ---- what needs no cluster ----------------------------------------------------------------------
 def _node(gpus: float, cpus: float = 8, alive: bool = True) -> rayjobs.Node:
     return rayjobs.Node("n", "10.0.0.1", alive, False, {"GPU": gpus, "CPU": cpus, "memory": 64 * 2**30})
