@@ -20,6 +20,7 @@ from ray_cluster import free_port, ray_head  # noqa: F401  (the fixture)
 from test_gpu_worker import Gpus, fake_gpus
 from test_oom import OOM_ONCE
 
+from gpuq.core import failure
 from gpuq.core import ray_transitions as rt
 from gpuq.core.errors import UsageError
 from gpuq.core.job import Job
@@ -431,3 +432,4 @@ def test_a_share_is_a_fraction_of_the_smallest_gpu_and_the_largest_gpus_a_node_t
     assert resources(largest, Room([40 * G, 80 * G], "accelerator_type:A100", None)) == {"accelerator_type:A100": 0.001}
     assert resources(largest, Room([80 * G], None, None)) is None and resources(share, Room([], "x", None)) is None
     assert host_oom("out of CPU memory (tried to allocate 8.0 GiB)") and not host_oom("CUDA out of memory")
+    assert host_oom(failure.reason(b"", -9, None)) and not host_oom(failure.reason(b"", 1, None))  # Ray's -9: SIGKILL
