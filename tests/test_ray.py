@@ -253,10 +253,14 @@ def supervisor(head: Any, sub_id: str) -> dict:
     `required_resources` what Ray reserved for the job (the Jobs API does not say it)."""
     url = f"{head.address}/api/v0/actors?detail=1&limit=1000&filter_keys=name&filter_predicates=%3D"
     url += f"&filter_values=_ray_internal_job_actor_{sub_id}"
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        rows = json.load(answer)["data"]["result"]["result"]
-    assert len(rows) == 1, rows
-    return rows[0]
+
+    def rows() -> list:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return json.load(answer)["data"]["result"]["result"]
+
+    found = wait_for(rows, 30, 0.2, f"Ray's supervisor of {sub_id}")  # made as Ray takes the job
+    assert len(found) == 1, found
+    return found[0]
 
 
 def asked(head: Any, sub_id: str) -> dict:
