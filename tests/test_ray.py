@@ -345,9 +345,9 @@ while True:
 
 def test_retries_bring_back_a_job_whose_ray_supervisor_died(gq: Any, ray_head: Any) -> None:  # noqa: F811
     """The nearest event to a node's death one loopback node can produce (a second node cannot join
-    a cluster kept on 127.0.0.1): the Ray job's supervisor actor and the job's process are killed,
-    and Ray fails the job without an exit code, as when its node goes away; --retries 1 submits it
-    again and it ends done."""
+    a cluster kept on 127.0.0.1): the Ray job's supervisor actor is killed, Ray ends the command
+    with it and fails the job without an exit code, as when its node goes away; --retries 1 submits
+    it again and it ends done."""
     on_ray(gq, ray_head)
     gq.script("node.py", DIES_WITH_ITS_NODE)
     job_id = gq.add("--gpus", "1", "--retries", "1", "python3", "node.py")
@@ -359,7 +359,7 @@ def test_retries_bring_back_a_job_whose_ray_supervisor_died(gq: Any, ray_head: A
         assert int(fh.read().rsplit(")", 1)[1].split()[1]) == actor["pid"]  # the job runs under it
     assert actor["pid"] in ray_head._ours()  # a process of the cluster this test started
     os.kill(actor["pid"], signal.SIGKILL)
-    os.kill(pid, signal.SIGKILL)  # it would die with its node: left, it would run beside its retry
+    wait_for(lambda: not alive(pid), 30, 0.1, "Ray to end the command with its supervisor")  # its process group
     done = synced_until(gq, job_id, "done", timeout=90)
     lost = done["history"][0]
     assert lost["exit_code"] is None and lost["ray_state"] == "FAILED" and lost["outcome"] == "pending"
