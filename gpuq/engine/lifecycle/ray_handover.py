@@ -199,7 +199,7 @@ def submission_fields(spool: Spool, job: Job) -> dict:
     shared filesystem where gpuq's ETA reads it."""
     payload = {name: job.get(name) for name in LAUNCHER_FIELDS}
     payload["env"] = dict(job.env, GPUQ_PROGRESS_FILE=spool.reports.progress_path(job.id))
-    room = ray_room.look((job.ray or {})["address"]) if ray_room.needs_look(job) else None
+    room = ray_room.look(spool, (job.ray or {})["address"]) if ray_room.needs_look(job) else None
     return {
         "gpus": ray_room.num_gpus(job, room),
         "cpus": float(job.cpus or 0),
@@ -277,7 +277,7 @@ def _record_end(
         )
     new_state = rt.destination(seen.state, seen.exit_code)
     counted = Job(dict(job, attempts=job.attempts + 1))  # as core/oom.py counts: the attempt that ended included
-    grown = ray_room.growth(job, reason, (job.ray or {})["address"]) if new_state == FAILED else None
+    grown = ray_room.growth(spool, job, reason, (job.ray or {})["address"]) if new_state == FAILED else None
     if grown is not None and oom.retry_left(counted):
         _retry(spool, ref, job, seen, (started, finished), reason, grown, report, states)
         return

@@ -25,7 +25,8 @@ from typing import NamedTuple, Optional
 
 from gpuq.core import failure, oom
 from gpuq.core.job import Job
-from gpuq.system import gpus as local_gpus
+from gpuq.engine.schedule import gpuview
+from gpuq.spool import Spool
 from gpuq.system import rayjobs as client
 
 MIB = 1 << 20
@@ -42,7 +43,7 @@ class Room(NamedTuple):
     node_mem_mib: Optional[int]  # the largest live node's memory
 
 
-def look(address: str) -> Room:
+def look(spool: Spool, address: str) -> Room:
     """The cluster's GPU sizes and largest node (two requests; made only for the jobs that need them)."""
     nodes = [node for node in client.nodes(address) if node.alive]
     mem = max((int(node.total.get("memory", 0)) // MIB for node in nodes), default=0) or None
@@ -50,9 +51,9 @@ def look(address: str) -> Room:
         by_node = client.gpu_memory(address)
     except client.RayError:
         by_node = {}  # the dashboard's summary is not a stable API: sizes unknown, as without NVML
-    if not by_node:
-        sizes = [gpu.memory_total_mib for gpu in local_gpus.look().gpus]
-        return Room(sizes, None, mem)
+    if not by_node:  # this machine's GPUs, as `gpuq add` checks a share against them (the workers' view)
+        here = gpuview.current(spool, [], stale_after=None)
+        return Room([gpu["memory_total_mib"] for gpu in (here or {}).get("gpus") or []], None, mem)
     sizes = [size for node_sizes in by_node.values() for size in node_sizes]
     largest_type = None
     if min(sizes) < max(sizes):
@@ -86,12 +87,12 @@ def host_oom(reason: Optional[str]) -> bool:
     return bool(reason) and (str(reason).startswith(HOST_REASONS) or failure.OOM_KILLER_HINT in str(reason))
 
 
-def growth(job: Job, reason: Optional[str], address: str) -> Optional[oom.Growth]:
+def growth(spool: Spool, job: Job, reason: Optional[str], address: str) -> Optional[oom.Growth]:
     """The larger share after an out-of-memory failure on Ray (core/oom.py's rule), or None."""
     host = oom.size_text(job.mem_mib) if job.mem_mib and host_oom(reason) else None
     if host is None and not (oom.gpu_oom(reason) and job.gpu_request):
         return None
-    room = look(address)
+    room = look(spool, address)
     # Sizes unknown: a share was sent as a whole GPU, so doubling it is a whole GPU.
     largest = max(room.gpu_mib) if room.gpu_mib else job.gpu_mem_mib
     return oom.grow(job, reason, host, largest, room.node_mem_mib)
