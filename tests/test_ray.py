@@ -307,6 +307,22 @@ def test_without_a_retry_left_it_fails_saying_what_a_retry_would_get(gq: Any, ra
     assert failed["gpu_mem_mib"] == 20 * G and failed.get("oom_retries", 0) == 0 and failed["attempts"] == 1
 
 
+def test_a_whole_gpu_job_out_of_memory_on_ray_is_retried_on_the_largest_gpus(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    """A whole-GPU job's out-of-memory retry: on the GPUs with the most memory, here all alike (one
+    size, so any GPU: Ray is asked for one GPU again); --retry-oom alone pays for it."""
+    on_ray(gq, ray_head)
+    Gpus(gq, fake_gpus(2, total=80 * G))
+    gq.script("oom.py", OOM_ONCE)
+    (gq.work / "go").write_text("")
+    job_id = gq.add("--gpus", "1", "--retry-oom", "1", "oom.py", "1")
+    gq.gpuq("ray", "submit", str(job_id))
+    done = synced_until(gq, job_id, "done", timeout=90)
+    assert done["gpu_largest"] is True and done["oom_retries"] == 1 and done["attempts"] == 2
+    assert "the GPU with the most memory (80G)" in done["history"][0]["change"]
+    assert asked(ray_head, done["history"][1]["ray_submission_id"])["GPU"] == 1.0
+    assert json.loads((gq.work / "attempt-1.json").read_text())["retry"] == "1"
+
+
 HOST_OOM_ONCE = """import os, sys
 if not os.environ.get("GPUQ_OOM_RETRY"):
     os.makedirs("ck", exist_ok=True); open("ck/step_3.pt", "w").write("weights")
