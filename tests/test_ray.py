@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 from conftest import WAIT_FOR_GO, alive, wait_for
@@ -36,11 +36,13 @@ def on_ray(gq: Any, head: Any) -> Any:
     return gq
 
 
-def synced_until(gq: Any, job_id: int, state: str, timeout: float = 60) -> dict:
-    """`gpuq ray sync` until the job is in `state` (each sync asks Ray once)."""
+def synced_until(gq: Any, job_id: int, state: str, timeout: float = 60, said: Optional[list] = None) -> dict:
+    """`gpuq ray sync` until the job is in `state` (each sync asks Ray once); `said`: what each printed."""
 
     def there() -> bool:
-        gq.gpuq("ray", "sync")
+        out = gq.gpuq("ray", "sync").stdout
+        if said is not None:
+            said.append(out)
         return gq.state_of(job_id) == state
 
     wait_for(there, timeout, interval=0.3, what=f"job {job_id} to be {state}")
@@ -343,7 +345,11 @@ def test_a_job_out_of_host_memory_on_ray_is_retried_with_twice_its_mem(gq: Any, 
     )
     gq.gpuq("ray", "submit", str(job_id))
     assert asked(ray_head, gq.job(job_id)["ray"]["submission_id"])["memory"] == 64 * 2**20
-    done = synced_until(gq, job_id, "done", timeout=90)
+    said: list[str] = []
+    done = synced_until(gq, job_id, "done", timeout=90, said=said)
+    retried = [line for out in said for line in out.splitlines() if "failed on Ray" in line]
+    why = "failed on Ray (exit 1); retrying after out-of-memory with 128M host memory"
+    assert retried == [f"[~] Job #{job_id}: work/host {why}"]
     assert done["mem_mib"] == 128 and done["history"][0]["reason"].startswith("out of CPU memory")
     assert asked(ray_head, done["history"][1]["ray_submission_id"])["memory"] == 128 * 2**20
     ckpt = gq.work / "ck" / "step_3.pt"
