@@ -6,19 +6,27 @@ everywhere.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
-from typing import Any
+import urllib.request
+from typing import Any, Optional
 
 import pytest
 from conftest import WAIT_FOR_GO, alive, wait_for
 from ray_cluster import free_port, ray_head  # noqa: F401  (the fixture)
+from test_gpu_worker import Gpus, fake_gpus
+from test_oom import OOM_ONCE
 
+from gpuq.core import failure
 from gpuq.core import ray_transitions as rt
 from gpuq.core.errors import UsageError
 from gpuq.core.job import Job
 from gpuq.core.states import FAILED, RAY
 from gpuq.engine.lifecycle.ray_handover import entrypoint, fits, own_part, submission_fields
+from gpuq.engine.lifecycle.ray_room import Room, host_oom, num_gpus, resources
 from gpuq.spool import Spool
 from gpuq.system import rayjobs
 
@@ -28,11 +36,13 @@ def on_ray(gq: Any, head: Any) -> Any:
     return gq
 
 
-def synced_until(gq: Any, job_id: int, state: str, timeout: float = 60) -> dict:
-    """`gpuq ray sync` until the job is in `state` (each sync asks Ray once)."""
+def synced_until(gq: Any, job_id: int, state: str, timeout: float = 60, said: Optional[list] = None) -> dict:
+    """`gpuq ray sync` until the job is in `state` (each sync asks Ray once); `said`: what each printed."""
 
     def there() -> bool:
-        gq.gpuq("ray", "sync")
+        out = gq.gpuq("ray", "sync").stdout
+        if said is not None:
+            said.append(out)
         return gq.state_of(job_id) == state
 
     wait_for(there, timeout, interval=0.3, what=f"job {job_id} to be {state}")
@@ -237,6 +247,170 @@ def test_status_without_ray_jobs_does_not_import_urllib(gq: Any) -> None:
     assert out.stdout.strip().splitlines()[-1] == "False", out.stdout
 
 
+G = 1024  # MiB
+
+
+def supervisor(head: Any, sub_id: str) -> dict:
+    """The Ray job's supervisor actor as Ray's state API lists it: its pid, and in
+    `required_resources` what Ray reserved for the job (the Jobs API does not say it)."""
+    url = f"{head.address}/api/v0/actors?detail=1&limit=1000&filter_keys=name&filter_predicates=%3D"
+    url += f"&filter_values=_ray_internal_job_actor_{sub_id}"
+
+    def rows() -> list:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return json.load(answer)["data"]["result"]["result"]
+
+    found = wait_for(rows, 30, 0.2, f"Ray's supervisor of {sub_id}")  # made as Ray takes the job
+    assert len(found) == 1, found
+    return found[0]
+
+
+def asked(head: Any, sub_id: str) -> dict:
+    return supervisor(head, sub_id)["required_resources"]
+
+
+def test_an_out_of_memory_attempt_on_ray_is_retried_with_twice_the_share(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    """--gpu-mem 20G of an 80G GPU goes to Ray as 0.25 GPU; its CUDA out-of-memory attempt comes back
+    as 0.5 GPU (40G) with GPUQ_OOM_RETRY=1, and ends done; show, history and the log say why."""
+    on_ray(gq, ray_head)
+    Gpus(gq, fake_gpus(1, total=80 * G))  # the head's GPUs as gpuq sees them: Ray's declared ones have no size
+    gq.script("oom.py", OOM_ONCE)
+    job_id = gq.add("--gpus", "1", "--gpu-mem", "20G", "--retries", "1", "oom.py", "1")
+    gq.gpuq("ray", "submit", str(job_id))
+    assert asked(ray_head, gq.job(job_id)["ray"]["submission_id"])["GPU"] == 0.25
+    wait_for(lambda: "retrying after out-of-memory with 40G" in gq.gpuq("status").stdout, 60, 0.3, "the retry")
+    second = gq.work / "attempt-1.json"
+    assert json.loads(wait_for(lambda: second.exists() and second.read_text(), 60, 0.2, "attempt 2"))["retry"] == "1"
+    (gq.work / "go").write_text("")
+    done = synced_until(gq, job_id, "done", timeout=90)
+    assert done["attempts"] == 2 and done["oom_retries"] == 1 and done["gpu_mem_mib"] == 40 * G
+    first, second = done["history"]
+    assert first["gpu_mem_mib"] == 20 * G and first["reason"].startswith("CUDA out of memory (tried to allocate 2.00")
+    assert "retrying after out-of-memory with 40G" in first["change"]
+    assert asked(ray_head, second["ray_submission_id"])["GPU"] == 0.5
+    shown = gq.gpuq("show", str(job_id)).stdout
+    assert (
+        "had 20G of a GPU" in shown and "retrying after out-of-memory with 40G" in shown and "had 40G of a GPU" in shown
+    )
+    assert "out of memory: the next attempt gets 40G (GPUQ_OOM_RETRY=1)" in gq.gpuq("log", str(job_id)).stdout
+    assert "retrying after out-of-memory with 40G" in gq.gpuq("history", str(job_id)).stdout
+
+
+def test_without_a_retry_left_it_fails_saying_what_a_retry_would_get(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    Gpus(gq, fake_gpus(1, total=80 * G))
+    gq.script("oom.py", OOM_ONCE)
+    job_id = gq.add("--gpus", "1", "--gpu-mem", "20G", "oom.py", "1")
+    gq.gpuq("ray", "submit", str(job_id))
+    failed = synced_until(gq, job_id, "failed")
+    assert (
+        failed["reason"].startswith("CUDA out of memory") and "it would have been retried with 40G" in failed["reason"]
+    )
+    assert failed["gpu_mem_mib"] == 20 * G and failed.get("oom_retries", 0) == 0 and failed["attempts"] == 1
+
+
+def test_a_whole_gpu_job_out_of_memory_on_ray_is_retried_on_the_largest_gpus(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    """A whole-GPU job's out-of-memory retry: on the GPUs with the most memory, here all alike (one
+    size, so any GPU: Ray is asked for one GPU again); --retry-oom alone pays for it."""
+    on_ray(gq, ray_head)
+    Gpus(gq, fake_gpus(2, total=80 * G))
+    gq.script("oom.py", OOM_ONCE)
+    (gq.work / "go").write_text("")
+    job_id = gq.add("--gpus", "1", "--retry-oom", "1", "oom.py", "1")
+    gq.gpuq("ray", "submit", str(job_id))
+    done = synced_until(gq, job_id, "done", timeout=90)
+    assert done["gpu_largest"] is True and done["oom_retries"] == 1 and done["attempts"] == 2
+    assert "the GPU with the most memory (80G)" in done["history"][0]["change"]
+    assert asked(ray_head, done["history"][1]["ray_submission_id"])["GPU"] == 1.0
+    assert json.loads((gq.work / "attempt-1.json").read_text())["retry"] == "1"
+
+
+HOST_OOM_ONCE = """import os, sys
+if not os.environ.get("GPUQ_OOM_RETRY"):
+    os.makedirs("ck", exist_ok=True); open("ck/step_3.pt", "w").write("weights")
+    print("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
+          "you tried to allocate 8589934592 bytes.", flush=True)
+    sys.exit(1)
+print("retry", os.environ["GPUQ_OOM_RETRY"], sys.argv[1:], flush=True)
+"""
+
+
+def test_a_job_out_of_host_memory_on_ray_is_retried_with_twice_its_mem(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    """--mem 64M, Ray's `entrypoint_memory`: PyTorch's CPU allocator failing sends it back with 128M,
+    from the checkpoint it wrote; --retry-oom alone pays for it."""
+    on_ray(gq, ray_head)
+    gq.script("host.py", HOST_OOM_ONCE)
+    job_id = gq.add(
+        "--gpus", "0", "--mem", "64M", "--retry-oom", "1", "--ckpt-glob", "ck/step_*.pt", "python3", "host.py"
+    )
+    gq.gpuq("ray", "submit", str(job_id))
+    assert asked(ray_head, gq.job(job_id)["ray"]["submission_id"])["memory"] == 64 * 2**20
+    said: list[str] = []
+    done = synced_until(gq, job_id, "done", timeout=90, said=said)
+    retried = [line for out in said for line in out.splitlines() if "failed on Ray" in line]
+    why = "failed on Ray (exit 1); retrying after out-of-memory with 128M host memory"
+    assert retried == [f"[~] Job #{job_id}: work/host {why}"]
+    assert done["mem_mib"] == 128 and done["history"][0]["reason"].startswith("out of CPU memory")
+    assert asked(ray_head, done["history"][1]["ray_submission_id"])["memory"] == 128 * 2**20
+    ckpt = gq.work / "ck" / "step_3.pt"
+    assert f"retry 1 ['--resume_from_checkpoint', '{ckpt}']" in gq.gpuq("log", str(job_id)).stdout
+
+
+DIES_WITH_ITS_NODE = """import os, sys, time
+if os.path.exists("first"):
+    print("second attempt", flush=True); sys.exit(0)
+open("first", "w").write(str(os.getpid()))
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_retries_bring_back_a_job_whose_ray_supervisor_died(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    """The nearest event to a node's death one loopback node can produce (a second node cannot join
+    a cluster kept on 127.0.0.1): the Ray job's supervisor actor is killed, Ray ends the command
+    with it and fails the job without an exit code, as when its node goes away; --retries 1 submits
+    it again and it ends done."""
+    on_ray(gq, ray_head)
+    gq.script("node.py", DIES_WITH_ITS_NODE)
+    job_id = gq.add("--gpus", "1", "--retries", "1", "python3", "node.py")
+    gq.gpuq("ray", "submit", str(job_id))
+    first = gq.work / "first"
+    pid = int(wait_for(lambda: first.exists() and first.read_text(), 60, 0.2, "the first attempt"))
+    actor = supervisor(ray_head, gq.job(job_id)["ray"]["submission_id"])
+    with open(f"/proc/{pid}/stat") as fh:
+        assert int(fh.read().rsplit(")", 1)[1].split()[1]) == actor["pid"]  # the job runs under it
+    assert actor["pid"] in ray_head._ours()  # a process of the cluster this test started
+    os.kill(actor["pid"], signal.SIGKILL)
+    wait_for(lambda: not alive(pid), 30, 0.1, "Ray to end the command with its supervisor")  # its process group
+    done = synced_until(gq, job_id, "done", timeout=90)
+    lost = done["history"][0]
+    assert lost["exit_code"] is None and lost["ray_state"] == "FAILED" and lost["outcome"] == "pending"
+    assert lost["reason"].startswith("Ray: Job supervisor actor died")
+    assert done["attempts"] == 2 and "second attempt" in gq.gpuq("log", str(job_id)).stdout
+
+
+def test_log_follow_fetches_a_ray_job_s_log_until_it_ends(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    on_ray(gq, ray_head)
+    body = "print('first', 'line', flush=True)\n" + WAIT_FOR_GO + "print('last', 'line', flush=True)\n"
+    job = gq.add("--gpus", "0", "--", "python3", "-c", body)
+    gq.gpuq("ray", "submit", str(job))
+    out = gq.work / "follow.out"
+    with open(out, "w") as fh:
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "gpuq", "log", "-f", str(job)], cwd=gq.work, env=gq.env, stdout=fh, stderr=fh
+        )
+    try:
+        wait_for(lambda: "first line" in out.read_text(), 60, 0.2, "the first line, fetched from Ray")
+        assert follow.poll() is None and "last line" not in out.read_text()
+        (gq.work / "go").write_text("")
+        assert follow.wait(60) == 0
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
+    assert "last line" in out.read_text() and gq.state_of(job) == "done"
+
+
 # ---- what needs no cluster ----------------------------------------------------------------------
 def _node(gpus: float, cpus: float = 8, alive: bool = True) -> rayjobs.Node:
     return rayjobs.Node("n", "10.0.0.1", alive, False, {"GPU": gpus, "CPU": cpus, "memory": 64 * 2**30})
@@ -272,3 +446,16 @@ def test_a_retried_ray_job_runs_here_unless_handed_over_again(gq: Any) -> None:
     assert gq.job(job_id)["history"][-1]["ray_state"] == "FAILED"
     gq.gpuq("retry", str(job_id))
     assert gq.state_of(job_id) == "pending" and gq.job(job_id)["ray"] is None
+
+
+def test_a_share_is_a_fraction_of_the_smallest_gpu_and_the_largest_gpus_a_node_type() -> None:
+    share = Job({"id": 1, "gpu_request": 1, "gpu_mem_mib": 20 * G, "gpu_largest": False})
+    assert num_gpus(share, Room([80 * G, 40 * G], None, None)) == 0.5
+    assert num_gpus(share, Room([24 * G], None, None)) == 0.8334  # rounded up, to Ray's four decimals
+    assert num_gpus(share, Room([16 * G], None, None)) == 1.0
+    assert num_gpus(share, Room([], None, None)) == 1.0  # sizes unknown: a whole GPU
+    largest = Job({"id": 2, "gpu_request": 1, "gpu_mem_mib": None, "gpu_largest": True})
+    assert resources(largest, Room([40 * G, 80 * G], "accelerator_type:A100", None)) == {"accelerator_type:A100": 0.001}
+    assert resources(largest, Room([80 * G], None, None)) is None and resources(share, Room([], "x", None)) is None
+    assert host_oom("out of CPU memory (tried to allocate 8.0 GiB)") and not host_oom("CUDA out of memory")
+    assert host_oom(failure.reason(b"", -9, None)) and not host_oom(failure.reason(b"", 1, None))  # Ray's -9: SIGKILL

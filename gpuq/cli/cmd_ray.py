@@ -45,7 +45,8 @@ def cmd_ray_sync(_args: argparse.Namespace) -> int:
     for job in report.changed:
         print(f"[~] Job #{job.id}: {job.name}  {ray_text(job.ray or {})}")
     for job in report.retried:
-        print(f"[~] Job #{job.id}: {job.name} failed on Ray (exit {job.previous_exit_code}); retrying")
+        change = job.history[-1].get("change") if job.history else None  # an out-of-memory retry's larger share
+        print(f"[~] Job #{job.id}: {job.name} failed on Ray (exit {job.previous_exit_code}); {change or 'retrying'}")
     for job, why in report.back:
         print(f"[<] Job #{job.id}: {job.name} back in the queue: {why}")
     for job, state in report.ended:

@@ -61,17 +61,27 @@ def cmd_log(args: argparse.Namespace) -> int:
     for line in sp.logs.tail_lines(job, args.lines):
         print(line)
     if args.follow:
-        _follow(sp, job)
+        _follow(sp, job, on_ray=ref.state == RAY)
     return 0
 
 
 FOLLOW_POLL_SECONDS = 0.2  # a log has no event to wait on that works everywhere
+RAY_POLL_SECONDS = 1.0  # a job on Ray: its log is fetched from Ray (a request per job in ray/) this often
 
 
-def _follow(sp: Spool, job: Job, offset: Optional[int] = None) -> None:
+def _follow(sp: Spool, job: Job, offset: Optional[int] = None, on_ray: bool = False) -> None:
+    """Print what the log gains until the job ends; on Ray, fetching it from Ray (a sync) as it goes,
+    through its retries, until it leaves ray/."""
     offset = sp.logs.size(job) if offset is None else offset
+    said: set[str] = set()
+    synced = 0.0
     while True:
-        running = sp.jobs.find(job.id, ACTIVE) is not None
+        if on_ray and time.monotonic() - synced >= RAY_POLL_SECONDS:
+            for warning in set(sync_ray(sp)) - said:
+                print(f"gpuq log: {warning}", file=sys.stderr, flush=True)
+                said.add(warning)
+            synced = time.monotonic()
+        running = sp.jobs.find(job.id, (RAY,) if on_ray else ACTIVE) is not None
         chunk = sp.logs.read_from(job, offset)
         if chunk:
             offset += len(chunk)

@@ -159,6 +159,8 @@ def info(job: Job, state: str, wait: Any = None) -> str:
         parts.append(slurm_text(job.slurm or {}))
     elif state == RAY:
         parts.append(ray_text(job.ray or {}))
+        if job.attempts:  # submitted again after a failed attempt: why, as a pending retry says it
+            parts.append(job.note or "retry")
     else:
         exit_code = job.exit_code
     slurm_job = (job.slurm or {}).get("job_id") if state != SLURM else None

@@ -80,6 +80,8 @@ def _entry(
         "reason": reason,
         "ray_submission_id": (job.ray or {}).get("submission_id"),
         "ray_state": ray_state,
+        "mem_mib": job.mem_mib,  # what it had: an out-of-memory retry gets more (core/oom.py)
+        **({"gpu_mem_mib": job.gpu_mem_mib} if job.gpu_request else {}),
     }
 
 
@@ -112,7 +114,9 @@ def retried(job: Job, ray_state: str, *, exit_code: Optional[int], times: tuple,
     """ray (an attempt failed, retries left) -> ray WAITING to be submitted again: the history keeps the
     failed attempt; the next attempt resumes from the newest checkpoint since the hand-over."""
     entry = _entry(job, ray_state, exit_code, states.PENDING, (job.started_at or times[0], times[1]), reason)
+    how = f"with exit {exit_code}" if exit_code is not None else f"({reason or ray_state})"
     return {
+        "note": f"attempt {job.attempts + 1} failed {how}; retrying",  # as a local retry's
         "ray": dict(job.ray or {}, state=WAITING, submission_id=None, reason=None, exit_code=exit_code),
         "attempts": job.attempts + 1,
         "started_at": None,

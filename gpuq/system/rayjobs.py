@@ -103,6 +103,7 @@ def submit(
     memory: int,
     env: dict[str, str],
     metadata: dict[str, str],
+    resources: Optional[dict[str, float]] = None,
 ) -> str:
     body: dict[str, Any] = {
         "entrypoint": entrypoint,
@@ -114,6 +115,8 @@ def submit(
     }
     if memory:
         body["entrypoint_memory"] = memory
+    if resources:  # e.g. a node's `accelerator_type:A100`, as Ray's own `accelerator_type=` asks it
+        body["entrypoint_resources"] = resources
     answer = _call(f"{base}/api/jobs/", "POST", body)
     return str((answer or {}).get("submission_id") or submission_id)
 
@@ -166,3 +169,19 @@ def nodes(base: str) -> list[Node]:
         )
         for row in rows
     ]
+
+
+def gpu_memory(base: str) -> dict[str, list[int]]:
+    """Each live node's GPUs' memory in MiB, by node id, as the dashboard's agents read it with NVML
+    (the dashboard's node summary: no stable API, so anything unexpected reads as none). GPUs a
+    node only declares (`ray start --num-gpus`) are not there."""
+    data = _call(f"{base}/nodes?view=summary")
+    rows = ((data or {}).get("data") or {}).get("summary") or []
+    found: dict[str, list[int]] = {}
+    for row in rows if isinstance(rows, list) else []:
+        node = (row.get("raylet") or {}) if isinstance(row, dict) else {}
+        told = [g.get("memoryTotal", g.get("memory_total")) for g in row.get("gpus") or [] if isinstance(g, dict)]
+        sizes = [int(s) for s in told if isinstance(s, (int, float)) and s > 0]
+        if node.get("nodeId") and node.get("state", "ALIVE") == "ALIVE" and sizes:
+            found[str(node["nodeId"])] = sizes
+    return found

@@ -15,12 +15,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from gpuq.core import failure
+from gpuq.core import failure, oom
 from gpuq.core import ray_transitions as rt
 from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, DONE, FAILED, FINISHED, PENDING, RAY
 from gpuq.core.times import iso_of
+from gpuq.engine.lifecycle import ray_room
 from gpuq.engine.lifecycle.ending import claimed, pending_jobs, record_end
 from gpuq.spool import Spool
 from gpuq.system import rayjobs as client
@@ -28,10 +29,13 @@ from gpuq.system.rayjobs import RayError, RayNoAnswer, RayUnreachable
 
 MIB = 1 << 20
 LAUNCHER = "import sys; sys.path.insert(0, sys.argv[1]); from gpuq.run.ray_entry import launch; launch()"
-LAUNCHER_FIELDS = "id name cmd cwd env shell_env venv conda ckpt_glob resume_arg ckpt_since attempts umask".split()
+LAUNCHER_FIELDS = (
+    "id name cmd cwd env shell_env venv conda ckpt_glob resume_arg ckpt_since attempts umask oom_retries".split()
+)
 PAYLOAD_VARIABLE = "GPUQ_RAY_JOB"  # the job as JSON, in the entrypoint's environment (Ray prints the entrypoint)
 ENTRYPOINT_SHOWN = "Running entrypoint for job "  # Ray's log line before the entrypoint's output (Ray 2.60)
 COMMAND_ERROR = "JOB_ENTRYPOINT_COMMAND_ERROR"  # Ray's error type of a command that exited non-zero
+LOG_PREFIX = "=== gpuq: "  # gpuq's own lines in a job's log, as run/supervisor/start.py writes them
 
 
 def entrypoint(job: Job) -> str:
@@ -190,16 +194,19 @@ def _hand_over_one(spool: Spool, job_id: int, address: str, states: dict) -> Job
 
 
 def submission_fields(spool: Spool, job: Job) -> dict:
-    """Ray's submission fields for `job`: its resources, and itself for the launcher, with the
-    progress file on the shared filesystem where gpuq's ETA reads it."""
+    """Ray's submission fields for `job`: its resources (a `--gpu-mem` share as a fraction of a
+    GPU: engine/lifecycle/ray_room.py), and itself for the launcher, with the progress file on the
+    shared filesystem where gpuq's ETA reads it."""
     payload = {name: job.get(name) for name in LAUNCHER_FIELDS}
     payload["env"] = dict(job.env, GPUQ_PROGRESS_FILE=spool.reports.progress_path(job.id))
+    room = ray_room.look(spool, (job.ray or {})["address"]) if ray_room.needs_look(job) else None
     return {
-        "gpus": float(job.gpu_request or 0),
+        "gpus": ray_room.num_gpus(job, room),
         "cpus": float(job.cpus or 0),
         "memory": (job.mem_mib or 0) * MIB,
         "env": {PAYLOAD_VARIABLE: json.dumps(payload)},
         "metadata": {"gpuq_job_id": str(job.id), "gpuq_name": job.name or ""},
+        "resources": ray_room.resources(job, room),
     }
 
 
@@ -269,18 +276,47 @@ def _record_end(
             "Ray: " + ((seen.message or "").strip().splitlines() or [seen.error_type or "no reason given"])[0][:200]
         )
     new_state = rt.destination(seen.state, seen.exit_code)
-    if new_state == FAILED and job.attempts < job.retries:
-        changes = rt.retried(job, seen.state, exit_code=seen.exit_code, times=(started, finished), reason=reason)
-        job = spool.jobs.rewrite(ref, job, **changes)
-        report.retried.append(job)
-        _submit_waiting(spool, ref, job, report, states)  # at once: what it waited for had succeeded
+    counted = Job(dict(job, attempts=job.attempts + 1))  # as core/oom.py counts: the attempt that ended included
+    grown = ray_room.growth(spool, job, reason, (job.ray or {})["address"]) if new_state == FAILED else None
+    if grown is not None and oom.retry_left(counted):
+        _retry(spool, ref, job, seen, (started, finished), reason, grown, report, states)
         return
+    if new_state == FAILED and grown is None and counted.attempts - oom.extra_attempts(counted) <= job.retries:
+        _retry(spool, ref, job, seen, (started, finished), reason, None, report, states)
+        return
+    if grown is not None:
+        reason = f"{reason}; {oom.would_get(grown)}"
     changes = rt.ended(
         job, seen.state, exit_code=seen.exit_code, started_at=started, finished_at=finished, reason=reason
     )
     ended = record_end(spool, ref, job, new_state, changes)[1]
     report.ended.append((ended, new_state))
     states[job.id] = new_state  # a job after it, later in this same sync, goes now
+
+
+def _retry(
+    spool: Spool,
+    ref,
+    job: Job,
+    seen: client.RayJob,
+    times: tuple,
+    reason: Optional[str],
+    grown: Optional[oom.Growth],
+    report: SyncReport,
+    states: dict,
+) -> None:
+    """Submit the job again: as it was, or after out-of-memory with `grown`'s larger share, its
+    log saying what the next attempt gets, as a local job's does."""
+    changes = rt.retried(job, seen.state, exit_code=seen.exit_code, times=times, reason=reason)
+    if grown is not None:
+        changes.update(oom.retry(job, grown))
+        changes["history"][-1]["change"] = oom.note(grown)
+        changes["note"] = f"attempt {job.attempts + 1}: {reason or 'out of memory'}; {oom.note(grown)}"
+        line = f"out of memory: the next attempt gets {grown.text} ({oom.ENV}={job.oom_retries + 1})"
+        spool.logs.put_from(job.id, spool.logs.size(job), f"{LOG_PREFIX}{line}\n".encode())
+    job = spool.jobs.rewrite(ref, job, **changes)
+    report.retried.append(job)
+    _submit_waiting(spool, ref, job, report, states)  # at once: what it waited for had succeeded
 
 
 def _submit_waiting(spool: Spool, ref, job: Job, report: SyncReport, states: dict) -> None:
