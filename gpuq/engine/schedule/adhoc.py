@@ -12,11 +12,16 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Optional, Sequence
 
 from gpuq.core.errors import GpuqError, Refused
-from gpuq.engine.schedule.leasing import Claim, claim_gpus
-from gpuq.engine.schedule.placement import Blocked, Request
+from gpuq.engine.schedule import turns
+from gpuq.engine.schedule.leasing import Claim, claim_gpus, record_usage
+from gpuq.engine.schedule.placement import Blocked, Placement, Request
+from gpuq.system import policy as machine_policy
+from gpuq.system.gpus import GpuLook
+from gpuq.system.lease_io import user_name
+from gpuq.system.leases import HeldTicket, Lease, LeaseDir, LeaseDirProblem, say_once
 
 POLL_SECONDS = 0.5  # how often a waiting `gpuq lease` asks again: a claim is a look and a few files
 EX_TEMPFAIL = 75  # sysexits.h: "try again later", what --no-wait exits with when no GPU is free
@@ -37,28 +42,76 @@ def lease_and_run(cmd: list[str], request: Request, *, wait: bool = True) -> int
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in claim.gpus)
         return _run([program, *cmd[1:]], env)
     finally:
+        record_usage(claim, _stderr)
         claim.release()
 
 
 def _claim(request: Request, name: str, wait: bool) -> Claim:
-    told = False
-    while True:
-        got = claim_gpus(request, job=None, name=name, spool=None, log=_stderr)
-        if not isinstance(got, Blocked):
-            if told:
-                _stderr(f"GPU {','.join(map(str, got.gpus))} leased; starting {name}")
-            return got
-        if got.forever or not wait:
-            would = got.reason.replace("waiting for", "it would wait for", 1)
-            exc: GpuqError = NotFree(f"not started (--no-wait): {would}")
-            if got.forever:
-                exc = Refused(got.reason.replace("this worker has", "this machine has"))
-            exc.prefix = "gpuq lease"
-            raise exc
-        if not told:
-            _stderr(f"{got.reason} (Ctrl-C to give up)")
-            told = True
-        time.sleep(POLL_SECONDS)
+    """The leases, once free GPUs are this user's to take: within their cap, and no other user's
+    turn first (turns.py, as for a worker's jobs). While it waits for others it holds a ticket, so
+    that their workers give it its turn."""
+    told, ticket = False, None
+    rules = machine_policy.load(lambda line: say_once(line, _stderr))
+    cap = rules.of(user_name(os.geteuid())).max_gpus
+    if cap is not None and request.gpus > cap:  # whatever ends, never within the cap
+        raise _refusal(Blocked(turns.cap_reason(cap, request.gpus), forever=True))
+    try:
+        while True:
+            admission = _Admission()
+            got = claim_gpus(request, job=None, name=name, spool=None, log=_stderr, admit=admission)
+            if not isinstance(got, Blocked):
+                if told:
+                    _stderr(f"GPU {','.join(map(str, got.gpus))} leased; starting {name}")
+                return got
+            if got.forever or not wait:
+                raise _refusal(got)
+            if not told:
+                _stderr(f"{got.reason} (Ctrl-C to give up)")
+                told = True
+            if ticket is None and not admission.capped:
+                ticket = _post_ticket(request)
+            time.sleep(POLL_SECONDS)
+    finally:
+        if ticket is not None:
+            ticket.release()
+
+
+class _Admission:
+    """`claim_gpus`'s last word for `gpuq lease`: this user's cap and the other users' turns."""
+
+    def __init__(self) -> None:
+        self.capped = False
+
+    def __call__(self, decision: Placement, seen: GpuLook, live: Sequence[Lease], directory: LeaseDir) -> Any:
+        rules = machine_policy.load(lambda line: say_once(line, _stderr))
+        me = os.geteuid()
+        held = sum(1 for lease in live if lease.uid == me)
+        uuid_of = {gpu.index: gpu.uuid for gpu in seen.gpus}
+        cap = rules.of(user_name(me)).max_gpus
+        why = turns.held_back(decision.gpus, uuid_of, directory.tickets(), directory, rules, cap, held)
+        if why is None:
+            return None
+        self.capped = why.capped
+        return Blocked(why.reason, why.forever)
+
+
+def _post_ticket(request: Request) -> Optional[HeldTicket]:
+    try:
+        return LeaseDir.open().post_ticket(
+            job=None, spool=None, gpus=request.gpus, mem_mib=request.gpu_mem_mib, gpu_uuids=None
+        )
+    except LeaseDirProblem as exc:
+        say_once(str(exc), _stderr)
+        return None
+
+
+def _refusal(blocked: Blocked) -> GpuqError:
+    would = blocked.reason.replace("waiting for", "it would wait for", 1)
+    exc: GpuqError = NotFree(f"not started (--no-wait): {would}")
+    if blocked.forever:
+        exc = Refused(blocked.reason.replace("this worker has", "this machine has"))
+    exc.prefix = "gpuq lease"
+    return exc
 
 
 def _program(word: str) -> str:

@@ -6,6 +6,7 @@ claim at once, whoever they are, are serialised per GPU.
 from __future__ import annotations
 
 import sys
+import time
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 from gpuq.engine.schedule.placement import (
@@ -21,9 +22,12 @@ from gpuq.engine.schedule.placement import (
     place,
     unreadable,
 )
-from gpuq.system import gpus, procs
+from gpuq.system import gpus, policy, procs
 from gpuq.system.gpus import GpuLook
 from gpuq.system.leases import Held, Lease, LeaseDir, LeaseDirProblem, say_once
+
+# (the placement, the GPUs seen, the live leases, their directory) -> why the start must wait, or None
+Admit = Callable[[Placement, GpuLook, Sequence[Lease], LeaseDir], Optional[Blocked]]
 
 
 class Claim(list):
@@ -55,10 +59,11 @@ def claim_gpus(
     look: Callable[[], GpuLook] = gpus.look,
     describe: Optional[Describe] = gpus.describe_pid,
     log: Callable[[str], None] = _say,
+    admit: Optional[Admit] = None,
 ) -> Union[Claim, Blocked]:
     """Choose GPUs among `candidates` (None: all) for `request` and lease them to `job` of `spool`
     (None, None for `gpuq lease`), held by this process, or say why it must wait. Every live lease counts
-    but those `exclude` names."""
+    but those `exclude` names. `admit` may still hold back the GPUs chosen (under their placing locks)."""
     if request.gpus == 0:
         return Claim([], ())
     allowed = None if candidates is None else sorted(set(candidates))
@@ -87,12 +92,28 @@ def claim_gpus(
             decision = decide(seen, others)
             if isinstance(decision, Blocked):
                 return decision
+            refused = admit(decision, seen, live, directory) if admit is not None else None
+            if refused is not None:
+                return refused
             return Claim(_take(directory, seen, decision, request, job, name, spool), decision.gpus)
     except LeaseDirProblem as exc:
         say_once(str(exc), log)
     seen = look()
     decision = decide(seen, ()) if mode_of(seen) == GPUS else _no_gpus(seen)
     return decision if isinstance(decision, Blocked) else Claim([], decision.gpus)
+
+
+def record_usage(leases: Iterable[Held], log: Callable[[str], None]) -> None:
+    """The GPU-hours these leases held, added to this user's recent usage beside the leases (whose
+    ties it breaks when several users wait: turns.py). Whole or shared, a lease counts its GPU's hours."""
+    now = time.time()
+    hours = sum(max(0.0, now - held.lease.since) for held in leases) / 3600.0
+    if not hours:
+        return
+    try:
+        LeaseDir.open().add_usage(hours, now, policy.load(log).half_life)
+    except (LeaseDirProblem, OSError) as exc:
+        log(f"recent GPU usage not recorded: {exc}")
 
 
 def _no_gpus(seen: GpuLook) -> Blocked:

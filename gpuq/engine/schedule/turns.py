@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 from gpuq.core.job import Job
 from gpuq.engine.schedule import scheduler
@@ -51,6 +51,39 @@ def turn_reason(ticket: Ticket, gpu_index: int) -> str:
 def cap_reason(cap: int, asked: int) -> str:
     limit = f"your limit of {cap} GPU{'s' if cap != 1 else ''} at once on this machine"
     return f"asks for {asked} GPUs, over {limit}" if asked > cap else f"waiting for one of your jobs to end: {limit}"
+
+
+class HeldBack(NamedTuple):
+    reason: str
+    forever: bool
+    capped: bool  # by this user's cap (it takes no one's turn), else by another user's turn
+
+
+def held_back(
+    chosen: Sequence[int],
+    uuid_of: dict[int, str],
+    tickets: Sequence[Ticket],
+    directory: LeaseDir,
+    policy: Policy,
+    cap: Optional[int],
+    held: int,
+) -> Optional[HeldBack]:
+    """Why a start on the GPUs `chosen` (indexes; `uuid_of` names them) must wait, this user
+    holding `held` GPUs: their cap, or another user's turn on one of them; None if it may start.
+    A worker's jobs and `gpuq lease` are held back alike."""
+    if not chosen:
+        return None
+    if cap is not None and held + len(chosen) > cap:
+        return HeldBack(cap_reason(cap, len(chosen)), len(chosen) > cap, True)
+    usage = lambda uids: directory.usage(uids, half_life=policy.half_life)  # noqa: E731
+    me = os.geteuid()
+    for index in chosen:
+        wanting = [t for t in tickets if t.wants(uuid_of.get(index, ""))]
+        if wanting:
+            first = first_in_line(wanting, usage, policy)
+            if first.uid != me:
+                return HeldBack(turn_reason(first, index), False, False)
+    return None
 
 
 class Turns:
@@ -118,20 +151,11 @@ class Turns:
         cap: Optional[int],
         held: int,
     ) -> Optional[scheduler.Wait]:
-        if not chosen:
+        why = held_back(chosen, uuid_of, tickets, directory, policy, cap, held)
+        if why is None:
             return None
-        if cap is not None and held + len(chosen) > cap:
-            self.capped.add(job.id)
-            return scheduler.Wait(cap_reason(cap, len(chosen)), len(chosen) > cap)
-        usage = lambda uids: directory.usage(uids, half_life=policy.half_life)  # noqa: E731
-        for index in chosen:
-            wanting = [t for t in tickets if t.wants(uuid_of.get(index, ""))]
-            if wanting:
-                first = first_in_line(wanting, usage, policy)
-                if first.uid != self.me:
-                    self.turn_waits.add(job.id)
-                    return scheduler.Wait(turn_reason(first, index), False)
-        return None
+        (self.capped if why.capped else self.turn_waits).add(job.id)
+        return scheduler.Wait(why.reason, why.forever)
 
     def upkeep(
         self,

@@ -4,15 +4,14 @@ its processes are gone, so that every user's gpuq on the machine sees those GPUs
 
 from __future__ import annotations
 
-import time
 from typing import Iterable
 
 from gpuq.core.job import Job
+from gpuq.engine.schedule import leasing
 from gpuq.engine.schedule.leasing import claim_gpus
 from gpuq.engine.schedule.placement import DEFAULT_FOREIGN_THRESHOLD_MIB, Blocked, Request
 from gpuq.run.supervisor.order import StartOrder
-from gpuq.system import policy
-from gpuq.system.leases import Held, LeaseDir, LeaseDirProblem
+from gpuq.system.leases import Held
 
 
 class GpusTaken(Exception):
@@ -48,18 +47,9 @@ def release(leases: Iterable[Held]) -> None:
 
 
 def record_usage(leases: Iterable[Held]) -> None:
-    """The GPU-hours these leases held, added to this user's recent usage beside the leases (whose
-    ties it breaks when several users wait: engine/schedule/turns.py). Whole or shared, a lease
-    counts its GPU's hours. A handed-on slot records them after the next job started, which never
-    waits for it."""
-    now = time.time()
-    hours = sum(max(0.0, now - held.lease.since) for held in leases) / 3600.0
-    if not hours:
-        return
-    try:
-        LeaseDir.open().add_usage(hours, now, policy.load(_unsaid.append).half_life)
-    except (LeaseDirProblem, OSError) as exc:
-        _unsaid.append(f"recent GPU usage not recorded: {exc}")
+    """The GPU-hours these leases held, added to this user's recent usage (leasing.record_usage). A
+    handed-on slot records them after the next job started, which never waits for it."""
+    leasing.record_usage(leases, _unsaid.append)
 
 
 _unsaid: list[str] = []  # problems with the lease directory (each once per process), for the job's log
