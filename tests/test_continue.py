@@ -52,9 +52,12 @@ def kill_job_and_supervisor(gq: Env, job_id: int) -> None:
 
 def test_recover_after_a_reboot_continues_from_its_newest_complete_checkpoint(gq: Env) -> None:
     stale_checkpoint(gq, 90)
-    job_id = trainer(gq, "--max_steps", "60", "--partial_save_at", "35", "--step_time", "0.05")
+    job_id = trainer(gq, "--max_steps", "60", "--partial_save_at", "35", "--step_time", "0.1")
     worker = gq.start_worker("--watch")
     wait_for(lambda: gq.job(job_id).get("supervisor") and printed_step(gq, job_id) >= 37, 30, what="step 37")
+    # the "reboot" comes at once: stopped here, the job cannot reach checkpoint-40 while the worker
+    # is being stopped on a loaded machine
+    os.killpg(gq.job(job_id)["pid"], signal.SIGSTOP)
     worker.send_signal(signal.SIGTERM)
     worker.wait(10)
     kill_job_and_supervisor(gq, job_id)
