@@ -10,6 +10,7 @@ from itertools import chain, islice, takewhile
 from typing import AbstractSet, Any, Callable, Iterator, Optional, Sequence
 
 from gpuq.core.job import Job
+from gpuq.core.times import parse_iso
 from gpuq.engine.schedule import diskguard, hostroom, placement, scheduler, victims
 from gpuq.engine.schedule.placement import Blocked, Holding, Leased, Placement, Request
 from gpuq.engine.schedule.turns import Turns
@@ -282,7 +283,8 @@ class Planner:
             pids |= tree
             held = job.gpus
             if held:
-                holdings.append(Holding(job.id, tuple(held), job.gpu_mem_mib, frozenset(tree)))
+                since = parse_iso(job.started_at) or 0.0  # the reservation of the first in line weighs it
+                holdings.append(Holding(job.id, tuple(held), job.gpu_mem_mib, frozenset(tree), since))
             elif held == [] and not job.adopted:
                 cpu_lane = job.id
         for job_id, where in busy.items():

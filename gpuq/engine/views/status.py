@@ -177,8 +177,8 @@ def rejected_files(spool: Spool) -> list[tuple[str, float, str]]:
 
 
 def name_the_first_in_line(snap: scheduler.QueueState, reasons: dict[int, Optional[scheduler.Wait]]) -> None:
-    """No backfill: a GPU job behind one that waits for the GPUs waits too. Its reason, as the
-    worker gave it, names that job; add what it needs, so the row says why the line is held."""
+    """A GPU job that fits only on the GPUs kept for the first in line waits behind it. Its reason,
+    as the worker gave it, names that job; add what it needs, so the row says why the line is held."""
     jobs = {job.id: job for job in snap.pending}
     for job_id, wait in reasons.items():
         if wait is None or not wait.reason.startswith(scheduler.BEHIND):
