@@ -28,6 +28,9 @@ class Assignment:
 
     slot: Optional[str]
     gpus: Optional[tuple[int, ...]] = None
+    # its share of each GPU while it starts (None: whole), so that jobs after it pack beside it
+    # before it is seen running; not part of where it is
+    gpu_mem_mib: Optional[int] = field(default=None, compare=False)
 
     @classmethod
     def of_job(cls, job: Job) -> Assignment:
@@ -239,7 +242,8 @@ class Planner:
             elif not decision.gpus and cpu_lane is not None:
                 plan.waits[job.id] = scheduler.Wait(f"waiting for the CPU lane (job #{cpu_lane})", False)
             else:
-                plan.starts.append((job, Assignment(",".join(map(str, decision.gpus)), decision.gpus)))
+                share = request_of(job).gpu_mem_mib
+                plan.starts.append((job, Assignment(",".join(map(str, decision.gpus)), decision.gpus, share)))
                 if not decision.gpus:
                     cpu_lane = job.id
         if self.turns is not None and mode == placement.GPUS:  # other users' turns, the machine's caps
@@ -291,7 +295,8 @@ class Planner:
             if job_id in running_ids:
                 continue
             if where.gpus:
-                holdings.append(Holding(job_id, where.gpus, None))  # whole until it is seen running
+                # its share while it starts (a preempted victim's leftovers: whole, until they are gone)
+                holdings.append(Holding(job_id, where.gpus, where.gpu_mem_mib))
             elif where.gpus == ():
                 cpu_lane = job_id
         return holdings, frozenset(pids), cpu_lane
