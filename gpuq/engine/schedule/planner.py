@@ -318,7 +318,8 @@ class Planner:
             return []
         candidates = victims.candidates(urgent, snap.running)
         candidates = [j for j in candidates if allowed is None or set(j.gpus or ()) <= allowed]
-        allowed_victims = victims.in_preference(candidates, urgent)
+        whole = max((gpu.memory_total_mib for gpu in look.gpus), default=victims.WHOLE_GPU_MIB)
+        allowed_victims = victims.in_preference(candidates, urgent, whole)
         chosen = self._making_room(urgent, allowed_victims, holdings, own_pids, look, allowed)
         if not chosen and len(allowed_victims) < len(candidates):
             if self._making_room(urgent, candidates, holdings, own_pids, look, allowed):
