@@ -58,6 +58,28 @@ def test_a_dropped_best_is_the_rule_best(gq: Env) -> None:
     assert _names(gq) == ["checkpoint-4", "checkpoint-12", "checkpoint-14"]
 
 
+# Saves ckpts/step_1 .. step_4, then runs on until none of them may still be being written (a glob's
+# match changed in the last 2 s may be: engine/tracking/retention.py), so that its end prunes them.
+STEPS = """import os, time
+os.makedirs("ckpts", exist_ok=True)
+for step in range(1, 5):
+    with open(os.path.join("ckpts", f"step_{step}"), "w") as fh:
+        fh.write("w")
+saved = time.time()
+while time.time() - saved < 2.5:
+    time.sleep(0.05)
+"""
+
+
+def test_a_dropped_ckpt_glob_is_where_its_kept_checkpoints_are(gq: Env) -> None:
+    gq.script("train.py", STEPS)
+    _drop(gq, "glob.json", {"cmd": ["train.py"], "gpus": 0, "keep_checkpoints": 2, "ckpt_glob": "ckpts/step_*"})
+    gq.gpuq("run")
+    job = gq.wait_state(1, "done")
+    assert job["ckpt_glob"] == "ckpts/step_*" and job["keep_checkpoints"] == 2
+    assert sorted(os.listdir(gq.work / "ckpts")) == ["step_3", "step_4"]
+
+
 def test_a_dropped_min_free_holds_the_job_until_there_is_room(gq: Env, tmp_path: Path) -> None:
     with small_tmpfs(tmp_path, "2m") as mount:
         gq.script("job.py", "print('ran')\n")
@@ -81,6 +103,7 @@ def test_a_bad_value_sends_the_file_to_rejected_with_the_reason(gq: Env) -> None
         "newest.json": ({"keep_checkpoints": "newest"}, "'keep_checkpoints': not a number of checkpoints"),
         "free.json": ({"min_free": "lots"}, "'min_free': cannot read 'lots' as a size"),
         "zero.json": ({"min_free": 0}, "'min_free' must be a size of free disk space"),
+        "glob.json": ({"ckpt_glob": ""}, "'ckpt_glob' must be where its checkpoints are"),
     }
     for name, (fields, _reason) in bad.items():
         _drop(gq, name, {"cmd": ["true"], **fields})

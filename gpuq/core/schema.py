@@ -167,7 +167,8 @@ def _check_cmd(value: Any) -> list[str]:
 
 DROPPED_FIELDS = {"cmd", "cwd", "name", "env", "after", "after_any", "retries", "priority", "gpus", "gpu_mem", "conda"}
 DROPPED_FIELDS |= {"mem", "cpus", "notify_urls"}  # --mem/--cpus; --notify URL (run/notify/)
-DROPPED_FIELDS |= {"retry_oom", "keep_checkpoints", "min_free"}  # core/oom.py, core/keep.py, the disk guard
+# core/oom.py; core/keep.py with where the checkpoints are; the disk guard
+DROPPED_FIELDS |= {"retry_oom", "keep_checkpoints", "ckpt_glob", "min_free"}
 
 
 def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
@@ -225,7 +226,8 @@ def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def _dropped_waste_rules(obj: dict[str, Any]) -> dict[str, Any]:
-    """`--retry-oom`, `--keep-checkpoints` and `--min-free` as a dropped file says them."""
+    """`--retry-oom`, `--keep-checkpoints` (with `--ckpt-glob`) and `--min-free` as a dropped file
+    says them."""
     clean: dict[str, Any] = {}
     retry_oom = obj.get("retry_oom", 0)
     if not is_int(retry_oom) or not 0 <= retry_oom <= 100:
@@ -237,6 +239,11 @@ def _dropped_waste_rules(obj: dict[str, Any]) -> dict[str, Any]:
             clean["keep_checkpoints"] = parse_keep(keep)
         except ValueError as exc:
             raise InvalidJob(f"'keep_checkpoints': {exc}") from None
+    pattern = obj.get("ckpt_glob")
+    if pattern is not None:  # relative to its cwd, as `--ckpt-glob` is
+        if not isinstance(pattern, str) or not pattern.strip() or not os_str(pattern) or len(pattern) > 4096:
+            raise InvalidJob("'ckpt_glob' must be where its checkpoints are, such as \"ckpts/step_*\"")
+        clean["ckpt_glob"] = pattern
     min_free = obj.get("min_free")
     if isinstance(min_free, str) and min_free.strip()[-1:].isalpha():  # "50G", "500K": a unit, bytes exact
         try:

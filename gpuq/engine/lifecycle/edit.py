@@ -18,7 +18,7 @@ from gpuq.spool import Spool
 # The job fields behind each editable key (the keys of a dropped file).
 FIELD_OF = {"gpus": "gpu_request", "gpu_mem": "gpu_mem_mib", "mem": "mem_mib", "min_free": "min_free_bytes"}
 # Keys left out of what a person edits while null (no request): a key they delete clears the field.
-UNSET_WHEN_NULL = ("gpu_mem", "mem", "cpus", "keep_checkpoints", "min_free")
+UNSET_WHEN_NULL = ("gpu_mem", "mem", "cpus", "keep_checkpoints", "min_free", "ckpt_glob")
 # Sizes typed with --set need a unit, as `add --gpu-mem`/`--mem` do: `--set gpu_mem=20` would be
 # 20 MiB (a job file's bare number), nothing a job needs. A file edited in the editor keeps its MiB.
 TYPED_SIZES = ("gpu_mem", "mem")

@@ -206,6 +206,7 @@ def _publish_claimed(spool: Spool, job_id: int, original: str, fields: dict[str,
             "retry_oom": fields["retry_oom"],
             "keep_checkpoints": fields.get("keep_checkpoints"),
             "min_free_bytes": fields.get("min_free_bytes"),
+            "ckpt_glob": fields.get("ckpt_glob"),
         },
     )
     spool.jobs.publish(job)
