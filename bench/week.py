@@ -1,7 +1,8 @@
 """A researcher's week, replayed (compressed to minutes): the same trace through gpuq and through
 task-spooler with one slot per GPU, one after the other in one run, on 4 simulated 80 GB GPUs.
 
-The trace (seeded, so every run replays the same week): about 60 training jobs queued at the start,
+The trace (seeded, so every run replays the same week): about 60 training jobs queued at the start
+(one after another, the worker already running, as a service keeps one),
 each asking for a share of a GPU (10-80 GB; 80: a whole GPU) and running 10 steps of a few seconds
 to a minute in all, a checkpoint every 2 steps; some are evaluations that start after the job they
 evaluate; 10% of them need twice what they ask and die of CUDA out-of-memory at 30% of their steps
@@ -39,6 +40,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 GPUS, GPU_GB, STEPS, CKPT_EVERY = 4, 80, 10, 2
+# The gpuq under test: a copy of the checkout's package with its bytecode compiled, as an installed
+# package has it (systems.snapshot_gpuq); None: `python -m gpuq` as this interpreter finds it.
+SNAPSHOT: dict[str, Optional[Path]] = {"src": None}
 OOM_AT_STEP = 3  # 30% of its steps
 SIZES = (10, 20, 40, 80)
 
@@ -152,12 +156,19 @@ def lower_bound(jobs: list[Job]) -> tuple[float, float, float]:
 class Runner:
     name = ""
 
+    def ready(self) -> None:
+        """Return once it takes jobs as a running service does (its first look at the GPUs made)."""
+
     def __init__(self, root: Path, journal: Path) -> None:
         self.root, self.journal = root, journal
         self.work = root / "work"
         self.work.mkdir(parents=True)
         (self.work / "job.py").write_text(JOB)
         self.ids: dict[int, Any] = {}
+        self.queued: dict[int, float] = {}  # when each job's first queueing returned: it waits from then
+
+    def queued_now(self, job: Job) -> None:
+        self.queued.setdefault(job.id, time.time())
 
     def argv(self, job: Job, asked: int) -> list[str]:
         return [
@@ -182,6 +193,8 @@ class Gpuq(Runner):
             os.environ, GPUQ_HOME=str(root / "home"), GPUQ_FAKE_GPUS=str(root / "gpus.json"),
             GPUQ_LEASE_DIR=str(root / "leases"),
         )  # fmt: skip
+        if SNAPSHOT["src"] is not None:  # gpuq as installed: its bytecode compiled once
+            self.env["PYTHONPATH"] = str(SNAPSHOT["src"])
         self.worker: Optional[subprocess.Popen] = None
 
     def gpuq(self, *args: str) -> str:
@@ -201,6 +214,16 @@ class Gpuq(Runner):
         if job.urgent_at is not None:
             opts += ["--urgent"]
         self.ids[job.id] = int(self.gpuq("add", *opts, *self.argv(job, job.asked)).strip())
+        self.queued_now(job)
+
+    def ready(self) -> None:
+        assert self.worker is not None
+        seen = Path(self.env["GPUQ_HOME"]) / "workers" / f"gpus-{self.worker.pid}.json"
+        deadline = time.monotonic() + 60
+        while not seen.exists():
+            if self.worker.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"gpuq's worker did not come up: see {self.root / 'worker.log'}")
+            time.sleep(0.05)
 
     def start(self, recover: bool = False) -> None:
         args = [sys.executable, "-m", "gpuq", "run", "--watch", *(["--recover"] if recover else [])]
@@ -275,6 +298,7 @@ class Tsp(Runner):
         self.ids[job.id] = int(self.tsp(*opts, *self.argv(job, GPU_GB)).strip())
         if job.urgent_at is not None:
             self.tsp("-u", str(self.ids[job.id]))
+        self.queued_now(job)
 
     def done_ids(self) -> set[int]:
         return {e["job"] for e in read_journal(self.journal) if e["event"] == "done"}
@@ -310,13 +334,16 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def replay(runner: Runner, jobs: list[Job], crash_at: float, expected: float, timeout: float) -> dict[str, float]:
-    """Run the trace; times relative to its start. Returns the start, the crash time, the end."""
+def replay(runner: Runner, jobs: list[Job], crash_at: float, expected: float, timeout: float) -> dict[str, Any]:
+    """Run the trace; times relative to its start. Returns the start, the crash time, the end, and
+    when each job was queued. The worker (task-spooler's server) is up when it starts, as a service
+    keeps one, and the jobs are queued one after another: a job waits from when it is queued."""
+    runner.start()
+    runner.ready()
     t0 = time.time()
     for job in jobs:
         if job.urgent_at is None:
             runner.add(job)
-    runner.start()
     urgent = sorted((j for j in jobs if j.urgent_at is not None), key=lambda j: j.urgent_at or 0)
     crashed, looked = None, 0.0
     while True:
@@ -336,10 +363,10 @@ def replay(runner: Runner, jobs: list[Job], crash_at: float, expected: float, ti
         time.sleep(0.1)
     end = max(e["t"] for e in read_journal(runner.journal)) - t0
     runner.stop()
-    return {"t0": t0, "crash": crashed or 0.0, "end": end}
+    return {"t0": t0, "crash": crashed or 0.0, "end": end, "queued": dict(runner.queued)}
 
 
-def figures(jobs: list[Job], journal: list[dict[str, Any]], times: dict[str, float]) -> dict[str, float]:
+def figures(jobs: list[Job], journal: list[dict[str, Any]], times: dict[str, Any]) -> dict[str, float]:
     t0, crash, end = times["t0"], times["crash"], times["end"]
     by_id = {j.id: j for j in jobs}
     events = sorted(journal, key=lambda e: e["t"])
@@ -366,7 +393,8 @@ def figures(jobs: list[Job], journal: list[dict[str, Any]], times: dict[str, flo
         twice += (crash + t0 - began) / (job.seconds / STEPS) * job.seconds / STEPS * job.share
     # a GPU idle while a job that could run waited, sampled every 0.1 s: a job waits from when it
     # could run (queued, its dependency done) to its first start, and from an attempt that did not
-    # finish it (out of memory, preempted, the crash) to its next start
+    # finish it (out of memory, preempted, the crash) to its next start. Queued is when its queueing
+    # returned: a job not yet queued waits for nothing.
     runs: dict[int, list[tuple[float, float, Optional[str], str]]] = {}
     opened: dict[int, tuple[float, Optional[str]]] = {}
     for e in events:
@@ -384,7 +412,7 @@ def figures(jobs: list[Job], journal: list[dict[str, Any]], times: dict[str, flo
     done_at = {jid: r[-1][1] for jid, r in runs.items() if r and r[-1][3] == "done"}
     waits: list[tuple[float, float]] = []
     for job in jobs:
-        arrive = t0 + job.urgent_at * times["expected"] if job.urgent_at is not None else t0
+        arrive = times["queued"].get(job.id, t0)
         ready = max(arrive, done_at.get(job.after, t0) if job.after else t0)
         mine = sorted(runs.get(job.id, []))
         starts = [r[0] for r in mine]
@@ -452,6 +480,13 @@ def main() -> int:
         print("task-spooler (tsp) is not installed: apt-get install task-spooler, or --only gpuq", file=sys.stderr)
         return 1
     jobs = trace(args.seed, args.scale)
+    scratch = Path(tempfile.mkdtemp(prefix="week-gpuq-src-"))
+    if args.only != "tsp":
+        # Without it, where PYTHONDONTWRITEBYTECODE is set, each of gpuq's processes (every add, the
+        # worker, each supervisor) compiled gpuq from source: seconds of GPU idle a user never sees.
+        from systems import snapshot_gpuq
+
+        SNAPSHOT["src"] = snapshot_gpuq(scratch)
     _total, spread, chain = lower_bound(jobs)
     expected = max(spread, chain)
     load0, started = os.getloadavg()[0], time.time()
@@ -468,6 +503,7 @@ def main() -> int:
         times["expected"] = expected
         results[runner_cls.name] = figures(jobs, read_journal(runner.journal), times)
         shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(scratch, ignore_errors=True)
     text = report(results, jobs, sys.argv, (load0, os.getloadavg()[0]), time.time() - started)
     print(text)
     if args.out:

@@ -149,8 +149,8 @@ def test_a_folded_sweep_shows_its_running_members_progress(gq: Env) -> None:
 
 
 def test_rows_behind_the_first_in_line_for_a_gpu_say_what_it_needs(gq: Env) -> None:
-    """No backfill: a job waiting for GPU memory holds its place, and the smaller job behind it
-    waits although it would fit."""
+    """A job waiting for GPU memory keeps its GPU (the only one), and the smaller job behind it
+    waits although it would fit there."""
     Gpus(gq, fake_gpus(1, total=81920, foreign={0: (4242, 51200)}))  # 30 GiB free
     gq.script("job.py", "print('never started')\n")
     big = gq.add("--gpu-mem", "40G", "job.py")

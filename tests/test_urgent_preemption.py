@@ -8,6 +8,8 @@ an urgent job still waiting and preempt a second victim for it.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import sys
@@ -21,6 +23,7 @@ from test_gpu_worker import Gpus, fake_gpus
 
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING, RUNNING
+from gpuq.core.times import iso_of
 from gpuq.engine.schedule import victims
 from gpuq.engine.schedule.planner import Assignment, Planner
 from gpuq.engine.schedule.scheduler import QueueState
@@ -167,4 +170,29 @@ def test_add_names_the_job_the_worker_would_preempt_not_a_cpu_job() -> None:
     urgent = _job(3, urgent=True, gpu_request=1)
     assert "job #1 j1 is preempted" in victims.foreseen(urgent, [gpu_job, cpu_job])
     plan = Planner(look=lambda: _gpus(1)).plan(_snap([urgent], [gpu_job, cpu_job]), busy={})
+    assert [victim.id for victim in plan.victims] == [1]
+
+
+def test_of_the_jobs_that_can_continue_the_one_that_loses_the_least_work_is_preempted(tmp_path: Path) -> None:
+    """Two whole-GPU jobs with checkpoints: the one started last saved 40 s ago, the other a second
+    ago. Preempting the first would throw away 40 s of a GPU, the second 1 s: the second goes."""
+    now = time.time()
+
+    def trained(job_id: int, started: float, saved: float) -> Job:
+        ckpt = tmp_path / f"out{job_id}" / "checkpoint-10"
+        ckpt.mkdir(parents=True)
+        (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 10}))
+        for path in (ckpt / "trainer_state.json", ckpt):
+            os.utime(path, (saved, saved))
+        return _job(
+            job_id, slot=str(job_id - 1), gpus=[job_id - 1], pid=10_000_000 + job_id, started_at=iso_of(started),
+            cmd=["train.py", "--output_dir", f"out{job_id}"], cwd=str(tmp_path),
+        )  # fmt: skip
+
+    early = trained(1, now - 100, now - 1)
+    late = trained(2, now - 50, now - 40)
+    urgent = _job(3, urgent=True)
+    assert [job.id for job in victims.in_preference(victims.candidates(urgent, [early, late]), urgent)] == [1, 2]
+    assert victims.lost_work(early, now) < victims.lost_work(late, now)
+    plan = Planner(look=lambda: _gpus(2)).plan(_snap([urgent], [early, late]), busy={})
     assert [victim.id for victim in plan.victims] == [1]

@@ -267,3 +267,18 @@ def test_an_out_of_memory_retry_is_placed_again_with_its_doubled_share(tmp_path:
     launcher.lines[0].code = 0  # its supervisor is gone
     result = worker.step(time.time())
     assert result.started == [job.id] and launcher.lines[-1].order.gpus == (1,)
+
+
+def test_a_job_still_starting_holds_only_its_share_and_the_next_one_packs_beside_it(tmp_path: Path) -> None:
+    """A 20G job handed to its supervisor but not yet in running/ counts its 20G on its GPU, not the
+    whole GPU: a 20G job queued just after it starts beside it at the next step; a whole-GPU job
+    waits for the GPU, naming the starting one."""
+    spool = _spool(tmp_path)
+    first = _add(spool, tmp_path, gpu_mem_mib=20 * G)
+    worker, launcher, _said = _worker(spool, Planner(look=lambda: GpuLook((_gpu(0),), "fake", None, time.time())))
+    assert worker.step(time.time()).started == [first.id]  # its supervisor has not begun it yet
+    second = _add(spool, tmp_path, gpu_mem_mib=20 * G)
+    whole = _add(spool, tmp_path)
+    assert worker.step(time.time()).started == [second.id]
+    assert [line.order.gpus for line in launcher.lines] == [(0,), (0,)]
+    assert f"job #{first.id}" in worker.waits[whole.id].reason

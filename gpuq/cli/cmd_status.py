@@ -6,11 +6,12 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, Optional
 
 from gpuq.cli import render
 from gpuq.cli.common import spool
 from gpuq.core.errors import Refused
+from gpuq.core.job import Job
 from gpuq.core.states import PENDING
 from gpuq.core.times import duration
 from gpuq.engine.views.status import Row, status
@@ -79,7 +80,31 @@ def json_row(row: Row) -> dict[str, Any]:
     out["progress_source"] = est.reading.source if est and est.reading else None
     out["adopted"] = bool(job.adopted)
     out["gpu_idle"] = [{"gpu": gpu, "idle_seconds": round(seconds, 1)} for gpu, seconds in row.gpu_idle]
+    out["retry_oom"] = job.retry_oom
+    out["oom_retry"] = oom_retry(job)
+    out["keep_checkpoints"] = job.keep_checkpoints
+    out["min_free_bytes"] = job.min_free_bytes
+    out["ckpt_bytes"] = job.ckpt_bytes
+    out["disk_wait"] = row.disk_wait.reason if row.disk_wait else None
     return out
+
+
+def oom_retry(job: Job) -> Optional[dict[str, Any]]:
+    """Where its out-of-memory retries stand, or None before the first: `retry` (GPUQ_OOM_RETRY of
+    its current or next attempt), the share it runs with now, and why it changed (the newest
+    attempt that ran out of memory: its reason and what the next got)."""
+    if not job.oom_retries:
+        return None
+    last: dict[str, Any] = next((entry for entry in reversed(job.history) if entry.get("change")), {})
+    return {
+        "retry": job.oom_retries,
+        "gpu_mem_mib": job.gpu_mem_mib,
+        "gpu_largest": job.gpu_largest,
+        "mem_mib": job.mem_mib,
+        "attempt": last.get("attempt"),
+        "reason": last.get("reason"),
+        "change": last.get("change"),
+    }
 
 
 def cmd_eta(args: argparse.Namespace) -> int:

@@ -318,8 +318,9 @@ COMMANDS = (
         handler="cmd_jobs:cmd_edit",
         help="change a pending or held job: in $VISUAL/$EDITOR, or with --set KEY=VALUE",
         description="Edit what a waiting job will run (the fields a hand-dropped job file may have: cmd, cwd, "
-        "name, env, after, after_any, retries, priority, gpus, gpu_mem, mem, cpus). The result is checked like a "
-        "dropped file and replaces the job at once, or is refused with the reason and the job left as it was.",
+        "name, env, after, after_any, retries, priority, gpus, gpu_mem, mem, cpus, retry_oom, keep_checkpoints, "
+        "ckpt_glob, min_free). The result is checked like a dropped file and replaces the job at once, or is "
+        "refused with the reason and the job left as it was.",
         id_states=WAITING,
         options=(
             Opt("id", convert=positive_id, metavar="ID"),

@@ -10,9 +10,10 @@ from typing import Any, Optional
 
 from gpuq.core.errors import GpuqError
 from gpuq.core.job import FIELDS, MAX_GPUS, NOT_OS_TEXT, SCHEMA_VERSION, Job, is_int, is_url, os_str
+from gpuq.core.keep import parse_keep
 from gpuq.core.states import SOURCE_CLI
 from gpuq.core.times import now_iso
-from gpuq.core.timespec import parse_size_mib
+from gpuq.core.timespec import parse_size_bytes, parse_size_mib
 
 MAX_NAME_LEN = 200
 _UNSAFE = r"[^A-Za-z0-9._-]+"
@@ -182,6 +183,8 @@ def _check_cmd(value: Any) -> list[str]:
 
 DROPPED_FIELDS = {"cmd", "cwd", "name", "env", "after", "after_any", "retries", "priority", "gpus", "gpu_mem", "conda"}
 DROPPED_FIELDS |= {"mem", "cpus", "notify_urls"}  # --mem/--cpus; --notify URL (run/notify/)
+# core/oom.py; core/keep.py with where the checkpoints are; the disk guard
+DROPPED_FIELDS |= {"retry_oom", "keep_checkpoints", "ckpt_glob", "min_free"}
 
 
 def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
@@ -234,6 +237,40 @@ def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(urls, list) or not all(map(is_url, urls)):
         raise InvalidJob("'notify_urls' must be a list of URLs such as \"ntfy://my-topic\"")
     clean["notify_urls"] = urls
+    clean.update(_dropped_waste_rules(obj))
+    return clean
+
+
+def _dropped_waste_rules(obj: dict[str, Any]) -> dict[str, Any]:
+    """`--retry-oom`, `--keep-checkpoints` (with `--ckpt-glob`) and `--min-free` as a dropped file
+    says them."""
+    clean: dict[str, Any] = {}
+    retry_oom = obj.get("retry_oom", 0)
+    if not is_int(retry_oom) or not 0 <= retry_oom <= 100:
+        raise InvalidJob("'retry_oom' must be an integer from 0 to 100 (retries after out-of-memory)")
+    clean["retry_oom"] = retry_oom
+    keep = obj.get("keep_checkpoints")
+    if keep is not None:  # absent or null: the config file's rule, else every checkpoint kept
+        try:
+            clean["keep_checkpoints"] = parse_keep(keep)
+        except ValueError as exc:
+            raise InvalidJob(f"'keep_checkpoints': {exc}") from None
+    pattern = obj.get("ckpt_glob")
+    if pattern is not None:  # relative to its cwd, as `--ckpt-glob` is
+        if not isinstance(pattern, str) or not pattern.strip() or not os_str(pattern) or len(pattern) > 4096:
+            raise InvalidJob("'ckpt_glob' must be where its checkpoints are, such as \"ckpts/step_*\"")
+        clean["ckpt_glob"] = pattern
+    min_free = obj.get("min_free")
+    if isinstance(min_free, str) and min_free.strip()[-1:].isalpha():  # "50G", "500K": a unit, bytes exact
+        try:
+            clean["min_free_bytes"] = parse_size_bytes(min_free, "'min_free'")
+        except ValueError:
+            forms = '"50G", "500M" or MiB as a number'
+            raise InvalidJob(f"'min_free': cannot read {min_free!r} as a size; use {forms}") from None
+    else:  # a bare number is MiB, as every size in a job file
+        mib = _dropped_size(obj, "min_free", 'a size of free disk space such as "50G" or a number of MiB')
+        if mib is not None:
+            clean["min_free_bytes"] = mib << 20
     return clean
 
 

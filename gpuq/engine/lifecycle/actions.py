@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from gpuq.core import schema, states, transitions
+from gpuq.core import oom, schema, states, transitions
 from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.job import Job
 from gpuq.core.states import (
@@ -32,7 +32,7 @@ from gpuq.core.states import (
 )
 from gpuq.core.transitions import Continuation
 from gpuq.engine.lifecycle import ray_handover, repairs, slurm_handover
-from gpuq.engine.lifecycle.ending import claimed, get
+from gpuq.engine.lifecycle.ending import claimed, get, unseen_oom
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.schedule.queue_read import PendingCache, read_queue
 from gpuq.engine.tracking import continuation
@@ -152,8 +152,22 @@ def to_recover(spool: Spool) -> list[Job]:
     return [job for job in jobs_in(spool, (INTERRUPTED,)) if job.id not in ended]
 
 
+RECOVERED = "recovered after interruption"
+
+
 def recover(spool: Spool, job_id: int, from_scratch: bool = False) -> tuple[Job, Continuation]:
-    return _requeue(spool, job_id, (INTERRUPTED,), "recovered after interruption", from_scratch)
+    """An interrupted job back in the queue; one whose log shows its GPU ran out of memory gets the
+    larger share, as its supervisor would have given it (recovery cannot know its exit code)."""
+    with claimed(spool, job_id, (INTERRUPTED,)) as (ref, job):
+        how = continuation.plan(spool, job, from_scratch)
+        oomed = unseen_oom(spool, job)
+        grown = f"; {oom.note(oomed[1])}" if oomed else ""
+        changes = transitions.requeue(job, f"{RECOVERED}{grown}; {how.text()}", how)
+        if oomed and job.history:
+            changes.update(oom.retry(job, oomed[1]))
+            last = {**job.history[-1], "change": oom.note(oomed[1])}
+            changes["history"] = [*job.history[:-1], {**last, "reason": last.get("reason") or oomed[0]}]
+        return spool.jobs.move(ref, job, PENDING, changes)[1], how
 
 
 def recovery_plans(spool: Spool, from_scratch: bool = False) -> list[tuple[Job, Continuation]]:

@@ -16,9 +16,9 @@ from gpuq.engine.lifecycle import actions, enqueue, interpreter
 from gpuq.spool import Spool
 
 # The job fields behind each editable key (the keys of a dropped file).
-FIELD_OF = {"gpus": "gpu_request", "gpu_mem": "gpu_mem_mib", "mem": "mem_mib"}
+FIELD_OF = {"gpus": "gpu_request", "gpu_mem": "gpu_mem_mib", "mem": "mem_mib", "min_free": "min_free_bytes"}
 # Keys left out of what a person edits while null (no request): a key they delete clears the field.
-UNSET_WHEN_NULL = ("gpu_mem", "mem", "cpus")
+UNSET_WHEN_NULL = ("gpu_mem", "mem", "cpus", "keep_checkpoints", "min_free", "ckpt_glob")
 # Sizes typed with --set need a unit, as `add --gpu-mem`/`--mem` do: `--set gpu_mem=20` would be
 # 20 MiB (a job file's bare number), nothing a job needs. A file edited in the editor keeps its MiB.
 TYPED_SIZES = ("gpu_mem", "mem")
@@ -28,7 +28,16 @@ EDITABLE = sorted(schema.DROPPED_FIELDS)
 def read(spool: Spool, job_id: int) -> tuple[dict[str, Any], int]:
     _ref, job = actions.get(spool, job_id, WAITING)
     out = {key: getattr(job, FIELD_OF.get(key, key)) for key in EDITABLE}  # a field the file lacks: its default
+    if out["min_free"] is not None:  # bytes, shown with the unit that reads back exact (a bare number is MiB)
+        out["min_free"] = _bytes_text(out["min_free"])
     return {k: v for k, v in out.items() if not (k in UNSET_WHEN_NULL and v is None)}, job.rev
+
+
+def _bytes_text(count: int) -> str:
+    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if count % (1 << shift) == 0:
+            return f"{count >> shift}{unit}"
+    return f"{count}B"
 
 
 def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
@@ -40,6 +49,12 @@ def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
             raise UsageError(f"--set wants KEY=VALUE, not {pair!r}")
         if key not in EDITABLE:
             raise UsageError(f"--set {key}: not editable; these are: {', '.join(EDITABLE)}")
+        shown = text.strip()
+        if key == "min_free" and shown != "null":
+            if not shown[-1:].isalpha():
+                raise UsageError(f"--set min_free: {shown!r} has no unit: did you mean min_free={shown}G?")
+            out[key] = shown  # read again by the dropped file's rules
+            continue
         if key in TYPED_SIZES and text.strip() != "null":
             try:
                 timespec.parse_memory_mib(text, f"--set {key}")

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple, Optional
 
-from gpuq.core import schema, transitions
+from gpuq.core import failure, oom, schema, transitions
 from gpuq.core.errors import Refused
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING, PREEMPT, PREEMPTED, STATES
@@ -117,3 +117,21 @@ def claimed(spool: Spool, job_id: int, states: tuple[str, ...]) -> Iterator[tupl
         yield get(spool, job_id, states)
     finally:
         claim.release()
+
+
+def unseen_oom(spool: Spool, job: Job) -> Optional[tuple[str, oom.Growth]]:
+    """A GPU job whose latest attempt ended unseen (its supervisor gone) and whose part of the log
+    shows its GPU out of memory: that reason, and the larger share its supervisor would have given
+    its retry (core/oom.py); else None. Host memory is not grown here: what reached a --mem limit is
+    known to the supervisor's watch alone, and that is gone."""
+    if not job.gpus or not job.gpu_request:
+        return None  # it held no GPU: no GPU share to grow
+    tail, _mtime = spool.logs.tail(job, failure.TAIL_BYTES)
+    reason = failure.reason(tail, None, None)
+    if not oom.gpu_oom(reason):
+        return None
+    from gpuq.system import gpus  # the GPUs' sizes: only for a job that ran out of GPU memory
+
+    sizes = [gpu.memory_total_mib for gpu in gpus.look().gpus]
+    grown = oom.grow(job, reason, None, max(sizes) if sizes else None, None)
+    return (str(reason), grown) if grown else None

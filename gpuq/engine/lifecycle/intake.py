@@ -203,6 +203,10 @@ def _publish_claimed(spool: Spool, job_id: int, original: str, fields: dict[str,
             "conda": conda,
             "interpreter_from": found_by,
             "notify_urls": fields["notify_urls"],
+            "retry_oom": fields["retry_oom"],
+            "keep_checkpoints": fields.get("keep_checkpoints"),
+            "min_free_bytes": fields.get("min_free_bytes"),
+            "ckpt_glob": fields.get("ckpt_glob"),
         },
     )
     spool.jobs.publish(job)

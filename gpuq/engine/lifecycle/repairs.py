@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
-from gpuq.core.states import INTERRUPTED, PREEMPT, PREEMPT_ACTIONS, PREEMPT_RESUME, RUNNING, STATES
+from gpuq.core.states import INTERRUPTED, PENDING, PREEMPT, PREEMPT_ACTIONS, PREEMPT_RESUME, RUNNING, STATES
 from gpuq.spool import JobRef, Spool
 from gpuq.system import procs
 
@@ -108,11 +108,12 @@ def end_unseen(spool: Spool, ref: JobRef, job: Job, noted: Optional[dict[str, An
     claim); its new state. `noted`: what the supervisor left in the claim's lock file when the disk
     was too full to record the end itself."""
     # here: `gpuq status` runs reconcile() every time and settles a job almost never (these three)
-    from gpuq.core import transitions  # (see above)
+    from gpuq.core import oom, transitions  # (see above)
     from gpuq.engine.lifecycle import ending  # (see above)
     from gpuq.engine.tracking import continuation  # (see above)
 
     request = spool.control.take(job.id)
+    oomed = None
     if noted and isinstance(noted.get("exit_code"), int) and noted.get("state") in STATES:
         state, code = noted["state"], noted["exit_code"]
         note = f"exit {code}, noted by its supervisor while the disk was full (it died before it could record it)"
@@ -125,9 +126,19 @@ def end_unseen(spool: Spool, ref: JobRef, job: Job, noted: Optional[dict[str, An
         reached = continuation.reached_end(spool, job) if state == INTERRUPTED else None
         if reached:  # killed as it completed: said, so that recovery does not run it again unasked
             note = f"{note}; {reached_end_text(reached)}"
+        oomed = ending.unseen_oom(spool, job) if state == INTERRUPTED and not reached else None
+        reason = oomed[0] if oomed else None
+        if oomed and oom.retry_left(job):  # its supervisor would have sent it back with more room
+            state, note = PENDING, f"attempt {job.attempts}: {reason}; {oom.note(oomed[1])} (its supervisor was gone)"
+        elif oomed:
+            note = f"{note}; its log shows {reason}: `gpuq recover` runs it again with {oomed[1].text}"
         action = request if request in PREEMPT_ACTIONS else PREEMPT
-        end = ending.End(state, None, note=note, preempt_action=action)
-    ending.record_end(spool, ref, job, state, ending.attempt_end(spool, job, end))
+        end = ending.End(state, None, note=note, reason=reason, preempt_action=action)
+    changes = ending.attempt_end(spool, job, end)
+    if state == PENDING and oomed:
+        changes.update(oom.retry(job, oomed[1]))
+        changes["history"][-1]["change"] = oom.note(oomed[1])
+    ending.record_end(spool, ref, job, state, changes)
     return state
 
 

@@ -82,7 +82,8 @@ class Recover(OnJobs):
 
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
         job, how = actions.recover(spool, job_id, self.from_scratch)
-        return Done(job, how.text())
+        said = (job.note or "").partition(f"{actions.RECOVERED}; ")[2]  # with a larger share, that too
+        return Done(job, said or how.text())
 
 
 @dataclass(frozen=True)

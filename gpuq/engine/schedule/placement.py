@@ -6,10 +6,13 @@ lease, plus used memory no listed process explains: hidden processes, so countin
 waiting), or free. A whole-GPU request takes GPUs nothing of gpuq's and no lease holds, with outside
 memory at most `foreign_threshold_mib`; a shared one takes the best fit among GPUs without a whole
 holding, so that big GPUs stay free for big jobs. A GPU in an exclusive compute mode takes one process.
+In queue order, the first GPU job that waits keeps the GPUs it would get first; the jobs behind it
+start on the others (backfill).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -55,6 +58,7 @@ class Holding:
     gpus: tuple[int, ...]
     gpu_mem_mib: Optional[int]
     pids: frozenset[int] = frozenset()
+    since: float = math.inf  # when it started (seconds since the epoch); inf: starting now
 
 
 @dataclass(frozen=True)
@@ -160,24 +164,69 @@ def place_in_order(
     leased: Sequence[Leased] = (),
 ) -> dict[int, Decision]:
     """`place` for ready jobs in queue order, each placement a holding for the jobs after it. Once a
-    GPU job waits, the GPU jobs behind it wait too (no backfill): otherwise a stream of one-GPU jobs
-    could keep a two-GPU job waiting forever. A job that can never fit holds no one up."""
+    GPU job waits, the GPUs it would get first are kept for it (`reserve`): a job behind it starts
+    only on other GPUs (backfill), else waits behind it. So GPUs that the first in line cannot use
+    yet do not sit idle while jobs that fit there wait, and a stream of small jobs still never keeps
+    a big one waiting forever: nothing new starts on its GPUs, which only empty. A job that can
+    never fit holds no one up."""
     allowed = None if allowed is None else set(allowed)
     own = frozenset(own_pids)
     held = list(holdings)
     text = _Texts(describe, {})  # its describe() looks each pid up once for the whole step
     first_waiting: Optional[int] = None
+    others: Optional[set[int]] = None  # the GPUs a job behind the first in line may start on
     decisions: dict[int, Decision] = {}
     for job_id, request in requests:
         decision = place(request, gpus, allowed, held, own, foreign_threshold_mib, text.describe, leased)
-        if isinstance(decision, Placement) and decision.gpus and first_waiting is not None:
-            decision = Blocked(f"{BEHIND}{first_waiting} (first in line for a GPU)", forever=False)
-        elif isinstance(decision, Placement) and decision.gpus:
+        if isinstance(decision, Placement) and decision.gpus and others is not None:
+            if not others.issuperset(decision.gpus):  # it would take the first in line's GPUs: elsewhere?
+                elsewhere = place(request, gpus, others, held, own, foreign_threshold_mib, text.describe, leased)
+                behind = Blocked(f"{BEHIND}{first_waiting} (first in line for a GPU)", forever=False)
+                decision = elsewhere if isinstance(elsewhere, Placement) else behind
+        if isinstance(decision, Placement) and decision.gpus:
             held.append(Holding(job_id, decision.gpus, request.gpu_mem_mib))
         elif isinstance(decision, Blocked) and not decision.forever and first_waiting is None:
             first_waiting = job_id
+            kept = reserve(request, gpus, allowed, held, leased, foreign_threshold_mib)
+            others = {g.index for g in gpus if allowed is None or g.index in allowed} - kept
         decisions[job_id] = decision
     return decisions
+
+
+def reserve(
+    request: Request,
+    gpus: Sequence[Gpu],
+    allowed: Optional[Iterable[int]],
+    holdings: Sequence[Holding],
+    leased: Sequence[Leased] = (),
+    foreign_threshold_mib: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
+) -> set[int]:
+    """The GPUs a waiting job keeps, to get them once gpuq's jobs there end: among those it may use
+    (the largest, for a `largest` request), those where it would fit then (other parties' memory
+    and leases counted), the ones whose newest gpuq job started longest ago; then the freest. Run
+    times are unknown; what makes this safe is that the choice stands while jobs start elsewhere
+    (their newest start is newer), and changes only to GPUs whose jobs started earlier still: no
+    job starts on a kept GPU, so the first in line gets one once the jobs there when it was first
+    kept have ended, however many small jobs come behind it."""
+    wanted = None if allowed is None else set(allowed)
+    candidates = [g for g in sorted(gpus, key=lambda g: g.index) if wanted is None or g.index in wanted]
+    if request.largest and candidates:
+        most = max(g.memory_total_mib for g in candidates)
+        candidates = [g for g in candidates if g.memory_total_mib == most]
+    newest: dict[int, float] = {}
+    for holding in holdings:
+        for index in holding.gpus:
+            newest[index] = max(newest.get(index, -math.inf), holding.since)
+
+    def unusable(state: _GpuState) -> bool:  # what others hold there keeps it from fitting even once ours end
+        if request.gpu_mem_mib is None:
+            return bool(state.leases) or _outside_blocks(state, foreign_threshold_mib)
+        others = state.outside_mib + state.leased_mib
+        return _taken(state) or state.gpu.memory_total_mib - others < request.gpu_mem_mib
+
+    states = _states(candidates, list(holdings), leased)
+    order = sorted(states, key=lambda s: (unusable(s), newest.get(s.gpu.index, -math.inf), -s.free_mib, s.gpu.index))
+    return {s.gpu.index for s in order[: request.gpus]}
 
 
 def _states(candidates: list[Gpu], holdings: list[Holding], leased: Sequence[Leased]) -> list[_GpuState]:

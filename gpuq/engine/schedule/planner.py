@@ -10,6 +10,7 @@ from itertools import chain, islice, takewhile
 from typing import AbstractSet, Any, Callable, Iterator, Optional, Sequence
 
 from gpuq.core.job import Job
+from gpuq.core.times import parse_iso
 from gpuq.engine.schedule import diskguard, hostroom, placement, scheduler, victims
 from gpuq.engine.schedule.placement import Blocked, Holding, Leased, Placement, Request
 from gpuq.engine.schedule.turns import Turns
@@ -27,6 +28,9 @@ class Assignment:
 
     slot: Optional[str]
     gpus: Optional[tuple[int, ...]] = None
+    # its share of each GPU while it starts (None: whole), so that jobs after it pack beside it
+    # before it is seen running; not part of where it is
+    gpu_mem_mib: Optional[int] = field(default=None, compare=False)
 
     @classmethod
     def of_job(cls, job: Job) -> Assignment:
@@ -238,7 +242,8 @@ class Planner:
             elif not decision.gpus and cpu_lane is not None:
                 plan.waits[job.id] = scheduler.Wait(f"waiting for the CPU lane (job #{cpu_lane})", False)
             else:
-                plan.starts.append((job, Assignment(",".join(map(str, decision.gpus)), decision.gpus)))
+                share = request_of(job).gpu_mem_mib
+                plan.starts.append((job, Assignment(",".join(map(str, decision.gpus)), decision.gpus, share)))
                 if not decision.gpus:
                     cpu_lane = job.id
         if self.turns is not None and mode == placement.GPUS:  # other users' turns, the machine's caps
@@ -282,14 +287,16 @@ class Planner:
             pids |= tree
             held = job.gpus
             if held:
-                holdings.append(Holding(job.id, tuple(held), job.gpu_mem_mib, frozenset(tree)))
+                since = parse_iso(job.started_at) or 0.0  # the reservation of the first in line weighs it
+                holdings.append(Holding(job.id, tuple(held), job.gpu_mem_mib, frozenset(tree), since))
             elif held == [] and not job.adopted:
                 cpu_lane = job.id
         for job_id, where in busy.items():
             if job_id in running_ids:
                 continue
             if where.gpus:
-                holdings.append(Holding(job_id, where.gpus, None))  # whole until it is seen running
+                # its share while it starts (a preempted victim's leftovers: whole, until they are gone)
+                holdings.append(Holding(job_id, where.gpus, where.gpu_mem_mib))
             elif where.gpus == ():
                 cpu_lane = job_id
         return holdings, frozenset(pids), cpu_lane
@@ -311,7 +318,8 @@ class Planner:
             return []
         candidates = victims.candidates(urgent, snap.running)
         candidates = [j for j in candidates if allowed is None or set(j.gpus or ()) <= allowed]
-        allowed_victims = victims.in_preference(candidates, urgent)
+        whole = max((gpu.memory_total_mib for gpu in look.gpus), default=victims.WHOLE_GPU_MIB)
+        allowed_victims = victims.in_preference(candidates, urgent, whole)
         chosen = self._making_room(urgent, allowed_victims, holdings, own_pids, look, allowed)
         if not chosen and len(allowed_victims) < len(candidates):
             if self._making_room(urgent, candidates, holdings, own_pids, look, allowed):

@@ -20,8 +20,8 @@ class Wait(NamedTuple):
     forever: bool
 
 
-# How placement starts the reason of a GPU job that waits behind the first in line (no backfill):
-# `gpuq status` adds what that job needs.
+# How placement starts the reason of a GPU job that waits behind the first in line (it fits only on
+# the GPUs kept for that job): `gpuq status` adds what that job needs.
 BEHIND = "waiting behind job #"
 
 

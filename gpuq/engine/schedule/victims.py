@@ -1,18 +1,22 @@
 """Which running job an urgent job may preempt: one that can go on afterwards (`--preemptible`, or a
 complete checkpoint of its own); preempting any other throws its whole run away, so only
-`--urgent=force` does.
+`--urgent=force` does. Among those that can, the one that throws away the least work since its
+newest checkpoint.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 from gpuq.core.job import Job
 from gpuq.core.states import URGENT_FORCE
+from gpuq.core.times import parse_iso
 from gpuq.engine.schedule.scheduler import victim_key
 from gpuq.engine.tracking import checkpoints
 
+WHOLE_GPU_MIB = 81920  # a whole GPU's share where the GPUs' sizes are not at hand
 NO_VICTIM = "no running job can be preempted without losing its progress (`--urgent=force` takes one anyway)"
 
 
@@ -29,13 +33,29 @@ def how_it_continues(job: Job) -> Optional[str]:
     return None
 
 
-def in_preference(candidates: list[Job], urgent: Job) -> list[Job]:
-    """Those that can continue, in the order given; for an `--urgent=force` job, then the others."""
+def in_preference(candidates: list[Job], urgent: Job, whole_mib: int = WHOLE_GPU_MIB) -> list[Job]:
+    """Those that can continue, the lowest priority first and, among equals, the one whose
+    preemption throws away the least work (`lost_work`), then in the order given; for an
+    `--urgent=force` job, then the others."""
     able: list[Job] = []
     others: list[Job] = []
     for job in candidates:
         (able if how_it_continues(job) else others).append(job)
+    now = time.time()
+    able.sort(key=lambda job: (job.priority, lost_work(job, now, whole_mib)))
     return able + others if urgent.urgent == URGENT_FORCE else able
+
+
+def lost_work(job: Job, now: float, whole_mib: int = WHOLE_GPU_MIB) -> float:
+    """What preempting a running job now throws away, in MiB-seconds of GPU: the time its attempt
+    has run since its newest complete checkpoint, times its share (`whole_mib` for each whole GPU).
+    A --preemptible job saves when it is stopped: nothing."""
+    if job.preemptible:
+        return 0.0
+    found = checkpoints.latest_checkpoint(job)
+    since = max(checkpoints.written_at(found.path) if found else 0.0, parse_iso(job.started_at) or 0.0)
+    share = job.gpu_mem_mib if job.gpu_mem_mib is not None else max(1, job.gpu_request) * whole_mib
+    return max(0.0, now - since) * share
 
 
 def candidates(urgent: Job, running: list[Job]) -> list[Job]:

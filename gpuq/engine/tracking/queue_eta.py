@@ -136,8 +136,9 @@ def plan_queue(
 class _Play:
     """The queue played forward as the worker's steps start jobs (engine/schedule/planner.py):
     whenever a slot frees or a wait ends, the jobs ready then (dependencies ended) take the free
-    slots they can use in queue order; a GPU job that must wait holds up the GPU jobs behind it
-    (placement.place_in_order, no backfill), one not ready holds up nobody."""
+    slots they can use in queue order; a GPU job that must wait keeps the free slots it can use,
+    holding up the GPU jobs behind it (placement.place_in_order keeps its GPUs for it: with whole
+    slots, those it could start on), one not ready holds up nobody."""
 
     def __init__(
         self,

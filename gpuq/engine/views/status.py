@@ -23,10 +23,12 @@ LOOKS = 3  # listings taken at most while jobs keep moving under one `gpuq statu
 
 
 class Row:
-    __slots__ = ("job", "state", "wait", "estimate", "gpu_idle")
+    __slots__ = ("job", "state", "wait", "estimate", "gpu_idle", "disk_wait")
 
     def __init__(self, job: Job, state: str, wait: Optional[scheduler.Wait] = None) -> None:
         self.job, self.state, self.wait = job, state, wait
+        # the disk guard's reason, also where another (a dependency, a GPU) is the row's `wait`
+        self.disk_wait: Optional[scheduler.Wait] = None
         self.estimate: Any = None  # running and pending rows: engine/tracking/eta.py's Estimate
         self.gpu_idle: list[tuple[int, float]] = []  # a running job's GPUs idle too long: (index, seconds)
 
@@ -38,6 +40,7 @@ class CachedRow:
     __slots__ = ("job", "state", "cells")
     wait = None
     estimate = None
+    disk_wait = None
     gpu_idle: list[tuple[int, float]] = []
 
     def __init__(self, job_id: int, state: str, cells: tuple) -> None:
@@ -90,10 +93,13 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     finished_jobs -= sum(1 for i in set(also_elsewhere) if snap.states[i] not in FINISHED)
     rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
     views = spool.workers.gpu_views()
-    extra = {**diskguard.waits(snap.pending), **space_waits(spool, snap), **gpu_waits(views)}
+    guarded = diskguard.waits(snap.pending)
+    extra = {**guarded, **space_waits(spool, snap), **gpu_waits(views)}
     reasons = scheduler.waiting_reasons(snap, extra)
     name_the_first_in_line(snap, reasons)
-    rows += [Row(j, PENDING, reasons[j.id]) for j in scheduler.queue_order(snap.pending)]
+    for job in scheduler.queue_order(snap.pending):
+        rows.append(Row(job, PENDING, reasons[job.id]))
+        rows[-1].disk_wait = guarded.get(job.id)
     for state in (HELD, PREEMPTED, INTERRUPTED, SLURM, RAY):
         rows += [Row(job, state) for _ref, job in spool.jobs.load_many(state)]
     view = None
@@ -171,8 +177,8 @@ def rejected_files(spool: Spool) -> list[tuple[str, float, str]]:
 
 
 def name_the_first_in_line(snap: scheduler.QueueState, reasons: dict[int, Optional[scheduler.Wait]]) -> None:
-    """No backfill: a GPU job behind one that waits for the GPUs waits too. Its reason, as the
-    worker gave it, names that job; add what it needs, so the row says why the line is held."""
+    """A GPU job that fits only on the GPUs kept for the first in line waits behind it. Its reason,
+    as the worker gave it, names that job; add what it needs, so the row says why the line is held."""
     jobs = {job.id: job for job in snap.pending}
     for job_id, wait in reasons.items():
         if wait is None or not wait.reason.startswith(scheduler.BEHIND):
