@@ -132,30 +132,14 @@ class Turns:
         uuid_of = dict(gpus)
         kept = []
         for job, where in starts:
-            wait = self._why_not(job, where.gpus or (), uuid_of, tickets, directory, policy, cap, held)
-            if wait is None:
+            why = held_back(where.gpus or (), uuid_of, tickets, directory, policy, cap, held)
+            if why is None:
                 kept.append((job, where))
                 held += len(where.gpus or ())
             else:
-                waits[job.id] = wait
+                (self.capped if why.capped else self.turn_waits).add(job.id)
+                waits[job.id] = scheduler.Wait(why.reason, why.forever)
         return kept
-
-    def _why_not(
-        self,
-        job: Job,
-        chosen: Sequence[int],
-        uuid_of: dict[int, str],
-        tickets: Sequence[Ticket],
-        directory: LeaseDir,
-        policy: Policy,
-        cap: Optional[int],
-        held: int,
-    ) -> Optional[scheduler.Wait]:
-        why = held_back(chosen, uuid_of, tickets, directory, policy, cap, held)
-        if why is None:
-            return None
-        (self.capped if why.capped else self.turn_waits).add(job.id)
-        return scheduler.Wait(why.reason, why.forever)
 
     def upkeep(
         self,
