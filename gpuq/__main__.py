@@ -1,5 +1,5 @@
 import sys
 
-from gpuq.cli import main
+from gpuq.cli import run
 
-sys.exit(main())
+sys.exit(run())

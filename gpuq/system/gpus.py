@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from typing import Any, Iterable, NamedTuple, Optional
 
@@ -188,29 +187,30 @@ def look() -> GpuLook:
 
 # NVML is initialised once per process and kept so (nvmlInit is slow on a real driver).
 # A missing library or driver is remembered too: it does not appear while a process runs.
-_nvml_lock = threading.Lock()
+# No lock around it: NVML is thread-safe and counts its nvmlInit calls, and the binding loads
+# the library under its own lock, so two threads (the web view's, `top`'s) looking at once only
+# start it twice.
 _pynvml: Any = None  # the NVML binding, once NVML started
 _nvml_absent: Optional[str] = None  # set once we know there is no NVIDIA driver here
 
 
 def _look_nvml() -> GpuLook:
     at = time.time()
-    with _nvml_lock:
-        failure = _start_nvml()
-        if failure is not None:
-            return GpuLook((), failure[0], failure[1], at)
-        pynvml = _pynvml
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-        except Exception as exc:
-            return GpuLook((), "nvml", f"NVML cannot count the GPUs: {_error_text(pynvml, exc)}", at)
-        gpus: list[Gpu] = []
-        problems: list[str] = []
-        for index in range(count):
-            gpu = _read_device(pynvml, index, problems)
-            if gpu is not None:
-                gpus.append(gpu)
-        return GpuLook(tuple(gpus), "nvml", "; ".join(problems) or None, at)
+    failure = _start_nvml()
+    if failure is not None:
+        return GpuLook((), failure[0], failure[1], at)
+    pynvml = _pynvml
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+    except Exception as exc:
+        return GpuLook((), "nvml", f"NVML cannot count the GPUs: {_error_text(pynvml, exc)}", at)
+    gpus: list[Gpu] = []
+    problems: list[str] = []
+    for index in range(count):
+        gpu = _read_device(pynvml, index, problems)
+        if gpu is not None:
+            gpus.append(gpu)
+    return GpuLook(tuple(gpus), "nvml", "; ".join(problems) or None, at)
 
 
 def _start_nvml() -> Optional[tuple[str, str]]:
