@@ -82,3 +82,21 @@ with open(f"seen-{os.environ['GPUQ_JOB_ID']}.json", "w") as fh:
 while not (os.path.exists("release") or os.path.exists(f"end-{name}")):
     time.sleep(0.02)
 """
+
+
+def test_the_same_first_in_line_keeps_the_same_gpus_from_step_to_step() -> None:
+    # GPU 0 kept for job 3 (its job started first); then job 2, ahead of job 3, starts there
+    kept: dict[int, frozenset[int]] = {}
+    holdings = [Holding(1, (0,), 40 * G, since=100.0), Holding(5, (1,), 70 * G, since=200.0)]
+    assert isinstance(place_in_order([(3, Request())], TWO, None, holdings, kept=kept)[3], Blocked)
+    assert kept == {3: frozenset({0})}
+    holdings.append(Holding(2, (0,), 20 * G, since=300.0))
+    requests = [(3, Request()), (4, Request(1, 20 * G))]
+    assert place_in_order(requests, TWO, None, holdings)[4] == Placement((0,))  # chosen afresh: GPU 1 is kept
+    assert place_in_order(requests, TWO, None, holdings, kept=kept)[4] == BEHIND_3
+    assert kept == {3: frozenset({0})}
+    # a new first in line chooses afresh; none waiting: nothing is kept
+    place_in_order([(4, Request())], TWO, None, holdings, kept=kept)
+    assert kept == {4: frozenset({1})}
+    place_in_order([(6, Request(1, 10 * G))], TWO, None, holdings, kept=kept)
+    assert kept == {}
