@@ -475,6 +475,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--only", choices=("gpuq", "tsp"), help="one system only")
     parser.add_argument("--out", help="write the report (markdown) here too")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep each system's directory (its journal, spool and logs) and say where"
+    )
     args = parser.parse_args()
     if shutil.which("tsp") is None and args.only != "gpuq":
         print("task-spooler (tsp) is not installed: apt-get install task-spooler, or --only gpuq", file=sys.stderr)
@@ -502,7 +505,11 @@ def main() -> int:
             runner.stop()
         times["expected"] = expected
         results[runner_cls.name] = figures(jobs, read_journal(runner.journal), times)
-        shutil.rmtree(root, ignore_errors=True)
+        if args.keep:
+            (root / "times.json").write_text(json.dumps(times))
+            print(f"{runner_cls.name}: journal, times.json and spool kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(scratch, ignore_errors=True)
     text = report(results, jobs, sys.argv, (load0, os.getloadavg()[0]), time.time() - started)
     print(text)
