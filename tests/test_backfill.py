@@ -95,6 +95,15 @@ def test_the_same_first_in_line_keeps_the_same_gpus_from_step_to_step() -> None:
     assert place_in_order(requests, TWO, None, holdings)[4] == Placement((0,))  # chosen afresh: GPU 1 is kept
     assert place_in_order(requests, TWO, None, holdings, kept=kept)[4] == BEHIND_3
     assert kept == {3: frozenset({0})}
+    # an urgent job (ahead of it) waits a while, then starts on job 3's GPU: job 3 keeps it still
+    urgent = [(7, Request(1, 30 * G)), *requests]
+    assert isinstance(place_in_order(urgent, TWO, None, holdings, kept=kept)[7], Blocked)
+    assert kept == {7: frozenset({1}), 3: frozenset({0})}
+    holdings[2] = Holding(7, (0,), 30 * G, since=400.0)  # job 2 ended, job 7 started on GPU 0
+    small = [(3, Request()), (8, Request(1, 10 * G))]
+    assert place_in_order(small, TWO, None, holdings)[8] == Placement((0,))  # chosen afresh: GPU 1 is kept
+    assert place_in_order(small, TWO, None, holdings, kept=kept)[8] == Placement((1,))
+    assert kept == {3: frozenset({0})}
     # a new first in line chooses afresh; none waiting: nothing is kept
     place_in_order([(4, Request())], TWO, None, holdings, kept=kept)
     assert kept == {4: frozenset({1})}

@@ -169,8 +169,8 @@ def place_in_order(
     only on other GPUs (backfill), else waits behind it. So GPUs that the first in line cannot use
     yet do not sit idle while jobs that fit there wait, and a stream of small jobs still never keeps
     a big one waiting forever: nothing new starts on its GPUs, which only empty. A job that can
-    never fit holds no one up. `kept`: the first in line's GPUs at the step before ({id: GPUs}),
-    updated here; the same job keeps the same GPUs (see `reserve`)."""
+    never fit holds no one up. `kept`: the GPUs each waiting job kept when it was first in line
+    ({id: GPUs}), updated here; it keeps the same ones when first in line again (see `reserve`)."""
     allowed = None if allowed is None else set(allowed)
     own = frozenset(own_pids)
     held = list(holdings)
@@ -194,7 +194,10 @@ def place_in_order(
             others = {g.index for g in gpus if allowed is None or g.index in allowed} - keeps
         decisions[job_id] = decision
     if kept is not None:
-        kept.clear()
+        # a job's keeping is remembered while it waits, also behind another first in line for a
+        # while (an urgent job that waits for its victim's end), and forgotten once it starts
+        for job_id in [j for j in kept if not isinstance(decisions.get(j), Blocked)]:
+            del kept[job_id]
         if first_waiting is not None and others is not None:
             kept[first_waiting] = frozenset(g.index for g in gpus if allowed is None or g.index in allowed) - others
     return decisions
