@@ -98,7 +98,7 @@ class Planner:
         self.host = host  # what jobs may reserve of the machine (None: the machine's, read when first needed)
         self.turns = turns  # fair share with the machine's other users (None: their tickets are not read)
         self._trees: dict[int, set[int]] = {}  # a running job's (or lease holder's) pid -> its process tree, this step
-        self.kept: dict[int, frozenset[int]] = {}  # the first in line's GPUs, kept for it from step to step
+        self.kept: dict[int, frozenset[int]] = {}  # the GPUs each waiting job keeps, from step to step (placement)
         self._leased: list[Leased] = []  # the other parties' leases at this step's look
 
     def plan(
