@@ -74,6 +74,36 @@ def test_a_worker_backfills_beside_the_first_in_line_and_starts_it_when_its_gpu_
     release(gq)
 
 
+def test_a_worker_keeps_the_first_in_lines_gpu_when_a_job_ahead_of_it_starts_there(gq: Env) -> None:
+    """GPU 0 holds a 60G job, GPU 1 a 70G one started after it; a whole-GPU job waits, keeping
+    GPU 0, and a 20G job behind it waits. A 20G job of a higher priority (ahead of both) starts on
+    GPU 0, then GPU 0's first job ends: GPU 0 stays kept (the 20G job behind still waits, though
+    60G are free there) until it empties, and the whole-GPU job starts there. Chosen afresh, the
+    keeping would have moved to GPU 1 (whose job started before the one ahead)."""
+    Gpus(gq, fake_gpus(2, total=80 * G))
+    gq.script("job.py", _HOLDS)
+    first = gq.add("--gpu-mem", "60G", "job.py", "first")
+    gq.start_worker("--watch")
+    assert seen(gq, first)["gpus"] == "0"
+    second = gq.add("--gpu-mem", "70G", "job.py", "second")
+    assert seen(gq, second)["gpus"] == "1"
+    whole = gq.add("job.py", "whole")
+    small = gq.add("--gpu-mem", "20G", "job.py", "small")
+    reason = wait_for(lambda: row(gq, small)["waiting"], 15, what="the 20G job's reason")
+    assert reason.startswith(f"waiting behind #{whole}, first in line for a GPU"), reason
+    ahead = gq.add("--gpu-mem", "20G", "--priority", "1", "job.py", "ahead")
+    assert seen(gq, ahead)["gpus"] == "0"
+    (gq.work / "end-first").write_text("")
+    # the worker's look after the first job's end: the whole-GPU job's reason no longer names it
+    wait_for(lambda: f"#{first}" not in (row(gq, whole)["waiting"] or f"#{first}"), 15, what="a look after its end")
+    now = row(gq, small)
+    assert now["state"] == "pending" and now["waiting"].startswith(f"waiting behind #{whole}"), now
+    (gq.work / "end-ahead").write_text("")
+    assert seen(gq, whole)["gpus"] == "0"
+    assert not started(gq, small)  # GPU 1 has 10G free, GPU 0 is held whole
+    release(gq)
+
+
 # Records where it runs in seen-ID.json, then runs until `release` (or `end-NAME`) exists.
 _HOLDS = """import json, os, sys, time
 name = sys.argv[1]
