@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import report_situations
+import report_week
 from common import md_table as _table
 from common import median, ms, p95
 from common import median_of as of
@@ -163,16 +164,21 @@ def targets(results: dict[str, Any], sizes: dict[str, int], compared: Optional[s
         peers: tuple[Optional[float], Optional[float]] = (None, None),
         limit_text: str = "",
         other: Optional[float] = None,
+        strict: bool = False,
     ) -> None:
         def shown(v: Optional[float]) -> str:
-            return "" if v is None else (f"{v:.3f}" if unit == "CPU s/min" else f"{v:.1f}") + f" {unit}"
+            digits = 3 if unit in ("CPU s/min", "x") else 2 if unit == "%" else 1
+            return "" if v is None else f"{v:.{digits}f} {unit}"
 
         bound = (limit_text or f"{'<=' if lower_is_better else '>='} {limit:g} {unit}") + f" (issue {issue})"
         beside = [shown(other)] if compared else []
         if value is None:
             rows.append([what, "not measured", *beside, "", "", bound, "n/a"])
             return
-        ok = value <= limit if lower_is_better else value >= limit
+        if strict:
+            ok = value < limit if lower_is_better else value > limit
+        else:
+            ok = value <= limit if lower_is_better else value >= limit
         rows.append([what, shown(value), *beside, shown(peers[0]), shown(peers[1]), bound, _mark(ok)])
 
     g = "gpuq"
@@ -245,13 +251,16 @@ def targets(results: dict[str, Any], sizes: dict[str, int], compared: Optional[s
         add("status, big log minus 1 KB log", (median(log["big"]) - median(log["1 KB"])) * 1000, 10, "ms", 4)
     for row in report_situations.targets(results, c):
         add(**row)
+    for row in report_week.targets(results):
+        add(**row)
     header = ["target", "gpuq", *([compared] if compared else []), "tsp", "nq", "limit (whose)", "met by gpuq"]
     lines = [
         "## Targets (issue 40's budgets; where it sets none, the targets of issues 27, 15 and 4 still stand; "
-        "each limit names its issue; judged on this run, every figure from the same run)",
+        "issue 42's for the week; each limit names its issue; judged on this run, every figure from the same run)",
         "",
         "*Above the baseline*: the command's median minus the baseline's median (see `baseline` above). The "
-        "peers' columns hold their own command's whole time (`tsp -l`, `fq -nq`; `tsp`, `nq`), for scale."
+        "peers' columns hold their own command's whole time (`tsp -l`, `fq -nq`; `tsp`, `nq`), for scale; "
+        "in the week's rows, task-spooler's own figures on the same trace."
         + (
             f" `{compared}`: gpuq of that git revision (`--compare`), measured as gpuq is (its own venv, spool "
             "and worker) in the same rounds; its figures are judged by no one, they are there to compare."
@@ -274,7 +283,7 @@ def targets(results: dict[str, Any], sizes: dict[str, int], compared: Optional[s
     if any(row[-1] == "**no**" for row in rows):
         lines += [
             "Targets marked **no** are missed on this run; `bench/PROFILE.md` says where the time goes and what "
-            "meeting each would take.",
+            "meeting each would take (for the week's, `bench/WEEK.md`).",
             "",
         ]
     return lines
@@ -312,6 +321,8 @@ def render(results: dict[str, Any], meta: dict[str, Any], sizes: dict[str, int])
         lines += report_situations.gap_gpus_section(results["back_to_back_gpus"])
     if "researcher" in results:
         lines += report_situations.researcher_section(results["researcher"], sizes)
+    if "week" in results:
+        lines += report_week.section(results["week"])
     for name, why in meta.get("errors", {}).items():
         lines += [f"- **{name} failed**: {why}"]
     return "\n".join(lines).rstrip() + "\n"

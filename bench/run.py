@@ -2,6 +2,10 @@
 """gpuq benchmark: `python bench/run.py` measures gpuq beside task-spooler and nq and writes
 bench/RESULTS.md. `--smoke` is the seconds-long version CI runs (tiny sizes, no peers).
 
+The `week` step replays bench/week.py's week through gpuq and task-spooler (about 12 minutes of a
+full run); `--smoke` replays the trace's first 8 jobs, short, crash included (a few seconds), so
+only its wiring is tested. `--only week` runs that step alone.
+
 Run as root on Debian/Ubuntu and it installs the peers it compares against (`apt-get install
 task-spooler nq`); elsewhere a missing peer is skipped and the results say so.
 """
@@ -28,6 +32,7 @@ import researcher  # noqa: E402
 import scenarios  # noqa: E402
 import systems  # noqa: E402
 import variants  # noqa: E402
+import week  # noqa: E402
 from common import filesystem_of, machine_info  # noqa: E402
 
 FULL = {
@@ -50,6 +55,8 @@ FULL = {
     "researcher_pending": 20,
     "researcher_reps": 15,
     "researcher_peer_max": 2000,
+    "week_scale": 1.0,  # bench/week.py's trace as it is: about 12 minutes for the two systems
+    "week_jobs": None,  # all of the trace's jobs
 }
 SMOKE = {
     "dispatch": 3,
@@ -71,9 +78,13 @@ SMOKE = {
     "researcher_pending": 4,
     "researcher_reps": 2,
     "researcher_peer_max": 40,
+    "week_scale": 0.05,  # the wiring only: the trace's first jobs, short, with the crash (seconds)
+    "week_jobs": 8,
 }
 STEPS = ("dispatch", "back_to_back", "throughput", "cli", "idle", "log", "scale")
 STEPS += ("dispatch_git", "back_to_back_gpus", "researcher")  # issue 27: where users are
+STEPS += ("week",)  # issue 42: a researcher's week replayed, gpuq and task-spooler
+WEEK_SEED = 7  # bench/week.py's default: the trace WEEK.md's runs replay
 COMPARED_STEPS = ("dispatch", "dispatch_git", "back_to_back", "throughput", "cli", "researcher")  # issue 40's budgets
 
 
@@ -199,6 +210,7 @@ def run_steps(
         ("dispatch_git", lambda: variants.dispatch_git(every, root / "dgit", sizes)),
         ("back_to_back_gpus", lambda: variants.back_to_back_gpus(names, root / "b2b-gpus", sizes["pairs"])),
         ("researcher", lambda: researcher.researcher(root / "researcher", names[1:], sizes, systems.COMPARED)),
+        ("week", lambda: _week(names, sizes)),
     ]
     for name, step in plan:
         if name not in steps:
@@ -237,6 +249,15 @@ def _cli(gpuq: systems.Gpuq, peers: list[str], root: Path, sizes: dict[str, Any]
     finally:
         for queue in queues:
             queue.stop()
+
+
+def _week(names: list[str], sizes: dict[str, Any]) -> dict[str, Any]:
+    """bench/week.py's trace, replay and figures, for gpuq and (where it is a peer of this run)
+    task-spooler, with gpuq's compiled copy this run measures."""
+    jobs = week.trace(WEEK_SEED, sizes["week_scale"])[: sizes["week_jobs"]]
+    ran = week.run_week(jobs, [n for n in names if n in ("gpuq", "tsp")], src=systems.SOURCE["parent"])
+    data = {"trace": week.describe(jobs), "seed": WEEK_SEED, "scale": sizes["week_scale"], "first": sizes["week_jobs"]}
+    return {**data, "systems": ran}
 
 
 def facts(names: list[str], root: Path, seconds: float, argv: list[str], load: tuple) -> dict[str, str]:

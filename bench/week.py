@@ -442,21 +442,20 @@ def figures(jobs: list[Job], journal: list[dict[str, Any]], times: dict[str, Any
     }
 
 
-def report(
-    results: dict[str, dict[str, float]], jobs: list[Job], argv: list[str], load: tuple[float, float], wall: float
-) -> str:
+def describe(jobs: list[Job]) -> str:
+    """The trace in one line: its jobs, GPU-seconds and lower bound."""
     total, spread, chain = lower_bound(jobs)
-    lines = [
-        "# A researcher's week, replayed (bench/week.py)",
-        "",
-        f"- command: `python {' '.join(argv)}`",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; wall time of the run: {wall:.0f} s",
-        f"- load average (1 min) before / after: {load[0]:.2f} / {load[1]:.2f}",
-        f"- trace: {len(jobs)} jobs ({sum(1 for j in jobs if j.need > j.asked)} run out of memory with what they ask, "
+    return (
+        f"{len(jobs)} jobs ({sum(1 for j in jobs if j.need > j.asked)} run out of memory with what they ask, "
         f"{sum(1 for j in jobs if j.after)} after another, {sum(1 for j in jobs if j.urgent_at is not None)} urgent), "
         f"{total:.0f} GPU-seconds on {GPUS} simulated {GPU_GB} GB GPUs; lower bound {max(spread, chain):.1f} s "
-        f"(GPU-seconds / GPUs {spread:.1f} s, longest chain {chain:.1f} s); one crash of the whole machine",
-        "",
+        f"(GPU-seconds / GPUs {spread:.1f} s, longest chain {chain:.1f} s); one crash of the whole machine"
+    )
+
+
+def table(results: dict[str, dict[str, float]]) -> list[str]:
+    """The figures of each system, a row each (Markdown)."""
+    lines = [
         "| | makespan | / lower bound | GPU idle while work waits | work done twice | out-of-memory deaths "
         "| preempted |",
         "|---|---|---|---|---|---|---|",
@@ -466,7 +465,64 @@ def report(
             f"| {name} | {f['makespan']:.1f} s | {f['makespan'] / f['bound']:.2f}x | {f['idle_share']:.1%} | "
             f"{f['twice']:.1f} GPU-s ({f['twice_share']:.1%}) | {f['oom']:.0f} | {f['preempted']:.0f} |"
         )
+    return lines
+
+
+def report(
+    results: dict[str, dict[str, float]], jobs: list[Job], argv: list[str], load: tuple[float, float], wall: float
+) -> str:
+    lines = [
+        "# A researcher's week, replayed (bench/week.py)",
+        "",
+        f"- command: `python {' '.join(argv)}`",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; wall time of the run: {wall:.0f} s",
+        f"- load average (1 min) before / after: {load[0]:.2f} / {load[1]:.2f}",
+        f"- trace: {describe(jobs)}",
+        "",
+        *table(results),
+    ]
     return "\n".join(lines) + "\n"
+
+
+def run_week(
+    jobs: list[Job], names: list[str], src: Optional[Path] = None, keep: bool = False
+) -> dict[str, dict[str, float]]:
+    """Replay `jobs` through each of `names` ("gpuq", "tsp") in turn, each in a directory of its
+    own (removed unless `keep`), and compute each one's figures from its journal. `src`: the gpuq
+    under test, a compiled copy of its package (systems.snapshot_gpuq); None: one is made here."""
+    scratch = None
+    if "gpuq" in names and src is None:
+        # Without it, where PYTHONDONTWRITEBYTECODE is set, each of gpuq's processes (every add, the
+        # worker, each supervisor) compiled gpuq from source: seconds of GPU idle a user never sees.
+        from systems import snapshot_gpuq
+
+        scratch = Path(tempfile.mkdtemp(prefix="week-gpuq-src-"))
+        src = snapshot_gpuq(scratch)
+    SNAPSHOT["src"] = src
+    _total, spread, chain = lower_bound(jobs)
+    expected = max(spread, chain)
+    results = {}
+    try:
+        for runner_cls in (Gpuq, Tsp):
+            if runner_cls.name not in names:
+                continue
+            root = Path(tempfile.mkdtemp(prefix=f"week-{runner_cls.name}-"))
+            runner = runner_cls(root, root / "journal")
+            try:
+                times = replay(runner, jobs, 0.45, expected, timeout=expected * 8 + 120)
+            finally:
+                runner.stop()
+            times["expected"] = expected
+            results[runner_cls.name] = figures(jobs, read_journal(runner.journal), times)
+            if keep:
+                (root / "times.json").write_text(json.dumps(times))
+                print(f"{runner_cls.name}: journal, times.json and spool kept in {root}", file=sys.stderr)
+            else:
+                shutil.rmtree(root, ignore_errors=True)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return results
 
 
 def main() -> int:
@@ -475,35 +531,16 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--only", choices=("gpuq", "tsp"), help="one system only")
     parser.add_argument("--out", help="write the report (markdown) here too")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep each system's directory (its journal, spool and logs) and say where"
+    )
     args = parser.parse_args()
     if shutil.which("tsp") is None and args.only != "gpuq":
         print("task-spooler (tsp) is not installed: apt-get install task-spooler, or --only gpuq", file=sys.stderr)
         return 1
     jobs = trace(args.seed, args.scale)
-    scratch = Path(tempfile.mkdtemp(prefix="week-gpuq-src-"))
-    if args.only != "tsp":
-        # Without it, where PYTHONDONTWRITEBYTECODE is set, each of gpuq's processes (every add, the
-        # worker, each supervisor) compiled gpuq from source: seconds of GPU idle a user never sees.
-        from systems import snapshot_gpuq
-
-        SNAPSHOT["src"] = snapshot_gpuq(scratch)
-    _total, spread, chain = lower_bound(jobs)
-    expected = max(spread, chain)
     load0, started = os.getloadavg()[0], time.time()
-    results = {}
-    for runner_cls in (Gpuq, Tsp):
-        if args.only and runner_cls.name != args.only:
-            continue
-        root = Path(tempfile.mkdtemp(prefix=f"week-{runner_cls.name}-"))
-        runner = runner_cls(root, root / "journal")
-        try:
-            times = replay(runner, jobs, 0.45, expected, timeout=expected * 8 + 120)
-        finally:
-            runner.stop()
-        times["expected"] = expected
-        results[runner_cls.name] = figures(jobs, read_journal(runner.journal), times)
-        shutil.rmtree(root, ignore_errors=True)
-    shutil.rmtree(scratch, ignore_errors=True)
+    results = run_week(jobs, [args.only] if args.only else ["gpuq", "tsp"], keep=args.keep)
     text = report(results, jobs, sys.argv, (load0, os.getloadavg()[0]), time.time() - started)
     print(text)
     if args.out:
