@@ -137,7 +137,7 @@ def _requeue(
     with claimed(spool, job_id, states) as (ref, job):
         how = continuation.plan(spool, job, from_scratch)
         changes = transitions.requeue(job, f"{why}; {how.text()}", how)
-        return spool.jobs.move(ref, job, PENDING, changes)[1], how
+        return ending.move(spool, ref, job, PENDING, changes)[1], how
 
 
 def reached_their_end(spool: Spool) -> list[tuple[Job, str]]:

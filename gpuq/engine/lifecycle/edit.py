@@ -12,7 +12,7 @@ from gpuq.core import schema, timespec
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.job import Job
 from gpuq.core.states import WAITING
-from gpuq.engine.lifecycle import actions, ending, enqueue, interpreter
+from gpuq.engine.lifecycle import actions, enqueue, interpreter
 from gpuq.spool import Spool
 
 # The job fields behind each editable key (the keys of a dropped file).
@@ -108,4 +108,4 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
             raise Refused(f"job #{job_id} not changed: {why}") from None
         if resolved is not None:
             changes.update(cmd=resolved.cmd, venv=resolved.venv, interpreter_from=resolved.found_by)
-        return ending.move(spool, ref, job, ref.state, changes)[1]
+        return spool.jobs.move(ref, job, ref.state, changes)[1]

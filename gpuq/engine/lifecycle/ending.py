@@ -78,9 +78,12 @@ def record_end(
 def move(
     spool: Spool, ref: JobRef, job: Job, state: str, changes: dict[str, Any], keep_old: bool = False
 ) -> tuple[JobRef, Job]:
-    """The engine's move of a job that may land in a finished state (an end, a cancel, an edit of a
-    finished job): spool.jobs.move, then `landed`."""
+    """The engine's move of a job that may land in or leave a finished state (an end, a cancel, a
+    retry): spool.jobs.move, then `landed`; a file that left a finished state is forgotten by the
+    index's journal (a later file of that name may get the same inode)."""
     moved = spool.jobs.move(ref, job, state, changes, keep_old=keep_old)
+    if ref.state in FINISHED and moved[0] != ref:
+        spool.finished.forget(ref)
     landed(spool, moved[0])
     return moved
 

@@ -185,6 +185,11 @@ class FinishedIndex:
         if not clocked:
             self.journal.append(ref.state, ref.name, inode, row)
 
+    def forget(self, ref: JobRef) -> None:
+        """A job file that left its finished state (a retry): its row in the journal, if any, is
+        believed no more."""
+        self.journal.forget(ref.state, ref.name)
+
     def read(self, write: bool = True) -> Finished:
         """The index as the directories are now. `write=False`: nothing is written (a look that
         leaves no trace, `gpuq add --dry-run`)."""

@@ -44,8 +44,15 @@ class Journal:
     def append(self, state: str, name: str, inode: int, row: tuple) -> None:
         """Append the row of the file `name` (inode `inode`) in finished `state`. Never raises:
         the job's file is written; this only saves its read."""
-        fields = (self.tag, state.encode(), name.encode(), str(inode).encode(), _encoded(row))
-        line = b"\t".join(fields) + b"\n"
+        self._write(b"\t".join((self.tag, state.encode(), name.encode(), str(inode).encode(), _encoded(row))))
+
+    def forget(self, state: str, name: str) -> None:
+        """Append that the file `name` left finished `state` (a retry): an earlier row for it is
+        believed no more, even for a later file that gets the same inode without a row of its own."""
+        self._write(b"\t".join((self.tag, state.encode(), name.encode(), b"0", b"")))
+
+    def _write(self, line: bytes) -> None:
+        line += b"\n"
         try:
             if free_bytes(self.layout.home) < MIN_FREE_TO_START:
                 return  # the disk's last room is for job files (spool_layout.md section 14)
@@ -75,8 +82,8 @@ class Journal:
             if len(parts) != 5 or parts[0] != self.tag:
                 continue  # another format's or a damaged line
             state = _STATES.get(parts[1])
-            row = _decoded(parts[4])
-            if state is None or row is None or not parts[3].isdigit():
+            row = _decoded(parts[4]) if parts[4] else ()  # () for a file that left (inode 0)
+            if state is None or row is None or not parts[3].isdigit() or (not row and parts[3] != b"0"):
                 continue
             try:
                 name = parts[2].decode("ascii")
