@@ -4,17 +4,20 @@ next build takes a file's row from it instead of reading the file, only for that
 
 from __future__ import annotations
 
+import json
 import marshal
 import os
 from pathlib import Path
 
 from conftest import WAIT_FOR_GO, Env, wait_for
-from test_status_cache import _finish, _many
+from test_status_cache import _finish, _many, _varied
 
-from gpuq.core.job import Job
+from gpuq.core import schema, times
+from gpuq.core.job import FIELDS, Job
 from gpuq.core.states import FINISHED
 from gpuq.spool import JobRef, Spool
 from gpuq.spool.cache import index, journal
+from gpuq.spool.store import encode
 
 
 def _index_rows(spool: Spool) -> dict[str, index.Entry]:
@@ -172,3 +175,18 @@ def test_the_journal_is_folded_when_the_index_is_written(gq: Env) -> None:
         assert f"more/{round_}-4" in gq.gpuq("status", "-a").stdout
         assert path.stat().st_size == 0
     assert _index_rows(spool) == _from_files(gq, spool)
+
+
+def test_a_row_depends_on_no_field_but_those_it_checks(gq: Env) -> None:
+    """The build checks only index.READS of a file (schema.validate_fields): any other field,
+    however damaged, leaves the row as it was; so a row never rests on a field left unchecked."""
+    spool = Spool(gq.home).ensure()
+    for job in _varied(spool, gq.work):
+        job.update(adopted=True, attempts=2, preemptions=[{"at": times.now_iso()}], gpus=[0], slot="0")
+        job["history"] = [{"attempt": 1, "started_at": job.started_at, "finished_at": job.finished_at}]
+        data = encode(schema.validate(job))
+        row = index.file_row(data, "done", job.id, 0.0)[0]
+        for name in sorted(set(FIELDS) - set(index.READS) - {"schema_version", "id"}):
+            damaged = json.loads(data)
+            damaged[name] = [{"not": "a valid value"}, None]
+            assert index.file_row(json.dumps(damaged).encode(), "done", job.id, 0.0)[0] == row, name
