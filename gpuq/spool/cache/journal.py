@@ -8,13 +8,13 @@ Derived data: never fsynced, and an append that fails is dropped (it only costs 
 read). A row is believed only for the file it names, in the same state under the same name and
 inode (a finished file is never edited in place: a change is a new inode); of several rows for one
 name the last appended wins. A line is a tab-separated text: the index's format, the state, the
-file name, its inode, and the row as base64 of its marshal bytes; a torn line fails to decode and
-is skipped, and an append after a torn line starts on a line of its own.
+file name, its inode, and the row's marshal bytes in hex (`bytes.hex`: no module to import on the
+way of a plain `status`); a torn line fails to decode and is skipped, and an append after a torn
+line starts on a line of its own.
 """
 
 from __future__ import annotations
 
-import binascii
 import marshal
 import os
 import stat
@@ -25,17 +25,16 @@ from gpuq.spool.files import MIN_FREE_TO_START, free_bytes, read_small
 from gpuq.spool.layout import Layout
 
 NAME = "finished-jobs.journal"
-MAX_BYTES = 64 << 20  # some 150,000 rows: past it (no index written for that long) rows are dropped
+MAX_BYTES = 128 << 20  # some 200,000 rows: past it (no index written for that long) rows are dropped
 END_FIELDS = 8  # a row's end (index.END)
 ROW_FIELDS = 7  # index.ROW
-_STATES = {state.encode(): state for state in FINISHED}
 
 Rows = dict[tuple[str, str], tuple[int, tuple]]  # (state, file name) -> (inode, row)
 
 
 class Journal:
     def __init__(self, layout: Layout, form: int) -> None:
-        self.layout, self.tag = layout, str(form).encode()
+        self.layout, self.tag = layout, str(form)
 
     @property
     def path(self) -> str:
@@ -44,15 +43,15 @@ class Journal:
     def append(self, state: str, name: str, inode: int, row: tuple) -> None:
         """Append the row of the file `name` (inode `inode`) in finished `state`. Never raises:
         the job's file is written; this only saves its read."""
-        self._write(b"\t".join((self.tag, state.encode(), name.encode(), str(inode).encode(), _encoded(row))))
+        self._write("\t".join((self.tag, state, name, str(inode), marshal.dumps(row).hex())))
 
     def forget(self, state: str, name: str) -> None:
         """Append that the file `name` left finished `state` (a retry): an earlier row for it is
         believed no more, even for a later file that gets the same inode without a row of its own."""
-        self._write(b"\t".join((self.tag, state.encode(), name.encode(), b"0", b"")))
+        self._write("\t".join((self.tag, state, name, "0", "")))
 
-    def _write(self, line: bytes) -> None:
-        line += b"\n"
+    def _write(self, text: str) -> None:
+        line = text.encode() + b"\n"
         try:
             if free_bytes(self.layout.home) < MIN_FREE_TO_START:
                 return  # the disk's last room is for job files (spool_layout.md section 14)
@@ -75,21 +74,15 @@ class Journal:
         (a damaged line is skipped)."""
         data = read_small(self.path, cap=MAX_BYTES + (1 << 20), mine=True) or b""
         rows: Rows = {}
-        lines = data.split(b"\n")
+        lines = data.decode("ascii", "replace").split("\n")  # what gpuq writes is ASCII
         lines.pop()  # after the last line break: nothing, or a torn line
         for line in lines:
-            parts = line.split(b"\t")
-            if len(parts) != 5 or parts[0] != self.tag:
+            parts = line.split("\t")
+            if len(parts) != 5 or parts[0] != self.tag or parts[1] not in FINISHED or not parts[3].isdigit():
                 continue  # another format's or a damaged line
-            state = _STATES.get(parts[1])
             row = _decoded(parts[4]) if parts[4] else ()  # () for a file that left (inode 0)
-            if state is None or row is None or not parts[3].isdigit() or (not row and parts[3] != b"0"):
-                continue
-            try:
-                name = parts[2].decode("ascii")
-            except UnicodeDecodeError:
-                continue
-            rows[(state, name)] = (int(parts[3]), row)
+            if row is not None and (row or parts[3] == "0"):
+                rows[(parts[1], parts[2])] = (int(parts[3]), row)
         return len(data), rows
 
     def fold(self, size: int) -> None:
@@ -108,15 +101,11 @@ class Journal:
             os.close(fd)
 
 
-def _encoded(row: tuple) -> bytes:
-    return binascii.b2a_base64(marshal.dumps(row), newline=False)
-
-
-def _decoded(text: bytes) -> Optional[tuple]:
-    """A row as `_encoded` wrote it; None for anything else (a torn or damaged line)."""
+def _decoded(text: str) -> Optional[tuple]:
+    """A row as `append` wrote it; None for anything else (a torn or damaged line)."""
     try:
-        row = marshal.loads(binascii.a2b_base64(text))
-    except (binascii.Error, EOFError, ValueError, TypeError):
+        row = marshal.loads(bytes.fromhex(text))
+    except (EOFError, ValueError, TypeError):
         return None
     if type(row) is not tuple or len(row) != ROW_FIELDS or type(row[3]) is not tuple or len(row[3]) != END_FIELDS:
         return None
