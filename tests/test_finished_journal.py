@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import marshal
 import os
+import signal
 from pathlib import Path
 
 from conftest import WAIT_FOR_GO, Env, wait_for
@@ -75,6 +76,34 @@ def test_jobs_ended_by_a_real_worker_leave_their_rows(gq: Env) -> None:
     rows = _journal(spool)
     for ref in ended.values():
         assert rows[(ref.state, ref.name)] == _row_of_file(spool, ref), ref
+
+
+def test_a_job_settled_by_the_repairs_leaves_its_row(gq: Env) -> None:
+    """`gpuq kill` of a job whose supervisor died: the repairs record its end (cancelled) through
+    the same engine function, and its row is in the journal."""
+    spool = Spool(gq.home).ensure()
+    gq.script("long.py", "import time\ntime.sleep(120)\n")
+    long = gq.add("long.py")
+    worker = gq.start_worker("--watch")
+    wait_for(lambda: gq.job(long).get("pid") is not None and gq.job(long).get("supervisor") is not None, 15)
+    job = gq.job(long)
+    worker.kill()
+    worker.wait()
+    os.kill(job["supervisor"]["pid"], signal.SIGKILL)
+    wait_for(lambda: not _alive(job["supervisor"]["pid"]), 10, what="the supervisor gone")
+    assert not (gq.home / "cache" / journal.NAME).exists()
+    gq.gpuq("kill", str(long))
+    ref = _settled_in(gq, long, "cancelled")
+    assert "its supervisor was gone" in gq.job(long)["note"]  # recorded by the repairs
+    assert _journal(spool)[("cancelled", ref.name)] == _row_of_file(spool, ref)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_the_index_from_the_journal_is_the_index_from_the_files(gq: Env) -> None:
