@@ -25,7 +25,7 @@ from gpuq.spool.files import MIN_FREE_TO_START, free_bytes, read_small
 from gpuq.spool.layout import Layout
 
 NAME = "finished-jobs.journal"
-MAX_BYTES = 128 << 20  # some 200,000 rows: past it (no index written for that long) rows are dropped
+MAX_BYTES = 128 << 20  # some 250,000 rows: past it (no index written for that long) rows are dropped
 END_FIELDS = 8  # a row's end (index.END)
 ROW_FIELDS = 7  # index.ROW
 
