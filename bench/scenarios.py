@@ -119,9 +119,10 @@ def fill_finished(gpuq: Gpuq, total: int) -> None:
 
 def fill_finished_at(home: str, work: str, total: int, processes: int = 2) -> None:
     """fill_finished in the library of the gpuq that owns `home`. Two processes publish disjoint id
-    ranges; each file is still written, fsynced and renamed by spool.jobs.publish, which also records
-    it in the derived data of finished jobs as for a job that finishes: the first `status -a` of
-    `scale` measures that path (bench/status_scale.py measures it without)."""
+    ranges; each file is still written, fsynced and renamed by spool.jobs.publish, and then given
+    what gpuq's own finishing path leaves for a job that lands in done/ (`_landed`: its row in the
+    finished index's journal), so the first `status -a` of `scale` measures a spool as gpuq's
+    ending leaves it."""
     import multiprocessing
 
     from gpuq.spool import Spool
@@ -144,6 +145,7 @@ def _publish_finished(home: str, work: str, first: int, stop: int) -> None:
     from gpuq.spool import Spool
 
     spool = Spool(Path(home))
+    landed = _landed(spool)
     for job_id in range(first, stop):
         job = schema.new_job(
             job_id=job_id,
@@ -158,7 +160,18 @@ def _publish_finished(home: str, work: str, first: int, stop: int) -> None:
         ended = end.isoformat(timespec="milliseconds")
         job.update(started_at=began, finished_at=ended, exit_code=0, attempts=1, rev=2)
         job["history"] = [{"attempt": 1, "started_at": began, "finished_at": ended, "exit_code": 0, "outcome": "done"}]
-        spool.jobs.publish(job, "done")
+        landed(spool.jobs.publish(job, "done"))
+
+
+def _landed(spool: Any) -> Callable[[Any], None]:
+    """gpuq's own function that its finishing path calls once a job's file is in a finished state
+    (engine/lifecycle/ending.py's `landed`: the row noted in the index's journal); nothing for a
+    gpuq without one."""
+    try:
+        from gpuq.engine.lifecycle.ending import landed
+    except ImportError:
+        return lambda ref: None
+    return lambda ref: landed(spool, ref)
 
 
 def fill_peer(system: System, total: int, have: int) -> None:
@@ -329,9 +342,13 @@ def log_size(root: Path, big_bytes: int, reps: int) -> dict[str, list[float]]:
 
 
 # ---- 7. scale ---------------------------------------------------------------------------------
-# The first `status -a` reads every finished file once into the index (cache/finished-jobs); later
-# calls read the index.
-FIRST_STATUS_ALL = "gpuq status -a, first run (builds the index from the files)"
+# The first `status -a` builds the index (cache/finished-jobs) from the journal of rows that gpuq's
+# finishing path left (the files filled since the last index, as many as `total` when `scale` runs
+# alone), reading only the files without a row; then, the cache removed, the first `status -a` of a
+# spool without any journal (files dropped by hand, an older gpuq) reads every file. Later calls
+# read the index.
+FIRST_STATUS_ALL = "gpuq status -a, first run (the index built with the journal gpuq's ending leaves)"
+FIRST_NO_JOURNAL = "gpuq status -a, first run without any journal (every file read)"
 
 
 def scale(gpuq: Gpuq, total: int, reps: int) -> dict[str, list[float]]:
@@ -344,6 +361,9 @@ def scale(gpuq: Gpuq, total: int, reps: int) -> dict[str, list[float]]:
     }
     out: dict[str, list[float]] = {label: [] for label in commands}
     out[FIRST_STATUS_ALL] = [timed_run([*gpuq.list_argv(), "-a"], gpuq.env, gpuq.work)[0]]
+    for name in ("finished-jobs", "finished-jobs.journal"):
+        (gpuq.home / "cache" / name).unlink(missing_ok=True)
+    out[FIRST_NO_JOURNAL] = [timed_run([*gpuq.list_argv(), "-a"], gpuq.env, gpuq.work)[0]]
     for n in range(reps):
         for label, argv in rotated(list(commands.items()), n):
             if argv is None:
@@ -354,3 +374,4 @@ def scale(gpuq: Gpuq, total: int, reps: int) -> dict[str, list[float]]:
 
 
 __all__ = ["dispatch", "back_to_back", "throughput", "cli_latency", "idle_cost", "log_size", "scale", "REPO"]
+__all__ += ["FIRST_STATUS_ALL", "FIRST_NO_JOURNAL"]

@@ -6,10 +6,10 @@
 `build` writes finished jobs as bench/scenarios.py's fill_finished does (the same fields, each with
 this shell's environment in `shell_env`), but with plain writes, not gpuq's fsynced publish: 100,000
 fsyncs would take minutes and the files read back the same. It also keeps, in `journal.saved` beside
-the spool's directories, the cache/finished-journal that publishing them would have appended: each
-file's row made by gpuq's own appender (spool/cache/journal.py, `row_line`) from the bytes written and
-the descriptor's signature, as spool.jobs.publish does (for files already there: from a read of each);
-`measure` writes one per checkout (`journal.saved.old`, `.new`), each by that checkout's appender.
+the spool's directories, the cache/finished-jobs.journal that gpuq's finishing path would have left:
+each file's row appended by gpuq's own function (engine/lifecycle/ending.py, `landed`), as when a job
+lands in done/; `measure` writes one per checkout (`journal.saved.old`, `.new`), each by that
+checkout's own function (none for a gpuq without the journal).
 `measure` runs each checkout's honest venv (bench/honest.py, built if missing) on the same spool,
 turn by turn, output to a pipe as the benchmark does: the first `status -a` (its cache files removed
 first) with the journal that publishing the jobs left (`first`; a checkout without the journal
@@ -64,25 +64,18 @@ def build(home: Path, count: int) -> None:
 
 
 def save_journal(home: Path, spool: object, name: str = "journal.saved") -> None:
-    """journal.saved: the journal that publishing the jobs of done/ would have appended."""
+    """journal.saved: the journal that gpuq's finishing path would have left for the jobs of done/."""
     try:
-        from gpuq.spool.cache.journal import row_line
+        from gpuq.engine.lifecycle.ending import landed
+        from gpuq.spool.cache.journal import NAME
     except ImportError:
-        try:
-            from gpuq.spool.journal import row_line  # type: ignore[no-redef]  # before issue 25
-        except ImportError:
-            return  # a gpuq without the journal
-    done = spool.layout.state_dir("done")  # type: ignore[attr-defined]
-    with open(home / name, "wb") as out:
-        for name in spool.jobs.names("done"):  # type: ignore[attr-defined]
-            fd = os.open(os.path.join(done, name), os.O_RDONLY)
-            try:
-                st, data = os.fstat(fd), os.read(fd, 1 << 22)
-            finally:
-                os.close(fd)
-            line = row_line("done", name, data, (st.st_ino, st.st_mtime_ns, st.st_size))
-            if line:
-                out.write(line)
+        return  # a gpuq without the journal
+    path = home / "cache" / NAME
+    path.unlink(missing_ok=True)
+    for ref in spool.jobs.refs(("done",)):  # type: ignore[attr-defined]
+        landed(spool, ref)  # type: ignore[arg-type]
+    if path.exists():
+        os.replace(path, home / name)
 
 
 def honest(checkout: Path) -> Path:
@@ -108,12 +101,12 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
 
 
 def drop_caches(home: Path, journal: str) -> None:
-    """No cache files; and cache/finished-journal as publishing left it when `journal` (a file name
-    beside the spool's directories) is given."""
+    """No cache files; and cache/finished-jobs.journal as gpuq's ending left it when `journal` (a
+    file name beside the spool's directories) is given."""
     for path in (home / "cache").glob("finished*"):
         path.unlink()
     if journal and (home / journal).exists():
-        shutil.copyfile(home / journal, home / "cache" / "finished-journal")
+        shutil.copyfile(home / journal, home / "cache" / "finished-jobs.journal")
 
 
 def measure(home: Path, checkouts: dict[str, Path], rounds: int, later: int, what: set[str]) -> dict:

@@ -82,6 +82,7 @@ def new_job(
 
 # Every field a job file may hold; a write of any other field is a bug (spool.store.JobStore.move).
 KNOWN_FIELDS = frozenset(FIELDS)
+REQUIRED = tuple(name for name, field in FIELDS.items() if field.required)
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -318,6 +319,25 @@ def validate(obj: dict[str, Any], expected_id: Optional[int] = None) -> Job:
     if obj["id"] in obj["after"] or obj["id"] in obj.get("after_any", []):
         raise InvalidJob("a job cannot wait for itself")
     return obj if type(obj) is Job else Job(obj)
+
+
+def validate_fields(obj: dict[str, Any], names: tuple[str, ...], expected_id: int) -> Job:
+    """validate() of the fields `names` alone (every required field must still be there), for a
+    reader that reads no other field: a finished job's row reads neither its environment nor what
+    it waited for."""
+    version = obj.get("schema_version")
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise InvalidJob(f"unknown schema_version {version!r} (this gpuq reads {SCHEMA_VERSION})")
+    for required in REQUIRED:
+        if required not in obj:
+            raise InvalidJob(f"missing field {required!r}")
+    for name in names:
+        field = FIELDS[name]
+        if name in obj and not field.check(obj[name]):
+            raise InvalidJob(f"field {name!r} must be {field.what}, not {_shown(obj[name])}")
+    if obj["id"] != expected_id:
+        raise InvalidJob(f"file name says id {expected_id} but the file says {obj['id']}")
+    return Job(obj)
 
 
 def _shown(value: Any) -> str:

@@ -227,6 +227,11 @@ def read_job_file(path: StrPath, cap: int) -> bytes:
     """Read a job file safely: no symlinks, regular, ours, one link, size-capped, checked on the
     open descriptor so it cannot be swapped in between. FileNotFoundError if it vanished;
     InvalidJob (with the reason) for anything refused; other OSErrors are not about the file."""
+    return read_job_file_inode(path, cap)[0]
+
+
+def read_job_file_inode(path: StrPath, cap: int) -> tuple[bytes, int]:
+    """read_job_file, with the inode of the file read (what the finished index keys a row on)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO must not hang us
     except FileNotFoundError:
@@ -246,6 +251,6 @@ def read_job_file(path: StrPath, cap: int) -> bytes:
         data = _read_upto(fd, st.st_size, cap + 1)
         if len(data) > cap:
             raise InvalidJob(f"grew past the limit of {cap} bytes")
-        return data
+        return data, st.st_ino
     finally:
         os.close(fd)

@@ -31,7 +31,7 @@ from gpuq.core.states import (
     SLURM,
 )
 from gpuq.core.transitions import Continuation
-from gpuq.engine.lifecycle import ray_handover, repairs, slurm_handover
+from gpuq.engine.lifecycle import ending, ray_handover, repairs, slurm_handover
 from gpuq.engine.lifecycle.ending import claimed, get, unseen_oom
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.schedule.queue_read import PendingCache, read_queue
@@ -68,7 +68,7 @@ def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: No
                 f"job #{job_id} is being handed to Slurm; `gpuq slurm submit {job_id}` finishes that, "
                 f"then `gpuq cancel {job_id}`"
             )
-        return spool.jobs.move(ref, job, CANCELLED, transitions.cancel())[1]
+        return ending.move(spool, ref, job, CANCELLED, transitions.cancel())[1]
 
 
 def hold(spool: Spool, job_id: int) -> Job:
@@ -137,7 +137,7 @@ def _requeue(
     with claimed(spool, job_id, states) as (ref, job):
         how = continuation.plan(spool, job, from_scratch)
         changes = transitions.requeue(job, f"{why}; {how.text()}", how)
-        return spool.jobs.move(ref, job, PENDING, changes)[1], how
+        return ending.move(spool, ref, job, PENDING, changes)[1], how
 
 
 def reached_their_end(spool: Spool) -> list[tuple[Job, str]]:

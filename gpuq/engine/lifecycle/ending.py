@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Optional
 from gpuq.core import failure, oom, schema, transitions
 from gpuq.core.errors import Refused
 from gpuq.core.job import Job
-from gpuq.core.states import PENDING, PREEMPT, PREEMPTED, STATES
+from gpuq.core.states import FINISHED, PENDING, PREEMPT, PREEMPTED, STATES
 from gpuq.engine.tracking import continuation
 from gpuq.spool import JobRef, Spool, SpoolFull
 
@@ -66,13 +66,34 @@ def record_end(
     delay = 1.0
     while True:
         try:
-            return spool.jobs.move(ref, job, state, changes)
+            return move(spool, ref, job, state, changes)
         except SpoolFull:
             if while_full is None:
                 raise
             while_full()
             time.sleep(delay)
             delay = min(FULL_RETRY_MAX_SECONDS, delay * 2)
+
+
+def move(
+    spool: Spool, ref: JobRef, job: Job, state: str, changes: dict[str, Any], keep_old: bool = False
+) -> tuple[JobRef, Job]:
+    """The engine's move of a job that may land in or leave a finished state (an end, a cancel, a
+    retry): spool.jobs.move, then `landed`; a file that left a finished state is forgotten by the
+    index's journal (a later file of that name may get the same inode)."""
+    moved = spool.jobs.move(ref, job, state, changes, keep_old=keep_old)
+    if ref.state in FINISHED and moved[0] != ref:
+        spool.finished.forget(ref)
+    landed(spool, moved[0])
+    return moved
+
+
+def landed(spool: Spool, ref: JobRef) -> None:
+    """A job file just put in `ref.state`, its move or publish committed: a finished one's row is
+    noted for the index of finished jobs (spool/cache/journal.py), so that its next build need not
+    read the file. Here and not in the store's move: the store knows nothing of views."""
+    if ref.state in FINISHED:
+        spool.finished.note(ref)
 
 
 def get(spool: Spool, job_id: int, states: tuple[str, ...] = STATES) -> tuple[JobRef, Job]:

@@ -21,7 +21,7 @@ from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, DONE, FAILED, FINISHED, PENDING, RAY
 from gpuq.core.times import iso_of
-from gpuq.engine.lifecycle import ray_room
+from gpuq.engine.lifecycle import ending, ray_room
 from gpuq.engine.lifecycle.ending import claimed, pending_jobs, record_end
 from gpuq.spool import Spool
 from gpuq.system import rayjobs as client
@@ -351,4 +351,4 @@ def cancel(spool: Spool, job_id: int, note: str = "cancelled by user") -> Job:
             elif seen is not None and seen.state in ("SUCCEEDED", "FAILED"):
                 raise Refused(f"job #{job_id} already ended on Ray ({seen.state}); `gpuq ray sync` records it")
             note = f"{note} (Ray job {sub_id} stopped)"
-        return spool.jobs.move(ref, job, CANCELLED, rt.cancelled(job, note))[1]
+        return ending.move(spool, ref, job, CANCELLED, rt.cancelled(job, note))[1]

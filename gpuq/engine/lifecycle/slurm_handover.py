@@ -16,6 +16,7 @@ from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, DONE, FAILED, FINISHED, PENDING, SLURM
 from gpuq.core.times import iso_of, parse_iso
+from gpuq.engine.lifecycle import ending
 from gpuq.engine.lifecycle.ending import claimed, pending_jobs, record_end
 from gpuq.spool import Spool
 from gpuq.system import slurm as client
@@ -257,4 +258,4 @@ def cancel(spool: Spool, job_id: int, env: Env = None) -> Job:
             if seen is not None and seen.finished and seen.state != "CANCELLED":
                 raise Refused(f"job #{job_id} already ended on Slurm ({seen.state}); `gpuq slurm sync` records it")
         note = f"cancelled by user (scancel of Slurm job {slurm_id})"
-        return spool.jobs.move(ref, job, CANCELLED, transitions.slurm_cancelled(job, note))[1]
+        return ending.move(spool, ref, job, CANCELLED, transitions.slurm_cancelled(job, note))[1]

@@ -14,6 +14,7 @@ from gpuq.core import schema, states
 from gpuq.core.errors import Refused
 from gpuq.core.job import Job
 from gpuq.core.times import now_iso
+from gpuq.engine.lifecycle import ending
 from gpuq.engine.original import reader
 from gpuq.spool import Spool
 from gpuq.system import fsutil, procs
@@ -105,7 +106,7 @@ def _import_job(spool: Spool, queue: reader.LegacyQueue, old: reader.LegacyJob, 
     state, job = _job(spool, queue, old)
     try:
         schema.validate(job)
-        spool.jobs.publish(job, state)
+        ending.landed(spool, spool.jobs.publish(job, state))
     except (schema.InvalidJob, FileExistsError) as exc:
         report.problems.append(f"#{old.id} {old.name}: {exc}")
         return

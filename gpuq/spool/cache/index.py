@@ -24,10 +24,11 @@ from gpuq.core.job import Job
 from gpuq.core.states import DONE, FINISHED
 from gpuq.core.times import parse_iso
 from gpuq.spool.cache import runs
-from gpuq.spool.files import MIN_FREE_TO_START, Files, free_bytes, read_small, unlink_quietly
+from gpuq.spool.cache.journal import Journal, Rows
+from gpuq.spool.files import MIN_FREE_TO_START, Files, free_bytes, read_job_file_inode, read_small, unlink_quietly
 from gpuq.spool.kept import KeptRuns
 from gpuq.spool.layout import Layout, is_job_name
-from gpuq.spool.store import JobRef, JobStore
+from gpuq.spool.store import MAX_JOB_BYTES, JobRef, JobStore
 
 NAME = "finished-jobs"
 FORMAT = 6  # 5: pasts as lists; 4: one marshal object, read whole by every look
@@ -46,6 +47,17 @@ OLD_NAMES += ("status-jobs", "kept-runs", "finished-rows")
 # file that is no valid job).
 ROW = ("name", "script", "seconds", "end", "key", "run", "past")
 END = ("exit_code", "signal", "slurm_job", "reason", "code_changed", "note", "priority", "unreadable")
+# The fields of a job file that its row reads (row_of, runs.py): only they are checked for a row.
+READS: tuple[str, ...] = ("name", "cmd", "cwd", "started_at", "finished_at", "exit_code", "signal", "slurm")
+READS += ("reason", "code_changed", "note", "priority", "adopted", "sweep", "preemptions", "history", "attempts")
+READS += ("gpu_request", "gpus", "slot")
+
+
+def file_row(data: bytes, state: str, job_id: int, now: float) -> tuple[tuple, bool]:
+    """The row of a job file's bytes and whether it depends on `now` (a start without an end);
+    schema.InvalidJob when the fields it reads are not valid."""
+    job = schema.validate_fields(schema.parse_bytes(data), READS, job_id)
+    return row_of(job, state, now), parse_iso(job.finished_at) is None and parse_iso(job.started_at) is not None
 
 
 def row_of(job: Job, state: str, now: float) -> tuple:
@@ -159,12 +171,31 @@ class Finished:
 class FinishedIndex:
     def __init__(self, layout: Layout, files: Files, jobs: JobStore, kept: KeptRuns) -> None:
         self.layout, self.files, self.jobs, self.kept = layout, files, jobs, kept
+        self.journal = Journal(layout, FORMAT)
+
+    def note(self, ref: JobRef) -> None:
+        """Append the row of a job file just put in a finished state to the journal (its finisher
+        calls this once the move has committed). Never raises; a file that is not a valid job, or
+        whose row depends on the clock, is left for the build to read."""
+        try:
+            data, inode = read_job_file_inode(self.layout.job_path(ref.state, ref.name), MAX_JOB_BYTES)
+            row, clocked = file_row(data, ref.state, ref.id, 0.0)
+        except (OSError, schema.InvalidJob):
+            return
+        if not clocked:
+            self.journal.append(ref.state, ref.name, inode, row)
+
+    def forget(self, ref: JobRef) -> None:
+        """A job file that left its finished state (a retry): its row in the journal, if any, is
+        believed no more."""
+        self.journal.forget(ref.state, ref.name)
 
     def read(self, write: bool = True) -> Finished:
         """The index as the directories are now. `write=False`: nothing is written (a look that
         leaves no trace, `gpuq add --dry-run`)."""
         stored, kept_stamp, kept, runs, rows = self._load()
         entries, changed, now = {}, False, time.time()
+        journal: list[tuple[int, Rows]] = []  # read once, by the first state listed anew
         for state in FINISHED:
             old = stored.get(state, EMPTY)
             try:
@@ -179,7 +210,8 @@ class FinishedIndex:
             if old.rows is None:  # a head: its rows are read now that the directory is listed
                 old = old._replace(rows=rows()[state])
             settled = stamp if now - st.st_mtime > SETTLE_SECONDS else None
-            entries[state], listed_anew = self._refresh(state, old, settled, now)
+            journal = journal or [self.journal.read()]
+            entries[state], listed_anew = self._refresh(state, old, settled, now, journal[0][1])
             changed = changed or listed_anew or settled != old.stamp
         signature = self.kept.signature()
         if signature != kept_stamp:
@@ -188,13 +220,17 @@ class FinishedIndex:
             return Finished(entries, kept, runs, rows)
         finished = Finished(entries, kept, {}, rows)
         finished.runs = recent_runs(finished.entries[DONE])
-        if write:
-            self._write(finished.entries, kept_stamp, kept, finished.runs)
+        if write and self._write(finished.entries, kept_stamp, kept, finished.runs) and journal:
+            self.journal.fold(journal[0][0])
         return finished
 
-    def _refresh(self, state: str, old: Entry, stamp: Optional[tuple[int, int]], now: float) -> tuple[Entry, bool]:
+    def _refresh(
+        self, state: str, old: Entry, stamp: Optional[tuple[int, int]], now: float, journal: Rows
+    ) -> tuple[Entry, bool]:
         """A state's entry for its files now, and whether they differ from `old`'s: the rows of
-        files listed under the same name and inode kept (a job file is never edited in place)."""
+        files listed under the same name and inode kept (a job file is never edited in place),
+        those of new files taken from the journal where it holds one for that name and inode,
+        the other files read."""
         try:
             with os.scandir(self.layout.state_dir(state)) as listing:
                 listed = sorted(
@@ -208,6 +244,8 @@ class FinishedIndex:
         found = []
         for job_id, name, inode in listed:
             hit = known.get(name)
+            if hit is None or hit[0] != inode:
+                hit = journal.get((state, name))
             row = hit[1] if hit is not None and hit[0] == inode else self._row(state, job_id, name, now)
             if row is not None:
                 found.append((job_id, name, inode, row))
@@ -216,7 +254,7 @@ class FinishedIndex:
     def _row(self, state: str, job_id: int, name: str, now: float) -> Optional[tuple]:
         """The row of one file (None: gone since the listing)."""
         try:
-            return row_of(self.jobs.load(JobRef(job_id, state, name)), state, now)
+            return file_row(self.jobs.read_bytes(state, name), state, job_id, now)[0]
         except FileNotFoundError:
             return None
         except schema.InvalidJob as exc:  # shown as what it is: never left out, never a traceback
@@ -247,9 +285,10 @@ class FinishedIndex:
             for state, e in heads.items()
         }
 
-    def _write(self, entries: dict[str, Entry], kept_stamp: Any, kept: list[tuple], runs: Runs) -> None:
+    def _write(self, entries: dict[str, Entry], kept_stamp: Any, kept: list[tuple], runs: Runs) -> bool:
+        """Whether the index was written."""
         if free_bytes(self.layout.home) < MIN_FREE_TO_START:
-            return  # the disk's last room is for job files (spool_layout.md section 14)
+            return False  # the disk's last room is for job files (spool_layout.md section 14)
         heads = {state: tuple(entry[:4]) for state, entry in entries.items()}
         head = marshal.dumps((FORMAT, heads, kept_stamp, kept, runs))
         rows = marshal.dumps({state: entry.rows for state, entry in entries.items()})
@@ -259,7 +298,8 @@ class FinishedIndex:
             for name in OLD_NAMES:
                 unlink_quietly(self.layout.cache_path(name))
         except OSError:
-            pass  # a read-only or full spool reads its files every time
+            return False  # a read-only or full spool reads its files every time
+        return True
 
 
 def _unreadable_row(name: str, why: str) -> tuple:
