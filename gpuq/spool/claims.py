@@ -74,6 +74,11 @@ class Claims:
             return None
         return Claim(job_id, fd, self.layout.lock_path(job_id))
 
+    def ready(self) -> None:
+        """Load what taking a claim needs (the no-clobber rename's C binding) now, not at the claim:
+        a supervisor calls it while its job runs, so that starting the next job does not wait."""
+        fsutil.rename_binding()
+
     def adopt_descriptor(self, job_id: int, fd: int) -> Claim:
         """The claim whose locked descriptor another process handed us (the worker to a supervisor)."""
         return Claim(job_id, fd, self.layout.lock_path(job_id))

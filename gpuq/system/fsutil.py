@@ -14,8 +14,13 @@ StrPath = Union[str, "os.PathLike[str]"]  # a path: the spool's are strings (spo
 
 
 @cache
-def _libc(ctypes: Any) -> Any:
-    return ctypes.CDLL(None, use_errno=True)
+def rename_binding() -> tuple[Any, Any]:
+    """(ctypes, the C library) for no-clobber renames, loaded at the first call: the reading
+    commands never need it. A supervisor loads it while its job runs (Claims.ready), so that
+    handing the slot on, whose claim is a rename, does not wait for the import."""
+    import ctypes  # the C library's binding, at the first rename or a supervisor's start
+
+    return ctypes, ctypes.CDLL(None, use_errno=True)
 
 
 def fsync_dir(path: StrPath) -> None:
@@ -108,9 +113,7 @@ def rename_noreplace(src: StrPath, dst: StrPath) -> None:
     """Atomically rename src to dst; FileExistsError if dst exists (os.rename would replace it).
     renameat2(RENAME_NOREPLACE) on Linux, renamex_np(RENAME_EXCL) on macOS; else (old kernels, some
     network filesystems) link + unlink, also no-clobber but briefly showing two links."""
-    import ctypes  # the C library's binding, at the first rename: the reading commands never need it
-
-    libc = _libc(ctypes)
+    ctypes, libc = rename_binding()
     renameat2 = getattr(libc, "renameat2", None) if sys.platform.startswith("linux") else None
     if renameat2 is not None or sys.platform == "darwin":
         if renameat2 is not None:

@@ -49,6 +49,7 @@ def _run_to_end(
     recorded = wait.record_process(run, child)
     wait.forward_termination_to(child.pid)
     checking = start.check_code_while_running(run)
+    run.spool.claims.ready()  # the next job's claim, at this one's end, then waits for nothing
     # while the job runs, the line is read as it comes, so that it never fills up
     listener = (heard.fd, heard.listen) if heard is not None else None
     exit_code, sig = wait.wait_for_end(run, child, pump, listener)
