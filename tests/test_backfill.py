@@ -74,36 +74,6 @@ def test_a_worker_backfills_beside_the_first_in_line_and_starts_it_when_its_gpu_
     release(gq)
 
 
-def test_a_worker_keeps_the_first_in_lines_gpu_when_a_job_ahead_of_it_starts_there(gq: Env) -> None:
-    """GPU 0 holds a 60G job, GPU 1 a 70G one started after it; a whole-GPU job waits, keeping
-    GPU 0, and a 20G job behind it waits. A 20G job of a higher priority (ahead of both) starts on
-    GPU 0, then GPU 0's first job ends: GPU 0 stays kept (the 20G job behind still waits, though
-    60G are free there) until it empties, and the whole-GPU job starts there. Chosen afresh, the
-    keeping would have moved to GPU 1 (whose job started before the one ahead)."""
-    Gpus(gq, fake_gpus(2, total=80 * G))
-    gq.script("job.py", _HOLDS)
-    first = gq.add("--gpu-mem", "60G", "job.py", "first")
-    gq.start_worker("--watch")
-    assert seen(gq, first)["gpus"] == "0"
-    second = gq.add("--gpu-mem", "70G", "job.py", "second")
-    assert seen(gq, second)["gpus"] == "1"
-    whole = gq.add("job.py", "whole")
-    small = gq.add("--gpu-mem", "20G", "job.py", "small")
-    reason = wait_for(lambda: row(gq, small)["waiting"], 15, what="the 20G job's reason")
-    assert reason.startswith(f"waiting behind #{whole}, first in line for a GPU"), reason
-    ahead = gq.add("--gpu-mem", "20G", "--priority", "1", "job.py", "ahead")
-    assert seen(gq, ahead)["gpus"] == "0"
-    (gq.work / "end-first").write_text("")
-    # the worker's look after the first job's end: the whole-GPU job's reason no longer names it
-    wait_for(lambda: f"#{first}" not in (row(gq, whole)["waiting"] or f"#{first}"), 15, what="a look after its end")
-    now = row(gq, small)
-    assert now["state"] == "pending" and now["waiting"].startswith(f"waiting behind #{whole}"), now
-    (gq.work / "end-ahead").write_text("")
-    assert seen(gq, whole)["gpus"] == "0"
-    assert not started(gq, small)  # GPU 1 has 10G free, GPU 0 is held whole
-    release(gq)
-
-
 # Records where it runs in seen-ID.json, then runs until `release` (or `end-NAME`) exists.
 _HOLDS = """import json, os, sys, time
 name = sys.argv[1]
@@ -112,30 +82,3 @@ with open(f"seen-{os.environ['GPUQ_JOB_ID']}.json", "w") as fh:
 while not (os.path.exists("release") or os.path.exists(f"end-{name}")):
     time.sleep(0.02)
 """
-
-
-def test_the_same_first_in_line_keeps_the_same_gpus_from_step_to_step() -> None:
-    # GPU 0 kept for job 3 (its job started first); then job 2, ahead of job 3, starts there
-    kept: dict[int, frozenset[int]] = {}
-    holdings = [Holding(1, (0,), 40 * G, since=100.0), Holding(5, (1,), 70 * G, since=200.0)]
-    assert isinstance(place_in_order([(3, Request())], TWO, None, holdings, kept=kept)[3], Blocked)
-    assert kept == {3: frozenset({0})}
-    holdings.append(Holding(2, (0,), 20 * G, since=300.0))
-    requests = [(3, Request()), (4, Request(1, 20 * G))]
-    assert place_in_order(requests, TWO, None, holdings)[4] == Placement((0,))  # chosen afresh: GPU 1 is kept
-    assert place_in_order(requests, TWO, None, holdings, kept=kept)[4] == BEHIND_3
-    assert kept == {3: frozenset({0})}
-    # an urgent job (ahead of it) waits a while, then starts on job 3's GPU: job 3 keeps it still
-    urgent = [(7, Request(1, 30 * G)), *requests]
-    assert isinstance(place_in_order(urgent, TWO, None, holdings, kept=kept)[7], Blocked)
-    assert kept == {7: frozenset({1}), 3: frozenset({0})}
-    holdings[2] = Holding(7, (0,), 30 * G, since=400.0)  # job 2 ended, job 7 started on GPU 0
-    small = [(3, Request()), (8, Request(1, 10 * G))]
-    assert place_in_order(small, TWO, None, holdings)[8] == Placement((0,))  # chosen afresh: GPU 1 is kept
-    assert place_in_order(small, TWO, None, holdings, kept=kept)[8] == Placement((1,))
-    assert kept == {3: frozenset({0})}
-    # a new first in line chooses afresh; none waiting: nothing is kept
-    place_in_order([(4, Request())], TWO, None, holdings, kept=kept)
-    assert kept == {4: frozenset({1})}
-    place_in_order([(6, Request(1, 10 * G))], TWO, None, holdings, kept=kept)
-    assert kept == {}

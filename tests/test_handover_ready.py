@@ -10,7 +10,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import Env, wait_for
 
 

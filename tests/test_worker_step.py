@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gpuq.core.states import DONE, PENDING, PREEMPT_RESUME, PREEMPTED
-from gpuq.core.times import iso_of
 from gpuq.engine.lifecycle import enqueue
 from gpuq.engine.schedule import hostroom
 from gpuq.engine.schedule.planner import Planner
@@ -283,43 +282,3 @@ def test_a_job_still_starting_holds_only_its_share_and_the_next_one_packs_beside
     assert worker.step(time.time()).started == [second.id]
     assert [line.order.gpus for line in launcher.lines] == [(0,), (0,)]
     assert f"job #{first.id}" in worker.waits[whole.id].reason
-
-
-def test_the_first_in_lines_gpu_stays_kept_when_a_job_ahead_of_it_starts_there(
-    tmp_path: Path, monkeypatch: Any
-) -> None:
-    """A whole-GPU job waits, keeping GPU 0 (its job started longest ago). A job ahead of it in line
-    (a higher priority) starts there, and GPU 0's first job ends: GPU 0 stays kept, so a 20G job
-    behind the whole-GPU one waits (it would fit only there) instead of filling it; once GPU 0
-    empties, the whole-GPU job starts on it. Chosen afresh at each step, the keeping would move to
-    GPU 1 (whose job started before the one ahead) and the 20G job would take GPU 0."""
-    spool = _spool(tmp_path)
-    look = GpuLook((_gpu(0), _gpu(1)), "fake", None, time.time())
-    fake = tmp_path / "gpus.json"
-    fake.write_text(json.dumps({"gpus": [{**g._asdict(), "processes": []} for g in look.gpus]}))
-    monkeypatch.setenv("GPUQ_FAKE_GPUS", str(fake))  # what the supervisors' own look sees
-    worker, launcher, _said = _worker(spool, Planner(look=lambda: look._replace(at=time.time())))
-    runs = {}
-    for name, share, ago in (("a", 60, 1000.0), ("b", 70, 500.0)):
-        ref = _add(spool, tmp_path, gpu_mem_mib=share * G)
-        assert worker.step(time.time()).started == [ref.id]
-        run, process = _begin(spool, launcher.lines[-1])
-        run.job = spool.jobs.rewrite(run.ref, run.job, started_at=iso_of(time.time() - ago))
-        runs[name] = (run, process)
-    assert [line.order.gpus for line in launcher.lines] == [(0,), (1,)]
-    whole = _add(spool, tmp_path)
-    small = _add(spool, tmp_path, gpu_mem_mib=20 * G)
-    assert worker.step(time.time()).started == []
-    assert worker.waits[small.id].reason.startswith(f"waiting behind job #{whole.id}")
-    ahead = _add(spool, tmp_path, gpu_mem_mib=20 * G, priority=1)
-    assert worker.step(time.time()).started == [ahead.id] and launcher.lines[-1].order.gpus == (0,)
-    runs["ahead"] = _begin(spool, launcher.lines[-1])
-    try:
-        _end(*runs.pop("a"))  # GPU 0: 60G free, the job ahead started there just now
-        assert worker.step(time.time()).started == []
-        assert worker.waits[small.id].reason.startswith(f"waiting behind job #{whole.id}")
-        _end(*runs.pop("ahead"))
-        assert worker.step(time.time()).started == [whole.id] and launcher.lines[-1].order.gpus == (0,)
-    finally:
-        for run, process in runs.values():
-            _end(run, process)

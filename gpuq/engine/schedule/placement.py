@@ -162,15 +162,13 @@ def place_in_order(
     foreign_threshold_mib: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
     describe: Optional[Describe] = None,
     leased: Sequence[Leased] = (),
-    kept: Optional[dict[int, frozenset[int]]] = None,
 ) -> dict[int, Decision]:
     """`place` for ready jobs in queue order, each placement a holding for the jobs after it. Once a
     GPU job waits, the GPUs it would get first are kept for it (`reserve`): a job behind it starts
     only on other GPUs (backfill), else waits behind it. So GPUs that the first in line cannot use
     yet do not sit idle while jobs that fit there wait, and a stream of small jobs still never keeps
     a big one waiting forever: nothing new starts on its GPUs, which only empty. A job that can
-    never fit holds no one up. `kept`: the GPUs each waiting job kept when it was first in line
-    ({id: GPUs}), updated here; it keeps the same ones when first in line again (see `reserve`)."""
+    never fit holds no one up."""
     allowed = None if allowed is None else set(allowed)
     own = frozenset(own_pids)
     held = list(holdings)
@@ -189,17 +187,9 @@ def place_in_order(
             held.append(Holding(job_id, decision.gpus, request.gpu_mem_mib))
         elif isinstance(decision, Blocked) and not decision.forever and first_waiting is None:
             first_waiting = job_id
-            before = kept.get(job_id) if kept is not None else None
-            keeps = reserve(request, gpus, allowed, held, leased, foreign_threshold_mib, before)
-            others = {g.index for g in gpus if allowed is None or g.index in allowed} - keeps
+            kept = reserve(request, gpus, allowed, held, leased, foreign_threshold_mib)
+            others = {g.index for g in gpus if allowed is None or g.index in allowed} - kept
         decisions[job_id] = decision
-    if kept is not None:
-        # a job's keeping is remembered while it waits, also behind another first in line for a
-        # while (an urgent job that waits for its victim's end), and forgotten once it starts
-        for job_id in [j for j in kept if not isinstance(decisions.get(j), Blocked)]:
-            del kept[job_id]
-        if first_waiting is not None and others is not None:
-            kept[first_waiting] = frozenset(g.index for g in gpus if allowed is None or g.index in allowed) - others
     return decisions
 
 
@@ -210,17 +200,14 @@ def reserve(
     holdings: Sequence[Holding],
     leased: Sequence[Leased] = (),
     foreign_threshold_mib: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
-    before: Optional[frozenset[int]] = None,
 ) -> set[int]:
     """The GPUs a waiting job keeps, to get them once gpuq's jobs there end: among those it may use
     (the largest, for a `largest` request), those where it would fit then (other parties' memory
     and leases counted), the ones whose newest gpuq job started longest ago; then the freest. Run
-    times are unknown; what makes this safe is that no job behind it starts on a kept GPU, so the
-    first in line gets one once the jobs there have ended, however many small jobs come behind it.
-    `before`: the GPUs it kept at the step before, kept again while it would still fit there. A
-    job ahead of it in line (a dependency's end made it ready, a retry, an urgent job) may start on
-    a kept GPU; chosen afresh, the keeping would then move to another GPU, whose jobs started
-    earlier, and the jobs behind would fill the first one: a big job could wait for ever."""
+    times are unknown; what makes this safe is that the choice stands while jobs start elsewhere
+    (their newest start is newer), and changes only to GPUs whose jobs started earlier still: no
+    job starts on a kept GPU, so the first in line gets one once the jobs there when it was first
+    kept have ended, however many small jobs come behind it."""
     wanted = None if allowed is None else set(allowed)
     candidates = [g for g in sorted(gpus, key=lambda g: g.index) if wanted is None or g.index in wanted]
     if request.largest and candidates:
@@ -238,10 +225,6 @@ def reserve(
         return _taken(state) or state.gpu.memory_total_mib - others < request.gpu_mem_mib
 
     states = _states(candidates, list(holdings), leased)
-    if before is not None and len(before) == request.gpus:
-        still = [s for s in states if s.gpu.index in before and not unusable(s)]
-        if len(still) == len(before):
-            return set(before)
     order = sorted(states, key=lambda s: (unusable(s), newest.get(s.gpu.index, -math.inf), -s.free_mib, s.gpu.index))
     return {s.gpu.index for s in order[: request.gpus]}
 

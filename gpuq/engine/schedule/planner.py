@@ -98,7 +98,6 @@ class Planner:
         self.host = host  # what jobs may reserve of the machine (None: the machine's, read when first needed)
         self.turns = turns  # fair share with the machine's other users (None: their tickets are not read)
         self._trees: dict[int, set[int]] = {}  # a running job's (or lease holder's) pid -> its process tree, this step
-        self.kept: dict[int, frozenset[int]] = {}  # the GPUs each waiting job keeps, from step to step (placement)
         self._leased: list[Leased] = []  # the other parties' leases at this step's look
 
     def plan(
@@ -141,7 +140,7 @@ class Planner:
             leases = self.leases()
             self._leased = [Leased(lease, frozenset(self._tree(lease.pid) if listed else ())) for lease in leases]
         ready = [first, *islice(found, MAX_PLACED - 1)]
-        return self._plan_gpus(snap, busy, ready, preempting, look, mode, starting, self.kept)
+        return self._plan_gpus(snap, busy, ready, preempting, look, mode, starting)
 
     def successors(
         self,
@@ -172,11 +171,11 @@ class Planner:
             return []
         if mode == placement.GPUS:  # one at a time: the next job may ask for other GPUs than this one
             now = scheduler.QueueState(snap.states, rest.pending, snap.running, snap.now)
-            if self._plan_gpus(now, busy, ready, preempting, look, mode, kept=dict(self.kept)).starts:
+            if self._plan_gpus(now, busy, ready, preempting, look, mode).starts:
                 return []  # it can start now on other GPUs: the worker starts it there
             gone = self._tree(ending.pid) if ending.pid else set()
             ended = look._replace(gpus=tuple(_without(gpu, gone) for gpu in look.gpus))
-            plan = self._plan_gpus(rest, busy, ready, preempting, ended, mode, kept=dict(self.kept))
+            plan = self._plan_gpus(rest, busy, ready, preempting, ended, mode)
         else:
             plan = self._plan_slots(rest, busy, iter(ready), preempting, look)
         if plan.victims or [where for _job, where in plan.starts] != [Assignment.of_job(ending)]:
@@ -221,9 +220,7 @@ class Planner:
         look: gpu_info.GpuLook,
         mode: str,
         starting: Sequence[Job] = (),
-        kept: Optional[dict[int, frozenset[int]]] = None,
     ) -> Plan:
-        """`kept`: the reservation of the step before, updated (a copy where the plan is hypothetical)."""
         plan = Plan(look=look)
         allowed = self.allowed
         # before placement: a job the machine has no room for leaves its GPUs to the jobs behind it
@@ -236,7 +233,7 @@ class Planner:
             requests = [(j.id, request_of(j)) for j in ready]
             decisions = placement.place_in_order(
                 requests, look.gpus, allowed, holdings, own_pids, self.threshold, gpu_info.describe_pid,
-                leased=self._leased, kept=kept,
+                leased=self._leased,
             )  # fmt: skip
         for job in ready:
             decision = decisions[job.id]
