@@ -300,9 +300,7 @@ def check_name(value: Any) -> str:
 
 def validate(obj: dict[str, Any], expected_id: Optional[int] = None) -> Job:
     """Check a gpuq job file (one with schema_version) and return it as a Job; InvalidJob otherwise."""
-    version = obj.get("schema_version")
-    if type(version) is not int or version != SCHEMA_VERSION:  # `true` and 1.0 compare equal to 1
-        raise InvalidJob(f"unknown schema_version {version!r} (this gpuq reads {SCHEMA_VERSION})")
+    _check_version(obj)
     # Every field some part of gpuq reads is checked: a file that passes cannot crash the scheduler,
     # the supervisor or `status`.
     for field in FIELDS.values():
@@ -314,8 +312,8 @@ def validate(obj: dict[str, Any], expected_id: Optional[int] = None) -> Job:
     _check_env(obj["env"])
     if obj.get("shell_env") is not None:
         _check_env(obj["shell_env"], "shell_env")
-    if expected_id is not None and obj["id"] != expected_id:
-        raise InvalidJob(f"file name says id {expected_id} but the file says {obj['id']}")
+    if expected_id is not None:
+        _check_id(obj, expected_id)
     if obj["id"] in obj["after"] or obj["id"] in obj.get("after_any", []):
         raise InvalidJob("a job cannot wait for itself")
     return obj if type(obj) is Job else Job(obj)
@@ -325,9 +323,7 @@ def validate_fields(obj: dict[str, Any], names: tuple[str, ...], expected_id: in
     """validate() of the fields `names` alone (every required field must still be there), for a
     reader that reads no other field: a finished job's row reads neither its environment nor what
     it waited for."""
-    version = obj.get("schema_version")
-    if type(version) is not int or version != SCHEMA_VERSION:
-        raise InvalidJob(f"unknown schema_version {version!r} (this gpuq reads {SCHEMA_VERSION})")
+    _check_version(obj)
     for required in REQUIRED:
         if required not in obj:
             raise InvalidJob(f"missing field {required!r}")
@@ -335,9 +331,19 @@ def validate_fields(obj: dict[str, Any], names: tuple[str, ...], expected_id: in
         field = FIELDS[name]
         if name in obj and not field.check(obj[name]):
             raise InvalidJob(f"field {name!r} must be {field.what}, not {_shown(obj[name])}")
+    _check_id(obj, expected_id)
+    return Job(obj)
+
+
+def _check_version(obj: dict[str, Any]) -> None:
+    version = obj.get("schema_version")
+    if type(version) is not int or version != SCHEMA_VERSION:  # `true` and 1.0 compare equal to 1
+        raise InvalidJob(f"unknown schema_version {version!r} (this gpuq reads {SCHEMA_VERSION})")
+
+
+def _check_id(obj: dict[str, Any], expected_id: int) -> None:
     if obj["id"] != expected_id:
         raise InvalidJob(f"file name says id {expected_id} but the file says {obj['id']}")
-    return Job(obj)
 
 
 def _shown(value: Any) -> str:
