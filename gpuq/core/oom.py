@@ -14,16 +14,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional
 
 from gpuq.core.job import Job
+from gpuq.core.words import size_text
 
 ENV = "GPUQ_OOM_RETRY"
 GPU_REASONS = ("CUDA out of memory", "GPU out of memory")  # core/failure.py's reasons for a GPU's
-
-
-def size_text(mib: int) -> str:
-    """`40G`, as --gpu-mem and --mem are typed."""
-    if mib < 1024:
-        return f"{mib}M"
-    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib / 1024:.1f}G"
 
 
 class Growth(NamedTuple):

@@ -36,6 +36,13 @@ def url_text(url: str) -> str:
     return f"{scheme}://{host if network else '...'}"
 
 
+def size_text(mib: int) -> str:
+    """`40G`, as --gpu-mem and --mem are typed."""
+    if mib < 1024:
+        return f"{mib}M"
+    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib / 1024:.1f}G"
+
+
 def mib_text(mib: int) -> str:
     """'512 MiB' below a GiB, else GiB with one decimal ('9.1 GiB' for 9300 MiB)."""
     if mib < 1024:

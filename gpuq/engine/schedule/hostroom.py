@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Optional
 
 from gpuq.core.job import Job
 from gpuq.core.timespec import parse_size_mib
+from gpuq.core.words import size_text
 from gpuq.engine.schedule import diskguard
 from gpuq.engine.schedule.scheduler import Wait
 from gpuq.system import host
@@ -18,12 +19,6 @@ MARGIN_ENV = "GPUQ_HOST_MEM_MARGIN"  # host memory gpuq leaves to the system (a 
 MIN_MARGIN_MIB = 2048  # the default margin: the larger of 2 GiB...
 MARGIN_SHARE = 0.05  # ...and 5% of the machine's memory
 MEMORY, CPUS = "host memory", "CPUs"
-
-
-def size_text(mib: int) -> str:
-    if mib < 1024:
-        return f"{mib}M"
-    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib / 1024:.1f}G"
 
 
 def asks(job: Job) -> bool:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from gpuq.core.job import Job
-from gpuq.core.oom import size_text
 from gpuq.core.states import PENDING
 from gpuq.core.times import duration, parse_iso
+from gpuq.core.words import size_text
 
 
 def had(entry: dict[str, Any]) -> str:

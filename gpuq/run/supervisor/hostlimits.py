@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from gpuq.core.job import Job
-from gpuq.engine.schedule.hostroom import size_text
+from gpuq.core.words import size_text
 from gpuq.system import cgroups, hostmem
 
 CGROUP, SCOPE, WATCH = "cgroup2", "systemd-run", "watch"  # `host_limits_by`; the watch's as "watch:SECONDS"
