@@ -6,14 +6,20 @@ The trace (seeded, so every run replays the same week): about 60 training jobs q
 each asking for a share of a GPU (10-80 GB; 80: a whole GPU) and running 10 steps of a few seconds
 to a minute in all, a checkpoint every 2 steps; some are evaluations that start after the job they
 evaluate; 10% of them need twice what they ask and die of CUDA out-of-memory at 30% of their steps
-unless they get more room; five urgent evaluations arrive while it runs; the machine crashes once
-(the worker, every supervisor and every job killed), and comes back.
+unless they get more room; five urgent evaluations arrive while it runs; the worker crashes once
+(SIGKILL; task-spooler's server likewise) and is started again at once, as a service manager would.
+`--crash machine` replays a harsher week than the issue's: the whole machine goes down instead (the
+worker, every supervisor and every job killed) and comes back.
 
 gpuq: `--gpu-mem` shares, `--retry-oom 2`, `--after`, `--urgent` (preempting a job with a
-checkpoint, resumed after), `gpuq run --recover` after the crash (each job from its checkpoint).
+checkpoint, resumed after), `gpuq run --recover` after the crash (the running jobs' supervisors
+outlive a worker; after a machine crash each job goes on from its checkpoint).
 task-spooler: one slot per GPU, each job a whole GPU (so none runs out of memory), `-D` for
 dependencies, `-u` for the urgent ones, and after the crash (its queue is in its server's memory) the
-unfinished jobs queued again from scratch, as its user would.
+jobs that neither ended nor still run queued again from scratch, as its user would (one that waits
+for a job still running from before the crash is queued once that one has ended: the new server
+cannot wait for it). A job that finds every GPU taken (by jobs still running from before the crash)
+waits for one to free before it starts.
 
 Reported: the makespan against its lower bound (the trace's GPU-seconds over the GPUs, each job's
 seconds times its share of a GPU, and the longest dependency chain), the share of GPU time a GPU
@@ -56,7 +62,7 @@ need, asked = int(args["--need"]), int(args["--asked"])
 out = args["--output_dir"]
 gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
 held = None
-if gpu is None:  # task-spooler: the first free of the GPUs (it runs at most as many jobs as GPUs)
+while gpu is None:  # task-spooler: the first free of the GPUs (it runs at most as many jobs as GPUs)
     for index in range(int(args["--gpus"])):
         held = open(os.path.join(args["--locks"], f"gpu{index}"), "w")
         try:
@@ -65,6 +71,8 @@ if gpu is None:  # task-spooler: the first free of the GPUs (it runs at most as 
             break
         except OSError:
             held.close()
+    else:  # all taken by jobs still running from before a crash of its server
+        time.sleep(0.05)
 def say(event, **more):
     line = json.dumps({"t": time.time(), "job": job, "event": event, "gpu": gpu, **more}) + "\n"
     fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -166,6 +174,10 @@ class Runner:
         (self.work / "job.py").write_text(JOB)
         self.ids: dict[int, Any] = {}
         self.queued: dict[int, float] = {}  # when each job's first queueing returned: it waits from then
+        self.crash_kind = "worker"  # or "machine": what `crash` takes down
+
+    def tick(self) -> None:
+        """Called between looks while the trace runs (task-spooler's user queues what had to wait)."""
 
     def queued_now(self, job: Job) -> None:
         self.queued.setdefault(job.id, time.time())
@@ -233,9 +245,14 @@ class Gpuq(Runner):
         )
 
     def crash(self) -> None:
-        """The machine goes down: the worker, every supervisor and every job killed at once (each
-        process whose environment names this spool, looked for until none is left)."""
+        """The worker killed (SIGKILL): its supervisors and their jobs go on. With `crash_kind`
+        "machine", the machine goes down: the worker, every supervisor and every job killed at once
+        (each process whose environment names this spool, looked for until none is left)."""
         assert self.worker is not None
+        if self.crash_kind == "worker":
+            self.worker.kill()
+            self.worker.wait()
+            return
         mark = f"GPUQ_HOME={self.env['GPUQ_HOME']}".encode()
         for _look in range(5):
             found = [pid for pid in _pids() if mark in _environ(pid).split(b"\0")]
@@ -264,6 +281,13 @@ def _pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != os.getpid()]
 
 
+def _cmdline(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    except OSError:
+        return []
+
+
 def _environ(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/environ").read_bytes()
@@ -278,17 +302,43 @@ class Tsp(Runner):
         super().__init__(root, journal)
         self.env = dict(os.environ, TS_SOCKET=str(root / "tsp.socket"), TMPDIR=str(root), TS_MAXFINISHED="1000")
         self.jobs: dict[int, Job] = {}
+        self.orphans: set[int] = set()  # jobs still running from before a crash of its server
+        self.later: dict[int, Job] = {}  # jobs to queue once what they wait for has ended
 
     def tsp(self, *args: str) -> str:
         return subprocess.run(["tsp", *args], cwd=self.work, env=self.env, capture_output=True, text=True).stdout
 
     def start(self, recover: bool = False) -> None:
-        self.tsp("-S", str(GPUS))
-        if recover:  # its queue died with its server: what had not ended is queued again, from scratch
-            done = self.done_ids()
+        self.tsp("-S", str(GPUS))  # the first call starts the server: its command line is this one
+        if recover:  # its queue died with its server: what neither ended nor runs is queued again, from scratch
+            done, self.orphans = self.done_ids(), self.running_ids()
             for job in sorted(self.jobs.values(), key=lambda j: j.id):
-                if job.id not in done:
-                    self.add(job)
+                if job.id not in done and job.id not in self.orphans:
+                    self.queue_or_wait(job)
+
+    def queue_or_wait(self, job: Job) -> None:
+        if job.after in self.orphans or job.after in self.later:  # the new server cannot wait for it
+            self.later[job.id] = job
+        else:
+            self.add(job)
+
+    def tick(self) -> None:
+        if not self.later:
+            return
+        self.orphans -= self.done_ids()
+        for job in sorted(self.later.values(), key=lambda j: j.id):
+            if job.after not in self.orphans and job.after not in self.later:
+                del self.later[job.id]
+                self.add(job)
+
+    def running_ids(self) -> set[int]:
+        """The jobs whose process is alive (each job's command line names this journal and its id)."""
+        found = set()
+        for pid in _pids():
+            words = _cmdline(pid)
+            if f"--journal\0{self.journal}\0--id\0".encode() in b"\0".join(words):
+                found.add(int(words[words.index(b"--id") + 1]))
+        return found
 
     def add(self, job: Job) -> None:
         self.jobs[job.id] = job
@@ -304,7 +354,14 @@ class Tsp(Runner):
         return {e["job"] for e in read_journal(self.journal) if e["event"] == "done"}
 
     def crash(self) -> None:
-        """Its server (which holds the queue in memory) killed, and then every job it had started."""
+        """Its server (which holds the queue in memory) killed; with `crash_kind` "machine", every job
+        it had started too."""
+        if self.crash_kind == "worker":
+            mark = f"TS_SOCKET={self.env['TS_SOCKET']}".encode()
+            for pid in _pids():
+                if _cmdline(pid) == [b"tsp", b"-S", str(GPUS).encode()] and mark in _environ(pid).split(b"\0"):
+                    os.kill(pid, signal.SIGKILL)
+            return
         self.tsp("-K")
         mine = f"--journal {self.journal} "
         for name in os.listdir("/proc"):
@@ -350,6 +407,7 @@ def replay(runner: Runner, jobs: list[Job], crash_at: float, expected: float, ti
         now = time.time() - t0
         while urgent and now >= (urgent[0].urgent_at or 0) * expected:
             runner.add(urgent.pop(0))
+        runner.tick()
         if crashed is None and now >= crash_at * expected:
             runner.crash()
             crashed = time.time() - t0
@@ -442,14 +500,20 @@ def figures(jobs: list[Job], journal: list[dict[str, Any]], times: dict[str, Any
     }
 
 
-def describe(jobs: list[Job]) -> str:
-    """The trace in one line: its jobs, GPU-seconds and lower bound."""
+CRASHES = {
+    "worker": "one crash of the worker (task-spooler: of its server), started again at once",
+    "machine": "one crash of the whole machine (the worker, every supervisor and every job killed)",
+}
+
+
+def describe(jobs: list[Job], crash: str = "worker") -> str:
+    """The trace in one line: its jobs, GPU-seconds, lower bound and crash."""
     total, spread, chain = lower_bound(jobs)
     return (
         f"{len(jobs)} jobs ({sum(1 for j in jobs if j.need > j.asked)} run out of memory with what they ask, "
         f"{sum(1 for j in jobs if j.after)} after another, {sum(1 for j in jobs if j.urgent_at is not None)} urgent), "
         f"{total:.0f} GPU-seconds on {GPUS} simulated {GPU_GB} GB GPUs; lower bound {max(spread, chain):.1f} s "
-        f"(GPU-seconds / GPUs {spread:.1f} s, longest chain {chain:.1f} s); one crash of the whole machine"
+        f"(GPU-seconds / GPUs {spread:.1f} s, longest chain {chain:.1f} s); {CRASHES[crash]}"
     )
 
 
@@ -469,7 +533,12 @@ def table(results: dict[str, dict[str, float]]) -> list[str]:
 
 
 def report(
-    results: dict[str, dict[str, float]], jobs: list[Job], argv: list[str], load: tuple[float, float], wall: float
+    results: dict[str, dict[str, float]],
+    jobs: list[Job],
+    argv: list[str],
+    load: tuple[float, float],
+    wall: float,
+    crash: str = "worker",
 ) -> str:
     lines = [
         "# A researcher's week, replayed (bench/week.py)",
@@ -477,7 +546,7 @@ def report(
         f"- command: `python {' '.join(argv)}`",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; wall time of the run: {wall:.0f} s",
         f"- load average (1 min) before / after: {load[0]:.2f} / {load[1]:.2f}",
-        f"- trace: {describe(jobs)}",
+        f"- trace: {describe(jobs, crash)}",
         "",
         *table(results),
     ]
@@ -485,7 +554,7 @@ def report(
 
 
 def run_week(
-    jobs: list[Job], names: list[str], src: Optional[Path] = None, keep: bool = False
+    jobs: list[Job], names: list[str], src: Optional[Path] = None, keep: bool = False, crash: str = "worker"
 ) -> dict[str, dict[str, float]]:
     """Replay `jobs` through each of `names` ("gpuq", "tsp") in turn, each in a directory of its
     own (removed unless `keep`), and compute each one's figures from its journal. `src`: the gpuq
@@ -508,6 +577,7 @@ def run_week(
                 continue
             root = Path(tempfile.mkdtemp(prefix=f"week-{runner_cls.name}-"))
             runner = runner_cls(root, root / "journal")
+            runner.crash_kind = crash
             try:
                 times = replay(runner, jobs, 0.45, expected, timeout=expected * 8 + 120)
             finally:
@@ -532,6 +602,10 @@ def main() -> int:
     parser.add_argument("--only", choices=("gpuq", "tsp"), help="one system only")
     parser.add_argument("--out", help="write the report (markdown) here too")
     parser.add_argument(
+        "--crash", choices=tuple(CRASHES), default="worker",
+        help="what goes down once: the worker (the issue's week) or the whole machine",
+    )  # fmt: skip
+    parser.add_argument(
         "--keep", action="store_true", help="keep each system's directory (its journal, spool and logs) and say where"
     )
     args = parser.parse_args()
@@ -540,8 +614,8 @@ def main() -> int:
         return 1
     jobs = trace(args.seed, args.scale)
     load0, started = os.getloadavg()[0], time.time()
-    results = run_week(jobs, [args.only] if args.only else ["gpuq", "tsp"], keep=args.keep)
-    text = report(results, jobs, sys.argv, (load0, os.getloadavg()[0]), time.time() - started)
+    results = run_week(jobs, [args.only] if args.only else ["gpuq", "tsp"], keep=args.keep, crash=args.crash)
+    text = report(results, jobs, sys.argv, (load0, os.getloadavg()[0]), time.time() - started, args.crash)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
