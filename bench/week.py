@@ -312,9 +312,14 @@ class Tsp(Runner):
         self.tsp("-S", str(GPUS))  # the first call starts the server: its command line is this one
         if recover:  # its queue died with its server: what neither ended nor runs is queued again, from scratch
             done, self.orphans = self.done_ids(), self.running_ids()
-            for job in sorted(self.jobs.values(), key=lambda j: j.id):
-                if job.id not in done and job.id not in self.orphans:
-                    self.queue_or_wait(job)
+            again = [j for j in sorted(self.jobs.values(), key=lambda j: j.id) if j.id not in done | self.orphans]
+            for job in again:
+                self.queue_or_wait(job)
+            print(
+                f"tsp after its crash: {len(self.orphans)} jobs still running, {len(again)} queued again "
+                f"({len(self.later)} of them once what they wait for has ended)",
+                file=sys.stderr,
+            )
 
     def queue_or_wait(self, job: Job) -> None:
         if job.after in self.orphans or job.after in self.later:  # the new server cannot wait for it
