@@ -234,3 +234,70 @@ def test_add_in_a_dirty_repository_loads_neither_openssl_nor_ctypes(gq: Any) -> 
     assert not denied(modules, ("ctypes", "hashlib", "_hashlib")), denied(modules, ("ctypes", "hashlib", "_hashlib"))
     job = gq.job(1)
     assert job["state"] == "pending" and job["code"]["dirty"] is True and job["code"]["diff_hash"]
+
+
+# Runs the CLI like PROBE and prints where `compile()` was called from outside the import system:
+# typing.NamedTuple compiles each field annotation given as a string (a module with `from __future__
+# import annotations`), and the first compile() of a process sets up the syntax-tree types
+# (bench/PROFILE.md section 16).
+COMPILE_PROBE = """
+import builtins, sys
+sys.path.insert(0, sys.argv[1])
+callers = []
+original = builtins.compile
+def compile(*args, **kwargs):
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.endswith("typing.py"):
+        frame = frame.f_back
+    where = frame.f_code.co_filename if frame is not None else "?"
+    if not where.startswith("<frozen importlib"):  # a module imported from source (no bytecode)
+        callers.append(f"{where}:{frame.f_lineno}")
+    return original(*args, **kwargs)
+builtins.compile = compile
+from gpuq.cli import main
+code = main(sys.argv[2:])
+import json
+sys.stdout.flush()
+print("\\nCOMPILED " + json.dumps(callers))
+raise SystemExit(code)
+"""
+
+
+def compiled_by(gq: Any, *args: str) -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", COMPILE_PROBE, str(REPO), *args],
+        cwd=gq.work,
+        env=gq.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return list(json.loads(proc.stdout.rsplit("COMPILED ", 1)[1]))
+
+
+def test_the_everyday_commands_compile_no_source(gq: Any) -> None:
+    """`status`, `status --json`, `eta` and `add` (in a dirty git repository) with a job running and
+    one waiting: the named tuples on their path have real annotations, so nothing is compiled."""
+    from conftest import WAIT_FOR_GO, wait_for
+
+    for args in (("init", "-q"), ("config", "user.email", "t@t"), ("config", "user.name", "t")):
+        subprocess.run(["git", *args], cwd=gq.work, check=True)
+    gq.script("steps.py", "print('Step 3/10', flush=True)\n" + WAIT_FOR_GO)
+    subprocess.run(["git", "add", "steps.py"], cwd=gq.work, check=True)
+    subprocess.run(["git", "commit", "-qm", "first"], cwd=gq.work, check=True)
+    (gq.work / "steps.py").write_text((gq.work / "steps.py").read_text() + "# changed\n")
+    job_id = gq.add("steps.py")
+    gq.start_worker()
+    wait_for(lambda: "Step 3/10" in gq.log(job_id), 15, what="the job's first step")
+    gq.add("true")
+    for command in (("status",), ("status", "--json"), ("eta",), ("add", "-q", "steps.py")):
+        assert compiled_by(gq, *command) == [], command
+    assert gq.job(3)["code"]["dirty"] is True  # the add did ask git
+    (gq.work / "go").write_text("")
+
+
+def test_the_compile_probe_sees_string_annotations(gq: Any) -> None:
+    """The check can fail: `add --dry-run` imports the transitions, whose named tuples are declared
+    with `from __future__ import annotations`, and the probe sees their annotations compiled."""
+    assert any("transitions.py" in caller for caller in compiled_by(gq, "add", "--dry-run", "true"))

@@ -3,8 +3,8 @@ around an identifier are placeholders, so JSON, `{}` of find or `{0}` pass throu
 braces are left as they are, unlike str.format, because `}}` ends nested JSON.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
+# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
 import itertools
 import math
 import re

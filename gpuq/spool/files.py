@@ -18,7 +18,7 @@ from gpuq.spool.layout import Layout
 from gpuq.system import fsutil, procs, security
 
 T = TypeVar("T")
-StrPath = Union[str, "os.PathLike[str]"]
+StrPath = Union[str, os.PathLike[str]]
 
 STALE_TMP_SECONDS = 600.0
 MIN_FREE_TO_START = 1 << 20  # bytes the spool's filesystem needs before a job is started

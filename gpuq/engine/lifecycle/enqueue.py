@@ -1,8 +1,8 @@
 """Turning what a user asked for (`gpuq add ...` or a hand-dropped file) into queued jobs: `prepare`
 checks and resolves a `Request` without a spool (a bad request leaves none behind), `publish` queues."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
+# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
 import os
 import time
 from typing import Any, Callable, NamedTuple, Optional, Sequence, TypeVar, Union
@@ -38,6 +38,14 @@ def missing_jobs(spool: Spool, ids: list[int]) -> str:
     return ", ".join(f"#{i}" for i in ids if i not in known)
 
 
+class Variant(NamedTuple):
+    """One job of an `add` (a sweep has several)."""
+
+    cmd: list[str]
+    name: Optional[str] = None
+    options: Optional[dict[str, Any]] = None
+
+
 def _snapshot(spool: Spool, ids: list[int], repo: str, cwd: str, variants: list[Variant]) -> tuple[dict, list[Variant]]:
     """`add --snapshot`: the repository's tracked files copied now, and every argument that names a
     file of it pointed at the copy: the jobs run in their own directory but with that code."""
@@ -59,14 +67,6 @@ def _snapshot(spool: Spool, ids: list[int], repo: str, cwd: str, variants: list[
 
     snap = {**{k: info[k] for k in ("path", "files", "bytes", "commit")}, "repo": repo, "cwd": here}
     return snap, [variant._replace(cmd=[copied(word) for word in variant.cmd]) for variant in variants]
-
-
-class Variant(NamedTuple):
-    """One job of an `add` (a sweep has several)."""
-
-    cmd: list[str]
-    name: Optional[str] = None
-    options: Optional[dict[str, Any]] = None
 
 
 def enqueue(spool: Spool, *, cmd: list[str], **common: Any) -> tuple[JobRef, Job]:

@@ -1,7 +1,7 @@
 """The rows of `gpuq status`: every job with its state, why it waits, and its progress and ETA."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
+# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
 import time
 from typing import Any, Callable, NamedTuple, Optional
 

@@ -10,8 +10,8 @@ command's newest run times), then the rows: most of the file, unmarshalled only 
 asks for them (`status -a`, `history`, a refresh), so a plain `status` reads the head alone.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
+# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
 import marshal
 import os
 import time
