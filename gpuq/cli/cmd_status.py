@@ -112,7 +112,8 @@ def cmd_eta(args: argparse.Namespace) -> int:
     found = sp.jobs.find(args.id) if args.id is not None else None
     if args.id is not None and found is None:
         raise Refused(f"no such job #{args.id}")
-    rows = [r for r in status(sp).rows if r.estimate is not None and args.id in (None, r.job.id)]
+    # only running and pending rows have an estimate: no finished job's file is read
+    rows = [r for r in status(sp, recent=0).rows if r.estimate is not None and args.id in (None, r.job.id)]
     if found is not None and not rows:
         print(f"#{args.id}: {found.state}; an ETA is given for running and pending jobs only")
     elif not rows:
