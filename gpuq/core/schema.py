@@ -83,6 +83,10 @@ def new_job(
 # Every field a job file may hold; a write of any other field is a bug (spool.store.JobStore.move).
 KNOWN_FIELDS = frozenset(FIELDS)
 REQUIRED = tuple(name for name, field in FIELDS.items() if field.required)
+# The fields whose check passes null: a null there needs no call of the check (about half of a
+# job's fields are null in its file).
+NULL_PASSES = frozenset(name for name, field in FIELDS.items() if field.check(None))
+_ABSENT = object()
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -147,13 +151,13 @@ def _plain_env(value: dict[str, Any]) -> bool:
     """The common case at a glance: every value a string, no empty name, and all names and values
     ASCII without `=` in a name or NUL anywhere (a `shell_env` holds the whole environment of the
     shell that queued the job, and every `status` reads the queue's files)."""
-    if "" in value or not all(isinstance(val, str) for val in value.values()):
+    if "" in value:
         return False
     try:
-        names = "".join(value)
-    except TypeError:  # a name that is no string: the careful loop says which
+        names, values = "".join(value), "".join(value.values())
+    except TypeError:  # a name or value that is no string: the careful loop says which
         return False
-    text = names + "".join(value.values())
+    text = names + values
     return "=" not in names and "\x00" not in text and text.isascii()
 
 
@@ -303,12 +307,15 @@ def validate(obj: dict[str, Any], expected_id: Optional[int] = None) -> Job:
     _check_version(obj)
     # Every field some part of gpuq reads is checked: a file that passes cannot crash the scheduler,
     # the supervisor or `status`.
-    for field in FIELDS.values():
-        if field.name not in obj:
+    for name, field in FIELDS.items():
+        value = obj.get(name, _ABSENT)
+        if value is None and name in NULL_PASSES:
+            continue
+        if value is _ABSENT:
             if field.required:
-                raise InvalidJob(f"missing field {field.name!r}")
-        elif not field.check(obj[field.name]):
-            raise InvalidJob(f"field {field.name!r} must be {field.what}, not {_shown(obj[field.name])}")
+                raise InvalidJob(f"missing field {name!r}")
+        elif not field.check(value):
+            raise InvalidJob(f"field {name!r} must be {field.what}, not {_shown(value)}")
     _check_env(obj["env"])
     if obj.get("shell_env") is not None:
         _check_env(obj["shell_env"], "shell_env")
