@@ -70,8 +70,9 @@ DENIED_WHEN_IDLE = (
 )
 
 # Also denied to the commands that only read the spool (status, eta): they never rename a file
-# without clobbering (ctypes) nor signal a process.
-DENIED_TO_READERS = ("ctypes", "signal")
+# without clobbering (ctypes) nor signal a process, and take no sweep (the id ranges the command
+# line reads are in core/timespec.py).
+DENIED_TO_READERS = ("ctypes", "signal", "gpuq.core.sweep")
 
 # Runs the real CLI entry point in-process and prints the modules it added to sys.modules.
 # (json only after the count: it is one of the modules looked for)

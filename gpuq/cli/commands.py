@@ -32,8 +32,7 @@ from gpuq.core.states import (
     SLURM,
     WAITING,
 )
-from gpuq.core.sweep import parse_id_ranges
-from gpuq.core.timespec import parse_duration
+from gpuq.core.timespec import parse_duration, parse_id_ranges
 
 
 def job_ids(text: str) -> list[int]:
