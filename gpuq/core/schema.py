@@ -109,6 +109,12 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# One decoder for every file (json.loads with hooks would make one, and its scanner, per file).
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_reject_duplicate_keys, parse_constant=_no_constant, parse_float=_finite_float
+)
+
+
 def parse_bytes(data: bytes) -> dict[str, Any]:
     """Bytes of a job file -> dict, or InvalidJob with a reason a person can act on."""
     try:
@@ -116,9 +122,7 @@ def parse_bytes(data: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise IncompleteJob(f"not valid UTF-8 (byte {exc.start})") from None
     try:
-        obj = json.loads(
-            text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_no_constant, parse_float=_finite_float
-        )
+        obj = _DECODER.decode(text)
     except RecursionError:  # a parse cut short by depth: judged like any unparsable text
         raise IncompleteJob("not valid JSON: nested too deeply") from None
     except InvalidJob:
