@@ -201,6 +201,34 @@ def read_small(path: StrPath, cap: int = 1 << 20, mine: bool = False) -> Optiona
         os.close(fd)
 
 
+def read_span(
+    path: StrPath, start: int, stop: Optional[int] = None, mine: bool = False
+) -> Optional[tuple[bytes, tuple[int, int, int, int]]]:
+    """Bytes `start` to `stop` (default: the end) of a regular file (`mine`: owned by us too), and
+    the file's identity (device, inode, size, mtime): a caller that reads a file in parts tells by
+    it whether the parts are of one version. None if it is missing or not such a file."""
+    fd = open_regular(path)
+    if fd is None:
+        return None
+    try:
+        st = os.fstat(fd)
+        if mine and st.st_uid != os.geteuid():
+            return None
+        end = st.st_size if stop is None else min(stop, st.st_size)
+        chunks, at = [], start
+        while at < end:
+            chunk = os.pread(fd, end - at, at)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            at += len(chunk)
+        return b"".join(chunks), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _read_upto(fd: int, size: int, cap: int) -> bytes:
     """What is left of an open file, up to `cap` bytes: usually one read of its size and one byte more."""
     chunks, total = [], 0
