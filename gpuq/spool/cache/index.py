@@ -6,8 +6,8 @@ is listed. A directory changed within SETTLE_SECONDS is not stamped: timestamps 
 change in the same tick would leave its mtime as it was.
 
 The file is the head's length, the head (stamps, ids, names, inodes, the kept records, each
-command's newest run times), then the rows: most of the file, unmarshalled only when something
-asks for them (`status -a`, `history`, a refresh), so a plain `status` reads the head alone.
+command's newest run times), then the rows: most of the file, read and unmarshalled only when
+something asks for them (`status -a`, `history`, a refresh), so a plain `status` reads the head alone.
 """
 
 # No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
