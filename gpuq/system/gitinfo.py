@@ -90,7 +90,10 @@ class Git:
     def _reap(self) -> int:
         pid, self.pid = self.pid, 0
         os.close(self.out)
-        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        try:
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        except ChildProcessError:  # reaped by another wait of this process: how it ended is unknown
+            return -1
 
     def stop(self) -> None:
         """Killed if it still runs, and reaped (its answer is not wanted, or came too late)."""
