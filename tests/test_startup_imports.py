@@ -189,6 +189,16 @@ def test_a_waiting_job_needs_no_new_index_while_done_is_unchanged(gq: Any) -> No
     assert os.stat(index).st_mtime_ns == written
 
 
+def test_eta_imports_no_table_rendering(gq: Any) -> None:
+    """`gpuq eta` prints a line per job: its handler is a module of its own, without cli/render.py
+    (and `unicodedata`, `bisect`) that `status` draws its table with."""
+    gq.add("true")
+    modules = imported_by(gq, "eta")
+    assert "gpuq.engine.tracking.queue_eta" in modules  # the probe did estimate the waiting job
+    assert not denied(modules, ("gpuq.cli.render", "gpuq.cli.cmd_status", "unicodedata", "bisect"))
+    assert "gpuq.cli.render" in imported_by(gq, "status")
+
+
 def test_the_probe_sees_the_eta_machinery_when_a_job_waits(gq: Any) -> None:
     """The idle check can fail: with a pending job, `status` estimates when it starts."""
     gq.add("true")
