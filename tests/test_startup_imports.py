@@ -70,8 +70,9 @@ DENIED_WHEN_IDLE = (
 )
 
 # Also denied to the commands that only read the spool (status, eta): they never rename a file
-# without clobbering (ctypes) nor signal a process.
-DENIED_TO_READERS = ("ctypes", "signal")
+# without clobbering (ctypes) nor signal a process, and take no sweep (the id ranges the command
+# line reads are in core/timespec.py).
+DENIED_TO_READERS = ("ctypes", "signal", "gpuq.core.sweep")
 
 # Runs the real CLI entry point in-process and prints the modules it added to sys.modules.
 # (json only after the count: it is one of the modules looked for)
@@ -188,6 +189,16 @@ def test_a_waiting_job_needs_no_new_index_while_done_is_unchanged(gq: Any) -> No
     assert os.stat(index).st_mtime_ns == written
 
 
+def test_eta_imports_no_table_rendering(gq: Any) -> None:
+    """`gpuq eta` prints a line per job: its handler is a module of its own, without cli/render.py
+    (and `unicodedata`, `bisect`) that `status` draws its table with."""
+    gq.add("true")
+    modules = imported_by(gq, "eta")
+    assert "gpuq.engine.tracking.queue_eta" in modules  # the probe did estimate the waiting job
+    assert not denied(modules, ("gpuq.cli.render", "gpuq.cli.cmd_status", "unicodedata", "bisect"))
+    assert "gpuq.cli.render" in imported_by(gq, "status")
+
+
 def test_the_probe_sees_the_eta_machinery_when_a_job_waits(gq: Any) -> None:
     """The idle check can fail: with a pending job, `status` estimates when it starts."""
     gq.add("true")
@@ -221,8 +232,9 @@ def test_add_publishes_a_job_with_one_link_and_no_clobber(gq: Any) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="unnamed files (O_TMPFILE) are Linux's")
 def test_add_in_a_dirty_repository_loads_neither_openssl_nor_ctypes(gq: Any) -> None:
-    """`add` asks git about the code (its diff's fingerprint is a CRC, not a sha256 from OpenSSL)
-    and publishes the job file by linking an unnamed file (no renameat2 through ctypes)."""
+    """`add` asks git about the code (its diff's fingerprint is a CRC, not a sha256 from OpenSSL;
+    git started by posix_spawn and read by poll, not through subprocess and a timer thread) and
+    publishes the job file by linking an unnamed file (no renameat2 through ctypes)."""
     for args in (("init", "-q"), ("config", "user.email", "t@t"), ("config", "user.name", "t")):
         subprocess.run(["git", *args], cwd=gq.work, check=True)
     (gq.work / "train.py").write_text("print(1)\n")
@@ -231,6 +243,74 @@ def test_add_in_a_dirty_repository_loads_neither_openssl_nor_ctypes(gq: Any) -> 
     (gq.work / "train.py").write_text("print(2)\n")
     modules = imported_by(gq, "add", "-q", "true")
     assert "gpuq.system.gitinfo" in modules  # the probe did ask git
-    assert not denied(modules, ("ctypes", "hashlib", "_hashlib")), denied(modules, ("ctypes", "hashlib", "_hashlib"))
+    deny = ("ctypes", "hashlib", "_hashlib", "subprocess", "threading", "signal")
+    assert not denied(modules, deny), denied(modules, deny)
     job = gq.job(1)
     assert job["state"] == "pending" and job["code"]["dirty"] is True and job["code"]["diff_hash"]
+
+
+# Runs the CLI like PROBE and prints where `compile()` was called from outside the import system:
+# typing.NamedTuple compiles each field annotation given as a string (a module with `from __future__
+# import annotations`), and the first compile() of a process sets up the syntax-tree types
+# (bench/PROFILE.md section 16).
+COMPILE_PROBE = """
+import builtins, sys
+sys.path.insert(0, sys.argv[1])
+callers = []
+original = builtins.compile
+def compile(*args, **kwargs):
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.endswith("typing.py"):
+        frame = frame.f_back
+    where = frame.f_code.co_filename if frame is not None else "?"
+    if not where.startswith("<frozen importlib"):  # a module imported from source (no bytecode)
+        callers.append(f"{where}:{frame.f_lineno}")
+    return original(*args, **kwargs)
+builtins.compile = compile
+from gpuq.cli import main
+code = main(sys.argv[2:])
+import json
+sys.stdout.flush()
+print("\\nCOMPILED " + json.dumps(callers))
+raise SystemExit(code)
+"""
+
+
+def compiled_by(gq: Any, *args: str) -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", COMPILE_PROBE, str(REPO), *args],
+        cwd=gq.work,
+        env=gq.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return list(json.loads(proc.stdout.rsplit("COMPILED ", 1)[1]))
+
+
+def test_the_everyday_commands_compile_no_source(gq: Any) -> None:
+    """`status`, `status --json`, `eta` and `add` (in a dirty git repository) with a job running and
+    one waiting: the named tuples on their path have real annotations, so nothing is compiled."""
+    from conftest import WAIT_FOR_GO, wait_for
+
+    for args in (("init", "-q"), ("config", "user.email", "t@t"), ("config", "user.name", "t")):
+        subprocess.run(["git", *args], cwd=gq.work, check=True)
+    gq.script("steps.py", "print('Step 3/10', flush=True)\n" + WAIT_FOR_GO)
+    subprocess.run(["git", "add", "steps.py"], cwd=gq.work, check=True)
+    subprocess.run(["git", "commit", "-qm", "first"], cwd=gq.work, check=True)
+    (gq.work / "steps.py").write_text((gq.work / "steps.py").read_text() + "# changed\n")
+    job_id = gq.add("steps.py")
+    gq.start_worker()
+    wait_for(lambda: "Step 3/10" in gq.log(job_id), 15, what="the job's first step")
+    gq.add("true")
+    for command in (("status",), ("status", "--json"), ("eta",), ("add", "-q", "steps.py")):
+        assert compiled_by(gq, *command) == [], command
+    assert gq.job(3)["code"]["dirty"] is True  # the add did ask git
+    (gq.work / "go").write_text("")
+
+
+def test_the_compile_probe_sees_string_annotations(gq: Any) -> None:
+    """The check can fail: `add --dry-run` imports the transitions, whose named tuples are declared
+    with `from __future__ import annotations`, and the probe sees their annotations compiled."""
+    assert any("transitions.py" in caller for caller in compiled_by(gq, "add", "--dry-run", "true"))

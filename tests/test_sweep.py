@@ -1,4 +1,4 @@
-"""gpuq.core.sweep: --sweep values, placeholder expansion, job names, --after id ranges."""
+"""gpuq.core.sweep: --sweep values, placeholder expansion, job names; gpuq.core.timespec: --after id ranges."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from gpuq.core.sweep import (
     Combination,
     expand,
     fill,
-    parse_id_ranges,
     parse_sweep,
     placeholders,
     sweep_name,
 )
+from gpuq.core.timespec import parse_id_ranges
 
 # -- parse_sweep --
 

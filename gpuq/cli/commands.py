@@ -32,8 +32,7 @@ from gpuq.core.states import (
     SLURM,
     WAITING,
 )
-from gpuq.core.sweep import parse_id_ranges
-from gpuq.core.timespec import parse_duration
+from gpuq.core.timespec import parse_duration, parse_id_ranges
 
 
 def job_ids(text: str) -> list[int]:
@@ -393,7 +392,7 @@ COMMANDS = (
     ),
     Command(
         "eta",
-        handler="cmd_status:cmd_eta",
+        handler="cmd_eta:cmd_eta",
         help="progress and expected end of running jobs, expected start of pending ones",
         id_states=ACTIVE,
         options=(Opt("id", convert=positive_id, nargs="?", help="one job (default: every running and pending job)"),),

@@ -8,8 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from gpuq.core.keep import parse_keep
-from gpuq.core.sweep import parse_id_ranges
-from gpuq.core.timespec import parse_duration, parse_memory_mib, parse_size_bytes
+from gpuq.core.timespec import parse_duration, parse_id_ranges, parse_memory_mib, parse_size_bytes
 
 # what an option does with what follows it
 VALUE = "value"  # takes a value (or, for a positional, the word)

@@ -2,8 +2,8 @@
 A `Job` is the dict that is the file (so loading one stays one JSON parse), its fields also attributes.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
+# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
 import math
 import os
 from operator import itemgetter

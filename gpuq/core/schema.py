@@ -83,6 +83,10 @@ def new_job(
 # Every field a job file may hold; a write of any other field is a bug (spool.store.JobStore.move).
 KNOWN_FIELDS = frozenset(FIELDS)
 REQUIRED = tuple(name for name, field in FIELDS.items() if field.required)
+# The fields whose check passes null: a null there needs no call of the check (about half of a
+# job's fields are null in its file).
+NULL_PASSES = frozenset(name for name, field in FIELDS.items() if field.check(None))
+_ABSENT = object()
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -105,6 +109,12 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# One decoder for every file (json.loads with hooks would make one, and its scanner, per file).
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_reject_duplicate_keys, parse_constant=_no_constant, parse_float=_finite_float
+)
+
+
 def parse_bytes(data: bytes) -> dict[str, Any]:
     """Bytes of a job file -> dict, or InvalidJob with a reason a person can act on."""
     try:
@@ -112,9 +122,7 @@ def parse_bytes(data: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise IncompleteJob(f"not valid UTF-8 (byte {exc.start})") from None
     try:
-        obj = json.loads(
-            text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_no_constant, parse_float=_finite_float
-        )
+        obj = _DECODER.decode(text)
     except RecursionError:  # a parse cut short by depth: judged like any unparsable text
         raise IncompleteJob("not valid JSON: nested too deeply") from None
     except InvalidJob:
@@ -147,13 +155,13 @@ def _plain_env(value: dict[str, Any]) -> bool:
     """The common case at a glance: every value a string, no empty name, and all names and values
     ASCII without `=` in a name or NUL anywhere (a `shell_env` holds the whole environment of the
     shell that queued the job, and every `status` reads the queue's files)."""
-    if "" in value or not all(isinstance(val, str) for val in value.values()):
+    if "" in value:
         return False
     try:
-        names = "".join(value)
-    except TypeError:  # a name that is no string: the careful loop says which
+        names, values = "".join(value), "".join(value.values())
+    except TypeError:  # a name or value that is no string: the careful loop says which
         return False
-    text = names + "".join(value.values())
+    text = names + values
     return "=" not in names and "\x00" not in text and text.isascii()
 
 
@@ -303,12 +311,15 @@ def validate(obj: dict[str, Any], expected_id: Optional[int] = None) -> Job:
     _check_version(obj)
     # Every field some part of gpuq reads is checked: a file that passes cannot crash the scheduler,
     # the supervisor or `status`.
-    for field in FIELDS.values():
-        if field.name not in obj:
+    for name, field in FIELDS.items():
+        value = obj.get(name, _ABSENT)
+        if value is None and name in NULL_PASSES:
+            continue
+        if value is _ABSENT:
             if field.required:
-                raise InvalidJob(f"missing field {field.name!r}")
-        elif not field.check(obj[field.name]):
-            raise InvalidJob(f"field {field.name!r} must be {field.what}, not {_shown(obj[field.name])}")
+                raise InvalidJob(f"missing field {name!r}")
+        elif not field.check(value):
+            raise InvalidJob(f"field {name!r} must be {field.what}, not {_shown(value)}")
     _check_env(obj["env"])
     if obj.get("shell_env") is not None:
         _check_env(obj["shell_env"], "shell_env")

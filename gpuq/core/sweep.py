@@ -1,10 +1,10 @@
-"""Sweeps: one `gpuq add` that queues a job per combination of values, and job id ranges. Only braces
+"""Sweeps: one `gpuq add` that queues a job per combination of values (job id ranges: timespec.py). Only braces
 around an identifier are placeholders, so JSON, `{}` of find or `{0}` pass through; other doubled
 braces are left as they are, unlike str.format, because `}}` ends nested JSON.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
+# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
 import itertools
 import math
 import re
@@ -13,7 +13,6 @@ from typing import NamedTuple
 
 DEFAULT_LIMIT = 1000
 HARD_LIMIT = 100_000  # even with --yes: past this a typo is far likelier than a plan
-MAX_ID_SPAN = 100_000
 
 # Patterns are kept as text: `re` compiles (and caches) each at its first use, so a command that
 # never parses a sweep does not pay for compiling them at start-up.
@@ -158,31 +157,3 @@ def sweep_name(base: str, values: dict[str, str]) -> str:
 
 def _quoted(value: str) -> str:
     return shlex.quote(value) if re.search(r"[\s'\"]", value) else value
-
-
-# -- job id ranges (--after 12-17) --
-
-_ID = r"#?\s*(\d+)"
-_RANGE = rf"{_ID}(?:\s*-\s*{_ID})?"
-
-
-def parse_id_ranges(text: str, flag: str = "--after") -> list[int]:
-    """`12-17`, `3,5,9-11`, `#12-#17` -> job ids in the order given, each once."""
-    ids: dict[int, None] = {}
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        raise ValueError(f"{flag}: no job id in {text!r}; use 12, 3,5 or 12-17")
-    for item in items:
-        match = re.fullmatch(_RANGE, item)
-        if not match:
-            raise ValueError(f"{flag}: cannot read {item!r} as a job id or range; use 12, 3,5 or 12-17")
-        first = int(match.group(1))
-        last = int(match.group(2)) if match.group(2) is not None else first
-        if first <= 0:
-            raise ValueError(f"{flag}: job ids start at 1, got {item!r}")
-        if last < first:
-            raise ValueError(f"{flag}: {item!r} runs backwards; write {last}-{first}")
-        if last - first + 1 + len(ids) > MAX_ID_SPAN:
-            raise ValueError(f"{flag}: {text!r} names more than {MAX_ID_SPAN:,} jobs")
-        ids.update(dict.fromkeys(range(first, last + 1)))
-    return list(ids)

@@ -1,4 +1,4 @@
-"""Durations, start times and sizes as people type them on a command line, read into numbers; errors
+"""Durations, start times, sizes and job id ranges as people type them on a command line, read into numbers; errors
 are one-line ValueErrors naming the option and the forms it takes. Durations follow Slurm's `--time`,
 since many who share a workstation also use a cluster."""
 
@@ -225,3 +225,33 @@ def _positive(value: int, text: str, flag: str) -> int:
     if value <= 0:
         raise ValueError(f"{flag}: {text!r} is not a positive size")
     return value
+
+
+# -- job id ranges (--after 12-17, `gpuq cancel 3,5 9-11`): here, not in sweep.py, so that the command
+# line's converters do not import the sweeps (and their named tuple) into every command --
+
+MAX_ID_SPAN = 100_000
+_ID = r"#?\s*(\d+)"
+_RANGE = rf"{_ID}(?:\s*-\s*{_ID})?"
+
+
+def parse_id_ranges(text: str, flag: str = "--after") -> list[int]:
+    """`12-17`, `3,5,9-11`, `#12-#17` -> job ids in the order given, each once."""
+    ids: dict[int, None] = {}
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise ValueError(f"{flag}: no job id in {text!r}; use 12, 3,5 or 12-17")
+    for item in items:
+        match = re.fullmatch(_RANGE, item)
+        if not match:
+            raise ValueError(f"{flag}: cannot read {item!r} as a job id or range; use 12, 3,5 or 12-17")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) is not None else first
+        if first <= 0:
+            raise ValueError(f"{flag}: job ids start at 1, got {item!r}")
+        if last < first:
+            raise ValueError(f"{flag}: {item!r} runs backwards; write {last}-{first}")
+        if last - first + 1 + len(ids) > MAX_ID_SPAN:
+            raise ValueError(f"{flag}: {text!r} names more than {MAX_ID_SPAN:,} jobs")
+        ids.update(dict.fromkeys(range(first, last + 1)))
+    return list(ids)

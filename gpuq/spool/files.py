@@ -18,7 +18,7 @@ from gpuq.spool.layout import Layout
 from gpuq.system import fsutil, procs, security
 
 T = TypeVar("T")
-StrPath = Union[str, "os.PathLike[str]"]
+StrPath = Union[str, os.PathLike[str]]
 
 STALE_TMP_SECONDS = 600.0
 MIN_FREE_TO_START = 1 << 20  # bytes the spool's filesystem needs before a job is started
@@ -195,6 +195,34 @@ def read_small(path: StrPath, cap: int = 1 << 20, mine: bool = False) -> Optiona
     try:
         st = os.fstat(fd)
         return None if mine and st.st_uid != os.geteuid() else _read_upto(fd, st.st_size, cap)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_span(
+    path: StrPath, start: int, stop: Optional[int] = None, mine: bool = False
+) -> Optional[tuple[bytes, tuple[int, int, int, int]]]:
+    """Bytes `start` to `stop` (default: the end) of a regular file (`mine`: owned by us too), and
+    the file's identity (device, inode, size, mtime): a caller that reads a file in parts tells by
+    it whether the parts are of one version. None if it is missing or not such a file."""
+    fd = open_regular(path)
+    if fd is None:
+        return None
+    try:
+        st = os.fstat(fd)
+        if mine and st.st_uid != os.geteuid():
+            return None
+        end = st.st_size if stop is None else min(stop, st.st_size)
+        chunks, at = [], start
+        while at < end:
+            chunk = os.pread(fd, end - at, at)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            at += len(chunk)
+        return b"".join(chunks), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     except OSError:
         return None
     finally:

@@ -3,8 +3,8 @@
 the higher rev wins, engine/lifecycle/repairs.py). The caller holds the job's claim (claims.py).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
+# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
 import json
 import os
 from typing import Any, Iterator, NamedTuple, Optional

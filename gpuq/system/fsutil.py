@@ -10,7 +10,7 @@ import sys
 from functools import cache
 from typing import Any, Optional, Union
 
-StrPath = Union[str, "os.PathLike[str]"]  # a path: the spool's are strings (spool/layout.py)
+StrPath = Union[str, os.PathLike[str]]  # a path: the spool's are strings (spool/layout.py)
 
 
 @cache

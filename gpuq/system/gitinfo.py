@@ -9,13 +9,14 @@ job of a queue as "code changed".
 from __future__ import annotations
 
 import os
-import subprocess
-import threading
+import select
+import time
 import zlib
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 GIT_TIMEOUT = 5.0
 CHUNK = 1 << 20
+SIGKILL = 9  # one of the signal numbers POSIX fixes; `signal` (its enums) is not imported for it
 
 # Pinned so that the hash depends on the change only, not on diff.noprefix, diff.context,
 # diff.algorithm, diff.renames, color or external diff drivers in the user's config.
@@ -37,51 +38,109 @@ class GitFailed(Exception):
     """git is missing, refused (not a repository, `safe.directory`), failed or timed out."""
 
 
-def _git_io(cwd: str) -> dict[str, Any]:
-    """How every git gpuq runs is started: never prompting or taking optional locks, stderr swallowed."""
-    env = dict(os.environ, GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", LC_ALL="C")
-    quiet = subprocess.DEVNULL
-    return {"cwd": cwd, "env": env, "stdin": quiet, "stdout": subprocess.PIPE, "stderr": quiet}
+class Git:
+    """A started `git -C CWD ARGS`: never prompting or taking optional locks, stdin and stderr
+    /dev/null, stdout a pipe read in chunks until a deadline (then git is killed). Started with
+    posix_spawn and read with poll: `gpuq add` imports neither `subprocess` nor `threading`."""
+
+    def __init__(self, cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> None:
+        self.pid = 0
+        self.args = args
+        self.deadline = time.monotonic() + timeout
+        env = dict(os.environ, GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+        read = write = null = -1
+        try:
+            read, write = os.pipe()
+            null = os.open(os.devnull, os.O_RDWR)
+            # dup2 makes them git's 0, 1 and 2 (they are close-on-exec, as gpuq's descriptors are)
+            actions: list[tuple] = [(os.POSIX_SPAWN_DUP2, fd, n) for n, fd in enumerate((null, write, null))]
+            actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable()]
+            self.pid = os.posix_spawnp("git", ["git", "-C", cwd, *args], env, file_actions=actions)
+        except OSError as exc:
+            if read >= 0:
+                os.close(read)
+            raise GitFailed(str(exc)) from None
+        finally:
+            for fd in (write, null):
+                if fd >= 0:
+                    os.close(fd)
+        self.out = read
+
+    def chunks(self) -> Iterator[bytes]:
+        """stdout as it comes, each chunk at most CHUNK bytes; then git is reaped. GitFailed when
+        git did not end well or in time."""
+        poller = select.poll()
+        poller.register(self.out, select.POLLIN)
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                self.stop()
+                raise GitFailed(f"git {self.args[0]} took longer than its timeout")
+            chunk = os.read(self.out, CHUNK)
+            if not chunk:
+                break
+            yield chunk
+        code = self._reap()  # its stdout closed: git is ending
+        if code != 0:
+            raise GitFailed(f"git {self.args[0]} exited {code}")
+
+    def output(self) -> bytes:
+        return b"".join(self.chunks())
+
+    def _reap(self) -> int:
+        pid, self.pid = self.pid, 0
+        os.close(self.out)
+        try:
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        except ChildProcessError:  # reaped by another wait of this process: how it ended is unknown
+            return -1
+
+    def stop(self) -> None:
+        """Killed if it still runs, and reaped (its answer is not wanted, or came too late)."""
+        if self.pid:
+            try:
+                os.kill(self.pid, SIGKILL)
+            except ProcessLookupError:  # it ended already: still to reap
+                pass
+            self._reap()
+
+    def __del__(self) -> None:  # a question dropped unanswered (a request refused after it was asked)
+        self.stop()
+
+
+def _inheritable() -> list[int]:
+    """The descriptors above 2 that a started program would inherit: gpuq opens its own
+    close-on-exec, but one received from the worker (a supervisor's claim) or left open by whoever
+    started gpuq may not be. git gets none of them (as subprocess's close_fds would have it): a
+    claim's lock must not outlive its supervisor in a git still running."""
+    try:
+        names = os.listdir("/dev/fd")
+    except OSError:
+        return []
+    out = []
+    for fd in map(int, names):
+        try:
+            if fd > 2 and os.get_inheritable(fd):
+                out.append(fd)
+        except OSError:  # the listing's own descriptor, closed since
+            continue
+    return out
 
 
 def git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
     """stdout of `git ARGS` run in `cwd`; GitFailed on any failure."""
-    try:
-        proc = subprocess.run(["git", *args], **_git_io(cwd), timeout=timeout)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise GitFailed(str(exc)) from None
-    if proc.returncode != 0:
-        raise GitFailed(f"git {args[0]} exited {proc.returncode}")
-    return proc.stdout
+    return Git(cwd, *args, timeout=timeout).output()
 
 
-def _start(cwd: str, *args: str) -> subprocess.Popen:
-    try:
-        return subprocess.Popen(["git", *args], **_git_io(cwd))
-    except OSError as exc:
-        raise GitFailed(str(exc)) from None
-
-
-def _fingerprint_of(proc: subprocess.Popen) -> tuple[int, str]:
+def _fingerprint_of(proc: Git) -> tuple[int, str]:
     """(size, fingerprint) of the output of a started git, read in chunks (a diff of a large file is
     never held whole). The fingerprint, "SIZE-CRC32", tells one diff from a later one; it is no
     defence against a forged diff, which nobody here has a reason to make (a cryptographic hash
     would load OpenSSL into every `gpuq add`)."""
-    # A blocking read cannot time out by itself: a timer kills git, which ends the read.
-    timer = threading.Timer(GIT_TIMEOUT, proc.kill)
-    timer.start()
     crc, size = 0, 0
-    try:
-        assert proc.stdout is not None
-        while chunk := proc.stdout.read(CHUNK):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-        proc.stdout.close()
-        code = proc.wait()
-    finally:
-        timer.cancel()
-    if code != 0:
-        raise GitFailed(f"git diff exited {code}")
+    for chunk in proc.chunks():
+        crc = zlib.crc32(chunk, crc)
+        size += len(chunk)
     return size, f"{size}-{crc:08x}"
 
 
@@ -103,47 +162,73 @@ def status(cwd: str, timeout: float) -> tuple[Optional[str], Optional[str], bool
     return commit, branch, dirty
 
 
-def provenance(cwd: str) -> Optional[dict[str, Any]]:
-    """{"repo", "commit" (None: no commit yet), "branch" (None: detached), "dirty", "diff_hash"
-    (None: clean)} of the code in `cwd`; None when it is not in a work tree git will answer for.
-    Never prints or raises. Two git processes at once: `rev-parse` and `diff` against HEAD, whose
-    output, empty or not, says whether tracked files changed (before the first commit, one after
-    the other: `rev-parse`, `status`, `diff` against the empty tree)."""
-    diff = None
-    try:
-        # started first, run from `cwd` while rev-parse finds the top: diff.relative=false makes it
-        # the whole tree's diff from a subdirectory too, whatever the user's config says
-        diff = _start(cwd, "-c", "diff.relative=false", "diff", *DIFF_OPTIONS, "HEAD", "--")
-        top, commit, branch = _head(cwd)
+class Asked:
+    """`provenance` asked of git and not yet answered: `rev-parse` and `diff` against HEAD run
+    while the caller does other work (`gpuq add` asks as soon as it knows the directory and reads
+    the answer where it writes the job)."""
+
+    def __init__(self, cwd: str) -> None:
+        self.cwd = cwd
+        self.diff: Optional[Git] = None
+        self.head: Optional[Git] = None
+        self.answered = False
+        self.result: Optional[dict[str, Any]] = None
+        try:
+            # run from `cwd` while rev-parse finds the top: diff.relative=false makes it the whole
+            # tree's diff from a subdirectory too, whatever the user's config says
+            self.diff = Git(cwd, "-c", "diff.relative=false", "diff", *DIFF_OPTIONS, "HEAD", "--")
+            self.head = Git(cwd, "rev-parse", "--show-toplevel", "HEAD", "--abbrev-ref", "HEAD")
+        except GitFailed:
+            self.answered = True  # git cannot be started: no answer
+
+    def answer(self) -> Optional[dict[str, Any]]:
+        """{"repo", "commit" (None: no commit yet), "branch" (None: detached), "dirty",
+        "diff_hash" (None: clean)} of the code in the directory; None when it is not in a work tree
+        git will answer for. Never prints or raises."""
+        if not self.answered:
+            self.answered = True
+            try:
+                self.result = self._read()
+            except GitFailed:
+                self.result = None
+            finally:
+                for proc in (self.head, self.diff):
+                    if proc is not None:
+                        proc.stop()
+        return self.result
+
+    def _read(self) -> Optional[dict[str, Any]]:
+        assert self.head is not None and self.diff is not None
+        top, commit, branch = _head(self.cwd, self.head)
         if not top:  # inside .git itself: no work tree
             return None
-        if commit is None:
-            _stop(diff)
+        if commit is None:  # before the first commit: the diff against the empty tree
+            self.diff.stop()
             empty_tree = git(top, "hash-object", "-t", "tree", "/dev/null").decode().strip()
-            diff = _start(top, "diff", *DIFF_OPTIONS, empty_tree, "--")
-        size, digest = _fingerprint_of(diff)
-    except GitFailed:
-        return None
-    finally:
-        _stop(diff)
-    dirty = size > 0
-    return {"repo": top, "commit": commit, "branch": branch, "dirty": dirty, "diff_hash": digest if dirty else None}
+            self.diff = Git(top, "diff", *DIFF_OPTIONS, empty_tree, "--")
+        size, digest = _fingerprint_of(self.diff)
+        dirty = size > 0
+        return {"repo": top, "commit": commit, "branch": branch, "dirty": dirty, "diff_hash": digest if dirty else None}
 
 
-def _stop(proc: Optional[subprocess.Popen]) -> None:
-    """A git whose answer is not wanted (or was read) ended and reaped."""
-    if proc is not None and proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    if proc is not None and proc.stdout is not None:
-        proc.stdout.close()
+def ask(cwd: str) -> Asked:
+    """The git processes of `provenance(cwd)` started; `.answer()` reads them."""
+    return Asked(cwd)
 
 
-def _head(cwd: str) -> tuple[str, Optional[str], Optional[str]]:
-    """(the work tree's top, its commit, its branch) from one `rev-parse`; before the first commit
-    (HEAD names nothing, rev-parse fails) from `rev-parse --show-toplevel` and `status`."""
+def provenance(cwd: str) -> Optional[dict[str, Any]]:
+    """Asked.answer's record of the code in `cwd`, asked now. Two git processes at once:
+    `rev-parse` and `diff` against HEAD, whose output, empty or not, says whether tracked files
+    changed (before the first commit, one after the other: `rev-parse`, `status`, `diff` against
+    the empty tree)."""
+    return ask(cwd).answer()
+
+
+def _head(cwd: str, asked: Git) -> tuple[str, Optional[str], Optional[str]]:
+    """(the work tree's top, its commit, its branch) from the `rev-parse` asked; before the first
+    commit (HEAD names nothing, rev-parse fails) from `rev-parse --show-toplevel` and `status`."""
     try:
-        lines = git(cwd, "rev-parse", "--show-toplevel", "HEAD", "--abbrev-ref", "HEAD").split(b"\n")
+        lines = asked.output().split(b"\n")
         if len(lines) > 3:
             branch = None if lines[2] == b"HEAD" else lines[2].decode("utf-8", "replace")
             return os.fsdecode(lines[0]), lines[1].decode(), branch

@@ -143,7 +143,7 @@ def eta(id: Annotated[Optional[int], Field(description="one job (default: every 
     if id is not None:
         actions.get(sp, id)  # "no such job #N"
     fields = ("id", "name", "state", "progress", "eta_seconds", "starts_in_seconds", "eta_method", "progress_source")
-    rows = [cmd_status.json_row(r) for r in status(sp).rows if r.estimate is not None]
+    rows = [cmd_status.json_row(r) for r in status(sp, recent=0).rows if r.estimate is not None]
     return [{k: row[k] for k in fields} for row in rows if id is None or row["id"] == id]
 
 

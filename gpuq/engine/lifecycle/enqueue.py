@@ -1,8 +1,8 @@
 """Turning what a user asked for (`gpuq add ...` or a hand-dropped file) into queued jobs: `prepare`
 checks and resolves a `Request` without a spool (a bad request leaves none behind), `publish` queues."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
+# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
 import os
 import time
 from typing import Any, Callable, NamedTuple, Optional, Sequence, TypeVar, Union
@@ -38,6 +38,14 @@ def missing_jobs(spool: Spool, ids: list[int]) -> str:
     return ", ".join(f"#{i}" for i in ids if i not in known)
 
 
+class Variant(NamedTuple):
+    """One job of an `add` (a sweep has several)."""
+
+    cmd: list[str]
+    name: Optional[str] = None
+    options: Optional[dict[str, Any]] = None
+
+
 def _snapshot(spool: Spool, ids: list[int], repo: str, cwd: str, variants: list[Variant]) -> tuple[dict, list[Variant]]:
     """`add --snapshot`: the repository's tracked files copied now, and every argument that names a
     file of it pointed at the copy: the jobs run in their own directory but with that code."""
@@ -59,14 +67,6 @@ def _snapshot(spool: Spool, ids: list[int], repo: str, cwd: str, variants: list[
 
     snap = {**{k: info[k] for k in ("path", "files", "bytes", "commit")}, "repo": repo, "cwd": here}
     return snap, [variant._replace(cmd=[copied(word) for word in variant.cmd]) for variant in variants]
-
-
-class Variant(NamedTuple):
-    """One job of an `add` (a sweep has several)."""
-
-    cmd: list[str]
-    name: Optional[str] = None
-    options: Optional[dict[str, Any]] = None
 
 
 def enqueue(spool: Spool, *, cmd: list[str], **common: Any) -> tuple[JobRef, Job]:
@@ -113,8 +113,9 @@ def new_jobs(
 ) -> list[Job]:
     """The jobs of `variants` (a sweep is named by its first job's id); `common`: schema.new_job's fields."""
     jobs = []
+    options = _answered(options or {})
     for job_id, variant in enumerate(variants, first):
-        own = {**(options or {}), **(variant.options or {})}
+        own = {**options, **(variant.options or {})}
         if own.get("sweep") is not None:
             own["sweep"] = dict(own["sweep"], id=first)
         name = variant.name or default_name(cwd, variant.cmd)
@@ -122,6 +123,14 @@ def new_jobs(
             schema.new_job(job_id=job_id, name=name, cmd=variant.cmd, cwd=cwd, log=log(job_id), options=own, **common)
         )
     return jobs
+
+
+def _answered(options: dict[str, Any]) -> dict[str, Any]:
+    """`options` with the code's record read from git: `prepare` started git as soon as it knew the
+    directory and left its answer (a function) to be read here, where the jobs are written, so
+    that git runs while the request is checked, the spool opened and the ids given out."""
+    code = options.get("code")
+    return dict(options, code=code()) if callable(code) else options
 
 
 # the options a job keeps as they were asked for
@@ -160,6 +169,7 @@ def prepare(request: Request) -> Prepared:
             schema.check_name(request.name)
         except schema.InvalidJob as exc:
             raise UsageError(f"--name: {exc}") from None
+    guards = _safeguards(request, cwd)  # first: in a repository it starts git, which runs meanwhile
     variants, resolved = _variants(request, cwd)
     env = dict(request.env or {})
     notes = []
@@ -184,7 +194,7 @@ def prepare(request: Request) -> Prepared:
         "max_log_bytes": usage(timespec.parse_size_bytes, request.max_log_size, "--max-log-size"),
         "keep_checkpoints": _keep(request.keep_checkpoints),
         "min_free_bytes": usage(timespec.parse_size_bytes, request.min_free, "--min-free"),
-        **_safeguards(request, cwd),
+        **guards,
     }
     fields = {
         "cwd": cwd,
@@ -300,9 +310,12 @@ def _safeguards(request: Request, cwd: str) -> dict[str, Any]:
         return out
     from gpuq.system import gitinfo  # git: only inside a repository
 
-    out["code"] = gitinfo.provenance(cwd)
-    if request.snapshot and out["code"] is None:
+    asked = gitinfo.ask(cwd)
+    if not request.snapshot:
+        out["code"] = asked.answer  # read where the jobs are written (new_jobs): git runs meanwhile
+        return out
+    out["code"] = asked.answer()
+    if out["code"] is None:
         raise UsageError(f"--snapshot: git cannot read the repository of {cwd}")
-    if request.snapshot:
-        out["snapshot"] = {"repo": out["code"]["repo"]}  # copied once the job has its id
+    out["snapshot"] = {"repo": out["code"]["repo"]}  # copied once the job has its id
     return out

@@ -3,8 +3,8 @@ nearest `.venv` above the job's directory, the active conda environment (unless 
 one), the python on PATH, in this order.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
+# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
 import errno
 import os
 import shlex
@@ -13,7 +13,7 @@ from typing import Iterator, Mapping, NamedTuple, Optional, Union
 from gpuq.core.errors import Refused, UsageError
 from gpuq.system import procs
 
-StrPath = Union[str, "os.PathLike[str]"]  # a directory, as a string or a Path
+StrPath = Union[str, os.PathLike[str]]  # a directory, as a string or a Path
 
 # How the interpreter was chosen: the job's `interpreter_from` (spool_layout.md).
 FROM_PYTHON, FROM_CONDA, FROM_VENV, FROM_ACTIVE_CONDA, FROM_PATH = "--python", "--conda", ".venv", "conda env", "PATH"

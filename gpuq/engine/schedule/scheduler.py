@@ -2,8 +2,8 @@
 which jobs wait for what, in which order the ready ones go, which slots are taken.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
+# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
 import time
 from typing import Any, Callable, NamedTuple, Optional
 

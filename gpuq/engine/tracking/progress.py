@@ -5,8 +5,8 @@ part after the last ATTEMPT_HEADER and a progress file newer than the attempt's 
 eta.py turns readings over time into a rate.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
+# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
 import json
 import os
 import re
@@ -65,7 +65,7 @@ class Reading(NamedTuple):
     counter: str = ""  # which counter of a log it came from (kind + label), to match later looks
 
     @classmethod
-    def of(cls, fields: Any) -> Optional[Reading]:
+    def of(cls, fields: Any) -> "Optional[Reading]":
         """The reading `list(reading)` gave, or None for anything else."""
         if not isinstance(fields, list) or len(fields) != len(cls._fields):
             return None

@@ -1,7 +1,7 @@
 """The rows of `gpuq status`: every job with its state, why it waits, and its progress and ETA."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
+# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
 import time
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -76,10 +76,16 @@ class Status(NamedTuple):
         return len(rows) - blocked - later, later, blocked
 
 
-def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str, str], tuple]] = None) -> Status:
+def status(
+    spool: Spool,
+    show_all: bool = False,
+    damaged: Optional[Callable[[str, str], tuple]] = None,
+    recent: int = RECENT_FINISHED,
+) -> Status:
     """Every row of the queue. With `damaged` (the CLI's cells of a finished file that is not a
     valid job, from its name and why), such a file is a row saying so, and `show_all` gives the
-    finished rows as data from the index of finished jobs (spool/cache/index.py)."""
+    finished rows as data from the index of finished jobs (spool/cache/index.py). `recent`: how
+    many of the newest finished jobs are rows without `show_all` (`eta` shows none: 0)."""
     warned_slurm = sync_slurm(spool) + sync_ray(spool)
     for _look in range(LOOKS):
         # a dead job is shown as interrupted as soon as anyone looks; one listing serves it all
@@ -109,7 +115,7 @@ def status(spool: Spool, show_all: bool = False, damaged: Optional[Callable[[str
     elif show_all:
         finished = sorted((r for state in FINISHED for r in done.refs(state)), key=lambda r: r.id)
     else:
-        finished = done.newest(RECENT_FINISHED)
+        finished = done.newest(recent) if recent > 0 else []  # each a job file read
     hidden = 0 if show_all else finished_jobs - len(finished)
     moved_on = {i for i in also_elsewhere if snap.states[i] not in FINISHED and done_states[i] == FAILED}
     hidden_failed = _hidden_failed(done, finished, len(moved_on)) if hidden else 0

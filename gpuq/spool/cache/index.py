@@ -6,12 +6,12 @@ is listed. A directory changed within SETTLE_SECONDS is not stamped: timestamps 
 change in the same tick would leave its mtime as it was.
 
 The file is the head's length, the head (stamps, ids, names, inodes, the kept records, each
-command's newest run times), then the rows: most of the file, unmarshalled only when something
-asks for them (`status -a`, `history`, a refresh), so a plain `status` reads the head alone.
+command's newest run times), then the rows: most of the file, read and unmarshalled only when
+something asks for them (`status -a`, `history`, a refresh), so a plain `status` reads the head alone.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
+# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
 import marshal
 import os
 import time
@@ -25,14 +25,15 @@ from gpuq.core.states import DONE, FINISHED
 from gpuq.core.times import parse_iso
 from gpuq.spool.cache import runs
 from gpuq.spool.cache.journal import Journal, Rows
-from gpuq.spool.files import MIN_FREE_TO_START, Files, free_bytes, read_job_file_inode, read_small, unlink_quietly
+from gpuq.spool.files import MIN_FREE_TO_START, Files, free_bytes, read_job_file_inode, read_span, unlink_quietly
 from gpuq.spool.kept import KeptRuns
 from gpuq.spool.layout import Layout, is_job_name
 from gpuq.spool.store import MAX_JOB_BYTES, JobRef, JobStore
 
 NAME = "finished-jobs"
 FORMAT = 6  # 5: pasts as lists; 4: one marshal object, read whole by every look
-HEAD_SIZE_BYTES = 8  # the file starts with the head's length, so that the head alone is unmarshalled
+HEAD_SIZE_BYTES = 8  # the file starts with the head's length, so that the head alone is read
+HEAD_PROBE_BYTES = 1 << 16  # the first read of the index (a longer head: a second one)
 RECENT_RUNS = 5  # per command key, the newest run times of done jobs kept in the head (the queue's ETA)
 SETTLE_SECONDS = 2.0
 # What gpuq before this index kept in cache/: removed when the index is written.
@@ -264,18 +265,33 @@ class FinishedIndex:
         """(state -> head, the stamp of the kept records, those records, the recent runs, the
         function that reads the rows) as last written; empty where the file is missing, damaged
         or of another format."""
-        data = read_small(self.layout.cache_path(NAME), cap=1 << 34, mine=True)
+        path = self.layout.cache_path(NAME)
         try:
-            data = data or b""
-            at = HEAD_SIZE_BYTES + int.from_bytes(data[:HEAD_SIZE_BYTES], "little")
+            data, identity, at = self._head_bytes(path)
             head = marshal.loads(data[HEAD_SIZE_BYTES:at]) if data else (None, {}, None, [], {})
             form, stored, kept_stamp, kept, runs = head
             if form == FORMAT:
                 heads = {state: _head(*stored[state]) for state in FINISHED if state in stored}
-                return heads, kept_stamp, list(kept), runs, _rows_reader(data[at:], heads, self._rows_from_files)
+                rest = lambda: _same_file(read_span(path, at, mine=True), identity)  # noqa: E731
+                return heads, kept_stamp, list(kept), runs, _rows_reader(rest, heads, self._rows_from_files)
         except (EOFError, ValueError, TypeError, KeyError, IndexError):
             pass
         return {}, False, [], {}, dict  # False: no kept-runs signature, so they are read again
+
+    @staticmethod
+    def _head_bytes(path: str) -> tuple[bytes, Any, int]:
+        """(the index up to the end of its head, the file's identity, where the head ends): the
+        head alone is read, the rows being most of the file and a plain `status` reading none. A
+        head longer than the first read is read on, from the same file (else read again whole)."""
+        for _attempt in range(3):
+            data, identity = read_span(path, 0, HEAD_PROBE_BYTES, mine=True) or (b"", None)
+            at = HEAD_SIZE_BYTES + int.from_bytes(data[:HEAD_SIZE_BYTES], "little")
+            if len(data) >= at or len(data) < HEAD_PROBE_BYTES:  # all of the head, or all there is
+                return data, identity, at
+            more = read_span(path, len(data), at, mine=True)
+            if more is not None and more[1] == identity:
+                return data + more[0], identity, at
+        raise ValueError("the index is written again and again")
 
     def _rows_from_files(self, heads: dict[str, Entry]) -> dict[str, tuple]:
         """The rows of `heads`, read from the job files: the index's rows were damaged."""
@@ -310,17 +326,26 @@ def _head(stamp: Any, ids: tuple, names: tuple, inodes: tuple) -> Entry:
     return Entry(stamp, ids, names, inodes, None)
 
 
+def _same_file(span: Optional[tuple[bytes, tuple]], identity: Any) -> bytes:
+    """The bytes of a later read of the index, if it read the file the head came from (it is
+    replaced whole when written again); ValueError otherwise, which makes it damaged."""
+    if span is None or span[1] != identity:
+        raise ValueError("the index was written again meanwhile")
+    return span[0]
+
+
 def _rows_reader(
-    data: bytes, heads: dict[str, Entry], from_files: Callable[[dict[str, Entry]], dict]
+    data: Callable[[], bytes], heads: dict[str, Entry], from_files: Callable[[dict[str, Entry]], dict]
 ) -> Callable[[], dict]:
-    """The function that unmarshals the rows (`data`, after the head) once; where they are
-    damaged (not one row a job of `heads`), they are read from the job files instead."""
+    """The function that reads and unmarshals the rows (`data()`: the index after its head) once;
+    where they are damaged (not one row a job of `heads`) or the file was written again since its
+    head was read, they are read from the job files instead."""
     read: list[dict] = []
 
     def rows() -> dict:
         if not read:
             try:
-                loaded = marshal.loads(data)
+                loaded = marshal.loads(data())
                 found = {state: tuple(loaded[state]) for state in heads}
                 if any(len(found[state]) != len(entry.ids) for state, entry in heads.items()):
                     raise ValueError("rows and ids differ")
