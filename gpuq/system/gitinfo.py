@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import select
+import subprocess
 import time
 import zlib
 from typing import Any, Iterator, Optional
 
 GIT_TIMEOUT = 5.0
 CHUNK = 1 << 20
-SIGKILL = 9  # one of the signal numbers POSIX fixes; `signal` (its enums) is not imported for it
 
 # Pinned so that the hash depends on the change only, not on diff.noprefix, diff.context,
 # diff.algorithm, diff.renames, color or external diff drivers in the user's config.
@@ -40,43 +40,41 @@ class GitFailed(Exception):
 
 class Git:
     """A started `git -C CWD ARGS`: never prompting or taking optional locks, stdin and stderr
-    /dev/null, stdout a pipe read in chunks until a deadline (then git is killed). Started with
-    posix_spawn and read with poll: `gpuq add` imports neither `subprocess` nor `threading`."""
+    /dev/null, stdout a pipe read in chunks until a deadline (then git is killed). None of gpuq's
+    descriptors reach it (`close_fds`): a claim's lock must not outlive its supervisor in a git
+    still running."""
 
     def __init__(self, cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> None:
-        self.pid = 0
         self.args = args
         self.deadline = time.monotonic() + timeout
+        self.proc: Optional[subprocess.Popen] = None
         env = dict(os.environ, GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", LC_ALL="C")
-        read = write = null = -1
+        quiet = subprocess.DEVNULL
         try:
-            read, write = os.pipe()
-            null = os.open(os.devnull, os.O_RDWR)
-            # dup2 makes them git's 0, 1 and 2 (they are close-on-exec, as gpuq's descriptors are)
-            actions: list[tuple] = [(os.POSIX_SPAWN_DUP2, fd, n) for n, fd in enumerate((null, write, null))]
-            actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable()]
-            self.pid = os.posix_spawnp("git", ["git", "-C", cwd, *args], env, file_actions=actions)
+            self.proc = subprocess.Popen(
+                ["git", "-C", cwd, *args], env=env, stdin=quiet, stdout=subprocess.PIPE, stderr=quiet
+            )
         except OSError as exc:
-            if read >= 0:
-                os.close(read)
             raise GitFailed(str(exc)) from None
-        finally:
-            for fd in (write, null):
-                if fd >= 0:
-                    os.close(fd)
-        self.out = read
+
+    @property
+    def pid(self) -> int:
+        """Its process id while it runs unreaped; 0 once reaped."""
+        return self.proc.pid if self.proc is not None else 0
 
     def chunks(self) -> Iterator[bytes]:
         """stdout as it comes, each chunk at most CHUNK bytes; then git is reaped. GitFailed when
         git did not end well or in time."""
-        poller = select.poll()
-        poller.register(self.out, select.POLLIN)
+        assert self.proc is not None and self.proc.stdout is not None
+        out = self.proc.stdout.fileno()
+        poller = select.poll()  # a blocking read cannot time out by itself
+        poller.register(out, select.POLLIN)
         while True:
             left = self.deadline - time.monotonic()
             if left <= 0 or not poller.poll(left * 1000):
                 self.stop()
                 raise GitFailed(f"git {self.args[0]} took longer than its timeout")
-            chunk = os.read(self.out, CHUNK)
+            chunk = os.read(out, CHUNK)
             if not chunk:
                 break
             yield chunk
@@ -88,43 +86,20 @@ class Git:
         return b"".join(self.chunks())
 
     def _reap(self) -> int:
-        pid, self.pid = self.pid, 0
-        os.close(self.out)
-        try:
-            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        except ChildProcessError:  # reaped by another wait of this process: how it ended is unknown
-            return -1
+        proc, self.proc = self.proc, None
+        assert proc is not None and proc.stdout is not None
+        proc.stdout.close()
+        return proc.wait()
 
     def stop(self) -> None:
         """Killed if it still runs, and reaped (its answer is not wanted, or came too late)."""
-        if self.pid:
-            try:
-                os.kill(self.pid, SIGKILL)
-            except ProcessLookupError:  # it ended already: still to reap
-                pass
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
             self._reap()
 
     def __del__(self) -> None:  # a question dropped unanswered (a request refused after it was asked)
         self.stop()
-
-
-def _inheritable() -> list[int]:
-    """The descriptors above 2 that a started program would inherit: gpuq opens its own
-    close-on-exec, but one received from the worker (a supervisor's claim) or left open by whoever
-    started gpuq may not be. git gets none of them (as subprocess's close_fds would have it): a
-    claim's lock must not outlive its supervisor in a git still running."""
-    try:
-        names = os.listdir("/dev/fd")
-    except OSError:
-        return []
-    out = []
-    for fd in map(int, names):
-        try:
-            if fd > 2 and os.get_inheritable(fd):
-                out.append(fd)
-        except OSError:  # the listing's own descriptor, closed since
-            continue
-    return out
 
 
 def git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
