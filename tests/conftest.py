@@ -251,3 +251,32 @@ def spool_with_true_jobs(tmp_path: Path, count: int = 1) -> tuple[Any, list[tupl
         for _ in range(count)
     ]  # fmt: skip
     return spool, jobs
+
+
+def cli_probe(gq: Any, watch: str, result: str, *args: str) -> Any:
+    """Run the CLI in-process with `args` in gq's work directory and spool, `watch` (code) run
+    before gpuq is imported; the value of `result`, an expression over what `watch` set up,
+    evaluated once the command has run and before `json` is imported (it may be looked for)."""
+    lines = ["import sys", "sys.path.insert(0, sys.argv[1])", watch, "from gpuq.cli import main"]
+    lines += ["code = main(sys.argv[2:])", f"result = {result}", "import json", "sys.stdout.flush()"]
+    lines += ['print("\\nPROBE " + json.dumps(result))', "raise SystemExit(code)"]
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", "\n".join(lines), str(REPO), *args],
+        cwd=gq.work,
+        env=gq.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.rsplit("PROBE ", 1)[1])
+
+
+def committed_repo(work: Path, files: dict[str, str]) -> None:
+    """`work` made a git repository with `files` (name -> text) in its first commit."""
+    for args in (("init", "-q"), ("config", "user.email", "t@t"), ("config", "user.name", "t")):
+        subprocess.run(["git", *args], cwd=work, check=True)
+    for name, text in files.items():
+        (work / name).write_text(text)
+    subprocess.run(["git", "add", *files], cwd=work, check=True)
+    subprocess.run(["git", "commit", "-qm", "first"], cwd=work, check=True)

@@ -3,42 +3,23 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import cli_probe
 
 REPO = Path(__file__).resolve().parent.parent
 
 # The CLI in-process, with an audit hook that notes every path opened (os.open raises "open").
 OPENS = """
-import sys
-sys.path.insert(0, sys.argv[1])
 opened = []
 sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == "open" else None)
-from gpuq.cli import main
-code = main(sys.argv[2:])
-import json
-sys.stdout.flush()
-print("\\nOPENED " + json.dumps(opened))
-raise SystemExit(code)
 """
 
 
 def opened_by(gq: Any, *args: str) -> list[str]:
-    proc = subprocess.run(
-        [sys.executable, "-S", "-c", OPENS, str(REPO), *args],
-        cwd=gq.work,
-        env=gq.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return list(json.loads(proc.stdout.rsplit("OPENED ", 1)[1]))
+    return list(cli_probe(gq, OPENS, "opened", *args))
 
 
 def finished_files(gq: Any, opened: list[str]) -> list[str]:

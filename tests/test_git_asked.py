@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import committed_repo
 
 from gpuq.system import gitinfo
 
@@ -85,11 +85,7 @@ def test_add_in_a_repository_writes_the_code_git_gives(gq: Any) -> None:
     """`gpuq add` asks git before resolving the command and opening the spool, and the job holds
     the same record as a look of its own afterwards; a refused add (no such --after job) leaves
     no job and no error from git."""
-    for args in (("init", "-q"), ("config", "user.email", "t@t"), ("config", "user.name", "t")):
-        subprocess.run(["git", *args], cwd=gq.work, check=True)
-    (gq.work / "train.py").write_text("print(1)\n")
-    subprocess.run(["git", "add", "train.py"], cwd=gq.work, check=True)
-    subprocess.run(["git", "commit", "-qm", "first"], cwd=gq.work, check=True)
+    committed_repo(gq.work, {"train.py": "print(1)\n"})
     (gq.work / "train.py").write_text("print(2)\n")
     job_id = gq.add("train.py")
     assert gq.job(job_id)["code"] == gitinfo.provenance(str(gq.work))

@@ -8,13 +8,12 @@ bench/PROFILE.md says what each of these cost when they were on the path.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import cli_probe, committed_repo
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -74,33 +73,10 @@ DENIED_WHEN_IDLE = (
 # line reads are in core/timespec.py).
 DENIED_TO_READERS = ("ctypes", "signal", "gpuq.core.sweep")
 
-# Runs the real CLI entry point in-process and prints the modules it added to sys.modules.
-# (json only after the count: it is one of the modules looked for)
-PROBE = """
-import sys
-sys.path.insert(0, sys.argv[1])
-before = set(sys.modules)
-from gpuq.cli import main
-code = main(sys.argv[2:])
-added = sorted(set(sys.modules) - before)
-import json
-sys.stdout.flush()
-print("\\nMODULES " + json.dumps(added))
-raise SystemExit(code)
-"""
-
 
 def imported_by(gq: Any, *args: str) -> set[str]:
-    proc = subprocess.run(
-        [sys.executable, "-S", "-c", PROBE, str(REPO), *args],
-        cwd=gq.work,
-        env=gq.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return set(json.loads(proc.stdout.rsplit("MODULES ", 1)[1]))
+    """The modules the real CLI entry point adds to sys.modules, run in-process."""
+    return set(cli_probe(gq, "before = set(sys.modules)", "sorted(set(sys.modules) - before)", *args))
 
 
 def denied(modules: set[str], deny: tuple[str, ...] = DENIED) -> list[str]:
@@ -234,11 +210,7 @@ def test_add_publishes_a_job_with_one_link_and_no_clobber(gq: Any) -> None:
 def test_add_in_a_dirty_repository_loads_neither_openssl_nor_ctypes(gq: Any) -> None:
     """`add` asks git about the code (its diff's fingerprint is a CRC, not a sha256 from OpenSSL)
     and publishes the job file by linking an unnamed file (no renameat2 through ctypes)."""
-    for args in (("init", "-q"), ("config", "user.email", "t@t"), ("config", "user.name", "t")):
-        subprocess.run(["git", *args], cwd=gq.work, check=True)
-    (gq.work / "train.py").write_text("print(1)\n")
-    subprocess.run(["git", "add", "train.py"], cwd=gq.work, check=True)
-    subprocess.run(["git", "commit", "-qm", "first"], cwd=gq.work, check=True)
+    committed_repo(gq.work, {"train.py": "print(1)\n"})
     (gq.work / "train.py").write_text("print(2)\n")
     modules = imported_by(gq, "add", "-q", "true")
     assert "gpuq.system.gitinfo" in modules  # the probe did ask git
@@ -248,13 +220,12 @@ def test_add_in_a_dirty_repository_loads_neither_openssl_nor_ctypes(gq: Any) -> 
     assert job["state"] == "pending" and job["code"]["dirty"] is True and job["code"]["diff_hash"]
 
 
-# Runs the CLI like PROBE and prints where `compile()` was called from outside the import system:
+# Notes where the CLI, run in-process, called `compile()` from outside the import system:
 # typing.NamedTuple compiles each field annotation given as a string (a module with `from __future__
 # import annotations`), and the first compile() of a process sets up the syntax-tree types
 # (bench/PROFILE.md section 16).
-COMPILE_PROBE = """
-import builtins, sys
-sys.path.insert(0, sys.argv[1])
+COMPILE_WATCH = """
+import builtins
 callers = []
 original = builtins.compile
 def compile(*args, **kwargs):
@@ -266,26 +237,11 @@ def compile(*args, **kwargs):
         callers.append(f"{where}:{frame.f_lineno}")
     return original(*args, **kwargs)
 builtins.compile = compile
-from gpuq.cli import main
-code = main(sys.argv[2:])
-import json
-sys.stdout.flush()
-print("\\nCOMPILED " + json.dumps(callers))
-raise SystemExit(code)
 """
 
 
 def compiled_by(gq: Any, *args: str) -> list[str]:
-    proc = subprocess.run(
-        [sys.executable, "-S", "-c", COMPILE_PROBE, str(REPO), *args],
-        cwd=gq.work,
-        env=gq.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return list(json.loads(proc.stdout.rsplit("COMPILED ", 1)[1]))
+    return list(cli_probe(gq, COMPILE_WATCH, "callers", *args))
 
 
 def test_the_everyday_commands_compile_no_source(gq: Any) -> None:
@@ -293,11 +249,7 @@ def test_the_everyday_commands_compile_no_source(gq: Any) -> None:
     one waiting: the named tuples on their path have real annotations, so nothing is compiled."""
     from conftest import WAIT_FOR_GO, wait_for
 
-    for args in (("init", "-q"), ("config", "user.email", "t@t"), ("config", "user.name", "t")):
-        subprocess.run(["git", *args], cwd=gq.work, check=True)
-    gq.script("steps.py", "print('Step 3/10', flush=True)\n" + WAIT_FOR_GO)
-    subprocess.run(["git", "add", "steps.py"], cwd=gq.work, check=True)
-    subprocess.run(["git", "commit", "-qm", "first"], cwd=gq.work, check=True)
+    committed_repo(gq.work, {"steps.py": "print('Step 3/10', flush=True)\n" + WAIT_FOR_GO})
     (gq.work / "steps.py").write_text((gq.work / "steps.py").read_text() + "# changed\n")
     job_id = gq.add("steps.py")
     gq.start_worker()
