@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import Env, wait_for
+from conftest import WAIT_FOR_GO, Env, wait_for
 
 
 def mapped(pid: int, library: str) -> bool:
@@ -22,13 +22,8 @@ def mapped(pid: int, library: str) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/maps (Linux only)")
 def test_a_supervisor_has_the_rename_binding_loaded_while_its_job_runs(gq: Env) -> None:
-    ready, release = gq.work / "ready", gq.work / "release"
-    gq.script(
-        "wait.py",
-        "import os, time\n"
-        f"open({str(ready)!r}, 'w').close()\n"
-        f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.05)\n",
-    )
+    ready, release = gq.work / "ready", gq.work / "go"
+    gq.script("wait.py", f"open({str(ready)!r}, 'w').close()\n" + WAIT_FOR_GO)
     job_id = gq.add("wait.py")
     gq.start_worker("--watch")
     wait_for(ready.exists, what="the job running")
