@@ -1,8 +1,7 @@
 """Turning what a user asked for (`gpuq add ...` or a hand-dropped file) into queued jobs: `prepare`
 checks and resolves a `Request` without a spool (a bad request leaves none behind), `publish` queues."""
 
-# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
-# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
+# Real annotations, no future import: see test_the_everyday_commands_compile_no_source.
 import os
 import time
 from typing import Any, Callable, NamedTuple, Optional, Sequence, TypeVar, Union

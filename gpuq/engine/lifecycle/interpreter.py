@@ -3,8 +3,7 @@ nearest `.venv` above the job's directory, the active conda environment (unless 
 one), the python on PATH, in this order.
 """
 
-# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
-# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
+# Real annotations, no future import: see test_the_everyday_commands_compile_no_source.
 import errno
 import os
 import shlex

@@ -6,8 +6,7 @@ the first (WINDOW_WEIGHT, bench/eta_accuracy.py): the window alone follows every
 machine. The queue's ETA is in queue_eta.py.
 """
 
-# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
-# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
+# Real annotations, no future import: see test_the_everyday_commands_compile_no_source.
 from typing import Any, NamedTuple, Optional
 
 from gpuq.core.job import Job

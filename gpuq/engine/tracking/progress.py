@@ -5,8 +5,7 @@ part after the last ATTEMPT_HEADER and a progress file newer than the attempt's 
 eta.py turns readings over time into a rate.
 """
 
-# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
-# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
+# Real annotations, no future import: see test_the_everyday_commands_compile_no_source.
 import json
 import os
 import re

@@ -10,8 +10,7 @@ command's newest run times), then the rows: most of the file, read and unmarshal
 something asks for them (`status -a`, `history`, a refresh), so a plain `status` reads the head alone.
 """
 
-# No `from __future__ import annotations`: typing.NamedTuple compiles each annotation given as a
-# string, and the first compile() of a process sets up the syntax-tree types (bench/PROFILE.md).
+# Real annotations, no future import: see test_the_everyday_commands_compile_no_source.
 import marshal
 import os
 import time
