@@ -20,6 +20,14 @@ really remaining; looks are scored from 25% progress up to the last step.
 Loads: `off` (nothing added), `on` (`--hogs` busy-loop processes for the whole run), `midway` (the
 hogs start when the run reaches 50%). `--learn N` runs N unscored runs first so the first scored run
 has a learned tail. The hogs and trainings are this script's own children, killed by pid.
+
+Sessions (`--sessions`): gpuq's supervisor starts every job in a session of its own, and on Linux
+with autogroup (`/proc/sys/kernel/sched_autogroup_enabled`) the CPU is shared between sessions
+first, then between the processes of each; so where the training and the hogs run decides its pace.
+`apart` (the default): the training in a session of its own, as gpuq starts a job, and each hog in
+its own (two programs started from two terminals, or by two users); `together`: the training in its
+own, both hogs in one (one program with two busy processes, as `make -j2`); `with-job`: the training
+and the hogs in this script's session, an arrangement gpuq never makes (the earlier recordings).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -104,8 +113,16 @@ def old_estimate(reading: progress.Reading, points: list[tuple[float, float]], n
 
 
 # ---- running and looking ------------------------------------------------------------------------
-def start_hogs(count: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+SESSIONS = ("apart", "together", "with-job")
+
+
+def start_hogs(count: int, sessions: str) -> list[subprocess.Popen]:
+    spin = [sys.executable, "-c", "while True: pass"]
+    if sessions == "together" and count:  # one program that forks its busy processes: one session, one group
+        code = f"import os\nfor _ in range({count - 1}):\n    if os.fork() == 0: break\nwhile True: pass"
+        forks = [sys.executable, "-c", code]
+        return [subprocess.Popen(forks, start_new_session=True)]
+    return [subprocess.Popen(spin, start_new_session=sessions == "apart") for _ in range(count)]
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
@@ -113,6 +130,10 @@ def stop(procs: list[subprocess.Popen]) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+        try:  # the forked hogs of `together`, in the first one's process group
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def look(log: Path, seen: set[tuple[str, float]]) -> Optional[progress.Reading]:
@@ -130,15 +151,20 @@ def look(log: Path, seen: set[tuple[str, float]]) -> Optional[progress.Reading]:
     return reading
 
 
-def run_once(script: Path, work: Path, steps: int, interval: float, load: str, hogs: int) -> dict[str, Any]:
+def run_once(
+    script: Path, work: Path, steps: int, interval: float, load: str, hogs: int, sessions: str
+) -> dict[str, Any]:
     """One training run, looked at every `interval` seconds; its looks and its real end."""
     log = work / f"run-{time.monotonic_ns()}.log"
     seen: set[tuple[str, float]] = set()
-    looks, hog_procs = [], start_hogs(hogs) if load == "on" else []
+    looks, hog_procs = [], start_hogs(hogs, sessions) if load == "on" else []
     started = time.time()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-u", str(script), str(steps), str(work / "out")], stdout=out, stderr=out
+            [sys.executable, "-u", str(script), str(steps), str(work / "out")],
+            stdout=out,
+            stderr=out,
+            start_new_session=sessions != "with-job",  # as gpuq's supervisor starts a job
         )
     try:
         while True:
@@ -163,7 +189,7 @@ def run_once(script: Path, work: Path, steps: int, interval: float, load: str, h
                 ]
             )
             if load == "midway" and not hog_procs and (reading.fraction or 0) >= 0.5:
-                hog_procs = start_hogs(hogs)
+                hog_procs = start_hogs(hogs, sessions)
         ended = time.time()
     finally:
         stop([proc] + hog_procs)
@@ -296,7 +322,15 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "loadavg_before": os.getloadavg(),
+        "autogroup": _autogroup(),
     }
+
+
+def _autogroup() -> Optional[str]:
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
+    except OSError:
+        return None  # not Linux, or a kernel without autogroup
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -307,6 +341,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=400, help="training steps per run")
     ap.add_argument("--interval", type=float, default=0.5, help="seconds between looks")
     ap.add_argument("--hogs", type=int, default=2, help="busy-loop processes in the loaded conditions")
+    ap.add_argument("--sessions", choices=SESSIONS, default="apart", help="where the training and the hogs run")
     ap.add_argument("--raw", type=Path, help="write every look and end here (JSON)")
     ap.add_argument("--from-raw", type=Path, help="score looks recorded earlier instead of running")
     ap.add_argument("--min-left", type=float, default=0.0, help="score only looks with more than this many s left")
@@ -332,7 +367,7 @@ def main(argv: list[str]) -> int:
             plan = [("off", False)] * args.learn + [(load, True) for load in loads for _ in range(args.runs)]
             for n, (load, scored) in enumerate(plan, 1):
                 print(f"run {n}/{len(plan)}: load {load}{'' if scored else ' (learning)'}", file=sys.stderr)
-                run = run_once(script, work, args.steps, args.interval, load, args.hogs)
+                run = run_once(script, work, args.steps, args.interval, load, args.hogs, args.sessions)
                 raw["runs"].append(dict(run, scored=scored))
         raw["machine"]["loadavg_after"] = os.getloadavg()
         if args.raw:
