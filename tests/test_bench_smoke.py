@@ -4,12 +4,14 @@ with tiny sizes and no peers, in seconds, so that the benchmark cannot rot unnot
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import alive, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = (
@@ -178,6 +180,46 @@ def test_eta_accuracy_bad_option_is_a_usage_error() -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "--runs" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("sessions", ["apart", "together", "with-job"])
+def test_eta_accuracy_hogs_run_where_asked_and_all_end(sessions: str) -> None:
+    """Two hogs started as `--sessions` says (each in a session of its own, both in one that is not
+    this process's, or in this process's), and none left once stopped (the forked one included)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import eta_accuracy
+
+    hogs = eta_accuracy.start_hogs(2, sessions)
+    try:
+        pids = wait_for(lambda: len(hog_pids(hogs)) == 2 and hog_pids(hogs), what="two busy processes")
+        own = {os.getsid(pid) for pid in pids}
+        mine = os.getsid(0)
+        expected = {"apart": (2, False), "together": (1, False), "with-job": (1, True)}[sessions]
+        assert (len(own), mine in own) == expected, (own, mine)
+    finally:
+        eta_accuracy.stop(hogs)
+    wait_for(lambda: not any(alive(pid) for pid in pids), what="the hogs to end")
+
+
+def hog_pids(hogs: list) -> list[int]:
+    """The pids of the hogs' busy processes, the forked one's too."""
+    import psutil
+
+    return [p.pid for h in hogs for p in [psutil.Process(h.pid), *psutil.Process(h.pid).children()]]
+
+
+def test_week_sim_ranks_rules_and_no_week_beats_its_lower_bound() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    import week_sim
+
+    for rule in ("current", "keep-fullest", "fit-worst", "order-longest"):
+        ratios = week_sim.trials(rule, 7, 2, 0.05)
+        assert len(ratios) == 2 and all(0.97 <= r < 2.0 for r in ratios), (rule, ratios)  # jitter: 3%
+    assert week_sim.placement.reserve is not week_sim.RULES["keep-fullest"]["reserve"]  # put back
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "week_sim.py"), "--trials", "0"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "--trials" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def _week_figures(makespan: float, idle: float, twice: float) -> dict[str, float]:
