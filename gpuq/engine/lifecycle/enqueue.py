@@ -22,6 +22,9 @@ from gpuq.system.procs import current_umask
 
 T = TypeVar("T")
 
+# git's record of a job's code ({"repo", "commit", ...}, or None), asked for early and read when needed
+CodeAnswer = Callable[[], Optional[dict[str, Any]]]
+
 
 def default_name(cwd: Union[str, os.PathLike], cmd: list[str]) -> str:
     """`<dir name>/<script stem>`, as the original gpuq named jobs (`root/...` in `/`)."""
@@ -107,12 +110,17 @@ def new_jobs(
     *,
     cwd: str,
     options: Optional[dict[str, Any]] = None,
+    code: Optional[CodeAnswer] = None,
     log: Callable[[int], str] = lambda _job_id: "",
     **common: Any,
 ) -> list[Job]:
-    """The jobs of `variants` (a sweep is named by its first job's id); `common`: schema.new_job's fields."""
+    """The jobs of `variants` (a sweep is named by its first job's id); `common`: schema.new_job's
+    fields. `code`: git's answer about the directory's code, read here, where the jobs are written,
+    so that git runs while the request is checked, the spool opened and the ids given out."""
     jobs = []
-    options = _answered(options or {})
+    options = dict(options or {})
+    if code is not None:
+        options["code"] = code()
     for job_id, variant in enumerate(variants, first):
         own = {**options, **(variant.options or {})}
         if own.get("sweep") is not None:
@@ -122,14 +130,6 @@ def new_jobs(
             schema.new_job(job_id=job_id, name=name, cmd=variant.cmd, cwd=cwd, log=log(job_id), options=own, **common)
         )
     return jobs
-
-
-def _answered(options: dict[str, Any]) -> dict[str, Any]:
-    """`options` with the code's record read from git: `prepare` started git as soon as it knew the
-    directory and left its answer (a function) to be read here, where the jobs are written, so
-    that git runs while the request is checked, the spool opened and the ids given out."""
-    code = options.get("code")
-    return dict(options, code=code()) if callable(code) else options
 
 
 # the options a job keeps as they were asked for
@@ -168,7 +168,7 @@ def prepare(request: Request) -> Prepared:
             schema.check_name(request.name)
         except schema.InvalidJob as exc:
             raise UsageError(f"--name: {exc}") from None
-    guards = _safeguards(request, cwd)  # first: in a repository it starts git, which runs meanwhile
+    guards, code = _safeguards(request, cwd)  # first: in a repository it starts git, which runs meanwhile
     variants, resolved = _variants(request, cwd)
     env = dict(request.env or {})
     notes = []
@@ -205,6 +205,7 @@ def prepare(request: Request) -> Prepared:
         "retries": request.retries,
         "priority": request.priority,
         "options": options,
+        "code": code,
         "umask": current_umask() if request.umask is None else request.umask,
         "state": HELD if request.hold else PENDING,
     }
@@ -297,7 +298,7 @@ def _keep(value: Any) -> Any:
         raise UsageError(f"--keep-checkpoints: {exc}") from None
 
 
-def _safeguards(request: Request, cwd: str) -> dict[str, Any]:
+def _safeguards(request: Request, cwd: str) -> tuple[dict[str, Any], Optional[CodeAnswer]]:
     out: dict[str, Any] = {}
     if request.time is not None:
         out["time_limit"] = usage(timespec.parse_duration, request.time, "--time")
@@ -306,15 +307,13 @@ def _safeguards(request: Request, cwd: str) -> dict[str, Any]:
     if not any(os.path.exists(os.path.join(directory, ".git")) for directory in upward(cwd)):
         if request.snapshot:
             raise UsageError(f"--snapshot needs a git repository; {cwd} is not in one")
-        return out
+        return out, None
     from gpuq.system import gitinfo  # git: only inside a repository
 
-    asked = gitinfo.ask(cwd)
-    if not request.snapshot:
-        out["code"] = asked.answer  # read where the jobs are written (new_jobs): git runs meanwhile
-        return out
-    out["code"] = asked.answer()
-    if out["code"] is None:
-        raise UsageError(f"--snapshot: git cannot read the repository of {cwd}")
-    out["snapshot"] = {"repo": out["code"]["repo"]}  # copied once the job has its id
-    return out
+    asked = gitinfo.ask(cwd)  # read where the jobs are written (new_jobs): git runs meanwhile
+    if request.snapshot:
+        code = asked.answer()  # kept: new_jobs reads the same answer
+        if code is None:
+            raise UsageError(f"--snapshot: git cannot read the repository of {cwd}")
+        out["snapshot"] = {"repo": code["repo"]}  # copied once the job has its id
+    return out, asked.answer
