@@ -9,8 +9,10 @@ simulated: the worker crash (its jobs go on through it), preemption (the real we
 
 What it is for: trying a scheduling rule over many weeks in seconds before spending minutes of a
 real one. The real week is the measure; this only ranks rules. Each trial jitters every duration by
-+-3% and adds a start-up delay of 0.05-0.3 s a job (the spread of real starts); `--stagger` queues
-job N at N x stagger seconds, as one `gpuq add` after another does (about 0.05 s each here).
++-3% and delays each start by a time drawn from `--delay` (default 0.05-0.3 s: gpuq's hand-over
+from `add` to a job's first instruction is about 0.05 s in bench/RESULTS.md, the rest allows for a
+busy machine); `--stagger` queues job N at N x stagger seconds, as one `gpuq add` after another
+does (about 0.05 s each here).
 
 Rules (`--rule`, each changing one choice of gpuq's placement for the run):
   current          gpuq as it is
@@ -23,6 +25,7 @@ Rules (`--rule`, each changing one choice of gpuq's placement for the run):
   order-longest    the queue in order of duration, longest first (an oracle: gpuq knows no durations)
 
     python bench/week_sim.py [--rule current ...] [--seeds 7,1,2,3] [--trials 10] [--stagger 0.05]
+                             [--delay 0.05,0.3]
 """
 
 from __future__ import annotations
@@ -149,7 +152,7 @@ RULES: dict[str, dict[str, Any]] = {
 }
 
 
-def trials(rule: str, seed: int, count: int, stagger: float) -> list[float]:
+def trials(rule: str, seed: int, count: int, stagger: float, delay: tuple[float, float] = (0.05, 0.3)) -> list[float]:
     """The makespans over the lower bound of `count` jittered weeks of `seed` under `rule`."""
     changes = {k: v for k, v in RULES[rule].items() if k != "order"}
     saved = {name: getattr(placement, name) for name in changes}
@@ -165,7 +168,7 @@ def trials(rule: str, seed: int, count: int, stagger: float) -> list[float]:
             for job in jobs:
                 job.seconds *= rng.uniform(0.97, 1.03)
             order = RULES[rule].get("order", lambda j: j.id)
-            ratios.append(simulate(jobs, lambda: rng.uniform(0.05, 0.3), stagger, order) / bound)
+            ratios.append(simulate(jobs, lambda: rng.uniform(*delay), stagger, order) / bound)
     finally:
         for name, value in saved.items():
             setattr(placement, name, value)
@@ -178,18 +181,21 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seeds", default="7,1,2,3,4,5,6,8", help="traces, by seed (week.py replays seed 7)")
     ap.add_argument("--trials", type=int, default=10, help="jittered weeks per seed and rule")
     ap.add_argument("--stagger", type=float, default=0.05, help="seconds between one job's queueing and the next")
+    ap.add_argument("--delay", default="0.05,0.3", help="LOW,HIGH: seconds from a job's placement to its start")
     args = ap.parse_args(argv)
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
+        low, high = (float(x) for x in args.delay.split(","))
     except ValueError:
-        ap.error(f"--seeds: expected numbers separated by commas, got {args.seeds!r}")
-    if args.trials < 1 or args.stagger < 0:
-        ap.error("--trials >= 1, --stagger >= 0")
-    print(f"Median makespan / lower bound over {args.trials} jittered weeks (stagger {args.stagger} s):\n")
+        ap.error(f"--seeds: numbers separated by commas; --delay: LOW,HIGH (got {args.seeds!r}, {args.delay!r})")
+    if args.trials < 1 or args.stagger < 0 or not 0 <= low <= high:
+        ap.error("--trials >= 1, --stagger >= 0, --delay 0 <= LOW <= HIGH")
+    weeks = f"{args.trials} jittered weeks (stagger {args.stagger} s, delay {low}-{high} s)"
+    print(f"Median makespan / lower bound over {weeks}:\n")
     print("| rule | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |")
     print("|---|" + "---|" * (len(seeds) + 1))
     for rule in args.rule or list(RULES):
-        medians = [statistics.median(trials(rule, seed, args.trials, args.stagger)) for seed in seeds]
+        medians = [statistics.median(trials(rule, seed, args.trials, args.stagger, (low, high))) for seed in seeds]
         cells = " | ".join(f"{m:.3f}" for m in medians)
         print(f"| {rule} | {cells} | {statistics.mean(medians):.3f} |", flush=True)
     return 0

@@ -216,10 +216,11 @@ def test_week_sim_ranks_rules_and_no_week_beats_its_lower_bound() -> None:
         ratios = week_sim.trials(rule, 7, 2, 0.05)
         assert len(ratios) == 2 and all(0.97 <= r < 2.0 for r in ratios), (rule, ratios)  # jitter: 3%
     assert week_sim.placement.reserve is not week_sim.RULES["keep-fullest"]["reserve"]  # put back
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "week_sim.py"), "--trials", "0"], capture_output=True, text=True
-    )
-    assert proc.returncode == 2 and "--trials" in proc.stderr and "Traceback" not in proc.stderr
+    script = str(REPO / "bench" / "week_sim.py")
+    wrongs = ((["--trials", "0"], "--trials"), (["--delay", "0.3"], "--delay"), (["--delay", "1,0"], "--delay"))
+    for wrong, named in wrongs:
+        proc = subprocess.run([sys.executable, script, *wrong], capture_output=True, text=True)
+        assert proc.returncode == 2 and named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def _week_figures(makespan: float, idle: float, twice: float) -> dict[str, float]:
