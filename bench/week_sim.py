@@ -23,6 +23,8 @@ Rules (`--rule`, each changing one choice of gpuq's placement for the run):
   fit-worst        a shared job goes where the most memory is free (rather than the best fit)
   fit-first        ... on the lowest-numbered GPU where it fits
   order-longest    the queue in order of duration, longest first (an oracle: gpuq knows no durations)
+  backfill-known   Slurm's backfill with every duration known (an oracle): a job behind the first in
+                   line may start where it ends before the jobs already there
 
     python bench/week_sim.py [--rule current ...] [--seeds 7,1,2,3] [--trials 10] [--stagger 0.05]
                              [--delay 0.05,0.3]
@@ -44,15 +46,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import week  # noqa: E402
 
 from gpuq.engine.schedule import placement  # noqa: E402
-from gpuq.engine.schedule.placement import Holding, Placement, Request  # noqa: E402
+from gpuq.engine.schedule.placement import Blocked, Holding, Placement, Request  # noqa: E402
+from gpuq.engine.schedule.scheduler import BEHIND  # noqa: E402
 from gpuq.system.gpus import Gpu  # noqa: E402
 
 MIB = 1024  # MiB in a GiB
 OOM_AT, RESUMED = 0.3, 0.8  # dies at 30% of its run; a retry goes on from the checkpoint at 20%
+MAX_DELAY = 0.3  # the longest start-up delay drawn by default (`--delay`)
 
 
-def simulate(jobs: list[week.Job], delay: Callable[[], float], stagger: float, order: Callable[[Any], Any]) -> float:
-    """The makespan of one simulated week."""
+def simulate(
+    jobs: list[week.Job],
+    delay: Callable[[], float],
+    stagger: float,
+    order: Callable[[Any], Any],
+    backfill: bool = False,
+) -> float:
+    """The makespan of one simulated week (`backfill`: see `_backfill_known`)."""
     bound = week.lower_bound(jobs)
     expected = max(bound[1], bound[2])
     gpus = [Gpu(i, "Fake 80GB", f"GPU-{i}", week.GPU_GB * MIB, 0, ()) for i in range(week.GPUS)]
@@ -75,6 +85,9 @@ def simulate(jobs: list[week.Job], delay: Callable[[], float], stagger: float, o
         requests = [(j.id, _request(asked[j.id])) for j in queue]
         holdings = [Holding(jid, g, _request(asked[jid]).gpu_mem_mib, since=s) for jid, (g, s, _, _) in running.items()]
         decisions = placement.place_in_order(requests, gpus, None, holdings)
+        if backfill:
+            lengths = {j.id: (OOM_AT if asked[j.id] < j.need else left[j.id]) * j.seconds for j in queue}
+            _backfill_known(now, queue, decisions, lengths, running, gpus, holdings, asked)
         for job in queue:
             decision = decisions[job.id]
             if isinstance(decision, Placement):
@@ -85,6 +98,39 @@ def simulate(jobs: list[week.Job], delay: Callable[[], float], stagger: float, o
                 heapq.heappush(events, (end, job.id))
         now = _next(events, running, done, asked, left)
     return now
+
+
+def _backfill_known(
+    now: float,
+    queue: list[week.Job],
+    decisions: dict[int, Any],
+    lengths: dict[int, float],
+    running: dict,
+    gpus: list[Gpu],
+    holdings: list[Holding],
+    asked: dict[int, int],
+) -> None:
+    """Slurm's backfill, with every job's duration known (an oracle): a job waiting behind the first
+    in line starts on any GPU where it fits and ends before every job already there (allowing the
+    longest start-up delay), so no GPU empties later for it, the kept ones included."""
+    started = [(jid, d.gpus) for jid, d in decisions.items() if isinstance(d, Placement)]
+    held = holdings + [Holding(jid, on, _request(asked[jid]).gpu_mem_mib) for jid, on in started]
+    busy_until: dict[int, float] = {}
+    for gpus_held, _start, end, _dies in running.values():
+        for index in gpus_held:
+            busy_until[index] = max(busy_until.get(index, 0.0), end)
+    for job in queue:
+        decision = decisions[job.id]
+        if not (isinstance(decision, Blocked) and decision.reason.startswith(BEHIND)):
+            continue
+        for index in sorted(busy_until, key=lambda i: busy_until[i]):
+            if now + MAX_DELAY + lengths[job.id] > busy_until[index]:
+                continue
+            where = placement.place(_request(asked[job.id]), gpus, {index}, held)
+            if isinstance(where, Placement):
+                decisions[job.id] = where
+                held.append(Holding(job.id, where.gpus, _request(asked[job.id]).gpu_mem_mib))
+                break
 
 
 def _request(asked_gb: int) -> Request:
@@ -149,12 +195,13 @@ RULES: dict[str, dict[str, Any]] = {
     "fit-worst": {"_place_shared": _fit_by(lambda s, need: (need - s.free_mib, s.gpu.index))},
     "fit-first": {"_place_shared": _fit_by(lambda s, need: (s.gpu.index,))},
     "order-longest": {"order": lambda j: -j.seconds},
+    "backfill-known": {"backfill": True},
 }
 
 
 def trials(rule: str, seed: int, count: int, stagger: float, delay: tuple[float, float] = (0.05, 0.3)) -> list[float]:
     """The makespans over the lower bound of `count` jittered weeks of `seed` under `rule`."""
-    changes = {k: v for k, v in RULES[rule].items() if k != "order"}
+    changes = {k: v for k, v in RULES[rule].items() if k not in ("order", "backfill")}
     saved = {name: getattr(placement, name) for name in changes}
     rng = random.Random(1000 + seed)
     base = week.trace(seed, 1.0)
@@ -168,7 +215,8 @@ def trials(rule: str, seed: int, count: int, stagger: float, delay: tuple[float,
             for job in jobs:
                 job.seconds *= rng.uniform(0.97, 1.03)
             order = RULES[rule].get("order", lambda j: j.id)
-            ratios.append(simulate(jobs, lambda: rng.uniform(*delay), stagger, order) / bound)
+            backfill = RULES[rule].get("backfill", False)
+            ratios.append(simulate(jobs, lambda: rng.uniform(*delay), stagger, order, backfill) / bound)
     finally:
         for name, value in saved.items():
             setattr(placement, name, value)

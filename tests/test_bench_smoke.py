@@ -212,7 +212,7 @@ def test_week_sim_ranks_rules_and_no_week_beats_its_lower_bound() -> None:
     sys.path.insert(0, str(REPO / "bench"))
     import week_sim
 
-    for rule in ("current", "keep-fullest", "fit-worst", "order-longest"):
+    for rule in ("current", "keep-fullest", "fit-worst", "order-longest", "backfill-known"):
         ratios = week_sim.trials(rule, 7, 2, 0.05)
         assert len(ratios) == 2 and all(0.97 <= r < 2.0 for r in ratios), (rule, ratios)  # jitter: 3%
     assert week_sim.placement.reserve is not week_sim.RULES["keep-fullest"]["reserve"]  # put back
