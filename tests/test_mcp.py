@@ -368,3 +368,44 @@ def test_install_write_keeps_the_users_claude_config(home: Path) -> None:
         install.write("claude", force=False)
     desktop = install.write("claude-desktop", force=False)  # a file that did not exist: nothing to keep
     assert re.search(r"to \S+/Claude/claude_desktop_config.json; restart", desktop)
+
+
+def test_an_add_whose_job_would_be_rejected_is_refused_and_queues_nothing(spool_env: Env) -> None:
+    """Arguments the CLI cannot even spell (a `=` in a variable's name, a NUL) came back as queued
+    jobs that the worker then rejected, or, held, that no command could see or remove."""
+    for arguments in (
+        {"cmd": ["echo", "x"], "env": {"A=B": "c"}},
+        {"cmd": ["echo", "x\u0000y"]},
+        {"cmd": ["echo", "x"], "env": {"X": "a\u0000b"}, "hold": True},
+    ):
+        said = error(call("add", arguments))
+        assert said.startswith("cannot queue this job: ") and "\n" not in said, said
+    assert spool_env.files("pending") == spool_env.files("held") == []
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="reads the config file with tomllib (Python >= 3.11)")
+@pytest.mark.parametrize(
+    "entry",
+    [
+        '[mcp_servers]\ngpuq = { command = "/old/gpuq", args = ["mcp"] }\n',
+        'mcp_servers.gpuq.command = "/old/gpuq"\n',
+        "[mcp_servers.'gpuq']\ncommand = \"/old/gpuq\"\n",
+    ],
+)
+def test_install_write_never_declares_a_codex_entry_twice(home: Path, entry: str) -> None:
+    import tomllib
+
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir()
+    config.write_text(entry)
+    for force in (False, True):
+        try:
+            install.write("codex", force=force)
+        except install.Refused as exc:
+            assert "'gpuq' entry" in str(exc) or "different [mcp_servers.gpuq] table" in str(exc)
+        tomllib.loads(config.read_text())  # whatever happened, Codex can still read its file
+    assert "/old/gpuq" in config.read_text() or install.toml_table() in config.read_text()
+    config.write_text("x = [\n")
+    with pytest.raises(install.Refused, match="is not TOML"):
+        install.write("codex", force=True)
+    assert config.read_text() == "x = [\n"

@@ -260,7 +260,7 @@ def test_id_ranges(text, ids):
 def test_bad_id_ranges_are_refused(text, message):
     with pytest.raises(ValueError, match=message) as caught:
         parse_id_ranges(text)
-    assert str(caught.value).startswith("--after: ")
+    assert not str(caught.value).startswith("-")  # argparse names the option; the message does not guess it
 
 
 def test_the_flag_named_in_id_messages_is_the_callers():

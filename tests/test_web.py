@@ -337,3 +337,24 @@ def test_many_finished_jobs_come_50_to_a_page_from_the_index(gq: Env, web: Web) 
     last = web.json("/api/queue?page=2")
     assert [j["id"] for j in last["finished"]] == list(range(20, 0, -1)) and last["page"] == 2
     assert web.json("/api/queue?page=9")["page"] == 2  # past the end: the last page
+
+
+def test_a_new_token_is_honoured_by_a_server_already_running(gq: Env, web: Web) -> None:
+    """Rotating a leaked token must revoke it everywhere, the service's long-running server too."""
+    assert web.request("/api/queue")[0] == 200
+    renewed = Web(gq, "--new-token")
+    try:
+        assert web.request("/api/queue")[0] == 403  # the old cookie, at the server started before
+        status, headers, _body = web.request("/?token=" + renewed.token, cookie=False)
+        assert status == 303 and headers["set-cookie"].startswith(renewed.cookie + ";")
+        assert web.request("/api/queue", cookie=renewed.cookie)[0] == 200
+    finally:
+        renewed.stop()
+
+
+def test_odd_numbers_in_a_query_are_no_server_error(gq: Env, web: Web) -> None:
+    job_id = gq.add("--hold", "--", "true")
+    for path in ("/api/queue?page=%C2%B2", "/?page=%C2%B2", f"/api/job/{job_id}/log?offset=%C2%B2"):
+        assert web.request(path)[0] == 200, path
+    assert web.request("/api/queue?page=" + "9" * 5000)[0] == 200
+    assert web.stop() == 0 and "Traceback" not in web.proc.stderr.read()

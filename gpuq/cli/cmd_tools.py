@@ -55,13 +55,15 @@ def cmd_skill(args: argparse.Namespace) -> int:
 
 
 def cmd_service(args: argparse.Namespace) -> int:
+    if args.web_port is not None and not args.web:
+        raise UsageError("--web-port goes with --web")
+    if args.web_port == 0:  # a free port chosen anew at each start: the URL printed now would not last
+        raise UsageError("--web-port: the service needs a fixed port (1 to 65535)")
     dest = Path(args.dest).expanduser() if args.dest else None
     if dest is None:  # writing elsewhere (--dest) is allowed anywhere, e.g. to look at the unit
         problem = service.supported()
         if problem:
             raise Refused(f"a systemd user service is not supported here: {problem}")
-    if args.web_port is not None and not args.web:
-        raise UsageError("--web-port goes with --web")
     sp = spool()
     if args.action == "install":
         result = service.install(dest, spool_home=str(sp.home), recover=not args.no_recover, force=args.force)

@@ -16,7 +16,9 @@ from gpuq.cli.options import (
     counter,
     gpu_count,
     interval,
+    line_count,
     positive_id,
+    seconds,
 )
 from gpuq.core import states
 from gpuq.core.states import (
@@ -37,10 +39,7 @@ from gpuq.core.timespec import parse_duration, parse_id_ranges
 
 def job_ids(text: str) -> list[int]:
     """The job ids of a command that acts on several, the flag's name left out."""
-    try:
-        return parse_id_ranges(text, "ID")
-    except ValueError as exc:
-        raise ValueError(str(exc).replace("ID: ", "", 1)) from None
+    return parse_id_ranges(text)
 
 
 def state_names(text: str) -> tuple[str, ...]:
@@ -52,7 +51,7 @@ def state_names(text: str) -> tuple[str, ...]:
 
 
 def port_number(text: str) -> int:
-    if not text.isdigit() or int(text) > 65535:
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
         raise ValueError(f"not a port number (0 to 65535): {text!r}")
     return int(text)
 
@@ -211,7 +210,7 @@ COMMANDS = (
         id_states=ENDING,
         options=(
             Opt("ids", convert=parse_id_ranges, nargs="*", metavar="ID"),
-            Opt("--timeout", convert=float, metavar="S", help="give up after S seconds (exit 1)"),
+            Opt("--timeout", convert=seconds, metavar="S", help="give up after S seconds (exit 1)"),
         ),
     ),
     STATUS,
@@ -227,7 +226,7 @@ COMMANDS = (
         help="the GPUs and the queue, live, full screen; keys follow a log, kill, cancel, hold, preempt, retry",
         options=(
             Opt("--once", kind=FLAG, help="print one frame to stdout and exit (no terminal needed)"),
-            Opt("--interval", convert=float, default=2.0, metavar="S", help="seconds between looks (default 2)"),
+            Opt("--interval", convert=interval, default=2.0, metavar="S", help="seconds between looks (default 2)"),
         ),
     ),
     Command(
@@ -257,7 +256,7 @@ COMMANDS = (
         help="show a job's log",
         options=(
             Opt("id", convert=positive_id),
-            Opt("-n", "--lines", convert=int, default=40, help="last N lines (default 40)"),
+            Opt("-n", "--lines", convert=line_count, default=40, help="last N lines (default 40)"),
             Opt("-f", "--follow", kind=FLAG, help="keep printing while the job runs (waiting for it to start first)"),
         ),
     ),
@@ -277,7 +276,13 @@ COMMANDS = (
         help="one job: why it waits or failed, its log's end, its checkpoint, and the commands that would fix it",
         options=(
             Opt("id", convert=positive_id),
-            Opt("-n", "--lines", convert=int, default=30, help="last N lines of its log (default 30, at most 500)"),
+            Opt(
+                "-n",
+                "--lines",
+                convert=line_count,
+                default=30,
+                help="last N lines of its log (default 30, at most 500)",
+            ),
             Opt("--json", kind=FLAG, help="all of it as one JSON object"),
         ),
     ),
@@ -333,7 +338,7 @@ COMMANDS = (
         id_states=(RUNNING,),
         options=(
             Opt("id", convert=positive_id, metavar="ID"),
-            Opt("--timeout", convert=float, default=60.0, metavar="S", help="seconds to wait for it (default 60)"),
+            Opt("--timeout", convert=seconds, default=60.0, metavar="S", help="seconds to wait for it (default 60)"),
             Opt("--force", kind=FLAG, help="SIGKILL whatever is left when the timeout is up"),
         ),
     ),

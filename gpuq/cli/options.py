@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from gpuq.core.keep import parse_keep
-from gpuq.core.timespec import parse_duration, parse_id_ranges, parse_memory_mib, parse_size_bytes
+from gpuq.core.timespec import parse_duration, parse_id_ranges, parse_memory_mib, parse_typed_bytes
 
 # what an option does with what follows it
 VALUE = "value"  # takes a value (or, for a positional, the word)
@@ -106,14 +106,26 @@ def counter(least: int, what: str) -> Callable[[str], int]:
     """A converter of a whole number, `least` or more, said `what` it is not."""
 
     def count(text: str) -> int:
-        if not text.isdigit() or int(text) < least:
+        if not (text.isascii() and text.isdigit()) or int(text) < least:
             raise ValueError(f"not {what}: {text!r}")
         return int(text)
 
     return count
 
 
+def seconds(text: str) -> float:
+    """A number of seconds, 0 or more (a timeout)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1e9:  # also refuses nan and inf
+        raise ValueError(f"not a number of seconds (0 or more): {text!r}")
+    return value
+
+
 positive_id = counter(1, "a job id")
+line_count = counter(0, "a number of lines (0 or more)")
 gpu_count = counter(0, "a number of GPUs")
 cpu_count = counter(1, "a number of CPUs (1 or more)")
 
@@ -380,7 +392,7 @@ RUN = Command(
             "--max-log-size",
             metavar="SIZE",
             setting="max_log_bytes",
-            read=parse_size_bytes,
+            read=parse_typed_bytes,
             help="cap every job's log (a job's own cap comes first)",
         ),
         Opt(

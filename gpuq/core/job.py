@@ -13,6 +13,7 @@ from gpuq.core.times import parse_iso
 SCHEMA_VERSION = 1
 MAX_ID = 10**15  # far beyond any real queue; keeps file names (NNNNNN-...) well under 255 bytes
 MAX_GPUS = 1024
+MAX_RETRIES = 100  # of --retries and --retry-oom: beyond that a job is broken, not unlucky
 # The first words of each attempt's part of a job's log (run/supervisor/start.begin writes the line):
 # what came before it is an earlier attempt's (engine/tracking/progress.py, core/failure.py).
 ATTEMPT_HEADER = "=== gpuq: job #"

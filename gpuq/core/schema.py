@@ -9,7 +9,7 @@ import shlex
 from typing import Any, Optional
 
 from gpuq.core.errors import GpuqError
-from gpuq.core.job import FIELDS, MAX_GPUS, NOT_OS_TEXT, SCHEMA_VERSION, Job, is_int, is_url, os_str
+from gpuq.core.job import FIELDS, MAX_GPUS, MAX_RETRIES, NOT_OS_TEXT, SCHEMA_VERSION, Job, is_int, is_url, os_str
 from gpuq.core.keep import parse_keep
 from gpuq.core.states import SOURCE_CLI
 from gpuq.core.times import now_iso
@@ -222,8 +222,10 @@ def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
     clean["after_any"] = _check_ids(obj.get("after_any", []), "after_any")
     for field in ("retries", "priority"):
         value = obj.get(field, 0)
-        if not is_int(value) or (field == "retries" and not 0 <= value <= 100):
-            raise InvalidJob(f"{field!r} must be an integer" + (" from 0 to 100" if field == "retries" else ""))
+        if not is_int(value) or (field == "retries" and not 0 <= value <= MAX_RETRIES):
+            raise InvalidJob(
+                f"{field!r} must be an integer" + (f" from 0 to {MAX_RETRIES}" if field == "retries" else "")
+            )
         clean[field] = value
     gpus = obj.get("gpus", 1)  # how many; 0 is a CPU job
     if not is_int(gpus) or not 0 <= gpus <= MAX_GPUS:
@@ -255,8 +257,8 @@ def _dropped_waste_rules(obj: dict[str, Any]) -> dict[str, Any]:
     says them."""
     clean: dict[str, Any] = {}
     retry_oom = obj.get("retry_oom", 0)
-    if not is_int(retry_oom) or not 0 <= retry_oom <= 100:
-        raise InvalidJob("'retry_oom' must be an integer from 0 to 100 (retries after out-of-memory)")
+    if not is_int(retry_oom) or not 0 <= retry_oom <= MAX_RETRIES:
+        raise InvalidJob(f"'retry_oom' must be an integer from 0 to {MAX_RETRIES} (retries after out-of-memory)")
     clean["retry_oom"] = retry_oom
     keep = obj.get("keep_checkpoints")
     if keep is not None:  # absent or null: the config file's rule, else every checkpoint kept

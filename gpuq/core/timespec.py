@@ -210,6 +210,15 @@ def parse_size_bytes(text: str, flag: str = "size") -> int:
     return _positive(math.ceil(number * 2 ** _SIZE_SHIFT[unit]), text, flag)
 
 
+def parse_typed_bytes(text: str, flag: str = "size") -> int:
+    """Bytes in a size typed on the command line (`--min-free`, `--max-log-size`): as
+    parse_size_bytes, but a bare number is refused as parse_memory_mib refuses it (`4096B` is bytes)."""
+    shown = text.strip()
+    if shown[-1:].isdigit():
+        raise ValueError(f"{flag}: {shown!r} has no unit: did you mean {shown}G? (write {shown}B for bytes)")
+    return parse_size_bytes(text, flag)
+
+
 def _size_parts(text: str, flag: str, forms: str) -> tuple[float, str]:
     match = re.fullmatch(_SIZE, text.strip().lower())
     # `20i` or `20ib` alone is not a unit; `20b` is bytes, which only parse_size_bytes takes as is.
@@ -235,23 +244,25 @@ _ID = r"#?\s*(\d+)"
 _RANGE = rf"{_ID}(?:\s*-\s*{_ID})?"
 
 
-def parse_id_ranges(text: str, flag: str = "--after") -> list[int]:
-    """`12-17`, `3,5,9-11`, `#12-#17` -> job ids in the order given, each once."""
+def parse_id_ranges(text: str, flag: str = "") -> list[int]:
+    """`12-17`, `3,5,9-11`, `#12-#17` -> job ids in the order given, each once. `flag` starts each
+    error message (argparse names the option itself)."""
+    said = f"{flag}: " if flag else ""
     ids: dict[int, None] = {}
-    items = [item.strip() for item in text.split(",") if item.strip()]
+    items = [item.strip() for item in text.split(",") if item.strip()]  # stray commas: as --after 3,5, was
     if not items:
-        raise ValueError(f"{flag}: no job id in {text!r}; use 12, 3,5 or 12-17")
+        raise ValueError(f"{said}no job id in {text!r}; use 12, 3,5 or 12-17")
     for item in items:
         match = re.fullmatch(_RANGE, item)
         if not match:
-            raise ValueError(f"{flag}: cannot read {item!r} as a job id or range; use 12, 3,5 or 12-17")
+            raise ValueError(f"{said}cannot read {item!r} as a job id or range; use 12, 3,5 or 12-17")
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) is not None else first
         if first <= 0:
-            raise ValueError(f"{flag}: job ids start at 1, got {item!r}")
+            raise ValueError(f"{said}job ids start at 1, got {item!r}")
         if last < first:
-            raise ValueError(f"{flag}: {item!r} runs backwards; write {last}-{first}")
+            raise ValueError(f"{said}{item!r} runs backwards; write {last}-{first}")
         if last - first + 1 + len(ids) > MAX_ID_SPAN:
-            raise ValueError(f"{flag}: {text!r} names more than {MAX_ID_SPAN:,} jobs")
+            raise ValueError(f"{said}{text!r} names more than {MAX_ID_SPAN:,} jobs")
         ids.update(dict.fromkeys(range(first, last + 1)))
     return list(ids)

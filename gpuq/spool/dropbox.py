@@ -29,7 +29,14 @@ class Dropbox:
         return turn(self.layout, "intake")
 
     def dropped(self) -> list[str]:
-        """Files in pending/ that are not (yet) gpuq job files: candidates for intake."""
+        """`*.json` files in pending/ that are not (yet) gpuq job files: candidates for intake."""
+        return [name for name in self._foreign() if name.endswith(".json")]
+
+    def ignored(self) -> list[str]:
+        """Other files in pending/ (notes, editor backups): never taken in, never touched."""
+        return [name for name in self._foreign() if not name.endswith(".json")]
+
+    def _foreign(self) -> list[str]:
         try:
             entries = os.listdir(self.layout.state_dir(PENDING))
         except FileNotFoundError:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Optional
+from typing import Callable, Optional
 
 from gpuq.spool.files import Files, open_regular
 from gpuq.spool.layout import Layout
@@ -41,6 +41,24 @@ class WebToken:
         except FileExistsError:  # another `gpuq web` made it meanwhile: one token for both
             return self._read() or self.get(new=True)
         return token
+
+    def follow(self) -> Callable[[], Optional[str]]:
+        """The token as its file says it now, read again only when the file changed (a stat a call),
+        so that a running server honours `--new-token` at once; None while the file is missing or
+        others could read it: every request is refused then."""
+        seen: list[Optional[object]] = [None, None]  # the file's (inode, mtime, size), its token
+
+        def current() -> Optional[str]:
+            try:
+                st = os.stat(self.path, follow_symlinks=False)
+            except OSError:
+                return None
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if key != seen[0]:
+                seen[:] = [key, self._read()]
+            return seen[1]  # type: ignore[return-value]
+
+        return current
 
     def _read(self) -> Optional[str]:
         fd = open_regular(self.path)

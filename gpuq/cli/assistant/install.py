@@ -156,12 +156,19 @@ def _with_json_entry(client: str, path: Path, old: Optional[str], force: bool) -
     return json.dumps(config, indent=2, ensure_ascii=False) + "\n"
 
 
-TABLE = re.compile(r"^\s*\[\s*mcp_servers\s*\.\s*(\"gpuq\"|gpuq)\s*(\.[^\]]*)?\]")  # ours, or a sub-table of it
+TABLE = re.compile(r"""^\s*\[\s*mcp_servers\s*\.\s*("gpuq"|'gpuq'|gpuq)\s*(\.[^\]]*)?\]""")  # ours, or a sub-table
+# `gpuq = {...}` under [mcp_servers], or `mcp_servers.gpuq.command = ...`: an entry that is no table of its own
+KEY = re.compile(r"""^\s*(mcp_servers\s*\.\s*)?("gpuq"|'gpuq'|gpuq)\s*[.=]""")
 
 
 def _with_toml_entry(path: Path, old: Optional[str], force: bool) -> Optional[str]:
     lines = (old or "").splitlines(keepends=True)
+    found = _toml_entry(path, old or "")
     if not any(TABLE.match(line) for line in lines):
+        if found is not None or any(KEY.match(line) for line in lines):
+            if found == _toml_entry(path, toml_table()):
+                return None
+            raise Refused(f"{path} has a {NAME!r} entry that is not a [mcp_servers.{NAME}] table; change it by hand")
         text = "".join(lines)
         return text + ("\n" if text and not text.endswith("\n") else "") + ("\n" if text else "") + toml_table()
     kept: list[str] = []
@@ -179,16 +186,37 @@ def _with_toml_entry(path: Path, old: Optional[str], force: bool) -> Optional[st
     return (text + "\n\n" if text else "") + toml_table()
 
 
-def _same_table(found: str, ours: str) -> bool:
+def _toml_entry(path: Path, text: str) -> Optional[dict]:
+    """The `mcp_servers.gpuq` entry of a TOML text (None without one, or without tomllib: Python
+    3.10 and older, where only the text is looked at); Refused for a file that is not TOML."""
+    toml = _tomllib()
+    if toml is None:
+        return None
     try:
-        import tomllib  # only to compare with an entry that is already there
-    except ImportError:  # Python 3.10
+        servers = toml.loads(text).get("mcp_servers", {})
+    except ValueError as exc:
+        raise Refused(f"{path} is not TOML ({exc}); left as it is") from None
+    entry = servers.get(NAME) if isinstance(servers, dict) else None
+    return entry if isinstance(entry, dict) else None
+
+
+def _same_table(found: str, ours: str) -> bool:
+    toml = _tomllib()
+    if toml is None:
         meaningful = [line.strip() for line in found.splitlines() if line.strip() and not line.strip().startswith("#")]
         return meaningful == ours.strip().splitlines()
     try:
-        return tomllib.loads(found) == tomllib.loads(ours)
+        return toml.loads(found) == toml.loads(ours)
     except ValueError:
         return False
+
+
+def _tomllib() -> Any:
+    try:
+        import tomllib  # only to read a config file that is already there
+    except ImportError:  # Python 3.10 and older
+        return None
+    return tomllib
 
 
 def _replace(path: Path, text: str) -> None:

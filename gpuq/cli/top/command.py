@@ -15,8 +15,6 @@ from gpuq.core.errors import Refused, UsageError
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    if args.interval <= 0:
-        raise UsageError("--interval must be more than 0 seconds")
     if args.once:  # one frame, as the screen would show it (the first job selected), less its blank rows
         size = shutil.get_terminal_size((100, 30))
         snap = model.take(spool(), model.Ring())

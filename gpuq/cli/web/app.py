@@ -58,28 +58,29 @@ class TokenGate:
     """Every request: the token from the cookie, or from `?token=` once (answered with the cookie
     and a redirect to the same address without it, so it leaves the address bar and history)."""
 
-    def __init__(self, app: Asgi, token: str) -> None:
-        self.app, self.token, self.cookie = app, token, cookie_name(token)
-
-    def _valid(self, given: Optional[str]) -> bool:
-        return given is not None and hmac.compare_digest(given.encode(), self.token.encode())
+    def __init__(self, app: Asgi, token: Callable[[], Optional[str]]) -> None:
+        self.app, self.token = app, token  # the token now (the file's: `--new-token` revokes the old one)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request = Request(scope)
+        request, token = Request(scope), self.token()
+
+        def valid(given: Optional[str]) -> bool:
+            return None not in (given, token) and hmac.compare_digest(str(given).encode(), str(token).encode())
+
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         given = dict(query).get("token")
-        if given is not None and self._valid(given) and request.method == "GET":
+        if token is not None and valid(given) and request.method == "GET":
             rest = urlencode([(k, v) for k, v in query if k != "token"])
             here = "/" + scope["path"].lstrip("/")  # never `//host`: a redirect elsewhere
             response: Response = RedirectResponse(here + (f"?{rest}" if rest else ""), status_code=303)
             # kept 30 days: a phone's browser that closes keeps the page's key (the token outlives restarts too)
             response.set_cookie(
-                self.cookie, self.token, max_age=COOKIE_SECONDS, httponly=True, samesite="strict", path="/"
+                cookie_name(token), token, max_age=COOKIE_SECONDS, httponly=True, samesite="strict", path="/"
             )
-        elif self._valid(request.cookies.get(self.cookie)):
+        elif token is not None and valid(request.cookies.get(cookie_name(token))):
             await self.app(scope, receive, send)
             return
         else:
@@ -96,7 +97,7 @@ def same_origin(request: Request) -> bool:
     return bool(origin and host) and origin == f"http://{host}" and site in (None, "same-origin")
 
 
-def build(sp: Spool, token: str, read_only: bool = False) -> Asgi:
+def build(sp: Spool, read_only: bool = False) -> Asgi:
     ring = Ring()  # the GPUs over the last minutes, from the looks of this server
     # A first look before serving: the modules a look imports and the finished index it brings up
     # to date are then ready for the first page, not paid for by it.
@@ -135,7 +136,7 @@ def build(sp: Spool, token: str, read_only: bool = False) -> Asgi:
 
     def api_log(request: Request) -> Response:
         given = request.query_params.get("offset")
-        offset = int(given) if given and given.isdigit() else None
+        offset = _count(given) if given else None
         return _or_error(lambda: data.log(sp, request.path_params["id"], offset), answer)
 
     def api_act(request: Request) -> Response:
@@ -157,7 +158,7 @@ def build(sp: Spool, token: str, read_only: bool = False) -> Asgi:
         Route("/api/job/{id:int}/log", api_log),
         Route("/api/job/{id:int}/{action}", api_act, methods=["POST"]),
     ]
-    return TokenGate(Starlette(routes=routes), token)
+    return TokenGate(Starlette(routes=routes), sp.web_token.follow())
 
 
 def _read(name: str) -> str:
@@ -166,8 +167,12 @@ def _read(name: str) -> str:
 
 
 def _page(request: Request) -> int:
-    given = request.query_params.get("page", "")
-    return int(given) if given.isdigit() else 0
+    return _count(request.query_params.get("page", "")) or 0
+
+
+def _count(given: str) -> Optional[int]:
+    """A whole number from a query (ASCII digits, at most 18: a file offset or a page fits), or None."""
+    return int(given) if given.isascii() and given.isdigit() and len(given) <= 18 else None
 
 
 def _or_error(make: Callable[[], Any], answer: Callable[..., Response]) -> Response:

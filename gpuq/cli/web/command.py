@@ -69,7 +69,7 @@ def cmd_web(args: argparse.Namespace) -> int:
 
     from gpuq.cli.web import app  # Starlette: with it
 
-    application = app.build(sp, token, read_only=args.read_only)  # the queue read once: the first page is quick
+    application = app.build(sp, read_only=args.read_only)  # the queue read once: the first page is quick
     server = uvicorn.Server(uvicorn.Config(application, log_level="warning", access_log=False, lifespan="off"))
 
     def stop(_signum: int, _frame: Any) -> None:

@@ -77,6 +77,21 @@ def apply_edited(
     return (apply(spool, job_id, edited, rev) if edited != fields else None), changed
 
 
+def waits_for_itself(spool: Spool, job_id: int, deps: list[int]) -> list[int]:
+    """The chain of waiting jobs through which `job_id`, waiting for `deps`, would wait for itself
+    (ending in `job_id`), or [] (a job that has started or ended is waited for no longer)."""
+    waits = {job.id: job.after + job.after_any for state in WAITING for _ref, job in spool.jobs.load_many(state)}
+    stack, seen = [[dep] for dep in deps], set()
+    while stack:
+        chain = stack.pop()
+        if chain[-1] == job_id:
+            return chain
+        if chain[-1] not in seen:
+            seen.add(chain[-1])
+            stack.extend(chain + [dep] for dep in waits.get(chain[-1], ()))
+    return []
+
+
 def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
     try:
         clean = schema.normalize_dropped(fields)
@@ -87,6 +102,10 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
         raise Refused(f"job #{job_id} not changed: after: no such job {missing}")
     if job_id in clean["after"] + clean["after_any"]:
         raise Refused(f"job #{job_id} not changed: a job cannot wait for itself")
+    loop = waits_for_itself(spool, job_id, clean["after"] + clean["after_any"])
+    if loop:
+        chain = " after ".join(f"#{i}" for i in [job_id, *loop])
+        raise Refused(f"job #{job_id} not changed: it would wait for itself ({chain}), and none of them would start")
     if clean.get("cwd") is not None and not os.path.isdir(clean["cwd"]):
         raise Refused(f"job #{job_id} not changed: cwd does not exist: {clean['cwd']}")
     with actions.claimed(spool, job_id, WAITING) as (ref, job):

@@ -132,8 +132,8 @@ def claimed(spool: Spool, job_id: int, states: tuple[str, ...]) -> Iterator[tupl
     holds it (a worker starting it, another command) or the job is elsewhere."""
     claim = spool.claims.take_over(job_id)
     if claim is None:
-        state = (spool.jobs.find(job_id) or JobRef(job_id, "unknown", "")).state
-        raise Refused(f"job #{job_id} is busy ({state}: being started or changed); try again")
+        get(spool, job_id, states)  # a running job's supervisor holds its claim: say where the job is
+        raise Refused(f"job #{job_id} is busy (being started or changed); try again")
     try:
         yield get(spool, job_id, states)
     finally:

@@ -8,7 +8,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence, TypeVar, Union
 
 from gpuq.core import schema, sweep, timespec
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.job import Job, is_url
+from gpuq.core.job import MAX_GPUS, MAX_RETRIES, Job, is_url
 from gpuq.core.keep import parse_keep
 from gpuq.core.resume_arg import check_resume_arg
 from gpuq.core.states import HELD, PENDING, RUNNING
@@ -126,9 +126,11 @@ def new_jobs(
         if own.get("sweep") is not None:
             own["sweep"] = dict(own["sweep"], id=first)
         name = variant.name or default_name(cwd, variant.cmd)
-        jobs.append(
-            schema.new_job(job_id=job_id, name=name, cmd=variant.cmd, cwd=cwd, log=log(job_id), options=own, **common)
-        )
+        job = schema.new_job(job_id=job_id, name=name, cmd=variant.cmd, cwd=cwd, log=log(job_id), options=own, **common)
+        try:  # what every reader checks: a job that would be rejected once queued is refused now
+            jobs.append(schema.validate(job))
+        except schema.InvalidJob as exc:
+            raise UsageError(f"cannot queue this job: {exc}") from None
     return jobs
 
 
@@ -155,9 +157,9 @@ def prepare(request: Request) -> Prepared:
     if not request.cmd:
         raise UsageError("say what to queue: a script or a command")
     for wrong, why in (
-        (request.retries < 0, "--retries must be 0 or more"),
-        (request.retry_oom < 0, "--retry-oom must be 0 or more"),
-        (request.gpus < 0, "--gpus must be 0 or more"),
+        (not 0 <= request.retries <= MAX_RETRIES, f"--retries must be from 0 to {MAX_RETRIES}"),
+        (not 0 <= request.retry_oom <= MAX_RETRIES, f"--retry-oom must be from 0 to {MAX_RETRIES}"),
+        (not 0 <= request.gpus <= MAX_GPUS, f"--gpus must be from 0 to {MAX_GPUS}"),
         (request.cpus is not None and request.cpus < 1, "--cpus must be 1 or more"),
         (request.gpu_mem is not None and request.gpus == 0, "--gpu-mem needs --gpus 1 or more (--gpus 0 is a CPU job)"),
     ):
@@ -190,9 +192,9 @@ def prepare(request: Request) -> Prepared:
         "gpu_mem_mib": usage(timespec.parse_memory_mib, request.gpu_mem, "--gpu-mem"),
         "mem_mib": usage(timespec.parse_memory_mib, request.mem, "--mem"),
         "notify_urls": notify_urls(request.notify_url),
-        "max_log_bytes": usage(timespec.parse_size_bytes, request.max_log_size, "--max-log-size"),
+        "max_log_bytes": usage(timespec.parse_typed_bytes, request.max_log_size, "--max-log-size"),
         "keep_checkpoints": _keep(request.keep_checkpoints),
-        "min_free_bytes": usage(timespec.parse_size_bytes, request.min_free, "--min-free"),
+        "min_free_bytes": usage(timespec.parse_typed_bytes, request.min_free, "--min-free"),
         **guards,
     }
     fields = {
@@ -237,9 +239,10 @@ def check(spool: Spool, prepared: Prepared, views: Any = None, gpus: bool = True
         problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"], views)
         if problem:
             raise UsageError(f"{problem}: this job could never start")
-    missing = missing_jobs(spool, prepared.fields["after"] + prepared.fields["after_any"])
-    if missing:
-        raise Refused(f"--after: no such job {missing}")
+    for key in ("after", "after_any"):
+        missing = missing_jobs(spool, prepared.fields[key])
+        if missing:
+            raise Refused(f"--{key.replace('_', '-')}: no such job {missing}")
 
 
 def publish(spool: Spool, prepared: Prepared) -> list[tuple[JobRef, Job]]:

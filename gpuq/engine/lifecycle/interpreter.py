@@ -92,6 +92,10 @@ def resolve_command(
         if "/" in script:
             if not exists(path):
                 raise EnqueueError(f"script not found: {path}")
+            if os.path.isdir(path):
+                raise EnqueueError(f"a directory, not a program: {path}")
+            if not os.access(path, os.X_OK):  # it would only fail to start (exit 126)
+                raise EnqueueError(f"not executable: {path} (`chmod +x {script}`, or queue `bash {script}`)")
         elif procs.which(script, path=search) is None:
             raise EnqueueError(f"command not found: {script}")
         return Resolved([script, *args], venv, conda, found_by)

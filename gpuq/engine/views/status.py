@@ -16,6 +16,7 @@ from gpuq.engine.tracking import gpuuse
 from gpuq.spool import JobRef, Spool
 from gpuq.spool.cache.index import Finished, FinishedRows
 from gpuq.spool.files import MIN_FREE_TO_START
+from gpuq.system import security
 
 RECENT_FINISHED = 10
 LOOKS = 3  # listings taken at most while jobs keep moving under one `gpuq status`
@@ -53,6 +54,17 @@ class Rejected:
         self.count, self.newest, self.reason, self.at = count, newest, reason, at
 
 
+def _row_of(spool: Spool, ref: JobRef, damaged: Optional[Callable[[str, str], Any]]) -> list[Any]:
+    """The row of a job outside the queue: [] if it has moved on meanwhile; a damaged file's row
+    (its cells from `damaged`) where the caller shows them, so that no job file goes unseen."""
+    try:
+        return [Row(spool.jobs.load(ref), ref.state)]
+    except FileNotFoundError:
+        return []
+    except schema.InvalidJob as exc:
+        return [CachedRow(ref.id, ref.state, damaged(ref.name, str(exc)))] if damaged is not None else []
+
+
 class Status(NamedTuple):
     workers: list[dict[str, Any]]
     rows: list[Any]  # Row and CachedRow
@@ -81,7 +93,7 @@ def status(
     damaged: Optional[Callable[[str, str], tuple]] = None,
     recent: int = RECENT_FINISHED,
 ) -> Status:
-    """Every row of the queue. With `damaged` (the CLI's cells of a finished file that is not a
+    """Every row of the queue. With `damaged` (the CLI's cells of a job file outside the queue that is not a
     valid job, from its name and why), such a file is a row saying so, and `show_all` gives the
     finished rows as data from the index of finished jobs (spool/cache/index.py). `recent`: how
     many of the newest finished jobs are rows without `show_all` (`eta` shows none: 0)."""
@@ -105,8 +117,8 @@ def status(
     for job in scheduler.queue_order(snap.pending):
         rows.append(Row(job, PENDING, reasons[job.id]))
         rows[-1].disk_wait = guarded.get(job.id)
-    for state in (HELD, PREEMPTED, INTERRUPTED, SLURM, RAY):
-        rows += [Row(job, state) for _ref, job in spool.jobs.load_many(state)]
+    for ref in spool.jobs.refs((HELD, PREEMPTED, INTERRUPTED, SLURM, RAY)):
+        rows += _row_of(spool, ref, damaged)
     view = None
     if show_all and damaged is not None and done.count() > RECENT_FINISHED:
         view = FinishedRows(done.entries)
@@ -119,13 +131,7 @@ def status(
     moved_on = {i for i in also_elsewhere if snap.states[i] not in FINISHED and done_states[i] == FAILED}
     hidden_failed = _hidden_failed(done, finished, len(moved_on)) if hidden else 0
     for ref in finished:
-        try:
-            rows.append(Row(spool.jobs.load(ref), ref.state))
-        except FileNotFoundError:
-            continue
-        except schema.InvalidJob as exc:
-            if damaged is not None:
-                rows.append(CachedRow(ref.id, ref.state, damaged(ref.name, str(exc))))
+        rows += _row_of(spool, ref, damaged)
     rows.sort(key=lambda r: (r.state not in IN_LINE, r.job.id))  # held ones in their place in line
     workers = spool.workers.live()
     shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old
@@ -134,6 +140,10 @@ def status(
 
         queue_eta.annotate(spool, rows, workers, time.time(), shown, done)  # progress, ETA, when pending ones start
     warned = warned_slurm + disk_warnings(spool, snap.running) + _idle_gpus(spool, rows)
+    warned += [
+        f"pending/{security.display(name)}: not taken in (only *.json files are jobs); left alone"
+        for name in spool.dropbox.ignored()
+    ]
     dropped, rejected = spool.dropbox.dropped(), unseen_rejected(spool)
     return Status(workers, rows, hidden, hidden_failed, invalid, dropped, shown, warned, view, rejected)
 
