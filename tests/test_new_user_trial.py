@@ -107,7 +107,10 @@ def test_a_command_that_cannot_run_is_refused_at_add(gq: Env) -> None:
         (("wait", "--timeout", "-1"), "gpuq wait: argument --timeout: not a number of seconds (0 or more): '-1'"),
         (("preempt", "1", "--timeout", "nan"), "gpuq preempt: argument --timeout: not a number of seconds"),
         (("top", "--interval", "nan"), "gpuq top: argument --interval: not a number of seconds from 0.1 to 3600"),
-        (("service", "install", "--web", "--web-port", "0"), "gpuq service: --web-port: the service needs a fixed port"),
+        (
+            ("service", "install", "--web", "--web-port", "0"),
+            "gpuq service: --web-port: the service needs a fixed port",
+        ),
     ],
 )
 def test_a_bad_number_or_id_is_named_as_given(gq: Env, line: tuple[str, ...], said: str) -> None:

@@ -27,6 +27,7 @@ from gpuq.core.times import iso_of
 from gpuq.engine.schedule import victims
 from gpuq.engine.schedule.planner import Assignment, Planner
 from gpuq.engine.schedule.scheduler import QueueState
+from gpuq.spool import Spool
 from gpuq.system.gpus import Gpu, GpuLook, GpuProcess
 
 FAKE = Path(__file__).with_name("fake_trainer.py")
@@ -196,3 +197,74 @@ def test_of_the_jobs_that_can_continue_the_one_that_loses_the_least_work_is_pree
     assert victims.lost_work(early, now) < victims.lost_work(late, now)
     plan = Planner(look=lambda: _gpus(2)).plan(_snap([urgent], [early, late]), busy={})
     assert [victim.id for victim in plan.victims] == [1]
+
+
+def _shared(job_id: int, gpu: int, started: str, **fields: Any) -> Job:
+    return _job(job_id, **{**_running(job_id, gpu, started), "gpu_mem_mib": 30000, **fields})
+
+
+def test_the_gpus_emptied_for_an_urgent_job_are_kept_for_it() -> None:
+    """A whole-GPU urgent job is emptying GPU 1 of its two shared jobs. C is back first in line while
+    D, still in running/, lets go: C must not start beside D again (it did, and was preempted again,
+    round after round); nor may a plain urgent job ahead take what was emptied for this one."""
+    a, b = _shared(1, 0, "2026-01-01T00:00:00+00:00"), _shared(2, 0, "2026-01-01T00:00:01+00:00")
+    d = _shared(4, 1, "2026-01-01T00:00:03+00:00")
+    back = _job(3, gpu_mem_mib=30000, queue_front=True, auto_resume=True)  # C, back in line
+    urgent = _job(5, urgent=True)
+    busy = {4: Assignment.of_job(d)}
+
+    def plan(pending: list[Job], running: list[Job], kept: bool) -> Any:
+        preempting = {4} if d in running else set()
+        kept_for = (5, frozenset({1})) if kept else None
+        return Planner(look=lambda: _gpus(2)).plan(_snap(pending, running), busy, preempting, kept_for)
+
+    assert [job.id for job, _where in plan([urgent, back], [a, b, d], kept=False).starts] == [3]  # as it was
+    now = plan([urgent, back], [a, b, d], kept=True)
+    assert now.starts == [] and now.victims == []
+    assert now.waits[3].reason == "waiting behind job #5 (urgent: the GPUs its preemptions empty are kept for it)"
+    busy.clear()  # D gone: GPU 1 is the urgent job's, even with a plain urgent job ahead of it
+    ahead = _job(6, urgent=True)
+    later = plan([ahead, urgent, back], [a, b], kept=True)
+    assert [(job.id, where.gpus) for job, where in later.starts] == [(5, (1,))] and 6 in later.waits
+
+
+def test_an_urgent_force_job_preempts_behind_an_urgent_job_that_cannot() -> None:
+    """U1 (--urgent) finds no job that can continue; U2 (--urgent=force) behind it may take one."""
+    plain = _job(1, **{**_running(1, 0, "2026-01-01T00:00:00+00:00"), "preemptible": False})
+    u1, u2 = _job(2, urgent=True), _job(3, urgent="force")
+    plan = Planner(look=lambda: _gpus(1)).plan(_snap([u1, u2], [plain]), busy={})
+    assert [victim.id for victim in plan.victims] == [1] and plan.victims_for == 3
+
+
+def test_a_control_request_left_for_an_earlier_run_is_not_this_runs(gq: Env) -> None:
+    """A second preemption request that reached a run already stopping outlived it; the next run,
+    which then ran to its end, was recorded as preempted and run a third time."""
+    spool = Spool(gq.home).ensure()
+    spool.control.request(7, "preempt-resume")
+    made = time.time()
+    assert spool.control.take(7, since=made + 1) is None and spool.control.ids() == []
+    spool.control.request(7, "preempt-resume")
+    assert spool.control.take(7, since=made - 1) == "preempt-resume"
+
+
+def test_an_urgent_whole_gpu_job_preempts_the_jobs_sharing_one_gpu_once(gq: Env) -> None:
+    """Four --gpu-mem 30G trainings, two on each of two GPUs; an urgent job needs a whole GPU: the
+    two on one GPU are preempted, once each, it runs, they resume; the other two never stop."""
+    Gpus(gq, fake_gpus(2))
+    slow = ("--save_on_sigterm", "--save_time", "0.5", "--save_steps", "100000", "--max_steps", "100000")
+    ids = [gq.add(*trainer(gq, name, "--preemptible", "--gpu-mem", "30G", steps=slow)) for name in "ABCD"]
+    gq.start_worker("--watch")
+    wait_for(lambda: all(steps_of(gq, i) >= 2 for i in ids), 30, what="four trainings to run")
+    added = gq.gpuq("add", *trainer(gq, "W", "--urgent", steps=("--max_steps", "3")))
+    assert "are preempted and resumed after" in added.stdout and "(sharing GPU " in added.stdout, added.stdout
+    urgent = int(re.search(r"Job #(\d+)", added.stdout).group(1))
+    gq.wait_state(urgent, "done", timeout=40)
+    stopped = [i for i in ids if gq.job(i)["preemptions"]]
+    wait_for(lambda: all(gq.state_of(i) == RUNNING for i in ids), 30, what="the two victims resumed")
+    out = gq.worker_output()
+    assert len(stopped) == 2 and out.count("preempting job #") == 2, out
+    assert len({gq.job(i)["gpus"][0] for i in stopped}) == 1  # the two of one GPU
+    for i in stopped:
+        assert len(gq.job(i)["preemptions"]) == 1 and len(runs(gq, gq.job(i)["name"])) == 1
+    for i in ids:
+        gq.gpuq("kill", str(i))

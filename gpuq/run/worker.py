@@ -186,13 +186,14 @@ class Worker:
         idle = self.stopping or self.draining
         if self.planner.turns is not None:
             self.planner.turns.paused = idle  # a worker that starts nothing must not hold a GPU's turn
-        plan = self.planner.plan(snap, busy, preempting)
+        plan = self.planner.plan(snap, busy, preempting, self.urgent.kept_for())
         self.waits = plan.waits
         result.space_wait = self._disk_full(plan, bool(snap.pending))
         if not idle:
             self._start(plan, now, result)
         busy.update((job_id, s.where) for job_id, s in self.supervisors.items() if s.starting)
-        handing_on = not (idle or plan.victims or self.urgent.under_way or resume_due or result.space_wait)
+        urgent_waits = plan.victims or self.urgent.under_way or self.urgent.kept
+        handing_on = not (idle or urgent_waits or resume_due or result.space_wait)
         self._tell_successors(snap, plan.look, busy, preempting, handing_on)
         if plan.look is not None:  # after the starts; without GPUs only when it says something new
             shown, self.shown = self.shown, (plan.look.problem, {i: w.reason for i, w in plan.waits.items()})
@@ -218,7 +219,7 @@ class Worker:
 
     def _start(self, plan: Plan, now: float, result: StepResult) -> None:
         for victim in plan.victims:
-            self.urgent.begin(victim, now)
+            self.urgent.begin(victim, now, plan.victims_for)
             how = victims.how_it_continues(victim)
             then = f"it continues {how}" if how else "it will start over (--urgent=force)"
             self.say(f"preempting job #{victim.id} {victim.name} to make room for an urgent job: {then}")

@@ -26,17 +26,19 @@ class ControlRequests:
         data = json.dumps({**said, "at": time.time()}).encode()
         self.files.with_room(lambda: self.files.replace(self.layout.control_path(job_id), data, "ctl"))
 
-    def peek(self, job_id: int) -> Optional[str]:
-        """The pending request for a job, left in place."""
+    def peek(self, job_id: int, since: Optional[float] = None) -> Optional[str]:
+        """The pending request for a job, left in place; with `since`, only one made from then on."""
         found = read_object(self.layout.control_path(job_id)) or {}
-        action = found.get("action")
+        action, at = found.get("action"), found.get("at")
+        if since is not None and isinstance(at, (int, float)) and at < since:
+            return None  # meant for an earlier run of the job, which had ended already
         if action == KILL and found.get("by") == CANCEL:
             return CANCEL
         return action if isinstance(action, str) else None
 
-    def take(self, job_id: int) -> Optional[str]:
-        """The pending request for a job, consumed."""
-        action = self.peek(job_id)
+    def take(self, job_id: int, since: Optional[float] = None) -> Optional[str]:
+        """The pending request for a job (made since `since`, when given), consumed."""
+        action = self.peek(job_id, since)
         unlink_quietly(self.layout.control_path(job_id))
         return action
 

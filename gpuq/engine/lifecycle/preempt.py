@@ -99,6 +99,11 @@ def resume_auto(spool: Spool) -> tuple[list[Resumed], bool]:
     return out, busy
 
 
+# How long the GPUs emptied for an urgent job wait for it: longer than a victim may take to go, but
+# not for ever should something else (another user's process) keep the job from them.
+KEPT_SECONDS = 2 * DEFAULT_TIMEOUT
+
+
 @dataclass
 class Preemption:
     where: Assignment  # the slot or GPUs it holds until every process of it is gone
@@ -107,24 +112,45 @@ class Preemption:
     deadline: float
 
 
+@dataclass
+class Kept:
+    """GPUs emptied for an urgent job, kept for it until it starts (or `until`)."""
+
+    job_id: int
+    gpus: frozenset[int]
+    until: float
+
+
 class UrgentPreemptions:
     """A worker's preemptions under way: a victim's slot stays unused until every process of it is gone."""
 
     def __init__(self, spool: Spool):
         self.spool = spool
         self.under_way: dict[int, Preemption] = {}  # job id -> its preemption
+        self.kept: Optional[Kept] = None
 
-    def begin(self, victim: Job, now: float) -> None:
+    def begin(self, victim: Job, now: float, for_job: Optional[int] = None) -> None:
         pgid = victim.pid
         assert pgid is not None  # victims are chosen among jobs with a process
         snapshot = proctree.ungrouped_tree(pgid)
         self.spool.control.request(victim.id, PREEMPT_RESUME)
         proctree.terminate(pgid, snapshot)
-        self.under_way[victim.id] = Preemption(Assignment.of_job(victim), pgid, snapshot, now + DEFAULT_TIMEOUT)
+        where = Assignment.of_job(victim)
+        self.under_way[victim.id] = Preemption(where, pgid, snapshot, now + DEFAULT_TIMEOUT)
+        if for_job is not None and where.gpus:
+            gpus = set(where.gpus) | (self.kept.gpus if self.kept and self.kept.job_id == for_job else set())
+            self.kept = Kept(for_job, frozenset(gpus), now + KEPT_SECONDS)
+
+    def kept_for(self) -> Optional[tuple[int, frozenset[int]]]:
+        """The urgent job preemptions made room for and the GPUs they empty: kept for it, so that
+        no other job (an urgent one ahead of it, a victim put back first in line) takes them."""
+        return (self.kept.job_id, self.kept.gpus) if self.kept else None
 
     def holding(self, state_of: dict[int, str], now: float) -> dict[int, Assignment]:
         """Where victims still alive hold their place; past the grace, SIGKILL (at each look: a process
         may have been forked meanwhile)."""
+        if self.kept and (state_of.get(self.kept.job_id) != PENDING or now >= self.kept.until):
+            self.kept = None  # it started (or is gone): the GPUs are its or anyone's
         for job_id, p in list(self.under_way.items()):
             left = proctree.leftovers(p.pgid, p.snapshot)
             if state_of.get(job_id) != RUNNING and not left:

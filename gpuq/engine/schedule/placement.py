@@ -162,14 +162,17 @@ def place_in_order(
     foreign_threshold_mib: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
     describe: Optional[Describe] = None,
     leased: Sequence[Leased] = (),
+    kept_for: Optional[tuple[int, frozenset[int]]] = None,
 ) -> dict[int, Decision]:
     """`place` for ready jobs in queue order, each placement a holding for the jobs after it. Once a
     GPU job waits, the GPUs it would get first are kept for it (`reserve`): a job behind it starts
     only on other GPUs (backfill), else waits behind it. So GPUs that the first in line cannot use
     yet do not sit idle while jobs that fit there wait, and a stream of small jobs still never keeps
     a big one waiting forever: nothing new starts on its GPUs, which only empty. A job that can
-    never fit holds no one up."""
+    never fit holds no one up. `kept_for`: (job, GPUs) that no other job may take, ahead of it or
+    behind (an urgent job's, emptied by its preemptions: else a victim put back would take them)."""
     allowed = None if allowed is None else set(allowed)
+    everyone = {g.index for g in gpus if allowed is None or g.index in allowed}
     own = frozenset(own_pids)
     held = list(holdings)
     text = _Texts(describe, {})  # its describe() looks each pid up once for the whole step
@@ -178,19 +181,38 @@ def place_in_order(
     decisions: dict[int, Decision] = {}
     for job_id, request in requests:
         decision = place(request, gpus, allowed, held, own, foreign_threshold_mib, text.describe, leased)
-        if isinstance(decision, Placement) and decision.gpus and others is not None:
-            if not others.issuperset(decision.gpus):  # it would take the first in line's GPUs: elsewhere?
-                elsewhere = place(request, gpus, others, held, own, foreign_threshold_mib, text.describe, leased)
-                behind = Blocked(f"{BEHIND}{first_waiting} (first in line for a GPU)", forever=False)
-                decision = elsewhere if isinstance(elsewhere, Placement) else behind
+        fence, why = _fence(job_id, everyone, others, first_waiting, kept_for)
+        if isinstance(decision, Placement) and decision.gpus and fence is not None and not fence >= set(decision.gpus):
+            elsewhere = place(request, gpus, fence, held, own, foreign_threshold_mib, text.describe, leased)
+            decision = elsewhere if isinstance(elsewhere, Placement) else Blocked(why, forever=False)
         if isinstance(decision, Placement) and decision.gpus:
             held.append(Holding(job_id, decision.gpus, request.gpu_mem_mib))
         elif isinstance(decision, Blocked) and not decision.forever and first_waiting is None:
             first_waiting = job_id
-            kept = reserve(request, gpus, allowed, held, leased, foreign_threshold_mib)
-            others = {g.index for g in gpus if allowed is None or g.index in allowed} - kept
+            if kept_for is not None and job_id == kept_for[0]:
+                kept = set(kept_for[1])  # what its preemptions empty, not what `reserve` would choose
+            else:
+                kept = reserve(request, gpus, allowed, held, leased, foreign_threshold_mib)
+            others = everyone - kept
         decisions[job_id] = decision
     return decisions
+
+
+def _fence(
+    job_id: int,
+    everyone: set[int],
+    others: Optional[set[int]],
+    first_waiting: Optional[int],
+    kept_for: Optional[tuple[int, frozenset[int]]],
+) -> tuple[Optional[set[int]], str]:
+    """The GPUs a job may start on while some are kept for another job (None: any), and why it
+    waits if it fits only on kept ones."""
+    if kept_for is not None and job_id != kept_for[0]:
+        free = (everyone if others is None else others) - kept_for[1]
+        return free, f"{BEHIND}{kept_for[0]} (urgent: the GPUs its preemptions empty are kept for it)"
+    if kept_for is not None and others is not None:  # the job they are kept for: those are its
+        return others | kept_for[1], f"{BEHIND}{first_waiting} (first in line for a GPU)"
+    return others, f"{BEHIND}{first_waiting} (first in line for a GPU)"
 
 
 def reserve(

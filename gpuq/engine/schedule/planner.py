@@ -48,6 +48,7 @@ class Plan:
     starts: list[tuple[Job, Assignment]] = field(default_factory=list)
     waits: dict[int, scheduler.Wait] = field(default_factory=dict)  # ready jobs the GPUs hold back
     victims: list[Job] = field(default_factory=list)  # running jobs to preempt for urgent ones
+    victims_for: Optional[int] = None  # the urgent job they are preempted for
     look: Optional[gpu_info.GpuLook] = None  # the GPUs, when they were looked at
 
 
@@ -105,13 +106,15 @@ class Planner:
         snap: scheduler.QueueState,
         busy: dict[int, Assignment],
         preempting: AbstractSet[int] = frozenset(),
+        kept_for: Optional[tuple[int, frozenset[int]]] = None,
     ) -> Plan:
         """What to start now. `busy`: jobs being started or preempted, which hold their place though
-        not in running/; `preempting`: never chosen again."""
+        not in running/; `preempting`: never chosen again; `kept_for`: an urgent job and the GPUs its
+        preemptions under way empty, which no other job takes meanwhile."""
         if self.turns is None:
-            return self._plan(snap, busy, preempting)
+            return self._plan(snap, busy, preempting, kept_for)
         self.turns.turn_waits, self.turns.capped = set(), set()
-        plan = self._plan(snap, busy, preempting)
+        plan = self._plan(snap, busy, preempting, kept_for)
         gpus = [(g.index, g.uuid) for g in plan.look.gpus] if plan.look is not None else []
         starting = {*busy, *(job.id for job, _where in plan.starts)}  # a ticket is kept until the lease is taken
         self.turns.upkeep(snap.pending, plan.waits, starting, gpus, self.allowed, self._leased)
@@ -122,6 +125,7 @@ class Planner:
         snap: scheduler.QueueState,
         busy: dict[int, Assignment],
         preempting: AbstractSet[int],
+        kept_for: Optional[tuple[int, frozenset[int]]] = None,
     ) -> Plan:
         self._trees, self._leased = {}, []
         starting = [job for job in snap.pending if job.id in busy]
@@ -140,7 +144,7 @@ class Planner:
             leases = self.leases()
             self._leased = [Leased(lease, frozenset(self._tree(lease.pid) if listed else ())) for lease in leases]
         ready = [first, *islice(found, MAX_PLACED - 1)]
-        return self._plan_gpus(snap, busy, ready, preempting, look, mode, starting)
+        return self._plan_gpus(snap, busy, ready, preempting, look, mode, starting, kept_for)
 
     def successors(
         self,
@@ -220,6 +224,7 @@ class Planner:
         look: gpu_info.GpuLook,
         mode: str,
         starting: Sequence[Job] = (),
+        kept_for: Optional[tuple[int, frozenset[int]]] = None,
     ) -> Plan:
         plan = Plan(look=look)
         allowed = self.allowed
@@ -233,7 +238,7 @@ class Planner:
             requests = [(j.id, request_of(j)) for j in ready]
             decisions = placement.place_in_order(
                 requests, look.gpus, allowed, holdings, own_pids, self.threshold, gpu_info.describe_pid,
-                leased=self._leased,
+                leased=self._leased, kept_for=kept_for,
             )  # fmt: skip
         for job in ready:
             decision = decisions[job.id]
@@ -251,7 +256,7 @@ class Planner:
             seen = [(g.index, g.uuid) for g in look.gpus]
             plan.starts = self.turns.hold_back(plan.starts, plan.waits, seen, held_here, self._leased)
         if mode == placement.GPUS:
-            plan.victims = self._victims(snap, ready, plan, holdings, own_pids, preempting, look, allowed)
+            self._victims(snap, ready, plan, holdings, own_pids, preempting, look, allowed)
         return plan
 
     def _room(self, snap: scheduler.QueueState, starting: Sequence[Job]) -> hostroom.Room:
@@ -311,21 +316,27 @@ class Planner:
         preempting: AbstractSet[int],
         look: gpu_info.GpuLook,
         allowed: Optional[set[int]],
-    ) -> list[Job]:
-        """As few running jobs to preempt as let the first urgent job the GPUs hold back start."""
-        urgent = next((j for j in ready if scheduler.may_preempt(j) and j.id in plan.waits), None)
-        if urgent is None or plan.waits[urgent.id].forever or preempting:
-            return []
-        candidates = victims.candidates(urgent, snap.running)
-        candidates = [j for j in candidates if allowed is None or set(j.gpus or ()) <= allowed]
+    ) -> None:
+        """As few running jobs to preempt as let an urgent job the GPUs hold back start: the first in
+        line that some preemption serves (an `--urgent=force` one behind an `--urgent` one that none
+        can serve), one urgent job at a time."""
+        if preempting:
+            return
         whole = max((gpu.memory_total_mib for gpu in look.gpus), default=victims.WHOLE_GPU_MIB)
-        allowed_victims = victims.in_preference(candidates, urgent, whole)
-        chosen = self._making_room(urgent, allowed_victims, holdings, own_pids, look, allowed)
-        if not chosen and len(allowed_victims) < len(candidates):
-            if self._making_room(urgent, candidates, holdings, own_pids, look, allowed):
-                wait = plan.waits[urgent.id]
-                plan.waits[urgent.id] = scheduler.Wait(f"{wait.reason}; urgent, but {victims.NO_VICTIM}", False)
-        return chosen
+        for urgent in ready:
+            if not scheduler.may_preempt(urgent) or urgent.id not in plan.waits or plan.waits[urgent.id].forever:
+                continue
+            candidates = victims.candidates(urgent, snap.running)
+            candidates = [j for j in candidates if allowed is None or set(j.gpus or ()) <= allowed]
+            allowed_victims = victims.in_preference(candidates, urgent, whole)
+            chosen = self._making_room(urgent, allowed_victims, holdings, own_pids, look, allowed)
+            if chosen:
+                plan.victims, plan.victims_for = chosen, urgent.id
+                return
+            if len(allowed_victims) < len(candidates):
+                if self._making_room(urgent, candidates, holdings, own_pids, look, allowed):
+                    wait = plan.waits[urgent.id]
+                    plan.waits[urgent.id] = scheduler.Wait(f"{wait.reason}; urgent, but {victims.NO_VICTIM}", False)
 
     def _making_room(
         self,

@@ -81,4 +81,18 @@ def foreseen(urgent: Job, running: list[Job]) -> str:
         )
     how = how_it_continues(chosen)
     then = f"it continues {how}" if how else "it starts over (no checkpoint: --urgent=force)"
+    sharing = _sharing(urgent, chosen, choices)
+    if sharing:  # a whole GPU for it: every job sharing the GPU goes
+        named = " and ".join(f"#{job.id} {job.name}" for job in [chosen, *sharing])
+        gpu = ",".join(map(str, chosen.gpus or ()))
+        return f"urgent: if no GPU is free, jobs {named} (sharing GPU {gpu}) are preempted and resumed after"
     return f"urgent: if no slot is free, job #{chosen.id} {chosen.name} is preempted and resumed after; {then}"
+
+
+def _sharing(urgent: Job, chosen: Job, choices: list[Job]) -> list[Job]:
+    """The other jobs on `chosen`'s GPU that a whole-GPU urgent job preempts with it, if all may be."""
+    if urgent.gpu_mem_mib is not None or chosen.gpu_mem_mib is None or not chosen.gpus:
+        return []
+    others = [job for job in choices if job is not chosen and set(job.gpus or ()) & set(chosen.gpus)]
+    able = in_preference(choices, urgent)
+    return others if all(job in able for job in others) else []

@@ -44,7 +44,7 @@ def finish(
     # worker, which starts the next job once this one leaves running/, never finds its lease there.
     release(run.leases)
     record_usage(run.leases)  # before the worker sees the job end, and ranks the waiting users by usage
-    request = spool.control.take(job.id)
+    request = spool.control.take(job.id, since=parse_iso(job.started_at))  # not one left for the run before
     state, why = transitions.destination(job, exit_code, request, retry, run.timed_out, host_memory=reached(run.host))
     sig_name = signal.Signals(sig).name if sig else None
     if state == PREEMPTED:
