@@ -232,3 +232,32 @@ def test_which_pyprojects_are_uv_projects(tmp_path: Path) -> None:
     (locked / ".venv" / "bin").mkdir(parents=True)
     (locked / ".venv" / "bin" / "python").symlink_to(PYTHON)
     assert interpreter.uv_hint(str(locked), interpreter.resolve_command("true", [], str(locked))) == ""
+
+
+def test_an_edit_of_cwd_chooses_again_past_the_active_env_and_a_null_conda_drops_a_given_one(
+    gq: Any, tmp_path: Path
+) -> None:
+    torch = conda_env(tmp_path / "miniconda" / "envs" / "torch")
+    project = gq.work / "exp"
+    (project / ".venv" / "bin").mkdir(parents=True)
+    (project / ".venv" / "bin" / "python").symlink_to(PYTHON)
+    gq.script("report.py", REPORT)
+    gq.script("report.py", REPORT, where=project)
+    shell = activated(gq, torch, "torch")
+    active = int(gq.gpuq("add", "-q", "--hold", "report.py", env=shell).stdout)
+    given = int(gq.gpuq("add", "-q", "--hold", "--conda", str(torch), "report.py", env=shell).stdout)
+    for job_id in (active, given):
+        gq.gpuq("edit", str(job_id), "--set", f"cwd={project}")
+    job = gq.job(active)  # the shell's active env was no choice: the nearer .venv wins, as at `add`
+    assert (job["cmd"][0], job["venv"], job["conda"], job["interpreter_from"]) == (
+        f"{project}/.venv/bin/python",
+        f"{project}/.venv",
+        None,
+        ".venv",
+    )
+    job = gq.job(given)  # --conda was: it is kept
+    assert (job["cmd"][0], job["conda"], job["interpreter_from"]) == (f"{torch}/bin/python", str(torch), "--conda")
+    out = gq.gpuq("edit", str(given), "--set", "conda=null").stdout
+    assert f"python {project}/.venv/bin/python (from the nearest .venv)" in out
+    job = gq.job(given)
+    assert (job["cmd"][0], job["conda"], job["interpreter_from"]) == (f"{project}/.venv/bin/python", None, ".venv")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from conftest import Env, fake_venv
 
@@ -66,3 +67,32 @@ def test_edit_set_cmd_to_a_script_runs_it_with_the_venv(gq: Env) -> None:
     assert gq.state_of(job_id) == "done"
     assert "trained ['--steps', '5']" in gq.log(job_id)
     assert (project / "venv-used").read_text() == "venv\n"
+
+
+def test_an_edit_of_cwd_or_cmd_chooses_the_python_again_but_keeps_a_python_given(gq: Env) -> None:
+    exp_a, exp_b = gq.work / "expA", gq.work / "expB"
+    python_a, python_b = fake_venv(exp_a), fake_venv(exp_b)
+    for where in (exp_a, exp_b):
+        gq.script("train.py", TRAIN, where=where)
+    found = gq.add("--hold", "--dir", str(exp_a), "train.py")
+    assert gq.job(found)["cmd"] == [python_a, "train.py"]
+    out = gq.gpuq("edit", str(found), "--set", f"cwd={exp_b}").stdout
+    job = gq.job(found)  # expB's python, as `add` in expB would choose
+    assert (job["cmd"], job["venv"], job["interpreter_from"]) == ([python_b, "train.py"], str(exp_b / ".venv"), ".venv")
+    assert f"python {python_b} (from the nearest .venv)" in out
+    assert f"python     {python_b} (from the nearest .venv)" in gq.gpuq("show", str(found)).stdout
+
+    given = gq.add("--hold", "--dir", str(exp_a), "--python", sys.executable, "train.py")
+    out = gq.gpuq("edit", str(given), "--set", 'cmd=["train.py", "--x"]').stdout
+    assert gq.job(given)["cmd"] == [sys.executable, "train.py", "--x"]  # kept, not replaced by the .venv's
+    assert f"python {sys.executable} (from --python)" in out
+    gq.gpuq("edit", str(given), "--set", f"cwd={exp_b}")
+    job = gq.job(given)
+    assert (job["cmd"], job["interpreter_from"]) == ([sys.executable, "train.py", "--x"], "--python")
+    assert f"python     {sys.executable} (from --python)" in gq.gpuq("show", str(given)).stdout
+
+    gq.gpuq("release", str(found), str(given))
+    gq.gpuq("run", timeout=60)
+    assert gq.state_of(found) == gq.state_of(given) == "done"
+    assert f"with {sys.executable}" in gq.log(given) and "trained ['--x']" in gq.log(given)
+    assert (exp_b / "venv-used").read_text() == "venv\n" and not (exp_a / "venv-used").exists()

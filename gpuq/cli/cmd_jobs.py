@@ -18,6 +18,7 @@ from gpuq.core.states import CANCELLED, INTERRUPTED, PREEMPTED, RUNNING
 from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import actions, edit, repairs, requests
 from gpuq.engine.lifecycle.requests import Done
+from gpuq.engine.views import card
 from gpuq.system.proctree import KILL_GRACE_SECONDS
 
 
@@ -146,6 +147,8 @@ def cmd_edit(args: argparse.Namespace) -> int:
         print(f"job #{args.id}: nothing changed")
     else:
         print(f"[~] Job #{args.id}: {job.name} changed: " + ", ".join(changed))
+        if {"cmd", "cwd", "conda"} & set(changed) and card.python_text(job):  # chosen again, or kept
+            print(f"    python {card.python_text(job)}")
     return 0
 
 

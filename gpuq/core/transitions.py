@@ -100,7 +100,8 @@ def destination(
     host_memory: Optional[str] = None,
 ) -> tuple[str, Optional[str]]:
     """Where an attempt whose exit code is known goes, and why. A run stopped at its `time_limit` or
-    `host_memory` failed whatever its exit code, and is not retried (it would reach it again)."""
+    `host_memory` failed whatever its exit code, and is not retried as is (it would reach it again):
+    one stopped at its host memory may be, with more (core/oom.py)."""
     if request in states.KILL_ACTIONS:
         return states.CANCELLED, states.KILLED_BY[request]
     if request in states.PREEMPT_ACTIONS:

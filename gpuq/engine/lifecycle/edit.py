@@ -18,7 +18,7 @@ from gpuq.spool import Spool
 # The job fields behind each editable key (the keys of a dropped file).
 FIELD_OF = {"gpus": "gpu_request", "gpu_mem": "gpu_mem_mib", "mem": "mem_mib", "min_free": "min_free_bytes"}
 # Keys left out of what a person edits while null (no request): a key they delete clears the field.
-UNSET_WHEN_NULL = ("gpu_mem", "mem", "cpus", "keep_checkpoints", "min_free", "ckpt_glob")
+UNSET_WHEN_NULL = ("gpu_mem", "mem", "cpus", "keep_checkpoints", "min_free", "ckpt_glob", "conda")
 # Sizes typed with --set need a unit, as `add --gpu-mem`/`--mem` do: `--set gpu_mem=20` would be
 # 20 MiB (a job file's bare number), nothing a job needs. A file edited in the editor keeps its MiB.
 TYPED_SIZES = ("gpu_mem", "mem")
@@ -114,17 +114,27 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
         changes = {FIELD_OF.get(key, key): value for key, value in clean.items()}
         for key in UNSET_WHEN_NULL:
             changes.setdefault(FIELD_OF.get(key, key), None)
-        # a `*.py` first word of the edited command runs as a dropped file's does, on the PATH the job
-        # runs with (its shell's, else this one's)
         cwd = changes.get("cwd") or job.cwd
-        shell_path = (job.shell_env or {}).get("PATH")
-        path = shell_path if shell_path is not None else os.environ.get("PATH", "")
-        try:
-            conda = changes["conda"] if "conda" in changes else job.conda
-            resolved = interpreter.resolve_dropped(changes["cmd"], cwd, conda, path)
-        except (interpreter.EnqueueError, OSError) as exc:
-            why = str(exc) if isinstance(exc, interpreter.EnqueueError) else f"{exc.strerror}: {cwd}"
-            raise Refused(f"job #{job_id} not changed: {why}") from None
-        if resolved is not None:
-            changes.update(cmd=resolved.cmd, venv=resolved.venv, interpreter_from=resolved.found_by)
+        if (changes["cmd"], cwd, changes["conda"]) != (job.cmd, job.cwd, job.conda):
+            try:
+                resolved = runs_with(job, changes["cmd"], cwd, changes["conda"])
+            except (interpreter.EnqueueError, OSError) as exc:
+                why = str(exc) if isinstance(exc, interpreter.EnqueueError) else f"{exc.strerror}: {cwd}"
+                raise Refused(f"job #{job_id} not changed: {why}") from None
+            changes.update(cmd=resolved.cmd, venv=resolved.venv, conda=resolved.conda)
+            changes.update(interpreter_from=resolved.found_by)
         return spool.jobs.move(ref, job, ref.state, changes)[1]
+
+
+def runs_with(job: Job, cmd: list[str], cwd: str, conda: Optional[str]) -> interpreter.Resolved:
+    """The edited command as `gpuq add` would run it in `cwd` for the user who queued the job (with
+    their shell's environment; a dropped job's: this one's PATH), the interpreter chosen again,
+    except one given with `--python` or `--conda`, which the job keeps."""
+    chosen = interpreter.interpreter_in_front(job.cmd, job.interpreter_from)
+    if chosen is not None and cmd[0] == chosen and cmd[1:2] and cmd[1].endswith(".py"):
+        cmd = cmd[1:]  # gpuq's own choice, not the user's: made again for what runs where
+    python = chosen if job.interpreter_from == interpreter.FROM_PYTHON else None
+    if conda == job.conda and job.interpreter_from == interpreter.FROM_ACTIVE_CONDA:
+        conda = None  # the shell's active environment, no choice: found again, after a nearer .venv
+    env = job.shell_env if job.shell_env is not None else {"PATH": os.environ.get("PATH", "")}
+    return interpreter.resolve_dropped(cmd, cwd, conda, env, python)

@@ -171,25 +171,21 @@ def _publish_claimed(spool: Spool, job_id: int, original: str, fields: dict[str,
         conda = fields.get("conda")
         if conda is not None and not interpreter.is_conda_prefix(conda):
             raise _Rejected(f"conda: not a conda environment (no conda-meta/ in it): {conda}")
-        venv = None if conda else interpreter.find_venv(cwd)
         # a script runs as `gpuq add` would run it: the job runs with the worker's PATH
-        resolved = interpreter.resolve_dropped(fields["cmd"], str(cwd), conda, os.environ.get("PATH", ""))
+        resolved = interpreter.resolve_dropped(fields["cmd"], str(cwd), conda, {"PATH": os.environ.get("PATH", "")})
     except OSError as exc:  # not ours to read, name too long...: the file's problem, not the worker's
         raise _Rejected(f"cwd cannot be used: {exc.strerror}: {cwd}") from None
     except interpreter.EnqueueError as exc:
         raise _Rejected(str(exc)) from None
-    found_by = interpreter.FROM_CONDA if conda else interpreter.FROM_VENV if venv else interpreter.FROM_PATH
-    if resolved is not None:
-        venv, found_by = resolved.venv, resolved.found_by
     job = schema.new_job(
         job_id=job_id,
         name=fields.get("name") or enqueue.default_name(cwd, fields["cmd"]),
-        cmd=resolved.cmd if resolved is not None else fields["cmd"],
+        cmd=resolved.cmd,
         cwd=str(cwd),
         log=str(spool.layout.log_path(job_id)),
         env=fields["env"],
         shell_env=None,
-        venv=str(venv) if venv else None,
+        venv=resolved.venv,
         after=fields["after"],
         after_any=fields["after_any"],
         retries=fields["retries"],
@@ -201,7 +197,7 @@ def _publish_claimed(spool: Spool, job_id: int, original: str, fields: dict[str,
             "mem_mib": fields.get("mem_mib"),
             "cpus": fields.get("cpus"),
             "conda": conda,
-            "interpreter_from": found_by,
+            "interpreter_from": resolved.found_by,
             "notify_urls": fields["notify_urls"],
             "retry_oom": fields["retry_oom"],
             "keep_checkpoints": fields.get("keep_checkpoints"),

@@ -80,11 +80,7 @@ def resolve_command(
         raise EnqueueError(quoted_whole(script, args))
     if is_py and not os.path.isfile(path):
         raise EnqueueError(f"script not found: {path}")
-    venv = None if conda else find_venv(cwd)
-    found_by = FROM_CONDA if conda else FROM_VENV if venv else FROM_PATH
-    if found_by == FROM_PATH:
-        conda = active_conda(env, need_python=is_py)
-        found_by = FROM_ACTIVE_CONDA if conda else FROM_PATH
+    venv, conda, found_by = find_environment(cwd, conda, env, need_python=is_py)
     home = venv or conda
     search = f"{home}/bin{os.pathsep}" if home else ""
     search += env.get("PATH", "")
@@ -118,15 +114,40 @@ def resolve_command(
     return Resolved([interpreter, script, *args], None, None, FROM_PATH)
 
 
-def resolve_dropped(cmd: list[str], cwd: str, conda: Optional[str], path: str) -> Optional[Resolved]:
-    """A command from a dropped file or `gpuq edit` whose first word is a *.py script, as `gpuq add`
-    would run it, on `path` (no shell's active conda environment stands behind it); None for any
-    other command, which runs as written."""
+def find_environment(
+    cwd: StrPath, conda: Optional[str], env: Mapping[str, str], need_python: bool = True
+) -> tuple[Optional[str], Optional[str], str]:
+    """The `.venv` and conda prefix a command in `cwd` runs with (at most one), and how they were found."""
+    venv = None if conda else find_venv(cwd)
+    found_by = FROM_CONDA if conda else FROM_VENV if venv else FROM_PATH
+    if found_by == FROM_PATH:
+        conda = active_conda(env, need_python=need_python)
+        found_by = FROM_ACTIVE_CONDA if conda else FROM_PATH
+    return venv, conda, found_by
+
+
+def resolve_dropped(
+    cmd: list[str], cwd: str, conda: Optional[str], env: Mapping[str, str], python: Optional[str] = None
+) -> Resolved:
+    """A command from a dropped file or `gpuq edit` as `gpuq add` would run it for a user whose
+    environment is `env` (a dropped file's: the worker's PATH alone, no shell's active conda
+    environment): a *.py first word gets its interpreter; any other command runs as written, with
+    the environment found for it (not refused if it is not on PATH: it fails as it runs)."""
     if not cmd[0].endswith(".py"):
-        return None
-    if conda and not exists(os.path.join(conda, "bin", "python")):
+        return Resolved(list(cmd), *find_environment(cwd, conda, env, need_python=False))
+    if conda and not python and not exists(os.path.join(conda, "bin", "python")):
         raise EnqueueError(f"conda: no bin/python in {conda} to run {cmd[0]} with")
-    return resolve_command(cmd[0], cmd[1:], cwd, conda=conda, env={"PATH": path})
+    return resolve_command(cmd[0], cmd[1:], cwd, python, conda, env)
+
+
+def interpreter_in_front(cmd: list[str], found_by: Optional[str]) -> Optional[str]:
+    """The interpreter gpuq put in front of a job's *.py script (its `--python`, or a path it found),
+    or None: a command whose first word was written so (`python3 train.py`) runs as written."""
+    if len(cmd) < 2 or not cmd[1].endswith(".py") or found_by is None:
+        return None
+    if found_by == FROM_PYTHON or (os.path.isabs(cmd[0]) and os.path.basename(cmd[0]).startswith("python")):
+        return cmd[0]
+    return None
 
 
 def is_conda_prefix(path: str) -> bool:

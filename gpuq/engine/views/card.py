@@ -93,17 +93,20 @@ def why_waiting(spool: Spool, state: str, job: Job) -> str:
     return "next in line for a worker"
 
 
+def python_text(job: Job) -> str:
+    """The interpreter of a job that runs a *.py script and how it was chosen; "" for `bash run.sh`."""
+    how, cmd = job.interpreter_from, job.cmd
+    if not (len(cmd) > 1 and cmd[1].endswith(".py") and os.path.basename(cmd[0]).startswith("python")):
+        return ""
+    return cmd[0] + (f" (from {FOUND_BY.get(how, how)})" if how else "")
+
+
 def _what_runs(job: Job) -> list[Line]:
-    how = job.interpreter_from
-    cmd = job.cmd
-    runs_python = len(cmd) > 1 and cmd[1].endswith(".py") and os.path.basename(cmd[0]).startswith("python")
-    python = cmd[0] if runs_python else ""  # `bash run.sh` has none of its own
-    found = f" (from {FOUND_BY.get(how, how)})" if how else ""
     inherited = job.shell_env
     return [
         ("command", shlex.join(job.cmd)),
         ("directory", job.cwd),
-        ("python", python and python + found),
+        ("python", python_text(job)),
         ("venv", job.venv or ""),
         ("conda", job.conda or ""),
         ("env", " ".join(f"{k}={shlex.quote(v)}" for k, v in job.env.items())),
