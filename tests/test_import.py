@@ -7,10 +7,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
+from typing import Any, Optional
 
+import pytest
 from conftest import Env
 from test_legacy import ORIGINAL_TABLE, WRITER, row
+
+from gpuq.core.job import MAX_ID
 
 EVAL = """import json, os, sys
 open("eval-ran.json", "w").write(json.dumps({"argv": sys.argv[1:], "seed": os.environ.get("SEED")}))
@@ -103,3 +108,82 @@ def test_a_queue_json_of_the_first_version(gq: Env) -> None:
     assert gq.job(1)["cmd"] == ["python3", "-u", "train.py", "--tag", "a b"] and gq.job(3)["after_any"] == [1]
     assert not elsewhere.exists() and elsewhere.with_name("queue.json.bak").exists()
     assert gq.add(str(gq.script("t.py", ""))) == 4
+
+
+def _row(job_id: int, cwd: Path, **fields: Any) -> dict[str, Any]:
+    """A job of the original's queue.json, pending unless `fields` say otherwise."""
+    return {"id": job_id, "name": f"job{job_id}", "script": "train.py", "args": [], "python": "python3",
+            "cwd": str(cwd), "env": {}, "status": "pending", "after_job": None, **fields}  # fmt: skip
+
+
+@pytest.mark.parametrize("next_id, row_id", [(MAX_ID + 1, None), (None, MAX_ID * 10)])
+def test_an_id_no_job_may_have_moves_no_counter(gq: Env, next_id: Optional[int], row_id: Optional[int]) -> None:
+    """Before: the counter went past MAX_ID, and every later `gpuq add` was refused."""
+    exp = gq.work / "exp"
+    exp.mkdir()
+    path = gq.work / "q.json"
+    path.write_text(json.dumps({"next_id": next_id, "jobs": [_row(row_id, exp)] if row_id else []}))
+    out = gq.gpuq("import", str(path)).stdout
+    if row_id:
+        assert f"not imported: row ?: id {row_id} is above {MAX_ID}, the largest a job may have" in out
+    else:
+        assert f"note: its next id {next_id} is above {MAX_ID}, the largest a job may have; ignored" in out
+    assert gq.add("--", "true") == 1
+
+
+def test_the_counter_refuses_an_id_no_job_may_have(gq: Env) -> None:
+    """An id above MAX_ID is never given out, neither to `add` nor to a dropped file (a spool whose
+    counter an earlier import moved past it)."""
+    gq.gpuq("status")
+    for name in ("next_id", "ids.lock"):
+        (gq.home / name).write_text(f"{MAX_ID}\n")
+    assert gq.add("--", "true") == MAX_ID
+    said = f"gpuq: no job id left: ids end at {MAX_ID} and this spool's counter is at {MAX_ID + 1}\n"
+    for dry_run in ([], ["--dry-run"]):
+        proc = gq.gpuq("add", *dry_run, "--", "true", check=False)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", said), dry_run
+    assert (gq.home / "next_id").read_text() == f"{MAX_ID + 1}\n" and len(gq.files("pending")) == 1
+    (gq.home / "pending" / "dropped.json").write_text(json.dumps({"cmd": ["true"]}))
+    gq.gpuq("run", timeout=30)
+    assert gq.state_of(MAX_ID) == "done" and gq.files("pending") == []
+    assert said.split(": ", 1)[1].strip() in gq.gpuq("rejected").stdout
+
+
+def test_a_running_job_of_a_queue_json_whose_process_lives_is_adopted(gq: Env) -> None:
+    """Before: 'was running, but no process id was recorded; taken as interrupted', pid and all."""
+    exp = gq.work / "exp"
+    exp.mkdir()
+    started = datetime.now().astimezone().isoformat()  # the original takes the time, then starts the job
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        path = gq.work / "queue.json"
+        path.write_text(json.dumps({"jobs": [_row(1, exp, status="running", pid=live.pid, started_at=started)]}))
+        out = gq.gpuq("import", str(path)).stdout
+        assert "1 running" in out and "no process id" not in out
+        job = gq.job(1)
+        assert (job["state"], job["pid"], job["adopted"]) == ("running", live.pid, True)
+        live.kill()
+        live.wait()
+        gq.gpuq("status")  # the adopted job ends when a look finds its process gone
+        assert gq.state_of(1) != "running"
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_an_imported_loop_is_said_and_blocked(gq: Env) -> None:
+    """Jobs that waited for each other in the original: imported as they are, each saying so, and
+    `gpuq run` exits once the others ran (before: it waited for them for ever)."""
+    exp = gq.work / "exp"
+    exp.mkdir()
+    (exp / "train.py").write_text("")
+    path = gq.work / "queue.json"
+    jobs = [_row(1, exp, after_job=2), _row(2, exp, after_job=1), _row(3, exp, python=sys.executable)]
+    path.write_text(json.dumps({"next_id": 4, "jobs": jobs}))
+    out = gq.gpuq("import", str(path)).stdout
+    assert "3 pending" in out
+    for job_id, other in ((1, 2), (2, 1)):
+        loop = f"waits for itself (#{job_id} after #{other} after #{job_id})"
+        assert f"note: #{job_id}: {loop}, so it will not start: `gpuq edit` or `gpuq cancel` it" in out
+    gq.gpuq("run", timeout=30)
+    assert [gq.state_of(i) for i in (1, 2, 3)] == ["pending", "pending", "done"]

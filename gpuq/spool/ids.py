@@ -9,12 +9,17 @@ from __future__ import annotations
 import fcntl
 import os
 
+from gpuq.core.job import MAX_ID
 from gpuq.core.states import PENDING
 from gpuq.spool.dropbox import Dropbox
-from gpuq.spool.errors import full_or
+from gpuq.spool.errors import SpoolError, full_or
 from gpuq.spool.files import Files, read_small
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import JobStore
+
+
+class NoIdLeft(SpoolError):
+    """The counter has reached the largest id a job may have: nothing is given out or written."""
 
 
 class IdCounter:
@@ -23,7 +28,8 @@ class IdCounter:
 
     def allocate(self, count: int = 1, at_least: int = 1) -> int:
         """The next job id; with `count`, the first of that many consecutive ids, all reserved.
-        With `at_least`, the counter first moves up to that id (ids below it stay unused)."""
+        With `at_least`, the counter first moves up to that id (ids below it stay unused). NoIdLeft
+        when an id given out (or, with count 0, passed over) would be above MAX_ID."""
         fd = os.open(self.layout.top_file("ids.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -31,6 +37,7 @@ class IdCounter:
             if next_id == 1:  # no record at all: rebuilt from what the tree holds
                 next_id = self._highest_in_tree() + 1
             next_id = max(next_id, at_least)
+            _check_room(next_id, count)
             after = f"{next_id + count}\n".encode()
             # Both copies are fsynced before the id is given out. The spool directory is not
             # fsynced for next_id's rename: ids.lock, written in place and fsynced, holds the
@@ -49,10 +56,12 @@ class IdCounter:
 
     def peek(self) -> int:
         """The id the next `allocate` would give now, read without the lock and with nothing
-        reserved or written (`gpuq add --dry-run`): another `add` may take it first."""
+        reserved or written (`gpuq add --dry-run`): another `add` may take it first. NoIdLeft as
+        `allocate`."""
         next_id = max(self._stored(), _number(read_small(self.layout.top_file("ids.lock"), 32) or b""), 1)
         if next_id == 1 and os.path.isdir(self.layout.state_dir(PENDING)):
             next_id = self._highest_in_tree() + 1
+        _check_room(next_id, 1)
         return next_id
 
     def _stored(self) -> int:
@@ -61,6 +70,13 @@ class IdCounter:
     def _highest_in_tree(self) -> int:
         intakes = Dropbox(self.layout, self.files).leftovers()  # ids given to dropped files mid-intake
         return max([ref.id for ref in self.store.refs()] + [job_id for job_id, _name in intakes], default=0)
+
+
+def _check_room(next_id: int, count: int) -> None:
+    """A job file could not hold an id above MAX_ID: such an id is refused, never written."""
+    if next_id + count - 1 > MAX_ID:
+        needed = f" ({count} needed)" if count > 1 else ""
+        raise NoIdLeft(f"no job id left: ids end at {MAX_ID} and this spool's counter is at {next_id}{needed}")
 
 
 def _number(data: bytes) -> int:

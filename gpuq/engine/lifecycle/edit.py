@@ -13,6 +13,7 @@ from gpuq.core.errors import Refused, UsageError
 from gpuq.core.job import Job
 from gpuq.core.states import WAITING
 from gpuq.engine.lifecycle import actions, enqueue, interpreter
+from gpuq.engine.schedule.queue_read import waits_for_itself
 from gpuq.spool import Spool
 
 # The job fields behind each editable key (the keys of a dropped file).
@@ -75,21 +76,6 @@ def apply_edited(
     """The job as written (None if nothing changed: a key deleted is a change), the keys changed."""
     changed = [key for key in edited if edited[key] != fields.get(key)]
     return (apply(spool, job_id, edited, rev) if edited != fields else None), changed
-
-
-def waits_for_itself(spool: Spool, job_id: int, deps: list[int]) -> list[int]:
-    """The chain of waiting jobs through which `job_id`, waiting for `deps`, would wait for itself
-    (ending in `job_id`), or [] (a job that has started or ended is waited for no longer)."""
-    waits = {job.id: job.after + job.after_any for state in WAITING for _ref, job in spool.jobs.load_many(state)}
-    stack, seen = [[dep] for dep in deps], set()
-    while stack:
-        chain = stack.pop()
-        if chain[-1] == job_id:
-            return chain
-        if chain[-1] not in seen:
-            seen.add(chain[-1])
-            stack.extend(chain + [dep] for dep in waits.get(chain[-1], ()))
-    return []
 
 
 def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:

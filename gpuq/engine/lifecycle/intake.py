@@ -14,6 +14,7 @@ from gpuq.core import schema
 from gpuq.core.states import PENDING, SOURCE_DROPPED
 from gpuq.engine.lifecycle import enqueue, interpreter
 from gpuq.spool import JobRef, Spool
+from gpuq.spool.ids import NoIdLeft
 from gpuq.spool.layout import PLAIN_NAME_RE
 from gpuq.system import security
 
@@ -122,7 +123,10 @@ def take_in(spool: Spool, name: str, now: float, writers: Optional[Writers] = No
         return "gone"
     except schema.InvalidJob as exc:
         return _reject(spool, name, str(exc))
-    job_id = spool.ids.allocate()
+    try:
+        job_id = spool.ids.allocate()
+    except NoIdLeft as exc:  # it could never be taken in: set aside, not tried at every step
+        return _reject(spool, name, str(exc))
     try:
         hidden = spool.dropbox.begin(name, job_id)
     except FileNotFoundError:

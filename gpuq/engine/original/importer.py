@@ -63,6 +63,7 @@ def import_queue(spool: Spool, path: Path) -> ImportReport:
     report.finished_earlier_try = record is not None
     spool.imports.write(queue.fingerprint, _record(queue, complete=False))
     spool.ids.allocate(count=0, at_least=queue.next_id)  # the old ids are never given out again
+    report.notes += queue.notes
     for job in queue.jobs:
         _import_job(spool, queue, job, report)
     report.problems += [f"row {p.id if p.id is not None else '?'}: {p.reason}" for p in queue.problems]

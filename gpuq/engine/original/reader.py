@@ -17,8 +17,9 @@ from urllib.parse import quote
 import psutil
 
 from gpuq.core.errors import GpuqError
-from gpuq.core.job import is_int
+from gpuq.core.job import MAX_ID, is_int
 from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED, RUNNING
+from gpuq.engine.schedule.scheduler import dependency_loops, loop_reason
 from gpuq.spool.layout import LEGACY_DB_NAME as DB_NAME
 from gpuq.spool.layout import LEGACY_JSON_NAME as JSON_NAME
 from gpuq.spool.layout import find_legacy
@@ -76,6 +77,7 @@ class LegacyQueue:
     next_id: int  # larger than every id the original ever gave out
     jobs: list[LegacyJob]
     problems: list[LegacyProblem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was changed of the queue as a whole, in words
 
 
 def read_queue(path: Path) -> LegacyQueue:
@@ -93,10 +95,14 @@ def read_queue(path: Path) -> LegacyQueue:
     else:
         kind, records, declared_next = "json", *_read_json(path)
     fingerprint = _fingerprint(kind, records, declared_next)
-    jobs, problems = _convert_all(records, kind)
+    jobs, problems = _convert_all(records)
+    notes = []
+    if declared_next is not None and declared_next > MAX_ID:  # a counter no job id could follow
+        notes.append(f"its next id {declared_next} is above {MAX_ID}, the largest a job may have; ignored")
+        declared_next = None
     ids = [job.id for job in jobs] + [p.id for p in problems if p.id is not None]
     next_id = max([declared_next or 0, *(i + 1 for i in ids), 1])
-    return LegacyQueue(path, kind, fingerprint, next_id, jobs, problems)
+    return LegacyQueue(path, kind, fingerprint, next_id, jobs, problems, notes)
 
 
 def retire_plan(path: Path) -> list[tuple[Path, Path]]:
@@ -168,7 +174,7 @@ class _Unreadable(Exception):
     """A row that cannot become a job; the message is the reason."""
 
 
-def _convert_all(records: list[Any], kind: str) -> tuple[list[LegacyJob], list[LegacyProblem]]:
+def _convert_all(records: list[Any]) -> tuple[list[LegacyJob], list[LegacyProblem]]:
     jobs: list[LegacyJob] = []
     problems: list[LegacyProblem] = []
     seen: set[int] = set()
@@ -177,13 +183,15 @@ def _convert_all(records: list[Any], kind: str) -> tuple[list[LegacyJob], list[L
             problems.append(LegacyProblem(None, "not an object", {"value": record}))
             continue
         raw_id: Any = record.get("id")
-        job_id = raw_id if is_int(raw_id) and raw_id > 0 else None
+        job_id = raw_id if is_int(raw_id) and 0 < raw_id <= MAX_ID else None
         try:
+            if job_id is None and is_int(raw_id) and raw_id > MAX_ID:
+                raise _Unreadable(f"id {raw_id} is above {MAX_ID}, the largest a job may have")
             if job_id is None:
                 raise _Unreadable(f"id {raw_id!r} is not a positive integer")
             if job_id in seen:
                 raise _Unreadable(f"id {job_id} appears more than once; only its first row can be taken")
-            jobs.append(_convert(record, job_id, kind))
+            jobs.append(_convert(record, job_id))
         except _Unreadable as exc:
             problems.append(LegacyProblem(job_id, str(exc), record))
         if job_id is not None:
@@ -193,10 +201,21 @@ def _convert_all(records: list[Any], kind: str) -> tuple[list[LegacyJob], list[L
         for dep in gone:
             job.after.remove(dep)
             job.notes.append(f"waited for job {dep}, which is no longer in the queue (the original ran it anyway)")
+    _note_loops(jobs)
     return jobs, problems
 
 
-def _convert(record: dict[str, Any], job_id: int, kind: str) -> LegacyJob:
+def _note_loops(jobs: list[LegacyJob]) -> None:
+    """Pending jobs that wait for themselves through others (the original never started them
+    either) are imported as they are, blocked; each says so."""
+    waits = {job.id: job.after for job in jobs if job.status == PENDING}
+    loops = dependency_loops(waits)
+    for job in jobs:
+        if job.id in loops:
+            job.notes.append(f"{loop_reason(loops[job.id])}, so it will not start: `gpuq edit` or `gpuq cancel` it")
+
+
+def _convert(record: dict[str, Any], job_id: int) -> LegacyJob:
     notes: list[str] = []
     cwd = _cwd(record.get("cwd"), notes)
     script = record.get("script")
@@ -215,7 +234,7 @@ def _convert(record: dict[str, Any], job_id: int, kind: str) -> LegacyJob:
     pid = pid if is_int(pid) and pid > 0 else None
     started_at = _time(record.get("started_at"), "started_at", notes)
     exit_code, signal_name = _exit(record.get("exit_code"), notes)
-    status, create_time = _state(legacy_status, pid, started_at, kind, notes)
+    status, create_time = _state(legacy_status, pid, started_at, notes)
     return LegacyJob(
         id=job_id,
         name=_name(record, cwd, script),
@@ -239,16 +258,14 @@ def _convert(record: dict[str, Any], job_id: int, kind: str) -> LegacyJob:
     )
 
 
-def _state(
-    legacy: str, pid: Optional[int], started_at: Optional[str], kind: str, notes: list[str]
-) -> tuple[str, Optional[float]]:
+def _state(legacy: str, pid: Optional[int], started_at: Optional[str], notes: list[str]) -> tuple[str, Optional[float]]:
     if legacy not in KNOWN_STATES:
         # Interrupted is the state a person re-queues by hand: nothing lost, nothing started by itself.
         notes.append(f"unknown state {legacy!r}; taken as interrupted")
         return INTERRUPTED, None
     if legacy != RUNNING:
         return legacy, None
-    if kind == "json" or pid is None:
+    if pid is None:
         notes.append("was running, but no process id was recorded; taken as interrupted")
         return INTERRUPTED, None
     create_time = _live_start(pid, started_at)

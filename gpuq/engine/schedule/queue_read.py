@@ -8,8 +8,8 @@ from typing import Optional, Union
 
 from gpuq.core import schema
 from gpuq.core.job import Job
-from gpuq.core.states import PENDING, RUNNING, STATES
-from gpuq.engine.schedule.scheduler import QueueState
+from gpuq.core.states import PENDING, RUNNING, STATES, WAITING
+from gpuq.engine.schedule.scheduler import QueueState, dependency_loops
 from gpuq.spool import JobRef, Spool
 
 Loaded = Union[Job, schema.InvalidJob, None]  # a job, why its file is not one, or None: gone
@@ -89,3 +89,14 @@ def read_queue(
 def later(a: str, b: str) -> str:
     """Two copies seen (a crash mid-move not yet repaired): the further-along state is shown."""
     return a if STATES.index(a) > STATES.index(b) else b
+
+
+def waits_for_itself(spool: Spool, job_id: int, deps: list[int]) -> list[int]:
+    """The chain of waiting (pending or held) jobs through which `job_id`, waiting for `deps`,
+    would wait for itself (ending in `job_id`), or [] (a job that has started or ended is waited
+    for no longer)."""
+    waits = {job_id: deps}  # first: the search starts at it, so its loop is always found
+    for state in WAITING:
+        for _ref, job in spool.jobs.load_many(state):
+            waits.setdefault(job.id, job.after + job.after_any)
+    return dependency_loops(waits).get(job_id, [])[1:]

@@ -19,6 +19,9 @@ class Wait(NamedTuple):
     forever: bool
 
 
+# How a reason that waits for good is shown (`gpuq status`, `show`, `triage`).
+BLOCKED = "blocked: "
+
 # How placement starts the reason of a GPU job that waits behind the first in line (it fits only on
 # the GPUs kept for that job): `gpuq status` adds what that job needs.
 BEHIND = "waiting behind job #"
@@ -165,12 +168,16 @@ def occupied_slots(running: list[Job], slots: list[Optional[str]]) -> set[Option
 
 def waiting_reasons(snapshot: QueueState, extra: Optional[dict[int, Wait]] = None) -> dict[int, Optional[Wait]]:
     """waiting_reason for every pending job, blockage passed down dependency chains. `extra`: reasons
-    beyond dependencies (the GPUs a ready job waits for)."""
+    beyond dependencies (the GPUs a ready job waits for). A job that waits for itself through other
+    pending jobs is blocked: none of them would ever start (they came by hand or by `gpuq import`,
+    not by `gpuq edit`, which refuses a loop); the jobs after it are then blocked by it."""
     extra = extra or {}
-    stuck = frozenset(i for i, w in extra.items() if w.forever)
+    loops = {i: Wait(loop_reason(chain), True) for i, chain in dependency_loops(pending_waits(snapshot)).items()}
+    stuck = frozenset(i for i, w in extra.items() if w.forever) | frozenset(loops)
     while True:
         reasons = {
-            j.id: waiting_reason(j, snapshot.states, stuck, snapshot.now) or extra.get(j.id) for j in snapshot.pending
+            j.id: loops.get(j.id) or waiting_reason(j, snapshot.states, stuck, snapshot.now) or extra.get(j.id)
+            for j in snapshot.pending
         }
         now_stuck = frozenset(i for i, w in reasons.items() if w is not None and w.forever)
         if now_stuck == stuck:
@@ -180,3 +187,43 @@ def waiting_reasons(snapshot: QueueState, extra: Optional[dict[int, Wait]] = Non
 
 def has_startable_future(snapshot: QueueState, extra: Optional[dict[int, Wait]] = None) -> bool:
     return any(w is None or not w.forever for w in waiting_reasons(snapshot, extra).values())
+
+
+def pending_waits(snapshot: QueueState) -> dict[int, list[int]]:
+    """Each pending job's dependencies that are pending too: the only ones a loop can go through
+    (a held one blocks its dependents already; a running or finished one ends)."""
+    pending = {job.id for job in snapshot.pending}
+    return {job.id: [d for d in job.after + job.after_any if d in pending] for job in snapshot.pending}
+
+
+def dependency_loops(waits: dict[int, list[int]]) -> dict[int, list[int]]:
+    """Jobs that wait for themselves: each one found, with its loop (`[1, 2, 1]`: #1 after #2 after
+    #1). `waits`: each waiting job's dependencies (ids not in it wait for nothing). One depth-first
+    search that enters each job once, so it finds at least one job of every loop, and always the
+    first key of `waits` when that one waits for itself (the search starts there); a job it does
+    not name still reaches a named one, so `waiting_reasons` blocks it through that one."""
+    loops: dict[int, list[int]] = {}
+    done: set[int] = set()
+    for root in waits:
+        if root in done:
+            continue
+        path, on_path, todo = [root], {root: 0}, [iter(waits[root])]
+        while todo:
+            dep = next(todo[-1], None)
+            if dep is None:  # every dependency of the job on top looked at
+                todo.pop()
+                done.add(path[-1])
+                del on_path[path.pop()]
+            elif dep in on_path:  # back to a job on the path: the path from there is a loop
+                loop = path[on_path[dep] :]
+                for i, job_id in enumerate(loop):
+                    loops.setdefault(job_id, loop[i:] + loop[:i] + [job_id])
+            elif dep not in done and dep in waits:
+                on_path[dep] = len(path)
+                path.append(dep)
+                todo.append(iter(waits[dep]))
+    return loops
+
+
+def loop_reason(loop: list[int]) -> str:
+    return "waits for itself (" + " after ".join(f"#{i}" for i in loop) + ")"

@@ -87,7 +87,7 @@ def why_waiting(spool: Spool, state: str, job: Job) -> str:
     extra = {**diskguard.waits(snap.pending), **space_waits(spool, snap), **gpu_waits(spool.workers.gpu_views())}
     wait = scheduler.waiting_reasons(snap, extra).get(job.id)
     if wait is not None:
-        return ("blocked: " if wait.forever else "") + wait.reason
+        return (scheduler.BLOCKED if wait.forever else "") + wait.reason
     if not spool.workers.live():
         return "no worker is running; `gpuq run --daemon` starts one"
     return "next in line for a worker"

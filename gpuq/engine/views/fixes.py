@@ -16,6 +16,8 @@ from typing import Any, Optional
 from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED
 from gpuq.core.timespec import format_duration
+from gpuq.engine.schedule.queue_read import waits_for_itself
+from gpuq.engine.schedule.scheduler import BLOCKED, loop_reason
 from gpuq.spool import Spool
 
 Fix = dict[str, str]
@@ -62,7 +64,8 @@ def _waiting(spool: Spool, job: Job, facts: dict[str, Any]) -> list[Fix]:
     out = _dependencies(spool, job)
     if facts.get("cause") in (GPU_OOM, HOST_OOM):  # waits to run again after a failed attempt
         out += _smaller(job, facts, edit=True)
-    if not out and not spool.workers.live():
+    blocked = str(facts.get("waiting_for") or "").startswith(BLOCKED)  # a worker would not start it
+    if not out and not blocked and not spool.workers.live():
         out.append(_fix(["run", "--daemon"], "no worker is running: this starts one, which starts the job"))
     return out
 
@@ -84,11 +87,20 @@ def _dependencies(spool: Spool, job: Job) -> list[Fix]:
         elif ref.state in (PREEMPTED, INTERRUPTED):
             out.append(_fix(["resume", dep], f"#{job.id} waits for #{dep}, which is {ref.state}"))
     if gone:
-        kept = {key: [d for d in getattr(job, key) if d not in gone] for key in ("after", "after_any")}
-        pairs = [f"{key}={json.dumps(ids)}" for key, ids in kept.items() if ids != getattr(job, key)]
-        words = ["edit", job.id, *[w for pair in pairs for w in ("--set", pair)]]
-        out.append(_fix(words, f"it waits for {', '.join(f'#{d}' for d in gone)}, which no longer exist"))
+        named = ", ".join(f"#{d}" for d in gone)
+        out.append(_fix(_edit_without(job, gone), f"it waits for {named}, which no longer exist"))
+    loop = waits_for_itself(spool, job.id, [d for d in [*job.after, *job.after_any] if d not in gone])
+    if loop:
+        why = f"it {loop_reason([job.id, *loop])}: this stops it waiting for #{loop[0]}"
+        out.append(_fix(_edit_without(job, [loop[0]]), why))
     return out
+
+
+def _edit_without(job: Job, deps: list[int]) -> list[Any]:
+    """The words of `gpuq edit` that take `deps` out of what `job` waits for."""
+    kept = {key: [d for d in getattr(job, key) if d not in deps] for key in ("after", "after_any")}
+    pairs = [f"{key}={json.dumps(ids)}" for key, ids in kept.items() if ids != getattr(job, key)]
+    return ["edit", job.id, *[w for pair in pairs for w in ("--set", pair)]]
 
 
 def _reason_of(spool: Spool, ref: Any) -> str:
