@@ -8,7 +8,7 @@ from typing import Any, Optional
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING, RAY, RUNNING, SLURM
 from gpuq.core.times import duration, median, parse_iso
-from gpuq.engine.schedule import scheduler
+from gpuq.engine.schedule import diskguard, scheduler
 from gpuq.engine.tracking import eta
 from gpuq.spool import Spool
 from gpuq.spool.cache.index import RECENT_RUNS, Finished
@@ -120,8 +120,9 @@ def plan_queue(
     play = _Play(slots, running, durations, outside or {}, threshold)
     waiting = []
     for job, wait in pending:
-        if wait is not None and getattr(wait, "forever", False):
-            play.out[job.id] = eta.Estimate(None, None, f"will not start by itself: {wait.reason}")
+        never = _no_start(wait)
+        if never:
+            play.out[job.id] = eta.Estimate(None, None, never)
             play.ends[job.id] = None
             continue
         ready: Optional[float] = 0.0
@@ -131,6 +132,16 @@ def plan_queue(
         waiting.append((job, _later(ready, _host_room_at(job, wait, running))))
     play.run(waiting)
     return play.out
+
+
+def _no_start(wait: Any) -> str:
+    """Why a job waiting for `wait` has no start time at all ('' where it may have one): only a
+    person can start it, or it waits for disk space someone must free, at a time no one can know."""
+    if wait is not None and getattr(wait, "forever", False):
+        return f"will not start by itself: {wait.reason}"
+    if diskguard.holds(wait):
+        return f"start unknown: {wait.reason}"
+    return ""
 
 
 class _Play:
@@ -299,7 +310,7 @@ def annotate(
     threshold = gpus.get("foreign_threshold_mib") if gpus else None
     plan = plan_queue(
         [(r.job, r.estimate.eta_seconds) for r in running],
-        [(r.job, r.wait) for r in pending],
+        [(r.job, _wait_of(r)) for r in pending],
         worker_slots(workers, [g["index"] for g in shown]),
         durations,
         now,
@@ -308,3 +319,11 @@ def annotate(
     )
     for row in pending:
         row.estimate = plan.get(row.job.id)
+
+
+def _wait_of(row: Any) -> Any:
+    """A pending row's wait, the disk guard's where it holds the job behind a wait that ends (a
+    dependency, a GPU): the job then still waits for the space."""
+    if row.disk_wait is not None and not (row.wait is not None and row.wait.forever):
+        return row.disk_wait
+    return row.wait
