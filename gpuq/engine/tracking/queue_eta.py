@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING, RAY, RUNNING, SLURM
@@ -69,15 +69,15 @@ def _later(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None else max(a, b)
 
 
-class Outside(NamedTuple):
+class Outside:
     """What others hold of one GPU: `held` MiB of its `total`, by processes not gpuq's and the
     `leases` of other parties (as their reasons say them: core/words.py's lease_text); of it,
-    `unleased` MiB are processes in no lease."""
+    `unleased` MiB are processes in no lease. (Not a named tuple: `status` compiles no source.)"""
 
-    held: int
-    total: int
-    leases: tuple[str, ...] = ()
-    unleased: int = 0
+    __slots__ = ("held", "total", "leases", "unleased")
+
+    def __init__(self, held: int, total: int, leases: tuple[str, ...] = (), unleased: int = 0) -> None:
+        self.held, self.total, self.leases, self.unleased = held, total, leases, unleased
 
     def holders(self, threshold: int) -> str:
         """Who holds it: the leases, then the processes where they hold more than the threshold."""
