@@ -108,6 +108,20 @@ def test_adopt_a_real_process_and_a_job_after_it(gq, outside) -> None:
     assert "eval ran" in gq.log(after)
 
 
+def test_show_of_an_adopted_job_gives_no_time_in_the_queue(gq, outside) -> None:
+    """It started before it was queued: `show` gives its start without a wait in the queue (it said
+    `(after  in the queue)`, a negative wait written as an empty duration)."""
+    script = gq.script("train.py", OUTSIDE)
+    log = gq.work / "train.log"
+    proc = outside(str(script), "by hand", str(gq.work / "release"), log=log)
+    wait_for(lambda: "Step 2/100" in log.read_text(), 10, what="the process to make progress")
+    out = gq.gpuq("adopt", str(proc.pid), "--log", str(log)).stdout
+    job_id = int(out.split("#")[1].split(":")[0])
+    shown = gq.gpuq("show", str(job_id)).stdout.splitlines()
+    (started,) = [line for line in shown if line.split()[:1] == ["started"]]
+    assert "in the queue" not in started, started
+
+
 def test_adopt_refusals(gq, outside) -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()

@@ -145,6 +145,30 @@ def test_other_boot_id_means_the_process_is_gone(gq: Env) -> None:
     assert {r["id"]: r for r in gq.status_json()}[job_id]["state"] == "interrupted"
 
 
+def test_recover_says_that_no_worker_will_start_what_it_requeued_only_when_none_runs(gq: Env) -> None:
+    """As `add` does: without a worker, the jobs re-queued wait for one, and `recover` says so; while
+    a worker runs, it starts them, and `recover` says nothing of it (it said "Run `gpuq run` to
+    execute." all the same)."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid names no process now, and start time 0 no process ever
+    first = _running_job_file(gq, gone.pid, 0.0)
+    assert {r["id"]: r for r in gq.status_json()}[first]["state"] == "interrupted"
+    alone = gq.gpuq("recover", "--all")
+    assert alone.stdout.endswith("Re-queued 1 job.\n") and "gpuq run" not in alone.stdout
+    assert (
+        alone.stderr
+        == f"gpuq recover: no worker is running; #{first} waits for `gpuq run --daemon` (or `gpuq service install`)\n"
+    )
+    gq.start_worker("--watch")
+    _worker_up(gq, count=0)
+    gq.wait_state(first, "done", timeout=20)
+    second = _running_job_file(gq, gone.pid, 0.0)
+    assert {r["id"]: r for r in gq.status_json()}[second]["state"] == "interrupted"
+    served = gq.gpuq("recover", "--all")
+    assert served.stdout.endswith("Re-queued 1 job.\n") and "gpuq run" not in served.stdout and served.stderr == ""
+    gq.wait_state(second, "done", timeout=20)
+
+
 # ---- half-done transitions ----------------------------------------------------------------------
 def _queued(gq: Env, spool: Spool, starts) -> tuple:
     job_id = spool.ids.allocate()

@@ -110,7 +110,7 @@ def test_queue_plan_with_foreign_memory() -> None:
     job = Job({"id": 2, "cmd": ["a"], "cwd": "/w", "after": [], "gpu_request": 1})
     shared = Job(job, id=3, gpu_mem_mib=10240)
     slots = ["0", "1", queue_eta.CPU_LANE]
-    outside = {"0": (61440, 81920)}  # GPU 0: 60 GiB of 80 held by others
+    outside = {"0": queue_eta.Outside(61440, 81920)}  # GPU 0: 60 GiB of 80 held by others
     plan = queue_eta.plan_queue([(running, 4.0)], [(job, None)], slots, {}, outside=outside)
     assert plan[2].starts_in == 4.0 and "on GPU 1" in plan[2].method and "GPU 0: 60.0 GiB" in plan[2].method
     unknown = queue_eta.plan_queue([(running, None)], [(job, None)], slots, {}, outside=outside)[2]
@@ -118,7 +118,7 @@ def test_queue_plan_with_foreign_memory() -> None:
     assert "no other GPU frees at a known time" in unknown.method
     # a 10 GiB share fits beside the others' 60 GiB; a whole GPU does not
     assert queue_eta.plan_queue([(running, None)], [(shared, None)], slots, {}, outside=outside)[3].starts_in == 0.0
-    small = {"0": (512, 81920)}  # a desktop's few hundred MiB: under the threshold, no gate
+    small = {"0": queue_eta.Outside(512, 81920)}  # a desktop's few hundred MiB: under the threshold, no gate
     assert queue_eta.plan_queue([(running, None)], [(job, None)], slots, {}, outside=small)[2].starts_in == 0.0
     gated = queue_eta.plan_queue([(running, None)], [(job, None)], slots, {}, outside=small, threshold=256)
     assert gated[2].starts_in is None  # the worker's --foreign-mem-threshold, as its view says

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import pytest
 
 from gpuq.core.job import Job
-from gpuq.engine.views import history
+from gpuq.engine.views import attempts, history
 from gpuq.engine.views.history import PastRun
 from gpuq.system.extras import install_command
 
@@ -384,3 +384,20 @@ def test_day_grouping_uses_local_days() -> None:
     # 23:00-23:30 local ends on the first day; 23:30-00:30 ends on the next.
     jobs = [("done", job(1, [attempt(11, 0.5, "done")])), ("done", job(2, [attempt(11.5, 1, "done")]))]
     assert [g.key for g in history.summarize(jobs, by="day")] == ["2024-05-01", "2024-05-02"]
+
+
+def test_history_of_attempts_that_held_no_gpu_names_none(gq: Any) -> None:
+    """On a machine without GPUs (simulated: none listed) a CPU job's attempt, and a default job's,
+    held no GPU (`gpus` null in the entry): `history ID` says no GPU, as `show` says none (it said
+    `had a whole GPU`). An attempt on Ray records no `gpus`: its share is what it had."""
+    (gq.work / "no-gpus.json").write_text('{"gpus": []}')
+    gq.env["GPUQ_FAKE_GPUS"] = str(gq.work / "no-gpus.json")
+    gq.script("p.py", "print('ran')\n")
+    cpu, default = gq.add("--gpus", "0", "p.py"), gq.add("p.py")
+    gq.gpuq("run")  # until the queue is empty
+    for job_id in (cpu, default):
+        assert [entry["gpus"] for entry in gq.job(job_id)["history"]] == [None]
+        said = gq.gpuq("history", str(job_id)).stdout
+        assert "attempt 1  done after " in said and "GPU" not in said, said
+    assert "  GPUs       none (a CPU job)\n" in gq.gpuq("show", str(cpu)).stdout
+    assert attempts.had({"outcome": "done", "gpu_mem_mib": None}) == "a whole GPU"

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 from conftest import Env, wait_for
-from test_gpu_worker import Gpus
+from test_gpu_worker import Gpus, row
 
 from gpuq.cli import render
 from gpuq.system.leases import LeaseDir
@@ -200,6 +200,29 @@ def test_status_shows_the_leases_its_worker_saw(gq: Env, leases: Path) -> None:
     assert f"    leased whole by your `notebook` (gpuq lease, pid {os.getpid()}) since " in text, text
 
 
+def test_eta_names_the_leases_that_hold_a_job_back_as_status_does(gq: Env, leases: Path) -> None:
+    """Another party's leases (another user's gpuq, here another spool's) are no processes that are
+    not gpuq's: `gpuq eta` says whose they are in the words of the job's reason in `status`."""
+    directory = LeaseDir.open(str(leases))
+    Gpus(gq, gpus_doc({}))
+    whole = directory.take("GPU-fake-0", 0, None, job=1, name="train", spool="/home/alice/.gpuq")
+    shared = directory.take("GPU-fake-1", 1, 20480, job=2, name="train", spool="/home/alice/.gpuq")
+    try:
+        gq.script("job.py", "print('ran')\n")
+        job_id = gq.add("--gpu-mem", "70G", "job.py")
+        gq.start_worker("--watch")
+        reason = wait_for(lambda: row(gq, job_id)["waiting"] or "", 15, what="the worker's reason")
+        said = gq.gpuq("eta", str(job_id)).stdout
+    finally:
+        whole.release()
+        shared.release()
+    leased = f"GPU 0: leased whole by your job #1 (train) since {hhmm(whole.lease.since)}"
+    leased += f"; GPU 1: 20.0 GiB leased by your job #2 (train) since {hhmm(shared.lease.since)}"
+    assert reason == f"waiting for {leased}", reason
+    assert f"(pending): start unknown: {leased} (no telling when they free it)" in said, said
+    assert "not gpuq's" not in said
+
+
 def test_lines_leave_out_this_spools_own_jobs_and_most_problems() -> None:
     """The leases of this spool's jobs are the `jobs #N` already shown; others' are not."""
     lease = {"who": "your job #3 (a)", "whole": True, "since": None, "spool": "/me/.gpuq", "job": 3, "file": "f"}
@@ -236,4 +259,10 @@ def test_the_queues_eta_counts_other_parties_leases_as_held() -> None:
         },
         {"index": 2, "memory_total_mib": 81559, "foreign_mib": 0, "foreign": [], "leases": [lease("/me", True)]},
     ]
-    assert outside_memory(gpus, "/me") == {"0": (81559, 81559), "1": (3500 + 20480 - 3000, 81559), "2": (0, 81559)}
+    found = outside_memory(gpus, "/me")
+    assert {slot: (o.held, o.total) for slot, o in found.items()} == {
+        "0": (81559, 81559),
+        "1": (3500 + 20480 - 3000, 81559),
+        "2": (0, 81559),
+    }
+    assert found["1"].unleased == 500 and found["2"].leases == ()  # this spool's own lease: its running jobs

@@ -4,6 +4,7 @@ there is room (the tmpfs made larger, as a person would free space)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -43,6 +44,30 @@ def test_a_job_waits_for_its_min_free_and_status_says_so(gq: Env, tmp_path: Path
         assert gq.state_of(job_id) == "pending" and "ran" not in gq.log(job_id)
         _grow(mount, "16m")
         gq.wait_state(job_id, "done", timeout=20)
+
+
+def test_a_job_the_guard_holds_has_no_start_time(gq: Env, tmp_path: Path) -> None:
+    """Room comes when someone frees it, at a time no one can know: `status`, `eta`, `status --json`
+    and `add --dry-run` give such a job no start time (they said `starts ~0s` while it kept
+    waiting), nor one that waits for it; a job behind it starts."""
+    with small_tmpfs(tmp_path, "2m") as mount:
+        gq.script("job.py", "print('ran')\n")
+        guarded = ("--gpus", "0", "--min-free", "8M", "job.py", "--output_dir", str(mount / "out"))
+        held = gq.add(*guarded)
+        after = gq.add("--gpus", "0", "--after", str(held), "job.py")
+        behind = gq.add("--gpus", "0", "job.py")
+        gq.start_worker("--watch")
+        gq.wait_state(behind, "done", timeout=20)
+        rows = {r["id"]: r for r in gq.status_json()}
+        assert rows[held]["waiting"].startswith("waiting for disk space: ")
+        assert rows[held]["starts_in_seconds"] is None and rows[after]["starts_in_seconds"] is None
+        said = gq.gpuq("eta", str(held)).stdout
+        assert f"(pending): start unknown: waiting for disk space: {mount} has " in said, said
+        assert "starts ~" not in gq.gpuq("status").stdout
+        (dry,) = json.loads(gq.gpuq("add", "--dry-run", "--json", *guarded).stdout)["jobs"]
+        assert dry["would_start"]["why_not"].startswith("waiting for disk space: "), dry["would_start"]
+        assert dry["would_start"]["starts_in_seconds"] is None
+        assert gq.state_of(held) == "pending"
 
 
 def test_a_retry_waits_for_twice_its_last_checkpoint(gq: Env, tmp_path: Path) -> None:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
-from gpuq.cli.common import spool
+from gpuq.cli.common import say_who_starts_them, spool
 from gpuq.core.errors import UsageError
-from gpuq.core.words import ids_text
 from gpuq.engine.lifecycle import enqueue
 
 
@@ -45,22 +43,5 @@ def cmd_add(args: argparse.Namespace) -> int:
     if outlook:
         print(f"    {enqueue.urgent_outlook(published[0][1], running)}")
     if not args.quiet and not args.hold:
-        _say_who_starts_it(sp.workers.live(), [job.id for _ref, job in published])
+        say_who_starts_them("add", sp.workers.live(), [job.id for _ref, job in published])
     return 0
-
-
-def _say_who_starts_it(workers: list[dict[str, Any]], ids: list[int]) -> None:
-    """When no worker will start what it queued: none runs, or every one drains (and holds its
-    locks until its jobs end, so a new worker can start only then)."""
-    if not workers:
-        waits = "waits" if len(ids) == 1 else "wait"
-        said = f"no worker is running; {ids_text(ids)} {waits} for `gpuq run --daemon` (or `gpuq service install`)"
-    elif all(worker.get("draining") for worker in workers):
-        who = "the worker is" if len(workers) == 1 else "every worker is"
-        said = (
-            f"{who} draining (`gpuq stop --drain`); {ids_text(ids)} will not start until a worker runs again "
-            f"(`gpuq run --daemon` once the draining one has exited)"
-        )
-    else:
-        return
-    print(f"gpuq add: {said}", file=sys.stderr)

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from typing import Any, Callable, Optional
 
-from gpuq.cli.common import job_ids, say_refused, spool
+from gpuq.cli.common import job_ids, say_refused, say_who_starts_them, spool
 from gpuq.core.errors import GpuqError, Refused, UsageError
 from gpuq.core.states import CANCELLED, INTERRUPTED, PREEMPTED, RUNNING
 from gpuq.core.words import ids_text, plural
@@ -105,7 +105,9 @@ def _requeue(ids: list[int], from_scratch: bool, say: bool) -> int:
         return f"  #{done.job.id} {done.job.name}: {done.how}" if say else None
 
     code = _on_each(requests.Recover(ids=ids, from_scratch=from_scratch), said)
-    print(f"Re-queued {plural(len(back), 'job')}." + (" Run `gpuq run` to execute." if back and say else ""))
+    print(f"Re-queued {plural(len(back), 'job')}.")
+    if back:
+        say_who_starts_them("recover", spool().workers.live(), [done.job.id for done in back])
     return code
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Iterable
+from typing import Any, Iterable
 
 from gpuq.core.errors import GpuqError
 from gpuq.core.states import STATES
+from gpuq.core.words import ids_text
 from gpuq.spool import Spool
 from gpuq.spool.layout import find_legacy
 
@@ -48,3 +49,20 @@ def cmd_ids(args: argparse.Namespace) -> int:
     if found:
         print("\n".join(map(str, found)))
     return 0
+
+
+def say_who_starts_them(command: str, workers: list[dict[str, Any]], ids: list[int]) -> None:
+    """Say when no worker will start the jobs `gpuq COMMAND` queued (add, recover): none runs, or
+    every one drains (and holds its locks until its jobs end, so a new worker can start only then)."""
+    if not workers:
+        waits = "waits" if len(ids) == 1 else "wait"
+        said = f"no worker is running; {ids_text(ids)} {waits} for `gpuq run --daemon` (or `gpuq service install`)"
+    elif all(worker.get("draining") for worker in workers):
+        who = "the worker is" if len(workers) == 1 else "every worker is"
+        said = (
+            f"{who} draining (`gpuq stop --drain`); {ids_text(ids)} will not start until a worker runs again "
+            f"(`gpuq run --daemon` once the draining one has exited)"
+        )
+    else:
+        return
+    print(f"gpuq {command}: {said}", file=sys.stderr)

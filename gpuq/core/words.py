@@ -1,8 +1,9 @@
 """Counts, job ids, notification URLs and sizes as a sentence says them: "1 step", "3 steps",
-"#3, #4", "#12-#15", "json://127.0.0.1:8080", "9.1 GiB"."""
+"#3, #4", "#12-#15", "json://127.0.0.1:8080", "9.1 GiB", "leased whole by bob's job #12 since 09:14"."""
 
 from __future__ import annotations
 
+import time
 from typing import Iterable, Optional
 
 
@@ -48,3 +49,13 @@ def mib_text(mib: int) -> str:
     if mib < 1024:
         return f"{mib} MiB"
     return f"{mib / 1024:.1f} GiB"
+
+
+def lease_text(who: str, mem_mib: Optional[int], since: float) -> str:
+    """'leased whole by bob's job #12 since 09:14', '20.0 GiB leased by alice's job #3 since 09:02':
+    a GPU lease as a reason says it, in `gpuq status` and `gpuq eta` alike (`who`: whose it is, as
+    system/leases.py's `Lease.who` tells the viewer; `mem_mib` None: whole)."""
+    at = time.strftime("%H:%M", time.localtime(since))
+    if mem_mib is None:
+        return f"leased whole by {who} since {at}"
+    return f"{mib_text(mem_mib)} leased by {who} since {at}"

@@ -15,7 +15,7 @@ from gpuq.core.states import DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED, RUNN
 from gpuq.core.words import plural
 from gpuq.engine.lifecycle import actions, intake, repairs
 from gpuq.engine.lifecycle.preempt import UrgentPreemptions, resume_auto
-from gpuq.engine.schedule import gpuview, hostroom, placement, scheduler, victims
+from gpuq.engine.schedule import diskguard, gpuview, hostroom, placement, scheduler, victims
 from gpuq.engine.schedule.planner import Assignment, OtherLeases, Plan, Planner
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.schedule.queue_view import QueueView
@@ -258,7 +258,7 @@ class Worker:
                 self.say("disk space is back: starting jobs again")
                 self.said_disk_full = False
             return False
-        reason = f"waiting for disk space: the spool's filesystem has {free // 1024} KiB free"
+        reason = f"{diskguard.WAITING}: the spool's filesystem has {free // 1024} KiB free"
         for job, _where in plan.starts:
             plan.waits[job.id] = scheduler.Wait(reason, False)
         plan.starts = []

@@ -15,6 +15,10 @@ from typing import Optional
 from gpuq.core.job import Job
 from gpuq.engine.schedule.scheduler import Wait
 
+# How every wait for disk space begins, the guard's and a full spool's (engine/views/status.py,
+# run/worker.py): it ends when someone frees space, which no one can know, so it has no start time.
+WAITING = "waiting for disk space"
+
 
 def need_bytes(job: Job) -> Optional[int]:
     if job.min_free_bytes:
@@ -56,7 +60,12 @@ def wait(job: Job) -> Optional[Wait]:
     if free is None or free >= need:
         return None
     why = f"--min-free {_size(need)}" if job.min_free_bytes else f"twice its last checkpoint, {_size(need // 2)}"
-    return Wait(f"waiting for disk space: {where} has {_size(free)} free, it needs {_size(need)} ({why})", False)
+    return Wait(f"{WAITING}: {where} has {_size(free)} free, it needs {_size(need)} ({why})", False)
+
+
+def holds(wait: Optional[Wait]) -> bool:
+    """Whether `wait` is one for disk space (the guard's, a full spool's)."""
+    return wait is not None and wait.reason.startswith(WAITING)
 
 
 def _size(count: int) -> str:

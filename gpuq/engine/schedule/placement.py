@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence, Union
 
+from gpuq.core.words import lease_text
 from gpuq.engine.schedule.scheduler import BEHIND
 from gpuq.system.gpus import Gpu, GpuLook, mib_text
 from gpuq.system.leases import Lease
@@ -392,10 +392,5 @@ class _Texts:
 
 
 def _lease_text(lease: Lease) -> str:
-    """'leased whole by bob's job #12 since 09:14', '20.0 GiB leased by alice's job #3 since 09:02'."""
     # the viewer is whoever decides: the reason tells them "your job" or another user's
-    who = lease.who(os.geteuid())
-    since = time.strftime("%H:%M", time.localtime(lease.since))
-    if lease.mem_mib is None:
-        return f"leased whole by {who} since {since}"
-    return f"{mib_text(lease.mem_mib)} leased by {who} since {since}"
+    return lease_text(lease.who(os.geteuid()), lease.mem_mib, lease.since)

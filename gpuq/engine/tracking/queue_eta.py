@@ -8,7 +8,8 @@ from typing import Any, Optional
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING, RAY, RUNNING, SLURM
 from gpuq.core.times import duration, median, parse_iso
-from gpuq.engine.schedule import scheduler
+from gpuq.core.words import lease_text
+from gpuq.engine.schedule import diskguard, scheduler
 from gpuq.engine.tracking import eta
 from gpuq.spool import Spool
 from gpuq.spool.cache.index import RECENT_RUNS, Finished
@@ -68,38 +69,60 @@ def _later(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None else max(a, b)
 
 
+class Outside:
+    """What others hold of one GPU: `held` MiB of its `total`, by processes not gpuq's and the
+    `leases` of other parties (as their reasons say them: core/words.py's lease_text); of it,
+    `unleased` MiB are processes in no lease. (Not a named tuple: `status` compiles no source.)"""
+
+    __slots__ = ("held", "total", "leases", "unleased")
+
+    def __init__(self, held: int, total: int, leases: tuple[str, ...] = (), unleased: int = 0) -> None:
+        self.held, self.total, self.leases, self.unleased = held, total, leases, unleased
+
+    def holders(self, threshold: int) -> str:
+        """Who holds it: the leases, then the processes where they hold more than the threshold."""
+        parts = list(self.leases)
+        if not parts or self.unleased > threshold:
+            mib = self.unleased if parts else self.held
+            parts.append(f"{mib / 1024:.1f} GiB held by processes that are not gpuq's")
+        return ", ".join(parts)
+
+
 def _held_off(
-    job: Job, usable: list[Optional[str]], outside: dict[str, tuple[int, int]], threshold: int
-) -> dict[Optional[str], int]:
-    """The GPUs among `usable` that memory of processes not gpuq's keeps `job` off (slot -> MiB
-    they hold), as engine/schedule/placement.py's gate decides: a whole GPU while they hold more than the
+    job: Job, usable: list[Optional[str]], outside: dict[str, Outside], threshold: int
+) -> dict[Optional[str], Outside]:
+    """The GPUs among `usable` that others' memory keeps `job` off (slot -> what they hold), as
+    engine/schedule/placement.py's gate decides: a whole GPU while they hold more than the
     threshold, a share while it does not fit beside them. When they free it cannot be known."""
     need = job.gpu_mem_mib
     out = {}
     for slot in usable:
-        held, total = outside.get(str(slot), (0, 0))
-        if held and (held > threshold if need is None else total - held < need):
-            out[slot] = held
+        found = outside.get(str(slot))
+        if found and found.held and (found.held > threshold if need is None else found.total - found.held < need):
+            out[slot] = found
     return out
 
 
-def outside_memory(gpus: list[dict[str, Any]], home: Optional[str] = None) -> dict[str, tuple[int, int]]:
-    """Slot -> (MiB held by processes not gpuq's, total MiB) from a GPU view (engine/schedule/gpuview.py;
-    a view of an older worker has no `foreign_mib`: its listed processes then). The leases of other
-    parties than this spool (`home`) hold memory too: a whole one all of it, a memory one its size
+def outside_memory(gpus: list[dict[str, Any]], home: Optional[str] = None) -> dict[str, Outside]:
+    """Slot -> what others hold of it, from a GPU view (engine/schedule/gpuview.py; a view of an
+    older worker has no `foreign_mib`: its listed processes then): processes not gpuq's, and the
+    leases of other parties than this spool (`home`): a whole one all of it, a memory one its size
     beyond what its processes use (which `foreign_mib` counts)."""
     out = {}
     for gpu in gpus:
         held = gpu.get("foreign_mib")
         if not isinstance(held, int):
             held = sum(p.get("used_memory_mib") or 0 for p in gpu.get("foreign") or [])
-        total = gpu.get("memory_total_mib") or 0
+        total, unleased, leases = gpu.get("memory_total_mib") or 0, held, []
         for lease in gpu.get("leases") or []:
             if lease.get("spool") == home:
                 continue  # this spool's own jobs: the running ones of the plan
             using = sum(p.get("used_memory_mib") or 0 for p in gpu["foreign"] if p.get("lease") == lease.get("file"))
             held = total if lease.get("whole") else held + max(0, (lease.get("mem_mib") or 0) - using)
-        out[str(gpu["index"])] = (min(held, total), total)
+            unleased -= using
+            mem = None if lease.get("whole") else lease.get("mem_mib") or 0
+            leases.append(lease_text(str(lease.get("who")), mem, parse_iso(lease.get("since")) or 0.0))
+        out[str(gpu["index"])] = Outside(min(held, total), total, tuple(leases), max(0, unleased))
     return out
 
 
@@ -109,7 +132,7 @@ def plan_queue(
     slots: list[Optional[str]],
     durations: dict[str, list[float]],
     now: Optional[float] = None,
-    outside: Optional[dict[str, tuple[int, int]]] = None,
+    outside: Optional[dict[str, Outside]] = None,
     threshold: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
 ) -> dict[int, eta.Estimate]:
     """Expected start and end (seconds from now, None = unknown) of each pending job: `running`,
@@ -120,8 +143,9 @@ def plan_queue(
     play = _Play(slots, running, durations, outside or {}, threshold)
     waiting = []
     for job, wait in pending:
-        if wait is not None and getattr(wait, "forever", False):
-            play.out[job.id] = eta.Estimate(None, None, f"will not start by itself: {wait.reason}")
+        never = _no_start(wait)
+        if never:
+            play.out[job.id] = eta.Estimate(None, None, never)
             play.ends[job.id] = None
             continue
         ready: Optional[float] = 0.0
@@ -131,6 +155,16 @@ def plan_queue(
         waiting.append((job, _later(ready, _host_room_at(job, wait, running))))
     play.run(waiting)
     return play.out
+
+
+def _no_start(wait: Any) -> str:
+    """Why a job waiting for `wait` has no start time at all ('' where it may have one): only a
+    person can start it, or it waits for disk space someone must free, at a time no one can know."""
+    if wait is not None and getattr(wait, "forever", False):
+        return f"will not start by itself: {wait.reason}"
+    if diskguard.holds(wait):
+        return f"start unknown: {wait.reason}"
+    return ""
 
 
 class _Play:
@@ -145,7 +179,7 @@ class _Play:
         slots: list[Optional[str]],
         running: list[tuple[Job, Optional[float]]],
         durations: dict[str, list[float]],
-        outside: dict[str, tuple[int, int]],
+        outside: dict[str, Outside],
         threshold: int,
     ) -> None:
         self.slots, self.durations, self.outside, self.threshold = slots, durations, outside, threshold
@@ -177,7 +211,8 @@ class _Play:
             usable, _count = _needs(job, self.slots)
             held_off = _held_off(job, usable, self.outside, self.threshold)
             unknown_elsewhere = all(self.free[s] is None or s in held_off for s in usable)
-            note = _queue_note(None, *self._run_time(job), _held_text(held_off), None if unknown_elsewhere else [])
+            held = _held_text(held_off, self.threshold)
+            note = _queue_note(None, *self._run_time(job), held, None if unknown_elsewhere else [])
             self.out[job.id] = eta.Estimate(None, None, note)
 
     def _step(
@@ -217,13 +252,13 @@ class _Play:
             ready = _later(ready, self.ends.get(dep, 0.0))
         return ready
 
-    def _place(self, job: Job, at: float, taken: list[Optional[str]], held_off: dict[Optional[str], int]) -> None:
+    def _place(self, job: Job, at: float, taken: list[Optional[str]], held_off: dict[Optional[str], Outside]) -> None:
         run, runs = self._run_time(job)
         end = None if run is None else at + run
         for slot in taken:
             self.free[slot] = end
         self.ends[job.id] = end
-        note = _queue_note(at, run, runs, _held_text(held_off), taken)
+        note = _queue_note(at, run, runs, _held_text(held_off, self.threshold), taken)
         self.out[job.id] = eta.Estimate(None, end, note, starts_in=at)
 
     def _run_time(self, job: Job) -> tuple[Optional[float], int]:
@@ -246,10 +281,8 @@ def _host_room_at(job: Job, wait: Any, running: list[tuple[Job, Optional[float]]
     return min(ends) if ends else None
 
 
-def _held_text(held_off: dict[Optional[str], int]) -> str:
-    return "; ".join(
-        f"GPU {slot}: {mib / 1024:.1f} GiB held by processes that are not gpuq's" for slot, mib in held_off.items()
-    )
+def _held_text(held_off: dict[Optional[str], Outside], threshold: int) -> str:
+    return "; ".join(f"GPU {slot}: {held.holders(threshold)}" for slot, held in held_off.items())
 
 
 def _queue_note(
@@ -299,7 +332,7 @@ def annotate(
     threshold = gpus.get("foreign_threshold_mib") if gpus else None
     plan = plan_queue(
         [(r.job, r.estimate.eta_seconds) for r in running],
-        [(r.job, r.wait) for r in pending],
+        [(r.job, _wait_of(r)) for r in pending],
         worker_slots(workers, [g["index"] for g in shown]),
         durations,
         now,
@@ -308,3 +341,11 @@ def annotate(
     )
     for row in pending:
         row.estimate = plan.get(row.job.id)
+
+
+def _wait_of(row: Any) -> Any:
+    """A pending row's wait, the disk guard's where it holds the job behind a wait that ends (a
+    dependency, a GPU): the job then still waits for the space."""
+    if row.disk_wait is not None and not (row.wait is not None and row.wait.forever):
+        return row.disk_wait
+    return row.wait

@@ -15,12 +15,18 @@ from gpuq.core.words import size_text
 def had(entry: dict[str, Any]) -> str:
     """`20G of a GPU`, `a whole GPU`, `, 32G host memory`: what the attempt ran with."""
     parts = []
-    if "gpu_mem_mib" in entry and entry.get("gpus") != []:
+    if "gpu_mem_mib" in entry and _had_gpus(entry):
         mib = entry["gpu_mem_mib"]
         parts.append(f"{size_text(mib)} of a GPU" if isinstance(mib, int) else "a whole GPU")
     if isinstance(entry.get("mem_mib"), int):
         parts.append(f"{size_text(entry['mem_mib'])} host memory")
     return ", ".join(parts)
+
+
+def _had_gpus(entry: dict[str, Any]) -> bool:
+    """A local attempt held the GPUs its entry lists (none for a CPU job, `null` where gpuq saw no
+    GPU at all, as on a machine without one); an attempt on Ray (no `gpus`) the share recorded."""
+    return "gpus" not in entry or bool(entry["gpus"])
 
 
 def attempt_line(entry: dict[str, Any]) -> str:

@@ -146,7 +146,9 @@ def _clock(iso: Optional[str]) -> str:
 def _times(state: str, job: Job, now: float) -> list[Line]:
     queued, started, finished = (parse_iso(t) for t in (job.created_at, job.started_at, job.finished_at))
     first = job.attempts <= 1 and len(job.history) <= 1  # a later attempt's start says nothing of the queue
-    waited = f" (after {duration(started - queued)} in the queue)" if started and queued and first else ""
+    # an adopted process started before it was queued: it never waited
+    wait = duration(started - queued) if started and queued and first else ""
+    waited = f" (after {wait} in the queue)" if wait else ""
     ran = ""
     if started and finished and finished >= started:
         ran = duration(finished - started)

@@ -293,7 +293,7 @@ def space_waits(spool: Spool, snap: scheduler.QueueState) -> dict[int, scheduler
     free = spool.disk_space()[1]
     if free >= MIN_FREE_TO_START or not snap.pending:
         return {}
-    wait = scheduler.Wait(f"waiting for disk space: the spool's filesystem has {free // 1024} KiB free", False)
+    wait = scheduler.Wait(f"{diskguard.WAITING}: the spool's filesystem has {free // 1024} KiB free", False)
     return {job.id: wait for job in snap.pending}
 
 
