@@ -107,6 +107,36 @@ def test_an_end_noted_in_the_lock_file_survives_its_supervisor(gq: Env) -> None:
     assert job["exit_code"] == 3 and "noted by its supervisor while the disk was full" in job["note"]
 
 
+def test_an_end_noted_on_a_disk_still_full_waits_for_room_and_is_kept(gq_full: Env) -> None:
+    """The supervisor died while the disk was still full: a look that cannot record the noted end
+    yet must leave the note where it is (it used to remove the lock file holding it, and the job
+    was later recorded interrupted, its exit code lost), and `status` must still answer."""
+    from gpuq.spool import Spool
+
+    gq = gq_full
+    gq.script("t.py", "")
+    job_id = gq.add("t.py")
+    code = (
+        "import sys\nfrom gpuq.spool import Spool\nfrom gpuq.core import transitions\n"
+        "s = Spool(sys.argv[1]); ref = s.jobs.find(int(sys.argv[2])); job = s.jobs.load(ref)\n"
+        "claim = s.claims.claim(job['id'])\n"
+        "started = transitions.start(job, slot=None, gpus=None, boot_id='b', host='h', log='')\n"
+        "s.jobs.move(ref, job, 'running', started)\n"
+        "claim.note({'pid': 1, 'exit_code': 5, 'state': 'failed', 'waiting': 'disk full'})\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(gq.home), str(job_id)], check=True, env=gq.env)
+    spool = Spool(gq.home)
+    spool.files.give_up_emergency_room()
+    filler = fill_up(gq.work)
+    for _look in range(2):
+        assert gq.gpuq("status", check=False).returncode == 0
+        assert gq.state_of(job_id) == "running" and (spool.claims.noted(job_id) or {}).get("exit_code") == 5
+    filler.unlink()
+    gq.gpuq("status")
+    job = gq.wait_state(job_id, "failed")
+    assert job["exit_code"] == 5 and "noted by its supervisor while the disk was full" in job["note"]
+
+
 def test_cancel_and_clear_work_on_a_full_disk_where_no_worker_ever_ran(gq_full: Env) -> None:
     """The emergency room comes with the spool: jobs only added, never a worker, and a full disk."""
     gq = gq_full

@@ -12,6 +12,7 @@ from gpuq.core.job import Job
 from gpuq.core.states import INTERRUPTED, PENDING, PREEMPT, PREEMPT_ACTIONS, PREEMPT_RESUME, RUNNING, STATES
 from gpuq.spool import JobRef, Spool
 from gpuq.system import procs
+from gpuq.system.security import FULL_ERRNOS
 
 
 class Report:
@@ -21,6 +22,7 @@ class Report:
         self.duplicates_removed: list[JobRef] = []
         self.settled: list[tuple[int, str]] = []  # (job id, new state)
         self.stale_claims: list[int] = []
+        self.unsettled: list[int] = []  # ended unseen, but the disk had no room to record it
         self.tmp_removed = 0
         self.listing: list[JobRef] = []  # the tree after the repairs, if asked
 
@@ -99,6 +101,12 @@ def settle_unsupervised(spool: Spool, report: Report) -> None:
             report.settled.append((ref.id, state))
         except (FileNotFoundError, schema.InvalidJob):
             continue
+        except OSError as exc:
+            if exc.errno not in FULL_ERRNOS:
+                raise
+            if noted is not None:  # the disk is still full: the lock file keeps the note for a later look
+                claim.detach()
+            report.unsettled.append(ref.id)
         finally:
             claim.release()
 
