@@ -25,6 +25,7 @@ from gpuq.core import ray_transitions as rt
 from gpuq.core.errors import UsageError
 from gpuq.core.job import Job
 from gpuq.core.states import FAILED, RAY
+from gpuq.core.times import now_iso
 from gpuq.engine.lifecycle.ray_handover import entrypoint, fits, own_part, submission_fields
 from gpuq.engine.lifecycle.ray_room import Room, host_oom, num_gpus, resources
 from gpuq.spool import Spool
@@ -120,9 +121,13 @@ def test_a_running_job_is_stopped_by_cancel(gq: Any, ray_head: Any) -> None:  # 
     gq.gpuq("ray", "submit", str(job))
     wait_for(lambda: (gq.work / "pid").exists() and (gq.work / "pid").read_text(), 60, 0.2, "the job to start")
     pid = int((gq.work / "pid").read_text())
+    wait_for(lambda: gq.gpuq("ray", "sync") and gq.job(job)["started_at"], 30, 0.2, "a sync to see it run")
     out = gq.gpuq("cancel", str(job))
     assert gq.state_of(job) == "cancelled", out.stdout
     assert "Ray job" in gq.job(job)["note"]
+    # Its attempt is in its history, as a local job's cancelled while it ran.
+    assert [(h["outcome"], h["ray_state"]) for h in gq.job(job)["history"]] == [("cancelled", "STOPPED")]
+    assert "no attempt has ended yet" not in gq.gpuq("history", str(job)).stdout
     wait_for(lambda: not alive(pid), 30, 0.1, "the job's process to end")
     sub_id = gq.job(job)["ray"]["submission_id"]
     wait_for(lambda: rayjobs.get(ray_head.address, sub_id).state == "STOPPED", 30, 0.2, "Ray to say STOPPED")
@@ -134,8 +139,10 @@ def test_kill_stops_it_too(gq: Any, ray_head: Any) -> None:  # noqa: F811
     gq.gpuq("ray", "submit", str(job))
     sub_id = gq.job(job)["ray"]["submission_id"]
     wait_for(lambda: rayjobs.get(ray_head.address, sub_id).state == "RUNNING", 60, 0.2, "Ray to run it")
-    gq.gpuq("kill", str(job))
+    out = gq.gpuq("kill", str(job)).stdout
     assert gq.state_of(job) == "cancelled" and "killed" in gq.job(job)["note"]
+    assert f"cancelled (Ray was asked to stop Ray job {sub_id})" in out
+    assert "SIGTERM" not in out and "exit None" not in out  # no signal is sent from here
     wait_for(lambda: rayjobs.get(ray_head.address, sub_id).state == "STOPPED", 30, 0.2, "Ray to say STOPPED")
 
 
@@ -181,6 +188,39 @@ def test_a_job_whose_directory_is_gone_stays_queued_and_the_rest_go(gq: Any, ray
     assert "a shared filesystem: not checked there" in out.stdout
     assert gq.state_of(lost) == "pending"
     synced_until(gq, good, "done")
+
+
+def test_a_time_limit_or_a_start_to_come_stays_queued(gq: Any, ray_head: Any) -> None:  # noqa: F811
+    """Ray's job API has neither: such a job is not handed over, rather than run at once and unbounded."""
+    on_ray(gq, ray_head)
+    limited = gq.add("--gpus", "0", "--time", "3s", "--", "true")
+    later = gq.add("--gpus", "0", "--begin", "+1h", "--", "true")
+    plain = gq.add("--gpus", "0", "--", "true")
+    out = gq.gpuq("ray", "submit", "--all", check=False)
+    assert out.returncode == 1
+    assert f"job #{limited} stays here: its --time 3s has no equivalent on Ray" in out.stderr
+    assert f"job #{later} stays here: it starts no earlier than" in out.stderr
+    assert (gq.state_of(limited), gq.state_of(later), gq.state_of(plain)) == ("pending", "pending", "ray")
+
+
+def test_a_job_whose_ray_cluster_is_gone_is_cancelled_here_only_with_force(gq: Any) -> None:
+    job_id = gq.add("--gpus", "0", "--", "true")
+    spool = Spool(gq.home)
+    ref = spool.jobs.find(job_id)
+    assert ref is not None
+    gone = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    ref, job = spool.jobs.move(ref, spool.jobs.load(ref), RAY, rt.handing(spool.jobs.load(ref), gone, "gpuq-x", 0))
+    spool.jobs.rewrite(ref, job, **rt.seen(job, "RUNNING", None, now_iso()))
+    for command in ("cancel", "kill"):
+        refused = gq.gpuq(command, str(job_id), check=False)
+        assert refused.returncode == 1 and f"no Ray cluster answers at {gone}" in refused.stderr
+        assert f"`gpuq cancel --force {job_id}`" in refused.stderr and "SIGTERM" not in refused.stdout
+    assert gq.state_of(job_id) == "ray"
+    out = gq.gpuq("cancel", "--force", str(job_id)).stdout
+    assert "cancelled here only: Ray (job gpuq-x) could not be told" in out and "may still run there" in out
+    job = gq.job(job_id)
+    assert job["state"] == "cancelled" and [h["outcome"] for h in job["history"]] == ["cancelled"]
+    assert "no attempt has ended yet" not in gq.gpuq("history", str(job_id)).stdout
 
 
 def test_no_cluster_at_the_address_leaves_the_jobs_queued(gq: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -460,3 +461,43 @@ def test_launch_environment() -> None:
     }
     plain = launch_environment(Job(id=4, shell_env=None), {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "3"})
     assert plain == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "3", "GPUQ_JOB_ID": "4", "GPUQ_SLURM": "1"}
+
+
+def test_sbatch_options_carry_the_job_s_time_limit_and_start() -> None:
+    begin = float(int(time.time()) + 3600)  # a whole second: as the job file keeps it
+    fields = {"id": 2, "name": "j", "cwd": "/w", "log": "/l.log", "gpu_request": 0}
+    job = Job(dict(fields, time_limit=3, begin_at=iso_of(begin)))
+
+    def options(extra: list[str]) -> list[str]:
+        return sbatch_options(job, spool_id="a", slurm_ids={}, extra=extra, grace_seconds=120)
+
+    local = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(begin))
+    own = options([])
+    # Slurm counts in minutes; the job's own limit ends it there as here: no warning signal, no requeue.
+    assert "--time=1" in own and f"--begin={local}" in own
+    assert not any(o.startswith("--signal") for o in own)
+    assert "--time=2" in sbatch_options(
+        Job(dict(job, time_limit=61)), spool_id="a", slurm_ids={}, extra=[], grace_seconds=0
+    )
+    # An sbatch option of --slurm-opt wins, and the warning before that limit is kept.
+    theirs = options(["-t", "30", "--begin=now+10"])
+    assert not any(o.startswith(("--time=", "--begin=2")) for o in theirs) and "--signal=B:USR1@120" in theirs
+    assert "--time=1" not in options(["--time=4:00:00"]) and "--time=1" in options(["--time-min=5"])
+    past = Job(dict(job, begin_at=iso_of(time.time() - 60), time_limit=None))
+    assert not any(
+        o.startswith(("--begin", "--time"))
+        for o in sbatch_options(past, spool_id="a", slurm_ids={}, extra=[], grace_seconds=0)
+    )
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is None, reason="Slurm's sbatch is not installed")
+def test_sbatch_s_own_reason_for_a_refused_option_is_kept(tmp_path: Path) -> None:
+    """sbatch reads its options before it looks for a controller: a config naming none will do."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
+    env = dict(os.environ, SLURM_CONF=str(conf))
+    with pytest.raises(SlurmError) as refused:
+        client.submit("#!/bin/sh\ntrue\n", ["--bogus"], env=env)
+    assert str(refused.value) == "sbatch refused the job: unrecognized option '--bogus'"
+    with pytest.raises(SlurmError, match=r"^sbatch refused the job: error: Invalid --time specification$"):
+        client.submit("#!/bin/sh\ntrue\n", ["--time=abc"], env=env)

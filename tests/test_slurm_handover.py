@@ -14,6 +14,7 @@ import pytest
 from conftest import Env, wait_for
 from test_slurm import free_port
 
+from gpuq.core import transitions
 from gpuq.core.times import now_iso
 from gpuq.engine.lifecycle.slurm_handover import spool_marker
 from gpuq.spool import Spool
@@ -281,3 +282,51 @@ def test_worker_files_of_other_hosts_are_seen_and_run_is_quiet_on_a_local_spool(
     gq.add("--gpus", "0", "--", "true")
     proc = gq.gpuq("run")
     assert "network filesystem" not in proc.stderr
+
+
+def test_begin_and_time_limit_reach_slurm_and_kill_scancels_a_running_job(cq: Env) -> None:
+    later = add(cq, "echo ran", "--begin", "+1h", "--time", "3s")
+    running = add(cq, "echo started; sleep 300")
+    out = cq.gpuq("slurm", "submit", str(later), str(running)).stdout
+    assert "its --time 3s is --time=1 on Slurm (whole minutes)" in out
+    shown = subprocess.run(
+        ["scontrol", "-o", "show", "job", str(slurm_id(cq, later))], env=cq.env, capture_output=True, text=True
+    ).stdout
+    assert "TimeLimit=00:01:00" in shown and "Reason=BeginTime" in shown, shown
+    assert "JobState=PENDING" in shown
+    # A running job on Slurm: `kill` does what `cancel` does there, and its attempt is in its history.
+    sync_until(cq, lambda: cq.job(running)["started_at"] is not None, what="the job to run on Slurm")
+    killed = cq.gpuq("kill", str(running)).stdout
+    assert f"cancelled (scancel of Slurm job {slurm_id(cq, running)})" in killed and "not running" not in killed
+    job = cq.job(running)
+    assert job["state"] == "cancelled" and "gpuq kill" in job["note"]
+    assert [(h["outcome"], h["slurm_state"]) for h in job["history"]] == [("cancelled", "CANCELLED")]
+    assert "no attempt has ended yet" not in cq.gpuq("history", str(running)).stdout
+    cq.gpuq("cancel", str(later))
+
+
+def test_the_worker_syncs_a_slurm_job_a_local_job_waits_for(cq: Env) -> None:
+    first = add(cq, "echo first")
+    cq.gpuq("slurm", "submit", str(first))
+    second = add(cq, "echo second", "--after", str(first))
+    cq.start_worker()
+    wait_for(lambda: cq.state_of(second) == "done", 40, interval=0.3, what="the local job after the Slurm one")
+    assert cq.state_of(first) == "done"  # recorded by the worker's sync: no status, no sync was run
+
+
+def test_a_job_whose_slurm_is_gone_is_cancelled_here_only_with_force(gq: Env) -> None:
+    job_id = add(gq, "true")
+    spool = Spool(gq.home)
+    ref = spool.jobs.find(job_id)
+    assert ref is not None
+    job = spool.jobs.load(ref)
+    ref, job = spool.jobs.move(ref, job, "slurm", transitions.hand_over(job, 4242))
+    spool.jobs.rewrite(ref, job, **transitions.slurm_seen(job, "RUNNING", None, now_iso()))
+    gone = dict(gq.env, PATH=str(gq.work))  # no scancel, no squeue: this is no login node any more
+    refused = gq.gpuq("cancel", str(job_id), env=gone, check=False)
+    assert refused.returncode == 1 and "scancel is not on PATH" in refused.stderr
+    assert f"gpuq cancel --force {job_id}" in refused.stderr and gq.state_of(job_id) == "slurm"
+    out = gq.gpuq("cancel", "--force", str(job_id), env=gone).stdout
+    assert "cancelled here only: Slurm (job 4242) could not be told" in out and "may still run there" in out
+    ended = gq.job(job_id)
+    assert ended["state"] == "cancelled" and [h["outcome"] for h in ended["history"]] == ["cancelled"]

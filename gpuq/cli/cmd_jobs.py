@@ -12,6 +12,7 @@ import sys
 import tempfile
 from typing import Any, Callable, Optional
 
+from gpuq.cli import render
 from gpuq.cli.common import job_ids, say_refused, say_who_starts_them, spool
 from gpuq.core.errors import GpuqError, Refused, UsageError
 from gpuq.core.states import CANCELLED, INTERRUPTED, PREEMPTED, RUNNING
@@ -41,8 +42,7 @@ def _say_killing(job_id: int) -> None:
 def _cancelled(done: Done, _args: argparse.Namespace) -> str:
     if done.killed:
         return f"{CANCELLED}: it was running, killed (exit {done.job.exit_code})"
-    slurm = done.job.slurm
-    return CANCELLED + (f" (scancel of Slurm job {slurm['job_id']})" if slurm else "")
+    return render.cancelled_text(done.job)
 
 
 def _on_ids(request: Callable[..., requests.OnJobs], mark: str, what: Callable[..., str], *flags: str) -> Any:
@@ -55,8 +55,8 @@ def _on_ids(request: Callable[..., requests.OnJobs], mark: str, what: Callable[.
     return handler
 
 
-cmd_cancel = _on_ids(requests.Cancel, "-", _cancelled)
-cmd_kill = _on_ids(requests.Kill, "-", lambda d, _a: f"killed (exit {d.job.exit_code})")
+cmd_cancel = _on_ids(requests.Cancel, "-", _cancelled, "force")
+cmd_kill = _on_ids(requests.Kill, "-", lambda d, _a: render.killed_text(d.job))
 cmd_hold = _on_ids(requests.Hold, "=", lambda d, _a: f"held (`gpuq release {d.job.id}` puts it back in line)")
 cmd_release = _on_ids(requests.Release, "+", lambda d, _a: "back in line")
 cmd_retry = _on_ids(requests.Retry, "+", lambda d, _a: f"back in the queue: {d.how}", "from_scratch")

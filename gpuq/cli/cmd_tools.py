@@ -137,6 +137,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"[>] Job #{item.job.id}: {item.job.name} -> Slurm job {item.slurm_id} ({how})", flush=True)
         if item.job.notify_urls or item.job.notify or item.job.on_finish:
             print("    its --notify and --on-finish are not sent on Slurm (Slurm's own: --slurm-opt --mail-type=END)")
+        limit = slurm_batch.time_limit_words(item.job, args.slurm_opt)
+        if limit:
+            print(f"    {limit}")
 
     result = slurm_handover.submit(sp, ids or None, args.slurm_opt, build, say=say)
     if not (result.handed or result.left):

@@ -290,12 +290,19 @@ COMMANDS = (
         "cancel",
         "cmd_jobs:cmd_cancel",
         "cancel jobs; a running one is killed first (as by `gpuq kill`), as Slurm's scancel does",
+        Opt(
+            "--force",
+            kind=FLAG,
+            help="for a job on Slurm or Ray whose cluster cannot be told (gone for good): record it "
+            "cancelled here anyway; it may still run there",
+        ),
         id_states=UNFINISHED,
     ),
     _on_each(
         "kill",
         "cmd_jobs:cmd_kill",
-        "stop running jobs (SIGTERM to each one's process group, SIGKILL after a grace period; on Ray, Ray's stop)",
+        "stop running jobs (SIGTERM to each one's process group, SIGKILL after a grace period; "
+        "on Slurm, scancel; on Ray, Ray's stop: either is then cancelled)",
         id_states=(RUNNING,),
     ),
     _on_each(

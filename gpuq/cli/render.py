@@ -11,7 +11,20 @@ from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
-from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, HELD_NOTE, PENDING, RAY, RUNNING, SLURM, TABLE
+from gpuq.core.states import (
+    BY_NAME,
+    CANCELLED,
+    DONE,
+    FAILED,
+    HELD,
+    HELD_NOTE,
+    HERE_ONLY,
+    PENDING,
+    RAY,
+    RUNNING,
+    SLURM,
+    TABLE,
+)
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.words import plural
 
@@ -218,6 +231,22 @@ def ray_text(mark: dict[str, Any]) -> str:
     """`ray gpuq-ab12cd-3-1 RUNNING`, `ray - WAITING (waits for #2)`."""
     reason = f" ({mark['reason']})" if mark.get("reason") else ""
     return f"ray {mark.get('submission_id') or '-'} {mark.get('state') or '?'}{reason}"
+
+
+def cancelled_text(job: Job) -> str:
+    """`cancelled`, with what its cluster was told (or could not be) when it was on one."""
+    if (job.note or "").startswith(HERE_ONLY):
+        return job.note or ""
+    if job.slurm:
+        return f"{CANCELLED} (scancel of Slurm job {job.slurm.get('job_id')})"
+    if job.ray and job.ray.get("submission_id"):
+        return f"{CANCELLED} (Ray was asked to stop Ray job {job.ray['submission_id']})"
+    return CANCELLED
+
+
+def killed_text(job: Job) -> str:
+    """What `gpuq kill` did: a job on a cluster was stopped there and cancelled, no exit code known here."""
+    return cancelled_text(job) if job.slurm or job.ray else f"killed (exit {job.exit_code})"
 
 
 def damaged_cells(file_name: str, reason: str) -> tuple[str, ...]:

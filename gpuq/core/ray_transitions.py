@@ -125,9 +125,16 @@ def retried(job: Job, ray_state: str, *, exit_code: Optional[int], times: tuple,
     }
 
 
-def cancelled(job: Job, note: str) -> Changes:
-    """ray -> cancelled: `gpuq cancel`/`kill` stopped its Ray job (or it was not submitted yet)."""
-    return dict(cancel(note), ray=dict(job.ray or {}, state="STOPPED", reason=None))
+def cancelled(job: Job, note: str, started_at: Optional[str] = None) -> Changes:
+    """ray -> cancelled: `gpuq cancel`/`kill` stopped its Ray job (or it was not submitted yet, or
+    Ray could not be told). A job that started (`started_at`, as Ray said) gets its attempt's
+    history entry, as a local one does."""
+    changes = dict(cancel(note), ray=dict(job.ray or {}, state="STOPPED", reason=None))
+    started_at = job.started_at or started_at
+    if started_at:
+        entry = _entry(job, "STOPPED", None, states.CANCELLED, (started_at, changes["finished_at"]), None)
+        changes.update(started_at=started_at, attempts=job.attempts + 1, history=[*job.history, entry])
+    return changes
 
 
 def back_to_queue(note: str) -> Changes:

@@ -17,6 +17,7 @@ INTERRUPTED = "interrupted"
 CANCELLED = "cancelled"
 HELD = "held"  # `gpuq hold`: kept out of the queue until `gpuq release`
 SLURM = "slurm"  # handed to a Slurm cluster (`gpuq slurm submit`); Slurm runs it, `gpuq slurm sync` records its end
+HERE_ONLY = "cancelled here only"  # the first words of the note of a job its cluster could not be told of
 RAY = "ray"  # handed to a Ray cluster (`gpuq ray submit`); Ray runs it, `gpuq ray sync` records its end
 
 

@@ -380,5 +380,28 @@ def slurm_end(
 
 
 def slurm_cancelled(job: Job, note: str) -> Changes:
-    """slurm -> cancelled: `gpuq cancel` asked Slurm to cancel it (scancel)."""
-    return dict(cancel(note), slurm=dict(job.slurm or {}, state="CANCELLED", reason=None))
+    """slurm -> cancelled: `gpuq cancel` asked Slurm to cancel it (scancel), or could not
+    (`cancel_here_only`). A job seen running gets its attempt's history entry, as a local one does."""
+    mark = dict(job.slurm or {}, state="CANCELLED", reason=None)
+    changes = dict(cancel(note), slurm=mark)
+    if job.started_at:
+        entry = {
+            "attempt": job.attempts + 1,
+            "started_at": job.started_at,
+            "finished_at": changes["finished_at"],
+            "exit_code": None,
+            "signal": None,
+            "outcome": states.CANCELLED,
+            "slurm_job_id": mark.get("job_id"),
+            "slurm_state": "CANCELLED",
+        }
+        changes.update(attempts=job.attempts + 1, history=[*job.history, entry])
+    return changes
+
+
+FORCE_HINT = "`gpuq cancel --force {id}` records it cancelled here, though it may still run there"
+
+
+def cancel_here_only(cluster: str, why: str) -> str:
+    """The note of a job cancelled here while its cluster could not be told (`gpuq cancel --force`)."""
+    return f"{states.HERE_ONLY}: {cluster} could not be told ({why}); the job may still run there"

@@ -19,6 +19,7 @@ from watchdog.observers import Observer
 from gpuq.core.states import PENDING, RUNNING
 from gpuq.engine.schedule.planner import GPU_WAIT_RESCAN_SECONDS
 from gpuq.engine.schedule.turns import TURN_RESCAN_SECONDS
+from gpuq.run.cluster_watch import SYNC_SECONDS
 from gpuq.run.notify.queue import QueueWatch
 from gpuq.run.worker import RESCAN_SECONDS, StepResult, Worker
 from gpuq.system.security import FULL_ERRNOS
@@ -59,6 +60,7 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
     """Run until stopped (watch) or until nothing is left to do; the exit code. SIGUSR1 (`gpuq stop
     --drain`): nothing new starts, the loop ends once this worker's jobs have; `on_drain` is told."""
     wake = Waker()
+    worker.clusters.wake = wake.set  # a sync that recorded an end: look at once
     observer = None
     interrupted = {"signal": 0}
 
@@ -143,6 +145,8 @@ def _next_look(result: StepResult, held_for: int = 0, settling: bool = False) ->
         wait = GPU_WAIT_RESCAN_SECONDS if result.gpu_wait or result.space_wait else RESCAN_SECONDS
         if result.turn_wait:  # another user's job ends unannounced, and its GPU is ours for a moment only
             wait = min(wait, TURN_RESCAN_SECONDS)
+        if result.cluster_wait:  # the next sync of the hand-overs is due then
+            wait = min(wait, SYNC_SECONDS)
     if result.next_begin is not None:
         wait = min(wait, max(0.0, result.next_begin - time.time()))
     return wait

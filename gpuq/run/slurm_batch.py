@@ -7,18 +7,19 @@ node (the job as JSON on descriptor 3: the script is self-contained). The time-l
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
 import sys
 import time
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 from gpuq.core.job import Job
 from gpuq.core.jobenv import add_job_variables
 from gpuq.core.resume_arg import DEFAULT_RESUME_ARG, resume_argv
 from gpuq.core.schema import DEFAULT_JOB_UMASK
-from gpuq.core.times import now_iso
+from gpuq.core.times import duration, now_iso, parse_iso
 from gpuq.engine.tracking import checkpoints
 from gpuq.system.slurm import comment_marker, slurm_job_name
 
@@ -88,6 +89,7 @@ def sbatch_options(
     if not job.log:
         raise ValueError(f"job #{job.id} has no log path")
     log = job.log.replace("%", "%%")  # sbatch expands %j and friends in file names
+    own_limit = own_time_limit(job, extra)
     options = [
         f"--job-name={slurm_job_name(job.name or str(job.id))}",
         f"--output={log}",
@@ -96,9 +98,13 @@ def sbatch_options(
         f"--chdir={job.cwd}",
         "--export=ALL",  # the submitter's environment, for jobs without shell_env
         "--requeue",
-        f"--signal=B:{TIME_LIMIT_SIGNAL}@{grace_seconds}",
+        # The job's own limit ends it there, as here: no warning, no requeue.
+        own_limit or f"--signal=B:{TIME_LIMIT_SIGNAL}@{grace_seconds}",
         f"--comment={comment_marker(spool_id, job.id)}",
     ]
+    begin = begin_option(job, extra, time.time())
+    if begin:
+        options.append(begin)
     gpus = gpu_request(job)
     if gres and gpus > 0:
         options.append(f"--gres=gpu:{gpus}")
@@ -114,6 +120,40 @@ def sbatch_options(
     if parts:
         options.append(f"--dependency={','.join(parts)}")  # a comma: every one of them must hold
     return options + list(extra)
+
+
+def own_time_limit(job: Job, extra: Sequence[str]) -> Optional[str]:
+    """sbatch's `--time` for the job's own `--time`, in whole minutes (Slurm's unit), rounded up;
+    None when it has none or `extra` (`--slurm-opt`) gives sbatch a time limit, which wins."""
+    if not job.time_limit or _given(extra, "--time", "-t"):
+        return None
+    return f"--time={max(1, math.ceil(job.time_limit / 60))}"
+
+
+def time_limit_words(job: Job, extra: Sequence[str]) -> Optional[str]:
+    """What became of the job's `--time` on Slurm, when it is not what it was (None: kept as it is)."""
+    if not job.time_limit:
+        return None
+    if _given(extra, "--time", "-t"):
+        return f"its --time {duration(job.time_limit)} gives way to --slurm-opt's time limit"
+    if job.time_limit % 60:
+        minutes = own_time_limit(job, extra)
+        return f"its --time {duration(job.time_limit)} is {minutes} on Slurm (whole minutes)"
+    return None
+
+
+def begin_option(job: Job, extra: Sequence[str], now: float) -> Optional[str]:
+    """sbatch's `--begin` for a job whose `--begin` is still to come, in the local time sbatch
+    reads; None when it is due or `extra` gives sbatch a start time, which wins."""
+    begin = parse_iso(job.begin_at)
+    if begin is None or begin <= now or _given(extra, "--begin", "-b"):
+        return None
+    return "--begin=" + time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(math.ceil(begin)))
+
+
+def _given(extra: Sequence[str], long: str, short: str) -> bool:
+    """Whether sbatch options `extra` hold the option `long` (`--time`, `--time=5`) or `short` (`-t5`)."""
+    return any(o == long or o.startswith(long + "=") or (o.startswith(short) and not o.startswith("--")) for o in extra)
 
 
 def gpu_request(job: Job) -> int:

@@ -22,6 +22,7 @@ from gpuq.engine.schedule.queue_view import QueueView
 from gpuq.engine.schedule.turns import Turns
 from gpuq.engine.tracking import eta
 from gpuq.run import successor
+from gpuq.run.cluster_watch import ClusterWatch
 from gpuq.run.supervisor.order import StartOrder
 from gpuq.spool import Claim, JobRef, Spool
 from gpuq.spool.files import MIN_FREE_TO_START, free_bytes
@@ -79,6 +80,7 @@ class StepResult:
     claim_busy: bool = False  # a ready job's claim was held (its supervisor just requeued it): look again soon
     space_wait: bool = False  # jobs wait for disk space: look again soon, as space comes back unannounced
     next_begin: Optional[float] = None  # the earliest --begin time to come: the worker wakes for it
+    cluster_wait: bool = False  # a job waits for one handed to Slurm or Ray: their ends are only seen by asking
 
 
 @dataclass
@@ -124,6 +126,7 @@ class Worker:
         self.draining = False  # `gpuq stop --drain`: start nothing new, exit once our jobs end
         self.last_repair = self.last_sample = 0.0
         self.quiet: Optional[tuple[object, float, StepResult]] = None  # (signature, time, result)
+        self.clusters = ClusterWatch(spool, say)
 
     def step(self, now: Optional[float] = None, woken: bool = True) -> StepResult:
         """One scheduling step. A periodic look (`woken` False) at an unchanged spool only checks the
@@ -147,6 +150,8 @@ class Worker:
             return False  # a --begin time has come
         if now - since >= FULL_STEP_SECONDS or signature != self.spool.jobs.signature():
             return False
+        if self.clusters.news.is_set():
+            return False  # a sync recorded the end of a job some pending job waits for
         if (result.busy or result.startable_later) and free_bytes(self.spool.home) < MIN_FREE_TO_START:
             return False  # the disk filled up: the jobs named to supervisors are taken back
         return not self.spool.dropbox.dropped()  # a dropped file waiting to be complete needs looks
@@ -158,12 +163,15 @@ class Worker:
             self.quiet = None
             return self.step(now)
         self._sample_progress(now, [])
+        self.clusters.poke(now)
         assert self.quiet is not None
         return self.quiet[2]
 
     def _full_step(self, now: float) -> StepResult:
         result = StepResult()
         self._repair(now)
+        if self.clusters.take_news():
+            self.view.doubt()  # jobs left slurm/ or ray/: only a full look sees where they went
         if self.view.intake_due(now):  # else nothing in pending/ waits to be taken in
             result.more_work = self._take_in_dropped(now)
         snap, invalid = self.view.look(self.spool, now)
@@ -210,6 +218,7 @@ class Worker:
         result.gpu_wait = any(not w.forever for w in plan.waits.values()) or any(s.where.gpus for s in starting)
         result.turn_wait = self.planner.turns is not None and self.planner.turns.ticket is not None
         result.next_begin = scheduler.next_begin(snap.pending, now)
+        result.cluster_wait = self.clusters.look(snap.pending, snap.states, now)
         # Nothing reports an adopted process's exit: look at it more often than usual.
         result.watch_closely = any(job.adopted for job in snap.running)
         if snap.running:

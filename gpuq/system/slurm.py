@@ -90,6 +90,15 @@ def _last_error(stderr: str) -> str:
     return (errors or lines or ["no message"])[-1]
 
 
+def _refusal(stderr: str) -> str:
+    """Why sbatch refused, in one line: its error line, else its first own line (an unknown option
+    is said on one line, then a pointer to `--help` that says nothing of it)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    if not any("error" in line.lower() for line in lines):
+        lines = [line for line in lines if line.startswith("sbatch:")][:1] or lines
+    return _last_error("\n".join(lines)).removeprefix("sbatch: ")
+
+
 def _failure(what: str, proc: subprocess.CompletedProcess) -> SlurmError:
     line = _last_error(proc.stderr)
     if NO_CONTROLLER in proc.stderr:
@@ -103,7 +112,7 @@ def submit(script: str, options: Sequence[str], *, env: Optional[Mapping[str, st
     if proc.returncode != 0:
         if NO_CONTROLLER in proc.stderr:
             raise _failure("sbatch", proc)
-        raise SlurmError(f"sbatch refused the job: {_last_error(proc.stderr)}")
+        raise SlurmError(f"sbatch refused the job: {_refusal(proc.stderr)}")
     return parse_parsable(proc.stdout)
 
 

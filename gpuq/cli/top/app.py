@@ -11,6 +11,7 @@ import time
 from collections import deque
 from typing import Any, Callable, NamedTuple, Optional
 
+from gpuq.cli import render
 from gpuq.cli.commands import COMMANDS
 from gpuq.cli.top import draw, model
 from gpuq.core.errors import GpuqError, Refused
@@ -58,7 +59,7 @@ def _preempt(sp: Spool, job_id: int) -> str:
 
 
 ACTIONS = (
-    Action("x", "kill", True, _on(requests.Kill, lambda d: f"killed (exit {d.job.exit_code})")),
+    Action("x", "kill", True, _on(requests.Kill, lambda d: render.killed_text(d.job))),
     Action("c", "cancel", True, _on(requests.Cancel, lambda d: CANCELLED)),
     Action("h", "hold", False, _on(requests.Hold, lambda d: "held (u puts it back in line)")),
     Action("u", "release", False, _on(requests.Release, lambda d: "back in line")),

@@ -290,7 +290,7 @@ def act(sp: Spool, name: str, job_id: int) -> str:
         said = {
             "cancel": CANCELLED
             + (f" (it was running: killed, exit {outcome.job.exit_code})" if outcome.killed else ""),
-            "kill": f"killed (exit {outcome.job.exit_code})",
+            "kill": render.killed_text(outcome.job),
             "hold": HELD,
             "release": "back in line",
             "retry": f"back in the queue: {outcome.how}",

@@ -40,6 +40,7 @@ from gpuq.spool import JobRef, Spool, SpoolFull
 from gpuq.system import proctree
 from gpuq.system.proctree import KILL_GRACE_SECONDS
 
+KILLED_THERE = "killed by user (gpuq kill)"
 PID_WAIT_SECONDS = 5.0  # a job just handed to its supervisor gets its pid within milliseconds
 
 
@@ -53,15 +54,16 @@ def running_with_pid(spool: Spool, job_id: int) -> tuple[JobRef, Job]:
     return ref, job
 
 
-def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: None) -> Job:
-    """A running job is killed first (`killing` told just before), as Slurm's scancel does."""
+def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: None, force: bool = False) -> Job:
+    """A running job is killed first (`killing` told just before), as Slurm's scancel does. `force`:
+    a job on a cluster that cannot be told is recorded cancelled here only."""
     if spool.jobs.find(job_id, (RUNNING,)):
         killing()
         return kill(spool, job_id, action=CANCEL)
     if spool.jobs.find(job_id, (SLURM,)):
-        return slurm_handover.cancel(spool, job_id)
+        return slurm_handover.cancel(spool, job_id, force=force)
     if spool.jobs.find(job_id, (RAY,)):
-        return ray_handover.cancel(spool, job_id)
+        return ray_handover.cancel(spool, job_id, force=force)
     with claimed(spool, job_id, (PENDING, HELD, PREEMPTED, INTERRUPTED)) as (ref, job):
         if states.handing_over(job):  # Slurm may hold it: cancelled only here, it would run there
             raise Refused(
@@ -86,9 +88,12 @@ def release(spool: Spool, job_id: int) -> Job:
 
 
 def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS, action: str = KILL) -> Job:
-    """SIGTERM the running job's process group, SIGKILL after `grace`; its note says who asked."""
+    """SIGTERM the running job's process group, SIGKILL after `grace`; its note says who asked. A job
+    on a cluster is stopped there (scancel, Ray's stop) and cancelled, as `gpuq cancel` does."""
+    if spool.jobs.find(job_id, (SLURM,)):
+        return slurm_handover.cancel(spool, job_id, note=KILLED_THERE)
     if spool.jobs.find(job_id, (RAY,)):
-        return ray_handover.cancel(spool, job_id, note="killed by user (gpuq kill)")
+        return ray_handover.cancel(spool, job_id, note=KILLED_THERE)
     _ref, job = running_with_pid(spool, job_id)
     try:
         spool.control.request(job_id, action)

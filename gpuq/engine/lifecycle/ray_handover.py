@@ -12,15 +12,16 @@ import json
 import os
 import shlex
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from gpuq.core import failure, oom
+from gpuq.core import failure, oom, transitions
 from gpuq.core import ray_transitions as rt
 from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, DONE, FAILED, FINISHED, PENDING, RAY
-from gpuq.core.times import iso_of
+from gpuq.core.times import duration, iso_of, parse_iso
 from gpuq.engine.lifecycle import ending, ray_room
 from gpuq.engine.lifecycle.ending import claimed, pending_jobs, record_end
 from gpuq.spool import Spool
@@ -79,6 +80,18 @@ def fits(job: Job, nodes: list[client.Node], address: str) -> Optional[str]:
     return f"it asks for {asks}; no node of the Ray cluster at {address} has that (the most GPUs on one: {most})"
 
 
+def cannot_travel(job: Job, now: float) -> Optional[str]:
+    """What of the job Ray's job API has no place for: a time limit, a start still to come. Refused
+    rather than dropped: Ray would run it at once and for as long as it runs."""
+    if job.time_limit:
+        limit = duration(job.time_limit)
+        return f"its --time {limit} has no equivalent on Ray (run it here, or add it again without --time)"
+    begin = parse_iso(job.begin_at)
+    if begin is not None and begin > now:
+        return f"it starts no earlier than {job.begin_at} (--begin), which Ray cannot wait for: hand it over then"
+    return None
+
+
 def missing_here(job: Job) -> Optional[str]:
     """What the job needs that does not exist even on this machine (its directory, venv or conda
     environment): the nodes see the same shared filesystem, so it would not start there either.
@@ -108,7 +121,12 @@ def submit(
     chosen = {job.id for job in jobs}
     states = {ref.id: ref.state for ref in spool.jobs.refs()}
     for job in sorted(jobs, key=lambda j: j.id):
-        why = missing_here(job) or fits(job, nodes, address) or _dependency_refusal(job, states, chosen, out.left)
+        why = (
+            cannot_travel(job, time.time())
+            or missing_here(job)
+            or fits(job, nodes, address)
+            or _dependency_refusal(job, states, chosen, out.left)
+        )
         if why:
             out.left[job.id] = f"job #{job.id} stays here: {why}"
             continue
@@ -338,17 +356,32 @@ def _submit_waiting(spool: Spool, ref, job: Job, report: SyncReport, states: dic
     report.changed.append(spool.jobs.rewrite(ref, job, **rt.seen(job, "PENDING", None, None)))
 
 
-def cancel(spool: Spool, job_id: int, note: str = "cancelled by user") -> Job:
+def cancel(spool: Spool, job_id: int, note: str = "cancelled by user", force: bool = False) -> Job:
     """Stop the job's Ray job, then move it to cancelled/ (also when Ray no longer knows it). One Ray
-    ended meanwhile is recorded as it ended instead."""
+    ended meanwhile is recorded as it ended instead. When Ray cannot be asked, `force` records it
+    cancelled here only (its note says the job may still run there); else refused."""
     with claimed(spool, job_id, (RAY,)) as (ref, job):
         mark = job.ray or {}
         sub_id = mark.get("submission_id")
+        started = None
         if sub_id and mark.get("state") != rt.WAITING:
-            seen = client.get(mark["address"], sub_id)
-            if seen is not None and not seen.finished:
-                client.stop(mark["address"], sub_id)
-            elif seen is not None and seen.state in ("SUCCEEDED", "FAILED"):
-                raise Refused(f"job #{job_id} already ended on Ray ({seen.state}); `gpuq ray sync` records it")
+            try:
+                started = _stop(job_id, mark["address"], sub_id)
+            except RayError as exc:
+                if not force:
+                    raise Refused(f"{exc}; {transitions.FORCE_HINT.format(id=job_id)}") from None
+                forced = transitions.cancel_here_only(f"Ray (job {sub_id})", str(exc))
+                return ending.move(spool, ref, job, CANCELLED, rt.cancelled(job, forced))[1]
             note = f"{note} (Ray job {sub_id} stopped)"
-        return ending.move(spool, ref, job, CANCELLED, rt.cancelled(job, note))[1]
+        return ending.move(spool, ref, job, CANCELLED, rt.cancelled(job, note, started))[1]
+
+
+def _stop(job_id: int, address: str, sub_id: str) -> Optional[str]:
+    """Ask Ray to stop the job unless it ended; when it started, as Ray says. Refused when Ray
+    ended it otherwise (a sync records that)."""
+    seen = client.get(address, sub_id)
+    if seen is not None and not seen.finished:
+        client.stop(address, sub_id)
+    elif seen is not None and seen.state in ("SUCCEEDED", "FAILED"):
+        raise Refused(f"job #{job_id} already ended on Ray ({seen.state}); `gpuq ray sync` records it")
+    return iso_of(seen.start) if seen is not None and seen.start and seen.state != "PENDING" else None

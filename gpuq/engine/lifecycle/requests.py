@@ -9,7 +9,7 @@ from typing import Callable, Iterator, NamedTuple, Optional, Sequence, Union
 
 from gpuq.core.errors import GpuqError, UsageError
 from gpuq.core.job import Job
-from gpuq.core.states import FINISHED, RAY, RUNNING
+from gpuq.core.states import FINISHED, RAY, RUNNING, SLURM
 from gpuq.engine.lifecycle import actions, clearing, edit, preempt
 from gpuq.spool import Spool
 
@@ -34,6 +34,8 @@ class OnJobs:
 
 @dataclass(frozen=True)
 class Cancel(OnJobs):
+    force: bool = False  # a job on a cluster that cannot be told: cancelled here only
+
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
         killed: list[int] = []
 
@@ -41,14 +43,15 @@ class Cancel(OnJobs):
             killed.append(job_id)
             stopping(job_id)
 
-        return Done(actions.cancel(spool, job_id, killing), killed=bool(killed))
+        return Done(actions.cancel(spool, job_id, killing, self.force), killed=bool(killed))
 
 
 @dataclass(frozen=True)
 class Kill(OnJobs):
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
-        if not spool.jobs.find(job_id, (RAY,)):  # a job on Ray is stopped there (actions.kill)
-            actions.get(spool, job_id, (RUNNING,))  # refused before anything is said or sent
+        if spool.jobs.find(job_id, (SLURM, RAY)):  # stopped by its cluster (actions.kill): no signal sent here
+            return Done(actions.kill(spool, job_id))
+        actions.get(spool, job_id, (RUNNING,))  # refused before anything is said or sent
         stopping(job_id)
         return Done(actions.kill(spool, job_id))
 

@@ -248,14 +248,26 @@ def _repair_marked(spool: Spool, env: Env) -> list[Handed]:
     return out
 
 
-def cancel(spool: Spool, job_id: int, env: Env = None) -> Job:
+def cancel(spool: Spool, job_id: int, env: Env = None, note: str = "cancelled by user", force: bool = False) -> Job:
     """scancel the job's Slurm job, then move it to cancelled/ (also when Slurm no longer knows it).
-    One Slurm ended meanwhile is recorded as it ended instead."""
+    One Slurm ended meanwhile is recorded as it ended instead. When Slurm cannot be asked, `force`
+    records it cancelled here only (its note says the job may still run there); else refused."""
     with claimed(spool, job_id, (SLURM,)) as (ref, job):
         slurm_id = (job.slurm or {})["job_id"]
-        if not client.cancel(slurm_id, env=env):
-            seen = client.query([slurm_id], env=env).get(slurm_id)
-            if seen is not None and seen.finished and seen.state != "CANCELLED":
-                raise Refused(f"job #{job_id} already ended on Slurm ({seen.state}); `gpuq slurm sync` records it")
-        note = f"cancelled by user (scancel of Slurm job {slurm_id})"
-        return ending.move(spool, ref, job, CANCELLED, transitions.slurm_cancelled(job, note))[1]
+        try:
+            _scancel(job_id, slurm_id, env)
+        except SlurmError as exc:
+            if not force:
+                raise Refused(f"{exc}; {transitions.FORCE_HINT.format(id=job_id)}") from None
+            forced = transitions.cancel_here_only(f"Slurm (job {slurm_id})", str(exc))
+            return ending.move(spool, ref, job, CANCELLED, transitions.slurm_cancelled(job, forced))[1]
+        changes = transitions.slurm_cancelled(job, f"{note} (scancel of Slurm job {slurm_id})")
+        return ending.move(spool, ref, job, CANCELLED, changes)[1]
+
+
+def _scancel(job_id: int, slurm_id: int, env: Env) -> None:
+    """Cancel the Slurm job; Refused when Slurm had already ended it otherwise (a sync records that)."""
+    if not client.cancel(slurm_id, env=env):
+        seen = client.query([slurm_id], env=env).get(slurm_id)
+        if seen is not None and seen.finished and seen.state != "CANCELLED":
+            raise Refused(f"job #{job_id} already ended on Slurm ({seen.state}); `gpuq slurm sync` records it")
