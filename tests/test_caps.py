@@ -1,7 +1,7 @@
 """The machine policy's cap (turns.CapGate) as placement keeps it: a job that asks for more GPUs than
 the cap holds no GPU for the jobs behind it, one that waits for its user's jobs is first in line, the
-queue's ETA expects it when those jobs end. The planner alone on simulated GPUs, then real workers
-(tests/test_turns.py has the turns between users)."""
+queue's ETA expects it when those jobs end, and a policy of nan or inf numbers is refused. The
+planner alone on simulated GPUs, then real workers (tests/test_turns.py has the turns between users)."""
 
 from __future__ import annotations
 
@@ -138,3 +138,18 @@ def test_status_expects_a_job_the_cap_holds_back_when_the_users_job_ends(
     assert rows[b]["starts_in_seconds"] == pytest.approx(rows[a]["eta_seconds"], abs=0.11), rows[b]["eta_method"]
     (gq.work / "stop").write_text("")
     gq.wait_state(b, DONE, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("half_life_days = nan\n", "half_life_days must be a finite number of days above 0"),
+        ("half_life_days = inf\n", "half_life_days must be a finite number of days above 0"),
+        ("[default]\nweight = nan\n", "default.weight must be a finite number above 0"),
+        ("[users.alice]\nweight = inf\n", "users.alice.weight must be a finite number above 0"),
+    ],
+)
+def test_nan_and_inf_are_refused(text: str, problem: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        policy.parse(text.encode())
+    assert str(refused.value) == problem
