@@ -75,3 +75,11 @@ def test_the_gpu_hours_a_lease_held_count_as_its_users_recent_use(env: dict[str,
     assert _done(lease(env, "--", sys.executable, "-c", sleep, cwd=tmp_path)) == (0, "")
     used = LeaseDir.open(env["GPUQ_LEASE_DIR"]).usage([os.geteuid()])[os.geteuid()]
     assert 0.3 / 3600 <= used < 60 / 3600, used
+
+
+def test_a_policy_file_that_is_ignored_is_said_once(env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """Read before the lease is taken and again to record its GPU-hours: one line all the same."""
+    _policy(tmp_path, env, "[default]\nmax_gpus = 1\n")
+    (tmp_path / "policy.toml").chmod(0o664)  # writable by its group: not the admin's word
+    code, err = _done(lease(env, "--", "true", cwd=tmp_path))
+    assert code == 0 and err.count("policy file") == 1 and "ignored, no caps or weights apply" in err, err

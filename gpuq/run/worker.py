@@ -297,6 +297,8 @@ class Worker:
         shown["waiting"] = {str(i): {"reason": w.reason, "forever": w.forever} for i, w in waits.items()}
         shown["worker"] = os.getpid()
         shown["foreign_threshold_mib"] = self.settings.foreign_threshold_mib  # for the queue's ETA in `status`
+        turns = self.planner.turns
+        shown["max_gpus"] = turns.cap() if turns is not None else None  # the user's cap: the ETA keeps it too
         try:
             self.spool.workers.write_gpu_view(shown)
         except OSError:

@@ -12,6 +12,7 @@ word: it is ignored, said once in one line, and gpuq decides as without a policy
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import sys
@@ -105,8 +106,8 @@ def parse(data: bytes) -> Policy:
     if unknown:
         raise ValueError(f"unknown key {sorted(unknown)[0]!r}")
     days = table.get("half_life_days", HALF_LIFE_SECONDS / 86400)
-    if isinstance(days, bool) or not isinstance(days, (int, float)) or days <= 0:
-        raise ValueError("half_life_days must be a number of days above 0")
+    if not _positive(days):
+        raise ValueError("half_life_days must be a finite number of days above 0")
     default = _limits(table.get("default", {}), "default", Limits())
     users = table.get("users", {})
     if not isinstance(users, dict):
@@ -124,6 +125,11 @@ def _limits(table: Any, where: str, base: Limits) -> Limits:
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
         raise ValueError(f"{where}.max_gpus must be a whole number >= 0")
     weight = table.get("weight", base.weight)
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
-        raise ValueError(f"{where}.weight must be a number above 0")
+    if not _positive(weight):
+        raise ValueError(f"{where}.weight must be a finite number above 0")
     return Limits(cap, float(weight))
+
+
+def _positive(value: Any) -> bool:
+    """A number above 0 and finite (TOML also spells nan and inf, which no comparison refuses)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0

@@ -236,4 +236,5 @@ def _plan(
         now,
         queue_eta.outside_memory(gpus, spool.home),
         threshold if isinstance(threshold, int) else queue_eta.DEFAULT_FOREIGN_THRESHOLD_MIB,
+        queue_eta.gpu_cap(shown, spool.home),
     )

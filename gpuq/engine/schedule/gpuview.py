@@ -154,8 +154,9 @@ def current(
     if _none(look.gpus, look.source, look.problem):
         return None
     shown = view(look, running)
-    if newest is not None and "foreign_threshold_mib" in newest:  # the gate the worker applies
-        shown["foreign_threshold_mib"] = newest["foreign_threshold_mib"]
+    for kept in ("foreign_threshold_mib", "max_gpus"):  # the gate and the cap the worker applies
+        if newest is not None and kept in newest:
+            shown[kept] = newest[kept]
     return shown
 
 

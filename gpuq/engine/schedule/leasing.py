@@ -111,7 +111,8 @@ def record_usage(leases: Iterable[Held], log: Callable[[str], None]) -> None:
     if not hours:
         return
     try:
-        LeaseDir.open().add_usage(hours, now, policy.load(log).half_life)
+        # a problem with the policy file is said once per process, as everywhere it is read
+        LeaseDir.open().add_usage(hours, now, policy.load(lambda line: say_once(line, log)).half_life)
     except (LeaseDirProblem, OSError) as exc:
         log(f"recent GPU usage not recorded: {exc}")
 

@@ -80,6 +80,9 @@ class Blocked:
 
 Decision = Union[Placement, Blocked]
 Describe = Callable[[int], str]
+# (job, its request, where it would start or why not) -> the decision that stands: a last word on
+# each job in line before it holds GPUs or is first in line (turns.py's cap)
+Gate = Callable[[int, Request, Decision], Decision]
 
 
 @dataclass
@@ -163,6 +166,7 @@ def place_in_order(
     describe: Optional[Describe] = None,
     leased: Sequence[Leased] = (),
     kept_for: Optional[tuple[int, frozenset[int]]] = None,
+    gate: Optional[Gate] = None,
 ) -> dict[int, Decision]:
     """`place` for ready jobs in queue order, each placement a holding for the jobs after it. Once a
     GPU job waits, the GPUs it would get first are kept for it (`reserve`): a job behind it starts
@@ -170,7 +174,9 @@ def place_in_order(
     yet do not sit idle while jobs that fit there wait, and a stream of small jobs still never keeps
     a big one waiting forever: nothing new starts on its GPUs, which only empty. A job that can
     never fit holds no one up. `kept_for`: (job, GPUs) that no other job may take, ahead of it or
-    behind (an urgent job's, emptied by its preemptions: else a victim put back would take them)."""
+    behind (an urgent job's, emptied by its preemptions: else a victim put back would take them).
+    `gate` has the last word on each GPU job: a job it blocks for good holds nothing, one it holds
+    back for a while is first in line as any waiting job."""
     allowed = None if allowed is None else set(allowed)
     everyone = {g.index for g in gpus if allowed is None or g.index in allowed}
     own = frozenset(own_pids)
@@ -185,6 +191,8 @@ def place_in_order(
         if isinstance(decision, Placement) and decision.gpus and fence is not None and not fence >= set(decision.gpus):
             elsewhere = place(request, gpus, fence, held, own, foreign_threshold_mib, text.describe, leased)
             decision = elsewhere if isinstance(elsewhere, Placement) else Blocked(why, forever=False)
+        if gate is not None and request.gpus:
+            decision = gate(job_id, request, decision)
         if isinstance(decision, Placement) and decision.gpus:
             held.append(Holding(job_id, decision.gpus, request.gpu_mem_mib))
         elif isinstance(decision, Blocked) and not decision.forever and first_waiting is None:

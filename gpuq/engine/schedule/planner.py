@@ -231,6 +231,7 @@ class Planner:
         # before placement: a job the machine has no room for leaves its GPUs to the jobs behind it
         ready = list(self._room(snap, starting).admitted(ready, plan.waits))
         holdings, own_pids, cpu_lane = self._holdings(snap.running, busy)
+        gate = self._cap_gate(holdings) if mode == placement.GPUS else None
         if mode == placement.UNREADABLE:
             blocked = placement.unreadable(look)
             decisions = {j.id: blocked if request_of(j).gpus else Placement(()) for j in ready}
@@ -238,7 +239,7 @@ class Planner:
             requests = [(j.id, request_of(j)) for j in ready]
             decisions = placement.place_in_order(
                 requests, look.gpus, allowed, holdings, own_pids, self.threshold, gpu_info.describe_pid,
-                leased=self._leased, kept_for=kept_for,
+                leased=self._leased, kept_for=kept_for, gate=gate,
             )  # fmt: skip
         for job in ready:
             decision = decisions[job.id]
@@ -251,13 +252,16 @@ class Planner:
                 plan.starts.append((job, Assignment(",".join(map(str, decision.gpus)), decision.gpus, share)))
                 if not decision.gpus:
                     cpu_lane = job.id
-        if self.turns is not None and mode == placement.GPUS:  # other users' turns, the machine's caps
-            held_here = sum(len(h.gpus) for h in holdings)
+        if self.turns is not None and mode == placement.GPUS:  # other users' turns
             seen = [(g.index, g.uuid) for g in look.gpus]
-            plan.starts = self.turns.hold_back(plan.starts, plan.waits, seen, held_here, self._leased)
+            plan.starts = self.turns.hold_back(plan.starts, plan.waits, seen)
         if mode == placement.GPUS:
             self._victims(snap, ready, plan, holdings, own_pids, preempting, look, allowed)
         return plan
+
+    def _cap_gate(self, holdings: list[Holding]) -> Optional[placement.Gate]:
+        """The machine policy's cap on this user's GPUs, kept as the jobs in line are placed."""
+        return self.turns.cap_gate(sum(len(h.gpus) for h in holdings), self._leased) if self.turns is not None else None
 
     def _room(self, snap: scheduler.QueueState, starting: Sequence[Job]) -> hostroom.Room:
         """The host memory and CPUs left: the cap less what running and starting jobs reserved."""

@@ -7,7 +7,8 @@ TIE_SECONDS of each other are a tie, won by the user with the fewest recent GPU-
 weight the machine's policy gives them). A start on a GPU where another user's turn comes first
 waits, and a job's supervisor does not hand its GPUs on to its next job while another user's ticket
 waits for them. One user alone meets no ticket: nothing changes for them. The policy's caps hold a
-user's jobs back once their GPUs held at once reach the cap.
+user's jobs back once their GPUs held at once reach the cap, as placement goes down the line
+(`CapGate`): a job that asks for more than the cap is blocked for good and holds up no one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 from gpuq.core.job import Job
 from gpuq.engine.schedule import scheduler
-from gpuq.engine.schedule.placement import Leased
+from gpuq.engine.schedule.placement import Blocked, Decision, Leased, Placement, Request
 from gpuq.system import policy as machine_policy
 from gpuq.system.lease_io import user_name
 from gpuq.system.leases import HeldTicket, LeaseDir, LeaseDirProblem, Ticket, say_once
@@ -86,6 +87,27 @@ def held_back(
     return None
 
 
+class CapGate:
+    """This user's cap as placement applies it to each GPU job in line (a placement.Gate): one asking
+    for more GPUs than the cap is blocked for good; one that would hold more than the cap with the
+    GPUs already held waits for one of their jobs to end, and the GPU jobs behind it wait too, so that
+    smaller ones do not take the room it waits for. The jobs it holds back go to `capped`."""
+
+    def __init__(self, cap: int, held: int, capped: set[int]) -> None:
+        self.cap, self.held, self.capped = cap, held, capped
+
+    def __call__(self, job_id: int, request: Request, decision: Decision) -> Decision:
+        if self.held + request.gpus > self.cap:  # whether GPUs are free for it or not
+            self.capped.add(job_id)
+            forever = request.gpus > self.cap
+            if not forever:
+                self.held = self.cap  # no overtaking: what frees under the cap is its first
+            return Blocked(cap_reason(self.cap, request.gpus), forever)
+        if isinstance(decision, Placement):
+            self.held += len(decision.gpus)
+        return decision
+
+
 class Turns:
     """A worker's part in the turns: holding its jobs back for others' turns and its user's cap, and
     the ticket of its first job that waits for another user."""
@@ -106,38 +128,48 @@ class Turns:
             say_once(str(exc), self.say)
             return None
 
+    def cap_gate(self, held_here: int, leased: Sequence[Leased]) -> Optional[CapGate]:
+        """This user's cap for one placement (None: no cap); `held_here`: GPUs this spool's jobs hold
+        or are starting on, to which their leases of other spools add."""
+        self.capped = set()
+        cap = self.cap()
+        if cap is None:
+            return None
+        return CapGate(cap, held_here + sum(1 for lease in leased if lease.lease.uid == self.me), self.capped)
+
+    def cap(self) -> Optional[int]:
+        """This user's cap in the machine's policy (None: none)."""
+        return self._policy().of(self.user).max_gpus
+
+    def _policy(self) -> Policy:
+        return machine_policy.load(lambda line: say_once(line, self.say))
+
     def hold_back(
         self,
         starts: list[tuple[Job, Any]],
         waits: dict[int, scheduler.Wait],
         gpus: Sequence[tuple[int, str]],
-        held_here: int,
-        leased: Sequence[Leased],
     ) -> list[tuple[Job, Any]]:
-        """The planned starts (job, Assignment) less those another user's turn or this user's cap
-        forbids, which go to `waits`. `gpus`: (index, uuid) of the GPUs seen; `held_here`: GPUs this
-        spool's jobs hold or are starting on."""
-        self.turn_waits, self.capped = set(), set()
+        """The planned starts (job, Assignment) less those another user's turn forbids, which go to
+        `waits`. `gpus`: (index, uuid) of the GPUs seen. (The cap was kept as they were placed.)"""
+        self.turn_waits = set()
         if not any(where.gpus for _job, where in starts):
             return starts
         directory = self._dir()
         if directory is None:
             return starts
-        policy = machine_policy.load(lambda line: say_once(line, self.say))
-        cap = policy.of(self.user).max_gpus
-        held = held_here + sum(1 for lease in leased if lease.lease.uid == self.me)
+        policy = self._policy()
         tickets = directory.tickets()
         for problem in directory.problems:
             say_once(problem, self.say)
         uuid_of = dict(gpus)
         kept = []
         for job, where in starts:
-            why = held_back(where.gpus or (), uuid_of, tickets, directory, policy, cap, held)
+            why = held_back(where.gpus or (), uuid_of, tickets, directory, policy, cap=None, held=0)
             if why is None:
                 kept.append((job, where))
-                held += len(where.gpus or ())
             else:
-                (self.capped if why.capped else self.turn_waits).add(job.id)
+                self.turn_waits.add(job.id)
                 waits[job.id] = scheduler.Wait(why.reason, why.forever)
         return kept
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from gpuq.core.job import Job
@@ -126,6 +127,19 @@ def outside_memory(gpus: list[dict[str, Any]], home: Optional[str] = None) -> di
     return out
 
 
+def gpu_cap(shown: Optional[dict[str, Any]], home: Optional[str]) -> Optional[int]:
+    """How many GPUs this spool's jobs may hold at once under the user's cap in the machine's policy
+    (`max_gpus` of a worker's GPU view; None: no cap), less those their leases elsewhere hold (other
+    spools, `gpuq lease`), which count against it until they end, when no one can know."""
+    cap = shown.get("max_gpus") if shown else None
+    if not isinstance(cap, int) or isinstance(cap, bool) or shown is None:
+        return None
+    me = os.geteuid()
+    leases = [lease for gpu in shown["gpus"] for lease in gpu.get("leases") or [] if isinstance(lease, dict)]
+    elsewhere = sum(1 for lease in leases if lease.get("uid") == me and lease.get("spool") != home)
+    return max(0, cap - elsewhere)
+
+
 def plan_queue(
     running: list[tuple[Job, Optional[float]]],
     pending: list[tuple[Job, Any]],
@@ -134,13 +148,15 @@ def plan_queue(
     now: Optional[float] = None,
     outside: Optional[dict[str, Outside]] = None,
     threshold: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
+    cap: Optional[int] = None,
 ) -> dict[int, eta.Estimate]:
     """Expected start and end (seconds from now, None = unknown) of each pending job: `running`,
     (job, seconds until it ends), and `pending`, (job, scheduler wait) in queue order, played
-    forward (`_Play`); whatever depends on an unknown is unknown. `outside`: outside_memory's."""
+    forward (`_Play`); whatever depends on an unknown is unknown. `outside`: outside_memory's;
+    `cap`: gpu_cap's."""
     if not slots:
         return {j.id: eta.Estimate(None, None, "unknown: no worker is running (`gpuq run`)") for j, _w in pending}
-    play = _Play(slots, running, durations, outside or {}, threshold)
+    play = _Play(slots, running, durations, outside or {}, threshold, cap)
     waiting = []
     for job, wait in pending:
         never = _no_start(wait)
@@ -172,7 +188,8 @@ class _Play:
     whenever a slot frees or a wait ends, the jobs ready then (dependencies ended) take the free
     slots they can use in queue order; a GPU job that must wait keeps the free slots it can use,
     holding up the GPU jobs behind it (placement.place_in_order keeps its GPUs for it: with whole
-    slots, those it could start on), one not ready holds up nobody."""
+    slots, those it could start on), one not ready holds up nobody. A GPU job that would take the
+    GPUs this spool's jobs hold past the user's cap waits as one without room does (turns.CapGate)."""
 
     def __init__(
         self,
@@ -181,13 +198,18 @@ class _Play:
         durations: dict[str, list[float]],
         outside: dict[str, Outside],
         threshold: int,
+        cap: Optional[int] = None,
     ) -> None:
         self.slots, self.durations, self.outside, self.threshold = slots, durations, outside, threshold
         self.free: dict[Optional[str], Optional[float]] = {s: 0.0 for s in slots}  # None: frees when unknown
         self.ends: dict[int, Optional[float]] = {}  # running jobs, pending ones once placed; None: unknown
         self.out: dict[int, eta.Estimate] = {}
+        self.cap = cap if CPU_LANE in slots else None  # without GPUs no job holds any
+        self.holding: list[tuple[int, Optional[float]]] = []  # (GPUs, until) of the jobs counted against the cap
         for job, until in running:
             self.ends[job.id] = until
+            if job.gpus:
+                self.holding.append((len(job.gpus), until))
             for slot in _slots_of(job, slots):
                 if slot in self.free:
                     self.free[slot] = _later(self.free[slot], until)
@@ -232,7 +254,7 @@ class _Play:
             gpu_job = CPU_LANE in self.slots and CPU_LANE not in usable
             held_off = _held_off(job, usable, self.outside, self.threshold)
             can = [s for s in open_now if s in usable and s not in held_off]
-            if len(can) < count or (behind and gpu_job):
+            if len(can) < count or (behind and gpu_job) or (gpu_job and self._over_cap(count, at)):
                 behind = behind or gpu_job
                 still.append((job, own))
                 continue
@@ -242,6 +264,13 @@ class _Play:
             unplaced.discard(job.id)
             placed.append(job)
         return still, placed
+
+    def _over_cap(self, count: int, at: float) -> bool:
+        """Whether `count` GPUs more at `at` would be more than the cap lets this spool's jobs hold."""
+        if self.cap is None:
+            return False
+        held = sum(gpus for gpus, until in self.holding if until is None or until > at)
+        return held + count > self.cap
 
     def _ready(self, job: Job, own: Optional[float], unplaced: set[int]) -> Optional[float]:
         """When `job`'s dependencies allow it to start (None: one is unplaced or ends when unknown)."""
@@ -257,6 +286,8 @@ class _Play:
         end = None if run is None else at + run
         for slot in taken:
             self.free[slot] = end
+        if CPU_LANE not in taken:
+            self.holding.append((len(taken), end))
         self.ends[job.id] = end
         note = _queue_note(at, run, runs, _held_text(held_off, self.threshold), taken)
         self.out[job.id] = eta.Estimate(None, end, note, starts_in=at)
@@ -338,6 +369,7 @@ def annotate(
         now,
         outside_memory(shown, spool.home),
         threshold if isinstance(threshold, int) else DEFAULT_FOREIGN_THRESHOLD_MIB,
+        gpu_cap(gpus, spool.home),
     )
     for row in pending:
         row.estimate = plan.get(row.job.id)
