@@ -107,8 +107,8 @@ def test_without_retries_the_failure_says_what_a_retry_would_get(gq: Env) -> Non
 
 
 # Logs an out-of-memory it recovered from, then dies of something else.
-RECOVERS_THEN_FAILS = """print("WARNING: OOM: Ran out of memory with exception: CUDA out of memory. Tried to allocate 1.50 GiB",
-      flush=True)
+RECOVERS_THEN_FAILS = """print("WARNING: OOM: Ran out of memory with exception: "
+      "CUDA out of memory. Tried to allocate 1.50 GiB", flush=True)
 print("WARNING: attempting to recover from OOM in forward/backward pass", flush=True)
 raise ValueError("label 17 out of range for 10 classes")
 """
