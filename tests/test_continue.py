@@ -157,3 +157,28 @@ def test_run_recover_picks_interrupted_jobs_up_by_itself(gq: Env) -> None:
     gq.wait_state(job_id, "done", timeout=30)
     assert runs(gq)[-1] == "20 40"
     assert f"recovered job #{job_id}" in gq.worker_output(1) and "continues from checkpoint-20" in gq.worker_output(1)
+
+
+# A --ckpt-glob job that saved step_10, then began two saves and died before writing either: an
+# empty directory (an empty folder under it) and an empty file match the glob too.
+SAVES_BEGUN = """import os, sys
+os.makedirs("ckpts/step_10")
+with open("ckpts/step_10/w.bin", "wb") as fh:
+    fh.write(b"w" * 1000)
+print("Step 10/40", flush=True)
+os.makedirs("ckpts/step_20/shards")
+open("ckpts/step_30", "wb").close()
+print("saving step 20...", flush=True)
+sys.exit(1)
+"""
+
+
+def test_a_save_begun_but_not_written_is_no_checkpoint(gq: Env) -> None:
+    gq.script("train.py", SAVES_BEGUN)
+    job_id = gq.add("-p", sys.executable, "--ckpt-glob", "ckpts/step_*", "--resume-arg", "--ckpt {ckpt}", "train.py")
+    gq.gpuq("run")
+    gq.wait_state(job_id, "failed")
+    step_10 = gq.work / "ckpts" / "step_10"
+    assert f"{step_10} (step 10)" in gq.gpuq("triage", str(job_id)).stdout
+    assert "continues from step_10" in gq.gpuq("retry", str(job_id)).stdout
+    assert gq.job(job_id)["cmd"][-2:] == ["--ckpt", str(step_10)]

@@ -209,6 +209,29 @@ def test_oom_under_torchrun_wins_over_the_launchers_traceback():
     assert why(rank_oom + launcher) == "CUDA out of memory (tried to allocate 20.00 MiB)"
 
 
+# A trainer (fairseq's, for one) that logs an out-of-memory it recovers from and goes on.
+RECOVERED_OOM = (
+    "WARNING: OOM: Ran out of memory with exception: CUDA out of memory. Tried to allocate 1.50 GiB\n"
+    "WARNING: attempting to recover from OOM in forward/backward pass\n"
+)
+
+
+def test_an_oom_the_job_recovered_from_does_not_hide_the_exception_that_ended_it():
+    tail = RECOVERED_OOM + TQDM + "\n" + traceback_ending("ValueError: label 17 out of range for 10 classes")
+    assert why(tail) == "ValueError: label 17 out of range for 10 classes"
+    assert why(RECOVERED_OOM + TQDM) == "CUDA out of memory (tried to allocate 1.50 GiB)"  # no later error
+    assert why(RECOVERED_OOM + TORCH1_OOM) == "CUDA out of memory (tried to allocate 20.00 MiB)"  # died of one
+    # a later error that the OOM explains does not count: a peer rank's failed collective
+    rank_oom = "".join(f"[rank0]: {line}\n" for line in TORCH1_OOM.splitlines())
+    peer = traceback_ending(
+        "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.hpp:317, "
+        "remote process exited or there was a network error, NCCL version 2.21.5"
+    )
+    peer = "".join(f"[rank1]: {line}\n" for line in peer.splitlines())
+    launcher = TORCHRUN_CHILD_ERROR[TORCHRUN_CHILD_ERROR.index("E1202") :]
+    assert why(rank_oom + peer + launcher) == "CUDA out of memory (tried to allocate 20.00 MiB)"
+
+
 # -- CUDA and NCCL errors --
 
 
@@ -411,6 +434,13 @@ def test_real_chained_exception(tmp_path):
     )
     assert b"The above exception was the direct cause" in log
     assert reason(log, code, sig) == "RuntimeError: config is not JSON"
+
+
+def test_real_exception_after_a_recovered_oom_warning(tmp_path):
+    body = f"print({RECOVERED_OOM!r}, end='', flush=True)\nraise ValueError('label 17 out of range for 10 classes')\n"
+    log, code, sig = run(python_script(tmp_path, body), tmp_path)
+    assert b"CUDA out of memory" in log and b"Traceback" in log
+    assert reason(log, code, sig) == "ValueError: label 17 out of range for 10 classes"
 
 
 def test_real_multiline_message_gives_its_first_line(tmp_path):

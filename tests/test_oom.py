@@ -106,6 +106,24 @@ def test_without_retries_the_failure_says_what_a_retry_would_get(gq: Env) -> Non
     assert job["gpu_mem_mib"] == 20 * G and job.get("oom_retries", 0) == 0
 
 
+# Logs an out-of-memory it recovered from, then dies of something else.
+RECOVERS_THEN_FAILS = """print("WARNING: OOM: Ran out of memory with exception: "
+      "CUDA out of memory. Tried to allocate 1.50 GiB", flush=True)
+print("WARNING: attempting to recover from OOM in forward/backward pass", flush=True)
+raise ValueError("label 17 out of range for 10 classes")
+"""
+
+
+def test_an_oom_it_recovered_from_is_not_why_it_failed(gq: Env) -> None:
+    Gpus(gq, fake_gpus(1, total=80 * G))
+    gq.script("fs.py", RECOVERS_THEN_FAILS)
+    job_id = gq.add("--gpu-mem", "10G", "--retry-oom", "2", "fs.py")
+    gq.start_worker("--watch")
+    job = gq.wait_state(job_id, "failed", timeout=20)
+    assert job["reason"] == "ValueError: label 17 out of range for 10 classes"
+    assert job["attempts"] == 1 and job["gpu_mem_mib"] == 10 * G and job.get("oom_retries", 0) == 0
+
+
 def test_retry_oom_is_refused_unless_a_count(gq: Env) -> None:
     gq.script("oom.py", OOM_ONCE)
     for bad in ("-1", "x"):

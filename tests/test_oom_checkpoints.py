@@ -133,3 +133,18 @@ def test_an_hf_checkpoint_without_its_state_is_never_complete(tmp_path: Path) ->
     (out / "checkpoint-3").mkdir()
     job = Job(cmd=["train", "--output_dir", "out"], cwd=str(tmp_path))
     assert [c.step for c in retention.removable(job, 1)] == [1]
+
+
+def test_a_match_with_nothing_written_yet_is_not_the_newest(tmp_path: Path) -> None:
+    """A save that made its directory and has written nothing for a while: step_20 stays the newest."""
+    ckpts = tmp_path / "ckpts"
+    for step in (10, 20):
+        (ckpts / f"step_{step}").mkdir(parents=True)
+        (ckpts / f"step_{step}" / "w.bin").write_text("w")
+        _old(ckpts / f"step_{step}" / "w.bin")
+        _old(ckpts / f"step_{step}")
+    (ckpts / "step_30" / "shards").mkdir(parents=True)
+    (ckpts / "step_30" / "shards" / "0.bin").write_text("")
+    for path in (ckpts / "step_30" / "shards" / "0.bin", ckpts / "step_30" / "shards", ckpts / "step_30"):
+        _old(path)
+    assert [c.step for c in retention.removable(_glob_job(tmp_path), 1)] == [10]

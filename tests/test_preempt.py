@@ -463,3 +463,23 @@ def test_bad_command_lines(gq) -> None:
     jid = add_trainer(gq, "--max_steps", "1")
     proc = gq.gpuq("preempt", str(jid), check=False)
     assert proc.returncode == 1 and "pending, not running" in proc.stderr
+
+
+def test_show_of_a_job_preempted_twice_says_where_its_last_attempt_resumed_from(gq) -> None:
+    setup_trainer(gq)
+    jid = add_trainer(gq, "--output_dir", "out", "--max_steps", "100000", "--save_on_sigterm")
+    gq.start_worker("--watch")
+    wait_for(lambda: last_step(gq, jid) >= 3, 20, what="step 3")
+    gq.gpuq("preempt", str(jid))
+    first = wait_state(gq, jid, "preempted")["checkpoint"]
+    gq.gpuq("resume", str(jid))
+    wait_for(lambda: state_of(gq, jid) == "running" and last_step(gq, jid) >= 3, 20, what="the resumed attempt")
+    assert re.search(rf"\n  resumed from +{re.escape(first)} ", gq.gpuq("show", str(jid)).stdout)
+    gq.gpuq("preempt", str(jid))
+    second = wait_state(gq, jid, "preempted")["checkpoint"]
+    assert second != first
+    shown = gq.gpuq("show", str(jid)).stdout
+    assert re.search(rf"\n  checkpoint +{re.escape(second)}\n", shown)
+    assert re.search(rf"\n  last attempt resumed from +{re.escape(first)} ", shown) and "resumes from" not in shown
+    assert f"resumes from {second}" in gq.gpuq("resume", str(jid)).stdout
+    gq.gpuq("kill", str(jid))  # it would run 100000 steps

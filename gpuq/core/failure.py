@@ -1,7 +1,8 @@
 """Why a job failed, in one short line, read from the tail of its latest attempt's log and how it
 ended. The first match of `reason`'s order wins, because several causes leave traces in one log and
 the first listed explains the others (a kill explains what follows it; NCCL reports a CUDA error
-again as its own; a SIGKILL gpuq did not send is only *likely* the OOM killer).
+again as its own; a SIGKILL gpuq did not send is only *likely* the OOM killer). An out-of-memory
+error is the cause only when it is the job's last error (`_oom_ended_it`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ _XLA_OOM = re.compile(r"RESOURCE_EXHAUSTED: Out of memory while trying to alloca
 _HOST_OOM = re.compile(
     r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate (\d+) bytes"
 )
+_CUBLAS_OOM = re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")
+_ANY_OOM = (_CUDA_OOM, _XLA_OOM, _HOST_OOM, _CUBLAS_OOM)
+# An exception that an out-of-memory error explains: one (torch.OutOfMemoryError) or a peer rank's
+# failed collective once the rank that ran out of memory has died.
+_OOM_OR_COLLECTIVE = re.compile(r"^[\w.]*(?:OutOfMemory|DistBackendError|DistNetworkError)|NCCL")
 _CUDA_ERROR = re.compile(r"CUDA error: ([^\n]+?)\s*$")
 _NCCL_WATCHDOG = re.compile(
     r"Watchdog caught collective operation timeout: WorkNCCL\(.*?OpType=(\w+).*?\) ran for (\d+) milliseconds"
@@ -124,6 +130,11 @@ def _last_match(lines: list[str], pattern: re.Pattern) -> Optional[re.Match]:
 
 
 def _gpu_oom(lines: list[str]) -> Optional[str]:
+    found = _oom_text(lines)
+    return found if found and _oom_ended_it(lines) else None
+
+
+def _oom_text(lines: list[str]) -> Optional[str]:
     torch_oom = _last_match(lines, _TORCH_OOM)
     if torch_oom:
         return f"CUDA out of memory (tried to allocate {torch_oom.group(1)})"
@@ -132,12 +143,26 @@ def _gpu_oom(lines: list[str]) -> Optional[str]:
         return f"GPU out of memory (XLA tried to allocate {_binary_size(int(xla_oom.group(1)))})"
     if _last_match(lines, _CUDA_OOM):
         return "CUDA out of memory"
-    if _last_match(lines, re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")):
+    if _last_match(lines, _CUBLAS_OOM):
         return "CUDA out of memory (CUBLAS_STATUS_ALLOC_FAILED)"
     host_oom = _last_match(lines, _HOST_OOM)
     if host_oom:  # PyTorch's CPU allocator: the same mistake as a GPU OOM, made in RAM
         return f"out of CPU memory (tried to allocate {_binary_size(int(host_oom.group(1)))})"
     return None
+
+
+def _oom_ended_it(lines: list[str]) -> bool:
+    """Whether the last out-of-memory line is the job's last error: no traceback begun after it ends
+    in another exception. Some trainers (fairseq) log an OOM they recover from and go on, so
+    the job may die later of something else. A launcher's wrapper and a peer rank's collective
+    error do not count: a rank's death by OOM is what causes them."""
+    last_oom = max((i for i, line in enumerate(lines) if any(p.search(line) for p in _ANY_OOM)), default=-1)
+    for index in range(last_oom + 1, len(lines)):
+        if _TRACEBACK in lines[index]:
+            exception = _exception_after(lines, index)
+            if exception and not _is_wrapper(exception) and not _OOM_OR_COLLECTIVE.search(exception):
+                return False
+    return True
 
 
 def _binary_size(count: int) -> str:

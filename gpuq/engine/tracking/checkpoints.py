@@ -97,13 +97,28 @@ def _number(regex: str, name: str) -> Optional[int]:
 
 
 def _usable(path: str) -> bool:
-    """A non-empty file, or a directory that is not an HF checkpoint cut short."""
+    """A non-empty file, or a directory that is not an HF checkpoint cut short and holds a non-empty
+    file somewhere under it (a save begins by making its directory: an empty one is a save begun)."""
     try:
         if os.path.isdir(path):
-            return not re.match(HF_DIR_RE, os.path.basename(path)) or _hf_complete(path)
+            if re.match(HF_DIR_RE, os.path.basename(path)) and not _hf_complete(path):
+                return False
+            return _holds_data(path)
         return os.path.getsize(path) > 0
     except OSError:
         return False
+
+
+def _holds_data(folder: str) -> bool:
+    """Whether a non-empty file lies anywhere under `folder` (stops at the first one found)."""
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                if os.path.getsize(os.path.join(root, name)) > 0:
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def mtime(path: str) -> float:

@@ -49,7 +49,7 @@ def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> li
         *_state(spool, ref.state, job),
         *_times(ref.state, job, now),
         *_outcome(job),
-        *_checkpoints(job),
+        *_checkpoints(ref.state, job),
         *_gpus(job),
         ("GPU use", gpuuse.summary_text(figures) if figures else ""),
         ("host", hostroom.request_text(job)),  # what it reserves of the machine (--mem, --cpus)
@@ -168,7 +168,7 @@ def _outcome(job: Job) -> list[Line]:
     return [("exit code", code), ("failed because", job.reason or ""), ("previous exit", previous)]
 
 
-def _checkpoints(job: Job) -> list[Line]:
+def _checkpoints(state: str, job: Job) -> list[Line]:
     resumed = ""
     if job.resumed_from:
         step = f" (step {job.resumed_from_step})" if job.resumed_from_step is not None else ""
@@ -184,7 +184,15 @@ def _checkpoints(job: Job) -> list[Line]:
         )
         if p
     )
-    return [("checkpoint", job.checkpoint or ""), ("resumes from", resumed), ("resume", how)]
+    return [("checkpoint", job.checkpoint or ""), (_resumed_label(state), resumed), ("resume", how)]
+
+
+def _resumed_label(state: str) -> str:
+    """What `resumed_from` is in `state`: where the next attempt starts, where the running one
+    started, or where the last one did (a preempted job resumes from `checkpoint`, its newest)."""
+    if state in (PENDING, HELD):
+        return "resumes from"
+    return "resumed from" if state == RUNNING else "last attempt resumed from"
 
 
 def _gpus(job: Job) -> list[Line]:
