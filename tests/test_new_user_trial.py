@@ -10,6 +10,7 @@ import os
 
 import pytest
 from conftest import WAIT_FOR_GO, Env, wait_for
+from test_gpu_worker import Gpus, fake_gpus
 
 
 @pytest.mark.parametrize(
@@ -128,3 +129,17 @@ def test_a_damaged_held_job_is_a_row_of_status(gq: Env) -> None:
     out = gq.gpuq("status").stdout
     row = next(line for line in out.splitlines() if line.lstrip().startswith(f"{job} "))
     assert "unreadable job file: not valid JSON" in row, out
+
+
+def test_show_of_an_ended_job_says_which_gpu_it_last_held(gq: Env) -> None:
+    """`show` said a finished job "holds GPU 0" (status --json's `gpus` is where it ran)."""
+    Gpus(gq, fake_gpus(1))
+    gq.script("wait.py", WAIT_FOR_GO)
+    gq.start_worker("--watch")
+    job = gq.add("wait.py")
+    gq.wait_state(job, "running")
+    assert "1 GPU; holds GPU 0" in gq.gpuq("show", str(job)).stdout
+    (gq.work / "go").touch()
+    gq.wait_state(job, "done")
+    shown = gq.gpuq("show", str(job)).stdout
+    assert "1 GPU; last held GPU 0" in shown and "holds GPU" not in shown

@@ -52,13 +52,14 @@ def attempt_lines(job: Job) -> list[tuple[str, str]]:
     return [(f"attempt {entry.get('attempt', '?')}", attempt_line(entry)) for entry in job.history]
 
 
-def oom_retries_text(job: Job) -> str:
-    """`1 of 2 (--retry-oom 2); GPUQ_OOM_RETRY=1`; '' for a job that has had none and may have none."""
+def oom_retries_text(job: Job, ended: bool = False) -> str:
+    """`1 of 2 (--retry-oom 2); GPUQ_OOM_RETRY=1`; '' for a job that has had none and may have none.
+    `ended`: the job is finished, and has no next attempt to speak of."""
     if not (job.retry_oom or job.oom_retries):
         return ""
     allowed = f" of {job.retry_oom} (--retry-oom {job.retry_oom})" if job.retry_oom else ""
     return f"{job.oom_retries}{allowed}" + (
-        f"; its next attempt has GPUQ_OOM_RETRY={job.oom_retries}" if job.oom_retries else ""
+        f"; its next attempt has GPUQ_OOM_RETRY={job.oom_retries}" if job.oom_retries and not ended else ""
     )
 
 

@@ -10,6 +10,7 @@ import shlex
 import time
 from typing import Optional
 
+from gpuq.core import states
 from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, HELD, HELD_NOTE, PENDING, RAY, RUNNING, SLURM, SOURCE_ADOPT, SOURCE_CLI
 from gpuq.core.times import duration, parse_iso
@@ -50,13 +51,13 @@ def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> li
         *_times(ref.state, job, now),
         *_outcome(job),
         *_checkpoints(ref.state, job),
-        *_gpus(job),
+        *_gpus(ref.state, job),
         ("GPU use", gpuuse.summary_text(figures) if figures else ""),
         ("host", hostroom.request_text(job)),  # what it reserves of the machine (--mem, --cpus)
         ("host limits", _host_limits(job)),  # how its latest attempt was held to it
         *_dependencies(spool, job),
         *_attempts(job),
-        ("out-of-memory retries", attempts.oom_retries_text(job)),
+        ("out-of-memory retries", attempts.oom_retries_text(job, ref.state in states.FINISHED)),
         *(attempts.attempt_lines(job) if any(entry.get("change") for entry in job.history) else ()),
         ("time limit", format_duration(job.time_limit) if job.time_limit else ""),
         ("begins", _clock(job.begin_at)),
@@ -195,13 +196,14 @@ def _resumed_label(state: str) -> str:
     return "resumed from" if state == RUNNING else "last attempt resumed from"
 
 
-def _gpus(job: Job) -> list[Line]:
+def _gpus(state: str, job: Job) -> list[Line]:
     if job.gpu_request == 0:
         return [("GPUs", "none (a CPU job)")]
     if job.gpu_request == 1 and not job.gpu_mem_mib and not job.gpus and not may_have_gpus():
         return []  # the default, on a machine without GPUs: it runs in the one slot there is
     asked = plural(job.gpu_request, "GPU") + (f", {mib_text(job.gpu_mem_mib)} each" if job.gpu_mem_mib else "")
-    held = f"; holds GPU {', '.join(map(str, job.gpus))}" if job.gpus else ""
+    verb = "holds" if state == RUNNING else "last held"  # an ended attempt gave its GPUs back
+    held = f"; {verb} GPU {', '.join(map(str, job.gpus))}" if job.gpus else ""
     return [("GPUs", asked + held)]
 
 
@@ -255,8 +257,8 @@ def _sweep(spool: Spool, job: Job) -> list[Line]:
     for member in members:
         counts[member["state"]] = counts.get(member["state"], 0) + 1
     values = " ".join(f"{k}={v}" for k, v in job.sweep["values"].items())
-    states = ", ".join(f"{n} {state}" for state, n in counts.items())
-    return [("sweep", f"{values}; {plural(len(members), 'job')} from #{job.sweep['id']}: {states}")]
+    counted = ", ".join(f"{n} {state}" for state, n in counts.items())
+    return [("sweep", f"{values}; {plural(len(members), 'job')} from #{job.sweep['id']}: {counted}")]
 
 
 def _provenance(job: Job) -> list[Line]:
