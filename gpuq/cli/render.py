@@ -11,11 +11,12 @@ from typing import Any, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
-from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, HELD_NOTE, PENDING, RAY, RUNNING, SLURM, TABLE
+from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, HELD_NOTE, PENDING, RAY, RUNNING, SLURM, STATES, TABLE
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.words import plural
 
 IN_LINE = (RUNNING, PENDING, HELD)  # rows shown first, by id (engine/views/status.py's order)
+SUMMED = (DONE, RUNNING, PENDING, HELD, FAILED)  # counted in every folded sweep's line (PENDING, HELD: waiting)
 NOTE_SHOWN = tuple(state.name for state in TABLE if state.shows_note)  # the states whose Info ends with the note
 
 SYMBOLS = {state.name: state.glyph for state in TABLE}  # a dict: `status -a` maps it over every row
@@ -376,6 +377,8 @@ def _sweep_row(sweep_id: int, group: list[Any]) -> SweepRow:
         "waiting": sum(s in (PENDING, HELD) for s in states),
         FAILED: states.count(FAILED),
     }
+    # The other states (cancelled, preempted, ...) only where some are, so that the counts add up.
+    counts.update((other, states.count(other)) for other in STATES if other not in SUMMED and other in states)
     state = min(states, key=lambda s: BY_NAME[s].rank)  # the state that says most of the sweep
     first = group[0].job
     keys = list(first.sweep["values"])
