@@ -13,7 +13,7 @@ from gpuq.core import schema
 from gpuq.core.job import Job
 from gpuq.core.states import BY_NAME, DONE, FAILED, HELD, HELD_NOTE, PENDING, RAY, RUNNING, SLURM, STATES, TABLE
 from gpuq.core.times import duration, parse_iso
-from gpuq.core.words import plural
+from gpuq.core.words import dependencies_text, plural
 
 IN_LINE = (RUNNING, PENDING, HELD)  # rows shown first, by id (engine/views/status.py's order)
 SUMMED = (DONE, RUNNING, PENDING, HELD, FAILED)  # counted in every folded sweep's line (PENDING, HELD: waiting)
@@ -149,13 +149,13 @@ def info(job: Job, state: str, wait: Any = None) -> str:
         if wait is not None:
             parts.append(("blocked: " if wait.forever else "") + wait.reason)
         elif job.after or job.after_any:
-            parts.append(_dependencies(job) + " (met)")
+            parts.append(dependencies_text(job.after, job.after_any) + " (met)")
         if job.attempts or job.history:
             parts.append(job.note or "retry")
     elif state == HELD:
         parts.append(f"held: `gpuq release {job.id}` puts it back in line")
         if job.after or job.after_any:
-            parts.append(_dependencies(job))
+            parts.append(dependencies_text(job.after, job.after_any))
     elif state == SLURM:
         parts.append(slurm_text(job.slurm or {}))
     elif state == RAY:
@@ -169,12 +169,6 @@ def info(job: Job, state: str, wait: Any = None) -> str:
     notes = (job.signal, slurm_job, job.reason, job.code_changed, note)
     tail = finished_info(state, exit_code, *notes, job.priority)
     return "  ".join([*parts, tail] if tail else parts)
-
-
-def _dependencies(job: Job) -> str:
-    after = ["after " + ", ".join(f"#{d}" for d in job.after)] if job.after else []
-    after_any = ["after-any " + ", ".join(f"#{d}" for d in job.after_any)] if job.after_any else []
-    return ", ".join(after + after_any)
 
 
 def finished_info(
