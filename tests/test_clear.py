@@ -174,3 +174,28 @@ def test_it_asks_on_a_terminal(gq: Env) -> None:
     gq.gpuq("run")
     out = _on_a_terminal(gq, ["clear", "--yes"])  # -y: not asked, on a terminal too
     assert "Go ahead" not in out and "removed 1 finished job" in out and gq.state_of(third) is None
+
+
+def test_log_show_and_triage_say_a_log_dropped_by_clear_logs_is_gone(gq: Env) -> None:
+    """After `gpuq clear --logs`, `gpuq log` says on stderr that the log was removed (exit 0, as for a
+    job that never started; it printed nothing), and `show` and `triage` no longer give the path as
+    if the file were there."""
+    gq.script("hi.py", "print('hello')\n")
+    job_id = gq.add("hi.py")
+    gq.gpuq("run")
+    path = str(gq.home / "logs" / f"{job_id:06d}.log")
+    assert "hello" in gq.gpuq("log", str(job_id)).stdout
+    gq.gpuq("clear", "--logs", "-y")
+    assert not os.path.exists(path)
+    said = gq.gpuq("log", str(job_id))
+    assert (
+        said.stdout == ""
+        and said.stderr
+        == f"#{job_id}: its log {path} was removed (`gpuq clear --logs` removes the logs of finished jobs)\n"
+    )
+    for command in ("show", "triage"):
+        line = next(
+            line for line in gq.gpuq(command, str(job_id)).stdout.splitlines() if line.strip().startswith("log ")
+        )
+        assert line.endswith(f"{path} was removed (`gpuq clear --logs` removes the logs of finished jobs)"), line
+    assert json.loads(gq.gpuq("triage", "--json", str(job_id)).stdout)["log_gone"].startswith("was removed")

@@ -225,3 +225,13 @@ def test_ids_are_never_given_out_twice_even_after_clear_and_a_lost_counter(gq: E
     assert "removed 3 finished jobs" in gq.gpuq("clear").stdout
     (gq.home / "next_id").unlink()  # lost: the tree holds no job to rebuild it from
     assert gq.add("t.py") == first[-1] + 1
+
+
+def test_add_echoes_after_any_as_status_says_it(gq: Env) -> None:
+    """`add --after-any N` echoes `after-any #N`, apart from `--after`'s `after #N` (docs/everyday.md),
+    also with --hold."""
+    first = gq.add("true")
+    said = gq.gpuq("add", "--after-any", str(first), "true").stdout.strip()
+    assert said == f"[+] Job #{first + 1}: {gq.work.name}/true  after-any #{first}", said
+    both = gq.gpuq("add", "--hold", "--after", str(first), "--after-any", str(first + 1), "true").stdout.strip()
+    assert both.endswith(f"  after #{first}, after-any #{first + 1}  (held)"), both

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+from conftest import wait_for
+from test_preempt import FAKE, last_step
 
 from gpuq.core.job import Job
 from gpuq.engine.views import attempts, history
@@ -401,3 +404,62 @@ def test_history_of_attempts_that_held_no_gpu_names_none(gq: Any) -> None:
         assert "attempt 1  done after " in said and "GPU" not in said, said
     assert "  GPUs       none (a CPU job)\n" in gq.gpuq("show", str(cpu)).stdout
     assert attempts.had({"outcome": "done", "gpu_mem_mib": None}) == "a whole GPU"
+
+
+def test_json_groups_name_each_failed_run_and_its_reason(gq: Any) -> None:
+    """`history --json` says why each failed run failed (docs/progress.md): a retried attempt and
+    the last one, each with its reason read from the log; and so it does once `gpuq clear` removed
+    the job, from what clear kept."""
+    gq.script("boom.py", "raise ValueError('lr too high')\n")
+    gq.script("fine.py", "print('ok')\n")
+    bad, good = gq.add("--retries", "1", "boom.py"), gq.add("fine.py")
+    gq.gpuq("run")  # until the queue is empty
+    assert gq.job(bad)["state"] == "failed" and gq.job(good)["state"] == "done"
+    for _look in ("files", "kept"):
+        [group] = json.loads(gq.gpuq("history", "--json").stdout)
+        assert group["failed"] == 2 and len(group["failures"]) == 2, group
+        assert [(f["id"], f["attempt"]) for f in group["failures"]] == [(bad, 1), (bad, 2)]
+        assert all("ValueError: lr too high" in f["reason"] for f in group["failures"]), group["failures"]
+        gq.gpuq("clear", "-y")
+
+
+def test_history_of_a_job_preempted_twice_numbers_its_runs_and_says_where_each_resumed(gq: Any) -> None:
+    """A preempted and resumed job's runs are attempts 1, 2, 3 in `history ID` (the job file's own
+    count starts again at each resume: each entry says `attempt: 1`), each resumed one saying its
+    checkpoint and the steps lost; `--json` gives the same attempts as JSON."""
+    shutil.copy(FAKE, gq.work / "fake_trainer.py")
+    run = ("-p", sys.executable, "fake_trainer.py", "--output_dir", "out", "--max_steps", "100000", "--save_steps", "5")
+    jid = gq.add(*run)
+    gq.start_worker("--watch")
+    for _round in range(2):
+        base = gq.job(jid)["resumed_from_step"] or 0
+        wait_for(lambda b=base: last_step(gq, jid) >= b + 7, 20, what="progress past the next save")
+        gq.gpuq("preempt", str(jid))
+        gq.wait_state(jid, "preempted")
+        gq.gpuq("resume", str(jid))
+        wait_for(lambda: gq.state_of(jid) == "running", 20, what="running again")
+    gq.gpuq("kill", str(jid))
+    entries = gq.job(jid)["history"]
+    assert [e["attempt"] for e in entries] == [1, 1, 1]  # why the lines cannot use the entry's number
+    said = gq.gpuq("history", str(jid)).stdout
+    for number, entry in enumerate(entries, 1):
+        assert f"  attempt {number}  {entry['outcome']}" in said, said
+    for entry in entries[1:]:
+        where = os.path.basename(entry["resumed_from"])
+        assert f"; from {where}, lost {entry['lost_steps']} step" in said, said
+    data = json.loads(gq.gpuq("history", "--json", str(jid)).stdout)
+    assert data["id"] == jid and [a["attempt"] for a in data["attempts"]] == [1, 2, 3]
+    assert [a["resumed_from"] for a in data["attempts"]] == [e["resumed_from"] for e in entries]
+
+
+def test_attempt_lines_number_by_place_and_say_where_each_resumed() -> None:
+    entries = [
+        attempt(0, 1, "preempted", 1),
+        dict(attempt(1, 1, "preempted", 1), resumed_from="/w/out/checkpoint-5/", lost_steps=2),
+        dict(attempt(2, 1, "done", 1), resumed_from=None, lost_steps=7),  # no checkpoint: from scratch
+    ]
+    lines = attempts.attempt_lines(job(1, entries))
+    assert [label for label, _text in lines] == ["attempt 1", "attempt 2", "attempt 3"]
+    assert "from" not in lines[0][1]
+    assert lines[1][1].endswith("; from checkpoint-5, lost 2 steps")
+    assert lines[2][1].endswith("; from the start, lost 7 steps")

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, wait_for
+from conftest import REPO, WAIT_FOR_GO, wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_triage import _bytes_read as bytes_read
@@ -375,3 +375,54 @@ def test_samples_taken_between_looks_give_a_rate_at_the_first_look(gq) -> None:
     wait_for(lambda: gq.log(job_id).count("Step ") > 30, 15, what="more steps")
     row = row_of(gq, job_id)  # the first `gpuq status` of a user
     assert row["eta_seconds"] is not None and "samples" in row["eta_method"], row
+
+
+# Lightning's default bar counts within an epoch (`Epoch 0: 90%|...| 9/10`), and so does a bar after
+# an `Epoch 2/10` line: neither bar alone is the run's progress.
+LIGHTNING_BARS = "".join(
+    f"\rEpoch {epoch}: {step * 10}%|{'#' * step}| {step}/10 [00:0{step}<00:01, 5.00it/s, v_num=0]"
+    for epoch in range(3)
+    for step in range(1, 10)
+)
+EPOCH_LINE_THEN_BAR = "Epoch 2/10\n" + "".join(
+    f"\r {step}%|#| {step}/100 [00:0{step // 10}<00:10, 4.00it/s]" for step in range(1, 46)
+)
+
+
+def test_a_bar_within_an_epoch_counts_with_its_epoch() -> None:
+    inner = progress.from_log_text(EPOCH_LINE_THEN_BAR, 0.0)
+    assert (inner.step, inner.total, inner.kind) == (pytest.approx(2.45), 10, "Epoch N/M")
+    assert inner.rate == pytest.approx(0.04)  # epochs per second: 4 it/s of 100 a epoch
+    in_its_description = progress.from_log_text("Epoch 2/10: 45%|####5     | 45/100 [00:11<00:13, 4.00it/s]\n", 0.0)
+    assert in_its_description.fraction == pytest.approx(0.245)
+    # counted from 1: the last epoch's bar is within the last epoch, not past the end
+    last = progress.from_log_text(EPOCH_LINE_THEN_BAR.replace("Epoch 2/10", "Epoch 10/10"), 0.0)
+    assert last.fraction == pytest.approx(0.945)
+    # Lightning's bar names its epoch but not how many: epochs, no fraction, so no ETA
+    lightning = progress.from_log_text(LIGHTNING_BARS, 0.0)
+    assert (lightning.step, lightning.total, lightning.fraction) == (pytest.approx(2.9), None, None)
+    assert lightning.text() == "epoch 2.90"
+    assert eta.estimate(lightning, [], 10.0).eta_seconds is None
+    assert progress.from_log_text(LIGHTNING_BARS, 0.0, epochs=5).fraction == pytest.approx(2.9 / 5)
+    # a preempted job's last step is still the bar's own
+    assert progress.last_step(EPOCH_LINE_THEN_BAR.encode()) == 45 and progress.last_step(LIGHTNING_BARS.encode()) == 9
+
+
+def test_status_of_jobs_whose_bars_count_within_an_epoch(gq) -> None:
+    """`gpuq status` of real jobs: Lightning's per-epoch bar gives no percentage and no ETA (it said
+    90% ETA 0s, then 30%, then 90% again); a bar after `Epoch 2/10` is a quarter of the run, not 45%."""
+    ids = {}
+    for name, text in (("lightning.py", LIGHTNING_BARS), ("epochs.py", EPOCH_LINE_THEN_BAR)):
+        gq.script(name, f"import sys\nsys.stderr.write({text!r})\nsys.stderr.flush()\n" + WAIT_FOR_GO)
+        ids[name] = gq.add(name)
+    gq.start_worker("--gpus", "0,1")  # two slots
+    lightning = running_row(gq, ids["lightning.py"], lambda r: r["eta_method"] and "Epoch" in r["eta_method"])
+    assert lightning["progress"] is None and lightning["eta_seconds"] is None, lightning
+    assert "no total" in lightning["eta_method"], lightning
+    epochs = running_row(gq, ids["epochs.py"], lambda r: r["progress"] is not None)
+    assert epochs["progress"] == pytest.approx(0.245), epochs
+    line = next(
+        line for line in gq.gpuq("status").stdout.splitlines() if line.lstrip().startswith(f"{ids['lightning.py']} ")
+    )
+    assert "epoch 2.90 ETA ?" in line, line
+    (gq.work / "go").touch()

@@ -266,3 +266,15 @@ def test_bad_id_ranges_are_refused(text, message):
 def test_the_flag_named_in_id_messages_is_the_callers():
     with pytest.raises(ValueError, match=r"^--after-any: "):
         parse_id_ranges("x", flag="--after-any")
+
+
+def test_the_folded_sweep_line_counts_every_job_of_the_sweep(gq):
+    """`gpuq status` folds a sweep into one line whose counts add up to its size: cancelled jobs are
+    counted too (named only when there are some), not left out of done, running, waiting, failed."""
+    gq.script("job.py", "print('ran')\n")
+    gq.gpuq("add", "--hold", "--sweep", "lr=1,2,3", "--sweep", "seed=1,2", "job.py", "--lr", "{lr}", "--seed", "{seed}")
+    before = gq.gpuq("status").stdout
+    assert "sweep of 6 over lr, seed: 0 done, 0 running, 6 waiting, 0 failed (" in before, before
+    gq.gpuq("cancel", "2", "3")
+    said = gq.gpuq("status").stdout
+    assert "sweep of 6 over lr, seed: 0 done, 0 running, 4 waiting, 0 failed, 2 cancelled (" in said, said

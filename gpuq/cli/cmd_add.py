@@ -7,6 +7,7 @@ import sys
 
 from gpuq.cli.common import say_who_starts_them, spool
 from gpuq.core.errors import UsageError
+from gpuq.core.words import dependencies_text
 from gpuq.engine.lifecycle import enqueue
 
 
@@ -37,9 +38,8 @@ def cmd_add(args: argparse.Namespace) -> int:
         if args.quiet:
             print(job.id)
             continue
-        deps = job.after + job.after_any
-        after = f"  after {', '.join(f'#{d}' for d in deps)}" if deps else ""
-        print(f"[+] Job #{job.id}: {job.name}{after}{'  (held)' if args.hold else ''}")
+        deps = dependencies_text(job.after, job.after_any)
+        print(f"[+] Job #{job.id}: {job.name}{f'  {deps}' if deps else ''}{'  (held)' if args.hold else ''}")
     if outlook:
         print(f"    {enqueue.urgent_outlook(published[0][1], running)}")
     if not args.quiet and not args.hold:

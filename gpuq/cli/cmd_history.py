@@ -20,7 +20,7 @@ from gpuq.system.gpus import mib_text
 
 def cmd_history(args: argparse.Namespace) -> int:
     if args.id is not None:
-        return _one_job(args.id)
+        return _one_job(args.id, args.json)
     now = time.time()
     try:
         since = history.parse_since(args.since, now) if args.since else None
@@ -68,9 +68,12 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one_job(job_id: int) -> int:
+def _one_job(job_id: int, as_json: bool) -> int:
     """One job's attempts, a line each: how it ended, what it had, why the next one changed."""
     _ref, job = get(spool(), job_id)
+    if as_json:
+        print(json.dumps({"id": job.id, "name": job.name, "attempts": attempts.attempts_json(job)}, indent=2))
+        return 0
     lines = attempts.attempt_lines(job)
     print(f"#{job.id} {job.name}")
     if not lines:

@@ -16,7 +16,7 @@ from gpuq.core.times import duration, iso_of
 from gpuq.engine.lifecycle import actions
 from gpuq.engine.schedule import gpuview
 from gpuq.engine.tracking import gpuuse
-from gpuq.engine.views.card import card, not_started
+from gpuq.engine.views.card import card, log_gone, not_started
 from gpuq.engine.views.status import rejected_files, sync_ray
 from gpuq.engine.views.triage import triage
 from gpuq.spool import JobRef, Spool
@@ -57,6 +57,10 @@ def cmd_log(args: argparse.Namespace) -> int:
     if why is not None:  # said on stderr: the log itself (stdout) is empty
         started = "never started" if ref.state == CANCELLED or args.follow else "has not started yet"
         print(f"#{job.id} {started} ({why})", file=sys.stderr)
+        return 0
+    gone = log_gone(sp, ref, job)
+    if gone is not None:  # said on stderr, as above: there is no log to print
+        print(f"#{job.id}: its log {sp.logs.path_of(job)} {gone}", file=sys.stderr)
         return 0
     for line in sp.logs.tail_lines(job, args.lines):
         print(line)
@@ -151,7 +155,7 @@ def cmd_triage(args: argparse.Namespace) -> int:
         ("note", found.get("note") if found.get("note") != found.get("waiting_for") else None),
         ("ran for", None if found.get("run_seconds") is None else duration(found["run_seconds"])),
         ("checkpoint", f"{ckpt['latest']}{step}" if ckpt["latest"] else f"none found ({ckpt['where_looked']})"),
-        ("log", found["log"]),
+        ("log", found["log"] + (f" {found['log_gone']}" if found["log_gone"] else "")),
     ]
     out = [f"#{found['id']} {found['name']}: {found['state']}"]
     out += [f"  {label.ljust(11)}  {text}" for label, text in labelled if text]

@@ -417,7 +417,7 @@ COMMANDS = (
             Opt("id", convert=positive_id, nargs="?", help="one job: each attempt, what it had, how it ended"),
             Opt("--since", metavar="WHEN", help="only runs that ended since (7d, 12h, 2w, or a date)"),
             Opt("--by", choices=("dir", "script", "day", "sweep"), default="dir", help="group by (default dir)"),
-            Opt("--json", kind=FLAG, group="out", help="the groups as JSON"),
+            Opt("--json", kind=FLAG, group="out", help="the groups as JSON (with an id: its attempts)"),
             Opt(
                 "--plot",
                 metavar="FILE",

@@ -23,12 +23,14 @@ from gpuq.core.states import (
     RAY,
     RUNNING,
     SLURM,
+    STATES,
     TABLE,
 )
 from gpuq.core.times import duration, parse_iso
-from gpuq.core.words import plural
+from gpuq.core.words import dependencies_text, plural
 
 IN_LINE = (RUNNING, PENDING, HELD)  # rows shown first, by id (engine/views/status.py's order)
+SUMMED = (DONE, RUNNING, PENDING, HELD, FAILED)  # counted in every folded sweep's line (PENDING, HELD: waiting)
 NOTE_SHOWN = tuple(state.name for state in TABLE if state.shows_note)  # the states whose Info ends with the note
 
 SYMBOLS = {state.name: state.glyph for state in TABLE}  # a dict: `status -a` maps it over every row
@@ -161,13 +163,13 @@ def info(job: Job, state: str, wait: Any = None) -> str:
         if wait is not None:
             parts.append(("blocked: " if wait.forever else "") + wait.reason)
         elif job.after or job.after_any:
-            parts.append(_dependencies(job) + " (met)")
+            parts.append(dependencies_text(job.after, job.after_any) + " (met)")
         if job.attempts or job.history:
             parts.append(job.note or "retry")
     elif state == HELD:
         parts.append(f"held: `gpuq release {job.id}` puts it back in line")
         if job.after or job.after_any:
-            parts.append(_dependencies(job))
+            parts.append(dependencies_text(job.after, job.after_any))
     elif state == SLURM:
         parts.append(slurm_text(job.slurm or {}))
     elif state == RAY:
@@ -181,12 +183,6 @@ def info(job: Job, state: str, wait: Any = None) -> str:
     notes = (job.signal, slurm_job, job.reason, job.code_changed, note)
     tail = finished_info(state, exit_code, *notes, job.priority)
     return "  ".join([*parts, tail] if tail else parts)
-
-
-def _dependencies(job: Job) -> str:
-    after = ["after " + ", ".join(f"#{d}" for d in job.after)] if job.after else []
-    after_any = ["after-any " + ", ".join(f"#{d}" for d in job.after_any)] if job.after_any else []
-    return ", ".join(after + after_any)
 
 
 def finished_info(
@@ -405,6 +401,8 @@ def _sweep_row(sweep_id: int, group: list[Any]) -> SweepRow:
         "waiting": sum(s in (PENDING, HELD) for s in states),
         FAILED: states.count(FAILED),
     }
+    # The other states (cancelled, preempted, ...) only where some are, so that the counts add up.
+    counts.update((other, states.count(other)) for other in STATES if other not in SUMMED and other in states)
     state = min(states, key=lambda s: BY_NAME[s].rank)  # the state that says most of the sweep
     first = group[0].job
     keys = list(first.sweep["values"])

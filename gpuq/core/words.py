@@ -1,5 +1,6 @@
 """Counts, job ids, notification URLs and sizes as a sentence says them: "1 step", "3 steps",
-"#3, #4", "#12-#15", "json://127.0.0.1:8080", "9.1 GiB", "leased whole by bob's job #12 since 09:14"."""
+"#3, #4", "#12-#15", "after #1, after-any #2", "json://127.0.0.1:8080", "9.1 GiB", "leased whole
+by bob's job #12 since 09:14"."""
 
 from __future__ import annotations
 
@@ -24,6 +25,14 @@ def ids_text(ids: Iterable[int]) -> str:
     for run in runs:
         parts += [f"#{run[0]}-#{run[-1]}"] if len(run) > 2 else [f"#{i}" for i in run]
     return ", ".join(parts)
+
+
+def dependencies_text(after: list[int], after_any: list[int]) -> str:
+    """`after #1, #2, after-any #3`: what a job waits for, `--after-any` said apart from `--after`
+    (which starts only after a success); '' for none."""
+    after_text = ["after " + ", ".join(f"#{d}" for d in after)] if after else []
+    any_text = ["after-any " + ", ".join(f"#{d}" for d in after_any)] if after_any else []
+    return ", ".join(after_text + any_text)
 
 
 def url_text(url: str) -> str:

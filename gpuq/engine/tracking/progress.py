@@ -46,7 +46,11 @@ LINE_BREAKS_RE = r"[\r\n]+"
 HF_PAIR_RE = r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?"
 TRL_COMPLETIONS_RE = r"^completions_(\d+)\.parquet$"
 EPOCHS_FLAGS = ("--num_train_epochs", "--num-train-epochs")
-EPOCH_KINDS = ("Epoch N/M", "HF log (epoch)")  # counters of epochs, not steps
+# The epoch a bar's description names (`Epoch 2/10: 45%|`, Lightning's `Epoch 2: 45%|`): the bar
+# counts within that epoch. Searched only in bars whose label says "epoch".
+BAR_EPOCH_RE = r"(?i)\bepochs?\b\s*[:=#]?\s*(\d+)(?:\s*(?:/|of)\s*(\d+))?"
+EPOCH_KINDS = ("Epoch N/M", "HF log (epoch)", "Epoch N")  # counters of epochs, not steps
+BAR_KIND = "tqdm"
 
 
 class Reading(NamedTuple):
@@ -87,7 +91,7 @@ class Reading(NamedTuple):
         if self.total:
             shown = f"{num_text(self.step)}/{num_text(self.total)}"
         else:
-            shown = f"{'epoch' if 'epoch' in self.kind else 'step'} {num_text(self.step)}"
+            shown = f"{'epoch' if 'epoch' in self.kind.lower() else 'step'} {num_text(self.step)}"
         return shown + (f" ({pct * 100:.0f}%)" if pct is not None else "")
 
 
@@ -154,7 +158,7 @@ def line_reading(line: str) -> Optional[tuple[str, float, Optional[float], Optio
     m = re.search(TQDM_RE, line)
     if m:
         label = _label(re.split(PERCENT_RE, line[: m.start()], maxsplit=1)[0])
-        return f"tqdm:{label}", float(m.group(1)), float(m.group(2)), _tqdm_rate(m.group(5), m.group(6))
+        return f"{BAR_KIND}:{label}", float(m.group(1)), float(m.group(2)), _tqdm_rate(m.group(5), m.group(6))
     for kind, pattern in LINE_PATTERNS:
         m = re.search(pattern, line)
         if m:
@@ -194,9 +198,49 @@ def log_readings(text: str, epochs: Optional[float] = None) -> list[Found]:
             continue
         hf = hf_dict_reading(line, epochs)
         got = (hf[0], hf[1], hf[2], None, hf[3]) if hf else line_reading(line)
+        if got and got[0].startswith(f"{BAR_KIND}:") and "epoch" in got[0]:
+            found += bar_epoch(line)
         if got:
             found.append(got if len(got) == 5 else (*got, False))
     return found
+
+
+def bar_epoch(line: str) -> list[Found]:
+    """The epoch a bar's description names, as a counter of its own just before the bar's: `Epoch
+    N/M` (kind "Epoch N/M", as the same words on a line of their own), or Lightning's `Epoch N`
+    without a total (kind "Epoch N"); none when the description names no epoch number."""
+    description = re.split(PERCENT_RE, line, maxsplit=1)[0]
+    m = re.search(BAR_EPOCH_RE, description)
+    if not m:
+        return []
+    kind = "Epoch N/M" if m.group(2) else "Epoch N"
+    total = float(m.group(2)) if m.group(2) else None
+    return [(f"{kind}:{_label(description[: m.start()])}", float(m.group(1)), total, None, False)]
+
+
+def within_epochs(found: list[Found], epochs: Optional[float]) -> list[Found]:
+    """The bars that count within an epoch, read as the run's progress: a bar after an epoch counter
+    (`Epoch 2/10`, on its line or in its description) counts that epoch's share, (N + bar) / M, as
+    an epoch counter; the counter alone is left out once a bar has said more. N counts as epochs
+    done, as the counter alone does; at M (epochs counted from 1) the bar is in the last epoch, not
+    past it. Without M (Lightning's `Epoch 2:`, no --num_train_epochs) the bars give epochs without
+    a total: the bar's own fraction is one epoch's, not the run's."""
+    out: list[Optional[Found]] = []
+    epoch: Optional[tuple[int, Found]] = None  # the newest epoch counter, and where it is in `out`
+    for item in found:
+        counter, step, total, rate, _finished = item
+        if counter.startswith(("Epoch N/M:", "Epoch N:")):
+            epoch = (len(out), (counter, step, total or epochs, None, False))
+            out.append(epoch[1])
+        elif epoch and counter.startswith(f"{BAR_KIND}:") and total:
+            place, (epoch_counter, number, epoch_total, _rate, _done) = epoch
+            out[place] = None  # said better by the bar
+            done = min(number, max(0.0, epoch_total - 1)) if epoch_total else number
+            epoch_rate = rate / total if rate else None  # epochs per second
+            out.append((f"{epoch_counter}+{counter}", done + min(step, total) / total, epoch_total, epoch_rate, False))
+        else:
+            out.append(item)
+    return [item for item in out if item is not None]
 
 
 def from_log_text(
@@ -221,8 +265,10 @@ def from_log_text(
     """
     found = log_readings(text, epochs)
     earlier = set(seen_incomplete)
-    if steps_only:  # epoch counters say how far, but not at which step
+    if steps_only:  # epoch counters say how far, but not at which step: a bar's own step is one
         found = [f for f in found if not f[0].startswith(EPOCH_KINDS)]
+    else:
+        found = within_epochs(found, epochs)
     incomplete = earlier | {(c, t) for c, s, t, _r, _f in found if t and s < t}
     latest: dict[tuple[str, Optional[float]], tuple[int, Found]] = {}
     for pos, item in enumerate(found):

@@ -1,15 +1,21 @@
-"""Each attempt of one job as a line: how it ended, what it had (its GPU share, its host memory)
-and why the next one had more (core/oom.py), for `gpuq show` and `gpuq history ID`. Read from the
-job's own history entries: an attempt recorded before they held its share says nothing of it."""
+"""Each attempt of one job as a line: how it ended, what it had (its GPU share, its host memory),
+where it resumed from and why the next one had more (core/oom.py), for `gpuq show` and `gpuq
+history ID`. Read from the job's own history entries: an attempt recorded before they held its
+share says nothing of it.
+
+Attempts are numbered by their place in the history (1, 2, ...), not by the entry's `attempt`: that
+is the job's count of attempts, which a resume after a preemption or a retry by hand starts again
+(`--retries` counts from there), so two runs of a resumed job would both be "attempt 1"."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING
 from gpuq.core.times import duration, parse_iso
-from gpuq.core.words import size_text
+from gpuq.core.words import plural, size_text
 
 
 def had(entry: dict[str, Any]) -> str:
@@ -40,6 +46,9 @@ def attempt_line(entry: dict[str, Any]) -> str:
     held = had(entry)
     if held or gpus:
         parts.append("had " + (held or "") + (f" on GPU {','.join(map(str, gpus))}" if gpus else ""))
+    resumed = resumed_text(entry)
+    if resumed:
+        parts.append(resumed)
     if entry.get("reason"):
         parts.append(str(entry["reason"]))
     if entry.get("change"):
@@ -47,9 +56,27 @@ def attempt_line(entry: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def resumed_text(entry: dict[str, Any]) -> str:
+    """`from checkpoint-20, lost 3 steps`: where an attempt that went on from an earlier one
+    started, and what the interruption cost; '' for a first attempt."""
+    checkpoint, lost = entry.get("resumed_from"), entry.get("lost_steps")
+    lost_text = f", lost {plural(lost, 'step')}" if isinstance(lost, int) else ""
+    if isinstance(checkpoint, str) and checkpoint:
+        return f"from {os.path.basename(checkpoint.rstrip('/'))}{lost_text}"
+    return f"from the start{lost_text}" if lost_text else ""
+
+
 def attempt_lines(job: Job) -> list[tuple[str, str]]:
-    """(`attempt 2`, what it was) for every recorded attempt, oldest first."""
-    return [(f"attempt {entry.get('attempt', '?')}", attempt_line(entry)) for entry in job.history]
+    """(`attempt 2`, what it was) for every recorded attempt, oldest first, numbered in that order."""
+    return [(f"attempt {number}", attempt_line(entry)) for number, entry in enumerate(job.history, 1)]
+
+
+def attempts_json(job: Job) -> list[dict[str, Any]]:
+    """`history --json ID`: each attempt's history entry, numbered as `attempt_lines` numbers them
+    (the entry's own count, which a resume starts again, as `job_attempt`)."""
+    return [
+        {**entry, "attempt": number, "job_attempt": entry.get("attempt")} for number, entry in enumerate(job.history, 1)
+    ]
 
 
 def oom_retries_text(job: Job, ended: bool = False) -> str:

@@ -12,7 +12,19 @@ from typing import Optional
 
 from gpuq.core import states
 from gpuq.core.job import Job
-from gpuq.core.states import CANCELLED, HELD, HELD_NOTE, PENDING, RAY, RUNNING, SLURM, SOURCE_ADOPT, SOURCE_CLI
+from gpuq.core.states import (
+    CANCELLED,
+    FINISHED,
+    HELD,
+    HELD_NOTE,
+    PENDING,
+    RAY,
+    RUNNING,
+    SLURM,
+    SOURCE_ADOPT,
+    SOURCE_CLI,
+    SOURCE_IMPORTED,
+)
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.timespec import format_duration
 from gpuq.core.transitions import describe_preemption
@@ -65,9 +77,14 @@ def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> li
         ("on finish", job.on_finish or ""),
         *_sweep(spool, job),
         *_provenance(job),
-        ("log", spool.logs.path_of(job)),
+        ("log", _log(spool, ref, job)),
     ]
     return [(label, text) for label, text in lines if text]
+
+
+def _log(spool: Spool, ref: JobRef, job: Job) -> str:
+    gone = log_gone(spool, ref, job)
+    return spool.logs.path_of(job) + (f" {gone}" if gone else "")
 
 
 def not_started(spool: Spool, ref: JobRef, job: Job) -> Optional[str]:
@@ -78,6 +95,17 @@ def not_started(spool: Spool, ref: JobRef, job: Job) -> Optional[str]:
     if ref.state == CANCELLED:
         return "cancelled before it ran"
     return f"{ref.state}: {why_waiting(spool, ref.state, job)}"
+
+
+def log_gone(spool: Spool, ref: JobRef, job: Job) -> Optional[str]:
+    """`was removed (...)`: what became of the log of a job that ran, where it is not there; None
+    while it is, or may yet be (a job that has not started, or runs)."""
+    if not job.started_at or ref.state in (PENDING, HELD, RUNNING) or spool.logs.signature(job) is not None:
+        return None
+    # an adopted or imported job's log is a file of its own, which gpuq never removes
+    if ref.state in FINISHED and not (job.adopted or job.source.startswith(SOURCE_IMPORTED)):
+        return "was removed (`gpuq clear --logs` removes the logs of finished jobs)"
+    return "is not there"
 
 
 def why_waiting(spool: Spool, state: str, job: Job) -> str:

@@ -62,7 +62,8 @@ class PastRun(NamedTuple):
 
 class JobRecord(NamedTuple):
     """What history reads of one job: who it is, and its runs and preemptions as data
-    (spool/cache/runs.py: `attempts` are [attempt, start, end, outcome, GPUs, GPU count])."""
+    (spool/cache/runs.py: `attempts` are [attempt, start, end, outcome, GPUs, GPU count, reason];
+    what `gpuq clear` kept before reasons were recorded lacks the reason)."""
 
     job_id: int
     name: str
@@ -93,6 +94,7 @@ class Group:
         self.first: Optional[float] = None  # earliest start of its runs (epoch seconds)
         self.last: Optional[float] = None  # latest end of its runs
         self.gpu_use: Optional[dict[str, Any]] = None  # what its jobs' GPUs did (gpuuse.summary), added by the caller
+        self.failures: list[dict[str, Any]] = []  # each failed run: job id, attempt, reason (None: not recorded)
         self._seconds: list[float] = []
         self._job_ids: set[int] = set()
 
@@ -177,7 +179,7 @@ def runs(jobs: Iterable[Union[JobPair, JobRecord]]) -> list[PastRun]:
     result = [
         PastRun(r.job_id, r.name, r.cwd, r.script, number, start, end, outcome, tuple(gpus), count, r.sweep, r.adopted)
         for r in _records(jobs)
-        for number, start, end, outcome, gpus, count in r.attempts
+        for number, start, end, outcome, gpus, count in (attempt[:6] for attempt in r.attempts)
     ]
     result.sort(key=lambda r: (r.start, r.job_id, r.attempt if r.attempt is not None else -1))
     return result
@@ -204,17 +206,11 @@ def summarize(jobs: Iterable[Union[JobPair, JobRecord]], since: Optional[float] 
         raise ValueError(f"--by {by!r}: choose one of {', '.join(GROUP_KEYS)}")
     groups: dict[Union[int, str, None], Group] = {}
     for record in _records(jobs):
-        for _number, start, end, outcome, _gpus, count in record.attempts:
+        for attempt in record.attempts:
+            end = attempt[2]
             if since is None or end >= since:
                 key = _key(by, record, end)
-                _add_run(
-                    groups[key] if key in groups else groups.setdefault(key, Group(key)),
-                    record,
-                    start,
-                    end,
-                    outcome,
-                    count,
-                )
+                _add_run(groups[key] if key in groups else groups.setdefault(key, Group(key)), record, attempt)
         for at in record.preempted:
             if since is None or at >= since:
                 key = _key(by, record, at)
@@ -229,13 +225,18 @@ def job_ids(group: Group) -> list[int]:
     return sorted(group._job_ids)
 
 
-def _add_run(group: Group, record: JobRecord, start: float, end: float, outcome: str, gpu_count: int) -> None:
-    """One run into its group's totals (as PastRun counts it, but no object made for each)."""
+def _add_run(group: Group, record: JobRecord, attempt: list[Any]) -> None:
+    """One run (an item of `record.attempts`) into its group's totals (as PastRun counts it, but no
+    object made for each)."""
+    number, start, end, outcome, _gpus, gpu_count = attempt[:6]
     group.runs += 1
     group._job_ids.add(record.job_id)
     counter = COUNTERS.get(outcome)
     if counter:
         setattr(group, counter, getattr(group, counter) + 1)
+    if counter == FAILED:
+        reason = attempt[6] if len(attempt) > 6 else None
+        group.failures.append({"id": record.job_id, "attempt": number, "reason": reason})
     group.adopted += record.adopted
     seconds = max(0.0, end - start)
     group.gpu_hours += seconds * gpu_count / 3600.0
@@ -269,6 +270,7 @@ def to_json(groups: Iterable[Group]) -> list[dict[str, Any]]:
             "first": iso(group.first),
             "last": iso(group.last),
             "gpu_use": group.gpu_use,
+            "failures": group.failures,
         }
         for group in groups
     ]

@@ -14,7 +14,7 @@ from gpuq.core.times import iso_of, parse_iso
 from gpuq.engine.lifecycle import actions
 from gpuq.engine.tracking import checkpoints
 from gpuq.engine.views import fixes
-from gpuq.engine.views.card import why_waiting
+from gpuq.engine.views.card import log_gone, why_waiting
 from gpuq.engine.views.fixes import DISK_FULL, GPU_OOM, HOST_OOM, KILLED_BY_USER, OOM_KILLER, OTHER, TIME_LIMIT
 from gpuq.spool import Spool
 
@@ -51,6 +51,7 @@ def triage(spool: Spool, job_id: int, lines: int = LOG_LINES) -> dict[str, Any]:
     tail = spool.logs.tail(job, TAIL_BYTES)[0] if job.started_at or state == RUNNING else b""
     out.update(_ending(job, state, tail))
     out["log"] = spool.logs.path_of(job)
+    out["log_gone"] = log_gone(spool, ref, job)  # `was removed (...)`; None while it is there
     out["log_tail"] = log_lines(tail, lines)
     out["checkpoint"] = checkpoint_facts(job)
     out["fixes"] = fixes.suggest(spool, job, state, out)

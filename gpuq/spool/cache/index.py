@@ -30,7 +30,7 @@ from gpuq.spool.layout import Layout, is_job_name
 from gpuq.spool.store import MAX_JOB_BYTES, JobRef, JobStore
 
 NAME = "finished-jobs"
-FORMAT = 6  # 5: pasts as lists; 4: one marshal object, read whole by every look
+FORMAT = 7  # 6: runs without their reasons; 5: pasts as lists; 4: one marshal object, read whole by every look
 HEAD_SIZE_BYTES = 8  # the file starts with the head's length, so that the head alone is read
 HEAD_PROBE_BYTES = 1 << 16  # the first read of the index (a longer head: a second one)
 RECENT_RUNS = 5  # per command key, the newest run times of done jobs kept in the head (the queue's ETA)

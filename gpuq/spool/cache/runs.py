@@ -63,21 +63,24 @@ def gpus_held(job: Job, attempt: Optional[dict[str, Any]] = None) -> tuple[list[
 
 
 def attempts(state: str, job: Job) -> list[list[Any]]:
-    """[attempt (None: unknown), start, end, outcome, GPUs, GPU count] of each attempt with a known
-    start and end, in attempt order; the outcome is `state` where the attempt does not say. A file
-    from before `history` existed: the job's own fields describe its one attempt."""
+    """[attempt, start, end, outcome, GPUs, GPU count, reason] of each attempt with a known start
+    and end, in attempt order. The attempt is its place in the job's history (1, 2, ...), as `gpuq
+    history ID` numbers it: the job's own count starts again at a resume or a retry by hand. The
+    outcome is `state` where the attempt does not say; the reason, why it failed (None: not
+    recorded). A file from before `history` existed: the job's own fields describe its one attempt."""
     history = job.history
     entries = [entry for entry in history if isinstance(entry, dict)] if isinstance(history, list) else []
     if not entries:
-        entries = [{"attempt": job.attempts, "started_at": job.started_at, "finished_at": job.finished_at}]
+        entries = [{"started_at": job.started_at, "finished_at": job.finished_at, "reason": job.reason}]
     out = []
-    for entry in entries:
+    for number, entry in enumerate(entries, 1):
         start, end = parse_time(entry.get("started_at")), parse_time(entry.get("finished_at"))
         if start is None or end is None:
             continue
-        number, outcome = entry.get("attempt"), entry.get("outcome")
-        number = number if isinstance(number, int) else None
-        out.append([number, start, end, outcome if isinstance(outcome, str) else state, *gpus_held(job, entry)])
+        outcome, reason = entry.get("outcome"), entry.get("reason")
+        outcome = outcome if isinstance(outcome, str) else state
+        why = reason if isinstance(reason, str) and reason else None
+        out.append([number, start, end, outcome, *gpus_held(job, entry), why])
     return out
 
 
