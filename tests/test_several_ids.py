@@ -41,7 +41,11 @@ def test_a_bad_id_in_the_middle_is_named_and_the_others_are_acted_on(
 ) -> None:
     first, last = jobs_in(gq, before, 2)
     proc = gq.gpuq(*command, str(first), "999", str(last), check=False)
-    assert proc.returncode == 1 and proc.stderr == "gpuq: no such job #999\n", proc
+    # `recover` also says, as `add` does, that no worker runs to start what it queued
+    said = proc.stderr.splitlines()
+    hint = f"gpuq recover: no worker is running; #{first}, #{last} wait for `gpuq run --daemon`"
+    assert proc.returncode == 1 and said[0] == "gpuq: no such job #999", proc
+    assert [line.split(" (or ")[0] for line in said[1:]] == ([hint] if command[0] == "recover" else [])
     assert f"#{first}" in proc.stdout and f"#{last}" in proc.stdout, proc.stdout
     assert [gq.state_of(first), gq.state_of(last)] == [after, after]
 
