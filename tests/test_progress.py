@@ -100,6 +100,31 @@ def test_a_stray_100_percent_does_not_finish_the_job() -> None:
     assert progress.from_log_text("Step 99/100\nStep 100/100\n", at=0.0).fraction == 1.0
 
 
+# HF Trainer with --disable_tqdm true: transformers 5's save bar at every save is the log's only counter
+SAVE_BARS = (
+    "resume_from_checkpoint: None\n"
+    "\rWriting model shards:   0%|          | 0/1 [00:00<?, ?it/s]"
+    "\rWriting model shards: 100%|##########| 1/1 [00:00<00:00, 287.08it/s]\n"
+) * 2
+
+
+def test_side_bars_and_counters_of_one_item_are_never_the_jobs_progress() -> None:
+    assert progress.from_log_text(SAVE_BARS, 0.0) is None
+    assert progress.last_step(SAVE_BARS.encode()) is None  # a preemption's "last progress" is unknown, not 1
+    loading = "Loading checkpoint shards:  50%|#####     | 1/2 [00:01<00:01,  1.20s/it]\n"
+    weights = "Loading weights:  40%|####      | 60/148 [00:00<00:00, 900.00it/s]\n"
+    assert progress.from_log_text(loading + weights + "Fetching 3 files:  33%|###   | 1/3\n", 0.0) is None
+    assert progress.from_log_text("Step 0/1\n", 0.0) is None
+    assert progress.from_log_text("Step 40/100\n" + SAVE_BARS, 0.0).step == 40
+    # after an `Epoch N/M` line a save bar is no bar within the epoch (it made epoch 2 of 10 into 3)
+    epoch = progress.from_log_text("Epoch 2/10\n" + SAVE_BARS, 0.0)
+    assert (epoch.kind, epoch.step) == ("Epoch N/M", 2.0)
+    # one epoch of one is a whole run: its counters still count
+    assert progress.from_log_text("{'loss': '3.9', 'epoch': '0.5'}\n", 0.0, epochs=1.0).fraction == 0.5
+    within = progress.from_log_text("Epoch 1/1:  40%|####  | 40/100 [00:04<00:06, 10.00it/s]\n", 0.0)
+    assert within.fraction == pytest.approx(0.4)
+
+
 def test_a_line_cut_mid_write_is_not_read_as_a_wrong_total() -> None:
     assert progress.from_log_text("Step 11/300\nStep 12/3", at=0.0).step == 11
 
