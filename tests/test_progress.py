@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -265,6 +266,27 @@ def test_resumed_job_gets_the_right_eta_from_its_first_samples(gq) -> None:
     fast, slow = (300 - step) / max(paces(gq, step)), (300 - step) / min(paces(gq, step))
     assert 0.5 * fast <= row["eta_seconds"] <= 2.5 * slow, (row, fast, slow)
     assert "elapsed x remaining / done" not in row["eta_method"], row
+
+
+def test_a_retried_attempt_shows_neither_the_last_attempts_progress_nor_its_jump(gq) -> None:
+    """A training that crashed at step 25 is retried from checkpoint-20: while it loads, its log
+    has only the crashed attempt's bar (25/60) above its header; then HF's bar jumps from 0 to 21
+    in one update, tqdm's rate counting the jump."""
+    shutil.copy(Path(__file__).with_name("fake_trainer.py"), gq.work / "fake_trainer.py")
+    (gq.work / "hold").write_text("")
+    args = ("--output_dir", "out", "--max_steps", "60", "--save_steps", "10", "--step_time", "0.1")
+    crash = ("--log_style", "bar", "--fail_at", "25", "--fail_once", "--hold_on_resume", "hold")
+    job_id = gq.add("--retries", "1", "-p", PY, "fake_trainer.py", *args, *crash)
+    gq.start_worker()
+    wait_for(lambda: "Resumed from step 20" in gq.log(job_id), 30, what="the retry to load")
+    loading = running_row(gq, job_id)
+    assert loading["progress_source"] == "checkpoint", loading
+    assert loading["progress"] == pytest.approx(20 / 60, abs=1e-3), loading
+    (gq.work / "hold").unlink()
+    row = running_row(gq, job_id, lambda r: r["progress_source"] == "log" and r["eta_seconds"] is not None)
+    left = 60 - row["progress"] * 60
+    assert row["eta_seconds"] >= 0.5 * left * 0.1, row  # at 0.1 s a step or slower, not tqdm's 210/s
+    wait_state(gq, job_id, "done", timeout=30)
 
 
 def test_stray_100_percent_in_a_running_jobs_log(gq) -> None:
