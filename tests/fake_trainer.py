@@ -15,6 +15,11 @@ Options: --output_dir D  --max_steps M  --save_steps K  --step_time S (its own p
   --fail_at N             exit 1 right after step N (a crash); with --fail_once only in the first run
                           in this output dir
   --partial_save_at N     at step N leave checkpoint-N/ cut short (weights, no trainer_state.json)
+  --log_style steps|bar|none  what it prints per step: `Step N/M` (the default), HF Trainer's tqdm
+                          bar (which a resumed run moves from 0 to its first step in one update, its
+                          rate counting that jump, as tqdm's does), or nothing (--disable_tqdm)
+  --save_bar              after each save, transformers 5's `Writing model shards` 0/1 then 1/1 bar
+  --hold_on_resume F      a resumed run waits while the file F exists before its first step
 Each run appends its first and last step to D/runs.txt ("start END" lines) for the tests.
 """
 
@@ -30,8 +35,8 @@ import time
 
 def parse(argv: list[str]) -> dict:
     opts = {"output_dir": "out", "max_steps": 100, "save_steps": 10, "step_time": 0.05, "style": "hf"}
-    opts.update(fail_at=0, partial_save_at=0, save_time=0.0)
-    flags = {"save_on_sigterm", "ignore_sigterm", "child_ignoring_sigterm", "fail_once"}
+    opts.update(fail_at=0, partial_save_at=0, save_time=0.0, log_style="steps", hold_on_resume="")
+    flags = {"save_on_sigterm", "ignore_sigterm", "child_ignoring_sigterm", "fail_once", "save_bar"}
     opts.update({f: False for f in flags})
     opts["resume"] = None
     i = 0
@@ -75,6 +80,42 @@ def save(opts: dict, step: int) -> None:
         json.dump({"global_step": step}, fh)
 
 
+SAVE_BAR = (
+    "\rWriting model shards:   0%|          | 0/1 [00:00<?, ?it/s]"
+    "\rWriting model shards: 100%|##########| 1/1 [00:00<00:00, 287.08it/s]\n"
+)
+
+
+def clock(seconds: float) -> str:
+    return f"{int(seconds) // 60:02d}:{int(seconds) % 60:02d}"
+
+
+class Bar:
+    """HF Trainer's training bar: tqdm(total=M) updated by the steps done since its last update, so
+    a resumed run's first update jumps from 0 to the step after its checkpoint; the rate is tqdm's,
+    counted from the bar's start."""
+
+    def __init__(self, total: int):
+        self.total, self.started = total, time.time()
+        self.draw(0)
+
+    def draw(self, step: int) -> None:
+        spent = time.time() - self.started
+        rate = step / spent if step and spent > 0 else 0.0
+        left = clock((self.total - step) / rate) if rate else "?"
+        shown = f"{rate:.2f}it/s" if rate else "?it/s"
+        pct = 100 * step // self.total
+        sys.stdout.write(f"\r{pct:3d}%|          | {step}/{self.total} [{clock(spent)}<{left}, {shown}]")
+        sys.stdout.flush()
+
+
+def report_step(opts: dict, bar: Bar | None, step: int) -> None:
+    if bar is not None:
+        bar.draw(step)
+    elif opts["log_style"] == "steps":
+        print(f"Step {step}/{opts['max_steps']}", flush=True)
+
+
 def start_step(opts: dict) -> int:
     path = opts["resume"]
     if not path:
@@ -107,12 +148,18 @@ def main() -> int:
             fh.write(str(child.pid))
     first = start_step(opts)
     print(f"Resumed from step {first}" if first else "Starting from scratch", flush=True)
+    while first and opts["hold_on_resume"] and os.path.exists(opts["hold_on_resume"]):
+        time.sleep(0.02)
+    bar = Bar(opts["max_steps"]) if opts["log_style"] == "bar" else None
     step = first
     for step in range(first + 1, opts["max_steps"] + 1):
         time.sleep(opts["step_time"])
-        print(f"Step {step}/{opts['max_steps']}", flush=True)
+        report_step(opts, bar, step)
         if step % opts["save_steps"] == 0:
             save(opts, step)
+            if opts["save_bar"]:
+                sys.stdout.write(SAVE_BAR)
+                sys.stdout.flush()
         if step == opts["partial_save_at"]:
             os.makedirs(os.path.join(opts["output_dir"], f"checkpoint-{step}"), exist_ok=True)
             with open(os.path.join(opts["output_dir"], f"checkpoint-{step}", "model.safetensors"), "w") as fh:

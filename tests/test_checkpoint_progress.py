@@ -4,9 +4,14 @@ runs of an HF-style script (checkpoint-N/ with trainer_state.json last), a real 
 
 from __future__ import annotations
 
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
 
 from conftest import Env, wait_for
+
+FAKE = Path(__file__).with_name("fake_trainer.py")
 
 # Logs no steps (its checkpoints are its only progress); before training, and again after its
 # first checkpoint, it waits while the test's file `hold` (then `hold10`) exists: the job's own
@@ -76,3 +81,23 @@ def test_the_checkpoint_a_run_resumed_from_is_its_progress(gq: Env) -> None:
     assert looked["progress"] == 0.5 and "checkpoint-10" in looked["eta_method"], looked
     (gq.work / "hold").unlink()
     gq.wait_state(resumed, "done", timeout=30)
+
+
+def test_a_save_bar_is_not_the_progress_of_a_training_that_draws_no_bar(gq: Env) -> None:
+    """HF Trainer with --disable_tqdm true: its log's only counter is transformers 5's save bar, 0/1
+    then 1/1 at every save. Its checkpoints are its progress, and a preemption does not take the
+    bar's 1 for the last step it reached."""
+    shutil.copy(FAKE, gq.work / "fake_trainer.py")
+    args = ("--output_dir", "out", "--max_steps", "400", "--save_steps", "10", "--step_time", "0.05")
+    job = gq.add("-p", sys.executable, "fake_trainer.py", *args, "--log_style", "none", "--save_bar")
+    gq.start_worker("--watch")
+
+    def saved() -> Any:
+        return "Writing model shards: 100%" in gq.log(job) and (r := row(gq, job))["progress"] is not None and r
+
+    looked = wait_for(saved, 30, interval=0.1, what="its first save")
+    assert looked["progress_source"] == "checkpoint" and looked["progress"] < 1, looked
+    assert looked["progress"] * 400 % 10 == 0 and "checkpoint-" in looked["eta_method"], looked
+    gq.gpuq("preempt", str(job))
+    record = gq.wait_state(job, "preempted")["preemptions"][-1]
+    assert record["last_step"] is None and record["lost_steps"] is None, record  # unknown, not "1"

@@ -57,11 +57,45 @@ def test_the_bar_earlier_looks_saw_running_wins_over_the_save_bar() -> None:
     seen = [("tqdm:", 300.0)]  # what earlier looks recorded while training ran
     got = progress.from_log_text(SAVE_TAIL, 9.0, None, seen)
     assert got is not None and (got.step, got.total, got.counter) == (300.0, 300.0, "tqdm:")
-    # no earlier look: both bars ran in this tail; the newest wins (both say "finished", no harm)
-    assert progress.from_log_text(SAVE_TAIL, 9.0).counter == "tqdm:writing model shards"
+    # no earlier look: the training bar ran in this tail; the save bar is never the job's progress
+    assert progress.from_log_text(SAVE_TAIL, 9.0).counter == "tqdm:"
     # a counter still running still beats both
     running = progress.from_log_text(SAVE_TAIL + "Step 5/90\n", 9.0, None, seen)
     assert running is not None and running.step == 5.0
+
+
+# ---- a resumed attempt's jump to its start step ---------------------------------------------------
+def test_a_resumed_attempt_takes_no_rate_from_the_jump_to_its_start_step() -> None:
+    """HF's bar jumps from 0 to the step after the checkpoint in one update, and tqdm's rate counts
+    the jump: 21 steps in a tenth of a second."""
+    run = eta.Attempt(started=990.0, start_step=20.0)
+    jumped = reading(21, total=60, kind="tqdm", rate=210.0, rate_note="(tqdm's own rate)")
+    est = eta.estimate(jumped, [(1000.0, 21.0)], now=1000.0, run=run)
+    assert est.eta_seconds == pytest.approx(390.0) and "since step 20" in est.method  # 1 step in 10 s, 39 left
+    scratch = eta.estimate(jumped, [(1000.0, 21.0)], now=1000.0, run=eta.Attempt(990.0))
+    assert scratch.eta_seconds == pytest.approx(39 / 210) and "tqdm" in scratch.method  # no jump: tqdm's own
+    # a sample of the bar's 0/60, before the jump, is no sample of the pace
+    points = [(995.0, 0.0), (1000.0, 21.0), (1002.0, 23.0)]
+    assert eta.past_resume(points, reading(23, total=60, kind="tqdm"), run) == points[1:]
+    assert eta.past_resume(points, reading(23, total=60, kind="tqdm"), eta.Attempt(990.0)) == points
+    # a counter below the step it resumed from counts something else (a bar over epochs): kept whole
+    epochs = [(995.0, 2.0), (1000.0, 3.0)]
+    assert eta.past_resume(epochs, reading(3, total=10, kind="tqdm"), run) == epochs
+
+
+def test_a_retried_attempt_reads_only_its_own_part_of_the_log(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool").ensure()
+    job = schema.new_job(job_id=4, name="train", cmd=["python", "train.py"], cwd=str(tmp_path), log="")
+    log, now = Path(spool.logs.path_of(job)), time.time()
+    log.write_text(
+        "=== gpuq: job #4 train (attempt 1)\nStep 25/60\n=== gpuq: exit 1 at ... -> pending\n"
+        "=== gpuq: job #4 train (attempt 2)\n=== gpuq: started: ...\nloading the model\n"
+    )
+    job.update(state="running", started_at=iso_of(now - 5), resumed_from_step=20)
+    assert eta.running_estimate(spool, job, now).reading is None  # not the crashed attempt's step 25
+    with open(log, "a") as out:
+        out.write("Step 21/60\n")
+    assert eta.running_estimate(spool, job, now).reading.step == 21
 
 
 # ---- the first look ------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -98,6 +99,31 @@ def test_a_stray_100_percent_does_not_finish_the_job() -> None:
     assert progress.from_log_text(inner, at=0.0).step == 60
     # the job's own counter reaching its end is believed: it was seen below 100% first
     assert progress.from_log_text("Step 99/100\nStep 100/100\n", at=0.0).fraction == 1.0
+
+
+# HF Trainer with --disable_tqdm true: transformers 5's save bar at every save is the log's only counter
+SAVE_BARS = (
+    "resume_from_checkpoint: None\n"
+    "\rWriting model shards:   0%|          | 0/1 [00:00<?, ?it/s]"
+    "\rWriting model shards: 100%|##########| 1/1 [00:00<00:00, 287.08it/s]\n"
+) * 2
+
+
+def test_side_bars_and_counters_of_one_item_are_never_the_jobs_progress() -> None:
+    assert progress.from_log_text(SAVE_BARS, 0.0) is None
+    assert progress.last_step(SAVE_BARS.encode()) is None  # a preemption's "last progress" is unknown, not 1
+    loading = "Loading checkpoint shards:  50%|#####     | 1/2 [00:01<00:01,  1.20s/it]\n"
+    weights = "Loading weights:  40%|####      | 60/148 [00:00<00:00, 900.00it/s]\n"
+    assert progress.from_log_text(loading + weights + "Fetching 3 files:  33%|###   | 1/3\n", 0.0) is None
+    assert progress.from_log_text("Step 0/1\n", 0.0) is None
+    assert progress.from_log_text("Step 40/100\n" + SAVE_BARS, 0.0).step == 40
+    # after an `Epoch N/M` line a save bar is no bar within the epoch (it made epoch 2 of 10 into 3)
+    epoch = progress.from_log_text("Epoch 2/10\n" + SAVE_BARS, 0.0)
+    assert (epoch.kind, epoch.step) == ("Epoch N/M", 2.0)
+    # one epoch of one is a whole run: its counters still count
+    assert progress.from_log_text("{'loss': '3.9', 'epoch': '0.5'}\n", 0.0, epochs=1.0).fraction == 0.5
+    within = progress.from_log_text("Epoch 1/1:  40%|####  | 40/100 [00:04<00:06, 10.00it/s]\n", 0.0)
+    assert within.fraction == pytest.approx(0.4)
 
 
 def test_a_line_cut_mid_write_is_not_read_as_a_wrong_total() -> None:
@@ -240,6 +266,27 @@ def test_resumed_job_gets_the_right_eta_from_its_first_samples(gq) -> None:
     fast, slow = (300 - step) / max(paces(gq, step)), (300 - step) / min(paces(gq, step))
     assert 0.5 * fast <= row["eta_seconds"] <= 2.5 * slow, (row, fast, slow)
     assert "elapsed x remaining / done" not in row["eta_method"], row
+
+
+def test_a_retried_attempt_shows_neither_the_last_attempts_progress_nor_its_jump(gq) -> None:
+    """A training that crashed at step 25 is retried from checkpoint-20: while it loads, its log
+    has only the crashed attempt's bar (25/60) above its header; then HF's bar jumps from 0 to 21
+    in one update, tqdm's rate counting the jump."""
+    shutil.copy(Path(__file__).with_name("fake_trainer.py"), gq.work / "fake_trainer.py")
+    (gq.work / "hold").write_text("")
+    args = ("--output_dir", "out", "--max_steps", "60", "--save_steps", "10", "--step_time", "0.1")
+    crash = ("--log_style", "bar", "--fail_at", "25", "--fail_once", "--hold_on_resume", "hold")
+    job_id = gq.add("--retries", "1", "-p", PY, "fake_trainer.py", *args, *crash)
+    gq.start_worker()
+    wait_for(lambda: "Resumed from step 20" in gq.log(job_id), 30, what="the retry to load")
+    loading = running_row(gq, job_id)
+    assert loading["progress_source"] == "checkpoint", loading
+    assert loading["progress"] == pytest.approx(20 / 60, abs=1e-3), loading
+    (gq.work / "hold").unlink()
+    row = running_row(gq, job_id, lambda r: r["progress_source"] == "log" and r["eta_seconds"] is not None)
+    left = 60 - row["progress"] * 60
+    assert row["eta_seconds"] >= 0.5 * left * 0.1, row  # at 0.1 s a step or slower, not tqdm's 210/s
+    wait_state(gq, job_id, "done", timeout=30)
 
 
 def test_stray_100_percent_in_a_running_jobs_log(gq) -> None:

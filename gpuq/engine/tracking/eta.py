@@ -87,7 +87,7 @@ def log_reading(
         kept = progress.Reading.of(memo.get("reading"))
         if kept is not None or memo.get("reading") is None:
             return kept, memo
-    tail, mtime = spool.logs.tail(job, progress.TAIL_BYTES)
+    tail, mtime = progress.log_tail(spool, job, progress.TAIL_BYTES)  # this attempt's part only
     if not tail:
         return None, None
     reading = progress.from_log_text(tail.decode("utf-8", "replace"), mtime, epochs, [tuple(x) for x in seen])
@@ -108,12 +108,12 @@ def record(
     stored = spool.reports.read_samples(job.id) if stored is None else stored
     key = f"{reading.source}|{reading.counter or reading.kind}|{reading.total}"
     old = stored.get("points", []) if stored.get("key") == key else []
-    points = merge_points(old, extra + [(reading.at, reading.step)], progress.attempt_started(job))
+    run = attempt_of(spool, job, stored)
+    points = past_resume(merge_points(old, extra + [(reading.at, reading.step)], run.started), reading, run)
     incomplete = [x for x in stored.get("incomplete", []) if isinstance(x, list)]
     if reading.source == "log" and reading.total and reading.step < reading.total:
         if [reading.counter, reading.total] not in incomplete:
             incomplete = (incomplete + [[reading.counter, reading.total]])[-16:]
-    run = attempt_of(spool, job, stored)
     new = {
         "key": key,
         "points": [list(p) for p in points],
@@ -154,6 +154,23 @@ def merge_points(old: list[Any], new: list[tuple[float, float]], started: float)
             ordered = ordered[i:]
             break
     return ordered if len(ordered) <= MAX_POINTS else ordered[:1] + ordered[-(MAX_POINTS - 1) :]
+
+
+def counts_steps_in_log(reading: progress.Reading) -> bool:
+    return reading.source == "log" and reading.kind not in (*progress.EPOCH_KINDS, "N%")
+
+
+def past_resume(
+    points: list[tuple[float, float]], reading: progress.Reading, run: Attempt
+) -> list[tuple[float, float]]:
+    """The samples that show the pace of a resumed attempt: a bar in its log starts at 0 and jumps
+    to the step it resumed from in one update (HF Trainer's fast-forward), so a sample below that
+    step was taken before the jump, and the jump is no work. Kept whole when the counter has not
+    passed that step: it counts something else than the checkpoint's steps (a bar over epochs)."""
+    start = run.start_step
+    if not start or not counts_steps_in_log(reading) or reading.step < start:
+        return points
+    return [p for p in points if p[1] >= start]
 
 
 def _seconds_per_step(a: tuple[float, float], b: tuple[float, float]) -> Optional[float]:
@@ -249,7 +266,10 @@ def estimate(
     if not reading.total:
         return Estimate(reading, None, f"{where}: unknown: no total to measure against")
     rate, note = rate_of(points, window_weight)
-    if rate is None and reading.rate:
+    # tqdm's own rate is measured from the bar's start: in a resumed attempt it counts the jump to
+    # the step it resumed from as work (the samples, which begin past it, and the first look do not)
+    resumed = run is not None and run.start_step != 0.0
+    if rate is None and reading.rate and not (resumed and reading.source == "log"):
         rate, note = reading.rate, reading.rate_note
     if rate is None:
         rate, note = _first_look(reading, run, now)

@@ -51,6 +51,9 @@ EPOCHS_FLAGS = ("--num_train_epochs", "--num-train-epochs")
 BAR_EPOCH_RE = r"(?i)\bepochs?\b\s*[:=#]?\s*(\d+)(?:\s*(?:/|of)\s*(\d+))?"
 EPOCH_KINDS = ("Epoch N/M", "HF log (epoch)", "Epoch N")  # counters of epochs, not steps
 BAR_KIND = "tqdm"
+# Bars Hugging Face draws beside the training (saving or loading a model, fetching its files), by
+# their label: they count shards, weights or files, never the job's steps.
+SIDE_BAR_LABELS = ("writing model shards", "loading checkpoint shards", "loading weights", "fetching files")
 
 
 class Reading(NamedTuple):
@@ -200,9 +203,19 @@ def log_readings(text: str, epochs: Optional[float] = None) -> list[Found]:
         got = (hf[0], hf[1], hf[2], None, hf[3]) if hf else line_reading(line)
         if got and got[0].startswith(f"{BAR_KIND}:") and "epoch" in got[0]:
             found += bar_epoch(line)
-        if got:
+        if got and not side_counter(got[0], got[2]):
             found.append(got if len(got) == 5 else (*got, False))
     return found
+
+
+def side_counter(counter: str, total: Optional[float]) -> bool:
+    """A counter that is never the job's progress: one of HF's side bars (SIDE_BAR_LABELS), or one
+    that counts to at most 1 (the one shard of a small model's save bar, `0/1` then `1/1` at every
+    save: seen below its total, it would pass for a job at its end). Epoch counters are exempt: one
+    epoch of one is a whole run, which a bar within it measures."""
+    if counter.startswith(EPOCH_KINDS):
+        return False
+    return (total is not None and total <= 1) or counter.split(":", 1)[1].endswith(SIDE_BAR_LABELS)
 
 
 def bar_epoch(line: str) -> list[Found]:
@@ -256,10 +269,12 @@ def from_log_text(
     reading counts. Then:
     - a complete reading (N == M, 100%) is believed only if that counter was also seen below its
       total, in this tail or in `seen_incomplete` (earlier looks): a stray `100%` is not progress;
+    - HF's side bars and counters of at most one item are no counters at all (`side_counter`):
+      transformers 5's `save_model()` draws `Writing model shards 0/1` then `1/1` at every save;
     - a counter still open wins over one that completed (a dataset map, an eval loop or a download
       bar completes inside the training loop), the most recently updated one first;
-    - among counters that completed, one that earlier looks saw running wins: transformers 5's
-      `save_model()` draws a `Writing model shards 1/1` bar after the training bar's last step;
+    - among counters that completed, one that earlier looks saw running wins: an eval bar drawn
+      after the training bar's last step is not the run;
     - readings with a total win over those without (an HF loss dict gives only the epoch).
     `steps_only` leaves out epoch counters (Epoch N/M, HF's logged epoch).
     """
