@@ -286,7 +286,7 @@ def test_a_retried_attempt_shows_neither_the_last_attempts_progress_nor_its_jump
     row = running_row(gq, job_id, lambda r: r["progress_source"] == "log" and r["eta_seconds"] is not None)
     left = 60 - row["progress"] * 60
     assert row["eta_seconds"] >= 0.5 * left * 0.1, row  # at 0.1 s a step or slower, not tqdm's 210/s
-    wait_state(gq, job_id, "done", timeout=30)
+    gq.gpuq("kill", str(job_id))  # what it shows is checked; running to its end would prove nothing more
 
 
 def test_stray_100_percent_in_a_running_jobs_log(gq) -> None:
