@@ -96,3 +96,19 @@ def test_an_edit_of_cwd_or_cmd_chooses_the_python_again_but_keeps_a_python_given
     assert gq.state_of(found) == gq.state_of(given) == "done"
     assert f"with {sys.executable}" in gq.log(given) and "trained ['--x']" in gq.log(given)
     assert (exp_b / "venv-used").read_text() == "venv\n" and not (exp_a / "venv-used").exists()
+
+
+def test_an_edit_keeps_an_interpreter_the_user_typed(gq: Env) -> None:
+    """`gpuq add /usr/bin/python3 train.py` in a directory with a .venv: the python written is the
+    user's, not gpuq's choice; an edit of its command or directory used to replace it silently."""
+    exp_a, exp_b = gq.work / "expA", gq.work / "expB"
+    fake_venv(exp_a), fake_venv(exp_b)
+    for where in (exp_a, exp_b):
+        gq.script("train.py", TRAIN, where=where)
+    typed = gq.add("--hold", "--dir", str(exp_a), sys.executable, "train.py")
+    assert f"python     {sys.executable}\n" in gq.gpuq("show", str(typed)).stdout  # not "(from the nearest .venv)"
+    gq.gpuq("edit", str(typed), "--set", f'cmd=["{sys.executable}", "train.py", "7"]')
+    assert gq.job(typed)["cmd"] == [sys.executable, "train.py", "7"]
+    gq.gpuq("edit", str(typed), "--set", f"cwd={exp_b}")
+    assert gq.job(typed)["cmd"] == [sys.executable, "train.py", "7"]
+    assert f"python     {sys.executable}\n" in gq.gpuq("show", str(typed)).stdout

@@ -256,15 +256,47 @@ def test_an_urgent_whole_gpu_job_preempts_the_jobs_sharing_one_gpu_once(gq: Env)
     gq.start_worker("--watch")
     wait_for(lambda: all(steps_of(gq, i) >= 2 for i in ids), 30, what="four trainings to run")
     added = gq.gpuq("add", *trainer(gq, "W", "--urgent", steps=("--max_steps", "3")))
-    assert "are preempted and resumed after" in added.stdout and "(sharing GPU " in added.stdout, added.stdout
+    assert "are preempted and resumed after" in added.stdout and "(on GPU " in added.stdout, added.stdout
+    named = {int(i) for i in re.findall(r"#(\d+) [A-D]\b", added.stdout)}
     urgent = int(re.search(r"Job #(\d+)", added.stdout).group(1))
     gq.wait_state(urgent, "done", timeout=40)
     stopped = [i for i in ids if gq.job(i)["preemptions"]]
     wait_for(lambda: all(gq.state_of(i) == RUNNING for i in ids), 30, what="the two victims resumed")
     out = gq.worker_output()
-    assert len(stopped) == 2 and out.count("preempting job #") == 2, out
+    assert len(stopped) == 2 and out.count("preempting job #") == 2 and set(stopped) == named, (out, named)
     assert len({gq.job(i)["gpus"][0] for i in stopped}) == 1  # the two of one GPU
     for i in stopped:
         assert len(gq.job(i)["preemptions"]) == 1 and len(runs(gq, gq.job(i)["name"])) == 1
     for i in ids:
         gq.gpuq("kill", str(i))
+
+
+def test_add_names_every_job_the_gpus_an_urgent_job_needs_hold() -> None:
+    """A whole-GPU urgent job for two GPUs, two shared jobs on GPU 0 and one on GPU 1: all three go
+    (`add` named the two of GPU 0 only); for one GPU, the pair the worker would choose."""
+    a, b = _shared(1, 0, "2026-01-01T00:00:00+00:00"), _shared(2, 0, "2026-01-01T00:00:01+00:00")
+    c = _running(3, 1, "2026-01-01T00:00:02+00:00")
+    two = _job(4, urgent=True, gpu_request=2)
+    said = victims.foreseen(two, [a, b, c])
+    assert all(f"#{i} j{i}" in said for i in (1, 2, 3)) and "(on GPU 0,1)" in said, said
+    plan = Planner(look=lambda: _gpus(2)).plan(_snap([two], [a, b, c]), busy={})
+    assert sorted(victim.id for victim in plan.victims) == [1, 2, 3]
+    one = _job(4, urgent=True)
+    plan = Planner(look=lambda: _gpus(2)).plan(_snap([one], [a, b, c]), busy={})
+    assert f"job #{plan.victims[0].id} " in victims.foreseen(one, [a, b, c]) and len(plan.victims) == 1
+
+
+def test_an_urgent_job_whose_gpus_are_kept_preempts_no_more() -> None:
+    """Its victim gone, the GPU kept for it is taken by another program: it waits, and the job on
+    the other GPU (about to end) is not preempted in turn."""
+    foreign = GpuProcess(pid=999_999_999, used_memory_mib=20000)
+    gpus = (
+        Gpu(index=0, uuid="GPU-0", name="g", memory_total_mib=80000, memory_used_mib=20000, processes=(foreign,)),
+        Gpu(index=1, uuid="GPU-1", name="g", memory_total_mib=80000, memory_used_mib=0, processes=()),
+    )
+    look = GpuLook(gpus=gpus, source="fake", problem=None, at=time.time())
+    other = _running(2, 1, "2026-01-01T00:00:01+00:00")
+    urgent = _job(3, urgent=True)
+    kept = Planner(look=lambda: look).plan(_snap([urgent], [other]), {}, set(), (3, frozenset({0})))
+    assert kept.victims == [] and 3 in kept.waits
+    assert [v.id for v in Planner(look=lambda: look).plan(_snap([urgent], [other]), busy={}).victims] == [2]

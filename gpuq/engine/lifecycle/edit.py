@@ -116,7 +116,7 @@ def runs_with(job: Job, cmd: list[str], cwd: str, conda: Optional[str]) -> inter
     """The edited command as `gpuq add` would run it in `cwd` for the user who queued the job (with
     their shell's environment; a dropped job's: this one's PATH), the interpreter chosen again,
     except one given with `--python` or `--conda`, which the job keeps."""
-    chosen = interpreter.interpreter_in_front(job.cmd, job.interpreter_from)
+    chosen = interpreter.interpreter_in_front(job.cmd, job.interpreter_from, job.venv or job.conda)
     if chosen is not None and cmd[0] == chosen and cmd[1:2] and cmd[1].endswith(".py"):
         cmd = cmd[1:]  # gpuq's own choice, not the user's: made again for what runs where
     python = chosen if job.interpreter_from == interpreter.FROM_PYTHON else None

@@ -140,12 +140,14 @@ def resolve_dropped(
     return resolve_command(cmd[0], cmd[1:], cwd, python, conda, env)
 
 
-def interpreter_in_front(cmd: list[str], found_by: Optional[str]) -> Optional[str]:
-    """The interpreter gpuq put in front of a job's *.py script (its `--python`, or a path it found),
-    or None: a command whose first word was written so (`python3 train.py`) runs as written."""
+def interpreter_in_front(cmd: list[str], found_by: Optional[str], home: Optional[str]) -> Optional[str]:
+    """The interpreter gpuq put in front of a job's *.py script: its `--python`, or the `bin/python`
+    of the .venv or conda environment (`home`) it found; None for a command whose first word was
+    written so (`/usr/bin/python3 train.py`), which runs as written. A python gpuq found on PATH
+    cannot be told from one typed: it is kept as written too."""
     if len(cmd) < 2 or not cmd[1].endswith(".py") or found_by is None:
         return None
-    if found_by == FROM_PYTHON or (os.path.isabs(cmd[0]) and os.path.basename(cmd[0]).startswith("python")):
+    if found_by == FROM_PYTHON or (home is not None and cmd[0] == os.path.join(home, "bin", "python")):
         return cmd[0]
     return None
 

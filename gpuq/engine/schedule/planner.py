@@ -256,7 +256,9 @@ class Planner:
             seen = [(g.index, g.uuid) for g in look.gpus]
             plan.starts = self.turns.hold_back(plan.starts, plan.waits, seen)
         if mode == placement.GPUS:
-            self._victims(snap, ready, plan, holdings, own_pids, preempting, look, allowed)
+            served = kept_for[0] if kept_for is not None else None  # its preemptions were made: no more
+            asking = [job for job in ready if job.id != served]
+            self._victims(snap, asking, plan, holdings, own_pids, preempting, look, allowed)
         return plan
 
     def _cap_gate(self, holdings: list[Holding]) -> Optional[placement.Gate]:

@@ -79,20 +79,39 @@ def foreseen(urgent: Job, running: list[Job]) -> str:
             f"urgent: first in line; {NO_VICTIM.split(' (')[0]} (#{first.id} {first.name} has no checkpoint "
             "and is not --preemptible), so it waits for a free slot; `--urgent=force` preempts one anyway"
         )
+    if urgent.gpu_request and urgent.gpu_mem_mib is None:  # whole GPUs: the jobs on each GPU it empties
+        emptying = _emptying(urgent, in_preference(choices, urgent), running)
+        if len(emptying) > 1:
+            named = ", ".join(f"#{job.id} {job.name}" for job in emptying)
+            gpus = ",".join(sorted({str(g) for job in emptying for g in job.gpus or ()}))
+            over = [job for job in emptying if not how_it_continues(job)]
+            then = "; those without a checkpoint start over (--urgent=force)" if over else ""
+            return f"urgent: if no GPU is free, jobs {named} (on GPU {gpus}) are preempted and resumed after{then}"
+        chosen = emptying[0] if emptying else chosen
     how = how_it_continues(chosen)
     then = f"it continues {how}" if how else "it starts over (no checkpoint: --urgent=force)"
-    sharing = _sharing(urgent, chosen, choices)
-    if sharing:  # a whole GPU for it: every job sharing the GPU goes
-        named = " and ".join(f"#{job.id} {job.name}" for job in [chosen, *sharing])
-        gpu = ",".join(map(str, chosen.gpus or ()))
-        return f"urgent: if no GPU is free, jobs {named} (sharing GPU {gpu}) are preempted and resumed after"
     return f"urgent: if no slot is free, job #{chosen.id} {chosen.name} is preempted and resumed after; {then}"
 
 
-def _sharing(urgent: Job, chosen: Job, choices: list[Job]) -> list[Job]:
-    """The other jobs on `chosen`'s GPU that a whole-GPU urgent job preempts with it, if all may be."""
-    if urgent.gpu_mem_mib is not None or chosen.gpu_mem_mib is None or not chosen.gpus:
-        return []
-    others = [job for job in choices if job is not chosen and set(job.gpus or ()) & set(chosen.gpus)]
-    able = in_preference(choices, urgent)
-    return others if all(job in able for job in others) else []
+def _emptying(urgent: Job, preferred: list[Job], running: list[Job]) -> list[Job]:
+    """The jobs the worker would preempt to empty as many whole GPUs as `urgent` asks for, as it
+    chooses them (the first in preference until enough GPUs are empty, then as few as still do);
+    [] when preempting them all would not. GPUs that are free now are not known here."""
+    on: dict[int, set[int]] = {}
+    for job in running:
+        for gpu in job.gpus or ():
+            on.setdefault(gpu, set()).add(job.id)
+
+    def empties(chosen: list[Job]) -> bool:
+        ids = {job.id for job in chosen}
+        return sum(1 for jobs in on.values() if jobs <= ids) >= urgent.gpu_request
+
+    chosen: list[Job] = []
+    for victim in preferred:
+        chosen.append(victim)
+        if empties(chosen):
+            for job in chosen[:-1]:
+                if empties([other for other in chosen if other is not job]):
+                    chosen = [other for other in chosen if other is not job]
+            return chosen
+    return []

@@ -235,11 +235,13 @@ def within_epochs(found: list[Found], epochs: Optional[float]) -> list[Found]:
     """The bars that count within an epoch, read as the run's progress: a bar after an epoch counter
     (`Epoch 2/10`, on its line or in its description) counts that epoch's share, (N + bar) / M, as
     an epoch counter; the counter alone is left out once a bar has said more. N counts as epochs
-    done, as the counter alone does; at M (epochs counted from 1) the bar is in the last epoch, not
-    past it. Without M (Lightning's `Epoch 2:`, no --num_train_epochs) the bars give epochs without
-    a total: the bar's own fraction is one epoch's, not the run's."""
+    done, counted from 1 (Keras's `Epoch 1/3`, tqdm's `desc=f"Epoch {e + 1}/{n}"`: N - 1 done)
+    unless the tail shows an `Epoch 0/M` (then N done); never past the last epoch, so progress
+    that errs, errs low. Without M (Lightning's `Epoch 2:`, counted from 0, no --num_train_epochs)
+    the bars give epochs without a total: the bar's own fraction is one epoch's, not the run's."""
     out: list[Optional[Found]] = []
     epoch: Optional[tuple[int, Found]] = None  # the newest epoch counter, and where it is in `out`
+    from_zero = any(c.startswith("Epoch N/M:") and s == 0 for c, s, *_rest in found)
     for item in found:
         counter, step, total, rate, _finished = item
         if counter.startswith(("Epoch N/M:", "Epoch N:")):
@@ -248,6 +250,8 @@ def within_epochs(found: list[Found], epochs: Optional[float]) -> list[Found]:
         elif epoch and counter.startswith(f"{BAR_KIND}:") and total:
             place, (epoch_counter, number, epoch_total, _rate, _done) = epoch
             out[place] = None  # said better by the bar
+            if epoch_counter.startswith("Epoch N/M:") and not from_zero:
+                number = max(0.0, number - 1)  # counted from 1: the epoch under way is not done
             done = min(number, max(0.0, epoch_total - 1)) if epoch_total else number
             epoch_rate = rate / total if rate else None  # epochs per second
             out.append((f"{epoch_counter}+{counter}", done + min(step, total) / total, epoch_total, epoch_rate, False))
