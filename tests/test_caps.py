@@ -64,6 +64,18 @@ def test_a_job_over_the_cap_holds_no_gpu_for_the_jobs_behind_it(
 
 
 @needs_root
+def test_the_cap_counts_gpus_held_not_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cap 1: two 5G shares on one GPU hold one GPU (the second waited for "one of your jobs to end");
+    cap 2 on four GPUs: four 10G shares run, on at most two GPUs."""
+    _policy(tmp_path, monkeypatch, "[default]\nmax_gpus = 1\n")
+    plan = _plan(tmp_path, 2, (1, 5120), (1, 5120))
+    assert [(job.id, where.gpus) for job, where in plan.starts] == [(1, (0,)), (2, (0,))] and plan.waits == {}
+    _policy(tmp_path, monkeypatch, "[default]\nmax_gpus = 2\n")
+    plan = _plan(tmp_path, 4, *[(1, 10240)] * 4)
+    assert len(plan.starts) == 4 and len({g for _job, where in plan.starts for g in where.gpus}) <= 2
+
+
+@needs_root
 def test_a_job_the_cap_holds_back_is_first_in_line_and_smaller_ones_do_not_overtake_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -85,7 +85,7 @@ class _Admission:
     def __call__(self, decision: Placement, seen: GpuLook, live: Sequence[Lease], directory: LeaseDir) -> Any:
         rules = machine_policy.load(lambda line: say_once(line, _stderr))
         me = os.geteuid()
-        held = sum(1 for lease in live if lease.uid == me)
+        held = frozenset(lease.gpu_uuid for lease in live if lease.uid == me)
         uuid_of = {gpu.index: gpu.uuid for gpu in seen.gpus}
         cap = rules.of(user_name(me)).max_gpus
         why = turns.held_back(decision.gpus, uuid_of, directory.tickets(), directory, rules, cap, held)

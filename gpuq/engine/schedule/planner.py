@@ -231,7 +231,7 @@ class Planner:
         # before placement: a job the machine has no room for leaves its GPUs to the jobs behind it
         ready = list(self._room(snap, starting).admitted(ready, plan.waits))
         holdings, own_pids, cpu_lane = self._holdings(snap.running, busy)
-        gate = self._cap_gate(holdings) if mode == placement.GPUS else None
+        gate = self._cap_gate(holdings, look) if mode == placement.GPUS else None
         if mode == placement.UNREADABLE:
             blocked = placement.unreadable(look)
             decisions = {j.id: blocked if request_of(j).gpus else Placement(()) for j in ready}
@@ -261,9 +261,13 @@ class Planner:
             self._victims(snap, asking, plan, holdings, own_pids, preempting, look, allowed)
         return plan
 
-    def _cap_gate(self, holdings: list[Holding]) -> Optional[placement.Gate]:
+    def _cap_gate(self, holdings: list[Holding], look: gpu_info.GpuLook) -> Optional[placement.Gate]:
         """The machine policy's cap on this user's GPUs, kept as the jobs in line are placed."""
-        return self.turns.cap_gate(sum(len(h.gpus) for h in holdings), self._leased) if self.turns is not None else None
+        if self.turns is None:
+            return None
+        uuid_of = {gpu.index: gpu.uuid for gpu in look.gpus}
+        held = frozenset(uuid_of.get(index, str(index)) for h in holdings for index in h.gpus)
+        return self.turns.cap_gate(held, self._leased, uuid_of)
 
     def _room(self, snap: scheduler.QueueState, starting: Sequence[Job]) -> hostroom.Room:
         """The host memory and CPUs left: the cap less what running and starting jobs reserved."""

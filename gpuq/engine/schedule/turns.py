@@ -67,14 +67,14 @@ def held_back(
     directory: LeaseDir,
     policy: Policy,
     cap: Optional[int],
-    held: int,
+    held: frozenset[str],
 ) -> Optional[HeldBack]:
     """Why a start on the GPUs `chosen` (indexes; `uuid_of` names them) must wait, this user
-    holding `held` GPUs: their cap, or another user's turn on one of them; None if it may start.
-    A worker's jobs and `gpuq lease` are held back alike."""
+    holding the GPUs `held` (uuids; two shares of one GPU hold one): their cap, or another user's
+    turn on one of them; None if it may start. A worker's jobs and `gpuq lease` are held back alike."""
     if not chosen:
         return None
-    if cap is not None and held + len(chosen) > cap:
+    if cap is not None and len(held | {uuid_of.get(index, str(index)) for index in chosen}) > cap:
         return HeldBack(cap_reason(cap, len(chosen)), len(chosen) > cap, True)
     usage = lambda uids: directory.usage(uids, half_life=policy.half_life)  # noqa: E731
     me = os.geteuid()
@@ -93,18 +93,23 @@ class CapGate:
     GPUs already held waits for one of their jobs to end, and the GPU jobs behind it wait too, so that
     smaller ones do not take the room it waits for. The jobs it holds back go to `capped`."""
 
-    def __init__(self, cap: int, held: int, capped: set[int]) -> None:
-        self.cap, self.held, self.capped = cap, held, capped
+    def __init__(self, cap: int, held: frozenset[str], uuid_of: dict[int, str], capped: set[int]) -> None:
+        self.cap, self.held, self.uuid_of, self.capped = cap, held, uuid_of, capped
+        self.full = False  # a job waits for the cap: none behind it takes what frees under it
 
     def __call__(self, job_id: int, request: Request, decision: Decision) -> Decision:
-        if self.held + request.gpus > self.cap:  # whether GPUs are free for it or not
+        # GPUs held, not jobs: a share on a GPU already held takes none more; one not placed yet may need its own
+        if isinstance(decision, Placement):
+            after = self.held | {self.uuid_of.get(i, str(i)) for i in decision.gpus}
+            over = len(after) > self.cap
+        else:
+            after, over = self.held, len(self.held) + request.gpus > self.cap
+        if request.gpus > self.cap or self.full or over:
             self.capped.add(job_id)
             forever = request.gpus > self.cap
-            if not forever:
-                self.held = self.cap  # no overtaking: what frees under the cap is its first
+            self.full = self.full or not forever
             return Blocked(cap_reason(self.cap, request.gpus), forever)
-        if isinstance(decision, Placement):
-            self.held += len(decision.gpus)
+        self.held = after
         return decision
 
 
@@ -128,14 +133,17 @@ class Turns:
             say_once(str(exc), self.say)
             return None
 
-    def cap_gate(self, held_here: int, leased: Sequence[Leased]) -> Optional[CapGate]:
-        """This user's cap for one placement (None: no cap); `held_here`: GPUs this spool's jobs hold
-        or are starting on, to which their leases of other spools add."""
+    def cap_gate(
+        self, held_here: frozenset[str], leased: Sequence[Leased], uuid_of: dict[int, str]
+    ) -> Optional[CapGate]:
+        """This user's cap for one placement (None: no cap); `held_here`: the GPUs (uuids) this
+        spool's jobs hold or are starting on, to which their leases of other spools add."""
         self.capped = set()
         cap = self.cap()
         if cap is None:
             return None
-        return CapGate(cap, held_here + sum(1 for lease in leased if lease.lease.uid == self.me), self.capped)
+        elsewhere = {held.lease.gpu_uuid for held in leased if held.lease.uid == self.me}
+        return CapGate(cap, held_here | elsewhere, uuid_of, self.capped)
 
     def cap(self) -> Optional[int]:
         """This user's cap in the machine's policy (None: none)."""
@@ -165,7 +173,7 @@ class Turns:
         uuid_of = dict(gpus)
         kept = []
         for job, where in starts:
-            why = held_back(where.gpus or (), uuid_of, tickets, directory, policy, cap=None, held=0)
+            why = held_back(where.gpus or (), uuid_of, tickets, directory, policy, cap=None, held=frozenset())
             if why is None:
                 kept.append((job, where))
             else:
