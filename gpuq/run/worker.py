@@ -409,10 +409,13 @@ class Worker:
 
     def moving(self) -> bool:
         """Whether work may still appear: a job claimed but not running (a retry being moved back),
-        or one startable since. The claims are read before the look, so no move falls in between."""
+        one of ours running (started since the step's look), or one startable since. The claims are
+        read before the look, so no move falls in between."""
         held = [job_id for job_id in self.spool.claims.ids() if self.spool.claims.held(job_id)]
         snap, _ = read_queue(self.spool, self.view.cache)
         if any(snap.states.get(job_id) != RUNNING for job_id in held):
+            return True
+        if any(map(self._mine, snap.running)):  # one a supervisor handed on since the step's look
             return True
         return scheduler.has_startable_future(snap, self.waits)
 
