@@ -87,14 +87,19 @@ def test_a_job_the_cap_holds_back_is_first_in_line_and_smaller_ones_do_not_overt
     assert plan.waits[2] == Wait(_limit(2), False) and plan.waits[3] == Wait(_limit(2), False)
 
 
+def _cap_of_one_on_two_gpus(gq: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two simulated GPUs, and a machine policy capping each user at one, for the test's workers."""
+    Gpus(gq, fake_gpus(2))
+    gq.env[policy.POLICY_ENV] = str(_policy(tmp_path, monkeypatch, "[default]\nmax_gpus = 1\n"))
+
+
 @needs_root
 def test_a_worker_runs_the_jobs_behind_one_over_the_cap(
     gq: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The tester's queue: cap 1 on two GPUs, #1 asks for both, #2 a whole GPU, #3 a share: #2 and
     #3 run, and the worker, left with #1 alone, says it waits for good."""
-    Gpus(gq, fake_gpus(2))
-    gq.env[policy.POLICY_ENV] = str(_policy(tmp_path, monkeypatch, "[default]\nmax_gpus = 1\n"))
+    _cap_of_one_on_two_gpus(gq, tmp_path, monkeypatch)
     two = gq.add("--gpus", "2", "true")
     one, small = gq.add("true"), gq.add("--gpu-mem", "5G", "true")
     gq.start_worker()
@@ -134,8 +139,7 @@ def test_status_expects_a_job_the_cap_holds_back_when_the_users_job_ends(
     gq: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Cap 1 on two GPUs, A running with an ETA, B waiting for it: B starts when A ends, not now."""
-    Gpus(gq, fake_gpus(2))
-    gq.env[policy.POLICY_ENV] = str(_policy(tmp_path, monkeypatch, "[default]\nmax_gpus = 1\n"))
+    _cap_of_one_on_two_gpus(gq, tmp_path, monkeypatch)
     gq.script("paced.py", PACED)
     a, b = gq.add("paced.py", "60"), gq.add("paced.py", "2")
     gq.start_worker("--watch")
