@@ -30,18 +30,17 @@ class Dropbox:
 
     def dropped(self) -> list[str]:
         """`*.json` files in pending/ that are not (yet) gpuq job files: candidates for intake."""
-        return [name for name in self._foreign() if name.endswith(".json")]
+        return self.foreign()[0]
 
-    def ignored(self) -> list[str]:
-        """Other files in pending/ (notes, editor backups): never taken in, never touched."""
-        return [name for name in self._foreign() if not name.endswith(".json")]
-
-    def _foreign(self) -> list[str]:
+    def foreign(self) -> tuple[list[str], list[str]]:
+        """The files in pending/ that are not gpuq job files, from one listing: the dropped ones
+        (`*.json`) and the others (notes, editor backups), which are never taken in nor touched."""
         try:
             entries = os.listdir(self.layout.state_dir(PENDING))
         except FileNotFoundError:
-            return []
-        return sorted(n for n in entries if not n.startswith(".") and not is_job_name(n))
+            return [], []
+        names = sorted(n for n in entries if not n.startswith(".") and not is_job_name(n))
+        return [n for n in names if n.endswith(".json")], [n for n in names if not n.endswith(".json")]
 
     def leftovers(self) -> list[tuple[int, str]]:
         """(id, hidden name) of intakes a crash interrupted."""

@@ -140,11 +140,10 @@ def status(
 
         queue_eta.annotate(spool, rows, workers, time.time(), shown, done)  # progress, ETA, when pending ones start
     warned = warned_slurm + disk_warnings(spool, snap.running) + _idle_gpus(spool, rows)
-    warned += [
-        f"pending/{security.display(name)}: not taken in (only *.json files are jobs); left alone"
-        for name in spool.dropbox.ignored()
-    ]
-    dropped, rejected = spool.dropbox.dropped(), unseen_rejected(spool)
+    dropped, others = spool.dropbox.foreign()
+    left = "not taken in (only *.json files are jobs); left alone"
+    warned += [f"pending/{security.display(name)}: {left}" for name in others]
+    rejected = unseen_rejected(spool)
     return Status(workers, rows, hidden, hidden_failed, invalid, dropped, shown, warned, view, rejected)
 
 
