@@ -482,4 +482,6 @@ def test_show_of_a_job_preempted_twice_says_where_its_last_attempt_resumed_from(
     assert re.search(rf"\n  checkpoint +{re.escape(second)}\n", shown)
     assert re.search(rf"\n  last attempt resumed from +{re.escape(first)} ", shown) and "resumes from" not in shown
     assert f"resumes from {second}" in gq.gpuq("resume", str(jid)).stdout
-    gq.gpuq("kill", str(jid))  # it would run 100000 steps
+    # It would run 100000 steps; kill refuses a job the worker has not started yet.
+    wait_for(lambda: state_of(gq, jid) == "running", 20, what="the third attempt")
+    gq.gpuq("kill", str(jid))
