@@ -122,6 +122,27 @@ def test_a_missing_job_is_a_tool_error_with_gpuqs_message(spool_env: Env, name: 
     assert error(call(name, arguments)) == "no such job #99"
 
 
+@pytest.mark.parametrize(
+    "name, arguments",
+    [
+        ("hold", {"ids": [True]}),
+        ("cancel", {"ids": [True]}),
+        ("edit", {"id": True, "changes": ["priority=5"]}),
+        ("job", {"id": True}),
+        ("eta", {"id": True}),
+        ("add", {"cmd": ["true"], "after": [True]}),
+        ("hold", {"ids": [1.0]}),
+        ("hold", {"ids": ["1"]}),
+    ],
+)
+def test_a_job_id_that_is_no_json_integer_is_refused(spool_env: Env, name: str, arguments: dict) -> None:
+    """Python's bool is an int: true was taken as job #1, and acted on."""
+    gq = spool_env
+    first = gq.add("true")
+    assert "Input should be a valid integer" in error(call(name, arguments))
+    assert gq.files("pending") == [f"{first:06d}-work-true.json"] and gq.job(first)["priority"] == 0
+
+
 def test_the_changing_tools_act_on_the_queue(spool_env: Env) -> None:
     gq = spool_env
     first, second = gq.add("true"), gq.add("true")

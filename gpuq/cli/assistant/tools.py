@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Annotated, Any, Callable, NamedTuple, Optional, get_type_hints
+from typing import Annotated, Any, Callable, NamedTuple, Optional, Sequence, get_type_hints
 
 from pydantic import Field
 
@@ -31,8 +31,9 @@ READ, CHANGE, DESTROY = "read", "change", "destroy"  # a tool's effect
 
 LOG_LINES_DEFAULT, LOG_LINES_MAX = 50, 500
 LOG_CHARS_MAX = 64 * 1024  # a log of one endless line (tqdm without \r) must not flood the assistant
-JobIds = Annotated[list[int], Field(description="job ids", min_length=1)]
-JobId = Annotated[int, Field(description="the job id", gt=0)]
+Integer = Annotated[int, Field(strict=True)]  # JSON's true is no job #1, though Python's int takes it as 1
+JobIds = Annotated[list[Integer], Field(description="job ids", min_length=1)]
+JobId = Annotated[Integer, Field(description="the job id", gt=0)]
 
 
 class Tool(NamedTuple):
@@ -138,7 +139,7 @@ def log_tail(
     return {"id": id, "state": ref.state, "not_started": why, "log": text, "cut": cut}
 
 
-def eta(id: Annotated[Optional[int], Field(description="one job (default: every running and pending one)")] = None):
+def eta(id: Annotated[Optional[Integer], Field(description="one job (default: every running and pending one)")] = None):
     sp = spool()
     if id is not None:
         actions.get(sp, id)  # "no such job #N"
@@ -179,7 +180,7 @@ def add_parameters() -> list[inspect.Parameter]:
         if opt.help != HIDDEN and not opt.positional:
             helps.setdefault(opt.dest, []).append(f"`{opt.flags[-1]}`: {opt.help}")
     helps["notify_url"] = ["URLs its events are sent to, as `--notify URL`"]
-    types = get_type_hints(enqueue.Request)
+    types = dict(get_type_hints(enqueue.Request), after=Sequence[Integer], after_any=Sequence[Integer])
     params = []
     for name in enqueue.Request._fields:
         if name not in NOT_ASKED:
