@@ -452,6 +452,24 @@ def test_history_of_a_job_preempted_twice_numbers_its_runs_and_says_where_each_r
     assert [a["resumed_from"] for a in data["attempts"]] == [e["resumed_from"] for e in entries]
 
 
+def test_history_of_one_job_plots_that_jobs_runs(gq: Any) -> None:
+    """`history ID --plot FILE` draws the job's runs, and no other job's (it printed `history ID`'s
+    text and wrote no file); an unknown id is refused as `history ID` refuses it, with no file."""
+    pytest.importorskip("matplotlib", reason="needs matplotlib (the plot extra)")
+    gq.script("boom.py", "raise ValueError('lr too high')\n")
+    gq.script("fine.py", "print('ok')\n")
+    bad, good = gq.add("--retries", "1", "boom.py"), gq.add("fine.py")
+    gq.gpuq("run")  # until the queue is empty
+    out = gq.work / "one.svg"
+    assert gq.gpuq("history", str(bad), "--plot", str(out)).stdout == f"wrote {out}: 2 runs\n"
+    bars = [i for i in svg_ids(out) if i.startswith("gpuq-run-")]
+    assert len(bars) == 2 and all(b.startswith(f"gpuq-run-{bad}-") for b in bars), bars
+    assert gq.gpuq("history", str(good), "--plot", str(out)).stdout == f"wrote {out}: 1 run\n"
+    missing = gq.gpuq("history", "99", "--plot", str(gq.work / "none.svg"), check=False)
+    assert (missing.returncode, missing.stderr) == (1, "gpuq: no such job #99\n")
+    assert not (gq.work / "none.svg").exists()
+
+
 def test_attempt_lines_number_by_place_and_say_where_each_resumed() -> None:
     entries = [
         attempt(0, 1, "preempted", 1),

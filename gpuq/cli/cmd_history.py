@@ -19,7 +19,7 @@ from gpuq.system.gpus import mib_text
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    if args.id is not None:
+    if args.id is not None and not args.plot:
         return _one_job(args.id, args.json)
     now = time.time()
     try:
@@ -30,7 +30,9 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.plot:
         from gpuq.cli.plot import plot  # the plot extra (matplotlib): only for --plot
 
-        chosen = [run for run in history.runs(pairs) if since is None or run.end >= since]
+        if args.id is not None:
+            get(spool(), args.id)  # "no such job #N", as `history ID` says
+        chosen = [r for r in history.runs(pairs) if (since is None or r.end >= since) and args.id in (None, r.job_id)]
         try:
             plot(chosen, args.plot, utilisation=gpuseries.of_runs(spool(), chosen))
         except ValueError as exc:

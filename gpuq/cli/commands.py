@@ -422,7 +422,7 @@ COMMANDS = (
                 "--plot",
                 metavar="FILE",
                 group="out",
-                help="draw a timeline into FILE.png or .svg (needs the plot extra)",
+                help="draw a timeline into FILE.png or .svg (with an id: its runs; needs the plot extra)",
             ),
         ),
     ),
