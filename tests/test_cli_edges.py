@@ -267,6 +267,29 @@ def test_add_while_the_worker_drains_says_the_job_waits_for_a_worker_to_run_agai
     assert "no worker is running" in gq.gpuq("add", "true").stderr
 
 
+# ---- an over-long path ---------------------------------------------------------------------------
+
+
+def test_an_over_long_path_is_refused_naming_it_and_nothing_is_queued(gq: Env) -> None:
+    """A name over 255 bytes, or a path over 4096 in all: `add ./NAME` exited 1 with the OS's `File
+    name too long`, `--dir` and a .py said "not found", `adopt --log` exited 1 as `add` did."""
+    name = "a" * 300
+    deep = "/".join(["c" * 200] * 25)  # each name fits; the whole does not
+    for args, what, path in (
+        (["--dir", f"/tmp/{name}", "true"], "--dir", f"/tmp/{name}"),
+        (["--dir", deep, "true"], "--dir", f"{gq.work}/{deep}"),
+        ([f"{name}.py"], "script", f"{gq.work}/{name}.py"),
+        ([f"./{name}", "--lr", "3"], "script", f"{gq.work}/./{name}"),
+        ([f"./{deep}/run.sh"], "script", f"{gq.work}/./{deep}/run.sh"),
+        (["--dry-run", f"./{name}"], "script", f"{gq.work}/./{name}"),
+    ):
+        proc = gq.gpuq("add", *args, check=False)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"gpuq add: {what}: path too long: {path}\n")
+    proc = gq.gpuq("adopt", str(os.getpid()), "--log", name, check=False)
+    assert (proc.returncode, proc.stderr) == (2, f"gpuq adopt: --log: path too long: {gq.work}/{name}\n")
+    assert gq.files("pending") == gq.files("running") == [] and gq.status_json() == []
+
+
 # ---- a whole command quoted as one word --------------------------------------------------------------
 
 

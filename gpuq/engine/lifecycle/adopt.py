@@ -17,6 +17,7 @@ from gpuq.core.states import RUNNING, SOURCE_ADOPT
 from gpuq.core.times import iso_of
 from gpuq.engine.lifecycle import repairs
 from gpuq.engine.lifecycle.enqueue import default_name
+from gpuq.engine.lifecycle.interpreter import refuse_too_long
 from gpuq.spool import JobRef, Spool
 from gpuq.system import procs
 
@@ -113,10 +114,11 @@ def adopt(spool: Spool, pid: int, name: Optional[str] = None, log: Optional[str]
 def _check_log(log: Optional[str]) -> Optional[str]:
     if log is None:
         return None
-    path = Path(log).expanduser().absolute()
-    if not path.is_file():
+    path = str(Path(log).expanduser().absolute())
+    if not os.path.isfile(path):
+        refuse_too_long("--log", path)
         raise AdoptError(f"--log {log}: no such file (give the file the process writes to)")
-    return str(path)
+    return path
 
 
 def _job(spool: Spool, info: dict[str, Any], name: Optional[str], log: Optional[str]) -> Job:

@@ -153,6 +153,7 @@ def prepare(request: Request) -> Prepared:
     """UsageError for anything wrong."""
     cwd = os.path.abspath(os.path.expanduser(request.dir)) if request.dir else os.getcwd()
     if not os.path.isdir(cwd):
+        interpreter.refuse_too_long("--dir", cwd)
         raise UsageError(f"directory not found: {cwd}")
     if not request.cmd:
         raise UsageError("say what to queue: a script or a command")

@@ -49,10 +49,20 @@ def exists(path: str) -> bool:
     try:
         os.stat(path)
     except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP, errno.ENAMETOOLONG):
             return False
         raise
     return True
+
+
+def refuse_too_long(what: str, path: str) -> None:
+    """EnqueueError if `path` is too long to look at (a name over 255 bytes, or over 4096 in all),
+    which os.path.isfile and isdir answer as they answer a missing file."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise EnqueueError(f"{what}: path too long: {path}") from None
 
 
 def find_venv(start: StrPath) -> Optional[str]:
@@ -79,6 +89,7 @@ def resolve_command(
     if any(c.isspace() for c in script) and script.strip() and not exists(path):
         raise EnqueueError(quoted_whole(script, args))
     if is_py and not os.path.isfile(path):
+        refuse_too_long("script", path)
         raise EnqueueError(f"script not found: {path}")
     venv, conda, found_by = find_environment(cwd, conda, env, need_python=is_py)
     home = venv or conda
@@ -87,6 +98,7 @@ def resolve_command(
     if not is_py:
         if "/" in script:
             if not exists(path):
+                refuse_too_long("script", path)
                 raise EnqueueError(f"script not found: {path}")
             if os.path.isdir(path):
                 raise EnqueueError(f"a directory, not a program: {path}")
