@@ -207,11 +207,11 @@ class _Play:
         self.ends: dict[int, Optional[float]] = {}  # running jobs, pending ones once placed; None: unknown
         self.out: dict[int, eta.Estimate] = {}
         self.cap = cap if CPU_LANE in slots else None  # without GPUs no job holds any
-        self.holding: list[tuple[int, Optional[float]]] = []  # (GPUs, until) of the jobs counted against the cap
+        self.holding: list[tuple[set[str], Optional[float]]] = []  # (GPUs, until) of the jobs counted against the cap
         for job, until in running:
             self.ends[job.id] = until
             if job.gpus:
-                self.holding.append((len(job.gpus), until))
+                self.holding.append(({str(g) for g in job.gpus}, until))
             for slot in _slots_of(job, slots):
                 if slot in self.free:
                     self.free[slot] = _later(self.free[slot], until)
@@ -271,8 +271,10 @@ class _Play:
         """Whether `count` GPUs more at `at` would be more than the cap lets this spool's jobs hold."""
         if self.cap is None:
             return False
-        held = sum(gpus for gpus, until in self.holding if until is None or until > at)
-        return held + count > self.cap
+        # GPUs held, not jobs (turns.CapGate): shares on one GPU count it once. A modelled job takes
+        # only free slots, none of which a job still held is on, so its `count` GPUs add to them.
+        held = set().union(*(gpus for gpus, until in self.holding if until is None or until > at))
+        return len(held) + count > self.cap
 
     def _ready(self, job: Job, own: Optional[float], unplaced: set[int]) -> Optional[float]:
         """When `job`'s dependencies allow it to start (None: one is unplaced or ends when unknown)."""
@@ -289,7 +291,7 @@ class _Play:
         for slot in taken:
             self.free[slot] = end
         if CPU_LANE not in taken:
-            self.holding.append((len(taken), end))
+            self.holding.append(({str(s) for s in taken}, end))
         self.ends[job.id] = end
         note = _queue_note(at, run, runs, _held_text(held_off, self.threshold), taken)
         self.out[job.id] = eta.Estimate(None, end, note, starts_in=at)
