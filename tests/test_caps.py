@@ -123,6 +123,18 @@ def test_the_queue_eta_keeps_the_cap() -> None:
     assert unknown[2].starts_in is None and unknown[2].method.startswith("start unknown")
 
 
+def test_the_queue_eta_counts_gpus_held_not_jobs() -> None:
+    """Cap 2, two shares running on GPU 0: they hold one GPU, so a whole-GPU job takes GPU 1 now, as
+    placement starts it (the ETA counted two GPUs held and expected it once both shares ended)."""
+    shares = [Job({"id": n, "gpus": [0], "slot": "0", "gpu_mem_mib": 5120}) for n in (1, 2)]
+    whole = Job({"id": 3, "cmd": ["w"], "cwd": "/w", "after": [], "gpu_request": 1})
+    slots = ["0", "1", queue_eta.CPU_LANE]
+    plan = queue_eta.plan_queue([(shares[0], 10.0), (shares[1], 20.0)], [(whole, None)], slots, {}, cap=2)
+    assert plan[3].starts_in == 0.0, plan[3].method
+    one = queue_eta.plan_queue([(shares[0], 10.0), (shares[1], 20.0)], [(whole, None)], slots, {}, cap=1)
+    assert one[3].starts_in == 20.0  # cap 1: GPU 0 is held until both shares have ended
+
+
 def test_the_cap_for_the_eta_is_the_workers_less_the_users_leases_elsewhere() -> None:
     def view(cap: Any, spool: str, uid: int = os.geteuid()) -> dict:
         return {"max_gpus": cap, "gpus": [{"index": 0, "leases": [{"uid": uid, "spool": spool}]}]}

@@ -5,6 +5,7 @@ it, and installing it never loses a copy the user changed."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import signal
@@ -84,10 +85,30 @@ def test_install_keeps_a_changed_copy_and_says_so(gq: Env, tmp_path: Path) -> No
     kept = gq.gpuq("skill", "install", "--dest", str(dest)).stdout
     assert kept.startswith(f"kept your changed {installed}") and installed.read_text() == mine
     assert (dest / "gpuq.md.new").read_text().startswith(SKILL.read_text())
+    assert sorted(os.listdir(dest)) == ["gpuq.md", "gpuq.md.new"]  # what it said it left
 
     replaced = gq.gpuq("skill", "install", "--dest", str(dest), "--force").stdout
     assert "yours is now" in replaced and (dest / "gpuq.md.bak").read_text() == mine
     assert installed.read_text().startswith(SKILL.read_text())
+    assert sorted(os.listdir(dest)) == ["gpuq.md", "gpuq.md.bak"]  # the earlier .new went with yours
+
+
+def test_a_new_version_left_beside_goes_once_installed_unless_changed(gq: Env, tmp_path: Path) -> None:
+    """You took the new version (copied it over yours): the next install is up to date and removes
+    it; one you changed is yours, and stays."""
+    dest = tmp_path / "commands"
+    installed, beside = dest / "gpuq.md", dest / "gpuq.md.new"
+    dest.mkdir()
+    installed.write_text("mine\n")
+    assert gq.gpuq("skill", "install", "--dest", str(dest)).stdout.startswith("kept your changed")
+    installed.write_text(beside.read_text())
+    assert "already up to date" in gq.gpuq("skill", "install", "--dest", str(dest)).stdout
+    assert sorted(os.listdir(dest)) == ["gpuq.md"]
+    installed.write_text("mine\n")
+    gq.gpuq("skill", "install", "--dest", str(dest))
+    beside.write_text(beside.read_text() + "my note\n")
+    gq.gpuq("skill", "install", "--dest", str(dest), "--force")
+    assert sorted(os.listdir(dest)) == ["gpuq.md", "gpuq.md.bak", "gpuq.md.new"]
 
 
 def test_an_unchanged_older_copy_is_updated(gq: Env, tmp_path: Path) -> None:

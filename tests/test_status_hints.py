@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -52,6 +53,27 @@ def test_without_a_worker_only_jobs_a_worker_could_start_are_counted(gq: Env) ->
     )
     gq.add("--after", str(first), "ok.py")  # a worker starts it too, after the first
     assert "— 2 pending jobs will not start until `gpuq run`" in _first_line(gq)
+
+
+def test_a_stopped_worker_is_said_stopped_and_promises_no_start(gq: Env) -> None:
+    """A worker stopped by Ctrl-Z or SIGSTOP is alive (its locks held) but starts nothing: status,
+    its JSON and `eta` say so and how to continue it, not "starts ~0s"; continued, it starts the job."""
+    worker = gq.start_worker("--watch")
+    wait_for(lambda: _first_line(gq).startswith("worker: running"), what="the worker to register")
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: _first_line(gq).startswith("worker: stopped"), what="status to see it stopped")
+        job = gq.add("true")
+        how = f"it starts no job until it is continued: `kill -CONT {worker.pid}` (or `fg` in its terminal)"
+        assert _first_line(gq).endswith(f"(gpus: all, watching; stopped: Ctrl-Z or SIGSTOP) — {how}")
+        row = next(r for r in gq.status_json() if r["id"] == job)
+        assert row["state"] == "pending" and row["starts_in_seconds"] is None
+        assert row["eta_method"] == f"unknown: the worker is stopped (Ctrl-Z or SIGSTOP); {how}"
+        assert how in gq.gpuq("eta").stdout and "starts ~" not in _row(gq, job)
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    gq.wait_state(job, "done")
+    assert _first_line(gq).startswith("worker: running") and "stopped" not in _first_line(gq)
 
 
 def test_the_footer_says_how_many_hidden_finished_jobs_failed(gq: Env) -> None:

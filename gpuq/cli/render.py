@@ -27,7 +27,7 @@ from gpuq.core.states import (
     TABLE,
 )
 from gpuq.core.times import duration, parse_iso
-from gpuq.core.words import dependencies_text, plural
+from gpuq.core.words import dependencies_text, plural, stopped_text
 
 IN_LINE = (RUNNING, PENDING, HELD)  # rows shown first, by id (engine/views/status.py's order)
 SUMMED = (DONE, RUNNING, PENDING, HELD, FAILED)  # counted in every folded sweep's line (PENDING, HELD: waiting)
@@ -295,8 +295,11 @@ def worker_line(workers: list[dict[str, Any]], outlook: tuple[int, int, int] = (
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(w.get("started", time.time())))
         gpus = ",".join(w["gpus"]) if w.get("gpus") else "all"
         mode = ", draining: starting nothing new" if w.get("draining") else (", watching" if w.get("watch") else "")
-        parts.append(f"pid {w.get('pid')} since {since} (gpus: {gpus}{mode})")
-    return "worker: running, " + "; ".join(parts)
+        stopped = "; stopped: Ctrl-Z or SIGSTOP" if w.get("stopped") else ""  # alive, yet it starts nothing
+        parts.append(f"pid {w.get('pid')} since {since} (gpus: {gpus}{mode}{stopped})")
+    asleep = [w["pid"] for w in workers if w.get("stopped")]
+    line = f"worker: {'stopped' if len(asleep) == len(workers) else 'running'}, " + "; ".join(parts)
+    return line + (f" — {stopped_text(asleep)}" if asleep else "")
 
 
 def _without_worker(startable: int, later: int, blocked: int) -> str:

@@ -68,3 +68,12 @@ def lease_text(who: str, mem_mib: Optional[int], since: float) -> str:
     if mem_mib is None:
         return f"leased whole by {who} since {at}"
     return f"{mib_text(mem_mib)} leased by {who} since {at}"
+
+
+def stopped_text(pids: list[int]) -> str:
+    """What stopped workers (Ctrl-Z, SIGSTOP) mean for the queue, and how to continue them."""
+    one = len(pids) == 1
+    return (
+        f"{'it starts' if one else 'they start'} no job until {'it is' if one else 'they are'} continued: "
+        f"`kill -CONT {' '.join(map(str, pids))}` (or `fg` in {'its' if one else 'their'} terminal)"
+    )

@@ -1,6 +1,7 @@
 """Installing a file that the user may later edit (the assistant skill), never losing their edits:
 the copy ends with the hash of what gpuq wrote; a changed copy is kept (the new one beside it as
-NAME.new) or, with `force`, moved to NAME.bak first."""
+NAME.new) or, with `force`, moved to NAME.bak first. A NAME.new left by an earlier install goes
+once the copy is installed, unless the user changed it."""
 
 from __future__ import annotations
 
@@ -39,11 +40,16 @@ def stamped(text: str) -> str:
 
 def install(path: Path, text: str, force: bool = False) -> Installed:
     """Install `text` at `path` as described above."""
+    done = _install(path, text, force)
+    beside = path.with_name(path.name + ".new")
+    if done.action != "kept" and beside.is_file() and _untouched(_read(beside) or ""):
+        beside.unlink()  # an earlier install's new version, left beside a copy it no longer stands for
+    return done
+
+
+def _install(path: Path, text: str, force: bool) -> Installed:
     new = stamped(text)
-    try:
-        old: Optional[str] = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        old = None
+    old = _read(path)
     if old is None:
         _write(path, new)
         return Installed(path, "created")
@@ -60,6 +66,13 @@ def install(path: Path, text: str, force: bool = False) -> Installed:
     beside = path.with_name(path.name + ".new")
     _write(beside, new)
     return Installed(path, "kept", beside)
+
+
+def _read(path: Path) -> Optional[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
 
 
 def _untouched(text: str) -> bool:

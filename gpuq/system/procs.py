@@ -52,6 +52,24 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (SIGSTOP, Ctrl-Z, a debugger): its state in /proc, which costs
+    `status` no psutil; psutil's where there is no /proc (macOS)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:  # "PID (COMM) STATE ...": COMM may hold ") "
+            return fh.read().rpartition(b")")[2].split()[:1] in ([b"T"], [b"t"])
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return False  # gone since
+    except OSError:
+        return False
+    psutil = load_psutil()
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
 def create_time(pid: int) -> Optional[float]:
     psutil = load_psutil()
     try:

@@ -9,7 +9,7 @@ from typing import Any, Optional
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING, RAY, RUNNING, SLURM
 from gpuq.core.times import duration, median, parse_iso
-from gpuq.core.words import lease_text
+from gpuq.core.words import lease_text, stopped_text
 from gpuq.engine.schedule import diskguard, scheduler
 from gpuq.engine.tracking import eta
 from gpuq.spool import Spool
@@ -19,6 +19,7 @@ from gpuq.spool.kept import summarise
 CPU_LANE = "cpu"  # with GPUs, CPU jobs run one at a time beside them (engine/schedule/planner.py)
 # placement.DEFAULT_FOREIGN_THRESHOLD_MIB, for views that do not say the worker's own
 DEFAULT_FOREIGN_THRESHOLD_MIB = 1024
+NO_WORKER = "unknown: no worker is running (`gpuq run`)"
 RUNS = RECENT_RUNS  # a pending job's run time: the median of the newest RUNS successful runs of its command
 
 
@@ -149,13 +150,14 @@ def plan_queue(
     outside: Optional[dict[str, Outside]] = None,
     threshold: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
     cap: Optional[int] = None,
+    idle: str = NO_WORKER,
 ) -> dict[int, eta.Estimate]:
     """Expected start and end (seconds from now, None = unknown) of each pending job: `running`,
     (job, seconds until it ends), and `pending`, (job, scheduler wait) in queue order, played
     forward (`_Play`); whatever depends on an unknown is unknown. `outside`: outside_memory's;
-    `cap`: gpu_cap's."""
+    `cap`: gpu_cap's; `idle`: the method of every job when no slot is served."""
     if not slots:
-        return {j.id: eta.Estimate(None, None, "unknown: no worker is running (`gpuq run`)") for j, _w in pending}
+        return {j.id: eta.Estimate(None, None, idle) for j, _w in pending}
     play = _Play(slots, running, durations, outside or {}, threshold, cap)
     waiting = []
     for job, wait in pending:
@@ -205,11 +207,11 @@ class _Play:
         self.ends: dict[int, Optional[float]] = {}  # running jobs, pending ones once placed; None: unknown
         self.out: dict[int, eta.Estimate] = {}
         self.cap = cap if CPU_LANE in slots else None  # without GPUs no job holds any
-        self.holding: list[tuple[int, Optional[float]]] = []  # (GPUs, until) of the jobs counted against the cap
+        self.holding: list[tuple[set[str], Optional[float]]] = []  # (GPUs, until) of the jobs counted against the cap
         for job, until in running:
             self.ends[job.id] = until
             if job.gpus:
-                self.holding.append((len(job.gpus), until))
+                self.holding.append(({str(g) for g in job.gpus}, until))
             for slot in _slots_of(job, slots):
                 if slot in self.free:
                     self.free[slot] = _later(self.free[slot], until)
@@ -269,8 +271,10 @@ class _Play:
         """Whether `count` GPUs more at `at` would be more than the cap lets this spool's jobs hold."""
         if self.cap is None:
             return False
-        held = sum(gpus for gpus, until in self.holding if until is None or until > at)
-        return held + count > self.cap
+        # GPUs held, not jobs (turns.CapGate): shares on one GPU count it once. A modelled job takes
+        # only free slots, none of which a job still held is on, so its `count` GPUs add to them.
+        held = set().union(*(gpus for gpus, until in self.holding if until is None or until > at))
+        return len(held) + count > self.cap
 
     def _ready(self, job: Job, own: Optional[float], unplaced: set[int]) -> Optional[float]:
         """When `job`'s dependencies allow it to start (None: one is unplaced or ends when unknown)."""
@@ -287,7 +291,7 @@ class _Play:
         for slot in taken:
             self.free[slot] = end
         if CPU_LANE not in taken:
-            self.holding.append((len(taken), end))
+            self.holding.append(({str(s) for s in taken}, end))
         self.ends[job.id] = end
         note = _queue_note(at, run, runs, _held_text(held_off, self.threshold), taken)
         self.out[job.id] = eta.Estimate(None, end, note, starts_in=at)
@@ -361,15 +365,21 @@ def annotate(
     durations = past_durations(spool, {eta.command_key(r.job) for r in pending}, finished)
     shown = gpus["gpus"] if gpus else []
     threshold = gpus.get("foreign_threshold_mib") if gpus else None
+    # a stopped worker (Ctrl-Z, SIGSTOP: status's `stopped`) starts nothing until it is continued
+    awake, asleep = [w for w in workers if not w.get("stopped")], [w["pid"] for w in workers if w.get("stopped")]
     plan = plan_queue(
         [(r.job, r.estimate.eta_seconds) for r in running],
         [(r.job, _wait_of(r)) for r in pending],
-        worker_slots(workers, [g["index"] for g in shown]),
+        worker_slots(awake, [g["index"] for g in shown]),
         durations,
         now,
         outside_memory(shown, spool.home),
         threshold if isinstance(threshold, int) else DEFAULT_FOREIGN_THRESHOLD_MIB,
         gpu_cap(gpus, spool.home),
+        f"unknown: the {'worker is' if len(asleep) == 1 else 'workers are'} stopped (Ctrl-Z or SIGSTOP); "
+        f"{stopped_text(asleep)}"
+        if asleep and not awake
+        else NO_WORKER,
     )
     for row in pending:
         row.estimate = plan.get(row.job.id)

@@ -16,7 +16,7 @@ from gpuq.engine.tracking import gpuuse
 from gpuq.spool import JobRef, Spool
 from gpuq.spool.cache.index import Finished, FinishedRows
 from gpuq.spool.files import MIN_FREE_TO_START
-from gpuq.system import security
+from gpuq.system import procs, security
 
 RECENT_FINISHED = 10
 LOOKS = 3  # listings taken at most while jobs keep moving under one `gpuq status`
@@ -134,6 +134,8 @@ def status(
         rows += _row_of(spool, ref, damaged)
     rows.sort(key=lambda r: (r.state not in IN_LINE, r.job.id))  # held ones in their place in line
     workers = spool.workers.live()
+    for worker in workers:  # one look at each worker's state: a stopped one (Ctrl-Z) starts nothing
+        worker["stopped"] = isinstance(worker.get("pid"), int) and procs.stopped(worker["pid"])
     shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old
     if any(r.state in (RUNNING, PENDING, SLURM, RAY) for r in rows):  # else there is nothing to estimate
         from gpuq.engine.tracking import queue_eta  # the ETA subsystem: only when a job runs or waits
