@@ -28,7 +28,7 @@ from gpuq.core.states import (
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.timespec import format_duration
 from gpuq.core.transitions import describe_preemption
-from gpuq.core.words import plural, url_text
+from gpuq.core.words import plural, stopping_text, url_text
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.actions import sweep_jobs
 from gpuq.engine.schedule import diskguard, hostroom, scheduler
@@ -152,9 +152,10 @@ def _state(spool: Spool, state: str, job: Job) -> list[Line]:
         why = why_waiting(spool, state, job)
     elif state == RUNNING:
         where = f"GPU {job.slot}" if job.slot is not None else ("CPU" if job.gpus == [] else "")
-        why = ", ".join(
-            p for p in (f"pid {job.pid}" if job.pid else "starting", where, f"on {job.host}" if job.host else "") if p
-        )
+        asked = spool.control.asked(job.id, since=parse_iso(job.started_at))  # being killed or preempted
+        stopping = stopping_text(*asked, time.time()) if asked else ""
+        pid = f"pid {job.pid}" if job.pid else "starting"
+        why = ", ".join(p for p in (stopping, pid, where, f"on {job.host}" if job.host else "") if p)
     elif state == SLURM and isinstance(job.slurm, dict):
         why = f"Slurm job {job.slurm.get('job_id') or '(being submitted)'}: {job.slurm.get('state')}"
     elif state == RAY and isinstance(job.ray, dict):

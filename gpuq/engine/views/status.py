@@ -23,7 +23,7 @@ LOOKS = 3  # listings taken at most while jobs keep moving under one `gpuq statu
 
 
 class Row:
-    __slots__ = ("job", "state", "wait", "estimate", "gpu_idle", "disk_wait")
+    __slots__ = ("job", "state", "wait", "estimate", "gpu_idle", "disk_wait", "stopping")
 
     def __init__(self, job: Job, state: str, wait: Optional[scheduler.Wait] = None) -> None:
         self.job, self.state, self.wait = job, state, wait
@@ -31,6 +31,8 @@ class Row:
         self.disk_wait: Optional[scheduler.Wait] = None
         self.estimate: Any = None  # running and pending rows: engine/tracking/eta.py's Estimate
         self.gpu_idle: list[tuple[int, float]] = []  # a running job's GPUs idle too long: (index, seconds)
+        # a running job being killed or preempted (its control request, and when it was made)
+        self.stopping: Optional[tuple[str, Optional[float]]] = None
 
 
 class CachedRow:
@@ -41,6 +43,7 @@ class CachedRow:
     wait = None
     estimate = None
     disk_wait = None
+    stopping = None
     gpu_idle: list[tuple[int, float]] = []
 
     def __init__(self, job_id: int, state: str, cells: tuple) -> None:
@@ -109,6 +112,8 @@ def status(
     # a job with a copy in a later state too (a crash mid-move) is shown in that state
     finished_jobs -= sum(1 for i in set(also_elsewhere) if snap.states[i] not in FINISHED)
     rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
+    for row in rows:  # one asked to end waits out its grace period (a preempted one saves) in running/
+        row.stopping = spool.control.asked(row.job.id, since=parse_iso(row.job.started_at))
     views = spool.workers.gpu_views()
     guarded = diskguard.waits(snap.pending)
     extra = {**guarded, **space_waits(spool, snap), **gpu_waits(views)}
