@@ -34,6 +34,9 @@ def past_durations(spool: Spool, keys: set[str], listing: Optional[Finished] = N
     return {key: [run for _id, run in sorted(by_id.items())[-RUNS:]] for key, by_id in found.items() if by_id}
 
 
+NO_WORKER = "no worker is running (`gpuq run`)"  # why a pending job has no start time without one
+
+
 def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None) -> list[Optional[str]]:
     """The slots live workers serve. With GPUs (`gpus`: the machine's indices): the GPUs they
     use and the CPU lane. Without: [None] for a whole-machine worker, else their --gpus labels."""
@@ -149,13 +152,14 @@ def plan_queue(
     outside: Optional[dict[str, Outside]] = None,
     threshold: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
     cap: Optional[int] = None,
+    no_slots: str = NO_WORKER,
 ) -> dict[int, eta.Estimate]:
     """Expected start and end (seconds from now, None = unknown) of each pending job: `running`,
     (job, seconds until it ends), and `pending`, (job, scheduler wait) in queue order, played
     forward (`_Play`); whatever depends on an unknown is unknown. `outside`: outside_memory's;
-    `cap`: gpu_cap's."""
+    `cap`: gpu_cap's; `no_slots`: why nothing starts without `slots`."""
     if not slots:
-        return {j.id: eta.Estimate(None, None, "unknown: no worker is running (`gpuq run`)") for j, _w in pending}
+        return {j.id: eta.Estimate(None, None, f"unknown: {no_slots}") for j, _w in pending}
     play = _Play(slots, running, durations, outside or {}, threshold, cap)
     waiting = []
     for job, wait in pending:
@@ -361,15 +365,17 @@ def annotate(
     durations = past_durations(spool, {eta.command_key(r.job) for r in pending}, finished)
     shown = gpus["gpus"] if gpus else []
     threshold = gpus.get("foreign_threshold_mib") if gpus else None
+    taking = [w for w in workers if not w.get("draining")]  # a draining worker starts nothing new
     plan = plan_queue(
         [(r.job, r.estimate.eta_seconds) for r in running],
         [(r.job, _wait_of(r)) for r in pending],
-        worker_slots(workers, [g["index"] for g in shown]),
+        worker_slots(taking, [g["index"] for g in shown]),
         durations,
         now,
         outside_memory(shown, spool.home),
         threshold if isinstance(threshold, int) else DEFAULT_FOREIGN_THRESHOLD_MIB,
         gpu_cap(gpus, spool.home),
+        scheduler.DRAINING if workers and not taking else NO_WORKER,
     )
     for row in pending:
         row.estimate = plan.get(row.job.id)

@@ -35,7 +35,7 @@ from gpuq.engine.schedule import diskguard, hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views import attempts
-from gpuq.engine.views.status import gpu_waits, space_waits
+from gpuq.engine.views.status import drain_waits, gpu_waits, space_waits
 from gpuq.spool import JobRef, Spool
 from gpuq.system.gpu_presence import may_have_gpus
 from gpuq.system.gpus import mib_text
@@ -113,11 +113,13 @@ def why_waiting(spool: Spool, state: str, job: Job) -> str:
     if state == HELD:
         return f"`gpuq release {job.id}` puts it back in line"
     snap, _ = read_queue(spool)
-    extra = {**diskguard.waits(snap.pending), **space_waits(spool, snap), **gpu_waits(spool.workers.gpu_views())}
+    live = spool.workers.live()
+    extra = {**drain_waits(live, snap), **diskguard.waits(snap.pending), **space_waits(spool, snap)}
+    extra.update(gpu_waits(spool.workers.gpu_views()))
     wait = scheduler.waiting_reasons(snap, extra).get(job.id)
     if wait is not None:
         return (scheduler.BLOCKED if wait.forever else "") + wait.reason
-    if not spool.workers.live():
+    if not live:
         return "no worker is running; `gpuq run --daemon` starts one"
     return "next in line for a worker"
 

@@ -111,12 +111,13 @@ def status(
             break  # else a job started or ended between the listing and its read: look again
     # a job with a copy in a later state too (a crash mid-move) is shown in that state
     finished_jobs -= sum(1 for i in set(also_elsewhere) if snap.states[i] not in FINISHED)
+    workers = spool.workers.live()
     rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
     for row in rows:  # one asked to end waits out its grace period (a preempted one saves) in running/
         row.stopping = spool.control.asked(row.job.id, since=parse_iso(row.job.started_at))
     views = spool.workers.gpu_views()
     guarded = diskguard.waits(snap.pending)
-    extra = {**guarded, **space_waits(spool, snap), **gpu_waits(views)}
+    extra = {**drain_waits(workers, snap), **guarded, **space_waits(spool, snap), **gpu_waits(views)}
     reasons = scheduler.waiting_reasons(snap, extra)
     name_the_first_in_line(snap, reasons)
     for job in scheduler.queue_order(snap.pending):
@@ -138,7 +139,6 @@ def status(
     for ref in finished:
         rows += _row_of(spool, ref, damaged)
     rows.sort(key=lambda r: (r.state not in IN_LINE, r.job.id))  # held ones in their place in line
-    workers = spool.workers.live()
     shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old
     if any(r.state in (RUNNING, PENDING, SLURM, RAY) for r in rows):  # else there is nothing to estimate
         from gpuq.engine.tracking import queue_eta  # the ETA subsystem: only when a job runs or waits
@@ -298,6 +298,15 @@ def space_waits(spool: Spool, snap: scheduler.QueueState) -> dict[int, scheduler
     if free >= MIN_FREE_TO_START or not snap.pending:
         return {}
     wait = scheduler.Wait(f"{diskguard.WAITING}: the spool's filesystem has {free // 1024} KiB free", False)
+    return {job.id: wait for job in snap.pending}
+
+
+def drain_waits(workers: list[dict[str, Any]], snap: scheduler.QueueState) -> dict[int, scheduler.Wait]:
+    """While every live worker drains (`gpuq stop --drain`), a pending job that waits for nothing
+    else waits for a worker that starts jobs again."""
+    if not workers or not all(worker.get("draining") for worker in workers):
+        return {}
+    wait = scheduler.Wait(scheduler.DRAINING, False)
     return {job.id: wait for job in snap.pending}
 
 
