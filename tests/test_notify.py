@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import REPO, Env, wait_for
+from conftest import REPO, WAIT_FOR_GO, Env, wait_for
 from test_gpu_worker import Gpus, add, fake_gpus, release
 
 from gpuq.cli import cmd_worker
@@ -277,3 +277,17 @@ def test_an_idle_gpu_and_a_still_job_reach_the_urls_and_on_finish(gq: Env, recei
     wait_for(lambda: events.read_text().split().count("finished") == 1, 15)
     send_failures = [line for line in gq.log(job_id).splitlines() if "not sent to" in line]
     assert send_failures == [f"=== gpuq: notification not sent to {refused.rsplit('/', 1)[0]}: not delivered"]
+
+
+def test_a_still_job_under_a_minute_is_said_still_in_seconds(gq: Env, receiver: Receiver) -> None:
+    gq.env["GPUQ_STUCK_MINUTES"] = "0.02"  # 1.2 s: it was said as "no progress for 0 min"
+    gq.script("wait.py", WAIT_FOR_GO)
+    gq.start_worker("--watch")
+    job_id = gq.add("--gpus", "0", "--notify", receiver.url("job"), "wait.py")
+    stuck = lambda: [m for m in receiver.at("job") if m["gpuq"]["event"] == "stuck"]  # noqa: E731
+    reason = wait_for(stuck, 20, what="the stuck message")[0]["gpuq"]["reason"]
+    said = re.fullmatch(r"no progress for (\d+)s \(its log and progress file did not change\)", reason)
+    assert said is not None and 1 <= int(said[1]) < 60, reason
+    assert f"=== gpuq: stuck: {reason}\n" in gq.log(job_id)
+    (gq.work / "go").write_text("")
+    gq.wait_state(job_id, "done")

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -485,3 +486,45 @@ def test_show_of_a_job_preempted_twice_says_where_its_last_attempt_resumed_from(
     # It would run 100000 steps; kill refuses a job the worker has not started yet.
     wait_for(lambda: state_of(gq, jid) == "running", 20, what="the third attempt")
     gq.gpuq("kill", str(jid))
+
+
+# A job that saves (until the test writes `go`) once told to stop, as a trainer saves its checkpoint.
+SAVES_UNTIL_GO = """import os, signal, sys, time
+def save_and_exit(*_):
+    open("termed", "w").close()
+    while not os.path.exists("go"):
+        time.sleep(0.02)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save_and_exit)
+open("started", "w").close()
+while True:
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.parametrize(
+    "command, shown, ends", [("preempt", "preempting", "preempted"), ("kill", "stopping", "cancelled")]
+)
+def test_a_job_being_preempted_or_killed_says_so_until_it_has_ended(gq, command: str, shown: str, ends: str) -> None:
+    gq.script("saves.py", SAVES_UNTIL_GO)
+    jid = gq.add("--gpus", "0", "saves.py")
+    gq.start_worker("--watch")
+    wait_for(lambda: (gq.work / "started").exists() and gq.job(jid).get("pid"), 20, what="the job to run")
+    row = lambda: next(r for r in gq.status_json() if r["id"] == jid)  # noqa: E731
+    assert row()["stopping"] is None
+    asked = subprocess.Popen(
+        [sys.executable, "-m", "gpuq", command, str(jid)], cwd=gq.work, env=gq.env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(lambda: (gq.work / "termed").exists(), 15, what="the job to be told to stop")
+        stopping = row()["stopping"]
+        assert stopping["action"] == command
+        assert parse_iso(gq.job(jid)["started_at"]) <= parse_iso(stopping["since"]) <= time.time()
+        (line,) = [line for line in gq.gpuq("status").stdout.splitlines() if line.split()[:1] == [str(jid)]]
+        assert f"  {shown} since " in line and "pid=" in line, line
+        assert f"  state      running: {shown} since " in gq.gpuq("show", str(jid)).stdout
+    finally:
+        (gq.work / "go").write_text("")
+        asked.communicate(timeout=30)
+    assert asked.returncode == 0
+    assert (row()["state"], row()["stopping"]) == (ends, None)

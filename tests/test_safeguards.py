@@ -100,6 +100,40 @@ def test_stop_drain_lets_the_running_job_finish_and_starts_none(gq: Env) -> None
     assert "drained" in gq.worker_output()
 
 
+# A job with progress (so an ETA, and a start time for the job behind it) until `finish` is written.
+PROGRESSING = f"""import os, sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+from gpuq.integrations import ProgressWriter
+w = ProgressWriter(min_interval=0)
+step = 0
+while not os.path.exists("finish"):
+    step += 1
+    w.update(step, 100000)
+    time.sleep(0.05)
+"""
+
+
+def test_while_the_worker_drains_a_pending_job_is_said_to_wait_for_it_with_no_start_time(gq: Env) -> None:
+    gq.script("progress.py", PROGRESSING)
+    running = gq.add("--gpus", "0", "progress.py")
+    waiting = gq.add("--gpus", "0", "true")
+    worker = gq.start_worker("--watch")
+    row = lambda: next(r for r in gq.status_json() if r["id"] == waiting)  # noqa: E731
+    wait_for(lambda: row()["starts_in_seconds"] is not None, 20, what="a start time behind the running job")
+    gq.gpuq("stop", "--drain")
+    wait_for(lambda: "draining" in gq.gpuq("status").stdout, 10, what="status to say the worker drains")
+    draining = "the worker is draining (`gpuq stop --drain`): it starts nothing new"
+    assert row()["waiting"].startswith(draining) and row()["starts_in_seconds"] is None
+    assert draining in row()["eta_method"]
+    (line,) = [line for line in gq.gpuq("status").stdout.splitlines() if line.split()[:1] == [str(waiting)]]
+    assert draining in line and "starts ~" not in line, line
+    assert f"  state      pending: {draining}" in gq.gpuq("show", str(waiting)).stdout
+    assert json.loads(gq.gpuq("triage", "--json", str(waiting)).stdout)["waiting_for"].startswith(draining)
+    (gq.work / "finish").write_text("")
+    assert worker.wait(20) == 0
+    assert gq.state_of(running) == "done" and gq.state_of(waiting) == "pending"
+
+
 def test_wait_returns_when_the_jobs_end_with_the_right_exit_code(gq: Env) -> None:
     gq.script("ok.py", "import time\ntime.sleep(0.5)\n")
     gq.script("bad.py", "raise SystemExit(4)\n")

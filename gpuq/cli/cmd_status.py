@@ -11,6 +11,7 @@ from typing import Any, Optional
 from gpuq.cli import render
 from gpuq.cli.common import spool
 from gpuq.core.job import Job
+from gpuq.core.times import iso_of
 from gpuq.engine.views.status import Row, status
 from gpuq.system import security
 
@@ -83,6 +84,8 @@ def json_row(row: Row) -> dict[str, Any]:
     out["min_free_bytes"] = job.min_free_bytes
     out["ckpt_bytes"] = job.ckpt_bytes
     out["disk_wait"] = row.disk_wait.reason if row.disk_wait else None
+    asked, at = row.stopping or (None, None)  # a running job being killed or preempted: since when
+    out["stopping"] = {"action": asked, "since": at and iso_of(at)} if asked else None
     return out
 
 

@@ -27,7 +27,7 @@ from gpuq.core.states import (
     TABLE,
 )
 from gpuq.core.times import duration, parse_iso
-from gpuq.core.words import dependencies_text, plural, stopped_text
+from gpuq.core.words import dependencies_text, plural, stopped_text, stopping_text
 
 IN_LINE = (RUNNING, PENDING, HELD)  # rows shown first, by id (engine/views/status.py's order)
 SUMMED = (DONE, RUNNING, PENDING, HELD, FAILED)  # counted in every folded sweep's line (PENDING, HELD: waiting)
@@ -100,7 +100,7 @@ def _add(columns: list[list[str]], row: Any, now: float) -> None:
             job.name,
             schema.display_script(job.cmd),
             duration(elapsed(job, now)),
-            _join(progress, info(job, row.state, row.wait)),
+            _join(progress, info(job, row.state, row.wait, row.stopping, now)),
         ]
     for column, cell in zip(columns, (str(job.id), SYMBOLS.get(row.state, "?"), *cells)):
         column.append(cell)
@@ -145,10 +145,19 @@ def elapsed(job: Job, now: float) -> Optional[float]:
     return end - start
 
 
-def info(job: Job, state: str, wait: Any = None) -> str:
+def info(
+    job: Job,
+    state: str,
+    wait: Any = None,
+    stopping: Optional[tuple[str, Optional[float]]] = None,
+    now: Optional[float] = None,
+) -> str:
+    """`stopping`: a running row's (request, asked at), from engine/views/status.py."""
     parts = []
     exit_code = None  # shown for the states after a run
     if state == RUNNING:
+        if stopping:
+            parts.append(stopping_text(stopping[0], stopping[1], time.time() if now is None else now))
         parts.append(f"pid={job.pid}" if job.pid else "starting")
         if job.gpus == []:
             parts.append("cpu job")

@@ -7,6 +7,9 @@ from __future__ import annotations
 import time
 from typing import Iterable, Optional
 
+from gpuq.core.states import PREEMPT_ACTIONS
+from gpuq.core.times import duration
+
 
 def plural(count: int, word: str, many: Optional[str] = None) -> str:
     """`1 step`, `0 steps`, `3 steps`; `many` for a word whose plural is not word + "s"."""
@@ -58,6 +61,15 @@ def mib_text(mib: int) -> str:
     if mib < 1024:
         return f"{mib} MiB"
     return f"{mib / 1024:.1f} GiB"
+
+
+def stopping_text(action: str, since: Optional[float], now: float) -> str:
+    """'preempting since 14:02:07 (12s)', 'stopping since ...': a running job someone asked to end
+    (`action`: its control request), while it saves and exits within its grace period."""
+    verb = "preempting" if action in PREEMPT_ACTIONS else "stopping"  # kill, cancel
+    if since is None:
+        return verb
+    return f"{verb} since {time.strftime('%H:%M:%S', time.localtime(since))} ({duration(max(0.0, now - since))})"
 
 
 def lease_text(who: str, mem_mib: Optional[int], since: float) -> str:

@@ -28,13 +28,19 @@ class ControlRequests:
 
     def peek(self, job_id: int, since: Optional[float] = None) -> Optional[str]:
         """The pending request for a job, left in place; with `since`, only one made from then on."""
+        asked = self.asked(job_id, since)
+        return asked[0] if asked else None
+
+    def asked(self, job_id: int, since: Optional[float] = None) -> Optional[tuple[str, Optional[float]]]:
+        """As `peek`, with when it was asked (None: the note does not say)."""
         found = read_object(self.layout.control_path(job_id)) or {}
         action, at = found.get("action"), found.get("at")
-        if since is not None and isinstance(at, (int, float)) and at < since:
+        at = float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None
+        if since is not None and at is not None and at < since:
             return None  # meant for an earlier run of the job, which had ended already
-        if action == KILL and found.get("by") == CANCEL:
-            return CANCEL
-        return action if isinstance(action, str) else None
+        if not isinstance(action, str):
+            return None
+        return (CANCEL if action == KILL and found.get("by") == CANCEL else action), at
 
     def take(self, job_id: int, since: Optional[float] = None) -> Optional[str]:
         """The pending request for a job (made since `since`, when given), consumed."""

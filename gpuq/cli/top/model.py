@@ -121,7 +121,7 @@ def _job_line(row: Any, now: float, utils: dict[int, Optional[int]]) -> JobLine:
     else:
         ran = duration(render.elapsed(job, now))
         progress = f"ran {ran}" if ran else ""
-    line = JobLine(job.id, row.state, job.name, progress, render.info(job, row.state, row.wait))
+    line = JobLine(job.id, row.state, job.name, progress, render.info(job, row.state, row.wait, row.stopping, now))
     line.job = job
     if row.state == RUNNING:
         line.fraction = row.estimate.fraction if row.estimate is not None else None

@@ -111,7 +111,7 @@ def _row(row: Any, rows: list[Any], utils: dict[int, Optional[int]]) -> dict[str
             "jobs": [_row(member, [], utils) for member in members],
         }
     out = json_row(row)
-    out["info"] = render.info(row.job, row.state, row.wait)
+    out["info"] = render.info(row.job, row.state, row.wait, row.stopping)
     out["progress_text"] = render.progress_text(row.estimate, row.state, bar=False)
     out["script"] = schema.display_script(row.job.cmd)
     if row.state == RUNNING:

@@ -140,7 +140,6 @@ def _env_added(job: Job) -> dict[str, str]:
 
 
 NO_WORKER = "no worker is running; `gpuq run --daemon` starts one"
-DRAINING = "the worker is draining (`gpuq stop --drain`): it starts nothing new; `gpuq run --daemon` once it has exited"
 
 
 def _start(now: bool, why: Optional[str], starts_in: Optional[float], estimate: str = "") -> dict[str, Any]:
@@ -176,7 +175,7 @@ def _would_start(spool: Spool, jobs: list[Job], state: str) -> dict[int, dict[st
         if wait is not None and wait.forever:  # whatever the workers do
             out[job.id] = _start(False, wait.reason, None, note)
         elif not workers:
-            out[job.id] = _start(False, DRAINING if live else NO_WORKER, None, note)
+            out[job.id] = _start(False, scheduler.DRAINING if live else NO_WORKER, None, note)
         elif wait is not None:
             out[job.id] = _start(False, wait.reason, starts_in, note)
         elif starts_in is not None and starts_in <= 0:

@@ -22,6 +22,9 @@ class Wait(NamedTuple):
 # How a reason that waits for good is shown (`gpuq status`, `show`, `triage`).
 BLOCKED = "blocked: "
 
+# Why a pending job does not start while every worker drains (`gpuq status`, `show`, `eta`, `add`).
+DRAINING = "the worker is draining (`gpuq stop --drain`): it starts nothing new; `gpuq run --daemon` once it has exited"
+
 # How placement starts the reason of a GPU job that waits behind the first in line (it fits only on
 # the GPUs kept for that job): `gpuq status` adds what that job needs.
 BEHIND = "waiting behind job #"

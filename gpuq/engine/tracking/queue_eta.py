@@ -19,7 +19,6 @@ from gpuq.spool.kept import summarise
 CPU_LANE = "cpu"  # with GPUs, CPU jobs run one at a time beside them (engine/schedule/planner.py)
 # placement.DEFAULT_FOREIGN_THRESHOLD_MIB, for views that do not say the worker's own
 DEFAULT_FOREIGN_THRESHOLD_MIB = 1024
-NO_WORKER = "unknown: no worker is running (`gpuq run`)"
 RUNS = RECENT_RUNS  # a pending job's run time: the median of the newest RUNS successful runs of its command
 
 
@@ -33,6 +32,9 @@ def past_durations(spool: Spool, keys: set[str], listing: Optional[Finished] = N
     for key in keys:
         found[key].update(done.runs.get(key, ()))
     return {key: [run for _id, run in sorted(by_id.items())[-RUNS:]] for key, by_id in found.items() if by_id}
+
+
+NO_WORKER = "no worker is running (`gpuq run`)"  # why a pending job has no start time without one
 
 
 def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None) -> list[Optional[str]]:
@@ -150,14 +152,14 @@ def plan_queue(
     outside: Optional[dict[str, Outside]] = None,
     threshold: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
     cap: Optional[int] = None,
-    idle: str = NO_WORKER,
+    no_slots: str = NO_WORKER,
 ) -> dict[int, eta.Estimate]:
     """Expected start and end (seconds from now, None = unknown) of each pending job: `running`,
     (job, seconds until it ends), and `pending`, (job, scheduler wait) in queue order, played
     forward (`_Play`); whatever depends on an unknown is unknown. `outside`: outside_memory's;
-    `cap`: gpu_cap's; `idle`: the method of every job when no slot is served."""
+    `cap`: gpu_cap's; `no_slots`: why nothing starts without `slots`."""
     if not slots:
-        return {j.id: eta.Estimate(None, None, idle) for j, _w in pending}
+        return {j.id: eta.Estimate(None, None, f"unknown: {no_slots}") for j, _w in pending}
     play = _Play(slots, running, durations, outside or {}, threshold, cap)
     waiting = []
     for job, wait in pending:
@@ -340,6 +342,15 @@ def _queue_note(
     return f"{when}; runs ~{duration(run)} (median of {runs} earlier run{'s' if runs > 1 else ''})"
 
 
+def _no_slots(workers: list[dict[str, Any]], asleep: list[int]) -> str:
+    """Why no worker takes a pending job (plan_queue's `no_slots`): none runs, every one is stopped
+    (Ctrl-Z), or each drains or is stopped."""
+    if asleep and len(asleep) == len(workers):
+        are = "worker is" if len(asleep) == 1 else "workers are"
+        return f"the {are} stopped (Ctrl-Z or SIGSTOP); {stopped_text(asleep)}"
+    return scheduler.DRAINING if workers else NO_WORKER
+
+
 def annotate(
     spool: Spool,
     rows: list[Any],
@@ -365,21 +376,19 @@ def annotate(
     durations = past_durations(spool, {eta.command_key(r.job) for r in pending}, finished)
     shown = gpus["gpus"] if gpus else []
     threshold = gpus.get("foreign_threshold_mib") if gpus else None
-    # a stopped worker (Ctrl-Z, SIGSTOP: status's `stopped`) starts nothing until it is continued
-    awake, asleep = [w for w in workers if not w.get("stopped")], [w["pid"] for w in workers if w.get("stopped")]
+    # a stopped worker (Ctrl-Z, SIGSTOP: status's `stopped`) or a draining one starts nothing new
+    taking = [w for w in workers if not w.get("draining") and not w.get("stopped")]
+    asleep = [w["pid"] for w in workers if w.get("stopped")]
     plan = plan_queue(
         [(r.job, r.estimate.eta_seconds) for r in running],
         [(r.job, _wait_of(r)) for r in pending],
-        worker_slots(awake, [g["index"] for g in shown]),
+        worker_slots(taking, [g["index"] for g in shown]),
         durations,
         now,
         outside_memory(shown, spool.home),
         threshold if isinstance(threshold, int) else DEFAULT_FOREIGN_THRESHOLD_MIB,
         gpu_cap(gpus, spool.home),
-        f"unknown: the {'worker is' if len(asleep) == 1 else 'workers are'} stopped (Ctrl-Z or SIGSTOP); "
-        f"{stopped_text(asleep)}"
-        if asleep and not awake
-        else NO_WORKER,
+        _no_slots(workers, asleep),
     )
     for row in pending:
         row.estimate = plan.get(row.job.id)

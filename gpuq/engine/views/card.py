@@ -28,14 +28,14 @@ from gpuq.core.states import (
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.timespec import format_duration
 from gpuq.core.transitions import describe_preemption
-from gpuq.core.words import plural, url_text
+from gpuq.core.words import plural, stopping_text, url_text
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.actions import sweep_jobs
 from gpuq.engine.schedule import diskguard, hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views import attempts
-from gpuq.engine.views.status import gpu_waits, space_waits
+from gpuq.engine.views.status import drain_waits, gpu_waits, space_waits
 from gpuq.spool import JobRef, Spool
 from gpuq.system.gpu_presence import may_have_gpus
 from gpuq.system.gpus import mib_text
@@ -113,11 +113,13 @@ def why_waiting(spool: Spool, state: str, job: Job) -> str:
     if state == HELD:
         return f"`gpuq release {job.id}` puts it back in line"
     snap, _ = read_queue(spool)
-    extra = {**diskguard.waits(snap.pending), **space_waits(spool, snap), **gpu_waits(spool.workers.gpu_views())}
+    live = spool.workers.live()
+    extra = {**drain_waits(live, snap), **diskguard.waits(snap.pending), **space_waits(spool, snap)}
+    extra.update(gpu_waits(spool.workers.gpu_views()))
     wait = scheduler.waiting_reasons(snap, extra).get(job.id)
     if wait is not None:
         return (scheduler.BLOCKED if wait.forever else "") + wait.reason
-    if not spool.workers.live():
+    if not live:
         return "no worker is running; `gpuq run --daemon` starts one"
     return "next in line for a worker"
 
@@ -152,9 +154,10 @@ def _state(spool: Spool, state: str, job: Job) -> list[Line]:
         why = why_waiting(spool, state, job)
     elif state == RUNNING:
         where = f"GPU {job.slot}" if job.slot is not None else ("CPU" if job.gpus == [] else "")
-        why = ", ".join(
-            p for p in (f"pid {job.pid}" if job.pid else "starting", where, f"on {job.host}" if job.host else "") if p
-        )
+        asked = spool.control.asked(job.id, since=parse_iso(job.started_at))  # being killed or preempted
+        stopping = stopping_text(*asked, time.time()) if asked else ""
+        pid = f"pid {job.pid}" if job.pid else "starting"
+        why = ", ".join(p for p in (stopping, pid, where, f"on {job.host}" if job.host else "") if p)
     elif state == SLURM and isinstance(job.slurm, dict):
         why = f"Slurm job {job.slurm.get('job_id') or '(being submitted)'}: {job.slurm.get('state')}"
     elif state == RAY and isinstance(job.ray, dict):

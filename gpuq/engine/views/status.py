@@ -23,7 +23,7 @@ LOOKS = 3  # listings taken at most while jobs keep moving under one `gpuq statu
 
 
 class Row:
-    __slots__ = ("job", "state", "wait", "estimate", "gpu_idle", "disk_wait")
+    __slots__ = ("job", "state", "wait", "estimate", "gpu_idle", "disk_wait", "stopping")
 
     def __init__(self, job: Job, state: str, wait: Optional[scheduler.Wait] = None) -> None:
         self.job, self.state, self.wait = job, state, wait
@@ -31,6 +31,8 @@ class Row:
         self.disk_wait: Optional[scheduler.Wait] = None
         self.estimate: Any = None  # running and pending rows: engine/tracking/eta.py's Estimate
         self.gpu_idle: list[tuple[int, float]] = []  # a running job's GPUs idle too long: (index, seconds)
+        # a running job being killed or preempted (its control request, and when it was made)
+        self.stopping: Optional[tuple[str, Optional[float]]] = None
 
 
 class CachedRow:
@@ -41,6 +43,7 @@ class CachedRow:
     wait = None
     estimate = None
     disk_wait = None
+    stopping = None
     gpu_idle: list[tuple[int, float]] = []
 
     def __init__(self, job_id: int, state: str, cells: tuple) -> None:
@@ -108,10 +111,13 @@ def status(
             break  # else a job started or ended between the listing and its read: look again
     # a job with a copy in a later state too (a crash mid-move) is shown in that state
     finished_jobs -= sum(1 for i in set(also_elsewhere) if snap.states[i] not in FINISHED)
+    workers = spool.workers.live()
     rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
+    for row in rows:  # one asked to end waits out its grace period (a preempted one saves) in running/
+        row.stopping = spool.control.asked(row.job.id, since=parse_iso(row.job.started_at))
     views = spool.workers.gpu_views()
     guarded = diskguard.waits(snap.pending)
-    extra = {**guarded, **space_waits(spool, snap), **gpu_waits(views)}
+    extra = {**drain_waits(workers, snap), **guarded, **space_waits(spool, snap), **gpu_waits(views)}
     reasons = scheduler.waiting_reasons(snap, extra)
     name_the_first_in_line(snap, reasons)
     for job in scheduler.queue_order(snap.pending):
@@ -133,7 +139,6 @@ def status(
     for ref in finished:
         rows += _row_of(spool, ref, damaged)
     rows.sort(key=lambda r: (r.state not in IN_LINE, r.job.id))  # held ones in their place in line
-    workers = spool.workers.live()
     for worker in workers:  # one look at each worker's state: a stopped one (Ctrl-Z) starts nothing
         worker["stopped"] = isinstance(worker.get("pid"), int) and procs.stopped(worker["pid"])
     shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old
@@ -295,6 +300,15 @@ def space_waits(spool: Spool, snap: scheduler.QueueState) -> dict[int, scheduler
     if free >= MIN_FREE_TO_START or not snap.pending:
         return {}
     wait = scheduler.Wait(f"{diskguard.WAITING}: the spool's filesystem has {free // 1024} KiB free", False)
+    return {job.id: wait for job in snap.pending}
+
+
+def drain_waits(workers: list[dict[str, Any]], snap: scheduler.QueueState) -> dict[int, scheduler.Wait]:
+    """While every live worker drains (`gpuq stop --drain`), a pending job that waits for nothing
+    else waits for a worker that starts jobs again."""
+    if not workers or not all(worker.get("draining") for worker in workers):
+        return {}
+    wait = scheduler.Wait(scheduler.DRAINING, False)
     return {job.id: wait for job in snap.pending}
 
 

@@ -10,7 +10,7 @@ import os
 import time
 from typing import Optional, Union
 
-from gpuq.core.times import parse_iso
+from gpuq.core.times import duration, parse_iso
 from gpuq.engine.tracking import gpuuse
 from gpuq.run import hooks
 from gpuq.run.notify.message import GPU_IDLE, STUCK
@@ -98,8 +98,8 @@ class Watch:
             self.moved_at, self.stuck_said = now, False
         elif not self.stuck_said and now - self.moved_at >= self.stuck_limit:
             self.stuck_said = True
-            minutes = (now - self.moved_at) / 60
-            self._event(STUCK, f"no progress for {minutes:.0f} min (its log and progress file did not change)")
+            still = duration(now - self.moved_at)  # `42s` under a minute (GPUQ_STUCK_MINUTES=0.5), not `0 min`
+            self._event(STUCK, f"no progress for {still} (its log and progress file did not change)")
         return False
 
     def _moved(self) -> bool:
