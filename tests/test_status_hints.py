@@ -202,3 +202,19 @@ def test_a_sweep_with_several_running_members_shows_each_without_bars() -> None:
     (folded,) = render.group_sweeps([member(1, "running", 30), member(2, "running", 55), member(3, "pending")])
     info = folded.cells[3]
     assert info.startswith("#1 30% ETA 1m00s, #2 55% ETA 2m00s  sweep of 3 over seed: 0 done, 2 running, 1 waiting")
+
+
+def test_stop_ends_a_worker_stopped_with_ctrl_z(gq: Env) -> None:
+    """`gpuq stop` continues a stopped worker after its SIGTERM (as a service manager does), so it
+    exits instead of "did not stop within 10s" while the SIGTERM waits for a `kill -CONT`."""
+    worker = gq.start_worker("--watch")
+    wait_for(lambda: _first_line(gq).startswith("worker: running"), what="the worker to register")
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: _first_line(gq).startswith("worker: stopped"), what="status to see it stopped")
+        stopped = gq.gpuq("stop", check=False)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert worker.wait(timeout=10) is not None
+    finally:
+        if worker.poll() is None:
+            os.kill(worker.pid, signal.SIGCONT)

@@ -226,6 +226,7 @@ def sweep_jobs(spool: Spool, sweep_id: int) -> list[dict[str, Any]]:
 def stop_workers(spool: Spool, timeout: float = 10.0) -> list[dict[str, Any]]:
     """SIGTERM every live worker and wait for them to exit. Jobs are left running."""
     workers = _signal_workers(spool, signal.SIGTERM)
+    _signal_workers(spool, signal.SIGCONT)  # one stopped by Ctrl-Z takes its SIGTERM only once continued
     deadline = time.monotonic() + timeout
     while spool.workers.live():
         if time.monotonic() > deadline:
