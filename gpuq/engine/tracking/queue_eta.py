@@ -158,8 +158,8 @@ def plan_queue(
     (job, seconds until it ends), and `pending`, (job, scheduler wait) in queue order, played
     forward (`_Play`); whatever depends on an unknown is unknown. `outside`: outside_memory's;
     `cap`: gpu_cap's; `no_slots`: why nothing starts without `slots`."""
-    if not slots:
-        return {j.id: eta.Estimate(None, None, f"unknown: {no_slots}") for j, _w in pending}
+    if not slots:  # a job no worker would start says so first
+        return {j.id: eta.Estimate(None, None, _no_start(w) or f"unknown: {no_slots}") for j, w in pending}
     play = _Play(slots, running, durations, outside or {}, threshold, cap)
     waiting = []
     for job, wait in pending:
