@@ -237,4 +237,5 @@ def _plan(
         queue_eta.outside_memory(gpus, spool.home),
         threshold if isinstance(threshold, int) else queue_eta.DEFAULT_FOREIGN_THRESHOLD_MIB,
         queue_eta.gpu_cap(shown, spool.home),
+        turns=queue_eta.others_turns(gpus, spool.home),
     )
