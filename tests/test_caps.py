@@ -5,6 +5,7 @@ planner alone on simulated GPUs, then real workers (tests/test_turns.py has the 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -100,13 +101,41 @@ def test_a_worker_runs_the_jobs_behind_one_over_the_cap(
     """The tester's queue: cap 1 on two GPUs, #1 asks for both, #2 a whole GPU, #3 a share: #2 and
     #3 run, and the worker, left with #1 alone, says it waits for good."""
     _cap_of_one_on_two_gpus(gq, tmp_path, monkeypatch)
-    two = gq.add("--gpus", "2", "true")
+    cap = gq.env.pop(policy.POLICY_ENV)
+    two = gq.add("--gpus", "2", "true")  # queued before the cap was set: `add` refuses it under the cap
+    gq.env[policy.POLICY_ENV] = cap
     one, small = gq.add("true"), gq.add("--gpu-mem", "5G", "true")
     gq.start_worker()
     gq.wait_state(one, DONE)
     gq.wait_state(small, DONE)
     gq.workers[0].wait(timeout=15)  # nothing more can start: a worker without --watch ends
     assert f"#1 work/true: {OVER}" in gq.worker_output() and gq.state_of(two) == PENDING
+
+
+@needs_root
+def test_a_job_over_the_cap_is_refused_by_add_and_shown_blocked_without_a_worker(
+    gq: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cap 1 on two GPUs, no worker: `add --gpus 2` is refused (exit 2, nothing queued), as a job
+    larger than the machine is. One queued before the cap was set is blocked by it, as `status`,
+    `eta` and `triage` say, and triage's fix lowers its GPUs (they said only that no worker ran,
+    and triage offered to start one, which then said the cap)."""
+    _cap_of_one_on_two_gpus(gq, tmp_path, monkeypatch)
+    refused = gq.gpuq("add", "--gpus", "2", "true", check=False)
+    assert refused.returncode == 2 and refused.stderr.startswith(f"gpuq add: {OVER}, set by the machine's policy")
+    assert gq.files("pending") == []
+    cap = gq.env.pop(policy.POLICY_ENV)
+    job = gq.add("--gpus", "2", "true")
+    gq.env[policy.POLICY_ENV] = cap
+    [row] = gq.status_json()
+    assert row["waiting"] == OVER and row["starts_in_seconds"] is None
+    assert gq.gpuq("eta").stdout == f"#{job} work/true (pending): will not start by itself: {OVER}\n"
+    triage = json.loads(gq.gpuq("triage", "--json", str(job)).stdout)
+    assert triage["waiting_for"] == f"blocked: {OVER}"
+    assert [fix["command"] for fix in triage["fixes"]] == [f"gpuq edit {job} --set gpus=1"]
+    gq.gpuq("edit", str(job), "--set", "gpus=1")
+    gq.start_worker()
+    gq.wait_state(job, DONE)
 
 
 def test_the_queue_eta_keeps_the_cap() -> None:

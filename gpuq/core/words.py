@@ -1,6 +1,6 @@
 """Counts, job ids, notification URLs and sizes as a sentence says them: "1 step", "3 steps",
 "#3, #4", "#12-#15", "after #1, after-any #2", "json://127.0.0.1:8080", "9.1 GiB", "leased whole
-by bob's job #12 since 09:14"."""
+by bob's job #12 since 09:14", "asks for 2 GPUs, over your limit of 1 GPU at once on this machine"."""
 
 from __future__ import annotations
 
@@ -80,6 +80,19 @@ def lease_text(who: str, mem_mib: Optional[int], since: float) -> str:
     if mem_mib is None:
         return f"leased whole by {who} since {at}"
     return f"{mib_text(mem_mib)} leased by {who} since {at}"
+
+
+OVER_CAP = ", over your limit of "  # what a job asking for more GPUs than its user's cap waits for
+
+
+def cap_text(cap: int, asked: int) -> str:
+    """Why a GPU job waits for its user's cap in the machine's policy (engine/schedule/turns.py), in
+    the worker's words and in `status`'s and `add`'s without a worker: over it by itself, or over
+    it with the GPUs the user's other jobs hold."""
+    at_once = f"{plural(cap, 'GPU')} at once on this machine"
+    if asked > cap:
+        return f"asks for {plural(asked, 'GPU')}{OVER_CAP}{at_once}"
+    return f"waiting for one of your jobs to end: your limit of {at_once}"
 
 
 def stopped_text(pids: list[int]) -> str:

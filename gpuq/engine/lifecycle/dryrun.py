@@ -24,7 +24,7 @@ from gpuq.engine.schedule import diskguard, gpuview, hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import eta, queue_eta
 from gpuq.engine.views.card import FOUND_BY
-from gpuq.engine.views.status import gpu_waits, space_waits
+from gpuq.engine.views.status import cap_waits, gpu_waits, space_waits
 from gpuq.spool import Spool
 
 
@@ -162,11 +162,12 @@ def _would_start(spool: Spool, jobs: list[Job], state: str) -> dict[int, dict[st
     views = spool.workers.gpu_views(tidy=False)
     live = spool.workers.live(tidy=False)
     workers = [info for info in live if not info.get("draining")]  # `gpuq stop --drain`: it starts nothing new
-    waits = {**diskguard.waits(snap.pending), **space_waits(spool, snap), **gpu_waits(views)}
+    shown = gpuview.current(spool, snap.running, views)
+    waits = {**diskguard.waits(snap.pending), **space_waits(spool, snap), **cap_waits(shown, snap), **gpu_waits(views)}
     waits.update({i: wait for i, wait in _host_waits(snap, workers, jobs).items() if i not in waits})
     reasons = scheduler.waiting_reasons(snap, waits)
     now = time.time()
-    plan = _plan(spool, snap, reasons, workers, gpuview.current(spool, snap.running, views), now)
+    plan = _plan(spool, snap, reasons, workers, shown, now)
     out = {}
     for job in jobs:
         wait, estimate = reasons.get(job.id), plan.get(job.id)
@@ -236,4 +237,5 @@ def _plan(
         queue_eta.outside_memory(gpus, spool.home),
         threshold if isinstance(threshold, int) else queue_eta.DEFAULT_FOREIGN_THRESHOLD_MIB,
         queue_eta.gpu_cap(shown, spool.home),
+        turns=queue_eta.others_turns(gpus, spool.home),
     )

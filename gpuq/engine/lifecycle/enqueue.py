@@ -234,12 +234,13 @@ def notify_urls(urls: Sequence[str], who: str = "gpuq add") -> list[str]:
 
 
 def check(spool: Spool, prepared: Prepared, views: Any = None, gpus: bool = True) -> None:
-    """Refused before anything is written: a job this machine can never start, a dependency that is no job."""
+    """Refused before anything is written: a job this machine (or the user's cap on it) can never
+    start, a dependency that is no job."""
     options = prepared.fields["options"]
     if gpus and (options["gpu_request"] > 1 or options["gpu_mem_mib"] is not None):
         problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"], views)
         if problem:
-            raise UsageError(f"{problem}: this job could never start")
+            raise UsageError(problem)
     for key in ("after", "after_any"):
         missing = missing_jobs(spool, prepared.fields[key])
         if missing:

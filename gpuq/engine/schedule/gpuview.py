@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional, Sequence
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING
 from gpuq.core.times import iso_of
-from gpuq.core.words import mib_text
+from gpuq.core.words import cap_text, mib_text
 from gpuq.spool import Spool
 from gpuq.system.gpu_presence import may_have_gpus
 
@@ -62,10 +62,13 @@ def view(look: Any, running: list[Job], starting: Optional[Mapping[int, Sequence
 
 def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
     """`shown` with the leases live now: per GPU `leases` and the waiting `tickets` that want it,
-    each `foreign` process's `lease` (the lease whose holder's tree it is in, or None), and
-    `lease_problems`."""
+    each `foreign` process's `lease` (the lease whose holder's tree it is in, or None),
+    `lease_problems`, and `max_gpus`, this user's cap in the machine's policy (None: none)."""
     from gpuq.system import gpus as gpu_info  # the GPUs are shown
-    from gpuq.system import leases  # (and their leases)
+    from gpuq.system import lease_io, leases, policy  # (their leases, and the policy's cap on them)
+
+    # a policy file that is not sound is said by the worker that ignores it, not by every view
+    shown["max_gpus"] = policy.load(lambda _line: None).of(lease_io.user_name(os.geteuid())).max_gpus
 
     live: list[Any] = []
     waiting: list[Any] = []
@@ -154,9 +157,8 @@ def current(
     if _none(look.gpus, look.source, look.problem):
         return None
     shown = view(look, running)
-    for kept in ("foreign_threshold_mib", "max_gpus"):  # the gate and the cap the worker applies
-        if newest is not None and kept in newest:
-            shown[kept] = newest[kept]
+    if newest is not None and "foreign_threshold_mib" in newest:  # the gate the worker applies
+        shown["foreign_threshold_mib"] = newest["foreign_threshold_mib"]
     return shown
 
 
@@ -195,15 +197,20 @@ def _none(gpus: Any, source: Any, problem: Any) -> bool:
 def never_fits(
     spool: Spool, count: int, mem_mib: Optional[int], views: Optional[list[dict[str, Any]]] = None
 ) -> Optional[str]:
-    """Why a job asking for `count` GPUs (`mem_mib` on each) can never run on this machine, or None."""
+    """Why a job asking for `count` GPUs (`mem_mib` on each) can never run on this machine, or
+    under its user's cap in the machine's policy while that stays (`add` refuses it), or None."""
     if count <= 1 and mem_mib is None:
         return None
-    shown = current(spool, [], views, stale_after=None)  # only the totals, which do not change
+    shown = current(spool, [], views, stale_after=None)  # the totals, which do not change, and the cap
     if shown is None or not shown["gpus"]:
         return None
     totals = sorted((g["memory_total_mib"] for g in shown["gpus"]), reverse=True)
+    never = ": this job could never start"
     if count > len(totals):
-        return f"needs {count} GPUs; this machine has {len(totals)}"
+        return f"needs {count} GPUs; this machine has {len(totals)}{never}"
     if mem_mib is not None and totals[count - 1] < mem_mib:
-        return f"needs {mib_text(mem_mib)} on each GPU; the largest here has {mib_text(totals[0])}"
+        return f"needs {mib_text(mem_mib)} on each GPU; the largest here has {mib_text(totals[0])}{never}"
+    cap = shown.get("max_gpus")
+    if isinstance(cap, int) and count > cap:
+        return f"{cap_text(cap, count)}, set by the machine's policy: this job could not start unless that changes"
     return None

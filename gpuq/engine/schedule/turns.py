@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 from gpuq.core.job import Job
+from gpuq.core.words import cap_text
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.schedule.placement import Blocked, Decision, Leased, Placement, Request
 from gpuq.system import policy as machine_policy
@@ -50,8 +51,7 @@ def turn_reason(ticket: Ticket, gpu_index: int) -> str:
 
 
 def cap_reason(cap: int, asked: int) -> str:
-    limit = f"your limit of {cap} GPU{'s' if cap != 1 else ''} at once on this machine"
-    return f"asks for {asked} GPUs, over {limit}" if asked > cap else f"waiting for one of your jobs to end: {limit}"
+    return cap_text(cap, asked)  # in core/words.py: `status` and `add` say it without a worker
 
 
 class HeldBack(NamedTuple):

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING, RAY, RUNNING, SLURM
@@ -93,12 +93,12 @@ class Outside:
 
 
 def _held_off(
-    job: Job, usable: list[Optional[str]], outside: dict[str, Outside], threshold: int
+    need: Optional[int], usable: list[Optional[str]], outside: dict[str, Outside], threshold: int
 ) -> dict[Optional[str], Outside]:
-    """The GPUs among `usable` that others' memory keeps `job` off (slot -> what they hold), as
-    engine/schedule/placement.py's gate decides: a whole GPU while they hold more than the
-    threshold, a share while it does not fit beside them. When they free it cannot be known."""
-    need = job.gpu_mem_mib
+    """The GPUs among `usable` that others' memory keeps a job off (slot -> what they hold), as
+    engine/schedule/placement.py's gate decides: a whole GPU (`need` None) while they hold more than
+    the threshold, a share of `need` MiB while it does not fit beside them. When they free it cannot
+    be known."""
     out = {}
     for slot in usable:
         found = outside.get(str(slot))
@@ -143,6 +143,42 @@ def gpu_cap(shown: Optional[dict[str, Any]], home: Optional[str]) -> Optional[in
     return max(0, cap - elsewhere)
 
 
+class Turn:
+    """Another user's waiting ticket (lease_layout.md section 7) as the play counts it: `count` of
+    the GPUs it wants (`slots`) go to `who` as soon as they are free, for as long as their job runs,
+    which no one here knows; until then no job of this queue starts on any of them. `after`: the job
+    of this queue whose ticket is older, which goes first (None: none)."""
+
+    __slots__ = ("who", "count", "mem_mib", "since", "slots", "after")
+
+    def __init__(self, who: str, count: int, mem_mib: Optional[int], since: float) -> None:
+        self.who, self.count, self.mem_mib, self.since = who, count, mem_mib, since
+        self.slots: list[Optional[str]] = []
+        self.after: Optional[int] = None
+
+
+def others_turns(gpus: list[dict[str, Any]], home: Optional[str]) -> list[Turn]:
+    """Other users' live tickets for these GPUs (a GPU view's `tickets`), oldest first: the turns
+    that come before this spool's jobs, or after the job of its own ticket where that is older (the
+    oldest ticket goes first; a tie, which recent use decides, is not told apart)."""
+    me, found, ours = os.geteuid(), {}, []  # type: tuple[int, dict[str, Turn], list[tuple[float, int]]]
+    for gpu in gpus:
+        for ticket in gpu.get("tickets") or ():
+            since = parse_iso(ticket.get("since")) or 0.0
+            if ticket.get("uid") != me:
+                count = ticket.get("gpus") if isinstance(ticket.get("gpus"), int) else 1
+                turn = found.setdefault(
+                    ticket.get("file"), Turn(str(ticket.get("who")), count, ticket.get("mem_mib"), since)
+                )
+                turn.slots.append(str(gpu["index"]))
+            elif ticket.get("spool") == home and isinstance(ticket.get("job"), int):
+                ours.append((since, ticket["job"]))  # turns between users: only this queue's own ticket orders them
+    first = min(ours, default=None)
+    for turn in found.values():
+        turn.after = first[1] if first is not None and first[0] < turn.since else None
+    return sorted(found.values(), key=lambda turn: turn.since)
+
+
 def plan_queue(
     running: list[tuple[Job, Optional[float]]],
     pending: list[tuple[Job, Any]],
@@ -153,15 +189,16 @@ def plan_queue(
     threshold: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
     cap: Optional[int] = None,
     no_slots: str = NO_WORKER,
+    turns: Sequence[Turn] = (),
 ) -> dict[int, eta.Estimate]:
     """Expected start and end (seconds from now, None = unknown) of each pending job: `running`,
     (job, seconds until it ends), and `pending`, (job, scheduler wait) in queue order, played
     forward (`_Play`); whatever depends on an unknown is unknown. `outside`: outside_memory's;
-    `cap`: gpu_cap's; `no_slots`: why nothing starts without `slots`."""
-    if not slots:
-        return {j.id: eta.Estimate(None, None, f"unknown: {no_slots}") for j, _w in pending}
+    `cap`: gpu_cap's; `no_slots`: why nothing starts without `slots`; `turns`: others_turns'."""
+    if not slots:  # a job no worker would start says so first
+        return {j.id: eta.Estimate(None, None, _no_start(w) or f"unknown: {no_slots}") for j, w in pending}
     play = _Play(slots, running, durations, outside or {}, threshold, cap)
-    waiting = []
+    waiting: list[tuple[Job, Optional[float]]] = []
     for job, wait in pending:
         never = _no_start(wait)
         if never:
@@ -173,7 +210,11 @@ def plan_queue(
         if begin is not None and now is not None:
             ready = max(0.0, begin - now)  # --begin: not before
         waiting.append((job, _later(ready, _host_room_at(job, wait, running))))
-    play.run(waiting)
+    ids = {job.id for job, _ready in waiting}
+    line: list[tuple[Any, Optional[float]]] = [(turn, 0.0) for turn in turns if turn.after not in ids]
+    for job, ready in waiting:  # each other user's turn in its place: first, or after our older ticket's job
+        line += [(job, ready)] + [(turn, 0.0) for turn in turns if turn.after == job.id]
+    play.run(line)
     return play.out
 
 
@@ -193,7 +234,9 @@ class _Play:
     slots they can use in queue order; a GPU job that must wait keeps the free slots it can use,
     holding up the GPU jobs behind it (placement.place_in_order keeps its GPUs for it: with whole
     slots, those it could start on), one not ready holds up nobody. A GPU job that would take the
-    GPUs this spool's jobs hold past the user's cap waits as one without room does (turns.CapGate)."""
+    GPUs this spool's jobs hold past the user's cap waits as one without room does (turns.CapGate).
+    Another user's turn (`Turn`) in the line keeps the GPUs it wants from the jobs behind it until it
+    takes those it needs, for good as far as the play can know (turns.Turns.hold_back)."""
 
     def __init__(
         self,
@@ -208,6 +251,7 @@ class _Play:
         self.free: dict[Optional[str], Optional[float]] = {s: 0.0 for s in slots}  # None: frees when unknown
         self.ends: dict[int, Optional[float]] = {}  # running jobs, pending ones once placed; None: unknown
         self.out: dict[int, eta.Estimate] = {}
+        self.turned: dict[Optional[str], str] = {}  # slot -> whose turn took it, for as long as no one knows
         self.cap = cap if CPU_LANE in slots else None  # without GPUs no job holds any
         self.holding: list[tuple[set[str], Optional[float]]] = []  # (GPUs, until) of the jobs counted against the cap
         for job, until in running:
@@ -218,9 +262,10 @@ class _Play:
                 if slot in self.free:
                     self.free[slot] = _later(self.free[slot], until)
 
-    def run(self, waiting: list[tuple[Job, Optional[float]]]) -> None:
-        """Place each (job, when its --begin or host room allows it; None: unknown) in queue order."""
-        unplaced = {job.id for job, _r in waiting}
+    def run(self, waiting: list[tuple[Any, Optional[float]]]) -> None:
+        """Place each (job, when its --begin or host room allows it; None: unknown) in queue order,
+        other users' turns (`Turn`, 0.0) among them."""
+        unplaced = {job.id for job, _r in waiting if isinstance(job, Job)}
         # when anything can change: a slot frees (a dependency's end among them), a wait is over
         moments = {t for t in self.free.values() if t is not None} | {r for _j, r in waiting if r is not None}
         at, left = 0.0, waiting
@@ -234,29 +279,40 @@ class _Play:
                 break
             at = min(moments)
         for job, _ready in left:
+            if isinstance(job, Turn):
+                continue
             usable, _count = _needs(job, self.slots)
-            held_off = _held_off(job, usable, self.outside, self.threshold)
+            held_off = _held_off(job.gpu_mem_mib, usable, self.outside, self.threshold)
             unknown_elsewhere = all(self.free[s] is None or s in held_off for s in usable)
-            held = _held_text(held_off, self.threshold)
+            turned = {s: self.turned[s] for s in usable if s in self.turned and s not in held_off}
+            held = _held_text(held_off, self.threshold, turned)
             note = _queue_note(None, *self._run_time(job), held, None if unknown_elsewhere else [])
             self.out[job.id] = eta.Estimate(None, None, note)
 
     def _step(
-        self, at: float, left: list[tuple[Job, Optional[float]]], unplaced: set[int]
-    ) -> tuple[list[tuple[Job, Optional[float]]], list[Job]]:
+        self, at: float, left: list[tuple[Any, Optional[float]]], unplaced: set[int]
+    ) -> tuple[list[tuple[Any, Optional[float]]], list[Job]]:
         """The jobs of `left` that start at `at`, placed; (the others, those placed)."""
         open_now = [s for s in self.slots if (free := self.free[s]) is not None and free <= at]
-        behind, placed, still = False, [], []  # type: tuple[bool, list[Job], list[tuple[Job, Optional[float]]]]
+        behind, placed, still = False, [], []  # type: tuple[bool, list[Job], list[tuple[Any, Optional[float]]]]
         for n, (job, own) in enumerate(left):
             if not open_now:  # every slot taken: nothing else starts now
                 return still + left[n:], placed
+            if isinstance(job, Turn):
+                if job.after not in unplaced and self._take_turn(job, open_now):
+                    open_now = [s for s in open_now if self.free[s] is not None]
+                    continue
+                still.append((job, own))
+                if job.after not in unplaced:  # their turn on these GPUs comes first: ours wait
+                    open_now = [s for s in open_now if s not in job.slots]
+                continue
             ready = self._ready(job, own, unplaced)
             if ready is None or ready > at:
                 still.append((job, own))
                 continue
             usable, count = _needs(job, self.slots)
             gpu_job = CPU_LANE in self.slots and CPU_LANE not in usable
-            held_off = _held_off(job, usable, self.outside, self.threshold)
+            held_off = _held_off(job.gpu_mem_mib, usable, self.outside, self.threshold)
             can = [s for s in open_now if s in usable and s not in held_off]
             if len(can) < count or (behind and gpu_job) or (gpu_job and self._over_cap(count, at)):
                 behind = behind or gpu_job
@@ -268,6 +324,17 @@ class _Play:
             unplaced.discard(job.id)
             placed.append(job)
         return still, placed
+
+    def _take_turn(self, turn: Turn, open_now: list[Optional[str]]) -> bool:
+        """Whether another user's turn takes GPUs now: as many as it asks of those it wants that are
+        free, and that no one else's memory keeps it off; theirs then for a time no one here knows."""
+        held_off = _held_off(turn.mem_mib, turn.slots, self.outside, self.threshold)
+        can = [s for s in open_now if s in turn.slots and s not in held_off]
+        if len(can) < turn.count:
+            return False
+        for slot in can[: turn.count]:
+            self.free[slot], self.turned[slot] = None, turn.who
+        return True
 
     def _over_cap(self, count: int, at: float) -> bool:
         """Whether `count` GPUs more at `at` would be more than the cap lets this spool's jobs hold."""
@@ -318,8 +385,11 @@ def _host_room_at(job: Job, wait: Any, running: list[tuple[Job, Optional[float]]
     return min(ends) if ends else None
 
 
-def _held_text(held_off: dict[Optional[str], Outside], threshold: int) -> str:
-    return "; ".join(f"GPU {slot}: {held.holders(threshold)}" for slot, held in held_off.items())
+def _held_text(held_off: dict[Optional[str], Outside], threshold: int, turned: Optional[dict[Any, str]] = None) -> str:
+    """What keeps a job off GPUs for a time no one knows: others' memory, and (`turned`: slot -> whose)
+    the turns of other users' jobs that take them first."""
+    held = [f"GPU {slot}: {holder.holders(threshold)}" for slot, holder in held_off.items()]
+    return "; ".join(held + [f"GPU {slot}: {who} takes its turn first" for slot, who in (turned or {}).items()])
 
 
 def _queue_note(
@@ -389,6 +459,7 @@ def annotate(
         threshold if isinstance(threshold, int) else DEFAULT_FOREIGN_THRESHOLD_MIB,
         gpu_cap(gpus, spool.home),
         _no_slots(workers, asleep),
+        others_turns(shown, spool.home),
     )
     for row in pending:
         row.estimate = plan.get(row.job.id)

@@ -31,11 +31,11 @@ from gpuq.core.transitions import describe_preemption
 from gpuq.core.words import plural, stopping_text, url_text
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.actions import sweep_jobs
-from gpuq.engine.schedule import diskguard, hostroom, scheduler
+from gpuq.engine.schedule import diskguard, gpuview, hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views import attempts
-from gpuq.engine.views.status import drain_waits, gpu_waits, space_waits
+from gpuq.engine.views.status import cap_waits, drain_waits, gpu_waits, space_waits
 from gpuq.spool import JobRef, Spool
 from gpuq.system.gpu_presence import may_have_gpus
 from gpuq.system.gpus import mib_text
@@ -114,8 +114,10 @@ def why_waiting(spool: Spool, state: str, job: Job) -> str:
         return f"`gpuq release {job.id}` puts it back in line"
     snap, _ = read_queue(spool)
     live = spool.workers.live()
+    views = spool.workers.gpu_views()
     extra = {**drain_waits(live, snap), **diskguard.waits(snap.pending), **space_waits(spool, snap)}
-    extra.update(gpu_waits(spool.workers.gpu_views()))
+    extra.update(cap_waits(gpuview.current(spool, snap.running, views), snap))
+    extra.update(gpu_waits(views))
     wait = scheduler.waiting_reasons(snap, extra).get(job.id)
     if wait is not None:
         return (scheduler.BLOCKED if wait.forever else "") + wait.reason

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, FAILED, HELD, INTERRUPTED, PENDING, PREEMPTED
 from gpuq.core.timespec import format_duration
+from gpuq.core.words import OVER_CAP
 from gpuq.engine.schedule.queue_read import waits_for_itself
 from gpuq.engine.schedule.scheduler import BLOCKED, loop_reason
 from gpuq.spool import Spool
@@ -64,7 +65,13 @@ def _waiting(spool: Spool, job: Job, facts: dict[str, Any]) -> list[Fix]:
     out = _dependencies(spool, job)
     if facts.get("cause") in (GPU_OOM, HOST_OOM):  # waits to run again after a failed attempt
         out += _smaller(job, facts, edit=True)
-    blocked = str(facts.get("waiting_for") or "").startswith(BLOCKED)  # a worker would not start it
+    waiting = str(facts.get("waiting_for") or "")
+    blocked = waiting.startswith(BLOCKED)  # a worker would not start it
+    # `asks for 2 GPUs, over your limit of 1 GPU at once ...`: the machine's policy holds it for good
+    cap = int(waiting.split(OVER_CAP, 1)[1].split(" ", 1)[0]) if OVER_CAP in waiting else 0
+    if cap > 0:
+        why = f"it asks for more GPUs than the machine's policy lets you hold at once: this asks for {cap}"
+        out.append(_fix(["edit", job.id, "--set", f"gpus={cap}"], f"{why} (or ask its admin to raise your limit)"))
     if not out and not blocked and not spool.workers.live():
         out.append(_fix(["run", "--daemon"], "no worker is running: this starts one, which starts the job"))
     return out

@@ -8,7 +8,7 @@ from gpuq.core import schema
 from gpuq.core.job import Job
 from gpuq.core.states import FAILED, FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RAY, RUNNING, SLURM, STATES
 from gpuq.core.times import parse_iso
-from gpuq.core.words import mib_text
+from gpuq.core.words import cap_text, mib_text
 from gpuq.engine.lifecycle import repairs
 from gpuq.engine.schedule import diskguard, gpuview, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
@@ -116,8 +116,10 @@ def status(
     for row in rows:  # one asked to end waits out its grace period (a preempted one saves) in running/
         row.stopping = spool.control.asked(row.job.id, since=parse_iso(row.job.started_at))
     views = spool.workers.gpu_views()
+    shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old
     guarded = diskguard.waits(snap.pending)
-    extra = {**drain_waits(workers, snap), **guarded, **space_waits(spool, snap), **gpu_waits(views)}
+    extra = {**drain_waits(workers, snap), **guarded, **space_waits(spool, snap), **cap_waits(shown, snap)}
+    extra.update(gpu_waits(views))
     reasons = scheduler.waiting_reasons(snap, extra)
     name_the_first_in_line(snap, reasons)
     for job in scheduler.queue_order(snap.pending):
@@ -141,7 +143,6 @@ def status(
     rows.sort(key=lambda r: (r.state not in IN_LINE, r.job.id))  # held ones in their place in line
     for worker in workers:  # one look at each worker's state: a stopped one (Ctrl-Z) starts nothing
         worker["stopped"] = isinstance(worker.get("pid"), int) and procs.stopped(worker["pid"])
-    shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old
     if any(r.state in (RUNNING, PENDING, SLURM, RAY) for r in rows):  # else there is nothing to estimate
         from gpuq.engine.tracking import queue_eta  # the ETA subsystem: only when a job runs or waits
 
@@ -310,6 +311,17 @@ def drain_waits(workers: list[dict[str, Any]], snap: scheduler.QueueState) -> di
         return {}
     wait = scheduler.Wait(scheduler.DRAINING, False)
     return {job.id: wait for job in snap.pending}
+
+
+def cap_waits(shown: Optional[dict[str, Any]], snap: scheduler.QueueState) -> dict[int, scheduler.Wait]:
+    """A job that asks for more GPUs than its user's cap in the machine's policy (`max_gpus` of the
+    GPU view) waits until the policy or the job changes, as a worker would say, also without one."""
+    cap = shown.get("max_gpus") if shown else None
+    if not isinstance(cap, int) or isinstance(cap, bool):
+        return {}
+    return {
+        job.id: scheduler.Wait(cap_text(cap, job.gpu_request), True) for job in snap.pending if job.gpu_request > cap
+    }
 
 
 def gpu_waits(views: list[dict[str, Any]]) -> dict[int, scheduler.Wait]:
