@@ -171,6 +171,16 @@ def test_adopting_a_gpuq_job_or_its_supervisor_is_refused(gq) -> None:
     assert len(gq.files("running")) == 1
 
 
+def test_adopting_the_worker_is_refused(gq) -> None:
+    """`gpuq adopt` of the worker's pid made it a job, and `gpuq kill` of that job killed the worker."""
+    worker = gq.start_worker("--watch")
+    wait_for(lambda: list((gq.home / "workers").glob(f"worker-{worker.pid}.json")), 15, what="the worker's file")
+    res = gq.gpuq("adopt", str(worker.pid), check=False)
+    assert (res.returncode, res.stdout) == (1, "") and res.stderr.count("\n") == 1, res.stderr
+    assert f"process {worker.pid} is already tracked by gpuq: it is gpuq's worker" in res.stderr
+    assert gq.files("running") == [] and worker.poll() is None
+
+
 def test_concurrent_adopts_of_one_process_make_one_job(gq, outside) -> None:
     proc = outside("-c", "import time; time.sleep(60)")
     with ThreadPoolExecutor(6) as pool:

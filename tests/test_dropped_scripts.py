@@ -112,3 +112,27 @@ def test_an_edit_keeps_an_interpreter_the_user_typed(gq: Env) -> None:
     gq.gpuq("edit", str(typed), "--set", f"cwd={exp_b}")
     assert gq.job(typed)["cmd"] == [sys.executable, "train.py", "7"]
     assert f"python     {sys.executable}\n" in gq.gpuq("show", str(typed)).stdout
+
+
+def test_an_edit_into_a_directory_with_a_venv_replaces_the_python_add_found_on_path(gq: Env) -> None:
+    """A job added where no .venv is runs the python on PATH; edited into a directory with a .venv,
+    it kept that python (while recording the .venv) and ran with it. A python typed in the command,
+    even the very one on PATH, is still kept."""
+    plain, exp_b = gq.work / "plain", gq.work / "expB"
+    python_b = fake_venv(exp_b)
+    for where in (plain, exp_b):
+        gq.script("train.py", TRAIN, where=where)
+    found = gq.add("--hold", "--dir", str(plain), "train.py")
+    on_path = gq.job(found)["cmd"][0]
+    assert (gq.job(found)["interpreter_from"], os.path.isabs(on_path)) == ("PATH", True)
+    typed = gq.add("--hold", "--dir", str(plain), on_path, "train.py")
+    assert f"python     {on_path}\n" in gq.gpuq("show", str(typed)).stdout  # as typed: not "(from PATH)"
+    out = gq.gpuq("edit", str(found), "--set", f"cwd={exp_b}").stdout
+    job = gq.job(found)  # as `add` in expB would choose
+    assert (job["cmd"], job["venv"], job["interpreter_from"]) == ([python_b, "train.py"], str(exp_b / ".venv"), ".venv")
+    assert f"python {python_b} (from the nearest .venv)" in out
+    gq.gpuq("edit", str(typed), "--set", f"cwd={exp_b}")
+    assert gq.job(typed)["cmd"] == [on_path, "train.py"]
+    gq.gpuq("release", str(found))
+    gq.gpuq("run", timeout=60)
+    assert gq.state_of(found) == "done" and (exp_b / "venv-used").read_text() == "venv\n"

@@ -114,6 +114,46 @@ def test_log_follow_waits_for_the_job_to_start(gq: Env) -> None:
     )
 
 
+def test_log_follow_stops_for_a_job_that_will_not_start(gq: Env) -> None:
+    """`log -f` of a job after a failed one waited for ever while `gpuq wait` stopped at once: it
+    stops as `wait` does (exit 1), also once the job it follows is blocked while it waits."""
+    gq.script("bad.py", "raise SystemExit(3)\n")
+    gq.script("gated_bad.py", WAIT_FOR_GO + "raise SystemExit(3)\n")
+    gq.script("t.py", "print('never printed')\n")
+    failed = gq.add("bad.py")
+    blocked = gq.add("--after", str(failed), "t.py")
+    gq.gpuq("run", timeout=60)
+    reason = (
+        f"pending: blocked: after #{failed} (failed): will not start; `gpuq retry {failed}` or `gpuq cancel {blocked}`"
+    )
+    proc = gq.gpuq("log", "-f", str(blocked), check=False, timeout=30)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"#{blocked} will not start ({reason})\n")
+    assert gq.gpuq("wait", str(blocked), check=False, timeout=30).returncode == 1
+
+    gated = gq.add("gated_bad.py")
+    after = gq.add("--after", str(gated), "t.py")
+    gq.start_worker("--watch")
+    wait_for(lambda: gq.state_of(gated) == "running", 20, what="the gated job to run")
+    err = gq.work / "follow.err"
+    follow = in_background(gq, err, "log", "-f", str(after))
+    try:
+        wait_for(
+            lambda: f"waiting for #{after} to start (pending: after #{gated}" in err.read_text(), 10, what="log -f"
+        )
+        assert follow.poll() is None  # its turn comes after #gated: it waits
+        (gq.work / "go").write_text("")
+        out, _ = follow.communicate(timeout=30)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+    assert (follow.returncode, out) == (1, "")
+    assert (
+        err.read_text()
+        .splitlines()[-1]
+        .startswith(f"#{after} will not start (pending: blocked: after #{gated} (failed)")
+    )
+
+
 def shown(gq: Env, job_id: int) -> tuple[str, dict[str, str]]:
     """`gpuq show`'s first line, and its label -> text (labels hold single spaces, padding two or more)."""
     head, *rest = gq.gpuq("show", str(job_id)).stdout.splitlines()

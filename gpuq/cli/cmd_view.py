@@ -15,6 +15,7 @@ from gpuq.core.states import ACTIVE, CANCELLED, HELD, PENDING, RAY, RUNNING
 from gpuq.core.times import duration, iso_of
 from gpuq.engine.lifecycle import actions
 from gpuq.engine.schedule import gpuview
+from gpuq.engine.schedule.queue_read import PendingCache
 from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views.card import card, log_gone, not_started
 from gpuq.engine.views.status import rejected_files, sync_ray
@@ -46,18 +47,24 @@ def cmd_log(args: argparse.Namespace) -> int:
         ref, job = actions.get(sp, args.id)
     why = not_started(sp, ref, job)
     if why is not None and args.follow and ref.state != CANCELLED:
-        print(f"waiting for #{job.id} to start ({why})...", file=sys.stderr, flush=True)
+        cache, said = PendingCache(), False
         while sp.jobs.find(job.id, (PENDING, HELD)) is not None and not sp.logs.size(job):
+            if actions.will_not_start(sp, job.id, cache):  # as `gpuq wait` stops for it
+                break
+            if not said:
+                print(f"waiting for #{job.id} to start ({why})...", file=sys.stderr, flush=True)
+                said = True
             time.sleep(FOLLOW_POLL_SECONDS)
         ref, job = actions.get(sp, job.id)
-        why = not_started(sp, ref, job)  # not None: cancelled while it waited
+        why = not_started(sp, ref, job)  # not None: cancelled, or it will not start
         if why is None:
             _follow(sp, job, offset=0)
             return 0
     if why is not None:  # said on stderr: the log itself (stdout) is empty
-        started = "never started" if ref.state == CANCELLED or args.follow else "has not started yet"
+        will_not = args.follow and ref.state != CANCELLED  # exit 1 as `gpuq wait`'s for it
+        started = "will not start" if will_not else "never started" if ref.state == CANCELLED else "has not started yet"
         print(f"#{job.id} {started} ({why})", file=sys.stderr)
-        return 0
+        return 1 if will_not else 0
     gone = log_gone(sp, ref, job)
     if gone is not None:  # said on stderr, as above: there is no log to print
         print(f"#{job.id}: its log {sp.logs.path_of(job)} {gone}", file=sys.stderr)

@@ -291,10 +291,10 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
         for job_id in sorted(left):
             state = snap.states.get(job_id)
             wait = reasons.get(job_id)
-            if state is None or state in FINISHED or state in NEEDS_USER:
-                out.ends[job_id] = (state or "gone", None if state == DONE else _why_not_done(spool, job_id, state))
-            elif state == PENDING and wait is not None and wait.forever:
+            if state == PENDING and wait is not None and wait.forever:
                 out.ends[job_id] = (state, f"blocked: {wait.reason}")
+            elif waited_out(state, wait):
+                out.ends[job_id] = (state or "gone", None if state == DONE else _why_not_done(spool, job_id, state))
         left -= set(out.ends)
         if not left:
             return out
@@ -307,6 +307,19 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
                 out.ends[job_id] = (snap.states.get(job_id, "gone"), "still waiting when --timeout ran out")
             return out
         time.sleep(poll)
+
+
+def waited_out(state: Optional[str], wait: Optional[scheduler.Wait]) -> bool:
+    """`gpuq wait`'s rule: a job is waited for no longer once it ended or will not start without a
+    person (held, preempted, interrupted, or pending and blocked for ever: `wait`, its reason)."""
+    blocked = state == PENDING and wait is not None and wait.forever
+    return state is None or state in FINISHED or state in NEEDS_USER or blocked
+
+
+def will_not_start(spool: Spool, job_id: int, cache: Optional[PendingCache] = None) -> bool:
+    """Whether `gpuq wait` would stop waiting for this job that has not started (`gpuq log -f`)."""
+    snap, _ = read_queue(spool, cache)
+    return waited_out(snap.states.get(job_id), scheduler.waiting_reasons(snap).get(job_id))
 
 
 def _why_not_done(spool: Spool, job_id: int, state: Optional[str]) -> str:

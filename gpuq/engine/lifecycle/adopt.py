@@ -67,7 +67,7 @@ def _stdout_file(proc: Any) -> Optional[str]:
 
 
 def tracked_by(spool: Spool, info: dict[str, Any]) -> Optional[str]:
-    """Why gpuq already tracks this process (a job's, its supervisor, or inside a job), or None."""
+    """Why gpuq already tracks this process (a job's, its supervisor, inside a job, a worker), or None."""
     for _ref, job in spool.jobs.load_many(RUNNING):
         ident = (job.pid, job.pid_create_time)
         sup = job.supervisor or {}
@@ -77,6 +77,9 @@ def tracked_by(spool: Spool, info: dict[str, Any]) -> Optional[str]:
             return f"it is the supervisor of job #{job.id} ({job.name})"
         if job.pid in info["ancestors"] and procs.job_alive(job):
             return f"it runs inside job #{job.id} ({job.name})"
+    here = socket.gethostname()  # a live worker's file is flocked: its pid is that worker's, not reused
+    if any(w.get("pid") == info["pid"] and w.get("host", here) == here for w in spool.workers.live(tidy=False)):
+        return "it is gpuq's worker (`gpuq stop` stops it)"
     return None
 
 

@@ -30,7 +30,7 @@ class Resolved(NamedTuple):
     cmd: list[str]
     venv: Optional[str]
     conda: Optional[str]
-    found_by: str
+    found_by: Optional[str]  # None: a command run as written, nothing found for it
 
 
 def upward(start: StrPath) -> Iterator[str]:
@@ -128,14 +128,15 @@ def resolve_command(
 
 def find_environment(
     cwd: StrPath, conda: Optional[str], env: Mapping[str, str], need_python: bool = True
-) -> tuple[Optional[str], Optional[str], str]:
-    """The `.venv` and conda prefix a command in `cwd` runs with (at most one), and how they were found."""
+) -> tuple[Optional[str], Optional[str], Optional[str]]:
+    """The `.venv` and conda prefix a command in `cwd` runs with (at most one), and how they were
+    found (None: neither). FROM_PATH is left to a python gpuq itself puts in front of a script, so
+    that a job's `interpreter_from` tells it from a python typed in the command."""
     venv = None if conda else find_venv(cwd)
-    found_by = FROM_CONDA if conda else FROM_VENV if venv else FROM_PATH
-    if found_by == FROM_PATH:
-        conda = active_conda(env, need_python=need_python)
-        found_by = FROM_ACTIVE_CONDA if conda else FROM_PATH
-    return venv, conda, found_by
+    if conda or venv:
+        return venv, conda, FROM_CONDA if conda else FROM_VENV
+    conda = active_conda(env, need_python=need_python)
+    return None, conda, FROM_ACTIVE_CONDA if conda else None
 
 
 def resolve_dropped(
@@ -153,15 +154,16 @@ def resolve_dropped(
 
 
 def interpreter_in_front(cmd: list[str], found_by: Optional[str], home: Optional[str]) -> Optional[str]:
-    """The interpreter gpuq put in front of a job's *.py script: its `--python`, or the `bin/python`
-    of the .venv or conda environment (`home`) it found; None for a command whose first word was
-    written so (`/usr/bin/python3 train.py`), which runs as written. A python gpuq found on PATH
-    cannot be told from one typed: it is kept as written too."""
+    """The interpreter gpuq put in front of a job's *.py script: its `--python`, the `bin/python`
+    of the .venv or conda environment (`home`) it found, or the python it found on PATH (always a
+    full path; a typed command's `interpreter_from` is never PATH, but an older job's may be);
+    None for a command whose first word was written so (`/usr/bin/python3 train.py`), which runs
+    as written."""
     if len(cmd) < 2 or not cmd[1].endswith(".py") or found_by is None:
         return None
-    if found_by == FROM_PYTHON or (home is not None and cmd[0] == os.path.join(home, "bin", "python")):
+    if found_by == FROM_PYTHON or (found_by == FROM_PATH and os.path.isabs(cmd[0])):
         return cmd[0]
-    return None
+    return cmd[0] if home is not None and cmd[0] == os.path.join(home, "bin", "python") else None
 
 
 def is_conda_prefix(path: str) -> bool:

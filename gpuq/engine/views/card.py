@@ -131,7 +131,7 @@ def python_text(job: Job) -> str:
     how, cmd = job.interpreter_from, job.cmd
     if not (len(cmd) > 1 and cmd[1].endswith(".py") and os.path.basename(cmd[0]).startswith("python")):
         return ""
-    chosen = how == interpreter.FROM_PATH or interpreter.interpreter_in_front(cmd, how, job.venv or job.conda)
+    chosen = interpreter.interpreter_in_front(cmd, how, job.venv or job.conda)
     return cmd[0] + (f" (from {FOUND_BY.get(how, how)})" if how and chosen else "")  # else: as typed
 
 
