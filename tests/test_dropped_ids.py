@@ -96,6 +96,16 @@ def test_a_crashs_leftover_pending_copy_is_still_removed(gq: Env) -> None:
     assert gq.files("pending") == [] and gq.files("rejected") == [] and gq.files("done") == [name]
 
 
+def test_a_dropped_file_with_a_byte_order_mark_is_taken_in(gq: Env) -> None:
+    gq.gpuq("status")  # creates the spool
+    tmp = gq.work / "bom.json"
+    tmp.write_bytes(b"\xef\xbb\xbf" + json.dumps({"cmd": ["echo", "with-bom"]}).encode())
+    os.chmod(tmp, 0o600)
+    os.rename(tmp, gq.home / "pending" / "bom.json")
+    gq.gpuq("run")
+    assert gq.files("rejected") == [] and _outputs(gq) == {1: "with-bom"}
+
+
 def test_a_finished_job_moved_in_raises_the_counter_once_status_lists_it(gq: Env) -> None:
     gq.add("echo", "mine-1")
     other = _other(gq, 3)
