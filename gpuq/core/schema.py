@@ -118,7 +118,7 @@ _DECODER = json.JSONDecoder(
 def parse_bytes(data: bytes) -> dict[str, Any]:
     """Bytes of a job file -> dict, or InvalidJob with a reason a person can act on."""
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte order mark, as some editors write, is no part of the JSON
     except UnicodeDecodeError as exc:
         raise IncompleteJob(f"not valid UTF-8 (byte {exc.start})") from None
     try:

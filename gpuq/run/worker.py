@@ -194,6 +194,8 @@ class Worker:
         idle = self.stopping or self.draining
         if self.planner.turns is not None:
             self.planner.turns.paused = idle  # a worker that starts nothing must not hold a GPU's turn
+        # a job file moved in by hand may hold an id the counter has not reached: passed before it runs
+        self.spool.ids.seen(max((job.id for job in snap.pending), default=0))
         plan = self.planner.plan(snap, busy, preempting, self.urgent.kept_for())
         self.waits = plan.waits
         result.space_wait = self._disk_full(plan, bool(snap.pending))

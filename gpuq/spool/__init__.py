@@ -56,7 +56,7 @@ class Spool:
         self.logs = Logs(layout)
         self.reports = Reports(layout, files)
         self.kept = KeptRuns(layout)
-        self.finished = FinishedIndex(layout, files, self.jobs, self.kept)
+        self.finished = FinishedIndex(layout, files, self.jobs, self.kept, self.ids)
         self.dropbox = Dropbox(layout, files)
         self.imports = ImportRecords(layout, files)
         self.snapshots = Snapshots(layout, files)

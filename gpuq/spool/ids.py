@@ -1,7 +1,9 @@
 """Job ids: unique and increasing across concurrent adders, and never given out twice. The counter
 is in `next_id` and, as a copy, in `ids.lock` (whose flock serialises allocations): either one
 keeps the high-water mark after `gpuq clear` removed the highest ids; only without both is it
-rebuilt from the tree.
+rebuilt from the tree. A job file put in by hand (from another spool) may carry an id the counter
+has not reached: the allocator passes the ids in the unfinished states, and whoever lists a state
+calls `seen` (the finished ones are many: their index does), so such an id is never given out.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import fcntl
 import os
 
 from gpuq.core.job import MAX_ID
-from gpuq.core.states import PENDING
+from gpuq.core.states import FINISHED, PENDING, STATES
 from gpuq.spool.dropbox import Dropbox
 from gpuq.spool.errors import SpoolError, full_or
 from gpuq.spool.files import Files, read_small
@@ -25,6 +27,7 @@ class NoIdLeft(SpoolError):
 class IdCounter:
     def __init__(self, layout: Layout, files: Files, store: JobStore):
         self.layout, self.files, self.store = layout, files, store
+        self._passed = 0  # an id this process knows the counter to be past (it only grows)
 
     def allocate(self, count: int = 1, at_least: int = 1) -> int:
         """The next job id; with `count`, the first of that many consecutive ids, all reserved.
@@ -36,7 +39,9 @@ class IdCounter:
             next_id = max(self._stored(), _number(os.pread(fd, 32, 0)), 1)
             if next_id == 1:  # no record at all: rebuilt from what the tree holds
                 next_id = self._highest_in_tree() + 1
-            next_id = max(next_id, at_least)
+            # a file moved in by hand: its id is in use whatever the counter says
+            unfinished = tuple(s for s in STATES if s not in FINISHED)  # few files; the finished ones call seen()
+            next_id = max(next_id, at_least, max((ref.id + 1 for ref in self.store.refs(unfinished)), default=1))
             _check_room(next_id, count)
             after = f"{next_id + count}\n".encode()
             # Both copies are fsynced before the id is given out. The spool directory is not
@@ -50,9 +55,23 @@ class IdCounter:
             except OSError as exc:
                 raise full_or(self.layout.home, exc) from None
             self.files.replace(self.layout.top_file("next_id"), after, "id", sync_dir=new_lock)
+            self._passed = next_id + count - 1
             return next_id
         finally:
             os.close(fd)
+
+    def seen(self, job_id: int) -> None:
+        """A job file with this id is in the spool: the counter moves past it if it had not (a file
+        moved in by hand), so the id is never given out again. Reads the counter only for an id above
+        the highest this process knows given out; a spool it cannot write is left as it is."""
+        if job_id <= self._passed:
+            return
+        self._passed = max(self._stored(), _number(read_small(self.layout.top_file("ids.lock"), 32) or b"")) - 1
+        if job_id > self._passed:
+            try:
+                self.allocate(count=0, at_least=job_id + 1)
+            except (OSError, SpoolError):
+                return
 
     def peek(self) -> int:
         """The id the next `allocate` would give now, read without the lock and with nothing

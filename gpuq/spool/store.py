@@ -89,6 +89,13 @@ class JobStore:
         the same signature (git's "racily clean" index entries)."""
         return max(mtime_ns for _ino, mtime_ns in signature) >= (read_at - RACY_SECONDS) * 1e9
 
+    def written_ns(self, ref: JobRef) -> int:
+        """When the file was written (its mtime in ns; a published file is never edited), 0 if gone."""
+        try:
+            return os.lstat(self.layout.job_path(ref.state, ref.name)).st_mtime_ns
+        except FileNotFoundError:
+            return 0
+
     def read_bytes(self, state: str, name: str) -> bytes:
         return read_job_file(self.layout.job_path(state, name), MAX_JOB_BYTES)
 

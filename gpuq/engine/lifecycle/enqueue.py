@@ -92,14 +92,21 @@ def enqueue_many(
         before = env.get("PYTHONPATH") or (common["shell_env"] or os.environ).get("PYTHONPATH")
         env = dict(env, PYTHONPATH=snap["cwd"] + (os.pathsep + before if before else ""), GPUQ_SNAPSHOT=snap["path"])
     published: list[tuple[JobRef, Job]] = []
-    try:
-        log = spool.layout.log_path
-        for job in new_jobs(first, variants, cwd=cwd, options=options, env=env, log=lambda i: str(log(i)), **common):
-            published.append((spool.jobs.publish(job, state), job))
-    except BaseException:
-        for ref, _job in published:
-            spool.jobs.remove(ref)
-        raise
+    for attempt in range(3):
+        try:
+            jobs = new_jobs(first, variants, cwd=cwd, options=options, env=env, log=spool.layout.log_path, **common)
+            for job in jobs:
+                published.append((spool.jobs.publish(job, state), job))
+            break
+        except BaseException as exc:
+            for ref, _job in published:
+                spool.jobs.remove(ref)
+            published = []
+            # a file moved in by hand took one of these ids since they were given out: the next
+            # ones are taken (not with a snapshot: it is named by its first job)
+            if not isinstance(exc, FileExistsError) or attempt == 2 or options.get("snapshot"):
+                raise
+            first = spool.ids.allocate(count=len(variants))
     spool.files.keep_emergency_room()  # a stat, unless the room was used up: then made again if it fits
     return published
 

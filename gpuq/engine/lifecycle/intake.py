@@ -125,13 +125,15 @@ def take_in(spool: Spool, name: str, now: float, writers: Optional[Writers] = No
         return _reject(spool, name, str(exc))
     try:
         job_id = spool.ids.allocate()
+        while spool.jobs.find(job_id) is not None:  # a finished job moved in by hand that no look has seen
+            job_id = spool.ids.allocate()
     except NoIdLeft as exc:  # it could never be taken in: set aside, not tried at every step
         return _reject(spool, name, str(exc))
     try:
         hidden = spool.dropbox.begin(name, job_id)
     except FileNotFoundError:
         return "gone"
-    return _publish(spool, job_id, hidden, name, fields)
+    return _publish(spool, job_id, hidden, name, fields, fresh=True)
 
 
 def _read_dropped(spool: Spool, name: str, hidden: Optional[str] = None) -> dict[str, Any]:
@@ -145,13 +147,14 @@ def _read_dropped(spool: Spool, name: str, hidden: Optional[str] = None) -> dict
     return fields
 
 
-def _publish(spool: Spool, job_id: int, hidden: str, original: str, fields: dict[str, Any]) -> str:
-    """Publish the job under its id's claim (two workers finishing one intake cannot both)."""
+def _publish(spool: Spool, job_id: int, hidden: str, original: str, fields: dict[str, Any], fresh: bool = False) -> str:
+    """Publish the job under its id's claim (two workers finishing one intake cannot both).
+    `fresh`: the id was just found unused, and no other intake has this file."""
     claim = spool.claims.claim(job_id)
     if claim is None:
         return "waiting"
     try:
-        if spool.jobs.find(job_id) is None:
+        if fresh or spool.jobs.find(job_id) is None:
             _publish_claimed(spool, job_id, original, fields)
         spool.dropbox.finish(hidden)
     except FileNotFoundError:

@@ -64,20 +64,53 @@ def _copies(listing: list[JobRef], finished: Optional[tuple[dict[int, str], int]
 
 def resolve_duplicates(spool: Spool, report: Report) -> None:
     """A crash between writing a job's new state and unlinking the old one leaves two copies:
-    the copy with the higher rev is the later state and wins."""
+    the copy with the higher rev is the later state and wins. A copy in pending/ that no crash can
+    have left (another job with that id, or the job's file put back by hand) goes to rejected/ with
+    the reason instead: it is never deleted, nor does it replace the job."""
     for copies in spool.jobs.index().values():
         if len(copies) < 2:
             continue
         loaded = []
         for ref in copies:
             try:
-                loaded.append((spool.jobs.load(ref).rev, STATES.index(ref.state), ref))
+                loaded.append((spool.jobs.load(ref), STATES.index(ref.state), ref))
             except (FileNotFoundError, schema.InvalidJob):
                 continue
-        loaded.sort()
-        for _rev, _order, ref in loaded[:-1]:
-            spool.jobs.remove(ref)
+        if not loaded:
+            continue
+        loaded.sort(key=lambda copy: (copy[0].rev, copy[1]))
+        kept = loaded[-1]
+        placed = [copy for copy in loaded if copy[2].state != PENDING]
+        if kept[2].state == PENDING and placed and kept[0].created_at != placed[-1][0].created_at:
+            kept = placed[-1]  # a newer rev of another job does not replace this one
+        for job, _order, ref in loaded:
+            if ref == kept[2]:
+                continue
+            why = _put_back(spool, ref, job, kept[2], kept[0]) if ref.state == PENDING else ""
+            if why:
+                try:
+                    spool.dropbox.reject(ref.name, why)
+                except FileNotFoundError:
+                    continue  # another repair took it
+            else:
+                spool.jobs.remove(ref)
             report.duplicates_removed.append(ref)
+
+
+def _put_back(spool: Spool, ref: JobRef, job: Job, kept: JobRef, kept_job: Job) -> str:
+    """Why a pending copy that lost to `kept` is not a crash's leftover ("" if it may be one): a
+    leftover is the same job with a lower rev, written before the copy that replaced it."""
+    if job.created_at != kept_job.created_at:
+        return (
+            f"id {ref.id} is already job #{ref.id} in {kept.state}/ here: this file (from another queue?)"
+            " holds an id given out before; queue it with `gpuq add`"
+        )
+    if job.rev >= kept_job.rev or spool.jobs.written_ns(ref) > spool.jobs.written_ns(kept):
+        return (
+            f"job #{ref.id} is in {kept.state}/ already: a copy put back in pending/ is not run again;"
+            f" `gpuq retry {ref.id}` (a failed or cancelled job) or `gpuq add` runs it again"
+        )
+    return ""
 
 
 def settle_unsupervised(spool: Spool, report: Report) -> None:

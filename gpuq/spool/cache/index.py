@@ -25,6 +25,7 @@ from gpuq.core.times import parse_iso
 from gpuq.spool.cache import runs
 from gpuq.spool.cache.journal import Journal, Rows
 from gpuq.spool.files import MIN_FREE_TO_START, Files, free_bytes, read_job_file_inode, read_span, unlink_quietly
+from gpuq.spool.ids import IdCounter
 from gpuq.spool.kept import KeptRuns
 from gpuq.spool.layout import Layout, is_job_name
 from gpuq.spool.store import MAX_JOB_BYTES, JobRef, JobStore
@@ -169,8 +170,8 @@ class Finished:
 
 
 class FinishedIndex:
-    def __init__(self, layout: Layout, files: Files, jobs: JobStore, kept: KeptRuns) -> None:
-        self.layout, self.files, self.jobs, self.kept = layout, files, jobs, kept
+    def __init__(self, layout: Layout, files: Files, jobs: JobStore, kept: KeptRuns, ids: IdCounter) -> None:
+        self.layout, self.files, self.jobs, self.kept, self.ids = layout, files, jobs, kept, ids
         self.journal = Journal(layout, FORMAT)
 
     def note(self, ref: JobRef) -> None:
@@ -220,6 +221,8 @@ class FinishedIndex:
             return Finished(entries, kept, runs, rows)
         finished = Finished(entries, kept, {}, rows)
         finished.runs = recent_runs(finished.entries[DONE])
+        if write:  # a file moved in by hand may hold an id the counter has not reached
+            self.ids.seen(max((entry.ids[-1] for entry in entries.values() if entry.ids), default=0))
         if write and self._write(finished.entries, kept_stamp, kept, finished.runs) and journal:
             self.journal.fold(journal[0][0])
         return finished
