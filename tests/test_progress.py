@@ -329,6 +329,34 @@ def test_progress_from_checkpoint_directories(gq) -> None:
     assert "checkpoint-20" in row["eta_method"]
 
 
+# HF Trainer run with --max_steps and --disable_tqdm true: its log has only the loss dicts (an epoch,
+# no total); its checkpoints' trainer_state.json carry max_steps.
+HF_DICTS = """
+import json, os, time
+for step in range(1, 16):
+    print({'loss': 0.5, 'grad_norm': 1.1, 'learning_rate': 5e-05, 'epoch': round(step / 24, 2)}, flush=True)
+    if step % 5 == 0:
+        os.makedirs(f"out/checkpoint-{step}")
+        with open("state.tmp", "w") as fh:
+            json.dump({"global_step": step, "max_steps": 24}, fh)
+        os.replace("state.tmp", f"out/checkpoint-{step}/trainer_state.json")
+    time.sleep(0.02)
+while not os.path.exists("go"):
+    time.sleep(0.02)
+"""
+
+
+def test_a_log_without_a_total_does_not_hide_checkpoints_that_have_one(gq) -> None:
+    gq.script("hf_dicts.py", HF_DICTS)
+    job_id = gq.add("hf_dicts.py", "--output_dir", "out", "--disable_tqdm", "true")
+    gq.start_worker()
+    wait_for(lambda: (gq.work / "out" / "checkpoint-15" / "trainer_state.json").exists(), 20, what="checkpoint-15")
+    row = running_row(gq, job_id, lambda r: r["progress_source"] is not None)
+    assert row["progress_source"] == "checkpoint" and "checkpoint-15" in row["eta_method"], row
+    assert row["progress"] == pytest.approx(15 / 24)
+    (gq.work / "go").touch()
+
+
 def test_checkpoint_progress_uses_trainer_state_and_trl_completions() -> None:
     import tempfile
 
