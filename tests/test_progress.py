@@ -398,6 +398,18 @@ def test_queue_plan_is_unknown_rather_than_a_guess() -> None:
     assert "no worker" in queue_eta.plan_queue([], [(a, None)], [], durations)[2].method
 
 
+def test_an_unknown_start_names_the_jobs_before_it_that_have_no_eta() -> None:
+    adopted = Job({"id": 1, "name": "hand/train", "adopted": True, "gpus": [0], "slot": "0"})
+    other = Job({"id": 2, "name": "runs/long", "gpus": [1], "slot": "1"})
+    waits = Job({"id": 3, "cmd": ["a"], "cwd": "/w", "after": [], "after_any": []})
+    after = Job({"id": 4, "cmd": ["b"], "cwd": "/w", "after": [1], "after_any": []})
+    plan = queue_eta.plan_queue([(adopted, None)], [(waits, None)], ["0", "cpu"], {})
+    assert plan[3].method.startswith("start unknown (#1 hand/train, adopted, has no ETA); run time unknown")
+    plan = queue_eta.plan_queue([(adopted, None), (other, None)], [(waits, None), (after, None)], ["0", "1", "cpu"], {})
+    assert plan[3].method.startswith("start unknown (#1 hand/train, adopted, and 1 more have no ETA)")
+    assert plan[4].method.startswith("start unknown (#1 hand/train, adopted, has no ETA)")  # its dependency
+
+
 def test_pending_job_behind_a_running_one_has_a_start_time(gq) -> None:
     gq.script("short.py", "import time\ntime.sleep(1)\n")
     first = gq.add("short.py")
