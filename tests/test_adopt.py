@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import wait_for
+from test_gpu_worker import Gpus, fake_gpus, seen
+from test_gpu_worker import add as add_gpu_job
 
 from gpuq.run.launcher import Launcher
 from gpuq.run.worker import Worker
@@ -62,6 +64,7 @@ def outside(gq):
 
 
 def test_adopt_a_real_process_and_a_job_after_it(gq, outside) -> None:
+    Gpus(gq, {"gpus": []})  # a machine without GPUs: the adopted job takes the whole of it
     project = gq.work / "my project"
     project.mkdir()
     script = gq.script("train.py", OUTSIDE, where=project)
@@ -263,3 +266,51 @@ def test_an_adopted_training_gets_an_eta_at_once_though_its_checkpoint_came_at_i
     again = row_of(gq, job_id)  # a second look at the same checkpoint: still the first-look rate
     assert again["eta_seconds"] is not None and "elapsed x remaining / done" in again["eta_method"], again
     (gq.work / "release").touch()
+
+
+def by_hand(outside, gq, visible=None, **kw) -> subprocess.Popen:
+    """A process started by hand, with `visible` as its CUDA_VISIBLE_DEVICES (None: unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env.update({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible})
+    return outside("-c", WAIT_FOR_RELEASE, str(gq.work / "release"), env=env, **kw)
+
+
+WAIT_FOR_RELEASE = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n"
+
+
+def test_an_adopted_process_holds_the_gpus_its_cuda_visible_devices_names(gq, outside) -> None:
+    """Before it holds any GPU memory (still loading its data): GPU 1 is its, GPU 0 is free."""
+    Gpus(gq, fake_gpus(2))
+    proc = by_hand(outside, gq, "1")
+    out = gq.gpuq("adopt", str(proc.pid), "--name", "by hand").stdout
+    adopted = int(out.split("#")[1].split(":")[0])
+    first, second = add_gpu_job(gq), add_gpu_job(gq)
+    gq.start_worker()
+    assert seen(gq, first)["CUDA_VISIBLE_DEVICES"] == "0"
+    wait_for(lambda: f"job #{adopted}" in (row_of(gq, second)["waiting"] or ""), 10, what="the job to wait for it")
+    assert row_of(gq, second)["state"] == "pending"
+    assert "holds GPU 1 (its CUDA_VISIBLE_DEVICES=1): no other job starts there while it runs" in out, out
+    job = json.loads(gq.gpuq("show", "--json", str(adopted)).stdout)
+    assert (job["gpus"], job["slot"]) == ([1], "1")
+
+
+def test_an_adopted_process_without_cuda_visible_devices_holds_every_gpu(gq, outside) -> None:
+    gpus = Gpus(gq, fake_gpus(2))
+    proc = by_hand(outside, gq)
+    out = gq.gpuq("adopt", str(proc.pid), "--name", "by hand").stdout
+    adopted = int(out.split("#")[1].split(":")[0])
+    waiting = add_gpu_job(gq)
+    gq.start_worker()
+    wait_for(lambda: f"job #{adopted}" in (row_of(gq, waiting)["waiting"] or ""), 10, what="the job to wait for it")
+    assert "holds GPU 0,1 (every GPU: its CUDA_VISIBLE_DEVICES is not set)" in out, out
+    eta_text = gq.gpuq("eta", str(waiting)).stdout
+    assert f"start unknown (#{adopted} by hand, adopted, has no ETA)" in eta_text, eta_text
+    # the GPU it holds memory on counts too, beside the one its CUDA_VISIBLE_DEVICES names
+    held = by_hand(outside, gq, "0")
+    gpus.set(fake_gpus(2, foreign={1: (held.pid, 500)}))
+    out = gq.gpuq("adopt", str(held.pid)).stdout
+    assert "holds GPU 0,1 (its CUDA_VISIBLE_DEVICES=0; it holds memory on GPU 1)" in out, out
+    # one that sees no GPU holds none
+    out = gq.gpuq("adopt", str(by_hand(outside, gq, "").pid)).stdout
+    assert "holds no GPU (its CUDA_VISIBLE_DEVICES is empty): other jobs start beside it" in out, out
+    assert row_of(gq, waiting)["state"] == "pending"

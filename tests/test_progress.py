@@ -329,6 +329,34 @@ def test_progress_from_checkpoint_directories(gq) -> None:
     assert "checkpoint-20" in row["eta_method"]
 
 
+# HF Trainer run with --max_steps and --disable_tqdm true: its log has only the loss dicts (an epoch,
+# no total); its checkpoints' trainer_state.json carry max_steps.
+HF_DICTS = """
+import json, os, time
+for step in range(1, 16):
+    print({'loss': 0.5, 'grad_norm': 1.1, 'learning_rate': 5e-05, 'epoch': round(step / 24, 2)}, flush=True)
+    if step % 5 == 0:
+        os.makedirs(f"out/checkpoint-{step}")
+        with open("state.tmp", "w") as fh:
+            json.dump({"global_step": step, "max_steps": 24}, fh)
+        os.replace("state.tmp", f"out/checkpoint-{step}/trainer_state.json")
+    time.sleep(0.02)
+while not os.path.exists("go"):
+    time.sleep(0.02)
+"""
+
+
+def test_a_log_without_a_total_does_not_hide_checkpoints_that_have_one(gq) -> None:
+    gq.script("hf_dicts.py", HF_DICTS)
+    job_id = gq.add("hf_dicts.py", "--output_dir", "out", "--disable_tqdm", "true")
+    gq.start_worker()
+    wait_for(lambda: (gq.work / "out" / "checkpoint-15" / "trainer_state.json").exists(), 20, what="checkpoint-15")
+    row = running_row(gq, job_id, lambda r: r["progress_source"] is not None)
+    assert row["progress_source"] == "checkpoint" and "checkpoint-15" in row["eta_method"], row
+    assert row["progress"] == pytest.approx(15 / 24)
+    (gq.work / "go").touch()
+
+
 def test_checkpoint_progress_uses_trainer_state_and_trl_completions() -> None:
     import tempfile
 
@@ -368,6 +396,18 @@ def test_queue_plan_is_unknown_rather_than_a_guess() -> None:
     assert two_gpus[3].starts_in == 0.0
     assert queue_eta.plan_queue([(run, None)], [(a, None)], [None], durations)[2].starts_in is None
     assert "no worker" in queue_eta.plan_queue([], [(a, None)], [], durations)[2].method
+
+
+def test_an_unknown_start_names_the_jobs_before_it_that_have_no_eta() -> None:
+    adopted = Job({"id": 1, "name": "hand/train", "adopted": True, "gpus": [0], "slot": "0"})
+    other = Job({"id": 2, "name": "runs/long", "gpus": [1], "slot": "1"})
+    waits = Job({"id": 3, "cmd": ["a"], "cwd": "/w", "after": [], "after_any": []})
+    after = Job({"id": 4, "cmd": ["b"], "cwd": "/w", "after": [1], "after_any": []})
+    plan = queue_eta.plan_queue([(adopted, None)], [(waits, None)], ["0", "cpu"], {})
+    assert plan[3].method.startswith("start unknown (#1 hand/train, adopted, has no ETA); run time unknown")
+    plan = queue_eta.plan_queue([(adopted, None), (other, None)], [(waits, None), (after, None)], ["0", "1", "cpu"], {})
+    assert plan[3].method.startswith("start unknown (#1 hand/train, adopted, and 1 more have no ETA)")
+    assert plan[4].method.startswith("start unknown (#1 hand/train, adopted, has no ETA)")  # its dependency
 
 
 def test_pending_job_behind_a_running_one_has_a_start_time(gq) -> None:

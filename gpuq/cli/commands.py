@@ -393,9 +393,11 @@ COMMANDS = (
         "adopt",
         handler="cmd_jobs:cmd_adopt",
         help="track a process started outside gpuq as a running job",
-        description="Take a running process of yours into the queue: nothing else starts while it runs, and "
-        "jobs can wait for it (--after). Its exit code cannot be known: when it ends it is recorded as done "
-        "with exit_code null, so `--after` on it starts whatever its result.",
+        description="Take a running process of yours into the queue: nothing else starts on its GPUs while it "
+        "runs, and jobs can wait for it (--after). Its GPUs are those its CUDA_VISIBLE_DEVICES names, else every "
+        "GPU, with any where it holds memory (without GPUs: the whole machine); adopt says which. Its exit code "
+        "cannot be known: when it ends it is recorded as done with exit_code null, so `--after` on it starts "
+        "whatever its result.",
         options=(
             Opt("pid", convert=counter(1, "a process id"), metavar="PID"),
             Opt("--name", help="job name (default: <cwd name>/<script stem>)"),

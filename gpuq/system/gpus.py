@@ -354,3 +354,52 @@ def tree_pids(roots: Iterable[int]) -> set[int]:
         pids.add(root)
         pids.update(child.pid for child in children)
     return pids
+
+
+def used_by(pid: int) -> tuple[Optional[list[int]], str]:
+    """The GPUs (indices) a process of ours uses, and how that was told; (None, "") without GPUs.
+    Those its CUDA_VISIBLE_DEVICES names, as it was started; every GPU when that is unset or names
+    one gpuq cannot tell (the process may use any); with those where it or a child holds memory."""
+    gpus = look().gpus
+    if not gpus:
+        return None, ""
+    psutil = load_psutil()
+    try:
+        env: Optional[dict[str, str]] = psutil.Process(pid).environ()
+    except psutil.Error:
+        env = None
+    value = None if env is None else env.get("CUDA_VISIBLE_DEVICES")
+    named = _visible(value, gpus, (env or {}).get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID")
+    if named is not None:
+        why = f"its CUDA_VISIBLE_DEVICES={value}" if value else "its CUDA_VISIBLE_DEVICES is empty"
+    else:
+        named = [gpu.index for gpu in gpus]
+        told = "cannot be read" if env is None else "is not set" if value is None else f"({value}) is not one gpuq maps"
+        why = f"every GPU: its CUDA_VISIBLE_DEVICES {told}"
+    tree = tree_pids([pid])
+    holding = sorted({gpu.index for gpu in gpus for proc in gpu.processes if proc.pid in tree} - set(named))
+    if holding:
+        why += f"; it holds memory on GPU {','.join(map(str, holding))}"
+    return sorted({*named, *holding}), why
+
+
+def _visible(value: Optional[str], gpus: tuple[Gpu, ...], pci_order: bool) -> Optional[list[int]]:
+    """The GPUs CUDA_VISIBLE_DEVICES names, read as CUDA reads it: indices or (prefixes of) UUIDs,
+    up to the first that names no GPU (`-1`, `""`: none). None where gpuq cannot tell: unset, a MIG
+    instance, or indices in CUDA's default order (fastest first) among GPUs of several models."""
+    if value is None:
+        return None
+    named: list[int] = []
+    for word in (w.strip() for w in value.split(",")):
+        if word.lstrip("-").isdigit():
+            found = [gpu.index for gpu in gpus if gpu.index == int(word)]
+            if found and not pci_order and len({gpu.name for gpu in gpus}) > 1:
+                return None
+        elif word.startswith("GPU-") or not word:
+            found = [gpu.index for gpu in gpus if word and gpu.uuid.startswith(word)]
+        else:
+            return None
+        if len(found) != 1:
+            break
+        named.append(found[0])
+    return named

@@ -19,6 +19,7 @@ from gpuq.engine.lifecycle import repairs
 from gpuq.engine.lifecycle.enqueue import default_name
 from gpuq.engine.lifecycle.interpreter import refuse_too_long
 from gpuq.spool import JobRef, Spool
+from gpuq.system import gpus as gpu_info
 from gpuq.system import procs
 
 
@@ -145,4 +146,11 @@ def _job(spool: Spool, info: dict[str, Any], name: Optional[str], log: Optional[
         attempts=1,
         note="adopted: started outside gpuq; its exit code cannot be known",
     )
+    # the GPUs it may use are held as a running job's: nothing else of gpuq's starts on them
+    gpus, why = gpu_info.used_by(info["pid"])
+    if gpus is not None:
+        held = f"GPU {','.join(map(str, gpus))}" if gpus else "no GPU"
+        job.update(
+            gpus=gpus, slot=",".join(map(str, gpus)), gpu_request=len(gpus), note=f"{job.note}; holds {held} ({why})"
+        )
     return job

@@ -63,11 +63,15 @@ def observe(
         if reading:
             return reading, progress.recent_points(report[0]), stored.get("log")
     reading, log = log_reading(spool, job, stored)
-    if reading:
+    if reading and (reading.total or reading.finished):
         return reading, [], log
-    reading, points = progress.from_checkpoints(job)
+    # a log without a total (HF's loss dicts give only the epoch) gives way to checkpoints that
+    # have one (trainer_state.json's max_steps)
+    found, points = progress.from_checkpoints(job)
+    if reading and not (found and found.total):
+        return reading, [], log
     # the checkpoint it resumed from is where the attempt began, not a sample of its pace
-    return reading, [p for p in points if progress.wrote_since(p[0], started, job.adopted)], log
+    return found, [p for p in points if progress.wrote_since(p[0], started, job.adopted)], log
 
 
 def log_reading(

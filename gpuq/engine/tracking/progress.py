@@ -1,5 +1,6 @@
 """How far a job has got, from the first source that yields a reading: its progress file
-(GPUQ_PROGRESS_FILE, "reported"), the tail of its log ("log"), its checkpoints ("checkpoint").
+(GPUQ_PROGRESS_FILE, "reported"), the tail of its log ("log"), its checkpoints ("checkpoint");
+a log reading without a total gives way to checkpoints with one (eta.observe).
 A retried or resumed job keeps its id, so its files may hold an earlier attempt's output: the log
 part after the last ATTEMPT_HEADER and a progress file newer than the attempt's start are its own.
 eta.py turns readings over time into a rate.

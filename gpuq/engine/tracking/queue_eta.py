@@ -34,6 +34,7 @@ def past_durations(spool: Spool, keys: set[str], listing: Optional[Finished] = N
     return {key: [run for _id, run in sorted(by_id.items())[-RUNS:]] for key, by_id in found.items() if by_id}
 
 
+SOMETHING = "something before it has no ETA"  # a pending job's unknown start, when no job can be named
 NO_WORKER = "no worker is running (`gpuq run`)"  # why a pending job has no start time without one
 
 
@@ -254,6 +255,7 @@ class _Play:
         self.turned: dict[Optional[str], str] = {}  # slot -> whose turn took it, for as long as no one knows
         self.cap = cap if CPU_LANE in slots else None  # without GPUs no job holds any
         self.holding: list[tuple[set[str], Optional[float]]] = []  # (GPUs, until) of the jobs counted against the cap
+        self.unknown: list[tuple[Optional[str], Job]] = []  # (slot, job on it that ends when no one knows)
         for job, until in running:
             self.ends[job.id] = until
             if job.gpus:
@@ -261,6 +263,8 @@ class _Play:
             for slot in _slots_of(job, slots):
                 if slot in self.free:
                     self.free[slot] = _later(self.free[slot], until)
+                    if until is None:
+                        self.unknown.append((slot, job))
 
     def run(self, waiting: list[tuple[Any, Optional[float]]]) -> None:
         """Place each (job, when its --begin or host room allows it; None: unknown) in queue order,
@@ -286,7 +290,9 @@ class _Play:
             unknown_elsewhere = all(self.free[s] is None or s in held_off for s in usable)
             turned = {s: self.turned[s] for s in usable if s in self.turned and s not in held_off}
             held = _held_text(held_off, self.threshold, turned)
-            note = _queue_note(None, *self._run_time(job), held, None if unknown_elsewhere else [])
+            note = _queue_note(
+                None, *self._run_time(job), held, None if unknown_elsewhere else [], self._before(job, usable)
+            )
             self.out[job.id] = eta.Estimate(None, None, note)
 
     def _step(
@@ -359,11 +365,24 @@ class _Play:
         end = None if run is None else at + run
         for slot in taken:
             self.free[slot] = end
+            if end is None:
+                self.unknown.append((slot, job))
         if CPU_LANE not in taken:
             self.holding.append(({str(s) for s in taken}, end))
         self.ends[job.id] = end
         note = _queue_note(at, run, runs, _held_text(held_off, self.threshold), taken)
         self.out[job.id] = eta.Estimate(None, end, note, starts_in=at)
+
+    def _before(self, job: Job, usable: list[Optional[str]]) -> str:
+        """Which job before `job` has no ETA: a dependency, else one on the slots it may use."""
+        ahead = {j.id: j for _s, j in self.unknown}
+        deps = [ahead[d] for d in sorted({*job.after, *job.after_any}) if d in ahead]
+        found = deps or list({j.id: j for s, j in self.unknown if s in usable and self.free[s] is None}.values())
+        if not found:
+            return SOMETHING
+        first = found[0]
+        named = f"#{first.id} {first.get('name', '')}".rstrip() + (", adopted," if first.adopted else "")
+        return f"{named} and {len(found) - 1} more have no ETA" if len(found) > 1 else f"{named} has no ETA"
 
     def _run_time(self, job: Job) -> tuple[Optional[float], int]:
         past = self.durations.get(eta.command_key(job), [])[-RUNS:]
@@ -393,15 +412,20 @@ def _held_text(held_off: dict[Optional[str], Outside], threshold: int, turned: O
 
 
 def _queue_note(
-    start: Optional[float], run: Optional[float], runs: int, held: str = "", taken: Optional[list[Any]] = None
+    start: Optional[float],
+    run: Optional[float],
+    runs: int,
+    held: str = "",
+    taken: Optional[list[Any]] = None,
+    before: str = SOMETHING,
 ) -> str:
     """How the start and run time were found. `held`: the GPUs others' memory keeps the job off
     (when they free them cannot be known); `taken`: the GPUs it is expected on instead (None:
-    none frees at a known time)."""
+    none frees at a known time); `before`: what before it has no ETA, when that is why."""
     if held and taken is None:
         when = f"start unknown: {held} (no telling when they free it), and no other GPU frees at a known time"
     elif start is None:
-        when = "start unknown (something before it has no ETA)"
+        when = f"start unknown ({before})"
     elif held:
         on = ",".join(map(str, taken or ()))
         when = f"starts in ~{duration(start)} on GPU {on} ({held}, no telling when they free it)"
