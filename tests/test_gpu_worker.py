@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Optional
 
 import pytest
@@ -102,6 +103,7 @@ def test_a_two_gpu_job_gets_two_distinct_gpus_and_a_cpu_job_runs_beside(gq: Env)
     assert seen(gq, pair)["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert seen(gq, cpu)["CUDA_VISIBLE_DEVICES"] == ""  # a CPU job sees no GPU at all
     assert gq.job(pair)["gpus"] == [0, 1] and gq.job(cpu)["gpus"] == []
+    assert re.search(r"\n  state +running: pid \d+, CPU[,\n]", gq.gpuq("show", str(cpu)).stdout)  # not a bare "GPU "
     assert not started(gq, single) and "waiting for a free GPU" in row(gq, single)["waiting"]
     release(gq)
     for job_id in (pair, cpu, single):

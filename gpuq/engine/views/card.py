@@ -155,7 +155,7 @@ def _state(spool: Spool, state: str, job: Job) -> list[Line]:
     elif state in (PENDING, HELD):
         why = why_waiting(spool, state, job)
     elif state == RUNNING:
-        where = f"GPU {job.slot}" if job.slot is not None else ("CPU" if job.gpus == [] else "")
+        where = f"GPU {job.slot}" if job.slot else ("CPU" if job.gpus == [] else "")  # "": a CPU job beside GPU ones
         asked = spool.control.asked(job.id, since=parse_iso(job.started_at))  # being killed or preempted
         stopping = stopping_text(*asked, time.time()) if asked else ""
         pid = f"pid {job.pid}" if job.pid else "starting"
