@@ -14,10 +14,10 @@ user's jobs back once their GPUs held at once reach the cap, as placement goes d
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 from gpuq.core.job import Job
+from gpuq.core.times import clock
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.schedule.placement import Blocked, Decision, Leased, Placement, Request
 from gpuq.system import policy as machine_policy
@@ -45,7 +45,7 @@ def first_in_line(
 
 
 def turn_reason(ticket: Ticket, gpu_index: int) -> str:
-    since = time.strftime("%H:%M:%S", time.localtime(ticket.since))
+    since = clock(ticket.since)
     return f"waiting for its turn on GPU {gpu_index}: {ticket.who(os.geteuid())} has waited since {since}"
 
 

@@ -1,0 +1,96 @@
+"""What another user's tickets and leases cannot do to a worker (lease_layout.md section 7): a file
+with an impossible `since` stops no gpuq.
+
+The other user's files are written and held by a real process, as a 15-line script of theirs would:
+a child that writes them (owned by another uid where the test runs as root), takes their flock and
+waits to be killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from conftest import Env
+from test_gpu_worker import Gpus, fake_gpus
+from test_turns import THEM, _lease, _ticket
+
+from gpuq.core.states import DONE
+from gpuq.engine.schedule.gpuview import ticket_entry
+from gpuq.engine.schedule.turns import turn_reason
+from gpuq.system.leases import LeaseDir, Ticket
+
+# Writes each (name, JSON object) given, with its own pid as `pid`, owned by the uid given; locks them
+# as a lease's holder does, says so, and holds them until it is killed.
+HOLDER = """import fcntl, json, os, signal, sys
+directory, uid, files = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+for name, text in zip(files[::2], files[1::2]):
+    record = dict(json.loads(text), pid=os.getpid())
+    fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(fd, (json.dumps(record) + "\\n").encode())
+    os.fchown(fd, uid, uid)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+signal.pause()
+"""
+
+
+@pytest.fixture
+def holders() -> Iterator[list[subprocess.Popen]]:
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        proc.send_signal(signal.SIGKILL)  # a stopped one too
+        proc.wait()
+
+
+def _hold(started: list[subprocess.Popen], directory: Path, uid: int, *files: tuple[str, dict]) -> subprocess.Popen:
+    """A process holding these files in the lease directory (made first, 1777, as root or a user's gpuq makes it)."""
+    LeaseDir.open(directory)
+    argv = [sys.executable, "-c", HOLDER, str(directory), str(uid)]
+    for name, record in files:
+        argv += [name, json.dumps(record)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    started.append(proc)
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc
+
+
+@pytest.mark.parametrize("since", [1e300, 10**400, 253402300800], ids=["1e300", "10**400", "year 10000"])
+def test_a_ticket_and_a_lease_with_an_impossible_since_stop_no_gpuq(
+    gq: Env, own_lease_dir: Path, holders: list[subprocess.Popen], since: Any
+) -> None:
+    """Held by a live process, they are files that do not parse: each said once, ignored, and the
+    worker, status, gpus and lease --no-wait all go on (they printed a traceback, the worker died)."""
+    Gpus(gq, fake_gpus(2))
+    uid = THEM if os.geteuid() == 0 else os.geteuid()  # another user's, where the test can make one
+    ticket = f"gpuq-ticket.{uid}.1.1.ticket"
+    lease = f"gpuq-lease.GPU-fake-0.{uid}.1.2.lease"
+    hostile = [(ticket, _ticket(uid=uid, since=since)), (lease, dict(_lease("GPU-fake-0", uid), since=since))]
+    _hold(holders, own_lease_dir, uid, *hostile)
+    worker = gq.start_worker("--watch")
+    job = gq.add("--gpus", "1", "true")
+    gq.wait_state(job, DONE)
+    for command in (["status"], ["gpus"], ["gpus", "--json"], ["lease", "--no-wait", "--", "true"]):
+        proc = gq.gpuq(*command, check=False)
+        assert proc.returncode == 0 and "Traceback" not in proc.stdout + proc.stderr, (command, proc.stderr)
+    shown = gq.gpuq("gpus").stdout
+    for name in (ticket, lease):
+        assert f"{own_lease_dir / name} has a bad since: ignored" in shown, shown
+    assert worker.poll() is None, gq.worker_output()
+    out = gq.worker_output()
+    assert out.count(f"ticket file {own_lease_dir / ticket} has a bad since: ignored") == 1, out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("since", [1e300, 1e18, 253402300800, -1e300])
+def test_a_time_no_platform_can_show_is_shown_safely(since: float) -> None:
+    """Behind the reading boundary, formatting does not raise either: views say nothing, reasons `?`."""
+    ticket = Ticket("t", "bob", THEM, 1, 30, None, 1, None, None, since, "h")
+    assert ticket_entry(ticket, os.geteuid())["since"] == ""
+    assert turn_reason(ticket, 0).endswith("bob's job #30 has waited since ?")
