@@ -1,5 +1,5 @@
 """What another user's tickets and leases cannot do to a worker (lease_layout.md section 7): a file
-with an impossible `since` stops no gpuq.
+with an impossible `since` stops no gpuq, and a job that waits for host memory takes no GPU's turn.
 
 The other user's files are written and held by a real process, as a 15-line script of theirs would:
 a child that writes them (owned by another uid where the test runs as root), takes their flock and
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import Env
+from conftest import WAIT_FOR_GO, Env, wait_for
 from test_gpu_worker import Gpus, fake_gpus
-from test_turns import THEM, _lease, _ticket
+from test_turns import THEM, _lease, _ticket, needs_root
 
 from gpuq.core.states import DONE
 from gpuq.engine.schedule.gpuview import ticket_entry
@@ -94,3 +94,26 @@ def test_a_time_no_platform_can_show_is_shown_safely(since: float) -> None:
     ticket = Ticket("t", "bob", THEM, 1, 30, None, 1, None, None, since, "h")
     assert ticket_entry(ticket, os.geteuid())["since"] == ""
     assert turn_reason(ticket, 0).endswith("bob's job #30 has waited since ?")
+
+
+@needs_root  # another user's lease
+def test_a_job_that_waits_for_host_memory_takes_no_gpus_turn(
+    gq: Env, own_lease_dir: Path, holders: list[subprocess.Popen]
+) -> None:
+    """Another user holds GPU 1; the second of two 3G jobs waits for the worker's 4G of host memory,
+    not for a GPU: it posts no ticket, and GPU 0, free, is no one's turn."""
+    Gpus(gq, fake_gpus(3))
+    _hold(holders, own_lease_dir, THEM, (f"gpuq-lease.GPU-fake-1.{THEM}.1.1.lease", _lease("GPU-fake-1")))
+    gq.script("wait.py", WAIT_FOR_GO)
+    first = gq.add("--mem", "3G", "--gpus", "1", "wait.py")
+    second = gq.add("--mem", "3G", "--gpus", "1", "true")
+    gq.start_worker("--watch", "--mem", "4G")
+    gq.wait_state(first, "running")
+
+    def reason() -> str:
+        return next(r for r in gq.status_json() if r["id"] == second)["waiting"] or ""
+
+    wait_for(lambda: "waiting for host memory" in reason(), 15, what="the second job to wait for host memory")
+    assert LeaseDir.open(own_lease_dir).tickets() == []
+    (gq.work / "go").write_text("")
+    gq.wait_state(second, DONE)

@@ -14,7 +14,7 @@ user's jobs back once their GPUs held at once reach the cap, as placement goes d
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
+from typing import AbstractSet, Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 from gpuq.core.job import Job
 from gpuq.core.times import clock
@@ -185,13 +185,15 @@ class Turns:
         self,
         pending: Sequence[Job],
         waits: dict[int, scheduler.Wait],
+        for_gpus: AbstractSet[int],
         busy: Iterable[int],
         gpus: Sequence[tuple[int, str]],
         allowed: Optional[set[int]],
         leased: Sequence[Leased],
     ) -> None:
         """Keep a ticket for the first pending job that waits for another user (their lease on a GPU it
-        may use, or their turn), until that job is running; release it otherwise."""
+        may use, or their turn), until that job is running; release it otherwise. `for_gpus`: the jobs
+        of `waits` that wait for GPUs, not for the host's memory or CPUs (which no GPU's turn brings)."""
         if self.paused:
             self.release()
             return
@@ -202,7 +204,7 @@ class Turns:
             wait = waits.get(job.id)
             if wait is None or job.id in self.capped or not job.gpu_request:
                 continue
-            if job.id in self.turn_waits or (others_hold and not wait.forever):
+            if job.id in self.turn_waits or (others_hold and job.id in for_gpus and not wait.forever):
                 waiting = job
                 break
         held = self.ticket.ticket.job if self.ticket is not None else None
