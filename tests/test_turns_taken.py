@@ -1,5 +1,6 @@
 """What another user's tickets and leases cannot do to a worker (lease_layout.md section 7): a file
-with an impossible `since` stops no gpuq, and a job that waits for host memory takes no GPU's turn.
+with an impossible `since` stops no gpuq, a ticket whose holder never takes its turn keeps a free GPU
+from the others for TURN_GRACE_SECONDS only, and a job that waits for host memory takes no GPU's turn.
 
 The other user's files are written and held by a real process, as a 15-line script of theirs would:
 a child that writes them (owned by another uid where the test runs as root), takes their flock and
@@ -12,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,8 +23,9 @@ from test_gpu_worker import Gpus, fake_gpus
 from test_turns import THEM, _lease, _ticket, needs_root
 
 from gpuq.core.states import DONE
+from gpuq.core.times import parse_iso
 from gpuq.engine.schedule.gpuview import ticket_entry
-from gpuq.engine.schedule.turns import turn_reason
+from gpuq.engine.schedule.turns import TURN_GRACE_SECONDS, turn_reason
 from gpuq.system.leases import LeaseDir, Ticket
 
 # Writes each (name, JSON object) given, with its own pid as `pid`, owned by the uid given; locks them
@@ -117,3 +120,48 @@ def test_a_job_that_waits_for_host_memory_takes_no_gpus_turn(
     assert LeaseDir.open(own_lease_dir).tickets() == []
     (gq.work / "go").write_text("")
     gq.wait_state(second, DONE)
+
+
+def _waits_for_its_turn(gq: Env, job: int) -> bool:
+    row = next(r for r in gq.status_json() if r["id"] == job)
+    return "waiting for its turn on GPU 0: " in (row["waiting"] or "")
+
+
+@needs_root  # another user's ticket
+def test_a_ticket_whose_holder_never_takes_its_turn_keeps_the_gpu_for_the_grace_period_only(
+    gq: Env, own_lease_dir: Path, holders: list[subprocess.Popen], tmp_path: Path
+) -> None:
+    """A ticket `since: 0`, held by a live process that never takes the free GPU (it kept every other
+    user off it for ever): a job and a `gpuq lease` wait for its turn, then start once the GPUs have
+    been free for TURN_GRACE_SECONDS."""
+    Gpus(gq, fake_gpus(2))
+    _hold(holders, own_lease_dir, THEM, (f"gpuq-ticket.{THEM}.1.1.ticket", _ticket(since=0.0)))
+    gq.start_worker("--watch")
+    added = time.time()  # no clock of the worker's starts before its job is in line
+    job = gq.add("--gpus", "1", "true")
+    wait_for(lambda: _waits_for_its_turn(gq, job), 15, what="the job to wait for the ticket's turn")
+    asked = time.time()
+    lease = subprocess.Popen(
+        [sys.executable, "-m", "gpuq", "lease", "--", "date", "+%s.%N"], cwd=tmp_path, env=gq.env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    gq.wait_state(job, DONE, timeout=TURN_GRACE_SECONDS + 20)
+    out, err = lease.communicate(timeout=TURN_GRACE_SECONDS + 20)
+    assert lease.returncode == 0 and "waiting for its turn on GPU" in err, err
+    assert (parse_iso(gq.job(job)["started_at"]) or 0) >= added + TURN_GRACE_SECONDS
+    assert float(out) >= asked + TURN_GRACE_SECONDS, "the lease waited out the grace too"
+
+
+@needs_root  # another user's ticket
+def test_a_ticket_whose_holder_is_stopped_keeps_no_one_waiting(
+    gq: Env, own_lease_dir: Path, holders: list[subprocess.Popen]
+) -> None:
+    """Its holder stopped (Ctrl-Z, SIGSTOP): the job starts at once, and `gpuq gpus` lists it no more."""
+    Gpus(gq, fake_gpus(1))
+    holder = _hold(holders, own_lease_dir, THEM, (f"gpuq-ticket.{THEM}.1.1.ticket", _ticket(since=0.0)))
+    assert "job #7 (1 GPU) since" in gq.gpuq("gpus").stdout
+    os.kill(holder.pid, signal.SIGSTOP)
+    job = gq.add("--gpus", "1", "true")
+    gq.start_worker("--watch")
+    gq.wait_state(job, DONE, timeout=TURN_GRACE_SECONDS / 2)
+    assert "waiting:" not in gq.gpuq("gpus").stdout
