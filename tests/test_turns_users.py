@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 from conftest import wait_for
 from test_lease_users import GPU_TOTAL_MIB, User, _finish, _most_at_once, users  # noqa: F401 - the fixture, used by name
@@ -71,3 +72,25 @@ def test_a_cap_of_one_gpu_per_user_on_two_gpus_runs_one_job_of_each_user_at_a_ti
         count, together = _most_at_once(user.intervals(ids[user]))
         assert count == 1, f"{user.name}'s jobs at once: {together}"
     assert "policy file" not in alice.worker_output() + bob.worker_output()
+
+
+def test_a_stopped_workers_ticket_keeps_the_other_user_off_no_gpu(users: tuple[User, User]) -> None:  # noqa: F811
+    """bob's job waits for alice's with a ticket, and bob stops his worker (Ctrl-Z): alice's next job
+    starts when her first ends, instead of waiting for ever for bob's turn, which no stopped worker takes."""
+    alice, bob = users
+    [first] = alice.add(1, 0, go=True)
+    alice.start_worker()
+    wait_for(lambda: (alice.job(first).get("supervisor") or {}).get("pid"), 20, what="alice's job running")
+    [waiting] = bob.add(1, 0.05)
+    bob.start_worker()
+    assert bob.worker is not None
+    leases = LeaseDir.open(alice.dir.parent / "leases")
+    wait_for(lambda: [t for t in leases.tickets() if t.uid == bob.uid], 20, what="bob's job's ticket")
+    os.kill(bob.worker.pid, signal.SIGSTOP)
+    try:
+        [second] = alice.add(1, 0.05)
+        (alice.dir / "go").touch()
+        wait_for(lambda: (alice.dir / f"e.{second}").exists(), 20, what="alice's next job to run")
+    finally:
+        os.kill(bob.worker.pid, signal.SIGCONT)
+    wait_for(lambda: (bob.dir / f"e.{waiting}").exists(), 20, what="bob's job to run once his worker goes on")

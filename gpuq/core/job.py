@@ -56,8 +56,11 @@ def _iso(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-    """A finite int or float (not NaN, 1e999, true)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float (not NaN, 1e999, true, nor an int too large for a float: 10**400)."""
+    try:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _snapshot(value: Any) -> bool:

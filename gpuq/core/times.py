@@ -11,8 +11,20 @@ def now_iso() -> str:
 
 
 def iso_of(epoch: float) -> str:
-    """Epoch seconds -> the ISO 8601 form job files use (local offset)."""
-    return datetime.fromtimestamp(epoch, timezone.utc).astimezone().isoformat(timespec="milliseconds")
+    """Epoch seconds -> the ISO 8601 form job files use (local offset); "" for a time no platform
+    can show (1e300 in another user's lease file)."""
+    try:
+        return datetime.fromtimestamp(epoch, timezone.utc).astimezone().isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return ""
+
+
+def clock(epoch: float) -> str:
+    """Epoch seconds -> the local time of day, `14:02:11`; "?" for a time no platform can show."""
+    try:
+        return datetime.fromtimestamp(epoch).strftime("%H:%M:%S")
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 def parse_iso(value: Optional[str]) -> Optional[float]:

@@ -24,6 +24,11 @@ LOCK_PREFIX = "gpuq-lock."  # a GPU's placing lock: LOCK_PREFIX<UUID>
 TMP_PREFIX = ".gpuq-tmp."  # a file being written: TMP_PREFIX<uid>.<pid>.<n>; the only names ever cleaned up
 OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # never a link; a FIFO never blocks
 OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# The largest a file's whole numbers (pid, job, GPU index, MiB, GPU count) and its times (seconds
+# since the epoch: the year 2286) or GPU-hours may be: larger is no real one, and would overflow the
+# system calls and time formatting it reaches (another user's `since: 1e300` stopped every gpuq).
+MAX_INT = 2**31 - 1
+MAX_REAL = 1e10
 
 
 class LeaseDirProblem(Exception):
@@ -145,16 +150,16 @@ def parse(data: bytes) -> dict[str, Any]:
         raise ValueError(f"has lease_version {display(repr(obj.get('lease_version')))}, not {LEASE_VERSION}")
     checks = {
         "gpu_uuid": lambda v: isinstance(v, str) and v != "",
-        "gpu_index": lambda v: is_int(v) and v >= 0,
-        "mem_mib": lambda v: v is None or is_int(v) and v >= 1,
+        "gpu_index": lambda v: _whole(v, 0),
+        "mem_mib": lambda v: v is None or _whole(v, 1),
         "user": lambda v: isinstance(v, str),
         "uid": lambda v: is_int(v) and v >= 0,
-        "pid": lambda v: is_int(v) and v >= 1,
-        "pid_start": lambda v: is_number(v) and v >= 0,
-        "job": lambda v: v is None or is_int(v) and v >= 1,
+        "pid": lambda v: _whole(v, 1),
+        "pid_start": _real,
+        "job": lambda v: v is None or _whole(v, 1),
         "name": lambda v: isinstance(v, str),
         "spool": lambda v: v is None or isinstance(v, str),
-        "since": lambda v: is_number(v) and v >= 0,
+        "since": _real,
         "host": lambda v: isinstance(v, str),
     }
     for key, good in checks.items():
@@ -165,6 +170,14 @@ def parse(data: bytes) -> dict[str, Any]:
     values = {key: obj[key] for key in checks}
     values["name"] = display(values["name"])  # another user's text, printed in our reasons
     return values
+
+
+def _whole(value: Any, low: int) -> bool:
+    return is_int(value) and low <= value <= MAX_INT
+
+
+def _real(value: Any) -> bool:
+    return is_number(value) and 0 <= value <= MAX_REAL
 
 
 def locked_by_someone(fd: int) -> bool:
@@ -207,13 +220,13 @@ def parse_ticket(data: bytes) -> dict[str, Any]:
     checks = {
         "user": lambda v: isinstance(v, str),
         "uid": lambda v: is_int(v) and v >= 0,
-        "pid": lambda v: is_int(v) and v >= 1,
-        "job": lambda v: v is None or is_int(v) and v >= 1,
+        "pid": lambda v: _whole(v, 1),
+        "job": lambda v: v is None or _whole(v, 1),
         "spool": lambda v: v is None or isinstance(v, str),
-        "gpus": lambda v: is_int(v) and v >= 1,
-        "mem_mib": lambda v: v is None or is_int(v) and v >= 1,
+        "gpus": lambda v: _whole(v, 1),
+        "mem_mib": lambda v: v is None or _whole(v, 1),
         "gpu_uuids": lambda v: v is None or isinstance(v, list) and all(isinstance(u, str) for u in v),
-        "since": lambda v: is_number(v) and v >= 0,
+        "since": _real,
         "host": lambda v: isinstance(v, str),
     }
     values = _checked(obj, checks)
@@ -226,8 +239,8 @@ def parse_usage(data: bytes) -> dict[str, Any]:
     obj = _object(data, "usage_version")
     checks = {
         "uid": lambda v: is_int(v) and v >= 0,
-        "gpu_hours": lambda v: is_number(v) and v >= 0,
-        "at": lambda v: is_number(v) and v >= 0,
+        "gpu_hours": _real,
+        "at": _real,
     }
     return _checked(obj, checks)
 

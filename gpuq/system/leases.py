@@ -284,7 +284,8 @@ class LeaseDir:
 
     def tickets(self) -> list[Ticket]:
         """Every live waiting ticket, oldest first; unsound ones are skipped with a line in `problems`
-        (which this call adds to, after `live()`'s)."""
+        (which this call adds to, after `live()`'s), and those whose holder is stopped (Ctrl-Z,
+        SIGSTOP), which takes no turn, are passed over."""
         found = []
         for name in self._names():
             if name.startswith(TICKET_PREFIX) and name.endswith(TICKET_SUFFIX):
@@ -299,6 +300,8 @@ class LeaseDir:
                     continue
                 if ticket.uid != owner:
                     self._skip(name, f"names uid {ticket.uid} but is owned by uid {owner}", "ticket")
+                    continue
+                if procs.stopped(ticket.pid):
                     continue
                 found.append(ticket._replace(user=lease_io.user_name(ticket.uid) or display(ticket.user)))
         return sorted(found, key=lambda t: (t.since, t.file))

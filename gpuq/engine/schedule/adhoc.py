@@ -55,9 +55,10 @@ def _claim(request: Request, name: str, wait: bool) -> Claim:
     cap = rules.of(user_name(os.geteuid())).max_gpus
     if cap is not None and request.gpus > cap:  # whatever ends, never within the cap
         raise _refusal(Blocked(turns.cap_reason(cap, request.gpus), forever=True))
+    admission = _Admission()
     try:
         while True:
-            admission = _Admission()
+            admission.capped = False
             got = claim_gpus(request, job=None, name=name, spool=None, log=_stderr, admit=admission)
             if not isinstance(got, Blocked):
                 if told:
@@ -81,6 +82,7 @@ class _Admission:
 
     def __init__(self) -> None:
         self.capped = False
+        self.patience = turns.Patience()  # kept while it waits: a turn not taken is passed over
 
     def __call__(self, decision: Placement, seen: GpuLook, live: Sequence[Lease], directory: LeaseDir) -> Any:
         rules = machine_policy.load(lambda line: say_once(line, _stderr))
@@ -88,7 +90,9 @@ class _Admission:
         held = frozenset(lease.gpu_uuid for lease in live if lease.uid == me)
         uuid_of = {gpu.index: gpu.uuid for gpu in seen.gpus}
         cap = rules.of(user_name(me)).max_gpus
-        why = turns.held_back(decision.gpus, uuid_of, directory.tickets(), directory, rules, cap, held)
+        tickets = directory.tickets()
+        self.patience.look(tickets, (lease.gpu_uuid for lease in live), time.monotonic())
+        why = turns.held_back(decision.gpus, uuid_of, tickets, directory, rules, cap, held, self.patience)
         if why is None:
             return None
         self.capped = why.capped

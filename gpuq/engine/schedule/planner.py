@@ -47,6 +47,7 @@ class Assignment:
 class Plan:
     starts: list[tuple[Job, Assignment]] = field(default_factory=list)
     waits: dict[int, scheduler.Wait] = field(default_factory=dict)  # ready jobs the GPUs hold back
+    for_gpus: set[int] = field(default_factory=set)  # those of `waits` that wait for GPUs (not the host's room)
     victims: list[Job] = field(default_factory=list)  # running jobs to preempt for urgent ones
     victims_for: Optional[int] = None  # the urgent job they are preempted for
     look: Optional[gpu_info.GpuLook] = None  # the GPUs, when they were looked at
@@ -117,7 +118,7 @@ class Planner:
         plan = self._plan(snap, busy, preempting, kept_for)
         gpus = [(g.index, g.uuid) for g in plan.look.gpus] if plan.look is not None else []
         starting = {*busy, *(job.id for job, _where in plan.starts)}  # a ticket is kept until the lease is taken
-        self.turns.upkeep(snap.pending, plan.waits, starting, gpus, self.allowed, self._leased)
+        self.turns.upkeep(snap.pending, plan.waits, plan.for_gpus, starting, gpus, self.allowed, self._leased)
         return plan
 
     def _plan(
@@ -245,6 +246,7 @@ class Planner:
             decision = decisions[job.id]
             if isinstance(decision, Blocked):
                 plan.waits[job.id] = scheduler.Wait(decision.reason, decision.forever)
+                plan.for_gpus.add(job.id)
             elif not decision.gpus and cpu_lane is not None:
                 plan.waits[job.id] = scheduler.Wait(f"waiting for the CPU lane (job #{cpu_lane})", False)
             else:

@@ -6,18 +6,21 @@ its worker. Whose turn it is on a GPU is the oldest ticket that wants it; ticket
 TIE_SECONDS of each other are a tie, won by the user with the fewest recent GPU-hours (divided by the
 weight the machine's policy gives them). A start on a GPU where another user's turn comes first
 waits, and a job's supervisor does not hand its GPUs on to its next job while another user's ticket
-waits for them. One user alone meets no ticket: nothing changes for them. The policy's caps hold a
-user's jobs back once their GPUs held at once reach the cap, as placement goes down the line
-(`CapGate`): a job that asks for more than the cap is blocked for good and holds up no one.
+waits for them. A turn must be taken: a ticket that lets a free GPU go for TURN_GRACE_SECONDS is
+passed over there (`Patience`), and one whose holder is stopped counts for nothing. One user alone
+meets no ticket: nothing changes for them. The policy's caps hold a user's jobs back once their GPUs
+held at once reach the cap, as placement goes down the line (`CapGate`): a job that asks for more
+than the cap is blocked for good and holds up no one.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
+from typing import AbstractSet, Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 from gpuq.core.job import Job
+from gpuq.core.times import clock
 from gpuq.core.words import cap_text
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.schedule.placement import Blocked, Decision, Leased, Placement, Request
@@ -31,6 +34,10 @@ from gpuq.system.policy import Policy
 # once, never ties with the one that waited all through that job.
 TIE_SECONDS = 0.5
 TURN_RESCAN_SECONDS = 0.25  # a worker holding a ticket looks this often: the GPU waits for it meanwhile
+# A turn must be taken: a ticket that has kept a start off a GPU with no lease on it this long has let
+# the GPU go (its holder is stuck, or waits for more than is free), and is passed over there. A holder
+# that waits for the GPU takes it within a second or two.
+TURN_GRACE_SECONDS = 30.0
 
 
 def first_in_line(
@@ -46,12 +53,33 @@ def first_in_line(
 
 
 def turn_reason(ticket: Ticket, gpu_index: int) -> str:
-    since = time.strftime("%H:%M:%S", time.localtime(ticket.since))
+    since = clock(ticket.since)
     return f"waiting for its turn on GPU {gpu_index}: {ticket.who(os.geteuid())} has waited since {since}"
 
 
 def cap_reason(cap: int, asked: int) -> str:
     return cap_text(cap, asked)  # in core/words.py: `status` and `add` say it without a worker
+
+
+class Patience:
+    """How long this program has been kept off each free GPU (no live lease on it) by each other user's
+    ticket: from TURN_GRACE_SECONDS on, that ticket is passed over there (lease_layout.md section 7)."""
+
+    def __init__(self) -> None:
+        self.since: dict[tuple[str, str], float] = {}  # (ticket file, GPU uuid) -> when it first kept us off
+        self.leased: frozenset[str] = frozenset()
+        self.now = 0.0
+
+    def look(self, tickets: Iterable[Ticket], leased: Iterable[str], now: float) -> None:
+        """Before a decision: the live tickets (the others' clocks go), the GPUs leased, the monotonic time."""
+        live = {ticket.file for ticket in tickets}
+        self.since = {key: at for key, at in self.since.items() if key[0] in live}
+        self.leased, self.now = frozenset(leased), now
+
+    def passed(self, ticket: Ticket, uuid: str) -> bool:
+        if uuid in self.leased:  # its holder could not have taken it
+            return False
+        return self.now - self.since.setdefault((ticket.file, uuid), self.now) >= TURN_GRACE_SECONDS
 
 
 class HeldBack(NamedTuple):
@@ -68,23 +96,30 @@ def held_back(
     policy: Policy,
     cap: Optional[int],
     held: frozenset[str],
+    patience: Optional[Patience] = None,
 ) -> Optional[HeldBack]:
     """Why a start on the GPUs `chosen` (indexes; `uuid_of` names them) must wait, this user
     holding the GPUs `held` (uuids; two shares of one GPU hold one): their cap, or another user's
-    turn on one of them; None if it may start. A worker's jobs and `gpuq lease` are held back alike."""
+    turn on one of them (one `patience` has waited out is passed over); None if it may start. A
+    worker's jobs and `gpuq lease` are held back alike."""
     if not chosen:
         return None
     if cap is not None and len(held | {uuid_of.get(index, str(index)) for index in chosen}) > cap:
         return HeldBack(cap_reason(cap, len(chosen)), len(chosen) > cap, True)
     usage = lambda uids: directory.usage(uids, half_life=policy.half_life)  # noqa: E731
-    me = os.geteuid()
-    for index in chosen:
-        wanting = [t for t in tickets if t.wants(uuid_of.get(index, ""))]
-        if wanting:
+    me, why = os.geteuid(), None
+    for index in chosen:  # every one: the clocks of all the GPUs it waits for run together
+        uuid = uuid_of.get(index, "")
+        wanting = [t for t in tickets if t.wants(uuid)]
+        while wanting:
             first = first_in_line(wanting, usage, policy)
-            if first.uid != me:
-                return HeldBack(turn_reason(first, index), False, False)
-    return None
+            if first.uid == me:
+                break
+            if patience is None or not patience.passed(first, uuid):
+                why = why or HeldBack(turn_reason(first, index), False, False)
+                break
+            wanting.remove(first)
+    return why
 
 
 class CapGate:
@@ -125,6 +160,7 @@ class Turns:
         self.turn_waits: set[int] = set()  # jobs held back for another user's turn at this plan
         self.capped: set[int] = set()  # jobs held back by the cap at this plan
         self.paused = False  # the worker starts nothing (stopping, draining): it waits for no turn
+        self.patience = Patience()
 
     def _dir(self) -> Optional[LeaseDir]:
         try:
@@ -167,13 +203,15 @@ class Turns:
         if directory is None:
             return starts
         policy = self._policy()
+        leased = [lease.gpu_uuid for lease in directory.live()]
         tickets = directory.tickets()
         for problem in directory.problems:
             say_once(problem, self.say)
+        self.patience.look(tickets, leased, time.monotonic())
         uuid_of = dict(gpus)
         kept = []
         for job, where in starts:
-            why = held_back(where.gpus or (), uuid_of, tickets, directory, policy, cap=None, held=frozenset())
+            why = held_back(where.gpus or (), uuid_of, tickets, directory, policy, None, frozenset(), self.patience)
             if why is None:
                 kept.append((job, where))
             else:
@@ -185,13 +223,15 @@ class Turns:
         self,
         pending: Sequence[Job],
         waits: dict[int, scheduler.Wait],
+        for_gpus: AbstractSet[int],
         busy: Iterable[int],
         gpus: Sequence[tuple[int, str]],
         allowed: Optional[set[int]],
         leased: Sequence[Leased],
     ) -> None:
         """Keep a ticket for the first pending job that waits for another user (their lease on a GPU it
-        may use, or their turn), until that job is running; release it otherwise."""
+        may use, or their turn), until that job is running; release it otherwise. `for_gpus`: the jobs
+        of `waits` that wait for GPUs, not for the host's memory or CPUs (which no GPU's turn brings)."""
         if self.paused:
             self.release()
             return
@@ -202,7 +242,7 @@ class Turns:
             wait = waits.get(job.id)
             if wait is None or job.id in self.capped or not job.gpu_request:
                 continue
-            if job.id in self.turn_waits or (others_hold and not wait.forever):
+            if job.id in self.turn_waits or (others_hold and job.id in for_gpus and not wait.forever):
                 waiting = job
                 break
         held = self.ticket.ticket.job if self.ticket is not None else None
