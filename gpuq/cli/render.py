@@ -307,7 +307,7 @@ def worker_line(workers: list[dict[str, Any]], outlook: tuple[int, int, int] = (
         stopped = "; stopped: Ctrl-Z or SIGSTOP" if w.get("stopped") else ""  # alive, yet it starts nothing
         parts.append(f"pid {w.get('pid')} since {since} (gpus: {gpus}{mode}{stopped})")
     asleep = [w["pid"] for w in workers if w.get("stopped")]
-    line = f"worker: {'stopped' if len(asleep) == len(workers) else 'running'}, " + "; ".join(parts)
+    line = ("worker: stopped, " if len(asleep) == len(workers) else "worker: running, ") + "; ".join(parts)
     return line + (f" — {stopped_text(asleep)}" if asleep else "")
 
 
