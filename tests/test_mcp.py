@@ -191,6 +191,21 @@ def test_the_read_only_tools_give_the_clis_json(spool_env: Env) -> None:
     assert "by:" in error(call("history", {"by": "week"}))
 
 
+NOTIFY_URLS = ["tgram://123456:AAHsecretBOT/987", "json://user:hunter2@host.example/hook?token=S"]
+
+
+def test_the_job_tool_gives_notify_urls_cut_as_show_prints_them(spool_env: Env) -> None:
+    """The rest of a URL (bot token, password, query) is a secret: `show` prints scheme and host only."""
+    gq = spool_env
+    job_id = gq.add("--hold", "--notify", NOTIFY_URLS[0], "--notify", NOTIFY_URLS[1], "--", "true")
+    assert gq.job(job_id)["notify_urls"] == NOTIFY_URLS  # the job keeps them whole, to send to
+    for env in (False, True):
+        shown = value(call("job", {"id": job_id, "env": env}))
+        assert shown["notify_urls"] == ["tgram://...", "json://host.example"]
+        assert "secret" not in json.dumps(shown) and "hunter2" not in json.dumps(shown)
+    assert "tgram://..., json://host.example\n" in gq.gpuq("show", str(job_id)).stdout  # the same cut
+
+
 def test_triage_names_a_cuda_oom_with_its_size(spool_env: Env) -> None:
     from test_triage import OOM_SCRIPT  # what PyTorch prints when the GPU runs out
 

@@ -170,6 +170,20 @@ def test_read_only_serves_no_action(gq: Env) -> None:
         server.stop()
 
 
+@pytest.mark.parametrize("read_only", [False, True])
+def test_notify_url_secrets_reach_neither_the_api_nor_the_page(gq: Env, read_only: bool) -> None:
+    urls = ["tgram://123456:AAHsecretBOT/987", "json://user:hunter2@host.example/hook?token=S"]
+    job_id = gq.add("--hold", "--notify", urls[0], "--notify", urls[1], "--", "true")
+    server = Web(gq, *(["--read-only"] if read_only else []))
+    try:
+        assert server.json(f"/api/job/{job_id}")["job"]["notify_urls"] == ["tgram://...", "json://host.example"]
+        for path in (f"/api/job/{job_id}", f"/job/{job_id}"):
+            _status, _headers, body = server.request(path)
+            assert b"secretBOT" not in body and b"hunter2" not in body and b"token=S" not in body, path
+    finally:
+        server.stop()
+
+
 def test_a_hostile_name_is_data_in_the_page_never_markup(gq: Env, web: Web) -> None:
     name = '</script><script>alert(1)</script><img src=x onerror="alert(2)">'
     job_id = gq.add("--name", name, "--hold", "--", "true")

@@ -119,7 +119,7 @@ def job(
     job (tokens among them) unless asked for: their names are `shell_env_names`."""
     sp = spool()
     ref, found = actions.get(sp, id)
-    shown = cmd_view.show_json(sp, ref, found)
+    shown = cmd_view.show_json(sp, ref, found, secrets=False)
     if not env:
         shown["shell_env_names"] = sorted(shown.pop("shell_env", None) or {})
     return shown

@@ -198,7 +198,7 @@ def job(sp: Spool, job_id: int, now: Optional[float] = None) -> dict[str, Any]:
     assistant's tool gives it), `triage`, its GPU utilisation series, the actions its state allows."""
     now = time.time() if now is None else now
     ref, found = actions.get(sp, job_id)
-    shown = show_json(sp, ref, found)
+    shown = show_json(sp, ref, found, secrets=False)
     shown["shell_env_names"] = sorted(shown.pop("shell_env", None) or {})
     try:
         triaged: Optional[dict[str, Any]] = triage(sp, job_id, TRIAGE_LINES)
