@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -246,6 +247,7 @@ def test_bad_options_are_one_line_and_exit_2(gq: Env) -> None:
 def test_a_port_in_use_is_refused_in_one_line(gq: Env, web: Web) -> None:
     proc = gq.gpuq("web", "--port", str(web.port), check=False, timeout=30)
     assert proc.returncode == 1 and proc.stderr.startswith(f"gpuq web: cannot listen on 127.0.0.1:{web.port}")
+    assert "token" not in proc.stdout  # no URL for a port it does not hold: the holder would get the token
 
 
 def test_the_page_ships_inside_the_package() -> None:
@@ -266,11 +268,33 @@ def test_service_install_web_keeps_the_page_running_beside_the_worker(gq: Env, t
     assert "Restart=on-failure" in unit and (dest / service.UNIT_NAME).exists()
     token = (gq.home / "web-token").read_text().strip()
     assert f"http://127.0.0.1:8123/?token={token}" in out and "enable --now gpuq-web.service" in out
-    assert service.WEB_PORT == 8737 and "(default 8737)" in gq.gpuq("service", "--help").stdout
+    assert "(default 8737 + your uid % 1000" in " ".join(gq.gpuq("service", "--help").stdout.split())
     refused = gq.gpuq("service", "install", "--dest", str(dest), "--web-port", "9000", check=False)
     assert refused.returncode == 2 and "--web-port goes with --web" in refused.stderr
     gq.gpuq("service", "uninstall", "--dest", str(dest))
     assert not (dest / service.WEB_UNIT_NAME).exists() and not (dest / service.UNIT_NAME).exists()
+
+
+def test_each_users_service_has_its_own_port(gq: Env, tmp_path: Path) -> None:
+    """Cookies ignore ports, and a server on another user's port is sent the token its owner opens."""
+    from gpuq.run import service
+
+    assert len({service.web_port(uid) for uid in range(1000, 2000)}) == 1000  # 1000 users in a row: 1000 ports
+    assert service.web_port(0) == 8737 and service.web_port(1001) == 8737 + 1
+    dest = tmp_path / "units"
+    out = gq.gpuq("service", "install", "--dest", str(dest), "--web").stdout
+    port = service.web_port(os.getuid())
+    assert f"-m gpuq web --port {port}\n" in (dest / service.WEB_UNIT_NAME).read_text()
+    assert f"http://127.0.0.1:{port}/?token=" in out
+    with socket.socket() as taken:  # someone listens on the port asked for: said, since they would get the token
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        other = taken.getsockname()[1]
+        proc = gq.gpuq("service", "install", "--dest", str(dest), "--web", "--web-port", str(other))
+        assert (
+            f"port {other} is in use now" in proc.stderr
+            and f"--port {other}\n" in (dest / service.WEB_UNIT_NAME).read_text()
+        )
 
 
 def test_the_first_page_benchmark_runs(tmp_path: Path) -> None:
