@@ -133,6 +133,11 @@ def test_a_missing_job_is_a_tool_error_with_gpuqs_message(spool_env: Env, name: 
         ("add", {"cmd": ["true"], "after": [True]}),
         ("hold", {"ids": [1.0]}),
         ("hold", {"ids": ["1"]}),
+        ("add", {"cmd": ["true"], "gpus": True}),  # add's other integers too: true was one GPU
+        ("add", {"cmd": ["true"], "priority": True}),
+        ("add", {"cmd": ["true"], "cpus": True}),
+        ("add", {"cmd": ["true"], "retries": True}),
+        ("add", {"cmd": ["true"], "keep_checkpoints": True}),
     ],
 )
 def test_a_job_id_that_is_no_json_integer_is_refused(spool_env: Env, name: str, arguments: dict) -> None:
@@ -141,6 +146,25 @@ def test_a_job_id_that_is_no_json_integer_is_refused(spool_env: Env, name: str, 
     first = gq.add("true")
     assert "Input should be a valid integer" in error(call(name, arguments))
     assert gq.files("pending") == [f"{first:06d}-work-true.json"] and gq.job(first)["priority"] == 0
+
+
+@pytest.mark.parametrize(
+    "name, arguments, unknown",
+    [
+        ("add", {"cmd": ["echo"], "name": "eval", "after_job": 1, "gpu_memory": "20G"}, "after_job, gpu_memory"),
+        ("add_dry_run", {"cmd": ["true"], "gpu": 1}, "gpu"),
+        ("hold", {"ids": [1], "id": 2}, "id"),
+        ("job", {"id": 1, "envs": True}, "envs"),
+        ("queue", {"al": True}, "al"),
+    ],
+)
+def test_an_argument_a_tool_does_not_take_is_refused(spool_env: Env, name: str, arguments: dict, unknown: str) -> None:
+    """As the CLI refuses an unknown option: the SDK dropped them, and a misspelt `after` queued a job
+    waiting for nothing, on a whole GPU."""
+    gq = spool_env
+    first = gq.add("--hold", "true")
+    assert error(call(name, arguments)).startswith(f"{name}: no such argument: {unknown} (")
+    assert gq.files("pending") == [] and gq.files("held") == [f"{first:06d}-work-true.json"]
 
 
 def test_the_changing_tools_act_on_the_queue(spool_env: Env) -> None:
