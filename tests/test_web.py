@@ -227,6 +227,22 @@ def test_a_1_gib_log_is_never_read_whole(gq: Env, web: Web) -> None:
     assert behind["skipped"] > (1 << 30) - 100 and behind["text"].endswith("line 1999\n")
 
 
+def test_the_tail_of_a_long_log_says_how_much_it_skipped(gq: Env, web: Web) -> None:
+    """Opened first (no offset), the page showed the end of an 80 KB log as if it were all of it."""
+    job_id = gq.add("--hold", "--", "true")
+    path = gq.home / "logs" / f"{job_id:06d}.log"
+    path.write_bytes(b"".join(b"line %05d %s\n" % (n, b"x" * 60) for n in range(1200)))  # 85 KB
+    got = web.json(f"/api/job/{job_id}/log")
+    assert got["text"].endswith("line 01199 " + "x" * 60 + "\n") and not got["text"].startswith("line 00000")
+    assert got["skipped"] == path.stat().st_size - len(got["text"].encode()) > 0 and got["offset"] == got["size"]
+    _status, _headers, page = web.request(f"/job/{job_id}")
+    embedded = re.search(rb'<script id="initial" type="application/json">(.*?)</script>', page, re.S)
+    assert embedded and json.loads(embedded.group(1))["log"]["skipped"] == got["skipped"]  # the page's marker
+    small = gq.add("--hold", "--", "true")
+    (gq.home / "logs" / f"{small:06d}.log").write_text("all of it\n")
+    assert web.json(f"/api/job/{small}/log")["skipped"] == 0
+
+
 def test_finished_jobs_are_paged_newest_first(gq: Env, web: Web) -> None:
     ids = [gq.add("--", "sh", "-c", f"exit {n % 3}") for n in range(14)]
     gq.start_worker()
