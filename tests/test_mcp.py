@@ -133,6 +133,11 @@ def test_a_missing_job_is_a_tool_error_with_gpuqs_message(spool_env: Env, name: 
         ("add", {"cmd": ["true"], "after": [True]}),
         ("hold", {"ids": [1.0]}),
         ("hold", {"ids": ["1"]}),
+        ("add", {"cmd": ["true"], "gpus": True}),  # add's other integers too: true was one GPU
+        ("add", {"cmd": ["true"], "priority": True}),
+        ("add", {"cmd": ["true"], "cpus": True}),
+        ("add", {"cmd": ["true"], "retries": True}),
+        ("add", {"cmd": ["true"], "keep_checkpoints": True}),
     ],
 )
 def test_a_job_id_that_is_no_json_integer_is_refused(spool_env: Env, name: str, arguments: dict) -> None:
@@ -141,6 +146,25 @@ def test_a_job_id_that_is_no_json_integer_is_refused(spool_env: Env, name: str, 
     first = gq.add("true")
     assert "Input should be a valid integer" in error(call(name, arguments))
     assert gq.files("pending") == [f"{first:06d}-work-true.json"] and gq.job(first)["priority"] == 0
+
+
+@pytest.mark.parametrize(
+    "name, arguments, unknown",
+    [
+        ("add", {"cmd": ["echo"], "name": "eval", "after_job": 1, "gpu_memory": "20G"}, "after_job, gpu_memory"),
+        ("add_dry_run", {"cmd": ["true"], "gpu": 1}, "gpu"),
+        ("hold", {"ids": [1], "id": 2}, "id"),
+        ("job", {"id": 1, "envs": True}, "envs"),
+        ("queue", {"al": True}, "al"),
+    ],
+)
+def test_an_argument_a_tool_does_not_take_is_refused(spool_env: Env, name: str, arguments: dict, unknown: str) -> None:
+    """As the CLI refuses an unknown option: the SDK dropped them, and a misspelt `after` queued a job
+    waiting for nothing, on a whole GPU."""
+    gq = spool_env
+    first = gq.add("--hold", "true")
+    assert error(call(name, arguments)).startswith(f"{name}: no such argument: {unknown} (")
+    assert gq.files("pending") == [] and gq.files("held") == [f"{first:06d}-work-true.json"]
 
 
 def test_the_changing_tools_act_on_the_queue(spool_env: Env) -> None:
@@ -189,6 +213,21 @@ def test_the_read_only_tools_give_the_clis_json(spool_env: Env) -> None:
     assert value(call("gpus", {})) == json.loads(gq.gpuq("gpus", "--json").stdout)
     assert value(call("history", {"by": "script"})) == json.loads(gq.gpuq("history", "--by", "script", "--json").stdout)
     assert "by:" in error(call("history", {"by": "week"}))
+
+
+NOTIFY_URLS = ["tgram://123456:AAHsecretBOT/987", "json://user:hunter2@host.example/hook?token=S"]
+
+
+def test_the_job_tool_gives_notify_urls_cut_as_show_prints_them(spool_env: Env) -> None:
+    """The rest of a URL (bot token, password, query) is a secret: `show` prints scheme and host only."""
+    gq = spool_env
+    job_id = gq.add("--hold", "--notify", NOTIFY_URLS[0], "--notify", NOTIFY_URLS[1], "--", "true")
+    assert gq.job(job_id)["notify_urls"] == NOTIFY_URLS  # the job keeps them whole, to send to
+    for env in (False, True):
+        shown = value(call("job", {"id": job_id, "env": env}))
+        assert shown["notify_urls"] == ["tgram://...", "json://host.example"]
+        assert "secret" not in json.dumps(shown) and "hunter2" not in json.dumps(shown)
+    assert "tgram://..., json://host.example\n" in gq.gpuq("show", str(job_id)).stdout  # the same cut
 
 
 def test_triage_names_a_cuda_oom_with_its_size(spool_env: Env) -> None:

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -170,6 +171,20 @@ def test_read_only_serves_no_action(gq: Env) -> None:
         server.stop()
 
 
+@pytest.mark.parametrize("read_only", [False, True])
+def test_notify_url_secrets_reach_neither_the_api_nor_the_page(gq: Env, read_only: bool) -> None:
+    urls = ["tgram://123456:AAHsecretBOT/987", "json://user:hunter2@host.example/hook?token=S"]
+    job_id = gq.add("--hold", "--notify", urls[0], "--notify", urls[1], "--", "true")
+    server = Web(gq, *(["--read-only"] if read_only else []))
+    try:
+        assert server.json(f"/api/job/{job_id}")["job"]["notify_urls"] == ["tgram://...", "json://host.example"]
+        for path in (f"/api/job/{job_id}", f"/job/{job_id}"):
+            _status, _headers, body = server.request(path)
+            assert b"secretBOT" not in body and b"hunter2" not in body and b"token=S" not in body, path
+    finally:
+        server.stop()
+
+
 def test_a_hostile_name_is_data_in_the_page_never_markup(gq: Env, web: Web) -> None:
     name = '</script><script>alert(1)</script><img src=x onerror="alert(2)">'
     job_id = gq.add("--name", name, "--hold", "--", "true")
@@ -212,6 +227,22 @@ def test_a_1_gib_log_is_never_read_whole(gq: Env, web: Web) -> None:
     assert behind["skipped"] > (1 << 30) - 100 and behind["text"].endswith("line 1999\n")
 
 
+def test_the_tail_of_a_long_log_says_how_much_it_skipped(gq: Env, web: Web) -> None:
+    """Opened first (no offset), the page showed the end of an 80 KB log as if it were all of it."""
+    job_id = gq.add("--hold", "--", "true")
+    path = gq.home / "logs" / f"{job_id:06d}.log"
+    path.write_bytes(b"".join(b"line %05d %s\n" % (n, b"x" * 60) for n in range(1200)))  # 85 KB
+    got = web.json(f"/api/job/{job_id}/log")
+    assert got["text"].endswith("line 01199 " + "x" * 60 + "\n") and not got["text"].startswith("line 00000")
+    assert got["skipped"] == path.stat().st_size - len(got["text"].encode()) > 0 and got["offset"] == got["size"]
+    _status, _headers, page = web.request(f"/job/{job_id}")
+    embedded = re.search(rb'<script id="initial" type="application/json">(.*?)</script>', page, re.S)
+    assert embedded and json.loads(embedded.group(1))["log"]["skipped"] == got["skipped"]  # the page's marker
+    small = gq.add("--hold", "--", "true")
+    (gq.home / "logs" / f"{small:06d}.log").write_text("all of it\n")
+    assert web.json(f"/api/job/{small}/log")["skipped"] == 0
+
+
 def test_finished_jobs_are_paged_newest_first(gq: Env, web: Web) -> None:
     ids = [gq.add("--", "sh", "-c", f"exit {n % 3}") for n in range(14)]
     gq.start_worker()
@@ -232,6 +263,7 @@ def test_bad_options_are_one_line_and_exit_2(gq: Env) -> None:
 def test_a_port_in_use_is_refused_in_one_line(gq: Env, web: Web) -> None:
     proc = gq.gpuq("web", "--port", str(web.port), check=False, timeout=30)
     assert proc.returncode == 1 and proc.stderr.startswith(f"gpuq web: cannot listen on 127.0.0.1:{web.port}")
+    assert "token" not in proc.stdout  # no URL for a port it does not hold: the holder would get the token
 
 
 def test_the_page_ships_inside_the_package() -> None:
@@ -252,11 +284,33 @@ def test_service_install_web_keeps_the_page_running_beside_the_worker(gq: Env, t
     assert "Restart=on-failure" in unit and (dest / service.UNIT_NAME).exists()
     token = (gq.home / "web-token").read_text().strip()
     assert f"http://127.0.0.1:8123/?token={token}" in out and "enable --now gpuq-web.service" in out
-    assert service.WEB_PORT == 8737 and "(default 8737)" in gq.gpuq("service", "--help").stdout
+    assert "(default 8737 + your uid % 1000" in " ".join(gq.gpuq("service", "--help").stdout.split())
     refused = gq.gpuq("service", "install", "--dest", str(dest), "--web-port", "9000", check=False)
     assert refused.returncode == 2 and "--web-port goes with --web" in refused.stderr
     gq.gpuq("service", "uninstall", "--dest", str(dest))
     assert not (dest / service.WEB_UNIT_NAME).exists() and not (dest / service.UNIT_NAME).exists()
+
+
+def test_each_users_service_has_its_own_port(gq: Env, tmp_path: Path) -> None:
+    """Cookies ignore ports, and a server on another user's port is sent the token its owner opens."""
+    from gpuq.run import service
+
+    assert len({service.web_port(uid) for uid in range(1000, 2000)}) == 1000  # 1000 users in a row: 1000 ports
+    assert service.web_port(0) == 8737 and service.web_port(1001) == 8737 + 1
+    dest = tmp_path / "units"
+    out = gq.gpuq("service", "install", "--dest", str(dest), "--web").stdout
+    port = service.web_port(os.getuid())
+    assert f"-m gpuq web --port {port}\n" in (dest / service.WEB_UNIT_NAME).read_text()
+    assert f"http://127.0.0.1:{port}/?token=" in out
+    with socket.socket() as taken:  # someone listens on the port asked for: said, since they would get the token
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        other = taken.getsockname()[1]
+        proc = gq.gpuq("service", "install", "--dest", str(dest), "--web", "--web-port", str(other))
+        assert (
+            f"port {other} is in use now" in proc.stderr
+            and f"--port {other}\n" in (dest / service.WEB_UNIT_NAME).read_text()
+        )
 
 
 def test_the_first_page_benchmark_runs(tmp_path: Path) -> None:

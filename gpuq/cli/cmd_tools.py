@@ -69,8 +69,14 @@ def cmd_service(args: argparse.Namespace) -> int:
         result = service.install(dest, spool_home=str(sp.home), recover=not args.no_recover, force=args.force)
         results = [result]
         if args.web:
-            port = service.WEB_PORT if args.web_port is None else args.web_port
+            port = service.web_port(os.getuid()) if args.web_port is None else args.web_port
             results.append(service.install_web(port, dest, spool_home=str(sp.home), force=args.force))
+            if results[-1].action != "unchanged" and service.port_taken(port):
+                print(
+                    f"gpuq service: port {port} is in use now: by your own `gpuq web`, or else by another "
+                    "user's server, which would get your token: then install again with --web-port N",
+                    file=sys.stderr,
+                )
     else:
         results = [service.uninstall(dest, force=args.force)]
         web = service.uninstall(dest, force=args.force, name=service.WEB_UNIT_NAME)

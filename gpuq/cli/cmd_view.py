@@ -13,6 +13,7 @@ from gpuq.cli.common import spool
 from gpuq.core.job import Job
 from gpuq.core.states import ACTIVE, CANCELLED, HELD, PENDING, RAY, RUNNING
 from gpuq.core.times import duration, iso_of
+from gpuq.core.words import url_text
 from gpuq.engine.lifecycle import actions
 from gpuq.engine.schedule import gpuview
 from gpuq.engine.schedule.queue_read import PendingCache
@@ -119,9 +120,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def show_json(sp: Spool, ref: JobRef, job: Job) -> dict[str, Any]:
-    """Also the assistant server's `job` tool."""
+def show_json(sp: Spool, ref: JobRef, job: Job, secrets: bool = True) -> dict[str, Any]:
+    """Also the assistant server's `job` tool and the web page's job, which get no secrets: the
+    notify URLs cut as `show` prints them (their user, password, path and query may be tokens)."""
     shown = dict(job, state=ref.state, file=ref.name, gpu_use=gpuuse.of_job(sp, job.id))
+    if not secrets and job.notify_urls:
+        shown["notify_urls"] = [url_text(url) for url in job.notify_urls]
     if isinstance(job.sweep, dict):
         shown["sweep_jobs"] = actions.sweep_jobs(sp, job.sweep["id"])
     return shown

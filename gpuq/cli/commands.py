@@ -490,7 +490,12 @@ COMMANDS = (
             ),
             Opt("--recover", kind=FLAG, group="recovery", help=HIDDEN),  # the default now; older scripts give it
             Opt("--web", kind=FLAG, help="install: also a unit keeping `gpuq web` running beside the worker"),
-            Opt("--web-port", convert=port_number, metavar="N", help="with --web: its port (default 8737)"),
+            Opt(
+                "--web-port",
+                convert=port_number,
+                metavar="N",
+                help="with --web: its port (default 8737 + your uid %% 1000: each user's own)",
+            ),
             Opt("--force", kind=FLAG, help="replace or remove a unit gpuq did not write"),
         ),
     ),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from gpuq.core.errors import Refused
 
 UNIT_NAME = "gpuq.service"
 WEB_UNIT_NAME = "gpuq-web.service"  # `service install --web`: `gpuq web` beside the worker
-WEB_PORT = 8737  # its port unless --web-port: fixed, so the URL stays the same across restarts
+WEB_PORT, WEB_PORTS = 8737, 1000  # its ports: see web_port
 MARKER = "# Written by `gpuq service install`; `gpuq service uninstall` removes it."
 ENABLE_COMMANDS = [
     "systemctl --user daemon-reload",
@@ -140,6 +141,23 @@ def web_unit_text(gpuq_argv: list[str], spool_home: str, port: int) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def web_port(uid: int) -> int:
+    """The page's port unless --web-port: fixed, so the URL stays the same across restarts, and
+    the user's own (8737 + uid % 1000), since a user whose server held another's port would be
+    sent the token in the URL its owner opens."""
+    return WEB_PORT + uid % WEB_PORTS
+
+
+def port_taken(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:port now (or it cannot be had)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def install_web(

@@ -72,9 +72,22 @@ def _handler(tool: tools.Tool) -> Callable[..., CallToolResult]:
     return handler
 
 
+PARAMETERS = {tool.name: set(tool.signature().parameters) for tool in tools.TOOLS}
+
+
 async def one_line_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
     """A tool's error in one line also where the SDK wrote it (arguments that do not fit the
-    input schema: pydantic's lines, less its links)."""
+    input schema: pydantic's lines, less its links). Arguments a tool does not take are refused,
+    as the CLI refuses an unknown option: the SDK would drop them (a misspelt `after` queues a job
+    that waits for nothing)."""
+    params: Any = (ctx.params or {}) if ctx.method == "tools/call" else {}
+    given = params.get("arguments")
+    taken = PARAMETERS.get(params.get("name"))
+    unknown = sorted(set(given) - taken) if isinstance(given, dict) and taken is not None else []
+    if unknown:
+        text = f"{params['name']}: no such argument: {', '.join(unknown)} (its input schema lists those it takes)"
+        refused = CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+        return refused.model_dump(by_alias=True, mode="json", exclude_none=True)
     result = await call_next(ctx)
     if isinstance(result, dict) and result.get("isError"):
         for content in result.get("content") or []:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Annotated, Any, Callable, NamedTuple, Optional, Sequence, get_type_hints
+from typing import Annotated, Any, Callable, NamedTuple, Optional, Sequence, Union, get_type_hints
 
 from pydantic import Field
 
@@ -32,6 +32,9 @@ READ, CHANGE, DESTROY = "read", "change", "destroy"  # a tool's effect
 LOG_LINES_DEFAULT, LOG_LINES_MAX = 50, 500
 LOG_CHARS_MAX = 64 * 1024  # a log of one endless line (tqdm without \r) must not flood the assistant
 Integer = Annotated[int, Field(strict=True)]  # JSON's true is no job #1, though Python's int takes it as 1
+# add's integer fields as strict: `"gpus": true` is refused, not taken as one GPU
+STRICT = {int: Integer, Optional[int]: Optional[Integer], Sequence[int]: Sequence[Integer]}
+STRICT[Union[int, str, None]] = Union[Integer, str, None]
 JobIds = Annotated[list[Integer], Field(description="job ids", min_length=1)]
 JobId = Annotated[Integer, Field(description="the job id", gt=0)]
 
@@ -119,7 +122,7 @@ def job(
     job (tokens among them) unless asked for: their names are `shell_env_names`."""
     sp = spool()
     ref, found = actions.get(sp, id)
-    shown = cmd_view.show_json(sp, ref, found)
+    shown = cmd_view.show_json(sp, ref, found, secrets=False)
     if not env:
         shown["shell_env_names"] = sorted(shown.pop("shell_env", None) or {})
     return shown
@@ -180,7 +183,7 @@ def add_parameters() -> list[inspect.Parameter]:
         if opt.help != HIDDEN and not opt.positional:
             helps.setdefault(opt.dest, []).append(f"`{opt.flags[-1]}`: {opt.help}")
     helps["notify_url"] = ["URLs its events are sent to, as `--notify URL`"]
-    types = dict(get_type_hints(enqueue.Request), after=Sequence[Integer], after_any=Sequence[Integer])
+    types = {name: STRICT.get(hint, hint) for name, hint in get_type_hints(enqueue.Request).items()}
     params = []
     for name in enqueue.Request._fields:
         if name not in NOT_ASKED:

@@ -198,7 +198,7 @@ def job(sp: Spool, job_id: int, now: Optional[float] = None) -> dict[str, Any]:
     assistant's tool gives it), `triage`, its GPU utilisation series, the actions its state allows."""
     now = time.time() if now is None else now
     ref, found = actions.get(sp, job_id)
-    shown = show_json(sp, ref, found)
+    shown = show_json(sp, ref, found, secrets=False)
     shown["shell_env_names"] = sorted(shown.pop("shell_env", None) or {})
     try:
         triaged: Optional[dict[str, Any]] = triage(sp, job_id, TRIAGE_LINES)
@@ -244,7 +244,6 @@ def log(sp: Spool, job_id: int, offset: Optional[int]) -> dict[str, Any]:
     while the job writes on; `offset` in the answer is where the next read starts."""
     ref, found = actions.get(sp, job_id)
     size = sp.logs.size(found)
-    skipped = 0
     shrunk = offset is not None and offset > size  # cut by --max-log-size, or replaced: shown afresh
     if offset is None or offset > size or size - offset > LOG_BEHIND_BYTES:
         chunk, _mtime = sp.logs.tail(found, LOG_TAIL_BYTES)
@@ -252,10 +251,9 @@ def log(sp: Spool, job_id: int, offset: Optional[int]) -> dict[str, Any]:
         if start > 0 and b"\n" in chunk:  # begin at a whole line
             cut = chunk.index(b"\n") + 1
             chunk, start = chunk[cut:], start + cut
-        if offset is not None and offset < start:
-            skipped = start - offset
+        skipped = start - (offset if offset is not None and not shrunk else 0)  # the page says so
     else:
-        chunk, start = sp.logs.read_from(found, offset), offset
+        chunk, start, skipped = sp.logs.read_from(found, offset), offset, 0
     if ref.state == RUNNING and chunk[-1:] not in (b"", b"\n", b"\r") and len(chunk) < LOG_TAIL_BYTES:
         chunk = chunk[: max(chunk.rfind(b"\n"), chunk.rfind(b"\r")) + 1]  # the rest once its line is written
     return {
