@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
-from conftest import wait_for
+from conftest import Env, wait_for
 
 from gpuq.run.hooks import OUTPUT_CAP, hook_env, notify_desktop, run_on_finish
 
@@ -22,6 +22,16 @@ seen = {"env": dict(os.environ), "stdin": stdin, "sid": os.getsid(0), "stdin_dat
 with open(sys.argv[1], "w") as f:
     json.dump(seen, f)
 print("hook saw job", os.environ["GPUQ_JOB_ID"])
+"""
+
+# Prints a step every 0.3 s for 3 s, then nothing until `go` exists.
+TICKER = """
+import os, time
+for i in range(10):
+    print(f"step {i + 1}/10", flush=True)
+    time.sleep(0.3)
+while not os.path.exists("go"):
+    time.sleep(0.02)
 """
 
 
@@ -150,3 +160,19 @@ def test_notify_desktop_that_hangs_is_bounded(tmp_path: Path, monkeypatch):
     assert reason == "notify-send killed after 1s (it had not finished)"
     pid = read_pid(pid_file)
     wait_for(lambda: gone(pid), timeout=10, what="the hanging notify-send to be gone")
+
+
+def test_a_job_printing_steps_is_not_stuck_and_one_gone_silent_is(gq: Env) -> None:
+    gq.env["GPUQ_STUCK_MINUTES"] = "0.02"  # 1.2 s, looked at every 0.3 s
+    events = gq.work / "events.txt"
+    gq.script("ticker.py", TICKER)
+    gq.start_worker("--watch")
+    job_id = gq.add("--on-finish", f'echo "$GPUQ_EVENT" >> {events}', "ticker.py")
+    wait_for(lambda: "=== gpuq: stuck: " in gq.log(job_id), 20, what="the stuck line once it is silent")
+    lines = gq.log(job_id).splitlines()
+    stuck = next(i for i, line in enumerate(lines) if line.startswith("=== gpuq: stuck: "))
+    assert "step 10/10" in lines[:stuck], lines  # said only once it went silent, not while it printed
+    wait_for(lambda: events.exists() and events.read_text().split() == ["stuck"], 15, what="the stuck hook")
+    (gq.work / "go").write_text("")
+    gq.wait_state(job_id, "done")
+    wait_for(lambda: events.read_text().split() == ["stuck", "finished"], 15, what="the finished hook")

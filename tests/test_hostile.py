@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
-from conftest import wait_for
+from conftest import Env, wait_for
 
 from gpuq.core import schema
 from gpuq.engine.lifecycle import intake
@@ -639,3 +639,19 @@ def test_many_files_being_written_cost_one_look_at_proc(gq: Any, spool: Spool, m
     writer.communicate("go\n", timeout=30)
     outcomes = intake.take_in_some(spool, time.time() + 60)[0]
     assert len(outcomes) == count and all(o.startswith("job #") for _n, o in outcomes)
+
+
+def test_a_script_named_with_escapes_gives_a_printable_name_and_status_prints_none_raw(gq: Env) -> None:
+    script = gq.work / "ev\x1b[41mil\x1b]0;PWNED\x07.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o755)
+    added = gq.gpuq("add", "--", f"./{script.name}")
+    assert "\x1b" not in added.stdout and "ev\\x1b[41mil\\x1b]0;PWNED\\x07" in added.stdout
+    job = gq.job(1)
+    assert job["name"] == "work/ev\\x1b[41mil\\x1b]0;PWNED\\x07"
+    shown = gq.gpuq("status").stdout + gq.gpuq("show", "1").stdout
+    assert "\x1b" not in shown and "\x07" not in shown
+    with pytest.raises(schema.InvalidJob, match="name"):
+        schema.validate(dict(job, name="a\x1b]0;PWNED\x07"))  # a job file dropped by hand with one
+    with pytest.raises(schema.InvalidJob, match="name"):
+        schema.validate(dict(job, name="a\x9bb"))  # C1's one-byte CSI

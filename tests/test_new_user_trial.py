@@ -21,6 +21,8 @@ from test_gpu_worker import Gpus, fake_gpus
         (("--retry-oom", "1000"), "--retry-oom must be from 0 to 100"),
         (("--min-free", "5"), "--min-free: '5' has no unit: did you mean 5G? (write 5B for bytes)"),
         (("--max-log-size", "5"), "--max-log-size: '5' has no unit: did you mean 5G? (write 5B for bytes)"),
+        (("--max-log-size", "-5"), "--max-log-size: '-5' is not a positive size"),  # not "did you mean -5G?"
+        (("--min-free", "0"), "--min-free: '0' is not a positive size"),
     ],
 )
 def test_add_refuses_what_its_job_file_could_not_hold(gq: Env, args: tuple[str, ...], said: str) -> None:

@@ -18,7 +18,7 @@ import pytest
 from conftest import Env, alive, wait_for
 from test_gpu_worker import Gpus, fake_gpus
 
-from gpuq.core.states import CANCELLED, DONE, RUNNING
+from gpuq.core.states import CANCELLED, DONE, FAILED, RUNNING
 
 # Says a line, then runs until the test writes `go` (the sleep is the job's own pace).
 JOB = (
@@ -116,3 +116,22 @@ def test_top_shows_the_gpus_and_jobs_opens_a_log_kills_on_y_and_leaves_nothing(g
     assert top_processes(gq.home) == []
     assert gq.state_of(second) in (RUNNING, DONE)  # the queue went on without it
     (gq.work / "go").write_text("")
+
+
+def test_a_nul_in_a_failure_reason_and_a_log_is_drawn_without_it(gq: Env, tmux: Tmux) -> None:
+    gq.script("fail.py", 'print("a \\0 in the log", flush=True)\nraise RuntimeError("bad \\0 byte")\n')
+    job_id = gq.add("--name", "fail", "fail.py")
+    gq.start_worker("--watch")
+    gq.wait_state(job_id, FAILED)
+    env = {k: v for k, v in gq.env.items() if k.startswith("GPUQ_")}
+    env.update(LANG="C.UTF-8", LC_ALL="C.UTF-8", TERM="screen")
+    pid = tmux.start(env, [sys.executable, "-m", "gpuq", "top", "--interval", "0.5"])
+    tmux.shows(f"#{job_id} failed", "bad  byte")  # curses refused the NUL: top ended with a traceback
+    tmux("send-keys", "Enter")
+    tmux.shows(f"log of #{job_id} fail", "a  in the log")
+    tmux("send-keys", "Escape")
+    tmux.shows(f"#{job_id} failed")
+    tmux("send-keys", "q")
+    wait_for(lambda: not alive(pid), 10, what="gpuq top to exit")
+    once = gq.gpuq("top", "--once").stdout
+    assert "bad  byte" in once and "\0" not in once

@@ -28,6 +28,11 @@ def no_nul(value: Any) -> bool:
     return isinstance(value, str) and "\x00" not in value
 
 
+def no_control(value: Any) -> bool:
+    """No control character (C0, DEL, C1): a name printed by `status` must not colour or retitle a terminal."""
+    return isinstance(value, str) and not any(ord(c) < 32 or 0x7F <= ord(c) <= 0x9F for c in value)
+
+
 def os_str(value: Any) -> bool:
     """A string the OS can take as an argument, path or variable: no NUL, and encodable (an
     escaped lone surrogate like \\ud800 is valid JSON but no byte string; \\udcXX from an
@@ -186,7 +191,7 @@ class Job(dict[str, Any]):
 
     schema_version: int = field(NO_DEFAULT, lambda v: type(v) is int and v == SCHEMA_VERSION, str(SCHEMA_VERSION))
     id: int = field(NO_DEFAULT, lambda v: is_int(v) and 0 < v <= MAX_ID, f"an integer from 1 to {MAX_ID}")
-    name: str = field(NO_DEFAULT, lambda v: no_nul(v) and bool(v), "a non-empty string")
+    name: str = field(NO_DEFAULT, lambda v: no_control(v) and bool(v), "a non-empty string without control characters")
     cmd: list[str] = field(
         NO_DEFAULT, lambda v: isinstance(v, list) and bool(v) and all(map(os_str, v)) and bool(v[0]), _STR_LIST
     )

@@ -9,7 +9,18 @@ import shlex
 from typing import Any, Optional
 
 from gpuq.core.errors import GpuqError
-from gpuq.core.job import FIELDS, MAX_GPUS, MAX_RETRIES, NOT_OS_TEXT, SCHEMA_VERSION, Job, is_int, is_url, os_str
+from gpuq.core.job import (
+    FIELDS,
+    MAX_GPUS,
+    MAX_RETRIES,
+    NOT_OS_TEXT,
+    SCHEMA_VERSION,
+    Job,
+    is_int,
+    is_url,
+    no_control,
+    os_str,
+)
 from gpuq.core.keep import parse_keep
 from gpuq.core.states import SOURCE_CLI
 from gpuq.core.times import now_iso
@@ -303,7 +314,7 @@ def _dropped_size(obj: dict[str, Any], key: str, what: str) -> Optional[int]:
 def check_name(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidJob("'name' must be a non-empty string")
-    if len(value) > MAX_NAME_LEN or any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in value):
+    if len(value) > MAX_NAME_LEN or not no_control(value) or any(0xD800 <= ord(c) <= 0xDFFF for c in value):
         raise InvalidJob(f"'name' must be at most {MAX_NAME_LEN} printable characters")
     return value
 
@@ -372,8 +383,7 @@ DEFAULT_JOB_UMASK = 0o022  # the umask of a hand-dropped job (its `umask` is nul
 
 
 def display_script(cmd: list[str]) -> str:
-    """The word that tells a person which script a command runs (train.py for `torchrun train.py`)."""
-    for word in cmd[1:] if len(cmd) > 1 else cmd:
-        if word.endswith((".py", ".sh")):
-            return word.rsplit("/", 1)[-1]
-    return cmd[0].rsplit("/", 1)[-1]
+    """The word that tells a person which script a command runs (train.py for `torchrun train.py`),
+    control characters written as escapes (`\\x1b`): `status` prints it to a terminal."""
+    word = next((w for w in (cmd[1:] if len(cmd) > 1 else cmd) if w.endswith((".py", ".sh"))), cmd[0])
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in word.rsplit("/", 1)[-1])

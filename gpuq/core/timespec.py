@@ -214,6 +214,9 @@ def parse_typed_bytes(text: str, flag: str = "size") -> int:
     """Bytes in a size typed on the command line (`--min-free`, `--max-log-size`): as
     parse_size_bytes, but a bare number is refused as parse_memory_mib refuses it (`4096B` is bytes)."""
     shown = text.strip()
+    # -5G and 0G are refused too: a unit to add would not help
+    if shown.startswith("-") or (shown[-1:].isdigit() and _size_parts(text, flag, "1G, 500M or 64K")[0] == 0):
+        raise ValueError(f"{flag}: {shown!r} is not a positive size")
     if shown[-1:].isdigit():
         raise ValueError(f"{flag}: {shown!r} has no unit: did you mean {shown}G? (write {shown}B for bytes)")
     return parse_size_bytes(text, flag)

@@ -4,11 +4,23 @@ by bob's job #12 since 09:14", "asks for 2 GPUs, over your limit of 1 GPU at onc
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Iterable, Optional
 
 from gpuq.core.states import PREEMPT_ACTIONS
 from gpuq.core.times import duration
+
+# Escape sequences of a terminal (colours, cursor moves, titles) and the other control characters
+# but tab and line breaks: text a page or a screen shows never carries them (curses refuses a NUL).
+TERMINAL_CODES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
+)
+
+
+def shown(text: str) -> str:
+    """`text` as a page or a screen may show it: terminal escape sequences and control characters dropped."""
+    return TERMINAL_CODES.sub("", text)
 
 
 def plural(count: int, word: str, many: Optional[str] = None) -> str:

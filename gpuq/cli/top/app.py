@@ -17,6 +17,7 @@ from gpuq.cli.top import draw, model
 from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.job import Job
 from gpuq.core.states import ACTIVE, CANCELLED, HELD, PENDING, PREEMPTED
+from gpuq.core.words import shown
 from gpuq.engine.lifecycle import requests
 from gpuq.spool import Spool
 
@@ -184,6 +185,7 @@ class App:
             lines = draw.frame(self.snap, view)
         screen.erase()
         for row, (text, attr) in enumerate(lines[:height]):
+            text = shown(text)  # a job's name, reason or log line may hold a NUL, which addstr refuses
             try:
                 screen.addstr(row, 0, text if self.unicode else _ascii(text), ATTRS.get(attr, 0))
             except curses.error:

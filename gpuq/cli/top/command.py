@@ -12,6 +12,7 @@ import sys
 from gpuq.cli.common import spool
 from gpuq.cli.top import draw, model
 from gpuq.core.errors import Refused, UsageError
+from gpuq.core.words import shown
 
 
 def cmd_top(args: argparse.Namespace) -> int:
@@ -19,7 +20,7 @@ def cmd_top(args: argparse.Namespace) -> int:
         size = shutil.get_terminal_size((100, 30))
         snap = model.take(spool(), model.Ring())
         frame = draw.frame(snap, draw.Screen(size.columns, size.lines, next(iter(snap.ids()), None), _unicode()))
-        text = "\n".join(line.rstrip() for line, attr in frame if line or attr)
+        text = "\n".join(shown(line).rstrip() for line, attr in frame if line or attr)
         print(text if _unicode() else text.encode("ascii", "replace").decode("ascii"))
         return 0
     if not (sys.stdin.isatty() and sys.stdout.isatty()):

@@ -7,7 +7,6 @@ for the reasons the CLI gives. Nothing here knows of HTTP (app.py) or HTML (stat
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any, Optional
 
@@ -20,6 +19,7 @@ from gpuq.core import schema
 from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.states import CANCELLED, FINISHED, HELD, PREEMPTED, RUNNING
 from gpuq.core.times import duration
+from gpuq.core.words import shown
 from gpuq.engine.lifecycle import actions, requests
 from gpuq.engine.schedule import gpuview
 from gpuq.engine.tracking import gpuseries
@@ -32,11 +32,6 @@ PER_PAGE = 50  # finished jobs on a page, newest first
 LOG_TAIL_BYTES = 64 * 1024  # what a job's page first shows of its log, read from the end
 LOG_BEHIND_BYTES = 1 << 20  # a follower further behind than this jumps to the tail (a 1 GiB log is never read whole)
 TRIAGE_LINES = 30
-# Escape sequences of a terminal (colours, cursor moves, titles): the page shows text, never them.
-ANSI_RE = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -/]*[0-~]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
-)
-
 # The actions a job's page offers, each the request its CLI command makes, with the states it acts
 # on as the command table says them, and whether the page asks before it (work is lost or ended).
 ON_IDS: dict[str, Any] = {
@@ -61,7 +56,7 @@ ACTION_STATES = {name: _states_of(name) for name in ACTIONS}
 
 def clean(data: bytes) -> str:
     """A log's bytes as text the page may show: invalid UTF-8 replaced, escape sequences dropped."""
-    return ANSI_RE.sub("", data.decode("utf-8", "replace"))
+    return shown(data.decode("utf-8", "replace"))
 
 
 def queue(sp: Spool, ring: Ring, page: int = 0, now: Optional[float] = None) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from gpuq.engine.lifecycle.interpreter import EnqueueError, upward
 from gpuq.engine.schedule import gpuview
 from gpuq.spool import JobRef, Spool
 from gpuq.system.procs import current_umask
+from gpuq.system.security import display
 
 T = TypeVar("T")
 
@@ -27,9 +28,10 @@ CodeAnswer = Callable[[], Optional[dict[str, Any]]]
 
 
 def default_name(cwd: Union[str, os.PathLike], cmd: list[str]) -> str:
-    """`<dir name>/<script stem>`, as the original gpuq named jobs (`root/...` in `/`)."""
+    """`<dir name>/<script stem>`, as the original gpuq named jobs (`root/...` in `/`), control
+    characters written as escapes (`\\x1b`): a file's name must not reach a terminal raw."""
     stem = schema.display_script(cmd).rsplit(".", 1)[0] or "job"
-    return f"{os.path.basename(os.path.normpath(cwd)) or 'root'}/{stem}"
+    return display(f"{os.path.basename(os.path.normpath(cwd)) or 'root'}/{stem}")
 
 
 def missing_jobs(spool: Spool, ids: list[int]) -> str:

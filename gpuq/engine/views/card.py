@@ -39,6 +39,7 @@ from gpuq.engine.views.status import cap_waits, drain_waits, gpu_waits, space_wa
 from gpuq.spool import JobRef, Spool
 from gpuq.system.gpu_presence import may_have_gpus
 from gpuq.system.gpus import mib_text
+from gpuq.system.security import display
 
 Line = tuple[str, str]  # (label, text)
 INHERITED = "inherited from the shell (`gpuq show %d --env` lists them)"
@@ -138,7 +139,7 @@ def python_text(job: Job) -> str:
 def _what_runs(job: Job) -> list[Line]:
     inherited = job.shell_env
     return [
-        ("command", shlex.join(job.cmd)),
+        ("command", display(shlex.join(job.cmd))),  # a file name with escapes must not reach a terminal raw
         ("directory", job.cwd),
         ("python", python_text(job)),
         ("venv", job.venv or ""),

@@ -20,7 +20,7 @@ from gpuq.system import gpus
 STUCK_ENV = "GPUQ_STUCK_MINUTES"
 DEFAULT_STUCK_MINUTES = 60.0
 MAX_LOOK_SECONDS = 60.0  # how often progress is looked at, at most (a quarter of the limit below that)
-READ_AT_MOST = 65536  # bytes of what the log gained read per look: more than that is the job's own
+READ_AT_MOST = 65536  # bytes the log gained since the last look: that many or more are the job's own
 PREFIX = LOG_PREFIX.encode()
 
 
@@ -112,10 +112,11 @@ class Watch:
         moved, self.progress_mark = mark != self.progress_mark, mark
         try:
             size = os.fstat(self.run.log_fd).st_size
-            new = os.pread(self.run.log_fd, READ_AT_MOST, self.log_size) if size > self.log_size else b""
+            # read through a descriptor of its own: run.log_fd only appends (reading it fails, EBADF)
+            new = self.run.spool.logs.read_from(self.run.job, self.log_size) if size > self.log_size else b""
         except OSError:
             return moved
-        jobs_own = size < self.log_size or len(new) == READ_AT_MOST  # rewritten (a capped log), or plenty
+        jobs_own = size < self.log_size or len(new) >= READ_AT_MOST  # rewritten (a capped log), or plenty
         jobs_own = jobs_own or any(line and not line.startswith(PREFIX) for line in new.splitlines())
         self.log_size = size
         return moved or jobs_own
