@@ -191,7 +191,8 @@ class Job(dict[str, Any]):
 
     schema_version: int = field(NO_DEFAULT, lambda v: type(v) is int and v == SCHEMA_VERSION, str(SCHEMA_VERSION))
     id: int = field(NO_DEFAULT, lambda v: is_int(v) and 0 < v <= MAX_ID, f"an integer from 1 to {MAX_ID}")
-    name: str = field(NO_DEFAULT, lambda v: no_control(v) and bool(v), "a non-empty string without control characters")
+    # not no_control: job files written before names were checked for control characters must load
+    name: str = field(NO_DEFAULT, lambda v: no_nul(v) and bool(v), "a non-empty string")
     cmd: list[str] = field(
         NO_DEFAULT, lambda v: isinstance(v, list) and bool(v) and all(map(os_str, v)) and bool(v[0]), _STR_LIST
     )
