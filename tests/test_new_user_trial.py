@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 import pytest
 from conftest import WAIT_FOR_GO, Env, wait_for
@@ -83,6 +84,29 @@ def test_release_or_retry_of_a_running_job_says_where_it_is(gq: Env) -> None:
         assert (proc.returncode, proc.stderr) == (1, f"gpuq: job #{job} is running, not {states}\n"), command
     (gq.work / "go").touch()
     gq.wait_state(job, "done")
+
+
+def test_retry_of_an_interrupted_or_preempted_job_names_the_command_that_does_it(gq: Env) -> None:
+    """Before: "job #1 is interrupted, not failed or cancelled", and nothing on what to type."""
+    gq.script("wait.py", WAIT_FOR_GO)
+    gq.start_worker("--watch")
+    cut, stopped = gq.add("wait.py"), gq.add("wait.py")
+    job = wait_for(lambda: (j := gq.job(cut)).get("pid") and j.get("supervisor") and j, 20, what="pid recorded")
+    os.kill(job["supervisor"]["pid"], signal.SIGKILL)
+    os.killpg(job["pid"], signal.SIGKILL)  # the machine went down
+    gq.wait_state(cut, "interrupted", 20)
+    wait_for(lambda: gq.job(stopped).get("pid"), 20, what="the second job running")
+    gq.gpuq("preempt", str(stopped))
+    gq.wait_state(stopped, "preempted", 20)
+    for job_id, how in (
+        (cut, f"`gpuq recover --jobs {cut}` or `gpuq resume {cut}`"),
+        (stopped, f"`gpuq resume {stopped}`"),
+    ):
+        proc = gq.gpuq("retry", str(job_id), check=False)
+        state = gq.job(job_id)["state"]
+        said = f"gpuq: job #{job_id} is {state}, not failed or cancelled: {how} puts it back in the queue\n"
+        assert (proc.returncode, proc.stderr) == (1, said)
+    (gq.work / "go").touch()
 
 
 def test_a_command_that_cannot_run_is_refused_at_add(gq: Env) -> None:

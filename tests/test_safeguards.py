@@ -273,6 +273,27 @@ def test_a_snapshot_job_runs_the_code_it_was_queued_with(gq: Env, repo: Path) ->
     assert not Path(snap["path"]).exists()  # the copy goes with the job
 
 
+def test_a_partial_snapshot_of_a_dead_add_is_removed_a_live_ones_kept(gq: Env) -> None:
+    """An `add --snapshot` killed mid-copy leaves `.NNNNNN.tmp-PID-...`: the worker's repair and
+    `clear` remove it once that pid is dead, never while its writer lives."""
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()  # reaped: its pid is dead
+    snaps = gq.home / "snapshots"
+    snaps.mkdir(parents=True, exist_ok=True)
+    dead = snaps / f".000003.tmp-{exited.pid}-0a1b2c3d"
+    live = snaps / f".000004.tmp-{os.getpid()}-0a1b2c3d"  # this process: copying still
+    for partial in (dead, live):
+        (partial / "pkg").mkdir(parents=True)
+        (partial / "pkg" / "train.py").write_text("print(1)\n")
+    gq.script("t.py", "")
+    gq.wait_state(gq.add("t.py"), "pending")
+    gq.gpuq("run")
+    assert not dead.exists() and live.exists()
+    dead.mkdir()
+    gq.gpuq("clear")
+    assert not dead.exists() and (live / "pkg" / "train.py").exists()
+
+
 def test_bad_safeguard_options_are_one_line(gq: Env) -> None:
     gq.script("t.py", "")
     for args in (("--time", "soon"), ("--time", "0"), ("--begin", "tomorrowish"), ("--snapshot",)):

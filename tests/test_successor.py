@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -307,3 +308,29 @@ def test_with_gpus_a_job_is_not_handed_on_to_a_gpu_taken_meanwhile(gq: Env) -> N
     assert gq.state_of(b) == PENDING
     (gq.work / "gpus.json").write_text(_gpu_file())
     assert gq.wait_state(b, DONE, 20)["supervisor"]["pid"] != _supervisor_of(gq, a)
+
+
+def test_a_job_named_to_a_slot_but_run_by_another_worker_is_not_said_handed_on(gq: Env) -> None:
+    """Worker 0 (slot a) names B to the supervisor of its running A; worker 1 (slot b) runs B, and
+    A ends, before worker 0 looks again (it is stopped meanwhile): it must not say B was started
+    in its slot."""
+    first = gq.start_worker("--watch", "--gpus", "a")
+    gq.script("wait.py", WAIT_FOR_GO)
+    a = gq.add("wait.py")
+    wait_for(lambda: gq.job(a).get("pid"), 20, what="A running")
+    b = gq.add("true")
+    _worker_has_looked(gq)  # B is named to A's supervisor now
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        other = gq.start_worker("--watch", "--gpus", "b")
+        assert gq.wait_state(b, DONE, 20)["slot"] == "b"
+        other.terminate()
+        other.wait(20)
+        (gq.work / "go").write_text("")
+        gq.wait_state(a, DONE, 20)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    c = gq.add("true")  # only worker 0 is left to start it, in a step after A's end was seen
+    wait_for(lambda: f"starting job #{c}" in gq.worker_output(0), 20, what="worker 0 to start C")
+    said = [line for line in gq.worker_output(0).splitlines() if f"starting job #{b}" in line]
+    assert said == [], said

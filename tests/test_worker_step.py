@@ -33,6 +33,7 @@ class FakeLine:
         self.told: list[dict[str, Any]] = []
         self.listening = True
         self.code: Optional[int] = None
+        self.pid = os.getpid()  # this test plays the supervisor
 
     def poll(self) -> Optional[int]:
         return self.code
@@ -95,7 +96,8 @@ def _begin(spool: Spool, line: FakeLine, order: Optional[StartOrder] = None) -> 
     assert run is not None
     process = subprocess.Popen(["sleep", "60"], start_new_session=True)
     start.drop_queued_copy(run)
-    run.job = spool.jobs.rewrite(run.ref, run.job, pid=process.pid)
+    supervisor = {"pid": os.getpid(), "create_time": 0.0, "boot_id": ""}  # this test plays the supervisor
+    run.job = spool.jobs.rewrite(run.ref, run.job, pid=process.pid, supervisor=supervisor)
     return run, process
 
 

@@ -50,6 +50,10 @@ class Supervisor:
     def listening(self) -> bool:
         return self.sock is not None
 
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
     def close(self) -> None:
         # a spare without a job exits; a supervisor with one hands nothing on
         if self.sock is not None:

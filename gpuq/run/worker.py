@@ -44,6 +44,9 @@ class Line(Protocol):  # the worker's end of a supervisor's socket (run/launcher
 
     def tell(self, line: bytes) -> bool: ...  # False: the line is closed now
 
+    @property
+    def pid(self) -> int: ...  # the supervisor's, as its jobs' files record it
+
 
 class Launcher(Protocol):  # run/launcher.Launcher, or a test's fake
     def launch(self, claim: Claim, order: StartOrder) -> Line: ...  # OSError: none reached, the claim is ours
@@ -330,11 +333,28 @@ class Worker:
                 continue
             del self.supervisors[job_id]
             for named in s.told:
-                if named.id in self.supervisors or snap.states.get(named.id) not in HANDED_ON_STATES:
+                if named.id in self.supervisors or not self._started_by(s, named.id, snap):
                     continue
                 self.say(f"starting job #{named.id} {named.name}{s.where.text()} (handed on in its slot)")
                 if snap.states.get(named.id) == RUNNING and s.process.poll() is None and s.process.listening:
                     self.supervisors[named.id] = Launch(s.process, s.where, starting=False)
+
+    def _started_by(self, launch: Launch, job_id: int, snap: scheduler.QueueState) -> bool:
+        """Whether the supervisor of `launch` started the job (a job named to it may have been taken
+        by another worker meanwhile): its file names that supervisor, or, before the supervisor is
+        recorded (a job that ended at once has it recorded with its end), that slot."""
+        state = snap.states.get(job_id)
+        if state not in HANDED_ON_STATES:
+            return False
+        job = next((j for j in snap.running if j.id == job_id), None)
+        ref = self.spool.jobs.find(job_id, (state,)) if job is None else None
+        try:
+            job = self.spool.jobs.load(ref) if ref is not None else job
+        except (FileNotFoundError, schema.InvalidJob):  # gone meanwhile: not known to be ours
+            return False
+        if job is None:
+            return False
+        return job.supervisor["pid"] == launch.process.pid if job.supervisor else job.slot == launch.where.slot
 
     def _tell_successors(
         self,

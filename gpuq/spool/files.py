@@ -110,15 +110,15 @@ class Files:
             except FileNotFoundError:
                 continue
             writer = int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else -1
-            if _abandoned(writer, age):
+            if abandoned(writer, age):
                 if unlink_quietly(path):
                     removed += 1
         return removed
 
 
-def _abandoned(writer: int, age: float) -> bool:
-    """Whether a tmp file's writer is gone: its pid is dead, or it has been stuck on the file for
-    STALE_TMP_SECONDS (a writer stuck that long is not coming back to it)."""
+def abandoned(writer: int, age: float) -> bool:
+    """Whether a tmp file's (or a partial snapshot's) writer is gone: its pid is dead, or it has
+    been stuck on the file for STALE_TMP_SECONDS (a writer stuck that long is not coming back to it)."""
     return not procs.pid_alive(writer) or age > STALE_TMP_SECONDS
 
 

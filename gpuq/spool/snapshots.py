@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Optional
 
-from gpuq.spool.files import Files, read_small, unlink_quietly
+from gpuq.spool.files import Files, abandoned, read_small, unlink_quietly
 from gpuq.spool.layout import Layout
 
 
@@ -28,9 +29,30 @@ class Snapshots:
         return info
 
     def release_unused(self, remaining: set[int]) -> int:
-        """Remove every copy none of whose jobs is in `remaining`; bytes freed."""
+        """Remove every copy none of whose jobs is in `remaining`, and the partial ones
+        abandoned by their writer; bytes freed."""
         names = os.listdir(self.layout.internal_dir("snapshots"))
-        return sum(self.release(int(n), remaining) for n in names if n.isdigit())
+        return sum(self.release(int(n), remaining) for n in names if n.isdigit()) + self.clean_partial()
+
+    def clean_partial(self, now: Optional[float] = None) -> int:
+        """Remove the partial copies (`.NNNNNN.tmp-PID-RANDOM`) of an `add --snapshot` that died
+        before renaming its copy into place, as clean_tmp does for tmp/; bytes freed."""
+        now = time.time() if now is None else now
+        top = self.layout.internal_dir("snapshots")
+        freed = 0
+        for name in os.listdir(top):
+            pid = name.partition(".tmp-")[2].split("-")[0]
+            path = os.path.join(top, name)
+            if not (name.startswith(".") and pid.isdigit()) or os.path.islink(path) or not os.path.isdir(path):
+                continue
+            try:
+                if not abandoned(int(pid), now - os.stat(path, follow_symlinks=False).st_mtime):
+                    continue
+                freed += sum(entry.stat(follow_symlinks=False).st_blocks * 512 for entry in _walk(path))
+            except FileNotFoundError:
+                continue  # removed meanwhile by another cleaner
+            _remove_tree(path)
+        return freed
 
     def release(self, first_id: int, remaining: set[int]) -> int:
         """Remove the copy named `first_id` if none of its jobs is in `remaining`; bytes freed."""

@@ -132,6 +132,11 @@ def wait_until_settled(spool: Spool, job_id: int, timeout: float = 10.0) -> Job:
 
 
 def retry(spool: Spool, job_id: int, from_scratch: bool = False) -> tuple[Job, Continuation]:
+    found = spool.jobs.find(job_id, (INTERRUPTED, PREEMPTED))
+    if found is not None:  # not retried: each has its own command, which the refusal names
+        how = f"`gpuq resume {job_id}`"
+        how = f"`gpuq recover --jobs {job_id}` or {how}" if found.state == INTERRUPTED else how
+        raise Refused(f"job #{job_id} is {found.state}, not failed or cancelled: {how} puts it back in the queue")
     return _requeue(spool, job_id, (FAILED, CANCELLED), "retried by user", from_scratch)
 
 

@@ -45,6 +45,7 @@ def reconcile(
     if full:
         clear_stale_claims(spool, report)
         report.tmp_removed = spool.files.clean_tmp()
+        spool.snapshots.clean_partial()  # an `add --snapshot` killed mid-copy
     if listing is not None:
         changed = report.duplicates_removed or report.settled
         report.listing = list(spool.jobs.refs(STATES)) if changed else listing
