@@ -41,7 +41,7 @@ def _say_killing(job_id: int) -> None:
 
 def _cancelled(done: Done, _args: argparse.Namespace) -> str:
     if done.killed:
-        return f"{CANCELLED}: it was running, killed (exit {done.job.exit_code})"
+        return render.killed_text(done.job, f"{CANCELLED}: it was running, killed")
     return render.cancelled_text(done.job)
 
 

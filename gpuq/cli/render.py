@@ -249,9 +249,21 @@ def cancelled_text(job: Job) -> str:
     return CANCELLED
 
 
-def killed_text(job: Job) -> str:
-    """What `gpuq kill` did: a job on a cluster was stopped there and cancelled, no exit code known here."""
-    return cancelled_text(job) if job.slurm or job.ray else f"killed (exit {job.exit_code})"
+def killed_text(job: Job, said: str = "killed") -> str:
+    """What `gpuq kill` (`said`: or a cancel) did: a job on a cluster was stopped there and cancelled,
+    no exit code known here; one that reached its end before the kill took effect is done."""
+    if job.slurm or job.ray:
+        return cancelled_text(job)
+    if job.history and job.history[-1].get("outcome") == DONE:
+        return f"{DONE}: {job.note}"
+    return f"{said} ({exit_text(job)})"
+
+
+def exit_text(job: Job) -> str:
+    """`exit 143`, or why its exit code is unknown, as its note says it."""
+    if job.exit_code is not None:
+        return f"exit {job.exit_code}"
+    return f"exit code unknown: {'an adopted process has no supervisor' if job.adopted else 'its supervisor was gone'}"
 
 
 def damaged_cells(file_name: str, reason: str) -> tuple[str, ...]:

@@ -98,10 +98,16 @@ def destination(
     time_limit: Optional[str] = None,
     *,
     host_memory: Optional[str] = None,
+    completed: Optional[str] = None,
 ) -> tuple[str, Optional[str]]:
     """Where an attempt whose exit code is known goes, and why. A run stopped at its `time_limit` or
     `host_memory` failed whatever its exit code, and is not retried as is (it would reach it again):
-    one stopped at its host memory may be, with more (core/oom.py)."""
+    one stopped at its host memory may be, with more (core/oom.py). `completed`: the end of its work
+    its progress reached (`step 12/12`); with exit 0 it ended before a request to stop it took
+    effect, and is done: preempted, it would only run again from scratch."""
+    if completed and exit_code == 0 and request in states.ACTIONS:
+        what = "preemption" if request in states.PREEMPT_ACTIONS else request
+        return states.DONE, f"ended with its work complete ({completed}) before the {what} took effect"
     if request in states.KILL_ACTIONS:
         return states.CANCELLED, states.KILLED_BY[request]
     if request in states.PREEMPT_ACTIONS:

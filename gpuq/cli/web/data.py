@@ -281,8 +281,9 @@ def act(sp: Spool, name: str, job_id: int) -> str:
         if isinstance(outcome, GpuqError):
             raise outcome
         said = {
-            "cancel": CANCELLED
-            + (f" (it was running: killed, exit {outcome.job.exit_code})" if outcome.killed else ""),
+            "cancel": render.killed_text(outcome.job, f"{CANCELLED}: it was running, killed")
+            if outcome.killed
+            else CANCELLED,
             "kill": render.killed_text(outcome.job),
             "hold": HELD,
             "release": "back in line",

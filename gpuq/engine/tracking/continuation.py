@@ -34,10 +34,11 @@ def last_step(spool: Spool, job: Job) -> Optional[int]:
     return max(steps) if steps else None
 
 
-def reached_end(spool: Spool, job: Job) -> Optional[str]:
+def reached_end(spool: Spool, job: Job, counted: bool = False) -> Optional[str]:
     """`step 10/10` when the current attempt's progress file or log (read by the ETA's rules) says
     its work was done; None otherwise. An attempt whose supervisor was killed as the job completed
-    left no exit code: this is how recovery tells it from one cut short."""
+    left no exit code: this is how recovery tells it from one cut short. `counted`: only a count at
+    its total will do, not a final summary (a training stopped early prints one too)."""
     if not job.started_at:
         return None
     report = progress.progress_report(spool, job)
@@ -47,6 +48,8 @@ def reached_end(spool: Spool, job: Job) -> Optional[str]:
         progress.from_log_text(tail.decode("utf-8", "replace"), mtime, progress.num_epochs(job.cmd)) if tail else None,
     ):
         if reading is not None and reading.fraction == 1.0:
+            if counted and not (reading.total and reading.step >= reading.total):
+                continue
             return _end_text(reading)
     return None
 

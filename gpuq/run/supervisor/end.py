@@ -13,7 +13,7 @@ from gpuq.core import failure, oom, transitions
 from gpuq.core.states import FAILED, KILL_ACTIONS, PENDING, PREEMPT, PREEMPTED
 from gpuq.core.times import parse_iso
 from gpuq.engine.lifecycle import ending
-from gpuq.engine.tracking import retention
+from gpuq.engine.tracking import continuation, retention
 from gpuq.run.supervisor import keeping
 from gpuq.run.supervisor.hostlimits import reached
 from gpuq.run.supervisor.lease import record_usage, release
@@ -45,7 +45,13 @@ def finish(
     release(run.leases)
     record_usage(run.leases)  # before the worker sees the job end, and ranks the waiting users by usage
     request = spool.control.take(job.id, since=parse_iso(job.started_at))  # not one left for the run before
-    state, why = transitions.destination(job, exit_code, request, retry, run.timed_out, host_memory=reached(run.host))
+    # a job that reached its end as it was asked to stop is done: its progress, read for that one only
+    completed = continuation.reached_end(spool, job, counted=True) if request and exit_code == 0 else None
+    state, why = transitions.destination(
+        job, exit_code, request, retry, run.timed_out, host_memory=reached(run.host), completed=completed
+    )
+    if completed and why:
+        log_line(run.log_fd, why)
     sig_name = signal.Signals(sig).name if sig else None
     if state == PREEMPTED:
         why = None  # the preemption's record says it (engine/lifecycle/ending.attempt_end)
