@@ -25,7 +25,7 @@ from test_turns import THEM, _lease, _ticket, needs_root
 from gpuq.core.states import DONE
 from gpuq.core.times import parse_iso
 from gpuq.engine.schedule.gpuview import ticket_entry
-from gpuq.engine.schedule.turns import TURN_GRACE_SECONDS, turn_reason
+from gpuq.engine.schedule.turns import TURN_GRACE_SECONDS, Patience, turn_reason
 from gpuq.system.leases import LeaseDir, Ticket
 
 # Writes each (name, JSON object) given, with its own pid as `pid`, owned by the uid given; locks them
@@ -165,3 +165,22 @@ def test_a_ticket_whose_holder_is_stopped_keeps_no_one_waiting(
     gq.start_worker("--watch")
     gq.wait_state(job, DONE, timeout=TURN_GRACE_SECONDS / 2)
     assert "waiting:" not in gq.gpuq("gpus").stdout
+
+
+def _waiting(gpus: int) -> Ticket:
+    return Ticket(f"t{gpus}.ticket", "them", THEM, 4242, 7, None, gpus, None, None, 0.0, "h")
+
+
+def test_a_ticket_waiting_for_more_gpus_than_are_free_runs_no_clock_and_a_free_turn_not_taken_does() -> None:
+    """Steps of the worker's look, `now` given: a two-GPU ticket while GPU a is leased waits for that
+    lease, not for itself, however long; once both are free its 30 s run, then it is passed over."""
+    patience, two, one = Patience(), _waiting(2), _waiting(1)
+
+    def passed(ticket: Ticket, now: float, leased: tuple[str, ...]) -> bool:
+        patience.look([ticket], leased, now, ("a", "b"))
+        return patience.passed(ticket, "b")
+
+    assert not passed(two, 0.0, ("a",)) and not passed(two, 1000.0, ("a",)), "b alone could not start it"
+    assert not passed(two, 1001.0, ()) and not passed(two, 1001.0 + TURN_GRACE_SECONDS - 1, ())
+    assert passed(two, 1001.0 + TURN_GRACE_SECONDS, ()) and passed(two, 2000.0, ("a",)), "passed over for good"
+    assert not passed(one, 0.0, ()) and passed(one, TURN_GRACE_SECONDS, ()), "one free GPU was its turn"

@@ -91,7 +91,7 @@ class _Admission:
         uuid_of = {gpu.index: gpu.uuid for gpu in seen.gpus}
         cap = rules.of(user_name(me)).max_gpus
         tickets = directory.tickets()
-        self.patience.look(tickets, (lease.gpu_uuid for lease in live), time.monotonic())
+        self.patience.look(tickets, (lease.gpu_uuid for lease in live), time.monotonic(), uuid_of.values())
         why = turns.held_back(decision.gpus, uuid_of, tickets, directory, rules, cap, held, self.patience)
         if why is None:
             return None

@@ -63,23 +63,38 @@ def cap_reason(cap: int, asked: int) -> str:
 
 class Patience:
     """How long this program has been kept off each free GPU (no live lease on it) by each other user's
-    ticket: from TURN_GRACE_SECONDS on, that ticket is passed over there (lease_layout.md section 7)."""
+    ticket that could have started there: from TURN_GRACE_SECONDS on, that ticket is passed over there
+    for as long as it lives (lease_layout.md section 7). A ticket waiting for more GPUs than are free
+    runs no clock: it waits for their holders, not for its own."""
 
     def __init__(self) -> None:
-        self.since: dict[tuple[str, str], float] = {}  # (ticket file, GPU uuid) -> when it first kept us off
+        self.since: dict[tuple[str, str], float] = {}  # (ticket file, GPU uuid) -> when it first could start
+        self.forfeit: set[tuple[str, str]] = set()  # turns not taken in time
         self.leased: frozenset[str] = frozenset()
+        self.gpus: tuple[str, ...] = ()  # every GPU's uuid, to count those a ticket could start on
         self.now = 0.0
 
-    def look(self, tickets: Iterable[Ticket], leased: Iterable[str], now: float) -> None:
-        """Before a decision: the live tickets (the others' clocks go), the GPUs leased, the monotonic time."""
+    def look(self, tickets: Iterable[Ticket], leased: Iterable[str], now: float, gpus: Iterable[str] = ()) -> None:
+        """Before a decision: the live tickets (the others' clocks go), the GPUs leased, the monotonic
+        time, every GPU's uuid."""
         live = {ticket.file for ticket in tickets}
         self.since = {key: at for key, at in self.since.items() if key[0] in live}
-        self.leased, self.now = frozenset(leased), now
+        self.forfeit = {key for key in self.forfeit if key[0] in live}
+        self.leased, self.now, self.gpus = frozenset(leased), now, tuple(gpus)
 
     def passed(self, ticket: Ticket, uuid: str) -> bool:
-        if uuid in self.leased:  # its holder could not have taken it
+        key = (ticket.file, uuid)
+        if key in self.forfeit:
+            return True
+        free = [u for u in self.gpus if ticket.wants(u) and u not in self.leased]
+        whole = ticket.mem_mib is None and bool(self.gpus)  # a share may fit beside a lease: not counted
+        if uuid in self.leased or (whole and len(free) < ticket.gpus):  # its holder could not have started
+            self.since.pop(key, None)
             return False
-        return self.now - self.since.setdefault((ticket.file, uuid), self.now) >= TURN_GRACE_SECONDS
+        if self.now - self.since.setdefault(key, self.now) < TURN_GRACE_SECONDS:
+            return False
+        self.forfeit.add(key)
+        return True
 
 
 class HeldBack(NamedTuple):
@@ -207,8 +222,8 @@ class Turns:
         tickets = directory.tickets()
         for problem in directory.problems:
             say_once(problem, self.say)
-        self.patience.look(tickets, leased, time.monotonic())
         uuid_of = dict(gpus)
+        self.patience.look(tickets, leased, time.monotonic(), uuid_of.values())
         kept = []
         for job, where in starts:
             why = held_back(where.gpus or (), uuid_of, tickets, directory, policy, None, frozenset(), self.patience)
