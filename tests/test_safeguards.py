@@ -285,6 +285,8 @@ def test_a_partial_snapshot_of_a_dead_add_is_removed_a_live_ones_kept(gq: Env) -
     for partial in (dead, live):
         (partial / "pkg").mkdir(parents=True)
         (partial / "pkg" / "train.py").write_text("print(1)\n")
+    old = time.time() - 3600  # a live copy untouched for an hour (its add Ctrl-Z'd, or deep in one folder)
+    os.utime(live, (old, old))
     gq.script("t.py", "")
     gq.wait_state(gq.add("t.py"), "pending")
     gq.gpuq("run")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
-from gpuq.spool.files import Files, abandoned, read_small, unlink_quietly
+from gpuq.spool.files import Files, read_small, unlink_quietly
 from gpuq.spool.layout import Layout
+from gpuq.system import procs
 
 
 class Snapshots:
@@ -34,10 +34,9 @@ class Snapshots:
         names = os.listdir(self.layout.internal_dir("snapshots"))
         return sum(self.release(int(n), remaining) for n in names if n.isdigit()) + self.clean_partial()
 
-    def clean_partial(self, now: Optional[float] = None) -> int:
+    def clean_partial(self) -> int:
         """Remove the partial copies (`.NNNNNN.tmp-PID-RANDOM`) of an `add --snapshot` that died
-        before renaming its copy into place, as clean_tmp does for tmp/; bytes freed."""
-        now = time.time() if now is None else now
+        before renaming its copy into place; bytes freed."""
         top = self.layout.internal_dir("snapshots")
         freed = 0
         for name in os.listdir(top):
@@ -45,9 +44,11 @@ class Snapshots:
             path = os.path.join(top, name)
             if not (name.startswith(".") and pid.isdigit()) or os.path.islink(path) or not os.path.isdir(path):
                 continue
+            # Its writer's pid alone decides, not its age (tmp/'s rule): a live add stays on its
+            # copy however long it takes, and would go on into a folder removed under it.
+            if procs.pid_alive(int(pid)):
+                continue
             try:
-                if not abandoned(int(pid), now - os.stat(path, follow_symlinks=False).st_mtime):
-                    continue
                 freed += sum(entry.stat(follow_symlinks=False).st_blocks * 512 for entry in _walk(path))
             except FileNotFoundError:
                 continue  # removed meanwhile by another cleaner
