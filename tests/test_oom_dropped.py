@@ -124,6 +124,9 @@ def test_edit_sets_them_as_a_dropped_file_says_them_and_keeps_them_otherwise(gq:
     assert (job["keep_checkpoints"], job["min_free_bytes"]) == ("best", 8 << 30)
     refused = gq.gpuq("edit", str(job_id), "--set", "min_free=8", check=False)
     assert refused.returncode == 2 and "did you mean min_free=8G?" in refused.stderr
+    for value in ("0", "0G", "-5G"):  # no unit to suggest: refused as add refuses them
+        refused = gq.gpuq("edit", str(job_id), "--set", f"min_free={value}", check=False)
+        assert refused.returncode == 2 and f"{value!r} is not a positive size" in refused.stderr, refused.stderr
     gq.gpuq("edit", str(job_id), "--set", "min_free=null", "--set", "keep_checkpoints=null")
     job = gq.job(job_id)
     assert (job["keep_checkpoints"], job["min_free_bytes"], job["retry_oom"]) == (None, None, 2)

@@ -52,8 +52,12 @@ def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
             raise UsageError(f"--set {key}: not editable; these are: {', '.join(EDITABLE)}")
         shown = text.strip()
         if key == "min_free" and shown != "null":
-            if not shown[-1:].isalpha():
+            if not shown[-1:].isalpha() and not shown.startswith("-") and shown.strip("0.") != "":
                 raise UsageError(f"--set min_free: {shown!r} has no unit: did you mean min_free={shown}G?")
+            try:
+                timespec.parse_typed_bytes(shown, "--set min_free")  # as add's --min-free: above 0
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
             out[key] = shown  # read again by the dropped file's rules
             continue
         if key in TYPED_SIZES and text.strip() != "null":
