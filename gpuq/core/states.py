@@ -58,6 +58,7 @@ BY_NAME = {state.name: state for state in TABLE}
 
 STATES = tuple(state.name for state in TABLE)
 FINISHED = tuple(state.name for state in TABLE if state.finished)  # (DONE, FAILED, CANCELLED)
+UNFINISHED = tuple(state.name for state in TABLE if not state.finished)  # few files each, listed in full
 ACTIVE = (PENDING, RUNNING)  # what the scheduler reads on every step
 NEEDS_USER = (PREEMPTED, INTERRUPTED, HELD)  # stopped; only a person (resume, recover, release) moves them on
 WAITING = (PENDING, HELD)  # queued and never started since: what `gpuq edit` may change

@@ -12,7 +12,7 @@ import fcntl
 import os
 
 from gpuq.core.job import MAX_ID
-from gpuq.core.states import FINISHED, PENDING, STATES
+from gpuq.core.states import PENDING, UNFINISHED
 from gpuq.spool.dropbox import Dropbox
 from gpuq.spool.errors import SpoolError, full_or
 from gpuq.spool.files import Files, read_small
@@ -40,8 +40,8 @@ class IdCounter:
             if next_id == 1:  # no record at all: rebuilt from what the tree holds
                 next_id = self._highest_in_tree() + 1
             # a file moved in by hand: its id is in use whatever the counter says
-            unfinished = tuple(s for s in STATES if s not in FINISHED)  # few files; the finished ones call seen()
-            next_id = max(next_id, at_least, max((ref.id + 1 for ref in self.store.refs(unfinished)), default=1))
+            # (the finished ones are many: their index calls seen())
+            next_id = max(next_id, at_least, max((ref.id + 1 for ref in self.store.refs(UNFINISHED)), default=1))
             _check_room(next_id, count)
             after = f"{next_id + count}\n".encode()
             # Both copies are fsynced before the id is given out. The spool directory is not

@@ -16,7 +16,7 @@ from typing import Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
-from gpuq.core.states import ACTIVE, FINISHED, PENDING, RUNNING, STATES
+from gpuq.core.states import ACTIVE, PENDING, RUNNING, STATES, UNFINISHED
 from gpuq.engine.schedule.queue_read import Loaded, PendingCache, later
 from gpuq.engine.schedule.scheduler import QueueState, queue_key
 from gpuq.spool import JobRef, Spool
@@ -24,7 +24,7 @@ from gpuq.spool.layout import INTAKE_RE, is_job_name
 
 FULL_LOOK_SECONDS = 5.0  # a full look at least this often, whatever the events said
 ELSEWHERE = tuple(s for s in STATES if s not in ACTIVE)  # where a job goes when it leaves both
-LISTED = tuple(s for s in STATES if s not in FINISHED)  # listed at a full look; finished ones come from their index
+LISTED = UNFINISHED  # listed at a full look; finished ones come from their index
 
 
 class QueueView:

@@ -6,7 +6,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
-from gpuq.core.states import FAILED, FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RAY, RUNNING, SLURM, STATES
+from gpuq.core.states import FAILED, FINISHED, HELD, INTERRUPTED, PENDING, PREEMPTED, RAY, RUNNING, SLURM, UNFINISHED
 from gpuq.core.times import parse_iso
 from gpuq.core.words import cap_text, mib_text
 from gpuq.engine.lifecycle import repairs
@@ -220,7 +220,7 @@ def _request_text(job: Job) -> str:
     return f"{mib_text(mem)} on a GPU" if count == 1 else f"{mib_text(mem)} on each of {count} GPUs"
 
 
-OTHER_STATES = tuple(s for s in STATES if s not in FINISHED)
+OTHER_STATES = UNFINISHED
 
 
 def _listing(spool: Spool) -> tuple[list[JobRef], Finished, dict[int, str]]:
