@@ -9,7 +9,7 @@ import time
 from typing import Iterable, Optional
 
 from gpuq.core.states import PREEMPT_ACTIONS
-from gpuq.core.times import duration
+from gpuq.core.times import clock, duration
 
 # Escape sequences of a terminal (colours, cursor moves, titles) and the other control characters
 # but tab and line breaks: text a page or a screen shows never carries them (curses refuses a NUL).
@@ -81,7 +81,7 @@ def stopping_text(action: str, since: Optional[float], now: float) -> str:
     verb = "preempting" if action in PREEMPT_ACTIONS else "stopping"  # kill, cancel
     if since is None:
         return verb
-    return f"{verb} since {time.strftime('%H:%M:%S', time.localtime(since))} ({duration(max(0.0, now - since))})"
+    return f"{verb} since {clock(since)} ({duration(max(0.0, now - since))})"
 
 
 def lease_text(who: str, mem_mib: Optional[int], since: float) -> str:
