@@ -55,13 +55,13 @@ class Logs:
             lines.pop()
         return lines[-count:]
 
-    def read_from(self, job: Job, offset: int) -> bytes:
-        """Up to 1 MiB of the job's log from `offset` on (for `gpuq log -f`)."""
+    def read_from(self, job: Job, offset: int, most: int = 1 << 20) -> bytes:
+        """Up to `most` bytes of the job's log from `offset` on (1 MiB: `gpuq log -f`)."""
         fd = open_regular(self.path_of(job))
         if fd is None:
             return b""
         try:
-            return os.pread(fd, 1 << 20, offset)
+            return os.pread(fd, most, offset)
         finally:
             os.close(fd)
 

@@ -113,7 +113,8 @@ class Watch:
         try:
             size = os.fstat(self.run.log_fd).st_size
             # read through a descriptor of its own: run.log_fd only appends (reading it fails, EBADF)
-            new = self.run.spool.logs.read_from(self.run.job, self.log_size) if size > self.log_size else b""
+            grown = size > self.log_size
+            new = self.run.spool.logs.read_from(self.run.job, self.log_size, READ_AT_MOST) if grown else b""
         except OSError:
             return moved
         jobs_own = size < self.log_size or len(new) >= READ_AT_MOST  # rewritten (a capped log), or plenty
