@@ -1,12 +1,9 @@
-"""Out-of-memory retries with more room: an attempt that died of CUDA out-of-memory, or at its host
-memory reservation (`--mem`), goes back with a larger share, as Flyte, Nextflow and Cromwell retry
-such failures, since the same request would die again at the same allocation. Pure decisions: the
-caller (run/supervisor/end.py) knows the GPUs' sizes and the worker's cap.
-
-A `--gpu-mem` share doubles up to a whole GPU (a share at least as large as the largest GPU is a
-whole GPU); a whole-GPU job goes to the GPUs with the most memory; a `--mem` reservation doubles up
-to the worker's cap. The next attempt finds `GPUQ_OOM_RETRY=k` in its environment, so that a script
-can also shrink its batch, and continues from its newest checkpoint as every retry does.
+"""Out-of-memory retries with more room: an attempt that died of CUDA out-of-memory, or at its
+`--mem` reservation, goes back with a larger share (as Flyte, Nextflow and Cromwell retry), since the
+same request would die again at the same allocation: a `--gpu-mem` share doubles up to a whole GPU, a
+whole-GPU job goes to the GPUs with the most memory, `--mem` doubles up to the worker's cap. The next
+attempt finds `GPUQ_OOM_RETRY=k` in its environment (a script may shrink its batch) and continues
+from its newest checkpoint. Pure decisions: the caller (run/supervisor/end.py) knows the sizes.
 """
 
 from __future__ import annotations

@@ -38,13 +38,10 @@ class IncompleteJob(InvalidJob):
     """Bytes that are not (yet) a whole JSON text: a file still being written looks like this."""
 
 
-def slug(name: str) -> str:
-    """The job's name as part of a file name: each run of unsafe characters one "-"."""
-    return re.sub(_UNSAFE, "-", name).strip("-.")[:60] or "job"
-
-
 def filename(job_id: int, name: str) -> str:
-    return f"{job_id:06d}-{slug(name)}.json"
+    """NNNNNN-NAME.json, each run of characters unsafe in a file name one "-" in NAME."""
+    slug = re.sub(_UNSAFE, "-", name).strip("-.")[:60] or "job"
+    return f"{job_id:06d}-{slug}.json"
 
 
 def new_job(
@@ -218,14 +215,13 @@ def normalize_dropped(obj: dict[str, Any]) -> dict[str, Any]:
     if "cmd" not in obj:
         raise InvalidJob("missing 'cmd' (a list of strings or a shell-like string)")
     clean: dict[str, Any] = {"cmd": _check_cmd(obj["cmd"])}
-    if obj.get("cwd") is not None:
-        if not os_str(obj["cwd"]) or not obj["cwd"].startswith("/") or len(obj["cwd"]) > 4096:
-            raise InvalidJob("'cwd' must be an absolute path")
-        clean["cwd"] = obj["cwd"]
-    if obj.get("conda") is not None:  # a prefix: a file has no shell whose environments a name would be looked up in
-        if not os_str(obj["conda"]) or not obj["conda"].startswith("/") or len(obj["conda"]) > 4096:
-            raise InvalidJob("'conda' must be the absolute path of a conda environment")
-        clean["conda"] = obj["conda"]
+    # conda: a prefix, as a file has no shell whose environments a name would be looked up in
+    for key, what in (("cwd", "an absolute path"), ("conda", "the absolute path of a conda environment")):
+        path = obj.get(key)
+        if path is not None:
+            if not os_str(path) or not path.startswith("/") or len(path) > 4096:
+                raise InvalidJob(f"'{key}' must be {what}")
+            clean[key] = path
     if obj.get("name") is not None:
         clean["name"] = check_name(obj["name"])
     clean["env"] = _check_env(obj.get("env", {}))

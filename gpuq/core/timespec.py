@@ -9,6 +9,8 @@ import re
 from datetime import date, datetime, time, timedelta, timezone
 from typing import Optional
 
+from gpuq.core.times import duration
+
 MAX_DURATION = 365 * 86400.0
 
 _UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
@@ -75,17 +77,8 @@ def format_duration(seconds: float) -> str:
     """`45s`, `1m30s`, `4h00m`, `2d03h`: two units at most, the smaller rounded down (a limit never
     reads longer than it is); `parse_duration` reads it back."""
     sign = "-" if seconds < 0 else ""
-    whole = int(abs(seconds))
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{sign}{days}d{hours:02d}h"
-    if hours:
-        return f"{sign}{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{sign}{minutes}m{secs:02d}s"
-    return f"{sign}{secs}s"
+    days, rest = divmod(int(abs(seconds)), 86400)
+    return f"{sign}{days}d{rest // 3600:02d}h" if days else sign + duration(rest)  # duration: within a day
 
 
 # -- start times (--begin) --

@@ -50,21 +50,10 @@ class Continuation(NamedTuple):
         ) + lost
 
 
-# The fields that describe one run of a job; cleared whenever it goes back to the queue.
-_RUN_FIELDS: Changes = {
-    "started_at": None,
-    "finished_at": None,
-    "pid": None,
-    "pid_create_time": None,
-    "supervisor": None,
-    "slot": None,
-    "gpus": None,
-    "reason": None,
-    "code_changed": None,
-    "code_at_start": None,
-    "slurm": None,  # a job back in the queue runs here unless handed to Slurm again
-    "ray": None,  # and unless handed to Ray again
-}
+# The fields that describe one run of a job; cleared whenever it goes back to the queue (where it
+# runs here unless handed to Slurm or Ray again).
+_RUN_FIELDS: Changes = dict.fromkeys(("started_at", "finished_at", "pid", "pid_create_time", "supervisor", "slot"))
+_RUN_FIELDS.update(dict.fromkeys(("gpus", "reason", "code_changed", "code_at_start", "slurm", "ray")))
 
 
 def start(job: Job, *, slot: Optional[str], gpus: Optional[list[int]], boot_id: str, host: str, log: str) -> Changes:
@@ -390,18 +379,11 @@ def slurm_cancelled(job: Job, note: str) -> Changes:
     (`cancel_here_only`). A job seen running gets its attempt's history entry, as a local one does."""
     mark = dict(job.slurm or {}, state="CANCELLED", reason=None)
     changes = dict(cancel(note), slurm=mark)
-    if job.started_at:
-        entry = {
-            "attempt": job.attempts + 1,
-            "started_at": job.started_at,
-            "finished_at": changes["finished_at"],
-            "exit_code": None,
-            "signal": None,
-            "outcome": states.CANCELLED,
-            "slurm_job_id": mark.get("job_id"),
-            "slurm_state": "CANCELLED",
-        }
-        changes.update(attempts=job.attempts + 1, history=[*job.history, entry])
+    if job.started_at:  # the same entry as Slurm's own end in CANCELLED
+        ended = slurm_end(
+            job, "CANCELLED", exit_code=None, signal=None, started_at=None, finished_at=changes["finished_at"]
+        )
+        changes.update(attempts=ended["attempts"], history=ended["history"])
     return changes
 
 

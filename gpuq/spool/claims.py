@@ -118,8 +118,5 @@ class Claims:
         return info if isinstance(info, dict) else None
 
     def ids(self) -> list[int]:
-        out = []
-        for name in os.listdir(self.layout.internal_dir("locks")):
-            if name.endswith(".lock") and name[:-5].isdigit():
-                out.append(int(name[:-5]))
-        return out
+        names = os.listdir(self.layout.internal_dir("locks"))
+        return [int(name[:-5]) for name in names if name.endswith(".lock") and name[:-5].isdigit()]

@@ -44,12 +44,9 @@ class Dropbox:
 
     def leftovers(self) -> list[tuple[int, str]]:
         """(id, hidden name) of intakes a crash interrupted."""
-        out = []
-        for name in os.listdir(self.layout.state_dir(PENDING)):
-            m = name.startswith(".intake-") and INTAKE_RE.match(name)  # no pattern compiled for plain names
-            if m:
-                out.append((int(m.group(1)), name))
-        return sorted(out)
+        names = os.listdir(self.layout.state_dir(PENDING))
+        found = (name.startswith(".intake-") and INTAKE_RE.match(name) for name in names)  # a plain name: no match
+        return sorted((int(match.group(1)), match.group(0)) for match in found if match)
 
     def begin(self, name: str, job_id: int) -> str:
         hidden = f".intake-{job_id:06d}-{name}"

@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import time
+from contextlib import suppress
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from gpuq.core.schema import InvalidJob
@@ -60,10 +61,8 @@ class Files:
         size = emergency_room_size(free_bytes(self.layout.home))
         if size == 0 or (size < RESERVE_BYTES and size < 2 * have):
             return  # none fits, or too little more than there is to be worth rewriting
-        try:
+        with suppress(OSError):  # the disk filled up meanwhile: next time
             self.replace(path, bytes(size), "reserve")
-        except OSError:
-            pass  # the disk filled up meanwhile: next time
 
     def with_room(self, write: Callable[[], T]) -> T:
         """Run `write`; on a full disk, give up the emergency room and run it once more. For what a
@@ -100,6 +99,8 @@ class Files:
         fsutil.fsync_dir(os.path.dirname(target))
 
     def clean_tmp(self, now: Optional[float] = None) -> int:
+        """Remove the tmp files whose writer is gone: its pid (in the name) is dead, or it has been
+        stuck on the file for STALE_TMP_SECONDS (a writer stuck that long is not coming back to it)."""
         now = time.time() if now is None else now
         removed = 0
         for name in os.listdir(self.layout.tmp_dir()):
@@ -110,16 +111,9 @@ class Files:
             except FileNotFoundError:
                 continue
             writer = int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else -1
-            if abandoned(writer, age):
-                if unlink_quietly(path):
-                    removed += 1
+            if (not procs.pid_alive(writer) or age > STALE_TMP_SECONDS) and unlink_quietly(path):
+                removed += 1
         return removed
-
-
-def abandoned(writer: int, age: float) -> bool:
-    """Whether a tmp file's (or a partial snapshot's) writer is gone: its pid is dead, or it has
-    been stuck on the file for STALE_TMP_SECONDS (a writer stuck that long is not coming back to it)."""
-    return not procs.pid_alive(writer) or age > STALE_TMP_SECONDS
 
 
 def _rename_or_drop(tmp: StrPath, target: StrPath, replace: bool) -> None:
@@ -251,15 +245,11 @@ def read_object(path: StrPath, mine: bool = False) -> Optional[dict[str, Any]]:
     return found if isinstance(found, dict) else None
 
 
-def read_job_file(path: StrPath, cap: int) -> bytes:
-    """Read a job file safely: no symlinks, regular, ours, one link, size-capped, checked on the
-    open descriptor so it cannot be swapped in between. FileNotFoundError if it vanished;
-    InvalidJob (with the reason) for anything refused; other OSErrors are not about the file."""
-    return read_job_file_inode(path, cap)[0]
-
-
-def read_job_file_inode(path: StrPath, cap: int) -> tuple[bytes, int]:
-    """read_job_file, with the inode of the file read (what the finished index keys a row on)."""
+def read_job_file(path: StrPath, cap: int) -> tuple[bytes, int]:
+    """A job file's bytes and inode (what the finished index keys a row on), read safely: no
+    symlinks, regular, ours, one link, size-capped, checked on the open descriptor so it cannot be
+    swapped in between. FileNotFoundError if it vanished; InvalidJob (with the reason) for anything
+    refused; other OSErrors are not about the file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO must not hang us
     except FileNotFoundError:

@@ -49,7 +49,7 @@ class Snapshots:
             if procs.pid_alive(int(pid)):
                 continue
             try:
-                freed += sum(entry.stat(follow_symlinks=False).st_blocks * 512 for entry in _walk(path))
+                freed += _tree_bytes(path)
             except FileNotFoundError:
                 continue  # removed meanwhile by another cleaner
             _remove_tree(path)
@@ -66,21 +66,22 @@ class Snapshots:
             ids = {first_id}
         if ids & remaining or not os.path.isdir(dest) or os.path.islink(dest):
             return 0
-        freed = sum(entry.stat(follow_symlinks=False).st_blocks * 512 for entry in _walk(dest))
+        freed = _tree_bytes(dest)
         _remove_tree(dest)
         unlink_quietly(ids_file)
         return freed
 
 
-def _walk(top: Any) -> list[os.DirEntry]:
-    out, stack = [], [str(top)]
+def _tree_bytes(top: str) -> int:
+    """The disk space of everything under `top`, links not followed."""
+    total, stack = 0, [top]
     while stack:
         with os.scandir(stack.pop()) as entries:
             for entry in entries:
-                out.append(entry)
+                total += entry.stat(follow_symlinks=False).st_blocks * 512
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
-    return out
+    return total
 
 
 def _remove_tree(path: str) -> None:

@@ -6,6 +6,7 @@ the higher rev wins, engine/lifecycle/repairs.py). The caller holds the job's cl
 # Real annotations, no future import: see test_the_everyday_commands_compile_no_source.
 import json
 import os
+from contextlib import suppress
 from typing import Any, Iterator, NamedTuple, Optional
 
 from gpuq.core import schema
@@ -97,7 +98,7 @@ class JobStore:
             return 0
 
     def read_bytes(self, state: str, name: str) -> bytes:
-        return read_job_file(self.layout.job_path(state, name), MAX_JOB_BYTES)
+        return read_job_file(self.layout.job_path(state, name), MAX_JOB_BYTES)[0]
 
     def load(self, ref: JobRef) -> Job:
         """A valid job for `ref`; schema.InvalidJob or FileNotFoundError otherwise."""
@@ -107,10 +108,8 @@ class JobStore:
     def load_many(self, state: str) -> list[tuple[JobRef, Job]]:
         out = []
         for ref in self.refs((state,)):
-            try:
+            with suppress(FileNotFoundError, schema.InvalidJob):
                 out.append((ref, self.load(ref)))
-            except (FileNotFoundError, schema.InvalidJob):
-                continue
         return out
 
     def publish(self, job: Job, state: str = PENDING) -> JobRef:
@@ -141,10 +140,8 @@ class JobStore:
         name = schema.filename(new.id, new.name)
         in_place = state == ref.state and name == ref.name  # else a new file, then the old one goes
         target = self.layout.job_path(state, name)
-        if in_place:  # replaces our own file, by design
-            self.files.with_room(lambda: self.files.replace(target, data, "job"))
-        else:
-            self.files.with_room(lambda: self.files.place_new(target, data, "job"))
+        write = self.files.replace if in_place else self.files.place_new  # in place: our own file, by design
+        self.files.with_room(lambda: write(target, data, "job"))
         if not in_place and not keep_old:
             self.remove(ref)  # a recovery scan may have removed the old copy already
         return (ref, new) if in_place else (JobRef(new.id, state, name), new)
@@ -172,8 +169,6 @@ class JobStore:
         ]
         newer = False
         for other in others:
-            if not os.path.lexists(self.layout.job_path(other.state, other.name)):
-                continue
             try:
                 other_rev = self.load(other).rev
             except (FileNotFoundError, schema.InvalidJob):

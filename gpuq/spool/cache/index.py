@@ -1,20 +1,15 @@
 """cache/finished-jobs: the one index of finished jobs, derived from done/, failed/, cancelled/ and
-`kept-runs`, rebuildable at any time (ARCHITECTURE.md and spool_layout.md, "Derived data").
-
-Each state's rows are stamped with its directory's inode and mtime: while the stamp holds, nothing
-is listed. A directory changed within SETTLE_SECONDS is not stamped: timestamps are coarse, so a
-change in the same tick would leave its mtime as it was.
-
-The file is the head's length, the head (stamps, ids, names, inodes, the kept records, each
-command's newest run times), then the rows: most of the file, read and unmarshalled only when
-something asks for them (`status -a`, `history`, a refresh), so a plain `status` reads the head alone.
+`kept-runs`, rebuildable at any time (spool_layout.md, "Derived data", gives its format). Each
+state's rows are stamped with its directory's inode and mtime: while the stamp holds, nothing is
+listed. The rows, most of the file, are read only when something asks for them (`status -a`,
+`history`, a refresh): a plain `status` reads the head alone.
 """
 
 # Real annotations, no future import: see test_the_everyday_commands_compile_no_source.
 import marshal
 import os
 import time
-from functools import cached_property
+from functools import cache, cached_property
 from operator import itemgetter
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -24,7 +19,7 @@ from gpuq.core.states import DONE, FINISHED
 from gpuq.core.times import parse_iso
 from gpuq.spool.cache import runs
 from gpuq.spool.cache.journal import Journal, Rows
-from gpuq.spool.files import MIN_FREE_TO_START, Files, free_bytes, read_job_file_inode, read_span, unlink_quietly
+from gpuq.spool.files import MIN_FREE_TO_START, Files, free_bytes, read_job_file, read_span, unlink_quietly
 from gpuq.spool.ids import IdCounter
 from gpuq.spool.kept import KeptRuns
 from gpuq.spool.layout import Layout, is_job_name
@@ -35,7 +30,7 @@ FORMAT = 7  # 6: runs without their reasons; 5: pasts as lists; 4: one marshal o
 HEAD_SIZE_BYTES = 8  # the file starts with the head's length, so that the head alone is read
 HEAD_PROBE_BYTES = 1 << 16  # the first read of the index (a longer head: a second one)
 RECENT_RUNS = 5  # per command key, the newest run times of done jobs kept in the head (the queue's ETA)
-SETTLE_SECONDS = 2.0
+SETTLE_SECONDS = 2.0  # a directory changed this recently is not stamped: a change in its tick keeps its mtime
 # What gpuq before this index kept in cache/: removed when the index is written.
 OLD_NAMES: tuple[str, ...] = ("finished-journal", "finished-view", "finished-index", "finished-table", "queue-runs")
 OLD_NAMES += ("status-jobs", "kept-runs", "finished-rows")
@@ -151,10 +146,7 @@ class Finished:
 
     def states(self) -> dict[int, str]:
         """id -> state of every finished job (the later state if a crash left two copies)."""
-        out: dict[int, str] = {}
-        for state in FINISHED:  # in the order of STATES: a later one wins
-            out.update(dict.fromkeys(self.heads[state].ids, state))
-        return out
+        return {job_id: state for state in FINISHED for job_id in self.heads[state].ids}  # in STATES' order
 
     def refs(self, state: str) -> list[JobRef]:
         entry = self.heads[state]
@@ -179,7 +171,7 @@ class FinishedIndex:
         calls this once the move has committed). Never raises; a file that is not a valid job, or
         whose row depends on the clock, is left for the build to read."""
         try:
-            data, inode = read_job_file_inode(self.layout.job_path(ref.state, ref.name), MAX_JOB_BYTES)
+            data, inode = read_job_file(self.layout.job_path(ref.state, ref.name), MAX_JOB_BYTES)
             row, clocked = file_row(data, ref.state, ref.id, 0.0)
         except (OSError, schema.InvalidJob):
             return
@@ -273,7 +265,7 @@ class FinishedIndex:
             head = marshal.loads(data[HEAD_SIZE_BYTES:at]) if data else (None, {}, None, [], {})
             form, stored, kept_stamp, kept, runs = head
             if form == FORMAT:
-                heads = {state: _head(*stored[state]) for state in FINISHED if state in stored}
+                heads = {state: Entry._make((*stored[state], None)) for state in FINISHED if state in stored}
                 rest = lambda: _same_file(read_span(path, at, mine=True), identity)  # noqa: E731
                 return heads, kept_stamp, list(kept), runs, _rows_reader(rest, heads, self._rows_from_files)
         except (EOFError, ValueError, TypeError, KeyError, IndexError):
@@ -324,10 +316,6 @@ def _unreadable_row(name: str, why: str) -> tuple:
     return name, "", None, (None, "", None, "", "", "", None, why), "", None, ""
 
 
-def _head(stamp: Any, ids: tuple, names: tuple, inodes: tuple) -> Entry:
-    return Entry(stamp, ids, names, inodes, None)
-
-
 def _same_file(span: Optional[tuple[bytes, tuple]], identity: Any) -> bytes:
     """The bytes of a later read of the index, if it read the file the head came from (it is
     replaced whole when written again); ValueError otherwise, which makes it damaged."""
@@ -342,18 +330,16 @@ def _rows_reader(
     """The function that reads and unmarshals the rows (`data()`: the index after its head) once;
     where they are damaged (not one row a job of `heads`) or the file was written again since its
     head was read, they are read from the job files instead."""
-    read: list[dict] = []
 
+    @cache
     def rows() -> dict:
-        if not read:
-            try:
-                loaded = marshal.loads(data())
-                found = {state: tuple(loaded[state]) for state in heads}
-                if any(len(found[state]) != len(entry.ids) for state, entry in heads.items()):
-                    raise ValueError("rows and ids differ")
-                read.append(found)
-            except (EOFError, ValueError, TypeError, KeyError):
-                read.append(from_files(heads))
-        return read[0]
+        try:
+            loaded = marshal.loads(data())
+            found = {state: tuple(loaded[state]) for state in heads}
+            if any(len(found[state]) != len(entry.ids) for state, entry in heads.items()):
+                raise ValueError("rows and ids differ")
+            return found
+        except (EOFError, ValueError, TypeError, KeyError):
+            return from_files(heads)
 
     return rows

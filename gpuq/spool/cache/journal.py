@@ -1,16 +1,8 @@
-"""cache/finished-jobs.journal: the rows of jobs that finished since the finished index was last
-written (spool_layout.md, "Derived data"). The code that finishes a job appends its row once the
-job's move has committed (engine/lifecycle/ending.py, `landed`), never the store's move itself; the
-index's next build takes a file's row from here instead of reading the file, then folds the rows in
-and truncates the journal (index.py).
-
-Derived data: never fsynced, and an append that fails is dropped (it only costs that file being
-read). A row is believed only for the file it names, in the same state under the same name and
-inode (a finished file is never edited in place: a change is a new inode); of several rows for one
-name the last appended wins. A line is a tab-separated text: the index's format, the state, the
-file name, its inode, and the row's marshal bytes in hex (`bytes.hex`: no module to import on the
-way of a plain `status`); a torn line fails to decode and is skipped, and an append after a torn
-line starts on a line of its own.
+"""cache/finished-jobs.journal: the rows of jobs finished since the finished index was last written,
+appended by the code that finishes a job once its move has committed (engine/lifecycle/ending.py,
+`landed`; never the store's move), taken by the index's next build instead of reading those files.
+spool_layout.md ("Derived data") gives the line format and when a row is believed. Derived data:
+never fsynced, and an append that fails is dropped (it only costs that file being read).
 """
 
 from __future__ import annotations
@@ -18,6 +10,7 @@ from __future__ import annotations
 import marshal
 import os
 import stat
+from contextlib import suppress
 from typing import Optional
 
 from gpuq.core.states import FINISHED
@@ -42,7 +35,8 @@ class Journal:
 
     def append(self, state: str, name: str, inode: int, row: tuple) -> None:
         """Append the row of the file `name` (inode `inode`) in finished `state`. Never raises:
-        the job's file is written; this only saves its read."""
+        the job's file is written; this only saves its read. The row in hex: `bytes.hex` needs no
+        module imported on the way of a plain `status`."""
         self._write("\t".join((self.tag, state, name, str(inode), marshal.dumps(row).hex())))
 
     def forget(self, state: str, name: str) -> None:
@@ -52,7 +46,7 @@ class Journal:
 
     def _write(self, text: str) -> None:
         line = text.encode() + b"\n"
-        try:
+        with suppress(OSError):
             if free_bytes(self.layout.home) < MIN_FREE_TO_START:
                 return  # the disk's last room is for job files (spool_layout.md section 14)
             flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -66,8 +60,6 @@ class Journal:
                 os.write(fd, line)  # one write: appenders at once do not interleave within a line
             finally:
                 os.close(fd)
-        except OSError:
-            pass
 
     def read(self) -> tuple[int, Rows]:
         """(the journal's size as read, its rows); empty when it is missing, not ours or damaged
@@ -88,17 +80,13 @@ class Journal:
     def fold(self, size: int) -> None:
         """Truncate the journal once its rows, read at `size`, are in the index just written; a
         journal that grew since holds rows the index may lack: it stays for the next build."""
-        try:
+        with suppress(OSError):
             fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            if os.fstat(fd).st_size == size:
-                os.ftruncate(fd, 0)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+            try:
+                if os.fstat(fd).st_size == size:
+                    os.ftruncate(fd, 0)
+            finally:
+                os.close(fd)
 
 
 def _decoded(text: str) -> Optional[tuple]:

@@ -106,16 +106,8 @@ def read_pasts(pasts: list[Any]) -> list[list[Any]]:
     (a damaged one reads as no runs)."""
     damaged: list[Any] = [None, False, [], []]
     return [
-        _read_one(past, damaged, _is_past) if isinstance(past, str) else _unmarshal(past, damaged) for past in pasts
+        _read_one(past, damaged, _is_past, json.loads if isinstance(past, str) else marshal.loads) for past in pasts
     ]
-
-
-def _unmarshal(past: Any, damaged: list[Any]) -> list[Any]:
-    try:
-        value = marshal.loads(past)
-    except (EOFError, ValueError, TypeError):
-        return damaged
-    return value if _is_past(value) else damaged
 
 
 def read_keys(keys: list[str]) -> dict[str, tuple[Any, Any]]:
@@ -123,10 +115,10 @@ def read_keys(keys: list[str]) -> dict[str, tuple[Any, Any]]:
     return {key: tuple(_read_one(key, ["?", "?"], _is_key)) for key in dict.fromkeys(keys)}
 
 
-def _read_one(text: str, damaged: list[Any], valid: Callable[[Any], bool]) -> Any:
+def _read_one(data: Any, damaged: list[Any], valid: Callable[[Any], bool], load: Callable = json.loads) -> Any:
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
+        value = load(data)
+    except (EOFError, ValueError, TypeError, RecursionError):
         return damaged
     return value if valid(value) else damaged
 
