@@ -16,7 +16,6 @@ HARD_LIMIT = 100_000  # even with --yes: past this a typo is far likelier than a
 # Patterns are kept as text: `re` compiles (and caches) each at its first use, so a command that
 # never parses a sweep does not pay for compiling them at start-up.
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
-_NAME = _IDENT
 # The escape first: at a `{{lr}}` the first alternative wins, so it never reads as `{` + `{lr}` + `}`.
 _PLACEHOLDER = rf"\{{\{{({_IDENT})\}}\}}|\{{({_IDENT})\}}"
 _CONTROL = r"[\x00-\x1f\x7f]"
@@ -35,7 +34,7 @@ def parse_sweep(text: str) -> tuple[str, list[str]]:
     name = name.strip()
     if not sep:
         raise ValueError(f"--sweep: expected NAME=V1,V2,... (e.g. lr=1e-4,3e-4), got {text!r}")
-    if not re.fullmatch(_NAME, name):
+    if not re.fullmatch(_IDENT, name):
         raise ValueError(f"--sweep: {name!r} is not a name (letters, digits and _, not starting with a digit)")
     values = [value.strip() for value in _split_values(rest)]
     if not rest.strip():
@@ -82,7 +81,10 @@ def expand(
     _check_sweeps(sweeps)
     _check_placeholders(sweeps, words)
     count = math.prod(len(values) for _, values in sweeps)
-    _check_count(count, limit, allow_more)
+    if count > HARD_LIMIT:
+        raise ValueError(f"{count:,} jobs; one add queues at most {HARD_LIMIT:,}, even with --yes")
+    if count > limit and not allow_more:
+        raise ValueError(f"{count:,} jobs; pass --yes to queue more than {limit:,}")
     names = [name for name, _ in sweeps]
     combinations = []
     for chosen in itertools.product(*(values for _, values in sweeps)):
@@ -139,13 +141,6 @@ def _command_text(words: list[str], name: str) -> str:
     if len(text) > 120:
         text = next(word for word in words if name in placeholders(word))
     return re.sub(_CONTROL, "?", text)
-
-
-def _check_count(count: int, limit: int, allow_more: bool) -> None:
-    if count > HARD_LIMIT:
-        raise ValueError(f"{count:,} jobs; one add queues at most {HARD_LIMIT:,}, even with --yes")
-    if count > limit and not allow_more:
-        raise ValueError(f"{count:,} jobs; pass --yes to queue more than {limit:,}")
 
 
 def sweep_name(base: str, values: dict[str, str]) -> str:

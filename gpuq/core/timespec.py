@@ -32,7 +32,11 @@ def parse_duration(text: str, flag: str = "--time") -> float:
         seconds = math.inf
     if seconds is None:
         raise ValueError(f"{flag}: cannot read {text!r} as a duration; use {DURATION_FORMS}")
-    return _checked_duration(seconds, text, flag)
+    if not math.isfinite(seconds) or seconds > MAX_DURATION:  # a typo rather than a plan
+        raise ValueError(f"{flag}: {text!r} is longer than 365 days")
+    if seconds <= 0:
+        raise ValueError(f"{flag}: {text!r} is not a positive duration (leave {flag} out for no limit)")
+    return seconds
 
 
 def _duration_or_none(text: str) -> Optional[float]:
@@ -63,14 +67,6 @@ def _colon_seconds(days: Optional[str], first: str, second: Optional[str], third
     if numbers[1] > 59 or numbers[2] > 59 or (days is not None and numbers[0] > 23):
         return None
     return int(days or 0) * 86400.0 + numbers[0] * 3600.0 + numbers[1] * 60.0 + numbers[2]
-
-
-def _checked_duration(seconds: float, text: str, flag: str) -> float:
-    if not math.isfinite(seconds) or seconds > MAX_DURATION:  # a typo rather than a plan
-        raise ValueError(f"{flag}: {text!r} is longer than 365 days")
-    if seconds <= 0:
-        raise ValueError(f"{flag}: {text!r} is not a positive duration (leave {flag} out for no limit)")
-    return seconds
 
 
 def format_duration(seconds: float) -> str:

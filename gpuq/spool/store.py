@@ -36,7 +36,7 @@ class JobStore:
             entries = os.listdir(self.layout.state_dir(state))
         except FileNotFoundError:
             return []
-        return sorted(filter(JOB_NAME_RE.match, entries), key=_id_order)
+        return sorted(filter(JOB_NAME_RE.match, entries), key=lambda name: (int(name[: name.index("-")]), name))
 
     def refs(self, states: tuple[str, ...] = STATES) -> Iterator[JobRef]:
         for state in states:
@@ -187,7 +187,3 @@ def encode(job: Job) -> bytes:
         # an argument or variable holding bytes that are not UTF-8 (kept by Python as \udcXX):
         # \u escapes keep them exactly, in a file that is still valid UTF-8
         return (json.dumps(job, indent=2, ensure_ascii=True) + "\n").encode()
-
-
-def _id_order(name: str) -> tuple[int, str]:
-    return int(name[: name.index("-")]), name
