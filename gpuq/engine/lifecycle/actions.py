@@ -185,9 +185,8 @@ def recovery_plans(spool: Spool, from_scratch: bool = False) -> list[tuple[Job, 
 
 
 def recover_at_start(spool: Spool) -> tuple[list[tuple[Job, Continuation]], list[tuple[Job, str]]]:
-    """`gpuq run --recover`: (recovered, left). Left for a person, with why: a job interrupted more
-    times in a row than its --retries allow (one that takes the machine down with it), and one
-    that had reached its end."""
+    """`gpuq run --recover`: (recovered, left, with why): a job interrupted more times in a row than
+    its --retries allow (it may take the machine down), or one that had reached its end, is left."""
     recovered: list[tuple[Job, Continuation]] = []
     left = [(job, repairs.reached_end_text(reached)) for job, reached in reached_their_end(spool)]
     ended = {job.id for job, _why in left}
@@ -264,9 +263,8 @@ class Waited:
 
 
 def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll: float = 0.5) -> Waited:
-    """Block until each job has ended (or can no longer start without a person) or `timeout`
-    passes. A running job is waited for even without a worker (its supervisor goes on); once every
-    job left is pending and no worker runs, nothing will start them: stop (`stranded`)."""
+    """Block until each job has ended (or can no longer start without a person) or `timeout` passes;
+    stop once every job left is pending and no worker runs (`stranded`)."""
     index = spool.jobs.index()
     unknown = [i for i in ids if i not in index]
     if unknown:

@@ -286,11 +286,21 @@ def _record_end(
     new_state = rt.destination(seen.state, seen.exit_code)
     counted = Job(dict(job, attempts=job.attempts + 1))  # as core/oom.py counts: the attempt that ended included
     grown = ray_room.growth(spool, job, reason, (job.ray or {})["address"]) if new_state == FAILED else None
-    if grown is not None and oom.retry_left(counted):
-        _retry(spool, ref, job, seen, (started, finished), reason, grown, report, states)
-        return
-    if new_state == FAILED and grown is None and counted.attempts - oom.extra_attempts(counted) <= job.retries:
-        _retry(spool, ref, job, seen, (started, finished), reason, None, report, states)
+    if grown is not None:
+        again = oom.retry_left(counted)
+    else:
+        again = new_state == FAILED and counted.attempts - oom.extra_attempts(counted) <= job.retries
+    if again:  # submitted again: as it was, or with `grown`'s larger share, its log saying so
+        changes = rt.retried(job, seen.state, exit_code=seen.exit_code, times=(started, finished), reason=reason)
+        if grown is not None:
+            changes.update(oom.retry(job, grown))
+            changes["history"][-1]["change"] = oom.note(grown)
+            changes["note"] = f"attempt {job.attempts + 1}: {reason or 'out of memory'}; {oom.note(grown)}"
+            line = f"out of memory: the next attempt gets {grown.text} ({oom.ENV}={job.oom_retries + 1})"
+            spool.logs.put_from(job.id, spool.logs.size(job), f"{LOG_PREFIX}{line}\n".encode())
+        job = spool.jobs.rewrite(ref, job, **changes)
+        report.retried.append(job)
+        _submit_waiting(spool, ref, job, report, states)  # at once: what it waited for had succeeded
         return
     if grown is not None:
         reason = f"{reason}; {oom.would_get(grown)}"
@@ -300,30 +310,6 @@ def _record_end(
     ended = record_end(spool, ref, job, new_state, changes)[1]
     report.ended.append((ended, new_state))
     states[job.id] = new_state  # a job after it, later in this same sync, goes now
-
-
-def _retry(
-    spool: Spool,
-    ref,
-    job: Job,
-    seen: client.RayJob,
-    times: tuple,
-    reason: Optional[str],
-    grown: Optional[oom.Growth],
-    report: SyncReport,
-    states: dict,
-) -> None:
-    """Submit the job again: as it was, or with `grown`'s larger share (its log says so)."""
-    changes = rt.retried(job, seen.state, exit_code=seen.exit_code, times=times, reason=reason)
-    if grown is not None:
-        changes.update(oom.retry(job, grown))
-        changes["history"][-1]["change"] = oom.note(grown)
-        changes["note"] = f"attempt {job.attempts + 1}: {reason or 'out of memory'}; {oom.note(grown)}"
-        line = f"out of memory: the next attempt gets {grown.text} ({oom.ENV}={job.oom_retries + 1})"
-        spool.logs.put_from(job.id, spool.logs.size(job), f"{LOG_PREFIX}{line}\n".encode())
-    job = spool.jobs.rewrite(ref, job, **changes)
-    report.retried.append(job)
-    _submit_waiting(spool, ref, job, report, states)  # at once: what it waited for had succeeded
 
 
 def _submit_waiting(spool: Spool, ref, job: Job, report: SyncReport, states: dict) -> None:
