@@ -1,7 +1,6 @@
-"""`gpuq add --dry-run`: the request goes through the same `enqueue.prepare` and `enqueue.check` as
-a real `add`; then, instead of publishing, the jobs join an in-memory copy of the queue, where the
-scheduler and the queue's ETA say whether and when each would start. Nothing is written: no id
-taken, no cache made, no spool created. `show` prints it for `gpuq add --dry-run`.
+"""`gpuq add --dry-run`: the request is prepared and checked as a real `add`'s; then the jobs join an
+in-memory copy of the queue, where the scheduler and the queue's ETA say whether and when each would
+start. Nothing is written: no id taken, no cache made, no spool created.
 """
 
 from __future__ import annotations

@@ -126,13 +126,14 @@ def submit(
             continue
         try:
             handed = _hand_over_one(spool, job.id, address, states)
-        except RayNoAnswer as exc:  # it stays in ray/, marked SUBMITTING: a sync finds or submits it
-            out.left[job.id] = f"job #{job.id}: {exc}; it may be on Ray now: `gpuq ray sync` finishes the hand-over"
-            _not_handed_after(job.id, jobs, exc, out.left)
-            break
-        except RayUnreachable as exc:
-            out.left[job.id] = f"job #{job.id} stays here: {exc}"
-            _not_handed_after(job.id, jobs, exc, out.left)
+        except (RayNoAnswer, RayUnreachable) as exc:
+            if isinstance(exc, RayNoAnswer):  # it stays in ray/, marked SUBMITTING: a sync finds or submits it
+                out.left[job.id] = f"job #{job.id}: {exc}; it may be on Ray now: `gpuq ray sync` finishes the hand-over"
+            else:
+                out.left[job.id] = f"job #{job.id} stays here: {exc}"
+            for other in jobs:  # Ray stopped answering: the jobs after it are not tried
+                if other.id > job.id and other.id not in out.left:
+                    out.left[other.id] = f"job #{other.id} was not handed over: {exc}"
             break
         except GpuqError as exc:
             text = str(exc)
@@ -142,13 +143,6 @@ def submit(
         out.handed.append(handed)
         say(handed)
     return out
-
-
-def _not_handed_after(job_id: int, jobs: list[Job], exc: Exception, left: dict[int, str]) -> None:
-    """Ray stopped answering at `job_id`: the jobs after it are not tried, each said so."""
-    for other in jobs:
-        if other.id > job_id and other.id not in left:
-            left[other.id] = f"job #{other.id} was not handed over: {exc}"
 
 
 def _dependency_refusal(job: Job, states: dict[int, str], chosen: set, left: dict[int, str]) -> Optional[str]:
