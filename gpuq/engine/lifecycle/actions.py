@@ -275,8 +275,8 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
     while True:
         repairs.settle_unsupervised(spool, repairs.Report())  # a dead job ends as soon as we look
         # jobs on a cluster end when it says so; one that does not answer is asked again later
-        for state, sync in ((SLURM, slurm_handover.sync), (RAY, ray_handover.sync)):
-            if left & {ref.id for ref in spool.jobs.refs((state,))}:
+        for cluster, sync in ((SLURM, slurm_handover.sync), (RAY, ray_handover.sync)):
+            if left & {ref.id for ref in spool.jobs.refs((cluster,))}:
                 with suppress(GpuqError):
                     sync(spool)
         snap, _ = read_queue(spool, cache)
