@@ -94,12 +94,13 @@ def plan_add(spool: Spool, request: enqueue.Request) -> dict[str, Any]:
 
 def _entry(job: Job, fields: dict[str, Any], starts: dict[str, Any]) -> dict[str, Any]:
     snapshot = (fields["options"] or {}).get("snapshot")
+    runs_python = len(job.cmd) > 1 and job.cmd[1].endswith(".py") and os.path.basename(job.cmd[0]).startswith("python")
     return {
         "id": job.id,
         "name": job.name,
         "command": job.cmd,
         "command_line": shlex.join(job.cmd),
-        "interpreter": job.cmd[0] if _runs_python(job.cmd) else None,
+        "interpreter": job.cmd[0] if runs_python else None,
         "interpreter_from": job.interpreter_from,
         "venv": job.venv,
         "conda": job.conda,
@@ -123,10 +124,6 @@ def _entry(job: Job, fields: dict[str, Any], starts: dict[str, Any]) -> dict[str
         "state": fields["state"],
         "would_start": starts,
     }
-
-
-def _runs_python(cmd: list[str]) -> bool:
-    return len(cmd) > 1 and cmd[1].endswith(".py") and os.path.basename(cmd[0]).startswith("python")
 
 
 def _env_added(job: Job) -> dict[str, str]:
