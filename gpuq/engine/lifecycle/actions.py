@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
+from itertools import takewhile
 from typing import Any, Callable, Optional
 
 from gpuq.core import oom, schema, states, transitions
@@ -95,10 +97,8 @@ def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS, action: s
     if spool.jobs.find(job_id, (RAY,)):
         return ray_handover.cancel(spool, job_id, note=KILLED_THERE)
     _ref, job = running_with_pid(spool, job_id)
-    try:
+    with suppress(SpoolFull):  # a full disk: the job is still stopped; its supervisor records it as failed (143)
         spool.control.request(job_id, action)
-    except SpoolFull:
-        pass  # a full disk: the job is still stopped; its supervisor records it as failed (143)
     if not proctree.terminate_tree(job, grace):
         raise Refused(f"job #{job_id} (pid {job.pid}) did not die")
     return wait_until_settled(spool, job_id)
@@ -185,20 +185,16 @@ def recovery_plans(spool: Spool, from_scratch: bool = False) -> list[tuple[Job, 
 
 
 def recover_at_start(spool: Spool) -> tuple[list[tuple[Job, Continuation]], list[tuple[Job, str]]]:
-    """`gpuq run --recover`: (recovered, left). Left for a person, with why: a job interrupted more
-    times in a row than its --retries allow (one that takes the machine down with it), and one
-    that had reached its end."""
+    """`gpuq run --recover`: (recovered, left, with why): a job interrupted more times in a row than
+    its --retries allow (it may take the machine down), or one that had reached its end, is left."""
     recovered: list[tuple[Job, Continuation]] = []
     left = [(job, repairs.reached_end_text(reached)) for job, reached in reached_their_end(spool)]
     ended = {job.id for job, _why in left}
     for job in jobs_in(spool, (INTERRUPTED,)):
         if job.id in ended:
             continue
-        in_a_row = 0
-        for entry in reversed(job.history[:-1]):
-            if entry.get("outcome") != INTERRUPTED:
-                break
-            in_a_row += 1
+        earlier = reversed(job.history[:-1])
+        in_a_row = sum(1 for _entry in takewhile(lambda entry: entry.get("outcome") == INTERRUPTED, earlier))
         if in_a_row > job.retries:
             left.append((job, "interrupted again"))
             continue
@@ -248,10 +244,8 @@ def drain_workers(spool: Spool) -> list[dict[str, Any]]:
 def _signal_workers(spool: Spool, signum: int) -> list[dict[str, Any]]:
     workers = spool.workers.live()
     for info in workers:
-        try:
+        with suppress(ProcessLookupError, KeyError, ValueError):
             os.kill(int(info["pid"]), signum)
-        except (ProcessLookupError, KeyError, ValueError):
-            pass
     return workers
 
 
@@ -269,9 +263,8 @@ class Waited:
 
 
 def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll: float = 0.5) -> Waited:
-    """Block until each job has ended (or can no longer start without a person) or `timeout`
-    passes. A running job is waited for even without a worker (its supervisor goes on); once every
-    job left is pending and no worker runs, nothing will start them: stop (`stranded`)."""
+    """Block until each job has ended (or can no longer start without a person) or `timeout` passes;
+    stop once every job left is pending and no worker runs (`stranded`)."""
     index = spool.jobs.index()
     unknown = [i for i in ids if i not in index]
     if unknown:
@@ -281,16 +274,11 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
     left = set(ids)
     while True:
         repairs.settle_unsupervised(spool, repairs.Report())  # a dead job ends as soon as we look
-        if left & {ref.id for ref in spool.jobs.refs((SLURM,))}:
-            try:  # jobs on Slurm end when Slurm says so; one that does not answer is asked again later
-                slurm_handover.sync(spool)
-            except GpuqError:
-                pass
-        if left & {ref.id for ref in spool.jobs.refs((RAY,))}:
-            try:  # likewise for jobs on Ray
-                ray_handover.sync(spool)
-            except GpuqError:
-                pass
+        # jobs on a cluster end when it says so; one that does not answer is asked again later
+        for cluster, sync in ((SLURM, slurm_handover.sync), (RAY, ray_handover.sync)):
+            if left & {ref.id for ref in spool.jobs.refs((cluster,))}:
+                with suppress(GpuqError):
+                    sync(spool)
         snap, _ = read_queue(spool, cache)
         reasons = scheduler.waiting_reasons(snap)
         for job_id in sorted(left):

@@ -4,11 +4,9 @@ from typing import Literal, Mapping, NamedTuple, Optional, Sequence, Union
 
 
 class Request(NamedTuple):
-    """What `gpuq add` asks for: `cmd` and each of add's options by its dest in cli/options.py, as
-    values (`after=[3]`, `env={"A": "1"}`). `umask`, `shell_env`: the user's (default: this
-    process's). A NamedTuple, so that `gpuq add` starts without importing `dataclasses`; its own
-    module, without `from __future__ import annotations`, because typing.NamedTuple compiles each
-    annotation given as a string (bench/PROFILE.md, section 12)."""
+    """`cmd` and each of add's options by its dest in cli/options.py (`umask`, `shell_env`: default
+    this process's). A NamedTuple, so that `gpuq add` does not import `dataclasses`; apart, without
+    the future import, because NamedTuple compiles string annotations (bench/PROFILE.md, section 12)."""
 
     cmd: Sequence[str]
     dir: Optional[str] = None

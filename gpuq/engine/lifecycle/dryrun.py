@@ -1,7 +1,6 @@
-"""`gpuq add --dry-run`: the request goes through the same `enqueue.prepare` and `enqueue.check` as
-a real `add`; then, instead of publishing, the jobs join an in-memory copy of the queue, where the
-scheduler and the queue's ETA say whether and when each would start. Nothing is written: no id
-taken, no cache made, no spool created. `show` prints it for `gpuq add --dry-run`.
+"""`gpuq add --dry-run`: the request is prepared and checked as a real `add`'s; then the jobs join an
+in-memory copy of the queue, where the scheduler and the queue's ETA say whether and when each would
+start. Nothing is written: no id taken, no cache made, no spool created.
 """
 
 from __future__ import annotations
@@ -95,12 +94,13 @@ def plan_add(spool: Spool, request: enqueue.Request) -> dict[str, Any]:
 
 def _entry(job: Job, fields: dict[str, Any], starts: dict[str, Any]) -> dict[str, Any]:
     snapshot = (fields["options"] or {}).get("snapshot")
+    runs_python = len(job.cmd) > 1 and job.cmd[1].endswith(".py") and os.path.basename(job.cmd[0]).startswith("python")
     return {
         "id": job.id,
         "name": job.name,
         "command": job.cmd,
         "command_line": shlex.join(job.cmd),
-        "interpreter": job.cmd[0] if _runs_python(job.cmd) else None,
+        "interpreter": job.cmd[0] if runs_python else None,
         "interpreter_from": job.interpreter_from,
         "venv": job.venv,
         "conda": job.conda,
@@ -124,10 +124,6 @@ def _entry(job: Job, fields: dict[str, Any], starts: dict[str, Any]) -> dict[str
         "state": fields["state"],
         "would_start": starts,
     }
-
-
-def _runs_python(cmd: list[str]) -> bool:
-    return len(cmd) > 1 and cmd[1].endswith(".py") and os.path.basename(cmd[0]).startswith("python")
 
 
 def _env_added(job: Job) -> dict[str, str]:

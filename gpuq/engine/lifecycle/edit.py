@@ -117,9 +117,8 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
 
 
 def runs_with(job: Job, cmd: list[str], cwd: str, conda: Optional[str]) -> interpreter.Resolved:
-    """The edited command as `gpuq add` would run it in `cwd` for the user who queued the job (with
-    their shell's environment; a dropped job's: this one's PATH), the interpreter chosen again,
-    except one given with `--python` or `--conda`, which the job keeps."""
+    """The edited command as `gpuq add` would run it for the job's user, the interpreter chosen
+    again unless given with `--python` or `--conda`."""
     chosen = interpreter.interpreter_in_front(job.cmd, job.interpreter_from, job.venv or job.conda)
     if chosen is not None and cmd[0] == chosen and cmd[1:2] and cmd[1].endswith(".py"):
         cmd = cmd[1:]  # gpuq's own choice, not the user's: made again for what runs where

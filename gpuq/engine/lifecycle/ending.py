@@ -1,7 +1,5 @@
 """A job's end, recorded: the one way a job that ran leaves running/ (or slurm/) (spool_layout.md,
-sections 6, 10 and 16). Its supervisor, recovery and the Slurm sync each know a different part of
-the end; what the end writes is made here (`attempt_end`) and written here (`record_end`), under
-the job's claim (`claimed`)."""
+sections 6, 10 and 16): made by `attempt_end`, written by `record_end`, under the job's claim."""
 
 from __future__ import annotations
 
@@ -59,10 +57,8 @@ def record_end(
     *,
     while_full: Optional[Callable[[], None]] = None,
 ) -> tuple[JobRef, Job]:
-    """Move the ended job to `state` with `changes` (the caller holds its claim); the move gives up
-    the spool's emergency room on a full disk. Should it fail even so, and `while_full` is given, it
-    is called (the supervisor notes the end for recovery) and the move tried again after a wait that
-    doubles up to FULL_RETRY_MAX_SECONDS."""
+    """Move the ended job (its claim held) to `state`. Should a full disk make it fail even with the
+    emergency room, `while_full` (if given) is called and the move tried again, waiting longer each time."""
     delay = 1.0
     while True:
         try:
@@ -78,9 +74,8 @@ def record_end(
 def move(
     spool: Spool, ref: JobRef, job: Job, state: str, changes: dict[str, Any], keep_old: bool = False
 ) -> tuple[JobRef, Job]:
-    """The engine's move of a job that may land in or leave a finished state (an end, a cancel, a
-    retry): spool.jobs.move, then `landed`; a file that left a finished state is forgotten by the
-    index's journal (a later file of that name may get the same inode)."""
+    """spool.jobs.move, then `landed`; a file that left a finished state is forgotten by the index's
+    journal (a later file of that name may get the same inode)."""
     moved = spool.jobs.move(ref, job, state, changes, keep_old=keep_old)
     if ref.state in FINISHED and moved[0] != ref:
         spool.finished.forget(ref)
@@ -89,9 +84,8 @@ def move(
 
 
 def landed(spool: Spool, ref: JobRef) -> None:
-    """A job file just put in `ref.state`, its move or publish committed: a finished one's row is
-    noted for the index of finished jobs (spool/cache/journal.py), so that its next build need not
-    read the file. Here and not in the store's move: the store knows nothing of views."""
+    """Once a move or publish committed, a finished job's row is noted in the finished index's
+    journal (spool/cache/journal.py); here, not in the store, which knows nothing of views."""
     if ref.state in FINISHED:
         spool.finished.note(ref)
 
@@ -141,10 +135,8 @@ def claimed(spool: Spool, job_id: int, states: tuple[str, ...]) -> Iterator[tupl
 
 
 def unseen_oom(spool: Spool, job: Job) -> Optional[tuple[str, oom.Growth]]:
-    """A GPU job whose latest attempt ended unseen (its supervisor gone) and whose part of the log
-    shows its GPU out of memory: that reason, and the larger share its supervisor would have given
-    its retry (core/oom.py); else None. Host memory is not grown here: what reached a --mem limit is
-    known to the supervisor's watch alone, and that is gone."""
+    """For a GPU job that ended unseen with its log showing its GPU out of memory: that reason, and
+    the larger share its supervisor would have given (core/oom.py; host memory is its watch's alone)."""
     if not job.gpus or not job.gpu_request:
         return None  # it held no GPU: no GPU share to grow
     tail, _mtime = spool.logs.tail(job, failure.TAIL_BYTES)

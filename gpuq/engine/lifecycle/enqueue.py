@@ -123,9 +123,8 @@ def new_jobs(
     log: Callable[[int], str] = lambda _job_id: "",
     **common: Any,
 ) -> list[Job]:
-    """The jobs of `variants` (a sweep is named by its first job's id); `common`: schema.new_job's
-    fields. `code`: git's answer about the directory's code, read here, where the jobs are written,
-    so that git runs while the request is checked, the spool opened and the ids given out."""
+    """The jobs of `variants`; `common`: schema.new_job's fields. `code`, git's answer, is read only
+    here so that git runs meanwhile."""
     jobs = []
     options = dict(options or {})
     if code is not None:

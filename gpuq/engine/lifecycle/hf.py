@@ -1,6 +1,5 @@
 """`gpuq add --preemptible` for Hugging Face Trainer runs: which flag makes the job save when
-preempted, decided from the job's own Python (a subprocess reads transformers' version from its
-package metadata, without importing it)."""
+preempted, decided from the transformers version of the job's own Python."""
 
 from __future__ import annotations
 

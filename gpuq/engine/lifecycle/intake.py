@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,6 +20,10 @@ from gpuq.spool.layout import PLAIN_NAME_RE
 from gpuq.system import security
 
 MAX_DROPPED_NAME = 200
+# the options a dropped file gives its job as they are (None where it has none)
+OPTIONS = (
+    "gpu_request gpu_mem_mib mem_mib cpus notify_urls retry_oom keep_checkpoints min_free_bytes ckpt_glob"
+).split()
 
 
 def quiet_seconds() -> float:
@@ -154,11 +159,10 @@ def _publish(spool: Spool, job_id: int, hidden: str, original: str, fields: dict
     if claim is None:
         return "waiting"
     try:
-        if fresh or spool.jobs.find(job_id) is None:
-            _publish_claimed(spool, job_id, original, fields)
-        spool.dropbox.finish(hidden)
-    except FileNotFoundError:
-        pass
+        with suppress(FileNotFoundError):
+            if fresh or spool.jobs.find(job_id) is None:
+                _publish_claimed(spool, job_id, original, fields)
+            spool.dropbox.finish(hidden)
     except _Rejected as exc:
         return _reject(spool, original, str(exc), hidden=hidden)
     finally:
@@ -199,17 +203,9 @@ def _publish_claimed(spool: Spool, job_id: int, original: str, fields: dict[str,
         priority=fields["priority"],
         source=SOURCE_DROPPED + original,
         options={
-            "gpu_request": fields["gpu_request"],
-            "gpu_mem_mib": fields.get("gpu_mem_mib"),
-            "mem_mib": fields.get("mem_mib"),
-            "cpus": fields.get("cpus"),
+            **{key: fields.get(key) for key in OPTIONS},
             "conda": conda,
             "interpreter_from": resolved.found_by,
-            "notify_urls": fields["notify_urls"],
-            "retry_oom": fields["retry_oom"],
-            "keep_checkpoints": fields.get("keep_checkpoints"),
-            "min_free_bytes": fields.get("min_free_bytes"),
-            "ckpt_glob": fields.get("ckpt_glob"),
         },
     )
     spool.jobs.publish(job)
@@ -219,10 +215,8 @@ def _resume_intake(spool: Spool, job_id: int, hidden: str) -> str:
     """Finish an intake that a crash interrupted, with the id it was already given."""
     original = hidden.split("-", 2)[2]
     if spool.jobs.find(job_id) is not None:  # published before the crash; only the cleanup was left
-        try:
+        with suppress(FileNotFoundError):
             spool.dropbox.finish(hidden)
-        except FileNotFoundError:
-            pass
         return f"job #{job_id}"
     try:
         fields = _read_dropped(spool, original, hidden)

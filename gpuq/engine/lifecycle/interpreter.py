@@ -56,8 +56,7 @@ def exists(path: str) -> bool:
 
 
 def refuse_too_long(what: str, path: str) -> None:
-    """EnqueueError if `path` is too long to look at (a name over 255 bytes, or over 4096 in all),
-    which os.path.isfile and isdir answer as they answer a missing file."""
+    """EnqueueError if `path` is too long to look at (os.path.isfile and isdir say it is missing)."""
     try:
         os.stat(path)
     except OSError as exc:
@@ -130,8 +129,7 @@ def find_environment(
     cwd: StrPath, conda: Optional[str], env: Mapping[str, str], need_python: bool = True
 ) -> tuple[Optional[str], Optional[str], Optional[str]]:
     """The `.venv` and conda prefix a command in `cwd` runs with (at most one), and how they were
-    found (None: neither). FROM_PATH is left to a python gpuq itself puts in front of a script, so
-    that a job's `interpreter_from` tells it from a python typed in the command."""
+    found (None: neither; FROM_PATH is only for a python gpuq puts in front of a script)."""
     venv = None if conda else find_venv(cwd)
     if conda or venv:
         return venv, conda, FROM_CONDA if conda else FROM_VENV
@@ -142,10 +140,9 @@ def find_environment(
 def resolve_dropped(
     cmd: list[str], cwd: str, conda: Optional[str], env: Mapping[str, str], python: Optional[str] = None
 ) -> Resolved:
-    """A command from a dropped file or `gpuq edit` as `gpuq add` would run it for a user whose
-    environment is `env` (a dropped file's: the worker's PATH alone, no shell's active conda
-    environment): a *.py first word gets its interpreter; any other command runs as written, with
-    the environment found for it (not refused if it is not on PATH: it fails as it runs)."""
+    """A command from a dropped file or `gpuq edit` as `gpuq add` would run it with `env`: a *.py
+    first word gets its interpreter; any other command runs as written (not refused if it is not
+    on PATH: it fails as it runs)."""
     if not cmd[0].endswith(".py"):
         return Resolved(list(cmd), *find_environment(cwd, conda, env, need_python=False))
     if conda and not python and not exists(os.path.join(conda, "bin", "python")):
@@ -154,11 +151,9 @@ def resolve_dropped(
 
 
 def interpreter_in_front(cmd: list[str], found_by: Optional[str], home: Optional[str]) -> Optional[str]:
-    """The interpreter gpuq put in front of a job's *.py script: its `--python`, the `bin/python`
-    of the .venv or conda environment (`home`) it found, or the python it found on PATH (always a
-    full path; a typed command's `interpreter_from` is never PATH, but an older job's may be);
-    None for a command whose first word was written so (`/usr/bin/python3 train.py`), which runs
-    as written."""
+    """The interpreter gpuq put in front of a job's *.py script (its `--python`, `home`'s
+    `bin/python`, or a python found on PATH, as an older job's may be); None for one the user
+    wrote (`/usr/bin/python3 train.py`)."""
     if len(cmd) < 2 or not cmd[1].endswith(".py") or found_by is None:
         return None
     if found_by == FROM_PYTHON or (found_by == FROM_PATH and os.path.isabs(cmd[0])):
@@ -183,19 +178,15 @@ def active_conda(env: Mapping[str, str], need_python: bool = True) -> Optional[s
 
 def conda_roots(env: Mapping[str, str]) -> list[str]:
     """Where conda (CONDA_EXE is ROOT/bin/conda) and micromamba are installed: their base environments."""
-    roots = []
-    if env.get("CONDA_EXE"):
-        roots.append(os.path.dirname(os.path.dirname(env["CONDA_EXE"])))
-    if env.get("MAMBA_ROOT_PREFIX"):
-        roots.append(env["MAMBA_ROOT_PREFIX"])
-    return [os.path.abspath(root) for root in roots]
+    exe = env.get("CONDA_EXE")
+    roots = [os.path.dirname(os.path.dirname(exe)) if exe else "", env.get("MAMBA_ROOT_PREFIX")]
+    return [os.path.abspath(root) for root in roots if root]
 
 
 def is_base(prefix: str, env: Mapping[str, str]) -> bool:
     if env.get("CONDA_DEFAULT_ENV") == "base" and env.get("CONDA_PREFIX") == prefix:
         return True
-    real = os.path.realpath(prefix)
-    return any(os.path.realpath(root) == real for root in conda_roots(env))
+    return any(os.path.realpath(root) == os.path.realpath(prefix) for root in conda_roots(env))
 
 
 def quoted_whole(script: str, args: list[str]) -> str:

@@ -1,9 +1,7 @@
 """Handing pending jobs to a Ray cluster (`submit`), keeping the spool the record of them (`sync`),
-and stopping them there (`cancel`), by spool_layout.md's section 17. Ray runs each job once; what it
-does not do, this does: a job waits in ray/ until what it runs `--after` succeeded, a failed attempt
-with `--retries` left is submitted again (resuming from its newest checkpoint), and a job the cluster
-can never run stays queued here with the reason. The entrypoint starts gpuq's launcher
-(run/ray_entry.py) on the node, named by its module path: this layer cannot import it.
+and stopping them there (`cancel`), by spool_layout.md's section 17. Ray runs each job once; the
+waits for `--after` jobs and the retries are done here. The entrypoint names run/ray_entry.py by
+its module path: this layer cannot import it.
 """
 
 from __future__ import annotations
@@ -40,9 +38,8 @@ LOG_PREFIX = "=== gpuq: "  # gpuq's own lines in a job's log, as run/supervisor/
 
 
 def entrypoint(job: Job) -> str:
-    """The shell command Ray runs for `job`: this interpreter and this gpuq (on the shared
-    filesystem, as for Slurm) start the launcher in the job's directory; the job comes in
-    PAYLOAD_VARIABLE (`submission_fields`)."""
+    """The shell command Ray runs: this interpreter and this gpuq (on the shared filesystem) start
+    the launcher in the job's directory; the job comes in PAYLOAD_VARIABLE."""
     package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     q = shlex.quote
     return (
@@ -81,8 +78,7 @@ def fits(job: Job, nodes: list[client.Node], address: str) -> Optional[str]:
 
 
 def cannot_travel(job: Job, now: float) -> Optional[str]:
-    """What of the job Ray's job API has no place for: a time limit, a start still to come. Refused
-    rather than dropped: Ray would run it at once and for as long as it runs."""
+    """What of the job Ray's job API has no place for (refused rather than dropped)."""
     if job.time_limit:
         limit = duration(job.time_limit)
         return f"its --time {limit} has no equivalent on Ray (run it here, or add it again without --time)"
@@ -93,9 +89,7 @@ def cannot_travel(job: Job, now: float) -> Optional[str]:
 
 
 def missing_here(job: Job) -> Optional[str]:
-    """What the job needs that does not exist even on this machine (its directory, venv or conda
-    environment): the nodes see the same shared filesystem, so it would not start there either.
-    What the nodes see is not checked (it cannot be from here)."""
+    """What the job needs that does not exist even here (the nodes share this filesystem)."""
     for what, path in (("directory", job.cwd), ("venv", job.venv), ("conda environment", job.conda)):
         if path and not os.path.isdir(path):
             return f"its {what} {path} does not exist"
@@ -132,13 +126,14 @@ def submit(
             continue
         try:
             handed = _hand_over_one(spool, job.id, address, states)
-        except RayNoAnswer as exc:  # it stays in ray/, marked SUBMITTING: a sync finds or submits it
-            out.left[job.id] = f"job #{job.id}: {exc}; it may be on Ray now: `gpuq ray sync` finishes the hand-over"
-            _not_handed_after(job.id, jobs, exc, out.left)
-            break
-        except RayUnreachable as exc:
-            out.left[job.id] = f"job #{job.id} stays here: {exc}"
-            _not_handed_after(job.id, jobs, exc, out.left)
+        except (RayNoAnswer, RayUnreachable) as exc:
+            if isinstance(exc, RayNoAnswer):  # it stays in ray/, marked SUBMITTING: a sync finds or submits it
+                out.left[job.id] = f"job #{job.id}: {exc}; it may be on Ray now: `gpuq ray sync` finishes the hand-over"
+            else:
+                out.left[job.id] = f"job #{job.id} stays here: {exc}"
+            for other in jobs:  # Ray stopped answering: the jobs after it are not tried
+                if other.id > job.id and other.id not in out.left:
+                    out.left[other.id] = f"job #{other.id} was not handed over: {exc}"
             break
         except GpuqError as exc:
             text = str(exc)
@@ -150,16 +145,9 @@ def submit(
     return out
 
 
-def _not_handed_after(job_id: int, jobs: list[Job], exc: Exception, left: dict[int, str]) -> None:
-    """Ray stopped answering at `job_id`: the jobs after it are not tried, each said so."""
-    for other in jobs:
-        if other.id > job_id and other.id not in left:
-            left[other.id] = f"job #{other.id} was not handed over: {exc}"
-
-
 def _dependency_refusal(job: Job, states: dict[int, str], chosen: set, left: dict[int, str]) -> Optional[str]:
-    """Why `job` cannot go with its dependencies where they are (None: it can: each is done, on Ray,
-    or handed over in this same command before it)."""
+    """Why `job` cannot go with its dependencies where they are (None: each is done, on Ray, or
+    handed over before it)."""
     for dep, any_end in [(d, False) for d in job.after] + [(d, True) for d in job.after_any]:
         state = states.get(dep)
         if state in (DONE, RAY) or (any_end and state in FINISHED):
@@ -212,9 +200,8 @@ def _hand_over_one(spool: Spool, job_id: int, address: str, states: dict) -> Job
 
 
 def submission_fields(spool: Spool, job: Job) -> dict:
-    """Ray's submission fields for `job`: its resources (a `--gpu-mem` share as a fraction of a
-    GPU: engine/lifecycle/ray_room.py), and itself for the launcher, with the progress file on the
-    shared filesystem where gpuq's ETA reads it."""
+    """Ray's submission fields: the job's resources (ray_room.py), and the job itself for the
+    launcher, with its progress file where gpuq's ETA reads it."""
     payload = {name: job.get(name) for name in LAUNCHER_FIELDS}
     payload["env"] = dict(job.env, GPUQ_PROGRESS_FILE=spool.reports.progress_path(job.id))
     room = ray_room.look(spool, (job.ray or {})["address"]) if ray_room.needs_look(job) else None
@@ -230,8 +217,7 @@ def submission_fields(spool: Spool, job: Job) -> dict:
 
 def sync(spool: Spool) -> SyncReport:
     """Bring the jobs in ray/ up to date with Ray: ended ones recorded (their log fetched), waiting
-    ones submitted once their dependencies succeeded, failed
-    ones with retries left submitted again."""
+    ones submitted once their dependencies succeeded, failed ones with retries left submitted again."""
     report = SyncReport()
     states = {ref.id: ref.state for ref in spool.jobs.refs()}
     for _ref, job in sorted(spool.jobs.load_many(RAY), key=lambda item: item[1].id):
@@ -254,12 +240,11 @@ def _sync_one(spool: Spool, ref, job: Job, report: SyncReport, states: dict) -> 
         _submit_waiting(spool, ref, job, report, states)
         return
     seen = client.get(address, sub_id)
-    if seen is None and mark.get("state") == rt.SUBMITTING:
-        client.submit(address, entrypoint(job), sub_id, **submission_fields(spool, job))  # a hand-over cut short
-        report.changed.append(spool.jobs.rewrite(ref, job, **rt.seen(job, "PENDING", None, None)))
-        return
     if seen is None:
-        if mark.get("state") != "UNKNOWN":
+        if mark.get("state") == rt.SUBMITTING:  # a hand-over cut short
+            client.submit(address, entrypoint(job), sub_id, **submission_fields(spool, job))
+            report.changed.append(spool.jobs.rewrite(ref, job, **rt.seen(job, "PENDING", None, None)))
+        elif mark.get("state") != "UNKNOWN":
             changes = rt.seen(job, "UNKNOWN", "Ray knows this job no more (`gpuq cancel` drops it)", None)
             report.changed.append(spool.jobs.rewrite(ref, job, **changes))
         return
@@ -274,8 +259,7 @@ def _sync_one(spool: Spool, ref, job: Job, report: SyncReport, states: dict) -> 
 
 
 def own_part(text: str) -> bytes:
-    """The job's output as Ray kept it, after Ray's line that shows the whole entrypoint: Ray's own
-    lines up to it (its runtime environment, the entrypoint) are not the job's. Kept whole when Ray
+    """The job's output as Ray kept it, after Ray's line that shows the entrypoint; whole when Ray
     wrote no such line (it could not start the job: its lines say why)."""
     shown = text.find(ENTRYPOINT_SHOWN)
     start = text.find("\n", shown) + 1 if shown >= 0 else 0
@@ -296,11 +280,21 @@ def _record_end(
     new_state = rt.destination(seen.state, seen.exit_code)
     counted = Job(dict(job, attempts=job.attempts + 1))  # as core/oom.py counts: the attempt that ended included
     grown = ray_room.growth(spool, job, reason, (job.ray or {})["address"]) if new_state == FAILED else None
-    if grown is not None and oom.retry_left(counted):
-        _retry(spool, ref, job, seen, (started, finished), reason, grown, report, states)
-        return
-    if new_state == FAILED and grown is None and counted.attempts - oom.extra_attempts(counted) <= job.retries:
-        _retry(spool, ref, job, seen, (started, finished), reason, None, report, states)
+    if grown is not None:
+        again = oom.retry_left(counted)
+    else:
+        again = new_state == FAILED and counted.attempts - oom.extra_attempts(counted) <= job.retries
+    if again:  # submitted again: as it was, or with `grown`'s larger share, its log saying so
+        changes = rt.retried(job, seen.state, exit_code=seen.exit_code, times=(started, finished), reason=reason)
+        if grown is not None:
+            changes.update(oom.retry(job, grown))
+            changes["history"][-1]["change"] = oom.note(grown)
+            changes["note"] = f"attempt {job.attempts + 1}: {reason or 'out of memory'}; {oom.note(grown)}"
+            line = f"out of memory: the next attempt gets {grown.text} ({oom.ENV}={job.oom_retries + 1})"
+            spool.logs.put_from(job.id, spool.logs.size(job), f"{LOG_PREFIX}{line}\n".encode())
+        job = spool.jobs.rewrite(ref, job, **changes)
+        report.retried.append(job)
+        _submit_waiting(spool, ref, job, report, states)  # at once: what it waited for had succeeded
         return
     if grown is not None:
         reason = f"{reason}; {oom.would_get(grown)}"
@@ -310,31 +304,6 @@ def _record_end(
     ended = record_end(spool, ref, job, new_state, changes)[1]
     report.ended.append((ended, new_state))
     states[job.id] = new_state  # a job after it, later in this same sync, goes now
-
-
-def _retry(
-    spool: Spool,
-    ref,
-    job: Job,
-    seen: client.RayJob,
-    times: tuple,
-    reason: Optional[str],
-    grown: Optional[oom.Growth],
-    report: SyncReport,
-    states: dict,
-) -> None:
-    """Submit the job again: as it was, or after out-of-memory with `grown`'s larger share, its
-    log saying what the next attempt gets, as a local job's does."""
-    changes = rt.retried(job, seen.state, exit_code=seen.exit_code, times=times, reason=reason)
-    if grown is not None:
-        changes.update(oom.retry(job, grown))
-        changes["history"][-1]["change"] = oom.note(grown)
-        changes["note"] = f"attempt {job.attempts + 1}: {reason or 'out of memory'}; {oom.note(grown)}"
-        line = f"out of memory: the next attempt gets {grown.text} ({oom.ENV}={job.oom_retries + 1})"
-        spool.logs.put_from(job.id, spool.logs.size(job), f"{LOG_PREFIX}{line}\n".encode())
-    job = spool.jobs.rewrite(ref, job, **changes)
-    report.retried.append(job)
-    _submit_waiting(spool, ref, job, report, states)  # at once: what it waited for had succeeded
 
 
 def _submit_waiting(spool: Spool, ref, job: Job, report: SyncReport, states: dict) -> None:
@@ -351,15 +320,14 @@ def _submit_waiting(spool: Spool, ref, job: Job, report: SyncReport, states: dic
         report.back.append((moved, refusal))
         return
     sub_id = rt.submission_id(os.urandom(4).hex(), job)
-    ref, job = ref, spool.jobs.rewrite(ref, job, **rt.submitting(job, sub_id, spool.logs.size(job)))
+    job = spool.jobs.rewrite(ref, job, **rt.submitting(job, sub_id, spool.logs.size(job)))
     client.submit(address, entrypoint(job), sub_id, **submission_fields(spool, job))
     report.changed.append(spool.jobs.rewrite(ref, job, **rt.seen(job, "PENDING", None, None)))
 
 
 def cancel(spool: Spool, job_id: int, note: str = "cancelled by user", force: bool = False) -> Job:
-    """Stop the job's Ray job, then move it to cancelled/ (also when Ray no longer knows it). One Ray
-    ended meanwhile is recorded as it ended instead. When Ray cannot be asked, `force` records it
-    cancelled here only (its note says the job may still run there); else refused."""
+    """Stop the job's Ray job, then move it to cancelled/ (also when Ray no longer knows it). When
+    Ray cannot be asked, `force` records it cancelled here only; else refused."""
     with claimed(spool, job_id, (RAY,)) as (ref, job):
         mark = job.ray or {}
         sub_id = mark.get("submission_id")
@@ -377,8 +345,7 @@ def cancel(spool: Spool, job_id: int, note: str = "cancelled by user", force: bo
 
 
 def _stop(job_id: int, address: str, sub_id: str) -> Optional[str]:
-    """Ask Ray to stop the job unless it ended; when it started, as Ray says. Refused when Ray
-    ended it otherwise (a sync records that)."""
+    """Stop the job unless it ended; when it started. Refused when Ray ended it otherwise."""
     seen = client.get(address, sub_id)
     if seen is not None and not seen.finished:
         client.stop(address, sub_id)

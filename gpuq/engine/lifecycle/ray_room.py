@@ -1,21 +1,15 @@
 """What a job handed to Ray asks Ray for, and the larger share an out-of-memory failure there gets:
-core/oom.py's rule (a `--gpu-mem` share doubled up to a whole GPU, a whole-GPU job on the GPUs
-with the most memory, `--mem` doubled up to a cap), said in Ray's terms.
+core/oom.py's rule in Ray's terms.
 
-- A `--gpu-mem` share is a fraction of a GPU (`entrypoint_num_gpus` 0.25 for 20G of 80G GPUs),
-  rounded up, of the cluster's smallest GPU, so that it fits whichever GPU Ray picks. Ray does
-  not divide a GPU's memory; the fraction only keeps Ray from putting more shares on one GPU
-  than fit. The GPUs' sizes are those the cluster's dashboard reports (NVML on each node); where
-  it reports none (GPUs a node only declares), those gpuq sees on this machine (the head, where
-  gpuq runs beside the dashboard); where there are none either, a share is a whole GPU.
-- A whole-GPU job retried on the GPUs with the most memory asks for the node type that has them
-  (Ray's `accelerator_type:NAME` resource, as Ray's own `accelerator_type=` asks it) where the
-  cluster's nodes have more than one size; otherwise it runs on any GPU, as a local job does on
-  a machine whose GPUs are all alike.
-- `--mem` is `entrypoint_memory`, which Ray reserves but does not enforce: an attempt ran out of
-  host memory when its log says so (PyTorch's CPU allocator) or it was killed by SIGKILL that
-  gpuq did not send (likely the kernel's OOM killer); it gets twice its `--mem`, up to the
-  memory of the largest live node.
+- A `--gpu-mem` share is a fraction of the cluster's smallest GPU, rounded up, so that it fits
+  whichever GPU Ray picks (Ray does not divide a GPU's memory; the fraction only keeps it from
+  stacking more shares than fit). Sizes: the dashboard's, else this machine's (the head), else a
+  share is a whole GPU.
+- A whole-GPU job retried on the largest GPUs asks for their node type (`accelerator_type:NAME`)
+  where the cluster's GPUs differ in size.
+- `--mem` is `entrypoint_memory`, reserved but not enforced by Ray: an attempt ran out of host
+  memory when its log says so or SIGKILL gpuq did not send ended it (the OOM killer, likely); it
+  gets twice its `--mem`, up to the largest live node's memory.
 """
 
 from __future__ import annotations

@@ -33,11 +33,9 @@ def reconcile(
     listing: Optional[list[JobRef]] = None,
     finished: Optional[tuple[dict[int, str], int]] = None,
 ) -> Report:
-    """Repair what crashes leave behind: always duplicates seen in `listing` (every state, just
-    listed) and running jobs whose process and supervisor are gone; with `full`, every duplicate,
-    stale claims and tmp files. With `listing`, `report.listing` is the tree after the repairs (a
-    big spool is listed once). `finished`: (id -> state, file count) of the finished jobs when
-    `listing` holds only the other states."""
+    """Always: duplicates seen in `listing` and running jobs whose process and supervisor are gone;
+    with `full`, every duplicate, stale claims and tmp files. `report.listing`: the tree after the
+    repairs. `finished`: (id -> state, file count) of finished jobs when `listing` lacks them."""
     report = Report()
     if full or (listing is not None and _copies(listing, finished)):
         resolve_duplicates(spool, report)  # meanwhile read_queue() ignores a stale pending copy
@@ -64,10 +62,8 @@ def _copies(listing: list[JobRef], finished: Optional[tuple[dict[int, str], int]
 
 
 def resolve_duplicates(spool: Spool, report: Report) -> None:
-    """A crash between writing a job's new state and unlinking the old one leaves two copies:
-    the copy with the higher rev is the later state and wins. A copy in pending/ that no crash can
-    have left (another job with that id, or the job's file put back by hand) goes to rejected/ with
-    the reason instead: it is never deleted, nor does it replace the job."""
+    """Of two copies a crash left, the higher rev wins. A pending copy no crash can have left
+    (another job's, or one put back by hand) goes to rejected/ with the reason, never deleted."""
     for copies in spool.jobs.index().values():
         if len(copies) < 2:
             continue
@@ -115,8 +111,8 @@ def _put_back(spool: Spool, ref: JobRef, job: Job, kept: JobRef, kept_job: Job) 
 
 
 def settle_unsupervised(spool: Spool, report: Report) -> None:
-    """A running job whose supervisor is gone: if its process is gone too, nobody will ever
-    record its end, so move it on now (interrupted, or where a control request says)."""
+    """Running jobs whose supervisor and process are gone: ended now (interrupted, or as a control
+    request says)."""
     for ref in list(spool.jobs.refs((RUNNING,))):
         if spool.claims.held(ref.id):
             continue  # a live supervisor owns it
@@ -146,9 +142,8 @@ def settle_unsupervised(spool: Spool, report: Report) -> None:
 
 
 def end_unseen(spool: Spool, ref: JobRef, job: Job, noted: Optional[dict[str, Any]] = None) -> str:
-    """Record the end of a running job whose supervisor and process are gone (the caller holds its
-    claim); its new state. `noted`: what the supervisor left in the claim's lock file when the disk
-    was too full to record the end itself."""
+    """Record the end of a running job whose supervisor and process are gone (its claim held); its
+    new state. `noted`: what the supervisor left in the claim's lock when the disk was full."""
     # here: `gpuq status` runs reconcile() every time and settles a job almost never (these three)
     from gpuq.core import oom, transitions  # (see above)
     from gpuq.engine.lifecycle import ending  # (see above)

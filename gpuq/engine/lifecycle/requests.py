@@ -49,10 +49,9 @@ class Cancel(OnJobs):
 @dataclass(frozen=True)
 class Kill(OnJobs):
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
-        if spool.jobs.find(job_id, (SLURM, RAY)):  # stopped by its cluster (actions.kill): no signal sent here
-            return Done(actions.kill(spool, job_id))
-        actions.get(spool, job_id, (RUNNING,))  # refused before anything is said or sent
-        stopping(job_id)
+        if not spool.jobs.find(job_id, (SLURM, RAY)):  # one on a cluster is stopped there: no signal here
+            actions.get(spool, job_id, (RUNNING,))  # refused before anything is said or sent
+            stopping(job_id)
         return Done(actions.kill(spool, job_id))
 
 

@@ -137,9 +137,8 @@ def _in_dependency_order(jobs: list[Job], left: dict[int, str]) -> list[Job]:
 
 
 def _check_dependencies(job: Job, states: dict[int, str], slurm_ids: dict, left: dict[int, str]) -> None:
-    """Refuse a dependency Slurm cannot be given: on a job that will not end well, one left here,
-    or one gone (Slurm takes an unknown id as satisfied). Satisfied ones are dropped; a job on
-    Slurm is a Slurm dependency."""
+    """Refuse a dependency Slurm cannot be given: a job that will not end well, one left here, one
+    gone (Slurm takes an unknown id as satisfied)."""
     for dep, any_end in [(d, False) for d in job.after] + [(d, True) for d in job.after_any]:
         state = states.get(dep)
         if dep in slurm_ids or state == DONE or (any_end and state in FINISHED):
@@ -250,8 +249,7 @@ def _repair_marked(spool: Spool, env: Env) -> list[Handed]:
 
 def cancel(spool: Spool, job_id: int, env: Env = None, note: str = "cancelled by user", force: bool = False) -> Job:
     """scancel the job's Slurm job, then move it to cancelled/ (also when Slurm no longer knows it).
-    One Slurm ended meanwhile is recorded as it ended instead. When Slurm cannot be asked, `force`
-    records it cancelled here only (its note says the job may still run there); else refused."""
+    When Slurm cannot be asked, `force` records it cancelled here only; else refused."""
     with claimed(spool, job_id, (SLURM,)) as (ref, job):
         slurm_id = (job.slurm or {})["job_id"]
         try:
