@@ -14,6 +14,7 @@ import functools
 import os
 import shutil
 import subprocess
+from contextlib import suppress
 from typing import Optional
 
 from gpuq.system import fsutil
@@ -33,13 +34,10 @@ def cgroup2_mount() -> Optional[str]:
 
 def own_cgroup() -> Optional[str]:
     """This process's cgroup in the v2 hierarchy ("/..."), from /proc/self/cgroup's `0::` line."""
-    try:
-        with open("/proc/self/cgroup", encoding="utf-8", errors="surrogateescape") as fh:
-            for line in fh:
-                if line.startswith("0::"):
-                    return line[3:].rstrip("\n")
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/self/cgroup", encoding="utf-8", errors="surrogateescape") as fh:
+        for line in fh:
+            if line.startswith("0::"):
+                return line[3:].rstrip("\n")
     return None
 
 
@@ -69,10 +67,8 @@ def _make_tree(parent: str) -> str:
         raise OSError(errno.ENOTSUP, f"has no {' and '.join(missing)} controller")
     _enable(parent)  # EBUSY where `parent` holds processes and is not the root cgroup
     tree = os.path.join(parent, TREE_NAME)
-    try:
+    with suppress(FileExistsError):  # made by an earlier supervisor: it holds only job cgroups
         os.mkdir(tree, 0o755)
-    except FileExistsError:
-        pass  # made by an earlier supervisor: it holds only job cgroups
     _enable(tree)
     return tree
 
@@ -120,14 +116,11 @@ def join(path: str) -> None:
 
 def oom_kills(path: str) -> int:
     """How many processes the kernel's OOM killer ended in cgroup `path` (memory.events)."""
-    try:
-        with open(os.path.join(path, "memory.events"), encoding="ascii") as fh:
-            for line in fh:
-                key, _sep, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-    except (OSError, ValueError):
-        pass
+    with suppress(OSError, ValueError), open(os.path.join(path, "memory.events"), encoding="ascii") as fh:
+        for line in fh:
+            key, _sep, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
     return 0
 
 
@@ -196,11 +189,9 @@ def scope_oom_killed(unit: str) -> bool:
 
 
 def _words(path: str) -> list[str]:
-    try:
-        with open(path, encoding="ascii") as fh:
-            return fh.read().split()
-    except (OSError, ValueError):
-        return []
+    with suppress(OSError, ValueError), open(path, encoding="ascii") as fh:
+        return fh.read().split()
+    return []
 
 
 def _write(path: str, text: str) -> None:

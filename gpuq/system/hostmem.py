@@ -7,6 +7,7 @@ PSS in /proc/PID/smaps_rollup; where that cannot be read, RSS is summed, which c
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any, Optional
 
 from gpuq.system.procs import load_psutil
@@ -15,7 +16,6 @@ from gpuq.system.procs import load_psutil
 def tree_bytes(pid: int) -> int:
     """Bytes of memory process `pid` and its descendants hold (0 once it is gone)."""
     psutil = load_psutil()
-
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -35,11 +35,8 @@ def _process_bytes(proc: Any) -> int:
 
 
 def _pss_kib(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"Pss:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
+    with suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"Pss:"):
+                return int(line.split()[1])
     return None

@@ -1,14 +1,6 @@
-"""The machine's sharing policy (lease_layout.md section 9): caps and turn weights an admin sets for
-every user's gpuq in one root-owned file. A file anyone but root could have written is no admin's
-word: it is ignored, said once in one line, and gpuq decides as without a policy.
-
-    half_life_days = 7          # how fast recent GPU-hours are forgotten
-    [default]                   # every user without a table of their own
-    max_gpus = 2                # GPUs held at once on this machine (leases of all their spools)
-    weight = 1.0                # a larger weight wins ties between waiting users more often
-    [users.alice]
-    max_gpus = 4
-"""
+"""The machine's sharing policy (lease_layout.md section 9, with the file's form): caps and turn
+weights an admin sets for every user's gpuq in one root-owned file. A file anyone but root could have
+written is no admin's word: it is ignored, said once in one line, and gpuq decides as without one."""
 
 from __future__ import annotations
 

@@ -80,11 +80,9 @@ def _call(url: str, method: str = "GET", body: Optional[dict] = None) -> Any:
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode("utf-8", "replace").strip().splitlines()
         raise RayError(f"Ray answered {exc.code} to {method} {url}: {detail[-1] if detail else exc.reason}") from None
-    except (TimeoutError, socket.timeout):  # sent, unanswered in time (socket.timeout: Python 3.9's)
-        raise RayNoAnswer(f"Ray did not answer {method} {url} within {TIMEOUT:.0f}s") from None
     except (urllib.error.URLError, OSError) as exc:
         why = getattr(exc, "reason", exc)
-        if isinstance(why, (TimeoutError, socket.timeout)):
+        if isinstance(why, (TimeoutError, socket.timeout)):  # sent, unanswered in time (socket.timeout: 3.9's)
             raise RayNoAnswer(f"Ray did not answer {method} {url} within {TIMEOUT:.0f}s") from None
         raise RayUnreachable(f"no Ray cluster answers at {url.split('/api/')[0]}: {why}") from None
     try:
