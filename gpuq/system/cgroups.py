@@ -27,11 +27,6 @@ OPTIONAL_MEMORY_FILES = {"memory.oom.group": "1", "memory.swap.max": "0"}
 PROBE_SECONDS = 10.0  # the systemd-run probe and the scope's questions at the end, each at most
 
 
-def cgroup2_mount() -> Optional[str]:
-    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or .../unified on a hybrid)."""
-    return next((point for point, kind in fsutil.mounts() if kind == "cgroup2"), None)
-
-
 def own_cgroup() -> Optional[str]:
     """This process's cgroup in the v2 hierarchy ("/..."), from /proc/self/cgroup's `0::` line."""
     with suppress(OSError), open("/proc/self/cgroup", encoding="utf-8", errors="surrogateescape") as fh:
@@ -44,7 +39,9 @@ def own_cgroup() -> Optional[str]:
 @functools.cache
 def gpuq_tree() -> tuple[Optional[str], str]:
     """The gpuq sub-tree, made once per process; or None and why a job cannot have a cgroup here."""
-    mount, own = cgroup2_mount(), own_cgroup()
+    # the cgroup v2 hierarchy's mount: /sys/fs/cgroup, or .../unified on a hybrid
+    mount = next((point for point, kind in fsutil.mounts() if kind == "cgroup2"), None)
+    own = own_cgroup()
     if mount is None or own is None:
         return None, "no cgroup v2 hierarchy here"
     here = os.path.normpath(mount + own)

@@ -8,7 +8,7 @@ PSS in /proc/PID/smaps_rollup; where that cannot be read, RSS is summed, which c
 from __future__ import annotations
 
 from contextlib import suppress
-from typing import Any, Optional
+from typing import Any
 
 from gpuq.system.procs import load_psutil
 
@@ -25,18 +25,11 @@ def tree_bytes(pid: int) -> int:
 
 
 def _process_bytes(proc: Any) -> int:
-    pss = _pss_kib(proc.pid)
-    if pss is not None:
-        return pss << 10
+    with suppress(OSError, ValueError, IndexError), open(f"/proc/{proc.pid}/smaps_rollup", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"Pss:"):
+                return int(line.split()[1]) << 10  # KiB
     try:
         return proc.memory_info().rss
     except Exception:  # noqa: BLE001 - gone, or not ours to read: it holds nothing we can count
         return 0
-
-
-def _pss_kib(pid: int) -> Optional[int]:
-    with suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
-        for line in fh:
-            if line.startswith(b"Pss:"):
-                return int(line.split()[1])
-    return None

@@ -42,10 +42,15 @@ def link_error(exc: OSError) -> str:
     return "is a symbolic link" if exc.errno in (errno.ELOOP, errno.EMLINK) else f"cannot be opened: {exc.strerror}"
 
 
-def write_locked(directory: str, tmp_name: str, data: bytes, final: str) -> int:
+def tmp_path(directory: str) -> str:
+    """A name for a file being written, never used twice by live processes."""
+    return os.path.join(directory, f"{TMP_PREFIX}{os.geteuid()}.{os.getpid()}.{next_number()}")
+
+
+def write_locked(directory: str, data: bytes, final: str) -> int:
     """A new file at `final` holding `data`, readable by all, locked by the returned descriptor
     before the name appears."""
-    tmp = os.path.join(directory, tmp_name)
+    tmp = tmp_path(directory)
     fd = -1
     try:
         fd = os.open(tmp, OPEN_NEW, 0o644)
@@ -88,7 +93,7 @@ def lock_file(directory: str, uuid: str) -> int:
 
 def _create_lock_file(directory: str, path: str) -> None:
     """Made aside with its mode set, then linked into place, so that no one sees it unreadable."""
-    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.geteuid()}.{os.getpid()}.{next_number()}")
+    tmp = tmp_path(directory)
     try:
         fd = os.open(tmp, OPEN_NEW, 0o644)
         try:

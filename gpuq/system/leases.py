@@ -122,14 +122,9 @@ def decayed(gpu_hours: float, at: float, now: float, half_life: float) -> float:
 
 
 def default_dir() -> str:
-    """$GPUQ_LEASE_DIR if set; else /dev/shm itself (cleared at reboot, as leases must be), else /tmp:
-    root's and sticky. Not a directory of gpuq's own in them: every other user's gpuq would rightly
-    refuse a sticky directory its maker owns. The real path, as it is checked with lstat (/tmp is a
-    link on macOS)."""
-    configured = os.environ.get(LEASE_DIR_ENV)
-    if configured:
-        return configured
-    return os.path.realpath("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
+    """$GPUQ_LEASE_DIR if set; else /dev/shm itself, else /tmp, by its real path (lease_layout.md
+    section 1 says why no directory of gpuq's own)."""
+    return os.environ.get(LEASE_DIR_ENV) or os.path.realpath("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
 
 
 class LeaseDir:
@@ -195,16 +190,14 @@ class LeaseDir:
         while True:
             fd = lease_io.lock_file(self.path, uuid)
             try:
-                locked = lease_io.wait_flock(fd, deadline)
+                if not lease_io.wait_flock(fd, deadline):
+                    raise LeaseDirProblem(
+                        f"the placing lock of GPU {display(uuid)} in {self.path} has been held for more "
+                        f"than {timeout:g} s (a stuck or hostile process?); {OFF}"
+                    )
             except BaseException:
                 os.close(fd)
                 raise
-            if not locked:
-                os.close(fd)
-                raise LeaseDirProblem(
-                    f"the placing lock of GPU {display(uuid)} in {self.path} has been held for more "
-                    f"than {timeout:g} s (a stuck or hostile process?); {OFF}"
-                )
             if fsutil.same_inode(fd, path):  # lstat: a link put there is not it
                 return fd
             os.close(fd)
@@ -220,11 +213,9 @@ class LeaseDir:
         job: Optional[int],
         name: str,
         spool: Optional[str],
-        pid: Optional[int] = None,
     ) -> Held:
-        """Write a lease of this GPU, locked by this process, under `placing` (`pid`: the holder named)."""
-        pid = os.getpid() if pid is None else pid
-        uid, n = os.geteuid(), lease_io.next_number()
+        """Write a lease of this GPU, locked by this process, under `placing`."""
+        pid, uid, n = os.getpid(), os.geteuid(), lease_io.next_number()
         lease = Lease(
             file=f"{PREFIX}{lease_io.safe_name(gpu_uuid)}.{uid}.{pid}.{n}{SUFFIX}",
             gpu_uuid=gpu_uuid,
@@ -240,7 +231,7 @@ class LeaseDir:
             since=time.time(),
             host=os.uname().nodename,
         )
-        return Held(lease, *self._write(lease, "lease", n))
+        return Held(lease, *self._write(lease, "lease"))
 
     def post_ticket(
         self,
@@ -267,14 +258,14 @@ class LeaseDir:
             since=time.time() if since is None else since,
             host=os.uname().nodename,
         )
-        return HeldTicket(ticket, *self._write(ticket, "ticket", n))
+        return HeldTicket(ticket, *self._write(ticket, "ticket"))
 
-    def _write(self, record: Any, kind: str, n: int) -> tuple[int, str]:
+    def _write(self, record: Any, kind: str) -> tuple[int, str]:
         """A Lease's or a Ticket's line written to its file: the descriptor that locks it, and its path."""
         line = {f"{kind}_version": lease_io.LEASE_VERSION, **record._asdict()}
         del line["file"]
-        final, tmp = os.path.join(self.path, record.file), f"{lease_io.TMP_PREFIX}{record.uid}.{record.pid}.{n}"
-        return lease_io.write_locked(self.path, tmp, (json.dumps(line) + "\n").encode(), final), final
+        final = os.path.join(self.path, record.file)
+        return lease_io.write_locked(self.path, (json.dumps(line) + "\n").encode(), final), final
 
     def tickets(self) -> list[Ticket]:
         """Every live waiting ticket, oldest first; unsound ones are skipped with a line in `problems`
@@ -322,8 +313,7 @@ class LeaseDir:
                         record = lease_io.parse(os.read(fd, lease_io.MAX_LEASE_BYTES + 1), "usage", USAGE_FIELDS)
                         old = decayed(record["gpu_hours"], record["at"], now, half_life)
                 line = {"usage_version": lease_io.LEASE_VERSION, "uid": uid, "gpu_hours": old + gpu_hours, "at": now}
-                tmp = f"{lease_io.TMP_PREFIX}{uid}.{os.getpid()}.{lease_io.next_number()}"
-                os.close(lease_io.write_locked(self.path, tmp, (json.dumps(line) + "\n").encode(), path))
+                os.close(lease_io.write_locked(self.path, (json.dumps(line) + "\n").encode(), path))
                 return
             finally:
                 if fd >= 0:

@@ -41,14 +41,10 @@ NONE = Policy()
 _kept: dict[str, tuple[tuple[int, int, float, int], Policy]] = {}  # path -> (its stat key, the policy)
 
 
-def path() -> str:
-    return os.environ.get(POLICY_ENV) or DEFAULT_PATH
-
-
 def load(say: Callable[[str], None]) -> Policy:
     """The policy in force: the file's, read again only when it changed; NONE without a sound one
     (`say` is told why, and a caller says each line once)."""
-    where = path()
+    where = os.environ.get(POLICY_ENV) or DEFAULT_PATH
     try:
         fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:

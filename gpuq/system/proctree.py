@@ -93,10 +93,10 @@ class GroupEnd(NamedTuple):
 
 
 def end_group(pgid: int, grace: float, since: Optional[float] = None) -> Optional[GroupEnd]:
-    """End what is left of a job's process group once its main process was reaped, as Slurm ends a
-    job step: SIGTERM (and SIGCONT), then SIGKILL to what is still there `grace` seconds after
-    `since` (time.monotonic(); default now), then up to KILL_WAIT seconds for the kernel to take
-    them. None when nothing was left (one killpg). While a member lives, its pgid is not reused."""
+    """End what is left of a job's group once its main process was reaped, as Slurm ends a job step:
+    SIGTERM (and SIGCONT), SIGKILL `grace` seconds after `since` (time.monotonic(); default now),
+    then up to KILL_WAIT seconds for the kernel. None when nothing was left (one killpg). While a
+    member lives, its pgid is not reused."""
     seen: dict[int, str] = {}
     if not signal_group(pgid, 0):
         return None

@@ -1,10 +1,7 @@
-"""The Ray client: Ray's Jobs REST API (`/api/jobs/` on the dashboard's port) and its state API
-(`/api/v0/nodes`) over HTTP with urllib, so gpuq needs no Ray package to hand jobs over. The address
-is the dashboard's URL (`http://HEAD:8265`), as `ray job submit --address` and `RAY_ADDRESS` take it.
-
-Ray's job states: PENDING, RUNNING, STOPPED (stopped by a user), SUCCEEDED, FAILED; an ended job
-carries `driver_exit_code` (the entrypoint's exit status) and a `message`.
-"""
+"""The Ray client: Ray's Jobs REST API (`/api/jobs/`) and state API (`/api/v0/nodes`) over urllib,
+so gpuq needs no Ray package. The address is the dashboard's URL (`http://HEAD:8265`), as
+`ray job submit --address` and `RAY_ADDRESS` take it. Job states: PENDING, RUNNING, STOPPED (by a
+user), SUCCEEDED, FAILED; an ended job carries `driver_exit_code` and a `message`."""
 
 from __future__ import annotations
 
