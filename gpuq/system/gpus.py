@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import suppress
 from typing import Any, Iterable, NamedTuple, Optional
 
 from gpuq.core.words import mib_text  # noqa: F401 (gpus.mib_text, where GPU sizes are said)
@@ -342,13 +343,10 @@ def tree_pids(roots: Iterable[int]) -> set[int]:
     psutil = load_psutil()
     pids: set[int] = set()
     for root in roots:
-        try:
-            proc = psutil.Process(root)
-            children = proc.children(recursive=True)
-        except psutil.Error:
-            continue
-        pids.add(root)
-        pids.update(child.pid for child in children)
+        with suppress(psutil.Error):
+            children = psutil.Process(root).children(recursive=True)
+            pids.add(root)
+            pids.update(child.pid for child in children)
     return pids
 
 

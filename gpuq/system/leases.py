@@ -356,7 +356,7 @@ class LeaseDir:
             record["user"] = lease_io.user_name(record["uid"]) or display(record["user"])
         return record
 
-    def _alive(self, name: str, locked: bool = True, kind: str = "lease") -> Optional[tuple[bytes, int]]:
+    def _alive(self, name: str, locked: bool, kind: str) -> Optional[tuple[bytes, int]]:
         """The content of the file `name` and its owner, if it is a regular file and (`locked`) held
         alive by its writer's lock; a stale one is removed when ours (or we are root)."""
         path = os.path.join(self.path, name)
@@ -379,7 +379,7 @@ class LeaseDir:
         finally:
             os.close(fd)
 
-    def _skip(self, name: str, why: str, kind: str = "lease") -> None:
+    def _skip(self, name: str, why: str, kind: str) -> None:
         """A line in `problems` saying why the file is no lease (ticket, usage record)."""
         self.problems.append(f"{kind} file {os.path.join(self.path, display(name))} {why}: ignored")
 
