@@ -12,12 +12,11 @@ from __future__ import annotations
 import errno
 import functools
 import os
-import shutil
 import subprocess
 from contextlib import suppress
 from typing import Optional
 
-from gpuq.system import fsutil
+from gpuq.system import fsutil, procs
 
 TREE_NAME = "gpuq"
 CONTROLLERS = ("memory", "cpu")
@@ -141,7 +140,7 @@ def user_scope() -> tuple[bool, str]:
     """Whether `systemd-run --user --scope` can hold a job here (probed once, with a real scope)."""
     if not os.path.exists(os.path.join(runtime_dir(), "systemd", "private")):
         return False, "no user systemd running"
-    if shutil.which("systemd-run") is None:
+    if procs.which("systemd-run") is None:
         return False, "no systemd-run on PATH"
     try:
         probe = subprocess.run(
