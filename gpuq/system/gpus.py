@@ -201,13 +201,9 @@ def _look_nvml() -> GpuLook:
         count = pynvml.nvmlDeviceGetCount()
     except Exception as exc:
         return GpuLook((), "nvml", f"NVML cannot count the GPUs: {_error_text(pynvml, exc)}", at)
-    gpus: list[Gpu] = []
     problems: list[str] = []
-    for index in range(count):
-        gpu = _read_device(pynvml, index, problems)
-        if gpu is not None:
-            gpus.append(gpu)
-    return GpuLook(tuple(gpus), "nvml", "; ".join(problems) or None, at)
+    read = [_read_device(pynvml, index, problems) for index in range(count)]
+    return GpuLook(tuple(gpu for gpu in read if gpu is not None), "nvml", "; ".join(problems) or None, at)
 
 
 def _start_nvml() -> Optional[tuple[str, str]]:
