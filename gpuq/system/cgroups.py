@@ -12,11 +12,11 @@ from __future__ import annotations
 import errno
 import functools
 import os
-import shutil
 import subprocess
+from contextlib import suppress
 from typing import Optional
 
-from gpuq.system import fsutil
+from gpuq.system import fsutil, procs
 
 TREE_NAME = "gpuq"
 CONTROLLERS = ("memory", "cpu")
@@ -26,27 +26,21 @@ OPTIONAL_MEMORY_FILES = {"memory.oom.group": "1", "memory.swap.max": "0"}
 PROBE_SECONDS = 10.0  # the systemd-run probe and the scope's questions at the end, each at most
 
 
-def cgroup2_mount() -> Optional[str]:
-    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or .../unified on a hybrid)."""
-    return next((point for point, kind in fsutil.mounts() if kind == "cgroup2"), None)
-
-
 def own_cgroup() -> Optional[str]:
     """This process's cgroup in the v2 hierarchy ("/..."), from /proc/self/cgroup's `0::` line."""
-    try:
-        with open("/proc/self/cgroup", encoding="utf-8", errors="surrogateescape") as fh:
-            for line in fh:
-                if line.startswith("0::"):
-                    return line[3:].rstrip("\n")
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/self/cgroup", encoding="utf-8", errors="surrogateescape") as fh:
+        for line in fh:
+            if line.startswith("0::"):
+                return line[3:].rstrip("\n")
     return None
 
 
 @functools.cache
 def gpuq_tree() -> tuple[Optional[str], str]:
     """The gpuq sub-tree, made once per process; or None and why a job cannot have a cgroup here."""
-    mount, own = cgroup2_mount(), own_cgroup()
+    # the cgroup v2 hierarchy's mount: /sys/fs/cgroup, or .../unified on a hybrid
+    mount = next((point for point, kind in fsutil.mounts() if kind == "cgroup2"), None)
+    own = own_cgroup()
     if mount is None or own is None:
         return None, "no cgroup v2 hierarchy here"
     here = os.path.normpath(mount + own)
@@ -69,10 +63,8 @@ def _make_tree(parent: str) -> str:
         raise OSError(errno.ENOTSUP, f"has no {' and '.join(missing)} controller")
     _enable(parent)  # EBUSY where `parent` holds processes and is not the root cgroup
     tree = os.path.join(parent, TREE_NAME)
-    try:
+    with suppress(FileExistsError):  # made by an earlier supervisor: it holds only job cgroups
         os.mkdir(tree, 0o755)
-    except FileExistsError:
-        pass  # made by an earlier supervisor: it holds only job cgroups
     _enable(tree)
     return tree
 
@@ -120,14 +112,11 @@ def join(path: str) -> None:
 
 def oom_kills(path: str) -> int:
     """How many processes the kernel's OOM killer ended in cgroup `path` (memory.events)."""
-    try:
-        with open(os.path.join(path, "memory.events"), encoding="ascii") as fh:
-            for line in fh:
-                key, _sep, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-    except (OSError, ValueError):
-        pass
+    with suppress(OSError, ValueError), open(os.path.join(path, "memory.events"), encoding="ascii") as fh:
+        for line in fh:
+            key, _sep, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
     return 0
 
 
@@ -151,7 +140,7 @@ def user_scope() -> tuple[bool, str]:
     """Whether `systemd-run --user --scope` can hold a job here (probed once, with a real scope)."""
     if not os.path.exists(os.path.join(runtime_dir(), "systemd", "private")):
         return False, "no user systemd running"
-    if shutil.which("systemd-run") is None:
+    if procs.which("systemd-run") is None:
         return False, "no systemd-run on PATH"
     try:
         probe = subprocess.run(
@@ -196,11 +185,9 @@ def scope_oom_killed(unit: str) -> bool:
 
 
 def _words(path: str) -> list[str]:
-    try:
-        with open(path, encoding="ascii") as fh:
-            return fh.read().split()
-    except (OSError, ValueError):
-        return []
+    with suppress(OSError, ValueError), open(path, encoding="ascii") as fh:
+        return fh.read().split()
+    return []
 
 
 def _write(path: str, text: str) -> None:

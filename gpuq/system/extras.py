@@ -50,7 +50,6 @@ def source_tree() -> tuple[Optional[str], bool]:
 
 def _recorded() -> tuple[Optional[str], bool]:
     """The local directory pip installed this distribution from, and whether editable."""
-    found = None
     try:  # the first of its metadata on the path that says where it came from (an egg-info in a checkout does not)
         texts = (dist.read_text("direct_url.json") for dist in metadata.distributions(name=DISTRIBUTION))
         found = json.loads(next((text for text in texts if text), "null"))

@@ -7,6 +7,7 @@ import errno
 import fcntl
 import os
 import sys
+from contextlib import suppress
 from functools import cache
 from typing import Any, Optional, Union
 
@@ -91,10 +92,8 @@ def _link_unnamed(fd: int, path: str) -> bool:
     directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.link(f"/proc/self/fd/{fd}", os.path.basename(path), dst_dir_fd=directory)
-    except FileExistsError:
-        raise
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in (errno.EEXIST, errno.ENOSPC, errno.EDQUOT):
             raise
         return False
     finally:
@@ -103,10 +102,8 @@ def _link_unnamed(fd: int, path: str) -> bool:
 
 
 def unlink_quietly(path: StrPath) -> None:
-    try:
+    with suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def rename_noreplace(src: StrPath, dst: StrPath) -> None:

@@ -108,10 +108,8 @@ def git(cwd: str, *args: str, timeout: float = GIT_TIMEOUT) -> bytes:
 
 
 def _fingerprint_of(proc: Git) -> tuple[int, str]:
-    """(size, fingerprint) of the output of a started git, read in chunks (a diff of a large file is
-    never held whole). The fingerprint, "SIZE-CRC32", tells one diff from a later one; it is no
-    defence against a forged diff, which nobody here has a reason to make (a cryptographic hash
-    would load OpenSSL into every `gpuq add`)."""
+    """(size, "SIZE-CRC32") of a started git's output, read in chunks: it tells one diff from a later
+    one, no defence against a forged one (a cryptographic hash would load OpenSSL into `gpuq add`)."""
     crc, size = 0, 0
     for chunk in proc.chunks():
         crc = zlib.crc32(chunk, crc)
@@ -119,12 +117,11 @@ def _fingerprint_of(proc: Git) -> tuple[int, str]:
     return size, f"{size}-{crc:08x}"
 
 
-def status(cwd: str, timeout: float) -> tuple[Optional[str], Optional[str], bool]:
-    """(commit or None when the branch has no commit yet, branch or None when detached, dirty)."""
+def status(cwd: str, timeout: float) -> tuple[Optional[str], Optional[str]]:
+    """(commit or None when the branch has no commit yet, branch or None when detached)."""
     out = git(cwd, "status", "--porcelain=v2", "--branch", "--untracked-files=no", "-z", timeout=timeout)
     commit: Optional[str] = None
     branch: Optional[str] = None
-    dirty = False
     for entry in out.split(b"\0"):
         if entry.startswith(b"# branch.oid "):
             value = entry[len(b"# branch.oid ") :].decode()
@@ -132,15 +129,13 @@ def status(cwd: str, timeout: float) -> tuple[Optional[str], Optional[str], bool
         elif entry.startswith(b"# branch.head "):
             value = entry[len(b"# branch.head ") :].decode("utf-8", "replace")
             branch = None if value == "(detached)" else value
-        elif entry[:2] in (b"1 ", b"2 ", b"u "):  # changed, renamed/copied, unmerged tracked entries
-            dirty = True
-    return commit, branch, dirty
+    return commit, branch
 
 
 class Asked:
-    """`provenance` asked of git and not yet answered: `rev-parse` and `diff` against HEAD run
-    while the caller does other work (`gpuq add` asks as soon as it knows the directory and reads
-    the answer where it writes the job)."""
+    """`provenance` asked of git and not yet answered: `rev-parse` and `diff` against HEAD run at
+    once, while the caller does other work (`gpuq add` reads the answer where it writes the job);
+    whether the diff is empty says whether tracked files changed."""
 
     def __init__(self, cwd: str) -> None:
         self.cwd = cwd
@@ -192,10 +187,7 @@ def ask(cwd: str) -> Asked:
 
 
 def provenance(cwd: str) -> Optional[dict[str, Any]]:
-    """Asked.answer's record of the code in `cwd`, asked now. Two git processes at once:
-    `rev-parse` and `diff` against HEAD, whose output, empty or not, says whether tracked files
-    changed (before the first commit, one after the other: `rev-parse`, `status`, `diff` against
-    the empty tree)."""
+    """Asked.answer's record of the code in `cwd`, asked now."""
     return ask(cwd).answer()
 
 
@@ -212,8 +204,7 @@ def _head(cwd: str, asked: Git) -> tuple[str, Optional[str], Optional[str]]:
     top = os.fsdecode(git(cwd, "rev-parse", "--show-toplevel")).strip()
     if not top:
         return "", None, None
-    commit, branch, _dirty = status(top, GIT_TIMEOUT)
-    return top, commit, branch
+    return (top, *status(top, GIT_TIMEOUT))
 
 
 PREFIX = "code changed since it was queued: "

@@ -26,7 +26,7 @@ def snapshot(repo: str, dest: str, max_bytes: int = SNAPSHOT_MAX_BYTES, timeout:
         # --directory: a wholly untracked directory (data, outputs) counts once and is not walked
         others = ("ls-files", "-z", "--others", "--exclude-standard", "--directory", "--no-empty-directory")
         untracked = git(top, *others, timeout=timeout).count(b"\0")
-        commit, _, _ = status(top, timeout)
+        commit = status(top, timeout)[0]
     except GitFailed:
         raise ValueError(f"cannot snapshot {repo}: not a git work tree (or git is missing or refused it)") from None
     paths = sorted({os.fsdecode(name) for name in names if name})

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import suppress
 from typing import Any, Iterable, NamedTuple, Optional
 
 from gpuq.core.words import mib_text  # noqa: F401 (gpus.mib_text, where GPU sizes are said)
@@ -84,8 +85,6 @@ def from_json(obj: Any) -> tuple[Gpu, ...]:
 
 
 def _gpu_from_json(item: Any, where: str) -> Gpu:
-    if not isinstance(item, dict):
-        raise ValueError(f"{where}: expected an object, got {_kind(item)}")
     _exact_keys(item, GPU_KEYS, GPU_KEYS + OPTIONAL_GPU_KEYS, where)
     total = _whole(item["memory_total_mib"], f"{where}.memory_total_mib", minimum=1)
     used = _whole(item["memory_used_mib"], f"{where}.memory_used_mib", minimum=0)
@@ -121,8 +120,6 @@ def _compute_mode(value: Any, where: str) -> str:
 
 
 def _process_from_json(item: Any, where: str) -> GpuProcess:
-    if not isinstance(item, dict):
-        raise ValueError(f"{where}: expected an object, got {_kind(item)}")
     _exact_keys(item, PROCESS_KEYS, PROCESS_KEYS + ("utilization_gpu",), where)
     used = item["used_memory_mib"]
     return GpuProcess(
@@ -132,7 +129,9 @@ def _process_from_json(item: Any, where: str) -> GpuProcess:
     )
 
 
-def _exact_keys(obj: dict, required: tuple[str, ...], allowed: tuple[str, ...], where: str) -> None:
+def _exact_keys(obj: Any, required: tuple[str, ...], allowed: tuple[str, ...], where: str) -> None:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected an object, got {_kind(obj)}")
     missing = [k for k in required if k not in obj]
     if missing:
         raise ValueError(f"{where}: missing {', '.join(missing)}")
@@ -185,11 +184,9 @@ def look() -> GpuLook:
     return GpuLook((), "fake", f"{FAKE_ENV}={path}: {problem}", at)
 
 
-# NVML is initialised once per process and kept so (nvmlInit is slow on a real driver).
-# A missing library or driver is remembered too: it does not appear while a process runs.
-# No lock around it: NVML is thread-safe and counts its nvmlInit calls, and the binding loads
-# the library under its own lock, so two threads (the web view's, `top`'s) looking at once only
-# start it twice.
+# NVML is started once per process (nvmlInit is slow), and a missing driver remembered. No lock:
+# NVML counts its nvmlInit calls and the binding loads under its own lock, so two threads looking
+# at once (the web view's, `top`'s) only start it twice.
 _pynvml: Any = None  # the NVML binding, once NVML started
 _nvml_absent: Optional[str] = None  # set once we know there is no NVIDIA driver here
 
@@ -204,13 +201,9 @@ def _look_nvml() -> GpuLook:
         count = pynvml.nvmlDeviceGetCount()
     except Exception as exc:
         return GpuLook((), "nvml", f"NVML cannot count the GPUs: {_error_text(pynvml, exc)}", at)
-    gpus: list[Gpu] = []
     problems: list[str] = []
-    for index in range(count):
-        gpu = _read_device(pynvml, index, problems)
-        if gpu is not None:
-            gpus.append(gpu)
-    return GpuLook(tuple(gpus), "nvml", "; ".join(problems) or None, at)
+    read = [_read_device(pynvml, index, problems) for index in range(count)]
+    return GpuLook(tuple(gpu for gpu in read if gpu is not None), "nvml", "; ".join(problems) or None, at)
 
 
 def _start_nvml() -> Optional[tuple[str, str]]:
@@ -346,13 +339,10 @@ def tree_pids(roots: Iterable[int]) -> set[int]:
     psutil = load_psutil()
     pids: set[int] = set()
     for root in roots:
-        try:
-            proc = psutil.Process(root)
-            children = proc.children(recursive=True)
-        except psutil.Error:
-            continue
-        pids.add(root)
-        pids.update(child.pid for child in children)
+        with suppress(psutil.Error):
+            children = psutil.Process(root).children(recursive=True)
+            pids.add(root)
+            pids.update(child.pid for child in children)
     return pids
 
 

@@ -7,7 +7,8 @@ PSS in /proc/PID/smaps_rollup; where that cannot be read, RSS is summed, which c
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from contextlib import suppress
+from typing import Any
 
 from gpuq.system.procs import load_psutil
 
@@ -15,7 +16,6 @@ from gpuq.system.procs import load_psutil
 def tree_bytes(pid: int) -> int:
     """Bytes of memory process `pid` and its descendants hold (0 once it is gone)."""
     psutil = load_psutil()
-
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -25,21 +25,11 @@ def tree_bytes(pid: int) -> int:
 
 
 def _process_bytes(proc: Any) -> int:
-    pss = _pss_kib(proc.pid)
-    if pss is not None:
-        return pss << 10
+    with suppress(OSError, ValueError, IndexError), open(f"/proc/{proc.pid}/smaps_rollup", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"Pss:"):
+                return int(line.split()[1]) << 10  # KiB
     try:
         return proc.memory_info().rss
     except Exception:  # noqa: BLE001 - gone, or not ours to read: it holds nothing we can count
         return 0
-
-
-def _pss_kib(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"Pss:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None

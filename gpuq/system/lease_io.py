@@ -11,7 +11,8 @@ import os
 import pwd
 import stat
 import time
-from typing import Any, Optional
+from contextlib import suppress
+from typing import Any, Callable, Optional, Sequence
 
 from gpuq.core.job import is_int, is_number
 from gpuq.system.fsutil import try_flock, unlink_quietly
@@ -23,6 +24,7 @@ OFF = "leases are off, the GPU memory gate alone decides"
 LOCK_PREFIX = "gpuq-lock."  # a GPU's placing lock: LOCK_PREFIX<UUID>
 TMP_PREFIX = ".gpuq-tmp."  # a file being written: TMP_PREFIX<uid>.<pid>.<n>; the only names ever cleaned up
 OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # never a link; a FIFO never blocks
+POLL_SECONDS = 0.005  # how often a wait for a lock tries it again
 OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # The largest a file's whole numbers (pid, job, GPU index, MiB, GPU count) and its times (seconds
 # since the epoch: the year 2286) or GPU-hours may be: larger is no real one, and would overflow the
@@ -40,10 +42,15 @@ def link_error(exc: OSError) -> str:
     return "is a symbolic link" if exc.errno in (errno.ELOOP, errno.EMLINK) else f"cannot be opened: {exc.strerror}"
 
 
-def write_locked(directory: str, tmp_name: str, data: bytes, final: str) -> int:
+def tmp_path(directory: str) -> str:
+    """A name for a file being written, never used twice by live processes."""
+    return os.path.join(directory, f"{TMP_PREFIX}{os.geteuid()}.{os.getpid()}.{next_number()}")
+
+
+def write_locked(directory: str, data: bytes, final: str) -> int:
     """A new file at `final` holding `data`, readable by all, locked by the returned descriptor
     before the name appears."""
-    tmp = os.path.join(directory, tmp_name)
+    tmp = tmp_path(directory)
     fd = -1
     try:
         fd = os.open(tmp, OPEN_NEW, 0o644)
@@ -86,7 +93,7 @@ def lock_file(directory: str, uuid: str) -> int:
 
 def _create_lock_file(directory: str, path: str) -> None:
     """Made aside with its mode set, then linked into place, so that no one sees it unreadable."""
-    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.geteuid()}.{os.getpid()}.{next_number()}")
+    tmp = tmp_path(directory)
     try:
         fd = os.open(tmp, OPEN_NEW, 0o644)
         try:
@@ -106,12 +113,10 @@ def remove_if_ours(path: str, st: os.stat_result) -> None:
     """A stale file goes when it is ours (or we are root): the sticky bit lets no one else."""
     if os.geteuid() not in (0, st.st_uid):
         return
-    try:
+    with suppress(OSError):
         now = os.lstat(path)
         if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):  # still the file found stale
             os.unlink(path)
-    except OSError:
-        pass
 
 
 def directory_problem(path: str) -> Optional[str]:
@@ -136,8 +141,38 @@ def directory_problem(path: str) -> Optional[str]:
     return None
 
 
-def parse(data: bytes) -> dict[str, Any]:
-    """The fields of a lease line (lease_layout.md); ValueError naming what is wrong."""
+def _whole(value: Any, low: int) -> bool:
+    return is_int(value) and low <= value <= MAX_INT
+
+
+def _real(value: Any) -> bool:
+    return is_number(value) and 0 <= value <= MAX_REAL
+
+
+# Each field's check, for a lease, a ticket and a usage record alike (lease_layout.md sections 3, 7, 8).
+CHECKS: dict[str, Callable[[Any], bool]] = {
+    "gpu_uuid": lambda v: isinstance(v, str) and v != "",
+    "gpu_index": lambda v: _whole(v, 0),
+    "mem_mib": lambda v: v is None or _whole(v, 1),  # None: the whole GPU
+    "user": lambda v: isinstance(v, str),
+    "uid": lambda v: is_int(v) and v >= 0,
+    "pid": lambda v: _whole(v, 1),
+    "pid_start": _real,
+    "job": lambda v: v is None or _whole(v, 1),
+    "name": lambda v: isinstance(v, str),
+    "spool": lambda v: v is None or isinstance(v, str),
+    "gpus": lambda v: _whole(v, 1),
+    "gpu_uuids": lambda v: v is None or isinstance(v, list) and all(isinstance(u, str) for u in v),
+    "since": _real,
+    "host": lambda v: isinstance(v, str),
+    "gpu_hours": _real,
+    "at": _real,
+}
+
+
+def parse(data: bytes, kind: str, fields: Sequence[str]) -> dict[str, Any]:
+    """The `fields` of a line of this `kind` ("lease", "ticket", "usage"); ValueError naming what is wrong."""
+    version_key = f"{kind}_version"
     if len(data) > MAX_LEASE_BYTES:
         raise ValueError(f"is larger than {MAX_LEASE_BYTES} bytes")
     try:
@@ -146,38 +181,28 @@ def parse(data: bytes) -> dict[str, Any]:
         raise ValueError("is not JSON") from None
     if not isinstance(obj, dict):
         raise ValueError("is not a JSON object")
-    if obj.get("lease_version") != LEASE_VERSION:
-        raise ValueError(f"has lease_version {display(repr(obj.get('lease_version')))}, not {LEASE_VERSION}")
-    checks = {
-        "gpu_uuid": lambda v: isinstance(v, str) and v != "",
-        "gpu_index": lambda v: _whole(v, 0),
-        "mem_mib": lambda v: v is None or _whole(v, 1),
-        "user": lambda v: isinstance(v, str),
-        "uid": lambda v: is_int(v) and v >= 0,
-        "pid": lambda v: _whole(v, 1),
-        "pid_start": _real,
-        "job": lambda v: v is None or _whole(v, 1),
-        "name": lambda v: isinstance(v, str),
-        "spool": lambda v: v is None or isinstance(v, str),
-        "since": _real,
-        "host": lambda v: isinstance(v, str),
-    }
-    for key, good in checks.items():
+    if obj.get(version_key) != LEASE_VERSION:
+        raise ValueError(f"has {version_key} {display(repr(obj.get(version_key)))}, not {LEASE_VERSION}")
+    for key in fields:
         if key not in obj:
             raise ValueError(f"lacks {key}")
-        if not good(obj[key]):
+        if not CHECKS[key](obj[key]):
             raise ValueError(f"has a bad {key}")
-    values = {key: obj[key] for key in checks}
-    values["name"] = display(values["name"])  # another user's text, printed in our reasons
+    values = {key: obj[key] for key in fields}
+    if "name" in values:
+        values["name"] = display(values["name"])  # another user's text, printed in our reasons
+    if values.get("gpu_uuids") is not None:
+        values["gpu_uuids"] = tuple(values["gpu_uuids"])
     return values
 
 
-def _whole(value: Any, low: int) -> bool:
-    return is_int(value) and low <= value <= MAX_INT
-
-
-def _real(value: Any) -> bool:
-    return is_number(value) and 0 <= value <= MAX_REAL
+def wait_flock(fd: int, deadline: float) -> bool:
+    """Take `flock(LOCK_EX)` on `fd`, polling until `deadline` (time.monotonic()); False when it passed."""
+    while not try_flock(fd):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_SECONDS)
+    return True
 
 
 def locked_by_someone(fd: int) -> bool:
@@ -212,57 +237,3 @@ def user_name(uid: int) -> Optional[str]:
             kept = (None, now)
         _user_names[uid] = kept
     return kept[0]
-
-
-def parse_ticket(data: bytes) -> dict[str, Any]:
-    """The fields of a waiting ticket (lease_layout.md section 7); ValueError naming what is wrong."""
-    obj = _object(data, "ticket_version")
-    checks = {
-        "user": lambda v: isinstance(v, str),
-        "uid": lambda v: is_int(v) and v >= 0,
-        "pid": lambda v: _whole(v, 1),
-        "job": lambda v: v is None or _whole(v, 1),
-        "spool": lambda v: v is None or isinstance(v, str),
-        "gpus": lambda v: _whole(v, 1),
-        "mem_mib": lambda v: v is None or _whole(v, 1),
-        "gpu_uuids": lambda v: v is None or isinstance(v, list) and all(isinstance(u, str) for u in v),
-        "since": _real,
-        "host": lambda v: isinstance(v, str),
-    }
-    values = _checked(obj, checks)
-    values["gpu_uuids"] = None if values["gpu_uuids"] is None else tuple(values["gpu_uuids"])
-    return values
-
-
-def parse_usage(data: bytes) -> dict[str, Any]:
-    """The fields of a user's usage record (lease_layout.md section 8); ValueError naming what is wrong."""
-    obj = _object(data, "usage_version")
-    checks = {
-        "uid": lambda v: is_int(v) and v >= 0,
-        "gpu_hours": _real,
-        "at": _real,
-    }
-    return _checked(obj, checks)
-
-
-def _object(data: bytes, version_key: str) -> dict[str, Any]:
-    if len(data) > MAX_LEASE_BYTES:
-        raise ValueError(f"is larger than {MAX_LEASE_BYTES} bytes")
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        raise ValueError("is not JSON") from None
-    if not isinstance(obj, dict):
-        raise ValueError("is not a JSON object")
-    if obj.get(version_key) != LEASE_VERSION:
-        raise ValueError(f"has {version_key} {display(repr(obj.get(version_key)))}, not {LEASE_VERSION}")
-    return obj
-
-
-def _checked(obj: dict[str, Any], checks: dict[str, Any]) -> dict[str, Any]:
-    for key, good in checks.items():
-        if key not in obj:
-            raise ValueError(f"lacks {key}")
-        if not good(obj[key]):
-            raise ValueError(f"has a bad {key}")
-    return {key: obj[key] for key in checks}

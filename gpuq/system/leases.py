@@ -10,8 +10,8 @@ import json
 import os
 import stat
 import time
-from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
+from contextlib import contextmanager, suppress
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 from gpuq.system import fsutil, lease_io, procs
 from gpuq.system.lease_io import OFF, LeaseDirProblem
@@ -22,9 +22,9 @@ PLACING_TIMEOUT = 2.0  # seconds: a placement takes milliseconds; a lock held lo
 PREFIX, SUFFIX = "gpuq-lease.", ".lease"  # a lease's name: PREFIX<UUID>.<uid>.<pid>.<n>SUFFIX
 TICKET_PREFIX, TICKET_SUFFIX = "gpuq-ticket.", ".ticket"  # TICKET_PREFIX<uid>.<pid>.<n>TICKET_SUFFIX
 USAGE_PREFIX = "gpuq-usage."  # a user's recent GPU-hours: USAGE_PREFIX<uid>
+USAGE_FIELDS = ("uid", "gpu_hours", "at")
 HALF_LIFE_SECONDS = 7 * 86400.0  # recent usage halves every week unless the machine's policy says otherwise
 STALE_TMP_SECONDS = 60.0  # a writer's temporary file older than this, unlocked, was left by a crash
-_POLL_SECONDS = 0.005
 
 
 class Lease(NamedTuple):
@@ -122,14 +122,9 @@ def decayed(gpu_hours: float, at: float, now: float, half_life: float) -> float:
 
 
 def default_dir() -> str:
-    """$GPUQ_LEASE_DIR if set; else /dev/shm itself (cleared at reboot, as leases must be), else /tmp:
-    root's and sticky. Not a directory of gpuq's own in them: every other user's gpuq would rightly
-    refuse a sticky directory its maker owns. The real path, as it is checked with lstat (/tmp is a
-    link on macOS)."""
-    configured = os.environ.get(LEASE_DIR_ENV)
-    if configured:
-        return configured
-    return os.path.realpath("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
+    """$GPUQ_LEASE_DIR if set; else /dev/shm itself, else /tmp, by its real path (lease_layout.md
+    section 1 says why no directory of gpuq's own)."""
+    return os.environ.get(LEASE_DIR_ENV) or os.path.realpath("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
 
 
 class LeaseDir:
@@ -164,18 +159,14 @@ class LeaseDir:
         """Every live lease, by (gpu_index, since). Stale ones are skipped (removed when ours, or we
         are root); files that cannot be leases are skipped with a line in `problems`."""
         self.problems = []
-        try:
-            names = os.listdir(self.path)
-        except OSError as exc:
-            raise LeaseDirProblem(f"cannot list the lease directory {self.path}: {exc.strerror}; {OFF}") from None
         found = []
-        for name in names:  # other programs' files (the directory may be /dev/shm) are never looked at
+        for name in self._names():  # other programs' files (the directory may be /dev/shm) are never looked at
             if name.startswith(lease_io.TMP_PREFIX):
                 self._remove_if_abandoned(name)
             elif name.startswith(PREFIX) and name.endswith(SUFFIX):
-                lease = self._read(name)
-                if lease is not None:
-                    found.append(lease)
+                fields = self._record(name, "lease", Lease._fields[1:])
+                if fields is not None:
+                    found.append(Lease(name, **fields))
         return sorted(found, key=lambda lease: (lease.gpu_index, lease.since, lease.file))
 
     @contextmanager
@@ -199,13 +190,11 @@ class LeaseDir:
         while True:
             fd = lease_io.lock_file(self.path, uuid)
             try:
-                while not fsutil.try_flock(fd):
-                    if time.monotonic() > deadline:
-                        raise LeaseDirProblem(
-                            f"the placing lock of GPU {display(uuid)} in {self.path} has been held for more "
-                            f"than {timeout:g} s (a stuck or hostile process?); {OFF}"
-                        )
-                    time.sleep(_POLL_SECONDS)
+                if not lease_io.wait_flock(fd, deadline):
+                    raise LeaseDirProblem(
+                        f"the placing lock of GPU {display(uuid)} in {self.path} has been held for more "
+                        f"than {timeout:g} s (a stuck or hostile process?); {OFF}"
+                    )
             except BaseException:
                 os.close(fd)
                 raise
@@ -224,31 +213,25 @@ class LeaseDir:
         job: Optional[int],
         name: str,
         spool: Optional[str],
-        pid: Optional[int] = None,
     ) -> Held:
-        """Write a lease of this GPU, locked by this process, under `placing` (`pid`: the holder named)."""
-        pid = os.getpid() if pid is None else pid
-        uid = os.geteuid()
-        n = lease_io.next_number()
-        final = os.path.join(self.path, f"{PREFIX}{lease_io.safe_name(gpu_uuid)}.{uid}.{pid}.{n}{SUFFIX}")
-        record: dict[str, Any] = {
-            "lease_version": lease_io.LEASE_VERSION,
-            "gpu_uuid": gpu_uuid,
-            "gpu_index": gpu_index,
-            "mem_mib": mem_mib,
-            "user": lease_io.user_name(uid) or str(uid),
-            "uid": uid,
-            "pid": pid,
-            "pid_start": procs.create_time(pid) or 0.0,
-            "job": job,
-            "name": name,
-            "spool": spool,
-            "since": time.time(),
-            "host": os.uname().nodename,
-        }
-        data = (json.dumps(record) + "\n").encode()
-        fd = lease_io.write_locked(self.path, f"{lease_io.TMP_PREFIX}{uid}.{pid}.{n}", data, final)
-        return Held(Lease(os.path.basename(final), **{k: record[k] for k in Lease._fields[1:]}), fd, final)
+        """Write a lease of this GPU, locked by this process, under `placing`."""
+        pid, uid, n = os.getpid(), os.geteuid(), lease_io.next_number()
+        lease = Lease(
+            file=f"{PREFIX}{lease_io.safe_name(gpu_uuid)}.{uid}.{pid}.{n}{SUFFIX}",
+            gpu_uuid=gpu_uuid,
+            gpu_index=gpu_index,
+            mem_mib=mem_mib,
+            user=lease_io.user_name(uid) or str(uid),
+            uid=uid,
+            pid=pid,
+            pid_start=procs.create_time(pid) or 0.0,
+            job=job,
+            name=name,
+            spool=spool,
+            since=time.time(),
+            host=os.uname().nodename,
+        )
+        return Held(lease, *self._write(lease, "lease"))
 
     def post_ticket(
         self,
@@ -262,25 +245,27 @@ class LeaseDir:
     ) -> HeldTicket:
         """A waiting ticket, alive while this process holds it (no placing lock: it decides nothing)."""
         pid, uid, n = os.getpid(), os.geteuid(), lease_io.next_number()
-        final = os.path.join(self.path, f"{TICKET_PREFIX}{uid}.{pid}.{n}{TICKET_SUFFIX}")
-        record: dict[str, Any] = {
-            "ticket_version": lease_io.LEASE_VERSION,
-            "user": lease_io.user_name(uid) or str(uid),
-            "uid": uid,
-            "pid": pid,
-            "job": job,
-            "spool": spool,
-            "gpus": gpus,
-            "mem_mib": mem_mib,
-            "gpu_uuids": None if gpu_uuids is None else sorted(gpu_uuids),
-            "since": time.time() if since is None else since,
-            "host": os.uname().nodename,
-        }
-        data = (json.dumps(record) + "\n").encode()
-        fd = lease_io.write_locked(self.path, f"{lease_io.TMP_PREFIX}{uid}.{pid}.{n}", data, final)
-        record["gpu_uuids"] = None if gpu_uuids is None else tuple(record["gpu_uuids"])
-        ticket = Ticket(os.path.basename(final), **{k: record[k] for k in Ticket._fields[1:]})
-        return HeldTicket(ticket, fd, final)
+        ticket = Ticket(
+            file=f"{TICKET_PREFIX}{uid}.{pid}.{n}{TICKET_SUFFIX}",
+            user=lease_io.user_name(uid) or str(uid),
+            uid=uid,
+            pid=pid,
+            job=job,
+            spool=spool,
+            gpus=gpus,
+            mem_mib=mem_mib,
+            gpu_uuids=None if gpu_uuids is None else tuple(sorted(gpu_uuids)),
+            since=time.time() if since is None else since,
+            host=os.uname().nodename,
+        )
+        return HeldTicket(ticket, *self._write(ticket, "ticket"))
+
+    def _write(self, record: Any, kind: str) -> tuple[int, str]:
+        """A Lease's or a Ticket's line written to its file: the descriptor that locks it, and its path."""
+        line = {f"{kind}_version": lease_io.LEASE_VERSION, **record._asdict()}
+        del line["file"]
+        final = os.path.join(self.path, record.file)
+        return lease_io.write_locked(self.path, (json.dumps(line) + "\n").encode(), final), final
 
     def tickets(self) -> list[Ticket]:
         """Every live waiting ticket, oldest first; unsound ones are skipped with a line in `problems`
@@ -289,21 +274,9 @@ class LeaseDir:
         found = []
         for name in self._names():
             if name.startswith(TICKET_PREFIX) and name.endswith(TICKET_SUFFIX):
-                read = self._alive(name, kind="ticket")
-                if read is None:
-                    continue
-                data, owner = read
-                try:
-                    ticket = Ticket(name, **lease_io.parse_ticket(data))
-                except ValueError as exc:
-                    self._skip(name, str(exc), "ticket")
-                    continue
-                if ticket.uid != owner:
-                    self._skip(name, f"names uid {ticket.uid} but is owned by uid {owner}", "ticket")
-                    continue
-                if procs.stopped(ticket.pid):
-                    continue
-                found.append(ticket._replace(user=lease_io.user_name(ticket.uid) or display(ticket.user)))
+                fields = self._record(name, "ticket", Ticket._fields[1:])
+                if fields is not None and not procs.stopped(fields["pid"]):
+                    found.append(Ticket(name, **fields))
         return sorted(found, key=lambda t: (t.since, t.file))
 
     def usage(
@@ -313,19 +286,8 @@ class LeaseDir:
         now = time.time() if now is None else now
         out = {}
         for uid in set(uids):
-            out[uid] = 0.0
-            read = self._alive(f"{USAGE_PREFIX}{uid}", locked=False, kind="usage")
-            if read is None:
-                continue
-            try:
-                record = lease_io.parse_usage(read[0])
-            except ValueError as exc:
-                self._skip(f"{USAGE_PREFIX}{uid}", str(exc), "usage")
-                continue
-            if record["uid"] != uid or read[1] != uid:
-                self._skip(f"{USAGE_PREFIX}{uid}", f"names uid {record['uid']} but is owned by uid {read[1]}", "usage")
-                continue
-            out[uid] = decayed(record["gpu_hours"], record["at"], now, half_life)
+            record = self._record(f"{USAGE_PREFIX}{uid}", "usage", USAGE_FIELDS, uid)
+            out[uid] = 0.0 if record is None else decayed(record["gpu_hours"], record["at"], now, half_life)
         return out
 
     def add_usage(self, gpu_hours: float, now: Optional[float] = None, half_life: float = HALF_LIFE_SECONDS) -> None:
@@ -346,15 +308,12 @@ class LeaseDir:
                 if fd >= 0 and not self._lock_usage(fd, path, uid, deadline):
                     continue  # replaced while we waited: the new one is locked instead
                 old = 0.0
-                if fd >= 0:
-                    try:
-                        record = lease_io.parse_usage(os.read(fd, lease_io.MAX_LEASE_BYTES + 1))
+                with suppress(ValueError):  # a record we cannot read starts again from nothing
+                    if fd >= 0:
+                        record = lease_io.parse(os.read(fd, lease_io.MAX_LEASE_BYTES + 1), "usage", USAGE_FIELDS)
                         old = decayed(record["gpu_hours"], record["at"], now, half_life)
-                    except ValueError:
-                        pass  # a record we cannot read starts again from nothing
                 line = {"usage_version": lease_io.LEASE_VERSION, "uid": uid, "gpu_hours": old + gpu_hours, "at": now}
-                tmp = f"{lease_io.TMP_PREFIX}{uid}.{os.getpid()}.{lease_io.next_number()}"
-                os.close(lease_io.write_locked(self.path, tmp, (json.dumps(line) + "\n").encode(), path))
+                os.close(lease_io.write_locked(self.path, (json.dumps(line) + "\n").encode(), path))
                 return
             finally:
                 if fd >= 0:
@@ -365,10 +324,8 @@ class LeaseDir:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
             raise LeaseDirProblem(f"usage record {display(path)} is not a regular file of uid {uid}")
-        while not fsutil.try_flock(fd):
-            if time.monotonic() > deadline:
-                raise LeaseDirProblem(f"usage record {display(path)} has been locked too long")
-            time.sleep(_POLL_SECONDS)
+        if not lease_io.wait_flock(fd, deadline):
+            raise LeaseDirProblem(f"usage record {display(path)} has been locked too long")
         return fsutil.same_inode(fd, path)
 
     def _names(self) -> list[str]:
@@ -377,23 +334,29 @@ class LeaseDir:
         except OSError as exc:
             raise LeaseDirProblem(f"cannot list the lease directory {self.path}: {exc.strerror}; {OFF}") from None
 
-    def _read(self, name: str) -> Optional[Lease]:
-        """The lease in `name` if it is alive and sound (unsound: a line in `problems`)."""
-        found = self._alive(name)
+    def _record(
+        self, name: str, kind: str, fields: Sequence[str], uid: Optional[int] = None
+    ) -> Optional[dict[str, Any]]:
+        """The fields of a live, sound lease or ticket in `name`, or (`uid` given) of that user's usage
+        record, which no lock keeps alive; None for a stale or gone file, and for an unsound one with
+        a line in `problems`."""
+        found = self._alive(name, locked=uid is None, kind=kind)
         if found is None:
             return None
         data, owner = found
         try:
-            lease = Lease(name, **lease_io.parse(data))
+            record = lease_io.parse(data, kind, fields)
         except ValueError as exc:
-            self._skip(name, str(exc))
+            self._skip(name, str(exc), kind)
             return None
-        if lease.uid != owner:
-            self._skip(name, f"names uid {lease.uid} but is owned by uid {owner}")
+        if record["uid"] != owner or (uid is not None and owner != uid):
+            self._skip(name, f"names uid {record['uid']} but is owned by uid {owner}", kind)
             return None
-        return lease._replace(user=lease_io.user_name(lease.uid) or display(lease.user))
+        if "user" in record:
+            record["user"] = lease_io.user_name(record["uid"]) or display(record["user"])
+        return record
 
-    def _alive(self, name: str, locked: bool = True, kind: str = "lease") -> Optional[tuple[bytes, int]]:
+    def _alive(self, name: str, locked: bool, kind: str) -> Optional[tuple[bytes, int]]:
         """The content of the file `name` and its owner, if it is a regular file and (`locked`) held
         alive by its writer's lock; a stale one is removed when ours (or we are root)."""
         path = os.path.join(self.path, name)
@@ -416,10 +379,9 @@ class LeaseDir:
         finally:
             os.close(fd)
 
-    def _skip(self, name: str, why: str, kind: str = "lease") -> None:
-        """None, with a line in `problems` saying why the file is no lease (ticket, usage record)."""
+    def _skip(self, name: str, why: str, kind: str) -> None:
+        """A line in `problems` saying why the file is no lease (ticket, usage record)."""
         self.problems.append(f"{kind} file {os.path.join(self.path, display(name))} {why}: ignored")
-        return None
 
     def _remove_if_abandoned(self, name: str) -> None:
         """A writer's temporary file, left by one that died before renaming it: removed once old

@@ -1,14 +1,6 @@
-"""The machine's sharing policy (lease_layout.md section 9): caps and turn weights an admin sets for
-every user's gpuq in one root-owned file. A file anyone but root could have written is no admin's
-word: it is ignored, said once in one line, and gpuq decides as without a policy.
-
-    half_life_days = 7          # how fast recent GPU-hours are forgotten
-    [default]                   # every user without a table of their own
-    max_gpus = 2                # GPUs held at once on this machine (leases of all their spools)
-    weight = 1.0                # a larger weight wins ties between waiting users more often
-    [users.alice]
-    max_gpus = 4
-"""
+"""The machine's sharing policy (lease_layout.md section 9, with the file's form): caps and turn
+weights an admin sets for every user's gpuq in one root-owned file. A file anyone but root could have
+written is no admin's word: it is ignored, said once in one line, and gpuq decides as without one."""
 
 from __future__ import annotations
 
@@ -49,14 +41,10 @@ NONE = Policy()
 _kept: dict[str, tuple[tuple[int, int, float, int], Policy]] = {}  # path -> (its stat key, the policy)
 
 
-def path() -> str:
-    return os.environ.get(POLICY_ENV) or DEFAULT_PATH
-
-
 def load(say: Callable[[str], None]) -> Policy:
     """The policy in force: the file's, read again only when it changed; NONE without a sound one
     (`say` is told why, and a caller says each line once)."""
-    where = path()
+    where = os.environ.get(POLICY_ENV) or DEFAULT_PATH
     try:
         fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:

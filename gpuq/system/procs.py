@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import os
+from functools import cache
 from typing import Any, Optional
 
 from gpuq.core.job import Job
 
 CREATE_TIME_TOLERANCE = 0.05  # seconds; psutil derives it from clock ticks, so it is stable
-_boot_id: Optional[str] = None
 
 
 def load_psutil() -> Any:
@@ -19,17 +19,14 @@ def load_psutil() -> Any:
     return psutil
 
 
+@cache
 def boot_id() -> str:
     """Identifies this boot: a process recorded under another boot id is certainly gone."""
-    global _boot_id
-    if _boot_id is None:
-        try:
-            with open("/proc/sys/kernel/random/boot_id") as fh:
-                _boot_id = fh.read().strip()
-        except OSError:
-            psutil = load_psutil()
-            _boot_id = f"boot-{int(psutil.boot_time())}"
-    return _boot_id
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return f"boot-{int(load_psutil().boot_time())}"
 
 
 def current_umask() -> int:

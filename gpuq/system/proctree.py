@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from contextlib import suppress
 from typing import Any, NamedTuple, Optional
 
 from gpuq.core.job import Job
@@ -45,11 +46,9 @@ def group_members(pgid: int) -> list[Any]:
     psutil = load_psutil()
     out = []
     for proc in psutil.process_iter():
-        try:
+        with suppress(OSError, psutil.Error):
             if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
                 out.append(proc)
-        except (OSError, psutil.Error):
-            continue
     return out
 
 
@@ -58,11 +57,9 @@ def leftovers(pgid: int, snapshot: list[Any]) -> list[Any]:
     psutil = load_psutil()
     alive = {p.pid: p for p in group_members(pgid)}
     for proc in snapshot:
-        try:
+        with suppress(psutil.Error):
             if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
                 alive.setdefault(proc.pid, proc)
-        except psutil.Error:
-            continue
     return list(alive.values())
 
 
@@ -96,10 +93,10 @@ class GroupEnd(NamedTuple):
 
 
 def end_group(pgid: int, grace: float, since: Optional[float] = None) -> Optional[GroupEnd]:
-    """End what is left of a job's process group once its main process was reaped, as Slurm ends a
-    job step: SIGTERM (and SIGCONT), then SIGKILL to what is still there `grace` seconds after
-    `since` (time.monotonic(); default now), then up to KILL_WAIT seconds for the kernel to take
-    them. None when nothing was left (one killpg). While a member lives, its pgid is not reused."""
+    """End what is left of a job's group once its main process was reaped, as Slurm ends a job step:
+    SIGTERM (and SIGCONT), SIGKILL `grace` seconds after `since` (time.monotonic(); default now),
+    then up to KILL_WAIT seconds for the kernel. None when nothing was left (one killpg). While a
+    member lives, its pgid is not reused."""
     seen: dict[int, str] = {}
     if not signal_group(pgid, 0):
         return None
@@ -139,10 +136,8 @@ def _note_members(pgid: int, seen: dict[int, str]) -> set[int]:
 def signal_each(processes: list[Any], method: str) -> None:
     psutil = load_psutil()
     for proc in processes:
-        try:
+        with suppress(psutil.Error):
             getattr(proc, method)()
-        except psutil.Error:
-            continue
 
 
 def terminate_tree(job: Job, grace: float) -> bool:

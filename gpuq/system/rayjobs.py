@@ -1,10 +1,7 @@
-"""The Ray client: Ray's Jobs REST API (`/api/jobs/` on the dashboard's port) and its state API
-(`/api/v0/nodes`) over HTTP with urllib, so gpuq needs no Ray package to hand jobs over. The address
-is the dashboard's URL (`http://HEAD:8265`), as `ray job submit --address` and `RAY_ADDRESS` take it.
-
-Ray's job states: PENDING, RUNNING, STOPPED (stopped by a user), SUCCEEDED, FAILED; an ended job
-carries `driver_exit_code` (the entrypoint's exit status) and a `message`.
-"""
+"""The Ray client: Ray's Jobs REST API (`/api/jobs/`) and state API (`/api/v0/nodes`) over urllib,
+so gpuq needs no Ray package. The address is the dashboard's URL (`http://HEAD:8265`), as
+`ray job submit --address` and `RAY_ADDRESS` take it. Job states: PENDING, RUNNING, STOPPED (by a
+user), SUCCEEDED, FAILED; an ended job carries `driver_exit_code` and a `message`."""
 
 from __future__ import annotations
 
@@ -80,11 +77,9 @@ def _call(url: str, method: str = "GET", body: Optional[dict] = None) -> Any:
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode("utf-8", "replace").strip().splitlines()
         raise RayError(f"Ray answered {exc.code} to {method} {url}: {detail[-1] if detail else exc.reason}") from None
-    except (TimeoutError, socket.timeout):  # sent, unanswered in time (socket.timeout: Python 3.9's)
-        raise RayNoAnswer(f"Ray did not answer {method} {url} within {TIMEOUT:.0f}s") from None
     except (urllib.error.URLError, OSError) as exc:
         why = getattr(exc, "reason", exc)
-        if isinstance(why, (TimeoutError, socket.timeout)):
+        if isinstance(why, (TimeoutError, socket.timeout)):  # sent, unanswered in time (socket.timeout: 3.9's)
             raise RayNoAnswer(f"Ray did not answer {method} {url} within {TIMEOUT:.0f}s") from None
         raise RayUnreachable(f"no Ray cluster answers at {url.split('/api/')[0]}: {why}") from None
     try:

@@ -188,9 +188,10 @@ def _job(
     """A SlurmJob from the texts Slurm's commands print (its exit status only once it ended)."""
     state = _state(state)
     exit_code, sig = _exit_status(ended) if state in FINAL_STATES else (None, None)
+    reason = reason.strip()
     return SlurmJob(
-        int(job_id), state, _none_if_empty(reason), exit_code, sig, int(restarts) if restarts.isdigit() else None,
-        slurm_time(start), slurm_time(end), name or None, source,
+        int(job_id), state, None if reason in ("", "None", "(null)") else reason, exit_code, sig,
+        int(restarts) if restarts.isdigit() else None, slurm_time(start), slurm_time(end), name or None, source,
     )  # fmt: skip
 
 
@@ -291,10 +292,6 @@ def _state(text: str) -> str:
     """`CANCELLED by 0` -> `CANCELLED`; `COMPLETED+` (a truncated column) -> `COMPLETED`."""
     words = text.strip().split()
     return words[0].rstrip("+") if words else "UNKNOWN"
-
-
-def _none_if_empty(text: str) -> Optional[str]:
-    return None if text.strip() in ("", "None", "(null)") else text.strip()
 
 
 def _exit_status(text: str) -> tuple[Optional[int], Optional[int]]:
