@@ -12,6 +12,8 @@ import signal
 import subprocess
 import threading
 import time
+from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from gpuq.core import schema
@@ -77,10 +79,12 @@ def notify_desktop(job_summary: Mapping[str, Any], timeout: float = NOTIFY_TIMEO
     return None
 
 
+@dataclass
 class _Outcome:
-    def __init__(self, returncode: Optional[int], timed_out: bool, output: bytes, dropped: int) -> None:
-        self.returncode, self.timed_out, self.output = returncode, timed_out, output
-        self.dropped = dropped  # bytes of output beyond OUTPUT_CAP, read and thrown away
+    returncode: Optional[int]
+    timed_out: bool
+    output: bytes
+    dropped: int  # bytes of output beyond OUTPUT_CAP, read and thrown away
 
     def lines(self) -> list[str]:
         text = self.output.decode("utf-8", errors="replace")
@@ -168,10 +172,8 @@ def _printable(line: str) -> str:
 
 
 def _say(log: Callable[[str], None], line: str) -> None:
-    try:
+    with suppress(Exception):  # the hook's report must not break the caller either
         log(line)
-    except Exception:
-        pass  # the hook's report must not break the caller either
 
 
 def after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
