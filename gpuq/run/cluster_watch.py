@@ -64,14 +64,12 @@ class ClusterWatch:
                     report = ray_handover.sync(spool)
                     moved = bool(report.ended or report.back) or moved
             except (GpuqError, OSError) as exc:
-                self._warn(kind, f"could not ask {kind.capitalize()} about the jobs handed to it: {exc}")
+                line = f"could not ask {kind.capitalize()} about the jobs handed to it: {exc}"
+                if self.said.get(kind) != line:
+                    self.said[kind] = line
+                    self.say(line)
             else:
                 self.said.pop(kind, None)
         if moved:
             self.news.set()
             self.wake()
-
-    def _warn(self, kind: str, line: str) -> None:
-        if self.said.get(kind) != line:
-            self.said[kind] = line
-            self.say(line)

@@ -4,6 +4,7 @@ left of its process group ended before its end is recorded (spool_layout.md, sec
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import signal
@@ -23,7 +24,6 @@ from gpuq.system import procs, proctree
 PUMP_DRAIN_SECONDS = 2.0  # what is still in a capped log's pipe once the job has ended
 POLL_SECONDS = 0.05  # how often the job is looked at where its exit cannot be waited for with a pidfd
 stopped = False  # someone stopped this supervisor (its job was told to stop too)
-_me: Optional[dict[str, Any]] = None  # this supervisor's identity, once known
 
 
 def record_process(run: Run, child: subprocess.Popen) -> dict[str, Any]:
@@ -155,8 +155,6 @@ def _end_leftovers(run: Run, pgid: int) -> None:
         log_line(run.log_fd, f"still alive after SIGKILL: {', '.join(end.survivors)}")
 
 
-def _identity() -> dict[str, Any]:
-    global _me
-    if _me is None:
-        _me = procs.identity(os.getpid())
-    return _me
+@functools.cache
+def _identity() -> dict[str, Any]:  # this supervisor's, looked up once
+    return procs.identity(os.getpid())
