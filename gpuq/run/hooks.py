@@ -216,22 +216,21 @@ def _run_hooks(spool: Spool, job: Job, state: str, event: str, worker_hooks: dic
     notify = job.notify or worker_hooks.get("notify")
     if not (commands or notify):
         return
-    job_id = job.id
 
     def log(line: str) -> None:
         fd = spool.logs.open_worker_log()
         try:
-            os.write(fd, f"[{time.strftime('%H:%M:%S')}] job #{job_id}: {line}\n".encode("utf-8", "replace"))
+            os.write(fd, f"[{time.strftime('%H:%M:%S')}] job #{job.id}: {line}\n".encode("utf-8", "replace"))
         finally:
             os.close(fd)
 
     log_path = str(spool.logs.path_of(job))
     timeout = send.env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT, 3600)
     for command in commands:
-        env = hook_env(job_id, job.name, state, job.exit_code, log_path, event)
+        env = hook_env(job.id, job.name, state, job.exit_code, log_path, event)
         run_on_finish(command, env, log, timeout)
     if notify:
         shown = state if event == message.FINISHED else event.replace("_", " ")
-        problem = notify_desktop({"id": job_id, "name": job.name, "state": shown, "exit_code": job.exit_code})
+        problem = notify_desktop({"id": job.id, "name": job.name, "state": shown, "exit_code": job.exit_code})
         if problem:
             log(f"no desktop notification: {problem}")

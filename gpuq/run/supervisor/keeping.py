@@ -1,6 +1,6 @@
 """A running job's checkpoints kept by its rule (engine/tracking/retention.py): looked at every
-GPUQ_CKPT_KEEP_SECONDS while it runs, as a sampler around the others of the wait, and once more when
-it ends; each removal said in the job's log. The rule: its `--keep-checkpoints`, else
+GPUQ_CKPT_KEEP_SECONDS while it runs, as one of the wait's samplers, and once more when it ends;
+each removal said in the job's log. The rule: its `--keep-checkpoints`, else
 `keep_checkpoints` in ~/.config/gpuq/config.toml, else every checkpoint is kept."""
 
 from __future__ import annotations
