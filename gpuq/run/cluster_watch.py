@@ -19,17 +19,10 @@ from gpuq.spool import Spool
 SYNC_SECONDS = 5.0  # the least time between two syncs the worker starts
 
 
-def waited_for(pending: list[Job], states: dict[int, str]) -> frozenset[str]:
-    """The hand-overs (SLURM, RAY) holding a job some pending job runs after."""
-    return frozenset(
-        states[dep] for job in pending for dep in job.after + job.after_any if states.get(dep) in (SLURM, RAY)
-    )
-
-
 class ClusterWatch:
     def __init__(self, spool: Spool, say: Callable[[str], None]) -> None:
         self.home, self.say = spool.home, say
-        self.kinds: frozenset[str] = frozenset()  # what the pending jobs waited for at the last full look
+        self.kinds: frozenset[str] = frozenset()  # the hand-overs (SLURM, RAY) pending jobs waited for at the last look
         self.last = float("-inf")  # when the last sync was started
         self.thread: Optional[threading.Thread] = None
         self.news = threading.Event()  # a sync moved a job out of slurm/ or ray/: the queue changed
@@ -39,7 +32,8 @@ class ClusterWatch:
     def look(self, pending: list[Job], states: dict[int, str], now: float) -> bool:
         """At a full look: whether some pending job waits for a job on a cluster (then a sync is
         started when one is due)."""
-        self.kinds = waited_for(pending, states)
+        afters = [dep for job in pending for dep in job.after + job.after_any]
+        self.kinds = frozenset(states[dep] for dep in afters if states.get(dep) in (SLURM, RAY))
         self.poke(now)
         return bool(self.kinds)
 
@@ -70,14 +64,12 @@ class ClusterWatch:
                     report = ray_handover.sync(spool)
                     moved = bool(report.ended or report.back) or moved
             except (GpuqError, OSError) as exc:
-                self._warn(kind, f"could not ask {kind.capitalize()} about the jobs handed to it: {exc}")
+                line = f"could not ask {kind.capitalize()} about the jobs handed to it: {exc}"
+                if self.said.get(kind) != line:
+                    self.said[kind] = line
+                    self.say(line)
             else:
                 self.said.pop(kind, None)
         if moved:
             self.news.set()
             self.wake()
-
-    def _warn(self, kind: str, line: str) -> None:
-        if self.said.get(kind) != line:
-            self.said[kind] = line
-            self.say(line)

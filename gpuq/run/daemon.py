@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from datetime import datetime
 from typing import Any, Optional
 
@@ -22,10 +23,8 @@ READY_TIMEOUT = 20.0
 
 
 def _say(text: str) -> None:
-    try:
+    with suppress(OSError):  # the worker's log is on a full disk: the line is lost, the worker goes on
         print(f"[{datetime.now().strftime('%H:%M:%S')}] {text}", flush=True)
-    except OSError:
-        pass  # the worker's log is on a full disk: the line is lost, the worker goes on
 
 
 def run_foreground(spool: Spool, settings: Settings, watch: bool, ready_fd: Optional[int] = None) -> int:

@@ -12,6 +12,8 @@ import signal
 import subprocess
 import threading
 import time
+from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from gpuq.core import schema
@@ -77,10 +79,12 @@ def notify_desktop(job_summary: Mapping[str, Any], timeout: float = NOTIFY_TIMEO
     return None
 
 
+@dataclass
 class _Outcome:
-    def __init__(self, returncode: Optional[int], timed_out: bool, output: bytes, dropped: int) -> None:
-        self.returncode, self.timed_out, self.output = returncode, timed_out, output
-        self.dropped = dropped  # bytes of output beyond OUTPUT_CAP, read and thrown away
+    returncode: Optional[int]
+    timed_out: bool
+    output: bytes
+    dropped: int  # bytes of output beyond OUTPUT_CAP, read and thrown away
 
     def lines(self) -> list[str]:
         text = self.output.decode("utf-8", errors="replace")
@@ -168,10 +172,8 @@ def _printable(line: str) -> str:
 
 
 def _say(log: Callable[[str], None], line: str) -> None:
-    try:
+    with suppress(Exception):  # the hook's report must not break the caller either
         log(line)
-    except Exception:
-        pass  # the hook's report must not break the caller either
 
 
 def after_end(spool: Spool, job_id: int, worker_hooks: dict[str, Any]) -> None:
@@ -214,22 +216,21 @@ def _run_hooks(spool: Spool, job: Job, state: str, event: str, worker_hooks: dic
     notify = job.notify or worker_hooks.get("notify")
     if not (commands or notify):
         return
-    job_id = job.id
 
     def log(line: str) -> None:
         fd = spool.logs.open_worker_log()
         try:
-            os.write(fd, f"[{time.strftime('%H:%M:%S')}] job #{job_id}: {line}\n".encode("utf-8", "replace"))
+            os.write(fd, f"[{time.strftime('%H:%M:%S')}] job #{job.id}: {line}\n".encode("utf-8", "replace"))
         finally:
             os.close(fd)
 
     log_path = str(spool.logs.path_of(job))
     timeout = send.env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT, 3600)
     for command in commands:
-        env = hook_env(job_id, job.name, state, job.exit_code, log_path, event)
+        env = hook_env(job.id, job.name, state, job.exit_code, log_path, event)
         run_on_finish(command, env, log, timeout)
     if notify:
         shown = state if event == message.FINISHED else event.replace("_", " ")
-        problem = notify_desktop({"id": job_id, "name": job.name, "state": shown, "exit_code": job.exit_code})
+        problem = notify_desktop({"id": job.id, "name": job.name, "state": shown, "exit_code": job.exit_code})
         if problem:
             log(f"no desktop notification: {problem}")

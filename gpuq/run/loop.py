@@ -11,6 +11,7 @@ import os
 import select
 import signal
 import time
+from contextlib import suppress
 from typing import Any, Callable, Optional
 
 from watchdog import events
@@ -40,17 +41,13 @@ class Waker:
         os.set_blocking(self.write_fd, False)
 
     def set(self) -> None:
-        try:
+        with suppress(BlockingIOError):  # the pipe is full: a wake-up is already pending
             os.write(self.write_fd, b"x")
-        except BlockingIOError:
-            pass  # the pipe is full: a wake-up is already pending
 
     def clear(self) -> None:
-        try:
+        with suppress(BlockingIOError):
             while os.read(self.read_fd, 4096):
                 pass
-        except BlockingIOError:
-            pass
 
     def wait(self, timeout: float) -> bool:  # False: the timeout passed
         return bool(select.select([self.read_fd], [], [], timeout)[0])

@@ -10,9 +10,11 @@ import re
 import shutil
 import socket
 import sys
+from contextlib import suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from gpuq.core.errors import Refused
 
@@ -67,53 +69,23 @@ def unit_text(
     bad = [name for name in env if not _ENV_NAME.match(name)]
     if bad:
         raise ValueError(f"not an environment variable name: {bad[0]!r}")
-    argv = [*gpuq_argv, "run", "--watch", *(["--recover"] if recover else [])]
-    lines = [
-        MARKER,
-        "[Unit]",
+    unit = [
         f"Description=gpuq worker for the queue in {_specifiers(_one_line(spool_home))}",
         "# A worker that keeps failing at once (say, another worker holds the spool) is given up",
         "# after 5 starts in 5 minutes instead of being restarted forever.",
         "StartLimitIntervalSec=300",
         "StartLimitBurst=5",
-        "",
-        "[Service]",
-        "Type=exec",
-        *(f"Environment={_quoted(f'{name}={value}')}" for name, value in env.items()),
-        "ExecStart=" + " ".join(_exec_word(word, i == 0) for i, word in enumerate(argv)),
-        "WorkingDirectory=~",
-        "Restart=on-failure",
-        "RestartSec=5",
+    ]
+    service = [
         "# Signal only the worker on stop and restart: the jobs' supervisors live in this control",
         "# group too, and must go on recording how their jobs end (the next worker waits for them).",
         "KillMode=process",
         "# A job killed by the kernel's OOM killer must not take the worker down with it.",
         "OOMPolicy=continue",
-        "",
-        "[Install]",
-        "WantedBy=default.target",
-        "",
     ]
-    return "\n".join(lines)
-
-
-def install(
-    dest_dir: Optional[Path] = None,
-    gpuq_argv: Optional[list[str]] = None,
-    spool_home: Optional[str] = None,
-    recover: bool = True,
-    force: bool = False,
-    extra_env: Optional[dict[str, str]] = None,
-) -> InstallResult:
-    """Write the unit. One written by gpuq is replaced (kept as `.bak`); any other only with `force`."""
-    path = Path(dest_dir or default_dir()) / UNIT_NAME
-    argv = gpuq_argv or [os.path.abspath(sys.executable), "-m", "gpuq"]  # a venv's python keeps its venv
-    home = spool_home or os.path.abspath(os.path.expanduser(os.environ.get("GPUQ_HOME") or "~/.gpuq"))
-    try:
-        text = unit_text(argv, home, recover, extra_env)
-    except ValueError as exc:
-        raise Refused(f"cannot write {path}: {exc}") from None
-    return _place(path, text, force, list(ENABLE_COMMANDS))
+    environment = [f"Environment={_quoted(f'{name}={value}')}" for name, value in env.items()]
+    argv = [*gpuq_argv, "run", "--watch", *(["--recover"] if recover else [])]
+    return _unit(unit, environment, argv, service)
 
 
 def web_unit_text(gpuq_argv: list[str], spool_home: str, port: int) -> str:
@@ -121,12 +93,15 @@ def web_unit_text(gpuq_argv: list[str], spool_home: str, port: int) -> str:
     is in the spool, and `ssh -L` reaches it from a laptop). ValueError as unit_text."""
     worker = unit_text(gpuq_argv, spool_home)  # the same checks of the command and the spool
     environment = [line for line in worker.splitlines() if line.startswith("Environment=")]
-    argv = [*gpuq_argv, "web", "--port", str(port)]
+    unit = [f"Description=gpuq web page of the queue in {_specifiers(_one_line(spool_home))}", f"After={UNIT_NAME}"]
+    return _unit(unit, environment, [*gpuq_argv, "web", "--port", str(port)], [])
+
+
+def _unit(unit: list[str], environment: list[str], argv: list[str], service: list[str]) -> str:
     lines = [
         MARKER,
         "[Unit]",
-        f"Description=gpuq web page of the queue in {_specifiers(_one_line(spool_home))}",
-        f"After={UNIT_NAME}",
+        *unit,
         "",
         "[Service]",
         "Type=exec",
@@ -135,6 +110,7 @@ def web_unit_text(gpuq_argv: list[str], spool_home: str, port: int) -> str:
         "WorkingDirectory=~",
         "Restart=on-failure",
         "RestartSec=5",
+        *service,
         "",
         "[Install]",
         "WantedBy=default.target",
@@ -160,27 +136,43 @@ def port_taken(port: int) -> bool:
     return False
 
 
-def install_web(
-    port: int,
+def install(
     dest_dir: Optional[Path] = None,
     gpuq_argv: Optional[list[str]] = None,
     spool_home: Optional[str] = None,
+    recover: bool = True,
     force: bool = False,
+    extra_env: Optional[dict[str, str]] = None,
+) -> InstallResult:
+    """Write the unit. One written by gpuq is replaced (kept as `.bak`); any other only with `force`."""
+    text = lambda argv, home: unit_text(argv, home, recover, extra_env)  # noqa: E731
+    return _install(UNIT_NAME, dest_dir, gpuq_argv, spool_home, force, text, list(ENABLE_COMMANDS))
+
+
+def install_web(
+    port: int, dest_dir: Optional[Path] = None, spool_home: Optional[str] = None, force: bool = False
 ) -> InstallResult:
     """Write the web page's unit, as `install` writes the worker's."""
-    path = Path(dest_dir or default_dir()) / WEB_UNIT_NAME
-    argv = gpuq_argv or [os.path.abspath(sys.executable), "-m", "gpuq"]
+    commands = ["systemctl --user daemon-reload", f"systemctl --user enable --now {WEB_UNIT_NAME}"]
+    return _install(WEB_UNIT_NAME, dest_dir, None, spool_home, force, partial(web_unit_text, port=port), commands)
+
+
+def _install(
+    name: str,
+    dest_dir: Optional[Path],
+    gpuq_argv: Optional[list[str]],
+    spool_home: Optional[str],
+    force: bool,
+    text_of: Callable[[list[str], str], str],
+    commands: list[str],
+) -> InstallResult:
+    path = Path(dest_dir or default_dir()) / name
+    argv = gpuq_argv or [os.path.abspath(sys.executable), "-m", "gpuq"]  # a venv's python keeps its venv
     home = spool_home or os.path.abspath(os.path.expanduser(os.environ.get("GPUQ_HOME") or "~/.gpuq"))
     try:
-        text = web_unit_text(argv, home, port)
+        text = text_of(argv, home)
     except ValueError as exc:
         raise Refused(f"cannot write {path}: {exc}") from None
-    return _place(
-        path, text, force, ["systemctl --user daemon-reload", f"systemctl --user enable --now {WEB_UNIT_NAME}"]
-    )
-
-
-def _place(path: Path, text: str, force: bool, commands: list[str]) -> InstallResult:
     old = _read(path)
     if old == text:
         return InstallResult(path, "unchanged", f"{path} is already this unit", commands=commands)
@@ -214,10 +206,9 @@ def uninstall(dest_dir: Optional[Path] = None, force: bool = False, name: str = 
 
 
 def _read(path: Path) -> Optional[str]:
-    try:
+    with suppress(FileNotFoundError):
         return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return None
+    return None
 
 
 def _write(path: Path, text: str) -> None:

@@ -201,21 +201,22 @@ def launch() -> None:
         restart = 0
     slurm_id = runtime.get("SLURM_JOB_ID", "?")
     where = f" on {runtime['SLURMD_NODENAME']}" if runtime.get("SLURMD_NODENAME") else ""
+    heading = f"job #{job.id} {job.name or ''} (slurm job {slurm_id}{where}, restart {restart})"
     argv, why = launch_plan(job, restart)
-    env = launch_environment(job, runtime)
+    exec_job(argv, launch_environment(job, runtime), [heading, *why])
+
+
+def exec_job(argv: list[str], env: dict[str, str], lines: list[str]) -> None:
+    """Say `lines` and what runs where in the log, then exec the job's command (exit 127 if it cannot
+    start); run/ray_entry.py's too."""
     gpus = f"  CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in env else ""
-    lines = [f"job #{job.id} {job.name or ''} (slurm job {slurm_id}{where}, restart {restart})"]
-    lines += why + [
-        f"cmd: {shlex.join(argv)}",
-        f"cwd: {os.getcwd()}{gpus}",
-        f"started: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}",
-    ]
+    lines = [*lines, f"cmd: {shlex.join(argv)}", f"cwd: {os.getcwd()}{gpus}"]
+    lines.append(f"started: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
     sys.stdout.write("".join(f"=== gpuq: {line}\n" for line in lines))
     sys.stdout.flush()
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as exc:
-        reason = f"could not start: {exc.strerror or exc}" + (f": {argv[0]}" if argv else "")
-        sys.stdout.write(f"=== gpuq: {reason}\n")
+        sys.stdout.write(f"=== gpuq: could not start: {exc.strerror or exc}: {argv[0]}\n")
         sys.stdout.flush()
         os._exit(127)

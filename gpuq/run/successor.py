@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+from contextlib import suppress
 from dataclasses import asdict
-from typing import Any, Optional
+from typing import Optional
 
-from gpuq.run.supervisor.order import StartOrder
+from gpuq.run.supervisor.order import StartOrder, is_int
 
 MAX_LINE_BYTES = 65536
 
@@ -29,15 +30,11 @@ def send(sock: Optional[socket.socket], line: bytes) -> bool:
     an earlier word is never taken for the last)."""
     if sock is None:
         return False
-    try:
+    with suppress(OSError):
         if sock.send(line, socket.MSG_DONTWAIT) == len(line):
             return True
-    except OSError:
-        pass
-    try:
+    with suppress(OSError):
         sock.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
     return False
 
 
@@ -82,9 +79,5 @@ def _parse(line: bytes) -> Optional[list[StartOrder]]:
     except ValueError:
         return None
     named = word["next"]
-    ok = all(isinstance(j, list) and len(j) == 3 and _int(j[0]) and _int(j[1]) and isinstance(j[2], str) for j in named)
+    ok = all(isinstance(j, list) and len(j) == 3 and all(map(is_int, j[:2])) and isinstance(j[2], str) for j in named)
     return [slot.for_job(*job) for job in named] if ok else None
-
-
-def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

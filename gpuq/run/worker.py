@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Optional, Protocol
 
@@ -304,10 +305,8 @@ class Worker:
         shown["foreign_threshold_mib"] = self.settings.foreign_threshold_mib  # for the queue's ETA in `status`
         turns = self.planner.turns
         shown["max_gpus"] = turns.cap() if turns is not None else None  # the user's cap: the ETA keeps it too
-        try:
+        with suppress(OSError):  # only shown by `gpuq status`: a full disk must not stop the worker
             self.spool.workers.write_gpu_view(shown)
-        except OSError:
-            pass  # only shown by `gpuq status`: a full disk must not stop the worker
 
     def _mine(self, job: Job) -> bool:
         labels = self.settings.gpus
@@ -448,10 +447,8 @@ class Worker:
         if not blocked:
             return ["queue empty; worker exits"]
         waits = "waits" if len(blocked) == 1 else "wait"
-        lines = [f"nothing more can start; {plural(len(blocked), 'job')} {waits} for something only you can change:"]
-        for job, wait in blocked:
-            lines.append(f"  #{job.id} {job.name}: {wait.reason if wait else 'waiting'}")
-        return lines
+        head = f"nothing more can start; {plural(len(blocked), 'job')} {waits} for something only you can change:"
+        return [head, *(f"  #{job.id} {job.name}: {wait.reason if wait else 'waiting'}" for job, wait in blocked)]
 
     def still_running(self) -> list[Job]:
         return [j for j in read_queue(self.spool, self.view.cache)[0].running if self._mine(j)]

@@ -24,18 +24,24 @@ def config_path() -> str:
     return os.path.join(base, "gpuq", "config.toml")
 
 
+def read_config() -> dict[str, Any]:
+    """The settings of the config file ({} without one); OSError or ValueError if it cannot be read."""
+    path = config_path()
+    if not os.path.exists(path):
+        return {}
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)  # TOMLDecodeError is a ValueError
+
+
 def default_urls() -> list[str]:
     """GPUQ_NOTIFY's URLs, else the config file's; ValueError for a bad URL or an unreadable file."""
     text = os.environ.get(ENV, "").strip()
     if text:
         return _checked([u for u in re.split(r"[\s,]+", text) if u], ENV)
     path = config_path()
-    if not os.path.exists(path):
-        return []
     try:
-        with open(path, "rb") as fh:
-            urls = tomllib.load(fh).get("notify", [])
-    except (OSError, ValueError) as exc:  # TOMLDecodeError is a ValueError
+        urls = read_config().get("notify", [])
+    except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from None
     if isinstance(urls, str):
         urls = [urls]

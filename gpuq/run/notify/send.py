@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import suppress
 from importlib.util import find_spec
 from typing import Any, Callable
 
@@ -55,10 +56,8 @@ def send(urls: list[str], message: dict[str, Any], open_log: Callable[[], int], 
             return
         _start(urls, message, log_fd, log, prefix)
     except Exception as exc:  # noqa: BLE001 - out of processes, a closed log...: said, and the queue goes on
-        try:
+        with suppress(OSError):
             os.write(log_fd, f"{prefix}notification not sent: {exc}\n".encode("utf-8", "replace"))
-        except OSError:
-            pass
     finally:
         os.close(log_fd)
 

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import suppress
 from typing import Any, Optional
 
 from gpuq.core.words import url_text  # import-free, as this process needs
@@ -41,10 +42,8 @@ def main() -> int:
         if pid == 0:
             os.setpgid(0, 0)
             os._exit(_deliver(apprise, url, order["message"]))
-        try:
+        with suppress(OSError):  # it has already (or has exited)
             os.setpgid(pid, pid)  # also here: the child may not have run yet when its time is up
-        except OSError:
-            pass  # it has already (or has exited)
         kids[pid] = n
     outcomes = _wait(kids, time.monotonic() + float(order["timeout"]))
     status = 0
@@ -84,20 +83,16 @@ def _wait(kids: dict[int, int], deadline: float) -> dict[int, Optional[int]]:
         elif pid in kids:
             outcomes[kids.pop(pid)] = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else FAILED
     for pid, n in kids.items():
-        try:
+        with suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
         os.waitpid(pid, 0)
         outcomes[n] = None
     return outcomes
 
 
 def _say(prefix: str, line: str) -> None:
-    try:
+    with suppress(OSError):
         os.write(1, f"{prefix}{line}\n".encode("utf-8", "replace"))
-    except OSError:
-        pass
 
 
 if __name__ == "__main__":

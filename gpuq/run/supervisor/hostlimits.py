@@ -7,12 +7,14 @@ limit would). A job ended at its memory limit fails saying so rather than with a
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from gpuq.core.job import Job
 from gpuq.core.words import size_text
+from gpuq.run.notify.send import env_seconds
 from gpuq.system import cgroups, hostmem
 
 CGROUP, SCOPE, WATCH = "cgroup2", "systemd-run", "watch"  # `host_limits_by`; the watch's as "watch:SECONDS"
@@ -52,11 +54,7 @@ def keep(job: Job, say: Say) -> Optional[Keeper]:
             return keeper
     watched = "its memory is watched" if job.mem_mib else "nothing to watch"
     say(f"host limits not kept by the kernel ({'; '.join(why)}): {watched}, its CPUs counted, not capped")
-    try:
-        period = float(os.environ.get(WATCH_ENV, ""))
-    except ValueError:
-        period = DEFAULT_WATCH_SECONDS
-    period = period if 0 < period < float("inf") else DEFAULT_WATCH_SECONDS
+    period = env_seconds(WATCH_ENV, DEFAULT_WATCH_SECONDS, sys.float_info.max)  # a finite time
     return Keeper(WATCH, job.mem_mib, job.cpus, period=period)
 
 
@@ -110,20 +108,17 @@ def add_variables(env: dict[str, str], job: Job, keeper: Optional[Keeper]) -> No
 
 
 class MemoryWatch:
-    """The watch, as a sampler around the GPU one: `take_if_due` is True once the tree is past its limit."""
+    """The watch, one of the wait's samplers: `take_if_due` is True once the tree is past its limit."""
 
-    def __init__(self, keeper: Keeper, pid: int, inner: Optional[Any]):
-        self.keeper, self.pid, self.inner = keeper, pid, inner
+    def __init__(self, keeper: Keeper, pid: int):
+        self.keeper, self.pid = keeper, pid
         self.limit = (keeper.mem_mib or 0) << 20
         self.due = time.time() + keeper.period
 
     def seconds_left(self) -> float:
-        left = max(0.0, self.due - time.time())
-        return left if self.inner is None else min(left, self.inner.seconds_left())
+        return max(0.0, self.due - time.time())
 
     def take_if_due(self) -> bool:
-        if self.inner is not None:
-            self.inner.take_if_due()
         now = time.time()
         if now < self.due:
             return False
@@ -135,10 +130,10 @@ class MemoryWatch:
         return True
 
 
-def watching(keeper: Optional[Keeper], pid: int, sampler: Optional[Any]) -> Optional[Any]:
+def memory_watch(keeper: Optional[Keeper], pid: int) -> Optional[MemoryWatch]:
     if keeper is None or keeper.by != WATCH or not keeper.mem_mib:
-        return sampler
-    return MemoryWatch(keeper, pid, sampler)
+        return None
+    return MemoryWatch(keeper, pid)
 
 
 def stops(keeper: Optional[Keeper], grace: float) -> Optional[str]:

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+from contextlib import suppress
 from typing import Optional
 
 from gpuq.core.times import now_iso
@@ -121,11 +122,8 @@ def wait_for_order(spare_fd: int) -> Optional[tuple[int, StartOrder, successor.H
 
 def name_process(name: str) -> None:
     """What `ps` and `top` show (Linux: at most 15 bytes); nothing elsewhere."""
-    try:
-        with open("/proc/self/comm", "w") as fh:
-            fh.write(name)
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/self/comm", "w") as fh:
+        fh.write(name)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable, Optional
 
 
-def _int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -17,7 +17,7 @@ def _opt(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return lambda value: value is None or check(value)
 
 
-_number = _opt(lambda v: _int(v) or isinstance(v, float))
+_number = _opt(lambda v: is_int(v) or isinstance(v, float))
 _text = _opt(lambda v: isinstance(v, str))
 
 
@@ -67,17 +67,17 @@ class StartOrder:
 
 
 CHECKS: dict[str, Callable[[Any], bool]] = {
-    "id": _int,
+    "id": is_int,
     "file": _text,
-    "rev": _opt(_int),
+    "rev": _opt(is_int),
     "slot": _text,
-    "gpus": _opt(lambda v: isinstance(v, tuple) and all(map(_int, v))),
+    "gpus": _opt(lambda v: isinstance(v, tuple) and all(map(is_int, v))),
     "notify": lambda v: isinstance(v, bool),
     "on_finish": _text,
-    "max_log_bytes": _opt(_int),
+    "max_log_bytes": _opt(is_int),
     "default_time": _number,
     "kill_grace": _number,
-    "foreign_threshold_mib": _opt(_int),
-    "host_mem_cap_mib": _opt(_int),
+    "foreign_threshold_mib": _opt(is_int),
+    "host_mem_cap_mib": _opt(is_int),
     "notify_urls": lambda v: isinstance(v, tuple) and all(isinstance(url, str) for url in v),
 }

@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 import threading
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
@@ -47,10 +48,8 @@ LOG_PREFIX = "=== gpuq: "  # gpuq's own lines in a job's log; ATTEMPT_HEADER is 
 
 
 def log_line(log_fd: int, text: str) -> None:
-    try:
+    with suppress(OSError):  # a full disk: the log loses a line, the job file still records everything
         os.write(log_fd, f"{LOG_PREFIX}{text}\n".encode("utf-8", "surrogateescape"))  # argv bytes as given
-    except OSError:
-        pass  # a full disk: the log loses a line, the job file still records everything
 
 
 def begin(spool: Spool, claim: Claim, order: StartOrder, replacing: Iterable[Held] = ()) -> Optional[Run]:
@@ -87,12 +86,9 @@ def begin(spool: Spool, claim: Claim, order: StartOrder, replacing: Iterable[Hel
     lease.release(replacing)  # the job before it has ended: these GPUs are held by the new leases now
     run = Run(spool, claim, ref, job, order, queued=queued, leases=leases)
     run.log_fd = spool.logs.open_job_log(job.id)
-    slot = order.slot
-    log_line(run.log_fd, f"{ATTEMPT_HEADER[len(LOG_PREFIX) :]}{job.id} {job.name} (attempt {job.attempts})")
-    log_line(run.log_fd, f"cmd: {shlex.join(job.cmd)}")
-    log_line(run.log_fd, f"cwd: {job.cwd}" + (f"  CUDA_VISIBLE_DEVICES={slot}" if slot is not None else ""))
-    log_line(run.log_fd, f"started: {job.started_at}")
-    for line in lease.unsaid():
+    header = f"{ATTEMPT_HEADER[len(LOG_PREFIX) :]}{job.id} {job.name} (attempt {job.attempts})"
+    cwd = f"cwd: {job.cwd}" + (f"  CUDA_VISIBLE_DEVICES={order.slot}" if order.slot is not None else "")
+    for line in (header, f"cmd: {shlex.join(job.cmd)}", cwd, f"started: {job.started_at}", *lease.unsaid()):
         log_line(run.log_fd, line)
     return run
 

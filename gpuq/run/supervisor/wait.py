@@ -4,11 +4,13 @@ left of its process group ended before its end is recorded (spool_layout.md, sec
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import signal
 import subprocess
 import time
+from contextlib import suppress
 from typing import Any, Callable, Optional
 
 from gpuq.core.states import PREEMPT
@@ -16,14 +18,12 @@ from gpuq.core.times import parse_iso
 from gpuq.core.timespec import format_duration
 from gpuq.run.supervisor import hostlimits, keeping, watch
 from gpuq.run.supervisor.start import Pump, Run, log_line
-from gpuq.run.supervisor.watch import Sampler
 from gpuq.spool import SpoolFull
 from gpuq.system import procs, proctree
 
 PUMP_DRAIN_SECONDS = 2.0  # what is still in a capped log's pipe once the job has ended
 POLL_SECONDS = 0.05  # how often the job is looked at where its exit cannot be waited for with a pidfd
 stopped = False  # someone stopped this supervisor (its job was told to stop too)
-_me: Optional[dict[str, Any]] = None  # this supervisor's identity, once known
 
 
 def record_process(run: Run, child: subprocess.Popen) -> dict[str, Any]:
@@ -34,11 +34,9 @@ def record_process(run: Run, child: subprocess.Popen) -> dict[str, Any]:
     if run.host is not None or run.job.host_limits_by:  # `host_limits_by`: an earlier attempt's cleared
         process["host_limits_by"] = run.host.recorded() if run.host is not None else None
     if child.poll() is None:
-        try:
+        with suppress(SpoolFull):
             run.job = run.spool.jobs.rewrite(run.ref, run.job, **process)
             return {}
-        except SpoolFull:
-            pass
     return process
 
 
@@ -82,8 +80,9 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
     does, or preempt a --preemptible job so that it keeps its checkpoint."""
     limit = time_limit(run)
     deadline = (parse_iso(run.job.started_at) or time.time()) + limit if limit else None
-    samplers = keeping.keeping(run, watch.for_run(run))  # its checkpoints pruned by its rule as it runs
-    returncode = _wait_until(child, deadline, listener, hostlimits.watching(run.host, child.pid, samplers))
+    # its GPUs sampled, its checkpoints pruned by its rule, its memory watched, as it runs
+    looks = [*watch.for_run(run), keeping.keeper(run), hostlimits.memory_watch(run.host, child.pid)]
+    returncode = _wait_until(child, deadline, listener, [look for look in looks if look is not None])
     if returncode is not None:
         return returncode
     grace = kill_grace(run)
@@ -106,10 +105,10 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
 
 
 def _wait_until(
-    child: subprocess.Popen, deadline: Optional[float], listener: Optional[Listener], sampler: Optional[Sampler]
+    child: subprocess.Popen, deadline: Optional[float], listener: Optional[Listener], samplers: list[Any]
 ) -> Optional[int]:
     """The job's exit code once it ends, or None if it still runs at `deadline` (time.time()) or once
-    the sampler says it must stop (the memory watch)."""
+    a sampler says it must stop (the memory watch)."""
     try:
         pidfd = os.pidfd_open(child.pid)
     except (AttributeError, OSError):
@@ -120,13 +119,14 @@ def _wait_until(
             left = None if deadline is None else deadline - time.time()
             if left is not None and left <= 0:
                 return None
-            waits = [w for w in (left, sampler.seconds_left() if sampler else None) if w is not None]
+            waits = [sampler.seconds_left() for sampler in samplers] + ([] if left is None else [left])
             if pidfd < 0:
                 waits.append(POLL_SECONDS)
             ready = select.select(watched, [], [], min(waits) if waits else None)[0]
             if listener is not None and listener[0] in ready and not listener[1]():
                 watched.remove(listener[0])  # the line is closed: only the job is left to wait for
-            if sampler is not None and sampler.take_if_due():  # the memory watch: past the job's --mem
+            stops = [sampler.take_if_due() for sampler in samplers]  # each takes its look
+            if any(stops):  # the memory watch: past the job's --mem
                 return child.poll()
         return code
     finally:
@@ -155,8 +155,6 @@ def _end_leftovers(run: Run, pgid: int) -> None:
         log_line(run.log_fd, f"still alive after SIGKILL: {', '.join(end.survivors)}")
 
 
-def _identity() -> dict[str, Any]:
-    global _me
-    if _me is None:
-        _me = procs.identity(os.getpid())
-    return _me
+@functools.cache
+def _identity() -> dict[str, Any]:  # this supervisor's, looked up once
+    return procs.identity(os.getpid())

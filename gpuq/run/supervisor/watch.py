@@ -78,12 +78,10 @@ class Watch:
         self.due = self.moved_at + self.period if self.stuck_limit else float("inf")
 
     def seconds_left(self) -> float:
-        left = max(0.0, self.due - time.monotonic())
-        return left if self.sampler is None else min(left, self.sampler.seconds_left())
+        return max(0.0, self.due - time.monotonic())
 
     def take_if_due(self) -> bool:
-        if self.sampler is not None:
-            self.sampler.take_if_due()
+        if self.sampler is not None:  # it has just taken its sample (for_run: the sampler comes first)
             attempt = self.sampler.attempt
             for gpu, seconds in gpuuse.idle_now(self.sampler.record, self.run.job.attempts, self.idle_limit):
                 since = attempt["idle_since"][attempt["gpus"].index(gpu)]
@@ -130,9 +128,10 @@ class Watch:
             log_line(self.run.log_fd, f"could not tell of it: {exc!r}")
 
 
-def for_run(run: Run) -> Optional[Union[Watch, Sampler]]:
-    """Its GPU sampler alone (or nothing, for a CPU job), unless someone listens to its events."""
+def for_run(run: Run) -> list[Union[Sampler, Watch]]:
+    """Its GPU sampler (none for a CPU job), then the watch if someone listens to its events."""
     job, order = run.job, run.order
     sampler = Sampler(run, order.gpus) if order.gpus else None
+    looks: list[Union[Sampler, Watch]] = [] if sampler is None else [sampler]
     listened = job.notify or job.notify_urls or job.on_finish or order.notify or order.notify_urls or order.on_finish
-    return Watch(run, sampler) if listened else sampler
+    return [*looks, Watch(run, sampler)] if listened else looks
