@@ -45,18 +45,15 @@ def state_names(text: str) -> tuple[str, ...]:
     return names
 
 
-def port_number(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
-        raise ValueError(f"not a port number (0 to 65535): {text!r}")
-    return int(text)
-
-
 def finished_states(text: str) -> tuple[str, ...]:
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     wrong = [name for name in names if name not in states.FINISHED]
     if wrong or not names:
         raise ValueError(f"not a finished state: {text!r} (clear removes only {', '.join(states.FINISHED)} jobs)")
     return names
+
+
+port_number = counter(0, "a port number (0 to 65535)", most=65535)
 
 
 def age(text: str) -> float:
@@ -88,8 +85,7 @@ ENDING = (*ACTIVE, SLURM, RAY)
 def _on_each(
     name: str, handler: str, help: str, *options: Opt, id_states: tuple[str, ...], description: str = ""
 ) -> Command:
-    description = description or f"{help[0].upper()}{help[1:]}."
-    description = f"{description} {SEVERAL}"
+    description = f"{description or help[0].upper() + help[1:] + '.'} {SEVERAL}"
     return Command(
         name, handler=handler, help=help, description=description, options=(IDS, *options), id_states=id_states
     )

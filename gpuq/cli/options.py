@@ -107,11 +107,11 @@ def interval(text: str) -> float:
     return value
 
 
-def counter(least: int, what: str) -> Callable[[str], int]:
-    """A converter of a whole number, `least` or more, said `what` it is not."""
+def counter(least: int, what: str, most: float = float("inf")) -> Callable[[str], int]:
+    """A converter of a whole number from `least` to `most`, said `what` it is not."""
 
     def count(text: str) -> int:
-        if not (text.isascii() and text.isdigit()) or int(text) < least:
+        if not (text.isascii() and text.isdigit()) or not least <= int(text) <= most:
             raise ValueError(f"not {what}: {text!r}")
         return int(text)
 

@@ -249,14 +249,10 @@ def killed_text(job: Job, said: str = "killed") -> str:
         return cancelled_text(job)
     if job.history and job.history[-1].get("outcome") == DONE:
         return f"{DONE}: {job.note}"
-    return f"{said} ({exit_text(job)})"
-
-
-def exit_text(job: Job) -> str:
-    """`exit 143`, or why its exit code is unknown, as its note says it."""
     if job.exit_code is not None:
-        return f"exit {job.exit_code}"
-    return f"exit code unknown: {'an adopted process has no supervisor' if job.adopted else 'its supervisor was gone'}"
+        return f"{said} (exit {job.exit_code})"
+    why = "an adopted process has no supervisor" if job.adopted else "its supervisor was gone"
+    return f"{said} (exit code unknown: {why})"
 
 
 def damaged_cells(file_name: str, reason: str) -> tuple[str, ...]:
