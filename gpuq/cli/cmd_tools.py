@@ -152,10 +152,7 @@ def cmd_demo(_args: argparse.Namespace) -> int:
             ["status"],
             ["log", "2", "-n", "3"],
         ]
-        for step in steps:
-            if _run(step) != 0:
-                return 1
-        return 0
+        return 0 if all(_run(step) == 0 for step in steps) else 1  # stops at the first that fails
     finally:
         if saved is None:
             os.environ.pop("GPUQ_HOME", None)
