@@ -6,7 +6,6 @@ code, here and nowhere else: 2 for a bad command line, 1 for a request that cann
 from __future__ import annotations
 
 import gc
-import importlib
 import os
 import sys
 from typing import Any, Optional
@@ -52,4 +51,5 @@ def main(argv: Optional[list[str]] = None) -> int:
 def _handler(spec: str) -> Any:
     """ "module:function" of gpuq.cli, imported here, at dispatch: each command pays only for its own."""
     module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(f"gpuq.cli.{module}"), name)
+    __import__(f"gpuq.cli.{module}")  # not importlib: the commands typed all day never import it
+    return getattr(sys.modules[f"gpuq.cli.{module}"], name)
