@@ -51,5 +51,5 @@ def main(argv: Optional[list[str]] = None) -> int:
 def _handler(spec: str) -> Any:
     """ "module:function" of gpuq.cli, imported here, at dispatch: each command pays only for its own."""
     module, _, name = spec.partition(":")
-    __import__(f"gpuq.cli.{module}")
+    __import__(f"gpuq.cli.{module}")  # not importlib: the commands typed all day never import it
     return getattr(sys.modules[f"gpuq.cli.{module}"], name)

@@ -21,9 +21,8 @@ from gpuq.system.gpus import mib_text
 def cmd_history(args: argparse.Namespace) -> int:
     if args.id is not None and not args.plot:
         return _one_job(args.id, args.json)
-    now = time.time()
     try:
-        since = history.parse_since(args.since, now) if args.since else None
+        since = history.parse_since(args.since, time.time()) if args.since else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     pairs = finished_index.history_records(spool())  # every job's runs; those before `since` are left out below

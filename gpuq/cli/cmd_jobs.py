@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from gpuq.cli import render
@@ -157,18 +158,16 @@ def cmd_edit(args: argparse.Namespace) -> int:
 def _in_editor(fields: dict[str, Any], job_id: int) -> dict[str, Any]:
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
     with tempfile.TemporaryDirectory(prefix="gpuq-edit-") as tmp:
-        path = os.path.join(tmp, f"job-{job_id}.json")
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(fields, indent=2, ensure_ascii=False) + "\n")
+        path = Path(tmp, f"job-{job_id}.json")
+        path.write_text(json.dumps(fields, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         try:
-            code = subprocess.call([*shlex.split(editor), path])
+            code = subprocess.call([*shlex.split(editor), str(path)])
         except OSError as exc:
             raise UsageError(f"cannot run the editor {editor!r}: {exc.strerror or exc}") from None
         if code != 0:
             raise UsageError(f"the editor exited with {code}; job #{job_id} not changed")
         try:
-            with open(path, encoding="utf-8") as fh:
-                edited = json.load(fh)
+            edited = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as exc:
             raise Refused(f"job #{job_id} not changed: the edited file is not JSON: {exc}") from None
     if not isinstance(edited, dict):

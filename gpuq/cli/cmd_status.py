@@ -54,8 +54,7 @@ def _status_once(args: argparse.Namespace) -> int:
         print(f"({hidden} older finished {'job' if hidden == 1 else 'jobs'} hidden{of_them}: `gpuq status -a`)")
     for name in st.dropped:
         print(f"pending/{security.display(name)}: dropped file, not taken in yet (a worker takes it in)")
-    rejected = st.rejected
-    if rejected is not None:
+    if (rejected := st.rejected) is not None:
         reason = f": {security.display(rejected.reason)}" if rejected.reason else ""  # may quote the file's content
         newest = f"{'' if rejected.count == 1 else 'newest: '}{security.display(rejected.newest)}{reason}"
         files = "dropped file" if rejected.count == 1 else "dropped files"

@@ -1,4 +1,4 @@
-"""`gpuq import`, `skill`, `service`, `completion`, `slurm` and `demo`: what connects gpuq to the rest of the day."""
+"""`gpuq import`, `skill`, `service`, `completion` and `demo`: what connects gpuq to the rest of the day."""
 
 from __future__ import annotations
 
@@ -9,20 +9,17 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import gpuq
-from gpuq.cli import main, render
+from gpuq.cli import main
 from gpuq.cli.commands import COMMANDS
-from gpuq.cli.common import job_ids, say_refused, spool
+from gpuq.cli.common import spool
 from gpuq.cli.options import Command
 from gpuq.cli.parser import build_parser, subparsers
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.job import Job
-from gpuq.core.states import DONE
-from gpuq.engine.lifecycle import slurm_handover
 from gpuq.engine.original import importer, reader
-from gpuq.run import service, slurm_batch
+from gpuq.run import service
 from gpuq.system import installs
 
 
@@ -60,10 +57,9 @@ def cmd_service(args: argparse.Namespace) -> int:
     if args.web_port == 0:  # a free port chosen anew at each start: the URL printed now would not last
         raise UsageError("--web-port: the service needs a fixed port (1 to 65535)")
     dest = Path(args.dest).expanduser() if args.dest else None
-    if dest is None:  # writing elsewhere (--dest) is allowed anywhere, e.g. to look at the unit
-        problem = service.supported()
-        if problem:
-            raise Refused(f"a systemd user service is not supported here: {problem}")
+    # writing elsewhere (--dest) is allowed anywhere, e.g. to look at the unit
+    if dest is None and (problem := service.supported()):
+        raise Refused(f"a systemd user service is not supported here: {problem}")
     sp = spool()
     if args.action == "install":
         result = service.install(dest, spool_home=str(sp.home), recover=not args.no_recover, force=args.force)
@@ -117,58 +113,6 @@ def _complete_ids(parser: argparse.ArgumentParser, commands: tuple[Command, ...]
             _complete_ids(sub, command.actions, cmd)
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    ids = job_ids(args.ids)
-    if bool(ids) == bool(args.all):
-        raise UsageError("name the jobs to hand over (`gpuq slurm submit 3 4`) or give --all")
-    if not 0 <= args.grace <= 65535:
-        raise UsageError(f"--grace must be 0 to 65535 seconds, not {args.grace}")
-    sp = spool()
-    key = slurm_handover.spool_key(sp)
-    # The compute nodes run this interpreter and this gpuq: both on the shared filesystem.
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(gpuq.__file__)))
-
-    def build(job: Job, slurm_ids: Mapping[int, int], opts: list[str]) -> tuple[str, list[str]]:
-        script = slurm_batch.batch_script(job, python=sys.executable, package_parent=package_parent, log_path=job.log)
-        try:
-            options = slurm_batch.sbatch_options(
-                job, spool_id=key, slurm_ids=slurm_ids, extra=opts, grace_seconds=args.grace
-            )
-        except ValueError as exc:
-            raise Refused(str(exc)) from None
-        return script, options
-
-    def say(item: slurm_handover.Handed) -> None:
-        how = "found on Slurm (its hand-over had been cut short)" if item.repaired else "submitted"
-        print(f"[>] Job #{item.job.id}: {item.job.name} -> Slurm job {item.slurm_id} ({how})", flush=True)
-        if item.job.notify_urls or item.job.notify or item.job.on_finish:
-            print("    its --notify and --on-finish are not sent on Slurm (Slurm's own: --slurm-opt --mail-type=END)")
-        limit = slurm_batch.time_limit_words(item.job, args.slurm_opt)
-        if limit:
-            print(f"    {limit}")
-
-    result = slurm_handover.submit(sp, ids or None, args.slurm_opt, build, say=say)
-    if not (result.handed or result.left):
-        print("no pending jobs to hand over")
-    for job_id in sorted(result.left):  # each on its own line, the reason with it
-        say_refused(job_id, result.left[job_id])
-    return 1 if result.left else 0
-
-
-def cmd_sync(args: argparse.Namespace) -> int:
-    report = slurm_handover.sync(spool())
-    for item in report.repaired:
-        print(f"[>] Job #{item.job.id}: {item.job.name} -> Slurm job {item.slurm_id} (hand-over repaired)")
-    for job in report.changed:
-        print(f"[~] Job #{job.id}: {job.name}  {render.slurm_text(job.slurm or {})}")
-    for job, state in report.ended:
-        code = f" (exit {job.exit_code})" if job.exit_code is not None else ""
-        print(f"[{'+' if state == DONE else '-'}] Job #{job.id}: {job.name} {state}{code}")
-    if not (report.repaired or report.changed or report.ended):
-        print("nothing changed")
-    return 0
-
-
 TRAIN = """import sys, time
 steps = int(sys.argv[sys.argv.index("--steps") + 1])
 for step in range(1, steps + 1):
@@ -208,10 +152,7 @@ def cmd_demo(_args: argparse.Namespace) -> int:
             ["status"],
             ["log", "2", "-n", "3"],
         ]
-        for step in steps:
-            if _run(step) != 0:
-                return 1
-        return 0
+        return 0 if all(_run(step) == 0 for step in steps) else 1  # stops at the first that fails
     finally:
         if saved is None:
             os.environ.pop("GPUQ_HOME", None)

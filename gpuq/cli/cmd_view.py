@@ -97,8 +97,7 @@ def _follow(sp: Spool, job: Job, offset: Optional[int] = None, on_ray: bool = Fa
         chunk = sp.logs.read_from(job, offset)
         if chunk:
             offset += len(chunk)
-            sys.stdout.write(chunk.decode("utf-8", "replace"))
-            sys.stdout.flush()
+            print(chunk.decode("utf-8", "replace"), end="", flush=True)
         elif not running:
             return
         else:

@@ -93,10 +93,9 @@ def _check_dependencies() -> None:
         except ImportError:
             missing.append(name)
     if missing:
-        names = " ".join(missing)
         raise Refused(
             f"gpuq run needs {', '.join(missing)}, which {sys.executable} cannot import: "
-            f"`{sys.executable} -m pip install {names}` (or install gpuq itself: pip install .)"
+            f"`{sys.executable} -m pip install {' '.join(missing)}` (or install gpuq itself: pip install .)"
         )
 
 

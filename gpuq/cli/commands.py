@@ -37,11 +37,6 @@ from gpuq.core.states import (
 from gpuq.core.timespec import parse_duration, parse_id_ranges
 
 
-def job_ids(text: str) -> list[int]:
-    """The job ids of a command that acts on several, the flag's name left out."""
-    return parse_id_ranges(text)
-
-
 def state_names(text: str) -> tuple[str, ...]:
     names = tuple(name for name in text.split(",") if name)
     unknown = [name for name in names if name not in states.STATES]
@@ -50,18 +45,15 @@ def state_names(text: str) -> tuple[str, ...]:
     return names
 
 
-def port_number(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
-        raise ValueError(f"not a port number (0 to 65535): {text!r}")
-    return int(text)
-
-
 def finished_states(text: str) -> tuple[str, ...]:
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     wrong = [name for name in names if name not in states.FINISHED]
     if wrong or not names:
         raise ValueError(f"not a finished state: {text!r} (clear removes only {', '.join(states.FINISHED)} jobs)")
     return names
+
+
+port_number = counter(0, "a port number (0 to 65535)", most=65535)
 
 
 def age(text: str) -> float:
@@ -74,23 +66,26 @@ def age(text: str) -> float:
         raise ValueError(f"cannot read {text!r} as an age; use 7d, 12h, 90m or 1d12h") from None
 
 
+job_ids = parse_id_ranges  # the job ids of a command that acts on several
+
 MCP_CLIENTS = ("claude", "claude-desktop", "codex")  # the clients `gpuq mcp install` knows
 SEVERAL = (
     "Each job named is acted on; one that cannot be is named on stderr with the reason, and the command then exits 1."
 )
 IDS = Opt("ids", convert=job_ids, nargs="+", metavar="ID", help="job ids (ranges like 3-7 too)")
+PENDING_IDS = Opt("ids", convert=job_ids, nargs="*", metavar="ID", help="job ids (ranges like 3-7 too)")
+EVERY_PENDING = Opt("--all", kind=FLAG, help="every pending job")
 
 
-# The states of the jobs each command acts on (Command.id_states), as engine/lifecycle checks them.
-UNFINISHED = tuple(state.name for state in states.TABLE if not state.finished)  # what `cancel` takes
-ENDING = (*ACTIVE, SLURM, RAY)  # what `wait` waits for: jobs that end without a person
+# The states of the jobs each command acts on (Command.id_states), as engine/lifecycle checks them;
+# `wait` waits for jobs that end without a person.
+ENDING = (*ACTIVE, SLURM, RAY)
 
 
 def _on_each(
     name: str, handler: str, help: str, *options: Opt, id_states: tuple[str, ...], description: str = ""
 ) -> Command:
-    description = description or f"{help[0].upper()}{help[1:]}."
-    description = f"{description} {SEVERAL}"
+    description = f"{description or help[0].upper() + help[1:] + '.'} {SEVERAL}"
     return Command(
         name, handler=handler, help=help, description=description, options=(IDS, *options), id_states=id_states
     )
@@ -102,7 +97,7 @@ SLURM_ACTIONS = Command(
     actions=(
         Command(
             "submit",
-            handler="cmd_tools:cmd_submit",
+            handler="cmd_clusters:cmd_slurm_submit",
             help="hand pending jobs to Slurm (sbatch), dependencies kept",
             description="Hand pending jobs to Slurm: each becomes a batch script running its command in its "
             "directory with its environment and venv, --gres=gpu:N from --gpus, --after/--after-any as Slurm "
@@ -111,8 +106,8 @@ SLURM_ACTIONS = Command(
             "stderr with the reason; the others are handed over, and the command exits 1.",
             id_states=(PENDING,),
             options=(
-                Opt("ids", convert=job_ids, nargs="*", metavar="ID", help="job ids (ranges like 3-7 too)"),
-                Opt("--all", kind=FLAG, help="every pending job"),
+                PENDING_IDS,
+                EVERY_PENDING,
                 Opt(
                     "--slurm-opt",
                     kind=APPEND,
@@ -127,7 +122,7 @@ SLURM_ACTIONS = Command(
         ),
         Command(
             "sync",
-            handler="cmd_tools:cmd_sync",
+            handler="cmd_clusters:cmd_slurm_sync",
             help="record what Slurm says of the jobs handed to it (also done by status)",
         ),
     ),
@@ -139,7 +134,7 @@ RAY_ACTIONS = Command(
     actions=(
         Command(
             "submit",
-            handler="cmd_ray:cmd_ray_submit",
+            handler="cmd_clusters:cmd_ray_submit",
             help="hand pending jobs to a Ray cluster, dependencies and retries kept by gpuq",
             description="Hand pending jobs to a Ray cluster through its Jobs REST API: each runs its command in its "
             "directory with its interpreter and environment (a shared filesystem is assumed), with --gpus, --cpus "
@@ -149,8 +144,8 @@ RAY_ACTIONS = Command(
             "on stderr with the reason; the others are handed over, and the command exits 1.",
             id_states=(PENDING,),
             options=(
-                Opt("ids", convert=job_ids, nargs="*", metavar="ID", help="job ids (ranges like 3-7 too)"),
-                Opt("--all", kind=FLAG, help="every pending job"),
+                PENDING_IDS,
+                EVERY_PENDING,
                 Opt(
                     "--address", metavar="URL", help="the cluster's dashboard (default: $RAY_ADDRESS): http://HEAD:8265"
                 ),
@@ -158,12 +153,12 @@ RAY_ACTIONS = Command(
         ),
         Command(
             "sync",
-            handler="cmd_ray:cmd_ray_sync",
+            handler="cmd_clusters:cmd_ray_sync",
             help="record what Ray says of the jobs handed to it, submit those now ready (also done by status)",
         ),
         Command(
             "status",
-            handler="cmd_ray:cmd_ray_status",
+            handler="cmd_clusters:cmd_ray_status",
             help="the Ray cluster's nodes, their GPUs, and which of our jobs run where",
             options=(
                 Opt(
@@ -209,7 +204,7 @@ COMMANDS = (
         "all are done, 1 otherwise, naming the ones that failed, were cancelled, or cannot start by themselves.",
         id_states=ENDING,
         options=(
-            Opt("ids", convert=parse_id_ranges, nargs="*", metavar="ID"),
+            Opt("ids", convert=job_ids, nargs="*", metavar="ID"),
             Opt("--timeout", convert=seconds, metavar="S", help="give up after S seconds (exit 1)"),
         ),
     ),
@@ -296,7 +291,7 @@ COMMANDS = (
             help="for a job on Slurm or Ray whose cluster cannot be told (gone for good): record it "
             "cancelled here anyway; it may still run there",
         ),
-        id_states=UNFINISHED,
+        id_states=states.UNFINISHED,
     ),
     _on_each(
         "kill",

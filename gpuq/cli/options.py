@@ -92,21 +92,26 @@ def env_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
-def interval(text: str) -> float:
+def _number(text: str) -> float:
+    """What `text` says as a float; -1.0, outside every range below, when it is no number."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        value = -1.0
+        return -1.0
+
+
+def interval(text: str) -> float:
+    value = _number(text)
     if not 0.1 <= value <= 3600:
         raise ValueError(f"not a number of seconds from 0.1 to 3600: {text!r}")
     return value
 
 
-def counter(least: int, what: str) -> Callable[[str], int]:
-    """A converter of a whole number, `least` or more, said `what` it is not."""
+def counter(least: int, what: str, most: float = float("inf")) -> Callable[[str], int]:
+    """A converter of a whole number from `least` to `most`, said `what` it is not."""
 
     def count(text: str) -> int:
-        if not (text.isascii() and text.isdigit()) or int(text) < least:
+        if not (text.isascii() and text.isdigit()) or not least <= int(text) <= most:
             raise ValueError(f"not {what}: {text!r}")
         return int(text)
 
@@ -115,10 +120,7 @@ def counter(least: int, what: str) -> Callable[[str], int]:
 
 def seconds(text: str) -> float:
     """A number of seconds, 0 or more (a timeout)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
+    value = _number(text)
     if not 0 <= value < 1e9:  # also refuses nan and inf
         raise ValueError(f"not a number of seconds (0 or more): {text!r}")
     return value
@@ -141,10 +143,7 @@ def gpu_labels(text: str, flag: str) -> list[str]:
 
 
 def grace_seconds(text: str, flag: str) -> float:
-    try:
-        grace = float(text)
-    except ValueError:
-        grace = -1.0
+    grace = _number(text)
     if not 0 <= grace <= 3600:
         raise ValueError(f"{flag}: expected seconds from 0 to 3600, got {text!r}")
     return grace

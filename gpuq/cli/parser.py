@@ -5,6 +5,7 @@ of the command typed (building all of them costs more than most commands' own wo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -12,7 +13,7 @@ from typing import Any, NoReturn, Optional, TypeVar
 
 from gpuq import __version__
 from gpuq.cli.commands import COMMANDS
-from gpuq.cli.options import ADD, CONST, EXTEND, FLAG, HIDDEN, NOTIFY, REST, Command, Opt
+from gpuq.cli.options import ADD, APPEND, CONST, EXTEND, FLAG, HIDDEN, NOTIFY, REST, Command, Opt
 from gpuq.core.errors import GpuqError, UsageError
 
 E = TypeVar("E", bound=GpuqError)
@@ -42,14 +43,11 @@ def said_by(prefix: str, exc: E) -> E:
 
 
 def _columns() -> int:
-    try:
+    with contextlib.suppress(KeyError, ValueError):
         return int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        pass
-    try:
+    with contextlib.suppress(AttributeError, ValueError, OSError):
         return os.get_terminal_size().columns or 80  # stdout's file descriptor, as shutil asks
-    except (AttributeError, ValueError, OSError):
-        return 80
+    return 80
 
 
 class Parser(argparse.ArgumentParser):
@@ -124,7 +122,7 @@ def _argument(opt: Opt) -> dict[str, Any]:
         return dict(out, action="store_const", const=opt.const, default=opt.default)
     if opt.kind == NOTIFY:
         return dict(out, action=Notify, nargs="?", default=False, metavar="URL")
-    if opt.kind in (EXTEND, "append"):
+    if opt.kind in (EXTEND, APPEND):
         out.update(action=opt.kind, default=opt.initial())
     elif opt.default is not None:
         out["default"] = opt.default

@@ -115,8 +115,7 @@ def _draw_bars(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any) 
         number[id(run)] = seen[run.job_id]
     bars: dict[str, list[tuple[PastRun, str]]] = defaultdict(list)
     for run in runs:
-        for lane in run.lanes:
-            bars[run.outcome].append((run, lane))
+        bars[run.outcome] += [(run, lane) for lane in run.lanes]
     order = sorted(bars, key=lambda outcome: (list(OUTCOMES).index(outcome) if outcome in OUTCOMES else 99, outcome))
     # One barh call per outcome rather than one per bar: thousands of runs stay a few seconds.
     for outcome in order:
@@ -156,13 +155,12 @@ def _draw_bands(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any,
 
 
 def _mark_preemptions(ax: Any, runs: Sequence[PastRun], row: dict[str, int], num: Any) -> list[tuple[str, str]]:
-    by_job: dict[int, list[PastRun]] = defaultdict(list)
-    for run in runs:
+    by_job: dict[int, list[PastRun]] = defaultdict(list)  # each job's runs by start time
+    for run in sorted(runs, key=lambda r: r.start):
         by_job[run.job_id].append(run)
     stops: list[tuple[float, int]] = []
     resumes: list[tuple[float, int]] = []
     for attempts in by_job.values():
-        attempts.sort(key=lambda r: r.start)
         for earlier, later in zip(attempts, attempts[1:] + [None]):
             if earlier.outcome != PREEMPTED:
                 continue

@@ -40,8 +40,7 @@ def width(text: str) -> int:
     """Columns in a terminal (emoji and CJK take two)."""
     if text.isascii():  # nearly every cell: per-character lookups made `status -a` slow
         return len(text)
-    wide = ("W", "F")
-    return sum(2 if unicodedata.east_asian_width(c) in wide else 0 if unicodedata.combining(c) else 1 for c in text)
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 0 if unicodedata.combining(c) else 1 for c in text)
 
 
 HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
@@ -51,14 +50,11 @@ def status_table(rows: list[Any], now: Optional[float] = None, finished: Any = N
     """`finished` (the spool's FinishedRows, as columns) merged in by id after the rows in line."""
     now = time.time() if now is None else now
     columns: list[list[str]] = [[title] for title in HEADER]
-    tail: list[Any] = []  # rows after those in line, which merge with `finished`
     for row in rows:
-        if finished is not None and row.state not in IN_LINE:
-            tail.append(row)
-            continue
-        _add(columns, row, now)
-    if finished is not None:
-        _merge_finished(columns, tail, finished, now)
+        if finished is None or row.state in IN_LINE:
+            _add(columns, row, now)
+    if finished is not None:  # the rows after those in line merge with it
+        _merge_finished(columns, [row for row in rows if row.state not in IN_LINE], finished, now)
     return _table(columns)
 
 
@@ -139,10 +135,7 @@ def _finished_cells(finished: Any) -> tuple[Any, ...]:
 
 def elapsed(job: Job, now: float) -> Optional[float]:
     start = parse_iso(job.started_at)
-    if start is None:
-        return None
-    end = parse_iso(job.finished_at) or now
-    return end - start
+    return None if start is None else (parse_iso(job.finished_at) or now) - start
 
 
 def info(
@@ -256,14 +249,10 @@ def killed_text(job: Job, said: str = "killed") -> str:
         return cancelled_text(job)
     if job.history and job.history[-1].get("outcome") == DONE:
         return f"{DONE}: {job.note}"
-    return f"{said} ({exit_text(job)})"
-
-
-def exit_text(job: Job) -> str:
-    """`exit 143`, or why its exit code is unknown, as its note says it."""
     if job.exit_code is not None:
-        return f"exit {job.exit_code}"
-    return f"exit code unknown: {'an adopted process has no supervisor' if job.adopted else 'its supervisor was gone'}"
+        return f"{said} (exit {job.exit_code})"
+    why = "an adopted process has no supervisor" if job.adopted else "its supervisor was gone"
+    return f"{said} (exit code unknown: {why})"
 
 
 def damaged_cells(file_name: str, reason: str) -> tuple[str, ...]:
@@ -275,11 +264,11 @@ BAR_CELLS = 10
 
 def progress_bar(fraction: float, cells: int = BAR_CELLS, unicode: bool = True) -> str:
     """`[████▌     ]`, eighths of a cell where the font has them; `[####      ]` without."""
+    fraction = max(0.0, min(1.0, fraction))
     if not unicode:
-        full = int(round(max(0.0, min(1.0, fraction)) * cells))
+        full = int(round(fraction * cells))
         return "[" + "#" * full + " " * (cells - full) + "]"
-    eighths = int(round(max(0.0, min(1.0, fraction)) * cells * 8))
-    full, part = divmod(eighths, 8)
+    full, part = divmod(int(round(fraction * cells * 8)), 8)
     partial = " ▏▎▍▌▋▊▉"[part] if full < cells else ""
     return "[" + "█" * full + (partial if part else "") + " " * (cells - full - (1 if part else 0)) + "]"
 
