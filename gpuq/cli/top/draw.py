@@ -127,6 +127,10 @@ def help_frame(keys: list[tuple[str, str]], screen: Screen) -> list[Line]:
     return lines[: max(1, screen.height)]
 
 
+def ascii_text(text: str) -> str:
+    return text.encode("ascii", "replace").decode("ascii")
+
+
 def _cut(text: str, width: int) -> str:
     return text if len(text) < width else text[: width - 2] + "…"
 
