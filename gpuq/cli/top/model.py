@@ -87,8 +87,8 @@ class Ring:
         return [u for u, _m in kept], [m for _u, m in kept]
 
 
-def take(spool: Spool, ring: Ring, now: Optional[float] = None) -> Snapshot:
-    now = time.time() if now is None else now
+def take(spool: Spool, ring: Ring) -> Snapshot:
+    now = time.time()
     st = status(spool)
     snap = Snapshot(now, render.worker_line(st.workers, st.outlook(now)))
     ring.add(st.gpus)

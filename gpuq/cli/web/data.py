@@ -43,10 +43,10 @@ PREEMPT_TIMEOUT = 60.0  # as `gpuq preempt`'s default
 ACTION_STATES = {name: states_of(name) for name in ACTIONS}
 
 
-def queue(sp: Spool, ring: Ring, page: int = 0, now: Optional[float] = None) -> dict[str, Any]:
+def queue(sp: Spool, ring: Ring, page: int = 0) -> dict[str, Any]:
     """The queue: workers, GPUs (with their recent past from `ring`), running and waiting jobs
     (sweeps folded), and one page of the finished jobs, newest first."""
-    now = time.time() if now is None else now
+    now = time.time()
     st = status(sp, show_all=True, damaged=render.damaged_cells)
     shown = st.gpus
     if shown is not None and shown.get("worker"):
@@ -152,10 +152,10 @@ def _gpus(
     return {"title": render.gpu_title(shown, now), "gpus": gpus}
 
 
-def job(sp: Spool, job_id: int, now: Optional[float] = None) -> dict[str, Any]:
+def job(sp: Spool, job_id: int) -> dict[str, Any]:
     """A job's page: `show`'s lines, `show --json` (the shell's environment only by name, as the
     assistant's tool gives it), `triage`, its GPU utilisation series, the actions its state allows."""
-    now = time.time() if now is None else now
+    now = time.time()
     ref, found = actions.get(sp, job_id)
     shown = show_json(sp, ref, found, secrets=False)
     shown["shell_env_names"] = sorted(shown.pop("shell_env", None) or {})
