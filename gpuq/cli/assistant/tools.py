@@ -116,8 +116,7 @@ def job(
     id: JobId,
     env: Annotated[bool, Field(description="the values of the shell's environment it was queued from")] = False,
 ) -> Any:
-    """`show --json`, less the values of the environment inherited from the shell that queued the
-    job (tokens among them) unless asked for: their names are `shell_env_names`."""
+    """`show --json`; of the shell's environment (tokens among them) only the names, unless `env`."""
     sp = spool()
     ref, found = actions.get(sp, id)
     shown = cmd_view.show_json(sp, ref, found, secrets=False)

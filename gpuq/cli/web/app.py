@@ -170,8 +170,7 @@ def _count(given: str) -> Optional[int]:
 
 
 def _or_error(make: Callable[[], Any], answer: Callable[..., Response]) -> Response:
-    """A refusal of the library is the CLI's one line: 404 for a job that is not there, 409 for
-    one whose state does not allow it, 400 for a bad request."""
+    """A refusal is the CLI's one line: 404 no such job, 409 not in that state, 400 a bad request."""
     try:
         return answer(make())
     except UsageError as exc:

@@ -44,8 +44,7 @@ ACTION_STATES = {name: states_of(name) for name in ACTIONS}
 
 
 def queue(sp: Spool, ring: Ring, page: int = 0) -> dict[str, Any]:
-    """The queue: workers, GPUs (with their recent past from `ring`), running and waiting jobs
-    (sweeps folded), and one page of the finished jobs, newest first."""
+    """The queue (sweeps folded), with one page of the finished jobs, newest first."""
     now = time.time()
     st = status(sp, show_all=True, damaged=render.damaged_cells)
     shown = st.gpus
@@ -153,8 +152,7 @@ def _gpus(
 
 
 def job(sp: Spool, job_id: int) -> dict[str, Any]:
-    """A job's page: `show`'s lines, `show --json` (the shell's environment only by name, as the
-    assistant's tool gives it), `triage`, its GPU utilisation series, the actions its state allows."""
+    """A job's page; of the shell's environment only the names, as the assistant's tool gives them."""
     now = time.time()
     ref, found = actions.get(sp, job_id)
     shown = show_json(sp, ref, found, secrets=False)
@@ -178,8 +176,7 @@ def job(sp: Spool, job_id: int) -> dict[str, Any]:
 
 
 def gpu_series(sp: Spool, found: Any, now: float) -> list[dict[str, Any]]:
-    """Per GPU of the job's newest attempt that has a record: [seconds since its start, percent]
-    points from the spans the supervisor's samples make (engine/tracking/gpuseries.py)."""
+    """Per GPU of the newest attempt with a record: [seconds since its start, percent] of each span."""
     record = sp.reports.read_gpu_use(found.id)
     attempts = record.get("attempts") if isinstance(record, dict) else None
     if not isinstance(attempts, dict) or not attempts:
@@ -229,8 +226,7 @@ def log(sp: Spool, job_id: int, offset: Optional[int]) -> dict[str, Any]:
 
 
 def act(sp: Spool, name: str, job_id: int) -> str:
-    """One action on one job through the request its command makes: what happened, in a line; a
-    refusal raises GpuqError with the CLI's reason."""
+    """One action on one job, said in a line; a refusal raises GpuqError with the CLI's reason."""
     if name == "preempt":
         stopped = requests.Preempt(id=job_id, timeout=PREEMPT_TIMEOUT).run(sp)
         if stopped.state == PREEMPTED:
