@@ -84,7 +84,7 @@ HELP = [
 
 
 class LogFollow:
-    def __init__(self, spool: Spool, job: Job, state: str, lines: int = 200) -> None:
+    def __init__(self, spool: Spool, job: Job, state: str) -> None:
         self.spool, self.job, self.state = spool, job, state
         self.lines: deque[str] = deque(maxlen=KEPT_LINES)
         self.partial = ""  # a line not ended yet (a tqdm bar ends it with \r)
@@ -92,21 +92,20 @@ class LogFollow:
         if self.offset == 0 and state in (PENDING, HELD, CANCELLED):
             self.lines.append(f"(#{job.id} has not started: no log yet)")
         else:
-            self.lines.extend(spool.logs.tail_lines(job, lines))
+            self.lines.extend(spool.logs.tail_lines(job, 200))  # its tail, then what it gains
 
     def title(self) -> str:
         following = ", following" if self.spool.jobs.find(self.job.id, ACTIVE) is not None else ""
         return f"log of #{self.job.id} {self.job.name} ({self.state}{following})"
 
-    def poll(self) -> bool:
+    def poll(self) -> None:
         chunk = self.spool.logs.read_from(self.job, self.offset)
         if not chunk:
-            return False
+            return
         self.offset += len(chunk)
         text = self.partial + chunk.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
         *complete, self.partial = text.split("\n")
         self.lines.extend(complete)
-        return True
 
     def shown(self) -> list[str]:
         return list(self.lines) + ([self.partial] if self.partial else [])
