@@ -197,12 +197,11 @@ def add(**given: Any) -> dict[str, Any]:
     sp = spool()
     running = enqueue.running_jobs(sp) if given.get("urgent") and not given.get("hold") else None
     published = enqueue.publish(sp, prepared)
-    jobs = [
-        {"id": j.id, "name": j.name, "state": ref.state, "after": j.after, "after_any": j.after_any}
-        for ref, j in published
-    ]
     out: dict[str, Any] = {
-        "jobs": jobs,
+        "jobs": [
+            {"id": j.id, "name": j.name, "state": ref.state, "after": j.after, "after_any": j.after_any}
+            for ref, j in published
+        ],
         "notes": prepared.notes,
         "warnings": prepared.warnings,
         "worker_running": bool(sp.workers.live()),

@@ -40,7 +40,6 @@ ON_IDS: dict[str, Any] = {
 ACTIONS = (*ON_IDS, "preempt")
 CONFIRMED = ("cancel", "kill", "preempt")
 PREEMPT_TIMEOUT = 60.0  # as `gpuq preempt`'s default
-ACTION_STATES = {name: states_of(name) for name in ACTIONS}
 
 
 def queue(sp: Spool, ring: Ring, page: int = 0) -> dict[str, Any]:
@@ -169,7 +168,7 @@ def job(sp: Spool, job_id: int) -> dict[str, Any]:
         "job": shown,
         "triage": triaged,
         "gpu_series": gpu_series(sp, found, now),
-        "actions": [name for name in ACTIONS if ref.state in ACTION_STATES[name]],
+        "actions": [name for name in ACTIONS if ref.state in states_of(name)],
         "confirm": list(CONFIRMED),
         "not_started": not_started(sp, ref, found),
     }
