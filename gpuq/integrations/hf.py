@@ -27,14 +27,10 @@ class GpuqProgressCallback(TrainerCallback):
             total = state.max_steps if state.max_steps and state.max_steps > 0 else None
             self.writer.update(state.global_step, total, force=force, epoch=state.epoch)
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._report(state, force=True)
-
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._report(state, force=False)
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._report(state, force=True)
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._report(state, force=True)
+    on_save = on_train_end = on_train_begin  # written at once, whatever the interval

@@ -1,10 +1,8 @@
 """Save a checkpoint and stop when gpuq preempts a Hugging Face Trainer run:
-`Trainer(..., callbacks=[GpuqPreemptCallback()])`.
-
-Active for a job queued with `--preemptible` (GPUQ_PREEMPTIBLE=1) or with `always=True`. On SIGTERM
-the step in flight finishes, the Trainer saves `checkpoint-<global step>` the normal way and stops,
-so no step is lost. Its handler is installed when training begins, after the Trainer's own (that of
-transformers >= 5's `--enable_jit_checkpoint`, which may lose the step in flight), so it answers.
+`Trainer(..., callbacks=[GpuqPreemptCallback()])`, active under `--preemptible` (GPUQ_PREEMPTIBLE=1)
+or with `always=True`. On SIGTERM the step in flight finishes, then the Trainer saves and stops. The
+handler is installed when training begins, after the Trainer's own (transformers >= 5's
+`--enable_jit_checkpoint`, which may lose the step in flight), so it is the one that answers.
 """
 
 from __future__ import annotations

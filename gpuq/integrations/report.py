@@ -1,10 +1,6 @@
-"""The progress file a job writes for gpuq: `{"step": 120, "total": 300, "time": ..., "recent": [...]}`.
-
-`time` is when the step was reached; `recent` holds the last RECENT (time, step) pairs of this
-process, so gpuq has a rate (and an ETA) from its first look, and a resumed run's rate counts only
-its own steps. Written atomically (a temporary file in the same directory, then a rename), so a
-reader never sees half a file. Standard library only.
-"""
+"""The progress file a job writes for gpuq: `{"step": 120, "total": 300, "time": ..., "recent": [...]}`,
+`recent` the last RECENT (time, step) pairs of this process, so gpuq has a rate from its first look
+and a resumed run's rate counts only its own steps. Written atomically. Standard library only."""
 
 from __future__ import annotations
 
@@ -41,8 +37,8 @@ class ProgressWriter:
             self.recent.append((now, step))
         if not force and now - self._last_write < self.min_interval:
             return False
-        data = {"step": step, "total": total, "time": now, "recent": [list(p) for p in self.recent]}
-        data.update({k: v for k, v in extra.items() if _plain(v)})
+        data: dict[str, Any] = {"step": step, "total": total, "time": now, "recent": [list(p) for p in self.recent]}
+        data.update({k: v for k, v in extra.items() if v is None or isinstance(v, (bool, int, float, str))})
         folder, name = os.path.split(self.path)
         tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
         try:
@@ -54,7 +50,3 @@ class ProgressWriter:
             return False
         self._last_write = now
         return True
-
-
-def _plain(value: Any) -> bool:
-    return value is None or isinstance(value, (bool, int, float, str))

@@ -1,8 +1,7 @@
-"""`gpuq mcp`, which imports the server only once the SDK is known to be there (without it, one line
-says what to install), and `gpuq mcp install`: what a client needs to start it (GPUQ_HOME too: a
-client starts servers with its own environment), printed, or with --write added to its
-configuration file. Codex's TOML file is edited as text: Python has no TOML writer.
-"""
+"""`gpuq mcp` (the server, imported only once the SDK is known to be there) and `gpuq mcp install`:
+what a client needs to start it (GPUQ_HOME too: a client starts servers with its own environment),
+printed or, with --write, added to its configuration file (Codex's TOML as text: Python has no TOML
+writer)."""
 
 from __future__ import annotations
 
@@ -23,6 +22,11 @@ from gpuq.cli.commands import MCP_CLIENTS
 from gpuq.cli.parser import said_by
 from gpuq.core.errors import Refused, UsageError
 from gpuq.system.extras import install_command
+
+if sys.version_info >= (3, 11):
+    import tomllib  # to read a config file that is already there
+else:  # Python 3.10 and older: the text is compared instead
+    tomllib = None
 
 NAME = "gpuq"  # the server's name in every client's configuration
 
@@ -51,7 +55,6 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
 
 def sdk_problem() -> Optional[str]:
-    """Why the MCP SDK cannot serve here (one line), or None."""
     if sys.version_info < (3, 10):
         return f"the MCP SDK needs Python 3.10 or newer; this gpuq runs on {sys.version.split()[0]}"
     if find_spec("mcp") is None:  # found without importing it (the SDK takes a second to import)
@@ -66,7 +69,7 @@ def sdk_problem() -> Optional[str]:
 
 
 def server_command() -> list[str]:
-    """This gpuq's `gpuq mcp`: the script pip installed beside this interpreter, else `python -m gpuq`."""
+    """The script pip installed beside this interpreter, else `python -m gpuq`."""
     script = Path(sys.executable).parent / "gpuq"
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script.absolute()), "mcp"]
@@ -187,13 +190,11 @@ def _with_toml_entry(path: Path, old: Optional[str], force: bool) -> Optional[st
 
 
 def _toml_entry(path: Path, text: str) -> Optional[dict]:
-    """The `mcp_servers.gpuq` entry of a TOML text (None without one, or without tomllib: Python
-    3.10 and older, where only the text is looked at); Refused for a file that is not TOML."""
-    toml = _tomllib()
-    if toml is None:
+    """The `mcp_servers.gpuq` entry of a TOML text, None without one or without tomllib (Python 3.10)."""
+    if tomllib is None:
         return None
     try:
-        servers = toml.loads(text).get("mcp_servers", {})
+        servers = tomllib.loads(text).get("mcp_servers", {})
     except ValueError as exc:
         raise Refused(f"{path} is not TOML ({exc}); left as it is") from None
     entry = servers.get(NAME) if isinstance(servers, dict) else None
@@ -201,22 +202,13 @@ def _toml_entry(path: Path, text: str) -> Optional[dict]:
 
 
 def _same_table(found: str, ours: str) -> bool:
-    toml = _tomllib()
-    if toml is None:
+    if tomllib is None:
         meaningful = [line.strip() for line in found.splitlines() if line.strip() and not line.strip().startswith("#")]
         return meaningful == ours.strip().splitlines()
     try:
-        return toml.loads(found) == toml.loads(ours)
+        return tomllib.loads(found) == tomllib.loads(ours)
     except ValueError:
         return False
-
-
-def _tomllib() -> Any:
-    try:
-        import tomllib  # only to read a config file that is already there
-    except ImportError:  # Python 3.10 and older
-        return None
-    return tomllib
 
 
 def _replace(path: Path, text: str) -> None:

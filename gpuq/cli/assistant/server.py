@@ -76,10 +76,9 @@ PARAMETERS = {tool.name: set(tool.signature().parameters) for tool in tools.TOOL
 
 
 async def one_line_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
-    """A tool's error in one line also where the SDK wrote it (arguments that do not fit the
-    input schema: pydantic's lines, less its links). Arguments a tool does not take are refused,
-    as the CLI refuses an unknown option: the SDK would drop them (a misspelt `after` queues a job
-    that waits for nothing)."""
+    """A tool's error in one line also where the SDK wrote it (pydantic's lines, less its links).
+    Arguments a tool does not take are refused, as the CLI refuses an unknown option: the SDK would
+    drop them (a misspelt `after` queues a job that waits for nothing)."""
     params: Any = (ctx.params or {}) if ctx.method == "tools/call" else {}
     given = params.get("arguments")
     taken = PARAMETERS.get(params.get("name"))

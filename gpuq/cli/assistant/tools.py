@@ -28,6 +28,11 @@ from gpuq.engine.views.triage import triage
 from gpuq.spool import Spool
 
 READ, CHANGE, DESTROY = "read", "change", "destroy"  # a tool's effect
+EFFECT_SAID = {
+    READ: "Read-only.",
+    CHANGE: "Changes the queue: confirm with the user before calling it.",
+    DESTROY: "Ends or throws away work: confirm with the user before calling it, naming the jobs.",
+}
 
 LOG_LINES_DEFAULT, LOG_LINES_MAX = 50, 500
 LOG_CHARS_MAX = 64 * 1024  # a log of one endless line (tqdm without \r) must not flood the assistant
@@ -64,12 +69,7 @@ class Tool(NamedTuple):
     def description(self) -> str:
         help_text = (next(c.help for c in COMMANDS if self.command in c.names) or "") if self.with_help else ""
         parts = [f"{help_text[:1].upper()}{help_text[1:]}." if help_text else "", self.summary]
-        text = " ".join(p for p in parts if p) + f" Stands for `{self.cli}`."
-        if self.effect == READ:
-            return f"{text} Read-only."
-        if self.effect == CHANGE:
-            return f"{text} Changes the queue: confirm with the user before calling it."
-        return f"{text} Ends or throws away work: confirm with the user before calling it, naming the jobs."
+        return " ".join(p for p in parts if p) + f" Stands for `{self.cli}`. {EFFECT_SAID[self.effect]}"
 
 
 def on_ids(
@@ -84,7 +84,6 @@ def on_ids(
     flags = [opt for opt in next(c for c in COMMANDS if name in c.names).options if opt.kind == FLAG]
 
     def run(ids: list[int], **given: bool) -> dict[str, Any]:
-        """When every job was refused, that is the tool's error."""
         done: list[dict[str, Any]] = []
         refused: list[dict[str, Any]] = []
         for job_id, outcome in requests.each(spool(), request(ids=ids, **given)):
@@ -92,7 +91,7 @@ def on_ids(
                 refused.append({"id": job_id, "error": str(outcome)})
             else:
                 done.append(job_said(outcome.job, state, **said(outcome)))
-        if refused and not done:
+        if refused and not done:  # every job refused: the tool's error
             raise Refused("; ".join(r["error"] for r in refused))
         return {"jobs": done, "refused": refused}
 
@@ -110,16 +109,14 @@ LOST = "The steps since each one's last checkpoint are lost."
 
 
 def queue(all: Annotated[bool, Field(description="every finished job, not only the newest (as -a)")] = False) -> Any:
-    sp = spool()
-    return [cmd_status.json_row(row) for row in status(sp, show_all=all).rows]
+    return [cmd_status.json_row(row) for row in status(spool(), show_all=all).rows]
 
 
 def job(
     id: JobId,
     env: Annotated[bool, Field(description="the values of the shell's environment it was queued from")] = False,
 ) -> Any:
-    """`show --json`, less the values of the environment inherited from the shell that queued the
-    job (tokens among them) unless asked for: their names are `shell_env_names`."""
+    """`show --json`; of the shell's environment (tokens among them) only the names, unless `env`."""
     sp = spool()
     ref, found = actions.get(sp, id)
     shown = cmd_view.show_json(sp, ref, found, secrets=False)
@@ -200,12 +197,11 @@ def add(**given: Any) -> dict[str, Any]:
     sp = spool()
     running = enqueue.running_jobs(sp) if given.get("urgent") and not given.get("hold") else None
     published = enqueue.publish(sp, prepared)
-    jobs = [
-        {"id": j.id, "name": j.name, "state": ref.state, "after": j.after, "after_any": j.after_any}
-        for ref, j in published
-    ]
     out: dict[str, Any] = {
-        "jobs": jobs,
+        "jobs": [
+            {"id": j.id, "name": j.name, "state": ref.state, "after": j.after, "after_any": j.after_any}
+            for ref, j in published
+        ],
         "notes": prepared.notes,
         "warnings": prepared.warnings,
         "worker_running": bool(sp.workers.live()),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import curses
 import os
 import queue
@@ -12,7 +13,6 @@ from collections import deque
 from typing import Any, Callable, NamedTuple, Optional
 
 from gpuq.cli import render
-from gpuq.cli.commands import COMMANDS
 from gpuq.cli.top import draw, model
 from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.job import Job
@@ -37,7 +37,7 @@ class Action(NamedTuple):
 
     @property
     def states(self) -> tuple[str, ...]:
-        return next(c.id_states or () for c in COMMANDS if self.verb in c.names)
+        return model.states_of(self.verb)
 
 
 def _on(request: Callable[..., requests.OnJobs], said: Callable[[requests.Done], str]) -> Callable[[Spool, int], str]:
@@ -84,7 +84,7 @@ HELP = [
 
 
 class LogFollow:
-    def __init__(self, spool: Spool, job: Job, state: str, lines: int = 200) -> None:
+    def __init__(self, spool: Spool, job: Job, state: str) -> None:
         self.spool, self.job, self.state = spool, job, state
         self.lines: deque[str] = deque(maxlen=KEPT_LINES)
         self.partial = ""  # a line not ended yet (a tqdm bar ends it with \r)
@@ -92,21 +92,20 @@ class LogFollow:
         if self.offset == 0 and state in (PENDING, HELD, CANCELLED):
             self.lines.append(f"(#{job.id} has not started: no log yet)")
         else:
-            self.lines.extend(spool.logs.tail_lines(job, lines))
+            self.lines.extend(spool.logs.tail_lines(job, 200))  # its tail, then what it gains
 
     def title(self) -> str:
         following = ", following" if self.spool.jobs.find(self.job.id, ACTIVE) is not None else ""
         return f"log of #{self.job.id} {self.job.name} ({self.state}{following})"
 
-    def poll(self) -> bool:
+    def poll(self) -> None:
         chunk = self.spool.logs.read_from(self.job, self.offset)
         if not chunk:
-            return False
+            return
         self.offset += len(chunk)
         text = self.partial + chunk.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
         *complete, self.partial = text.split("\n")
         self.lines.extend(complete)
-        return True
 
     def shown(self) -> list[str]:
         return list(self.lines) + ([self.partial] if self.partial else [])
@@ -127,10 +126,8 @@ class App:
         self.busy: Optional[threading.Thread] = None
 
     def run(self, screen: Any) -> None:
-        try:
+        with contextlib.suppress(curses.error):  # a terminal that cannot hide it
             curses.curs_set(0)
-        except curses.error:
-            pass  # a terminal that cannot hide it
         if hasattr(curses, "set_escdelay"):
             curses.set_escdelay(25)  # esc answers at once, not after ncurses' second of waiting for a sequence
         screen.timeout(TICK_MS)
@@ -186,10 +183,8 @@ class App:
         screen.erase()
         for row, (text, attr) in enumerate(lines[:height]):
             text = shown(text)  # a job's name, reason or log line may hold a NUL, which addstr refuses
-            try:
-                screen.addstr(row, 0, text if self.unicode else _ascii(text), ATTRS.get(attr, 0))
-            except curses.error:
-                pass  # a terminal shrunk under us: the next frame fits
+            with contextlib.suppress(curses.error):  # a terminal shrunk under us: the next frame fits
+                screen.addstr(row, 0, text if self.unicode else draw.ascii_text(text), ATTRS.get(attr, 0))
         screen.refresh()
 
     def _bottom_line(self) -> Optional[draw.Line]:
@@ -267,10 +262,6 @@ class App:
 
 
 ATTRS: dict[str, int] = {}
-
-
-def _ascii(text: str) -> str:
-    return text.encode("ascii", "replace").decode("ascii")
 
 
 def run(spool: Spool, interval: float, unicode: bool) -> None:

@@ -21,7 +21,7 @@ def cmd_top(args: argparse.Namespace) -> int:
         snap = model.take(spool(), model.Ring())
         frame = draw.frame(snap, draw.Screen(size.columns, size.lines, next(iter(snap.ids()), None), _unicode()))
         text = "\n".join(shown(line).rstrip() for line, attr in frame if line or attr)
-        print(text if _unicode() else text.encode("ascii", "replace").decode("ascii"))
+        print(text if _unicode() else draw.ascii_text(text))
         return 0
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("needs a terminal (stdin and stdout); `gpuq top --once` prints one frame")

@@ -8,7 +8,7 @@ from typing import Optional
 
 from gpuq.cli.render import progress_bar
 from gpuq.cli.top.model import GpuLine, JobLine, Snapshot
-from gpuq.core.states import CANCELLED, FAILED, FINISHED, INTERRUPTED, PREEMPTED, RUNNING, STATES
+from gpuq.core.states import CANCELLED, FAILED, INTERRUPTED, PREEMPTED, RUNNING, UNFINISHED
 
 TITLE, HEAD, SELECTED, BAD, WARN, DIM = "title", "head", "selected", "bad", "warn", "dim"
 Line = tuple[str, str]
@@ -17,7 +17,6 @@ SPARKS = " ▁▂▃▄▅▆▇█"
 ASCII_SPARKS = " .:-=+*#%"
 HINT = "? help  q quit  enter log  x kill  c cancel  h/u hold/release  p/P preempt/resume  r retry"
 WENT_WRONG = (FAILED, CANCELLED, PREEMPTED, INTERRUPTED)
-WAITING_STATES = tuple(state for state in STATES if state not in FINISHED and state != RUNNING)
 
 
 class Screen:
@@ -92,7 +91,7 @@ def _row_text(line: JobLine, name_w: int, unicode: bool) -> str:
         util = f"{line.util}%" if line.util is not None else ""
         info = "  ".join(part for part in (line.idle, line.info) if part)
         return f"{mark:>5} {name} {progress:<24} {util:>4}  {info}"
-    wide = 13 if line.state in WAITING_STATES else 10  # `starts ~4m10s`, `ran 2h10m`
+    wide = 13 if line.state in UNFINISHED else 10  # `starts ~4m10s`, `ran 2h10m`
     return f"{mark:>5} {line.state:<9} {name} {line.progress:<{wide}} {line.info}"
 
 
@@ -125,6 +124,10 @@ def help_frame(keys: list[tuple[str, str]], screen: Screen) -> list[Line]:
     lines += [(_cut(f"  {key:<12} {what}", width), "") for key, what in keys]
     lines += [("", ""), (_cut("It only looks: the worker runs the jobs. Any key goes back.", width), DIM)]
     return lines[: max(1, screen.height)]
+
+
+def ascii_text(text: str) -> str:
+    return text.encode("ascii", "replace").decode("ascii")
 
 
 def _cut(text: str, width: int) -> str:

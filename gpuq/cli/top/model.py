@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuq.cli import render
+from gpuq.cli.commands import COMMANDS
 from gpuq.core.job import Job
 from gpuq.core.states import FINISHED, PENDING, RUNNING
 from gpuq.core.times import duration
@@ -43,17 +45,16 @@ class JobLine:
         self.idle = ""  # a running job that held a GPU idle too long: what `status` says of it
 
 
+@dataclass
 class Snapshot:
-    __slots__ = ("at", "worker", "gpu_title", "gpus", "running", "waiting", "finished", "warnings")
-
-    def __init__(self, at: float, worker: str) -> None:
-        self.at, self.worker = at, worker
-        self.gpu_title: Optional[str] = None  # None: no GPUs here (jobs take slots)
-        self.gpus: list[GpuLine] = []
-        self.running: list[JobLine] = []
-        self.waiting: list[JobLine] = []  # pending, held, preempted, interrupted, on Slurm
-        self.finished: list[JobLine] = []  # newest first
-        self.warnings: list[str] = []
+    at: float
+    worker: str
+    gpu_title: Optional[str] = None  # None: no GPUs here (jobs take slots)
+    gpus: list[GpuLine] = field(default_factory=list)
+    running: list[JobLine] = field(default_factory=list)
+    waiting: list[JobLine] = field(default_factory=list)  # pending, held, preempted, interrupted, on Slurm
+    finished: list[JobLine] = field(default_factory=list)  # newest first
+    warnings: list[str] = field(default_factory=list)
 
     def lines(self) -> list[JobLine]:
         return self.running + self.waiting + self.finished
@@ -86,12 +87,12 @@ class Ring:
         return [u for u, _m in kept], [m for _u, m in kept]
 
 
-def take(spool: Spool, ring: Ring, now: Optional[float] = None) -> Snapshot:
-    now = time.time() if now is None else now
+def take(spool: Spool, ring: Ring) -> Snapshot:
+    now = time.time()
     st = status(spool)
     snap = Snapshot(now, render.worker_line(st.workers, st.outlook(now)))
     ring.add(st.gpus)
-    utils = {g["index"]: g.get("utilization_gpu") for g in (st.gpus or {}).get("gpus") or []}
+    utils = gpu_utils(st.gpus)
     for row in render.group_sweeps(st.rows):
         line = _job_line(row, now, utils)
         if row.state == RUNNING:
@@ -103,8 +104,7 @@ def take(spool: Spool, ring: Ring, now: Optional[float] = None) -> Snapshot:
     snap.finished = sorted(snap.finished, key=lambda line: -(line.job_id or 0))[:FINISHED_SHOWN]
     if st.gpus is not None:
         snap.gpu_title = render.gpu_title(st.gpus, now)
-        names = {row.job.id: row.job.name for row in st.rows if row.state == RUNNING}  # a sweep's too
-        snap.gpus = [GpuLine(gpu, holders(gpu, names, spool.home), ring) for gpu in st.gpus["gpus"]]
+        snap.gpus = gpu_lines(st.gpus, st.rows, spool.home, ring)
     snap.warnings = list(st.warnings)
     return snap
 
@@ -125,11 +125,30 @@ def _job_line(row: Any, now: float, utils: dict[int, Optional[int]]) -> JobLine:
     line.job = job
     if row.state == RUNNING:
         line.fraction = row.estimate.fraction if row.estimate is not None else None
-        known = [utils[i] for i in job.gpus or () if utils.get(i) is not None]
-        line.util = round(sum(known) / len(known)) if known else None  # type: ignore[arg-type]  # None filtered out
+        line.util = mean_util(job, utils)
         if row.gpu_idle:
             line.idle = gpuuse.idle_text(row.gpu_idle)
     return line
+
+
+def gpu_utils(view: Optional[dict[str, Any]]) -> dict[int, Optional[int]]:
+    return {g["index"]: g.get("utilization_gpu") for g in (view or {}).get("gpus") or []}
+
+
+def mean_util(job: Job, utils: dict[int, Optional[int]]) -> Optional[int]:
+    """The mean utilisation of a running job's GPUs now, of those known."""
+    known = [utils[i] for i in job.gpus or () if utils.get(i) is not None]
+    return round(sum(known) / len(known)) if known else None  # type: ignore[arg-type]  # None filtered out
+
+
+def gpu_lines(view: dict[str, Any], rows: list[Any], home: str, ring: Ring) -> list[GpuLine]:
+    names = {row.job.id: row.job.name for row in rows if row.state == RUNNING}  # a sweep's too
+    return [GpuLine(gpu, holders(gpu, names, home), ring) for gpu in view["gpus"]]
+
+
+def states_of(verb: str) -> tuple[str, ...]:
+    """The states of the jobs the command `verb` acts on, as the command table gives them."""
+    return next(c.id_states or () for c in COMMANDS if verb in c.names)
 
 
 def holders(gpu: dict[str, Any], names: dict[Optional[int], str], home: str) -> list[str]:

@@ -1,8 +1,7 @@
-"""The ASGI application of `gpuq web` (Starlette): the pages, the JSON they poll, the actions, and
-the one gate every request passes, the token. Anyone on the machine can reach the loopback
-interface, so loopback is no protection: a request without the token (in the URL once, then in an
-HttpOnly, SameSite=Strict cookie) gets 403 and no data. A changing request is a POST whose Origin
-must be the page's own, so another site open in the same browser cannot act through it.
+"""The ASGI application of `gpuq web` (Starlette): the pages, the JSON they poll, the actions.
+Anyone on the machine can reach loopback, so every request needs the token (in the URL once, then
+in an HttpOnly, SameSite=Strict cookie), else 403; a changing request is a POST whose Origin must
+be the page's own, so another site open in the same browser cannot act through it.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
 from urllib.parse import parse_qsl, urlencode
 
@@ -24,7 +23,7 @@ from gpuq.cli.web import data
 from gpuq.core.errors import GpuqError, UsageError
 from gpuq.spool import Spool
 
-STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+STATIC = Path(__file__).resolve().parent / "static"
 ASSETS = {"web.css": "text/css; charset=utf-8", "web.js": "text/javascript; charset=utf-8"}
 PAGES = ("index.html", "job.html")
 # The page runs only its own script and style: a name that got past the escaping could still run nothing.
@@ -102,7 +101,7 @@ def build(sp: Spool, read_only: bool = False) -> Asgi:
     # A first look before serving: the modules a look imports and the finished index it brings up
     # to date are then ready for the first page, not paid for by it.
     data.queue(sp, ring)
-    files = {name: _read(name) for name in (*ASSETS, *PAGES)}
+    files = {name: Path(STATIC, name).read_text(encoding="utf-8") for name in (*ASSETS, *PAGES)}
 
     def page(name: str, initial: dict[str, Any]) -> Response:
         initial["read_only"] = read_only
@@ -161,11 +160,6 @@ def build(sp: Spool, read_only: bool = False) -> Asgi:
     return TokenGate(Starlette(routes=routes), sp.web_token.follow())
 
 
-def _read(name: str) -> str:
-    with open(os.path.join(STATIC, name), encoding="utf-8") as fh:
-        return fh.read()
-
-
 def _page(request: Request) -> int:
     return _count(request.query_params.get("page", "")) or 0
 
@@ -176,8 +170,7 @@ def _count(given: str) -> Optional[int]:
 
 
 def _or_error(make: Callable[[], Any], answer: Callable[..., Response]) -> Response:
-    """A refusal of the library is the CLI's one line: 404 for a job that is not there, 409 for
-    one whose state does not allow it, 400 for a bad request."""
+    """A refusal is the CLI's one line: 404 no such job, 409 not in that state, 400 a bad request."""
     try:
         return answer(make())
     except UsageError as exc:

@@ -8,7 +8,7 @@ import signal
 import socket
 import sys
 from importlib.util import find_spec
-from typing import Any, Optional
+from typing import Any
 
 from gpuq.cli.common import spool
 from gpuq.cli.parser import said_by
@@ -18,16 +18,7 @@ from gpuq.system.extras import install_command
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def missing() -> Optional[str]:
-    """Why the web extra cannot serve here, with the command that installs it; None when it can."""
-    absent = [name for name in ("starlette", "uvicorn") if find_spec(name) is None]
-    if absent:
-        return f"needs {' and '.join(absent)}, not installed: {install_command('web')}"
-    return None
-
-
 def listen(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (port 0: one the kernel picks)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -53,9 +44,9 @@ def url(sock: socket.socket, host: str, token: str) -> str:
 
 
 def cmd_web(args: argparse.Namespace) -> int:
-    problem = missing()
-    if problem:
-        raise said_by("gpuq web", Refused(problem))
+    absent = [name for name in ("starlette", "uvicorn") if find_spec(name) is None]
+    if absent:
+        raise said_by("gpuq web", Refused(f"needs {' and '.join(absent)}, not installed: {install_command('web')}"))
     sp = spool()
     token = sp.web_token.get(new=args.new_token)
     sock = listen(args.host, args.port)

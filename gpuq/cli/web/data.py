@@ -1,9 +1,5 @@
-"""What `gpuq web` shows and does, as JSON-ready data: the queue from the view `gpuq status` reads
-(rows as `status --json` gives them, sweeps folded as `status` folds them, the finished jobs paged
-from the index `status -a` reads), a job as `show --json`, `show` and `triage` tell it, its log read
-from the end as `gpuq log` reads it, and the actions through the engine's typed requests, refused
-for the reasons the CLI gives. Nothing here knows of HTTP (app.py) or HTML (static/).
-"""
+"""What `gpuq web` shows and does, as JSON-ready data, from what the CLI's commands call (`status`,
+`show`, `triage`, `log`, the engine's typed requests). Nothing here knows of HTTP or HTML."""
 
 from __future__ import annotations
 
@@ -13,8 +9,7 @@ from typing import Any, Optional
 from gpuq.cli import render
 from gpuq.cli.cmd_status import json_row
 from gpuq.cli.cmd_view import show_json
-from gpuq.cli.commands import COMMANDS
-from gpuq.cli.top.model import Ring, holders
+from gpuq.cli.top.model import GpuLine, Ring, gpu_lines, gpu_utils, mean_util, states_of
 from gpuq.core import schema
 from gpuq.core.errors import GpuqError, Refused
 from gpuq.core.states import CANCELLED, FINISHED, HELD, PREEMPTED, RUNNING
@@ -32,8 +27,8 @@ PER_PAGE = 50  # finished jobs on a page, newest first
 LOG_TAIL_BYTES = 64 * 1024  # what a job's page first shows of its log, read from the end
 LOG_BEHIND_BYTES = 1 << 20  # a follower further behind than this jumps to the tail (a 1 GiB log is never read whole)
 TRIAGE_LINES = 30
-# The actions a job's page offers, each the request its CLI command makes, with the states it acts
-# on as the command table says them, and whether the page asks before it (work is lost or ended).
+# The actions a job's page offers, each the request its CLI command makes, on the states the
+# command table gives; CONFIRMED: those the page asks about first (work is lost or ended).
 ON_IDS: dict[str, Any] = {
     "cancel": requests.Cancel,
     "kill": requests.Kill,
@@ -47,29 +42,16 @@ CONFIRMED = ("cancel", "kill", "preempt")
 PREEMPT_TIMEOUT = 60.0  # as `gpuq preempt`'s default
 
 
-def _states_of(name: str) -> tuple[str, ...]:
-    return next(c.id_states for c in COMMANDS if name in c.names) or ()
-
-
-ACTION_STATES = {name: _states_of(name) for name in ACTIONS}
-
-
-def clean(data: bytes) -> str:
-    """A log's bytes as text the page may show: invalid UTF-8 replaced, escape sequences dropped."""
-    return shown(data.decode("utf-8", "replace"))
-
-
-def queue(sp: Spool, ring: Ring, page: int = 0, now: Optional[float] = None) -> dict[str, Any]:
-    """The queue: workers, GPUs (with their recent past from `ring`), running and waiting jobs
-    (sweeps folded), and one page of the finished jobs, newest first."""
-    now = time.time() if now is None else now
+def queue(sp: Spool, ring: Ring, page: int = 0) -> dict[str, Any]:
+    """The queue (sweeps folded), with one page of the finished jobs, newest first."""
+    now = time.time()
     st = status(sp, show_all=True, damaged=render.damaged_cells)
     shown = st.gpus
     if shown is not None and shown.get("worker"):
         gpuview.add_leases(shown)  # every user's leases as they are now, as `gpuq gpus` shows them
     ring.add(shown)
     unfinished = [row for row in st.rows if row.state not in FINISHED]
-    utils = {g["index"]: g.get("utilization_gpu") for g in (shown or {}).get("gpus") or []}
+    utils = gpu_utils(shown)
     running: list[dict[str, Any]] = []
     waiting: list[dict[str, Any]] = []
     for row in render.group_sweeps(unfinished):
@@ -110,8 +92,7 @@ def _row(row: Any, rows: list[Any], utils: dict[int, Optional[int]]) -> dict[str
     out["progress_text"] = render.progress_text(row.estimate, row.state, bar=False)
     out["script"] = schema.display_script(row.job.cmd)
     if row.state == RUNNING:
-        known = [utils[i] for i in row.job.gpus or () if utils.get(i) is not None]
-        out["util"] = round(sum(known) / len(known)) if known else None  # type: ignore[arg-type]  # None left out
+        out["util"] = mean_util(row.job, utils)
     return out
 
 
@@ -121,26 +102,21 @@ def _finished_page(st: Any, page: int, now: float) -> list[dict[str, Any]]:
     start = page * PER_PAGE
     view = st.finished
     if view is not None:
-        total = len(view)
         names, scripts, seconds, ends = view.columns
-        out = []
-        for at in range(total - 1 - start, max(total - 1 - start - PER_PAGE, -1), -1):
-            state = view.states[at]
-            info = render.finished_info(state, *ends[at])
-            ran = duration(seconds[at]) if seconds[at] is not None else ""
-            out.append(
-                {
-                    "id": view.ids[at],
-                    "state": state,
-                    "name": names[at],
-                    "script": scripts[at],
-                    "ran": ran,
-                    "info": info,
-                    "exit_code": ends[at][0],
-                    "reason": ends[at][3] or None,
-                }
-            )
-        return out
+        newest = len(view) - 1 - start
+        return [
+            {
+                "id": view.ids[at],
+                "state": view.states[at],
+                "name": names[at],
+                "script": scripts[at],
+                "ran": duration(seconds[at]) if seconds[at] is not None else "",
+                "info": render.finished_info(view.states[at], *ends[at]),
+                "exit_code": ends[at][0],
+                "reason": ends[at][3] or None,
+            }
+            for at in range(newest, max(newest - PER_PAGE, -1), -1)
+        ]
     rows = sorted((r for r in st.rows if r.state in FINISHED), key=lambda r: -r.job.id)
     out = []
     for row in rows[start : start + PER_PAGE]:
@@ -169,29 +145,14 @@ def _gpus(
 ) -> Optional[dict[str, Any]]:
     if shown is None:
         return None
-    names = {row.job.id: row.job.name for row in rows if row.state == RUNNING}
-    out = []
-    for gpu in shown["gpus"]:
-        utils, mems = ring.series(gpu["index"])
-        out.append(
-            {
-                "index": gpu["index"],
-                "name": gpu.get("name") or "?",
-                "util": gpu.get("utilization_gpu"),
-                "used_mib": gpu.get("memory_used_mib") or 0,
-                "total_mib": gpu.get("memory_total_mib") or 0,
-                "holders": holders(gpu, names, home),
-                "utils": utils,
-                "mems": mems,
-            }
-        )
-    return {"title": render.gpu_title(shown, now), "gpus": out}
+    lines = gpu_lines(shown, rows, home, ring)
+    gpus = [{slot: getattr(line, slot) for slot in GpuLine.__slots__} for line in lines]
+    return {"title": render.gpu_title(shown, now), "gpus": gpus}
 
 
-def job(sp: Spool, job_id: int, now: Optional[float] = None) -> dict[str, Any]:
-    """A job's page: `show`'s lines, `show --json` (the shell's environment only by name, as the
-    assistant's tool gives it), `triage`, its GPU utilisation series, the actions its state allows."""
-    now = time.time() if now is None else now
+def job(sp: Spool, job_id: int) -> dict[str, Any]:
+    """A job's page; of the shell's environment only the names, as the assistant's tool gives them."""
+    now = time.time()
     ref, found = actions.get(sp, job_id)
     shown = show_json(sp, ref, found, secrets=False)
     shown["shell_env_names"] = sorted(shown.pop("shell_env", None) or {})
@@ -207,15 +168,14 @@ def job(sp: Spool, job_id: int, now: Optional[float] = None) -> dict[str, Any]:
         "job": shown,
         "triage": triaged,
         "gpu_series": gpu_series(sp, found, now),
-        "actions": [name for name in ACTIONS if ref.state in ACTION_STATES[name]],
+        "actions": [name for name in ACTIONS if ref.state in states_of(name)],
         "confirm": list(CONFIRMED),
         "not_started": not_started(sp, ref, found),
     }
 
 
 def gpu_series(sp: Spool, found: Any, now: float) -> list[dict[str, Any]]:
-    """Per GPU of the job's newest attempt that has a record: [seconds since its start, percent]
-    points from the spans the supervisor's samples make (engine/tracking/gpuseries.py)."""
+    """Per GPU of the newest attempt with a record: [seconds since its start, percent] of each span."""
     record = sp.reports.read_gpu_use(found.id)
     attempts = record.get("attempts") if isinstance(record, dict) else None
     if not isinstance(attempts, dict) or not attempts:
@@ -254,7 +214,7 @@ def log(sp: Spool, job_id: int, offset: Optional[int]) -> dict[str, Any]:
     return {
         "id": job_id,
         "state": ref.state,
-        "text": clean(chunk),
+        "text": shown(chunk.decode("utf-8", "replace")),  # escape sequences dropped
         "offset": start + len(chunk),
         "size": size,
         "skipped": skipped,
@@ -265,8 +225,7 @@ def log(sp: Spool, job_id: int, offset: Optional[int]) -> dict[str, Any]:
 
 
 def act(sp: Spool, name: str, job_id: int) -> str:
-    """One action on one job through the request its command makes: what happened, in a line; a
-    refusal raises GpuqError with the CLI's reason."""
+    """One action on one job, said in a line; a refusal raises GpuqError with the CLI's reason."""
     if name == "preempt":
         stopped = requests.Preempt(id=job_id, timeout=PREEMPT_TIMEOUT).run(sp)
         if stopped.state == PREEMPTED:
@@ -277,18 +236,13 @@ def act(sp: Spool, name: str, job_id: int) -> str:
     request = ON_IDS.get(name)
     if request is None:
         raise Refused(f"no such action: {name}")
-    for _id, outcome in requests.each(sp, request(ids=[job_id])):
-        if isinstance(outcome, GpuqError):
-            raise outcome
-        said = {
-            "cancel": render.killed_text(outcome.job, f"{CANCELLED}: it was running, killed")
-            if outcome.killed
-            else CANCELLED,
-            "kill": render.killed_text(outcome.job),
-            "hold": HELD,
-            "release": "back in line",
-            "retry": f"back in the queue: {outcome.how}",
-            "resume": f"back in the queue: {outcome.how}",
-        }[name]
-        return f"job #{job_id} {outcome.job.name}: {said}"
-    raise Refused(f"no such job #{job_id}")
+    done = request(ids=[job_id]).one(sp, job_id, lambda _job_id: None)  # a refusal raises
+    said = {
+        "cancel": render.killed_text(done.job, f"{CANCELLED}: it was running, killed") if done.killed else CANCELLED,
+        "kill": render.killed_text(done.job),
+        "hold": HELD,
+        "release": "back in line",
+        "retry": f"back in the queue: {done.how}",
+        "resume": f"back in the queue: {done.how}",
+    }[name]
+    return f"job #{job_id} {done.job.name}: {said}"
