@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+from contextlib import suppress
 from typing import Any, Optional
 
 from gpuq.core.job import Job
@@ -161,10 +162,9 @@ def _more_memory(mib: int, tried: Optional[str]) -> int:
     """What it had plus what it tried to allocate (PyTorch's `2.00 GiB`; else half again), in GiB."""
     number, _, unit = (tried or "").partition(" ")
     scale = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024, "TiB": 1 << 20}.get(unit)
-    try:
+    extra = 0
+    with suppress(ValueError):
         extra = math.ceil(float(number) * scale) if scale else 0
-    except ValueError:
-        extra = 0
     return math.ceil((mib + (extra or mib // 2)) / 1024) * 1024
 
 

@@ -3,6 +3,7 @@ its size), its checkpoint and the command lines that would fix it, as one JSON-r
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any, Optional
 
 from gpuq.core import failure
@@ -100,10 +101,9 @@ def log_lines(tail: bytes, count: int = LOG_LINES) -> list[str]:
 
 def checkpoint_facts(job: Job) -> dict[str, Any]:
     """The newest complete checkpoint, where gpuq looked, the one recorded, whether one is resumed."""
-    try:
+    latest = None
+    with suppress(OSError):
         latest = checkpoints.latest_checkpoint(job)
-    except OSError:
-        latest = None
     return {
         "latest": latest.path if latest else None,
         "step": latest.step if latest else None,
