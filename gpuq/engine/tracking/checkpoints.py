@@ -143,8 +143,7 @@ def mtime(path: str) -> float:
 
 
 def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
-    """Usable matches of `pattern` (relative to `cwd`), oldest first: by the step number in the
-    names when every one has one, else by the epoch number, else by modification time."""
+    """Usable matches of `pattern` in `cwd`, oldest first: by step number, else epoch, else mtime."""
     full = os.path.join(cwd, os.path.expanduser(pattern))
     paths = [os.path.abspath(p) for p in glob.glob(full, recursive=True) if _usable(p)]
     found = [
@@ -176,8 +175,7 @@ def latest_checkpoint(job: Job) -> Optional[Checkpoint]:
 
 
 def written_at(path: str) -> float:
-    """When a checkpoint was completed: a directory's newest time of it and its entries (HF writes
-    trainer_state.json last), else its own mtime."""
+    """When a checkpoint was completed: the newest mtime of it and, for a directory, its entries."""
     newest = mtime(path)
     if os.path.isdir(path):
         with suppress(OSError), os.scandir(path) as entries:

@@ -53,8 +53,7 @@ class Attempt(NamedTuple):
 def observe(
     spool: Spool, job: Job, stored: dict[str, Any]
 ) -> tuple[Optional[progress.Reading], list[tuple[float, float]], Optional[dict[str, Any]]]:
-    """The most trusted reading now, extra (time, step) points its source carries, and the memo of
-    the log's reading to keep (None: nothing)."""
+    """The most trusted reading now, extra (time, step) points its source has, the log's memo to keep."""
     started = progress.attempt_started(job)
     report = progress.progress_report(spool, job)
     if report:
@@ -75,8 +74,7 @@ def observe(
 def log_reading(
     spool: Spool, job: Job, stored: dict[str, Any]
 ) -> tuple[Optional[progress.Reading], Optional[dict[str, Any]]]:
-    """The reading of the job's log tail, and its memo for the samples: a log unchanged since (same
-    signature, counters seen and --num_train_epochs) is not read again."""
+    """The reading of the job's log tail and its memo: an unchanged log (and counters seen) is not read again."""
     signature = spool.logs.signature(job)
     if signature is None:
         return None, None
@@ -157,8 +155,7 @@ def past_resume(
     points: list[tuple[float, float]], reading: progress.Reading, run: Attempt
 ) -> list[tuple[float, float]]:
     """The samples that show a resumed attempt's pace: a log's bar jumps from 0 to the resumed step
-    (HF's fast-forward), which is no work. All of them while the counter is below that step: it
-    counts something else (a bar over epochs)."""
+    (HF's fast-forward), no work. All of them while below that step: it counts something else."""
     start = run.start_step
     counts_steps = reading.source == "log" and reading.kind not in (*progress.EPOCH_KINDS, "N%")
     if not start or not counts_steps or reading.step < start:
@@ -173,8 +170,7 @@ def _seconds_per_step(a: tuple[float, float], b: tuple[float, float]) -> Optiona
 
 
 def rate_of(points: list[tuple[float, float]], window_weight: float = WINDOW_WEIGHT) -> tuple[Optional[float], str]:
-    """Steps per second: the newest RATE_POINTS samples blended, in seconds per step, with the mean
-    since the first sample (when there are more than the window)."""
+    """Steps per second: the newest RATE_POINTS samples blended with the mean since the first sample."""
     recent = points[-RATE_POINTS:]
     if len(recent) < 2:
         return None, ""
@@ -207,8 +203,7 @@ def _first_look(reading: progress.Reading, run: Optional[Attempt], now: float) -
 
 
 def _overdue(reading: progress.Reading, run: Attempt, now: float) -> Optional[float]:
-    """How long ago the job should have ended at the pace of its one reading (None: not overdue):
-    the first look's test for a stall."""
+    """How long ago the job should have ended at the pace of its one reading (None: not overdue)."""
     done, spent = reading.step - (run.start_step or 0.0), reading.at - run.started
     if spent < MIN_SPAN:
         return None
@@ -241,8 +236,7 @@ def estimate(
     run: Optional[Attempt] = None,
     window_weight: float = WINDOW_WEIGHT,
 ) -> Estimate:
-    """The ETA of a running job from its reading, that series' samples and its attempt when known.
-    The rate comes from the samples, else the source's own, else the first-look formula."""
+    """A running job's ETA: its rate from the samples, else the source's own, else the first look's."""
     if reading is None:
         return Estimate(None, None, "unknown: no progress file, no progress in the log tail, no checkpoint")
     where = f"{reading.source} ({reading.kind})"

@@ -62,8 +62,7 @@ def of_run(record: dict[str, Any], start: float, end: float, resolution: float =
 
 
 def of_runs(spool: Spool, runs: Iterable[Any]) -> dict[tuple[int, float], dict[str, list[Span]]]:
-    """(job id, start) -> the spans per GPU of each PastRun that has a GPU record, merged up to
-    1/SPANS_ACROSS of the whole timeline, so thousands of long runs stay quick to draw."""
+    """(job id, start) -> each PastRun's spans per GPU, merged up to 1/SPANS_ACROSS of the timeline."""
     runs = list(runs)
     if not runs:
         return {}

@@ -204,8 +204,7 @@ def side_counter(counter: str, total: Optional[float]) -> bool:
 
 
 def bar_epoch(line: str) -> list[Found]:
-    """The epoch a bar's description names, as a counter of its own before the bar's: "Epoch N/M",
-    or Lightning's "Epoch N" without a total."""
+    """The epoch a bar's description names, as a counter before the bar's ("Epoch N/M" or "Epoch N")."""
     description = re.split(PERCENT_RE, line, maxsplit=1)[0]
     m = re.search(BAR_EPOCH_RE, description)
     if not m:
@@ -318,7 +317,7 @@ def checkpoint_points(job: Job) -> tuple[list[tuple[float, float, str]], Optiona
 
 def wrote_since(mtime: float, started: float, adopted: bool = False) -> bool:
     """Whether a file completed at `mtime` was written after the attempt started (recorded before
-    the spawn), with CLOCK_SLACK; MTIME_SLACK for whole-second times and an adopted start."""
+    the spawn), give or take CLOCK_SLACK; MTIME_SLACK for whole-second times and an adopted start."""
     return mtime >= started - (checkpoints.MTIME_SLACK if adopted or float(mtime).is_integer() else CLOCK_SLACK)
 
 

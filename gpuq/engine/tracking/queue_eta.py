@@ -23,8 +23,8 @@ RUNS = RECENT_RUNS  # a pending job's run time: the median of the newest RUNS su
 
 
 def past_durations(spool: Spool, keys: set[str], listing: Optional[Finished] = None) -> dict[str, list[float]]:
-    """Run times of the newest RUNS successful runs of each command key (the finished index's and
-    what `gpuq clear` kept), oldest first. `listing`: the finished index, if the caller has it."""
+    """Run times of the newest RUNS successful runs of each command key, oldest first (`listing`: the
+    finished index, if the caller has it)."""
     done = spool.finished.read() if listing is None else listing
     kept = summarise(done.kept)[0]
     found = {key: dict(kept.get(key, ())) for key in keys}  # id -> run time: a job in both counts once
@@ -153,8 +153,7 @@ class Turn:
 
 
 def others_turns(gpus: list[dict[str, Any]], home: Optional[str]) -> list[Turn]:
-    """Other users' live tickets for these GPUs, oldest first, each after this queue's own ticket's
-    job where that is older (a tie, which recent use decides, is not told apart)."""
+    """Other users' live tickets for these GPUs, oldest first, after our own ticket's job if older."""
     me, found, ours = os.geteuid(), {}, []  # type: tuple[int, dict[str, Turn], list[tuple[float, int]]]
     for gpu in gpus:
         for ticket in gpu.get("tickets") or ():
@@ -212,8 +211,7 @@ def plan_queue(
 
 
 def _no_start(wait: Any) -> str:
-    """Why a job waiting for `wait` has no start time ('' where it may have one): only a person can
-    start it, or it waits for disk space someone must free."""
+    """Why a job waiting for `wait` has no start time ('' if it may have one): a person or disk room must."""
     if wait is not None and getattr(wait, "forever", False):
         return f"will not start by itself: {wait.reason}"
     if diskguard.holds(wait):

@@ -119,8 +119,7 @@ def _inside(path: str, base: str) -> bool:
 
 
 def _best(newest: str) -> Optional[str]:
-    """The best checkpoint by the metric HF Trainer records (`best_model_checkpoint` in the newest
-    checkpoint's trainer_state.json), absolute; None when it records none."""
+    """The newest checkpoint's `best_model_checkpoint` (HF Trainer's by its metric), absolute, or None."""
     best = checkpoints.trainer_state(newest, "best_model_checkpoint")
     if not isinstance(best, str) or not best:
         return None

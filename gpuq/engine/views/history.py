@@ -118,8 +118,7 @@ def parse_since(text: str, now: float) -> float:
 
 
 def script_of(cmd: Any) -> str:
-    """What `--by script` groups on: the base name of the first argv word naming a script file,
-    else the module of `python -m MOD`, else the program's base name."""
+    """`--by script`'s key: the first script file the argv names, else `-m`'s module, else the program."""
     if isinstance(cmd, str):
         cmd = cmd.split()
     if not isinstance(cmd, list) or not cmd or not all(isinstance(word, str) for word in cmd):
