@@ -19,11 +19,11 @@ from gpuq.core.states import HELD, PENDING
 from gpuq.core.timespec import format_duration
 from gpuq.core.words import plural
 from gpuq.engine.lifecycle import enqueue
-from gpuq.engine.schedule import diskguard, gpuview, hostroom, scheduler
+from gpuq.engine.schedule import gpuview, hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import eta, queue_eta
 from gpuq.engine.views.card import FOUND_BY
-from gpuq.engine.views.status import cap_waits, gpu_waits, space_waits
+from gpuq.engine.views.status import known_waits
 from gpuq.spool import Spool
 
 
@@ -159,7 +159,7 @@ def _would_start(spool: Spool, jobs: list[Job], state: str) -> dict[int, dict[st
     live = spool.workers.live(tidy=False)
     workers = [info for info in live if not info.get("draining")]  # `gpuq stop --drain`: it starts nothing new
     shown = gpuview.current(spool, snap.running, views)
-    waits = {**diskguard.waits(snap.pending), **space_waits(spool, snap), **cap_waits(shown, snap), **gpu_waits(views)}
+    waits = known_waits(spool, snap, [], views, shown)
     waits.update({i: wait for i, wait in _host_waits(snap, workers, jobs).items() if i not in waits})
     reasons = scheduler.waiting_reasons(snap, waits)
     now = time.time()

@@ -3,9 +3,11 @@ what its --ckpt-glob matches; and training flags from its argv."""
 
 # Real annotations, no future import: see test_the_everyday_commands_compile_no_source.
 import glob
+import json
 import os
 import re
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from contextlib import suppress
+from typing import Any, Callable, NamedTuple, Optional, Sequence, TypeVar
 
 from gpuq.core.job import Job
 from gpuq.core.times import parse_iso
@@ -20,6 +22,7 @@ EPOCH_RE = r"(?i)epoch[=_-]?(\d+)"
 OUTPUT_DIR_FLAGS = ("--output_dir", "--output-dir")
 MAX_STEPS_FLAGS = ("--max_steps", "--max-steps")
 RESUME_FLAGS = ("--resume_from_checkpoint", "--resume-from-checkpoint")
+Number = TypeVar("Number", int, float)
 
 
 class Checkpoint(NamedTuple):
@@ -41,9 +44,7 @@ def arg_value(cmd: Sequence[str], names: Sequence[str]) -> Optional[str]:
 
 
 def start_step(job: Job) -> Optional[float]:
-    """The step the current attempt started at: 0 from scratch, the checkpoint's step when resumed
-    (gpuq's own resume, or the command's own --resume_from_checkpoint: an adopted job), None when
-    it resumed from a checkpoint whose step cannot be told (`--resume_from_checkpoint=True`)."""
+    """The attempt's start step: 0 from scratch, else its checkpoint's (None: unknown, as with `=True`)."""
     if job.resumed_from_step is not None:
         return float(job.resumed_from_step)
     ckpt = job.resumed_from or arg_value(job.cmd, RESUME_FLAGS)
@@ -61,27 +62,43 @@ def output_dir(cmd: Sequence[str], cwd: str) -> Optional[str]:
     return os.path.abspath(os.path.join(cwd, os.path.expanduser(value)))
 
 
-def max_steps(cmd: Sequence[str]) -> Optional[int]:
-    """`--max_steps N` from the argv; None when absent, not a number, or not positive (HF: -1 = unset)."""
-    value = arg_value(cmd, MAX_STEPS_FLAGS)
+def number_arg(cmd: Sequence[str], names: Sequence[str], kind: Callable[[str], Number]) -> Optional[Number]:
+    """The last of `names`' value in the argv; None unless a positive number (HF: -1 = unset)."""
+    value = arg_value(cmd, names)
     try:
-        steps = int(value) if value is not None else None
+        number = kind(value) if value is not None else None
     except ValueError:
         return None
-    return steps if steps and steps > 0 else None
+    return number if number and number > 0 else None
+
+
+def max_steps(cmd: Sequence[str]) -> Optional[int]:
+    return number_arg(cmd, MAX_STEPS_FLAGS, int)
+
+
+def trainer_state(ckpt_path: str, key: str, limit: Optional[int] = None) -> Any:
+    """`key` of an HF checkpoint's trainer_state.json; None when unreadable or over `limit` bytes."""
+    path = os.path.join(ckpt_path, HF_COMPLETE_MARKER)
+    try:
+        if limit is not None and os.path.getsize(path) > limit:
+            return None
+        with open(path, "rb") as fh:
+            return json.loads(fh.read()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def hf_checkpoints(out_dir: str) -> list[Checkpoint]:
     """Complete `checkpoint-N` directories under `out_dir`, oldest first."""
-    found = []
     try:
         entries = list(os.scandir(out_dir))
     except OSError:
         return []
-    for entry in entries:
-        m = re.match(HF_DIR_RE, entry.name)
-        if m and entry.is_dir() and _hf_complete(entry.path):
-            found.append(Checkpoint(os.path.abspath(entry.path), int(m.group(1))))
+    found = [
+        Checkpoint(os.path.abspath(entry.path), int(m.group(1)))
+        for entry in entries
+        if (m := re.match(HF_DIR_RE, entry.name)) and entry.is_dir() and _hf_complete(entry.path)
+    ]
     return sorted(found, key=lambda c: c.step or 0)
 
 
@@ -97,8 +114,7 @@ def _number(regex: str, name: str) -> Optional[int]:
 
 
 def _usable(path: str) -> bool:
-    """A non-empty file, or a directory that is not an HF checkpoint cut short and holds a non-empty
-    file somewhere under it (a save begins by making its directory: an empty one is a save begun)."""
+    """A non-empty file, or a directory (no HF checkpoint cut short) with a non-empty file under it."""
     try:
         if os.path.isdir(path):
             if re.match(HF_DIR_RE, os.path.basename(path)) and not _hf_complete(path):
@@ -113,11 +129,9 @@ def _holds_data(folder: str) -> bool:
     """Whether a non-empty file lies anywhere under `folder` (stops at the first one found)."""
     for root, _dirs, files in os.walk(folder):
         for name in files:
-            try:
+            with suppress(OSError):
                 if os.path.getsize(os.path.join(root, name)) > 0:
                     return True
-            except OSError:
-                continue
     return False
 
 
@@ -129,8 +143,7 @@ def mtime(path: str) -> float:
 
 
 def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
-    """Usable matches of `pattern` (relative to `cwd`), oldest first: by the step number in the name
-    when every match has one, else by the epoch number, else by modification time."""
+    """Usable matches of `pattern` in `cwd`, oldest first: by step number, else epoch, else mtime."""
     full = os.path.join(cwd, os.path.expanduser(pattern))
     paths = [os.path.abspath(p) for p in glob.glob(full, recursive=True) if _usable(p)]
     found = [
@@ -153,8 +166,7 @@ def candidates(job: Job) -> list[Checkpoint]:
 
 
 def latest_checkpoint(job: Job) -> Optional[Checkpoint]:
-    """The newest complete checkpoint of `job`, not counting those of an earlier run in the same
-    directory (`--output_dir out` every time): written before `ckpt_since`."""
+    """The newest complete checkpoint of `job`, not an earlier run's (written before `ckpt_since`)."""
     found = candidates(job)
     since = parse_iso(job.ckpt_since)
     if since is not None:
@@ -163,25 +175,18 @@ def latest_checkpoint(job: Job) -> Optional[Checkpoint]:
 
 
 def written_at(path: str) -> float:
-    """When a checkpoint was completed: for a directory the newest time of it and its entries
-    (trainers write files into it, and HF writes trainer_state.json last), else its own mtime."""
+    """When a checkpoint was completed: the newest mtime of it and, for a directory, its entries."""
     newest = mtime(path)
     if os.path.isdir(path):
-        try:
-            with os.scandir(path) as entries:
-                for entry in entries:
-                    try:
-                        newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
-                    except OSError:
-                        continue
-        except OSError:
-            pass
+        with suppress(OSError), os.scandir(path) as entries:
+            for entry in entries:
+                with suppress(OSError):
+                    newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
     return newest
 
 
 def base_dir(job: Job) -> Optional[str]:
-    """The directory its checkpoints are looked for in, links resolved: the --ckpt-glob's part
-    before its first wildcard, else its --output_dir."""
+    """Where its checkpoints are looked for, links resolved: --ckpt-glob up to a wildcard, or --output_dir."""
     if job.ckpt_glob:
         pattern = os.path.join(job.cwd, os.path.expanduser(job.ckpt_glob))
         fixed = pattern[: min([pattern.find(c) for c in "*?[" if c in pattern] or [len(pattern)])]

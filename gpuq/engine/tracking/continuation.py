@@ -1,7 +1,5 @@
-"""What an interrupted attempt leaves behind, and how a job queued again (retry, recover, resume)
-continues: from the newest complete checkpoint it wrote itself (checkpoints.py's rules), so that a
-ten-hour training interrupted at 90% does not start again from step 0.
-"""
+"""What an interrupted attempt leaves behind, and how a job queued again continues: from the newest
+complete checkpoint it wrote itself, so that a training interrupted at 90% does not start over."""
 
 from __future__ import annotations
 
@@ -35,10 +33,9 @@ def last_step(spool: Spool, job: Job) -> Optional[int]:
 
 
 def reached_end(spool: Spool, job: Job, counted: bool = False) -> Optional[str]:
-    """`step 10/10` when the current attempt's progress file or log (read by the ETA's rules) says
-    its work was done; None otherwise. An attempt whose supervisor was killed as the job completed
-    left no exit code: this is how recovery tells it from one cut short. `counted`: only a count at
-    its total will do, not a final summary (a training stopped early prints one too)."""
+    """`step 10/10` when the attempt's progress file or log says its work was done, else None: how
+    recovery tells a job that completed as its supervisor died from one cut short. `counted`: only
+    a count at its total will do, not a final summary (a training stopped early prints one too)."""
     if not job.started_at:
         return None
     report = progress.progress_report(spool, job)
@@ -66,8 +63,7 @@ def _end_text(reading: progress.Reading) -> str:
 def record_preemption(
     spool: Spool, job: Job, exit_code: Optional[int], action: str, by: Optional[str] = None
 ) -> dict[str, Any]:
-    """The changes for a job entering preempted/ (see transitions.preemption); `by`: who or what
-    preempted it, when not the user or an urgent job (its time limit)."""
+    """The changes for a job entering preempted/; `by`: who or what, if not the user or an urgent job."""
     ckpt = checkpoints.latest_checkpoint(job)
     return transitions.preemption(
         job,

@@ -1,12 +1,11 @@
-"""ETA of a running job: from the *rate* of progress over its samples (not elapsed x remaining /
-done, which calls a job resumed at step 150 of 300 nearly finished after a minute; that formula
-serves only the first look), plus the tail its command's earlier runs took after their last step,
-scaled to the job's pace now. The rate blends the newest RATE_POINTS samples with the mean since
-the first (WINDOW_WEIGHT, bench/eta_accuracy.py): the window alone follows every hiccup of a shared
-machine. The queue's ETA is in queue_eta.py.
+"""ETA of a running job: from the *rate* of progress over its samples (elapsed x remaining / done
+serves only the first look: it calls a job resumed at step 150 of 300 nearly done after a minute),
+plus the tail its command's earlier runs took after their last step, scaled to its pace now. The
+rate blends the newest RATE_POINTS samples with the mean since the first (bench/eta_accuracy.py).
 """
 
 # Real annotations, no future import: see test_the_everyday_commands_compile_no_source.
+from contextlib import suppress
 from typing import Any, NamedTuple, Optional
 
 from gpuq.core.job import Job
@@ -54,8 +53,7 @@ class Attempt(NamedTuple):
 def observe(
     spool: Spool, job: Job, stored: dict[str, Any]
 ) -> tuple[Optional[progress.Reading], list[tuple[float, float]], Optional[dict[str, Any]]]:
-    """The most trusted reading available now, extra (time, step) points its source carries, and
-    what to keep in the samples of the log's reading (None: nothing)."""
+    """The most trusted reading now, extra (time, step) points its source has, the log's memo to keep."""
     started = progress.attempt_started(job)
     report = progress.progress_report(spool, job)
     if report:
@@ -65,8 +63,7 @@ def observe(
     reading, log = log_reading(spool, job, stored)
     if reading and (reading.total or reading.finished):
         return reading, [], log
-    # a log without a total (HF's loss dicts give only the epoch) gives way to checkpoints that
-    # have one (trainer_state.json's max_steps)
+    # a log without a total (HF's loss dicts) gives way to checkpoints with one (max_steps)
     found, points = progress.from_checkpoints(job)
     if reading and not (found and found.total):
         return reading, [], log
@@ -77,9 +74,7 @@ def observe(
 def log_reading(
     spool: Spool, job: Job, stored: dict[str, Any]
 ) -> tuple[Optional[progress.Reading], Optional[dict[str, Any]]]:
-    """The reading of the job's log tail, and the memo of it to keep in the samples: a look at a log
-    not written to since (same inode, size, mtime, counters seen and --num_train_epochs) reads and
-    parses nothing."""
+    """The reading of the job's log tail and its memo: an unchanged log (and counters seen) is not read again."""
     signature = spool.logs.signature(job)
     if signature is None:
         return None, None
@@ -107,8 +102,7 @@ def record(
     log: Optional[dict[str, Any]] = None,
     keep: bool = True,
 ) -> tuple[list[tuple[float, float]], Attempt]:
-    """Add this look to the job's samples (not `keep`: nothing written); the points of the
-    reading's series, and the attempt."""
+    """Add this look to the job's samples (unless not `keep`); the series' points, and the attempt."""
     stored = spool.reports.read_samples(job.id) if stored is None else stored
     key = f"{reading.source}|{reading.counter or reading.kind}|{reading.total}"
     old = stored.get("points", []) if stored.get("key") == key else []
@@ -134,16 +128,13 @@ def record(
 
 def _keep(spool: Spool, job: Job, stored: dict[str, Any], new: dict[str, Any]) -> None:
     if new != stored:
-        try:
+        with suppress(OSError):  # a read-only or full spool: the ETA just has fewer samples
             spool.reports.write_samples(job.id, new)
-        except OSError:
-            pass  # a read-only or full spool: the ETA just has fewer samples
 
 
 def merge_points(old: list[Any], new: list[tuple[float, float]], started: float) -> list[tuple[float, float]]:
-    """Samples of one series, by time, one per time: the first one (the mean rate is measured from
-    it) and the newest MAX_POINTS - 1. A step lower than an earlier one means the counter restarted:
-    everything before it is dropped."""
+    """Samples of one series by time, one per time: the first (the mean rate's) and the newest
+    MAX_POINTS - 1. A step lower than an earlier one (a restarted counter) drops all before it."""
     points: dict[float, float] = {}
     for item in list(old) + list(new):
         try:
@@ -160,19 +151,14 @@ def merge_points(old: list[Any], new: list[tuple[float, float]], started: float)
     return ordered if len(ordered) <= MAX_POINTS else ordered[:1] + ordered[-(MAX_POINTS - 1) :]
 
 
-def counts_steps_in_log(reading: progress.Reading) -> bool:
-    return reading.source == "log" and reading.kind not in (*progress.EPOCH_KINDS, "N%")
-
-
 def past_resume(
     points: list[tuple[float, float]], reading: progress.Reading, run: Attempt
 ) -> list[tuple[float, float]]:
-    """The samples that show the pace of a resumed attempt: a bar in its log starts at 0 and jumps
-    to the step it resumed from in one update (HF Trainer's fast-forward), so a sample below that
-    step was taken before the jump, and the jump is no work. Kept whole when the counter has not
-    passed that step: it counts something else than the checkpoint's steps (a bar over epochs)."""
+    """The samples that show a resumed attempt's pace: a log's bar jumps from 0 to the resumed step
+    (HF's fast-forward), no work. All of them while below that step: it counts something else."""
     start = run.start_step
-    if not start or not counts_steps_in_log(reading) or reading.step < start:
+    counts_steps = reading.source == "log" and reading.kind not in (*progress.EPOCH_KINDS, "N%")
+    if not start or not counts_steps or reading.step < start:
         return points
     return [p for p in points if p[1] >= start]
 
@@ -184,8 +170,7 @@ def _seconds_per_step(a: tuple[float, float], b: tuple[float, float]) -> Optiona
 
 
 def rate_of(points: list[tuple[float, float]], window_weight: float = WINDOW_WEIGHT) -> tuple[Optional[float], str]:
-    """Steps per second: the newest RATE_POINTS samples blended, in seconds per step, with the mean
-    since the series' first sample (only when there are more samples than the window)."""
+    """Steps per second: the newest RATE_POINTS samples blended with the mean since the first sample."""
     recent = points[-RATE_POINTS:]
     if len(recent) < 2:
         return None, ""
@@ -203,10 +188,7 @@ def rate_of(points: list[tuple[float, float]], window_weight: float = WINDOW_WEI
 
 def _first_look(reading: progress.Reading, run: Optional[Attempt], now: float) -> tuple[Optional[float], str]:
     """elapsed x remaining / done, as a rate since the attempt started (or why not). Elapsed runs
-    to now, not to when the reading was written: a checkpoint written long ago (the job has not
-    written the next one since) says the job has done at least that much in all the time it has
-    run, and counted to the checkpoint's time its rate would have the job finished already (even
-    one written as the attempt began: only the attempt must be old enough for a rate)."""
+    to now: an old checkpoint says the job did at least that much in all the time it has run."""
     if run is None:
         return None, "unknown until a second sample shows a rate; look again later"
     if run.start_step is None:
@@ -221,9 +203,7 @@ def _first_look(reading: progress.Reading, run: Optional[Attempt], now: float) -
 
 
 def _overdue(reading: progress.Reading, run: Attempt, now: float) -> Optional[float]:
-    """How long ago the job should have ended had it kept the pace it had until its one reading
-    (None: not overdue): the first look's test for a job that stalled. A reading from the
-    attempt's first instant shows no pace to hold the job to."""
+    """How long ago the job should have ended at the pace of its one reading (None: not overdue)."""
     done, spent = reading.step - (run.start_step or 0.0), reading.at - run.started
     if spent < MIN_SPAN:
         return None
@@ -233,8 +213,8 @@ def _overdue(reading: progress.Reading, run: Attempt, now: float) -> Optional[fl
 
 
 def tail_seconds(run: Optional[Attempt], rate: Optional[float]) -> float:
-    """The learned tail at the job's pace now (`rate`, steps/s): its steps over `rate` when that
-    differs from its seconds by more than PACE_BAND (a pace within it is the runs' own spread)."""
+    """The learned tail at the job's pace now (`rate`, steps/s): its steps over `rate` when that is
+    off its seconds by more than PACE_BAND (the runs' own spread)."""
     if run is None or run.tail is None:
         return 0.0
     paced = run.tail_steps / rate if rate and run.tail_steps else run.tail
@@ -256,9 +236,7 @@ def estimate(
     run: Optional[Attempt] = None,
     window_weight: float = WINDOW_WEIGHT,
 ) -> Estimate:
-    """The ETA of a running job from its reading, the samples of that reading's series and, when
-    known, its attempt (start time, start step, learned tail). The rate comes from the samples, else
-    from the source's own rate, else from the first-look formula."""
+    """A running job's ETA: its rate from the samples, else the source's own, else the first look's."""
     if reading is None:
         return Estimate(None, None, "unknown: no progress file, no progress in the log tail, no checkpoint")
     where = f"{reading.source} ({reading.kind})"
@@ -270,8 +248,7 @@ def estimate(
     if not reading.total:
         return Estimate(reading, None, f"{where}: unknown: no total to measure against")
     rate, note = rate_of(points, window_weight)
-    # tqdm's own rate is measured from the bar's start: in a resumed attempt it counts the jump to
-    # the step it resumed from as work (the samples, which begin past it, and the first look do not)
+    # tqdm's own rate counts a resumed attempt's jump to its start step as work (the samples do not)
     resumed = run is not None and run.start_step != 0.0
     if rate is None and reading.rate and not (resumed and reading.source == "log"):
         rate, note = reading.rate, reading.rate_note
@@ -311,7 +288,7 @@ def running_estimate(spool: Spool, job: Job, now: float, keep: bool = True) -> E
 
 
 def sample_running(spool: Spool, running: list[Job], now: float) -> None:
-    """A sample of every running job (the worker's step: a first `gpuq status` has a rate)."""
+    """A sample of every running job (the worker's step), so a first `gpuq status` has a rate."""
     for job in running:
         running_estimate(spool, job, now)
 
@@ -332,8 +309,7 @@ def attempt_of(spool: Spool, job: Job, stored: dict[str, Any]) -> Attempt:
 
 
 def learned_tail(found: list[tuple[float, float, Optional[float]]]) -> tuple[Optional[float], int, Optional[float]]:
-    """(tail, runs, tail_steps) of Attempt from (end, tail, pace at the end) of earlier runs: the
-    medians over the newest TAIL_RUNS (the steps over those whose pace is known)."""
+    """(tail, runs, tail_steps) from (end, tail, pace) of earlier runs: medians over the newest TAIL_RUNS."""
     newest = sorted(found)[-TAIL_RUNS:]
     steps = [t * p for _e, t, p in newest if p]
     if not newest:
@@ -342,9 +318,8 @@ def learned_tail(found: list[tuple[float, float, Optional[float]]]) -> tuple[Opt
 
 
 def past_ends(spool: Spool, job: Job, before: float) -> list[tuple[float, float, Optional[float]]]:
-    """(end, tail, pace at the end) of the successful, non-adopted runs of the same command in the
-    same directory that ended before `before`: of the newest HISTORY_FILES done jobs, and of those
-    `gpuq clear` removed (spool/kept.py, which keeps no pace)."""
+    """(end, tail, pace at the end) of the successful, non-adopted runs of the same command key that
+    ended before `before`: the newest HISTORY_FILES done jobs, and those `gpuq clear` kept (no pace)."""
     key, found, seen = command_key(job), [], set()
     for ref in list(spool.jobs.refs((DONE,)))[-HISTORY_FILES:]:
         seen.add(ref.id)
@@ -367,9 +342,8 @@ def past_ends(spool: Spool, job: Job, before: float) -> list[tuple[float, float,
 
 
 def tail_and_pace(job: Job, samples: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
-    """Seconds between a finished run's last step and its end: `finished_at` minus when its samples
-    reached the total (the first sample at the total, or, when earlier, an extrapolation from the
-    last sample within TAIL_REACH of the end); and its rate (steps/s) before, as the ETA had it."""
+    """Seconds from a finished run's last step to its end (the first sample at the total, or an
+    earlier extrapolation from a sample within TAIL_REACH of it), and its rate before."""
     end, total = parse_iso(job.finished_at), samples.get("total")
     if end is None or not isinstance(total, (int, float)) or total <= 0:
         return None, None

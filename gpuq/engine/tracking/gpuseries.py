@@ -1,6 +1,5 @@
-"""A job's recorded GPU utilisation as spans (start, end, percent) of time, for `history --plot`:
-a point of an attempt's GPU record (gpuuse.py) stands for the time since the point before it.
-"""
+"""A job's recorded GPU utilisation as spans (start, end, percent) for `history --plot`: a point of
+an attempt's GPU record stands for the time since the one before it."""
 
 from __future__ import annotations
 
@@ -15,9 +14,8 @@ SPANS_ACROSS = 1000  # at most this many spans across the whole timeline: finer 
 
 
 def spans(attempt: dict[str, Any], position: int, end: float, resolution: float = 0.0) -> list[Span]:
-    """The utilisation of the attempt's `position`th GPU (in the order of its `gpus`) until `end`.
-    Neighbouring spans are merged (their time-weighted mean) while they have the same utilisation
-    or the merged span is shorter than `resolution` seconds."""
+    """The attempt's `position`th GPU's utilisation until `end`; neighbouring spans merged (their
+    time-weighted mean) when equal or shorter than `resolution` seconds."""
     out: list[list[float]] = []
     before = _number(attempt.get("started"))
     for point in attempt.get("points") or ():
@@ -49,9 +47,8 @@ def _reading(point: Any, position: int) -> tuple[Optional[float], Optional[float
 
 
 def of_run(record: dict[str, Any], start: float, end: float, resolution: float = 0.0) -> dict[str, list[Span]]:
-    """Per GPU (its index as a string, as a run's lanes name it): the spans of the run from `start`
-    to `end`; {} when the record has no attempt of that run. The attempt is found by its start
-    rather than its number: a recovered job's attempts can repeat a number."""
+    """Per GPU (its index as a string, as a run's lanes): the spans of the run from `start` to `end`;
+    {} without that attempt, found by its start (a recovered job's can repeat a number)."""
     attempts = record.get("attempts")
     for attempt in attempts.values() if isinstance(attempts, dict) else ():
         started = _number(attempt.get("started")) if isinstance(attempt, dict) else None
@@ -65,22 +62,17 @@ def of_run(record: dict[str, Any], start: float, end: float, resolution: float =
 
 
 def of_runs(spool: Spool, runs: Iterable[Any]) -> dict[tuple[int, float], dict[str, list[Span]]]:
-    """For each run (a PastRun: `job_id`, `start`, `end`) whose job has a GPU record with that
-    attempt: (job id, start) -> its spans per GPU. Spans are merged up to 1/SPANS_ACROSS of the
-    whole timeline, so thousands of long runs stay quick to draw."""
+    """(job id, start) -> each PastRun's spans per GPU, merged up to 1/SPANS_ACROSS of the timeline."""
     runs = list(runs)
     if not runs:
         return {}
     recorded = spool.reports.gpu_use_ids()
     resolution = (max(r.end for r in runs) - min(r.start for r in runs)) / SPANS_ACROSS
-    records: dict[int, dict[str, Any]] = {}
-    out = {}
-    for run in runs:
-        if run.job_id not in recorded:
-            continue
-        if run.job_id not in records:
-            records[run.job_id] = spool.reports.read_gpu_use(run.job_id)
-        found = of_run(records[run.job_id], run.start, run.end, resolution)
-        if found:
-            out[(run.job_id, run.start)] = found
-    return out
+    wanted = {run.job_id for run in runs} & recorded
+    records = {job_id: spool.reports.read_gpu_use(job_id) for job_id in wanted}
+    found = [
+        ((run.job_id, run.start), of_run(records[run.job_id], run.start, run.end, resolution))
+        for run in runs
+        if run.job_id in records
+    ]
+    return {key: series for key, series in found if series}

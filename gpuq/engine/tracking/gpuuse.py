@@ -1,7 +1,6 @@
-"""What the GPUs did for each job: a running GPU job's supervisor samples its GPUs and keeps, per
-attempt, exact running totals and a compact series (halved when long) in progress/NNNNNN.gpu.json
-(spool_layout.md, section 9). A sample stands for the time since the one before it.
-"""
+"""What the GPUs did for each job: its supervisor samples them and keeps, per attempt, exact totals
+and a series halved when long (spool_layout.md, section 9). A sample stands for the time since the
+one before it."""
 
 from __future__ import annotations
 
@@ -94,8 +93,8 @@ def _attempts(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def summary(attempts: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """Over `attempts` (of one job's record or several): `mean_util` (percent, time-weighted, null
-    where never known), `peak_mem_mib`, `gpu_hours_idle`; None when there are none."""
+    """`mean_util` (percent, time-weighted; None: never known), `peak_mem_mib`, `gpu_hours_idle`
+    over `attempts`; None when there are none."""
     if not attempts:
         return None
     seconds = sum(sum(a.get("seconds") or ()) for a in attempts)
@@ -110,8 +109,7 @@ def summary(attempts: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
 
 
 def of_jobs(spool: Spool, job_ids: list[int], recorded: Optional[set[int]] = None) -> Optional[dict[str, Any]]:
-    """The summary over all these jobs' records together (a group of `history`); None if none has
-    one. `recorded`: spool.reports.gpu_use_ids(), when the caller asks for several groups."""
+    """The summary over these jobs' records (a `history` group); `recorded`: gpu_use_ids(), if had."""
     recorded = spool.reports.gpu_use_ids() if recorded is None else recorded
     jobs = [job_id for job_id in job_ids if job_id in recorded]
     return summary([a for job_id in jobs for a in _attempts(spool.reports.read_gpu_use(job_id))])
@@ -137,11 +135,8 @@ def idle_now(record: dict[str, Any], attempt: Any, limit: float) -> list[tuple[i
     if not isinstance(current, dict):
         return []
     at = current.get("at") or 0
-    out = []
-    for gpu, since in zip(current.get("gpus") or (), current.get("idle_since") or ()):
-        if since is not None and at - since > limit:
-            out.append((gpu, at - since))
-    return out
+    pairs = zip(current.get("gpus") or (), current.get("idle_since") or ())
+    return [(gpu, at - since) for gpu, since in pairs if since is not None and at - since > limit]
 
 
 def idle_text(idle: list[tuple[int, float]]) -> str:

@@ -1,13 +1,9 @@
 """How far a job has got, from the first source that yields a reading: its progress file
-(GPUQ_PROGRESS_FILE, "reported"), the tail of its log ("log"), its checkpoints ("checkpoint");
-a log reading without a total gives way to checkpoints with one (eta.observe).
-A retried or resumed job keeps its id, so its files may hold an earlier attempt's output: the log
-part after the last ATTEMPT_HEADER and a progress file newer than the attempt's start are its own.
-eta.py turns readings over time into a rate.
+("reported"), its log's tail ("log"), its checkpoints ("checkpoint"). A retried job keeps its id:
+only the log after the last ATTEMPT_HEADER and a progress file newer than the attempt are its own.
 """
 
 # Real annotations, no future import: see test_the_everyday_commands_compile_no_source.
-import json
 import os
 import re
 from typing import Any, Iterable, NamedTuple, Optional
@@ -22,12 +18,10 @@ TAIL_BYTES = 64 * 1024
 ATTEMPT_HEADER = ATTEMPT_HEADER_TEXT.encode()  # as the log's bytes are searched
 CLOCK_SLACK = 0.05  # seconds: file times come from the kernel's coarse clock, a tick or two behind
 MAX_TRAINER_STATE_BYTES = 8 << 20
-# A longer segment (a dumped tensor, a sparse file's zeros) is read by its end only: progress is what
-# a bar prints last, and seven patterns over 64 KiB of one line would slow every `gpuq status`.
+# A longer line (a dumped tensor) is read by its end only: progress is what a bar prints last.
 LONG_SEGMENT = 1024
 
-# Each log pattern yields (kind, step, total). Earlier patterns win within one line. Patterns as
-# text, compiled by `re` at first use (start-up: see core/sweep.py).
+# Each log pattern yields (kind, step, total); earlier ones win within a line. Text, compiled at first use.
 TQDM_RE = r"(\d+)/(\d+)\s*\[([\d:]+)<([\d:?]+)(?:,\s*([\d.]+|\?)\s*([A-Za-z]+/s|s/[A-Za-z]+))?[^\]\r\n]*\]"
 LINE_PATTERNS = [
     ("Step N/M", r"(?i)\bsteps?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)"),
@@ -35,8 +29,8 @@ LINE_PATTERNS = [
     ("[N/M]", r"\[\s*(\d+)\s*/\s*(\d+)\s*\]"),
     ("Epoch N/M", r"(?i)\bepochs?\b\s*[:=#]?\s*(\d+)\s*(?:/|of)\s*(\d+)"),
 ]
-# A percentage is progress when it is the whole line (`6.0%`), or in a progress context: a tqdm bar
-# (`45%|`) or a word that says so. `accuracy 93.5%` and `6.0%x` are not.
+# A percentage is progress alone on its line, in a tqdm bar (`45%|`) or beside a word that says so;
+# `accuracy 93.5%` is not.
 PERCENT_RE = r"(?<![\w.])(\d{1,3}(?:\.\d+)?)\s?%(?:(\|)|(?!\w))"
 LONE_PERCENT_RE = r"\s*\d{1,3}(?:\.\d+)?\s?%\s*"
 PERCENT_CONTEXT_RE = r"(?i)\b(progress|complete[d]?|done|finished)\b"
@@ -47,19 +41,17 @@ LINE_BREAKS_RE = r"[\r\n]+"
 HF_PAIR_RE = r"'(\w+)':\s*'?(-?[\d.]+(?:e-?\d+)?)'?"
 TRL_COMPLETIONS_RE = r"^completions_(\d+)\.parquet$"
 EPOCHS_FLAGS = ("--num_train_epochs", "--num-train-epochs")
-# The epoch a bar's description names (`Epoch 2/10: 45%|`, Lightning's `Epoch 2: 45%|`): the bar
-# counts within that epoch. Searched only in bars whose label says "epoch".
+# The epoch a bar's description names (`Epoch 2/10: 45%|`, Lightning's `Epoch 2: 45%|`).
 BAR_EPOCH_RE = r"(?i)\bepochs?\b\s*[:=#]?\s*(\d+)(?:\s*(?:/|of)\s*(\d+))?"
 EPOCH_KINDS = ("Epoch N/M", "HF log (epoch)", "Epoch N")  # counters of epochs, not steps
 BAR_KIND = "tqdm"
-# Bars Hugging Face draws beside the training (saving or loading a model, fetching its files), by
-# their label: they count shards, weights or files, never the job's steps.
+# Hugging Face's bars beside the training, by label: they count shards or files, never steps.
 SIDE_BAR_LABELS = ("writing model shards", "loading checkpoint shards", "loading weights", "fetching files")
 
 
 class Reading(NamedTuple):
-    """One observation of a job's progress. `at` is when the value was true (the writer's time or the
-    file's mtime), not when we looked; `rate` is a rate the source itself states (steps/s)."""
+    """One observation of a job's progress: `at` is when it was true (not when we looked); `rate`
+    is one the source itself states (steps/s)."""
 
     step: float
     total: Optional[float]
@@ -90,7 +82,7 @@ class Reading(NamedTuple):
         return max(0.0, min(1.0, self.step / self.total))
 
     def text(self) -> str:
-        """`120/300 (40%)`, `epoch 0.48`, ... for people."""
+        """`120/300 (40%)`, `epoch 0.48`."""
         pct = self.fraction
         if self.total:
             shown = f"{num_text(self.step)}/{num_text(self.total)}"
@@ -105,7 +97,7 @@ def num_text(value: float) -> str:
 
 # ---- 1. reported by the job ---------------------------------------------------------------------
 def from_report(data: Any, mtime: float) -> Optional[Reading]:
-    """A progress file's reading: `step` (+ `total`) or `fraction`; `time` and `recent` optional."""
+    """A progress file's reading: `step` (and `total`) or `fraction`; `time`, `recent` optional."""
     if not isinstance(data, dict):
         return None
     step: Any = data.get("step")
@@ -123,11 +115,8 @@ def from_report(data: Any, mtime: float) -> Optional[Reading]:
 def recent_points(data: Any) -> list[tuple[float, float]]:
     if not isinstance(data, dict) or not isinstance(data.get("recent"), list):
         return []
-    out = []
-    for item in data["recent"][-64:]:
-        if isinstance(item, list) and len(item) == 2 and all(is_number(x) for x in item):
-            out.append((float(item[0]), float(item[1])))
-    return out
+    pairs = [x for x in data["recent"][-64:] if isinstance(x, list) and len(x) == 2 and all(map(is_number, x))]
+    return [(float(t), float(s)) for t, s in pairs]
 
 
 def _rate_from_recent(recent: Any) -> tuple[Optional[float], str]:
@@ -151,14 +140,12 @@ def _tqdm_rate(value: Optional[str], unit: Optional[str]) -> Optional[float]:
 
 
 def _label(prefix: str) -> str:
-    """The words before a counter (tqdm's description, "train", "INFO"): digits, timestamps and bar
-    characters dropped, so every update of one counter gets the same label."""
+    """The words before a counter, digits and bar characters dropped: the same for every update."""
     return re.sub(NOT_LETTERS_RE, " ", prefix).strip().lower()[-40:]
 
 
 def line_reading(line: str) -> Optional[tuple[str, float, Optional[float], Optional[float]]]:
-    """(counter, step, total, rate) of the most specific progress pattern in one log line; the
-    counter is the pattern's kind plus the label in front of it."""
+    """(counter: kind and label, step, total, rate) of the most specific pattern in a log line."""
     m = re.search(TQDM_RE, line)
     if m:
         label = _label(re.split(PERCENT_RE, line[: m.start()], maxsplit=1)[0])
@@ -174,18 +161,18 @@ def line_reading(line: str) -> Optional[tuple[str, float, Optional[float], Optio
     return None
 
 
-def hf_dict_reading(line: str, epochs: Optional[float]) -> Optional[tuple[str, float, Optional[float], bool]]:
-    """HF Trainer's logged dicts: {'loss': '3.91', ..., 'epoch': '0.48'} -> (counter, epoch, epochs, finished)."""
+Found = tuple[str, float, Optional[float], Optional[float], bool]  # counter, step, total, rate, finished
+
+
+def hf_dict_reading(line: str, epochs: Optional[float]) -> Optional[Found]:
+    """HF Trainer's logged dicts: {'loss': '3.91', ..., 'epoch': '0.48'} -> (counter, epoch, epochs, None, finished)."""
     text = line.strip()
     if not (text.startswith("{") and "'epoch'" in text):
         return None
     pairs = dict(re.findall(HF_PAIR_RE, text))
     if "epoch" not in pairs:
         return None
-    return "HF log (epoch):", float(pairs["epoch"]), epochs, "train_runtime" in pairs
-
-
-Found = tuple[str, float, Optional[float], Optional[float], bool]  # counter, step, total, rate, finished
+    return "HF log (epoch):", float(pairs["epoch"]), epochs, None, "train_runtime" in pairs
 
 
 def log_readings(text: str, epochs: Optional[float] = None) -> list[Found]:
@@ -200,8 +187,7 @@ def log_readings(text: str, epochs: Optional[float] = None) -> list[Found]:
             line = line[-LONG_SEGMENT:]
         if not re.search(CANDIDATE_RE, line):
             continue
-        hf = hf_dict_reading(line, epochs)
-        got = (hf[0], hf[1], hf[2], None, hf[3]) if hf else line_reading(line)
+        got = hf_dict_reading(line, epochs) or line_reading(line)
         if got and got[0].startswith(f"{BAR_KIND}:") and "epoch" in got[0]:
             found += bar_epoch(line)
         if got and not side_counter(got[0], got[2]):
@@ -210,19 +196,15 @@ def log_readings(text: str, epochs: Optional[float] = None) -> list[Found]:
 
 
 def side_counter(counter: str, total: Optional[float]) -> bool:
-    """A counter that is never the job's progress: one of HF's side bars (SIDE_BAR_LABELS), or one
-    that counts to at most 1 (the one shard of a small model's save bar, `0/1` then `1/1` at every
-    save: seen below its total, it would pass for a job at its end). Epoch counters are exempt: one
-    epoch of one is a whole run, which a bar within it measures."""
+    """A counter that is never the job's progress: HF's side bars, or one counting to at most 1 (a
+    save bar's `0/1`, `1/1` would pass for a job at its end). Epoch counters are exempt."""
     if counter.startswith(EPOCH_KINDS):
         return False
     return (total is not None and total <= 1) or counter.split(":", 1)[1].endswith(SIDE_BAR_LABELS)
 
 
 def bar_epoch(line: str) -> list[Found]:
-    """The epoch a bar's description names, as a counter of its own just before the bar's: `Epoch
-    N/M` (kind "Epoch N/M", as the same words on a line of their own), or Lightning's `Epoch N`
-    without a total (kind "Epoch N"); none when the description names no epoch number."""
+    """The epoch a bar's description names, as a counter before the bar's ("Epoch N/M" or "Epoch N")."""
     description = re.split(PERCENT_RE, line, maxsplit=1)[0]
     m = re.search(BAR_EPOCH_RE, description)
     if not m:
@@ -233,13 +215,10 @@ def bar_epoch(line: str) -> list[Found]:
 
 
 def within_epochs(found: list[Found], epochs: Optional[float]) -> list[Found]:
-    """The bars that count within an epoch, read as the run's progress: a bar after an epoch counter
-    (`Epoch 2/10`, on its line or in its description) counts that epoch's share, (N + bar) / M, as
-    an epoch counter; the counter alone is left out once a bar has said more. N counts as epochs
-    done, counted from 1 (Keras's `Epoch 1/3`, tqdm's `desc=f"Epoch {e + 1}/{n}"`: N - 1 done)
-    unless the tail shows an `Epoch 0/M` (then N done); never past the last epoch, so progress
-    that errs, errs low. Without M (Lightning's `Epoch 2:`, counted from 0, no --num_train_epochs)
-    the bars give epochs without a total: the bar's own fraction is one epoch's, not the run's."""
+    """A bar after an epoch counter (`Epoch 2/10`) read as the run's progress, (N + bar) / M, in
+    place of the counter. N counts from 1 (N - 1 done) unless the tail shows an `Epoch 0/M`, and
+    never past the last epoch: progress that errs, errs low. Without M (Lightning counts from 0)
+    the result has no total."""
     out: list[Optional[Found]] = []
     epoch: Optional[tuple[int, Found]] = None  # the newest epoch counter, and where it is in `out`
     from_zero = any(c.startswith("Epoch N/M:") and s == 0 for c, s, *_rest in found)
@@ -268,21 +247,11 @@ def from_log_text(
     seen_incomplete: Iterable[tuple[str, float]] = (),
     steps_only: bool = False,
 ) -> Optional[Reading]:
-    """The job's progress according to a log tail.
-
-    Readings are grouped by counter (pattern kind + label + total) and only each counter's newest
-    reading counts. Then:
-    - a complete reading (N == M, 100%) is believed only if that counter was also seen below its
-      total, in this tail or in `seen_incomplete` (earlier looks): a stray `100%` is not progress;
-    - HF's side bars and counters of at most one item are no counters at all (`side_counter`):
-      transformers 5's `save_model()` draws `Writing model shards 0/1` then `1/1` at every save;
-    - a counter still open wins over one that completed (a dataset map, an eval loop or a download
-      bar completes inside the training loop), the most recently updated one first;
-    - among counters that completed, one that earlier looks saw running wins: an eval bar drawn
-      after the training bar's last step is not the run;
-    - readings with a total win over those without (an HF loss dict gives only the epoch).
-    `steps_only` leaves out epoch counters (Epoch N/M, HF's logged epoch).
-    """
+    """The job's progress according to a log tail: each counter's (kind + label + total) newest
+    reading; a complete one only if that counter was seen below its total (here or in
+    `seen_incomplete`, earlier looks): a stray `100%` is not progress. An open counter wins over
+    completed ones (an eval or download bar completes inside training), the newest first; then one
+    that earlier looks saw running; readings with a total win. `steps_only`: no epoch counters."""
     found = log_readings(text, epochs)
     earlier = set(seen_incomplete)
     if steps_only:  # epoch counters say how far, but not at which step: a bar's own step is one
@@ -311,28 +280,20 @@ def from_log_text(
 
 
 def last_step(data: bytes) -> Optional[int]:
-    """The step of the progress counter a log tail shows last (None if it shows none): how far a
-    preempted attempt got. The same reading rules as the ETA's, so the two never disagree."""
+    """The step a log tail shows last (None: none), by the ETA's rules: how far an attempt got."""
     reading = from_log_text(data.decode("utf-8", "replace"), 0.0, steps_only=True)
     return int(reading.step) if reading is not None else None
 
 
 def num_epochs(cmd: list[str]) -> Optional[float]:
-    value = checkpoints.arg_value(cmd, EPOCHS_FLAGS)
-    try:
-        epochs = float(value) if value is not None else None
-    except ValueError:
-        return None
-    return epochs if epochs and epochs > 0 else None
+    return checkpoints.number_arg(cmd, EPOCHS_FLAGS, float)
 
 
 # ---- 3. checkpoints -----------------------------------------------------------------------------
 def checkpoint_points(job: Job) -> tuple[list[tuple[float, float, str]], Optional[float]]:
-    """(mtime, step, label) of every complete checkpoint of the current attempt with a step number,
-    oldest first, and the total steps (--max_steps, else its newest trainer_state.json's max_steps).
-    A checkpoint is the attempt's when the attempt wrote it (`wrote_since` its start) or resumed
-    from it: the run before it in the same output dir (`--output_dir out` every time) left its own
-    last checkpoint there, which is not this run's progress."""
+    """(mtime, step, label) of the current attempt's complete checkpoints with a step, oldest first,
+    and the total steps (--max_steps, else trainer_state.json's). The attempt's own: those it wrote
+    or resumed from, not an earlier run's in the same output dir."""
     cmd, cwd, started = job.cmd, job.cwd, attempt_started(job)
     out = checkpoints.output_dir(cmd, cwd)
     marker = checkpoints.HF_COMPLETE_MARKER  # when a checkpoint was completed: its marker's mtime, else its own
@@ -349,22 +310,20 @@ def checkpoint_points(job: Job) -> tuple[list[tuple[float, float, str]], Optiona
     points.sort(key=lambda p: (p[1], p[0]))
     total = checkpoints.max_steps(cmd)
     if total is None and ours:
-        total = _trainer_state_max_steps(ours[-1][0].path)
+        found = checkpoints.trainer_state(ours[-1][0].path, "max_steps", MAX_TRAINER_STATE_BYTES)
+        total = found if isinstance(found, int) and not isinstance(found, bool) and found > 0 else None
     return points, float(total) if total else None
 
 
 def wrote_since(mtime: float, started: float, adopted: bool = False) -> bool:
-    """Whether a file completed at `mtime` was written after an attempt started at `started`.
-    gpuq records the start before it spawns the job, so what the job writes is later (a file's
-    time may trail the clock by CLOCK_SLACK); a whole-second time (a filesystem with coarse times)
-    and an adopted process's start (psutil's figure) are given MTIME_SLACK."""
+    """Whether a file completed at `mtime` was written after the attempt started (recorded before
+    the spawn), give or take CLOCK_SLACK; MTIME_SLACK for whole-second times and an adopted start."""
     return mtime >= started - (checkpoints.MTIME_SLACK if adopted or float(mtime).is_integer() else CLOCK_SLACK)
 
 
 def _resumed_from(job: Job, dated: list[tuple[Any, float]], started: float) -> Optional[str]:
-    """The path of the checkpoint the attempt resumed from: gpuq's resume (`resumed_from`), else
-    the command's own --resume_from_checkpoint (`true`: the newest one that was there when the
-    attempt started, as HF Trainer picks it); `dated`: (checkpoint, when completed), by step."""
+    """The checkpoint the attempt resumed from: gpuq's, else its --resume_from_checkpoint (`true`:
+    the newest one there at its start, as HF picks it); `dated`: (checkpoint, when completed)."""
     value = job.resumed_from or checkpoints.arg_value(job.cmd, checkpoints.RESUME_FLAGS)
     if not value:
         return None
@@ -375,8 +334,7 @@ def _resumed_from(job: Job, dated: list[tuple[Any, float]], started: float) -> O
 
 
 def from_checkpoints(job: Job) -> tuple[Optional[Reading], list[tuple[float, float]]]:
-    """The current attempt's newest checkpoint as a reading, and each of its checkpoints as a
-    (time, step) sample: a rate from a single look."""
+    """The attempt's newest checkpoint as a reading, and each as a (time, step) sample."""
     points, total = checkpoint_points(job)
     if not points:
         return None, []
@@ -385,8 +343,7 @@ def from_checkpoints(job: Job) -> tuple[Optional[Reading], list[tuple[float, flo
 
 
 def _trl_completions(out_dir: str) -> list[tuple[float, float, str]]:
-    """TRL's completions/completions_N.parquet, as (mtime, step, label); one gone since the listing
-    has mtime 0, which no attempt wrote."""
+    """TRL's completions/completions_N.parquet as (mtime, step, label); a vanished one has mtime 0."""
     folder = os.path.join(out_dir, "completions")
     try:
         names = os.listdir(folder)
@@ -397,18 +354,6 @@ def _trl_completions(out_dir: str) -> list[tuple[float, float, str]]:
         for name in names
         if (m := re.match(TRL_COMPLETIONS_RE, name))
     ]
-
-
-def _trainer_state_max_steps(ckpt_path: str) -> Optional[int]:
-    path = os.path.join(ckpt_path, checkpoints.HF_COMPLETE_MARKER)
-    try:
-        if os.path.getsize(path) > MAX_TRAINER_STATE_BYTES:
-            return None
-        with open(path, "rb") as fh:
-            value = json.loads(fh.read()).get("max_steps")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def attempt_started(job: Job) -> float:

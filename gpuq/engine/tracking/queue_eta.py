@@ -23,9 +23,8 @@ RUNS = RECENT_RUNS  # a pending job's run time: the median of the newest RUNS su
 
 
 def past_durations(spool: Spool, keys: set[str], listing: Optional[Finished] = None) -> dict[str, list[float]]:
-    """Run times of the newest RUNS successful runs of each command and cwd of `keys` (the finished
-    index's recent runs and what `gpuq clear` kept), oldest first; adopted jobs and unknown times
-    left out. `listing`: the finished index, if the caller has it."""
+    """Run times of the newest RUNS successful runs of each command key, oldest first (`listing`: the
+    finished index, if the caller has it)."""
     done = spool.finished.read() if listing is None else listing
     kept = summarise(done.kept)[0]
     found = {key: dict(kept.get(key, ())) for key in keys}  # id -> run time: a job in both counts once
@@ -39,8 +38,8 @@ NO_WORKER = "no worker is running (`gpuq run`)"  # why a pending job has no star
 
 
 def worker_slots(workers: list[dict[str, Any]], gpus: Optional[list[int]] = None) -> list[Optional[str]]:
-    """The slots live workers serve. With GPUs (`gpus`: the machine's indices): the GPUs they
-    use and the CPU lane. Without: [None] for a whole-machine worker, else their --gpus labels."""
+    """The slots live workers serve: with `gpus`, the GPUs they use and the CPU lane; without, [None]
+    for a whole-machine worker, else their --gpus labels."""
     if not workers:
         return []
     whole = any(not w.get("gpus") for w in workers)
@@ -75,9 +74,9 @@ def _later(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 
 class Outside:
-    """What others hold of one GPU: `held` MiB of its `total`, by processes not gpuq's and the
-    `leases` of other parties (as their reasons say them: core/words.py's lease_text); of it,
-    `unleased` MiB are processes in no lease. (Not a named tuple: `status` compiles no source.)"""
+    """What others hold of one GPU: `held` MiB of its `total` (processes not gpuq's, other parties'
+    `leases` as lease_text says them); `unleased`: the processes in no lease. Not a named tuple:
+    `status` compiles no source."""
 
     __slots__ = ("held", "total", "leases", "unleased")
 
@@ -97,9 +96,7 @@ def _held_off(
     need: Optional[int], usable: list[Optional[str]], outside: dict[str, Outside], threshold: int
 ) -> dict[Optional[str], Outside]:
     """The GPUs among `usable` that others' memory keeps a job off (slot -> what they hold), as
-    engine/schedule/placement.py's gate decides: a whole GPU (`need` None) while they hold more than
-    the threshold, a share of `need` MiB while it does not fit beside them. When they free it cannot
-    be known."""
+    placement's gate decides: a whole GPU (`need` None) past the threshold, a share that does not fit."""
     out = {}
     for slot in usable:
         found = outside.get(str(slot))
@@ -109,10 +106,9 @@ def _held_off(
 
 
 def outside_memory(gpus: list[dict[str, Any]], home: Optional[str] = None) -> dict[str, Outside]:
-    """Slot -> what others hold of it, from a GPU view (engine/schedule/gpuview.py; a view of an
-    older worker has no `foreign_mib`: its listed processes then): processes not gpuq's, and the
-    leases of other parties than this spool (`home`): a whole one all of it, a memory one its size
-    beyond what its processes use (which `foreign_mib` counts)."""
+    """Slot -> what others hold of it, from a GPU view (an older worker's has no `foreign_mib`: its
+    listed processes then): processes not gpuq's, and other parties' leases (a whole one all of it,
+    a memory one its size beyond what its processes use, which `foreign_mib` counts)."""
     out = {}
     for gpu in gpus:
         held = gpu.get("foreign_mib")
@@ -132,9 +128,8 @@ def outside_memory(gpus: list[dict[str, Any]], home: Optional[str] = None) -> di
 
 
 def gpu_cap(shown: Optional[dict[str, Any]], home: Optional[str]) -> Optional[int]:
-    """How many GPUs this spool's jobs may hold at once under the user's cap in the machine's policy
-    (`max_gpus` of a worker's GPU view; None: no cap), less those their leases elsewhere hold (other
-    spools, `gpuq lease`), which count against it until they end, when no one can know."""
+    """How many GPUs this spool's jobs may hold under the policy's cap (`max_gpus` of the GPU view;
+    None: no cap), less those the user's leases elsewhere hold (other spools, `gpuq lease`)."""
     cap = shown.get("max_gpus") if shown else None
     if not isinstance(cap, int) or isinstance(cap, bool) or shown is None:
         return None
@@ -145,10 +140,9 @@ def gpu_cap(shown: Optional[dict[str, Any]], home: Optional[str]) -> Optional[in
 
 
 class Turn:
-    """Another user's waiting ticket (lease_layout.md section 7) as the play counts it: `count` of
-    the GPUs it wants (`slots`) go to `who` as soon as they are free, for as long as their job runs,
-    which no one here knows; until then no job of this queue starts on any of them. `after`: the job
-    of this queue whose ticket is older, which goes first (None: none)."""
+    """Another user's waiting ticket (lease_layout.md section 7): `count` of the GPUs it wants
+    (`slots`) go to `who` once free, for a time no one here knows. `after`: this queue's job whose
+    ticket is older, which goes first (None: none)."""
 
     __slots__ = ("who", "count", "mem_mib", "since", "slots", "after")
 
@@ -159,9 +153,7 @@ class Turn:
 
 
 def others_turns(gpus: list[dict[str, Any]], home: Optional[str]) -> list[Turn]:
-    """Other users' live tickets for these GPUs (a GPU view's `tickets`), oldest first: the turns
-    that come before this spool's jobs, or after the job of its own ticket where that is older (the
-    oldest ticket goes first; a tie, which recent use decides, is not told apart)."""
+    """Other users' live tickets for these GPUs, oldest first, after our own ticket's job if older."""
     me, found, ours = os.geteuid(), {}, []  # type: tuple[int, dict[str, Turn], list[tuple[float, int]]]
     for gpu in gpus:
         for ticket in gpu.get("tickets") or ():
@@ -192,10 +184,9 @@ def plan_queue(
     no_slots: str = NO_WORKER,
     turns: Sequence[Turn] = (),
 ) -> dict[int, eta.Estimate]:
-    """Expected start and end (seconds from now, None = unknown) of each pending job: `running`,
-    (job, seconds until it ends), and `pending`, (job, scheduler wait) in queue order, played
-    forward (`_Play`); whatever depends on an unknown is unknown. `outside`: outside_memory's;
-    `cap`: gpu_cap's; `no_slots`: why nothing starts without `slots`; `turns`: others_turns'."""
+    """Expected start and end (seconds from now, None: unknown) of each pending job, (job, wait) in
+    queue order, behind `running` (job, seconds until it ends), played forward (`_Play`); whatever
+    depends on an unknown is unknown. `no_slots`: why nothing starts without `slots`."""
     if not slots:  # a job no worker would start says so first
         return {j.id: eta.Estimate(None, None, _no_start(w) or f"unknown: {no_slots}") for j, w in pending}
     play = _Play(slots, running, durations, outside or {}, threshold, cap)
@@ -220,8 +211,7 @@ def plan_queue(
 
 
 def _no_start(wait: Any) -> str:
-    """Why a job waiting for `wait` has no start time at all ('' where it may have one): only a
-    person can start it, or it waits for disk space someone must free, at a time no one can know."""
+    """Why a job waiting for `wait` has no start time ('' if it may have one): a person or disk room must."""
     if wait is not None and getattr(wait, "forever", False):
         return f"will not start by itself: {wait.reason}"
     if diskguard.holds(wait):
@@ -230,14 +220,11 @@ def _no_start(wait: Any) -> str:
 
 
 class _Play:
-    """The queue played forward as the worker's steps start jobs (engine/schedule/planner.py):
-    whenever a slot frees or a wait ends, the jobs ready then (dependencies ended) take the free
-    slots they can use in queue order; a GPU job that must wait keeps the free slots it can use,
-    holding up the GPU jobs behind it (placement.place_in_order keeps its GPUs for it: with whole
-    slots, those it could start on), one not ready holds up nobody. A GPU job that would take the
-    GPUs this spool's jobs hold past the user's cap waits as one without room does (turns.CapGate).
-    Another user's turn (`Turn`) in the line keeps the GPUs it wants from the jobs behind it until it
-    takes those it needs, for good as far as the play can know (turns.Turns.hold_back)."""
+    """The queue played forward as the worker's steps start jobs: whenever a slot frees or a wait
+    ends, the ready jobs take the free slots they can use in queue order. A GPU job that must wait
+    holds up the GPU jobs behind it (placement.place_in_order), as does one past the user's cap
+    (turns.CapGate); one not ready holds up nobody. Another user's `Turn` keeps the GPUs it wants
+    from the jobs behind it until it takes them, for good as far as the play knows."""
 
     def __init__(
         self,
@@ -267,8 +254,7 @@ class _Play:
                         self.unknown.append((slot, job))
 
     def run(self, waiting: list[tuple[Any, Optional[float]]]) -> None:
-        """Place each (job, when its --begin or host room allows it; None: unknown) in queue order,
-        other users' turns (`Turn`, 0.0) among them."""
+        """Place each (job, when its --begin or host room allows it; None: unknown), turns among them."""
         unplaced = {job.id for job, _r in waiting if isinstance(job, Job)}
         # when anything can change: a slot frees (a dependency's end among them), a wait is over
         moments = {t for t in self.free.values() if t is not None} | {r for _j, r in waiting if r is not None}
@@ -332,8 +318,7 @@ class _Play:
         return still, placed
 
     def _take_turn(self, turn: Turn, open_now: list[Optional[str]]) -> bool:
-        """Whether another user's turn takes GPUs now: as many as it asks of those it wants that are
-        free, and that no one else's memory keeps it off; theirs then for a time no one here knows."""
+        """Whether another user's turn takes the free GPUs it wants now, theirs for a time no one knows."""
         held_off = _held_off(turn.mem_mib, turn.slots, self.outside, self.threshold)
         can = [s for s in open_now if s in turn.slots and s not in held_off]
         if len(can) < turn.count:
@@ -390,8 +375,7 @@ class _Play:
 
 
 def _host_room_at(job: Job, wait: Any, running: list[tuple[Job, Optional[float]]]) -> Optional[float]:
-    """A job its worker holds back for host memory or CPUs (engine/schedule/hostroom.py) starts, at
-    the earliest, when a running job that holds some of it ends (None: none ends at a known time)."""
+    """A job held back for host memory or CPUs starts when a running job holding some ends (None: unknown)."""
     reason = getattr(wait, "reason", "")
     asked = [
         field
@@ -405,8 +389,7 @@ def _host_room_at(job: Job, wait: Any, running: list[tuple[Job, Optional[float]]
 
 
 def _held_text(held_off: dict[Optional[str], Outside], threshold: int, turned: Optional[dict[Any, str]] = None) -> str:
-    """What keeps a job off GPUs for a time no one knows: others' memory, and (`turned`: slot -> whose)
-    the turns of other users' jobs that take them first."""
+    """What keeps a job off GPUs for a time no one knows: others' memory and (`turned`) their turns."""
     held = [f"GPU {slot}: {holder.holders(threshold)}" for slot, holder in held_off.items()]
     return "; ".join(held + [f"GPU {slot}: {who} takes its turn first" for slot, who in (turned or {}).items()])
 
@@ -419,9 +402,8 @@ def _queue_note(
     taken: Optional[list[Any]] = None,
     before: str = SOMETHING,
 ) -> str:
-    """How the start and run time were found. `held`: the GPUs others' memory keeps the job off
-    (when they free them cannot be known); `taken`: the GPUs it is expected on instead (None:
-    none frees at a known time); `before`: what before it has no ETA, when that is why."""
+    """How the start and run time were found. `held`: what keeps it off GPUs; `taken`: the GPUs it is
+    expected on instead (None: none frees at a known time); `before`: what before it has no ETA."""
     if held and taken is None:
         when = f"start unknown: {held} (no telling when they free it), and no other GPU frees at a known time"
     elif start is None:
@@ -437,8 +419,7 @@ def _queue_note(
 
 
 def _no_slots(workers: list[dict[str, Any]], asleep: list[int]) -> str:
-    """Why no worker takes a pending job (plan_queue's `no_slots`): none runs, every one is stopped
-    (Ctrl-Z), or each drains or is stopped."""
+    """Why no worker takes a pending job: none runs, every one is stopped (Ctrl-Z), or they drain."""
     if asleep and len(asleep) == len(workers):
         are = "worker is" if len(asleep) == 1 else "workers are"
         return f"the {are} stopped (Ctrl-Z or SIGSTOP); {stopped_text(asleep)}"
@@ -453,14 +434,12 @@ def annotate(
     gpus: Optional[dict[str, Any]] = None,
     finished: Optional[Any] = None,
 ) -> None:
-    """Set `row.estimate` for every running, pending and Slurm-run row of a status listing (`gpus`:
-    the GPU view, when the machine has GPUs; `finished`: the listing the status was made from)."""
+    """Set `row.estimate` for every running, pending, Slurm- and Ray-run row of a status listing
+    (`gpus`: the GPU view, when there are GPUs; `finished`: the listing the status was made from)."""
     running = [r for r in rows if r.state == RUNNING]
-    for row in running:
-        row.estimate = eta.running_estimate(spool, row.job, now)
-    for row in rows:  # a job Slurm runs writes the same log: its progress is read the same way
-        on_ray = row.state == RAY and (row.job.ray or {}).get("state") == "RUNNING"  # its log is fetched
-        if on_ray or row.state == SLURM and (row.job.slurm or {}).get("state") == "RUNNING":
+    for row in rows:  # a job run by Slurm or Ray writes the same log (Ray's is fetched): read the same way
+        handed = {SLURM: row.job.slurm, RAY: row.job.ray}.get(row.state) or {}
+        if row.state == RUNNING or handed.get("state") == "RUNNING":
             row.estimate = eta.running_estimate(spool, row.job, now)
     in_order = scheduler.queue_order([r.job for r in rows if r.state == PENDING])
     order = {j.id: n for n, j in enumerate(in_order)}
@@ -490,8 +469,7 @@ def annotate(
 
 
 def _wait_of(row: Any) -> Any:
-    """A pending row's wait, the disk guard's where it holds the job behind a wait that ends (a
-    dependency, a GPU): the job then still waits for the space."""
+    """A pending row's wait; the disk guard's where the job still waits for space after it."""
     if row.disk_wait is not None and not (row.wait is not None and row.wait.forever):
         return row.disk_wait
     return row.wait

@@ -1,23 +1,20 @@
 """Checkpoints kept by rule (`--keep-checkpoints N|best`): a job's older complete checkpoints removed
-so that the next save does not fill the disk (accelerate, diffusers and sheeprl runs died so). What
-may go is proved, never guessed: transformers once removed the *newest* checkpoint by sorting names
-as text, so checkpoints are ordered by the step number in their names, and one without a number is
-never removed.
+so that the next save does not fill the disk. What may go is proved, never guessed: checkpoints are
+ordered by the step number in their names (sorting names as text once removed the newest), and one
+without a number is never removed.
 
-Never removed: the newest complete checkpoint (whatever N); one still being written (an HF
-directory without trainer_state.json or with its incomplete marker; a --ckpt-glob match changed in
-the last QUIET_SECONDS or empty); the one the current attempt resumed from until a newer complete
-one exists; an earlier run's (older than the job's `ckpt_since`); anything that is a symbolic link
-or lies, links resolved, outside the directory the checkpoints are looked for in. Nothing here
-opens a spool file: checkpoints live in the job's own output directory.
+Never removed: the newest complete checkpoint; one still being written (an HF directory without
+trainer_state.json or with its incomplete marker; a --ckpt-glob match empty or changed in the last
+QUIET_SECONDS); the one resumed from until a newer complete one exists; an earlier run's (before
+`ckpt_since`); a symbolic link, or anything outside the checkpoints' directory, links resolved.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
+from contextlib import suppress
 from typing import NamedTuple, Optional
 
 from gpuq.core.job import Job
@@ -27,7 +24,6 @@ from gpuq.engine.tracking import checkpoints
 from gpuq.engine.tracking.checkpoints import Checkpoint
 
 QUIET_SECONDS = 2.0  # a --ckpt-glob match changed more recently than this may still be being written
-HF_STATE = "trainer_state.json"
 
 
 class Removed(NamedTuple):
@@ -109,10 +105,8 @@ def tree_bytes(path: str) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
-            try:
+            with suppress(OSError):
                 total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                continue
     return total
 
 
@@ -125,13 +119,8 @@ def _inside(path: str, base: str) -> bool:
 
 
 def _best(newest: str) -> Optional[str]:
-    """The best checkpoint by the metric HF Trainer records (`best_model_checkpoint` in the newest
-    checkpoint's trainer_state.json), absolute; None when it records none."""
-    try:
-        with open(os.path.join(newest, HF_STATE), encoding="utf-8") as fh:
-            best = json.load(fh).get("best_model_checkpoint")
-    except (OSError, ValueError, AttributeError):
-        return None
+    """The newest checkpoint's `best_model_checkpoint` (HF Trainer's by its metric), absolute, or None."""
+    best = checkpoints.trainer_state(newest, "best_model_checkpoint")
     if not isinstance(best, str) or not best:
         return None
     # HF records it as the trainer saw it (often relative to its cwd): the name in the same directory

@@ -1,13 +1,12 @@
-"""What `gpuq show ID` and `gpuq log ID` tell a person about one job: of its some 60 fields, the
-ones a person asks about, each as a label and one line of text, empty ones left out (`--json` is
-the file as it is).
-"""
+"""What `gpuq show ID` and `gpuq log ID` tell a person about one job: the fields a person asks
+about, each a label and one line, empty ones left out (`--json` is the file as it is)."""
 
 from __future__ import annotations
 
 import os
 import shlex
 import time
+from collections import Counter
 from typing import Optional
 
 from gpuq.core import states
@@ -31,11 +30,11 @@ from gpuq.core.transitions import describe_preemption
 from gpuq.core.words import plural, stopping_text, url_text
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.actions import sweep_jobs
-from gpuq.engine.schedule import diskguard, gpuview, hostroom, scheduler
+from gpuq.engine.schedule import gpuview, hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views import attempts
-from gpuq.engine.views.status import cap_waits, drain_waits, gpu_waits, space_waits
+from gpuq.engine.views.status import known_waits
 from gpuq.spool import JobRef, Spool
 from gpuq.system.gpu_presence import may_have_gpus
 from gpuq.system.gpus import mib_text
@@ -43,6 +42,8 @@ from gpuq.system.security import display
 
 Line = tuple[str, str]  # (label, text)
 INHERITED = "inherited from the shell (`gpuq show %d --env` lists them)"
+# `resumed_from` is where the next or the running attempt starts, else where the last one did
+RESUMED_FROM = {PENDING: "resumes from", HELD: "resumes from", RUNNING: "resumed from"}
 
 # How the interpreter was found (the job's `interpreter_from`), as the card says it
 FOUND_BY = {
@@ -89,8 +90,7 @@ def _log(spool: Spool, ref: JobRef, job: Job) -> str:
 
 
 def not_started(spool: Spool, ref: JobRef, job: Job) -> Optional[str]:
-    """Why `gpuq log` has nothing to show for a job that never ran (`pending: after #3 (running)`,
-    `cancelled before it ran`); None for a job that has run or has a log."""
+    """Why `gpuq log` has nothing for a job that never ran; None for one that ran or has a log."""
     if ref.state not in (PENDING, HELD, CANCELLED) or spool.logs.size(job) or job.started_at:
         return None
     if ref.state == CANCELLED:
@@ -99,8 +99,7 @@ def not_started(spool: Spool, ref: JobRef, job: Job) -> Optional[str]:
 
 
 def log_gone(spool: Spool, ref: JobRef, job: Job) -> Optional[str]:
-    """`was removed (...)`: what became of the log of a job that ran, where it is not there; None
-    while it is, or may yet be (a job that has not started, or runs)."""
+    """`was removed (...)`: what became of a job's log that is not there; None while it is or may be."""
     if not job.started_at or ref.state in (PENDING, HELD, RUNNING) or spool.logs.signature(job) is not None:
         return None
     # an adopted or imported job's log is a file of its own, which gpuq never removes
@@ -114,12 +113,9 @@ def why_waiting(spool: Spool, state: str, job: Job) -> str:
     if state == HELD:
         return f"`gpuq release {job.id}` puts it back in line"
     snap, _ = read_queue(spool)
-    live = spool.workers.live()
-    views = spool.workers.gpu_views()
-    extra = {**drain_waits(live, snap), **diskguard.waits(snap.pending), **space_waits(spool, snap)}
-    extra.update(cap_waits(gpuview.current(spool, snap.running, views), snap))
-    extra.update(gpu_waits(views))
-    wait = scheduler.waiting_reasons(snap, extra).get(job.id)
+    live, views = spool.workers.live(), spool.workers.gpu_views()
+    shown = gpuview.current(spool, snap.running, views)
+    wait = scheduler.waiting_reasons(snap, known_waits(spool, snap, live, views, shown)).get(job.id)
     if wait is not None:
         return (scheduler.BLOCKED if wait.forever else "") + wait.reason
     if not live:
@@ -128,7 +124,7 @@ def why_waiting(spool: Spool, state: str, job: Job) -> str:
 
 
 def python_text(job: Job) -> str:
-    """The interpreter of a job that runs a *.py script and how it was chosen; "" for `bash run.sh`."""
+    """The interpreter of a job that runs a *.py script and how it was chosen; "" otherwise."""
     how, cmd = job.interpreter_from, job.cmd
     if not (len(cmd) > 1 and cmd[1].endswith(".py") and os.path.basename(cmd[0]).startswith("python")):
         return ""
@@ -220,15 +216,8 @@ def _checkpoints(state: str, job: Job) -> list[Line]:
         )
         if p
     )
-    return [("checkpoint", job.checkpoint or ""), (_resumed_label(state), resumed), ("resume", how)]
-
-
-def _resumed_label(state: str) -> str:
-    """What `resumed_from` is in `state`: where the next attempt starts, where the running one
-    started, or where the last one did (a preempted job resumes from `checkpoint`, its newest)."""
-    if state in (PENDING, HELD):
-        return "resumes from"
-    return "resumed from" if state == RUNNING else "last attempt resumed from"
+    label = RESUMED_FROM.get(state, "last attempt resumed from")
+    return [("checkpoint", job.checkpoint or ""), (label, resumed), ("resume", how)]
 
 
 def _gpus(state: str, job: Job) -> list[Line]:
@@ -273,7 +262,7 @@ def _notify(job: Job) -> str:
 
 
 def _host_limits(job: Job) -> str:
-    """How its latest attempt's --mem and --cpus were kept (run/supervisor/hostlimits.py)."""
+    """How its latest attempt's --mem and --cpus were kept."""
     by = job.host_limits_by
     if not by:
         return ""
@@ -288,9 +277,7 @@ def _sweep(spool: Spool, job: Job) -> list[Line]:
     if not isinstance(job.sweep, dict):
         return []
     members = sweep_jobs(spool, job.sweep["id"])
-    counts: dict[str, int] = {}
-    for member in members:
-        counts[member["state"]] = counts.get(member["state"], 0) + 1
+    counts = Counter(member["state"] for member in members)
     values = " ".join(f"{k}={v}" for k, v in job.sweep["values"].items())
     counted = ", ".join(f"{n} {state}" for state, n in counts.items())
     return [("sweep", f"{values}; {plural(len(members), 'job')} from #{job.sweep['id']}: {counted}")]

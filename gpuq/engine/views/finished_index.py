@@ -1,5 +1,4 @@
-"""The finished jobs as the engine reads them: the spool's index (spool/cache/index.py), and the
-history records of every job, finished ones from their rows."""
+"""The history records of every job, finished ones from the spool's finished index."""
 
 from __future__ import annotations
 
@@ -9,10 +8,9 @@ from gpuq.spool import Spool
 
 
 def history_records(spool: Spool) -> list[history.JobRecord]:
-    """The history record of every job: finished ones from their rows, the others from their files
-    (those that are valid jobs), then those `gpuq clear` removed, from what it kept (one whose job
-    still has a file, a clear cut short, is left out). A job a crash left two copies of counts
-    twice, as it always did."""
+    """The history record of every job: finished ones from their rows, the others from their valid
+    files, then those `gpuq clear` removed (not one still with a file: a clear cut short). A job a
+    crash left two copies of counts twice, as it always did."""
     done = spool.finished.read()
     out, here = [], set(done.states())
     for state in STATES:  # in the order the files were always read: summed times come out the same

@@ -1,9 +1,6 @@
-"""The gpuq command lines that would fix a job, chosen by why it waits or failed (`gpuq triage`).
-
-Each fix is `{"command": "gpuq retry 7", "why": "..."}`: a whole, shell-quoted command line that
-gpuq's own parser reads (tests/test_triage.py parses every one). Only what gpuq can do is offered:
-`gpuq edit` changes only a waiting job, so a job that failed is changed by queueing it again with
-`gpuq add` (add_line: the job as it was, with the change).
+"""The gpuq command lines that would fix a job, chosen by why it waits or failed (`gpuq triage`):
+each `{"command": ..., "why": ...}`, a whole shell-quoted line gpuq's parser reads. `gpuq edit`
+changes only a waiting job: a failed one is queued again with `gpuq add` (add_line), changed.
 """
 
 from __future__ import annotations
@@ -11,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+from contextlib import suppress
 from typing import Any, Optional
 
 from gpuq.core.job import Job
@@ -44,8 +42,7 @@ OTHER = "other"
 
 
 def suggest(spool: Spool, job: Job, state: str, facts: dict[str, Any]) -> list[Fix]:
-    """The fixes for `job` in `state`, most likely first; `facts`: what the triage found (its
-    `cause`, `tried_to_allocate`, `checkpoint`)."""
+    """The fixes for `job` in `state`, most likely first; `facts`: what the triage found."""
     if state == HELD:
         return [_fix(["release", job.id], "it is held: this puts it back in line")]
     if state == PENDING:
@@ -144,36 +141,30 @@ def _failed(job: Job, state: str, facts: dict[str, Any]) -> list[Fix]:
 
 
 def _smaller(job: Job, facts: dict[str, Any], edit: bool) -> list[Fix]:
-    """Out of memory: a smaller batch, and a bigger share of a GPU; for a waiting job by `gpuq
-    edit` (`edit`), else by queueing it again."""
-    out = []
+    """Out of memory: a smaller batch, and a bigger share of a GPU; by `gpuq edit` for a waiting
+    job (`edit`), else by queueing it again. Each change: (add_line's change, edit's --set, why)."""
+    changes: list[tuple[dict[str, Any], str, str]] = []
     halved = halve_batch(job.cmd)
     if halved is not None:
         cmd, before, after = halved
         why = f"half the batch ({before} -> {after}), so that it needs less memory"
-        if edit:
-            out.append(_fix(["edit", job.id, "--set", "cmd=" + json.dumps(cmd)], why))
-        else:
-            out.append({"command": add_line(job, cmd=cmd), "why": f"queue it again with {why}"})
+        changes.append(({"cmd": cmd}, "cmd=" + json.dumps(cmd), why))
     if job.gpu_mem_mib and facts.get("cause") == GPU_OOM:
         more = _more_memory(job.gpu_mem_mib, facts.get("tried_to_allocate"))
         why = f"a bigger share of a GPU ({job.gpu_mem_mib} -> {more} MiB)"
-        if edit:
-            out.append(_fix(["edit", job.id, "--set", f"gpu_mem={more}M"], why))
-        else:
-            out.append({"command": add_line(job, gpu_mem_mib=more), "why": f"queue it again with {why}"})
-    return out
+        changes.append(({"gpu_mem_mib": more}, f"gpu_mem={more}M", why))
+    if edit:
+        return [_fix(["edit", job.id, "--set", setting], why) for _change, setting, why in changes]
+    return [{"command": add_line(job, **change), "why": f"queue it again with {why}"} for change, _s, why in changes]
 
 
 def _more_memory(mib: int, tried: Optional[str]) -> int:
-    """What it had plus what it tried to allocate (`2.00 GiB`, PyTorch's wording; else half again),
-    in whole GiB."""
+    """What it had plus what it tried to allocate (PyTorch's `2.00 GiB`; else half again), in GiB."""
     number, _, unit = (tried or "").partition(" ")
     scale = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024, "TiB": 1 << 20}.get(unit)
-    try:
+    extra = 0
+    with suppress(ValueError):
         extra = math.ceil(float(number) * scale) if scale else 0
-    except ValueError:
-        extra = 0
     return math.ceil((mib + (extra or mib // 2)) / 1024) * 1024
 
 
@@ -198,23 +189,17 @@ def add_line(
     job: Job, cmd: Optional[list[str]] = None, time_limit: Optional[float] = None, gpu_mem_mib: Optional[int] = None
 ) -> str:
     """`gpuq add ...` that queues the job again as it was, with the changes given."""
+    mem, limit = gpu_mem_mib or job.gpu_mem_mib, time_limit or job.time_limit
+    options = (  # each given when it has a value
+        ("--gpus", str(job.gpu_request) if job.gpu_request != 1 else None),
+        ("--gpu-mem", f"{mem}M" if mem else None),  # a typed size needs its unit
+        ("--time", format_duration(limit) if limit else None),
+        ("--priority", str(job.priority) if job.priority else None),
+        ("--ckpt-glob", job.ckpt_glob),
+        ("--resume-arg", job.resume_arg),
+    )
     words = ["gpuq", "add", "--name", job.name, "-d", job.cwd]
-    if job.gpu_request != 1:
-        words += ["--gpus", str(job.gpu_request)]
-    mem = gpu_mem_mib or job.gpu_mem_mib
-    if mem:
-        words += ["--gpu-mem", f"{mem}M"]  # a typed size needs its unit
-    limit = time_limit or job.time_limit
-    if limit:
-        words += ["--time", format_duration(limit)]
-    if job.priority:
-        words += ["--priority", str(job.priority)]
-    if job.ckpt_glob:
-        words += ["--ckpt-glob", job.ckpt_glob]
-    if job.resume_arg:
-        words += ["--resume-arg", job.resume_arg]
-    if job.no_resume:
-        words.append("--no-resume")
-    for key, value in job.env.items():
-        words += ["-e", f"{key}={value}"]
+    words += [word for option, value in options if value for word in (option, value)]
+    words += ["--no-resume"] if job.no_resume else []
+    words += [word for key, value in job.env.items() for word in ("-e", f"{key}={value}")]
     return shlex.join([*words, "--", *(job.cmd if cmd is None else cmd)])

@@ -1,10 +1,7 @@
-"""What ran: one `PastRun` per attempt, and per-group totals for `gpuq history`, as pure functions
-over `JobRecord`s or `(state, job)` pairs (finished_index.history_records gives a finished job's
-record from its row: a history of 10,000 jobs opens no job file).
-
-A run is one attempt with a known start and end (spool/cache/runs.py's rules); GPU-hours are its
-time x the GPUs it held. Adopted jobs count, approximately: their end is when gpuq noticed the
-process gone. A run counts in a time window when it ended in it; a preemption when its `at` is.
+"""What ran: one `PastRun` per attempt, and per-group totals for `gpuq history`, over `JobRecord`s
+(a finished job's from its index row: no job file opened) or `(state, job)` pairs. A run is an
+attempt with a known start and end; GPU-hours are its time x its GPUs. An adopted job's end is when
+gpuq noticed it gone. A run counts in a time window when it ended in it, a preemption at its `at`.
 """
 
 from __future__ import annotations
@@ -20,9 +17,9 @@ from gpuq.core.times import median
 from gpuq.spool.cache.runs import facts, parse_time, read_keys, read_pasts
 
 GROUP_KEYS = ("dir", "script", "day", "sweep")
-# The Group field (named as the state) counting each attempt outcome; a "pending" attempt failed
-# and was retried.
+# The Group field counting each attempt outcome; a "pending" attempt failed and was retried.
 COUNTERS = {PENDING: FAILED, **{state: state for state in (DONE, FAILED, CANCELLED, INTERRUPTED)}}
+COUNTS = ("runs", "jobs", DONE, FAILED, CANCELLED, INTERRUPTED, PREEMPTED, "adopted")  # Group fields, as JSON
 SCRIPT_SUFFIXES = (".py", ".sh", ".bash", ".zsh", ".jl", ".r", ".lua", ".pl", ".rb", ".js", ".ts")
 
 JobPair = tuple[str, Job]
@@ -61,9 +58,8 @@ class PastRun(NamedTuple):
 
 
 class JobRecord(NamedTuple):
-    """What history reads of one job: who it is, and its runs and preemptions as data
-    (spool/cache/runs.py: `attempts` are [attempt, start, end, outcome, GPUs, GPU count, reason];
-    what `gpuq clear` kept before reasons were recorded lacks the reason)."""
+    """What history reads of one job: who it is, its runs and preemptions (spool/cache/runs.py:
+    `attempts` are [attempt, start, end, outcome, GPUs, GPU count, reason], the reason not always)."""
 
     job_id: int
     name: str
@@ -76,7 +72,7 @@ class JobRecord(NamedTuple):
 
 
 class Group:
-    """Totals of one group of runs. `preempted` counts preemption records, not runs. A plain class:
+    """Totals of one group of runs (`preempted` counts preemption records). A plain class:
     `dataclasses` (with `inspect`) would be most of `gpuq history`'s imports."""
 
     def __init__(self, key: Union[int, str, None]) -> None:
@@ -110,9 +106,8 @@ SINCE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_since(text: str, now: float) -> float:
-    """`--since` value -> epoch seconds: a duration back from `now` (`90m`, `12h`, `7d`, `2w`) or
-    a date/time (`2024-05-01`, `2024-05-01T09:00`, local time unless an offset is given).
-    ValueError with a one-line message otherwise."""
+    """`--since` -> epoch seconds: a duration back from `now` (`12h`, `2w`) or a date/time (local
+    unless an offset is given); ValueError with a one-line message otherwise."""
     match = SINCE_RE.match(text)
     if match:
         return now - float(match.group(1)) * SINCE_UNITS[match.group(2)]
@@ -123,9 +118,7 @@ def parse_since(text: str, now: float) -> float:
 
 
 def script_of(cmd: Any) -> str:
-    """What `--by script` groups on: the first argv word that names a script file (its base name,
-    e.g. `train.py` in `torchrun --nproc 2 src/train.py --lr 1`), else the module of `python -m
-    MOD`, else the base name of the program."""
+    """`--by script`'s key: the first script file the argv names, else `-m`'s module, else the program."""
     if isinstance(cmd, str):
         cmd = cmd.split()
     if not isinstance(cmd, list) or not cmd or not all(isinstance(word, str) for word in cmd):
@@ -148,21 +141,18 @@ def record_of(state: str, job: Job) -> JobRecord:
 
 
 def row_records(ids: Iterable[int], rows: Iterable[tuple]) -> list[JobRecord]:
-    """The records of finished jobs from their ids and rows (spool/cache/index.py's ROW); a file
-    that is not a valid job has none."""
+    """The records of finished jobs from their index rows; an invalid job file has none."""
     valid = [(job_id, row) for job_id, row in zip(ids, rows) if row[6]]  # ROW's past: "" for no job
     return _records_of([(job_id, row[0], row[4], row[6]) for job_id, row in valid])
 
 
 def kept_records(kept: Iterable[tuple]) -> list[JobRecord]:
-    """The records of the jobs `gpuq clear` removed, from what it kept of each (spool/kept.py's
-    RECORD: id, state, name, key, run, past, ...): the same key and past as their rows held."""
+    """The records of the jobs `gpuq clear` removed, from what it kept (spool/kept.py's RECORD)."""
     return _records_of([(record[0], record[2], record[3], record[5]) for record in kept])
 
 
 def _records_of(jobs: list[tuple[int, str, str, Any]]) -> list[JobRecord]:
-    """JobRecords of (id, name, command key, past) each, the key and past as runs.py writes them
-    (the past as data from the index, as JSON text from kept-runs)."""
+    """JobRecords of (id, name, command key, past) each, as runs.py writes the key and past."""
     commands = read_keys([key for _id, _name, key, _past in jobs])
     places = {key: (cwd if isinstance(cwd, str) else "?", script_of(cmd)) for key, (cmd, cwd) in commands.items()}
     pasts = read_pasts([past for _id, _name, _key, past in jobs])
@@ -199,9 +189,8 @@ def _order(key: Union[int, str, None]) -> tuple:
 
 
 def summarize(jobs: Iterable[Union[JobPair, JobRecord]], since: Optional[float] = None, by: str = "dir") -> list[Group]:
-    """Per-group totals of the runs of `jobs` that ended at or after `since` (None: all), grouped
-    `by` "dir", "script" (`script_of`), "day" (local day the run ended) or "sweep" (None: outside
-    sweeps), sorted by key (None last). `median_seconds` is over all runs, whatever their outcome."""
+    """Per-group totals of the runs that ended at or after `since` (None: all), grouped `by` one of
+    GROUP_KEYS ("day": the local day it ended), sorted by key (None last); the median over all runs."""
     if by not in GROUP_KEYS:
         raise ValueError(f"--by {by!r}: choose one of {', '.join(GROUP_KEYS)}")
     groups: dict[Union[int, str, None], Group] = {}
@@ -226,8 +215,7 @@ def job_ids(group: Group) -> list[int]:
 
 
 def _add_run(group: Group, record: JobRecord, attempt: list[Any]) -> None:
-    """One run (an item of `record.attempts`) into its group's totals (as PastRun counts it, but no
-    object made for each)."""
+    """One run (an item of `record.attempts`) into its group's totals, as PastRun counts it."""
     number, start, end, outcome, _gpus, gpu_count = attempt[:6]
     group.runs += 1
     group._job_ids.add(record.job_id)
@@ -246,7 +234,7 @@ def _add_run(group: Group, record: JobRecord, attempt: list[Any]) -> None:
 
 
 def iso(stamp: Optional[float]) -> Optional[str]:
-    """Epoch seconds -> ISO 8601 in local time with its offset, as job files write times."""
+    """Epoch seconds -> ISO 8601 in local time with its offset, as job files hold times."""
     if stamp is None:
         return None
     return datetime.fromtimestamp(stamp, timezone.utc).astimezone().isoformat(timespec="seconds")
@@ -257,14 +245,7 @@ def to_json(groups: Iterable[Group]) -> list[dict[str, Any]]:
     return [
         {
             "key": group.key,
-            "runs": group.runs,
-            "jobs": group.jobs,
-            DONE: group.done,
-            FAILED: group.failed,
-            CANCELLED: group.cancelled,
-            INTERRUPTED: group.interrupted,
-            PREEMPTED: group.preempted,
-            "adopted": group.adopted,
+            **{field: getattr(group, field) for field in COUNTS},
             "gpu_hours": round(group.gpu_hours, 3),
             "median_seconds": None if group.median_seconds is None else round(group.median_seconds, 1),
             "first": iso(group.first),

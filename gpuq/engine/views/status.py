@@ -36,8 +36,7 @@ class Row:
 
 
 class CachedRow:
-    """A row given by its cells (a finished file that is not a valid job): only the id of its
-    job is known."""
+    """A row given by its cells (a finished file that is not a valid job): only its id is known."""
 
     __slots__ = ("job", "state", "cells")
     wait = None
@@ -58,8 +57,8 @@ class Rejected:
 
 
 def _row_of(spool: Spool, ref: JobRef, damaged: Optional[Callable[[str, str], Any]]) -> list[Any]:
-    """The row of a job outside the queue: [] if it has moved on meanwhile; a damaged file's row
-    (its cells from `damaged`) where the caller shows them, so that no job file goes unseen."""
+    """The row of a job outside the queue: [] if it has moved on; a damaged file's row (its cells
+    from `damaged`) where the caller shows them, so that no job file goes unseen."""
     try:
         return [Row(spool.jobs.load(ref), ref.state)]
     except FileNotFoundError:
@@ -81,8 +80,7 @@ class Status(NamedTuple):
     rejected: Optional[Rejected]  # dropped files rejected since `gpuq rejected` last listed them
 
     def outlook(self, now: Optional[float] = None) -> tuple[int, int, int]:
-        """The pending jobs as (startable: a worker would start them, now or once the jobs they
-        wait for end; later: once their --begin time comes; blocked: not without a person)."""
+        """The pending jobs as (startable by a worker; later: at their --begin; blocked: by a person)."""
         now = time.time() if now is None else now
         rows = [r for r in self.rows if r.state == PENDING]
         blocked = sum(1 for r in rows if r.wait is not None and r.wait.forever)
@@ -96,10 +94,9 @@ def status(
     damaged: Optional[Callable[[str, str], tuple]] = None,
     recent: int = RECENT_FINISHED,
 ) -> Status:
-    """Every row of the queue. With `damaged` (the CLI's cells of a job file outside the queue that is not a
-    valid job, from its name and why), such a file is a row saying so, and `show_all` gives the
-    finished rows as data from the index of finished jobs (spool/cache/index.py). `recent`: how
-    many of the newest finished jobs are rows without `show_all` (`eta` shows none: 0)."""
+    """Every row of the queue. With `damaged` (the CLI's cells of an invalid job file, from its name
+    and why) such a file is a row, and `show_all` gives the finished rows from the finished index.
+    `recent`: how many of the newest finished jobs are rows without `show_all` (`eta`: 0)."""
     warned_slurm = sync_slurm(spool) + sync_ray(spool)
     for _look in range(LOOKS):
         # a dead job is shown as interrupted as soon as anyone looks; one listing serves it all
@@ -118,9 +115,7 @@ def status(
     views = spool.workers.gpu_views()
     shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old
     guarded = diskguard.waits(snap.pending)
-    extra = {**drain_waits(workers, snap), **guarded, **space_waits(spool, snap), **cap_waits(shown, snap)}
-    extra.update(gpu_waits(views))
-    reasons = scheduler.waiting_reasons(snap, extra)
+    reasons = scheduler.waiting_reasons(snap, known_waits(spool, snap, workers, views, shown, guarded))
     name_the_first_in_line(snap, reasons)
     for job in scheduler.queue_order(snap.pending):
         rows.append(Row(job, PENDING, reasons[job.id]))
@@ -158,9 +153,38 @@ def status(
 IN_LINE = (RUNNING, PENDING, HELD)  # the rows shown first, by id; the others come after them
 
 
+def known_waits(
+    spool: Spool,
+    snap: scheduler.QueueState,
+    workers: list[dict[str, Any]],
+    views: list[dict[str, Any]],
+    shown: Optional[dict[str, Any]],
+    guarded: Optional[dict[int, scheduler.Wait]] = None,
+) -> dict[int, scheduler.Wait]:
+    """What holds pending jobs beside the scheduler's own reasons, the later ones winning."""
+    waits: dict[int, scheduler.Wait] = {}
+    ids = [job.id for job in snap.pending]
+    if workers and all(worker.get("draining") for worker in workers):  # each waits for a worker that starts jobs
+        waits.update(dict.fromkeys(ids, scheduler.Wait(scheduler.DRAINING, False)))
+    waits.update(diskguard.waits(snap.pending) if guarded is None else guarded)  # the caller's, if it has them
+    free = spool.disk_space()[1]
+    if free < MIN_FREE_TO_START and ids:  # on a full disk a worker starts nothing
+        full = scheduler.Wait(f"{diskguard.WAITING}: the spool's filesystem has {free // 1024} KiB free", False)
+        waits.update(dict.fromkeys(ids, full))
+    cap = shown.get("max_gpus") if shown else None
+    if isinstance(cap, int) and not isinstance(cap, bool):  # more GPUs than the policy's cap: for good
+        too_many = [job for job in snap.pending if job.gpu_request > cap]
+        waits.update({job.id: scheduler.Wait(cap_text(cap, job.gpu_request), True) for job in too_many})
+    for view in views:  # what the workers last said the GPUs hold back
+        waiting = view.get("waiting")
+        for key, wait in waiting.items() if isinstance(waiting, dict) else ():
+            if key.isdigit() and isinstance(wait, dict) and isinstance(wait.get("reason"), str):
+                waits[int(key)] = scheduler.Wait(wait["reason"], wait.get("forever") is True)
+    return waits
+
+
 def _idle_gpus(spool: Spool, rows: list[Any]) -> list[str]:
-    """Running jobs that held a GPU below 10% utilisation longer than GPUQ_GPU_IDLE_MINUTES, as
-    their supervisors' last samples say: marked on their rows and said in a line each."""
+    """Running jobs whose GPU was idle longer than GPUQ_GPU_IDLE_MINUTES: marked, and a line each."""
     limit, lines = gpuuse.idle_limit_seconds(), []
     for row in rows:
         if row.state == RUNNING and row.job.gpus:
@@ -171,8 +195,7 @@ def _idle_gpus(spool: Spool, rows: list[Any]) -> list[str]:
 
 
 def _hidden_failed(done: Finished, shown: list[JobRef], moved_on: int) -> int:
-    """How many failed jobs the rows shown leave out, from the listing alone: failed/'s ids, less
-    those shown and the `moved_on` a crash mid-move (a retry) left a later copy of."""
+    """Failed jobs the rows leave out: failed/'s less those shown and `moved_on` (copies a crash left)."""
     failed = len(done.ids(FAILED))
     return max(0, failed - sum(1 for r in shown if r.state == FAILED) - moved_on) if failed else 0
 
@@ -188,8 +211,7 @@ def unseen_rejected(spool: Spool) -> Optional[Rejected]:
 
 
 def rejected_files(spool: Spool) -> list[tuple[str, float, str]]:
-    """`gpuq rejected`: (name, when rejected, why) of every file in rejected/, oldest first; from
-    now on `status` no longer mentions them."""
+    """`gpuq rejected`: (name, when, why) of every rejected file, oldest first; marked seen."""
     box = spool.dropbox
     names = box.rejected()
     listed = sorted(((name, box.rejected_at(name), box.reason(name)) for name in names), key=lambda r: (r[1], r[0]))
@@ -199,8 +221,7 @@ def rejected_files(spool: Spool) -> list[tuple[str, float, str]]:
 
 
 def name_the_first_in_line(snap: scheduler.QueueState, reasons: dict[int, Optional[scheduler.Wait]]) -> None:
-    """A GPU job that fits only on the GPUs kept for the first in line waits behind it. Its reason,
-    as the worker gave it, names that job; add what it needs, so the row says why the line is held."""
+    """A job waiting behind the first in line for a GPU: its reason says what that job needs."""
     jobs = {job.id: job for job in snap.pending}
     for job_id, wait in reasons.items():
         if wait is None or not wait.reason.startswith(scheduler.BEHIND):
@@ -220,16 +241,12 @@ def _request_text(job: Job) -> str:
     return f"{mib_text(mem)} on a GPU" if count == 1 else f"{mib_text(mem)} on each of {count} GPUs"
 
 
-OTHER_STATES = UNFINISHED
-
-
 def _listing(spool: Spool) -> tuple[list[JobRef], Finished, dict[int, str]]:
-    """The tree after the cheap repairs: the refs of the unfinished states, the finished jobs
-    (from their index) and their states by id."""
+    """After the cheap repairs: the refs of the unfinished states, the finished index, its states."""
     for _attempt in range(2):  # a repair moved files: listed again
         # The unfinished states first: a job that ends between the two listings is then seen in
         # running/ or in done/ (it only moves forward), never in neither.
-        listing = list(spool.jobs.refs(OTHER_STATES))
+        listing = list(spool.jobs.refs(UNFINISHED))
         done = spool.finished.read()
         done_states = done.states()  # handed over to the snapshot, which adds the other states
         report = repairs.reconcile(spool, listing=listing, finished=(done_states, done.count()))
@@ -239,8 +256,7 @@ def _listing(spool: Spool) -> tuple[list[JobRef], Finished, dict[int, str]]:
 
 
 def sync_slurm(spool: Spool) -> list[str]:
-    """With jobs in slurm/ (only then: the Slurm client imports subprocess), record how Slurm says
-    they are; a Slurm that cannot be asked is a warning."""
+    """With jobs in slurm/ (only then: the client imports subprocess), record Slurm's word on them."""
     if not spool.jobs.names(SLURM):
         return []
     from gpuq.engine.lifecycle import slurm_handover  # the Slurm subsystem: only with jobs handed to it
@@ -253,8 +269,7 @@ def sync_slurm(spool: Spool) -> list[str]:
 
 
 def sync_ray(spool: Spool) -> list[str]:
-    """With jobs in ray/ (only then: the Ray client imports urllib), record how Ray says they are
-    and submit those whose dependencies succeeded; a cluster that cannot be asked is a warning."""
+    """With jobs in ray/ (only then: the client imports urllib), record Ray's word on them, submit more."""
     if not spool.jobs.names(RAY):
         return []
     from gpuq.engine.lifecycle import ray_handover  # the Ray subsystem: only with jobs handed to it
@@ -292,44 +307,4 @@ def disk_warnings(spool: Spool, running: list[Job]) -> list[str]:
                 f"job #{job.id} ended (exit {noted.get('exit_code')}): the disk is full, its supervisor "
                 "records it as soon as there is room"
             )
-    return out
-
-
-def space_waits(spool: Spool, snap: scheduler.QueueState) -> dict[int, scheduler.Wait]:
-    """On a full disk a worker starts nothing: every pending job waits for disk space."""
-    free = spool.disk_space()[1]
-    if free >= MIN_FREE_TO_START or not snap.pending:
-        return {}
-    wait = scheduler.Wait(f"{diskguard.WAITING}: the spool's filesystem has {free // 1024} KiB free", False)
-    return {job.id: wait for job in snap.pending}
-
-
-def drain_waits(workers: list[dict[str, Any]], snap: scheduler.QueueState) -> dict[int, scheduler.Wait]:
-    """While every live worker drains (`gpuq stop --drain`), a pending job that waits for nothing
-    else waits for a worker that starts jobs again."""
-    if not workers or not all(worker.get("draining") for worker in workers):
-        return {}
-    wait = scheduler.Wait(scheduler.DRAINING, False)
-    return {job.id: wait for job in snap.pending}
-
-
-def cap_waits(shown: Optional[dict[str, Any]], snap: scheduler.QueueState) -> dict[int, scheduler.Wait]:
-    """A job that asks for more GPUs than its user's cap in the machine's policy (`max_gpus` of the
-    GPU view) waits until the policy or the job changes, as a worker would say, also without one."""
-    cap = shown.get("max_gpus") if shown else None
-    if not isinstance(cap, int) or isinstance(cap, bool):
-        return {}
-    return {
-        job.id: scheduler.Wait(cap_text(cap, job.gpu_request), True) for job in snap.pending if job.gpu_request > cap
-    }
-
-
-def gpu_waits(views: list[dict[str, Any]]) -> dict[int, scheduler.Wait]:
-    """What the workers last said the GPUs hold back (job id -> why), from their GPU views."""
-    out: dict[int, scheduler.Wait] = {}
-    for view in views:
-        waiting = view.get("waiting")
-        for key, wait in waiting.items() if isinstance(waiting, dict) else ():
-            if key.isdigit() and isinstance(wait, dict) and isinstance(wait.get("reason"), str):
-                out[int(key)] = scheduler.Wait(wait["reason"], wait.get("forever") is True)
     return out

@@ -1,10 +1,9 @@
-"""`gpuq triage ID`: one job's state, why it waits or failed, the end of its log, its checkpoint and
-the command lines that would fix it (fixes.py), as one JSON-ready dict. Only reads: the log's last
-TAIL_BYTES, whatever its size; a job that ended without a recorded reason has it read from its log.
-"""
+"""`gpuq triage ID`: one job's state, why it waits or failed, its log's end (TAIL_BYTES read, whatever
+its size), its checkpoint and the command lines that would fix it, as one JSON-ready dict."""
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any, Optional
 
 from gpuq.core import failure
@@ -23,8 +22,7 @@ MAX_LOG_LINES = 500  # the most it shows, whatever is asked
 TAIL_BYTES = failure.TAIL_BYTES  # read from the log's end, never more: a 1 GiB log costs the same
 MAX_LINE_CHARS = 400  # a line longer than this (a log without line breaks) is cut
 
-# The causes a triage tells apart (fixes.py's names), from core/failure.py's wording of its
-# reasons (tests/test_triage.py holds the two together) and from how the job ended.
+# The causes a triage tells apart, from core/failure.py's wording (tests/test_triage.py holds the two).
 _CAUSE_PREFIXES = (
     ("time limit of ", TIME_LIMIT),
     ("CUDA out of memory", GPU_OOM),
@@ -39,8 +37,7 @@ _TRIED = "tried to allocate "
 
 
 def triage(spool: Spool, job_id: int, lines: int = LOG_LINES) -> dict[str, Any]:
-    """What is known about job `job_id` and what would fix it; refused, as `gpuq show`, for an id
-    that names no job."""
+    """What is known about job `job_id` and what would fix it; refused for an id naming no job."""
     ref, job = actions.get(spool, job_id)
     state = ref.state
     out: dict[str, Any] = {"id": job.id, "name": job.name, "state": state, "note": job.note}
@@ -59,8 +56,7 @@ def triage(spool: Spool, job_id: int, lines: int = LOG_LINES) -> dict[str, Any]:
 
 
 def _ending(job: Job, state: str, tail: bytes) -> dict[str, Any]:
-    """How its latest attempt ended: exit code, signal, reason and its cause, run time. A pending
-    job that failed before (`--retries`) says how that attempt ended."""
+    """How its latest attempt ended (also a pending job's that failed): exit, reason, cause, run time."""
     ended = state in (*FINISHED, PREEMPTED, INTERRUPTED) or job.exit_code is not None
     started, finished = parse_iso(job.started_at), parse_iso(job.finished_at)
     run = finished - started if started is not None and finished is not None and finished >= started else None
@@ -83,19 +79,18 @@ def _ending(job: Job, state: str, tail: bytes) -> dict[str, Any]:
 
 
 def cause_of(reason: Optional[str], note: Optional[str] = None) -> str:
-    """The kind of failure a reason (core/failure.py's line) names; a preempted job's note says
-    when its time limit stopped it."""
-    for prefix, cause in _CAUSE_PREFIXES:
-        if reason and reason.startswith(prefix):
-            return cause
+    """The kind of failure a reason names; a preempted job's note says when its time limit did."""
+    found = [cause for prefix, cause in _CAUSE_PREFIXES if reason and reason.startswith(prefix)]
+    if found:
+        return found[0]
     if note and "time limit of" in note:
         return TIME_LIMIT
     return OTHER
 
 
 def log_lines(tail: bytes, count: int = LOG_LINES) -> list[str]:
-    """The last `count` lines (at most MAX_LOG_LINES) of what the latest attempt wrote, as a
-    terminal shows them (core/failure.py), gpuq's own lines left out, each cut at MAX_LINE_CHARS."""
+    """The last `count` lines (at most MAX_LOG_LINES) the latest attempt wrote, as a terminal shows
+    them, without gpuq's own, each cut at MAX_LINE_CHARS."""
     count = max(0, min(count, MAX_LOG_LINES))
     found = failure.latest_attempt_lines(tail) if tail else []
     while found and not found[-1].strip():
@@ -105,12 +100,10 @@ def log_lines(tail: bytes, count: int = LOG_LINES) -> list[str]:
 
 
 def checkpoint_facts(job: Job) -> dict[str, Any]:
-    """The newest complete checkpoint on disk, where gpuq looked, the one it recorded, and whether
-    a retry or resume continues from one."""
-    try:
+    """The newest complete checkpoint, where gpuq looked, the one recorded, whether one is resumed."""
+    latest = None
+    with suppress(OSError):
         latest = checkpoints.latest_checkpoint(job)
-    except OSError:
-        latest = None
     return {
         "latest": latest.path if latest else None,
         "step": latest.step if latest else None,
