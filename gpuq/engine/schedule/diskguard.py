@@ -30,34 +30,22 @@ def guarded(job: Job) -> bool:
     return need_bytes(job) is not None
 
 
-def output_of(job: Job) -> str:
-    from gpuq.engine.tracking import checkpoints  # glob and patterns: only for a job the guard holds
-
-    where = checkpoints.base_dir(job) or job.cwd
-    while where and not os.path.isdir(where):
-        parent = os.path.dirname(where)
-        if parent == where:
-            break
-        where = parent
-    return where
-
-
-def free_bytes(path: str) -> Optional[int]:
-    try:
-        found = os.statvfs(path)
-    except OSError:
-        return None
-    return found.f_bavail * found.f_frsize
-
-
 def wait(job: Job) -> Optional[Wait]:
     """Why the job waits for disk space, or None (room enough, nothing asked, or unreadable)."""
     need = need_bytes(job)
     if need is None:
         return None
-    where = output_of(job)
-    free = free_bytes(where)
-    if free is None or free >= need:
+    from gpuq.engine.tracking import checkpoints  # glob and patterns: only for a job the guard holds
+
+    where = checkpoints.base_dir(job) or job.cwd
+    while where and not os.path.isdir(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    try:
+        found = os.statvfs(where)
+    except OSError:
+        return None
+    free = found.f_bavail * found.f_frsize
+    if free >= need:
         return None
     why = f"--min-free {_size(need)}" if job.min_free_bytes else f"twice its last checkpoint, {_size(need // 2)}"
     return Wait(f"{WAITING}: {where} has {_size(free)} free, it needs {_size(need)} ({why})", False)
@@ -77,9 +65,4 @@ def _size(count: int) -> str:
 
 def waits(pending: list[Job]) -> dict[int, Wait]:
     """What `gpuq status` says of the pending jobs the guard holds (a statvfs for each that asks)."""
-    out = {}
-    for job in pending:
-        held = wait(job) if guarded(job) else None
-        if held is not None:
-            out[job.id] = held
-    return out
+    return {job.id: held for job in pending if (held := wait(job)) is not None}

@@ -100,39 +100,22 @@ def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
+# What views show of a ticket and of a lease, in this order (`gpuq gpus --json`).
+TICKET_KEYS = ("file", "who", "user", "uid", "job", "gpus", "mem_mib", "since", "spool", "host")
+LEASE_KEYS = ("file", "who", "user", "uid", "job", "name", "whole", "mem_mib", "since", "pid", "spool", "host")
+
+
 def ticket_entry(ticket: Any, viewer_uid: int) -> dict[str, Any]:
     """A system/leases.Ticket as views show it: whose job waits, for what, since when."""
-    return {
-        "file": ticket.file,
-        "who": ticket.who(viewer_uid),
-        "user": ticket.user,
-        "uid": ticket.uid,
-        "job": ticket.job,
-        "gpus": ticket.gpus,
-        "mem_mib": ticket.mem_mib,
-        "since": iso_of(ticket.since),
-        "spool": ticket.spool,
-        "host": ticket.host,
-    }
+    shown = {key: getattr(ticket, key) for key in TICKET_KEYS}
+    return dict(shown, who=ticket.who(viewer_uid), since=iso_of(ticket.since))
 
 
 def lease_entry(lease: Any, viewer_uid: int) -> dict[str, Any]:
     """A system/leases.Lease as views show it (a job's name only for one's own jobs)."""
     named = lease.uid == viewer_uid or lease.job is None
-    return {
-        "file": lease.file,
-        "who": lease.who(viewer_uid),
-        "user": lease.user,
-        "uid": lease.uid,
-        "job": lease.job,
-        "name": lease.name if named else None,
-        "whole": lease.whole,
-        "mem_mib": lease.mem_mib,
-        "since": iso_of(lease.since),
-        "pid": lease.pid,
-        "spool": lease.spool,
-        "host": lease.host,
-    }
+    shown = {key: getattr(lease, key) for key in LEASE_KEYS}
+    return dict(shown, who=lease.who(viewer_uid), name=lease.name if named else None, since=iso_of(lease.since))
 
 
 def current(
