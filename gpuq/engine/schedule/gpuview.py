@@ -29,12 +29,8 @@ def view(look: Any, running: list[Job], starting: Optional[Mapping[int, Sequence
     pids = [job.pid for job in running if job.pid]
     # psutil is imported only to tell processes apart, where there are some
     own = gpu_info.tree_pids(pids) if pids and any(gpu.processes for gpu in look.gpus) else set()
-    holders: dict[int, list[int]] = {}
     held = {job_id: list(gpus or ()) for job_id, gpus in (starting or {}).items()}
     held.update((job.id, job.gpus or []) for job in running)
-    for job_id, indices in held.items():
-        for index in indices:
-            holders.setdefault(index, []).append(job_id)
     shown = []
     for gpu in look.gpus:
         foreign = [p for p in gpu.processes if p.pid not in own]
@@ -48,7 +44,7 @@ def view(look: Any, running: list[Job], starting: Optional[Mapping[int, Sequence
                 "memory_used_mib": gpu.memory_used_mib,
                 "compute_mode": gpu.compute_mode,
                 "utilization_gpu": gpu.utilization_gpu,  # what `gpuq top` shows per GPU (None: not known)
-                "jobs": sorted(holders.get(gpu.index, [])),
+                "jobs": sorted(job_id for job_id, indices in held.items() if gpu.index in indices),
                 "foreign": [
                     {"pid": p.pid, "used_memory_mib": p.used_memory_mib, "who": gpu_info.describe_pid(p.pid)}
                     for p in foreign

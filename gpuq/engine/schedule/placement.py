@@ -6,12 +6,11 @@ lease, plus used memory no listed process explains: hidden processes, so countin
 waiting), or free. A whole-GPU request takes GPUs nothing of gpuq's and no lease holds, with outside
 memory at most `foreign_threshold_mib`; a shared one takes the best fit among GPUs without a whole
 holding, so that big GPUs stay free for big jobs. A GPU in an exclusive compute mode takes one process.
-In queue order, the first GPU job that waits keeps the GPUs it would get first; the jobs behind it
-start on the others (backfill).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -132,16 +131,12 @@ def place(
     if request.gpus == 0:
         return Placement(())
     wanted = None if allowed is None else set(allowed)
-    present = {g.index for g in gpus}
-    candidates = [g for g in sorted(gpus, key=lambda g: g.index) if wanted is None or g.index in wanted]
-    if request.largest and candidates:
-        most = max(g.memory_total_mib for g in candidates)
-        candidates = [g for g in candidates if g.memory_total_mib == most]
+    candidates = _candidates(request, gpus, wanted)
     if request.gpus > len(candidates):
         have = ",".join(str(g.index) for g in candidates)
         why = f"needs {request.gpus} GPU{'s' if request.gpus != 1 else ''}; this worker has {len(candidates)}"
         why += f" ({have})" if have else ""
-        missing = (wanted or set()) - present
+        missing = (wanted or set()) - {g.index for g in gpus}
         if missing:
             why += f"; GPU {','.join(str(i) for i in sorted(missing))} not found on this machine"
         return Blocked(why, forever=True)
@@ -238,11 +233,7 @@ def reserve(
     (their newest start is newer), and changes only to GPUs whose jobs started earlier still: no
     job starts on a kept GPU, so the first in line gets one once the jobs there when it was first
     kept have ended, however many small jobs come behind it."""
-    wanted = None if allowed is None else set(allowed)
-    candidates = [g for g in sorted(gpus, key=lambda g: g.index) if wanted is None or g.index in wanted]
-    if request.largest and candidates:
-        most = max(g.memory_total_mib for g in candidates)
-        candidates = [g for g in candidates if g.memory_total_mib == most]
+    candidates = _candidates(request, gpus, None if allowed is None else set(allowed))
     newest: dict[int, float] = {}
     for holding in holdings:
         for index in holding.gpus:
@@ -257,6 +248,13 @@ def reserve(
     states = _states(candidates, list(holdings), leased)
     order = sorted(states, key=lambda s: (unusable(s), newest.get(s.gpu.index, -math.inf), -s.free_mib, s.gpu.index))
     return {s.gpu.index for s in order[: request.gpus]}
+
+
+def _candidates(request: Request, gpus: Sequence[Gpu], wanted: Optional[set[int]]) -> list[Gpu]:
+    """The GPUs `wanted` (None: all) by index; for a `largest` request, the largest of them."""
+    found = [g for g in sorted(gpus, key=lambda g: g.index) if wanted is None or g.index in wanted]
+    most = max((g.memory_total_mib for g in found), default=0)
+    return [g for g in found if g.memory_total_mib == most] if request.largest else found
 
 
 def _states(candidates: list[Gpu], holdings: list[Holding], leased: Sequence[Leased]) -> list[_GpuState]:
@@ -351,14 +349,8 @@ class _Texts:
     """The pieces of the reasons, describing each pid once."""
 
     def __init__(self, describe: Optional[Describe], owners: dict[int, Optional[int]]):
-        self._describe = describe
+        self.describe: Describe = functools.cache(describe or (lambda pid: ""))
         self.owners = owners
-        self._seen: dict[int, str] = {}
-
-    def describe(self, pid: int) -> str:
-        if pid not in self._seen:
-            self._seen[pid] = self._describe(pid) if self._describe else ""
-        return self._seen[pid]
 
     def who(self, pid: int) -> str:
         if pid in self.owners:

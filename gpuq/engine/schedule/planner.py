@@ -35,8 +35,7 @@ class Assignment:
 
     @classmethod
     def of_job(cls, job: Job) -> Assignment:
-        held = job.gpus
-        return cls(job.slot, tuple(held) if held is not None else None)
+        return cls(job.slot, None if job.gpus is None else tuple(job.gpus))
 
     def text(self) -> str:
         if self.gpus is not None:
@@ -226,7 +225,6 @@ class Planner:
         kept_for: Optional[tuple[int, frozenset[int]]] = None,
     ) -> Plan:
         plan = Plan(look=look)
-        allowed = self.allowed
         # before placement: a job the machine has no room for leaves its GPUs to the jobs behind it
         ready = list(self._room(snap, starting).admitted(ready, plan.waits))
         holdings, own_pids, cpu_lane = self._holdings(snap.running, busy)
@@ -237,7 +235,7 @@ class Planner:
         else:
             requests = [(j.id, request_of(j)) for j in ready]
             decisions = placement.place_in_order(
-                requests, look.gpus, allowed, holdings, own_pids, self.threshold, gpu_info.describe_pid,
+                requests, look.gpus, self.allowed, holdings, own_pids, self.threshold, gpu_info.describe_pid,
                 leased=self._leased, kept_for=kept_for, gate=gate,
             )  # fmt: skip
         for job in ready:
@@ -258,7 +256,7 @@ class Planner:
         if mode == placement.GPUS:
             served = kept_for[0] if kept_for is not None else None  # its preemptions were made: no more
             asking = [job for job in ready if job.id != served]
-            self._victims(snap, asking, plan, holdings, own_pids, preempting, look, allowed)
+            self._victims(snap, asking, plan, holdings, own_pids, preempting, look)
         return plan
 
     def _cap_gate(self, holdings: list[Holding], look: gpu_info.GpuLook) -> Optional[placement.Gate]:
@@ -321,7 +319,6 @@ class Planner:
         own_pids: frozenset[int],
         preempting: AbstractSet[int],
         look: gpu_info.GpuLook,
-        allowed: Optional[set[int]],
     ) -> None:
         """As few running jobs to preempt as let an urgent job the GPUs hold back start: the first in
         line that some preemption serves (an `--urgent=force` one behind an `--urgent` one that none
@@ -329,6 +326,7 @@ class Planner:
         if preempting:
             return
         whole = max((gpu.memory_total_mib for gpu in look.gpus), default=victims.WHOLE_GPU_MIB)
+        allowed = self.allowed
 
         def fits_without(urgent: Job, chosen: list[Job]) -> bool:
             ids = {victim.id for victim in chosen}

@@ -24,7 +24,6 @@ from gpuq.spool.layout import INTAKE_RE, is_job_name
 
 FULL_LOOK_SECONDS = 5.0  # a full look at least this often, whatever the events said
 ELSEWHERE = tuple(s for s in STATES if s not in ACTIVE)  # where a job goes when it leaves both
-LISTED = UNFINISHED  # listed at a full look; finished ones come from their index
 
 
 class QueueView:
@@ -103,7 +102,7 @@ class QueueView:
         jobs: dict[str, dict[str, Loaded]] = {PENDING: {}, RUNNING: {}}
         places: dict[int, set[tuple[str, str]]] = {}
         present = set()
-        for ref in spool.jobs.refs(LISTED):
+        for ref in spool.jobs.refs(UNFINISHED):  # finished ones come from their index
             if ref.state not in ACTIVE:
                 elsewhere[ref.id] = later(elsewhere[ref.id], ref.state) if ref.id in elsewhere else ref.state
                 continue
