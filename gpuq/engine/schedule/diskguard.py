@@ -1,10 +1,7 @@
-"""The disk guard: a job whose output's filesystem has less free space than its next checkpoint
-will need waits, saying why, instead of starting into a save that fails (and dies with the hours
-since its last checkpoint). What it needs: its `--min-free`, else twice its last checkpoint's size
-(`ckpt_bytes`, measured when an attempt ended); a job that never saved one and has no --min-free is
-not held. Its output: the directory its checkpoints are looked for in (engine/tracking/retention.py),
-else its working directory; one that does not exist yet is looked at through its nearest parent.
-One statvfs per ready job that asks, at the worker's step: never a file read.
+"""The disk guard: a job waits, saying why, while its output's filesystem has less free space than
+its next checkpoint needs (its `--min-free`, else twice its last checkpoint, `ckpt_bytes`), rather
+than start into a save that fails. Its output: its checkpoints' directory, else its working
+directory, or their nearest parent that exists. One statvfs per ready job that asks; no file read.
 """
 
 from __future__ import annotations

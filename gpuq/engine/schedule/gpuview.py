@@ -6,6 +6,7 @@ where GPUs are looked at or shown: a `status` without GPUs never needs it.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any, Mapping, Optional, Sequence
@@ -35,23 +36,14 @@ def view(look: Any, running: list[Job], starting: Optional[Mapping[int, Sequence
     for gpu in look.gpus:
         foreign = [p for p in gpu.processes if p.pid not in own]
         unexplained = max(0, gpu.memory_used_mib - sum(p.used_memory_mib or 0 for p in gpu.processes))
-        shown.append(
-            {
-                "index": gpu.index,
-                "name": gpu.name,
-                "uuid": gpu.uuid,
-                "memory_total_mib": gpu.memory_total_mib,
-                "memory_used_mib": gpu.memory_used_mib,
-                "compute_mode": gpu.compute_mode,
-                "utilization_gpu": gpu.utilization_gpu,  # what `gpuq top` shows per GPU (None: not known)
-                "jobs": sorted(job_id for job_id, indices in held.items() if gpu.index in indices),
-                "foreign": [
-                    {"pid": p.pid, "used_memory_mib": p.used_memory_mib, "who": gpu_info.describe_pid(p.pid)}
-                    for p in foreign
-                ],
-                "foreign_mib": sum(p.used_memory_mib or 0 for p in foreign) + unexplained,
-            }
-        )
+        # each field of the GPU but its processes (`utilization_gpu`: what `gpuq top` shows, None: not known)
+        entry = {key: value for key, value in gpu._asdict().items() if key != "processes"}
+        entry["jobs"] = sorted(job_id for job_id, indices in held.items() if gpu.index in indices)
+        entry["foreign"] = [
+            {"pid": p.pid, "used_memory_mib": p.used_memory_mib, "who": gpu_info.describe_pid(p.pid)} for p in foreign
+        ]
+        entry["foreign_mib"] = sum(p.used_memory_mib or 0 for p in foreign) + unexplained
+        shown.append(entry)
     out = {"at": look.at, "source": look.source, "problem": look.problem, "gpus": shown}
     return add_leases(out) if shown else out
 
@@ -79,19 +71,13 @@ def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
     except leases.LeaseDirProblem as exc:
         problems = [str(exc)]
     viewer = os.geteuid()
-    trees: dict[int, set[int]] = {}  # a holder's pid -> its process tree, looked up once
+    tree = functools.cache(lambda pid: gpu_info.tree_pids([pid]))  # a holder's process tree, looked up once
     for gpu in shown["gpus"]:
         here = [lease for lease in live if lease.gpu_uuid == gpu["uuid"]]
         gpu["leases"] = [lease_entry(lease, viewer) for lease in here]
         gpu["tickets"] = [ticket_entry(t, viewer) for t in waiting if t.wants(gpu["uuid"])]
         for proc in gpu["foreign"]:
-            proc["lease"] = None
-            for lease in here:
-                if lease.pid not in trees:
-                    trees[lease.pid] = gpu_info.tree_pids([lease.pid])
-                if proc["pid"] in trees[lease.pid]:
-                    proc["lease"] = lease.file
-                    break
+            proc["lease"] = next((lease.file for lease in here if proc["pid"] in tree(lease.pid)), None)
     shown["lease_problems"] = problems
     return shown
 

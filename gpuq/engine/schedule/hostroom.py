@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Optional
 
 from gpuq.core.job import Job
 from gpuq.core.timespec import parse_size_mib
-from gpuq.core.words import size_text
+from gpuq.core.words import plural, size_text
 from gpuq.engine.schedule import diskguard
 from gpuq.engine.schedule.scheduler import Wait
 from gpuq.system import host
@@ -29,7 +29,7 @@ def request_text(job: Job) -> str:
     """`10G host memory, 4 CPUs` (what `gpuq show` says a job reserves); '' for none."""
     parts = [f"{size_text(job.mem_mib)} host memory"] if job.mem_mib else []
     if job.cpus:
-        parts.append(f"{job.cpus} CPU" + ("s" if job.cpus != 1 else ""))
+        parts.append(plural(job.cpus, "CPU"))
     return ", ".join(parts)
 
 

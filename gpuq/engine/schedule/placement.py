@@ -165,13 +165,10 @@ def place_in_order(
 ) -> dict[int, Decision]:
     """`place` for ready jobs in queue order, each placement a holding for the jobs after it. Once a
     GPU job waits, the GPUs it would get first are kept for it (`reserve`): a job behind it starts
-    only on other GPUs (backfill), else waits behind it. So GPUs that the first in line cannot use
-    yet do not sit idle while jobs that fit there wait, and a stream of small jobs still never keeps
-    a big one waiting forever: nothing new starts on its GPUs, which only empty. A job that can
-    never fit holds no one up. `kept_for`: (job, GPUs) that no other job may take, ahead of it or
-    behind (an urgent job's, emptied by its preemptions: else a victim put back would take them).
-    `gate` has the last word on each GPU job: a job it blocks for good holds nothing, one it holds
-    back for a while is first in line as any waiting job."""
+    only on other GPUs (backfill), else waits behind it; so a stream of small jobs never keeps a big
+    one waiting forever. A job that can never fit holds no one up. `kept_for`: (job, GPUs) no other
+    job may take (an urgent job's, emptied by its preemptions). `gate` has the last word on each GPU
+    job: one it blocks for good holds nothing, one it holds back is first in line as any waiting job."""
     allowed = None if allowed is None else set(allowed)
     everyone = {g.index for g in gpus if allowed is None or g.index in allowed}
     own = frozenset(own_pids)
@@ -226,13 +223,11 @@ def reserve(
     leased: Sequence[Leased] = (),
     foreign_threshold_mib: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
 ) -> set[int]:
-    """The GPUs a waiting job keeps, to get them once gpuq's jobs there end: among those it may use
-    (the largest, for a `largest` request), those where it would fit then (other parties' memory
-    and leases counted), the ones whose newest gpuq job started longest ago; then the freest. Run
-    times are unknown; what makes this safe is that the choice stands while jobs start elsewhere
-    (their newest start is newer), and changes only to GPUs whose jobs started earlier still: no
-    job starts on a kept GPU, so the first in line gets one once the jobs there when it was first
-    kept have ended, however many small jobs come behind it."""
+    """The GPUs a waiting job keeps, to get them once gpuq's jobs there end: among those it may use,
+    those where it would fit then (others' memory and leases counted), whose newest gpuq job started
+    longest ago; then the freest. The choice stands while jobs start elsewhere (their start is newer)
+    and changes only to GPUs whose jobs started earlier still: no job starts on a kept GPU, so the
+    first in line gets one once the jobs there have ended, however many small jobs come behind it."""
     candidates = _candidates(request, gpus, None if allowed is None else set(allowed))
     newest: dict[int, float] = {}
     for holding in holdings:

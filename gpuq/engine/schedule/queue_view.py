@@ -64,8 +64,7 @@ class QueueView:
 
     def pending_name(self, job_id: int) -> Optional[str]:
         """The name of the job's file in pending/ as last seen (the first, should a crash have left two)."""
-        names = sorted(name for state, name in self.places.get(job_id, ()) if state == PENDING)
-        return names[0] if names else None
+        return min((name for state, name in self.places.get(job_id, ()) if state == PENDING), default=None)
 
     def intake_due(self, now: float) -> bool:
         """Whether pending/ may hold dropped files: seen before, named by an event, or a full look due."""
@@ -189,6 +188,4 @@ class QueueView:
 
 def _dropped_name(name: str) -> bool:
     """A name in pending/ that intake looks at: not a job file's, nor a dot-file but a cut-short intake's."""
-    if is_job_name(name):
-        return False
-    return not name.startswith(".") or INTAKE_RE.match(name) is not None
+    return not is_job_name(name) and (not name.startswith(".") or INTAKE_RE.match(name) is not None)

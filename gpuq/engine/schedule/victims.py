@@ -94,9 +94,8 @@ def foreseen(urgent: Job, running: list[Job]) -> str:
 
 
 def _emptying(urgent: Job, preferred: list[Job], running: list[Job]) -> list[Job]:
-    """The jobs the worker would preempt to empty as many whole GPUs as `urgent` asks for, as it
-    chooses them (the first in preference until enough GPUs are empty, then as few as still do);
-    [] when preempting them all would not. GPUs that are free now are not known here."""
+    """The jobs the worker would preempt to empty as many whole GPUs as `urgent` asks for, or [] (GPUs
+    free now are not known here)."""
     on: dict[int, set[int]] = {}
     for job in running:
         for gpu in job.gpus or ():
