@@ -73,7 +73,7 @@ def import_queue(spool: Spool, path: Path) -> ImportReport:
 def _taken_ids(spool: Spool, queue: reader.LegacyQueue, resuming: bool) -> str:
     """The queue's ids already in the spool (those of an earlier, interrupted try excepted)."""
     present = spool.jobs.index()
-    taken = []
+    taken: set[int] = set()
     for job in queue.jobs:
         for ref in present.get(job.id, []):
             try:
@@ -81,8 +81,8 @@ def _taken_ids(spool: Spool, queue: reader.LegacyQueue, resuming: bool) -> str:
             except (FileNotFoundError, schema.InvalidJob):
                 mine = False
             if not (resuming and mine):
-                taken.append(f"#{job.id}")
-    return ", ".join(sorted(set(taken), key=lambda t: int(t[1:])))
+                taken.add(job.id)
+    return ", ".join(f"#{job_id}" for job_id in sorted(taken))
 
 
 def _record(queue: reader.LegacyQueue, complete: bool, report: Optional[ImportReport] = None) -> dict[str, Any]:

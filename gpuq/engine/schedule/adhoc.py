@@ -39,8 +39,7 @@ def lease_and_run(cmd: list[str], request: Request, *, wait: bool = True) -> int
     program = _program(cmd[0])
     claim = _claim(request, os.path.basename(cmd[0]), wait)
     try:
-        env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID")
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in claim.gpus)
+        env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=",".join(map(str, claim.gpus)))
         return _run([program, *cmd[1:]], env)
     finally:
         record_usage(claim, _stderr)

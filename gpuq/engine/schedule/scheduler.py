@@ -100,8 +100,7 @@ def _clock(when: float, now: float) -> str:
 def next_begin(pending: list[Job], now: float) -> Optional[float]:
     """The earliest --begin time still to come among pending jobs (the worker wakes for it)."""
     times = [parse_iso(job.begin_at) or 0.0 for job in pending if job.begin_at]
-    future = [t for t in times if t > now]
-    return min(future) if future else None
+    return min((t for t in times if t > now), default=None)
 
 
 def queue_order(pending: list[Job]) -> list[Job]:
