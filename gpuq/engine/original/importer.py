@@ -59,13 +59,13 @@ def import_queue(spool: Spool, path: Path) -> ImportReport:
             "import into an empty spool (GPUQ_HOME=...)"
         )
     report.finished_earlier_try = record is not None
-    spool.imports.write(queue.fingerprint, _record(queue, complete=False))
+    spool.imports.write(queue.fingerprint, _record(queue))
     spool.ids.allocate(count=0, at_least=queue.next_id)  # the old ids are never given out again
     report.notes += queue.notes
     for job in queue.jobs:
         _import_job(spool, queue, job, report)
     report.problems += [f"row {p.id if p.id is not None else '?'}: {p.reason}" for p in queue.problems]
-    spool.imports.write(queue.fingerprint, _record(queue, complete=True, report=report))
+    spool.imports.write(queue.fingerprint, _record(queue, report))
     report.retired = _retire(queue.source_path)
     return report
 
@@ -85,13 +85,13 @@ def _taken_ids(spool: Spool, queue: reader.LegacyQueue, resuming: bool) -> str:
     return ", ".join(f"#{job_id}" for job_id in sorted(taken))
 
 
-def _record(queue: reader.LegacyQueue, complete: bool, report: Optional[ImportReport] = None) -> dict[str, Any]:
+def _record(queue: reader.LegacyQueue, report: Optional[ImportReport] = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "source": str(queue.source_path),
         "kind": queue.kind,
         "at": now_iso(),
         "jobs": [job.id for job in queue.jobs],
-        "complete": complete,
+        "complete": report is not None,
     }
     if report is not None:
         out.update(counts=report.counts, problems=report.problems)

@@ -49,22 +49,20 @@ def cap(
     the machine has is kept as given, and said."""
     machine_mib = host.memory_mib() if machine_mib is None else machine_mib
     machine_cpus = host.usable_cpus() if machine_cpus is None else machine_cpus
-    margin, notes = max(MIN_MARGIN_MIB, int(machine_mib * MARGIN_SHARE)), []  # left to the system
+    margin = max(MIN_MARGIN_MIB, int(machine_mib * MARGIN_SHARE))  # left to the system
     if os.environ.get(MARGIN_ENV):
         try:
             margin = parse_size_mib(os.environ[MARGIN_ENV], MARGIN_ENV)
         except ValueError as exc:
-            notes.append(f"{exc}; leaving the default {size_text(margin)} to the system")
+            say(f"{exc}; leaving the default {size_text(margin)} to the system")
     mem = max(machine_mib - margin, 0)
     if mem_setting is not None and mem_setting > mem:
-        notes.append(
+        say(
             f"--mem {size_text(mem_setting)} is more than this machine's {size_text(machine_mib)} less "
             f"{size_text(margin)} for the system: jobs may reserve up to {size_text(mem_setting)}, as asked"
         )
     if cpus_setting is not None and cpus_setting > machine_cpus:
-        notes.append(f"--cpus {cpus_setting} is more than the {machine_cpus} CPUs this worker may use: as asked")
-    for line in notes:
-        say(line)
+        say(f"--cpus {cpus_setting} is more than the {machine_cpus} CPUs this worker may use: as asked")
     return Cap(mem if mem_setting is None else mem_setting, machine_cpus if cpus_setting is None else cpus_setting)
 
 

@@ -1,12 +1,10 @@
 """The worker's view of the queue, kept from one step to the next: file events name the files that
-changed, and the view rereads only those, so that a step costs what changed, not what waits.
-
-It takes a full look whenever it cannot be sure the events told it everything: at the first step,
-while no observer works (`watching(False)`: also a test stepping the worker), every
-FULL_LOOK_SECONDS (an overflowed inotify queue says nothing), and after a `doubt()`. Why events and
-not a cheaper validation: a job that leaves pending/ and comes back between two steps may get the
-same inode number, but events name the file in both moves. The observer thread calls `note()`; the
-worker's thread everything else.
+changed, and only those are read again, so that a step costs what changed, not what waits. A full
+look is taken whenever the events may not have told everything: at the first step, while no observer
+works (`watching(False)`: also a test stepping the worker), every FULL_LOOK_SECONDS (an overflowed
+inotify queue says nothing), and after a `doubt()`. Events, not a cheaper validation: a job that
+leaves pending/ and comes back between two steps may get the same inode number, but events name
+both moves. The observer thread calls `note()`; the worker's thread everything else.
 """
 
 from __future__ import annotations

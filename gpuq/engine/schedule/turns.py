@@ -270,14 +270,14 @@ class Turns:
             self.ticket = None
 
 
-def others_waiting(uuids: Iterable[str], lease_dir: Optional[str] = None) -> Optional[Ticket]:
+def others_waiting(uuids: Iterable[str]) -> Optional[Ticket]:
     """The oldest live ticket of another user that wants one of these GPUs (a supervisor then hands
     them to no next job of its own), or None; None also where the lease directory cannot be used."""
     wanted = set(uuids)
     if not wanted:
         return None
     try:
-        tickets = LeaseDir.open(lease_dir).tickets()
+        tickets = LeaseDir.open().tickets()
     except LeaseDirProblem:
         return None
     me = os.geteuid()
