@@ -228,7 +228,11 @@ class Planner:
         # before placement: a job the machine has no room for leaves its GPUs to the jobs behind it
         ready = list(self._room(snap, starting).admitted(ready, plan.waits))
         holdings, own_pids, cpu_lane = self._holdings(snap.running, busy)
-        gate = self._cap_gate(holdings, look) if mode == placement.GPUS else None
+        gate = None
+        if self.turns is not None and mode == placement.GPUS:  # the machine policy's cap on this user's GPUs
+            uuid_of = {gpu.index: gpu.uuid for gpu in look.gpus}
+            held = frozenset(uuid_of.get(index, str(index)) for h in holdings for index in h.gpus)
+            gate = self.turns.cap_gate(held, self._leased, uuid_of)
         if mode == placement.UNREADABLE:
             blocked = placement.unreadable(look)
             decisions = {j.id: blocked if request_of(j).gpus else Placement(()) for j in ready}
@@ -258,14 +262,6 @@ class Planner:
             asking = [job for job in ready if job.id != served]
             self._victims(snap, asking, plan, holdings, own_pids, preempting, look)
         return plan
-
-    def _cap_gate(self, holdings: list[Holding], look: gpu_info.GpuLook) -> Optional[placement.Gate]:
-        """The machine policy's cap on this user's GPUs, kept as the jobs in line are placed."""
-        if self.turns is None:
-            return None
-        uuid_of = {gpu.index: gpu.uuid for gpu in look.gpus}
-        held = frozenset(uuid_of.get(index, str(index)) for h in holdings for index in h.gpus)
-        return self.turns.cap_gate(held, self._leased, uuid_of)
 
     def _room(self, snap: scheduler.QueueState, starting: Sequence[Job]) -> hostroom.Room:
         """The host memory and CPUs left: the cap less what running and starting jobs reserved."""

@@ -86,15 +86,11 @@ def waiting_reason(
     found = [w for w in waits if w is not None]
     if now is not None and job.begin_at:
         begin = parse_iso(job.begin_at) or 0.0
-        if begin > now:
-            found.append(Wait(f"starts at {_clock(begin, now)} (--begin)", False))
+        if begin > now:  # `02:00`, or `Dec 03 02:00` when it is not within a day
+            when = time.strftime("%H:%M" if begin - now < 86400 else "%b %d %H:%M", time.localtime(begin))
+            found.append(Wait(f"starts at {when} (--begin)", False))
     # the first that blocks for good, else the first
     return next((w for w in found if w.forever), found[0] if found else None)
-
-
-def _clock(when: float, now: float) -> str:
-    """`02:00`, or `Dec 3 02:00` when it is not within a day."""
-    return time.strftime("%H:%M" if when - now < 86400 else "%b %d %H:%M", time.localtime(when))
 
 
 def next_begin(pending: list[Job], now: float) -> Optional[float]:
