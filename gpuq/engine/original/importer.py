@@ -17,9 +17,8 @@ from gpuq.core.times import now_iso
 from gpuq.engine.lifecycle import ending
 from gpuq.engine.original import reader
 from gpuq.spool import Spool
+from gpuq.spool.layout import LEGACY_DB_NAME, LEGACY_JSON_NAME
 from gpuq.system import fsutil, procs
-
-SOURCE_PREFIX = states.SOURCE_IMPORTED
 
 
 @dataclass
@@ -51,8 +50,7 @@ def import_queue(spool: Spool, path: Path) -> ImportReport:
     record = spool.imports.find(queue.fingerprint)
     if record is not None and record.get("complete"):
         report.already = f"on {record.get('at', '?')} from {record.get('source', '?')}"
-        if queue.source_path.name in (reader.DB_NAME, reader.JSON_NAME):
-            report.retired = _retire(queue.source_path)  # a crash came between import and rename
+        report.retired = _retire(queue.source_path)  # a crash came between import and rename
         return report
     taken = _taken_ids(spool, queue, resuming=record is not None)
     if taken:
@@ -61,40 +59,39 @@ def import_queue(spool: Spool, path: Path) -> ImportReport:
             "import into an empty spool (GPUQ_HOME=...)"
         )
     report.finished_earlier_try = record is not None
-    spool.imports.write(queue.fingerprint, _record(queue, complete=False))
+    spool.imports.write(queue.fingerprint, _record(queue))
     spool.ids.allocate(count=0, at_least=queue.next_id)  # the old ids are never given out again
     report.notes += queue.notes
     for job in queue.jobs:
         _import_job(spool, queue, job, report)
     report.problems += [f"row {p.id if p.id is not None else '?'}: {p.reason}" for p in queue.problems]
-    spool.imports.write(queue.fingerprint, _record(queue, complete=True, report=report))
-    if queue.source_path.name in (reader.DB_NAME, reader.JSON_NAME):
-        report.retired = _retire(queue.source_path)
+    spool.imports.write(queue.fingerprint, _record(queue, report))
+    report.retired = _retire(queue.source_path)
     return report
 
 
 def _taken_ids(spool: Spool, queue: reader.LegacyQueue, resuming: bool) -> str:
     """The queue's ids already in the spool (those of an earlier, interrupted try excepted)."""
     present = spool.jobs.index()
-    taken = []
+    taken: set[int] = set()
     for job in queue.jobs:
         for ref in present.get(job.id, []):
             try:
-                mine = spool.jobs.load(ref).source.startswith(SOURCE_PREFIX)
+                mine = spool.jobs.load(ref).source.startswith(states.SOURCE_IMPORTED)
             except (FileNotFoundError, schema.InvalidJob):
                 mine = False
             if not (resuming and mine):
-                taken.append(f"#{job.id}")
-    return ", ".join(sorted(set(taken), key=lambda t: int(t[1:])))
+                taken.add(job.id)
+    return ", ".join(f"#{job_id}" for job_id in sorted(taken))
 
 
-def _record(queue: reader.LegacyQueue, complete: bool, report: Optional[ImportReport] = None) -> dict[str, Any]:
+def _record(queue: reader.LegacyQueue, report: Optional[ImportReport] = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "source": str(queue.source_path),
         "kind": queue.kind,
         "at": now_iso(),
         "jobs": [job.id for job in queue.jobs],
-        "complete": complete,
+        "complete": report is not None,
     }
     if report is not None:
         out.update(counts=report.counts, problems=report.problems)
@@ -125,7 +122,7 @@ def _job(spool: Spool, queue: reader.LegacyQueue, old: reader.LegacyJob) -> tupl
         env=old.env,
         after_any=old.after,  # the original started a dependent once the other ended, in any way
         retries=old.retries,
-        source=SOURCE_PREFIX + queue.kind,
+        source=states.SOURCE_IMPORTED + queue.kind,
     )
     job.update(
         attempts=old.attempts,
@@ -161,7 +158,10 @@ def _job(spool: Spool, queue: reader.LegacyQueue, old: reader.LegacyJob) -> tupl
 
 
 def _retire(path: Path) -> list[tuple[Path, Path]]:
-    """Rename the imported file (and its SQLite companions) out of the way, never clobbering."""
+    """Rename the imported file (and its SQLite companions) out of the way, never clobbering; a
+    copy under another name is left where it is."""
+    if path.name not in (LEGACY_DB_NAME, LEGACY_JSON_NAME):
+        return []
     done = []
     for source, target in reader.retire_plan(path):
         try:

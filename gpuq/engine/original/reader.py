@@ -20,11 +20,9 @@ from gpuq.core.errors import GpuqError
 from gpuq.core.job import MAX_ID, is_int
 from gpuq.core.states import CANCELLED, DONE, FAILED, INTERRUPTED, PENDING, PREEMPTED, RUNNING
 from gpuq.engine.schedule.scheduler import dependency_loops, loop_reason
-from gpuq.spool.layout import LEGACY_DB_NAME as DB_NAME
-from gpuq.spool.layout import LEGACY_JSON_NAME as JSON_NAME
 from gpuq.spool.layout import find_legacy
 
-__all__ = ["DB_NAME", "JSON_NAME", "find_legacy"]  # spool.layout's, kept importable from here too
+__all__ = ["find_legacy"]  # spool.layout's, kept importable from here too
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # The states the original wrote; `preempted` came with its `preempt` command.
 KNOWN_STATES = (PENDING, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED, PREEMPTED)  # spelled as ours
@@ -162,12 +160,9 @@ def _fingerprint(kind: str, records: list[Any], declared_next: Optional[int]) ->
     """sha256 over the content as read (not over what was decided about processes), with keys
     sorted, so a renamed copy of the same file always gives the same value."""
     payload = {"kind": kind, "next_id": declared_next, "jobs": records}
-    text = json.dumps(payload, sort_keys=True, ensure_ascii=True, default=_plain)
+    plain = lambda value: value.hex() if isinstance(value, (bytes, bytearray)) else repr(value)  # noqa: E731
+    text = json.dumps(payload, sort_keys=True, ensure_ascii=True, default=plain)
     return hashlib.sha256(("gpuq-legacy-1\n" + text).encode()).hexdigest()
-
-
-def _plain(value: Any) -> Any:
-    return value.hex() if isinstance(value, (bytes, bytearray)) else repr(value)
 
 
 class _Unreadable(Exception):
@@ -302,7 +297,8 @@ def _scalars(record: dict[str, Any], key: str, empty: Any, kind: str) -> Any:
     if value is None:
         return empty
     items = value.values() if isinstance(value, dict) else value
-    if type(value) is not type(empty) or not all(_is_scalar(v) for v in items):
+    scalars = all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in items)
+    if type(value) is not type(empty) or not scalars:
         raise _Unreadable(f"{key} is not {kind}")
     return value
 
@@ -393,7 +389,3 @@ def _log_file(value: Any, notes: list[str]) -> Optional[str]:
         notes.append(f"log file {value!r} was relative to a directory nobody recorded; not kept")
         return None
     return value
-
-
-def _is_scalar(value: Any) -> bool:
-    return isinstance(value, (str, int, float)) and not isinstance(value, bool)

@@ -6,6 +6,7 @@ directly (twice would read to Jupyter as "shut down now").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from gpuq.core.errors import GpuqError, Refused
+from gpuq.core.words import cap_text
 from gpuq.engine.schedule import turns
 from gpuq.engine.schedule.leasing import Claim, claim_gpus, record_usage
 from gpuq.engine.schedule.placement import Blocked, Placement, Request
@@ -24,13 +26,12 @@ from gpuq.system.lease_io import user_name
 from gpuq.system.leases import HeldTicket, Lease, LeaseDir, LeaseDirProblem, say_once
 
 POLL_SECONDS = 0.5  # how often a waiting `gpuq lease` asks again: a claim is a look and a few files
-EX_TEMPFAIL = 75  # sysexits.h: "try again later", what --no-wait exits with when no GPU is free
 
 
 class NotFree(GpuqError):
-    """--no-wait and the GPUs are taken (exit 75)."""
+    """--no-wait and the GPUs are taken."""
 
-    exit_code = EX_TEMPFAIL
+    exit_code = 75  # sysexits.h's EX_TEMPFAIL: "try again later"
 
 
 def lease_and_run(cmd: list[str], request: Request, *, wait: bool = True) -> int:
@@ -38,8 +39,7 @@ def lease_and_run(cmd: list[str], request: Request, *, wait: bool = True) -> int
     program = _program(cmd[0])
     claim = _claim(request, os.path.basename(cmd[0]), wait)
     try:
-        env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID")
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in claim.gpus)
+        env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=",".join(map(str, claim.gpus)))
         return _run([program, *cmd[1:]], env)
     finally:
         record_usage(claim, _stderr)
@@ -54,7 +54,7 @@ def _claim(request: Request, name: str, wait: bool) -> Claim:
     rules = machine_policy.load(lambda line: say_once(line, _stderr))
     cap = rules.of(user_name(os.geteuid())).max_gpus
     if cap is not None and request.gpus > cap:  # whatever ends, never within the cap
-        raise _refusal(Blocked(turns.cap_reason(cap, request.gpus), forever=True))
+        raise _refusal(Blocked(cap_text(cap, request.gpus), forever=True))
     admission = _Admission()
     try:
         while True:
@@ -139,10 +139,8 @@ def _run(argv: list[str], env: dict[str, str]) -> int:
         if not child:
             early.append(signum)
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             child[0].send_signal(signum)
-        except ProcessLookupError:
-            pass
 
     previous = {signum: signal.signal(signum, forward) for signum in forwarded}
     if interactive:  # a handler, not SIG_IGN: an ignored SIGINT would be inherited by the command

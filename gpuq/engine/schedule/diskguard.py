@@ -1,10 +1,7 @@
-"""The disk guard: a job whose output's filesystem has less free space than its next checkpoint
-will need waits, saying why, instead of starting into a save that fails (and dies with the hours
-since its last checkpoint). What it needs: its `--min-free`, else twice its last checkpoint's size
-(`ckpt_bytes`, measured when an attempt ended); a job that never saved one and has no --min-free is
-not held. Its output: the directory its checkpoints are looked for in (engine/tracking/retention.py),
-else its working directory; one that does not exist yet is looked at through its nearest parent.
-One statvfs per ready job that asks, at the worker's step: never a file read.
+"""The disk guard: a job waits, saying why, while its output's filesystem has less free space than
+its next checkpoint needs (its `--min-free`, else twice its last checkpoint, `ckpt_bytes`), rather
+than start into a save that fails. Its output: its checkpoints' directory, else its working
+directory, or their nearest parent that exists. One statvfs per ready job that asks; no file read.
 """
 
 from __future__ import annotations
@@ -30,34 +27,22 @@ def guarded(job: Job) -> bool:
     return need_bytes(job) is not None
 
 
-def output_of(job: Job) -> str:
-    from gpuq.engine.tracking import checkpoints  # glob and patterns: only for a job the guard holds
-
-    where = checkpoints.base_dir(job) or job.cwd
-    while where and not os.path.isdir(where):
-        parent = os.path.dirname(where)
-        if parent == where:
-            break
-        where = parent
-    return where
-
-
-def free_bytes(path: str) -> Optional[int]:
-    try:
-        found = os.statvfs(path)
-    except OSError:
-        return None
-    return found.f_bavail * found.f_frsize
-
-
 def wait(job: Job) -> Optional[Wait]:
     """Why the job waits for disk space, or None (room enough, nothing asked, or unreadable)."""
     need = need_bytes(job)
     if need is None:
         return None
-    where = output_of(job)
-    free = free_bytes(where)
-    if free is None or free >= need:
+    from gpuq.engine.tracking import checkpoints  # glob and patterns: only for a job the guard holds
+
+    where = checkpoints.base_dir(job) or job.cwd
+    while where and not os.path.isdir(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    try:
+        found = os.statvfs(where)
+    except OSError:
+        return None
+    free = found.f_bavail * found.f_frsize
+    if free >= need:
         return None
     why = f"--min-free {_size(need)}" if job.min_free_bytes else f"twice its last checkpoint, {_size(need // 2)}"
     return Wait(f"{WAITING}: {where} has {_size(free)} free, it needs {_size(need)} ({why})", False)
@@ -77,9 +62,4 @@ def _size(count: int) -> str:
 
 def waits(pending: list[Job]) -> dict[int, Wait]:
     """What `gpuq status` says of the pending jobs the guard holds (a statvfs for each that asks)."""
-    out = {}
-    for job in pending:
-        held = wait(job) if guarded(job) else None
-        if held is not None:
-            out[job.id] = held
-    return out
+    return {job.id: held for job in pending if (held := wait(job)) is not None}

@@ -6,6 +6,7 @@ where GPUs are looked at or shown: a `status` without GPUs never needs it.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any, Mapping, Optional, Sequence
@@ -29,33 +30,20 @@ def view(look: Any, running: list[Job], starting: Optional[Mapping[int, Sequence
     pids = [job.pid for job in running if job.pid]
     # psutil is imported only to tell processes apart, where there are some
     own = gpu_info.tree_pids(pids) if pids and any(gpu.processes for gpu in look.gpus) else set()
-    holders: dict[int, list[int]] = {}
     held = {job_id: list(gpus or ()) for job_id, gpus in (starting or {}).items()}
     held.update((job.id, job.gpus or []) for job in running)
-    for job_id, indices in held.items():
-        for index in indices:
-            holders.setdefault(index, []).append(job_id)
     shown = []
     for gpu in look.gpus:
         foreign = [p for p in gpu.processes if p.pid not in own]
         unexplained = max(0, gpu.memory_used_mib - sum(p.used_memory_mib or 0 for p in gpu.processes))
-        shown.append(
-            {
-                "index": gpu.index,
-                "name": gpu.name,
-                "uuid": gpu.uuid,
-                "memory_total_mib": gpu.memory_total_mib,
-                "memory_used_mib": gpu.memory_used_mib,
-                "compute_mode": gpu.compute_mode,
-                "utilization_gpu": gpu.utilization_gpu,  # what `gpuq top` shows per GPU (None: not known)
-                "jobs": sorted(holders.get(gpu.index, [])),
-                "foreign": [
-                    {"pid": p.pid, "used_memory_mib": p.used_memory_mib, "who": gpu_info.describe_pid(p.pid)}
-                    for p in foreign
-                ],
-                "foreign_mib": sum(p.used_memory_mib or 0 for p in foreign) + unexplained,
-            }
-        )
+        # each field of the GPU but its processes (`utilization_gpu`: what `gpuq top` shows, None: not known)
+        entry = {key: value for key, value in gpu._asdict().items() if key != "processes"}
+        entry["jobs"] = sorted(job_id for job_id, indices in held.items() if gpu.index in indices)
+        entry["foreign"] = [
+            {"pid": p.pid, "used_memory_mib": p.used_memory_mib, "who": gpu_info.describe_pid(p.pid)} for p in foreign
+        ]
+        entry["foreign_mib"] = sum(p.used_memory_mib or 0 for p in foreign) + unexplained
+        shown.append(entry)
     out = {"at": look.at, "source": look.source, "problem": look.problem, "gpus": shown}
     return add_leases(out) if shown else out
 
@@ -83,56 +71,33 @@ def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
     except leases.LeaseDirProblem as exc:
         problems = [str(exc)]
     viewer = os.geteuid()
-    trees: dict[int, set[int]] = {}  # a holder's pid -> its process tree, looked up once
+    tree = functools.cache(lambda pid: gpu_info.tree_pids([pid]))  # a holder's process tree, looked up once
     for gpu in shown["gpus"]:
         here = [lease for lease in live if lease.gpu_uuid == gpu["uuid"]]
         gpu["leases"] = [lease_entry(lease, viewer) for lease in here]
         gpu["tickets"] = [ticket_entry(t, viewer) for t in waiting if t.wants(gpu["uuid"])]
         for proc in gpu["foreign"]:
-            proc["lease"] = None
-            for lease in here:
-                if lease.pid not in trees:
-                    trees[lease.pid] = gpu_info.tree_pids([lease.pid])
-                if proc["pid"] in trees[lease.pid]:
-                    proc["lease"] = lease.file
-                    break
+            proc["lease"] = next((lease.file for lease in here if proc["pid"] in tree(lease.pid)), None)
     shown["lease_problems"] = problems
     return shown
 
 
+# What views show of a ticket and of a lease, in this order (`gpuq gpus --json`).
+TICKET_KEYS = ("file", "who", "user", "uid", "job", "gpus", "mem_mib", "since", "spool", "host")
+LEASE_KEYS = ("file", "who", "user", "uid", "job", "name", "whole", "mem_mib", "since", "pid", "spool", "host")
+
+
 def ticket_entry(ticket: Any, viewer_uid: int) -> dict[str, Any]:
     """A system/leases.Ticket as views show it: whose job waits, for what, since when."""
-    return {
-        "file": ticket.file,
-        "who": ticket.who(viewer_uid),
-        "user": ticket.user,
-        "uid": ticket.uid,
-        "job": ticket.job,
-        "gpus": ticket.gpus,
-        "mem_mib": ticket.mem_mib,
-        "since": iso_of(ticket.since),
-        "spool": ticket.spool,
-        "host": ticket.host,
-    }
+    shown = {key: getattr(ticket, key) for key in TICKET_KEYS}
+    return dict(shown, who=ticket.who(viewer_uid), since=iso_of(ticket.since))
 
 
 def lease_entry(lease: Any, viewer_uid: int) -> dict[str, Any]:
     """A system/leases.Lease as views show it (a job's name only for one's own jobs)."""
     named = lease.uid == viewer_uid or lease.job is None
-    return {
-        "file": lease.file,
-        "who": lease.who(viewer_uid),
-        "user": lease.user,
-        "uid": lease.uid,
-        "job": lease.job,
-        "name": lease.name if named else None,
-        "whole": lease.whole,
-        "mem_mib": lease.mem_mib,
-        "since": iso_of(lease.since),
-        "pid": lease.pid,
-        "spool": lease.spool,
-        "host": lease.host,
-    }
+    shown = {key: getattr(lease, key) for key in LEASE_KEYS}
+    return dict(shown, who=lease.who(viewer_uid), name=lease.name if named else None, since=iso_of(lease.since))
 
 
 def current(

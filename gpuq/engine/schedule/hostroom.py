@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Optional
 
 from gpuq.core.job import Job
 from gpuq.core.timespec import parse_size_mib
-from gpuq.core.words import size_text
+from gpuq.core.words import plural, size_text
 from gpuq.engine.schedule import diskguard
 from gpuq.engine.schedule.scheduler import Wait
 from gpuq.system import host
@@ -29,7 +29,7 @@ def request_text(job: Job) -> str:
     """`10G host memory, 4 CPUs` (what `gpuq show` says a job reserves); '' for none."""
     parts = [f"{size_text(job.mem_mib)} host memory"] if job.mem_mib else []
     if job.cpus:
-        parts.append(f"{job.cpus} CPU" + ("s" if job.cpus != 1 else ""))
+        parts.append(plural(job.cpus, "CPU"))
     return ", ".join(parts)
 
 
@@ -49,22 +49,20 @@ def cap(
     the machine has is kept as given, and said."""
     machine_mib = host.memory_mib() if machine_mib is None else machine_mib
     machine_cpus = host.usable_cpus() if machine_cpus is None else machine_cpus
-    margin, notes = max(MIN_MARGIN_MIB, int(machine_mib * MARGIN_SHARE)), []  # left to the system
+    margin = max(MIN_MARGIN_MIB, int(machine_mib * MARGIN_SHARE))  # left to the system
     if os.environ.get(MARGIN_ENV):
         try:
             margin = parse_size_mib(os.environ[MARGIN_ENV], MARGIN_ENV)
         except ValueError as exc:
-            notes.append(f"{exc}; leaving the default {size_text(margin)} to the system")
+            say(f"{exc}; leaving the default {size_text(margin)} to the system")
     mem = max(machine_mib - margin, 0)
     if mem_setting is not None and mem_setting > mem:
-        notes.append(
+        say(
             f"--mem {size_text(mem_setting)} is more than this machine's {size_text(machine_mib)} less "
             f"{size_text(margin)} for the system: jobs may reserve up to {size_text(mem_setting)}, as asked"
         )
     if cpus_setting is not None and cpus_setting > machine_cpus:
-        notes.append(f"--cpus {cpus_setting} is more than the {machine_cpus} CPUs this worker may use: as asked")
-    for line in notes:
-        say(line)
+        say(f"--cpus {cpus_setting} is more than the {machine_cpus} CPUs this worker may use: as asked")
     return Cap(mem if mem_setting is None else mem_setting, machine_cpus if cpus_setting is None else cpus_setting)
 
 

@@ -9,19 +9,8 @@ import sys
 import time
 from typing import Callable, Iterable, Optional, Sequence, Union
 
-from gpuq.engine.schedule.placement import (
-    CPU_ONLY,
-    DEFAULT_FOREIGN_THRESHOLD_MIB,
-    GPUS,
-    Blocked,
-    Describe,
-    Leased,
-    Placement,
-    Request,
-    mode_of,
-    place,
-    unreadable,
-)
+from gpuq.engine.schedule import placement
+from gpuq.engine.schedule.placement import GPUS, Blocked, Placement, Request, mode_of
 from gpuq.system import gpus, policy, procs
 from gpuq.system.gpus import GpuLook
 from gpuq.system.leases import Held, Lease, LeaseDir, LeaseDirProblem, say_once
@@ -51,13 +40,13 @@ def claim_gpus(
     *,
     candidates: Optional[Iterable[int]] = None,
     exclude: Callable[[Lease], bool] = lambda lease: False,
-    threshold: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
+    threshold: int = placement.DEFAULT_FOREIGN_THRESHOLD_MIB,
     job: Optional[int],
     name: str,
     spool: Optional[str],
     lease_dir: Optional[str] = None,
     look: Callable[[], GpuLook] = gpus.look,
-    describe: Optional[Describe] = gpus.describe_pid,
+    describe: Optional[placement.Describe] = gpus.describe_pid,
     log: Callable[[str], None] = _say,
     admit: Optional[Admit] = None,
 ) -> Union[Claim, Blocked]:
@@ -71,8 +60,8 @@ def claim_gpus(
     if mode_of(first) != GPUS:
         return _no_gpus(first)
 
-    def decide(seen: GpuLook, others: Sequence[Leased]) -> Union[Placement, Blocked]:
-        return place(request, seen.gpus, allowed, (), frozenset(), threshold, describe, others)
+    def decide(seen: GpuLook, others: Sequence[placement.Leased]) -> Union[Placement, Blocked]:
+        return placement.place(request, seen.gpus, allowed, (), frozenset(), threshold, describe, others)
 
     try:
         directory = LeaseDir.open(lease_dir)
@@ -88,7 +77,7 @@ def claim_gpus(
             # a holder's tree only tells which listed process is whose: not read where none is listed
             listed = any(g.processes for g in seen.gpus)
             counted = [lease for lease in live if not exclude(lease)]
-            others = [Leased(lease, _holder_tree(lease) if listed else frozenset()) for lease in counted]
+            others = [placement.Leased(lease, _holder_tree(lease) if listed else frozenset()) for lease in counted]
             decision = decide(seen, others)
             if isinstance(decision, Blocked):
                 return decision
@@ -118,9 +107,9 @@ def record_usage(leases: Iterable[Held], log: Callable[[str], None]) -> None:
 
 
 def _no_gpus(seen: GpuLook) -> Blocked:
-    if mode_of(seen) == CPU_ONLY:
+    if mode_of(seen) == placement.CPU_ONLY:
         return Blocked(f"no GPU to lease here: {seen.problem or 'none found'}", forever=True)
-    return unreadable(seen)
+    return placement.unreadable(seen)
 
 
 def _holder_tree(lease: Lease) -> frozenset[int]:

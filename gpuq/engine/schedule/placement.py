@@ -6,12 +6,11 @@ lease, plus used memory no listed process explains: hidden processes, so countin
 waiting), or free. A whole-GPU request takes GPUs nothing of gpuq's and no lease holds, with outside
 memory at most `foreign_threshold_mib`; a shared one takes the best fit among GPUs without a whole
 holding, so that big GPUs stay free for big jobs. A GPU in an exclusive compute mode takes one process.
-In queue order, the first GPU job that waits keeps the GPUs it would get first; the jobs behind it
-start on the others (backfill).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -132,16 +131,12 @@ def place(
     if request.gpus == 0:
         return Placement(())
     wanted = None if allowed is None else set(allowed)
-    present = {g.index for g in gpus}
-    candidates = [g for g in sorted(gpus, key=lambda g: g.index) if wanted is None or g.index in wanted]
-    if request.largest and candidates:
-        most = max(g.memory_total_mib for g in candidates)
-        candidates = [g for g in candidates if g.memory_total_mib == most]
+    candidates = _candidates(request, gpus, wanted)
     if request.gpus > len(candidates):
         have = ",".join(str(g.index) for g in candidates)
         why = f"needs {request.gpus} GPU{'s' if request.gpus != 1 else ''}; this worker has {len(candidates)}"
         why += f" ({have})" if have else ""
-        missing = (wanted or set()) - present
+        missing = (wanted or set()) - {g.index for g in gpus}
         if missing:
             why += f"; GPU {','.join(str(i) for i in sorted(missing))} not found on this machine"
         return Blocked(why, forever=True)
@@ -170,13 +165,10 @@ def place_in_order(
 ) -> dict[int, Decision]:
     """`place` for ready jobs in queue order, each placement a holding for the jobs after it. Once a
     GPU job waits, the GPUs it would get first are kept for it (`reserve`): a job behind it starts
-    only on other GPUs (backfill), else waits behind it. So GPUs that the first in line cannot use
-    yet do not sit idle while jobs that fit there wait, and a stream of small jobs still never keeps
-    a big one waiting forever: nothing new starts on its GPUs, which only empty. A job that can
-    never fit holds no one up. `kept_for`: (job, GPUs) that no other job may take, ahead of it or
-    behind (an urgent job's, emptied by its preemptions: else a victim put back would take them).
-    `gate` has the last word on each GPU job: a job it blocks for good holds nothing, one it holds
-    back for a while is first in line as any waiting job."""
+    only on other GPUs (backfill), else waits behind it; so a stream of small jobs never keeps a big
+    one waiting forever. A job that can never fit holds no one up. `kept_for`: (job, GPUs) no other
+    job may take (an urgent job's, emptied by its preemptions). `gate` has the last word on each GPU
+    job: one it blocks for good holds nothing, one it holds back is first in line as any waiting job."""
     allowed = None if allowed is None else set(allowed)
     everyone = {g.index for g in gpus if allowed is None or g.index in allowed}
     own = frozenset(own_pids)
@@ -231,18 +223,12 @@ def reserve(
     leased: Sequence[Leased] = (),
     foreign_threshold_mib: int = DEFAULT_FOREIGN_THRESHOLD_MIB,
 ) -> set[int]:
-    """The GPUs a waiting job keeps, to get them once gpuq's jobs there end: among those it may use
-    (the largest, for a `largest` request), those where it would fit then (other parties' memory
-    and leases counted), the ones whose newest gpuq job started longest ago; then the freest. Run
-    times are unknown; what makes this safe is that the choice stands while jobs start elsewhere
-    (their newest start is newer), and changes only to GPUs whose jobs started earlier still: no
-    job starts on a kept GPU, so the first in line gets one once the jobs there when it was first
-    kept have ended, however many small jobs come behind it."""
-    wanted = None if allowed is None else set(allowed)
-    candidates = [g for g in sorted(gpus, key=lambda g: g.index) if wanted is None or g.index in wanted]
-    if request.largest and candidates:
-        most = max(g.memory_total_mib for g in candidates)
-        candidates = [g for g in candidates if g.memory_total_mib == most]
+    """The GPUs a waiting job keeps, to get them once gpuq's jobs there end: among those it may use,
+    those where it would fit then (others' memory and leases counted), whose newest gpuq job started
+    longest ago; then the freest. The choice stands while jobs start elsewhere (their start is newer)
+    and changes only to GPUs whose jobs started earlier still: no job starts on a kept GPU, so the
+    first in line gets one once the jobs there have ended, however many small jobs come behind it."""
+    candidates = _candidates(request, gpus, None if allowed is None else set(allowed))
     newest: dict[int, float] = {}
     for holding in holdings:
         for index in holding.gpus:
@@ -257,6 +243,13 @@ def reserve(
     states = _states(candidates, list(holdings), leased)
     order = sorted(states, key=lambda s: (unusable(s), newest.get(s.gpu.index, -math.inf), -s.free_mib, s.gpu.index))
     return {s.gpu.index for s in order[: request.gpus]}
+
+
+def _candidates(request: Request, gpus: Sequence[Gpu], wanted: Optional[set[int]]) -> list[Gpu]:
+    """The GPUs `wanted` (None: all) by index; for a `largest` request, the largest of them."""
+    found = [g for g in sorted(gpus, key=lambda g: g.index) if wanted is None or g.index in wanted]
+    most = max((g.memory_total_mib for g in found), default=0)
+    return [g for g in found if g.memory_total_mib == most] if request.largest else found
 
 
 def _states(candidates: list[Gpu], holdings: list[Holding], leased: Sequence[Leased]) -> list[_GpuState]:
@@ -351,14 +344,8 @@ class _Texts:
     """The pieces of the reasons, describing each pid once."""
 
     def __init__(self, describe: Optional[Describe], owners: dict[int, Optional[int]]):
-        self._describe = describe
+        self.describe: Describe = functools.cache(describe or (lambda pid: ""))
         self.owners = owners
-        self._seen: dict[int, str] = {}
-
-    def describe(self, pid: int) -> str:
-        if pid not in self._seen:
-            self._seen[pid] = self._describe(pid) if self._describe else ""
-        return self._seen[pid]
 
     def who(self, pid: int) -> str:
         if pid in self.owners:

@@ -6,6 +6,7 @@ and other parties' leases are read afresh at each look, as leases end without an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import chain, islice, takewhile
 from typing import AbstractSet, Any, Callable, Iterator, Optional, Sequence
 
@@ -34,8 +35,7 @@ class Assignment:
 
     @classmethod
     def of_job(cls, job: Job) -> Assignment:
-        held = job.gpus
-        return cls(job.slot, tuple(held) if held is not None else None)
+        return cls(job.slot, None if job.gpus is None else tuple(job.gpus))
 
     def text(self) -> str:
         if self.gpus is not None:
@@ -185,12 +185,9 @@ class Planner:
             plan = self._plan_slots(rest, busy, iter(ready), preempting, look)
         if plan.victims or [where for _job, where in plan.starts] != [Assignment.of_job(ending)]:
             return []  # preempting, or another slot free too
-        picks = []
-        for job in ready:
-            picks.append(job)
-            if job.id in waited:
-                break
-        return picks
+        # up to the first that a pending job waits for: what comes after it is not known ahead
+        cut = next((i + 1 for i, job in enumerate(ready) if job.id in waited), len(ready))
+        return ready[:cut]
 
     def _plan_slots(
         self,
@@ -228,18 +225,21 @@ class Planner:
         kept_for: Optional[tuple[int, frozenset[int]]] = None,
     ) -> Plan:
         plan = Plan(look=look)
-        allowed = self.allowed
         # before placement: a job the machine has no room for leaves its GPUs to the jobs behind it
         ready = list(self._room(snap, starting).admitted(ready, plan.waits))
         holdings, own_pids, cpu_lane = self._holdings(snap.running, busy)
-        gate = self._cap_gate(holdings, look) if mode == placement.GPUS else None
+        gate = None
+        if self.turns is not None and mode == placement.GPUS:  # the machine policy's cap on this user's GPUs
+            uuid_of = {gpu.index: gpu.uuid for gpu in look.gpus}
+            held = frozenset(uuid_of.get(index, str(index)) for h in holdings for index in h.gpus)
+            gate = self.turns.cap_gate(held, self._leased, uuid_of)
         if mode == placement.UNREADABLE:
             blocked = placement.unreadable(look)
             decisions = {j.id: blocked if request_of(j).gpus else Placement(()) for j in ready}
         else:
             requests = [(j.id, request_of(j)) for j in ready]
             decisions = placement.place_in_order(
-                requests, look.gpus, allowed, holdings, own_pids, self.threshold, gpu_info.describe_pid,
+                requests, look.gpus, self.allowed, holdings, own_pids, self.threshold, gpu_info.describe_pid,
                 leased=self._leased, kept_for=kept_for, gate=gate,
             )  # fmt: skip
         for job in ready:
@@ -260,29 +260,17 @@ class Planner:
         if mode == placement.GPUS:
             served = kept_for[0] if kept_for is not None else None  # its preemptions were made: no more
             asking = [job for job in ready if job.id != served]
-            self._victims(snap, asking, plan, holdings, own_pids, preempting, look, allowed)
+            self._victims(snap, asking, plan, holdings, own_pids, preempting, look)
         return plan
-
-    def _cap_gate(self, holdings: list[Holding], look: gpu_info.GpuLook) -> Optional[placement.Gate]:
-        """The machine policy's cap on this user's GPUs, kept as the jobs in line are placed."""
-        if self.turns is None:
-            return None
-        uuid_of = {gpu.index: gpu.uuid for gpu in look.gpus}
-        held = frozenset(uuid_of.get(index, str(index)) for h in holdings for index in h.gpus)
-        return self.turns.cap_gate(held, self._leased, uuid_of)
 
     def _room(self, snap: scheduler.QueueState, starting: Sequence[Job]) -> hostroom.Room:
         """The host memory and CPUs left: the cap less what running and starting jobs reserved."""
-
         running = {job.id for job in snap.running}
         holders = [*snap.running, *(job for job in starting if job.id not in running)]
-        return hostroom.Room(self._host_cap, lambda: holders)
+        return hostroom.Room(self.host_cap, lambda: holders)
 
     def host_cap(self) -> hostroom.Cap:
         """What jobs may reserve of the machine (an out-of-memory retry's --mem grows up to it)."""
-        return self._host_cap()
-
-    def _host_cap(self) -> hostroom.Cap:
         if self.host is None:
             self.host = hostroom.cap(None, None)
         return self.host
@@ -327,7 +315,6 @@ class Planner:
         own_pids: frozenset[int],
         preempting: AbstractSet[int],
         look: gpu_info.GpuLook,
-        allowed: Optional[set[int]],
     ) -> None:
         """As few running jobs to preempt as let an urgent job the GPUs hold back start: the first in
         line that some preemption serves (an `--urgent=force` one behind an `--urgent` one that none
@@ -335,33 +322,9 @@ class Planner:
         if preempting:
             return
         whole = max((gpu.memory_total_mib for gpu in look.gpus), default=victims.WHOLE_GPU_MIB)
-        for urgent in ready:
-            if not scheduler.may_preempt(urgent) or urgent.id not in plan.waits or plan.waits[urgent.id].forever:
-                continue
-            candidates = victims.candidates(urgent, snap.running)
-            candidates = [j for j in candidates if allowed is None or set(j.gpus or ()) <= allowed]
-            allowed_victims = victims.in_preference(candidates, urgent, whole)
-            chosen = self._making_room(urgent, allowed_victims, holdings, own_pids, look, allowed)
-            if chosen:
-                plan.victims, plan.victims_for = chosen, urgent.id
-                return
-            if len(allowed_victims) < len(candidates):
-                if self._making_room(urgent, candidates, holdings, own_pids, look, allowed):
-                    wait = plan.waits[urgent.id]
-                    plan.waits[urgent.id] = scheduler.Wait(f"{wait.reason}; urgent, but {victims.NO_VICTIM}", False)
+        allowed = self.allowed
 
-    def _making_room(
-        self,
-        urgent: Job,
-        candidates: list[Job],
-        holdings: list[Holding],
-        own_pids: frozenset[int],
-        look: gpu_info.GpuLook,
-        allowed: Optional[set[int]],
-    ) -> list[Job]:
-        """As few of `candidates` as let `urgent` be placed, the first ones preferred."""
-
-        def fits_without(chosen: list[Job]) -> bool:
+        def fits_without(urgent: Job, chosen: list[Job]) -> bool:
             ids = {victim.id for victim in chosen}
             theirs = {p for h in holdings if h.job_id in ids for p in h.pids}
             left = [h for h in holdings if h.job_id not in ids]
@@ -371,18 +334,21 @@ class Planner:
             )
             return isinstance(decision, Placement)
 
-        chosen: list[Job] = []
-        for victim in candidates:
-            chosen.append(victim)
-            if fits_without(chosen):
-                break
-        else:
-            return []  # preempting would not make room (someone else's memory): do not
-        for victim in chosen[:-1]:
-            fewer = [other for other in chosen if other is not victim]
-            if fits_without(fewer):
-                chosen = fewer
-        return chosen
+        for urgent in ready:
+            if not scheduler.may_preempt(urgent) or urgent.id not in plan.waits or plan.waits[urgent.id].forever:
+                continue
+            candidates = victims.candidates(urgent, snap.running)
+            candidates = [j for j in candidates if allowed is None or set(j.gpus or ()) <= allowed]
+            allowed_victims = victims.in_preference(candidates, urgent, whole)
+            # as few as let it be placed, the first ones preferred; none where none would (someone else's memory)
+            fits = partial(fits_without, urgent)
+            chosen = victims.fewest(allowed_victims, fits)
+            if chosen:
+                plan.victims, plan.victims_for = chosen, urgent.id
+                return
+            if len(allowed_victims) < len(candidates) and victims.fewest(candidates, fits):
+                wait = plan.waits[urgent.id]
+                plan.waits[urgent.id] = scheduler.Wait(f"{wait.reason}; urgent, but {victims.NO_VICTIM}", False)
 
 
 def _queue_without(

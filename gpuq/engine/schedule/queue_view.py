@@ -1,12 +1,10 @@
 """The worker's view of the queue, kept from one step to the next: file events name the files that
-changed, and the view rereads only those, so that a step costs what changed, not what waits.
-
-It takes a full look whenever it cannot be sure the events told it everything: at the first step,
-while no observer works (`watching(False)`: also a test stepping the worker), every
-FULL_LOOK_SECONDS (an overflowed inotify queue says nothing), and after a `doubt()`. Why events and
-not a cheaper validation: a job that leaves pending/ and comes back between two steps may get the
-same inode number, but events name the file in both moves. The observer thread calls `note()`; the
-worker's thread everything else.
+changed, and only those are read again, so that a step costs what changed, not what waits. A full
+look is taken whenever the events may not have told everything: at the first step, while no observer
+works (`watching(False)`: also a test stepping the worker), every FULL_LOOK_SECONDS (an overflowed
+inotify queue says nothing), and after a `doubt()`. Events, not a cheaper validation: a job that
+leaves pending/ and comes back between two steps may get the same inode number, but events name
+both moves. The observer thread calls `note()`; the worker's thread everything else.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from gpuq.spool.layout import INTAKE_RE, is_job_name
 
 FULL_LOOK_SECONDS = 5.0  # a full look at least this often, whatever the events said
 ELSEWHERE = tuple(s for s in STATES if s not in ACTIVE)  # where a job goes when it leaves both
-LISTED = UNFINISHED  # listed at a full look; finished ones come from their index
 
 
 class QueueView:
@@ -65,8 +62,7 @@ class QueueView:
 
     def pending_name(self, job_id: int) -> Optional[str]:
         """The name of the job's file in pending/ as last seen (the first, should a crash have left two)."""
-        names = sorted(name for state, name in self.places.get(job_id, ()) if state == PENDING)
-        return names[0] if names else None
+        return min((name for state, name in self.places.get(job_id, ()) if state == PENDING), default=None)
 
     def intake_due(self, now: float) -> bool:
         """Whether pending/ may hold dropped files: seen before, named by an event, or a full look due."""
@@ -103,7 +99,7 @@ class QueueView:
         jobs: dict[str, dict[str, Loaded]] = {PENDING: {}, RUNNING: {}}
         places: dict[int, set[tuple[str, str]]] = {}
         present = set()
-        for ref in spool.jobs.refs(LISTED):
+        for ref in spool.jobs.refs(UNFINISHED):  # finished ones come from their index
             if ref.state not in ACTIVE:
                 elsewhere[ref.id] = later(elsewhere[ref.id], ref.state) if ref.id in elsewhere else ref.state
                 continue
@@ -190,6 +186,4 @@ class QueueView:
 
 def _dropped_name(name: str) -> bool:
     """A name in pending/ that intake looks at: not a job file's, nor a dot-file but a cut-short intake's."""
-    if is_job_name(name):
-        return False
-    return not name.startswith(".") or INTAKE_RE.match(name) is not None
+    return not is_job_name(name) and (not name.startswith(".") or INTAKE_RE.match(name) is not None)

@@ -86,32 +86,25 @@ def waiting_reason(
     found = [w for w in waits if w is not None]
     if now is not None and job.begin_at:
         begin = parse_iso(job.begin_at) or 0.0
-        if begin > now:
-            found.append(Wait(f"starts at {_clock(begin, now)} (--begin)", False))
-    if not found:
-        return None
-    blocking = [w for w in found if w.forever]
-    return blocking[0] if blocking else found[0]
-
-
-def _clock(when: float, now: float) -> str:
-    """`02:00`, or `Dec 3 02:00` when it is not within a day."""
-    return time.strftime("%H:%M" if when - now < 86400 else "%b %d %H:%M", time.localtime(when))
+        if begin > now:  # `02:00`, or `Dec 03 02:00` when it is not within a day
+            when = time.strftime("%H:%M" if begin - now < 86400 else "%b %d %H:%M", time.localtime(begin))
+            found.append(Wait(f"starts at {when} (--begin)", False))
+    # the first that blocks for good, else the first
+    return next((w for w in found if w.forever), found[0] if found else None)
 
 
 def next_begin(pending: list[Job], now: float) -> Optional[float]:
     """The earliest --begin time still to come among pending jobs (the worker wakes for it)."""
     times = [parse_iso(job.begin_at) or 0.0 for job in pending if job.begin_at]
-    future = [t for t in times if t > now]
-    return min(future) if future else None
+    return min((t for t in times if t > now), default=None)
 
 
 def queue_order(pending: list[Job]) -> list[Job]:
-    """Urgent jobs first, then resumed continuations (`queue_front`), then priority, then id."""
     return sorted(pending, key=queue_key)
 
 
 def queue_key(job: Job) -> tuple[bool, bool, int, int]:
+    """Urgent jobs first, then resumed continuations (`queue_front`), then priority, then id."""
     return (not job.urgent, not job.queue_front, -job.priority, job.id)
 
 
@@ -160,13 +153,9 @@ def victim_key(job: Job) -> tuple[int, float]:
 
 def occupied_slots(running: list[Job], slots: list[Optional[str]]) -> set[Optional[str]]:
     """Slots taken by running jobs; one with slot None (whole machine, or adopted) takes all."""
-    taken: set[Optional[str]] = set()
-    for job in running:
-        slot = job.slot
-        if slot is None or slots == [None]:
-            return set(slots)
-        taken.add(slot)
-    return taken & set(slots)
+    if running and (slots == [None] or any(job.slot is None for job in running)):
+        return set(slots)
+    return {job.slot for job in running} & set(slots)
 
 
 def waiting_reasons(snapshot: QueueState, extra: Optional[dict[int, Wait]] = None) -> dict[int, Optional[Wait]]:
@@ -175,7 +164,10 @@ def waiting_reasons(snapshot: QueueState, extra: Optional[dict[int, Wait]] = Non
     pending jobs is blocked: none of them would ever start (they came by hand or by `gpuq import`,
     not by `gpuq edit`, which refuses a loop); the jobs after it are then blocked by it."""
     extra = extra or {}
-    loops = {i: Wait(loop_reason(chain), True) for i, chain in dependency_loops(pending_waits(snapshot)).items()}
+    # a loop goes only through pending jobs (a held one blocks its dependents already; others end)
+    pending = {job.id for job in snapshot.pending}
+    waits = {job.id: [d for d in job.after + job.after_any if d in pending] for job in snapshot.pending}
+    loops = {i: Wait(loop_reason(chain), True) for i, chain in dependency_loops(waits).items()}
     stuck = frozenset(i for i, w in extra.items() if w.forever) | frozenset(loops)
     while True:
         reasons = {
@@ -190,13 +182,6 @@ def waiting_reasons(snapshot: QueueState, extra: Optional[dict[int, Wait]] = Non
 
 def has_startable_future(snapshot: QueueState, extra: Optional[dict[int, Wait]] = None) -> bool:
     return any(w is None or not w.forever for w in waiting_reasons(snapshot, extra).values())
-
-
-def pending_waits(snapshot: QueueState) -> dict[int, list[int]]:
-    """Each pending job's dependencies that are pending too: the only ones a loop can go through
-    (a held one blocks its dependents already; a running or finished one ends)."""
-    pending = {job.id for job in snapshot.pending}
-    return {job.id: [d for d in job.after + job.after_any if d in pending] for job in snapshot.pending}
 
 
 def dependency_loops(waits: dict[int, list[int]]) -> dict[int, list[int]]:

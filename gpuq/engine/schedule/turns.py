@@ -1,16 +1,9 @@
 """Fair share between the users of one machine (lease_layout.md sections 7-9), kept in the lease
-directory as everything shared is: no daemon decides.
-
-A job that waits for GPUs another user holds (or for its turn) leaves a waiting ticket there, held by
-its worker. Whose turn it is on a GPU is the oldest ticket that wants it; tickets posted within
-TIE_SECONDS of each other are a tie, won by the user with the fewest recent GPU-hours (divided by the
-weight the machine's policy gives them). A start on a GPU where another user's turn comes first
-waits, and a job's supervisor does not hand its GPUs on to its next job while another user's ticket
-waits for them. A turn must be taken: a ticket that lets a free GPU go for TURN_GRACE_SECONDS is
-passed over there (`Patience`), and one whose holder is stopped counts for nothing. One user alone
-meets no ticket: nothing changes for them. The policy's caps hold a user's jobs back once their GPUs
-held at once reach the cap, as placement goes down the line (`CapGate`): a job that asks for more
-than the cap is blocked for good and holds up no one.
+directory: no daemon decides. A job that waits for GPUs another user holds (or for its turn) leaves
+a waiting ticket there, held by its worker (a stopped holder's counts for nothing); the oldest ticket
+that wants a GPU has its turn there, ties (TIE_SECONDS) going to the user with the fewest recent
+GPU-hours for their policy weight. One user alone meets no ticket. The policy's caps hold a user's
+jobs back as placement goes down the line (`CapGate`).
 """
 
 from __future__ import annotations
@@ -34,9 +27,8 @@ from gpuq.system.policy import Policy
 # once, never ties with the one that waited all through that job.
 TIE_SECONDS = 0.5
 TURN_RESCAN_SECONDS = 0.25  # a worker holding a ticket looks this often: the GPU waits for it meanwhile
-# A turn must be taken: a ticket that has kept a start off a GPU with no lease on it this long has let
-# the GPU go (its holder is stuck, or waits for more than is free), and is passed over there. A holder
-# that waits for the GPU takes it within a second or two.
+# A ticket that kept a start off a free GPU this long has let it go (`Patience`); a holder that
+# waits for the GPU takes it within a second or two.
 TURN_GRACE_SECONDS = 30.0
 
 
@@ -57,15 +49,10 @@ def turn_reason(ticket: Ticket, gpu_index: int) -> str:
     return f"waiting for its turn on GPU {gpu_index}: {ticket.who(os.geteuid())} has waited since {since}"
 
 
-def cap_reason(cap: int, asked: int) -> str:
-    return cap_text(cap, asked)  # in core/words.py: `status` and `add` say it without a worker
-
-
 class Patience:
-    """How long this program has been kept off each free GPU (no live lease on it) by each other user's
-    ticket that could have started there: from TURN_GRACE_SECONDS on, that ticket is passed over there
-    for as long as it lives (lease_layout.md section 7). A ticket waiting for more GPUs than are free
-    runs no clock: it waits for their holders, not for its own."""
+    """A turn must be taken: a ticket that has kept this program off a free GPU (no live lease on it)
+    for TURN_GRACE_SECONDS is passed over there for as long as it lives. A ticket waiting for more
+    GPUs than are free runs no clock: it waits for their holders, not for its own."""
 
     def __init__(self) -> None:
         self.since: dict[tuple[str, str], float] = {}  # (ticket file, GPU uuid) -> when it first could start
@@ -120,7 +107,7 @@ def held_back(
     if not chosen:
         return None
     if cap is not None and len(held | {uuid_of.get(index, str(index)) for index in chosen}) > cap:
-        return HeldBack(cap_reason(cap, len(chosen)), len(chosen) > cap, True)
+        return HeldBack(cap_text(cap, len(chosen)), len(chosen) > cap, True)
     usage = lambda uids: directory.usage(uids, half_life=policy.half_life)  # noqa: E731
     me, why = os.geteuid(), None
     for index in chosen:  # every one: the clocks of all the GPUs it waits for run together
@@ -158,7 +145,7 @@ class CapGate:
             self.capped.add(job_id)
             forever = request.gpus > self.cap
             self.full = self.full or not forever
-            return Blocked(cap_reason(self.cap, request.gpus), forever)
+            return Blocked(cap_text(self.cap, request.gpus), forever)
         self.held = after
         return decision
 
@@ -283,14 +270,14 @@ class Turns:
             self.ticket = None
 
 
-def others_waiting(uuids: Iterable[str], lease_dir: Optional[str] = None) -> Optional[Ticket]:
+def others_waiting(uuids: Iterable[str]) -> Optional[Ticket]:
     """The oldest live ticket of another user that wants one of these GPUs (a supervisor then hands
     them to no next job of its own), or None; None also where the lease directory cannot be used."""
     wanted = set(uuids)
     if not wanted:
         return None
     try:
-        tickets = LeaseDir.open(lease_dir).tickets()
+        tickets = LeaseDir.open().tickets()
     except LeaseDirProblem:
         return None
     me = os.geteuid()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from gpuq.core.job import Job
 from gpuq.core.states import URGENT_FORCE
@@ -94,9 +94,8 @@ def foreseen(urgent: Job, running: list[Job]) -> str:
 
 
 def _emptying(urgent: Job, preferred: list[Job], running: list[Job]) -> list[Job]:
-    """The jobs the worker would preempt to empty as many whole GPUs as `urgent` asks for, as it
-    chooses them (the first in preference until enough GPUs are empty, then as few as still do);
-    [] when preempting them all would not. GPUs that are free now are not known here."""
+    """The jobs the worker would preempt to empty as many whole GPUs as `urgent` asks for, or [] (GPUs
+    free now are not known here)."""
     on: dict[int, set[int]] = {}
     for job in running:
         for gpu in job.gpus or ():
@@ -106,12 +105,19 @@ def _emptying(urgent: Job, preferred: list[Job], running: list[Job]) -> list[Job
         ids = {job.id for job in chosen}
         return sum(1 for jobs in on.values() if jobs <= ids) >= urgent.gpu_request
 
+    return fewest(preferred, empties)
+
+
+def fewest(preferred: list[Job], enough: Callable[[list[Job]], bool]) -> list[Job]:
+    """As few of `preferred` as are `enough`: the first ones until they are, then each dropped that
+    is not needed; [] when all of them are not enough."""
     chosen: list[Job] = []
     for victim in preferred:
         chosen.append(victim)
-        if empties(chosen):
+        if enough(chosen):
             for job in chosen[:-1]:
-                if empties([other for other in chosen if other is not job]):
-                    chosen = [other for other in chosen if other is not job]
+                fewer = [other for other in chosen if other is not job]
+                if enough(fewer):
+                    chosen = fewer
             return chosen
     return []
