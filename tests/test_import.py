@@ -187,3 +187,17 @@ def test_an_imported_loop_is_said_and_blocked(gq: Env) -> None:
         assert f"note: #{job_id}: {loop}, so it will not start: `gpuq edit` or `gpuq cancel` it" in out
     gq.gpuq("run", timeout=30)
     assert [gq.state_of(i) for i in (1, 2, 3)] == ["pending", "pending", "done"]
+
+
+@pytest.mark.parametrize("field, value", [("args", 5), ("args", True), ("env", 3.5), ("env", "0")])
+def test_a_row_whose_words_are_a_number_is_reported_not_a_traceback(gq: Env, field: str, value: Any) -> None:
+    """A number where the original kept a list (args) or an object (env) is one row not imported,
+    as any other unreadable row is: the rest of the queue comes in (it once raised TypeError)."""
+    exp = gq.work / "exp"
+    exp.mkdir()
+    path = gq.work / "q.json"
+    path.write_text(json.dumps({"next_id": 3, "jobs": [_row(1, exp), _row(2, exp, **{field: value})]}))
+    out = gq.gpuq("import", str(path)).stdout
+    kind = "a list of words" if field == "args" else "an object of strings"
+    assert f"not imported: row 2: {field} is not {kind}" in out
+    assert gq.job(1)["name"] == "job1"

@@ -297,8 +297,7 @@ def _scalars(record: dict[str, Any], key: str, empty: Any, kind: str) -> Any:
     if value is None:
         return empty
     items = value.values() if isinstance(value, dict) else value
-    scalars = all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in items)
-    if type(value) is not type(empty) or not scalars:
+    if type(value) is not type(empty) or not all(_is_scalar(v) for v in items):  # the type first
         raise _Unreadable(f"{key} is not {kind}")
     return value
 
@@ -389,3 +388,7 @@ def _log_file(value: Any, notes: list[str]) -> Optional[str]:
         notes.append(f"log file {value!r} was relative to a directory nobody recorded; not kept")
         return None
     return value
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
