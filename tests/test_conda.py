@@ -261,3 +261,13 @@ def test_an_edit_of_cwd_chooses_again_past_the_active_env_and_a_null_conda_drops
     assert f"python {project}/.venv/bin/python (from the nearest .venv)" in out
     job = gq.job(given)
     assert (job["cmd"][0], job["conda"], job["interpreter_from"]) == (f"{project}/.venv/bin/python", None, ".venv")
+
+
+def test_a_relative_conda_exe_makes_the_current_directory_a_root(tmp_path: Path, monkeypatch) -> None:
+    """CONDA_EXE=conda (no directory): its root is where gpuq runs, so ./envs/NAME is found; the
+    ROOT of CONDA_EXE=ROOT/bin/conda and MAMBA_ROOT_PREFIX follow, made absolute."""
+    monkeypatch.chdir(tmp_path)
+    assert interpreter.conda_roots({"CONDA_EXE": "conda"}) == [str(tmp_path)]
+    roots = interpreter.conda_roots({"CONDA_EXE": "/opt/mc/bin/conda", "MAMBA_ROOT_PREFIX": "mm"})
+    assert roots == ["/opt/mc", str(tmp_path / "mm")]
+    assert interpreter.conda_roots({"CONDA_EXE": ""}) == []

@@ -178,9 +178,12 @@ def active_conda(env: Mapping[str, str], need_python: bool = True) -> Optional[s
 
 def conda_roots(env: Mapping[str, str]) -> list[str]:
     """Where conda (CONDA_EXE is ROOT/bin/conda) and micromamba are installed: their base environments."""
-    exe = env.get("CONDA_EXE")
-    roots = [os.path.dirname(os.path.dirname(exe)) if exe else "", env.get("MAMBA_ROOT_PREFIX")]
-    return [os.path.abspath(root) for root in roots if root]
+    roots = []
+    if env.get("CONDA_EXE"):  # a relative one ("conda") gives "": the current directory, as before
+        roots.append(os.path.dirname(os.path.dirname(env["CONDA_EXE"])))
+    if env.get("MAMBA_ROOT_PREFIX"):
+        roots.append(env["MAMBA_ROOT_PREFIX"])
+    return [os.path.abspath(root) for root in roots]
 
 
 def is_base(prefix: str, env: Mapping[str, str]) -> bool:
