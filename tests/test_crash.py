@@ -255,6 +255,18 @@ def test_stale_tmp_and_interrupted_intake_are_resolved(gq: Env) -> None:
     assert gq.state_of(job_id) == "done"
 
 
+def test_an_interrupted_intake_whose_name_ends_in_a_newline_is_taken_in(gq: Env) -> None:
+    """The hidden name is used as listed: a regex's `$` matches before a final newline, so the
+    matched text alone named a file that does not exist, and the job never ran."""
+    spool = Spool(gq.home).ensure()
+    job_id = spool.ids.allocate()
+    hidden = gq.home / "pending" / f".intake-{job_id:06d}-x.json\n"
+    hidden.write_text(json.dumps({"cmd": ["true"]}))
+    gq.gpuq("run", timeout=60)
+    assert not hidden.exists()
+    assert gq.state_of(job_id) == "done"
+
+
 # ---- shutdown ------------------------------------------------------------------------------------
 def test_ctrl_c_stops_the_worker_at_once_and_leaves_the_job_running(gq: Env) -> None:
     gq.script("slow.py", "import time; time.sleep(60)\n")

@@ -46,7 +46,7 @@ class Dropbox:
         """(id, hidden name) of intakes a crash interrupted."""
         names = os.listdir(self.layout.state_dir(PENDING))
         found = (name.startswith(".intake-") and INTAKE_RE.match(name) for name in names)  # a plain name: no match
-        return sorted((int(match.group(1)), match.group(0)) for match in found if match)
+        return sorted((int(match.group(1)), match.string) for match in found if match)
 
     def begin(self, name: str, job_id: int) -> str:
         hidden = f".intake-{job_id:06d}-{name}"
