@@ -12,11 +12,12 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import shutil
 import subprocess
 from contextlib import suppress
 from typing import Optional
 
-from gpuq.system import fsutil, procs
+from gpuq.system import fsutil
 
 TREE_NAME = "gpuq"
 CONTROLLERS = ("memory", "cpu")
@@ -140,7 +141,7 @@ def user_scope() -> tuple[bool, str]:
     """Whether `systemd-run --user --scope` can hold a job here (probed once, with a real scope)."""
     if not os.path.exists(os.path.join(runtime_dir(), "systemd", "private")):
         return False, "no user systemd running"
-    if procs.which("systemd-run") is None:
+    if shutil.which("systemd-run") is None:
         return False, "no systemd-run on PATH"
     try:
         probe = subprocess.run(
