@@ -121,3 +121,18 @@ def test_the_memory_limit_comes_after_the_time_limit_and_before_the_log() -> Non
     assert failure.reason(killed, 137, "SIGKILL", host_memory="32G") == "host memory limit of 32G reached"
     assert failure.reason(killed, 137, "SIGKILL", time_limit=60, host_memory="32G") == "time limit of 1m00s reached"
     assert "OOM killer" in (failure.reason(killed, 137, "SIGKILL") or "")
+
+
+def test_an_empty_path_finds_no_systemd_run_in_the_current_directory(tmp_path: Any) -> None:
+    """With PATH empty, a `systemd-run` in the directory gpuq runs from is not taken for the real
+    one: it would run, and hold the job's limits."""
+    (tmp_path / "rt" / "systemd").mkdir(parents=True)
+    (tmp_path / "rt" / "systemd" / "private").touch()
+    fake = tmp_path / "systemd-run"
+    fake.write_text(f"#!/bin/sh\necho ran >> {tmp_path / 'ran'}\n")
+    fake.chmod(0o755)
+    code = "from gpuq.system import cgroups; print(cgroups.user_scope())"
+    env = dict(os.environ, PATH="", XDG_RUNTIME_DIR=str(tmp_path / "rt"))
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "(False, 'no systemd-run on PATH')", out.stderr
+    assert not (tmp_path / "ran").exists()
