@@ -176,3 +176,12 @@ def test_a_job_printing_steps_is_not_stuck_and_one_gone_silent_is(gq: Env) -> No
     (gq.work / "go").write_text("")
     gq.wait_state(job_id, "done")
     wait_for(lambda: events.read_text().split() == ["stuck", "finished"], 15, what="the finished hook")
+
+
+def test_the_help_says_on_finish_also_runs_while_a_job_is_stuck_or_idle(gq: Env) -> None:
+    """The hook runs for `stuck` and `gpu_idle` as well (docs/notifications.md): the help of both
+    commands that take it says so, so a hook written from `--help` alone is not surprised."""
+    for command in ("add", "run"):
+        text = " ".join(gq.gpuq(command, "--help").stdout.split())
+        said = text[text.index("--on-finish CMD a shell") :][:200]
+        assert "stuck" in said and "idle" in said, said

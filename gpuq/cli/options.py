@@ -252,7 +252,8 @@ ADD = Command(
         Opt(
             "--on-finish",
             metavar="CMD",
-            help="a shell command run when it ends, with GPUQ_JOB_ID, _NAME, _STATE, _EXIT_CODE, _LOG set",
+            help="a shell command run when it ends (GPUQ_EVENT=finished) and when it is stuck or leaves its GPU "
+            "idle (stuck, gpu_idle), with GPUQ_JOB_ID, _NAME, _STATE, _EXIT_CODE, _LOG set",
         ),
         Opt(
             "--gpu-mem",
@@ -429,7 +430,7 @@ RUN = Command(
             "--on-finish",
             metavar="CMD",
             setting="on_finish",
-            help="a shell command run whenever a job ends (see `add --on-finish`)",
+            help="a shell command run whenever a job ends, is stuck or leaves its GPU idle (see `add --on-finish`)",
         ),
         Opt("--ready-fd", convert=int, help=HIDDEN),  # the background worker tells its starter it holds its locks
     ),
