@@ -8,6 +8,8 @@ import time
 
 from conftest import Env, alive, wait_for
 
+from gpuq.spool import Spool
+
 
 def test_cancel_pending_and_refuse_an_unknown_id(gq: Env) -> None:
     gq.script("t.py", "")
@@ -51,6 +53,27 @@ def test_kill_escalates_to_sigkill_after_grace(gq: Env) -> None:
     gq.gpuq("kill", str(job_id), timeout=60)
     job = gq.job(job_id)
     assert job["state"] == "cancelled" and job["signal"] == "SIGKILL" and job["exit_code"] == 137
+
+
+def test_clear_keeps_what_held_and_interrupted_jobs_depend_on(gq: Env) -> None:
+    """Not only a pending job is queued again: one held, interrupted (any unfinished) keeps its
+    dependencies, or `gpuq release` would leave it blocked on "no such job"."""
+    gq.script("ok.py", "")
+    first, second, third = gq.add("ok.py"), gq.add("ok.py"), gq.add("ok.py")
+    gq.gpuq("run")
+    held = gq.add("--hold", "--after", str(first), "ok.py")
+    gq.add("--hold", "--after-any", str(second), "ok.py")
+    stopped = gq.add("--after", str(third), "ok.py")
+    spool = Spool(gq.home)
+    ref = spool.jobs.find(stopped)
+    assert ref is not None
+    spool.jobs.move(ref, spool.jobs.load(ref), "interrupted", {"note": "its machine went down"})
+    out = gq.gpuq("clear", "-y").stdout
+    assert f"kept (waiting jobs depend on them): #{first}, #{second}, #{third}" in out.splitlines(), out
+    assert [gq.state_of(i) for i in (first, second, third)] == ["done"] * 3
+    gq.gpuq("release", str(held), str(held + 1))
+    gq.gpuq("run")
+    assert gq.state_of(held) == gq.state_of(held + 1) == "done"
 
 
 def test_retry_puts_failed_job_back_and_it_runs(gq: Env) -> None:

@@ -88,3 +88,24 @@ def test_kill_and_cancel_of_running_jobs(gq: Env) -> None:
     ]
     job = gq.job(third)
     assert (job["state"], job["exit_code"], job["signal"]) == ("cancelled", 143, "SIGTERM")
+
+
+def test_cancel_of_a_running_job_and_the_next_in_line_never_starts_that_one(gq: Env) -> None:
+    """The slot the killed job frees is not handed to a job listed after it: those not running are
+    taken out of line first (as scancel and pueue do). `kill` of both refuses the pending one first."""
+    Gpus(gq, fake_gpus(1))  # one job at a time
+    gq.script("wait.py", "import os\nopen('started-' + os.environ['GPUQ_JOB_ID'], 'w').close()\n" + WAIT_FOR_GO)
+    first, second, third, fourth = (gq.add("--gpus", "1", "wait.py") for _ in range(4))
+    gq.start_worker("--watch")
+    wait_for(lambda: gq.state_of(first) == "running", 15, what="the first job running")
+    proc = gq.gpuq("cancel", f"{first}-{second}")
+    assert proc.stdout.count("sending SIGTERM") == 1 and proc.stderr == "", proc
+    assert gq.state_of(first) == gq.state_of(second) == "cancelled"
+    assert not (gq.work / f"started-{second}").exists() and not gq.job(second).get("started_at")
+    wait_for(lambda: gq.state_of(third) == "running", 15, what="the third job running")
+    proc = gq.gpuq("kill", str(third), str(fourth), check=False)
+    assert proc.returncode == 1 and proc.stderr == f"gpuq: job #{fourth} is pending, not running\n", proc
+    assert proc.stdout.count("sending SIGTERM") == 1, proc.stdout
+    (gq.work / "go").touch()
+    assert gq.wait_state(fourth, "done")["exit_code"] == 0
+    gq.gpuq("stop")

@@ -358,8 +358,9 @@ COMMANDS = (
         handler="cmd_jobs:cmd_clear",
         help="remove finished jobs and their logs, keeping their history and run times",
         description="Remove finished jobs (done, failed, cancelled) and their logs; preempted and interrupted "
-        "ones stay, and so do finished jobs a waiting job depends on. What `gpuq history` counts of them and "
-        "the run times the ETA learns from are kept. It says what it will remove and, on a terminal, asks.",
+        "ones stay, and so do finished jobs an unfinished job (held too) depends on. What `gpuq history` "
+        "counts of them and the run times the ETA learns from are kept. It says what it will remove and, "
+        "on a terminal, asks.",
         options=(
             Opt("--logs", kind=FLAG, help="only drop the logs of finished jobs (their records stay)"),
             Opt(

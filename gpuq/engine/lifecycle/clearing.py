@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from gpuq.core import schema
-from gpuq.core.states import DONE, FINISHED
-from gpuq.engine.schedule.queue_read import read_queue
+from gpuq.core.states import DONE, FINISHED, UNFINISHED
 from gpuq.engine.tracking import eta
 from gpuq.spool import JobRef, Spool, SpoolFull
 from gpuq.spool.cache import runs
@@ -40,12 +39,12 @@ class ClearReport:
 def select(
     spool: Spool, states: tuple[str, ...] = FINISHED, older_than: Optional[float] = None, now: Optional[float] = None
 ) -> Selection:
-    """Less those a pending or running job waits for. A job whose end is unknown is not old."""
+    """Less those an unfinished job (held, preempted, ... too: each may be queued again) waits for.
+    A job whose end is unknown is not old."""
     if any(state not in FINISHED for state in states):
         raise ValueError(f"only finished jobs are cleared ({', '.join(FINISHED)}), not {states}")
     now = time.time() if now is None else now
-    snap, _ = read_queue(spool)
-    needed = {d for j in snap.pending + snap.running for d in j.after + j.after_any}
+    needed = {d for state in UNFINISHED for _ref, j in spool.jobs.load_many(state) for d in j.after + j.after_any}
     chosen = Selection()
     for ref in spool.jobs.refs(states):
         if ref.id in needed:

@@ -101,8 +101,10 @@ class Resume(OnJobs):
 def each(
     spool: Spool, request: OnJobs, stopping: Stopping = lambda _job_id: None
 ) -> Iterator[tuple[int, Union[Done, GpuqError]]]:
-    """Each id once: what the request made of the job, or why it was refused."""
-    for job_id in dict.fromkeys(request.ids):
+    """Each id once: what the request made of the job, or why it was refused. Those not running come
+    first: a running job stopped first would hand its slot to a listed pending one, which would start."""
+    running = {ref.id for ref in spool.jobs.refs((RUNNING,))}
+    for job_id in sorted(dict.fromkeys(request.ids), key=lambda job_id: job_id in running):
         try:
             yield job_id, request.one(spool, job_id, stopping)
         except GpuqError as exc:
