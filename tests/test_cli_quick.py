@@ -51,6 +51,14 @@ JOB_WORDS = [  # a line, and the SCRIPT and ARGS the job gets
     (["add", "--name=a=b", "--dir=/tmp", "python", "-u", "t.py"], "python", ["-u", "t.py"]),
     (["add", "--urgent=force", "--urgent", "true"], "true", []),
     (["add", "--notify", "python", "train.py"], "python", ["train.py"]),
+    # an abbreviation of gpuq's options after SCRIPT, ambiguous (--gpus or --gpu-mem?) or not, is the job's
+    (["add", "t.py", "--gpu", "0", "--gpu=1", "--n", "100"], "t.py", ["--gpu", "0", "--gpu=1", "--n", "100"]),
+    (["enqueue", "--sweep", "a=1,2", "t.py", "--a", "{a}"], "t.py", ["--a", "{a}"]),
+    (
+        ["add", "t.py", *("--c", "--d", "--m", "--p", "--r", "--s", "--no", "--pri", "5")],
+        "t.py",
+        [*("--c", "--d", "--m", "--p", "--r", "--s", "--no", "--pri", "5")],
+    ),
 ]
 
 REFUSED = [
@@ -105,3 +113,22 @@ def test_a_bad_line_is_one_usage_error(argv: list[str]) -> None:
     with pytest.raises(UsageError) as refused:
         quietly(argv)
     assert "\n" not in str(refused.value)
+
+
+def test_an_abbreviation_before_the_script_is_gpuqs_and_an_ambiguous_one_is_refused() -> None:
+    """Before SCRIPT a unique abbreviation is the option it abbreviates; an ambiguous one is refused
+    there, naming its matches, and only there: after SCRIPT (or CMD of `lease`) it is the job's."""
+    args = quietly(["add", "--pri", "5", "--nam", "x", "t.py", "--pri", "6"])
+    assert (args["priority"], args["name"], args["script"], args["args"]) == (5, "x", "t.py", ["--pri", "6"])
+    for argv, matches in (
+        (["add", "--gpu", "0", "t.py"], "--gpu could match --gpus, --gpu-mem"),
+        (["add", "--n", "t.py", "--n"], "--n could match --name, --notify, --notify-url, --no-resume"),
+        (["add", "--gpu=0"], "--gpu=0 could match --gpus, --gpu-mem"),
+        (["lease", "--g", "1", "--", "nvidia-smi"], "--g could match --gpus, --gpu-mem"),
+    ):
+        with pytest.raises(UsageError) as refused:
+            quietly(argv)
+        assert str(refused.value) == f"ambiguous option: {matches} (see `gpuq {argv[0]} --help`)"
+        assert refused.value.prefix == f"gpuq {argv[0]}"
+    lease = quietly(["lease", "nvidia-smi", "--g", "--gpu", "1", "--no"])
+    assert (lease["cmd"], lease["gpus"], lease["no_wait"]) == (["nvidia-smi", "--g", "--gpu", "1", "--no"], None, False)

@@ -69,7 +69,26 @@ class Parser(argparse.ArgumentParser):
             while words:
                 word = words.pop(0)
                 args.append(f"{word}={words.pop(0)}" if word in self.joined and words else word)
-        return super().parse_known_args(args, namespace)
+        self.ambiguous: dict[str, Exception] = {}
+        namespace, extras = super().parse_known_args(args, namespace)
+        refused = [self.ambiguous[word] for word in extras if word in self.ambiguous]
+        if refused:
+            raise refused[0]
+        return namespace, extras
+
+    def _parse_optional(self, arg_string: str) -> Any:
+        """An ambiguous abbreviation (`--gpu`: --gpus or --gpu-mem?) is refused where it is read as an
+        option (before SCRIPT), not where SCRIPT's words take it. Older Pythons (3.11) refuse it while
+        sorting the words, before they know which: here it is sorted as an unknown option instead."""
+        try:
+            return super()._parse_optional(arg_string)
+        except (UsageError, argparse.ArgumentError) as exc:
+            self.ambiguous[arg_string] = exc
+            self.allow_abbrev = False
+            try:
+                return super()._parse_optional(arg_string)
+            finally:
+                self.allow_abbrev = True
 
 
 class Notify(argparse.Action):
