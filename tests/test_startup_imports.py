@@ -155,7 +155,8 @@ def test_a_waiting_job_needs_no_new_index_while_done_is_unchanged(gq: Any) -> No
     gq.gpuq("run")  # one finished job, then it returns
     gq.add("true")  # and the same command waiting (no worker)
     then = time.time() - 60
-    os.utime(gq.home / "done", (then, then))  # done/ settled
+    for state in ("done", "failed", "cancelled"):  # settled: one made under 2 s ago would be stamped later
+        os.utime(gq.home / state, (then, then))
     imported_by(gq, "status")
     index = gq.home / "cache" / "finished-jobs"
     written = os.stat(index).st_mtime_ns
