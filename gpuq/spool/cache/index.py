@@ -11,7 +11,7 @@ import os
 import time
 from functools import cache, cached_property
 from operator import itemgetter
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
@@ -147,6 +147,33 @@ class Finished:
     def states(self) -> dict[int, str]:
         """id -> state of every finished job (the later state if a crash left two copies)."""
         return {job_id: state for state in FINISHED for job_id in self.heads[state].ids}  # in STATES' order
+
+    def sweep_states(self, sweeps: set[int], leave: set[int]) -> dict[int, list[str]]:
+        """Sweep id -> the states of its finished jobs, of `sweeps`, less the ids in `leave`. A
+        sweep's jobs have consecutive ids from its id: the rows are read only where a finished job
+        not left has an id at or past the lowest of `sweeps`."""
+        low = min(sweeps, default=None)
+        if low is None or not any(i not in leave for i in self._ids_from(low)):
+            return {}
+        found: dict[int, tuple[int, str]] = {}  # id -> (sweep, state): of two copies, the later state's
+        for state, entry in self.entries.items():
+            for job_id, row in zip(entry.ids, entry.rows or ()):
+                if job_id >= low and job_id not in leave and row[6]:  # ROW's past: "" for no valid job
+                    sweep = marshal.loads(row[6])[0]
+                    if sweep in sweeps:
+                        found[job_id] = (sweep, state)
+        out: dict[int, list[str]] = {}
+        for sweep, state in found.values():
+            out.setdefault(sweep, []).append(state)
+        return out
+
+    def _ids_from(self, low: int) -> Iterator[int]:
+        """The finished ids at or past `low`, newest first per state (the ids below are not looked at)."""
+        for entry in self.heads.values():
+            for job_id in reversed(entry.ids):
+                if job_id < low:
+                    break
+                yield job_id
 
     def refs(self, state: str) -> list[JobRef]:
         entry = self.heads[state]
