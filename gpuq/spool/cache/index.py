@@ -249,10 +249,11 @@ class FinishedIndex:
     def _refresh(
         self, state: str, old: Entry, stamp: Optional[tuple[int, int]], now: float, journal: Rows
     ) -> tuple[Entry, bool]:
-        """A state's entry for its files now, and whether they differ from `old`'s: the rows of
-        files listed under the same name and inode kept (a job file is never edited in place),
-        those of new files taken from the journal where it holds one for that name and inode,
-        the other files read."""
+        """A state's entry for its files now, and whether they differ from `old`'s: a file's row
+        taken from the journal where its last line for that name has that inode, else kept where
+        `old` lists the same name and inode (a job file is never edited in place), else read. The
+        journal comes first: a file that left (a retry) frees its inode, which the file that comes
+        back under its name may get, and then only the journal's later lines tell them apart."""
         try:
             with os.scandir(self.layout.state_dir(state)) as listing:
                 listed = sorted(
@@ -260,18 +261,18 @@ class FinishedIndex:
                 )
         except FileNotFoundError:
             listed = []
-        if [n for _i, n, _ino in listed] == list(old.names) and [ino for _i, _n, ino in listed] == list(old.inodes):
+        same = [n for _i, n, _ino in listed] == list(old.names) and [i for _i, _n, i in listed] == list(old.inodes)
+        if same and not any(s == state for s, _n in journal):
             return old._replace(stamp=stamp), False
         known = {name: (inode, row) for name, inode, row in zip(old.names, old.inodes, old.rows or ())}
         found = []
         for job_id, name, inode in listed:
-            hit = known.get(name)
-            if hit is None or hit[0] != inode:
-                hit = journal.get((state, name))
+            hit = journal.get((state, name)) or known.get(name)
             row = hit[1] if hit is not None and hit[0] == inode else self._row(state, job_id, name, now)
             if row is not None:
                 found.append((job_id, name, inode, row))
-        return Entry(stamp, *(tuple(zip(*found)) or ((), (), (), ()))), True
+        entry = Entry(stamp, *(tuple(zip(*found)) or ((), (), (), ())))
+        return entry, entry[1:] != old[1:]
 
     def _row(self, state: str, job_id: int, name: str, now: float) -> Optional[tuple]:
         """The row of one file (None: gone since the listing)."""
