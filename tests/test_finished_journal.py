@@ -10,6 +10,7 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from conftest import WAIT_FOR_GO, Env, wait_for
 from test_status_cache import _finish, _many, _varied
 
@@ -149,6 +150,31 @@ def test_a_stale_row_is_not_believed(gq: Env) -> None:
     spool.jobs.move(*_pending(spool, 6), "failed", {"exit_code": 5})  # back by hand: no row
     shown = gq.gpuq("status", "-a").stdout
     assert "exit=9" in shown and "exit=5" in shown
+    assert _index_rows(spool) == _from_files(gq, spool)
+
+
+@pytest.mark.parametrize("noted", [True, False])
+def test_a_file_back_under_its_name_with_the_same_inode_is_not_taken_for_the_old_one(gq: Env, noted: bool) -> None:
+    """A retried job that fails again may land in failed/ under its old name with the inode its
+    first file freed: the index, which holds the first file's row under that name and inode, takes
+    the journal's later lines (the retry's forget, then the new end's row, or no row) over it. The
+    inode is not reused here on demand: the file is written over in place, which keeps it."""
+    spool = _many(gq, 12)
+    ref = spool.jobs.find(6, ("failed",))
+    assert ref is not None
+    assert "exit=3" in gq.gpuq("status", "-a").stdout  # the index holds the row of exit 3
+    path = spool.layout.job_path(ref.state, ref.name)
+    inode = os.stat(path).st_ino
+    with open(path, "r+b") as out:  # its second end: same name, same inode
+        out.write(encode(dict(spool.jobs.load(ref), exit_code=5, attempts=2)))
+        out.truncate()
+    assert os.stat(path).st_ino == inode
+    spool.finished.forget(ref)  # as the retry wrote it
+    if noted:
+        spool.finished.note(ref)  # as the second end wrote it
+    _finish(spool, gq.work, "failed", 7, "exp/later")  # failed/ changed since the index was written
+    shown = gq.gpuq("status", "-a").stdout
+    assert "exit=5" in shown and "exit=3" not in shown.split("exp/run-5", 1)[1].split("\n", 1)[0], shown
     assert _index_rows(spool) == _from_files(gq, spool)
 
 

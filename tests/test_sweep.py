@@ -278,3 +278,19 @@ def test_the_folded_sweep_line_counts_every_job_of_the_sweep(gq):
     gq.gpuq("cancel", "2", "3")
     said = gq.gpuq("status").stdout
     assert "sweep of 6 over lr, seed: 0 done, 0 running, 4 waiting, 0 failed, 2 cancelled (" in said, said
+
+
+def test_the_folded_sweep_line_counts_its_finished_jobs_that_status_hides(gq):
+    """Once newer jobs push some of a sweep's finished jobs out of `gpuq status`, its line still
+    counts them (from the finished index), as `gpuq show` does."""
+    gq.script("job.py", "print('ran')\n")
+    gq.gpuq("add", "-q", "--sweep", "x=1,2,3,4,5,6", "job.py", "--x", "{x}")
+    gq.gpuq("hold", "5,6")
+    gq.gpuq("run")
+    assert "sweep of 6 over x: 4 done, 0 running, 2 waiting, 0 failed (" in gq.gpuq("status").stdout
+    for _ in range(9):
+        gq.gpuq("add", "-q", "job.py")
+    gq.gpuq("run")
+    said = gq.gpuq("status").stdout
+    assert "3 older finished jobs hidden" in said, said  # sweep jobs 1-3 are not rows
+    assert "sweep of 6 over x: 4 done, 0 running, 2 waiting, 0 failed (" in said, said

@@ -45,7 +45,7 @@ def _status_once(args: argparse.Namespace) -> int:
     if st.gpus is not None:
         print("\n".join(render.gpu_lines(st.gpus, home=sp.home)))
     if st.rows or st.finished:
-        rows = st.rows if args.all else render.group_sweeps(st.rows)
+        rows = st.rows if args.all else render.group_sweeps(st.rows, st.hidden_sweeps)
         print("\n".join(render.status_table(rows, finished=st.finished)))
     else:
         print("no jobs")

@@ -387,8 +387,9 @@ class SweepRow:
         self.job, self.state, self.cells = Job(id=sweep_id), state, cells
 
 
-def group_sweeps(rows: list[Any]) -> list[Any]:
-    """Each sweep's jobs (two or more of them shown) folded into one SweepRow, where its first job stood."""
+def group_sweeps(rows: list[Any], hidden: Optional[dict[int, list[str]]] = None) -> list[Any]:
+    """Each sweep's jobs (two or more of them shown) folded into one SweepRow, where its first job
+    stood; its line counts also the states in `hidden` (its finished jobs the rows leave out)."""
     members: dict[int, list[Any]] = {}
     for row in rows:
         sweep = row.job.sweep
@@ -402,12 +403,12 @@ def group_sweeps(rows: list[Any]) -> list[Any]:
             out.append(row)
         elif sweep["id"] not in shown:
             shown.add(sweep["id"])
-            out.append(_sweep_row(sweep["id"], group))
+            out.append(_sweep_row(sweep["id"], group, (hidden or {}).get(sweep["id"], [])))
     return out
 
 
-def _sweep_row(sweep_id: int, group: list[Any]) -> SweepRow:
-    states = [row.state for row in group]
+def _sweep_row(sweep_id: int, group: list[Any], hidden: list[str]) -> SweepRow:
+    states = [row.state for row in group] + hidden
     counts = {
         DONE: states.count(DONE),
         RUNNING: states.count(RUNNING),
@@ -421,7 +422,7 @@ def _sweep_row(sweep_id: int, group: list[Any]) -> SweepRow:
     keys = list(first.sweep["values"])
     base = first.name.split(f" {keys[0]}=", 1)[0] if keys else first.name
     summary = ", ".join(f"{n} {what}" for what, n in counts.items())
-    info = f"sweep of {len(group)} over {', '.join(keys)}: {summary} (`gpuq status -a` lists them)"
+    info = f"sweep of {len(states)} over {', '.join(keys)}: {summary} (`gpuq status -a` lists them)"
     running = [row for row in group if row.state == RUNNING and row.estimate is not None]
     if len(running) == 1:  # its bar; `#12 35% ETA 4m10s` each of more
         info = _join(progress_text(running[0].estimate, RUNNING), info)

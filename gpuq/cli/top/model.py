@@ -93,7 +93,7 @@ def take(spool: Spool, ring: Ring) -> Snapshot:
     snap = Snapshot(now, render.worker_line(st.workers, st.outlook(now)))
     ring.add(st.gpus)
     utils = gpu_utils(st.gpus)
-    for row in render.group_sweeps(st.rows):
+    for row in render.group_sweeps(st.rows, st.hidden_sweeps):
         line = _job_line(row, now, utils)
         if row.state == RUNNING:
             snap.running.append(line)

@@ -78,6 +78,7 @@ class Status(NamedTuple):
     warnings: list[str]  # a full disk, a runaway log
     finished: Optional[FinishedRows]  # `status -a`: the finished rows, not in `rows`
     rejected: Optional[Rejected]  # dropped files rejected since `gpuq rejected` last listed them
+    hidden_sweeps: dict[int, list[str]]  # sweep id -> the states of its finished jobs not in `rows`
 
     def outlook(self, now: Optional[float] = None) -> tuple[int, int, int]:
         """The pending jobs as (startable by a worker; later: at their --begin; blocked: by a person)."""
@@ -135,6 +136,9 @@ def status(
     hidden_failed = _hidden_failed(done, finished, len(moved_on)) if hidden else 0
     for ref in finished:
         rows += _row_of(spool, ref, damaged)
+    sweeps = {r.job.sweep.get("id") for r in rows if isinstance(r.job.sweep, dict)}
+    in_rows = {r.job.id for r in rows}
+    hidden_sweeps = done.sweep_states({s for s in sweeps if type(s) is int}, in_rows) if hidden else {}
     rows.sort(key=lambda r: (r.state not in IN_LINE, r.job.id))  # held ones in their place in line
     for worker in workers:  # one look at each worker's state: a stopped one (Ctrl-Z) starts nothing
         worker["stopped"] = isinstance(worker.get("pid"), int) and procs.stopped(worker["pid"])
@@ -147,7 +151,7 @@ def status(
     left = "not taken in (only *.json files are jobs); left alone"
     warned += [f"pending/{security.display(name)}: {left}" for name in others]
     rejected = unseen_rejected(spool)
-    return Status(workers, rows, hidden, hidden_failed, invalid, dropped, shown, warned, view, rejected)
+    return Status(workers, rows, hidden, hidden_failed, invalid, dropped, shown, warned, view, rejected, hidden_sweeps)
 
 
 IN_LINE = (RUNNING, PENDING, HELD)  # the rows shown first, by id; the others come after them

@@ -11,7 +11,7 @@ import os
 import time
 from functools import cache, cached_property
 from operator import itemgetter
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from gpuq.core import schema
 from gpuq.core.job import Job
@@ -148,6 +148,33 @@ class Finished:
         """id -> state of every finished job (the later state if a crash left two copies)."""
         return {job_id: state for state in FINISHED for job_id in self.heads[state].ids}  # in STATES' order
 
+    def sweep_states(self, sweeps: set[int], leave: set[int]) -> dict[int, list[str]]:
+        """Sweep id -> the states of its finished jobs, of `sweeps`, less the ids in `leave`. A
+        sweep's jobs have consecutive ids from its id: the rows are read only where a finished job
+        not left has an id at or past the lowest of `sweeps`."""
+        low = min(sweeps, default=None)
+        if low is None or not any(i not in leave for i in self._ids_from(low)):
+            return {}
+        found: dict[int, tuple[int, str]] = {}  # id -> (sweep, state): of two copies, the later state's
+        for state, entry in self.entries.items():
+            for job_id, row in zip(entry.ids, entry.rows or ()):
+                if job_id >= low and job_id not in leave and row[6]:  # ROW's past: "" for no valid job
+                    sweep = marshal.loads(row[6])[0]
+                    if sweep in sweeps:
+                        found[job_id] = (sweep, state)
+        out: dict[int, list[str]] = {}
+        for sweep, state in found.values():
+            out.setdefault(sweep, []).append(state)
+        return out
+
+    def _ids_from(self, low: int) -> Iterator[int]:
+        """The finished ids at or past `low`, newest first per state (the ids below are not looked at)."""
+        for entry in self.heads.values():
+            for job_id in reversed(entry.ids):
+                if job_id < low:
+                    break
+                yield job_id
+
     def refs(self, state: str) -> list[JobRef]:
         entry = self.heads[state]
         return [JobRef(i, state, n) for i, n in zip(entry.ids, entry.names)]
@@ -222,10 +249,11 @@ class FinishedIndex:
     def _refresh(
         self, state: str, old: Entry, stamp: Optional[tuple[int, int]], now: float, journal: Rows
     ) -> tuple[Entry, bool]:
-        """A state's entry for its files now, and whether they differ from `old`'s: the rows of
-        files listed under the same name and inode kept (a job file is never edited in place),
-        those of new files taken from the journal where it holds one for that name and inode,
-        the other files read."""
+        """A state's entry for its files now, and whether they differ from `old`'s: a file's row
+        taken from the journal where its last line for that name has that inode, else kept where
+        `old` lists the same name and inode (a job file is never edited in place), else read. The
+        journal comes first: a file that left (a retry) frees its inode, which the file that comes
+        back under its name may get, and then only the journal's later lines tell them apart."""
         try:
             with os.scandir(self.layout.state_dir(state)) as listing:
                 listed = sorted(
@@ -233,18 +261,18 @@ class FinishedIndex:
                 )
         except FileNotFoundError:
             listed = []
-        if [n for _i, n, _ino in listed] == list(old.names) and [ino for _i, _n, ino in listed] == list(old.inodes):
+        same = [n for _i, n, _ino in listed] == list(old.names) and [i for _i, _n, i in listed] == list(old.inodes)
+        if same and not any(s == state for s, _n in journal):
             return old._replace(stamp=stamp), False
         known = {name: (inode, row) for name, inode, row in zip(old.names, old.inodes, old.rows or ())}
         found = []
         for job_id, name, inode in listed:
-            hit = known.get(name)
-            if hit is None or hit[0] != inode:
-                hit = journal.get((state, name))
+            hit = journal.get((state, name)) or known.get(name)
             row = hit[1] if hit is not None and hit[0] == inode else self._row(state, job_id, name, now)
             if row is not None:
                 found.append((job_id, name, inode, row))
-        return Entry(stamp, *(tuple(zip(*found)) or ((), (), (), ()))), True
+        entry = Entry(stamp, *(tuple(zip(*found)) or ((), (), (), ())))
+        return entry, entry[1:] != old[1:]
 
     def _row(self, state: str, job_id: int, name: str, now: float) -> Optional[tuple]:
         """The row of one file (None: gone since the listing)."""
