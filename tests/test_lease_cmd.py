@@ -46,15 +46,17 @@ def lease_files(env: dict[str, str]) -> list[str]:
 
 def test_the_command_runs_on_leased_gpus_and_its_exit_code_is_returned(env: dict[str, str], tmp_path: Path) -> None:
     show = "import os, sys\nprint(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['CUDA_DEVICE_ORDER'])\n"
-    # the lease's descriptors are not the command's: none of its open files is in the lease directory
+    # the command holds its leases' locks (so they outlive a killed gpuq lease), and no other file there
     show += "links = []\nfor fd in os.listdir('/proc/self/fd'):\n"
     show += "    try:\n        links.append(os.readlink(f'/proc/self/fd/{fd}'))\n"
     show += "    except OSError:\n        pass  # the listing's own descriptor, closed since\n"
-    show += "print([link for link in links if os.environ['GPUQ_LEASE_DIR'] in link])\n"
+    show += "here = [link for link in links if os.environ['GPUQ_LEASE_DIR'] in link]\n"
+    show += "print(sorted(link.split('/')[-1].rsplit('.', 4)[0] for link in here))\n"
     show += "sys.exit(3)"
     proc = lease(env, "--gpus", "2", "--", sys.executable, "-c", show, cwd=tmp_path)
     out, err = proc.communicate(timeout=30)
-    assert (proc.returncode, out, err) == (3, "0,1 PCI_BUS_ID\n[]\n", "")
+    leases = "['gpuq-lease.GPU-fake-0', 'gpuq-lease.GPU-fake-1']"
+    assert (proc.returncode, out, err) == (3, f"0,1 PCI_BUS_ID\n{leases}\n", "")
     assert lease_files(env) == []
 
 
@@ -98,6 +100,23 @@ def test_a_signal_is_forwarded_and_the_lease_ends_with_the_command(
     assert proc.wait(timeout=20) == 128 + sig  # the command died of it, and gpuq lease waited for that
     assert not alive(pid)
     assert lease_files(env) == []
+
+
+def test_a_killed_gpuq_lease_leaves_the_lease_alive_until_its_command_ends(env: dict[str, str], tmp_path: Path) -> None:
+    """SIGKILL gives gpuq lease no chance to stop its command: the command, still on the GPU, keeps
+    the lease alive for every gpuq, and the lease ends (stale, removed) once it exits."""
+    proc = lease(env, "--gpus", "2", "--", sys.executable, "-c", HOLD, cwd=tmp_path)
+    pid = int(wait_for(lambda: (tmp_path / "started").exists() and (tmp_path / "started").read_text(), timeout=20))
+    try:
+        proc.kill()
+        assert proc.wait(timeout=20) == -signal.SIGKILL and alive(pid)
+        assert [(lease.gpu_index, lease.pid) for lease in live(env)] == [(0, proc.pid), (1, proc.pid)]
+        refused = lease(env, "--no-wait", "--", "true", cwd=tmp_path)
+        assert refused.wait(timeout=30) == 75
+    finally:
+        (tmp_path / "go").touch()  # the orphaned command ends, whatever failed
+    wait_for(lambda: not alive(pid), timeout=20, what="the command to end")
+    assert live(env) == [] and lease_files(env) == []  # stale once the command is gone: removed by its owner
 
 
 @pytest.mark.parametrize(

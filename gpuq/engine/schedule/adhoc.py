@@ -1,6 +1,7 @@
 """`gpuq lease -- CMD`: a command outside the queue run under GPU leases that every user's gpuq
 honours, held by this process (the lease's pid, so the command's processes are its tree) until the
-command ends. SIGINT is forwarded only when stdin is not a terminal: there Ctrl-C reaches the command
+command ends; the command holds the leases' locks too, so a SIGKILLed `gpuq lease` leaves them alive
+while its command runs. SIGINT is forwarded only when stdin is not a terminal: there Ctrl-C reaches the command
 directly (twice would read to Jupyter as "shut down now").
 """
 
@@ -40,7 +41,7 @@ def lease_and_run(cmd: list[str], request: Request, *, wait: bool = True) -> int
     claim = _claim(request, os.path.basename(cmd[0]), wait)
     try:
         env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=",".join(map(str, claim.gpus)))
-        return _run([program, *cmd[1:]], env)
+        return _run([program, *cmd[1:]], env, [held.fd for held in claim if held.fd is not None])
     finally:
         record_usage(claim, _stderr)
         claim.release()
@@ -128,8 +129,9 @@ def _program(word: str) -> str:
     return word
 
 
-def _run(argv: list[str], env: dict[str, str]) -> int:
-    """The command's exit status, signals forwarded to it (one that comes before it exists, once it does)."""
+def _run(argv: list[str], env: dict[str, str], locks: Sequence[int]) -> int:
+    """The command's exit status, signals forwarded to it (one that comes before it exists, once it does).
+    It inherits the leases' locks, so that they outlive this process while it runs (lease_layout.md)."""
     interactive = sys.stdin is not None and sys.stdin.isatty()
     forwarded = (signal.SIGTERM, signal.SIGHUP) + (() if interactive else (signal.SIGINT,))
     child: list[subprocess.Popen] = []
@@ -146,7 +148,7 @@ def _run(argv: list[str], env: dict[str, str]) -> int:
     if interactive:  # a handler, not SIG_IGN: an ignored SIGINT would be inherited by the command
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda _signum, _frame: None)
     try:
-        child.append(subprocess.Popen(argv, env=env))  # the lease descriptors are close-on-exec
+        child.append(subprocess.Popen(argv, env=env, pass_fds=locks))
         for signum in early:
             child[0].send_signal(signum)
         code = child[0].wait()
