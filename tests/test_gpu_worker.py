@@ -137,6 +137,25 @@ def test_a_foreign_process_holds_the_next_job_back_until_it_is_gone(gq: Env) -> 
     gq.wait_state(job_id, "done")
 
 
+def test_edit_refuses_the_gpus_or_gpu_mem_that_add_refuses(gq: Env) -> None:
+    """On one GPU, `edit --set gpus=5` or `gpu_mem=200G` is refused as `add` refuses them (exit 2,
+    the job unchanged); they were taken, and the job waited for ever."""
+    Gpus(gq, fake_gpus(1))
+    job = gq.add("--hold", "true")
+    never = ": this job could never start"
+    for setting, option, problem in (
+        ("gpus=5", "--gpus=5", "needs 5 GPUs; this machine has 1"),
+        ("gpu_mem=200G", "--gpu-mem=200G", "needs 200.0 GiB on each GPU; the largest here has 79.6 GiB"),
+    ):
+        edited = gq.gpuq("edit", str(job), "--set", setting, check=False)
+        assert (edited.returncode, edited.stderr) == (2, f"gpuq edit: job #{job} not changed: {problem}{never}\n")
+        added = gq.gpuq("add", option, "true", check=False)
+        assert (added.returncode, added.stderr) == (2, f"gpuq add: {problem}{never}\n")
+    assert (gq.job(job)["gpu_request"], gq.job(job).get("gpu_mem_mib")) == (1, None)
+    gq.gpuq("edit", str(job), "--set", "gpu_mem=20G")  # one that fits is taken
+    assert gq.job(job)["gpu_mem_mib"] == 20480
+
+
 def test_a_job_that_can_never_fit_is_refused_or_waits_without_blocking_others(gq: Env) -> None:
     Gpus(gq, fake_gpus(2))
     gq.script("job.py", JOB)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Env, wait_for
+from test_gpu_worker import Gpus, fake_gpus
 
 from gpuq.cli import parse
 from gpuq.core import failure
@@ -90,6 +91,33 @@ def test_a_cuda_oom_a_job_after_it_and_a_held_job(gq: Env) -> None:
     text = gq.gpuq("triage", str(oom)).stdout  # the card, end to end
     assert f"#{oom} " in text and "CUDA out of memory (tried to allocate 2.00 GiB)" in text and retry in text
     assert json.loads(gq.gpuq("triage", "--json", str(oom)).stdout)["fixes"] == found["fixes"]
+
+
+def triage_of(gq: Env, job: int) -> dict:
+    return json.loads(gq.gpuq("triage", "--json", str(job)).stdout)
+
+
+def test_a_job_this_worker_can_never_start_is_offered_the_edit_that_fits(gq: Env) -> None:
+    """Jobs asking more GPUs, memory on a GPU, CPUs or host memory than the worker has: triage
+    offers the edit to what it has (it said "nothing to fix"), and each job so edited runs."""
+    gpus = Gpus(gq, fake_gpus(4, total=300_000))  # as they were queued; the worker has less
+    asks = {
+        ("--gpus", "4"): "gpus=1",
+        ("--gpu-mem", "200G"): "gpu_mem=79G",  # the GPU's 79.6 GiB, rounded down
+        ("--cpus", "1000"): "cpus=2",
+        ("--mem", "100G"): "mem=10G",
+    }
+    jobs = {gq.add(*ask, "true"): setting for ask, setting in asks.items()}
+    gpus.set(fake_gpus(1))
+    gq.start_worker("--watch", "--cpus", "2", "--mem", "10G")
+    for job, setting in jobs.items():
+        found = wait_for(lambda j=job: (t := triage_of(gq, j))["waiting_for"].startswith("blocked: ") and t)
+        assert commands(found) == [f"gpuq edit {job} --set {setting}"]
+    for job, setting in jobs.items():
+        gq.gpuq("edit", str(job), "--set", setting)
+    for job in jobs:
+        gq.wait_state(job, "done")
+    gq.gpuq("stop")
 
 
 def test_an_unknown_id_is_refused_as_show_refuses_it(gq: Env) -> None:

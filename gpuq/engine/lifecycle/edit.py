@@ -13,6 +13,7 @@ from gpuq.core.errors import Refused, UsageError
 from gpuq.core.job import Job
 from gpuq.core.states import WAITING
 from gpuq.engine.lifecycle import actions, enqueue, interpreter
+from gpuq.engine.schedule import gpuview
 from gpuq.engine.schedule.queue_read import waits_for_itself
 from gpuq.spool import Spool
 
@@ -104,6 +105,11 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
         changes = {FIELD_OF.get(key, key): value for key, value in clean.items()}
         for key in UNSET_WHEN_NULL:
             changes.setdefault(FIELD_OF.get(key, key), None)
+        gpus = (changes["gpu_request"], changes["gpu_mem_mib"])
+        if gpus != (job.gpu_request, job.gpu_mem_mib):  # as `add` refuses it, else it waits for ever
+            problem = gpuview.never_fits(spool, *gpus)
+            if problem:
+                raise UsageError(f"job #{job_id} not changed: {problem}")
         cwd = changes.get("cwd") or job.cwd
         if (changes["cmd"], cwd, changes["conda"]) != (job.cmd, job.cwd, job.conda):
             try:

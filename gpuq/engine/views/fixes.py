@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from contextlib import suppress
 from typing import Any, Optional
@@ -40,6 +41,15 @@ DISK_FULL = "disk_full"
 KILLED_BY_USER = "killed_by_user"
 OTHER = "other"
 
+# What a job asks that this worker can never give, as placement.py and hostroom.py say it: the
+# --set key that asks for what it has instead, and the most it has (a count, or a size and its unit).
+_TOO_BIG = (
+    ("gpus", re.compile(r"needs \d+ GPUs; this worker has ([1-9]\d*)()")),
+    ("gpu_mem", re.compile(r"needs .+ on a GPU; the largest here is GPU \d+ with ([\d.]+) ([GM])iB$")),
+    ("cpus", re.compile(r"needs \d+ CPUs; this worker hands out at most (\d+)()$")),
+    ("mem", re.compile(r"needs \S+ host memory; this worker hands out at most ([\d.]+)([GM])$")),
+)
+
 
 def suggest(spool: Spool, job: Job, state: str, facts: dict[str, Any]) -> list[Fix]:
     """The fixes for `job` in `state`, most likely first; `facts`: what the triage found."""
@@ -69,9 +79,25 @@ def _waiting(spool: Spool, job: Job, facts: dict[str, Any]) -> list[Fix]:
     if cap > 0:
         why = f"it asks for more GPUs than the machine's policy lets you hold at once: this asks for {cap}"
         out.append(_fix(["edit", job.id, "--set", f"gpus={cap}"], f"{why} (or ask its admin to raise your limit)"))
+    if blocked:
+        out += _to_fit(job, waiting[len(BLOCKED) :])
     if not out and not blocked and not spool.workers.live():
         out.append(_fix(["run", "--daemon"], "no worker is running: this starts one, which starts the job"))
     return out
+
+
+def _to_fit(job: Job, reason: str) -> list[Fix]:
+    """A job that asks more than this worker has: the edit that asks for what it has."""
+    for key, pattern in _TOO_BIG:
+        found = pattern.match(reason)
+        if not found:
+            continue
+        most, unit = found.groups()
+        if unit == "G" and "." in most:  # rounded to one decimal: the whole GiB below what it shows
+            most = str(math.floor(float(most) - 0.05))
+        if float(most) >= 1:
+            return [_fix(["edit", job.id, "--set", f"{key}={most}{unit}"], f"it {reason}: this asks for what fits")]
+    return []
 
 
 def _dependencies(spool: Spool, job: Job) -> list[Fix]:
