@@ -170,6 +170,22 @@ def test_run_gpus_limits_the_worker_to_those_gpus(gq: Env) -> None:
     assert seen(gq, second)["CUDA_VISIBLE_DEVICES"] == "2"
 
 
+def test_run_gpus_refuses_an_index_the_machine_does_not_have(gq: Env) -> None:
+    """As Slurm refuses an invalid index, rather than dropping it (`GPUs 0 of 2`) or running on none."""
+    gpus = Gpus(gq, fake_gpus(2))
+    for line in (["--gpus", "0,2"], ["--gpus", "5"], ["--daemon", "--gpus", "5"]):
+        proc = gq.gpuq("run", *line, check=False, timeout=30)
+        wrong = line[-1].split(",")[-1]
+        assert (proc.returncode, proc.stderr.strip()) == (
+            2,
+            f"gpuq run: --gpus: no GPU {wrong} here; this machine has 2 GPUs (0,1)",
+        ), line
+    assert not gq.gpuq("status").stdout.startswith("worker: running")
+    assert "started (GPUs 1 of 2 (fake)" in gq.gpuq("run", "--gpus", "1", timeout=30).stdout
+    gpus.path.write_text("{")  # a look that fails refuses nothing: the GPUs may be back at the next
+    assert "started (GPUs unreadable" in gq.gpuq("run", "--gpus", "0,2", timeout=30).stdout
+
+
 def test_status_shows_a_line_per_gpu(gq: Env) -> None:
     Gpus(gq, fake_gpus(2, foreign={1: (5151, 2048)}))
     out = gq.gpuq("status").stdout  # no worker: status looks at the GPUs itself
