@@ -196,6 +196,13 @@ def test_status_shows_a_line_per_gpu(gq: Env) -> None:
     assert [g["index"] for g in listed] == [0, 1] and listed[1]["foreign"][0]["used_memory_mib"] == 2048
 
 
+def test_gpus_says_the_fake_gpus_file_lists_none(gq: Env) -> None:
+    """Not "GPUQ_FAKE_GPUS is not set", as it said while it was set."""
+    gpus = Gpus(gq, {"gpus": []})
+    out = gq.gpuq("gpus").stdout.strip()
+    assert out == f"no GPUs found (GPUQ_FAKE_GPUS={gpus.path} lists none): jobs run one slot at a time"
+
+
 @pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="this machine has an NVIDIA driver")
 def test_without_gpus_jobs_run_one_at_a_time_as_before(gq: Env) -> None:
     gq.env.pop("GPUQ_FAKE_GPUS", None)
