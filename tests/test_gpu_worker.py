@@ -189,6 +189,22 @@ def test_run_gpus_limits_the_worker_to_those_gpus(gq: Env) -> None:
     assert seen(gq, second)["CUDA_VISIBLE_DEVICES"] == "2"
 
 
+def test_run_gpus_refuses_an_index_the_machine_does_not_have(gq: Env) -> None:
+    """As Slurm refuses an invalid index, rather than dropping it (`GPUs 0 of 2`) or running on none."""
+    gpus = Gpus(gq, fake_gpus(2))
+    for line in (["--gpus", "0,2"], ["--gpus", "5"], ["--daemon", "--gpus", "5"]):
+        proc = gq.gpuq("run", *line, check=False, timeout=30)
+        wrong = line[-1].split(",")[-1]
+        assert (proc.returncode, proc.stderr.strip()) == (
+            2,
+            f"gpuq run: --gpus: no GPU {wrong} here; this machine has 2 GPUs (0,1)",
+        ), line
+    assert not gq.gpuq("status").stdout.startswith("worker: running")
+    assert "started (GPUs 1 of 2 (fake)" in gq.gpuq("run", "--gpus", "1", timeout=30).stdout
+    gpus.path.write_text("{")  # a look that fails refuses nothing: the GPUs may be back at the next
+    assert "started (GPUs unreadable" in gq.gpuq("run", "--gpus", "0,2", timeout=30).stdout
+
+
 def test_status_shows_a_line_per_gpu(gq: Env) -> None:
     Gpus(gq, fake_gpus(2, foreign={1: (5151, 2048)}))
     out = gq.gpuq("status").stdout  # no worker: status looks at the GPUs itself
@@ -197,6 +213,13 @@ def test_status_shows_a_line_per_gpu(gq: Env) -> None:
     assert "pid 5151" in lines[1] and "2.0 GiB" in lines[1]
     listed = json.loads(gq.gpuq("gpus", "--json").stdout)
     assert [g["index"] for g in listed] == [0, 1] and listed[1]["foreign"][0]["used_memory_mib"] == 2048
+
+
+def test_gpus_says_the_fake_gpus_file_lists_none(gq: Env) -> None:
+    """Not "GPUQ_FAKE_GPUS is not set", as it said while it was set."""
+    gpus = Gpus(gq, {"gpus": []})
+    out = gq.gpuq("gpus").stdout.strip()
+    assert out == f"no GPUs found (GPUQ_FAKE_GPUS={gpus.path} lists none): jobs run one slot at a time"
 
 
 @pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="this machine has an NVIDIA driver")

@@ -128,13 +128,26 @@ def test_a_killed_gpuq_lease_leaves_the_lease_alive_until_its_command_ends(env: 
         (("--gpu-mem", "20x", "--", "true"), 2, "gpuq lease: --gpu-mem: cannot read '20x' as a size"),
         (("--gpus", "0", "--", "true"), 2, "gpuq lease: --gpus 0 leases no GPU"),
         (("--gpus", "3", "--", "true"), 1, "gpuq lease: needs 3 GPUs; this machine has 2 (0,1)"),
-        (("--", "no-such-program-here"), 1, "gpuq lease: cannot run no-such-program-here: no such program on PATH"),
+        (("--", "no-such-program-here"), 127, "gpuq lease: cannot run no-such-program-here: no such program on PATH"),
     ],
 )
 def test_bad_lines_are_one_line(env: dict[str, str], tmp_path: Path, args: tuple, code: int, message: str) -> None:
     proc = lease(env, *args, cwd=tmp_path)
     out, err = proc.communicate(timeout=30)
     assert (proc.returncode, out, err.count("\n")) == (code, "", 1) and err.startswith(message), err
+
+
+def test_a_command_that_cannot_run_exits_126_as_in_a_shell(env: dict[str, str], tmp_path: Path) -> None:
+    """Found but not runnable: 126 and why, not "no such program" and 1; one found only at its start
+    (an executable without a #! line) too, its lease given back."""
+    (tmp_path / "plain").write_text("touch ran\n")
+    (tmp_path / "bare").write_text("touch ran\n")
+    (tmp_path / "bare").chmod(0o755)
+    for word, why in (("./plain", "permission denied (not executable)"), ("./bare", "Exec format error")):
+        proc = lease(env, "--", word, cwd=tmp_path)
+        out, err = proc.communicate(timeout=30)
+        assert (proc.returncode, out, err) == (126, "", f"gpuq lease: cannot run {word}: {why}\n")
+    assert not (tmp_path / "ran").exists() and lease_files(env) == []
 
 
 def test_without_gpus_it_refuses(env: dict[str, str], tmp_path: Path) -> None:

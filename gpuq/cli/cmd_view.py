@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any, Optional
@@ -23,6 +24,7 @@ from gpuq.engine.views.status import rejected_files, sync_ray
 from gpuq.engine.views.triage import triage
 from gpuq.spool import JobRef, Spool
 from gpuq.system import security
+from gpuq.system.gpu_presence import FAKE_ENV
 
 
 def cmd_rejected(args: argparse.Namespace) -> int:
@@ -144,7 +146,9 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(gpuview.listed(shown, time.time()), indent=2))
     elif shown is None:
-        print("no GPUs found (no NVIDIA driver, and GPUQ_FAKE_GPUS is not set): jobs run one slot at a time")
+        fake = os.environ.get(FAKE_ENV)
+        why = f"{FAKE_ENV}={fake} lists none" if fake else f"no NVIDIA driver, and {FAKE_ENV} is not set"
+        print(f"no GPUs found ({why}): jobs run one slot at a time")
     else:
         print("\n".join(render.gpu_lines(shown, home=sp.home)))
     return 0

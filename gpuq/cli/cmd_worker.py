@@ -28,6 +28,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gpuq.run.worker import Settings  # (the same)
 
     settings = Settings(**_settings(args))
+    daemon.check_gpus(settings.gpus)
     if not settings.notify_urls:  # the user's default: GPUQ_NOTIFY, else the config file's
         from gpuq.run.notify import config  # as gpuq.run above: after the dependency check
 

@@ -229,7 +229,8 @@ COMMANDS = (
         handler="cmd_worker:cmd_lease",
         help="run a command outside the queue (a notebook, a script) on GPUs leased from every user's gpuq",
         description="Wait for free GPUs, lease them machine-wide, run CMD with CUDA_VISIBLE_DEVICES set to them, end "
-        "the lease when CMD ends. Exits with CMD's exit code; 75 with --no-wait when no GPU is free.",
+        "the lease when CMD ends. Exits with CMD's exit code; 75 with --no-wait when no GPU is free; 127 when CMD "
+        "is not found, 126 when it cannot run.",
         options=(  # --gpus without a default: argparse's exclusive group would not see `--gpus 1` (the default)
             Opt("--gpus", convert=gpu_count, metavar="N", group="size", help="whole GPUs (default 1)"),
             Opt("--gpu-mem", metavar="SIZE", group="size", help="only this much of one GPU (e.g. 20G), shared"),

@@ -12,11 +12,13 @@ from contextlib import suppress
 from datetime import datetime
 from typing import Any, Optional
 
-from gpuq.core.errors import Refused
+from gpuq.core.errors import Refused, UsageError
+from gpuq.core.words import plural
 from gpuq.run import loop
 from gpuq.run.launcher import PACKAGE_PARENT, Launcher
 from gpuq.run.worker import Settings, Worker
 from gpuq.spool import Spool, WorkerBusy
+from gpuq.system import gpus as gpu_look
 
 CLI_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuq.cli import main; sys.exit(main())"
 READY_TIMEOUT = 20.0
@@ -58,6 +60,20 @@ def run_foreground(spool: Spool, settings: Settings, watch: bool, ready_fd: Opti
         return loop.serve(worker, watch=watch, on_drain=lambda: lease.update(dict(info, draining=True)))
     finally:
         lease.release()
+
+
+def check_gpus(labels: Optional[list[str]]) -> None:
+    """Refuse `--gpus` indices that a full look shows do not exist. A look with a GPU unreadable (one
+    fallen off the bus) refuses nothing, and without GPUs the labels name slots."""
+    if not labels:
+        return  # nothing named: no look (NVML's start) in the command that starts the worker
+    look = gpu_look.look()
+    there = [str(g.index) for g in look.gpus]
+    unknown = [label for label in labels if label not in there]
+    if there and look.problem is None and unknown:
+        raise UsageError(
+            f"--gpus: no GPU {','.join(unknown)} here; this machine has {plural(len(there), 'GPU')} ({','.join(there)})"
+        )
 
 
 def _where(worker: Worker) -> str:

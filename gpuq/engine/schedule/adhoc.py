@@ -121,12 +121,21 @@ def _refusal(blocked: Blocked) -> GpuqError:
 
 def _program(word: str) -> str:
     """The command's program as the shell would find it, checked before any wait for a GPU."""
-    found = shutil.which(word) if os.sep not in word else (word if os.access(word, os.X_OK) else None)
-    if found is None or os.path.isdir(found):
-        exc = Refused(f"cannot run {word}: no such program" + ("" if os.sep in word else " on PATH"))
-        exc.prefix = "gpuq lease"
-        raise exc
+    found = shutil.which(word) if os.sep not in word else word
+    if found is None or not os.path.exists(found):
+        raise _cannot(word, "no such program" + ("" if os.sep in word else " on PATH"), 127)
+    if os.path.isdir(found):
+        raise _cannot(word, "is a directory", 126)
+    if not os.access(found, os.X_OK):
+        raise _cannot(word, "permission denied (not executable)", 126)
     return word
+
+
+def _cannot(word: str, why: str, code: int) -> GpuqError:
+    """The exit codes a shell gives: 127 for a program not found, 126 for one found that cannot run."""
+    exc = Refused(f"cannot run {word}: {why}")
+    exc.prefix, exc.exit_code = "gpuq lease", code
+    return exc
 
 
 def _run(argv: list[str], env: dict[str, str], locks: Sequence[int]) -> int:
@@ -148,7 +157,11 @@ def _run(argv: list[str], env: dict[str, str], locks: Sequence[int]) -> int:
     if interactive:  # a handler, not SIG_IGN: an ignored SIGINT would be inherited by the command
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda _signum, _frame: None)
     try:
-        child.append(subprocess.Popen(argv, env=env, pass_fds=locks))
+        try:
+            child.append(subprocess.Popen(argv, env=env, pass_fds=locks))
+        except OSError as exc:  # found, yet it does not start (no #! line, not a binary of this machine)
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            raise _cannot(argv[0], exc.strerror or str(exc), code) from None
         for signum in early:
             child[0].send_signal(signum)
         code = child[0].wait()
