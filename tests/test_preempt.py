@@ -261,10 +261,10 @@ def test_timeout_without_force_leaves_job_running_then_force_kills(gq) -> None:
     gq.start_worker("--watch")
     wait_for(lambda: last_step(gq, jid) >= 3, 20, what="step 3")
     proc = gq.gpuq("preempt", str(jid), "--timeout", "1", check=False)
-    assert proc.returncode == 1 and "left running, unchanged" in proc.stdout
+    assert proc.returncode == 1 and "it will be recorded preempted when it exits" in proc.stdout
     job = gq.job(jid)
     assert job["state"] == "running" and alive(job["pid"])
-    assert not (gq.home / "control" / f"{jid:06d}.json").exists()  # the request was withdrawn
+    assert (gq.home / "control" / f"{jid:06d}.json").exists()  # SIGTERM was sent: the request stays
     before = last_step(gq, jid)
     wait_for(lambda: last_step(gq, jid) > before + 2, 10, what="training to go on")
 
@@ -272,6 +272,43 @@ def test_timeout_without_force_leaves_job_running_then_force_kills(gq) -> None:
     assert "SIGKILL" in proc.stdout
     job = wait_state(gq, jid, "preempted")
     assert job["exit_code"] == 137 and not alive(job["pid"])
+
+
+SLOW_SAVE = r"""
+import os, signal, sys, time
+def stop(*_):
+    print("saving...", flush=True)
+    while not os.path.exists("saved"):  # the test says when the save is over
+        time.sleep(0.05)
+    sys.exit(0 if os.path.exists("finish") else 143)
+signal.signal(signal.SIGTERM, stop)
+print("Step 1/3\nStep 2/3\nStep 3/3" if os.path.exists("finish") else "Step 1/60", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("finish", [False, True])
+def test_a_job_still_saving_at_the_timeout_ends_preempted_when_it_exits(gq, finish: bool) -> None:
+    """SIGTERM sent, the request stays past --timeout: the job that exits from it is preempted, not
+    failed and retried at once on the GPU the preemption meant to free; one whose progress reached
+    its end and exits 0 is done."""
+    gq.script("slow_save.py", SLOW_SAVE)
+    if finish:
+        gq.script("finish", "")
+    jid = gq.add("--retries", "1", "-p", sys.executable, "slow_save.py")
+    gq.start_worker("--watch")
+    wait_for(lambda: "Step " in gq.log(jid), 20, what="the job to start")
+    proc = gq.gpuq("preempt", str(jid), "--timeout", "0.5", check=False)
+    assert proc.returncode == 1 and "still saving; it will be recorded preempted when it exits" in proc.stdout
+    wait_for(lambda: "saving..." in gq.log(jid), 10, what="the job to save")
+    row = next(r for r in gq.status_json() if r["id"] == jid)
+    assert row["state"] == "running" and row["stopping"]["action"] == "preempt"
+    gq.script("saved", "")
+    job = wait_state(gq, jid, "done" if finish else "preempted")
+    assert job["attempts"] == 1 and job["exit_code"] == (0 if finish else 143)
+    assert not (gq.home / "control" / f"{jid:06d}.json").exists()
+    gq.gpuq("stop")
 
 
 def test_child_ignoring_sigterm_holds_the_slot_until_killed(gq) -> None:

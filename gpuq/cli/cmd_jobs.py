@@ -127,7 +127,10 @@ def cmd_preempt(args: argparse.Namespace) -> int:
             print(f"    `gpuq resume {job.id}` continues it from {checkpoint}")
         return 0
     if outcome.left and outcome.state == RUNNING and job.pid in outcome.left:
-        print(f"job #{job.id} did not exit within {args.timeout:g}s; left running, unchanged (--force kills it)")
+        print(
+            f"job #{job.id} did not exit within {args.timeout:g}s; asked to stop: it is still saving; "
+            "it will be recorded preempted when it exits (--force kills it)"
+        )
     elif outcome.left:
         print(
             f"job #{job.id}: its main process exited but {', '.join(map(str, outcome.left))} ignore SIGTERM; "

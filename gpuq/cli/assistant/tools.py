@@ -234,7 +234,10 @@ def preempt_job(
         record = (job.preemptions or [{}])[-1]
         return job_said(job, PREEMPTED, exit_code=job.exit_code, note=job.note, checkpoint=record.get("checkpoint"))
     if outcome.left and outcome.state == RUNNING and job.pid in outcome.left:
-        raise Refused(f"job #{id} did not exit within {timeout:g}s; left running, unchanged (force=true kills it)")
+        raise Refused(
+            f"job #{id} did not exit within {timeout:g}s; asked to stop: it is still saving; "
+            "it will be recorded preempted when it exits (force=true kills it)"
+        )
     if outcome.left:
         raise Refused(f"job #{id}: processes {', '.join(map(str, outcome.left))} ignore SIGTERM; it keeps its slot")
     raise Refused(f"job #{id} ended on its own meanwhile: {outcome.state}")

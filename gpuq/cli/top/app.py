@@ -55,7 +55,7 @@ def _preempt(sp: Spool, job_id: int) -> str:
     if outcome.state == PREEMPTED:
         return f"#{job_id} {job.name} preempted: {job.note} (P resumes it)"
     if outcome.left:
-        return f"#{job_id} did not stop; left running (`gpuq preempt {job_id} --force` kills what is left)"
+        return f"#{job_id} still saving: preempted when it exits (`gpuq preempt {job_id} --force` kills what is left)"
     return f"#{job_id} ended on its own meanwhile: {outcome.state}"
 
 

@@ -231,7 +231,7 @@ def act(sp: Spool, name: str, job_id: int) -> str:
         if stopped.state == PREEMPTED:
             return f"job #{job_id} preempted: {stopped.job.note or 'it can be resumed'}"
         if stopped.left:
-            raise Refused(f"job #{job_id} did not stop within {PREEMPT_TIMEOUT:g}s; left running")
+            raise Refused(f"job #{job_id} still saving after {PREEMPT_TIMEOUT:g}s: recorded preempted when it exits")
         raise Refused(f"job #{job_id} ended on its own meanwhile: {stopped.state}")
     request = ON_IDS.get(name)
     if request is None:

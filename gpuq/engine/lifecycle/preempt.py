@@ -15,7 +15,7 @@ from gpuq.engine.lifecycle import actions
 from gpuq.engine.schedule.planner import Assignment
 from gpuq.engine.tracking import checkpoints, continuation
 from gpuq.spool import Spool
-from gpuq.system import procs, proctree
+from gpuq.system import proctree
 
 DEFAULT_TIMEOUT = 60.0  # HF's JIT save waits 3 s after SIGTERM, then saves: allow for big models
 FORCE_WAIT = 10.0
@@ -46,9 +46,9 @@ def preempt(
         if left:
             raise Refused(f"job #{job_id}: processes {_pids(left)} survived SIGKILL")
     if left:
-        if procs.job_alive(job):
-            spool.control.take(job_id)  # withdrawn: the job goes on as if nothing happened
-        # else its main process ended but others ignore SIGTERM: the supervisor keeps it in running/
+        # The request stays: SIGTERM is sent, so however it exits (still saving, or later) it is
+        # preempted, not failed or retried. A main process gone with others ignoring SIGTERM: the
+        # supervisor keeps it in running/ until they are.
         return Outcome(job, RUNNING, [p.pid for p in left])
     job = actions.wait_until_settled(spool, job_id)
     found = spool.jobs.find(job_id)
