@@ -89,6 +89,30 @@ def test_job_and_supervisor_killed_is_interrupted_then_recovered(gq: Env) -> Non
     assert "second run ok" in gq.log(train)
 
 
+def test_job_found_dead_ends_at_its_last_sign_of_life_not_at_the_look(gq: Env) -> None:
+    steps = "import time\nfor i in range(1, 31):\n    print(f'Step {i}/30', flush=True)\n    time.sleep(0.5)\n"
+    gq.script("steps.py", steps)
+    train = gq.add("steps.py")
+    worker = gq.start_worker("--watch")
+    wait_for(lambda: gq.job(train).get("supervisor") is not None, what="the supervisor recorded")
+    wait_for(lambda: "Step 2/30" in gq.log(train), what="the job writing its log")
+    job = gq.job(train)
+    worker.kill()
+    worker.wait()
+    os.kill(job["supervisor"]["pid"], signal.SIGKILL)
+    os.killpg(job["pid"], signal.SIGKILL)
+    wait_for(lambda: _gone(job["pid"]) and _gone(job["supervisor"]["pid"]), what="processes gone")
+    started = times.parse_iso(job["started_at"])
+    last_write = started + 1.0  # made exact: the log's mtime is its last sign of life
+    os.utime(Spool(gq.home).layout.log_path(train), (last_write, last_write))
+    wait_for(lambda: time.time() > last_write + 4, timeout=30, what="a look well after its death")
+    assert {r["id"]: r for r in gq.status_json()}[train]["state"] == "interrupted"
+    ended = gq.job(train)
+    assert abs(times.parse_iso(ended["finished_at"]) - last_write) < 0.01
+    assert ended["history"][-1]["finished_at"] == ended["finished_at"]
+    assert "interrupted after 1s" in gq.gpuq("history", str(train)).stdout
+
+
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -12,6 +12,7 @@ from gpuq.core import failure, oom, schema, transitions
 from gpuq.core.errors import Refused
 from gpuq.core.job import Job
 from gpuq.core.states import FINISHED, PENDING, PREEMPT, PREEMPTED, STATES
+from gpuq.core.times import iso_of, parse_iso
 from gpuq.engine.tracking import continuation
 from gpuq.spool import JobRef, Spool, SpoolFull
 
@@ -132,6 +133,18 @@ def claimed(spool: Spool, job_id: int, states: tuple[str, ...]) -> Iterator[tupl
         yield get(spool, job_id, states)
     finally:
         claim.release()
+
+
+def unseen_end(spool: Spool, job: Job) -> Optional[str]:
+    """When a job that ended unseen last showed life: the newest write to its log or progress file,
+    never before its start nor after now; None (now) with neither. The first look after a reboot
+    may come hours after its death: that time never ran."""
+    _tail, log_mtime = spool.logs.tail(job, 0)
+    report = spool.reports.read_progress(job.id)
+    seen = max(log_mtime, report[1] if report else 0.0)
+    if not seen:
+        return None
+    return iso_of(min(time.time(), max(seen, parse_iso(job.started_at) or seen)))
 
 
 def unseen_oom(spool: Spool, job: Job) -> Optional[tuple[str, oom.Growth]]:

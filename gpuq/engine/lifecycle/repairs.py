@@ -150,14 +150,14 @@ def end_unseen(spool: Spool, ref: JobRef, job: Job, noted: Optional[dict[str, An
     from gpuq.engine.tracking import continuation  # (see above)
 
     request = spool.control.take(job.id)
-    oomed = None
+    oomed, ended = None, ending.unseen_end(spool, job)
     if noted and isinstance(noted.get("exit_code"), int) and noted.get("state") in STATES:
         state, code = noted["state"], noted["exit_code"]
         note = f"exit {code}, noted by its supervisor while the disk was full (it died before it could record it)"
         # its supervisor had taken the request of a preemption: the note says whose it was
         action = PREEMPT_RESUME if noted.get("auto_resume") is True else PREEMPT
         by = noted.get("by") if isinstance(noted.get("by"), str) else None
-        end = ending.End(state, code, note=note, preempt_action=action, preempted_by=by)
+        end = ending.End(state, code, note=note, preempt_action=action, preempted_by=by, finished_at=ended)
     else:
         state, note = transitions.ended_unseen(job, request)
         reached = continuation.reached_end(spool, job) if state == INTERRUPTED else None
@@ -170,7 +170,7 @@ def end_unseen(spool: Spool, ref: JobRef, job: Job, noted: Optional[dict[str, An
         elif oomed:
             note = f"{note}; its log shows {reason}: `gpuq recover` runs it again with {oomed[1].text}"
         action = request if request in PREEMPT_ACTIONS else PREEMPT
-        end = ending.End(state, None, note=note, reason=reason, preempt_action=action)
+        end = ending.End(state, None, note=note, reason=reason, preempt_action=action, finished_at=ended)
     changes = ending.attempt_end(spool, job, end)
     if state == PENDING and oomed:
         changes.update(oom.retry(job, oomed[1]))
