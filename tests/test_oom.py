@@ -131,13 +131,16 @@ def test_retry_oom_is_refused_unless_a_count(gq: Env) -> None:
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
 
 
-# Grows to 150 MB (each step written, so resident), then ends.
+# Grows to 150 MB (each step written, so resident), then ends; a first attempt holds it until the
+# watch stops it, so that a watch slowed by a loaded machine still sees it.
 GROWS = """import os, time
 held = []
 for _ in range(15):
     held.append(bytearray(b"x") * (10 << 20))
     time.sleep(0.02)
-print("grown, retry", os.environ.get("GPUQ_OOM_RETRY"))
+print("grown, retry", os.environ.get("GPUQ_OOM_RETRY"), flush=True)
+if not os.environ.get("GPUQ_OOM_RETRY"):
+    time.sleep(60)
 """
 
 
