@@ -42,6 +42,7 @@ OLD_NAMES += ("status-jobs", "kept-runs", "finished-rows")
 # bytes: one object per row, so that `status -a` unmarshals no lists it does not show; "" for a
 # file that is no valid job).
 ROW = ("name", "script", "seconds", "end", "key", "run", "past")
+PAST = ROW.index("past")
 END = ("exit_code", "signal", "slurm_job", "reason", "code_changed", "note", "priority", "unreadable")
 # The fields of a job file that its row reads (row_of, runs.py): only they are checked for a row.
 READS: tuple[str, ...] = ("name", "cmd", "cwd", "started_at", "finished_at", "exit_code", "signal", "slurm")
@@ -155,13 +156,16 @@ class Finished:
         low = min(sweeps, default=None)
         if low is None or not any(i not in leave for i in self._ids_from(low)):
             return {}
+        listed = [
+            (job_id, state, row[PAST])
+            for state, entry in self.entries.items()
+            for job_id, row in zip(entry.ids, entry.rows or ())
+            if job_id >= low and job_id not in leave and row[PAST]  # "": no valid job
+        ]
         found: dict[int, tuple[int, str]] = {}  # id -> (sweep, state): of two copies, the later state's
-        for state, entry in self.entries.items():
-            for job_id, row in zip(entry.ids, entry.rows or ()):
-                if job_id >= low and job_id not in leave and row[6]:  # ROW's past: "" for no valid job
-                    sweep = marshal.loads(row[6])[0]
-                    if sweep in sweeps:
-                        found[job_id] = (sweep, state)
+        for (job_id, state, _past), facts in zip(listed, runs.read_pasts([past for *_, past in listed])):
+            if facts[0] in sweeps:
+                found[job_id] = (facts[0], state)
         out: dict[int, list[str]] = {}
         for sweep, state in found.values():
             out.setdefault(sweep, []).append(state)
