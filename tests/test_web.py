@@ -412,3 +412,22 @@ def test_odd_numbers_in_a_query_are_no_server_error(gq: Env, web: Web) -> None:
         assert web.request(path)[0] == 200, path
     assert web.request("/api/queue?page=" + "9" * 5000)[0] == 200
     assert web.stop() == 0 and "Traceback" not in web.proc.stderr.read()
+
+
+def test_a_folded_sweep_counts_its_finished_jobs_as_status_does(gq: Env, web: Web) -> None:
+    """The page's sweep line counts every job of the sweep (its finished ones too, whether the view
+    read them as rows or from the finished index's many), the same line `gpuq status` prints."""
+    gq.script("job.py", "print('ran')\n")
+    gq.gpuq("add", "-q", "--sweep", "x=1,2,3,4,5,6", "job.py", "--x", "{x}")
+    gq.gpuq("hold", "5,6")
+    gq.gpuq("run")
+    line = "sweep of 6 over x: 4 done, 0 running, 2 waiting, 0 failed ("
+    assert line in gq.gpuq("status").stdout
+    for many in (False, True):  # 4 finished jobs are rows; then 13 are, more than the view reads as rows
+        if many:
+            for _ in range(9):
+                gq.add("job.py")
+            gq.gpuq("run")
+        [folded] = web.json("/api/queue")["waiting"]
+        assert folded["folded"] and line in folded["info"], folded["info"]
+        assert [job["id"] for job in folded["jobs"]] == [5, 6]

@@ -54,7 +54,12 @@ def queue(sp: Spool, ring: Ring, page: int = 0) -> dict[str, Any]:
     utils = gpu_utils(shown)
     running: list[dict[str, Any]] = []
     waiting: list[dict[str, Any]] = []
-    for row in render.group_sweeps(unfinished):
+    # a sweep's line counts all its jobs, as `gpuq status` does: its finished ones are on the pages
+    done = {key: list(states) for key, states in st.hidden_sweeps.items()}
+    for row in st.rows:
+        if row.state in FINISHED and isinstance(row.job.sweep, dict):
+            done.setdefault(row.job.sweep["id"], []).append(row.state)
+    for row in render.group_sweeps(unfinished, done):
         (running if row.state == RUNNING else waiting).append(_row(row, unfinished, utils))
     total = len(st.finished) if st.finished is not None else sum(1 for row in st.rows if row.state in FINISHED)
     pages = max(1, -(-total // PER_PAGE))

@@ -138,7 +138,10 @@ def status(
         rows += _row_of(spool, ref, damaged)
     sweeps = {r.job.sweep.get("id") for r in rows if isinstance(r.job.sweep, dict)}
     in_rows = {r.job.id for r in rows}
-    hidden_sweeps = done.sweep_states({s for s in sweeps if type(s) is int}, in_rows) if hidden else {}
+    # the finished jobs of the sweeps in `rows` that are not rows: the hidden ones, or every one
+    # where `view` holds them (the web view's sweep lines count them)
+    folded = hidden or view is not None
+    hidden_sweeps = done.sweep_states({s for s in sweeps if type(s) is int}, in_rows) if folded else {}
     rows.sort(key=lambda r: (r.state not in IN_LINE, r.job.id))  # held ones in their place in line
     for worker in workers:  # one look at each worker's state: a stopped one (Ctrl-Z) starts nothing
         worker["stopped"] = isinstance(worker.get("pid"), int) and procs.stopped(worker["pid"])
