@@ -167,6 +167,25 @@ def test_a_bare_number_for_a_memory_size_is_refused_with_the_reading_meant(gq: E
     assert (gq.job(dropped)["gpu_mem_mib"], gq.job(dropped)["mem_mib"]) == (20480, 2048)
 
 
+def test_edit_to_the_size_a_job_has_already_is_no_change(gq: Env) -> None:
+    """`edit --set gpu_mem=20G` of a job with 20G (or 20480M, or mem and min_free in other units)
+    says nothing changed and leaves the file alone; it said `changed: gpu_mem` and wrote it again."""
+    Gpus(gq, fake_gpus(1))
+    job = gq.add("--hold", "--gpu-mem", "20G", "--mem", "512M", "--min-free", "50G", "true")
+    rev = gq.job(job)["rev"]
+    for setting in ("gpu_mem=20G", "gpu_mem=20480M", "mem=512M", "mem=0.5G", "min_free=50G", "min_free=51200M"):
+        assert gq.gpuq("edit", str(job), "--set", setting).stdout == f"job #{job}: nothing changed\n", setting
+    assert gq.gpuq("edit", str(job), "--set", "gpu_mem=10G", "--set", "gpu_mem=20G").stdout.endswith(
+        "nothing changed\n"
+    )
+    assert gq.job(job)["rev"] == rev
+    assert (
+        "changed: gpu_mem, min_free"
+        in gq.gpuq("edit", str(job), "--set", "gpu_mem=10G", "--set", "min_free=40G").stdout
+    )
+    assert (gq.job(job)["gpu_mem_mib"], gq.job(job)["min_free_bytes"]) == (10240, 40 << 30)
+
+
 # ---- `gpuq cancel` of a running job --------------------------------------------------------------
 
 

@@ -56,17 +56,19 @@ def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
             if not shown[-1:].isalpha() and not shown.startswith("-") and shown.strip("0.") != "":
                 raise UsageError(f"--set min_free: {shown!r} has no unit: did you mean min_free={shown}G?")
             try:
-                timespec.parse_typed_bytes(shown, "--set min_free")  # as add's --min-free: above 0
+                size = timespec.parse_typed_bytes(shown, "--set min_free")  # as add's --min-free: above 0
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-            out[key] = shown  # read again by the dropped file's rules
+            # read again by the dropped file's rules; the size it has, in other words, is no change
+            out[key] = fields[key] if _bytes_text(size) == fields.get(key) else shown
             continue
         if key in TYPED_SIZES and text.strip() != "null":
             try:
-                timespec.parse_memory_mib(text, f"--set {key}")
+                mib = timespec.parse_memory_mib(text, f"--set {key}")
             except ValueError as exc:
                 raise UsageError(str(exc).replace("did you mean ", f"did you mean {key}=", 1)) from None
-            out[key] = text.strip()  # read again by the dropped file's rules, with its unit
+            # read again by the dropped file's rules, with its unit; the size it has is no change
+            out[key] = fields[key] if mib == fields.get(key) else text.strip()
             continue
         try:
             out[key] = json.loads(text)
