@@ -185,6 +185,10 @@ def test_a_job_that_can_never_fit_is_blocked_forever() -> None:
     assert place(Request(1, 204800), TWO) == Blocked(
         "needs 200.0 GiB on a GPU; the largest here is GPU 0 with 79.6 GiB", forever=True
     )
+    # on each of 2 GPUs, the smaller of the 2 largest bounds what fits (the largest alone would not)
+    assert place(Request(2, 61440), [gpu(0), gpu(1, total=40000), gpu(2, total=H100 // 2)]) == Blocked(
+        "needs 60.0 GiB on each of 2 GPUs; the smallest of the 2 largest here is GPU 2 with 39.8 GiB", forever=True
+    )
 
 
 def test_a_never_job_does_not_hold_up_the_queue_but_a_waiting_one_does() -> None:

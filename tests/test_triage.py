@@ -120,6 +120,25 @@ def test_a_job_this_worker_can_never_start_is_offered_the_edit_that_fits(gq: Env
     gq.gpuq("stop")
 
 
+def test_a_job_needing_more_memory_on_each_of_its_gpus_is_offered_the_size_that_fits(gq: Env) -> None:
+    """`needs 60.0 GiB on each of 3 GPUs` on GPUs of 80, 80 and 39 GiB: triage offers the edit to
+    what 3 of them have (it said "nothing to fix"; the reason named the largest GPU, on which the
+    job would still not fit), and each job so edited runs."""
+    gpus = Gpus(gq, fake_gpus(4, total=300_000))  # as they were queued; the worker has less
+    asks = {("2", "200G"): "gpu_mem=79G", ("3", "60G"): "gpu_mem=39G"}  # 39G: GPU 2's 39.1 GiB
+    jobs = {gq.add("--gpus", count, "--gpu-mem", size, "true"): setting for (count, size), setting in asks.items()}
+    smaller = fake_gpus(3)
+    smaller["gpus"][2]["memory_total_mib"] = 40000
+    gpus.set(smaller)
+    gq.start_worker("--watch")
+    for job, setting in jobs.items():
+        found = wait_for(lambda j=job: (t := triage_of(gq, j))["waiting_for"].startswith("blocked: ") and t)
+        assert commands(found) == [f"gpuq edit {job} --set {setting}"], found["waiting_for"]
+        gq.gpuq("edit", str(job), "--set", setting)
+        gq.wait_state(job, "done")
+    gq.gpuq("stop")
+
+
 def test_an_unknown_id_is_refused_as_show_refuses_it(gq: Env) -> None:
     gq.script("train.py", "print(1)\n")
     gq.add("--hold", "train.py")

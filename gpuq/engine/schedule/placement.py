@@ -298,11 +298,12 @@ def _place_whole(count: int, states: list[_GpuState], threshold: int, text: _Tex
 def _place_shared(count: int, need: int, states: list[_GpuState], text: _Texts) -> Decision:
     big_enough = [s for s in states if s.gpu.memory_total_mib >= need]
     if len(big_enough) < count:
-        largest = max(states, key=lambda s: (s.gpu.memory_total_mib, -s.gpu.index))
-        each = "a GPU" if count == 1 else f"each of {count} GPUs"
+        # the GPU whose memory bounds what fits on `count` of them (triage offers that size)
+        limit = sorted(states, key=lambda s: (-s.gpu.memory_total_mib, s.gpu.index))[count - 1]
+        each = "a GPU; the largest" if count == 1 else f"each of {count} GPUs; the smallest of the {count} largest"
         return Blocked(
-            f"needs {mib_text(need)} on {each}; the largest here is GPU {largest.gpu.index} "
-            f"with {mib_text(largest.gpu.memory_total_mib)}",
+            f"needs {mib_text(need)} on {each} here is GPU {limit.gpu.index} "
+            f"with {mib_text(limit.gpu.memory_total_mib)}",
             forever=True,
         )
     fits = [s for s in big_enough if not s.whole and s.free_mib >= need and not _taken(s)]
