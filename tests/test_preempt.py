@@ -214,6 +214,12 @@ def last_step(gq, job_id: int) -> int:
     return int(steps[-1]) if steps else 0
 
 
+def shown(gq, job_id: int) -> dict[str, str]:
+    """`gpuq show`'s lines, label -> text."""
+    lines = gq.gpuq("show", str(job_id)).stdout.splitlines()[1:]
+    return dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in lines if re.search(r"\S\s{2,}\S", line))
+
+
 def runs(out: Path) -> list[tuple[int, int]]:
     path = out / "runs.txt"
     return [tuple(map(int, line.split())) for line in path.read_text().split("\n") if line] if path.exists() else []
@@ -245,11 +251,16 @@ def test_preempt_records_checkpoint_and_lost_steps_then_resume_finishes(gq, grac
     assert record["checkpoint"] == job["checkpoint"] == str(out / f"checkpoint-{record['checkpoint_step']}")
     assert "waiting up to 60s" in proc.stdout and record["checkpoint"] in proc.stdout
     assert not (gq.home / "control" / f"{jid:06d}.json").exists()
+    assert shown(gq, jid)["checkpoint"] == record["checkpoint"]  # where `resume` would continue
 
     res = gq.gpuq("resume", str(jid))
     assert record["checkpoint"] in res.stdout
     job = wait_state(gq, jid, "done", timeout=30)
     assert job["resumed_from"] == record["checkpoint"] and job["resumed_from_step"] == record["checkpoint_step"]
+    # the preemption's checkpoint is past (checkpoint-60 is the newest now): show says what it resumed
+    # from, and no longer names it as the job's checkpoint
+    card = shown(gq, jid)
+    assert "checkpoint" not in card and card["last attempt resumed from"].startswith(record["checkpoint"]), card
     assert runs(out)[-1] == (record["checkpoint_step"], 60)  # started at the checkpoint, reached max_steps
     row = next(r for r in gq.status_json() if r["id"] == jid)
     assert row["resumed_from"] == record["checkpoint"] and row["preemptions"][-1]["lost_steps"] is not None

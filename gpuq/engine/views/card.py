@@ -17,6 +17,7 @@ from gpuq.core.states import (
     HELD,
     HELD_NOTE,
     PENDING,
+    PREEMPTED,
     RAY,
     RUNNING,
     SLURM,
@@ -217,7 +218,10 @@ def _checkpoints(state: str, job: Job) -> list[Line]:
         if p
     )
     label = RESUMED_FROM.get(state, "last attempt resumed from")
-    return [("checkpoint", job.checkpoint or ""), (label, resumed), ("resume", how)]
+    # `checkpoint`: the newest when it was preempted; once it went on, it is past (the resumed-from
+    # line says where the job continued, `preemptions` what each preemption left)
+    preempted = job.checkpoint if state == PREEMPTED else None
+    return [("checkpoint", preempted or ""), (label, resumed), ("resume", how)]
 
 
 def _gpus(state: str, job: Job) -> list[Line]:
