@@ -10,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import wait_for
+from conftest import WAIT_FOR_GO, wait_for
 from test_gpu_worker import Gpus, fake_gpus, seen
 from test_gpu_worker import add as add_gpu_job
 
@@ -314,3 +314,29 @@ def test_an_adopted_process_without_cuda_visible_devices_holds_every_gpu(gq, out
     out = gq.gpuq("adopt", str(by_hand(outside, gq, "").pid)).stdout
     assert "holds no GPU (its CUDA_VISIBLE_DEVICES is empty): other jobs start beside it" in out, out
     assert row_of(gq, waiting)["state"] == "pending"
+
+
+def test_an_adopted_job_is_not_gpuqs_to_preempt_and_has_no_supervisor(gq, outside) -> None:
+    """With only an adopted job running, `add --urgent` said "nothing running that it could
+    preempt": it says the adopted job is not gpuq's to preempt. `gpuq stop` said every running job's
+    supervisor records how it ends: an adopted job has none, and it says how that one is recorded."""
+    Gpus(gq, fake_gpus(1))
+    proc = by_hand(outside, gq, "0")
+    out = gq.gpuq("adopt", str(proc.pid), "--name", "by hand").stdout
+    adopted = int(out.split("#")[1].split(":")[0])
+    gq.start_worker("--watch")
+    urgent = gq.gpuq("add", "--urgent", "--", "true").stdout
+    said = f"(nothing running that it could preempt: #{adopted} by hand is adopted, not gpuq's to preempt)"
+    assert said in urgent, urgent
+    gq.gpuq("cancel", urgent.split("#", 1)[1].split(":", 1)[0])
+    gq.script("wait.py", WAIT_FOR_GO)
+    beside = gq.add("--gpus", "0", "wait.py")  # a CPU job of gpuq's, beside it
+    wait_state(gq, beside, "running")
+    stopped = gq.gpuq("stop").stdout
+    assert (
+        f"jobs keep running: #{beside} work/wait (their supervisors record how they end); "
+        f"#{adopted} by hand (adopted, no supervisor: recorded done once its process is gone)."
+    ) in stopped, stopped
+    (gq.work / "go").touch()
+    (gq.work / "release").touch()
+    assert wait_state(gq, adopted, "done")["exit_code"] is None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import alive, wait_for
+from test_gpu_worker import Gpus, fake_gpus
 
 from gpuq.core import resume_arg, schema
 from gpuq.core.job import Job
@@ -410,6 +411,23 @@ def test_urgent_job_preempts_runs_first_then_victim_resumes_ahead_of_queue(gq) -
     start = {j: parse_iso(gq.job(j)["started_at"]) for j in (low, later, urgent)}
     assert parse_iso(gq.job(urgent)["finished_at"]) <= start[low] <= start[later]
     assert f"preempting job #{low}" in gq.worker_output()
+
+
+def test_urgent_add_says_a_no_resume_job_with_checkpoints_does_not_resume(gq) -> None:
+    """A running --no-resume job would start over though it wrote checkpoints (and is --preemptible):
+    `add --urgent` said it "has no checkpoint and is not --preemptible"; it says it does not resume."""
+    Gpus(gq, fake_gpus(1))
+    setup_trainer(gq)
+    opts = ("--no-resume", "--preemptible")
+    low = add_trainer(gq, "--output_dir", "low", "--max_steps", "100000", "--save_steps", "2", gpuq_opts=opts)
+    gq.start_worker("--watch")
+    wait_for(lambda: (gq.work / "low" / "checkpoint-2" / "trainer_state.json").exists(), 20, what="a checkpoint")
+    added = gq.gpuq("add", "--urgent", "--", "true").stdout
+    assert f"(#{low} work/fake_trainer does not resume (--no-resume)), so it waits" in added, added
+    gq.gpuq("cancel", added.split("#", 1)[1].split(":", 1)[0])
+    forced = gq.gpuq("add", "--urgent=force", "--", "true").stdout
+    assert f"job #{low} work/fake_trainer is preempted" in forced, forced
+    assert "it starts over (--no-resume: --urgent=force)" in forced, forced
 
 
 def test_urgent_job_waits_beside_a_job_that_would_start_over_unless_forced(gq) -> None:

@@ -117,11 +117,14 @@ def cmd_stop(args: argparse.Namespace) -> int:
         for job, ended in actions.kill_each(sp, running):
             print(f"killed job #{job.id} {job.name}" if ended is None else f"job #{job.id} {job.name} ended ({ended})")
     elif running:
-        names = ", ".join(f"#{j.id} {j.name}" for j in running)
-        print(
-            f"jobs keep running: {names} (their supervisors record how they end). "
-            "`gpuq stop --kill-jobs` stops them too."
-        )
+        said = []
+        supervised = [f"#{j.id} {j.name}" for j in running if not j.adopted]
+        if supervised:
+            said.append(f"{', '.join(supervised)} (their supervisors record how they end)")
+        adopted = [f"#{j.id} {j.name}" for j in running if j.adopted]
+        if adopted:  # no supervisor: gpuq's next look finds its process gone and records it done
+            said.append(f"{', '.join(adopted)} (adopted, no supervisor: recorded done once its process is gone)")
+        print(f"jobs keep running: {'; '.join(said)}. `gpuq stop --kill-jobs` stops them too.")
     return 0
 
 

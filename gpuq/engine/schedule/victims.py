@@ -71,13 +71,18 @@ def foreseen(urgent: Job, running: list[Job]) -> str:
     """What `gpuq add --urgent` says will happen if no slot is free: whom the worker would preempt."""
     choices = candidates(urgent, running)
     if not choices:
-        return "urgent: first in line (nothing running that it could preempt)"
+        # an adopted job has no supervisor of gpuq's to save and stop it, and was not started by gpuq
+        adopted = [job for job in running if job.adopted]
+        named = ", ".join(f"#{job.id} {job.name}" for job in adopted)
+        whose = f": {named} {'is' if len(adopted) == 1 else 'are'} adopted, not gpuq's to preempt" if adopted else ""
+        return f"urgent: first in line (nothing running that it could preempt{whose})"
     chosen = next(iter(in_preference(choices, urgent)), None)
     if chosen is None:
-        first = choices[0]
+        first = choices[0]  # a --no-resume job may have checkpoints, but never continues from them
+        why = "does not resume (--no-resume)" if first.no_resume else "has no checkpoint and is not --preemptible"
         return (
-            f"urgent: first in line; {NO_VICTIM.split(' (')[0]} (#{first.id} {first.name} has no checkpoint "
-            "and is not --preemptible), so it waits for a free slot; `--urgent=force` preempts one anyway"
+            f"urgent: first in line; {NO_VICTIM.split(' (')[0]} (#{first.id} {first.name} {why}), "
+            "so it waits for a free slot; `--urgent=force` preempts one anyway"
         )
     if urgent.gpu_request and urgent.gpu_mem_mib is None:  # whole GPUs: the jobs on each GPU it empties
         emptying = _emptying(urgent, in_preference(choices, urgent), running)
@@ -85,11 +90,12 @@ def foreseen(urgent: Job, running: list[Job]) -> str:
             named = ", ".join(f"#{job.id} {job.name}" for job in emptying)
             gpus = ",".join(sorted({str(g) for job in emptying for g in job.gpus or ()}))
             over = [job for job in emptying if not how_it_continues(job)]
-            then = "; those without a checkpoint start over (--urgent=force)" if over else ""
+            then = "; those that cannot resume start over (--urgent=force)" if over else ""
             return f"urgent: if no GPU is free, jobs {named} (on GPU {gpus}) are preempted and resumed after{then}"
         chosen = emptying[0] if emptying else chosen
     how = how_it_continues(chosen)
-    then = f"it continues {how}" if how else "it starts over (no checkpoint: --urgent=force)"
+    lacks = "--no-resume" if chosen.no_resume else "no checkpoint"
+    then = f"it continues {how}" if how else f"it starts over ({lacks}: --urgent=force)"
     return f"urgent: if no slot is free, job #{chosen.id} {chosen.name} is preempted and resumed after; {then}"
 
 
