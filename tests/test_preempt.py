@@ -502,6 +502,8 @@ def test_ckpt_glob_and_resume_arg(gq) -> None:
         "30",
         "--save_steps",
         "4",
+        "--step_time",
+        "0.2",  # 6 s in all: the preempt after step 10 lands before the end on a loaded machine too
         gpuq_opts=("--ckpt-glob", "out/ckpts/model_epoch_*.pt", "--resume-arg", "ckpt_path={ckpt}"),
     )
     gq.start_worker("--watch")
