@@ -328,3 +328,14 @@ def test_a_whole_command_in_one_quoted_word_is_refused_with_the_line_to_type(gq:
     spaced.chmod(0o755)
     job = gq.add("./my run.sh")
     assert gq.job(job)["cmd"] == ["./my run.sh"]
+
+
+def test_an_empty_conda_or_python_is_refused_and_nothing_is_queued(gq: Env) -> None:
+    """`--conda ""` and `--python ""` were ignored (the job ran with the PATH's python), so `--conda
+    "$ENV"` with ENV unset ran in the wrong environment; `--conda " "` exited 1."""
+    gq.script("t.py", "print(1)\n")
+    for flag, value in (("--conda", ""), ("--conda", " "), ("--python", ""), ("-p", "")):
+        proc = gq.gpuq("add", f"{flag}={value}", "t.py", check=False)
+        assert (proc.returncode, proc.stdout, proc.stderr.count("\n")) == (2, "", 1), proc
+        assert f"expected a value, got {value!r}" in proc.stderr
+    assert gq.status_json() == []

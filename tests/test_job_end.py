@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -110,3 +111,41 @@ def test_end_group_reports_what_it_ended(tmp_path: Path) -> None:
     assert end.by_term == [f"{obedient} python"] and end.by_kill == [f"{stubborn} python"] and end.survivors == []
     assert not alive(stubborn) and not alive(obedient)
     assert proctree.end_group(leader.pid, 0.5) is None
+
+
+SAVES_ON_SIGTERM = """\
+import signal, sys, time
+def save(*_):
+    print("saving", flush=True); time.sleep(3); print("saved", flush=True); sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+print("up", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_kill_waits_the_workers_kill_grace_for_a_job_that_saves(gq: Env) -> None:
+    """`gpuq kill` and `cancel` SIGKILLed after 10 s whatever the worker's --kill-grace: a job saving
+    a checkpoint for longer was cut short; with --kill-grace 1 a cancel waited 10 s for nothing."""
+    gq.script("saves.py", SAVES_ON_SIGTERM)
+    job_id = gq.add("saves.py")
+    gq.start_worker("--watch", "--kill-grace", "20")
+    wait_for(lambda: "up" in gq.log(job_id), 15, what="the job to start")
+    out = gq.gpuq("kill", str(job_id), timeout=60).stdout
+    assert "(SIGKILL after 20s)" in out and "exit 0" in out, out
+    assert "saved" in gq.log(job_id)
+
+
+def test_a_cancel_under_a_short_kill_grace_is_over_soon(gq: Env) -> None:
+    gq.script("family.py", FAMILY)
+    job_id = gq.add("family.py", "run")
+    gq.start_worker("--watch", "--kill-grace", "1")
+    wait_for(lambda: (gq.work / "child.pid").exists(), 15, what="the job's child")
+    started = time.monotonic()
+    out = gq.gpuq("cancel", str(job_id), timeout=60).stdout
+    try:
+        assert "(SIGKILL after 1s)" in out and time.monotonic() - started < 6, out
+    finally:
+        daemon = int((gq.work / "daemon.pid").read_text())
+        if alive(daemon):
+            os.kill(daemon, signal.SIGKILL)

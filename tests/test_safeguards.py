@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Env, spool_with_true_jobs, wait_for
+from conftest import WAIT_FOR_GO, Env, spool_with_true_jobs, wait_for
+from test_gpu_worker import fake_gpus
 
 from gpuq.core.times import parse_iso
 
@@ -132,6 +133,32 @@ def test_while_the_worker_drains_a_pending_job_is_said_to_wait_for_it_with_no_st
     (gq.work / "finish").write_text("")
     assert worker.wait(20) == 0
     assert gq.state_of(running) == "done" and gq.state_of(waiting) == "pending"
+
+
+def test_while_the_worker_drains_a_job_waiting_for_a_gpu_or_its_begin_time_is_said_to_wait_for_it(
+    gq: Env, tmp_path: Path
+) -> None:
+    """status, show and triage said a pending job waited "for a free GPU (0: job #1)" (the draining
+    worker's last view) and a --begin job "starts at 01:38 (--begin)", though neither would start."""
+    (tmp_path / "gpus.json").write_text(json.dumps(fake_gpus(1)))
+    gq.env["GPUQ_FAKE_GPUS"] = str(tmp_path / "gpus.json")
+    gq.script("wait.py", WAIT_FOR_GO)
+    running = gq.add("wait.py")
+    worker = gq.start_worker("--watch")
+    gq.wait_state(running, "running")
+    behind, later = gq.add("true"), gq.add("--begin", "+1h", "true")
+    gpu_wait = lambda: next(r for r in gq.status_json() if r["id"] == behind)["waiting"] or ""  # noqa: E731
+    wait_for(lambda: "free GPU" in gpu_wait(), 20, what="the worker to say the job waits for the GPU")
+    gq.gpuq("stop", "--drain")
+    wait_for(lambda: "draining" in gq.gpuq("status").stdout, 10, what="status to say the worker drains")
+    draining = "the worker is draining (`gpuq stop --drain`): it starts nothing new"
+    for job in (behind, later):
+        (line,) = [line for line in gq.gpuq("status").stdout.splitlines() if line.split()[:1] == [str(job)]]
+        assert draining in line, line
+        assert f"  state      pending: {draining}" in gq.gpuq("show", str(job)).stdout
+        assert json.loads(gq.gpuq("triage", "--json", str(job)).stdout)["waiting_for"].startswith(draining)
+    (gq.work / "go").write_text("")
+    assert worker.wait(20) == 0
 
 
 def test_wait_returns_when_the_jobs_end_with_the_right_exit_code(gq: Env) -> None:

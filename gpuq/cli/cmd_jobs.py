@@ -21,7 +21,6 @@ from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import actions, edit, repairs, requests
 from gpuq.engine.lifecycle.requests import Done
 from gpuq.engine.views import card
-from gpuq.system.proctree import KILL_GRACE_SECONDS
 
 
 def _on_each(request: requests.OnJobs, said: Callable[[Done], Optional[str]]) -> int:
@@ -36,8 +35,8 @@ def _on_each(request: requests.OnJobs, said: Callable[[Done], Optional[str]]) ->
     return code
 
 
-def _say_killing(job_id: int) -> None:
-    print(f"sending SIGTERM to job #{job_id}'s process group (SIGKILL after {KILL_GRACE_SECONDS:.0f}s)...", flush=True)
+def _say_killing(job_id: int, grace: float) -> None:
+    print(f"sending SIGTERM to job #{job_id}'s process group (SIGKILL after {grace:g}s)...", flush=True)
 
 
 def _cancelled(done: Done, _args: argparse.Namespace) -> str:

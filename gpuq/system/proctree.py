@@ -140,6 +140,14 @@ def signal_each(processes: list[Any], method: str) -> None:
             getattr(proc, method)()
 
 
+def job_grace(job: Job) -> float:
+    """The --kill-grace of the worker that started the job, which its supervisor recorded; else the default."""
+    grace = (job.supervisor or {}).get("kill_grace")
+    if isinstance(grace, (int, float)) and not isinstance(grace, bool) and grace >= 0:
+        return float(grace)
+    return KILL_GRACE_SECONDS
+
+
 def terminate_tree(job: Job, grace: float) -> bool:
     """SIGTERM the job's process group, wait up to `grace` for all of it to go, then SIGKILL
     whatever is left of it. True once nothing of the job lives."""

@@ -43,7 +43,7 @@ class Action(NamedTuple):
 def _on(request: Callable[..., requests.OnJobs], said: Callable[[requests.Done], str]) -> Callable[[Spool, int], str]:
 
     def call(sp: Spool, job_id: int) -> str:
-        done = request(ids=[job_id]).one(sp, job_id, lambda _job_id: None)
+        done = request(ids=[job_id]).one(sp, job_id, lambda _job_id, _grace: None)
         return f"#{job_id} {done.job.name} {said(done)}"
 
     return call

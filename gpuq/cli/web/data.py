@@ -241,7 +241,7 @@ def act(sp: Spool, name: str, job_id: int) -> str:
     request = ON_IDS.get(name)
     if request is None:
         raise Refused(f"no such action: {name}")
-    done = request(ids=[job_id]).one(sp, job_id, lambda _job_id: None)  # a refusal raises
+    done = request(ids=[job_id]).one(sp, job_id, lambda _job_id, _grace: None)  # a refusal raises
     said = {
         "cancel": render.killed_text(done.job, f"{CANCELLED}: it was running, killed") if done.killed else CANCELLED,
         "kill": render.killed_text(done.job),

@@ -40,10 +40,12 @@ from gpuq.engine.schedule.queue_read import PendingCache, read_queue
 from gpuq.engine.tracking import continuation
 from gpuq.spool import JobRef, Spool, SpoolFull
 from gpuq.system import proctree
-from gpuq.system.proctree import KILL_GRACE_SECONDS
 
 KILLED_THERE = "killed by user (gpuq kill)"
 PID_WAIT_SECONDS = 5.0  # a job just handed to its supervisor gets its pid within milliseconds
+# A kill's own SIGKILL comes this long after the grace: the job's supervisor, whose grace starts when
+# the main process is gone, SIGKILLs what is left first and logs it; ours is for a dead supervisor's.
+SUPERVISOR_LEAD = 2.0
 
 
 def running_with_pid(spool: Spool, job_id: int) -> tuple[JobRef, Job]:
@@ -56,12 +58,13 @@ def running_with_pid(spool: Spool, job_id: int) -> tuple[JobRef, Job]:
     return ref, job
 
 
-def cancel(spool: Spool, job_id: int, killing: Callable[[], object] = lambda: None, force: bool = False) -> Job:
-    """A running job is killed first (`killing` told just before), as Slurm's scancel does. `force`:
+def cancel(
+    spool: Spool, job_id: int, killing: Callable[[float], object] = lambda _grace: None, force: bool = False
+) -> Job:
+    """A running job is killed first (`killing` told its grace just before), as Slurm's scancel does. `force`:
     a job on a cluster that cannot be told is recorded cancelled here only."""
     if spool.jobs.find(job_id, (RUNNING,)):
-        killing()
-        return kill(spool, job_id, action=CANCEL)
+        return kill(spool, job_id, action=CANCEL, stopping=killing)
     if spool.jobs.find(job_id, (SLURM,)):
         return slurm_handover.cancel(spool, job_id, force=force)
     if spool.jobs.find(job_id, (RAY,)):
@@ -89,17 +92,22 @@ def release(spool: Spool, job_id: int) -> Job:
         return spool.jobs.move(ref, job, PENDING, transitions.release())[1]
 
 
-def kill(spool: Spool, job_id: int, grace: float = KILL_GRACE_SECONDS, action: str = KILL) -> Job:
-    """SIGTERM the running job's process group, SIGKILL after `grace`; its note says who asked. A job
-    on a cluster is stopped there (scancel, Ray's stop) and cancelled, as `gpuq cancel` does."""
+def kill(
+    spool: Spool, job_id: int, action: str = KILL, stopping: Callable[[float], object] = lambda _grace: None
+) -> Job:
+    """SIGTERM the running job's process group, SIGKILL after its worker's --kill-grace (`stopping`
+    told it just before); its note says who asked. A job on a cluster is stopped there (scancel, Ray's
+    stop) and cancelled, as `gpuq cancel` does."""
     if spool.jobs.find(job_id, (SLURM,)):
         return slurm_handover.cancel(spool, job_id, note=KILLED_THERE)
     if spool.jobs.find(job_id, (RAY,)):
         return ray_handover.cancel(spool, job_id, note=KILLED_THERE)
     _ref, job = running_with_pid(spool, job_id)
+    grace = proctree.job_grace(job)
+    stopping(grace)
     with suppress(SpoolFull):  # a full disk: the job is still stopped; its supervisor records it as failed (143)
         spool.control.request(job_id, action)
-    if not proctree.terminate_tree(job, grace):
+    if not proctree.terminate_tree(job, grace + SUPERVISOR_LEAD):
         raise Refused(f"job #{job_id} (pid {job.pid}) did not die")
     return wait_until_settled(spool, job_id)
 

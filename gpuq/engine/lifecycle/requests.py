@@ -13,7 +13,7 @@ from gpuq.core.states import FINISHED, RAY, RUNNING, SLURM
 from gpuq.engine.lifecycle import actions, clearing, edit, preempt
 from gpuq.spool import Spool
 
-Stopping = Callable[[int], object]  # told a running job's id just before its process group is signalled
+Stopping = Callable[[int, float], object]  # a running job's id and grace, just before its process group is signalled
 
 
 class Done(NamedTuple):
@@ -39,9 +39,9 @@ class Cancel(OnJobs):
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
         killed: list[int] = []
 
-        def killing() -> None:
+        def killing(grace: float) -> None:
             killed.append(job_id)
-            stopping(job_id)
+            stopping(job_id, grace)
 
         return Done(actions.cancel(spool, job_id, killing, self.force), killed=bool(killed))
 
@@ -51,8 +51,7 @@ class Kill(OnJobs):
     def one(self, spool: Spool, job_id: int, stopping: Stopping) -> Done:
         if not spool.jobs.find(job_id, (SLURM, RAY)):  # one on a cluster is stopped there: no signal here
             actions.get(spool, job_id, (RUNNING,))  # refused before anything is said or sent
-            stopping(job_id)
-        return Done(actions.kill(spool, job_id))
+        return Done(actions.kill(spool, job_id, stopping=lambda grace: stopping(job_id, grace)))
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,7 @@ class Resume(OnJobs):
 
 
 def each(
-    spool: Spool, request: OnJobs, stopping: Stopping = lambda _job_id: None
+    spool: Spool, request: OnJobs, stopping: Stopping = lambda _job_id, _grace: None
 ) -> Iterator[tuple[int, Union[Done, GpuqError]]]:
     """Each id once: what the request made of the job, or why it was refused. Those not running come
     first: a running job stopped first would hand its slot to a listed pending one, which would start."""

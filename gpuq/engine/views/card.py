@@ -35,7 +35,7 @@ from gpuq.engine.schedule import gpuview, hostroom, scheduler
 from gpuq.engine.schedule.queue_read import read_queue
 from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views import attempts
-from gpuq.engine.views.status import known_waits
+from gpuq.engine.views.status import pending_reasons
 from gpuq.spool import JobRef, Spool
 from gpuq.system.gpu_presence import may_have_gpus
 from gpuq.system.gpus import mib_text
@@ -116,7 +116,7 @@ def why_waiting(spool: Spool, state: str, job: Job) -> str:
     snap, _ = read_queue(spool)
     live, views = spool.workers.live(), spool.workers.gpu_views()
     shown = gpuview.current(spool, snap.running, views)
-    wait = scheduler.waiting_reasons(snap, known_waits(spool, snap, live, views, shown)).get(job.id)
+    wait = pending_reasons(spool, snap, live, views, shown).get(job.id)
     if wait is not None:
         return (scheduler.BLOCKED if wait.forever else "") + wait.reason
     if not live:

@@ -116,7 +116,7 @@ def status(
     views = spool.workers.gpu_views()
     shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old
     guarded = diskguard.waits(snap.pending)
-    reasons = scheduler.waiting_reasons(snap, known_waits(spool, snap, workers, views, shown, guarded))
+    reasons = pending_reasons(spool, snap, workers, views, shown, guarded)
     name_the_first_in_line(snap, reasons)
     for job in scheduler.queue_order(snap.pending):
         rows.append(Row(job, PENDING, reasons[job.id]))
@@ -160,6 +160,24 @@ def status(
 IN_LINE = (RUNNING, PENDING, HELD)  # the rows shown first, by id; the others come after them
 
 
+def pending_reasons(
+    spool: Spool,
+    snap: scheduler.QueueState,
+    workers: list[dict[str, Any]],
+    views: list[dict[str, Any]],
+    shown: Optional[dict[str, Any]],
+    guarded: Optional[dict[int, scheduler.Wait]] = None,
+) -> dict[int, Optional[scheduler.Wait]]:
+    """Why each pending job waits, as status and show say it. While every worker drains, none of them
+    starts: that is said instead of a GPU, a --begin time or a running dependency (which would end),
+    only a job blocked for good keeping its own reason."""
+    reasons = scheduler.waiting_reasons(snap, known_waits(spool, snap, workers, views, shown, guarded))
+    if workers and all(worker.get("draining") for worker in workers):
+        drain = scheduler.Wait(scheduler.DRAINING, False)
+        reasons = {i: w if w is not None and w.forever else drain for i, w in reasons.items()}
+    return reasons
+
+
 def known_waits(
     spool: Spool,
     snap: scheduler.QueueState,
@@ -171,8 +189,6 @@ def known_waits(
     """What holds pending jobs beside the scheduler's own reasons, the later ones winning."""
     waits: dict[int, scheduler.Wait] = {}
     ids = [job.id for job in snap.pending]
-    if workers and all(worker.get("draining") for worker in workers):  # each waits for a worker that starts jobs
-        waits.update(dict.fromkeys(ids, scheduler.Wait(scheduler.DRAINING, False)))
     waits.update(diskguard.waits(snap.pending) if guarded is None else guarded)  # the caller's, if it has them
     free = spool.disk_space()[1]
     if free < MIN_FREE_TO_START and ids:  # on a full disk a worker starts nothing

@@ -30,7 +30,10 @@ def record_process(run: Run, child: subprocess.Popen) -> dict[str, Any]:
     """The job's pid and this supervisor, recorded now if the job still runs, so that a crash of ours
     leaves it findable; else (or on a full disk) returned, to go with its end record."""
     ident = procs.identity(child.pid)  # before poll(): an ended child is still there, unreaped
-    process = {"pid": child.pid, "pid_create_time": ident["create_time"], "supervisor": _identity()}
+    # the worker's --kill-grace with it: `gpuq kill` and `cancel` give the job the grace its end would
+    grace = run.order.kill_grace
+    supervisor = _identity() if grace is None else {**_identity(), "kill_grace": grace}
+    process = {"pid": child.pid, "pid_create_time": ident["create_time"], "supervisor": supervisor}
     if run.host is not None or run.job.host_limits_by:  # `host_limits_by`: an earlier attempt's cleared
         process["host_limits_by"] = run.host.recorded() if run.host is not None else None
     if child.poll() is None:
