@@ -12,17 +12,18 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from conftest import Env, wait_for
+from conftest import WAIT_FOR_GO, Env, wait_for
 from test_gpu_worker import Gpus, fake_gpus
 from test_queue_eta import PACED
 from test_turns import _policy, needs_root
 
 from gpuq.core.job import Job
-from gpuq.core.states import DONE, PENDING
+from gpuq.core.states import DONE, PENDING, RUNNING
 from gpuq.engine.schedule.planner import OtherLeases, Planner
 from gpuq.engine.schedule.scheduler import QueueState, Wait
 from gpuq.engine.schedule.turns import Turns
 from gpuq.engine.tracking import queue_eta
+from gpuq.spool import Spool
 from gpuq.system import policy
 from gpuq.system.gpus import from_json, look
 
@@ -195,6 +196,50 @@ def test_status_expects_a_job_the_cap_holds_back_when_the_users_job_ends(
     assert rows[b]["starts_in_seconds"] == pytest.approx(rows[a]["eta_seconds"], abs=0.11), rows[b]["eta_method"]
     (gq.work / "stop").write_text("")
     gq.wait_state(b, DONE, timeout=60)
+
+
+@needs_root
+def test_add_takes_a_job_over_a_cap_root_has_removed_since_the_worker_looked(
+    gq: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle `run --watch` worker's GPU view keeps the cap it saw: `add` read it there, and kept
+    refusing the job for hours after root had removed the cap; it reads the file as it is now."""
+    _cap_of_one_on_two_gpus(gq, tmp_path, monkeypatch)
+    sp = Spool(gq.home).ensure()
+    gq.start_worker("--watch")
+    wait_for(lambda: [v.get("max_gpus") for v in sp.workers.gpu_views()] == [1], what="the worker's view of the cap")
+    assert gq.gpuq("add", "--gpus", "2", "true", check=False).returncode == 2
+    Path(gq.env[policy.POLICY_ENV]).write_text("[default]\n")  # root lifts the cap
+    job = gq.add("--gpus", "2", "true")
+    gq.wait_state(job, DONE)
+
+
+@needs_root
+def test_a_policy_file_made_writable_by_others_stops_counting_at_once_and_every_view_says_so(
+    gq: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`chmod 666` changes neither the file's mtime nor its size, by which a worker kept its policy:
+    it went on enforcing the cap that `gpuq lease` said was ignored, and `gpus` and `status` said nothing."""
+    _cap_of_one_on_two_gpus(gq, tmp_path, monkeypatch)
+    gq.script("wait.py", WAIT_FOR_GO)
+    first, second = gq.add("wait.py"), gq.add("wait.py")
+    gq.start_worker("--watch")
+
+    def waiting() -> str:
+        return next(row for row in gq.status_json() if row["id"] == second)["waiting"] or ""
+
+    wait_for(lambda: waiting() == _limit(1), what="the second job to wait for the cap")
+    path = Path(gq.env[policy.POLICY_ENV])
+    path.chmod(0o666)
+    gq.wait_state(second, RUNNING)
+    line = f"policy file {path} is writable by others than root (mode 0666): ignored, no caps or weights apply"
+    assert gq.worker_output().count(line) == 1, gq.worker_output()
+    for command in ("gpus", "status"):
+        shown = gq.gpuq(command).stdout
+        assert shown.count(line) == 1, shown
+    (gq.work / "go").touch()
+    gq.wait_state(first, DONE)
+    gq.wait_state(second, DONE)
 
 
 @pytest.mark.parametrize(

@@ -339,6 +339,27 @@ def test_a_gpuq_lease_of_one_user_delays_the_other_users_job_until_its_command_e
             lease.wait()
 
 
+def test_a_placing_lock_its_owner_made_unreadable_is_said_by_the_worker_gpus_and_status(
+    users: tuple[User, User],
+) -> None:
+    """Bob made GPU 0's placing lock, then `chmod 000` it: alice's gpuq can take no lease there. Her
+    job runs on the memory gate alone, and her worker's log, `gpuq gpus` and `gpuq status` say why in
+    one line each (only the job's log and `gpuq lease` did)."""
+    alice, bob = users
+    assert bob.run(bob.python, "-m", "gpuq", "lease", "--no-wait", "--", "true").returncode == 0
+    lock = Path(bob.env["GPUQ_LEASE_DIR"]) / "gpuq-lock.GPU-fake-shared-0"
+    assert bob.run("chmod", "000", str(lock)).returncode == 0
+    [job] = alice.add(1, 0.05)
+    alice.start_worker()
+    _finish(alice)
+    assert (alice.dir / f"e.{job}").exists()
+    line = f"placing lock {lock} cannot be opened: Permission denied; leases are off, the GPU memory gate alone decides"
+    assert alice.worker_output().count(line) == 1, alice.worker_output()
+    for command in ("gpus", "status"):
+        shown = alice.run(alice.python, "-m", "gpuq", command).stdout
+        assert shown.count(line) == 1, shown
+
+
 # ---- one user: a job's supervisor and its lease ------------------------------------------------
 
 

@@ -266,3 +266,6 @@ def test_the_queues_eta_counts_other_parties_leases_as_held() -> None:
         "2": (0, 81559),
     }
     assert found["1"].unleased == 500 and found["2"].leases == ()  # this spool's own lease: its running jobs
+    # a holder using more than its lease: the reason `eta` gives says what it uses
+    over = [dict(gpus[1], leases=[lease("/bob", False, 2048)])]
+    assert outside_memory(over, "/me")["1"].leases[0].endswith(f" leased by None since {hhmm(0)}, using 2.9 GiB")

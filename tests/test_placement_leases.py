@@ -93,7 +93,19 @@ def test_a_leaseholders_processes_are_its_lease_not_outside_memory() -> None:
     assert isinstance(place(Request(gpu_mem_mib=30 * GIB), busy, leased=[stranger]), Blocked)
     # whole requests: blocked by the lease, and its holder's memory is not named as someone else's
     blocked = place(Request(), busy, leased=[mine])
-    assert blocked == Blocked(f"waiting for GPU 0: 20.0 GiB leased by bob's job #12 since {AT}", False)
+    assert blocked == Blocked(f"waiting for GPU 0: 20.0 GiB leased by bob's job #12 since {AT}, using 40.0 GiB", False)
+
+
+def test_a_leaseholder_using_more_than_its_lease_is_said_to_use_it() -> None:
+    """Bob's 30 GiB lease, his job using 60 GiB: a 30 GiB job waits, and its reason says the 60 GiB
+    ("30.0 GiB leased", read alone, left room for it on a 79.6 GiB GPU)."""
+    busy = [gpu(0, processes=((500, 60 * GIB),))]
+    over = leased(0, mem_mib=30 * GIB, pids=frozenset({500}))
+    blocked = place(Request(gpu_mem_mib=30 * GIB), busy, leased=[over])
+    assert blocked == Blocked(f"waiting for GPU 0: 30.0 GiB leased by bob's job #12 since {AT}, using 60.0 GiB", False)
+    within = [gpu(0, processes=((500, 20 * GIB),))]  # using less than its lease: the lease is what it holds
+    blocked = place(Request(gpu_mem_mib=60 * GIB), within, leased=[over])
+    assert blocked == Blocked(f"waiting for GPU 0: 30.0 GiB leased by bob's job #12 since {AT}", False)
 
 
 def test_ones_own_lease_says_so_and_names_the_job() -> None:

@@ -139,6 +139,17 @@ def test_a_job_needing_more_memory_on_each_of_its_gpus_is_offered_the_size_that_
     gq.gpuq("stop")
 
 
+def test_a_job_waiting_for_a_gpu_says_what_it_waits_for_once(gq: Env) -> None:
+    """Its reason begins as `status` says it ("waiting for GPU 0: ..."), after the label that says
+    the same: triage printed "waiting for  waiting for GPU 0"."""
+    Gpus(gq, fake_gpus(1, foreign={0: (os.getpid(), 80000)}))
+    job = gq.add("--gpus", "1", "true")
+    gq.start_worker("--watch")
+    wait_for(lambda: triage_of(gq, job)["waiting_for"].startswith("waiting for GPU 0: "), what="the wait for GPU 0")
+    shown = gq.gpuq("triage", str(job)).stdout.splitlines()
+    assert shown[1].startswith("  waiting for  GPU 0: 78.1 GiB held by pid "), shown
+
+
 def test_an_unknown_id_is_refused_as_show_refuses_it(gq: Env) -> None:
     gq.script("train.py", "print(1)\n")
     gq.add("--hold", "train.py")

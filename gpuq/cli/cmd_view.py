@@ -162,8 +162,10 @@ def cmd_triage(args: argparse.Namespace) -> int:
     code = found.get("exit_code")
     ckpt = found["checkpoint"]
     step = f" (step {ckpt['step']})" if ckpt["step"] is not None else ""
+    waiting = found.get("waiting_for")
     labelled = [
-        ("waiting for", found.get("waiting_for")),
+        # most reasons begin as status says them, "waiting for GPU 0: ...": the label says that once
+        ("waiting for", waiting.removeprefix("waiting for ") if waiting else None),
         ("exit code", None if code is None else f"{code}" + (f" ({found['signal']})" if found.get("signal") else "")),
         ("reason", found.get("reason")),
         ("note", found.get("note") if found.get("note") != found.get("waiting_for") else None),

@@ -84,14 +84,17 @@ def stopping_text(action: str, since: Optional[float], now: float) -> str:
     return f"{verb} since {clock(since)} ({duration(max(0.0, now - since))})"
 
 
-def lease_text(who: str, mem_mib: Optional[int], since: float) -> str:
+def lease_text(who: str, mem_mib: Optional[int], since: float, using_mib: int = 0) -> str:
     """'leased whole by bob's job #12 since 09:14', '20.0 GiB leased by alice's job #3 since 09:02':
     a GPU lease as a reason says it, in `gpuq status` and `gpuq eta` alike (`who`: whose it is, as
-    system/leases.py's `Lease.who` tells the viewer; `mem_mib` None: whole)."""
+    system/leases.py's `Lease.who` tells the viewer; `mem_mib` None: whole). A holder's processes
+    using more than its lease (`using_mib`) count for what they use, and the reason says so: ', using
+    60.0 GiB' (a 30 GiB lease alone would read as if a 30 GiB job fitted beside it)."""
     at = time.strftime("%H:%M", time.localtime(since))
     if mem_mib is None:
         return f"leased whole by {who} since {at}"
-    return f"{mib_text(mem_mib)} leased by {who} since {at}"
+    beyond = f", using {mib_text(using_mib)}" if using_mib > mem_mib else ""
+    return f"{mib_text(mem_mib)} leased by {who} since {at}{beyond}"
 
 
 OVER_CAP = ", over your limit of "  # what a job asking for more GPUs than its user's cap waits for

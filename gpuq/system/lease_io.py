@@ -78,17 +78,25 @@ def lock_file(directory: str, uuid: str) -> int:
     path = lock_path(directory, uuid)
     for _ in range(10):  # a lock file created or removed between our two calls: look again
         try:
-            fd = os.open(path, OPEN_READ)
+            return open_lock(path)
         except FileNotFoundError:
             _create_lock_file(directory, path)
-            continue
-        except OSError as exc:
-            raise LeaseDirProblem(f"placing lock {display(path)} {link_error(exc)}; {OFF}") from None
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            return fd
-        os.close(fd)
-        raise LeaseDirProblem(f"placing lock {display(path)} is not a regular file; {OFF}")
     raise LeaseDirProblem(f"placing lock {display(path)} keeps disappearing; {OFF}")
+
+
+def open_lock(path: str) -> int:
+    """A descriptor of the placing lock file at `path`; FileNotFoundError when there is none,
+    LeaseDirProblem when it cannot serve (its owner may `chmod 000` it: then no other user can lock it)."""
+    try:
+        fd = os.open(path, OPEN_READ)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise LeaseDirProblem(f"placing lock {display(path)} {link_error(exc)}; {OFF}") from None
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    raise LeaseDirProblem(f"placing lock {display(path)} is not a regular file; {OFF}")
 
 
 def _create_lock_file(directory: str, path: str) -> None:

@@ -157,12 +157,20 @@ class LeaseDir:
 
     def live(self) -> list[Lease]:
         """Every live lease, by (gpu_index, since). Stale ones are skipped (removed when ours, or we
-        are root); files that cannot be leases are skipped with a line in `problems`."""
+        are root); files that cannot be leases, and placing locks we cannot open (no lease of ours
+        can be taken there), are skipped with a line in `problems`."""
         self.problems = []
         found = []
         for name in self._names():  # other programs' files (the directory may be /dev/shm) are never looked at
             if name.startswith(lease_io.TMP_PREFIX):
                 self._remove_if_abandoned(name)
+            elif name.startswith(lease_io.LOCK_PREFIX):
+                try:
+                    os.close(lease_io.open_lock(os.path.join(self.path, name)))
+                except FileNotFoundError:  # removed since the listing
+                    pass
+                except LeaseDirProblem as exc:
+                    self.problems.append(str(exc))
             elif name.startswith(PREFIX) and name.endswith(SUFFIX):
                 fields = self._record(name, "lease", Lease._fields[1:])
                 if fields is not None:

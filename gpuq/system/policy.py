@@ -38,7 +38,9 @@ class Policy(NamedTuple):
 
 
 NONE = Policy()
-_kept: dict[str, tuple[tuple[int, int, float, int], Policy]] = {}  # path -> (its stat key, the policy)
+# path -> (its stat key, the policy). The key holds the owner and mode, which the trust check reads:
+# a `chmod 666` or `chown` changes neither mtime nor size, and the policy must stop counting at once.
+_kept: dict[str, tuple[tuple[int, ...], Policy]] = {}
 
 
 def load(say: Callable[[str], None]) -> Policy:
@@ -54,7 +56,7 @@ def load(say: Callable[[str], None]) -> Policy:
         return NONE
     try:
         st = os.fstat(fd)
-        key = (st.st_dev, st.st_ino, st.st_mtime, st.st_size)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode, st.st_uid)
         if where in _kept and _kept[where][0] == key:
             return _kept[where][1]
         problem = _untrusted(st)

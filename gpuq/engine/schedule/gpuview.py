@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING
@@ -52,26 +52,23 @@ def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
     """`shown` with the leases live now: per GPU `leases` and the waiting `tickets` that want it,
     each `foreign` process's `lease` (the lease whose holder's tree it is in, or None),
     `lease_problems`, and `max_gpus`, this user's cap in the machine's policy (None: none)."""
-    from gpuq.system import gpus as gpu_info  # the GPUs are shown
-    from gpuq.system import lease_io, leases, policy  # (their leases, and the policy's cap on them)
+    from gpuq.system import gpus, leases  # the GPUs are shown, with their leases
 
-    # a policy file that is not sound is said by the worker that ignores it, not by every view
-    shown["max_gpus"] = policy.load(lambda _line: None).of(lease_io.user_name(os.geteuid())).max_gpus
-
+    problems: list[str] = []  # a policy file that is not sound is said here too, as the worker says it
+    shown["max_gpus"] = my_cap(problems.append)
     live: list[Any] = []
     waiting: list[Any] = []
-    problems: list[str] = []
     try:
         # A view never creates a GPUQ_LEASE_DIR that is missing: whoever creates it owns it.
         if os.path.lexists(leases.default_dir()):
             directory = leases.LeaseDir.open()
             live = directory.live()
             waiting = directory.tickets()  # adds its problems to live()'s
-            problems = list(directory.problems)
+            problems += directory.problems
     except leases.LeaseDirProblem as exc:
-        problems = [str(exc)]
+        problems.append(str(exc))
     viewer = os.geteuid()
-    tree = functools.cache(lambda pid: gpu_info.tree_pids([pid]))  # a holder's process tree, looked up once
+    tree = functools.cache(lambda pid: gpus.tree_pids([pid]))  # a holder's process tree, looked up once
     for gpu in shown["gpus"]:
         here = [lease for lease in live if lease.gpu_uuid == gpu["uuid"]]
         gpu["leases"] = [lease_entry(lease, viewer) for lease in here]
@@ -80,6 +77,14 @@ def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
             proc["lease"] = next((lease.file for lease in here if proc["pid"] in tree(lease.pid)), None)
     shown["lease_problems"] = problems
     return shown
+
+
+def my_cap(say: Callable[[str], None]) -> Optional[int]:
+    """This user's cap in the machine's policy as its file says now (None: none); `say` is told why a
+    file is ignored."""
+    from gpuq.system import lease_io, policy  # the policy's cap on GPUs (tomllib)
+
+    return policy.load(say).of(lease_io.user_name(os.geteuid())).max_gpus
 
 
 # What views show of a ticket and of a lease, in this order (`gpuq gpus --json`).
@@ -175,7 +180,7 @@ def never_fits(
         return f"needs {count} GPUs; this machine has {len(totals)}{never}"
     if mem_mib is not None and totals[count - 1] < mem_mib:
         return f"needs {mib_text(mem_mib)} on each GPU; the largest here has {mib_text(totals[0])}{never}"
-    cap = shown.get("max_gpus")
-    if isinstance(cap, int) and count > cap:
+    cap = my_cap(lambda _line: None)  # as the file is now: a worker's view may be hours old, and root's edit after it
+    if cap is not None and count > cap:
         return f"{cap_text(cap, count)}, set by the machine's policy: this job could not start unless that changes"
     return None

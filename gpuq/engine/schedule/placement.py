@@ -274,8 +274,7 @@ def _states(candidates: list[Gpu], holdings: list[Holding], leased: Sequence[Lea
             state.whole = state.whole or holding.gpu_mem_mib is None or gpu.exclusive
             state.committed += max(holding.gpu_mem_mib or 0, using[holding.job_id])
         for held in state.leases:  # a memory lease commits its size, or what its holder uses if more
-            held_mib = sum(p.used_memory_mib or 0 for p in gpu.processes if p.pid in held.pids)
-            state.leased_mib += 0 if held.lease.whole else max(held.lease.mem_mib or 0, held_mib)
+            state.leased_mib += 0 if held.lease.whole else max(held.lease.mem_mib or 0, _using(held, gpu))
         state.outside.sort(key=lambda item: (-(item[1] or 0), item[0]))
         states.append(state)
     return states
@@ -372,7 +371,7 @@ class _Texts:
     def others(self, state: _GpuState, threshold: int) -> str:
         """What other parties hold of a GPU: their leases, then the outside memory past `threshold`
         (the holders), with gpuq's own jobs there named between when it is leased."""
-        parts = [_lease_text(held.lease) for held in state.leases]
+        parts = [_lease_text(held, state.gpu) for held in state.leases]
         if state.leases and state.jobs:
             parts.append(self.jobs(state))
         if state.outside_mib > threshold or not parts:
@@ -387,6 +386,12 @@ class _Texts:
         return f"{state.gpu.index}: {self.jobs(state)}"
 
 
-def _lease_text(lease: Lease) -> str:
+def _using(held: Leased, gpu: Gpu) -> int:
+    """The MiB a lease holder's processes use on this GPU."""
+    return sum(p.used_memory_mib or 0 for p in gpu.processes if p.pid in held.pids)
+
+
+def _lease_text(held: Leased, gpu: Gpu) -> str:
     # the viewer is whoever decides: the reason tells them "your job" or another user's
-    return lease_text(lease.who(os.geteuid()), lease.mem_mib, lease.since)
+    lease = held.lease
+    return lease_text(lease.who(os.geteuid()), lease.mem_mib, lease.since, _using(held, gpu))

@@ -122,7 +122,7 @@ def outside_memory(gpus: list[dict[str, Any]], home: Optional[str] = None) -> di
             held = total if lease.get("whole") else held + max(0, (lease.get("mem_mib") or 0) - using)
             unleased -= using
             mem = None if lease.get("whole") else lease.get("mem_mib") or 0
-            leases.append(lease_text(str(lease.get("who")), mem, parse_iso(lease.get("since")) or 0.0))
+            leases.append(lease_text(str(lease.get("who")), mem, parse_iso(lease.get("since")) or 0.0, using))
         out[str(gpu["index"])] = Outside(min(held, total), total, tuple(leases), max(0, unleased))
     return out
 

@@ -209,7 +209,7 @@
     $("triage-section").hidden = !shown;
     if (!shown) return;
     const facts = [
-      ["waiting for", t.waiting_for],
+      ["waiting for", t.waiting_for && t.waiting_for.replace(/^waiting for /, "")],
       ["exit code", t.exit_code === null || t.exit_code === undefined ? null : String(t.exit_code) + (t.signal ? " (" + t.signal + ")" : "")],
       ["reason", t.reason],
       ["cause", t.cause],
