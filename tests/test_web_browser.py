@@ -212,8 +212,10 @@ def test_the_readme_screenshot(served: tuple[Env, Web, Any], tmp_path: Path) -> 
         doc["gpus"][0].update(memory_used_mib=41000, utilization_gpu=min(100, 40 + 9 * next(busy)))
         doc["gpus"][1]["utilization_gpu"] = 3
         gpus.set(doc)
-        lines = driver.find_elements(By.CSS_SELECTOR, "#gpus .util-line polyline")
-        return bool(lines) and len((lines[0].get_attribute("points") or "").split()) >= 5
+        # read in the page at once: a redraw between finding the line and reading it made it stale
+        line = "document.querySelector('#gpus .util-line polyline')"
+        points = driver.execute_script(f"return {line} && {line}.getAttribute('points')")
+        return len((points or "").split()) >= 5
 
     driver.set_window_size(1100, 1000)
     driver.get(web.url)
