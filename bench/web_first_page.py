@@ -1,21 +1,22 @@
-"""`gpuq web`'s first page with many finished jobs: how long the page (its HTML with the queue
-embedded: workers, running and waiting jobs, the newest page of finished ones) takes to be served.
+"""`gpuq web`'s first page with many finished jobs: how long the page (its HTML, then the queue its
+script asks for: workers, running and waiting jobs, the newest page of finished ones) takes to be served.
 
     python bench/web_first_page.py /tmp/gpuq-web10k --finished 10000 --rounds 20 --starts 5
 
 The spool is filled as bench/status_scale.py's `build` fills it (plain writes of finished job files,
 not gpuq's fsynced publish), plus a few pending jobs queued with `gpuq add --hold`. A real `gpuq web`
-is started on a free loopback port; each request is a new connection carrying the cookie, as a
-browser's load of the page. It prints, in milliseconds: the first page after the server printed
-its URL (median, min and max over `--starts` servers), the median, min and max of `--rounds` later
-loads of the page and of its poll (`/api/queue`), then one page with the finished index removed
-(`cold`: every finished file read, as after `rm -r cache/`).
+is started on a free loopback port; each request is a new connection, those of the API signed with
+the token as the page's script signs them, as a browser's load of the page. It prints, in
+milliseconds: the first page after the server printed its URL (median, min and max over `--starts`
+servers), the median, min and max of `--rounds` later loads of the page and of its poll
+(`/api/queue`), then one page with the finished index removed (`cold`: every finished file read,
+as after `rm -r cache/`).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import hmac
 import http.client
 import json
 import os
@@ -59,18 +60,26 @@ class Server:
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
-        found = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/\?token=([0-9a-f]+)", line)
+        found = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/#token=([0-9a-f]+)", line)
         if not found:
             self.stop()
             raise SystemExit(f"gpuq web printed {line!r}")
-        self.port, token = int(found.group(1)), found.group(2)
-        self.cookie = f"gpuq-{hashlib.sha256(token.encode()).hexdigest()[:12]}={token}"
+        self.port, self.token = int(found.group(1)), found.group(2)
 
     def get(self, path: str) -> tuple[float, int]:
-        """Seconds from connecting to the whole answer read, and its size."""
+        """Seconds from connecting to the whole answer read, and its size; for `/`, the page's and
+        then the queue's its script asks for."""
+        if path != "/":
+            return self.fetch(path)
+        page, data = self.fetch("/"), self.fetch("/api/queue")
+        return page[0] + data[0], page[1] + data[1]
+
+    def fetch(self, path: str) -> tuple[float, int]:
         start = time.perf_counter()
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        conn.request("GET", path, headers={"Cookie": self.cookie})
+        ts = int(time.time() * 1000)
+        mac = hmac.new(self.token.encode(), f"GET\n{path}\n{ts}".encode(), "sha256").hexdigest()
+        conn.request("GET", path, headers={"X-Gpuq-Auth": f"{ts}.{mac}"})
         resp = conn.getresponse()
         body = resp.read()
         elapsed = time.perf_counter() - start

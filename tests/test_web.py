@@ -1,11 +1,12 @@
 """`gpuq web` over HTTP, without a browser (tests/test_web_browser.py drives a real one): a real
-`gpuq web` process on a free loopback port in front of a real worker. The token is asked of every
-request, kept 0600 in the spool; actions are POSTs from the page's own origin; what the page shows
-of a job comes escaped; a log's tail is read from its end, whatever its size."""
+`gpuq web` process on a free loopback port in front of a real worker. Every request for data is
+signed with the token, kept 0600 in the spool, which itself never travels again after the printed
+URL; actions are POSTs from the page's own origin; what the page shows of a job comes escaped; a
+log's tail is read from its end, whatever its size."""
 
 from __future__ import annotations
 
-import hashlib
+import hmac
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -50,17 +52,19 @@ class Web:
         )
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()  # printed once it listens
-        found = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/\?token=([0-9a-f]{64})", self.url)
+        found = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/#token=([0-9a-f]{64})", self.url)
         assert found, (self.url, self.proc.stderr.read() if self.proc.poll() is not None else "")
         self.port, self.token = int(found.group(1)), found.group(2)
         self.base = f"http://127.0.0.1:{self.port}"
-        self.cookie = f"gpuq-{hashlib.sha256(self.token.encode()).hexdigest()[:12]}={self.token}"
 
     def request(
-        self, path: str, method: str = "GET", cookie: Union[bool, str] = True, origin: Optional[str] = "same"
+        self, path: str, method: str = "GET", auth: Union[bool, str] = True, origin: Optional[str] = "same"
     ) -> tuple[int, dict[str, str], bytes]:
-        """`cookie`: this server's, none (False), or the one given."""
-        headers = {"Cookie": cookie if isinstance(cookie, str) else self.cookie} if cookie else {}
+        """`auth`: this request signed with this server's token now, unsigned (False), or the header given;
+        a POST signed here is made unique, as the page makes each (a query the server ignores)."""
+        if auth is True and method == "POST":
+            path += ("&" if "?" in path else "?") + "n=" + os.urandom(4).hex()
+        headers = {"X-Gpuq-Auth": auth if isinstance(auth, str) else sign(self.token, method, path)} if auth else {}
         if origin is not None:
             headers["Origin"] = self.base if origin == "same" else origin
         req = urllib.request.Request(
@@ -89,6 +93,12 @@ class Web:
         return self.proc.returncode
 
 
+def sign(token: str, method: str, target: str, ts: Optional[int] = None) -> str:
+    """X-Gpuq-Auth as the page's script makes it: TS.HEX, HMAC-SHA256 of METHOD, PATH?QUERY and TS (ms)."""
+    ts = int(time.time() * 1000) if ts is None else ts  # in milliseconds
+    return f"{ts}." + hmac.new(token.encode(), f"{method}\n{target}\n{ts}".encode(), "sha256").hexdigest()
+
+
 @pytest.fixture
 def web(gq: Env) -> Any:
     server = Web(gq)
@@ -98,27 +108,67 @@ def web(gq: Env) -> Any:
         server.stop()
 
 
-def test_every_request_without_the_token_gets_403_and_no_data(gq: Env, web: Web) -> None:
+def test_the_pages_hold_no_data_and_every_unsigned_api_request_gets_403(gq: Env, web: Web) -> None:
     job_id = gq.add("--name", "secret-project", "--hold", "--", "true")
-    for path in ("/", "/api/queue", f"/job/{job_id}", f"/api/job/{job_id}", f"/api/job/{job_id}/log", "/static/web.js"):
-        status, _headers, body = web.request(path, cookie=False)
+    for path in ("/", f"/job/{job_id}", "/static/web.js"):  # served to anyone: the script asks the API for all
+        status, headers, body = web.request(path, auth=False)
+        assert status == 200 and b"secret-project" not in body and b"held" not in body, path
+        assert "default-src 'none'" in headers["content-security-policy"] and headers["cache-control"] == "no-store"
+    for path in ("/api/queue", f"/api/job/{job_id}", f"/api/job/{job_id}/log"):
+        status, headers, body = web.request(path, auth=False)
         assert status == 403 and b"secret-project" not in body and b"token" in body, (path, status)
-    status, _headers, body = web.request(f"/?token={'0' * 64}", cookie=False)  # a wrong token too
+        assert headers["x-frame-options"] == "DENY"
+    status, _headers, body = web.request(f"/?token={'0' * 64}", auth=False)  # a wrong token in an old URL
     assert status == 403 and b"secret-project" not in body
-    status, _headers, _body = web.request(f"/api/job/{job_id}/cancel", method="POST", cookie=False)
+    status, _headers, _body = web.request(f"/api/job/{job_id}/cancel", method="POST", auth=False)
     assert status == 403 and gq.state_of(job_id) == "held"
-    status, _headers, body = web.request("/api/queue")  # with it: the data
+    status, _headers, body = web.request("/api/queue")  # signed: the data
     assert status == 200 and b"secret-project" in body
 
 
-def test_the_url_token_becomes_an_httponly_strict_cookie_and_leaves_the_address(web: Web) -> None:
-    status, headers, _body = web.request("/?token=" + web.token + "&page=1", cookie=False)
-    assert status == 303 and headers["location"] == "/?page=1"
-    cookie = headers["set-cookie"]
-    assert cookie.startswith(web.cookie + ";") and "HttpOnly" in cookie and "SameSite=strict" in cookie
-    assert "default-src 'none'" in headers["content-security-policy"] and headers["cache-control"] == "no-store"
-    _status, headers, _body = web.request("//evil.example/?token=" + web.token, cookie=False)
-    assert headers["location"] == "/evil.example/"  # a path on this server, never another host
+def test_an_old_token_url_is_sent_to_the_fragment_and_no_cookie_is_set(web: Web) -> None:
+    """A cookie goes to every port of the host: another user's server there would get the token."""
+    assert web.url.endswith("/#token=" + web.token)  # printed: a fragment is sent to no server
+    status, headers, body = web.request("/?token=" + web.token + "&page=1", auth=False)
+    assert status == 303 and headers["location"] == "/?page=1#token=" + web.token and b"finished" not in body
+    assert "set-cookie" not in {k.lower() for k in headers} and headers["referrer-policy"] == "no-referrer"
+    _status, headers, _body = web.request("//evil.example/?token=" + web.token, auth=False)
+    assert headers["location"] == "/evil.example/#token=" + web.token  # a path on this server, never another host
+    for path in ("/", "/api/queue", "/static/web.js"):
+        assert "set-cookie" not in {k.lower() for k in web.request(path)[1]}, path
+
+
+def test_a_missing_wrong_old_or_replayed_signature_is_403(gq: Env, web: Web) -> None:
+    job_id = gq.add("--hold", "--", "true")
+    now = int(time.time() * 1000)
+    path = f"/api/job/{job_id}"
+    refused = {
+        "none": "",
+        "the token itself": web.token,
+        "another key": sign("0" * 64, "GET", path),
+        "another path": sign(web.token, "GET", "/api/queue"),
+        "another method": sign(web.token, "POST", path),
+        "changed time": sign(web.token, "GET", path, now).replace(f"{now}.", f"{now + 1}.", 1),
+        "two minutes old": sign(web.token, "GET", path, now - 120_000),
+        "two minutes ahead": sign(web.token, "GET", path, now + 120_000),
+        "before the server started": sign(web.token, "GET", path, now - 30_000),
+        "in seconds": sign(web.token, "GET", path, now // 1000),
+        "not a number": "x" + sign(web.token, "GET", path),
+    }
+    for what, header in refused.items():
+        status, _headers, body = web.request(path, auth=header)
+        assert status == 403 and b"held" not in body, (what, status, body)
+    assert web.request(path, auth=sign(web.token, "GET", path, now + 30_000))[0] == 200  # a clock a little off
+    again = sign(web.token, "GET", path)
+    assert web.request(path, auth=again)[0] == web.request(path, auth=again)[0] == 200  # a look may be repeated
+    cancel = f"/api/job/{job_id}/cancel"
+    other = gq.add("--hold", "--", "true")
+    captured = sign(web.token, "POST", cancel)
+    assert web.request(f"/api/job/{other}/cancel", method="POST", auth=captured)[0] == 403  # for another job
+    assert gq.state_of(other) == "held"
+    assert web.request(cancel, method="POST", auth=captured)[0] == 200 and gq.state_of(job_id) == "cancelled"
+    status, _headers, body = web.request(cancel, method="POST", auth=captured)  # an action acts once
+    assert status == 403 and b"made already" in body
 
 
 def test_the_token_is_kept_0600_in_the_spool_and_reused_until_renewed(gq: Env, web: Web) -> None:
@@ -133,10 +183,8 @@ def test_the_token_is_kept_0600_in_the_spool_and_reused_until_renewed(gq: Env, w
     renewed = Web(gq, "--new-token")
     try:
         assert renewed.token != web.token and path.read_text().strip() == renewed.token
-        status, _headers, _body = renewed.request("/api/queue", cookie=web.cookie)  # the old token is refused
-        assert status == 403
-        wrong_name = renewed.cookie.split("=")[0] + "=" + web.token  # under the new cookie's name too
-        assert renewed.request("/api/queue", cookie=wrong_name)[0] == 403
+        status, _headers, _body = renewed.request("/api/queue", auth=sign(web.token, "GET", "/api/queue"))
+        assert status == 403  # the old token is refused
     finally:
         renewed.stop()
 
@@ -165,8 +213,7 @@ def test_read_only_serves_no_action(gq: Env) -> None:
         assert server.json(f"/api/job/{job_id}")["actions"] == ["cancel", "release"]  # what the state allows
         status, _headers, body = server.request(f"/api/job/{job_id}/cancel", method="POST")
         assert status == 403 and b"read-only" in body and gq.state_of(job_id) == "held"
-        _status, _headers, page = server.request(f"/job/{job_id}")
-        assert b'"read_only": true' in page
+        assert server.json(f"/api/job/{job_id}")["read_only"] is True
     finally:
         server.stop()
 
@@ -188,12 +235,11 @@ def test_notify_url_secrets_reach_neither_the_api_nor_the_page(gq: Env, read_onl
 def test_a_hostile_name_is_data_in_the_page_never_markup(gq: Env, web: Web) -> None:
     name = '</script><script>alert(1)</script><img src=x onerror="alert(2)">'
     job_id = gq.add("--name", name, "--hold", "--", "true")
-    for path in ("/", f"/job/{job_id}"):
+    for path in ("/", f"/job/{job_id}"):  # the pages hold no data: the script puts it in as text
         status, _headers, body = web.request(path)
         page = body.decode()
         assert status == 200 and "<script>alert" not in page and "<img" not in page
-        embedded = re.search(r'<script id="initial" type="application/json">(.*?)</script>', page, re.S)
-        assert embedded and name in embedded.group(1).encode().decode("unicode_escape")  # the same name, as JSON
+    assert web.json(f"/api/job/{job_id}")["name"] == name  # the same name, as JSON
 
 
 def test_a_log_is_read_from_its_end_and_followed_from_an_offset(gq: Env, web: Web) -> None:
@@ -235,9 +281,6 @@ def test_the_tail_of_a_long_log_says_how_much_it_skipped(gq: Env, web: Web) -> N
     got = web.json(f"/api/job/{job_id}/log")
     assert got["text"].endswith("line 01199 " + "x" * 60 + "\n") and not got["text"].startswith("line 00000")
     assert got["skipped"] == path.stat().st_size - len(got["text"].encode()) > 0 and got["offset"] == got["size"]
-    _status, _headers, page = web.request(f"/job/{job_id}")
-    embedded = re.search(rb'<script id="initial" type="application/json">(.*?)</script>', page, re.S)
-    assert embedded and json.loads(embedded.group(1))["log"]["skipped"] == got["skipped"]  # the page's marker
     small = gq.add("--hold", "--", "true")
     (gq.home / "logs" / f"{small:06d}.log").write_text("all of it\n")
     assert web.json(f"/api/job/{small}/log")["skipped"] == 0
@@ -283,7 +326,7 @@ def test_service_install_web_keeps_the_page_running_beside_the_worker(gq: Env, t
     assert f"ExecStart={sys.executable} -m gpuq web --port 8123" in unit and f"GPUQ_HOME={gq.home}" in unit
     assert "Restart=on-failure" in unit and (dest / service.UNIT_NAME).exists()
     token = (gq.home / "web-token").read_text().strip()
-    assert f"http://127.0.0.1:8123/?token={token}" in out and "enable --now gpuq-web.service" in out
+    assert f"http://127.0.0.1:8123/#token={token}" in out and "enable --now gpuq-web.service" in out
     assert "(default 8737 + your uid % 1000" in " ".join(gq.gpuq("service", "--help").stdout.split())
     refused = gq.gpuq("service", "install", "--dest", str(dest), "--web-port", "9000", check=False)
     assert refused.returncode == 2 and "--web-port goes with --web" in refused.stderr
@@ -292,7 +335,7 @@ def test_service_install_web_keeps_the_page_running_beside_the_worker(gq: Env, t
 
 
 def test_each_users_service_has_its_own_port(gq: Env, tmp_path: Path) -> None:
-    """Cookies ignore ports, and a server on another user's port is sent the token its owner opens."""
+    """A server on another user's port serves the page its owner opens, and its script reads the token."""
     from gpuq.run import service
 
     assert len({service.web_port(uid) for uid in range(1000, 2000)}) == 1000  # 1000 users in a row: 1000 ports
@@ -301,7 +344,7 @@ def test_each_users_service_has_its_own_port(gq: Env, tmp_path: Path) -> None:
     out = gq.gpuq("service", "install", "--dest", str(dest), "--web").stdout
     port = service.web_port(os.getuid())
     assert f"-m gpuq web --port {port}\n" in (dest / service.WEB_UNIT_NAME).read_text()
-    assert f"http://127.0.0.1:{port}/?token=" in out
+    assert f"http://127.0.0.1:{port}/#token=" in out
     with socket.socket() as taken:  # someone listens on the port asked for: said, since they would get the token
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -398,10 +441,10 @@ def test_a_new_token_is_honoured_by_a_server_already_running(gq: Env, web: Web) 
     assert web.request("/api/queue")[0] == 200
     renewed = Web(gq, "--new-token")
     try:
-        assert web.request("/api/queue")[0] == 403  # the old cookie, at the server started before
-        status, headers, _body = web.request("/?token=" + renewed.token, cookie=False)
-        assert status == 303 and headers["set-cookie"].startswith(renewed.cookie + ";")
-        assert web.request("/api/queue", cookie=renewed.cookie)[0] == 200
+        assert web.request("/api/queue")[0] == 403  # signed with the old token, at the server started before
+        status, headers, _body = web.request("/?token=" + renewed.token, auth=False)
+        assert status == 303 and headers["location"] == "/#token=" + renewed.token
+        assert web.request("/api/queue", auth=sign(renewed.token, "GET", "/api/queue"))[0] == 200
     finally:
         renewed.stop()
 

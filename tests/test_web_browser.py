@@ -1,22 +1,26 @@
 """`gpuq web` in a real browser: Debian's Chromium, headless, through Selenium, against a real
 `gpuq web` and a real worker with simulated GPUs (GPUQ_FAKE_GPUS). The queue changes by itself as
 jobs start and end, a job's page follows its log, a hostile job name is text, cancel from the page
-cancels, a phone's 360 px has no sideways scroll. Skipped, saying why, without the browser.
+cancels, a phone's 360 px has no sideways scroll, the token reaches no other port's server and a
+server that took the port after ours stopped learns nothing it can use. Skipped, saying why,
+without the browser.
 
 The README's screenshots are taken here: with GPUQ_SAVE_SCREENSHOTS=1 they are written to docs/."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import pytest
 from conftest import REPO, WAIT_FOR_GO, Env, wait_for
 from test_gpu_worker import Gpus, fake_gpus
-from test_web import Web
+from test_web import Web, sign
 
 pytest.importorskip("starlette", reason="the web extra (starlette) is not installed")
 selenium = pytest.importorskip("selenium", reason="selenium is not installed (the test extra)")
@@ -57,6 +61,7 @@ def served(gq: Env, browser: Any) -> Iterator[tuple[Env, Web, Any]]:
     gq.start_worker("--watch")
     web = Web(gq)
     browser.delete_all_cookies()
+    browser.execute_cdp_cmd("Storage.clearDataForOrigin", {"origin": web.base, "storageTypes": "all"})
     try:
         yield gq, web, browser
     finally:
@@ -131,7 +136,7 @@ def test_without_the_token_the_browser_gets_403(served: tuple[Env, Web, Any]) ->
     gq, web, driver = served
     gq.add("--name", "private-run", "--hold", "--", "true")
     driver.get(web.base + "/")
-    assert "403 forbidden" in driver.find_element(By.TAG_NAME, "body").text
+    wait_for(lambda: "403 forbidden" in text_of(driver, "message"), what="the page to say it has no token")
     assert "private-run" not in driver.page_source
     driver.get(web.url)
     wait_for(lambda: "private-run" in text_of(driver, "waiting"), what="the queue with the token")
@@ -207,8 +212,10 @@ def test_the_readme_screenshot(served: tuple[Env, Web, Any], tmp_path: Path) -> 
         doc["gpus"][0].update(memory_used_mib=41000, utilization_gpu=min(100, 40 + 9 * next(busy)))
         doc["gpus"][1]["utilization_gpu"] = 3
         gpus.set(doc)
-        lines = driver.find_elements(By.CSS_SELECTOR, "#gpus .util-line polyline")
-        return bool(lines) and len((lines[0].get_attribute("points") or "").split()) >= 5
+        # read in the page at once: a redraw between finding the line and reading it made it stale
+        line = "document.querySelector('#gpus .util-line polyline')"
+        points = driver.execute_script(f"return {line} && {line}.getAttribute('points')")
+        return len((points or "").split()) >= 5
 
     driver.set_window_size(1100, 1000)
     driver.get(web.url)
@@ -223,3 +230,96 @@ def test_the_readme_screenshot(served: tuple[Env, Web, Any], tmp_path: Path) -> 
     assert driver.save_screenshot(str(shot)) and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads(web.request("/api/queue")[2])["running"][0]["progress"] == 0.42
     (gq.work / "go").write_text("")
+
+
+class Listener(http.server.ThreadingHTTPServer):
+    """Another user's server on this host (their "tensorboard"): it records every request it is
+    sent, whole, and answers each with an empty page."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.got: list[bytes] = []
+        listener = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def record(self) -> None:
+                listener.got.append(f"{self.command} {self.path}\n{self.headers}".encode())
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                self.wfile.write(b"<!doctype html><title>tensorboard</title>")
+
+            do_GET = do_POST = record
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def _listen(port: int) -> Optional[Listener]:
+    try:
+        return Listener(port)
+    except OSError:
+        return None
+
+
+def test_the_token_reaches_no_server_on_another_port(served: tuple[Env, Web, Any]) -> None:
+    """A cookie, whatever its flags, goes to every port of its host: the other user's server there
+    got `Cookie: gpuq-...=TOKEN` and cancelled jobs with it."""
+    gq, web, driver = served
+    gq.add("--name", "mine", "--hold", "--", "true")
+    other = Listener()
+    try:
+        driver.get(web.url)
+        wait_for(lambda: "mine" in text_of(driver, "waiting"), what="the queue with the token")
+        assert driver.current_url == web.base + "/"  # the fragment left the address bar too
+        driver.get(f"http://127.0.0.1:{other.server_port}/")
+        driver.get(f"http://127.0.0.1:{other.server_port}/static/web.js")
+        wait_for(lambda: len(other.got) >= 2, what="the other server visited")
+        heard = b"\n".join(other.got).lower()
+        assert web.token.encode() not in heard and b"cookie" not in heard and b"x-gpuq-auth" not in heard, heard
+        driver.get(web.base + "/")  # the token kept for this port's page alone
+        wait_for(lambda: "mine" in text_of(driver, "waiting"), what="the queue again, without the token in the URL")
+    finally:
+        other.close()
+
+
+def test_who_takes_the_port_after_the_server_stopped_learns_nothing_it_can_use(
+    served: tuple[Env, Web, Any],
+) -> None:
+    """The open page polls on: whoever serves the port then is sent signatures, never the token, and
+    no signature made before a server started is taken by it."""
+    gq, web, driver = served
+    gq.add("--name", "mine", "--hold", "--", "true")
+    driver.get(web.url)
+    wait_for(lambda: "mine" in text_of(driver, "waiting"), what="the queue")
+    port = web.port
+    assert web.stop() == 0
+    taker = wait_for(lambda: _listen(port), what="another server on the port")
+    try:
+        wait_for(lambda: any(b"/api/queue" in got for got in taker.got), 20, what="the open page's poll")
+    finally:
+        taker.close()
+    heard = b"\n".join(taker.got)
+    assert web.token.encode() not in heard and b"cookie" not in heard.lower(), heard
+    poll = next(got.decode() for got in taker.got if "/api/queue" in got.decode())
+    path = poll.split()[1]
+    auth = next(line.split(":", 1)[1].strip() for line in poll.splitlines() if line.lower().startswith("x-gpuq-auth:"))
+    assert auth == sign(web.token, "GET", path, int(auth.split(".")[0]))  # the page's own signature
+    again = Web(gq, "--port", str(port))  # its owner's server back on the port, within the minute
+    try:
+        status, _headers, body = again.request(path, auth=auth)  # replayed: refused
+        assert status == 403 and b"mine" not in body, (status, body)
+        wait_for(
+            lambda: "live" in text_of(driver, "live") and "offline" not in text_of(driver, "live"),
+            20,
+            what="the open page working again",
+        )
+    finally:
+        again.stop()

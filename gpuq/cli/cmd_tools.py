@@ -84,7 +84,7 @@ def cmd_service(args: argparse.Namespace) -> int:
     if args.action == "install":
         print(f"  ({service.LINGER_WHY})")
     if args.action == "install" and args.web:  # the token is the spool's, so the URL is known now
-        print(f"the page, once started: http://127.0.0.1:{port}/?token={sp.web_token.get()}")
+        print(f"the page, once started: http://127.0.0.1:{port}/#token={sp.web_token.get()}")
         print(f"  (from a laptop: ssh -L {port}:127.0.0.1:{port} this-host, then the same URL)")
     return 0
 

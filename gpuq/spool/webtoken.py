@@ -1,7 +1,7 @@
-"""`web-token`: the secret `gpuq web` asks of every request (spool_layout.md, section 1). Anyone on
-the machine can reach the loopback interface, so the page's only key is this file, readable by
-its owner alone (0600, as every file of the spool). It is kept across restarts so an open page
-and a bookmarked URL keep working; `gpuq web --new-token` makes a new one.
+"""`web-token`: the secret every request to `gpuq web` is signed with (spool_layout.md, section
+1). Anyone on the machine can reach the loopback interface, so the page's only key is this file,
+readable by its owner alone (0600, as every file of the spool). It is kept across restarts so an
+open page and a bookmarked URL keep working; `gpuq web --new-token` makes a new one.
 """
 
 from __future__ import annotations

@@ -1,19 +1,21 @@
 """The ASGI application of `gpuq web` (Starlette): the pages, the JSON they poll, the actions.
-Anyone on the machine can reach loopback, so every request needs the token (in the URL once, then
-in an HttpOnly, SameSite=Strict cookie), else 403; a changing request is a POST whose Origin must
-be the page's own, so another site open in the same browser cannot act through it.
+Anyone on the machine can reach loopback, so every request for data (`/api/`) must be signed with
+the token, else 403; the pages themselves hold no data. The token never travels after the printed
+URL, in whose fragment no browser sends it: no cookie (a cookie goes to every port of the host,
+another user's server's too), only a signature over the one request. A changing request is a POST
+whose Origin must be the page's own, so another site open in the same browser cannot act through it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import json
+import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, MutableMapping, Optional
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
@@ -35,57 +37,78 @@ SECURITY_HEADERS = {
     "cache-control": "no-store",
     "x-frame-options": "DENY",
 }
-COOKIE_SECONDS = 30 * 24 * 3600
-FORBIDDEN = "403 forbidden: open the URL `gpuq web` printed (it carries the token)\n"
+AUTH_HEADER = "x-gpuq-auth"  # TS.HEX: HMAC-SHA256, keyed with the token, of "METHOD\nPATH?QUERY\nTS"
+WINDOW_MS = 60_000  # how long a signature is good for, either side of this server's clock (TS is in ms)
+FORBIDDEN = "403 forbidden: open the URL `gpuq web` printed (it carries the token)"
 
 Asgi = Callable[[Any, Any, Any], Awaitable[None]]  # an ASGI application: (scope, receive, send)
 
 
-def cookie_name(token: str) -> str:
-    """Named after the token, so two users' servers on one host (cookies ignore the port) never
-    overwrite each other's."""
-    return "gpuq-" + hashlib.sha256(token.encode()).hexdigest()[:12]
-
-
-def _embedded(value: Any) -> str:
-    """JSON inside a <script type="application/json">: no `<` can close the element."""
-    text = json.dumps(value, ensure_ascii=False)
-    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+def signature(token: str, method: str, target: str, ts: int) -> str:
+    """What the page's script sends for one request (web.js's `signed`): `target` is the path
+    with its query as sent."""
+    return f"{ts}." + hmac.new(token.encode(), f"{method}\n{target}\n{ts}".encode(), "sha256").hexdigest()
 
 
 class TokenGate:
-    """Every request: the token from the cookie, or from `?token=` once (answered with the cookie
-    and a redirect to the same address without it, so it leaves the address bar and history)."""
+    """Every `/api/` request signed with the token now (the file's: `--new-token` revokes the old
+    one); an old `?token=` URL is sent to its fragment form, serving nothing."""
 
     def __init__(self, app: Asgi, token: Callable[[], Optional[str]]) -> None:
-        self.app, self.token = app, token  # the token now (the file's: `--new-token` revokes the old one)
+        self.app, self.token = app, token
+        # A signature made before this server started was made for whoever had the port then (in
+        # milliseconds: one taken in the same second as a restart would still be told apart).
+        self.started = time.time() * 1000
+        self.posted: dict[str, int] = {}  # POST signatures in the window: a captured action acts once
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+
+        async def secured(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).update(SECURITY_HEADERS)
+            await send(message)
+
         request, token = Request(scope), self.token()
-
-        def valid(given: Optional[str]) -> bool:
-            return None not in (given, token) and hmac.compare_digest(str(given).encode(), str(token).encode())
-
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         given = dict(query).get("token")
-        if token is not None and valid(given) and request.method == "GET":
-            rest = urlencode([(k, v) for k, v in query if k != "token"])
-            here = "/" + scope["path"].lstrip("/")  # never `//host`: a redirect elsewhere
-            response: Response = RedirectResponse(here + (f"?{rest}" if rest else ""), status_code=303)
-            # kept 30 days: a phone's browser that closes keeps the page's key (the token outlives restarts too)
-            response.set_cookie(
-                cookie_name(token), token, max_age=COOKIE_SECONDS, httponly=True, samesite="strict", path="/"
-            )
-        elif token is not None and valid(request.cookies.get(cookie_name(token))):
-            await self.app(scope, receive, send)
-            return
-        else:
-            response = PlainTextResponse(FORBIDDEN, status_code=403)
-        response.headers.update(SECURITY_HEADERS)
-        await response(scope, receive, send)
+        response: Optional[Response] = None
+        if given is not None and request.method == "GET":  # a URL printed before the fragment form
+            if token is not None and hmac.compare_digest(given.encode(), token.encode()):
+                rest = urlencode([(k, v) for k, v in query if k != "token"])
+                here = "/" + scope["path"].lstrip("/")  # never `//host`: a redirect elsewhere
+                response = RedirectResponse(here + (f"?{rest}" if rest else "") + f"#token={token}", 303)
+            else:
+                response = PlainTextResponse(FORBIDDEN + "\n", 403)
+        elif scope["path"].startswith("/api/"):
+            refused = self.refused(request, token)
+            response = JSONResponse({"error": refused}, 403) if refused else None
+        await (response or self.app)(scope, receive, secured)
+
+    def refused(self, request: Request, token: Optional[str]) -> Optional[str]:
+        """Why this request's signature is not one the page made just now for it, or None."""
+        scope, now, given = request.scope, time.time() * 1000, request.headers.get(AUTH_HEADER, "")
+        ts = _count(given.partition(".")[0])
+        target = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        target += ("?" + scope["query_string"].decode("latin-1")) if scope.get("query_string") else ""
+        if (
+            token is None
+            or ts is None
+            or not hmac.compare_digest(given.encode(), signature(token, request.method, target, ts).encode())
+        ):
+            return FORBIDDEN
+        if abs(now - ts) > WINDOW_MS:
+            return "403: signed more than a minute off this server's clock: is the browser's device's clock right?"
+        if ts < self.started:
+            return "403: signed before this server started"
+        if request.method == "POST":
+            self.posted = {mac: t for mac, t in self.posted.items() if t >= now - WINDOW_MS}
+            if given in self.posted:
+                return "403: this very request was made already: do it again from the page"
+            self.posted[given] = ts
+        return None
 
 
 def same_origin(request: Request) -> bool:
@@ -103,54 +126,40 @@ def build(sp: Spool, read_only: bool = False) -> Asgi:
     data.queue(sp, ring)
     files = {name: Path(STATIC, name).read_text(encoding="utf-8") for name in (*ASSETS, *PAGES)}
 
-    def page(name: str, initial: dict[str, Any]) -> Response:
-        initial["read_only"] = read_only
-        body = files[name].replace("{{initial}}", _embedded(initial))
-        return Response(body, media_type="text/html; charset=utf-8", headers=SECURITY_HEADERS)
-
-    def answer(value: Any, code: int = 200) -> Response:
-        return JSONResponse(value, status_code=code, headers=SECURITY_HEADERS)
-
-    def index(request: Request) -> Response:
-        return page("index.html", {"queue": data.queue(sp, ring, _page(request))})
-
-    def job_page(request: Request) -> Response:
-        job_id = request.path_params["id"]
-        try:
-            return page("job.html", {"job": data.job(sp, job_id), "log": data.log(sp, job_id, None)})
-        except GpuqError as exc:
-            return PlainTextResponse(f"{exc}\n", status_code=404, headers=SECURITY_HEADERS)
+    def page(name: str) -> Callable[[Request], Response]:
+        """A page holds no data (it is served unsigned): its script asks the API for all it shows."""
+        return lambda _request: Response(files[name], media_type="text/html; charset=utf-8")
 
     def asset(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in ASSETS:
-            return PlainTextResponse("not found\n", status_code=404, headers=SECURITY_HEADERS)
-        return Response(files[name], media_type=ASSETS[name], headers=SECURITY_HEADERS)
+            return PlainTextResponse("not found\n", status_code=404)
+        return Response(files[name], media_type=ASSETS[name])
 
     def api_queue(request: Request) -> Response:
-        return answer(data.queue(sp, ring, _page(request)))
+        return JSONResponse(data.queue(sp, ring, _page(request)))
 
     def api_job(request: Request) -> Response:
-        return _or_error(lambda: data.job(sp, request.path_params["id"]), answer)
+        return _or_error(lambda: {**data.job(sp, request.path_params["id"]), "read_only": read_only})
 
     def api_log(request: Request) -> Response:
         given = request.query_params.get("offset")
         offset = _count(given) if given else None
-        return _or_error(lambda: data.log(sp, request.path_params["id"], offset), answer)
+        return _or_error(lambda: data.log(sp, request.path_params["id"], offset))
 
     def api_act(request: Request) -> Response:
         if read_only:
-            return answer({"error": "this page is read-only (gpuq web --read-only)"}, 403)
+            return JSONResponse({"error": "this page is read-only (gpuq web --read-only)"}, 403)
         if not same_origin(request):
-            return answer({"error": "refused: the request did not come from this page"}, 403)
+            return JSONResponse({"error": "refused: the request did not come from this page"}, 403)
         name = request.path_params["action"]
         if name not in data.ACTIONS:
-            return answer({"error": f"no such action: {name}"}, 404)
-        return _or_error(lambda: {"said": data.act(sp, name, request.path_params["id"])}, answer)
+            return JSONResponse({"error": f"no such action: {name}"}, 404)
+        return _or_error(lambda: {"said": data.act(sp, name, request.path_params["id"])})
 
     routes = [
-        Route("/", index),
-        Route("/job/{id:int}", job_page),
+        Route("/", page("index.html")),
+        Route("/job/{id:int}", page("job.html")),
         Route("/static/{name}", asset),
         Route("/api/queue", api_queue),
         Route("/api/job/{id:int}", api_job),
@@ -169,12 +178,12 @@ def _count(given: str) -> Optional[int]:
     return int(given) if given.isascii() and given.isdigit() and len(given) <= 18 else None
 
 
-def _or_error(make: Callable[[], Any], answer: Callable[..., Response]) -> Response:
+def _or_error(make: Callable[[], Any]) -> Response:
     """A refusal is the CLI's one line: 404 no such job, 409 not in that state, 400 a bad request."""
     try:
-        return answer(make())
+        return JSONResponse(make())
     except UsageError as exc:
-        return answer({"error": str(exc)}, 400)
+        return JSONResponse({"error": str(exc)}, 400)
     except GpuqError as exc:
         text = str(exc)
-        return answer({"error": text}, 404 if text.startswith("no such job") else 409)
+        return JSONResponse({"error": text}, 404 if text.startswith("no such job") else 409)

@@ -40,7 +40,7 @@ def url(sock: socket.socket, host: str, token: str) -> str:
     bound = sock.getsockname()
     shown = socket.gethostname() if host in ("0.0.0.0", "::", "") else host
     shown = f"[{shown}]" if ":" in shown else shown
-    return f"http://{shown}:{bound[1]}/?token={token}"
+    return f"http://{shown}:{bound[1]}/#token={token}"  # a fragment: the browser sends it to no server
 
 
 def cmd_web(args: argparse.Namespace) -> int:
@@ -53,7 +53,8 @@ def cmd_web(args: argparse.Namespace) -> int:
     if args.host not in LOOPBACK:
         print(
             f"gpuq web: listening on {args.host}: reachable from other machines, with the token as the only key "
-            "and nothing encrypted; `ssh -L` to a loopback address is safer",
+            "and nothing encrypted; `ssh -L` to a loopback address is safer (and a browser signs the page's "
+            "requests only there: by another name it is not a secure context)",
             file=sys.stderr,
         )
     import uvicorn  # the server: only now that it is known to be there (tens of ms)

@@ -1,14 +1,25 @@
-// gpuq web: the queue page and a job's page, drawn from the JSON the server gives (embedded in the
-// page at first, then polled). Every text that comes from a job (names, commands, logs) goes in
+// gpuq web: the queue page and a job's page, drawn from the JSON the server gives when asked (the
+// page itself holds no data). Every text that comes from a job (names, commands, logs) goes in
 // through textContent, never as HTML, so a name like <script> shows as those characters.
 "use strict";
 (function () {
   const POLL_MS = 2000; // the queue and a job's facts
   const LOG_POLL_MS = 1000; // a running job's log
   const LOG_LINES_KEPT = 5000; // lines kept on the page; older ones leave it (the file keeps them)
-  const initial = JSON.parse(document.getElementById("initial").textContent);
-  const readOnly = initial.read_only;
+  const TOKEN_KEY = "gpuq-token";
+  const NO_TOKEN = "403 forbidden: open the URL `gpuq web` printed (it carries the token)";
   const $ = (id) => document.getElementById(id);
+
+  // The token comes once in the address's fragment, which the browser sends to no server; it is
+  // kept for this origin only (scheme, host and port: no other port's page can read it), across
+  // browser restarts, and leaves the address bar. No cookie: those go to every port of the host.
+  const fragment = new URLSearchParams(location.hash.slice(1));
+  if (fragment.has("token")) history.replaceState(null, "", location.pathname + location.search);
+  const secure = window.isSecureContext && window.crypto && crypto.subtle;
+  if (secure && fragment.get("token")) localStorage.setItem(TOKEN_KEY, fragment.get("token"));
+  const token = secure ? localStorage.getItem(TOKEN_KEY) : null;
+  let key = null; // the token as an HMAC key, made once
+  window.addEventListener("hashchange", () => location.reload()); // the URL pasted into an open page: start over
 
   // el("div", {class: "x"}, "text", child...): strings become text nodes
   function el(tag, attrs, ...children) {
@@ -45,9 +56,23 @@
     node.className = ok ? "live" : "live bad";
   }
 
+  // Every request is signed, the token never sent: X-Gpuq-Auth is "TS.HEX", the HMAC-SHA256 of
+  // "METHOD\nPATH?QUERY\nTS" keyed with it (app.py's `signature`), good for a minute for this one
+  // request, and only at a server started before it was made: whoever takes the port after the
+  // server stopped learns nothing from what this page sends it.
+  async function signed(url, method) {
+    const enc = new TextEncoder();
+    key = key || (await crypto.subtle.importKey("raw", enc.encode(token), { name: "HMAC", hash: "SHA-256" }, false, ["sign"]));
+    const where = new URL(url, location.href);
+    const target = where.pathname + where.search;
+    const ts = Date.now(); // in milliseconds
+    const mac = await crypto.subtle.sign("HMAC", key, enc.encode(method + "\n" + target + "\n" + ts));
+    const hex = Array.from(new Uint8Array(mac), (b) => b.toString(16).padStart(2, "0")).join("");
+    return fetch(target, { method, credentials: "omit", cache: "no-store", headers: { "X-Gpuq-Auth": ts + "." + hex } });
+  }
+
   async function getJson(url) {
-    const response = await fetch(url, { credentials: "same-origin", cache: "no-store" });
-    if (response.status === 403) throw new Error("forbidden: open the URL gpuq web printed");
+    const response = await signed(url, "GET");
     const body = await response.json();
     if (!response.ok) throw new Error(body.error || response.statusText);
     return body;
@@ -179,8 +204,9 @@
   }
 
   // ---- a job's page ------------------------------------------------------------------------------
-  let job = initial.job;
-  let logOffset = null;
+  const jobId = Number(location.pathname.split("/").pop());
+  let job = null; // as the server last said
+  let logOffset = null; // null: the log's tail, shown afresh
   let logLines = [""]; // the last one is being written (a progress bar's \r rewrites it)
   let logBusy = false;
 
@@ -193,12 +219,12 @@
       el("span", { class: "name" }, " " + j.name),
     ]);
     fill($("card"), j.card.flatMap(([label, text]) => [el("dt", {}, label), el("dd", {}, text)]));
-    const actions = readOnly ? [] : j.actions.map((name) => {
+    const actions = j.read_only ? [] : j.actions.map((name) => {
       const button = el("button", { type: "button", class: j.confirm.includes(name) ? "danger" : "", "data-action": name }, name);
       button.addEventListener("click", () => act(name));
       return button;
     });
-    if (readOnly) actions.push(el("span", { class: "muted" }, "read-only"));
+    if (j.read_only) actions.push(el("span", { class: "muted" }, "read-only"));
     fill($("actions"), actions);
     drawTriage(j.triage);
     drawChart(j.gpu_series);
@@ -230,9 +256,9 @@
     if (job.confirm.includes(name) && !window.confirm(name + " job #" + job.id + " (" + job.name + ")?")) return;
     say(name + "…");
     try {
-      const response = await fetch("/api/job/" + Number(job.id) + "/" + encodeURIComponent(name), {
-        method: "POST", credentials: "same-origin", cache: "no-store",
-      });
+      // a query the server ignores makes each click its own request: a signature seen twice is refused
+      const once = "?n=" + Date.now() + Math.random().toString(16).slice(2);
+      const response = await signed("/api/job/" + Number(job.id) + "/" + encodeURIComponent(name) + once, "POST");
       const body = await response.json();
       if (!response.ok) throw new Error(body.error || response.statusText);
       say(body.said);
@@ -277,20 +303,20 @@
     if (!logBusy) {
       logBusy = true;
       try {
-        const answer = await getJson("/api/job/" + Number(job.id) + "/log?offset=" + logOffset);
-        if (answer.text || answer.skipped || answer.following !== undefined) drawLog(answer, false);
+        const fresh = logOffset === null;
+        drawLog(await getJson("/api/job/" + jobId + "/log" + (fresh ? "" : "?offset=" + logOffset)), fresh);
       } catch (err) {
         live(false, err.message);
       }
       logBusy = false;
     }
-    const ended = ["done", "failed", "cancelled", "preempted", "interrupted"].includes(job.state);
+    const ended = job && ["done", "failed", "cancelled", "preempted", "interrupted"].includes(job.state);
     setTimeout(pollLog, ended ? POLL_MS * 5 : LOG_POLL_MS);
   }
 
   async function refreshJob() {
     try {
-      drawJob(await getJson("/api/job/" + Number(job.id)));
+      drawJob(await getJson("/api/job/" + jobId));
       live(true);
     } catch (err) {
       live(false, err.message);
@@ -302,15 +328,15 @@
     setTimeout(pollJob, POLL_MS);
   }
 
-  if (document.body.dataset.page === "queue") {
-    drawQueue(initial.queue);
-    live(true);
-    setTimeout(pollQueue, POLL_MS);
+  if (!secure) {
+    say("not a secure context here, so the page cannot sign its requests (it never sends the token): " +
+      "open it as http://127.0.0.1:PORT or http://localhost:PORT (ssh -L from another machine)", true);
+  } else if (!token) {
+    say(NO_TOKEN, true);
+  } else if (document.body.dataset.page === "queue") {
+    pollQueue();
   } else {
-    drawJob(initial.job);
-    drawLog(initial.log, true);
-    live(true);
-    setTimeout(pollJob, POLL_MS);
-    setTimeout(pollLog, LOG_POLL_MS);
+    pollJob();
+    pollLog();
   }
 })();
