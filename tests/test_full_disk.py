@@ -137,6 +137,26 @@ def test_an_end_noted_on_a_disk_still_full_waits_for_room_and_is_kept(gq_full: E
     assert job["exit_code"] == 5 and "noted by its supervisor while the disk was full" in job["note"]
 
 
+def test_a_file_dropped_on_a_full_disk_is_rejected_with_its_reason_once_there_is_room(gq_full: Env) -> None:
+    """spool_layout.md section 3: a refused file has its one-line reason. On a full disk the reason
+    cannot be written: the file used to go to rejected/ without it, for good."""
+    gq = gq_full
+    gq.gpuq("status")
+    gq.start_worker("--watch")
+    wait_for(lambda: "watching for new jobs" in gq.worker_output(), 15, what="the worker")
+    staged = gq.work / "bad.json"  # on the same filesystem: moved in at once, as a finished drop is
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b'{"cmd": "echo x", "bogus": 2}')
+    os.close(fd)
+    filler = fill_up(gq.work)
+    os.rename(staged, gq.home / "pending" / "bad.json")
+    wait_for(lambda: "disk full" in gq.worker_output(), 15, what="the worker to find the disk full")
+    assert gq.files("pending") == ["bad.json"] and not gq.files("rejected")
+    filler.unlink()
+    wait_for(lambda: gq.files("rejected"), 15, what="the file rejected")
+    assert "rejected/bad.json" in (out := gq.gpuq("rejected").stdout) and "unknown field 'bogus'" in out, out
+
+
 def test_cancel_and_clear_work_on_a_full_disk_where_no_worker_ever_ran(gq_full: Env) -> None:
     """The emergency room comes with the spool: jobs only added, never a worker, and a full disk."""
     gq = gq_full

@@ -20,6 +20,7 @@ from test_gpu_worker import Gpus, fake_gpus
 from gpuq.core import resume_arg, schema
 from gpuq.core.job import Job
 from gpuq.core.times import parse_iso
+from gpuq.core.transitions import Continuation
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.tracking import checkpoints, progress
 
@@ -72,6 +73,25 @@ def test_glob_checkpoints_by_step_then_epoch_then_mtime(tmp_path: Path) -> None:
     os.utime(d / "last.ckpt", (time.time() + 5, time.time() + 5))
     job["ckpt_glob"] = str(d / "*.ckpt")  # absolute; some names have no number: newest by mtime
     assert checkpoints.latest_checkpoint(job).path == str(d / "last.ckpt")
+
+
+def test_a_glob_checkpoint_named_by_a_trailing_number_tells_its_step(tmp_path: Path) -> None:
+    d = tmp_path / "out"
+    d.mkdir()
+    for name, age in (("ck-12", 100), ("ck-8", 0), ("w_0004.pt", 50)):  # mtimes against the steps
+        (d / name).write_text("x")
+        os.utime(d / name, (time.time() - age, time.time() - age))
+    job = Job({"cmd": ["python", "t.py"], "cwd": str(tmp_path), "ckpt_glob": "out/*"})
+    assert [(os.path.basename(c.path), c.step) for c in checkpoints.candidates(job)] == [
+        ("w_0004.pt", 4),
+        ("ck-8", 8),
+        ("ck-12", 12),
+    ]
+    assert checkpoints.name_step("model_epoch_3.pt") is None  # an epoch's number is no step
+    assert checkpoints.name_step("last.ckpt") is None
+    # a checkpoint whose name tells no step: what the interruption cost is unknown, not every step
+    assert Continuation(str(d / "last.ckpt"), None, 10).lost is None
+    assert Continuation(str(d / "ck-8"), 8, 10).lost == 2 and Continuation(None, None, 10).lost == 10
 
 
 def test_argv_helpers() -> None:
@@ -517,6 +537,38 @@ def test_ckpt_glob_and_resume_arg(gq) -> None:
     job = wait_state(gq, jid, "done", timeout=30)
     assert f"ckpt_path={ckpt}" in job["cmd"]
     assert runs(gq.work / "out")[-1] == (int(re.search(r"(\d+)\.pt$", ckpt).group(1)), 30)
+
+
+# Saves out/ck-N when asked to stop at step N; a resumed run has nothing left to do.
+SAVES_ON_SIGTERM = """import os, signal, sys, time
+if "--resume" in sys.argv:
+    sys.exit(0)
+step = 0
+def save(*_):
+    os.makedirs(f"out/ck-{step}")
+    open(f"out/ck-{step}/w", "w").write("x")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, save)
+while True:
+    step += 1
+    print(f"Step {step}/1000", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_a_ckpt_glob_checkpoint_named_ck_n_resumes_having_lost_no_step(gq) -> None:
+    gq.script("ck.py", SAVES_ON_SIGTERM)
+    jid = gq.add("--ckpt-glob", "out/ck-*", "--resume-arg", "--resume {ckpt}", "-p", sys.executable, "ck.py")
+    gq.start_worker("--watch")
+    wait_for(lambda: last_step(gq, jid) >= 3, 20, what="step 3")
+    gq.gpuq("preempt", str(jid))
+    job = wait_state(gq, jid, "preempted")
+    step = int(job["checkpoint"].rsplit("-", 1)[1])
+    assert job["preemptions"][-1]["checkpoint_step"] == step and job["preemptions"][-1]["lost_steps"] == 0
+    gq.gpuq("resume", str(jid))
+    job = gq.job(jid)
+    assert job["resumed_from_step"] == step and job["lost_steps"] == 0
+    wait_state(gq, jid, "done")
 
 
 def test_bad_command_lines(gq) -> None:

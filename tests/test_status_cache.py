@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import Env
+from conftest import WAIT_FOR_GO, Env, wait_for
 
 from gpuq.core import schema, times
 from gpuq.spool import Spool
@@ -174,6 +174,31 @@ def test_a_damaged_finished_file_is_a_row_saying_so(gq: Env) -> None:
         assert "000099-mangled.json" in proc.stdout and "not valid JSON" in proc.stdout
         assert "duplicate key 'name'" in proc.stdout
         assert proc.stdout.count("unreadable job file") == 3
+
+
+def test_a_damaged_running_or_pending_file_is_a_row_saying_so(gq: Env) -> None:
+    """The same row as in done/: a damaged file in pending/ (before a worker rejects it) or in
+    running/ (its job still runs) used to vanish from `status` without a word."""
+    gq.script("wait.py", WAIT_FOR_GO)
+    job_ids = gq.add("wait.py"), gq.add("wait.py")
+
+    def damaged_row(job_id: int) -> str:
+        path = next(gq.home.glob(f"*/{job_id:06d}-*.json"))
+        kept = path.read_bytes()
+        path.write_text('{"broken')
+        out = gq.gpuq("status").stdout
+        path.write_bytes(kept)  # as it was: the worker takes it, its supervisor records the end in it
+        row = next((line for line in out.splitlines() if line.split()[:1] == [str(job_id)]), "")
+        assert path.name in row and "unreadable job file: not valid JSON" in row, out
+        return row
+
+    assert "⏳" in damaged_row(job_ids[1])  # no worker yet: the pending file stays until one looks
+    gq.start_worker("--watch")
+    wait_for(lambda: gq.job(job_ids[0]).get("pid"), 15, what="the job started")  # its file written for now
+    damaged_row(job_ids[0])
+    (gq.work / "go").write_text("")
+    for job_id in job_ids:
+        gq.wait_state(job_id, "done")
 
 
 def test_removed_added_and_rewritten_files_show_at_once_in_settled_directories(gq: Env) -> None:

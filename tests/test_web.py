@@ -297,6 +297,23 @@ def test_finished_jobs_are_paged_newest_first(gq: Env, web: Web) -> None:
     assert first["pages"] == 1 and first["page"] == 0
 
 
+def test_a_damaged_job_file_is_a_row_saying_so_not_an_error(gq: Env, web: Web) -> None:
+    """As in `gpuq status`: the page's data used to fail (a KeyError) on a damaged file in held/,
+    pending/ or done/."""
+    held, pending = gq.add("--hold", "--", "true"), gq.add("--", "true")
+    for job_id in (held, pending):
+        next(gq.home.glob(f"*/{job_id:06d}-*.json")).write_text('{"broken')
+    (gq.home / "done" / "000099-gone-wrong.json").write_text('{"broken')
+    queue = web.json("/api/queue")
+    rows = {row["id"]: row for row in queue["waiting"] + queue["finished"]}
+    assert {job_id: rows[job_id]["state"] for job_id in (held, pending, 99)} == {
+        held: "held",
+        pending: "pending",
+        99: "done",
+    }
+    assert all(rows[job_id]["info"].startswith("unreadable job file: not valid JSON") for job_id in (held, pending, 99))
+
+
 def test_bad_options_are_one_line_and_exit_2(gq: Env) -> None:
     for args in (["--port", "x"], ["--port", "70000"], ["--nope"]):
         proc = gq.gpuq("web", *args, check=False)

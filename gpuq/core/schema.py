@@ -310,8 +310,12 @@ def _dropped_size(obj: dict[str, Any], key: str, what: str) -> Optional[int]:
 def check_name(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidJob("'name' must be a non-empty string")
-    if len(value) > MAX_NAME_LEN or not no_control(value) or any(0xD800 <= ord(c) <= 0xDFFF for c in value):
-        raise InvalidJob(f"'name' must be at most {MAX_NAME_LEN} printable characters")
+    if len(value) > MAX_NAME_LEN:
+        raise InvalidJob(f"'name' must be at most {MAX_NAME_LEN} characters, not {len(value)}")
+    if not no_control(value):
+        raise InvalidJob("'name' must be printable: it holds a control character")
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise InvalidJob("'name' must be printable: it holds a lone surrogate, which no terminal can print")
     return value
 
 

@@ -35,10 +35,11 @@ class Continuation(NamedTuple):
 
     @property
     def lost(self) -> Optional[int]:
-        """Steps the interruption cost: done before it minus the checkpoint's (all without one)."""
-        if self.last_step is None:
-            return None
-        return max(0, self.last_step - (self.step or 0)) if self.checkpoint else self.last_step
+        """Steps the interruption cost: done before it minus the checkpoint's (all without one;
+        unknown when its name tells no step)."""
+        if self.last_step is None or not self.checkpoint:
+            return self.last_step
+        return max(0, self.last_step - self.step) if self.step is not None else None
 
     def text(self) -> str:
         """`continues from checkpoint-9000 (lost 212 steps)`, or how it starts over."""

@@ -10,7 +10,7 @@ import zlib
 from contextlib import AbstractContextManager
 
 from gpuq.core.states import PENDING
-from gpuq.spool.files import Files, read_small
+from gpuq.spool.files import Files, read_small, unlink_quietly
 from gpuq.spool.layout import INTAKE_RE, Layout, is_job_name
 from gpuq.spool.mutex import turn
 from gpuq.system import fsutil
@@ -60,18 +60,28 @@ class Dropbox:
 
     def reject(self, name: str, reason: str, *, hidden_name: str = "") -> str:
         """Move a file that is not a valid job from pending/ to rejected/, its reason beside it
-        in NAME.reason; returns the name it got there."""
+        in NAME.reason; returns the name it got there. The reason is written first: a disk too
+        full for it (SpoolFull) leaves the file in pending/, to be rejected once there is room."""
         source = self.layout.job_path(PENDING, hidden_name or name)
         base = _short_name(name)  # room for ".N.reason" within the 255-byte name limit
         target = base
         for n in range(1, 10000):
-            try:
-                fsutil.rename_noreplace(source, self.layout.rejected_path(target))
-                break
+            reason_path = self.layout.rejected_path(target + REASON)
+            try:  # created, not replaced: the reason holds the name for its file against another rejecter
+                self.files.place_new(reason_path, f"{reason}\n".encode(), "reason")
             except FileExistsError:
                 target = f"{base}.{n}"
-        self.files.replace(self.layout.rejected_path(target + REASON), f"{reason}\n".encode(), "reason")
-        return target
+                continue
+            try:
+                fsutil.rename_noreplace(source, self.layout.rejected_path(target))
+                return target
+            except FileExistsError:
+                unlink_quietly(reason_path)  # a file left there without its reason
+            except BaseException:
+                unlink_quietly(reason_path)  # gone, or no room in rejected/: no reason without its file
+                raise
+            target = f"{base}.{n}"
+        raise FileExistsError(self.layout.rejected_path(base))
 
     def rejected(self) -> list[str]:
         """The names of the files in rejected/ (not their `.reason` files, not the seen stamp)."""

@@ -92,6 +92,8 @@ def _row(row: Any, rows: list[Any], utils: dict[int, Optional[int]]) -> dict[str
             "info": info,
             "jobs": [_row(member, [], utils) for member in members],
         }
+    if getattr(row, "cells", None) is not None:  # a damaged job file: its cells say why
+        return {"id": row.job.id, "state": row.state, "name": row.cells[0], "info": row.cells[-1]}
     out = json_row(row)
     out["info"] = render.info(row.job, row.state, row.wait, row.stopping)
     out["progress_text"] = render.progress_text(row.estimate, row.state, bar=False)
@@ -126,7 +128,7 @@ def _finished_page(st: Any, page: int, now: float) -> list[dict[str, Any]]:
     out = []
     for row in rows[start : start + PER_PAGE]:
         job = row.job
-        if not isinstance(job.cmd, list):  # a damaged file: its cells say why
+        if getattr(row, "cells", None) is not None:  # a damaged file: its cells say why
             out.append({"id": job.id, "state": row.state, "name": row.cells[0], "info": row.cells[-1]})
             continue
         spent = render.elapsed(job, now)

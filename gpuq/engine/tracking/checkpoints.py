@@ -19,6 +19,7 @@ HF_INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"  # HF 5's JIT save removes
 MTIME_SLACK = 1.0  # seconds: file times are coarser than the ISO start time
 STEP_RE = r"(?i)(?:step|checkpoint|iter|iteration|global_step)[=_-]?(\d+)"
 EPOCH_RE = r"(?i)epoch[=_-]?(\d+)"
+TRAILING_RE = r"(\d+)(?:\.[A-Za-z]+)*$"  # the number a name ends in, before its extensions: ck-8, w_0800.pt
 OUTPUT_DIR_FLAGS = ("--output_dir", "--output-dir")
 MAX_STEPS_FLAGS = ("--max_steps", "--max-steps")
 RESUME_FLAGS = ("--resume_from_checkpoint", "--resume-from-checkpoint")
@@ -50,8 +51,8 @@ def start_step(job: Job) -> Optional[float]:
     ckpt = job.resumed_from or arg_value(job.cmd, RESUME_FLAGS)
     if not ckpt:
         return 0.0
-    m = re.search(STEP_RE, os.path.basename(str(ckpt).rstrip("/")))
-    return float(m.group(1)) if m else None
+    step = name_step(os.path.basename(str(ckpt).rstrip("/")))
+    return float(step) if step is not None else None
 
 
 def output_dir(cmd: Sequence[str], cwd: str) -> Optional[str]:
@@ -113,6 +114,15 @@ def _number(regex: str, name: str) -> Optional[int]:
     return int(found[-1]) if found else None
 
 
+def name_step(name: str) -> Optional[int]:
+    """The step a checkpoint's name tells: the number after `step`, `checkpoint`, `iter`..., else the
+    number it ends in (`ck-8`), unless that is an epoch's (`model_epoch_3.pt`)."""
+    step = _number(STEP_RE, name)
+    if step is None and not re.search(EPOCH_RE, name):
+        step = _number(TRAILING_RE, name)
+    return step
+
+
 def _usable(path: str) -> bool:
     """A non-empty file, or a directory (no HF checkpoint cut short) with a non-empty file under it."""
     try:
@@ -146,9 +156,7 @@ def glob_checkpoints(pattern: str, cwd: str) -> list[Checkpoint]:
     """Usable matches of `pattern` in `cwd`, oldest first: by step number, else epoch, else mtime."""
     full = os.path.join(cwd, os.path.expanduser(pattern))
     paths = [os.path.abspath(p) for p in glob.glob(full, recursive=True) if _usable(p)]
-    found = [
-        Checkpoint(p, _number(STEP_RE, os.path.basename(p)), _number(EPOCH_RE, os.path.basename(p))) for p in paths
-    ]
+    found = [Checkpoint(p, name_step(os.path.basename(p)), _number(EPOCH_RE, os.path.basename(p))) for p in paths]
     key: Callable[[Checkpoint], Any] = lambda c: mtime(c.path)  # noqa: E731
     if found and all(c.step is not None for c in found):
         key = lambda c: (c.step, mtime(c.path))  # noqa: E731

@@ -83,7 +83,7 @@ class Status(NamedTuple):
     def outlook(self, now: Optional[float] = None) -> tuple[int, int, int]:
         """The pending jobs as (startable by a worker; later: at their --begin; blocked: by a person)."""
         now = time.time() if now is None else now
-        rows = [r for r in self.rows if r.state == PENDING]
+        rows = [r for r in self.rows if r.state == PENDING and isinstance(r, Row)]  # not a damaged file
         blocked = sum(1 for r in rows if r.wait is not None and r.wait.forever)
         later = sum(1 for r in rows if not (r.wait and r.wait.forever) and (parse_iso(r.job.begin_at) or 0.0) > now)
         return len(rows) - blocked - later, later, blocked
@@ -150,6 +150,9 @@ def status(
 
         queue_eta.annotate(spool, rows, workers, time.time(), shown, done)  # progress, ETA, when pending ones start
     warned = warned_slurm + disk_warnings(spool, snap.running) + _idle_gpus(spool, rows)
+    if damaged is not None and invalid:  # a damaged file in running/ or pending/ is a row, as in every state
+        rows += [CachedRow(ref.id, ref.state, damaged(ref.name, why)) for ref, why in invalid]
+        rows.sort(key=lambda r: (r.state not in IN_LINE, r.job.id))
     dropped, others = spool.dropbox.foreign()
     left = "not taken in (only *.json files are jobs); left alone"
     warned += [f"pending/{security.display(name)}: {left}" for name in others]
