@@ -299,7 +299,7 @@ class Worker:
     def _write_gpu_view(self, look: GpuLook, running: list[Job], waits: dict[int, scheduler.Wait]) -> None:
         # jobs handed to their supervisors (this step's starts among them) are not in running/ yet
         starting = {job_id: s.where.gpus or () for job_id, s in self.supervisors.items() if s.starting}
-        shown = gpuview.view(look, running, starting)
+        shown = gpuview.view(look, running, self.spool.home, starting)
         shown["waiting"] = {str(i): {"reason": w.reason, "forever": w.forever} for i, w in waits.items()}
         shown["worker"] = os.getpid()
         shown["foreign_threshold_mib"] = self.settings.foreign_threshold_mib  # for the queue's ETA in `status`

@@ -387,5 +387,7 @@ class _Texts:
 
 
 def _lease_text(lease: Lease) -> str:
-    # the viewer is whoever decides: the reason tells them "your job" or another user's
+    # the viewer is whoever decides: the reason tells them "your job" or another user's; a job of
+    # theirs here is in another spool (a worker's own are not counted) or they are in none (`gpuq
+    # lease`): its queue is said
     return lease_text(lease.who(os.geteuid()), lease.mem_mib, lease.since)
