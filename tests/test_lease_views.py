@@ -249,6 +249,8 @@ def test_a_job_of_another_queue_of_yours_is_named_with_its_queue(gq: Env, leases
         assert "  GPU 0  Fake H100  0.0/79.6 GiB  jobs #1" in own and "in queue" not in own, own
         (gq.work / "go").touch()
         other.wait_state(second, "done", 30)
+        wait_for(lambda: "starting job #1 " in other.worker_output(), 10, what="the second queue's start said")
+        assert other.worker_output().count("starting job #1 ") == 1, other.worker_output()
     finally:
         other.cleanup()
 
