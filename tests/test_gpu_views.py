@@ -61,7 +61,7 @@ def test_a_fresh_view_is_shown_as_it_is_and_an_old_one_replaced(gq: Env, monkeyp
     spool = Spool(gq.home)
     spool.ensure()
     now = time.time()
-    worker_saw = gpuview.view(gpu_info.look(), [])
+    worker_saw = gpuview.view(gpu_info.look(), [], spool.home)
     gpus.set(fake_gpus(1, foreign={0: (4242, 9300)}))
     fresh = dict(worker_saw, at=now - 1, worker=1, foreign_threshold_mib=2048)
     assert gpuview.current(spool, [], [fresh]) is fresh  # a worker looked a second ago: its view

@@ -429,13 +429,13 @@ def test_a_job_given_back_for_a_lease_taken_meanwhile_waits_for_it_without_being
 ) -> None:
     """Another party's lease is written while the worker's supervisor waits for the GPU's placing
     lock (the worker had looked before): the supervisor gives the job back, the worker looks again
-    soon and says the job waits for that lease, and starts it once, when the lease ends."""
+    soon and says the job waits for that lease, and starts it once, when the lease ends. Its log
+    says the start once, when it happened (it said `starting job` at each hand-over: twice)."""
     Gpus(gq, fake_gpus(1))
     leases = LeaseDir.open(own_lease_dir)
     gq.start_worker("--watch")
     with leases.placing(["GPU-fake-0"]):
         job = gq.add("true")
-        wait_for(lambda: f"starting job #{job}" in gq.worker_output(), 20, what="the worker to hand the job over")
         # The supervisor may still be starting (a new interpreter): wait until it tries the lock.
         wait_for(lambda: _trying_the_lock(own_lease_dir), 20, what="the supervisor to wait for the placing lock")
         theirs = leases.take("GPU-fake-0", 0, None, job=12, name="train", spool="/home/someone/.gpuq")
@@ -447,11 +447,12 @@ def test_a_job_given_back_for_a_lease_taken_meanwhile_waits_for_it_without_being
     # GPU job starts), not at its once-a-minute full look: a bound that no load comes near.
     soon = FULL_STEP_SECONDS / 2
     wait_for(lambda: "leased whole by your job #12 (train)" in reason(), soon, what="the lease named as the reason")
-    assert gq.state_of(job) == PENDING and gq.worker_output().count(f"starting job #{job} ") == 1, "not again"
+    assert gq.state_of(job) == PENDING and f"starting job #{job} " not in gq.worker_output(), "it did not start"
     theirs.release()
     gq.wait_state(job, DONE)
-    # The worker says so once the job is handed over, which a `true` may outrun.
-    wait_for(lambda: gq.worker_output().count(f"starting job #{job} ") == 2, 5, what="the second start said")
+    # The worker says so once it sees the job started, which a `true` may outrun.
+    wait_for(lambda: f"starting job #{job} " in gq.worker_output(), 5, what="the start said")
+    assert gq.worker_output().count(f"starting job #{job} ") == 1, gq.worker_output()
 
 
 def _one_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int = 1) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import Env, wait_for
-from test_gpu_worker import Gpus, row
+from conftest import WAIT_FOR_GO, Env, wait_for
+from test_gpu_worker import Gpus, fake_gpus, row
 
 from gpuq.cli import render
 from gpuq.system.leases import LeaseDir
@@ -79,7 +79,8 @@ def test_gpus_shows_every_lease_and_the_memory_held_without_one(gq: Env, leases:
     holder = f"your `jupyter` (gpuq lease, pid {os.getpid()})"
     assert lines[2] == f"    leased whole by {holder} since {since} (pid {child.pid} 30.0 GiB)"
     assert lines[3] == "  GPU 1  Fake H100  0.0/79.6 GiB"
-    assert lines[4] == f"    20.0 GiB leased by your job #12 (train) since {hhmm(shared.lease.since)}"
+    elsewhere = "in queue /elsewhere/.gpuq"  # a job of another queue of yours: its #12 is not this queue's
+    assert lines[4] == f"    20.0 GiB leased by your job #12 (train) {elsewhere} since {hhmm(shared.lease.since)}"
     assert len(lines) == 5
     first, second = listed
     assert [(p["pid"], p["lease"]) for p in first["foreign"]] == [(child.pid, notebook.lease.file), (4242, None)]
@@ -216,11 +217,42 @@ def test_eta_names_the_leases_that_hold_a_job_back_as_status_does(gq: Env, lease
     finally:
         whole.release()
         shared.release()
-    leased = f"GPU 0: leased whole by your job #1 (train) since {hhmm(whole.lease.since)}"
-    leased += f"; GPU 1: 20.0 GiB leased by your job #2 (train) since {hhmm(shared.lease.since)}"
+    theirs = "(train) in queue /home/alice/.gpuq"  # not this queue's #1 and #2
+    leased = f"GPU 0: leased whole by your job #1 {theirs} since {hhmm(whole.lease.since)}"
+    leased += f"; GPU 1: 20.0 GiB leased by your job #2 {theirs} since {hhmm(shared.lease.since)}"
     assert reason == f"waiting for {leased}", reason
     assert f"(pending): start unknown: {leased} (no telling when they free it)" in said, said
     assert "not gpuq's" not in said
+
+
+def test_a_job_of_another_queue_of_yours_is_named_with_its_queue(gq: Env, leases: Path, tmp_path: Path) -> None:
+    """Two queues of one user (two GPUQ_HOME) on one GPU, each with its worker: the job of the second
+    waits for the first's job #1, which `status` of the second called "your job #1", as if it were
+    its own #1 (itself). It names that queue; the first's own job is said as before."""
+    Gpus(gq, fake_gpus(1))
+    (tmp_path / "work-b").mkdir()
+    other = Env(tmp_path / "spool-b", tmp_path / "work-b")
+    other.env.update(GPUQ_FAKE_GPUS=gq.env["GPUQ_FAKE_GPUS"], GPUQ_LEASE_DIR=gq.env["GPUQ_LEASE_DIR"])
+    try:
+        gq.script("hold.py", WAIT_FOR_GO)
+        first = gq.add("--gpus", "1", "hold.py")
+        gq.start_worker("--watch")
+        wait_for(lambda: gq.job(first).get("pid"), 15, what="the first queue's job running")
+        second = other.add("--gpus", "1", "true")
+        other.start_worker("--watch")
+        assert (first, second) == (1, 1)
+        reason = wait_for(lambda: row(other, second)["waiting"] or "", 15, what="the second queue's reason")
+        held = f"leased whole by your job #1 (work/hold) in queue {gq.home} since"
+        assert reason.startswith(f"waiting for GPU 0: {held}"), reason
+        assert f"    {held} " in other.gpuq("status").stdout
+        own = gq.gpuq("status").stdout
+        assert "  GPU 0  Fake H100  0.0/79.6 GiB  jobs #1" in own and "in queue" not in own, own
+        (gq.work / "go").touch()
+        other.wait_state(second, "done", 30)
+        wait_for(lambda: "starting job #1 " in other.worker_output(), 10, what="the second queue's start said")
+        assert other.worker_output().count("starting job #1 ") == 1, other.worker_output()
+    finally:
+        other.cleanup()
 
 
 def test_lines_leave_out_this_spools_own_jobs_and_most_problems() -> None:

@@ -42,7 +42,8 @@ def test_claims_take_distinct_gpus_until_none_is_left(tmp_path: Path) -> None:
     assert [held.lease.gpu_uuid for held in first] == ["GPU-fake-0"] and first[0].lease.job == 4
     third = claim(tmp_path)
     assert isinstance(third, Blocked) and not third.forever
-    assert third.reason.startswith("waiting for GPU 0: leased whole by your job #4 (train) since ")
+    held = "leased whole by your job #4 (train) in queue /home/me/.gpuq"  # seen from no queue: it is said
+    assert third.reason.startswith(f"waiting for GPU 0: {held} since ")
     assert f"GPU 1: leased whole by your `sh` (gpuq lease, pid {os.getpid()}) since " in third.reason
     first.release()
     fourth = claim(tmp_path, Request(gpu_mem_mib=20480))

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import urllib.request
-from typing import Any, Optional
+from contextlib import contextmanager, suppress
+from typing import Any, Iterator, Optional
 
 import pytest
 from conftest import WAIT_FOR_GO, alive, wait_for
@@ -229,6 +233,77 @@ def test_no_cluster_at_the_address_leaves_the_jobs_queued(gq: Any) -> None:
     out = gq.gpuq("ray", "submit", str(job), "--address", address, check=False)
     assert out.returncode == 1 and f"job #{job} stays here: no Ray cluster answers at {address}" in out.stderr
     assert gq.state_of(job) == "pending"
+
+
+@contextmanager
+def answering(reply: bytes, stall: bool = False) -> Iterator[str]:
+    """A tiny HTTP server on 127.0.0.1 (real sockets) answering every request with `reply`, then
+    closing the connection; with `stall`, keeping it open without another byte until the test ends."""
+    server = socket.create_server(("127.0.0.1", 0))
+    over = threading.Event()
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _peer = server.accept()
+            except OSError:
+                return  # shut down: the test is over
+            with conn:
+                conn.settimeout(10)
+                got = b""
+                while b"\r\n\r\n" not in got and (chunk := conn.recv(65536)):
+                    got += chunk
+                head, _sep, body = got.partition(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                while length and len(body) < int(length.group(1)) and (chunk := conn.recv(65536)):
+                    body += chunk  # read whole: a close with unread bytes would reset the reply away
+                conn.sendall(reply)
+                if stall:
+                    over.wait(60)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        over.set()
+        with suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        server.close()
+        thread.join(10)
+
+
+def test_a_garbage_status_line_is_no_usable_answer_in_one_line(gq: Any) -> None:
+    """http.client's BadStatusLine is no OSError: it came out of every Ray command as a traceback.
+    The request was sent: what it asked may have been done (RayNoAnswer), as after a timeout."""
+    with answering(b"garbage\r\n") as address:
+        for ask in (lambda: rayjobs.get(address, "gpuq-x"), lambda: rayjobs.stop(address, "gpuq-x")):
+            with pytest.raises(rayjobs.RayNoAnswer) as refused:
+                ask()
+            assert len(str(refused.value).splitlines()) == 1 and "BadStatusLine('garbage" in str(refused.value)
+        with pytest.raises(rayjobs.RayNoAnswer, match=f"no usable answer from Ray to POST {address}/api/jobs/"):
+            rayjobs.submit(address, "true", "gpuq-x", gpus=0, cpus=0, memory=0, env={}, metadata={})
+        job = gq.add("--", "true")
+        out = gq.gpuq("ray", "submit", str(job), "--address", address, check=False)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        assert out.stderr.startswith(f"gpuq: job #{job} stays here: no usable answer from Ray to GET {address}")
+        assert len(out.stderr.splitlines()) == 1 and gq.state_of(job) == "pending"
+
+
+def test_an_error_reply_whose_body_stalls_says_its_status_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 500 whose body never comes: reading it ran into the timeout, a bare TimeoutError out of
+    the handler of the HTTPError. The status line says enough."""
+    monkeypatch.setattr(rayjobs, "TIMEOUT", 0.5)  # the stalled body is read this long
+    stalled = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 100\r\n\r\npart of it"
+    with answering(stalled, stall=True) as address:
+        with pytest.raises(rayjobs.RayError) as refused:
+            rayjobs.nodes(address)
+    said = str(refused.value)
+    assert said == f"Ray answered 500 to GET {address}/api/v0/nodes?limit=1000&detail=1: Internal Server Error"
+    cut = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 100\r\n\r\npart of it"
+    with answering(cut) as address:  # closed after part of it: http.client's IncompleteRead
+        with pytest.raises(rayjobs.RayError, match="^Ray answered 500 to GET .*: Internal Server Error$"):
+            rayjobs.get(address, "gpuq-x")
 
 
 def test_ray_submit_needs_ids_or_all_and_an_address(gq: Any) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 from conftest import Env, alive, wait_for
@@ -84,3 +86,53 @@ def test_a_job_that_reached_its_end_is_not_run_again_unasked(gq: Env, how: str) 
     gq.gpuq("run", timeout=60)
     assert gq.state_of(ended) == "done"
     assert (gq.work / "a.runs").read_text() == "run\nrun\n"
+
+
+# Runs the command given after it as its child, as a subreaper (Linux's PR_SET_CHILD_SUBREAPER) that
+# never reaps: a job whose supervisor is killed becomes its child, and a zombie once it ends, until
+# the test closes its stdin (as under a container's init that reaps late, or never).
+KEEPER = """import ctypes, subprocess, sys
+if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:
+    sys.exit(3)
+subprocess.Popen(sys.argv[1:])
+sys.stdin.read()
+"""
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def test_a_job_left_a_zombie_is_dead_and_recovered_when_named(gq: Env) -> None:
+    """Its supervisor and it killed, nobody having looked since: `recover --jobs N` said `job #N is
+    running, not interrupted` while its process was a zombie (exited, not reaped). Recover looks
+    first, as `status` does: a zombie is a dead job."""
+    job_id = gq.add("sleep", "300")
+    command = [sys.executable, "-c", KEEPER, sys.executable, "-m", "gpuq", "run", "--watch"]
+    out = open(gq.work / "keeper.out", "wb")
+    keeper = subprocess.Popen(command, cwd=gq.work, env=gq.env, stdin=subprocess.PIPE, stdout=out, stderr=out)
+    try:
+        recorded = lambda: keeper.poll() == 3 or ((j := gq.job(job_id)).get("supervisor") and j)  # noqa: E731
+        job = wait_for(recorded, 20, what="the supervisor recorded")
+        if job is True:
+            pytest.skip("no PR_SET_CHILD_SUBREAPER here (not Linux)")
+        gq.gpuq("stop")  # the job keeps running: no worker looks at it from now on
+        supervisor, pid = job["supervisor"]["pid"], job["pid"]
+        os.kill(supervisor, signal.SIGKILL)
+        wait_for(lambda: not alive(supervisor), what="supervisor gone")
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: _zombie(pid), what="the job a zombie, its new parent reaping nothing")
+        named = gq.gpuq("recover", "--jobs", str(job_id), check=False)
+        assert _zombie(pid), "still a zombie when recover looked"
+        assert named.returncode == 0 and "Re-queued 1 job." in named.stdout, named.stderr
+        assert gq.state_of(job_id) == "pending"
+        assert [h["outcome"] for h in gq.job(job_id)["history"]] == ["interrupted"]
+    finally:
+        assert keeper.stdin is not None
+        keeper.stdin.close()  # it exits; init reaps what it kept
+        keeper.wait(30)
+        out.close()

@@ -95,7 +95,7 @@ def test_a_ticket_and_a_lease_with_an_impossible_since_stop_no_gpuq(
 def test_a_time_no_platform_can_show_is_shown_safely(since: float) -> None:
     """Behind the reading boundary, formatting does not raise either: views say nothing, reasons `?`."""
     ticket = Ticket("t", "bob", THEM, 1, 30, None, 1, None, None, since, "h")
-    assert ticket_entry(ticket, os.geteuid())["since"] == ""
+    assert ticket_entry(ticket, os.geteuid(), "/home/me/.gpuq")["since"] == ""
     assert turn_reason(ticket, 0).endswith("bob's job #30 has waited since ?")
 
 

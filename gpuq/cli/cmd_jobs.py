@@ -71,6 +71,9 @@ cmd_resume = _on_ids(
 
 def cmd_recover(args: argparse.Namespace) -> int:
     sp = spool()
+    # a running job found dead (a zombie too) is interrupted now, as `status` would record it: else
+    # one named here was refused as running until something else looked
+    repairs.settle_unsupervised(sp, repairs.Report())
     if args.jobs:  # named: re-queued whatever they reached
         return _requeue(job_ids(args.jobs), args.from_scratch, say=True)
     ended = actions.reached_their_end(sp)

@@ -136,7 +136,7 @@ def gpus_view(sp: Spool) -> Optional[dict[str, Any]]:
     """Also the assistant server's `gpus` tool; None without GPUs."""
     shown = gpuview.current(sp, actions.jobs_in(sp, (RUNNING,)))  # a look of its own if the workers' is old
     if shown is not None and shown.get("worker"):
-        gpuview.add_leases(shown)  # the leases as they are now, not as the worker last saw them
+        gpuview.add_leases(shown, sp.home)  # the leases as they are now, not as the worker last saw them
     return shown
 
 

@@ -70,6 +70,7 @@ class Launch:  # a supervisor followed while its job is starting, or while the w
     where: Assignment
     starting: bool = True  # its job is still in pending/
     told: list[Named] = field(default_factory=list)  # what it was last told follows in its slot
+    name: str = ""  # its job's, said once the job has started
 
 
 @dataclass
@@ -81,7 +82,9 @@ class StepResult:
     more_work: bool = False  # dropped or broken files were left for the next step: come back soon
     gpu_wait: bool = False  # a job waits for GPUs that may free up unannounced, or a GPU job may be given back
     turn_wait: bool = False  # a job of ours holds a waiting ticket: another user's GPUs free up unannounced
-    claim_busy: bool = False  # a ready job's claim was held (its supervisor just requeued it): look again soon
+    # a ready job's claim was held (its supervisor just requeued it), or a job handed to its
+    # supervisor is still in pending/: look again soon
+    claim_busy: bool = False
     space_wait: bool = False  # jobs wait for disk space: look again soon, as space comes back unannounced
     next_begin: Optional[float] = None  # the earliest --begin time to come: the worker wakes for it
     cluster_wait: bool = False  # a job waits for one handed to Slurm or Ray: their ends are only seen by asking
@@ -218,6 +221,7 @@ class Worker:
         for name, outcome in rejected:
             self.say(f"{name}: {outcome}")
         starting = [s for s in self.supervisors.values() if s.starting]
+        result.claim_busy = result.claim_busy or bool(starting)  # its start is said once seen: look soon
         result.more_work = result.more_work or left
         result.busy = bool(starting or self.urgent.under_way or any(map(self._mine, snap.running)))
         result.startable_later = result.more_work or scheduler.has_startable_future(snap, plan.waits)
@@ -299,7 +303,7 @@ class Worker:
     def _write_gpu_view(self, look: GpuLook, running: list[Job], waits: dict[int, scheduler.Wait]) -> None:
         # jobs handed to their supervisors (this step's starts among them) are not in running/ yet
         starting = {job_id: s.where.gpus or () for job_id, s in self.supervisors.items() if s.starting}
-        shown = gpuview.view(look, running, starting)
+        shown = gpuview.view(look, running, self.spool.home, starting)
         shown["waiting"] = {str(i): {"reason": w.reason, "forever": w.forever} for i, w in waits.items()}
         shown["worker"] = os.getpid()
         shown["foreign_threshold_mib"] = self.settings.foreign_threshold_mib  # for the queue's ETA in `status`
@@ -327,6 +331,9 @@ class Worker:
                     continue
                 if state == PENDING:
                     self.view.doubt()  # its supervisor found it gone, or gave it back: look at everything
+                elif self._started_by(s, job_id, snap):  # not before: a supervisor may give it back (its
+                    # GPUs leased by another queue meanwhile), and it would be said to start twice
+                    self.say(f"starting job #{job_id} {s.name}{s.where.text()}")
                 s.starting = False
             if state in (PENDING, RUNNING) and s.process.listening:
                 continue
@@ -397,8 +404,7 @@ class Worker:
             claim.release()
             self.say(f"job #{job.id}: could not start its supervisor: {exc}")
             return LAUNCH_FAILED
-        self.supervisors[job.id] = Launch(process, where)
-        self.say(f"starting job #{job.id} {job.name}{where.text()}")
+        self.supervisors[job.id] = Launch(process, where, name=job.name)
         return STARTED
 
     def _as_planned(self, job: Job, name: Optional[str]) -> bool:

@@ -48,14 +48,17 @@ class Lease(NamedTuple):
     def whole(self) -> bool:
         return self.mem_mib is None
 
-    def who(self, viewer_uid: int) -> str:
+    def who(self, viewer_uid: int, viewer_spool: Optional[str] = None) -> str:
         """ "bob's job #12", "your job #3 (train)", "bob's `jupyter` (gpuq lease, pid 4242)": another
-        user's job names are theirs to show."""
+        user's job names are theirs to show. A job of another spool of yours than `viewer_spool`
+        (None: the viewer's is none) says which: its #3 is not the viewer's."""
         mine = self.uid == viewer_uid
         owner = "your" if mine else f"{self.user}'s"
         if self.job is None:
             return f"{owner} `{self.name}` (gpuq lease, pid {self.pid})"
-        return f"{owner} job #{self.job} ({self.name})" if mine else f"{owner} job #{self.job}"
+        if not mine:
+            return f"{owner} job #{self.job}"
+        return f"{owner} job #{self.job} ({self.name}){elsewhere(self.spool, viewer_spool)}"
 
 
 class Ticket(NamedTuple):
@@ -76,10 +79,18 @@ class Ticket(NamedTuple):
     def wants(self, gpu_uuid: str) -> bool:
         return self.gpu_uuids is None or gpu_uuid in self.gpu_uuids
 
-    def who(self, viewer_uid: int) -> str:
-        """ "bob's job #3", "your job #7": whose job waits."""
-        owner = "your" if self.uid == viewer_uid else f"{self.user}'s"
-        return f"{owner} job #{self.job}" if self.job is not None else f"{owner} `gpuq lease`"
+    def who(self, viewer_uid: int, viewer_spool: Optional[str] = None) -> str:
+        """ "bob's job #3", "your job #7", "your job #7 in queue /home/me/q2": whose job waits."""
+        mine = self.uid == viewer_uid
+        owner = "your" if mine else f"{self.user}'s"
+        if self.job is None:
+            return f"{owner} `gpuq lease`"
+        return f"{owner} job #{self.job}{elsewhere(self.spool, viewer_spool) if mine else ''}"
+
+
+def elsewhere(spool: Optional[str], viewer_spool: Optional[str]) -> str:
+    """' in queue /home/me/q2' for a job of the viewer's in a spool other than theirs, else ''."""
+    return f" in queue {display(spool)}" if spool and spool != viewer_spool else ""
 
 
 class Held:

@@ -26,7 +26,8 @@ class RayUnreachable(RayError):
 
 
 class RayNoAnswer(RayError):
-    """A request ran past TIMEOUT: what it asked for may or may not have been done."""
+    """A request sent got no answer within TIMEOUT, or none that reads as HTTP: what it asked for
+    may or may not have been done."""
 
 
 class RayJob(NamedTuple):
@@ -75,17 +76,28 @@ def _call(url: str, method: str = "GET", body: Optional[dict] = None) -> Any:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
             text = answer.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode("utf-8", "replace").strip().splitlines()
-        raise RayError(f"Ray answered {exc.code} to {method} {url}: {detail[-1] if detail else exc.reason}") from None
+        raise RayError(f"Ray answered {exc.code} to {method} {url}: {_detail(exc)}") from None
     except (urllib.error.URLError, OSError) as exc:
         why = getattr(exc, "reason", exc)
         if isinstance(why, (TimeoutError, socket.timeout)):  # sent, unanswered in time (socket.timeout: 3.9's)
             raise RayNoAnswer(f"Ray did not answer {method} {url} within {TIMEOUT:.0f}s") from None
         raise RayUnreachable(f"no Ray cluster answers at {url.split('/api/')[0]}: {why}") from None
+    except Exception as exc:  # http.client's HTTPException (a garbage status line, a body cut short): sent, unread
+        raise RayNoAnswer(f"no usable answer from Ray to {method} {url}: {exc!r:.200}") from None
     try:
         return json.loads(text) if text.strip() else None
     except ValueError:
         raise RayError(f"Ray's answer to {method} {url} is not JSON: {text[:200]!r}") from None
+
+
+def _detail(exc: Any) -> str:
+    """The last line of an error reply's body, else its reason: a body that stalls or breaks off
+    (a timeout, http.client's IncompleteRead) leaves the status line to say it."""
+    try:
+        lines = exc.read().decode("utf-8", "replace").strip().splitlines()
+    except Exception:  # see above: an OSError or an HTTPException, neither of which the caller wants
+        lines = []
+    return lines[-1] if lines else str(exc.reason)
 
 
 def submit(

@@ -48,7 +48,7 @@ def queue(sp: Spool, ring: Ring, page: int = 0) -> dict[str, Any]:
     st = status(sp, show_all=True, damaged=render.damaged_cells)
     shown = st.gpus
     if shown is not None and shown.get("worker"):
-        gpuview.add_leases(shown)  # every user's leases as they are now, as `gpuq gpus` shows them
+        gpuview.add_leases(shown, sp.home)  # every user's leases as they are now, as `gpuq gpus` shows them
     ring.add(shown)
     unfinished = [row for row in st.rows if row.state not in FINISHED]
     utils = gpu_utils(shown)

@@ -21,10 +21,12 @@ from gpuq.system.gpu_presence import may_have_gpus
 STALE_SECONDS = 3.0  # a view older than this is looked at again (a waiting job makes the worker look every 2 s)
 
 
-def view(look: Any, running: list[Job], starting: Optional[Mapping[int, Sequence[int]]] = None) -> dict[str, Any]:
-    """{"at", "source", "problem", "gpus": [...]} of a system/gpus.GpuLook: per GPU the gpuq jobs
-    holding it (`running`, and `starting`: job id -> GPUs), every other process on it and
-    `foreign_mib`, the memory held by others (placement's "outside")."""
+def view(
+    look: Any, running: list[Job], home: str, starting: Optional[Mapping[int, Sequence[int]]] = None
+) -> dict[str, Any]:
+    """{"at", "source", "problem", "gpus": [...]} of a system/gpus.GpuLook seen from the spool at
+    `home`: per GPU the gpuq jobs holding it (`running`, and `starting`: job id -> GPUs), every other
+    process on it and `foreign_mib`, the memory held by others (placement's "outside")."""
     from gpuq.system import gpus as gpu_info  # the GPUs are shown
 
     pids = [job.pid for job in running if job.pid]
@@ -45,11 +47,12 @@ def view(look: Any, running: list[Job], starting: Optional[Mapping[int, Sequence
         entry["foreign_mib"] = sum(p.used_memory_mib or 0 for p in foreign) + unexplained
         shown.append(entry)
     out = {"at": look.at, "source": look.source, "problem": look.problem, "gpus": shown}
-    return add_leases(out) if shown else out
+    return add_leases(out, home) if shown else out
 
 
-def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
-    """`shown` with the leases live now: per GPU `leases` and the waiting `tickets` that want it,
+def add_leases(shown: dict[str, Any], home: str) -> dict[str, Any]:
+    """`shown` with the leases live now, as the spool at `home` tells them (a job of another spool of
+    this user's says its queue): per GPU `leases` and the waiting `tickets` that want it,
     each `foreign` process's `lease` (the lease whose holder's tree it is in, or None),
     `lease_problems`, and `max_gpus`, this user's cap in the machine's policy (None: none)."""
     from gpuq.system import gpus, leases  # the GPUs are shown, with their leases
@@ -71,8 +74,8 @@ def add_leases(shown: dict[str, Any]) -> dict[str, Any]:
     tree = functools.cache(lambda pid: gpus.tree_pids([pid]))  # a holder's process tree, looked up once
     for gpu in shown["gpus"]:
         here = [lease for lease in live if lease.gpu_uuid == gpu["uuid"]]
-        gpu["leases"] = [lease_entry(lease, viewer) for lease in here]
-        gpu["tickets"] = [ticket_entry(t, viewer) for t in waiting if t.wants(gpu["uuid"])]
+        gpu["leases"] = [lease_entry(lease, viewer, home) for lease in here]
+        gpu["tickets"] = [ticket_entry(t, viewer, home) for t in waiting if t.wants(gpu["uuid"])]
         for proc in gpu["foreign"]:
             proc["lease"] = next((lease.file for lease in here if proc["pid"] in tree(lease.pid)), None)
     shown["lease_problems"] = problems
@@ -92,17 +95,18 @@ TICKET_KEYS = ("file", "who", "user", "uid", "job", "gpus", "mem_mib", "since", 
 LEASE_KEYS = ("file", "who", "user", "uid", "job", "name", "whole", "mem_mib", "since", "pid", "spool", "host")
 
 
-def ticket_entry(ticket: Any, viewer_uid: int) -> dict[str, Any]:
+def ticket_entry(ticket: Any, viewer_uid: int, home: str) -> dict[str, Any]:
     """A system/leases.Ticket as views show it: whose job waits, for what, since when."""
     shown = {key: getattr(ticket, key) for key in TICKET_KEYS}
-    return dict(shown, who=ticket.who(viewer_uid), since=iso_of(ticket.since))
+    return dict(shown, who=ticket.who(viewer_uid, home), since=iso_of(ticket.since))
 
 
-def lease_entry(lease: Any, viewer_uid: int) -> dict[str, Any]:
+def lease_entry(lease: Any, viewer_uid: int, home: str) -> dict[str, Any]:
     """A system/leases.Lease as views show it (a job's name only for one's own jobs)."""
     named = lease.uid == viewer_uid or lease.job is None
     shown = {key: getattr(lease, key) for key in LEASE_KEYS}
-    return dict(shown, who=lease.who(viewer_uid), name=lease.name if named else None, since=iso_of(lease.since))
+    who = lease.who(viewer_uid, home)
+    return dict(shown, who=who, name=lease.name if named else None, since=iso_of(lease.since))
 
 
 def current(
@@ -126,7 +130,7 @@ def current(
     look = gpu_info.look()
     if _none(look.gpus, look.source, look.problem):
         return None
-    shown = view(look, running)
+    shown = view(look, running, spool.home)
     if newest is not None and "foreign_threshold_mib" in newest:  # the gate the worker applies
         shown["foreign_threshold_mib"] = newest["foreign_threshold_mib"]
     return shown

@@ -392,6 +392,8 @@ def _using(held: Leased, gpu: Gpu) -> int:
 
 
 def _lease_text(held: Leased, gpu: Gpu) -> str:
-    # the viewer is whoever decides: the reason tells them "your job" or another user's
+    # the viewer is whoever decides: the reason tells them "your job" or another user's; a job of
+    # theirs here is in another spool (a worker's own are not counted) or they are in none (`gpuq
+    # lease`): its queue is said
     lease = held.lease
     return lease_text(lease.who(os.geteuid()), lease.mem_mib, lease.since, _using(held, gpu))
