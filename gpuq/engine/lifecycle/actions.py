@@ -335,12 +335,14 @@ def auto_resumed(spool: Spool) -> list[int]:
 def _why_not_done(spool: Spool, job_id: int, state: Optional[str]) -> str:
     if state is None:
         return "gone"
+    waits = {HELD: "release", PREEMPTED: "resume", INTERRUPTED: "recover --jobs"}.get(state)
+    hint = f"waits for `gpuq {waits} {job_id}`" if waits else ""  # not `held: held`
     try:  # the copy in the state the look found: during a move the old one is still there too
         job = get(spool, job_id, (state,))[1]
     except Refused:
-        return state
+        return hint
     code = f"exit {job.exit_code}" if job.exit_code is not None else ""
-    return ": ".join(p for p in (code, job.reason or job.note or "") if p) or (state or "")
+    return ": ".join(p for p in (code, job.reason or job.note or "") if p) or hint
 
 
 def jobs_in(spool: Spool, states: tuple[str, ...] = ACTIVE) -> list[Job]:
