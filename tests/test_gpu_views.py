@@ -128,3 +128,18 @@ def test_the_default_threshold_is_the_placements() -> None:
     from gpuq.engine.schedule import placement
 
     assert queue_eta.DEFAULT_FOREIGN_THRESHOLD_MIB == placement.DEFAULT_FOREIGN_THRESHOLD_MIB
+
+
+def test_gpus_that_could_not_be_read_are_an_error_not_an_empty_list(gq: Env) -> None:
+    """`gpus --json` printed `[]` with exit 0 when the look failed: a script took it for no GPUs."""
+    broken = gq.work / "gpus.json"
+    broken.write_text("{not json")
+    gq.env["GPUQ_FAKE_GPUS"] = str(broken)
+    listed = gq.gpuq("gpus", "--json", check=False)
+    problem = f"GPUQ_FAKE_GPUS={broken}: not JSON: "
+    assert (listed.returncode, listed.stdout) == (1, "")
+    assert listed.stderr.startswith(f"gpuq: the GPUs could not be read: {problem}") and listed.stderr.count("\n") == 1
+    text = gq.gpuq("gpus", check=False)
+    assert text.returncode == 1 and problem in text.stdout  # the same failure, said as the view says it
+    broken.write_text(json.dumps({"gpus": []}))  # a machine without GPUs: none, and no error
+    assert (gq.gpuq("gpus", "--json").stdout, gq.gpuq("gpus").returncode) == ("[]\n", 0)

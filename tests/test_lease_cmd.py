@@ -127,7 +127,8 @@ def test_a_killed_gpuq_lease_leaves_the_lease_alive_until_its_command_ends(env: 
         (("--wait", "--no-wait", "--", "true"), 2, "gpuq lease: argument --no-wait: not allowed with argument --wait"),
         (("--gpu-mem", "20x", "--", "true"), 2, "gpuq lease: --gpu-mem: cannot read '20x' as a size"),
         (("--gpus", "0", "--", "true"), 2, "gpuq lease: --gpus 0 leases no GPU"),
-        (("--gpus", "3", "--", "true"), 1, "gpuq lease: needs 3 GPUs; this machine has 2 (0,1)"),
+        (("--gpus", "3", "--", "true"), 2, "gpuq lease: needs 3 GPUs; this machine has 2 (0,1)"),  # as `add` says it
+        (("--gpu-mem", "100G", "--", "true"), 2, "gpuq lease: needs 100.0 GiB on a GPU; the largest here is GPU"),
         (("--", "no-such-program-here"), 127, "gpuq lease: cannot run no-such-program-here: no such program on PATH"),
     ],
 )
@@ -151,11 +152,12 @@ def test_a_command_that_cannot_run_exits_126_as_in_a_shell(env: dict[str, str], 
 
 
 def test_without_gpus_it_refuses(env: dict[str, str], tmp_path: Path) -> None:
-    """A lease of no GPU means nothing: said in one line, exit 1, the command not run."""
+    """A lease of no GPU means nothing: said in one line, exit 2 (it could never be met here), the
+    command not run."""
     env = {k: v for k, v in env.items() if k != "GPUQ_FAKE_GPUS"}
     if os.path.exists("/dev/nvidiactl"):
         pytest.skip("this machine has an NVIDIA driver")
     proc = lease(env, "--", "touch", "ran", cwd=tmp_path)
     out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 1 and err.startswith("gpuq lease: no GPU to lease here: no NVIDIA driver")
+    assert proc.returncode == 2 and err.startswith("gpuq lease: no GPU to lease here: no NVIDIA driver")
     assert not (tmp_path / "ran").exists()

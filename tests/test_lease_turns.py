@@ -39,7 +39,7 @@ def test_the_cap_counts_the_users_leases(env: dict[str, str], tmp_path: Path) ->
     code, err = _done(lease(env, "--no-wait", "--", "true", cwd=tmp_path))
     assert code == 75 and "your limit of 1 GPU at once on this machine" in err, err
     code, err = _done(lease(env, "--gpus", "2", "--", "true", cwd=tmp_path))
-    assert code == 1 and "asks for 2 GPUs, over your limit of 1 GPU at once" in err, err
+    assert code == 2 and "asks for 2 GPUs, over your limit of 1 GPU at once" in err, err  # as `add` refuses it
     (holder_dir / "go").write_text("")
     assert _done(holder)[0] == 0
     assert _done(lease(env, "--no-wait", "--", "true", cwd=tmp_path)) == (0, "")

@@ -94,3 +94,29 @@ def test_gpuq_mcp_speaks_json_rpc_on_stdio(gq: Env) -> None:
         assert "Traceback" not in peer.stop()
     finally:
         peer.stop()
+
+
+def test_an_argument_that_is_no_utf8_is_answered_escaped_as_status_json_does(gq: Env) -> None:
+    """A Latin-1 file name among a job's words reads as a lone surrogate: the SDK's writer failed on it,
+    so `queue`, `job` and `gpuq://queue` got no answer and the server exited 1, on every restart."""
+    job_id = gq.add("--hold", "--", "cat", "caf\udce9.csv")
+    peer = Peer(gq)
+    try:
+        peer.request(
+            "initialize",
+            {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}},
+        )
+        peer.send({"method": "notifications/initialized"})
+        queue_text = peer.request("tools/call", {"name": "queue", "arguments": {}})["content"][0]["text"]
+        assert json.loads(queue_text) == gq.status_json()  # `\udce9` in the text, as the CLI prints it
+        assert "\\udce9" in queue_text
+        shown = peer.request("tools/call", {"name": "job", "arguments": {"id": job_id}})
+        assert shown["structuredContent"]["cmd"][-1] == "caf\\udce9.csv"
+        (resource,) = peer.request("resources/read", {"uri": "gpuq://queue"})["contents"]
+        assert json.loads(resource["text"]) == gq.status_json()
+        assert peer.request("tools/call", {"name": "gpus", "arguments": {}}).get("isError") is not True
+        peer.proc.stdin.close()
+        assert peer.proc.wait(timeout=15) == 0
+        assert "Traceback" not in peer.stop()
+    finally:
+        peer.stop()

@@ -193,3 +193,13 @@ def test_counts_and_ids_read_as_sentences() -> None:
     assert (plural(1, "step"), plural(0, "step"), plural(3, "step")) == ("1 step", "0 steps", "3 steps")
     assert ids_text([4, 3]) == "#3, #4" and ids_text([12, 13, 14, 15, 20]) == "#12-#15, #20"
     assert Continuation("/c/checkpoint-10", 10, 11).text() == "continues from checkpoint-10 (lost 1 step)"
+
+
+def test_wait_names_what_moves_a_held_job_on_and_recover_of_no_job_says_only_that(gq: Env) -> None:
+    """`wait` said `#1 held: held`; `recover --jobs 9999` printed `Re-queued 0 jobs.` beside its error."""
+    held = gq.add("--hold", "true")
+    live_worker(gq)  # the held job is what stops the wait, not a missing worker
+    proc = gq.gpuq("wait", str(held), check=False)
+    assert (proc.returncode, proc.stdout) == (1, f"#{held} held: waits for `gpuq release {held}`\n")
+    proc = gq.gpuq("recover", "--jobs", "9999", check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "gpuq: no such job #9999\n")

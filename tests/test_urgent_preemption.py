@@ -300,3 +300,40 @@ def test_an_urgent_job_whose_gpus_are_kept_preempts_no_more() -> None:
     kept = Planner(look=lambda: look).plan(_snap([urgent], [other]), {}, set(), (3, frozenset({0})))
     assert kept.victims == [] and 3 in kept.waits
     assert [v.id for v in Planner(look=lambda: look).plan(_snap([urgent], [other]), busy={}).victims] == [2]
+
+
+def test_wait_waits_for_a_victim_that_comes_back_by_itself_and_its_dependents(gq: Env) -> None:
+    """A job preempted for an urgent one is put back in line by the worker: `gpuq wait` said it
+    `preempted` (exit 1) if it looked before the worker did, and its `--after` job `blocked ... runs
+    after gpuq resume`. The test holds the victim's claim, so that the worker cannot put it back yet."""
+    from gpuq.core.states import HELD, PREEMPTED
+    from gpuq.engine.lifecycle import actions
+
+    victim = gq.add("--hold", "true")
+    after = gq.add("--after", str(victim), "true")
+    spool = Spool(gq.home)
+    ref = spool.jobs.find(victim, (HELD,))
+    assert ref is not None
+    spool.jobs.move(ref, spool.jobs.load(ref), PREEMPTED, {"auto_resume": True})  # as `add --urgent` leaves it
+    assert not actions.will_not_start(spool, after)  # `log -f` waits for it, as `wait` does
+
+    alone = gq.gpuq("wait", str(victim), str(after), check=False)  # no worker: nothing would put it back
+    assert alone.returncode == 1 and alone.stdout == ""
+    assert f"no worker is running; #{victim}, #{after} wait for `gpuq run --daemon`" in alone.stderr
+
+    claim = spool.claims.claim(victim)  # the worker tries again each step, until it is let go
+    assert claim is not None
+    try:
+        gq.start_worker("--watch")
+        wait_for(lambda: "worker: running" in gq.gpuq("status").stdout, 15, what="the worker")
+        waited = gq.gpuq("wait", "--timeout", "2", str(victim), str(after), check=False)
+        assert waited.stdout == (
+            f"#{victim} pending: still waiting when --timeout ran out\n"
+            f"#{after} pending: still waiting when --timeout ran out\n"
+        )
+        assert gq.gpuq("wait", "--timeout", "2", check=False).stdout.startswith(f"#{victim} pending: still waiting")
+        assert gq.state_of(victim) == PREEMPTED
+    finally:
+        claim.release()
+    done = gq.gpuq("wait", str(victim), str(after), check=False, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "all 2 jobs done\n")

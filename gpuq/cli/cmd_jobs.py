@@ -108,7 +108,8 @@ def _requeue(ids: list[int], from_scratch: bool, say: bool) -> int:
         return f"  #{done.job.id} {done.job.name}: {done.how}" if say else None
 
     code = _on_each(requests.Recover(ids=ids, from_scratch=from_scratch), said)
-    print(f"Re-queued {plural(len(back), 'job')}.")
+    if back or not ids:  # none of those named: each refusal said why, as `retry` says it
+        print(f"Re-queued {plural(len(back), 'job')}.")
     if back:
         say_who_starts_them("recover", spool().workers.live(), [done.job.id for done in back])
     return code

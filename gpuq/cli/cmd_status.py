@@ -25,14 +25,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not args.watch:
         return _status_once(args)
     clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else "\n"
-    try:
-        while True:  # redrawn in place until Ctrl-C
-            sys.stdout.write(clear)
-            _status_once(args)
-            print(f"(every {args.interval:g}s; Ctrl-C to stop)", flush=True)
-            time.sleep(args.interval)
-    except KeyboardInterrupt:
-        return 0
+    while True:  # redrawn in place until Ctrl-C: exit 130 (gpuq.cli.main), as `wait` and `log -f`
+        sys.stdout.write(clear)
+        _status_once(args)
+        print(f"(every {args.interval:g}s; Ctrl-C to stop)", flush=True)
+        time.sleep(args.interval)
 
 
 def _status_once(args: argparse.Namespace) -> int:

@@ -151,6 +151,7 @@ def cmd_gpus(args: argparse.Namespace) -> int:
         print(f"no GPUs found ({why}): jobs run one slot at a time")
     else:
         print("\n".join(render.gpu_lines(shown, home=sp.home)))
+        return 1 if gpuview.failed(shown) else 0  # as --json refuses it: no GPU was read
     return 0
 
 

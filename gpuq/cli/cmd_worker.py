@@ -130,7 +130,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     sp = spool()
-    ids = sorted(job_ids(args.ids) or (ref.id for ref in sp.jobs.refs((PENDING, RUNNING, HELD, SLURM, RAY))))
+    queued = [ref.id for ref in sp.jobs.refs((PENDING, RUNNING, HELD, SLURM, RAY))]
+    ids = sorted(job_ids(args.ids) or queued + actions.auto_resumed(sp))  # an urgent job's victims come back
     if not ids:
         print("nothing queued or running")
         return 0

@@ -78,7 +78,8 @@ PARAMETERS = {tool.name: set(tool.signature().parameters) for tool in tools.TOOL
 async def one_line_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
     """A tool's error in one line also where the SDK wrote it (pydantic's lines, less its links).
     Arguments a tool does not take are refused, as the CLI refuses an unknown option: the SDK would
-    drop them (a misspelt `after` queues a job that waits for nothing)."""
+    drop them (a misspelt `after` queues a job that waits for nothing). Every answer is made
+    writable as UTF-8 (`utf8`)."""
     params: Any = (ctx.params or {}) if ctx.method == "tools/call" else {}
     given = params.get("arguments")
     taken = PARAMETERS.get(params.get("name"))
@@ -93,7 +94,17 @@ async def one_line_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) 
             if isinstance(content, dict) and isinstance(content.get("text"), str):
                 lines = (line.strip() for line in content["text"].splitlines())
                 content["text"] = " ".join(line for line in lines if line and not line.startswith(PYDANTIC_LINK))
-    return result
+    return utf8(result)
+
+
+def utf8(value: Any) -> Any:
+    """`value` with each lone surrogate (an undecodable byte of a job's argument or file name) written
+    `\\udcXX`, as `status --json` escapes it: the SDK's UTF-8 writer fails on one and ends the server."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {utf8(key): utf8(item) for key, item in value.items()}
+    return [utf8(item) for item in value] if isinstance(value, list) else value
 
 
 PYDANTIC_LINK = "For further information visit"
@@ -106,7 +117,7 @@ def one_line(exc: BaseException) -> str:
         text = (exc.strerror or str(exc)) + (f": {exc.filename}" if exc.filename else "")
     else:
         text = f"{type(exc).__name__}: {exc}"
-    return " ".join(text.split())
+    return utf8(" ".join(text.split()))
 
 
 def _queue() -> str:

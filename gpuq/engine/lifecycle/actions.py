@@ -287,8 +287,7 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
             if left & {ref.id for ref in spool.jobs.refs((cluster,))}:
                 with suppress(GpuqError):
                     sync(spool)
-        snap, _ = read_queue(spool, cache)
-        reasons = scheduler.waiting_reasons(snap)
+        snap, reasons = _as_waited(spool, cache)
         for job_id in sorted(left):
             state = snap.states.get(job_id)
             wait = reasons.get(job_id)
@@ -319,19 +318,39 @@ def waited_out(state: Optional[str], wait: Optional[scheduler.Wait]) -> bool:
 
 def will_not_start(spool: Spool, job_id: int, cache: Optional[PendingCache] = None) -> bool:
     """Whether `gpuq wait` would stop waiting for this job that has not started (`gpuq log -f`)."""
+    snap, reasons = _as_waited(spool, cache)
+    return waited_out(snap.states.get(job_id), reasons.get(job_id))
+
+
+def _as_waited(
+    spool: Spool, cache: Optional[PendingCache]
+) -> tuple[scheduler.QueueState, dict[int, Optional[scheduler.Wait]]]:
+    """The queue and why its pending jobs wait, with each job preempted for an urgent one counted as
+    pending: the worker puts it back in line by itself, so it and its dependents are waited for."""
     snap, _ = read_queue(spool, cache)
-    return waited_out(snap.states.get(job_id), scheduler.waiting_reasons(snap).get(job_id))
+    stopped = [job_id for job_id, state in snap.states.items() if state == PREEMPTED]
+    if stopped:  # read after the listing: one resumed since then is gone from preempted/, and pending
+        manual = {job.id for _ref, job in spool.jobs.load_many(PREEMPTED) if not job.auto_resume}
+        snap.states.update((job_id, PENDING) for job_id in stopped if job_id not in manual)
+    return snap, scheduler.waiting_reasons(snap)
+
+
+def auto_resumed(spool: Spool) -> list[int]:
+    """The preempted jobs that a worker resumes by itself (victims of an urgent job)."""
+    return [job.id for _ref, job in spool.jobs.load_many(PREEMPTED) if job.auto_resume]
 
 
 def _why_not_done(spool: Spool, job_id: int, state: Optional[str]) -> str:
     if state is None:
         return "gone"
+    waits = {HELD: "release", PREEMPTED: "resume", INTERRUPTED: "recover --jobs"}.get(state)
+    hint = f"waits for `gpuq {waits} {job_id}`" if waits else ""  # not `held: held`
     try:  # the copy in the state the look found: during a move the old one is still there too
         job = get(spool, job_id, (state,))[1]
     except Refused:
-        return state
+        return hint
     code = f"exit {job.exit_code}" if job.exit_code is not None else ""
-    return ": ".join(p for p in (code, job.reason or job.note or "") if p) or (state or "")
+    return ": ".join(p for p in (code, job.reason or job.note or "") if p) or hint
 
 
 def jobs_in(spool: Spool, states: tuple[str, ...] = ACTIVE) -> list[Job]:

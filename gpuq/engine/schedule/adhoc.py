@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from gpuq.core.errors import GpuqError, Refused
+from gpuq.core.errors import GpuqError, Refused, UsageError
 from gpuq.core.words import cap_text
 from gpuq.engine.schedule import turns
 from gpuq.engine.schedule.leasing import Claim, claim_gpus, record_usage
@@ -113,8 +113,8 @@ def _post_ticket(request: Request) -> Optional[HeldTicket]:
 def _refusal(blocked: Blocked) -> GpuqError:
     would = blocked.reason.replace("waiting for", "it would wait for", 1)
     exc: GpuqError = NotFree(f"not started (--no-wait): {would}")
-    if blocked.forever:
-        exc = Refused(blocked.reason.replace("this worker has", "this machine has"))
+    if blocked.forever:  # a request that could never be met here: exit 2, as `add --gpus` more than there are
+        exc = UsageError(blocked.reason.replace("this worker has", "this machine has"))
     exc.prefix = "gpuq lease"
     return exc
 

@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from gpuq.core.errors import Refused
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING
 from gpuq.core.times import iso_of
@@ -155,13 +156,21 @@ def _without_ended(spool: Spool, shown: dict[str, Any], running: list[Job]) -> d
 
 
 def listed(shown: Optional[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-    """`gpuq gpus --json`: one object per GPU, with when and by whom (a worker's pid, or null) it was seen."""
+    """`gpuq gpus --json`: one object per GPU, with when and by whom (a worker's pid, or null) it was seen.
+    Refused when the look failed (a script must not take that for a machine without GPUs)."""
     if shown is None:
         return []
+    if failed(shown):
+        raise Refused(f"the GPUs could not be read: {shown['problem']}")
     at = shown.get("at")
     when = {"seen_at": iso_of(at) if at else None, "seen_seconds_ago": round(max(0.0, now - at), 1) if at else None}
     extra = dict(when, seen_by_worker=shown.get("worker"), lease_problems=shown.get("lease_problems", []))
     return [dict(gpu, **extra) for gpu in shown["gpus"]]
+
+
+def failed(shown: dict[str, Any]) -> bool:
+    """Whether a view of `current` is a failed look: no GPUs, and a problem (else it is None)."""
+    return not shown["gpus"]
 
 
 def _none(gpus: Any, source: Any, problem: Any) -> bool:
