@@ -314,3 +314,20 @@ def test_an_adopted_process_without_cuda_visible_devices_holds_every_gpu(gq, out
     out = gq.gpuq("adopt", str(by_hand(outside, gq, "").pid)).stdout
     assert "holds no GPU (its CUDA_VISIBLE_DEVICES is empty): other jobs start beside it" in out, out
     assert row_of(gq, waiting)["state"] == "pending"
+
+
+def test_an_urgent_job_behind_an_adopted_one_is_told_no_urgent_job_preempts_it(gq, outside) -> None:
+    """An `--urgent=force` job behind an adopted one was told `--urgent=force` would take one anyway
+    (it was force already, and none ever takes an adopted job); `show` said `flags urgent`."""
+    Gpus(gq, {"gpus": []})  # a machine without GPUs: the adopted job takes the whole of it
+    proc = outside("-c", "import time; time.sleep(120)")
+    adopted = int(gq.gpuq("adopt", str(proc.pid)).stdout.split("#")[1].split(":")[0])
+    forced = gq.add("--urgent=force", "true")
+    urgent = gq.add("--urgent", "true")
+    gq.start_worker("--watch")
+    said = f"urgent, but #{adopted} is adopted (started outside gpuq): never preempted"
+    wait_for(lambda: gq.gpuq("status").stdout.count(said) == 2, 20, what="the urgent jobs' reason")
+    shown = gq.gpuq("show", str(forced)).stdout
+    assert f"pending: {said}" in shown and "takes one anyway" not in shown
+    assert [line.split()[1:] for line in shown.splitlines() if line.split()[:1] == ["flags"]] == [["urgent=force"]]
+    assert "flags      urgent\n" in gq.gpuq("show", str(urgent)).stdout

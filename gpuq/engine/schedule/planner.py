@@ -208,7 +208,7 @@ class Planner:
             snap, free, slots, set(preempting), victims.how_it_continues
         )
         for job in unserved:  # they wait for a slot like any other job, first in line
-            plan.waits[job.id] = scheduler.Wait(f"urgent, but {victims.NO_VICTIM}", False)
+            plan.waits[job.id] = scheduler.Wait(f"urgent, but {victims.no_victim(job, snap.running)}", False)
         for job in islice(self._room(snap, starting).admitted(ready, plan.waits), len(free)):
             plan.starts.append((job, Assignment(free[len(plan.starts)])))
         return plan

@@ -164,7 +164,8 @@ def _state(spool: Spool, state: str, job: Job) -> list[Line]:
         why = f"Ray job {sub} at {job.ray.get('address')}: {job.ray.get('state')}"
         if job.ray.get("reason"):
             why += f" ({job.ray['reason']})"
-    flags = [f"priority {job.priority}" if job.priority else "", "urgent" if job.urgent else ""]
+    urgent = f"urgent={job.urgent}" if isinstance(job.urgent, str) else "urgent" if job.urgent else ""
+    flags = [f"priority {job.priority}" if job.priority else "", urgent]
     shown = state + (f": {why}" if why else "")
     note = job.note if job.note != why and not (state == HELD and job.note == HELD_NOTE) else ""
     return [("state", shown), ("note", note or ""), ("flags", ", ".join(f for f in flags if f))]
