@@ -221,7 +221,8 @@ class Worker:
         result.more_work = result.more_work or left
         result.busy = bool(starting or self.urgent.under_way or any(map(self._mine, snap.running)))
         result.startable_later = result.more_work or scheduler.has_startable_future(snap, plan.waits)
-        result.gpu_wait = any(not w.forever for w in plan.waits.values()) or any(s.where.gpus for s in starting)
+        looks = any(not (w.forever or w.heard) for w in plan.waits.values())
+        result.gpu_wait = looks or any(s.where.gpus for s in starting)
         result.turn_wait = self.planner.turns is not None and self.planner.turns.ticket is not None
         result.next_begin = scheduler.next_begin(snap.pending, now)
         result.cluster_wait = self.clusters.look(snap.pending, snap.states, now)
