@@ -178,10 +178,14 @@ def _clock(iso: Optional[str]) -> str:
 
 def _times(state: str, job: Job, now: float) -> list[Line]:
     queued, started, finished = (parse_iso(t) for t in (job.created_at, job.started_at, job.finished_at))
-    first = job.attempts <= 1 and len(job.history) <= 1  # a later attempt's start says nothing of the queue
+    # the wait before its first start: a later attempt's start (a retry, a resume) counts earlier runs too
+    first_at = job.history[0].get("started_at") if job.history else job.started_at
+    first = parse_iso(first_at)
     # an adopted process started before it was queued: it never waited
-    wait = duration(started - queued) if started and queued and first else ""
-    waited = f" (after {wait} in the queue)" if wait else ""
+    wait = duration(first - queued) if first and queued else ""
+    told = [f"first started {_clock(first_at)}"] if first and first_at != job.started_at else []
+    told += [f"after {wait} in the queue"] if wait else []
+    waited = f" ({', '.join(told)})" if told else ""
     ran = ""
     if started and finished and finished >= started:
         ran = duration(finished - started)
