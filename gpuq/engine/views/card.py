@@ -291,7 +291,7 @@ def _sweep(spool: Spool, job: Job) -> list[Line]:
 def _provenance(job: Job) -> list[Line]:
     code = ""
     if isinstance(job.code, dict) and job.code.get("repo"):
-        commit = (job.code.get("commit") or "no commit yet")[:12]
+        commit = str(job.code.get("commit") or "")[:12] or "no commit yet"  # a hash shortened, not the words
         branch = f" on {job.code['branch']}" if job.code.get("branch") else ""
         code = f"{commit}{branch}" + (" with uncommitted changes" if job.code.get("dirty") else "")
         code += f" ({job.code['repo']})"
