@@ -226,3 +226,19 @@ def test_clear_logs_announces_only_the_logs_it_removes(gq: Env) -> None:
     assert not (gq.home / "logs" / f"{ran:06d}.log").exists()
     out = _on_a_terminal(gq, ["clear", "--logs"])  # nothing left: nothing announced, nothing asked
     assert out == "no finished jobs with a log left to clear\n", out
+
+
+def test_history_of_a_cleared_job_says_it_was_cleared(gq: Env) -> None:
+    """`gpuq history ID` of a cleared job said `no such job #1`, though `history` still counts its runs."""
+    gq.script("hi.py", "print('hello')\n")
+    job_id = gq.add("--name", "exp/hi", "hi.py")
+    gq.gpuq("run")
+    gq.gpuq("clear", "-y")
+    assert "total: 1 run" in gq.gpuq("history").stdout
+    said = gq.gpuq("history", str(job_id), check=False)
+    assert said.returncode == 1 and said.stdout == ""
+    assert said.stderr == (
+        f"gpuq: job #{job_id} exp/hi was cleared by `gpuq clear` (it ended done): the details of its attempts"
+        " went with it; `gpuq history` still counts its runs\n"
+    )
+    assert gq.gpuq("history", str(job_id + 1), check=False).stderr == f"gpuq: no such job #{job_id + 1}\n"

@@ -164,6 +164,7 @@ class Worker:
         report = repairs.Report()
         repairs.settle_unsupervised(self.spool, report)
         if report.settled:  # a job ended unseen: look at everything again
+            self._say_settled(report)
             self.quiet = None
             return self.step(now)
         self._sample_progress(now, [])
@@ -250,10 +251,17 @@ class Worker:
         if full:
             self.last_repair = now
         report = repairs.reconcile(self.spool, full=full)
-        for job_id, state in report.settled:
-            self.say(f"job #{job_id} had lost its process and supervisor: now {state}")
+        self._say_settled(report)
         if full:
             self.spool.files.keep_emergency_room()
+
+    def _say_settled(self, report: repairs.Report) -> None:
+        for job_id, state, adopted in report.settled:  # an adopted job never had a supervisor
+            self.say(
+                f"adopted job #{job_id} ended: now {state}"
+                if adopted
+                else f"job #{job_id} had lost its process and supervisor: now {state}"
+            )
 
     def _take_in_dropped(self, now: float) -> bool:
         with self.spool.dropbox.turn() as mine:
