@@ -340,3 +340,35 @@ def test_an_adopted_job_is_not_gpuqs_to_preempt_and_has_no_supervisor(gq, outsid
     (gq.work / "go").touch()
     (gq.work / "release").touch()
     assert wait_state(gq, adopted, "done")["exit_code"] is None
+
+
+def test_an_urgent_job_behind_an_adopted_one_is_told_no_urgent_job_preempts_it(gq, outside) -> None:
+    """An `--urgent=force` job behind an adopted one was told `--urgent=force` would take one anyway
+    (it was force already, and none ever takes an adopted job); `show` said `flags urgent`."""
+    Gpus(gq, {"gpus": []})  # a machine without GPUs: the adopted job takes the whole of it
+    proc = outside("-c", "import time; time.sleep(120)")
+    adopted = int(gq.gpuq("adopt", str(proc.pid)).stdout.split("#")[1].split(":")[0])
+    forced = gq.add("--urgent=force", "true")
+    urgent = gq.add("--urgent", "true")
+    gq.start_worker("--watch")
+    said = f"urgent, but #{adopted} is adopted (started outside gpuq): never preempted"
+    wait_for(lambda: gq.gpuq("status").stdout.count(said) == 2, 20, what="the urgent jobs' reason")
+    shown = gq.gpuq("show", str(forced)).stdout
+    assert f"pending: {said}" in shown and "takes one anyway" not in shown
+    assert [line.split()[1:] for line in shown.splitlines() if line.split()[:1] == ["flags"]] == [["urgent=force"]]
+    assert "flags      urgent\n" in gq.gpuq("show", str(urgent)).stdout
+
+
+def test_the_worker_says_an_adopted_job_ended_not_that_it_lost_its_supervisor(gq, outside) -> None:
+    """The worker's log said `job #1 had lost its process and supervisor: now done` when an adopted
+    job ended as it should: an adopted job never has a supervisor."""
+    code = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.02)\n"
+    proc = outside("-c", code, str(gq.work / "end"))
+    job_id = int(gq.gpuq("adopt", str(proc.pid)).stdout.split("#")[1].split(":")[0])
+    gq.start_worker("--watch")
+    wait_for(lambda: "worker" in gq.worker_output(), 15, what="the worker to start")
+    (gq.work / "end").touch()
+    proc.wait(10)
+    said = f"adopted job #{job_id} ended: now done"
+    wait_for(lambda: said in gq.worker_output(), 20, interval=0.1, what="the worker to say the adopted job ended")
+    assert "lost its process and supervisor" not in gq.worker_output()

@@ -199,3 +199,46 @@ def test_log_show_and_triage_say_a_log_dropped_by_clear_logs_is_gone(gq: Env) ->
         )
         assert line.endswith(f"{path} was removed (`gpuq clear --logs` removes the logs of finished jobs)"), line
     assert json.loads(gq.gpuq("triage", "--json", str(job_id)).stdout)["log_gone"].startswith("was removed")
+
+
+def test_clear_logs_announces_only_the_logs_it_removes(gq: Env) -> None:
+    """`clear --logs` announced every finished job (a cancelled one that never ran, an adopted job
+    whose log is its own and stays), then dropped fewer; run again it announced them all and asked
+    `Go ahead?` to drop none."""
+    gq.script("hi.py", "print('hello')\n")
+    ran = gq.add("hi.py")
+    gq.gpuq("run")
+    never_ran = gq.add("--hold", "hi.py")
+    gq.gpuq("cancel", str(never_ran))
+    own_log = gq.work / "hand.log"
+    with open(own_log, "wb") as out:
+        by_hand = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=out)
+    try:
+        adopted = int(gq.gpuq("adopt", str(by_hand.pid), "--log", str(own_log)).stdout.split("#")[1].split(":")[0])
+    finally:
+        by_hand.kill()
+        by_hand.wait()
+    wait_for(lambda: gq.gpuq("status", "-a") and gq.state_of(adopted) == "done", 30, what="the adopted job's end")
+
+    out = gq.gpuq("clear", "--logs", "-y").stdout
+    assert out.startswith("will remove the logs of 1 finished job (1 done);"), out
+    assert "dropped the logs of 1 finished job" in out and own_log.exists()
+    assert not (gq.home / "logs" / f"{ran:06d}.log").exists()
+    out = _on_a_terminal(gq, ["clear", "--logs"])  # nothing left: nothing announced, nothing asked
+    assert out == "no finished jobs with a log left to clear\n", out
+
+
+def test_history_of_a_cleared_job_says_it_was_cleared(gq: Env) -> None:
+    """`gpuq history ID` of a cleared job said `no such job #1`, though `history` still counts its runs."""
+    gq.script("hi.py", "print('hello')\n")
+    job_id = gq.add("--name", "exp/hi", "hi.py")
+    gq.gpuq("run")
+    gq.gpuq("clear", "-y")
+    assert "total: 1 run" in gq.gpuq("history").stdout
+    said = gq.gpuq("history", str(job_id), check=False)
+    assert said.returncode == 1 and said.stdout == ""
+    assert said.stderr == (
+        f"gpuq: job #{job_id} exp/hi was cleared by `gpuq clear` (it ended done): the details of its attempts"
+        " went with it; `gpuq history` still counts its runs\n"
+    )
+    assert gq.gpuq("history", str(job_id + 1), check=False).stderr == f"gpuq: no such job #{job_id + 1}\n"

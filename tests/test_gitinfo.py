@@ -426,3 +426,12 @@ def test_a_directory_replaced_by_a_link(repo: Path) -> None:
     os.rename(repo / "src", repo / "moved")
     os.symlink("moved", repo / "src")  # the same files, reached through a link: deleted, for git
     assert look(repo)["dirty"] is True
+
+
+def test_show_of_a_job_queued_in_a_repository_without_commits_says_so_whole(gq: Any) -> None:
+    """`show` cut the words `no commit yet` to a hash's 12 characters: `no commit ye on master`."""
+    empty = new_repo(gq.work / "empty", commit=False)
+    job_id = gq.add("-d", str(empty), "true")
+    branch = git(empty, "symbolic-ref", "--short", "HEAD")
+    (line,) = [line for line in gq.gpuq("show", str(job_id)).stdout.splitlines() if line.split()[:1] == ["code"]]
+    assert line.split(None, 1)[1] == f"no commit yet on {branch} ({empty})", line

@@ -19,7 +19,7 @@ from test_gpu_worker import Gpus, fake_gpus
 
 from gpuq.core import resume_arg, schema
 from gpuq.core.job import Job
-from gpuq.core.times import parse_iso
+from gpuq.core.times import duration, parse_iso
 from gpuq.core.transitions import Continuation
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.tracking import checkpoints, progress
@@ -648,3 +648,25 @@ def test_a_job_being_preempted_or_killed_says_so_until_it_has_ended(gq, command:
         asked.communicate(timeout=30)
     assert asked.returncode == 0
     assert (row()["state"], row()["stopping"]) == (ends, None)
+
+
+def test_show_of_a_resumed_job_gives_the_wait_before_its_first_start(gq) -> None:
+    """A resumed job's `started` line counted its first run as time in the queue (`after 1m04s in
+    the queue` for a job that waited 34 s before it first ran); it now says when it first started
+    and the wait before that."""
+    gq.script("wait.py", "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n")
+    jid = gq.add("wait.py")
+    gq.start_worker("--watch")
+    wait_state(gq, jid, "running")
+    gq.gpuq("preempt", str(jid))
+    wait_state(gq, jid, "preempted")
+    gq.gpuq("resume", str(jid))
+    job = wait_state(gq, jid, "running")
+    first, created = job["history"][0]["started_at"], job["created_at"]
+    assert first != job["started_at"]
+    clock = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(parse_iso(first)))
+    wait = duration(parse_iso(first) - parse_iso(created))
+    (line,) = [line for line in gq.gpuq("show", str(jid)).stdout.splitlines() if line.split()[:1] == ["started"]]
+    assert line.endswith(f" (first started {clock}, after {wait} in the queue)"), line
+    (gq.work / "go").touch()
+    wait_state(gq, jid, "done")

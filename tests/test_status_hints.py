@@ -11,7 +11,7 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import Env, wait_for
+from conftest import WAIT_FOR_GO, Env, wait_for
 from test_gpu_worker import Gpus, fake_gpus
 
 from gpuq.core import schema, times
@@ -182,6 +182,20 @@ def test_rows_behind_the_first_in_line_for_a_gpu_say_what_it_needs(gq: Env) -> N
     wait_for(lambda: said in _row(gq, small), 15, interval=0.1, what="the row behind to name the first")
     assert "waiting for GPU 0: 50.0 GiB held by pid 4242" in _row(gq, big)  # its own reason
     assert gq.state_of(small) == "pending"
+
+
+def test_without_gpus_a_job_behind_a_running_one_says_it_waits_for_its_slot(gq: Env) -> None:
+    """Without GPUs the job behind a running one had an empty Info column, and `show` said `next in
+    line for a worker` while the worker was busy with the job ahead."""
+    Gpus(gq, {"gpus": []})
+    gq.script("wait.py", WAIT_FOR_GO)
+    first, second = gq.add("wait.py"), gq.add("wait.py")
+    gq.start_worker("--watch")
+    said = f"waiting for a free slot (job #{first} running)"
+    wait_for(lambda: said in _row(gq, second), 15, interval=0.1, what="the row behind to name the running job")
+    assert f"pending: {said}" in gq.gpuq("show", str(second)).stdout
+    (gq.work / "go").touch()
+    gq.wait_state(second, "done")
 
 
 def test_a_sweep_with_several_running_members_shows_each_without_bars() -> None:

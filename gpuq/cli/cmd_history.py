@@ -8,7 +8,7 @@ import time
 from typing import Any, Optional
 
 from gpuq.cli.common import spool
-from gpuq.core.errors import UsageError
+from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import DONE, FAILED, PREEMPTED
 from gpuq.core.times import duration
 from gpuq.core.words import plural
@@ -71,7 +71,15 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def _one_job(job_id: int, as_json: bool) -> int:
     """One job's attempts, a line each: how it ended, what it had, why the next one changed."""
-    _ref, job = get(spool(), job_id)
+    sp = spool()
+    if sp.jobs.find(job_id) is None:  # cleared: kept-runs holds its runs' totals, not its attempts
+        for kept_id, state, name, *_rest in sp.kept.read():
+            if kept_id == job_id:
+                raise Refused(
+                    f"job #{job_id} {name} was cleared by `gpuq clear` (it ended {state}): the details of its"
+                    " attempts went with it; `gpuq history` still counts its runs"
+                )
+    _ref, job = get(sp, job_id)
     if as_json:
         print(json.dumps({"id": job.id, "name": job.name, "attempts": attempts.attempts_json(job)}, indent=2))
         return 0

@@ -196,7 +196,8 @@ def cmd_clear(args: argparse.Namespace) -> int:
     if chosen.kept_for_dependents:
         print("kept (waiting jobs depend on them): " + ", ".join(f"#{i}" for i in sorted(chosen.kept_for_dependents)))
     if not chosen.refs:
-        print("no finished jobs to clear" + (" (of these states and age)" if args.state or args.older_than else ""))
+        which = " (of these states and age)" if args.state or args.older_than else ""
+        print(f"no finished jobs {'with a log left ' if args.logs else ''}to clear{which}")
         return 0
     # it asks on a terminal, as `recover` does; a script (no terminal) gets what it ran, as `tsp -C`, `pueue clean`
     if not args.yes and sys.stdin.isatty() and input("Go ahead? [y/N] ").strip().lower() not in ("y", "yes"):

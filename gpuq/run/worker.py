@@ -167,6 +167,7 @@ class Worker:
         report = repairs.Report()
         repairs.settle_unsupervised(self.spool, report)
         if report.settled:  # a job ended unseen: look at everything again
+            self._say_settled(report)
             self.quiet = None
             return self.step(now)
         self._sample_progress(now, [])
@@ -225,7 +226,8 @@ class Worker:
         result.more_work = result.more_work or left
         result.busy = bool(starting or self.urgent.under_way or any(map(self._mine, snap.running)))
         result.startable_later = result.more_work or scheduler.has_startable_future(snap, plan.waits)
-        result.gpu_wait = any(not w.forever for w in plan.waits.values()) or any(s.where.gpus for s in starting)
+        looks = any(not (w.forever or w.heard) for w in plan.waits.values())
+        result.gpu_wait = looks or any(s.where.gpus for s in starting)
         result.turn_wait = self.planner.turns is not None and self.planner.turns.ticket is not None
         result.next_begin = scheduler.next_begin(snap.pending, now)
         result.cluster_wait = self.clusters.look(snap.pending, snap.states, now)
@@ -253,10 +255,17 @@ class Worker:
         if full:
             self.last_repair = now
         report = repairs.reconcile(self.spool, full=full)
-        for job_id, state in report.settled:
-            self.say(f"job #{job_id} had lost its process and supervisor: now {state}")
+        self._say_settled(report)
         if full:
             self.spool.files.keep_emergency_room()
+
+    def _say_settled(self, report: repairs.Report) -> None:
+        for job_id, state, adopted in report.settled:  # an adopted job never had a supervisor
+            self.say(
+                f"adopted job #{job_id} ended: now {state}"
+                if adopted
+                else f"job #{job_id} had lost its process and supervisor: now {state}"
+            )
 
     def _take_in_dropped(self, now: float) -> bool:
         with self.spool.dropbox.turn() as mine:

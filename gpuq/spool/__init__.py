@@ -89,3 +89,7 @@ class Spool:
         """A job's log and the progress file it wrote (`gpuq clear --logs`), not what gpuq learned from
         them (its samples, its GPU record: the ETA's tail, history's GPU figures); the bytes that frees."""
         return self.logs.delete(job_id) + self.reports.delete_progress(job_id)
+
+    def has_log(self, job_id: int) -> bool:
+        """Whether `delete_log` has a file to remove (an adopted job's own log is not the spool's)."""
+        return any(map(os.path.lexists, (self.layout.log_path(job_id), self.layout.progress_path(job_id))))

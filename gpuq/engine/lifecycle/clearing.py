@@ -67,10 +67,9 @@ def clear(spool: Spool, chosen: Selection, logs_only: bool = False) -> ClearRepo
     report = ClearReport(kept_for_dependents=list(chosen.kept_for_dependents))
     if logs_only:
         for ref in chosen.refs:
-            freed = spool.delete_log(ref.id)
-            if freed:
+            if spool.has_log(ref.id):
                 report.logs_dropped.append(ref.id)
-                report.freed_bytes += freed
+                report.freed_bytes += spool.delete_log(ref.id)
         return report
     for start in range(0, len(chosen.refs), BATCH):
         _clear_batch(spool, chosen.refs[start : start + BATCH], report)

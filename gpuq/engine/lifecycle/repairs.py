@@ -20,7 +20,7 @@ class Report:
 
     def __init__(self) -> None:
         self.duplicates_removed: list[JobRef] = []
-        self.settled: list[tuple[int, str]] = []  # (job id, new state)
+        self.settled: list[tuple[int, str, bool]] = []  # (job id, new state, whether adopted)
         self.stale_claims: list[int] = []
         self.unsettled: list[int] = []  # ended unseen, but the disk had no room to record it
         self.tmp_removed = 0
@@ -128,7 +128,7 @@ def settle_unsupervised(spool: Spool, report: Report) -> None:
             if procs.job_alive(job):
                 continue  # still running, unsupervised (supervisor killed, or adopted)
             state = end_unseen(spool, current, job, noted)
-            report.settled.append((ref.id, state))
+            report.settled.append((ref.id, state, job.adopted))
         except (FileNotFoundError, schema.InvalidJob):
             continue
         except OSError as exc:

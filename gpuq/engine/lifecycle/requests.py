@@ -141,7 +141,10 @@ class Clear:
     logs_only: bool = False
 
     def select(self, spool: Spool) -> clearing.Selection:
-        return clearing.select(spool, tuple(dict.fromkeys(self.states)) or FINISHED, self.older_than)
+        chosen = clearing.select(spool, tuple(dict.fromkeys(self.states)) or FINISHED, self.older_than)
+        if self.logs_only:  # only those with a log left to remove, so that the preview counts what goes
+            chosen.refs = [ref for ref in chosen.refs if spool.has_log(ref.id)]
+        return chosen
 
     def run(self, spool: Spool, chosen: clearing.Selection) -> clearing.ClearReport:
         return clearing.clear(spool, chosen, logs_only=self.logs_only)

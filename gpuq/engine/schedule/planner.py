@@ -12,6 +12,7 @@ from typing import AbstractSet, Any, Callable, Iterator, Optional, Sequence
 
 from gpuq.core.job import Job
 from gpuq.core.times import parse_iso
+from gpuq.core.words import ids_text
 from gpuq.engine.schedule import diskguard, hostroom, placement, scheduler, victims
 from gpuq.engine.schedule.placement import Blocked, Holding, Leased, Placement, Request
 from gpuq.engine.schedule.turns import Turns
@@ -208,9 +209,15 @@ class Planner:
             snap, free, slots, set(preempting), victims.how_it_continues
         )
         for job in unserved:  # they wait for a slot like any other job, first in line
-            plan.waits[job.id] = scheduler.Wait(f"urgent, but {victims.NO_VICTIM}", False)
+            plan.waits[job.id] = scheduler.Wait(f"urgent, but {victims.no_victim(job, snap.running)}", False)
         for job in islice(self._room(snap, starting).admitted(ready, plan.waits), len(free)):
             plan.starts.append((job, Assignment(free[len(plan.starts)])))
+        if len(plan.starts) == len(free):  # every slot taken: the rest wait for the jobs in them to end
+            holders = [j.id for j in snap.running if None in taken or j.slot in slots or j.slot is None]
+            holders += [*busy, *(job.id for job, _where in plan.starts)]
+            jobs = "job" if len(set(holders)) == 1 else "jobs"
+            wait = scheduler.Wait(f"waiting for a free slot ({jobs} {ids_text(holders)} running)", False, heard=True)
+            plan.waits.update((job.id, wait) for job in islice(ready, MAX_PLACED) if job.id not in plan.waits)
         return plan
 
     def _plan_gpus(

@@ -13,10 +13,12 @@ from gpuq.core.times import parse_iso
 
 
 class Wait(NamedTuple):
-    """Why a pending job waits; `forever`: it cannot start unless a person acts."""
+    """Why a pending job waits; `forever`: it cannot start unless a person acts; `heard`: for a
+    running job's end, which the worker hears of (no look for free room is needed)."""
 
     reason: str
     forever: bool
+    heard: bool = False
 
 
 # How a reason that waits for good is shown (`gpuq status`, `show`, `triage`).

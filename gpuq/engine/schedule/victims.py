@@ -20,6 +20,18 @@ WHOLE_GPU_MIB = 81920  # a whole GPU's share where the GPUs' sizes are not at ha
 NO_VICTIM = "no running job can be preempted without losing its progress (`--urgent=force` takes one anyway)"
 
 
+def no_victim(urgent: Job, running: list[Job]) -> str:
+    """Why an urgent job that a preemption would serve preempts none of `running`: what only
+    `--urgent=force` may take, else what no urgent job ever takes (an adopted or urgent job)."""
+    if urgent.urgent != URGENT_FORCE and any(j.pid and not (j.urgent or j.adopted) for j in running):
+        return NO_VICTIM
+    never = [f"#{j.id} is {'adopted (started outside gpuq)' if j.adopted else 'urgent'}" for j in running]
+    never = [text for text, j in zip(never, running) if j.adopted or j.urgent]
+    if never and len(never) == len(running):
+        return f"{', '.join(never)}: never preempted"
+    return "no running job can be preempted yet (one is starting, or preempted for an urgent job ahead)"
+
+
 def how_it_continues(job: Job) -> Optional[str]:
     """How a running job would go on after a preemption ("from checkpoint-400", ...), or None when
     it would start over."""

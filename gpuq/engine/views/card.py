@@ -165,7 +165,8 @@ def _state(spool: Spool, state: str, job: Job) -> list[Line]:
         why = f"Ray job {sub} at {job.ray.get('address')}: {job.ray.get('state')}"
         if job.ray.get("reason"):
             why += f" ({job.ray['reason']})"
-    flags = [f"priority {job.priority}" if job.priority else "", "urgent" if job.urgent else ""]
+    urgent = f"urgent={job.urgent}" if isinstance(job.urgent, str) else "urgent" if job.urgent else ""
+    flags = [f"priority {job.priority}" if job.priority else "", urgent]
     shown = state + (f": {why}" if why else "")
     note = job.note if job.note != why and not (state == HELD and job.note == HELD_NOTE) else ""
     return [("state", shown), ("note", note or ""), ("flags", ", ".join(f for f in flags if f))]
@@ -178,10 +179,14 @@ def _clock(iso: Optional[str]) -> str:
 
 def _times(state: str, job: Job, now: float) -> list[Line]:
     queued, started, finished = (parse_iso(t) for t in (job.created_at, job.started_at, job.finished_at))
-    first = job.attempts <= 1 and len(job.history) <= 1  # a later attempt's start says nothing of the queue
+    # the wait before its first start: a later attempt's start (a retry, a resume) counts earlier runs too
+    first_at = job.history[0].get("started_at") if job.history else job.started_at
+    first = parse_iso(first_at)
     # an adopted process started before it was queued: it never waited
-    wait = duration(started - queued) if started and queued and first else ""
-    waited = f" (after {wait} in the queue)" if wait else ""
+    wait = duration(first - queued) if first and queued else ""
+    told = [f"first started {_clock(first_at)}"] if first and first_at != job.started_at else []
+    told += [f"after {wait} in the queue"] if wait else []
+    waited = f" ({', '.join(told)})" if told else ""
     ran = ""
     if started and finished and finished >= started:
         ran = duration(finished - started)
@@ -290,7 +295,7 @@ def _sweep(spool: Spool, job: Job) -> list[Line]:
 def _provenance(job: Job) -> list[Line]:
     code = ""
     if isinstance(job.code, dict) and job.code.get("repo"):
-        commit = (job.code.get("commit") or "no commit yet")[:12]
+        commit = str(job.code.get("commit") or "")[:12] or "no commit yet"  # a hash shortened, not the words
         branch = f" on {job.code['branch']}" if job.code.get("branch") else ""
         code = f"{commit}{branch}" + (" with uncommitted changes" if job.code.get("dirty") else "")
         code += f" ({job.code['repo']})"
