@@ -291,3 +291,23 @@ def test_a_still_job_under_a_minute_is_said_still_in_seconds(gq: Env, receiver: 
     assert f"=== gpuq: stuck: {reason}\n" in gq.log(job_id)
     (gq.work / "go").write_text("")
     gq.wait_state(job_id, "done")
+
+
+def test_a_preemption_by_its_time_limit_and_a_kill_are_told_as_status_says_them(gq: Env, receiver: Receiver) -> None:
+    gq.script("saves.py", WAIT_FOR_GO)
+    gq.start_worker("--watch")
+    url = receiver.url("hook")
+    timed = gq.add("--time", "1s", "--preemptible", "--ckpt-glob", "ck/ckpt-*", "--notify", url, "saves.py")
+    gq.wait_state(timed, "preempted", timeout=30)
+    killed = gq.add("--notify", url, "saves.py")
+    gq.wait_state(killed, "running")
+    gq.gpuq("kill", str(killed))
+    wait_for(lambda: len(receiver.at("hook")) >= 2, 20, what="two messages")
+    told = {m["gpuq"]["id"]: m["gpuq"]["reason"] for m in receiver.at("hook")}
+    assert (
+        told[timed].startswith("preempted by its time limit of 1s; ") and told[killed] == "killed by user (gpuq kill)"
+    )
+    status = gq.gpuq("status", "-a").stdout
+    for job_id in (timed, killed):
+        assert told[job_id] in status
+        assert told[job_id] in gq.gpuq("history", str(job_id)).stdout
