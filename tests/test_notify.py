@@ -80,12 +80,28 @@ def test_notify_takes_the_next_word_as_a_url_only_when_it_has_a_scheme() -> None
     args = parse(line)
     assert (args.notify, args.notify_url) == (True, ["ntfy://a", "json://h:1/p"])
     assert (args.script, args.args) == ("python", ["x.py", "--notify", "y"])  # after SCRIPT: the job's
-    run = parse(["run", "--notify", "tgram://t/c", "--notify", "--notify=tgram://t/c"])
+    run = parse(["run", "--notify", "ntfy://t", "--notify", "--notify=ntfy://t"])
     assert cmd_worker._settings(run) == dict(
-        cmd_worker._settings(parse(["run"])), notify=True, notify_urls=["tgram://t/c"]
+        cmd_worker._settings(parse(["run"])), notify=True, notify_urls=["ntfy://t"]
     )
     with pytest.raises(UsageError, match="^--notify: not a URL such as ntfy://my-topic: 'nope'$"):
         cmd_worker._settings(parse(["run", "--notify=nope"]))
+
+
+def test_a_url_apprise_does_not_know_is_refused_when_given(gq: Env) -> None:
+    for url, said in (
+        ("nfty://my-topic", "nfty://..."),
+        ("bogus://user:secret@host.example.com/x", "bogus://host.example.com"),
+    ):
+        added = gq.gpuq("add", "--notify", url, "true", check=False)
+        assert (added.returncode, added.stdout) == (2, "") and not gq.files("pending")
+        assert added.stderr == f"gpuq add: --notify: not a URL Apprise knows (a misspelt scheme?): {said}\n"
+    held = gq.add("--hold", "--notify", "ntfy://my-topic", "true")
+    edited = gq.gpuq("edit", str(held), "--set", 'notify_urls=["ntfy://my-topic", "nfty://t"]', check=False)
+    assert edited.returncode == 2 and edited.stderr.endswith("Apprise knows (a misspelt scheme?): nfty://...\n")
+    assert gq.job(held)["notify_urls"] == ["ntfy://my-topic"]
+    with pytest.raises(UsageError, match="nfty://"):
+        cmd_worker._settings(parse(["run", "--notify=nfty://t"]))
 
 
 def test_show_names_where_a_job_is_told_without_the_secrets(gq: Any) -> None:
@@ -291,3 +307,23 @@ def test_a_still_job_under_a_minute_is_said_still_in_seconds(gq: Env, receiver: 
     assert f"=== gpuq: stuck: {reason}\n" in gq.log(job_id)
     (gq.work / "go").write_text("")
     gq.wait_state(job_id, "done")
+
+
+def test_a_preemption_by_its_time_limit_and_a_kill_are_told_as_status_says_them(gq: Env, receiver: Receiver) -> None:
+    gq.script("saves.py", WAIT_FOR_GO)
+    gq.start_worker("--watch")
+    url = receiver.url("hook")
+    timed = gq.add("--time", "1s", "--preemptible", "--ckpt-glob", "ck/ckpt-*", "--notify", url, "saves.py")
+    gq.wait_state(timed, "preempted", timeout=30)
+    killed = gq.add("--notify", url, "saves.py")
+    gq.wait_state(killed, "running")
+    gq.gpuq("kill", str(killed))
+    wait_for(lambda: len(receiver.at("hook")) >= 2, 20, what="two messages")
+    told = {m["gpuq"]["id"]: m["gpuq"]["reason"] for m in receiver.at("hook")}
+    assert (
+        told[timed].startswith("preempted by its time limit of 1s; ") and told[killed] == "killed by user (gpuq kill)"
+    )
+    status = gq.gpuq("status", "-a").stdout
+    for job_id in (timed, killed):
+        assert told[job_id] in status
+        assert told[job_id] in gq.gpuq("history", str(job_id)).stdout

@@ -14,7 +14,7 @@ from conftest import Env, wait_for
 from test_gpu_worker import Gpus, fake_gpus
 
 from gpuq.cli import parse
-from gpuq.core import failure
+from gpuq.core import failure, schema
 from gpuq.core.errors import Refused
 from gpuq.engine.views import fixes
 from gpuq.engine.views.triage import MAX_LINE_CHARS, cause_of, triage
@@ -177,6 +177,32 @@ def test_a_job_stopped_at_its_time_limit_offers_its_checkpoint_and_more_time(gq:
         and "--time 2s" in longer
         and words[words.index("--ckpt-glob") + 1] == "ckpt/step_*.pt"
     )
+
+
+def test_the_workers_default_time_is_shown_and_doubled_by_the_fix(gq: Env) -> None:
+    gq.script("slow.py", "import time\ntime.sleep(60)\n")
+    gq.start_worker("--default-time", "1s")
+    job_id = gq.add("slow.py")
+    gq.wait_state(job_id, "running")
+    wait_for(lambda: "1s (the worker's --default-time)" in gq.gpuq("show", str(job_id)).stdout, 10, what="its limit")
+    gq.wait_state(job_id, "failed", timeout=30)
+    wait_for(lambda: not gq.files("running"), what="the running copy to be gone")  # the move's second half
+    assert json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)["time_limit"] == 1.0
+    found = triage_of(gq, job_id)
+    assert found["cause"] == "time_limit" and [c for c in commands(found) if "--time 2s" in c], found["fixes"]
+    assert f"gpuq retry {job_id}" not in commands(found)  # it would meet the same limit again
+
+
+def test_a_job_stopped_at_its_mem_is_offered_twice_the_memory(tmp_path: Path) -> None:
+    job = schema.validate(
+        dict(schema.new_job(job_id=7, name="n", cmd=["t.py"], cwd="/", log="/x.log", env={}, after=[]), mem_mib=200)
+    )
+    cause = cause_of("host memory limit of 200M reached")
+    assert cause == "host_out_of_memory"
+    fixed = [fix["command"] for fix in fixes.suggest(Spool(tmp_path), job, "failed", {"cause": cause})]
+    assert "--mem 400M" in fixed[0], fixed
+    for command in fixed:
+        parses(command)
 
 
 def test_the_log_tail_of_a_1_gib_log_is_read_from_its_end(gq: Env) -> None:

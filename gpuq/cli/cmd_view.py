@@ -19,7 +19,7 @@ from gpuq.engine.lifecycle import actions
 from gpuq.engine.schedule import gpuview
 from gpuq.engine.schedule.queue_read import PendingCache
 from gpuq.engine.tracking import gpuuse
-from gpuq.engine.views.card import card, log_gone, not_started
+from gpuq.engine.views.card import card, log_gone, not_started, worker_time_limit
 from gpuq.engine.views.status import rejected_files, sync_ray
 from gpuq.engine.views.triage import triage
 from gpuq.spool import JobRef, Spool
@@ -125,6 +125,7 @@ def show_json(sp: Spool, ref: JobRef, job: Job, secrets: bool = True) -> dict[st
     """Also the assistant server's `job` tool and the web page's job, which get no secrets: the
     notify URLs cut as `show` prints them (their user, password, path and query may be tokens)."""
     shown = dict(job, state=ref.state, file=ref.name, gpu_use=gpuuse.of_job(sp, job.id))
+    shown["time_limit"] = job.time_limit or worker_time_limit(job)  # the limit it ran under
     if not secrets and job.notify_urls:
         shown["notify_urls"] = [url_text(url) for url in job.notify_urls]
     if isinstance(job.sweep, dict):

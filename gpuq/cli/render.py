@@ -25,13 +25,13 @@ from gpuq.core.states import (
     SLURM,
     STATES,
     TABLE,
+    why_ended,
 )
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.words import dependencies_text, plural, stopped_text, stopping_text
 
 IN_LINE = (RUNNING, PENDING, HELD)  # rows shown first, by id (engine/views/status.py's order)
 SUMMED = (DONE, RUNNING, PENDING, HELD, FAILED)  # counted in every folded sweep's line (PENDING, HELD: waiting)
-NOTE_SHOWN = tuple(state.name for state in TABLE if state.shows_note)  # the states whose Info ends with the note
 
 SYMBOLS = {state.name: state.glyph for state in TABLE}  # a dict: `status -a` maps it over every row
 
@@ -206,14 +206,10 @@ def finished_info(
         parts.append(f"exit={exit_code}" + (f" ({signal})" if signal else ""))
     if slurm_job:
         parts.append(f"on slurm {slurm_job}")
-    if state == FAILED and reason:
-        parts.append(reason)
+    why = why_ended(state, reason if state == FAILED else None, note)
+    parts += [why] if why else []
     if code_changed:
         parts.append(code_changed)
-    if note and reason and "time limit" in note and "time limit" in reason:
-        note = None  # said once, by the reason
-    if state in NOTE_SHOWN and note:
-        parts.append(note)
     if priority:
         parts.append(f"prio={priority}")
     return "  ".join(parts)

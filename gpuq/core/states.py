@@ -89,6 +89,16 @@ SOURCE_IMPORTED = "import:"  # + "sqlite" or "json": brought over from the origi
 SLURM_SUBMITTING = "SUBMITTING"  # the `slurm.state` of a pending job while sbatch is being asked
 
 
+def why_ended(state: str, reason: Optional[str], note: Optional[str]) -> Optional[str]:
+    """Why a job, or one attempt, ended in `state`, as status, `history ID` and notifications say it:
+    its failure's reason (an attempt retried after one ended in pending/), then its note where
+    `state` shows one (a preemption's cause, a kill), a time limit said once."""
+    said = [reason] if reason and state in (FAILED, PENDING) else []
+    if note and BY_NAME[state].shows_note and not (reason and "time limit" in note and "time limit" in reason):
+        said.append(note)
+    return "; ".join(said) or None
+
+
 def handing_over(job: Job) -> bool:
     """Whether a pending job is marked by a hand-over to Slurm under way (it never starts here). Here,
     not in transitions, because the scheduler asks it on `gpuq status`'s path."""

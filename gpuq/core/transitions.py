@@ -159,6 +159,7 @@ def end_attempt(
         "resumed_from": job.resumed_from,
         "lost_steps": job.lost_steps,
         "reason": reason,
+        "note": note,  # why, as the job's note said it when the attempt ended
         "gpu_mem_mib": job.gpu_mem_mib,  # what it had: an out-of-memory retry gets more (core/oom.py)
         "mem_mib": job.mem_mib,
     }

@@ -112,6 +112,7 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
             problem = gpuview.never_fits(spool, *gpus)
             if problem:
                 raise UsageError(f"job #{job_id} not changed: {problem}")
+        enqueue.notify_urls([url for url in changes["notify_urls"] if url not in job.notify_urls], "gpuq edit")
         cwd = changes.get("cwd") or job.cwd
         if (changes["cmd"], cwd, changes["conda"]) != (job.cmd, job.cwd, job.conda):
             try:

@@ -46,6 +46,7 @@ def attempt_end(spool: Spool, job: Job, end: End) -> dict[str, Any]:
     if end.state == PREEMPTED:
         record = continuation.record_preemption(spool, job, end.exit_code, end.preempt_action, by=end.preempted_by)
         changes.update(record, note=f"{record['note']}; {note}" if note else record["note"])
+        changes["history"][-1]["note"] = changes["note"]
     return changes
 
 

@@ -13,6 +13,7 @@ from gpuq.core.keep import parse_keep
 from gpuq.core.resume_arg import check_resume_arg
 from gpuq.core.states import HELD, PENDING, RUNNING
 from gpuq.core.times import iso_of
+from gpuq.core.words import url_text
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.add_request import Request
 from gpuq.engine.lifecycle.interpreter import EnqueueError, upward
@@ -225,19 +226,24 @@ def prepare(request: Request) -> Prepared:
 
 
 def notify_urls(urls: Sequence[str], who: str = "gpuq add") -> list[str]:
-    """`--notify URL` of `add` and `run`: refused where Apprise cannot be imported (the job would end
-    with nobody told)."""
+    """`--notify URL` of `add`, `run` and `edit`: refused where Apprise cannot be imported or does not
+    know the URL (the job would end with nobody told)."""
     for url in urls:
         if not is_url(url):
             raise UsageError(f"--notify: not a URL such as ntfy://my-topic: {url!r}")
     if urls:
-        from gpuq.system.extras import notify_missing  # notifications: only with --notify URL
+        from gpuq.system.extras import notify_missing, unknown_to_apprise  # notifications: only with --notify URL
 
         missing = notify_missing()
         if missing:
             exc = Refused(f"--notify {urls[0]}: {missing}")
             exc.prefix = who
             raise exc
+        unknown = unknown_to_apprise(urls)
+        if unknown:  # refused now: it would fail only once the job has ended, with nobody told
+            error = UsageError(f"--notify: not a URL Apprise knows (a misspelt scheme?): {url_text(unknown)}")
+            error.prefix = who
+            raise error
     return list(dict.fromkeys(urls))
 
 

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from gpuq.core.job import Job
-from gpuq.core.states import PENDING
+from gpuq.core.states import PENDING, STATES, why_ended
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.words import plural, size_text
 
@@ -38,7 +38,10 @@ def attempt_line(entry: dict[str, Any]) -> str:
     held = had(entry)
     if held or gpus:
         parts.append("had " + (held or "") + (f" on GPU {','.join(map(str, gpus))}" if gpus else ""))
-    parts += [resumed_text(entry), str(entry.get("reason") or ""), str(entry.get("change") or "")]
+    why = (
+        why_ended(entry["outcome"], entry.get("reason"), entry.get("note")) if entry.get("outcome") in STATES else None
+    )
+    parts += [resumed_text(entry), why or str(entry.get("reason") or ""), str(entry.get("change") or "")]
     return "; ".join(part for part in parts if part)
 
 

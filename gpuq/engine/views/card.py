@@ -74,7 +74,7 @@ def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> li
         *_attempts(job),
         ("out-of-memory retries", attempts.oom_retries_text(job, ref.state in states.FINISHED)),
         *(attempts.attempt_lines(job) if any(entry.get("change") for entry in job.history) else ()),
-        ("time limit", format_duration(job.time_limit) if job.time_limit else ""),
+        ("time limit", _time_limit(job)),
         ("begins", _clock(job.begin_at)),
         ("notify", _notify(job)),
         ("on finish", job.on_finish or ""),
@@ -83,6 +83,19 @@ def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> li
         ("log", _log(spool, ref, job)),
     ]
     return [(label, text) for label, text in lines if text]
+
+
+def worker_time_limit(job: Job) -> Optional[float]:
+    """The worker's --default-time its supervisor held the job to (it has no --time of its own)."""
+    limit = (job.supervisor or {}).get("default_time")
+    return float(limit) if isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0 else None
+
+
+def _time_limit(job: Job) -> str:
+    if job.time_limit:
+        return format_duration(job.time_limit)
+    limit = worker_time_limit(job)
+    return f"{format_duration(limit)} (the worker's --default-time)" if limit else ""
 
 
 def _log(spool: Spool, ref: JobRef, job: Job) -> str:

@@ -18,6 +18,7 @@ from gpuq.core.timespec import format_duration
 from gpuq.core.words import OVER_CAP
 from gpuq.engine.schedule.queue_read import waits_for_itself
 from gpuq.engine.schedule.scheduler import BLOCKED, loop_reason
+from gpuq.engine.views.card import worker_time_limit
 from gpuq.spool import Spool
 
 Fix = dict[str, str]
@@ -150,10 +151,11 @@ def _failed(job: Job, state: str, facts: dict[str, Any]) -> list[Fix]:
         return [_fix(["retry", job.id], f"it was cancelled: {retry_why}")]
     if cause == TIME_LIMIT:
         out = [_fix(["retry", job.id], f"{retry_why}, with the same time limit")] if resumable else []
-        if job.time_limit:
-            longer = format_duration(job.time_limit * 2)
-            why = f"queue it again with twice the time ({format_duration(job.time_limit)} -> {longer}), from the start"
-            out.append({"command": add_line(job, time_limit=job.time_limit * 2), "why": why})
+        limit = job.time_limit or worker_time_limit(job)  # the worker's --default-time, else retry meets it again
+        if limit:
+            twice = f"{format_duration(limit)} -> {format_duration(limit * 2)}"
+            why = f"queue it again with twice the time ({twice}), from the start"
+            out.append({"command": add_line(job, time_limit=limit * 2), "why": why})
         return out or [_fix(["retry", job.id], retry_why)]
     if cause in (GPU_OOM, HOST_OOM):
         return _smaller(job, facts, edit=False) + [
@@ -180,6 +182,9 @@ def _smaller(job: Job, facts: dict[str, Any], edit: bool) -> list[Fix]:
         more = _more_memory(job.gpu_mem_mib, facts.get("tried_to_allocate"))
         why = f"a bigger share of a GPU ({job.gpu_mem_mib} -> {more} MiB)"
         changes.append(({"gpu_mem_mib": more}, f"gpu_mem={more}M", why))
+    if job.mem_mib and facts.get("cause") == HOST_OOM:
+        why = f"twice the host memory ({job.mem_mib} -> {job.mem_mib * 2} MiB)"
+        changes.append(({"mem_mib": job.mem_mib * 2}, f"mem={job.mem_mib * 2}M", why))
     if edit:
         return [_fix(["edit", job.id, "--set", setting], why) for _change, setting, why in changes]
     return [{"command": add_line(job, **change), "why": f"queue it again with {why}"} for change, _s, why in changes]
@@ -213,13 +218,18 @@ def halve_batch(cmd: list[str]) -> Optional[tuple[list[str], int, int]]:
 
 
 def add_line(
-    job: Job, cmd: Optional[list[str]] = None, time_limit: Optional[float] = None, gpu_mem_mib: Optional[int] = None
+    job: Job,
+    cmd: Optional[list[str]] = None,
+    time_limit: Optional[float] = None,
+    gpu_mem_mib: Optional[int] = None,
+    mem_mib: Optional[int] = None,
 ) -> str:
     """`gpuq add ...` that queues the job again as it was, with the changes given."""
-    mem, limit = gpu_mem_mib or job.gpu_mem_mib, time_limit or job.time_limit
+    mem, limit, host_mem = gpu_mem_mib or job.gpu_mem_mib, time_limit or job.time_limit, mem_mib or job.mem_mib
     options = (  # each given when it has a value
         ("--gpus", str(job.gpu_request) if job.gpu_request != 1 else None),
         ("--gpu-mem", f"{mem}M" if mem else None),  # a typed size needs its unit
+        ("--mem", f"{host_mem}M" if host_mem else None),
         ("--time", format_duration(limit) if limit else None),
         ("--priority", str(job.priority) if job.priority else None),
         ("--ckpt-glob", job.ckpt_glob),

@@ -28,6 +28,7 @@ _CAUSE_PREFIXES = (
     ("CUDA out of memory", GPU_OOM),
     ("GPU out of memory", GPU_OOM),
     ("out of CPU memory", HOST_OOM),
+    ("host memory limit of ", HOST_OOM),
     ("killed by SIGKILL", OOM_KILLER),
     ("a child process was killed by SIGKILL", OOM_KILLER),
     ("disk full", DISK_FULL),

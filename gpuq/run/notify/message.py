@@ -9,7 +9,7 @@ import time
 from typing import Any, Optional
 
 from gpuq.core.job import Job
-from gpuq.core.states import DONE, FAILED, INTERRUPTED
+from gpuq.core.states import DONE, FAILED, INTERRUPTED, why_ended
 from gpuq.core.times import duration, parse_iso
 
 FINISHED, GPU_IDLE, STUCK, QUEUE_EMPTY = "finished", "gpu_idle", "stuck", "queue_empty"
@@ -21,13 +21,15 @@ def host() -> str:
 
 
 def of_job(job: Job, state: str, event: str = FINISHED, reason: Optional[str] = None) -> dict[str, Any]:
-    """The message of `event` for `job`; `reason` defaults to its failure reason, or its exit code."""
+    """The message of `event` for `job`; `reason` defaults to why it ended as status says it, or its exit code."""
     start = parse_iso(job.started_at)
     # how long its last attempt ran (so far, for a running job)
     end = (parse_iso(job.finished_at) if event == FINISHED and job.finished_at else None) or time.time()
     seconds = None if start is None else max(0.0, end - start)
     if reason is None and event == FINISHED:
-        reason = job.reason or (f"exit {job.exit_code}" if job.exit_code not in (None, 0) else None)
+        reason = why_ended(state, job.reason, job.note) or (
+            f"exit {job.exit_code}" if job.exit_code not in (None, 0) else None
+        )
     fields = {
         "event": event,
         "id": job.id,

@@ -30,9 +30,13 @@ def record_process(run: Run, child: subprocess.Popen) -> dict[str, Any]:
     """The job's pid and this supervisor, recorded now if the job still runs, so that a crash of ours
     leaves it findable; else (or on a full disk) returned, to go with its end record."""
     ident = procs.identity(child.pid)  # before poll(): an ended child is still there, unreaped
-    # the worker's --kill-grace with it: `gpuq kill` and `cancel` give the job the grace its end would
-    grace = run.order.kill_grace
-    supervisor = _identity() if grace is None else {**_identity(), "kill_grace": grace}
+    # the worker's --kill-grace with it: `gpuq kill` and `cancel` give the job the grace its end would;
+    # and the worker's --default-time it is held to, for `show` and `triage` (the job's file has none)
+    supervisor = _identity()
+    if run.order.kill_grace is not None:
+        supervisor["kill_grace"] = run.order.kill_grace
+    if run.job.time_limit is None and run.order.default_time:
+        supervisor["default_time"] = run.order.default_time
     process = {"pid": child.pid, "pid_create_time": ident["create_time"], "supervisor": supervisor}
     if run.host is not None or run.job.host_limits_by:  # `host_limits_by`: an earlier attempt's cleared
         process["host_limits_by"] = run.host.recorded() if run.host is not None else None
