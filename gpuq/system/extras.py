@@ -9,7 +9,7 @@ import json
 import os
 import shlex
 import sys
-from importlib import import_module, metadata
+from importlib import metadata
 from importlib.util import find_spec
 from typing import Optional, Sequence
 from urllib.parse import unquote, urlparse
@@ -84,7 +84,7 @@ def unknown_to_apprise(urls: Sequence[str]) -> Optional[str]:
     """The first of `urls` Apprise cannot send to (a misspelt scheme: `nfty://`), found when it is
     given, not when the job has ended; None when it knows them all, or is missing (`notify_missing`)."""
     try:
-        apprise = import_module("apprise")  # slow (a second or more): only for URLs typed now
+        import apprise  # the notifications subsystem, slow to import (a second or more): only for URLs typed now
     except ImportError:
         return None
     return next((url for url in urls if not apprise.Apprise().add(url)), None)
