@@ -145,7 +145,7 @@ def test_edit_refuses_the_gpus_or_gpu_mem_that_add_refuses(gq: Env) -> None:
     never = ": this job could never start"
     for setting, option, problem in (
         ("gpus=5", "--gpus=5", "needs 5 GPUs; this machine has 1"),
-        ("gpu_mem=200G", "--gpu-mem=200G", "needs 200.0 GiB on each GPU; the largest here has 79.6 GiB"),
+        ("gpu_mem=200G", "--gpu-mem=200G", "needs 200.0 GiB on a GPU; the largest here is GPU 0 with 79.6 GiB"),
     ):
         edited = gq.gpuq("edit", str(job), "--set", setting, check=False)
         assert (edited.returncode, edited.stderr) == (2, f"gpuq edit: job #{job} not changed: {problem}{never}\n")
@@ -154,6 +154,24 @@ def test_edit_refuses_the_gpus_or_gpu_mem_that_add_refuses(gq: Env) -> None:
     assert (gq.job(job)["gpu_request"], gq.job(job).get("gpu_mem_mib")) == (1, None)
     gq.gpuq("edit", str(job), "--set", "gpu_mem=20G")  # one that fits is taken
     assert gq.job(job)["gpu_mem_mib"] == 20480
+
+
+def test_add_and_edit_name_the_smaller_gpu_that_bounds_memory_on_each_of_n(gq: Env) -> None:
+    """Two GPUs of 79.6 GiB and one of 39.1: 60G on each of 3 is refused because of GPU 1, and was
+    refused saying `the largest here has 79.6 GiB`, which 60G fits."""
+    doc = fake_gpus(3)
+    doc["gpus"][1]["memory_total_mib"] = 40000
+    Gpus(gq, doc)
+    problem = "needs 60.0 GiB on each of 3 GPUs; the smallest of the 3 largest here is GPU 1 with 39.1 GiB"
+    added = gq.gpuq("add", "--gpus", "3", "--gpu-mem", "60G", "true", check=False)
+    assert (added.returncode, added.stderr) == (2, f"gpuq add: {problem}: this job could never start\n")
+    job = gq.add("--hold", "--gpus", "3", "true")
+    edited = gq.gpuq("edit", str(job), "--set", "gpu_mem=60G", check=False)
+    assert (edited.returncode, edited.stderr) == (
+        2,
+        f"gpuq edit: job #{job} not changed: {problem}: this job could never start\n",
+    )
+    assert gq.gpuq("add", "-q", "--hold", "--gpus", "2", "--gpu-mem", "60G", "true").returncode == 0  # GPUs 0 and 2
 
 
 def test_a_job_that_can_never_fit_is_refused_or_waits_without_blocking_others(gq: Env) -> None:

@@ -16,7 +16,7 @@ import sys
 import threading
 import urllib.request
 from contextlib import contextmanager, suppress
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 
 import pytest
 from conftest import WAIT_FOR_GO, alive, wait_for
@@ -236,9 +236,10 @@ def test_no_cluster_at_the_address_leaves_the_jobs_queued(gq: Any) -> None:
 
 
 @contextmanager
-def answering(reply: bytes, stall: bool = False) -> Iterator[str]:
-    """A tiny HTTP server on 127.0.0.1 (real sockets) answering every request with `reply`, then
-    closing the connection; with `stall`, keeping it open without another byte until the test ends."""
+def answering(reply: Union[bytes, Callable[[bytes], bytes]], stall: bool = False) -> Iterator[str]:
+    """A tiny HTTP server on 127.0.0.1 (real sockets) answering every request with `reply` (or what
+    `reply(request)` gives), then closing the connection; with `stall`, keeping it open without
+    another byte until the test ends."""
     server = socket.create_server(("127.0.0.1", 0))
     over = threading.Event()
 
@@ -257,7 +258,7 @@ def answering(reply: bytes, stall: bool = False) -> Iterator[str]:
                 length = re.search(rb"(?i)content-length: *(\d+)", head)
                 while length and len(body) < int(length.group(1)) and (chunk := conn.recv(65536)):
                     body += chunk  # read whole: a close with unread bytes would reset the reply away
-                conn.sendall(reply)
+                conn.sendall(reply(got) if callable(reply) else reply)
                 if stall:
                     over.wait(60)
 
@@ -304,6 +305,33 @@ def test_an_error_reply_whose_body_stalls_says_its_status_in_one_line(monkeypatc
     with answering(cut) as address:  # closed after part of it: http.client's IncompleteRead
         with pytest.raises(rayjobs.RayError, match="^Ray answered 500 to GET .*: Internal Server Error$"):
             rayjobs.get(address, "gpuq-x")
+
+
+def test_a_close_without_a_reply_to_a_submit_leaves_the_job_for_sync_not_queued(gq: Any) -> None:
+    """The POST was sent and the connection closed unanswered (http.client's RemoteDisconnected, an
+    OSError): Ray may have taken the job, so it must not go back to pending to run twice."""
+    node = {"node_id": "n1", "state": "ALIVE", "resources_total": {"CPU": 8}}
+    nodes = json.dumps({"data": {"result": {"result": [node]}}})
+    ok = f"HTTP/1.1 200 OK\r\nContent-Length: {len(nodes)}\r\n\r\n{nodes}".encode()
+    with answering(lambda request: b"" if request.startswith(b"POST") else ok) as address:
+        with pytest.raises(rayjobs.RayNoAnswer, match=f"no usable answer from Ray to POST {address}/api/jobs/"):
+            rayjobs.submit(address, "true", "gpuq-x", gpus=0, cpus=0, memory=0, env={}, metadata={})
+        job = gq.add("--gpus", "0", "--", "true")
+        out = gq.gpuq("ray", "submit", str(job), "--address", address, check=False)
+        assert out.returncode == 1 and "it may be on Ray now: `gpuq ray sync`" in out.stderr, out.stderr
+        assert gq.state_of(job) == "ray"
+    with pytest.raises(rayjobs.RayUnreachable, match="no Ray cluster answers"):  # refused: nothing was sent
+        rayjobs.nodes(f"http://127.0.0.1:{free_port()}")
+
+
+def test_an_address_with_a_port_that_is_no_port_is_a_usage_error(gq: Any) -> None:
+    for port in ("abc", "70000", "-1"):
+        with pytest.raises(UsageError, match=f"not a port: {port}"):
+            rayjobs.address(f"http://head:{port}", {})
+    gq.add("--", "true")
+    out = gq.gpuq("ray", "submit", "--all", "--address", "http://head:abc", check=False)
+    assert out.returncode == 2 and out.stderr.splitlines() == ["gpuq ray: not a port: abc (in http://head:abc)"]
+    assert rayjobs.address("[::1]:8265", {}) == "http://[::1]:8265"
 
 
 def test_ray_submit_needs_ids_or_all_and_an_address(gq: Any) -> None:

@@ -147,7 +147,23 @@ def test_a_job_waiting_for_a_gpu_says_what_it_waits_for_once(gq: Env) -> None:
     gq.start_worker("--watch")
     wait_for(lambda: triage_of(gq, job)["waiting_for"].startswith("waiting for GPU 0: "), what="the wait for GPU 0")
     shown = gq.gpuq("triage", str(job)).stdout.splitlines()
-    assert shown[1].startswith("  waiting for  GPU 0: 78.1 GiB held by pid "), shown
+    assert shown[0].startswith(f"#{job} work/true: pending: waiting for GPU 0: 78.1 GiB held by pid "), shown
+    assert "waiting for" not in "\n".join(shown[1:])
+
+
+def test_every_kind_of_wait_reads_as_one_line_after_the_state(gq: Env) -> None:
+    """Reasons that do not begin "waiting for" read after no label: triage printed "waiting for
+    no worker is running; ..." and "waiting for  after #1"."""
+    first = gq.add("sleep", "100")
+    second = gq.add("--after", str(first), "true")
+    assert gq.gpuq("triage", str(first)).stdout.splitlines()[0] == (
+        f"#{first} work/sleep: pending: no worker is running; `gpuq run --daemon` starts one"
+    )
+    assert gq.gpuq("triage", str(second)).stdout.splitlines()[0] == f"#{second} work/true: pending: after #{first}"
+    gq.gpuq("hold", str(second))
+    shown = gq.gpuq("triage", str(second)).stdout.splitlines()
+    assert shown[0] == f"#{second} work/true: held by user (`gpuq release` puts it back in line)", shown
+    assert not any(line.startswith("  waiting for") for line in shown)
 
 
 def test_an_unknown_id_is_refused_as_show_refuses_it(gq: Env) -> None:

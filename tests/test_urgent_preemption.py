@@ -327,11 +327,11 @@ def test_wait_waits_for_a_victim_that_comes_back_by_itself_and_its_dependents(gq
         gq.start_worker("--watch")
         wait_for(lambda: "worker: running" in gq.gpuq("status").stdout, 15, what="the worker")
         waited = gq.gpuq("wait", "--timeout", "2", str(victim), str(after), check=False)
-        assert waited.stdout == (
-            f"#{victim} pending: still waiting when --timeout ran out\n"
+        assert waited.stdout == (  # it said `#N pending` of the victim, whose file is in preempted/
+            f"#{victim} preempted: for an urgent job, resumes by itself; still waiting when --timeout ran out\n"
             f"#{after} pending: still waiting when --timeout ran out\n"
         )
-        assert gq.gpuq("wait", "--timeout", "2", check=False).stdout.startswith(f"#{victim} pending: still waiting")
+        assert gq.gpuq("wait", "--timeout", "2", check=False).stdout.startswith(f"#{victim} preempted: for an")
         assert gq.state_of(victim) == PREEMPTED
     finally:
         claim.release()

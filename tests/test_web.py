@@ -250,13 +250,33 @@ def test_a_log_is_read_from_its_end_and_followed_from_an_offset(gq: Env, web: We
     job_id = gq.add("job.py")
     gq.start_worker()
     gq.wait_state(job_id, "running")
-    log = wait_for(lambda: (got := web.json(f"/api/job/{job_id}/log")) and "red" in got["text"] and got, what="the log")
-    assert log["following"] and "\x1b" not in log["text"] and "first\nred\n" in log["text"]
+    # print() writes "red" and its line's end apart: read until the whole line is there
+    whole = lambda got: "first\nred\n" in got["text"] and got  # noqa: E731
+    log = wait_for(lambda: whole(web.json(f"/api/job/{job_id}/log")), what="the log's second line")
+    assert log["following"] and "\x1b" not in log["text"]
     assert web.json(f"/api/job/{job_id}/log?offset={log['offset']}")["text"] == ""
     (gq.work / "go").write_text("")
     gq.wait_state(job_id, "done")
     rest = web.json(f"/api/job/{job_id}/log?offset={log['offset']}")
     assert rest["text"].startswith("second\n") and not rest["following"] and rest["offset"] == rest["size"]
+
+
+def test_a_job_caught_mid_move_is_read_from_its_newer_copy(gq: Env, web: Web) -> None:
+    """Running -> done writes done/'s file (rev + 1), then unlinks running/'s. Read in between, the
+    log said `following` (and `show` said running) of a job that had ended: the first copy found
+    was taken, not the higher rev that the spool's rule says is the job."""
+    job_id = gq.add("--", "sh", "-c", "echo out")
+    worker = gq.start_worker()
+    gq.wait_state(job_id, "done")
+    gq.gpuq("stop")  # no recovery scan of its to tidy the planted copy away
+    worker.wait(15)
+    ended = next((gq.home / "done").glob(f"{job_id:06d}-*"))
+    data = json.loads(ended.read_text())
+    data["rev"] -= 1  # the copy the move has not unlinked yet
+    (gq.home / "running" / ended.name).write_text(json.dumps(data))
+    got = web.json(f"/api/job/{job_id}/log?offset=0")
+    assert got["state"] == "done" and not got["following"] and "out\n" in got["text"], got
+    assert gq.gpuq("show", str(job_id), "--json").stdout.count('"state": "done"') == 1
 
 
 def test_a_1_gib_log_is_never_read_whole(gq: Env, web: Web) -> None:

@@ -166,8 +166,6 @@ def cmd_triage(args: argparse.Namespace) -> int:
     step = f" (step {ckpt['step']})" if ckpt["step"] is not None else ""
     waiting = found.get("waiting_for")
     labelled = [
-        # most reasons begin as status says them, "waiting for GPU 0: ...": the label says that once
-        ("waiting for", waiting.removeprefix("waiting for ") if waiting else None),
         ("exit code", None if code is None else f"{code}" + (f" ({found['signal']})" if found.get("signal") else "")),
         ("reason", found.get("reason")),
         ("note", found.get("note") if found.get("note") != found.get("waiting_for") else None),
@@ -175,7 +173,12 @@ def cmd_triage(args: argparse.Namespace) -> int:
         ("checkpoint", f"{ckpt['latest']}{step}" if ckpt["latest"] else f"none found ({ckpt['where_looked']})"),
         ("log", found["log"] + (f" {found['log_gone']}" if found["log_gone"] else "")),
     ]
-    out = [f"#{found['id']} {found['name']}: {found['state']}"]
+    # the reason as status says it, after the state as show says it ("pending: after #3"); whatever
+    # its kind ("waiting for GPU 0", "no worker is running", "blocked: ..."), no label reads before all
+    state = found["state"]
+    if waiting:  # "held by user (...)" says its state itself
+        state = waiting if waiting.startswith(state) else f"{state}: {waiting}"
+    out = [f"#{found['id']} {found['name']}: {state}"]
     out += [f"  {label.ljust(11)}  {text}" for label, text in labelled if text]
     if found["log_tail"]:
         out.append(f"  the end of its log ({len(found['log_tail'])} lines):")

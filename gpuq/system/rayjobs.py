@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import urllib.parse
 from typing import Any, Mapping, NamedTuple, Optional
 
 from gpuq.core.errors import GpuqError, UsageError
@@ -64,6 +65,11 @@ def address(given: Optional[str], env: Optional[Mapping[str, str]] = None) -> st
         value = "http://" + value
     if not value.startswith(("http://", "https://")):
         raise UsageError(f"not an HTTP address: {value}")
+    parts = urllib.parse.urlsplit(value)
+    try:
+        parts.port  # noqa: B018  (http.client refuses it only once a request is made: no cluster's fault)
+    except ValueError:
+        raise UsageError(f"not a port: {parts.netloc.rpartition(':')[2]} (in {value})") from None
     return value.rstrip("/")
 
 
@@ -77,12 +83,14 @@ def _call(url: str, method: str = "GET", body: Optional[dict] = None) -> Any:
             text = answer.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         raise RayError(f"Ray answered {exc.code} to {method} {url}: {_detail(exc)}") from None
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, TimeoutError, socket.timeout) as exc:  # socket.timeout: 3.9's TimeoutError
         why = getattr(exc, "reason", exc)
-        if isinstance(why, (TimeoutError, socket.timeout)):  # sent, unanswered in time (socket.timeout: 3.9's)
+        if isinstance(why, (TimeoutError, socket.timeout)):  # sent, unanswered in time
             raise RayNoAnswer(f"Ray did not answer {method} {url} within {TIMEOUT:.0f}s") from None
+        # urllib wraps in URLError only what connecting and sending raise (refused, no such name):
         raise RayUnreachable(f"no Ray cluster answers at {url.split('/api/')[0]}: {why}") from None
-    except Exception as exc:  # http.client's HTTPException (a garbage status line, a body cut short): sent, unread
+    except Exception as exc:  # sent, unread: a close without a reply (RemoteDisconnected, a reset), a garbage
+        # status line, a body cut short; what it asked may have been done
         raise RayNoAnswer(f"no usable answer from Ray to {method} {url}: {exc!r:.200}") from None
     try:
         return json.loads(text) if text.strip() else None

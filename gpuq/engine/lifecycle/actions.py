@@ -303,8 +303,11 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
             out.ends.update((job_id, (PENDING, "no worker is running")) for job_id in left)
             return out
         if deadline is not None and time.monotonic() > deadline:
+            resuming = set(auto_resumed(spool))  # counted as pending above, but still in preempted/
             for job_id in left:
-                out.ends[job_id] = (snap.states.get(job_id, "gone"), "still waiting when --timeout ran out")
+                state = PREEMPTED if job_id in resuming else snap.states.get(job_id, "gone")
+                how = "for an urgent job, resumes by itself; " if job_id in resuming else ""
+                out.ends[job_id] = (state, f"{how}still waiting when --timeout ran out")
             return out
         time.sleep(poll)
 

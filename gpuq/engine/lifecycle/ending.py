@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, NamedTuple, Optional
 
 from gpuq.core import failure, oom, schema, transitions
@@ -101,11 +101,19 @@ def get(spool: Spool, job_id: int, states: tuple[str, ...] = STATES) -> tuple[Jo
             raise Refused(f"no such job #{job_id}")
         raise Refused(f"job #{job_id} is {anywhere.state}, not {' or '.join(states)}")
     try:
-        return ref, spool.jobs.load(ref)
+        job = spool.jobs.load(ref)
     except FileNotFoundError:
         raise Refused(f"job #{job_id} changed state while reading it; try again") from None
     except schema.InvalidJob as exc:
         raise Refused(f"job #{job_id}: file is damaged: {exc}") from None
+    # Mid-move (or after a crash there) the job has a second file, the one of higher rev: that one is
+    # the job (spool_layout.md), not the first found. Exact-name lookups: a few lstats.
+    for state in spool.jobs.states_holding(ref.name, states):
+        with suppress(FileNotFoundError, schema.InvalidJob):
+            other = JobRef(job_id, state, ref.name)
+            newer = spool.jobs.load(other) if state != ref.state else job
+            ref, job = (other, newer) if newer.rev > job.rev else (ref, job)
+    return ref, job
 
 
 def pending_jobs(spool: Spool, ids: Optional[Sequence[int]], left: dict[int, str]) -> list[Job]:

@@ -15,7 +15,8 @@ from gpuq.core.errors import Refused
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING
 from gpuq.core.times import iso_of
-from gpuq.core.words import cap_text, mib_text
+from gpuq.core.words import cap_text
+from gpuq.engine.schedule import placement
 from gpuq.spool import Spool
 from gpuq.system.gpu_presence import may_have_gpus
 
@@ -187,12 +188,13 @@ def never_fits(
     shown = current(spool, [], views, stale_after=None)  # the totals, which do not change, and the cap
     if shown is None or not shown["gpus"]:
         return None
-    totals = sorted((g["memory_total_mib"] for g in shown["gpus"]), reverse=True)
+    totals = [(g["index"], g["memory_total_mib"]) for g in shown["gpus"]]
     never = ": this job could never start"
     if count > len(totals):
         return f"needs {count} GPUs; this machine has {len(totals)}{never}"
-    if mem_mib is not None and totals[count - 1] < mem_mib:
-        return f"needs {mib_text(mem_mib)} on each GPU; the largest here has {mib_text(totals[0])}{never}"
+    too_small = placement.too_small(mem_mib, max(count, 1), totals) if mem_mib is not None else None
+    if too_small:  # worded as the worker's reason for the job that waits: the GPU that bounds it named
+        return too_small + never
     cap = my_cap(lambda _line: None)  # as the file is now: a worker's view may be hours old, and root's edit after it
     if cap is not None and count > cap:
         return f"{cap_text(cap, count)}, set by the machine's policy: this job could not start unless that changes"

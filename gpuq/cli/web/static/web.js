@@ -235,7 +235,7 @@
     $("triage-section").hidden = !shown;
     if (!shown) return;
     const facts = [
-      ["waiting for", t.waiting_for && t.waiting_for.replace(/^waiting for /, "")],
+      [t.state, t.waiting_for],  // "pending: after #3", "pending: waiting for GPU 0": as status says it
       ["exit code", t.exit_code === null || t.exit_code === undefined ? null : String(t.exit_code) + (t.signal ? " (" + t.signal + ")" : "")],
       ["reason", t.reason],
       ["cause", t.cause],
