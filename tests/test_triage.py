@@ -197,15 +197,15 @@ def test_a_job_stopped_at_its_time_limit_offers_its_checkpoint_and_more_time(gq:
 
 def test_the_workers_default_time_is_shown_and_doubled_by_the_fix(gq: Env) -> None:
     gq.script("slow.py", "import time\ntime.sleep(60)\n")
-    gq.start_worker("--default-time", "1s")
+    gq.start_worker("--default-time", "4s")  # long enough for `show` to see it run on a loaded machine
     job_id = gq.add("slow.py")
     gq.wait_state(job_id, "running")
-    wait_for(lambda: "1s (the worker's --default-time)" in gq.gpuq("show", str(job_id)).stdout, 10, what="its limit")
+    wait_for(lambda: "4s (the worker's --default-time)" in gq.gpuq("show", str(job_id)).stdout, 10, what="its limit")
     gq.wait_state(job_id, "failed", timeout=30)
     wait_for(lambda: not gq.files("running"), what="the running copy to be gone")  # the move's second half
-    assert json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)["time_limit"] == 1.0
+    assert json.loads(gq.gpuq("show", "--json", str(job_id)).stdout)["time_limit"] == 4.0
     found = triage_of(gq, job_id)
-    assert found["cause"] == "time_limit" and [c for c in commands(found) if "--time 2s" in c], found["fixes"]
+    assert found["cause"] == "time_limit" and [c for c in commands(found) if "--time 8s" in c], found["fixes"]
     assert f"gpuq retry {job_id}" not in commands(found)  # it would meet the same limit again
 
 
