@@ -74,6 +74,26 @@ def test_bash_completion_completes_commands_and_job_ids(gq: Env, tmp_path: Path)
     assert "--after-any" in bash_complete(gq, script, ["gpuq", "add", "--after-"])
 
 
+def test_bash_completion_completes_file_names_where_a_path_goes(gq: Env, tmp_path: Path) -> None:
+    """`complete -o bashdefault` has no fallback to file names: the script, `-d`, `import`'s file and
+    the like are marked as files or directories, or TAB beeps."""
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "project").mkdir()
+    (tmp_path / "gpuq.bash").write_text(gq.gpuq("completion", "bash").stdout)
+    assert gq.gpuq("completion", "bash").stdout.endswith("gpuq\n")  # `>> ~/.bashrc` glues no line to it
+    script, base = tmp_path / "gpuq.bash", str(tmp_path)
+    train, project = f"{base}/train.py", f"{base}/project"
+    assert bash_complete(gq, script, ["gpuq", "add", f"{base}/tr"]) == [train]
+    assert bash_complete(gq, script, ["gpuq", "add", "--gpus", "2", f"{base}/tr"]) == [train]
+    assert bash_complete(gq, script, ["gpuq", "add", "train.py", "--data", f"{base}/tr"]) == [train]
+    assert bash_complete(gq, script, ["gpuq", "add", "-d", f"{base}/pr"]) == [project]
+    assert bash_complete(gq, script, ["gpuq", "import", f"{base}/tr"]) == [train]
+    assert bash_complete(gq, script, ["gpuq", "lease", f"{base}/tr"]) == [train]
+    assert "--gpus" in bash_complete(gq, script, ["gpuq", "add", "--urgent", "--g"])
+    assert bash_complete(gq, script, ["gpuq", "add", "train.py", "--g"]) == []  # the script's, add refuses them
+    assert bash_complete(gq, script, ["gpuq", "add", "--gpus", "2", "train.py", "--g"]) == []
+
+
 def test_zsh_completion_is_generated(gq: Env) -> None:
     out = gq.gpuq("completion", "zsh").stdout
     assert out.startswith("#compdef gpuq") and "gpuq _ids" in out
