@@ -24,6 +24,8 @@ def test_service_install_writes_a_unit_that_keeps_jobs_alive(gq: Env, tmp_path: 
     assert "run --watch --recover" in unit and "KillMode=process" in unit and "Restart=on-failure" in unit
     assert f"GPUQ_HOME={gq.home}" in unit
     assert "systemctl --user enable --now gpuq.service" in out and "loginctl enable-linger" in out
+    again = gq.gpuq("service", "install", "--dest", str(dest), "--recover").stdout
+    assert "is already this unit" in again and again.count("enable-linger") == out.count("enable-linger") == 1
     if shutil.which("systemd-analyze"):
         runtime = tmp_path / "runtime"
         runtime.mkdir(mode=0o700)

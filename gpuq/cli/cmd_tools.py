@@ -79,10 +79,8 @@ def cmd_service(args: argparse.Namespace) -> int:
         results += [web] if web.action != "absent" else []
     for result in results:
         print(result.summary)
-        for command in result.commands:
-            print(f"  {command}")
-    if args.action == "install":
-        print(f"  ({service.LINGER_WHY})")
+        for command in result.commands:  # the linger line says once why it is there
+            print(f"  {command}" + (f"  ({service.LINGER_WHY})" if command == service.LINGER_COMMAND else ""))
     if args.action == "install" and args.web:  # the token is the spool's, so the URL is known now
         print(f"the page, once started: http://127.0.0.1:{port}/#token={sp.web_token.get()}")
         print(f"  (from a laptop: ssh -L {port}:127.0.0.1:{port} this-host, then the same URL)")
