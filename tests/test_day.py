@@ -24,6 +24,8 @@ def test_service_install_writes_a_unit_that_keeps_jobs_alive(gq: Env, tmp_path: 
     assert "run --watch --recover" in unit and "KillMode=process" in unit and "Restart=on-failure" in unit
     assert f"GPUQ_HOME={gq.home}" in unit
     assert "systemctl --user enable --now gpuq.service" in out and "loginctl enable-linger" in out
+    again = gq.gpuq("service", "install", "--dest", str(dest), "--recover").stdout
+    assert "is already this unit" in again and again.count("enable-linger") == out.count("enable-linger") == 1
     if shutil.which("systemd-analyze"):
         runtime = tmp_path / "runtime"
         runtime.mkdir(mode=0o700)
@@ -72,6 +74,26 @@ def test_bash_completion_completes_commands_and_job_ids(gq: Env, tmp_path: Path)
     assert {"log", "logs"} <= set(bash_complete(gq, script, ["gpuq", "lo"]))
     assert set(bash_complete(gq, script, ["gpuq", "cancel", ""])) == {str(i) for i in ids}
     assert "--after-any" in bash_complete(gq, script, ["gpuq", "add", "--after-"])
+
+
+def test_bash_completion_completes_file_names_where_a_path_goes(gq: Env, tmp_path: Path) -> None:
+    """`complete -o bashdefault` has no fallback to file names: the script, `-d`, `import`'s file and
+    the like are marked as files or directories, or TAB beeps."""
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "project").mkdir()
+    (tmp_path / "gpuq.bash").write_text(gq.gpuq("completion", "bash").stdout)
+    assert gq.gpuq("completion", "bash").stdout.endswith("gpuq\n")  # `>> ~/.bashrc` glues no line to it
+    script, base = tmp_path / "gpuq.bash", str(tmp_path)
+    train, project = f"{base}/train.py", f"{base}/project"
+    assert bash_complete(gq, script, ["gpuq", "add", f"{base}/tr"]) == [train]
+    assert bash_complete(gq, script, ["gpuq", "add", "--gpus", "2", f"{base}/tr"]) == [train]
+    assert bash_complete(gq, script, ["gpuq", "add", "train.py", "--data", f"{base}/tr"]) == [train]
+    assert bash_complete(gq, script, ["gpuq", "add", "-d", f"{base}/pr"]) == [project]
+    assert bash_complete(gq, script, ["gpuq", "import", f"{base}/tr"]) == [train]
+    assert bash_complete(gq, script, ["gpuq", "lease", f"{base}/tr"]) == [train]
+    assert "--gpus" in bash_complete(gq, script, ["gpuq", "add", "--urgent", "--g"])
+    assert bash_complete(gq, script, ["gpuq", "add", "train.py", "--g"]) == []  # the script's, add refuses them
+    assert bash_complete(gq, script, ["gpuq", "add", "--gpus", "2", "train.py", "--g"]) == []
 
 
 def test_zsh_completion_is_generated(gq: Env) -> None:

@@ -430,6 +430,20 @@ def test_install_write_keeps_the_users_claude_config(home: Path) -> None:
     assert re.search(r"to \S+/Claude/claude_desktop_config.json; restart", desktop)
 
 
+@pytest.mark.parametrize("client, name", [("codex", ".codex/config.toml"), ("claude", ".claude.json")])
+def test_install_write_writes_through_a_symlinked_config(home: Path, client: str, name: str) -> None:
+    """A config file linked from the user's dotfiles stays a link; the file it points to gets the entry."""
+    target = home / "dotfiles" / name.replace("/", "-")
+    target.parent.mkdir()
+    target.write_text("{}" if client == "claude" else 'model = "o3"\n')
+    link = home / name
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(target)
+    install.write(client, force=True)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert "gpuq" in target.read_text() and list(target.parent.iterdir()) == [target]  # no temporary left
+
+
 def test_an_add_whose_job_would_be_rejected_is_refused_and_queues_nothing(spool_env: Env) -> None:
     """Arguments the CLI cannot even spell (a `=` in a variable's name, a NUL) came back as queued
     jobs that the worker then rejected, or, held, that no command could see or remove."""

@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
+from gpuq.cli.cmd_status import JSON_FIELDS
 from gpuq.core import schema
+from gpuq.core.job import FIELDS
 from gpuq.spool import Spool
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -59,6 +61,8 @@ def test_an_old_job_file_loads_shows_and_runs(gq: Any, tmp_path: Path, frozen: P
         assert job.name in shown and state in shown
     rows = {row["id"]: row["state"] for row in gq.status_json()}
     assert rows == {job_id: state for job_id, (state, _text) in placed.items()}
+    for row in gq.status_json():  # a field the file lacks is given as its default (gpu_request 1), never null
+        assert [key for key in JSON_FIELDS if row[key] is None and FIELDS[key].default is not None] == []
     for state, text in placed.values():  # looking changed nothing
         assert [(gq.home / state / name).read_text() for name in gq.files(state)] == [text]
 

@@ -64,7 +64,7 @@ def _status_once(args: argparse.Namespace) -> int:
 def json_row(row: Row) -> dict[str, Any]:
     """One job of `status --json` (also the MCP server's queue tool)."""
     job, est = row.job, row.estimate
-    out = {key: job.get(key) for key in JSON_FIELDS}
+    out = {key: job[key] for key in JSON_FIELDS}  # a field an older file lacks: its default, as Job reads it
     out["state"] = row.state
     out["waiting"] = row.wait.reason if row.wait else None
     out["progress"] = round(est.fraction, 4) if est and est.fraction is not None else None

@@ -79,10 +79,8 @@ def cmd_service(args: argparse.Namespace) -> int:
         results += [web] if web.action != "absent" else []
     for result in results:
         print(result.summary)
-        for command in result.commands:
-            print(f"  {command}")
-    if args.action == "install":
-        print(f"  ({service.LINGER_WHY})")
+        for command in result.commands:  # the linger line says once why it is there
+            print(f"  {command}" + (f"  ({service.LINGER_WHY})" if command == service.LINGER_COMMAND else ""))
     if args.action == "install" and args.web:  # the token is the spool's, so the URL is known now
         print(f"the page, once started: http://127.0.0.1:{port}/#token={sp.web_token.get()}")
         print(f"  (from a laptop: ssh -L {port}:127.0.0.1:{port} this-host, then the same URL)")
@@ -90,27 +88,41 @@ def cmd_service(args: argparse.Namespace) -> int:
 
 
 ID_ARGUMENTS = ("id", "ids", "jobs")  # positional and option arguments that take job ids
+FILE_ARGUMENTS = ("cmd", "path", "python", "log", "plot")  # the script, the file imported, ...
+DIR_ARGUMENTS = ("dir", "dest")
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    """shtab's script from gpuq's own parser; job ids complete from the spool (`gpuq _ids`)."""
+    """shtab's script from gpuq's own parser; job ids complete from the spool (`gpuq _ids`), file and
+    directory arguments from the disk (bash's `-o bashdefault` alone completes no file names)."""
     import shtab  # an optional dependency, needed by this command only
 
     parser = build_parser()
-    _complete_ids(parser, COMMANDS, shtab.cmd)
-    sys.stdout.write(shtab.complete(parser, shell=args.shell))
+    _complete(parser, COMMANDS, shtab)
+    script = shtab.complete(parser, shell=args.shell).replace(_OPTION_FOUND, _OPTION_FOUND + _AFTER_SCRIPT)
+    print(script.rstrip("\n"))  # with a newline: `>> ~/.bashrc` appends safely
     return 0
 
 
-def _complete_ids(parser: argparse.ArgumentParser, commands: tuple[Command, ...], cmd: Any) -> None:
+_OPTION_FOUND = "        _set_new_action $this_word false\n      fi\n"  # in shtab's bash loop over the words typed
+_AFTER_SCRIPT = (  # once the script is typed, the words after it are its own (add refuses gpuq's options there)
+    '      if [[ $current_action_nargs == "..." && $current_action_args_start_index -le $word_index ]]; then\n'
+    "        current_option_strings=()\n"
+    "      fi\n"
+)
+
+
+def _complete(parser: argparse.ArgumentParser, commands: tuple[Command, ...], shtab: Any) -> None:
     for command in commands:
         for name in command.names:
             sub = subparsers(parser)[name]
-            for action in sub._actions:
+            for action in sub._actions:  # shtab reads `complete`
                 if action.dest in ID_ARGUMENTS:
                     only = f" --state {','.join(command.id_states)}" if command.id_states else ""
-                    action.complete = cmd(f"gpuq _ids{only} 2>/dev/null")  # type: ignore[attr-defined]  # shtab reads it
-            _complete_ids(sub, command.actions, cmd)
+                    action.complete = shtab.cmd(f"gpuq _ids{only} 2>/dev/null")  # type: ignore[attr-defined]
+                elif action.dest in FILE_ARGUMENTS + DIR_ARGUMENTS:
+                    action.complete = shtab.FILE if action.dest in FILE_ARGUMENTS else shtab.DIRECTORY  # type: ignore[attr-defined]
+            _complete(sub, command.actions, shtab)
 
 
 TRAIN = """import sys, time

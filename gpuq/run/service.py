@@ -22,12 +22,13 @@ UNIT_NAME = "gpuq.service"
 WEB_UNIT_NAME = "gpuq-web.service"  # `service install --web`: `gpuq web` beside the worker
 WEB_PORT, WEB_PORTS = 8737, 1000  # its ports: see web_port
 MARKER = "# Written by `gpuq service install`; `gpuq service uninstall` removes it."
+LINGER_COMMAND = "loginctl enable-linger $USER"
 ENABLE_COMMANDS = [
     "systemctl --user daemon-reload",
     "systemctl --user enable --now gpuq.service",
-    "loginctl enable-linger $USER",
+    LINGER_COMMAND,
 ]
-LINGER_WHY = "loginctl enable-linger keeps the service (and its jobs) running after you log out"
+LINGER_WHY = "keeps the service (and its jobs) running after you log out"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 

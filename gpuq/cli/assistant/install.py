@@ -212,6 +212,7 @@ def _same_table(found: str, ours: str) -> bool:
 
 
 def _replace(path: Path, text: str) -> None:
+    path = Path(os.path.realpath(path))  # a link into the user's dotfiles stays a link: its target is written
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o600
     tmp = path.with_name(f".{path.name}.gpuq-{os.getpid()}")
