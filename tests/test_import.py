@@ -5,6 +5,7 @@ twice, losing nothing; imported pending jobs then run under a real worker."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from datetime import datetime
@@ -16,6 +17,8 @@ from conftest import Env
 from test_legacy import ORIGINAL_TABLE, WRITER, row
 
 from gpuq.core.job import MAX_ID
+
+DATA = Path(__file__).parent / "data" / "original"
 
 EVAL = """import json, os, sys
 open("eval-ran.json", "w").write(json.dumps({"argv": sys.argv[1:], "seed": os.environ.get("SEED")}))
@@ -82,7 +85,8 @@ def test_the_same_queue_is_never_imported_twice(gq: Env) -> None:
     again = gq.gpuq("import", str(gq.home / "gpuq.db.bak"))
     assert "already imported" in again.stdout and "nothing to do" in again.stdout
     assert spool_listing(gq) == before
-    assert "no queue of the original gpuq" in gq.gpuq("import").stdout
+    again = gq.gpuq("import").stdout  # nothing left to import: what was imported, said again
+    assert "already imported on" in again and "1 cancelled, 1 done, 1 failed, 1 interrupted, 1 pending" in again
 
 
 def test_a_queue_json_of_the_first_version(gq: Env) -> None:
@@ -201,3 +205,62 @@ def test_a_row_whose_words_are_a_number_is_reported_not_a_traceback(gq: Env, fie
     kind = "a list of words" if field == "args" else "an object of strings"
     assert f"not imported: row 2: {field} is not {kind}" in out
     assert gq.job(1)["name"] == "job1"
+
+
+def test_completion_leaves_the_import_to_a_command_that_says_it(gq: Env) -> None:
+    """`gpuq _ids 2>/dev/null` (every TAB) imported the queue and its report was lost: afterwards
+    `gpuq import` said 'no queue of the original gpuq'. Now `_ids` leaves it, and `gpuq import` says
+    again what an earlier import did not bring over."""
+    exp = gq.work / "exp"
+    exp.mkdir()
+    gq.home.mkdir(parents=True)
+    rows = [_row(1, exp, script=""), _row(2, exp, status="running"), _row(3, exp, args="not-json")]
+    (gq.home / "queue.json").write_text(json.dumps({"next_id": 4, "jobs": rows}))
+    ids = gq.gpuq("_ids")
+    assert ids.stdout == "" and ids.stderr == "" and (gq.home / "queue.json").exists()
+    first = gq.gpuq("import").stdout
+    assert "imported the original gpuq's queue" in first and "not imported: row 1: no script" in first
+    for said in (gq.gpuq("import").stdout, gq.gpuq("import").stdout):
+        assert "already imported on" in said and ": 1 interrupted; nothing to do" in said
+        assert "not imported: row 1: no script" in said and "not imported: row 3: args is not valid JSON" in said
+        assert "note: #2: was running, but no process id was recorded; taken as interrupted" in said
+
+
+def test_a_queue_json_beside_the_imported_database_is_its_older_form(gq: Env) -> None:
+    """Both files in the spool: gpuq.db was imported, then every command refused queue.json's ids
+    on stderr. Now queue.json is said once to be the older form and renamed, never imported."""
+    gq.home.mkdir(parents=True)
+    for name in ("gpuq.db", "queue.json"):
+        shutil.copy(DATA / name, gq.home / name)
+    first = gq.gpuq("status").stderr
+    assert "imported the original gpuq's queue" in first and "gpuq.db: 1 done, 1 failed, 1 pending" in first
+    assert "queue.json: not imported: the same queue's older form" in first
+    assert "renamed queue.json -> queue.json.bak" in first and "cannot import" not in first
+    assert not (gq.home / "queue.json").exists() and (gq.home / "queue.json.bak").exists()
+    assert gq.gpuq("status").stderr == ""
+    assert gq.state_of(3) == "failed" and gq.job(3)["name"] == "exp/flaky"  # gpuq.db's, not queue.json's
+
+
+def test_an_imported_jobs_old_log_stays_before_its_retry(gq: Env) -> None:
+    """The docs promise the old log stays readable with `gpuq log ID`: after `gpuq retry` it showed
+    the new attempt only. Now the original's log comes first in the job's log, as every attempt does."""
+    exp = gq.work / "exp"
+    exp.mkdir()
+    (exp / "train.py").write_text('print("new run")\nraise SystemExit(1)\n')
+    old_log = gq.work / "job_001_train.log"
+    old_log.write_text("CUDA out of memory (the old run)")
+    row = _row(1, exp, python=sys.executable, status="failed", exit_code=1, log_file=str(old_log),
+               started_at="2025-03-01T10:00:00", finished_at="2025-03-01T10:01:00")  # fmt: skip
+    path = gq.work / "queue.json"
+    path.write_text(json.dumps({"next_id": 2, "jobs": [row]}))
+    gq.gpuq("import", str(path))
+    assert "CUDA out of memory" in gq.gpuq("log", "1").stdout
+    gq.gpuq("retry", "1")
+    gq.gpuq("run", timeout=30)
+    assert gq.state_of(1) == "failed"
+    shown = gq.gpuq("log", "1").stdout
+    assert "CUDA out of memory (the old run)\n" in shown and "new run" in shown
+    assert shown.index("CUDA out of memory") < shown.index("=== gpuq: job #1") < shown.index("new run")
+    gq.gpuq("retry", "1")
+    gq.gpuq("run", timeout=30)
+    assert gq.gpuq("log", "1").stdout.count("CUDA out of memory") == 1  # copied once, at its first start here

@@ -18,19 +18,21 @@ from gpuq.cli.common import spool
 from gpuq.cli.options import Command
 from gpuq.cli.parser import build_parser, subparsers
 from gpuq.core.errors import Refused, UsageError
-from gpuq.engine.original import importer, reader
+from gpuq.engine.original import importer
 from gpuq.run import service
 from gpuq.system import installs
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    sp = spool()  # a queue lying in the spool itself has just been imported by this
-    path = Path(args.path).expanduser().absolute() if args.path is not None else reader.find_legacy(sp.home)
-    if path is None:
+    sp = spool(first_use_import=False)  # its report goes to stdout here
+    if args.path is not None:
+        reports = [importer.import_queue(sp, Path(args.path).expanduser().absolute())]
+    else:  # nothing left to import: what was imported, and what was not, said again
+        reports = importer.import_found(sp) or importer.recorded(sp)
+    if not reports:
         print(f"no queue of the original gpuq in {sp.home} (gpuq.db or queue.json); give its path")
-        return 0
-    report = importer.import_queue(sp, Path(path))
-    print("\n".join(report.lines()))
+    for report in reports:
+        print("\n".join(report.lines()))
     return 0
 
 

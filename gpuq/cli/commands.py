@@ -433,7 +433,8 @@ COMMANDS = (
         help="bring the original gpuq's queue (gpuq.db or queue.json) into this spool",
         description="Import the queue of the original single-file gpuq: ids, dependencies, exit codes and "
         "logs are kept; running jobs are adopted if their process lives. Done automatically the first time "
-        "gpuq runs where such a queue lies ($GPUQ_HOME/gpuq.db or queue.json); the old file is renamed .bak.",
+        "gpuq runs where such a queue lies ($GPUQ_HOME/gpuq.db or queue.json); the old file is renamed .bak. "
+        "With nothing left to import, it says again what was imported and what was not.",
         options=(Opt("path", nargs="?", metavar="PATH", help="the file (default: $GPUQ_HOME/gpuq.db or queue.json)"),),
     ),
     Command(

@@ -13,19 +13,20 @@ from gpuq.spool import Spool
 from gpuq.spool.layout import find_legacy
 
 
-def spool() -> Spool:
+def spool(first_use_import: bool = True) -> Spool:
     """The user's spool, created on first use; a queue of the original gpuq found there is imported,
-    said on stderr, where it never mixes with JSON output."""
+    said on stderr, where it never mixes with JSON output. Not by `_ids`: completion hides stderr,
+    and the import's report would be lost."""
     sp = Spool().ensure()
-    if find_legacy(sp.home) is not None:
-        from gpuq.engine.original.importer import import_on_first_use  # the original's reader (sqlite3): only then
+    if first_use_import and find_legacy(sp.home) is not None:
+        from gpuq.engine.original.importer import import_found  # the original's reader (sqlite3): only then
 
         try:
-            report = import_on_first_use(sp)
+            reports = import_found(sp)
         except GpuqError as exc:
             print(f"gpuq: the original gpuq's queue was not imported: {exc}", file=sys.stderr)
         else:
-            for line in report.lines() if report else []:
+            for line in (line for report in reports for line in report.lines()):
                 print(f"gpuq: {line}", file=sys.stderr)
     return sp
 
@@ -45,7 +46,7 @@ def say_refused(job_id: int, why: object) -> None:
 
 def cmd_ids(args: argparse.Namespace) -> int:
     """File names only, no job file read."""
-    found = sorted({ref.id for ref in spool().jobs.refs(args.state or STATES)})
+    found = sorted({ref.id for ref in spool(first_use_import=False).jobs.refs(args.state or STATES)})
     if found:
         print("\n".join(map(str, found)))
     return 0

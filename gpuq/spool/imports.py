@@ -4,6 +4,7 @@ queue is never imported twice, whatever its file is called by then."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any, Optional
 
@@ -26,3 +27,13 @@ class ImportRecords:
         if not re.match(FINGERPRINT_RE, fingerprint):
             raise ValueError(f"not a fingerprint: {fingerprint!r}")
         self.files.replace(self.layout.import_path(fingerprint), json.dumps(record, indent=2).encode(), "import")
+
+    def all(self) -> list[dict[str, Any]]:
+        """Every import recorded here, oldest first."""
+        folder = self.layout.internal_dir("imports")
+        try:
+            names = sorted(n[:-5] for n in os.listdir(folder) if n.endswith(".json"))
+        except FileNotFoundError:
+            return []
+        found = [record for record in map(self.find, names) if record is not None]
+        return sorted(found, key=lambda record: str(record.get("at", "")))

@@ -28,19 +28,35 @@ class ImportReport:
     problems: list[str] = field(default_factory=list)  # rows or jobs that could not be taken
     notes: list[str] = field(default_factory=list)  # what was changed on the way
     retired: list[tuple[Path, Path]] = field(default_factory=list)  # renames done
-    already: Optional[str] = None  # set when this queue had been imported before
+    already: Optional[dict[str, Any]] = None  # the record, when this queue had been imported before
+    older_than: Optional[str] = None  # set for a queue.json left as the older form of this imported gpuq.db
     finished_earlier_try: bool = False
 
     def lines(self) -> list[str]:
-        if self.already:
-            return [f"{self.source}: already imported {self.already}; nothing to do"]
         done = ", ".join(f"{n} {state}" for state, n in sorted(self.counts.items())) or "no jobs"
-        head = f"imported the original gpuq's queue {self.source}: {done}"
-        out = [head + (" (finishing an import a crash cut short)" if self.finished_earlier_try else "")]
+        if self.older_than:
+            moved = f"the original moved it into {self.older_than}, imported here"
+            out = [f"{self.source}: not imported: the same queue's older form ({moved})"]
+        elif self.already is not None:
+            at, source = self.already.get("at", "?"), self.already.get("source", "?")
+            came = f" from {source}" if source != str(self.source) else ""
+            out = [f"{self.source}: already imported on {at}{came}: {done}; nothing to do"]
+        else:
+            head = f"imported the original gpuq's queue {self.source}: {done}"
+            out = [head + (" (finishing an import a crash cut short)" if self.finished_earlier_try else "")]
         out += [f"  not imported: {p}" for p in self.problems]
         out += [f"  note: {n}" for n in self.notes]
         out += [f"  renamed {a.name} -> {b.name}" for a, b in self.retired]
         return out
+
+
+def _from_record(source: Path, record: dict[str, Any]) -> ImportReport:
+    """What an earlier import did, as its record keeps it, to be said again."""
+    report = ImportReport(source, already=record)
+    report.counts = {str(k): v for k, v in (record.get("counts") or {}).items() if isinstance(v, int)}
+    report.problems = [str(p) for p in record.get("problems") or []]
+    report.notes = [str(n) for n in record.get("notes") or []]
+    return report
 
 
 def import_queue(spool: Spool, path: Path) -> ImportReport:
@@ -49,7 +65,7 @@ def import_queue(spool: Spool, path: Path) -> ImportReport:
     report = ImportReport(queue.source_path)
     record = spool.imports.find(queue.fingerprint)
     if record is not None and record.get("complete"):
-        report.already = f"on {record.get('at', '?')} from {record.get('source', '?')}"
+        report = _from_record(queue.source_path, record)
         report.retired = _retire(queue.source_path)  # a crash came between import and rename
         return report
     taken = _taken_ids(spool, queue, resuming=record is not None)
@@ -94,7 +110,7 @@ def _record(queue: reader.LegacyQueue, report: Optional[ImportReport] = None) ->
         "complete": report is not None,
     }
     if report is not None:
-        out.update(counts=report.counts, problems=report.problems)
+        out.update(counts=report.counts, problems=report.problems, notes=report.notes)
     return out
 
 
@@ -174,8 +190,25 @@ def _retire(path: Path) -> list[tuple[Path, Path]]:
     return done
 
 
-def import_on_first_use(spool: Spool) -> Optional[ImportReport]:
+def import_found(spool: Spool) -> list[ImportReport]:
     """The original gpuq's queue in the spool's own directory, imported the first time any gpuq
-    command runs there (as the original imported its queue.json). None when there is none."""
-    found = reader.find_legacy(spool.home)
-    return import_queue(spool, Path(found)) if found is not None else None
+    command runs there (as the original imported its queue.json). A queue.json beside a gpuq.db
+    imported here is that queue's older form (the original moved it into gpuq.db): only renamed."""
+    reports: list[ImportReport] = []
+    for _ in (LEGACY_DB_NAME, LEGACY_JSON_NAME):  # each found one is renamed: at most two turns
+        found = reader.find_legacy(spool.home)
+        if found is None:
+            break
+        db = str(Path(spool.home, LEGACY_DB_NAME).absolute())
+        if Path(found).name == LEGACY_JSON_NAME and any(
+            r.get("source") == db and r.get("complete") for r in spool.imports.all()
+        ):
+            reports.append(ImportReport(Path(found), older_than=LEGACY_DB_NAME, retired=_retire(Path(found))))
+        else:
+            reports.append(import_queue(spool, Path(found)))
+    return reports
+
+
+def recorded(spool: Spool) -> list[ImportReport]:
+    """Every import recorded in this spool, said again: what was not imported and the notes too."""
+    return [_from_record(Path(str(r.get("source", "?"))), r) for r in spool.imports.all() if r.get("complete")]

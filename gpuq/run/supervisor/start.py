@@ -15,11 +15,12 @@ from typing import Iterable, Optional
 from gpuq.core import schema, transitions
 from gpuq.core.job import ATTEMPT_HEADER, Job
 from gpuq.core.jobenv import add_job_variables
-from gpuq.core.states import RUNNING
+from gpuq.core.states import RUNNING, SOURCE_IMPORTED
 from gpuq.run import logcap
 from gpuq.run.supervisor import hostlimits, lease
 from gpuq.run.supervisor.order import StartOrder
 from gpuq.spool import Claim, JobRef, Spool, SpoolFull
+from gpuq.spool.files import open_regular
 from gpuq.system import gitinfo, procs
 from gpuq.system.leases import Held
 
@@ -52,6 +53,23 @@ def log_line(log_fd: int, text: str) -> None:
         os.write(log_fd, f"{LOG_PREFIX}{text}\n".encode("utf-8", "surrogateescape"))  # argv bytes as given
 
 
+def _take_earlier_log(log_fd: int, path: str) -> None:
+    """An imported job's first start here: the original gpuq's log of it is copied in first, so that
+    `gpuq log` shows the old runs before the new one, as a job's log here keeps every attempt."""
+    source = open_regular(path)
+    if source is None:
+        return
+    log_line(log_fd, f"the log the original gpuq kept of this job ({path}):")
+    last = b"\n"
+    with suppress(OSError):  # a full disk or an unreadable log: the new attempt's log is still written
+        while chunk := os.read(source, 1 << 20):
+            os.write(log_fd, chunk)
+            last = chunk[-1:]
+        if last != b"\n":
+            os.write(log_fd, b"\n")
+    os.close(source)
+
+
 def begin(spool: Spool, claim: Claim, order: StartOrder, replacing: Iterable[Held] = ()) -> Optional[Run]:
     """pending -> running, its GPUs leased first (`replacing`: the leases of the job before it in the
     slot, released once these are taken). None (the claim given up) when the job is gone or changed,
@@ -68,6 +86,7 @@ def begin(spool: Spool, claim: Claim, order: StartOrder, replacing: Iterable[Hel
         if spool.jobs.newer_copy_elsewhere(ref, job):  # a crash mid-move left this stale copy behind
             spool.jobs.remove(ref)
             raise FileNotFoundError(ref.name)
+        earlier = spool.logs.path_of(job) if job.source.startswith(SOURCE_IMPORTED) else None
         leases = lease.take(str(spool.home), order, job, replacing)
         changes = transitions.start(
             job,
@@ -86,6 +105,8 @@ def begin(spool: Spool, claim: Claim, order: StartOrder, replacing: Iterable[Hel
     lease.release(replacing)  # the job before it has ended: these GPUs are held by the new leases now
     run = Run(spool, claim, ref, job, order, queued=queued, leases=leases)
     run.log_fd = spool.logs.open_job_log(job.id)
+    if earlier is not None and earlier != job.log and not os.fstat(run.log_fd).st_size:
+        _take_earlier_log(run.log_fd, earlier)
     header = f"{ATTEMPT_HEADER[len(LOG_PREFIX) :]}{job.id} {job.name} (attempt {job.attempts})"
     cwd = f"cwd: {job.cwd}" + (f"  CUDA_VISIBLE_DEVICES={order.slot}" if order.slot is not None else "")
     for line in (header, f"cmd: {shlex.join(job.cmd)}", cwd, f"started: {job.started_at}", *lease.unsaid()):
