@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 from gpuq.core.states import PREEMPT_ACTIONS
 from gpuq.core.times import clock, duration
@@ -73,6 +73,17 @@ def mib_text(mib: int) -> str:
     if mib < 1024:
         return f"{mib} MiB"
     return f"{mib / 1024:.1f} GiB"
+
+
+def memory_too_small(need: int, count: int, totals: Sequence[tuple[int, int]]) -> Optional[str]:
+    """Why `count` GPUs with `need` MiB each are never found among the (index, MiB) `totals`, naming
+    the GPU whose memory bounds it, the smallest of the `count` largest (triage offers that size);
+    None where they are (or where there are fewer GPUs than that: said otherwise)."""
+    if len(totals) < count:
+        return None
+    index, total = sorted(totals, key=lambda t: (-t[1], t[0]))[count - 1]
+    each = "a GPU; the largest" if count == 1 else f"each of {count} GPUs; the smallest of the {count} largest"
+    return f"needs {mib_text(need)} on {each} here is GPU {index} with {mib_text(total)}" if total < need else None
 
 
 def stopping_text(action: str, since: Optional[float], now: float) -> str:

@@ -15,8 +15,7 @@ from gpuq.core.errors import Refused
 from gpuq.core.job import Job
 from gpuq.core.states import PENDING
 from gpuq.core.times import iso_of
-from gpuq.core.words import cap_text
-from gpuq.engine.schedule import placement
+from gpuq.core.words import cap_text, memory_too_small
 from gpuq.spool import Spool
 from gpuq.system.gpu_presence import may_have_gpus
 
@@ -192,7 +191,7 @@ def never_fits(
     never = ": this job could never start"
     if count > len(totals):
         return f"needs {count} GPUs; this machine has {len(totals)}{never}"
-    too_small = placement.too_small(mem_mib, max(count, 1), totals) if mem_mib is not None else None
+    too_small = memory_too_small(mem_mib, max(count, 1), totals) if mem_mib is not None else None
     if too_small:  # worded as the worker's reason for the job that waits: the GPU that bounds it named
         return too_small + never
     cap = my_cap(lambda _line: None)  # as the file is now: a worker's view may be hours old, and root's edit after it

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence, Union
 
-from gpuq.core.words import lease_text
+from gpuq.core.words import lease_text, memory_too_small
 from gpuq.engine.schedule.scheduler import BEHIND
 from gpuq.system.gpus import Gpu, GpuLook, mib_text
 from gpuq.system.leases import Lease
@@ -294,20 +294,9 @@ def _place_whole(count: int, states: list[_GpuState], threshold: int, text: _Tex
     return Blocked("waiting for " + "; ".join(parts), forever=False)
 
 
-def too_small(need: int, count: int, totals: Sequence[tuple[int, int]]) -> Optional[str]:
-    """Why `count` GPUs with `need` MiB each are never found among the (index, MiB) `totals`, naming
-    the GPU whose memory bounds it, the smallest of the `count` largest (triage offers that size);
-    None where they are (or where there are fewer GPUs than that: said otherwise)."""
-    if len(totals) < count:
-        return None
-    index, total = sorted(totals, key=lambda t: (-t[1], t[0]))[count - 1]
-    each = "a GPU; the largest" if count == 1 else f"each of {count} GPUs; the smallest of the {count} largest"
-    return f"needs {mib_text(need)} on {each} here is GPU {index} with {mib_text(total)}" if total < need else None
-
-
 def _place_shared(count: int, need: int, states: list[_GpuState], text: _Texts) -> Decision:
     big_enough = [s for s in states if s.gpu.memory_total_mib >= need]
-    never = too_small(need, count, [(s.gpu.index, s.gpu.memory_total_mib) for s in states])
+    never = memory_too_small(need, count, [(s.gpu.index, s.gpu.memory_total_mib) for s in states])
     if never:
         return Blocked(never, forever=True)
     fits = [s for s in big_enough if not s.whole and s.free_mib >= need and not _taken(s)]
