@@ -11,7 +11,7 @@ from pathlib import Path
 from conftest import Env, wait_for
 
 from gpuq.core.job import Job
-from gpuq.engine.tracking import retention
+from gpuq.engine.tracking import checkpoints, retention
 
 # Writes checkpoint-2, -4, -8, -10, -12 complete and -14 without trainer_state.json (being written);
 # then waits for `go` when asked to, so that a test can look while it runs.
@@ -148,3 +148,18 @@ def test_a_match_with_nothing_written_yet_is_not_the_newest(tmp_path: Path) -> N
     for path in (ckpts / "step_30" / "shards" / "0.bin", ckpts / "step_30" / "shards", ckpts / "step_30"):
         _old(path)
     assert [c.step for c in retention.removable(_glob_job(tmp_path), 1)] == [10]
+
+
+def test_a_name_with_more_than_one_number_has_no_step_and_is_never_removed(tmp_path: Path) -> None:
+    """`ck-20261208-0100.pt` ends in a number that is a time, not a step: read as step 100 it sorted
+    before `ck-20261207-2300.pt` (step 2300) and the newest was removed. Only a name's one number is
+    its step (`ck-8`, `w_0800.pt`)."""
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    for name in ("ck-20261207-2300.pt", "ck-20261208-0100.pt"):
+        (ckpts / name).write_text("w")
+        _old(ckpts / name)
+    assert checkpoints.name_step("ck-20261208-0100.pt") is None and checkpoints.name_step("model-8.h5") is None
+    assert checkpoints.name_step("w_0800.pt") == 800 and checkpoints.name_step("ck-8") == 8
+    assert retention.remove(Job(cmd=["train"], cwd=str(tmp_path), ckpt_glob="ckpts/*.pt"), 1) == []
+    assert sorted(os.listdir(ckpts)) == ["ck-20261207-2300.pt", "ck-20261208-0100.pt"]

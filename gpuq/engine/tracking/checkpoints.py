@@ -116,9 +116,10 @@ def _number(regex: str, name: str) -> Optional[int]:
 
 def name_step(name: str) -> Optional[int]:
     """The step a checkpoint's name tells: the number after `step`, `checkpoint`, `iter`..., else the
-    number it ends in (`ck-8`), unless that is an epoch's (`model_epoch_3.pt`)."""
+    number it ends in (`ck-8`) when it is the name's only number: not an epoch's (`model_epoch_3.pt`),
+    nor the end of a date or time (`ck-20261208-0100.pt`), which would sort the newest first."""
     step = _number(STEP_RE, name)
-    if step is None and not re.search(EPOCH_RE, name):
+    if step is None and not re.search(EPOCH_RE, name) and len(re.findall(r"\d+", name)) == 1:
         step = _number(TRAILING_RE, name)
     return step
 
