@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import REPO, WAIT_FOR_GO, Env, wait_for
 from test_gpu_worker import Gpus, fake_gpus
 
@@ -339,3 +340,17 @@ def test_an_empty_conda_or_python_is_refused_and_nothing_is_queued(gq: Env) -> N
         assert (proc.returncode, proc.stdout, proc.stderr.count("\n")) == (2, "", 1), proc
         assert f"expected a value, got {value!r}" in proc.stderr
     assert gq.status_json() == []
+
+
+def test_the_mcp_tools_add_refuses_an_empty_conda_or_python_as_the_cli_does(gq: Env) -> None:
+    """The refusal lived in the CLI's option table, so MCP's add queued `conda=""` and ran the job
+    with the PATH's python; it is the engine's now, for every caller."""
+    pytest.importorskip("mcp")
+    from gpuq.cli.assistant import tools
+    from gpuq.core.errors import UsageError
+    from gpuq.engine.lifecycle import enqueue
+
+    gq.script("t.py", "print(1)\n")
+    for field in ("conda", "python"):
+        with pytest.raises(UsageError, match=f"--{field}: expected a value, got ''"):
+            enqueue.prepare(tools.request({"cmd": ["t.py"], "dir": str(gq.work), field: ""}))

@@ -92,13 +92,6 @@ def env_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
-def given(text: str) -> str:
-    """A name that must be there: `--conda "$ENV"` with ENV unset would run in the wrong environment."""
-    if not text.strip():
-        raise ValueError(f"expected a value, got {text!r}")
-    return text
-
-
 def _number(text: str) -> float:
     """What `text` says as a float; -1.0, outside every range below, when it is no number."""
     try:
@@ -177,13 +170,8 @@ ADD = Command(
     "refused, as the job would run without it; `--` before SCRIPT passes it to the job.",
     options=(
         Opt("-d", "--dir", help="working directory (default: the current one)"),
-        Opt(
-            "-p",
-            "--python",
-            convert=given,
-            help="interpreter for a .py SCRIPT (default: nearest .venv, active conda env, PATH)",
-        ),
-        Opt("--conda", metavar="ENV", convert=given, help="run it in this conda/mamba environment (a name, or a path)"),
+        Opt("-p", "--python", help="interpreter for a .py SCRIPT (default: nearest .venv, active conda env, PATH)"),
+        Opt("--conda", metavar="ENV", help="run it in this conda/mamba environment (a name, or a path)"),
         Opt("--name", help="job name (default: <dir name>/<script stem>)"),
         Opt(
             "--after",

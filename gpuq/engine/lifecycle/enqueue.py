@@ -172,6 +172,12 @@ def prepare(request: Request) -> Prepared:
         (not 0 <= request.gpus <= MAX_GPUS, f"--gpus must be from 0 to {MAX_GPUS}"),
         (request.cpus is not None and request.cpus < 1, "--cpus must be 1 or more"),
         (request.gpu_mem is not None and request.gpus == 0, "--gpu-mem needs --gpus 1 or more (--gpus 0 is a CPU job)"),
+        # `--conda "$ENV"` with ENV unset would run in the PATH's python: the wrong environment
+        (request.conda is not None and not request.conda.strip(), f"--conda: expected a value, got {request.conda!r}"),
+        (
+            request.python is not None and not request.python.strip(),
+            f"--python: expected a value, got {request.python!r}",
+        ),
     ):
         if wrong:
             raise UsageError(why)
