@@ -110,6 +110,17 @@ def test_once_prints_a_frame_and_without_a_terminal_top_says_so(gq: Env) -> None
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
 
 
+def test_a_damaged_job_file_is_a_row_as_in_status(gq: Env) -> None:
+    """`top` left it out silently, where `status` and the web list it."""
+    first, second = gq.add("--hold", "--name", "h1", "--", "true"), gq.add("--hold", "--name", "h2", "--", "true")
+    next(gq.home.glob(f"held/{first:06d}-*.json")).write_text('{"id": 99, "name": ')
+    snap = model.take(Spool(gq.home), model.Ring())
+    assert [(line.job_id, line.state) for line in snap.waiting] == [(first, HELD), (second, HELD)]
+    assert snap.waiting[0].info.startswith("unreadable job file: not valid JSON")
+    out = gq.gpuq("top", "--once", env=dict(gq.env, COLUMNS="150", LINES="100")).stdout
+    assert f"#{first} held" in out and "unreadable job file" in out
+
+
 def test_keys_act_through_the_library_and_the_destructive_ones_ask(gq: Env) -> None:
     """The keys' dispatch without a terminal (app.App is curses-free until run): hold, release,
     cancel only after `y`, retry, and a key that does not apply to the job's state refused."""
