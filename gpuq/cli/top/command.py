@@ -19,7 +19,9 @@ def cmd_top(args: argparse.Namespace) -> int:
     if args.once:  # one frame, as the screen would show it (the first job selected), less its blank rows
         size = shutil.get_terminal_size((100, 30))
         snap = model.take(spool(), model.Ring())
-        frame = draw.frame(snap, draw.Screen(size.columns, size.lines, next(iter(snap.ids()), None), _unicode()))
+        screen = draw.Screen(size.columns, size.lines, next(iter(snap.ids()), None), _unicode())
+        screen.bottom = ("", "")  # no key-help line: a one-shot frame takes no keys
+        frame = draw.frame(snap, screen)
         text = "\n".join(shown(line).rstrip() for line, attr in frame if line or attr)
         print(text if _unicode() else draw.ascii_text(text))
         return 0
