@@ -4,10 +4,13 @@ terminal through the real command. tests/test_top_tmux.py drives it in a real te
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from conftest import Env
 
 from gpuq.cli.top import draw, model
-from gpuq.core.states import CANCELLED, FAILED, HELD, PENDING, RUNNING
+from gpuq.core.job import Job
+from gpuq.core.states import CANCELLED, DONE, FAILED, HELD, PENDING, RUNNING
 from gpuq.spool import Spool
 
 
@@ -119,6 +122,22 @@ def test_a_damaged_job_file_is_a_row_as_in_status(gq: Env) -> None:
     assert snap.waiting[0].info.startswith("unreadable job file: not valid JSON")
     out = gq.gpuq("top", "--once", env=dict(gq.env, COLUMNS="150", LINES="100")).stdout
     assert f"#{first} held" in out and "unreadable job file" in out
+
+
+def test_the_log_view_keeps_a_character_split_across_two_writes(gq: Env) -> None:
+    """Each chunk was decoded on its own: the two halves of `é` became two replacement marks."""
+    from gpuq.cli.top.app import LogFollow
+
+    spool, job = Spool(gq.home), Job(id=7)
+    log = Path(spool.layout.log_path(job.id))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(b"")
+    follow = LogFollow(spool, job, DONE)
+    for part in (b"caf\xc3", b"\xa9 au lait\n"):
+        with log.open("ab") as fh:
+            fh.write(part)
+        follow.poll()
+    assert follow.shown()[-1] == "caf\u00e9 au lait"
 
 
 def test_keys_act_through_the_library_and_the_destructive_ones_ask(gq: Env) -> None:
