@@ -140,6 +140,17 @@ def test_the_log_view_keeps_a_character_split_across_two_writes(gq: Env) -> None
     assert follow.shown()[-1] == "caf\u00e9 au lait"
 
 
+def test_in_the_c_locale_the_frame_is_ascii(gq: Env) -> None:
+    """Python's UTF-8 mode makes stdout UTF-8 in the C locale, where curses cannot draw block
+    characters: bars and sparklines were drawn blank. The locale decides, as it does for curses."""
+    gq.add("--name", "first", "--", "true")  # the worker line says why it waits, with a dash
+    frame = {
+        lang: gq.gpuq("top", "--once", env=dict(gq.env, LC_ALL=lang, COLUMNS="100", LINES="30")).stdout
+        for lang in ("C", "C.UTF-8")
+    }
+    assert frame["C"].isascii() and not frame["C.UTF-8"].isascii()
+
+
 def test_keys_act_through_the_library_and_the_destructive_ones_ask(gq: Env) -> None:
     """The keys' dispatch without a terminal (app.App is curses-free until run): hold, release,
     cancel only after `y`, retry, and a key that does not apply to the job's state refused."""

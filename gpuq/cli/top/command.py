@@ -36,6 +36,9 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 
 def _unicode() -> bool:
-    """Whether the terminal takes the block characters of the bars and sparklines."""
-    encoding = sys.stdout.encoding or locale.getpreferredencoding(False) or ""
-    return encoding.lower().replace("-", "") in ("utf8", "utf16", "utf32") and os.environ.get("TERM") != "linux"
+    """Whether the terminal takes the block characters of the bars and sparklines: by the character
+    set of the locale, which curses draws in (stdout's encoding alone is UTF-8 in the C locale too,
+    under Python's UTF-8 mode, where curses draws them blank), and by stdout's, which --once prints in."""
+    encodings = (locale.nl_langinfo(locale.CODESET), sys.stdout.encoding or "")
+    utf = all(encoding.lower().replace("-", "") in ("utf8", "utf16", "utf32") for encoding in encodings)
+    return utf and os.environ.get("TERM") != "linux"
