@@ -4,10 +4,13 @@ terminal through the real command. tests/test_top_tmux.py drives it in a real te
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from conftest import Env
 
 from gpuq.cli.top import draw, model
-from gpuq.core.states import CANCELLED, FAILED, HELD, PENDING, RUNNING
+from gpuq.core.job import Job
+from gpuq.core.states import CANCELLED, DONE, FAILED, HELD, PENDING, RUNNING
 from gpuq.spool import Spool
 
 
@@ -102,12 +105,50 @@ def test_once_prints_a_frame_and_without_a_terminal_top_says_so(gq: Env) -> None
     gq.add("--name", "first", "train.py")
     out = gq.gpuq("top", "--once", env=dict(gq.env, COLUMNS="80", LINES="24")).stdout
     assert out.startswith("gpuq top  worker: none running") and ">   #1 pending   first" in out
-    assert max(map(len, out.splitlines())) < 80
+    assert max(map(len, out.splitlines())) < 80 and "q quit" not in out  # it takes no keys
     proc = gq.gpuq("top", check=False)  # stdin and stdout are not a terminal here
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "gpuq top: needs a terminal (stdin and stdout); `gpuq top --once` prints one frame\n"
     bad = gq.gpuq("top", "--interval", "0", check=False)
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
+
+
+def test_a_damaged_job_file_is_a_row_as_in_status(gq: Env) -> None:
+    """`top` left it out silently, where `status` and the web list it."""
+    first, second = gq.add("--hold", "--name", "h1", "--", "true"), gq.add("--hold", "--name", "h2", "--", "true")
+    next(gq.home.glob(f"held/{first:06d}-*.json")).write_text('{"id": 99, "name": ')
+    snap = model.take(Spool(gq.home), model.Ring())
+    assert [(line.job_id, line.state) for line in snap.waiting] == [(first, HELD), (second, HELD)]
+    assert snap.waiting[0].info.startswith("unreadable job file: not valid JSON")
+    out = gq.gpuq("top", "--once", env=dict(gq.env, COLUMNS="150", LINES="100")).stdout
+    assert f"#{first} held" in out and "unreadable job file" in out
+
+
+def test_the_log_view_keeps_a_character_split_across_two_writes(gq: Env) -> None:
+    """Each chunk was decoded on its own: the two halves of `é` became two replacement marks."""
+    from gpuq.cli.top.app import LogFollow
+
+    spool, job = Spool(gq.home), Job(id=7)
+    log = Path(spool.layout.log_path(job.id))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(b"")
+    follow = LogFollow(spool, job, DONE)
+    for part in (b"caf\xc3", b"\xa9 au lait\n"):
+        with log.open("ab") as fh:
+            fh.write(part)
+        follow.poll()
+    assert follow.shown()[-1] == "caf\u00e9 au lait"
+
+
+def test_in_the_c_locale_the_frame_is_ascii(gq: Env) -> None:
+    """Python's UTF-8 mode makes stdout UTF-8 in the C locale, where curses cannot draw block
+    characters: bars and sparklines were drawn blank. The locale decides, as it does for curses."""
+    gq.add("--name", "first", "--", "true")  # the worker line says why it waits, with a dash
+    frame = {
+        lang: gq.gpuq("top", "--once", env=dict(gq.env, LC_ALL=lang, COLUMNS="100", LINES="30")).stdout
+        for lang in ("C", "C.UTF-8")
+    }
+    assert frame["C"].isascii() and not frame["C.UTF-8"].isascii()
 
 
 def test_keys_act_through_the_library_and_the_destructive_ones_ask(gq: Env) -> None:

@@ -511,3 +511,16 @@ def test_a_folded_sweep_counts_its_finished_jobs_as_status_does(gq: Env, web: We
         [folded] = web.json("/api/queue")["waiting"]
         assert folded["folded"] and line in folded["info"], folded["info"]
         assert [job["id"] for job in folded["jobs"]] == [5, 6]
+
+
+def test_an_undecodable_byte_in_an_argument_or_directory_comes_escaped(gq: Env, web: Web, tmp_path: Path) -> None:
+    """As `status --json` writes it: a job with a non-UTF-8 argument or working directory made every
+    /api/queue a 500 (no job shown) and its own /api/job a 500 for good."""
+    odd_dir = tmp_path / "d\udce9j\udce0"  # the bytes d\xe9j\xe0 as Python keeps them
+    odd_dir.mkdir()
+    by_arg = gq.add("--hold", "--", "python", "train.py", "--data", "/data/caf\udce9.csv")
+    by_dir = gq.add("--hold", "--", "true", cwd=odd_dir)
+    queue = web.json("/api/queue")
+    assert {row["id"] for row in queue["waiting"]} == {by_arg, by_dir}
+    assert "/data/caf\\udce9.csv" in dict(web.json(f"/api/job/{by_arg}")["card"])["command"]
+    assert "d\\udce9j\\udce0" in " ".join(value for _label, value in web.json(f"/api/job/{by_dir}")["card"])

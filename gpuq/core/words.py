@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from gpuq.core.states import PREEMPT_ACTIONS
 from gpuq.core.times import clock, duration
@@ -21,6 +21,17 @@ TERMINAL_CODES = re.compile(
 def shown(text: str) -> str:
     """`text` as a page or a screen may show it: terminal escape sequences and control characters dropped."""
     return TERMINAL_CODES.sub("", text)
+
+
+def utf8(value: Any) -> Any:
+    """`value` (text, or dicts and lists of it) with each lone surrogate (an undecodable byte of a job's
+    argument or file name) written `\\udcXX`, as `status --json` escapes it: a UTF-8 writer (the MCP
+    SDK's, a web response's) fails on one."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {utf8(key): utf8(item) for key, item in value.items()}
+    return [utf8(item) for item in value] if isinstance(value, (list, tuple)) else value
 
 
 def plural(count: int, word: str, many: Optional[str] = None) -> str:

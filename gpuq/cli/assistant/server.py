@@ -15,6 +15,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from gpuq import __version__
 from gpuq.cli.assistant import tools
 from gpuq.core.errors import GpuqError
+from gpuq.core.words import utf8
 
 INSTRUCTIONS = (
     "gpuq is the GPU job queue of this machine. The read-only tools "
@@ -95,16 +96,6 @@ async def one_line_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) 
                 lines = (line.strip() for line in content["text"].splitlines())
                 content["text"] = " ".join(line for line in lines if line and not line.startswith(PYDANTIC_LINK))
     return utf8(result)
-
-
-def utf8(value: Any) -> Any:
-    """`value` with each lone surrogate (an undecodable byte of a job's argument or file name) written
-    `\\udcXX`, as `status --json` escapes it: the SDK's UTF-8 writer fails on one and ends the server."""
-    if isinstance(value, str):
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    if isinstance(value, dict):
-        return {utf8(key): utf8(item) for key, item in value.items()}
-    return [utf8(item) for item in value] if isinstance(value, list) else value
 
 
 PYDANTIC_LINK = "For further information visit"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import curses
 import os
@@ -88,6 +89,7 @@ class LogFollow:
         self.spool, self.job, self.state = spool, job, state
         self.lines: deque[str] = deque(maxlen=KEPT_LINES)
         self.partial = ""  # a line not ended yet (a tqdm bar ends it with \r)
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # keeps a character split by a write
         self.offset = spool.logs.size(job)
         if self.offset == 0 and state in (PENDING, HELD, CANCELLED):
             self.lines.append(f"(#{job.id} has not started: no log yet)")
@@ -103,7 +105,7 @@ class LogFollow:
         if not chunk:
             return
         self.offset += len(chunk)
-        text = self.partial + chunk.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+        text = self.partial + self.decoder.decode(chunk).replace("\r\n", "\n").replace("\r", "\n")
         *complete, self.partial = text.split("\n")
         self.lines.extend(complete)
 

@@ -19,7 +19,9 @@ def cmd_top(args: argparse.Namespace) -> int:
     if args.once:  # one frame, as the screen would show it (the first job selected), less its blank rows
         size = shutil.get_terminal_size((100, 30))
         snap = model.take(spool(), model.Ring())
-        frame = draw.frame(snap, draw.Screen(size.columns, size.lines, next(iter(snap.ids()), None), _unicode()))
+        screen = draw.Screen(size.columns, size.lines, next(iter(snap.ids()), None), _unicode())
+        screen.bottom = ("", "")  # no key-help line: a one-shot frame takes no keys
+        frame = draw.frame(snap, screen)
         text = "\n".join(shown(line).rstrip() for line, attr in frame if line or attr)
         print(text if _unicode() else draw.ascii_text(text))
         return 0
@@ -34,6 +36,9 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 
 def _unicode() -> bool:
-    """Whether the terminal takes the block characters of the bars and sparklines."""
-    encoding = sys.stdout.encoding or locale.getpreferredencoding(False) or ""
-    return encoding.lower().replace("-", "") in ("utf8", "utf16", "utf32") and os.environ.get("TERM") != "linux"
+    """Whether the terminal takes the block characters of the bars and sparklines: by the character
+    set of the locale, which curses draws in (stdout's encoding alone is UTF-8 in the C locale too,
+    under Python's UTF-8 mode, where curses draws them blank), and by stdout's, which --once prints in."""
+    encodings = (locale.nl_langinfo(locale.CODESET), sys.stdout.encoding or "")
+    utf = all(encoding.lower().replace("-", "") in ("utf8", "utf16", "utf32") for encoding in encodings)
+    return utf and os.environ.get("TERM") != "linux"

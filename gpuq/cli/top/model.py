@@ -89,7 +89,7 @@ class Ring:
 
 def take(spool: Spool, ring: Ring) -> Snapshot:
     now = time.time()
-    st = status(spool)
+    st = status(spool, damaged=render.damaged_cells)  # a damaged job file is a row, as in status
     snap = Snapshot(now, render.worker_line(st.workers, st.outlook(now)))
     ring.add(st.gpus)
     utils = gpu_utils(st.gpus)
@@ -113,6 +113,8 @@ def _job_line(row: Any, now: float, utils: dict[int, Optional[int]]) -> JobLine:
     if isinstance(row, render.SweepRow):
         name, _script, _time, info = row.cells
         return JobLine(None, row.state, name, "", info)
+    if getattr(row, "cells", None) is not None:  # a damaged job file: its cells say why
+        return JobLine(row.job.id, row.state, row.cells[0], "", row.cells[-1])
     job = row.job
     if row.state == RUNNING:
         progress = render.progress_text(row.estimate, RUNNING, bar=False)

@@ -23,6 +23,7 @@ from starlette.routing import Route
 from gpuq.cli.top.model import Ring
 from gpuq.cli.web import data
 from gpuq.core.errors import GpuqError, UsageError
+from gpuq.core.words import utf8
 from gpuq.spool import Spool
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -137,7 +138,7 @@ def build(sp: Spool, read_only: bool = False) -> Asgi:
         return Response(files[name], media_type=ASSETS[name])
 
     def api_queue(request: Request) -> Response:
-        return JSONResponse(data.queue(sp, ring, _page(request)))
+        return JSONResponse(utf8(data.queue(sp, ring, _page(request))))
 
     def api_job(request: Request) -> Response:
         return _or_error(lambda: {**data.job(sp, request.path_params["id"]), "read_only": read_only})
@@ -181,9 +182,9 @@ def _count(given: str) -> Optional[int]:
 def _or_error(make: Callable[[], Any]) -> Response:
     """A refusal is the CLI's one line: 404 no such job, 409 not in that state, 400 a bad request."""
     try:
-        return JSONResponse(make())
+        return JSONResponse(utf8(make()))  # an undecodable byte of an argument or path as \udcXX
     except UsageError as exc:
-        return JSONResponse({"error": str(exc)}, 400)
+        return JSONResponse({"error": utf8(str(exc))}, 400)
     except GpuqError as exc:
-        text = str(exc)
+        text = utf8(str(exc))
         return JSONResponse({"error": text}, 404 if text.startswith("no such job") else 409)
