@@ -101,7 +101,7 @@ def test_a_dropped_min_free_in_mib_as_every_size_in_a_file(gq: Env) -> None:
 def test_a_bad_value_sends_the_file_to_rejected_with_the_reason(gq: Env) -> None:
     bad = {
         "oom.json": ({"retry_oom": -1}, "'retry_oom' must be an integer from 0 to 100"),
-        "keep.json": ({"keep_checkpoints": 0}, "'keep_checkpoints': not a number of checkpoints (1 or more) or 'best'"),
+        "keep.json": ({"keep_checkpoints": 0}, "'keep_checkpoints': not a number of checkpoints (1 or more), 'best'"),
         "newest.json": ({"keep_checkpoints": "newest"}, "'keep_checkpoints': not a number of checkpoints"),
         "free.json": ({"min_free": "lots"}, "'min_free': cannot read 'lots' as a size"),
         "zero.json": ({"min_free": 0}, "'min_free' must be a size of free disk space"),
