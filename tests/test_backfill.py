@@ -5,11 +5,13 @@ simulated GPUs."""
 
 from __future__ import annotations
 
+import subprocess
+
 from conftest import Env, wait_for
 from test_gpu_worker import Gpus, fake_gpus, release, row, seen, started
 
 from gpuq.engine.schedule.placement import Blocked, Holding, Placement, Request, place_in_order, reserve
-from gpuq.system.gpus import Gpu
+from gpuq.system.gpus import Gpu, GpuProcess
 
 G = 1024
 TWO = tuple(Gpu(i, "Fake 80GB", f"GPU-{i}", 80 * G, 0, ()) for i in range(2))
@@ -44,6 +46,21 @@ def test_a_job_whose_best_fit_is_the_kept_gpu_goes_to_another_that_fits() -> Non
     assert decisions[4] == Placement((1,))  # its best fit, GPU 0 (exactly 30G), is kept
 
 
+def test_a_job_starts_on_the_kept_gpu_when_the_first_in_line_waits_only_for_another_program() -> None:
+    """40G of another program on the one GPU: a 60G job waits for it, and a 10G job behind it
+    starts, since 60G still fits beside it once the program leaves; a 30G one, which would leave
+    the 60G job no room, waits behind it, as does any job behind a whole-GPU one."""
+    outside = (Gpu(0, "Fake 80GB", "GPU-0", 80 * G, 40 * G, (GpuProcess(4242, 40 * G),)),)
+    requests = [(3, Request(1, 60 * G)), (4, Request(1, 10 * G)), (5, Request(1, 30 * G))]
+    decisions = place_in_order(requests, outside)
+    assert isinstance(decisions[3], Blocked) and not decisions[3].forever
+    assert decisions[4] == Placement((0,)) and decisions[5] == BEHIND_3
+    # gpuq's own 15G there already: 60 + 15 + 10 fits no more
+    decisions = place_in_order(requests[:2], outside, holdings=[Holding(1, (0,), 15 * G)])
+    assert decisions[4] == BEHIND_3
+    assert place_in_order([(3, Request()), (4, Request(1, 10 * G))], outside)[4] == BEHIND_3
+
+
 def test_a_job_that_needs_every_gpu_keeps_them_all() -> None:
     holdings = [Holding(1, (0,), 40 * G)]
     decisions = place_in_order([(3, Request(gpus=2)), (4, Request(1, 10 * G))], TWO, None, holdings)
@@ -72,6 +89,27 @@ def test_a_worker_backfills_beside_the_first_in_line_and_starts_it_when_its_gpu_
     assert seen(gq, whole)["gpus"] == "0"
     assert not started(gq, middle)  # GPU 1 has 10G free, GPU 0 is held whole
     release(gq)
+
+
+def test_a_worker_starts_a_small_job_beside_another_program_the_first_in_line_waits_for(gq: Env) -> None:
+    """Another program holds 40G of the one GPU: a 60G job waits for it, and a 10G job behind it
+    starts (it waited "behind #1, first in line" with 39.6 GiB free); once the program's memory is
+    gone the 60G job starts beside it."""
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        gpus = Gpus(gq, fake_gpus(1, foreign={0: (other.pid, 40 * G)}))
+        gq.script("job.py", _HOLDS)
+        big = gq.add("--gpu-mem", "60G", "job.py", "big")
+        small = gq.add("--gpu-mem", "10G", "job.py", "small")
+        gq.start_worker("--watch")
+        assert seen(gq, small)["gpus"] == "0"
+        assert not started(gq, big) and "40.0 GiB held by pid" in row(gq, big)["waiting"]
+        gpus.set(fake_gpus(1))
+        assert seen(gq, big)["gpus"] == "0"
+        release(gq)
+    finally:
+        other.kill()
+        other.wait()
 
 
 # Records where it runs in seen-ID.json, then runs until `release` (or `end-NAME`) exists.

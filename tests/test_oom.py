@@ -176,6 +176,21 @@ def test_the_larger_share_and_when_there_is_none() -> None:
     assert grown(None, memory="16G", mem_mib=16 * G, cap=None) is None  # the cap unknown
 
 
+def test_show_counts_the_out_of_memory_retries_since_a_person_s_retry_against_retry_oom(gq: Env) -> None:
+    """After `gpuq retry`, which gives a fresh --retry-oom, show said `2 of 1 (--retry-oom 1)`: it
+    counts those since against the allowance and says all of them beside."""
+    Gpus(gq, fake_gpus(1, total=80 * G))
+    job_id = _add(gq, "--gpu-mem", "20G", "--retry-oom", "1", fails=9)
+    gq.start_worker("--watch")
+    gq.wait_state(job_id, "failed", timeout=30)
+    assert "out-of-memory retries  1 of 1 (--retry-oom 1)\n" in gq.gpuq("show", str(job_id)).stdout
+    gq.gpuq("retry", str(job_id))
+    wait_for(lambda: gq.state_of(job_id) == "failed" and gq.job(job_id)["oom_retries"] == 2, 30, what="2nd round")
+    shown = gq.gpuq("show", str(job_id)).stdout
+    assert "1 of 1 (--retry-oom 1) since it was last queued again by hand, 2 in all\n" in shown, shown
+    assert "2 of 1" not in shown
+
+
 def test_retry_oom_pays_for_its_own_attempts_only() -> None:
     grown, plain = {"change": "retrying after out-of-memory with 40G"}, {"change": None}
     job = Job(cmd=["x"], cwd="/", retries=1, retry_oom=2, attempts=3, history=[grown, grown])

@@ -80,6 +80,24 @@ def test_the_config_file_gives_the_default(gq: Env, tmp_path: Path) -> None:
     assert _names(gq) == ["checkpoint-8", "checkpoint-10", "checkpoint-12", "checkpoint-14"]
 
 
+def test_all_keeps_every_checkpoint_over_the_config_file_s_rule(gq: Env, tmp_path: Path) -> None:
+    """With `keep_checkpoints = 3` in the config file no job could opt out: `all` was refused ("not
+    a number of checkpoints (1 or more) or 'best'") by add and edit; it now keeps every one."""
+    (tmp_path / "config" / "gpuq").mkdir(parents=True)
+    (tmp_path / "config" / "gpuq" / "config.toml").write_text("keep_checkpoints = 3\n")
+    gq.env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    gq.script("train.py", TRAINER)
+    job_id = gq.add("--hold", "--gpus", "0", "--keep-checkpoints", "2", "train.py", "--output_dir", "out")
+    gq.gpuq("edit", str(job_id), "--set", "keep_checkpoints=all")
+    gq.gpuq("release", str(job_id))
+    gq.gpuq("run")
+    assert gq.wait_state(job_id, "done")["keep_checkpoints"] == "all"
+    assert _names(gq) == [f"checkpoint-{step}" for step in (2, 4, 8, 10, 12, 14)]
+    assert "removed" not in gq.log(job_id)
+    again = gq.add("--gpus", "0", "--keep-checkpoints", "ALL", "train.py", "--output_dir", "out")
+    assert gq.job(again)["keep_checkpoints"] == "all"
+
+
 def test_a_bad_rule_is_refused_in_one_line(gq: Env) -> None:
     gq.script("train.py", TRAINER)
     for bad in ("0", "-2", "newest"):

@@ -32,8 +32,17 @@ def _grow(mount: Path, size: str) -> None:
     subprocess.run(["mount", "-o", f"remount,size={size}", str(mount)], check=True)
 
 
+def short_of_8m(mount: Path) -> Path:
+    """Leave about 4 MiB of a 16 MiB tmpfs free, as another program's file would: less than a
+    --min-free 8M, which the filesystem could hold (a larger one is refused, or blocked for good)."""
+    filler = mount / "filler"
+    filler.write_bytes(b"\0" * (12 << 20))
+    return filler
+
+
 def test_a_job_waits_for_its_min_free_and_status_says_so(gq: Env, tmp_path: Path) -> None:
-    with small_tmpfs(tmp_path, "2m") as mount:
+    with small_tmpfs(tmp_path, "16m") as mount:
+        filler = short_of_8m(mount)
         gq.script("job.py", "print('ran')\n")
         job_id = gq.add("--gpus", "0", "--min-free", "8M", "job.py", "--output_dir", str(mount / "out"))
         gq.start_worker("--watch")
@@ -42,7 +51,7 @@ def test_a_job_waits_for_its_min_free_and_status_says_so(gq: Env, tmp_path: Path
         assert "waiting for disk space" in gq.gpuq("status").stdout
         assert "waiting for disk space" in gq.gpuq("show", str(job_id)).stdout
         assert gq.state_of(job_id) == "pending" and "ran" not in gq.log(job_id)
-        _grow(mount, "16m")
+        filler.unlink()
         gq.wait_state(job_id, "done", timeout=20)
 
 
@@ -50,7 +59,8 @@ def test_a_job_the_guard_holds_has_no_start_time(gq: Env, tmp_path: Path) -> Non
     """Room comes when someone frees it, at a time no one can know: `status`, `eta`, `status --json`
     and `add --dry-run` give such a job no start time (they said `starts ~0s` while it kept
     waiting), nor one that waits for it; a job behind it starts."""
-    with small_tmpfs(tmp_path, "2m") as mount:
+    with small_tmpfs(tmp_path, "16m") as mount:
+        short_of_8m(mount)
         gq.script("job.py", "print('ran')\n")
         guarded = ("--gpus", "0", "--min-free", "8M", "job.py", "--output_dir", str(mount / "out"))
         held = gq.add(*guarded)
@@ -90,4 +100,31 @@ def test_a_job_with_nothing_to_measure_is_not_held(tmp_path: Path) -> None:
     assert diskguard.wait(job) is None
     held = Job(cmd=["train"], cwd=str(tmp_path), min_free_bytes=1 << 60)  # more than any disk
     wait = diskguard.wait(held)
-    assert wait is not None and not wait.forever and str(tmp_path) in wait.reason
+    assert wait is not None and wait.forever and str(tmp_path) in wait.reason
+
+
+def test_a_min_free_above_the_filesystem_s_size_is_refused_or_blocked_for_good(gq: Env, tmp_path: Path) -> None:
+    """`add --min-free 1T` on a smaller filesystem waited for ever ("start unknown", nothing to fix):
+    add and edit refuse it as they refuse a --gpu-mem no GPU has; one queued before waits blocked,
+    and triage offers a --min-free that fits."""
+    with small_tmpfs(tmp_path, "16m") as mount:
+        gq.script("job.py", "print('ran')\n")
+        out = ("job.py", "--output_dir", str(mount / "out"))
+        refused = gq.gpuq("add", "--gpus", "0", "--min-free", "20M", *out, check=False)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert f"needs 20.0M free disk space (--min-free); {mount} is on a filesystem of 16.0M" in refused.stderr
+        assert "could never start" in refused.stderr and gq.status_json() == []
+        job_id = gq.add("--hold", "--gpus", "0", "--min-free", "8M", *out)
+        refused = gq.gpuq("edit", str(job_id), "--set", "min_free=1T", check=False)
+        assert refused.returncode == 2 and f"job #{job_id} not changed: needs 1024.0G free disk space" in refused.stderr
+        assert "could never start" in refused.stderr and gq.job(job_id)["min_free_bytes"] == 8 << 20
+        _grow(mount, "4m")  # the filesystem shrank under a queued job
+        gq.gpuq("release", str(job_id))
+        gq.start_worker("--watch")
+        reason = wait_for(lambda: row(gq, job_id)["waiting"], 15, what="the guard's reason")
+        assert reason.startswith("needs 8.0M free disk space (--min-free)"), reason
+        assert "blocked: needs 8.0M" in gq.gpuq("status").stdout
+        triage = gq.gpuq("triage", str(job_id)).stdout
+        assert f"gpuq edit {job_id} --set min_free=" in triage and "nothing to fix" not in triage, triage
+        gq.gpuq("edit", str(job_id), "--set", "min_free=2M")
+        gq.wait_state(job_id, "done", timeout=20)

@@ -14,6 +14,7 @@ from conftest import Env, small_tmpfs, wait_for
 from test_gpu_worker import Gpus, fake_gpus, row
 from test_oom import OOM_ONCE, G, _attempt
 from test_oom_checkpoints import TRAINER, _names
+from test_oom_diskguard import short_of_8m
 
 
 def _drop(gq: Env, name: str, fields: dict[str, Any]) -> None:
@@ -81,13 +82,14 @@ def test_a_dropped_ckpt_glob_is_where_its_kept_checkpoints_are(gq: Env) -> None:
 
 
 def test_a_dropped_min_free_holds_the_job_until_there_is_room(gq: Env, tmp_path: Path) -> None:
-    with small_tmpfs(tmp_path, "2m") as mount:
+    with small_tmpfs(tmp_path, "16m") as mount:
+        short_of_8m(mount)
         gq.script("job.py", "print('ran')\n")
-        _drop(gq, "guard.json", {"cmd": ["job.py", "--output_dir", str(mount / "out")], "gpus": 0, "min_free": "8G"})
+        _drop(gq, "guard.json", {"cmd": ["job.py", "--output_dir", str(mount / "out")], "gpus": 0, "min_free": "8M"})
         gq.start_worker("--watch")
         reason = wait_for(lambda: gq.state_of(1) == "pending" and row(gq, 1)["waiting"], 15, what="the guard")
-        assert reason.startswith(f"waiting for disk space: {mount} has ") and "(--min-free 8.0G)" in reason
-        assert gq.job(1)["min_free_bytes"] == 8 << 30 and "ran" not in gq.log(1)
+        assert reason.startswith(f"waiting for disk space: {mount} has ") and "(--min-free 8.0M)" in reason
+        assert gq.job(1)["min_free_bytes"] == 8 << 20 and "ran" not in gq.log(1)
 
 
 def test_a_dropped_min_free_in_mib_as_every_size_in_a_file(gq: Env) -> None:
@@ -99,7 +101,7 @@ def test_a_dropped_min_free_in_mib_as_every_size_in_a_file(gq: Env) -> None:
 def test_a_bad_value_sends_the_file_to_rejected_with_the_reason(gq: Env) -> None:
     bad = {
         "oom.json": ({"retry_oom": -1}, "'retry_oom' must be an integer from 0 to 100"),
-        "keep.json": ({"keep_checkpoints": 0}, "'keep_checkpoints': not a number of checkpoints (1 or more) or 'best'"),
+        "keep.json": ({"keep_checkpoints": 0}, "'keep_checkpoints': not a number of checkpoints (1 or more), 'best'"),
         "newest.json": ({"keep_checkpoints": "newest"}, "'keep_checkpoints': not a number of checkpoints"),
         "free.json": ({"min_free": "lots"}, "'min_free': cannot read 'lots' as a size"),
         "zero.json": ({"min_free": 0}, "'min_free' must be a size of free disk space"),

@@ -9,6 +9,7 @@ from pathlib import Path
 from conftest import WAIT_FOR_GO, Env, small_tmpfs, wait_for
 from test_gpu_worker import Gpus, fake_gpus, row
 from test_oom import G, _add, _attempt
+from test_oom_diskguard import short_of_8m
 
 
 def test_a_job_retrying_after_out_of_memory_says_its_retry_share_and_why(gq: Env) -> None:
@@ -35,7 +36,8 @@ def test_a_job_retrying_after_out_of_memory_says_its_retry_share_and_why(gq: Env
 def test_the_disk_guard_s_reason_is_given_also_where_another_wait_comes_first(gq: Env, tmp_path: Path) -> None:
     """A job after another, on a filesystem without its --min-free: `waiting` names the job it is
     after; `disk_wait` names the guard's reason all the same."""
-    with small_tmpfs(tmp_path, "2m") as mount:
+    with small_tmpfs(tmp_path, "16m") as mount:
+        short_of_8m(mount)
         gq.script("wait.py", WAIT_FOR_GO)
         first = gq.add("--gpus", "0", "wait.py")
         held = gq.add("--gpus", "0", "--after", str(first), "--min-free", "8M", "true", "--output_dir", str(mount))

@@ -306,9 +306,10 @@ ADD = Command(
         Opt(
             "--keep-checkpoints",
             convert=parse_keep,
-            metavar="N|best",
-            help="keep only its newest N complete checkpoints (best: the newest and the best by its metric), "
-            "removing older ones while it runs and when it ends (default: keep_checkpoints in the config file)",
+            metavar="N|best|all",
+            help="keep only its newest N complete checkpoints (best: the newest and the best by its metric; "
+            "all: every one), removing older ones while it runs and when it ends "
+            "(default: keep_checkpoints in the config file)",
         ),
         Opt(
             "--min-free",

@@ -277,7 +277,10 @@ class Job(dict[str, Any]):
     )
     # Checkpoints kept by rule (engine/tracking/retention.py) and the disk guard (engine/schedule/diskguard.py)
     keep_checkpoints: Optional[Union[int, str]] = field(
-        None, _opt(lambda v: (is_int(v) and v > 0) or v == "best"), 'null, a positive integer or "best"', option=True
+        None,
+        _opt(lambda v: (is_int(v) and v > 0) or v in ("best", "all")),
+        'null, a positive integer, "best" or "all"',
+        option=True,
     )
     min_free_bytes: Optional[int] = field(None, _opt(_positive), "null or a positive number of bytes", option=True)
 

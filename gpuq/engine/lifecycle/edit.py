@@ -13,7 +13,7 @@ from gpuq.core.errors import Refused, UsageError
 from gpuq.core.job import Job
 from gpuq.core.states import WAITING
 from gpuq.engine.lifecycle import actions, enqueue, interpreter
-from gpuq.engine.schedule import gpuview
+from gpuq.engine.schedule import diskguard, gpuview
 from gpuq.engine.schedule.queue_read import waits_for_itself
 from gpuq.spool import Spool
 
@@ -112,6 +112,11 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
             problem = gpuview.never_fits(spool, *gpus)
             if problem:
                 raise UsageError(f"job #{job_id} not changed: {problem}")
+        problem = changes["min_free_bytes"] != job.min_free_bytes and diskguard.never_fits(
+            changes["min_free_bytes"], changes["cmd"], changes.get("cwd") or job.cwd, changes["ckpt_glob"]
+        )
+        if problem:
+            raise UsageError(f"job #{job_id} not changed: {problem}: this job could never start")
         enqueue.notify_urls([url for url in changes["notify_urls"] if url not in job.notify_urls], "gpuq edit")
         cwd = changes.get("cwd") or job.cwd
         if (changes["cmd"], cwd, changes["conda"]) != (job.cmd, job.cwd, job.conda):

@@ -17,7 +17,7 @@ from gpuq.core.words import url_text
 from gpuq.engine.lifecycle import interpreter
 from gpuq.engine.lifecycle.add_request import Request
 from gpuq.engine.lifecycle.interpreter import EnqueueError, upward
-from gpuq.engine.schedule import gpuview
+from gpuq.engine.schedule import diskguard, gpuview
 from gpuq.spool import JobRef, Spool
 from gpuq.system.procs import current_umask
 from gpuq.system.security import display
@@ -261,6 +261,12 @@ def check(spool: Spool, prepared: Prepared, views: Any = None, gpus: bool = True
         problem = gpuview.never_fits(spool, options["gpu_request"], options["gpu_mem_mib"], views)
         if problem:
             raise UsageError(problem)
+    for variant in prepared.variants[:1]:  # the variants differ in arguments, not in where they write
+        problem = diskguard.never_fits(
+            options["min_free_bytes"], variant.cmd, prepared.fields["cwd"], options["ckpt_glob"]
+        )
+        if problem:
+            raise UsageError(f"{problem}: this job could never start")
     for key in ("after", "after_any"):
         missing = missing_jobs(spool, prepared.fields[key])
         if missing:

@@ -168,13 +168,15 @@ def place_in_order(
     only on other GPUs (backfill), else waits behind it; so a stream of small jobs never keeps a big
     one waiting forever. A job that can never fit holds no one up. `kept_for`: (job, GPUs) no other
     job may take (an urgent job's, emptied by its preemptions). `gate` has the last word on each GPU
-    job: one it blocks for good holds nothing, one it holds back is first in line as any waiting job."""
+    job: one it blocks for good holds nothing, one it holds back is first in line as any waiting job.
+    A job may still take a GPU kept for a first in line that asks for memory (`_leaves_room`)."""
     allowed = None if allowed is None else set(allowed)
     everyone = {g.index for g in gpus if allowed is None or g.index in allowed}
     own = frozenset(own_pids)
     held = list(holdings)
     text = _Texts(describe, {})  # its describe() looks each pid up once for the whole step
     first_waiting: Optional[int] = None
+    first: Optional[Request] = None  # its request
     others: Optional[set[int]] = None  # the GPUs a job behind the first in line may start on
     decisions: dict[int, Decision] = {}
     for job_id, request in requests:
@@ -182,13 +184,20 @@ def place_in_order(
         fence, why = _fence(job_id, everyone, others, first_waiting, kept_for)
         if isinstance(decision, Placement) and decision.gpus and fence is not None and not fence >= set(decision.gpus):
             elsewhere = place(request, gpus, fence, held, own, foreign_threshold_mib, text.describe, leased)
-            decision = elsewhere if isinstance(elsewhere, Placement) else Blocked(why, forever=False)
+            if isinstance(elsewhere, Placement):
+                decision = elsewhere
+            else:
+                taking = Holding(job_id, decision.gpus, request.gpu_mem_mib)
+                on_kept = set(decision.gpus) - fence
+                urgent = kept_for is not None and bool(on_kept & kept_for[1])
+                if urgent or not _leaves_room(first, on_kept, gpus, [*held, taking], leased):
+                    decision = Blocked(why, forever=False)
         if gate is not None and request.gpus:
             decision = gate(job_id, request, decision)
         if isinstance(decision, Placement) and decision.gpus:
             held.append(Holding(job_id, decision.gpus, request.gpu_mem_mib))
         elif isinstance(decision, Blocked) and not decision.forever and first_waiting is None:
-            first_waiting = job_id
+            first_waiting, first = job_id, request
             if kept_for is not None and job_id == kept_for[0]:
                 kept = set(kept_for[1])  # what its preemptions empty, not what `reserve` would choose
             else:
@@ -213,6 +222,21 @@ def _fence(
     if kept_for is not None and others is not None:  # the job they are kept for: those are its
         return others | kept_for[1], f"{BEHIND}{first_waiting} (first in line for a GPU)"
     return others, f"{BEHIND}{first_waiting} (first in line for a GPU)"
+
+
+def _leaves_room(
+    first: Optional[Request], kept: set[int], gpus: Sequence[Gpu], holdings: list[Holding], leased: Sequence[Leased]
+) -> bool:
+    """Whether the jobs of `holdings` on the `kept` GPUs leave the first in line's memory free of
+    them and of leases: then it waits only for memory that is not gpuq's, and starting them there
+    never delays it. A whole-GPU first in line keeps its GPUs."""
+    if first is None or first.gpu_mem_mib is None:
+        return False
+    states = _states([g for g in gpus if g.index in kept], holdings, leased)
+    return all(
+        not s.whole and not _taken(s) and s.gpu.memory_total_mib - s.leased_mib - s.committed >= first.gpu_mem_mib
+        for s in states
+    )
 
 
 def reserve(

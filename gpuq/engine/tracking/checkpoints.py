@@ -195,13 +195,17 @@ def written_at(path: str) -> float:
 
 
 def base_dir(job: Job) -> Optional[str]:
-    """Where its checkpoints are looked for, links resolved: --ckpt-glob up to a wildcard, or --output_dir."""
-    if job.ckpt_glob:
-        pattern = os.path.join(job.cwd, os.path.expanduser(job.ckpt_glob))
+    return base_of(job.cmd, job.cwd, job.ckpt_glob)
+
+
+def base_of(cmd: list[str], cwd: str, ckpt_glob: Optional[str]) -> Optional[str]:
+    """Where a job's checkpoints are looked for, links resolved: --ckpt-glob up to a wildcard, or --output_dir."""
+    if ckpt_glob:
+        pattern = os.path.join(cwd, os.path.expanduser(ckpt_glob))
         fixed = pattern[: min([pattern.find(c) for c in "*?[" if c in pattern] or [len(pattern)])]
         where = fixed if fixed.endswith(os.sep) else os.path.dirname(fixed)
     else:
-        where = output_dir(job.cmd, job.cwd) or ""
+        where = output_dir(cmd, cwd) or ""
     return os.path.realpath(where) if where else None
 
 

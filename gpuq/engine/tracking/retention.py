@@ -18,7 +18,7 @@ from contextlib import suppress
 from typing import NamedTuple, Optional
 
 from gpuq.core.job import Job
-from gpuq.core.keep import BEST, Keep
+from gpuq.core.keep import ALL, BEST, Keep
 from gpuq.core.times import parse_iso
 from gpuq.engine.tracking import checkpoints
 from gpuq.engine.tracking.checkpoints import Checkpoint
@@ -36,7 +36,7 @@ def removable(job: Job, keep: Keep, now: Optional[float] = None) -> list[Checkpo
     """The complete checkpoints `keep` lets go of, oldest first (none when any doubt remains)."""
     now = time.time() if now is None else now
     base = checkpoints.base_dir(job)
-    if base is None:
+    if base is None or keep == ALL:
         return []
     found = [c for c in checkpoints.candidates(job) if c.step is not None]
     since = parse_iso(job.ckpt_since)

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from gpuq.core.job import Job
-from gpuq.core.states import PENDING, STATES, why_ended
+from gpuq.core.states import FINISHED, PENDING, RUNNING, STATES, why_ended
 from gpuq.core.times import duration, parse_iso
 from gpuq.core.words import plural, size_text
 
@@ -66,12 +66,17 @@ def attempts_json(job: Job) -> list[dict[str, Any]]:
     ]
 
 
-def oom_retries_text(job: Job, ended: bool = False) -> str:
+def oom_retries_text(job: Job, state: str) -> str:
     """`1 of 2 (--retry-oom 2); its next attempt has GPUQ_OOM_RETRY=1`; '' when it had and may have
-    none. `ended`: it has no next attempt."""
+    none. A person's `gpuq retry` (or resume) gives a fresh --retry-oom: those since are counted
+    against it, and all of them (GPUQ_OOM_RETRY's count) said beside."""
     if not (job.retry_oom or job.oom_retries):
         return ""
-    allowed = f" of {job.retry_oom} (--retry-oom {job.retry_oom})" if job.retry_oom else ""
-    return f"{job.oom_retries}{allowed}" + (
-        f"; its next attempt has GPUQ_OOM_RETRY={job.oom_retries}" if job.oom_retries and not ended else ""
+    ended = job.attempts - (state == RUNNING)  # this round's attempts with a history entry
+    used = sum(1 for entry in job.history[max(0, len(job.history) - ended) :] if entry.get("change")) if ended else 0
+    allowed = f"{used} of {job.retry_oom} (--retry-oom {job.retry_oom})" if job.retry_oom else str(job.oom_retries)
+    if job.retry_oom and used != job.oom_retries:
+        allowed += f" since it was last queued again by hand, {job.oom_retries} in all"
+    return allowed + (
+        f"; its next attempt has GPUQ_OOM_RETRY={job.oom_retries}" if job.oom_retries and state not in FINISHED else ""
     )

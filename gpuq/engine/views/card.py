@@ -9,7 +9,6 @@ import time
 from collections import Counter
 from typing import Optional
 
-from gpuq.core import states
 from gpuq.core.job import Job
 from gpuq.core.states import (
     CANCELLED,
@@ -72,7 +71,7 @@ def card(spool: Spool, ref: JobRef, job: Job, now: Optional[float] = None) -> li
         ("host limits", _host_limits(job)),  # how its latest attempt was held to it
         *_dependencies(spool, job),
         *_attempts(job),
-        ("out-of-memory retries", attempts.oom_retries_text(job, ref.state in states.FINISHED)),
+        ("out-of-memory retries", attempts.oom_retries_text(job, ref.state)),
         *(attempts.attempt_lines(job) if any(entry.get("change") for entry in job.history) else ()),
         ("time limit", _time_limit(job)),
         ("begins", _clock(job.begin_at)),

@@ -44,12 +44,13 @@ OTHER = "other"
 
 # What a job asks that this worker can never give, as placement.py and hostroom.py say it: the
 # --set key that asks for what it has instead, and the most it has (a count, or a size and its unit;
-# for N GPUs, the memory of the smallest of the N largest).
+# for N GPUs, the memory of the smallest of the N largest; for --min-free, the space free now).
 _TOO_BIG = (
     ("gpus", re.compile(r"needs \d+ GPUs; this worker has ([1-9]\d*)()")),
     ("gpu_mem", re.compile(r"needs .+ GPUs?; the .*largest here is GPU \d+ with ([\d.]+) ([GM])iB$")),
     ("cpus", re.compile(r"needs \d+ CPUs; this worker hands out at most (\d+)()$")),
     ("mem", re.compile(r"needs \S+ host memory; this worker hands out at most ([\d.]+)([GM])$")),
+    ("min_free", re.compile(r"needs \S+ free disk space \(--min-free\); .* filesystem of \S+, ([\d.]+)([GM]) free$")),
 )
 
 

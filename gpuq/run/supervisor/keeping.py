@@ -1,7 +1,7 @@
 """A running job's checkpoints kept by its rule (engine/tracking/retention.py): looked at every
 GPUQ_CKPT_KEEP_SECONDS while it runs, as one of the wait's samplers, and once more when it ends;
-each removal said in the job's log. The rule: its `--keep-checkpoints`, else
-`keep_checkpoints` in ~/.config/gpuq/config.toml, else every checkpoint is kept."""
+each removal said in the job's log. The rule: its `--keep-checkpoints` (`all`: every checkpoint),
+else `keep_checkpoints` in ~/.config/gpuq/config.toml, else every checkpoint is kept."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import time
 from typing import Optional
 
-from gpuq.core.keep import Keep, parse_keep
+from gpuq.core.keep import ALL, Keep, parse_keep
 from gpuq.engine.tracking import retention
 from gpuq.run.notify.config import config_path, read_config
 from gpuq.run.notify.send import env_seconds
@@ -23,10 +23,10 @@ CONFIG_KEY = "keep_checkpoints"
 def rule(run: Run) -> Optional[Keep]:
     """The job's rule, else the config file's; a bad config value is said in the log and ignored."""
     if run.job.keep_checkpoints is not None:
-        return run.job.keep_checkpoints
+        return None if run.job.keep_checkpoints == ALL else run.job.keep_checkpoints
     try:
         value = read_config().get(CONFIG_KEY)
-        return None if value is None else parse_keep(value)
+        return None if value is None or parse_keep(value) == ALL else parse_keep(value)
     except (OSError, ValueError) as exc:
         log_line(run.log_fd, f"{config_path()}: {CONFIG_KEY} not used: {exc}")
         return None
