@@ -171,14 +171,16 @@ def test_a_folded_sweep_shows_its_running_members_progress(gq: Env) -> None:
 
 
 def test_rows_behind_the_first_in_line_for_a_gpu_say_what_it_needs(gq: Env) -> None:
-    """A job waiting for GPU memory keeps its GPU (the only one), and the smaller job behind it
-    waits although it would fit there."""
+    """A job waiting for a whole GPU keeps it (the only one), and the smaller job behind it waits
+    although it would fit there now, saying what the first in line needs. (Behind a first in line
+    that asks for memory and waits only for another program's, a job that leaves it its room
+    starts instead: test_placement's backfill tests.)"""
     Gpus(gq, fake_gpus(1, total=81920, foreign={0: (4242, 51200)}))  # 30 GiB free
     gq.script("job.py", "print('never started')\n")
-    big = gq.add("--gpu-mem", "40G", "job.py")
+    big = gq.add("--gpus", "1", "job.py")
     small = gq.add("--gpu-mem", "10G", "job.py")
     gq.start_worker("--watch")
-    said = f"waiting behind #{big}, first in line for a GPU: it needs 40.0 GiB on a GPU"
+    said = f"waiting behind #{big}, first in line for a GPU: it needs a whole GPU"
     wait_for(lambda: said in _row(gq, small), 15, interval=0.1, what="the row behind to name the first")
     assert "waiting for GPU 0: 50.0 GiB held by pid 4242" in _row(gq, big)  # its own reason
     assert gq.state_of(small) == "pending"
