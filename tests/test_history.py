@@ -22,6 +22,7 @@ from gpuq.core.job import Job
 from gpuq.engine.views import attempts, history
 from gpuq.engine.views.history import PastRun
 from gpuq.system.extras import install_command
+from gpuq.system.leases import LeaseDir
 
 REPO = Path(__file__).resolve().parent.parent
 HOUR = 3600.0
@@ -481,3 +482,22 @@ def test_attempt_lines_number_by_place_and_say_where_each_resumed() -> None:
     assert "from" not in lines[0][1]
     assert lines[1][1].endswith("; from checkpoint-5, lost 2 steps")
     assert lines[2][1].endswith("; from the start, lost 7 steps")
+
+
+def test_a_gpu_mem_share_counts_its_part_of_its_gpu(gq: Any, own_lease_dir: Path) -> None:
+    """Two --gpu-mem 20G jobs share one 80 GiB GPU: each counts a quarter of its time, in history's
+    GPU-hours and in the recent use that orders turns between users, not the whole GPU's."""
+    fake = gq.work / "gpus.json"
+    gpu = {"index": 0, "name": "Fake H100", "uuid": "GPU-fake-0", "memory_total_mib": 81920, "memory_used_mib": 0}
+    fake.write_text(json.dumps({"gpus": [dict(gpu, processes=[])]}))
+    gq.env["GPUQ_FAKE_GPUS"] = str(fake)
+    ids = [gq.add("--gpu-mem", "20G", "--", sys.executable, "-c", "import time; time.sleep(1)") for _ in range(2)]
+    gq.start_worker()
+    done = [Job(gq.wait_state(job_id, "done", timeout=60)) for job_id in ids]
+    assert [j.history[-1].get("gpu_share") for j in done] == [0.25, 0.25]
+    runs = history.runs([("done", j) for j in done])
+    whole = sum(run.seconds for run in runs) / HOUR
+    assert sum(run.gpu_hours for run in runs) == pytest.approx(whole / 4)
+    wait_for(lambda: all(p.poll() is not None for p in gq.workers), 30, what="the worker to exit")
+    used = LeaseDir.open(str(own_lease_dir)).usage([os.geteuid()])[os.geteuid()]
+    assert whole / 5 < used < whole / 2, (used, whole)

@@ -258,6 +258,8 @@ class Job(dict[str, Any]):
         "null or a list of GPU indices",
         option=True,
     )
+    # what its attempt holds of its GPUs, each --gpu-mem share as its MiB over its GPU's memory (history's GPU-hours)
+    gpu_share: Optional[float] = field(None, _opt(lambda v: is_number(v) and v >= 0), "null or a number of 0 or more")
 
     # Host memory and CPUs it reserves while it runs (spool_layout.md section 12a)
     mem_mib: Optional[int] = field(None, _opt(_positive), "null or a positive integer (MiB)", option=True)  # --mem

@@ -54,12 +54,21 @@ class Continuation(NamedTuple):
 # The fields that describe one run of a job; cleared whenever it goes back to the queue (where it
 # runs here unless handed to Slurm or Ray again).
 _RUN_FIELDS: Changes = dict.fromkeys(("started_at", "finished_at", "pid", "pid_create_time", "supervisor", "slot"))
-_RUN_FIELDS.update(dict.fromkeys(("gpus", "reason", "code_changed", "code_at_start", "slurm", "ray")))
+_RUN_FIELDS.update(dict.fromkeys(("gpus", "gpu_share", "reason", "code_changed", "code_at_start", "slurm", "ray")))
 
 
-def start(job: Job, *, slot: Optional[str], gpus: Optional[list[int]], boot_id: str, host: str, log: str) -> Changes:
+def start(
+    job: Job,
+    *,
+    slot: Optional[str],
+    gpus: Optional[list[int]],
+    boot_id: str,
+    host: str,
+    log: str,
+    gpu_share: Optional[float] = None,
+) -> Changes:
     """pending -> running, by the job's supervisor (its identity and pid come later). `slot`: its
-    CUDA_VISIBLE_DEVICES; `gpus`: the GPU indices it holds."""
+    CUDA_VISIBLE_DEVICES; `gpus`: the GPU indices it holds; `gpu_share`: how many GPUs' worth (None: all of them)."""
     started = now_iso()
     return {
         "started_at": started,
@@ -70,6 +79,7 @@ def start(job: Job, *, slot: Optional[str], gpus: Optional[list[int]], boot_id: 
         "signal": None,
         "slot": slot,
         "gpus": gpus,
+        "gpu_share": gpu_share,
         "attempts": job.attempts + 1,
         "supervisor": None,
         "boot_id": boot_id,
@@ -156,6 +166,7 @@ def end_attempt(
         "outcome": state,
         "slot": job.slot,
         "gpus": job.gpus,
+        "gpu_share": job.gpu_share,
         "resumed_from": job.resumed_from,
         "lost_steps": job.lost_steps,
         "reason": reason,

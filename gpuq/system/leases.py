@@ -96,11 +96,12 @@ def elsewhere(spool: Optional[str], viewer_spool: Optional[str]) -> str:
 class Held:
     """A lease this process holds: its lock lives in `fd` until `release()` (or the process's end)."""
 
-    __slots__ = ("lease", "fd", "path")
+    __slots__ = ("lease", "fd", "path", "share")
 
     def __init__(self, lease: Lease, fd: int, path: str) -> None:
         self.lease, self.path = lease, path
         self.fd: Optional[int] = fd
+        self.share = 1.0  # the part of its GPU it holds: a --gpu-mem share's MiB over the GPU's memory
 
     def release(self) -> None:
         """Unlink, then close (which drops the lock): in that order, no reader ever sees our file

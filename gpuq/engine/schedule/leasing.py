@@ -94,9 +94,9 @@ def claim_gpus(
 
 def record_usage(leases: Iterable[Held], log: Callable[[str], None]) -> None:
     """The GPU-hours these leases held, added to this user's recent usage beside the leases (whose
-    ties it breaks when several users wait: turns.py). Whole or shared, a lease counts its GPU's hours."""
+    ties it breaks when several users wait: turns.py). A shared lease counts its part of its GPU's hours."""
     now = time.time()
-    hours = sum(max(0.0, now - held.lease.since) for held in leases) / 3600.0
+    hours = sum(max(0.0, now - held.lease.since) * held.share for held in leases) / 3600.0
     if not hours:
         return
     try:
@@ -136,6 +136,7 @@ def _take(
             gpu = by_index[index]
             mem = None if gpu.exclusive else request.gpu_mem_mib  # one process at a time: it is had whole
             held.append(directory.take(gpu.uuid, index, mem, job=job, name=name, spool=spool))
+            held[-1].share = min(1.0, mem / max(1, gpu.memory_total_mib)) if mem else 1.0
     except LeaseDirProblem:
         for lease in held:
             lease.release()

@@ -1,6 +1,7 @@
 """What ran: one `PastRun` per attempt, and per-group totals for `gpuq history`, over `JobRecord`s
 (a finished job's from its index row: no job file opened) or `(state, job)` pairs. A run is an
-attempt with a known start and end; GPU-hours are its time x its GPUs. An adopted job's end is when
+attempt with a known start and end; GPU-hours are its time x its GPUs, a --gpu-mem share as its part
+of its GPU (its MiB over the GPU's memory). An adopted job's end is when
 gpuq noticed it gone. A run counts in a time window when it ended in it, a preemption at its `at`.
 """
 
@@ -37,7 +38,7 @@ class PastRun(NamedTuple):
     end: float
     outcome: str
     gpus: tuple[str, ...]  # GPU indices held, as strings; () when unknown or none
-    gpu_count: int
+    gpu_count: float  # GPUs held, a --gpu-mem share counted as its part of its GPU
     sweep: Optional[Union[int, str]]  # the sweep id, or None
     adopted: bool = False  # start/end known only roughly (see the module docstring)
 

@@ -95,6 +95,7 @@ def begin(spool: Spool, claim: Claim, order: StartOrder, replacing: Iterable[Hel
             boot_id=procs.boot_id(),
             host=os.uname().nodename,
             log=str(spool.layout.log_path(job.id)),
+            gpu_share=round(sum(held.share for held in leases), 4) if job.gpu_mem_mib and leases else None,
         )
         queued = ref
         ref, job = spool.jobs.move(ref, job, RUNNING, changes, keep_old=True)  # pending/'s copy goes once it runs

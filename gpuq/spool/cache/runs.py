@@ -47,16 +47,20 @@ def _gpus_of(gpus: Any, slot: Any) -> Optional[list[str]]:
     return None
 
 
-def gpus_held(job: Job, attempt: Optional[dict[str, Any]] = None) -> tuple[list[str], int]:
+def gpus_held(job: Job, attempt: Optional[dict[str, Any]] = None) -> tuple[list[str], float]:
     """(GPU indices, GPU count) of an attempt of `job`: the attempt's own `gpus`/`slot` if it
     recorded them, else the job's; `gpus` (non-empty) wins over `slot` ("0,1"), which wins over
-    `gpu_request` (default 1). `gpu_request: 0` is a CPU job: 0 GPUs, whatever else is recorded."""
+    `gpu_request` (default 1). `gpu_request: 0` is a CPU job: 0 GPUs, whatever else is recorded. An
+    attempt that held --gpu-mem shares counts the GPUs' worth they were (its `gpu_share`)."""
     request = job.gpu_request
     if not isinstance(request, int) or isinstance(request, bool) or request < 0:
         request = 1
     if request == 0:
         return [], 0
     gpus = (_gpus_of(attempt.get("gpus"), attempt.get("slot")) if attempt else None) or _gpus_of(job.gpus, job.slot)
+    share = attempt.get("gpu_share") if attempt else None
+    if isinstance(share, (int, float)) and not isinstance(share, bool) and 0 <= share:
+        return gpus or [], share
     if gpus:
         return gpus, len(gpus)
     return [], request
