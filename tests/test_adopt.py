@@ -337,6 +337,10 @@ def test_an_adopted_job_is_not_gpuqs_to_preempt_and_has_no_supervisor(gq, outsid
         f"jobs keep running: #{beside} work/wait (their supervisors record how they end); "
         f"#{adopted} by hand (adopted, no supervisor: recorded done once its process is gone)."
     ) in stopped, stopped
+    gq.workers[0].wait(timeout=30)  # the worker's own last line words the adopted job as `stop` does
+    last = (gq.work / "worker-0.out").read_text()
+    assert f"still running under their supervisors: #{beside} work/wait (pid " in last, last
+    assert f"; #{adopted} by hand (pid {proc.pid}, adopted, no supervisor: recorded done once its" in last, last
     (gq.work / "go").touch()
     (gq.work / "release").touch()
     assert wait_state(gq, adopted, "done")["exit_code"] is None

@@ -56,8 +56,8 @@ def test_edit_set_cmd_to_a_script_runs_it_with_the_venv(gq: Env) -> None:
     gq.script("train.py", TRAIN, where=project)
     job_id = gq.add("--hold", "--dir", str(project), "train.py", "--steps", "1")
     refused = gq.gpuq("edit", str(job_id), "--set", 'cmd=["gone.py"]', check=False)
-    assert refused.returncode == 1
-    assert refused.stderr == f"gpuq: job #{job_id} not changed: script not found: {project / 'gone.py'}\n"
+    assert refused.returncode == 2  # as `gpuq add gone.py`: a bad command line
+    assert refused.stderr == f"gpuq edit: job #{job_id} not changed: script not found: {project / 'gone.py'}\n"
     assert gq.job(job_id)["cmd"] == [python, "train.py", "--steps", "1"]
     gq.gpuq("edit", str(job_id), "--set", 'cmd=["train.py", "--steps", "5"]')
     edited = gq.job(job_id)

@@ -353,3 +353,39 @@ def test_the_tmp_cleaner_takes_a_dead_or_stuck_writers_file(tmp_path: Path) -> N
     os.utime(stuck, (before, before))
     assert spool.files.clean_tmp() == 2
     assert mine.exists() and not dead.exists() and not stuck.exists()
+
+
+def test_status_shows_an_end_waiting_for_room_as_ended_and_says_when_its_supervisor_is_gone(gq_full: Env) -> None:
+    """A job whose end waits for room (noted in its lock file): `status` shows it ended, its time
+    stopped at its end, not `running ... pid=`; and once its supervisor is killed, the warning no
+    longer says the supervisor records it."""
+    from gpuq.spool import Spool
+
+    gq = gq_full
+    gq.script("t.py", "")
+    job_id = gq.add("t.py")
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", NOTED_PREEMPTION, str(gq.home), str(job_id)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=gq.env,
+    )  # fmt: skip
+    spool = Spool(gq.home)
+    try:
+        assert supervisor.stdout.readline() == "running\n"
+        spool.files.give_up_emergency_room()
+        filler = fill_up(gq.work)
+        supervisor.stdin.write("go\n")
+        supervisor.stdin.flush()
+        wait_for(lambda: (spool.claims.noted(job_id) or {}).get("waiting"), 10, what="the end noted")
+        rows = [line for line in gq.gpuq("status").stdout.splitlines() if line.split()[:1] == [str(job_id)]]
+        assert "ended (exit 143), waiting for room" in rows[0] and "pid=" not in rows[0]
+        row = next(r for r in gq.status_json() if r["id"] == job_id)
+        assert row["exit_code"] == 143 and row["finished_at"]
+        assert "its supervisor records it as soon as there is room" in gq.gpuq("status").stdout
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+    out = gq.gpuq("status").stdout
+    assert "its supervisor is gone; the next look records it as soon as there is room" in out
+    filler.unlink()
+    gq.gpuq("status")
+    assert gq.wait_state(job_id, "failed")["exit_code"] == 143

@@ -200,6 +200,21 @@ def test_without_gpus_a_job_behind_a_running_one_says_it_waits_for_its_slot(gq: 
     gq.wait_state(second, "done")
 
 
+def test_with_two_workers_a_waiting_job_names_the_running_jobs_of_both(gq: Env) -> None:
+    """Two workers (`--gpus a`, `--gpus b`): a job waiting behind them named only one worker's job."""
+    Gpus(gq, {"gpus": []})
+    gq.script("wait.py", WAIT_FOR_GO)
+    first, second, third = gq.add("wait.py"), gq.add("wait.py"), gq.add("wait.py")
+    gq.start_worker("--watch", "--gpus", "a")
+    gq.start_worker("--watch", "--gpus", "b")
+    gq.wait_state(first, "running")
+    gq.wait_state(second, "running")
+    said = f"waiting for a free slot (jobs #{first}, #{second} running)"
+    wait_for(lambda: said in _row(gq, third), 15, interval=0.1, what="the row behind to name both running jobs")
+    (gq.work / "go").touch()
+    gq.wait_state(third, "done")
+
+
 def test_a_sweep_with_several_running_members_shows_each_without_bars() -> None:
     from gpuq.cli import render
     from gpuq.core.job import Job

@@ -106,9 +106,14 @@ def test_edit_with_set_changes_a_pending_job_and_a_bad_edit_changes_nothing(gq: 
     gq.gpuq("edit", str(job_id), "--set", f"cmd={cmd}", "--set", "name=exp/tuned")
     assert gq.job(job_id)["cmd"][2:4] == ["--lr", "3e-4"] and gq.files("pending") == [f"{job_id:06d}-exp-tuned.json"]
 
-    for bad in ("retries=-3", "after=[999]", "cmd=[]", "priority=high"):
+    bad_values = ("retries=-3", "cmd=[]", "priority=high", "cpus=0", "cpus=abc", "gpus=abc", "retries=abc")
+    bad_values += ("priority=abc", "retry_oom=-1", "conda=torch", "notify_urls=x", "mem=abc", "gpu_mem=abc")
+    for bad in bad_values:  # a bad value is a bad command line, whatever its field
         proc = gq.gpuq("edit", str(job_id), "--set", bad, check=False)
-        assert proc.returncode == 1 and "not changed" in proc.stderr, (bad, proc.stderr)
+        assert proc.returncode == 2 and proc.stderr.startswith("gpuq edit: "), (bad, proc.stderr)
+        assert len(proc.stderr.splitlines()) == 1, (bad, proc.stderr)
+    proc = gq.gpuq("edit", str(job_id), "--set", "after=[999]", check=False)  # no such job: refused, as by `add`
+    assert proc.returncode == 1 and "not changed: after: no such job #999" in proc.stderr
     for forbidden in ("id=9", "history=[]"):
         proc = gq.gpuq("edit", str(job_id), "--set", forbidden, check=False)
         assert proc.returncode == 2 and "not editable" in proc.stderr
@@ -143,7 +148,7 @@ def test_edit_in_an_editor(gq: Env, tmp_path: Path) -> None:
     breaker = tmp_path / "breaker.py"
     breaker.write_text("import sys\nopen(sys.argv[1], 'w').write('{not json')\n")
     proc = gq.gpuq("edit", str(job_id), env=dict(gq.env, VISUAL=f"{sys.executable} {breaker}"), check=False)
-    assert proc.returncode == 1 and "not changed" in proc.stderr and gq.job(job_id)["priority"] == 9
+    assert proc.returncode == 2 and "not changed" in proc.stderr and gq.job(job_id)["priority"] == 9
 
 
 # ---- history -------------------------------------------------------------------------------------

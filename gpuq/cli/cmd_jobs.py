@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from gpuq.cli import render
 from gpuq.cli.common import job_ids, say_refused, say_who_starts_them, spool
-from gpuq.core.errors import GpuqError, Refused, UsageError
+from gpuq.core.errors import GpuqError, UsageError
 from gpuq.core.states import CANCELLED, INTERRUPTED, PREEMPTED, RUNNING
 from gpuq.core.words import ids_text, plural
 from gpuq.engine.lifecycle import actions, edit, repairs, requests
@@ -175,9 +175,9 @@ def _in_editor(fields: dict[str, Any], job_id: int) -> dict[str, Any]:
         try:
             edited = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as exc:
-            raise Refused(f"job #{job_id} not changed: the edited file is not JSON: {exc}") from None
+            raise UsageError(f"job #{job_id} not changed: the edited file is not JSON: {exc}") from None
     if not isinstance(edited, dict):
-        raise Refused(f"job #{job_id} not changed: the edited file must hold a JSON object")
+        raise UsageError(f"job #{job_id} not changed: the edited file must hold a JSON object")
     return edited
 
 

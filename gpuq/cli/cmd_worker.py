@@ -13,7 +13,7 @@ from gpuq.cli.options import RUN
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import DONE, HELD, PENDING, RAY, RUNNING, SLURM
 from gpuq.core.timespec import parse_memory_mib
-from gpuq.core.words import ids_text, plural
+from gpuq.core.words import ADOPTED_END, ids_text, plural
 from gpuq.engine.lifecycle import actions, enqueue
 from gpuq.engine.schedule import adhoc
 from gpuq.engine.schedule.placement import Request
@@ -123,7 +123,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
             said.append(f"{', '.join(supervised)} (their supervisors record how they end)")
         adopted = [f"#{j.id} {j.name}" for j in running if j.adopted]
         if adopted:  # no supervisor: gpuq's next look finds its process gone and records it done
-            said.append(f"{', '.join(adopted)} (adopted, no supervisor: recorded done once its process is gone)")
+            said.append(f"{', '.join(adopted)} ({ADOPTED_END})")
         print(f"jobs keep running: {'; '.join(said)}. `gpuq stop --kill-jobs` stops them too.")
     return 0
 

@@ -151,7 +151,10 @@ def info(
     if state == RUNNING:
         if stopping:
             parts.append(stopping_text(stopping[0], stopping[1], time.time() if now is None else now))
-        parts.append(f"pid={job.pid}" if job.pid else "starting")
+        if job.exit_code is not None:  # its end is noted, waiting for room on the disk (engine/views/status.py)
+            parts.append(f"ended (exit {job.exit_code}), waiting for room on the disk to record it")
+        else:
+            parts.append(f"pid={job.pid}" if job.pid else "starting")
         if job.gpus == []:
             parts.append("cpu job")
         elif job.slot is not None:

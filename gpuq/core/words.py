@@ -139,3 +139,7 @@ def stopped_text(pids: list[int]) -> str:
         f"{'it starts' if one else 'they start'} no job until {'it is' if one else 'they are'} continued: "
         f"`kill -CONT {' '.join(map(str, pids))}` (or `fg` in {'its' if one else 'their'} terminal)"
     )
+
+
+# how an adopted job is said where running jobs outlive a worker (`gpuq stop`, the worker's last line)
+ADOPTED_END = "adopted, no supervisor: recorded done once its process is gone"

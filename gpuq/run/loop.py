@@ -18,6 +18,7 @@ from watchdog import events
 from watchdog.observers import Observer
 
 from gpuq.core.states import PENDING, RUNNING
+from gpuq.core.words import ADOPTED_END
 from gpuq.engine.schedule.planner import GPU_WAIT_RESCAN_SECONDS
 from gpuq.engine.schedule.turns import TURN_RESCAN_SECONDS
 from gpuq.run.cluster_watch import SYNC_SECONDS
@@ -111,8 +112,10 @@ def serve(worker: Worker, watch: bool, on_drain: Optional[Callable[[], None]] = 
             _stop_observer(observer)
     if worker.stopping:
         running = worker.still_running()
-        names = ", ".join(f"#{j.id} {j.name} (pid {j.pid})" for j in running)
-        left = f"; still running under their supervisors: {names}. `gpuq kill ID` stops one." if running else ""
+        supervised = ", ".join(f"#{j.id} {j.name} (pid {j.pid})" for j in running if not j.adopted)
+        said = [f"still running under their supervisors: {supervised}"] if supervised else []
+        said += [f"#{j.id} {j.name} (pid {j.pid}, {ADOPTED_END})" for j in running if j.adopted]  # as `gpuq stop`
+        left = f"; {'; '.join(said)}. `gpuq kill ID` stops one." if said else ""
         worker.say(f"worker stopped{left}")
         return 130 if interrupted["signal"] == signal.SIGINT else 0
     return 0

@@ -95,16 +95,18 @@ def release(spool: Spool, job_id: int) -> Job:
 def kill(
     spool: Spool, job_id: int, action: str = KILL, stopping: Callable[[float], object] = lambda _grace: None
 ) -> Job:
-    """SIGTERM the running job's process group, SIGKILL after its worker's --kill-grace (`stopping`
-    told it just before); its note says who asked. A job on a cluster is stopped there (scancel, Ray's
-    stop) and cancelled, as `gpuq cancel` does."""
+    """SIGTERM the running job's process group, SIGKILL by SUPERVISOR_LEAD after its worker's
+    --kill-grace (`stopping` told that wait just before); its note says who asked. A job on a
+    cluster is stopped there (scancel, Ray's stop) and cancelled, as `gpuq cancel` does."""
     if spool.jobs.find(job_id, (SLURM,)):
         return slurm_handover.cancel(spool, job_id, note=KILLED_THERE)
     if spool.jobs.find(job_id, (RAY,)):
         return ray_handover.cancel(spool, job_id, note=KILLED_THERE)
     _ref, job = running_with_pid(spool, job_id)
     grace = proctree.job_grace(job)
-    stopping(grace)
+    # the supervisor SIGKILLs only what is left once the main process has ended: one that ignores
+    # SIGTERM gets our SIGKILL, SUPERVISOR_LEAD after the grace, the wait said
+    stopping(grace + SUPERVISOR_LEAD)
     with suppress(SpoolFull):  # a full disk: the job is still stopped; its supervisor records it as failed (143)
         spool.control.request(job_id, action)
     if not proctree.terminate_tree(job, grace + SUPERVISOR_LEAD):

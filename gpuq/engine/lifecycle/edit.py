@@ -89,18 +89,18 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
     try:
         clean = schema.normalize_dropped(fields)
     except schema.InvalidJob as exc:
-        raise Refused(f"job #{job_id} not changed: {exc}") from None
+        raise UsageError(f"job #{job_id} not changed: {exc}") from None
     missing = enqueue.missing_jobs(spool, clean["after"] + clean["after_any"])
     if missing:
         raise Refused(f"job #{job_id} not changed: after: no such job {missing}")
     if job_id in clean["after"] + clean["after_any"]:
-        raise Refused(f"job #{job_id} not changed: a job cannot wait for itself")
+        raise UsageError(f"job #{job_id} not changed: a job cannot wait for itself")
     loop = waits_for_itself(spool, job_id, clean["after"] + clean["after_any"])
     if loop:
         chain = " after ".join(f"#{i}" for i in [job_id, *loop])
-        raise Refused(f"job #{job_id} not changed: it would wait for itself ({chain}), and none of them would start")
+        raise UsageError(f"job #{job_id} not changed: it would wait for itself ({chain}), and none of them would start")
     if clean.get("cwd") is not None and not os.path.isdir(clean["cwd"]):
-        raise Refused(f"job #{job_id} not changed: cwd does not exist: {clean['cwd']}")
+        raise UsageError(f"job #{job_id} not changed: cwd does not exist: {clean['cwd']}")
     with actions.claimed(spool, job_id, WAITING) as (ref, job):
         if job.rev != rev:
             raise Refused(f"job #{job_id} changed while it was being edited; not changed: edit it again")
@@ -124,7 +124,7 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
                 resolved = runs_with(job, changes["cmd"], cwd, changes["conda"])
             except (interpreter.EnqueueError, OSError) as exc:
                 why = str(exc) if isinstance(exc, interpreter.EnqueueError) else f"{exc.strerror}: {cwd}"
-                raise Refused(f"job #{job_id} not changed: {why}") from None
+                raise UsageError(f"job #{job_id} not changed: {why}") from None
             changes.update(cmd=resolved.cmd, venv=resolved.venv, conda=resolved.conda)
             changes.update(interpreter_from=resolved.found_by)
         return spool.jobs.move(ref, job, ref.state, changes)[1]

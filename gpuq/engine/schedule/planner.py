@@ -213,7 +213,8 @@ class Planner:
         for job in islice(self._room(snap, starting).admitted(ready, plan.waits), len(free)):
             plan.starts.append((job, Assignment(free[len(plan.starts)])))
         if len(plan.starts) == len(free):  # every slot taken: the rest wait for the jobs in them to end
-            holders = [j.id for j in snap.running if None in taken or j.slot in slots or j.slot is None]
+            # every running job of the queue: another worker's slots serve the waiting jobs as well
+            holders = [j.id for j in snap.running]
             holders += [*busy, *(job.id for job, _where in plan.starts)]
             jobs = "job" if len(set(holders)) == 1 else "jobs"
             wait = scheduler.Wait(f"waiting for a free slot ({jobs} {ids_text(holders)} running)", False, heard=True)

@@ -113,6 +113,9 @@ def status(
     rows: list[Any] = [Row(j, RUNNING) for j in snap.running]
     for row in rows:  # one asked to end waits out its grace period (a preempted one saves) in running/
         row.stopping = spool.control.asked(row.job.id, since=parse_iso(row.job.started_at))
+        noted = spool.claims.noted(row.job.id)
+        if noted and "waiting" in noted:  # it has ended; the disk was too full to record it but in its lock file
+            row.job.exit_code, row.job.finished_at = noted.get("exit_code"), noted.get("finished_at")
     views = spool.workers.gpu_views()
     shown = gpuview.current(spool, snap.running, views)  # a look of our own if the workers' is old
     guarded = diskguard.waits(snap.pending)
@@ -327,10 +330,8 @@ def disk_warnings(spool: Spool, running: list[Job]) -> list[str]:
                 f"job #{job.id}'s log is {size / (1 << 30):.1f} GiB and has no cap "
                 "(`gpuq add --max-log-size 1G`, or `gpuq run --max-log-size 1G` for every job)"
             )
-        noted = spool.claims.noted(job.id)
-        if noted and "waiting" in noted:
-            out.append(
-                f"job #{job.id} ended (exit {noted.get('exit_code')}): the disk is full, its supervisor "
-                "records it as soon as there is room"
-            )
+        if job.exit_code is not None:  # its end noted in the lock file (see status()), not yet recorded
+            gone = not spool.claims.held(job.id)
+            who = "its supervisor is gone; the next look records it" if gone else "its supervisor records it"
+            out.append(f"job #{job.id} ended (exit {job.exit_code}): the disk is full, {who} as soon as there is room")
     return out

@@ -113,6 +113,7 @@ def _oom_growth(run: Run, state: str, reason: Optional[str]) -> Optional[oom.Gro
 def _note_end(run: Run, state: str, changes: dict[str, Any]) -> None:
     """The end in the claim's lock file: what recovery records should this supervisor die meanwhile."""
     waiting = {"pid": os.getpid(), "exit_code": changes["exit_code"], "state": state, "waiting": "disk full"}
+    waiting["finished_at"] = changes["history"][-1]["finished_at"]  # `status` shows the run's time up to its end
     if state == PREEMPTED:  # its request is taken: what recovery needs to record the preemption
         waiting.update(by=changes["preemptions"][-1]["by"], auto_resume=changes["auto_resume"])
     run.claim.note(waiting)
