@@ -670,3 +670,16 @@ def test_show_of_a_resumed_job_gives_the_wait_before_its_first_start(gq) -> None
     assert line.endswith(f" (first started {clock}, after {wait} in the queue)"), line
     (gq.work / "go").touch()
     wait_state(gq, jid, "done")
+
+
+def test_urgent_job_with_a_free_gpu_is_told_it_starts_now(gq) -> None:
+    """A free GPU beside a running job that cannot be preempted: `add --urgent` says the urgent job
+    starts now, not that it waits for a free slot."""
+    Gpus(gq, fake_gpus(2))
+    low = gq.add("--", sys.executable, "-c", "import time; time.sleep(60)")
+    gq.start_worker("--watch")
+    gq.wait_state(low, "running", timeout=20)
+    added = gq.gpuq("add", "--urgent", "--", sys.executable, "-c", "print(1)").stdout
+    assert "urgent: first in line, and a slot it fits is free: it starts now" in added, added
+    assert "waits for a free slot" not in added, added
+    gq.gpuq("kill", str(low))

@@ -18,7 +18,7 @@ from gpuq.cli.options import ADD, FLAG, HIDDEN
 from gpuq.core.errors import GpuqError, Refused, UsageError
 from gpuq.core.states import CANCELLED, HELD, PENDING, PREEMPTED, RUNNING
 from gpuq.engine.lifecycle import actions, edit, enqueue, requests
-from gpuq.engine.lifecycle.dryrun import plan_add
+from gpuq.engine.lifecycle.dryrun import plan_add, starts_now
 from gpuq.engine.lifecycle.requests import Done
 from gpuq.engine.schedule import gpuview
 from gpuq.engine.views import finished_index, history
@@ -196,6 +196,7 @@ def add(**given: Any) -> dict[str, Any]:
     prepared = enqueue.prepare(request(given))
     sp = spool()
     running = enqueue.running_jobs(sp) if given.get("urgent") and not given.get("hold") else None
+    free_now = running is not None and starts_now(sp, prepared)  # asked before it is queued
     published = enqueue.publish(sp, prepared)
     out: dict[str, Any] = {
         "jobs": [
@@ -207,7 +208,7 @@ def add(**given: Any) -> dict[str, Any]:
         "worker_running": bool(sp.workers.live()),
     }
     if running is not None:
-        out["urgent_outlook"] = enqueue.urgent_outlook(published[0][1], running)
+        out["urgent_outlook"] = enqueue.urgent_outlook(published[0][1], running, free_now)
     return out
 
 

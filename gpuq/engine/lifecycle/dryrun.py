@@ -77,11 +77,7 @@ def plan_add(spool: Spool, request: enqueue.Request) -> dict[str, Any]:
     prepared = enqueue.prepare(request)
     exists = os.path.isdir(spool.layout.internal_dir("workers"))  # a spool made (its last parts too)
     enqueue.check(spool, prepared, spool.workers.gpu_views(tidy=False) if exists else None, gpus=exists)
-    fields = {k: v for k, v in prepared.fields.items() if k != "state"}
-    # as `enqueue_many` makes them, less their log's path and their code's copy (`--snapshot`
-    # copies the repository only when it queues them: `snapshot_of` names it)
-    fields["options"] = dict(fields["options"], snapshot=None)
-    jobs = enqueue.new_jobs(spool.ids.peek() if exists else 1, prepared.variants, **fields)
+    jobs = _new_jobs(prepared, spool.ids.peek() if exists else 1)
     state = prepared.fields["state"]
     starts = _would_start(spool, jobs, state) if exists else {job.id: _start(False, NO_WORKER, None) for job in jobs}
     return {
@@ -90,6 +86,21 @@ def plan_add(spool: Spool, request: enqueue.Request) -> dict[str, Any]:
         "notes": prepared.notes,
         "warnings": prepared.warnings,
     }
+
+
+def starts_now(spool: Spool, prepared: enqueue.Prepared) -> bool:
+    """Whether the first job `prepared` queues would start at once, asked before it is queued (for
+    `add --urgent`: a free slot it fits means nothing is preempted)."""
+    jobs = _new_jobs(prepared, spool.ids.peek())
+    return bool(_would_start(spool, jobs, prepared.fields["state"])[jobs[0].id]["now"])
+
+
+def _new_jobs(prepared: enqueue.Prepared, first_id: int) -> list[Job]:
+    fields = {k: v for k, v in prepared.fields.items() if k != "state"}
+    # as `enqueue_many` makes them, less their log's path and their code's copy (`--snapshot`
+    # copies the repository only when it queues them: `snapshot_of` names it)
+    fields["options"] = dict(fields["options"], snapshot=None)
+    return enqueue.new_jobs(first_id, prepared.variants, **fields)
 
 
 def _entry(job: Job, fields: dict[str, Any], starts: dict[str, Any]) -> dict[str, Any]:

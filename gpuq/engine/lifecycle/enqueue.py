@@ -282,7 +282,10 @@ def running_jobs(spool: Spool) -> list[Job]:
     return [job for _ref, job in spool.jobs.load_many(RUNNING)]
 
 
-def urgent_outlook(job: Job, running: list[Job]) -> str:
+def urgent_outlook(job: Job, running: list[Job], free_now: bool) -> str:
+    """`free_now`: a slot it fits is free (dryrun.starts_now, asked before it was queued)."""
+    if free_now:
+        return "urgent: first in line, and a slot it fits is free: it starts now, preempting nothing"
     from gpuq.engine.schedule import victims  # urgent preemption: it looks at running jobs' checkpoints
 
     return victims.foreseen(job, running)
