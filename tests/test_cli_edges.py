@@ -342,6 +342,17 @@ def test_an_empty_conda_or_python_is_refused_and_nothing_is_queued(gq: Env) -> N
     assert gq.status_json() == []
 
 
+def test_an_empty_dir_is_refused_not_taken_as_the_current_one(gq: Env) -> None:
+    """`--dir ""` queued the job in the current directory, so `--dir "$DIR"` with DIR unset ran it
+    in the wrong place; it is refused in the engine (MCP's add too), and nothing is queued."""
+    gq.script("t.py", "print(1)\n")
+    for flag, value in (("--dir", ""), ("-d", ""), ("--dir", " ")):
+        proc = gq.gpuq("add", f"{flag}={value}", "t.py", check=False)
+        said = f"gpuq add: --dir: expected a value, got {value!r}\n"
+        assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", said), proc
+    assert gq.status_json() == []
+
+
 def test_the_mcp_tools_add_refuses_an_empty_conda_or_python_as_the_cli_does(gq: Env) -> None:
     """The refusal lived in the CLI's option table, so MCP's add queued `conda=""` and ran the job
     with the PATH's python; it is the engine's now, for every caller."""

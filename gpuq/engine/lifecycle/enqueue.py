@@ -160,6 +160,8 @@ class Prepared(NamedTuple):
 
 def prepare(request: Request) -> Prepared:
     """UsageError for anything wrong."""
+    if request.dir is not None and not request.dir.strip():  # `--dir "$DIR"` with DIR unset: not the current one
+        raise UsageError(f"--dir: expected a value, got {request.dir!r}")
     cwd = os.path.abspath(os.path.expanduser(request.dir)) if request.dir else os.getcwd()
     if not os.path.isdir(cwd):
         interpreter.refuse_too_long("--dir", cwd)
