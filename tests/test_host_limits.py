@@ -4,6 +4,7 @@ is ended (by gpuq's watch of its memory, or by the kernel inside its own cgroup)
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,8 @@ import sys
 from typing import Any
 
 import pytest
+from conftest import wait_for
+from test_gpu_worker import fake_gpus
 
 from gpuq.core import failure
 from gpuq.system import cgroups, hostmem
@@ -56,6 +59,9 @@ def test_the_watch_ends_a_job_past_its_mem(gq: Any) -> None:
     assert "host memory limit of 100M reached (" in gq.log(job_id)
     shown = gq.gpuq("show", str(job_id)).stdout
     assert "host limits     kept by watching memory every 0.2 s; CPUs counted, not capped" in shown, shown
+    # the status row says the limit once (not again as the note's "stopped: its host memory limit ...")
+    status = gq.gpuq("status").stdout
+    assert status.count("host memory limit of 100M") == 1 and "was reached" not in status, status
 
 
 def test_a_job_under_its_limits_runs_to_done_with_its_threads_set(gq: Any) -> None:
@@ -136,3 +142,50 @@ def test_an_empty_path_finds_no_systemd_run_in_the_current_directory(tmp_path: A
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "(False, 'no systemd-run on PATH')", out.stderr
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_third_attempt_after_host_memory_retries_says_its_own_retry_count_and_where_its_gpu_was(gq: Any) -> None:
+    """--mem 100M --retry-oom 2 under a worker handing out 500M, on one simulated GPU: stopped at
+    100M and 200M, the third attempt (400M) runs. `show` says it has GPUQ_OOM_RETRY=2 itself (not
+    "its next attempt"); `show` and `history` say each attempt's GPU of the GPU, not of the host
+    memory (it said `had a whole GPU, 100M host memory on GPU 0`)."""
+    watched(gq)
+    (gq.work / "gpus.json").write_text(json.dumps(fake_gpus(1)))
+    gq.env["GPUQ_FAKE_GPUS"] = str(gq.work / "gpus.json")
+    gq.script("grows.py", GROWS)
+    job_id = gq.add("--mem", "100M", "--retry-oom", "2", "grows.py")
+    gq.start_worker("--watch", "--mem", "500M", "--kill-grace", "1")
+    wait_for(lambda: (gq.work / "grown").exists(), 30, what="the third attempt to grow to 300 MB")
+    job = gq.job(job_id)
+    assert job["state"] == "running" and job["attempts"] == 3 and job["oom_retries"] == 2, job
+    shown = gq.gpuq("show", str(job_id)).stdout
+    assert "2 of 2 (--retry-oom 2); this attempt has GPUQ_OOM_RETRY=2" in shown, shown
+    for said in (shown, gq.gpuq("history", str(job_id)).stdout):
+        assert "had a whole GPU (GPU 0) and 100M host memory;" in said, said
+        assert "had a whole GPU (GPU 0) and 200M host memory;" in said, said
+    (gq.work / "go").write_text("")
+    gq.wait_state(job_id, "done", timeout=20)
+
+
+def test_a_negative_mem_is_said_to_be_negative(gq: Any) -> None:
+    """`add --mem -1G` got argparse's "expected one argument"; `--mem=-1G` "cannot read"."""
+    gq.script("x.py", "")
+    for words in (["--mem", "-1G"], ["--mem=-1G"], ["--gpu-mem", "-2.5G"]):
+        done = gq.gpuq("add", *words, "x.py", check=False)
+        assert done.returncode == 2 and "is negative" in done.stderr, (words, done.stderr)
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert gq.files("pending") == []
+
+
+def test_ignored_host_limit_settings_are_said_once_in_the_workers_log(gq: Any) -> None:
+    """GPUQ_HOST_LIMITS other than `watch` and a GPUQ_MEM_WATCH_SECONDS that is no seconds above 0
+    fell back without a word, while GPUQ_HOST_MEM_MARGIN=abc was said: each is said, as the margin."""
+    for mode, seconds in (("foo", "abc"), ("watch", "0"), ("", "-1")):
+        gq.env.update(GPUQ_HOST_LIMITS=mode, GPUQ_MEM_WATCH_SECONDS=seconds)
+        said = gq.gpuq("run").stdout  # an empty queue: the worker starts and exits
+        assert (f"GPUQ_HOST_LIMITS: {mode!r} is not 'watch'" in said) == (mode == "foo"), said
+        assert said.count(f"GPUQ_MEM_WATCH_SECONDS: {seconds!r} is not seconds above 0; watching every 2 s") == 1, said
+    gq.env.update(GPUQ_HOST_LIMITS="watch", GPUQ_MEM_WATCH_SECONDS="0.5")
+    assert "GPUQ_" not in gq.gpuq("run").stdout
+    del gq.env["GPUQ_HOST_LIMITS"], gq.env["GPUQ_MEM_WATCH_SECONDS"]
+    assert "GPUQ_" not in gq.gpuq("run").stdout

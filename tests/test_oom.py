@@ -64,7 +64,7 @@ def test_a_20g_job_that_runs_out_of_memory_is_retried_with_40g_and_ends_done(gq:
     done = gq.wait_state(job_id, "done", timeout=20)
     assert done["gpu_mem_mib"] == 40 * G and done["attempts"] == 2
     shown = gq.gpuq("show", str(job_id)).stdout
-    assert "failed, retried (exit 1)" in shown and "had 20G of a GPU on GPU 0" in shown
+    assert "failed, retried (exit 1)" in shown and "had 20G of a GPU (GPU 0)" in shown
     assert "retrying after out-of-memory with 40G" in shown and "had 40G of a GPU" in shown
     history = gq.gpuq("history", str(job_id)).stdout
     assert "had 20G of a GPU" in history and "CUDA out of memory" in history and "had 40G of a GPU" in history

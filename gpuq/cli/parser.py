@@ -60,9 +60,16 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        # `--mem -1G`: argparse reads a negative value with a unit as an option, and misses the value
+        flag, _, problem = message.removeprefix("argument ").partition(": ")
+        if problem == "expected one argument":
+            words = self.words
+            given = [b for a, b in zip(words, words[1:]) if a in flag.split("/") and b[:1] == "-" and b[1:2].isdigit()]
+            message = f"argument {flag}: {given[0]!r} is negative" if given else message
         raise said_by(self.prog, UsageError(f"{message} (see `{self.prog} --help`)"))
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self.words: list[str] = list(args or [])  # what error() may quote
         # argparse takes a value that starts with `-` for an option: made one word with it first
         if self.joined:
             words, args = list(args or []), []

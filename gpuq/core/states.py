@@ -92,9 +92,10 @@ SLURM_SUBMITTING = "SUBMITTING"  # the `slurm.state` of a pending job while sbat
 def why_ended(state: str, reason: Optional[str], note: Optional[str]) -> Optional[str]:
     """Why a job, or one attempt, ended in `state`, as status, `history ID` and notifications say it:
     its failure's reason (an attempt retried after one ended in pending/), then its note where
-    `state` shows one (a preemption's cause, a kill), a time limit said once."""
+    `state` shows one (a preemption's cause, a kill), a time or host memory limit said once."""
     said = [reason] if reason and state in (FAILED, PENDING) else []
-    if note and BY_NAME[state].shows_note and not (reason and "time limit" in note and "time limit" in reason):
+    limits = ("time limit", "host memory limit")
+    if note and BY_NAME[state].shows_note and not (reason and any(w in note and w in reason for w in limits)):
         said.append(note)
     return "; ".join(said) or None
 

@@ -212,6 +212,8 @@ def parse_typed_bytes(text: str, flag: str = "size") -> int:
 
 
 def _size_parts(text: str, flag: str, forms: str) -> tuple[float, str]:
+    if text.strip().startswith("-"):
+        raise ValueError(f"{flag}: {text!r} is negative; use {forms}")
     match = re.fullmatch(_SIZE, text.strip().lower())
     # `20i` or `20ib` alone is not a unit; `20b` is bytes, which only parse_size_bytes takes as is.
     if not match or (match.group(3).startswith("i") and not match.group(2)):

@@ -24,6 +24,7 @@ from gpuq.engine.schedule.turns import Turns
 from gpuq.engine.tracking import eta
 from gpuq.run import successor
 from gpuq.run.cluster_watch import ClusterWatch
+from gpuq.run.supervisor import hostlimits
 from gpuq.run.supervisor.order import StartOrder
 from gpuq.spool import Claim, JobRef, Spool
 from gpuq.spool.files import MIN_FREE_TO_START, free_bytes
@@ -122,6 +123,8 @@ class Worker:
             turns = Turns(str(spool.home), say)
             planner = Planner(s.gpus, s.foreign_threshold_mib, leases=OtherLeases(spool.home, say), turns=turns)
             planner.host = hostroom.cap(s.host_mem_mib, s.host_cpus, say=say)
+            for line in hostlimits.ignored_settings():  # the supervisors that read them say nothing
+                say(line)
         self.planner = planner
         self.view = QueueView()  # pending/ and running/ kept between steps, read again as events say
         self.urgent = UrgentPreemptions(spool)

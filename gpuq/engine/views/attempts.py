@@ -14,16 +14,21 @@ from gpuq.core.words import plural, size_text
 
 
 def had(entry: dict[str, Any]) -> str:
-    """`20G of a GPU`, `a whole GPU`, `, 32G host memory`: what the attempt ran with."""
-    parts = []
+    """`20G of a GPU (GPU 0)`, `a whole GPU (GPU 1) and 32G host memory`: what the attempt ran with,
+    the GPUs it held said of the GPU, not of the host memory; '' for nothing known."""
+    gpus = entry.get("gpus")
+    where = f"GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}" if gpus else ""
+    parts = [where] if where else []
     # a local attempt held the GPUs its entry lists (none, or `null` without GPUs); one on Ray (no
     # `gpus`) the share recorded
-    if "gpu_mem_mib" in entry and ("gpus" not in entry or entry["gpus"]):
+    if "gpu_mem_mib" in entry and ("gpus" not in entry or gpus):
         mib = entry["gpu_mem_mib"]
-        parts.append(f"{size_text(mib)} of a GPU" if isinstance(mib, int) else "a whole GPU")
+        whole = f"{len(gpus)} whole GPUs" if gpus and len(gpus) > 1 else "a whole GPU"
+        share = f"{size_text(mib)} of a GPU" if isinstance(mib, int) else whole
+        parts = [f"{share} ({where})" if where else share]
     if isinstance(entry.get("mem_mib"), int):
         parts.append(f"{size_text(entry['mem_mib'])} host memory")
-    return ", ".join(parts)
+    return " and ".join(parts)
 
 
 def attempt_line(entry: dict[str, Any]) -> str:
@@ -34,10 +39,9 @@ def attempt_line(entry: dict[str, Any]) -> str:
     began, finished = parse_iso(entry.get("started_at")), parse_iso(entry.get("finished_at"))
     ran = duration(max(0.0, finished - began)) if began is not None and finished is not None else ""
     parts = [f"{ended}" + (f" (exit {code})" if code not in (None, 0) else "") + (f" after {ran}" if ran else "")]
-    gpus = entry.get("gpus")
     held = had(entry)
-    if held or gpus:
-        parts.append("had " + (held or "") + (f" on GPU {','.join(map(str, gpus))}" if gpus else ""))
+    if held:
+        parts.append("had " + held)
     why = (
         why_ended(entry["outcome"], entry.get("reason"), entry.get("note")) if entry.get("outcome") in STATES else None
     )
@@ -77,6 +81,6 @@ def oom_retries_text(job: Job, state: str) -> str:
     allowed = f"{used} of {job.retry_oom} (--retry-oom {job.retry_oom})" if job.retry_oom else str(job.oom_retries)
     if job.retry_oom and used != job.oom_retries:
         allowed += f" since it was last queued again by hand, {job.oom_retries} in all"
-    return allowed + (
-        f"; its next attempt has GPUQ_OOM_RETRY={job.oom_retries}" if job.oom_retries and state not in FINISHED else ""
-    )
+    which = "this attempt has" if state == RUNNING else "its next attempt has"  # a running one has its own
+    told = job.oom_retries and state not in FINISHED
+    return allowed + (f"; {which} GPUQ_OOM_RETRY={job.oom_retries}" if told else "")

@@ -58,6 +58,19 @@ def keep(job: Job, say: Say) -> Optional[Keeper]:
     return Keeper(WATCH, job.mem_mib, job.cpus, period=period)
 
 
+def ignored_settings() -> list[str]:
+    """What the worker's log says, once, of a GPUQ_HOST_LIMITS or GPUQ_MEM_WATCH_SECONDS that `keep`
+    would pass over without a word in every job's run."""
+    said = []
+    mode = os.environ.get(MODE_ENV, "").strip()
+    if mode and mode != WATCH:
+        said.append(f"{MODE_ENV}: {mode!r} is not {WATCH!r}; ignored: host limits are kept by the kernel where it can")
+    seconds = os.environ.get(WATCH_ENV)
+    if seconds and env_seconds(WATCH_ENV, -1.0, sys.float_info.max) < 0:  # set, and not seconds above 0
+        said.append(f"{WATCH_ENV}: {seconds!r} is not seconds above 0; watching every {DEFAULT_WATCH_SECONDS:g} s")
+    return said
+
+
 def _in_cgroup(job: Job, why: list[str]) -> Optional[Keeper]:
     tree, not_here = cgroups.gpuq_tree()
     if tree is None:
