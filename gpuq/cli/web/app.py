@@ -58,8 +58,9 @@ class TokenGate:
     def __init__(self, app: Asgi, token: Callable[[], Optional[str]]) -> None:
         self.app, self.token = app, token
         # A signature made before this server started was made for whoever had the port then (in
-        # milliseconds: one taken in the same second as a restart would still be told apart).
-        self.started = time.time() * 1000
+        # milliseconds: one taken in the same second as a restart would still be told apart; whole
+        # ones, as the page's are: a page that signs in the millisecond the server started is let in).
+        self.started = int(time.time() * 1000)
         self.posted: dict[str, int] = {}  # POST signatures in the window: a captured action acts once
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
