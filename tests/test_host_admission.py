@@ -66,7 +66,7 @@ def test_add_and_edit_set_the_request(gq: Any) -> None:
     gq.gpuq("edit", str(job_id), "--set", "mem=512M", "--set", "cpus=1")
     assert (gq.job(job_id)["mem_mib"], gq.job(job_id)["cpus"]) == (512, 1)
     refused = gq.gpuq("edit", str(job_id), "--set", "cpus=-1", check=False)
-    assert refused.returncode == 1 and "'cpus' must be" in refused.stderr
+    assert refused.returncode == 2 and "'cpus' must be" in refused.stderr  # a bad value: exit 2, as add's
 
 
 def test_a_sweep_gives_each_job_the_request(gq: Any) -> None:

@@ -48,9 +48,9 @@ def test_edit_refuses_a_loop_of_jobs_waiting_for_each_other(gq: Env) -> None:
     third = gq.add("--after", str(second), "--", "true")
     for key in ("after", "after_any"):
         proc = gq.gpuq("edit", str(first), "--set", f"{key}=[{third}]", check=False)
-        assert proc.returncode == 1 and proc.stdout == ""
+        assert proc.returncode == 2 and proc.stdout == ""  # a bad value: a bad command line, as for every edit
         assert proc.stderr == (
-            f"gpuq: job #{first} not changed: it would wait for itself "
+            f"gpuq edit: job #{first} not changed: it would wait for itself "
             f"(#{first} after #{third} after #{second} after #{first}), and none of them would start\n"
         )
         assert gq.job(first)["after"] == [] and gq.job(first)["after_any"] == []
