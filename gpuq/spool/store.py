@@ -154,6 +154,18 @@ class JobStore:
         if unlink_quietly(self.layout.job_path(ref.state, ref.name)):
             fsutil.fsync_dir(self.layout.state_dir(ref.state))
 
+    def newest_copy(self, ref: JobRef, job: Job, states: tuple[str, ...]) -> tuple[JobRef, Job]:
+        """The job as it is: mid-move (or after a crash there) it has a second file under the same
+        name in another of `states`, and the one of higher rev is the job (spool_layout.md), not the
+        first found. Read only: exact-name lookups, a few lstats."""
+        for state in self.states_holding(ref.name, states):
+            if state != ref.state:
+                with suppress(FileNotFoundError, schema.InvalidJob):
+                    other = JobRef(ref.id, state, ref.name)
+                    newer = self.load(other)
+                    ref, job = (other, newer) if newer.rev > job.rev else (ref, job)
+        return ref, job
+
     def newer_copy_elsewhere(self, ref: JobRef, job: Job) -> bool:
         """Whether a crash mid-move left this job in another state (or, renamed by an edit, under
         another name in its own) with a higher rev: then `ref` is the stale copy. Older copies are

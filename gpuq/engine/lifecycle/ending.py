@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any, NamedTuple, Optional
 
 from gpuq.core import failure, oom, schema, transitions
@@ -106,14 +106,7 @@ def get(spool: Spool, job_id: int, states: tuple[str, ...] = STATES) -> tuple[Jo
         raise Refused(f"job #{job_id} changed state while reading it; try again") from None
     except schema.InvalidJob as exc:
         raise Refused(f"job #{job_id}: file is damaged: {exc}") from None
-    # Mid-move (or after a crash there) the job has a second file, the one of higher rev: that one is
-    # the job (spool_layout.md), not the first found. Exact-name lookups: a few lstats.
-    for state in spool.jobs.states_holding(ref.name, states):
-        with suppress(FileNotFoundError, schema.InvalidJob):
-            other = JobRef(job_id, state, ref.name)
-            newer = spool.jobs.load(other) if state != ref.state else job
-            ref, job = (other, newer) if newer.rev > job.rev else (ref, job)
-    return ref, job
+    return spool.jobs.newest_copy(ref, job, states)
 
 
 def pending_jobs(spool: Spool, ids: Optional[Sequence[int]], left: dict[int, str]) -> list[Job]:
