@@ -5,6 +5,7 @@ jobs to rejected/ with the reason.
 
 from __future__ import annotations
 
+import errno
 import os
 import zlib
 from contextlib import AbstractContextManager
@@ -63,6 +64,10 @@ class Dropbox:
         in NAME.reason; returns the name it got there. The reason is written first: a disk too
         full for it (SpoolFull) leaves the file in pending/, to be rejected once there is room."""
         source = self.layout.job_path(PENDING, hidden_name or name)
+        if not os.path.lexists(source):
+            # Already rejected or taken in (the worker's view of pending/ lags its events): a reason
+            # placed for nothing would show in rejected/ until the move below failed.
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(source))
         base = _short_name(name)  # room for ".N.reason" within the 255-byte name limit
         target = base
         for n in range(1, 10000):
