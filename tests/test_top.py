@@ -8,6 +8,7 @@ from pathlib import Path
 
 from conftest import Env
 
+from gpuq.cli import render
 from gpuq.cli.top import draw, model
 from gpuq.core.job import Job
 from gpuq.core.states import CANCELLED, DONE, FAILED, HELD, PENDING, RUNNING
@@ -84,6 +85,27 @@ def test_the_question_and_the_log_view_fit() -> None:
     assert draw.frame(snapshot(), screen)[-1] == ("kill #1 train-a? [y/N]", draw.WARN)
     lines = draw.log_frame("log of #1 train-a (running, following)", [f"step {n}" for n in range(100)], screen)
     assert len(lines) == 24 and lines[1][0] == "step 78" and lines[-2][0] == "step 99"
+
+
+def test_wide_and_combining_characters_are_counted_as_the_terminal_draws_them() -> None:
+    """Widths were counted in characters: a CJK name (two columns each) pushed the rest of its row
+    right and past the screen's edge, a combining accent (none) pulled it left."""
+    snap = snapshot(waiting=0)
+    names = ["训练模型", "e\u0301xyz", "训练模型数据集实验一二三四五六七八九十", "plain-name"]
+    snap.waiting = [model.JobLine(2 + n, PENDING, name, "starts ~4m10s", "after #1") for n, name in enumerate(names)]
+    snap.finished = []
+    for unicode in (True, False):  # the C locale's frame: a `?` per column
+        screen = draw.Screen(80, 24, selected=1, unicode=unicode)
+        lines = [text if unicode else draw.ascii_text(text) for text, _attr in draw.frame(snap, screen)]
+        rows = [text for text in lines if "starts ~4m10s" in text]
+        assert len(rows) == 4 and max(map(render.width, lines)) <= 79, lines
+        assert {render.width(row.split("starts")[0]) for row in rows} == {len("    #2 pending   ") + 16 + 1}, rows
+    assert "训练模型数据集…" in "\n".join(t for t, _a in draw.frame(snap, draw.Screen(80, 24)))  # 15 of 16 columns
+    assert render.cut("训练模型", 8) == "训练模型" and render.cut("训练模型", 7) == "训练模…"
+    assert render.cut("训练模型", 6) == "训练…"  # not half of 模: the row would be a column too wide
+    assert render.cut("e\u0301e\u0301e\u0301", 2) == "e\u0301…" and draw.ascii_text("训e\u0301…") == "??e?"
+    log = draw.log_frame("log of #2 训练模型", ["训练" * 60], draw.Screen(80, 24))
+    assert max(render.width(text) for text, _attr in log) == 79
 
 
 def test_the_snapshot_reads_the_queue_as_status_does_sweeps_folded(gq: Env) -> None:

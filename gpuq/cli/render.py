@@ -43,6 +43,17 @@ def width(text: str) -> int:
     return sum(2 if unicodedata.east_asian_width(c) in "WF" else 0 if unicodedata.combining(c) else 1 for c in text)
 
 
+def cut(text: str, columns: int) -> str:
+    """`text` in at most `columns` columns, ended with `…` where cut: a wide character that does not
+    fit whole is left out (half of it would not be drawn) with the combining marks that follow it."""
+    if width(text) <= columns:
+        return text
+    used, at = 1, 0  # the `…` takes one
+    while used + width(text[at]) <= columns:  # ends within the text: it is wider than `columns`
+        used, at = used + width(text[at]), at + 1
+    return text[:at] + "…"
+
+
 HEADER = ("ID", "St", "Name", "Script", "Time", "Info")
 
 
@@ -78,12 +89,12 @@ def _padded(column: list[str], columns: int, right: bool, plain: bool) -> list[s
         return list(map(str.rjust if right else str.ljust, column, repeat(columns)))
     distinct = set(column)
     if len(distinct) > 256:  # non-ASCII names, say: cell by cell
-        return [_pad(cell, columns, right) for cell in column]
-    filled = {cell: _pad(cell, columns, right) for cell in distinct}  # the state symbols
+        return [pad(cell, columns, right) for cell in column]
+    filled = {cell: pad(cell, columns, right) for cell in distinct}  # the state symbols
     return list(map(filled.__getitem__, column))
 
 
-def _pad(cell: str, columns: int, right: bool) -> str:
+def pad(cell: str, columns: int, right: bool = False) -> str:
     space = " " * (columns - width(cell))
     return space + cell if right else cell + space
 

@@ -1,12 +1,14 @@
 """The frames of `gpuq top`, pure, so that they are tested without a terminal: (text, attribute)
-lines, each at most `width - 1` columns (curses refuses the last cell of the screen)."""
+lines, each at most `width - 1` columns (curses refuses the last cell of the screen), counted as the
+terminal draws them (render.width: a CJK character takes two)."""
 
 from __future__ import annotations
 
 import time
 from typing import Optional
 
-from gpuq.cli.render import progress_bar
+from gpuq.cli.render import cut, pad, progress_bar
+from gpuq.cli.render import width as columns_of
 from gpuq.cli.top.model import GpuLine, JobLine, Snapshot
 from gpuq.core.states import CANCELLED, FAILED, INTERRUPTED, PREEMPTED, RUNNING, UNFINISHED
 
@@ -82,7 +84,7 @@ def queue_lines(snap: Snapshot, width: int, screen: Screen) -> list[tuple[str, s
 
 def _row_text(line: JobLine, name_w: int, unicode: bool) -> str:
     mark = f"#{line.job_id}" if line.job_id is not None else ""
-    name = f"{_cut(line.name, name_w + 1):<{name_w}}"
+    name = pad(cut(line.name, name_w), name_w)
     if line.job_id is None:  # a folded sweep: its summary says its progress and its jobs' states
         return f"{mark:>5} {name} {line.info}"
     if line.state == RUNNING:
@@ -127,13 +129,14 @@ def help_frame(keys: list[tuple[str, str]], screen: Screen) -> list[Line]:
 
 
 def ascii_text(text: str) -> str:
-    return text.encode("ascii", "replace").decode("ascii")
+    """A `?` per column a character took (none for a combining mark): the columns stay aligned."""
+    return text if text.isascii() else "".join(c if c.isascii() else "?" * columns_of(c) for c in text)
 
 
 def _cut(text: str, width: int) -> str:
-    return text if len(text) < width else text[: width - 2] + "…"
+    return cut(text, width - 1)
 
 
 def _fit(left: str, width: int, right: str) -> str:
     room = width - 1 - len(right) - 2
-    return (_cut(left, room + 1) if len(left) > room else left).ljust(room) + "  " + right
+    return pad(cut(left, room), room) + "  " + right
