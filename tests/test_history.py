@@ -18,6 +18,7 @@ import pytest
 from conftest import wait_for
 from test_preempt import FAKE, last_step
 
+from gpuq.cli import render
 from gpuq.core.job import Job
 from gpuq.engine.views import attempts, history
 from gpuq.engine.views.history import PastRun
@@ -405,6 +406,17 @@ def test_history_of_attempts_that_held_no_gpu_names_none(gq: Any) -> None:
         assert "attempt 1  done after " in said and "GPU" not in said, said
     assert "  GPUs       none (a CPU job)\n" in gq.gpuq("show", str(cpu)).stdout
     assert attempts.had({"outcome": "done", "gpu_mem_mib": None}) == "a whole GPU"
+
+
+def test_the_table_counts_a_cjk_directory_in_the_columns_it_takes(gq: Any) -> None:
+    """Its widths were counted in characters: a row whose directory held CJK characters (two
+    columns each) had its counts pushed right of the others'."""
+    for where in ("训练模型", "plain"):
+        gq.script("p.py", "print('ran')\n", where=gq.work / where)
+        gq.add("p.py", cwd=gq.work / where)
+    gq.gpuq("run")  # until the queue is empty
+    lines = gq.gpuq("history").stdout.splitlines()
+    assert any("训练模型" in line for line in lines) and len({render.width(line) for line in lines[:4]}) == 1, lines
 
 
 def test_json_groups_name_each_failed_run_and_its_reason(gq: Any) -> None:

@@ -8,6 +8,7 @@ import time
 from typing import Any, Optional
 
 from gpuq.cli.common import spool
+from gpuq.cli.render import pad, width
 from gpuq.core.errors import Refused, UsageError
 from gpuq.core.states import DONE, FAILED, PREEMPTED
 from gpuq.core.times import duration
@@ -61,8 +62,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     if any(g.gpu_use for g in groups):  # the GPUs' figures, where supervisors recorded them
         rows[0] += ("GPU%", "peak mem", "idle GPU-h")
         rows[1:] = [row + _gpu_use_cells(g.gpu_use) for row, g in zip(rows[1:], groups)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    widths = [max(width(r[i]) for r in rows) for i in range(len(rows[0]))]  # a CJK directory takes two a character
+    lines = ["  ".join(pad(c, w, right=i > 0) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "─" * len(lines[0]))
     total = sum(g.gpu_hours for g in groups)
     print("\n".join(lines + [f"total: {plural(sum(g.runs for g in groups), 'run')}, {total:.2f} GPU-hours"]))
