@@ -162,6 +162,24 @@ def test_the_log_view_keeps_a_character_split_across_two_writes(gq: Env) -> None
     assert follow.shown()[-1] == "caf\u00e9 au lait"
 
 
+def test_the_log_view_takes_a_crlf_split_across_two_reads_as_one_line_end(gq: Env) -> None:
+    """A read that ended with the \\r of a \\r\\n and the next that began with its \\n showed a blank
+    line between (so did the log's tail read when the view opened and the first read after it).
+    A lone \\r, a progress bar drawn again, still ends its line."""
+    from gpuq.cli.top.app import LogFollow
+
+    spool, job = Spool(gq.home), Job(id=7)
+    log = Path(spool.layout.log_path(job.id))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(b"opened\r")
+    follow = LogFollow(spool, job, RUNNING)
+    for part in (b"\nfirst\r", b"\nsecond\r", b"10%\r", b"20%\r\n", b"third\r\n"):
+        with log.open("ab") as fh:
+            fh.write(part)
+        follow.poll()
+    assert follow.shown() == ["opened", "first", "second", "10%", "20%", "third"]
+
+
 def test_in_the_c_locale_the_frame_is_ascii(gq: Env) -> None:
     """Python's UTF-8 mode makes stdout UTF-8 in the C locale, where curses cannot draw block
     characters: bars and sparklines were drawn blank. The locale decides, as it does for curses."""

@@ -91,6 +91,8 @@ class LogFollow:
         self.partial = ""  # a line not ended yet (a tqdm bar ends it with \r)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # keeps a character split by a write
         self.offset = spool.logs.size(job)
+        # what was read ended with \r: a \n read next is the rest of its \r\n, no second line end
+        self.after_cr = self.offset > 0 and spool.logs.read_from(job, self.offset - 1, 1) == b"\r"
         if self.offset == 0 and state in (PENDING, HELD, CANCELLED):
             self.lines.append(f"(#{job.id} has not started: no log yet)")
         else:
@@ -105,7 +107,11 @@ class LogFollow:
         if not chunk:
             return
         self.offset += len(chunk)
-        text = self.partial + self.decoder.decode(chunk).replace("\r\n", "\n").replace("\r", "\n")
+        text = self.decoder.decode(chunk)
+        if self.after_cr and text.startswith("\n"):
+            text = text[1:]
+        self.after_cr = text.endswith("\r")
+        text = self.partial + text.replace("\r\n", "\n").replace("\r", "\n")
         *complete, self.partial = text.split("\n")
         self.lines.extend(complete)
 
