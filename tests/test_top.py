@@ -162,22 +162,36 @@ def test_the_log_view_keeps_a_character_split_across_two_writes(gq: Env) -> None
     assert follow.shown()[-1] == "caf\u00e9 au lait"
 
 
-def test_the_log_view_takes_a_crlf_split_across_two_reads_as_one_line_end(gq: Env) -> None:
-    """A read that ended with the \\r of a \\r\\n and the next that began with its \\n showed a blank
-    line between (so did the log's tail read when the view opened and the first read after it).
-    A lone \\r, a progress bar drawn again, still ends its line."""
+def followed(gq: Env, opened: bytes, parts: tuple[bytes, ...]) -> list[str]:
+    """What the log view shows of a running job's log that held `opened` when the view opened and
+    gained `parts`, each written and then read on its own."""
     from gpuq.cli.top.app import LogFollow
 
     spool, job = Spool(gq.home), Job(id=7)
     log = Path(spool.layout.log_path(job.id))
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_bytes(b"opened\r")
+    log.write_bytes(opened)
     follow = LogFollow(spool, job, RUNNING)
-    for part in (b"\nfirst\r", b"\nsecond\r", b"10%\r", b"20%\r\n", b"third\r\n"):
+    for part in parts:
         with log.open("ab") as fh:
             fh.write(part)
         follow.poll()
-    assert follow.shown() == ["opened", "first", "second", "10%", "20%", "third"]
+    return follow.shown()
+
+
+def test_the_log_view_takes_a_crlf_split_across_two_reads_as_one_line_end(gq: Env) -> None:
+    """A read that ended with the \\r of a \\r\\n and the next that began with its \\n showed a blank
+    line between (so did the log's tail read when the view opened and the first read after it).
+    A lone \\r, a progress bar drawn again, still ends its line."""
+    parts = (b"\nfirst\r", b"\nsecond\r", b"10%\r", b"20%\r\n", b"third\r\n")
+    assert followed(gq, b"opened\r", parts) == ["opened", "first", "second", "10%", "20%", "third"]
+
+
+def test_the_log_view_goes_on_with_the_line_the_log_ended_in_when_it_opened(gq: Env) -> None:
+    """A log that ended mid-line when the view opened (a tqdm bar: drawn after a \\r, not ended) had
+    that line shown as ended: its rest became a line of its own, and the bar's next \\r a blank one."""
+    parts = (b"##    |", b"\r 20%|###   |")
+    assert followed(gq, b"start\n 10%|#", parts) == ["start", " 10%|###    |", " 20%|###   |"]
 
 
 def test_in_the_c_locale_the_frame_is_ascii(gq: Env) -> None:

@@ -91,12 +91,14 @@ class LogFollow:
         self.partial = ""  # a line not ended yet (a tqdm bar ends it with \r)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # keeps a character split by a write
         self.offset = spool.logs.size(job)
-        # what was read ended with \r: a \n read next is the rest of its \r\n, no second line end
-        self.after_cr = self.offset > 0 and spool.logs.read_from(job, self.offset - 1, 1) == b"\r"
+        last = spool.logs.read_from(job, self.offset - 1, 1) if self.offset else b""
+        self.after_cr = last == b"\r"  # a \n read next is the rest of its \r\n, no second line end
         if self.offset == 0 and state in (PENDING, HELD, CANCELLED):
             self.lines.append(f"(#{job.id} has not started: no log yet)")
         else:
             self.lines.extend(spool.logs.tail_lines(job, 200))  # its tail, then what it gains
+            if last not in b"\r\n" and self.lines:  # its last line is not ended: what is read next goes on with it
+                self.partial = self.lines.pop()
 
     def title(self) -> str:
         following = ", following" if self.spool.jobs.find(self.job.id, ACTIVE) is not None else ""
