@@ -12,7 +12,9 @@ import subprocess
 import sys
 from datetime import datetime, timedelta
 
+import pytest
 from conftest import Env, wait_for
+from test_history import svg_ids
 
 from gpuq.engine.tracking import eta
 from gpuq.spool import Spool
@@ -242,3 +244,20 @@ def test_history_of_a_cleared_job_says_it_was_cleared(gq: Env) -> None:
         " went with it; `gpuq history` still counts its runs\n"
     )
     assert gq.gpuq("history", str(job_id + 1), check=False).stderr == f"gpuq: no such job #{job_id + 1}\n"
+
+
+def test_history_plot_of_a_cleared_job_draws_the_runs_clear_kept(gq: Env) -> None:
+    """`gpuq history ID --plot FILE` of a cleared job said `no such job #1` and wrote nothing, though
+    `history --plot` of all jobs drew its run from what `clear` kept: it draws that run now."""
+    pytest.importorskip("matplotlib", reason="needs matplotlib (the plot extra)")
+    gq.script("hi.py", "print('hello')\n")
+    job_id = gq.add("--name", "exp/hi", "hi.py")
+    gq.gpuq("run")
+    gq.gpuq("clear", "-y")
+    out = gq.work / "one.svg"
+    assert gq.gpuq("history", str(job_id), "--plot", str(out)).stdout == f"wrote {out}: 1 run\n"
+    bars = [i for i in svg_ids(out) if i.startswith("gpuq-run-")]
+    assert len(bars) == 1 and bars[0].startswith(f"gpuq-run-{job_id}-1-"), bars
+    missing = gq.gpuq("history", str(job_id + 1), "--plot", str(gq.work / "none.svg"), check=False)
+    assert (missing.returncode, missing.stderr) == (1, f"gpuq: no such job #{job_id + 1}\n")
+    assert not (gq.work / "none.svg").exists()

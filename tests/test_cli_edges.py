@@ -187,6 +187,31 @@ def test_edit_to_the_size_a_job_has_already_is_no_change(gq: Env) -> None:
     assert (gq.job(job)["gpu_mem_mib"], gq.job(job)["min_free_bytes"]) == (10240, 40 << 30)
 
 
+def test_edit_to_the_command_a_job_runs_or_a_size_in_the_editor_in_other_units_is_no_change(
+    gq: Env, tmp_path: Path
+) -> None:
+    """`edit --set 'cmd=["train.py", ...]'` that resolves to the command the job has, and an editor
+    that writes "200G" over the file's 204800, said `changed: cmd` / `changed: gpu_mem` and wrote the
+    job again. Both now say nothing changed and leave the file alone."""
+    Gpus(gq, fake_gpus(1))
+    gq.script("train.py", "")
+    job = gq.add("--hold", "--gpu-mem", "20G", "--mem", "2G", "train.py", "--lr", "1")
+    rev = gq.job(job)["rev"]
+    same = gq.gpuq("edit", str(job), "--set", 'cmd=["train.py", "--lr", "1"]')
+    assert same.stdout == f"job #{job}: nothing changed\n"
+    editor = tmp_path / "editor.py"  # writes each size in other units
+    editor.write_text(
+        "import json, sys\nd = json.load(open(sys.argv[1]))\nd.update(gpu_mem='20G', mem='2048M')\n"
+        "json.dump(d, open(sys.argv[1], 'w'))\n"
+    )
+    edited = gq.gpuq("edit", str(job), env=dict(gq.env, EDITOR=f"{sys.executable} {editor}"))
+    assert edited.stdout == f"job #{job}: nothing changed\n"
+    assert gq.job(job)["rev"] == rev
+    other = gq.gpuq("edit", str(job), "--set", 'cmd=["train.py", "--lr", "2"]', "--set", "gpu_mem=20480M")
+    assert other.stdout.splitlines()[0] == f"[~] Job #{job}: work/train changed: cmd"
+    assert gq.job(job)["cmd"][-2:] == ["--lr", "2"] and gq.job(job)["rev"] == rev + 1
+
+
 # ---- `gpuq cancel` of a running job --------------------------------------------------------------
 
 

@@ -264,3 +264,23 @@ def test_an_imported_jobs_old_log_stays_before_its_retry(gq: Env) -> None:
     gq.gpuq("retry", "1")
     gq.gpuq("run", timeout=30)
     assert gq.gpuq("log", "1").stdout.count("CUDA out of memory") == 1  # copied once, at its first start here
+
+
+def test_an_imported_row_without_an_attempt_is_attempt_1(gq: Env) -> None:
+    """A finished row of the original with no `attempt` field was imported as attempt 0: `history
+    --json ID` gave `job_attempt: 0` and `show` said `attempts 0 of at most 3` and `1 run in all,
+    counting earlier ones`. It ran once: attempt 1, in text and JSON alike."""
+    exp = gq.work / "exp"
+    exp.mkdir()
+    row = _row(1, exp, status="failed", exit_code=3, retries=2,
+               started_at="2025-03-01T10:00:00", finished_at="2025-03-01T10:01:00")  # fmt: skip
+    path = gq.work / "queue.json"
+    path.write_text(json.dumps({"next_id": 2, "jobs": [row, _row(2, exp)]}))  # and a pending one, never started
+    gq.gpuq("import", str(path))
+    assert (gq.job(2)["attempts"], gq.job(2)["history"]) == (0, [])
+    assert gq.job(1)["attempts"] == 1 and [entry["attempt"] for entry in gq.job(1)["history"]] == [1]
+    attempts = json.loads(gq.gpuq("history", "1", "--json").stdout)["attempts"]
+    assert [(a["attempt"], a["job_attempt"]) for a in attempts] == [(1, 1)]
+    shown = gq.gpuq("show", "1").stdout
+    assert "attempts   1 of at most 3 (--retries 2)" in shown and "counting earlier ones" not in shown
+    assert "  attempt 1  failed (exit 3) after 1m00s" in gq.gpuq("history", "1").stdout

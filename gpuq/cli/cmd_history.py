@@ -30,8 +30,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.plot:
         from gpuq.cli.plot import plot  # the plot extra (matplotlib): only for --plot
 
-        if args.id is not None:
-            get(spool(), args.id)  # "no such job #N", as `history ID` says
+        if args.id is not None and all(record.job_id != args.id for record in pairs):
+            get(spool(), args.id)  # "no such job #N"; a cleared job's runs are among the records, kept
         chosen = [r for r in history.runs(pairs) if (since is None or r.end >= since) and args.id in (None, r.job_id)]
         try:
             plot(chosen, args.plot, utilisation=gpuseries.of_runs(spool(), chosen))

@@ -56,19 +56,17 @@ def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
             if not shown[-1:].isalpha() and not shown.startswith("-") and shown.strip("0.") != "":
                 raise UsageError(f"--set min_free: {shown!r} has no unit: did you mean min_free={shown}G?")
             try:
-                size = timespec.parse_typed_bytes(shown, "--set min_free")  # as add's --min-free: above 0
+                timespec.parse_typed_bytes(shown, "--set min_free")  # as add's --min-free: above 0
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-            # read again by the dropped file's rules; the size it has, in other words, is no change
-            out[key] = fields[key] if _bytes_text(size) == fields.get(key) else shown
+            out[key] = shown  # read again by the dropped file's rules
             continue
         if key in TYPED_SIZES and text.strip() != "null":
             try:
-                mib = timespec.parse_memory_mib(text, f"--set {key}")
+                timespec.parse_memory_mib(text, f"--set {key}")
             except ValueError as exc:
                 raise UsageError(str(exc).replace("did you mean ", f"did you mean {key}=", 1)) from None
-            # read again by the dropped file's rules, with its unit; the size it has is no change
-            out[key] = fields[key] if mib == fields.get(key) else text.strip()
+            out[key] = text.strip()  # read again by the dropped file's rules, with its unit
             continue
         try:
             out[key] = json.loads(text)
@@ -80,12 +78,11 @@ def with_pairs(fields: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
 def apply_edited(
     spool: Spool, job_id: int, fields: dict[str, Any], edited: dict[str, Any], rev: int
 ) -> tuple[Optional[Job], list[str]]:
-    """The job as written (None if nothing changed: a key deleted is a change), the keys changed."""
-    changed = [key for key in edited if edited[key] != fields.get(key)]
-    return (apply(spool, job_id, edited, rev) if edited != fields else None), changed
+    """The job as written and the keys whose value changed; (None, []) when none did."""
+    return apply(spool, job_id, edited, rev) if edited != fields else (None, [])
 
 
-def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
+def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> tuple[Optional[Job], list[str]]:
     try:
         clean = schema.normalize_dropped(fields)
     except schema.InvalidJob as exc:
@@ -127,7 +124,11 @@ def apply(spool: Spool, job_id: int, fields: dict[str, Any], rev: int) -> Job:
                 raise UsageError(f"job #{job_id} not changed: {why}") from None
             changes.update(cmd=resolved.cmd, venv=resolved.venv, conda=resolved.conda)
             changes.update(interpreter_from=resolved.found_by)
-        return spool.jobs.move(ref, job, ref.state, changes)[1]
+        # Compared as the job holds them: a size in other units, or a command that resolves to the
+        # one it runs, is no change, whether typed with --set or in the editor.
+        fields_of = {key: FIELD_OF.get(key, key) for key in EDITABLE}
+        changed = [k for k, f in fields_of.items() if f in changes and changes[f] != getattr(job, f)]
+        return (spool.jobs.move(ref, job, ref.state, changes)[1], changed) if changed else (None, [])
 
 
 def runs_with(job: Job, cmd: list[str], cwd: str, conda: Optional[str]) -> interpreter.Resolved:

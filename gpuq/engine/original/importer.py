@@ -140,8 +140,10 @@ def _job(spool: Spool, queue: reader.LegacyQueue, old: reader.LegacyJob) -> tupl
         retries=old.retries,
         source=states.SOURCE_IMPORTED + queue.kind,
     )
+    # a row that started ran at least once, also where it has no `attempt` (the original's first rows)
+    ran = max(old.attempts, 1) if old.started_at else old.attempts
     job.update(
-        attempts=old.attempts,
+        attempts=ran,
         created_at=old.created_at or job.created_at,
         started_at=old.started_at,
         finished_at=old.finished_at,
@@ -153,7 +155,7 @@ def _job(spool: Spool, queue: reader.LegacyQueue, old: reader.LegacyJob) -> tupl
     if old.status in states.FINISHED + states.NEEDS_USER and old.started_at:
         job.history = [
             {
-                "attempt": old.attempts,
+                "attempt": ran,
                 "started_at": old.started_at,
                 "finished_at": old.finished_at,
                 "exit_code": old.exit_code,
