@@ -17,6 +17,7 @@ from test_gpu_worker import add as add_gpu_job
 from gpuq.run.launcher import Launcher
 from gpuq.run.worker import Worker
 from gpuq.spool import Spool
+from gpuq.system.leases import LeaseDir
 
 # Runs until the file named in argv[2] appears (the test sets its pace), printing progress.
 OUTSIDE = """
@@ -376,3 +377,23 @@ def test_the_worker_says_an_adopted_job_ended_not_that_it_lost_its_supervisor(gq
     said = f"adopted job #{job_id} ended: now done"
     wait_for(lambda: said in gq.worker_output(), 20, interval=0.1, what="the worker to say the adopted job ended")
     assert "lost its process and supervisor" not in gq.worker_output()
+
+
+def test_an_adopted_process_leases_its_gpu_until_it_ends(gq, outside, own_lease_dir) -> None:
+    """An adopted job took no lease: another party that decides by leases (another user's gpuq,
+    another queue, `gpuq lease`) saw only the 30 GiB it held and started a 40 GiB share beside it on
+    the GPU it holds whole. Its GPU is leased now, by a keeper that ends the lease with the process."""
+    gpus = Gpus(gq, fake_gpus(1))
+    proc = by_hand(outside, gq, "0")
+    gpus.set(fake_gpus(1, foreign={0: (proc.pid, 30 * 1024)}))
+    adopted = int(gq.gpuq("adopt", str(proc.pid), "--name", "by hand").stdout.split("#")[1].split(":")[0])
+    share = gq.gpuq("lease", "--no-wait", "--gpu-mem", "40G", "--", "true", check=False)
+    assert share.returncode == 75, share.stdout + share.stderr
+    assert f"leased whole by your job #{adopted} (by hand)" in share.stderr, share.stderr
+    [lease] = LeaseDir.open(own_lease_dir).live()
+    assert (lease.job, lease.pid, lease.spool, lease.whole) == (adopted, proc.pid, str(gq.home), True)
+    (gq.work / "release").touch()
+    proc.wait(10)
+    wait_for(lambda: LeaseDir.open(own_lease_dir).live() == [], 10, what="the lease to end with the process")
+    assert (own_lease_dir / f"gpuq-usage.{os.geteuid()}").exists(), "its GPU time counts as the user's"
+    gq.gpuq("lease", "--no-wait", "--gpu-mem", "40G", "--", "true")

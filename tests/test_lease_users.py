@@ -340,6 +340,33 @@ def test_a_gpuq_lease_of_one_user_delays_the_other_users_job_until_its_command_e
             lease.wait()
 
 
+def test_a_process_one_user_adopted_keeps_the_other_users_job_off_its_gpu_until_it_ends(
+    users: tuple[User, User],
+) -> None:
+    """Alice adopts a training she started by hand on GPU 0, before it holds any GPU memory: bob's
+    gpuq saw nothing on the GPU (an adopted job took no lease) and started his job there. Her job's
+    lease keeps his off until her process ends."""
+    alice, bob = users
+    script = "while [ ! -e go ]; do sleep 0.02; done; date +%s.%N > hand.end"
+    by_hand = subprocess.Popen(
+        ["sh", "-c", script], cwd=alice.dir, env=dict(alice.env, CUDA_VISIBLE_DEVICES="0"), user=alice.uid,
+        group=alice.gid, extra_groups=[], start_new_session=True,
+    )  # fmt: skip
+    try:
+        adopt = alice.run(alice.python, "-m", "gpuq", "adopt", str(by_hand.pid), "--name", "by hand")
+        assert adopt.returncode == 0, adopt.stderr
+        adopted = int(adopt.stdout.split("#")[1].split(":")[0])
+        job = _held_back(bob, f"leased whole by {alice.name}'s job #{adopted}")
+        (alice.dir / "go").touch()
+        by_hand.wait(10)
+        wait_for(lambda: (bob.dir / f"e.{job}").exists(), 15, what="bob's job to run once alice's process ended")
+        assert float((bob.dir / f"s.{job}").read_text()) >= float((alice.dir / "hand.end").read_text())
+    finally:
+        if by_hand.poll() is None:
+            by_hand.kill()
+            by_hand.wait()
+
+
 def test_a_placing_lock_its_owner_made_unreadable_is_said_by_the_worker_gpus_and_status(
     users: tuple[User, User],
 ) -> None:

@@ -392,7 +392,8 @@ COMMANDS = (
         help="track a process started outside gpuq as a running job",
         description="Take a running process of yours into the queue: nothing else starts on its GPUs while it "
         "runs, and jobs can wait for it (--after). Its GPUs are those its CUDA_VISIBLE_DEVICES names, else every "
-        "GPU, with any where it holds memory (without GPUs: the whole machine); adopt says which. Its exit code "
+        "GPU, with any where it holds memory (without GPUs: the whole machine); adopt says which, and leases "
+        "them until it ends, so that every user's gpuq on the machine keeps off them. Its exit code "
         "cannot be known: when it ends it is recorded as done with exit_code null, so `--after` on it starts "
         "whatever its result.",
         options=(

@@ -233,11 +233,14 @@ class LeaseDir:
         job: Optional[int],
         name: str,
         spool: Optional[str],
+        pid: Optional[int] = None,
     ) -> Held:
-        """Write a lease of this GPU, locked by this process, under `placing`."""
-        pid, uid, n = os.getpid(), os.geteuid(), lease_io.next_number()
+        """Write a lease of this GPU, locked by this process, under `placing`. `pid`: the process
+        whose tree uses the GPU when it is not this one's (an adopted job's, lease_layout.md)."""
+        me, uid, n = os.getpid(), os.geteuid(), lease_io.next_number()
+        pid = me if pid is None else pid
         lease = Lease(
-            file=f"{PREFIX}{lease_io.safe_name(gpu_uuid)}.{uid}.{pid}.{n}{SUFFIX}",
+            file=f"{PREFIX}{lease_io.safe_name(gpu_uuid)}.{uid}.{me}.{n}{SUFFIX}",
             gpu_uuid=gpu_uuid,
             gpu_index=gpu_index,
             mem_mib=mem_mib,

@@ -1,10 +1,13 @@
 """`gpuq adopt PID`: take a process started outside gpuq into the queue as a running job, with no
-supervisor (only a process's parent can learn its exit code): recovery ends it once it is gone."""
+supervisor (only a process's parent can learn its exit code): recovery ends it once it is gone. Its
+GPUs are leased (lease_layout.md) by a keeper forked from the command, until the process ends."""
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -18,9 +21,13 @@ from gpuq.core.times import iso_of
 from gpuq.engine.lifecycle import repairs
 from gpuq.engine.lifecycle.enqueue import default_name
 from gpuq.engine.lifecycle.interpreter import refuse_too_long
+from gpuq.engine.schedule import leasing
 from gpuq.spool import JobRef, Spool
 from gpuq.system import gpus as gpu_info
 from gpuq.system import procs
+from gpuq.system.leases import Held, LeaseDir, LeaseDirProblem, say_once
+
+KEEPER_POLL_SECONDS = 1.0  # how long an adopted process's leases may outlive it
 
 
 class AdoptError(Refused):
@@ -112,7 +119,51 @@ def adopt(spool: Spool, pid: int, name: Optional[str] = None, log: Optional[str]
     if not procs.is_same_process(pid, info["create_time"], job.boot_id):
         # It ended while we were adopting: let recovery record that honestly right away.
         repairs.settle_unsupervised(spool, repairs.Report())
+    elif job.gpus:
+        _keep_leases(job, str(spool.home))
     return ref, job
+
+
+def _keep_leases(job: Job, home: str) -> None:
+    """Lease the adopted process's GPUs whole, so that every user's gpuq on the machine sees them
+    taken as a started job's, and leave a keeper (a fork of this command: the process has no
+    supervisor to hold them) that holds the leases' locks until the process ends, then adds their
+    GPU-hours to the user's recent usage and releases them. Without a usable lease directory it says
+    why, and only the memory the process holds shows to other users."""
+    uuid_of = {gpu.index: gpu.uuid for gpu in gpu_info.look().gpus}
+    indices = [index for index in job.gpus or () if index in uuid_of]
+    held: list[Held] = []
+    try:
+        directory = LeaseDir.open()
+        with directory.placing(uuid_of[index] for index in indices):
+            for index in indices:
+                taken = directory.take(uuid_of[index], index, None, job=job.id, name=job.name, spool=home, pid=job.pid)
+                held.append(taken)
+    except LeaseDirProblem as exc:
+        for lease in held:
+            lease.release()
+        say_once(str(exc), lambda line: print(f"gpuq adopt: {line}", file=sys.stderr))
+        return
+    if not held:
+        return
+    if os.fork():
+        for lease in held:  # the keeper holds their locks now: closed here, not released
+            if lease.fd is not None:
+                os.close(lease.fd)
+        return
+    try:
+        os.setsid()  # the shell that adopted it may hang up or take a Ctrl-C: not the keeper's end
+        os.chdir("/")
+        quiet = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # whoever reads this command's output sees its end
+            os.dup2(quiet, fd)
+        while procs.is_same_process(job.pid, job.pid_create_time, job.boot_id):
+            time.sleep(KEEPER_POLL_SECONDS)
+        leasing.record_usage(held, lambda line: None)
+        for lease in held:
+            lease.release()
+    finally:
+        os._exit(0)
 
 
 def _check_log(log: Optional[str]) -> Optional[str]:
