@@ -168,3 +168,35 @@ def test_a_cancel_under_a_short_kill_grace_is_over_soon(gq: Env) -> None:
         daemon = int((gq.work / "daemon.pid").read_text())
         if alive(daemon):
             os.kill(daemon, signal.SIGKILL)
+
+
+SAVES_WHILE_HELD = """\
+import os, signal, sys, time
+def save(*_):
+    print("saving", flush=True)
+    while os.path.exists("hold"):
+        time.sleep(0.05)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+print("up", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_job_stopping_at_its_time_limit_says_so_while_it_stops(gq: Env) -> None:
+    """Through the kill grace of a job stopped at its --time (saving, say), `status` and `show` showed
+    it plainly running; they say it is stopping at its time limit, as they say a `gpuq kill` is."""
+    gq.script("saves.py", SAVES_WHILE_HELD)
+    (gq.work / "hold").write_text("")  # it saves until the test has looked
+    job_id = gq.add("--time", "0:00:01", "saves.py")
+    gq.start_worker("--watch", "--kill-grace", "60")
+    wait_for(lambda: "saving" in gq.log(job_id), 20, what="the time limit's SIGTERM")
+    assert "stopping at its time limit since" in gq.gpuq("status").stdout
+    assert "running: stopping at its time limit since" in gq.gpuq("show", str(job_id)).stdout
+    row = next(r for r in gq.status_json() if r["id"] == job_id)
+    assert row["stopping"]["action"] == "time-limit", row
+    (gq.work / "hold").unlink()
+    job = gq.wait_state(job_id, "failed", timeout=20)
+    assert job["note"] == "stopped: its time limit of 1s was reached", job["note"]
+    assert not (gq.home / "control" / f"{job_id:06d}.json").exists()

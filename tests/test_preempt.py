@@ -450,6 +450,26 @@ def test_urgent_add_says_a_no_resume_job_with_checkpoints_does_not_resume(gq) ->
     assert "it starts over (--no-resume: --urgent=force)" in forced, forced
 
 
+def test_a_no_resume_job_preempted_is_recorded_as_starting_over_with_all_its_steps_lost(gq) -> None:
+    """An --urgent=force job preempting a --no-resume job with checkpoints: its record named the
+    newest checkpoint and "lost 2 steps", as if it would continue from it, though it starts over;
+    it says so, and counts the steps lost from its start."""
+    setup_trainer(gq)
+    opts = ("--no-resume",)
+    low = add_trainer(gq, "--output_dir", "low", "--max_steps", "100000", "--save_steps", "5", gpuq_opts=opts)
+    gq.start_worker("--watch")
+    wait_for(lambda: (gq.work / "low" / "checkpoint-5" / "trainer_state.json").exists(), 20, what="a checkpoint")
+    wait_for(lambda: last_step(gq, low) >= 7, 20, what="steps past the checkpoint")
+    urgent = gq.add("--urgent=force", "--", "true")
+    wait_state(gq, urgent, "done", timeout=30)
+    record = wait_for(lambda: (gq.job(low)["preemptions"] or [None])[-1], 20, what="the preemption's record")
+    said = f"preempted by urgent job; starts over (--no-resume): lost {record['last_step']} steps, all since its start"
+    card = shown(gq, low)["preemptions"]
+    assert said in card and "checkpoint" not in card, card
+    assert said in gq.gpuq("history", str(low)).stdout
+    assert record["starts_over"] is True and record["lost_steps"] == record["last_step"] >= 7, record
+
+
 def test_urgent_job_waits_beside_a_job_that_would_start_over_unless_forced(gq) -> None:
     """A running job without a checkpoint (and not --preemptible) would lose its whole run: an
     urgent job waits for a free slot instead, and `add` says so; --urgent=force takes it anyway."""

@@ -69,6 +69,7 @@ KILL = "kill"  # `gpuq kill`: the job ends in cancelled/
 CANCEL = "cancel"  # `gpuq cancel` of a running job: killed, and it ends in cancelled/, said so
 PREEMPT = "preempt"  # `gpuq preempt`: preempted/, until `gpuq resume`
 PREEMPT_RESUME = "preempt-resume"  # the worker made room for an urgent job: resumed by itself
+TIME_LIMIT = "time-limit"  # its supervisor stops it at its --time: only said, for `status` and `show`
 KILL_ACTIONS = (KILL, CANCEL)  # the job ends in cancelled/
 PREEMPT_ACTIONS = (PREEMPT, PREEMPT_RESUME)
 ACTIONS = (KILL, CANCEL, PREEMPT, PREEMPT_RESUME)

@@ -258,8 +258,9 @@ def preemption(
     by: Optional[str] = None,
 ) -> Changes:
     """running -> preempted: the record of this preemption. Lost steps: the last step reached minus
-    the checkpoint's (from scratch without one: all; no progress seen: unknown)."""
-    base = checkpoint_step if checkpoint is not None else (None if job.resumed_from else 0)
+    the checkpoint's (from scratch without one, or for a `no_resume` job: all; no progress seen: unknown)."""
+    starts_over = bool(job.no_resume)  # whatever checkpoints it wrote, its next attempt starts at step 0
+    base = 0 if starts_over else checkpoint_step if checkpoint is not None else (None if job.resumed_from else 0)
     # max(0, ...): a save can be newer than the last progress line seen (tqdm refreshes lazily)
     lost = max(0, last_step - base) if last_step is not None and base is not None else None
     record = {
@@ -270,6 +271,7 @@ def preemption(
         "checkpoint_step": checkpoint_step,
         "last_step": last_step,
         "lost_steps": lost,
+        "starts_over": starts_over,
     }
     return {
         "preemptions": [*job.preemptions, record],
@@ -280,6 +282,10 @@ def preemption(
 
 
 def describe_preemption(record: dict[str, Any]) -> str:
+    if record.get("starts_over"):
+        lost = record.get("lost_steps")
+        lost_text = f"lost {plural(lost, 'step')}, all since its start" if lost is not None else "lost all progress"
+        return f"preempted by {record.get('by', 'user')}; starts over (--no-resume): {lost_text}"
     where = f"checkpoint {record['checkpoint']}" if record.get("checkpoint") else "no complete checkpoint found"
     text = f"preempted by {record.get('by', 'user')}; {where}"
     if record.get("lost_steps") is not None:

@@ -8,7 +8,7 @@ import re
 import time
 from typing import Any, Iterable, Optional, Sequence
 
-from gpuq.core.states import PREEMPT_ACTIONS
+from gpuq.core.states import PREEMPT_ACTIONS, TIME_LIMIT
 from gpuq.core.times import clock, duration
 
 # Escape sequences of a terminal (colours, cursor moves, titles) and the other control characters
@@ -99,8 +99,10 @@ def memory_too_small(need: int, count: int, totals: Sequence[tuple[int, int]]) -
 
 def stopping_text(action: str, since: Optional[float], now: float) -> str:
     """'preempting since 14:02:07 (12s)', 'stopping since ...': a running job someone asked to end
-    (`action`: its control request), while it saves and exits within its grace period."""
+    (`action`: its control request; its supervisor's at its time limit), while it saves and exits
+    within its grace period."""
     verb = "preempting" if action in PREEMPT_ACTIONS else "stopping"  # kill, cancel
+    verb += " at its time limit" if action == TIME_LIMIT else ""
     if since is None:
         return verb
     return f"{verb} since {clock(since)} ({duration(max(0.0, now - since))})"

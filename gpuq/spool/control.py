@@ -1,5 +1,6 @@
 """Control requests: a note in control/NNNNNN.json telling a running job's supervisor why its job
-is about to be signalled (kill, cancel, preempt), so that it records the right end.
+is about to be signalled (kill, cancel, preempt), so that it records the right end; its own at the
+job's time limit (`time-limit`) only tells `status` and `show` why it is stopping.
 
 A cancel is written as a kill said to be by `gpuq cancel` (`{"action": "kill", "by": "cancel"}`):
 a supervisor of an older gpuq, still running its job, records it cancelled as it always did, where

@@ -10,7 +10,7 @@ import time
 from typing import Any, Optional
 
 from gpuq.core import failure, oom, transitions
-from gpuq.core.states import FAILED, KILL_ACTIONS, PENDING, PREEMPT, PREEMPTED
+from gpuq.core.states import FAILED, KILL_ACTIONS, PENDING, PREEMPT, PREEMPTED, TIME_LIMIT
 from gpuq.core.times import parse_iso
 from gpuq.engine.lifecycle import ending
 from gpuq.engine.tracking import continuation, retention
@@ -45,6 +45,7 @@ def finish(
     release(run.leases)
     record_usage(run.leases)  # before the worker sees the job end, and ranks the waiting users by usage
     request = spool.control.take(job.id, since=parse_iso(job.started_at))  # not one left for the run before
+    request = None if request == TIME_LIMIT else request  # our own, for `status`: run.timed_out says it
     # a job that reached its end as it was asked to stop is done: its progress, read for that one only
     completed = continuation.reached_end(spool, job, counted=True) if request and exit_code == 0 else None
     state, why = transitions.destination(

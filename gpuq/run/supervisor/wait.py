@@ -13,7 +13,7 @@ import time
 from contextlib import suppress
 from typing import Any, Callable, Optional
 
-from gpuq.core.states import PREEMPT
+from gpuq.core.states import PREEMPT, TIME_LIMIT
 from gpuq.core.times import parse_iso
 from gpuq.core.timespec import format_duration
 from gpuq.run.supervisor import hostlimits, keeping, watch
@@ -102,6 +102,9 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
         log_line(run.log_fd, f"time limit of {run.timed_out} reached: stopping the job (SIGKILL after {grace:g}s)")
         if run.job.preemptible:
             run.spool.control.request(run.job.id, PREEMPT)
+        else:
+            with suppress(SpoolFull):  # only what `status` says while it stops: no reason not to stop it
+                run.spool.control.request(run.job.id, TIME_LIMIT)
     run.termed_at = time.monotonic()
     proctree.signal_group(child.pid, signal.SIGTERM)
     try:
