@@ -6,6 +6,7 @@ log's tail is read from its end, whatever its size."""
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import os
@@ -423,6 +424,26 @@ def test_each_users_service_has_its_own_port(gq: Env, tmp_path: Path) -> None:
             f"port {other} is in use now" in proc.stderr
             and f"--port {other}\n" in (dest / service.WEB_UNIT_NAME).read_text()
         )
+
+
+def test_a_service_whose_own_port_is_taken_gets_a_free_one_and_keeps_it(gq: Env, tmp_path: Path) -> None:
+    """Users 1000 and 2000 have the same own port (uid % 1000): the second to install got a unit that
+    could never listen. Now it gets the first free port 1000, 2000... above (no user's own), and its URL."""
+    from gpuq.run import service
+
+    dest, own = tmp_path / "units", service.web_port(os.getuid())
+    with socket.socket() as taken:
+        with contextlib.suppress(OSError):  # held by someone else already: taken all the same
+            taken.bind(("127.0.0.1", own))
+            taken.listen()
+        proc = gq.gpuq("service", "install", "--dest", str(dest), "--web")
+    found = re.search(r" --port (\d+)\n", (dest / service.WEB_UNIT_NAME).read_text())
+    port = int(found.group(1)) if found else own
+    assert port != own and (port - own) % 1000 == 0 and port > 9736, port  # past every user's own port
+    assert f"http://127.0.0.1:{port}/#token=" in proc.stdout
+    assert f"port {own}, your own, is in use now: the page gets {port}" in proc.stderr
+    again = gq.gpuq("service", "install", "--dest", str(dest), "--web")  # installed again: the URL stays
+    assert f"--port {port}\n" in (dest / service.WEB_UNIT_NAME).read_text() and f":{port}/#token=" in again.stdout
 
 
 def test_the_first_page_benchmark_runs(tmp_path: Path) -> None:
