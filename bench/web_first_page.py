@@ -65,20 +65,21 @@ class Server:
             self.stop()
             raise SystemExit(f"gpuq web printed {line!r}")
         self.port, self.token = int(found.group(1)), found.group(2)
+        self.server = ""  # the id of this start, which the page asks for (`/api/server`) and signs for
 
     def get(self, path: str) -> tuple[float, int]:
         """Seconds from connecting to the whole answer read, and its size; for `/`, the page's and
-        then the queue's its script asks for."""
+        then those its script asks for: which server it is, then the queue."""
         if path != "/":
             return self.fetch(path)
-        page, data = self.fetch("/"), self.fetch("/api/queue")
-        return page[0] + data[0], page[1] + data[1]
+        loads = [self.fetch("/"), self.fetch("/api/server"), self.fetch("/api/queue")]
+        return sum(t for t, _size in loads), sum(size for _t, size in loads)
 
     def fetch(self, path: str) -> tuple[float, int]:
         start = time.perf_counter()
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         ts = int(time.time() * 1000)
-        mac = hmac.new(self.token.encode(), f"GET\n{path}\n{ts}".encode(), "sha256").hexdigest()
+        mac = hmac.new(self.token.encode(), f"GET\n{path}\n{ts}\n{self.server}".encode(), "sha256").hexdigest()
         conn.request("GET", path, headers={"X-Gpuq-Auth": f"{ts}.{mac}"})
         resp = conn.getresponse()
         body = resp.read()
@@ -86,6 +87,8 @@ class Server:
         conn.close()
         if resp.status != 200:
             raise SystemExit(f"GET {path}: {resp.status} {body[:200]!r}")
+        if path == "/api/server":
+            self.server = json.loads(body)["server"]
         return elapsed, len(body)
 
     def stop(self) -> None:

@@ -6,6 +6,7 @@ log's tail is read from its end, whatever its size."""
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import os
@@ -56,6 +57,7 @@ class Web:
         assert found, (self.url, self.proc.stderr.read() if self.proc.poll() is not None else "")
         self.port, self.token = int(found.group(1)), found.group(2)
         self.base = f"http://127.0.0.1:{self.port}"
+        self.server = json.loads(self.request("/api/server", auth=False)[2])["server"]  # as the page learns it
 
     def request(
         self, path: str, method: str = "GET", auth: Union[bool, str] = True, origin: Optional[str] = "same"
@@ -64,7 +66,7 @@ class Web:
         a POST signed here is made unique, as the page makes each (a query the server ignores)."""
         if auth is True and method == "POST":
             path += ("&" if "?" in path else "?") + "n=" + os.urandom(4).hex()
-        headers = {"X-Gpuq-Auth": auth if isinstance(auth, str) else sign(self.token, method, path)} if auth else {}
+        headers = {"X-Gpuq-Auth": auth if isinstance(auth, str) else self.sign(method, path)} if auth else {}
         if origin is not None:
             headers["Origin"] = self.base if origin == "same" else origin
         req = urllib.request.Request(
@@ -75,6 +77,10 @@ class Web:
                 return resp.status, dict(resp.headers), resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, dict(exc.headers), exc.read()
+
+    def sign(self, method: str, target: str, ts: Optional[int] = None) -> str:
+        """X-Gpuq-Auth for this server, as its page makes it."""
+        return sign(self.token, method, target, self.server, ts)
 
     def json(self, path: str) -> Any:
         status, _headers, body = self.request(path)
@@ -93,10 +99,11 @@ class Web:
         return self.proc.returncode
 
 
-def sign(token: str, method: str, target: str, ts: Optional[int] = None) -> str:
-    """X-Gpuq-Auth as the page's script makes it: TS.HEX, HMAC-SHA256 of METHOD, PATH?QUERY and TS (ms)."""
+def sign(token: str, method: str, target: str, server: str, ts: Optional[int] = None) -> str:
+    """X-Gpuq-Auth as the page's script makes it: TS.HEX, HMAC-SHA256 of METHOD, PATH?QUERY, TS (ms)
+    and the id of the server start it is for."""
     ts = int(time.time() * 1000) if ts is None else ts  # in milliseconds
-    return f"{ts}." + hmac.new(token.encode(), f"{method}\n{target}\n{ts}".encode(), "sha256").hexdigest()
+    return f"{ts}." + hmac.new(token.encode(), f"{method}\n{target}\n{ts}\n{server}".encode(), "sha256").hexdigest()
 
 
 @pytest.fixture
@@ -145,30 +152,54 @@ def test_a_missing_wrong_old_or_replayed_signature_is_403(gq: Env, web: Web) -> 
     refused = {
         "none": "",
         "the token itself": web.token,
-        "another key": sign("0" * 64, "GET", path),
-        "another path": sign(web.token, "GET", "/api/queue"),
-        "another method": sign(web.token, "POST", path),
-        "changed time": sign(web.token, "GET", path, now).replace(f"{now}.", f"{now + 1}.", 1),
-        "two minutes old": sign(web.token, "GET", path, now - 120_000),
-        "two minutes ahead": sign(web.token, "GET", path, now + 120_000),
-        "before the server started": sign(web.token, "GET", path, now - 30_000),
-        "in seconds": sign(web.token, "GET", path, now // 1000),
-        "not a number": "x" + sign(web.token, "GET", path),
+        "another key": sign("0" * 64, "GET", path, web.server),
+        "another path": web.sign("GET", "/api/queue"),
+        "another method": web.sign("POST", path),
+        "changed time": web.sign("GET", path, now).replace(f"{now}.", f"{now + 1}.", 1),
+        "two minutes old": web.sign("GET", path, now - 120_000),
+        "two minutes ahead": web.sign("GET", path, now + 120_000),
+        "for another server": sign(web.token, "GET", path, "0" * 32),
+        "in seconds": web.sign("GET", path, now // 1000),
+        "not a number": "x" + web.sign("GET", path),
     }
     for what, header in refused.items():
         status, _headers, body = web.request(path, auth=header)
         assert status == 403 and b"held" not in body, (what, status, body)
-    assert web.request(path, auth=sign(web.token, "GET", path, now + 30_000))[0] == 200  # a clock a little off
-    again = sign(web.token, "GET", path)
+    assert web.request(path, auth=web.sign("GET", path, now + 30_000))[0] == 200  # a clock a little off
+    again = web.sign("GET", path)
     assert web.request(path, auth=again)[0] == web.request(path, auth=again)[0] == 200  # a look may be repeated
     cancel = f"/api/job/{job_id}/cancel"
     other = gq.add("--hold", "--", "true")
-    captured = sign(web.token, "POST", cancel)
+    captured = web.sign("POST", cancel)
     assert web.request(f"/api/job/{other}/cancel", method="POST", auth=captured)[0] == 403  # for another job
     assert gq.state_of(other) == "held"
     assert web.request(cancel, method="POST", auth=captured)[0] == 200 and gq.state_of(job_id) == "cancelled"
     status, _headers, body = web.request(cancel, method="POST", auth=captured)  # an action acts once
     assert status == 403 and b"made already" in body
+
+
+def test_two_servers_of_one_token_refuse_each_others_signatures(gq: Env, web: Web) -> None:
+    """A signature is for one start of one server: captured on its way to one `gpuq web` (by
+    whoever took its port after it stopped), it opens no other of the same user's."""
+    job_id = gq.add("--name", "mine", "--hold", "--", "true")
+    other = Web(gq)  # the same spool, so the same token, on another port
+    try:
+        assert other.token == web.token and other.server != web.server
+        for made_for, sent_to in ((web, other), (other, web)):
+            auth = made_for.sign("GET", "/api/queue")
+            status, _headers, body = sent_to.request("/api/queue", auth=auth)
+            assert status == 403 and b"mine" not in body, (status, body)
+            assert made_for.request("/api/queue", auth=auth)[0] == 200
+        hold = f"/api/job/{job_id}/cancel?n=1"
+        assert other.request(hold, method="POST", auth=web.sign("POST", hold))[0] == 403
+        assert gq.state_of(job_id) == "held"
+        for server in (web, other):  # which server it is, unsigned, and nothing else
+            status, _headers, body = server.request("/api/server", auth=False)
+            said = json.loads(body)
+            proof = hmac.new(web.token.encode(), f"server\n{server.server}\n{server.port}".encode(), "sha256")
+            assert status == 200 and said == {"server": server.server, "port": server.port, "proof": proof.hexdigest()}
+    finally:
+        other.stop()
 
 
 def test_the_token_is_kept_0600_in_the_spool_and_reused_until_renewed(gq: Env, web: Web) -> None:
@@ -183,7 +214,9 @@ def test_the_token_is_kept_0600_in_the_spool_and_reused_until_renewed(gq: Env, w
     renewed = Web(gq, "--new-token")
     try:
         assert renewed.token != web.token and path.read_text().strip() == renewed.token
-        status, _headers, _body = renewed.request("/api/queue", auth=sign(web.token, "GET", "/api/queue"))
+        status, _headers, _body = renewed.request(
+            "/api/queue", auth=sign(web.token, "GET", "/api/queue", renewed.server)
+        )
         assert status == 403  # the old token is refused
     finally:
         renewed.stop()
@@ -393,6 +426,26 @@ def test_each_users_service_has_its_own_port(gq: Env, tmp_path: Path) -> None:
         )
 
 
+def test_a_service_whose_own_port_is_taken_gets_a_free_one_and_keeps_it(gq: Env, tmp_path: Path) -> None:
+    """Users 1000 and 2000 have the same own port (uid % 1000): the second to install got a unit that
+    could never listen. Now it gets the first free port 1000, 2000... above (no user's own), and its URL."""
+    from gpuq.run import service
+
+    dest, own = tmp_path / "units", service.web_port(os.getuid())
+    with socket.socket() as taken:
+        with contextlib.suppress(OSError):  # held by someone else already: taken all the same
+            taken.bind(("127.0.0.1", own))
+            taken.listen()
+        proc = gq.gpuq("service", "install", "--dest", str(dest), "--web")
+    found = re.search(r" --port (\d+)\n", (dest / service.WEB_UNIT_NAME).read_text())
+    port = int(found.group(1)) if found else own
+    assert port != own and (port - own) % 1000 == 0 and port > 9736, port  # past every user's own port
+    assert f"http://127.0.0.1:{port}/#token=" in proc.stdout
+    assert f"port {own}, your own, is in use now: the page gets {port}" in proc.stderr
+    again = gq.gpuq("service", "install", "--dest", str(dest), "--web")  # installed again: the URL stays
+    assert f"--port {port}\n" in (dest / service.WEB_UNIT_NAME).read_text() and f":{port}/#token=" in again.stdout
+
+
 def test_the_first_page_benchmark_runs(tmp_path: Path) -> None:
     """bench/web_first_page.py end to end, tiny, so it cannot rot (bench/WEB.md has its figures)."""
     script = Path(__file__).resolve().parent.parent / "bench" / "web_first_page.py"
@@ -481,7 +534,7 @@ def test_a_new_token_is_honoured_by_a_server_already_running(gq: Env, web: Web) 
         assert web.request("/api/queue")[0] == 403  # signed with the old token, at the server started before
         status, headers, _body = web.request("/?token=" + renewed.token, auth=False)
         assert status == 303 and headers["location"] == "/#token=" + renewed.token
-        assert web.request("/api/queue", auth=sign(renewed.token, "GET", "/api/queue"))[0] == 200
+        assert web.request("/api/queue", auth=sign(renewed.token, "GET", "/api/queue", web.server))[0] == 200
     finally:
         renewed.stop()
 

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Optional
 import pytest
 from conftest import REPO, WAIT_FOR_GO, Env, wait_for
 from test_gpu_worker import Gpus, fake_gpus
-from test_web import Web, sign
+from test_web import Web
 
 pytest.importorskip("starlette", reason="the web extra (starlette) is not installed")
 selenium = pytest.importorskip("selenium", reason="selenium is not installed (the test extra)")
@@ -234,19 +234,21 @@ def test_the_readme_screenshot(served: tuple[Env, Web, Any], tmp_path: Path) -> 
 
 class Listener(http.server.ThreadingHTTPServer):
     """Another user's server on this host (their "tensorboard"): it records every request it is
-    sent, whole, and answers each with an empty page."""
+    sent, whole, and answers each with an empty page, or for a path in `answers` (without its
+    query) with the status and JSON given."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, answers: Optional[dict[str, tuple[int, bytes]]] = None) -> None:
         self.got: list[bytes] = []
         listener = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def record(self) -> None:
                 listener.got.append(f"{self.command} {self.path}\n{self.headers}".encode())
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html")
+                status, body = (answers or {}).get(self.path.split("?")[0], (0, b""))
+                self.send_response(status or 200)
+                self.send_header("Content-Type", "application/json" if status else "text/html")
                 self.end_headers()
-                self.wfile.write(b"<!doctype html><title>tensorboard</title>")
+                self.wfile.write(body if status else b"<!doctype html><title>tensorboard</title>")
 
             do_GET = do_POST = record
 
@@ -262,9 +264,9 @@ class Listener(http.server.ThreadingHTTPServer):
         self.server_close()
 
 
-def _listen(port: int) -> Optional[Listener]:
+def _listen(port: int, answers: Optional[dict[str, tuple[int, bytes]]] = None) -> Optional[Listener]:
     try:
-        return Listener(port)
+        return Listener(port, answers)
     except OSError:
         return None
 
@@ -311,7 +313,7 @@ def test_who_takes_the_port_after_the_server_stopped_learns_nothing_it_can_use(
     poll = next(got.decode() for got in taker.got if "/api/queue" in got.decode())
     path = poll.split()[1]
     auth = next(line.split(":", 1)[1].strip() for line in poll.splitlines() if line.lower().startswith("x-gpuq-auth:"))
-    assert auth == sign(web.token, "GET", path, int(auth.split(".")[0]))  # the page's own signature
+    assert auth == web.sign("GET", path, int(auth.split(".")[0]))  # the page's own signature
     again = Web(gq, "--port", str(port))  # its owner's server back on the port, within the minute
     try:
         status, _headers, body = again.request(path, auth=auth)  # replayed: refused
@@ -323,3 +325,50 @@ def test_who_takes_the_port_after_the_server_stopped_learns_nothing_it_can_use(
         )
     finally:
         again.stop()
+
+
+def test_a_signature_the_page_made_opens_no_other_server_of_the_same_token(served: tuple[Env, Web, Any]) -> None:
+    """Two `gpuq web` of one user, on two ports. Whoever takes the first one's port after it stopped
+    is sent the open page's signed polls; tried at the second server, within their minute, they
+    are refused, even when the taker passes off the second server's id as its own: the page takes a
+    new id only from its own server's port. Its owner's server back on the port, the page goes on."""
+    gq, web, driver = served
+    gq.add("--name", "mine", "--hold", "--", "true")
+    other = Web(gq)  # the same token, another port
+    try:
+        driver.get(web.url)
+        wait_for(lambda: "mine" in text_of(driver, "waiting"), what="the queue")
+        port = web.port
+        assert web.stop() == 0
+        relayed = other.request("/api/server", auth=False)[2]  # the other server's id, with its proof
+        refused = json.dumps({"error": "403 forbidden"}).encode()
+        answers = {"/api/server": (200, relayed), "/api/queue": (403, refused)}
+        taker = wait_for(lambda: _listen(port, answers), what="another server on the port")
+        try:
+            wait_for(lambda: len(taker.got) >= 4, 20, what="the open page's requests")
+        finally:
+            taker.close()
+        heard = [got.decode() for got in taker.got]
+        assert web.token not in "\n".join(heard) and "cookie" not in "\n".join(heard).lower()
+        polls = [
+            (got.split()[1], line.split(":", 1)[1].strip())
+            for got in heard
+            for line in got.splitlines()
+            if line.lower().startswith("x-gpuq-auth:")
+        ]
+        assert polls, heard
+        for path, auth in polls:  # replayed at once, well within the signatures' minute
+            status, _headers, body = other.request(path, auth=auth)
+            assert status == 403 and b"mine" not in body, (path, status, body)
+        assert "another server answers at this address" in text_of(driver, "live")
+        again = Web(gq, "--port", str(port))  # its owner's server back on the port: a new id, taken
+        try:
+            wait_for(
+                lambda: "live" in text_of(driver, "live") and "offline" not in text_of(driver, "live"),
+                20,
+                what="the open page working again",
+            )
+        finally:
+            again.stop()
+    finally:
+        other.stop()

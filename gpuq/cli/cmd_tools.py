@@ -67,7 +67,10 @@ def cmd_service(args: argparse.Namespace) -> int:
         result = service.install(dest, spool_home=str(sp.home), recover=not args.no_recover, force=args.force)
         results = [result]
         if args.web:
-            port = service.web_port(os.getuid()) if args.web_port is None else args.web_port
+            own = service.web_port(os.getuid())
+            port = service.install_web_port(os.getuid(), dest) if args.web_port is None else args.web_port
+            if args.web_port is None and port != own and service.port_taken(own):
+                print(f"gpuq service: port {own}, your own, is in use now: the page gets {port}", file=sys.stderr)
             results.append(service.install_web(port, dest, spool_home=str(sp.home), force=args.force))
             if results[-1].action != "unchanged" and service.port_taken(port):
                 print(

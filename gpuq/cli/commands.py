@@ -493,7 +493,8 @@ COMMANDS = (
                 "--web-port",
                 convert=port_number,
                 metavar="N",
-                help="with --web: its port (default 8737 + your uid %% 1000: each user's own)",
+                help="with --web: its port (default 8737 + your uid %% 1000: each user's own; if something listens "
+                "there, the first free one 1000, 2000... above it; the unit's port once installed)",
             ),
             Opt("--force", kind=FLAG, help="replace or remove a unit gpuq did not write"),
         ),

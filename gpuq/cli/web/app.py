@@ -9,6 +9,7 @@ whose Origin must be the page's own, so another site open in the same browser ca
 from __future__ import annotations
 
 import hmac
+import os
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, MutableMapping, Optional
@@ -38,29 +39,33 @@ SECURITY_HEADERS = {
     "cache-control": "no-store",
     "x-frame-options": "DENY",
 }
-AUTH_HEADER = "x-gpuq-auth"  # TS.HEX: HMAC-SHA256, keyed with the token, of "METHOD\nPATH?QUERY\nTS"
+AUTH_HEADER = "x-gpuq-auth"  # TS.HEX: HMAC-SHA256, keyed with the token, of "METHOD\nPATH?QUERY\nTS\nSERVER"
 WINDOW_MS = 60_000  # how long a signature is good for, either side of this server's clock (TS is in ms)
 FORBIDDEN = "403 forbidden: open the URL `gpuq web` printed (it carries the token)"
 
 Asgi = Callable[[Any, Any, Any], Awaitable[None]]  # an ASGI application: (scope, receive, send)
 
 
-def signature(token: str, method: str, target: str, ts: int) -> str:
+def signature(token: str, method: str, target: str, ts: int, server: str) -> str:
     """What the page's script sends for one request (web.js's `signed`): `target` is the path
-    with its query as sent."""
-    return f"{ts}." + hmac.new(token.encode(), f"{method}\n{target}\n{ts}".encode(), "sha256").hexdigest()
+    with its query as sent, `server` the id of the server start it is for (`TokenGate.hello`)."""
+    return f"{ts}." + _mac(token, f"{method}\n{target}\n{ts}\n{server}")
+
+
+def _mac(token: str, text: str) -> str:
+    return hmac.new(token.encode(), text.encode(), "sha256").hexdigest()
 
 
 class TokenGate:
     """Every `/api/` request signed with the token now (the file's: `--new-token` revokes the old
     one); an old `?token=` URL is sent to its fragment form, serving nothing."""
 
-    def __init__(self, app: Asgi, token: Callable[[], Optional[str]]) -> None:
-        self.app, self.token = app, token
-        # A signature made before this server started was made for whoever had the port then (in
-        # milliseconds: one taken in the same second as a restart would still be told apart; whole
-        # ones, as the page's are: a page that signs in the millisecond the server started is let in).
-        self.started = int(time.time() * 1000)
+    def __init__(self, app: Asgi, token: Callable[[], Optional[str]], port: int) -> None:
+        self.app, self.token, self.port = app, token, port
+        # The id of this start, in every signature: one made for another `gpuq web` of the same token
+        # (as the open page of a stopped one sends whoever took its port) or for this port's earlier
+        # server is refused here.
+        self.server = os.urandom(16).hex()
         self.posted: dict[str, int] = {}  # POST signatures in the window: a captured action acts once
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -84,10 +89,18 @@ class TokenGate:
                 response = RedirectResponse(here + (f"?{rest}" if rest else "") + f"#token={token}", 303)
             else:
                 response = PlainTextResponse(FORBIDDEN + "\n", 403)
+        elif scope["path"] == "/api/server":  # unsigned: what the page signs for
+            response = JSONResponse(self.hello(token) if token else {"error": FORBIDDEN}, 200 if token else 403)
         elif scope["path"].startswith("/api/"):
             refused = self.refused(request, token)
             response = JSONResponse({"error": refused}, 403) if refused else None
         await (response or self.app)(scope, receive, secured)
+
+    def hello(self, token: str) -> dict[str, Any]:
+        """This start's id and port, with a proof keyed with the token that ties them together: the
+        page signs for the id, and takes a new one (after a restart) only from a server that knows the
+        token and listens on the port the first one did (the server's own: `ssh -L` moves the page's)."""
+        return {"server": self.server, "port": self.port, "proof": _mac(token, f"server\n{self.server}\n{self.port}")}
 
     def refused(self, request: Request, token: Optional[str]) -> Optional[str]:
         """Why this request's signature is not one the page made just now for it, or None."""
@@ -95,16 +108,12 @@ class TokenGate:
         ts = _count(given.partition(".")[0])
         target = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
         target += ("?" + scope["query_string"].decode("latin-1")) if scope.get("query_string") else ""
-        if (
-            token is None
-            or ts is None
-            or not hmac.compare_digest(given.encode(), signature(token, request.method, target, ts).encode())
-        ):
+        if token is None or ts is None:
+            return FORBIDDEN
+        if not hmac.compare_digest(given.encode(), signature(token, request.method, target, ts, self.server).encode()):
             return FORBIDDEN
         if abs(now - ts) > WINDOW_MS:
             return "403: signed more than a minute off this server's clock: is the browser's device's clock right?"
-        if ts < self.started:
-            return "403: signed before this server started"
         if request.method == "POST":
             self.posted = {mac: t for mac, t in self.posted.items() if t >= now - WINDOW_MS}
             if given in self.posted:
@@ -121,7 +130,7 @@ def same_origin(request: Request) -> bool:
     return bool(origin and host) and origin == f"http://{host}" and site in (None, "same-origin")
 
 
-def build(sp: Spool, read_only: bool = False) -> Asgi:
+def build(sp: Spool, port: int, read_only: bool = False) -> Asgi:
     ring = Ring()  # the GPUs over the last minutes, from the looks of this server
     # A first look before serving: the modules a look imports and the finished index it brings up
     # to date are then ready for the first page, not paid for by it.
@@ -168,7 +177,7 @@ def build(sp: Spool, read_only: bool = False) -> Asgi:
         Route("/api/job/{id:int}/log", api_log),
         Route("/api/job/{id:int}/{action}", api_act, methods=["POST"]),
     ]
-    return TokenGate(Starlette(routes=routes), sp.web_token.follow())
+    return TokenGate(Starlette(routes=routes), sp.web_token.follow(), port)
 
 
 def _page(request: Request) -> int:

@@ -61,7 +61,8 @@ def cmd_web(args: argparse.Namespace) -> int:
 
     from gpuq.cli.web import app  # Starlette: with it
 
-    application = app.build(sp, read_only=args.read_only)  # the queue read once: the first page is quick
+    # the queue read once: the first page is quick
+    application = app.build(sp, sock.getsockname()[1], read_only=args.read_only)
     server = uvicorn.Server(uvicorn.Config(application, log_level="warning", access_log=False, lifespan="off"))
 
     def stop(_signum: int, _frame: Any) -> None:

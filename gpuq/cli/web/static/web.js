@@ -8,6 +8,7 @@
   const LOG_LINES_KEPT = 5000; // lines kept on the page; older ones leave it (the file keeps them)
   const TOKEN_KEY = "gpuq-token";
   const NO_TOKEN = "403 forbidden: open the URL `gpuq web` printed (it carries the token)";
+  const ELSEWHERE = "another server answers at this address, not the gpuq web this page came from";
   const $ = (id) => document.getElementById(id);
 
   // The token comes once in the address's fragment, which the browser sends to no server; it is
@@ -19,6 +20,8 @@
   if (secure && fragment.get("token")) localStorage.setItem(TOKEN_KEY, fragment.get("token"));
   const token = secure ? localStorage.getItem(TOKEN_KEY) : null;
   let key = null; // the token as an HMAC key, made once
+  let server = null; // the id of the server start this page signs for (app.py's `TokenGate.hello`)
+  let port = null; // the port the first one listened on, as it said (not the browser's: ssh -L)
   window.addEventListener("hashchange", () => location.reload()); // the URL pasted into an open page: start over
 
   // el("div", {class: "x"}, "text", child...): strings become text nodes
@@ -56,19 +59,40 @@
     node.className = ok ? "live" : "live bad";
   }
 
-  // Every request is signed, the token never sent: X-Gpuq-Auth is "TS.HEX", the HMAC-SHA256 of
-  // "METHOD\nPATH?QUERY\nTS" keyed with it (app.py's `signature`), good for a minute for this one
-  // request, and only at a server started before it was made: whoever takes the port after the
-  // server stopped learns nothing from what this page sends it.
-  async function signed(url, method) {
+  async function hmacHex(text) {
     const enc = new TextEncoder();
     key = key || (await crypto.subtle.importKey("raw", enc.encode(token), { name: "HMAC", hash: "SHA-256" }, false, ["sign"]));
+    const mac = await crypto.subtle.sign("HMAC", key, enc.encode(text));
+    return Array.from(new Uint8Array(mac), (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  // Which server start to sign for, taken only with a proof made with the token and only from a
+  // server on the port the first one said it had: whoever holds this address after ours stopped
+  // cannot pass off another `gpuq web` of the same token (on another port) as ours.
+  async function hello() {
+    const said = await (await fetch("/api/server", { credentials: "omit", cache: "no-store" })).json().catch(() => ({}));
+    if (said.error || !said.proof) throw new Error(said.error || ELSEWHERE);
+    if (said.proof !== (await hmacHex("server\n" + said.server + "\n" + said.port))) throw new Error(NO_TOKEN);
+    if (port !== null && said.port !== port) throw new Error(ELSEWHERE);
+    port = said.port;
+    return said.server;
+  }
+
+  // Every request is signed, the token never sent: X-Gpuq-Auth is "TS.HEX", the HMAC-SHA256 of
+  // "METHOD\nPATH?QUERY\nTS\nSERVER" keyed with it (app.py's `signature`), good for a minute for this
+  // one request at this one server start: whoever takes the port after the server stopped learns
+  // nothing from what this page sends it. Refused, it asks which server answers (it may have
+  // restarted, with a new id) and tries once more.
+  async function signed(url, method, again) {
+    server = server || (await hello());
     const where = new URL(url, location.href);
     const target = where.pathname + where.search;
     const ts = Date.now(); // in milliseconds
-    const mac = await crypto.subtle.sign("HMAC", key, enc.encode(method + "\n" + target + "\n" + ts));
-    const hex = Array.from(new Uint8Array(mac), (b) => b.toString(16).padStart(2, "0")).join("");
-    return fetch(target, { method, credentials: "omit", cache: "no-store", headers: { "X-Gpuq-Auth": ts + "." + hex } });
+    const hex = await hmacHex(method + "\n" + target + "\n" + ts + "\n" + server);
+    const response = await fetch(target, { method, credentials: "omit", cache: "no-store", headers: { "X-Gpuq-Auth": ts + "." + hex } });
+    if (response.status !== 403 || again) return response;
+    server = null;
+    return signed(url, method, true);
   }
 
   async function getJson(url) {
