@@ -282,6 +282,19 @@ def test_a_log_tail_stays_bounded_on_a_1_gib_log(spool_env: Env) -> None:
     assert text.endswith("\nthe last line") and len(text) <= tools.LOG_CHARS_MAX
 
 
+def test_the_queue_tool_lists_a_damaged_job_file(spool_env: Env) -> None:
+    """A pending file cut short (a crash) was in `gpuq status` but not in the queue tool: the
+    assistant saw no trace of it. Now it is an entry saying `damaged`, as in `status --json`."""
+    gq = spool_env
+    job_id = gq.add("true")
+    (gq.home / "pending" / "000007-cut.json").write_text('{"schema_version": 1, "id": 7, ')
+    rows = value(call("queue", {}))
+    assert rows == gq.status_json()
+    assert [(r["id"], r["state"], r["damaged"]) for r in rows] == [(job_id, "pending", False), (7, "pending", True)]
+    assert rows[1]["file"] == "000007-cut.json" and "not valid JSON" in rows[1]["reason"]
+    assert "`damaged`" in next(tool for tool in tools.TOOLS if tool.name == "queue").description
+
+
 def test_the_resources_read(spool_env: Env) -> None:
     gq = spool_env
     job_id = gq.add("echo", "hello")

@@ -201,6 +201,35 @@ def test_a_damaged_running_or_pending_file_is_a_row_saying_so(gq: Env) -> None:
         gq.wait_state(job_id, "done")
 
 
+def test_status_json_lists_damaged_files_as_entries_saying_so(gq: Env) -> None:
+    """`status --json` left out a damaged job file in every state (the text `status` shows it): a
+    script saw no trace of it. Now it is an entry with `damaged` true, its file, state and why, every
+    other field of a row null; the jobs' rows keep their fields, with `damaged` false."""
+    _many(gq, 14)
+    queued, held = gq.add("true"), gq.add("--hold", "true")
+    broken = [
+        ("pending", "000090-cut.json", '{"schema_version": 1, "id": 90, '),
+        ("preempted", "000091-zeroed.json", "\0" * 40),
+        ("done", "000092-edited.json", '{"schema_version": 1}'),
+    ]
+    for state, name, text in broken:
+        (gq.home / state / name).write_text(text)
+    for args in (("status", "--json"), ("status", "-a", "--json")):
+        rows = json.loads(gq.gpuq(*args).stdout)
+        jobs = {r["id"]: r for r in rows if not r["damaged"]}
+        assert jobs[queued]["state"] == "pending" and jobs[held]["state"] == "held" and jobs[queued]["cmd"] == ["true"]
+        # -a: every finished job (read from its file, not the index's rows); else the 10 newest, #92 one of them
+        assert len(jobs) == (16 if "-a" in args else 11)
+        damaged = {r["id"]: r for r in rows if r["damaged"] is True}
+        assert sorted(damaged) == [90, 91, 92], args
+        for state, name, _text in broken:
+            entry = damaged[int(name[:6])]
+            assert set(entry) == set(jobs[queued]) | {"file"}, entry
+            assert (entry["state"], entry["file"]) == (state, name) and entry["reason"], entry
+            assert entry["name"] is None and entry["cmd"] is None and entry["exit_code"] is None
+        assert "not valid JSON" in damaged[90]["reason"], damaged[90]
+
+
 def test_removed_added_and_rewritten_files_show_at_once_in_settled_directories(gq: Env) -> None:
     """With every finished directory's stamp trusted (old enough), the index still sees a file
     removed, one added and one rewritten."""
@@ -299,7 +328,7 @@ def test_status_resolves_a_copy_left_in_another_state_with_the_finished_listing(
 def test_status_reads_the_pending_files_as_they_are_now(gq: Env) -> None:
     """A job file changed the way gpuq changes them, or any other, shows as it is now."""
     first, second = gq.add("--name", "first", "true"), gq.add("--name", "second", "true")
-    names = lambda: {r["id"]: r["name"] for r in gq.status_json()}  # noqa: E731
+    names = lambda: {r["id"]: r["name"] for r in gq.status_json() if not r["damaged"]}  # noqa: E731
     assert names() == {first: "first", second: "second"}
     gq.gpuq("edit", str(second), "--set", "name=renamed")  # a new file in its place
     assert names() == {first: "first", second: "renamed"}
@@ -308,3 +337,4 @@ def test_status_reads_the_pending_files_as_they_are_now(gq: Env) -> None:
     assert names() == {second: "renamed"}
     os.chmod(gq.home / "pending" / gq.files("pending")[1], 0o660)  # a read refuses it now
     assert names() == {}
+    assert [(r["id"], r["damaged"]) for r in gq.status_json()] == [(first, True), (second, True)]

@@ -203,3 +203,34 @@ def test_wait_names_what_moves_a_held_job_on_and_recover_of_no_job_says_only_tha
     assert (proc.returncode, proc.stdout) == (1, f"#{held} held: waits for `gpuq release {held}`\n")
     proc = gq.gpuq("recover", "--jobs", "9999", check=False)
     assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "gpuq: no such job #9999\n")
+
+
+def test_wait_does_not_wait_for_a_damaged_file(gq: Env) -> None:
+    """A file in preempted/ that is no valid job (cut short by a crash) counted as pending, a victim
+    the worker resumes by itself: with a worker running, `gpuq wait` waited for it until --timeout
+    (for ever without one). It never runs: wait says so on stderr, once, and waits for the others."""
+    gq.script("hold.py", WAIT_FOR_GO)
+    running, damaged = gq.add("hold.py"), gq.add("--hold", "true")
+    live_worker(gq)
+    gq.wait_state(running, "running")
+    name = gq.files("held")[0]
+    (gq.home / "held" / name).rename(gq.home / "preempted" / name)
+    (gq.home / "preempted" / name).write_text(f'{{"schema_version": 1, "id": {damaged}, "na')
+    said = f"gpuq wait: job #{damaged}: file is damaged: not valid JSON"
+    started = time.monotonic()
+    proc = gq.gpuq("wait", str(damaged), "--timeout", "20", check=False)
+    assert (proc.returncode, proc.stdout) == (1, "") and time.monotonic() - started < 15, proc
+    assert proc.stderr.startswith(said) and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.endswith("(in preempted/); it will never run: not waited for\n"), proc.stderr
+    err = gq.work / "wait.err"
+    waiting = in_background(gq, err, "wait", str(running), str(damaged), "--timeout", "60")
+    try:
+        wait_for(lambda: said in err.read_text(), 10, what="wait's word on the damaged file")
+        assert waiting.poll() is None  # still waiting: the running job will end
+        (gq.work / "go").write_text("")
+        out, _ = waiting.communicate(timeout=30)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert waiting.returncode == 1 and gq.state_of(running) == "done" and out == ""
+    assert err.read_text().count(said) == 1

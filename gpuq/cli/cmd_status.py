@@ -6,19 +6,23 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from gpuq.cli import render
 from gpuq.cli.common import spool
 from gpuq.core.job import Job
 from gpuq.core.times import iso_of
-from gpuq.engine.views.status import Row, status
+from gpuq.engine.views.status import CachedRow, Row, status
+from gpuq.spool import Spool
 from gpuq.system import security
 
 # the fields of a job `status --json` gives, besides those of its row
 JSON_FIELDS = """id name pid exit_code after after_any cmd cwd created_at started_at finished_at attempts retries
 priority slot log note urgent preemptible checkpoint resumed_from resumed_from_step lost_steps no_resume preemptions
 gpu_request gpu_mem_mib gpus mem_mib cpus reason time_limit begin_at code code_changed snapshot sweep slurm""".split()
+# and those of its row: a damaged job file's row has them all, null
+ROW_FIELDS = """state waiting progress eta_seconds starts_in_seconds eta_method progress_source adopted gpu_idle
+retry_oom oom_retry keep_checkpoints min_free_bytes ckpt_bytes disk_wait stopping damaged""".split()
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -34,10 +38,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _status_once(args: argparse.Namespace) -> int:
     sp = spool()
-    st = status(sp, show_all=args.all, damaged=None if args.json else render.damaged_cells)
     if args.json:
-        print(json.dumps([json_row(r) for r in st.rows], indent=2))
+        print(json.dumps(json_rows(sp, args.all), indent=2))
         return 0
+    st = status(sp, show_all=args.all, damaged=render.damaged_cells, finished_view=True)
     print(render.worker_line(st.workers, st.outlook()))
     if st.gpus is not None:
         print("\n".join(render.gpu_lines(st.gpus, home=sp.home)))
@@ -61,9 +65,19 @@ def _status_once(args: argparse.Namespace) -> int:
     return 0
 
 
-def json_row(row: Row) -> dict[str, Any]:
-    """One job of `status --json` (also the MCP server's queue tool)."""
+def json_rows(sp: Spool, show_all: bool) -> list[dict[str, Any]]:
+    """`status --json` (also the MCP server's queue tool): a row per job, and per damaged job file."""
+    return [json_row(row) for row in status(sp, show_all=show_all, damaged=lambda name, why: (name, why)).rows]
+
+
+def json_row(row: Union[Row, CachedRow]) -> dict[str, Any]:
+    """One job of `status --json`; a damaged job file's row has its fields null, says so in
+    `damaged`, and names its `file` and, in `reason`, why it is no job."""
     job, est = row.job, row.estimate
+    if isinstance(row, CachedRow):  # nothing of its file can be trusted but its name (and the id in it)
+        name, why = row.cells
+        damaged = {"id": job.id, "state": row.state, "damaged": True, "file": name, "reason": why}
+        return dict.fromkeys(JSON_FIELDS + ROW_FIELDS) | damaged
     out = {key: job[key] for key in JSON_FIELDS}  # a field an older file lacks: its default, as Job reads it
     out["state"] = row.state
     out["waiting"] = row.wait.reason if row.wait else None
@@ -82,6 +96,7 @@ def json_row(row: Row) -> dict[str, Any]:
     out["disk_wait"] = row.disk_wait.reason if row.disk_wait else None
     asked, at = row.stopping or (None, None)  # a running job being killed or preempted: since when
     out["stopping"] = {"action": asked, "since": at and iso_of(at)} if asked else None
+    out["damaged"] = False
     return out
 
 

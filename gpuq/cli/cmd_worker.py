@@ -144,9 +144,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
             "(`gpuq run --daemon`); waiting for the running ones",
             file=sys.stderr,
         )
-    waited = actions.wait_for(sp, ids, args.timeout)
+    waited = actions.wait_for(sp, ids, args.timeout, said=_never_runs)
     for job_id, (state, why) in sorted(waited.ends.items()):
-        if state != DONE and job_id not in waited.stranded:
+        if state != DONE and job_id not in waited.stranded and job_id not in waited.damaged:
             print(f"#{job_id} {state}" + (f": {why}" if why else ""))
     if waited.stranded:
         waits = "waits" if len(waited.stranded) == 1 else "wait"
@@ -160,6 +160,11 @@ def cmd_wait(args: argparse.Namespace) -> int:
         print(f"{'all ' if len(ids) > 1 else ''}{plural(len(ids), 'job')} done")
         return 0
     return 1
+
+
+def _never_runs(_job_id: int, state: str, why: str) -> None:
+    """A job whose file is damaged, said as soon as `wait` finds it (it goes on with the others)."""
+    print(f"gpuq wait: {why} (in {state}/); it will never run: not waited for", file=sys.stderr, flush=True)
 
 
 def cmd_lease(args: argparse.Namespace) -> int:

@@ -23,3 +23,7 @@ class Refused(GpuqError):
     """A well-formed request that cannot be carried out now (no such job, wrong state; exit 1)."""
 
     exit_code = 1
+
+
+class Damaged(Refused):
+    """The job's file is no valid job (cut short by a crash, edited by hand): it never runs."""

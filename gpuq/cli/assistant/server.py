@@ -38,7 +38,7 @@ def build() -> MCPServer:
     server.resource(
         "gpuq://queue",
         name="queue",
-        description="The queue as `gpuq status --json` gives it: one object per job.",
+        description="The queue as `gpuq status --json` gives it: one object per job or damaged job file.",
         mime_type="application/json",
     )(_queue)
     server.resource(

@@ -109,7 +109,7 @@ LOST = "The steps since each one's last checkpoint are lost."
 
 
 def queue(all: Annotated[bool, Field(description="every finished job, not only the newest (as -a)")] = False) -> Any:
-    return [cmd_status.json_row(row) for row in status(spool(), show_all=all).rows]
+    return cmd_status.json_rows(spool(), all)
 
 
 def job(
@@ -261,7 +261,9 @@ READING = (
         READ,
         queue,
         "One object per job: its fields, `state`, `waiting` (why it waits), `progress`, `eta_seconds`, "
-        "`reason` (why it failed); the newest finished jobs, or with all=true every one.",
+        "`reason` (why it failed); the newest finished jobs, or with all=true every one. A job file that "
+        "is no valid job (damaged) is an object with `damaged` true, its `file`, `id`, `state` and, in `reason`, "
+        "why; its other fields null.",
     ),
     Tool(
         "job",

@@ -45,7 +45,7 @@ PREEMPT_TIMEOUT = 60.0  # as `gpuq preempt`'s default
 def queue(sp: Spool, ring: Ring, page: int = 0) -> dict[str, Any]:
     """The queue (sweeps folded), with one page of the finished jobs, newest first."""
     now = time.time()
-    st = status(sp, show_all=True, damaged=render.damaged_cells)
+    st = status(sp, show_all=True, damaged=render.damaged_cells, finished_view=True)
     shown = st.gpus
     if shown is not None and shown.get("worker"):
         gpuview.add_leases(shown, sp.home)  # every user's leases as they are now, as `gpuq gpus` shows them

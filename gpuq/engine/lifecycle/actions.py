@@ -13,7 +13,7 @@ from itertools import takewhile
 from typing import Any, Callable, Optional
 
 from gpuq.core import oom, schema, states, transitions
-from gpuq.core.errors import GpuqError, Refused
+from gpuq.core.errors import Damaged, GpuqError, Refused
 from gpuq.core.job import Job
 from gpuq.core.states import (
     ACTIVE,
@@ -36,7 +36,7 @@ from gpuq.core.transitions import Continuation
 from gpuq.engine.lifecycle import ending, ray_handover, repairs, slurm_handover
 from gpuq.engine.lifecycle.ending import claimed, get, unseen_oom
 from gpuq.engine.schedule import scheduler
-from gpuq.engine.schedule.queue_read import PendingCache, read_queue
+from gpuq.engine.schedule.queue_read import PendingCache, load, read_queue
 from gpuq.engine.tracking import continuation
 from gpuq.spool import JobRef, Spool, SpoolFull
 from gpuq.system import proctree
@@ -262,19 +262,28 @@ def _signal_workers(spool: Spool, signum: int) -> list[dict[str, Any]]:
 @dataclass
 class Waited:
     """How the jobs `gpuq wait` waited for ended: id -> (state, why it is not done, or None).
-    `stranded`: pending jobs no worker is running to start."""
+    `stranded`: pending jobs no worker is running to start; `damaged`: jobs whose file is no job
+    (they never run: not waited for)."""
 
     ends: dict[int, tuple[str, Optional[str]]] = field(default_factory=dict)
     stranded: list[int] = field(default_factory=list)
+    damaged: list[int] = field(default_factory=list)
 
     @property
     def all_done(self) -> bool:
         return all(state == DONE for state, _why in self.ends.values())
 
 
-def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll: float = 0.5) -> Waited:
+def wait_for(
+    spool: Spool,
+    ids: list[int],
+    timeout: Optional[float] = None,
+    poll: float = 0.5,
+    said: Callable[[int, str, str], None] = lambda _id, _state, _why: None,
+) -> Waited:
     """Block until each job has ended (or can no longer start without a person) or `timeout` passes;
-    stop once every job left is pending and no worker runs (`stranded`)."""
+    stop once every job left is pending and no worker runs (`stranded`). A job whose file is
+    damaged is waited for no longer, and `said` (id, state, why) at once."""
     index = spool.jobs.index()
     unknown = [i for i in ids if i not in index]
     if unknown:
@@ -296,7 +305,13 @@ def wait_for(spool: Spool, ids: list[int], timeout: Optional[float] = None, poll
             if state == PENDING and wait is not None and wait.forever:
                 out.ends[job_id] = (state, f"blocked: {wait.reason}")
             elif waited_out(state, wait):
-                out.ends[job_id] = (state or "gone", None if state == DONE else _why_not_done(spool, job_id, state))
+                try:
+                    why = None if state == DONE else _why_not_done(spool, job_id, state)
+                except Damaged as exc:
+                    why = str(exc)
+                    out.damaged.append(job_id)
+                    said(job_id, state or "gone", why)
+                out.ends[job_id] = (state or "gone", why)
         left -= set(out.ends)
         if not left:
             return out
@@ -335,7 +350,9 @@ def _as_waited(
     snap, _ = read_queue(spool, cache)
     stopped = [job_id for job_id, state in snap.states.items() if state == PREEMPTED]
     if stopped:  # read after the listing: one resumed since then is gone from preempted/, and pending
-        manual = {job.id for _ref, job in spool.jobs.load_many(PREEMPTED) if not job.auto_resume}
+        read = [(ref.id, load(spool, ref)) for ref in spool.jobs.refs((PREEMPTED,))]
+        damaged = {i for i, job in read if isinstance(job, schema.InvalidJob)}  # stays preempted: no worker resumes it
+        manual = damaged | {i for i, job in read if isinstance(job, Job) and not job.auto_resume}
         snap.states.update((job_id, PENDING) for job_id in stopped if job_id not in manual)
     return snap, scheduler.waiting_reasons(snap)
 
@@ -352,6 +369,8 @@ def _why_not_done(spool: Spool, job_id: int, state: Optional[str]) -> str:
     hint = f"waits for `gpuq {waits} {job_id}`" if waits else ""  # not `held: held`
     try:  # the copy in the state the look found: during a move the old one is still there too
         job = get(spool, job_id, (state,))[1]
+    except Damaged:
+        raise  # said apart: a file that is no job never runs, whatever its state would need
     except Refused:
         return hint
     code = f"exit {job.exit_code}" if job.exit_code is not None else ""

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple, Optional
 
 from gpuq.core import failure, oom, schema, transitions
-from gpuq.core.errors import Refused
+from gpuq.core.errors import Damaged, Refused
 from gpuq.core.job import Job
 from gpuq.core.states import FINISHED, PENDING, PREEMPT, PREEMPTED, STATES
 from gpuq.core.times import iso_of, parse_iso
@@ -105,7 +105,7 @@ def get(spool: Spool, job_id: int, states: tuple[str, ...] = STATES) -> tuple[Jo
     except FileNotFoundError:
         raise Refused(f"job #{job_id} changed state while reading it; try again") from None
     except schema.InvalidJob as exc:
-        raise Refused(f"job #{job_id}: file is damaged: {exc}") from None
+        raise Damaged(f"job #{job_id}: file is damaged: {exc}") from None
     return spool.jobs.newest_copy(ref, job, states)
 
 

@@ -94,9 +94,11 @@ def status(
     show_all: bool = False,
     damaged: Optional[Callable[[str, str], tuple]] = None,
     recent: int = RECENT_FINISHED,
+    finished_view: bool = False,
 ) -> Status:
     """Every row of the queue. With `damaged` (the CLI's cells of an invalid job file, from its name
-    and why) such a file is a row, and `show_all` gives the finished rows from the finished index.
+    and why) such a file is a row; with `finished_view`, `show_all` gives the finished rows from the
+    finished index (`finished`), not as jobs read from their files in `rows` (`status --json`).
     `recent`: how many of the newest finished jobs are rows without `show_all` (`eta`: 0)."""
     warned_slurm = sync_slurm(spool) + sync_ray(spool)
     for _look in range(LOOKS):
@@ -127,7 +129,7 @@ def status(
     for ref in spool.jobs.refs((HELD, PREEMPTED, INTERRUPTED, SLURM, RAY)):
         rows += _row_of(spool, ref, damaged)
     view = None
-    if show_all and damaged is not None and done.count() > RECENT_FINISHED:
+    if show_all and finished_view and done.count() > RECENT_FINISHED:
         view = FinishedRows(done.entries)
         finished: list[JobRef] = []
     elif show_all:
