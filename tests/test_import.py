@@ -264,3 +264,27 @@ def test_an_imported_jobs_old_log_stays_before_its_retry(gq: Env) -> None:
     gq.gpuq("retry", "1")
     gq.gpuq("run", timeout=30)
     assert gq.gpuq("log", "1").stdout.count("CUDA out of memory") == 1  # copied once, at its first start here
+
+
+def test_commands_started_together_import_the_queue_once(gq: Env) -> None:
+    """Commands run at once on first use each imported the queue: the jobs one published were 'not
+    imported: File exists' in another's report, and the record kept such a report (or 'finishing an
+    import a crash cut short'). Now one imports, the others wait for it and find nothing left. Three
+    spools: the commands start together often, not always."""
+    for n in range(3):
+        home = gq.home / f"spool{n}"
+        home.mkdir(parents=True)
+        shutil.copy(DATA / "queue.json", home)
+        env = dict(gq.env, GPUQ_HOME=str(home))
+        command = [sys.executable, "-m", "gpuq", "status"]
+        started = [
+            subprocess.Popen(command, env=env, cwd=gq.work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for _ in range(4)
+        ]
+        said = [line for proc in started for line in proc.communicate(timeout=60)[1].decode().splitlines()]
+        assert [line for line in said if "queue.json" in line] == [
+            f"gpuq: imported the original gpuq's queue {home / 'queue.json'}: 1 done, 1 failed, 1 pending",
+            "gpuq:   renamed queue.json -> queue.json.bak",
+        ], said
+        again = gq.gpuq("import", env=env).stdout
+        assert "1 done, 1 failed, 1 pending; nothing to do" in again and "not imported" not in again

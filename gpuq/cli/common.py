@@ -22,7 +22,8 @@ def spool(first_use_import: bool = True) -> Spool:
         from gpuq.engine.original.importer import import_found  # the original's reader (sqlite3): only then
 
         try:
-            reports = import_found(sp)
+            with sp.import_lock():  # a command started beside this one may be importing it: it then finds none
+                reports = import_found(sp)
         except GpuqError as exc:
             print(f"gpuq: the original gpuq's queue was not imported: {exc}", file=sys.stderr)
         else:
