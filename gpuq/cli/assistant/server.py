@@ -14,6 +14,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
 from gpuq import __version__
 from gpuq.cli.assistant import tools
+from gpuq.cli.common import first_use_import_report
 from gpuq.core.errors import GpuqError
 from gpuq.core.words import utf8
 
@@ -22,7 +23,8 @@ INSTRUCTIONS = (
     f"({', '.join(tool.name for tool in tools.READING)}) are safe to call at any time; every other tool "
     "changes the queue: say what it will do and ask the user first. Errors are gpuq's one-line messages: "
     "report them, do not retry the same call. Nothing starts unless a worker runs (the queue tool's jobs "
-    "wait; `gpuq run --daemon` in a shell starts one)."
+    "wait; `gpuq run --daemon` in a shell starts one). A result may end with lines beginning `gpuq: `, "
+    "the import of the original gpuq's queue found in the spool: tell the user what they say."
 )
 
 
@@ -60,13 +62,16 @@ def serve() -> None:
 def _handler(tool: tools.Tool) -> Callable[..., CallToolResult]:
 
     def handler(**arguments: Any) -> CallToolResult:
+        said: list[TextContent] = []  # the first-use import's report, as the CLI says it on stderr
         try:
+            imported = first_use_import_report(tools.spool())
+            said += [TextContent(type="text", text="\n".join(imported))] if imported else []
             value = tool.run(**arguments)
         except Exception as exc:  # noqa: BLE001 - every failure is one line for the assistant
-            return CallToolResult(content=[TextContent(type="text", text=one_line(exc))], is_error=True)
+            return CallToolResult(content=[TextContent(type="text", text=one_line(exc)), *said], is_error=True)
         text = json.dumps(value, ensure_ascii=False)
         structured = value if isinstance(value, dict) else {"result": value}
-        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
+        return CallToolResult(content=[TextContent(type="text", text=text), *said], structured_content=structured)
 
     handler.__signature__ = tool.signature().replace(return_annotation=CallToolResult)  # type: ignore[attr-defined]  # the SDK reads it
     handler.__name__ = tool.name
