@@ -36,6 +36,7 @@ class Peer:
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.next_id = 0
+        self.others: list[dict[str, Any]] = []  # what came while waiting for an answer: notifications, errors
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -56,6 +57,7 @@ class Peer:
             if answer.get("id") == self.next_id:  # notifications (logging) are not answers
                 assert "error" not in answer, answer
                 return answer["result"]
+            self.others.append(answer)
 
     def stop(self) -> str:
         """Its stderr, once it has ended (killed if it still runs)."""
@@ -116,6 +118,24 @@ def test_an_argument_that_is_no_utf8_is_answered_escaped_as_status_json_does(gq:
         (resource,) = peer.request("resources/read", {"uri": "gpuq://queue"})["contents"]
         assert json.loads(resource["text"]) == gq.status_json()
         assert peer.request("tools/call", {"name": "gpus", "arguments": {}}).get("isError") is not True
+        peer.proc.stdin.close()
+        assert peer.proc.wait(timeout=15) == 0
+        assert "Traceback" not in peer.stop()
+    finally:
+        peer.stop()
+
+
+def test_a_line_that_is_no_json_is_answered_with_a_parse_error_and_the_server_goes_on(gq: Env) -> None:
+    """JSON-RPC 2.0 answers a line that is no JSON with its parse error (-32700, id null): the SDK only
+    logged it, and a client waited for an answer that never came. A blank line is no message: no answer."""
+    peer = Peer(gq)
+    try:
+        peer.request("initialize", HELLO)
+        peer.send({"method": "notifications/initialized"})
+        peer.proc.stdin.write('{"jsonrpc": "2.0", "id": 7, "method": \n\n')  # cut short, then a blank line
+        assert "queue" in {tool["name"] for tool in peer.request("tools/list", {})["tools"]}
+        errors = [answer for answer in peer.others if "error" in answer]
+        assert [(e["id"], e["error"]["code"]) for e in errors] == [(None, -32700)], peer.others
         peer.proc.stdin.close()
         assert peer.proc.wait(timeout=15) == 0
         assert "Traceback" not in peer.stop()
