@@ -284,3 +284,27 @@ def test_an_imported_row_without_an_attempt_is_attempt_1(gq: Env) -> None:
     shown = gq.gpuq("show", "1").stdout
     assert "attempts   1 of at most 3 (--retries 2)" in shown and "counting earlier ones" not in shown
     assert "  attempt 1  failed (exit 3) after 1m00s" in gq.gpuq("history", "1").stdout
+
+
+def test_commands_started_together_import_the_queue_once(gq: Env) -> None:
+    """Commands run at once on first use each imported the queue: the jobs one published were 'not
+    imported: File exists' in another's report, and the record kept such a report (or 'finishing an
+    import a crash cut short'). Now one imports, the others wait for it and find nothing left. Three
+    spools: the commands start together often, not always."""
+    for n in range(3):
+        home = gq.home / f"spool{n}"
+        home.mkdir(parents=True)
+        shutil.copy(DATA / "queue.json", home)
+        env = dict(gq.env, GPUQ_HOME=str(home))
+        command = [sys.executable, "-m", "gpuq", "status"]
+        started = [
+            subprocess.Popen(command, env=env, cwd=gq.work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for _ in range(4)
+        ]
+        said = [line for proc in started for line in proc.communicate(timeout=60)[1].decode().splitlines()]
+        assert [line for line in said if "queue.json" in line] == [
+            f"gpuq: imported the original gpuq's queue {home / 'queue.json'}: 1 done, 1 failed, 1 pending",
+            "gpuq:   renamed queue.json -> queue.json.bak",
+        ], said
+        again = gq.gpuq("import", env=env).stdout
+        assert "1 done, 1 failed, 1 pending; nothing to do" in again and "not imported" not in again

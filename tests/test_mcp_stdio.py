@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -35,6 +36,7 @@ class Peer:
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.next_id = 0
+        self.others: list[dict[str, Any]] = []  # what came while waiting for an answer: notifications, errors
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -55,6 +57,7 @@ class Peer:
             if answer.get("id") == self.next_id:  # notifications (logging) are not answers
                 assert "error" not in answer, answer
                 return answer["result"]
+            self.others.append(answer)
 
     def stop(self) -> str:
         """Its stderr, once it has ended (killed if it still runs)."""
@@ -64,13 +67,13 @@ class Peer:
         return self.proc.stderr.read()
 
 
+HELLO = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}
+
+
 def test_gpuq_mcp_speaks_json_rpc_on_stdio(gq: Env) -> None:
     peer = Peer(gq)
     try:
-        hello = peer.request(
-            "initialize",
-            {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}},
-        )
+        hello = peer.request("initialize", HELLO)
         assert hello["serverInfo"]["name"] == "gpuq" and "tools" in hello["capabilities"]
         peer.send({"method": "notifications/initialized"})
 
@@ -118,5 +121,57 @@ def test_an_argument_that_is_no_utf8_is_answered_escaped_as_status_json_does(gq:
         peer.proc.stdin.close()
         assert peer.proc.wait(timeout=15) == 0
         assert "Traceback" not in peer.stop()
+    finally:
+        peer.stop()
+
+
+def test_a_line_that_is_no_json_is_answered_with_a_parse_error_and_the_server_goes_on(gq: Env) -> None:
+    """JSON-RPC 2.0 answers a line that is no JSON with its parse error (-32700, id null): the SDK only
+    logged it, and a client waited for an answer that never came. A blank line is no message: no answer."""
+    peer = Peer(gq)
+    try:
+        peer.request("initialize", HELLO)
+        peer.send({"method": "notifications/initialized"})
+        peer.proc.stdin.write('{"jsonrpc": "2.0", "id": 7, "method": \n\n')  # cut short, then a blank line
+        assert "queue" in {tool["name"] for tool in peer.request("tools/list", {})["tools"]}
+        errors = [answer for answer in peer.others if "error" in answer]
+        assert [(e["id"], e["error"]["code"]) for e in errors] == [(None, -32700)], peer.others
+        peer.proc.stdin.close()
+        assert peer.proc.wait(timeout=15) == 0
+        assert "Traceback" not in peer.stop()
+    finally:
+        peer.stop()
+
+
+def test_a_tool_says_the_first_use_import_of_the_original_queue_in_its_result(gq: Env) -> None:
+    """The original gpuq's queue.json in the spool was imported by the first tool call, its report on
+    stderr, which no assistant reads. Now the result says it after the tool's JSON. Two calls at once
+    (as assistants make them) imported it side by side, each saying the other's jobs were not imported:
+    now one imports and says so, the other waits for it."""
+    gq.home.mkdir(parents=True)
+    shutil.copy(Path(__file__).parent / "data" / "original" / "queue.json", gq.home)
+    peer = Peer(gq)
+    try:
+        peer.request("initialize", HELLO)
+        peer.send({"method": "notifications/initialized"})
+        calls = {101: ("queue", {"all": True}), 102: ("job", {"id": 3})}
+        for n, (name, arguments) in calls.items():
+            peer.send({"id": n, "method": "tools/call", "params": {"name": name, "arguments": arguments}})
+        results: dict[int, Any] = {}
+        while len(results) < len(calls):
+            answer = json.loads(peer.lines.get(timeout=30))
+            results.update({answer["id"]: answer["result"]} if answer.get("id") in calls else {})
+        assert sorted(job["id"] for job in json.loads(results[101]["content"][0]["text"])) == [1, 2, 3]
+        assert results[102]["structuredContent"]["id"] == 3
+        said = [content["text"] for result in results.values() for content in result["content"][1:]]
+        assert said == [
+            f"gpuq: imported the original gpuq's queue {gq.home / 'queue.json'}: 1 done, 1 failed, 1 pending\n"
+            "gpuq:   renamed queue.json -> queue.json.bak"
+        ], said
+        again = peer.request("tools/call", {"name": "job", "arguments": {"id": 3}})
+        assert len(again["content"]) == 1
+        peer.proc.stdin.close()
+        assert peer.proc.wait(timeout=15) == 0
+        assert "imported" not in peer.stop()  # said once, where the assistant reads it
     finally:
         peer.stop()

@@ -71,6 +71,8 @@ def test_tree_table_is_what_the_spool_creates(tmp_path: Path) -> None:
         pass
     with spool.adopt_lock():
         pass
+    with spool.import_lock():
+        pass
     spool.files.keep_emergency_room()
     spool.kept.append([(1, "done", "x", "key", None, "[]", None, None)])  # what `gpuq clear` keeps
     spool.web_token.get()  # what `gpuq web` asks of every request

@@ -25,10 +25,11 @@ from gpuq.system import installs
 
 def cmd_import(args: argparse.Namespace) -> int:
     sp = spool(first_use_import=False)  # its report goes to stdout here
-    if args.path is not None:
-        reports = [importer.import_queue(sp, Path(args.path).expanduser().absolute())]
-    else:  # nothing left to import: what was imported, and what was not, said again
-        reports = importer.import_found(sp) or importer.recorded(sp)
+    with sp.import_lock():
+        if args.path is not None:
+            reports = [importer.import_queue(sp, Path(args.path).expanduser().absolute())]
+        else:  # nothing left to import: what was imported, and what was not, said again
+            reports = importer.import_found(sp) or importer.recorded(sp)
     if not reports:
         print(f"no queue of the original gpuq in {sp.home} (gpuq.db or queue.json); give its path")
     for report in reports:

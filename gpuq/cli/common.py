@@ -16,19 +16,26 @@ from gpuq.spool.layout import find_legacy
 def spool(first_use_import: bool = True) -> Spool:
     """The user's spool, created on first use; a queue of the original gpuq found there is imported,
     said on stderr, where it never mixes with JSON output. Not by `_ids`: completion hides stderr,
-    and the import's report would be lost."""
+    and the import's report would be lost; nor by `gpuq mcp`'s tools, which say it in their result."""
     sp = Spool().ensure()
-    if first_use_import and find_legacy(sp.home) is not None:
-        from gpuq.engine.original.importer import import_found  # the original's reader (sqlite3): only then
-
-        try:
-            reports = import_found(sp)
-        except GpuqError as exc:
-            print(f"gpuq: the original gpuq's queue was not imported: {exc}", file=sys.stderr)
-        else:
-            for line in (line for report in reports for line in report.lines()):
-                print(f"gpuq: {line}", file=sys.stderr)
+    for line in first_use_import_report(sp) if first_use_import else []:
+        print(line, file=sys.stderr)
     return sp
+
+
+def first_use_import_report(sp: Spool) -> list[str]:
+    """Import the original gpuq's queue found in the spool, if any: what the import says, each line
+    beginning `gpuq: `."""
+    if find_legacy(sp.home) is None:
+        return []
+    from gpuq.engine.original.importer import import_found  # the original's reader (sqlite3): only then
+
+    try:
+        with sp.import_lock():  # a command started beside this one may be importing it: it then finds none
+            reports = import_found(sp)
+    except GpuqError as exc:
+        return [f"gpuq: the original gpuq's queue was not imported: {exc}"]
+    return [f"gpuq: {line}" for report in reports for line in report.lines()]
 
 
 def job_ids(groups: Iterable[Iterable[int]]) -> list[int]:

@@ -74,6 +74,12 @@ class Spool:
         adopters of one process cannot both create a job."""
         return held(self.layout, "adopt")
 
+    def import_lock(self) -> AbstractContextManager[None]:
+        """Held while the original gpuq's queue is imported: two commands run at once on first use (or
+        an assistant's tool calls) published its jobs side by side, each reporting the other's as not
+        imported, and the record kept the wrong report."""
+        return held(self.layout, "import")
+
     def network_filesystem(self) -> Optional[str]:
         """The network filesystem the spool is on (`nfs4`, `lustre`...), or None (local, or unknown)."""
         return network_filesystem(self.home)

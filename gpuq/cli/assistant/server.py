@@ -8,12 +8,17 @@ import json
 import sys
 from typing import Any, Awaitable, Callable
 
+import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
-from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+from mcp_types import PARSE_ERROR, CallToolResult, ErrorData, JSONRPCError, TextContent, ToolAnnotations
+from pydantic import ValidationError
 
 from gpuq import __version__
 from gpuq.cli.assistant import tools
+from gpuq.cli.common import first_use_import_report
 from gpuq.core.errors import GpuqError
 from gpuq.core.words import utf8
 
@@ -22,7 +27,8 @@ INSTRUCTIONS = (
     f"({', '.join(tool.name for tool in tools.READING)}) are safe to call at any time; every other tool "
     "changes the queue: say what it will do and ask the user first. Errors are gpuq's one-line messages: "
     "report them, do not retry the same call. Nothing starts unless a worker runs (the queue tool's jobs "
-    "wait; `gpuq run --daemon` in a shell starts one)."
+    "wait; `gpuq run --daemon` in a shell starts one). A result may end with lines beginning `gpuq: `, "
+    "the import of the original gpuq's queue found in the spool: tell the user what they say."
 )
 
 
@@ -54,19 +60,72 @@ def serve() -> None:
     if sys.stdin.isatty():  # a person typed it: say what it is, on stderr (stdout is the protocol's)
         print("gpuq mcp: an MCP server speaking on stdin/stdout, for an assistant to start", file=sys.stderr)
         print("(`gpuq mcp install` says how); Ctrl-C stops it", file=sys.stderr)
-    build().run("stdio")
+    anyio.run(_stdio, build())
+
+
+async def _stdio(server: MCPServer) -> None:
+    """`server.run("stdio")`, but a line that is no JSON is answered with JSON-RPC's parse error: the SDK
+    only logs it (at debug level), and has no hook for it."""
+    lowlevel = getattr(server, "_lowlevel_server", None)
+    if lowlevel is None:  # an SDK without it: served as the SDK serves
+        return await server.run_stdio_async()
+    async with stdio_server() as (read, write):
+        await lowlevel.run(ParseErrors(read, write), write, lowlevel.create_initialization_options())
+
+
+class ParseErrors:
+    """The stdio transport's messages, less the lines that are no JSON: each is answered, id null, as
+    JSON-RPC 2.0 says. A blank line is no message: the SDK drops it, unanswered."""
+
+    def __init__(self, read: Any, write: Any) -> None:
+        self.read, self.write = read, write
+
+    @property
+    def last_context(self) -> Any:  # the sender's context, which the SDK reads off the stream
+        return getattr(self.read, "last_context", None)
+
+    async def receive(self) -> Any:
+        item = await self.read.receive()
+        while isinstance(item, ValidationError) and any(
+            e["type"] == "json_invalid" and str(e.get("input", "")).strip() for e in item.errors()
+        ):
+            error = ErrorData(code=PARSE_ERROR, message="Parse error: a line that is no JSON")
+            await self.write.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=None, error=error)))
+            item = await self.read.receive()
+        return item
+
+    async def aclose(self) -> None:
+        await self.read.aclose()
+
+    def __aiter__(self) -> ParseErrors:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> ParseErrors:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 def _handler(tool: tools.Tool) -> Callable[..., CallToolResult]:
 
     def handler(**arguments: Any) -> CallToolResult:
+        said: list[TextContent] = []  # the first-use import's report, as the CLI says it on stderr
         try:
+            imported = first_use_import_report(tools.spool())
+            said += [TextContent(type="text", text="\n".join(imported))] if imported else []
             value = tool.run(**arguments)
         except Exception as exc:  # noqa: BLE001 - every failure is one line for the assistant
-            return CallToolResult(content=[TextContent(type="text", text=one_line(exc))], is_error=True)
+            return CallToolResult(content=[TextContent(type="text", text=one_line(exc)), *said], is_error=True)
         text = json.dumps(value, ensure_ascii=False)
         structured = value if isinstance(value, dict) else {"result": value}
-        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
+        return CallToolResult(content=[TextContent(type="text", text=text), *said], structured_content=structured)
 
     handler.__signature__ = tool.signature().replace(return_annotation=CallToolResult)  # type: ignore[attr-defined]  # the SDK reads it
     handler.__name__ = tool.name

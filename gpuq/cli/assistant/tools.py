@@ -11,9 +11,8 @@ from typing import Annotated, Any, Callable, NamedTuple, Optional, Sequence, Uni
 
 from pydantic import Field
 
-from gpuq.cli import cmd_history, cmd_status, cmd_view
+from gpuq.cli import cmd_history, cmd_status, cmd_view, common
 from gpuq.cli.commands import COMMANDS
-from gpuq.cli.common import spool
 from gpuq.cli.options import ADD, FLAG, HIDDEN
 from gpuq.core.errors import GpuqError, Refused, UsageError
 from gpuq.core.states import CANCELLED, HELD, PENDING, PREEMPTED, RUNNING
@@ -70,6 +69,12 @@ class Tool(NamedTuple):
         help_text = (next(c.help for c in COMMANDS if self.command in c.names) or "") if self.with_help else ""
         parts = [f"{help_text[:1].upper()}{help_text[1:]}." if help_text else "", self.summary]
         return " ".join(p for p in parts if p) + f" Stands for `{self.cli}`. {EFFECT_SAID[self.effect]}"
+
+
+def spool() -> Spool:
+    """The user's spool; the original gpuq's queue is imported by the server, which says so in the
+    tool's result (its report on stderr would reach no one)."""
+    return common.spool(first_use_import=False)
 
 
 def on_ids(
