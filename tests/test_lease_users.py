@@ -39,7 +39,7 @@ from gpuq.run.supervisor.order import StartOrder
 from gpuq.run.supervisor.start import begin
 from gpuq.run.worker import FULL_STEP_SECONDS
 from gpuq.system.gpus import from_json, look
-from gpuq.system.leases import LeaseDir
+from gpuq.system.leases import LeaseDir, spool_id
 
 GPU_TOTAL_MIB = 10000
 # The users' processes import gpuq from this checkout and its dependencies from this venv, whichever
@@ -436,7 +436,7 @@ def test_a_jobs_supervisor_holds_its_lease_while_it_runs_and_hands_it_on_with_th
     leases = LeaseDir.open(own_lease_dir)
     [held] = leases.live()
     assert (held.job, held.pid, held.spool, held.gpu_uuid, held.whole) == (
-        a, job["supervisor"]["pid"], str(gq.home), "GPU-fake-0", True
+        a, job["supervisor"]["pid"], spool_id(str(gq.home)), "GPU-fake-0", True
     )  # fmt: skip
     assert not [fd for fd in _open_files(job["pid"]) if fd.startswith(str(own_lease_dir))], "the job has no lease file"
     b = gq.add("wait2.py")
@@ -474,7 +474,7 @@ def test_a_job_given_back_for_a_lease_taken_meanwhile_waits_for_it_without_being
     # The worker looks again on the give-back (its file event, or its look every few seconds while a
     # GPU job starts), not at its once-a-minute full look: a bound that no load comes near.
     soon = FULL_STEP_SECONDS / 2
-    wait_for(lambda: "leased whole by your job #12 (train)" in reason(), soon, what="the lease named as the reason")
+    wait_for(lambda: "leased whole by your job #12 in another" in reason(), soon, what="the lease named as the reason")
     assert gq.state_of(job) == PENDING and f"starting job #{job} " not in gq.worker_output(), "it did not start"
     theirs.release()
     gq.wait_state(job, DONE)

@@ -79,8 +79,8 @@ def test_gpus_shows_every_lease_and_the_memory_held_without_one(gq: Env, leases:
     holder = f"your `jupyter` (gpuq lease, pid {os.getpid()})"
     assert lines[2] == f"    leased whole by {holder} since {since} (pid {child.pid} 30.0 GiB)"
     assert lines[3] == "  GPU 1  Fake H100  0.0/79.6 GiB"
-    elsewhere = "in queue /elsewhere/.gpuq"  # a job of another queue of yours: its #12 is not this queue's
-    assert lines[4] == f"    20.0 GiB leased by your job #12 (train) {elsewhere} since {hhmm(shared.lease.since)}"
+    elsewhere = "in another queue"  # a job of another queue of yours: its #12 is not this queue's
+    assert lines[4] == f"    20.0 GiB leased by your job #12 {elsewhere} since {hhmm(shared.lease.since)}"
     assert len(lines) == 5
     first, second = listed
     assert [(p["pid"], p["lease"]) for p in first["foreign"]] == [(child.pid, notebook.lease.file), (4242, None)]
@@ -88,7 +88,7 @@ def test_gpus_shows_every_lease_and_the_memory_held_without_one(gq: Env, leases:
     (lease,) = first["leases"]
     assert lease["whole"] and lease["mem_mib"] is None and lease["job"] is None and lease["name"] == "jupyter"
     assert (lease["pid"], lease["uid"], lease["file"]) == (os.getpid(), os.geteuid(), notebook.lease.file)
-    assert [(x["mem_mib"], x["job"], x["spool"]) for x in second["leases"]] == [(20480, 12, "/elsewhere/.gpuq")]
+    assert [(x["mem_mib"], x["job"], x["this_queue"]) for x in second["leases"]] == [(20480, 12, False)]
     assert first["lease_problems"] == second["lease_problems"] == []
 
 
@@ -137,6 +137,7 @@ def test_another_users_lease_names_their_job_but_not_its_name(gq: Env, leases: P
     assert text.splitlines()[2].startswith("    leased whole by nobody's job #7 since "), text
     assert "secret-project" not in text
     assert (lease["user"], lease["job"], lease["name"], lease["who"]) == ("nobody", 7, None, "nobody's job #7")
+    assert lease["spool"] is None  # its path (a lease of an earlier gpuq names it) is theirs too
     after = json.loads(gq.gpuq("gpus", "--json").stdout)[0]["leases"]
     assert after == []  # its holder is gone: the lease went with it
 
@@ -217,7 +218,7 @@ def test_eta_names_the_leases_that_hold_a_job_back_as_status_does(gq: Env, lease
     finally:
         whole.release()
         shared.release()
-    theirs = "(train) in queue /home/alice/.gpuq"  # not this queue's #1 and #2
+    theirs = "in another queue"  # not this queue's #1 and #2
     leased = f"GPU 0: leased whole by your job #1 {theirs} since {hhmm(whole.lease.since)}"
     leased += f"; GPU 1: 20.0 GiB leased by your job #2 {theirs} since {hhmm(shared.lease.since)}"
     assert reason == f"waiting for {leased}", reason
@@ -225,10 +226,10 @@ def test_eta_names_the_leases_that_hold_a_job_back_as_status_does(gq: Env, lease
     assert "not gpuq's" not in said
 
 
-def test_a_job_of_another_queue_of_yours_is_named_with_its_queue(gq: Env, leases: Path, tmp_path: Path) -> None:
+def test_a_job_of_another_queue_of_yours_says_so(gq: Env, leases: Path, tmp_path: Path) -> None:
     """Two queues of one user (two GPUQ_HOME) on one GPU, each with its worker: the job of the second
     waits for the first's job #1, which `status` of the second called "your job #1", as if it were
-    its own #1 (itself). It names that queue; the first's own job is said as before."""
+    its own #1 (itself). It says it is another queue's; the first's own job is said as before."""
     Gpus(gq, fake_gpus(1))
     (tmp_path / "work-b").mkdir()
     other = Env(tmp_path / "spool-b", tmp_path / "work-b")
@@ -242,17 +243,83 @@ def test_a_job_of_another_queue_of_yours_is_named_with_its_queue(gq: Env, leases
         other.start_worker("--watch")
         assert (first, second) == (1, 1)
         reason = wait_for(lambda: row(other, second)["waiting"] or "", 15, what="the second queue's reason")
-        held = f"leased whole by your job #1 (work/hold) in queue {gq.home} since"
+        held = "leased whole by your job #1 in another queue since"
         assert reason.startswith(f"waiting for GPU 0: {held}"), reason
         assert f"    {held} " in other.gpuq("status").stdout
         own = gq.gpuq("status").stdout
-        assert "  GPU 0  Fake H100  0.0/79.6 GiB  jobs #1" in own and "in queue" not in own, own
+        assert "  GPU 0  Fake H100  0.0/79.6 GiB  jobs #1" in own and "another queue" not in own, own
         (gq.work / "go").touch()
         other.wait_state(second, "done", 30)
         wait_for(lambda: "starting job #1 " in other.worker_output(), 10, what="the second queue's start said")
         assert other.worker_output().count("starting job #1 ") == 1, other.worker_output()
     finally:
         other.cleanup()
+
+
+def test_a_spool_reached_through_a_link_knows_its_own_jobs_lease(gq: Env, leases: Path, tmp_path: Path) -> None:
+    """The worker's GPUQ_HOME goes through a symbolic link (a home directory that is a link), `gpuq gpus`
+    and `status` are given the real path: the running job's lease was "your job #1 (work/hold) in queue
+    <the path through the link>", another queue's. By either path it is this queue's job #1."""
+    Gpus(gq, fake_gpus(1))
+    (tmp_path / "link").symlink_to(tmp_path)
+    real = dict(gq.env)
+    gq.env["GPUQ_HOME"] = str(tmp_path / "link" / "spool")
+    gq.script("hold.py", WAIT_FOR_GO)
+    job_id = gq.add("--gpus", "1", "hold.py")
+    gq.start_worker("--watch")
+    wait_for(lambda: gq.job(job_id).get("pid"), 15, what="the job running")
+    for env in (real, gq.env):
+        for command in ("gpus", "status"):
+            shown = gq.gpuq(command, env=env).stdout
+            assert "  GPU 0  Fake H100  0.0/79.6 GiB  jobs #1\n" in shown and "leased" not in shown, shown
+        (lease,) = json.loads(gq.gpuq("gpus", "--json", env=env).stdout)[0]["leases"]
+        assert (lease["job"], lease["who"], lease["this_queue"]) == (job_id, "your job #1", True)
+    (gq.work / "go").touch()
+    gq.wait_state(job_id, "done", 30)
+
+
+def test_a_lease_file_holds_neither_its_jobs_name_nor_its_spools_path(gq: Env, leases: Path, tmp_path: Path) -> None:
+    """Every user may read a lease file, and `gpuq gpus` shows them another user's job by its id only:
+    the file held the job's name and the spool's path all the same. It holds neither, and the job's
+    own queue, and another of its user's, still tell whose it is."""
+    Gpus(gq, fake_gpus(1))
+    gq.script("hold.py", WAIT_FOR_GO)
+    job_id = gq.add("--gpus", "1", "--name", "secret-project", "hold.py")
+    gq.start_worker("--watch")
+    wait_for(lambda: gq.job(job_id).get("pid"), 15, what="the job running")
+    (path,) = leases.glob("gpuq-lease.*")
+    written = json.loads(path.read_text())
+    assert "secret-project" not in path.read_text() and str(tmp_path) not in path.read_text(), written
+    assert (written["job"], written["name"], written["uid"]) == (job_id, "", os.geteuid())
+    own = gq.gpuq("gpus").stdout
+    assert "  GPU 0  Fake H100  0.0/79.6 GiB  jobs #1\n" in own and "leased" not in own, own
+    elsewhere = gq.gpuq("gpus", env=dict(gq.env, GPUQ_HOME=str(tmp_path / "spool-b"))).stdout
+    assert f"    leased whole by your job #{job_id} in another queue since " in elsewhere, elsewhere
+    (gq.work / "go").touch()
+    gq.wait_state(job_id, "done", 30)
+
+
+def test_a_lease_an_earlier_gpuq_wrote_is_still_read(gq: Env, leases: Path, tmp_path: Path) -> None:
+    """A lease of the gpuq before, which named the spool by its path (here through a link) and the job
+    by its name, is still this queue's job and another queue's for another spool; the name is not shown."""
+    LeaseDir.open(str(leases))
+    Gpus(gq, gpus_doc({}))
+    (tmp_path / "link").symlink_to(tmp_path)
+    path = leases / f"gpuq-lease.GPU-fake-0.{os.geteuid()}.{os.getpid()}.1.lease"
+    old = {
+        "lease_version": 1, "gpu_uuid": "GPU-fake-0", "gpu_index": 0, "mem_mib": None, "user": "me",
+        "uid": os.geteuid(), "pid": os.getpid(), "pid_start": 0, "job": 7, "name": "secret-project",
+        "spool": str(tmp_path / "link" / "spool"), "since": time.time(), "host": os.uname().nodename,
+    }  # fmt: skip
+    path.write_text(json.dumps(old) + "\n")
+    with open(path) as locked:  # alive while held
+        fcntl.flock(locked, fcntl.LOCK_EX)
+        own = gq.gpuq("gpus").stdout
+        (lease,) = json.loads(gq.gpuq("gpus", "--json").stdout)[0]["leases"]
+        elsewhere = gq.gpuq("gpus", env=dict(gq.env, GPUQ_HOME=str(tmp_path / "spool-b"))).stdout
+    assert "    leased whole by your job #7 since " in own and "secret-project" not in own, own
+    assert (lease["job"], lease["name"], lease["this_queue"]) == (7, None, True)
+    assert "    leased whole by your job #7 in another queue since " in elsewhere, elsewhere
 
 
 def test_lines_leave_out_this_spools_own_jobs_and_most_problems() -> None:

@@ -347,7 +347,8 @@ def gpu_lines(view: dict[str, Any], now: Optional[float] = None, home: Optional[
         foreign = gpu.get("foreign") or []
         lines.append("  ".join(parts + [f"other: {process_text(p)}" for p in foreign if not p.get("lease")]))
         for lease in gpu.get("leases") or []:
-            if home is None or lease.get("spool") != home or lease.get("job") not in gpu.get("jobs", ()):
+            ours = home is not None and lease.get("this_queue", lease.get("spool") == home)  # an older worker's: a path
+            if not ours or lease.get("job") not in gpu.get("jobs", ()):
                 size = "leased whole" if lease.get("whole") else f"{_gib(lease.get('mem_mib'))} GiB leased"
                 since = time.strftime("%H:%M", time.localtime(parse_iso(lease.get("since")) or 0))
                 using = [process_text(p, who=False) for p in foreign if p.get("lease") == lease.get("file")]

@@ -6,6 +6,7 @@ the uid they name; what cannot be trusted raises LeaseDirProblem, said once (`sa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -39,8 +40,8 @@ class Lease(NamedTuple):
     pid: int
     pid_start: float
     job: Optional[int]  # None: a `gpuq lease` command
-    name: str
-    spool: Optional[str]
+    name: str  # a `gpuq lease` command's first word; "" for a job (its name is its owner's)
+    spool: Optional[str]  # the job's spool_id
     since: float
     host: str
 
@@ -49,16 +50,14 @@ class Lease(NamedTuple):
         return self.mem_mib is None
 
     def who(self, viewer_uid: int, viewer_spool: Optional[str] = None) -> str:
-        """ "bob's job #12", "your job #3 (train)", "bob's `jupyter` (gpuq lease, pid 4242)": another
-        user's job names are theirs to show. A job of another spool of yours than `viewer_spool`
-        (None: the viewer's is none) says which: its #3 is not the viewer's."""
+        """ "bob's job #12", "your job #3", "bob's `jupyter` (gpuq lease, pid 4242)". A job of yours in
+        another spool than the viewer's (its spool_id; None: the viewer's is none) says so: its #3 is
+        not the viewer's."""
         mine = self.uid == viewer_uid
         owner = "your" if mine else f"{self.user}'s"
         if self.job is None:
             return f"{owner} `{self.name}` (gpuq lease, pid {self.pid})"
-        if not mine:
-            return f"{owner} job #{self.job}"
-        return f"{owner} job #{self.job} ({self.name}){elsewhere(self.spool, viewer_spool)}"
+        return f"{owner} job #{self.job}{elsewhere(self.spool, viewer_spool) if mine else ''}"
 
 
 class Ticket(NamedTuple):
@@ -69,7 +68,7 @@ class Ticket(NamedTuple):
     uid: int
     pid: int
     job: Optional[int]
-    spool: Optional[str]
+    spool: Optional[str]  # the job's spool_id
     gpus: int  # how many GPUs it needs
     mem_mib: Optional[int]  # None: whole GPUs
     gpu_uuids: Optional[tuple[str, ...]]  # the GPUs it may use (None: any)
@@ -80,7 +79,7 @@ class Ticket(NamedTuple):
         return self.gpu_uuids is None or gpu_uuid in self.gpu_uuids
 
     def who(self, viewer_uid: int, viewer_spool: Optional[str] = None) -> str:
-        """ "bob's job #3", "your job #7", "your job #7 in queue /home/me/q2": whose job waits."""
+        """ "bob's job #3", "your job #7", "your job #7 in another queue": whose job waits."""
         mine = self.uid == viewer_uid
         owner = "your" if mine else f"{self.user}'s"
         if self.job is None:
@@ -89,8 +88,17 @@ class Ticket(NamedTuple):
 
 
 def elsewhere(spool: Optional[str], viewer_spool: Optional[str]) -> str:
-    """' in queue /home/me/q2' for a job of the viewer's in a spool other than theirs, else ''."""
-    return f" in queue {display(spool)}" if spool and spool != viewer_spool else ""
+    """' in another queue' for a job of the viewer's in a spool other than theirs (spool_ids), else ''."""
+    return "" if spool is not None and spool == viewer_spool else " in another queue"
+
+
+def spool_id(spool: Optional[str]) -> Optional[str]:
+    """How leases and tickets name a spool: a hash of its real path, by which its owner's gpuq knows its
+    own spool however the path reached it (a link above it), and which does not say where it is to
+    other users. A path (a spool's home, an earlier gpuq's lease) is hashed; an id or None is kept."""
+    if spool is None or not spool.startswith("/"):
+        return spool
+    return hashlib.sha256(os.path.realpath(spool).encode()).hexdigest()[:16]
 
 
 class Held:
@@ -235,8 +243,9 @@ class LeaseDir:
         spool: Optional[str],
         pid: Optional[int] = None,
     ) -> Held:
-        """Write a lease of this GPU, locked by this process, under `placing`. `pid`: the process
-        whose tree uses the GPU when it is not this one's (an adopted job's, lease_layout.md)."""
+        """Write a lease of this GPU, locked by this process, under `placing`: a job's by its id and
+        spool_id, as its name and spool's path are its owner's. `pid`: the process whose tree uses
+        the GPU when it is not this one's (an adopted job's, lease_layout.md)."""
         me, uid, n = os.getpid(), os.geteuid(), lease_io.next_number()
         pid = me if pid is None else pid
         lease = Lease(
@@ -249,8 +258,8 @@ class LeaseDir:
             pid=pid,
             pid_start=procs.create_time(pid) or 0.0,
             job=job,
-            name=name,
-            spool=spool,
+            name=name if job is None else "",
+            spool=spool_id(spool),
             since=time.time(),
             host=os.uname().nodename,
         )
@@ -274,7 +283,7 @@ class LeaseDir:
             uid=uid,
             pid=pid,
             job=job,
-            spool=spool,
+            spool=spool_id(spool),
             gpus=gpus,
             mem_mib=mem_mib,
             gpu_uuids=None if gpu_uuids is None else tuple(sorted(gpu_uuids)),
@@ -377,6 +386,8 @@ class LeaseDir:
             return None
         if "user" in record:
             record["user"] = lease_io.user_name(record["uid"]) or display(record["user"])
+        if "spool" in record:  # an earlier gpuq wrote the path; another user's spool is never ours
+            record["spool"] = spool_id(record["spool"]) if owner == os.geteuid() else None
         return record
 
     def _alive(self, name: str, locked: bool, kind: str) -> Optional[tuple[bytes, int]]:

@@ -13,6 +13,7 @@ from gpuq.cli.commands import COMMANDS
 from gpuq.core.job import Job
 from gpuq.core.states import FINISHED, PENDING, RUNNING
 from gpuq.core.times import duration
+from gpuq.engine.schedule.gpuview import of_this_queue
 from gpuq.engine.tracking import gpuuse
 from gpuq.engine.views.status import status
 from gpuq.spool import Spool
@@ -157,7 +158,7 @@ def holders(gpu: dict[str, Any], names: dict[Optional[int], str], home: str) -> 
     """gpuq's jobs, other users' leases and other processes; a lease of this spool's own job is that job."""
     out = [f"#{job_id} {names.get(job_id, '')}".rstrip() for job_id in gpu.get("jobs") or ()]
     for lease in gpu.get("leases") or ():
-        if lease.get("spool") != home or lease.get("job") not in (gpu.get("jobs") or ()):
+        if not of_this_queue(lease, home) or lease.get("job") not in (gpu.get("jobs") or ()):
             out.append(f"lease {lease.get('who') or '?'}")
     for proc in gpu.get("foreign") or ():
         if not proc.get("lease"):

@@ -52,9 +52,9 @@ def view(
 
 
 def add_leases(shown: dict[str, Any], home: str) -> dict[str, Any]:
-    """`shown` with the leases live now, as the spool at `home` tells them (a job of another spool of
-    this user's says its queue): per GPU `leases` and the waiting `tickets` that want it,
-    each `foreign` process's `lease` (the lease whose holder's tree it is in, or None),
+    """`shown` with the leases live now, as the spool at `home` tells them (`this_queue`: of its own
+    jobs; a job of another spool of this user's says so): per GPU `leases` and the waiting `tickets`
+    that want it, each `foreign` process's `lease` (the lease whose holder's tree it is in, or None),
     `lease_problems`, and `max_gpus`, this user's cap in the machine's policy (None: none)."""
     from gpuq.system import gpus, leases  # the GPUs are shown, with their leases
 
@@ -71,12 +71,12 @@ def add_leases(shown: dict[str, Any], home: str) -> dict[str, Any]:
             problems += directory.problems
     except leases.LeaseDirProblem as exc:
         problems.append(str(exc))
-    viewer = os.geteuid()
+    viewer, mine = os.geteuid(), leases.spool_id(home)
     tree = functools.cache(lambda pid: gpus.tree_pids([pid]))  # a holder's process tree, looked up once
     for gpu in shown["gpus"]:
         here = [lease for lease in live if lease.gpu_uuid == gpu["uuid"]]
-        gpu["leases"] = [lease_entry(lease, viewer, home) for lease in here]
-        gpu["tickets"] = [ticket_entry(t, viewer, home) for t in waiting if t.wants(gpu["uuid"])]
+        gpu["leases"] = [lease_entry(lease, viewer, mine) for lease in here]
+        gpu["tickets"] = [ticket_entry(t, viewer, mine) for t in waiting if t.wants(gpu["uuid"])]
         for proc in gpu["foreign"]:
             proc["lease"] = next((lease.file for lease in here if proc["pid"] in tree(lease.pid)), None)
     shown["lease_problems"] = problems
@@ -96,18 +96,20 @@ TICKET_KEYS = ("file", "who", "user", "uid", "job", "gpus", "mem_mib", "since", 
 LEASE_KEYS = ("file", "who", "user", "uid", "job", "name", "whole", "mem_mib", "since", "pid", "spool", "host")
 
 
-def ticket_entry(ticket: Any, viewer_uid: int, home: str) -> dict[str, Any]:
-    """A system/leases.Ticket as views show it: whose job waits, for what, since when."""
+def ticket_entry(ticket: Any, viewer_uid: int, mine: Optional[str]) -> dict[str, Any]:
+    """A system/leases.Ticket as views show it: whose job waits, for what, since when; `mine`: the
+    viewer's spool_id."""
     shown = {key: getattr(ticket, key) for key in TICKET_KEYS}
-    return dict(shown, who=ticket.who(viewer_uid, home), since=iso_of(ticket.since))
+    ours = ticket.spool is not None and ticket.spool == mine
+    return dict(shown, who=ticket.who(viewer_uid, mine), since=iso_of(ticket.since), this_queue=ours)
 
 
-def lease_entry(lease: Any, viewer_uid: int, home: str) -> dict[str, Any]:
-    """A system/leases.Lease as views show it (a job's name only for one's own jobs)."""
-    named = lease.uid == viewer_uid or lease.job is None
+def lease_entry(lease: Any, viewer_uid: int, mine: Optional[str]) -> dict[str, Any]:
+    """A system/leases.Lease as views show it (a name only for a `gpuq lease`: a job's is not in it)."""
     shown = {key: getattr(lease, key) for key in LEASE_KEYS}
-    who = lease.who(viewer_uid, home)
-    return dict(shown, who=who, name=lease.name if named else None, since=iso_of(lease.since))
+    ours = lease.spool is not None and lease.spool == mine
+    who, name = lease.who(viewer_uid, mine), lease.name if lease.job is None else None
+    return dict(shown, who=who, name=name, since=iso_of(lease.since), this_queue=ours)
 
 
 def current(
@@ -149,10 +151,17 @@ def _without_ended(spool: Spool, shown: dict[str, Any], running: list[Job]) -> d
     for gpu in shown["gpus"]:
         gpu = dict(gpu, jobs=[j for j in gpu.get("jobs") or () if j not in ended])
         if isinstance(gpu.get("leases"), list):
-            mine = lambda lease: isinstance(lease, dict) and lease.get("spool") == spool.home  # noqa: E731
-            gpu["leases"] = [lease for lease in gpu["leases"] if not (mine(lease) and lease.get("job") in ended)]
+            gpu["leases"] = [
+                lease for lease in gpu["leases"] if not (of_this_queue(lease, spool.home) and lease.get("job") in ended)
+            ]
         gpus.append(gpu)
     return dict(shown, gpus=gpus)
+
+
+def of_this_queue(lease: Any, home: Optional[str]) -> bool:
+    """Whether a lease or ticket of a view is of the jobs of the spool at `home` (an older worker's view
+    names its spool by its path)."""
+    return isinstance(lease, dict) and bool(lease.get("this_queue", lease.get("spool") == home))
 
 
 def listed(shown: Optional[dict[str, Any]], now: float) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from gpuq.core.states import PENDING, RAY, RUNNING, SLURM
 from gpuq.core.times import duration, median, parse_iso
 from gpuq.core.words import lease_text, stopped_text
 from gpuq.engine.schedule import diskguard, scheduler
+from gpuq.engine.schedule.gpuview import of_this_queue
 from gpuq.engine.tracking import eta
 from gpuq.spool import Spool
 from gpuq.spool.cache.index import RECENT_RUNS, Finished
@@ -116,7 +117,7 @@ def outside_memory(gpus: list[dict[str, Any]], home: Optional[str] = None) -> di
             held = sum(p.get("used_memory_mib") or 0 for p in gpu.get("foreign") or [])
         total, unleased, leases = gpu.get("memory_total_mib") or 0, held, []
         for lease in gpu.get("leases") or []:
-            if lease.get("spool") == home:
+            if of_this_queue(lease, home):
                 continue  # this spool's own jobs: the running ones of the plan
             using = sum(p.get("used_memory_mib") or 0 for p in gpu["foreign"] if p.get("lease") == lease.get("file"))
             held = total if lease.get("whole") else held + max(0, (lease.get("mem_mib") or 0) - using)
@@ -135,7 +136,7 @@ def gpu_cap(shown: Optional[dict[str, Any]], home: Optional[str]) -> Optional[in
         return None
     me = os.geteuid()
     leases = [lease for gpu in shown["gpus"] for lease in gpu.get("leases") or [] if isinstance(lease, dict)]
-    elsewhere = sum(1 for lease in leases if lease.get("uid") == me and lease.get("spool") != home)
+    elsewhere = sum(1 for lease in leases if lease.get("uid") == me and not of_this_queue(lease, home))
     return max(0, cap - elsewhere)
 
 
@@ -164,7 +165,7 @@ def others_turns(gpus: list[dict[str, Any]], home: Optional[str]) -> list[Turn]:
                     ticket.get("file"), Turn(str(ticket.get("who")), count, ticket.get("mem_mib"), since)
                 )
                 turn.slots.append(str(gpu["index"]))
-            elif ticket.get("spool") == home and isinstance(ticket.get("job"), int):
+            elif of_this_queue(ticket, home) and isinstance(ticket.get("job"), int):
                 ours.append((since, ticket["job"]))  # turns between users: only this queue's own ticket orders them
     first = min(ours, default=None)
     for turn in found.values():
