@@ -56,14 +56,18 @@ def dispatch(systems: list[System], root: Path, samples: int) -> dict[str, dict[
 
 # ---- 2. back-to-back gap ----------------------------------------------------------------------
 def back_to_back(systems: list[System], root: Path, samples: int, a_seconds: float = 0.5) -> dict[str, list[float]]:
-    """Job A ends (its last instruction writes the time) -> job B, queued while A ran, starts."""
+    """Job A ends (its last instruction writes the time) -> job B, queued while A ran, starts.
+    A runs until `a_seconds` after B is queued (a gate file), however long queueing B took: on a
+    loaded machine a fixed A could end first, and the gap measured would be another one."""
     out: dict[str, list[float]] = {s.name: [] for s in systems}
     for n in range(samples):
         for system in rotated(systems, n):
             a_end, b_start = root / f"b2b-{system.name}-{n}-a", root / f"b2b-{system.name}-{n}-b"
-            system.add(stamp_command(a_end, before=f"sleep {a_seconds}"))
+            gate = root / f"b2b-{system.name}-{n}-gate"
+            system.add(stamp_command(a_end, before=f"while [ ! -e {gate} ]; do sleep 0.005; done; sleep {a_seconds}"))
             b_id = system.add(stamp_command(b_start))
             b_queued = time.time()
+            gate.touch()
             gap = read_stamp(b_start) - read_stamp(a_end)
             if read_stamp(a_end) < b_queued:
                 raise BenchError(f"{system.name}: job A ended before B was queued; raise a_seconds")
