@@ -94,7 +94,7 @@ def test_a_dry_run_creates_no_spool(gq: Env) -> None:
 
 def test_with_a_worker_a_free_slot_starts_now_and_a_busy_one_says_when(gq: Env) -> None:
     gq.script("wait.py", "print('step 1/10', flush=True)\n" + WAIT_FOR_GO)
-    gq.start_worker("--watch")
+    worker = gq.start_worker("--watch")
     sp = Spool(gq.home)
     wait_for(lambda: (gq.home / "workers").is_dir() and sp.workers.live(), what="the worker to register")
     request = enqueue.Request(cmd=["wait.py"], dir=str(gq.work))
@@ -111,7 +111,8 @@ def test_with_a_worker_a_free_slot_starts_now_and_a_busy_one_says_when(gq: Env) 
     log = gq.home / "logs" / f"{running:06d}.log"
     # the job's one line lands in its log a moment after it is `running`; until then the tree moves
     wait_for(lambda: b"step 1/10" in log.read_bytes(), what="the job's line in its log")
-    gq.gpuq("stop")  # the job runs on; nothing else writes to the spool now
+    gq.gpuq("stop")  # the job runs on; nothing else writes to the spool once the worker is gone
+    worker.wait(30)  # its last writes (its registration, its view of the GPUs) may follow `stop`
     before = tree(gq.home)
     assert (
         plan_add(sp, request)["jobs"][0]["would_start"]["why_not"]
