@@ -318,11 +318,7 @@ def test_who_takes_the_port_after_the_server_stopped_learns_nothing_it_can_use(
     try:
         status, _headers, body = again.request(path, auth=auth)  # replayed: refused
         assert status == 403 and b"mine" not in body, (status, body)
-        wait_for(
-            lambda: "live" in text_of(driver, "live") and "offline" not in text_of(driver, "live"),
-            20,
-            what="the open page working again",
-        )
+        _wait_live_again(driver)
     finally:
         again.stop()
 
@@ -363,12 +359,16 @@ def test_a_signature_the_page_made_opens_no_other_server_of_the_same_token(serve
         assert "another server answers at this address" in text_of(driver, "live")
         again = Web(gq, "--port", str(port))  # its owner's server back on the port: a new id, taken
         try:
-            wait_for(
-                lambda: "live" in text_of(driver, "live") and "offline" not in text_of(driver, "live"),
-                20,
-                what="the open page working again",
-            )
+            _wait_live_again(driver)
         finally:
             again.stop()
     finally:
         other.stop()
+
+
+def _wait_live_again(driver: Any) -> None:
+    wait_for(
+        lambda: "live" in text_of(driver, "live") and "offline" not in text_of(driver, "live"),
+        20,
+        what="the open page working again",
+    )
