@@ -175,3 +175,44 @@ def test_a_tool_says_the_first_use_import_of_the_original_queue_in_its_result(gq
         assert "imported" not in peer.stop()  # said once, where the assistant reads it
     finally:
         peer.stop()
+
+
+IMPORTED = (
+    "gpuq: imported the original gpuq's queue {}: 1 done, 1 failed, 1 pending\n"
+    "gpuq:   renamed queue.json -> queue.json.bak"
+)
+
+
+def started_on_the_original_queue(gq: Env) -> Peer:
+    """The server, initialized, on a spool holding the original gpuq's queue.json (three jobs)."""
+    gq.home.mkdir(parents=True)
+    shutil.copy(Path(__file__).parent / "data" / "original" / "queue.json", gq.home)
+    peer = Peer(gq)
+    peer.request("initialize", HELLO)
+    peer.send({"method": "notifications/initialized"})
+    return peer
+
+
+def answer(peer: Peer, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The whole answer, an error too (Peer.request takes results only)."""
+    peer.next_id += 1
+    peer.send({"id": peer.next_id, "method": method, "params": params})
+    while True:
+        said = json.loads(peer.lines.get(timeout=30))
+        if said.get("id") == peer.next_id:
+            return said
+
+
+def test_an_error_keeps_the_import_report_in_lines(gq: Env) -> None:
+    """A tool's error result is one line, and the import's report after it was flattened into one
+    line too (`... 1 pending gpuq:   renamed ...`): only the error is."""
+    peer = started_on_the_original_queue(gq)
+    report = IMPORTED.format(gq.home / "queue.json")
+    try:
+        missing = peer.request("tools/call", {"name": "job", "arguments": {"id": 99}})
+        assert missing["isError"] is True and missing["content"] == [
+            {"type": "text", "text": "no such job #99"},
+            {"type": "text", "text": report},
+        ], missing
+    finally:
+        peer.stop()

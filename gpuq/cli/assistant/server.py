@@ -149,11 +149,11 @@ async def one_line_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) 
         refused = CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         return refused.model_dump(by_alias=True, mode="json", exclude_none=True)
     result = await call_next(ctx)
-    if isinstance(result, dict) and result.get("isError"):
-        for content in result.get("content") or []:
-            if isinstance(content, dict) and isinstance(content.get("text"), str):
-                lines = (line.strip() for line in content["text"].splitlines())
-                content["text"] = " ".join(line for line in lines if line and not line.startswith(PYDANTIC_LINK))
+    if isinstance(result, dict) and result.get("isError"):  # the error, not the import's report after it
+        first = (result.get("content") or [None])[0]
+        if isinstance(first, dict) and isinstance(first.get("text"), str):
+            lines = (line.strip() for line in first["text"].splitlines())
+            first["text"] = " ".join(line for line in lines if line and not line.startswith(PYDANTIC_LINK))
     return utf8(result)
 
 
