@@ -72,8 +72,8 @@ class Tool(NamedTuple):
 
 
 def spool() -> Spool:
-    """The user's spool; the original gpuq's queue is imported by the server, which says so in the
-    tool's result (its report on stderr would reach no one)."""
+    """The user's spool; the original gpuq's queue is imported by the server, which says so in its
+    answer (its report on stderr would reach no one)."""
     return common.spool(first_use_import=False)
 
 
