@@ -197,6 +197,21 @@ def test_preempt_resume_and_kill_a_running_job(spool_env: Env) -> None:
     assert [(j["id"], j["state"]) for j in killed] == [(job_id, "cancelled")] and gq.state_of(job_id) == "cancelled"
 
 
+@pytest.mark.parametrize("no_resume", [False, True])
+def test_preempt_gives_the_checkpoint_it_continues_from(spool_env: Env, no_resume: bool) -> None:
+    """A --no-resume job starts over whatever checkpoints it wrote: `preempt` answered its newest
+    one as `checkpoint`, as if `resume` would continue from it. It is null for such a job."""
+    gq = spool_env
+    saves = "mkdir -p ckpt/step-1 && echo x > ckpt/step-1/model && exec sleep 60"
+    job_id = gq.add(*(["--no-resume"] if no_resume else []), "--ckpt-glob", "ckpt/*", "--", "sh", "-c", saves)
+    gq.start_worker("--watch")
+    wait_for(lambda: (gq.work / "ckpt" / "step-1" / "model").exists(), 20, what="the job's checkpoint")
+    preempted = value(call("preempt", {"id": job_id, "timeout": 10}))
+    assert gq.job(job_id)["preemptions"][-1]["checkpoint"] == str(gq.work / "ckpt" / "step-1")
+    assert preempted["checkpoint"] == (None if no_resume else str(gq.work / "ckpt" / "step-1")), preempted
+    assert "no_resume" in next(tool.description for tool in tools.TOOLS if tool.name == "preempt")
+
+
 def test_the_read_only_tools_give_the_clis_json(spool_env: Env) -> None:
     gq = spool_env
     job_id = gq.add("--name", "exp/a", "true")

@@ -175,3 +175,70 @@ def test_a_tool_says_the_first_use_import_of_the_original_queue_in_its_result(gq
         assert "imported" not in peer.stop()  # said once, where the assistant reads it
     finally:
         peer.stop()
+
+
+IMPORTED = (
+    "gpuq: imported the original gpuq's queue {}: 1 done, 1 failed, 1 pending\n"
+    "gpuq:   renamed queue.json -> queue.json.bak"
+)
+
+
+def started_on_the_original_queue(gq: Env) -> Peer:
+    """The server, initialized, on a spool holding the original gpuq's queue.json (three jobs)."""
+    gq.home.mkdir(parents=True)
+    shutil.copy(Path(__file__).parent / "data" / "original" / "queue.json", gq.home)
+    peer = Peer(gq)
+    peer.request("initialize", HELLO)
+    peer.send({"method": "notifications/initialized"})
+    return peer
+
+
+def answer(peer: Peer, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The whole answer, an error too (Peer.request takes results only)."""
+    peer.next_id += 1
+    peer.send({"id": peer.next_id, "method": method, "params": params})
+    while True:
+        said = json.loads(peer.lines.get(timeout=30))
+        if said.get("id") == peer.next_id:
+            return said
+
+
+@pytest.mark.parametrize("uri", ["gpuq://queue", "gpuq://jobs/3/log"])
+def test_a_resource_read_first_imports_the_original_queue_and_says_so(gq: Env, uri: str) -> None:
+    """An assistant reading the queue resource before any tool call got `[]` (and the log of job #3,
+    "no such job #3"): only tool calls imported the original gpuq's queue. A read imports it too, its
+    report a text item after the resource's own."""
+    peer = started_on_the_original_queue(gq)
+    try:
+        contents = peer.request("resources/read", {"uri": uri})["contents"]
+        assert len(contents) == 2, contents
+        assert contents[1] == {"uri": uri, "mimeType": "text/plain", "text": IMPORTED.format(gq.home / "queue.json")}
+        (again,) = peer.request("resources/read", {"uri": "gpuq://queue"})["contents"]  # said once
+        assert sorted(job["id"] for job in json.loads(again["text"])) == [1, 2, 3]
+        if uri == "gpuq://queue":
+            assert contents[0]["text"] == again["text"]
+    finally:
+        peer.stop()
+
+
+@pytest.mark.parametrize("where", ["tool", "resource"])
+def test_an_error_keeps_the_import_report_in_lines(gq: Env, where: str) -> None:
+    """A tool's error result is one line, and the import's report after it was flattened into one
+    line too (`... 1 pending gpuq:   renamed ...`): only the error is. A resource's error says the
+    report after its one line."""
+    peer = started_on_the_original_queue(gq)
+    report = IMPORTED.format(gq.home / "queue.json")
+    try:
+        if where == "tool":
+            missing = peer.request("tools/call", {"name": "job", "arguments": {"id": 99}})
+            assert missing["isError"] is True and missing["content"] == [
+                {"type": "text", "text": "no such job #99"},
+                {"type": "text", "text": report},
+            ], missing
+        else:
+            error = answer(peer, "resources/read", {"uri": "gpuq://jobs/99/log"})["error"]
+            assert error["message"] == f"no such job #99\n{report}", error
+            again = answer(peer, "resources/read", {"uri": "gpuq://jobs/99/log"})["error"]
+            assert again["message"] == "no such job #99"
+    finally:
+        peer.stop()

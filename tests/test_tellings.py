@@ -4,12 +4,14 @@ that stops when nothing will run, the log of a job that has not started, a `show
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from conftest import WAIT_FOR_GO, Env, wait_for
+from conftest import WAIT_FOR_GO, Env, alive, wait_for
 
 from gpuq.core.transitions import Continuation
 from gpuq.core.words import ids_text, plural
@@ -234,3 +236,77 @@ def test_wait_does_not_wait_for_a_damaged_file(gq: Env) -> None:
             waiting.kill()
     assert waiting.returncode == 1 and gq.state_of(running) == "done" and out == ""
     assert err.read_text().count(said) == 1
+
+
+def test_wait_says_a_damaged_pending_file_was_rejected(gq: Env) -> None:
+    """A job whose file in pending/ is damaged, rejected by the worker while `wait` waited for it:
+    wait said "#2 gone: gone". It says it was rejected, why, and where its file and reason are."""
+    gq.script("hold.py", WAIT_FOR_GO)
+    running, damaged = gq.add("hold.py"), gq.add("true")  # one slot: the second waits behind the first
+    live_worker(gq)
+    gq.wait_state(running, "running")
+    gq.gpuq("stop")  # so that wait says, once it has read the queue, that nothing more will start
+    err = gq.work / "wait.err"
+    waiting = in_background(gq, err, "wait", str(running), str(damaged), "--timeout", "60")
+    try:
+        wait_for(lambda: NO_WORKER in err.read_text(), 10, what="wait to have read the queue")
+        name = gq.files("pending")[0]
+        (gq.home / "pending" / name).write_text(f'{{"schema_version": 1, "id": {damaged}, "na')
+        live_worker(gq)
+        wait_for(lambda: gq.files("rejected") == [name, f"{name}.reason"], 15, what="the worker to reject it")
+        (gq.work / "go").write_text("")
+        out, _ = waiting.communicate(timeout=30)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert waiting.returncode == 1 and gq.state_of(running) == "done", (out, err.read_text())
+    assert out.startswith(f"#{damaged} rejected: not valid JSON") and "gone" not in out, out
+    assert out.endswith(f"(its file is rejected/{name}: `gpuq rejected`)\n"), out
+
+
+def test_wait_on_a_damaged_running_file_waits_only_while_its_supervisor_lives(gq: Env) -> None:
+    """A damaged file in running/ that no supervisor holds can never be ended (no look can read it):
+    `wait` waited for it until --timeout, or for ever. While its supervisor lives it is waited for
+    (the supervisor records the end from the job it holds); once it is gone wait says so at once."""
+    gq.script("hold.py", WAIT_FOR_GO)
+    job_id = gq.add("hold.py")
+    live_worker(gq)
+    job = wait_for(lambda: gq.state_of(job_id) == "running" and gq.job(job_id).get("supervisor") and gq.job(job_id))
+    name = gq.files("running")[0]
+    (gq.home / "running" / name).write_text(f'{{"schema_version": 1, "id": {job_id}, "na')
+    try:
+        held = gq.gpuq("wait", str(job_id), "--timeout", "1", check=False)
+        assert (held.returncode, held.stdout) == (1, f"#{job_id} running: still waiting when --timeout ran out\n")
+        assert held.stderr == "", held.stderr
+        os.kill(job["supervisor"]["pid"], signal.SIGKILL)
+        wait_for(lambda: not alive(job["supervisor"]["pid"]), 10, what="the supervisor gone")
+        started = time.monotonic()
+        proc = gq.gpuq("wait", str(job_id), "--timeout", "20", check=False)
+        assert (proc.returncode, proc.stdout) == (1, "") and time.monotonic() - started < 15, proc
+        said = f"gpuq wait: job #{job_id}: file is damaged: not valid JSON"
+        assert proc.stderr.startswith(said) and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.endswith("(in running/); no supervisor holds it to record its end: not waited for\n")
+    finally:
+        (gq.work / "go").write_text("")  # its process, which no one can find from its file now, exits
+    wait_for(lambda: not alive(job["pid"]), 10, what="the job's process to exit")
+
+
+def test_wait_on_a_damaged_finished_file_says_its_end_cannot_be_read(gq: Env) -> None:
+    """A damaged file in failed/ or cancelled/: wait said "it will never run", though the job ran (or
+    was cancelled). It says its end cannot be read."""
+    failed = gq.add("--", "false")
+    gq.gpuq("run")
+    cancelled = gq.add("--hold", "true")
+    gq.gpuq("cancel", str(cancelled))
+    for state, job_id in (("failed", failed), ("cancelled", cancelled)):
+        (name,) = gq.files(state)
+        (gq.home / state / name).write_text(f'{{"schema_version": 1, "id": {job_id}, "na')
+    proc = gq.gpuq("wait", str(failed), str(cancelled), check=False)
+    assert (proc.returncode, proc.stdout) == (1, ""), proc
+    lines = proc.stderr.splitlines()
+    assert [line.split(": file is damaged: ")[0] for line in lines] == [
+        f"gpuq wait: job #{failed}",
+        f"gpuq wait: job #{cancelled}",
+    ]
+    assert lines[0].endswith("(in failed/); its end cannot be read") and "never run" not in proc.stderr, lines
+    assert lines[1].endswith("(in cancelled/); its end cannot be read"), lines

@@ -11,7 +11,7 @@ from typing import Any
 from gpuq.cli.common import job_ids, spool
 from gpuq.cli.options import RUN
 from gpuq.core.errors import Refused, UsageError
-from gpuq.core.states import DONE, HELD, PENDING, RAY, RUNNING, SLURM
+from gpuq.core.states import DONE, FINISHED, HELD, INTERRUPTED, PENDING, RAY, RUNNING, SLURM
 from gpuq.core.timespec import parse_memory_mib
 from gpuq.core.words import ADOPTED_END, ids_text, plural
 from gpuq.engine.lifecycle import actions, enqueue
@@ -164,7 +164,13 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 def _never_runs(_job_id: int, state: str, why: str) -> None:
     """A job whose file is damaged, said as soon as `wait` finds it (it goes on with the others)."""
-    print(f"gpuq wait: {why} (in {state}/); it will never run: not waited for", file=sys.stderr, flush=True)
+    if state in FINISHED or state == INTERRUPTED:  # it ended (or was cancelled): only how is lost
+        fate = "its end cannot be read"
+    elif state == RUNNING:
+        fate = "no supervisor holds it to record its end: not waited for"
+    else:
+        fate = "it will never run: not waited for"
+    print(f"gpuq wait: {why} (in {state}/); {fate}", file=sys.stderr, flush=True)
 
 
 def cmd_lease(args: argparse.Namespace) -> int:

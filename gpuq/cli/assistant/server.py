@@ -12,6 +12,7 @@ import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp_types import PARSE_ERROR, CallToolResult, ErrorData, JSONRPCError, TextContent, ToolAnnotations
 from pydantic import ValidationError
@@ -27,8 +28,8 @@ INSTRUCTIONS = (
     f"({', '.join(tool.name for tool in tools.READING)}) are safe to call at any time; every other tool "
     "changes the queue: say what it will do and ask the user first. Errors are gpuq's one-line messages: "
     "report them, do not retry the same call. Nothing starts unless a worker runs (the queue tool's jobs "
-    "wait; `gpuq run --daemon` in a shell starts one). A result may end with lines beginning `gpuq: `, "
-    "the import of the original gpuq's queue found in the spool: tell the user what they say."
+    "wait; `gpuq run --daemon` in a shell starts one). A result, a resource or an error may end with lines "
+    "beginning `gpuq: `, the import of the original gpuq's queue found in the spool: tell the user what they say."
 )
 
 
@@ -116,16 +117,13 @@ class ParseErrors:
 def _handler(tool: tools.Tool) -> Callable[..., CallToolResult]:
 
     def handler(**arguments: Any) -> CallToolResult:
-        said: list[TextContent] = []  # the first-use import's report, as the CLI says it on stderr
         try:
-            imported = first_use_import_report(tools.spool())
-            said += [TextContent(type="text", text="\n".join(imported))] if imported else []
             value = tool.run(**arguments)
         except Exception as exc:  # noqa: BLE001 - every failure is one line for the assistant
-            return CallToolResult(content=[TextContent(type="text", text=one_line(exc)), *said], is_error=True)
+            return CallToolResult(content=[TextContent(type="text", text=one_line(exc))], is_error=True)
         text = json.dumps(value, ensure_ascii=False)
         structured = value if isinstance(value, dict) else {"result": value}
-        return CallToolResult(content=[TextContent(type="text", text=text), *said], structured_content=structured)
+        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
     handler.__signature__ = tool.signature().replace(return_annotation=CallToolResult)  # type: ignore[attr-defined]  # the SDK reads it
     handler.__name__ = tool.name
@@ -138,8 +136,10 @@ PARAMETERS = {tool.name: set(tool.signature().parameters) for tool in tools.TOOL
 async def one_line_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
     """A tool's error in one line also where the SDK wrote it (pydantic's lines, less its links).
     Arguments a tool does not take are refused, as the CLI refuses an unknown option: the SDK would
-    drop them (a misspelt `after` queues a job that waits for nothing). Every answer is made
-    writable as UTF-8 (`utf8`)."""
+    drop them (a misspelt `after` queues a job that waits for nothing). A tool call or a resource's
+    read first imports the original gpuq's queue found in the spool, as a command's first use
+    does, and its report ends the answer (on stderr no assistant would read it). Every answer is
+    made writable as UTF-8 (`utf8`)."""
     params: Any = (ctx.params or {}) if ctx.method == "tools/call" else {}
     given = params.get("arguments")
     taken = PARAMETERS.get(params.get("name"))
@@ -148,12 +148,24 @@ async def one_line_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) 
         text = f"{params['name']}: no such argument: {', '.join(unknown)} (its input schema lists those it takes)"
         refused = CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         return refused.model_dump(by_alias=True, mode="json", exclude_none=True)
-    result = await call_next(ctx)
-    if isinstance(result, dict) and result.get("isError"):
-        for content in result.get("content") or []:
-            if isinstance(content, dict) and isinstance(content.get("text"), str):
-                lines = (line.strip() for line in content["text"].splitlines())
-                content["text"] = " ".join(line for line in lines if line and not line.startswith(PYDANTIC_LINK))
+    imported = ""
+    if ctx.method in ("tools/call", "resources/read"):  # in a thread: it may wait for another's import
+        imported = "\n".join(await anyio.to_thread.run_sync(lambda: first_use_import_report(tools.spool())))
+    try:
+        result = await call_next(ctx)
+    except MCPError as exc:  # a resource's error: the report's lines after its one line
+        if imported:
+            raise MCPError(exc.code, f"{exc.message}\n{imported}", exc.data) from None
+        raise
+    if isinstance(result, dict) and result.get("isError"):  # the error, not the report after it
+        first = (result.get("content") or [None])[0]
+        if isinstance(first, dict) and isinstance(first.get("text"), str):
+            lines = (line.strip() for line in first["text"].splitlines())
+            first["text"] = " ".join(line for line in lines if line and not line.startswith(PYDANTIC_LINK))
+    if imported and isinstance(result, dict) and isinstance(result.get("contents"), list):
+        result["contents"].append({"uri": (ctx.params or {}).get("uri"), "mimeType": "text/plain", "text": imported})
+    elif imported and isinstance(result, dict) and isinstance(result.get("content"), list):
+        result["content"].append({"type": "text", "text": imported})
     return utf8(result)
 
 

@@ -72,8 +72,8 @@ class Tool(NamedTuple):
 
 
 def spool() -> Spool:
-    """The user's spool; the original gpuq's queue is imported by the server, which says so in the
-    tool's result (its report on stderr would reach no one)."""
+    """The user's spool; the original gpuq's queue is imported by the server, which says so in its
+    answer (its report on stderr would reach no one)."""
     return common.spool(first_use_import=False)
 
 
@@ -238,7 +238,8 @@ def preempt_job(
     job = outcome.job
     if outcome.state == PREEMPTED:
         record = (job.preemptions or [{}])[-1]
-        return job_said(job, PREEMPTED, exit_code=job.exit_code, note=job.note, checkpoint=record.get("checkpoint"))
+        checkpoint = None if record.get("starts_over") else record.get("checkpoint")  # none it continues from
+        return job_said(job, PREEMPTED, exit_code=job.exit_code, note=job.note, checkpoint=checkpoint)
     if outcome.left and outcome.state == RUNNING and job.pid in outcome.left:
         raise Refused(
             f"job #{id} did not exit within {timeout:g}s; asked to stop: it is still saving; "
@@ -339,7 +340,14 @@ CHANGING = (
     on_ids("hold", CHANGE, requests.Hold, HELD),
     on_ids("release", CHANGE, requests.Release, PENDING),
     on_ids("retry", CHANGE, requests.Retry, PENDING, lambda d: {"how": d.how}),
-    Tool("preempt", "gpuq preempt", DESTROY, preempt_job, "Steps since its last checkpoint are lost."),
+    Tool(
+        "preempt",
+        "gpuq preempt",
+        DESTROY,
+        preempt_job,
+        "Steps since its last checkpoint are lost. Returns `checkpoint`: the one `resume` continues it from; "
+        "null when it left none, or was queued with no_resume (it starts over: every step is lost).",
+    ),
     on_ids("resume", CHANGE, requests.Resume, PENDING, lambda d: {"note": d.job.note}),
     Tool(
         "edit",

@@ -29,6 +29,7 @@ from gpuq.core.states import (
     PENDING,
     PREEMPTED,
     RAY,
+    REJECTED,
     RUNNING,
     SLURM,
 )
@@ -283,7 +284,8 @@ def wait_for(
 ) -> Waited:
     """Block until each job has ended (or can no longer start without a person) or `timeout` passes;
     stop once every job left is pending and no worker runs (`stranded`). A job whose file is
-    damaged is waited for no longer, and `said` (id, state, why) at once."""
+    damaged is waited for no longer (in running/, once no supervisor holds it to record its end),
+    and `said` (id, state, why) at once."""
     index = spool.jobs.index()
     unknown = [i for i in ids if i not in index]
     if unknown:
@@ -304,14 +306,17 @@ def wait_for(
             wait = reasons.get(job_id)
             if state == PENDING and wait is not None and wait.forever:
                 out.ends[job_id] = (state, f"blocked: {wait.reason}")
-            elif waited_out(state, wait):
+            elif state is None:
+                out.ends[job_id] = _gone(spool, index[job_id][-1].name)
+            elif waited_out(state, wait) or (state == RUNNING and not spool.claims.held(job_id)):
                 try:
                     why = None if state == DONE else _why_not_done(spool, job_id, state)
                 except Damaged as exc:
                     why = str(exc)
                     out.damaged.append(job_id)
-                    said(job_id, state or "gone", why)
-                out.ends[job_id] = (state or "gone", why)
+                    said(job_id, state, why)
+                if state != RUNNING or job_id in out.damaged:  # a whole one is settled once its process ended
+                    out.ends[job_id] = (state, why)
         left -= set(out.ends)
         if not left:
             return out
@@ -362,9 +367,17 @@ def auto_resumed(spool: Spool) -> list[int]:
     return [job.id for _ref, job in spool.jobs.load_many(PREEMPTED) if job.auto_resume]
 
 
-def _why_not_done(spool: Spool, job_id: int, state: Optional[str]) -> str:
-    if state is None:
-        return "gone"
+def _gone(spool: Spool, name: str) -> tuple[str, Optional[str]]:
+    """A job whose file left every state: the worker rejects a damaged one in pending/."""
+    rejected = [n for n in spool.dropbox.rejected() if n == name or n.startswith(f"{name}.")]
+    if not rejected:
+        return "gone", None
+    newest = max(rejected, key=spool.dropbox.rejected_at)
+    why = spool.dropbox.reason(newest) or "no reason recorded"
+    return REJECTED, f"{why} (its file is {REJECTED}/{newest}: `gpuq rejected`)"
+
+
+def _why_not_done(spool: Spool, job_id: int, state: str) -> str:
     waits = {HELD: "release", PREEMPTED: "resume", INTERRUPTED: "recover --jobs"}.get(state)
     hint = f"waits for `gpuq {waits} {job_id}`" if waits else ""  # not `held: held`
     try:  # the copy in the state the look found: during a move the old one is still there too
