@@ -392,8 +392,21 @@ def test_an_adopted_process_leases_its_gpu_until_it_ends(gq, outside, own_lease_
     assert f"leased whole by your job #{adopted}" in share.stderr, share.stderr
     [lease] = LeaseDir.open(own_lease_dir).live()
     assert (lease.job, lease.pid, lease.spool, lease.whole) == (adopted, proc.pid, spool_id(str(gq.home)), True)
+    # Its file's name carries the pid of the keeper that holds its lock (lease_layout.md section 2),
+    # not the `gpuq adopt` that has exited: that pid, reused by a second adopt, wrote the same name
+    # over this lease, and this keeper's release then removed the other's live lease.
+    holder = int(lease.file.split(".")[-3])  # gpuq-lease.<UUID>.<uid>.<pid>.<n>.lease
+    assert str(own_lease_dir / lease.file) in files_open_by(holder), f"pid {holder} holds no lease"
     (gq.work / "release").touch()
     proc.wait(10)
     wait_for(lambda: LeaseDir.open(own_lease_dir).live() == [], 10, what="the lease to end with the process")
     assert (own_lease_dir / f"gpuq-usage.{os.geteuid()}").exists(), "its GPU time counts as the user's"
     gq.gpuq("lease", "--no-wait", "--gpu-mem", "40G", "--", "true")
+
+
+def files_open_by(pid: int) -> set[str]:
+    """The files a live process has open (none for a pid that no longer runs)."""
+    try:
+        return {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    except FileNotFoundError:
+        return set()

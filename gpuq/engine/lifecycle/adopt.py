@@ -100,8 +100,9 @@ def _same(ident: tuple[Any, Any], info: dict[str, Any]) -> bool:
     )
 
 
-def adopt(spool: Spool, pid: int, name: Optional[str] = None, log: Optional[str] = None) -> tuple[JobRef, Job]:
-    """Publish `pid` as a running adopted job and return it; AdoptError with the reason if not."""
+def adopt(spool: Spool, pid: int, name: Optional[str] = None, log: Optional[str] = None) -> tuple[JobRef, Job, str]:
+    """Publish `pid` as a running adopted job and return it, with what it leases ("" without
+    GPUs); AdoptError with the reason if not."""
     log_path = _check_log(log)
     if pid == os.getpid():
         raise AdoptError("gpuq cannot adopt itself")
@@ -116,22 +117,59 @@ def adopt(spool: Spool, pid: int, name: Optional[str] = None, log: Optional[str]
             raise AdoptError(f"process {pid} is already tracked by gpuq: {reason}")
         job = _job(spool, info, name, log_path)
         ref = spool.jobs.publish(job, RUNNING)
+    leased = ""
     if not procs.is_same_process(pid, info["create_time"], job.boot_id):
         # It ended while we were adopting: let recovery record that honestly right away.
         repairs.settle_unsupervised(spool, repairs.Report())
     elif job.gpus:
-        _keep_leases(job, str(spool.home))
-    return ref, job
+        leased = _keep_leases(job, str(spool.home))
+    return ref, job, leased
 
 
-def _keep_leases(job: Job, home: str) -> None:
+def _keep_leases(job: Job, home: str) -> str:
     """Lease the adopted process's GPUs whole, so that every user's gpuq on the machine sees them
-    taken as a started job's, and leave a keeper (a fork of this command: the process has no
-    supervisor to hold them) that holds the leases' locks until the process ends, then adds their
-    GPU-hours to the user's recent usage and releases them. Without a usable lease directory it says
-    why, and only the memory the process holds shows to other users."""
-    uuid_of = {gpu.index: gpu.uuid for gpu in gpu_info.look().gpus}
+    taken as a started job's, by a keeper forked from this command (the process has no supervisor
+    to hold them), so that their file names carry the pid of the process that holds their locks. It
+    holds them until the process ends, then adds their GPU-hours to the user's recent usage and
+    releases them. This command waits for the keeper to say what it leased (through a pipe), and
+    returns that line."""
+    uuid_of = {gpu.index: gpu.uuid for gpu in gpu_info.look().gpus}  # looked here: NVML is not forked
     indices = [index for index in job.gpus or () if index in uuid_of]
+    if not indices:
+        return ""
+    reader, writer = os.pipe()
+    if os.fork():
+        os.close(writer)
+        with os.fdopen(reader, "rb") as pipe:
+            said, *lines = pipe.read().decode().split("\n")
+        for line in lines:
+            say_once(line, lambda line: print(f"gpuq adopt: {line}", file=sys.stderr))
+        return said or "leases no GPU: its keeper ended before it could take them"
+    try:
+        os.close(reader)
+        os.setsid()  # the shell that adopted it may hang up or take a Ctrl-C: not the keeper's end
+        os.chdir("/")
+        quiet = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # whoever reads this command's output sees its end
+            os.dup2(quiet, fd)
+        problems: list[str] = []
+        held, said = _take_leases(job, home, indices, uuid_of, problems)
+        os.write(writer, "\n".join([said, *problems]).encode())
+        os.close(writer)  # the command prints that and exits; the keeper goes on
+        while held and procs.is_same_process(job.pid, job.pid_create_time, job.boot_id):
+            time.sleep(KEEPER_POLL_SECONDS)
+        leasing.record_usage(held, lambda line: None)
+        for lease in held:
+            lease.release()
+    finally:
+        os._exit(0)
+
+
+def _take_leases(
+    job: Job, home: str, indices: list[int], uuid_of: dict[int, str], problems: list[str]
+) -> tuple[list[Held], str]:
+    """The leases of these GPUs, and the line that says which; none where leases cannot be used.
+    `problems` gets the lines to say about the lease directory."""
     held: list[Held] = []
     try:
         directory = LeaseDir.open()
@@ -142,28 +180,9 @@ def _keep_leases(job: Job, home: str) -> None:
     except LeaseDirProblem as exc:
         for lease in held:
             lease.release()
-        say_once(str(exc), lambda line: print(f"gpuq adopt: {line}", file=sys.stderr))
-        return
-    if not held:
-        return
-    if os.fork():
-        for lease in held:  # the keeper holds their locks now: closed here, not released
-            if lease.fd is not None:
-                os.close(lease.fd)
-        return
-    try:
-        os.setsid()  # the shell that adopted it may hang up or take a Ctrl-C: not the keeper's end
-        os.chdir("/")
-        quiet = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):  # whoever reads this command's output sees its end
-            os.dup2(quiet, fd)
-        while procs.is_same_process(job.pid, job.pid_create_time, job.boot_id):
-            time.sleep(KEEPER_POLL_SECONDS)
-        leasing.record_usage(held, lambda line: None)
-        for lease in held:
-            lease.release()
-    finally:
-        os._exit(0)
+        problems.append(str(exc))
+        return [], "leases no GPU: leases cannot be used here"
+    return held, f"leases GPU {','.join(str(lease.lease.gpu_index) for lease in held)} until it ends"
 
 
 def _check_log(log: Optional[str]) -> Optional[str]:
