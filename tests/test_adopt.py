@@ -13,10 +13,12 @@ import pytest
 from conftest import WAIT_FOR_GO, wait_for
 from test_gpu_worker import Gpus, fake_gpus, seen
 from test_gpu_worker import add as add_gpu_job
+from test_turns import _policy, needs_root
 
 from gpuq.run.launcher import Launcher
 from gpuq.run.worker import Worker
 from gpuq.spool import Spool
+from gpuq.system import policy
 from gpuq.system.leases import LeaseDir, spool_id
 
 # Runs until the file named in argv[2] appears (the test sets its pace), printing progress.
@@ -290,7 +292,7 @@ def test_an_adopted_process_holds_the_gpus_its_cuda_visible_devices_names(gq, ou
     assert seen(gq, first)["CUDA_VISIBLE_DEVICES"] == "0"
     wait_for(lambda: f"job #{adopted}" in (row_of(gq, second)["waiting"] or ""), 10, what="the job to wait for it")
     assert row_of(gq, second)["state"] == "pending"
-    assert "holds GPU 1 (its CUDA_VISIBLE_DEVICES=1): no other job starts there while it runs" in out, out
+    assert "holds GPU 1 (its CUDA_VISIBLE_DEVICES=1): no job of this queue starts there while it runs" in out, out
     job = json.loads(gq.gpuq("show", "--json", str(adopted)).stdout)
     assert (job["gpus"], job["slot"]) == ([1], "1")
 
@@ -392,8 +394,53 @@ def test_an_adopted_process_leases_its_gpu_until_it_ends(gq, outside, own_lease_
     assert f"leased whole by your job #{adopted}" in share.stderr, share.stderr
     [lease] = LeaseDir.open(own_lease_dir).live()
     assert (lease.job, lease.pid, lease.spool, lease.whole) == (adopted, proc.pid, spool_id(str(gq.home)), True)
+    # Its file's name carries the pid of the keeper that holds its lock (lease_layout.md section 2),
+    # not the `gpuq adopt` that has exited: that pid, reused by a second adopt, wrote the same name
+    # over this lease, and this keeper's release then removed the other's live lease.
+    holder = int(lease.file.split(".")[-3])  # gpuq-lease.<UUID>.<uid>.<pid>.<n>.lease
+    assert str(own_lease_dir / lease.file) in files_open_by(holder), f"pid {holder} holds no lease"
     (gq.work / "release").touch()
     proc.wait(10)
     wait_for(lambda: LeaseDir.open(own_lease_dir).live() == [], 10, what="the lease to end with the process")
     assert (own_lease_dir / f"gpuq-usage.{os.geteuid()}").exists(), "its GPU time counts as the user's"
     gq.gpuq("lease", "--no-wait", "--gpu-mem", "40G", "--", "true")
+
+
+def files_open_by(pid: int) -> set[str]:
+    """The files a live process has open (none for a pid that no longer runs)."""
+    try:
+        return {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    except FileNotFoundError:
+        return set()
+
+
+@needs_root  # the policy file must be root's
+def test_an_adopted_process_leases_only_the_gpus_it_is_known_to_use_within_the_cap(
+    gq, outside, own_lease_dir, tmp_path, monkeypatch
+) -> None:
+    """A process without CUDA_VISIBLE_DEVICES (a CPU-only script adopted so that jobs can wait for
+    it) leased every GPU whole, past its user's cap of 1: every other user's and queue's gpuq waited.
+    It leases the GPUs it is known to use (named, or holding its memory), as many as the cap allows."""
+    gpus = Gpus(gq, fake_gpus(2))
+    gq.env[policy.POLICY_ENV] = str(_policy(tmp_path, monkeypatch, "[default]\nmax_gpus = 1\n"))
+    another_queue = dict(gq.env, GPUQ_HOME=str(tmp_path / "another"))
+    out = gq.gpuq("adopt", str(by_hand(outside, gq).pid)).stdout
+    assert "holds GPU 0,1 (every GPU: its CUDA_VISIBLE_DEVICES is not set)" in out, out
+    assert "leases no GPU: none is named by its CUDA_VISIBLE_DEVICES or holds its memory" in out, out
+    assert LeaseDir.open(own_lease_dir).live() == []
+    gq.gpuq("lease", "--no-wait", "--gpus", "1", "--", "true", env=another_queue)
+    # one without CUDA_VISIBLE_DEVICES that holds memory on GPU 1 leases that one
+    holding = by_hand(outside, gq)
+    gpus.set(fake_gpus(2, foreign={1: (holding.pid, 500)}))
+    out = gq.gpuq("adopt", str(holding.pid)).stdout
+    assert "    leases GPU 1 until it ends\n" in out, out
+    assert [(lease.gpu_index, lease.pid) for lease in LeaseDir.open(own_lease_dir).live()] == [(1, holding.pid)]
+    holding.kill()
+    wait_for(lambda: LeaseDir.open(own_lease_dir).live() == [], 10, what="the lease to end with the process")
+    # one that names both GPUs leases one: the cap; the adoption itself stands
+    both = by_hand(outside, gq, "0,1")
+    out = gq.gpuq("adopt", str(both.pid)).stdout
+    assert "leases GPU 0 until it ends; not GPU 1: your limit of 1 GPU at once on this machine" in out, out
+    assert [(lease.gpu_index, lease.pid) for lease in LeaseDir.open(own_lease_dir).live()] == [(0, both.pid)]
+    taken = gq.gpuq("lease", "--no-wait", "--gpus", "1", "--", "true", env=another_queue, check=False)
+    assert taken.returncode == 75 and "your limit of 1 GPU" in taken.stderr, taken.stderr

@@ -218,12 +218,14 @@ def cmd_clear(args: argparse.Namespace) -> int:
 def cmd_adopt(args: argparse.Namespace) -> int:
     from gpuq.engine.lifecycle import adopt  # psutil: of these commands only `adopt` looks at processes
 
-    _ref, job = adopt.adopt(spool(), args.pid, name=args.name, log=args.log)
+    _ref, job, leased = adopt.adopt(spool(), args.pid, name=args.name, log=args.log)
     print(f"[+] Job #{job.id}: {job.name} adopted (pid {job.pid}, started {job.started_at})")
     if job.gpus is None:
         print("    holds the whole machine (no GPUs here): no other job starts while it runs")
-    else:  # adopt's note says which GPUs and why
-        beside = "other jobs start beside it" if job.gpus == [] else "no other job starts there while it runs"
+    else:  # adopt's note says which GPUs and why; other users' gpuq keep off those it leases
+        beside = "other jobs start beside it" if job.gpus == [] else "no job of this queue starts there while it runs"
         print(f"    holds {(job.note or '').partition('; holds ')[2]}: {beside}")
+    if leased:
+        print(f"    {leased}")
     print(f"    log: {job.log}" if job.log else "    no log: progress only from checkpoints (use --log FILE)")
     return 0

@@ -390,10 +390,12 @@ COMMANDS = (
         "adopt",
         handler="cmd_jobs:cmd_adopt",
         help="track a process started outside gpuq as a running job",
-        description="Take a running process of yours into the queue: nothing else starts on its GPUs while it "
-        "runs, and jobs can wait for it (--after). Its GPUs are those its CUDA_VISIBLE_DEVICES names, else every "
-        "GPU, with any where it holds memory (without GPUs: the whole machine); adopt says which, and leases "
-        "them until it ends, so that every user's gpuq on the machine keeps off them. Its exit code "
+        description="Take a running process of yours into the queue: no job of this queue starts on its GPUs "
+        "while it runs, and jobs can wait for it (--after). Its GPUs are those its CUDA_VISIBLE_DEVICES names, "
+        "else every GPU, with any where it holds memory (without GPUs: the whole machine); adopt says which. "
+        "Those it is known to use (named by its CUDA_VISIBLE_DEVICES, or where it holds memory) are leased "
+        "until it ends, as many as your cap in the machine's policy allows, so that every user's gpuq on the "
+        "machine keeps off them; adopt says which. Its exit code "
         "cannot be known: when it ends it is recorded as done with exit_code null, so `--after` on it starts "
         "whatever its result.",
         options=(

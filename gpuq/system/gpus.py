@@ -346,13 +346,14 @@ def tree_pids(roots: Iterable[int]) -> set[int]:
     return pids
 
 
-def used_by(pid: int) -> tuple[Optional[list[int]], str]:
-    """The GPUs (indices) a process of ours uses, and how that was told; (None, "") without GPUs.
-    Those its CUDA_VISIBLE_DEVICES names, as it was started; every GPU when that is unset or names
-    one gpuq cannot tell (the process may use any); with those where it or a child holds memory."""
+def used_by(pid: int) -> tuple[Optional[list[int]], list[int], str]:
+    """The GPUs (indices) a process of ours may use, those it is known to use, and how that was told;
+    (None, [], "") without GPUs. It may use those its CUDA_VISIBLE_DEVICES names, as it was started,
+    or every GPU when that is unset or names one gpuq cannot tell; it is known to use only those it
+    names, and, either way, those where it or a child holds memory."""
     gpus = look().gpus
     if not gpus:
-        return None, ""
+        return None, [], ""
     psutil = load_psutil()
     try:
         env: Optional[dict[str, str]] = psutil.Process(pid).environ()
@@ -360,6 +361,7 @@ def used_by(pid: int) -> tuple[Optional[list[int]], str]:
         env = None
     value = None if env is None else env.get("CUDA_VISIBLE_DEVICES")
     named = _visible(value, gpus, (env or {}).get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID")
+    known = set(named or ())
     if named is not None:
         why = f"its CUDA_VISIBLE_DEVICES={value}" if value else "its CUDA_VISIBLE_DEVICES is empty"
     else:
@@ -367,10 +369,11 @@ def used_by(pid: int) -> tuple[Optional[list[int]], str]:
         told = "cannot be read" if env is None else "is not set" if value is None else f"({value}) is not one gpuq maps"
         why = f"every GPU: its CUDA_VISIBLE_DEVICES {told}"
     tree = tree_pids([pid])
-    holding = sorted({gpu.index for gpu in gpus for proc in gpu.processes if proc.pid in tree} - set(named))
+    memory = {gpu.index for gpu in gpus for proc in gpu.processes if proc.pid in tree}
+    holding = sorted(memory - set(named))
     if holding:
         why += f"; it holds memory on GPU {','.join(map(str, holding))}"
-    return sorted({*named, *holding}), why
+    return sorted({*named, *holding}), sorted(known | memory), why
 
 
 def _visible(value: Optional[str], gpus: tuple[Gpu, ...], pci_order: bool) -> Optional[list[int]]:

@@ -18,13 +18,15 @@ from gpuq.core.errors import Refused
 from gpuq.core.job import Job
 from gpuq.core.states import RUNNING, SOURCE_ADOPT
 from gpuq.core.times import iso_of
+from gpuq.core.words import plural
 from gpuq.engine.lifecycle import repairs
 from gpuq.engine.lifecycle.enqueue import default_name
 from gpuq.engine.lifecycle.interpreter import refuse_too_long
 from gpuq.engine.schedule import leasing
 from gpuq.spool import JobRef, Spool
 from gpuq.system import gpus as gpu_info
-from gpuq.system import procs
+from gpuq.system import policy, procs
+from gpuq.system.lease_io import user_name
 from gpuq.system.leases import Held, LeaseDir, LeaseDirProblem, say_once
 
 KEEPER_POLL_SECONDS = 1.0  # how long an adopted process's leases may outlive it
@@ -100,70 +102,102 @@ def _same(ident: tuple[Any, Any], info: dict[str, Any]) -> bool:
     )
 
 
-def adopt(spool: Spool, pid: int, name: Optional[str] = None, log: Optional[str] = None) -> tuple[JobRef, Job]:
-    """Publish `pid` as a running adopted job and return it; AdoptError with the reason if not."""
+def adopt(spool: Spool, pid: int, name: Optional[str] = None, log: Optional[str] = None) -> tuple[JobRef, Job, str]:
+    """Publish `pid` as a running adopted job and return it, with what it leases ("" without
+    GPUs); AdoptError with the reason if not."""
     log_path = _check_log(log)
     if pid == os.getpid():
         raise AdoptError("gpuq cannot adopt itself")
     info = describe(pid)
     if name is not None and not name.strip():
         raise AdoptError("--name must not be empty")
+    gpus, known, why = gpu_info.used_by(pid)
     # One adopter at a time: the check "not tracked yet" and the publish must not interleave,
     # or two `gpuq adopt` of the same pid would both succeed.
     with spool.adopt_lock():
         reason = tracked_by(spool, info)
         if reason:
             raise AdoptError(f"process {pid} is already tracked by gpuq: {reason}")
-        job = _job(spool, info, name, log_path)
+        job = _job(spool, info, name, log_path, gpus, why)
         ref = spool.jobs.publish(job, RUNNING)
+    leased = ""
     if not procs.is_same_process(pid, info["create_time"], job.boot_id):
         # It ended while we were adopting: let recovery record that honestly right away.
         repairs.settle_unsupervised(spool, repairs.Report())
     elif job.gpus:
-        _keep_leases(job, str(spool.home))
-    return ref, job
+        leased = _keep_leases(job, str(spool.home), known)
+    return ref, job, leased
 
 
-def _keep_leases(job: Job, home: str) -> None:
-    """Lease the adopted process's GPUs whole, so that every user's gpuq on the machine sees them
-    taken as a started job's, and leave a keeper (a fork of this command: the process has no
-    supervisor to hold them) that holds the leases' locks until the process ends, then adds their
-    GPU-hours to the user's recent usage and releases them. Without a usable lease directory it says
-    why, and only the memory the process holds shows to other users."""
-    uuid_of = {gpu.index: gpu.uuid for gpu in gpu_info.look().gpus}
-    indices = [index for index in job.gpus or () if index in uuid_of]
-    held: list[Held] = []
-    try:
-        directory = LeaseDir.open()
-        with directory.placing(uuid_of[index] for index in indices):
-            for index in indices:
-                taken = directory.take(uuid_of[index], index, None, job=job.id, name=job.name, spool=home, pid=job.pid)
-                held.append(taken)
-    except LeaseDirProblem as exc:
-        for lease in held:
-            lease.release()
-        say_once(str(exc), lambda line: print(f"gpuq adopt: {line}", file=sys.stderr))
-        return
-    if not held:
-        return
+def _keep_leases(job: Job, home: str, known: list[int]) -> str:
+    """Lease whole the GPUs the adopted process is known to use (`known`: those its
+    CUDA_VISIBLE_DEVICES names, or where it holds memory; not every GPU it may use, which would keep
+    every other user off the machine for a script that uses none), as many as its user's cap allows,
+    so that every user's gpuq on the machine sees them taken as a started job's. A keeper forked
+    from this command (the process has no supervisor) takes them, so that their file names carry
+    the pid of the process that holds their locks, holds them until the process ends, then adds
+    their GPU-hours to the user's recent usage and releases them. This command waits for the keeper
+    to say what it leased (through a pipe), and returns that line."""
+    uuid_of = {gpu.index: gpu.uuid for gpu in gpu_info.look().gpus}  # NVML is never used after the fork
+    known = [index for index in known if index in uuid_of]
+    if not known:
+        return "leases no GPU: none is named by its CUDA_VISIBLE_DEVICES or holds its memory (other users may use them)"
+    reader, writer = os.pipe()
     if os.fork():
-        for lease in held:  # the keeper holds their locks now: closed here, not released
-            if lease.fd is not None:
-                os.close(lease.fd)
-        return
+        os.close(writer)
+        with os.fdopen(reader, "rb") as pipe:
+            said, *lines = pipe.read().decode().split("\n")
+        for line in lines:
+            say_once(line, lambda line: print(f"gpuq adopt: {line}", file=sys.stderr))
+        return said or "leases no GPU: its keeper ended before it could take them"
     try:
+        os.close(reader)
         os.setsid()  # the shell that adopted it may hang up or take a Ctrl-C: not the keeper's end
         os.chdir("/")
         quiet = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # whoever reads this command's output sees its end
             os.dup2(quiet, fd)
-        while procs.is_same_process(job.pid, job.pid_create_time, job.boot_id):
+        problems: list[str] = []
+        held, said = _take_leases(job, home, known, uuid_of, problems)
+        os.write(writer, "\n".join([said, *problems]).encode())
+        os.close(writer)  # the command prints that and exits; the keeper goes on
+        while held and procs.is_same_process(job.pid, job.pid_create_time, job.boot_id):
             time.sleep(KEEPER_POLL_SECONDS)
         leasing.record_usage(held, lambda line: None)
         for lease in held:
             lease.release()
     finally:
         os._exit(0)
+
+
+def _take_leases(
+    job: Job, home: str, known: list[int], uuid_of: dict[int, str], problems: list[str]
+) -> tuple[list[Held], str]:
+    """The leases of the GPUs `known` that its user's cap leaves room for (counted as for a start:
+    the GPUs of their live leases, all their spools together), taken under the placing locks of
+    every GPU (the cap is the machine's), and the line that says which; none where leases cannot be
+    used. `problems` gets the lines to say about the lease directory or the policy."""
+    cap = policy.load(problems.append).of(user_name(os.geteuid())).max_gpus
+    held: list[Held] = []
+    try:
+        directory = LeaseDir.open()
+        with directory.placing(uuid_of.values()):
+            mine = {lease.gpu_uuid for lease in directory.live() if lease.uid == os.geteuid()}
+            for index, uuid in ((index, uuid_of[index]) for index in known):
+                if cap is None or len(mine | {uuid}) <= cap:
+                    mine.add(uuid)
+                    held.append(directory.take(uuid, index, None, job=job.id, name=job.name, spool=home, pid=job.pid))
+    except LeaseDirProblem as exc:
+        for lease in held:
+            lease.release()
+        problems.append(str(exc))
+        return [], "leases no GPU: leases cannot be used here"
+    leased = [lease.lease.gpu_index for lease in held]
+    said = f"leases GPU {','.join(map(str, leased))} until it ends" if held else "leases no GPU"
+    left = [index for index in known if index not in leased]
+    if cap is not None and left:
+        said += f"; not GPU {','.join(map(str, left))}: your limit of {plural(cap, 'GPU')} at once on this machine"
+    return held, said
 
 
 def _check_log(log: Optional[str]) -> Optional[str]:
@@ -176,7 +210,9 @@ def _check_log(log: Optional[str]) -> Optional[str]:
     return path
 
 
-def _job(spool: Spool, info: dict[str, Any], name: Optional[str], log: Optional[str]) -> Job:
+def _job(
+    spool: Spool, info: dict[str, Any], name: Optional[str], log: Optional[str], gpus: Optional[list[int]], why: str
+) -> Job:
     cmd, cwd = info["cmd"], info["cwd"]
     job = schema.new_job(
         job_id=spool.ids.allocate(),
@@ -198,7 +234,6 @@ def _job(spool: Spool, info: dict[str, Any], name: Optional[str], log: Optional[
         note="adopted: started outside gpuq; its exit code cannot be known",
     )
     # the GPUs it may use are held as a running job's: nothing else of gpuq's starts on them
-    gpus, why = gpu_info.used_by(info["pid"])
     if gpus is not None:
         held = f"GPU {','.join(map(str, gpus))}" if gpus else "no GPU"
         job.update(
