@@ -295,6 +295,20 @@ def test_an_adopted_process_holds_the_gpus_its_cuda_visible_devices_names(gq, ou
     assert (job["gpus"], job["slot"]) == ([1], "1")
 
 
+def test_gpus_lists_no_adopted_job_whose_process_has_ended(gq, outside) -> None:
+    """With no worker to record their end, `gpuq gpus` went on listing adopted jobs on their GPU
+    ("jobs #1 #2") after their processes had ended."""
+    Gpus(gq, fake_gpus(1))
+    proc = by_hand(outside, gq, "0")
+    adopted = int(gq.gpuq("adopt", str(proc.pid)).stdout.split("#")[1].split(":")[0])
+    assert f"  GPU 0  Fake H100  0.0/79.6 GiB  jobs #{adopted}\n" in gq.gpuq("gpus").stdout
+    (gq.work / "release").touch()
+    proc.wait(10)
+    assert list((gq.home / "running").iterdir()), "nothing recorded its end: it is in running/ still"
+    assert "jobs #" not in gq.gpuq("gpus").stdout
+    assert [gpu["jobs"] for gpu in json.loads(gq.gpuq("gpus", "--json").stdout)] == [[]]
+
+
 def test_an_adopted_process_without_cuda_visible_devices_holds_every_gpu(gq, outside) -> None:
     gpus = Gpus(gq, fake_gpus(2))
     proc = by_hand(outside, gq)

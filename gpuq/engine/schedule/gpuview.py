@@ -17,6 +17,7 @@ from gpuq.core.states import PENDING
 from gpuq.core.times import iso_of
 from gpuq.core.words import cap_text, memory_too_small
 from gpuq.spool import Spool
+from gpuq.system import procs
 from gpuq.system.gpu_presence import may_have_gpus
 
 STALE_SECONDS = 3.0  # a view older than this is looked at again (a waiting job makes the worker look every 2 s)
@@ -133,7 +134,10 @@ def current(
     look = gpu_info.look()
     if _none(look.gpus, look.source, look.problem):
         return None
-    shown = view(look, running, spool.home)
+    # A job in running/ whose process has ended holds no GPU, though nothing recorded its end yet (no
+    # worker; an adopted job). A pid that is gone is told without psutil; a job not started has none.
+    holding = [job for job in running if not job.pid or (procs.pid_alive(job.pid) and procs.job_alive(job))]
+    shown = view(look, holding, spool.home)
     if newest is not None and "foreign_threshold_mib" in newest:  # the gate the worker applies
         shown["foreign_threshold_mib"] = newest["foreign_threshold_mib"]
     return shown
