@@ -17,7 +17,7 @@ from test_gpu_worker import add as add_gpu_job
 from gpuq.run.launcher import Launcher
 from gpuq.run.worker import Worker
 from gpuq.spool import Spool
-from gpuq.system.leases import LeaseDir, spool_id
+from gpuq.system.leases import LeaseDir
 
 # Runs until the file named in argv[2] appears (the test sets its pace), printing progress.
 OUTSIDE = """
@@ -405,7 +405,7 @@ def test_an_adopted_process_leases_its_gpu_until_it_ends(gq, outside, own_lease_
     assert share.returncode == 75, share.stdout + share.stderr
     assert f"leased whole by your job #{adopted}" in share.stderr, share.stderr
     [lease] = LeaseDir.open(own_lease_dir).live()
-    assert (lease.job, lease.pid, lease.spool, lease.whole) == (adopted, proc.pid, spool_id(str(gq.home)), True)
+    assert (lease.job, lease.pid, lease.spool, lease.whole) == (adopted, proc.pid, Spool(gq.home).lease_id.read(), True)
     (gq.work / "release").touch()
     proc.wait(10)
     wait_for(lambda: LeaseDir.open(own_lease_dir).live() == [], 10, what="the lease to end with the process")

@@ -25,7 +25,7 @@ from gpuq.engine.schedule import leasing
 from gpuq.spool import JobRef, Spool
 from gpuq.system import gpus as gpu_info
 from gpuq.system import procs
-from gpuq.system.leases import Held, LeaseDir, LeaseDirProblem, say_once
+from gpuq.system.leases import Held, LeaseDir, LeaseDirProblem, say_once, spool_ids
 
 KEEPER_POLL_SECONDS = 1.0  # how long an adopted process's leases may outlive it
 
@@ -120,11 +120,11 @@ def adopt(spool: Spool, pid: int, name: Optional[str] = None, log: Optional[str]
         # It ended while we were adopting: let recovery record that honestly right away.
         repairs.settle_unsupervised(spool, repairs.Report())
     elif job.gpus:
-        _keep_leases(job, str(spool.home))
+        _keep_leases(job, spool_ids(str(spool.home), spool.lease_id.get())[0])
     return ref, job
 
 
-def _keep_leases(job: Job, home: str) -> None:
+def _keep_leases(job: Job, spool: str) -> None:
     """Lease the adopted process's GPUs whole, so that every user's gpuq on the machine sees them
     taken as a started job's, and leave a keeper (a fork of this command: the process has no
     supervisor to hold them) that holds the leases' locks until the process ends, then adds their
@@ -137,7 +137,7 @@ def _keep_leases(job: Job, home: str) -> None:
         directory = LeaseDir.open()
         with directory.placing(uuid_of[index] for index in indices):
             for index in indices:
-                taken = directory.take(uuid_of[index], index, None, job=job.id, name=job.name, spool=home, pid=job.pid)
+                taken = directory.take(uuid_of[index], index, None, job=job.id, name=job.name, spool=spool, pid=job.pid)
                 held.append(taken)
     except LeaseDirProblem as exc:
         for lease in held:

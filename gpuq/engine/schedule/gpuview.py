@@ -72,7 +72,7 @@ def add_leases(shown: dict[str, Any], home: str) -> dict[str, Any]:
             problems += directory.problems
     except leases.LeaseDirProblem as exc:
         problems.append(str(exc))
-    viewer, mine = os.geteuid(), leases.spool_id(home)
+    viewer, mine = os.geteuid(), leases.spool_ids(home, Spool(home).lease_id.read())
     tree = functools.cache(lambda pid: gpus.tree_pids([pid]))  # a holder's process tree, looked up once
     for gpu in shown["gpus"]:
         here = [lease for lease in live if lease.gpu_uuid == gpu["uuid"]]
@@ -97,18 +97,18 @@ TICKET_KEYS = ("file", "who", "user", "uid", "job", "gpus", "mem_mib", "since", 
 LEASE_KEYS = ("file", "who", "user", "uid", "job", "name", "whole", "mem_mib", "since", "pid", "spool", "host")
 
 
-def ticket_entry(ticket: Any, viewer_uid: int, mine: Optional[str]) -> dict[str, Any]:
+def ticket_entry(ticket: Any, viewer_uid: int, mine: Sequence[str]) -> dict[str, Any]:
     """A system/leases.Ticket as views show it: whose job waits, for what, since when; `mine`: the
-    viewer's spool_id."""
+    viewer's spool_ids."""
     shown = {key: getattr(ticket, key) for key in TICKET_KEYS}
-    ours = ticket.spool is not None and ticket.spool == mine
+    ours = ticket.spool is not None and ticket.spool in mine
     return dict(shown, who=ticket.who(viewer_uid, mine), since=iso_of(ticket.since), this_queue=ours)
 
 
-def lease_entry(lease: Any, viewer_uid: int, mine: Optional[str]) -> dict[str, Any]:
+def lease_entry(lease: Any, viewer_uid: int, mine: Sequence[str]) -> dict[str, Any]:
     """A system/leases.Lease as views show it (a name only for a `gpuq lease`: a job's is not in it)."""
     shown = {key: getattr(lease, key) for key in LEASE_KEYS}
-    ours = lease.spool is not None and lease.spool == mine
+    ours = lease.spool is not None and lease.spool in mine
     who, name = lease.who(viewer_uid, mine), lease.name if lease.job is None else None
     return dict(shown, who=who, name=name, since=iso_of(lease.since), this_queue=ours)
 

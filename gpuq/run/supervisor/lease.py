@@ -11,14 +11,15 @@ from gpuq.engine.schedule import leasing
 from gpuq.engine.schedule.leasing import claim_gpus
 from gpuq.engine.schedule.placement import DEFAULT_FOREIGN_THRESHOLD_MIB, Blocked, Request
 from gpuq.run.supervisor.order import StartOrder
-from gpuq.system.leases import Held
+from gpuq.spool import Spool
+from gpuq.system.leases import Held, spool_ids
 
 
 class GpusTaken(Exception):
     """The GPUs the worker chose were leased by another party, or filled, since it looked."""
 
 
-def take(home: str, order: StartOrder, job: Job, replacing: Iterable[Held] = ()) -> list[Held]:
+def take(spool: Spool, order: StartOrder, job: Job, replacing: Iterable[Held] = ()) -> list[Held]:
     """The leases of the order's GPUs for `job`, against every live lease but those `replacing`: the
     one check of a start made again here, because it is atomic. GpusTaken if they no longer fit; []
     for a CPU job, and where the lease directory cannot be used (`unsaid` says why)."""
@@ -33,7 +34,7 @@ def take(home: str, order: StartOrder, job: Job, replacing: Iterable[Held] = ())
         threshold=DEFAULT_FOREIGN_THRESHOLD_MIB if threshold is None else threshold,
         job=job.id,
         name=job.name,
-        spool=home,
+        spool=spool_ids(str(spool.home), spool.lease_id.get())[0],
         log=_unsaid.append,
     )
     if isinstance(outcome, Blocked):
