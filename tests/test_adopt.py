@@ -403,7 +403,10 @@ def test_an_adopted_process_leases_its_gpu_until_it_ends(gq, outside, own_lease_
     adopted = int(gq.gpuq("adopt", str(proc.pid), "--name", "by hand").stdout.split("#")[1].split(":")[0])
     share = gq.gpuq("lease", "--no-wait", "--gpu-mem", "40G", "--", "true", check=False)
     assert share.returncode == 75, share.stdout + share.stderr
-    assert f"leased whole by your job #{adopted}" in share.stderr, share.stderr
+    assert f"leased whole by your job #{adopted} since " in share.stderr, share.stderr  # this GPUQ_HOME's job
+    other_home = dict(gq.env, GPUQ_HOME=str(gq.home) + "-b")
+    elsewhere = gq.gpuq("lease", "--no-wait", "--", "true", env=other_home, check=False)
+    assert f"leased whole by your job #{adopted} in another queue since " in elsewhere.stderr, elsewhere.stderr
     [lease] = LeaseDir.open(own_lease_dir).live()
     assert (lease.job, lease.pid, lease.spool, lease.whole) == (adopted, proc.pid, Spool(gq.home).lease_id.read(), True)
     (gq.work / "release").touch()

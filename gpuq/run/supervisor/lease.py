@@ -26,6 +26,7 @@ def take(spool: Spool, order: StartOrder, job: Job, replacing: Iterable[Held] = 
     if not order.gpus:
         return []
     replaced = {held.lease.file for held in replacing}
+    ids = spool_ids(str(spool.home), spool.lease_id.get())
     threshold = order.foreign_threshold_mib
     outcome = claim_gpus(
         Request(job.gpu_request, job.gpu_mem_mib),
@@ -34,7 +35,8 @@ def take(spool: Spool, order: StartOrder, job: Job, replacing: Iterable[Held] = 
         threshold=DEFAULT_FOREIGN_THRESHOLD_MIB if threshold is None else threshold,
         job=job.id,
         name=job.name,
-        spool=spool_ids(str(spool.home), spool.lease_id.get())[0],
+        spool=ids[0],
+        mine=ids,
         log=_unsaid.append,
     )
     if isinstance(outcome, Blocked):
