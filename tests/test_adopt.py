@@ -19,7 +19,7 @@ from gpuq.run.launcher import Launcher
 from gpuq.run.worker import Worker
 from gpuq.spool import Spool
 from gpuq.system import policy
-from gpuq.system.leases import LeaseDir, spool_id
+from gpuq.system.leases import LeaseDir
 
 # Runs until the file named in argv[2] appears (the test sets its pace), printing progress.
 OUTSIDE = """
@@ -297,6 +297,20 @@ def test_an_adopted_process_holds_the_gpus_its_cuda_visible_devices_names(gq, ou
     assert (job["gpus"], job["slot"]) == ([1], "1")
 
 
+def test_gpus_lists_no_adopted_job_whose_process_has_ended(gq, outside) -> None:
+    """With no worker to record their end, `gpuq gpus` went on listing adopted jobs on their GPU
+    ("jobs #1 #2") after their processes had ended."""
+    Gpus(gq, fake_gpus(1))
+    proc = by_hand(outside, gq, "0")
+    adopted = int(gq.gpuq("adopt", str(proc.pid)).stdout.split("#")[1].split(":")[0])
+    assert f"  GPU 0  Fake H100  0.0/79.6 GiB  jobs #{adopted}\n" in gq.gpuq("gpus").stdout
+    (gq.work / "release").touch()
+    proc.wait(10)
+    assert list((gq.home / "running").iterdir()), "nothing recorded its end: it is in running/ still"
+    assert "jobs #" not in gq.gpuq("gpus").stdout
+    assert [gpu["jobs"] for gpu in json.loads(gq.gpuq("gpus", "--json").stdout)] == [[]]
+
+
 def test_an_adopted_process_without_cuda_visible_devices_holds_every_gpu(gq, outside) -> None:
     gpus = Gpus(gq, fake_gpus(2))
     proc = by_hand(outside, gq)
@@ -391,9 +405,12 @@ def test_an_adopted_process_leases_its_gpu_until_it_ends(gq, outside, own_lease_
     adopted = int(gq.gpuq("adopt", str(proc.pid), "--name", "by hand").stdout.split("#")[1].split(":")[0])
     share = gq.gpuq("lease", "--no-wait", "--gpu-mem", "40G", "--", "true", check=False)
     assert share.returncode == 75, share.stdout + share.stderr
-    assert f"leased whole by your job #{adopted}" in share.stderr, share.stderr
+    assert f"leased whole by your job #{adopted} since " in share.stderr, share.stderr  # this GPUQ_HOME's job
+    other_home = dict(gq.env, GPUQ_HOME=str(gq.home) + "-b")
+    elsewhere = gq.gpuq("lease", "--no-wait", "--", "true", env=other_home, check=False)
+    assert f"leased whole by your job #{adopted} in another queue since " in elsewhere.stderr, elsewhere.stderr
     [lease] = LeaseDir.open(own_lease_dir).live()
-    assert (lease.job, lease.pid, lease.spool, lease.whole) == (adopted, proc.pid, spool_id(str(gq.home)), True)
+    assert (lease.job, lease.pid, lease.spool, lease.whole) == (adopted, proc.pid, Spool(gq.home).lease_id.read(), True)
     # Its file's name carries the pid of the keeper that holds its lock (lease_layout.md section 2),
     # not the `gpuq adopt` that has exited: that pid, reused by a second adopt, wrote the same name
     # over this lease, and this keeper's release then removed the other's live lease.

@@ -38,8 +38,9 @@ from gpuq.run.supervisor import lease as supervisor_lease
 from gpuq.run.supervisor.order import StartOrder
 from gpuq.run.supervisor.start import begin
 from gpuq.run.worker import FULL_STEP_SECONDS
+from gpuq.spool import Spool
 from gpuq.system.gpus import from_json, look
-from gpuq.system.leases import LeaseDir, spool_id
+from gpuq.system.leases import LeaseDir
 
 GPU_TOTAL_MIB = 10000
 # The users' processes import gpuq from this checkout and its dependencies from this venv, whichever
@@ -436,7 +437,7 @@ def test_a_jobs_supervisor_holds_its_lease_while_it_runs_and_hands_it_on_with_th
     leases = LeaseDir.open(own_lease_dir)
     [held] = leases.live()
     assert (held.job, held.pid, held.spool, held.gpu_uuid, held.whole) == (
-        a, job["supervisor"]["pid"], spool_id(str(gq.home)), "GPU-fake-0", True
+        a, job["supervisor"]["pid"], Spool(gq.home).lease_id.read(), "GPU-fake-0", True
     )  # fmt: skip
     assert not [fd for fd in _open_files(job["pid"]) if fd.startswith(str(own_lease_dir))], "the job has no lease file"
     b = gq.add("wait2.py")

@@ -6,6 +6,7 @@ GPUQ_FAKE_GPUS; another user's lease is written by a real process of user `nobod
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import pwd
@@ -297,6 +298,33 @@ def test_a_lease_file_holds_neither_its_jobs_name_nor_its_spools_path(gq: Env, l
     assert f"    leased whole by your job #{job_id} in another queue since " in elsewhere, elsewhere
     (gq.work / "go").touch()
     gq.wait_state(job_id, "done", 30)
+
+
+def test_a_lease_names_its_queue_by_an_id_no_guess_of_its_path_confirms(gq: Env, leases: Path) -> None:
+    """A lease named its queue by the first 16 hex digits of the SHA-256 of the queue's real path:
+    another user could hash a guessed path (`/home/bob/.gpuq`) and compare. It is a random id made
+    once in the spool (`lease-id`, 0600), the same for the queue's later jobs."""
+    Gpus(gq, fake_gpus(1))
+    gq.script("hold.py", WAIT_FOR_GO)
+    first = gq.add("--gpus", "1", "hold.py")
+    gq.start_worker("--watch")
+    wait_for(lambda: gq.job(first).get("pid"), 15, what="the job running")
+    (path,) = leases.glob("gpuq-lease.*")
+    named = json.loads(path.read_text())["spool"]
+    assert named != hashlib.sha256(os.path.realpath(gq.home).encode()).hexdigest()[:16], "the hash of its path"
+    id_file = gq.home / "lease-id"
+    assert (id_file.read_text(), id_file.stat().st_mode & 0o777) == (f"{named}\n", 0o600)
+    (gq.work / "go").touch()
+    gq.wait_state(first, "done", 30)
+    (gq.work / "go").unlink()
+    second = gq.add("--gpus", "1", "hold.py")
+    wait_for(lambda: gq.job(second).get("pid"), 15, what="the next job running")
+    (path,) = leases.glob("gpuq-lease.*")
+    assert json.loads(path.read_text())["spool"] == named
+    shown = gq.gpuq("gpus").stdout
+    assert f"  GPU 0  Fake H100  0.0/79.6 GiB  jobs #{second}\n" in shown and "leased" not in shown, shown
+    (gq.work / "go").touch()
+    gq.wait_state(second, "done", 30)
 
 
 def test_a_lease_an_earlier_gpuq_wrote_is_still_read(gq: Env, leases: Path, tmp_path: Path) -> None:

@@ -62,8 +62,9 @@ def test_a_lease_is_taken_seen_alive_and_released(lease_dir: LeaseDir) -> None:
     assert lease.pid_start > 0 and abs(lease.since - time.time()) < 60
     assert found[1].mem_mib == 20480 and not found[1].whole
     me = os.geteuid()
-    assert lease.who(me, leases.spool_id("/home/me/.gpuq")) == "your job #12"  # seen from its own queue
-    assert lease.who(me, leases.spool_id("/home/me/q2")) == lease.who(me) == "your job #12 in another queue"
+    assert lease.who(me, leases.spool_ids("/home/me/.gpuq", None)) == "your job #12"  # seen from its own queue
+    assert lease.who(me, leases.spool_ids("/home/me/q2", "0123456789abcdef")) == "your job #12 in another queue"
+    assert lease.who(me) == "your job #12 in another queue"  # seen from no queue
     assert lease.who(me + 1) == f"{lease.user}'s job #12"
     assert found[1].who(me + 1) == f"{lease.user}'s `jupyter` (gpuq lease, pid {os.getpid()})"
     st = os.stat(os.path.join(lease_dir.path, lease.file))

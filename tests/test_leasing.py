@@ -13,7 +13,7 @@ from pathlib import Path
 from gpuq.engine.schedule.leasing import Claim, claim_gpus
 from gpuq.engine.schedule.placement import Blocked, Request
 from gpuq.system.gpus import Gpu, GpuLook, GpuProcess
-from gpuq.system.leases import LeaseDir, spool_id
+from gpuq.system.leases import LeaseDir, spool_id, spool_ids
 
 H100 = 81559
 
@@ -44,6 +44,9 @@ def test_claims_take_distinct_gpus_until_none_is_left(tmp_path: Path) -> None:
     assert isinstance(third, Blocked) and not third.forever
     held = "leased whole by your job #4 in another queue"  # seen from no queue: it is said
     assert third.reason.startswith(f"waiting for GPU 0: {held} since ")
+    from_its_queue = claim(tmp_path, mine=spool_ids("/home/me/.gpuq", None))  # `gpuq lease` in that GPUQ_HOME
+    assert isinstance(from_its_queue, Blocked)
+    assert from_its_queue.reason.startswith("waiting for GPU 0: leased whole by your job #4 since "), from_its_queue
     assert f"GPU 1: leased whole by your `sh` (gpuq lease, pid {os.getpid()}) since " in third.reason
     first.release()
     fourth = claim(tmp_path, Request(gpu_mem_mib=20480))

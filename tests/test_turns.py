@@ -25,7 +25,7 @@ from gpuq.engine.schedule.planner import OtherLeases, Planner
 from gpuq.engine.schedule.scheduler import Wait
 from gpuq.engine.schedule.turns import Turns, first_in_line
 from gpuq.system import policy
-from gpuq.system.leases import LeaseDir, Ticket, spool_id
+from gpuq.system.leases import LeaseDir, Ticket
 
 THEM = 65534  # another uid (nobody's): its files are planted by root
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's files needs root")
@@ -86,7 +86,7 @@ def test_a_job_waiting_for_another_users_gpu_holds_a_ticket_and_waits_for_their_
     lease_fd = _plant(own_lease_dir, "gpuq-lease.GPU-fake-0.65534.1.1.lease", _lease("GPU-fake-0"))
     assert worker.step(time.time()).started == []
     [ours] = directory.tickets()
-    assert (ours.uid, ours.job, ours.gpus, ours.spool) == (os.geteuid(), job.id, 1, spool_id(str(spool.home)))
+    assert (ours.uid, ours.job, ours.gpus, ours.spool) == (os.geteuid(), job.id, 1, spool.lease_id.read())
     assert worker.step(time.time()).turn_wait
 
     theirs = _plant(own_lease_dir, "gpuq-ticket.65534.1.2.ticket", _ticket(since=ours.since - 60))

@@ -446,6 +446,18 @@ def test_a_service_whose_own_port_is_taken_gets_a_free_one_and_keeps_it(gq: Env,
     assert f"--port {port}\n" in (dest / service.WEB_UNIT_NAME).read_text() and f":{port}/#token=" in again.stdout
 
 
+def test_a_reinstalled_service_keeps_the_port_given_by_web_port(gq: Env, tmp_path: Path) -> None:
+    """A unit installed with --web-port 9999 moved to the user's own port when installed again
+    without it (only ports of the user's own series were kept): its URL stopped working."""
+    from gpuq.run import service
+
+    dest = tmp_path / "units"
+    gq.gpuq("service", "install", "--dest", str(dest), "--web", "--web-port", "9999")
+    again = gq.gpuq("service", "install", "--dest", str(dest), "--web")
+    assert "-m gpuq web --port 9999\n" in (dest / service.WEB_UNIT_NAME).read_text()
+    assert "http://127.0.0.1:9999/#token=" in again.stdout and "gpuq-web.service is already this unit" in again.stdout
+
+
 def test_the_first_page_benchmark_runs(tmp_path: Path) -> None:
     """bench/web_first_page.py end to end, tiny, so it cannot rot (bench/WEB.md has its figures)."""
     script = Path(__file__).resolve().parent.parent / "bench" / "web_first_page.py"

@@ -128,13 +128,16 @@ def web_port(uid: int) -> int:
 
 
 def install_web_port(uid: int, dest_dir: Optional[Path] = None) -> int:
-    """The page's port when --web-port does not say: the one the unit there names already (its
-    server likely holds it: a restart must not move the URL), else the user's own, or when something
-    listens there now, the first free one 1000, 2000... above it, which is no other user's own."""
-    ports = range(web_port(uid), 65536, WEB_PORTS)
+    """The page's port when --web-port does not say: the one the unit there names already, whichever
+    (its server likely holds it, and one given by --web-port once was chosen: a reinstall must not
+    move the URL), else the user's own, or when something listens there now, the first free one
+    1000, 2000... above it, which is no other user's own."""
     unit = _read(Path(dest_dir or default_dir()) / WEB_UNIT_NAME) or ""
-    named = [port for port in ports if f" --port {port}\n" in unit]
-    return next(iter(named or [port for port in ports if not port_taken(port)]), ports[0])
+    named = re.search(r"^ExecStart=.* web --port (\d{1,5})$", unit, re.MULTILINE)
+    if named and 0 < int(named.group(1)) < 65536:
+        return int(named.group(1))
+    ports = range(web_port(uid), 65536, WEB_PORTS)
+    return next((port for port in ports if not port_taken(port)), ports[0])
 
 
 def port_taken(port: int) -> bool:

@@ -19,6 +19,7 @@ from gpuq.spool.ids import IdCounter
 from gpuq.spool.imports import ImportRecords
 from gpuq.spool.kept import KeptRuns
 from gpuq.spool.layout import Layout, default_home
+from gpuq.spool.leaseid import LeaseId
 from gpuq.spool.logs import Logs
 from gpuq.spool.mutex import held
 from gpuq.spool.reports import Reports
@@ -61,6 +62,7 @@ class Spool:
         self.imports = ImportRecords(layout, files)
         self.snapshots = Snapshots(layout, files)
         self.web_token = WebToken(layout, files)
+        self.lease_id = LeaseId(layout, files)  # how its jobs' GPU leases name it
 
     def ensure(self) -> Spool:
         """Create the tree on first use and refuse one that others could write into. A new tree

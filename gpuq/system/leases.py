@@ -12,7 +12,7 @@ import os
 import stat
 import time
 from contextlib import contextmanager, suppress
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 from gpuq.system import fsutil, lease_io, procs
 from gpuq.system.lease_io import OFF, LeaseDirProblem
@@ -49,10 +49,10 @@ class Lease(NamedTuple):
     def whole(self) -> bool:
         return self.mem_mib is None
 
-    def who(self, viewer_uid: int, viewer_spool: Optional[str] = None) -> str:
+    def who(self, viewer_uid: int, viewer_spool: Collection[str] = ()) -> str:
         """ "bob's job #12", "your job #3", "bob's `jupyter` (gpuq lease, pid 4242)". A job of yours in
-        another spool than the viewer's (its spool_id; None: the viewer's is none) says so: its #3 is
-        not the viewer's."""
+        another spool than the viewer's (its `spool_ids`; none: the viewer is in none) says so: its #3
+        is not the viewer's."""
         mine = self.uid == viewer_uid
         owner = "your" if mine else f"{self.user}'s"
         if self.job is None:
@@ -78,7 +78,7 @@ class Ticket(NamedTuple):
     def wants(self, gpu_uuid: str) -> bool:
         return self.gpu_uuids is None or gpu_uuid in self.gpu_uuids
 
-    def who(self, viewer_uid: int, viewer_spool: Optional[str] = None) -> str:
+    def who(self, viewer_uid: int, viewer_spool: Collection[str] = ()) -> str:
         """ "bob's job #3", "your job #7", "your job #7 in another queue": whose job waits."""
         mine = self.uid == viewer_uid
         owner = "your" if mine else f"{self.user}'s"
@@ -87,18 +87,24 @@ class Ticket(NamedTuple):
         return f"{owner} job #{self.job}{elsewhere(self.spool, viewer_spool) if mine else ''}"
 
 
-def elsewhere(spool: Optional[str], viewer_spool: Optional[str]) -> str:
+def elsewhere(spool: Optional[str], viewer_spool: Collection[str]) -> str:
     """' in another queue' for a job of the viewer's in a spool other than theirs (spool_ids), else ''."""
-    return "" if spool is not None and spool == viewer_spool else " in another queue"
+    return "" if spool is not None and spool in viewer_spool else " in another queue"
 
 
 def spool_id(spool: Optional[str]) -> Optional[str]:
-    """How leases and tickets name a spool: a hash of its real path, by which its owner's gpuq knows its
-    own spool however the path reached it (a link above it), and which does not say where it is to
-    other users. A path (a spool's home, an earlier gpuq's lease) is hashed; an id or None is kept."""
+    """How a lease or ticket names a spool: its random id (spool/leaseid.py) is kept, as is None; a path
+    (an earlier gpuq's lease) is hashed as an earlier gpuq named it, by its real path."""
     if spool is None or not spool.startswith("/"):
         return spool
     return hashlib.sha256(os.path.realpath(spool).encode()).hexdigest()[:16]
+
+
+def spool_ids(home: str, own: Optional[str]) -> tuple[str, ...]:
+    """Every id by which leases name the spool at `home`: its own (`own`; None while none is made) and
+    the hash of its real path, by which an earlier gpuq named it (its jobs may run on)."""
+    legacy = spool_id(os.path.abspath(home)) or ""
+    return (own, legacy) if own else (legacy,)
 
 
 class Held:

@@ -27,7 +27,7 @@ from gpuq.spool import JobRef, Spool
 from gpuq.system import gpus as gpu_info
 from gpuq.system import policy, procs
 from gpuq.system.lease_io import user_name
-from gpuq.system.leases import Held, LeaseDir, LeaseDirProblem, say_once
+from gpuq.system.leases import Held, LeaseDir, LeaseDirProblem, say_once, spool_ids
 
 KEEPER_POLL_SECONDS = 1.0  # how long an adopted process's leases may outlive it
 
@@ -125,15 +125,16 @@ def adopt(spool: Spool, pid: int, name: Optional[str] = None, log: Optional[str]
         # It ended while we were adopting: let recovery record that honestly right away.
         repairs.settle_unsupervised(spool, repairs.Report())
     elif job.gpus:
-        leased = _keep_leases(job, str(spool.home), known)
+        leased = _keep_leases(job, spool_ids(str(spool.home), spool.lease_id.get())[0], known)
     return ref, job, leased
 
 
-def _keep_leases(job: Job, home: str, known: list[int]) -> str:
+def _keep_leases(job: Job, key: str, known: list[int]) -> str:
     """Lease whole the GPUs the adopted process is known to use (`known`: those its
     CUDA_VISIBLE_DEVICES names, or where it holds memory; not every GPU it may use, which would keep
     every other user off the machine for a script that uses none), as many as its user's cap allows,
-    so that every user's gpuq on the machine sees them taken as a started job's. A keeper forked
+    so that every user's gpuq on the machine sees them taken as a started job's (`key`: the spool's
+    name in leases, leases.spool_ids). A keeper forked
     from this command (the process has no supervisor) takes them, so that their file names carry
     the pid of the process that holds their locks, holds them until the process ends, then adds
     their GPU-hours to the user's recent usage and releases them. This command waits for the keeper
@@ -158,7 +159,7 @@ def _keep_leases(job: Job, home: str, known: list[int]) -> str:
         for fd in (0, 1, 2):  # whoever reads this command's output sees its end
             os.dup2(quiet, fd)
         problems: list[str] = []
-        held, said = _take_leases(job, home, known, uuid_of, problems)
+        held, said = _take_leases(job, key, known, uuid_of, problems)
         os.write(writer, "\n".join([said, *problems]).encode())
         os.close(writer)  # the command prints that and exits; the keeper goes on
         while held and procs.is_same_process(job.pid, job.pid_create_time, job.boot_id):
@@ -171,7 +172,7 @@ def _keep_leases(job: Job, home: str, known: list[int]) -> str:
 
 
 def _take_leases(
-    job: Job, home: str, known: list[int], uuid_of: dict[int, str], problems: list[str]
+    job: Job, key: str, known: list[int], uuid_of: dict[int, str], problems: list[str]
 ) -> tuple[list[Held], str]:
     """The leases of the GPUs `known` that its user's cap leaves room for (counted as for a start:
     the GPUs of their live leases, all their spools together), taken under the placing locks of
@@ -186,7 +187,7 @@ def _take_leases(
             for index, uuid in ((index, uuid_of[index]) for index in known):
                 if cap is None or len(mine | {uuid}) <= cap:
                     mine.add(uuid)
-                    held.append(directory.take(uuid, index, None, job=job.id, name=job.name, spool=home, pid=job.pid))
+                    held.append(directory.take(uuid, index, None, job=job.id, name=job.name, spool=key, pid=job.pid))
     except LeaseDirProblem as exc:
         for lease in held:
             lease.release()

@@ -21,10 +21,11 @@ from gpuq.core.words import cap_text
 from gpuq.engine.schedule import turns
 from gpuq.engine.schedule.leasing import Claim, claim_gpus, record_usage
 from gpuq.engine.schedule.placement import Blocked, Placement, Request
+from gpuq.spool import Spool
 from gpuq.system import policy as machine_policy
 from gpuq.system.gpus import GpuLook
 from gpuq.system.lease_io import user_name
-from gpuq.system.leases import HeldTicket, Lease, LeaseDir, LeaseDirProblem, say_once
+from gpuq.system.leases import HeldTicket, Lease, LeaseDir, LeaseDirProblem, say_once, spool_ids
 
 POLL_SECONDS = 0.5  # how often a waiting `gpuq lease` asks again: a claim is a look and a few files
 
@@ -57,10 +58,12 @@ def _claim(request: Request, name: str, wait: bool) -> Claim:
     if cap is not None and request.gpus > cap:  # whatever ends, never within the cap
         raise _refusal(Blocked(cap_text(cap, request.gpus), forever=True))
     admission = _Admission()
+    here = Spool()  # $GPUQ_HOME: its jobs are "your job #N", another queue's say so
     try:
         while True:
             admission.capped = False
-            got = claim_gpus(request, job=None, name=name, spool=None, log=_stderr, admit=admission)
+            mine = spool_ids(here.home, here.lease_id.read())  # read again: its first lease makes it
+            got = claim_gpus(request, job=None, name=name, spool=None, mine=mine, log=_stderr, admit=admission)
             if not isinstance(got, Blocked):
                 if told:
                     _stderr(f"GPU {','.join(map(str, got.gpus))} leased; starting {name}")

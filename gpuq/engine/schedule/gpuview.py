@@ -17,6 +17,7 @@ from gpuq.core.states import PENDING
 from gpuq.core.times import iso_of
 from gpuq.core.words import cap_text, memory_too_small
 from gpuq.spool import Spool
+from gpuq.system import procs
 from gpuq.system.gpu_presence import may_have_gpus
 
 STALE_SECONDS = 3.0  # a view older than this is looked at again (a waiting job makes the worker look every 2 s)
@@ -71,7 +72,7 @@ def add_leases(shown: dict[str, Any], home: str) -> dict[str, Any]:
             problems += directory.problems
     except leases.LeaseDirProblem as exc:
         problems.append(str(exc))
-    viewer, mine = os.geteuid(), leases.spool_id(home)
+    viewer, mine = os.geteuid(), leases.spool_ids(home, Spool(home).lease_id.read())
     tree = functools.cache(lambda pid: gpus.tree_pids([pid]))  # a holder's process tree, looked up once
     for gpu in shown["gpus"]:
         here = [lease for lease in live if lease.gpu_uuid == gpu["uuid"]]
@@ -96,18 +97,18 @@ TICKET_KEYS = ("file", "who", "user", "uid", "job", "gpus", "mem_mib", "since", 
 LEASE_KEYS = ("file", "who", "user", "uid", "job", "name", "whole", "mem_mib", "since", "pid", "spool", "host")
 
 
-def ticket_entry(ticket: Any, viewer_uid: int, mine: Optional[str]) -> dict[str, Any]:
+def ticket_entry(ticket: Any, viewer_uid: int, mine: Sequence[str]) -> dict[str, Any]:
     """A system/leases.Ticket as views show it: whose job waits, for what, since when; `mine`: the
-    viewer's spool_id."""
+    viewer's spool_ids."""
     shown = {key: getattr(ticket, key) for key in TICKET_KEYS}
-    ours = ticket.spool is not None and ticket.spool == mine
+    ours = ticket.spool is not None and ticket.spool in mine
     return dict(shown, who=ticket.who(viewer_uid, mine), since=iso_of(ticket.since), this_queue=ours)
 
 
-def lease_entry(lease: Any, viewer_uid: int, mine: Optional[str]) -> dict[str, Any]:
+def lease_entry(lease: Any, viewer_uid: int, mine: Sequence[str]) -> dict[str, Any]:
     """A system/leases.Lease as views show it (a name only for a `gpuq lease`: a job's is not in it)."""
     shown = {key: getattr(lease, key) for key in LEASE_KEYS}
-    ours = lease.spool is not None and lease.spool == mine
+    ours = lease.spool is not None and lease.spool in mine
     who, name = lease.who(viewer_uid, mine), lease.name if lease.job is None else None
     return dict(shown, who=who, name=name, since=iso_of(lease.since), this_queue=ours)
 
@@ -133,7 +134,10 @@ def current(
     look = gpu_info.look()
     if _none(look.gpus, look.source, look.problem):
         return None
-    shown = view(look, running, spool.home)
+    # A job in running/ whose process has ended holds no GPU, though nothing recorded its end yet (no
+    # worker; an adopted job). A pid that is gone is told without psutil; a job not started has none.
+    holding = [job for job in running if not job.pid or (procs.pid_alive(job.pid) and procs.job_alive(job))]
+    shown = view(look, holding, spool.home)
     if newest is not None and "foreign_threshold_mib" in newest:  # the gate the worker applies
         shown["foreign_threshold_mib"] = newest["foreign_threshold_mib"]
     return shown

@@ -44,6 +44,7 @@ def claim_gpus(
     job: Optional[int],
     name: str,
     spool: Optional[str],
+    mine: Sequence[str] = (),
     lease_dir: Optional[str] = None,
     look: Callable[[], GpuLook] = gpus.look,
     describe: Optional[placement.Describe] = gpus.describe_pid,
@@ -51,8 +52,9 @@ def claim_gpus(
     admit: Optional[Admit] = None,
 ) -> Union[Claim, Blocked]:
     """Choose GPUs among `candidates` (None: all) for `request` and lease them to `job` of `spool`
-    (None, None for `gpuq lease`), held by this process, or say why it must wait. Every live lease counts
-    but those `exclude` names. `admit` may still hold back the GPUs chosen (under their placing locks)."""
+    (None, None for `gpuq lease`), held by this process, or say why it must wait, `mine` (spool_ids)
+    telling the user's jobs of their own queue from another's. Every live lease counts but those
+    `exclude` names. `admit` may still hold back the GPUs chosen (under their placing locks)."""
     if request.gpus == 0:
         return Claim([], ())
     allowed = None if candidates is None else sorted(set(candidates))
@@ -77,7 +79,8 @@ def claim_gpus(
             # a holder's tree only tells which listed process is whose: not read where none is listed
             listed = any(g.processes for g in seen.gpus)
             counted = [lease for lease in live if not exclude(lease)]
-            others = [placement.Leased(lease, _holder_tree(lease) if listed else frozenset()) for lease in counted]
+            trees = [_holder_tree(lease) if listed else frozenset() for lease in counted]
+            others = [placement.Leased(lease, tree, tuple(mine)) for lease, tree in zip(counted, trees)]
             decision = decide(seen, others)
             if isinstance(decision, Blocked):
                 return decision

@@ -64,6 +64,7 @@ class Holding:
 class Leased:
     lease: Lease
     pids: frozenset[int] = frozenset()
+    mine: tuple[str, ...] = ()  # the deciding party's spool_ids: its own jobs there are "your job #N"
 
 
 @dataclass(frozen=True)
@@ -410,8 +411,7 @@ def _using(held: Leased, gpu: Gpu) -> int:
 
 
 def _lease_text(held: Leased, gpu: Gpu) -> str:
-    # the viewer is whoever decides: the reason tells them "your job" or another user's; a job of
-    # theirs here is in another spool (a worker's own are not counted) or they are in none (`gpuq
-    # lease`): its queue is said
+    # the viewer is whoever decides: the reason tells them "your job" or another user's, and "in
+    # another queue" for a job of theirs in no queue of `mine` (a worker's own are not counted)
     lease = held.lease
-    return lease_text(lease.who(os.geteuid()), lease.mem_mib, lease.since, _using(held, gpu))
+    return lease_text(lease.who(os.geteuid(), held.mine), lease.mem_mib, lease.since, _using(held, gpu))

@@ -16,8 +16,9 @@ from gpuq.core.words import ids_text
 from gpuq.engine.schedule import diskguard, hostroom, placement, scheduler, victims
 from gpuq.engine.schedule.placement import Blocked, Holding, Leased, Placement, Request
 from gpuq.engine.schedule.turns import Turns
+from gpuq.spool import Spool
 from gpuq.system import gpus as gpu_info
-from gpuq.system.leases import Lease, LeaseDir, LeaseDirProblem, say_once, spool_id
+from gpuq.system.leases import Lease, LeaseDir, LeaseDirProblem, say_once, spool_ids
 
 GPU_WAIT_RESCAN_SECONDS = 2.0  # nothing announces freed GPU memory: look this often while a job waits
 MAX_PLACED = 256  # ready jobs placed per step; behind a waiting GPU job only CPU jobs could start anyway
@@ -62,7 +63,7 @@ class OtherLeases:
     said once, and planning goes on without those leases."""
 
     def __init__(self, spool_home: Any, say: Callable[[str], None]):
-        self.spool = spool_id(str(spool_home))  # as its jobs' leases name it
+        self.home, self.lease_id = str(spool_home), Spool(spool_home).lease_id  # how its jobs' leases name it
         self.say = say
         self._dir: Optional[LeaseDir] = None
 
@@ -77,7 +78,8 @@ class OtherLeases:
             return []
         for problem in self._dir.problems:
             say_once(problem, self.say)
-        return [lease for lease in found if lease.spool != self.spool]
+        mine = spool_ids(self.home, self.lease_id.read())  # read again: its first job's lease makes it
+        return [lease for lease in found if lease.spool not in mine]
 
 
 class Planner:

@@ -17,9 +17,10 @@ from gpuq.core.times import clock
 from gpuq.core.words import cap_text
 from gpuq.engine.schedule import scheduler
 from gpuq.engine.schedule.placement import Blocked, Decision, Leased, Placement, Request
+from gpuq.spool import Spool
 from gpuq.system import policy as machine_policy
 from gpuq.system.lease_io import user_name
-from gpuq.system.leases import HeldTicket, LeaseDir, LeaseDirProblem, Ticket, say_once
+from gpuq.system.leases import HeldTicket, LeaseDir, LeaseDirProblem, Ticket, say_once, spool_ids
 from gpuq.system.policy import Policy
 
 # Tickets posted this close together wait "since the same moment": several users that waited for
@@ -156,6 +157,7 @@ class Turns:
 
     def __init__(self, spool_home: str, say: Callable[[str], None], lease_dir: Optional[str] = None):
         self.spool_home, self.say, self.lease_dir = spool_home, say, lease_dir
+        self.lease_id = Spool(spool_home).lease_id  # how its tickets name the spool
         self.me = os.geteuid()
         self.user = user_name(self.me)
         self.ticket: Optional[HeldTicket] = None
@@ -258,8 +260,8 @@ class Turns:
             return
         try:
             self.ticket = directory.post_ticket(
-                job=waiting.id, spool=self.spool_home, gpus=waiting.gpu_request, mem_mib=waiting.gpu_mem_mib,
-                gpu_uuids=None if allowed is None else candidates,
+                job=waiting.id, spool=spool_ids(self.spool_home, self.lease_id.get())[0], gpus=waiting.gpu_request,
+                mem_mib=waiting.gpu_mem_mib, gpu_uuids=None if allowed is None else candidates,
             )  # fmt: skip
         except LeaseDirProblem as exc:
             say_once(str(exc), self.say)

@@ -11,20 +11,22 @@ from gpuq.engine.schedule import leasing
 from gpuq.engine.schedule.leasing import claim_gpus
 from gpuq.engine.schedule.placement import DEFAULT_FOREIGN_THRESHOLD_MIB, Blocked, Request
 from gpuq.run.supervisor.order import StartOrder
-from gpuq.system.leases import Held
+from gpuq.spool import Spool
+from gpuq.system.leases import Held, spool_ids
 
 
 class GpusTaken(Exception):
     """The GPUs the worker chose were leased by another party, or filled, since it looked."""
 
 
-def take(home: str, order: StartOrder, job: Job, replacing: Iterable[Held] = ()) -> list[Held]:
+def take(spool: Spool, order: StartOrder, job: Job, replacing: Iterable[Held] = ()) -> list[Held]:
     """The leases of the order's GPUs for `job`, against every live lease but those `replacing`: the
     one check of a start made again here, because it is atomic. GpusTaken if they no longer fit; []
     for a CPU job, and where the lease directory cannot be used (`unsaid` says why)."""
     if not order.gpus:
         return []
     replaced = {held.lease.file for held in replacing}
+    ids = spool_ids(str(spool.home), spool.lease_id.get())
     threshold = order.foreign_threshold_mib
     outcome = claim_gpus(
         Request(job.gpu_request, job.gpu_mem_mib),
@@ -33,7 +35,8 @@ def take(home: str, order: StartOrder, job: Job, replacing: Iterable[Held] = ())
         threshold=DEFAULT_FOREIGN_THRESHOLD_MIB if threshold is None else threshold,
         job=job.id,
         name=job.name,
-        spool=home,
+        spool=ids[0],
+        mine=ids,
         log=_unsaid.append,
     )
     if isinstance(outcome, Blocked):

@@ -87,7 +87,7 @@ def begin(spool: Spool, claim: Claim, order: StartOrder, replacing: Iterable[Hel
             spool.jobs.remove(ref)
             raise FileNotFoundError(ref.name)
         earlier = spool.logs.path_of(job) if job.source.startswith(SOURCE_IMPORTED) else None
-        leases = lease.take(str(spool.home), order, job, replacing)
+        leases = lease.take(spool, order, job, replacing)
         changes = transitions.start(
             job,
             slot=order.slot,
