@@ -76,5 +76,6 @@ def test_tree_table_is_what_the_spool_creates(tmp_path: Path) -> None:
     spool.files.keep_emergency_room()
     spool.kept.append([(1, "done", "x", "key", None, "[]", None, None)])  # what `gpuq clear` keeps
     spool.web_token.get()  # what `gpuq web` asks of every request
+    spool.lease_id.get()  # what a lease or ticket names its queue by
     created = {n for n in os.listdir(spool.home) if os.path.isfile(os.path.join(spool.home, n))}
     assert created == files
