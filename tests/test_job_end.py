@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -14,6 +16,8 @@ from typing import Optional
 import pytest
 from conftest import Env, alive, wait_for
 
+from gpuq.core.states import KILL, TIME_LIMIT
+from gpuq.spool import Spool
 from gpuq.system import proctree
 
 # The job's main process starts a child in its own process group that ignores SIGTERM, and a
@@ -200,3 +204,49 @@ def test_a_job_stopping_at_its_time_limit_says_so_while_it_stops(gq: Env) -> Non
     job = gq.wait_state(job_id, "failed", timeout=20)
     assert job["note"] == "stopped: its time limit of 1s was reached", job["note"]
     assert not (gq.home / "control" / f"{job_id:06d}.json").exists()
+
+
+@pytest.mark.parametrize(
+    "options, command, state, note",
+    [
+        ((), "kill", "cancelled", "killed by user (gpuq kill)"),
+        ((), "preempt", "preempted", "preempted by user"),
+        (("--preemptible",), "kill", "cancelled", "killed by user (gpuq kill)"),
+    ],
+)
+def test_a_request_made_before_the_time_limit_keeps_its_end(
+    gq: Env, options: tuple[str, ...], command: str, state: str, note: str
+) -> None:
+    """A job saving after `gpuq kill` or `preempt` reached its --time meanwhile: its supervisor's own
+    note replaced the person's request, and the job ended failed at its time limit (a --preemptible
+    one preempted after a kill); the person's request now ends it."""
+    gq.script("saves.py", SAVES_WHILE_HELD)
+    (gq.work / "hold").write_text("")  # it saves until the time limit has come too
+    job_id = gq.add("--time", "0:00:05", *options, "saves.py")
+    gq.start_worker("--watch", "--kill-grace", "60")
+    wait_for(lambda: "up" in gq.log(job_id), 20, what="the job to start")
+    asking = subprocess.Popen(
+        [sys.executable, "-m", "gpuq", command, str(job_id)], cwd=gq.work, env=gq.env, stdout=subprocess.DEVNULL
+    )
+    try:
+        wait_for(lambda: "saving" in gq.log(job_id), 20, what=f"the SIGTERM of `gpuq {command}`")
+        assert "time limit" not in gq.log(job_id), "the time limit came first: the test proves nothing"
+        wait_for(lambda: "time limit of 5s reached" in gq.log(job_id), 20, what="the time limit while it saves")
+        (gq.work / "hold").unlink()
+        job = gq.wait_state(job_id, state, timeout=20)
+        assert job["note"].startswith(note), job["note"]
+    finally:
+        asking.kill()
+        asking.wait()
+
+
+def test_the_time_limit_note_takes_only_the_place_of_an_earlier_runs_request(tmp_path: Path) -> None:
+    """The supervisor's note at the time limit never goes over a request made in this run; one left
+    for an earlier run (ended since) does not keep it out."""
+    control = Spool(str(tmp_path / "spool")).ensure().control
+    assert control.request_unless_asked(1, TIME_LIMIT, since=time.time() - 60)  # none pending
+    control.request(2, KILL)
+    assert not control.request_unless_asked(2, TIME_LIMIT, since=time.time() - 60)
+    assert control.peek(2) == KILL
+    assert control.request_unless_asked(2, TIME_LIMIT, since=time.time() + 60)  # the kill was for a run before
+    assert control.peek(2) == TIME_LIMIT

@@ -98,13 +98,13 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
         log_line(run.log_fd, stopping)
     else:
         assert limit is not None  # only the time limit or the memory watch ends the wait early
-        run.timed_out = format_duration(limit)
-        log_line(run.log_fd, f"time limit of {run.timed_out} reached: stopping the job (SIGKILL after {grace:g}s)")
-        if run.job.preemptible:
-            run.spool.control.request(run.job.id, PREEMPT)
-        else:
-            with suppress(SpoolFull):  # only what `status` says while it stops: no reason not to stop it
-                run.spool.control.request(run.job.id, TIME_LIMIT)
+        reached = format_duration(limit)
+        log_line(run.log_fd, f"time limit of {reached} reached: stopping the job (SIGKILL after {grace:g}s)")
+        action, asked = PREEMPT if run.job.preemptible else TIME_LIMIT, False
+        with suppress(SpoolFull):  # without its note it is stopped all the same
+            asked = not run.spool.control.request_unless_asked(run.job.id, action, parse_iso(run.job.started_at))
+        # a kill or preempt asked before the limit stays what ends the job, and says so
+        run.timed_out = None if asked else reached
     run.termed_at = time.monotonic()
     proctree.signal_group(child.pid, signal.SIGTERM)
     try:
