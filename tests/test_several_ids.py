@@ -83,7 +83,7 @@ def test_kill_and_cancel_of_running_jobs(gq: Env) -> None:
     wait_for(lambda: running(third), 15, what="the third job running")
     proc = gq.gpuq("cancel", str(third))
     assert proc.stdout.splitlines() == [
-        f"sending SIGTERM to job #{third}'s process group (SIGKILL after 12s)...",
+        f"sending SIGTERM to job #{third}'s process group (SIGKILL after 10s)...",
         f"[-] Job #{third}: {gq.job(third)['name']} cancelled: it was running, killed (exit 143)",
     ]
     job = gq.job(third)

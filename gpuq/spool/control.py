@@ -23,9 +23,21 @@ class ControlRequests:
         self.layout, self.files = layout, files
 
     def request(self, job_id: int, action: str) -> None:
-        said = {"action": KILL, "by": CANCEL} if action == CANCEL else {"action": action}
-        data = json.dumps({**said, "at": time.time()}).encode()
-        self.files.with_room(lambda: self.files.replace(self.layout.control_path(job_id), data, "ctl"))
+        self.files.with_room(lambda: self.files.replace(self.layout.control_path(job_id), _note(action), "ctl"))
+
+    def request_unless_asked(self, job_id: int, action: str, since: Optional[float]) -> bool:
+        """A supervisor's own request at its job's time limit: written only where none made for this
+        run (since `since`) is pending, never over one (a kill must stay a kill); whether it was."""
+        path = self.layout.control_path(job_id)
+        for _attempt in range(2):
+            try:
+                self.files.with_room(lambda: self.files.place_new(path, _note(action), "ctl"))
+                return True
+            except FileExistsError:
+                if self.peek(job_id, since) is not None:
+                    return False
+                unlink_quietly(path)  # one left for an earlier run of the job: ours takes its place
+        return False
 
     def peek(self, job_id: int, since: Optional[float] = None) -> Optional[str]:
         """The pending request for a job, left in place; with `since`, only one made from then on."""
@@ -52,3 +64,8 @@ class ControlRequests:
     def ids(self) -> list[int]:
         names = os.listdir(self.layout.internal_dir("control"))
         return [int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()]
+
+
+def _note(action: str) -> bytes:
+    said = {"action": KILL, "by": CANCEL} if action == CANCEL else {"action": action}
+    return json.dumps({**said, "at": time.time()}).encode()

@@ -44,8 +44,8 @@ from gpuq.system import proctree
 
 KILLED_THERE = "killed by user (gpuq kill)"
 PID_WAIT_SECONDS = 5.0  # a job just handed to its supervisor gets its pid within milliseconds
-# A kill's own SIGKILL comes this long after the grace: the job's supervisor, whose grace starts when
-# the main process is gone, SIGKILLs what is left first and logs it; ours is for a dead supervisor's.
+# A kill's own SIGKILL comes this long after the grace: the job's supervisor SIGKILLs its group once
+# the grace has passed since the request, and logs it; ours is for a dead supervisor's, an adopted job.
 SUPERVISOR_LEAD = 2.0
 
 
@@ -96,8 +96,8 @@ def release(spool: Spool, job_id: int) -> Job:
 def kill(
     spool: Spool, job_id: int, action: str = KILL, stopping: Callable[[float], object] = lambda _grace: None
 ) -> Job:
-    """SIGTERM the running job's process group, SIGKILL by SUPERVISOR_LEAD after its worker's
-    --kill-grace (`stopping` told that wait just before); its note says who asked. A job on a
+    """SIGTERM the running job's process group, SIGKILL after its worker's --kill-grace (`stopping`
+    told that wait just before; ours by SUPERVISOR_LEAD later); its note says who asked. A job on a
     cluster is stopped there (scancel, Ray's stop) and cancelled, as `gpuq cancel` does."""
     if spool.jobs.find(job_id, (SLURM,)):
         return slurm_handover.cancel(spool, job_id, note=KILLED_THERE)
@@ -105,9 +105,7 @@ def kill(
         return ray_handover.cancel(spool, job_id, note=KILLED_THERE)
     _ref, job = running_with_pid(spool, job_id)
     grace = proctree.job_grace(job)
-    # the supervisor SIGKILLs only what is left once the main process has ended: one that ignores
-    # SIGTERM gets our SIGKILL, SUPERVISOR_LEAD after the grace, the wait said
-    stopping(grace + SUPERVISOR_LEAD)
+    stopping(grace + SUPERVISOR_LEAD if job.adopted else grace)  # an adopted job has no supervisor: ours
     with suppress(SpoolFull):  # a full disk: the job is still stopped; its supervisor records it as failed (143)
         spool.control.request(job_id, action)
     if not proctree.terminate_tree(job, grace + SUPERVISOR_LEAD):

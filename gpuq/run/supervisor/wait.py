@@ -13,7 +13,7 @@ import time
 from contextlib import suppress
 from typing import Any, Callable, Optional
 
-from gpuq.core.states import PREEMPT, TIME_LIMIT
+from gpuq.core.states import KILL_ACTIONS, PREEMPT, TIME_LIMIT
 from gpuq.core.times import parse_iso
 from gpuq.core.timespec import format_duration
 from gpuq.run.supervisor import hostlimits, keeping, watch
@@ -23,6 +23,7 @@ from gpuq.system import procs, proctree
 
 PUMP_DRAIN_SECONDS = 2.0  # what is still in a capped log's pipe once the job has ended
 POLL_SECONDS = 0.05  # how often the job is looked at where its exit cannot be waited for with a pidfd
+KILL_LOOK_SECONDS = 0.5  # how often a supervisor looks for a `gpuq kill` or `cancel` of its job
 stopped = False  # someone stopped this supervisor (its job was told to stop too)
 
 
@@ -88,23 +89,28 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
     limit = time_limit(run)
     deadline = (parse_iso(run.job.started_at) or time.time()) + limit if limit else None
     # its GPUs sampled, its checkpoints pruned by its rule, its memory watched, as it runs
-    looks = [*watch.for_run(run), keeping.keeper(run), hostlimits.memory_watch(run.host, child.pid)]
+    killing = KillWatch(run)
+    looks = [*watch.for_run(run), keeping.keeper(run), hostlimits.memory_watch(run.host, child.pid), killing]
     returncode = _wait_until(child, deadline, listener, [look for look in looks if look is not None])
     if returncode is not None:
         return returncode
     grace = kill_grace(run)
+    if killing.take_if_due():  # its SIGTERM was sent with the request: the grace has passed since
+        log_line(run.log_fd, f"still running {grace:g}s after `gpuq {killing.asked}`: SIGKILL")
+        proctree.signal_group(child.pid, signal.SIGKILL)
+        return child.wait()
     stopping = hostlimits.stops(run.host, grace)
     if stopping is not None:
         log_line(run.log_fd, stopping)
     else:
         assert limit is not None  # only the time limit or the memory watch ends the wait early
-        run.timed_out = format_duration(limit)
-        log_line(run.log_fd, f"time limit of {run.timed_out} reached: stopping the job (SIGKILL after {grace:g}s)")
-        if run.job.preemptible:
-            run.spool.control.request(run.job.id, PREEMPT)
-        else:
-            with suppress(SpoolFull):  # only what `status` says while it stops: no reason not to stop it
-                run.spool.control.request(run.job.id, TIME_LIMIT)
+        reached = format_duration(limit)
+        log_line(run.log_fd, f"time limit of {reached} reached: stopping the job (SIGKILL after {grace:g}s)")
+        action, asked = PREEMPT if run.job.preemptible else TIME_LIMIT, False
+        with suppress(SpoolFull):  # without its note it is stopped all the same
+            asked = not run.spool.control.request_unless_asked(run.job.id, action, parse_iso(run.job.started_at))
+        # a kill or preempt asked before the limit stays what ends the job, and says so
+        run.timed_out = None if asked else reached
     run.termed_at = time.monotonic()
     proctree.signal_group(child.pid, signal.SIGTERM)
     try:
@@ -142,6 +148,29 @@ def _wait_until(
     finally:
         if pidfd >= 0:
             os.close(pidfd)
+
+
+class KillWatch:
+    """One of the wait's samplers: `take_if_due` is True once the grace has passed since a `gpuq kill`
+    or `cancel` of the job (its control request) while the job still runs. Whoever asked SIGKILLs it
+    then too, but only if it still waits: an interrupted command, a stopped `top`, `web` or MCP server do not."""
+
+    def __init__(self, run: Run):
+        self.run, self.since, self.due = run, parse_iso(run.job.started_at), time.time()
+        self.asked: Optional[str] = None
+
+    def seconds_left(self) -> float:
+        return max(0.0, self.due - time.time())
+
+    def take_if_due(self) -> bool:
+        now = time.time()
+        if self.asked is None and now >= self.due:
+            asked = self.run.spool.control.asked(self.run.job.id, self.since)
+            if asked is not None and asked[0] in KILL_ACTIONS:
+                self.asked, self.due = asked[0], (asked[1] or now) + kill_grace(self.run)
+            else:
+                self.due = now + KILL_LOOK_SECONDS
+        return self.asked is not None and now >= self.due
 
 
 def kill_grace(run: Run) -> float:
