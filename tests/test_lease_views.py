@@ -23,6 +23,7 @@ from conftest import WAIT_FOR_GO, Env, wait_for
 from test_gpu_worker import Gpus, fake_gpus, row
 
 from gpuq.cli import render
+from gpuq.spool import Spool
 from gpuq.system.leases import LeaseDir
 
 
@@ -312,8 +313,8 @@ def test_a_lease_names_its_queue_by_an_id_no_guess_of_its_path_confirms(gq: Env,
     (path,) = leases.glob("gpuq-lease.*")
     named = json.loads(path.read_text())["spool"]
     assert named != hashlib.sha256(os.path.realpath(gq.home).encode()).hexdigest()[:16], "the hash of its path"
-    id_file = gq.home / "lease-id"
-    assert (id_file.read_text(), id_file.stat().st_mode & 0o777) == (f"{named}\n", 0o600)
+    id_file, home = gq.home / "lease-id", gq.home.stat()
+    assert (id_file.read_text(), id_file.stat().st_mode & 0o777) == (f"{named} {home.st_dev}:{home.st_ino}\n", 0o600)
     (gq.work / "go").touch()
     gq.wait_state(first, "done", 30)
     (gq.work / "go").unlink()
@@ -325,6 +326,67 @@ def test_a_lease_names_its_queue_by_an_id_no_guess_of_its_path_confirms(gq: Env,
     assert f"  GPU 0  Fake H100  0.0/79.6 GiB  jobs #{second}\n" in shown and "leased" not in shown, shown
     (gq.work / "go").touch()
     gq.wait_state(second, "done", 30)
+
+
+def test_a_copy_of_a_spool_does_not_take_the_originals_jobs_for_its_own(gq: Env, leases: Path, tmp_path: Path) -> None:
+    """A spool copied with its `lease-id` (`cp -a`, a backup restored beside it) named its leases as the
+    original did: the copy's worker took the original's running job for its own and planned its job
+    onto that job's GPU, its supervisor refused the start, and the job stayed pending for ever with no
+    reason. The copy makes an id of its own: its job waits for the original's, then starts."""
+    Gpus(gq, fake_gpus(1))
+    gq.script("hold.py", WAIT_FOR_GO)
+    first = gq.add("--gpus", "1", "hold.py")
+    gq.start_worker("--watch")
+    wait_for(lambda: gq.job(first).get("pid"), 15, what="the original's job running")
+    shutil.copytree(gq.home, tmp_path / "spool-b", symlinks=True)
+    for name in os.listdir(tmp_path / "spool-b" / "running"):  # the original's job runs there, not here
+        os.unlink(tmp_path / "spool-b" / "running" / name)
+    (tmp_path / "work-b").mkdir()
+    copy = Env(tmp_path / "spool-b", tmp_path / "work-b")
+    copy.env.update(GPUQ_FAKE_GPUS=gq.env["GPUQ_FAKE_GPUS"], GPUQ_LEASE_DIR=gq.env["GPUQ_LEASE_DIR"])
+    try:
+        second = copy.add("--gpus", "1", "true")
+        copy.start_worker("--watch")
+        reason = wait_for(lambda: row(copy, second)["waiting"] or "", 15, what="the copy's reason")
+        assert reason.startswith("waiting for GPU 0: leased whole by your job #1 in another queue since"), reason
+        (lease,) = json.loads(copy.gpuq("gpus", "--json").stdout)[0]["leases"]
+        assert (lease["job"], lease["this_queue"]) == (first, False)
+        (gq.work / "go").touch()
+        copy.wait_state(second, "done", 30)
+        assert (copy.home / "lease-id").read_text().split()[0] != (gq.home / "lease-id").read_text().split()[0]
+    finally:
+        copy.cleanup()
+
+
+# A process that makes the spool's lease id once told to (the file `go`), and prints it.
+MAKE_ID = """import os, sys
+from gpuq.spool import Spool
+made = Spool(sys.argv[1]).lease_id
+print("ready", flush=True)
+while not os.path.exists(sys.argv[2]):
+    pass
+print(made.get(), flush=True)
+"""
+
+
+def test_processes_replacing_a_lease_id_that_is_none_settle_on_one(gq: Env, tmp_path: Path) -> None:
+    """A `lease-id` that holds no id is made anew; several jobs starting at once each wrote one of
+    their own, and the first one's lease then named another queue than the spool's id."""
+    Spool(gq.home).ensure()
+    (gq.home / "lease-id").write_text("not an id\n")
+    go = tmp_path / "go"
+    pipes = {"stdout": subprocess.PIPE, "text": True, "env": gq.env}
+    makers = [subprocess.Popen([sys.executable, "-c", MAKE_ID, str(gq.home), str(go)], **pipes) for _ in range(6)]
+    try:
+        for maker in makers:
+            assert maker.stdout is not None and maker.stdout.readline() == "ready\n"
+        go.touch()
+        made = {maker.communicate(timeout=30)[0].strip() for maker in makers}
+    finally:
+        for maker in makers:
+            maker.kill()
+            maker.wait()
+    assert made == {Spool(gq.home).lease_id.read()}, made
 
 
 def test_a_lease_an_earlier_gpuq_wrote_is_still_read(gq: Env, leases: Path, tmp_path: Path) -> None:

@@ -104,7 +104,8 @@ class Layout:
         return os.path.join(self.home, "cache", name)
 
     def top_file(self, name: str) -> str:
-        """A file at the top of the spool: next_id, ids.lock, intake.lock, adopt.lock, import.lock, kept-runs."""
+        """A file at the top of the spool: next_id, ids.lock, intake.lock, adopt.lock, import.lock, lease-id,
+        kept-runs."""
         return os.path.join(self.home, name)
 
     def internal_dir(self, name: str) -> str:

@@ -2,6 +2,9 @@
 machine reads (lease_layout.md, section 3): random, made once, so that it tells its owner's gpuq
 which queue a job is in and others nothing (the hash of its path that an earlier gpuq wrote could be
 checked against a guessed path). Both paths to a spool reached through a link read the same file.
+The id is bound to the spool's directory (its device and inode): a copy of the spool (`cp -a`, a
+backup restored beside it) has the file but not the directory, so it makes an id of its own instead
+of taking the original's jobs for its own.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Optional
 
 from gpuq.spool.files import Files, open_regular
 from gpuq.spool.layout import Layout
+from gpuq.spool.mutex import held
 
 NAME = "lease-id"
 _ID = re.compile(r"[0-9a-f]{16}\Z")  # 8 random bytes: as long as the hash it replaces
@@ -19,29 +23,40 @@ _ID = re.compile(r"[0-9a-f]{16}\Z")  # 8 random bytes: as long as the hash it re
 
 class LeaseId:
     def __init__(self, layout: Layout, files: Files):
-        self.path, self.files = layout.top_file(NAME), files
+        self.layout, self.path, self.files = layout, layout.top_file(NAME), files
 
     def get(self) -> Optional[str]:
-        """The spool's id, made by the first of its jobs to take a lease (anew over a file that is no id);
-        None where it cannot be written (a full disk): its leases then name it as an earlier gpuq did."""
+        """The spool's id, made by the first of its jobs to take a lease (anew over a file that is no
+        id, or another directory's); None where it cannot be written (a full disk): its leases then
+        name it as an earlier gpuq did."""
         found = self.read()
         if found is not None:
             return found
-        made = os.urandom(8).hex()
         try:
-            write = self.files.replace if os.path.lexists(self.path) else self.files.place_new
-            write(self.path, f"{made}\n".encode(), NAME)
-        except OSError:  # another of its jobs made it meanwhile (one id for both), or no room
+            with held(self.layout, NAME):  # two makers at once would write two ids: one is made, both read it
+                found = self.read()
+                if found is None:
+                    found = os.urandom(8).hex()
+                    self.files.replace(self.path, f"{found} {self._directory()}\n".encode(), NAME)
+        except OSError:  # no room
             return self.read()
-        return made
+        return found
 
     def read(self) -> Optional[str]:
-        """The id, None while none is made."""
+        """The id, None while none is made for this directory."""
         fd = open_regular(self.path)
         if fd is None:
             return None
         try:
-            text = os.read(fd, 64).decode("ascii", "replace").strip()
+            made, _, where = os.read(fd, 128).decode("ascii", "replace").strip().partition(" ")
+            here = self._directory()
+        except OSError:  # the spool's directory is gone
+            return None
         finally:
             os.close(fd)
-        return text if _ID.match(text) else None
+        return made if _ID.match(made) and where == here else None
+
+    def _directory(self) -> str:
+        """What tells the spool's directory from a copy of it, whatever path (a link) reached it."""
+        st = os.stat(self.layout.home)
+        return f"{st.st_dev}:{st.st_ino}"

@@ -1,6 +1,6 @@
 """Spool-wide locks held for a moment: intake.lock (one worker takes in dropped files at a time),
-adopt.lock (one `gpuq adopt` at a time) and import.lock (one import of the original gpuq's queue at a
-time). The kernel drops them if their holder dies."""
+adopt.lock (one `gpuq adopt` at a time), import.lock (one import of the original gpuq's queue at a
+time) and lease-id.lock (one maker of the spool's lease id). The kernel drops them if their holder dies."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Iterator
 from gpuq.spool.layout import Layout
 from gpuq.system import fsutil
 
-NAMES = ("intake", "adopt", "import")
+NAMES = ("intake", "adopt", "import", "lease-id")
 
 
 def _open(layout: Layout, name: str) -> int:
