@@ -96,13 +96,13 @@ def test_gpus_shows_every_lease_and_the_memory_held_without_one(gq: Env, leases:
 
 # A lease of another tool that follows lease_layout.md, by another user: written and locked by hand.
 FOREIGN_LEASE = """import fcntl, json, os, pwd, sys, time
-directory, uuid = sys.argv[1], sys.argv[2]
+directory, uuid, spool = sys.argv[1], sys.argv[2], (sys.argv[3:] or ["/home/x/.gpuq"])[0]
 uid, pid = os.geteuid(), os.getpid()
 tmp, final = f"{directory}/.gpuq-tmp.{uid}.{pid}.1", f"{directory}/gpuq-lease.{uuid}.{uid}.{pid}.1.lease"
 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
 lease = {"lease_version": 1, "gpu_uuid": uuid, "gpu_index": 0, "mem_mib": None, "user": pwd.getpwuid(uid).pw_name,
-         "uid": uid, "pid": pid, "pid_start": 0, "job": 7, "name": "secret-project", "spool": "/home/x/.gpuq",
+         "uid": uid, "pid": pid, "pid_start": 0, "job": 7, "name": "secret-project", "spool": spool,
          "since": time.time(), "host": os.uname().nodename}
 os.write(fd, (json.dumps(lease) + "\\n").encode())
 os.rename(tmp, final)
@@ -356,6 +356,29 @@ def test_a_copy_of_a_spool_does_not_take_the_originals_jobs_for_its_own(gq: Env,
         assert (copy.home / "lease-id").read_text().split()[0] != (gq.home / "lease-id").read_text().split()[0]
     finally:
         copy.cleanup()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can start a process of another user")
+def test_another_users_lease_naming_this_queues_id_is_theirs(gq: Env, leases: Path) -> None:
+    """Every user may read a lease, so another can write one that carries this queue's id: it is still
+    theirs, and holds this queue's job back until it ends."""
+    LeaseDir.open(str(leases))
+    Gpus(gq, fake_gpus(1))
+    mine = Spool(gq.home).ensure().lease_id.get()
+    assert mine is not None
+    other = as_nobody("-c", FOREIGN_LEASE, str(leases), "GPU-fake-0", mine)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "ready\n"
+        job_id = gq.add("--gpus", "1", "true")
+        gq.start_worker("--watch")
+        reason = wait_for(lambda: row(gq, job_id)["waiting"] or "", 15, what="the job's reason")
+        assert reason.startswith("waiting for GPU 0: leased whole by nobody's job #7 since"), reason
+        leased = json.loads(gq.gpuq("gpus", "--json").stdout)[0]["leases"]
+        assert [(lease["who"], lease["this_queue"]) for lease in leased] == [("nobody's job #7", False)]
+    finally:
+        other.kill()
+        other.wait()
+    gq.wait_state(job_id, "done", 30)
 
 
 # A process that makes the spool's lease id once told to (the file `go`), and prints it.
