@@ -22,6 +22,8 @@ from conftest import Env, wait_for
 
 from gpuq.core import schema
 from gpuq.engine.lifecycle import intake
+from gpuq.run.launcher import Launcher
+from gpuq.run.worker import Worker
 from gpuq.spool import MAX_JOB_BYTES, JobRef, Spool
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -587,6 +589,23 @@ def test_rejecting_a_file_already_gone_leaves_rejected_untouched(spool: Spool) -
         spool.dropbox.reject(first.name, "not a job")
     assert os.stat(rejected).st_mtime == 1_000_000_000
     assert sorted(os.listdir(rejected)) == ["gone.json", "gone.json.reason"]
+
+
+def test_a_broken_job_file_seen_while_written_is_rejected_at_a_later_quiet_look(spool: Spool) -> None:
+    """A job file in pending/ made invalid by hand, first seen within the intake's quiet time, is
+    left for later; nothing announces that its writer is done, and the worker's quiet steps (pending/
+    unchanged) skipped it for a minute: a `gpuq wait` for it waited so. The next look rejects it."""
+    pending = Path(spool.home) / "pending"
+    broken = pending / "000007-broken.json"
+    broken.write_text('{"schema_version": 1, "id": 7, "na')
+    written = os.stat(broken).st_mtime
+    for sub in ("pending", "running", "locks", "control"):  # old listings: no change they could race
+        os.utime(Path(spool.home) / sub, (written - 3600, written - 3600))
+    worker = Worker(spool, Launcher(spool), say=lambda _line: None)
+    worker.step(written)  # just written: it may still be being written
+    assert broken.exists()
+    worker.step(written + intake.quiet_seconds() + 1, woken=False)  # a periodic look, nothing new
+    assert not broken.exists() and (Path(spool.home) / "rejected" / broken.name).exists()
 
 
 def test_a_file_finished_while_intake_looks_at_it_is_taken_in(gq: Any, spool: Spool) -> None:

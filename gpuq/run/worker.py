@@ -89,6 +89,7 @@ class StepResult:
     space_wait: bool = False  # jobs wait for disk space: look again soon, as space comes back unannounced
     next_begin: Optional[float] = None  # the earliest --begin time to come: the worker wakes for it
     cluster_wait: bool = False  # a job waits for one handed to Slurm or Ray: their ends are only seen by asking
+    files_written: bool = False  # a broken job file in pending/ may still be being written: look again
 
 
 @dataclass
@@ -154,8 +155,8 @@ class Worker:
         if self.quiet is None or self.urgent.under_way or any(s.starting for s in self.supervisors.values()):
             return False
         signature, since, result = self.quiet
-        if result.gpu_wait or result.space_wait or result.claim_busy:
-            return False  # GPU memory, disk space and a claim free up without pending/ changing
+        if result.gpu_wait or result.space_wait or result.claim_busy or result.files_written:
+            return False  # GPU memory, disk space and a claim free up, a writer ends, without pending/ changing
         if result.next_begin is not None and now >= result.next_begin:
             return False  # a --begin time has come
         if now - since >= FULL_STEP_SECONDS or signature != self.spool.jobs.signature():
@@ -221,7 +222,7 @@ class Worker:
             if plan.look.gpus or shown != self.shown:
                 self._write_gpu_view(plan.look, snap.running, plan.waits)
         # after starting jobs: a pile of broken files must not delay them
-        rejected, left = intake.reject_broken(self.spool, invalid, now, INTAKE_BUDGET_SECONDS)
+        rejected, left, result.files_written = intake.reject_broken(self.spool, invalid, now, INTAKE_BUDGET_SECONDS)
         for name, outcome in rejected:
             self.say(f"{name}: {outcome}")
         starting = [s for s in self.supervisors.values() if s.starting]

@@ -237,17 +237,21 @@ def _reject(spool: Spool, name: str, reason: str, hidden: Optional[str] = None) 
 
 def reject_broken(
     spool: Spool, invalid: list[tuple[JobRef, str]], now: float, budget: float
-) -> tuple[list[tuple[str, str]], bool]:
+) -> tuple[list[tuple[str, str]], bool, bool]:
     """Move canonical-looking pending files that are not valid jobs to rejected/ once written, for at
-    most `budget` seconds: (file name, outcome) pairs, and True if some were left."""
+    most `budget` seconds: (file name, outcome) pairs, True if some were left, and True if some are
+    still being written (nothing announces that their writer is done: they need another look)."""
     writers = Writers(spool.layout.state_dir(PENDING))  # one /proc scan for all of them
     stop_at = time.monotonic() + budget
     outcomes: list[tuple[str, str]] = []
+    writing = False
     for ref, reason in invalid:
         if time.monotonic() > stop_at:
-            return outcomes, True
-        path = spool.layout.job_path(ref.state, ref.name)
-        if ref.state == PENDING and not still_being_written(path, now, writers):
-            if _reject(spool, ref.name, reason) != "gone":
-                outcomes.append((ref.name, f"rejected: {reason}"))
-    return outcomes, False
+            return outcomes, True, writing
+        if ref.state != PENDING:
+            continue
+        if still_being_written(spool.layout.job_path(ref.state, ref.name), now, writers):
+            writing = True
+        elif _reject(spool, ref.name, reason) != "gone":
+            outcomes.append((ref.name, f"rejected: {reason}"))
+    return outcomes, False, writing
