@@ -242,3 +242,27 @@ def test_an_error_keeps_the_import_report_in_lines(gq: Env, where: str) -> None:
             assert again["message"] == "no such job #99"
     finally:
         peer.stop()
+
+
+def test_a_bad_spool_is_a_tools_error_and_a_resources_error_in_one_line(gq: Env) -> None:
+    """A spool others can write to came back, for every tool call and resource read, as a JSON-RPC
+    error of code 0 with a traceback on stderr: the first-use import raised in the middleware. A
+    tool call gets its error result again, a resource read its -32603 with the uri, in one line."""
+    gq.home.mkdir(parents=True)
+    gq.home.chmod(0o777)
+    peer = Peer(gq)
+    try:
+        peer.request("initialize", HELLO)
+        peer.send({"method": "notifications/initialized"})
+        result = peer.request("tools/call", {"name": "queue", "arguments": {}})
+        (said,) = result["content"]
+        assert result["isError"] is True and "is writable by group or others" in said["text"], result
+        assert "\n" not in said["text"]
+        error = answer(peer, "resources/read", {"uri": "gpuq://queue"})["error"]
+        assert error["code"] == -32603 and error["data"] == {"uri": "gpuq://queue"}, error
+        assert error["message"] == said["text"]
+        peer.proc.stdin.close()
+        assert peer.proc.wait(timeout=15) == 0
+        assert "Traceback" not in peer.stop()
+    finally:
+        peer.stop()

@@ -14,7 +14,7 @@ from mcp.server.mcpserver.exceptions import ResourceError
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
-from mcp_types import PARSE_ERROR, CallToolResult, ErrorData, JSONRPCError, TextContent, ToolAnnotations
+from mcp_types import INTERNAL_ERROR, PARSE_ERROR, CallToolResult, ErrorData, JSONRPCError, TextContent, ToolAnnotations
 from pydantic import ValidationError
 
 from gpuq import __version__
@@ -149,8 +149,14 @@ async def one_line_errors(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) 
         refused = CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         return refused.model_dump(by_alias=True, mode="json", exclude_none=True)
     imported = ""
-    if ctx.method in ("tools/call", "resources/read"):  # in a thread: it may wait for another's import
-        imported = "\n".join(await anyio.to_thread.run_sync(lambda: first_use_import_report(tools.spool())))
+    try:  # in a thread: it may wait for another's import
+        if ctx.method in ("tools/call", "resources/read"):
+            imported = "\n".join(await anyio.to_thread.run_sync(lambda: first_use_import_report(tools.spool())))
+    except Exception as exc:  # noqa: BLE001 - a bad spool: the call's own error in one line, as the handlers say it
+        if ctx.method == "tools/call":
+            failed = CallToolResult(content=[TextContent(type="text", text=one_line(exc))], is_error=True)
+            return failed.model_dump(by_alias=True, mode="json", exclude_none=True)
+        raise MCPError(INTERNAL_ERROR, one_line(exc), {"uri": str((ctx.params or {}).get("uri"))}) from None
     try:
         result = await call_next(ctx)
     except MCPError as exc:  # a resource's error: the report's lines after its one line
