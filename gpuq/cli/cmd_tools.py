@@ -70,7 +70,9 @@ def cmd_service(args: argparse.Namespace) -> int:
         if args.web:
             own = service.web_port(os.getuid())
             port = service.install_web_port(os.getuid(), dest) if args.web_port is None else args.web_port
-            if args.web_port is None and port != own and service.port_taken(own):
+            # said only of a port taken for that reason, not of one the installed unit named
+            moved = port > own and (port - own) % service.WEB_PORTS == 0
+            if args.web_port is None and moved and service.port_taken(own):
                 print(f"gpuq service: port {own}, your own, is in use now: the page gets {port}", file=sys.stderr)
             results.append(service.install_web(port, dest, spool_home=str(sp.home), force=args.force))
             if results[-1].action != "unchanged" and service.port_taken(port):

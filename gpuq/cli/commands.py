@@ -177,7 +177,7 @@ STATUS = Command(
     help="show the queue",
     options=(
         Opt("-a", "--all", kind=FLAG, help="every finished job, not only the recent ones"),
-        Opt("--json", kind=FLAG, group="look", help="machine-readable list of jobs"),
+        Opt("--json", kind=FLAG, group="look", help='machine-readable list of jobs (a damaged file: "damaged": true)'),
         Opt("--watch", kind=FLAG, group="look", help="a live view, redrawn in place until Ctrl-C"),
         Opt("--interval", convert=interval, default=2.0, metavar="S", help="with --watch: redraw every S seconds"),
     ),
