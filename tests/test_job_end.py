@@ -187,6 +187,52 @@ def test_a_job_that_ignores_sigterm_dies_though_its_killer_was_interrupted(gq: E
     assert f"still running 1s after `gpuq {command}`: SIGKILL" in gq.log(job_id)
 
 
+SAVES_ON_EACH_TERM = """\
+import os, signal, sys, time
+started, past = time.monotonic(), float(sys.argv[1])  # "past" is written that long after its start
+def save(*_):
+    print("got TERM", flush=True)  # a second SIGTERM starts the save again
+    while os.path.exists("hold"):
+        if time.monotonic() - started > past and not os.path.exists("past"):
+            open("past", "w").close()
+        time.sleep(0.05)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+print("up", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_kill_whose_asker_died_before_its_sigterm_is_sigtermed_by_the_supervisor(gq: Env) -> None:
+    """`gpuq kill` writes its request, then sends the SIGTERM: one stopped in between (Ctrl-C) left
+    only the request, and the supervisor SIGKILLed the job at the grace, no SIGTERM ever sent: it never
+    saved. The supervisor sends the SIGTERM when it finds the request, the SIGKILL a grace later."""
+    gq.script("saves.py", SAVES_ON_EACH_TERM)
+    (gq.work / "hold").write_text("")  # it saves until killed
+    job_id = gq.add("saves.py", "60")
+    gq.start_worker("--watch", "--kill-grace", "1")
+    wait_for(lambda: "up" in gq.log(job_id), 15, what="the job to start")
+    Spool(str(gq.home)).control.request(job_id, KILL)  # all an asker stopped at once leaves
+    job = gq.wait_state(job_id, "cancelled", timeout=15)
+    assert job["exit_code"] == 137, job
+    log = gq.log(job_id)
+    assert log.count("got TERM") == 1 and "still running 1s after `gpuq kill`: SIGKILL" in log, log
+
+
+def test_kill_leaves_the_sigterm_to_the_supervisor_so_the_job_gets_one(gq: Env) -> None:
+    """A job whose save starts again on a second SIGTERM gets one: `gpuq kill` leaves it to the
+    supervisor, which sends it for a request whoever wrote it."""
+    gq.script("saves.py", SAVES_ON_EACH_TERM)
+    (gq.work / "hold").write_text("")
+    job_id = gq.add("saves.py", "60")
+    gq.start_worker("--watch", "--kill-grace", "1")
+    wait_for(lambda: "up" in gq.log(job_id), 15, what="the job to start")
+    out = gq.gpuq("kill", str(job_id), timeout=60).stdout
+    assert "(SIGKILL after 1s)" in out and gq.job(job_id)["exit_code"] == 137, out
+    assert gq.log(job_id).count("got TERM") == 1, gq.log(job_id)
+
+
 def test_a_cancel_under_a_short_kill_grace_is_over_soon(gq: Env) -> None:
     gq.script("family.py", FAMILY)
     job_id = gq.add("family.py", "run")
@@ -247,22 +293,25 @@ def test_a_request_made_before_the_time_limit_keeps_its_end(
 ) -> None:
     """A job saving after `gpuq kill` or `preempt` reached its --time meanwhile: its supervisor's own
     note replaced the person's request, and the job ended failed at its time limit (a --preemptible
-    one preempted after a kill); the person's request now ends it."""
-    gq.script("saves.py", SAVES_WHILE_HELD)
+    one preempted after a kill); the person's request now ends it. The log said "time limit of 5s
+    reached: stopping the job", and the job got a second SIGTERM, though the request stops it."""
+    gq.script("saves.py", SAVES_ON_EACH_TERM)
     (gq.work / "hold").write_text("")  # it saves until the time limit has come too
-    job_id = gq.add("--time", "0:00:05", *options, "saves.py")
+    job_id = gq.add("--time", "0:00:05", *options, "saves.py", "6")
     gq.start_worker("--watch", "--kill-grace", "60")
     wait_for(lambda: "up" in gq.log(job_id), 20, what="the job to start")
     asking = subprocess.Popen(
         [sys.executable, "-m", "gpuq", command, str(job_id)], cwd=gq.work, env=gq.env, stdout=subprocess.DEVNULL
     )
     try:
-        wait_for(lambda: "saving" in gq.log(job_id), 20, what=f"the SIGTERM of `gpuq {command}`")
+        wait_for(lambda: "got TERM" in gq.log(job_id), 20, what=f"the SIGTERM of `gpuq {command}`")
         assert "time limit" not in gq.log(job_id), "the time limit came first: the test proves nothing"
-        wait_for(lambda: "time limit of 5s reached" in gq.log(job_id), 20, what="the time limit while it saves")
+        wait_for(lambda: (gq.work / "past").exists(), 20, what="the time limit while it saves")
         (gq.work / "hold").unlink()
         job = gq.wait_state(job_id, state, timeout=20)
         assert job["note"].startswith(note), job["note"]
+        log = gq.log(job_id)
+        assert "time limit" not in log and log.count("got TERM") == 1, log
     finally:
         asking.kill()
         asking.wait()

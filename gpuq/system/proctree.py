@@ -148,12 +148,13 @@ def job_grace(job: Job) -> float:
     return KILL_GRACE_SECONDS
 
 
-def terminate_tree(job: Job, grace: float) -> bool:
-    """SIGTERM the job's process group, wait up to `grace` for all of it to go, then SIGKILL
-    whatever is left of it. True once nothing of the job lives."""
+def terminate_tree(job: Job, grace: float, term: bool = True) -> bool:
+    """SIGTERM the job's process group (unless not `term`: another sends it), wait up to `grace` for
+    all of it to go, then SIGKILL whatever is left of it. True once nothing of the job lives."""
     pgid = job.pid
     if not pgid:
         return True
     snapshot = ungrouped_tree(pgid) if job_alive(job) else []
-    terminate(pgid, snapshot)
+    if term:
+        terminate(pgid, snapshot)
     return not wait_gone(pgid, snapshot, grace) or not wait_gone(pgid, snapshot, KILL_GRACE_SECONDS, kill=True)

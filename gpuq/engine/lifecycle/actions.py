@@ -96,9 +96,10 @@ def release(spool: Spool, job_id: int) -> Job:
 def kill(
     spool: Spool, job_id: int, action: str = KILL, stopping: Callable[[float], object] = lambda _grace: None
 ) -> Job:
-    """SIGTERM the running job's process group, SIGKILL after its worker's --kill-grace (`stopping`
-    told that wait just before; ours by SUPERVISOR_LEAD later); its note says who asked. A job on a
-    cluster is stopped there (scancel, Ray's stop) and cancelled, as `gpuq cancel` does."""
+    """SIGTERM the running job's process group (its supervisor does, finding the request), SIGKILL after
+    its worker's --kill-grace (`stopping` told that wait just before; ours by SUPERVISOR_LEAD later);
+    its note says who asked. A job on a cluster is stopped there (scancel, Ray's stop) and cancelled,
+    as `gpuq cancel` does."""
     if spool.jobs.find(job_id, (SLURM,)):
         return slurm_handover.cancel(spool, job_id, note=KILLED_THERE)
     if spool.jobs.find(job_id, (RAY,)):
@@ -106,9 +107,13 @@ def kill(
     _ref, job = running_with_pid(spool, job_id)
     grace = proctree.job_grace(job)
     stopping(grace + SUPERVISOR_LEAD if job.adopted else grace)  # an adopted job has no supervisor: ours
-    with suppress(SpoolFull):  # a full disk: the job is still stopped; its supervisor records it as failed (143)
+    term = True  # a full disk: the job is still stopped; its supervisor records it as failed (143)
+    with suppress(SpoolFull):
         spool.control.request(job_id, action)
-    if not proctree.terminate_tree(job, grace + SUPERVISOR_LEAD):
+        # a live supervisor SIGTERMs the job when it finds the request, also if we are stopped now; a
+        # second SIGTERM could restart the job's save. Ours goes to an adopted job or a dead supervisor's
+        term = bool(job.adopted) or not spool.claims.held(job_id)
+    if not proctree.terminate_tree(job, grace + SUPERVISOR_LEAD, term):
         raise Refused(f"job #{job_id} (pid {job.pid}) did not die")
     return wait_until_settled(spool, job_id)
 

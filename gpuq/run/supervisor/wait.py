@@ -89,30 +89,38 @@ def _wait_within_limit(run: Run, child: subprocess.Popen, listener: Optional[Lis
     limit = time_limit(run)
     deadline = (parse_iso(run.job.started_at) or time.time()) + limit if limit else None
     # its GPUs sampled, its checkpoints pruned by its rule, its memory watched, as it runs
-    killing = KillWatch(run)
+    killing = KillWatch(run, child.pid)
     looks = [*watch.for_run(run), keeping.keeper(run), hostlimits.memory_watch(run.host, child.pid), killing]
     returncode = _wait_until(child, deadline, listener, [look for look in looks if look is not None])
     if returncode is not None:
         return returncode
     grace = kill_grace(run)
-    if killing.take_if_due():  # its SIGTERM was sent with the request: the grace has passed since
-        log_line(run.log_fd, f"still running {grace:g}s after `gpuq {killing.asked}`: SIGKILL")
-        proctree.signal_group(child.pid, signal.SIGKILL)
-        return child.wait()
-    stopping = hostlimits.stops(run.host, grace)
+    if killing.asked is None:  # a look now: a kill asked since the last one stops the job, not its limit
+        killing.due = time.time()
+        killing.take_if_due()
+    if killing.asked is not None:  # its SIGTERM sent: SIGKILL once the grace has passed since
+        try:
+            return child.wait(timeout=killing.seconds_left())
+        except subprocess.TimeoutExpired:
+            log_line(run.log_fd, f"still running {grace:g}s after `gpuq {killing.asked}`: SIGKILL")
+            proctree.signal_group(child.pid, signal.SIGKILL)
+            return child.wait()
+    stopping, asked = hostlimits.stops(run.host, grace), False
     if stopping is not None:
         log_line(run.log_fd, stopping)
     else:
         assert limit is not None  # only the time limit or the memory watch ends the wait early
         reached = format_duration(limit)
-        log_line(run.log_fd, f"time limit of {reached} reached: stopping the job (SIGKILL after {grace:g}s)")
-        action, asked = PREEMPT if run.job.preemptible else TIME_LIMIT, False
+        action = PREEMPT if run.job.preemptible else TIME_LIMIT
         with suppress(SpoolFull):  # without its note it is stopped all the same
             asked = not run.spool.control.request_unless_asked(run.job.id, action, parse_iso(run.job.started_at))
-        # a kill or preempt asked before the limit stays what ends the job, and says so
-        run.timed_out = None if asked else reached
-    run.termed_at = time.monotonic()
-    proctree.signal_group(child.pid, signal.SIGTERM)
+        # a preempt asked before the limit stays what ends the job, and says so; it sent its SIGTERM
+        if not asked:
+            run.timed_out = reached
+            log_line(run.log_fd, f"time limit of {reached} reached: stopping the job (SIGKILL after {grace:g}s)")
+    if not asked:  # else the preempt's command sent the SIGTERM
+        run.termed_at = time.monotonic()
+        proctree.signal_group(child.pid, signal.SIGTERM)
     try:
         return child.wait(timeout=grace)
     except subprocess.TimeoutExpired:
@@ -151,12 +159,14 @@ def _wait_until(
 
 
 class KillWatch:
-    """One of the wait's samplers: `take_if_due` is True once the grace has passed since a `gpuq kill`
-    or `cancel` of the job (its control request) while the job still runs. Whoever asked SIGKILLs it
-    then too, but only if it still waits: an interrupted command, a stopped `top`, `web` or MCP server do not."""
+    """One of the wait's samplers: it SIGTERMs the job's group when it finds a `gpuq kill` or `cancel`
+    of the job (its control request), whose command leaves that to it (one stopped after asking sent
+    none); `take_if_due` is True once the grace has passed since, the job still running. Whoever asked
+    SIGKILLs it then too, but only if it still waits: an interrupted command, a stopped `top`, `web`
+    or MCP server do not."""
 
-    def __init__(self, run: Run):
-        self.run, self.since, self.due = run, parse_iso(run.job.started_at), time.time()
+    def __init__(self, run: Run, pgid: int):
+        self.run, self.pgid, self.since, self.due = run, pgid, parse_iso(run.job.started_at), time.time()
         self.asked: Optional[str] = None
 
     def seconds_left(self) -> float:
@@ -167,7 +177,9 @@ class KillWatch:
         if self.asked is None and now >= self.due:
             asked = self.run.spool.control.asked(self.run.job.id, self.since)
             if asked is not None and asked[0] in KILL_ACTIONS:
-                self.asked, self.due = asked[0], (asked[1] or now) + kill_grace(self.run)
+                self.asked, self.due = asked[0], now + kill_grace(self.run)
+                self.run.termed_at = time.monotonic()
+                proctree.signal_group(self.pgid, signal.SIGTERM)
             else:
                 self.due = now + KILL_LOOK_SECONDS
         return self.asked is not None and now >= self.due
