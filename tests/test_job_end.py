@@ -233,6 +233,43 @@ def test_kill_leaves_the_sigterm_to_the_supervisor_so_the_job_gets_one(gq: Env) 
     assert gq.log(job_id).count("got TERM") == 1, gq.log(job_id)
 
 
+COUNTS_TERMS = """\
+import signal, time
+def term(*_):
+    with open("terms", "a") as out:  # not the log: its supervisor may be the one that writes it
+        out.write("TERM\\n")
+signal.signal(signal.SIGTERM, term)
+print("up", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_kill_sends_the_sigterm_itself_when_the_supervisor_does_not_say_it_does(gq: Env) -> None:
+    """After an upgrade, a job may run on under a supervisor of the earlier gpuq, which sends no
+    SIGTERM for a kill request: its record has no `sends_term`, and `gpuq kill` sends it itself, or
+    the job would get only the SIGKILL, with no chance to save."""
+    gq.script("terms.py", COUNTS_TERMS)
+    job_id = gq.add("terms.py")
+    gq.start_worker("--watch", "--kill-grace", "30")
+    wait_for(lambda: "up" in gq.log(job_id), 15, what="the job to start")
+    spool = Spool(str(gq.home))
+    ref = spool.jobs.find(job_id)
+    assert ref is not None
+    job = spool.jobs.load(ref)
+    earlier = {k: v for k, v in (job.supervisor or {}).items() if k != "sends_term"}
+    spool.jobs.rewrite(ref, job, supervisor=earlier)  # as an earlier supervisor recorded itself
+    os.kill(earlier["pid"], signal.SIGSTOP)  # and it does not look for the request either
+    killing = subprocess.Popen([sys.executable, "-m", "gpuq", "kill", str(job_id)], cwd=gq.work, env=gq.env)
+    try:
+        wait_for(lambda: (gq.work / "terms").exists(), 15, what="gpuq kill's own SIGTERM")
+    finally:
+        killing.kill()
+        os.killpg(job.pid, signal.SIGKILL)
+        os.kill(earlier["pid"], signal.SIGCONT)
+        killing.wait(10)
+
+
 def test_a_cancel_under_a_short_kill_grace_is_over_soon(gq: Env) -> None:
     gq.script("family.py", FAMILY)
     job_id = gq.add("family.py", "run")

@@ -110,9 +110,11 @@ def kill(
     term = True  # a full disk: the job is still stopped; its supervisor records it as failed (143)
     with suppress(SpoolFull):
         spool.control.request(job_id, action)
-        # a live supervisor SIGTERMs the job when it finds the request, also if we are stopped now; a
-        # second SIGTERM could restart the job's save. Ours goes to an adopted job or a dead supervisor's
-        term = bool(job.adopted) or not spool.claims.held(job_id)
+        # a live supervisor that says it does SIGTERMs the job when it finds the request, also if we are
+        # stopped now; a second SIGTERM could restart the job's save. Ours goes to an adopted job, a dead
+        # supervisor's, or one whose supervisor (of an earlier gpuq) sends none
+        sends = bool((job.supervisor or {}).get("sends_term"))
+        term = bool(job.adopted) or not (sends and spool.claims.held(job_id))
     if not proctree.terminate_tree(job, grace + SUPERVISOR_LEAD, term):
         raise Refused(f"job #{job_id} (pid {job.pid}) did not die")
     return wait_until_settled(spool, job_id)

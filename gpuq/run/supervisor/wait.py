@@ -33,7 +33,9 @@ def record_process(run: Run, child: subprocess.Popen) -> dict[str, Any]:
     ident = procs.identity(child.pid)  # before poll(): an ended child is still there, unreaped
     # the worker's --kill-grace with it: `gpuq kill` and `cancel` give the job the grace its end would;
     # and the worker's --default-time it is held to, for `show` and `triage` (the job's file has none)
-    supervisor = _identity()
+    # `sends_term`: this supervisor SIGTERMs the job for a kill request; a command leaves it to one
+    # that says so (one of an earlier gpuq, running on after an upgrade, does not send it)
+    supervisor = {**_identity(), "sends_term": True}
     if run.order.kill_grace is not None:
         supervisor["kill_grace"] = run.order.kill_grace
     if run.job.time_limit is None and run.order.default_time:
