@@ -13,7 +13,7 @@ import os
 import re
 from typing import Optional
 
-from gpuq.spool.files import Files, open_regular
+from gpuq.spool.files import Files, read_small
 from gpuq.spool.layout import Layout
 from gpuq.spool.mutex import held
 
@@ -44,19 +44,16 @@ class LeaseId:
 
     def read(self) -> Optional[str]:
         """The id, None while none is made for this directory."""
-        fd = open_regular(self.path)
-        if fd is None:
+        data = read_small(self.path, cap=128)
+        if data is None:
             return None
+        made, _, where = data.decode("ascii", "replace").strip().partition(" ")
+        return made if _ID.match(made) and where == self._directory() else None
+
+    def _directory(self) -> Optional[str]:
+        """What tells the spool's directory from a copy of it, whatever path (a link) reached it."""
         try:
-            made, _, where = os.read(fd, 128).decode("ascii", "replace").strip().partition(" ")
-            here = self._directory()
+            st = os.stat(self.layout.home)
         except OSError:  # the spool's directory is gone
             return None
-        finally:
-            os.close(fd)
-        return made if _ID.match(made) and where == here else None
-
-    def _directory(self) -> str:
-        """What tells the spool's directory from a copy of it, whatever path (a link) reached it."""
-        st = os.stat(self.layout.home)
         return f"{st.st_dev}:{st.st_ino}"
